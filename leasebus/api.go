@@ -1,0 +1,148 @@
+package leasebus
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+
+	"github.com/fenceline/fenceline/internal/scope"
+)
+
+// Subjects and stream names on the bus. Everything fenceline puts on NATS
+// lives under these, so an account can be given exactly these permissions.
+const (
+	// requests to the lease service: <apiPrefix>.<op>
+	apiPrefix = "fenceline.lease.v1"
+	// serviceQueue is the queue group of lease service instances.
+	serviceQueue = "fenceline-lease"
+	// changedPrefix.<repoKey>.<leaseId> carries each committed lease record
+	// (core NATS, for watchers; holders re-check on renewal anyway).
+	changedPrefix = "fenceline.lease.v1.changed"
+
+	// LogStream holds each repo's lease log: deltas and snapshots on
+	// fenceline.log.<repoKey>, written with compare-and-swap.
+	LogStream  = "FENCELINE_LOG"
+	logSubject = "fenceline.log"
+
+	// AuditStream holds audit events on fenceline.audit.<repoKey>.
+	AuditStream  = "FENCELINE_AUDIT"
+	AuditSubject = "fenceline.audit"
+)
+
+// Audit event types.
+const (
+	EventGrant        = "grant"
+	EventRelease      = "release"
+	EventRenewRefused = "renew-refused"
+	EventExpired      = "expired"
+	EventReclaimed    = "reclaimed"
+	EventRevoked      = "revoked"
+	EventRefused      = "refused" // an operation refused at the lease bus (forged credential, conflict)
+	EventDenied       = "denied"  // a write denied at a boundary (git, postgres, file)
+)
+
+// Boundaries that produce audit events.
+const (
+	BoundaryLease    = "lease"
+	BoundaryGit      = "git"
+	BoundaryPostgres = "postgres"
+	BoundaryFile     = "file"
+)
+
+// AuditEvent is one entry of the audit stream. Every grant, release,
+// expiry, reclaim, revoke and every refused operation or denied write
+// produces one, naming the lease, its owner, scope and fence.
+type AuditEvent struct {
+	Time     time.Time   `json:"time"`
+	Type     string      `json:"type"`
+	Boundary string      `json:"boundary"`
+	Repo     string      `json:"repo"`
+	LeaseID  string      `json:"leaseId,omitempty"`
+	Owner    Owner       `json:"owner"`
+	Scope    scope.Claim `json:"scope"`
+	Fence    uint64      `json:"fence,omitempty"`
+	Reason   string      `json:"reason,omitempty"`
+	Message  string      `json:"message"`
+}
+
+// auditBatch is one message on the audit stream: the events of one commit
+// (one fsync for the lot), or a single event from a boundary.
+type auditBatch struct {
+	Events []AuditEvent `json:"events"`
+}
+
+// AcquireRequest asks for a lease.
+type AcquireRequest struct {
+	Repo          string        `json:"repo"`
+	Scope         scope.Claim   `json:"scope"`
+	WorkspaceID   string        `json:"workspaceId,omitempty"`
+	WorkspaceMode WorkspaceMode `json:"workspaceMode,omitempty"`
+	// MaxSharers bounds the shared leases of the workspace (0: no bound).
+	MaxSharers int      `json:"maxSharers,omitempty"`
+	Owner      Owner    `json:"owner"`
+	TTL        Duration `json:"ttl"`
+	// Wait is how long to queue behind conflicting leases (0: fail at once).
+	Wait Duration `json:"wait,omitempty"`
+	// RequestID makes the acquire idempotent: a retry with the same id and
+	// credential gets the lease the first try was granted.
+	RequestID string `json:"requestId"`
+	// CredentialHash is the SHA-256 of the owner's credential; the secret
+	// itself never travels on acquire.
+	CredentialHash string `json:"credentialHash"`
+}
+
+// RenewRequest extends a lease. Version is the version the holder last saw;
+// the renewal is a compare-and-swap on it (0 skips the version check).
+type RenewRequest struct {
+	LeaseID    string     `json:"leaseId"`
+	Credential Credential `json:"credential"`
+	Version    uint64     `json:"version"`
+	RenewID    string     `json:"renewId,omitempty"`
+}
+
+// ReleaseRequest ends a lease; only its owner can.
+type ReleaseRequest struct {
+	LeaseID    string     `json:"leaseId"`
+	Credential Credential `json:"credential"`
+}
+
+// RevokeRequest ends a lease as an operator, with a reason.
+type RevokeRequest struct {
+	LeaseID string `json:"leaseId"`
+	Reason  string `json:"reason"`
+}
+
+// cancelRequest withdraws a queued acquire (or releases what it was granted).
+type cancelRequest struct {
+	Repo       string     `json:"repo"`
+	RequestID  string     `json:"requestId"`
+	Credential Credential `json:"credential"`
+}
+
+type getRequest struct {
+	LeaseID string `json:"leaseId"`
+}
+
+type listRequest struct {
+	Repo string `json:"repo,omitempty"`
+	// All includes recently ended leases.
+	All bool `json:"all,omitempty"`
+}
+
+type sweepRequest struct {
+	Repo string `json:"repo,omitempty"`
+}
+
+type reply struct {
+	Lease  *Lease     `json:"lease,omitempty"`
+	Leases []*Lease   `json:"leases,omitempty"`
+	Error  *wireError `json:"error,omitempty"`
+}
+
+// RepoKey is the subject token for a repo: the first 12 bytes of the
+// SHA-256 of its identity, in hex. Repo identities contain dots and
+// slashes, which NATS subjects reserve.
+func RepoKey(repo string) string {
+	h := sha256.Sum256([]byte(repo))
+	return hex.EncodeToString(h[:12])
+}

@@ -1,0 +1,207 @@
+package leasebus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Client asks the lease service for leases. It is safe for concurrent use.
+type Client struct {
+	nc *nats.Conn
+	// Timeout bounds one try of a request, on top of any wait it asks for.
+	Timeout time.Duration
+	// Tries is how often an idempotent request is sent before giving up
+	// when the service does not answer.
+	Tries int
+}
+
+// NewClient returns a client on nc with a 5 s timeout and 3 tries.
+func NewClient(nc *nats.Conn) *Client {
+	return &Client{nc: nc, Timeout: 5 * time.Second, Tries: 3}
+}
+
+// Conn is the client's NATS connection.
+func (c *Client) Conn() *nats.Conn { return c.nc }
+
+// errNoAnswer marks a request that may have reached the service but got
+// no reply: its outcome is unknown. Its text is empty so it adds nothing to
+// the message it is wrapped into.
+var errNoAnswer = errors.New("")
+
+// replyGrace is how much longer than its wait a client waits for a queued
+// acquire's answer; the service answers at the wait's end.
+const replyGrace = 5 * time.Second
+
+func (c *Client) request(ctx context.Context, op string, req any, wait time.Duration) (*reply, error) {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s request: %w", op, err)
+	}
+	subj := apiPrefix + "." + op
+	tries := max(c.Tries, 1)
+	var lastErr error
+	for try := 0; try < tries; try++ {
+		if try > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("%s: %w", op, ctx.Err())
+			case <-time.After(time.Duration(try) * 100 * time.Millisecond):
+			}
+		}
+		tctx, cancel := context.WithTimeout(ctx, c.Timeout+wait)
+		m, err := c.nc.RequestWithContext(tctx, subj, data)
+		cancel()
+		switch {
+		case err == nil:
+			var r reply
+			if err := json.Unmarshal(m.Data, &r); err != nil {
+				return nil, fmt.Errorf("decode %s reply: %w", op, err)
+			}
+			return &r, nil
+		case errors.Is(err, nats.ErrNoResponders):
+			lastErr = fmt.Errorf("%w: no lease service answers on %s; start one with `fenceline bus serve` or point --nats/FENCELINE_NATS at a bus that runs it", ErrUnavailable, subj)
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("%s: %w%w", op, ctx.Err(), errNoAnswer)
+		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+			lastErr = fmt.Errorf("%w: %s got no answer within %s%w", ErrUnavailable, op, c.Timeout+wait, errNoAnswer)
+		case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionDraining):
+			return nil, fmt.Errorf("%w: %s: %v", ErrUnavailable, op, err)
+		default:
+			lastErr = fmt.Errorf("%w: %s: %v", ErrUnavailable, op, err)
+		}
+	}
+	return nil, lastErr
+}
+
+func (c *Client) leaseOp(ctx context.Context, op string, req any) (*Lease, error) {
+	r, err := c.request(ctx, op, req, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Error.err(); err != nil {
+		return nil, err
+	}
+	if r.Lease == nil {
+		return nil, fmt.Errorf("%s: reply carries no lease", op)
+	}
+	return r.Lease, nil
+}
+
+// Acquire asks for a lease proven by cred. With req.Wait it queues behind
+// conflicting leases until they are gone or the wait ends; a conflict is a
+// *ConflictError naming each blocking lease, its owner and its expiry. A
+// retry after a lost reply gets the same lease (req.RequestID).
+func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credential) (*Lease, error) {
+	if cred == "" {
+		return nil, fmt.Errorf("acquire: %w: empty credential", ErrInvalid)
+	}
+	if req.RequestID == "" {
+		req.RequestID = NewRequestID()
+	}
+	req.CredentialHash = cred.hash()
+	r, err := c.request(ctx, "acquire", req, time.Duration(req.Wait)+replyGrace*boolInt(req.Wait > 0))
+	if errors.Is(err, errNoAnswer) {
+		// We may have been queued, or even granted, before giving up:
+		// withdraw so nothing is held in our name.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		_, _ = c.request(cctx, "cancel", cancelRequest{Repo: req.Repo, RequestID: req.RequestID, Credential: cred}, 0)
+		cancel()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Error.err(); err != nil {
+		return nil, err
+	}
+	if r.Lease == nil {
+		return nil, errors.New("acquire: reply carries no lease")
+	}
+	return r.Lease, nil
+}
+
+func boolInt(b bool) time.Duration {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Renew extends a lease. It is a compare-and-swap on req.Version; a
+// refusal (ErrLeaseLost, ErrNotOwner) means stop writing.
+func (c *Client) Renew(ctx context.Context, req RenewRequest) (*Lease, error) {
+	return c.leaseOp(ctx, "renew", req)
+}
+
+// Release ends a lease. Releasing an already ended lease is not an error.
+func (c *Client) Release(ctx context.Context, leaseID string, cred Credential) (*Lease, error) {
+	return c.leaseOp(ctx, "release", ReleaseRequest{LeaseID: leaseID, Credential: cred})
+}
+
+// Revoke ends a lease now as an operator; reason is required and audited.
+func (c *Client) Revoke(ctx context.Context, leaseID, reason string) (*Lease, error) {
+	return c.leaseOp(ctx, "revoke", RevokeRequest{LeaseID: leaseID, Reason: reason})
+}
+
+// Get returns a lease record, active or recently ended.
+func (c *Client) Get(ctx context.Context, leaseID string) (*Lease, error) {
+	return c.leaseOp(ctx, "get", getRequest{LeaseID: leaseID})
+}
+
+// List returns the active leases of repo (every repo when empty); with all,
+// recently ended ones too.
+func (c *Client) List(ctx context.Context, repo string, all bool) ([]*Lease, error) {
+	r, err := c.request(ctx, "list", listRequest{Repo: repo, All: all}, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Error.err(); err != nil {
+		return nil, err
+	}
+	return r.Leases, nil
+}
+
+// Sweep reclaims the expired leases of repo (every repo when empty) now and
+// returns them. The service also sweeps on its own at each deadline.
+func (c *Client) Sweep(ctx context.Context, repo string) ([]*Lease, error) {
+	r, err := c.request(ctx, "sweep", sweepRequest{Repo: repo}, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Error.err(); err != nil {
+		return nil, err
+	}
+	return r.Leases, nil
+}
+
+// Watch calls fn with every lease record the service commits for repo
+// (every repo when empty) until the returned stop is called. Delivery is
+// best effort; act on what a record says, and reconcile with List.
+func (c *Client) Watch(repo string, fn func(*Lease)) (stop func() error, err error) {
+	subj := changedPrefix + ".*.*"
+	if repo != "" {
+		subj = changedPrefix + "." + RepoKey(repo) + ".*"
+	}
+	return c.watch(subj, fn)
+}
+
+func (c *Client) watch(subj string, fn func(*Lease)) (func() error, error) {
+	sub, err := c.nc.Subscribe(subj, func(m *nats.Msg) {
+		var l Lease
+		if json.Unmarshal(m.Data, &l) == nil {
+			fn(&l)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", subj, err)
+	}
+	if err := c.nc.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("watch %s: %w", subj, err)
+	}
+	return sub.Unsubscribe, nil
+}

@@ -1,0 +1,264 @@
+package leasebus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// ErrLeaseUnknown means the holder cannot reach the bus to confirm its
+// lease. Writes must stop (fail closed); reads may go on.
+var ErrLeaseUnknown = errors.New("lease state unknown: the bus is unreachable")
+
+// HolderState is what a holder knows of its lease.
+type HolderState string
+
+const (
+	// Held: the last renewal succeeded and the holder's margin has not run out.
+	Held HolderState = "held"
+	// Unknown: the bus did not answer the last renewal; the lease may still
+	// be valid, but writes stop until a renewal succeeds.
+	Unknown HolderState = "unknown"
+	// Lost: the lease ended (released, revoked, expired, refused renewal) or
+	// the holder's own margin ran out. Terminal.
+	Lost HolderState = "lost"
+)
+
+// HoldOptions tune a Holder. Zero values pick safe defaults.
+type HoldOptions struct {
+	// Interval between renewals (default TTL/3).
+	Interval time.Duration
+	// Margin: the holder stops considering itself valid this long before
+	// the service may consider the lease expired (default TTL/10, at least
+	// 50 ms).
+	Margin time.Duration
+	// Now is the clock (default time.Now); its monotonic reading is used.
+	Now func() time.Time
+	// OnChange is called (from the holder's goroutine) on every state change.
+	OnChange func(HolderState, error)
+}
+
+// Holder keeps a lease alive: it renews it with compare-and-swap on its
+// version, watches for revocation, and answers Fence for each write.
+//
+// Validity is judged by the holder's own monotonic clock: a renewal sent
+// at t0 makes the lease valid until t0+TTL-Margin. The service starts its
+// own TTL only when it processes the renewal, after t0, so the holder
+// always stops first — no wall clocks involved.
+type Holder struct {
+	c    *Client
+	cred Credential
+	opts HoldOptions
+
+	mu         sync.Mutex
+	lease      Lease     // guarded by mu
+	state      HolderState // guarded by mu
+	err        error     // why not held; guarded by mu
+	validUntil time.Time // monotonic; guarded by mu
+	lost       chan struct{}
+
+	cancel   context.CancelFunc
+	done     chan struct{}
+	stopOnce sync.Once
+	unwatch  func() error
+	// renewID is reused until a renewal gets an answer, so a retry of a
+	// renewal whose reply was lost is recognised, not refused. Owned by run.
+	renewID string
+}
+
+// Hold starts keeping lease alive. The lease must have just been acquired
+// or renewed by this process: validity starts from sent, the moment the
+// acquire or last renewal was sent. Stop or Release it when done.
+func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOptions) (*Holder, error) {
+	ttl := time.Duration(lease.TTL)
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = ttl / 3
+	}
+	if opts.Margin <= 0 {
+		opts.Margin = max(ttl/10, 50*time.Millisecond)
+	}
+	if opts.Interval+opts.Margin >= ttl {
+		return nil, fmt.Errorf("hold %s: %w: renew interval %s plus margin %s must be below the ttl %s", lease.LeaseID, ErrInvalid, opts.Interval, opts.Margin, ttl)
+	}
+	h := &Holder{c: c, cred: cred, opts: opts, lease: *lease, state: Held,
+		validUntil: sent.Add(ttl - opts.Margin), lost: make(chan struct{}),
+		done: make(chan struct{})}
+	if !lease.Active() {
+		h.setLost(fmt.Errorf("%w: lease %s is %s", ErrLeaseLost, lease.LeaseID, lease.Status))
+	}
+	unwatch, err := c.watch(changedPrefix+"."+RepoKey(lease.Repo)+"."+lease.LeaseID, h.observe)
+	if err != nil {
+		return nil, err
+	}
+	h.unwatch = unwatch
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go h.run(ctx)
+	return h, nil
+}
+
+// Fence returns the lease's fence token if the lease is held right now, or
+// ErrLeaseLost / ErrLeaseUnknown. Call it for every write and put the
+// token into the write; holding is not permission to write.
+func (h *Holder) Fence() (uint64, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state == Held && !h.opts.Now().Before(h.validUntil) {
+		h.setLostLocked(fmt.Errorf("%w: %s not renewed within its ttl minus margin", ErrLeaseLost, h.lease.LeaseID))
+	}
+	if h.state != Held {
+		return 0, h.err
+	}
+	return h.lease.Fence, nil
+}
+
+// State returns the holder's state and, unless held, why.
+func (h *Holder) State() (HolderState, error) {
+	_, _ = h.Fence() // applies the margin
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.state, h.err
+}
+
+// Lease returns the holder's latest copy of the lease record.
+func (h *Holder) Lease() Lease {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lease
+}
+
+// Lost is closed once the lease is lost.
+func (h *Holder) Lost() <-chan struct{} { return h.lost }
+
+// Stop stops renewing without releasing (the lease then expires by TTL).
+func (h *Holder) Stop() {
+	h.stopOnce.Do(func() {
+		h.cancel()
+		<-h.done
+		_ = h.unwatch()
+	})
+}
+
+// Release stops renewing and releases the lease.
+func (h *Holder) Release(ctx context.Context) error {
+	h.Stop()
+	h.mu.Lock()
+	id := h.lease.LeaseID
+	h.mu.Unlock()
+	l, err := h.c.Release(ctx, id, h.cred)
+	if err != nil {
+		return fmt.Errorf("release %s: %w", id, err)
+	}
+	h.mu.Lock()
+	h.lease = *l
+	h.setLostLocked(fmt.Errorf("%w: %s released", ErrLeaseLost, id))
+	h.mu.Unlock()
+	return nil
+}
+
+func (h *Holder) setLost(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.setLostLocked(err)
+}
+
+func (h *Holder) setLostLocked(err error) {
+	if h.state == Lost {
+		return
+	}
+	h.state, h.err = Lost, err
+	close(h.lost)
+	if h.opts.OnChange != nil {
+		go h.opts.OnChange(Lost, err) // never call out under mu
+	}
+}
+
+func (h *Holder) setState(st HolderState, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state == Lost || h.state == st {
+		return
+	}
+	h.state, h.err = st, err
+	if h.opts.OnChange != nil {
+		go h.opts.OnChange(st, err)
+	}
+}
+
+// observe handles a committed record of our lease from the watch.
+func (h *Holder) observe(l *Lease) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if l.Version <= h.lease.Version {
+		return // stale or already known
+	}
+	if !l.Active() {
+		h.lease = *l
+		h.setLostLocked(fmt.Errorf("%w: %s is %s: %s", ErrLeaseLost, l.LeaseID, l.Status, l.Reason))
+	}
+}
+
+func (h *Holder) run(ctx context.Context) {
+	defer close(h.done)
+	next := h.opts.Interval
+	timer := time.NewTimer(next)
+	defer timer.Stop()
+	for {
+		h.mu.Lock()
+		remaining := h.validUntil.Sub(h.opts.Now())
+		h.mu.Unlock()
+		timer.Reset(min(next, max(remaining, 0)))
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.lost:
+			return
+		case <-timer.C:
+		}
+		if _, err := h.Fence(); err != nil && errors.Is(err, ErrLeaseLost) {
+			return
+		}
+		next = h.renew(ctx)
+	}
+}
+
+// renew sends one renewal and returns when to try next.
+func (h *Holder) renew(ctx context.Context) time.Duration {
+	if h.renewID == "" {
+		h.renewID = NewRequestID()
+	}
+	h.mu.Lock()
+	req := RenewRequest{LeaseID: h.lease.LeaseID, Credential: h.cred, Version: h.lease.Version, RenewID: h.renewID}
+	h.mu.Unlock()
+	sent := h.opts.Now()
+	rctx, cancel := context.WithTimeout(ctx, h.opts.Interval)
+	defer cancel()
+	l, err := h.c.Renew(rctx, req)
+	if err == nil || IsFenced(err) {
+		h.renewID = ""
+	}
+	switch {
+	case err == nil:
+		h.mu.Lock()
+		if h.state != Lost {
+			h.lease = *l
+			h.validUntil = sent.Add(time.Duration(l.TTL) - h.opts.Margin)
+		}
+		h.mu.Unlock()
+		h.setState(Held, nil)
+		return h.opts.Interval
+	case ctx.Err() != nil:
+		return h.opts.Interval
+	case IsFenced(err):
+		h.setLost(fmt.Errorf("renew refused: %w", err))
+		return h.opts.Interval
+	default:
+		h.setState(Unknown, fmt.Errorf("%w: %v", ErrLeaseUnknown, err))
+		return min(h.opts.Interval, 250*time.Millisecond)
+	}
+}

@@ -1,0 +1,163 @@
+package leasebus
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base32"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/fenceline/fenceline/internal/scope"
+)
+
+// Status is where a lease is in its life. Only StatusActive grants anything.
+type Status string
+
+const (
+	StatusActive    Status = "active"
+	StatusReleased  Status = "released"  // its owner released it
+	StatusExpired   Status = "expired"   // its owner tried to renew after its TTL lapsed
+	StatusReclaimed Status = "reclaimed" // the sweeper took it back after its TTL lapsed
+	StatusRevoked   Status = "revoked"   // an operator ended it
+)
+
+// WorkspaceMode says how a lease occupies its workspace (a shard or the checkout).
+type WorkspaceMode string
+
+const (
+	// WorkspaceExclusive is the sole occupant of its workspace; it may write
+	// the git dir, commit and push.
+	WorkspaceExclusive WorkspaceMode = "exclusive"
+	// WorkspaceShared shares its workspace with other shared leases whose
+	// claims are disjoint; it may not write the git dir.
+	WorkspaceShared WorkspaceMode = "shared"
+)
+
+// DefaultWorkspace is the workspace of a lease that names none: the repo's
+// one checkout when no shard pool is declared.
+const DefaultWorkspace = "checkout"
+
+// Owner identifies who holds a lease. It is descriptive; the proof of
+// ownership is the lease's secret credential.
+type Owner struct {
+	TaskID    string `json:"taskId"`
+	AgentID   string `json:"agentId"`
+	AttemptID string `json:"attemptId"`
+	HostID    string `json:"hostId"`
+}
+
+func (o Owner) String() string {
+	s := fmt.Sprintf("task=%s agent=%s attempt=%s", o.TaskID, o.AgentID, o.AttemptID)
+	if o.HostID != "" {
+		s += " host=" + o.HostID
+	}
+	return s
+}
+
+// Lease is the public lease record, exactly as stored and shown.
+type Lease struct {
+	LeaseID       string        `json:"leaseId"`
+	Repo          string        `json:"repo"`
+	Scope         scope.Claim   `json:"scope"`
+	WorkspaceID   string        `json:"workspaceId"`
+	WorkspaceMode WorkspaceMode `json:"workspaceMode"`
+	Owner         Owner         `json:"owner"`
+	Status        Status        `json:"status"`
+	Version       uint64        `json:"version"`
+	Fence         uint64        `json:"fence"`
+	AcquiredAt    time.Time     `json:"acquiredAt"`
+	RenewedAt     time.Time     `json:"renewedAt"`
+	ExpiresAt     time.Time     `json:"expiresAt"`
+	// TTL is how long the lease lives without a renewal.
+	TTL Duration `json:"ttl"`
+	// EndedAt and Reason are set once the lease is no longer active.
+	EndedAt time.Time `json:"endedAt,omitzero"`
+	Reason  string    `json:"reason,omitempty"`
+}
+
+// Active reports whether the record grants anything.
+func (l *Lease) Active() bool { return l.Status == StatusActive }
+
+// Duration is a time.Duration that reads and writes JSON as "300s".
+type Duration time.Duration
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// MarshalText implements encoding.TextMarshaler.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("parse duration %q: %w", b, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Credential is the owner's proof: a secret chosen by the acquirer. The bus
+// stores only its SHA-256, so neither the lease id nor the stored record is
+// enough to renew or release.
+type Credential string
+
+// NewCredential returns a fresh random credential.
+func NewCredential() Credential {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err)) // never fails on Linux
+	}
+	return Credential(hex.EncodeToString(b[:]))
+}
+
+func (c Credential) hash() string {
+	h := sha256.Sum256([]byte(c))
+	return hex.EncodeToString(h[:])
+}
+
+func (c Credential) matches(hash string) bool {
+	if c == "" {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(c.hash()), []byte(hash)) == 1
+}
+
+var idEncoding = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
+
+// newID returns prefix + 16 characters of Crockford base32: 48 bits of
+// milliseconds then 32 random bits, so ids sort by creation time.
+func newID(prefix string, now time.Time) string {
+	var b [10]byte
+	ms := uint64(now.UnixMilli())
+	for i := 5; i >= 0; i-- {
+		b[i] = byte(ms)
+		ms >>= 8
+	}
+	if _, err := rand.Read(b[6:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err))
+	}
+	return prefix + idEncoding.EncodeToString(b[:])
+}
+
+// NewRequestID returns a fresh id for an idempotent request.
+func NewRequestID() string { return newID("req_", time.Now()) }
+
+// NewAttemptID returns a fresh attempt id.
+func NewAttemptID() string { return newID("att_", time.Now()) }
+
+// validLeaseID reports whether s looks like a lease id, so bad input is
+// named before it reaches the bus.
+func validLeaseID(s string) bool {
+	if !strings.HasPrefix(s, "lease_") || len(s) > 64 || len(s) <= len("lease_") {
+		return false
+	}
+	for _, r := range s[len("lease_"):] {
+		if !(r >= '0' && r <= '9' || r >= 'a' && r <= 'z') {
+			return false
+		}
+	}
+	return true
+}

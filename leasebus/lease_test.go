@@ -1,0 +1,260 @@
+package leasebus
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fenceline/fenceline/internal/scope"
+)
+
+const repo = "github.com/acme/payments"
+
+func TestAcquireConflictNamesHolder(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	a, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services/billing"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Status != StatusActive || a.Version != 1 || a.Fence == 0 || a.WorkspaceMode != WorkspaceShared || a.WorkspaceID != DefaultWorkspace {
+		t.Fatalf("unexpected grant %+v", a)
+	}
+	_, err = b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services/billing/api"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	var ce *ConflictError
+	if !errors.As(err, &ce) || !errors.Is(err, ErrConflict) {
+		t.Fatalf("want a conflict, got %v", err)
+	}
+	if len(ce.Conflicts) != 1 || ce.Conflicts[0].LeaseID != a.LeaseID || ce.Conflicts[0].Owner != owner(1) || !ce.Conflicts[0].ExpiresAt.Equal(a.ExpiresAt) {
+		t.Fatalf("conflict does not name the holder: %+v", ce.Conflicts)
+	}
+	if !strings.Contains(err.Error(), a.LeaseID) || !strings.Contains(err.Error(), "agent-1") {
+		t.Fatalf("conflict message %q does not name lease and owner", err)
+	}
+	// A disjoint scope (a prefix that is not an ancestor) is granted, with a higher fence.
+	c, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services/bill"), Owner: owner(3), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatalf("disjoint scope refused: %v", err)
+	}
+	if c.Fence <= a.Fence {
+		t.Fatalf("fence did not increase: %d then %d", a.Fence, c.Fence)
+	}
+}
+
+func TestOwnerBinding(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	cred := NewCredential()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "libs"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := NewCredential()
+	if _, err := b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: forged, Version: l.Version}); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("forged renew: want ErrNotOwner, got %v", err)
+	}
+	if _, err := b.c.Release(ctx, l.LeaseID, forged); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("forged release: want ErrNotOwner, got %v", err)
+	}
+	if _, err := b.c.Release(ctx, l.LeaseID, ""); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("release by id alone: want ErrNotOwner, got %v", err)
+	}
+	got, err := b.c.Get(ctx, l.LeaseID)
+	if err != nil || !got.Active() || got.Version != l.Version {
+		t.Fatalf("lease changed by forged calls: %+v %v", got, err)
+	}
+	// The owner renews (compare-and-swap on version) and releases, twice.
+	r, err := b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version})
+	if err != nil || r.Version != l.Version+1 {
+		t.Fatalf("owner renew: %+v %v", r, err)
+	}
+	if _, err := b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version}); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("renew with a stale version: want ErrLeaseLost, got %v", err)
+	}
+	for i := range 2 {
+		rel, err := b.c.Release(ctx, l.LeaseID, cred)
+		if err != nil || rel.Status != StatusReleased {
+			t.Fatalf("release #%d: %+v %v", i+1, rel, err)
+		}
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.nc, repo, 0)
+		if err != nil {
+			return err
+		}
+		refused := 0
+		for _, ev := range evs {
+			if ev.Type == EventRefused && ev.Reason == "not-owner" && ev.LeaseID == l.LeaseID && ev.Owner == owner(1) && ev.Fence == l.Fence {
+				refused++
+			}
+		}
+		if refused != 3 {
+			return errors.New("want 3 audited forged operations")
+		}
+		return nil
+	})
+}
+
+func TestRenewAfterExpiryRefusedAndSwept(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	cred := NewCredential()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Second)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sweeper reclaims it by itself once the TTL lapses.
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		got, err := b.c.Get(ctx, l.LeaseID)
+		if err != nil {
+			return err
+		}
+		if got.Status != StatusReclaimed {
+			return errors.New("still " + string(got.Status))
+		}
+		return nil
+	})
+	if _, err := b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version}); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("renew after expiry: want ErrLeaseLost, got %v", err)
+	}
+	// The scope is free again, with a higher fence.
+	n, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil || n.Fence <= l.Fence {
+		t.Fatalf("reacquire: %+v %v", n, err)
+	}
+	evs, err := ReadAudit(ctx, b.nc, repo, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, ev := range evs {
+		if ev.Type == EventReclaimed && ev.LeaseID == l.LeaseID && strings.HasPrefix(ev.Message, "reclaimed: "+l.LeaseID+" owner=") && strings.Contains(ev.Message, "expired=") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no reclaimed audit event for %s in %+v", l.LeaseID, evs)
+	}
+}
+
+func TestWaitAcquireHandsOver(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	cred := NewCredential()
+	first, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "x"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Lease, 1)
+	errs := make(chan error, 1)
+	go func() {
+		l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "x/y"), Owner: owner(2), TTL: Duration(time.Minute), Wait: Duration(10 * time.Second)}, NewCredential())
+		if err != nil {
+			errs <- err
+			return
+		}
+		got <- l
+	}()
+	// The waiter is queued, not granted.
+	select {
+	case l := <-got:
+		t.Fatalf("granted while the conflicting lease is active: %+v", l)
+	case err := <-errs:
+		t.Fatal(err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if _, err := b.c.Release(ctx, first.LeaseID, cred); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case l := <-got:
+		if l.Fence <= first.Fence {
+			t.Fatalf("fence %d not above %d", l.Fence, first.Fence)
+		}
+	case err := <-errs:
+		t.Fatal(err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter not granted after release")
+	}
+}
+
+func TestWaitTimesOutWithConflict(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: scope.Claim{Kind: scope.KindWholeRepo, Paths: []string{}, Tables: []string{}}, Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "docs"), Owner: owner(2), TTL: Duration(time.Minute), Wait: Duration(300 * time.Millisecond)}, NewCredential())
+	var ce *ConflictError
+	if !errors.As(err, &ce) || !ce.Waited || len(ce.Conflicts) != 1 {
+		t.Fatalf("want a waited conflict, got %v", err)
+	}
+	if el := time.Since(start); el < 300*time.Millisecond {
+		t.Fatalf("gave up after %s, before the wait", el)
+	}
+}
+
+func TestWorkspaceOccupancy(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	none := scope.Claim{Kind: scope.KindNone, Paths: []string{}, Tables: []string{}}
+	acq := func(i int, c scope.Claim, ws string, mode WorkspaceMode, maxSharers int) error {
+		_, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: c, WorkspaceID: ws, WorkspaceMode: mode, MaxSharers: maxSharers, Owner: owner(i), TTL: Duration(time.Minute)}, NewCredential())
+		return err
+	}
+	// Unclaimed exclusive attempts run in parallel, one per shard.
+	if err := acq(1, none, "wt-1", WorkspaceExclusive, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := acq(2, none, "wt-2", WorkspaceExclusive, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := acq(3, claim(t, "p"), "wt-1", WorkspaceShared, 0); !errors.Is(err, ErrConflict) {
+		t.Fatalf("shared lease joined an exclusive shard: %v", err)
+	}
+	// Disjoint path leases share a shard up to max-sharers.
+	if err := acq(4, claim(t, "a"), "wt-3", WorkspaceShared, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := acq(5, claim(t, "b"), "wt-3", WorkspaceShared, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := acq(6, claim(t, "c"), "wt-3", WorkspaceShared, 2); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "max-sharers 2") {
+		t.Fatalf("max-sharers not honored: %v", err)
+	}
+	if err := acq(7, none, "wt-3", WorkspaceExclusive, 0); !errors.Is(err, ErrConflict) {
+		t.Fatalf("exclusive lease joined an occupied shard: %v", err)
+	}
+}
+
+func TestBadInputNamed(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	cases := []struct {
+		name string
+		req  AcquireRequest
+		want string
+	}{
+		{"no repo", AcquireRequest{Scope: claim(t, "a")}, "repo is empty"},
+		{"ttl", AcquireRequest{Repo: repo, Scope: claim(t, "a"), TTL: Duration(time.Millisecond)}, "ttl 1ms out of range"},
+		{"shared none", AcquireRequest{Repo: repo, WorkspaceMode: WorkspaceShared}, "must claim paths"},
+		{"unnormalized scope", AcquireRequest{Repo: repo, Scope: scope.Claim{Kind: scope.KindPaths, Paths: []string{"../x"}, Tables: []string{}}}, "../x"},
+		{"mode", AcquireRequest{Repo: repo, Scope: claim(t, "a"), WorkspaceMode: "both"}, `"both"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := b.c.Acquire(ctx, tc.req, NewCredential())
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want ErrInvalid mentioning %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := b.c.Get(ctx, "nope"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bad lease id: %v", err)
+	}
+	if _, err := b.c.Get(ctx, "lease_0000000000000000"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown lease id: %v", err)
+	}
+}

@@ -1,0 +1,166 @@
+package leasebus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+const (
+	recordDelta    = "delta"
+	recordSnapshot = "snapshot"
+)
+
+// logRecord is one message of a repo's lease log. A delta carries the full
+// records of the leases one batch changed; a snapshot carries the whole
+// state and rolls up (purges) every earlier message of the repo.
+type logRecord struct {
+	Kind   string   `json:"kind"`
+	Repo   string   `json:"repo"`
+	Fence  uint64   `json:"fence"`
+	Prev   uint64   `json:"prev"` // the subject sequence this record was written on top of
+	Leases []*entry `json:"leases"`
+}
+
+// errCAS means another writer appended to the repo's log first.
+var errCAS = errors.New("lease log moved on")
+
+// store is the durable side of the lease bus: the log stream, written with
+// compare-and-swap on the repo subject's last sequence.
+type store struct {
+	js       jetstream.JetStream
+	replicas int
+}
+
+func logSubjectFor(key string) string { return logSubject + "." + key }
+
+// ensureStreams creates (or updates) the log and audit streams.
+func ensureStreams(ctx context.Context, js jetstream.JetStream, replicas int) error {
+	if replicas < 1 {
+		replicas = 1
+	}
+	cfgs := []jetstream.StreamConfig{{
+		Name:              LogStream,
+		Description:       "fenceline lease log: per-repo deltas and snapshots, written with compare-and-swap",
+		Subjects:          []string{logSubject + ".>"},
+		Storage:           jetstream.FileStorage,
+		Replicas:          replicas,
+		Retention:         jetstream.LimitsPolicy,
+		MaxMsgsPerSubject: -1,
+		AllowRollup:       true,
+		DenyDelete:        true,
+		// Reads go through the stream leader: a load must see every
+		// acknowledged record, never a lagging follower's copy.
+		AllowDirect: false,
+	}, {
+		Name:        AuditStream,
+		Description: "fenceline audit events: grants, releases, expiries, reclaims, refusals and denied writes",
+		Subjects:    []string{AuditSubject + ".>"},
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      30 * 24 * time.Hour,
+		MaxBytes:    1 << 30,
+		Discard:     jetstream.DiscardOld,
+		DenyDelete:  true,
+		DenyPurge:   true,
+		AllowDirect: true,
+	}}
+	for _, cfg := range cfgs {
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
+		}
+	}
+	return nil
+}
+
+// append writes rec to the repo's log if the log's last sequence is still
+// expect, and returns the record's sequence. A snapshot rolls up the log.
+func (s *store) append(ctx context.Context, key string, expect uint64, rec *logRecord) (uint64, int, error) {
+	rec.Prev = expect
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return 0, 0, fmt.Errorf("encode lease log record: %w", err)
+	}
+	msg := nats.NewMsg(logSubjectFor(key))
+	msg.Data = data
+	opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(expect)}
+	if rec.Kind == recordSnapshot {
+		msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	}
+	ack, err := s.js.PublishMsg(ctx, msg, opts...)
+	if err != nil {
+		if isCASMismatch(err) {
+			return 0, 0, errCAS
+		}
+		return 0, 0, fmt.Errorf("append to lease log of %s: %w", rec.Repo, err)
+	}
+	return ack.Sequence, len(data), nil
+}
+
+func isCASMismatch(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jetstream.JSErrCodeStreamWrongLastSequence, jetstream.JSErrCodeStreamWrongLastSequenceConstant:
+			return true
+		}
+	}
+	return strings.Contains(err.Error(), "wrong last sequence")
+}
+
+// load applies every record of the repo's log after st.seq to st.
+func (s *store) load(ctx context.Context, key string, st *repoState, now func() time.Time) error {
+	stream, err := s.js.Stream(ctx, LogStream)
+	if err != nil {
+		return fmt.Errorf("open stream %s: %w", LogStream, err)
+	}
+	subj := logSubjectFor(key)
+	for next := st.seq + 1; ; {
+		m, err := stream.GetMsg(ctx, next, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read lease log of %s at %d: %w", st.repo, next, err)
+		}
+		var rec logRecord
+		if err := json.Unmarshal(m.Data, &rec); err != nil {
+			return fmt.Errorf("decode lease log record %d of %s: %w", m.Sequence, st.repo, err)
+		}
+		if st.repo == "" {
+			st.repo = rec.Repo
+		}
+		if rec.Repo != st.repo {
+			return fmt.Errorf("lease log subject %s holds repo %q, expected %q", subj, rec.Repo, st.repo)
+		}
+		if rec.Kind == recordDelta && rec.Prev != st.seq {
+			return fmt.Errorf("lease log of %s has a gap: record %d follows %d, state is at %d; refusing to serve this repo", st.repo, m.Sequence, rec.Prev, st.seq)
+		}
+		st.observe(&rec, m.Sequence, now())
+		next = m.Sequence + 1
+	}
+}
+
+// repoKeys lists the repos that have a lease log.
+func (s *store) repoKeys(ctx context.Context) ([]string, error) {
+	stream, err := s.js.Stream(ctx, LogStream)
+	if err != nil {
+		return nil, fmt.Errorf("open stream %s: %w", LogStream, err)
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(logSubject+".>"))
+	if err != nil {
+		return nil, fmt.Errorf("list lease logs: %w", err)
+	}
+	keys := make([]string, 0, len(info.State.Subjects))
+	for subj := range info.State.Subjects {
+		keys = append(keys, strings.TrimPrefix(subj, logSubject+"."))
+	}
+	return keys, nil
+}

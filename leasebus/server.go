@@ -1,0 +1,153 @@
+package leasebus
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// DefaultListen is where the embedded bus listens and where every other
+// command looks for it.
+const DefaultListen = "127.0.0.1:7422"
+
+// DefaultURL is the NATS URL of the embedded bus at DefaultListen.
+const DefaultURL = "nats://" + DefaultListen
+
+// ServerConfig configures the embedded NATS server. The zero value is a
+// single node on DefaultListen storing under DefaultStoreDir.
+type ServerConfig struct {
+	// Listen is host:port for clients; port 0 (or -1) picks a free port.
+	Listen string
+	// StoreDir holds JetStream's file store.
+	StoreDir string
+	// Name of this server (default "fenceline").
+	Name string
+	// ClusterName, ClusterListen and Routes join a NATS cluster (all three,
+	// for a clustered JetStream with R3 streams).
+	ClusterName   string
+	ClusterListen string
+	Routes        []string
+	// Debug turns on the server's own log on stderr.
+	Debug bool
+}
+
+// DefaultStoreDir is the embedded bus's state directory:
+// $XDG_STATE_HOME/fenceline/bus, else ~/.local/state/fenceline/bus.
+func DefaultStoreDir() string {
+	return filepath.Join(StateDir(), "bus")
+}
+
+// StateDir is fenceline's per-user state directory.
+func StateDir() string {
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "fenceline")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "state", "fenceline")
+	}
+	return filepath.Join(os.TempDir(), "fenceline-state")
+}
+
+// Validate reports a configuration that cannot work, naming the field.
+func (c *ServerConfig) Validate() error {
+	if c.Listen != "" {
+		if _, _, err := splitHostPort(c.Listen); err != nil {
+			return fmt.Errorf("listen %q: %w", c.Listen, err)
+		}
+	}
+	clustered := c.ClusterName != "" || c.ClusterListen != "" || len(c.Routes) > 0
+	if clustered && (c.ClusterName == "" || c.ClusterListen == "") {
+		return errors.New("a cluster needs --cluster-name and --cluster-listen (and --routes to its peers)")
+	}
+	if c.ClusterListen != "" {
+		if _, _, err := splitHostPort(c.ClusterListen); err != nil {
+			return fmt.Errorf("cluster listen %q: %w", c.ClusterListen, err)
+		}
+	}
+	for _, r := range c.Routes {
+		if u, err := url.Parse(r); err != nil || u.Scheme != "nats" || u.Host == "" {
+			return fmt.Errorf("route %q: want nats://host:port", r)
+		}
+	}
+	return nil
+}
+
+func splitHostPort(hp string) (string, int, error) {
+	host, p, err := net.SplitHostPort(hp)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < -1 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port %q", p)
+	}
+	if port == 0 {
+		port = -1 // nats-server: -1 picks a free port
+	}
+	return host, port, nil
+}
+
+// StartServer starts an in-process NATS server with JetStream on a file
+// store that fsyncs every write before acknowledging it (SyncAlways: the
+// default interval loses acknowledged writes on power loss).
+func StartServer(cfg ServerConfig) (*server.Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("bus config: %w", err)
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultListen
+	}
+	if cfg.StoreDir == "" {
+		cfg.StoreDir = DefaultStoreDir()
+	}
+	if cfg.Name == "" {
+		cfg.Name = "fenceline"
+	}
+	if err := os.MkdirAll(cfg.StoreDir, 0o700); err != nil {
+		return nil, fmt.Errorf("bus store %s: %w", cfg.StoreDir, err)
+	}
+	host, port, _ := splitHostPort(cfg.Listen)
+	opts := &server.Options{
+		ServerName: cfg.Name,
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   cfg.StoreDir,
+		SyncAlways: true,
+		MaxPayload: 8 << 20, // room for large repo snapshots
+		NoSigs:     true,
+		NoLog:      !cfg.Debug,
+		// A client should notice a dead bus quickly.
+		PingInterval: 10 * time.Second,
+	}
+	if cfg.ClusterName != "" {
+		chost, cport, _ := splitHostPort(cfg.ClusterListen)
+		opts.Cluster.Name = cfg.ClusterName
+		opts.Cluster.Host = chost
+		opts.Cluster.Port = cport
+		for _, r := range cfg.Routes {
+			u, _ := url.Parse(r)
+			opts.Routes = append(opts.Routes, u)
+		}
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("start bus: %w", err)
+	}
+	if cfg.Debug {
+		s.ConfigureLogger()
+	}
+	go s.Start()
+	if !s.ReadyForConnections(15 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("start bus on %s: not ready after 15s (port in use? another `fenceline bus serve` running?)", cfg.Listen)
+	}
+	return s, nil
+}

@@ -1,0 +1,775 @@
+package leasebus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fenceline/fenceline/internal/scope"
+)
+
+// ServiceConfig configures a lease service. The zero value works.
+type ServiceConfig struct {
+	// Replicas of the log and audit streams: 1 on a single server, 3 on a
+	// cluster.
+	Replicas int
+	// MaxBatch bounds how many requests one log record commits (default 256).
+	MaxBatch int
+	// Logger receives operational logs (default: discard).
+	Logger *slog.Logger
+	// Now is the clock; its monotonic reading decides expiry (default time.Now).
+	Now func() time.Time
+}
+
+// Validate reports a configuration that cannot work.
+func (c *ServiceConfig) Validate() error {
+	if c.Replicas < 0 || c.Replicas > 5 {
+		return fmt.Errorf("replicas %d: want 1, 3 or 5", c.Replicas)
+	}
+	if c.MaxBatch < 0 {
+		return fmt.Errorf("max batch %d: must not be negative", c.MaxBatch)
+	}
+	return nil
+}
+
+// Service is the lease service: it answers lease requests on the bus, keeps
+// each repo's committed state in memory, batches concurrent requests of a
+// repo into one compare-and-swap append to the repo's log, sweeps expired
+// leases and writes the audit stream.
+//
+// Several instances may run against one bus (a queue group): each append is
+// a compare-and-swap on the repo's log, so an instance with a stale view
+// fails its write, reloads and retries; it can never grant over a lease it
+// has not seen.
+type Service struct {
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	store *store
+	cfg   ServiceConfig
+	log   *slog.Logger
+	audit *auditWriter
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	subs   []*nats.Subscription
+
+	mu     sync.Mutex
+	actors map[string]*actor // by repo key; guarded by mu
+	index  map[string]string // lease id -> repo key; guarded by mu
+}
+
+// StartService creates the streams if needed, loads every repo's lease log
+// and starts answering requests. Stop it with Stop.
+func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("lease service config: %w", err)
+	}
+	if cfg.MaxBatch == 0 {
+		cfg.MaxBatch = 256
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if err := ensureStreams(ctx, js, cfg.Replicas); err != nil {
+		return nil, err
+	}
+	s := &Service{nc: nc, js: js, store: &store{js: js, replicas: cfg.Replicas}, cfg: cfg, log: cfg.Logger,
+		actors: map[string]*actor{}, index: map[string]string{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.audit = newAuditWriter(js, s.log)
+	s.wg.Go(func() { s.audit.run(s.ctx) })
+
+	keys, err := s.store.repoKeys(ctx)
+	if err != nil {
+		s.Stop()
+		return nil, err
+	}
+	for _, key := range keys {
+		a := s.actor(key, "")
+		if err := a.reload(ctx); err != nil {
+			s.Stop()
+			return nil, fmt.Errorf("load lease log %s: %w", key, err)
+		}
+	}
+	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep"} {
+		sub, err := nc.QueueSubscribe(apiPrefix+"."+op, serviceQueue, s.handler(op))
+		if err != nil {
+			s.Stop()
+			return nil, fmt.Errorf("subscribe %s.%s: %w", apiPrefix, op, err)
+		}
+		s.subs = append(s.subs, sub)
+	}
+	if err := nc.FlushTimeout(10 * time.Second); err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("flush subscriptions: %w", err)
+	}
+	s.log.Info("lease service started", "repos", len(keys), "replicas", max(cfg.Replicas, 1))
+	return s, nil
+}
+
+// Stop stops answering, finishes in-flight batches and waits for every
+// goroutine the service started.
+func (s *Service) Stop() {
+	for _, sub := range s.subs {
+		_ = sub.Unsubscribe()
+	}
+	s.cancel()
+	s.wg.Wait()
+}
+
+// actor returns the actor of a repo, starting it if needed. A new actor
+// loads the repo's log before its first write.
+func (s *Service) actor(key, repo string) *actor {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a, ok := s.actors[key]; ok {
+		return a
+	}
+	a := &actor{svc: s, key: key, state: newRepoState(repo), stale: true, calls: make(chan *call, 4096)}
+	s.actors[key] = a
+	s.wg.Go(func() { a.run(s.ctx) })
+	return a
+}
+
+func (s *Service) actorForLease(id string) (*actor, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key, ok := s.index[id]
+	if !ok {
+		return nil, false
+	}
+	return s.actors[key], true
+}
+
+func (s *Service) indexLeases(key string, es []*entry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range es {
+		s.index[e.LeaseID] = key
+	}
+}
+
+func (s *Service) unindex(ids []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		delete(s.index, id)
+	}
+}
+
+func (s *Service) allActors() []*actor {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*actor, 0, len(s.actors))
+	for _, a := range s.actors {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, func(a, b *actor) int { return strings.Compare(a.key, b.key) })
+	return out
+}
+
+// call is one request on its way through a repo actor.
+type call struct {
+	op    string
+	msg   *nats.Msg
+	at    time.Time // when the service received it (monotonic)
+	req   any
+	reply chan reply // for in-process calls (list across repos); else msg.Respond
+}
+
+func (c *call) respond(r reply) {
+	if c.reply != nil {
+		c.reply <- r
+		return
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		data, _ = json.Marshal(reply{Error: toWire(fmt.Errorf("encode reply: %w", err))})
+	}
+	_ = c.msg.Respond(data)
+}
+
+func respondErr(m *nats.Msg, err error) {
+	data, _ := json.Marshal(reply{Error: toWire(err)})
+	_ = m.Respond(data)
+}
+
+// handler decodes a request and hands it to the actor of its repo.
+func (s *Service) handler(op string) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		c := &call{op: op, msg: m, at: s.cfg.Now()}
+		var repo, leaseID string
+		var err error
+		switch op {
+		case "acquire":
+			var r AcquireRequest
+			err = decode(m.Data, &r)
+			if err == nil {
+				err = r.normalize()
+			}
+			c.req, repo = &r, r.Repo
+		case "renew":
+			var r RenewRequest
+			err = decode(m.Data, &r)
+			c.req, leaseID = &r, r.LeaseID
+		case "release":
+			var r ReleaseRequest
+			err = decode(m.Data, &r)
+			c.req, leaseID = &r, r.LeaseID
+		case "revoke":
+			var r RevokeRequest
+			err = decode(m.Data, &r)
+			if err == nil && strings.TrimSpace(r.Reason) == "" {
+				err = fmt.Errorf("%w: revoke needs a reason (--reason)", ErrInvalid)
+			}
+			c.req, leaseID = &r, r.LeaseID
+		case "cancel":
+			var r cancelRequest
+			err = decode(m.Data, &r)
+			c.req, repo = &r, r.Repo
+		case "get":
+			var r getRequest
+			err = decode(m.Data, &r)
+			c.req, leaseID = &r, r.LeaseID
+		case "list":
+			var r listRequest
+			if err = decode(m.Data, &r); err == nil {
+				go s.list(c, &r) // fans out to actors; must not block the subscription
+				return
+			}
+		case "sweep":
+			var r sweepRequest
+			if err = decode(m.Data, &r); err == nil {
+				go s.sweepAll(c, &r)
+				return
+			}
+		}
+		if err != nil {
+			respondErr(m, err)
+			return
+		}
+		var a *actor
+		if repo != "" {
+			a = s.actor(RepoKey(repo), repo)
+		} else {
+			if !validLeaseID(leaseID) {
+				respondErr(m, fmt.Errorf("%w: %q is not a lease id (want lease_…)", ErrInvalid, leaseID))
+				return
+			}
+			var ok bool
+			if a, ok = s.actorForLease(leaseID); !ok {
+				respondErr(m, fmt.Errorf("%s: %w", leaseID, ErrNotFound))
+				return
+			}
+		}
+		a.enqueue(c)
+	}
+}
+
+func decode(data []byte, v any) error {
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%w: decode request: %v", ErrInvalid, err)
+	}
+	return nil
+}
+
+// normalize validates an acquire request and fills in its defaults.
+func (r *AcquireRequest) normalize() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+	}
+	if strings.TrimSpace(r.Repo) == "" {
+		return bad("repo is empty: name the repository (--repo)")
+	}
+	if r.Scope.Kind == "" {
+		r.Scope.Kind = scope.KindNone
+	}
+	if r.Scope.Paths == nil {
+		r.Scope.Paths = []string{}
+	}
+	if r.Scope.Tables == nil {
+		r.Scope.Tables = []string{}
+	}
+	if err := r.Scope.Validate(); err != nil {
+		return bad("scope: %v", err)
+	}
+	if r.WorkspaceID == "" {
+		r.WorkspaceID = DefaultWorkspace
+	}
+	switch r.WorkspaceMode {
+	case "":
+		r.WorkspaceMode = WorkspaceShared
+		if r.Scope.Kind != scope.KindPaths {
+			r.WorkspaceMode = WorkspaceExclusive
+		}
+	case WorkspaceShared, WorkspaceExclusive:
+	default:
+		return bad("workspace mode %q: want shared or exclusive", r.WorkspaceMode)
+	}
+	if r.WorkspaceMode == WorkspaceShared && r.Scope.Kind != scope.KindPaths {
+		return bad("a shared-workspace lease must claim paths (--scope); claim none only with --workspace exclusive")
+	}
+	if r.Scope.Kind == scope.KindWholeRepo && r.WorkspaceMode != WorkspaceExclusive {
+		return bad("a whole-repo lease needs an exclusive workspace")
+	}
+	if r.TTL == 0 {
+		r.TTL = Duration(DefaultTTL)
+	}
+	if d := time.Duration(r.TTL); d < MinTTL || d > MaxTTL {
+		return bad("ttl %s out of range: want %s to %s", d, MinTTL, MaxTTL)
+	}
+	if r.Wait < 0 {
+		return bad("wait %s is negative", time.Duration(r.Wait))
+	}
+	if r.MaxSharers < 0 {
+		return bad("max-sharers %d is negative", r.MaxSharers)
+	}
+	if len(r.CredentialHash) != 64 {
+		return bad("credential hash missing: the client must send the SHA-256 of its credential")
+	}
+	return nil
+}
+
+// DefaultTTL is the TTL of a lease that asks for none.
+const DefaultTTL = 300 * time.Second
+
+// list answers a list request, across every repo or one.
+func (s *Service) list(c *call, r *listRequest) {
+	var actors []*actor
+	if r.Repo != "" {
+		actors = []*actor{s.actor(RepoKey(r.Repo), r.Repo)}
+	} else {
+		actors = s.allActors()
+	}
+	out := reply{Leases: []*Lease{}}
+	for _, a := range actors {
+		rep := a.ask(s.ctx, &call{op: "list", req: r})
+		if rep.Error != nil {
+			c.respond(rep)
+			return
+		}
+		out.Leases = append(out.Leases, rep.Leases...)
+	}
+	c.respond(out)
+}
+
+func (s *Service) sweepAll(c *call, r *sweepRequest) {
+	var actors []*actor
+	if r.Repo != "" {
+		actors = []*actor{s.actor(RepoKey(r.Repo), r.Repo)}
+	} else {
+		actors = s.allActors()
+	}
+	out := reply{Leases: []*Lease{}}
+	for _, a := range actors {
+		rep := a.ask(s.ctx, &call{op: "sweep", req: r})
+		if rep.Error != nil {
+			c.respond(rep)
+			return
+		}
+		out.Leases = append(out.Leases, rep.Leases...)
+	}
+	c.respond(out)
+}
+
+// actor owns one repo's state. Its goroutine is the only one that touches
+// state and waiters; requests reach it through calls.
+type actor struct {
+	svc   *Service
+	key   string
+	calls chan *call
+
+	// Owned by the actor goroutine (and by StartService before it serves).
+	state   *repoState
+	stale   bool      // must reload the log before the next write
+	waiters []*waiter // queued acquires, oldest first
+
+	sinceSnap, bytesSinceSnap, snapBytes int
+}
+
+// waiter is an acquire queued behind conflicting leases.
+type waiter struct {
+	c        *call
+	req      *AcquireRequest
+	claim    claimRequest
+	deadline time.Time
+	// cancelled is set when its client withdrew it; it is dropped from the
+	// queue without an answer (the cancel answered it).
+	cancelled bool
+}
+
+func (a *actor) enqueue(c *call) {
+	select {
+	case a.calls <- c:
+	default:
+		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service overloaded for this repo; retry", ErrUnavailable))})
+	}
+}
+
+// ask runs an in-process call through the actor and waits for its reply.
+func (a *actor) ask(ctx context.Context, c *call) reply {
+	c.reply = make(chan reply, 1)
+	c.at = a.svc.cfg.Now()
+	a.enqueue(c)
+	select {
+	case r := <-c.reply:
+		return r
+	case <-ctx.Done():
+		return reply{Error: toWire(fmt.Errorf("%w: service stopping", ErrUnavailable))}
+	}
+}
+
+func (a *actor) reload(ctx context.Context) error {
+	if err := a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now); err != nil {
+		return err
+	}
+	a.stale = false
+	all := make([]*entry, 0, len(a.state.leases)+len(a.state.ended))
+	for _, e := range a.state.leases {
+		all = append(all, e)
+	}
+	for _, e := range a.state.ended {
+		all = append(all, e)
+	}
+	a.svc.indexLeases(a.key, all)
+	return nil
+}
+
+func (a *actor) run(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	batch := make([]*call, 0, a.svc.cfg.MaxBatch)
+	for {
+		a.resetTimer(timer)
+		batch = batch[:0]
+		select {
+		case <-ctx.Done():
+			a.shutdown()
+			return
+		case c := <-a.calls:
+			batch = append(batch, c)
+		case <-timer.C:
+		}
+	drain:
+		for len(batch) < cap(batch) {
+			select {
+			case c := <-a.calls:
+				batch = append(batch, c)
+			default:
+				break drain
+			}
+		}
+		a.process(ctx, batch)
+	}
+}
+
+// resetTimer arms the timer for the next lease deadline or waiter deadline.
+func (a *actor) resetTimer(t *time.Timer) {
+	next := a.state.nextDeadline()
+	for _, w := range a.waiters {
+		if next.IsZero() || w.deadline.Before(next) {
+			next = w.deadline
+		}
+	}
+	d := time.Hour
+	if !next.IsZero() {
+		d = max(next.Sub(a.svc.cfg.Now())+time.Millisecond, time.Millisecond)
+	}
+	t.Reset(d)
+}
+
+func (a *actor) shutdown() {
+	err := toWire(fmt.Errorf("%w: lease service stopping", ErrUnavailable))
+	for _, w := range a.waiters {
+		w.c.respond(reply{Error: err})
+	}
+	a.waiters = nil
+	for {
+		select {
+		case c := <-a.calls:
+			c.respond(reply{Error: err})
+		default:
+			return
+		}
+	}
+}
+
+// outcome is what one call's turn in a batch decided.
+type outcome struct {
+	c      *call
+	lease  *entry
+	leases []*Lease
+	err    error
+	park   *waiter // queue it
+}
+
+// process runs one batch: sweep, apply each call, serve the queue, then
+// commit everything with one compare-and-swap append. On a lost race it
+// reloads and runs the batch again; requests are idempotent, so a retry
+// after an unknown outcome is safe too.
+func (a *actor) process(ctx context.Context, batch []*call) {
+	const attempts = 8
+	for try := 0; ; try++ {
+		if a.stale {
+			if err := a.reload(ctx); err != nil {
+				a.svc.log.Warn("reload lease log", "repo", a.state.repo, "err", err)
+				a.failAll(batch, fmt.Errorf("%w: reading the lease log: %v", ErrUnavailable, err))
+				return
+			}
+		}
+		t := a.state.begin(a.svc.cfg.Now())
+		t.sweep()
+		outs := make([]outcome, len(batch))
+		queue := slices.Clone(a.waiters)
+		for i, c := range batch {
+			outs[i] = a.apply(t, c, queue)
+			if w := outs[i].park; w != nil {
+				queue = append(queue, w)
+			}
+		}
+		served, remaining := a.serve(t, queue)
+
+		var seq uint64
+		var size int
+		if t.dirty() {
+			var err error
+			seq, size, err = a.svc.store.append(ctx, a.key, a.state.seq, t.record())
+			if err != nil {
+				a.stale = true
+				if errors.Is(err, errCAS) && try < attempts {
+					continue
+				}
+				a.svc.log.Warn("append lease log", "repo", a.state.repo, "err", err)
+				a.failAll(batch, fmt.Errorf("%w: writing the lease log: %v", ErrUnavailable, err))
+				return
+			}
+			t.commit(seq)
+		}
+		a.finish(t, outs, served, remaining, size)
+		return
+	}
+}
+
+func (a *actor) failAll(batch []*call, err error) {
+	for _, c := range batch {
+		c.respond(reply{Error: toWire(err)})
+	}
+}
+
+// finish publishes what a committed batch changed and answers its calls.
+func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*waiter, size int) {
+	var granted []*entry
+	for _, id := range t.order {
+		e := t.changed[id]
+		if e.Version == 1 {
+			granted = append(granted, e)
+		}
+		a.notify(e)
+	}
+	a.svc.indexLeases(a.key, granted)
+	if len(a.state.evicted) > 0 {
+		a.svc.unindex(a.state.evicted)
+		a.state.evicted = nil
+	}
+	a.svc.audit.add(a.key, t.events)
+	a.waiters = remaining
+	for _, o := range append(outs, served...) {
+		if o.park != nil {
+			continue
+		}
+		r := reply{Error: toWire(o.err), Leases: o.leases}
+		if o.lease != nil {
+			l := o.lease.Lease
+			r.Lease = &l
+		}
+		o.c.respond(r)
+	}
+	if size > 0 {
+		a.maybeSnapshot(size)
+	}
+}
+
+// notify publishes a lease's committed record for watchers (best effort:
+// holders also learn of loss at their next renewal).
+func (a *actor) notify(e *entry) {
+	data, err := json.Marshal(&e.Lease)
+	if err != nil {
+		return
+	}
+	_ = a.svc.nc.Publish(changedPrefix+"."+a.key+"."+e.LeaseID, data)
+}
+
+// maybeSnapshot rolls the log up once the deltas since the last snapshot
+// outweigh it, so loading stays proportional to the state, not its history.
+func (a *actor) maybeSnapshot(deltaBytes int) {
+	a.sinceSnap++
+	a.bytesSinceSnap += deltaBytes
+	if a.sinceSnap < 64 || a.bytesSinceSnap < a.snapBytes {
+		return
+	}
+	seq, size, err := a.svc.store.append(a.svc.ctx, a.key, a.state.seq, a.state.snapshot())
+	if err != nil {
+		if errors.Is(err, errCAS) {
+			a.stale = true
+		}
+		a.svc.log.Warn("snapshot lease log", "repo", a.state.repo, "err", err)
+		return
+	}
+	a.state.seq = seq
+	a.sinceSnap, a.bytesSinceSnap, a.snapBytes = 0, 0, size
+}
+
+// apply runs one call against the batch's transaction.
+func (a *actor) apply(t *txn, c *call, queue []*waiter) outcome {
+	o := outcome{c: c}
+	switch r := c.req.(type) {
+	case *AcquireRequest:
+		return a.acquire(t, c, r, queue)
+	case *RenewRequest:
+		o.lease, o.err = t.renew(r)
+	case *ReleaseRequest:
+		o.lease, o.err = t.release(r)
+	case *RevokeRequest:
+		o.lease, o.err = t.revoke(r)
+	case *cancelRequest:
+		o.err = a.cancel(t, r)
+	case *getRequest:
+		if o.lease = t.lookup(r.LeaseID); o.lease == nil {
+			o.err = fmt.Errorf("%s: %w", r.LeaseID, ErrNotFound)
+		}
+	case *listRequest:
+		o.leases = []*Lease{}
+		add := func(e *entry) {
+			l := e.Lease
+			o.leases = append(o.leases, &l)
+		}
+		t.active(func(e *entry) bool { add(e); return true })
+		if r.All {
+			for _, id := range t.base.endedFIFO {
+				if _, changed := t.changed[id]; !changed {
+					add(t.base.ended[id])
+				}
+			}
+			for _, id := range t.order {
+				if e := t.changed[id]; !e.Active() {
+					add(e)
+				}
+			}
+		}
+		slices.SortFunc(o.leases, func(x, y *Lease) int { return strings.Compare(x.LeaseID, y.LeaseID) })
+	case *sweepRequest:
+		o.leases = []*Lease{}
+		for _, id := range t.order {
+			if e := t.changed[id]; e.Status == StatusReclaimed {
+				l := e.Lease
+				o.leases = append(o.leases, &l)
+			}
+		}
+	default:
+		o.err = fmt.Errorf("%w: unknown request %T", ErrInvalid, c.req)
+	}
+	return o
+}
+
+func (a *actor) acquire(t *txn, c *call, r *AcquireRequest, queue []*waiter) outcome {
+	o := outcome{c: c}
+	if e := t.granted(r); e != nil {
+		o.lease = e
+		return o
+	}
+	claim := claimRequest{scope: r.Scope, workspaceID: r.WorkspaceID, mode: r.WorkspaceMode, maxSharers: r.MaxSharers}
+	conflicts := t.conflicts(claim)
+	if len(conflicts) == 0 && r.Wait > 0 {
+		// Queued requests that overlap go first: no starvation.
+		for _, w := range queue {
+			if why := blocks(claim, w.claim.scope, w.claim.workspaceID, w.claim.mode); why != "" {
+				conflicts = append(conflicts, Conflict{LeaseID: "(queued " + w.req.RequestID + ")", Owner: w.req.Owner, Scope: w.claim.scope, Why: "queued earlier: " + why})
+				break
+			}
+		}
+	}
+	if len(conflicts) == 0 {
+		o.lease = t.grant(r, claim)
+		return o
+	}
+	if r.Wait > 0 {
+		o.park = &waiter{c: c, req: r, claim: claim, deadline: c.at.Add(time.Duration(r.Wait))}
+		return o
+	}
+	ce := &ConflictError{Repo: t.base.repo, Conflicts: conflicts}
+	t.audit(EventRefused, nil, "conflict", fmt.Sprintf("refused acquire of %s by %s: %s", r.Scope, r.Owner, ce.Error()))
+	o.err = ce
+	return o
+}
+
+// serve grants queued acquires that fit now, oldest first, and times out
+// those past their deadline. A waiter is granted only if no earlier waiter
+// that is still queued overlaps it.
+func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*waiter) {
+	for _, w := range queue {
+		if w.cancelled {
+			continue
+		}
+		if e := t.granted(w.req); e != nil {
+			served = append(served, outcome{c: w.c, lease: e})
+			continue
+		}
+		conflicts := t.conflicts(w.claim)
+		blockedByQueue := false
+		for _, earlier := range remaining {
+			if blocks(w.claim, earlier.claim.scope, earlier.claim.workspaceID, earlier.claim.mode) != "" {
+				blockedByQueue = true
+				break
+			}
+		}
+		switch {
+		case len(conflicts) == 0 && !blockedByQueue:
+			served = append(served, outcome{c: w.c, lease: t.grant(w.req, w.claim)})
+		case !t.now.Before(w.deadline):
+			ce := &ConflictError{Repo: t.base.repo, Conflicts: conflicts, Waited: true}
+			if len(conflicts) == 0 {
+				ce.Conflicts = []Conflict{{LeaseID: "(queue)", Why: "requests queued earlier still wait for overlapping claims"}}
+			}
+			t.audit(EventRefused, nil, "wait-expired", fmt.Sprintf("refused acquire of %s by %s after waiting %s: %s", w.claim.scope, w.req.Owner, time.Duration(w.req.Wait), ce.Error()))
+			served = append(served, outcome{c: w.c, err: ce})
+		default:
+			remaining = append(remaining, w)
+		}
+	}
+	return served, remaining
+}
+
+// cancel withdraws a queued acquire; if it was already granted, the lease
+// is released (the caller gave up on it).
+func (a *actor) cancel(t *txn, r *cancelRequest) error {
+	for _, w := range a.waiters {
+		if w.req.RequestID == r.RequestID && r.Credential.matches(w.req.CredentialHash) && !w.cancelled {
+			w.cancelled = true // serve drops it
+			w.c.respond(reply{Error: toWire(fmt.Errorf("%w: acquire cancelled by its client", ErrInvalid))})
+			return nil
+		}
+	}
+	id, ok := t.base.byRequest[r.RequestID]
+	if !ok {
+		return nil
+	}
+	_, err := t.release(&ReleaseRequest{LeaseID: id, Credential: r.Credential})
+	return err
+}

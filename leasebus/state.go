@@ -1,0 +1,419 @@
+package leasebus
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fenceline/fenceline/internal/scope"
+)
+
+// maxEnded bounds how many ended leases a repo remembers, so a repeated
+// release stays idempotent and a late renew learns why it was refused.
+const maxEnded = 1024
+
+// Limits on what a lease may ask for.
+const (
+	MinTTL = time.Second
+	MaxTTL = 24 * time.Hour
+)
+
+// entry is a lease as the service keeps it: the public record plus what
+// proves and identifies its owner. Everything but deadline is persisted.
+type entry struct {
+	Lease
+	SecretHash string `json:"secretHash"`
+	RequestID  string `json:"requestId"`
+	RenewID    string `json:"renewId,omitempty"`
+
+	// deadline is when this service may consider the lease expired, read
+	// from its own monotonic clock: the moment it observed the current
+	// version plus the TTL. Never persisted: a service that loads the
+	// lease observes it anew, so wall clocks never decide expiry.
+	deadline time.Time
+}
+
+func (e *entry) clone() *entry {
+	c := *e
+	c.Scope.Paths = slices.Clone(e.Scope.Paths)
+	c.Scope.Tables = slices.Clone(e.Scope.Tables)
+	return &c
+}
+
+func (e *entry) conflict(why string) Conflict {
+	return Conflict{LeaseID: e.LeaseID, Owner: e.Owner, Scope: e.Scope,
+		WorkspaceID: e.WorkspaceID, ExpiresAt: e.ExpiresAt, Fence: e.Fence, Why: why}
+}
+
+// repoState is the committed lease state of one repo: the fold of its log.
+type repoState struct {
+	repo      string
+	fence     uint64            // last fence issued in this repo
+	leases    map[string]*entry // active leases by id
+	byRequest map[string]string // acquire request id -> active lease id
+	ended     map[string]*entry // recently ended leases by id
+	endedFIFO []string          // ended ids, oldest first
+	seq       uint64            // log subject sequence this state reflects (0: none)
+	evicted   []string          // ended ids dropped since the owner last looked
+}
+
+func newRepoState(repo string) *repoState {
+	return &repoState{repo: repo, leases: map[string]*entry{},
+		byRequest: map[string]string{}, ended: map[string]*entry{}}
+}
+
+// put installs e as the committed version of its lease.
+func (s *repoState) put(e *entry) {
+	if old, ok := s.leases[e.LeaseID]; ok && old.RequestID != "" {
+		delete(s.byRequest, old.RequestID)
+	}
+	if e.Active() {
+		s.leases[e.LeaseID] = e
+		if e.RequestID != "" {
+			s.byRequest[e.RequestID] = e.LeaseID
+		}
+		return
+	}
+	delete(s.leases, e.LeaseID)
+	if _, seen := s.ended[e.LeaseID]; !seen {
+		s.endedFIFO = append(s.endedFIFO, e.LeaseID)
+	}
+	s.ended[e.LeaseID] = e
+	for len(s.endedFIFO) > maxEnded {
+		s.evicted = append(s.evicted, s.endedFIFO[0])
+		delete(s.ended, s.endedFIFO[0])
+		s.endedFIFO = s.endedFIFO[1:]
+	}
+}
+
+// observe applies a record read from the log. Leases whose version is new
+// to this service get a fresh deadline from now.
+func (s *repoState) observe(rec *logRecord, seq uint64, now time.Time) {
+	if rec.Kind == recordSnapshot {
+		prev := s.leases
+		*s = *newRepoState(s.repo)
+		for _, e := range rec.Leases {
+			if old, ok := prev[e.LeaseID]; ok && old.Version == e.Version {
+				e.deadline = old.deadline
+			}
+			s.observeEntry(e, now)
+		}
+	} else {
+		for _, e := range rec.Leases {
+			if old, ok := s.leases[e.LeaseID]; ok && old.Version == e.Version {
+				continue
+			}
+			s.observeEntry(e, now)
+		}
+	}
+	s.fence = max(s.fence, rec.Fence)
+	s.seq = seq
+}
+
+func (s *repoState) observeEntry(e *entry, now time.Time) {
+	if e.deadline.IsZero() {
+		e.deadline = now.Add(time.Duration(e.TTL))
+	}
+	s.put(e)
+}
+
+func (s *repoState) snapshot() *logRecord {
+	rec := &logRecord{Kind: recordSnapshot, Repo: s.repo, Fence: s.fence}
+	for _, id := range s.endedFIFO {
+		rec.Leases = append(rec.Leases, s.ended[id])
+	}
+	for _, e := range s.leases {
+		rec.Leases = append(rec.Leases, e)
+	}
+	slices.SortFunc(rec.Leases, func(a, b *entry) int { return strings.Compare(a.LeaseID, b.LeaseID) })
+	return rec
+}
+
+// txn is a batch of changes on top of a committed repoState. Nothing in the
+// base is modified until the batch's log record is durably written.
+type txn struct {
+	base    *repoState
+	fence   uint64
+	changed map[string]*entry
+	order   []string // ids in the order they first changed
+	events  []AuditEvent
+	now     time.Time // monotonic: deadlines
+	wall    time.Time // wall clock: informational times only
+}
+
+func (s *repoState) begin(now time.Time) *txn {
+	return &txn{base: s, fence: s.fence, changed: map[string]*entry{}, now: now, wall: now.UTC().Round(time.Millisecond)}
+}
+
+func (t *txn) dirty() bool { return len(t.changed) > 0 }
+
+func (t *txn) lookup(id string) *entry {
+	if e, ok := t.changed[id]; ok {
+		return e
+	}
+	if e, ok := t.base.leases[id]; ok {
+		return e
+	}
+	return t.base.ended[id]
+}
+
+func (t *txn) write(e *entry) {
+	if _, ok := t.changed[e.LeaseID]; !ok {
+		t.order = append(t.order, e.LeaseID)
+	}
+	t.changed[e.LeaseID] = e
+}
+
+// active calls f for each lease active in the transaction, in a stable order.
+func (t *txn) active(f func(*entry) bool) {
+	for _, e := range t.base.leases {
+		if _, ok := t.changed[e.LeaseID]; ok {
+			continue
+		}
+		if !f(e) {
+			return
+		}
+	}
+	for _, id := range t.order {
+		if e := t.changed[id]; e.Active() && !f(e) {
+			return
+		}
+	}
+}
+
+func (t *txn) audit(typ string, e *entry, reason, msg string) {
+	ev := AuditEvent{Time: t.wall, Type: typ, Boundary: BoundaryLease, Repo: t.base.repo, Reason: reason, Message: msg}
+	if e != nil {
+		ev.LeaseID, ev.Owner, ev.Scope, ev.Fence = e.LeaseID, e.Owner, e.Scope, e.Fence
+	}
+	t.events = append(t.events, ev)
+}
+
+// end moves a lease out of active with the given status.
+func (t *txn) end(e *entry, st Status, reason string) *entry {
+	n := e.clone()
+	n.Status = st
+	n.Version++
+	n.EndedAt = t.wall
+	n.Reason = reason
+	t.write(n)
+	return n
+}
+
+// claimRequest is the part of an acquire request that decides conflicts.
+type claimRequest struct {
+	scope       scope.Claim
+	workspaceID string
+	mode        WorkspaceMode
+	maxSharers  int
+}
+
+// blocks reports why holder (an active lease or a queued request) keeps req
+// from being granted, or "" when it does not.
+func blocks(req claimRequest, hScope scope.Claim, hWorkspace string, hMode WorkspaceMode) string {
+	if ov := req.scope.Overlap(hScope); len(ov) > 0 {
+		return "claims overlap: " + strings.Join(ov, ", ")
+	}
+	if req.workspaceID != hWorkspace {
+		return ""
+	}
+	switch {
+	case hMode == WorkspaceExclusive:
+		return fmt.Sprintf("workspace %s is held exclusively", hWorkspace)
+	case req.mode == WorkspaceExclusive:
+		return fmt.Sprintf("workspace %s is occupied and an exclusive lease needs it empty", hWorkspace)
+	}
+	return ""
+}
+
+// conflicts lists the active leases that keep req from being granted now.
+func (t *txn) conflicts(req claimRequest) []Conflict {
+	var out []Conflict
+	sharers := 0
+	var sharerList []*entry
+	t.active(func(e *entry) bool {
+		if why := blocks(req, e.Scope, e.WorkspaceID, e.WorkspaceMode); why != "" {
+			out = append(out, e.conflict(why))
+		}
+		if e.WorkspaceID == req.workspaceID && e.WorkspaceMode == WorkspaceShared {
+			sharers++
+			sharerList = append(sharerList, e)
+		}
+		return true
+	})
+	if len(out) == 0 && req.mode == WorkspaceShared && req.maxSharers > 0 && sharers >= req.maxSharers {
+		for _, e := range sharerList {
+			out = append(out, e.conflict(fmt.Sprintf("workspace %s already has max-sharers %d", req.workspaceID, req.maxSharers)))
+		}
+	}
+	slices.SortFunc(out, func(a, b Conflict) int { return strings.Compare(a.LeaseID, b.LeaseID) })
+	return out
+}
+
+// grant creates a lease for a request that conflicts with nothing.
+func (t *txn) grant(r *AcquireRequest, claim claimRequest) *entry {
+	t.fence++
+	e := &entry{
+		Lease: Lease{
+			LeaseID:       newID("lease_", t.wall),
+			Repo:          t.base.repo,
+			Scope:         claim.scope,
+			WorkspaceID:   claim.workspaceID,
+			WorkspaceMode: claim.mode,
+			Owner:         r.Owner,
+			Status:        StatusActive,
+			Version:       1,
+			Fence:         t.fence,
+			AcquiredAt:    t.wall,
+			RenewedAt:     t.wall,
+			ExpiresAt:     t.wall.Add(time.Duration(r.TTL)),
+			TTL:           r.TTL,
+		},
+		SecretHash: r.CredentialHash,
+		RequestID:  r.RequestID,
+		deadline:   t.now.Add(time.Duration(r.TTL)),
+	}
+	t.write(e)
+	t.audit(EventGrant, e, "", fmt.Sprintf("granted: %s %s owner=%s fence=%d ttl=%s", e.LeaseID, e.Scope, e.Owner, e.Fence, e.TTL))
+	return e
+}
+
+// granted returns the lease already granted for this request id, if any:
+// acquire is idempotent, so a retry after a lost reply gets the same lease.
+func (t *txn) granted(r *AcquireRequest) *entry {
+	if r.RequestID == "" {
+		return nil
+	}
+	id, ok := t.base.byRequest[r.RequestID]
+	for _, lid := range t.order {
+		if t.changed[lid].RequestID == r.RequestID {
+			id, ok = lid, true
+		}
+	}
+	if !ok {
+		return nil
+	}
+	if e := t.lookup(id); e != nil && e.Active() && e.SecretHash == r.CredentialHash {
+		return e
+	}
+	return nil
+}
+
+// owned finds the lease and checks the credential, auditing refusals.
+func (t *txn) owned(op, id string, cred Credential) (*entry, error) {
+	e := t.lookup(id)
+	if e == nil {
+		return nil, fmt.Errorf("%s %s: %w in %s", op, id, ErrNotFound, t.base.repo)
+	}
+	if !cred.matches(e.SecretHash) {
+		t.audit(EventRefused, e, "not-owner", fmt.Sprintf("refused %s of %s: credential does not match (owner=%s)", op, id, e.Owner))
+		return nil, fmt.Errorf("%s %s: %w (the lease id alone is not enough; use the credential its acquirer received)", op, id, ErrNotOwner)
+	}
+	return e, nil
+}
+
+func (t *txn) renew(r *RenewRequest) (*entry, error) {
+	e, err := t.owned("renew", r.LeaseID, r.Credential)
+	if err != nil {
+		return nil, err
+	}
+	if !e.Active() {
+		return nil, fmt.Errorf("renew %s: %w: it is %s (%s)", e.LeaseID, ErrLeaseLost, e.Status, e.Reason)
+	}
+	if r.RenewID != "" && r.RenewID == e.RenewID && r.Version+1 == e.Version {
+		return e, nil // a retry of the renewal that produced this version
+	}
+	if r.Version != 0 && r.Version != e.Version {
+		t.audit(EventRenewRefused, e, "version", fmt.Sprintf("renew refused: %s version %d, holder sent %d", e.LeaseID, e.Version, r.Version))
+		return nil, fmt.Errorf("renew %s: %w: version is %d, holder had %d", e.LeaseID, ErrLeaseLost, e.Version, r.Version)
+	}
+	if !t.now.Before(e.deadline) {
+		late := t.now.Sub(e.deadline).Round(time.Second)
+		n := t.end(e, StatusExpired, "ttl lapsed before renewal")
+		t.audit(EventExpired, n, "ttl", fmt.Sprintf("expired: %s owner=%s renew arrived %s after its ttl", n.LeaseID, n.Owner, late))
+		return nil, fmt.Errorf("renew %s: %w: its ttl of %s lapsed %s ago", e.LeaseID, ErrLeaseLost, e.TTL, late)
+	}
+	n := e.clone()
+	n.Version++
+	n.RenewID = r.RenewID
+	n.RenewedAt = t.wall
+	n.ExpiresAt = t.wall.Add(time.Duration(n.TTL))
+	n.deadline = t.now.Add(time.Duration(n.TTL))
+	t.write(n)
+	return n, nil
+}
+
+func (t *txn) release(r *ReleaseRequest) (*entry, error) {
+	e, err := t.owned("release", r.LeaseID, r.Credential)
+	if err != nil {
+		return nil, err
+	}
+	if !e.Active() {
+		return e, nil // idempotent for the owner
+	}
+	n := t.end(e, StatusReleased, "released by owner")
+	t.audit(EventRelease, n, "", fmt.Sprintf("released: %s owner=%s fence=%d", n.LeaseID, n.Owner, n.Fence))
+	return n, nil
+}
+
+func (t *txn) revoke(r *RevokeRequest) (*entry, error) {
+	e := t.lookup(r.LeaseID)
+	if e == nil {
+		return nil, fmt.Errorf("revoke %s: %w", r.LeaseID, ErrNotFound)
+	}
+	if !e.Active() {
+		return e, nil
+	}
+	n := t.end(e, StatusRevoked, "revoked: "+r.Reason)
+	t.audit(EventRevoked, n, r.Reason, fmt.Sprintf("revoked: %s owner=%s fence=%d reason=%q", n.LeaseID, n.Owner, n.Fence, r.Reason))
+	return n, nil
+}
+
+// sweep reclaims every active lease whose deadline has passed.
+func (t *txn) sweep() []*entry {
+	var expired []*entry
+	t.active(func(e *entry) bool {
+		if !t.now.Before(e.deadline) {
+			expired = append(expired, e)
+		}
+		return true
+	})
+	slices.SortFunc(expired, func(a, b *entry) int { return strings.Compare(a.LeaseID, b.LeaseID) })
+	out := make([]*entry, 0, len(expired))
+	for _, e := range expired {
+		late := t.now.Sub(e.deadline).Round(time.Second)
+		n := t.end(e, StatusReclaimed, fmt.Sprintf("ttl %s lapsed without renewal", e.TTL))
+		t.audit(EventReclaimed, n, "expired", fmt.Sprintf("reclaimed: %s owner=%s expired=%ds", n.LeaseID, n.Owner, int(late.Seconds())))
+		out = append(out, n)
+	}
+	return out
+}
+
+// commit installs the batch into the base state after its record landed at seq.
+func (t *txn) commit(seq uint64) {
+	for _, id := range t.order {
+		t.base.put(t.changed[id])
+	}
+	t.base.fence = t.fence
+	t.base.seq = seq
+}
+
+func (t *txn) record() *logRecord {
+	rec := &logRecord{Kind: recordDelta, Repo: t.base.repo, Fence: t.fence}
+	for _, id := range t.order {
+		rec.Leases = append(rec.Leases, t.changed[id])
+	}
+	return rec
+}
+
+// nextDeadline is the earliest deadline among active leases (zero if none).
+func (s *repoState) nextDeadline() time.Time {
+	var d time.Time
+	for _, e := range s.leases {
+		if d.IsZero() || e.deadline.Before(d) {
+			d = e.deadline
+		}
+	}
+	return d
+}
