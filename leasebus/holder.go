@@ -53,10 +53,10 @@ type Holder struct {
 	opts HoldOptions
 
 	mu         sync.Mutex
-	lease      Lease     // guarded by mu
+	lease      Lease       // guarded by mu
 	state      HolderState // guarded by mu
-	err        error     // why not held; guarded by mu
-	validUntil time.Time // monotonic; guarded by mu
+	err        error       // why not held; guarded by mu
+	validUntil time.Time   // monotonic; guarded by mu
 	lost       chan struct{}
 
 	cancel   context.CancelFunc
