@@ -24,7 +24,7 @@ const (
 	LogStream  = "FENCELINE_LOG"
 	logSubject = "fenceline.log"
 
-	// AuditStream holds audit events on fenceline.audit.<repoKey>.
+	// AuditStream holds audit events on fenceline.audit.<repoKey>.<boundary>.
 	AuditStream  = "FENCELINE_AUDIT"
 	AuditSubject = "fenceline.audit"
 )
@@ -63,12 +63,6 @@ type AuditEvent struct {
 	Fence    uint64      `json:"fence,omitempty"`
 	Reason   string      `json:"reason,omitempty"`
 	Message  string      `json:"message"`
-}
-
-// auditBatch is one message on the audit stream: the events of one commit
-// (one fsync for the lot), or a single event from a boundary.
-type auditBatch struct {
-	Events []AuditEvent `json:"events"`
 }
 
 // AcquireRequest asks for a lease.

@@ -2,6 +2,7 @@ package leasebus
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -123,19 +124,18 @@ func TestRenewAfterExpiryRefusedAndSwept(t *testing.T) {
 	if err != nil || n.Fence <= l.Fence {
 		t.Fatalf("reacquire: %+v %v", n, err)
 	}
-	evs, err := ReadAudit(ctx, b.nc, repo, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var found bool
-	for _, ev := range evs {
-		if ev.Type == EventReclaimed && ev.LeaseID == l.LeaseID && strings.HasPrefix(ev.Message, "reclaimed: "+l.LeaseID+" owner=") && strings.Contains(ev.Message, "expired=") {
-			found = true
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.nc, repo, 0)
+		if err != nil {
+			return err
 		}
-	}
-	if !found {
-		t.Fatalf("no reclaimed audit event for %s in %+v", l.LeaseID, evs)
-	}
+		for _, ev := range evs {
+			if ev.Type == EventReclaimed && ev.LeaseID == l.LeaseID && strings.HasPrefix(ev.Message, "reclaimed: "+l.LeaseID+" owner=") && strings.Contains(ev.Message, "expired=") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no reclaimed audit event for %s in %+v", l.LeaseID, evs)
+	})
 }
 
 func TestWaitAcquireHandsOver(t *testing.T) {

@@ -18,14 +18,16 @@ const (
 )
 
 // logRecord is one message of a repo's lease log. A delta carries the full
-// records of the leases one batch changed; a snapshot carries the whole
-// state and rolls up (purges) every earlier message of the repo.
+// records of the leases one batch changed and the batch's audit events; a
+// snapshot carries the whole state, after which the earlier messages of
+// the repo are purged (once their audit events are in the audit stream).
 type logRecord struct {
-	Kind   string   `json:"kind"`
-	Repo   string   `json:"repo"`
-	Fence  uint64   `json:"fence"`
-	Prev   uint64   `json:"prev"` // the subject sequence this record was written on top of
-	Leases []*entry `json:"leases"`
+	Kind   string       `json:"kind"`
+	Repo   string       `json:"repo"`
+	Fence  uint64       `json:"fence"`
+	Prev   uint64       `json:"prev"` // the subject sequence this record was written on top of
+	Leases []*entry     `json:"leases"`
+	Events []AuditEvent `json:"events,omitempty"`
 }
 
 // errCAS means another writer appended to the repo's log first.
@@ -53,7 +55,6 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, replicas int) er
 		Replicas:          replicas,
 		Retention:         jetstream.LimitsPolicy,
 		MaxMsgsPerSubject: -1,
-		AllowRollup:       true,
 		DenyDelete:        true,
 		// Reads go through the stream leader: a load must see every
 		// acknowledged record, never a lagging follower's copy.
@@ -81,7 +82,7 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, replicas int) er
 }
 
 // append writes rec to the repo's log if the log's last sequence is still
-// expect, and returns the record's sequence. A snapshot rolls up the log.
+// expect, and returns the record's sequence and size.
 func (s *store) append(ctx context.Context, key string, expect uint64, rec *logRecord) (uint64, int, error) {
 	rec.Prev = expect
 	data, err := json.Marshal(rec)
@@ -90,11 +91,7 @@ func (s *store) append(ctx context.Context, key string, expect uint64, rec *logR
 	}
 	msg := nats.NewMsg(logSubjectFor(key))
 	msg.Data = data
-	opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(expect)}
-	if rec.Kind == recordSnapshot {
-		msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
-	}
-	ack, err := s.js.PublishMsg(ctx, msg, opts...)
+	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(expect))
 	if err != nil {
 		if isCASMismatch(err) {
 			return 0, 0, errCAS
@@ -115,8 +112,21 @@ func isCASMismatch(err error) bool {
 	return strings.Contains(err.Error(), "wrong last sequence")
 }
 
-// load applies every record of the repo's log after st.seq to st.
-func (s *store) load(ctx context.Context, key string, st *repoState, now func() time.Time) error {
+// purgeBefore drops the repo's log records older than seq (a snapshot).
+func (s *store) purgeBefore(ctx context.Context, key string, seq uint64) error {
+	stream, err := s.js.Stream(ctx, LogStream)
+	if err != nil {
+		return fmt.Errorf("open stream %s: %w", LogStream, err)
+	}
+	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(logSubjectFor(key)), jetstream.WithPurgeSequence(seq)); err != nil {
+		return fmt.Errorf("purge lease log %s before %d: %w", key, seq, err)
+	}
+	return nil
+}
+
+// load applies every record of the repo's log after st.seq to st, and hands
+// each delta's audit events to onEvents.
+func (s *store) load(ctx context.Context, key string, st *repoState, now func() time.Time, onEvents func(seq uint64, evs []AuditEvent)) error {
 	stream, err := s.js.Stream(ctx, LogStream)
 	if err != nil {
 		return fmt.Errorf("open stream %s: %w", LogStream, err)
@@ -144,6 +154,9 @@ func (s *store) load(ctx context.Context, key string, st *repoState, now func() 
 			return fmt.Errorf("lease log of %s has a gap: record %d follows %d, state is at %d; refusing to serve this repo", st.repo, m.Sequence, rec.Prev, st.seq)
 		}
 		st.observe(&rec, m.Sequence, now())
+		if len(rec.Events) > 0 && onEvents != nil {
+			onEvents(m.Sequence, rec.Events)
+		}
 		next = m.Sequence + 1
 	}
 }

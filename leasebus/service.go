@@ -402,6 +402,10 @@ type actor struct {
 	waiters []*waiter // queued acquires, oldest first
 
 	sinceSnap, bytesSinceSnap, snapBytes int
+	// purgeAt is the sequence of a snapshot whose predecessors are still in
+	// the log, waiting for their audit events (up to purgeCovers) to be
+	// written; 0 when none.
+	purgeAt, purgeCovers uint64
 }
 
 // waiter is an acquire queued behind conflicting leases.
@@ -436,8 +440,20 @@ func (a *actor) ask(ctx context.Context, c *call) reply {
 	}
 }
 
+// reload reads the log records this actor has not seen. Audit events of
+// records that are not yet in the audit stream (their writer crashed before
+// flushing) are queued again.
 func (a *actor) reload(ctx context.Context) error {
-	if err := a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now); err != nil {
+	written, err := lastWritten(ctx, a.svc.js, a.key)
+	if err != nil {
+		return err
+	}
+	err = a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, func(seq uint64, evs []AuditEvent) {
+		if seq > written {
+			a.svc.audit.add(a.key, seq, evs)
+		}
+	})
+	if err != nil {
 		return err
 	}
 	a.stale = false
@@ -491,6 +507,9 @@ func (a *actor) resetTimer(t *time.Timer) {
 	d := time.Hour
 	if !next.IsZero() {
 		d = max(next.Sub(a.svc.cfg.Now())+time.Millisecond, time.Millisecond)
+	}
+	if a.purgeAt != 0 {
+		d = min(d, 4*auditDelay)
 	}
 	t.Reset(d)
 }
@@ -546,8 +565,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 		}
 		served, remaining := a.serve(t, queue)
 
-		var seq uint64
-		var size int
+		seq, size := a.state.seq, 0
 		if t.dirty() {
 			var err error
 			seq, size, err = a.svc.store.append(ctx, a.key, a.state.seq, t.record())
@@ -560,9 +578,9 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 				a.failAll(batch, fmt.Errorf("%w: writing the lease log: %v", ErrUnavailable, err))
 				return
 			}
-			t.commit(seq)
 		}
-		a.finish(t, outs, served, remaining, size)
+		t.commit(seq)
+		a.finish(t, outs, served, remaining, seq, size)
 		return
 	}
 }
@@ -574,7 +592,7 @@ func (a *actor) failAll(batch []*call, err error) {
 }
 
 // finish publishes what a committed batch changed and answers its calls.
-func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*waiter, size int) {
+func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*waiter, seq uint64, size int) {
 	var granted []*entry
 	for _, id := range t.order {
 		e := t.changed[id]
@@ -588,7 +606,7 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 		a.svc.unindex(a.state.evicted)
 		a.state.evicted = nil
 	}
-	a.svc.audit.add(a.key, t.events)
+	a.svc.audit.add(a.key, seq, t.events)
 	a.waiters = remaining
 	for _, o := range append(outs, served...) {
 		if o.park != nil {
@@ -604,6 +622,7 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 	if size > 0 {
 		a.maybeSnapshot(size)
 	}
+	a.maybePurge()
 }
 
 // notify publishes a lease's committed record for watchers (best effort:
@@ -616,15 +635,17 @@ func (a *actor) notify(e *entry) {
 	_ = a.svc.nc.Publish(changedPrefix+"."+a.key+"."+e.LeaseID, data)
 }
 
-// maybeSnapshot rolls the log up once the deltas since the last snapshot
-// outweigh it, so loading stays proportional to the state, not its history.
+// maybeSnapshot writes the whole state once the deltas since the last
+// snapshot outweigh it, so loading stays proportional to the state, not to
+// its history. The records before it are purged later (maybePurge).
 func (a *actor) maybeSnapshot(deltaBytes int) {
 	a.sinceSnap++
 	a.bytesSinceSnap += deltaBytes
-	if a.sinceSnap < 64 || a.bytesSinceSnap < a.snapBytes {
+	if a.sinceSnap < 64 || a.bytesSinceSnap < a.snapBytes || a.purgeAt != 0 {
 		return
 	}
-	seq, size, err := a.svc.store.append(a.svc.ctx, a.key, a.state.seq, a.state.snapshot())
+	prev := a.state.seq
+	seq, size, err := a.svc.store.append(a.svc.ctx, a.key, prev, a.state.snapshot())
 	if err != nil {
 		if errors.Is(err, errCAS) {
 			a.stale = true
@@ -634,6 +655,20 @@ func (a *actor) maybeSnapshot(deltaBytes int) {
 	}
 	a.state.seq = seq
 	a.sinceSnap, a.bytesSinceSnap, a.snapBytes = 0, 0, size
+	a.purgeAt, a.purgeCovers = seq, prev
+}
+
+// maybePurge drops the records before the last snapshot once every audit
+// event they carry is in the audit stream.
+func (a *actor) maybePurge() {
+	if a.purgeAt == 0 || a.svc.audit.written(a.key) < a.purgeCovers {
+		return
+	}
+	if err := a.svc.store.purgeBefore(a.svc.ctx, a.key, a.purgeAt); err != nil {
+		a.svc.log.Warn("purge lease log", "repo", a.state.repo, "err", err)
+		return
+	}
+	a.purgeAt, a.purgeCovers = 0, 0
 }
 
 // apply runs one call against the batch's transaction.

@@ -56,6 +56,11 @@ type repoState struct {
 	endedFIFO []string          // ended ids, oldest first
 	seq       uint64            // log subject sequence this state reflects (0: none)
 	evicted   []string          // ended ids dropped since the owner last looked
+	// earliest is a lower bound on the deadlines of the active leases
+	// (zero: none), so a batch sweeps only when something may be due.
+	// Renewals only push deadlines later, so the bound stays valid; a sweep
+	// makes it exact again.
+	earliest time.Time
 }
 
 func newRepoState(repo string) *repoState {
@@ -69,6 +74,9 @@ func (s *repoState) put(e *entry) {
 		delete(s.byRequest, old.RequestID)
 	}
 	if e.Active() {
+		if s.earliest.IsZero() || e.deadline.Before(s.earliest) {
+			s.earliest = e.deadline
+		}
 		s.leases[e.LeaseID] = e
 		if e.RequestID != "" {
 			s.byRequest[e.RequestID] = e.LeaseID
@@ -138,6 +146,7 @@ type txn struct {
 	changed map[string]*entry
 	order   []string // ids in the order they first changed
 	events  []AuditEvent
+	swept   bool      // sweep scanned the base: recompute earliest on commit
 	now     time.Time // monotonic: deadlines
 	wall    time.Time // wall clock: informational times only
 }
@@ -146,7 +155,9 @@ func (s *repoState) begin(now time.Time) *txn {
 	return &txn{base: s, fence: s.fence, changed: map[string]*entry{}, now: now, wall: now.UTC().Round(time.Millisecond)}
 }
 
-func (t *txn) dirty() bool { return len(t.changed) > 0 }
+// dirty reports whether the batch must be logged: it changed a lease or
+// has audit events (a refusal is logged too, so no event is ever lost).
+func (t *txn) dirty() bool { return len(t.changed) > 0 || len(t.events) > 0 }
 
 func (t *txn) lookup(id string) *entry {
 	if e, ok := t.changed[id]; ok {
@@ -212,8 +223,8 @@ type claimRequest struct {
 // blocks reports why holder (an active lease or a queued request) keeps req
 // from being granted, or "" when it does not.
 func blocks(req claimRequest, hScope scope.Claim, hWorkspace string, hMode WorkspaceMode) string {
-	if ov := req.scope.Overlap(hScope); len(ov) > 0 {
-		return "claims overlap: " + strings.Join(ov, ", ")
+	if req.scope.Overlaps(hScope) {
+		return "claims overlap: " + strings.Join(req.scope.Overlap(hScope), ", ")
 	}
 	if req.workspaceID != hWorkspace {
 		return ""
@@ -372,6 +383,10 @@ func (t *txn) revoke(r *RevokeRequest) (*entry, error) {
 
 // sweep reclaims every active lease whose deadline has passed.
 func (t *txn) sweep() []*entry {
+	if t.base.earliest.IsZero() || t.now.Before(t.base.earliest) {
+		return nil // nothing can be due: leases granted in this batch are fresh
+	}
+	t.swept = true
 	var expired []*entry
 	t.active(func(e *entry) bool {
 		if !t.now.Before(e.deadline) {
@@ -397,23 +412,23 @@ func (t *txn) commit(seq uint64) {
 	}
 	t.base.fence = t.fence
 	t.base.seq = seq
+	if t.swept {
+		t.base.earliest = time.Time{}
+		for _, e := range t.base.leases {
+			if t.base.earliest.IsZero() || e.deadline.Before(t.base.earliest) {
+				t.base.earliest = e.deadline
+			}
+		}
+	}
 }
 
 func (t *txn) record() *logRecord {
-	rec := &logRecord{Kind: recordDelta, Repo: t.base.repo, Fence: t.fence}
+	rec := &logRecord{Kind: recordDelta, Repo: t.base.repo, Fence: t.fence, Events: t.events}
 	for _, id := range t.order {
 		rec.Leases = append(rec.Leases, t.changed[id])
 	}
 	return rec
 }
 
-// nextDeadline is the earliest deadline among active leases (zero if none).
-func (s *repoState) nextDeadline() time.Time {
-	var d time.Time
-	for _, e := range s.leases {
-		if d.IsZero() || e.deadline.Before(d) {
-			d = e.deadline
-		}
-	}
-	return d
-}
+// nextDeadline is when the next sweep may find something due (zero: never).
+func (s *repoState) nextDeadline() time.Time { return s.earliest }

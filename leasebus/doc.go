@@ -1,0 +1,58 @@
+// Package leasebus grants scoped leases with fence tokens over NATS
+// JetStream: the lease store, the lease service that batches requests, the
+// client and heartbeat holder that agents' sidecars use, the audit stream,
+// and the embedded single-machine server.
+//
+// # Storage
+//
+// Each repo has one lease log, the subject fenceline.log.<repoKey> of the
+// stream FENCELINE_LOG (file storage, SyncAlways on the embedded server, R3
+// on a cluster). A record is either a delta (the full records of the leases
+// one batch changed, plus that batch's audit events) or a snapshot (the
+// whole state). Every record is appended with
+// Nats-Expected-Last-Subject-Sequence set to the sequence the writer's
+// state reflects: a compare-and-swap on the whole repo. An append that
+// loses the race fails, the writer reloads the records it missed, and runs
+// its batch again — so no writer can grant over a lease it has not seen,
+// whatever its view was, and any number of service instances may run.
+//
+// Why a log rather than one KV key per lease: an overlap decision needs a
+// consistent view of a repo's active leases, so grants of a repo serialize
+// on one compare-and-swap whatever the layout. A per-lease key plus a
+// sequencer key needs two writes per grant and cannot make them atomic; a
+// single per-repo record rewrites every lease on every grant (a 1,000-lease
+// repo would write ~600 KB per acquire). The log writes only what changed,
+// one fsync per batch, and snapshots keep loading proportional to the state.
+//
+// Fence tokens are a per-repo counter carried in every record: each grant
+// takes the next value, so tokens strictly increase for every grant of the
+// repo (overlapping or not), are never reissued, and survive restarts with
+// the log.
+//
+// # Protocol
+//
+//	holder/client              lease service (actor per repo)              JetStream
+//	     |  fenceline.lease.v1.acquire  |                                        |
+//	     |----------------------------->| queue; drain up to MaxBatch requests   |
+//	     |  (other clients' requests)   | sweep, apply each to a txn, serve queue|
+//	     |----------------------------->|  append(delta, expect=lastSeq) ------->|
+//	     |                              |<------------------------- ack(seq) ----|
+//	     |<----------------- replies ---| commit; publish changed.<repo>.<lease> |
+//	     |                              | audit: gathered, one message per 20 ms |
+//
+// # Time
+//
+// Expiry never depends on synchronized wall clocks. The service gives each
+// lease a deadline on its own monotonic clock when it commits (or first
+// loads) the lease's current version: observation + TTL. The holder
+// measures from the moment it sent the renewal, before the service saw it,
+// and stops a margin earlier still (see Holder). The RFC 3339 times in the
+// records are informational.
+//
+// # Ownership
+//
+// The acquirer chooses a random credential and sends only its SHA-256; renew
+// and release must present the credential itself. The lease id alone is
+// never enough; refusals are audited. Revoke is the operator's path and is
+// audited with its reason.
+package leasebus
