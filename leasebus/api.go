@@ -86,9 +86,11 @@ type AcquireRequest struct {
 }
 
 // RenewRequest extends a lease. Version is the version the holder last saw;
-// the renewal is a compare-and-swap on it (0 skips the version check).
+// the renewal is a compare-and-swap on it.
 type RenewRequest struct {
-	LeaseID    string     `json:"leaseId"`
+	LeaseID string `json:"leaseId"`
+	// Repo routes the request straight to the repo's state (optional).
+	Repo       string     `json:"repo,omitempty"`
 	Credential Credential `json:"credential"`
 	Version    uint64     `json:"version"`
 	RenewID    string     `json:"renewId,omitempty"`
@@ -97,12 +99,14 @@ type RenewRequest struct {
 // ReleaseRequest ends a lease; only its owner can.
 type ReleaseRequest struct {
 	LeaseID    string     `json:"leaseId"`
+	Repo       string     `json:"repo,omitempty"` // optional routing hint
 	Credential Credential `json:"credential"`
 }
 
 // RevokeRequest ends a lease as an operator, with a reason.
 type RevokeRequest struct {
 	LeaseID string `json:"leaseId"`
+	Repo    string `json:"repo,omitempty"` // optional routing hint
 	Reason  string `json:"reason"`
 }
 
@@ -115,7 +119,12 @@ type cancelRequest struct {
 
 type getRequest struct {
 	LeaseID string `json:"leaseId"`
+	Repo    string `json:"repo,omitempty"`
 }
+
+// syncRequest makes an actor reload its repo's log (another writer
+// appended to it).
+type syncRequest struct{}
 
 type listRequest struct {
 	Repo string `json:"repo,omitempty"`

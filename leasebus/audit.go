@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 
@@ -36,6 +37,7 @@ type auditWriter struct {
 	mu      sync.Mutex
 	pending map[string]*auditPending // by repo key; guarded by mu
 	durable map[string]uint64        // repo key -> log seq whose events are written; guarded by mu
+	queued  map[string]uint64        // repo key -> newest log seq whose events were queued; guarded by mu
 	wake    chan struct{}
 }
 
@@ -54,7 +56,7 @@ type auditBatch struct {
 
 func newAuditWriter(js jetstream.JetStream, log *slog.Logger) *auditWriter {
 	return &auditWriter{js: js, log: log, pending: map[string]*auditPending{},
-		durable: map[string]uint64{}, wake: make(chan struct{}, 1)}
+		durable: map[string]uint64{}, queued: map[string]uint64{}, wake: make(chan struct{}, 1)}
 }
 
 // add queues the events that came with log record seq of a repo.
@@ -70,6 +72,7 @@ func (w *auditWriter) add(key string, seq uint64, evs []AuditEvent) {
 	}
 	p.events = append(p.events, evs...)
 	p.seq = max(p.seq, seq)
+	w.queued[key] = max(w.queued[key], seq)
 	w.mu.Unlock()
 	select {
 	case w.wake <- struct{}{}:
@@ -78,10 +81,16 @@ func (w *auditWriter) add(key string, seq uint64, evs []AuditEvent) {
 }
 
 // written reports the log sequence up to which a repo's events are in the
-// audit stream; a snapshot must not roll up records beyond it.
+// audit stream; a snapshot must not roll up records beyond it. Once every
+// event queued for the repo is written, that covers every record so far
+// (records without events, e.g. renewals, need nothing written): without
+// this a repo that only renews would never purge its log after a snapshot.
 func (w *auditWriter) written(key string) uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.durable[key] >= w.queued[key] {
+		return math.MaxUint64
+	}
 	return w.durable[key]
 }
 

@@ -104,31 +104,40 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credentia
 		req.RequestID = NewRequestID()
 	}
 	req.CredentialHash = cred.hash()
-	r, err := c.request(ctx, "acquire", req, time.Duration(req.Wait)+replyGrace*boolInt(req.Wait > 0))
-	if errors.Is(err, errNoAnswer) {
-		// We may have been queued, or even granted, before giving up:
-		// withdraw so nothing is held in our name.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		_, _ = c.request(cctx, "cancel", cancelRequest{Repo: req.Repo, RequestID: req.RequestID, Credential: cred}, 0)
-		cancel()
+	wait := time.Duration(req.Wait)
+	if wait > 0 {
+		wait += replyGrace
 	}
-	if err != nil {
+	tries := max(c.Tries, 1)
+	for try := 1; ; try++ {
+		r, err := c.request(ctx, "acquire", req, wait)
+		if err == nil {
+			if err = r.Error.err(); err == nil && r.Lease == nil {
+				err = errors.New("acquire: reply carries no lease")
+			}
+		}
+		if err == nil {
+			return r.Lease, nil
+		}
+		unknown := errors.Is(err, errNoAnswer) || errors.Is(err, ErrUnavailable)
+		if unknown && try < tries && ctx.Err() == nil && !errors.Is(err, errNoAnswer) {
+			// The service could not write its log: the same request id
+			// makes the retry return the first try's lease if it landed.
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration(try) * 100 * time.Millisecond):
+			}
+			continue
+		}
+		if unknown {
+			// We may have been queued, or even granted, before giving up:
+			// withdraw so nothing is held in our name.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			_, _ = c.request(cctx, "cancel", cancelRequest{Repo: req.Repo, RequestID: req.RequestID, Credential: cred}, 0)
+			cancel()
+		}
 		return nil, err
 	}
-	if err := r.Error.err(); err != nil {
-		return nil, err
-	}
-	if r.Lease == nil {
-		return nil, errors.New("acquire: reply carries no lease")
-	}
-	return r.Lease, nil
-}
-
-func boolInt(b bool) time.Duration {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // Renew extends a lease. It is a compare-and-swap on req.Version; a
@@ -162,6 +171,9 @@ func (c *Client) List(ctx context.Context, repo string, all bool) ([]*Lease, err
 	if err := r.Error.err(); err != nil {
 		return nil, err
 	}
+	if r.Leases == nil {
+		r.Leases = []*Lease{}
+	}
 	return r.Leases, nil
 }
 
@@ -174,6 +186,9 @@ func (c *Client) Sweep(ctx context.Context, repo string) ([]*Lease, error) {
 	}
 	if err := r.Error.err(); err != nil {
 		return nil, err
+	}
+	if r.Leases == nil {
+		r.Leases = []*Lease{}
 	}
 	return r.Leases, nil
 }

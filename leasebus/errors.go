@@ -28,9 +28,11 @@ var (
 	ErrUnavailable = errors.New("lease bus unavailable")
 )
 
-// Conflict names one active lease that blocks a request.
+// Conflict names one active lease that blocks a request, or (RequestID
+// set, LeaseID empty) an earlier queued request for an overlapping claim.
 type Conflict struct {
-	LeaseID     string      `json:"leaseId"`
+	LeaseID     string      `json:"leaseId,omitempty"`
+	RequestID   string      `json:"requestId,omitempty"`
 	Owner       Owner       `json:"owner"`
 	Scope       scope.Claim `json:"scope"`
 	WorkspaceID string      `json:"workspaceId"`
@@ -61,6 +63,10 @@ func (e *ConflictError) Error() string {
 			b.WriteString(": ")
 		} else {
 			b.WriteString("; ")
+		}
+		if c.LeaseID == "" {
+			fmt.Fprintf(&b, "request %s of %s is queued first: %s", c.RequestID, c.Owner, c.Why)
+			continue
 		}
 		fmt.Fprintf(&b, "%s held by %s (fence %d, expires %s): %s",
 			c.LeaseID, c.Owner, c.Fence, c.ExpiresAt.UTC().Format(time.RFC3339), c.Why)

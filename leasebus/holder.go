@@ -66,6 +66,10 @@ type Holder struct {
 	// renewID is reused until a renewal gets an answer, so a retry of a
 	// renewal whose reply was lost is recognised, not refused. Owned by run.
 	renewID string
+	// renewSent is when the first try with renewID was sent: the service
+	// may have processed that try (and started its TTL) then, so validity
+	// counts from it even when a retry brings the answer. Owned by run.
+	renewSent time.Time
 }
 
 // Hold starts keeping lease alive. The lease must have just been acquired
@@ -108,7 +112,9 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 func (h *Holder) Fence() (uint64, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.state == Held && !h.opts.Now().Before(h.validUntil) {
+	// Unknown too: a holder that cannot reach the bus past its margin may
+	// already have been reclaimed.
+	if h.state != Lost && !h.opts.Now().Before(h.validUntil) {
 		h.setLostLocked(fmt.Errorf("%w: %s not renewed within its ttl minus margin", ErrLeaseLost, h.lease.LeaseID))
 	}
 	if h.state != Held {
@@ -148,9 +154,9 @@ func (h *Holder) Stop() {
 func (h *Holder) Release(ctx context.Context) error {
 	h.Stop()
 	h.mu.Lock()
-	id := h.lease.LeaseID
+	id, repo := h.lease.LeaseID, h.lease.Repo
 	h.mu.Unlock()
-	l, err := h.c.Release(ctx, id, h.cred)
+	l, err := h.c.leaseOp(ctx, "release", ReleaseRequest{LeaseID: id, Repo: repo, Credential: h.cred})
 	if err != nil {
 		return fmt.Errorf("release %s: %w", id, err)
 	}
@@ -209,10 +215,14 @@ func (h *Holder) run(ctx context.Context) {
 	timer := time.NewTimer(next)
 	defer timer.Stop()
 	for {
+		// Renew once validity has shrunk by one interval: an interval after
+		// the last renewal was sent — at once for a lease whose acquire
+		// waited long in a queue.
 		h.mu.Lock()
-		remaining := h.validUntil.Sub(h.opts.Now())
+		ttl := time.Duration(h.lease.TTL)
+		due := h.validUntil.Sub(h.opts.Now()) - (ttl - h.opts.Margin - h.opts.Interval)
 		h.mu.Unlock()
-		timer.Reset(min(next, max(remaining, 0)))
+		timer.Reset(min(next, max(due, 0)))
 		select {
 		case <-ctx.Done():
 			return
@@ -231,12 +241,16 @@ func (h *Holder) run(ctx context.Context) {
 func (h *Holder) renew(ctx context.Context) time.Duration {
 	if h.renewID == "" {
 		h.renewID = NewRequestID()
+		h.renewSent = h.opts.Now()
 	}
 	h.mu.Lock()
-	req := RenewRequest{LeaseID: h.lease.LeaseID, Credential: h.cred, Version: h.lease.Version, RenewID: h.renewID}
+	req := RenewRequest{LeaseID: h.lease.LeaseID, Repo: h.lease.Repo, Credential: h.cred, Version: h.lease.Version, RenewID: h.renewID}
+	remaining := h.validUntil.Sub(h.opts.Now())
 	h.mu.Unlock()
-	sent := h.opts.Now()
-	rctx, cancel := context.WithTimeout(ctx, h.opts.Interval)
+	sent := h.renewSent
+	// Wait for the answer no longer than the lease is valid: past that the
+	// holder is lost, and Lost must not wait for a hung request.
+	rctx, cancel := context.WithTimeout(ctx, max(min(h.opts.Interval, remaining), time.Millisecond))
 	defer cancel()
 	l, err := h.c.Renew(rctx, req)
 	if err == nil || IsFenced(err) {

@@ -148,9 +148,10 @@ func NewRequestID() string { return newID("req_", time.Now()) }
 // NewAttemptID returns a fresh attempt id.
 func NewAttemptID() string { return newID("att_", time.Now()) }
 
-// validLeaseID reports whether s looks like a lease id, so bad input is
-// named before it reaches the bus.
-func validLeaseID(s string) bool {
+// ValidLeaseID reports whether s looks like a lease id ("lease_" and up to
+// 58 lower-case letters and digits), so bad input is named before it
+// reaches the bus or a file name.
+func ValidLeaseID(s string) bool {
 	if !strings.HasPrefix(s, "lease_") || len(s) > 64 || len(s) <= len("lease_") {
 		return false
 	}

@@ -38,7 +38,11 @@ var errCAS = errors.New("lease log moved on")
 type store struct {
 	js       jetstream.JetStream
 	replicas int
+	writer   string // this instance's id, stamped on every append
 }
+
+// writerHeader names the service instance that appended a record.
+const writerHeader = "Fenceline-Writer"
 
 func logSubjectFor(key string) string { return logSubject + "." + key }
 
@@ -91,6 +95,7 @@ func (s *store) append(ctx context.Context, key string, expect uint64, rec *logR
 	}
 	msg := nats.NewMsg(logSubjectFor(key))
 	msg.Data = data
+	msg.Header.Set(writerHeader, s.writer)
 	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(expect))
 	if err != nil {
 		if isCASMismatch(err) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/fenceline/fenceline/internal/scope"
 )
@@ -63,9 +65,10 @@ type Service struct {
 	wg     sync.WaitGroup
 	subs   []*nats.Subscription
 
-	mu     sync.Mutex
-	actors map[string]*actor // by repo key; guarded by mu
-	index  map[string]string // lease id -> repo key; guarded by mu
+	mu       sync.Mutex
+	actors   map[string]*actor // by repo key; guarded by mu
+	index    map[string]string // lease id -> repo key; guarded by mu
+	stopping bool              // no new goroutines once set; guarded by mu
 }
 
 // StartService creates the streams if needed, loads every repo's lease log
@@ -90,7 +93,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	if err := ensureStreams(ctx, js, cfg.Replicas); err != nil {
 		return nil, err
 	}
-	s := &Service{nc: nc, js: js, store: &store{js: js, replicas: cfg.Replicas}, cfg: cfg, log: cfg.Logger,
+	s := &Service{nc: nc, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next()}, cfg: cfg, log: cfg.Logger,
 		actors: map[string]*actor{}, index: map[string]string{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.audit = newAuditWriter(js, s.log)
@@ -102,12 +105,26 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		return nil, err
 	}
 	for _, key := range keys {
-		a := s.actor(key, "")
+		// Load before the actor's goroutine starts: the goroutine owns the
+		// state from then on (and arms its sweep timer from the loaded
+		// deadlines). Nothing else can reach the actor yet: the request
+		// subscriptions start below.
+		a := s.newActor(key, "")
 		if err := a.reload(ctx); err != nil {
 			s.Stop()
 			return nil, fmt.Errorf("load lease log %s: %w", key, err)
 		}
+		s.mu.Lock()
+		s.actors[key] = a
+		s.mu.Unlock()
+		s.wg.Go(func() { a.run(s.ctx) })
 	}
+	tail, err := nc.Subscribe(logSubject+".>", s.tail)
+	if err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("subscribe %s.>: %w", logSubject, err)
+	}
+	s.subs = append(s.subs, tail)
 	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep"} {
 		sub, err := nc.QueueSubscribe(apiPrefix+"."+op, serviceQueue, s.handler(op))
 		if err != nil {
@@ -130,6 +147,9 @@ func (s *Service) Stop() {
 	for _, sub := range s.subs {
 		_ = sub.Unsubscribe()
 	}
+	s.mu.Lock()
+	s.stopping = true // a handler still running starts nothing new
+	s.mu.Unlock()
 	s.cancel()
 	s.wg.Wait()
 }
@@ -142,10 +162,30 @@ func (s *Service) actor(key, repo string) *actor {
 	if a, ok := s.actors[key]; ok {
 		return a
 	}
-	a := &actor{svc: s, key: key, state: newRepoState(repo), stale: true, calls: make(chan *call, 4096)}
+	a := s.newActor(key, repo)
 	s.actors[key] = a
+	if s.stopping {
+		a.dead = true // never runs: enqueue answers "stopping"
+		return a
+	}
 	s.wg.Go(func() { a.run(s.ctx) })
 	return a
+}
+
+// goTracked runs f on a goroutine the service waits for in Stop; once the
+// service is stopping it answers c with ErrUnavailable instead.
+func (s *Service) goTracked(c *call, f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service stopping", ErrUnavailable))})
+		return
+	}
+	s.wg.Go(f)
+}
+
+func (s *Service) newActor(key, repo string) *actor {
+	return &actor{svc: s, key: key, state: newRepoState(repo), stale: true, calls: make(chan *call, 4096)}
 }
 
 func (s *Service) actorForLease(id string) (*actor, bool) {
@@ -194,10 +234,24 @@ type call struct {
 	reply chan reply // for in-process calls (list across repos); else msg.Respond
 }
 
+// fresh reports whether the call must see every record of the log, not
+// just this instance's view: reads, and the nudge that another writer
+// appended.
+func (c *call) fresh() bool {
+	switch c.req.(type) {
+	case *getRequest, *listRequest, *syncRequest:
+		return true
+	}
+	return false
+}
+
 func (c *call) respond(r reply) {
 	if c.reply != nil {
 		c.reply <- r
 		return
+	}
+	if c.msg == nil {
+		return // an internal nudge: nobody waits
 	}
 	data, err := json.Marshal(r)
 	if err != nil {
@@ -215,7 +269,7 @@ func respondErr(m *nats.Msg, err error) {
 func (s *Service) handler(op string) nats.MsgHandler {
 	return func(m *nats.Msg) {
 		c := &call{op: op, msg: m, at: s.cfg.Now()}
-		var repo, leaseID string
+		var repo, leaseID, hint string
 		var err error
 		switch op {
 		case "acquire":
@@ -228,18 +282,21 @@ func (s *Service) handler(op string) nats.MsgHandler {
 		case "renew":
 			var r RenewRequest
 			err = decode(m.Data, &r)
-			c.req, leaseID = &r, r.LeaseID
+			if err == nil && r.Version == 0 {
+				err = fmt.Errorf("%w: renew needs the version the holder last saw (a renewal is a compare-and-swap on it)", ErrInvalid)
+			}
+			c.req, leaseID, hint = &r, r.LeaseID, r.Repo
 		case "release":
 			var r ReleaseRequest
 			err = decode(m.Data, &r)
-			c.req, leaseID = &r, r.LeaseID
+			c.req, leaseID, hint = &r, r.LeaseID, r.Repo
 		case "revoke":
 			var r RevokeRequest
 			err = decode(m.Data, &r)
 			if err == nil && strings.TrimSpace(r.Reason) == "" {
 				err = fmt.Errorf("%w: revoke needs a reason (--reason)", ErrInvalid)
 			}
-			c.req, leaseID = &r, r.LeaseID
+			c.req, leaseID, hint = &r, r.LeaseID, r.Repo
 		case "cancel":
 			var r cancelRequest
 			err = decode(m.Data, &r)
@@ -247,17 +304,17 @@ func (s *Service) handler(op string) nats.MsgHandler {
 		case "get":
 			var r getRequest
 			err = decode(m.Data, &r)
-			c.req, leaseID = &r, r.LeaseID
+			c.req, leaseID, hint = &r, r.LeaseID, r.Repo
 		case "list":
 			var r listRequest
 			if err = decode(m.Data, &r); err == nil {
-				go s.list(c, &r) // fans out to actors; must not block the subscription
+				s.goTracked(c, func() { s.list(c, &r) }) // fans out to actors; must not block the subscription
 				return
 			}
 		case "sweep":
 			var r sweepRequest
 			if err = decode(m.Data, &r); err == nil {
-				go s.sweepAll(c, &r)
+				s.goTracked(c, func() { s.sweepAll(c, &r) })
 				return
 			}
 		}
@@ -265,21 +322,61 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			respondErr(m, err)
 			return
 		}
-		var a *actor
 		if repo != "" {
-			a = s.actor(RepoKey(repo), repo)
-		} else {
-			if !validLeaseID(leaseID) {
-				respondErr(m, fmt.Errorf("%w: %q is not a lease id (want lease_…)", ErrInvalid, leaseID))
-				return
-			}
-			var ok bool
-			if a, ok = s.actorForLease(leaseID); !ok {
-				respondErr(m, fmt.Errorf("%s: %w", leaseID, ErrNotFound))
-				return
-			}
+			s.actor(RepoKey(repo), repo).enqueue(c)
+			return
 		}
-		a.enqueue(c)
+		if !ValidLeaseID(leaseID) {
+			respondErr(m, fmt.Errorf("%w: %q is not a lease id (want lease_…)", ErrInvalid, leaseID))
+			return
+		}
+		if hint != "" {
+			s.actor(RepoKey(hint), hint).enqueue(c)
+			return
+		}
+		if a, ok := s.actorForLease(leaseID); ok {
+			a.enqueue(c)
+			return
+		}
+		// Not a lease this instance has seen: another instance may have
+		// granted it. Read every repo's log before saying not found.
+		s.goTracked(c, func() {
+			s.discover(s.ctx)
+			if a, ok := s.actorForLease(leaseID); ok {
+				a.enqueue(c)
+				return
+			}
+			respondErr(m, fmt.Errorf("%s: %w", leaseID, ErrNotFound))
+		})
+	}
+}
+
+// discover starts an actor for every repo with a lease log and has each
+// read its log to the end, so the lease index covers what other instances
+// granted.
+func (s *Service) discover(ctx context.Context) {
+	keys, err := s.store.repoKeys(ctx)
+	if err != nil {
+		s.log.Warn("list lease logs", "err", err)
+		return
+	}
+	for _, key := range keys {
+		s.actor(key, "").ask(ctx, &call{op: "sync", req: &syncRequest{}})
+	}
+}
+
+// tail nudges the actor of every repo that another writer appends to, so
+// this instance's view (and its queued waiters) follow within a round trip.
+// Appends carry their writer's id; an instance ignores its own.
+func (s *Service) tail(m *nats.Msg) {
+	if m.Header.Get(writerHeader) == s.store.writer {
+		return
+	}
+	key := strings.TrimPrefix(m.Subject, logSubject+".")
+	a := s.actor(key, "")
+	select {
+	case a.calls <- &call{op: "sync", req: &syncRequest{}, at: s.cfg.Now()}:
+	default: // a full queue will be processed (and reloaded) anyway
 	}
 }
 
@@ -356,6 +453,11 @@ func (s *Service) list(c *call, r *listRequest) {
 	if r.Repo != "" {
 		actors = []*actor{s.actor(RepoKey(r.Repo), r.Repo)}
 	} else {
+		if keys, err := s.store.repoKeys(s.ctx); err == nil {
+			for _, key := range keys {
+				s.actor(key, "") // repos other instances started
+			}
+		}
 		actors = s.allActors()
 	}
 	out := reply{Leases: []*Lease{}}
@@ -395,11 +497,14 @@ type actor struct {
 	svc   *Service
 	key   string
 	calls chan *call
+	dead  bool // created while the service stopped; set before it is shared
 
 	// Owned by the actor goroutine (and by StartService before it serves).
 	state   *repoState
 	stale   bool      // must reload the log before the next write
 	waiters []*waiter // queued acquires, oldest first
+
+	uncertain bool // an append's outcome is unknown: recheck audit on reload
 
 	sinceSnap, bytesSinceSnap, snapBytes int
 	// purgeAt is the sequence of a snapshot whose predecessors are still in
@@ -420,6 +525,10 @@ type waiter struct {
 }
 
 func (a *actor) enqueue(c *call) {
+	if a.dead {
+		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service stopping", ErrUnavailable))})
+		return
+	}
 	select {
 	case a.calls <- c:
 	default:
@@ -444,11 +553,17 @@ func (a *actor) ask(ctx context.Context, c *call) reply {
 // records that are not yet in the audit stream (their writer crashed before
 // flushing) are queued again.
 func (a *actor) reload(ctx context.Context) error {
-	written, err := lastWritten(ctx, a.svc.js, a.key)
-	if err != nil {
-		return err
+	// Only records this instance may have written without queuing their
+	// events need the audit check: at start, and after an append whose
+	// outcome is unknown. Other instances' records are theirs to audit.
+	written := uint64(math.MaxUint64)
+	if a.state.seq == 0 || a.uncertain {
+		var err error
+		if written, err = lastWritten(ctx, a.svc.js, a.key); err != nil {
+			return err
+		}
 	}
-	err = a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, func(seq uint64, evs []AuditEvent) {
+	err := a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, func(seq uint64, evs []AuditEvent) {
 		if seq > written {
 			a.svc.audit.add(a.key, seq, evs)
 		}
@@ -456,7 +571,7 @@ func (a *actor) reload(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.stale = false
+	a.stale, a.uncertain = false, false
 	all := make([]*entry, 0, len(a.state.leases)+len(a.state.ended))
 	for _, e := range a.state.leases {
 		all = append(all, e)
@@ -545,7 +660,13 @@ type outcome struct {
 // after an unknown outcome is safe too.
 func (a *actor) process(ctx context.Context, batch []*call) {
 	const attempts = 8
+	for _, c := range batch {
+		if c.fresh() {
+			a.stale = true
+		}
+	}
 	for try := 0; ; try++ {
+		reloaded := a.stale
 		if a.stale {
 			if err := a.reload(ctx); err != nil {
 				a.svc.log.Warn("reload lease log", "repo", a.state.repo, "err", err)
@@ -564,6 +685,12 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 			}
 		}
 		served, remaining := a.serve(t, queue)
+		if !reloaded && try < attempts && refusesOnState(outs, served) {
+			// A refusal is not a write, so no compare-and-swap vouches for
+			// the state it was decided on: confirm it on a fresh view.
+			a.stale = true
+			continue
+		}
 
 		seq, size := a.state.seq, 0
 		if t.dirty() {
@@ -574,6 +701,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 				if errors.Is(err, errCAS) && try < attempts {
 					continue
 				}
+				a.uncertain = !errors.Is(err, errCAS) // it may have landed
 				a.svc.log.Warn("append lease log", "repo", a.state.repo, "err", err)
 				a.failAll(batch, fmt.Errorf("%w: writing the lease log: %v", ErrUnavailable, err))
 				return
@@ -583,6 +711,19 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 		a.finish(t, outs, served, remaining, seq, size)
 		return
 	}
+}
+
+// refusesOnState reports whether any outcome refuses because of what the
+// state says (conflict, lost, not owner, not found).
+func refusesOnState(lists ...[]outcome) bool {
+	for _, outs := range lists {
+		for _, o := range outs {
+			if o.err != nil && (errors.Is(o.err, ErrConflict) || IsFenced(o.err)) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (a *actor) failAll(batch []*call, err error) {
@@ -709,6 +850,8 @@ func (a *actor) apply(t *txn, c *call, queue []*waiter) outcome {
 			}
 		}
 		slices.SortFunc(o.leases, func(x, y *Lease) int { return strings.Compare(x.LeaseID, y.LeaseID) })
+	case *syncRequest:
+		// nothing: the reload before the batch was the point
 	case *sweepRequest:
 		o.leases = []*Lease{}
 		for _, id := range t.order {
@@ -731,14 +874,10 @@ func (a *actor) acquire(t *txn, c *call, r *AcquireRequest, queue []*waiter) out
 	}
 	claim := claimRequest{scope: r.Scope, workspaceID: r.WorkspaceID, mode: r.WorkspaceMode, maxSharers: r.MaxSharers}
 	conflicts := t.conflicts(claim)
-	if len(conflicts) == 0 && r.Wait > 0 {
-		// Queued requests that overlap go first: no starvation.
-		for _, w := range queue {
-			if why := blocks(claim, w.claim.scope, w.claim.workspaceID, w.claim.mode); why != "" {
-				conflicts = append(conflicts, Conflict{LeaseID: "(queued " + w.req.RequestID + ")", Owner: w.req.Owner, Scope: w.claim.scope, Why: "queued earlier: " + why})
-				break
-			}
-		}
+	if len(conflicts) == 0 {
+		// Queued requests that overlap go first, waiting or not: a stream
+		// of small claims must not starve a queued larger one.
+		conflicts = queuedConflict(claim, queue)
 	}
 	if len(conflicts) == 0 {
 		o.lease = t.grant(r, claim)
@@ -767,21 +906,14 @@ func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*w
 			continue
 		}
 		conflicts := t.conflicts(w.claim)
-		blockedByQueue := false
-		for _, earlier := range remaining {
-			if blocks(w.claim, earlier.claim.scope, earlier.claim.workspaceID, earlier.claim.mode) != "" {
-				blockedByQueue = true
-				break
-			}
+		if len(conflicts) == 0 {
+			conflicts = queuedConflict(w.claim, remaining)
 		}
 		switch {
-		case len(conflicts) == 0 && !blockedByQueue:
+		case len(conflicts) == 0:
 			served = append(served, outcome{c: w.c, lease: t.grant(w.req, w.claim)})
 		case !t.now.Before(w.deadline):
 			ce := &ConflictError{Repo: t.base.repo, Conflicts: conflicts, Waited: true}
-			if len(conflicts) == 0 {
-				ce.Conflicts = []Conflict{{LeaseID: "(queue)", Why: "requests queued earlier still wait for overlapping claims"}}
-			}
 			t.audit(EventRefused, nil, "wait-expired", fmt.Sprintf("refused acquire of %s by %s after waiting %s: %s", w.claim.scope, w.req.Owner, time.Duration(w.req.Wait), ce.Error()))
 			served = append(served, outcome{c: w.c, err: ce})
 		default:
@@ -789,6 +921,18 @@ func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*w
 		}
 	}
 	return served, remaining
+}
+
+// queuedConflict names the first request in queue that claim must wait
+// behind, or returns nil.
+func queuedConflict(claim claimRequest, queue []*waiter) []Conflict {
+	for _, w := range queue {
+		if why := blocks(claim, w.claim.scope, w.claim.workspaceID, w.claim.mode); why != "" && !w.cancelled {
+			return []Conflict{{RequestID: w.req.RequestID, Owner: w.req.Owner, Scope: w.claim.scope,
+				WorkspaceID: w.claim.workspaceID, Why: "queued earlier: " + why}}
+		}
+	}
+	return nil
 }
 
 // cancel withdraws a queued acquire; if it was already granted, the lease

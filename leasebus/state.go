@@ -335,7 +335,7 @@ func (t *txn) renew(r *RenewRequest) (*entry, error) {
 	if r.RenewID != "" && r.RenewID == e.RenewID && r.Version+1 == e.Version {
 		return e, nil // a retry of the renewal that produced this version
 	}
-	if r.Version != 0 && r.Version != e.Version {
+	if r.Version != e.Version {
 		t.audit(EventRenewRefused, e, "version", fmt.Sprintf("renew refused: %s version %d, holder sent %d", e.LeaseID, e.Version, r.Version))
 		return nil, fmt.Errorf("renew %s: %w: version is %d, holder had %d", e.LeaseID, ErrLeaseLost, e.Version, r.Version)
 	}

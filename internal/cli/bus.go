@@ -1,0 +1,267 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+func (a *app) busCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "bus",
+		Short: "Run the lease bus",
+		Args:  groupArgs,
+		RunE:  showHelp,
+	}
+	c.AddCommand(a.serveCommand())
+	return c
+}
+
+type serveFlags struct {
+	listen, store, name        string
+	clusterName, clusterListen string
+	routes                     []string
+	replicas                   int
+	ui, logFormat              string
+	debug                      bool
+
+	embeddedOnly        []string // embedded-server flags given on the command line
+	natsURL, natsSource string   // the bus the lease service connects to
+	clustered           bool     // this process joins a cluster
+	logger              *slog.Logger
+}
+
+func (a *app) serveCommand() *cobra.Command {
+	var f serveFlags
+	c := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the lease bus: an embedded NATS server and the lease service",
+		Long: `Without --nats (or $` + EnvNATS + `), start an embedded NATS JetStream server
+(file store, fsync on every write) and the lease service in this process, and
+serve until SIGINT or SIGTERM.
+
+With --nats URL, run only the lease service against that existing NATS
+server or cluster; several services may run against one bus.
+
+--replicas sets the replication of the lease log and audit streams: by
+default 3 when this process joins a cluster (--cluster-name) or the NATS
+server it connects to belongs to one, else 1.`,
+		Args: cobra.NoArgs,
+		Example: `  fenceline bus serve
+  fenceline bus serve --listen 127.0.0.1:17422 --store /var/lib/fenceline/bus
+  fenceline bus serve --name n1 --listen :4222 --store /data/n1 --cluster-name fl --cluster-listen :6222 --routes nats://n2:6222,nats://n3:6222
+  fenceline --nats nats://nats.internal:4222 bus serve --replicas 3`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, name := range []string{"listen", "store", "name", "cluster-name", "cluster-listen", "routes"} {
+				if cmd.Flags().Changed(name) {
+					f.embeddedOnly = append(f.embeddedOnly, "--"+name)
+				}
+			}
+			return a.serve(cmd.Context(), &f)
+		},
+	}
+	fl := c.Flags()
+	fl.StringVar(&f.listen, "listen", leasebus.DefaultListen, "host:port for NATS clients of the embedded server (port 0: any free port)")
+	fl.StringVar(&f.store, "store", "", "JetStream store directory of the embedded server (default "+leasebus.DefaultStoreDir()+")")
+	fl.StringVar(&f.name, "name", "", "server name, unique within a cluster (default \"fenceline\", or derived from --cluster-listen when clustered)")
+	fl.StringVar(&f.clusterName, "cluster-name", "", "join a NATS cluster of this name (with --cluster-listen and --routes)")
+	fl.StringVar(&f.clusterListen, "cluster-listen", "", "host:port for cluster routes")
+	fl.StringSliceVar(&f.routes, "routes", nil, "cluster peers: nats://host:port,... (comma-separated or repeated)")
+	fl.IntVar(&f.replicas, "replicas", 0, "replicas of the lease log and audit streams (default 1; 3 on a cluster)")
+	fl.StringVar(&f.ui, "ui", "", "serve the run UI on this address (not yet available)")
+	fl.StringVar(&f.logFormat, "log-format", "text", "log format on stderr: text or json")
+	fl.BoolVar(&f.debug, "debug", false, "also log the embedded NATS server's own messages")
+	return c
+}
+
+func (a *app) serve(ctx context.Context, f *serveFlags) error {
+	switch f.logFormat {
+	case "text":
+		f.logger = slog.New(slog.NewTextHandler(a.stderr, nil))
+	case "json":
+		f.logger = slog.New(slog.NewJSONHandler(a.stderr, nil))
+	default:
+		return usagef("--log-format %q: want text or json", f.logFormat)
+	}
+	if f.replicas < 0 || f.replicas > 5 {
+		return usagef("--replicas %d: want 1, 3 or 5", f.replicas)
+	}
+	if f.ui != "" {
+		fmt.Fprintln(a.stdout, "run UI: not yet available")
+	}
+	if _, source := a.busURL(); source != "" {
+		f.natsURL, f.natsSource = a.busURL()
+		if len(f.embeddedOnly) > 0 {
+			return usagef("%v only apply to the embedded server, but %s selects an existing bus (%s); drop one or the other", f.embeddedOnly, f.natsSource, f.natsURL)
+		}
+		return a.serveService(ctx, f)
+	}
+	return a.serveEmbedded(ctx, f)
+}
+
+// serveEmbedded runs the embedded NATS server and the lease service.
+func (a *app) serveEmbedded(ctx context.Context, f *serveFlags) error {
+	cfg := leasebus.ServerConfig{
+		Listen:        f.listen,
+		StoreDir:      f.store,
+		Name:          f.name,
+		ClusterName:   f.clusterName,
+		ClusterListen: f.clusterListen,
+		Routes:        f.routes,
+		Debug:         f.debug,
+	}
+	if cfg.StoreDir == "" {
+		cfg.StoreDir = leasebus.DefaultStoreDir()
+	}
+	if err := cfg.Validate(); err != nil {
+		return &usageError{err: err}
+	}
+	f.clustered = cfg.ClusterName != ""
+	if cfg.Name == "" && f.clustered {
+		_, port, _ := net.SplitHostPort(cfg.ClusterListen)
+		cfg.Name = "fenceline-" + hostname() + "-" + port
+	}
+	if err := checkListen(cfg.Listen); err != nil {
+		return err
+	}
+	srv, err := leasebus.StartServer(cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		f.logger.Info("bus stopped")
+	}()
+	url := srv.ClientURL()
+	fmt.Fprintf(a.stdout, "fenceline bus listening on %s\n", url)
+	fmt.Fprintf(a.stdout, "store: %s\n", cfg.StoreDir)
+	f.logger.Info("bus started", "url", url, "store", cfg.StoreDir, "cluster", cfg.ClusterName, "name", srv.Name())
+	f.natsURL, f.natsSource = url, "embedded server"
+	return a.serveService(ctx, f)
+}
+
+// serveService runs the lease service on the bus at f.natsURL until ctx ends.
+func (a *app) serveService(ctx context.Context, f *serveFlags) error {
+	nc, err := a.connect(f.natsURL, f.natsSource,
+		nats.Name("fenceline-lease-service"),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil: we closed it
+				f.logger.Warn("disconnected from bus", "url", f.natsURL, "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			f.logger.Info("reconnected to bus", "url", nc.ConnectedUrl())
+		}),
+	)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	replicas := f.replicas
+	if replicas == 0 {
+		replicas = 1
+		if f.clustered || nc.ConnectedClusterName() != "" {
+			replicas = 3
+		}
+	}
+	svc, err := startService(ctx, nc, leasebus.ServiceConfig{Replicas: replicas, Logger: f.logger})
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("interrupted while starting the lease service: %w", err)
+		}
+		return fmt.Errorf("start lease service on %s: %w", f.natsURL, err)
+	}
+	fmt.Fprintf(a.stdout, "lease service ready on %s (replicas %d); stop with Ctrl-C\n", f.natsURL, replicas)
+	<-ctx.Done()
+	f.logger.Info("stopping", "cause", context.Cause(ctx))
+	svc.Stop()
+	fmt.Fprintln(a.stdout, "lease service stopped")
+	return nil
+}
+
+// serviceStartTimeout bounds starting the lease service. On a fresh
+// cluster that takes a while: JetStream first elects a meta leader (a
+// request sent before that is dropped, unanswered), then each replicated
+// stream's group elects its own leader (nats-server's raft election timeout
+// is 4-9 s). So each try gets a deadline, doubling from serviceStartTry
+// (also for large stores that load slowly), and a try that got no answer is
+// made again.
+const (
+	serviceStartTimeout = 2 * time.Minute
+	serviceStartTry     = 2 * time.Second
+)
+
+func startService(ctx context.Context, nc *nats.Conn, cfg leasebus.ServiceConfig) (*leasebus.Service, error) {
+	deadline := time.Now().Add(serviceStartTimeout)
+	per := serviceStartTry
+	for try := 1; ; try++ {
+		tctx, cancel := context.WithTimeout(ctx, min(per, time.Until(deadline)))
+		svc, err := leasebus.StartService(tctx, nc, cfg)
+		cancel()
+		if err == nil {
+			return svc, nil
+		}
+		if ctx.Err() != nil || time.Until(deadline) < time.Second || !transient(err) {
+			return nil, err
+		}
+		if try == 1 {
+			cfg.Logger.Info("lease service not started yet; trying again (a new cluster elects its leaders first)", "err", err)
+		} else {
+			cfg.Logger.Warn("lease service not started yet; trying again", "try", try, "err", err)
+		}
+		per *= 2
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// transient reports whether a failed start may succeed when tried again:
+// no answer, or JetStream not available yet.
+func transient(err error) bool {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoResponders):
+		return true
+	case errors.As(err, &apiErr):
+		return apiErr.Code == 503 || apiErr.ErrorCode == 10008 // JetStream system temporarily unavailable
+	}
+	return false
+}
+
+// checkListen fails fast and plainly when the listen address is taken: the
+// embedded server would only report "not ready after 15s".
+func checkListen(listen string) error {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil || port == "0" || port == "-1" {
+		return nil // Validate names a bad address; any free port is free
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %w (another \"fenceline bus serve\" running? pick another --listen)", listen, err)
+	}
+	return ln.Close()
+}
+
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "host"
+	}
+	return h
+}

@@ -1,0 +1,194 @@
+// Package cli is the fenceline command tree: it parses the command line
+// with cobra, talks to the lease bus (package leasebus) and maps every
+// outcome to the exit statuses of the CLI contract in DESIGN.md.
+//
+// Main is the whole program; cmd/fenceline only wires it to the process
+// (arguments, standard streams, signals, os.Exit), so tests drive the real
+// command tree in-process.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// Exit statuses (CLI contract).
+const (
+	ExitOK       = 0 // done
+	ExitError    = 1 // something failed: no bus, I/O, an unexpected answer
+	ExitUsage    = 2 // the command line is wrong: unknown flag or command, missing or invalid value
+	ExitConflict = 3 // refused: the claim overlaps an active lease, or the credential is not the owner's
+	ExitLost     = 4 // the lease is lost: released, revoked, expired or reclaimed
+)
+
+const exitHelp = `Exit status:
+  0  ok
+  1  error (no bus, I/O, unexpected answer)
+  2  usage: unknown command or flag, missing argument, or an invalid value
+     (a --scope that escapes the repo or is absolute, a bad --table, a --ttl
+     that is not a duration or out of range, an unknown --workspace mode)
+  3  conflict or denied: the claim overlaps an active lease, or the credential
+     does not own the lease
+  4  lease lost: it was released, revoked, expired or reclaimed`
+
+// EnvNATS names the environment variable that selects the bus, like --nats.
+const EnvNATS = "FENCELINE_NATS"
+
+// Main runs fenceline with args (without the program name) and returns the
+// process exit status. It prints results to stdout and errors to stderr as
+// "fenceline: <message>". Cancelling ctx interrupts the running command
+// (bus serve stops cleanly).
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return run(ctx, args, stdout, stderr, leasebus.DefaultURL)
+}
+
+// run is Main with the default bus URL as a parameter, so tests can exercise
+// the "no bus at the default address" path without touching the real one.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, defaultURL string) int {
+	a := &app{stdout: stdout, stderr: stderr, defaultURL: defaultURL}
+	root := a.rootCommand()
+	if args == nil {
+		args = []string{} // nil makes cobra read os.Args
+	}
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	code := exitCode(err)
+	var re *runError
+	if errors.As(err, &re) {
+		err = re.err
+	}
+	msg := err.Error()
+	if code == ExitUsage && cmd != nil {
+		msg += fmt.Sprintf("\n(run %q for usage)", cmd.CommandPath()+" --help")
+	}
+	fmt.Fprintf(stderr, "fenceline: %s\n", msg)
+	return code
+}
+
+// app holds what every command shares: the streams and the global flags.
+type app struct {
+	stdout, stderr io.Writer
+	defaultURL     string
+	natsFlag       string // --nats
+}
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "fenceline",
+		Short: "Keep parallel coding agents from corrupting each other's work",
+		Long: `fenceline grants leases on parts of a repository (paths, Postgres tables,
+workspaces) from a lease bus on NATS JetStream, with fence tokens that rise
+for every overlapping grant.
+
+The bus: --nats URL, else $` + EnvNATS + `, else the embedded default at
+` + a.defaultURL + ` (start it with "fenceline bus serve").
+
+` + exitHelp,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		Args:          groupArgs,
+		RunE:          showHelp,
+	}
+	root.CompletionOptions.HiddenDefaultCmd = true
+	root.PersistentFlags().StringVar(&a.natsFlag, "nats", "", "NATS URL of the lease bus (env "+EnvNATS+"; default the embedded bus at "+a.defaultURL+")")
+	root.AddCommand(a.busCommand(), a.leaseCommand(), a.demoCommand())
+	markRunErrors(root)
+	return root
+}
+
+// groupArgs rejects an unknown subcommand of a command group.
+func groupArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())
+	}
+	return nil
+}
+
+func showHelp(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+
+// runError marks an error returned by a command's own RunE. Anything else
+// Execute returns comes from cobra itself (flags, arguments, unknown
+// commands) and is a usage error.
+type runError struct{ err error }
+
+func (e *runError) Error() string { return e.err.Error() }
+func (e *runError) Unwrap() error { return e.err }
+
+func markRunErrors(c *cobra.Command) {
+	if f := c.RunE; f != nil {
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if err := f(cmd, args); err != nil {
+				return &runError{err: err}
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		markRunErrors(sub)
+	}
+}
+
+// usageError is a wrong command line found by a command itself.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error {
+	return &usageError{err: fmt.Errorf(format, args...)}
+}
+
+// exitError carries an explicit exit status.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// exitCode maps an error from Execute to the exit status of the contract.
+func exitCode(err error) int {
+	var re *runError
+	if !errors.As(err, &re) {
+		return ExitUsage
+	}
+	var ee *exitError
+	var ue *usageError
+	switch {
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.As(err, &ue), errors.Is(err, leasebus.ErrInvalid):
+		return ExitUsage
+	case errors.Is(err, leasebus.ErrConflict), errors.Is(err, leasebus.ErrNotOwner):
+		return ExitConflict
+	case errors.Is(err, leasebus.ErrLeaseLost):
+		return ExitLost
+	default:
+		return ExitError
+	}
+}
+
+// busURL returns the bus URL to use and where it came from.
+func (a *app) busURL() (url, source string) {
+	if a.natsFlag != "" {
+		return a.natsFlag, "--nats"
+	}
+	if v := strings.TrimSpace(os.Getenv(EnvNATS)); v != "" {
+		return v, EnvNATS
+	}
+	return a.defaultURL, ""
+}

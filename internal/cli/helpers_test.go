@@ -1,0 +1,165 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+const testRepo = "github.com/acme/payments"
+
+// startBus starts an in-process NATS server on a free 127.0.0.1 port with a
+// t.TempDir() store and a lease service on it, and returns its URL.
+func startBus(t testing.TB) string {
+	t.Helper()
+	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		srv.Shutdown()
+		t.Fatal(err)
+	}
+	svc, err := leasebus.StartService(context.Background(), nc, leasebus.ServiceConfig{})
+	if err != nil {
+		nc.Close()
+		srv.Shutdown()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		svc.Stop()
+		nc.Close()
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	return srv.ClientURL()
+}
+
+// isolate points the state dir at a temp dir and clears FENCELINE_NATS, so
+// no test reads or writes the user's state or bus.
+func isolate(t *testing.T) {
+	t.Helper()
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	t.Setenv(EnvNATS, "")
+}
+
+// closedURL returns a nats:// URL on 127.0.0.1 where nothing listens.
+func closedURL(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	return "nats://127.0.0.1:" + strconv.Itoa(port)
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// fl runs the CLI in-process, with the real default bus URL.
+func fl(t *testing.T, args ...string) result {
+	t.Helper()
+	return flDefault(t, leasebus.DefaultURL, args...)
+}
+
+// flDefault runs the CLI in-process with defaultURL as the default bus.
+func flDefault(t *testing.T, defaultURL string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	code := run(ctx, args, &out, &errOut, defaultURL)
+	return result{code: code, stdout: out.String(), stderr: errOut.String()}
+}
+
+// want fails the test unless r exited with code.
+func (r result) want(t *testing.T, code int) result {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", r.code, code, r.stdout, r.stderr)
+	}
+	return r
+}
+
+// acquired is what "lease acquire --json" prints.
+type acquired struct {
+	leasebus.Lease
+	Credential     string `json:"credential"`
+	CredentialFile string `json:"credentialFile"`
+}
+
+func acquireJSON(t *testing.T, url string, args ...string) acquired {
+	t.Helper()
+	r := fl(t, append([]string{"--nats", url, "lease", "acquire", "--repo", testRepo, "--json"}, args...)...).want(t, ExitOK)
+	var a acquired
+	if err := json.Unmarshal([]byte(r.stdout), &a); err != nil {
+		t.Fatalf("decode acquire --json: %v\n%s", err, r.stdout)
+	}
+	return a
+}
+
+func listJSON(t *testing.T, url string, args ...string) []leasebus.Lease {
+	t.Helper()
+	r := fl(t, append([]string{"--nats", url, "lease", "list", "--json"}, args...)...).want(t, ExitOK)
+	var ls []leasebus.Lease
+	if err := json.Unmarshal([]byte(r.stdout), &ls); err != nil {
+		t.Fatalf("decode list --json: %v\n%s", err, r.stdout)
+	}
+	return ls
+}
+
+// checkFor polls f until it returns nil or timeout passes.
+func checkFor(t *testing.T, timeout, interval time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(interval)
+	}
+	t.Fatalf("not true after %s: %v", timeout, err)
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a poller.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func mustContain(t *testing.T, what, s string, subs ...string) {
+	t.Helper()
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			t.Errorf("%s does not contain %q:\n%s", what, sub, s)
+		}
+	}
+}

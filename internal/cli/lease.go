@@ -1,0 +1,648 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+func (a *app) leaseCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "lease",
+		Short: "Acquire, renew, release, list, sweep, revoke and audit leases",
+		Args:  groupArgs,
+		RunE:  showHelp,
+	}
+	c.AddCommand(a.acquireCommand(), a.renewCommand(), a.releaseCommand(), a.listCommand(),
+		a.showCommand(), a.sweepCommand(), a.revokeCommand(), a.auditCommand())
+	return c
+}
+
+func (a *app) acquireCommand() *cobra.Command {
+	var (
+		repo, workspaceID, workspace string
+		task, agent, attempt         string
+		paths, tables                []string
+		wholeRepo, asJSON            bool
+		ttl, wait                    time.Duration
+	)
+	c := &cobra.Command{
+		Use:   "acquire --repo R (--scope PATH ... | --whole-repo | --workspace exclusive)",
+		Short: "Acquire a lease on paths (or the whole repo) and tables of a repo",
+		Long: `Acquire a lease and print it. The owner credential (a fresh secret; the bus
+keeps only its hash) is stored in a file only you can read:
+` + "$XDG_STATE_HOME/fenceline/leases/<leaseId>.json" + ` (mode 0600), which
+"lease renew" and "lease release" read on this machine.
+
+--scope alone leases paths in a shared workspace; --whole-repo claims every
+path in an exclusive workspace; no claim at all is allowed only with
+--workspace exclusive (an exclusive workspace claiming nothing repo-wide).
+
+A refusal names each conflicting lease, its owner and when it expires
+(exit 3). Invalid values (a --scope that is absolute or escapes the repo, a
+bad --table, a --ttl out of range) are usage errors (exit 2).`,
+		Args: cobra.NoArgs,
+		Example: `  fenceline lease acquire --repo github.com/acme/payments --scope services/billing
+  fenceline lease acquire --repo github.com/acme/payments --whole-repo --ttl 10m --json
+  fenceline lease acquire --repo github.com/acme/payments --scope db --table public.users --wait 2m`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if strings.TrimSpace(repo) == "" {
+				return usagef("--repo is required: name the repository, e.g. --repo github.com/acme/payments")
+			}
+			mode := leasebus.WorkspaceMode(workspace)
+			switch mode {
+			case "", leasebus.WorkspaceShared, leasebus.WorkspaceExclusive:
+			default:
+				return usagef("--workspace %q: want shared or exclusive", workspace)
+			}
+			if len(paths) == 0 && !wholeRepo && mode != leasebus.WorkspaceExclusive {
+				return usagef("nothing claimed: give --scope PATH (repeatable) or --whole-repo, or --workspace exclusive to lease an exclusive workspace that claims no paths")
+			}
+			claim, err := scope.New(paths, wholeRepo, tables)
+			if err != nil {
+				return &usageError{err: err}
+			}
+			if ttl < leasebus.MinTTL || ttl > leasebus.MaxTTL {
+				return usagef("--ttl %s out of range: want %s to %s", ttl, leasebus.MinTTL, leasebus.MaxTTL)
+			}
+			if wait < 0 {
+				return usagef("--wait %s is negative", wait)
+			}
+			if task == "" {
+				task = "cli"
+			}
+			if agent == "" {
+				agent = defaultAgent()
+			}
+			if attempt == "" {
+				attempt = leasebus.NewAttemptID()
+			}
+			s, err := a.dial()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+
+			cred := leasebus.NewCredential()
+			req := leasebus.AcquireRequest{
+				Repo:          repo,
+				Scope:         claim,
+				WorkspaceID:   workspaceID,
+				WorkspaceMode: mode,
+				Owner:         leasebus.Owner{TaskID: task, AgentID: agent, AttemptID: attempt},
+				TTL:           leasebus.Duration(ttl),
+				Wait:          leasebus.Duration(wait),
+			}
+			ctx := cmd.Context()
+			l, err := s.client.Acquire(ctx, req, cred)
+			if err != nil {
+				var ce *leasebus.ConflictError
+				if errors.As(err, &ce) {
+					return &conflictReport{ce: ce, claim: claim, wait: wait}
+				}
+				return fmt.Errorf("acquire %s in %s: %w", claim, repo, err)
+			}
+			path, err := writeCredFile(&credFile{LeaseID: l.LeaseID, Repo: l.Repo, Credential: cred, Version: l.Version, NATS: s.url})
+			if err != nil {
+				// Nobody could renew or release it: give it back now.
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+				_, rerr := s.client.Release(rctx, l.LeaseID, cred)
+				cancel()
+				if rerr != nil {
+					return fmt.Errorf("%w (and releasing %s failed: %v; it expires in %s)", err, l.LeaseID, rerr, l.TTL)
+				}
+				return fmt.Errorf("%w (lease %s released again)", err, l.LeaseID)
+			}
+			if asJSON {
+				return writeJSON(a.stdout, struct {
+					*leasebus.Lease
+					Credential     leasebus.Credential `json:"credential"`
+					CredentialFile string              `json:"credentialFile"`
+				}{l, cred, path})
+			}
+			w := a.stdout
+			fmt.Fprintf(w, "lease acquired: %s\n", l.LeaseID)
+			fmt.Fprintf(w, "repo: %s\n", l.Repo)
+			fmt.Fprintf(w, "scope: %s\n", l.Scope)
+			fmt.Fprintf(w, "workspace: %s (%s)\n", l.WorkspaceID, l.WorkspaceMode)
+			fmt.Fprintf(w, "ttl: %s\n", l.TTL)
+			fmt.Fprintf(w, "fence: %d\n", l.Fence)
+			fmt.Fprintf(w, "expires: %s\n", l.ExpiresAt.UTC().Format(time.RFC3339))
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&repo, "repo", "", "repository identity, e.g. github.com/acme/payments (required)")
+	f.StringArrayVar(&paths, "scope", nil, "repo-relative path to claim (repeatable)")
+	f.BoolVar(&wholeRepo, "whole-repo", false, "claim every path of the repo (exclusive workspace)")
+	f.StringArrayVar(&tables, "table", nil, "Postgres table to claim, schema.table or schema.* (repeatable)")
+	f.StringVar(&workspaceID, "workspace-id", "", "workspace (shard) the lease works in (default \""+leasebus.DefaultWorkspace+"\")")
+	f.StringVar(&workspace, "workspace", "", "workspace mode: shared or exclusive (default shared with --scope, else exclusive)")
+	f.DurationVar(&ttl, "ttl", leasebus.DefaultTTL, "how long the lease lives without a renewal")
+	f.StringVar(&task, "task", "", "owner task id (default \"cli\")")
+	f.StringVar(&agent, "agent", "", "owner agent id (default $USER@hostname)")
+	f.StringVar(&attempt, "attempt", "", "owner attempt id (default a fresh att_… id)")
+	f.DurationVar(&wait, "wait", 0, "queue behind conflicting leases up to this long (0: fail at once)")
+	f.BoolVar(&asJSON, "json", false, "print the lease record with its credential as JSON")
+	c.MarkFlagsMutuallyExclusive("scope", "whole-repo")
+	return c
+}
+
+// defaultAgent is "$USER@hostname".
+func defaultAgent() string {
+	name := os.Getenv("USER")
+	if name == "" {
+		if u, err := user.Current(); err == nil {
+			name = u.Username
+		}
+	}
+	if name == "" {
+		name = "cli"
+	}
+	if host, err := os.Hostname(); err == nil && host != "" {
+		name += "@" + host
+	}
+	return name
+}
+
+// conflictReport explains a refused acquire: each conflicting lease, its
+// owner, its fence and when it expires, and what to do.
+type conflictReport struct {
+	ce    *leasebus.ConflictError
+	claim scope.Claim
+	wait  time.Duration
+}
+
+func (r *conflictReport) Unwrap() error { return r.ce }
+
+func (r *conflictReport) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "cannot lease %s in %s: it conflicts with %d active lease(s)", r.claim, r.ce.Repo, len(r.ce.Conflicts))
+	if r.ce.Waited {
+		fmt.Fprintf(&b, ", still held after --wait %s", r.wait)
+	}
+	b.WriteString(":")
+	for _, c := range r.ce.Conflicts {
+		fmt.Fprintf(&b, "\n  %s held by %s", c.LeaseID, c.Owner)
+		if c.Fence > 0 {
+			fmt.Fprintf(&b, ", fence %d", c.Fence)
+		}
+		if !c.ExpiresAt.IsZero() {
+			fmt.Fprintf(&b, ", expires %s (in %s)", c.ExpiresAt.UTC().Format(time.RFC3339), untilSeconds(c.ExpiresAt))
+		}
+		if c.Why != "" {
+			fmt.Fprintf(&b, "\n    %s", c.Why)
+		}
+	}
+	b.WriteString("\nretry once it ends, queue for it with --wait DUR, or have an operator end it with \"fenceline lease revoke LEASE_ID --reason TEXT\"")
+	return b.String()
+}
+
+func untilSeconds(t time.Time) string {
+	return fmt.Sprintf("%ds", int(time.Until(t).Round(time.Second).Seconds()))
+}
+
+func (a *app) renewCommand() *cobra.Command {
+	var (
+		credential string
+		asJSON     bool
+	)
+	c := &cobra.Command{
+		Use:   "renew LEASE_ID",
+		Short: "Extend a lease by its TTL",
+		Long: `Renew a lease. On the machine that acquired it, the credential file supplies
+the credential and the version last seen: the renewal is a compare-and-swap
+on it, and the file is updated. From elsewhere pass --credential: the
+renewal then compares against the version it reads first. A refused renewal means stop writing: exit 4 when the lease is lost,
+3 when the credential is not the owner's.`,
+		Args: exactArgs(1, "LEASE_ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			if err := checkLeaseID(id); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			url, source := a.busURL()
+			req := leasebus.RenewRequest{LeaseID: id, Credential: leasebus.Credential(credential)}
+			f, ferr := readCredFile(id)
+			switch {
+			case ferr == nil && (credential == "" || leasebus.Credential(credential) == f.Credential):
+				req.Credential, req.Version = f.Credential, f.Version
+				if source == "" && f.NATS != "" {
+					url, source = f.NATS, "the credential file"
+				}
+			case credential != "":
+				f = nil // someone else's credential: leave the file alone
+			case errors.Is(ferr, errNoCredFile):
+				return a.withoutCredential(ctx, "renew", id, ferr, asJSON)
+			default:
+				return ferr
+			}
+			s, err := a.dialURL(url, source)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if req.Version == 0 {
+				cur, err := s.client.Get(ctx, id)
+				if err != nil {
+					return err
+				}
+				req.Version = cur.Version
+			}
+			l, err := s.client.Renew(ctx, req)
+			if err != nil {
+				if errors.Is(err, leasebus.ErrLeaseLost) {
+					return fmt.Errorf("%w\n(stop writing under %s; acquire a new lease)", err, id)
+				}
+				return err
+			}
+			if f != nil {
+				f.Version = l.Version
+				if _, err := writeCredFile(f); err != nil {
+					return fmt.Errorf("lease %s renewed to version %d, but: %w", id, l.Version, err)
+				}
+			}
+			if asJSON {
+				return writeJSON(a.stdout, l)
+			}
+			fmt.Fprintf(a.stdout, "lease renewed: %s\nversion: %d\nfence: %d\nexpires: %s\n",
+				l.LeaseID, l.Version, l.Fence, l.ExpiresAt.UTC().Format(time.RFC3339))
+			return nil
+		},
+	}
+	c.Flags().StringVar(&credential, "credential", "", "owner credential, when renewing from a machine without the credential file")
+	c.Flags().BoolVar(&asJSON, "json", false, "print the renewed lease record as JSON")
+	return c
+}
+
+func (a *app) releaseCommand() *cobra.Command {
+	var (
+		credential string
+		asJSON     bool
+	)
+	c := &cobra.Command{
+		Use:   "release LEASE_ID",
+		Short: "End a lease (idempotent) and forget its credential",
+		Long: `Release a lease with its credential (from the credential file on the
+machine that acquired it, or --credential). Releasing a lease that already
+ended is not an error. The credential file is removed afterwards.`,
+		Args: exactArgs(1, "LEASE_ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			if err := checkLeaseID(id); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			url, source := a.busURL()
+			cred := leasebus.Credential(credential)
+			f, ferr := readCredFile(id)
+			switch {
+			case ferr == nil && (cred == "" || cred == f.Credential):
+				cred = f.Credential
+				if source == "" && f.NATS != "" {
+					url, source = f.NATS, "the credential file"
+				}
+			case cred != "":
+				f = nil
+			case errors.Is(ferr, errNoCredFile):
+				return a.withoutCredential(ctx, "release", id, ferr, asJSON)
+			default:
+				return ferr
+			}
+			s, err := a.dialURL(url, source)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			l, err := s.client.Release(ctx, id, cred)
+			if err != nil {
+				return err
+			}
+			if f != nil {
+				if err := removeCredFile(id); err != nil {
+					return fmt.Errorf("lease %s released, but: %w", id, err)
+				}
+			}
+			if asJSON {
+				return writeJSON(a.stdout, l)
+			}
+			if l.Status == leasebus.StatusReleased {
+				fmt.Fprintf(a.stdout, "lease released: %s\n", l.LeaseID)
+			} else {
+				fmt.Fprintf(a.stdout, "lease %s already ended: %s (%s)\n", l.LeaseID, l.Status, l.Reason)
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&credential, "credential", "", "owner credential, when releasing from a machine without the credential file")
+	c.Flags().BoolVar(&asJSON, "json", false, "print the final lease record as JSON")
+	return c
+}
+
+// withoutCredential answers renew or release of a lease this machine keeps
+// no credential for: an ended lease is lost (renew, exit 4) or already
+// released (release, exit 0); an active one needs --credential.
+func (a *app) withoutCredential(ctx context.Context, op, id string, ferr error, asJSON bool) error {
+	s, err := a.dial()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	l, err := s.client.Get(ctx, id)
+	if err != nil {
+		if errors.Is(err, leasebus.ErrNotFound) {
+			return fmt.Errorf("%s %s: the bus at %s does not know this lease, and there is %w", op, id, s.url, ferr)
+		}
+		return fmt.Errorf("%s %s: %w", op, id, err)
+	}
+	if l.Active() {
+		return fmt.Errorf("%s %s: %w; renew or release it where it was acquired, or pass --credential SECRET", op, id, ferr)
+	}
+	if op == "renew" {
+		return fmt.Errorf("renew %s: %w: it is %s (%s)\n(stop writing under %s; acquire a new lease)", id, leasebus.ErrLeaseLost, l.Status, l.Reason, id)
+	}
+	if asJSON {
+		return writeJSON(a.stdout, l)
+	}
+	fmt.Fprintf(a.stdout, "lease %s already ended: %s (%s)\n", l.LeaseID, l.Status, l.Reason)
+	return nil
+}
+
+func (a *app) listCommand() *cobra.Command {
+	var (
+		repo        string
+		all, asJSON bool
+	)
+	c := &cobra.Command{
+		Use:   "list",
+		Short: "List active leases (with --all, recently ended ones too)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := a.dial()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			ls, err := s.client.List(cmd.Context(), repo, all)
+			if err != nil {
+				return fmt.Errorf("list leases: %w", err)
+			}
+			if ls == nil {
+				ls = []*leasebus.Lease{}
+			}
+			if asJSON {
+				return writeJSON(a.stdout, ls)
+			}
+			if len(ls) == 0 {
+				if all {
+					fmt.Fprintln(a.stdout, "no leases")
+				} else {
+					fmt.Fprintln(a.stdout, "no active leases")
+				}
+				return nil
+			}
+			printLeaseTable(a.stdout, ls, time.Now())
+			return nil
+		},
+	}
+	c.Flags().StringVar(&repo, "repo", "", "only this repository")
+	c.Flags().BoolVar(&all, "all", false, "include recently ended leases")
+	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of lease records")
+	return c
+}
+
+// printLeaseTable prints leases as a table; EXPIRES IN is display only
+// (the record's expiresAt against this machine's clock).
+func printLeaseTable(out io.Writer, ls []*leasebus.Lease, now time.Time) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "LEASE\tREPO\tSCOPE\tWORKSPACE\tOWNER\tFENCE\tSTATUS\tEXPIRES IN")
+	for _, l := range ls {
+		expires := "-"
+		if l.Active() {
+			expires = fmt.Sprintf("%ds", int(l.ExpiresAt.Sub(now).Round(time.Second).Seconds()))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s (%s)\t%s/%s\t%d\t%s\t%s\n", l.LeaseID, l.Repo, l.Scope,
+			l.WorkspaceID, l.WorkspaceMode, l.Owner.AgentID, l.Owner.TaskID, l.Fence, l.Status, expires)
+	}
+	w.Flush()
+}
+
+func (a *app) showCommand() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "show LEASE_ID",
+		Short: "Show one lease record, active or recently ended",
+		Args:  exactArgs(1, "LEASE_ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			if err := checkLeaseID(id); err != nil {
+				return err
+			}
+			s, err := a.dial()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			l, err := s.client.Get(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, l)
+			}
+			w := a.stdout
+			fmt.Fprintf(w, "lease: %s\nrepo: %s\nscope: %s\nworkspace: %s (%s)\nowner: %s\nstatus: %s\nversion: %d\nfence: %d\nttl: %s\n",
+				l.LeaseID, l.Repo, l.Scope, l.WorkspaceID, l.WorkspaceMode, l.Owner, l.Status, l.Version, l.Fence, l.TTL)
+			fmt.Fprintf(w, "acquired: %s\nrenewed: %s\nexpires: %s\n", rfc3339(l.AcquiredAt), rfc3339(l.RenewedAt), rfc3339(l.ExpiresAt))
+			if !l.Active() {
+				fmt.Fprintf(w, "ended: %s\nreason: %s\n", rfc3339(l.EndedAt), l.Reason)
+			}
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print the lease record as JSON")
+	return c
+}
+
+func (a *app) sweepCommand() *cobra.Command {
+	var (
+		repo   string
+		asJSON bool
+	)
+	c := &cobra.Command{
+		Use:   "sweep-stale",
+		Short: "Reclaim leases whose TTL lapsed without renewal, now",
+		Long: `Ask the lease service to reclaim every lease whose TTL lapsed without a
+renewal (the service also does this on its own at each deadline). Each
+reclaim is audited.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := a.dial()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			ls, err := s.client.Sweep(cmd.Context(), repo)
+			if err != nil {
+				return fmt.Errorf("sweep stale leases: %w", err)
+			}
+			if ls == nil {
+				ls = []*leasebus.Lease{}
+			}
+			if asJSON {
+				return writeJSON(a.stdout, ls)
+			}
+			if len(ls) == 0 {
+				fmt.Fprintln(a.stdout, "nothing to reclaim")
+				return nil
+			}
+			for _, l := range ls {
+				fmt.Fprintf(a.stdout, "reclaimed: %s owner=%s/%s repo=%s scope=%s fence=%d\n",
+					l.LeaseID, l.Owner.AgentID, l.Owner.TaskID, l.Repo, l.Scope, l.Fence)
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&repo, "repo", "", "only this repository")
+	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of the reclaimed lease records")
+	return c
+}
+
+func (a *app) revokeCommand() *cobra.Command {
+	var (
+		reason string
+		asJSON bool
+	)
+	c := &cobra.Command{
+		Use:   "revoke LEASE_ID --reason TEXT",
+		Short: "End a lease now as an operator (audited; its holder's fences close)",
+		Args:  exactArgs(1, "LEASE_ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			if err := checkLeaseID(id); err != nil {
+				return err
+			}
+			if strings.TrimSpace(reason) == "" {
+				return usagef("--reason is required: say why the lease is revoked, e.g. --reason \"runaway agent\" (it goes into the audit trail)")
+			}
+			s, err := a.dial()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			l, err := s.client.Revoke(cmd.Context(), id, reason)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, l)
+			}
+			// The service answers an ended lease with its record as is.
+			if l.Status == leasebus.StatusRevoked && strings.HasSuffix(l.Reason, reason) {
+				fmt.Fprintf(a.stdout, "lease revoked: %s\nowner: %s\n%s\n", l.LeaseID, l.Owner, l.Reason)
+			} else {
+				fmt.Fprintf(a.stdout, "lease %s already ended: %s (%s); nothing to revoke\n", l.LeaseID, l.Status, l.Reason)
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&reason, "reason", "", "why the lease is revoked (required; audited)")
+	c.Flags().BoolVar(&asJSON, "json", false, "print the final lease record as JSON")
+	return c
+}
+
+func (a *app) auditCommand() *cobra.Command {
+	var (
+		repo   string
+		asJSON bool
+	)
+	c := &cobra.Command{
+		Use:   "audit",
+		Short: "Print the audit trail: grants, releases, expiries, reclaims, revokes, refusals",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := a.dial()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			evs, err := leasebus.ReadAudit(cmd.Context(), s.nc, repo, 0)
+			if err != nil {
+				return fmt.Errorf("read audit trail: %w", err)
+			}
+			if evs == nil {
+				evs = []leasebus.AuditEvent{}
+			}
+			if asJSON {
+				return writeJSON(a.stdout, evs)
+			}
+			if len(evs) == 0 {
+				fmt.Fprintln(a.stdout, "no audit events")
+				return nil
+			}
+			printAudit(a.stdout, evs)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&repo, "repo", "", "only this repository")
+	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of audit events")
+	return c
+}
+
+// printAudit prints one line per event: time type lease owner fence message.
+func printAudit(out io.Writer, evs []leasebus.AuditEvent) {
+	w := tabwriter.NewWriter(out, 0, 4, 1, ' ', 0)
+	for _, ev := range evs {
+		lease, owner, fence := ev.LeaseID, "-", "-"
+		if lease == "" {
+			lease = "-"
+		}
+		if ev.Owner.AgentID != "" || ev.Owner.TaskID != "" {
+			owner = ev.Owner.AgentID + "/" + ev.Owner.TaskID
+		}
+		if ev.Fence > 0 {
+			fence = fmt.Sprintf("fence=%d", ev.Fence)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", ev.Time.UTC().Format("2006-01-02T15:04:05.000Z"), ev.Type, lease, owner, fence, ev.Message)
+	}
+	w.Flush()
+}
+
+func rfc3339(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// exactArgs is cobra.ExactArgs with a message naming the argument.
+func exactArgs(n int, name string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return fmt.Errorf("%s takes exactly %d argument (%s), got %d", cmd.CommandPath(), n, name, len(args))
+		}
+		return nil
+	}
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("write JSON: %w", err)
+	}
+	return nil
+}

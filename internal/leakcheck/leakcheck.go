@@ -1,0 +1,51 @@
+// Package leakcheck fails a test binary whose goroutines outlive its tests:
+// every server, service, holder and connection a test starts must be
+// stopped by it. Use it from TestMain:
+//
+//	func TestMain(m *testing.M) { leakcheck.Main(m) }
+package leakcheck
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Main runs the tests, then waits up to 5 s for every goroutine running
+// fenceline or NATS code to end; any that remain are printed and fail the
+// run.
+func Main(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		if leaked := Leaked(5 * time.Second); leaked != "" {
+			fmt.Fprintf(os.Stderr, "leaked goroutines:\n%s\n", leaked)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Leaked polls for up to grace and returns the stacks of goroutines still
+// running fenceline or NATS code, or "" once there are none.
+func Leaked(grace time.Duration) string {
+	deadline := time.Now().Add(grace)
+	for {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		var leaked []string
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			ours := strings.Contains(g, "github.com/fenceline/fenceline/") &&
+				!strings.Contains(g, "leakcheck.") && !strings.Contains(g, "testing.(*M).Run")
+			if ours || strings.Contains(g, "github.com/nats-io/") {
+				leaked = append(leaked, g)
+			}
+		}
+		if len(leaked) == 0 || time.Now().After(deadline) {
+			return strings.Join(leaked, "\n\n")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

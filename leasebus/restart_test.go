@@ -1,0 +1,388 @@
+package leasebus
+
+// Durability across restarts of the embedded bus and the lease service:
+// acknowledged grants, renewals and releases survive (with SyncAlways, also
+// when the server goes down under a running service), fences continue
+// above everything issued before, leases whose holders died are reclaimed
+// by the restarted service's own timer, judged from its own observation
+// (invariant 4), and the per-repo snapshot rolls the log up and reloads.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+type ackedLease struct {
+	l    *Lease
+	cred Credential
+}
+
+// Ways to restart the bus in tests.
+const (
+	restartClean = "clean-stop"                        // service stopped, then the server
+	restartCrash = "server-shutdown-under-service"     // the server goes first, the service dies after
+	restartCopy  = "store-copied-without-any-shutdown" // no clean shutdown at all: the store's files mid-run
+)
+
+// restart restarts the server and the service on the same store (or, for
+// restartCopy, on a copy of the store's files taken while everything runs:
+// recovery without any shutdown marker or flushed index — the files as
+// the OS has them, which is not a test of fsync itself).
+func (b *bus) restart(how string) {
+	b.t.Helper()
+	switch how {
+	case restartCrash:
+		b.srv.Shutdown()
+		b.srv.WaitForShutdown()
+		b.srv = nil
+		b.nc.Close() // the service's process dies with it: nothing more gets out
+	case restartCopy:
+		dir := b.t.TempDir()
+		if err := os.CopyFS(dir, os.DirFS(b.dir)); err != nil {
+			b.t.Fatalf("copy the store: %v", err)
+		}
+		b.stop()
+		b.dir = dir
+	}
+	b.stop()
+	b.start("127.0.0.1:0")
+}
+
+func TestRestartKeepsAcknowledgedState(t *testing.T) {
+	for _, how := range []string{restartClean, restartCrash, restartCopy} {
+		t.Run(how, func(t *testing.T) {
+			b := startBus(t)
+			ctx := ctxT(t)
+			repos := []string{"github.com/acme/restart-1", "github.com/acme/restart-2"}
+			var active, released []ackedLease
+			maxFence := map[string]uint64{}
+			for i := range 12 {
+				repo := repos[i%2]
+				cred := NewCredential()
+				l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, fmt.Sprintf("p%d", i)), Owner: owner(i), TTL: Duration(time.Minute)}, cred)
+				if err != nil {
+					t.Fatal(err)
+				}
+				maxFence[repo] = max(maxFence[repo], l.Fence)
+				switch i % 3 {
+				case 0: // renewed twice
+					for range 2 {
+						if l, err = b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version}); err != nil {
+							t.Fatal(err)
+						}
+					}
+					active = append(active, ackedLease{l, cred})
+				case 1:
+					if l, err = b.c.Release(ctx, l.LeaseID, cred); err != nil {
+						t.Fatal(err)
+					}
+					released = append(released, ackedLease{l, cred})
+				default:
+					active = append(active, ackedLease{l, cred})
+				}
+			}
+
+			b.restart(how)
+
+			for _, a := range active {
+				got, err := b.c.Get(ctx, a.l.LeaseID)
+				if err != nil {
+					t.Fatalf("acknowledged lease %s lost in the restart: %v", a.l.LeaseID, err)
+				}
+				if !got.Active() || got.Fence != a.l.Fence || got.Version != a.l.Version || got.Scope.String() != a.l.Scope.String() || got.Owner != a.l.Owner {
+					t.Fatalf("after restart %s is %+v, acknowledged %+v", a.l.LeaseID, got, a.l)
+				}
+			}
+			for _, r := range released {
+				got, err := b.c.Get(ctx, r.l.LeaseID)
+				if err != nil || got.Status != StatusReleased || got.Version != r.l.Version {
+					t.Fatalf("released lease %s after restart: %+v %v", r.l.LeaseID, got, err)
+				}
+				// Releasing again stays idempotent for the owner, and
+				// forged calls stay refused.
+				if got, err := b.c.Release(ctx, r.l.LeaseID, r.cred); err != nil || got.Status != StatusReleased {
+					t.Fatalf("repeated release after restart: %+v %v", got, err)
+				}
+				if _, err := b.c.Release(ctx, r.l.LeaseID, NewCredential()); !errors.Is(err, ErrNotOwner) {
+					t.Fatalf("forged release after restart: %v", err)
+				}
+			}
+			// Owners keep renewing with compare-and-swap on the version
+			// they had; the claims are still held.
+			for _, a := range active {
+				if _, err := b.c.Renew(ctx, RenewRequest{LeaseID: a.l.LeaseID, Credential: a.cred, Version: a.l.Version + 1}); !errors.Is(err, ErrLeaseLost) {
+					t.Fatalf("stale renew after restart: %v", err)
+				}
+				got, err := b.c.Renew(ctx, RenewRequest{LeaseID: a.l.LeaseID, Credential: a.cred, Version: a.l.Version})
+				if err != nil || got.Version != a.l.Version+1 {
+					t.Fatalf("owner renew after restart: %+v %v", got, err)
+				}
+				_, err = b.c.Acquire(ctx, AcquireRequest{Repo: a.l.Repo, Scope: a.l.Scope, Owner: owner(99), TTL: Duration(time.Minute)}, NewCredential())
+				if !errors.Is(err, ErrConflict) {
+					t.Fatalf("claim of %s granted again after restart: %v", a.l.LeaseID, err)
+				}
+			}
+			// Fences continue above every fence issued before.
+			for _, repo := range repos {
+				l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "after-restart"), Owner: owner(100), TTL: Duration(time.Minute)}, NewCredential())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if l.Fence != maxFence[repo]+1 {
+					t.Fatalf("first fence after restart in %s is %d, want %d", repo, l.Fence, maxFence[repo]+1)
+				}
+			}
+		})
+	}
+}
+
+// The lease service keeps serving when the embedded server restarts under
+// it on the same address (its connection reconnects): its state and the
+// log agree, nothing acknowledged is lost, fences continue.
+func TestServiceSurvivesBusRestart(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	cred := NewCredential()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "svc"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := b.srv.Addr().String()
+	b.srv.Shutdown()
+	b.srv.WaitForShutdown()
+	srv, err := StartServer(ServerConfig{Listen: addr, StoreDir: b.dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.srv = srv
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		_, err := b.c.Get(ctx, l.LeaseID)
+		return err
+	})
+	r, err := b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version})
+	if err != nil || r.Version != l.Version+1 {
+		t.Fatalf("renew after the bus restarted: %+v %v", r, err)
+	}
+	n, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil || n.Fence != l.Fence+1 {
+		t.Fatalf("acquire after the bus restarted: %+v %v", n, err)
+	}
+	// A second service loading the log from scratch sees the same.
+	b.stop()
+	b.start("127.0.0.1:0")
+	got, err := b.c.Get(ctx, l.LeaseID)
+	if err != nil || got.Version != r.Version || !got.Active() {
+		t.Fatalf("after a full restart: %+v %v", got, err)
+	}
+}
+
+func TestRestartSweepsLeasesOfDeadHolders(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	const ttl = 2 * time.Second
+	var dead []*Lease
+	for i := range 3 {
+		l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, fmt.Sprintf("dead%d", i)), Owner: owner(i), TTL: Duration(ttl)}, NewCredential())
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead = append(dead, l)
+	}
+	// Most of the TTL passes before the restart: by the old service's
+	// clock the leases are nearly gone, but the new service must judge
+	// from its own observation (invariant 4: no shared wall clock; a
+	// holder that renewed just before the restart must not lose its lease
+	// early).
+	time.Sleep(1500 * time.Millisecond) // spacing the restart into the TTL, not waiting for state
+	b.stop()
+	srv, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", StoreDir: b.dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.srv = srv
+	b.nc = connect(t, srv.ClientURL())
+	var mu sync.Mutex
+	ended := map[string]time.Time{}
+	status := map[string]Status{}
+	stop, err := NewClient(connect(t, srv.ClientURL())).Watch(repo, func(l *Lease) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !l.Active() {
+			ended[l.LeaseID] = time.Now()
+			status[l.LeaseID] = l.Status
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	loadStart := time.Now()
+	b.svc, err = StartService(context.Background(), b.nc, ServiceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded := time.Now()
+	b.c = NewClient(b.nc)
+
+	// No requests for the repo: the service's own timer must sweep.
+	checkFor(t, ttl+3*time.Second, 20*time.Millisecond, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, l := range dead {
+			if _, ok := ended[l.LeaseID]; !ok {
+				return fmt.Errorf("%s not reclaimed %s after the service loaded it (ttl %s)", l.LeaseID, time.Since(loaded).Round(time.Millisecond), ttl)
+			}
+		}
+		return nil
+	})
+	mu.Lock()
+	for _, l := range dead {
+		at := ended[l.LeaseID]
+		if status[l.LeaseID] != StatusReclaimed {
+			t.Errorf("%s ended %s, want reclaimed", l.LeaseID, status[l.LeaseID])
+		}
+		if at.Before(loadStart.Add(ttl)) {
+			t.Errorf("%s reclaimed %s after the restarted service started loading, before its ttl %s counted from there", l.LeaseID, at.Sub(loadStart), ttl)
+		}
+	}
+	mu.Unlock()
+	for _, l := range dead {
+		n, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: l.Scope, Owner: owner(9), TTL: Duration(time.Minute)}, NewCredential())
+		if err != nil || n.Fence <= dead[len(dead)-1].Fence {
+			t.Fatalf("reacquire of a reclaimed claim: %+v %v", n, err)
+		}
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.nc, repo, 0)
+		if err != nil {
+			return err
+		}
+		reclaimed := 0
+		for _, ev := range evs {
+			if ev.Type == EventReclaimed {
+				reclaimed++
+			}
+		}
+		if reclaimed != len(dead) {
+			return fmt.Errorf("%d reclaimed audit events, want %d", reclaimed, len(dead))
+		}
+		return nil
+	})
+}
+
+// logMessages counts the messages of one repo's lease log.
+func logMessages(t testing.TB, ctx context.Context, js jetstream.JetStream, repo string) (uint64, *logRecord) {
+	t.Helper()
+	st, err := js.Stream(ctx, LogStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := logSubjectFor(RepoKey(repo))
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := st.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(subj))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec logRecord
+	if err := json.Unmarshal(first.Data, &rec); err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Subjects[subj], &rec
+}
+
+func TestSnapshotRollupAndReload(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	const snapRepo = "github.com/acme/snapshot"
+	credA, credB := NewCredential(), NewCredential()
+	a, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, credA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bl, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "b"), Owner: owner(2), TTL: Duration(time.Minute)}, credB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bl, err = b.c.Release(ctx, bl.LeaseID, credB); err != nil {
+		t.Fatal(err)
+	}
+	// Each sequential renewal is one commit: drive well past 64.
+	for range 80 {
+		if a, err = b.c.Renew(ctx, RenewRequest{LeaseID: a.LeaseID, Credential: credA, Version: a.Version}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The snapshot's predecessors are purged once their audit events are
+	// written, although renewals carry none.
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		n, first := logMessages(t, ctx, js, snapRepo)
+		if n >= 64 || first.Kind != recordSnapshot {
+			return fmt.Errorf("no rollup after 83 commits: %d messages in the repo's log, the first a %s", n, first.Kind)
+		}
+		t.Logf("after 83 commits the log of the repo holds %d messages, the first a %s", n, first.Kind)
+		return nil
+	})
+
+	check := func(stage string) {
+		t.Helper()
+		got, err := b.c.Get(ctx, a.LeaseID)
+		if err != nil || !got.Active() || got.Version != a.Version || got.Fence != a.Fence {
+			t.Fatalf("%s: active lease %+v %v, want v%d fence %d", stage, got, err, a.Version, a.Fence)
+		}
+		got, err = b.c.Get(ctx, bl.LeaseID)
+		if err != nil || got.Status != StatusReleased {
+			t.Fatalf("%s: ended lease %+v %v", stage, got, err)
+		}
+		if got, err := b.c.Release(ctx, bl.LeaseID, credB); err != nil || got.Status != StatusReleased || got.Version != bl.Version {
+			t.Fatalf("%s: repeated release by its owner: %+v %v", stage, got, err)
+		}
+		if _, err := b.c.Release(ctx, bl.LeaseID, credA); !errors.Is(err, ErrNotOwner) {
+			t.Fatalf("%s: release by another owner: %v", stage, err)
+		}
+		if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "a/x"), Owner: owner(3), TTL: Duration(time.Minute)}, NewCredential()); !errors.Is(err, ErrConflict) {
+			t.Fatalf("%s: claim under the active lease granted: %v", stage, err)
+		}
+	}
+	check("before restart")
+	b.restart(restartClean)
+	check("after restart onto a snapshot")
+
+	// Deltas on top of the snapshot, then another restart: a load reads
+	// the snapshot and the deltas after it.
+	for range 5 {
+		if a, err = b.c.Renew(ctx, RenewRequest{LeaseID: a.LeaseID, Credential: credA, Version: a.Version}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "c"), Owner: owner(4), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Fence != bl.Fence+1 {
+		t.Fatalf("fence after the snapshot is %d, want %d", c.Fence, bl.Fence+1)
+	}
+	b.restart(restartCopy)
+	check("after restart onto snapshot + deltas")
+	d, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "d"), Owner: owner(5), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil || d.Fence != c.Fence+1 {
+		t.Fatalf("fence after the second restart: %+v %v, want %d", d, err, c.Fence+1)
+	}
+	if got, err := b.c.Get(ctx, c.LeaseID); err != nil || !got.Active() || got.Fence != c.Fence {
+		t.Fatalf("lease granted after the snapshot lost: %+v %v", got, err)
+	}
+}
