@@ -222,7 +222,7 @@ func (h *Holder) run(ctx context.Context) {
 		ttl := time.Duration(h.lease.TTL)
 		due := h.validUntil.Sub(h.opts.Now()) - (ttl - h.opts.Margin - h.opts.Interval)
 		h.mu.Unlock()
-		timer.Reset(min(next, max(due, 0)))
+		timer.Reset(min(next, max(due, h.retryGap(next))))
 		select {
 		case <-ctx.Done():
 			return
@@ -235,6 +235,15 @@ func (h *Holder) run(ctx context.Context) {
 		}
 		next = h.renew(ctx)
 	}
+}
+
+// retryGap spaces retries after a failed renewal (next is short then), so a
+// holder that cannot reach the bus does not resend back to back.
+func (h *Holder) retryGap(next time.Duration) time.Duration {
+	if next < h.opts.Interval {
+		return min(next, 50*time.Millisecond)
+	}
+	return 0
 }
 
 // renew sends one renewal and returns when to try next.
