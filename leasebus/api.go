@@ -58,7 +58,7 @@ type AuditEvent struct {
 	Boundary string      `json:"boundary"`
 	Repo     string      `json:"repo"`
 	LeaseID  string      `json:"leaseId,omitempty"`
-	Owner    Owner       `json:"owner"`
+	Owner    Owner       `json:"owner,omitzero"`
 	Scope    scope.Claim `json:"scope"`
 	Fence    uint64      `json:"fence,omitempty"`
 	Reason   string      `json:"reason,omitempty"`

@@ -160,6 +160,7 @@ func (s *store) load(ctx context.Context, key string, st *repoState, now func() 
 		}
 		st.observe(&rec, m.Sequence, now())
 		if len(rec.Events) > 0 && onEvents != nil {
+			rec.fillEvents()
 			onEvents(m.Sequence, rec.Events)
 		}
 		next = m.Sequence + 1

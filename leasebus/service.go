@@ -185,7 +185,8 @@ func (s *Service) goTracked(c *call, f func()) {
 }
 
 func (s *Service) newActor(key, repo string) *actor {
-	return &actor{svc: s, key: key, state: newRepoState(repo), stale: true, calls: make(chan *call, 4096)}
+	return &actor{svc: s, key: key, state: newRepoState(repo), stale: true,
+		calls: make(chan *call, 4096), rearm: make(chan struct{}, 1)}
 }
 
 func (s *Service) actorForLease(id string) (*actor, bool) {
@@ -323,7 +324,7 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			return
 		}
 		if repo != "" {
-			s.actor(RepoKey(repo), repo).enqueue(c)
+			s.actor(RepoKey(repo), repo).submit(c)
 			return
 		}
 		if !ValidLeaseID(leaseID) {
@@ -331,11 +332,11 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			return
 		}
 		if hint != "" {
-			s.actor(RepoKey(hint), hint).enqueue(c)
+			s.actor(RepoKey(hint), hint).submit(c)
 			return
 		}
 		if a, ok := s.actorForLease(leaseID); ok {
-			a.enqueue(c)
+			a.submit(c)
 			return
 		}
 		// Not a lease this instance has seen: another instance may have
@@ -497,9 +498,15 @@ type actor struct {
 	svc   *Service
 	key   string
 	calls chan *call
-	dead  bool // created while the service stopped; set before it is shared
+	rearm chan struct{} // a batch ran inline: re-arm the timer
+	dead  bool          // created while the service stopped; set before it is shared
 
-	// Owned by the actor goroutine (and by StartService before it serves).
+	// busy is held by whoever runs a batch: the actor's goroutine, or a
+	// request handler running an uncontended batch inline. It guards
+	// everything below.
+	busy sync.Mutex
+
+	// Guarded by busy (and owned by StartService before the actor serves).
 	state   *repoState
 	stale   bool      // must reload the log before the next write
 	waiters []*waiter // queued acquires, oldest first
@@ -522,6 +529,13 @@ type waiter struct {
 	// cancelled is set when its client withdrew it; it is dropped from the
 	// queue without an answer (the cancel answered it).
 	cancelled bool
+}
+
+// submit runs c inline if the actor is idle, else queues it.
+func (a *actor) submit(c *call) {
+	if !a.inline(c) {
+		a.enqueue(c)
+	}
 }
 
 func (a *actor) enqueue(c *call) {
@@ -588,27 +602,69 @@ func (a *actor) run(ctx context.Context) {
 	defer timer.Stop()
 	batch := make([]*call, 0, a.svc.cfg.MaxBatch)
 	for {
+		a.busy.Lock()
 		a.resetTimer(timer)
+		a.busy.Unlock()
 		batch = batch[:0]
+		fired := false
 		select {
 		case <-ctx.Done():
+			a.busy.Lock()
 			a.shutdown()
+			a.busy.Unlock()
 			return
 		case c := <-a.calls:
 			batch = append(batch, c)
 		case <-timer.C:
+			fired = true
+		case <-a.rearm:
+			continue // a batch ran inline: deadlines may have moved
 		}
-	drain:
-		for len(batch) < cap(batch) {
-			select {
-			case c := <-a.calls:
-				batch = append(batch, c)
-			default:
-				break drain
-			}
+		a.busy.Lock()
+		batch = a.drain(batch)
+		if len(batch) > 0 || fired {
+			a.process(ctx, batch)
 		}
-		a.process(ctx, batch)
+		a.busy.Unlock()
 	}
+}
+
+// drain appends the queued calls to batch, up to MaxBatch.
+func (a *actor) drain(batch []*call) []*call {
+	for len(batch) < a.svc.cfg.MaxBatch {
+		select {
+		case c := <-a.calls:
+			batch = append(batch, c)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// inline runs c's batch on the caller's goroutine when nothing else is
+// going on: the actor is idle and no more requests wait on the caller's
+// subscription. It saves the hand-off to the actor's goroutine for an
+// uncontended request; under load requests queue and batch as usual.
+func (a *actor) inline(c *call) bool {
+	if a.dead || c.msg == nil || c.msg.Sub == nil {
+		return false
+	}
+	// nats.go counts the message being handled as pending until the
+	// handler returns: more than one means others are waiting.
+	if n, _, err := c.msg.Sub.Pending(); err != nil || n > 1 {
+		return false
+	}
+	if !a.busy.TryLock() {
+		return false
+	}
+	a.process(a.svc.ctx, a.drain([]*call{c}))
+	a.busy.Unlock()
+	select {
+	case a.rearm <- struct{}{}:
+	default:
+	}
+	return true
 }
 
 // resetTimer arms the timer for the next lease deadline or waiter deadline.
@@ -736,19 +792,18 @@ func (a *actor) failAll(batch []*call, err error) {
 func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*waiter, seq uint64, size int) {
 	var granted []*entry
 	for _, id := range t.order {
-		e := t.changed[id]
-		if e.Version == 1 {
+		if e := t.changed[id]; e.Version == 1 {
 			granted = append(granted, e)
 		}
-		a.notify(e)
 	}
 	a.svc.indexLeases(a.key, granted)
 	if len(a.state.evicted) > 0 {
 		a.svc.unindex(a.state.evicted)
 		a.state.evicted = nil
 	}
-	a.svc.audit.add(a.key, seq, t.events)
 	a.waiters = remaining
+	// Answer first: watchers and the audit stream are not on the path of
+	// the request (the record is durable; the events are in it).
 	for _, o := range append(outs, served...) {
 		if o.park != nil {
 			continue
@@ -760,6 +815,10 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 		}
 		o.c.respond(r)
 	}
+	for _, id := range t.order {
+		a.notify(t.changed[id])
+	}
+	a.svc.audit.add(a.key, seq, t.events)
 	if size > 0 {
 		a.maybeSnapshot(size)
 	}
@@ -888,7 +947,7 @@ func (a *actor) acquire(t *txn, c *call, r *AcquireRequest, queue []*waiter) out
 		return o
 	}
 	ce := &ConflictError{Repo: t.base.repo, Conflicts: conflicts}
-	t.audit(EventRefused, nil, "conflict", fmt.Sprintf("refused acquire of %s by %s: %s", r.Scope, r.Owner, ce.Error()))
+	t.refusal(r.Owner, r.Scope, "conflict", fmt.Sprintf("refused acquire of %s by %s: %s", r.Scope, r.Owner, ce.Error()))
 	o.err = ce
 	return o
 }
@@ -914,7 +973,7 @@ func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*w
 			served = append(served, outcome{c: w.c, lease: t.grant(w.req, w.claim)})
 		case !t.now.Before(w.deadline):
 			ce := &ConflictError{Repo: t.base.repo, Conflicts: conflicts, Waited: true}
-			t.audit(EventRefused, nil, "wait-expired", fmt.Sprintf("refused acquire of %s by %s after waiting %s: %s", w.claim.scope, w.req.Owner, time.Duration(w.req.Wait), ce.Error()))
+			t.refusal(w.req.Owner, w.claim.scope, "wait-expired", fmt.Sprintf("refused acquire of %s by %s after waiting %s: %s", w.claim.scope, w.req.Owner, time.Duration(w.req.Wait), ce.Error()))
 			served = append(served, outcome{c: w.c, err: ce})
 		default:
 			remaining = append(remaining, w)

@@ -11,7 +11,7 @@ import (
 
 // maxEnded bounds how many ended leases a repo remembers, so a repeated
 // release stays idempotent and a late renew learns why it was refused.
-const maxEnded = 1024
+const maxEnded = 256
 
 // Limits on what a lease may ask for.
 const (
@@ -199,6 +199,12 @@ func (t *txn) audit(typ string, e *entry, reason, msg string) {
 		ev.LeaseID, ev.Owner, ev.Scope, ev.Fence = e.LeaseID, e.Owner, e.Scope, e.Fence
 	}
 	t.events = append(t.events, ev)
+}
+
+// refusal audits a refused request that names no lease: who asked for what.
+func (t *txn) refusal(o Owner, c scope.Claim, reason, msg string) {
+	t.events = append(t.events, AuditEvent{Time: t.wall, Type: EventRefused, Boundary: BoundaryLease,
+		Repo: t.base.repo, Owner: o, Scope: c, Reason: reason, Message: msg})
 }
 
 // end moves a lease out of active with the given status.
@@ -423,11 +429,37 @@ func (t *txn) commit(seq uint64) {
 }
 
 func (t *txn) record() *logRecord {
-	rec := &logRecord{Kind: recordDelta, Repo: t.base.repo, Fence: t.fence, Events: t.events}
+	rec := &logRecord{Kind: recordDelta, Repo: t.base.repo, Fence: t.fence}
 	for _, id := range t.order {
 		rec.Leases = append(rec.Leases, t.changed[id])
 	}
+	// An event about a lease in this record leaves out what the lease
+	// record says (owner, scope, fence); fillEvents puts it back on load.
+	rec.Events = make([]AuditEvent, len(t.events))
+	for i, ev := range t.events {
+		if e, ok := t.changed[ev.LeaseID]; ok && ev.Owner == e.Owner && ev.Fence == e.Fence {
+			ev.Owner, ev.Scope, ev.Fence = Owner{}, scope.Claim{}, 0
+		}
+		rec.Events[i] = ev
+	}
 	return rec
+}
+
+// fillEvents restores the owner, scope and fence that record() left out of
+// events about leases in the same record.
+func (rec *logRecord) fillEvents() {
+	for i := range rec.Events {
+		ev := &rec.Events[i]
+		if ev.LeaseID == "" || ev.Fence != 0 {
+			continue
+		}
+		for _, e := range rec.Leases {
+			if e.LeaseID == ev.LeaseID {
+				ev.Owner, ev.Scope, ev.Fence = e.Owner, e.Scope, e.Fence
+				break
+			}
+		}
+	}
 }
 
 // nextDeadline is when the next sweep may find something due (zero: never).

@@ -30,7 +30,13 @@ func startBench(b *testing.B, clients int) []*leasebus.Client {
 		b.Cleanup(nc.Close)
 		return nc
 	}
-	svc, err := leasebus.StartService(context.Background(), conn(), leasebus.ServiceConfig{})
+	// The service talks to its server in-process, as in `fenceline bus serve`.
+	svcConn, err := nats.Connect("", nats.InProcessServer(srv))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(svcConn.Close)
+	svc, err := leasebus.StartService(context.Background(), svcConn, leasebus.ServiceConfig{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -35,9 +36,10 @@ type serveFlags struct {
 	ui, logFormat              string
 	debug                      bool
 
-	embeddedOnly        []string // embedded-server flags given on the command line
-	natsURL, natsSource string   // the bus the lease service connects to
-	clustered           bool     // this process joins a cluster
+	embeddedOnly        []string       // embedded-server flags given on the command line
+	natsURL, natsSource string         // the bus the lease service connects to
+	clustered           bool           // this process joins a cluster
+	inProcess           *server.Server // the embedded server, when there is one
 	logger              *slog.Logger
 }
 
@@ -148,15 +150,15 @@ func (a *app) serveEmbedded(ctx context.Context, f *serveFlags) error {
 	fmt.Fprintf(a.stdout, "store: %s\n", cfg.StoreDir)
 	f.logger.Info("bus started", "url", url, "store", cfg.StoreDir, "cluster", cfg.ClusterName, "name", srv.Name())
 	f.natsURL, f.natsSource = url, "embedded server"
+	f.inProcess = srv // the service talks to its own server without TCP
 	return a.serveService(ctx, f)
 }
 
 // serveService runs the lease service on the bus at f.natsURL until ctx ends.
 func (a *app) serveService(ctx context.Context, f *serveFlags) error {
-	nc, err := a.connect(f.natsURL, f.natsSource,
-		nats.Name("fenceline-lease-service"),
+	opts := []nats.Option{nats.Name("fenceline-lease-service"),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
+		nats.ReconnectWait(250 * time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil { // nil: we closed it
 				f.logger.Warn("disconnected from bus", "url", f.natsURL, "err", err)
@@ -165,7 +167,11 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			f.logger.Info("reconnected to bus", "url", nc.ConnectedUrl())
 		}),
-	)
+	}
+	if f.inProcess != nil {
+		opts = append(opts, nats.InProcessServer(f.inProcess))
+	}
+	nc, err := a.connect(f.natsURL, f.natsSource, opts...)
 	if err != nil {
 		return err
 	}

@@ -81,7 +81,7 @@ func runDemo(parent context.Context, out io.Writer, keep bool) error {
 		srv.Shutdown()
 		srv.WaitForShutdown()
 	}()
-	nc, err := nats.Connect(srv.ClientURL(), nats.Name("fenceline-demo"), nats.Timeout(connectTimeout))
+	nc, err := nats.Connect(srv.ClientURL(), nats.Name("fenceline-demo"), nats.Timeout(connectTimeout), nats.InProcessServer(srv))
 	if err != nil {
 		return fmt.Errorf("demo bus: connect: %w", err)
 	}

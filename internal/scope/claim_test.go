@@ -303,3 +303,27 @@ func TestValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestMarshalJSONMatchesEncodingJSON checks the hand-written encoder
+// against encoding/json on awkward strings.
+func TestMarshalJSONMatchesEncodingJSON(t *testing.T) {
+	type plain struct {
+		Kind   Kind     `json:"kind"`
+		Paths  []string `json:"paths"`
+		Tables []string `json:"tables"`
+	}
+	for _, c := range []Claim{
+		{Kind: KindPaths, Paths: []string{"a", `q"uote`, `back\slash`, "tab\there", "nl\nx", "ünïcødé/日本", "ctl\x01"}, Tables: []string{`public."Odd ""Name"""`}},
+		{Kind: KindNone, Paths: []string{}, Tables: []string{}},
+	} {
+		got, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := json.Marshal(plain{c.Kind, c.Paths, c.Tables})
+		// encoding/json escapes <, > and & for HTML; none occur here.
+		if string(got) != string(want) {
+			t.Errorf("Marshal(%v)\n got %s\nwant %s", c, got, want)
+		}
+	}
+}

@@ -63,6 +63,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // Kind is the kind of a claim's path part.
@@ -349,15 +350,57 @@ func (c Claim) Validate() error {
 type claimJSON Claim
 
 // MarshalJSON encodes c with paths and tables always as arrays, never null.
+// It writes the JSON itself: claims are in every lease record and audit
+// event, and reflection here showed in the lease bus's profile.
 func (c Claim) MarshalJSON() ([]byte, error) {
-	j := claimJSON(c)
-	if j.Paths == nil {
-		j.Paths = []string{}
+	n := 32 + len(c.Kind)
+	for _, p := range c.Paths {
+		n += len(p) + 3
 	}
-	if j.Tables == nil {
-		j.Tables = []string{}
+	for _, t := range c.Tables {
+		n += len(t) + 3
 	}
-	return json.Marshal(j)
+	b := make([]byte, 0, n)
+	b = append(b, `{"kind":`...)
+	b = appendJSONString(b, string(c.Kind))
+	b = appendJSONArray(append(b, `,"paths":`...), c.Paths)
+	b = appendJSONArray(append(b, `,"tables":`...), c.Tables)
+	return append(b, '}'), nil
+}
+
+func appendJSONArray(b []byte, ss []string) []byte {
+	b = append(b, '[')
+	for i, s := range ss {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, s)
+	}
+	return append(b, ']')
+}
+
+// appendJSONString appends s as a JSON string. Invalid UTF-8 becomes
+// U+FFFD, as encoding/json does (normalized claims are valid UTF-8).
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			b = append(b, '\\', byte(r))
+		case r == '\n':
+			b = append(b, '\\', 'n')
+		case r == '\r':
+			b = append(b, '\\', 'r')
+		case r == '\t':
+			b = append(b, '\\', 't')
+		case r < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[r>>4], hex[r&0xf])
+		default:
+			b = utf8.AppendRune(b, r)
+		}
+	}
+	return append(b, '"')
 }
 
 // UnmarshalJSON decodes a claim, turning missing or null paths and tables

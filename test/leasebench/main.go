@@ -50,7 +50,7 @@ func run() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
-	svcConn, err := nats.Connect(srv.ClientURL())
+	svcConn, err := nats.Connect("", nats.InProcessServer(srv)) // as in `fenceline bus serve`
 	if err != nil {
 		return err
 	}
