@@ -51,6 +51,7 @@ type repoState struct {
 	repo      string
 	fence     uint64            // last fence issued in this repo
 	leases    map[string]*entry // active leases by id
+	index     *claimIndex       // the active leases, by what they claim
 	byRequest map[string]string // acquire request id -> active lease id
 	ended     map[string]*entry // recently ended leases by id
 	endedFIFO []string          // ended ids, oldest first
@@ -64,16 +65,20 @@ type repoState struct {
 }
 
 func newRepoState(repo string) *repoState {
-	return &repoState{repo: repo, leases: map[string]*entry{},
+	return &repoState{repo: repo, leases: map[string]*entry{}, index: newClaimIndex(),
 		byRequest: map[string]string{}, ended: map[string]*entry{}}
 }
 
 // put installs e as the committed version of its lease.
 func (s *repoState) put(e *entry) {
-	if old, ok := s.leases[e.LeaseID]; ok && old.RequestID != "" {
-		delete(s.byRequest, old.RequestID)
+	if old, ok := s.leases[e.LeaseID]; ok {
+		s.index.remove(old)
+		if old.RequestID != "" {
+			delete(s.byRequest, old.RequestID)
+		}
 	}
 	if e.Active() {
+		s.index.add(e)
 		if s.earliest.IsZero() || e.deadline.Before(s.earliest) {
 			s.earliest = e.deadline
 		}
@@ -247,24 +252,47 @@ func blocks(req claimRequest, hScope scope.Claim, hWorkspace string, hMode Works
 // conflicts lists the active leases that keep req from being granted now.
 func (t *txn) conflicts(req claimRequest) []Conflict {
 	var out []Conflict
-	sharers := 0
-	var sharerList []*entry
-	t.active(func(e *entry) bool {
+	check := func(e *entry) {
 		if why := blocks(req, e.Scope, e.WorkspaceID, e.WorkspaceMode); why != "" {
 			out = append(out, e.conflict(why))
 		}
-		if e.WorkspaceID == req.workspaceID && e.WorkspaceMode == WorkspaceShared {
-			sharers++
-			sharerList = append(sharerList, e)
+	}
+	// Committed leases the index says could block, unless this batch
+	// changed them; then the batch's own active leases.
+	t.base.index.candidates(req, func(e *entry) {
+		if _, changed := t.changed[e.LeaseID]; !changed {
+			check(e)
 		}
-		return true
 	})
-	if len(out) == 0 && req.mode == WorkspaceShared && req.maxSharers > 0 && sharers >= req.maxSharers {
-		for _, e := range sharerList {
-			out = append(out, e.conflict(fmt.Sprintf("workspace %s already has max-sharers %d", req.workspaceID, req.maxSharers)))
+	for _, id := range t.order {
+		if e := t.changed[id]; e.Active() {
+			check(e)
+		}
+	}
+	if len(out) == 0 && req.mode == WorkspaceShared && req.maxSharers > 0 {
+		if sharers := t.sharers(req.workspaceID); len(sharers) >= req.maxSharers {
+			for _, e := range sharers {
+				out = append(out, e.conflict(fmt.Sprintf("workspace %s already has max-sharers %d", req.workspaceID, req.maxSharers)))
+			}
 		}
 	}
 	slices.SortFunc(out, func(a, b Conflict) int { return strings.Compare(a.LeaseID, b.LeaseID) })
+	return out
+}
+
+// sharers lists the active shared leases of a workspace.
+func (t *txn) sharers(ws string) []*entry {
+	var out []*entry
+	for id, e := range t.base.index.shared[ws] {
+		if _, changed := t.changed[id]; !changed {
+			out = append(out, e)
+		}
+	}
+	for _, id := range t.order {
+		if e := t.changed[id]; e.Active() && e.WorkspaceID == ws && e.WorkspaceMode == WorkspaceShared {
+			out = append(out, e)
+		}
+	}
 	return out
 }
 
