@@ -1,0 +1,576 @@
+package leasebus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// call is one request on its way through a repo actor.
+type call struct {
+	op    string
+	msg   *nats.Msg
+	at    time.Time // when the service received it (monotonic)
+	req   any
+	reply chan reply // for in-process calls (list across repos); else msg.Respond
+}
+
+// fresh reports whether the call must see every record of the log, not
+// just this instance's view: reads, and the nudge that another writer
+// appended.
+func (c *call) fresh() bool {
+	switch c.req.(type) {
+	case *getRequest, *listRequest, *syncRequest:
+		return true
+	}
+	return false
+}
+
+func (c *call) respond(r reply) {
+	if c.reply != nil {
+		c.reply <- r
+		return
+	}
+	if c.msg == nil {
+		return // an internal nudge: nobody waits
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		data, _ = json.Marshal(reply{Error: toWire(fmt.Errorf("encode reply: %w", err))})
+	}
+	_ = c.msg.Respond(data)
+}
+
+func respondErr(m *nats.Msg, err error) {
+	data, _ := json.Marshal(reply{Error: toWire(err)})
+	_ = m.Respond(data)
+}
+
+// actor owns one repo's state. Requests reach it as calls: queued for its
+// goroutine, or run inline by the request's handler when the actor is idle.
+// Either way one batch runs at a time, under busy.
+type actor struct {
+	svc   *Service
+	key   string
+	calls chan *call
+	rearm chan struct{} // a batch ran inline: re-arm the timer
+	dead  bool          // created while the service stopped; set before it is shared
+
+	// busy is held by whoever runs a batch: the actor's goroutine, or a
+	// request handler running an uncontended batch inline. It guards
+	// everything below.
+	busy sync.Mutex
+
+	// Guarded by busy (and owned by StartService before the actor serves).
+	state   *repoState
+	stale   bool      // must reload the log before the next write
+	waiters []*waiter // queued acquires, oldest first
+
+	uncertain bool // an append's outcome is unknown: recheck audit on reload
+
+	sinceSnap, bytesSinceSnap, snapBytes int
+	// purgeAt is the sequence of a snapshot whose predecessors are still in
+	// the log, waiting for their audit events (up to purgeCovers) to be
+	// written; 0 when none.
+	purgeAt, purgeCovers uint64
+}
+
+// waiter is an acquire queued behind conflicting leases.
+type waiter struct {
+	c        *call
+	req      *AcquireRequest
+	claim    claimRequest
+	deadline time.Time
+	// cancelled is set when its client withdrew it; it is dropped from the
+	// queue without an answer (the cancel answered it).
+	cancelled bool
+}
+
+// submit runs c inline if the actor is idle, else queues it.
+func (a *actor) submit(c *call) {
+	if !a.inline(c) {
+		a.enqueue(c)
+	}
+}
+
+func (a *actor) enqueue(c *call) {
+	if a.dead {
+		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service stopping", ErrUnavailable))})
+		return
+	}
+	select {
+	case a.calls <- c:
+	default:
+		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service overloaded for this repo; retry", ErrUnavailable))})
+	}
+}
+
+// ask runs an in-process call through the actor and waits for its reply.
+func (a *actor) ask(ctx context.Context, c *call) reply {
+	c.reply = make(chan reply, 1)
+	c.at = a.svc.cfg.Now()
+	a.enqueue(c)
+	select {
+	case r := <-c.reply:
+		return r
+	case <-ctx.Done():
+		return reply{Error: toWire(fmt.Errorf("%w: service stopping", ErrUnavailable))}
+	}
+}
+
+// reload reads the log records this actor has not seen. Audit events of
+// records that are not yet in the audit stream (their writer crashed before
+// flushing) are queued again.
+func (a *actor) reload(ctx context.Context) error {
+	// Only records this instance may have written without queuing their
+	// events need the audit check: at start, and after an append whose
+	// outcome is unknown. Other instances' records are theirs to audit.
+	written := uint64(math.MaxUint64)
+	if a.state.seq == 0 || a.uncertain {
+		var err error
+		if written, err = lastWritten(ctx, a.svc.js, a.key); err != nil {
+			return err
+		}
+	}
+	err := a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, func(seq uint64, evs []AuditEvent) {
+		if seq > written {
+			a.svc.audit.add(a.key, seq, evs)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	a.stale, a.uncertain = false, false
+	all := make([]*entry, 0, len(a.state.leases)+len(a.state.ended))
+	for _, e := range a.state.leases {
+		all = append(all, e)
+	}
+	for _, e := range a.state.ended {
+		all = append(all, e)
+	}
+	a.svc.indexLeases(a.key, all)
+	return nil
+}
+
+func (a *actor) run(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	batch := make([]*call, 0, a.svc.cfg.MaxBatch)
+	for {
+		a.busy.Lock()
+		a.resetTimer(timer)
+		a.busy.Unlock()
+		batch = batch[:0]
+		fired := false
+		select {
+		case <-ctx.Done():
+			a.busy.Lock()
+			a.shutdown()
+			a.busy.Unlock()
+			return
+		case c := <-a.calls:
+			batch = append(batch, c)
+		case <-timer.C:
+			fired = true
+		case <-a.rearm:
+			continue // a batch ran inline: deadlines may have moved
+		}
+		a.busy.Lock()
+		batch = a.drain(batch)
+		if len(batch) > 0 || fired {
+			a.process(ctx, batch)
+		}
+		a.busy.Unlock()
+	}
+}
+
+// drain appends the queued calls to batch, up to MaxBatch.
+func (a *actor) drain(batch []*call) []*call {
+	for len(batch) < a.svc.cfg.MaxBatch {
+		select {
+		case c := <-a.calls:
+			batch = append(batch, c)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// inline runs c's batch on the caller's goroutine when nothing else is
+// going on: the actor is idle and no more requests wait on the caller's
+// subscription. It saves the hand-off to the actor's goroutine for an
+// uncontended request; under load requests queue and batch as usual.
+func (a *actor) inline(c *call) bool {
+	if a.dead || c.msg == nil || c.msg.Sub == nil {
+		return false
+	}
+	// nats.go counts the message being handled as pending until the
+	// handler returns: more than one means others are waiting.
+	if n, _, err := c.msg.Sub.Pending(); err != nil || n > 1 {
+		return false
+	}
+	if !a.busy.TryLock() {
+		return false
+	}
+	a.process(a.svc.ctx, a.drain([]*call{c}))
+	a.busy.Unlock()
+	select {
+	case a.rearm <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// resetTimer arms the timer for the next lease deadline or waiter deadline.
+func (a *actor) resetTimer(t *time.Timer) {
+	next := a.state.nextDeadline()
+	for _, w := range a.waiters {
+		if next.IsZero() || w.deadline.Before(next) {
+			next = w.deadline
+		}
+	}
+	d := time.Hour
+	if !next.IsZero() {
+		d = max(next.Sub(a.svc.cfg.Now())+time.Millisecond, time.Millisecond)
+	}
+	if a.purgeAt != 0 {
+		d = min(d, 4*auditDelay)
+	}
+	t.Reset(d)
+}
+
+func (a *actor) shutdown() {
+	err := toWire(fmt.Errorf("%w: lease service stopping", ErrUnavailable))
+	for _, w := range a.waiters {
+		w.c.respond(reply{Error: err})
+	}
+	a.waiters = nil
+	for {
+		select {
+		case c := <-a.calls:
+			c.respond(reply{Error: err})
+		default:
+			return
+		}
+	}
+}
+
+// outcome is what one call's turn in a batch decided.
+type outcome struct {
+	c      *call
+	lease  *entry
+	leases []*Lease
+	err    error
+	park   *waiter // queue it
+}
+
+// process runs one batch: sweep, apply each call, serve the queue, then
+// commit everything with one compare-and-swap append. On a lost race it
+// reloads and runs the batch again; requests are idempotent, so a retry
+// after an unknown outcome is safe too.
+func (a *actor) process(ctx context.Context, batch []*call) {
+	const attempts = 8
+	for _, c := range batch {
+		if c.fresh() {
+			a.stale = true
+		}
+	}
+	for try := 0; ; try++ {
+		reloaded := a.stale
+		if a.stale {
+			if err := a.reload(ctx); err != nil {
+				a.svc.log.Warn("reload lease log", "repo", a.state.repo, "err", err)
+				a.failAll(batch, fmt.Errorf("%w: reading the lease log: %v", ErrUnavailable, err))
+				return
+			}
+		}
+		t := a.state.begin(a.svc.cfg.Now())
+		t.sweep()
+		outs := make([]outcome, len(batch))
+		queue := slices.Clone(a.waiters)
+		for i, c := range batch {
+			outs[i] = a.apply(t, c, queue)
+			if w := outs[i].park; w != nil {
+				queue = append(queue, w)
+			}
+		}
+		served, remaining := a.serve(t, queue)
+		if !reloaded && try < attempts && refusesOnState(outs, served) {
+			// A refusal is not a write, so no compare-and-swap vouches for
+			// the state it was decided on: confirm it on a fresh view.
+			a.stale = true
+			continue
+		}
+
+		seq, size := a.state.seq, 0
+		if t.dirty() {
+			var err error
+			seq, size, err = a.svc.store.append(ctx, a.key, a.state.seq, t.record())
+			if err != nil {
+				a.stale = true
+				if errors.Is(err, errCAS) && try < attempts {
+					continue
+				}
+				a.uncertain = !errors.Is(err, errCAS) // it may have landed
+				a.svc.log.Warn("append lease log", "repo", a.state.repo, "err", err)
+				a.failAll(batch, fmt.Errorf("%w: writing the lease log: %v", ErrUnavailable, err))
+				return
+			}
+		}
+		t.commit(seq)
+		a.finish(t, outs, served, remaining, seq, size)
+		return
+	}
+}
+
+// refusesOnState reports whether any outcome refuses because of what the
+// state says (conflict, lost, not owner, not found).
+func refusesOnState(lists ...[]outcome) bool {
+	for _, outs := range lists {
+		for _, o := range outs {
+			if o.err != nil && (errors.Is(o.err, ErrConflict) || IsFenced(o.err)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (a *actor) failAll(batch []*call, err error) {
+	for _, c := range batch {
+		c.respond(reply{Error: toWire(err)})
+	}
+}
+
+// finish publishes what a committed batch changed and answers its calls.
+func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*waiter, seq uint64, size int) {
+	var granted []*entry
+	for _, id := range t.order {
+		if e := t.changed[id]; e.Version == 1 {
+			granted = append(granted, e)
+		}
+	}
+	a.svc.indexLeases(a.key, granted)
+	if len(a.state.evicted) > 0 {
+		a.svc.unindex(a.state.evicted)
+		a.state.evicted = nil
+	}
+	a.waiters = remaining
+	// Answer first: watchers and the audit stream are not on the path of
+	// the request (the record is durable; the events are in it).
+	for _, o := range append(outs, served...) {
+		if o.park != nil {
+			continue
+		}
+		r := reply{Error: toWire(o.err), Leases: o.leases}
+		if o.lease != nil {
+			l := o.lease.Lease
+			r.Lease = &l
+		}
+		o.c.respond(r)
+	}
+	for _, id := range t.order {
+		a.notify(t.changed[id])
+	}
+	a.svc.audit.add(a.key, seq, t.events)
+	if size > 0 {
+		a.maybeSnapshot(size)
+	}
+	a.maybePurge()
+}
+
+// notify publishes a lease's committed record for watchers (best effort:
+// holders also learn of loss at their next renewal).
+func (a *actor) notify(e *entry) {
+	data, err := json.Marshal(&e.Lease)
+	if err != nil {
+		return
+	}
+	_ = a.svc.nc.Publish(changedPrefix+"."+a.key+"."+e.LeaseID, data)
+}
+
+// maybeSnapshot writes the whole state once the deltas since the last
+// snapshot outweigh it, so loading stays proportional to the state, not to
+// its history. The records before it are purged later (maybePurge).
+func (a *actor) maybeSnapshot(deltaBytes int) {
+	a.sinceSnap++
+	a.bytesSinceSnap += deltaBytes
+	if a.sinceSnap < 64 || a.bytesSinceSnap < a.snapBytes || a.purgeAt != 0 {
+		return
+	}
+	prev := a.state.seq
+	seq, size, err := a.svc.store.append(a.svc.ctx, a.key, prev, a.state.snapshot())
+	if err != nil {
+		if errors.Is(err, errCAS) {
+			a.stale = true
+		}
+		a.svc.log.Warn("snapshot lease log", "repo", a.state.repo, "err", err)
+		return
+	}
+	a.state.seq = seq
+	a.sinceSnap, a.bytesSinceSnap, a.snapBytes = 0, 0, size
+	a.purgeAt, a.purgeCovers = seq, prev
+}
+
+// maybePurge drops the records before the last snapshot once every audit
+// event they carry is in the audit stream.
+func (a *actor) maybePurge() {
+	if a.purgeAt == 0 || a.svc.audit.written(a.key) < a.purgeCovers {
+		return
+	}
+	if err := a.svc.store.purgeBefore(a.svc.ctx, a.key, a.purgeAt); err != nil {
+		a.svc.log.Warn("purge lease log", "repo", a.state.repo, "err", err)
+		return
+	}
+	a.purgeAt, a.purgeCovers = 0, 0
+}
+
+// apply runs one call against the batch's transaction.
+func (a *actor) apply(t *txn, c *call, queue []*waiter) outcome {
+	o := outcome{c: c}
+	switch r := c.req.(type) {
+	case *AcquireRequest:
+		return a.acquire(t, c, r, queue)
+	case *RenewRequest:
+		o.lease, o.err = t.renew(r)
+	case *ReleaseRequest:
+		o.lease, o.err = t.release(r)
+	case *RevokeRequest:
+		o.lease, o.err = t.revoke(r)
+	case *cancelRequest:
+		o.err = a.cancel(t, r)
+	case *getRequest:
+		if o.lease = t.lookup(r.LeaseID); o.lease == nil {
+			o.err = fmt.Errorf("%s: %w", r.LeaseID, ErrNotFound)
+		}
+	case *listRequest:
+		o.leases = []*Lease{}
+		add := func(e *entry) {
+			l := e.Lease
+			o.leases = append(o.leases, &l)
+		}
+		t.active(func(e *entry) bool { add(e); return true })
+		if r.All {
+			for _, id := range t.base.endedFIFO {
+				if _, changed := t.changed[id]; !changed {
+					add(t.base.ended[id])
+				}
+			}
+			for _, id := range t.order {
+				if e := t.changed[id]; !e.Active() {
+					add(e)
+				}
+			}
+		}
+		slices.SortFunc(o.leases, func(x, y *Lease) int { return strings.Compare(x.LeaseID, y.LeaseID) })
+	case *syncRequest:
+		// nothing: the reload before the batch was the point
+	case *sweepRequest:
+		o.leases = []*Lease{}
+		for _, id := range t.order {
+			if e := t.changed[id]; e.Status == StatusReclaimed {
+				l := e.Lease
+				o.leases = append(o.leases, &l)
+			}
+		}
+	default:
+		o.err = fmt.Errorf("%w: unknown request %T", ErrInvalid, c.req)
+	}
+	return o
+}
+
+func (a *actor) acquire(t *txn, c *call, r *AcquireRequest, queue []*waiter) outcome {
+	o := outcome{c: c}
+	if e := t.granted(r); e != nil {
+		o.lease = e
+		return o
+	}
+	claim := claimRequest{scope: r.Scope, workspaceID: r.WorkspaceID, mode: r.WorkspaceMode, maxSharers: r.MaxSharers}
+	conflicts := t.conflicts(claim)
+	if len(conflicts) == 0 {
+		// Queued requests that overlap go first, waiting or not: a stream
+		// of small claims must not starve a queued larger one.
+		conflicts = queuedConflict(claim, queue)
+	}
+	if len(conflicts) == 0 {
+		o.lease = t.grant(r, claim)
+		return o
+	}
+	if r.Wait > 0 {
+		o.park = &waiter{c: c, req: r, claim: claim, deadline: c.at.Add(time.Duration(r.Wait))}
+		return o
+	}
+	ce := &ConflictError{Repo: t.base.repo, Conflicts: conflicts}
+	t.refusal(r.Owner, r.Scope, "conflict", fmt.Sprintf("refused acquire of %s by %s: %s", r.Scope, r.Owner, ce.Error()))
+	o.err = ce
+	return o
+}
+
+// serve grants queued acquires that fit now, oldest first, and times out
+// those past their deadline. A waiter is granted only if no earlier waiter
+// that is still queued overlaps it.
+func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*waiter) {
+	for _, w := range queue {
+		if w.cancelled {
+			continue
+		}
+		if e := t.granted(w.req); e != nil {
+			served = append(served, outcome{c: w.c, lease: e})
+			continue
+		}
+		conflicts := t.conflicts(w.claim)
+		if len(conflicts) == 0 {
+			conflicts = queuedConflict(w.claim, remaining)
+		}
+		switch {
+		case len(conflicts) == 0:
+			served = append(served, outcome{c: w.c, lease: t.grant(w.req, w.claim)})
+		case !t.now.Before(w.deadline):
+			ce := &ConflictError{Repo: t.base.repo, Conflicts: conflicts, Waited: true}
+			t.refusal(w.req.Owner, w.claim.scope, "wait-expired", fmt.Sprintf("refused acquire of %s by %s after waiting %s: %s", w.claim.scope, w.req.Owner, time.Duration(w.req.Wait), ce.Error()))
+			served = append(served, outcome{c: w.c, err: ce})
+		default:
+			remaining = append(remaining, w)
+		}
+	}
+	return served, remaining
+}
+
+// queuedConflict names the first request in queue that claim must wait
+// behind, or returns nil.
+func queuedConflict(claim claimRequest, queue []*waiter) []Conflict {
+	for _, w := range queue {
+		if why := blocks(claim, w.claim.scope, w.claim.workspaceID, w.claim.mode); why != "" && !w.cancelled {
+			return []Conflict{{RequestID: w.req.RequestID, Owner: w.req.Owner, Scope: w.claim.scope,
+				WorkspaceID: w.claim.workspaceID, Why: "queued earlier: " + why}}
+		}
+	}
+	return nil
+}
+
+// cancel withdraws a queued acquire; if it was already granted, the lease
+// is released (the caller gave up on it).
+func (a *actor) cancel(t *txn, r *cancelRequest) error {
+	for _, w := range a.waiters {
+		if w.req.RequestID == r.RequestID && r.Credential.matches(w.req.CredentialHash) && !w.cancelled {
+			w.cancelled = true // serve drops it
+			w.c.respond(reply{Error: toWire(fmt.Errorf("%w: acquire cancelled by its client", ErrInvalid))})
+			return nil
+		}
+	}
+	id, ok := t.base.byRequest[r.RequestID]
+	if !ok {
+		return nil
+	}
+	_, err := t.release(&ReleaseRequest{LeaseID: id, Credential: r.Credential})
+	return err
+}
