@@ -287,7 +287,7 @@ func (d *demo) story(ctx context.Context) error {
 	if !errors.Is(ferr, leasebus.ErrLeaseLost) {
 		return demoFail("agent-c's Fence() after the revoke should be lease lost, got %v", ferr)
 	}
-	fmt.Fprintf(d.out, "agent-c's holder saw it after %s (watch, not the next renewal)\n", took.Round(time.Millisecond))
+	fmt.Fprintf(d.out, "agent-c's holder saw it after %s (watch, not the next renewal)\n", took.Round(10*time.Microsecond))
 	fmt.Fprintf(d.out, "agent-c's next write asks for a fence and is refused: %v\n", ferr)
 
 	// Tidy up, then 6: the audit trail.
