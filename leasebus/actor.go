@@ -76,6 +76,8 @@ type actor struct {
 
 	uncertain bool // an append's outcome is unknown: recheck audit on reload
 
+	armed time.Time // when the actor's timer fires
+
 	sinceSnap, bytesSinceSnap, snapBytes int
 	// purgeAt is the sequence of a snapshot whose predecessors are still in
 	// the log, waiting for their audit events (up to purgeCovers) to be
@@ -222,30 +224,51 @@ func (a *actor) inline(c *call) bool {
 		return false
 	}
 	a.process(a.svc.ctx, a.drain([]*call{c}))
+	// Wake the actor's goroutine only if it must run earlier than its
+	// timer is set for (a new waiter's deadline, a purge).
+	earlier := a.wakeAt(a.svc.cfg.Now()).Before(a.armed)
 	a.busy.Unlock()
-	select {
-	case a.rearm <- struct{}{}:
-	default:
+	if earlier {
+		select {
+		case a.rearm <- struct{}{}:
+		default:
+		}
 	}
 	return true
 }
 
 // resetTimer arms the timer for the next lease deadline or waiter deadline.
 func (a *actor) resetTimer(t *time.Timer) {
+	now := a.svc.cfg.Now()
+	wake := a.wakeAt(now)
+	a.armed = wake
+	t.Reset(max(wake.Sub(now), time.Millisecond))
+}
+
+// wakeAt is when the actor must next run without a request: the next lease
+// or waiter deadline, or a pending purge.
+func (a *actor) wakeAt(now time.Time) time.Time {
 	next := a.state.nextDeadline()
 	for _, w := range a.waiters {
 		if next.IsZero() || w.deadline.Before(next) {
 			next = w.deadline
 		}
 	}
-	d := time.Hour
+	wake := now.Add(time.Hour)
 	if !next.IsZero() {
-		d = max(next.Sub(a.svc.cfg.Now())+time.Millisecond, time.Millisecond)
+		wake = next.Add(time.Millisecond)
 	}
 	if a.purgeAt != 0 {
-		d = min(d, 4*auditDelay)
+		wake = minTime(wake, now.Add(4*auditDelay))
 	}
-	t.Reset(d)
+	return wake
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func (a *actor) shutdown() {
@@ -371,6 +394,14 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 		if o.park != nil {
 			continue
 		}
+		if o.err == nil && o.leases == nil && o.lease != nil && o.c.msg != nil && o.c.reply == nil {
+			// The common answer, from the record's cached JSON.
+			pub := o.lease.publicJSON()
+			data := make([]byte, 0, len(pub)+10)
+			data = append(append(append(data, `{"lease":`...), pub...), '}')
+			_ = o.c.msg.Respond(data)
+			continue
+		}
 		r := reply{Error: toWire(o.err), Leases: o.leases}
 		if o.lease != nil {
 			l := o.lease.Lease
@@ -391,11 +422,7 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 // notify publishes a lease's committed record for watchers (best effort:
 // holders also learn of loss at their next renewal).
 func (a *actor) notify(e *entry) {
-	data, err := json.Marshal(&e.Lease)
-	if err != nil {
-		return
-	}
-	_ = a.svc.nc.Publish(changedPrefix+"."+a.key+"."+e.LeaseID, data)
+	_ = a.svc.nc.Publish(changedPrefix+"."+a.key+"."+e.LeaseID, e.publicJSON())
 }
 
 // maybeSnapshot writes the whole state once the deltas since the last

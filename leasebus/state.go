@@ -1,6 +1,7 @@
 package leasebus
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -32,10 +33,22 @@ type entry struct {
 	// version plus the TTL. Never persisted: a service that loads the
 	// lease observes it anew, so wall clocks never decide expiry.
 	deadline time.Time
+	// pub caches the public record's JSON (an entry never changes once
+	// written; a change is a new entry). Not persisted.
+	pub []byte
+}
+
+// publicJSON is the lease record as replies and watchers see it.
+func (e *entry) publicJSON() []byte {
+	if e.pub == nil {
+		e.pub, _ = json.Marshal(&e.Lease) // cannot fail: plain data
+	}
+	return e.pub
 }
 
 func (e *entry) clone() *entry {
 	c := *e
+	c.pub = nil
 	c.Scope.Paths = slices.Clone(e.Scope.Paths)
 	c.Scope.Tables = slices.Clone(e.Scope.Tables)
 	return &c
