@@ -58,11 +58,12 @@ func respondErr(m *nats.Msg, err error) {
 // goroutine, or run inline by the request's handler when the actor is idle.
 // Either way one batch runs at a time, under busy.
 type actor struct {
-	svc   *Service
-	key   string
-	calls chan *call
-	rearm chan struct{} // a batch ran inline: re-arm the timer
-	dead  bool          // created while the service stopped; set before it is shared
+	svc     *Service
+	key     string
+	calls   chan *call
+	rearm   chan struct{} // a batch ran inline: re-arm the timer
+	dead    bool          // never runs (service stopping, or damaged log); set before it is shared
+	deadErr error         // why, when its log is damaged
 
 	// busy is held by whoever runs a batch: the actor's goroutine, or a
 	// request handler running an uncontended batch inline. It guards
@@ -76,7 +77,8 @@ type actor struct {
 
 	uncertain bool // an append's outcome is unknown: recheck audit on reload
 
-	armed time.Time // when the actor's timer fires
+	armed   time.Time // when the actor's timer fires
+	retryAt time.Time // no timer-driven batch before this (after a failure)
 
 	sinceSnap, bytesSinceSnap, snapBytes int
 	// purgeAt is the sequence of a snapshot whose predecessors are still in
@@ -105,7 +107,11 @@ func (a *actor) submit(c *call) {
 
 func (a *actor) enqueue(c *call) {
 	if a.dead {
-		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service stopping", ErrUnavailable))})
+		why := error(fmt.Errorf("%w: lease service stopping", ErrUnavailable))
+		if a.deadErr != nil {
+			why = fmt.Errorf("%w: %v", ErrUnavailable, a.deadErr)
+		}
+		c.respond(reply{Error: toWire(why)})
 		return
 	}
 	select {
@@ -223,7 +229,8 @@ func (a *actor) inline(c *call) bool {
 	if !a.busy.TryLock() {
 		return false
 	}
-	a.process(a.svc.ctx, a.drain([]*call{c}))
+	// Calls queued before c go first (a cancel must follow its acquire).
+	a.process(a.svc.ctx, append(a.drain(nil), c))
 	// Wake the actor's goroutine only if it must run earlier than its
 	// timer is set for (a new waiter's deadline, a purge).
 	earlier := a.wakeAt(a.svc.cfg.Now()).Before(a.armed)
@@ -260,6 +267,9 @@ func (a *actor) wakeAt(now time.Time) time.Time {
 	}
 	if a.purgeAt != 0 {
 		wake = minTime(wake, now.Add(4*auditDelay))
+	}
+	if wake.Before(a.retryAt) {
+		wake = a.retryAt // backing off after a failed batch
 	}
 	return wake
 }
@@ -368,10 +378,24 @@ func refusesOnState(lists ...[]outcome) bool {
 	return false
 }
 
+// failAll answers a batch that could not be committed, answers queued
+// acquires whose wait is over, and backs the actor off so a failing bus is
+// not retried in a tight loop.
 func (a *actor) failAll(batch []*call, err error) {
 	for _, c := range batch {
 		c.respond(reply{Error: toWire(err)})
 	}
+	now := a.svc.cfg.Now()
+	a.retryAt = now.Add(250 * time.Millisecond)
+	kept := a.waiters[:0]
+	for _, w := range a.waiters {
+		if !now.Before(w.deadline) && !w.cancelled {
+			w.c.respond(reply{Error: toWire(fmt.Errorf("%w: wait ended while the lease log could not be written: %v", ErrUnavailable, err))})
+			continue
+		}
+		kept = append(kept, w)
+	}
+	a.waiters = kept
 }
 
 // finish publishes what a committed batch changed and answers its calls.
@@ -474,7 +498,7 @@ func (a *actor) apply(t *txn, c *call, queue []*waiter) outcome {
 	case *RevokeRequest:
 		o.lease, o.err = t.revoke(r)
 	case *cancelRequest:
-		o.err = a.cancel(t, r)
+		o.err = a.cancel(t, r, queue)
 	case *getRequest:
 		if o.lease = t.lookup(r.LeaseID); o.lease == nil {
 			o.err = fmt.Errorf("%s: %w", r.LeaseID, ErrNotFound)
@@ -586,16 +610,23 @@ func queuedConflict(claim claimRequest, queue []*waiter) []Conflict {
 
 // cancel withdraws a queued acquire; if it was already granted, the lease
 // is released (the caller gave up on it).
-func (a *actor) cancel(t *txn, r *cancelRequest) error {
-	for _, w := range a.waiters {
+func (a *actor) cancel(t *txn, r *cancelRequest, queue []*waiter) error {
+	for _, w := range queue { // queued before, or earlier in this batch
 		if w.req.RequestID == r.RequestID && r.Credential.matches(w.req.CredentialHash) && !w.cancelled {
 			w.cancelled = true // serve drops it
 			w.c.respond(reply{Error: toWire(fmt.Errorf("%w: acquire cancelled by its client", ErrInvalid))})
 			return nil
 		}
 	}
+	// Granted before, or earlier in this batch: release it (release checks
+	// the credential and audits a forged one).
 	id, ok := t.base.byRequest[r.RequestID]
-	if !ok {
+	for _, lid := range t.order {
+		if t.changed[lid].RequestID == r.RequestID {
+			id, ok = lid, true
+		}
+	}
+	if e := t.lookup(id); !ok || e == nil || !e.Active() {
 		return nil
 	}
 	_, err := t.release(&ReleaseRequest{LeaseID: id, Credential: r.Credential})

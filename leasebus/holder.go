@@ -100,6 +100,14 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 		return nil, err
 	}
 	h.unwatch = unwatch
+	if lease.Active() && opts.Now().Sub(sent) >= opts.Interval {
+		// The acquire waited (in a queue, or on a slow bus): its validity,
+		// counted from when it was sent, is partly or wholly spent. Renew
+		// once now; a renewal counts from its own send.
+		rctx, cancel := context.WithTimeout(context.Background(), max(opts.Interval, time.Second))
+		h.renew(rctx)
+		cancel()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	go h.run(ctx)
@@ -259,7 +267,12 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 	sent := h.renewSent
 	// Wait for the answer no longer than the lease is valid: past that the
 	// holder is lost, and Lost must not wait for a hung request.
-	rctx, cancel := context.WithTimeout(ctx, max(min(h.opts.Interval, remaining), time.Millisecond))
+	// (Only Hold renews with no validity left: a lease whose acquire waited.)
+	limit := h.opts.Interval
+	if remaining > 0 {
+		limit = min(limit, remaining)
+	}
+	rctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	l, err := h.c.Renew(rctx, req)
 	if err == nil || IsFenced(err) {
@@ -278,7 +291,7 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 	case ctx.Err() != nil:
 		return h.opts.Interval
 	case IsFenced(err):
-		h.setLost(fmt.Errorf("renew refused: %w", err))
+		h.setLost(fmt.Errorf("%w: renew refused: %w", ErrLeaseLost, err))
 		return h.opts.Interval
 	default:
 		h.setState(Unknown, fmt.Errorf("%w: %v", ErrLeaseUnknown, err))

@@ -355,3 +355,29 @@ func TestHolderRetriedRenewalDoesNotOutliveServiceDeadline(t *testing.T) {
 			l.LeaseID, validUntil.Format(time.StampMicro), validUntil.Sub(reclaimedAt))
 	}
 }
+
+// A lease granted after a wait longer than its ttl minus margin: Hold
+// renews at once and keeps it, counting validity from that renewal.
+func TestHoldAfterLongWaitRenewsAtOnce(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	cred := NewCredential()
+	const ttl = 2 * time.Second
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "waited"), Owner: owner(1), TTL: Duration(ttl)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As if the acquire had been sent 3 s ago and waited in the queue.
+	sent := time.Now().Add(-3 * time.Second)
+	h, err := b.c.Hold(l, cred, sent, HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Stop()
+	if f, err := h.Fence(); err != nil || f != l.Fence {
+		t.Fatalf("fence right after Hold: %d, %v", f, err)
+	}
+	if got := h.Lease().Version; got != l.Version+1 {
+		t.Fatalf("Hold did not renew at once: version %d", got)
+	}
+}

@@ -33,6 +33,10 @@ type logRecord struct {
 // errCAS means another writer appended to the repo's log first.
 var errCAS = errors.New("lease log moved on")
 
+// errDamaged marks a lease log that cannot be folded into a state: an
+// undecodable record, a foreign repo, or a gap in the chain.
+var errDamaged = errors.New("lease log damaged")
+
 // store is the durable side of the lease bus: the log stream, written with
 // compare-and-swap on the repo subject's last sequence.
 type store struct {
@@ -147,16 +151,16 @@ func (s *store) load(ctx context.Context, key string, st *repoState, now func() 
 		}
 		var rec logRecord
 		if err := json.Unmarshal(m.Data, &rec); err != nil {
-			return fmt.Errorf("decode lease log record %d of %s: %w", m.Sequence, st.repo, err)
+			return fmt.Errorf("%w: decode record %d of %s: %v", errDamaged, m.Sequence, st.repo, err)
 		}
 		if st.repo == "" {
 			st.repo = rec.Repo
 		}
 		if rec.Repo != st.repo {
-			return fmt.Errorf("lease log subject %s holds repo %q, expected %q", subj, rec.Repo, st.repo)
+			return fmt.Errorf("%w: subject %s holds repo %q, expected %q", errDamaged, subj, rec.Repo, st.repo)
 		}
 		if rec.Kind == recordDelta && rec.Prev != st.seq {
-			return fmt.Errorf("lease log of %s has a gap: record %d follows %d, state is at %d; refusing to serve this repo", st.repo, m.Sequence, rec.Prev, st.seq)
+			return fmt.Errorf("%w: %s has a gap: record %d follows %d, state is at %d; refusing to serve this repo", errDamaged, st.repo, m.Sequence, rec.Prev, st.seq)
 		}
 		st.observe(&rec, m.Sequence, now())
 		if len(rec.Events) > 0 && onEvents != nil {

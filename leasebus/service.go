@@ -3,6 +3,7 @@ package leasebus
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -109,8 +110,18 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		// subscriptions start below.
 		a := s.newActor(key, "")
 		if err := a.reload(ctx); err != nil {
-			s.Stop()
-			return nil, fmt.Errorf("load lease log %s: %w", key, err)
+			if ctx.Err() != nil || !errors.Is(err, errDamaged) {
+				s.Stop()
+				return nil, fmt.Errorf("load lease log %s: %w", key, err)
+			}
+			// One damaged log must not take every other repo down: this
+			// repo answers with the damage until an operator repairs it.
+			s.log.Error("lease log damaged; its repo is not served", "repo_key", key, "err", err)
+			a.dead, a.deadErr = true, err
+			s.mu.Lock()
+			s.actors[key] = a
+			s.mu.Unlock()
+			continue
 		}
 		s.mu.Lock()
 		s.actors[key] = a
@@ -300,9 +311,13 @@ func (s *Service) handler(op string) nats.MsgHandler {
 		// Not a lease this instance has seen: another instance may have
 		// granted it. Read every repo's log before saying not found.
 		s.goTracked(c, func() {
-			s.discover(s.ctx)
+			err := s.discover(s.ctx)
 			if a, ok := s.actorForLease(leaseID); ok {
 				a.enqueue(c)
+				return
+			}
+			if err != nil { // not knowing is not "not found"
+				respondErr(m, fmt.Errorf("%w: looking for %s in the lease logs: %v", ErrUnavailable, leaseID, err))
 				return
 			}
 			respondErr(m, fmt.Errorf("%s: %w", leaseID, ErrNotFound))
@@ -313,15 +328,17 @@ func (s *Service) handler(op string) nats.MsgHandler {
 // discover starts an actor for every repo with a lease log and has each
 // read its log to the end, so the lease index covers what other instances
 // granted.
-func (s *Service) discover(ctx context.Context) {
+func (s *Service) discover(ctx context.Context) error {
 	keys, err := s.store.repoKeys(ctx)
 	if err != nil {
-		s.log.Warn("list lease logs", "err", err)
-		return
+		return err
 	}
 	for _, key := range keys {
-		s.actor(key, "").ask(ctx, &call{op: "sync", req: &syncRequest{}})
+		if r := s.actor(key, "").ask(ctx, &call{op: "sync", req: &syncRequest{}}); r.Error != nil {
+			return r.Error.err()
+		}
 	}
+	return nil
 }
 
 // tail nudges the actor of every repo that another writer appends to, so
@@ -391,8 +408,8 @@ func (r *AcquireRequest) normalize() error {
 	if d := time.Duration(r.TTL); d < MinTTL || d > MaxTTL {
 		return bad("ttl %s out of range: want %s to %s", d, MinTTL, MaxTTL)
 	}
-	if r.Wait < 0 {
-		return bad("wait %s is negative", time.Duration(r.Wait))
+	if r.Wait < 0 || time.Duration(r.Wait) > MaxTTL {
+		return bad("wait %s out of range: want 0 to %s", time.Duration(r.Wait), MaxTTL)
 	}
 	if r.MaxSharers < 0 {
 		return bad("max-sharers %d is negative", r.MaxSharers)

@@ -117,8 +117,9 @@ func (s *repoState) put(e *entry) {
 // to this service get a fresh deadline from now.
 func (s *repoState) observe(rec *logRecord, seq uint64, now time.Time) {
 	if rec.Kind == recordSnapshot {
-		prev := s.leases
+		prev, evicted := s.leases, s.evicted
 		*s = *newRepoState(s.repo)
+		s.evicted = evicted // still to be dropped from the service's lease index
 		for _, e := range rec.Leases {
 			if old, ok := prev[e.LeaseID]; ok && old.Version == e.Version {
 				e.deadline = old.deadline

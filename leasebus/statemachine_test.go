@@ -486,8 +486,10 @@ func (s *pureSim) check(m, committed *model, o outcome, queue []*waiter) {
 				t.Fatalf("cancel %s did not withdraw its queued acquire", r.RequestID)
 			}
 		}
+		// The cancel finds a grant of its request made before the batch or
+		// earlier in it.
 		var id string
-		for _, l := range committed.leases {
+		for _, l := range m.leases {
 			if l.active() && l.requestID == r.RequestID {
 				id = l.id
 			}
