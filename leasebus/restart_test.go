@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -384,5 +385,43 @@ func TestSnapshotRollupAndReload(t *testing.T) {
 	}
 	if got, err := b.c.Get(ctx, c.LeaseID); err != nil || !got.Active() || got.Fence != c.Fence {
 		t.Fatalf("lease granted after the snapshot lost: %+v %v", got, err)
+	}
+}
+
+// A repo whose log cannot be folded (here: a record that is not JSON)
+// is taken out of service on its own; every other repo is served.
+func TestDamagedLogTakesOnlyItsRepoOut(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	const other = "github.com/acme/other"
+	kept, err := b.c.Acquire(ctx, AcquireRequest{Repo: other, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, logSubjectFor(RepoKey(repo)), []byte("not a record")); err != nil {
+		t.Fatal(err)
+	}
+	b.svc.Stop()
+	b.svc, err = StartService(ctx, b.nc, ServiceConfig{})
+	if err != nil {
+		t.Fatalf("one damaged log stopped the service: %v", err)
+	}
+	_, err = b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "b"), Owner: owner(3), TTL: Duration(time.Minute)}, NewCredential())
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "damaged") {
+		t.Fatalf("acquire in the damaged repo: want ErrUnavailable naming the damage, got %v", err)
+	}
+	got, err := b.c.Get(ctx, kept.LeaseID)
+	if err != nil || !got.Active() || got.Fence != kept.Fence {
+		t.Fatalf("lease of the healthy repo after restart: %+v %v", got, err)
+	}
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: other, Scope: claim(t, "b"), Owner: owner(4), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatalf("healthy repo not served: %v", err)
 	}
 }
