@@ -198,6 +198,14 @@ func (s *Service) newActor(key, repo string) *actor {
 		calls: make(chan *call, 4096), rearm: make(chan struct{}, 1)}
 }
 
+// existing returns the actor of a repo key if there is one.
+func (s *Service) existing(key string) (*actor, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, ok := s.actors[key]
+	return a, ok
+}
+
 func (s *Service) actorForLease(id string) (*actor, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -300,8 +308,10 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			respondErr(m, fmt.Errorf("%w: %q is not a lease id (want lease_…)", ErrInvalid, leaseID))
 			return
 		}
-		if hint != "" {
-			s.actor(RepoKey(hint), hint).submit(c)
+		if a, ok := s.existing(RepoKey(hint)); ok && hint != "" {
+			// A hint only routes to a repo this instance knows; it never
+			// starts an actor (anyone could name any repo).
+			a.submit(c)
 			return
 		}
 		if a, ok := s.actorForLease(leaseID); ok {
