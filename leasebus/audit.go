@@ -113,6 +113,7 @@ func (w *auditWriter) run(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
+			continue // the final flush above
 		case <-time.After(auditDelay):
 		}
 		if !w.flush(ctx) {

@@ -129,12 +129,19 @@ func TestRenewAfterExpiryRefusedAndSwept(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		var reclaimed, renewRefused bool
 		for _, ev := range evs {
 			if ev.Type == EventReclaimed && ev.LeaseID == l.LeaseID && strings.HasPrefix(ev.Message, "reclaimed: "+l.LeaseID+" owner=") && strings.Contains(ev.Message, "expired=") {
-				return nil
+				reclaimed = true
+			}
+			if ev.Type == EventRenewRefused && ev.LeaseID == l.LeaseID && ev.Owner == owner(1) && ev.Fence == l.Fence {
+				renewRefused = true
 			}
 		}
-		return fmt.Errorf("no reclaimed audit event for %s in %+v", l.LeaseID, evs)
+		if !reclaimed || !renewRefused {
+			return fmt.Errorf("want reclaimed and renew-refused audit events for %s in %+v", l.LeaseID, evs)
+		}
+		return nil
 	})
 }
 

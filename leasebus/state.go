@@ -378,6 +378,7 @@ func (t *txn) renew(r *RenewRequest) (*entry, error) {
 		return nil, err
 	}
 	if !e.Active() {
+		t.audit(EventRenewRefused, e, string(e.Status), fmt.Sprintf("renew refused: %s is %s (%s)", e.LeaseID, e.Status, e.Reason))
 		return nil, fmt.Errorf("renew %s: %w: it is %s (%s)", e.LeaseID, ErrLeaseLost, e.Status, e.Reason)
 	}
 	if r.RenewID != "" && r.RenewID == e.RenewID && r.Version+1 == e.Version {
