@@ -98,6 +98,17 @@ type waiter struct {
 	cancelled bool
 }
 
+// nudge makes the actor reload its log soon (another writer appended).
+func (a *actor) nudge() {
+	if a.dead {
+		return
+	}
+	select {
+	case a.calls <- &call{op: "sync", req: &syncRequest{}, at: a.svc.cfg.Now()}:
+	default: // a full queue will be processed (and reloaded) anyway
+	}
+}
+
 // submit runs c inline if the actor is idle, else queues it.
 func (a *actor) submit(c *call) {
 	if !a.inline(c) {

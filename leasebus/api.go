@@ -15,6 +15,8 @@ const (
 	apiPrefix = "fenceline.lease.v1"
 	// serviceQueue is the queue group of lease service instances.
 	serviceQueue = "fenceline-lease"
+	// peersSubject is where lease service instances announce themselves.
+	peersSubject = "fenceline.lease.v1.instances"
 	// changedPrefix.<repoKey>.<leaseId> carries each committed lease record
 	// (core NATS, for watchers; holders re-check on renewal anyway).
 	changedPrefix = "fenceline.lease.v1.changed"

@@ -265,3 +265,56 @@ func TestBadInputNamed(t *testing.T) {
 		t.Fatalf("unknown lease id: %v", err)
 	}
 }
+
+// With two service instances, a queued acquire is granted promptly when
+// the conflicting lease is released through the other instance: the
+// instances meet on start and follow each other's appends.
+func TestWaiterWokenAcrossInstances(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	second, err := StartService(ctx, connect(t, b.srv.ClientURL()), ServiceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Stop()
+	clients := []*Client{NewClient(connect(t, b.srv.ClientURL())), NewClient(connect(t, b.srv.ClientURL()))}
+	for i := range 8 {
+		cred := NewCredential()
+		held, err := clients[0].Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "hot"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		go func() {
+			l, err := clients[1].Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "hot"), Owner: owner(2), TTL: Duration(time.Minute), Wait: Duration(20 * time.Second)}, cred)
+			if err == nil {
+				_, err = clients[1].Release(ctx, l.LeaseID, cred)
+			}
+			got <- err
+		}()
+		// Let the waiter queue (on whichever instance took it), then release.
+		checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+			ls, err := clients[0].List(ctx, repo, false)
+			if err != nil || len(ls) != 1 {
+				return fmt.Errorf("%d leases, %v", len(ls), err)
+			}
+			return nil
+		})
+		time.Sleep(20 * time.Millisecond) // spacing: the waiter's request is in flight
+		start := time.Now()
+		if _, err := clients[0].Release(ctx, held.LeaseID, cred); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatalf("round %d: %v", i, err)
+			}
+			if el := time.Since(start); el > 2*time.Second {
+				t.Fatalf("round %d: waiter granted %s after the release", i, el)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d: waiter not granted 5s after the release", i)
+		}
+	}
+}

@@ -62,12 +62,13 @@ type Service struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	subs   []*nats.Subscription
 
 	mu       sync.Mutex
-	actors   map[string]*actor // by repo key; guarded by mu
-	index    map[string]string // lease id -> repo key; guarded by mu
-	stopping bool              // no new goroutines once set; guarded by mu
+	actors   map[string]*actor    // by repo key; guarded by mu
+	index    map[string]string    // lease id -> repo key; guarded by mu
+	stopping bool                 // no new goroutines once set; guarded by mu
+	subs     []*nats.Subscription // guarded by mu
+	tailing  bool                 // following other instances' appends; guarded by mu
 }
 
 // StartService creates the streams if needed, loads every repo's lease log
@@ -128,19 +129,17 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.mu.Unlock()
 		s.wg.Go(func() { a.run(s.ctx) })
 	}
-	tail, err := nc.Subscribe(logSubject+".>", s.tail)
-	if err != nil {
+	if err := s.meetPeers(); err != nil {
 		s.Stop()
-		return nil, fmt.Errorf("subscribe %s.>: %w", logSubject, err)
+		return nil, err
 	}
-	s.subs = append(s.subs, tail)
 	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep"} {
 		sub, err := nc.QueueSubscribe(apiPrefix+"."+op, serviceQueue, s.handler(op))
 		if err != nil {
 			s.Stop()
 			return nil, fmt.Errorf("subscribe %s.%s: %w", apiPrefix, op, err)
 		}
-		s.subs = append(s.subs, sub)
+		s.track(sub)
 	}
 	if err := nc.FlushTimeout(10 * time.Second); err != nil {
 		s.Stop()
@@ -153,12 +152,13 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 // Stop stops answering, finishes in-flight batches and waits for every
 // goroutine the service started.
 func (s *Service) Stop() {
-	for _, sub := range s.subs {
-		_ = sub.Unsubscribe()
-	}
 	s.mu.Lock()
 	s.stopping = true // a handler still running starts nothing new
+	subs := s.subs
 	s.mu.Unlock()
+	for _, sub := range subs {
+		_ = sub.Unsubscribe()
+	}
 	s.cancel()
 	s.wg.Wait()
 }
@@ -351,6 +351,77 @@ func (s *Service) discover(ctx context.Context) error {
 	return nil
 }
 
+// track records a subscription for Stop; one made while stopping is
+// dropped at once.
+func (s *Service) track(sub *nats.Subscription) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		_ = sub.Unsubscribe()
+		return
+	}
+	s.subs = append(s.subs, sub)
+}
+
+// meetPeers finds the other lease service instances on the bus. Alone, an
+// instance does not follow the log subjects: every append would come back
+// to it for nothing. Once it meets another instance (each announces itself
+// on start and answers announcements), both follow each other's appends.
+// Correctness never depends on this — compare-and-swap appends, fresh reads
+// and confirmed refusals do — only how soon a queued acquire sees a release
+// made through another instance.
+func (s *Service) meetPeers() error {
+	hello, err := s.nc.Subscribe(peersSubject, func(m *nats.Msg) {
+		if string(m.Data) == s.store.writer {
+			return
+		}
+		s.followOthers()
+		if m.Reply != "" {
+			_ = m.Respond([]byte(s.store.writer))
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", peersSubject, err)
+	}
+	s.track(hello)
+	inbox := s.nc.NewRespInbox()
+	answers, err := s.nc.Subscribe(inbox, func(m *nats.Msg) {
+		if string(m.Data) != s.store.writer {
+			s.followOthers()
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", inbox, err)
+	}
+	s.track(answers)
+	if err := s.nc.PublishRequest(peersSubject, inbox, []byte(s.store.writer)); err != nil {
+		return fmt.Errorf("announce on %s: %w", peersSubject, err)
+	}
+	return nil
+}
+
+// followOthers starts following the log subjects (once) and has every
+// actor reload, since appends may have been missed until now.
+func (s *Service) followOthers() {
+	s.mu.Lock()
+	if s.tailing || s.stopping {
+		s.mu.Unlock()
+		return
+	}
+	s.tailing = true
+	s.mu.Unlock()
+	sub, err := s.nc.Subscribe(logSubject+".>", s.tail)
+	if err != nil {
+		s.log.Warn("follow other lease service instances", "err", err)
+		return
+	}
+	s.track(sub)
+	s.log.Info("another lease service instance is on the bus; following its appends")
+	for _, a := range s.allActors() {
+		a.nudge()
+	}
+}
+
 // tail nudges the actor of every repo that another writer appends to, so
 // this instance's view (and its queued waiters) follow within a round trip.
 // Appends carry their writer's id; an instance ignores its own.
@@ -358,12 +429,7 @@ func (s *Service) tail(m *nats.Msg) {
 	if m.Header.Get(writerHeader) == s.store.writer {
 		return
 	}
-	key := strings.TrimPrefix(m.Subject, logSubject+".")
-	a := s.actor(key, "")
-	select {
-	case a.calls <- &call{op: "sync", req: &syncRequest{}, at: s.cfg.Now()}:
-	default: // a full queue will be processed (and reloaded) anyway
-	}
+	s.actor(strings.TrimPrefix(m.Subject, logSubject+"."), "").nudge()
 }
 
 func decode(data []byte, v any) error {
