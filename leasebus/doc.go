@@ -15,6 +15,11 @@
 // loses the race fails, the writer reloads the records it missed, and runs
 // its batch again — so no writer can grant over a lease it has not seen,
 // whatever its view was, and any number of service instances may run.
+// Instances announce themselves on fenceline.lease.v1.instances; once one
+// meets another, both follow the log subjects so queued acquires see
+// releases made elsewhere. Reads reload before answering, and a refusal is
+// confirmed on a fresh view (a refusal is not a write: no compare-and-swap
+// vouches for it).
 //
 // Why a log rather than one KV key per lease: an overlap decision needs a
 // consistent view of a repo's active leases, so grants of a repo serialize
