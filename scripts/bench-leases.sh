@@ -34,13 +34,21 @@ cleanup() {
 trap cleanup EXIT
 results=$work/results.txt
 
-echo "== fenceline lease bus (embedded single node, SyncAlways), $dur per phase"
-(cd "$root" && go run ./test/leasebench -d "$dur" -c "$clients" -dir "$work") | tee -a "$results"
-
-echo "== raw JetStream KV CAS (anchor-bench/nats), $dur per phase"
+# Build everything first, so no compile runs beside a measurement.
+(cd "$root" && go build -o "$work/leasebench" ./test/leasebench)
 # The anchors are their own modules; build them outside the read-only copy of shared/.
 cp -r "$anchors/nats" "$work/natsanchor"
-(cd "$work/natsanchor" && go run . -d "$dur" -w "$clients" -dir "$work" -label raw) | tee -a "$results"
+(cd "$work/natsanchor" && go build -o "$work/natsbench" .)
+
+# The disk's fsync latency here drifts over minutes, so each fenceline phase
+# runs right next to the yardstick phase it is compared with.
+echo "== 1 client: fenceline (embedded single node, SyncAlways), then raw JetStream KV CAS, $dur each"
+"$work/leasebench" -d "$dur" -c "$clients" -dir "$work" -phases single | tee -a "$results"
+"$work/natsbench" -d "$dur" -w "$clients" -dir "$work" -label raw -phases A | tee -a "$results"
+
+echo "== $clients clients: fenceline, then raw JetStream KV CAS on $clients keys, $dur each"
+"$work/leasebench" -d "$dur" -c "$clients" -dir "$work" -phases disjoint,contended,active | tee -a "$results"
+"$work/natsbench" -d "$dur" -w "$clients" -dir "$work" -label raw -phases C | tee -a "$results"
 
 if command -v etcd >/dev/null; then
   echo "== etcd concurrency.Mutex (anchor-bench/etcd, $(etcd --version | head -1)), $dur per mode"
