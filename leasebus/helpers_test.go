@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/internal/testutil"
 )
 
 // bus is one in-process server with a lease service, for tests.
@@ -75,15 +76,7 @@ func connect(t testing.TB, url string) *nats.Conn {
 // checkFor polls f until it returns nil or timeout passes.
 func checkFor(t testing.TB, timeout, interval time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(interval)
-	}
-	t.Fatalf("not true after %s: %v", timeout, err)
+	testutil.CheckFor(t, timeout, interval, f)
 }
 
 func claim(t testing.TB, paths ...string) scope.Claim {

@@ -3,7 +3,7 @@ package test
 import (
 	"testing"
 
-	"github.com/fenceline/fenceline/internal/leakcheck"
+	"github.com/fenceline/fenceline/internal/testutil"
 )
 
-func TestMain(m *testing.M) { leakcheck.Main(m) }
+func TestMain(m *testing.M) { testutil.Main(m) }

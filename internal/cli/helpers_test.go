@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -126,15 +127,7 @@ func listJSON(t *testing.T, url string, args ...string) []leasebus.Lease {
 // checkFor polls f until it returns nil or timeout passes.
 func checkFor(t *testing.T, timeout, interval time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(interval)
-	}
-	t.Fatalf("not true after %s: %v", timeout, err)
+	testutil.CheckFor(t, timeout, interval, f)
 }
 
 // syncBuffer is a bytes.Buffer safe for a writer and a poller.

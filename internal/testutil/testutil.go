@@ -1,9 +1,11 @@
-// Package leakcheck fails a test binary whose goroutines outlive its tests:
-// every server, service, holder and connection a test starts must be
-// stopped by it. Use it from TestMain:
+// Package testutil holds what fenceline's test suites share: a leak check
+// that fails a test binary whose goroutines outlive its tests (every
+// server, service, holder and connection a test starts must be stopped by
+// it), and CheckFor, which polls for a state instead of sleeping. Use the
+// leak check from TestMain:
 //
-//	func TestMain(m *testing.M) { leakcheck.Main(m) }
-package leakcheck
+//	func TestMain(m *testing.M) { testutil.Main(m) }
+package testutil
 
 import (
 	"fmt"
@@ -38,7 +40,7 @@ func Leaked(grace time.Duration) string {
 		var leaked []string
 		for _, g := range strings.Split(string(buf), "\n\n") {
 			ours := strings.Contains(g, "github.com/fenceline/fenceline/") &&
-				!strings.Contains(g, "leakcheck.") && !strings.Contains(g, "testing.(*M).Run")
+				!strings.Contains(g, "testutil.") && !strings.Contains(g, "testing.(*M).Run")
 			if ours || strings.Contains(g, "github.com/nats-io/") {
 				leaked = append(leaked, g)
 			}
@@ -48,4 +50,19 @@ func Leaked(grace time.Duration) string {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// CheckFor polls f every interval until it returns nil, and fails the test
+// with f's last error once timeout has passed.
+func CheckFor(t testing.TB, timeout, interval time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(interval)
+	}
+	t.Fatalf("not true after %s: %v", timeout, err)
 }
