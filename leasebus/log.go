@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,6 +29,50 @@ type logRecord struct {
 	Prev   uint64       `json:"prev"` // the subject sequence this record was written on top of
 	Leases []*entry     `json:"leases"`
 	Events []AuditEvent `json:"events,omitempty"`
+}
+
+// encode writes the record as json.Marshal would, but from each entry's
+// cached JSON: a snapshot re-encodes nothing it has written before.
+func (rec *logRecord) encode() ([]byte, error) {
+	n := 128
+	for _, e := range rec.Leases {
+		n += len(e.storedJSON()) + 1
+	}
+	b := make([]byte, 0, n)
+	b = append(b, `{"kind":`...)
+	b = appendJSON(b, rec.Kind)
+	b = append(b, `,"repo":`...)
+	b = appendJSON(b, rec.Repo)
+	b = append(b, `,"fence":`...)
+	b = strconv.AppendUint(b, rec.Fence, 10)
+	b = append(b, `,"prev":`...)
+	b = strconv.AppendUint(b, rec.Prev, 10)
+	b = append(b, `,"leases":`...)
+	if rec.Leases == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i, e := range rec.Leases {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, e.storedJSON()...)
+		}
+		b = append(b, ']')
+	}
+	if len(rec.Events) > 0 {
+		evs, err := json.Marshal(rec.Events)
+		if err != nil {
+			return nil, fmt.Errorf("encode audit events: %w", err)
+		}
+		b = append(append(b, `,"events":`...), evs...)
+	}
+	return append(b, '}'), nil
+}
+
+func appendJSON(b []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always encodes
+	return append(b, q...)
 }
 
 // errCAS means another writer appended to the repo's log first.
@@ -93,7 +138,7 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, replicas int) er
 // expect, and returns the record's sequence and size.
 func (s *store) append(ctx context.Context, key string, expect uint64, rec *logRecord) (uint64, int, error) {
 	rec.Prev = expect
-	data, err := json.Marshal(rec)
+	data, err := rec.encode()
 	if err != nil {
 		return 0, 0, fmt.Errorf("encode lease log record: %w", err)
 	}

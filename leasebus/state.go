@@ -33,9 +33,11 @@ type entry struct {
 	// version plus the TTL. Never persisted: a service that loads the
 	// lease observes it anew, so wall clocks never decide expiry.
 	deadline time.Time
-	// pub caches the public record's JSON (an entry never changes once
-	// written; a change is a new entry). Not persisted.
-	pub []byte
+	// pub and stored cache the public record's JSON and the entry's own
+	// (an entry never changes once written; a change is a new entry), so a
+	// change is encoded once for the log, the reply, watchers and every
+	// snapshot after it. Not persisted.
+	pub, stored []byte
 }
 
 // publicJSON is the lease record as replies and watchers see it.
@@ -46,9 +48,30 @@ func (e *entry) publicJSON() []byte {
 	return e.pub
 }
 
+// storedJSON is the entry as the log stores it: the public record's fields
+// and the owner's proof, exactly what json.Marshal(e) writes.
+func (e *entry) storedJSON() []byte {
+	if e.stored == nil {
+		pub := e.publicJSON()
+		b := append(make([]byte, 0, len(pub)+160), pub[:len(pub)-1]...)
+		b = appendField(b, "secretHash", e.SecretHash)
+		b = appendField(b, "requestId", e.RequestID)
+		if e.RenewID != "" {
+			b = appendField(b, "renewId", e.RenewID)
+		}
+		e.stored = append(b, '}')
+	}
+	return e.stored
+}
+
+func appendField(b []byte, name, value string) []byte {
+	q, _ := json.Marshal(value) // a string always encodes
+	return append(append(append(append(b, ',', '"'), name...), '"', ':'), q...)
+}
+
 func (e *entry) clone() *entry {
 	c := *e
-	c.pub = nil
+	c.pub, c.stored = nil, nil
 	c.Scope.Paths = slices.Clone(e.Scope.Paths)
 	c.Scope.Tables = slices.Clone(e.Scope.Tables)
 	return &c
