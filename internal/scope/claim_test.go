@@ -245,13 +245,17 @@ func TestJSON(t *testing.T) {
 		}
 	})
 
-	t.Run("null and missing arrays decode empty", func(t *testing.T) {
+	t.Run("null and missing arrays encode as empty arrays again", func(t *testing.T) {
 		var c Claim
 		if err := json.Unmarshal([]byte(`{"kind":"none","paths":null}`), &c); err != nil {
 			t.Fatal(err)
 		}
-		if c.Paths == nil || c.Tables == nil {
-			t.Fatalf("decoded %#v has nil slices", c)
+		if err := c.Validate(); err != nil {
+			t.Fatalf("decoded %#v does not validate: %v", c, err)
+		}
+		b, err := json.Marshal(c)
+		if err != nil || string(b) != `{"kind":"none","paths":[],"tables":[]}` {
+			t.Fatalf("re-Marshal = %s, %v", b, err)
 		}
 	})
 }

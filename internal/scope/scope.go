@@ -58,7 +58,6 @@
 package scope
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -82,7 +81,8 @@ const wholeRepoItem = "whole-repo"
 // Claim is what a lease claims repo-wide. JSON:
 // {"kind":"paths","paths":["a","b/c"],"tables":["public.users"]}.
 // Paths and Tables are always present in JSON as arrays (never null),
-// sorted and deduplicated.
+// sorted and deduplicated. Decoding null or missing arrays leaves nil
+// slices, which behave as empty.
 type Claim struct {
 	Kind   Kind     `json:"kind"`
 	Paths  []string `json:"paths"`
@@ -346,9 +346,6 @@ func (c Claim) Validate() error {
 	return nil
 }
 
-// claimJSON has Claim's fields without its methods.
-type claimJSON Claim
-
 // MarshalJSON encodes c with paths and tables always as arrays, never null.
 // It writes the JSON itself: claims are in every lease record and audit
 // event, and reflection here showed in the lease bus's profile.
@@ -401,21 +398,4 @@ func appendJSONString(b []byte, s string) []byte {
 		}
 	}
 	return append(b, '"')
-}
-
-// UnmarshalJSON decodes a claim, turning missing or null paths and tables
-// into empty slices. It does not validate; call Validate.
-func (c *Claim) UnmarshalJSON(data []byte) error {
-	var j claimJSON
-	if err := json.Unmarshal(data, &j); err != nil {
-		return err
-	}
-	if j.Paths == nil {
-		j.Paths = []string{}
-	}
-	if j.Tables == nil {
-		j.Tables = []string{}
-	}
-	*c = Claim(j)
-	return nil
 }
