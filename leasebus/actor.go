@@ -105,7 +105,7 @@ func (a *actor) nudge() {
 	}
 	select {
 	case a.calls <- &call{op: "sync", req: &syncRequest{}, at: a.svc.cfg.Now()}:
-	default: // a full queue will be processed (and reloaded) anyway
+	default: // the actor is swamped; its next lost append or refusal reloads anyway
 	}
 }
 
