@@ -631,15 +631,10 @@ func (a *actor) cancel(t *txn, r *cancelRequest, queue []*waiter) error {
 	}
 	// Granted before, or earlier in this batch: release it (release checks
 	// the credential and audits a forged one).
-	id, ok := t.base.byRequest[r.RequestID]
-	for _, lid := range t.order {
-		if t.changed[lid].RequestID == r.RequestID {
-			id, ok = lid, true
-		}
-	}
-	if e := t.lookup(id); !ok || e == nil || !e.Active() {
+	e := t.byRequest(r.RequestID)
+	if e == nil {
 		return nil
 	}
-	_, err := t.release(&ReleaseRequest{LeaseID: id, Credential: r.Credential})
+	_, err := t.release(&ReleaseRequest{LeaseID: e.LeaseID, Credential: r.Credential})
 	return err
 }

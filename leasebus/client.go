@@ -33,6 +33,10 @@ func (c *Client) Conn() *nats.Conn { return c.nc }
 // the message it is wrapped into.
 var errNoAnswer = errors.New("")
 
+// errNoService marks a request no lease service received: its outcome is
+// known (nothing happened). Empty text, like errNoAnswer.
+var errNoService = errors.New("")
+
 // replyGrace is how much longer than its wait a client waits for a queued
 // acquire's answer; the service answers at the wait's end.
 const replyGrace = 5 * time.Second
@@ -64,7 +68,7 @@ func (c *Client) request(ctx context.Context, op string, req any, wait time.Dura
 			}
 			return &r, nil
 		case errors.Is(err, nats.ErrNoResponders):
-			lastErr = fmt.Errorf("%w: no lease service answers on %s; start one with `fenceline bus serve` or point --nats/FENCELINE_NATS at a bus that runs it", ErrUnavailable, subj)
+			lastErr = fmt.Errorf("%w: no lease service answers on %s; start one with `fenceline bus serve` or point --nats/FENCELINE_NATS at a bus that runs it%w", ErrUnavailable, subj, errNoService)
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("%s: %w%w", op, ctx.Err(), errNoAnswer)
 		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
@@ -118,6 +122,9 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credentia
 		}
 		if err == nil {
 			return r.Lease, nil
+		}
+		if errors.Is(err, errNoService) {
+			return nil, err // nothing reached a service: nothing to retry or withdraw
 		}
 		unknown := errors.Is(err, errNoAnswer) || errors.Is(err, ErrUnavailable)
 		if unknown && try < tries && ctx.Err() == nil && !errors.Is(err, errNoAnswer) {

@@ -94,13 +94,13 @@ func TestClusterLeaderFailover(t *testing.T) {
 		_, err := js.AccountInfo(actx)
 		return err
 	})
-	var svc *Service
-	checkFor(t, 30*time.Second, 200*time.Millisecond, func() error {
-		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		svc, err = StartService(sctx, svcNC, ServiceConfig{Replicas: 3})
-		return err
-	})
+	// StartService itself waits while the new cluster elects its leaders.
+	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	svc, err := StartService(sctx, svcNC, ServiceConfig{Replicas: 3})
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(svc.Stop)
 	st, err := js.Stream(ctx, LogStream)
 	if err != nil {

@@ -90,7 +90,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	if err := ensureStreams(ctx, js, cfg.Replicas); err != nil {
+	if err := ensureStreamsPatiently(ctx, js, cfg.Replicas, cfg.Logger); err != nil {
 		return nil, err
 	}
 	s := &Service{nc: nc, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next()}, cfg: cfg, log: cfg.Logger,
@@ -147,6 +147,43 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	}
 	s.log.Info("lease service started", "repos", len(keys), "replicas", max(cfg.Replicas, 1))
 	return s, nil
+}
+
+// ensureStreamsPatiently creates the streams, trying again until ctx ends
+// while JetStream cannot answer yet. On a fresh cluster it first elects a
+// meta leader (a request sent before that is dropped unanswered), then each
+// replicated stream elects its own (a raft election takes 4-9 s), so each
+// try gets its own deadline, doubling from 2 s.
+func ensureStreamsPatiently(ctx context.Context, js jetstream.JetStream, replicas int, log *slog.Logger) error {
+	per := 2 * time.Second
+	for try := 1; ; try++ {
+		tctx, cancel := context.WithTimeout(ctx, per)
+		err := ensureStreams(tctx, js, replicas)
+		cancel()
+		if err == nil || ctx.Err() != nil || !transient(err) {
+			return err
+		}
+		log.Info("JetStream not ready yet; trying again (a new cluster elects its leaders first)", "try", try, "err", err)
+		per = min(2*per, 30*time.Second)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// transient reports whether a failed JetStream request may succeed when
+// tried again: no answer, or JetStream not available yet.
+func transient(err error) bool {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoResponders):
+		return true
+	case errors.As(err, &apiErr):
+		return apiErr.Code == 503 || apiErr.ErrorCode == 10008 // JetStream system temporarily unavailable
+	}
+	return false
 }
 
 // Stop stops answering, finishes in-flight batches and waits for every
@@ -286,13 +323,13 @@ func (s *Service) handler(op string) nats.MsgHandler {
 		case "list":
 			var r listRequest
 			if err = decode(m.Data, &r); err == nil {
-				s.goTracked(c, func() { s.list(c, &r) }) // fans out to actors; must not block the subscription
+				s.goTracked(c, func() { s.fanOut(c, r.Repo, &r) }) // fans out to actors; must not block the subscription
 				return
 			}
 		case "sweep":
 			var r sweepRequest
 			if err = decode(m.Data, &r); err == nil {
-				s.goTracked(c, func() { s.sweepAll(c, &r) })
+				s.goTracked(c, func() { s.fanOut(c, r.Repo, &r) })
 				return
 			}
 		}
@@ -499,11 +536,12 @@ func (r *AcquireRequest) normalize() error {
 // DefaultTTL is the TTL of a lease that asks for none.
 const DefaultTTL = 300 * time.Second
 
-// list answers a list request, across every repo or one.
-func (s *Service) list(c *call, r *listRequest) {
+// fanOut runs req through the actor of repo, or of every repo with a lease
+// log when repo is empty, and answers c with all their leases.
+func (s *Service) fanOut(c *call, repo string, req any) {
 	var actors []*actor
-	if r.Repo != "" {
-		actors = []*actor{s.actor(RepoKey(r.Repo), r.Repo)}
+	if repo != "" {
+		actors = []*actor{s.actor(RepoKey(repo), repo)}
 	} else {
 		if keys, err := s.store.repoKeys(s.ctx); err == nil {
 			for _, key := range keys {
@@ -514,26 +552,7 @@ func (s *Service) list(c *call, r *listRequest) {
 	}
 	out := reply{Leases: []*Lease{}}
 	for _, a := range actors {
-		rep := a.ask(s.ctx, &call{op: "list", req: r})
-		if rep.Error != nil {
-			c.respond(rep)
-			return
-		}
-		out.Leases = append(out.Leases, rep.Leases...)
-	}
-	c.respond(out)
-}
-
-func (s *Service) sweepAll(c *call, r *sweepRequest) {
-	var actors []*actor
-	if r.Repo != "" {
-		actors = []*actor{s.actor(RepoKey(r.Repo), r.Repo)}
-	} else {
-		actors = s.allActors()
-	}
-	out := reply{Leases: []*Lease{}}
-	for _, a := range actors {
-		rep := a.ask(s.ctx, &call{op: "sweep", req: r})
+		rep := a.ask(s.ctx, &call{op: c.op, req: req})
 		if rep.Error != nil {
 			c.respond(rep)
 			return

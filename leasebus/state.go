@@ -364,19 +364,25 @@ func (t *txn) grant(r *AcquireRequest, claim claimRequest) *entry {
 // granted returns the lease already granted for this request id, if any:
 // acquire is idempotent, so a retry after a lost reply gets the same lease.
 func (t *txn) granted(r *AcquireRequest) *entry {
-	if r.RequestID == "" {
+	if e := t.byRequest(r.RequestID); e != nil && e.SecretHash == r.CredentialHash {
+		return e
+	}
+	return nil
+}
+
+// byRequest is the active lease an acquire request was granted, before
+// this batch or earlier in it, or nil.
+func (t *txn) byRequest(requestID string) *entry {
+	if requestID == "" {
 		return nil
 	}
-	id, ok := t.base.byRequest[r.RequestID]
+	id, ok := t.base.byRequest[requestID]
 	for _, lid := range t.order {
-		if t.changed[lid].RequestID == r.RequestID {
+		if t.changed[lid].RequestID == requestID {
 			id, ok = lid, true
 		}
 	}
-	if !ok {
-		return nil
-	}
-	if e := t.lookup(id); e != nil && e.Active() && e.SecretHash == r.CredentialHash {
+	if e := t.lookup(id); ok && e != nil && e.Active() {
 		return e
 	}
 	return nil

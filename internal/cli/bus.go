@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/fenceline/fenceline/leasebus"
@@ -198,56 +196,14 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 	return nil
 }
 
-// serviceStartTimeout bounds starting the lease service. On a fresh
-// cluster that takes a while: JetStream first elects a meta leader (a
-// request sent before that is dropped, unanswered), then each replicated
-// stream's group elects its own leader (nats-server's raft election timeout
-// is 4-9 s). So each try gets a deadline, doubling from serviceStartTry
-// (also for large stores that load slowly), and a try that got no answer is
-// made again.
-const (
-	serviceStartTimeout = 2 * time.Minute
-	serviceStartTry     = 2 * time.Second
-)
+// serviceStartTimeout bounds starting the lease service: on a fresh
+// cluster StartService waits for JetStream to elect its leaders.
+const serviceStartTimeout = 2 * time.Minute
 
 func startService(ctx context.Context, nc *nats.Conn, cfg leasebus.ServiceConfig) (*leasebus.Service, error) {
-	deadline := time.Now().Add(serviceStartTimeout)
-	per := serviceStartTry
-	for try := 1; ; try++ {
-		tctx, cancel := context.WithTimeout(ctx, min(per, time.Until(deadline)))
-		svc, err := leasebus.StartService(tctx, nc, cfg)
-		cancel()
-		if err == nil {
-			return svc, nil
-		}
-		if ctx.Err() != nil || time.Until(deadline) < time.Second || !transient(err) {
-			return nil, err
-		}
-		if try == 1 {
-			cfg.Logger.Info("lease service not started yet; trying again (a new cluster elects its leaders first)", "err", err)
-		} else {
-			cfg.Logger.Warn("lease service not started yet; trying again", "try", try, "err", err)
-		}
-		per *= 2
-		select {
-		case <-ctx.Done():
-			return nil, err
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-}
-
-// transient reports whether a failed start may succeed when tried again:
-// no answer, or JetStream not available yet.
-func transient(err error) bool {
-	var apiErr *jetstream.APIError
-	switch {
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoResponders):
-		return true
-	case errors.As(err, &apiErr):
-		return apiErr.Code == 503 || apiErr.ErrorCode == 10008 // JetStream system temporarily unavailable
-	}
-	return false
+	ctx, cancel := context.WithTimeout(ctx, serviceStartTimeout)
+	defer cancel()
+	return leasebus.StartService(ctx, nc, cfg)
 }
 
 // checkListen fails fast and plainly when the listen address is taken: the

@@ -22,15 +22,14 @@ const Repo = "github.com/acme/bench"
 
 // Result is what one load phase measured.
 type Result struct {
-	Phase    string
-	Clients  int
-	Cycles   int           // acquire+release pairs completed
-	Elapsed  time.Duration // wall time of the phase
-	Acquire  []time.Duration
-	Release  []time.Duration
-	Handoff  []time.Duration // contended: release by one holder -> grant to the next
-	PerCli   []int           // cycles per client
-	Failures int
+	Phase   string
+	Clients int
+	Cycles  int           // acquire+release pairs completed
+	Elapsed time.Duration // wall time of the phase
+	Acquire []time.Duration
+	Release []time.Duration
+	Handoff []time.Duration // contended: release by one holder -> grant to the next
+	PerCli  []int           // cycles per client
 }
 
 // CyclesPerSec is completed acquire+release pairs per second.
@@ -57,7 +56,7 @@ func (r *Result) String() string {
 	if len(r.PerCli) > 0 {
 		line += fmt.Sprintf(" min_per_client=%d max_per_client=%d", slices.Min(r.PerCli), slices.Max(r.PerCli))
 	}
-	return line + fmt.Sprintf(" failures=%d", r.Failures)
+	return line
 }
 
 // Load describes one cycling phase.
