@@ -1,0 +1,278 @@
+package gitproxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/fenceline/fenceline/internal/scope"
+)
+
+// The pre-receive hook is the storage-side half of the git fence (DESIGN.md
+// invariant 5): the git server itself rejects a push whose fence is stale,
+// so a zombie sidecar that passed its own checks before pausing cannot land
+// a push after its lease was regranted.
+//
+// The repository keeps, in <git-dir>/fenceline/fences.json, the highest
+// fence accepted for every path a fenced push claimed or touched. A push
+// with fence F is stale when an entry with a higher fence overlaps its
+// claim or any path it touches: fence tokens rise with every grant of the
+// repository, and overlapping leases are never active together, so a
+// higher fence on an overlapping path means the pusher's lease ended before
+// that push's lease was granted.
+
+// HookConfig configures PreReceive.
+type HookConfig struct {
+	// GitDir is the repository (default: git rev-parse --absolute-git-dir).
+	GitDir string
+	// Options are the push options (default: read from GIT_PUSH_OPTION_*).
+	Options []string
+	// AllowUnfenced lets pushes without fenceline push options through.
+	AllowUnfenced bool
+	// Git is the git binary (default "git").
+	Git string
+}
+
+// HookError is a refusal by the hook, printed to the pusher.
+type HookError struct{ Msg string }
+
+func (e *HookError) Error() string { return e.Msg }
+
+// fenceEntry is one path's highest accepted fence.
+type fenceEntry struct {
+	Fence uint64 `json:"fence"`
+	Lease string `json:"lease"`
+}
+
+// PreReceive checks the ref updates read from stdin ("<old> <new> <ref>"
+// lines, as git gives a pre-receive hook) and records the push's fence when
+// it passes. A refusal is a *HookError.
+func PreReceive(ctx context.Context, cfg HookConfig, stdin io.Reader) error {
+	if cfg.Git == "" {
+		cfg.Git = "git"
+	}
+	g := gitRunner{path: cfg.Git}
+	if cfg.Options == nil {
+		cfg.Options = pushOptionsFromEnv()
+	}
+	var cmds []command
+	sc := bufio.NewScanner(stdin)
+	for sc.Scan() {
+		c, err := parseCommand(sc.Text())
+		if err != nil {
+			return fmt.Errorf("pre-receive input: %w", err)
+		}
+		cmds = append(cmds, c)
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("read pre-receive input: %w", err)
+	}
+	opts := map[string]string{}
+	for _, o := range cfg.Options {
+		if k, v, ok := strings.Cut(o, "="); ok && strings.HasPrefix(k, "fenceline-") {
+			opts[k] = v
+		}
+	}
+	leaseID := opts[OptionLease]
+	fenceStr, fenced := opts[OptionFence]
+	if !fenced {
+		if cfg.AllowUnfenced {
+			return nil
+		}
+		return &HookError{Msg: "fenceline: push refused: it carries no fence (push through the fenceline sidecar, or install the hook with --allow-unfenced)"}
+	}
+	fence, err := strconv.ParseUint(fenceStr, 10, 64)
+	if err != nil || fence == 0 || leaseID == "" {
+		return &HookError{Msg: fmt.Sprintf("fenceline: push refused: malformed fence options (lease %q, fence %q)", leaseID, fenceStr)}
+	}
+	var claim scope.Claim
+	if s, ok := opts[OptionClaim]; ok {
+		if err := json.Unmarshal([]byte(s), &claim); err != nil {
+			return &HookError{Msg: fmt.Sprintf("fenceline: push refused: malformed %s option: %v", OptionClaim, err)}
+		}
+	}
+
+	gitDir := cfg.GitDir
+	if gitDir == "" {
+		out, err := g.runHere(ctx, "rev-parse", "--absolute-git-dir")
+		if err != nil {
+			return err
+		}
+		gitDir = strings.TrimSpace(string(out))
+	}
+	touched, err := hookTouched(ctx, g, cmds)
+	if err != nil {
+		return err
+	}
+	resources := touched
+	switch claim.Kind {
+	case scope.KindWholeRepo:
+		resources = append(resources, "")
+	case scope.KindPaths:
+		resources = append(resources, claim.Paths...)
+	}
+
+	return withFenceFile(gitDir, func(fences map[string]fenceEntry) (bool, error) {
+		for _, r := range resources {
+			for path, e := range fences {
+				if e.Fence > fence && pathsOverlap(path, r) {
+					what := r
+					if what == "" {
+						what = "the whole repository"
+					}
+					return false, &HookError{Msg: fmt.Sprintf(
+						"fenceline: push refused: fence %d of lease %s is stale: %s was pushed under fence %d (lease %s)",
+						fence, leaseID, what, e.Fence, e.Lease)}
+				}
+			}
+		}
+		for _, r := range resources {
+			if e, ok := fences[r]; !ok || e.Fence < fence {
+				fences[r] = fenceEntry{Fence: fence, Lease: leaseID}
+			}
+		}
+		return true, nil
+	})
+}
+
+// pathsOverlap is scope's overlap with "" standing for the whole repository.
+func pathsOverlap(a, b string) bool {
+	return a == "" || b == "" || scope.PathsOverlap(a, b)
+}
+
+// hookTouched lists the paths the new commits of a push touch (each
+// against every parent, root commits in full), plus the net diff of each
+// non-fast-forward update, using git in the hook's environment (where the
+// pushed objects are visible in quarantine).
+func hookTouched(ctx context.Context, g gitRunner, cmds []command) ([]string, error) {
+	set := map[string]struct{}{}
+	add := func(out []byte) {
+		for _, l := range strings.Split(string(out), "\n") {
+			if l != "" {
+				set[l] = struct{}{}
+			}
+		}
+	}
+	var tips []string
+	for _, c := range cmds {
+		if c.isDelete() {
+			continue
+		}
+		tips = append(tips, c.New)
+		if !c.isCreate() {
+			if _, err := g.runHere(ctx, "merge-base", "--is-ancestor", c.Old, c.New); err != nil {
+				out, err := g.runHere(ctx, "diff", "--name-only", "--no-renames", c.Old, c.New)
+				if err != nil {
+					return nil, err
+				}
+				add(out)
+			}
+		}
+	}
+	if len(tips) > 0 {
+		args := append([]string{"log", "--format=", "--name-only", "--no-renames", "-m", "--root"}, tips...)
+		out, err := g.runHere(ctx, append(args, "--not", "--all")...)
+		if err != nil {
+			return nil, err
+		}
+		add(out)
+	}
+	paths := make([]string, 0, len(set))
+	for p := range set {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	return paths, nil
+}
+
+// runHere runs git in the current repository and environment (the hook's).
+func (g gitRunner) runHere(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := execCommand(ctx, g.path, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("git %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// withFenceFile runs f on the repository's fence table under an exclusive
+// lock and writes the table back (atomically) when f says so.
+func withFenceFile(gitDir string, f func(map[string]fenceEntry) (bool, error)) error {
+	dir := filepath.Join(gitDir, "fenceline")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("fence table: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return fmt.Errorf("fence table: %w", err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("lock fence table: %w", err)
+	}
+	path := filepath.Join(dir, "fences.json")
+	fences := map[string]fenceEntry{}
+	data, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return fmt.Errorf("read fence table: %w", err)
+	default:
+		if err := json.Unmarshal(data, &fences); err != nil {
+			return fmt.Errorf("fence table %s is damaged (%v): refusing pushes until it is repaired", path, err)
+		}
+	}
+	write, err := f(fences)
+	if err != nil || !write {
+		return err
+	}
+	data, err = json.MarshalIndent(fences, "", " ")
+	if err != nil {
+		return fmt.Errorf("encode fence table: %w", err)
+	}
+	tmp := path + ".tmp"
+	if err := writeFileSync(tmp, data); err != nil {
+		return fmt.Errorf("write fence table: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write fence table: %w", err)
+	}
+	return nil
+}
+
+func writeFileSync(path string, data []byte) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// pushOptionsFromEnv reads the push options git gives a hook.
+func pushOptionsFromEnv() []string {
+	n, _ := strconv.Atoi(os.Getenv("GIT_PUSH_OPTION_COUNT"))
+	opts := make([]string, 0, n)
+	for i := range n {
+		opts = append(opts, os.Getenv(fmt.Sprintf("GIT_PUSH_OPTION_%d", i)))
+	}
+	return opts
+}

@@ -1,0 +1,694 @@
+package gitproxy
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-git/go-git/v5/plumbing"
+
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// LeaseSource is the lease the proxy pushes under; *leasebus.Holder is one.
+// Fence returns an error once the holder no longer considers the lease
+// held.
+type LeaseSource interface {
+	Fence() (uint64, error)
+	Lease() leasebus.Lease
+}
+
+// LeaseView reads the bus at decision time; *leasebus.Client is one.
+type LeaseView interface {
+	Get(ctx context.Context, leaseID string) (*leasebus.Lease, error)
+	List(ctx context.Context, repo string, all bool) ([]*leasebus.Lease, error)
+}
+
+// Auditor records refusals; *leasebus.Auditor is one.
+type Auditor interface {
+	Record(ctx context.Context, ev leasebus.AuditEvent) error
+}
+
+// Push options and HTTP headers that carry the fence to the upstream.
+const (
+	OptionLease  = "fenceline-lease"
+	OptionFence  = "fenceline-fence"
+	OptionRepo   = "fenceline-repo"
+	OptionClaim  = "fenceline-claim"
+	HeaderLease  = "Fenceline-Lease"
+	HeaderFence  = "Fenceline-Fence"
+	defaultLimit = 4 << 30
+)
+
+// Config configures a Proxy. Upstream and Bus are required; without a
+// Lease every push is refused (fetches still pass).
+type Config struct {
+	// Upstream is the base URL of the smart-HTTP git server; a request for
+	// /<path> is sent to Upstream/<path>.
+	Upstream string
+	// Lease is the lease pushes are made under.
+	Lease LeaseSource
+	// Repo is the bus's name of the repository, for audit events of pushes
+	// refused before a lease is known (default: the lease's repo).
+	Repo string
+	// Bus is read when a push is decided: the lease must still be active
+	// with the same fence, and no other active lease may claim a touched path.
+	Bus LeaseView
+	// Audit receives every refusal (nil: refusals are only logged).
+	Audit Auditor
+	// Policy for history rewrites and ref deletions.
+	Policy Policy
+	// ObjectDirs are git directories whose objects resolve thin-pack bases
+	// and the parents of pushed commits — normally the agent's repository
+	// (for a linked worktree, its common git dir).
+	ObjectDirs []string
+	// MirrorDir keeps a mirror of each upstream repository, fetched when a
+	// push needs objects that ObjectDirs lack. Empty disables the mirror.
+	MirrorDir string
+	// TempDir holds each push's pack while it is judged (default os.TempDir()).
+	TempDir string
+	// MaxPushBytes bounds the pack of one push (default 4 GiB).
+	MaxPushBytes int64
+	// UpstreamHeader is added to every upstream request, e.g. the
+	// Authorization the sidecar holds so the agent never sees it.
+	UpstreamHeader http.Header
+	// UpstreamCAFile, when set, is the CA bundle git uses to fetch the mirror.
+	UpstreamCAFile string
+	// Transport for upstream requests (default http.DefaultTransport).
+	Transport http.RoundTripper
+	// BusTimeout bounds the bus reads of one decision (default 5 s).
+	BusTimeout time.Duration
+	// Git is the git binary (default "git" from PATH).
+	Git    string
+	Logger *slog.Logger
+}
+
+// Validate reports what is wrong with c.
+func (c *Config) Validate() error {
+	if c.Upstream == "" {
+		return errors.New("gitproxy: no upstream: set the URL of the git server to push to")
+	}
+	u, err := url.Parse(c.Upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("gitproxy: upstream %q is not an http(s) URL", c.Upstream)
+	}
+	if c.Bus == nil {
+		return errors.New("gitproxy: no bus: pushes are decided against the lease bus")
+	}
+	if c.MaxPushBytes < 0 || c.BusTimeout < 0 {
+		return errors.New("gitproxy: MaxPushBytes and BusTimeout must not be negative")
+	}
+	return nil
+}
+
+// Proxy is the git smart-HTTP fence: an http.Handler in front of one
+// upstream. Fetches and clones pass through untouched; pushes are judged.
+type Proxy struct {
+	cfg      Config
+	upstream *url.URL
+	git      gitRunner
+	pass     *httputil.ReverseProxy
+	client   *http.Client
+	log      *slog.Logger
+
+	pushOptions sync.Map // upstream repo path -> bool: advertises push-options
+	mirrorMu    sync.Map // mirror dir -> *sync.Mutex
+}
+
+// New returns a Proxy for cfg.
+func New(cfg Config) (*Proxy, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.TempDir == "" {
+		cfg.TempDir = os.TempDir()
+	}
+	if cfg.MaxPushBytes == 0 {
+		cfg.MaxPushBytes = defaultLimit
+	}
+	if cfg.BusTimeout == 0 {
+		cfg.BusTimeout = 5 * time.Second
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = http.DefaultTransport
+	}
+	if cfg.Git == "" {
+		cfg.Git = "git"
+	}
+	gitPath, err := exec.LookPath(cfg.Git)
+	if err != nil {
+		return nil, fmt.Errorf("gitproxy: git is needed to index pushed packs: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	up, _ := url.Parse(strings.TrimSuffix(cfg.Upstream, "/"))
+	p := &Proxy{
+		cfg:      cfg,
+		upstream: up,
+		git:      gitRunner{path: gitPath},
+		client:   &http.Client{Transport: cfg.Transport},
+		log:      log,
+	}
+	p.pass = &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(up)
+			r.Out.Host = up.Host
+			p.addUpstreamHeader(r.Out.Header)
+		},
+		Transport:     cfg.Transport,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			log.Warn("upstream unreachable", "path", r.URL.Path, "err", err)
+			http.Error(w, "fenceline: upstream git server unreachable: "+err.Error(), http.StatusBadGateway)
+		},
+	}
+	return p, nil
+}
+
+func (p *Proxy) addUpstreamHeader(h http.Header) {
+	for k, vs := range p.cfg.UpstreamHeader {
+		h.Del(k)
+		for _, v := range vs {
+			h.Add(k, v)
+		}
+	}
+}
+
+// ServeHTTP routes a smart-HTTP request: push requests are judged, reads
+// pass through, and writes git's smart protocol never makes (dumb-HTTP
+// WebDAV pushes) are refused.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	switch {
+	case r.Method == http.MethodPost && strings.HasSuffix(path, "/git-receive-pack"):
+		p.receivePack(w, r)
+	case r.Method == http.MethodGet && strings.HasSuffix(path, "/info/refs") && r.URL.Query().Get("service") == "git-receive-pack":
+		p.advertisement(w, r)
+	case r.Method == http.MethodGet, r.Method == http.MethodHead,
+		r.Method == http.MethodPost && strings.HasSuffix(path, "/git-upload-pack"):
+		p.pass.ServeHTTP(w, r) // reads fail open
+	default:
+		http.Error(w, fmt.Sprintf("fenceline: %s %s is refused: only smart-HTTP pushes are fenced (dumb-HTTP/WebDAV writes are not allowed)", r.Method, path), http.StatusMethodNotAllowed)
+	}
+}
+
+// upstreamURL is the upstream address of a proxied request path.
+func (p *Proxy) upstreamURL(r *http.Request) string {
+	u := *p.upstream
+	u.Path = strings.TrimSuffix(u.Path, "/") + r.URL.Path
+	u.RawQuery = r.URL.RawQuery
+	return u.String()
+}
+
+// repoPath is the repository part of a smart-HTTP path.
+func repoPath(path string) string {
+	for _, s := range []string{"/info/refs", "/git-receive-pack", "/git-upload-pack"} {
+		if p, ok := strings.CutSuffix(path, s); ok {
+			return p
+		}
+	}
+	return path
+}
+
+// advertisement relays the receive-pack ref advertisement and remembers
+// whether the upstream takes push options, so the fence can travel as one.
+func (p *Proxy) advertisement(w http.ResponseWriter, r *http.Request) {
+	out, err := http.NewRequestWithContext(r.Context(), http.MethodGet, p.upstreamURL(r), nil)
+	if err != nil {
+		http.Error(w, "fenceline: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	copyHeaders(out.Header, r.Header, "Authorization", "Git-Protocol", "User-Agent", "Accept")
+	p.addUpstreamHeader(out.Header)
+	resp, err := p.client.Do(out)
+	if err != nil {
+		http.Error(w, "fenceline: upstream git server unreachable: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		http.Error(w, "fenceline: read upstream advertisement: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	if resp.StatusCode == http.StatusOK && resp.Header.Get("Content-Encoding") == "" {
+		p.pushOptions.Store(repoPath(r.URL.Path), advertisesPushOptions(body))
+	}
+	copyHeaders(w.Header(), resp.Header, "Content-Type", "Cache-Control", "Expires", "Pragma", "WWW-Authenticate")
+	w.WriteHeader(resp.StatusCode)
+	w.Write(body)
+}
+
+// advertisesPushOptions reads the capabilities of a receive-pack
+// advertisement ("# service=…", flush, then "<oid> <ref>\0<caps>").
+func advertisesPushOptions(body []byte) bool {
+	pr := newPktReader(bufio.NewReader(bytes.NewReader(body)))
+	for range 3 {
+		line, err := pr.next()
+		if errors.Is(err, errFlush) {
+			continue
+		}
+		if err != nil {
+			return false
+		}
+		if _, caps, ok := bytes.Cut(line, []byte{0}); ok {
+			for _, c := range strings.Fields(string(caps)) {
+				if c == "push-options" {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	return false
+}
+
+func copyHeaders(dst, src http.Header, keys ...string) {
+	for _, k := range keys {
+		for _, v := range src.Values(k) {
+			dst.Add(k, v)
+		}
+	}
+}
+
+// push is one receive-pack request being judged.
+type push struct {
+	req      *pushRequest
+	lease    leasebus.Lease
+	fence    uint64
+	q        *quarantine
+	repoPath string
+}
+
+// receivePack judges a push and forwards it only when every ref update
+// passes. Nothing is sent upstream before the decision.
+func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	body := io.Reader(r.Body)
+	if r.Header.Get("Content-Encoding") == "gzip" {
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			http.Error(w, "fenceline: request body is not valid gzip: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		defer zr.Close()
+		body = zr
+	}
+	br := bufio.NewReaderSize(body, 64<<10)
+	req, err := readPushRequest(br)
+	if err != nil {
+		p.auditRefusal(ctx, p.currentLease(), 0, refuse(ReasonBadPush, "bad push request: %v", err), "")
+		http.Error(w, "fenceline: bad push request: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	ps := &push{req: req, repoPath: repoPath(r.URL.Path)}
+
+	// A push whose lease is already gone is refused before its pack is
+	// indexed; the pack is still read, so the client gets the report.
+	if ref := p.leaseGate(ps); ref != nil {
+		io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
+		p.refuseAll(ctx, w, ps, ref, "ok")
+		return
+	}
+	if req.hasPack() {
+		q, err := newQuarantine(p.cfg.TempDir, p.baseObjectDirs(ps))
+		if err != nil {
+			p.fail(w, err)
+			return
+		}
+		defer q.remove()
+		ps.q = q
+		indexErr, err := q.receive(ctx, p.git, br, p.cfg.MaxPushBytes)
+		if err != nil {
+			p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "pack not accepted: %v", err), "fenceline: "+oneLine(err.Error(), 200))
+			return
+		}
+		if indexErr != nil {
+			if err := p.refreshMirror(ctx, ps); err == nil {
+				indexErr = q.reindex(ctx, p.git)
+			}
+		}
+		if indexErr != nil {
+			p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "pack not accepted: %v", indexErr), "fenceline: "+oneLine(indexErr.Error(), 200))
+			return
+		}
+	} else if n, _ := io.Copy(io.Discard, io.LimitReader(br, 1)); n > 0 {
+		p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "a delete-only push must not carry a pack"), "ok")
+		return
+	}
+
+	changes, err := p.analyze(ctx, ps)
+	if err != nil {
+		p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "cannot read the pushed history: %v", err), "ok")
+		return
+	}
+	// The decision is taken now, against the bus, right before forwarding.
+	if ref := p.leaseGate(ps); ref != nil {
+		p.refuseAll(ctx, w, ps, ref, "ok")
+		return
+	}
+	others, ref := p.busCheck(ctx, ps)
+	if ref != nil {
+		p.refuseAll(ctx, w, ps, ref, "ok")
+		return
+	}
+	refused := make([]*refusal, len(changes))
+	anyRefused := false
+	for i, rc := range changes {
+		refused[i] = judge(ps.lease, others, rc, p.cfg.Policy)
+		anyRefused = anyRefused || refused[i] != nil
+	}
+	if anyRefused {
+		p.refuseRefs(ctx, w, ps, refused)
+		return
+	}
+	p.forward(w, r, ps, changes)
+}
+
+// currentLease is the proxy's lease record, or a zero one without a lease.
+func (p *Proxy) currentLease() leasebus.Lease {
+	if p.cfg.Lease == nil {
+		return leasebus.Lease{}
+	}
+	return p.cfg.Lease.Lease()
+}
+
+// leaseGate checks what the proxy itself knows: it holds a lease, the
+// holder still considers it held, and its workspace may push.
+func (p *Proxy) leaseGate(ps *push) *refusal {
+	if p.cfg.Lease == nil {
+		return refuse(ReasonNoLease, "this sidecar holds no lease; pushes are refused (take one with fenceline run or fenceline sidecar)")
+	}
+	ps.lease = p.cfg.Lease.Lease()
+	fence, err := p.cfg.Lease.Fence()
+	if err != nil {
+		code := ReasonLeaseLost
+		if errors.Is(err, leasebus.ErrLeaseUnknown) {
+			code = ReasonLeaseUnknown
+		}
+		return refuse(code, "lease %s %s (fence %d) is not held: %v", ps.lease.LeaseID, ps.lease.Scope, ps.lease.Fence, err)
+	}
+	ps.fence = fence
+	if ps.lease.WorkspaceMode != leasebus.WorkspaceExclusive {
+		return refuse(ReasonSharedWorkspace, "lease %s %s works in a shared workspace and may not push: pushing is a repository-wide mutation (ask the coordinator, or take an exclusive workspace)", ps.lease.LeaseID, ps.lease.Scope)
+	}
+	return nil
+}
+
+// busCheck asks the bus whether the lease is still active with the same
+// fence and returns the repo's other active leases. Fail closed: no answer
+// means no push.
+func (p *Proxy) busCheck(ctx context.Context, ps *push) ([]*leasebus.Lease, *refusal) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.BusTimeout)
+	defer cancel()
+	cur, err := p.cfg.Bus.Get(ctx, ps.lease.LeaseID)
+	if err != nil {
+		return nil, refuse(ReasonLeaseUnknown, "cannot confirm lease %s (fence %d) with the bus: %v", ps.lease.LeaseID, ps.fence, err)
+	}
+	if !cur.Active() {
+		return nil, refuse(ReasonLeaseLost, "lease %s (fence %d) is %s: %s", cur.LeaseID, ps.fence, cur.Status, cur.Reason)
+	}
+	if cur.Fence != ps.fence {
+		return nil, refuse(ReasonStaleFence, "lease %s carries fence %d but the bus says %d", cur.LeaseID, ps.fence, cur.Fence)
+	}
+	others, err := p.cfg.Bus.List(ctx, ps.lease.Repo, false)
+	if err != nil {
+		return nil, refuse(ReasonLeaseUnknown, "cannot list the leases of %s: %v", ps.lease.Repo, err)
+	}
+	return others, nil
+}
+
+// baseObjectDirs lists the object directories the quarantine borrows from.
+func (p *Proxy) baseObjectDirs(ps *push) []string {
+	var dirs []string
+	for _, d := range p.baseGitDirs(ps) {
+		dirs = append(dirs, filepath.Join(d, "objects"))
+	}
+	return dirs
+}
+
+func (p *Proxy) baseGitDirs(ps *push) []string {
+	dirs := append([]string(nil), p.cfg.ObjectDirs...)
+	if m := p.mirrorDir(ps); m != "" {
+		dirs = append(dirs, m)
+	}
+	return dirs
+}
+
+// analyze computes each command's touched paths, fetching the mirror once
+// when the pushed history reaches objects the bases lack.
+func (p *Proxy) analyze(ctx context.Context, ps *push) ([]refChange, error) {
+	pushed := func(plumbing.Hash) bool { return false }
+	if ps.q != nil {
+		pushed = ps.q.pushed
+	}
+	run := func() ([]refChange, error) {
+		var q *quarantine
+		if ps.q != nil {
+			q = ps.q
+		} else {
+			q = &quarantine{dir: os.DevNull}
+		}
+		st := q.store(p.baseGitDirs(ps))
+		if ps.q == nil {
+			st = st.(layered)[1:]
+		}
+		return newAnalyzer(st, pushed).analyze(ctx, ps.req.Commands)
+	}
+	changes, err := run()
+	if errors.Is(err, plumbing.ErrObjectNotFound) && p.refreshMirror(ctx, ps) == nil {
+		changes, err = run()
+	}
+	return changes, err
+}
+
+// mirrorDir is where the upstream repository of ps is mirrored, or "".
+func (p *Proxy) mirrorDir(ps *push) string {
+	if p.cfg.MirrorDir == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(p.upstream.String() + ps.repoPath))
+	return filepath.Join(p.cfg.MirrorDir, hex.EncodeToString(sum[:8])+".git")
+}
+
+// refreshMirror fetches every ref of the upstream repository into its
+// mirror, creating the mirror on first use.
+func (p *Proxy) refreshMirror(ctx context.Context, ps *push) error {
+	dir := p.mirrorDir(ps)
+	if dir == "" {
+		return errors.New("no mirror configured")
+	}
+	mu, _ := p.mirrorMu.LoadOrStore(dir, &sync.Mutex{})
+	mu.(*sync.Mutex).Lock()
+	defer mu.(*sync.Mutex).Unlock()
+	if _, err := os.Stat(filepath.Join(dir, "objects")); err != nil {
+		if _, err := p.git.run(ctx, dir, "init", "--quiet", "--bare", dir); err != nil {
+			return err
+		}
+	}
+	args := []string{}
+	for k, vs := range p.cfg.UpstreamHeader {
+		for _, v := range vs {
+			args = append(args, "-c", "http.extraHeader="+k+": "+v)
+		}
+	}
+	if p.cfg.UpstreamCAFile != "" {
+		args = append(args, "-c", "http.sslCAInfo="+p.cfg.UpstreamCAFile)
+	}
+	u := *p.upstream
+	u.Path = strings.TrimSuffix(u.Path, "/") + ps.repoPath
+	args = append(args, "fetch", "--quiet", "--no-tags", "--prune", u.String(), "+refs/*:refs/*")
+	start := time.Now()
+	_, err := p.git.run(ctx, dir, args...)
+	p.log.Debug("mirror fetched", "mirror", dir, "took", time.Since(start), "err", err)
+	return err
+}
+
+// forward sends the push upstream: the client's commands and push
+// options plus the fence (as push options when the upstream takes them,
+// and as headers), then the pack exactly as received. The upstream's
+// answer goes back to the client unchanged.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ps *push, changes []refChange) {
+	var extra []string
+	if v, _ := p.pushOptions.Load(ps.repoPath); v == true || ps.req.has("push-options") {
+		extra = []string{
+			OptionLease + "=" + ps.lease.LeaseID,
+			OptionFence + "=" + strconv.FormatUint(ps.fence, 10),
+			OptionRepo + "=" + ps.lease.Repo,
+		}
+		if claim, err := json.Marshal(ps.lease.Scope); err == nil && len(claim) < maxPktPayload-len(OptionClaim)-1 {
+			extra = append(extra, OptionClaim+"="+string(claim))
+		}
+	}
+	head := ps.req.encodeHead(extra)
+	body := io.Reader(bytes.NewReader(head))
+	length := int64(len(head))
+	if ps.q != nil {
+		if _, err := ps.q.spool.Seek(0, io.SeekStart); err != nil {
+			p.fail(w, fmt.Errorf("rewind pack: %w", err))
+			return
+		}
+		body = io.MultiReader(body, bufio.NewReaderSize(ps.q.spool, 64<<10))
+		length += ps.q.packSize
+	}
+	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, p.upstreamURL(r), body)
+	if err != nil {
+		p.fail(w, err)
+		return
+	}
+	out.ContentLength = length
+	copyHeaders(out.Header, r.Header, "Authorization", "Git-Protocol", "User-Agent", "Accept", "Content-Type")
+	out.Header.Set(HeaderLease, ps.lease.LeaseID)
+	out.Header.Set(HeaderFence, strconv.FormatUint(ps.fence, 10))
+	p.addUpstreamHeader(out.Header)
+	resp, err := p.client.Do(out)
+	if err != nil {
+		p.log.Warn("push not delivered", "lease", ps.lease.LeaseID, "fence", ps.fence, "err", err)
+		http.Error(w, "fenceline: upstream git server unreachable: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	copyHeaders(w.Header(), resp.Header, "Content-Type", "Cache-Control", "Expires", "Pragma", "WWW-Authenticate")
+	w.WriteHeader(resp.StatusCode)
+	io.Copy(flushWriter{w}, resp.Body)
+	paths := 0
+	for _, c := range changes {
+		paths += len(c.paths)
+	}
+	p.log.Info("push forwarded", "lease", ps.lease.LeaseID, "fence", ps.fence, "refs", len(changes), "paths", paths, "status", resp.StatusCode)
+}
+
+// flushWriter flushes after every write so progress reaches git at once.
+type flushWriter struct{ w http.ResponseWriter }
+
+func (f flushWriter) Write(b []byte) (int, error) {
+	n, err := f.w.Write(b)
+	http.NewResponseController(f.w).Flush()
+	return n, err
+}
+
+// refuseAll refuses every ref of a push for one reason.
+func (p *Proxy) refuseAll(ctx context.Context, w http.ResponseWriter, ps *push, ref *refusal, unpack string) {
+	all := make([]*refusal, len(ps.req.Commands))
+	for i := range all {
+		all[i] = ref
+	}
+	p.respond(ctx, w, ps, all, unpack, []*refusal{ref})
+}
+
+// refuseRefs refuses a push of which some refs were refused: the push
+// goes as a whole or not at all, so the rest are refused too.
+func (p *Proxy) refuseRefs(ctx context.Context, w http.ResponseWriter, ps *push, refused []*refusal) {
+	var first string
+	var causes []*refusal
+	for i, ref := range refused {
+		if ref != nil {
+			causes = append(causes, ref)
+			if first == "" {
+				first = ps.req.Commands[i].Ref
+			}
+		}
+	}
+	for i := range refused {
+		if refused[i] == nil {
+			refused[i] = refuse(ReasonWholePush, "not pushed: %s in the same push was refused", first)
+		}
+	}
+	p.respond(ctx, w, ps, refused, "ok", causes)
+}
+
+// respond writes the report-status that makes git push print each reason,
+// and audits the causes.
+func (p *Proxy) respond(ctx context.Context, w http.ResponseWriter, ps *push, refused []*refusal, unpack string, causes []*refusal) {
+	for _, c := range causes {
+		p.auditRefusal(ctx, ps.lease, ps.fence, c, refsOf(ps.req.Commands, refused, c))
+	}
+	rw := &reportWriter{req: ps.req}
+	for _, c := range causes {
+		rw.progress(c.msg)
+	}
+	reasons := make([]string, len(refused))
+	for i, ref := range refused {
+		reasons[i] = ref.msg
+	}
+	rw.report(unpack, reasons)
+	w.Header().Set("Content-Type", "application/x-git-receive-pack-result")
+	w.Header().Set("Cache-Control", "no-cache")
+	if !ps.req.has("report-status") && !ps.req.has("report-status-v2") && !ps.req.has("side-band-64k") && !ps.req.has("side-band") {
+		http.Error(w, causes[0].msg, http.StatusForbidden)
+		return
+	}
+	w.Write(rw.bytes())
+}
+
+func refsOf(cmds []command, refused []*refusal, c *refusal) string {
+	var refs []string
+	for i, r := range refused {
+		if r == c {
+			refs = append(refs, cmds[i].Ref)
+		}
+	}
+	return strings.Join(refs, " ")
+}
+
+// auditRefusal records a refused push (or ref) with lease, owner, fence and
+// reason. Recording failures are logged; the push stays refused.
+func (p *Proxy) auditRefusal(ctx context.Context, l leasebus.Lease, fence uint64, ref *refusal, refs string) {
+	if fence == 0 {
+		fence = l.Fence
+	}
+	if l.Repo == "" {
+		l.Repo = p.cfg.Repo
+	}
+	msg := ref.msg
+	if refs != "" {
+		msg = "push to " + refs + " refused: " + strings.TrimPrefix(msg, "fenceline: ")
+	}
+	p.log.Warn("push refused", "lease", l.LeaseID, "fence", fence, "reason", ref.code, "refs", refs, "msg", ref.msg)
+	if p.cfg.Audit == nil || l.Repo == "" {
+		return
+	}
+	ev := leasebus.AuditEvent{
+		Time:     time.Now().UTC(),
+		Type:     leasebus.EventDenied,
+		Boundary: leasebus.BoundaryGit,
+		Repo:     l.Repo,
+		LeaseID:  l.LeaseID,
+		Owner:    l.Owner,
+		Scope:    l.Scope,
+		Fence:    fence,
+		Reason:   ref.code,
+		Message:  msg,
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.BusTimeout)
+	defer cancel()
+	if err := p.cfg.Audit.Record(ctx, ev); err != nil {
+		p.log.Error("audit of a refused push not recorded", "lease", l.LeaseID, "fence", fence, "reason", ref.code, "err", err)
+	}
+}
+
+// fail answers an internal error without forwarding anything.
+func (p *Proxy) fail(w http.ResponseWriter, err error) {
+	p.log.Error("push not handled", "err", err)
+	http.Error(w, "fenceline: push not handled: "+err.Error(), http.StatusInternalServerError)
+}

@@ -1,0 +1,291 @@
+package gitproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+
+	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/filemode"
+	"github.com/go-git/go-git/v5/plumbing/object"
+	"github.com/go-git/go-git/v5/plumbing/storer"
+)
+
+// changeKind is what a ref update does to history.
+type changeKind int
+
+const (
+	kindCreate      changeKind = iota // a new ref
+	kindFastForward                   // old is an ancestor of new
+	kindRewrite                       // non-fast-forward: history of the ref is rewritten
+	kindDelete                        // the ref goes away
+)
+
+func (k changeKind) String() string {
+	return [...]string{"create", "fast-forward", "non-fast-forward update", "delete"}[k]
+}
+
+// refChange is the analysis of one command: what it does and every path
+// its new commits touch.
+type refChange struct {
+	cmd        command
+	kind       changeKind
+	newCommits int
+	paths      []string // sorted, unique, repo-relative
+	notCommit  string   // set when the new object is not (a tag of) a commit: its type
+}
+
+// analyzer computes touched paths with go-git. A commit is new when it was
+// in the pushed pack: the client sends what the upstream lacks, and the
+// upstream's own connectivity check refuses a push that references a commit
+// it has neither in the pack nor in its store.
+type analyzer struct {
+	st     storer.EncodedObjectStorer
+	pushed func(plumbing.Hash) bool
+	memo   map[plumbing.Hash][]string // touched paths of each new commit
+}
+
+func newAnalyzer(st storer.EncodedObjectStorer, pushed func(plumbing.Hash) bool) *analyzer {
+	return &analyzer{st: st, pushed: pushed, memo: make(map[plumbing.Hash][]string)}
+}
+
+// analyze examines every command of a push.
+func (a *analyzer) analyze(ctx context.Context, cmds []command) ([]refChange, error) {
+	out := make([]refChange, len(cmds))
+	for i, c := range cmds {
+		rc, err := a.command(ctx, c)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", c.Ref, err)
+		}
+		out[i] = rc
+	}
+	return out, nil
+}
+
+func (a *analyzer) command(ctx context.Context, c command) (refChange, error) {
+	rc := refChange{cmd: c}
+	if c.isDelete() {
+		rc.kind = kindDelete
+		return rc, nil
+	}
+	tip, typ, err := a.peel(plumbing.NewHash(c.New))
+	if err != nil {
+		return rc, err
+	}
+	if tip == nil {
+		rc.notCommit = typ
+		return rc, nil
+	}
+	touched := make(map[string]struct{})
+	n, err := a.walkNew(ctx, tip, touched)
+	if err != nil {
+		return rc, err
+	}
+	rc.newCommits = n
+	rc.kind = kindCreate
+	if !c.isCreate() {
+		old, err := object.GetCommit(a.st, plumbing.NewHash(c.Old))
+		switch {
+		case errors.Is(err, plumbing.ErrObjectNotFound), errors.Is(err, plumbing.ErrInvalidType):
+			// The ref's old value is not a commit we can see (a tag ref
+			// being moved, say): treat the update as a rewrite.
+			rc.kind = kindRewrite
+		case err != nil:
+			return rc, err
+		default:
+			ff, err := a.isAncestor(ctx, old, tip)
+			if err != nil {
+				return rc, err
+			}
+			rc.kind = kindFastForward
+			if !ff {
+				// A rewrite also discards old's changes: what it does to the
+				// ref's content is the diff between the two tips.
+				rc.kind = kindRewrite
+				if err := a.diff(ctx, old, tip, touched); err != nil {
+					return rc, err
+				}
+			}
+		}
+	}
+	rc.paths = make([]string, 0, len(touched))
+	for p := range touched {
+		rc.paths = append(rc.paths, p)
+	}
+	slices.Sort(rc.paths)
+	return rc, nil
+}
+
+// peel follows annotated tags to the commit they name. It returns a nil
+// commit and the object type when the chain ends elsewhere.
+func (a *analyzer) peel(h plumbing.Hash) (*object.Commit, string, error) {
+	for range 16 {
+		o, err := a.st.EncodedObject(plumbing.AnyObject, h)
+		if err != nil {
+			return nil, "", fmt.Errorf("object %s: %w", h, err)
+		}
+		switch o.Type() {
+		case plumbing.CommitObject:
+			c, err := object.DecodeCommit(a.st, o)
+			return c, "", err
+		case plumbing.TagObject:
+			t, err := object.DecodeTag(a.st, o)
+			if err != nil {
+				return nil, "", err
+			}
+			h = t.Target
+		default:
+			return nil, o.Type().String(), nil
+		}
+	}
+	return nil, "", fmt.Errorf("tag chain at %s is longer than 16", h)
+}
+
+// walkNew visits every new commit reachable from tip and adds the paths
+// each changes against each of its parents (all of its tree for a root
+// commit). A commit that touches a path and a later one that reverts it
+// both count: the walk looks at every commit, not at the net result.
+func (a *analyzer) walkNew(ctx context.Context, tip *object.Commit, touched map[string]struct{}) (int, error) {
+	if !a.pushed(tip.Hash) {
+		return 0, nil
+	}
+	seen := map[plumbing.Hash]bool{tip.Hash: true}
+	stack := []*object.Commit{tip}
+	n := 0
+	for len(stack) > 0 {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		c := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		n++
+		paths, err := a.commitPaths(ctx, c)
+		if err != nil {
+			return n, err
+		}
+		for _, p := range paths {
+			touched[p] = struct{}{}
+		}
+		for _, ph := range c.ParentHashes {
+			if seen[ph] || !a.pushed(ph) {
+				continue
+			}
+			seen[ph] = true
+			p, err := object.GetCommit(a.st, ph)
+			if err != nil {
+				return n, fmt.Errorf("parent %s of %s: %w", ph, c.Hash, err)
+			}
+			stack = append(stack, p)
+		}
+	}
+	return n, nil
+}
+
+// commitPaths returns the paths commit c changes against its parents:
+// the union over every parent for a merge.
+func (a *analyzer) commitPaths(ctx context.Context, c *object.Commit) ([]string, error) {
+	if p, ok := a.memo[c.Hash]; ok {
+		return p, nil
+	}
+	set := make(map[string]struct{})
+	if c.NumParents() == 0 {
+		tree, err := c.Tree()
+		if err != nil {
+			return nil, fmt.Errorf("tree of %s: %w", c.Hash, err)
+		}
+		if err := allPaths(tree, set); err != nil {
+			return nil, err
+		}
+	}
+	for _, ph := range c.ParentHashes {
+		p, err := object.GetCommit(a.st, ph)
+		if err != nil {
+			return nil, fmt.Errorf("parent %s of %s: %w", ph, c.Hash, err)
+		}
+		if err := a.diff(ctx, p, c, set); err != nil {
+			return nil, err
+		}
+	}
+	paths := make([]string, 0, len(set))
+	for p := range set {
+		paths = append(paths, p)
+	}
+	a.memo[c.Hash] = paths
+	return paths, nil
+}
+
+// diff adds every path that differs between the trees of from and to.
+func (a *analyzer) diff(ctx context.Context, from, to *object.Commit, set map[string]struct{}) error {
+	ft, err := from.Tree()
+	if err != nil {
+		return fmt.Errorf("tree of %s: %w", from.Hash, err)
+	}
+	tt, err := to.Tree()
+	if err != nil {
+		return fmt.Errorf("tree of %s: %w", to.Hash, err)
+	}
+	changes, err := object.DiffTreeWithOptions(ctx, ft, tt, &object.DiffTreeOptions{})
+	if err != nil {
+		return fmt.Errorf("diff %s..%s: %w", from.Hash, to.Hash, err)
+	}
+	for _, ch := range changes {
+		if ch.From.Name != "" {
+			set[ch.From.Name] = struct{}{}
+		}
+		if ch.To.Name != "" {
+			set[ch.To.Name] = struct{}{}
+		}
+	}
+	return nil
+}
+
+// allPaths adds every file of tree (submodule links included).
+func allPaths(tree *object.Tree, set map[string]struct{}) error {
+	w := object.NewTreeWalker(tree, true, nil)
+	defer w.Close()
+	for {
+		name, e, err := w.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("walk tree %s: %w", tree.Hash, err)
+		}
+		if e.Mode != filemode.Dir {
+			set[name] = struct{}{}
+		}
+	}
+}
+
+// isAncestor reports whether old is reachable from tip, walking breadth
+// first so that the common case — new commits built right on old — ends
+// after a few steps.
+func (a *analyzer) isAncestor(ctx context.Context, old, tip *object.Commit) (bool, error) {
+	if old.Hash == tip.Hash {
+		return true, nil
+	}
+	seen := map[plumbing.Hash]bool{tip.Hash: true}
+	queue := []plumbing.Hash{tip.Hash}
+	for len(queue) > 0 {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		c, err := object.GetCommit(a.st, queue[0])
+		queue = queue[1:]
+		if err != nil {
+			return false, fmt.Errorf("walk history: %w", err)
+		}
+		for _, ph := range c.ParentHashes {
+			if ph == old.Hash {
+				return true, nil
+			}
+			if !seen[ph] {
+				seen[ph] = true
+				queue = append(queue, ph)
+			}
+		}
+	}
+	return false, nil
+}
