@@ -316,6 +316,13 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 	}
 	br := bufio.NewReaderSize(body, 64<<10)
 	req, err := readPushRequest(br)
+	if errors.Is(err, errProbe) {
+		if n, _ := io.Copy(io.Discard, io.LimitReader(br, 1)); n == 0 {
+			p.probe(w, r)
+			return
+		}
+		err = errors.New("a push request without ref updates must end at its flush packet")
+	}
 	if err != nil {
 		p.auditRefusal(ctx, p.currentLease(), 0, refuse(ReasonBadPush, "bad push request: %v", err), "")
 		http.Error(w, "fenceline: bad push request: "+err.Error(), http.StatusBadRequest)
@@ -383,6 +390,27 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.forward(w, r, ps, changes)
+}
+
+// probe relays git's pre-flight request (a lone flush packet), so the
+// upstream answers it, authentication included.
+func (p *Proxy) probe(w http.ResponseWriter, r *http.Request) {
+	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, p.upstreamURL(r), strings.NewReader("0000"))
+	if err != nil {
+		p.fail(w, err)
+		return
+	}
+	copyHeaders(out.Header, r.Header, "Authorization", "Git-Protocol", "User-Agent", "Accept", "Content-Type")
+	p.addUpstreamHeader(out.Header)
+	resp, err := p.client.Do(out)
+	if err != nil {
+		http.Error(w, "fenceline: upstream git server unreachable: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	copyHeaders(w.Header(), resp.Header, "Content-Type", "Cache-Control", "WWW-Authenticate")
+	w.WriteHeader(resp.StatusCode)
+	io.Copy(w, resp.Body)
 }
 
 // currentLease is the proxy's lease record, or a zero one without a lease.

@@ -50,6 +50,10 @@ func (r *pushRequest) hasPack() bool {
 	return false
 }
 
+// errProbe is returned for a request that is a lone flush packet: git
+// sends one before a large (chunked) push to check that it may post.
+var errProbe = errors.New("probe request: no ref updates")
+
 // readPushRequest parses the head of a receive-pack request from br and
 // leaves br at the first byte of the pack. It is git's own parser where
 // go-git v5's mis-reads push options: commands up to a flush, then, when
@@ -93,7 +97,7 @@ func readPushRequest(br *bufio.Reader) (*pushRequest, error) {
 		req.Commands = append(req.Commands, cmd)
 	}
 	if len(req.Commands) == 0 {
-		return nil, errors.New("push request has no ref updates")
+		return nil, errProbe
 	}
 	for _, c := range req.Caps {
 		if v, ok := strings.CutPrefix(c, "object-format="); ok && v != "sha1" {

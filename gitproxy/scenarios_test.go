@@ -1,0 +1,360 @@
+package gitproxy
+
+import (
+		"crypto/rand"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+func mustPush(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	out, ok := pushOut(t, dir, args...)
+	if !ok {
+		t.Fatalf("git push %s refused:\n%s", strings.Join(args, " "), out)
+	}
+	return out
+}
+
+func mustRefuse(t *testing.T, dir, want string, args ...string) string {
+	t.Helper()
+	out, ok := pushOut(t, dir, args...)
+	if ok {
+		t.Fatalf("git push %s accepted, want refused:\n%s", strings.Join(args, " "), out)
+	}
+	if !strings.Contains(out, want) {
+		t.Fatalf("git push %s output lacks %q:\n%s", strings.Join(args, " "), want, out)
+	}
+	return out
+}
+
+func TestBranchCreateAndTags(t *testing.T) {
+	e := newEnv(t)
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	dir := e.clone(e.proxy(l).URL)
+
+	// A new branch at a commit the upstream has: nothing new, nothing touched.
+	mustPush(t, dir, "origin", "main:refs/heads/copy")
+	// A new branch with new commits is judged on them, relative to what
+	// the upstream already has.
+	mustGit(t, dir, "checkout", "--quiet", "-b", "feature")
+	head := e.commit(dir, "feature", "services/billing/feature.go", "package billing\n")
+	mustPush(t, dir, "origin", "feature")
+	if got := e.upstreamRef("refs/heads/feature"); got != head {
+		t.Fatalf("feature = %q, want %s", got, head)
+	}
+	e.commit(dir, "escape", "README.md", "changed\n")
+	mustRefuse(t, dir, "README.md is outside lease", "origin", "feature:refs/heads/feature2")
+	mustGit(t, dir, "reset", "--quiet", "--hard", "HEAD~1")
+
+	// Tags: lightweight and annotated, on in-scope history.
+	mustGit(t, dir, "tag", "v1")
+	mustGit(t, dir, "tag", "-a", "-m", "release", "v1-annotated")
+	mustPush(t, dir, "origin", "v1", "v1-annotated")
+	if e.upstreamRef("refs/tags/v1") != head || e.upstreamRef("refs/tags/v1-annotated^{commit}") != head {
+		t.Fatal("tags did not land")
+	}
+	// A tag on an out-of-scope commit is refused like a branch.
+	e.commit(dir, "escape", "libs/tax/rates.go", "changed\n")
+	mustGit(t, dir, "tag", "-a", "-m", "bad", "v2")
+	mustRefuse(t, dir, "libs/tax/rates.go is outside lease", "origin", "v2")
+}
+
+func TestDeleteAndForcePushPolicy(t *testing.T) {
+	e := newEnv(t)
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	dir := e.clone(e.proxy(l).URL)
+	mustPush(t, dir, "origin", "main:refs/heads/topic")
+
+	mustRefuse(t, dir, "deleting refs/heads/topic is not allowed for path lease", "origin", "--delete", "topic")
+	if e.upstreamRef("refs/heads/topic") == "" {
+		t.Fatal("refused delete removed the branch")
+	}
+	e.commit(dir, "one", "services/billing/a.go", "a\n")
+	mustPush(t, dir, "origin", "main")
+	mustGit(t, dir, "commit", "--quiet", "--amend", "-m", "rewritten")
+	mustRefuse(t, dir, "non-fast-forward update of refs/heads/main is not allowed for path lease", "origin", "+main")
+
+	// The policy can allow both for path leases.
+	dir2 := e.clone(e.proxy(l, func(c *Config) { c.Policy = Policy{AllowForcePush: true, AllowRefDelete: true} }).URL)
+	mustPush(t, dir2, "origin", "--delete", "topic")
+	if e.upstreamRef("refs/heads/topic") != "" {
+		t.Fatal("allowed delete did not land")
+	}
+	mustGit(t, dir2, "commit", "--quiet", "--amend", "-m", "rewritten")
+	mustPush(t, dir2, "origin", "+main")
+}
+
+func TestExclusiveWithoutClaimYieldsToDeclaredClaims(t *testing.T) {
+	e := newEnv(t)
+	other := e.lease([]string{"libs/tax"}, leasebus.WorkspaceShared)
+	l := e.lease(nil, leasebus.WorkspaceExclusive) // claims nothing repo-wide
+	dir := e.clone(e.proxy(l).URL)
+
+	e.commit(dir, "readme", "README.md", "mine\n")
+	mustPush(t, dir, "origin", "main")
+	e.commit(dir, "tax", "libs/tax/rates.go", "not mine\n")
+	out := mustRefuse(t, dir, "libs/tax/rates.go is inside lease "+other.Record.LeaseID, "origin", "main")
+	if !strings.Contains(out, other.Record.Owner.AgentID) {
+		t.Fatalf("refusal does not name the other lease's owner:\n%s", out)
+	}
+	// A force push that only discards someone else's leased change is
+	// judged on its net diff, too.
+	mustGit(t, dir, "reset", "--quiet", "--hard", "HEAD~1")
+	e.commit(dir, "more", "README.md", "mine again\n")
+	mustPush(t, dir, "origin", "main")
+	if err := other.Release(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	// With the claim gone, the same change may land.
+	e.commit(dir, "tax", "libs/tax/rates.go", "now mine\n")
+	mustPush(t, dir, "origin", "main")
+}
+
+func TestAtomicAndMultiRefPushGoAsAWhole(t *testing.T) {
+	e := newEnv(t)
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	dir := e.clone(e.proxy(l).URL)
+	good := e.commit(dir, "good", "services/billing/a.go", "a\n")
+	mustGit(t, dir, "branch", "good")
+	e.commit(dir, "bad", "libs/tax/rates.go", "x\n")
+	mustGit(t, dir, "branch", "bad")
+	for _, atomic := range []bool{true, false} {
+		args := []string{"origin", "good", "bad"}
+		if atomic {
+			args = append([]string{"--atomic"}, args...)
+		}
+		out := mustRefuse(t, dir, "libs/tax/rates.go is outside lease", args...)
+		if !strings.Contains(out, "refs/heads/bad in the same push was refused") && !strings.Contains(out, "atomic") {
+			t.Fatalf("good ref's refusal does not say why:\n%s", out)
+		}
+		if e.upstreamRef("refs/heads/good") != "" {
+			t.Fatalf("atomic=%v: good ref landed although the push was refused", atomic)
+		}
+	}
+	mustPush(t, dir, "--atomic", "origin", "good")
+	if e.upstreamRef("refs/heads/good") != good {
+		t.Fatal("good ref did not land")
+	}
+}
+
+func TestPushOptionsAndFenceReachUpstream(t *testing.T) {
+	e := newEnv(t)
+	// A hook upstream writes the push options it sees.
+	seen := filepath.Join(t.TempDir(), "options")
+	hook := fmt.Sprintf("#!/bin/sh\ni=0\nwhile [ $i -lt ${GIT_PUSH_OPTION_COUNT:-0} ]; do eval echo \\$GIT_PUSH_OPTION_$i >> %s; i=$((i+1)); done\ncat >/dev/null\n", seen)
+	writeHook(t, e.bare, "pre-receive", hook)
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	dir := e.clone(e.proxy(l).URL)
+	e.commit(dir, "x", "services/billing/x.go", "x\n")
+	mustPush(t, dir, "-o", "ci.skip", "-o", "reviewer=alice", "origin", "main")
+	data, err := os.ReadFile(seen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := string(data)
+	for _, want := range []string{"ci.skip\n", "reviewer=alice\n", OptionLease + "=" + l.Record.LeaseID + "\n",
+		fmt.Sprintf("%s=%d\n", OptionFence, l.Record.Fence), OptionRepo + "=" + testRepo + "\n", OptionClaim + "="} {
+		if !strings.Contains(got, want) {
+			t.Errorf("upstream push options lack %q:\n%s", want, got)
+		}
+	}
+	// Without client options, the fence still travels as options.
+	os.Remove(seen)
+	e.commit(dir, "y", "services/billing/y.go", "y\n")
+	mustPush(t, dir, "origin", "main")
+	data, _ = os.ReadFile(seen)
+	if !strings.Contains(string(data), OptionLease+"="+l.Record.LeaseID) {
+		t.Fatalf("fence options missing without client options:\n%s", data)
+	}
+}
+
+func writeHook(t *testing.T, bare, name, script string) {
+	t.Helper()
+	p := filepath.Join(bare, "hooks", name)
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestThinAndLargePushes resolves thin-pack bases and parents from the
+// agent's own repository, and, without one, from the proxy's mirror of the
+// upstream.
+func TestThinAndLargePushes(t *testing.T) {
+	for _, local := range []bool{true, false} {
+		t.Run(fmt.Sprintf("local objects=%v", local), func(t *testing.T) { testThinAndLarge(t, local) })
+	}
+}
+
+func testThinAndLarge(t *testing.T, local bool) {
+	e := newEnv(t)
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	dir := filepath.Join(t.TempDir(), "work")
+	srv := e.proxy(l, func(c *Config) {
+		if local {
+			c.ObjectDirs = []string{filepath.Join(dir, ".git")}
+			c.MirrorDir = ""
+		}
+	})
+	mustGit(t, "", "clone", "--quiet", srv.URL+"/payments.git", dir)
+	// 3 MiB of incompressible data: the request body is over 1 MiB, so git
+	// sends it chunked.
+	big := make([]byte, 3<<20)
+	rand.Read(big)
+	e.commit(dir, "big", "services/billing/blob.bin", string(big))
+	tr, err := gitCmd(t, dir, []string{"GIT_TRACE_CURL=1", "GIT_TRACE_CURL_NO_DATA=1"}, "push", "origin", "main")
+	if err != nil {
+		t.Fatalf("large push refused: %v\n%s", err, tr)
+	}
+	if !strings.Contains(tr, "Transfer-Encoding: chunked") {
+		t.Fatalf("large push was not sent chunked:\n%s", tr)
+	}
+	// A small change to the big file: git sends a thin pack whose delta
+	// base is the blob the upstream already has.
+	copy(big[100:], "changed")
+	head := e.commit(dir, "delta", "services/billing/blob.bin", string(big))
+	tr, err = gitCmd(t, dir, []string{"GIT_TRACE=1"}, "push", "origin", "main")
+	if err != nil {
+		t.Fatalf("thin push refused: %v\n%s", err, tr)
+	}
+	if !strings.Contains(tr, "pack-objects") || !strings.Contains(tr, "--thin") {
+		t.Fatalf("git did not send a thin pack:\n%s", tr)
+	}
+	if e.upstreamRef("refs/heads/main") != head {
+		t.Fatal("thin push did not land")
+	}
+	mustGit(t, e.bare, "fsck", "--no-progress")
+}
+
+func TestPushAfterReleaseRevokeAndWithoutLease(t *testing.T) {
+	e := newEnv(t)
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	srv := e.proxy(l)
+	dir := e.clone(srv.URL)
+	e.commit(dir, "x", "services/billing/x.go", "x\n")
+	if err := l.Release(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	mustRefuse(t, dir, "is not held", "origin", "main")
+
+	l2 := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	dir2 := e.clone(e.proxy(l2).URL)
+	e.commit(dir2, "x", "services/billing/x.go", "x\n")
+	if _, err := e.bus.Client.Revoke(ctxT(t), l2.Record.LeaseID, "operator says stop"); err != nil {
+		t.Fatal(err)
+	}
+	// The holder learns of the revoke by watch; the proxy also asks the bus.
+	mustRefuse(t, dir2, "fenceline: lease "+l2.Record.LeaseID, "origin", "main")
+
+	// No lease at all: clone and fetch still work, pushes do not.
+	none := e.proxy(nil)
+	dir3 := e.clone(none.URL)
+	mustGit(t, dir3, "fetch", "--quiet", "origin")
+	e.commit(dir3, "x", "services/billing/x.go", "x\n")
+	mustRefuse(t, dir3, "holds no lease", "origin", "main")
+	for _, ev := range e.audit() {
+		if ev.Repo != testRepo || ev.Reason == "" || ev.Message == "" {
+			t.Fatalf("incomplete audit event %+v", ev)
+		}
+	}
+}
+
+// TestZombiePush: a sidecar whose lease expired and was regranted to
+// another owner, who pushed, must not land its push — at the proxy, and,
+// should a zombie get past its own checks, at the server's hook.
+func TestZombiePush(t *testing.T) {
+	e := newEnv(t)
+	fenceline := buildFenceline(t)
+	writeHook(t, e.bare, "pre-receive", "#!/bin/sh\nexec "+fenceline+" hook pre-receive\n")
+
+	claim := bustest.Claim(t, "services/billing")
+	cred := leasebus.NewCredential()
+	zombie, err := e.bus.Client.Acquire(ctxT(t), leasebus.AcquireRequest{
+		Repo: testRepo, Scope: claim, WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Second),
+		Owner: leasebus.Owner{TaskID: "t", AgentID: "zombie", AttemptID: leasebus.NewAttemptID()},
+	}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A frozen holder: it believes the lease is still held.
+	frozen := frozenLease{rec: *zombie}
+	zdir := e.clone(e.proxy(frozen).URL)
+	e.commit(zdir, "zombie", "services/billing/invoice.go", "zombie\n")
+
+	// The lease expires; another agent takes the same claim and pushes.
+	var next *leasebus.Lease
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		next, err = e.bus.Client.Acquire(ctxT(t), leasebus.AcquireRequest{
+			Repo: testRepo, Scope: claim, WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second),
+			Owner: leasebus.Owner{TaskID: "t", AgentID: "successor", AttemptID: leasebus.NewAttemptID()},
+		}, leasebus.NewCredential())
+		return err
+	})
+	if next.Fence <= zombie.Fence {
+		t.Fatalf("regrant fence %d not above %d", next.Fence, zombie.Fence)
+	}
+	ndir := e.clone(e.proxy(frozenLease{rec: *next}).URL)
+	e.commit(ndir, "successor", "services/billing/other.go", "successor\n")
+	mustPush(t, ndir, "origin", "main")
+
+	// At the proxy: the bus says the zombie's lease is not active.
+	mustGit(t, zdir, "pull", "--quiet", "--rebase", "origin", "main")
+	mustRefuse(t, zdir, "fenceline: lease "+zombie.LeaseID, "origin", "main")
+
+	// At the server: a zombie that got past its proxy pushes straight to
+	// the server with its stale fence; the hook refuses it.
+	out := mustRefuse(t, zdir, "is stale", "-o", OptionLease+"="+zombie.LeaseID, "-o", fmt.Sprintf("%s=%d", OptionFence, zombie.Fence),
+		"-o", OptionClaim+`={"kind":"paths","paths":["services/billing"]}`, e.gs.url("payments.git"), "HEAD:main")
+	if !strings.Contains(out, fmt.Sprintf("was pushed under fence %d", next.Fence)) {
+		t.Fatalf("hook refusal does not name the newer fence:\n%s", out)
+	}
+	// And a push with no fence at all is refused by the hook.
+	mustRefuse(t, zdir, "carries no fence", e.gs.url("payments.git"), "HEAD:main")
+	// The successor keeps pushing.
+	e.commit(ndir, "again", "services/billing/other.go", "again\n")
+	mustPush(t, ndir, "origin", "main")
+}
+
+// frozenLease is a holder that never learns its lease ended.
+type frozenLease struct{ rec leasebus.Lease }
+
+func (f frozenLease) Fence() (uint64, error)  { return f.rec.Fence, nil }
+func (f frozenLease) Lease() leasebus.Lease { return f.rec }
+
+
+var (
+	fencelineOnce sync.Once
+	fencelineBin  string
+	fencelineErr  error
+)
+
+// buildFenceline builds the fenceline binary once per test run, for the
+// git server's hook.
+func buildFenceline(t *testing.T) string {
+	t.Helper()
+	fencelineOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "fenceline-bin-")
+		if err != nil {
+			fencelineErr = err
+			return
+		}
+		fencelineBin = filepath.Join(dir, "fenceline")
+		out, err := exec.Command("go", "build", "-o", fencelineBin, "github.com/fenceline/fenceline/cmd/fenceline").CombinedOutput()
+		if err != nil {
+			fencelineErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if fencelineErr != nil {
+		t.Fatal(fencelineErr)
+	}
+	return fencelineBin
+}
