@@ -1,7 +1,7 @@
 package gitproxy
 
 import (
-		"crypto/rand"
+	"crypto/rand"
 	"fmt"
 	"os"
 	"os/exec"
@@ -327,9 +327,8 @@ func TestZombiePush(t *testing.T) {
 // frozenLease is a holder that never learns its lease ended.
 type frozenLease struct{ rec leasebus.Lease }
 
-func (f frozenLease) Fence() (uint64, error)  { return f.rec.Fence, nil }
-func (f frozenLease) Lease() leasebus.Lease { return f.rec }
-
+func (f frozenLease) Fence() (uint64, error) { return f.rec.Fence, nil }
+func (f frozenLease) Lease() leasebus.Lease  { return f.rec }
 
 var (
 	fencelineOnce sync.Once
