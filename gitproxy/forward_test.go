@@ -3,13 +3,13 @@ package gitproxy
 import (
 	"encoding/pem"
 	"net/http"
-	"net/http/cgi"
-	"net/http/httptest"
+		"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -20,10 +20,9 @@ func TestForwardProxyHTTPS(t *testing.T) {
 	e := newEnv(t)
 	const token = "Bearer sidecar-secret"
 	// The real git host: https, and it wants a credential.
-	execPath := strings.TrimSpace(mustGit(t, "", "--exec-path"))
-	backend := &cgi.Handler{
-		Path: filepath.Join(execPath, "git-http-backend"),
-		Env:  append(gitEnv(t.TempDir()), "GIT_PROJECT_ROOT="+e.gs.root, "GIT_HTTP_EXPORT_ALL=1"),
+	backend, err := gitserver.Handler(e.gs.root, gitEnv(t.TempDir())...)
+	if err != nil {
+		t.Fatal(err)
 	}
 	host := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != token {

@@ -3,7 +3,6 @@ package gitproxy
 import (
 	"bytes"
 	"context"
-	"net/http/cgi"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 )
@@ -60,32 +60,27 @@ func mustGit(t testing.TB, dir string, args ...string) string {
 // gitServer is a real git http-backend serving bare repositories.
 type gitServer struct {
 	root string
-	srv  *httptest.Server
+	srv  *gitserver.Server
 }
 
 func startGitServer(t testing.TB) *gitServer {
 	t.Helper()
-	execPath := strings.TrimSpace(mustGit(t, "", "--exec-path"))
 	root := t.TempDir()
-	h := &cgi.Handler{
-		Path: filepath.Join(execPath, "git-http-backend"),
-		Env: append(gitEnv(t.TempDir()),
-			"GIT_PROJECT_ROOT="+root,
-			"GIT_HTTP_EXPORT_ALL=1",
-		),
+	srv, err := gitserver.Start(root, gitEnv(t.TempDir())...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	gs := &gitServer{root: root, srv: httptest.NewServer(h)}
-	t.Cleanup(gs.srv.Close)
-	return gs
+	t.Cleanup(func() { srv.Close() })
+	return &gitServer{root: root, srv: srv}
 }
 
 // newRepo creates a bare repository that accepts pushes and push options.
 func (gs *gitServer) newRepo(t testing.TB, name string) string {
 	t.Helper()
-	dir := filepath.Join(gs.root, name)
-	mustGit(t, "", "init", "--quiet", "--bare", "--initial-branch=main", dir)
-	mustGit(t, dir, "config", "http.receivepack", "true")
-	mustGit(t, dir, "config", "receive.advertisePushOptions", "true")
+	dir, err := gs.srv.NewRepo(name)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return dir
 }
 

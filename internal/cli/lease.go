@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
@@ -32,11 +33,8 @@ func (a *app) leaseCommand() *cobra.Command {
 
 func (a *app) acquireCommand() *cobra.Command {
 	var (
-		repo, workspaceID, workspace string
-		task, agent, attempt         string
-		paths, tables                []string
-		wholeRepo, asJSON            bool
-		ttl, wait                    time.Duration
+		lf     leaseFlags
+		asJSON bool
 	)
 	c := &cobra.Command{
 		Use:   "acquire --repo R (--scope PATH ... | --whole-repo | --workspace exclusive)",
@@ -58,36 +56,9 @@ bad --table, a --ttl out of range) are usage errors (exit 2).`,
   fenceline lease acquire --repo github.com/acme/payments --whole-repo --ttl 10m --json
   fenceline lease acquire --repo github.com/acme/payments --scope db --table public.users --wait 2m`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if strings.TrimSpace(repo) == "" {
-				return usagef("--repo is required: name the repository, e.g. --repo github.com/acme/payments")
-			}
-			mode := leasebus.WorkspaceMode(workspace)
-			switch mode {
-			case "", leasebus.WorkspaceShared, leasebus.WorkspaceExclusive:
-			default:
-				return usagef("--workspace %q: want shared or exclusive", workspace)
-			}
-			if len(paths) == 0 && !wholeRepo && mode != leasebus.WorkspaceExclusive {
-				return usagef("nothing claimed: give --scope PATH (repeatable) or --whole-repo, or --workspace exclusive to lease an exclusive workspace that claims no paths")
-			}
-			claim, err := scope.New(paths, wholeRepo, tables)
+			req, err := lf.request()
 			if err != nil {
-				return &usageError{err: err}
-			}
-			if ttl < leasebus.MinTTL || ttl > leasebus.MaxTTL {
-				return usagef("--ttl %s out of range: want %s to %s", ttl, leasebus.MinTTL, leasebus.MaxTTL)
-			}
-			if wait < 0 {
-				return usagef("--wait %s is negative", wait)
-			}
-			if task == "" {
-				task = "cli"
-			}
-			if agent == "" {
-				agent = defaultAgent()
-			}
-			if attempt == "" {
-				attempt = leasebus.NewAttemptID()
+				return err
 			}
 			s, err := a.dial()
 			if err != nil {
@@ -96,23 +67,14 @@ bad --table, a --ttl out of range) are usage errors (exit 2).`,
 			defer s.Close()
 
 			cred := leasebus.NewCredential()
-			req := leasebus.AcquireRequest{
-				Repo:          repo,
-				Scope:         claim,
-				WorkspaceID:   workspaceID,
-				WorkspaceMode: mode,
-				Owner:         leasebus.Owner{TaskID: task, AgentID: agent, AttemptID: attempt},
-				TTL:           leasebus.Duration(ttl),
-				Wait:          leasebus.Duration(wait),
-			}
 			ctx := cmd.Context()
 			l, err := s.client.Acquire(ctx, req, cred)
 			if err != nil {
 				var ce *leasebus.ConflictError
 				if errors.As(err, &ce) {
-					return &conflictReport{ce: ce, claim: claim, wait: wait}
+					return &conflictReport{ce: ce, claim: req.Scope, wait: time.Duration(req.Wait)}
 				}
-				return fmt.Errorf("acquire %s in %s: %w", claim, repo, err)
+				return fmt.Errorf("acquire %s in %s: %w", req.Scope, req.Repo, err)
 			}
 			path, err := writeCredFile(&credFile{LeaseID: l.LeaseID, Repo: l.Repo, Credential: cred, Version: l.Version, NATS: s.url})
 			if err != nil {
@@ -144,20 +106,81 @@ bad --table, a --ttl out of range) are usage errors (exit 2).`,
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&repo, "repo", "", "repository identity, e.g. github.com/acme/payments (required)")
-	f.StringArrayVar(&paths, "scope", nil, "repo-relative path to claim (repeatable)")
-	f.BoolVar(&wholeRepo, "whole-repo", false, "claim every path of the repo (exclusive workspace)")
-	f.StringArrayVar(&tables, "table", nil, "Postgres table to claim, schema.table or schema.* (repeatable)")
-	f.StringVar(&workspaceID, "workspace-id", "", "workspace (shard) the lease works in (default \""+leasebus.DefaultWorkspace+"\")")
-	f.StringVar(&workspace, "workspace", "", "workspace mode: shared or exclusive (default shared with --scope, else exclusive)")
-	f.DurationVar(&ttl, "ttl", leasebus.DefaultTTL, "how long the lease lives without a renewal")
-	f.StringVar(&task, "task", "", "owner task id (default \"cli\")")
-	f.StringVar(&agent, "agent", "", "owner agent id (default $USER@hostname)")
-	f.StringVar(&attempt, "attempt", "", "owner attempt id (default a fresh att_… id)")
-	f.DurationVar(&wait, "wait", 0, "queue behind conflicting leases up to this long (0: fail at once)")
+	lf.register(f)
 	f.BoolVar(&asJSON, "json", false, "print the lease record with its credential as JSON")
 	c.MarkFlagsMutuallyExclusive("scope", "whole-repo")
 	return c
+}
+
+// leaseFlags are the flags that describe a lease to acquire, shared by
+// lease acquire, sidecar and run.
+type leaseFlags struct {
+	repo, workspaceID, workspace string
+	task, agent, attempt         string
+	paths, tables                []string
+	wholeRepo                    bool
+	ttl, wait                    time.Duration
+}
+
+func (lf *leaseFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&lf.repo, "repo", "", "repository identity, e.g. github.com/acme/payments (required)")
+	f.StringArrayVar(&lf.paths, "scope", nil, "repo-relative path to claim (repeatable)")
+	f.BoolVar(&lf.wholeRepo, "whole-repo", false, "claim every path of the repo (exclusive workspace)")
+	f.StringArrayVar(&lf.tables, "table", nil, "Postgres table to claim, schema.table or schema.* (repeatable)")
+	f.StringVar(&lf.workspaceID, "workspace-id", "", "workspace (shard) the lease works in (default \""+leasebus.DefaultWorkspace+"\")")
+	f.StringVar(&lf.workspace, "workspace", "", "workspace mode: shared or exclusive (default shared with --scope, else exclusive)")
+	f.DurationVar(&lf.ttl, "ttl", leasebus.DefaultTTL, "how long the lease lives without a renewal")
+	f.StringVar(&lf.task, "task", "", "owner task id (default \"cli\")")
+	f.StringVar(&lf.agent, "agent", "", "owner agent id (default $USER@hostname)")
+	f.StringVar(&lf.attempt, "attempt", "", "owner attempt id (default a fresh att_… id)")
+	f.DurationVar(&lf.wait, "wait", 0, "queue behind conflicting leases up to this long (0: fail at once)")
+}
+
+// request checks the flags and builds the acquire request; bad values are
+// usage errors naming the flag.
+func (lf *leaseFlags) request() (leasebus.AcquireRequest, error) {
+	var req leasebus.AcquireRequest
+	if strings.TrimSpace(lf.repo) == "" {
+		return req, usagef("--repo is required: name the repository, e.g. --repo github.com/acme/payments")
+	}
+	mode := leasebus.WorkspaceMode(lf.workspace)
+	switch mode {
+	case "", leasebus.WorkspaceShared, leasebus.WorkspaceExclusive:
+	default:
+		return req, usagef("--workspace %q: want shared or exclusive", lf.workspace)
+	}
+	if len(lf.paths) == 0 && !lf.wholeRepo && mode != leasebus.WorkspaceExclusive {
+		return req, usagef("nothing claimed: give --scope PATH (repeatable) or --whole-repo, or --workspace exclusive to lease an exclusive workspace that claims no paths")
+	}
+	claim, err := scope.New(lf.paths, lf.wholeRepo, lf.tables)
+	if err != nil {
+		return req, &usageError{err: err}
+	}
+	if lf.ttl < leasebus.MinTTL || lf.ttl > leasebus.MaxTTL {
+		return req, usagef("--ttl %s out of range: want %s to %s", lf.ttl, leasebus.MinTTL, leasebus.MaxTTL)
+	}
+	if lf.wait < 0 {
+		return req, usagef("--wait %s is negative", lf.wait)
+	}
+	task, agent, attempt := lf.task, lf.agent, lf.attempt
+	if task == "" {
+		task = "cli"
+	}
+	if agent == "" {
+		agent = defaultAgent()
+	}
+	if attempt == "" {
+		attempt = leasebus.NewAttemptID()
+	}
+	return leasebus.AcquireRequest{
+		Repo:          lf.repo,
+		Scope:         claim,
+		WorkspaceID:   lf.workspaceID,
+		WorkspaceMode: mode,
+		Owner:         leasebus.Owner{TaskID: task, AgentID: agent, AttemptID: attempt},
+		TTL:           leasebus.Duration(lf.ttl),
+		Wait:          leasebus.Duration(lf.wait),
+	}, nil
 }
 
 // defaultAgent is "$USER@hostname".

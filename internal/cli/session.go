@@ -1,0 +1,102 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// heldLease is a lease this process holds: acquired from flags, or attached
+// to by id with its credential.
+type heldLease struct {
+	holder   *leasebus.Holder
+	cred     leasebus.Credential
+	acquired bool // taken here (so released here), not attached
+}
+
+// dialHolder connects to the bus for a long-lived holder: it reconnects
+// forever, and the holder reports "unknown" meanwhile.
+func (a *app) dialHolder() (*session, error) {
+	url, source := a.busURL()
+	nc, err := a.connect(url, source, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	c := leasebus.NewClient(nc)
+	return &session{nc: nc, client: c, url: url}, nil
+}
+
+// holdLease acquires the lease the flags describe, or, with attachID,
+// attaches to an existing lease using its credential (the credential file
+// of this machine, or cred), and starts holding it.
+func (a *app) holdLease(ctx context.Context, s *session, lf *leaseFlags, attachID string, cred leasebus.Credential) (*heldLease, error) {
+	if attachID != "" {
+		return a.attach(ctx, s, attachID, cred)
+	}
+	req, err := lf.request()
+	if err != nil {
+		return nil, err
+	}
+	cred = leasebus.NewCredential()
+	sent := time.Now()
+	l, err := s.client.Acquire(ctx, req, cred)
+	if err != nil {
+		var ce *leasebus.ConflictError
+		if errors.As(err, &ce) {
+			return nil, &conflictReport{ce: ce, claim: req.Scope, wait: time.Duration(req.Wait)}
+		}
+		return nil, fmt.Errorf("acquire %s in %s: %w", req.Scope, req.Repo, err)
+	}
+	h, err := s.client.Hold(l, cred, sent, leasebus.HoldOptions{})
+	if err != nil {
+		s.client.Release(context.WithoutCancel(ctx), l.LeaseID, cred)
+		return nil, err
+	}
+	return &heldLease{holder: h, cred: cred, acquired: true}, nil
+}
+
+// attach renews the lease once (proving the credential and starting the
+// holder's clock) and holds it.
+func (a *app) attach(ctx context.Context, s *session, id string, cred leasebus.Credential) (*heldLease, error) {
+	if err := checkLeaseID(id); err != nil {
+		return nil, err
+	}
+	if cred == "" {
+		f, err := readCredFile(id)
+		if err != nil {
+			return nil, fmt.Errorf("attach to %s: %w (pass the owner's credential with --credential)", id, err)
+		}
+		cred = f.Credential
+	}
+	cur, err := s.client.Get(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("attach to %s: %w", id, err)
+	}
+	sent := time.Now()
+	l, err := s.client.Renew(ctx, leasebus.RenewRequest{LeaseID: id, Repo: cur.Repo, Credential: cred, Version: cur.Version})
+	if err != nil {
+		return nil, fmt.Errorf("attach to %s: %w", id, err)
+	}
+	h, err := s.client.Hold(l, cred, sent, leasebus.HoldOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return &heldLease{holder: h, cred: cred}, nil
+}
+
+// finish ends holding: a lease acquired here is released, an attached one
+// is only no longer renewed (its owner decides).
+func (h *heldLease) finish(ctx context.Context) error {
+	if !h.acquired {
+		h.holder.Stop()
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	return h.holder.Release(ctx)
+}

@@ -1,0 +1,259 @@
+// Package pgtest starts a throwaway real Postgres for tests: the machine's
+// initdb and pg_ctl (Debian keeps them in /usr/lib/postgresql/*/bin) on a
+// free port of 127.0.0.1 in a temporary directory, run as an unprivileged
+// user when the test runs as root (initdb refuses root). Set
+// FENCELINE_TEST_PG to a superuser DSN to use an existing server instead.
+//
+// Share one server per test binary: start it in TestMain and stop it there.
+//
+//	var pg *pgtest.Server
+//	func TestMain(m *testing.M) {
+//		pg = pgtest.MustStart()
+//		code := m.Run()
+//		pg.Stop()
+//		os.Exit(code)
+//	}
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// EnvDSN names the variable that points tests at an existing server.
+const EnvDSN = "FENCELINE_TEST_PG"
+
+// Server is a running Postgres.
+type Server struct {
+	// Host and Port are where it listens (TCP, 127.0.0.1).
+	Host string
+	Port int
+	// Admin is the superuser's name (no password over TCP from 127.0.0.1
+	// for a server this package started).
+	Admin string
+	// BinDir holds the server's binaries (pg_ctl, psql, pgbench).
+	BinDir string
+
+	dir      string // owned temp dir; empty for an external server
+	data     string
+	runAs    *syscall.Credential
+	external string // the DSN from FENCELINE_TEST_PG
+}
+
+// Addr is host:port.
+func (s *Server) Addr() string { return net.JoinHostPort(s.Host, strconv.Itoa(s.Port)) }
+
+// DSN returns a URL for user (with password, may be empty) and database.
+func (s *Server) DSN(usr, password, db string) string {
+	u := url.URL{Scheme: "postgres", Host: s.Addr(), Path: "/" + db, RawQuery: "sslmode=disable"}
+	if password != "" {
+		u.User = url.UserPassword(usr, password)
+	} else {
+		u.User = url.User(usr)
+	}
+	return u.String()
+}
+
+// AdminDSN is the superuser DSN for database db ("postgres" when empty).
+func (s *Server) AdminDSN(db string) string {
+	if s.external != "" && db == "" {
+		return s.external
+	}
+	if db == "" {
+		db = "postgres"
+	}
+	if s.external != "" {
+		u, err := url.Parse(s.external)
+		if err == nil {
+			u.Path = "/" + db
+			return u.String()
+		}
+	}
+	return s.DSN(s.Admin, "", db)
+}
+
+// MustStart is Start for TestMain: it panics when Postgres cannot start,
+// naming what to install.
+func MustStart() *Server {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	s, err := Start(ctx)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Start returns the server named by FENCELINE_TEST_PG, or initializes and
+// starts a new one.
+func Start(ctx context.Context) (*Server, error) {
+	if dsn := os.Getenv(EnvDSN); dsn != "" {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", EnvDSN, err)
+		}
+		port, _ := strconv.Atoi(u.Port())
+		if port == 0 {
+			port = 5432
+		}
+		bin, _ := BinDir()
+		return &Server{Host: u.Hostname(), Port: port, Admin: u.User.Username(), BinDir: bin, external: dsn}, nil
+	}
+	bin, err := BinDir()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Host: "127.0.0.1", Admin: "postgres", BinDir: bin}
+	if os.Geteuid() == 0 {
+		cred, err := nobody()
+		if err != nil {
+			return nil, err
+		}
+		s.runAs = cred
+	}
+	s.dir, err = os.MkdirTemp("", "fenceline-pg-")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: temp dir: %w", err)
+	}
+	if s.runAs != nil {
+		if err := os.Chown(s.dir, int(s.runAs.Uid), int(s.runAs.Gid)); err != nil {
+			s.cleanup()
+			return nil, fmt.Errorf("pgtest: chown %s: %w", s.dir, err)
+		}
+	}
+	s.data = filepath.Join(s.dir, "data")
+	if out, err := s.run(ctx, "initdb", "-D", s.data, "-U", s.Admin, "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"); err != nil {
+		s.cleanup()
+		return nil, fmt.Errorf("pgtest: initdb: %w\n%s", err, out)
+	}
+	hba := `local all all trust
+host all scram_user 127.0.0.1/32 scram-sha-256
+host all md5_user 127.0.0.1/32 md5
+host all all 127.0.0.1/32 trust
+`
+	if err := os.WriteFile(filepath.Join(s.data, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
+		s.cleanup()
+		return nil, fmt.Errorf("pgtest: pg_hba.conf: %w", err)
+	}
+	if s.runAs != nil {
+		os.Chown(filepath.Join(s.data, "pg_hba.conf"), int(s.runAs.Uid), int(s.runAs.Gid))
+	}
+	for try := 0; ; try++ {
+		s.Port, err = freePort()
+		if err != nil {
+			s.cleanup()
+			return nil, err
+		}
+		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off "+
+			"-c full_page_writes=off -c max_connections=200 -c shared_buffers=128MB", s.Port, s.dir)
+		out, err := s.run(ctx, "pg_ctl", "-D", s.data, "-l", filepath.Join(s.dir, "log"), "-w", "-t", "60", "-o", opts, "start")
+		if err == nil {
+			break
+		}
+		if try == 2 {
+			log, _ := os.ReadFile(filepath.Join(s.dir, "log"))
+			s.cleanup()
+			return nil, fmt.Errorf("pgtest: pg_ctl start: %w\n%s\n%s", err, out, log)
+		}
+	}
+	return s, nil
+}
+
+// Stop stops a server this package started and removes its files.
+func (s *Server) Stop() error {
+	if s.dir == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := s.run(ctx, "pg_ctl", "-D", s.data, "-m", "immediate", "-w", "stop")
+	s.cleanup()
+	if err != nil {
+		return fmt.Errorf("pgtest: pg_ctl stop: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// Log returns the server log (empty for an external server).
+func (s *Server) Log() string {
+	if s.dir == "" {
+		return ""
+	}
+	b, _ := os.ReadFile(filepath.Join(s.dir, "log"))
+	return string(b)
+}
+
+func (s *Server) cleanup() {
+	if s.dir != "" {
+		os.RemoveAll(s.dir)
+	}
+}
+
+func (s *Server) run(ctx context.Context, prog string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(s.BinDir, prog), args...)
+	cmd.Dir = s.dir
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	if s.runAs != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.runAs}
+		cmd.Env = append(cmd.Env, "HOME="+s.dir)
+	}
+	return cmd.CombinedOutput()
+}
+
+// BinDir finds the newest /usr/lib/postgresql/*/bin with initdb, or the
+// directory of initdb on PATH.
+func BinDir() (string, error) {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d, nil
+		}
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(p), nil
+	}
+	return "", errors.New("pgtest: no Postgres server binaries (initdb, pg_ctl): install them (Debian: apt-get install postgresql) or set " + EnvDSN + " to a superuser DSN")
+}
+
+func version(binDir string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return v
+}
+
+func nobody() (*syscall.Credential, error) {
+	u, err := user.Lookup("nobody")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: running as root needs the user nobody to run Postgres: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if g, err := user.LookupGroup("nogroup"); err == nil {
+		gid, _ = strconv.Atoi(g.Gid)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: false, Groups: []uint32{}}, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Quote returns s as a SQL string literal.
+func Quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

@@ -1,0 +1,259 @@
+// Package proxy is the per-agent sidecar: it keeps the agent's lease alive
+// and serves the write-boundary fences (git, and Postgres when configured)
+// that the agent is routed through, and tells the agent's environment how
+// to reach them. fenceline run and fenceline sidecar are built on it.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fenceline/fenceline/gitproxy"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// Config configures a Sidecar.
+type Config struct {
+	// Lease is the agent's held lease.
+	Lease *leasebus.Holder
+	// Bus is read when a write is decided; Audit records refusals.
+	Bus   *leasebus.Client
+	Audit *leasebus.Auditor
+
+	// GitUpstream is the URL of the agent's git remote (its repository or
+	// the server base, http or https). Empty: no git fence.
+	GitUpstream string
+	// GitListen is where the git fence listens (default 127.0.0.1:0).
+	GitListen string
+	// GitForward serves an https:// upstream as a forward proxy with a
+	// local CA (git's http.proxy) instead of a plain reverse proxy.
+	GitForward bool
+	// GitPolicy is the history-rewrite policy of the git fence.
+	GitPolicy gitproxy.Policy
+	// GitObjectDirs: git dirs whose objects resolve pushed packs (the
+	// agent's repository).
+	GitObjectDirs []string
+	// GitUpstreamHeader is added to every upstream git request (the
+	// credential the agent never sees).
+	GitUpstreamHeader http.Header
+	// GitUpstreamCAFile is the CA bundle for an https upstream (default: system).
+	GitUpstreamCAFile string
+
+	// StateDir keeps the sidecar's files: mirrors, the local CA, temp packs.
+	StateDir string
+	Logger   *slog.Logger
+}
+
+// Sidecar runs the fences of one agent.
+type Sidecar struct {
+	cfg Config
+	log *slog.Logger
+
+	git        *http.Server
+	gitAddr    net.Addr
+	gitBase    string // upstream base URL the agent's git config maps
+	caFile     string // local CA, forward mode
+	forward    *gitproxy.Forward
+	serveErr   chan error
+	wg         sync.WaitGroup
+	closeOnce  sync.Once
+	closeError error
+}
+
+// Start starts the configured fences.
+func Start(ctx context.Context, cfg Config) (*Sidecar, error) {
+	if cfg.Lease == nil || cfg.Bus == nil {
+		return nil, errors.New("sidecar: a held lease and a bus client are required")
+	}
+	if cfg.StateDir == "" {
+		return nil, errors.New("sidecar: no state dir")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	l := cfg.Lease.Lease()
+	log = log.With("lease", l.LeaseID, "fence", l.Fence)
+	s := &Sidecar{cfg: cfg, log: log, serveErr: make(chan error, 4)}
+	if cfg.GitUpstream != "" {
+		if err := s.startGit(); err != nil {
+			s.Close(ctx)
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// splitUpstream splits a git remote URL into the server base the fence
+// proxies and keeps the agent's path as is.
+func splitUpstream(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("git upstream %q: want an http:// or https:// URL of the git server", raw)
+	}
+	base := &url.URL{Scheme: u.Scheme, Host: u.Host, User: u.User}
+	return base, nil
+}
+
+func (s *Sidecar) startGit() error {
+	base, err := splitUpstream(s.cfg.GitUpstream)
+	if err != nil {
+		return err
+	}
+	s.gitBase = base.String()
+	var transport http.RoundTripper
+	if s.cfg.GitUpstreamCAFile != "" {
+		tr, err := transportWithCA(s.cfg.GitUpstreamCAFile)
+		if err != nil {
+			return err
+		}
+		transport = tr
+	}
+	fence, err := gitproxy.New(gitproxy.Config{
+		Upstream:       s.gitBase,
+		Lease:          s.cfg.Lease,
+		Repo:           s.cfg.Lease.Lease().Repo,
+		Bus:            s.cfg.Bus,
+		Audit:          auditor(s.cfg.Audit),
+		Policy:         s.cfg.GitPolicy,
+		ObjectDirs:     s.cfg.GitObjectDirs,
+		MirrorDir:      filepath.Join(s.cfg.StateDir, "git-mirrors"),
+		TempDir:        filepath.Join(s.cfg.StateDir, "tmp"),
+		UpstreamHeader: s.cfg.GitUpstreamHeader,
+		UpstreamCAFile: s.cfg.GitUpstreamCAFile,
+		Transport:      transport,
+		Logger:         s.log.With("boundary", "git"),
+	})
+	if err != nil {
+		return err
+	}
+	if err := mkdirs(filepath.Join(s.cfg.StateDir, "tmp")); err != nil {
+		return err
+	}
+	handler := http.Handler(fence)
+	if s.cfg.GitForward {
+		if base.Scheme != "https" {
+			return fmt.Errorf("git upstream %s: the forward proxy is for https remotes; use the reverse proxy for http", s.gitBase)
+		}
+		ca, caFile, err := gitproxy.LoadOrCreateCA(filepath.Join(s.cfg.StateDir, "ca"))
+		if err != nil {
+			return err
+		}
+		host := base.Host
+		if base.Port() == "" {
+			host = net.JoinHostPort(base.Hostname(), "443")
+		}
+		s.forward, err = gitproxy.NewForward(gitproxy.ForwardConfig{Hosts: map[string]http.Handler{host: fence}, CA: ca, Logger: s.log})
+		if err != nil {
+			return err
+		}
+		s.caFile = caFile
+		handler = s.forward
+	}
+	listen := s.cfg.GitListen
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("git fence: listen on %s: %w", listen, err)
+	}
+	s.gitAddr = ln.Addr()
+	s.git = &http.Server{Handler: handler, ReadHeaderTimeout: time.Minute, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	s.wg.Go(func() {
+		if err := s.git.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			s.serveErr <- fmt.Errorf("git fence: %w", err)
+		}
+	})
+	s.log.Info("git fence serving", "listen", s.gitAddr.String(), "upstream", s.gitBase, "forward", s.cfg.GitForward)
+	return nil
+}
+
+// GitURL is the git fence's address ("" without one).
+func (s *Sidecar) GitURL() string {
+	if s.gitAddr == nil {
+		return ""
+	}
+	return "http://" + s.gitAddr.String()
+}
+
+// Err reports a fence that stopped serving on its own.
+func (s *Sidecar) Err() <-chan error { return s.serveErr }
+
+// AgentEnv is what the agent's environment needs so that unmodified git
+// goes through the fences: git config entries passed as
+// GIT_CONFIG_COUNT/GIT_CONFIG_KEY_n/GIT_CONFIG_VALUE_n, no change to the
+// agent or its repository's config. base is the agent's environment,
+// whose own GIT_CONFIG_* entries are kept.
+func (s *Sidecar) AgentEnv(base []string) []string {
+	var keys, values []string
+	if s.gitAddr != nil {
+		if s.forward != nil {
+			keys = append(keys, "http."+s.gitBase+"/.proxy", "http."+s.gitBase+"/.sslCAInfo")
+			values = append(values, s.GitURL(), s.caFile)
+		} else {
+			// insteadOf routes fetches too: the file guard lets the agent
+			// reach the sidecar, not the git server.
+			keys = append(keys, "url."+s.GitURL()+"/.insteadOf", "url."+s.GitURL()+"/.pushInsteadOf")
+			values = append(values, s.gitBase+"/", s.gitBase+"/")
+		}
+	}
+	return withGitConfig(base, keys, values)
+}
+
+// withGitConfig appends git config entries to env's GIT_CONFIG_* list.
+func withGitConfig(env []string, keys, values []string) []string {
+	n := 0
+	out := make([]string, 0, len(env)+2*len(keys)+1)
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "GIT_CONFIG_COUNT="); ok {
+			n, _ = strconv.Atoi(v)
+			continue
+		}
+		out = append(out, kv)
+	}
+	for i := range keys {
+		out = append(out, fmt.Sprintf("GIT_CONFIG_KEY_%d=%s", n+i, keys[i]), fmt.Sprintf("GIT_CONFIG_VALUE_%d=%s", n+i, values[i]))
+	}
+	return append(out, fmt.Sprintf("GIT_CONFIG_COUNT=%d", n+len(keys)))
+}
+
+// Close stops the fences: in-flight requests finish (bounded by ctx), new
+// ones are refused. It does not release the lease; the caller does, once
+// the agent has settled.
+func (s *Sidecar) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		var errs []error
+		if s.git != nil {
+			if err := s.git.Shutdown(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("git fence: %w", err))
+				s.git.Close()
+			}
+		}
+		if s.forward != nil {
+			s.forward.Close()
+		}
+		s.wg.Wait()
+		s.closeError = errors.Join(errs...)
+	})
+	return s.closeError
+}
+
+// auditor returns a as a gitproxy.Auditor, nil when a is nil (a typed nil
+// in an interface would be called).
+func auditor(a *leasebus.Auditor) gitproxy.Auditor {
+	if a == nil {
+		return nil
+	}
+	return a
+}
