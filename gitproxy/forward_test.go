@@ -3,7 +3,7 @@ package gitproxy
 import (
 	"encoding/pem"
 	"net/http"
-		"net/http/httptest"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
