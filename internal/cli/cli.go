@@ -66,6 +66,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, defaultUR
 		return ExitOK
 	}
 	code := exitCode(err)
+	if errors.Is(err, errReported) {
+		return code // the command already said why
+	}
 	var re *runError
 	if errors.As(err, &re) {
 		err = re.err
@@ -150,6 +153,10 @@ func (e *usageError) Unwrap() error { return e.err }
 func usagef(format string, args ...any) error {
 	return &usageError{err: fmt.Errorf(format, args...)}
 }
+
+// errReported marks a failure the command has already explained on
+// stderr in its own words (a git hook's refusal, say).
+var errReported = errors.New("reported")
 
 // exitError carries an explicit exit status.
 type exitError struct {

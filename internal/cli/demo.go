@@ -47,10 +47,11 @@ trail. Exits 0 when every expectation held, 1 naming the one that did not.`,
 
 // demo is one run of the story.
 type demo struct {
-	out    io.Writer
-	nc     *nats.Conn
-	c      *leasebus.Client
-	grants []demoGrant // in the order this program learned of them
+	out     io.Writer
+	nc      *nats.Conn
+	c       *leasebus.Client
+	auditor *leasebus.Auditor
+	grants  []demoGrant // in the order this program learned of them
 }
 
 type demoGrant struct {
@@ -92,10 +93,17 @@ func runDemo(parent context.Context, out io.Writer, keep bool) error {
 	}
 	defer svc.Stop()
 
-	d := &demo{out: out, nc: nc, c: leasebus.NewClient(nc)}
+	auditor, err := leasebus.NewAuditor(nc)
+	if err != nil {
+		return err
+	}
+	d := &demo{out: out, nc: nc, c: leasebus.NewClient(nc), auditor: auditor}
 	fmt.Fprintf(out, "fenceline demo: %s\n", demoRepo)
 	fmt.Fprintf(out, "bus: %s (embedded, its own store in %s; the default bus is untouched)\n", srv.ClientURL(), dir)
 	if err := d.story(ctx); err != nil {
+		return err
+	}
+	if err := d.gitStory(ctx, dir); err != nil {
 		return err
 	}
 	fmt.Fprintln(out, "\ndemo complete: every expectation held")

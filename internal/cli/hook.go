@@ -38,7 +38,7 @@ Install, in the bare repository:
 			if errors.As(err, &he) {
 				// git shows the hook's output to the pusher as "remote: …".
 				fmt.Fprintln(a.stderr, he.Msg)
-				return &exitError{code: ExitConflict, err: errors.New("push refused")}
+				return &exitError{code: ExitConflict, err: errReported}
 			}
 			return err
 		},
