@@ -9,9 +9,8 @@ import (
 	"strings"
 )
 
-// gitRunner runs the real git for the parts of a push that git does best:
-// indexing a pack (index-pack, which also completes thin packs) and keeping
-// a mirror of the upstream's objects (fetch).
+// gitRunner runs the real git: to keep a mirror of the upstream's objects
+// (fetch), and in the pre-receive hook.
 type gitRunner struct {
 	path string // the git binary
 }

@@ -92,7 +92,8 @@ type Config struct {
 	UpstreamHeader http.Header
 	// UpstreamCAFile, when set, is the CA bundle git uses to fetch the mirror.
 	UpstreamCAFile string
-	// Transport for upstream requests (default http.DefaultTransport).
+	// Transport for upstream requests (default: http.DefaultTransport's
+	// settings with large buffers).
 	Transport http.RoundTripper
 	// BusTimeout bounds the bus reads of one decision (default 5 s).
 	BusTimeout time.Duration
@@ -148,7 +149,10 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.BusTimeout = 5 * time.Second
 	}
 	if cfg.Transport == nil {
-		cfg.Transport = http.DefaultTransport
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.WriteBufferSize = 256 << 10 // packs go upstream in large writes
+		tr.ReadBufferSize = 64 << 10
+		cfg.Transport = tr
 	}
 	if cfg.Git == "" {
 		cfg.Git = "git"
@@ -293,11 +297,13 @@ func copyHeaders(dst, src http.Header, keys ...string) {
 
 // push is one receive-pack request being judged.
 type push struct {
-	req      *pushRequest
-	lease    leasebus.Lease
-	fence    uint64
-	q        *quarantine
-	repoPath string
+	start              time.Time
+	received, analyzed time.Duration // since start: pack received and scanned; paths computed
+	req                *pushRequest
+	lease              leasebus.Lease
+	fence              uint64
+	pack               *pushPack // nil for a delete-only push
+	repoPath           string
 }
 
 // receivePack judges a push and forwards it only when every ref update
@@ -328,7 +334,7 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "fenceline: bad push request: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	ps := &push{req: req, repoPath: repoPath(r.URL.Path)}
+	ps := &push{req: req, repoPath: repoPath(r.URL.Path), start: time.Now()}
 
 	// A push whose lease is already gone is refused before its pack is
 	// indexed; the pack is still read, so the client gets the report.
@@ -338,25 +344,25 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.hasPack() {
-		q, err := newQuarantine(p.cfg.TempDir, p.baseObjectDirs(ps))
+		pp, err := newPushPack(p.cfg.TempDir)
 		if err != nil {
 			p.fail(w, err)
 			return
 		}
-		defer q.remove()
-		ps.q = q
-		indexErr, err := q.receive(ctx, p.git, br, p.cfg.MaxPushBytes)
+		defer pp.remove()
+		ps.pack = pp
+		scanErr, err := pp.receive(br, p.cfg.MaxPushBytes, baseStores(p.baseGitDirs(ps)))
 		if err != nil {
 			p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "pack not accepted: %v", err), "fenceline: "+oneLine(err.Error(), 200))
 			return
 		}
-		if indexErr != nil {
+		if errors.Is(scanErr, errUnresolved) {
 			if err := p.refreshMirror(ctx, ps); err == nil {
-				indexErr = q.reindex(ctx, p.git)
+				scanErr = pp.rescan(baseStores(p.baseGitDirs(ps)))
 			}
 		}
-		if indexErr != nil {
-			p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "pack not accepted: %v", indexErr), "fenceline: "+oneLine(indexErr.Error(), 200))
+		if scanErr != nil {
+			p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "pack not accepted: %v", scanErr), "fenceline: "+oneLine(scanErr.Error(), 200))
 			return
 		}
 	} else if n, _ := io.Copy(io.Discard, io.LimitReader(br, 1)); n > 0 {
@@ -364,7 +370,9 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	ps.received = time.Since(ps.start)
 	changes, err := p.analyze(ctx, ps)
+	ps.analyzed = time.Since(ps.start)
 	if err != nil {
 		p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "cannot read the pushed history: %v", err), "ok")
 		return
@@ -466,15 +474,6 @@ func (p *Proxy) busCheck(ctx context.Context, ps *push) ([]*leasebus.Lease, *ref
 	return others, nil
 }
 
-// baseObjectDirs lists the object directories the quarantine borrows from.
-func (p *Proxy) baseObjectDirs(ps *push) []string {
-	var dirs []string
-	for _, d := range p.baseGitDirs(ps) {
-		dirs = append(dirs, filepath.Join(d, "objects"))
-	}
-	return dirs
-}
-
 func (p *Proxy) baseGitDirs(ps *push) []string {
 	dirs := append([]string(nil), p.cfg.ObjectDirs...)
 	if m := p.mirrorDir(ps); m != "" {
@@ -486,22 +485,12 @@ func (p *Proxy) baseGitDirs(ps *push) []string {
 // analyze computes each command's touched paths, fetching the mirror once
 // when the pushed history reaches objects the bases lack.
 func (p *Proxy) analyze(ctx context.Context, ps *push) ([]refChange, error) {
-	pushed := func(plumbing.Hash) bool { return false }
-	if ps.q != nil {
-		pushed = ps.q.pushed
-	}
 	run := func() ([]refChange, error) {
-		var q *quarantine
-		if ps.q != nil {
-			q = ps.q
-		} else {
-			q = &quarantine{dir: os.DevNull}
+		st := baseStores(p.baseGitDirs(ps))
+		if ps.pack != nil {
+			st = append(layered{ps.pack.objs}, st...)
 		}
-		st := q.store(p.baseGitDirs(ps))
-		if ps.q == nil {
-			st = st.(layered)[1:]
-		}
-		return newAnalyzer(st, pushed).analyze(ctx, ps.req.Commands)
+		return newAnalyzer(st, ps.pack.pushed).analyze(ctx, ps.req.Commands)
 	}
 	changes, err := run()
 	if errors.Is(err, plumbing.ErrObjectNotFound) && p.refreshMirror(ctx, ps) == nil {
@@ -571,13 +560,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ps *push, change
 	head := ps.req.encodeHead(extra)
 	body := io.Reader(bytes.NewReader(head))
 	length := int64(len(head))
-	if ps.q != nil {
-		if _, err := ps.q.spool.Seek(0, io.SeekStart); err != nil {
+	if ps.pack != nil {
+		if _, err := ps.pack.spool.Seek(0, io.SeekStart); err != nil {
 			p.fail(w, fmt.Errorf("rewind pack: %w", err))
 			return
 		}
-		body = io.MultiReader(body, bufio.NewReaderSize(ps.q.spool, 64<<10))
-		length += ps.q.packSize
+		body = io.MultiReader(body, bufio.NewReaderSize(ps.pack.spool, 64<<10))
+		length += ps.pack.size
 	}
 	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, p.upstreamURL(r), body)
 	if err != nil {
@@ -603,7 +592,15 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ps *push, change
 	for _, c := range changes {
 		paths += len(c.paths)
 	}
-	p.log.Info("push forwarded", "lease", ps.lease.LeaseID, "fence", ps.fence, "refs", len(changes), "paths", paths, "status", resp.StatusCode)
+	p.log.Info("push forwarded", "lease", ps.lease.LeaseID, "fence", ps.fence, "refs", len(changes), "paths", paths,
+		"status", resp.StatusCode, "packBytes", packSize(ps.pack), "received", ps.received, "analyzed", ps.analyzed, "total", time.Since(ps.start))
+}
+
+func packSize(pp *pushPack) int64 {
+	if pp == nil {
+		return 0
+	}
+	return pp.size
 }
 
 // flushWriter flushes after every write so progress reaches git at once.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 
 	"github.com/go-git/go-git/v5/plumbing"
@@ -191,11 +190,7 @@ func (a *analyzer) commitPaths(ctx context.Context, c *object.Commit) ([]string,
 	}
 	set := make(map[string]struct{})
 	if c.NumParents() == 0 {
-		tree, err := c.Tree()
-		if err != nil {
-			return nil, fmt.Errorf("tree of %s: %w", c.Hash, err)
-		}
-		if err := allPaths(tree, set); err != nil {
+		if err := a.addEntry(object.TreeEntry{Mode: filemode.Dir, Hash: c.TreeHash}, "", set); err != nil {
 			return nil, err
 		}
 	}
@@ -218,45 +213,85 @@ func (a *analyzer) commitPaths(ctx context.Context, c *object.Commit) ([]string,
 
 // diff adds every path that differs between the trees of from and to.
 func (a *analyzer) diff(ctx context.Context, from, to *object.Commit, set map[string]struct{}) error {
-	ft, err := from.Tree()
-	if err != nil {
-		return fmt.Errorf("tree of %s: %w", from.Hash, err)
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	tt, err := to.Tree()
-	if err != nil {
-		return fmt.Errorf("tree of %s: %w", to.Hash, err)
-	}
-	changes, err := object.DiffTreeWithOptions(ctx, ft, tt, &object.DiffTreeOptions{})
-	if err != nil {
+	if err := a.diffTrees(from.TreeHash, to.TreeHash, "", set); err != nil {
 		return fmt.Errorf("diff %s..%s: %w", from.Hash, to.Hash, err)
 	}
-	for _, ch := range changes {
-		if ch.From.Name != "" {
-			set[ch.From.Name] = struct{}{}
+	return nil
+}
+
+// diffTrees adds the paths under prefix where trees a and b differ,
+// descending only into subtrees whose ids differ: identical subtrees are
+// skipped by id, so the cost follows the change, not the tree.
+func (a *analyzer) diffTrees(ha, hb plumbing.Hash, prefix string, set map[string]struct{}) error {
+	if ha == hb {
+		return nil
+	}
+	ta, err := object.GetTree(a.st, ha)
+	if err != nil {
+		return fmt.Errorf("tree %s: %w", ha, err)
+	}
+	tb, err := object.GetTree(a.st, hb)
+	if err != nil {
+		return fmt.Errorf("tree %s: %w", hb, err)
+	}
+	old := make(map[string]object.TreeEntry, len(ta.Entries))
+	for _, e := range ta.Entries {
+		old[e.Name] = e
+	}
+	for _, e := range tb.Entries {
+		o, ok := old[e.Name]
+		delete(old, e.Name)
+		path := prefix + e.Name
+		switch {
+		case !ok:
+			if err := a.addEntry(e, path, set); err != nil {
+				return err
+			}
+		case o.Hash == e.Hash && o.Mode == e.Mode:
+		case o.Mode == filemode.Dir && e.Mode == filemode.Dir:
+			if err := a.diffTrees(o.Hash, e.Hash, path+"/", set); err != nil {
+				return err
+			}
+		default: // changed, or a file became a directory or back
+			if err := a.addEntry(o, path, set); err != nil {
+				return err
+			}
+			if err := a.addEntry(e, path, set); err != nil {
+				return err
+			}
 		}
-		if ch.To.Name != "" {
-			set[ch.To.Name] = struct{}{}
+	}
+	for name, o := range old { // removed
+		if err := a.addEntry(o, prefix+name, set); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// allPaths adds every file of tree (submodule links included).
-func allPaths(tree *object.Tree, set map[string]struct{}) error {
-	w := object.NewTreeWalker(tree, true, nil)
-	defer w.Close()
-	for {
-		name, e, err := w.Next()
-		if errors.Is(err, io.EOF) {
-			return nil
+// addEntry adds path, or every file under it when it is a directory.
+func (a *analyzer) addEntry(e object.TreeEntry, path string, set map[string]struct{}) error {
+	if e.Mode != filemode.Dir {
+		set[path] = struct{}{}
+		return nil
+	}
+	t, err := object.GetTree(a.st, e.Hash)
+	if err != nil {
+		return fmt.Errorf("tree %s: %w", e.Hash, err)
+	}
+	for _, c := range t.Entries {
+		p := c.Name
+		if path != "" {
+			p = path + "/" + c.Name
 		}
-		if err != nil {
-			return fmt.Errorf("walk tree %s: %w", tree.Hash, err)
-		}
-		if e.Mode != filemode.Dir {
-			set[name] = struct{}{}
+		if err := a.addEntry(c, p, set); err != nil {
+			return err
 		}
 	}
+	return nil
 }
 
 // isAncestor reports whether old is reachable from tip, walking breadth

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/cgi"
@@ -36,7 +37,7 @@ func Handler(root string, env ...string) (http.Handler, error) {
 	if _, err := os.Stat(backend); err != nil {
 		return nil, fmt.Errorf("gitserver: git http-backend not found: %w", err)
 	}
-	return &cgi.Handler{
+	return spoolChunked(&cgi.Handler{
 		Path: backend,
 		Env: append([]string{
 			"GIT_PROJECT_ROOT=" + root,
@@ -45,7 +46,38 @@ func Handler(root string, env ...string) (http.Handler, error) {
 			"HOME=" + root,
 		}, env...),
 		InheritEnv: []string{"PATH"},
-	}, nil
+	}), nil
+}
+
+// spoolChunked buffers a chunked request body to a temporary file before
+// the CGI runs, as nginx does by default in front of git http-backend: Go's
+// CGI handler refuses bodies without a length, and git sends pushes over
+// 1 MiB chunked.
+func spoolChunked(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength >= 0 || r.Body == nil || r.Body == http.NoBody {
+			h.ServeHTTP(w, r)
+			return
+		}
+		f, err := os.CreateTemp("", "gitserver-body-")
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		defer os.Remove(f.Name())
+		defer f.Close()
+		n, err := io.Copy(f, r.Body)
+		if err == nil {
+			_, err = f.Seek(0, io.SeekStart)
+		}
+		if err != nil {
+			http.Error(w, "read request body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body, r.ContentLength = f, n
+		r.TransferEncoding = nil
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Start serves the repositories under root on a free loopback port.
