@@ -1,0 +1,119 @@
+// Package fsguard is fenceline's file-write guard: it runs an agent's
+// command so that it writes only what its lease allows, stops every write
+// the moment the lease is lost or unknown (reads go on), and reports the
+// attempt settled only once every process it started is gone.
+//
+// # Layers
+//
+// Landlock is the boundary. The guarded command runs in a Landlock domain
+// that grants writes only beneath Policy.Writable (the leased paths under
+// the worktree, the extras of the policy, the git dirs of an exclusive
+// workspace), a private temp dir (TMPDIR) and a few devices (/dev/null,
+// ttys); reads and execution everywhere except Policy.Hidden; and, with
+// ABI >= 4, TCP connect only to Policy.ConnectPorts (the sidecar's ports).
+// With ABI >= 6 the agent cannot signal processes outside its domain (the
+// sidecar). The kernel checks every open, create, rename, link, unlink and
+// truncate itself, after resolving symlinks, "..", /proc/self/fd magic links
+// and hard links, for static binaries as much as for libc programs.
+// Landlock rules only add rights, so a shared-workspace lease never makes the
+// worktree root writable: .git cannot be carved out of a writable tree, and
+// Validate refuses a shared policy whose writable paths cover a git dir.
+// Hiding a path means granting read on everything else: full read on every
+// sibling along the way from / to it, directory listing only on its
+// ancestors (names stay visible, contents do not).
+//
+// A seccomp filter handles what must change at run time. Installed with
+// SECCOMP_FILTER_FLAG_NEW_LISTENER, it sends every write-class system call to
+// the supervisor (open/openat only with O_WRONLY, O_RDWR, O_CREAT, O_TRUNC or
+// O_APPEND — decided in the filter, no round trip for reads; openat2, creat,
+// rename*, unlink*, mkdir*, rmdir, link*, symlink*, mknod*, truncate,
+// ftruncate, fallocate, chmod/chown/utimes families and xattr writes
+// always). While Gate.Fence succeeds the supervisor answers CONTINUE: that
+// is not an allow decision — the call then meets Landlock in the kernel, so
+// the time-of-check/time-of-use hole of CONTINUE grants nothing. Once the
+// gate fails it answers EACCES, counts the denial and records an audit
+// event (boundary "file") naming the lease, owner, fence, reason, the call
+// and its path (read from /proc/PID/mem, trusted only after
+// SECCOMP_IOCTL_NOTIF_ID_VALID). A read-only openat2 while the lease is lost
+// gets ENOSYS, so libc and Go fall back to openat, which the filter checks
+// without trusting CONTINUE. The filter kills foreign-architecture and x32
+// calls and refuses io_uring_setup (io_uring operations bypass seccomp).
+//
+// The git shim is convenience, not enforcement: with Policy.GitShim a git
+// first on PATH refuses repo-wide subcommands (Policy.GitDenied, default
+// DefaultRepoWideGit) with a message naming the lease and who may run them
+// (exit 3), and runs the real git for everything else with
+// GIT_OPTIONAL_LOCKS=0. The real git called by absolute path still cannot
+// write the git dir of a shared workspace: Landlock refuses it.
+//
+// # Starting a guarded process
+//
+// Go cannot run code between fork and exec, so the child is this binary
+// again (/proc/self/exe) marked by an environment variable; Init, called
+// first in main, turns it into the guarded child:
+//
+//	supervisor (Start)                      guarded child (Init)
+//	    | socketpair(SEQPACKET), start /proc/self/exe (own process group)
+//	    | -- setup (rules, argv, env) ------> | LockOSThread, no_new_privs,
+//	    |                                     | landlock_restrict_self,
+//	    |                                     | seccomp(NEW_LISTENER)
+//	    | <------ "ok" + listener (SCM_RIGHTS)| closes its listener
+//	    | -- "go" ---------------------------> | execve(command)
+//	    | <-- EOF (close-on-exec) ------------ | or "exec: ..." on failure
+//	    | poll listener: RECV, Fence(), SEND CONTINUE | EACCES (+ audit)
+//
+// Landlock, no_new_privs and the filter apply to the thread that execs and
+// are inherited by everything the command starts; nothing can remove them.
+//
+// # Settling
+//
+// The supervisor process is a child subreaper, so processes that
+// double-fork or leave the process group are re-parented to it rather than
+// to init. An attempt's tree is the command's descendants plus those
+// adopted orphans (recognised by carrying the attempt's seccomp filter).
+// Canceling Start's context sends SIGTERM to the process group and, after
+// Policy.KillGrace, SIGKILL to every process of the tree until none is
+// left; adopted zombies are reaped. Wait returns — and Settled closes — only
+// once the command was reaped, no process of the tree is alive, and the
+// seccomp listener hung up, which the kernel does only when no task holds
+// the filter any more: every process of the attempt is gone. The lead
+// releases the lease after that.
+//
+// # Threat model
+//
+// The agent is an unprivileged, possibly careless or adversarial program of
+// the same user. Covered: writes (create, overwrite, truncate, rename,
+// link, unlink, mkdir, mknod, symlink creation) outside the lease, however
+// the path is spelled; writes through inherited read-only descriptors
+// re-opened via /proc/self/fd; static binaries; reading hidden credentials;
+// TCP connects to upstream Postgres, git or NATS ports; new write-opens and
+// namespace changes after the lease is lost; signalling the sidecar.
+//
+// Not covered (documented gaps):
+//   - A descriptor opened for writing while the lease was held stays
+//     writable after it is lost: write(2), mmap and friends on it are not
+//     trapped (trapping every write would cost a round trip per write).
+//   - Landlock does not govern metadata: chmod, chown, utimes and xattrs on
+//     files the agent may read are refused only after the lease is lost.
+//   - Connecting to Unix sockets (e.g. a local Postgres socket) needs
+//     Landlock ABI 9's RESOLVE_UNIX; UDP is not restricted below ABI 9.
+//   - Hidden paths: names in their directories stay listable, and a
+//     directory created later next to a hidden path is not readable.
+//   - Processes running as another user, or with capabilities, are out of
+//     scope; so is a kernel without Landlock (Start refuses to run unless
+//     Policy.AllowUnguarded, which logs loudly).
+//   - Denials Landlock makes while the lease holds are not fsguard audit
+//     events; with ABI >= 7 the kernel's audit log records them.
+//   - Several attempts in one supervisor process share the subreaper: an
+//     orphan that double-forked before it was seen may be attributed to
+//     every attempt's tree (fenceline runs one attempt per process).
+//   - The git shim does not expand git aliases; the guard still applies.
+//
+// # Cost
+//
+// Landlock adds well under a microsecond per open. Each trapped write-class
+// call costs one seccomp round trip to the supervisor (about 4–6 µs on a
+// busy 2-core machine, Linux 6.18, with SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP);
+// reads, writes to open descriptors and read-only opens cost nothing extra.
+// scripts/bench-fsguard.sh measures it side by side.
+package fsguard

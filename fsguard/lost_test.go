@@ -1,0 +1,193 @@
+//go:build linux && (amd64 || arm64)
+
+package fsguard
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// probeRun is a guarded guardhelper probe: one line per round of
+// write/mkdir/rename/unlink/read attempts inside the lease.
+type probeRun struct {
+	pr    *Process
+	lines chan string
+}
+
+func startProbe(t *testing.T, p Policy, gate Gate, audit Auditor, dir string) *probeRun {
+	t.Helper()
+	helper := guardHelper(t)
+	file := filepath.Join(dir, "mine.txt")
+	cmd := exec.Command(helper, "probe", dir, file)
+	out, w := io.Pipe()
+	cmd.Stdout, cmd.Stderr = w, w
+	pr, err := Start(context.Background(), p, gate, audit, cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &probeRun{pr: pr, lines: make(chan string, 4096)}
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		defer close(r.lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			select {
+			case r.lines <- sc.Text():
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		pr.Kill()
+		pr.Wait()
+		w.Close()
+		<-readDone
+	})
+	return r
+}
+
+// next returns the next probe line matching want, or fails after timeout.
+func (r *probeRun) next(t *testing.T, timeout time.Duration, want func(string) bool) string {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case l, ok := <-r.lines:
+			if !ok {
+				t.Fatal("probe ended early")
+			}
+			if want(l) {
+				return l
+			}
+		case <-deadline:
+			t.Fatalf("no matching probe line within %v", timeout)
+		}
+	}
+}
+
+func allOK(l string) bool {
+	return strings.Contains(l, "write=ok mkdir=ok rename=ok unlink=ok read=ok")
+}
+
+func allDenied(l string) bool {
+	return strings.Contains(l, "write=EACCES mkdir=EACCES rename=EACCES unlink=EACCES read=ok")
+}
+
+// TestLostGateStopsWrites: the gate flips to lost mid-run; within a second
+// every write-class call fails with EACCES while reads go on, and each
+// denial is audited with its path.
+func TestLostGateStopsWrites(t *testing.T) {
+	w := newWorktree(t)
+	gate := &testGate{}
+	audit := &memAuditor{}
+	r := startProbe(t, w.policy(), gate, audit, w.leased)
+	r.next(t, 10*time.Second, allOK)
+	gate.lost.Store(true)
+	flipped := time.Now()
+	l := r.next(t, time.Second, allDenied)
+	t.Logf("after the flip (%v): %s", time.Since(flipped), l)
+	r.next(t, time.Second, allDenied) // and it stays so
+	r.pr.Kill()
+	r.pr.Wait()
+	if r.pr.Denials() == 0 {
+		t.Fatal("no denials counted")
+	}
+	evs := audit.all()
+	if len(evs) == 0 {
+		t.Fatal("no audit events")
+	}
+	ev := evs[0]
+	if ev.Boundary != leasebus.BoundaryFile || ev.Type != leasebus.EventDenied || ev.LeaseID != "lease_test1" || ev.Fence != 7 ||
+		!strings.Contains(ev.Message, w.leased) || !strings.Contains(ev.Reason, "lease lost") {
+		t.Errorf("audit event %+v: want a file denial naming the lease, fence, path and reason", ev)
+	}
+}
+
+// TestHolderRevokedStopsWrites: the same with a real lease on a real bus,
+// revoked by an operator through Client.Revoke; denials land on the audit
+// stream through leasebus.Auditor.
+func TestHolderRevokedStopsWrites(t *testing.T) {
+	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	svc, err := leasebus.StartService(ctx, nc, leasebus.ServiceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Stop)
+	client := leasebus.NewClient(nc)
+	auditor, err := leasebus.NewAuditor(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const repo = "github.com/acme/payments"
+	claim, err := scope.New([]string{"leased"}, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cred := leasebus.NewCredential()
+	sent := time.Now()
+	lease, err := client.Acquire(ctx, leasebus.AcquireRequest{Repo: repo, Scope: claim, WorkspaceMode: leasebus.WorkspaceShared,
+		Owner: leasebus.Owner{TaskID: "task-1", AgentID: "agent-1", AttemptID: leasebus.NewAttemptID()},
+		TTL:   leasebus.Duration(30 * time.Second), RequestID: leasebus.NewRequestID()}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, err := client.Hold(lease, cred, sent, leasebus.HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(holder.Stop)
+
+	w := newWorktree(t)
+	p := w.policy()
+	p.Lease = holder.Lease()
+	r := startProbe(t, p, holder, auditor, w.leased)
+	r.next(t, 10*time.Second, allOK)
+	if _, err := client.Revoke(ctx, lease.LeaseID, "operator test"); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	r.next(t, time.Second+time.Since(revoked), allDenied)
+	t.Logf("writes denied %v after Revoke returned", time.Since(revoked))
+	r.pr.Kill()
+	r.pr.Wait()
+
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		evs, err := leasebus.ReadAudit(ctx, nc, repo, 1)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Boundary == leasebus.BoundaryFile && ev.Type == leasebus.EventDenied && ev.LeaseID == lease.LeaseID &&
+				strings.Contains(ev.Message, w.leased) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no file denial for %s among %d audit events", lease.LeaseID, len(evs))
+	})
+}

@@ -1,0 +1,518 @@
+//go:build linux && (amd64 || arm64)
+
+package fsguard
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// Process is a guarded attempt: the command, everything it starts, and the
+// supervisor answering its trapped write calls.
+type Process struct {
+	policy  Policy
+	gate    Gate
+	audit   Auditor
+	cmd     *exec.Cmd
+	pid     int
+	abi     int
+	guarded bool
+
+	listener int // seccomp user-notification fd, -1 without seccomp
+	stopR    int // closing stopW ends the notification loop
+	stopW    int
+	tmpDir   string
+	shimDir  string
+
+	denials atomic.Uint64
+	dropped atomic.Uint64 // denials not audited individually (queue full)
+	auditQ  chan leasebus.AuditEvent
+	killReq chan struct{}
+	killed  atomic.Bool
+
+	notifDone chan struct{} // closed when the notification loop ended
+	auditDone chan struct{}
+	done      chan struct{} // closed once the whole process tree is gone
+	state     *os.ProcessState
+	waitErr   error
+}
+
+// Start runs cmd under the guard described by p: Landlock confines its
+// writes (and TCP connects), a seccomp supervisor refuses every write-class
+// call while gate is closed and records each refusal with audit. Canceling
+// ctx sends SIGTERM to the process group and, after p.KillGrace, SIGKILL to
+// every process of the attempt. cmd is only read (Path, Args, Env, Dir,
+// Stdin, Stdout, Stderr, ExtraFiles); it must not have been started.
+//
+// Without Landlock, Start fails with ErrNoLandlock unless p.AllowUnguarded.
+// The binary must call Init first thing in main (the child is re-executed).
+func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cmd) (*Process, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	if cmd.Err != nil {
+		return nil, fmt.Errorf("guarded command: %w", cmd.Err)
+	}
+	if cmd.Process != nil {
+		return nil, errors.New("guarded command: already started")
+	}
+	log := p.logger()
+	abi, abiErr := Available()
+	if abiErr != nil {
+		if !p.AllowUnguarded {
+			return nil, fmt.Errorf("refusing to run %s unguarded: %w (pass --allow-unguarded to run without a file-write guard)", cmd.Path, abiErr)
+		}
+		log.Warn("RUNNING UNGUARDED: file writes are NOT confined to the lease", "cmd", cmd.Path, "err", abiErr, "lease", p.Lease.LeaseID)
+	}
+	enableSubreaper()
+
+	pr := &Process{policy: p, gate: gate, audit: audit, abi: abi, guarded: abiErr == nil, listener: -1, stopR: -1, stopW: -1,
+		auditQ: make(chan leasebus.AuditEvent, 1024), killReq: make(chan struct{}, 1),
+		notifDone: make(chan struct{}), auditDone: make(chan struct{}), done: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			pr.cleanupDirs()
+		}
+	}()
+	var err error
+	if pr.tmpDir, err = os.MkdirTemp(p.TempRoot, "fenceline-tmp-"); err != nil {
+		return nil, fmt.Errorf("private temp dir: %w", err)
+	}
+	env := cmd.Env
+	if env == nil {
+		env = os.Environ()
+	}
+	env = setEnv(env, "TMPDIR", pr.tmpDir)
+	env = setEnv(env, "GIT_OPTIONAL_LOCKS", "0")
+	if p.GitShim {
+		if env, err = pr.installShim(env); err != nil {
+			return nil, err
+		}
+	}
+
+	cfg := childConfig{Path: cmd.Path, Args: cmd.Args, Env: env, Seccomp: true}
+	if len(cfg.Args) == 0 {
+		cfg.Args = []string{cmd.Path}
+	}
+	if pr.guarded {
+		rules := &landlockRules{ABI: abi, Devices: writableDevices, Hidden: cleanAll(p.Hidden),
+			RestrictNet: !p.AllowAnyConnect, Ports: p.ConnectPorts}
+		rules.Writable = append(cleanAll(p.writable()), pr.tmpDir)
+		if rules.Hidden, err = realPaths(rules.Hidden); err != nil {
+			return nil, err
+		}
+		cfg.Landlock = rules
+		if !rules.RestrictNet || abi < 4 {
+			if abi < 4 && !p.AllowAnyConnect {
+				log.Warn("landlock ABI < 4: TCP connects are NOT restricted", "abi", abi)
+			}
+		}
+	}
+	setup, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("encode guard setup: %w", err)
+	}
+
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("guard setup socket: %w", err)
+	}
+	parentSock := fds[0]
+	childSock := os.NewFile(uintptr(fds[1]), "fsguard-setup")
+	defer unix.Close(parentSock)
+
+	c := &exec.Cmd{
+		Path:        "/proc/self/exe",
+		Args:        cfg.Args,
+		Env:         append(slices.Clone(env), fmt.Sprintf("%s=%d", childEnv, 3+len(cmd.ExtraFiles))),
+		Dir:         cmd.Dir,
+		Stdin:       cmd.Stdin,
+		Stdout:      cmd.Stdout,
+		Stderr:      cmd.Stderr,
+		ExtraFiles:  append(slices.Clone(cmd.ExtraFiles), childSock),
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	err = c.Start()
+	childSock.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start guarded %s: %w", cmd.Path, err)
+	}
+	pr.cmd, pr.pid = c, c.Process.Pid
+	registerDirect(pr.pid)
+	abort := func(err error) (*Process, error) {
+		c.Process.Kill()
+		c.Wait()
+		unregisterDirect(pr.pid)
+		if pr.listener >= 0 {
+			unix.Close(pr.listener)
+		}
+		return nil, err
+	}
+
+	if err := unix.Sendmsg(parentSock, setup, nil, nil, 0); err != nil {
+		return abort(fmt.Errorf("send guard setup: %w", err))
+	}
+	buf := make([]byte, 4096)
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := unix.Recvmsg(parentSock, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return abort(fmt.Errorf("guarded child setup: %w", err))
+	}
+	if msg := string(buf[:n]); msg != msgOK {
+		if msg == "" {
+			msg = "guarded child exited during setup"
+		}
+		return abort(fmt.Errorf("guard %s: %s", cmd.Path, msg))
+	}
+	if oobn > 0 {
+		scms, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err == nil && len(scms) == 1 {
+			if rights, err := unix.ParseUnixRights(&scms[0]); err == nil && len(rights) == 1 {
+				pr.listener = rights[0]
+			}
+		}
+	}
+	if pr.listener < 0 {
+		return abort(errors.New("guarded child sent no seccomp listener"))
+	}
+	if err := setSyncWakeup(pr.listener); err != nil {
+		log.Debug("seccomp sync wake-up unavailable (Linux < 6.6): each trapped call costs a little more", "err", err)
+	}
+	if err := unix.Sendmsg(parentSock, []byte(msgGo), nil, nil, 0); err != nil {
+		return abort(fmt.Errorf("start guarded command: %w", err))
+	}
+	n, _, _, _, err = unix.Recvmsg(parentSock, buf, nil, 0)
+	if err != nil {
+		return abort(fmt.Errorf("guarded child exec: %w", err))
+	}
+	if n > 0 {
+		return abort(fmt.Errorf("guard %s", buf[:n]))
+	}
+	var pipe [2]int
+	if err := unix.Pipe2(pipe[:], unix.O_CLOEXEC); err != nil {
+		return abort(fmt.Errorf("supervisor pipe: %w", err))
+	}
+	pr.stopR, pr.stopW = pipe[0], pipe[1]
+	ok = true
+
+	go pr.notifyLoop()
+	go pr.auditLoop()
+	go pr.superviseTree(ctx)
+	log.Info("guarded attempt started", "pid", pr.pid, "landlock_abi", abi, "guarded", pr.guarded, "lease", p.Lease.LeaseID)
+	return pr, nil
+}
+
+// Pid is the guarded command's process id (and its process group id).
+func (pr *Process) Pid() int { return pr.pid }
+
+// Guarded reports whether Landlock confines the attempt.
+func (pr *Process) Guarded() bool { return pr.guarded }
+
+// TempDir is the attempt's private temp dir (its TMPDIR), removed after it.
+func (pr *Process) TempDir() string { return pr.tmpDir }
+
+// Denials is how many write-class calls the supervisor refused.
+func (pr *Process) Denials() uint64 { return pr.denials.Load() }
+
+// Signal sends sig to the attempt's process group.
+func (pr *Process) Signal(sig syscall.Signal) error {
+	if err := unix.Kill(-pr.pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("signal attempt %d: %w", pr.pid, err)
+	}
+	return nil
+}
+
+// Kill sends SIGKILL to every process of the attempt, including those that
+// left its process group, until none is left.
+func (pr *Process) Kill() {
+	pr.killed.Store(true)
+	select {
+	case pr.killReq <- struct{}{}:
+	default:
+	}
+}
+
+// Settled is closed once every process of the attempt is gone.
+func (pr *Process) Settled() <-chan struct{} { return pr.done }
+
+// Wait waits until every process of the attempt is gone and returns the
+// command's exit state. The error is about supervision only; a command
+// that failed has a non-zero ProcessState.ExitCode.
+func (pr *Process) Wait() (*os.ProcessState, error) {
+	<-pr.done
+	return pr.state, pr.waitErr
+}
+
+// superviseTree waits for the command, reaps and (on cancel) kills the
+// processes it leaves behind, and closes done once none is left.
+func (pr *Process) superviseTree(ctx context.Context) {
+	log := pr.policy.logger()
+	exited := make(chan struct{})
+	go func() {
+		err := pr.cmd.Wait()
+		pr.state = pr.cmd.ProcessState
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = nil
+		}
+		pr.waitErr = err
+		close(exited)
+	}()
+	sigch := make(chan os.Signal, 1)
+	signal.Notify(sigch, unix.SIGCHLD)
+	// While the command runs, the tree is scanned on SIGCHLD (to reap
+	// adopted orphans) and once a second; after it exited or once it is
+	// being killed, every 20 ms until nothing is left.
+	scan := time.NewTimer(time.Second)
+	var killTimer *time.Timer
+	var killAt <-chan time.Time
+	ctxDone, notifDone := ctx.Done(), pr.notifDone
+	exitedSeen := false
+	for {
+		select {
+		case <-ctxDone:
+			ctxDone = nil
+			log.Info("attempt canceled: SIGTERM to its process group", "pid", pr.pid, "grace", pr.policy.killGrace())
+			pr.Signal(unix.SIGTERM)
+			killTimer = time.NewTimer(pr.policy.killGrace())
+			killAt = killTimer.C
+		case <-killAt:
+			killAt = nil
+			log.Warn("attempt outlived its grace: SIGKILL to every process", "pid", pr.pid)
+			pr.killed.Store(true)
+		case <-pr.killReq:
+		case <-exited:
+			exited, exitedSeen = nil, true
+		case <-notifDone:
+			notifDone = nil
+		case <-sigch:
+		case <-scan.C:
+		}
+		members := pr.members()
+		if pr.killed.Load() {
+			unix.Kill(-pr.pid, unix.SIGKILL)
+			for _, m := range members {
+				unix.Kill(m.pid, unix.SIGKILL)
+			}
+		}
+		pr.reap(members)
+		// The filter's listener hangs up when no task uses it any more:
+		// the kernel's own word that every process of the attempt is gone.
+		if exitedSeen && pr.notifDoneClosed() && len(live(members)) == 0 {
+			break
+		}
+		next := time.Second
+		if exitedSeen || pr.killed.Load() {
+			next = 20 * time.Millisecond
+		}
+		scan.Reset(next)
+	}
+	signal.Stop(sigch)
+	scan.Stop()
+	if killTimer != nil {
+		killTimer.Stop()
+	}
+	unregisterDirect(pr.pid)
+	unix.Close(pr.stopW) // ends the notification loop if the filter outlived the tree
+	<-pr.notifDone
+	unix.Close(pr.stopR)
+	unix.Close(pr.listener)
+	close(pr.auditQ)
+	<-pr.auditDone
+	pr.cleanupDirs()
+	log.Info("guarded attempt settled", "pid", pr.pid, "denials", pr.denials.Load())
+	close(pr.done)
+}
+
+func (pr *Process) notifDoneClosed() bool {
+	select {
+	case <-pr.notifDone:
+		return true
+	default:
+		return false
+	}
+}
+
+func (pr *Process) cleanupDirs() {
+	for _, d := range []string{pr.tmpDir, pr.shimDir} {
+		if d != "" {
+			os.RemoveAll(d)
+		}
+	}
+}
+
+// notifyLoop answers the attempt's trapped write calls until the filter
+// has no task left (every process of the attempt is gone) or the
+// supervisor stops it.
+func (pr *Process) notifyLoop() {
+	defer close(pr.notifDone)
+	runtime.LockOSThread() // one thread answers: the kernel wakes it on the trapping CPU
+	defer runtime.UnlockOSThread()
+	calls := writeSyscalls()
+	var n seccompNotif
+	fds := []unix.PollFd{{Fd: int32(pr.listener), Events: unix.POLLIN}, {Fd: int32(pr.stopR), Events: unix.POLLIN}}
+	for {
+		fds[0].Revents, fds[1].Revents = 0, 0
+		if _, err := unix.Poll(fds, -1); err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			pr.policy.logger().Error("seccomp supervisor poll failed", "err", err)
+			return
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+		if fds[0].Revents&unix.POLLIN == 0 {
+			if fds[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0 {
+				return // no task uses the filter any more
+			}
+			continue
+		}
+		if err := notifRecv(pr.listener, &n); err != nil {
+			continue // ENOENT: the task died while trapped; EINTR
+		}
+		pr.answer(&n, calls)
+	}
+}
+
+// answer lets a trapped call proceed to Landlock while the lease holds and
+// refuses it with EACCES once the lease is lost or unknown.
+func (pr *Process) answer(n *seccompNotif, calls map[uint32]sysSpec) {
+	resp := seccompNotifResp{id: n.id}
+	var gateErr error
+	if pr.gate != nil {
+		_, gateErr = pr.gate.Fence()
+	}
+	if gateErr == nil {
+		// Not an allow decision: Landlock, in the kernel, decides the call.
+		resp.flags = unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE
+		notifSend(pr.listener, &resp)
+		return
+	}
+	s, ok := calls[uint32(n.nr)]
+	if !ok {
+		s = spec("syscall " + strconv.Itoa(int(n.nr)))
+	}
+	d := describe(n, s)
+	if !notifValid(pr.listener, n.id) {
+		return // the task is gone; what we read may belong to another
+	}
+	resp.error = -int32(unix.EACCES)
+	if s.how >= 0 && d.haveFlags && d.rawFlags&writeOpenFlags == 0 {
+		// A read-only openat2 cannot be let through without trusting
+		// CONTINUE; ENOSYS makes libc and Go fall back to openat, which
+		// the filter checks without a round trip.
+		resp.error = -int32(unix.ENOSYS)
+		notifSend(pr.listener, &resp)
+		return
+	}
+	notifSend(pr.listener, &resp)
+	pr.denials.Add(1)
+	pr.enqueueAudit(d, gateErr)
+}
+
+func (pr *Process) enqueueAudit(d denial, gateErr error) {
+	l := pr.policy.Lease
+	ev := leasebus.AuditEvent{
+		Time: time.Now().UTC(), Type: leasebus.EventDenied, Boundary: leasebus.BoundaryFile,
+		Repo: l.Repo, LeaseID: l.LeaseID, Owner: l.Owner, Scope: l.Scope, Fence: l.Fence,
+		Reason: gateErr.Error(),
+		Message: fmt.Sprintf("file write denied: %s: %s holds no valid lease (%v); reads continue",
+			d, pr.policy.leaseDesc(), gateErr),
+	}
+	select {
+	case pr.auditQ <- ev:
+	default:
+		pr.dropped.Add(1)
+	}
+}
+
+// auditLoop writes queued denials to the Auditor, one at a time.
+func (pr *Process) auditLoop() {
+	defer close(pr.auditDone)
+	log := pr.policy.logger()
+	var last leasebus.AuditEvent
+	for ev := range pr.auditQ {
+		last = ev
+		log.Warn("file write denied", "msg", ev.Message)
+		if pr.audit == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := pr.audit.Record(ctx, ev); err != nil {
+			log.Error("audit of a denied write failed", "err", err, "event", ev.Message)
+		}
+		cancel()
+	}
+	if n := pr.dropped.Load(); n > 0 && pr.audit != nil {
+		last.Time = time.Now().UTC()
+		last.Message = fmt.Sprintf("%d further file writes denied and not audited one by one (audit queue full); %s", n, pr.policy.leaseDesc())
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := pr.audit.Record(ctx, last); err != nil {
+			log.Error("audit of dropped denials failed", "err", err)
+		}
+		cancel()
+	}
+}
+
+func setEnv(env []string, key, val string) []string {
+	env = slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, key+"=") })
+	return append(env, key+"="+val)
+}
+
+func cleanAll(ps []string) []string {
+	out := make([]string, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, filepath.Clean(p))
+	}
+	return out
+}
+
+// realPaths resolves symlinks of existing paths (a hidden path must be
+// hidden under the name the kernel sees) and keeps missing ones as given.
+func realPaths(ps []string) ([]string, error) {
+	out := make([]string, 0, len(ps))
+	for _, p := range ps {
+		r, err := filepath.EvalSymlinks(p)
+		switch {
+		case err == nil:
+			out = append(out, r)
+			if r != p {
+				out = append(out, p)
+			}
+		case errors.Is(err, os.ErrNotExist):
+			out = append(out, p)
+		default:
+			return nil, fmt.Errorf("policy hidden path %q: %w", p, err)
+		}
+	}
+	return out, nil
+}
+
+var subreaperOnce sync.Once
+
+// enableSubreaper makes this process the reaper of the attempts' orphans,
+// so a process that double-forks away from the attempt stays in view.
+func enableSubreaper() {
+	subreaperOnce.Do(func() { unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) })
+}

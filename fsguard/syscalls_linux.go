@@ -1,0 +1,72 @@
+//go:build linux && (amd64 || arm64)
+
+package fsguard
+
+import "golang.org/x/sys/unix"
+
+// sysSpec says where a write-class system call keeps its target, so a
+// denial can be audited with the path: argument indexes, -1 for none.
+type sysSpec struct {
+	name  string
+	dirfd int // dirfd of path (absent: relative to the cwd)
+	path  int
+	fd    int // the target is an open file (ftruncate, fchmod...)
+	dir2  int // second target (the new name of rename, link)
+	path2 int
+	flags int // open flags: trapped only with write, create or truncate flags
+	how   int // openat2's struct open_how
+}
+
+func spec(name string) sysSpec {
+	return sysSpec{name: name, dirfd: -1, path: -1, fd: -1, dir2: -1, path2: -1, flags: -1, how: -1}
+}
+
+func (s sysSpec) at(dirfd, path int) sysSpec     { s.dirfd, s.path = dirfd, path; return s }
+func (s sysSpec) p(path int) sysSpec             { s.path = path; return s }
+func (s sysSpec) f(fd int) sysSpec               { s.fd = fd; return s }
+func (s sysSpec) second(dirfd, path int) sysSpec { s.dir2, s.path2 = dirfd, path; return s }
+func (s sysSpec) withFlags(flags int) sysSpec    { s.flags = flags; return s }
+func (s sysSpec) withHow(how int) sysSpec        { s.how = how; return s }
+
+// writeSyscallsCommon are the write-class calls of both architectures.
+// openat is trapped only for write flags (see the BPF); the others always.
+var writeSyscallsCommon = map[uint32]sysSpec{
+	unix.SYS_OPENAT:            spec("openat").at(0, 1).withFlags(2),
+	unix.SYS_OPENAT2:           spec("openat2").at(0, 1).withHow(2),
+	unix.SYS_RENAMEAT:          spec("renameat").at(0, 1).second(2, 3),
+	unix.SYS_RENAMEAT2:         spec("renameat2").at(0, 1).second(2, 3),
+	unix.SYS_UNLINKAT:          spec("unlinkat").at(0, 1),
+	unix.SYS_MKDIRAT:           spec("mkdirat").at(0, 1),
+	unix.SYS_LINKAT:            spec("linkat").at(0, 1).second(2, 3),
+	unix.SYS_SYMLINKAT:         spec("symlinkat").at(1, 2),
+	unix.SYS_TRUNCATE:          spec("truncate").p(0),
+	unix.SYS_FTRUNCATE:         spec("ftruncate").f(0),
+	unix.SYS_FALLOCATE:         spec("fallocate").f(0),
+	unix.SYS_MKNODAT:           spec("mknodat").at(0, 1),
+	unix.SYS_FCHMOD:            spec("fchmod").f(0),
+	unix.SYS_FCHMODAT:          spec("fchmodat").at(0, 1),
+	unix.SYS_FCHMODAT2:         spec("fchmodat2").at(0, 1),
+	unix.SYS_FCHOWN:            spec("fchown").f(0),
+	unix.SYS_FCHOWNAT:          spec("fchownat").at(0, 1),
+	unix.SYS_UTIMENSAT:         spec("utimensat").at(0, 1),
+	unix.SYS_SETXATTR:          spec("setxattr").p(0),
+	unix.SYS_LSETXATTR:         spec("lsetxattr").p(0),
+	unix.SYS_FSETXATTR:         spec("fsetxattr").f(0),
+	unix.SYS_REMOVEXATTR:       spec("removexattr").p(0),
+	unix.SYS_LREMOVEXATTR:      spec("lremovexattr").p(0),
+	unix.SYS_FREMOVEXATTR:      spec("fremovexattr").f(0),
+	unix.SYS_SETXATTRAT:        spec("setxattrat").at(0, 1),
+	unix.SYS_REMOVEXATTRAT:     spec("removexattrat").at(0, 1),
+	unix.SYS_OPEN_BY_HANDLE_AT: spec("open_by_handle_at").f(0),
+}
+
+func writeSyscalls() map[uint32]sysSpec {
+	m := make(map[uint32]sysSpec, len(writeSyscallsCommon)+len(writeSyscallsArch))
+	for k, v := range writeSyscallsCommon {
+		m[k] = v
+	}
+	for k, v := range writeSyscallsArch {
+		m[k] = v
+	}
+	return m
+}

@@ -1,0 +1,149 @@
+//go:build linux && (amd64 || arm64)
+
+package fsguard
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// The process tree of an attempt is: the command and its descendants, plus
+// the orphans this (subreaper) process adopts from it. An adopted child is
+// recognised by carrying more seccomp filters than this process — only an
+// attempt's processes got one from us — and by not being the command of an
+// attempt (those are reaped by their own exec.Cmd).
+
+var (
+	directMu sync.Mutex
+	direct   = map[int]bool{} // commands of running attempts; guarded by directMu
+)
+
+func registerDirect(pid int) {
+	directMu.Lock()
+	direct[pid] = true
+	directMu.Unlock()
+}
+
+func unregisterDirect(pid int) {
+	directMu.Lock()
+	delete(direct, pid)
+	directMu.Unlock()
+}
+
+func isDirect(pid int) bool {
+	directMu.Lock()
+	defer directMu.Unlock()
+	return direct[pid]
+}
+
+var ownFilters = sync.OnceValue(func() int { return seccompFilters(os.Getpid()) })
+
+type procInfo struct {
+	pid, ppid, pgid int
+	state           byte
+}
+
+// members lists the attempt's processes (live and zombie).
+func (pr *Process) members() []procInfo {
+	self := os.Getpid()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	all := map[int]procInfo{}
+	children := map[int][]int{}
+	var roots []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		pi, ok := readStat(pid)
+		if !ok {
+			continue
+		}
+		all[pid] = pi
+		children[pi.ppid] = append(children[pi.ppid], pid)
+		switch {
+		case pid == pr.pid:
+			roots = append(roots, pid)
+		case pi.pgid == pr.pid || (pi.ppid == self && !isDirect(pid)):
+			if seccompFilters(pid) > ownFilters() {
+				roots = append(roots, pid)
+			}
+		}
+	}
+	seen := map[int]bool{}
+	var out []procInfo
+	for len(roots) > 0 {
+		pid := roots[len(roots)-1]
+		roots = roots[:len(roots)-1]
+		if seen[pid] {
+			continue
+		}
+		seen[pid] = true
+		out = append(out, all[pid])
+		roots = append(roots, children[pid]...)
+	}
+	return out
+}
+
+// reap collects the attempt's zombies this process adopted.
+func (pr *Process) reap(members []procInfo) {
+	self := os.Getpid()
+	for _, m := range members {
+		if m.ppid == self && m.pid != pr.pid && m.state == 'Z' && !isDirect(m.pid) {
+			var ws unix.WaitStatus
+			unix.Wait4(m.pid, &ws, unix.WNOHANG, nil)
+		}
+	}
+}
+
+// live drops zombies whose parent is not us and the command itself once
+// it is a zombie (its exec.Cmd reaps it).
+func live(ms []procInfo) []procInfo {
+	var out []procInfo
+	for _, m := range ms {
+		if m.state != 'Z' {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func readStat(pid int) (procInfo, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procInfo{}, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return procInfo{}, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 4 {
+		return procInfo{}, false
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	pgid, _ := strconv.Atoi(f[2])
+	return procInfo{pid: pid, ppid: ppid, pgid: pgid, state: f[0][0]}, true
+}
+
+func seccompFilters(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Seccomp_filters:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
+}
