@@ -3,6 +3,7 @@ package gitproxy
 import (
 	"bytes"
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -110,15 +111,26 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-func (e *env) write(dir, path, content string) {
-	e.t.Helper()
+func (e *env) write(dir, path, content string) { writeFile(e.t, dir, path, content) }
+
+// writeFile writes content to the repo-relative path under dir.
+func writeFile(t testing.TB, dir, path, content string) {
+	t.Helper()
 	p := filepath.Join(dir, filepath.FromSlash(path))
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
 	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
+}
+
+// serve serves h on a loopback port for the test's duration.
+func serve(t testing.TB, h http.Handler) string {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL
 }
 
 // lease acquires and holds a lease on the test repository.

@@ -1,0 +1,83 @@
+// Package gitproxy is the git push fence: a smart-HTTP proxy in front of a
+// git server that lets a push land only when the pusher's lease is live,
+// its fence current, and every path the push touches inside the lease —
+// for an unmodified git client. Fetches and clones pass through untouched,
+// lease or not: reads fail open, writes fail closed.
+//
+// # Protocol
+//
+// A push over smart HTTP (protocol v0) is two requests. The proxy relays
+// the first (remembering whether the upstream takes push options) and
+// judges the second before anything of it reaches the upstream:
+//
+//	git push                     gitproxy                               upstream
+//	  | GET info/refs?service=git-receive-pack                              |
+//	  |----------------------------->|------------------------------------->|
+//	  |<---------- ref advertisement (caps: report-status, push-options…) --|
+//	  | POST git-receive-pack        |                                      |
+//	  |  "<old> <new> <ref>\0<caps>" | parse commands, push options         |
+//	  |  flush, [options, flush]     | (own parser: go-git v5 mis-reads     |
+//	  |  PACK…                       |  push options)                       |
+//	  |----------------------------->| spool to disk + go-git pack scanner: |
+//	  |                              |  keep commits/trees/tags, step over  |
+//	  |                              |  blobs; thin bases from the agent's  |
+//	  |                              |  repo or a mirror of the upstream    |
+//	  |                              | touched paths: every new commit vs   |
+//	  |                              |  each parent; net diff of rewrites   |
+//	  |                              | bus: lease active? same fence?       |
+//	  |                              |  other leases' claims?               |
+//	  |   refused: report-status     |                                      |
+//	  |<-- "ng <ref> fenceline: …" --|                                      |
+//	  |                              | accepted: same commands + options    |
+//	  |                              |  fenceline-lease/-fence/-repo/-claim,|
+//	  |                              |  headers Fenceline-Lease/-Fence,     |
+//	  |                              |  the pack as received -------------->|
+//	  |<------------------------------------------- report-status ----------|
+//
+// A refusal goes back in git's own report-status (inside side-band when
+// negotiated), so git push prints
+//
+//	! [remote rejected] main -> main (fenceline: libs/tax/rates.go is outside lease lease_… [services/billing])
+//
+// and every refusal is an audit event naming lease, owner, fence and reason.
+// A push is forwarded whole or not at all: when one ref is refused, the
+// others are refused with a pointer to it.
+//
+// # The push rule (DESIGN.md)
+//
+// Only a lease with an exclusive workspace may push; a shared-workspace
+// path lease may not (pushing is a repository-wide mutation). Every touched
+// path must lie inside the pusher's own claim when it claims paths, and
+// inside no other active lease's claim — declared claims win, so an
+// exclusive attempt that claims nothing cannot push over another agent's
+// leased paths. Touched paths are the diff of every new commit against each
+// of its parents (a commit that touches a path and a later one that reverts
+// it still count), plus, for a non-fast-forward update, the diff between
+// the old and new tips. Ref deletions and rewrites by path leases are
+// refused unless the Policy allows them. New commits are those in the pack:
+// the client sends what the upstream lacks, and the upstream's connectivity
+// check refuses a push that leans on a commit it has in neither place.
+//
+// # Storage-side fence
+//
+// The decision is taken against the bus right before forwarding, but a
+// sidecar frozen between its check and its forward could still deliver a
+// zombie push. PreReceive (fenceline hook pre-receive) closes that gap in
+// the git server itself: it keeps the highest fence accepted for every path
+// pushes claimed or touched, and refuses a push whose fence is lower than
+// one already accepted for an overlapping path.
+//
+// # Forward mode
+//
+// For https:// remotes, Forward is an HTTP proxy (git's http.proxy) that
+// answers CONNECT for the git host itself, terminates TLS with a
+// certificate minted by a local CA that git trusts for that host only
+// (http.<url>.sslCAInfo), and serves the same fence. The sidecar may hold
+// the upstream credential and add it, so the agent never sees it.
+//
+// # Resources
+//
+// Memory stays bounded by the push's history, not its size: the pack is
+// spooled to disk, blobs are never kept, and the base stores' caches are
+// small. A 200 MB push keeps the sidecar under 20 MB resident.
+package gitproxy
