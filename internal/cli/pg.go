@@ -1,0 +1,114 @@
+package cli
+
+import (
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/pgproxy"
+)
+
+// pgCommand is "fenceline pg": the Postgres side of the fence.
+func (a *app) pgCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "pg",
+		Short: "Set up the Postgres side of the fence",
+		Args:  groupArgs,
+		RunE:  showHelp,
+	}
+	c.AddCommand(a.pgInstallCommand())
+	return c
+}
+
+func (a *app) pgInstallCommand() *cobra.Command {
+	var (
+		dsn, secretFile string
+		tables          []string
+		asJSON          bool
+	)
+	c := &cobra.Command{
+		Use:   "install --dsn ADMIN_DSN --table SCHEMA.TABLE ...",
+		Short: "Install the fence (schema fenceline, trigger, secret) on Postgres tables",
+		Long: `Install the storage-side fence in the database ADMIN_DSN names: schema
+fenceline with the signing secret (readable only by the installing role),
+one epoch row per fenced table and a statement trigger that rejects a write
+whose fence token is missing, forged or stale (SQLSTATE 40001).
+
+Run it as a role that owns the tables and that agents' roles are not.
+Running it again is safe: the secret is kept and new tables are attached.
+The secret is written to --secret-file (mode 0600); give it to the sidecar.`,
+		Args: cobra.NoArgs,
+		Example: `  fenceline pg install --dsn postgres://admin@db/app --table public.users --table billing.*
+  fenceline pg install --dsn "$ADMIN_DSN" --table public.orders --secret-file /etc/fenceline/pg.key --json`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dsn == "" {
+				return usagef("--dsn is required: the admin connection string, e.g. postgres://admin@localhost/app")
+			}
+			if len(tables) == 0 {
+				return usagef("no --table: name at least one table to fence, schema.table or schema.*")
+			}
+			norm := make([]string, 0, len(tables))
+			for _, t := range tables {
+				n, err := scope.NormalizeTable(t)
+				if err != nil {
+					return &usageError{err: err}
+				}
+				norm = append(norm, n)
+			}
+			if secretFile == "" {
+				secretFile = filepath.Join(leasebus.StateDir(), "pg-secret.key")
+			}
+			ctx := cmd.Context()
+			conn, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				return fmt.Errorf("pg install: connect: %w", err)
+			}
+			defer conn.Close(ctx)
+			key, err := pgproxy.Install(ctx, conn, norm)
+			if err != nil {
+				return err
+			}
+			if err := os.MkdirAll(filepath.Dir(secretFile), 0o700); err != nil {
+				return fmt.Errorf("pg install: secret file: %w", err)
+			}
+			if err := os.WriteFile(secretFile, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
+				return fmt.Errorf("pg install: write secret file %s: %w", secretFile, err)
+			}
+			if asJSON {
+				return writeJSON(a.stdout, struct {
+					Tables     []string `json:"tables"`
+					SecretFile string   `json:"secretFile"`
+				}{norm, secretFile})
+			}
+			fmt.Fprintf(a.stdout, "fence installed: %s\n", strings.Join(norm, ", "))
+			fmt.Fprintf(a.stdout, "secret: %s\n", secretFile)
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&dsn, "dsn", "", "admin connection string of the database to fence (required)")
+	f.StringArrayVar(&tables, "table", nil, "table to fence, schema.table or schema.* (repeatable)")
+	f.StringVar(&secretFile, "secret-file", "", "where to write the signing secret (hex; default $XDG_STATE_HOME/fenceline/pg-secret.key)")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+// ReadPGSecret reads a secret file written by "pg install".
+func ReadPGSecret(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read postgres fence secret: %w", err)
+	}
+	key, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("postgres fence secret %s: not hex: %w", path, err)
+	}
+	return key, nil
+}

@@ -1,0 +1,56 @@
+package pgproxy
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+func benchQueries(b *testing.B, dsn string, mode pgx.QueryExecMode, sql string, args ...any) {
+	c := connect(b, dsn)
+	ctx := context.Background()
+	b.ResetTimer()
+	for b.Loop() {
+		var v int
+		if err := c.QueryRow(ctx, sql, append([]any{mode}, args...)...).Scan(&v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkSelect(b *testing.B) {
+	p := startProxy(b, Config{})
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement} {
+		b.Run("direct/"+mode.String(), func(b *testing.B) {
+			benchQueries(b, pg.DSN("agent", "", testDB), mode, "SELECT balance FROM accounts WHERE id = $1", 1)
+		})
+		b.Run("fenceline/"+mode.String(), func(b *testing.B) {
+			benchQueries(b, proxyDSN(p, "agent"), mode, "SELECT balance FROM accounts WHERE id = $1", 1)
+		})
+	}
+}
+
+func BenchmarkFencedUpdate(b *testing.B) {
+	lease := newStaticLease(b, "lease_bench", 0, "public.accounts")
+	p := startProxy(b, Config{Lease: lease})
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement} {
+		b.Run(mode.String(), func(b *testing.B) {
+			benchQueries(b, proxyDSN(p, "agent"), mode, "UPDATE accounts SET balance = balance + 1 WHERE id = $1 RETURNING 1", 4)
+		})
+	}
+}
+
+func BenchmarkClassify(b *testing.B) {
+	c := NewClassifier(0)
+	b.Run("cached-literals", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			c.Classify("SELECT abalance FROM pgbench_accounts WHERE aid = " + string(rune('0'+i%10)))
+		}
+	})
+	b.Run("uncached", func(b *testing.B) {
+		for b.Loop() {
+			Classify("UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 7")
+		}
+	})
+}

@@ -1,0 +1,645 @@
+package pgproxy
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+
+	pgq "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// Class is what a statement may do, as far as the fence is concerned.
+type Class uint8
+
+const (
+	// ClassRead is a statement on the read whitelist: a SELECT (or VALUES,
+	// TABLE, SHOW, FETCH, EXPLAIN without ANALYZE, a cursor over a read) with
+	// no INTO, no locking clause and only read CTEs. It still runs where
+	// Postgres forbids writes, because a function it calls may try to write.
+	ClassRead Class = iota + 1
+	// ClassControl changes no table: transaction control, savepoints,
+	// LISTEN/NOTIFY, SET of an ordinary setting, DEALLOCATE, CLOSE.
+	ClassControl
+	// ClassWrite is everything else: it lands only under a live lease and
+	// only on tables in the lease's scope.
+	ClassWrite
+)
+
+func (c Class) String() string {
+	switch c {
+	case ClassRead:
+		return "read"
+	case ClassControl:
+		return "control"
+	case ClassWrite:
+		return "write"
+	}
+	return fmt.Sprintf("class(%d)", uint8(c))
+}
+
+// TxEffect is what a statement does to the transaction it runs in.
+type TxEffect uint8
+
+const (
+	TxNone    TxEffect = iota
+	TxBegin            // BEGIN / START TRANSACTION without an access mode
+	TxBeginRO          // BEGIN READ ONLY
+	TxBeginRW          // BEGIN READ WRITE (a write: it asks for a writable transaction)
+	TxEnd              // COMMIT, ROLLBACK, END, ABORT, PREPARE TRANSACTION
+	TxChain            // COMMIT/ROLLBACK AND CHAIN: ends and opens a like block
+	TxInBlock          // SAVEPOINT, RELEASE, ROLLBACK TO: inside a block only
+	TxOutside          // statements that refuse to run inside a transaction block
+)
+
+// Target is a relation (or, with Name "*", a whole schema) a write changes.
+// Schema is empty for an unqualified name; the session resolves it.
+type Target struct {
+	Schema string
+	Name   string
+	Temp   bool // CREATE TEMP ...: session-private
+}
+
+func (t Target) String() string {
+	if t.Schema == "" {
+		return t.Name
+	}
+	return t.Schema + "." + t.Name
+}
+
+// Statement is the classification of one statement of a query string.
+type Statement struct {
+	Class   Class
+	Tx      TxEffect
+	Targets []Target
+	// Opaque: a write whose targets cannot be named from the text (DO,
+	// CALL, EXECUTE of an unknown statement, GRANT, ...).
+	Opaque bool
+	// Forbidden, when set, refuses the statement whatever the lease says:
+	// it would switch off the fence itself.
+	Forbidden string
+	// Session: it may change how later names resolve (search_path) or the
+	// session's settings; the proxy forgets what it knew.
+	Session bool
+	// Prepare/Execute/Deallocate name SQL-level prepared statements.
+	Prepare, Execute, Deallocate string
+	// Inner is the prepared statement's classification (PREPARE only).
+	Inner *Statement
+	// Start and End are byte offsets of the statement in the query text.
+	Start, End int
+	// Tag is the statement's node type, for logs and the corpus test.
+	Tag string
+}
+
+// Classification is the result for a whole query string.
+type Classification struct {
+	Stmts []Statement
+	// Class is the strongest class of the statements (write > control > read);
+	// ClassControl for an empty string.
+	Class Class
+	// ParseError is set when the parser rejected the text; the string is
+	// then one opaque write.
+	ParseError string
+}
+
+// Classifier classifies query strings with the Postgres parser and caches
+// results by text. It is safe for concurrent use. The zero value is not
+// usable; use NewClassifier.
+type Classifier struct {
+	mu    sync.RWMutex
+	cache map[string]*Classification // guarded by mu
+	max   int
+}
+
+// NewClassifier returns a classifier caching up to max distinct texts
+// (default 10000 when max <= 0). When full, the cache is cleared.
+func NewClassifier(max int) *Classifier {
+	if max <= 0 {
+		max = 10000
+	}
+	return &Classifier{cache: make(map[string]*Classification), max: max}
+}
+
+// maxCachedText bounds the length of texts kept in the cache.
+const maxCachedText = 64 << 10
+
+// Classify returns the classification of sql. The result is shared: do not
+// modify it.
+func (c *Classifier) Classify(sql string) *Classification {
+	c.mu.RLock()
+	r, ok := c.cache[sql]
+	c.mu.RUnlock()
+	if ok {
+		return r
+	}
+	key := literalKey(sql)
+	if key != "" {
+		c.mu.RLock()
+		r, ok = c.cache[key]
+		c.mu.RUnlock()
+		if ok && len(r.Stmts) == 1 {
+			if r.Stmts[0].End == len(sql) {
+				return r
+			}
+			// Same statement, other constants: only the offsets differ.
+			cp := *r
+			cp.Stmts = []Statement{r.Stmts[0]}
+			cp.Stmts[0].Start, cp.Stmts[0].End = 0, len(sql)
+			return &cp
+		}
+	}
+	r = classify(sql)
+	if key != "" && len(r.Stmts) == 1 && r.ParseError == "" && r.Stmts[0].Start == 0 {
+		sql = key // remember it for every text with this shape
+	}
+	if len(sql) <= maxCachedText {
+		c.mu.Lock()
+		if len(c.cache) >= c.max {
+			clear(c.cache)
+		}
+		c.cache[sql] = r
+		c.mu.Unlock()
+	}
+	return r
+}
+
+// Classify classifies sql without a cache.
+func Classify(sql string) *Classification { return classify(sql) }
+
+func classify(sql string) *Classification {
+	res, err := pgq.Parse(sql)
+	if err != nil {
+		return &Classification{
+			Class:      ClassWrite,
+			ParseError: err.Error(),
+			Stmts: []Statement{{Class: ClassWrite, Opaque: true, Start: 0, End: len(sql), Tag: "ParseError",
+				Forbidden: ""}},
+		}
+	}
+	out := &Classification{Class: ClassControl}
+	if len(res.Stmts) > 0 {
+		out.Class = ClassRead
+	}
+	for _, raw := range res.Stmts {
+		st := classifyNode(raw.Stmt)
+		st.Start = int(raw.StmtLocation)
+		if raw.StmtLen == 0 {
+			st.End = len(sql)
+		} else {
+			st.End = int(raw.StmtLocation + raw.StmtLen)
+		}
+		if st.End > len(sql) {
+			st.End = len(sql)
+		}
+		if st.Class > out.Class {
+			out.Class = st.Class
+		}
+		out.Stmts = append(out.Stmts, st)
+	}
+	return out
+}
+
+func nodeTag(n *pgq.Node) string {
+	if n == nil || n.Node == nil {
+		return "Empty"
+	}
+	name := fmt.Sprintf("%T", n.Node)
+	name = strings.TrimPrefix(name, "*pg_query.Node_")
+	return name
+}
+
+func classifyNode(n *pgq.Node) Statement {
+	st := classifyNode1(n)
+	st.Tag = nodeTag(n)
+	// A direct set_config call changes session settings (search_path,
+	// default_transaction_read_only) from inside an expression: never a read.
+	if st.Class == ClassRead && callsSetConfig(n) {
+		st = Statement{Class: ClassWrite, Opaque: true, Session: true, Tag: st.Tag}
+	}
+	return st
+}
+
+func write(targets ...Target) Statement {
+	return Statement{Class: ClassWrite, Targets: targets}
+}
+
+func opaque() Statement { return Statement{Class: ClassWrite, Opaque: true} }
+
+func target(rv *pgq.RangeVar) Target {
+	if rv == nil {
+		return Target{}
+	}
+	t := Target{Schema: rv.Schemaname, Name: rv.Relname, Temp: rv.Relpersistence == "t"}
+	if t.Temp && t.Schema == "" {
+		t.Schema = "pg_temp"
+	}
+	return t
+}
+
+func classifyNode1(n *pgq.Node) Statement {
+	switch x := n.Node.(type) {
+	case *pgq.Node_SelectStmt:
+		return classifySelect(n, x.SelectStmt)
+	case *pgq.Node_InsertStmt, *pgq.Node_UpdateStmt, *pgq.Node_DeleteStmt, *pgq.Node_MergeStmt:
+		return write(dmlTargets(n)...)
+	case *pgq.Node_VariableShowStmt:
+		return Statement{Class: ClassRead}
+	case *pgq.Node_FetchStmt:
+		return Statement{Class: ClassRead}
+	case *pgq.Node_DeclareCursorStmt:
+		inner := classifyNode(x.DeclareCursorStmt.Query)
+		inner.Tx = TxNone
+		return inner
+	case *pgq.Node_ExplainStmt:
+		for _, o := range x.ExplainStmt.Options {
+			if d := o.GetDefElem(); d != nil && d.Defname == "analyze" && defBool(d, true) {
+				inner := classifyNode(x.ExplainStmt.Query)
+				inner.Tx = TxNone
+				return inner
+			}
+		}
+		return Statement{Class: ClassRead}
+	case *pgq.Node_CopyStmt:
+		c := x.CopyStmt
+		if c.IsFrom {
+			s := write(target(c.Relation))
+			if c.IsProgram {
+				s.Opaque = true
+			}
+			return s
+		}
+		if c.Filename != "" || c.IsProgram {
+			return opaque() // writes a file on the server
+		}
+		if c.Query != nil {
+			inner := classifyNode(c.Query)
+			inner.Tx = TxNone
+			return inner
+		}
+		return Statement{Class: ClassRead}
+	case *pgq.Node_TransactionStmt:
+		return classifyTx(x.TransactionStmt)
+	case *pgq.Node_VariableSetStmt:
+		return classifySet(x.VariableSetStmt)
+	case *pgq.Node_ListenStmt, *pgq.Node_UnlistenStmt, *pgq.Node_NotifyStmt,
+		*pgq.Node_ClosePortalStmt, *pgq.Node_ConstraintsSetStmt:
+		return Statement{Class: ClassControl}
+	case *pgq.Node_DeallocateStmt:
+		return Statement{Class: ClassControl, Deallocate: x.DeallocateStmt.Name, Session: x.DeallocateStmt.Name == ""}
+	case *pgq.Node_DiscardStmt:
+		return Statement{Class: ClassControl, Session: true, Tx: TxOutside}
+	case *pgq.Node_PrepareStmt:
+		inner := classifyNode(x.PrepareStmt.Query)
+		return Statement{Class: ClassControl, Prepare: x.PrepareStmt.Name, Inner: &inner}
+	case *pgq.Node_ExecuteStmt:
+		return Statement{Class: ClassWrite, Opaque: true, Execute: x.ExecuteStmt.Name}
+	case *pgq.Node_CreateTableAsStmt:
+		return write(target(x.CreateTableAsStmt.Into.GetRel()))
+	case *pgq.Node_VacuumStmt:
+		s := write(rangeVars(n)...)
+		if len(s.Targets) == 0 {
+			s.Opaque = true
+		}
+		if x.VacuumStmt.IsVacuumcmd {
+			s.Tx = TxOutside
+		}
+		return s
+	case *pgq.Node_IndexStmt:
+		s := write(target(x.IndexStmt.Relation))
+		if x.IndexStmt.Concurrent {
+			s.Tx = TxOutside
+		}
+		return s
+	case *pgq.Node_AlterTableStmt:
+		s := write(target(x.AlterTableStmt.Relation))
+		for _, c := range x.AlterTableStmt.Cmds {
+			if ac := c.GetAlterTableCmd(); ac != nil {
+				if ac.Subtype >= pgq.AlterTableType_AT_EnableTrig && ac.Subtype <= pgq.AlterTableType_AT_DisableTrigUser {
+					s.Forbidden = "it changes when triggers fire, and the storage-side fence is a trigger"
+				}
+			}
+		}
+		return s
+	case *pgq.Node_DropStmt:
+		return classifyDrop(x.DropStmt)
+	case *pgq.Node_CreateSchemaStmt:
+		s := write(Target{Schema: x.CreateSchemaStmt.Schemaname, Name: "*"})
+		if x.CreateSchemaStmt.Schemaname == "" {
+			s.Opaque = true
+		}
+		return s
+	case *pgq.Node_DoStmt, *pgq.Node_CallStmt, *pgq.Node_LoadStmt, *pgq.Node_CheckPointStmt,
+		*pgq.Node_GrantStmt, *pgq.Node_GrantRoleStmt, *pgq.Node_CreateRoleStmt, *pgq.Node_AlterRoleStmt,
+		*pgq.Node_AlterRoleSetStmt, *pgq.Node_DropRoleStmt, *pgq.Node_CreateExtensionStmt,
+		*pgq.Node_AlterExtensionStmt, *pgq.Node_AlterDefaultPrivilegesStmt, *pgq.Node_AlterSystemStmt,
+		*pgq.Node_CreatedbStmt, *pgq.Node_DropdbStmt, *pgq.Node_AlterDatabaseStmt, *pgq.Node_AlterDatabaseSetStmt,
+		*pgq.Node_ReassignOwnedStmt, *pgq.Node_DropOwnedStmt:
+		s := opaque()
+		switch n.Node.(type) {
+		case *pgq.Node_AlterSystemStmt, *pgq.Node_CreatedbStmt, *pgq.Node_DropdbStmt:
+			s.Tx = TxOutside
+		case *pgq.Node_AlterRoleSetStmt, *pgq.Node_AlterDatabaseSetStmt:
+			s.Session = true
+		}
+		return s
+	}
+	// Other DDL: every relation it names is a target; none named means we
+	// cannot tell what it changes.
+	s := write(rangeVars(n)...)
+	if len(s.Targets) == 0 {
+		s.Opaque = true
+	}
+	return s
+}
+
+func defBool(d *pgq.DefElem, dflt bool) bool {
+	if d.Arg == nil {
+		return dflt
+	}
+	switch a := d.Arg.Node.(type) {
+	case *pgq.Node_Boolean:
+		return a.Boolean.Boolval
+	case *pgq.Node_String_:
+		switch strings.ToLower(a.String_.Sval) {
+		case "false", "off", "no", "0":
+			return false
+		}
+		return true
+	case *pgq.Node_Integer:
+		return a.Integer.Ival != 0
+	case *pgq.Node_AConst:
+		if iv := a.AConst.GetIval(); iv != nil {
+			return iv.Ival != 0
+		}
+		if bv := a.AConst.GetBoolval(); bv != nil {
+			return bv.Boolval
+		}
+		if sv := a.AConst.GetSval(); sv != nil {
+			switch strings.ToLower(sv.Sval) {
+			case "false", "off", "no", "0":
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// classifySelect: a read when no SELECT anywhere in it has INTO or a locking
+// clause and no data-modifying statement hides in a CTE.
+func classifySelect(n *pgq.Node, s *pgq.SelectStmt) Statement {
+	if s.IntoClause != nil {
+		return write(target(s.IntoClause.Rel))
+	}
+	locking, dml := false, false
+	walk(n.ProtoReflect(), func(m protoreflect.Message) {
+		switch v := m.Interface().(type) {
+		case *pgq.SelectStmt:
+			if len(v.LockingClause) > 0 || v.IntoClause != nil {
+				locking = true
+			}
+		case *pgq.InsertStmt, *pgq.UpdateStmt, *pgq.DeleteStmt, *pgq.MergeStmt:
+			dml = true
+		}
+	})
+	if dml {
+		return write(dmlTargets(n)...)
+	}
+	if locking {
+		// SELECT ... FOR UPDATE/SHARE locks rows: a write on what it reads.
+		return write(rangeVars(n)...)
+	}
+	return Statement{Class: ClassRead}
+}
+
+func classifyTx(t *pgq.TransactionStmt) Statement {
+	s := Statement{Class: ClassControl}
+	switch t.Kind {
+	case pgq.TransactionStmtKind_TRANS_STMT_BEGIN, pgq.TransactionStmtKind_TRANS_STMT_START:
+		s.Tx = TxBegin
+		for _, o := range t.Options {
+			if d := o.GetDefElem(); d != nil && d.Defname == "transaction_read_only" {
+				if defBool(d, true) {
+					s.Tx = TxBeginRO
+				} else {
+					s.Tx = TxBeginRW
+					s.Class = ClassWrite
+				}
+			}
+		}
+	case pgq.TransactionStmtKind_TRANS_STMT_COMMIT, pgq.TransactionStmtKind_TRANS_STMT_ROLLBACK:
+		s.Tx = TxEnd
+		if t.Chain {
+			s.Tx = TxChain
+		}
+	case pgq.TransactionStmtKind_TRANS_STMT_PREPARE:
+		s.Tx = TxEnd
+	case pgq.TransactionStmtKind_TRANS_STMT_COMMIT_PREPARED, pgq.TransactionStmtKind_TRANS_STMT_ROLLBACK_PREPARED:
+		// Finishes a prepared transaction: it commits that transaction's writes.
+		s = opaque()
+		s.Tx = TxOutside
+	default:
+		s.Tx = TxInBlock
+	}
+	return s
+}
+
+// guardedSettings are settings that would switch the fence off.
+var guardedSettings = map[string]string{
+	"default_transaction_read_only": "fenceline keeps sessions read-only by default",
+	"transaction_read_only":         "fenceline decides which transactions may write",
+	"session_replication_role":      "it disables triggers, and the storage-side fence is a trigger",
+	"role":                          "fenceline authorizes writes for the session's own role",
+	"session_authorization":         "fenceline authorizes writes for the session's own role",
+	"session characteristics":       "fenceline keeps sessions read-only by default",
+}
+
+func classifySet(v *pgq.VariableSetStmt) Statement {
+	s := Statement{Class: ClassControl}
+	name := strings.ToLower(v.Name)
+	if v.Kind == pgq.VariableSetKind_VAR_RESET_ALL {
+		s.Session = true
+		return s
+	}
+	if name == "search_path" {
+		s.Session = true
+	}
+	if strings.HasPrefix(name, "fenceline.") {
+		s.Class, s.Forbidden = ClassWrite, "fenceline.* settings carry the fence and only the proxy sets them"
+		return s
+	}
+	if name == "transaction" || name == "session characteristics" {
+		// SET TRANSACTION / SET SESSION CHARACTERISTICS AS TRANSACTION ...:
+		// read-only and isolation levels are fine, READ WRITE is not ours to give.
+		for _, a := range v.Args {
+			if d := a.GetDefElem(); d != nil && d.Defname == "transaction_read_only" && !defBool(d, true) {
+				s.Class, s.Forbidden = ClassWrite, guardedSettings["transaction_read_only"]
+			}
+		}
+		return s
+	}
+	if why, ok := guardedSettings[name]; ok {
+		if (name == "transaction_read_only" || name == "default_transaction_read_only") &&
+			v.Kind == pgq.VariableSetKind_VAR_SET_VALUE && len(v.Args) == 1 && setValueTrue(v.Args[0]) {
+			return s // switching read-only on is always fine
+		}
+		if name == "default_transaction_read_only" && v.Kind == pgq.VariableSetKind_VAR_RESET {
+			return s // resets to the proxy's startup value (on)
+		}
+		s.Class, s.Forbidden = ClassWrite, why
+	}
+	return s
+}
+
+func setValueTrue(n *pgq.Node) bool {
+	c := n.GetAConst()
+	if c == nil {
+		return false
+	}
+	if sv := c.GetSval(); sv != nil {
+		switch strings.ToLower(sv.Sval) {
+		case "on", "true", "yes", "1", "t", "y":
+			return true
+		}
+	}
+	if iv := c.GetIval(); iv != nil {
+		return iv.Ival == 1
+	}
+	if bv := c.GetBoolval(); bv != nil {
+		return bv.Boolval
+	}
+	return false
+}
+
+func classifyDrop(d *pgq.DropStmt) Statement {
+	switch d.RemoveType {
+	case pgq.ObjectType_OBJECT_TABLE, pgq.ObjectType_OBJECT_VIEW, pgq.ObjectType_OBJECT_MATVIEW,
+		pgq.ObjectType_OBJECT_INDEX, pgq.ObjectType_OBJECT_SEQUENCE, pgq.ObjectType_OBJECT_FOREIGN_TABLE:
+		s := Statement{Class: ClassWrite}
+		for _, o := range d.Objects {
+			l := o.GetList()
+			if l == nil {
+				return opaque()
+			}
+			var parts []string
+			for _, it := range l.Items {
+				parts = append(parts, it.GetString_().GetSval())
+			}
+			switch len(parts) {
+			case 1:
+				s.Targets = append(s.Targets, Target{Name: parts[0]})
+			case 2:
+				s.Targets = append(s.Targets, Target{Schema: parts[0], Name: parts[1]})
+			case 3:
+				s.Targets = append(s.Targets, Target{Schema: parts[1], Name: parts[2]})
+			default:
+				return opaque()
+			}
+		}
+		if d.Concurrent {
+			s.Tx = TxOutside
+		}
+		return s
+	case pgq.ObjectType_OBJECT_SCHEMA:
+		s := Statement{Class: ClassWrite}
+		for _, o := range d.Objects {
+			s.Targets = append(s.Targets, Target{Schema: o.GetString_().GetSval(), Name: "*"})
+		}
+		return s
+	case pgq.ObjectType_OBJECT_TRIGGER:
+		s := opaque()
+		for _, o := range d.Objects {
+			if l := o.GetList(); l != nil && len(l.Items) > 0 {
+				if l.Items[len(l.Items)-1].GetString_().GetSval() == triggerName {
+					s.Forbidden = "it drops the storage-side fence"
+				}
+			}
+		}
+		return s
+	}
+	return opaque()
+}
+
+// dmlTargets returns the relations that INSERT/UPDATE/DELETE/MERGE
+// statements anywhere in n modify.
+func dmlTargets(n *pgq.Node) []Target {
+	var ts []Target
+	walk(n.ProtoReflect(), func(m protoreflect.Message) {
+		switch v := m.Interface().(type) {
+		case *pgq.InsertStmt:
+			ts = append(ts, target(v.Relation))
+		case *pgq.UpdateStmt:
+			ts = append(ts, target(v.Relation))
+		case *pgq.DeleteStmt:
+			ts = append(ts, target(v.Relation))
+		case *pgq.MergeStmt:
+			ts = append(ts, target(v.Relation))
+		case *pgq.SelectStmt:
+			if v.IntoClause != nil {
+				ts = append(ts, target(v.IntoClause.Rel))
+			}
+		}
+	})
+	return dedup(ts)
+}
+
+// rangeVars returns every relation named anywhere in n (but not the
+// aliases a locking clause names: FOR UPDATE OF a).
+func rangeVars(n *pgq.Node) []Target {
+	var ts []Target
+	walk(n.ProtoReflect(), func(m protoreflect.Message) {
+		switch v := m.Interface().(type) {
+		case *pgq.RangeVar:
+			ts = append(ts, target(v))
+		case *pgq.LockingClause:
+			v.LockedRels = nil // (a private copy: parse trees are not shared before caching)
+		}
+	})
+	return dedup(ts)
+}
+
+func dedup(ts []Target) []Target {
+	out := ts[:0]
+	seen := map[Target]bool{}
+	for _, t := range ts {
+		if t.Name == "" || seen[t] {
+			continue
+		}
+		seen[t] = true
+		out = append(out, t)
+	}
+	return out
+}
+
+func callsSetConfig(n *pgq.Node) bool {
+	found := false
+	walk(n.ProtoReflect(), func(m protoreflect.Message) {
+		if f, ok := m.Interface().(*pgq.FuncCall); ok && len(f.Funcname) > 0 {
+			name := strings.ToLower(f.Funcname[len(f.Funcname)-1].GetString_().GetSval())
+			if name == "set_config" {
+				found = true
+			}
+		}
+	})
+	return found
+}
+
+// walk calls f for m and every message below it.
+func walk(m protoreflect.Message, f func(protoreflect.Message)) {
+	if !m.IsValid() {
+		return
+	}
+	f(m)
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsList() && fd.Message() != nil:
+			l := v.List()
+			for i := 0; i < l.Len(); i++ {
+				walk(l.Get(i).Message(), f)
+			}
+		case fd.IsMap():
+		case fd.Message() != nil:
+			walk(v.Message(), f)
+		}
+		return true
+	})
+}

@@ -1,0 +1,123 @@
+package pgproxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// LeaseSource is the lease the proxy fences writes with. Fence is called for
+// every write and must fail once the lease is lost or unknown.
+// *leasebus.Holder satisfies it.
+type LeaseSource interface {
+	Fence() (uint64, error)
+	Lease() leasebus.Lease
+}
+
+// Auditor records denied writes. *leasebus.Auditor satisfies it.
+type Auditor interface {
+	Record(ctx context.Context, ev leasebus.AuditEvent) error
+}
+
+var (
+	_ LeaseSource = (*leasebus.Holder)(nil)
+	_ Auditor     = (*leasebus.Auditor)(nil)
+)
+
+// Config configures a Proxy. The zero value listens on 127.0.0.1 (a free
+// port) in front of 127.0.0.1:5432, refuses TLS and refuses every write
+// (no lease).
+type Config struct {
+	// Listen is the host:port clients connect to (default "127.0.0.1:0").
+	Listen string
+	// Upstream is the Postgres server's host:port (default "127.0.0.1:5432").
+	Upstream string
+	// Lease fences writes; nil refuses every write (reads still flow).
+	Lease LeaseSource
+	// Audit records every refused write; nil records nothing.
+	Audit Auditor
+	// Secret is the fence-signing key that "fenceline pg install" created
+	// (Install returns it). Without it the proxy still refuses writes the
+	// lease does not allow, but Postgres rejects every write to a fenced
+	// table (the token cannot be signed).
+	Secret []byte
+	// TLS terminates TLS for clients that send SSLRequest; nil answers 'N'
+	// (clients with sslmode=prefer then continue in plaintext).
+	TLS *tls.Config
+	// AllowOpaque lets writes whose tables cannot be named from the text
+	// (DO, CALL, EXECUTE of an unknown statement, GRANT, ...) through under a
+	// live lease; the storage-side fence then is the only check. Off by
+	// default: when in doubt, refuse.
+	AllowOpaque bool
+	// MaxMessageSize bounds one protocol message (default 64 MiB).
+	MaxMessageSize int
+	// StartupTimeout bounds the startup and authentication phase (default 30 s).
+	StartupTimeout time.Duration
+	// DialTimeout bounds connecting to the upstream (default 10 s).
+	DialTimeout time.Duration
+	// AuditTimeout bounds recording one audit event (default 5 s).
+	AuditTimeout time.Duration
+	// Logger receives operational logs (nil: discard).
+	Logger *slog.Logger
+	// Dial connects to the upstream (default net.Dialer.DialContext).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// Validate reports a configuration that cannot work, naming the field.
+func (c *Config) Validate() error {
+	if c.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+			return fmt.Errorf("pgproxy config: Listen %q: want host:port: %w", c.Listen, err)
+		}
+	}
+	if c.Upstream != "" {
+		if _, _, err := net.SplitHostPort(c.Upstream); err != nil {
+			return fmt.Errorf("pgproxy config: Upstream %q: want host:port: %w", c.Upstream, err)
+		}
+	}
+	if c.MaxMessageSize < 0 || (c.MaxMessageSize > 0 && c.MaxMessageSize < 1<<16) {
+		return fmt.Errorf("pgproxy config: MaxMessageSize %d: want 0 (default) or at least 65536", c.MaxMessageSize)
+	}
+	if c.StartupTimeout < 0 || c.DialTimeout < 0 || c.AuditTimeout < 0 {
+		return errors.New("pgproxy config: timeouts must not be negative")
+	}
+	if c.Secret != nil && len(c.Secret) < 16 {
+		return fmt.Errorf("pgproxy config: Secret has %d bytes: want the key from \"fenceline pg install\" (32 bytes)", len(c.Secret))
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:0"
+	}
+	if c.Upstream == "" {
+		c.Upstream = "127.0.0.1:5432"
+	}
+	if c.MaxMessageSize == 0 {
+		c.MaxMessageSize = 64 << 20
+	}
+	if c.StartupTimeout == 0 {
+		c.StartupTimeout = 30 * time.Second
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	if c.AuditTimeout == 0 {
+		c.AuditTimeout = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Dial == nil {
+		d := &net.Dialer{KeepAlive: 30 * time.Second}
+		c.Dial = d.DialContext
+	}
+	return c
+}

@@ -1,0 +1,126 @@
+// Package pgproxy is fenceline's Postgres wire fence: a proxy between an
+// agent and its Postgres server that lets reads through and lands a write only
+// while the agent's lease is live, only on tables in the lease's table scope,
+// and only with a fence token that Postgres itself checks in the same
+// transaction.
+//
+// # Startup
+//
+// SSLRequest is answered 'S' and TLS terminated with Config.TLS, or 'N';
+// GSSENCRequest is answered 'N'. CancelRequest is forwarded to the upstream
+// when it names the backend of a live session (BackendKeyData is relayed
+// unchanged). The StartupMessage is forwarded with
+// default_transaction_read_only=on added (after "options", so it wins; the
+// client is told "off"). Authentication messages are relayed untouched —
+// trust, cleartext, MD5, SCRAM-SHA-256 — except that SCRAM-SHA-256-PLUS is
+// struck from the server's offer: channel binding would bind to the proxy's
+// TLS connection, not the server's. Replication connections are refused.
+//
+// # Reads
+//
+// Every session is read-only by default, so every implicit transaction is
+// READ ONLY in Postgres itself: a SELECT that calls a function that writes
+// (nextval, a user function, a view over one) fails with SQLSTATE 25006. The
+// proxy owns that default: SET of default_transaction_read_only,
+// transaction_read_only (to off), session characteristics, role,
+// session_replication_role or fenceline.*, and any direct set_config() call,
+// are refused; a change made behind its back (a function calling set_config)
+// shows up as a ParameterStatus, which the proxy answers by setting the
+// default again before the next unit. Units are serialized: the proxy
+// forwards a unit (a Query, a FunctionCall, or extended-protocol messages up
+// to Sync) only once the previous one is answered, so it always knows the
+// transaction state a unit starts in. Reads whose text is on the whitelist
+// (SELECT without INTO or locking, read CTEs only, VALUES, TABLE, SHOW,
+// FETCH, EXPLAIN without ANALYZE, COPY TO STDOUT) go through byte for byte.
+//
+// # Writes
+//
+// Statements are classified with the real Postgres parser (pg_query),
+// cached by text. Anything not provably read-only is a write; its target
+// relations must each be in the lease's table claim. An unqualified name is
+// checked against every schema of the session's effective search path
+// (current_schemas(false), learned on first need and forgotten whenever
+// anything may change it); one outside the claim refuses the write. Writes
+// whose targets cannot be named (DO, CALL, EXECUTE of an unknown statement,
+// GRANT, unparsable text) are refused unless Config.AllowOpaque.
+//
+// An authorized write's transaction is made writable and carries the token,
+// in the same message as the write:
+//
+//	simple:   Query("SET transaction_read_only = off;
+//	                 SET LOCAL fenceline.token = '<token>'; <client text>")
+//	extended: Bind/Execute fenceline_rw, Bind/Execute fenceline_tok($token),
+//	          then the client's Parse/Bind/Execute ... Sync
+//
+// before anything in that transaction takes a snapshot. A client BEGIN under a
+// live lease makes the whole block writable with the token set (so a read
+// followed by a write in one block works); a block begun without a live lease
+// stays read-only and writes in it are refused. The proxy drops the answers to
+// its own messages, so the client sees exactly what Postgres would have sent
+// for its own (error positions are mapped back to the client's text).
+//
+// A refused write is replaced by a DO block that raises SQLSTATE 42501 naming
+// the lease, its fence and the reason, so Postgres itself fails the statement:
+// a refused write inside a block leaves it failed; an implicit transaction
+// rolls back; in the extended protocol the rest up to Sync is skipped. Each
+// refusal is logged and recorded with Config.Audit.
+//
+// # The storage-side fence
+//
+// Install ("fenceline pg install") creates schema fenceline with the signing
+// secret (readable only by the installing role), an epoch row per fenced table
+// and a SECURITY DEFINER statement trigger on each table (INSERT, UPDATE,
+// DELETE, TRUNCATE; COPY FROM and MERGE fire them too). The token is
+// base64(JSON {lease, fence, tables}) "." hex(sha256(k || sha256(k || payload))).
+// The trigger verifies the MAC, that the token's tables cover the table, and
+// that the fence is not below the table's epoch (equal only for the same
+// lease), raising SQLSTATE 40001 otherwise; a higher fence raises the epoch.
+// Under READ COMMITTED it serializes on transaction-scoped advisory locks
+// (shared to write, exclusive to raise the epoch) and then reads the epoch with
+// a fresh snapshot; under REPEATABLE READ and SERIALIZABLE it locks the epoch
+// row (FOR SHARE / FOR UPDATE), which fails with 40001 if a newer fence
+// committed after the transaction's snapshot. A zombie whose proxy still
+// believes in its lease therefore cannot write a table that a newer holder
+// has written.
+//
+// # Sequence
+//
+//	client              pgproxy                             Postgres
+//	  | StartupMessage     |                                    |
+//	  |------------------->| + default_transaction_read_only=on |
+//	  |                    |----------------------------------->|
+//	  |<========== authentication relayed untouched ===========>|
+//	  | Query(SELECT ..)   | whitelisted read: byte for byte    |
+//	  |------------------->|----------------------------------->| (read-only txn)
+//	  |<-------------------|<------------- rows, ReadyForQuery -|
+//	  | Query(UPDATE t ..) | Fence() ok, t in scope             |
+//	  |------------------->| Query(SET transaction_read_only=off;
+//	  |                    |   SET LOCAL fenceline.token=..; UPDATE t ..)
+//	  |                    |----------------------------------->| trigger checks
+//	  |                    |<-- SET, SET (dropped), UPDATE 1, Z-| token vs epoch
+//	  |<-- UPDATE 1, Z ----|                                    |
+//	  | Query(DELETE u ..) | u outside scope / lease lost       |
+//	  |------------------->| Query(DO .. RAISE 42501 ..)        |
+//	  |                    |----------------------------------->|
+//	  |<-- ErrorResponse --|<--------------- ErrorResponse, Z --| + audit event
+//
+// # Bad input
+//
+// Messages over Config.MaxMessageSize, bad lengths, unknown message types,
+// protocol versions other than 3 and malformed startup packets get a FATAL
+// ErrorResponse and the connection is closed. Whenever a session ends, the
+// proxy fails an open COPY FROM STDIN with CopyFail and sends Terminate, so
+// the backend rolls back and exits.
+//
+// # Known limits
+//
+// Inside a block made writable under a live lease, a read that calls a
+// writing function can write: fenced tables still check the token (fence and
+// table scope), unfenced tables do not. Fast-path FunctionCall is allowed only
+// in such a block. search_path resolution trusts the schemas that exist when
+// the proxy looks; another session creating a shadowing schema later is caught
+// only on fenced tables. A write that must run outside a transaction block
+// (VACUUM, CREATE INDEX CONCURRENTLY) is forwarded alone, without the token,
+// in the session's read-only default; Postgres decides. COPY FROM STDIN with
+// the extended protocol relies on Postgres ignoring Sync during COPY.
+package pgproxy

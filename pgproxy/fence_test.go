@@ -1,0 +1,205 @@
+package pgproxy
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// frozen is the lease as a holder saw it just before it paused (a GC pause,
+// a partition): it still believes it may write. Storage must disagree.
+type frozen struct {
+	fence uint64
+	lease leasebus.Lease
+}
+
+func (f frozen) Fence() (uint64, error) { return f.fence, nil }
+func (f frozen) Lease() leasebus.Lease  { return f.lease }
+
+type bus struct {
+	nc  *nats.Conn
+	c   *leasebus.Client
+	aud *leasebus.Auditor
+}
+
+func startBus(t *testing.T) *bus {
+	t.Helper()
+	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	svc, err := leasebus.StartService(context.Background(), nc, leasebus.ServiceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Stop)
+	aud, err := leasebus.NewAuditor(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &bus{nc: nc, c: leasebus.NewClient(nc), aud: aud}
+}
+
+func (b *bus) hold(t *testing.T, ws string, ttl time.Duration, tables ...string) *leasebus.Holder {
+	t.Helper()
+	claim, err := scope.New(nil, false, tables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cred := leasebus.NewCredential()
+	sent := time.Now()
+	l, err := b.c.Acquire(ctxT(t), leasebus.AcquireRequest{
+		Repo: "github.com/acme/zombie", Scope: claim, WorkspaceID: ws, WorkspaceMode: leasebus.WorkspaceExclusive,
+		Owner: leasebus.Owner{TaskID: "task-" + ws, AgentID: "agent-" + ws, AttemptID: "att-" + ws},
+		TTL:   leasebus.Duration(ttl), Wait: leasebus.Duration(20 * time.Second),
+	}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := b.c.Hold(l, cred, sent, leasebus.HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Stop)
+	return h
+}
+
+// TestZombieWriteRejectedByPostgres: holder A's lease expires and is granted
+// to B, B writes; A's proxy, still believing it holds the lease, sends a
+// write: Postgres itself rejects it with 40001. A's proxy driven by the real
+// holder refuses the write itself, with an audit event on the bus.
+func TestZombieWriteRejectedByPostgres(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	a := b.hold(t, "ws-a", time.Second, "public.zombie")
+	zombieSrc := frozen{fence: a.Lease().Fence, lease: a.Lease()}
+	zombie := startProxy(t, Config{Lease: zombieSrc})
+	za := connect(t, proxyDSN(zombie, "agent"))
+	if _, err := za.Exec(ctx, "UPDATE public.zombie SET balance = 1 WHERE id = 2"); err != nil {
+		t.Fatalf("A writes while its lease is live: %v", err)
+	}
+	// A pauses: no renewals; its lease expires and B gets the table.
+	a.Stop()
+	bh := b.hold(t, "ws-b", 5*time.Second, "public.zombie")
+	if bh.Lease().Fence <= zombieSrc.fence {
+		t.Fatalf("B's fence %d is not above A's %d", bh.Lease().Fence, zombieSrc.fence)
+	}
+	bp := startProxy(t, Config{Lease: bh, Audit: b.aud})
+	bc := connect(t, proxyDSN(bp, "agent"))
+	if _, err := bc.Exec(ctx, "UPDATE public.zombie SET balance = 2 WHERE id = 2"); err != nil {
+		t.Fatalf("B writes: %v", err)
+	}
+	// The zombie's write reaches Postgres with A's token: rejected there.
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement} {
+		_, err := za.Exec(ctx, "UPDATE public.zombie SET balance = 3 WHERE id = 2", mode)
+		if pgCode(err) != "40001" || !strings.Contains(err.Error(), "stale fence") {
+			t.Fatalf("zombie write (%v): want SQLSTATE 40001 stale fence, got %v", mode, err)
+		}
+	}
+	var bal int
+	if err := bc.QueryRow(ctx, "SELECT balance FROM public.zombie WHERE id = 2").Scan(&bal); err != nil || bal != 2 {
+		t.Fatalf("balance %d %v: want B's 2", bal, err)
+	}
+	// Reads still flow for the zombie.
+	if err := za.QueryRow(ctx, "SELECT balance FROM public.zombie WHERE id = 2").Scan(&bal); err != nil {
+		t.Fatal(err)
+	}
+
+	// A's own proxy with the real holder: refused before Postgres, audited.
+	real := startProxy(t, Config{Lease: a, Audit: b.aud})
+	ra := connect(t, proxyDSN(real, "agent"))
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		_, err := a.Fence()
+		if err == nil {
+			return errString("holder A still believes it holds the lease")
+		}
+		return nil
+	})
+	_, err := ra.Exec(ctx, "UPDATE public.zombie SET balance = 4 WHERE id = 2")
+	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "lease not held") {
+		t.Fatalf("A through its real holder: want 42501 lease not held, got %v", err)
+	}
+	testutil.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		evs, err := leasebus.ReadAudit(ctx, b.nc, "github.com/acme/zombie", 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Type == leasebus.EventDenied && ev.Boundary == leasebus.BoundaryPostgres && ev.LeaseID == a.Lease().LeaseID {
+				if ev.Fence != zombieSrc.fence || ev.Reason == "" || ev.Owner.AgentID != "agent-ws-a" {
+					return errString("denied event lacks fence/reason/owner")
+				}
+				return nil
+			}
+		}
+		return errString("no postgres denied event for A on the audit stream")
+	})
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }
+
+// TestStorageFenceWithoutProxy: a write straight to Postgres (no token), a
+// forged token, a token for another table, all fail in Postgres.
+func TestStorageFenceWithoutProxy(t *testing.T) {
+	ctx := ctxT(t)
+	c := connect(t, pg.DSN("agent", "", testDB))
+	_, err := c.Exec(ctx, "INSERT INTO public.other VALUES (100, 'direct')")
+	if pgCode(err) != "40001" || !strings.Contains(err.Error(), "no fence token") {
+		t.Fatalf("direct write: want 40001 no fence token, got %v", err)
+	}
+	forged, err := MakeToken([]byte("not-the-secret-not-the-secret!!"), "lease_forged", 1<<40, []string{"public.*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT set_config('fenceline.token', $1, true)", forged); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, "INSERT INTO public.other VALUES (101, 'forged')")
+	if pgCode(err) != "40001" || !strings.Contains(err.Error(), "forged") {
+		t.Fatalf("forged token: want 40001 forged, got %v", err)
+	}
+	tx.Rollback(ctx)
+	// The agent's role cannot read the secret.
+	var k []byte
+	err = c.QueryRow(ctx, "SELECT key FROM fenceline.secret").Scan(&k)
+	if pgCode(err) != "42501" {
+		t.Fatalf("agent reads the secret: want 42501 permission denied, got %v", err)
+	}
+	// A genuine token for another table does not cover this one.
+	tok, err := MakeToken(secret, "lease_scoped", 1, []string{"public.accounts"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err = c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT set_config('fenceline.token', $1, true)", tok); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, "INSERT INTO public.other VALUES (102, 'scoped')")
+	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "does not claim") {
+		t.Fatalf("token for another table: want 42501, got %v", err)
+	}
+}

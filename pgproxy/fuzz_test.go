@@ -1,0 +1,65 @@
+package pgproxy
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	fuzzOnce  sync.Once
+	fuzzProxy *Proxy
+)
+
+// FuzzClientStream sends arbitrary bytes after a good startup: the proxy
+// must answer or close cleanly, never hang or crash, and keep serving.
+func FuzzClientStream(f *testing.F) {
+	var w msgBuilder
+	w.query("SELECT 1")
+	f.Add(w.b)
+	w = msgBuilder{}
+	w.parse("", "INSERT INTO app.items (name) VALUES ($1)")
+	w.bind("", "", "x")
+	w.execute("")
+	w.b = append(w.b, 'S', 0, 0, 0, 4)
+	f.Add(w.b)
+	f.Add([]byte{'d', 0, 0, 0, 5, 'x', 'c', 0, 0, 0, 4, 'S', 0, 0, 0, 4})
+	f.Add([]byte{'Q', 0, 0, 0, 4})
+	f.Add([]byte{'B', 0, 0, 0, 9, 0, 0, 0, 0, 0})
+	f.Add([]byte{'F', 0, 0, 0, 6, 0, 0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		lease := newStaticLease(t, "lease_fuzz", 0, "app.*")
+		p := startProxy(t, Config{Lease: lease, MaxMessageSize: 1 << 16})
+		c := rawStartup(t, p)
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		c.Write(data)
+		c.Write([]byte{'S', 0, 0, 0, 4, 'X', 0, 0, 0, 4})
+		io.Copy(io.Discard, c) // ends when the proxy closes (Terminate or an error)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		ok := connect(t, proxyDSN(p, "agent"))
+		var one int
+		if err := ok.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+			t.Fatalf("proxy stopped serving after %q: %v", data, err)
+		}
+		_ = net.ErrClosed
+	})
+}
+
+// FuzzClassify: the classifier and the literal folding never panic, and a
+// folded key never changes a statement's class.
+func FuzzClassify(f *testing.F) {
+	for _, c := range loadCorpus(f) {
+		f.Add(c.sql)
+	}
+	c := NewClassifier(0)
+	f.Fuzz(func(t *testing.T, sql string) {
+		got, want := c.Classify(sql), Classify(sql)
+		if got.Class != want.Class {
+			t.Fatalf("%q: cached class %v, fresh %v", sql, got.Class, want.Class)
+		}
+	})
+}

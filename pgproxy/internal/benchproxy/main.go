@@ -1,0 +1,71 @@
+// Command benchproxy runs a pgproxy in front of a Postgres server with a
+// fixed, always-live lease, for scripts/bench-pg.sh. With -install it first
+// installs the storage-side fence on the claimed tables.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/pgproxy"
+)
+
+type lease struct{ l leasebus.Lease }
+
+func (s lease) Fence() (uint64, error) { return s.l.Fence, nil }
+func (s lease) Lease() leasebus.Lease  { return s.l }
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "benchproxy:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	listen := flag.String("listen", "127.0.0.1:6433", "listen address")
+	upstream := flag.String("upstream", "127.0.0.1:5432", "Postgres address")
+	tables := flag.String("tables", "public.*", "comma-separated table claims")
+	install := flag.String("install", "", "admin DSN: install the fence on the claimed tables first")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	claims := strings.Split(*tables, ",")
+	var secret []byte
+	if *install != "" {
+		conn, err := pgx.Connect(ctx, *install)
+		if err != nil {
+			return err
+		}
+		secret, err = pgproxy.Install(ctx, conn, claims)
+		conn.Close(ctx)
+		if err != nil {
+			return err
+		}
+	}
+	claim, err := scope.New(nil, false, claims)
+	if err != nil {
+		return err
+	}
+	p, err := pgproxy.Listen(ctx, pgproxy.Config{
+		Listen: *listen, Upstream: *upstream, Secret: secret,
+		Lease:  lease{leasebus.Lease{LeaseID: "lease_bench", Fence: 1, Scope: claim, Status: leasebus.StatusActive}},
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Println("listening", p.Addr())
+	<-ctx.Done()
+	return p.Close()
+}

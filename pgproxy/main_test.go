@@ -1,0 +1,206 @@
+package pgproxy
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceline/fenceline/internal/pgtest"
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// pg is the one Postgres of this test binary; testDB is set up by setupDB.
+var (
+	pg     *pgtest.Server
+	secret []byte
+)
+
+const testDB = "fenceline_test"
+
+func TestMain(m *testing.M) {
+	pg = pgtest.MustStart()
+	if err := setupDB(); err != nil {
+		pg.Stop()
+		fmt.Fprintln(os.Stderr, "setup:", err, "\n", pg.Log())
+		os.Exit(1)
+	}
+	code := m.Run()
+	pg.Stop()
+	if code == 0 {
+		if leaked := testutil.Leaked(5 * time.Second); leaked != "" {
+			fmt.Fprintf(os.Stderr, "leaked goroutines:\n%s\n", leaked)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func setupDB() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, pg.AdminDSN(""))
+	if err != nil {
+		return err
+	}
+	defer admin.Close(ctx)
+	for _, q := range []string{
+		"DROP DATABASE IF EXISTS " + testDB,
+		"CREATE DATABASE " + testDB,
+		"DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname='agent') THEN CREATE ROLE agent LOGIN; END IF; END$$",
+		"DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname='scram_user') THEN CREATE ROLE scram_user LOGIN; END IF; END$$",
+		"DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname='md5_user') THEN CREATE ROLE md5_user LOGIN; END IF; END$$",
+		"SET password_encryption = 'scram-sha-256'",
+		"ALTER ROLE scram_user PASSWORD 'scram-secret'",
+		"SET password_encryption = 'md5'",
+		"ALTER ROLE md5_user PASSWORD 'md5-secret'",
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			return fmt.Errorf("%s: %w", q, err)
+		}
+	}
+	db, err := pgx.Connect(ctx, pg.AdminDSN(testDB))
+	if err != nil {
+		return err
+	}
+	defer db.Close(ctx)
+	if _, err := db.Exec(ctx, `
+CREATE SCHEMA app;
+CREATE TABLE public.accounts (id int PRIMARY KEY, balance int NOT NULL DEFAULT 0);
+CREATE TABLE public.other (id int PRIMARY KEY, note text);
+CREATE TABLE public.big (id int PRIMARY KEY, payload text);
+CREATE TABLE app.items (id serial PRIMARY KEY, name text);
+CREATE TABLE app.log (id serial PRIMARY KEY, msg text);
+CREATE SEQUENCE public.seq;
+CREATE TABLE public.sink (v text);
+CREATE TABLE public.zombie (id int PRIMARY KEY, balance int);
+INSERT INTO public.zombie VALUES (2, 0);
+CREATE FUNCTION public.f_writes() RETURNS int LANGUAGE sql AS $$ INSERT INTO public.sink VALUES ('written by a read'); SELECT 1 $$;
+CREATE FUNCTION public.f_flip() RETURNS text LANGUAGE sql AS $$ SELECT set_config('default_transaction_read_only', 'off', false) $$;
+INSERT INTO public.big SELECT g, repeat('x', 100) FROM generate_series(1, 50000) g;
+INSERT INTO public.accounts SELECT g, 100 FROM generate_series(1, 10) g;
+GRANT USAGE ON SCHEMA app TO PUBLIC;
+GRANT ALL ON ALL TABLES IN SCHEMA public, app TO PUBLIC;
+GRANT ALL ON ALL SEQUENCES IN SCHEMA public, app TO PUBLIC;
+GRANT CREATE ON SCHEMA public, app TO PUBLIC;
+`); err != nil {
+		return fmt.Errorf("create test tables: %w", err)
+	}
+	secret, err = Install(ctx, db, []string{"public.accounts", "public.other", "public.sink", "public.zombie", "app.*"})
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+// staticLease is a lease whose state the test sets.
+type staticLease struct {
+	mu    sync.Mutex
+	lease leasebus.Lease
+	err   error
+}
+
+// fences makes every static lease's fence higher than all before it: the
+// tests share tables, and the storage-side fence remembers.
+var fences atomic.Uint64
+
+func init() { fences.Store(1 << 20) }
+
+func newStaticLease(t testing.TB, id string, _ uint64, tables ...string) *staticLease {
+	t.Helper()
+	fence := fences.Add(1)
+	c, err := scope.New(nil, false, tables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &staticLease{lease: leasebus.Lease{LeaseID: id, Repo: "github.com/acme/test", Scope: c, Fence: fence,
+		Owner: leasebus.Owner{TaskID: "task-1", AgentID: "agent-1", AttemptID: "att-1"}, Status: leasebus.StatusActive}}
+}
+
+func (l *staticLease) Fence() (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return 0, l.err
+	}
+	return l.lease.Fence, nil
+}
+
+func (l *staticLease) Lease() leasebus.Lease {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lease
+}
+
+func (l *staticLease) lose(err error) {
+	l.mu.Lock()
+	l.err = err
+	l.mu.Unlock()
+}
+
+// recorder is an Auditor that keeps events in memory (the bus-backed one is
+// exercised in the zombie test).
+type recorder struct {
+	mu  sync.Mutex
+	evs []leasebus.AuditEvent
+}
+
+func (r *recorder) Record(_ context.Context, ev leasebus.AuditEvent) error {
+	r.mu.Lock()
+	r.evs = append(r.evs, ev)
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *recorder) events() []leasebus.AuditEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]leasebus.AuditEvent(nil), r.evs...)
+}
+
+func startProxy(t testing.TB, cfg Config) *Proxy {
+	t.Helper()
+	cfg.Upstream = pg.Addr()
+	if cfg.Secret == nil {
+		cfg.Secret = secret
+	}
+	p, err := Listen(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func proxyDSN(p *Proxy, user string) string {
+	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", user, p.Addr().String(), testDB)
+}
+
+func connect(t testing.TB, dsn string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func adminConn(t testing.TB) *pgx.Conn {
+	return connect(t, pg.AdminDSN(testDB))
+}

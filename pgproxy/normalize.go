@@ -1,0 +1,111 @@
+package pgproxy
+
+import "strings"
+
+// literalKey returns the text of a single SELECT/INSERT/UPDATE/DELETE/
+// WITH/VALUES/TABLE statement with its string and numeric literals replaced
+// by '?', so statements that differ only in constants (pgbench's
+// "... WHERE aid = 4711") share one classification. The class and targets of
+// these statement kinds never depend on a constant's value. It returns ""
+// when the text is anything else or the scan is unsure (several statements,
+// dollar quoting, escape strings, Unicode escapes, backslashes): the caller
+// then classifies the exact text.
+func literalKey(sql string) string {
+	var b strings.Builder
+	b.Grow(len(sql))
+	first := ""
+	i := 0
+	for i < len(sql) {
+		c := sql[i]
+		switch {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			b.WriteByte(' ')
+			for i < len(sql) && (sql[i] == ' ' || sql[i] == '\t' || sql[i] == '\n' || sql[i] == '\r') {
+				i++
+			}
+		case c == '\'':
+			j := i + 1
+			for {
+				if j >= len(sql) {
+					return ""
+				}
+				if sql[j] == '\\' {
+					return ""
+				}
+				if sql[j] == '\'' {
+					if j+1 < len(sql) && sql[j+1] == '\'' {
+						j += 2
+						continue
+					}
+					break
+				}
+				j++
+			}
+			if i > 0 && isWordByte(sql[i-1]) {
+				return "" // E'...', U&'...', B'...', X'...'
+			}
+			b.WriteByte('?')
+			i = j + 1
+		case c >= '0' && c <= '9':
+			if i > 0 && isWordByte(sql[i-1]) {
+				b.WriteByte(c) // part of an identifier or $1
+				i++
+				continue
+			}
+			j := i
+			for j < len(sql) && (isWordByte(sql[j]) || sql[j] == '.') {
+				j++
+			}
+			b.WriteByte('?')
+			i = j
+		case c == '"':
+			j := strings.IndexByte(sql[i+1:], '"')
+			if j < 0 {
+				return ""
+			}
+			b.WriteString(sql[i : i+j+2])
+			i += j + 2
+		case c == '$' && (i == 0 || !isWordByte(sql[i-1])) && i+1 < len(sql) && !(sql[i+1] >= '0' && sql[i+1] <= '9'):
+			return "" // dollar quoting
+		case c == ';':
+			if strings.TrimSpace(sql[i+1:]) != "" {
+				return ""
+			}
+			i = len(sql)
+		case c == '-' && i+1 < len(sql) && sql[i+1] == '-', c == '/' && i+1 < len(sql) && sql[i+1] == '*':
+			return "" // comments: let the parser see them
+		case c == '\\' || c >= 0x80:
+			return ""
+		case isWordByte(c):
+			j := i
+			for j < len(sql) && isWordByte(sql[j]) {
+				j++
+			}
+			w := sql[i:j]
+			if first == "" {
+				first = strings.ToLower(w)
+				switch first {
+				case "select", "insert", "update", "delete", "with", "values", "table":
+				default:
+					return ""
+				}
+			}
+			if (w == "U" || w == "u") && j < len(sql) && sql[j] == '&' {
+				return ""
+			}
+			b.WriteString(w)
+			i = j
+		default:
+			b.WriteByte(c)
+			i++
+		}
+	}
+	if first == "" {
+		return ""
+	}
+	return b.String()
+}
+
+func isWordByte(c byte) bool {
+	return c == '_' || c == '$' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+}

@@ -1,0 +1,339 @@
+package pgproxy
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+)
+
+// expKind says which server messages answer one forwarded request.
+type expKind uint8
+
+const (
+	expSingle    expKind = iota // ParseComplete, BindComplete or CloseComplete
+	expDescribeS                // ParameterDescription, then RowDescription or NoData
+	expDescribeP                // RowDescription or NoData
+	expExecute                  // rows and copy data until CommandComplete, EmptyQuery or PortalSuspended
+	expSync                     // ReadyForQuery
+	expQuery                    // a Query passed through: everything up to ReadyForQuery
+	expStmt                     // one statement of a rewritten Query: up to CommandComplete
+	expQueryEnd                 // the end of a rewritten Query: ReadyForQuery
+	expFunc                     // FunctionCall: FunctionCallResponse, then ReadyForQuery
+)
+
+// expect is one pending answer. The client loop pushes them in the order it
+// writes requests; the relay pops them as answers complete.
+type expect struct {
+	kind     expKind
+	swallow  bool            // the proxy's own request: the client never sees the answer
+	internal *internalResult // a query of the proxy's own between units
+	// stmtState, for the Parse of one of the proxy's prepared statements,
+	// becomes ready on ParseComplete and none when the Parse is skipped.
+	stmtState *atomic.Int32
+	inserts   []insertion // expQueryEnd: to map error positions back
+}
+
+func (e *expect) endsWithZ() bool {
+	return e.kind == expSync || e.kind == expQuery || e.kind == expQueryEnd || e.kind == expFunc
+}
+
+func (s *session) push(items ...*expect) {
+	s.qmu.Lock()
+	for _, e := range items {
+		if e.endsWithZ() {
+			s.outstanding++
+		}
+	}
+	s.queue = append(s.queue, items...)
+	s.qmu.Unlock()
+}
+
+func (s *session) head() *expect {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	if len(s.queue) == 0 {
+		return nil
+	}
+	return s.queue[0]
+}
+
+// pop removes the head; ok says whether its request succeeded.
+func (s *session) pop(ok bool) {
+	s.qmu.Lock()
+	e := s.queue[0]
+	s.queue[0] = nil
+	s.queue = s.queue[1:]
+	if len(s.queue) == 0 {
+		s.queue = s.queue[:0:0]
+	}
+	if e.endsWithZ() {
+		s.outstanding--
+	}
+	s.qmu.Unlock()
+	if e.stmtState != nil {
+		if ok {
+			e.stmtState.Store(stmtReady)
+		} else {
+			e.stmtState.Store(stmtNone)
+		}
+	}
+	if e.endsWithZ() {
+		if e.internal != nil {
+			close(e.internal.done)
+		}
+		select {
+		case s.idle <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// skipToZ drops the answers the server will not send after an error: every
+// pending item up to the next one that ends with ReadyForQuery.
+func (s *session) skipToZ() {
+	for {
+		h := s.head()
+		if h == nil || h.endsWithZ() {
+			return
+		}
+		s.pop(false)
+	}
+}
+
+// dropQueuedSyncs: the server ignores Syncs that arrive during COPY FROM
+// STDIN (libpq sends one right after Execute); they will get no answer.
+func (s *session) dropQueuedSyncs() {
+	s.qmu.Lock()
+	kept := s.queue[:0]
+	for i, e := range s.queue {
+		if i > 0 && e.kind == expSync {
+			s.outstanding--
+			continue
+		}
+		kept = append(kept, e)
+	}
+	s.queue = kept
+	s.qmu.Unlock()
+}
+
+// relay copies server messages to the client, dropping the answers to the
+// proxy's own requests, until the server connection ends.
+func (s *session) relay() error {
+	defer func() {
+		// Wake a client loop waiting for answers that will never come.
+		s.doneOnce.Do(func() { close(s.done) })
+		s.client.Close()
+	}()
+	for {
+		t, raw, err := s.sr.next()
+		if err != nil {
+			s.cmu.Lock()
+			s.cw.Flush()
+			s.cmu.Unlock()
+			if errors.Is(err, ErrProtocol) {
+				s.writeClientRaw(errorResponse('E', "FATAL", "08P01", "fenceline: the server sent a malformed message", err.Error(), ""))
+			}
+			return err
+		}
+		if err := s.relayOne(t, raw); err != nil {
+			return err
+		}
+		if s.sr.buffered() == 0 {
+			s.cmu.Lock()
+			err := s.cw.Flush()
+			s.cmu.Unlock()
+			if err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (s *session) toClient(raw []byte) error {
+	s.cmu.Lock()
+	_, err := s.cw.Write(raw)
+	s.cmu.Unlock()
+	return err
+}
+
+func (s *session) relayOne(t byte, raw []byte) error {
+	h := s.head()
+	hidden := h != nil && (h.swallow || h.internal != nil)
+	switch t {
+	case 'N': // NoticeResponse
+		if hidden {
+			return nil
+		}
+		return s.toClient(raw)
+	case 'A': // NotificationResponse
+		return s.toClient(raw)
+	case 'S': // ParameterStatus
+		name, rest, err := cstring(raw[5:])
+		if err != nil {
+			return fmt.Errorf("%w: ParameterStatus", ErrProtocol)
+		}
+		if name == "default_transaction_read_only" {
+			if v, _, _ := cstring(rest); v != "on" {
+				s.tainted.Store(true)
+			}
+			return nil // the client was told "off" at startup; the proxy owns it
+		}
+		return s.toClient(raw)
+	case 'E': // ErrorResponse
+		if h == nil {
+			return s.toClient(raw) // FATAL from the server (shutdown, terminate)
+		}
+		if s.copyIn.Load() {
+			s.copyIn.Store(false)
+		}
+		if h.internal != nil {
+			f := errorFields(raw)
+			h.internal.err = fmt.Errorf("%s (SQLSTATE %s)", f['M'], f['C'])
+		} else {
+			if q := s.queryEnd(); q != nil && len(q.inserts) > 0 {
+				raw = mapErrorPosition(raw, q.inserts)
+			}
+			if err := s.toClient(raw); err != nil {
+				return err
+			}
+		}
+		if !h.endsWithZ() {
+			s.pop(false)
+			s.skipToZ()
+		}
+		return nil
+	case 'Z': // ReadyForQuery
+		if len(raw) >= 6 {
+			s.status.Store(uint32(raw[5]))
+		}
+		for h := s.head(); h != nil; h = s.head() {
+			if !h.endsWithZ() {
+				s.pop(false) // skipped by the server
+				continue
+			}
+			hide := h.internal != nil || h.swallow
+			s.pop(true)
+			if hide {
+				return nil
+			}
+			break
+		}
+		return s.toClient(raw)
+	}
+	if h == nil {
+		// Nothing expected: pass it on rather than lose it.
+		return s.toClient(raw)
+	}
+	if h.internal != nil && t == 'D' {
+		h.internal.rows = append(h.internal.rows, dataRow(raw))
+	}
+	if !hidden {
+		if err := s.toClient(raw); err != nil {
+			return err
+		}
+	}
+	complete := false
+	switch h.kind {
+	case expSingle:
+		complete = t == '1' || t == '2' || t == '3'
+	case expDescribeS:
+		complete = t == 'T' || t == 'n'
+	case expDescribeP:
+		complete = t == 'T' || t == 'n'
+	case expExecute, expStmt:
+		switch t {
+		case 'C', 'I', 's':
+			complete = true
+		case 'G':
+			s.copyIn.Store(true)
+			if h.kind == expExecute {
+				s.dropQueuedSyncs()
+			}
+		}
+	case expQuery:
+		if t == 'G' {
+			s.copyIn.Store(true)
+		}
+	}
+	if t == 'C' && s.copyIn.Load() {
+		s.copyIn.Store(false)
+	}
+	if complete {
+		s.pop(true)
+	}
+	return nil
+}
+
+// queryEnd returns the expQueryEnd item of the rewritten query in flight.
+func (s *session) queryEnd() *expect {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	for _, e := range s.queue {
+		if e.kind == expQueryEnd {
+			return e
+		}
+		if e.endsWithZ() {
+			return nil
+		}
+	}
+	return nil
+}
+
+// mapErrorPosition rewrites the P (position) field of an ErrorResponse so it
+// points into the text the client sent.
+func mapErrorPosition(raw []byte, ins []insertion) []byte {
+	f := errorFields(raw)
+	p, ok := f['P']
+	if !ok {
+		return raw
+	}
+	pos := atoiOr(p, 0)
+	if pos <= 0 {
+		return raw
+	}
+	var w msgBuilder
+	at := w.begin(raw[0])
+	b := raw[5:]
+	for len(b) > 0 && b[0] != 0 {
+		code := b[0]
+		v, rest, err := cstring(b[1:])
+		if err != nil {
+			return raw
+		}
+		if code == 'P' {
+			v = strconv.Itoa(max(1, originalPosition(pos, ins)))
+		}
+		w.b = append(w.b, code)
+		w.str(v)
+		b = rest
+	}
+	w.b = append(w.b, 0)
+	w.end(at)
+	return w.b
+}
+
+// dataRow decodes a DataRow as text columns.
+func dataRow(raw []byte) []string {
+	b := raw[5:]
+	if len(b) < 2 {
+		return nil
+	}
+	n := int(b[0])<<8 | int(b[1])
+	b = b[2:]
+	out := make([]string, 0, n)
+	for i := 0; i < n && len(b) >= 4; i++ {
+		l := int(int32(uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])))
+		b = b[4:]
+		if l < 0 {
+			out = append(out, "")
+			continue
+		}
+		if l > len(b) {
+			break
+		}
+		out = append(out, string(b[:l]))
+		b = b[l:]
+	}
+	return out
+}

@@ -1,0 +1,1033 @@
+package pgproxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// session is one client connection and its backend.
+//
+// Two goroutines: the client loop (serve) reads the client, decides, and is
+// the only writer to the server; the relay reads the server and is the only
+// writer to the client once startup is over (under cmu, which the client
+// loop takes only to send a fatal error). They share the expectation queue
+// (under qmu), which says whose responses are coming next.
+type session struct {
+	p      *Proxy
+	client net.Conn
+	server net.Conn
+	tls    bool
+
+	cr  *msgReader    // client reader (client loop)
+	sw  *bufio.Writer // server writer (client loop)
+	sr  *msgReader    // server reader (relay)
+	cmu sync.Mutex    // guards cw
+	cw  *bufio.Writer // client writer
+
+	user, database string
+	key            backendKey
+
+	// Client-loop state.
+	txStatus    byte                  // from the last ReadyForQuery (set by the relay, read after waitIdle)
+	sim         txSim                 // what the proxy believes about the current transaction
+	stmts       map[string]*Statement // protocol-level prepared statements by name
+	portals     map[string]*Statement // portals by name
+	sqlPrep     map[string]*Statement // SQL-level PREPARE by name
+	searchPath  []string              // nil: unknown
+	seg         []segMsg              // pending extended-protocol messages
+	pendingSync bool                  // extended messages went out since the last Sync
+	segBuf      []byte
+	rwStmt      atomic.Int32 // state of our prepared "SET transaction_read_only = off"
+	tokStmt     atomic.Int32 // state of our prepared set_config for the token
+
+	qmu         sync.Mutex
+	queue       []*expect // guarded by qmu
+	outstanding int       // ReadyForQuery-terminated items in queue; guarded by qmu
+	idle        chan struct{}
+
+	status   atomic.Uint32 // txStatus as seen by the relay
+	copyIn   atomic.Bool   // the server is in COPY FROM STDIN
+	tainted  atomic.Bool   // the server reported default_transaction_read_only off
+	done     chan struct{}
+	doneOnce sync.Once
+}
+
+const (
+	stmtNone int32 = iota
+	stmtPending
+	stmtReady
+)
+
+const (
+	rwStmtName  = "fenceline_rw"
+	tokStmtName = "fenceline_tok"
+	refuseName  = "fenceline_refuse"
+	rwSQL       = "SET transaction_read_only = off"
+	tokSQL      = "SELECT pg_catalog.set_config('fenceline.token', $1, true)"
+)
+
+// txSim is the proxy's view of the transaction the next statement runs in.
+type txSim struct {
+	inBlock  bool // inside BEGIN ... COMMIT
+	blockRW  bool // the block is writable and carries the token
+	clientRO bool // the client asked for READ ONLY
+	decided  bool // the current implicit transaction's mode is fixed
+	groupRW  bool // the current implicit transaction is writable and carries the token
+}
+
+type segMsg struct {
+	typ      byte
+	off, n   int
+	st       *Statement // Execute: the statement it runs
+	describe byte       // Describe: 'S' or 'P'
+}
+
+func newSession(p *Proxy, c net.Conn) *session {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	return &session{
+		p: p, client: c,
+		stmts: map[string]*Statement{}, portals: map[string]*Statement{}, sqlPrep: map[string]*Statement{},
+		idle: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+}
+
+// abort tears the session down from outside (Proxy.Close).
+func (s *session) abort() {
+	s.doneOnce.Do(func() { close(s.done) })
+	s.client.Close()
+	if s.server != nil {
+		s.server.Close()
+	}
+}
+
+func (s *session) serve() {
+	defer s.abort()
+	ok, err := s.startup()
+	if err != nil {
+		s.p.log.Info("session ended during startup", "client", s.client.RemoteAddr().String(), "err", err)
+	}
+	if !ok {
+		return
+	}
+	s.status.Store(uint32(s.txStatus))
+	s.sim = txSim{}
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- s.relay() }()
+	err = s.clientLoop()
+	// Whatever ended the client loop, the backend must not stay in a
+	// transaction or in COPY: fail a COPY, then terminate the session.
+	if s.copyIn.Load() {
+		var w msgBuilder
+		at := w.begin('f')
+		w.str("fenceline: the client went away during COPY")
+		w.end(at)
+		s.sw.Write(w.b)
+	}
+	s.sw.Write([]byte{'X', 0, 0, 0, 4})
+	s.sw.Flush()
+	s.server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	s.server.(interface{ CloseWrite() error }).CloseWrite() //nolint:errcheck
+	s.doneOnce.Do(func() { close(s.done) })
+	rerr := <-relayDone
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		s.p.log.Info("session ended", "client", s.client.RemoteAddr().String(), "user", s.user, "err", err)
+	} else if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, net.ErrClosed) {
+		s.p.log.Debug("relay ended", "err", rerr)
+	}
+}
+
+// writeClientRaw writes one message to the client and flushes.
+func (s *session) writeClientRaw(b []byte) error {
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	if s.cw == nil {
+		_, err := s.client.Write(b)
+		return err
+	}
+	if _, err := s.cw.Write(b); err != nil {
+		return err
+	}
+	return s.cw.Flush()
+}
+
+// fatal sends a FATAL error to the client and returns err.
+func (s *session) fatal(err error) error {
+	s.writeClientRaw(errorResponse('E', "FATAL", "08P01", "fenceline: "+err.Error(), "",
+		"the connection is closed; the server rolled back any open transaction"))
+	return err
+}
+
+// flushServer sends what the client loop has buffered.
+func (s *session) flushServer() error { return s.sw.Flush() }
+
+// clientLoop reads client messages and forwards them, fenced.
+func (s *session) clientLoop() error {
+	for {
+		t, raw, err := s.cr.next()
+		if err != nil {
+			if errors.Is(err, ErrProtocol) {
+				return s.fatal(err)
+			}
+			return err
+		}
+		switch t {
+		case 'd', 'c', 'f': // COPY sub-protocol: straight through
+			if t != 'd' {
+				s.copyIn.Store(false)
+			}
+			if _, err := s.sw.Write(raw); err != nil {
+				return err
+			}
+		case 'Q':
+			if err := s.flushSegment(); err != nil {
+				return err
+			}
+			if err := s.beginUnit(); err != nil {
+				return err
+			}
+			if err := s.handleQuery(raw); err != nil {
+				return err
+			}
+		case 'F':
+			if err := s.flushSegment(); err != nil {
+				return err
+			}
+			if err := s.beginUnit(); err != nil {
+				return err
+			}
+			if err := s.handleFunctionCall(raw); err != nil {
+				return err
+			}
+		case 'P', 'B', 'E', 'D', 'C':
+			if len(s.seg) > 4096 || len(s.segBuf) > s.p.cfg.MaxMessageSize {
+				// A pipeline this long without Sync or Flush: decide what we have.
+				if err := s.flushSegment(); err != nil {
+					return err
+				}
+			}
+			s.seg = append(s.seg, segMsg{typ: t, off: len(s.segBuf), n: len(raw)})
+			s.segBuf = append(s.segBuf, raw...)
+		case 'S', 'H':
+			if t == 'S' && s.copyIn.Load() && len(s.seg) == 0 {
+				// Postgres ignores Sync during COPY FROM STDIN.
+				if _, err := s.sw.Write(raw); err != nil {
+					return err
+				}
+				break
+			}
+			s.seg = append(s.seg, segMsg{typ: t, off: len(s.segBuf), n: len(raw)})
+			s.segBuf = append(s.segBuf, raw...)
+			if err := s.flushSegment(); err != nil {
+				return err
+			}
+		case 'X':
+			return nil
+		default:
+			return s.fatal(fmt.Errorf("%w: unknown message type %q", ErrProtocol, t))
+		}
+		if s.cr.buffered() == 0 {
+			if err := s.flushServer(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// beginUnit waits until the server has answered every earlier unit, so the
+// proxy knows the transaction state the next one starts in, then restores
+// the session's read-only default if something switched it off.
+func (s *session) beginUnit() error {
+	if err := s.waitIdle(); err != nil {
+		return err
+	}
+	if s.pendingSync {
+		return nil // an extended-protocol transaction is still open
+	}
+	s.txStatus = byte(s.status.Load())
+	if s.txStatus == 'I' {
+		s.sim = txSim{}
+	} else {
+		s.sim.inBlock = true
+		s.sim.decided = true
+	}
+	if s.tainted.Load() {
+		s.tainted.Store(false)
+		s.p.log.Warn("default_transaction_read_only was switched off behind the proxy; switching it on again",
+			"user", s.user, "client", s.client.RemoteAddr().String())
+		if _, err := s.internalQuery("SET default_transaction_read_only = on"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *session) waitIdle() error {
+	if err := s.flushServer(); err != nil {
+		return err
+	}
+	for {
+		s.qmu.Lock()
+		n := s.outstanding
+		s.qmu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-s.idle:
+		case <-s.done:
+			return net.ErrClosed
+		}
+	}
+}
+
+// internalResult collects the answer to a query the proxy sends itself.
+type internalResult struct {
+	rows [][]string
+	err  error
+	done chan struct{}
+}
+
+// internalQuery runs sql on the backend between client units and returns
+// its rows as text.
+func (s *session) internalQuery(sql string) ([][]string, error) {
+	var w msgBuilder
+	w.query(sql)
+	res := &internalResult{done: make(chan struct{})}
+	s.push(&expect{kind: expQuery, internal: res})
+	if _, err := s.sw.Write(w.b); err != nil {
+		return nil, err
+	}
+	if err := s.waitIdle(); err != nil {
+		return nil, err
+	}
+	<-res.done
+	if res.err != nil {
+		return nil, fmt.Errorf("fenceline's own query %q: %w", sql, res.err)
+	}
+	return res.rows, nil
+}
+
+// leaseInfo is the lease as one unit sees it.
+type leaseInfo struct {
+	id     string
+	repo   string
+	owner  leasebus.Owner
+	claim  scope.Claim
+	tables []string
+	fence  uint64 // 0 when not live
+	err    error  // why not live
+	known  bool
+}
+
+func (s *session) lease() leaseInfo {
+	src := s.p.cfg.Lease
+	if src == nil {
+		return leaseInfo{err: errors.New("this proxy has no lease")}
+	}
+	f, err := src.Fence()
+	l := src.Lease()
+	li := leaseInfo{id: l.LeaseID, repo: l.Repo, owner: l.Owner, claim: l.Scope, tables: l.Scope.Tables, known: true}
+	if err != nil {
+		li.err = err
+		li.fence = l.Fence
+		return li
+	}
+	li.fence = f
+	return li
+}
+
+func (li leaseInfo) live() bool { return li.err == nil && li.fence > 0 }
+
+// refusal is why a write does not go through.
+type refusal struct {
+	reason string
+	hint   string
+}
+
+// authorize decides one write statement against the lease.
+func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *refusal {
+	if st.Forbidden != "" {
+		return &refusal{reason: "statement switches off the fence: " + st.Forbidden,
+			hint: "fenceline refuses this statement whatever the lease"}
+	}
+	if !li.live() {
+		why := "no lease"
+		if li.err != nil {
+			why = li.err.Error()
+		}
+		return &refusal{reason: "lease not held: " + why,
+			hint: "reads still work; writes need a live lease: acquire a new lease and reconnect through its sidecar"}
+	}
+	if st.Opaque && !s.p.cfg.AllowOpaque {
+		what := st.Tag
+		if st.Tag == "ParseError" {
+			what = "text the parser rejected"
+		}
+		return &refusal{reason: fmt.Sprintf("cannot tell which tables %s writes; when in doubt fenceline refuses", what),
+			hint: "write with INSERT/UPDATE/DELETE/MERGE/COPY on tables the lease claims"}
+	}
+	for _, t := range st.Targets {
+		if r := s.checkTarget(t, li, searchPath); r != nil {
+			return r
+		}
+	}
+	return nil
+}
+
+func (s *session) checkTarget(t Target, li leaseInfo, searchPath []string) *refusal {
+	if t.Temp || isTempSchema(t.Schema) {
+		return nil // session-private
+	}
+	var cands []string
+	if t.Schema != "" {
+		cands = []string{t.Schema}
+	} else {
+		if searchPath == nil {
+			return &refusal{reason: fmt.Sprintf("cannot resolve unqualified %q: search_path changed earlier in this query", t.Name),
+				hint: "schema-qualify the table, or send the write as its own query"}
+		}
+		for _, sp := range searchPath {
+			if isTempSchema(sp) || sp == "pg_catalog" {
+				continue
+			}
+			cands = append(cands, sp)
+		}
+		if len(cands) == 0 {
+			return &refusal{reason: fmt.Sprintf("unqualified %q resolves to no schema the lease can claim", t.Name),
+				hint: "schema-qualify the table"}
+		}
+	}
+	for _, sch := range cands {
+		if sch == Schema {
+			return &refusal{reason: "the fenceline schema holds the fence; nobody writes it through the proxy"}
+		}
+		name, err := scope.JoinTable(sch, t.Name)
+		if t.Name == "*" {
+			name, err = scope.JoinTable(sch, "x")
+			if err == nil {
+				name = name[:len(name)-1] + "*"
+			}
+		}
+		if err != nil {
+			return &refusal{reason: fmt.Sprintf("cannot name table %s.%s: %v", sch, t.Name, err)}
+		}
+		if !li.claim.ContainsTable(name) {
+			why := fmt.Sprintf("table %s is outside the lease's table scope %v", name, li.tables)
+			if t.Schema == "" {
+				why = fmt.Sprintf("unqualified %q may resolve to %s (search_path %s), outside the lease's table scope %v",
+					t.Name, name, strings.Join(searchPath, ", "), li.tables)
+			}
+			return &refusal{reason: why, hint: "acquire a lease that claims the table (--table schema.table or schema.*)"}
+		}
+	}
+	return nil
+}
+
+func isTempSchema(s string) bool {
+	return s == "pg_temp" || strings.HasPrefix(s, "pg_temp_")
+}
+
+// refuse records the refusal (log and audit) and returns SQL that makes the
+// server itself raise the error, so the transaction state stays the one
+// Postgres would have: a failed block stays failed, an implicit one rolls back.
+func (s *session) refuse(r *refusal, st *Statement, li leaseInfo, text string) string {
+	owner := li.owner.String()
+	msg := fmt.Sprintf("fenceline: write refused for lease %s (fence %d): %s", orNone(li.id), li.fence, r.reason)
+	detail := fmt.Sprintf("lease %s, owner %s, fence %d; statement %s", orNone(li.id), orNone(owner), li.fence, st.Tag)
+	s.p.log.Warn("write refused", "lease", li.id, "owner", owner, "fence", li.fence, "reason", r.reason,
+		"statement", st.Tag, "user", s.user)
+	if s.p.cfg.Audit != nil {
+		ev := leasebus.AuditEvent{
+			Time: time.Now().UTC(), Type: leasebus.EventDenied, Boundary: leasebus.BoundaryPostgres,
+			Repo: li.repo, LeaseID: li.id, Owner: li.owner, Scope: li.claim, Fence: li.fence,
+			Reason: r.reason, Message: fmt.Sprintf("postgres write refused (%s): %s", st.Tag, truncate(text, 200)),
+		}
+		ctx, cancel := context.WithTimeout(s.p.ctx, s.p.cfg.AuditTimeout)
+		if err := s.p.cfg.Audit.Record(ctx, ev); err != nil {
+			s.p.log.Error("audit event for a refused write not recorded", "lease", li.id, "err", err)
+		}
+		cancel()
+	}
+	return refuseSQL(msg, detail, r.hint)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// refuseSQL is a DO block raising SQLSTATE 42501 with msg.
+func refuseSQL(msg, detail, hint string) string {
+	q := func(s string) string { return "$fl_m$" + strings.ReplaceAll(s, "$", "") + "$fl_m$" }
+	return "DO $fl_do$BEGIN RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = " + q(msg) +
+		", DETAIL = " + q(detail) + ", HINT = " + q(hint) + "; END$fl_do$"
+}
+
+// needSearchPath learns search_path when a write in stmts names a table
+// without a schema and the proxy does not know it.
+func (s *session) needSearchPath(stmts []*Statement) error {
+	if s.searchPath != nil {
+		return nil
+	}
+	need := false
+	for _, st := range stmts {
+		if st == nil || st.Class != ClassWrite {
+			continue
+		}
+		for _, t := range st.Targets {
+			if t.Schema == "" && !t.Temp {
+				need = true
+			}
+		}
+	}
+	if !need {
+		return nil
+	}
+	// The schemas unqualified names resolve in, as Postgres sees them now:
+	// search_path with $user expanded and schemas that do not exist left out.
+	rows, err := s.internalQuery("SELECT pg_catalog.unnest(pg_catalog.current_schemas(false))")
+	if err != nil {
+		return err
+	}
+	s.searchPath = make([]string, 0, len(rows))
+	for _, r := range rows {
+		if len(r) == 1 {
+			s.searchPath = append(s.searchPath, r[0])
+		}
+	}
+	return nil
+}
+
+func parseSearchPath(v string) []string {
+	out := []string{}
+	for _, part := range strings.Split(v, ",") {
+		part = strings.TrimSpace(part)
+		if strings.HasPrefix(part, `"`) && strings.HasSuffix(part, `"`) && len(part) >= 2 {
+			part = strings.ReplaceAll(part[1:len(part)-1], `""`, `"`)
+		} else {
+			part = strings.ToLower(part)
+		}
+		if part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+// resolveSQLPrepared maps EXECUTE of a SQL-level prepared statement to the
+// statement it runs, and tracks PREPARE and DEALLOCATE.
+func (s *session) resolveSQLPrepared(st *Statement) *Statement {
+	switch {
+	case st.Prepare != "":
+		s.sqlPrep[st.Prepare] = st.Inner
+	case st.Deallocate != "":
+		delete(s.sqlPrep, st.Deallocate)
+	case st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt":
+		clear(s.sqlPrep)
+	case st.Execute != "":
+		if in, ok := s.sqlPrep[st.Execute]; ok && in != nil {
+			c := *in
+			c.Start, c.End, c.Tag = st.Start, st.End, "ExecuteStmt("+in.Tag+")"
+			return &c
+		}
+	}
+	return st
+}
+
+// groupWrites reports whether the implicit transaction starting at stmts[0]
+// needs to be writable: a write, or a BEGIN (the block may write later),
+// before the first COMMIT/ROLLBACK.
+func groupWrites(stmts []*Statement) bool {
+	for _, st := range stmts {
+		if st == nil {
+			continue
+		}
+		switch st.Tx {
+		case TxEnd, TxChain:
+			return false
+		case TxBegin:
+			return true
+		case TxBeginRO:
+			return false
+		}
+		if st.Class == ClassWrite {
+			return true
+		}
+	}
+	return false
+}
+
+// handleQuery decides a simple-protocol Query and forwards it, rewritten
+// when the fence needs statements of its own in the same message.
+func (s *session) handleQuery(raw []byte) error {
+	sql, _, err := cstring(raw[5:])
+	if err != nil {
+		return s.fatal(err)
+	}
+	s.pendingSync = false
+	cls := s.p.classifier.Classify(sql)
+	if fastPathOK(cls, s.sim) {
+		s.push(&expect{kind: expQuery})
+		_, err := s.sw.Write(raw)
+		return err
+	}
+	stmts := make([]*Statement, len(cls.Stmts))
+	for i := range cls.Stmts {
+		stmts[i] = s.resolveSQLPrepared(&cls.Stmts[i])
+	}
+	if err := s.needSearchPath(stmts); err != nil {
+		return err
+	}
+	li := s.lease()
+	sp := s.searchPath
+	var (
+		out     strings.Builder
+		items   []*expect
+		inserts []insertion
+		pos     int // next byte of sql not yet copied
+		changed bool
+	)
+	inject := func(stmtsSQL ...string) {
+		at := out.Len()
+		n := 0
+		for _, q := range stmtsSQL {
+			out.WriteString(q)
+			out.WriteString(";")
+			n += len(q) + 1
+			items = append(items, &expect{kind: expStmt, swallow: true})
+		}
+		inserts = append(inserts, insertion{at: at, n: n})
+		changed = true
+	}
+	authorizeGroup := func(i int) {
+		s.sim.decided = true
+		if !groupWrites(stmts[i:]) || !li.live() {
+			return
+		}
+		if len(stmts) == 1 && stmts[0].Tx == TxOutside {
+			return // must run alone; Postgres decides whether it may
+		}
+		tok, err := s.p.token(li)
+		if err != nil {
+			tok = ""
+			s.p.log.Warn("no fence token: writes to fenced tables will fail", "err", err)
+		}
+		inject(rwSQL, "SET LOCAL fenceline.token = '"+tok+"'")
+		s.sim.groupRW = true
+	}
+	for i, st := range stmts {
+		if !s.sim.inBlock && !s.sim.decided {
+			out.WriteString(sql[pos:st.Start])
+			pos = st.Start
+			authorizeGroup(i)
+		}
+		if st.Session {
+			sp = nil
+			s.searchPath = nil
+			s.rwStmt.Store(stmtNone)
+			s.tokStmt.Store(stmtNone)
+		}
+		var r *refusal
+		if st.Class == ClassWrite {
+			r = s.authorize(st, li, spIfKnown(sp, s.searchPath))
+			if r == nil && s.sim.inBlock && !s.sim.blockRW && !s.sim.clientRO {
+				r = &refusal{reason: "the transaction block began while the lease was not held, so it is read-only",
+					hint: "ROLLBACK, then BEGIN again while the lease is held"}
+			}
+			if r == nil && !s.sim.inBlock && !s.sim.groupRW && st.Tx != TxOutside {
+				r = &refusal{reason: "this transaction began with reads before the write could be authorized",
+					hint: "send the write in its own query or start the transaction with BEGIN"}
+			}
+		}
+		if r != nil {
+			out.WriteString(sql[pos:st.Start])
+			out.WriteString(s.refuse(r, st, li, sql[st.Start:st.End]))
+			items = append(items, &expect{kind: expStmt})
+			pos = len(sql)
+			changed = true
+			break
+		}
+		items = append(items, &expect{kind: expStmt})
+		switch st.Tx {
+		case TxBegin, TxBeginRW:
+			if !s.sim.inBlock {
+				s.sim.inBlock, s.sim.blockRW, s.sim.clientRO = true, s.sim.groupRW, false
+			}
+		case TxBeginRO:
+			if !s.sim.inBlock {
+				s.sim.inBlock, s.sim.blockRW, s.sim.clientRO = true, false, true
+			}
+		case TxEnd:
+			s.sim = txSim{}
+		case TxChain:
+			if s.sim.blockRW && i+1 < len(stmts) {
+				out.WriteString(sql[pos:stmts[i+1].Start])
+				pos = stmts[i+1].Start
+				if tok, err := s.p.token(li); err == nil && li.live() {
+					inject("SET LOCAL fenceline.token = '" + tok + "'")
+				}
+			}
+		}
+	}
+	if !changed {
+		s.push(&expect{kind: expQuery})
+		_, err := s.sw.Write(raw)
+		return err
+	}
+	out.WriteString(sql[pos:])
+	items = append(items, &expect{kind: expQueryEnd, inserts: inserts})
+	s.push(items...)
+	var w msgBuilder
+	w.query(out.String())
+	_, err = s.sw.Write(w.b)
+	return err
+}
+
+func spIfKnown(sp, cur []string) []string {
+	if sp == nil {
+		return nil
+	}
+	return cur
+}
+
+// fastPathOK: a query of reads and harmless control statements that
+// changes nothing the proxy tracks goes through byte for byte.
+func fastPathOK(cls *Classification, sim txSim) bool {
+	if cls.Class == ClassWrite {
+		return false
+	}
+	for i := range cls.Stmts {
+		st := &cls.Stmts[i]
+		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.Prepare != "" || st.Deallocate != "" ||
+			st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt" {
+			return false
+		}
+	}
+	return true
+}
+
+// handleFunctionCall: the fast-path FunctionCall (large objects and the
+// like) runs as its own statement, so the proxy cannot put the token next to
+// it; it passes only inside a transaction block the proxy made writable.
+func (s *session) handleFunctionCall(raw []byte) error {
+	st := &Statement{Class: ClassWrite, Opaque: true, Tag: "FunctionCall"}
+	li := s.lease()
+	var r *refusal
+	if s.sim.inBlock && s.sim.blockRW {
+		if !li.live() {
+			r = s.authorize(st, li, s.searchPath)
+		}
+	} else {
+		r = s.authorize(st, li, s.searchPath)
+		if r == nil {
+			r = &refusal{reason: "a fast-path function call runs outside any transaction the proxy made writable",
+				hint: "call it inside BEGIN ... COMMIT"}
+		}
+	}
+	if r == nil {
+		s.push(&expect{kind: expFunc})
+		_, err := s.sw.Write(raw)
+		return err
+	}
+	var w msgBuilder
+	w.query(s.refuse(r, st, li, "FunctionCall"))
+	s.push(&expect{kind: expQuery})
+	_, err := s.sw.Write(w.b)
+	return err
+}
+
+// flushSegment decides the pending extended-protocol messages (up to a Sync
+// or Flush) and forwards them, with the fence's own messages added.
+func (s *session) flushSegment() error {
+	if len(s.seg) == 0 {
+		return nil
+	}
+	seg, buf := s.seg, s.segBuf
+	defer func() {
+		s.seg = s.seg[:0]
+		if cap(s.segBuf) > 1<<20 {
+			s.segBuf = nil
+		} else {
+			s.segBuf = s.segBuf[:0]
+		}
+	}()
+	if !s.pendingSync {
+		// A new transaction may start here: know its state first.
+		if err := s.beginUnit(); err != nil {
+			return err
+		}
+	}
+	s.pendingSync = seg[len(seg)-1].typ != 'S'
+	// Pass 1: what each Execute runs; track statements and portals as the
+	// server will.
+	var execs []*Statement
+	for i := range seg {
+		m := &seg[i]
+		body := buf[m.off+5 : m.off+m.n]
+		switch m.typ {
+		case 'P':
+			name, rest, err := cstring(body)
+			if err != nil {
+				return s.fatal(err)
+			}
+			q, _, err := cstring(rest)
+			if err != nil {
+				return s.fatal(err)
+			}
+			s.stmts[name] = extStatement(s.p.classifier.Classify(q))
+		case 'B':
+			portal, rest, err := cstring(body)
+			if err != nil {
+				return s.fatal(err)
+			}
+			stmt, _, err := cstring(rest)
+			if err != nil {
+				return s.fatal(err)
+			}
+			st := s.stmts[stmt]
+			if st == nil {
+				st = &Statement{Class: ClassWrite, Opaque: true, Tag: "UnknownStatement"}
+			}
+			s.portals[portal] = st
+		case 'E':
+			portal, _, err := cstring(body)
+			if err != nil {
+				return s.fatal(err)
+			}
+			st := s.portals[portal]
+			if st == nil {
+				st = &Statement{Class: ClassWrite, Opaque: true, Tag: "UnknownPortal"}
+			}
+			st = s.resolveSQLPrepared(st)
+			m.st = st
+			execs = append(execs, st)
+		case 'C':
+			if len(body) < 2 {
+				return s.fatal(fmt.Errorf("%w: short Close", ErrProtocol))
+			}
+			name, _, _ := cstring(body[1:])
+			if body[0] == 'S' {
+				delete(s.stmts, name)
+			} else {
+				delete(s.portals, name)
+			}
+		case 'D':
+			if len(body) < 2 {
+				return s.fatal(fmt.Errorf("%w: short Describe", ErrProtocol))
+			}
+			m.describe = body[0]
+		}
+	}
+	if err := s.needSearchPath(execs); err != nil {
+		return err
+	}
+	var li leaseInfo
+	for _, st := range execs {
+		if st.Class == ClassWrite || st.Tx == TxBegin || st.Tx == TxChain {
+			li = s.lease() // reads alone never need the lease
+			break
+		}
+	}
+	var (
+		w       msgBuilder
+		items   []*expect
+		refused bool
+	)
+	w.b = make([]byte, 0, len(buf)+256)
+	injectRW := func() {
+		tok, err := s.p.token(li)
+		if err != nil {
+			s.p.log.Warn("no fence token: writes to fenced tables will fail", "err", err)
+		}
+		// "SET transaction_read_only = off" must come before anything that
+		// takes a snapshot, including the Parse of a SELECT.
+		if s.rwStmt.Load() == stmtNone {
+			w.parse(rwStmtName, rwSQL)
+			items = append(items, &expect{kind: expSingle, swallow: true, stmtState: &s.rwStmt})
+			s.rwStmt.Store(stmtPending)
+		}
+		w.bind("", rwStmtName)
+		w.execute("")
+		items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
+		if s.tokStmt.Load() == stmtNone {
+			w.parse(tokStmtName, tokSQL)
+			items = append(items, &expect{kind: expSingle, swallow: true, stmtState: &s.tokStmt})
+			s.tokStmt.Store(stmtPending)
+		}
+		w.bind("", tokStmtName, tok)
+		w.execute("")
+		items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
+	}
+	// execsFrom returns the statements Executes run from message i on.
+	execsFrom := func(i int) []*Statement {
+		var out []*Statement
+		for j := i; j < len(seg); j++ {
+			if seg[j].st != nil {
+				out = append(out, seg[j].st)
+			}
+		}
+		return out
+	}
+	for i := range seg {
+		m := &seg[i]
+		raw := buf[m.off : m.off+m.n]
+		if refused {
+			// The server skips everything up to Sync after the error.
+			w.b = append(w.b, raw...)
+			if m.typ == 'S' {
+				items = append(items, &expect{kind: expSync})
+				s.sim = txSim{}
+			}
+			continue
+		}
+		if m.typ != 'S' && m.typ != 'H' && !s.sim.inBlock && !s.sim.decided {
+			s.sim.decided = true
+			rest := execsFrom(i)
+			if groupWrites(rest) && li.live() && !(len(rest) == 1 && rest[0].Tx == TxOutside) {
+				injectRW()
+				s.sim.groupRW = true
+			}
+		}
+		switch m.typ {
+		case 'P', 'B', 'C':
+			items = append(items, &expect{kind: expSingle})
+		case 'D':
+			if m.describe == 'S' {
+				items = append(items, &expect{kind: expDescribeS})
+			} else {
+				items = append(items, &expect{kind: expDescribeP})
+			}
+		case 'S':
+			items = append(items, &expect{kind: expSync})
+			// After Sync an implicit transaction is over; a block goes on.
+			if !s.sim.inBlock {
+				s.sim.decided, s.sim.groupRW = false, false
+			}
+		case 'E':
+			st := m.st
+			if st.Session {
+				s.searchPath = nil
+				s.rwStmt.Store(stmtNone)
+				s.tokStmt.Store(stmtNone)
+			}
+			var r *refusal
+			if st.Class == ClassWrite {
+				r = s.authorize(st, li, s.searchPath)
+				if r == nil && s.sim.inBlock && !s.sim.blockRW && !s.sim.clientRO {
+					r = &refusal{reason: "the transaction block began while the lease was not held, so it is read-only",
+						hint: "ROLLBACK, then BEGIN again while the lease is held"}
+				}
+				if r == nil && !s.sim.inBlock && !s.sim.groupRW && st.Tx != TxOutside {
+					r = &refusal{reason: "this transaction began with reads before the write could be authorized",
+						hint: "Sync before the write, or start the transaction with BEGIN"}
+				}
+			}
+			if r != nil {
+				sql := s.refuse(r, st, li, st.Tag)
+				w.close('S', refuseName)
+				w.parse(refuseName, sql)
+				w.bind("", refuseName)
+				w.execute("")
+				items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true},
+					&expect{kind: expSingle, swallow: true}, &expect{kind: expExecute})
+				refused = true
+				continue
+			}
+			items = append(items, &expect{kind: expExecute})
+			switch st.Tx {
+			case TxBegin, TxBeginRW:
+				if !s.sim.inBlock {
+					s.sim.inBlock, s.sim.blockRW, s.sim.clientRO = true, s.sim.groupRW, false
+				}
+			case TxBeginRO:
+				if !s.sim.inBlock {
+					s.sim.inBlock, s.sim.blockRW, s.sim.clientRO = true, false, true
+				}
+			case TxEnd:
+				s.sim = txSim{}
+			case TxChain:
+				if s.sim.blockRW && li.live() {
+					w.b = append(w.b, raw...)
+					tok, _ := s.p.token(li)
+					if s.tokStmt.Load() == stmtNone {
+						w.parse(tokStmtName, tokSQL)
+						items = append(items, &expect{kind: expSingle, swallow: true, stmtState: &s.tokStmt})
+						s.tokStmt.Store(stmtPending)
+					}
+					w.bind("", tokStmtName, tok)
+					w.execute("")
+					items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
+					continue
+				}
+			}
+		}
+		w.b = append(w.b, raw...)
+	}
+	s.push(items...)
+	_, err := s.sw.Write(w.b)
+	return err
+}
+
+// extStatement is what a Parse'd statement runs: one statement, or an opaque
+// write when the text is not exactly one statement the parser accepts.
+func extStatement(cls *Classification) *Statement {
+	switch {
+	case cls.ParseError != "":
+		return &cls.Stmts[0]
+	case len(cls.Stmts) == 0:
+		return &Statement{Class: ClassControl, Tag: "Empty"}
+	case len(cls.Stmts) == 1:
+		return &cls.Stmts[0]
+	}
+	return &Statement{Class: ClassWrite, Opaque: true, Tag: "MultipleStatements"}
+}
+
+// insertion is text the proxy put into a client's query: at byte at of the
+// rewritten text, n bytes.
+type insertion struct{ at, n int }
+
+// originalPosition maps a 1-based error position in the rewritten text back
+// to the client's text.
+func originalPosition(pos int, ins []insertion) int {
+	shift := 0
+	for _, in := range ins {
+		if pos-1 >= in.at+in.n {
+			shift += in.n
+		}
+	}
+	return pos - shift
+}
+
+func atoiOr(s string, d int) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return d
+	}
+	return n
+}
+
+var _ = binary.BigEndian
