@@ -1,11 +1,12 @@
 // Package proxy is the per-agent sidecar: it keeps the agent's lease alive
-// and serves the write-boundary fences (git, and Postgres when configured)
+// and serves the write-boundary fences (git and Postgres, as configured)
 // that the agent is routed through, and tells the agent's environment how
 // to reach them. fenceline run and fenceline sidecar are built on it.
 package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/pgproxy"
 )
 
 // Config configures a Sidecar.
@@ -49,6 +51,19 @@ type Config struct {
 	// GitUpstreamCAFile is the CA bundle for an https upstream (default: system).
 	GitUpstreamCAFile string
 
+	// PGUpstream is the Postgres server (host:port) the agent's database
+	// connections go to. Empty: no Postgres fence.
+	PGUpstream string
+	// PGListen is where the Postgres fence listens (default 127.0.0.1:0).
+	PGListen string
+	// PGSecret is the fence-signing key from "fenceline pg install".
+	PGSecret []byte
+	// PGTLS terminates TLS for agents that ask for it (nil: refused).
+	PGTLS *tls.Config
+	// PGAllowOpaque lets writes whose tables cannot be named (DO, CALL…)
+	// through under a live lease; Postgres's fence is then the only check.
+	PGAllowOpaque bool
+
 	// StateDir keeps the sidecar's files: mirrors, the local CA, temp packs.
 	StateDir string
 	Logger   *slog.Logger
@@ -64,6 +79,8 @@ type Sidecar struct {
 	gitBase    string // upstream base URL the agent's git config maps
 	caFile     string // local CA, forward mode
 	forward    *gitproxy.Forward
+	pg         *pgproxy.Proxy
+	pgCancel   context.CancelFunc
 	serveErr   chan error
 	wg         sync.WaitGroup
 	closeOnce  sync.Once
@@ -91,7 +108,53 @@ func Start(ctx context.Context, cfg Config) (*Sidecar, error) {
 			return nil, err
 		}
 	}
+	if cfg.PGUpstream != "" {
+		if err := s.startPG(); err != nil {
+			s.Close(ctx)
+			return nil, err
+		}
+	}
 	return s, nil
+}
+
+func (s *Sidecar) startPG() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	pg, err := pgproxy.Listen(ctx, pgproxy.Config{
+		Listen:      s.cfg.PGListen,
+		Upstream:    s.cfg.PGUpstream,
+		Lease:       s.cfg.Lease,
+		Audit:       pgAuditor(s.cfg.Audit),
+		Secret:      s.cfg.PGSecret,
+		TLS:         s.cfg.PGTLS,
+		AllowOpaque: s.cfg.PGAllowOpaque,
+		Logger:      s.log.With("boundary", "postgres"),
+	})
+	if err != nil {
+		cancel()
+		return fmt.Errorf("postgres fence: %w", err)
+	}
+	s.pg, s.pgCancel = pg, cancel
+	s.log.Info("postgres fence serving", "listen", pg.Addr().String(), "upstream", s.cfg.PGUpstream)
+	return nil
+}
+
+// PGAddr is the Postgres fence's address (nil without one).
+func (s *Sidecar) PGAddr() net.Addr {
+	if s.pg == nil {
+		return nil
+	}
+	return s.pg.Addr()
+}
+
+// Ports are the TCP ports the agent must be able to reach: the fences'.
+func (s *Sidecar) Ports() []uint16 {
+	var ports []uint16
+	for _, a := range []net.Addr{s.gitAddr, s.PGAddr()} {
+		if t, ok := a.(*net.TCPAddr); ok {
+			ports = append(ports, uint16(t.Port))
+		}
+	}
+	return ports
 }
 
 // splitUpstream splits a git remote URL into the server base the fence
@@ -208,11 +271,59 @@ func (s *Sidecar) AgentEnv(base []string) []string {
 			values = append(values, s.gitBase+"/", s.gitBase+"/")
 		}
 	}
-	return withGitConfig(base, keys, values)
+	env := withGitConfig(base, keys, values)
+	if a, ok := s.PGAddr().(*net.TCPAddr); ok {
+		env = withPG(env, a)
+	}
+	return env
+}
+
+// withPG points libpq's environment (PGHOST, PGPORT) and a DATABASE_URL at
+// the Postgres fence; everything else in the URL (user, database,
+// options) stays.
+func withPG(env []string, a *net.TCPAddr) []string {
+	host, port := a.IP.String(), strconv.Itoa(a.Port)
+	out := make([]string, 0, len(env)+2)
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "PGHOST", "PGPORT", "PGHOSTADDR":
+			continue
+		case "DATABASE_URL":
+			kv = k + "=" + rewriteDSN(v, host, port)
+		}
+		out = append(out, kv)
+	}
+	return append(out, "PGHOST="+host, "PGPORT="+port)
+}
+
+// rewriteDSN replaces the server of a postgres:// URL or a keyword/value
+// connection string with host:port.
+func rewriteDSN(dsn, host, port string) string {
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.Host = net.JoinHostPort(host, port)
+		q := u.Query()
+		q.Del("host")
+		q.Del("port")
+		q.Del("hostaddr")
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	var kept []string
+	for _, f := range strings.Fields(dsn) {
+		k, _, _ := strings.Cut(f, "=")
+		if k != "host" && k != "port" && k != "hostaddr" {
+			kept = append(kept, f)
+		}
+	}
+	return strings.Join(append(kept, "host="+host, "port="+port), " ")
 }
 
 // withGitConfig appends git config entries to env's GIT_CONFIG_* list.
 func withGitConfig(env []string, keys, values []string) []string {
+	if len(keys) == 0 {
+		return env
+	}
 	n := 0
 	out := make([]string, 0, len(env)+2*len(keys)+1)
 	for _, kv := range env {
@@ -243,10 +354,24 @@ func (s *Sidecar) Close(ctx context.Context) error {
 		if s.forward != nil {
 			s.forward.Close()
 		}
+		if s.pg != nil {
+			if err := s.pg.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("postgres fence: %w", err))
+			}
+			s.pgCancel()
+		}
 		s.wg.Wait()
 		s.closeError = errors.Join(errs...)
 	})
 	return s.closeError
+}
+
+// pgAuditor returns a as a pgproxy.Auditor, nil when a is nil.
+func pgAuditor(a *leasebus.Auditor) pgproxy.Auditor {
+	if a == nil {
+		return nil
+	}
+	return a
 }
 
 // auditor returns a as a gitproxy.Auditor, nil when a is nil (a typed nil

@@ -63,7 +63,7 @@ The secret is written to --secret-file (mode 0600); give it to the sidecar.`,
 				norm = append(norm, n)
 			}
 			if secretFile == "" {
-				secretFile = filepath.Join(leasebus.StateDir(), "pg-secret.key")
+				secretFile = defaultPGSecretFile()
 			}
 			ctx := cmd.Context()
 			conn, err := pgx.Connect(ctx, dsn)
@@ -112,3 +112,7 @@ func ReadPGSecret(path string) ([]byte, error) {
 	}
 	return key, nil
 }
+
+// defaultPGSecretFile is where "pg install" keeps the signing secret and
+// where the sidecar looks for it.
+func defaultPGSecretFile() string { return filepath.Join(leasebus.StateDir(), "pg-secret.key") }

@@ -23,6 +23,9 @@ type fenceFlags struct {
 	gitForward                    bool
 	gitObjects, gitHeaders        []string
 	allowForcePush, allowDelete   bool
+	pgUpstream, pgListen          string
+	pgSecretFile                  string
+	pgAllowOpaque                 bool
 	stateDir                      string
 }
 
@@ -36,6 +39,10 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 	f.StringVar(&ff.gitCA, "git-upstream-ca", "", "CA bundle for an https git upstream (default: the system's)")
 	f.BoolVar(&ff.allowForcePush, "allow-force-push", false, "let path leases push non-fast-forward updates (policy)")
 	f.BoolVar(&ff.allowDelete, "allow-ref-delete", false, "let path leases delete refs (policy)")
+	f.StringVar(&ff.pgUpstream, "pg-upstream", "", "host:port of the agent's Postgres; its connections go through the Postgres fence")
+	f.StringVar(&ff.pgListen, "pg-listen", "127.0.0.1:0", "address of the Postgres fence")
+	f.StringVar(&ff.pgSecretFile, "pg-secret-file", "", "fence-signing secret from \"fenceline pg install\" (default $XDG_STATE_HOME/fenceline/pg-secret.key when it exists)")
+	f.BoolVar(&ff.pgAllowOpaque, "pg-allow-opaque", false, "let writes whose tables cannot be named (DO, CALL, GRANT…) through under a live lease (policy)")
 	f.StringVar(&ff.stateDir, "state-dir", "", "where the sidecar keeps mirrors, its CA and spooled packs (default <state dir>/sidecar/<lease>)")
 }
 
@@ -52,6 +59,23 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 		}
 		headers.Add(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
+	var secret []byte
+	if ff.pgUpstream != "" {
+		file := ff.pgSecretFile
+		if file == "" {
+			if _, err := os.Stat(defaultPGSecretFile()); err == nil {
+				file = defaultPGSecretFile()
+			}
+		}
+		if file != "" {
+			var err error
+			if secret, err = ReadPGSecret(file); err != nil {
+				return proxy.Config{}, err
+			}
+		} else {
+			log.Warn("no Postgres fence secret: writes to fenced tables will be rejected by Postgres (run fenceline pg install, or pass --pg-secret-file)")
+		}
+	}
 	state := ff.stateDir
 	if state == "" {
 		state = filepath.Join(leasebus.StateDir(), "sidecar", held.holder.Lease().LeaseID)
@@ -67,6 +91,10 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 		GitObjectDirs:     ff.gitObjects,
 		GitUpstreamHeader: headers,
 		GitUpstreamCAFile: ff.gitCA,
+		PGUpstream:        ff.pgUpstream,
+		PGListen:          ff.pgListen,
+		PGSecret:          secret,
+		PGAllowOpaque:     ff.pgAllowOpaque,
 		StateDir:          state,
 		Logger:            log,
 	}, nil
@@ -81,7 +109,7 @@ func (a *app) sidecarCommand() *cobra.Command {
 		envFile  string
 	)
 	c := &cobra.Command{
-		Use:   "sidecar --repo R [claim flags] --git-upstream URL [--env-file FILE]",
+		Use:   "sidecar --repo R [claim flags] [--git-upstream URL] [--pg-upstream HOST:PORT] [--env-file FILE]",
 		Short: "Hold an agent's lease and serve its fences (the pod mode)",
 		Long: `Acquire the agent's lease (or attach to one with --lease), keep it alive, and
 serve the fences the agent is routed through until SIGTERM or Ctrl-C; then
@@ -89,8 +117,9 @@ drain the fences and release the lease.
 
 The agent needs no change: the environment it must run with (git config
 entries passed as GIT_CONFIG_COUNT/GIT_CONFIG_KEY_n/GIT_CONFIG_VALUE_n that
-route its git remote through the fence) is printed, and written to
---env-file (KEY=VALUE lines) for the agent's container.
+route its git remote through the git fence; PGHOST/PGPORT, and DATABASE_URL
+rewritten, for the Postgres fence) is printed, and written to --env-file
+(KEY=VALUE lines) for the agent's container.
 
 While the lease is lost or its state unknown, every write is refused at
 the fences; reads keep flowing.`,
@@ -98,8 +127,8 @@ the fences; reads keep flowing.`,
 		Example: `  fenceline sidecar --repo github.com/acme/payments --scope services/billing --workspace exclusive \
     --git-upstream http://git.internal/payments.git --env-file /shared/agent.env`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if ff.gitUpstream == "" {
-				return usagef("--git-upstream is required: the sidecar has no other fence yet")
+			if ff.gitUpstream == "" && ff.pgUpstream == "" {
+				return usagef("nothing to fence: give --git-upstream URL and/or --pg-upstream HOST:PORT")
 			}
 			ctx := cmd.Context()
 			s, err := a.dialHolder()
@@ -126,9 +155,18 @@ the fences; reads keep flowing.`,
 				return err
 			}
 			l := held.holder.Lease()
-			env := sc.AgentEnv(nil)
+			var base []string
+			if v, ok := os.LookupEnv("DATABASE_URL"); ok {
+				base = append(base, "DATABASE_URL="+v)
+			}
+			env := sc.AgentEnv(base)
 			fmt.Fprintf(a.stdout, "sidecar: lease %s %s, workspace %s (%s), fence %d\n", l.LeaseID, l.Scope, l.WorkspaceID, l.WorkspaceMode, l.Fence)
-			fmt.Fprintf(a.stdout, "git fence: %s -> %s\n", sc.GitURL(), ff.gitUpstream)
+			if sc.GitURL() != "" {
+				fmt.Fprintf(a.stdout, "git fence: %s -> %s\n", sc.GitURL(), ff.gitUpstream)
+			}
+			if pa := sc.PGAddr(); pa != nil {
+				fmt.Fprintf(a.stdout, "postgres fence: %s -> %s\n", pa, ff.pgUpstream)
+			}
 			fmt.Fprintln(a.stdout, "agent environment:")
 			for _, kv := range env {
 				fmt.Fprintf(a.stdout, "  %s\n", kv)

@@ -1,0 +1,123 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/internal/pgtest"
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/pgproxy"
+)
+
+var pg *pgtest.Server
+
+func TestMain(m *testing.M) {
+	pg = pgtest.MustStart()
+	code := m.Run()
+	pg.Stop()
+	if code == 0 {
+		if leaked := testutil.Leaked(5 * time.Second); leaked != "" {
+			fmt.Fprintf(os.Stderr, "leaked goroutines:\n%s\n", leaked)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// TestSidecarPostgresEnv: psql, given only the sidecar's environment, talks
+// to Postgres through the fence: reads flow, in-scope writes land with the
+// fence, out-of-scope writes are refused naming the lease.
+func TestSidecarPostgresEnv(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, pg.AdminDSN(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	for _, q := range []string{
+		"DROP TABLE IF EXISTS sc_mine, sc_theirs",
+		"CREATE TABLE sc_mine (id int)", "CREATE TABLE sc_theirs (id int)",
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	secret, err := pgproxy.Install(ctx, admin, []string{"public.sc_mine", "public.sc_theirs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus := bustest.Start(t)
+	claim, err := scope.New([]string{"db"}, false, []string{"public.sc_mine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: claim,
+		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+	sc, err := Start(ctx, Config{Lease: l.Holder, Bus: bus.Client, Audit: bus.Auditor,
+		PGUpstream: pg.Addr(), PGSecret: secret, StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close(ctx)
+	if len(sc.Ports()) != 1 {
+		t.Fatalf("ports %v, want the Postgres fence's", sc.Ports())
+	}
+	dsn := pg.AdminDSN("")
+	if strings.Contains(dsn, "?") {
+		dsn += "&application_name=agent"
+	} else {
+		dsn += "?application_name=agent"
+	}
+	env := sc.AgentEnv([]string{"DATABASE_URL=" + dsn, "PGHOST=db.internal"})
+	psql := func(sql string) (string, error) {
+		cmd := exec.CommandContext(ctx, pg.BinDir+"/psql", "-X", "-v", "ON_ERROR_STOP=1", "-At", "-U", pg.Admin, "-d", "postgres", "-c", sql)
+		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := psql("SELECT 40 + 2"); err != nil || strings.TrimSpace(out) != "42" {
+		t.Fatalf("read through the fence: %v %q", err, out)
+	}
+	if out, err := psql("INSERT INTO sc_mine VALUES (1)"); err != nil {
+		t.Fatalf("in-scope write: %v %s", err, out)
+	}
+	out, err := psql("INSERT INTO sc_theirs VALUES (1)")
+	if err == nil || !strings.Contains(out, l.Record.LeaseID) {
+		t.Fatalf("out-of-scope write: err=%v %s", err, out)
+	}
+	var n int
+	if err := admin.QueryRow(ctx, "SELECT (SELECT count(*) FROM sc_mine) * 10 + (SELECT count(*) FROM sc_theirs)").Scan(&n); err != nil || n != 10 {
+		t.Fatalf("rows landed: %d (%v), want only the in-scope one", n, err)
+	}
+	// The env routes libpq and DATABASE_URL to the fence, nowhere else.
+	joined := strings.Join(env, "\n")
+	addr := sc.PGAddr().(*net.TCPAddr)
+	if strings.Contains(joined, "db.internal") || !strings.Contains(joined, fmt.Sprintf("PGPORT=%d", addr.Port)) ||
+		!strings.Contains(joined, fmt.Sprintf("@127.0.0.1:%d/postgres?", addr.Port)) || !strings.Contains(joined, "application_name=agent") {
+		t.Fatalf("agent env does not route Postgres through the fence:\n%s", joined)
+	}
+}
+
+func TestRewriteDSN(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"postgres://u:p@db:5432/app?sslmode=disable", "postgres://u:p@127.0.0.1:6000/app?sslmode=disable"},
+		{"postgresql://db/app?host=other&port=1", "postgresql://127.0.0.1:6000/app"},
+		{"host=db port=5432 dbname=app user=u", "dbname=app user=u host=127.0.0.1 port=6000"},
+	} {
+		if got := rewriteDSN(tc.in, "127.0.0.1", "6000"); got != tc.want {
+			t.Errorf("rewriteDSN(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
