@@ -106,6 +106,9 @@ func runDemo(parent context.Context, out io.Writer, keep bool) error {
 	if err := d.gitStory(ctx, dir); err != nil {
 		return err
 	}
+	if err := d.pgStory(ctx, dir); err != nil {
+		return err
+	}
 	fmt.Fprintln(out, "\ndemo complete: every expectation held")
 	if keep {
 		fmt.Fprintf(out, "\nthe demo bus keeps running at %s (store %s)\n", srv.ClientURL(), dir)
