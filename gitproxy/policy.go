@@ -33,6 +33,7 @@ const (
 	ReasonNotCommit       = "not-commit"       // a ref would point at a tree or blob
 	ReasonBadPush         = "bad-push"         // malformed request or pack
 	ReasonWholePush       = "whole-push"       // another ref of the same push was refused
+	ReasonOtherRepo       = "other-repo"       // a push to a repository the lease is not for
 )
 
 // refusal is why a push or one of its ref updates is refused.

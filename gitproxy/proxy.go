@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,6 +67,10 @@ type Config struct {
 	Upstream string
 	// Lease is the lease pushes are made under.
 	Lease LeaseSource
+	// PushPaths, when set, are the only repository paths on the upstream
+	// (e.g. "/payments.git") that accept pushes through this proxy: the
+	// lease is for one repository. Reads of any path pass.
+	PushPaths []string
 	// Repo is the bus's name of the repository, for audit events of pushes
 	// refused before a lease is known (default: the lease's repo).
 	Repo string
@@ -335,6 +340,12 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ps := &push{req: req, repoPath: repoPath(r.URL.Path), start: time.Now()}
+	if len(p.cfg.PushPaths) > 0 && !slices.Contains(p.cfg.PushPaths, strings.TrimSuffix(ps.repoPath, "/")) {
+		io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
+		ps.lease = p.currentLease()
+		p.refuseAll(ctx, w, ps, refuse(ReasonOtherRepo, "lease %s is for %s; this sidecar does not push to %s", ps.lease.LeaseID, strings.Join(p.cfg.PushPaths, " "), ps.repoPath), "ok")
+		return
+	}
 
 	// A push whose lease is already gone is refused before its pack is
 	// indexed; the pack is still read, so the client gets the report.

@@ -157,14 +157,14 @@ func (s *Sidecar) Ports() []uint16 {
 	return ports
 }
 
-// splitUpstream splits a git remote URL into the server base the fence
-// proxies and keeps the agent's path as is.
+// splitUpstream parses a git remote URL: the fence proxies its server, and
+// its path (when given) is the one repository pushes may go to.
 func splitUpstream(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("git upstream %q: want an http:// or https:// URL of the git server", raw)
 	}
-	base := &url.URL{Scheme: u.Scheme, Host: u.Host, User: u.User}
+	base := &url.URL{Scheme: u.Scheme, Host: u.Host, User: u.User, Path: strings.TrimSuffix(u.Path, "/")}
 	return base, nil
 }
 
@@ -172,6 +172,11 @@ func (s *Sidecar) startGit() error {
 	base, err := splitUpstream(s.cfg.GitUpstream)
 	if err != nil {
 		return err
+	}
+	var pushPaths []string
+	if base.Path != "" {
+		pushPaths = []string{base.Path} // the lease's repository: pushes elsewhere are refused
+		base.Path = ""
 	}
 	s.gitBase = base.String()
 	var transport http.RoundTripper
@@ -186,6 +191,7 @@ func (s *Sidecar) startGit() error {
 		Upstream:       s.gitBase,
 		Lease:          s.cfg.Lease,
 		Repo:           s.cfg.Lease.Lease().Repo,
+		PushPaths:      pushPaths,
 		Bus:            s.cfg.Bus,
 		Audit:          auditor(s.cfg.Audit),
 		Policy:         s.cfg.GitPolicy,
