@@ -132,25 +132,26 @@ func (c *Classifier) Classify(sql string) *Classification {
 	if ok {
 		return r
 	}
-	key := literalKey(sql)
-	if key != "" {
+	var kbuf [512]byte
+	kb, keyed := appendLiteralKey(kbuf[:0], sql)
+	if keyed {
 		c.mu.RLock()
-		r, ok = c.cache[key]
+		r, ok = c.cache[string(kb)] // no allocation for a lookup
 		c.mu.RUnlock()
 		if ok && len(r.Stmts) == 1 {
 			if r.Stmts[0].End == len(sql) {
 				return r
 			}
 			// Same statement, other constants: only the offsets differ.
-			cp := *r
-			cp.Stmts = []Statement{r.Stmts[0]}
-			cp.Stmts[0].Start, cp.Stmts[0].End = 0, len(sql)
-			return &cp
+			cp := &classificationOf1{c: *r, st: [1]Statement{r.Stmts[0]}}
+			cp.st[0].Start, cp.st[0].End = 0, len(sql)
+			cp.c.Stmts = cp.st[:]
+			return &cp.c
 		}
 	}
 	r = classify(sql)
-	if key != "" && len(r.Stmts) == 1 && r.ParseError == "" && r.Stmts[0].Start == 0 {
-		sql = key // remember it for every text with this shape
+	if keyed && len(r.Stmts) == 1 && r.ParseError == "" && r.Stmts[0].Start == 0 {
+		sql = string(kb) // remember it for every text with this shape
 	}
 	if len(sql) <= maxCachedText {
 		c.mu.Lock()
@@ -161,6 +162,12 @@ func (c *Classifier) Classify(sql string) *Classification {
 		c.mu.Unlock()
 	}
 	return r
+}
+
+// classificationOf1 is a one-statement Classification in one allocation.
+type classificationOf1 struct {
+	c  Classification
+	st [1]Statement
 }
 
 // Classify classifies sql without a cache.

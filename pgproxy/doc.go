@@ -71,10 +71,15 @@
 // secret (readable only by the installing role), an epoch row per fenced table
 // and a SECURITY DEFINER statement trigger on each table (INSERT, UPDATE,
 // DELETE, TRUNCATE; COPY FROM and MERGE fire them too). The token is
-// base64(JSON {lease, fence, tables}) "." hex(sha256(k || sha256(k || payload))).
-// The trigger verifies the MAC, that the token's tables cover the table, and
+// "v2:" fence ":" hex(lease) ":" hex(schema) "." (hex(table) | "*") ("," ...)*
+// ":" hex(sha256(k || sha256(k || payload))) (see MakeToken). The trigger
+// verifies the MAC (SQLSTATE 40001 when the token is missing, malformed or
+// forged), that the token's tables cover the table (42501 otherwise), and
 // that the fence is not below the table's epoch (equal only for the same
-// lease), raising SQLSTATE 40001 otherwise; a higher fence raises the epoch.
+// lease; 40001 otherwise); a higher fence raises the epoch. It runs before
+// every write statement, so it costs two queries (the secret with an unlocked
+// peek at the epoch, then the epoch under the lock) and string functions, no
+// JSON.
 // Under READ COMMITTED it serializes on transaction-scoped advisory locks
 // (shared to write, exclusive to raise the epoch) and then reads the epoch with
 // a fresh snapshot; under REPEATABLE READ and SERIALIZABLE it locks the epoch

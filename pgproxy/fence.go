@@ -4,11 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -32,38 +32,48 @@ const (
 	advisoryKey = 1178946115
 )
 
-// tokenPayload is what a token asserts: the lease, its fence and the tables
-// it claims, each as [schema, table] with table null for "schema.*".
-type tokenPayload struct {
-	Lease  string      `json:"l"`
-	Fence  uint64      `json:"f"`
-	Tables [][]*string `json:"t"`
-}
+// tokenVersion starts every token; the trigger refuses anything else.
+const tokenVersion = "v2"
 
-// MakeToken signs a fence token for a lease: base64(JSON payload) "." hex(MAC)
-// with MAC = sha256(secret || sha256(secret || payload)). Postgres verifies it
-// with its built-in sha256(); the payload alphabet needs no quoting in SQL.
+// MakeToken signs a fence token for a lease:
+//
+//	payload = "v2:" fence ":" hex(lease) ":" table ("," table)*
+//	table   = hex(schema) "." (hex(name) | "*")
+//	token   = payload ":" hex(sha256(secret || sha256(secret || payload)))
+//
+// Names are the raw (unquoted) identifiers as UTF-8, hex-encoded so that the
+// trigger can match a table with one strpos and no parsing, and so that the
+// token needs no quoting in SQL. Postgres verifies the MAC with its built-in
+// sha256().
 func MakeToken(secret []byte, leaseID string, fence uint64, tables []string) (string, error) {
-	p := tokenPayload{Lease: leaseID, Fence: fence, Tables: [][]*string{}}
-	for _, t := range tables {
+	if fence > math.MaxInt64 {
+		return "", fmt.Errorf("fence token %d does not fit a Postgres bigint", fence)
+	}
+	b := make([]byte, 0, 96+2*len(leaseID)+40*len(tables))
+	b = append(b, tokenVersion...)
+	b = append(b, ':')
+	b = strconv.AppendUint(b, fence, 10)
+	b = append(b, ':')
+	b = hex.AppendEncode(b, []byte(leaseID))
+	b = append(b, ':')
+	for i, t := range tables {
 		s, n, err := SplitTable(t)
 		if err != nil {
 			return "", err
 		}
-		s2 := s
-		pair := []*string{&s2, nil}
-		if n != "*" {
-			n2 := n
-			pair[1] = &n2
+		if i > 0 {
+			b = append(b, ',')
 		}
-		p.Tables = append(p.Tables, pair)
+		b = hex.AppendEncode(b, []byte(s))
+		b = append(b, '.')
+		if n == "*" {
+			b = append(b, '*')
+		} else {
+			b = hex.AppendEncode(b, []byte(n))
+		}
 	}
-	js, err := json.Marshal(p)
-	if err != nil {
-		return "", fmt.Errorf("encode fence token: %w", err)
-	}
-	payload := base64.StdEncoding.EncodeToString(js)
-	return payload + "." + tokenMAC(secret, payload), nil
+	payload := string(b)
+	return payload + ":" + tokenMAC(secret, payload), nil
 }
 
 func tokenMAC(secret []byte, payload string) string {
@@ -139,78 +149,75 @@ REVOKE ALL ON fenceline.secret, fenceline.epoch FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fenceline.fence_check() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+-- Runs before every write statement on a fenced table, so it is kept cheap:
+-- two queries (the secret with an unlocked peek at the epoch; the epoch again
+-- under the lock), string functions instead of JSON. See pgproxy.MakeToken
+-- for the token format.
 DECLARE
 	tok     text := current_setting('fenceline.token', true);
-	rel     text := format('%I.%I', TG_TABLE_SCHEMA, TG_TABLE_NAME);
-	dot     int;
-	payload text;
-	k       bytea;
-	j       jsonb;
-	lease   text;
-	f       bigint;
-	e       jsonb;
-	claimed boolean := false;
-	lockkey int := (TG_RELID::bigint - 2147483648)::int;
+	n       int := coalesce(length(tok), 0);
 	rc      boolean := current_setting('transaction_isolation') = 'read committed';
+	payload text;
+	tabs    text;
+	sch     text;
+	k       bytea;
 	peek    bigint;
-	cur     record;
+	f       bigint;
+	lease   text;
+	curf    bigint;
+	curl    text;
+	lk      text;
 BEGIN
-	IF tok IS NULL OR tok = '' THEN
-		RAISE EXCEPTION 'fenceline: % on % carries no fence token', TG_OP, rel
+	IF n = 0 THEN
+		RAISE EXCEPTION 'fenceline: % on %.% carries no fence token', TG_OP, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME)
 			USING ERRCODE = '40001',
 			HINT = 'fenced tables accept writes only through a fenceline proxy that holds a live lease claiming them';
 	END IF;
-	dot := strpos(tok, '.');
-	IF dot = 0 THEN
-		RAISE EXCEPTION 'fenceline: malformed fence token on %', rel USING ERRCODE = '40001';
+	IF n < 71 OR left(tok, 3) <> 'v2:' OR substr(tok, n - 64, 1) <> ':' THEN
+		RAISE EXCEPTION 'fenceline: malformed fence token on %.%', quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME)
+			USING ERRCODE = '40001', HINT = 'the proxy and "fenceline pg install" must be the same version';
 	END IF;
-	payload := substr(tok, 1, dot - 1);
-	SELECT s.key INTO k FROM fenceline.secret s WHERE s.id = 1;
-	IF k IS NULL OR substr(tok, dot + 1) <> encode(sha256(k || sha256(k || convert_to(payload, 'UTF8'))), 'hex') THEN
-		RAISE EXCEPTION 'fenceline: forged or foreign fence token on %', rel USING ERRCODE = '40001';
+	payload := left(tok, n - 65);
+	SELECT s.key, ep.fence INTO k, peek
+		FROM fenceline.secret s LEFT JOIN fenceline.epoch ep ON ep.relid = TG_RELID WHERE s.id = 1;
+	IF k IS NULL OR right(tok, 64) <> encode(sha256(k || sha256(k || convert_to(payload, 'UTF8'))), 'hex') THEN
+		RAISE EXCEPTION 'fenceline: forged or foreign fence token on %.%', quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME)
+			USING ERRCODE = '40001';
 	END IF;
-	j := convert_from(decode(payload, 'base64'), 'UTF8')::jsonb;
-	lease := j->>'l';
-	f := (j->>'f')::bigint;
-	FOR e IN SELECT value FROM jsonb_array_elements(j->'t') LOOP
-		IF e->>0 = TG_TABLE_SCHEMA AND (jsonb_typeof(e->1) = 'null' OR e->>1 = TG_TABLE_NAME) THEN
-			claimed := true;
-			EXIT;
-		END IF;
-	END LOOP;
-	IF NOT claimed THEN
-		RAISE EXCEPTION 'fenceline: lease % (fence %) does not claim table %', lease, f, rel
+	f := split_part(payload, ':', 2)::bigint;
+	lease := convert_from(decode(split_part(payload, ':', 3), 'hex'), 'UTF8');
+	tabs := ',' || split_part(payload, ':', 4) || ',';
+	sch := ',' || encode(convert_to(TG_TABLE_SCHEMA, 'UTF8'), 'hex') || '.';
+	IF strpos(tabs, sch || '*,') = 0 AND strpos(tabs, sch || encode(convert_to(TG_TABLE_NAME, 'UTF8'), 'hex') || ',') = 0 THEN
+		RAISE EXCEPTION 'fenceline: lease % (fence %) does not claim table %.%', lease, f, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME)
 			USING ERRCODE = '42501';
 	END IF;
-	SELECT ep.fence INTO peek FROM fenceline.epoch ep WHERE ep.relid = TG_RELID;
-	IF NOT FOUND THEN
-		RAISE EXCEPTION 'fenceline: % has a fence trigger but no epoch row', rel
+	IF peek IS NULL THEN
+		RAISE EXCEPTION 'fenceline: %.% has a fence trigger but no epoch row', quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME)
 			USING ERRCODE = '40001', HINT = 'run "fenceline pg install" for this table again';
 	END IF;
 	IF rc THEN
 		IF f > peek THEN
-			PERFORM pg_advisory_xact_lock(1178946115, lockkey);
+			lk := pg_advisory_xact_lock(1178946115, (TG_RELID::bigint - 2147483648)::int)::text;
 		ELSE
-			PERFORM pg_advisory_xact_lock_shared(1178946115, lockkey);
+			lk := pg_advisory_xact_lock_shared(1178946115, (TG_RELID::bigint - 2147483648)::int)::text;
 		END IF;
-		SELECT ep.fence, ep.lease_id INTO cur FROM fenceline.epoch ep WHERE ep.relid = TG_RELID;
+		SELECT ep.fence, ep.lease_id INTO curf, curl FROM fenceline.epoch ep WHERE ep.relid = TG_RELID;
 	ELSIF f > peek THEN
-		SELECT ep.fence, ep.lease_id INTO cur FROM fenceline.epoch ep WHERE ep.relid = TG_RELID FOR UPDATE;
+		SELECT ep.fence, ep.lease_id INTO curf, curl FROM fenceline.epoch ep WHERE ep.relid = TG_RELID FOR UPDATE;
 	ELSE
-		SELECT ep.fence, ep.lease_id INTO cur FROM fenceline.epoch ep WHERE ep.relid = TG_RELID FOR SHARE;
+		SELECT ep.fence, ep.lease_id INTO curf, curl FROM fenceline.epoch ep WHERE ep.relid = TG_RELID FOR SHARE;
 	END IF;
-	IF f < cur.fence OR (f = cur.fence AND lease <> cur.lease_id) THEN
-		RAISE EXCEPTION 'fenceline: stale fence: lease % (fence %) may no longer write %; lease % (fence %) already wrote it',
-			lease, f, rel, cur.lease_id, cur.fence
+	IF f < curf OR (f = curf AND lease <> curl) THEN
+		RAISE EXCEPTION 'fenceline: stale fence: lease % (fence %) may no longer write %.%; lease % (fence %) already wrote it',
+			lease, f, quote_ident(TG_TABLE_SCHEMA), quote_ident(TG_TABLE_NAME), curl, curf
 			USING ERRCODE = '40001', HINT = 'the lease was lost and granted again; acquire a new lease before writing';
 	END IF;
-	IF f > cur.fence THEN
-		IF rc AND f > peek THEN
-			NULL; -- exclusive advisory lock held
-		ELSIF rc THEN
+	IF f > curf THEN
+		IF rc AND f <= peek THEN
 			-- peeked an equal-or-newer fence, then found an older one: impossible
 			-- without a rollback of the epoch; take the exclusive lock to be safe.
-			PERFORM pg_advisory_xact_lock(1178946115, lockkey);
+			lk := pg_advisory_xact_lock(1178946115, (TG_RELID::bigint - 2147483648)::int)::text;
 		END IF;
 		UPDATE fenceline.epoch SET fence = f, lease_id = lease, updated_at = now() WHERE relid = TG_RELID;
 	END IF;

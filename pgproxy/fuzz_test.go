@@ -2,8 +2,11 @@ package pgproxy
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
+	"os"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -31,12 +34,16 @@ func FuzzClientStream(f *testing.F) {
 	f.Add([]byte{'B', 0, 0, 0, 9, 0, 0, 0, 0, 0})
 	f.Add([]byte{'F', 0, 0, 0, 6, 0, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
+		watchdog(t, fuzzInputDeadline, data)
 		lease := newStaticLease(t, "lease_fuzz", 0, "app.*")
 		p := startProxy(t, Config{Lease: lease, MaxMessageSize: 1 << 16})
 		c := rawStartup(t, p)
 		c.SetDeadline(time.Now().Add(5 * time.Second))
 		c.Write(data)
 		c.Write([]byte{'S', 0, 0, 0, 4, 'X', 0, 0, 0, 4})
+		// End of input: a message the data left unfinished ends with EOF
+		// instead of waiting for bytes that never come.
+		c.(readerConn).Conn.(*net.TCPConn).CloseWrite()
 		io.Copy(io.Discard, c) // ends when the proxy closes (Terminate or an error)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -45,8 +52,32 @@ func FuzzClientStream(f *testing.F) {
 		if err := ok.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
 			t.Fatalf("proxy stopped serving after %q: %v", data, err)
 		}
-		_ = net.ErrClosed
 	})
+}
+
+// fuzzInputDeadline bounds one input of FuzzClientStream, cleanup included:
+// every connection in it has a deadline well inside it.
+const fuzzInputDeadline = 30 * time.Second
+
+// watchdog fails loudly when one fuzz input (including its cleanup) takes
+// longer than d: it prints every goroutine and panics, so the fuzzer records
+// the input as a crasher instead of hanging.
+func watchdog(t *testing.T, d time.Duration, data []byte) {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		select {
+		case <-done:
+		case <-time.After(d):
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			fmt.Fprintf(os.Stderr, "fuzz input %q did not finish in %s; goroutines:\n%s\n", data, d, buf)
+			panic(fmt.Sprintf("fuzz input %q did not finish in %s", data, d))
+		}
+	}()
+	// Registered first, so it runs after every other cleanup of the input.
+	t.Cleanup(func() { close(done); <-stopped })
 }
 
 // FuzzClassify: the classifier and the literal folding never panic, and a

@@ -11,15 +11,24 @@ import "strings"
 // dollar quoting, escape strings, Unicode escapes, backslashes): the caller
 // then classifies the exact text.
 func literalKey(sql string) string {
-	var b strings.Builder
-	b.Grow(len(sql))
+	b, ok := appendLiteralKey(make([]byte, 0, len(sql)), sql)
+	if !ok {
+		return ""
+	}
+	return string(b)
+}
+
+// appendLiteralKey appends literalKey(sql) to b; ok is false where
+// literalKey returns "". It lets the classifier look the key up without
+// allocating.
+func appendLiteralKey(b []byte, sql string) (_ []byte, ok bool) {
 	first := ""
 	i := 0
 	for i < len(sql) {
 		c := sql[i]
 		switch {
 		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
-			b.WriteByte(' ')
+			b = append(b, ' ')
 			for i < len(sql) && (sql[i] == ' ' || sql[i] == '\t' || sql[i] == '\n' || sql[i] == '\r') {
 				i++
 			}
@@ -27,10 +36,10 @@ func literalKey(sql string) string {
 			j := i + 1
 			for {
 				if j >= len(sql) {
-					return ""
+					return b, false
 				}
 				if sql[j] == '\\' {
-					return ""
+					return b, false
 				}
 				if sql[j] == '\'' {
 					if j+1 < len(sql) && sql[j+1] == '\'' {
@@ -42,13 +51,13 @@ func literalKey(sql string) string {
 				j++
 			}
 			if i > 0 && isWordByte(sql[i-1]) {
-				return "" // E'...', U&'...', B'...', X'...'
+				return b, false // E'...', U&'...', B'...', X'...'
 			}
-			b.WriteByte('?')
+			b = append(b, '?')
 			i = j + 1
 		case c >= '0' && c <= '9':
 			if i > 0 && isWordByte(sql[i-1]) {
-				b.WriteByte(c) // part of an identifier or $1
+				b = append(b, c) // part of an identifier or $1
 				i++
 				continue
 			}
@@ -56,26 +65,26 @@ func literalKey(sql string) string {
 			for j < len(sql) && (isWordByte(sql[j]) || sql[j] == '.') {
 				j++
 			}
-			b.WriteByte('?')
+			b = append(b, '?')
 			i = j
 		case c == '"':
 			j := strings.IndexByte(sql[i+1:], '"')
 			if j < 0 {
-				return ""
+				return b, false
 			}
-			b.WriteString(sql[i : i+j+2])
+			b = append(b, sql[i:i+j+2]...)
 			i += j + 2
 		case c == '$' && (i == 0 || !isWordByte(sql[i-1])) && i+1 < len(sql) && !(sql[i+1] >= '0' && sql[i+1] <= '9'):
-			return "" // dollar quoting
+			return b, false // dollar quoting
 		case c == ';':
 			if strings.TrimSpace(sql[i+1:]) != "" {
-				return ""
+				return b, false
 			}
 			i = len(sql)
 		case c == '-' && i+1 < len(sql) && sql[i+1] == '-', c == '/' && i+1 < len(sql) && sql[i+1] == '*':
-			return "" // comments: let the parser see them
+			return b, false // comments: let the parser see them
 		case c == '\\' || c >= 0x80:
-			return ""
+			return b, false
 		case isWordByte(c):
 			j := i
 			for j < len(sql) && isWordByte(sql[j]) {
@@ -87,23 +96,23 @@ func literalKey(sql string) string {
 				switch first {
 				case "select", "insert", "update", "delete", "with", "values", "table":
 				default:
-					return ""
+					return b, false
 				}
 			}
 			if (w == "U" || w == "u") && j < len(sql) && sql[j] == '&' {
-				return ""
+				return b, false
 			}
-			b.WriteString(w)
+			b = append(b, w...)
 			i = j
 		default:
-			b.WriteByte(c)
+			b = append(b, c)
 			i++
 		}
 	}
 	if first == "" {
-		return ""
+		return b, false
 	}
-	return b.String()
+	return b, true
 }
 
 func isWordByte(c byte) bool {

@@ -7,6 +7,8 @@
 # Needs: Postgres server binaries (/usr/lib/postgresql/*/bin), pgbench,
 # pgbouncer (Debian: apt-get install postgresql pgbouncer), Go.
 # Usage: scripts/bench-pg.sh [SECONDS per run, default 15] [SCALE, default 10]
+# FL_CPUPROFILE=FILE writes a CPU profile of the fenceline proxy over the
+# whole run (go tool pprof FILE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-15}
@@ -27,6 +29,7 @@ PGPORT_DIRECT=$(freeport); FLPORT=$(freeport); BOUNCEPORT=$(freeport)
 PIDS=()
 cleanup() {
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${PIDS[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.1; done; done
 	"${RUNAS[@]}" "$BIN/pg_ctl" -D "$WORK/data" -m fast -w stop >/dev/null 2>&1 || true
 	rm -rf "$WORK"
 }
@@ -48,7 +51,8 @@ echo "== fenceline fence on 127.0.0.1:$FLPORT (fence installed on public.pgbench
 go build -o "$WORK/benchproxy" ./pgproxy/internal/benchproxy
 "$WORK/benchproxy" -listen "127.0.0.1:$FLPORT" -upstream "127.0.0.1:$PGPORT_DIRECT" \
 	-tables public.pgbench_accounts,public.pgbench_branches,public.pgbench_tellers,public.pgbench_history \
-	-install "postgres://postgres@127.0.0.1:$PGPORT_DIRECT/fenced?sslmode=disable" >"$WORK/fl.log" 2>&1 &
+	-install "postgres://postgres@127.0.0.1:$PGPORT_DIRECT/fenced?sslmode=disable" \
+	${FL_CPUPROFILE:+-cpuprofile "$FL_CPUPROFILE"} >"$WORK/fl.log" 2>&1 &
 PIDS+=($!)
 
 echo "== pgbouncer $(pgbouncer --version | head -1 | awk '{print $2}') (session mode) on 127.0.0.1:$BOUNCEPORT"

@@ -1,7 +1,10 @@
 // Package pgtest starts a throwaway real Postgres for tests: the machine's
-// initdb and pg_ctl (Debian keeps them in /usr/lib/postgresql/*/bin) on a
+// initdb and postgres (Debian keeps them in /usr/lib/postgresql/*/bin) on a
 // free port of 127.0.0.1 in a temporary directory, run as an unprivileged
-// user when the test runs as root (initdb refuses root). Set
+// user when the test runs as root (initdb refuses root). The server is a
+// child of the test process and gets SIGQUIT when that process dies, so a
+// killed test binary (a fuzz worker, a timeout) leaves no server behind; the
+// next Start removes directories such processes left. Set
 // FENCELINE_TEST_PG to a superuser DSN to use an existing server instead.
 //
 // Share one server per test binary: start it in TestMain and stop it there.
@@ -48,6 +51,8 @@ type Server struct {
 
 	dir      string // owned temp dir; empty for an external server
 	data     string
+	proc     *exec.Cmd     // the postmaster, a child of this process
+	exited   chan struct{} // closed when proc has exited
 	runAs    *syscall.Credential
 	external string // the DSN from FENCELINE_TEST_PG
 }
@@ -123,9 +128,14 @@ func Start(ctx context.Context) (*Server, error) {
 		}
 		s.runAs = cred
 	}
-	s.dir, err = os.MkdirTemp("", "fenceline-pg-")
+	sweepStale()
+	s.dir, err = os.MkdirTemp("", dirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: temp dir: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(s.dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		s.cleanup()
+		return nil, fmt.Errorf("pgtest: owner file: %w", err)
 	}
 	if s.runAs != nil {
 		if err := os.Chown(s.dir, int(s.runAs.Uid), int(s.runAs.Gid)); err != nil {
@@ -156,19 +166,91 @@ host all all 127.0.0.1/32 trust
 			s.cleanup()
 			return nil, err
 		}
-		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off "+
-			"-c full_page_writes=off -c max_connections=200 -c shared_buffers=128MB", s.Port, s.dir)
-		out, err := s.run(ctx, "pg_ctl", "-D", s.data, "-l", filepath.Join(s.dir, "log"), "-w", "-t", "60", "-o", opts, "start")
+		err = s.startPostmaster(ctx)
 		if err == nil {
 			break
 		}
-		if try == 2 {
+		if try == 2 || ctx.Err() != nil {
 			log, _ := os.ReadFile(filepath.Join(s.dir, "log"))
 			s.cleanup()
-			return nil, fmt.Errorf("pgtest: pg_ctl start: %w\n%s\n%s", err, out, log)
+			return nil, fmt.Errorf("pgtest: start postgres: %w\n%s", err, log)
 		}
 	}
 	return s, nil
+}
+
+// startPostmaster runs postgres itself (not pg_ctl, which detaches it) as a
+// child that gets SIGQUIT (immediate shutdown) when this process dies, so a
+// test binary that is killed — a fuzz worker, a timeout — cannot leave a
+// server behind. It returns once the server accepts connections.
+func (s *Server) startPostmaster(ctx context.Context) error {
+	logf, err := os.OpenFile(filepath.Join(s.dir, "log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	if s.runAs != nil {
+		logf.Chown(int(s.runAs.Uid), int(s.runAs.Gid))
+	}
+	cmd := exec.Command(filepath.Join(s.BinDir, "postgres"), "-D", s.data, "-p", strconv.Itoa(s.Port), "-k", s.dir,
+		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
+		"-c", "full_page_writes=off", "-c", "max_connections=200", "-c", "shared_buffers=128MB")
+	cmd.Dir = s.dir
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Pdeathsig is set after the credential change in the child, so it
+	// survives running as nobody. It is tied to the OS thread that forks;
+	// Go keeps its threads for the life of the process.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGQUIT, Setpgid: true}
+	if s.runAs != nil {
+		cmd.SysProcAttr.Credential = s.runAs
+		cmd.Env = append(cmd.Env, "HOME="+s.dir)
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }() // owned by the Server: ends with the postmaster
+	s.proc, s.exited = cmd, exited
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(60 * time.Second)
+	defer deadline.Stop()
+	for {
+		// postmaster.pid's 8th line is "ready" once it accepts connections.
+		if b, err := os.ReadFile(filepath.Join(s.data, "postmaster.pid")); err == nil {
+			if lines := strings.Split(string(b), "\n"); len(lines) >= 8 && strings.TrimSpace(lines[7]) == "ready" {
+				return nil
+			}
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("postgres exited during startup (%v)", cmd.ProcessState)
+		case <-ctx.Done():
+			s.kill()
+			return ctx.Err()
+		case <-deadline.C:
+			s.kill()
+			return errors.New("postgres not ready after 60s")
+		case <-tick.C:
+		}
+	}
+}
+
+// kill stops the postmaster: SIGQUIT (immediate shutdown), then SIGKILL
+// after 30 s, and waits for it.
+func (s *Server) kill() {
+	if s.proc == nil {
+		return
+	}
+	s.proc.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-s.exited:
+	case <-time.After(30 * time.Second):
+		s.proc.Process.Kill()
+		<-s.exited
+	}
+	s.proc = nil
 }
 
 // Stop stops a server this package started and removes its files.
@@ -176,13 +258,8 @@ func (s *Server) Stop() error {
 	if s.dir == "" {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	out, err := s.run(ctx, "pg_ctl", "-D", s.data, "-m", "immediate", "-w", "stop")
+	s.kill()
 	s.cleanup()
-	if err != nil {
-		return fmt.Errorf("pgtest: pg_ctl stop: %w\n%s", err, out)
-	}
 	return nil
 }
 
@@ -253,6 +330,39 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+const (
+	dirPrefix = "fenceline-pg-"
+	ownerFile = "owner.pid" // the test process that started the server
+)
+
+// sweepStale removes the directories of servers whose test process is gone
+// (killed before it could call Stop). Their postmaster died with it
+// (Pdeathsig); a directory whose postmaster still runs is left alone.
+func sweepStale() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, ownerFile))
+		if err != nil {
+			continue // not ours, or still being created
+		}
+		owner, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || owner == os.Getpid() || alive(owner) {
+			continue
+		}
+		if pm, err := os.ReadFile(filepath.Join(d, "data", "postmaster.pid")); err == nil {
+			if pid, err := strconv.Atoi(strings.SplitN(string(pm), "\n", 2)[0]); err == nil && alive(pid) {
+				continue
+			}
+		}
+		os.RemoveAll(d)
+	}
+}
+
+func alive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }
 
 // Quote returns s as a SQL string literal.
