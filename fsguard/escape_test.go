@@ -97,7 +97,9 @@ func TestHiddenPathUnreadable(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := w.policy()
-	p.Hidden = []string{creds}
+	// The second hidden path does not exist yet, nor do its parents (a
+	// state dir that was never created): the guard must still start.
+	p.Hidden = []string{creds, filepath.Join(w.outside, "never", "made", "state")}
 	for _, tc := range []struct {
 		script string
 		wantOK bool

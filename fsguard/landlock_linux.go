@@ -214,14 +214,16 @@ func readRules(hidden []string) (full, dirOnly []string, err error) {
 		if slices.ContainsFunc(hidden, func(h string) bool { return within(a, h) }) {
 			continue // inside another hidden path
 		}
-		dirOnly = append(dirOnly, a)
 		ents, err := os.ReadDir(a)
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
+				// Nothing to list: no rule, so nothing created there
+				// later is readable either.
 				continue
 			}
 			return nil, nil, fmt.Errorf("list %s for hidden-path rules: %w", a, err)
 		}
+		dirOnly = append(dirOnly, a)
 		for _, e := range ents {
 			p := filepath.Join(a, e.Name())
 			if isHiddenOrAbove(p) {

@@ -3,17 +3,29 @@ package cli
 import (
 	"context"
 	"os"
+	"os/signal"
+	"syscall"
 	"testing"
 
+	"github.com/fenceline/fenceline/fsguard"
 	"github.com/fenceline/fenceline/internal/testutil"
 )
 
 // TestMain fails the package if goroutines of fenceline or NATS outlive its
-// tests: every command must stop what it started. Run as "hook …" — the
-// demo's git server execs this binary as fenceline — it is the CLI.
+// tests: every command must stop what it started.
+//
+// The test binary also plays what fenceline re-executes or is executed as:
+// the file guard's guarded child and git shim (fsguard.Init never returns
+// then), the demo's pre-receive hook ("hook …"), and, with
+// FENCELINE_TEST_RUN_AS_CLI=1, the fenceline command itself (so a test can
+// SIGKILL a real runner).
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "hook" {
-		os.Exit(Main(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	fsguard.Init()
+	if os.Getenv(runAsCLIEnv) == "1" || len(os.Args) > 1 && os.Args[1] == "hook" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
 	}
 	testutil.Main(m)
 }

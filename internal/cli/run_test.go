@@ -1,0 +1,778 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"golang.org/x/sys/unix"
+
+	"github.com/fenceline/fenceline/fsguard"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// runAsCLIEnv makes the test binary the fenceline command (as
+// cmd/fenceline/main.go does), so a test can SIGKILL a real runner.
+const runAsCLIEnv = "FENCELINE_TEST_RUN_AS_CLI"
+
+// newCheckout makes a git checkout with in/seed, out/seed and a README in
+// one commit, and origin as its origin remote ("" for none).
+func newCheckout(t *testing.T, origin string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "checkout")
+	for p, c := range map[string]string{"in/seed": "seed\n", "out/seed": "seed\n", "README.md": "payments\n"} {
+		os.MkdirAll(filepath.Join(dir, filepath.Dir(p)), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, p), []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustGitRun(t, dir, nil, "init", "--quiet", "--initial-branch=main")
+	mustGitRun(t, dir, nil, "add", "-A")
+	mustGitRun(t, dir, nil, "commit", "--quiet", "-m", "seed")
+	if origin != "" {
+		mustGitRun(t, dir, nil, "remote", "add", "origin", origin)
+	}
+	return dir
+}
+
+// aRun is fenceline run going on in-process.
+type aRun struct {
+	cancel      context.CancelFunc
+	done        chan int
+	out, errOut *syncBuffer
+}
+
+// startRun starts "fenceline --nats url run ARGS" in-process.
+func startRun(t *testing.T, url string, args ...string) *aRun {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &aRun{cancel: cancel, done: make(chan int, 1), out: &syncBuffer{}, errOut: &syncBuffer{}}
+	go func() {
+		r.done <- run(ctx, append([]string{"--nats", url, "run"}, args...), r.out, r.errOut, url)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(30 * time.Second):
+			t.Error("fenceline run did not stop")
+		}
+	})
+	return r
+}
+
+// wait returns the run's exit status.
+func (r *aRun) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case code := <-r.done:
+		r.done <- code // for Cleanup
+		return code
+	case <-time.After(30 * time.Second):
+		t.Fatalf("fenceline run did not end\nstdout:\n%s\nstderr:\n%s", r.out, r.errOut)
+		return -1
+	}
+}
+
+// exited fails the test if the run has ended.
+func (r *aRun) running(t *testing.T) {
+	t.Helper()
+	select {
+	case code := <-r.done:
+		r.done <- code
+		t.Fatalf("fenceline run exited %d early\nstdout:\n%s\nstderr:\n%s", code, r.out, r.errOut)
+	default:
+	}
+}
+
+// runFL runs fenceline run to its end.
+func runFL(t *testing.T, url string, args ...string) result {
+	t.Helper()
+	r := startRun(t, url, args...)
+	code := r.wait(t)
+	return result{code: code, stdout: r.out.String(), stderr: r.errOut.String()}
+}
+
+var leaseIDRE = regexp.MustCompile(`lease (lease_[a-z0-9]+) (acquired|attached)`)
+
+// leaseOf returns the id of the lease a run announced on stderr.
+func leaseOf(t *testing.T, stderr string) string {
+	t.Helper()
+	m := leaseIDRE.FindStringSubmatch(stderr)
+	if m == nil {
+		t.Fatalf("no lease announced:\n%s", stderr)
+	}
+	return m[1]
+}
+
+// busClient is a lease client on the bus at url.
+func busClient(t *testing.T, url string) (*leasebus.Client, *nats.Conn) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return leasebus.NewClient(nc), nc
+}
+
+func exists(p string) error {
+	_, err := os.Stat(p)
+	return err
+}
+
+// TestRunExitStatus: the agent's exit status is run's, a signal death is
+// 128+N, and the lease is taken before and released after.
+func TestRunExitStatus(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "")
+	for _, tc := range []struct {
+		script string
+		want   int
+	}{{"exit 0", 0}, {"exit 7", 7}, {"kill -TERM $$", 128 + 15}} {
+		r := runFL(t, url, "--repo", co, "--", "sh", "-c", tc.script)
+		if r.code != tc.want {
+			t.Errorf("%q: exit %d, want %d\n%s", tc.script, r.code, tc.want, r.stderr)
+		}
+		mustContain(t, "run stderr", r.stderr, "lease lease_", " acquired: repo "+co+", scope none, workspace checkout (exclusive), fence ", "file guard: ", "released (the agent exited")
+		if strings.Contains(r.stderr, "fenceline: reported") {
+			t.Errorf("%q: run printed its internal error:\n%s", tc.script, r.stderr)
+		}
+	}
+	if ls := listJSON(t, url); len(ls) != 0 {
+		t.Fatalf("active leases after the runs: %+v", ls)
+	}
+}
+
+// TestRunWritesFollowTheLease: what the agent may write in its checkout
+// follows the lease — its claim (created when missing), the git dir only
+// in an exclusive workspace, the whole checkout without a claim — and the
+// repo is the checkout's normalized origin.
+func TestRunWritesFollowTheLease(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	probe := `for f in in/f out/f .git/probe new/deeper/f; do if (echo x > $f) 2>/dev/null; then echo "$f=ok"; else echo "$f=refused"; fi; done`
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		want  string
+	}{
+		{"shared path lease", []string{"--scope", "in", "--scope", "new/deeper"}, "in/f=ok out/f=refused .git/probe=refused new/deeper/f=ok"},
+		{"exclusive path lease", []string{"--scope", "in", "--workspace", "exclusive"}, "in/f=ok out/f=refused .git/probe=ok new/deeper/f=refused"},
+		{"exclusive, no claim", nil, "in/f=ok out/f=ok .git/probe=ok new/deeper/f=refused"},
+		{"whole repo", []string{"--whole-repo"}, "in/f=ok out/f=ok .git/probe=ok new/deeper/f=refused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			co := newCheckout(t, "https://bot:s3cret@GitHub.com/acme/payments.git/")
+			args := append([]string{"--repo", co}, tc.flags...)
+			r := runFL(t, url, append(args, "--", "sh", "-c", probe)...).want(t, ExitOK)
+			if got := strings.Join(strings.Fields(r.stdout), " "); got != tc.want {
+				t.Errorf("writes: %s\nwant    %s\nstderr:\n%s", got, tc.want, r.stderr)
+			}
+			mustContain(t, "run stderr", r.stderr, "repo github.com/acme/payments,")
+			for _, f := range strings.Fields(tc.want) {
+				path, verdict, _ := strings.Cut(f, "=")
+				err := exists(filepath.Join(co, path))
+				if (verdict == "ok") != (err == nil) {
+					t.Errorf("%s: the agent's verdict is %s but stat says %v", path, verdict, err)
+				}
+			}
+		})
+	}
+}
+
+// TestRunHidesCredentials: the agent cannot read fenceline's state dir,
+// where lease credentials live.
+func TestRunHidesCredentials(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "")
+	a := acquireJSON(t, url, "--scope", "elsewhere") // writes a credential file
+	r := runFL(t, url, "--repo", co, "--scope", "in", "--", "sh", "-c", "cat "+a.CredentialFile+" || echo unreadable").want(t, ExitOK)
+	if strings.Contains(r.stdout, a.Credential) || !strings.Contains(r.stdout, "unreadable") {
+		t.Fatalf("the agent read a credential file:\n%s\n%s", r.stdout, r.stderr)
+	}
+}
+
+// TestRunHiddenPaths: the agent reads the git CA certificate its env
+// names in the sidecar's state dir, but not the CA key nor anything else of
+// fenceline's state dir; a state dir that does not exist yet is hidden by
+// its topmost missing ancestor.
+func TestRunHiddenPaths(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "no", "state")
+	t.Setenv("XDG_STATE_HOME", missing)
+	if got, want := hiddenPaths(nil), []string{filepath.Dir(missing)}; !slices.Equal(got, want) {
+		t.Errorf("hidden with no state dir: %v, want %v", got, want)
+	}
+
+	isolate(t)
+	sidecar := filepath.Join(leasebus.StateDir(), "sidecar", "lease_mine")
+	files := map[string]string{
+		filepath.Join(leasebus.StateDir(), "leases", "lease_other.json"): "credential",
+		filepath.Join(sidecar, "ca", "ca.pem"):                           "certificate",
+		filepath.Join(sidecar, "ca", "ca-key.pem"):                       "key",
+		filepath.Join(sidecar, "tmp", "pack"):                            "pack",
+		filepath.Join(leasebus.StateDir(), "sidecar", "lease_b", "x"):    "other sidecar",
+	}
+	var script []string
+	for p, c := range files {
+		os.MkdirAll(filepath.Dir(p), 0o700)
+		if err := os.WriteFile(p, []byte(c), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		script = append(script, "cat "+p+" 2>/dev/null || echo hidden; echo")
+	}
+	env := []string{"GIT_CONFIG_KEY_0=http.https://git.internal/.sslCAInfo", "GIT_CONFIG_VALUE_0=" + filepath.Join(sidecar, "ca", "ca.pem")}
+	cmd := exec.Command("sh", "-c", strings.Join(script, "\n"))
+	var out syncBuffer
+	cmd.Stdout = &out
+	pr, err := fsguard.Start(context.Background(), fsguard.Policy{Hidden: hiddenPaths(env, sidecar)}, nil, nil, cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pr.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Fields(out.String())
+	slices.Sort(got)
+	if want := []string{"certificate", "hidden", "hidden", "hidden", "hidden"}; !slices.Equal(got, want) {
+		t.Errorf("the agent read %v, want %v", got, want)
+	}
+}
+
+// lostProbe writes into its claim and reads a file every round and says
+// how each went, until a file named stop appears in the checkout. (Not
+// "cat >/dev/null": once the lease is lost, opening /dev/null for writing
+// is refused too.)
+const lostProbe = `n=0
+while [ ! -e stop ]; do
+  n=$((n+1))
+  if err=$( (echo $n > in/probe) 2>&1 ); then w=ok; else w="refused($err)"; fi
+  if [ "$(cat in/seed)" = seed ]; then r=ok; else r=refused; fi
+  echo "round $n write=$w read=$r"
+  sleep 0.02
+done`
+
+// TestRunLostLeaseStopsWrites: an operator revokes the lease mid-run; the
+// agent's next write-open fails with EACCES within a second while reads go
+// on, the agent keeps running (--on-lost keep), run says so on stderr and
+// the denials are audited.
+func TestRunLostLeaseStopsWrites(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	client, nc := busClient(t, url)
+	co := newCheckout(t, "")
+	r := startRun(t, url, "--repo", co, "--scope", "in", "--", "sh", "-c", lostProbe)
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		r.running(t)
+		if !strings.Contains(r.out.String(), "write=ok read=ok") {
+			return errors.New("the agent has not written yet")
+		}
+		return nil
+	})
+	id := leaseOf(t, r.errOut.String())
+	mark := len(r.out.String())
+	if _, err := client.Revoke(context.Background(), id, "runaway agent"); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	var refusedAfter time.Duration
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if strings.Contains(r.out.String()[mark:], "write=refused") {
+			refusedAfter = time.Since(revoked)
+			return nil
+		}
+		return errors.New("no refused write yet")
+	})
+	t.Logf("the agent's writes refused %v after the revoke", refusedAfter)
+	if refusedAfter > time.Second {
+		t.Errorf("writes refused %v after the revoke, want within a second", refusedAfter)
+	}
+	// Later rounds stay refused, and reads keep working.
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		after := r.out.String()[mark:]
+		first := strings.Index(after, "write=refused")
+		if n := strings.Count(after[first:], "\n"); n < 3 {
+			return fmt.Errorf("%d rounds since the first refusal", n)
+		}
+		return nil
+	})
+	after := r.out.String()[mark:]
+	rest := after[strings.Index(after, "write=refused"):]
+	if strings.Contains(rest, "write=ok") || strings.Contains(rest, "read=refused") || !strings.Contains(rest, "Permission denied") {
+		t.Errorf("after the revoke, want every write refused with EACCES and every read ok:\n%s", rest)
+	}
+	r.running(t) // --on-lost keep
+	mustContain(t, "run stderr", r.errOut.String(), "LEASE LOST: ", id, "revoked", "runaway agent", "--on-lost keep")
+
+	if err := os.WriteFile(filepath.Join(co, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t); code != 0 {
+		t.Fatalf("run exited %d, want the agent's 0\n%s", code, r.errOut)
+	}
+	mustContain(t, "run stderr", r.errOut.String(), "file writes of the agent were refused", "ended before the agent did")
+	evs, err := leasebus.ReadAudit(context.Background(), nc, co, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		if ev.Boundary == leasebus.BoundaryFile && ev.Type == leasebus.EventDenied && ev.LeaseID == id && strings.Contains(ev.Message, filepath.Join(co, "in", "probe")) {
+			return
+		}
+	}
+	t.Fatalf("no audited file denial for %s among %d events", id, len(evs))
+}
+
+// TestRunOnLostSignal: with --on-lost signal a lost lease also stops the
+// agent, and run exits 4.
+func TestRunOnLostSignal(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	client, _ := busClient(t, url)
+	co := newCheckout(t, "")
+	r := startRun(t, url, "--repo", co, "--scope", "in", "--on-lost", "signal", "--", "sh", "-c", lostProbe)
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		r.running(t)
+		if !strings.Contains(r.out.String(), "write=ok") {
+			return errors.New("the agent has not written yet")
+		}
+		return nil
+	})
+	if _, err := client.Revoke(context.Background(), leaseOf(t, r.errOut.String()), "runaway agent"); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t); code != ExitLost {
+		t.Fatalf("run exited %d, want %d\n%s", code, ExitLost, r.errOut)
+	}
+	mustContain(t, "run stderr", r.errOut.String(), "LEASE LOST: ", "stopping the agent (--on-lost signal): SIGTERM now", "the agent was stopped (--on-lost signal) and exited 143")
+}
+
+// TestRunSettlesBeforeRelease: an agent that ignores SIGTERM and has a
+// background child keeps its lease renewed past its ttl after run is
+// cancelled, until every one of its processes is gone; then the lease is
+// released (invariant 6).
+func TestRunSettlesBeforeRelease(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	client, _ := busClient(t, url)
+	co := newCheckout(t, "")
+	script := `trap '' TERM
+(while [ ! -e stop ]; do sleep 0.05; done; echo done > in/child-done) &
+echo started > in/ready
+wait`
+	const ttl = 3 * time.Second
+	r := startRun(t, url, "--repo", co, "--scope", "in", "--ttl", ttl.String(), "--kill-grace", "1m", "--", "sh", "-c", script)
+	t.Cleanup(func() { os.WriteFile(filepath.Join(co, "stop"), nil, 0o644) }) // before startRun's cleanup waits
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		r.running(t)
+		return exists(filepath.Join(co, "in", "ready"))
+	})
+	id := leaseOf(t, r.errOut.String())
+	r.cancel()
+	canceled := time.Now()
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		r.running(t)
+		l, err := client.Get(context.Background(), id)
+		if err != nil {
+			return err
+		}
+		if !l.Active() {
+			t.Fatalf("lease %s is %s (%s) while the agent's processes live", id, l.Status, l.Reason)
+		}
+		if !l.RenewedAt.After(canceled.Add(ttl)) {
+			return fmt.Errorf("last renewed %s, cancelled %s", l.RenewedAt.Format(time.StampMilli), canceled.Format(time.StampMilli))
+		}
+		return nil
+	})
+	mustContain(t, "run stderr", r.errOut.String(), "stopping: SIGTERM to the agent's processes")
+
+	if err := os.WriteFile(filepath.Join(co, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t); code != 0 {
+		t.Fatalf("run exited %d, want the agent's 0\n%s", code, r.errOut)
+	}
+	fi, err := os.Stat(filepath.Join(co, "in", "child-done"))
+	if err != nil {
+		t.Fatalf("the background child did not finish: %v", err)
+	}
+	l, err := client.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Status != leasebus.StatusReleased || l.EndedAt.Before(fi.ModTime()) {
+		t.Fatalf("lease %s %s at %s, want released after the background child finished at %s", id, l.Status, l.EndedAt, fi.ModTime())
+	}
+	mustContain(t, "run stderr", r.errOut.String(), "lease "+id+" released")
+}
+
+// TestRunnerKilledLeaseReclaimed: a runner killed with SIGKILL cannot
+// release its lease; the lease expires after its ttl and the lease service
+// reclaims it, with an audit event.
+func TestRunnerKilledLeaseReclaimed(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	client, nc := busClient(t, url)
+	co := newCheckout(t, "")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(t.TempDir(), "run.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(self, "--nats", url, "run", "--repo", co, "--scope", "in", "--ttl", "2s", "--",
+		"sh", "-c", `echo $$ > in/agent.pid; while [ ! -e stop ]; do sleep 0.05; done`)
+	cmd.Env = append(os.Environ(), runAsCLIEnv+"=1")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var agent int
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		os.WriteFile(filepath.Join(co, "stop"), nil, 0o644)
+		if agent > 0 {
+			unix.Kill(-agent, unix.SIGKILL)
+			// After the runner died this process may have adopted the
+			// agent (it is a subreaper once it ran a guarded attempt).
+			checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+				if pid, err := unix.Wait4(agent, nil, unix.WNOHANG, nil); pid == 0 && err == nil {
+					return errors.New("the agent has not exited")
+				}
+				return nil
+			})
+		}
+	})
+	var id string
+	checkFor(t, 15*time.Second, 10*time.Millisecond, func() error {
+		b, _ := os.ReadFile(filepath.Join(co, "in", "agent.pid"))
+		if _, err := fmt.Sscan(string(b), &agent); err != nil {
+			log, _ := os.ReadFile(logPath)
+			if cmd.ProcessState != nil {
+				t.Fatalf("runner ended:\n%s", log)
+			}
+			return fmt.Errorf("agent not started: %s", log)
+		}
+		log, _ := os.ReadFile(logPath)
+		m := leaseIDRE.FindSubmatch(log)
+		if m == nil {
+			return errors.New("no lease announced")
+		}
+		id = string(m[1])
+		return nil
+	})
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	killed := time.Now()
+	checkFor(t, 15*time.Second, 50*time.Millisecond, func() error {
+		l, err := client.Get(context.Background(), id)
+		if err != nil {
+			return err
+		}
+		if l.Active() {
+			return fmt.Errorf("lease %s still active (expires %s)", id, l.ExpiresAt.Format(time.StampMilli))
+		}
+		if l.Status != leasebus.StatusReclaimed {
+			t.Fatalf("lease %s is %s (%s), want reclaimed", id, l.Status, l.Reason)
+		}
+		return nil
+	})
+	t.Logf("lease reclaimed %v after the runner was killed (ttl 2s)", time.Since(killed))
+	checkFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+		evs, err := leasebus.ReadAudit(context.Background(), nc, co, 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Type == leasebus.EventReclaimed && ev.LeaseID == id {
+				return nil
+			}
+		}
+		return fmt.Errorf("no reclaimed event for %s among %d", id, len(evs))
+	})
+	if ls := listJSON(t, url, "--repo", co); len(ls) != 0 {
+		t.Fatalf("active leases after the reclaim: %+v", ls)
+	}
+}
+
+// TestRunInteractiveAgent: run started on a terminal hands it to the
+// agent: an interactive agent reads its input (instead of stopping on
+// SIGTTIN in a background process group) and gets the terminal's Ctrl-C.
+func TestRunInteractiveAgent(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "")
+	master, slave := openPty(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "--nats", url, "run", "--repo", co, "--", "sh", "-c", `read x; echo "got $x"; sleep 100`)
+	cmd.Env = append(os.Environ(), runAsCLIEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0} // the terminal's foreground group
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	var out syncBuffer
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		io.Copy(&out, master) // ends with EIO once no process has the terminal
+	}()
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		master.Close()
+		<-copied
+	})
+	if _, err := master.Write([]byte("hello\n")); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if !strings.Contains(out.String(), "got hello") {
+			return fmt.Errorf("the agent has not read its terminal:\n%s", out.String())
+		}
+		return nil
+	})
+	// Ctrl-C, again while the agent lives: one typed while its shell
+	// forks sleep can be lost, as in any terminal. Had it reached run
+	// rather than the agent, run would have sent SIGTERM (exit 143).
+	checkFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		select {
+		case <-exited:
+			return nil
+		default:
+		}
+		if _, err := master.Write([]byte{3}); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Errorf("Ctrl-C did not end the agent:\n%s", out.String())
+	})
+	if code := cmd.ProcessState.ExitCode(); code != 128+int(syscall.SIGINT) {
+		t.Fatalf("run exited %d, want %d (the agent's SIGINT)\n%s", code, 128+int(syscall.SIGINT), out.String())
+	}
+	<-copied
+	mustContain(t, "terminal", out.String(), "released (the agent exited 130")
+}
+
+// openPty opens a pseudo-terminal pair.
+func openPty(t *testing.T) (master, slave *os.File) {
+	t.Helper()
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint32
+	rc, err := master.SyscallConn()
+	if err == nil {
+		cerr := rc.Control(func(fd uintptr) {
+			if err = unix.IoctlSetPointerInt(int(fd), unix.TIOCSPTLCK, 0); err == nil {
+				n, err = unix.IoctlGetUint32(int(fd), unix.TIOCGPTN)
+			}
+		})
+		err = errors.Join(err, cerr)
+	}
+	if err != nil {
+		master.Close()
+		t.Fatalf("set up a pty: %v", err)
+	}
+	slave, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		master.Close()
+		t.Fatal(err)
+	}
+	return master, slave
+}
+
+// TestRunGitShimRefusesRepoWideGit: in a path lease (shared workspace)
+// git stash and git commit are refused with the shim's message naming the
+// lease, and still fail when the real git is called by its absolute path;
+// read-only git works.
+func TestRunGitShimRefusesRepoWideGit(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "")
+	realGit, err := exec.LookPath("git")
+	if err != nil {
+		t.Fatal(err)
+	}
+	realGit, _ = filepath.EvalSymlinks(realGit)
+	id := "-c user.name=agent -c user.email=agent@example.com"
+	script := `echo edit >> in/seed
+git stash; echo "stash=$?"
+git ` + id + ` commit -qam x; echo "commit=$?"
+` + realGit + ` stash; echo "abs-stash=$?"
+` + realGit + ` ` + id + ` commit -qam x; echo "abs-commit=$?"
+git status --short >/dev/null; echo "status=$?"`
+	r := runFL(t, url, "--repo", co, "--scope", "in", "--", "sh", "-c", script).want(t, ExitOK)
+	lease := leaseOf(t, r.stderr)
+	got := map[string]string{}
+	for _, l := range strings.Fields(r.stdout) {
+		k, v, _ := strings.Cut(l, "=")
+		got[k] = v
+	}
+	if got["stash"] != "3" || got["commit"] != "3" || got["status"] != "0" ||
+		got["abs-stash"] == "0" || got["abs-stash"] == "" || got["abs-commit"] == "0" || got["abs-commit"] == "" {
+		t.Errorf("exit codes %v: want stash and commit refused by the shim (3), by absolute path refused too, status 0\n%s", got, r.stderr)
+	}
+	mustContain(t, "agent stderr", r.stderr, "refused `git stash`", "refused `git commit`", "lease "+lease)
+	if out := mustGitRun(t, co, nil, "stash", "list"); out != "" {
+		t.Errorf("git stash list = %q, want none", out)
+	}
+	if out := strings.TrimSpace(mustGitRun(t, co, nil, "rev-list", "--count", "HEAD")); out != "1" {
+		t.Errorf("%s commits, want the seed alone", out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(co, "in", "seed")); string(b) != "seed\nedit\n" {
+		t.Errorf("in/seed = %q, want the agent's edit kept", b)
+	}
+}
+
+// TestRunGitFenceAndConnects: the agent's unmodified git pushes through
+// the git fence, while direct TCP connects to the bus and to the git
+// server itself are refused.
+func TestRunGitFenceAndConnects(t *testing.T) {
+	isolate(t)
+	busURL := startBus(t)
+	gs, bare := seededGitServer(t)
+	co := filepath.Join(t.TempDir(), "payments")
+	mustGitRun(t, "", nil, "clone", "--quiet", gs.URL+"/payments.git", co)
+	port := func(raw string) string {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.Port()
+	}
+	script := `exec 3<>/dev/tcp/127.0.0.1/` + port(busURL) + ` && echo bus=connected || echo bus=refused
+exec 4<>/dev/tcp/127.0.0.1/` + port(gs.URL) + ` && echo git-server=connected || echo git-server=refused
+echo '// v2' >> services/billing/invoice.go
+git -c user.name=agent -c user.email=agent@example.com commit -qam "through the fence" && git push -q origin main && echo push=ok`
+	r := runFL(t, busURL, "--repo", co, "--git-upstream", gs.URL+"/payments.git", "--", "bash", "-c", script).want(t, ExitOK)
+	if got := strings.Join(strings.Fields(r.stdout), " "); got != "bus=refused git-server=refused push=ok" {
+		t.Errorf("agent: %s\nwant   bus=refused git-server=refused push=ok\nstderr:\n%s", got, r.stderr)
+	}
+	mustContain(t, "run stderr", r.stderr, "repo 127.0.0.1:"+port(gs.URL)+"/payments,", "git fence http://127.0.0.1:", "Permission denied")
+	out, err := gitRun(t, "", nil, "--git-dir", bare, "log", "-1", "--format=%s", "main")
+	if err != nil || strings.TrimSpace(out) != "through the fence" {
+		t.Errorf("upstream main: %q, %v; want the agent's commit", out, err)
+	}
+}
+
+// TestRunConflict: a claim that overlaps an active lease is refused with
+// exit 3 naming that lease, and the command never runs.
+func TestRunConflict(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "git@github.com:acme/payments.git")
+	held := fl(t, "--nats", url, "lease", "acquire", "--repo", "github.com/acme/payments", "--scope", "in", "--agent", "other-agent", "--json").want(t, ExitOK)
+	var a acquired
+	if err := json.Unmarshal([]byte(held.stdout), &a); err != nil {
+		t.Fatal(err)
+	}
+	r := runFL(t, url, "--repo", co, "--scope", "in/sub", "--", "sh", "-c", "touch ran").want(t, ExitConflict)
+	mustContain(t, "run stderr", r.stderr, a.LeaseID, "other-agent", "conflicts with 1 active lease")
+	if exists(filepath.Join(co, "ran")) == nil {
+		t.Error("the command ran despite the conflict")
+	}
+}
+
+// TestRunAttach: run --lease works under a lease acquired elsewhere (its
+// claim decides the writes), keeps it renewed, and leaves it to its owner;
+// a lease of another repo is refused.
+func TestRunAttach(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	client, _ := busClient(t, url)
+	co := newCheckout(t, "git@github.com:acme/payments.git")
+	a := acquireJSON(t, url, "--scope", "in") // testRepo is github.com/acme/payments
+	probe := `for f in in/f out/f; do if (echo x > $f) 2>/dev/null; then echo "$f=ok"; else echo "$f=refused"; fi; done`
+	r := runFL(t, url, "--repo", co, "--lease", a.LeaseID, "--", "sh", "-c", probe).want(t, ExitOK)
+	if got := strings.Join(strings.Fields(r.stdout), " "); got != "in/f=ok out/f=refused" {
+		t.Errorf("writes under the attached lease: %s, want in/f=ok out/f=refused\n%s", got, r.stderr)
+	}
+	mustContain(t, "run stderr", r.stderr, "lease "+a.LeaseID+" attached", "its owner releases it")
+	if l, err := client.Get(context.Background(), a.LeaseID); err != nil || !l.Active() {
+		t.Fatalf("attached lease after the run: %+v, %v; want it still active", l, err)
+	}
+
+	other := acquireJSON(t, url, "--scope", "x")
+	co2 := newCheckout(t, "https://github.com/acme/ledger.git")
+	r = runFL(t, url, "--repo", co2, "--lease", other.LeaseID, "--", "true").want(t, ExitError)
+	mustContain(t, "run stderr", r.stderr, "is for repo github.com/acme/payments", "github.com/acme/ledger")
+}
+
+// TestRunUsage: a wrong command line is exit 2, before any bus is dialed.
+func TestRunUsage(t *testing.T) {
+	isolate(t)
+	co := newCheckout(t, "")
+	sub := filepath.Join(co, "in")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--repo", co}, "needs the command to run"},
+		{[]string{"--", "true"}, "--repo is required"},
+		{[]string{"--repo", filepath.Join(co, "nope"), "--", "true"}, "no such file"},
+		{[]string{"--repo", sub, "--", "true"}, "pass its top directory"},
+		{[]string{"--repo", co, "--on-lost", "pray", "--", "true"}, "--on-lost"},
+		{[]string{"--repo", co, "--allow-connect", "http", "--", "true"}, "--allow-connect"},
+		{[]string{"--repo", co, "--lease", "lease_abc", "--scope", "in", "--", "true"}, "drop --scope"},
+		{[]string{"--repo", co, "--scope", "../x", "--", "true"}, "../x"},
+		{[]string{"--repo", co, "--workspace", "shared", "--", "true"}, "nothing claimed"},
+	} {
+		r := flDefault(t, closedURL(t), append([]string{"run"}, tc.args...)...)
+		if r.code != ExitUsage || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("run %s: exit %d %q, want %d mentioning %q", strings.Join(tc.args, " "), r.code, r.stderr, ExitUsage, tc.want)
+		}
+	}
+}
+
+func TestNormalizeRemote(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"https://github.com/acme/payments", "github.com/acme/payments"},
+		{"https://github.com/acme/payments.git", "github.com/acme/payments"},
+		{"https://bot:s3cret@GitHub.com/acme/payments.git/", "github.com/acme/payments"},
+		{"https://github.com:443/acme/payments", "github.com/acme/payments"},
+		{"http://git.internal:8080/acme/payments.git", "git.internal:8080/acme/payments"},
+		{"git@github.com:acme/payments.git", "github.com/acme/payments"},
+		{"github.com:acme/payments", "github.com/acme/payments"},
+		{"ssh://git@github.com:22/acme/payments.git", "github.com/acme/payments"},
+		{"ssh://git@github.com:2222/acme/payments", "github.com:2222/acme/payments"},
+		{"file:///srv/git/payments.git", "/srv/git/payments"},
+		{"/srv/git/payments.git/", "/srv/git/payments"},
+		{"../payments.git", "/home/dev/payments"},
+	} {
+		if got := normalizeRemote(tc.in, "/home/dev/checkout"); got != tc.want {
+			t.Errorf("normalizeRemote(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
