@@ -274,7 +274,7 @@ done`
 func TestRunLostLeaseStopsWrites(t *testing.T) {
 	isolate(t)
 	url := startBus(t)
-	client, nc := busClient(t, url)
+	_, nc := busClient(t, url)
 	co := newCheckout(t, "")
 	r := startRun(t, url, "--repo", co, "--scope", "in", "--", "sh", "-c", lostProbe)
 	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
@@ -286,9 +286,8 @@ func TestRunLostLeaseStopsWrites(t *testing.T) {
 	})
 	id := leaseOf(t, r.errOut.String())
 	mark := len(r.out.String())
-	if _, err := client.Revoke(context.Background(), id, "runaway agent"); err != nil {
-		t.Fatal(err)
-	}
+	// The operator's command, as a person would type it.
+	fl(t, "--nats", url, "lease", "revoke", id, "--reason", "runaway agent").want(t, ExitOK)
 	revoked := time.Now()
 	var refusedAfter time.Duration
 	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
