@@ -113,26 +113,37 @@ func PreReceive(ctx context.Context, cfg HookConfig, stdin io.Reader) error {
 	if err != nil {
 		return err
 	}
-	resources := touched
+	// The push's resources: its claim, and the touched paths the claim
+	// does not cover (all of them for a lease that claims nothing).
+	var resources []string
 	switch claim.Kind {
 	case scope.KindWholeRepo:
-		resources = append(resources, "")
+		resources = []string{""}
 	case scope.KindPaths:
 		resources = append(resources, claim.Paths...)
+		for _, p := range touched {
+			if !claim.ContainsPath(p) {
+				resources = append(resources, p)
+			}
+		}
+	default:
+		resources = touched
 	}
 
 	return withFenceFile(gitDir, func(fences map[string]fenceEntry) (bool, error) {
+		idx := newFenceIndex(fences)
 		for _, r := range resources {
-			for path, e := range fences {
-				if e.Fence > fence && pathsOverlap(path, r) {
-					what := r
-					if what == "" {
-						what = "the whole repository"
-					}
-					return false, &HookError{Msg: fmt.Sprintf(
-						"fenceline: push refused: fence %d of lease %s is stale: %s was pushed under fence %d (lease %s)",
-						fence, leaseID, what, e.Fence, e.Lease)}
+			if path, e, ok := idx.newerOverlapping(r, fence); ok {
+				what := r
+				if what == "" {
+					what = "the whole repository"
 				}
+				if path != r && path != "" {
+					what += " (" + path + ")"
+				}
+				return false, &HookError{Msg: fmt.Sprintf(
+					"fenceline: push refused: fence %d of lease %s is stale: %s was pushed under fence %d (lease %s)",
+					fence, leaseID, what, e.Fence, e.Lease)}
 			}
 		}
 		for _, r := range resources {
@@ -144,9 +155,60 @@ func PreReceive(ctx context.Context, cfg HookConfig, stdin io.Reader) error {
 	})
 }
 
-// pathsOverlap is scope's overlap with "" standing for the whole repository.
-func pathsOverlap(a, b string) bool {
-	return a == "" || b == "" || scope.PathsOverlap(a, b)
+// fenceIndex finds recorded fences overlapping a path: its ancestors (and
+// "", the whole repository) by lookup, its descendants by a range of the
+// sorted keys — O(log n) per path, whatever the table's size.
+type fenceIndex struct {
+	fences map[string]fenceEntry
+	keys   []string // sorted
+}
+
+func newFenceIndex(fences map[string]fenceEntry) *fenceIndex {
+	keys := make([]string, 0, len(fences))
+	for k := range fences {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return &fenceIndex{fences: fences, keys: keys}
+}
+
+// newerOverlapping returns a recorded path overlapping p (p == "" is the
+// whole repository) whose fence is above fence.
+func (x *fenceIndex) newerOverlapping(p string, fence uint64) (string, fenceEntry, bool) {
+	newer := func(k string) (fenceEntry, bool) {
+		e, ok := x.fences[k]
+		return e, ok && e.Fence > fence
+	}
+	// p itself and its ancestors, up to the whole repository.
+	for a := p; ; {
+		if e, ok := newer(a); ok {
+			return a, e, true
+		}
+		if a == "" {
+			break
+		}
+		i := strings.LastIndexByte(a, '/')
+		if i < 0 {
+			a = ""
+		} else {
+			a = a[:i]
+		}
+	}
+	// Its descendants: every key when p is the whole repository.
+	prefix := p + "/"
+	start := 0
+	if p != "" {
+		start, _ = slices.BinarySearch(x.keys, prefix)
+	}
+	for _, k := range x.keys[start:] {
+		if p != "" && !strings.HasPrefix(k, prefix) {
+			break
+		}
+		if e, ok := newer(k); ok {
+			return k, e, true
+		}
+	}
+	return "", fenceEntry{}, false
 }
 
 // hookTouched lists the paths the new commits of a push touch (each

@@ -348,7 +348,7 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// A push whose lease is already gone is refused before its pack is
-	// indexed; the pack is still read, so the client gets the report.
+	// scanned; the pack is still read, so the client gets the report.
 	if ref := p.leaseGate(ps); ref != nil {
 		io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
 		p.refuseAll(ctx, w, ps, ref, "ok")
@@ -496,16 +496,23 @@ func (p *Proxy) baseGitDirs(ps *push) []string {
 // analyze computes each command's touched paths, fetching the mirror once
 // when the pushed history reaches objects the bases lack.
 func (p *Proxy) analyze(ctx context.Context, ps *push) ([]refChange, error) {
-	run := func() ([]refChange, error) {
+	run := func(final bool) ([]refChange, error) {
 		st := baseStores(p.baseGitDirs(ps))
 		if ps.pack != nil {
 			st = append(layered{ps.pack.objs}, st...)
 		}
-		return newAnalyzer(st, ps.pack.pushed).analyze(ctx, ps.req.Commands)
+		a := newAnalyzer(st, ps.pack.pushed)
+		a.final = final
+		return a.analyze(ctx, ps.req.Commands)
 	}
-	changes, err := run()
-	if errors.Is(err, plumbing.ErrObjectNotFound) && p.refreshMirror(ctx, ps) == nil {
-		changes, err = run()
+	changes, err := run(false)
+	if errors.Is(err, plumbing.ErrObjectNotFound) {
+		// The bases lack something the upstream has: fetch the mirror
+		// (when there is one) and look again, this time for good.
+		if err := p.refreshMirror(ctx, ps); err != nil {
+			p.log.Debug("no mirror refresh", "err", err)
+		}
+		changes, err = run(true)
 	}
 	return changes, err
 }

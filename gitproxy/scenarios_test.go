@@ -371,3 +371,20 @@ func TestPushOnlyToTheLeasedRepository(t *testing.T) {
 	}
 	mustPush(t, dir, "origin", "main")
 }
+
+// TestFastForwardToAnUpstreamCommit: moving a ref to a commit the upstream
+// already has sends no new commits; the proxy, which has none of the
+// upstream's objects yet, fetches its mirror to see that the update is a
+// fast-forward rather than refusing it as a rewrite.
+func TestFastForwardToAnUpstreamCommit(t *testing.T) {
+	e := newEnv(t)
+	seed := e.clone(e.gs.srv.URL)
+	e.commit(seed, "topic", "services/billing/topic.go", "t\n")
+	mustGit(t, seed, "push", "--quiet", "origin", "HEAD:refs/heads/topic")
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	dir := e.clone(e.proxy(l).URL) // a fresh proxy: empty mirror, no local objects
+	mustPush(t, dir, "origin", "origin/topic:refs/heads/main")
+	if e.upstreamRef("refs/heads/main") != e.upstreamRef("refs/heads/topic") {
+		t.Fatal("fast-forward did not land")
+	}
+}

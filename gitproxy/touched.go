@@ -41,6 +41,10 @@ type refChange struct {
 // upstream's own connectivity check refuses a push that references a commit
 // it has neither in the pack nor in its store.
 type analyzer struct {
+	// final: the stores are as complete as they will get, so a ref's old
+	// value that is not there is judged (a rewrite) rather than reported
+	// missing (which makes the proxy fetch its mirror and try again).
+	final  bool
 	st     storer.EncodedObjectStorer
 	pushed func(plumbing.Hash) bool
 	memo   map[plumbing.Hash][]string // touched paths of each new commit
@@ -87,6 +91,8 @@ func (a *analyzer) command(ctx context.Context, c command) (refChange, error) {
 	if !c.isCreate() {
 		old, err := object.GetCommit(a.st, plumbing.NewHash(c.Old))
 		switch {
+		case errors.Is(err, plumbing.ErrObjectNotFound) && !a.final:
+			return rc, fmt.Errorf("old value %s: %w", c.Old, err)
 		case errors.Is(err, plumbing.ErrObjectNotFound), errors.Is(err, plumbing.ErrInvalidType):
 			// The ref's old value is not a commit we can see (a tag ref
 			// being moved, say): treat the update as a rewrite.
