@@ -188,7 +188,7 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 		return err
 	}
 	fmt.Fprintln(d.out, "agent-h asks for [libs/tax] and waits; the lease expires and is reclaimed ...")
-	h, err := g.agentWait(ctx, "agent-h", "libs/tax", 5*time.Second)
+	h, err := g.agentWait(ctx, "agent-h", "libs/tax", 30*time.Second, 5*time.Second)
 	if err != nil {
 		return err
 	}
@@ -257,38 +257,38 @@ func (a *demoAgent) close(ctx context.Context) {
 }
 
 func (g *demoGit) agent(ctx context.Context, name, path string, ttl time.Duration) (*demoAgent, error) {
-	return g.startAgent(ctx, name, path, ttl, 0)
+	return g.agentWait(ctx, name, path, ttl, 0)
 }
 
-func (g *demoGit) agentWait(ctx context.Context, name, path string, wait time.Duration) (*demoAgent, error) {
-	return g.startAgent(ctx, name, path, 30*time.Second, wait)
-}
-
-func (g *demoGit) startAgent(ctx context.Context, name, path string, ttl, wait time.Duration) (*demoAgent, error) {
+func (g *demoGit) agentWait(ctx context.Context, name, path string, ttl, wait time.Duration) (*demoAgent, error) {
 	claim, err := scope.New([]string{path}, false, nil)
 	if err != nil {
 		return nil, err
 	}
+	return g.startAgent(ctx, name, claim, ttl, wait, proxy.Config{GitUpstream: g.srv.URL, StateDir: filepath.Join(g.dir, "sidecar-"+name)})
+}
+
+// startAgent acquires claim for agent name in an exclusive workspace,
+// holds it, and starts its sidecar with the fences cfg names.
+func (d *demo) startAgent(ctx context.Context, name string, claim scope.Claim, ttl, wait time.Duration, cfg proxy.Config) (*demoAgent, error) {
 	cred := leasebus.NewCredential()
 	sent := time.Now()
-	l, err := g.c.Acquire(ctx, leasebus.AcquireRequest{
+	l, err := d.c.Acquire(ctx, leasebus.AcquireRequest{
 		Repo: demoRepo, Scope: claim, WorkspaceMode: leasebus.WorkspaceExclusive, WorkspaceID: "ws-" + name,
 		Owner: leasebus.Owner{TaskID: "demo", AgentID: name, AttemptID: leasebus.NewAttemptID()},
 		TTL:   leasebus.Duration(ttl), Wait: leasebus.Duration(wait),
 	}, cred)
 	if err != nil {
-		return nil, demoFail("%s should get [%s]: %v", name, path, err)
+		return nil, demoFail("%s should get %s: %v", name, claim, err)
 	}
-	g.grants = append(g.grants, demoGrant{agent: name, lease: l})
-	h, err := g.c.Hold(l, cred, sent, leasebus.HoldOptions{})
+	d.grants = append(d.grants, demoGrant{agent: name, lease: l})
+	h, err := d.c.Hold(l, cred, sent, leasebus.HoldOptions{})
 	if err != nil {
 		return nil, err
 	}
 	a := &demoAgent{lease: l, holder: h}
-	a.sc, err = proxy.Start(ctx, proxy.Config{
-		Lease: h, Bus: g.c, Audit: g.auditor, GitUpstream: g.srv.URL, StateDir: filepath.Join(g.dir, "sidecar-"+name),
-	})
-	if err != nil {
+	cfg.Lease, cfg.Bus, cfg.Audit = h, d.c, d.auditor
+	if a.sc, err = proxy.Start(ctx, cfg); err != nil {
 		a.close(ctx)
 		return nil, err
 	}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/internal/scope"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
 	"github.com/fenceline/fenceline/proxy"
 )
@@ -133,28 +132,7 @@ func (d *demo) pgAgent(ctx context.Context, dir, name, table string, ttl, wait t
 	if err != nil {
 		return nil, err
 	}
-	cred := leasebus.NewCredential()
-	sent := time.Now()
-	l, err := d.c.Acquire(ctx, leasebus.AcquireRequest{
-		Repo: demoRepo, Scope: claim, WorkspaceMode: leasebus.WorkspaceExclusive, WorkspaceID: "ws-" + name,
-		Owner: leasebus.Owner{TaskID: "demo", AgentID: name, AttemptID: leasebus.NewAttemptID()},
-		TTL:   leasebus.Duration(ttl), Wait: leasebus.Duration(wait),
-	}, cred)
-	if err != nil {
-		return nil, demoFail("%s should get tables=[%s]: %v", name, table, err)
-	}
-	h, err := d.c.Hold(l, cred, sent, leasebus.HoldOptions{})
-	if err != nil {
-		return nil, err
-	}
-	a := &demoAgent{lease: l, holder: h}
-	a.sc, err = proxy.Start(ctx, proxy.Config{Lease: h, Bus: d.c, Audit: d.auditor, PGUpstream: upstream, PGSecret: secret,
-		StateDir: filepath.Join(dir, "sidecar-"+name)})
-	if err != nil {
-		a.close(ctx)
-		return nil, err
-	}
-	return a, nil
+	return d.startAgent(ctx, name, claim, ttl, wait, proxy.Config{PGUpstream: upstream, PGSecret: secret, StateDir: filepath.Join(dir, "sidecar-"+name)})
 }
 
 // dsnVia points dsn at addr.
