@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -671,13 +673,25 @@ func TestRunGitFenceAndConnects(t *testing.T) {
 		}
 		return u.Port()
 	}
+	// The Postgres server's port: a listener that would accept anyone; the
+	// agent must reach it only through its Postgres fence ($PGHOST:$PGPORT).
+	pgUp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pgUp.Close()
+	pgPort := strconv.Itoa(pgUp.Addr().(*net.TCPAddr).Port)
 	script := `exec 3<>/dev/tcp/127.0.0.1/` + port(busURL) + ` && echo bus=connected || echo bus=refused
 exec 4<>/dev/tcp/127.0.0.1/` + port(gs.URL) + ` && echo git-server=connected || echo git-server=refused
+exec 5<>/dev/tcp/127.0.0.1/` + pgPort + ` && echo postgres=connected || echo postgres=refused
+exec 6<>/dev/tcp/$PGHOST/$PGPORT && echo pg-fence=connected || echo pg-fence=refused
 echo '// v2' >> services/billing/invoice.go
 git -c user.name=agent -c user.email=agent@example.com commit -qam "through the fence" && git push -q origin main && echo push=ok`
-	r := runFL(t, busURL, "--repo", co, "--git-upstream", gs.URL+"/payments.git", "--", "bash", "-c", script).want(t, ExitOK)
-	if got := strings.Join(strings.Fields(r.stdout), " "); got != "bus=refused git-server=refused push=ok" {
-		t.Errorf("agent: %s\nwant   bus=refused git-server=refused push=ok\nstderr:\n%s", got, r.stderr)
+	r := runFL(t, busURL, "--repo", co, "--git-upstream", gs.URL+"/payments.git", "--pg-upstream", "127.0.0.1:"+pgPort,
+		"--", "bash", "-c", script).want(t, ExitOK)
+	const want = "bus=refused git-server=refused postgres=refused pg-fence=connected push=ok"
+	if got := strings.Join(strings.Fields(r.stdout), " "); got != want {
+		t.Errorf("agent: %s\nwant   %s\nstderr:\n%s", got, want, r.stderr)
 	}
 	mustContain(t, "run stderr", r.stderr, "repo 127.0.0.1:"+port(gs.URL)+"/payments,", "git fence http://127.0.0.1:", "Permission denied")
 	out, err := gitRun(t, "", nil, "--git-dir", bare, "log", "-1", "--format=%s", "main")
