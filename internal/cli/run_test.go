@@ -658,8 +658,8 @@ git status --short >/dev/null; echo "status=$?"`
 }
 
 // TestRunGitFenceAndConnects: the agent's unmodified git pushes through
-// the git fence, while direct TCP connects to the bus and to the git
-// server itself are refused.
+// the git fence and it reaches its Postgres fence, while direct TCP
+// connects to the bus, the git server and the Postgres server are refused.
 func TestRunGitFenceAndConnects(t *testing.T) {
 	isolate(t)
 	busURL := startBus(t)
