@@ -42,8 +42,15 @@ func (g gitRunner) run(ctx context.Context, gitDir string, args ...string) ([]by
 	return stdout.Bytes(), nil
 }
 
-// execCommand is exec.CommandContext, kept apart so the hook's git runs in
-// the hook's own environment (GIT_DIR, quarantine) unchanged.
-func execCommand(ctx context.Context, name string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, name, args...)
+// runHere runs git in the current repository and environment unchanged:
+// the hook's, where GIT_DIR and the push's quarantine are set.
+func (g gitRunner) runHere(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, g.path, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("git %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
 }

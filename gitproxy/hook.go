@@ -256,18 +256,6 @@ func hookTouched(ctx context.Context, g gitRunner, cmds []command) ([]string, er
 	return paths, nil
 }
 
-// runHere runs git in the current repository and environment (the hook's).
-func (g gitRunner) runHere(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := execCommand(ctx, g.path, args...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("git %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
-	}
-	return out, nil
-}
-
 // withFenceFile runs f on the repository's fence table under an exclusive
 // lock and writes the table back (atomically) when f says so.
 func withFenceFile(gitDir string, f func(map[string]fenceEntry) (bool, error)) error {

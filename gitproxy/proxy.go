@@ -229,6 +229,18 @@ func (p *Proxy) upstreamURL(r *http.Request) string {
 	return u.String()
 }
 
+// upstreamRequest is r's request for the upstream: the git client's
+// protocol headers, then the sidecar's own (its credential wins).
+func (p *Proxy) upstreamRequest(r *http.Request, method string, body io.Reader) (*http.Request, error) {
+	out, err := http.NewRequestWithContext(r.Context(), method, p.upstreamURL(r), body)
+	if err != nil {
+		return nil, err
+	}
+	copyHeaders(out.Header, r.Header, "Authorization", "Git-Protocol", "User-Agent", "Accept", "Content-Type")
+	p.addUpstreamHeader(out.Header)
+	return out, nil
+}
+
 // repoPath is the repository part of a smart-HTTP path.
 func repoPath(path string) string {
 	for _, s := range []string{"/info/refs", "/git-receive-pack", "/git-upload-pack"} {
@@ -242,13 +254,11 @@ func repoPath(path string) string {
 // advertisement relays the receive-pack ref advertisement and remembers
 // whether the upstream takes push options, so the fence can travel as one.
 func (p *Proxy) advertisement(w http.ResponseWriter, r *http.Request) {
-	out, err := http.NewRequestWithContext(r.Context(), http.MethodGet, p.upstreamURL(r), nil)
+	out, err := p.upstreamRequest(r, http.MethodGet, nil)
 	if err != nil {
 		http.Error(w, "fenceline: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	copyHeaders(out.Header, r.Header, "Authorization", "Git-Protocol", "User-Agent", "Accept")
-	p.addUpstreamHeader(out.Header)
 	resp, err := p.client.Do(out)
 	if err != nil {
 		http.Error(w, "fenceline: upstream git server unreachable: "+err.Error(), http.StatusBadGateway)
@@ -308,6 +318,7 @@ type push struct {
 	lease              leasebus.Lease
 	fence              uint64
 	pack               *pushPack // nil for a delete-only push
+	bases              layered   // see Proxy.bases
 	repoPath           string
 }
 
@@ -362,14 +373,14 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 		}
 		defer pp.remove()
 		ps.pack = pp
-		scanErr, err := pp.receive(br, p.cfg.MaxPushBytes, baseStores(p.baseGitDirs(ps)))
+		scanErr, err := pp.receive(br, p.cfg.MaxPushBytes, p.bases(ps))
 		if err != nil {
 			p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "pack not accepted: %v", err), "fenceline: "+oneLine(err.Error(), 200))
 			return
 		}
 		if errors.Is(scanErr, errUnresolved) {
 			if err := p.refreshMirror(ctx, ps); err == nil {
-				scanErr = pp.rescan(baseStores(p.baseGitDirs(ps)))
+				scanErr = pp.rescan(p.bases(ps))
 			}
 		}
 		if scanErr != nil {
@@ -414,13 +425,11 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 // probe relays git's pre-flight request (a lone flush packet), so the
 // upstream answers it, authentication included.
 func (p *Proxy) probe(w http.ResponseWriter, r *http.Request) {
-	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, p.upstreamURL(r), strings.NewReader("0000"))
+	out, err := p.upstreamRequest(r, http.MethodPost, strings.NewReader("0000"))
 	if err != nil {
 		p.fail(w, err)
 		return
 	}
-	copyHeaders(out.Header, r.Header, "Authorization", "Git-Protocol", "User-Agent", "Accept", "Content-Type")
-	p.addUpstreamHeader(out.Header)
 	resp, err := p.client.Do(out)
 	if err != nil {
 		http.Error(w, "fenceline: upstream git server unreachable: "+err.Error(), http.StatusBadGateway)
@@ -497,7 +506,7 @@ func (p *Proxy) baseGitDirs(ps *push) []string {
 // when the pushed history reaches objects the bases lack.
 func (p *Proxy) analyze(ctx context.Context, ps *push) ([]refChange, error) {
 	run := func(final bool) ([]refChange, error) {
-		st := baseStores(p.baseGitDirs(ps))
+		st := p.bases(ps)
 		if ps.pack != nil {
 			st = append(layered{ps.pack.objs}, st...)
 		}
@@ -515,6 +524,16 @@ func (p *Proxy) analyze(ctx context.Context, ps *push) ([]refChange, error) {
 		changes, err = run(true)
 	}
 	return changes, err
+}
+
+// bases are the object stores a push builds on, opened once per push (each
+// store loads its pack indexes on first use) and again after the mirror
+// was fetched.
+func (p *Proxy) bases(ps *push) layered {
+	if ps.bases == nil {
+		ps.bases = baseStores(p.baseGitDirs(ps))
+	}
+	return ps.bases
 }
 
 // mirrorDir is where the upstream repository of ps is mirrored, or "".
@@ -555,6 +574,7 @@ func (p *Proxy) refreshMirror(ctx context.Context, ps *push) error {
 	args = append(args, "fetch", "--quiet", "--no-tags", "--prune", u.String(), "+refs/*:refs/*")
 	start := time.Now()
 	_, err := p.git.run(ctx, dir, args...)
+	ps.bases = nil // the mirror has new packs: reopen the stores
 	p.log.Debug("mirror fetched", "mirror", dir, "took", time.Since(start), "err", err)
 	return err
 }
@@ -586,16 +606,14 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ps *push, change
 		body = io.MultiReader(body, bufio.NewReaderSize(ps.pack.spool, 64<<10))
 		length += ps.pack.size
 	}
-	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, p.upstreamURL(r), body)
+	out, err := p.upstreamRequest(r, http.MethodPost, body)
 	if err != nil {
 		p.fail(w, err)
 		return
 	}
 	out.ContentLength = length
-	copyHeaders(out.Header, r.Header, "Authorization", "Git-Protocol", "User-Agent", "Accept", "Content-Type")
 	out.Header.Set(HeaderLease, ps.lease.LeaseID)
 	out.Header.Set(HeaderFence, strconv.FormatUint(ps.fence, 10))
-	p.addUpstreamHeader(out.Header)
 	resp, err := p.client.Do(out)
 	if err != nil {
 		p.log.Warn("push not delivered", "lease", ps.lease.LeaseID, "fence", ps.fence, "err", err)

@@ -373,9 +373,9 @@ func TestPushOnlyToTheLeasedRepository(t *testing.T) {
 }
 
 // TestFastForwardToAnUpstreamCommit: moving a ref to a commit the upstream
-// already has sends no new commits; the proxy, which has none of the
-// upstream's objects yet, fetches its mirror to see that the update is a
-// fast-forward rather than refusing it as a rewrite.
+// already has sends no new commits. The proxy, which has none of the
+// upstream's objects yet, must fetch its mirror to read the new tip and the
+// old value, and then let the fast-forward through.
 func TestFastForwardToAnUpstreamCommit(t *testing.T) {
 	e := newEnv(t)
 	seed := e.clone(e.gs.srv.URL)
