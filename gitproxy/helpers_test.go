@@ -24,17 +24,7 @@ const testRepo = "github.com/acme/payments"
 
 // gitEnv is the environment every git the tests run gets: no user or
 // system config, a fixed identity.
-func gitEnv(home string) []string {
-	env := []string{
-		"HOME=" + home,
-		"PATH=" + os.Getenv("PATH"),
-		"GIT_CONFIG_NOSYSTEM=1",
-		"GIT_TERMINAL_PROMPT=0",
-		"GIT_AUTHOR_NAME=agent", "GIT_AUTHOR_EMAIL=agent@example.com",
-		"GIT_COMMITTER_NAME=agent", "GIT_COMMITTER_EMAIL=agent@example.com",
-	}
-	return env
-}
+func gitEnv(home string) []string { return gitserver.ClientEnv(home, "agent") }
 
 // gitCmd runs git in dir and returns combined output and error.
 func gitCmd(t testing.TB, dir string, env []string, args ...string) (string, error) {

@@ -132,3 +132,14 @@ func InstallHook(bare, name, script string) error {
 	}
 	return os.WriteFile(filepath.Join(bare, "hooks", name), []byte(script), 0o755)
 }
+
+// ClientEnv is a clean environment for a git client: home (so no user
+// config is read), no system config, no prompts, and name as author and
+// committer. Add the routing env of a sidecar after it.
+func ClientEnv(home, name string) []string {
+	return []string{
+		"HOME=" + home, "PATH=" + os.Getenv("PATH"), "GIT_CONFIG_NOSYSTEM=1", "GIT_TERMINAL_PROMPT=0",
+		"GIT_AUTHOR_NAME=" + name, "GIT_AUTHOR_EMAIL=" + name + "@example.com",
+		"GIT_COMMITTER_NAME=" + name, "GIT_COMMITTER_EMAIL=" + name + "@example.com",
+	}
+}

@@ -182,13 +182,7 @@ func (b *bench) push(repo string, through bool, sc *sidecar) (time.Duration, err
 	return d, nil
 }
 
-func gitEnv(home string) []string {
-	return []string{
-		"HOME=" + home, "PATH=" + os.Getenv("PATH"), "GIT_CONFIG_NOSYSTEM=1", "GIT_TERMINAL_PROMPT=0",
-		"GIT_AUTHOR_NAME=bench", "GIT_AUTHOR_EMAIL=bench@example.com",
-		"GIT_COMMITTER_NAME=bench", "GIT_COMMITTER_EMAIL=bench@example.com",
-	}
-}
+func gitEnv(home string) []string { return gitserver.ClientEnv(home, "bench") }
 
 // generate writes a repository at dir with git fast-import: a first commit
 // of files incompressible files of size bytes, then commits that each
