@@ -32,15 +32,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "setup:", err, "\n", pg.Log())
 		os.Exit(1)
 	}
-	code := m.Run()
-	pg.Stop()
-	if code == 0 {
-		if leaked := testutil.Leaked(5 * time.Second); leaked != "" {
-			fmt.Fprintf(os.Stderr, "leaked goroutines:\n%s\n", leaked)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	testutil.MainWith(m, func() { pg.Stop() })
 }
 
 func setupDB() error {

@@ -24,15 +24,7 @@ var pg *pgtest.Server
 
 func TestMain(m *testing.M) {
 	pg = pgtest.MustStart()
-	code := m.Run()
-	pg.Stop()
-	if code == 0 {
-		if leaked := testutil.Leaked(5 * time.Second); leaked != "" {
-			fmt.Fprintf(os.Stderr, "leaked goroutines:\n%s\n", leaked)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	testutil.MainWith(m, func() { pg.Stop() })
 }
 
 // TestSidecarPostgresEnv: psql, given only the sidecar's environment, talks

@@ -19,8 +19,15 @@ import (
 // Main runs the tests, then waits up to 5 s for every goroutine running
 // fenceline or NATS code to end; any that remain are printed and fail the
 // run.
-func Main(m *testing.M) {
+func Main(m *testing.M) { MainWith(m, nil) }
+
+// MainWith is Main for a test binary that shares a server across its
+// tests: stop (when not nil) runs after the tests and before the leak check.
+func MainWith(m *testing.M, stop func()) {
 	code := m.Run()
+	if stop != nil {
+		stop()
+	}
 	if code == 0 {
 		if leaked := Leaked(5 * time.Second); leaked != "" {
 			fmt.Fprintf(os.Stderr, "leaked goroutines:\n%s\n", leaked)
