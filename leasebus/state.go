@@ -109,7 +109,9 @@ func newRepoState(repo string) *repoState {
 func (s *repoState) put(e *entry) {
 	if old, ok := s.leases[e.LeaseID]; ok {
 		s.index.remove(old)
-		if old.RequestID != "" {
+		// Another lease may carry the same request id (a retry with another
+		// credential is a new request): only forget the id if it is ours.
+		if old.RequestID != "" && s.byRequest[old.RequestID] == old.LeaseID {
 			delete(s.byRequest, old.RequestID)
 		}
 	}

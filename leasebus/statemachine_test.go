@@ -481,7 +481,7 @@ func (s *pureSim) check(m, committed *model, o outcome, queue []*waiter) {
 			s.stats["cancel-waiter"]++
 			return
 		}
-		for _, w := range s.a.waiters {
+		for _, w := range queue {
 			if !w.cancelled && w.req.RequestID == r.RequestID && r.Credential.matches(w.req.CredentialHash) {
 				t.Fatalf("cancel %s did not withdraw its queued acquire", r.RequestID)
 			}
@@ -646,13 +646,15 @@ func (s *pureSim) batch() {
 
 	queue := slices.Clone(s.a.waiters)
 	for _, c := range batch {
+		// A cancel may withdraw a waiter queued before the batch or one
+		// parked earlier in it: queue holds both.
 		was := map[*waiter]bool{}
-		for _, w := range s.a.waiters {
+		for _, w := range queue {
 			was[w] = w.cancelled
 		}
 		o := s.a.apply(tx, c, queue)
 		s.cancelHit = nil
-		for _, w := range s.a.waiters {
+		for _, w := range queue {
 			if w.cancelled && !was[w] {
 				if s.cancelHit != nil {
 					t.Fatalf("one cancel withdrew two waiters")
