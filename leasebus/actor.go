@@ -369,6 +369,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 				a.failAll(batch, fmt.Errorf("%w: writing the lease log: %v", ErrUnavailable, err))
 				return
 			}
+			a.svc.announceAppend(a.key, seq)
 		}
 		t.commit(seq)
 		a.finish(t, outs, served, remaining, seq, size)

@@ -20,6 +20,12 @@ const (
 	// changedPrefix.<repoKey>.<leaseId> carries each committed lease record
 	// (core NATS, for watchers; holders re-check on renewal anyway).
 	changedPrefix = "fenceline.lease.v1.changed"
+	// appendedPrefix.<repoKey> carries the sequence of each lease log
+	// record once the stream has acknowledged it (core NATS, between
+	// service instances). Not the log subject itself: a core subscriber
+	// there can see a record before the stream stores it, or one the
+	// compare-and-swap then rejects.
+	appendedPrefix = "fenceline.lease.v1.appended"
 
 	// LogStream holds each repo's lease log: deltas and snapshots on
 	// fenceline.log.<repoKey>, written with compare-and-swap.

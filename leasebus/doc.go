@@ -16,8 +16,9 @@
 // its batch again — so no writer can grant over a lease it has not seen,
 // whatever its view was, and any number of service instances may run.
 // Instances announce themselves on fenceline.lease.v1.instances; once one
-// meets another, both follow the log subjects so queued acquires see
-// releases made elsewhere. Reads reload before answering, and a refusal is
+// meets another, each announces its acknowledged appends to the others
+// (fenceline.lease.v1.appended.<repoKey>), so queued acquires see releases
+// made elsewhere. Reads reload before answering, and a refusal is
 // confirmed on a fresh view (a refusal is not a write: no compare-and-swap
 // vouches for it).
 //

@@ -97,3 +97,17 @@ func ctxT(t testing.TB) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// queued counts the acquires waiting in svc's queue for repo.
+func queued(svc *Service, repo string) int {
+	a := svc.actor(RepoKey(repo), repo)
+	a.busy.Lock()
+	defer a.busy.Unlock()
+	n := 0
+	for _, w := range a.waiters {
+		if !w.cancelled {
+			n++
+		}
+	}
+	return n
+}

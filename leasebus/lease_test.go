@@ -293,14 +293,12 @@ func TestWaiterWokenAcrossInstances(t *testing.T) {
 			got <- err
 		}()
 		// Let the waiter queue (on whichever instance took it), then release.
-		checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
-			ls, err := clients[0].List(ctx, repo, false)
-			if err != nil || len(ls) != 1 {
-				return fmt.Errorf("%d leases, %v", len(ls), err)
+		checkFor(t, 5*time.Second, time.Millisecond, func() error {
+			if n := queued(b.svc, repo) + queued(second, repo); n != 1 {
+				return fmt.Errorf("%d queued acquires, want 1", n)
 			}
 			return nil
 		})
-		time.Sleep(20 * time.Millisecond) // spacing: the waiter's request is in flight
 		start := time.Now()
 		if _, err := clients[0].Release(ctx, held.LeaseID, cred); err != nil {
 			t.Fatal(err)

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -68,7 +70,7 @@ type Service struct {
 	index    map[string]string    // lease id -> repo key; guarded by mu
 	stopping bool                 // no new goroutines once set; guarded by mu
 	subs     []*nats.Subscription // guarded by mu
-	tailing  bool                 // following other instances' appends; guarded by mu
+	tailing  atomic.Bool          // following other instances' appends (and announcing ours)
 }
 
 // StartService creates the streams if needed, loads every repo's lease log
@@ -441,13 +443,12 @@ func (s *Service) meetPeers() error {
 // actor reload, since appends may have been missed until now.
 func (s *Service) followOthers() {
 	s.mu.Lock()
-	if s.tailing || s.stopping {
-		s.mu.Unlock()
+	stopping := s.stopping
+	s.mu.Unlock()
+	if stopping || !s.tailing.CompareAndSwap(false, true) {
 		return
 	}
-	s.tailing = true
-	s.mu.Unlock()
-	sub, err := s.nc.Subscribe(logSubject+".>", s.tail)
+	sub, err := s.nc.Subscribe(appendedPrefix+".>", s.tail)
 	if err != nil {
 		s.log.Warn("follow other lease service instances", "err", err)
 		return
@@ -461,12 +462,26 @@ func (s *Service) followOthers() {
 
 // tail nudges the actor of every repo that another writer appends to, so
 // this instance's view (and its queued waiters) follow within a round trip.
-// Appends carry their writer's id; an instance ignores its own.
+// Announcements carry their writer's id; an instance ignores its own.
 func (s *Service) tail(m *nats.Msg) {
 	if m.Header.Get(writerHeader) == s.store.writer {
 		return
 	}
-	s.actor(strings.TrimPrefix(m.Subject, logSubject+"."), "").nudge()
+	s.actor(strings.TrimPrefix(m.Subject, appendedPrefix+"."), "").nudge()
+}
+
+// announceAppend tells the other instances, once there are any, that the
+// repo's log has a record at seq. It is sent only after the stream
+// acknowledged the append, so a nudged instance that reloads finds it.
+// Best effort: a lost announcement delays a waiter, never a decision.
+func (s *Service) announceAppend(key string, seq uint64) {
+	if !s.tailing.Load() {
+		return
+	}
+	m := nats.NewMsg(appendedPrefix + "." + key)
+	m.Header.Set(writerHeader, s.store.writer)
+	m.Data = strconv.AppendUint(nil, seq, 10)
+	_ = s.nc.PublishMsg(m)
 }
 
 func decode(data []byte, v any) error {
