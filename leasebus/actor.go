@@ -61,9 +61,9 @@ type actor struct {
 	svc     *Service
 	key     string
 	calls   chan *call
-	rearm   chan struct{} // a batch ran inline: re-arm the timer
-	dead    bool          // never runs (service stopping, or damaged log); set before it is shared
-	deadErr error         // why, when its log is damaged
+	timer   *time.Timer // wakes run for the next deadline; reset under busy
+	dead    bool        // never runs (service stopping, or damaged log); set before it is shared
+	deadErr error       // why, when its log is damaged
 
 	// busy is held by whoever runs a batch: the actor's goroutine, or a
 	// request handler running an uncontended batch inline. It guards
@@ -85,6 +85,7 @@ type actor struct {
 	// the log, waiting for their audit events (up to purgeCovers) to be
 	// written; 0 when none.
 	purgeAt, purgeCovers uint64
+	purging              bool // a purge up to purgeAt is under way
 }
 
 // waiter is an acquire queued behind conflicting leases.
@@ -180,12 +181,12 @@ func (a *actor) reload(ctx context.Context) error {
 }
 
 func (a *actor) run(ctx context.Context) {
-	timer := time.NewTimer(time.Hour)
+	timer := a.timer
 	defer timer.Stop()
 	batch := make([]*call, 0, a.svc.cfg.MaxBatch)
 	for {
 		a.busy.Lock()
-		a.resetTimer(timer)
+		a.resetTimer()
 		a.busy.Unlock()
 		batch = batch[:0]
 		fired := false
@@ -199,8 +200,6 @@ func (a *actor) run(ctx context.Context) {
 			batch = append(batch, c)
 		case <-timer.C:
 			fired = true
-		case <-a.rearm:
-			continue // a batch ran inline: deadlines may have moved
 		}
 		a.busy.Lock()
 		batch = a.drain(batch)
@@ -242,25 +241,25 @@ func (a *actor) inline(c *call) bool {
 	}
 	// Calls queued before c go first (a cancel must follow its acquire).
 	a.process(a.svc.ctx, append(a.drain(nil), c))
-	// Wake the actor's goroutine only if it must run earlier than its
-	// timer is set for (a new waiter's deadline, a purge).
-	earlier := a.wakeAt(a.svc.cfg.Now()).Before(a.armed)
-	a.busy.Unlock()
-	if earlier {
-		select {
-		case a.rearm <- struct{}{}:
-		default:
-		}
+	// Re-arm the actor's timer only if it must run earlier than it is set
+	// for (a new lease's or waiter's deadline, a purge). The timer is
+	// reset here rather than by waking the actor's goroutine for it: one
+	// goroutine hand-off less on an uncontended acquire.
+	if a.wakeAt(a.svc.cfg.Now()).Before(a.armed) {
+		a.resetTimer()
 	}
+	a.busy.Unlock()
 	return true
 }
 
-// resetTimer arms the timer for the next lease deadline or waiter deadline.
-func (a *actor) resetTimer(t *time.Timer) {
+// resetTimer arms the timer for the next lease deadline or waiter
+// deadline. Called under busy; a timer that fires early runs a batch that
+// finds nothing due.
+func (a *actor) resetTimer() {
 	now := a.svc.cfg.Now()
 	wake := a.wakeAt(now)
 	a.armed = wake
-	t.Reset(max(wake.Sub(now), time.Millisecond))
+	a.timer.Reset(max(wake.Sub(now), time.Millisecond))
 }
 
 // wakeAt is when the actor must next run without a request: the next lease
@@ -485,16 +484,27 @@ func (a *actor) maybeSnapshot(deltaBytes int) {
 }
 
 // maybePurge drops the records before the last snapshot once every audit
-// event they carry is in the audit stream.
+// event they carry is in the audit stream. The purge runs on a goroutine
+// of its own, off the request path: it only removes records the state no
+// longer needs, so batches go on meanwhile (no new snapshot starts until
+// it is done).
 func (a *actor) maybePurge() {
-	if a.purgeAt == 0 || a.svc.audit.written(a.key) < a.purgeCovers {
+	if a.purgeAt == 0 || a.purging || a.svc.audit.written(a.key) < a.purgeCovers {
 		return
 	}
-	if err := a.svc.store.purgeBefore(a.svc.ctx, a.key, a.purgeAt); err != nil {
-		a.svc.log.Warn("purge lease log", "repo", a.state.repo, "err", err)
-		return
-	}
-	a.purgeAt, a.purgeCovers = 0, 0
+	seq, repo := a.purgeAt, a.state.repo
+	a.purging = a.svc.goBackground(func() {
+		err := a.svc.store.purgeBefore(a.svc.ctx, a.key, seq)
+		if err != nil {
+			a.svc.log.Warn("purge lease log", "repo", repo, "err", err)
+		}
+		a.busy.Lock()
+		defer a.busy.Unlock()
+		a.purging = false
+		if err == nil && a.purgeAt == seq {
+			a.purgeAt, a.purgeCovers = 0, 0
+		}
+	})
 }
 
 // apply runs one call against the batch's transaction.
@@ -557,15 +567,12 @@ func (a *actor) acquire(t *txn, c *call, r *AcquireRequest, queue []*waiter) out
 		o.lease = e
 		return o
 	}
-	claim := claimRequest{scope: r.Scope, workspaceID: r.WorkspaceID, mode: r.WorkspaceMode, maxSharers: r.MaxSharers}
-	conflicts := t.conflicts(claim)
+	claim := claimRequest{scope: r.Scope, workspaceID: r.WorkspaceID, pool: r.Workspaces, mode: r.WorkspaceMode, maxSharers: r.MaxSharers}
+	// Queued requests that overlap go first, waiting or not: a stream of
+	// small claims must not starve a queued larger one.
+	placed, conflicts := t.place(claim, queue)
 	if len(conflicts) == 0 {
-		// Queued requests that overlap go first, waiting or not: a stream
-		// of small claims must not starve a queued larger one.
-		conflicts = queuedConflict(claim, queue)
-	}
-	if len(conflicts) == 0 {
-		o.lease = t.grant(r, claim)
+		o.lease = t.grant(r, placed)
 		return o
 	}
 	if r.Wait > 0 {
@@ -590,13 +597,10 @@ func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*w
 			served = append(served, outcome{c: w.c, lease: e})
 			continue
 		}
-		conflicts := t.conflicts(w.claim)
-		if len(conflicts) == 0 {
-			conflicts = queuedConflict(w.claim, remaining)
-		}
+		placed, conflicts := t.place(w.claim, remaining)
 		switch {
 		case len(conflicts) == 0:
-			served = append(served, outcome{c: w.c, lease: t.grant(w.req, w.claim)})
+			served = append(served, outcome{c: w.c, lease: t.grant(w.req, placed)})
 		case !t.now.Before(w.deadline):
 			ce := &ConflictError{Repo: t.base.repo, Conflicts: conflicts, Waited: true}
 			t.refusal(w.req.Owner, w.claim.scope, "wait-expired", fmt.Sprintf("refused acquire of %s by %s after waiting %s: %s", w.claim.scope, w.req.Owner, time.Duration(w.req.Wait), ce.Error()))
@@ -609,10 +613,25 @@ func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*w
 }
 
 // queuedConflict names the first request in queue that claim must wait
-// behind, or returns nil.
+// behind, or returns nil. Overlapping claims wait their turn. Between pool
+// requests over common candidates, first come is first placed; a request
+// for one workspace never waits for a pool request's placement (it would
+// only guess which candidate the pool request will get).
 func queuedConflict(claim claimRequest, queue []*waiter) []Conflict {
 	for _, w := range queue {
-		if why := blocks(claim, w.claim.scope, w.claim.workspaceID, w.claim.mode); why != "" && !w.cancelled {
+		if w.cancelled {
+			continue
+		}
+		var why string
+		switch {
+		case len(w.claim.pool) == 0:
+			why = blocks(claim, w.claim.scope, w.claim.workspaceID, w.claim.mode)
+		case claim.scope.Overlaps(w.claim.scope):
+			why = "claims overlap: " + strings.Join(claim.scope.Overlap(w.claim.scope), ", ")
+		case len(claim.pool) > 0 && slices.ContainsFunc(claim.pool, func(ws string) bool { return slices.Contains(w.claim.pool, ws) }):
+			why = "it waits for the same workspaces " + strings.Join(w.claim.pool, ", ")
+		}
+		if why != "" {
 			return []Conflict{{RequestID: w.req.RequestID, Owner: w.req.Owner, Scope: w.claim.scope,
 				WorkspaceID: w.claim.workspaceID, Why: "queued earlier: " + why}}
 		}

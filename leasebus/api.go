@@ -75,9 +75,16 @@ type AuditEvent struct {
 
 // AcquireRequest asks for a lease.
 type AcquireRequest struct {
-	Repo          string        `json:"repo"`
-	Scope         scope.Claim   `json:"scope"`
-	WorkspaceID   string        `json:"workspaceId,omitempty"`
+	Repo        string      `json:"repo"`
+	Scope       scope.Claim `json:"scope"`
+	WorkspaceID string      `json:"workspaceId,omitempty"`
+	// Workspaces, instead of WorkspaceID, names candidate workspaces (a
+	// shard pool): the lease is granted in the first that fits, decided
+	// with the overlap check in one step, and Lease.WorkspaceID names it.
+	// A shared lease goes first to a candidate that already has sharers, so
+	// empty ones stay free for exclusive leases. Queued requests over the
+	// same candidates are served first come, first served.
+	Workspaces    []string      `json:"workspaces,omitempty"`
 	WorkspaceMode WorkspaceMode `json:"workspaceMode,omitempty"`
 	// MaxSharers bounds the shared leases of the workspace (0: no bound).
 	MaxSharers int      `json:"maxSharers,omitempty"`

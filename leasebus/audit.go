@@ -139,7 +139,7 @@ func (w *auditWriter) flush(ctx context.Context) bool {
 	w.mu.Unlock()
 	ok := true
 	for key, p := range batch {
-		data, err := json.Marshal(auditBatch{Events: p.events, LogSeq: p.seq})
+		data, err := (&auditBatch{Events: p.events, LogSeq: p.seq}).encode()
 		if err == nil {
 			_, err = w.js.Publish(ctx, serviceAuditSubject(key), data)
 		}
@@ -204,7 +204,7 @@ func (a *Auditor) Record(ctx context.Context, ev AuditEvent) error {
 	if ev.Repo == "" {
 		return fmt.Errorf("audit event %q: %w: repo is empty", ev.Type, ErrInvalid)
 	}
-	data, err := json.Marshal(auditBatch{Events: []AuditEvent{ev}})
+	data, err := (&auditBatch{Events: []AuditEvent{ev}}).encode()
 	if err != nil {
 		return fmt.Errorf("encode audit event: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -12,7 +13,8 @@ import (
 
 // Client asks the lease service for leases. It is safe for concurrent use.
 type Client struct {
-	nc *nats.Conn
+	nc    *nats.Conn
+	boxes *mailboxes
 	// Timeout bounds one try of a request, on top of any wait it asks for.
 	Timeout time.Duration
 	// Tries is how often an idempotent request is sent before giving up
@@ -20,9 +22,13 @@ type Client struct {
 	Tries int
 }
 
-// NewClient returns a client on nc with a 5 s timeout and 3 tries.
+// NewClient returns a client on nc with a 5 s timeout and 3 tries. It
+// keeps a reply subscription on nc for each request it has in flight at
+// once (up to 4; more share nats.go's), until it is garbage collected.
 func NewClient(nc *nats.Conn) *Client {
-	return &Client{nc: nc, Timeout: 5 * time.Second, Tries: 3}
+	c := &Client{nc: nc, boxes: &mailboxes{nc: nc, max: 4}, Timeout: 5 * time.Second, Tries: 3}
+	runtime.AddCleanup(c, func(p *mailboxes) { p.close() }, c.boxes)
+	return c
 }
 
 // Conn is the client's NATS connection.
@@ -42,9 +48,15 @@ var errNoService = errors.New("")
 const replyGrace = 5 * time.Second
 
 func (c *Client) request(ctx context.Context, op string, req any, wait time.Duration) (*reply, error) {
-	data, err := json.Marshal(req)
-	if err != nil {
-		return nil, fmt.Errorf("encode %s request: %w", op, err)
+	var data []byte
+	switch r := req.(type) {
+	case interface{ encode() []byte }: // the hot requests, without reflection
+		data = r.encode()
+	default:
+		var err error
+		if data, err = json.Marshal(req); err != nil {
+			return nil, fmt.Errorf("encode %s request: %w", op, err)
+		}
 	}
 	subj := apiPrefix + "." + op
 	tries := max(c.Tries, 1)
@@ -58,12 +70,12 @@ func (c *Client) request(ctx context.Context, op string, req any, wait time.Dura
 			}
 		}
 		tctx, cancel := context.WithTimeout(ctx, c.Timeout+wait)
-		m, err := c.nc.RequestWithContext(tctx, subj, data)
+		m, err := c.boxes.request(tctx, &nats.Msg{Subject: subj, Data: data})
 		cancel()
 		switch {
 		case err == nil:
 			var r reply
-			if err := json.Unmarshal(m.Data, &r); err != nil {
+			if err := unmarshalReply(m.Data, &r); err != nil {
 				return nil, fmt.Errorf("decode %s reply: %w", op, err)
 			}
 			return &r, nil
@@ -114,7 +126,7 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credentia
 	}
 	tries := max(c.Tries, 1)
 	for try := 1; ; try++ {
-		r, err := c.request(ctx, "acquire", req, wait)
+		r, err := c.request(ctx, "acquire", &req, wait)
 		if err == nil {
 			if err = r.Error.err(); err == nil && r.Lease == nil {
 				err = errors.New("acquire: reply carries no lease")
@@ -150,12 +162,12 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credentia
 // Renew extends a lease. It is a compare-and-swap on req.Version; a
 // refusal (ErrLeaseLost, ErrNotOwner) means stop writing.
 func (c *Client) Renew(ctx context.Context, req RenewRequest) (*Lease, error) {
-	return c.leaseOp(ctx, "renew", req)
+	return c.leaseOp(ctx, "renew", &req)
 }
 
 // Release ends a lease. Releasing an already ended lease is not an error.
 func (c *Client) Release(ctx context.Context, leaseID string, cred Credential) (*Lease, error) {
-	return c.leaseOp(ctx, "release", ReleaseRequest{LeaseID: leaseID, Credential: cred})
+	return c.leaseOp(ctx, "release", &ReleaseRequest{LeaseID: leaseID, Credential: cred})
 }
 
 // Revoke ends a lease now as an operator; reason is required and audited.

@@ -38,6 +38,11 @@ type HoldOptions struct {
 	Now func() time.Time
 	// OnChange is called (from the holder's goroutine) on every state change.
 	OnChange func(HolderState, error)
+	// OnRenew is called (from the holder's goroutine) after each renewal
+	// attempt, once its outcome is applied, with how long it took and its
+	// error (nil when renewed), for metrics. The holder sends nothing while
+	// it runs: it must return promptly.
+	OnRenew func(took time.Duration, err error)
 }
 
 // Holder keeps a lease alive: it renews it with compare-and-swap on its
@@ -274,7 +279,12 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 	}
 	rctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
+	start := time.Now()
 	l, err := h.c.Renew(rctx, req)
+	if h.opts.OnRenew != nil && ctx.Err() == nil {
+		took := time.Since(start)
+		defer func() { h.opts.OnRenew(took, err) }() // once the outcome is applied
+	}
 	if err == nil || IsFenced(err) {
 		h.renewID = ""
 	}

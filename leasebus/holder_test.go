@@ -305,11 +305,23 @@ func TestHolderRetriedRenewalDoesNotOutliveServiceDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	h, err := hc.Hold(l, cred, sent, HoldOptions{Interval: 400 * time.Millisecond, Margin: 300 * time.Millisecond})
+	// Once the retry is answered, the holder goes quiet (as if the bus
+	// became unreachable for it for good): OnRenew holds its goroutine, so
+	// it sends nothing more, and the service reclaims v2 at its deadline.
+	var armed atomic.Bool
+	answered, quiet := make(chan struct{}), make(chan struct{})
+	h, err := hc.Hold(l, cred, sent, HoldOptions{Interval: 400 * time.Millisecond, Margin: 300 * time.Millisecond,
+		OnRenew: func(_ time.Duration, err error) {
+			if err == nil && armed.CompareAndSwap(true, false) {
+				close(answered)
+				<-quiet
+			}
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer h.Stop()
+	defer close(quiet)
 	holder.Store(h)
 	// The first renewal's reply is held back longer than the holder waits
 	// for it (its interval), then let through.
@@ -323,17 +335,17 @@ func TestHolderRetriedRenewalDoesNotOutliveServiceDeadline(t *testing.T) {
 	// Hold the replies back a while longer, so the retry is sent well
 	// after the first try (the retry itself gets through).
 	time.Sleep(150 * time.Millisecond) // spacing the retry from the first try
+	armed.Store(true)
 	proxy.pause(false)
-	checkFor(t, 3*time.Second, 2*time.Millisecond, func() error {
-		if st, _ := h.State(); st != Held || h.Lease().Version != 2 {
-			return errors.New("retry not answered yet")
-		}
-		return nil
-	})
-	// The holder goes quiet (as if the bus became unreachable for it for
-	// good) right after the retry's answer: the service then reclaims v2
-	// at its deadline.
-	h.Stop()
+	select {
+	case <-answered:
+	case <-time.After(3 * time.Second):
+		st, err := h.State()
+		t.Fatalf("retry not answered 3s after the replies flowed again: %s %v", st, err)
+	}
+	if st, err := h.State(); st != Held || h.Lease().Version != 2 {
+		t.Fatalf("after the retry: %s %v v%d, want held v2 (the first try's version)", st, err, h.Lease().Version)
+	}
 	v2 := h.Lease()
 	validUntil := holderValidUntil(h)
 	if validUntil.After(v2.ExpiresAt) {

@@ -1,12 +1,14 @@
 package leasebus
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -34,7 +36,7 @@ type logRecord struct {
 // encode writes the record as json.Marshal would, but from each entry's
 // cached JSON: a snapshot re-encodes nothing it has written before.
 func (rec *logRecord) encode() ([]byte, error) {
-	n := 128
+	n := 128 + 320*len(rec.Events)
 	for _, e := range rec.Leases {
 		n += len(e.storedJSON()) + 1
 	}
@@ -61,19 +63,15 @@ func (rec *logRecord) encode() ([]byte, error) {
 		b = append(b, ']')
 	}
 	if len(rec.Events) > 0 {
-		evs, err := json.Marshal(rec.Events)
-		if err != nil {
+		var err error
+		if b, err = appendEvents(append(b, `,"events":`...), rec.Events); err != nil {
 			return nil, fmt.Errorf("encode audit events: %w", err)
 		}
-		b = append(append(b, `,"events":`...), evs...)
 	}
 	return append(b, '}'), nil
 }
 
-func appendJSON(b []byte, s string) []byte {
-	q, _ := json.Marshal(s) // a string always encodes
-	return append(b, q...)
-}
+func appendJSON(b []byte, s string) []byte { return appendString(b, s) }
 
 // errCAS means another writer appended to the repo's log first.
 var errCAS = errors.New("lease log moved on")
@@ -87,7 +85,28 @@ var errDamaged = errors.New("lease log damaged")
 type store struct {
 	js       jetstream.JetStream
 	replicas int
-	writer   string // this instance's id, stamped on every append
+	writer   string     // this instance's id, stamped on every append
+	boxes    *mailboxes // for appends' acknowledgements
+
+	mu     sync.Mutex
+	stream jetstream.Stream // the log stream's handle, once looked up; guarded by mu
+}
+
+// logStream returns the log stream's handle, looking it up once: each
+// lookup is a round trip to JetStream, and reads and purges need only the
+// stream's name.
+func (s *store) logStream(ctx context.Context) (jetstream.Stream, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stream != nil {
+		return s.stream, nil
+	}
+	stream, err := s.js.Stream(ctx, LogStream)
+	if err != nil {
+		return nil, fmt.Errorf("open stream %s: %w", LogStream, err)
+	}
+	s.stream = stream
+	return stream, nil
 }
 
 // writerHeader names the service instance that appended a record.
@@ -145,14 +164,76 @@ func (s *store) append(ctx context.Context, key string, expect uint64, rec *logR
 	msg := nats.NewMsg(logSubjectFor(key))
 	msg.Data = data
 	msg.Header.Set(writerHeader, s.writer)
-	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(expect))
+	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+	seq, err := s.publish(ctx, msg)
 	if err != nil {
 		if isCASMismatch(err) {
 			return 0, 0, errCAS
 		}
 		return 0, 0, fmt.Errorf("append to lease log of %s: %w", rec.Repo, err)
 	}
-	return ack.Sequence, len(data), nil
+	return seq, len(data), nil
+}
+
+// publish writes msg to its stream and returns the sequence it was stored
+// at once the stream acknowledged it (after its fsync), as jetstream's
+// PublishMsg does — the same default timeout, the same retries while no
+// stream answers (a leader election) — but through a mailbox.
+func (s *store) publish(ctx context.Context, msg *nats.Msg) (uint64, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, publishTimeout)
+		defer cancel()
+	}
+	resp, err := s.boxes.request(ctx, msg)
+	for r := 0; errors.Is(err, nats.ErrNoResponders) && r < jetstream.DefaultPubRetryAttempts; r++ {
+		select {
+		case <-ctx.Done():
+		case <-time.After(jetstream.DefaultPubRetryWait):
+		}
+		resp, err = s.boxes.request(ctx, msg)
+	}
+	if errors.Is(err, nats.ErrNoResponders) {
+		return 0, jetstream.ErrNoStreamResponse
+	}
+	if err != nil {
+		return 0, err
+	}
+	return parsePubAck(resp.Data)
+}
+
+// publishTimeout bounds an append whose context has no deadline (as
+// jetstream's default API timeout does).
+const publishTimeout = 5 * time.Second
+
+// parsePubAck reads a stream's acknowledgement. The server writes
+// {"stream":"NAME","seq":N} (a domain may come between); anything else —
+// an error, a duplicate — is decoded by encoding/json.
+func parsePubAck(data []byte) (uint64, error) {
+	if b, ok := bytes.CutPrefix(data, []byte(`{"stream":"`)); ok {
+		if i := bytes.IndexByte(b, '"'); i > 0 && bytes.IndexByte(b[:i], '\\') < 0 {
+			if rest, ok := bytes.CutPrefix(b[i+1:], []byte(`,"seq":`)); ok && len(rest) > 1 && rest[len(rest)-1] == '}' {
+				if seq, err := strconv.ParseUint(string(rest[:len(rest)-1]), 10, 64); err == nil && seq > 0 && rest[0] != '0' {
+					return seq, nil
+				}
+			}
+		}
+	}
+	var ack struct {
+		Error  *jetstream.APIError `json:"error,omitempty"`
+		Stream string              `json:"stream"`
+		Seq    uint64              `json:"seq"`
+	}
+	if err := json.Unmarshal(data, &ack); err != nil {
+		return 0, jetstream.ErrInvalidJSAck
+	}
+	if ack.Error != nil {
+		return 0, fmt.Errorf("nats: %w", ack.Error)
+	}
+	if ack.Stream == "" {
+		return 0, jetstream.ErrInvalidJSAck
+	}
+	return ack.Seq, nil
 }
 
 func isCASMismatch(err error) bool {
@@ -168,9 +249,9 @@ func isCASMismatch(err error) bool {
 
 // purgeBefore drops the repo's log records older than seq (a snapshot).
 func (s *store) purgeBefore(ctx context.Context, key string, seq uint64) error {
-	stream, err := s.js.Stream(ctx, LogStream)
+	stream, err := s.logStream(ctx)
 	if err != nil {
-		return fmt.Errorf("open stream %s: %w", LogStream, err)
+		return err
 	}
 	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(logSubjectFor(key)), jetstream.WithPurgeSequence(seq)); err != nil {
 		return fmt.Errorf("purge lease log %s before %d: %w", key, seq, err)
@@ -181,9 +262,9 @@ func (s *store) purgeBefore(ctx context.Context, key string, seq uint64) error {
 // load applies every record of the repo's log after st.seq to st, and hands
 // each delta's audit events to onEvents.
 func (s *store) load(ctx context.Context, key string, st *repoState, now func() time.Time, onEvents func(seq uint64, evs []AuditEvent)) error {
-	stream, err := s.js.Stream(ctx, LogStream)
+	stream, err := s.logStream(ctx)
 	if err != nil {
-		return fmt.Errorf("open stream %s: %w", LogStream, err)
+		return err
 	}
 	subj := logSubjectFor(key)
 	for next := st.seq + 1; ; {
@@ -218,9 +299,9 @@ func (s *store) load(ctx context.Context, key string, st *repoState, now func() 
 
 // repoKeys lists the repos that have a lease log.
 func (s *store) repoKeys(ctx context.Context) ([]string, error) {
-	stream, err := s.js.Stream(ctx, LogStream)
+	stream, err := s.logStream(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("open stream %s: %w", LogStream, err)
+		return nil, err
 	}
 	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(logSubject+".>"))
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -65,7 +66,19 @@ func propClaims(t testing.TB) []AcquireRequest {
 		mk(nil, false, nil, "wt-3", WorkspaceExclusive),
 		mk(nil, false, []string{"public.y"}, "wt-4", WorkspaceExclusive),
 		mk(nil, false, []string{"public.x"}, "wt-5", WorkspaceExclusive),
+		// Pool requests: placed in the first candidate that fits; their
+		// candidates meet the fixed workspaces above.
+		pool(mk([]string{"g"}, false, nil, "", WorkspaceShared), "wt-1", "wt-6"),
+		pool(mk([]string{"h"}, false, nil, "", WorkspaceShared), "wt-6", "wt-7"),
+		pool(mk([]string{"a/x"}, false, nil, "", WorkspaceShared), "wt-6", "wt-7"),
+		pool(mk(nil, false, nil, "", WorkspaceExclusive), "wt-3", "wt-6", "wt-7"),
+		pool(mk([]string{"i"}, false, nil, "", WorkspaceExclusive), "wt-6", "wt-7"),
 	}
+}
+
+func pool(r AcquireRequest, candidates ...string) AcquireRequest {
+	r.Workspaces = candidates
+	return r
 }
 
 type heldLease struct {
@@ -169,6 +182,9 @@ func TestPropertyConcurrentLeases(t *testing.T) {
 					var ce *ConflictError
 					switch {
 					case err == nil:
+						if len(req.Workspaces) > 0 && !slices.Contains(req.Workspaces, l.WorkspaceID) {
+							t.Errorf("pool acquire over %v granted in workspace %s", req.Workspaces, l.WorkspaceID)
+						}
 						h := &heldLease{l: l, cred: cred, sent: sent, validUntil: sent.Add(time.Duration(l.TTL) - holderMargin)}
 						held = append(held, h)
 						note(h)

@@ -2,7 +2,6 @@ package leasebus
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -95,7 +94,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	if err := ensureStreamsPatiently(ctx, js, cfg.Replicas, cfg.Logger); err != nil {
 		return nil, err
 	}
-	s := &Service{nc: nc, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next()}, cfg: cfg, log: cfg.Logger,
+	s := &Service{nc: nc, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 8}}, cfg: cfg, log: cfg.Logger,
 		actors: map[string]*actor{}, index: map[string]string{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.audit = newAuditWriter(js, s.log)
@@ -200,6 +199,7 @@ func (s *Service) Stop() {
 	}
 	s.cancel()
 	s.wg.Wait()
+	s.store.boxes.close()
 }
 
 // actor returns the actor of a repo, starting it if needed. A new actor
@@ -232,9 +232,21 @@ func (s *Service) goTracked(c *call, f func()) {
 	s.wg.Go(f)
 }
 
+// goBackground runs f on a goroutine the service waits for in Stop, and
+// reports whether it did (not once the service is stopping).
+func (s *Service) goBackground(f func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		return false
+	}
+	s.wg.Go(f)
+	return true
+}
+
 func (s *Service) newActor(key, repo string) *actor {
 	return &actor{svc: s, key: key, state: newRepoState(repo), stale: true,
-		calls: make(chan *call, 4096), rearm: make(chan struct{}, 1)}
+		calls: make(chan *call, 4096), timer: time.NewTimer(time.Hour)}
 }
 
 // existing returns the actor of a repo key if there is one.
@@ -485,7 +497,7 @@ func (s *Service) announceAppend(key string, seq uint64) {
 }
 
 func decode(data []byte, v any) error {
-	if err := json.Unmarshal(data, v); err != nil {
+	if err := unmarshalRequest(data, v); err != nil {
 		return fmt.Errorf("%w: decode request: %v", ErrInvalid, err)
 	}
 	return nil
@@ -511,7 +523,21 @@ func (r *AcquireRequest) normalize() error {
 	if err := r.Scope.Validate(); err != nil {
 		return bad("scope: %v", err)
 	}
-	if r.WorkspaceID == "" {
+	if len(r.Workspaces) > 0 {
+		if r.WorkspaceID != "" {
+			return bad("workspace %q and candidate workspaces %v: name one workspace or the candidates, not both", r.WorkspaceID, r.Workspaces)
+		}
+		if len(r.Workspaces) > MaxCandidates {
+			return bad("%d candidate workspaces: at most %d", len(r.Workspaces), MaxCandidates)
+		}
+		seen := make(map[string]bool, len(r.Workspaces))
+		for _, w := range r.Workspaces {
+			if strings.TrimSpace(w) == "" || seen[w] {
+				return bad("candidate workspaces %q: each must be named, and once", r.Workspaces)
+			}
+			seen[w] = true
+		}
+	} else if r.WorkspaceID == "" {
 		r.WorkspaceID = DefaultWorkspace
 	}
 	switch r.WorkspaceMode {
@@ -547,6 +573,9 @@ func (r *AcquireRequest) normalize() error {
 	}
 	return nil
 }
+
+// MaxCandidates bounds AcquireRequest.Workspaces (a shard pool's size).
+const MaxCandidates = 256
 
 // DefaultTTL is the TTL of a lease that asks for none.
 const DefaultTTL = 300 * time.Second

@@ -43,7 +43,11 @@ type entry struct {
 // publicJSON is the lease record as replies and watchers see it.
 func (e *entry) publicJSON() []byte {
 	if e.pub == nil {
-		e.pub, _ = json.Marshal(&e.Lease) // cannot fail: plain data
+		if b, ok := e.Lease.appendJSON(make([]byte, 0, 512)); ok {
+			e.pub = b
+		} else {
+			e.pub, _ = json.Marshal(&e.Lease) // a time Marshal refuses: nil, as before
+		}
 	}
 	return e.pub
 }
@@ -65,8 +69,7 @@ func (e *entry) storedJSON() []byte {
 }
 
 func appendField(b []byte, name, value string) []byte {
-	q, _ := json.Marshal(value) // a string always encodes
-	return append(append(append(append(b, ',', '"'), name...), '"', ':'), q...)
+	return appendString(append(append(append(b, ',', '"'), name...), '"', ':'), value)
 }
 
 func (e *entry) clone() *entry {
@@ -265,7 +268,8 @@ func (t *txn) end(e *entry, st Status, reason string) *entry {
 // claimRequest is the part of an acquire request that decides conflicts.
 type claimRequest struct {
 	scope       scope.Claim
-	workspaceID string
+	workspaceID string   // where it is (to be) granted; "" for a pool request not yet placed
+	pool        []string // candidate workspaces of a pool request
 	mode        WorkspaceMode
 	maxSharers  int
 }
@@ -317,6 +321,57 @@ func (t *txn) conflicts(req claimRequest) []Conflict {
 	}
 	slices.SortFunc(out, func(a, b Conflict) int { return strings.Compare(a.LeaseID, b.LeaseID) })
 	return out
+}
+
+// place decides where req can be granted now, given the requests queued
+// before it: in its workspace, or — for a pool request — in the first
+// candidate that fits, shared leases trying candidates with sharers first.
+// It returns the claim with its workspace set, or the conflicts that keep
+// every candidate from fitting (each blocking lease once).
+func (t *txn) place(req claimRequest, queue []*waiter) (claimRequest, []Conflict) {
+	fits := func(c claimRequest) []Conflict {
+		if out := t.conflicts(c); len(out) > 0 {
+			return out
+		}
+		return queuedConflict(c, queue)
+	}
+	if len(req.pool) == 0 {
+		return req, fits(req)
+	}
+	order := req.pool
+	if req.mode == WorkspaceShared {
+		shared := make(map[string]bool, len(order))
+		for _, ws := range order {
+			shared[ws] = len(t.sharers(ws)) > 0
+		}
+		order = slices.Clone(order)
+		slices.SortStableFunc(order, func(a, b string) int {
+			switch {
+			case shared[a] == shared[b]:
+				return 0
+			case shared[a]:
+				return -1
+			}
+			return 1
+		})
+	}
+	var all []Conflict
+	seen := map[string]bool{}
+	for _, ws := range order {
+		c := req
+		c.workspaceID = ws
+		out := fits(c)
+		if len(out) == 0 {
+			return c, nil
+		}
+		for _, x := range out {
+			if k := x.LeaseID + "\x00" + x.RequestID + "\x00" + x.Why; !seen[k] {
+				seen[k] = true
+				all = append(all, x)
+			}
+		}
+	}
+	return req, all
 }
 
 // sharers lists the active shared leases of a workspace.

@@ -1,0 +1,121 @@
+package leasebus
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+)
+
+// mailboxes sends requests whose replies come back on reply subscriptions
+// of their own, one request at a time each. nats.go's Request hands every
+// reply from the connection's reader to a dispatcher goroutine and from
+// there to the requester; a mailbox's synchronous subscription hands it to
+// the requester directly: one goroutine hand-off less per request, on the
+// lease bus's hot path (client requests, log appends). At most max
+// mailboxes are made; a request beyond that uses nats.go's Request.
+type mailboxes struct {
+	nc  *nats.Conn
+	max int
+
+	mu     sync.Mutex
+	free   []*mailbox // guarded by mu
+	made   int        // guarded by mu
+	closed bool       // guarded by mu
+}
+
+// mailbox is one reply subscription on <inbox>.*; each request gets the
+// next subject under it, so a late reply to an abandoned request is
+// recognized and dropped.
+type mailbox struct {
+	sub    *nats.Subscription
+	prefix string // <inbox>.
+	seq    uint64
+}
+
+// get returns an idle mailbox, a new one, or nil when max are in use (or
+// the pool is closed, or the subscription fails: the caller falls back).
+func (p *mailboxes) get() *mailbox {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	if n := len(p.free); n > 0 {
+		mb := p.free[n-1]
+		p.free = p.free[:n-1]
+		return mb
+	}
+	if p.made >= p.max {
+		return nil
+	}
+	inbox := p.nc.NewInbox()
+	sub, err := p.nc.SubscribeSync(inbox + ".*")
+	if err != nil {
+		return nil
+	}
+	p.made++
+	return &mailbox{sub: sub, prefix: inbox + "."}
+}
+
+// put returns a mailbox for reuse; a broken one is dropped.
+func (p *mailboxes) put(mb *mailbox) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || !mb.sub.IsValid() {
+		p.made--
+		_ = mb.sub.Unsubscribe()
+		return
+	}
+	p.free = append(p.free, mb)
+}
+
+// close unsubscribes the idle mailboxes; busy ones are dropped when put back.
+func (p *mailboxes) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, mb := range p.free {
+		_ = mb.sub.Unsubscribe()
+	}
+	p.free = nil
+}
+
+// request publishes m and waits for its reply, like nats.go's
+// RequestMsgWithContext (the same errors: ctx.Err(), ErrNoResponders,
+// connection errors).
+func (p *mailboxes) request(ctx context.Context, m *nats.Msg) (*nats.Msg, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	mb := p.get()
+	if mb == nil {
+		return p.nc.RequestMsgWithContext(ctx, m)
+	}
+	mb.seq++
+	reply := mb.prefix + strconv.FormatUint(mb.seq, 36)
+	m.Reply = reply
+	err := p.nc.PublishMsg(m)
+	m.Reply = ""
+	if err != nil {
+		p.put(mb)
+		return nil, err
+	}
+	for {
+		r, err := mb.sub.NextMsgWithContext(ctx)
+		if err != nil {
+			p.put(mb) // a late reply is dropped by the next request
+			return nil, err
+		}
+		if r.Subject != reply && strings.HasPrefix(r.Subject, mb.prefix) {
+			continue // the reply to an earlier request that gave up
+		}
+		p.put(mb)
+		if len(r.Data) == 0 && r.Header.Get("Status") == "503" {
+			return nil, nats.ErrNoResponders
+		}
+		return r, nil
+	}
+}

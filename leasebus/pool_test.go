@@ -1,0 +1,179 @@
+package leasebus
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// shards are the candidate workspaces of the pool tests.
+var shards = []string{"shard-1", "shard-2"}
+
+func poolReq(t *testing.T, mode WorkspaceMode, i int, paths ...string) AcquireRequest {
+	t.Helper()
+	r := AcquireRequest{Repo: repo, Scope: claim(t, paths...), Workspaces: shards, WorkspaceMode: mode,
+		MaxSharers: 2, Owner: owner(i), TTL: Duration(time.Minute)}
+	if len(paths) == 0 {
+		r.Scope = mustClaim(t, nil, false, nil)
+	}
+	return r
+}
+
+// conflictWorkspaces returns the workspaces a conflict error names.
+func conflictWorkspaces(t *testing.T, err error) []string {
+	t.Helper()
+	var ce *ConflictError
+	if !errors.As(err, &ce) {
+		t.Fatalf("want a conflict, got %v", err)
+	}
+	var ws []string
+	for _, c := range ce.Conflicts {
+		if !slices.Contains(ws, c.WorkspaceID) {
+			ws = append(ws, c.WorkspaceID)
+		}
+	}
+	slices.Sort(ws)
+	return ws
+}
+
+// A pool request is granted in the first candidate that fits: exclusive
+// leases take empty shards, shared leases pack into a shard that already
+// has sharers (up to max-sharers) and spill into an empty one after that,
+// and a full pool is refused naming who holds each shard.
+func TestPoolPlacement(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	cred := NewCredential()
+	acquire := func(r AcquireRequest) (*Lease, error) { return b.c.Acquire(ctx, r, cred) }
+	must := func(r AcquireRequest, wantWS string) *Lease {
+		t.Helper()
+		l, err := acquire(r)
+		if err != nil {
+			t.Fatalf("acquire %s %s: %v", r.Scope, r.WorkspaceMode, err)
+		}
+		if l.WorkspaceID != wantWS {
+			t.Fatalf("acquire %s %s: granted in %s, want %s", r.Scope, r.WorkspaceMode, l.WorkspaceID, wantWS)
+		}
+		return l
+	}
+
+	ex1 := must(poolReq(t, WorkspaceExclusive, 1), "shard-1")
+	ex2 := must(poolReq(t, WorkspaceExclusive, 2), "shard-2")
+	_, err := acquire(poolReq(t, WorkspaceExclusive, 3))
+	if got := conflictWorkspaces(t, err); !slices.Equal(got, shards) {
+		t.Fatalf("full pool: conflict names workspaces %v, want %v (%v)", got, shards, err)
+	}
+	if !strings.Contains(err.Error(), ex1.LeaseID) || !strings.Contains(err.Error(), ex2.LeaseID) {
+		t.Fatalf("full pool: %v does not name both holders", err)
+	}
+
+	if _, err := b.c.Release(ctx, ex2.LeaseID, cred); err != nil {
+		t.Fatal(err)
+	}
+	must(poolReq(t, WorkspaceShared, 4, "a"), "shard-2")
+	must(poolReq(t, WorkspaceShared, 5, "b"), "shard-2") // packs with its sharer
+	if _, err := acquire(poolReq(t, WorkspaceShared, 6, "a/x")); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "claims overlap") {
+		t.Fatalf("overlapping claim in a pool: %v, want a claim overlap", err)
+	}
+	// shard-2 has max-sharers 2, shard-1 is exclusive: the pool is full.
+	if _, err := acquire(poolReq(t, WorkspaceShared, 7, "c")); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "max-sharers 2") {
+		t.Fatalf("third sharer: %v, want max-sharers refusal", err)
+	}
+	if _, err := b.c.Release(ctx, ex1.LeaseID, cred); err != nil {
+		t.Fatal(err)
+	}
+	must(poolReq(t, WorkspaceShared, 7, "c"), "shard-1") // spills into the freed shard
+
+	// A fixed-workspace request still works beside the pool.
+	must(AcquireRequest{Repo: repo, Scope: claim(t, "d"), WorkspaceID: "shard-1", WorkspaceMode: WorkspaceShared,
+		MaxSharers: 2, Owner: owner(8), TTL: Duration(time.Minute)}, "shard-1")
+}
+
+// Pool requests are placed first come, first served: an exclusive request
+// queued for a full pool is not starved by later shared requests that
+// would fit, and is granted the shard that empties.
+func TestPoolWaiterServedFirst(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	cred := NewCredential()
+	held := map[string]*Lease{}
+	for i, ws := range shards {
+		r := poolReq(t, WorkspaceShared, i, string(rune('a'+i)))
+		r.Workspaces, r.WorkspaceID = nil, ws // one sharer in each shard
+		l, err := b.c.Acquire(ctx, r, cred)
+		if err != nil || l.WorkspaceID != ws {
+			t.Fatalf("sharer %d: %v in %v, want %s", i, err, l, ws)
+		}
+		held[ws] = l
+	}
+	got := make(chan *Lease, 1)
+	errc := make(chan error, 1)
+	go func() {
+		r := poolReq(t, WorkspaceExclusive, 9)
+		r.Wait = Duration(20 * time.Second)
+		l, err := b.c.Acquire(ctx, r, cred)
+		if err != nil {
+			errc <- err
+			return
+		}
+		got <- l
+	}()
+	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+		if n := queued(b.svc, repo); n != 1 {
+			return errors.New("exclusive request not queued yet")
+		}
+		return nil
+	})
+	// A shared request that would fit beside a sharer waits its turn.
+	_, err := b.c.Acquire(ctx, poolReq(t, WorkspaceShared, 10, "z"), cred)
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "queued earlier") {
+		t.Fatalf("shared request behind a queued pool request: %v, want queued earlier", err)
+	}
+	if _, err := b.c.Release(ctx, held["shard-2"].LeaseID, cred); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case l := <-got:
+		if l.WorkspaceID != "shard-2" || l.WorkspaceMode != WorkspaceExclusive {
+			t.Fatalf("queued exclusive request granted %s (%s), want shard-2 exclusive", l.WorkspaceID, l.WorkspaceMode)
+		}
+	case err := <-errc:
+		t.Fatal(err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("queued exclusive request not granted 10s after its shard emptied")
+	}
+	// With the queue empty, the shared request fits again.
+	if l, err := b.c.Acquire(ctx, poolReq(t, WorkspaceShared, 10, "z"), cred); err != nil || l.WorkspaceID != "shard-1" {
+		t.Fatalf("shared request after the queue drained: %v, %v", l, err)
+	}
+}
+
+func TestPoolRequestValidation(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name string
+		edit func(*AcquireRequest)
+		want string
+	}{
+		{"both", func(r *AcquireRequest) { r.WorkspaceID = "shard-1" }, "not both"},
+		{"duplicate", func(r *AcquireRequest) { r.Workspaces = []string{"shard-1", "shard-1"} }, "once"},
+		{"empty name", func(r *AcquireRequest) { r.Workspaces = []string{"shard-1", " "} }, "named"},
+		{"too many", func(r *AcquireRequest) {
+			r.Workspaces = nil
+			for i := range MaxCandidates + 1 {
+				r.Workspaces = append(r.Workspaces, "s"+strings.Repeat("x", i))
+			}
+		}, "at most"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := poolReq(t, WorkspaceShared, 1, "a")
+			tc.edit(&r)
+			if _, err := b.c.Acquire(ctx, r, NewCredential()); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want ErrInvalid mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
