@@ -13,7 +13,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/runui"
 )
+
+// EnvUIToken is the token the run UI requires off loopback.
+const EnvUIToken = "FENCELINE_UI_TOKEN"
 
 func (a *app) busCommand() *cobra.Command {
 	c := &cobra.Command{
@@ -78,7 +82,7 @@ server it connects to belongs to one, else 1.`,
 	fl.StringVar(&f.clusterListen, "cluster-listen", "", "host:port for cluster routes")
 	fl.StringSliceVar(&f.routes, "routes", nil, "cluster peers: nats://host:port,... (comma-separated or repeated)")
 	fl.IntVar(&f.replicas, "replicas", 0, "replicas of the lease log and audit streams (default 1; 3 on a cluster)")
-	fl.StringVar(&f.ui, "ui", "", "serve the run UI on this address (not yet available)")
+	fl.StringVar(&f.ui, "ui", "", "serve the run UI and its JSON API on this host:port (off loopback a token is required: $"+EnvUIToken+", or a random one printed in the URL)")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format on stderr: text or json")
 	fl.BoolVar(&f.debug, "debug", false, "also log the embedded NATS server's own messages")
 	return c
@@ -97,7 +101,9 @@ func (a *app) serve(ctx context.Context, f *serveFlags) error {
 		return usagef("--replicas %d: want 1, 3 or 5", f.replicas)
 	}
 	if f.ui != "" {
-		fmt.Fprintln(a.stdout, "run UI: not yet available")
+		if _, _, err := net.SplitHostPort(f.ui); err != nil {
+			return usagef("--ui %q: want host:port (127.0.0.1:7480; port 0 picks a free one)", f.ui)
+		}
 	}
 	if _, source := a.busURL(); source != "" {
 		f.natsURL, f.natsSource = a.busURL()
@@ -189,6 +195,21 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 		return fmt.Errorf("start lease service on %s: %w", f.natsURL, err)
 	}
 	fmt.Fprintf(a.stdout, "lease service ready on %s (replicas %d); stop with Ctrl-C\n", f.natsURL, replicas)
+	if f.ui != "" {
+		ui, err := runui.Listen(f.ui, runui.Config{NC: nc, Token: os.Getenv(EnvUIToken), Logger: f.logger})
+		if err != nil {
+			svc.Stop()
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := ui.Close(sctx); err != nil {
+				f.logger.Warn("stop the run UI", "err", err)
+			}
+		}()
+		fmt.Fprintf(a.stdout, "run UI: %s\n", ui.URL())
+	}
 	<-ctx.Done()
 	f.logger.Info("stopping", "cause", context.Cause(ctx))
 	svc.Stop()

@@ -78,7 +78,7 @@ func TestBusServeEmbedded(t *testing.T) {
 	isolate(t)
 	store := filepath.Join(t.TempDir(), "bus")
 	url, out, errOut, stop := serveInProcess(t, "--listen", "127.0.0.1:0", "--store", store, "--log-format", "json", "--ui", "127.0.0.1:0")
-	mustContain(t, "bus serve stdout", out.String(), "fenceline bus listening on "+url, "store: "+store, "run UI: not yet available", "(replicas 1)")
+	mustContain(t, "bus serve stdout", out.String(), "fenceline bus listening on "+url, "store: "+store, "(replicas 1)")
 
 	a := acquireJSON(t, url, "--scope", "services/billing")
 	fl(t, "lease", "renew", a.LeaseID).want(t, ExitOK)

@@ -1,0 +1,488 @@
+package runui
+
+import (
+	"context"
+	"crypto/subtle"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+//go:embed static
+var static embed.FS
+
+// ShardSource lists the shards and attempts of a repo (every repo when
+// repo is empty), as JSON-encodable values. The shard package provides one.
+type ShardSource func(ctx context.Context, repo string) (any, error)
+
+// Config configures a Server. NC is required; the rest may be zero.
+type Config struct {
+	// NC is the bus connection: the UI reads leases and the audit stream.
+	NC *nats.Conn
+	// Token, when set, is required on every request (see the package doc).
+	Token string
+	// Shards lists shards and attempts; nil leaves that part of the UI empty.
+	Shards ShardSource
+	// AuditBacklog is how many recent audit events a new page starts
+	// with (default 100).
+	AuditBacklog int
+	// Logger gets request errors (nil: discard).
+	Logger *slog.Logger
+}
+
+// Validate reports a config that cannot work.
+func (c *Config) Validate() error {
+	if c.NC == nil {
+		return errors.New("run UI: no bus connection")
+	}
+	if c.AuditBacklog < 0 {
+		return fmt.Errorf("run UI: audit backlog %d is negative", c.AuditBacklog)
+	}
+	return nil
+}
+
+// Server is the run UI and its API. Its handlers are safe for concurrent use.
+type Server struct {
+	cfg    Config
+	client *leasebus.Client
+	js     jetstream.JetStream
+	log    *slog.Logger
+	mux    *http.ServeMux
+
+	ctx    context.Context // ends every event stream on Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	closed bool // guarded by mu; no stream starts once set
+}
+
+// New returns a Server for cfg.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.AuditBacklog == 0 {
+		cfg.AuditBacklog = 100
+	}
+	js, err := jetstream.New(cfg.NC)
+	if err != nil {
+		return nil, fmt.Errorf("run UI: jetstream: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, client: leasebus.NewClient(cfg.NC), js: js, log: log, mux: http.NewServeMux()}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	page, err := fs.Sub(static, "static")
+	if err != nil {
+		return nil, fmt.Errorf("run UI: embedded page: %w", err)
+	}
+	s.mux.Handle("GET /", http.FileServerFS(page))
+	s.mux.HandleFunc("GET /api/v1/repos", s.repos)
+	s.mux.HandleFunc("GET /api/v1/leases", s.leases)
+	s.mux.HandleFunc("GET /api/v1/audit", s.audit)
+	s.mux.HandleFunc("GET /api/v1/shards", s.shards)
+	s.mux.HandleFunc("GET /api/v1/events", s.events)
+	return s, nil
+}
+
+// Handler serves the page and the API, behind the token check when a
+// token is configured.
+func (s *Server) Handler() http.Handler {
+	if s.cfg.Token == "" {
+		return s.mux
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(w, r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="fenceline"`)
+			http.Error(w, "fenceline run UI: a token is required off loopback: open the URL fenceline printed (it carries ?token=), or send Authorization: Bearer TOKEN", http.StatusUnauthorized)
+			return
+		}
+		s.mux.ServeHTTP(w, r)
+	})
+}
+
+const tokenCookie = "fenceline_ui_token"
+
+func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
+	ok := func(got string) bool {
+		return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) == 1
+	}
+	if h := r.Header.Get("Authorization"); len(h) > 7 && h[:7] == "Bearer " && ok(h[7:]) {
+		return true
+	}
+	if c, err := r.Cookie(tokenCookie); err == nil && ok(c.Value) {
+		return true
+	}
+	if ok(r.URL.Query().Get("token")) {
+		http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: s.cfg.Token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+		return true
+	}
+	return false
+}
+
+// Close ends the event streams and waits for them.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+}
+
+// track counts a starting stream, unless the server is closed.
+func (s *Server) track() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.wg.Add(1)
+	return true
+}
+
+// Loopback reports whether addr (host:port) listens on loopback only,
+// where the UI needs no token.
+func Loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func (s *Server) writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := json.NewEncoder(w).Encode(v); err != nil {
+		s.log.Debug("run UI: write reply", "err", err)
+	}
+}
+
+func (s *Server) fail(w http.ResponseWriter, what string, err error) {
+	s.log.Warn("run UI: "+what, "err", err)
+	code := http.StatusBadGateway
+	if errors.Is(err, leasebus.ErrInvalid) {
+		code = http.StatusBadRequest
+	}
+	http.Error(w, fmt.Sprintf("%s: %v", what, err), code)
+}
+
+// repoInfo is one repository as /api/v1/repos lists it.
+type repoInfo struct {
+	Repo   string `json:"repo"`
+	Active int    `json:"active"`
+}
+
+func (s *Server) repos(w http.ResponseWriter, r *http.Request) {
+	ls, err := s.client.List(r.Context(), "", true)
+	if err != nil {
+		s.fail(w, "list leases", err)
+		return
+	}
+	count := map[string]int{}
+	for _, l := range ls {
+		if _, ok := count[l.Repo]; !ok {
+			count[l.Repo] = 0
+		}
+		if l.Active() {
+			count[l.Repo]++
+		}
+	}
+	out := make([]repoInfo, 0, len(count))
+	for repo, n := range count {
+		out = append(out, repoInfo{Repo: repo, Active: n})
+	}
+	slices.SortFunc(out, func(a, b repoInfo) int { return compareStrings(a.Repo, b.Repo) })
+	s.writeJSON(w, out)
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (s *Server) leases(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	ls, err := s.client.List(r.Context(), q.Get("repo"), q.Get("all") != "")
+	if err != nil {
+		s.fail(w, "list leases", err)
+		return
+	}
+	s.writeJSON(w, ls)
+}
+
+func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
+	limit := s.cfg.AuditBacklog
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10000 {
+			http.Error(w, fmt.Sprintf("limit %q: want a number from 1 to 10000", v), http.StatusBadRequest)
+			return
+		}
+		limit = n
+	}
+	evs, err := s.recentAudit(r.Context(), r.URL.Query().Get("repo"), limit)
+	if err != nil {
+		s.fail(w, "read the audit stream", err)
+		return
+	}
+	s.writeJSON(w, evs)
+}
+
+// recentAudit returns up to limit of the latest audit events of repo.
+func (s *Server) recentAudit(ctx context.Context, repo string, limit int) ([]leasebus.AuditEvent, error) {
+	from, err := s.auditStart(ctx, limit)
+	if err != nil {
+		return nil, err
+	}
+	evs, err := leasebus.ReadAudit(ctx, s.cfg.NC, repo, from)
+	if err != nil {
+		return nil, err
+	}
+	if len(evs) > limit {
+		evs = evs[len(evs)-limit:]
+	}
+	if evs == nil {
+		evs = []leasebus.AuditEvent{}
+	}
+	return evs, nil
+}
+
+// auditStart is the stream sequence a backlog of about n events starts at
+// (a message may carry several events; a repo filter may thin it out).
+func (s *Server) auditStart(ctx context.Context, n int) (uint64, error) {
+	stream, err := s.js.Stream(ctx, leasebus.AuditStream)
+	if err != nil {
+		return 0, fmt.Errorf("open stream %s: %w", leasebus.AuditStream, err)
+	}
+	last := stream.CachedInfo().State.LastSeq
+	if last <= uint64(n) {
+		return 1, nil
+	}
+	return last - uint64(n) + 1, nil
+}
+
+func (s *Server) shards(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Shards == nil {
+		s.writeJSON(w, nil)
+		return
+	}
+	v, err := s.cfg.Shards(r.Context(), r.URL.Query().Get("repo"))
+	if err != nil {
+		s.fail(w, "list shards", err)
+		return
+	}
+	s.writeJSON(w, v)
+}
+
+// snapshot is the first event of a stream, and the one sent again to a
+// client that fell behind. Audit events come separately: the recent
+// backlog, then each new one, in stream order.
+type snapshot struct {
+	ServerTime time.Time         `json:"serverTime"`
+	Repo       string            `json:"repo"`
+	Leases     []*leasebus.Lease `json:"leases"`
+	Shards     any               `json:"shards"`
+}
+
+// events streams the UI's data: a snapshot, then every lease record and
+// audit event as the bus commits them.
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	if !s.track() {
+		http.Error(w, "run UI shutting down", http.StatusServiceUnavailable)
+		return
+	}
+	defer s.wg.Done()
+	repo := r.URL.Query().Get("repo")
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+
+	// Subscribe before the snapshot, so nothing committed in between is lost.
+	st := newStream(8192)
+	unwatch, err := s.client.Watch(repo, func(l *leasebus.Lease) { st.push("lease", l) })
+	if err != nil {
+		s.fail(w, "watch leases", err)
+		return
+	}
+	defer func() { _ = unwatch() }()
+	snap, err := s.snapshot(ctx, repo)
+	if err != nil {
+		s.fail(w, "read the bus", err)
+		return
+	}
+	consume, err := s.followAudit(ctx, repo, st)
+	if err != nil {
+		s.fail(w, "follow the audit stream", err)
+		return
+	}
+	defer consume.Stop()
+
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no")
+	send := func(event string, v any) bool {
+		data, err := json.Marshal(v)
+		if err != nil {
+			s.log.Warn("run UI: encode event", "err", err)
+			return true
+		}
+		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, data); err != nil {
+			return false
+		}
+		fl.Flush()
+		return true
+	}
+	if !send("snapshot", snap) {
+		return
+	}
+	keepalive := time.NewTicker(15 * time.Second)
+	defer keepalive.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-keepalive.C:
+			if _, err := fmt.Fprint(w, ": keepalive\n\n"); err != nil {
+				return
+			}
+			fl.Flush()
+		case <-st.ready:
+			items, overflowed := st.take()
+			if overflowed {
+				// Fell behind: start over from what the bus says now.
+				snap, err := s.snapshot(ctx, repo)
+				if err != nil {
+					return
+				}
+				if !send("snapshot", snap) {
+					return
+				}
+				continue
+			}
+			for _, it := range items {
+				if !send(it.event, it.v) {
+					return
+				}
+			}
+		}
+	}
+}
+
+func (s *Server) snapshot(ctx context.Context, repo string) (*snapshot, error) {
+	ls, err := s.client.List(ctx, repo, true)
+	if err != nil {
+		return nil, fmt.Errorf("list leases: %w", err)
+	}
+	snap := &snapshot{ServerTime: time.Now().UTC(), Repo: repo, Leases: ls}
+	if s.cfg.Shards != nil {
+		if snap.Shards, err = s.cfg.Shards(ctx, repo); err != nil {
+			return nil, fmt.Errorf("list shards: %w", err)
+		}
+	}
+	return snap, nil
+}
+
+// followAudit pushes the audit events of repo to st in stream order: the
+// recent backlog, then every new one.
+func (s *Server) followAudit(ctx context.Context, repo string, st *stream) (jetstream.ConsumeContext, error) {
+	filter := leasebus.AuditSubject + ".>"
+	if repo != "" {
+		filter = leasebus.AuditSubject + "." + leasebus.RepoKey(repo) + ".*"
+	}
+	from, err := s.auditStart(ctx, s.cfg.AuditBacklog)
+	if err != nil {
+		return nil, err
+	}
+	cons, err := s.js.OrderedConsumer(ctx, leasebus.AuditStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{filter},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    from,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("audit consumer: %w", err)
+	}
+	return cons.Consume(func(m jetstream.Msg) {
+		var b struct {
+			Events []leasebus.AuditEvent `json:"events"`
+		}
+		if err := json.Unmarshal(m.Data(), &b); err != nil {
+			s.log.Warn("run UI: undecodable audit message", "subject", m.Subject(), "err", err)
+			return
+		}
+		for i := range b.Events {
+			st.push("audit", &b.Events[i])
+		}
+	})
+}
+
+// stream buffers a client's pending events between the bus callbacks and
+// its writer, bounded: past max, it is flagged overflowed and emptied.
+type stream struct {
+	max   int
+	ready chan struct{}
+
+	mu         sync.Mutex
+	items      []item // guarded by mu
+	overflowed bool   // guarded by mu
+}
+
+type item struct {
+	event string
+	v     any
+}
+
+func newStream(max int) *stream { return &stream{max: max, ready: make(chan struct{}, 1)} }
+
+func (st *stream) push(event string, v any) {
+	st.mu.Lock()
+	if len(st.items) >= st.max {
+		st.items, st.overflowed = nil, true
+	} else if !st.overflowed {
+		st.items = append(st.items, item{event, v})
+	}
+	st.mu.Unlock()
+	select {
+	case st.ready <- struct{}{}:
+	default:
+	}
+}
+
+func (st *stream) take() ([]item, bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	items, over := st.items, st.overflowed
+	st.items, st.overflowed = nil, false
+	return items, over
+}

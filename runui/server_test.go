@@ -1,0 +1,250 @@
+package runui
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+func TestMain(m *testing.M) { testutil.Main(m) }
+
+const repo = "github.com/acme/payments"
+
+func startUI(t *testing.T, cfg Config) (*bustest.Bus, *httptest.Server) {
+	t.Helper()
+	b := bustest.Start(t)
+	cfg.NC = b.Conn
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler())
+	t.Cleanup(func() {
+		s.Close()
+		hs.Close()
+	})
+	return b, hs
+}
+
+func acquire(t *testing.T, b *bustest.Bus, paths ...string) (*leasebus.Lease, leasebus.Credential) {
+	t.Helper()
+	cred := leasebus.NewCredential()
+	l, err := b.Client.Acquire(context.Background(), leasebus.AcquireRequest{Repo: repo, Scope: bustest.Claim(t, paths...),
+		Owner: leasebus.Owner{TaskID: "t", AgentID: "a", AttemptID: "att"}, TTL: leasebus.Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, cred
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s %s", url, res.Status, body)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		t.Fatalf("GET %s: %v in %s", url, err, body)
+	}
+}
+
+// The JSON API answers from the bus: repos, leases (active or all), audit.
+func TestAPI(t *testing.T) {
+	b, hs := startUI(t, Config{})
+	l, cred := acquire(t, b, "services/billing")
+	acquire(t, b, "libs")
+	if _, err := b.Client.Release(context.Background(), l.LeaseID, cred); err != nil {
+		t.Fatal(err)
+	}
+
+	var repos []repoInfo
+	getJSON(t, hs.URL+"/api/v1/repos", &repos)
+	if len(repos) != 1 || repos[0].Repo != repo || repos[0].Active != 1 {
+		t.Errorf("repos: %+v, want %s with 1 active lease", repos, repo)
+	}
+	var active, all []leasebus.Lease
+	getJSON(t, hs.URL+"/api/v1/leases?repo="+repo, &active)
+	getJSON(t, hs.URL+"/api/v1/leases?repo="+repo+"&all=1", &all)
+	if len(active) != 1 || len(all) != 2 {
+		t.Errorf("leases: %d active, %d all; want 1 and 2", len(active), len(all))
+	}
+	// The service writes audit events just after it answers.
+	testutil.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		var evs []leasebus.AuditEvent
+		getJSON(t, hs.URL+"/api/v1/audit?repo="+repo+"&limit=2", &evs)
+		if len(evs) != 2 || evs[1].Type != leasebus.EventRelease || evs[1].LeaseID != l.LeaseID {
+			return fmt.Errorf("last 2 audit events: %+v, want the release of %s last", evs, l.LeaseID)
+		}
+		return nil
+	})
+	res, err := http.Get(hs.URL + "/api/v1/audit?limit=zero")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusBadRequest {
+		t.Errorf("bad limit: %s, want 400", res.Status)
+	}
+	var page string
+	res, err = http.Get(hs.URL + "/")
+	if err == nil {
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		page = string(body)
+	}
+	if !strings.Contains(page, `<script src="app.js">`) {
+		t.Errorf("index page not served: %v %.200s", err, page)
+	}
+}
+
+// Off loopback every request needs the token: as a bearer header, or as
+// ?token= once, which leaves a cookie for the page's own requests.
+func TestToken(t *testing.T) {
+	_, hs := startUI(t, Config{Token: "s3cret"})
+	get := func(path string, header, cookie string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("GET", hs.URL+path, nil)
+		if header != "" {
+			req.Header.Set("Authorization", header)
+		}
+		if cookie != "" {
+			req.AddCookie(&http.Cookie{Name: tokenCookie, Value: cookie})
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res
+	}
+	for _, tc := range []struct {
+		name, path, header, cookie string
+		want                       int
+	}{
+		{"none", "/api/v1/leases", "", "", 401},
+		{"wrong bearer", "/api/v1/leases", "Bearer nope", "", 401},
+		{"wrong query", "/?token=nope", "", "", 401},
+		{"bearer", "/api/v1/leases", "Bearer s3cret", "", 200},
+		{"cookie", "/api/v1/leases", "", "s3cret", 200},
+	} {
+		if res := get(tc.path, tc.header, tc.cookie); res.StatusCode != tc.want {
+			t.Errorf("%s: %s, want %d", tc.name, res.Status, tc.want)
+		}
+	}
+	res := get("/?token=s3cret", "", "")
+	if res.StatusCode != 200 || len(res.Cookies()) != 1 || res.Cookies()[0].Value != "s3cret" || !res.Cookies()[0].HttpOnly {
+		t.Errorf("?token=: %s, cookies %v; want 200 and an HttpOnly token cookie", res.Status, res.Cookies())
+	}
+	for addr, want := range map[string]bool{"127.0.0.1:0": true, "[::1]:80": true, "localhost:1": true, "0.0.0.0:80": false, ":80": false, "10.0.0.1:80": false} {
+		if Loopback(addr) != want {
+			t.Errorf("Loopback(%q) = %v", addr, !want)
+		}
+	}
+}
+
+// sse reads server-sent events from a response body.
+type sse struct{ r *bufio.Reader }
+
+func (s sse) next(t *testing.T) (event string, data []byte) {
+	t.Helper()
+	for {
+		line, err := s.r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("event stream ended: %v", err)
+		}
+		line = strings.TrimRight(line, "\n")
+		switch {
+		case strings.HasPrefix(line, "event: "):
+			event = line[len("event: "):]
+		case strings.HasPrefix(line, "data: "):
+			data = []byte(line[len("data: "):])
+		case line == "" && event != "":
+			return event, data
+		}
+	}
+}
+
+// The event stream starts with a snapshot, then carries every lease record
+// and audit event the bus commits, in order; it ends when the server closes.
+func TestEventStream(t *testing.T) {
+	b, hs := startUI(t, Config{})
+	held, _ := acquire(t, b, "services/billing")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", hs.URL+"/api/v1/events?repo="+repo, nil)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if ct := res.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("content type %q", ct)
+	}
+	s := sse{bufio.NewReader(res.Body)}
+	ev, data := s.next(t)
+	var snap snapshot
+	if err := json.Unmarshal(data, &snap); ev != "snapshot" || err != nil || len(snap.Leases) != 1 || snap.Leases[0].LeaseID != held.LeaseID {
+		t.Fatalf("first event %s %s (%v), want a snapshot with %s", ev, data, err, held.LeaseID)
+	}
+	// The backlog: the grant's audit event.
+	if ev, data := s.next(t); ev != "audit" || !strings.Contains(string(data), held.LeaseID) {
+		t.Fatalf("backlog: %s %s, want the audit event of %s's grant", ev, data, held.LeaseID)
+	}
+	// Live: a new grant arrives as a lease record and an audit event.
+	l, _ := acquire(t, b, "libs")
+	seen := map[string]bool{}
+	for !seen["lease"] || !seen["audit"] {
+		ev, data := s.next(t)
+		if !strings.Contains(string(data), l.LeaseID) {
+			t.Fatalf("%s event %s, want one about %s", ev, data, l.LeaseID)
+		}
+		seen[ev] = true
+	}
+	// Another repo's leases are not in this repo's stream.
+	other := leasebus.NewCredential()
+	if _, err := b.Client.Acquire(ctx, leasebus.AcquireRequest{Repo: "github.com/acme/other", Scope: bustest.Claim(t, "x"),
+		Owner: leasebus.Owner{TaskID: "t"}, TTL: leasebus.Duration(time.Minute)}, other); err != nil {
+		t.Fatal(err)
+	}
+	l3, _ := acquire(t, b, "docs")
+	for {
+		ev, data := s.next(t)
+		if strings.Contains(string(data), "acme/other") {
+			t.Fatalf("%s event of another repo in a filtered stream: %s", ev, data)
+		}
+		if strings.Contains(string(data), l3.LeaseID) {
+			break
+		}
+	}
+}
+
+// A client that falls behind gets a fresh snapshot instead of a gap.
+func TestStreamOverflow(t *testing.T) {
+	st := newStream(2)
+	for i := range 3 {
+		st.push("lease", i)
+	}
+	if items, over := st.take(); !over || len(items) != 0 {
+		t.Fatalf("after overflow: %v, %v; want no items and overflowed", items, over)
+	}
+	st.push("lease", 4)
+	if items, over := st.take(); over || len(items) != 1 || fmt.Sprint(items[0].v) != "4" {
+		t.Fatalf("after a take: %v, %v; want item 4", items, over)
+	}
+}
