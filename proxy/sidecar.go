@@ -1,7 +1,3 @@
-// Package proxy is the per-agent sidecar: it keeps the agent's lease alive
-// and serves the write-boundary fences (git and Postgres, as configured)
-// that the agent is routed through, and tells the agent's environment how
-// to reach them. fenceline run and fenceline sidecar are built on it.
 package proxy
 
 import (
@@ -66,7 +62,9 @@ type Config struct {
 
 	// StateDir keeps the sidecar's files: mirrors, the local CA, temp packs.
 	StateDir string
-	Logger   *slog.Logger
+	// Metrics, when set, counts the fences' requests, bytes and refusals.
+	Metrics *Metrics
+	Logger  *slog.Logger
 }
 
 // Sidecar runs the fences of one agent.
@@ -99,8 +97,7 @@ func Start(ctx context.Context, cfg Config) (*Sidecar, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := cfg.Lease.Lease()
-	log = log.With("lease", l.LeaseID, "fence", l.Fence)
+	log = LeaseLogger(log, cfg.Lease.Lease())
 	s := &Sidecar{cfg: cfg, log: log, serveErr: make(chan error, 4)}
 	if cfg.GitUpstream != "" {
 		if err := s.startGit(); err != nil {
@@ -118,16 +115,21 @@ func Start(ctx context.Context, cfg Config) (*Sidecar, error) {
 }
 
 func (s *Sidecar) startPG() error {
+	var dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	if s.cfg.Metrics != nil {
+		dial = s.cfg.Metrics.countDial(leasebus.BoundaryPostgres, nil)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	pg, err := pgproxy.Listen(ctx, pgproxy.Config{
 		Listen:      s.cfg.PGListen,
 		Upstream:    s.cfg.PGUpstream,
 		Lease:       s.cfg.Lease,
-		Audit:       pgAuditor(s.cfg.Audit),
+		Audit:       s.auditor(),
 		Secret:      s.cfg.PGSecret,
 		TLS:         s.cfg.PGTLS,
 		AllowOpaque: s.cfg.PGAllowOpaque,
 		Logger:      s.log.With("boundary", "postgres"),
+		Dial:        dial,
 	})
 	if err != nil {
 		cancel()
@@ -193,7 +195,7 @@ func (s *Sidecar) startGit() error {
 		Repo:           s.cfg.Lease.Lease().Repo,
 		PushPaths:      pushPaths,
 		Bus:            s.cfg.Bus,
-		Audit:          auditor(s.cfg.Audit),
+		Audit:          s.auditor(),
 		Policy:         s.cfg.GitPolicy,
 		ObjectDirs:     s.cfg.GitObjectDirs,
 		MirrorDir:      filepath.Join(s.cfg.StateDir, "git-mirrors"),
@@ -210,6 +212,10 @@ func (s *Sidecar) startGit() error {
 		return err
 	}
 	handler := http.Handler(fence)
+	if s.cfg.Metrics != nil {
+		handler = s.cfg.Metrics.countHTTP(leasebus.BoundaryGit, fence)
+	}
+	fenceHandler := handler
 	if s.cfg.GitForward {
 		if base.Scheme != "https" {
 			return fmt.Errorf("git upstream %s: the forward proxy is for https remotes; use the reverse proxy for http", s.gitBase)
@@ -222,7 +228,7 @@ func (s *Sidecar) startGit() error {
 		if base.Port() == "" {
 			host = net.JoinHostPort(base.Hostname(), "443")
 		}
-		s.forward, err = gitproxy.NewForward(gitproxy.ForwardConfig{Hosts: map[string]http.Handler{host: fence}, CA: ca, Logger: s.log})
+		s.forward, err = gitproxy.NewForward(gitproxy.ForwardConfig{Hosts: map[string]http.Handler{host: fenceHandler}, CA: ca, Logger: s.log})
 		if err != nil {
 			return err
 		}
@@ -259,36 +265,83 @@ func (s *Sidecar) GitURL() string {
 // Err reports a fence that stopped serving on its own.
 func (s *Sidecar) Err() <-chan error { return s.serveErr }
 
+// Fences says where the sidecar's fences listen, for the agent's
+// environment (Env) and its connect allowlist (Ports).
+type Fences struct {
+	// Git is the git fence's URL ("" without one); GitUpstream the server
+	// base URL it stands for; GitCAFile, in forward mode, the local CA
+	// certificate the agent's git must trust (then Git is its HTTP proxy).
+	Git         string `json:"git,omitempty"`
+	GitUpstream string `json:"gitUpstream,omitempty"`
+	GitCAFile   string `json:"gitCAFile,omitempty"`
+	// Postgres is the Postgres fence's host:port ("" without one).
+	Postgres string `json:"postgres,omitempty"`
+}
+
+// Fences reports where the fences listen.
+func (s *Sidecar) Fences() Fences {
+	f := Fences{Git: s.GitURL()}
+	if f.Git != "" {
+		f.GitUpstream = s.gitBase
+		if s.forward != nil {
+			f.GitCAFile = s.caFile
+		}
+	}
+	if a := s.PGAddr(); a != nil {
+		f.Postgres = a.String()
+	}
+	return f
+}
+
 // AgentEnv is what the agent's environment needs so that unmodified git
 // goes through the fences: git config entries passed as
 // GIT_CONFIG_COUNT/GIT_CONFIG_KEY_n/GIT_CONFIG_VALUE_n, no change to the
 // agent or its repository's config. base is the agent's environment,
 // whose own GIT_CONFIG_* entries are kept.
-func (s *Sidecar) AgentEnv(base []string) []string {
+func (s *Sidecar) AgentEnv(base []string) []string { return s.Fences().Env(base) }
+
+// Env is base with what routes the agent's git and Postgres clients
+// through the fences (see Sidecar.AgentEnv).
+func (f Fences) Env(base []string) []string {
 	var keys, values []string
-	if s.gitAddr != nil {
-		if s.forward != nil {
-			keys = append(keys, "http."+s.gitBase+"/.proxy", "http."+s.gitBase+"/.sslCAInfo")
-			values = append(values, s.GitURL(), s.caFile)
+	if f.Git != "" {
+		if f.GitCAFile != "" {
+			keys = append(keys, "http."+f.GitUpstream+"/.proxy", "http."+f.GitUpstream+"/.sslCAInfo")
+			values = append(values, f.Git, f.GitCAFile)
 		} else {
 			// insteadOf routes fetches too: the file guard lets the agent
 			// reach the sidecar, not the git server.
-			keys = append(keys, "url."+s.GitURL()+"/.insteadOf", "url."+s.GitURL()+"/.pushInsteadOf")
-			values = append(values, s.gitBase+"/", s.gitBase+"/")
+			keys = append(keys, "url."+f.Git+"/.insteadOf", "url."+f.Git+"/.pushInsteadOf")
+			values = append(values, f.GitUpstream+"/", f.GitUpstream+"/")
 		}
 	}
 	env := withGitConfig(base, keys, values)
-	if a, ok := s.PGAddr().(*net.TCPAddr); ok {
-		env = withPG(env, a)
+	if host, port, err := net.SplitHostPort(f.Postgres); err == nil {
+		env = withPG(env, host, port)
 	}
 	return env
+}
+
+// Ports are the TCP ports of the fences.
+func (f Fences) Ports() []uint16 {
+	var ports []uint16
+	if u, err := url.Parse(f.Git); err == nil && u.Port() != "" {
+		if n, err := strconv.ParseUint(u.Port(), 10, 16); err == nil {
+			ports = append(ports, uint16(n))
+		}
+	}
+	if _, p, err := net.SplitHostPort(f.Postgres); err == nil {
+		if n, err := strconv.ParseUint(p, 10, 16); err == nil {
+			ports = append(ports, uint16(n))
+		}
+	}
+	return ports
 }
 
 // withPG points libpq's environment (PGHOST, PGPORT) and a DATABASE_URL at
 // the Postgres fence; everything else in the URL (user, database,
 // options) stays.
-func withPG(env []string, a *net.TCPAddr) []string {
-	host, port := a.IP.String(), strconv.Itoa(a.Port)
+func withPG(env []string, host, port string) []string {
 	out := make([]string, 0, len(env)+2)
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
@@ -372,19 +425,21 @@ func (s *Sidecar) Close(ctx context.Context) error {
 	return s.closeError
 }
 
-// pgAuditor returns a as a pgproxy.Auditor, nil when a is nil.
-func pgAuditor(a *leasebus.Auditor) pgproxy.Auditor {
-	if a == nil {
-		return nil
+// auditor is the fences' Auditor: Config.Audit (when set), counted by
+// Config.Metrics (when set); nil when neither is.
+func (s *Sidecar) auditor() Auditor {
+	var a Auditor
+	if s.cfg.Audit != nil {
+		a = s.cfg.Audit
+	}
+	if s.cfg.Metrics != nil {
+		a = s.cfg.Metrics.Auditor(a)
 	}
 	return a
 }
 
-// auditor returns a as a gitproxy.Auditor, nil when a is nil (a typed nil
-// in an interface would be called).
-func auditor(a *leasebus.Auditor) gitproxy.Auditor {
-	if a == nil {
-		return nil
-	}
-	return a
+// LeaseLogger is log with the ids every line about the lease carries:
+// lease, attempt, fence.
+func LeaseLogger(log *slog.Logger, l leasebus.Lease) *slog.Logger {
+	return log.With("lease", l.LeaseID, "attempt", l.Owner.AttemptID, "fence", l.Fence)
 }

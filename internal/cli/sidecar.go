@@ -2,7 +2,9 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -100,104 +102,294 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 	}, nil
 }
 
+// sidecarFlags are the flags of fenceline sidecar.
+type sidecarFlags struct {
+	lf            leaseFlags
+	ff            fenceFlags
+	attachID      string
+	cred          string
+	envFile       string
+	admin         string
+	tokenFile     string
+	logFormat     string
+	settleTimeout time.Duration
+}
+
 func (a *app) sidecarCommand() *cobra.Command {
-	var (
-		lf       leaseFlags
-		ff       fenceFlags
-		attachID string
-		cred     string
-		envFile  string
-	)
+	var sf sidecarFlags
 	c := &cobra.Command{
-		Use:   "sidecar --repo R [claim flags] [--git-upstream URL] [--pg-upstream HOST:PORT] [--env-file FILE]",
+		Use:   "sidecar --repo R [claim flags] [--git-upstream URL] [--pg-upstream HOST:PORT] [--admin ADDR] [--env-file FILE]",
 		Short: "Hold an agent's lease and serve its fences (the pod mode)",
 		Long: `Acquire the agent's lease (or attach to one with --lease), keep it alive, and
-serve the fences the agent is routed through until SIGTERM or Ctrl-C; then
-drain the fences and release the lease.
+serve the fences the agent is routed through until SIGTERM or Ctrl-C.
 
 The agent needs no change: the environment it must run with (git config
 entries passed as GIT_CONFIG_COUNT/GIT_CONFIG_KEY_n/GIT_CONFIG_VALUE_n that
 route its git remote through the git fence; PGHOST/PGPORT, and DATABASE_URL
-rewritten, for the Postgres fence) is printed, and written to --env-file
-(KEY=VALUE lines) for the agent's container.
+rewritten, for the Postgres fence) is printed, written to --env-file
+(KEY=VALUE lines), and served by the admin API, where "fenceline agent"
+(the agent container's entrypoint wrapper) reads it.
 
 While the lease is lost or its state unknown, every write is refused at
-the fences; reads keep flowing.`,
+the fences; reads keep flowing.
+
+Admin server (--admin, default a free loopback port, printed):
+  GET  /healthz              200 while the process serves
+  GET  /readyz               200 only while the lease is held (503 and why
+                             while it is unknown or lost, or shutting down)
+  GET  /metrics              Prometheus metrics
+  GET  /api/v1/lease         the lease record, holder state, fence, fences
+  GET  /api/v1/lease/events  server-sent events: the state now, then changes
+  POST /api/v1/settled       the agent wrapper: the attempt has settled
+  POST /api/v1/audit         the agent wrapper: a denied file write
+Off loopback it needs a bearer token (--admin-token-file or $` + proxy.EnvAdminToken + `)
+for everything but /healthz and /readyz.
+
+Shutdown (SIGTERM): /readyz turns 503, the fences stop accepting and drain,
+then the lease is released once the agent wrapper has reported the attempt
+settled (POST /api/v1/settled). A wrapper that was connected but reports
+nothing within --settle-timeout leaves the lease to expire by its ttl (it is
+never released under processes that may still write); with no wrapper ever
+connected, the drained fences were the only writers and the lease is
+released at once.`,
 		Args: cobra.NoArgs,
 		Example: `  fenceline sidecar --repo github.com/acme/payments --scope services/billing --workspace exclusive \
-    --git-upstream http://git.internal/payments.git --env-file /shared/agent.env`,
+    --git-upstream http://git.internal/payments.git --admin 0.0.0.0:9090 --admin-token-file /run/secrets/admin-token`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if ff.gitUpstream == "" && ff.pgUpstream == "" {
-				return usagef("nothing to fence: give --git-upstream URL and/or --pg-upstream HOST:PORT")
-			}
-			ctx := cmd.Context()
-			s, err := a.dialHolder()
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			held, err := a.holdLease(ctx, s, &lf, attachID, leasebus.Credential(cred))
-			if err != nil {
-				return err
-			}
-			defer held.finish(ctx)
-			audit, err := leasebus.NewAuditor(s.nc)
-			if err != nil {
-				return err
-			}
-			log := slog.New(slog.NewJSONHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			cfg, err := ff.config(held, s, audit, log)
-			if err != nil {
-				return err
-			}
-			sc, err := proxy.Start(ctx, cfg)
-			if err != nil {
-				return err
-			}
-			l := held.holder.Lease()
-			var base []string
-			if v, ok := os.LookupEnv("DATABASE_URL"); ok {
-				base = append(base, "DATABASE_URL="+v)
-			}
-			env := sc.AgentEnv(base)
-			fmt.Fprintf(a.stdout, "sidecar: lease %s %s, workspace %s (%s), fence %d\n", l.LeaseID, l.Scope, l.WorkspaceID, l.WorkspaceMode, l.Fence)
-			if sc.GitURL() != "" {
-				fmt.Fprintf(a.stdout, "git fence: %s -> %s\n", sc.GitURL(), ff.gitUpstream)
-			}
-			if pa := sc.PGAddr(); pa != nil {
-				fmt.Fprintf(a.stdout, "postgres fence: %s -> %s\n", pa, ff.pgUpstream)
-			}
-			fmt.Fprintln(a.stdout, "agent environment:")
-			for _, kv := range env {
-				fmt.Fprintf(a.stdout, "  %s\n", kv)
-			}
-			if envFile != "" {
-				if err := writeEnvFile(envFile, env); err != nil {
-					sc.Close(ctx)
-					return err
-				}
-				fmt.Fprintf(a.stdout, "written to %s\n", envFile)
-			}
-			select {
-			case <-ctx.Done():
-			case err = <-sc.Err():
-			}
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			if cerr := sc.Close(dctx); err == nil {
-				err = cerr
-			}
-			fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s %s\n", l.LeaseID, map[bool]string{true: "released", false: "left to its owner"}[held.acquired])
-			return err
+			return a.runSidecar(cmd.Context(), &sf)
 		},
 	}
-	lf.register(c.Flags())
-	ff.register(c)
-	c.Flags().StringVar(&attachID, "lease", "", "attach to this lease instead of acquiring one")
-	c.Flags().StringVar(&cred, "credential", "", "owner credential of --lease (default: this machine's credential file)")
-	c.Flags().StringVar(&envFile, "env-file", "", "write the agent's environment to this file")
+	f := c.Flags()
+	sf.lf.register(f)
+	sf.ff.register(c)
+	f.StringVar(&sf.attachID, "lease", "", "attach to this lease instead of acquiring one")
+	f.StringVar(&sf.cred, "credential", "", "owner credential of --lease (default: this machine's credential file)")
+	f.StringVar(&sf.envFile, "env-file", "", "write the agent's environment to this file")
+	f.StringVar(&sf.admin, "admin", "127.0.0.1:0", "address of the admin server (probes, metrics, lease API); off loopback it needs a token")
+	f.StringVar(&sf.tokenFile, "admin-token-file", "", "file holding the admin API's bearer token (env "+proxy.EnvAdminToken+")")
+	f.StringVar(&sf.logFormat, "log-format", "json", "log format on stderr: json or text")
+	f.DurationVar(&sf.settleTimeout, "settle-timeout", 30*time.Second, "on SIGTERM, how long to wait for the agent wrapper to report its attempt settled before leaving the lease to expire")
 	c.MarkFlagsMutuallyExclusive("scope", "whole-repo")
 	return c
+}
+
+// runSidecar is fenceline sidecar: admin server, lease, fences; on
+// SIGTERM not ready, fences drained, settle awaited, lease released.
+func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
+	if sf.ff.gitUpstream == "" && sf.ff.pgUpstream == "" {
+		return usagef("nothing to fence: give --git-upstream URL and/or --pg-upstream HOST:PORT")
+	}
+	if sf.settleTimeout < 0 {
+		return usagef("--settle-timeout %s: want a duration >= 0", sf.settleTimeout)
+	}
+	log, err := newLogger(a.stderr, sf.logFormat)
+	if err != nil {
+		return err
+	}
+	token, err := readToken(sf.tokenFile)
+	if err != nil {
+		return err
+	}
+	s, err := a.dialHolder()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	audit, err := leasebus.NewAuditor(s.nc)
+	if err != nil {
+		return err
+	}
+	metrics := proxy.NewMetrics()
+	admin, err := proxy.StartAdmin(proxy.AdminConfig{Listen: sf.admin, Token: token, Metrics: metrics, Audit: audit, Logger: log})
+	if err != nil {
+		return usagef("--admin %s: %v", sf.admin, err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		admin.Close(dctx)
+	}()
+	fmt.Fprintf(a.stdout, "admin: %s (/healthz /readyz /metrics /api/v1/lease)\n", admin.URL())
+
+	held, err := a.holdWith(ctx, s, &sf.lf, sf.attachID, leasebus.Credential(sf.cred), metrics.HoldOptions(leasebus.HoldOptions{}))
+	if err != nil {
+		return err
+	}
+	metrics.TrackLease(held.holder)
+	l := held.holder.Lease()
+	llog := proxy.LeaseLogger(log, l)
+	cfg, err := sf.ff.config(held, s, audit, log)
+	if err != nil {
+		held.finish(ctx)
+		return err
+	}
+	cfg.Metrics = metrics
+	sc, err := proxy.Start(ctx, cfg)
+	if err != nil {
+		held.finish(ctx)
+		return err
+	}
+	admin.SetLease(held.holder, sc.Fences())
+	var base []string
+	if v, ok := os.LookupEnv("DATABASE_URL"); ok {
+		base = append(base, "DATABASE_URL="+v)
+	}
+	env := sc.AgentEnv(base)
+	fmt.Fprintf(a.stdout, "sidecar: lease %s %s, workspace %s (%s), fence %d\n", l.LeaseID, l.Scope, l.WorkspaceID, l.WorkspaceMode, l.Fence)
+	if sc.GitURL() != "" {
+		fmt.Fprintf(a.stdout, "git fence: %s -> %s\n", sc.GitURL(), sf.ff.gitUpstream)
+	}
+	if pa := sc.PGAddr(); pa != nil {
+		fmt.Fprintf(a.stdout, "postgres fence: %s -> %s\n", pa, sf.ff.pgUpstream)
+	}
+	fmt.Fprintln(a.stdout, "agent environment:")
+	for _, kv := range env {
+		fmt.Fprintf(a.stdout, "  %s\n", kv)
+	}
+	if sf.envFile != "" {
+		if err := writeEnvFile(sf.envFile, env); err != nil {
+			sc.Close(ctx)
+			held.finish(ctx)
+			return err
+		}
+		fmt.Fprintf(a.stdout, "written to %s\n", sf.envFile)
+	}
+	llog.Info("sidecar ready", "admin", admin.URL(), "git", sc.GitURL(), "postgres", fmt.Sprint(sc.PGAddr()))
+
+	select {
+	case <-ctx.Done():
+	case err = <-sc.Err():
+	}
+	admin.SetDraining("shutting down")
+	llog.Info("sidecar stopping: not ready, draining the fences")
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if cerr := sc.Close(dctx); err == nil {
+		err = cerr
+	}
+	settled, why := waitSettled(admin, sf.settleTimeout)
+	switch {
+	case !held.acquired:
+		held.finish(ctx)
+		fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s left to its owner\n", l.LeaseID)
+	case !settled:
+		held.holder.Stop()
+		llog.Warn("lease left to expire: the agent did not report its attempt settled", "why", why, "ttl", l.TTL.String())
+		fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s NOT released (%s): it expires within its ttl (%s) and is reclaimed\n", l.LeaseID, why, l.TTL)
+	default:
+		if ferr := held.finish(ctx); ferr != nil {
+			llog.Error("lease not released", "err", ferr)
+			fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s not released: %v; it expires within its ttl (%s)\n", l.LeaseID, ferr, l.TTL)
+		} else {
+			llog.Info("lease released", "why", why)
+			fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s released (%s)\n", l.LeaseID, why)
+		}
+	}
+	admin.View() // streams hear the final state before the server closes
+	return err
+}
+
+// waitSettled waits for the agent wrapper's settle report: at most
+// timeout when one is connected or was, not at all when none ever was
+// (then nothing but the drained fences wrote under the lease).
+func waitSettled(admin *proxy.Admin, timeout time.Duration) (bool, string) {
+	select {
+	case <-admin.Settled():
+		return true, "the agent reported its attempt settled"
+	default:
+	}
+	if ever, _ := admin.AgentConnected(); !ever {
+		return true, "no agent wrapper ever connected; the fences are drained"
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-admin.Settled():
+		return true, "the agent reported its attempt settled"
+	case <-t.C:
+		return false, fmt.Sprintf("no settle report from the agent wrapper within --settle-timeout %s", timeout)
+	}
+}
+
+// holdWith is holdLease with hold options (the metrics' renewal hook).
+// TODO(lead): holdLease in session.go could take the options; then this
+// goes.
+func (a *app) holdWith(ctx context.Context, s *session, lf *leaseFlags, attachID string, cred leasebus.Credential, opts leasebus.HoldOptions) (*heldLease, error) {
+	if attachID != "" {
+		if err := checkLeaseID(attachID); err != nil {
+			return nil, err
+		}
+		if cred == "" {
+			f, err := readCredFile(attachID)
+			if err != nil {
+				return nil, fmt.Errorf("attach to %s: %w (pass the owner's credential with --credential)", attachID, err)
+			}
+			cred = f.Credential
+		}
+		cur, err := s.client.Get(ctx, attachID)
+		if err != nil {
+			return nil, fmt.Errorf("attach to %s: %w", attachID, err)
+		}
+		sent := time.Now()
+		l, err := s.client.Renew(ctx, leasebus.RenewRequest{LeaseID: attachID, Repo: cur.Repo, Credential: cred, Version: cur.Version})
+		if err != nil {
+			return nil, fmt.Errorf("attach to %s: %w", attachID, err)
+		}
+		h, err := s.client.Hold(l, cred, sent, opts)
+		if err != nil {
+			return nil, err
+		}
+		return &heldLease{holder: h, cred: cred}, nil
+	}
+	req, err := lf.request()
+	if err != nil {
+		return nil, err
+	}
+	cred = leasebus.NewCredential()
+	sent := time.Now()
+	l, err := s.client.Acquire(ctx, req, cred)
+	if err != nil {
+		var ce *leasebus.ConflictError
+		if errors.As(err, &ce) {
+			return nil, &conflictReport{ce: ce, claim: req.Scope, wait: time.Duration(req.Wait)}
+		}
+		return nil, fmt.Errorf("acquire %s in %s: %w", req.Scope, req.Repo, err)
+	}
+	h, err := s.client.Hold(l, cred, sent, opts)
+	if err != nil {
+		s.client.Release(context.WithoutCancel(ctx), l.LeaseID, cred)
+		return nil, err
+	}
+	return &heldLease{holder: h, cred: cred, acquired: true}, nil
+}
+
+// newLogger is the slog logger of --log-format on w.
+func newLogger(w io.Writer, format string) (*slog.Logger, error) {
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, usagef("--log-format %q: want json or text", format)
+}
+
+// readToken reads the admin bearer token from file, else from the
+// environment ("" when neither has one).
+func readToken(file string) (string, error) {
+	if file == "" {
+		return strings.TrimSpace(os.Getenv(proxy.EnvAdminToken)), nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("admin token: %w", err)
+	}
+	tok := strings.TrimSpace(string(data))
+	if tok == "" {
+		return "", fmt.Errorf("admin token file %s is empty", file)
+	}
+	return tok, nil
 }
 
 // writeEnvFile writes KEY=VALUE lines atomically.

@@ -3,9 +3,14 @@ package cli
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -95,7 +100,11 @@ func TestSidecarFencesAnUnmodifiedGit(t *testing.T) {
 		}
 		return err
 	})
-	mustContain(t, "sidecar output", out.String(), "sidecar: lease lease_", "git fence: http://127.0.0.1:", "GIT_CONFIG_COUNT=2")
+	mustContain(t, "sidecar output", out.String(), "sidecar: lease lease_", "git fence: http://127.0.0.1:", "GIT_CONFIG_COUNT=2", "admin: http://127.0.0.1:")
+	admin := adminURL(t, out.String())
+	if code, body := httpGet(t, admin+"/readyz", ""); code != 200 || !strings.Contains(body, "ready: lease lease_") {
+		t.Fatalf("readyz of a sidecar holding its lease: %d %q", code, body)
+	}
 
 	// The agent clones and pushes its usual remote URL.
 	work := filepath.Join(t.TempDir(), "work")
@@ -115,6 +124,24 @@ func TestSidecarFencesAnUnmodifiedGit(t *testing.T) {
 		t.Fatalf("agent env does not route the remote: %v", env)
 	}
 
+	// The refused push is counted by reason, the requests and bytes of
+	// both pushes by direction.
+	_, metrics := httpGet(t, admin+"/metrics", "")
+	for series, min := range map[string]float64{
+		`fenceline_refusals_total{boundary="git",reason="outside-lease"}`:     1,
+		`fenceline_proxy_requests_total{boundary="git"}`:                      4,
+		`fenceline_proxy_bytes_total{boundary="git",direction="to_upstream"}`: 100,
+		`fenceline_proxy_bytes_total{boundary="git",direction="to_agent"}`:    100,
+		`fenceline_leases_held`: 1,
+	} {
+		if got := sample(metrics, series); got < min {
+			t.Errorf("%s = %v, want >= %v", series, got, min)
+		}
+	}
+	if got := sample(metrics, `fenceline_refusals_total{boundary="git",reason="outside-lease"}`); got != 1 {
+		t.Errorf("refused pushes counted: %v, want 1", got)
+	}
+
 	l := listJSON(t, url, "--repo", testRepo)
 	if len(l) != 1 || l[0].Owner.AgentID != "agent-7" {
 		t.Fatalf("active leases = %+v, want the sidecar's", l)
@@ -128,8 +155,142 @@ func TestSidecarFencesAnUnmodifiedGit(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("sidecar did not stop on cancel")
 	}
-	mustContain(t, "sidecar output", out.String(), "released")
+	mustContain(t, "sidecar output", out.String(), "released (no agent wrapper ever connected; the fences are drained)")
 	if l := listJSON(t, url, "--repo", testRepo); len(l) != 0 {
 		t.Fatalf("lease not released on shutdown: %+v", l)
+	}
+}
+
+var adminRE = regexp.MustCompile(`admin: (http://\S+)`)
+
+// adminURL is the admin server a sidecar printed.
+func adminURL(t *testing.T, stdout string) string {
+	t.Helper()
+	m := adminRE.FindStringSubmatch(stdout)
+	if m == nil {
+		t.Fatalf("no admin URL printed:\n%s", stdout)
+	}
+	return m[1]
+}
+
+// httpGet fetches url (with a bearer token unless "") with a real client.
+func httpGet(t *testing.T, url, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// sample is the value of one series in a Prometheus exposition (-1 when
+// absent).
+func sample(body, series string) float64 {
+	for line := range strings.Lines(body) {
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			if v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil {
+				return v
+			}
+		}
+	}
+	return -1
+}
+
+// aSidecar is fenceline sidecar going on in-process.
+type aSidecar struct {
+	cancel      context.CancelFunc
+	done        chan int
+	out, errOut *syncBuffer
+	admin       string
+}
+
+// startSidecar starts "fenceline --nats url sidecar ARGS" in-process and
+// waits for its admin server and lease.
+func startSidecar(t *testing.T, url string, args ...string) *aSidecar {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &aSidecar{cancel: cancel, done: make(chan int, 1), out: &syncBuffer{}, errOut: &syncBuffer{}}
+	go func() {
+		s.done <- run(ctx, append([]string{"--nats", url, "sidecar"}, args...), s.out, s.errOut, url)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-s.done:
+		case <-time.After(30 * time.Second):
+			t.Error("fenceline sidecar did not stop")
+		}
+	})
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		s.running(t)
+		if !strings.Contains(s.out.String(), "agent environment:") {
+			return errors.New("the sidecar has no lease yet")
+		}
+		return nil
+	})
+	s.admin = adminURL(t, s.out.String())
+	return s
+}
+
+func (s *aSidecar) running(t *testing.T) {
+	t.Helper()
+	select {
+	case code := <-s.done:
+		s.done <- code
+		t.Fatalf("fenceline sidecar exited %d early\nstdout:\n%s\nstderr:\n%s", code, s.out, s.errOut)
+	default:
+	}
+}
+
+func (s *aSidecar) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case code := <-s.done:
+		s.done <- code
+		return code
+	case <-time.After(30 * time.Second):
+		t.Fatalf("fenceline sidecar did not end\nstdout:\n%s\nstderr:\n%s", s.out, s.errOut)
+		return -1
+	}
+}
+
+// TestSidecarAdminToken: bound off loopback the sidecar wants a token and
+// says how to give one; with --admin-token-file the API wants it, the
+// probes do not.
+func TestSidecarAdminToken(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	gs, _ := seededGitServer(t)
+	r := flDefault(t, url, "--nats", url, "sidecar", "--repo", testRepo, "--scope", "a", "--git-upstream", gs.URL+"/payments.git",
+		"--admin", "0.0.0.0:0", "--state-dir", t.TempDir()).want(t, ExitUsage)
+	mustContain(t, "stderr", r.stderr, "needs a bearer token", "--admin-token-file")
+	if l := listJSON(t, url, "--repo", testRepo); len(l) != 0 {
+		t.Fatalf("a sidecar that could not start its admin server holds %+v", l)
+	}
+
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	const token = "s3cret-admin-token-0123456789"
+	os.WriteFile(tokenFile, []byte(token+"\n"), 0o600)
+	sc := startSidecar(t, url, "--repo", testRepo, "--scope", "a", "--git-upstream", gs.URL+"/payments.git",
+		"--admin", "0.0.0.0:0", "--admin-token-file", tokenFile, "--state-dir", t.TempDir())
+	admin := strings.Replace(sc.admin, "0.0.0.0", "127.0.0.1", 1)
+	admin = strings.Replace(admin, "[::]", "127.0.0.1", 1)
+	if code, _ := httpGet(t, admin+"/api/v1/lease", ""); code != http.StatusUnauthorized {
+		t.Errorf("lease API without the token: %d", code)
+	}
+	if code, body := httpGet(t, admin+"/api/v1/lease", token); code != 200 || !strings.Contains(body, `"state":"held"`) {
+		t.Errorf("lease API with the token: %d %s", code, body)
+	}
+	if code, _ := httpGet(t, admin+"/readyz", ""); code != 200 {
+		t.Errorf("readyz without a token: %d", code)
 	}
 }

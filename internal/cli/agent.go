@@ -1,0 +1,511 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fenceline/fenceline/fsguard"
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/proxy"
+)
+
+// agentFlags are the flags of fenceline agent.
+type agentFlags struct {
+	sidecar, tokenFile, root string
+	paths                    []string
+	workspace                string
+	allowWrite, allowConnect []string
+	grace, wait, killGrace   time.Duration
+	allowUnguarded           bool
+	logFormat                string
+}
+
+func (a *app) agentCommand() *cobra.Command {
+	var af agentFlags
+	c := &cobra.Command{
+		Use:   "agent --sidecar URL --root PATH [--scope P ...] [--workspace shared|exclusive] -- CMD [ARGS...]",
+		Short: "Run the agent container's command under the file-write guard, lease state from the sidecar",
+		Long: `The agent container's entrypoint wrapper in a pod: it runs CMD under the
+file-write guard (Landlock, and a seccomp supervisor for what changes at run
+time), with the lease state taken from the fenceline sidecar's admin API
+(GET /api/v1/lease/events, server-sent events). It needs no bus access.
+
+Writes are allowed only while the sidecar's last word is that the lease is
+held and it arrived within --grace. While the lease is unknown or lost, the
+stream is broken longer than --grace, or the sidecar was never reached,
+every write-class call of the agent fails with EACCES (fail closed); reads go
+on. Each denial is recorded as an audit event through the sidecar.
+
+What the agent may write beneath --root: the lease's claim as the sidecar
+reports it, or --scope paths (each inside the lease's claim):
+  shared workspace      the claimed paths; never the git dir (git shim)
+  exclusive workspace   the claimed paths and the git dir; the whole root
+                        when the lease claims no paths
+plus --allow-write paths. TCP connects: the sidecar's fences (its git and
+Postgres fences, whose addresses the agent's git and libpq are pointed at)
+and --allow-connect ports; never the admin port.
+
+The wrapper waits up to --wait for the sidecar before starting CMD; without
+it CMD starts anyway with every write denied until the stream is up.
+
+On SIGTERM, CMD's process group gets SIGTERM and, after --kill-grace, every
+process it started SIGKILL; once all are gone the wrapper reports the attempt
+settled to the sidecar (POST /api/v1/settled), which then releases the lease.
+The exit status is CMD's (128+N when signal N killed it).`,
+		Example: `  fenceline agent --sidecar http://127.0.0.1:9090 --token-file /run/fenceline/admin-token \
+    --root /workspace -- codex exec "fix the invoice rounding"`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return fmt.Errorf("%s needs the command to run after --, e.g. fenceline agent --sidecar http://127.0.0.1:9090 --root /workspace -- make test", cmd.CommandPath())
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.runAgentWrapper(cmd.Context(), &af, args)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&af.sidecar, "sidecar", "", "base URL of the sidecar's admin server, e.g. http://127.0.0.1:9090 (required)")
+	f.StringVar(&af.tokenFile, "token-file", "", "file holding the admin API's bearer token (env "+proxy.EnvAdminToken+"); hidden from CMD")
+	f.StringVar(&af.root, "root", "", "the checkout CMD works in (required)")
+	f.StringArrayVar(&af.paths, "scope", nil, "repo-relative path CMD may write, inside the lease's claim (repeatable; default the lease's claim)")
+	f.StringVar(&af.workspace, "workspace", "", "shared or exclusive (default the lease's; without a lease: shared with --scope, else exclusive)")
+	f.StringArrayVar(&af.allowWrite, "allow-write", nil, "existing path CMD may write besides its claim, e.g. a build cache (repeatable)")
+	f.StringArrayVar(&af.allowConnect, "allow-connect", nil, "TCP port CMD may connect to besides the sidecar's fences (repeatable)")
+	f.DurationVar(&af.grace, "grace", 2*time.Second, "how long writes go on after the sidecar's last word that the lease is held (keep it well below the lease ttl's margin)")
+	f.DurationVar(&af.wait, "wait", 30*time.Second, "how long to wait for the sidecar before starting CMD with writes denied")
+	f.DurationVar(&af.killGrace, "kill-grace", 10*time.Second, "how long CMD's processes have between SIGTERM and SIGKILL when it is stopped")
+	f.BoolVar(&af.allowUnguarded, "allow-unguarded", false, "run even when the kernel cannot confine file writes (no Landlock)")
+	f.StringVar(&af.logFormat, "log-format", "json", "log format on stderr: json or text")
+	f.SetInterspersed(false)
+	return c
+}
+
+func (af *agentFlags) check() error {
+	u, err := url.Parse(af.sidecar)
+	if af.sidecar == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usagef("--sidecar %q: want the sidecar's admin URL, e.g. http://127.0.0.1:9090", af.sidecar)
+	}
+	if strings.TrimSpace(af.root) == "" {
+		return usagef("--root is required: name the checkout the agent works in")
+	}
+	if af.workspace != "" && af.workspace != string(leasebus.WorkspaceShared) && af.workspace != string(leasebus.WorkspaceExclusive) {
+		return usagef("--workspace %q: want shared or exclusive", af.workspace)
+	}
+	if af.grace <= 0 || af.killGrace <= 0 || af.wait < 0 {
+		return usagef("--grace and --kill-grace must be positive, --wait not negative")
+	}
+	if _, err := (&runFlags{allowConnect: af.allowConnect}).ports(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// runAgentWrapper is fenceline agent: stream, policy, guarded command,
+// settle report.
+func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string) error {
+	if err := af.check(); err != nil {
+		return err
+	}
+	log, err := newLogger(a.stderr, af.logFormat)
+	if err != nil {
+		return err
+	}
+	token, err := readToken(af.tokenFile)
+	if err != nil {
+		return err
+	}
+	co, err := findCheckout(ctx, af.root)
+	if err != nil {
+		return err
+	}
+	extra, err := existingPaths("--allow-write", af.allowWrite)
+	if err != nil {
+		return err
+	}
+	if _, err := fsguard.Available(); err != nil {
+		if !af.allowUnguarded {
+			return fmt.Errorf("refusing to run %s: %w; pass --allow-unguarded to run it without a file-write guard", argv[0], err)
+		}
+		log.Warn("running UNGUARDED (--allow-unguarded): file writes are not confined", "err", err)
+	}
+	sc := newSidecarClient(af.sidecar, token)
+	gate := newSidecarGate(af.sidecar, af.grace)
+	streamCtx, stopStream := context.WithCancel(context.WithoutCancel(ctx))
+	streamDone := make(chan struct{})
+	go func() {
+		defer close(streamDone)
+		sc.follow(streamCtx, gate, log)
+	}()
+	defer func() {
+		stopStream()
+		<-streamDone
+	}()
+
+	view := gate.waitFirst(ctx, af.wait)
+	if view == nil {
+		log.Warn("no word from the sidecar: starting the agent with every write denied until it answers", "sidecar", af.sidecar, "waited", af.wait.String())
+	}
+	l, err := af.policyLease(co, view)
+	if err != nil {
+		return err
+	}
+	pol, created, err := guardPolicy(co, l, extra)
+	if err != nil {
+		return err
+	}
+	for _, c := range created {
+		log.Info("created the claimed directory: writes are confined to existing paths", "path", c)
+	}
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, proxy.EnvAdminToken+"=") || strings.HasPrefix(kv, "FENCELINE_GIT_UPSTREAM_HEADER=")
+	})
+	var fences proxy.Fences
+	if view != nil {
+		fences = view.Fences
+	}
+	env = fences.Env(env)
+	env = setEnvVar(env, "GIT_OPTIONAL_LOCKS", "0")
+	if l.LeaseID != "" {
+		env = setEnvVar(env, "FENCELINE_LEASE_ID", l.LeaseID)
+	}
+	pol.Hidden = hiddenPaths(env, af.tokenFile)
+	ports, _ := (&runFlags{allowConnect: af.allowConnect}).ports()
+	ports = append(ports, fences.Ports()...)
+	slices.Sort(ports)
+	pol.ConnectPorts = slices.Compact(ports)
+	pol.KillGrace = af.killGrace
+	pol.AllowUnguarded = af.allowUnguarded
+	pol.Logger = log
+
+	out, errw := a.outputs()
+	cmd, err := (&runner{co: co, errw: errw}).command(argv, env, out)
+	if err != nil {
+		return err
+	}
+	llog := proxy.LeaseLogger(log, l)
+	pr, err := fsguard.Start(ctx, pol, gate, &sidecarAuditor{c: sc, log: llog}, cmd)
+	if err != nil {
+		return err
+	}
+	restoreTTY := foreground(pr.Pid())
+	llog.Info(guardSummary(co, pol, pr.Guarded()), "sidecar", af.sidecar)
+	st, werr := pr.Wait()
+	restoreTTY()
+	code := exitStatus(st)
+	rep := proxy.SettledReport{ExitCode: code, Denials: pr.Denials()}
+	tries := 10 * time.Second
+	if !gate.everHeard() {
+		tries = 0 // one try: a sidecar never reached is not waited for again
+	}
+	if err := sc.settled(context.WithoutCancel(ctx), rep, tries); err != nil {
+		llog.Error("settle report not delivered: the sidecar leaves the lease to expire", "err", err)
+	} else {
+		llog.Info("attempt settled and reported to the sidecar", "exitCode", code, "denials", rep.Denials)
+	}
+	switch {
+	case werr != nil:
+		return fmt.Errorf("supervise %s: %w", argv[0], werr)
+	case code != 0:
+		return &exitError{code: code, err: errReported}
+	}
+	return nil
+}
+
+// policyLease is the lease the guard's policy is built from: the
+// sidecar's record, narrowed to --scope/--workspace; from the flags alone
+// when the sidecar has not answered.
+func (af *agentFlags) policyLease(co *checkout, view *proxy.LeaseView) (leasebus.Lease, error) {
+	var l leasebus.Lease
+	known := view != nil && view.Lease != nil
+	if known {
+		l = *view.Lease
+	} else {
+		l = leasebus.Lease{Repo: co.repo, Scope: scope.Claim{Kind: scope.KindNone}, WorkspaceMode: leasebus.WorkspaceExclusive}
+	}
+	if af.workspace != "" {
+		mode := leasebus.WorkspaceMode(af.workspace)
+		if known && l.WorkspaceMode == leasebus.WorkspaceShared && mode == leasebus.WorkspaceExclusive {
+			return l, usagef("--workspace exclusive: lease %s has a shared workspace; its agent never writes the git dir", l.LeaseID)
+		}
+		l.WorkspaceMode = mode
+	} else if !known && len(af.paths) > 0 {
+		l.WorkspaceMode = leasebus.WorkspaceShared
+	}
+	if len(af.paths) == 0 {
+		return l, nil
+	}
+	claim, err := scope.New(af.paths, false, nil)
+	if err != nil {
+		return l, usagef("--scope: %v", err)
+	}
+	if known && l.Scope.Kind != scope.KindNone {
+		for _, p := range claim.Paths {
+			if !l.Scope.ContainsPath(p) {
+				return l, usagef("--scope %s is outside lease %s's claim %s: the agent may only write what its lease claims", p, l.LeaseID, l.Scope)
+			}
+		}
+	}
+	claim.Tables = l.Scope.Tables
+	l.Scope = claim
+	return l, nil
+}
+
+// sidecarGate is the guard's Gate in a pod: the sidecar's last word on
+// the lease, trusted for grace after it arrived. Lost is terminal, and so
+// is a change of lease (the policy was made for the first one).
+type sidecarGate struct {
+	url   string
+	grace time.Duration
+	now   func() time.Time
+
+	mu      sync.Mutex
+	view    *proxy.LeaseView // guarded by mu: the last one heard
+	heardAt time.Time        // guarded by mu: when (monotonic)
+	lost    error            // guarded by mu: terminal
+	first   chan struct{}    // closed at the first view
+}
+
+func newSidecarGate(url string, grace time.Duration) *sidecarGate {
+	return &sidecarGate{url: url, grace: grace, now: time.Now, first: make(chan struct{})}
+}
+
+// Fence implements fsguard.Gate.
+func (g *sidecarGate) Fence() (uint64, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case g.lost != nil:
+		return 0, g.lost
+	case g.view == nil:
+		return 0, fmt.Errorf("%w: never heard from the sidecar at %s", leasebus.ErrLeaseUnknown, g.url)
+	case g.now().Sub(g.heardAt) > g.grace:
+		return 0, fmt.Errorf("%w: no word from the sidecar at %s for %s (grace %s)", leasebus.ErrLeaseUnknown, g.url, g.now().Sub(g.heardAt).Round(time.Millisecond), g.grace)
+	case g.view.State != leasebus.Held:
+		return 0, fmt.Errorf("%w: the sidecar says lease %s is %s: %s", leasebus.ErrLeaseUnknown, g.leaseID(), g.view.State, g.view.Reason)
+	}
+	return g.view.Fence, nil
+}
+
+func (g *sidecarGate) leaseID() string {
+	if g.view != nil && g.view.Lease != nil {
+		return g.view.Lease.LeaseID
+	}
+	return "(none)"
+}
+
+// heard takes one view from the stream.
+func (g *sidecarGate) heard(v *proxy.LeaseView) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.lost == nil {
+		switch {
+		case g.view != nil && g.view.Lease != nil && v.Lease != nil && v.Lease.LeaseID != g.view.Lease.LeaseID:
+			g.lost = fmt.Errorf("%w: the sidecar now holds lease %s, not %s", leasebus.ErrLeaseLost, v.Lease.LeaseID, g.view.Lease.LeaseID)
+		case v.State == leasebus.Lost && v.Lease != nil:
+			g.lost = fmt.Errorf("%w: the sidecar says lease %s is lost: %s", leasebus.ErrLeaseLost, v.Lease.LeaseID, v.Reason)
+		}
+	}
+	first := g.view == nil && v.Lease != nil
+	if g.view == nil || v.Lease != nil {
+		g.view = v
+	}
+	g.heardAt = g.now()
+	if first {
+		close(g.first)
+	}
+}
+
+// everHeard reports whether the sidecar ever answered.
+func (g *sidecarGate) everHeard() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.view != nil
+}
+
+// waitFirst waits up to d for a view that names a lease.
+func (g *sidecarGate) waitFirst(ctx context.Context, d time.Duration) *proxy.LeaseView {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-g.first:
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	v := *g.view
+	return &v
+}
+
+// sidecarClient talks to the sidecar's admin API.
+type sidecarClient struct {
+	base, token string
+	hc          *http.Client
+}
+
+func newSidecarClient(base, token string) *sidecarClient {
+	return &sidecarClient{base: strings.TrimRight(base, "/"), token: token, hc: &http.Client{}}
+}
+
+func (c *sidecarClient) request(ctx context.Context, method, path string, body any) (*http.Request, error) {
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, r)
+	if err != nil {
+		return nil, err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return req, nil
+}
+
+// post sends body and wants a 2xx answer.
+func (c *sidecarClient) post(ctx context.Context, path string, body any) error {
+	req, err := c.request(ctx, http.MethodPost, path, body)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("post %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+		return fmt.Errorf("post %s: %s: %s", path, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return nil
+}
+
+// settled reports the attempt settled, retrying for up to retry.
+func (c *sidecarClient) settled(ctx context.Context, rep proxy.SettledReport, retry time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, retry+5*time.Second)
+	defer cancel()
+	deadline := time.Now().Add(retry)
+	var err error
+	for delay := 100 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		if err = c.post(ctx, proxy.PathSettled, rep); err == nil || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+	}
+}
+
+// follow keeps the events stream open until ctx ends, reconnecting with
+// backoff, and feeds every view to g. A stream silent for twice the gate's
+// grace is dropped and reopened (the gate already denies by then).
+func (c *sidecarClient) follow(ctx context.Context, g *sidecarGate, log *slog.Logger) {
+	delay := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		heard, err := c.stream(ctx, g)
+		if ctx.Err() != nil {
+			return
+		}
+		if heard {
+			delay = 100 * time.Millisecond
+		}
+		log.Warn("lease events stream from the sidecar broken; writes are denied until it is back", "sidecar", c.base, "err", err, "retry", delay.String())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
+// stream reads one events stream until it fails.
+func (c *sidecarClient) stream(ctx context.Context, g *sidecarGate) (heard bool, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	req, err := c.request(sctx, http.MethodGet, proxy.PathEvents, nil)
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+		return false, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(msg)))
+	}
+	// A silent stream (a half-open connection) is cut after 2×grace.
+	idle := time.AfterFunc(2*g.grace, cancel)
+	defer idle.Stop()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 16<<10), 1<<20)
+	var data []byte
+	for sc.Scan() {
+		line := sc.Bytes()
+		switch {
+		case len(line) == 0: // end of an event
+			if len(data) > 0 {
+				var v proxy.LeaseView
+				if err := json.Unmarshal(data, &v); err != nil {
+					return heard, fmt.Errorf("bad event from the sidecar: %w", err)
+				}
+				g.heard(&v)
+				heard = true
+				idle.Reset(2 * g.grace)
+			}
+			data = data[:0]
+		case bytes.HasPrefix(line, []byte("data:")):
+			data = append(data, bytes.TrimPrefix(bytes.TrimPrefix(line, []byte("data:")), []byte(" "))...)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return heard, err
+	}
+	return heard, errors.New("the sidecar closed the stream")
+}
+
+// sidecarAuditor records the guard's denials through the sidecar, which
+// names its lease in them and writes them to the audit stream.
+type sidecarAuditor struct {
+	c   *sidecarClient
+	log *slog.Logger
+}
+
+func (s *sidecarAuditor) Record(ctx context.Context, ev leasebus.AuditEvent) error {
+	s.log.Warn("file write denied", "reason", ev.Reason, "msg", ev.Message)
+	if err := s.c.post(ctx, proxy.PathAudit, ev); err != nil {
+		return fmt.Errorf("record denial through the sidecar: %w", err)
+	}
+	return nil
+}

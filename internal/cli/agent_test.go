@@ -1,0 +1,335 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/proxy"
+)
+
+// anAgent is fenceline agent going on in-process.
+type anAgent struct {
+	cancel      context.CancelFunc
+	done        chan int
+	out, errOut *syncBuffer
+}
+
+func startAgent(t *testing.T, args ...string) *anAgent {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &anAgent{cancel: cancel, done: make(chan int, 1), out: &syncBuffer{}, errOut: &syncBuffer{}}
+	go func() {
+		r.done <- run(ctx, append([]string{"agent", "--log-format", "text"}, args...), r.out, r.errOut, closedURL(t))
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(30 * time.Second):
+			t.Error("fenceline agent did not stop")
+		}
+	})
+	return r
+}
+
+func (r *anAgent) running(t *testing.T) {
+	t.Helper()
+	select {
+	case code := <-r.done:
+		r.done <- code
+		t.Fatalf("fenceline agent exited %d early\nstdout:\n%s\nstderr:\n%s", code, r.out, r.errOut)
+	default:
+	}
+}
+
+func (r *anAgent) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case code := <-r.done:
+		r.done <- code
+		return code
+	case <-time.After(30 * time.Second):
+		t.Fatalf("fenceline agent did not end\nstdout:\n%s\nstderr:\n%s", r.out, r.errOut)
+		return -1
+	}
+}
+
+// podProbe writes in its claim and outside it and reads a file every
+// round, until a file named stop appears.
+const podProbe = `n=0
+while [ ! -e stop ]; do
+  n=$((n+1))
+  if err=$( (echo $n > in/probe) 2>&1 ); then w=ok; else w="refused($err)"; fi
+  if (echo $n > out/probe) 2>/dev/null; then o=ok; else o=refused; fi
+  if [ "$(cat in/seed)" = seed ]; then r=ok; else r=refused; fi
+  echo "round $n write=$w out=$o read=$r"
+  sleep 0.02
+done`
+
+// TestAgentWritesFollowTheSidecar: in a pod's layout — a sidecar holding
+// the lease, the agent under "fenceline agent" with no bus access — the
+// agent writes its claim while the sidecar says held, never outside it,
+// and every write is refused within a second of an operator revoking the
+// lease while reads go on; the denials reach the audit stream under the
+// sidecar's lease and its metrics, and the sidecar is no longer ready.
+func TestAgentWritesFollowTheSidecar(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	_, nc := busClient(t, url)
+	gs, _ := seededGitServer(t)
+	co := newCheckout(t, "")
+	sc := startSidecar(t, url, "--repo", testRepo, "--scope", "in", "--git-upstream", gs.URL+"/payments.git", "--state-dir", t.TempDir())
+	id := leaseOfSidecar(t, sc.out.String())
+
+	r := startAgent(t, "--sidecar", sc.admin, "--root", co, "--grace", "1s", "--", "sh", "-c", podProbe)
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		r.running(t)
+		if !strings.Contains(r.out.String(), "write=ok out=refused read=ok") {
+			return errors.New("the agent has not written yet")
+		}
+		return nil
+	})
+	mark := len(r.out.String())
+	fl(t, "--nats", url, "lease", "revoke", id, "--reason", "runaway agent").want(t, ExitOK)
+	revoked := time.Now()
+	var refusedAfter time.Duration
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if strings.Contains(r.out.String()[mark:], "write=refused") {
+			refusedAfter = time.Since(revoked)
+			return nil
+		}
+		return errors.New("no refused write yet")
+	})
+	t.Logf("the agent's writes refused %v after the revoke", refusedAfter)
+	if refusedAfter > time.Second {
+		t.Errorf("writes refused %v after the revoke, want within a second", refusedAfter)
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		after := r.out.String()[mark:]
+		if n := strings.Count(after[strings.Index(after, "write=refused"):], "\n"); n < 3 {
+			return fmt.Errorf("%d rounds since the first refusal", n)
+		}
+		return nil
+	})
+	after := r.out.String()[mark:]
+	rest := after[strings.Index(after, "write=refused"):]
+	if strings.Contains(rest, "write=ok") || strings.Contains(rest, "read=refused") || !strings.Contains(rest, "Permission denied") {
+		t.Errorf("after the revoke, want every write refused with EACCES and every read ok:\n%s", rest)
+	}
+	if code, body := httpGet(t, sc.admin+"/readyz", ""); code != http.StatusServiceUnavailable || !strings.Contains(body, "runaway agent") {
+		t.Errorf("sidecar readyz after the revoke: %d %q", code, body)
+	}
+
+	if err := os.WriteFile(filepath.Join(co, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t); code != 0 {
+		t.Fatalf("agent exited %d, want the command's 0\n%s", code, r.errOut)
+	}
+	mustContain(t, "agent stderr", r.errOut.String(), "attempt settled and reported to the sidecar")
+	evs, err := leasebus.ReadAudit(context.Background(), nc, testRepo, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, ev := range evs {
+		if ev.Boundary == leasebus.BoundaryFile && ev.Type == leasebus.EventDenied && ev.LeaseID == id && strings.Contains(ev.Message, filepath.Join(co, "in", "probe")) {
+			found = true
+			break
+		}
+	}
+	if !found {
+		t.Errorf("no audited file denial for %s among %d events", id, len(evs))
+	}
+	_, metrics := httpGet(t, sc.admin+"/metrics", "")
+	if n := sample(metrics, "fenceline_fsguard_denials_total"); n < 1 {
+		t.Errorf("fenceline_fsguard_denials_total = %v after refused writes", n)
+	}
+}
+
+// TestAgentFailsClosedWithoutSidecar: a wrapper that never reaches its
+// sidecar runs the command with every write refused and reads going on.
+func TestAgentFailsClosedWithoutSidecar(t *testing.T) {
+	isolate(t)
+	co := newCheckout(t, "")
+	nowhere := strings.Replace(closedURL(t), "nats://", "http://", 1)
+	script := `if (echo x > in/x) 2>/dev/null; then echo write=ok; else echo write=refused; fi; cat in/seed`
+	r := startAgent(t, "--sidecar", nowhere, "--root", co, "--scope", "in", "--wait", "100ms", "--", "sh", "-c", script)
+	if code := r.wait(t); code != 0 {
+		t.Fatalf("agent exited %d\n%s", code, r.errOut)
+	}
+	if got := strings.Fields(r.out.String()); len(got) != 2 || got[0] != "write=refused" || got[1] != "seed" {
+		t.Fatalf("without a sidecar: %q, want the write refused and the read done\n%s", r.out.String(), r.errOut)
+	}
+	mustContain(t, "agent stderr", r.errOut.String(), "no word from the sidecar", "settle report not delivered")
+}
+
+// TestSidecarReleasesOnlyAfterSettle: SIGTERM to the sidecar while the
+// agent — which ignores SIGTERM and has a background child — still runs:
+// the sidecar stops being ready and drains its fences, but keeps the lease
+// renewed past its ttl until the wrapper reports every process gone; only
+// then is the lease released (invariant 6).
+func TestSidecarReleasesOnlyAfterSettle(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	client, _ := busClient(t, url)
+	gs, _ := seededGitServer(t)
+	co := newCheckout(t, "")
+	const ttl = 3 * time.Second
+	sc := startSidecar(t, url, "--repo", testRepo, "--scope", "in", "--ttl", ttl.String(), "--settle-timeout", "1m",
+		"--git-upstream", gs.URL+"/payments.git", "--state-dir", t.TempDir())
+	id := leaseOfSidecar(t, sc.out.String())
+	script := `trap '' TERM
+(while [ ! -e stop ]; do sleep 0.05; done; echo done > in/child-done) &
+echo started > in/ready
+wait`
+	r := startAgent(t, "--sidecar", sc.admin, "--root", co, "--kill-grace", "1m", "--", "sh", "-c", script)
+	t.Cleanup(func() { os.WriteFile(filepath.Join(co, "stop"), nil, 0o644) })
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		r.running(t)
+		return exists(filepath.Join(co, "in", "ready"))
+	})
+	sc.cancel() // what SIGTERM does to the real process
+	r.cancel()  // the agent container's SIGTERM, ignored by the command
+	canceled := time.Now()
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		sc.running(t)
+		l, err := client.Get(context.Background(), id)
+		if err != nil {
+			return err
+		}
+		if !l.Active() {
+			t.Fatalf("lease %s is %s (%s) while the agent's processes live", id, l.Status, l.Reason)
+		}
+		if !l.RenewedAt.After(canceled.Add(ttl)) {
+			return fmt.Errorf("last renewed %s, SIGTERM at %s", l.RenewedAt.Format(time.StampMilli), canceled.Format(time.StampMilli))
+		}
+		return nil
+	})
+	if code, body := httpGet(t, sc.admin+"/readyz", ""); code != http.StatusServiceUnavailable || !strings.Contains(body, "shutting down") {
+		t.Errorf("readyz while shutting down: %d %q", code, body)
+	}
+
+	if err := os.WriteFile(filepath.Join(co, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t); code != 0 {
+		t.Fatalf("agent exited %d, want the command's 0\n%s", code, r.errOut)
+	}
+	if code := sc.wait(t); code != 0 {
+		t.Fatalf("sidecar exited %d\n%s", code, sc.errOut)
+	}
+	fi, err := os.Stat(filepath.Join(co, "in", "child-done"))
+	if err != nil {
+		t.Fatalf("the background child did not finish: %v", err)
+	}
+	l, err := client.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Status != leasebus.StatusReleased || l.EndedAt.Before(fi.ModTime()) {
+		t.Fatalf("lease %s %s at %s, want released after the background child finished at %s", id, l.Status, l.EndedAt, fi.ModTime())
+	}
+	mustContain(t, "sidecar stdout", sc.out.String(), "lease "+id+" released (the agent reported its attempt settled)")
+}
+
+// TestSidecarLeavesLeaseWithoutSettle: a wrapper is connected but never
+// reports its attempt settled: on SIGTERM the sidecar waits
+// --settle-timeout, then leaves the lease to expire instead of releasing
+// it under processes that may still write.
+func TestSidecarLeavesLeaseWithoutSettle(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	gs, _ := seededGitServer(t)
+	sc := startSidecar(t, url, "--repo", testRepo, "--scope", "in", "--settle-timeout", "300ms",
+		"--git-upstream", gs.URL+"/payments.git", "--state-dir", t.TempDir())
+	id := leaseOfSidecar(t, sc.out.String())
+	// A wrapper's stream (a real SSE client), left open.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, sc.admin+"/api/v1/lease/events", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc.cancel()
+	if code := sc.wait(t); code != 0 {
+		t.Fatalf("sidecar exited %d\n%s", code, sc.errOut)
+	}
+	mustContain(t, "sidecar stdout", sc.out.String(), "lease "+id+" NOT released (no settle report from the agent wrapper within --settle-timeout 300ms)")
+	if l := listJSON(t, url, "--repo", testRepo); len(l) != 1 || l[0].LeaseID != id {
+		t.Fatalf("active leases %+v, want %s left to expire", l, id)
+	}
+}
+
+// leaseOfSidecar is the lease id a sidecar announced.
+func leaseOfSidecar(t *testing.T, stdout string) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(stdout, "sidecar: lease ")
+	if !ok {
+		t.Fatalf("no lease announced:\n%s", stdout)
+	}
+	id, _, _ := strings.Cut(rest, " ")
+	return id
+}
+
+// TestSidecarGate: the wrapper's gate allows writes only on a fresh
+// "held" from the sidecar: never before the first word, not once the last
+// word is older than the grace, and never again after "lost" or a change
+// of lease.
+func TestSidecarGate(t *testing.T) {
+	now := time.Unix(1000, 0)
+	g := newSidecarGate("http://sidecar", time.Second)
+	g.now = func() time.Time { return now }
+	lease := &leasebus.Lease{LeaseID: "lease_a", Fence: 7}
+	view := func(st leasebus.HolderState, l *leasebus.Lease) *proxy.LeaseView {
+		return &proxy.LeaseView{State: st, Lease: l, Reason: "why"}
+	}
+	want := func(what string, ok bool, is error) {
+		t.Helper()
+		fence, err := g.Fence()
+		switch {
+		case ok && (err != nil || fence != 7):
+			t.Errorf("%s: Fence() = %d, %v; want 7", what, fence, err)
+		case !ok && !errors.Is(err, is):
+			t.Errorf("%s: Fence() = %d, %v; want %v", what, fence, err, is)
+		}
+	}
+	want("never heard", false, leasebus.ErrLeaseUnknown)
+	g.heard(view(leasebus.Unknown, nil)) // the sidecar is still acquiring
+	want("no lease yet", false, leasebus.ErrLeaseUnknown)
+	held := view(leasebus.Held, lease)
+	held.Fence = 7
+	g.heard(held)
+	want("held", true, nil)
+	now = now.Add(999 * time.Millisecond)
+	want("held, within the grace", true, nil)
+	now = now.Add(2 * time.Millisecond)
+	want("silent past the grace", false, leasebus.ErrLeaseUnknown)
+	g.heard(held)
+	want("heard again", true, nil)
+	g.heard(view(leasebus.Unknown, lease))
+	want("sidecar unknown", false, leasebus.ErrLeaseUnknown)
+	g.heard(held)
+	want("held again", true, nil)
+	other := *held
+	other.Lease = &leasebus.Lease{LeaseID: "lease_b", Fence: 9}
+	g.heard(&other)
+	want("another lease", false, leasebus.ErrLeaseLost)
+	g2 := newSidecarGate("http://sidecar", time.Second)
+	g2.heard(held)
+	g2.heard(view(leasebus.Lost, lease))
+	g2.heard(held)
+	if _, err := g2.Fence(); !errors.Is(err, leasebus.ErrLeaseLost) {
+		t.Errorf("held after lost: %v, want lost for good", err)
+	}
+}

@@ -1,0 +1,104 @@
+package proxy
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/pgproxy"
+)
+
+func TestReasonCode(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"outside-lease", "outside-lease"},
+		{"lease-unknown", "lease-unknown"},
+		{"lease lost: lease_x is revoked: runaway", "lease-lost"},
+		{"lease state unknown: the bus is unreachable: timeout", "lease-unknown"},
+		{"lease not held: lease lost", "lease-lost"},
+		{`table public.t is outside the lease's table scope [public.a]`, "outside-lease"},
+		{"cannot tell which tables DO writes; when in doubt fenceline refuses", "unnamed-table"},
+		{"statement switches off the fence: SET role", "fence-tamper"},
+		{"the transaction block began while the lease was not held, so it is read-only", "lease-lost"},
+		{"this transaction began with reads before the write could be authorized", "read-only-transaction"},
+		{"Something New And Long", "other"},
+	} {
+		if got := ReasonCode(tc.in); got != tc.want {
+			t.Errorf("ReasonCode(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestSidecarMetricsPostgres: a real client through the Postgres fence
+// shows up as connections and bytes both ways, and a refused write as a
+// refusal of the postgres boundary.
+func TestSidecarMetricsPostgres(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, pg.AdminDSN(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	for _, q := range []string{"DROP TABLE IF EXISTS mt_mine, mt_theirs", "CREATE TABLE mt_mine (id int)", "CREATE TABLE mt_theirs (id int)"} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	secret, err := pgproxy.Install(ctx, admin, []string{"public.mt_mine", "public.mt_theirs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus := bustest.Start(t)
+	claim, err := scope.New([]string{"db"}, false, []string{"public.mt_mine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMetrics()
+	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/metrics", Scope: claim,
+		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, m.HoldOptions(leasebus.HoldOptions{}))
+	sc, err := Start(ctx, Config{Lease: l.Holder, Bus: bus.Client, Audit: bus.Auditor, Metrics: m,
+		PGUpstream: pg.Addr(), PGSecret: secret, StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close(ctx)
+	a := startAdmin(t, AdminConfig{Metrics: m})
+	a.SetLease(l.Holder, sc.Fences())
+
+	conn, err := pgx.Connect(ctx, strings.Replace(pg.AdminDSN(""), pg.Addr(), sc.Fences().Postgres, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO mt_mine VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO mt_theirs VALUES (1)"); err == nil || !strings.Contains(err.Error(), l.Record.LeaseID) {
+		t.Fatalf("out-of-scope write: %v", err)
+	}
+	conn.Close(ctx)
+
+	_, body := get(t, a.URL()+PathMetrics, "")
+	if n := sampleValue(body, `fenceline_proxy_requests_total{boundary="postgres"}`); n < 1 {
+		t.Errorf("postgres connections counted: %v\n%s", n, grepMetrics(body, "fenceline_proxy"))
+	}
+	for _, dir := range []string{DirToUpstream, DirToAgent} {
+		if n := sampleValue(body, `fenceline_proxy_bytes_total{boundary="postgres",direction="`+dir+`"}`); n < 100 {
+			t.Errorf("postgres bytes %s: %v\n%s", dir, n, grepMetrics(body, "fenceline_proxy"))
+		}
+	}
+	if n := sampleValue(body, `fenceline_refusals_total{boundary="postgres",reason="outside-lease"}`); n != 1 {
+		t.Errorf("postgres refusals: %v\n%s", n, grepMetrics(body, "fenceline_refusals"))
+	}
+}
+
+// sampleValue is the value of the sample written exactly as series (-1
+// when absent).
+func sampleValue(body, series string) float64 {
+	return metricValue(body, series)
+}
