@@ -26,6 +26,7 @@ const (
 	PathEvents  = "/api/v1/lease/events"
 	PathSettled = "/api/v1/settled"
 	PathAudit   = "/api/v1/audit"
+	PathUI      = "/ui/"
 )
 
 // EnvAdminToken names the environment variable holding the admin API's
@@ -55,6 +56,10 @@ type AdminConfig struct {
 	// Poll is how often the lease state is re-read (default 100 ms): a
 	// holder turns unknown or runs out of validity without an event.
 	Poll time.Duration
+	// UI, when set, is served under /ui/ (and / redirects there): the run
+	// UI. It checks its own token — a browser cannot send a bearer header —
+	// so give it the same one.
+	UI http.Handler
 	// Logger receives operational logs (nil: discard).
 	Logger *slog.Logger
 }
@@ -168,6 +173,10 @@ func StartAdmin(cfg AdminConfig) (*Admin, error) {
 	mux.Handle("GET "+PathEvents, a.auth(http.HandlerFunc(a.events)))
 	mux.Handle("POST "+PathSettled, a.auth(http.HandlerFunc(a.settle)))
 	mux.Handle("POST "+PathAudit, a.auth(http.HandlerFunc(a.audit)))
+	if cfg.UI != nil {
+		mux.Handle(PathUI, http.StripPrefix(strings.TrimSuffix(PathUI, "/"), cfg.UI))
+		mux.Handle("GET /{$}", http.RedirectHandler(PathUI, http.StatusFound))
+	}
 	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	a.wg.Go(func() {

@@ -17,6 +17,7 @@ import (
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/proxy"
+	"github.com/fenceline/fenceline/runui"
 )
 
 // fenceFlags configure the fences of run and sidecar.
@@ -200,7 +201,11 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 		return err
 	}
 	metrics := proxy.NewMetrics()
-	admin, err := proxy.StartAdmin(proxy.AdminConfig{Listen: sf.admin, Token: token, Metrics: metrics, Audit: audit, Logger: log})
+	ui, err := runui.New(runui.Config{NC: s.nc, Token: token, Logger: log})
+	if err != nil {
+		return err
+	}
+	admin, err := proxy.StartAdmin(proxy.AdminConfig{Listen: sf.admin, Token: token, Metrics: metrics, Audit: audit, UI: ui.Handler(), Logger: log})
 	if err != nil {
 		return usagef("--admin %s: %v", sf.admin, err)
 	}
@@ -209,7 +214,8 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 		defer cancel()
 		admin.Close(dctx)
 	}()
-	fmt.Fprintf(a.stdout, "admin: %s (/healthz /readyz /metrics /api/v1/lease)\n", admin.URL())
+	defer ui.Close() // first: its event streams would hold the admin server open
+	fmt.Fprintf(a.stdout, "admin: %s (/healthz /readyz /metrics /api/v1/lease /ui/)\n", admin.URL())
 
 	held, err := a.holdWith(ctx, s, &sf.lf, sf.attachID, leasebus.Credential(sf.cred), metrics.HoldOptions(leasebus.HoldOptions{}))
 	if err != nil {

@@ -105,6 +105,13 @@ func TestSidecarFencesAnUnmodifiedGit(t *testing.T) {
 	if code, body := httpGet(t, admin+"/readyz", ""); code != 200 || !strings.Contains(body, "ready: lease lease_") {
 		t.Fatalf("readyz of a sidecar holding its lease: %d %q", code, body)
 	}
+	// The run UI is on the admin port too, showing the bus's leases.
+	if code, body := httpGet(t, admin+"/ui/", ""); code != 200 || !strings.Contains(body, "fenceline") {
+		t.Fatalf("run UI page on the admin port: %d %.200q", code, body)
+	}
+	if code, body := httpGet(t, admin+"/ui/api/v1/leases", ""); code != 200 || !strings.Contains(body, `"agentId":"agent-7"`) {
+		t.Fatalf("run UI API on the admin port: %d %.300q", code, body)
+	}
 
 	// The agent clones and pushes its usual remote URL.
 	work := filepath.Join(t.TempDir(), "work")
