@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/runui"
 )
 
 const demoRepo = "github.com/acme/payments"
@@ -27,6 +29,7 @@ const demoTimeout = 30 * time.Second
 
 func (a *app) demoCommand() *cobra.Command {
 	var keep bool
+	var ui string
 	c := &cobra.Command{
 		Use:   "demo",
 		Short: "Tell the whole lease story on a throwaway embedded bus (doubles as a smoke test)",
@@ -38,10 +41,16 @@ fence tokens rising, an operator's revoke seen by the holder, and the audit
 trail. Exits 0 when every expectation held, 1 naming the one that did not.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDemo(cmd.Context(), a.stdout, keep)
+			if ui != "" {
+				if _, _, err := net.SplitHostPort(ui); err != nil {
+					return usagef("--ui %q: want host:port (127.0.0.1:0 picks a free port)", ui)
+				}
+			}
+			return runDemo(cmd.Context(), a.stdout, keep, ui)
 		},
 	}
 	c.Flags().BoolVar(&keep, "keep", false, "keep the demo bus running (until Ctrl-C) and its store on disk, to inspect it with --nats")
+	c.Flags().StringVar(&ui, "ui", "", "serve the run UI of the demo bus on this host:port, and keep it up (until Ctrl-C) once the story is told")
 	return c
 }
 
@@ -63,7 +72,7 @@ func demoFail(format string, args ...any) error {
 	return fmt.Errorf("demo expectation failed: "+format, args...)
 }
 
-func runDemo(parent context.Context, out io.Writer, keep bool) error {
+func runDemo(parent context.Context, out io.Writer, keep bool, ui string) error {
 	ctx, cancel := context.WithTimeout(parent, demoTimeout)
 	defer cancel()
 
@@ -100,6 +109,18 @@ func runDemo(parent context.Context, out io.Writer, keep bool) error {
 	d := &demo{out: out, nc: nc, c: leasebus.NewClient(nc), auditor: auditor}
 	fmt.Fprintf(out, "fenceline demo: %s\n", demoRepo)
 	fmt.Fprintf(out, "bus: %s (embedded, its own store in %s; the default bus is untouched)\n", srv.ClientURL(), dir)
+	var page *runui.Running
+	if ui != "" {
+		if page, err = runui.Listen(ui, runui.Config{NC: nc}); err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 5*time.Second)
+			defer cancel()
+			_ = page.Close(sctx)
+		}()
+		fmt.Fprintf(out, "run UI: %s (leases, shards, attempts and the audit feed, live)\n", page.URL())
+	}
 	if err := d.story(ctx); err != nil {
 		return err
 	}
@@ -110,6 +131,10 @@ func runDemo(parent context.Context, out io.Writer, keep bool) error {
 		return err
 	}
 	fmt.Fprintln(out, "\ndemo complete: every expectation held")
+	if page != nil && !keep {
+		fmt.Fprintf(out, "\nthe run UI stays up at %s; stop it with Ctrl-C\n", page.URL())
+		<-parent.Done()
+	}
 	if keep {
 		fmt.Fprintf(out, "\nthe demo bus keeps running at %s (store %s)\n", srv.ClientURL(), dir)
 		fmt.Fprintf(out, "inspect it: fenceline --nats %s lease list --all; fenceline --nats %s lease audit\n", srv.ClientURL(), srv.ClientURL())
