@@ -35,8 +35,13 @@ func (a *app) dialHolder() (*session, error) {
 // attaches to an existing lease using its credential (the credential file
 // of this machine, or cred), and starts holding it.
 func (a *app) holdLease(ctx context.Context, s *session, lf *leaseFlags, attachID string, cred leasebus.Credential) (*heldLease, error) {
+	return a.holdWith(ctx, s, lf, attachID, cred, leasebus.HoldOptions{})
+}
+
+// holdWith is holdLease with the holder's options (a metrics hook).
+func (a *app) holdWith(ctx context.Context, s *session, lf *leaseFlags, attachID string, cred leasebus.Credential, opts leasebus.HoldOptions) (*heldLease, error) {
 	if attachID != "" {
-		return a.attach(ctx, s, attachID, cred)
+		return a.attach(ctx, s, attachID, cred, opts)
 	}
 	req, err := lf.request()
 	if err != nil {
@@ -52,7 +57,7 @@ func (a *app) holdLease(ctx context.Context, s *session, lf *leaseFlags, attachI
 		}
 		return nil, fmt.Errorf("acquire %s in %s: %w", req.Scope, req.Repo, err)
 	}
-	h, err := s.client.Hold(l, cred, sent, leasebus.HoldOptions{})
+	h, err := s.client.Hold(l, cred, sent, opts)
 	if err != nil {
 		s.client.Release(context.WithoutCancel(ctx), l.LeaseID, cred)
 		return nil, err
@@ -62,7 +67,7 @@ func (a *app) holdLease(ctx context.Context, s *session, lf *leaseFlags, attachI
 
 // attach renews the lease once (proving the credential and starting the
 // holder's clock) and holds it.
-func (a *app) attach(ctx context.Context, s *session, id string, cred leasebus.Credential) (*heldLease, error) {
+func (a *app) attach(ctx context.Context, s *session, id string, cred leasebus.Credential, opts leasebus.HoldOptions) (*heldLease, error) {
 	if err := checkLeaseID(id); err != nil {
 		return nil, err
 	}
@@ -82,7 +87,7 @@ func (a *app) attach(ctx context.Context, s *session, id string, cred leasebus.C
 	if err != nil {
 		return nil, fmt.Errorf("attach to %s: %w", id, err)
 	}
-	h, err := s.client.Hold(l, cred, sent, leasebus.HoldOptions{})
+	h, err := s.client.Hold(l, cred, sent, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -315,58 +314,6 @@ func waitSettled(admin *proxy.Admin, timeout time.Duration) (bool, string) {
 	case <-t.C:
 		return false, fmt.Sprintf("no settle report from the agent wrapper within --settle-timeout %s", timeout)
 	}
-}
-
-// holdWith is holdLease with hold options (the metrics' renewal hook).
-// TODO(lead): holdLease in session.go could take the options; then this
-// goes.
-func (a *app) holdWith(ctx context.Context, s *session, lf *leaseFlags, attachID string, cred leasebus.Credential, opts leasebus.HoldOptions) (*heldLease, error) {
-	if attachID != "" {
-		if err := checkLeaseID(attachID); err != nil {
-			return nil, err
-		}
-		if cred == "" {
-			f, err := readCredFile(attachID)
-			if err != nil {
-				return nil, fmt.Errorf("attach to %s: %w (pass the owner's credential with --credential)", attachID, err)
-			}
-			cred = f.Credential
-		}
-		cur, err := s.client.Get(ctx, attachID)
-		if err != nil {
-			return nil, fmt.Errorf("attach to %s: %w", attachID, err)
-		}
-		sent := time.Now()
-		l, err := s.client.Renew(ctx, leasebus.RenewRequest{LeaseID: attachID, Repo: cur.Repo, Credential: cred, Version: cur.Version})
-		if err != nil {
-			return nil, fmt.Errorf("attach to %s: %w", attachID, err)
-		}
-		h, err := s.client.Hold(l, cred, sent, opts)
-		if err != nil {
-			return nil, err
-		}
-		return &heldLease{holder: h, cred: cred}, nil
-	}
-	req, err := lf.request()
-	if err != nil {
-		return nil, err
-	}
-	cred = leasebus.NewCredential()
-	sent := time.Now()
-	l, err := s.client.Acquire(ctx, req, cred)
-	if err != nil {
-		var ce *leasebus.ConflictError
-		if errors.As(err, &ce) {
-			return nil, &conflictReport{ce: ce, claim: req.Scope, wait: time.Duration(req.Wait)}
-		}
-		return nil, fmt.Errorf("acquire %s in %s: %w", req.Scope, req.Repo, err)
-	}
-	h, err := s.client.Hold(l, cred, sent, opts)
-	if err != nil {
-		s.client.Release(context.WithoutCancel(ctx), l.LeaseID, cred)
-		return nil, err
-	}
-	return &heldLease{holder: h, cred: cred, acquired: true}, nil
 }
 
 // newLogger is the slog logger of --log-format on w.
