@@ -136,6 +136,18 @@ func (h *Holder) Fence() (uint64, error) {
 	return h.lease.Fence, nil
 }
 
+// Remaining is how much longer the holder considers the lease valid
+// without another renewal (0 unless held): whoever acts on the holder's
+// word elsewhere must stop trusting it after that long.
+func (h *Holder) Remaining() time.Duration {
+	if _, err := h.Fence(); err != nil {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return max(h.validUntil.Sub(h.opts.Now()), 0)
+}
+
 // State returns the holder's state and, unless held, why.
 func (h *Holder) State() (HolderState, error) {
 	_, _ = h.Fence() // applies the margin

@@ -94,6 +94,10 @@ type LeaseView struct {
 	Seq uint64 `json:"seq"`
 	// Settled: the agent wrapper reported its attempt settled.
 	Settled bool `json:"settled,omitempty"`
+	// ValidFor is how much longer, from when this view was sent, the
+	// sidecar's holder considers the lease valid without a renewal (set on
+	// each event; 0 unless held). A reader must not trust "held" longer.
+	ValidFor leasebus.Duration `json:"validFor,omitempty"`
 }
 
 // Held reports whether the view allows writes.
@@ -415,8 +419,11 @@ func (a *Admin) events(w http.ResponseWriter, r *http.Request) {
 func (a *Admin) sendView(w http.ResponseWriter, rc *http.ResponseController) (changed <-chan struct{}, ok bool) {
 	a.refresh()
 	a.mu.Lock()
-	v, changed := a.view, a.changed
+	v, changed, h := a.view, a.changed, a.holder
 	a.mu.Unlock()
+	if h != nil && v.State == leasebus.Held {
+		v.ValidFor = leasebus.Duration(h.Remaining())
+	}
 	data, err := json.Marshal(v)
 	if err != nil {
 		return nil, false

@@ -278,6 +278,7 @@ type sidecarGate struct {
 	mu      sync.Mutex
 	view    *proxy.LeaseView // guarded by mu: the last one heard
 	heardAt time.Time        // guarded by mu: when (monotonic)
+	validTo time.Time        // guarded by mu: heardAt + the view's validFor
 	lost    error            // guarded by mu: terminal
 	first   chan struct{}    // closed at the first view
 }
@@ -299,6 +300,10 @@ func (g *sidecarGate) Fence() (uint64, error) {
 		return 0, fmt.Errorf("%w: no word from the sidecar at %s for %s (grace %s)", leasebus.ErrLeaseUnknown, g.url, g.now().Sub(g.heardAt).Round(time.Millisecond), g.grace)
 	case g.view.State != leasebus.Held:
 		return 0, fmt.Errorf("%w: the sidecar says lease %s is %s: %s", leasebus.ErrLeaseUnknown, g.leaseID(), g.view.State, g.view.Reason)
+	case !g.now().Before(g.validTo):
+		// Never trust the sidecar's "held" past its holder's own validity:
+		// the service may reclaim the lease a margin after that.
+		return 0, fmt.Errorf("%w: lease %s not renewed within the validity the sidecar last reported", leasebus.ErrLeaseUnknown, g.leaseID())
 	}
 	return g.view.Fence, nil
 }
@@ -327,6 +332,9 @@ func (g *sidecarGate) heard(v *proxy.LeaseView) {
 		g.view = v
 	}
 	g.heardAt = g.now()
+	if v.Lease != nil {
+		g.validTo = g.heardAt.Add(time.Duration(v.ValidFor))
+	}
 	if first {
 		close(g.first)
 	}

@@ -309,6 +309,15 @@ func TestSidecarGate(t *testing.T) {
 	want("no lease yet", false, leasebus.ErrLeaseUnknown)
 	held := view(leasebus.Held, lease)
 	held.Fence = 7
+	held.ValidFor = leasebus.Duration(time.Minute)
+	// The sidecar's holder has 300 ms of validity left: past that, no
+	// grace makes its word good.
+	short := *held
+	short.ValidFor = leasebus.Duration(300 * time.Millisecond)
+	g.heard(&short)
+	want("held, short validity", true, nil)
+	now = now.Add(300 * time.Millisecond)
+	want("past the sidecar's validity, within the grace", false, leasebus.ErrLeaseUnknown)
 	g.heard(held)
 	want("held", true, nil)
 	now = now.Add(999 * time.Millisecond)
