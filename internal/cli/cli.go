@@ -108,6 +108,7 @@ The bus: --nats URL, else $` + EnvNATS + `, else the embedded default at
 	root.CompletionOptions.HiddenDefaultCmd = true
 	root.PersistentFlags().StringVar(&a.natsFlag, "nats", "", "NATS URL of the lease bus (env "+EnvNATS+"; default the embedded bus at "+a.defaultURL+")")
 	root.AddCommand(a.busCommand(), a.leaseCommand(), a.sidecarCommand(), a.runCommand(), a.pgCommand(), a.hookCommand(), a.demoCommand())
+	root.AddCommand(a.shardCommand())
 	root.AddCommand(a.agentCommand())
 	markRunErrors(root)
 	return root

@@ -29,6 +29,7 @@ import (
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/proxy"
+	"github.com/fenceline/fenceline/shard"
 )
 
 // What run does when the lease is lost while the agent runs (--on-lost).
@@ -47,6 +48,9 @@ type runFlags struct {
 	allowWrite     []string
 	onLost         string
 	killGrace      time.Duration
+	// commit is "fenceline shard commit": serialized or exclusive commit
+	// capacity on the shard commitShard; "" for fenceline run.
+	commit, commitShard string
 }
 
 func (a *app) runCommand() *cobra.Command {
@@ -73,6 +77,16 @@ checkout itself is the repo's one workspace ("checkout"):
   --whole-repo            every path and the git dir
 Claimed directories that do not exist yet are created (the kernel confines
 writes to existing paths).
+
+With a shard pool declared for the repo ("fenceline shard pool"), the
+attempt works in one of its shards (git worktrees) instead of the checkout:
+the lease service places it in the first shard that fits — an exclusive
+attempt in an empty shard, cleaned before it starts and after it settled
+(commits and files it leaves are kept as refs/fenceline/attempts/<id>);
+path leases beside others whose claims are disjoint, up to the pool's
+--max-sharers. With every shard busy, run queues up to --wait, else exits 3
+naming the pool size and who holds each shard. The attempt is recorded on
+the bus ("fenceline shard list") and settled before its lease is released.
 
 The guard (Landlock, and a seccomp supervisor for what changes at run time)
 also hides fenceline's state dir (lease credentials) and the sidecar's
@@ -178,6 +192,9 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 	}
 	if rf.attachID == "" {
 		rf.lf.repo = co.repo
+		if rf.lf.attempt == "" {
+			rf.lf.attempt = leasebus.NewAttemptID() // the attempt record's id, when there is a pool
+		}
 		if len(rf.lf.paths) == 0 && !rf.lf.wholeRepo && rf.lf.workspace == "" {
 			rf.lf.workspace = string(leasebus.WorkspaceExclusive) // no claim: the checkout to itself
 		}
@@ -192,11 +209,20 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 		return err
 	}
 	defer s.Close()
-	held, err := a.holdLease(ctx, s, &rf.lf, rf.attachID, leasebus.Credential(rf.cred))
+	pr, err := a.findPool(ctx, s, rf, co)
 	if err != nil {
 		return err
 	}
-	r := &runner{a: a, rf: rf, co: co, held: held, s: s, errw: errw}
+	var held *heldLease
+	if pr != nil {
+		held, err = a.holdPoolLease(ctx, s, rf, pr)
+	} else {
+		held, err = a.holdLease(ctx, s, &rf.lf, rf.attachID, leasebus.Credential(rf.cred))
+	}
+	if err != nil {
+		return err
+	}
+	r := &runner{a: a, rf: rf, co: co, held: held, s: s, errw: errw, pool: pr, argv: argv}
 	return r.run(ctx, argv, extra, out)
 }
 
@@ -208,6 +234,11 @@ type runner struct {
 	held *heldLease
 	s    *session
 	errw io.Writer // stderr, safe for concurrent use
+	// pool is set when the run works in a shard of its repo's pool; co is
+	// then the shard once placed, and home the checkout.
+	pool *pooledRun
+	home *checkout
+	argv []string
 }
 
 func (r *runner) say(format string, args ...any) {
@@ -236,6 +267,7 @@ func (r *runner) run(ctx context.Context, argv, extra []string, out io.Writer) (
 			sc.Close(dctx)
 			cancel()
 		}
+		r.settle(ctx, -1, false)
 		r.finish(ctx, stateDir, "the agent never started")
 	}()
 
@@ -248,6 +280,11 @@ func (r *runner) run(ctx context.Context, argv, extra []string, out io.Writer) (
 	audit, err := leasebus.NewAuditor(r.s.nc)
 	if err != nil {
 		return err
+	}
+	if r.pool != nil {
+		if err := r.place(ctx, audit); err != nil {
+			return err
+		}
 	}
 	log := slog.New(slog.NewTextHandler(r.errw, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if len(r.rf.ff.gitObjects) == 0 && len(r.co.gitDirs) > 0 {
@@ -272,6 +309,10 @@ func (r *runner) run(ctx context.Context, argv, extra []string, out io.Writer) (
 	pol, created, err := guardPolicy(r.co, l, extra)
 	if err != nil {
 		return err
+	}
+	if r.pool != nil && r.pool.mode == shard.ModeCommitSerialized {
+		// Commit capacity beside path leases: the git dirs, not the files.
+		pol.Writable, pol.GitDirWritable, pol.GitShim = extra, true, false
 	}
 	for _, c := range created {
 		r.say("created %s: the claim did not exist in the checkout, and writes are confined to existing paths", c)
@@ -314,6 +355,7 @@ func (r *runner) run(ctx context.Context, argv, extra []string, out io.Writer) (
 		r.say("%d file writes of the agent were refused after the lease was lost (each is in the audit trail)", n)
 	}
 	code := exitStatus(st)
+	r.settle(ctx, code, ctx.Err() != nil)
 	r.finish(ctx, stateDir, fmt.Sprintf("the agent exited %d and its processes are gone", code))
 
 	switch {
@@ -417,6 +459,12 @@ func (r *runner) command(argv, env []string, out io.Writer) (*exec.Cmd, error) {
 	if wd, err := os.Getwd(); err == nil {
 		if real, err := filepath.EvalSymlinks(wd); err == nil && pathWithin(real, r.co.root) {
 			cmd.Dir = real
+		} else if err == nil && r.home != nil && pathWithin(real, r.home.root) {
+			// The same directory in the shard, when it is there.
+			rel, _ := filepath.Rel(r.home.root, real)
+			if fi, err := os.Stat(filepath.Join(r.co.root, rel)); err == nil && fi.IsDir() {
+				cmd.Dir = filepath.Join(r.co.root, rel)
+			}
 		}
 	}
 	cmd.Env = env
@@ -687,8 +735,12 @@ func guardSummary(co *checkout, p fsguard.Policy, guarded bool) string {
 		}
 		ports = strings.Join(ss, ", ")
 	}
+	what := strings.Join(ws, ", ")
+	if what == "" {
+		what = "no files" // commit capacity: the git dirs only
+	}
 	return fmt.Sprintf("file guard: the agent writes %s in %s (git dir %s) and its own temp dir; TCP connects to ports: %s",
-		strings.Join(ws, ", "), co.root, gitDir, ports)
+		what, co.root, gitDir, ports)
 }
 
 // pathWithin reports whether p is dir or lies beneath it (both absolute).

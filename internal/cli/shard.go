@@ -1,0 +1,654 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/shard"
+)
+
+func (a *app) shardCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "shard",
+		Short: "Declare and inspect a repo's pool of worktree shards; commit in a shard",
+		Long: `A shard pool gives a repository N git worktrees ("shards") that agents'
+attempts are placed in. With a pool declared, "fenceline run --repo PATH"
+works in a shard instead of the checkout: an exclusive attempt (no claim
+flags) gets a whole empty shard, cleaned before and after it; path leases
+(--scope) share a shard with disjoint claims, up to --max-sharers. Shards
+are created with "git worktree add" by the first attempt placed in them,
+on the branch fenceline/shard-N.`,
+		Args: groupArgs,
+		RunE: showHelp,
+	}
+	c.AddCommand(a.shardPoolCommand(), a.shardListCommand(), a.shardCommitCommand())
+	return c
+}
+
+func (a *app) shardPoolCommand() *cobra.Command {
+	var (
+		repo, dir        string
+		size, maxSharers int
+		replicas         int
+	)
+	c := &cobra.Command{
+		Use:   "pool --repo PATH --size N [--max-sharers K] [--dir DIR]",
+		Short: "Declare a repo's shard pool, or resize it",
+		Long: `Declare (or resize) the shard pool of the checkout at PATH, on the bus.
+Shards live in DIR (default <checkout>.shards next to the checkout) and are
+created lazily. A pool never shrinks below a shard an active lease occupies
+(exit 3 naming who); a dropped shard's worktree stays on disk, and growing
+again adopts it (dirty: cleaned before an exclusive attempt uses it).`,
+		Example: `  fenceline shard pool --repo . --size 4 --max-sharers 3`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if strings.TrimSpace(repo) == "" {
+				return usagef("--repo is required: the local checkout, e.g. --repo .")
+			}
+			if size < 1 {
+				return usagef("--size %d: want at least 1 shard", size)
+			}
+			if maxSharers < 0 {
+				return usagef("--max-sharers %d is negative (0: no bound)", maxSharers)
+			}
+			co, err := findCheckout(ctx, repo)
+			if err != nil {
+				return err
+			}
+			if len(co.gitDirs) == 0 {
+				return usagef("--repo %s is not a git checkout: shards are git worktrees", repo)
+			}
+			if dir != "" {
+				if dir, err = filepath.Abs(dir); err != nil {
+					return usagef("--dir: %v", err)
+				}
+			}
+			s, err := a.dial()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			st, err := shard.Open(s.nc, shard.Config{Replicas: replicas})
+			if err != nil {
+				return &usageError{err: err}
+			}
+			p, err := st.Declare(ctx, shard.Spec{Repo: co.repo, Checkout: co.root, Dir: dir, Size: size, MaxSharers: maxSharers}, s.client)
+			if errors.Is(err, shard.ErrInUse) {
+				return &exitError{code: ExitConflict, err: err}
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "pool declared: %s\ncheckout: %s\nshards: %d in %s\nmax sharers: %s\n", p.Repo, p.Checkout, p.Size, p.Dir, sharersText(p.MaxSharers))
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&repo, "repo", "", "local checkout the pool is for (required)")
+	f.IntVar(&size, "size", 0, "number of shards (required)")
+	f.IntVar(&maxSharers, "max-sharers", 0, "most path leases sharing one shard (0: no bound)")
+	f.StringVar(&dir, "dir", "", "where the shards live (default <checkout>.shards next to it)")
+	f.IntVar(&replicas, "replicas", 1, "replicas of the shard and attempt buckets when this creates them (3 on a cluster)")
+	return c
+}
+
+func sharersText(n int) string {
+	if n == 0 {
+		return "no bound"
+	}
+	return fmt.Sprint(n)
+}
+
+// poolView is one pool as shard list shows it.
+type poolView struct {
+	*shard.Pool
+	Shards   []shardView       `json:"shards"`
+	Attempts []*shard.Attempt  `json:"attempts"`
+	Other    []*leasebus.Lease `json:"otherLeases,omitempty"` // active leases outside the shards
+}
+
+type shardView struct {
+	shard.Shard
+	Occupants []*leasebus.Lease `json:"occupants"`
+}
+
+func (a *app) shardListCommand() *cobra.Command {
+	var (
+		repo   string
+		asJSON bool
+		recent int
+	)
+	c := &cobra.Command{
+		Use:   "list [--repo PATH] [--json]",
+		Short: "Show pools: shards with their state and occupants, and attempts",
+		Long: `Show each pool (or the pool of --repo): its shards with state (absent,
+clean, dirty) and occupants (the active leases of that shard, from the
+bus), and its attempts. Attempts still "running" whose leases ended (their
+runner crashed) are marked unknown and their shards dirty first, with an
+audit event.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			var repoID string
+			if repo != "" {
+				co, err := findCheckout(ctx, repo)
+				if err != nil {
+					return err
+				}
+				repoID = co.repo
+			}
+			s, err := a.dial()
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			audit, err := leasebus.NewAuditor(s.nc)
+			if err != nil {
+				return err
+			}
+			st, err := shard.Open(s.nc, shard.Config{Audit: audit})
+			if err != nil {
+				return err
+			}
+			var pools []*shard.Pool
+			if repoID != "" {
+				p, err := st.Pool(ctx, repoID)
+				if errors.Is(err, shard.ErrNoPool) {
+					return fmt.Errorf("no shard pool is declared for %s: declare one with \"fenceline shard pool --repo %s --size N\"", repoID, repo)
+				}
+				if err != nil {
+					return err
+				}
+				pools = []*shard.Pool{p}
+			} else if pools, err = st.Pools(ctx); err != nil {
+				return err
+			}
+			var views []poolView
+			for _, p := range pools {
+				v, err := viewPool(ctx, st, s.client, p, recent)
+				if err != nil {
+					return err
+				}
+				views = append(views, v)
+			}
+			if asJSON {
+				if views == nil {
+					views = []poolView{}
+				}
+				return writeJSON(a.stdout, views)
+			}
+			if len(views) == 0 {
+				fmt.Fprintln(a.stdout, "no shard pools declared")
+				return nil
+			}
+			for i, v := range views {
+				if i > 0 {
+					fmt.Fprintln(a.stdout)
+				}
+				printPool(a.stdout, v)
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&repo, "repo", "", "only the pool of this local checkout")
+	c.Flags().BoolVar(&asJSON, "json", false, "print the pools as JSON")
+	c.Flags().IntVar(&recent, "attempts", 20, "show this many most recent attempts besides the running ones (0: all)")
+	return c
+}
+
+// viewPool recovers the pool's crashed attempts and gathers what list shows.
+func viewPool(ctx context.Context, st *shard.Store, leases *leasebus.Client, p *shard.Pool, recent int) (poolView, error) {
+	if rec, err := st.Recover(ctx, p.Repo, leases, true); err != nil {
+		return poolView{}, err
+	} else if len(rec) > 0 {
+		if np, err := st.Pool(ctx, p.Repo); err == nil {
+			p = np
+		}
+	}
+	active, err := leases.List(ctx, p.Repo, false)
+	if err != nil {
+		return poolView{}, err
+	}
+	atts, err := st.Attempts(ctx, p.Repo)
+	if err != nil {
+		return poolView{}, err
+	}
+	if recent > 0 && len(atts) > recent {
+		cut := len(atts) - recent
+		keep := slices.DeleteFunc(slices.Clone(atts[:cut]), func(a *shard.Attempt) bool { return a.Status != shard.StatusRunning })
+		atts = append(keep, atts[cut:]...)
+	}
+	v := poolView{Pool: p, Attempts: atts}
+	placed := map[string]bool{}
+	for _, sh := range p.Shards {
+		sv := shardView{Shard: sh, Occupants: []*leasebus.Lease{}}
+		for _, l := range active {
+			if id, _, _ := strings.Cut(l.WorkspaceID, "/"); id == sh.ID {
+				sv.Occupants = append(sv.Occupants, l)
+				placed[l.LeaseID] = true
+			}
+		}
+		v.Shards = append(v.Shards, sv)
+	}
+	for _, l := range active {
+		if !placed[l.LeaseID] {
+			v.Other = append(v.Other, l)
+		}
+	}
+	return v, nil
+}
+
+func printPool(w interface{ Write([]byte) (int, error) }, v poolView) {
+	fmt.Fprintf(w, "pool %s: %d shards in %s (checkout %s, max sharers %s)\n", v.Repo, v.Size, v.Dir, v.Checkout, sharersText(v.MaxSharers))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  SHARD\tSTATE\tBRANCH\tLAST ATTEMPT\tOCCUPANTS")
+	for _, sh := range v.Shards {
+		var occ []string
+		for _, l := range sh.Occupants {
+			occ = append(occ, occupantText(l))
+		}
+		if len(occ) == 0 {
+			occ = []string{"-"}
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", sh.ID, sh.State, sh.Branch, orDash(sh.LastAttempt), strings.Join(occ, "; "))
+	}
+	tw.Flush()
+	for _, l := range v.Other {
+		fmt.Fprintf(w, "  outside the shards: %s\n", occupantText(l))
+	}
+	if len(v.Attempts) == 0 {
+		fmt.Fprintln(w, "attempts: none")
+		return
+	}
+	fmt.Fprintln(w, "attempts:")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  ATTEMPT\tSTATUS\tSHARD\tMODE\tAGENT\tSTARTED\tEXIT\tCOMMAND")
+	for _, at := range v.Attempts {
+		exit := "-"
+		if at.ExitCode != nil {
+			exit = fmt.Sprint(*at.ExitCode)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", at.AttemptID, at.Status, at.Shard, at.Mode, at.AgentID,
+			at.StartedAt.UTC().Format(time.RFC3339), exit, commandText(at.Command))
+	}
+	tw.Flush()
+}
+
+// commandText is a command line cut to fit a table row.
+func commandText(argv []string) string {
+	s := strings.Join(strings.Fields(strings.Join(argv, " ")), " ")
+	if r := []rune(s); len(r) > 48 {
+		return string(r[:47]) + "…"
+	}
+	return s
+}
+
+func occupantText(l *leasebus.Lease) string {
+	return fmt.Sprintf("%s %s %s by %s, fence %d, expires %s", l.LeaseID, l.WorkspaceMode, l.Scope, l.Owner.AgentID, l.Fence, l.ExpiresAt.UTC().Format(time.RFC3339))
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func (a *app) shardCommitCommand() *cobra.Command {
+	var (
+		rf                    runFlags
+		serialized, exclusive bool
+	)
+	c := &cobra.Command{
+		Use:   "commit --repo PATH --shard ID (--serialized | --exclusive) -- CMD [ARGS...]",
+		Short: "Run a coordinator's git command with a shard's commit capacity",
+		Long: `Run CMD in a shard with the right to change the repository as a whole
+(commit, stash, reset, ...), under the file-write guard like "fenceline run".
+
+  --serialized  an exclusive lease claiming nothing on the workspace
+                <shard>/commit: one commit at a time per shard, while the
+                shard's path-leased attempts keep working. CMD may write the
+                git dirs; the worktree's files are read-only to it.
+  --exclusive   an exclusive lease on the shard itself: it waits (--wait)
+                until the shard is empty; CMD writes everything.
+
+The shard is not cleaned afterwards: what CMD commits stays on the shard's
+branch (an exclusive attempt that later cleans the shard keeps it as
+refs/fenceline/attempts/<attemptId>).`,
+		Example: `  fenceline shard commit --repo . --shard shard-1 --serialized -- git commit -am "agents' work"`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return fmt.Errorf("%s needs the command to run after --, e.g. -- git commit -am msg", cmd.CommandPath())
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			switch {
+			case serialized == exclusive:
+				return usagef("give exactly one of --serialized (commit beside path leases) or --exclusive (the whole shard)")
+			case rf.commitShard == "":
+				return usagef("--shard is required: the shard to commit in, e.g. --shard shard-1 (see fenceline shard list)")
+			case serialized:
+				rf.commit = "serialized"
+			default:
+				rf.commit = "exclusive"
+			}
+			rf.lf.workspace = string(leasebus.WorkspaceExclusive)
+			return a.runAgent(cmd.Context(), &rf, args)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&rf.lf.repo, "repo", "", "local checkout whose pool holds the shard (required)")
+	f.StringVar(&rf.commitShard, "shard", "", "shard to commit in, e.g. shard-1 (required)")
+	f.BoolVar(&serialized, "serialized", false, "serialized commit capacity: git dirs writable, files read-only, beside path leases")
+	f.BoolVar(&exclusive, "exclusive", false, "the whole shard: wait until it is empty, everything writable")
+	f.DurationVar(&rf.lf.ttl, "ttl", leasebus.DefaultTTL, "how long the lease lives without a renewal")
+	f.DurationVar(&rf.lf.wait, "wait", 0, "queue for the capacity up to this long (0: fail at once)")
+	f.StringVar(&rf.lf.task, "task", "", "owner task id (default \"cli\")")
+	f.StringVar(&rf.lf.agent, "agent", "", "owner agent id (default $USER@hostname)")
+	f.BoolVar(&rf.allowUnguarded, "allow-unguarded", false, "run even when the kernel cannot confine file writes (no Landlock)")
+	f.StringArrayVar(&rf.allowConnect, "allow-connect", nil, "TCP port CMD may connect to besides the sidecar's (repeatable)")
+	f.StringArrayVar(&rf.allowWrite, "allow-write", nil, "existing path CMD may write besides what the capacity allows (repeatable)")
+	f.StringVar(&rf.onLost, "on-lost", onLostKeep, "when the lease is lost: keep or signal")
+	f.DurationVar(&rf.killGrace, "kill-grace", 10*time.Second, "how long CMD's processes have between SIGTERM and SIGKILL")
+	rf.ff.register(c)
+	f.SetInterspersed(false)
+	return c
+}
+
+// pooledRun is a run placed in a shard of its repo's pool.
+type pooledRun struct {
+	store   *shard.Store
+	pool    *shard.Pool
+	mode    string // shard.Mode*; run's is known once the lease is granted
+	place   *shard.Placement
+	settled bool
+}
+
+// findPool returns the pool a run works in: its repo's, unless it attaches
+// to a lease or names a workspace outside the pool; nil without a pool.
+// It first recovers the pool's crashed attempts.
+func (a *app) findPool(ctx context.Context, s *session, rf *runFlags, co *checkout) (*pooledRun, error) {
+	if rf.attachID != "" {
+		return nil, nil
+	}
+	audit, err := leasebus.NewAuditor(s.nc)
+	if err != nil {
+		return nil, err
+	}
+	st, err := shard.Open(s.nc, shard.Config{Audit: audit})
+	if err != nil {
+		return nil, err
+	}
+	p, err := st.Pool(ctx, co.repo)
+	if errors.Is(err, shard.ErrNoPool) {
+		if rf.commit != "" {
+			return nil, usagef("no shard pool is declared for %s: declare one with \"fenceline shard pool --repo %s --size N\"", co.repo, rf.lf.repo)
+		}
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	pr := &pooledRun{store: st, pool: p}
+	switch {
+	case rf.commit == "serialized":
+		pr.mode = shard.ModeCommitSerialized
+	case rf.commit == "exclusive":
+		pr.mode = shard.ModeCommitExclusive
+	case rf.lf.workspaceID != "" && p.Shard(rf.lf.workspaceID) == nil:
+		return nil, nil // a workspace of its own, outside the pool
+	}
+	if rf.commit != "" && p.Shard(rf.commitShard) == nil {
+		return nil, usagef("--shard %s: the pool of %s has %s", rf.commitShard, co.repo, strings.Join(p.ShardIDs(), ", "))
+	}
+	if _, err := st.Recover(ctx, co.repo, s.client, false); err != nil {
+		return nil, fmt.Errorf("recover crashed attempts of %s: %w", co.repo, err)
+	}
+	return pr, nil
+}
+
+// holdPoolLease acquires the run's lease in one of the pool's shards (the
+// lease service picks the first that fits), or the commit capacity of one.
+func (a *app) holdPoolLease(ctx context.Context, s *session, rf *runFlags, pr *pooledRun) (*heldLease, error) {
+	req, err := rf.lf.request()
+	if err != nil {
+		return nil, err
+	}
+	switch pr.mode {
+	case shard.ModeCommitSerialized:
+		req.WorkspaceID = shard.CommitWorkspace(rf.commitShard)
+	case shard.ModeCommitExclusive:
+		req.WorkspaceID = rf.commitShard
+	default:
+		if req.WorkspaceID == "" {
+			req.Workspaces = pr.pool.ShardIDs()
+		}
+		req.MaxSharers = pr.pool.MaxSharers
+	}
+	if req.Wait > 0 {
+		what := fmt.Sprintf("a shard of the pool of %s (%d shards)", req.Repo, pr.pool.Size)
+		if req.WorkspaceID != "" {
+			what = "workspace " + req.WorkspaceID
+		}
+		fmt.Fprintf(a.stderr, "fenceline: waiting up to %s for %s\n", time.Duration(req.Wait), what)
+	}
+	cred := leasebus.NewCredential()
+	sent := time.Now()
+	l, err := s.client.Acquire(ctx, req, cred)
+	if err != nil {
+		var ce *leasebus.ConflictError
+		if !errors.As(err, &ce) {
+			return nil, fmt.Errorf("acquire %s in a shard of %s: %w", req.Scope, req.Repo, err)
+		}
+		if pr.mode == shard.ModeCommitSerialized || pr.mode == shard.ModeCommitExclusive {
+			return nil, &conflictReport{ce: ce, claim: req.Scope, wait: time.Duration(req.Wait)}
+		}
+		active, _ := s.client.List(context.WithoutCancel(ctx), req.Repo, false)
+		return nil, &poolConflict{ce: ce, pool: pr.pool, req: req, active: active}
+	}
+	if pr.mode == shard.ModeCommitSerialized {
+		if err := exclusiveInShard(ctx, s, l, rf.commitShard); err != nil {
+			s.client.Release(context.WithoutCancel(ctx), l.LeaseID, cred)
+			return nil, err
+		}
+	}
+	h, err := s.client.Hold(l, cred, sent, leasebus.HoldOptions{})
+	if err != nil {
+		s.client.Release(context.WithoutCancel(ctx), l.LeaseID, cred)
+		return nil, err
+	}
+	return &heldLease{holder: h, cred: cred, acquired: true}, nil
+}
+
+// exclusiveInShard refuses serialized commit capacity while an exclusive
+// attempt is the shard's sole occupant. The lease service does not relate
+// the workspaces <shard>/commit and <shard>, so this is a check after the
+// grant: an exclusive lease granted in the moment between is not seen.
+func exclusiveInShard(ctx context.Context, s *session, mine *leasebus.Lease, shardID string) error {
+	active, err := s.client.List(ctx, mine.Repo, false)
+	if err != nil {
+		return fmt.Errorf("check %s for an exclusive attempt: %w", shardID, err)
+	}
+	for _, l := range active {
+		if l.WorkspaceID == shardID && l.WorkspaceMode == leasebus.WorkspaceExclusive {
+			err := fmt.Errorf("%s is held exclusively by lease %s (%s, fence %d, expires %s): its attempt is the shard's sole occupant; commit with --exclusive --wait DUR to follow it, or retry once it ends",
+				shardID, l.LeaseID, l.Owner, l.Fence, l.ExpiresAt.UTC().Format(time.RFC3339))
+			if audit, aerr := leasebus.NewAuditor(s.nc); aerr == nil {
+				audit.Record(context.WithoutCancel(ctx), leasebus.AuditEvent{
+					Type: leasebus.EventRefused, Boundary: shard.BoundaryShard, Repo: mine.Repo,
+					LeaseID: mine.LeaseID, Owner: mine.Owner, Scope: mine.Scope, Fence: mine.Fence,
+					Reason: "serialized commit capacity refused: " + shardID + " is held exclusively by " + l.LeaseID, Message: err.Error(),
+				})
+			}
+			return &exitError{code: ExitConflict, err: err}
+		}
+	}
+	return nil
+}
+
+// poolConflict explains an attempt no shard could take: the pool's size
+// and who holds each shard.
+type poolConflict struct {
+	ce     *leasebus.ConflictError
+	pool   *shard.Pool
+	req    leasebus.AcquireRequest
+	active []*leasebus.Lease
+}
+
+func (e *poolConflict) Unwrap() error { return e.ce }
+
+func (e *poolConflict) Error() string {
+	var b strings.Builder
+	mode := e.req.WorkspaceMode
+	if mode == "" {
+		mode = leasebus.WorkspaceShared
+		if len(e.req.Scope.Paths) == 0 {
+			mode = leasebus.WorkspaceExclusive
+		}
+	}
+	fmt.Fprintf(&b, "no shard of the pool of %s can take this attempt (%s, %s workspace): pool size %d, max sharers %s",
+		e.pool.Repo, e.req.Scope, mode, e.pool.Size, sharersText(e.pool.MaxSharers))
+	if e.ce.Waited {
+		fmt.Fprintf(&b, "; still so after --wait %s", time.Duration(e.req.Wait))
+	}
+	b.WriteString(":")
+	named := map[string]bool{}
+	for _, sh := range e.pool.Shards {
+		fmt.Fprintf(&b, "\n  %s:", sh.ID)
+		n := 0
+		for _, c := range e.ce.Conflicts {
+			if id, _, _ := strings.Cut(c.WorkspaceID, "/"); id == sh.ID && c.LeaseID != "" {
+				b.WriteString("\n    " + conflictText(c))
+				named[c.LeaseID] = true
+				n++
+			}
+		}
+		for _, l := range e.active {
+			if id, _, _ := strings.Cut(l.WorkspaceID, "/"); id == sh.ID && !named[l.LeaseID] {
+				b.WriteString("\n    " + occupantText(l))
+				named[l.LeaseID] = true
+				n++
+			}
+		}
+		if n == 0 {
+			b.WriteString(" empty")
+		}
+	}
+	for _, c := range e.ce.Conflicts {
+		if c.LeaseID == "" || !named[c.LeaseID] {
+			b.WriteString("\n  also: " + conflictText(c))
+		}
+	}
+	fmt.Fprintf(&b, "\nretry once one ends, queue with --wait DUR, or grow the pool with \"fenceline shard pool --repo %s --size %d\"", e.pool.Checkout, e.pool.Size+1)
+	return b.String()
+}
+
+func conflictText(c leasebus.Conflict) string {
+	id := c.LeaseID
+	if id == "" {
+		id = "queued request " + c.RequestID
+	}
+	s := fmt.Sprintf("%s held by %s", id, c.Owner)
+	if c.Fence > 0 {
+		s += fmt.Sprintf(", fence %d", c.Fence)
+	}
+	if !c.ExpiresAt.IsZero() {
+		s += fmt.Sprintf(", expires %s (in %s)", c.ExpiresAt.UTC().Format(time.RFC3339), untilSeconds(c.ExpiresAt))
+	}
+	if c.Why != "" {
+		s += ": " + c.Why
+	}
+	return s
+}
+
+// place puts the attempt into the shard its lease was granted in: the
+// attempt record (running), the shard made or cleaned, and the run's
+// checkout switched to the shard.
+func (r *runner) place(ctx context.Context, audit *leasebus.Auditor) error {
+	pr := r.pool
+	l := r.held.holder.Lease()
+	if pr.mode == "" {
+		pr.mode = shard.ModeExclusive
+		if l.WorkspaceMode == leasebus.WorkspaceShared {
+			pr.mode = shard.ModeShared
+		}
+	}
+	att := shard.Attempt{AttemptID: l.Owner.AttemptID, TaskID: l.Owner.TaskID, AgentID: l.Owner.AgentID, HostID: l.Owner.HostID, Command: r.argv}
+	if att.AttemptID == "" {
+		att.AttemptID = leasebus.NewAttemptID()
+	}
+	pl, err := pr.store.Place(ctx, pr.pool, l, pr.mode, att)
+	if err != nil {
+		return fmt.Errorf("place attempt %s in %s: %w", att.AttemptID, l.WorkspaceID, err)
+	}
+	pr.place = pl
+	how := "ready"
+	switch {
+	case pl.Created:
+		how = "created with git worktree add"
+	case pl.Cleaned:
+		how = "cleaned first"
+	case pr.mode == shard.ModeShared:
+		how = "beside the shard's other path leases"
+	}
+	if len(pl.Kept) > 0 {
+		how += ", earlier work kept as " + strings.Join(pl.Kept, ", ")
+	}
+	r.say("attempt %s in %s (%s, %s): %s", pl.Attempt.AttemptID, pl.Worktree.ID, pr.mode, how, pl.Worktree.Path)
+	co, err := findCheckout(ctx, pl.Worktree.Path)
+	if err != nil {
+		return fmt.Errorf("shard %s: %w", pl.Worktree.ID, err)
+	}
+	co.repo, co.origin = r.co.repo, r.co.origin
+	r.home, r.co = r.co, co
+	return nil
+}
+
+// settle records the attempt's end (once every process is gone, before
+// the lease is released) and returns an exclusive attempt's shard clean.
+func (r *runner) settle(ctx context.Context, code int, cancelled bool) {
+	pr := r.pool
+	if pr == nil || pr.place == nil || pr.settled {
+		return
+	}
+	pr.settled = true
+	st := shard.StatusSucceeded
+	switch {
+	case cancelled:
+		st = shard.StatusCancelled
+	case code != 0:
+		st = shard.StatusFailed
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	pl := pr.place
+	if err := pl.Settle(ctx, st, code); err != nil {
+		r.say("attempt %s not settled on the bus: %v", pl.Attempt.AttemptID, err)
+	} else {
+		r.say("attempt %s %s (exit %d)", pl.Attempt.AttemptID, st, code)
+	}
+	kept, err := pl.CleanAfter(ctx, func() error { _, err := r.held.holder.Fence(); return err })
+	switch {
+	case err != nil:
+		r.say("%v", err)
+	case pl.Mode == shard.ModeExclusive:
+		msg := "nothing to keep"
+		if len(kept) > 0 {
+			msg = "its work kept as " + strings.Join(kept, ", ")
+		}
+		r.say("%s cleaned for the next attempt (%s)", pl.Worktree.ID, msg)
+	case pl.Mode == shard.ModeShared:
+		r.say("%s: the attempt's paths stay as they are for the coordinator (shard dirty)", pl.Worktree.ID)
+	}
+}

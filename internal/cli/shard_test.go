@@ -1,0 +1,649 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/shard"
+)
+
+// newPool makes a checkout with a declared pool of size shards.
+func newPool(t *testing.T, url string, size, sharers int) string {
+	t.Helper()
+	co := newCheckout(t, "")
+	fl(t, "--nats", url, "shard", "pool", "--repo", co, "--size", strconv.Itoa(size), "--max-sharers", strconv.Itoa(sharers)).want(t, ExitOK)
+	return co
+}
+
+// ctlDir is a directory agents may write (--allow-write) to say they are
+// ready and where the test says stop.
+type ctlDir string
+
+func newCtl(t *testing.T) ctlDir {
+	d, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctlDir(d)
+}
+
+func (c ctlDir) path(name string) string { return filepath.Join(string(c), name) }
+
+// waiter is an agent script that says it is ready, runs more, then waits
+// for stop-<name>.
+func (c ctlDir) waiter(name, more string) string {
+	return fmt.Sprintf("touch %s; %s\nwhile [ ! -e %s ]; do sleep 0.02; done", c.path("ready-"+name), more, c.path("stop-"+name))
+}
+
+func (c ctlDir) stop(t *testing.T, name string) {
+	t.Helper()
+	if err := os.WriteFile(c.path("stop-"+name), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c ctlDir) awaitReady(t *testing.T, r *aRun, name string) {
+	t.Helper()
+	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		r.running(t)
+		return exists(c.path("ready-" + name))
+	})
+}
+
+var placedRE = regexp.MustCompile(`attempt (att_[a-z0-9]+) in (shard-\d+) `)
+
+// placed returns the attempt id and shard a run announced.
+func placed(t *testing.T, stderr string) (attempt, shardID string) {
+	t.Helper()
+	m := placedRE.FindStringSubmatch(stderr)
+	if m == nil {
+		t.Fatalf("no placement announced:\n%s", stderr)
+	}
+	return m[1], m[2]
+}
+
+// poolJSON is shard list --json for one repo.
+func poolJSON(t *testing.T, url, co string) poolView {
+	t.Helper()
+	r := fl(t, "--nats", url, "shard", "list", "--repo", co, "--json").want(t, ExitOK)
+	var vs []poolView
+	if err := json.Unmarshal([]byte(r.stdout), &vs); err != nil || len(vs) != 1 {
+		t.Fatalf("decode shard list --json: %v\n%s", err, r.stdout)
+	}
+	return vs[0]
+}
+
+func attemptIn(v poolView, id string) *shard.Attempt {
+	for _, a := range v.Attempts {
+		if a.AttemptID == id {
+			return a
+		}
+	}
+	return nil
+}
+
+// awaitShardEvent waits for an audit event at the shard boundary.
+func awaitShardEvent(t *testing.T, url, repo string, match func(leasebus.AuditEvent) bool) leasebus.AuditEvent {
+	t.Helper()
+	_, nc := busClient(t, url)
+	var found leasebus.AuditEvent
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		evs, err := leasebus.ReadAudit(context.Background(), nc, repo, 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Boundary == shard.BoundaryShard && match(ev) {
+				found = ev
+				return nil
+			}
+		}
+		return fmt.Errorf("no matching shard event among %d", len(evs))
+	})
+	return found
+}
+
+// TestShardPathLeasesShareAShard: disjoint path leases share one shard
+// (sharers go where sharers are), --max-sharers sends the next to another
+// shard, and with every shard busy an exclusive run fails fast with exit 3
+// naming the pool size and who holds each shard.
+func TestShardPathLeasesShareAShard(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newPool(t, url, 2, 3)
+	ctl := newCtl(t)
+	runs := map[string]*aRun{}
+	for _, name := range []string{"a", "b", "c", "d"} {
+		runs[name] = startRun(t, url, "--repo", co, "--scope", "in/"+name, "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter(name, ""))
+		ctl.awaitReady(t, runs[name], name) // one at a time: placement order is then known
+	}
+	shards := map[string]string{}
+	for name, r := range runs {
+		_, shards[name] = placed(t, r.errOut.String())
+	}
+	if shards["a"] != "shard-1" || shards["b"] != "shard-1" || shards["c"] != "shard-1" || shards["d"] != "shard-2" {
+		t.Fatalf("placements %v: want a, b, c sharing shard-1 (max sharers 3) and d in shard-2", shards)
+	}
+	r := runFL(t, url, "--repo", co, "--", "sh", "-c", "touch ran").want(t, ExitConflict)
+	mustContain(t, "exhausted run", r.stderr, "no shard of the pool of "+co, "pool size 2", "max sharers 3", "shard-1:", "shard-2:",
+		leaseOf(t, runs["a"].errOut.String()), leaseOf(t, runs["d"].errOut.String()), "expires ", "--wait")
+	// An overlapping claim never runs beside a, in any shard.
+	r = runFL(t, url, "--repo", co, "--scope", "in/a/deeper", "--", "touch", "ran").want(t, ExitConflict)
+	mustContain(t, "overlapping run", r.stderr, leaseOf(t, runs["a"].errOut.String()), "in/a")
+	// The pool does not shrink below an occupied shard.
+	r = fl(t, "--nats", url, "shard", "pool", "--repo", co, "--size", "1").want(t, ExitConflict)
+	mustContain(t, "shrink", r.stderr, "shard-2", leaseOf(t, runs["d"].errOut.String()))
+	v := poolJSON(t, url, co)
+	if n := len(v.Shards[0].Occupants); n != 3 {
+		t.Errorf("shard-1 has %d occupants, want 3", n)
+	}
+	for name := range runs {
+		ctl.stop(t, name)
+		if code := runs[name].wait(t); code != 0 {
+			t.Fatalf("run %s exited %d\n%s", name, code, runs[name].errOut)
+		}
+	}
+	v = poolJSON(t, url, co)
+	if len(v.Attempts) != 4 {
+		t.Fatalf("%d attempts, want 4", len(v.Attempts))
+	}
+	for _, a := range v.Attempts {
+		if a.Status != shard.StatusSucceeded || a.Mode != shard.ModeShared || a.ExitCode == nil || *a.ExitCode != 0 || len(a.Leases) != 1 {
+			t.Errorf("attempt %+v", a)
+		}
+	}
+	if v.Shards[0].State != shard.StateDirty || len(v.Shards[0].Occupants) != 0 {
+		t.Errorf("shard-1 after its sharers: %+v, want dirty and empty", v.Shards[0])
+	}
+	if _, err := os.Stat(filepath.Join(v.Shards[0].Path, "in", "a")); err != nil {
+		t.Errorf("a sharer's claim is not in its shard: %v", err)
+	}
+	text := fl(t, "--nats", url, "shard", "list").want(t, ExitOK).stdout
+	mustContain(t, "shard list", text, "pool "+co+": 2 shards", "shard-1  dirty", "succeeded")
+}
+
+// TestShardExclusiveTakesEmptyShard: an exclusive run goes to an empty
+// shard beside a path lease, writes everything there and commits; its
+// commit is kept as a ref and the shard is clean after it.
+func TestShardExclusiveTakesEmptyShard(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newPool(t, url, 2, 0)
+	ctl := newCtl(t)
+	shared := startRun(t, url, "--repo", co, "--scope", "in", "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("s", ""))
+	ctl.awaitReady(t, shared, "s")
+	script := `echo x > out/new && echo y > top && git add -A && git -c user.name=a -c user.email=a@a commit -qm excl && echo committed`
+	r := runFL(t, url, "--repo", co, "--", "sh", "-c", script).want(t, ExitOK)
+	att, sh := placed(t, r.stderr)
+	if _, s1 := placed(t, shared.errOut.String()); s1 != "shard-1" || sh != "shard-2" {
+		t.Fatalf("shared in %s, exclusive in %s; want shard-1 and shard-2", s1, sh)
+	}
+	mustContain(t, "exclusive run", r.stdout, "committed")
+	mustContain(t, "exclusive run", r.stderr, "created with git worktree add", "shard-2 cleaned for the next attempt", "refs/fenceline/attempts/"+att)
+	if out := mustGitRun(t, co, nil, "log", "-1", "--format=%s", "refs/fenceline/attempts/"+att); strings.TrimSpace(out) != "excl" {
+		t.Errorf("kept ref: %q", out)
+	}
+	v := poolJSON(t, url, co)
+	if v.Shards[1].State != shard.StateClean {
+		t.Errorf("shard-2 after the exclusive attempt: %s, want clean", v.Shards[1].State)
+	}
+	for _, f := range []string{"top", "out/new"} {
+		if exists(filepath.Join(v.Shards[1].Path, f)) == nil {
+			t.Errorf("%s left in shard-2", f)
+		}
+	}
+	ctl.stop(t, "s")
+	shared.wait(t)
+}
+
+// TestShardCleanupBetweenAttempts: the next exclusive attempt sees no
+// leftovers of the previous one, nor of a path lease before it; their
+// work is kept as refs/fenceline/attempts/..., each cleaning audited.
+func TestShardCleanupBetweenAttempts(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newPool(t, url, 1, 0)
+	base := strings.TrimSpace(mustGitRun(t, co, nil, "rev-parse", "HEAD"))
+	dirty := `echo junk > junk; echo edit >> README.md; mkdir -p build; echo o > build/x.o
+git -c user.name=a -c user.email=a@a commit -qm c1 --allow-empty; echo more > later`
+	r1 := runFL(t, url, "--repo", co, "--", "sh", "-c", dirty).want(t, ExitOK)
+	att1, _ := placed(t, r1.stderr)
+	look := `git status --porcelain --ignored; ls; git rev-parse HEAD`
+	r2 := runFL(t, url, "--repo", co, "--", "sh", "-c", look).want(t, ExitOK)
+	if got, want := strings.Fields(r2.stdout), []string{"README.md", "in", "out", base}; strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("the second attempt sees %v, want a clean shard: %v", got, want)
+	}
+	if out := mustGitRun(t, co, nil, "show", "refs/fenceline/attempts/"+att1+"-worktree:later"); strings.TrimSpace(out) != "more" {
+		t.Errorf("kept worktree of %s: %q", att1, out)
+	}
+	if out := mustGitRun(t, co, nil, "log", "-1", "--format=%s", "refs/fenceline/attempts/"+att1); strings.TrimSpace(out) != "c1" {
+		t.Errorf("kept commit of %s: %q", att1, out)
+	}
+	// A path lease leaves its claim for the coordinator; the next
+	// exclusive attempt cleans the shard first, keeping it.
+	r3 := runFL(t, url, "--repo", co, "--scope", "in", "--", "sh", "-c", "echo draft > in/draft").want(t, ExitOK)
+	att3, _ := placed(t, r3.stderr)
+	mustContain(t, "path lease", r3.stderr, "stay as they are for the coordinator")
+	r4 := runFL(t, url, "--repo", co, "--", "sh", "-c", "ls in").want(t, ExitOK)
+	mustContain(t, "exclusive after a path lease", r4.stderr, "cleaned first", "refs/fenceline/attempts/"+att3+"-worktree")
+	if strings.Contains(r4.stdout, "draft") {
+		t.Errorf("the exclusive attempt sees the path lease's draft: %s", r4.stdout)
+	}
+	awaitShardEvent(t, url, co, func(ev leasebus.AuditEvent) bool {
+		return ev.Type == shard.EventCleaned && strings.Contains(ev.Message, "refs/fenceline/attempts/"+att3+"-worktree")
+	})
+}
+
+// TestShardGitRestrictions: a path lease in a shard cannot commit (shim
+// and guard); the serialized commit capacity commits beside it but cannot
+// write the worktree's files; the exclusive capacity waits until the
+// shard is empty.
+func TestShardGitRestrictions(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newPool(t, url, 1, 0)
+	realGit, err := exec.LookPath("git")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := newCtl(t)
+	id := "-c user.name=agent -c user.email=agent@example.com"
+	agent := `echo edit > in/work; git ` + id + ` commit -qam x; echo "commit=$?"; ` + realGit + ` ` + id + ` commit -qam x 2>/dev/null; echo "abs-commit=$?"`
+	shared := startRun(t, url, "--repo", co, "--scope", "in", "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("s", agent))
+	ctl.awaitReady(t, shared, "s")
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if !strings.Contains(shared.out.String(), "abs-commit=") {
+			return errors.New("agent not done")
+		}
+		return nil
+	})
+	if out := shared.out.String(); !strings.Contains(out, "commit=3") || strings.Contains(out, "abs-commit=0") {
+		t.Fatalf("a path lease committed: %s\n%s", out, shared.errOut)
+	}
+
+	// Serialized commit capacity, while the path lease still runs.
+	commit := `if (echo x > README.md) 2>/dev/null; then echo write=ok; else echo write=refused; fi
+git add -A && git ` + id + ` commit -qm "agents' work" && echo commit=ok`
+	c := fl(t, "--nats", url, "shard", "commit", "--repo", co, "--shard", "shard-1", "--serialized", "--", "sh", "-c", commit).want(t, ExitOK)
+	if got := strings.Join(strings.Fields(c.stdout), " "); got != "write=refused commit=ok" {
+		t.Errorf("serialized capacity: %s, want write=refused commit=ok\n%s", got, c.stderr)
+	}
+	mustContain(t, "commit capacity", c.stderr, "workspace shard-1/commit (exclusive)", "git dir writable")
+	v := poolJSON(t, url, co)
+	if out := mustGitRun(t, v.Shards[0].Path, nil, "show", "--stat", "--format=%s", "HEAD"); !strings.Contains(out, "agents' work") || !strings.Contains(out, "in/work") {
+		t.Errorf("shard HEAD after the commit: %s", out)
+	}
+
+	// Exclusive capacity waits for the path lease to end.
+	ex := startRunCmd(t, url, "shard", "commit", "--repo", co, "--shard", "shard-1", "--exclusive", "--wait", "30s", "--", "sh", "-c", "echo x > README.md && echo ran")
+	awaitWaiting(t, ex)
+	if strings.Contains(ex.out.String(), "ran") {
+		t.Fatalf("the exclusive capacity ran beside a path lease:\n%s", ex.errOut)
+	}
+	ctl.stop(t, "s")
+	if code := shared.wait(t); code != 0 {
+		t.Fatalf("path lease exited %d", code)
+	}
+	if code := ex.wait(t); code != 0 {
+		t.Fatalf("exclusive capacity exited %d\n%s", code, ex.errOut)
+	}
+	mustContain(t, "exclusive capacity", ex.out.String(), "ran")
+	grantedAfter(t, url, leaseOf(t, shared.errOut.String()), leaseOf(t, ex.errOut.String()))
+
+	// Serialized capacity is refused while an exclusive attempt owns the shard.
+	excl := startRun(t, url, "--repo", co, "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("x", ""))
+	ctl.awaitReady(t, excl, "x")
+	r := fl(t, "--nats", url, "shard", "commit", "--repo", co, "--shard", "shard-1", "--serialized", "--", "touch", "ran").want(t, ExitConflict)
+	mustContain(t, "serialized beside exclusive", r.stderr, "shard-1 is held exclusively by lease "+leaseOf(t, excl.errOut.String()))
+	awaitShardEvent(t, url, co, func(ev leasebus.AuditEvent) bool {
+		return ev.Type == leasebus.EventRefused && strings.Contains(ev.Reason, leaseOf(t, excl.errOut.String())) && ev.LeaseID != ""
+	})
+	ctl.stop(t, "x")
+	excl.wait(t)
+}
+
+// awaitWaiting waits until a run says it queues for a lease.
+func awaitWaiting(t *testing.T, r *aRun) {
+	t.Helper()
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		r.running(t)
+		if !strings.Contains(r.errOut.String(), "waiting up to") {
+			return errors.New("not waiting yet")
+		}
+		return nil
+	})
+}
+
+// grantedAfter checks that lease later was granted only after lease
+// earlier ended.
+func grantedAfter(t *testing.T, url, earlier, later string) {
+	t.Helper()
+	client, _ := busClient(t, url)
+	e, err := client.Get(context.Background(), earlier)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := client.Get(context.Background(), later)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Active() || l.AcquiredAt.Before(e.EndedAt) {
+		t.Errorf("lease %s granted %s, but %s (%s) ended %s", later, l.AcquiredAt.Format(time.StampMicro), earlier, e.Status, e.EndedAt.Format(time.StampMicro))
+	}
+}
+
+// startRunCmd is startRun for any fenceline subcommand.
+func startRunCmd(t *testing.T, url string, args ...string) *aRun {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &aRun{cancel: cancel, done: make(chan int, 1), out: &syncBuffer{}, errOut: &syncBuffer{}}
+	go func() {
+		r.done <- run(ctx, append([]string{"--nats", url}, args...), r.out, r.errOut, url)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(30 * time.Second):
+			t.Error("fenceline did not stop")
+		}
+	})
+	return r
+}
+
+// TestShardExhaustionWait: with the one shard busy, a run without --wait
+// exits 3 at once naming the pool size and the holder; one with --wait
+// queues and runs once the shard is free.
+func TestShardExhaustionWait(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newPool(t, url, 1, 0)
+	ctl := newCtl(t)
+	first := startRun(t, url, "--repo", co, "--agent", "first-agent", "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("a", ""))
+	ctl.awaitReady(t, first, "a")
+	start := time.Now()
+	r := runFL(t, url, "--repo", co, "--", "touch", "ran").want(t, ExitConflict)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("fail-fast took %s", took)
+	}
+	mustContain(t, "fail-fast", r.stderr, "pool size 1", "shard-1:", leaseOf(t, first.errOut.String()), "first-agent", "expires ")
+	waiting := startRun(t, url, "--repo", co, "--wait", "30s", "--", "sh", "-c", "echo ran")
+	awaitWaiting(t, waiting)
+	if strings.Contains(waiting.errOut.String(), "acquired") {
+		t.Fatalf("the waiting run got a lease while the shard was busy:\n%s", waiting.errOut)
+	}
+	ctl.stop(t, "a")
+	first.wait(t)
+	if code := waiting.wait(t); code != 0 {
+		t.Fatalf("waiting run exited %d\n%s", code, waiting.errOut)
+	}
+	mustContain(t, "waiting run", waiting.out.String(), "ran")
+	mustContain(t, "waiting run", waiting.errOut.String(), "in shard-1 (exclusive, ready)")
+	grantedAfter(t, url, leaseOf(t, first.errOut.String()), leaseOf(t, waiting.errOut.String()))
+}
+
+// TestShardCancelSettlesFirst: SIGTERM to run (its context cancelled)
+// stops the agent; while its processes live the attempt stays running and
+// the lease active; once they are gone the attempt is settled cancelled,
+// before the lease is released.
+func TestShardCancelSettlesFirst(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	client, _ := busClient(t, url)
+	co := newPool(t, url, 1, 0)
+	ctl := newCtl(t)
+	script := `trap '' TERM
+(while [ ! -e ` + ctl.path("stop-a") + ` ]; do sleep 0.02; done) &
+touch ` + ctl.path("ready-a") + `
+wait`
+	r := startRun(t, url, "--repo", co, "--kill-grace", "1m", "--allow-write", string(ctl), "--", "sh", "-c", script)
+	ctl.awaitReady(t, r, "a")
+	att, _ := placed(t, r.errOut.String())
+	id := leaseOf(t, r.errOut.String())
+	r.cancel()
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if !strings.Contains(r.errOut.String(), "stopping: SIGTERM") {
+			return errors.New("not stopping yet")
+		}
+		return nil
+	})
+	if a := attemptIn(poolJSON(t, url, co), att); a == nil || a.Status != shard.StatusRunning {
+		t.Fatalf("attempt while its processes live: %+v, want running", a)
+	}
+	if l, err := client.Get(context.Background(), id); err != nil || !l.Active() {
+		t.Fatalf("lease while the agent's processes live: %+v, %v", l, err)
+	}
+	ctl.stop(t, "a")
+	r.wait(t)
+	a := attemptIn(poolJSON(t, url, co), att)
+	l, err := client.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a == nil || a.Status != shard.StatusCancelled || a.SettledAt.IsZero() || l.Status != leasebus.StatusReleased || l.EndedAt.Before(a.SettledAt) {
+		t.Fatalf("attempt %+v, lease %s ended %s: want cancelled, settled before the release", a, l.Status, l.EndedAt)
+	}
+}
+
+// TestShardCrashRecovery: a runner killed outright leaves its attempt
+// running; once its lease is reclaimed, shard list marks the attempt
+// unknown and the shard dirty (audited), and the next exclusive attempt
+// cleans the shard before it starts.
+func TestShardCrashRecovery(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	client, _ := busClient(t, url)
+	co := newPool(t, url, 1, 0)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(t.TempDir(), "run.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	ctl := newCtl(t)
+	cmd := exec.Command(self, "--nats", url, "run", "--repo", co, "--ttl", "2s", "--allow-write", string(ctl), "--",
+		"sh", "-c", `echo crashed > leftover; echo $$ > `+ctl.path("agent.pid")+`; while [ ! -e `+ctl.path("stop")+` ]; do sleep 0.05; done`)
+	cmd.Env = append(os.Environ(), runAsCLIEnv+"=1")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var agent int
+	// The crashed runner's agent lives on (its writes refused); it was
+	// re-parented to this process, a subreaper: end and reap it.
+	endAgent := func() {
+		os.WriteFile(ctl.path("stop"), nil, 0o644)
+		if agent > 0 {
+			unix.Kill(-agent, unix.SIGKILL)
+			checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+				if pid, err := unix.Wait4(agent, nil, unix.WNOHANG, nil); pid == 0 && err == nil {
+					return errors.New("the agent has not exited")
+				}
+				return nil
+			})
+			agent = 0
+		}
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		endAgent()
+	})
+	var id, att string
+	checkFor(t, 15*time.Second, 10*time.Millisecond, func() error {
+		b, _ := os.ReadFile(ctl.path("agent.pid"))
+		log, _ := os.ReadFile(logPath)
+		if _, err := fmt.Sscan(string(b), &agent); err != nil {
+			return fmt.Errorf("agent not started: %s", log)
+		}
+		m := leaseIDRE.FindSubmatch(log)
+		p := placedRE.FindSubmatch(log)
+		if m == nil || p == nil {
+			return errors.New("no lease or placement announced")
+		}
+		id, att = string(m[1]), string(p[1])
+		return nil
+	})
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	checkFor(t, 15*time.Second, 50*time.Millisecond, func() error {
+		l, err := client.Get(context.Background(), id)
+		if err != nil {
+			return err
+		}
+		if l.Active() {
+			return fmt.Errorf("lease %s still active", id)
+		}
+		return nil
+	})
+	v := poolJSON(t, url, co)
+	if a := attemptIn(v, att); a == nil || a.Status != shard.StatusUnknown || !strings.Contains(a.Note, id) {
+		t.Fatalf("crashed attempt after recovery: %+v, want unknown naming %s", a, id)
+	}
+	if v.Shards[0].State != shard.StateDirty {
+		t.Fatalf("shard after the crash: %s, want dirty", v.Shards[0].State)
+	}
+	awaitShardEvent(t, url, co, func(ev leasebus.AuditEvent) bool {
+		return ev.Type == shard.EventRecovered && ev.Owner.AttemptID == att && ev.LeaseID == id
+	})
+	endAgent()
+	r := runFL(t, url, "--repo", co, "--", "sh", "-c", "ls").want(t, ExitOK)
+	mustContain(t, "next exclusive", r.stderr, "cleaned first", "refs/fenceline/attempts/"+att+"-worktree")
+	if strings.Contains(r.stdout, "leftover") {
+		t.Errorf("the next attempt sees the crashed attempt's file:\n%s", r.stdout)
+	}
+}
+
+// TestShardStress: 20 concurrent runs on a pool of 3 (max sharers 3),
+// path leases with overlapping and disjoint claims and exclusive ones,
+// all queueing with --wait. Each agent records its entry with an atomic
+// mkdir of a marker per claim top and per shard (exclusive or one of the
+// sharers) and checks the others: no overlap is ever observed.
+func TestShardStress(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newPool(t, url, 3, 3)
+	ctl := newCtl(t)
+	m := string(ctl)
+	// Claims under one top overlap (a ⟷ a/x); different tops are disjoint.
+	claims := []string{"a", "a/x", "b", "b/y", "c", "", "d", "a", "e", "",
+		"b", "c/z", "f", "", "a/x", "g", "d/w", "", "e", "c"}
+	shared := `sh=$(basename "$PWD"); me=$$
+bad() { echo "$1" > ` + m + `/violation-$me; }
+mkdir ` + m + `/top-$TOP 2>/dev/null || bad "claim $TOP overlaps a running attempt"
+mkdir ` + m + `/$sh.s.$me || bad "marker"
+[ -e ` + m + `/$sh.x ] && bad "shared beside an exclusive attempt in $sh"
+n=$(ls -d ` + m + `/$sh.s.* | wc -l); [ "$n" -gt 3 ] && bad "$n sharers in $sh"
+sleep 0.1
+rmdir ` + m + `/$sh.s.$me ` + m + `/top-$TOP`
+	exclusive := `sh=$(basename "$PWD"); me=$$
+bad() { echo "$1" > ` + m + `/violation-$me; }
+mkdir ` + m + `/$sh.x 2>/dev/null || bad "two exclusive attempts in $sh"
+ls -d ` + m + `/$sh.s.* >/dev/null 2>&1 && bad "exclusive beside sharers in $sh"
+[ -n "$(ls -A | grep -v -e '^README.md$' -e '^in$' -e '^out$' -e '^.git$')" ] && bad "leftovers in $sh: $(ls -A)"
+echo junk > junk-$me
+sleep 0.1
+rmdir ` + m + `/$sh.x`
+	var wg sync.WaitGroup
+	results := make([]result, len(claims))
+	start := time.Now()
+	for i, c := range claims {
+		args := []string{"--repo", co, "--wait", "2m", "--allow-write", m, "--agent", fmt.Sprint("stress-", i)}
+		script := exclusive
+		if c != "" {
+			top, _, _ := strings.Cut(c, "/")
+			args = append(args, "--scope", c)
+			script = "TOP=" + top + "\n" + shared
+		}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			var out, errOut syncBuffer
+			code := run(ctx, append([]string{"--nats", url, "run"}, append(args, "--", "sh", "-c", script)...), &out, &errOut, url)
+			results[i] = result{code: code, stdout: out.String(), stderr: errOut.String()}
+		})
+	}
+	wg.Wait()
+	t.Logf("20 runs on a pool of 3 took %s", time.Since(start))
+	used := map[string]int{}
+	for i, r := range results {
+		if r.code != 0 {
+			t.Errorf("run %d (%q) exited %d\n%s", i, claims[i], r.code, r.stderr)
+			continue
+		}
+		_, sh := placed(t, r.stderr)
+		used[sh]++
+	}
+	ents, _ := os.ReadDir(m)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "violation-") {
+			b, _ := os.ReadFile(filepath.Join(m, e.Name()))
+			t.Errorf("overlap observed: %s", b)
+		}
+	}
+	if len(used) < 2 {
+		t.Errorf("shards used: %v, want the pool spread", used)
+	}
+	v := poolJSON(t, url, co)
+	for _, a := range v.Attempts {
+		if a.Status != shard.StatusSucceeded {
+			t.Errorf("attempt %s is %s", a.AttemptID, a.Status)
+		}
+	}
+	if len(v.Attempts) != len(claims) {
+		t.Errorf("%d attempts recorded, want %d", len(v.Attempts), len(claims))
+	}
+}
+
+// TestShardUsage: wrong shard command lines are exit 2, and commit
+// capacity needs a pool and one of its shards.
+func TestShardUsage(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"shard", "pool", "--size", "2"}, "--repo is required"},
+		{[]string{"shard", "pool", "--repo", co}, "--size 0"},
+		{[]string{"shard", "pool", "--repo", co, "--size", "2", "--max-sharers", "-1"}, "negative"},
+		{[]string{"shard", "commit", "--repo", co, "--shard", "shard-1", "--", "true"}, "exactly one of --serialized"},
+		{[]string{"shard", "commit", "--repo", co, "--serialized", "--", "true"}, "--shard is required"},
+		{[]string{"shard", "commit", "--repo", co, "--shard", "shard-1", "--serialized", "--", "true"}, "no shard pool is declared"},
+	} {
+		r := fl(t, append([]string{"--nats", url}, tc.args...)...)
+		if r.code != ExitUsage || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%s: exit %d %q, want %d mentioning %q", strings.Join(tc.args, " "), r.code, r.stderr, ExitUsage, tc.want)
+		}
+	}
+	fl(t, "--nats", url, "shard", "pool", "--repo", co, "--size", "1").want(t, ExitOK)
+	r := fl(t, "--nats", url, "shard", "commit", "--repo", co, "--shard", "shard-9", "--serialized", "--", "true").want(t, ExitUsage)
+	mustContain(t, "unknown shard", r.stderr, "shard-9", "shard-1")
+	r = fl(t, "--nats", url, "shard", "commit", "--repo", co, "--shard", "shard-1", "--serialized", "--", "true").want(t, ExitError)
+	mustContain(t, "absent shard", r.stderr, "no worktree yet")
+	if out := fl(t, "--nats", url, "shard", "list", "--repo", co).want(t, ExitOK).stdout; !strings.Contains(out, "shard-1  absent") || !strings.Contains(out, "attempts: none") {
+		t.Errorf("shard list after a failed commit attempt:\n%s", out)
+	}
+}

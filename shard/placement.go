@@ -1,0 +1,205 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// Modes of an attempt in its shard.
+const (
+	ModeExclusive        = "exclusive"         // sole occupant; the shard is cleaned before and after
+	ModeShared           = "shared"            // path lease beside others; leaves its paths as they are
+	ModeCommitSerialized = "commit-serialized" // the shard's commit capacity, beside path leases
+	ModeCommitExclusive  = "commit-exclusive"  // the whole shard, for a coordinator
+)
+
+// CommitWorkspace is the workspace of shard id's serialized commit
+// capacity: one exclusive lease claiming nothing there at a time.
+func CommitWorkspace(id string) string { return id + "/commit" }
+
+// Placement is one attempt in one shard, from before its command starts
+// until after it settled.
+type Placement struct {
+	store    *Store
+	Pool     *Pool
+	Worktree *Worktree
+	Attempt  *Attempt
+	Lease    leasebus.Lease
+	Mode     string
+	// Base is the checkout's HEAD when the attempt was placed.
+	Base string
+	// Kept are the refs cleaning before the attempt kept; Cleaned says
+	// whether it cleaned, Created whether it added the worktree.
+	Kept             []string
+	Cleaned, Created bool
+}
+
+// Place prepares the shard lease l was granted for an attempt (att:
+// id, owner, command; the rest is filled in) in mode: the attempt is
+// written "running" with its lease and shard, the shard is marked dirty,
+// then, under the shard's flock, an absent worktree is created and, for
+// an exclusive attempt, a shard that is not clean at the checkout's HEAD
+// is cleaned. On an error after the attempt was written, the attempt is
+// settled failed.
+func (s *Store) Place(ctx context.Context, pool *Pool, l leasebus.Lease, mode string, att Attempt) (*Placement, error) {
+	id, _, _ := strings.Cut(l.WorkspaceID, "/")
+	wt, err := pool.Worktree(id)
+	if err != nil {
+		return nil, err
+	}
+	if (mode == ModeCommitSerialized || mode == ModeCommitExclusive) && !wt.Exists() {
+		return nil, fmt.Errorf("shard %s has no worktree yet (no attempt ran there): nothing to commit", wt.ID)
+	}
+	base, err := Base(ctx, pool.Checkout)
+	if err != nil {
+		return nil, err
+	}
+	att.Repo, att.Shard, att.Mode, att.Leases = pool.Repo, id, mode, []string{l.LeaseID}
+	a, err := s.Begin(ctx, att)
+	if err != nil {
+		return nil, err
+	}
+	p := &Placement{store: s, Pool: pool, Worktree: wt, Attempt: a, Lease: l, Mode: mode, Base: base}
+	if err := p.prepare(ctx); err != nil {
+		if serr := p.Settle(context.WithoutCancel(ctx), StatusFailed, -1); serr != nil {
+			err = errors.Join(err, serr)
+		}
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *Placement) prepare(ctx context.Context) error {
+	s, wt := p.store, p.Worktree
+	unlock, err := wt.Lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	var prev Shard
+	pool, err := s.SetShard(ctx, p.Pool.Repo, wt.ID, func(sh *Shard) {
+		prev = *sh
+		sh.State = StateDirty // until cleaned again: a crash from here on leaves it dirty
+		sh.LastAttempt = p.Attempt.AttemptID
+		sh.Running = append(sh.Running, p.Attempt.AttemptID)
+	})
+	if err != nil {
+		return err
+	}
+	p.Pool = pool
+	keepID := prev.LastAttempt
+	if keepID == "" {
+		keepID = p.Attempt.AttemptID
+	}
+	switch {
+	case p.Mode == ModeCommitSerialized || p.Mode == ModeCommitExclusive:
+		if !wt.Exists() {
+			return fmt.Errorf("shard %s has no worktree yet (no attempt ran there): nothing to commit", wt.ID)
+		}
+		return nil
+	case !wt.Exists():
+		if p.Kept, err = wt.Create(ctx, p.Base, keepID); err != nil {
+			return err
+		}
+		p.Created = true
+		s.audit(ctx, p.event(EventCreated, "", fmt.Sprintf("shard %s created: git worktree add %s on %s at %s%s", wt.ID, wt.Path, wt.Branch, short(p.Base), keptText(p.Kept))))
+	case p.Mode == ModeExclusive && (prev.State != StateClean || prev.Base != p.Base || wt.Ready(ctx, p.Base) != nil):
+		why := fmt.Sprintf("it was %s at %s", prev.State, short(prev.Base))
+		if p.Kept, err = wt.Clean(ctx, p.Base, keepID); err != nil {
+			return err
+		}
+		p.Cleaned = true
+		s.audit(ctx, p.event(EventCleaned, why, fmt.Sprintf("shard %s cleaned before attempt %s (%s): reset to %s%s", wt.ID, p.Attempt.AttemptID, why, short(p.Base), keptText(p.Kept))))
+	default:
+		return nil
+	}
+	pool, err = s.SetShard(ctx, p.Pool.Repo, wt.ID, func(sh *Shard) {
+		sh.Base = p.Base
+		if p.Cleaned {
+			sh.CleanedAt = time.Now().UTC()
+		}
+	})
+	if err != nil {
+		return err
+	}
+	p.Pool = pool
+	return nil
+}
+
+// Settle records how the attempt ended. Call it once every process of the
+// attempt is gone and before its lease is released.
+func (p *Placement) Settle(ctx context.Context, st Status, code int) error {
+	a, err := p.store.Settle(ctx, p.Pool.Repo, p.Attempt.AttemptID, st, code)
+	if err != nil {
+		return err
+	}
+	p.Attempt = a
+	pool, err := p.store.SetShard(ctx, p.Pool.Repo, p.Worktree.ID, func(sh *Shard) {
+		sh.Running = slices.DeleteFunc(sh.Running, func(id string) bool { return id == a.AttemptID })
+	})
+	if err != nil {
+		return err
+	}
+	p.Pool = pool
+	return nil
+}
+
+// CleanAfter returns an exclusive attempt's shard to its base once the
+// attempt settled, keeping its commits and files as refs, and marks it
+// clean. held is asked under the shard's flock: when it fails (the lease
+// was lost, so another attempt may be in the shard) nothing is touched
+// and the shard stays dirty. Other modes leave the shard as it is.
+func (p *Placement) CleanAfter(ctx context.Context, held func() error) (kept []string, err error) {
+	if p.Mode != ModeExclusive {
+		return nil, nil
+	}
+	s, wt := p.store, p.Worktree
+	unlock, err := wt.Lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := held(); err != nil {
+		return nil, fmt.Errorf("shard %s left dirty, not cleaned: the lease is not held (%w)", wt.ID, err)
+	}
+	base, err := Base(ctx, p.Pool.Checkout)
+	if err != nil {
+		return nil, err
+	}
+	kept, err = wt.Clean(ctx, base, p.Attempt.AttemptID)
+	if err != nil {
+		return kept, err
+	}
+	pool, err := s.SetShard(ctx, p.Pool.Repo, wt.ID, func(sh *Shard) {
+		if sh.LastAttempt == p.Attempt.AttemptID {
+			sh.State = StateClean
+		}
+		sh.Base, sh.CleanedAt = base, time.Now().UTC()
+	})
+	if err != nil {
+		return kept, err
+	}
+	p.Pool = pool
+	s.audit(ctx, p.event(EventCleaned, "attempt settled", fmt.Sprintf("shard %s cleaned after attempt %s (%s): reset to %s%s", wt.ID, p.Attempt.AttemptID, p.Attempt.Status, short(base), keptText(kept))))
+	return kept, nil
+}
+
+func (p *Placement) event(typ, reason, msg string) leasebus.AuditEvent {
+	return leasebus.AuditEvent{
+		Type: typ, Repo: p.Pool.Repo, LeaseID: p.Lease.LeaseID, Owner: p.Lease.Owner,
+		Scope: p.Lease.Scope, Fence: p.Lease.Fence, Reason: reason, Message: msg,
+	}
+}
+
+func keptText(kept []string) string {
+	if len(kept) == 0 {
+		return "; nothing to keep"
+	}
+	return "; work kept as " + strings.Join(kept, ", ")
+}

@@ -1,0 +1,713 @@
+package shard
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// Buckets on the bus.
+const (
+	PoolBucket    = "FENCELINE_SHARDS"
+	AttemptBucket = "FENCELINE_ATTEMPTS"
+)
+
+// BoundaryShard is the audit boundary of shard cleaning and recovery.
+const BoundaryShard = "shard"
+
+// Audit event types of this package.
+const (
+	EventCleaned   = "cleaned"   // a shard returned to its base
+	EventCreated   = "created"   // a shard's worktree was added
+	EventRecovered = "recovered" // a crashed attempt became unknown, its shard dirty
+)
+
+// State is what is known of a shard's files.
+type State string
+
+const (
+	StateAbsent State = "absent" // no worktree yet
+	StateClean  State = "clean"  // at Base, nothing else in it, nobody in it
+	StateDirty  State = "dirty"  // anything else
+)
+
+// Status is where an attempt is in its life.
+type Status string
+
+const (
+	StatusRunning   Status = "running"
+	StatusSucceeded Status = "succeeded"
+	StatusFailed    Status = "failed"
+	StatusCancelled Status = "cancelled"
+	StatusUnknown   Status = "unknown" // its runner vanished; its leases ended
+)
+
+// Shard is one worktree of a pool.
+type Shard struct {
+	ID     string `json:"id"`
+	Path   string `json:"path"`
+	Branch string `json:"branch"`
+	State  State  `json:"state"`
+	// Base is the commit the shard was last cleaned (or created) at.
+	Base        string    `json:"base,omitempty"`
+	CleanedAt   time.Time `json:"cleanedAt,omitzero"`
+	LastAttempt string    `json:"lastAttempt,omitempty"`
+	// Running are the attempts placed in the shard and not settled yet:
+	// what Recover looks at.
+	Running []string `json:"running,omitempty"`
+}
+
+// Pool is a repo's bounded set of shards, as stored.
+type Pool struct {
+	Repo       string  `json:"repo"`
+	Checkout   string  `json:"checkout"`
+	Dir        string  `json:"dir"`
+	Size       int     `json:"size"`
+	MaxSharers int     `json:"maxSharers"`
+	Shards     []Shard `json:"shards"`
+	// Revision is the KV revision the record was read at.
+	Revision uint64 `json:"-"`
+}
+
+// ShardIDs are the workspace ids of the pool's shards, in order.
+func (p *Pool) ShardIDs() []string {
+	ids := make([]string, len(p.Shards))
+	for i, s := range p.Shards {
+		ids[i] = s.ID
+	}
+	return ids
+}
+
+// Shard returns the shard with id, or nil.
+func (p *Pool) Shard(id string) *Shard {
+	for i := range p.Shards {
+		if p.Shards[i].ID == id {
+			return &p.Shards[i]
+		}
+	}
+	return nil
+}
+
+// Worktree is the git side of shard id.
+func (p *Pool) Worktree(id string) (*Worktree, error) {
+	s := p.Shard(id)
+	if s == nil {
+		return nil, fmt.Errorf("pool of %s has no shard %s (shards: %s)", p.Repo, id, strings.Join(p.ShardIDs(), ", "))
+	}
+	return &Worktree{Checkout: p.Checkout, Dir: p.Dir, ID: s.ID, Path: s.Path, Branch: s.Branch}, nil
+}
+
+// Attempt is one run of one command, as stored.
+type Attempt struct {
+	AttemptID string    `json:"attemptId"`
+	Repo      string    `json:"repo"`
+	TaskID    string    `json:"taskId"`
+	AgentID   string    `json:"agentId"`
+	HostID    string    `json:"hostId,omitempty"`
+	Command   []string  `json:"command"`
+	Shard     string    `json:"shard"`
+	Mode      string    `json:"mode"` // exclusive, shared, commit-serialized, commit-exclusive
+	Leases    []string  `json:"leases"`
+	Status    Status    `json:"status"`
+	StartedAt time.Time `json:"startedAt"`
+	SettledAt time.Time `json:"settledAt,omitzero"`
+	ExitCode  *int      `json:"exitCode,omitempty"`
+	// Note says why a status was set by someone else than the runner.
+	Note string `json:"note,omitempty"`
+	// Revision is the KV revision the record was read at.
+	Revision uint64 `json:"-"`
+}
+
+// ShardID is the workspace id of the pool's shard number n (1-based).
+func ShardID(n int) string { return "shard-" + strconv.Itoa(n) }
+
+// BranchOf is the branch of shard id.
+func BranchOf(id string) string { return "fenceline/" + id }
+
+// DefaultDir is where a checkout's shards live by default:
+// <parent>/<name>.shards.
+func DefaultDir(checkout string) string {
+	return filepath.Join(filepath.Dir(checkout), filepath.Base(checkout)+".shards")
+}
+
+// Auditor records shard events. *leasebus.Auditor satisfies it.
+type Auditor interface {
+	Record(ctx context.Context, ev leasebus.AuditEvent) error
+}
+
+// Leases tells which leases are active. *leasebus.Client satisfies it.
+type Leases interface {
+	Get(ctx context.Context, leaseID string) (*leasebus.Lease, error)
+	List(ctx context.Context, repo string, all bool) ([]*leasebus.Lease, error)
+}
+
+var (
+	_ Auditor = (*leasebus.Auditor)(nil)
+	_ Leases  = (*leasebus.Client)(nil)
+)
+
+// Errors callers branch on.
+var (
+	// ErrNoPool: no pool is declared for the repo (or the buckets do not
+	// exist yet: nobody declared any pool on this bus).
+	ErrNoPool = errors.New("no shard pool declared")
+	// ErrInUse: a change would drop a shard an attempt occupies.
+	ErrInUse = errors.New("shard in use")
+)
+
+// Config configures a Store. The zero value works: R1 buckets, no audit,
+// no logs.
+type Config struct {
+	// Replicas of the buckets when Declare creates them: 1 on a single
+	// server, 3 on a cluster.
+	Replicas int
+	// Audit receives cleaning and recovery events (nil: not recorded).
+	Audit Auditor
+	// Logger receives operational logs (nil: discard).
+	Logger *slog.Logger
+}
+
+// Validate reports a configuration that cannot work.
+func (c *Config) Validate() error {
+	if c.Replicas < 0 || c.Replicas > 5 {
+		return fmt.Errorf("shard config: replicas %d: want 1 to 5 (0 means 1)", c.Replicas)
+	}
+	return nil
+}
+
+// Store reads and writes pool and attempt records.
+type Store struct {
+	js       jetstream.JetStream
+	cfg      Config
+	log      *slog.Logger
+	pools    jetstream.KeyValue // nil until the buckets exist
+	attempts jetstream.KeyValue
+}
+
+// Open returns a store on nc. It creates nothing: the buckets are made by
+// the first Declare; until then Pool reports ErrNoPool.
+func Open(nc *nats.Conn, cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("shard store: jetstream: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Store{js: js, cfg: cfg, log: log}, nil
+}
+
+// buckets binds the buckets, creating them when create is set.
+func (s *Store) buckets(ctx context.Context, create bool) error {
+	if s.pools != nil && s.attempts != nil {
+		return nil
+	}
+	replicas := max(s.cfg.Replicas, 1)
+	bind := func(name, desc string) (jetstream.KeyValue, error) {
+		kv, err := s.js.KeyValue(ctx, name)
+		if err == nil || !errors.Is(err, jetstream.ErrBucketNotFound) || !create {
+			return kv, err
+		}
+		kv, err = s.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: name, Description: desc, History: 1,
+			Storage: jetstream.FileStorage, Replicas: replicas,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			return s.js.KeyValue(ctx, name)
+		}
+		return kv, err
+	}
+	pools, err := bind(PoolBucket, "fenceline shard pools, one record per repo")
+	if err != nil {
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return ErrNoPool
+		}
+		return fmt.Errorf("bucket %s: %w", PoolBucket, err)
+	}
+	attempts, err := bind(AttemptBucket, "fenceline attempts, one record per attempt")
+	if err != nil {
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return ErrNoPool
+		}
+		return fmt.Errorf("bucket %s: %w", AttemptBucket, err)
+	}
+	s.pools, s.attempts = pools, attempts
+	return nil
+}
+
+// Spec declares a pool.
+type Spec struct {
+	Repo     string // bus identity of the repo
+	Checkout string // absolute path of the local checkout
+	Dir      string // where shards live (default DefaultDir(Checkout))
+	Size     int
+	// MaxSharers bounds the shared leases of one shard (0: no bound).
+	MaxSharers int
+}
+
+// Validate reports a spec that cannot be declared.
+func (sp *Spec) Validate() error {
+	switch {
+	case sp.Repo == "":
+		return errors.New("pool: repo is empty")
+	case !filepath.IsAbs(sp.Checkout):
+		return fmt.Errorf("pool: checkout %q is not an absolute path", sp.Checkout)
+	case sp.Dir != "" && !filepath.IsAbs(sp.Dir):
+		return fmt.Errorf("pool: dir %q is not an absolute path", sp.Dir)
+	case sp.Size < 1 || sp.Size > 1000:
+		return fmt.Errorf("pool: size %d: want 1 to 1000 shards", sp.Size)
+	case sp.MaxSharers < 0:
+		return fmt.Errorf("pool: max-sharers %d is negative", sp.MaxSharers)
+	}
+	return nil
+}
+
+// Declare creates the repo's pool or resizes it. Shards beyond a smaller
+// size are dropped from the record only when no active lease occupies
+// them (ErrInUse names who does); their worktrees stay on disk, and a
+// later grow adopts them as dirty. leases may be nil when nothing shrinks.
+func (s *Store) Declare(ctx context.Context, sp Spec, leases Leases) (*Pool, error) {
+	if err := sp.Validate(); err != nil {
+		return nil, err
+	}
+	if sp.Dir == "" {
+		sp.Dir = DefaultDir(sp.Checkout)
+	}
+	if err := s.buckets(ctx, true); err != nil {
+		return nil, err
+	}
+	return s.UpdatePool(ctx, sp.Repo, true, func(p *Pool) error {
+		if p.Repo != "" && p.Dir != sp.Dir {
+			// A new place: new worktrees; the old ones stay on disk.
+			if err := s.checkUnused(ctx, sp.Repo, 0, p.Shards, leases); err != nil {
+				return fmt.Errorf("move the pool of %s from %s to %s: %w", sp.Repo, p.Dir, sp.Dir, err)
+			}
+			p.Shards = nil
+		}
+		p.Repo, p.Checkout, p.Dir, p.MaxSharers = sp.Repo, sp.Checkout, sp.Dir, sp.MaxSharers
+		if sp.Size < len(p.Shards) {
+			if err := s.checkUnused(ctx, sp.Repo, sp.Size, p.Shards[sp.Size:], leases); err != nil {
+				return err
+			}
+			p.Shards = p.Shards[:sp.Size]
+		}
+		for n := len(p.Shards) + 1; n <= sp.Size; n++ {
+			id := ShardID(n)
+			p.Shards = append(p.Shards, Shard{ID: id, Path: filepath.Join(sp.Dir, id), Branch: BranchOf(id), State: StateAbsent})
+		}
+		p.Size = sp.Size
+		return nil
+	})
+}
+
+func (s *Store) checkUnused(ctx context.Context, repo string, size int, drop []Shard, leases Leases) error {
+	if leases == nil {
+		return fmt.Errorf("shrink pool of %s: cannot tell which shards are in use", repo)
+	}
+	active, err := leases.List(ctx, repo, false)
+	if err != nil {
+		return fmt.Errorf("shrink pool of %s: list leases: %w", repo, err)
+	}
+	var busy []string
+	for _, sh := range drop {
+		for _, l := range active {
+			if l.WorkspaceID == sh.ID || strings.HasPrefix(l.WorkspaceID, sh.ID+"/") {
+				busy = append(busy, fmt.Sprintf("%s: lease %s held by %s, fence %d, expires %s", sh.ID, l.LeaseID, l.Owner, l.Fence, l.ExpiresAt.UTC().Format(time.RFC3339)))
+			}
+		}
+	}
+	if len(busy) > 0 {
+		return fmt.Errorf("%w: the pool of %s cannot drop shards %s..%s (to %d shards) while these are occupied:\n  %s\nwait for them to end, or shrink less", ErrInUse, repo, drop[0].ID, drop[len(drop)-1].ID, size, strings.Join(busy, "\n  "))
+	}
+	return nil
+}
+
+// Pool reads the repo's pool; ErrNoPool when none is declared.
+func (s *Store) Pool(ctx context.Context, repo string) (*Pool, error) {
+	if err := s.buckets(ctx, false); err != nil {
+		return nil, err
+	}
+	e, err := s.pools.Get(ctx, leasebus.RepoKey(repo))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, ErrNoPool
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read pool of %s: %w", repo, err)
+	}
+	var p Pool
+	if err := json.Unmarshal(e.Value(), &p); err != nil {
+		return nil, fmt.Errorf("decode pool of %s: %w", repo, err)
+	}
+	p.Revision = e.Revision()
+	return &p, nil
+}
+
+// Pools reads every declared pool, by repo.
+func (s *Store) Pools(ctx context.Context) ([]*Pool, error) {
+	if err := s.buckets(ctx, false); err != nil {
+		if errors.Is(err, ErrNoPool) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	keys, err := s.pools.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list pools: %w", err)
+	}
+	var out []*Pool
+	for k := range keys.Keys() {
+		e, err := s.pools.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read pool %s: %w", k, err)
+		}
+		var p Pool
+		if err := json.Unmarshal(e.Value(), &p); err != nil {
+			return nil, fmt.Errorf("decode pool %s: %w", k, err)
+		}
+		p.Revision = e.Revision()
+		out = append(out, &p)
+	}
+	slices.SortFunc(out, func(a, b *Pool) int { return cmp.Compare(a.Repo, b.Repo) })
+	return out, nil
+}
+
+// casTries bounds compare-and-swap retries of one change.
+const casTries = 100
+
+// UpdatePool applies fn to the repo's pool record and writes it with a
+// compare-and-swap, retrying on a concurrent change. With create, a
+// missing record starts empty; else it is ErrNoPool.
+func (s *Store) UpdatePool(ctx context.Context, repo string, create bool, fn func(*Pool) error) (*Pool, error) {
+	if err := s.buckets(ctx, create); err != nil {
+		return nil, err
+	}
+	key := leasebus.RepoKey(repo)
+	for range casTries {
+		var p Pool
+		var rev uint64
+		e, err := s.pools.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			if !create {
+				return nil, ErrNoPool
+			}
+		case err != nil:
+			return nil, fmt.Errorf("read pool of %s: %w", repo, err)
+		default:
+			if err := json.Unmarshal(e.Value(), &p); err != nil {
+				return nil, fmt.Errorf("decode pool of %s: %w", repo, err)
+			}
+			rev = e.Revision()
+		}
+		if err := fn(&p); err != nil {
+			return nil, err
+		}
+		b, err := json.Marshal(&p)
+		if err != nil {
+			return nil, fmt.Errorf("encode pool of %s: %w", repo, err)
+		}
+		nrev, err := s.pools.Update(ctx, key, b, rev)
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("write pool of %s: %w", repo, err)
+		}
+		p.Revision = nrev
+		return &p, nil
+	}
+	return nil, fmt.Errorf("write pool of %s: still contended after %d compare-and-swap tries", repo, casTries)
+}
+
+// SetShard changes one shard of the repo's pool with fn (compare-and-swap).
+func (s *Store) SetShard(ctx context.Context, repo, id string, fn func(*Shard)) (*Pool, error) {
+	return s.UpdatePool(ctx, repo, false, func(p *Pool) error {
+		sh := p.Shard(id)
+		if sh == nil {
+			return fmt.Errorf("pool of %s has no shard %s any more (resized?)", repo, id)
+		}
+		fn(sh)
+		return nil
+	})
+}
+
+func attemptKey(repo, id string) string { return leasebus.RepoKey(repo) + "." + id }
+
+// Begin writes a new attempt record; its status is running.
+func (s *Store) Begin(ctx context.Context, a Attempt) (*Attempt, error) {
+	if err := s.buckets(ctx, false); err != nil {
+		return nil, err
+	}
+	if a.AttemptID == "" || a.Repo == "" {
+		return nil, fmt.Errorf("attempt: id %q and repo %q are both required", a.AttemptID, a.Repo)
+	}
+	a.Status = StatusRunning
+	if a.StartedAt.IsZero() {
+		a.StartedAt = time.Now().UTC()
+	}
+	b, err := json.Marshal(&a)
+	if err != nil {
+		return nil, fmt.Errorf("encode attempt %s: %w", a.AttemptID, err)
+	}
+	rev, err := s.attempts.Update(ctx, attemptKey(a.Repo, a.AttemptID), b, 0)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return nil, fmt.Errorf("attempt %s exists already: attempt ids are never reused", a.AttemptID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("write attempt %s: %w", a.AttemptID, err)
+	}
+	a.Revision = rev
+	return &a, nil
+}
+
+// UpdateAttempt applies fn to an attempt record with a compare-and-swap.
+// fn returning false leaves the record as it is.
+func (s *Store) UpdateAttempt(ctx context.Context, repo, id string, fn func(*Attempt) bool) (*Attempt, error) {
+	if err := s.buckets(ctx, false); err != nil {
+		return nil, err
+	}
+	key := attemptKey(repo, id)
+	for range casTries {
+		e, err := s.attempts.Get(ctx, key)
+		if err != nil {
+			return nil, fmt.Errorf("read attempt %s: %w", id, err)
+		}
+		var a Attempt
+		if err := json.Unmarshal(e.Value(), &a); err != nil {
+			return nil, fmt.Errorf("decode attempt %s: %w", id, err)
+		}
+		a.Revision = e.Revision()
+		if !fn(&a) {
+			return &a, nil
+		}
+		b, err := json.Marshal(&a)
+		if err != nil {
+			return nil, fmt.Errorf("encode attempt %s: %w", id, err)
+		}
+		rev, err := s.attempts.Update(ctx, key, b, e.Revision())
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("write attempt %s: %w", id, err)
+		}
+		a.Revision = rev
+		return &a, nil
+	}
+	return nil, fmt.Errorf("write attempt %s: still contended after %d compare-and-swap tries", id, casTries)
+}
+
+// Settle records how an attempt ended: status and exit code, settled now.
+// It is the runner's word and overrides an "unknown" that Recover wrote
+// while the runner could not renew its lease.
+func (s *Store) Settle(ctx context.Context, repo, id string, st Status, code int) (*Attempt, error) {
+	return s.UpdateAttempt(ctx, repo, id, func(a *Attempt) bool {
+		if a.Status != StatusRunning && a.Status != StatusUnknown {
+			return false // settled already
+		}
+		if a.Status == StatusUnknown {
+			a.Note = "marked unknown while its leases were inactive: " + a.Note
+		}
+		a.Status, a.SettledAt = st, time.Now().UTC()
+		a.ExitCode = &code
+		return true
+	})
+}
+
+// Attempt reads one attempt record.
+func (s *Store) Attempt(ctx context.Context, repo, id string) (*Attempt, error) {
+	if err := s.buckets(ctx, false); err != nil {
+		return nil, err
+	}
+	e, err := s.attempts.Get(ctx, attemptKey(repo, id))
+	if err != nil {
+		return nil, fmt.Errorf("read attempt %s: %w", id, err)
+	}
+	var a Attempt
+	if err := json.Unmarshal(e.Value(), &a); err != nil {
+		return nil, fmt.Errorf("decode attempt %s: %w", id, err)
+	}
+	a.Revision = e.Revision()
+	return &a, nil
+}
+
+// Attempts lists the repo's attempts, oldest first (one watch over the
+// repo's keys, not a read per attempt).
+func (s *Store) Attempts(ctx context.Context, repo string) ([]*Attempt, error) {
+	if err := s.buckets(ctx, false); err != nil {
+		return nil, err
+	}
+	w, err := s.attempts.WatchFiltered(ctx, []string{leasebus.RepoKey(repo) + ".*"}, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("list attempts of %s: %w", repo, err)
+	}
+	defer w.Stop()
+	var out []*Attempt
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil { // every current value delivered
+				slices.SortFunc(out, func(a, b *Attempt) int { return a.StartedAt.Compare(b.StartedAt) })
+				return out, nil
+			}
+			var a Attempt
+			if err := json.Unmarshal(e.Value(), &a); err != nil {
+				return nil, fmt.Errorf("decode attempt %s: %w", e.Key(), err)
+			}
+			a.Revision = e.Revision()
+			out = append(out, &a)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("list attempts of %s: %w", repo, ctx.Err())
+		}
+	}
+}
+
+// Recover finds the repo's attempts still "running" whose leases are all
+// no longer active — their runner is gone — and marks each "unknown" and
+// its shard dirty, with an audit event. It looks at the attempts the pool
+// record lists as running in its shards (what runners call before they
+// place an attempt: cost in proportion to the running attempts); with
+// all, at every attempt of the repo (shard list), which also catches a
+// runner that died between writing its attempt and placing it. It returns
+// the attempts it changed.
+func (s *Store) Recover(ctx context.Context, repo string, leases Leases, all bool) ([]*Attempt, error) {
+	pool, err := s.Pool(ctx, repo)
+	if err != nil {
+		return nil, err
+	}
+	var cands []*Attempt
+	if all {
+		if cands, err = s.Attempts(ctx, repo); err != nil {
+			return nil, err
+		}
+	} else {
+		for _, sh := range pool.Shards {
+			for _, id := range sh.Running {
+				a, err := s.Attempt(ctx, repo, id)
+				if errors.Is(err, jetstream.ErrKeyNotFound) {
+					a = &Attempt{AttemptID: id, Shard: sh.ID, Status: StatusUnknown}
+				} else if err != nil {
+					return nil, err
+				}
+				cands = append(cands, a)
+			}
+		}
+	}
+	var out []*Attempt
+	drop := map[string]bool{} // attempt ids to take off the shards' running lists
+	dirty := map[string]bool{}
+	for _, a := range cands {
+		if a.Status != StatusRunning {
+			drop[a.AttemptID] = true // settled; its runner died before saying so in the pool
+			continue
+		}
+		why, err := ended(ctx, leases, a.Leases)
+		if err != nil {
+			return out, err
+		}
+		if why == "" {
+			continue
+		}
+		note := "its runner is gone: " + why
+		na, err := s.UpdateAttempt(ctx, repo, a.AttemptID, func(a *Attempt) bool {
+			if a.Status != StatusRunning {
+				return false
+			}
+			a.Status, a.Note = StatusUnknown, note
+			return true
+		})
+		if err != nil {
+			return out, err
+		}
+		if na.Status != StatusUnknown || na.Note != note {
+			continue // settled meanwhile
+		}
+		drop[a.AttemptID] = true
+		if a.Shard != "" {
+			dirty[a.Shard] = true
+		}
+		s.audit(ctx, leasebus.AuditEvent{
+			Type: EventRecovered, Repo: repo, LeaseID: first(a.Leases),
+			Owner:   leasebus.Owner{TaskID: a.TaskID, AgentID: a.AgentID, AttemptID: a.AttemptID, HostID: a.HostID},
+			Reason:  note,
+			Message: fmt.Sprintf("attempt %s (%s, %s) in %s is unknown: %s; %s marked dirty, cleaned before an exclusive attempt uses it", a.AttemptID, a.AgentID, strings.Join(a.Command, " "), a.Shard, why, a.Shard),
+		})
+		out = append(out, na)
+	}
+	if len(drop) == 0 && len(dirty) == 0 {
+		return out, nil
+	}
+	_, err = s.UpdatePool(ctx, repo, false, func(p *Pool) error {
+		for i := range p.Shards {
+			sh := &p.Shards[i]
+			sh.Running = slices.DeleteFunc(sh.Running, func(id string) bool { return drop[id] })
+			if dirty[sh.ID] {
+				sh.State = StateDirty
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// ended says why every one of ids is no longer active, or "" when one is.
+func ended(ctx context.Context, leases Leases, ids []string) (string, error) {
+	if len(ids) == 0 {
+		return "", nil // placed before any lease: cannot judge
+	}
+	var whys []string
+	for _, id := range ids {
+		l, err := leases.Get(ctx, id)
+		switch {
+		case errors.Is(err, leasebus.ErrNotFound):
+			whys = append(whys, "lease "+id+" is gone")
+		case err != nil:
+			return "", fmt.Errorf("check lease %s: %w", id, err)
+		case l.Active():
+			return "", nil
+		default:
+			whys = append(whys, fmt.Sprintf("lease %s %s (%s)", id, l.Status, l.Reason))
+		}
+	}
+	return strings.Join(whys, ", "), nil
+}
+
+func first(ss []string) string {
+	if len(ss) == 0 {
+		return ""
+	}
+	return ss[0]
+}
+
+func (s *Store) audit(ctx context.Context, ev leasebus.AuditEvent) {
+	if s.cfg.Audit == nil {
+		return
+	}
+	ev.Boundary = BoundaryShard
+	if err := s.cfg.Audit.Record(context.WithoutCancel(ctx), ev); err != nil {
+		s.log.Warn("audit shard event", "type", ev.Type, "err", err)
+	}
+}
+
+// Audit records ev at the shard boundary (nothing without Config.Audit).
+func (s *Store) Audit(ctx context.Context, ev leasebus.AuditEvent) { s.audit(ctx, ev) }
