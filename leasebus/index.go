@@ -18,12 +18,14 @@ type claimIndex struct {
 	withPaths  map[string]*entry            // every lease with a path claim (for whole-repo requests)
 	exclusive  map[string]map[string]*entry // workspace -> its exclusive lease
 	shared     map[string]map[string]*entry // workspace -> its shared leases
+	inside     map[string]map[string]*entry // workspace -> the leases of workspaces inside it
 }
 
 func newClaimIndex() *claimIndex {
 	return &claimIndex{byTop: map[string]map[string]*entry{}, wholeRepo: map[string]*entry{},
 		withTables: map[string]*entry{}, withPaths: map[string]*entry{},
-		exclusive: map[string]map[string]*entry{}, shared: map[string]map[string]*entry{}}
+		exclusive: map[string]map[string]*entry{}, shared: map[string]map[string]*entry{},
+		inside: map[string]map[string]*entry{}}
 }
 
 func topOf(p string) string {
@@ -63,6 +65,7 @@ func (ix *claimIndex) add(e *entry) {
 		ix.withTables[e.LeaseID] = e
 	}
 	addTo(ix.occupants(e.WorkspaceMode), e.WorkspaceID, e)
+	ancestors(e.WorkspaceID, func(a string) { addTo(ix.inside, a, e) })
 }
 
 func (ix *claimIndex) occupants(mode WorkspaceMode) map[string]map[string]*entry {
@@ -80,12 +83,14 @@ func (ix *claimIndex) remove(e *entry) {
 	delete(ix.wholeRepo, e.LeaseID)
 	delete(ix.withTables, e.LeaseID)
 	removeFrom(ix.occupants(e.WorkspaceMode), e.WorkspaceID, e.LeaseID)
+	ancestors(e.WorkspaceID, func(a string) { removeFrom(ix.inside, a, e.LeaseID) })
 }
 
 // candidates calls f once for each indexed lease that could block req:
 // every lease whose claim could overlap, the exclusive occupant of its
-// workspace, and — for an exclusive request, which needs the workspace
-// empty — its shared occupants. (Shared occupants only count against
+// workspace or of one it lies in, and — for an exclusive request, which
+// needs the workspace empty — its shared occupants and the leases of the
+// workspaces inside it. (Shared occupants only count against
 // max-sharers; see sharers.)
 func (ix *claimIndex) candidates(req claimRequest, f func(*entry)) {
 	seen := map[string]bool{}
@@ -111,7 +116,9 @@ func (ix *claimIndex) candidates(req claimRequest, f func(*entry)) {
 		visit(ix.withTables)
 	}
 	visit(ix.exclusive[req.workspaceID])
+	ancestors(req.workspaceID, func(a string) { visit(ix.exclusive[a]) })
 	if req.mode == WorkspaceExclusive {
 		visit(ix.shared[req.workspaceID])
+		visit(ix.inside[req.workspaceID])
 	}
 }

@@ -34,6 +34,11 @@ func clash(aScope scope.Claim, aWS string, aMode WorkspaceMode, bScope scope.Cla
 	if aWS == bWS && (aMode == WorkspaceExclusive || bMode == WorkspaceExclusive) {
 		return fmt.Sprintf("workspace %s holds an exclusive lease and another lease", aWS)
 	}
+	// A workspace named parent/x lies in parent: an exclusive lease on
+	// parent and any lease in parent/x never coexist.
+	if strings.HasPrefix(bWS, aWS+"/") && aMode == WorkspaceExclusive || strings.HasPrefix(aWS, bWS+"/") && bMode == WorkspaceExclusive {
+		return fmt.Sprintf("workspaces %s and %s nest, and the outer one is held exclusively", aWS, bWS)
+	}
 	return ""
 }
 

@@ -177,3 +177,50 @@ func TestPoolRequestValidation(t *testing.T) {
 		})
 	}
 }
+
+// A workspace named W/x lies in W (a shard's commit capacity, shard-1/commit,
+// lies in shard-1): an exclusive lease on W and a lease inside it never
+// coexist; shared leases on W do not mind it.
+func TestNestedWorkspaces(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	cred := NewCredential()
+	fixed := func(i int, ws string, mode WorkspaceMode, paths ...string) AcquireRequest {
+		r := poolReq(t, mode, i, paths...)
+		r.Workspaces, r.WorkspaceID = nil, ws
+		return r
+	}
+	ex, err := b.c.Acquire(ctx, fixed(1, "shard-1", WorkspaceExclusive), cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.c.Acquire(ctx, fixed(2, "shard-1/commit", WorkspaceExclusive), cred); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "held exclusively, and shard-1/commit lies in it") {
+		t.Fatalf("commit capacity beside an exclusive lease on its shard: %v, want a conflict", err)
+	}
+	if _, err := b.c.Release(ctx, ex.LeaseID, cred); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.c.Acquire(ctx, fixed(2, "shard-1/commit", WorkspaceExclusive), cred); err != nil {
+		t.Fatalf("commit capacity on an empty shard: %v", err)
+	}
+	if _, err := b.c.Acquire(ctx, fixed(3, "shard-1", WorkspaceShared, "a"), cred); err != nil {
+		t.Fatalf("a path lease beside serialized commit capacity: %v", err)
+	}
+	if _, err := b.c.Acquire(ctx, fixed(4, "shard-1", WorkspaceExclusive), cred); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "shard-1/commit lies in it") {
+		t.Fatalf("exclusive lease on a shard with commit capacity held: %v, want a conflict", err)
+	}
+	// A pool request's exclusive lease goes around the busy shard.
+	if l, err := b.c.Acquire(ctx, poolReq(t, WorkspaceExclusive, 5), cred); err != nil || l.WorkspaceID != "shard-2" {
+		t.Fatalf("exclusive pool request: %v, %v; want shard-2", l, err)
+	}
+	for ws, parent := range map[string]string{"shard-1/commit": "shard-1", "a/b/c": "a/b"} {
+		if !within(ws, parent) {
+			t.Errorf("%s should lie in %s", ws, parent)
+		}
+	}
+	for _, pair := range [][2]string{{"shard-10", "shard-1"}, {"shard-1", "shard-1"}, {"shard-1", "shard-1/commit"}} {
+		if within(pair[0], pair[1]) {
+			t.Errorf("%s should not lie in %s", pair[0], pair[1])
+		}
+	}
+}

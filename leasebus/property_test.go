@@ -73,6 +73,8 @@ func propClaims(t testing.TB) []AcquireRequest {
 		pool(mk([]string{"a/x"}, false, nil, "", WorkspaceShared), "wt-6", "wt-7"),
 		pool(mk(nil, false, nil, "", WorkspaceExclusive), "wt-3", "wt-6", "wt-7"),
 		pool(mk([]string{"i"}, false, nil, "", WorkspaceExclusive), "wt-6", "wt-7"),
+		// Commit capacity inside a pooled shard: nests in wt-6.
+		mk(nil, false, nil, "wt-6/commit", WorkspaceExclusive),
 	}
 }
 

@@ -280,16 +280,33 @@ func blocks(req claimRequest, hScope scope.Claim, hWorkspace string, hMode Works
 	if req.scope.Overlaps(hScope) {
 		return "claims overlap: " + strings.Join(req.scope.Overlap(hScope), ", ")
 	}
-	if req.workspaceID != hWorkspace {
-		return ""
-	}
 	switch {
-	case hMode == WorkspaceExclusive:
+	case req.workspaceID == hWorkspace && hMode == WorkspaceExclusive:
 		return fmt.Sprintf("workspace %s is held exclusively", hWorkspace)
-	case req.mode == WorkspaceExclusive:
+	case req.workspaceID == hWorkspace && req.mode == WorkspaceExclusive:
 		return fmt.Sprintf("workspace %s is occupied and an exclusive lease needs it empty", hWorkspace)
+	case within(req.workspaceID, hWorkspace) && hMode == WorkspaceExclusive:
+		return fmt.Sprintf("workspace %s is held exclusively, and %s lies in it", hWorkspace, req.workspaceID)
+	case within(hWorkspace, req.workspaceID) && req.mode == WorkspaceExclusive:
+		return fmt.Sprintf("workspace %s is occupied (%s lies in it) and an exclusive lease needs it empty", req.workspaceID, hWorkspace)
 	}
 	return ""
+}
+
+// within reports whether workspace ws lies inside workspace parent, as a
+// shard's commit capacity "shard-1/commit" lies in "shard-1": an exclusive
+// lease on parent excludes every lease inside it, and the other way round.
+func within(ws, parent string) bool {
+	return len(ws) > len(parent) && ws[len(parent)] == '/' && ws[:len(parent)] == parent
+}
+
+// ancestors calls f with each workspace that ws lies in, outermost first.
+func ancestors(ws string, f func(string)) {
+	for i := 0; i < len(ws); i++ {
+		if ws[i] == '/' && i > 0 {
+			f(ws[:i])
+		}
+	}
 }
 
 // conflicts lists the active leases that keep req from being granted now.

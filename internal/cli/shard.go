@@ -457,44 +457,12 @@ func (a *app) holdPoolLease(ctx context.Context, s *session, rf *runFlags, pr *p
 		active, _ := s.client.List(context.WithoutCancel(ctx), req.Repo, false)
 		return nil, &poolConflict{ce: ce, pool: pr.pool, req: req, active: active}
 	}
-	if pr.mode == shard.ModeCommitSerialized {
-		if err := exclusiveInShard(ctx, s, l, rf.commitShard); err != nil {
-			s.client.Release(context.WithoutCancel(ctx), l.LeaseID, cred)
-			return nil, err
-		}
-	}
 	h, err := s.client.Hold(l, cred, sent, leasebus.HoldOptions{})
 	if err != nil {
 		s.client.Release(context.WithoutCancel(ctx), l.LeaseID, cred)
 		return nil, err
 	}
 	return &heldLease{holder: h, cred: cred, acquired: true}, nil
-}
-
-// exclusiveInShard refuses serialized commit capacity while an exclusive
-// attempt is the shard's sole occupant. The lease service does not relate
-// the workspaces <shard>/commit and <shard>, so this is a check after the
-// grant: an exclusive lease granted in the moment between is not seen.
-func exclusiveInShard(ctx context.Context, s *session, mine *leasebus.Lease, shardID string) error {
-	active, err := s.client.List(ctx, mine.Repo, false)
-	if err != nil {
-		return fmt.Errorf("check %s for an exclusive attempt: %w", shardID, err)
-	}
-	for _, l := range active {
-		if l.WorkspaceID == shardID && l.WorkspaceMode == leasebus.WorkspaceExclusive {
-			err := fmt.Errorf("%s is held exclusively by lease %s (%s, fence %d, expires %s): its attempt is the shard's sole occupant; commit with --exclusive --wait DUR to follow it, or retry once it ends",
-				shardID, l.LeaseID, l.Owner, l.Fence, l.ExpiresAt.UTC().Format(time.RFC3339))
-			if audit, aerr := leasebus.NewAuditor(s.nc); aerr == nil {
-				audit.Record(context.WithoutCancel(ctx), leasebus.AuditEvent{
-					Type: leasebus.EventRefused, Boundary: shard.BoundaryShard, Repo: mine.Repo,
-					LeaseID: mine.LeaseID, Owner: mine.Owner, Scope: mine.Scope, Fence: mine.Fence,
-					Reason: "serialized commit capacity refused: " + shardID + " is held exclusively by " + l.LeaseID, Message: err.Error(),
-				})
-			}
-			return &exitError{code: ExitConflict, err: err}
-		}
-	}
-	return nil
 }
 
 // poolConflict explains an attempt no shard could take: the pool's size

@@ -309,9 +309,22 @@ git add -A && git ` + id + ` commit -qm "agents' work" && echo commit=ok`
 	excl := startRun(t, url, "--repo", co, "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("x", ""))
 	ctl.awaitReady(t, excl, "x")
 	r := fl(t, "--nats", url, "shard", "commit", "--repo", co, "--shard", "shard-1", "--serialized", "--", "touch", "ran").want(t, ExitConflict)
-	mustContain(t, "serialized beside exclusive", r.stderr, "shard-1 is held exclusively by lease "+leaseOf(t, excl.errOut.String()))
-	awaitShardEvent(t, url, co, func(ev leasebus.AuditEvent) bool {
-		return ev.Type == leasebus.EventRefused && strings.Contains(ev.Reason, leaseOf(t, excl.errOut.String())) && ev.LeaseID != ""
+	exclLease := leaseOf(t, excl.errOut.String())
+	mustContain(t, "serialized beside exclusive", r.stderr, exclLease, "workspace shard-1 is held exclusively, and shard-1/commit lies in it")
+	// The lease service refused it (in one step with its overlap check)
+	// and audited the refusal.
+	_, nc := busClient(t, url)
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		evs, err := leasebus.ReadAudit(context.Background(), nc, "", 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Type == leasebus.EventRefused && strings.Contains(ev.Message, exclLease) && strings.Contains(ev.Message, "shard-1/commit") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no refusal naming %s among %d audit events", exclLease, len(evs))
 	})
 	ctl.stop(t, "x")
 	excl.wait(t)
