@@ -35,7 +35,9 @@ type Config struct {
 	NC *nats.Conn
 	// Token, when set, is required on every request (see the package doc).
 	Token string
-	// Shards lists shards and attempts; nil leaves that part of the UI empty.
+	// Shards lists shards and attempts (StoreSource); nil leaves that part
+	// of the UI empty. The stream sends them again after lease records,
+	// which every placement, settle and release writes.
 	Shards ShardSource
 	// AuditBacklog is how many recent audit events a new page starts
 	// with (default 100).
@@ -391,8 +393,19 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 				}
 				continue
 			}
+			leases := false
 			for _, it := range items {
 				if !send(it.event, it.v) {
+					return
+				}
+				leases = leases || it.event == "lease"
+			}
+			if leases && s.cfg.Shards != nil {
+				// Placements, settles and cleanings go with lease changes.
+				v, err := s.cfg.Shards(ctx, repo)
+				if err != nil {
+					s.log.Warn("run UI: list shards", "err", err)
+				} else if !send("shards", v) {
 					return
 				}
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/shard"
 )
 
 func TestMain(m *testing.M) { testutil.Main(m) }
@@ -246,5 +247,67 @@ func TestStreamOverflow(t *testing.T) {
 	st.push("lease", 4)
 	if items, over := st.take(); over || len(items) != 1 || fmt.Sprint(items[0].v) != "4" {
 		t.Fatalf("after a take: %v, %v; want item 4", items, over)
+	}
+}
+
+// With a shard store, the API and the stream carry the pools and attempts;
+// the stream sends them again after each lease record.
+func TestShards(t *testing.T) {
+	b := bustest.Start(t)
+	st, err := shard.Open(b.Conn, shard.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{NC: b.Conn, Shards: StoreSource(st)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler())
+	t.Cleanup(func() {
+		s.Close()
+		hs.Close()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	var none ShardsView
+	getJSON(t, hs.URL+"/api/v1/shards?repo="+repo, &none)
+	if len(none.Pools) != 0 || len(none.Attempts) != 0 {
+		t.Fatalf("no pool declared: %+v", none)
+	}
+	if _, err := st.Declare(ctx, shard.Spec{Repo: repo, Checkout: "/src/payments", Size: 2, MaxSharers: 3}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Begin(ctx, shard.Attempt{AttemptID: "att_1", Repo: repo, TaskID: "t", AgentID: "a", Command: []string{"true"}, Shard: "shard-1", Mode: "shared"}); err != nil {
+		t.Fatal(err)
+	}
+	var v ShardsView
+	getJSON(t, hs.URL+"/api/v1/shards?repo="+repo, &v)
+	if len(v.Pools) != 1 || v.Pools[0].Size != 2 || len(v.Pools[0].Shards) != 2 || len(v.Attempts) != 1 || v.Attempts[0].AttemptID != "att_1" {
+		t.Fatalf("shards of %s: %+v", repo, v)
+	}
+
+	req, _ := http.NewRequestWithContext(ctx, "GET", hs.URL+"/api/v1/events?repo="+repo, nil)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	sr := sse{bufio.NewReader(res.Body)}
+	if ev, data := sr.next(t); ev != "snapshot" || !strings.Contains(string(data), `"attemptId":"att_1"`) {
+		t.Fatalf("snapshot %s %s, want the attempt", ev, data)
+	}
+	if _, err := st.Settle(ctx, repo, "att_1", shard.StatusSucceeded, 0); err != nil {
+		t.Fatal(err)
+	}
+	acquire(t, b, "services/billing") // a lease record: the shards follow
+	for {
+		ev, data := sr.next(t)
+		if ev == "shards" {
+			if !strings.Contains(string(data), `"status":"succeeded"`) {
+				t.Fatalf("shards event after the settle: %s", data)
+			}
+			break
+		}
 	}
 }

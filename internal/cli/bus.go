@@ -14,6 +14,7 @@ import (
 
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/runui"
+	"github.com/fenceline/fenceline/shard"
 )
 
 // EnvUIToken is the token the run UI requires off loopback.
@@ -196,7 +197,12 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 	}
 	fmt.Fprintf(a.stdout, "lease service ready on %s (replicas %d); stop with Ctrl-C\n", f.natsURL, replicas)
 	if f.ui != "" {
-		ui, err := runui.Listen(f.ui, runui.Config{NC: nc, Token: os.Getenv(EnvUIToken), Logger: f.logger})
+		shards, err := shard.Open(nc, shard.Config{Logger: f.logger})
+		if err != nil {
+			svc.Stop()
+			return err
+		}
+		ui, err := runui.Listen(f.ui, runui.Config{NC: nc, Token: os.Getenv(EnvUIToken), Shards: runui.StoreSource(shards), Logger: f.logger})
 		if err != nil {
 			svc.Stop()
 			return err

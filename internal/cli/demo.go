@@ -20,6 +20,7 @@ import (
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/runui"
+	"github.com/fenceline/fenceline/shard"
 )
 
 const demoRepo = "github.com/acme/payments"
@@ -111,7 +112,11 @@ func runDemo(parent context.Context, out io.Writer, keep bool, ui string) error 
 	fmt.Fprintf(out, "bus: %s (embedded, its own store in %s; the default bus is untouched)\n", srv.ClientURL(), dir)
 	var page *runui.Running
 	if ui != "" {
-		if page, err = runui.Listen(ui, runui.Config{NC: nc}); err != nil {
+		shards, err := shard.Open(nc, shard.Config{})
+		if err != nil {
+			return err
+		}
+		if page, err = runui.Listen(ui, runui.Config{NC: nc, Shards: runui.StoreSource(shards)}); err != nil {
 			return err
 		}
 		defer func() {

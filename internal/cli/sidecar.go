@@ -17,6 +17,7 @@ import (
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/proxy"
 	"github.com/fenceline/fenceline/runui"
+	"github.com/fenceline/fenceline/shard"
 )
 
 // fenceFlags configure the fences of run and sidecar.
@@ -200,7 +201,11 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 		return err
 	}
 	metrics := proxy.NewMetrics()
-	ui, err := runui.New(runui.Config{NC: s.nc, Token: token, Logger: log})
+	shards, err := shard.Open(s.nc, shard.Config{Logger: log})
+	if err != nil {
+		return err
+	}
+	ui, err := runui.New(runui.Config{NC: s.nc, Token: token, Shards: runui.StoreSource(shards), Logger: log})
 	if err != nil {
 		return err
 	}

@@ -91,7 +91,7 @@ func TestRunUIInBrowser(t *testing.T) {
 
 	// Its release updates the row without a reload.
 	fl(t, "--nats", busURL, "lease", "release", a.LeaseID).want(t, ExitOK)
-	within(t, tab, 2*time.Second, "released lease shown", chromedp.WaitVisible(chromedp.CSS(row+`[data-status="released"]`)))
+	within(t, tab, 5*time.Second, "released lease shown", chromedp.WaitVisible(chromedp.CSS(row+`[data-status="released"]`)))
 	if !within(t, tab, 2*time.Second, "same document", chromedp.Evaluate[bool](`window.__sameDocument === true`)) {
 		t.Error("the page reloaded to show the release")
 	}
@@ -110,9 +110,24 @@ func TestRunUIInBrowser(t *testing.T) {
 		"--git-upstream", gs.URL+"/payments.git", "--", "git", "push", "-q", "origin", "main")
 	mustContain(t, "agent output", r.stderr, "libs/tax/rates.go is outside lease")
 	feed := `#audit li[data-type="denied"][data-boundary="git"]`
-	within(t, tab, 2*time.Second, "refused push in the feed", chromedp.WaitVisible(chromedp.CSS(feed)))
+	within(t, tab, 5*time.Second, "refused push in the feed", chromedp.WaitVisible(chromedp.CSS(feed)))
 	text = within(t, tab, 2*time.Second, "read the feed", chromedp.Text(chromedp.CSS(feed)))
 	if !strings.Contains(text, "libs/tax/rates.go") {
 		t.Errorf("feed entry %q does not name the refused path", text)
+	}
+
+	// A shard pool and an attempt in it show up as they happen.
+	pooled := newCheckout(t, "")
+	fl(t, "--nats", busURL, "shard", "pool", "--repo", pooled, "--size", "2").want(t, ExitOK)
+	r = runFL(t, busURL, "--repo", pooled, "--scope", "in", "--agent", "ui-pooled", "--", "true").want(t, ExitOK)
+	within(t, tab, 5*time.Second, "shard shown", chromedp.WaitVisible(chromedp.CSS(`#shards tr[data-id="shard-1"]`)))
+	attempt := regexp.MustCompile(`attempt (att_[a-z0-9]+)`).FindStringSubmatch(r.stderr)
+	if attempt == nil {
+		t.Fatalf("run named no attempt:\n%s", r.stderr)
+	}
+	row = fmt.Sprintf(`#attempts tr[data-id=%q]`, attempt[1])
+	within(t, tab, 5*time.Second, "attempt shown", chromedp.WaitVisible(chromedp.CSS(row)))
+	if text = within(t, tab, 2*time.Second, "read the attempt", chromedp.Text(chromedp.CSS(row))); !strings.Contains(text, "succeeded") || !strings.Contains(text, "ui-pooled") {
+		t.Errorf("attempt row %q: want ui-pooled's attempt, succeeded", text)
 	}
 }

@@ -112,8 +112,8 @@ function renderAttempts() {
   const box = $("#attempts");
   if (!rows.length) { box.replaceChildren(el("p", { class: "empty" }, "No attempts.")); return; }
   const time = (t) => (t && !t.startsWith("0001") ? new Date(t).toLocaleTimeString() : "");
-  box.replaceChildren(table(rows, [
-    ["attemptId", "attempt"], ["taskId", "task"], ["agentId", "agent"], ["shard", "shard"],
+  box.replaceChildren(table(rows.slice().reverse(), [
+    ["attemptId", "attempt"], ["taskId", "task"], ["agentId", "agent"], ["shard", "shard"], ["mode", "mode"],
     ["status", "status"], ["startedAt", "started", (a) => time(a.startedAt)], ["settledAt", "settled", (a) => time(a.settledAt)],
     ["exitCode", "exit"], ["command", "command", (a) => (a.command || []).join(" ")],
   ], "attemptId"));
@@ -165,6 +165,10 @@ function connect() {
     state.leases.set(l.leaseId, l);
     renderLeases(); renderShards();
     if (!document.querySelector(`#repo option[value="${CSS.escape(l.repo)}"]`)) loadRepos();
+  });
+  src.addEventListener("shards", (e) => {
+    state.shards = JSON.parse(e.data);
+    renderShards(); renderAttempts();
   });
   src.addEventListener("audit", (e) => addAudit(JSON.parse(e.data), true));
   src.onerror = () => { conn.dataset.state = "down"; conn.textContent = "reconnecting…"; };
