@@ -38,8 +38,12 @@ func (a *app) demoCommand() *cobra.Command {
 default bus or your state dir, so it runs beside a real bus) and show, for
 ` + demoRepo + `: two agents racing for overlapping scopes, a disjoint
 scope granted alongside, a crashed holder's lease reclaimed by the sweeper,
-fence tokens rising, an operator's revoke seen by the holder, and the audit
-trail. Exits 0 when every expectation held, 1 naming the one that did not.`,
+fence tokens rising, an operator's revoke seen by the holder, the audit
+trail; then a real git server behind the git fence, a throwaway Postgres
+behind the Postgres fence (when its binaries are found), and a pool of
+worktree shards with agents as real child processes under the file-write
+guard. Exits 0 when every expectation held, 1 naming the one that did not.
+With --ui, the run UI shows it all live.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if ui != "" {

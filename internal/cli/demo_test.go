@@ -47,7 +47,10 @@ func TestDemo(t *testing.T) {
 		"== 3. A crashed holder", "reclaimed: lease_",
 		"== 4. Fence tokens rise", "strictly increasing",
 		"== 5. An operator revokes", "agent-c's holder saw it after",
-		"== 6. The audit trail", "demo complete")
+		"== 6. The audit trail",
+		"== 7. The git fence", "== 8. The Postgres fence",
+		"== 9. A pool of worktree shards",
+		"demo complete")
 	if strings.Count(out.String(), " grant ") < 5 {
 		t.Errorf("audit trail should show at least 5 grants")
 	}
