@@ -142,6 +142,9 @@ func runDemo(parent context.Context, out io.Writer, keep bool, ui string) error 
 	if err := d.shardStory(ctx, dir, srv.ClientURL()); err != nil {
 		return err
 	}
+	if err := d.zombieStory(ctx, dir, srv.ClientURL()); err != nil {
+		return err
+	}
 	fmt.Fprintln(out, "\ndemo complete: every expectation held")
 	if page != nil && !keep {
 		fmt.Fprintf(out, "\nthe run UI stays up at %s; stop it with Ctrl-C\n", page.URL())

@@ -50,6 +50,7 @@ func TestDemo(t *testing.T) {
 		"== 6. The audit trail",
 		"== 7. The git fence", "== 8. The Postgres fence",
 		"== 9. A pool of worktree shards",
+		"== 10. A zombie at the file guard", "Permission denied (refused at the system call)", "audit: denied file lease_",
 		"demo complete")
 	if strings.Count(out.String(), " grant ") < 5 {
 		t.Errorf("audit trail should show at least 5 grants")
