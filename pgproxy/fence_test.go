@@ -83,6 +83,8 @@ func (b *bus) hold(t *testing.T, ws string, ttl time.Duration, tables ...string)
 // write: Postgres itself rejects it with 40001. A's proxy driven by the real
 // holder refuses the write itself, with an audit event on the bus.
 func TestZombieWriteRejectedByPostgres(t *testing.T) {
+	// A fresh bus starts its fences at 1 again; forget an earlier run's.
+	resetState(t, "DO $$BEGIN IF to_regclass('fenceline.epoch') IS NOT NULL THEN UPDATE fenceline.epoch SET fence = 0, lease_id = '' WHERE relid = 'public.zombie'::regclass; END IF; END$$")
 	b := startBus(t)
 	ctx := ctxT(t)
 	a := b.hold(t, "ws-a", time.Second, "public.zombie")

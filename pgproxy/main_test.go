@@ -193,6 +193,19 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
+// resetState runs sql as the admin, fence triggers off for it, before a
+// test that needs the shared database as TestMain left it — so the test
+// passes with -count=N too.
+func resetState(t testing.TB, sql string) {
+	t.Helper()
+	c := adminConn(t)
+	for _, q := range []string{"SET session_replication_role = replica", sql} {
+		if _, err := c.Exec(ctxT(t), q); err != nil {
+			t.Fatalf("reset: %s: %v", q, err)
+		}
+	}
+}
+
 func adminConn(t testing.TB) *pgx.Conn {
 	return connect(t, pg.AdminDSN(testDB))
 }

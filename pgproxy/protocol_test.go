@@ -120,6 +120,7 @@ func TestTransactionsAndSavepoints(t *testing.T) {
 }
 
 func TestMultiStatementAndForbidden(t *testing.T) {
+	resetState(t, "DELETE FROM app.items WHERE name IN ('ms', 'ms2')")
 	lease := newStaticLease(t, "lease_ms1", 9, "public.accounts", "app.*")
 	p := startProxy(t, Config{Lease: lease})
 	ctx := ctxT(t)
@@ -237,6 +238,7 @@ func TestBatchPipelineLargeResult(t *testing.T) {
 }
 
 func TestCopyBothWays(t *testing.T) {
+	resetState(t, "TRUNCATE app.log")
 	lease := newStaticLease(t, "lease_c1", 13, "app.*")
 	p := startProxy(t, Config{Lease: lease})
 	ctx := ctxT(t)
