@@ -370,9 +370,22 @@ func (a *Admin) readyz(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (a *Admin) lease(w http.ResponseWriter, _ *http.Request) {
-	v := a.View()
+	a.refresh()
+	v, _ := a.viewNow()
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(v)
+}
+
+// viewNow is the published view with the holder's remaining validity as
+// of now, and the channel closed at the view's next change.
+func (a *Admin) viewNow() (LeaseView, <-chan struct{}) {
+	a.mu.Lock()
+	v, changed, h := a.view, a.changed, a.holder
+	a.mu.Unlock()
+	if h != nil && v.State == leasebus.Held {
+		v.ValidFor = leasebus.Duration(h.Remaining())
+	}
+	return v, changed
 }
 
 // events streams the lease view as server-sent events: the view now, then
@@ -418,12 +431,7 @@ func (a *Admin) events(w http.ResponseWriter, r *http.Request) {
 // closed at its next change.
 func (a *Admin) sendView(w http.ResponseWriter, rc *http.ResponseController) (changed <-chan struct{}, ok bool) {
 	a.refresh()
-	a.mu.Lock()
-	v, changed, h := a.view, a.changed, a.holder
-	a.mu.Unlock()
-	if h != nil && v.State == leasebus.Held {
-		v.ValidFor = leasebus.Duration(h.Remaining())
-	}
+	v, changed := a.viewNow()
 	data, err := json.Marshal(v)
 	if err != nil {
 		return nil, false

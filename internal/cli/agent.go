@@ -160,7 +160,9 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 
 	view := gate.waitFirst(ctx, af.wait)
 	if view == nil {
-		log.Warn("no word from the sidecar: starting the agent with every write denied until it answers", "sidecar", af.sidecar, "waited", af.wait.String())
+		why := fmt.Sprintf("the sidecar at %s named no lease within --wait %s", af.sidecar, af.wait)
+		gate.unbound(why)
+		log.Warn("no word from the sidecar: starting the agent with every write denied for this run", "why", why)
 	}
 	l, err := af.policyLease(co, view)
 	if err != nil {
@@ -268,8 +270,10 @@ func (af *agentFlags) policyLease(co *checkout, view *proxy.LeaseView) (leasebus
 }
 
 // sidecarGate is the guard's Gate in a pod: the sidecar's last word on
-// the lease, trusted for grace after it arrived. Lost is terminal, and so
-// is a change of lease (the policy was made for the first one).
+// the lease, trusted for grace after it arrived and never past the
+// validity the sidecar's holder reported. The gate is bound to the first
+// lease the sidecar names — the guard's policy was made for it — so a
+// different lease, or that lease lost, closes it for good.
 type sidecarGate struct {
 	url   string
 	grace time.Duration
@@ -279,8 +283,10 @@ type sidecarGate struct {
 	view    *proxy.LeaseView // guarded by mu: the last one heard
 	heardAt time.Time        // guarded by mu: when (monotonic)
 	validTo time.Time        // guarded by mu: heardAt + the view's validFor
+	leaseID string           // guarded by mu: the lease the gate is bound to ("" before)
+	bound   proxy.LeaseView  // guarded by mu: the view that named it
 	lost    error            // guarded by mu: terminal
-	first   chan struct{}    // closed at the first view
+	first   chan struct{}    // closed when the first lease is named
 }
 
 func newSidecarGate(url string, grace time.Duration) *sidecarGate {
@@ -298,45 +304,52 @@ func (g *sidecarGate) Fence() (uint64, error) {
 		return 0, fmt.Errorf("%w: never heard from the sidecar at %s", leasebus.ErrLeaseUnknown, g.url)
 	case g.now().Sub(g.heardAt) > g.grace:
 		return 0, fmt.Errorf("%w: no word from the sidecar at %s for %s (grace %s)", leasebus.ErrLeaseUnknown, g.url, g.now().Sub(g.heardAt).Round(time.Millisecond), g.grace)
-	case g.view.State != leasebus.Held:
-		return 0, fmt.Errorf("%w: the sidecar says lease %s is %s: %s", leasebus.ErrLeaseUnknown, g.leaseID(), g.view.State, g.view.Reason)
+	case g.view.Lease == nil || g.view.State != leasebus.Held:
+		return 0, fmt.Errorf("%w: the sidecar says lease %s is %s: %s", leasebus.ErrLeaseUnknown, g.leaseIDLocked(), g.view.State, g.view.Reason)
 	case !g.now().Before(g.validTo):
 		// Never trust the sidecar's "held" past its holder's own validity:
 		// the service may reclaim the lease a margin after that.
-		return 0, fmt.Errorf("%w: lease %s not renewed within the validity the sidecar last reported", leasebus.ErrLeaseUnknown, g.leaseID())
+		return 0, fmt.Errorf("%w: lease %s not renewed within the validity the sidecar last reported", leasebus.ErrLeaseUnknown, g.leaseIDLocked())
 	}
 	return g.view.Fence, nil
 }
 
-func (g *sidecarGate) leaseID() string {
-	if g.view != nil && g.view.Lease != nil {
-		return g.view.Lease.LeaseID
+func (g *sidecarGate) leaseIDLocked() string {
+	if g.leaseID != "" {
+		return g.leaseID
 	}
-	return "(none)"
+	return "(none yet)"
 }
 
 // heard takes one view from the stream.
 func (g *sidecarGate) heard(v *proxy.LeaseView) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.lost == nil {
+	if v.Lease != nil {
 		switch {
-		case g.view != nil && g.view.Lease != nil && v.Lease != nil && v.Lease.LeaseID != g.view.Lease.LeaseID:
-			g.lost = fmt.Errorf("%w: the sidecar now holds lease %s, not %s", leasebus.ErrLeaseLost, v.Lease.LeaseID, g.view.Lease.LeaseID)
-		case v.State == leasebus.Lost && v.Lease != nil:
+		case g.leaseID == "" && g.lost == nil:
+			g.leaseID, g.bound = v.Lease.LeaseID, *v
+			close(g.first)
+		case v.Lease.LeaseID != g.leaseID && g.lost == nil:
+			g.lost = fmt.Errorf("%w: the sidecar now holds lease %s, not %s", leasebus.ErrLeaseLost, v.Lease.LeaseID, g.leaseID)
+		}
+		if v.State == leasebus.Lost && v.Lease.LeaseID == g.leaseID && g.lost == nil {
 			g.lost = fmt.Errorf("%w: the sidecar says lease %s is lost: %s", leasebus.ErrLeaseLost, v.Lease.LeaseID, v.Reason)
 		}
 	}
-	first := g.view == nil && v.Lease != nil
-	if g.view == nil || v.Lease != nil {
-		g.view = v
-	}
+	g.view = v // a view without a lease (a restarted sidecar) is not "held"
 	g.heardAt = g.now()
-	if v.Lease != nil {
-		g.validTo = g.heardAt.Add(time.Duration(v.ValidFor))
-	}
-	if first {
-		close(g.first)
+	g.validTo = g.heardAt.Add(time.Duration(v.ValidFor))
+}
+
+// unbound closes the gate for good when the guard's policy had to be made
+// without the sidecar naming a lease: no lease that arrives later is known
+// to cover that policy.
+func (g *sidecarGate) unbound(why string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.lost == nil {
+		g.lost = fmt.Errorf("%w: %s; the file guard's policy was made without a lease, so writes stay refused for this run (restart the agent once the sidecar holds its lease)", leasebus.ErrLeaseUnknown, why)
 	}
 }
 
@@ -347,20 +360,24 @@ func (g *sidecarGate) everHeard() bool {
 	return g.view != nil
 }
 
-// waitFirst waits up to d for a view that names a lease.
+// waitFirst waits up to d for the view that names the gate's lease.
 func (g *sidecarGate) waitFirst(ctx context.Context, d time.Duration) *proxy.LeaseView {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-g.first:
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return nil
+	default:
+		select {
+		case <-g.first:
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	v := *g.view
+	v := g.bound
 	return &v
 }
 

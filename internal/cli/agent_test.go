@@ -316,6 +316,16 @@ func TestSidecarGate(t *testing.T) {
 	short.ValidFor = leasebus.Duration(300 * time.Millisecond)
 	g.heard(&short)
 	want("held, short validity", true, nil)
+	// The first lease named binds the gate, even after lease-less views
+	// (the wrapper's policy is made from it).
+	select {
+	case <-g.first:
+	default:
+		t.Fatal("the first view naming a lease did not release waitFirst")
+	}
+	if v := g.waitFirst(context.Background(), 0); v == nil || v.Lease == nil || v.Lease.LeaseID != "lease_a" {
+		t.Fatalf("waitFirst = %+v, want the view that named lease_a", v)
+	}
 	now = now.Add(300 * time.Millisecond)
 	want("past the sidecar's validity, within the grace", false, leasebus.ErrLeaseUnknown)
 	g.heard(held)
@@ -329,6 +339,9 @@ func TestSidecarGate(t *testing.T) {
 	g.heard(view(leasebus.Unknown, lease))
 	want("sidecar unknown", false, leasebus.ErrLeaseUnknown)
 	g.heard(held)
+	g.heard(view(leasebus.Unknown, nil)) // a restarted sidecar, no lease yet
+	want("sidecar names no lease", false, leasebus.ErrLeaseUnknown)
+	g.heard(held)
 	want("held again", true, nil)
 	other := *held
 	other.Lease = &leasebus.Lease{LeaseID: "lease_b", Fence: 9}
@@ -340,5 +353,12 @@ func TestSidecarGate(t *testing.T) {
 	g2.heard(held)
 	if _, err := g2.Fence(); !errors.Is(err, leasebus.ErrLeaseLost) {
 		t.Errorf("held after lost: %v, want lost for good", err)
+	}
+	// A policy made without a lease: no lease that arrives later opens it.
+	g3 := newSidecarGate("http://sidecar", time.Second)
+	g3.unbound("no lease within --wait")
+	g3.heard(held)
+	if _, err := g3.Fence(); !errors.Is(err, leasebus.ErrLeaseUnknown) || !strings.Contains(err.Error(), "policy was made without a lease") {
+		t.Errorf("gate of a policy made without a lease, after a lease arrived: %v, want closed for good", err)
 	}
 }
