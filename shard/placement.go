@@ -45,9 +45,14 @@ type Placement struct {
 // written "running" with its lease and shard, the shard is marked dirty,
 // then, under the shard's flock, an absent worktree is created and, for
 // an exclusive attempt, a shard that is not clean at the checkout's HEAD
-// is cleaned. On an error after the attempt was written, the attempt is
-// settled failed.
-func (s *Store) Place(ctx context.Context, pool *Pool, l leasebus.Lease, mode string, att Attempt) (*Placement, error) {
+// is cleaned. held is asked under the flock before anything is touched: a
+// runner that stalled until its lease was lost must not clean a shard
+// another attempt has since been placed in. On an error after the attempt
+// was written, the attempt is settled failed.
+func (s *Store) Place(ctx context.Context, pool *Pool, l leasebus.Lease, mode string, att Attempt, held func() error) (*Placement, error) {
+	if held == nil {
+		return nil, errors.New("shard: Place needs the lease's held check")
+	}
 	id, _, _ := strings.Cut(l.WorkspaceID, "/")
 	wt, err := pool.Worktree(id)
 	if err != nil {
@@ -66,7 +71,7 @@ func (s *Store) Place(ctx context.Context, pool *Pool, l leasebus.Lease, mode st
 		return nil, err
 	}
 	p := &Placement{store: s, Pool: pool, Worktree: wt, Attempt: a, Lease: l, Mode: mode, Base: base}
-	if err := p.prepare(ctx); err != nil {
+	if err := p.prepare(ctx, held); err != nil {
 		if serr := p.Settle(context.WithoutCancel(ctx), StatusFailed, -1); serr != nil {
 			err = errors.Join(err, serr)
 		}
@@ -75,13 +80,16 @@ func (s *Store) Place(ctx context.Context, pool *Pool, l leasebus.Lease, mode st
 	return p, nil
 }
 
-func (p *Placement) prepare(ctx context.Context) error {
+func (p *Placement) prepare(ctx context.Context, held func() error) error {
 	s, wt := p.store, p.Worktree
 	unlock, err := wt.Lock(ctx)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	if err := held(); err != nil {
+		return fmt.Errorf("shard %s not prepared: the lease is not held (%w)", wt.ID, err)
+	}
 	var prev Shard
 	pool, err := s.SetShard(ctx, p.Pool.Repo, wt.ID, func(sh *Shard) {
 		prev = *sh

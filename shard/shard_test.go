@@ -216,7 +216,7 @@ func TestPlaceSharersCreateOnce(t *testing.T) {
 	for i := range n {
 		l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, fmt.Sprintf("d%03d", i)), WorkspaceID: "shard-1", TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
 		wg.Go(func() {
-			places[i], errs[i] = st.Place(ctx, pool, *l.Record, ModeShared, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: fmt.Sprint("agent-", i), Command: []string{"true"}})
+			places[i], errs[i] = st.Place(ctx, pool, *l.Record, ModeShared, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: fmt.Sprint("agent-", i), Command: []string{"true"}}, held(l))
 		})
 	}
 	wg.Wait()
@@ -262,11 +262,11 @@ func TestRecoverCrashedAttempt(t *testing.T) {
 	pool := declare(t, st, co, 2, 0)
 	live := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
 	dead := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-2", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
-	pl, err := st.Place(ctx, pool, *live.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), Command: []string{"live"}})
+	pl, err := st.Place(ctx, pool, *live.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), Command: []string{"live"}}, held(live))
 	if err != nil {
 		t.Fatal(err)
 	}
-	pd, err := st.Place(ctx, pool, *dead.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: "crasher", Command: []string{"crash"}})
+	pd, err := st.Place(ctx, pool, *dead.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: "crasher", Command: []string{"crash"}}, held(dead))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +334,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 	co := newRepo(t, 10)
 	pool := declare(t, st, co, 1, 0)
 	shared := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "d000"), WorkspaceID: "shard-1", TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
-	ps, err := st.Place(ctx, pool, *shared.Record, ModeShared, Attempt{AttemptID: "att_shared1", Command: []string{"edit"}})
+	ps, err := st.Place(ctx, pool, *shared.Record, ModeShared, Attempt{AttemptID: "att_shared1", Command: []string{"edit"}}, held(shared))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +344,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 		t.Fatal(err)
 	}
 	ex := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
-	pe, err := st.Place(ctx, pool, *ex.Record, ModeExclusive, Attempt{AttemptID: "att_excl1", Command: []string{"build"}})
+	pe, err := st.Place(ctx, pool, *ex.Record, ModeExclusive, Attempt{AttemptID: "att_excl1", Command: []string{"build"}}, held(ex))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +369,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 		t.Fatal(err)
 	}
 	ex2 := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
-	pw, err := st.Place(ctx, pool, *ex2.Record, ModeExclusive, Attempt{AttemptID: "att_excl2", Command: []string{"build"}})
+	pw, err := st.Place(ctx, pool, *ex2.Record, ModeExclusive, Attempt{AttemptID: "att_excl2", Command: []string{"build"}}, held(ex2))
 	if err != nil || pw.Cleaned || pw.Created {
 		t.Fatalf("warm placement: %+v, %v", pw, err)
 	}
@@ -389,4 +389,84 @@ func TestExclusivePlacementCleans(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// held is the held check of a test lease: its holder's.
+func held(l *bustest.Lease) func() error {
+	return func() error { _, err := l.Fence(); return err }
+}
+
+// A runner that stalled until its lease was lost does not touch the shard:
+// Place asks the lease under the shard's flock before creating or cleaning,
+// and settles the attempt failed.
+func TestPlaceRefusedWithoutLease(t *testing.T) {
+	b := bustest.Start(t)
+	st := openStore(t, b)
+	ctx := context.Background()
+	co := newRepo(t, 3)
+	pool := declare(t, st, co, 1, 0)
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	if _, err := b.Client.Revoke(ctx, l.Record.LeaseID, "the runner stalled"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if held(l)() == nil {
+			return errors.New("the holder has not seen the revoke yet")
+		}
+		return nil
+	})
+	att := Attempt{AttemptID: leasebus.NewAttemptID(), Command: []string{"stalled"}}
+	if _, err := st.Place(ctx, pool, *l.Record, ModeExclusive, att, held(l)); err == nil || !strings.Contains(err.Error(), "not prepared: the lease is not held") {
+		t.Fatalf("Place with a lost lease: %v, want refused", err)
+	}
+	wt, err := pool.Worktree("shard-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wt.Exists() {
+		t.Error("the worktree was created under a lost lease")
+	}
+	if a, err := st.Attempt(ctx, co, att.AttemptID); err != nil || a.Status != StatusFailed {
+		t.Errorf("attempt after a refused placement: %+v, %v; want failed", a, err)
+	}
+}
+
+// An agent that deletes its worktree's .git does not get its files deleted
+// by the next cleaning: the directory is moved aside and named as kept.
+func TestCleanMovesAsideAWorktreeWithoutGit(t *testing.T) {
+	b := bustest.Start(t)
+	st := openStore(t, b)
+	ctx := context.Background()
+	co := newRepo(t, 3)
+	pool := declare(t, st, co, 1, 0)
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	pl, err := st.Place(ctx, pool, *l.Record, ModeExclusive, Attempt{AttemptID: "att_nogit", Command: []string{"rm .git"}}, held(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(pl.Worktree.Path, ".git")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(pl.Worktree.Path, "work.txt"), []byte("precious\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := pl.Settle(ctx, StatusSucceeded, 0); err != nil {
+		t.Fatal(err)
+	}
+	kept, err := pl.CleanAfter(ctx, held(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var aside string
+	for _, k := range kept {
+		if strings.Contains(k, ".orphan-") {
+			aside = k
+		}
+	}
+	if got, err := os.ReadFile(filepath.Join(aside, "work.txt")); aside == "" || err != nil || string(got) != "precious\n" {
+		t.Fatalf("kept %v: the agent's file is not in a moved-aside directory (%v)", kept, err)
+	}
+	if !pl.Worktree.Exists() {
+		t.Error("the shard has no worktree after cleaning")
+	}
 }

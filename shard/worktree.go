@@ -111,32 +111,35 @@ func (w *Worktree) Ready(ctx context.Context, base string) error {
 
 // Create adds the shard's worktree at base with the real git worktree add
 // on its branch. An existing branch with commits past base is kept as
-// KeptRefPrefix+keepID first; a half-made directory (no .git) from a
-// crashed create is removed. Call it under Lock.
+// KeptRefPrefix+keepID first. A directory already there without a .git
+// (a create that died half-way, or an agent that deleted its .git) is
+// moved aside, never deleted: it may hold an attempt's work. Call it under
+// Lock.
 func (w *Worktree) Create(ctx context.Context, base, keepID string) (kept []string, err error) {
 	if w.Exists() {
 		return nil, nil
 	}
 	if _, err := os.Lstat(w.Path); err == nil {
-		// A create that died half-way: the files are base's, nothing more.
-		if err := os.RemoveAll(w.Path); err != nil {
-			return nil, fmt.Errorf("shard %s: remove the half-made %s: %w", w.ID, w.Path, err)
+		aside := fmt.Sprintf("%s.orphan-%s-%d", w.Path, keepID, time.Now().UnixNano())
+		if err := os.Rename(w.Path, aside); err != nil {
+			return nil, fmt.Errorf("shard %s: move the directory without a .git at %s aside: %w", w.ID, w.Path, err)
 		}
+		kept = append(kept, aside)
 	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("shard %s: %w", w.ID, err)
+		return kept, fmt.Errorf("shard %s: %w", w.ID, err)
 	}
 	unlock, err := w.lockPool(ctx)
 	if err != nil {
-		return nil, err
+		return kept, err
 	}
 	defer unlock()
 	if _, err := git(ctx, w.Checkout, nil, "worktree", "prune"); err != nil {
-		return nil, fmt.Errorf("shard %s: %w", w.ID, err)
+		return kept, fmt.Errorf("shard %s: %w", w.ID, err)
 	}
 	tip, err := git(ctx, w.Checkout, nil, "rev-parse", "--verify", "-q", "refs/heads/"+w.Branch)
 	if err == nil {
 		if k, err := keepPast(ctx, w.Checkout, strings.TrimSpace(tip), base, keepID); err != nil {
-			return nil, fmt.Errorf("shard %s: %w", w.ID, err)
+			return kept, fmt.Errorf("shard %s: %w", w.ID, err)
 		} else if k != "" {
 			kept = append(kept, k)
 		}

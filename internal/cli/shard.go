@@ -556,7 +556,8 @@ func (r *runner) place(ctx context.Context, audit *leasebus.Auditor) error {
 	if att.AttemptID == "" {
 		att.AttemptID = leasebus.NewAttemptID()
 	}
-	pl, err := pr.store.Place(ctx, pr.pool, l, pr.mode, att)
+	held := func() error { _, err := r.held.holder.Fence(); return err }
+	pl, err := pr.store.Place(ctx, pr.pool, l, pr.mode, att, held)
 	if err != nil {
 		return fmt.Errorf("place attempt %s in %s: %w", att.AttemptID, l.WorkspaceID, err)
 	}
