@@ -302,6 +302,9 @@ func (s *Server) shards(w http.ResponseWriter, r *http.Request) {
 	s.writeJSON(w, v)
 }
 
+// writeTimeout bounds one write to an event stream's client.
+const writeTimeout = 10 * time.Second
+
 // snapshot is the first event of a stream, and the one sent again to a
 // client that fell behind. Audit events come separately: the recent
 // backlog, then each new one, in stream order.
@@ -315,11 +318,6 @@ type snapshot struct {
 // events streams the UI's data: a snapshot, then every lease record and
 // audit event as the bus commits them.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
-	fl, ok := w.(http.Flusher)
-	if !ok {
-		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
-		return
-	}
 	if !s.track() {
 		http.Error(w, "run UI shutting down", http.StatusServiceUnavailable)
 		return
@@ -354,17 +352,23 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Accel-Buffering", "no")
+	// Every write has a deadline: a browser that stopped reading (a laptop
+	// gone off the network) must not hold the stream — and Close — forever.
+	rc := http.NewResponseController(w)
+	write := func(format string, args ...any) bool {
+		_ = rc.SetWriteDeadline(time.Now().Add(writeTimeout))
+		if _, err := fmt.Fprintf(w, format, args...); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
 	send := func(event string, v any) bool {
 		data, err := json.Marshal(v)
 		if err != nil {
 			s.log.Warn("run UI: encode event", "err", err)
 			return true
 		}
-		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, data); err != nil {
-			return false
-		}
-		fl.Flush()
-		return true
+		return write("event: %s\ndata: %s\n\n", event, data)
 	}
 	if !send("snapshot", snap) {
 		return
@@ -376,10 +380,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 			return
 		case <-keepalive.C:
-			if _, err := fmt.Fprint(w, ": keepalive\n\n"); err != nil {
+			if !write(": keepalive\n\n") {
 				return
 			}
-			fl.Flush()
 		case <-st.ready:
 			items, overflowed := st.take()
 			if overflowed {
