@@ -83,7 +83,10 @@ type AcquireRequest struct {
 	// with the overlap check in one step, and Lease.WorkspaceID names it.
 	// A shared lease goes first to a candidate that already has sharers, so
 	// empty ones stay free for exclusive leases. Queued requests over the
-	// same candidates are served first come, first served.
+	// same candidates are served first come, first served; a request for
+	// one named workspace (a shard's commit capacity) does not wait behind
+	// them, so a steady stream of those can delay a queued pool request
+	// until its wait ends.
 	Workspaces    []string      `json:"workspaces,omitempty"`
 	WorkspaceMode WorkspaceMode `json:"workspaceMode,omitempty"`
 	// MaxSharers bounds the shared leases of the workspace (0: no bound).
