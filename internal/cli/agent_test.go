@@ -227,17 +227,7 @@ wait`
 	if code := sc.wait(t); code != 0 {
 		t.Fatalf("sidecar exited %d\n%s", code, sc.errOut)
 	}
-	fi, err := os.Stat(filepath.Join(co, "in", "child-done"))
-	if err != nil {
-		t.Fatalf("the background child did not finish: %v", err)
-	}
-	l, err := client.Get(context.Background(), id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l.Status != leasebus.StatusReleased || l.EndedAt.Before(fi.ModTime()) {
-		t.Fatalf("lease %s %s at %s, want released after the background child finished at %s", id, l.Status, l.EndedAt, fi.ModTime())
-	}
+	releasedAfterChild(t, client, id, co)
 	mustContain(t, "sidecar stdout", sc.out.String(), "lease "+id+" released (the agent reported its attempt settled)")
 }
 

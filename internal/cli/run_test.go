@@ -408,6 +408,14 @@ wait`
 	if code := r.wait(t); code != 0 {
 		t.Fatalf("run exited %d, want the agent's 0\n%s", code, r.errOut)
 	}
+	releasedAfterChild(t, client, id, co)
+	mustContain(t, "run stderr", r.errOut.String(), "lease "+id+" released")
+}
+
+// releasedAfterChild fails t unless lease id was released, and only after
+// the agent's background child wrote co/in/child-done (invariant 6).
+func releasedAfterChild(t *testing.T, client *leasebus.Client, id, co string) {
+	t.Helper()
 	fi, err := os.Stat(filepath.Join(co, "in", "child-done"))
 	if err != nil {
 		t.Fatalf("the background child did not finish: %v", err)
@@ -419,7 +427,6 @@ wait`
 	if l.Status != leasebus.StatusReleased || l.EndedAt.Before(fi.ModTime()) {
 		t.Fatalf("lease %s %s at %s, want released after the background child finished at %s", id, l.Status, l.EndedAt, fi.ModTime())
 	}
-	mustContain(t, "run stderr", r.errOut.String(), "lease "+id+" released")
 }
 
 // TestRunnerKilledLeaseReclaimed: a runner killed with SIGKILL cannot
