@@ -316,7 +316,7 @@ func TestDockerfile(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := string(data)
-	for _, want := range []string{"CGO_ENABLED=1", "-linkmode external -extldflags -static", "AS sidecar", "AS static",
+	for _, want := range []string{"CGO_ENABLED=1", "-tags netgo,osusergo", "-linkmode external -extldflags -static", "AS sidecar", "AS static",
 		"distroless/static", "apt-get install -y --no-install-recommends git", "./cmd/fenceline"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("Dockerfile lacks %q", want)
