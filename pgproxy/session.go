@@ -88,6 +88,52 @@ type txSim struct {
 	groupRW  bool // the current implicit transaction is writable and carries the token
 }
 
+// track follows a statement's effect on the transaction block (both
+// protocols; a chained block's new token is the caller's to inject).
+func (sim *txSim) track(tx TxEffect) {
+	switch tx {
+	case TxBegin, TxBeginRW:
+		if !sim.inBlock {
+			sim.inBlock, sim.blockRW, sim.clientRO = true, sim.groupRW, false
+		}
+	case TxBeginRO:
+		if !sim.inBlock {
+			sim.inBlock, sim.blockRW, sim.clientRO = true, false, true
+		}
+	case TxEnd:
+		*sim = txSim{}
+	}
+}
+
+// sessionChanged forgets what a session-level statement (SET, RESET,
+// DISCARD…) may have changed: the search path and our prepared statements.
+func (s *session) sessionChanged() {
+	s.searchPath = nil
+	s.rwStmt.Store(stmtNone)
+	s.tokStmt.Store(stmtNone)
+}
+
+// authorizeWrite decides a write statement (nil for reads): the lease and
+// table scope, then the transaction it runs in — a block begun without the
+// lease is read-only, and an implicit transaction that began with reads
+// was not made writable. hint says how to send the write instead.
+func (s *session) authorizeWrite(st *Statement, li leaseInfo, searchPath []string, hint string) *refusal {
+	if st.Class != ClassWrite {
+		return nil
+	}
+	if r := s.authorize(st, li, searchPath); r != nil {
+		return r
+	}
+	if s.sim.inBlock && !s.sim.blockRW && !s.sim.clientRO {
+		return &refusal{reason: "the transaction block began while the lease was not held, so it is read-only",
+			hint: "ROLLBACK, then BEGIN again while the lease is held"}
+	}
+	if !s.sim.inBlock && !s.sim.groupRW && st.Tx != TxOutside {
+		return &refusal{reason: "this transaction began with reads before the write could be authorized", hint: hint}
+	}
+	return nil
+}
+
 type segMsg struct {
 	typ      byte
 	off, n   int
@@ -647,22 +693,9 @@ func (s *session) handleQuery(raw []byte) error {
 		}
 		if st.Session {
 			sp = nil
-			s.searchPath = nil
-			s.rwStmt.Store(stmtNone)
-			s.tokStmt.Store(stmtNone)
+			s.sessionChanged()
 		}
-		var r *refusal
-		if st.Class == ClassWrite {
-			r = s.authorize(st, li, spIfKnown(sp, s.searchPath))
-			if r == nil && s.sim.inBlock && !s.sim.blockRW && !s.sim.clientRO {
-				r = &refusal{reason: "the transaction block began while the lease was not held, so it is read-only",
-					hint: "ROLLBACK, then BEGIN again while the lease is held"}
-			}
-			if r == nil && !s.sim.inBlock && !s.sim.groupRW && st.Tx != TxOutside {
-				r = &refusal{reason: "this transaction began with reads before the write could be authorized",
-					hint: "send the write in its own query or start the transaction with BEGIN"}
-			}
-		}
+		r := s.authorizeWrite(st, li, spIfKnown(sp, s.searchPath), "send the write in its own query or start the transaction with BEGIN")
 		if r != nil {
 			out.WriteString(sql[pos:st.Start])
 			out.WriteString(s.refuse(r, st, li, sql[st.Start:st.End]))
@@ -672,18 +705,8 @@ func (s *session) handleQuery(raw []byte) error {
 			break
 		}
 		items = append(items, &expect{kind: expStmt})
-		switch st.Tx {
-		case TxBegin, TxBeginRW:
-			if !s.sim.inBlock {
-				s.sim.inBlock, s.sim.blockRW, s.sim.clientRO = true, s.sim.groupRW, false
-			}
-		case TxBeginRO:
-			if !s.sim.inBlock {
-				s.sim.inBlock, s.sim.blockRW, s.sim.clientRO = true, false, true
-			}
-		case TxEnd:
-			s.sim = txSim{}
-		case TxChain:
+		s.sim.track(st.Tx)
+		if st.Tx == TxChain {
 			if s.sim.blockRW && i+1 < len(stmts) {
 				out.WriteString(sql[pos:stmts[i+1].Start])
 				pos = stmts[i+1].Start
@@ -858,6 +881,18 @@ func (s *session) flushSegment() error {
 		refused bool
 	)
 	w.b = make([]byte, 0, len(buf)+256)
+	// setToken sets the transaction's fence token with our prepared
+	// set_config, preparing it first on this connection.
+	setToken := func(tok string) {
+		if s.tokStmt.Load() == stmtNone {
+			w.parse(tokStmtName, tokSQL)
+			items = append(items, &expect{kind: expSingle, swallow: true, stmtState: &s.tokStmt})
+			s.tokStmt.Store(stmtPending)
+		}
+		w.bind("", tokStmtName, tok)
+		w.execute("")
+		items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
+	}
 	injectRW := func() {
 		tok, err := s.p.token(li)
 		if err != nil {
@@ -873,14 +908,7 @@ func (s *session) flushSegment() error {
 		w.bind("", rwStmtName)
 		w.execute("")
 		items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
-		if s.tokStmt.Load() == stmtNone {
-			w.parse(tokStmtName, tokSQL)
-			items = append(items, &expect{kind: expSingle, swallow: true, stmtState: &s.tokStmt})
-			s.tokStmt.Store(stmtPending)
-		}
-		w.bind("", tokStmtName, tok)
-		w.execute("")
-		items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
+		setToken(tok)
 	}
 	// execsFrom returns the statements Executes run from message i on.
 	execsFrom := func(i int) []*Statement {
@@ -930,22 +958,9 @@ func (s *session) flushSegment() error {
 		case 'E':
 			st := m.st
 			if st.Session {
-				s.searchPath = nil
-				s.rwStmt.Store(stmtNone)
-				s.tokStmt.Store(stmtNone)
+				s.sessionChanged()
 			}
-			var r *refusal
-			if st.Class == ClassWrite {
-				r = s.authorize(st, li, s.searchPath)
-				if r == nil && s.sim.inBlock && !s.sim.blockRW && !s.sim.clientRO {
-					r = &refusal{reason: "the transaction block began while the lease was not held, so it is read-only",
-						hint: "ROLLBACK, then BEGIN again while the lease is held"}
-				}
-				if r == nil && !s.sim.inBlock && !s.sim.groupRW && st.Tx != TxOutside {
-					r = &refusal{reason: "this transaction began with reads before the write could be authorized",
-						hint: "Sync before the write, or start the transaction with BEGIN"}
-				}
-			}
+			r := s.authorizeWrite(st, li, s.searchPath, "Sync before the write, or start the transaction with BEGIN")
 			if r != nil {
 				sql := s.refuse(r, st, li, st.Tag)
 				w.close('S', refuseName)
@@ -958,29 +973,12 @@ func (s *session) flushSegment() error {
 				continue
 			}
 			items = append(items, &expect{kind: expExecute})
-			switch st.Tx {
-			case TxBegin, TxBeginRW:
-				if !s.sim.inBlock {
-					s.sim.inBlock, s.sim.blockRW, s.sim.clientRO = true, s.sim.groupRW, false
-				}
-			case TxBeginRO:
-				if !s.sim.inBlock {
-					s.sim.inBlock, s.sim.blockRW, s.sim.clientRO = true, false, true
-				}
-			case TxEnd:
-				s.sim = txSim{}
-			case TxChain:
+			s.sim.track(st.Tx)
+			if st.Tx == TxChain {
 				if s.sim.blockRW && li.live() {
 					w.b = append(w.b, raw...)
 					tok, _ := s.p.token(li)
-					if s.tokStmt.Load() == stmtNone {
-						w.parse(tokStmtName, tokSQL)
-						items = append(items, &expect{kind: expSingle, swallow: true, stmtState: &s.tokStmt})
-						s.tokStmt.Store(stmtPending)
-					}
-					w.bind("", tokStmtName, tok)
-					w.execute("")
-					items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
+					setToken(tok)
 					continue
 				}
 			}
