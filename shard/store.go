@@ -401,42 +401,56 @@ func (s *Store) UpdatePool(ctx context.Context, repo string, create bool, fn fun
 	if err := s.buckets(ctx, create); err != nil {
 		return nil, err
 	}
-	key := leasebus.RepoKey(repo)
+	p, rev, err := casJSON(ctx, s.pools, leasebus.RepoKey(repo), "pool of "+repo, func(p *Pool, found bool) (bool, error) {
+		if !found && !create {
+			return false, ErrNoPool
+		}
+		return true, fn(p)
+	})
+	if err != nil {
+		return nil, err
+	}
+	p.Revision = rev
+	return p, nil
+}
+
+// casJSON reads key's JSON record (a zero T when there is none), applies
+// fn, and — when fn says so — writes it back with a compare-and-swap on the
+// revision it read, starting over on a concurrent change. It returns the
+// record and its revision.
+func casJSON[T any](ctx context.Context, kv jetstream.KeyValue, key, what string, fn func(v *T, found bool) (write bool, err error)) (*T, uint64, error) {
 	for range casTries {
-		var p Pool
+		v := new(T)
 		var rev uint64
-		e, err := s.pools.Get(ctx, key)
+		e, err := kv.Get(ctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
-			if !create {
-				return nil, ErrNoPool
-			}
 		case err != nil:
-			return nil, fmt.Errorf("read pool of %s: %w", repo, err)
+			return nil, 0, fmt.Errorf("read %s: %w", what, err)
 		default:
-			if err := json.Unmarshal(e.Value(), &p); err != nil {
-				return nil, fmt.Errorf("decode pool of %s: %w", repo, err)
+			if err := json.Unmarshal(e.Value(), v); err != nil {
+				return nil, 0, fmt.Errorf("decode %s: %w", what, err)
 			}
 			rev = e.Revision()
 		}
-		if err := fn(&p); err != nil {
-			return nil, err
+		write, err := fn(v, rev != 0)
+		if err != nil || !write {
+			return v, rev, err
 		}
-		b, err := json.Marshal(&p)
+		b, err := json.Marshal(v)
 		if err != nil {
-			return nil, fmt.Errorf("encode pool of %s: %w", repo, err)
+			return nil, 0, fmt.Errorf("encode %s: %w", what, err)
 		}
-		nrev, err := s.pools.Update(ctx, key, b, rev)
+		nrev, err := kv.Update(ctx, key, b, rev)
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("write pool of %s: %w", repo, err)
+			return nil, 0, fmt.Errorf("write %s: %w", what, err)
 		}
-		p.Revision = nrev
-		return &p, nil
+		return v, nrev, nil
 	}
-	return nil, fmt.Errorf("write pool of %s: still contended after %d compare-and-swap tries", repo, casTries)
+	return nil, 0, fmt.Errorf("write %s: still contended after %d compare-and-swap tries", what, casTries)
 }
 
 // SetShard changes one shard of the repo's pool with fn (compare-and-swap).
@@ -486,35 +500,17 @@ func (s *Store) UpdateAttempt(ctx context.Context, repo, id string, fn func(*Att
 	if err := s.buckets(ctx, false); err != nil {
 		return nil, err
 	}
-	key := attemptKey(repo, id)
-	for range casTries {
-		e, err := s.attempts.Get(ctx, key)
-		if err != nil {
-			return nil, fmt.Errorf("read attempt %s: %w", id, err)
+	a, rev, err := casJSON(ctx, s.attempts, attemptKey(repo, id), "attempt "+id, func(a *Attempt, found bool) (bool, error) {
+		if !found {
+			return false, fmt.Errorf("read attempt %s: %w", id, jetstream.ErrKeyNotFound)
 		}
-		var a Attempt
-		if err := json.Unmarshal(e.Value(), &a); err != nil {
-			return nil, fmt.Errorf("decode attempt %s: %w", id, err)
-		}
-		a.Revision = e.Revision()
-		if !fn(&a) {
-			return &a, nil
-		}
-		b, err := json.Marshal(&a)
-		if err != nil {
-			return nil, fmt.Errorf("encode attempt %s: %w", id, err)
-		}
-		rev, err := s.attempts.Update(ctx, key, b, e.Revision())
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("write attempt %s: %w", id, err)
-		}
-		a.Revision = rev
-		return &a, nil
+		return fn(a), nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("write attempt %s: still contended after %d compare-and-swap tries", id, casTries)
+	a.Revision = rev
+	return a, nil
 }
 
 // Settle records how an attempt ended: status and exit code, settled now.
