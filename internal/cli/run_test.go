@@ -287,22 +287,8 @@ func TestRunLostLeaseStopsWrites(t *testing.T) {
 		return nil
 	})
 	id := leaseOf(t, r.errOut.String())
-	mark := len(r.out.String())
 	// The operator's command, as a person would type it.
-	fl(t, "--nats", url, "lease", "revoke", id, "--reason", "runaway agent").want(t, ExitOK)
-	revoked := time.Now()
-	var refusedAfter time.Duration
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
-		if strings.Contains(r.out.String()[mark:], "write=refused") {
-			refusedAfter = time.Since(revoked)
-			return nil
-		}
-		return errors.New("no refused write yet")
-	})
-	t.Logf("the agent's writes refused %v after the revoke", refusedAfter)
-	if refusedAfter > time.Second {
-		t.Errorf("writes refused %v after the revoke, want within a second", refusedAfter)
-	}
+	mark := revokeAndSeeRefused(t, url, id, r.out)
 	// Later rounds stay refused, and reads keep working.
 	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		after := r.out.String()[mark:]
@@ -412,6 +398,53 @@ wait`
 	mustContain(t, "run stderr", r.errOut.String(), "lease "+id+" released")
 }
 
+// startRunnerProcess runs "fenceline ARGS" as a real child process (this
+// test binary, dispatched to the CLI), its output to a log file, so a test
+// can SIGKILL the runner.
+func startRunnerProcess(t *testing.T, args ...string) (cmd *exec.Cmd, logPath string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logPath = filepath.Join(t.TempDir(), "run.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close() // the child has its own copy
+	cmd = exec.Command(self, args...)
+	cmd.Env = append(os.Environ(), runAsCLIEnv+"=1")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, logPath
+}
+
+// revokeAndSeeRefused revokes lease id as an operator would and waits for
+// the agent's output (out) to report a refused write after it, within a
+// second; it returns where out stood at the revoke.
+func revokeAndSeeRefused(t *testing.T, url, id string, out *syncBuffer) (mark int) {
+	t.Helper()
+	mark = len(out.String())
+	fl(t, "--nats", url, "lease", "revoke", id, "--reason", "runaway agent").want(t, ExitOK)
+	revoked := time.Now()
+	var refusedAfter time.Duration
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if strings.Contains(out.String()[mark:], "write=refused") {
+			refusedAfter = time.Since(revoked)
+			return nil
+		}
+		return errors.New("no refused write yet")
+	})
+	t.Logf("the agent's writes refused %v after the revoke", refusedAfter)
+	if refusedAfter > time.Second {
+		t.Errorf("writes refused %v after the revoke, want within a second", refusedAfter)
+	}
+	return mark
+}
+
 // releasedAfterChild fails t unless lease id was released, and only after
 // the agent's background child wrote co/in/child-done (invariant 6).
 func releasedAfterChild(t *testing.T, client *leasebus.Client, id, co string) {
@@ -437,23 +470,8 @@ func TestRunnerKilledLeaseReclaimed(t *testing.T) {
 	url := startBus(t)
 	client, nc := busClient(t, url)
 	co := newCheckout(t, "")
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	logPath := filepath.Join(t.TempDir(), "run.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(self, "--nats", url, "run", "--repo", co, "--scope", "in", "--ttl", "2s", "--",
+	cmd, logPath := startRunnerProcess(t, "--nats", url, "run", "--repo", co, "--scope", "in", "--ttl", "2s", "--",
 		"sh", "-c", `echo $$ > in/agent.pid; while [ ! -e stop ]; do sleep 0.05; done`)
-	cmd.Env = append(os.Environ(), runAsCLIEnv+"=1")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	var agent int
 	t.Cleanup(func() {
 		cmd.Process.Kill()

@@ -462,24 +462,9 @@ func TestShardCrashRecovery(t *testing.T) {
 	url := startBus(t)
 	client, _ := busClient(t, url)
 	co := newPool(t, url, 1, 0)
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	logPath := filepath.Join(t.TempDir(), "run.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
 	ctl := newCtl(t)
-	cmd := exec.Command(self, "--nats", url, "run", "--repo", co, "--ttl", "2s", "--allow-write", string(ctl), "--",
+	cmd, logPath := startRunnerProcess(t, "--nats", url, "run", "--repo", co, "--ttl", "2s", "--allow-write", string(ctl), "--",
 		"sh", "-c", `echo crashed > leftover; echo $$ > `+ctl.path("agent.pid")+`; while [ ! -e `+ctl.path("stop")+` ]; do sleep 0.05; done`)
-	cmd.Env = append(os.Environ(), runAsCLIEnv+"=1")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	var agent int
 	// The crashed runner's agent lives on (its writes refused); it was
 	// re-parented to this process, a subreaper: end and reap it.
