@@ -19,24 +19,25 @@ import (
 // in-process against the demo bus.
 type demoRun struct {
 	name        string
-	out, errOut demoBuf
+	out, errOut syncBuffer
 	done        chan int
 	code        int
 }
 
-// demoBuf is a buffer the run writes while the story reads it.
-type demoBuf struct {
+// syncBuffer is a bytes.Buffer safe for a writer and a poller: a run
+// writes it while the story (or a test) reads it.
+type syncBuffer struct {
 	mu sync.Mutex // guards b
 	b  bytes.Buffer
 }
 
-func (b *demoBuf) Write(p []byte) (int, error) {
+func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.Write(p)
 }
 
-func (b *demoBuf) String() string {
+func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
@@ -179,7 +180,7 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 			return err
 		}
 	}
-	var out demoBuf
+	var out syncBuffer
 	if code := run(ctx, []string{"--nats", url, "shard", "pool", "--repo", s.co, "--size", "2", "--max-sharers", "3"}, &out, &out, url); code != 0 {
 		return demoFail("shard pool should be declared: exit %d\n%s", code, out.String())
 	}
@@ -265,7 +266,7 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 			return demoFail("%s should succeed: exit %d, %v", n, code, err)
 		}
 	}
-	out = demoBuf{}
+	out = syncBuffer{}
 	if code := run(ctx, []string{"--nats", url, "shard", "list", "--repo", s.co}, &out, &out, url); code != 0 {
 		return demoFail("shard list: exit %d\n%s", code, out.String())
 	}

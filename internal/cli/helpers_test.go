@@ -7,7 +7,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -128,24 +127,6 @@ func listJSON(t *testing.T, url string, args ...string) []leasebus.Lease {
 func checkFor(t *testing.T, timeout, interval time.Duration, f func() error) {
 	t.Helper()
 	testutil.CheckFor(t, timeout, interval, f)
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and a poller.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func mustContain(t *testing.T, what, s string, subs ...string) {
