@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -16,28 +15,6 @@ import (
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 )
-
-// get fetches url with an optional bearer token and returns status and body.
-func get(t *testing.T, url, token string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
-}
 
 func startAdmin(t *testing.T, cfg AdminConfig) *Admin {
 	t.Helper()
@@ -122,10 +99,10 @@ func TestAdminReadinessFollowsTheLease(t *testing.T) {
 	m := NewMetrics()
 	a := startAdmin(t, AdminConfig{Metrics: m, KeepAlive: 50 * time.Millisecond, Poll: 20 * time.Millisecond})
 	base := a.URL()
-	if code, body := get(t, base+PathHealthz, ""); code != 200 {
+	if code, body := testutil.HTTPGet(t, base+PathHealthz, ""); code != 200 {
 		t.Fatalf("healthz %d %s", code, body)
 	}
-	if code, body := get(t, base+PathReadyz, ""); code != 503 || !strings.Contains(body, "no lease yet") {
+	if code, body := testutil.HTTPGet(t, base+PathReadyz, ""); code != 503 || !strings.Contains(body, "no lease yet") {
 		t.Fatalf("readyz before a lease: %d %q", code, body)
 	}
 	es := openEvents(t, base, "")
@@ -137,13 +114,13 @@ func TestAdminReadinessFollowsTheLease(t *testing.T) {
 		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, m.HoldOptions(leasebus.HoldOptions{}))
 	m.TrackLease(l.Holder)
 	a.SetLease(l.Holder, Fences{Git: "http://127.0.0.1:1", GitUpstream: "http://git.internal"})
-	code, body := get(t, base+PathReadyz, "")
+	code, body := testutil.HTTPGet(t, base+PathReadyz, "")
 	if code != 200 || !strings.Contains(body, l.Record.LeaseID) {
 		t.Fatalf("readyz while held: %d %q", code, body)
 	}
 	for v := es.next(t, 5*time.Second); !v.Ready; v = es.next(t, 5*time.Second) {
 	}
-	_, body = get(t, base+PathLease, "")
+	_, body = testutil.HTTPGet(t, base+PathLease, "")
 	var v LeaseView
 	if err := json.Unmarshal([]byte(body), &v); err != nil {
 		t.Fatal(err)
@@ -151,7 +128,7 @@ func TestAdminReadinessFollowsTheLease(t *testing.T) {
 	if v.State != leasebus.Held || v.Lease == nil || v.Lease.LeaseID != l.Record.LeaseID || v.Fence != l.Record.Fence || v.Fences.Git != "http://127.0.0.1:1" {
 		t.Fatalf("GET %s = %s", PathLease, body)
 	}
-	if _, body := get(t, base+PathMetrics, ""); !strings.Contains(body, "fenceline_leases_held 1\n") {
+	if _, body := testutil.HTTPGet(t, base+PathMetrics, ""); !strings.Contains(body, "fenceline_leases_held 1\n") {
 		t.Fatalf("metrics while held:\n%s", grepMetrics(body, "fenceline_leases_held"))
 	}
 
@@ -166,7 +143,7 @@ func TestAdminReadinessFollowsTheLease(t *testing.T) {
 	if lost.Ready || !strings.Contains(lost.Reason, "revoked") || !strings.Contains(lost.Reason, "runaway agent") {
 		t.Fatalf("lost event: %+v", lost)
 	}
-	code, body = get(t, base+PathReadyz, "")
+	code, body = testutil.HTTPGet(t, base+PathReadyz, "")
 	if code != 503 || !strings.Contains(body, "lost") || !strings.Contains(body, "runaway agent") {
 		t.Fatalf("readyz after the revoke: %d %q", code, body)
 	}
@@ -175,11 +152,11 @@ func TestAdminReadinessFollowsTheLease(t *testing.T) {
 		if v := es.next(t, 5*time.Second); v.State != leasebus.Lost || v.Ready || v.Seq != lost.Seq {
 			t.Fatalf("after lost: %+v", v)
 		}
-		if code, _ := get(t, base+PathReadyz, ""); code != 503 {
+		if code, _ := testutil.HTTPGet(t, base+PathReadyz, ""); code != 503 {
 			t.Fatalf("readyz back to %d after the lease was lost", code)
 		}
 	}
-	if _, body := get(t, base+PathMetrics, ""); !strings.Contains(body, "fenceline_leases_held 0\n") {
+	if _, body := testutil.HTTPGet(t, base+PathMetrics, ""); !strings.Contains(body, "fenceline_leases_held 0\n") {
 		t.Fatalf("metrics after lost:\n%s", grepMetrics(body, "fenceline_leases_held"))
 	}
 }
@@ -192,11 +169,11 @@ func TestAdminDrainingNotReady(t *testing.T) {
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: bustest.Claim(t, "a"),
 		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 	a.SetLease(l.Holder, Fences{})
-	if code, _ := get(t, a.URL()+PathReadyz, ""); code != 200 {
+	if code, _ := testutil.HTTPGet(t, a.URL()+PathReadyz, ""); code != 200 {
 		t.Fatalf("readyz %d", code)
 	}
 	a.SetDraining("shutting down")
-	if code, body := get(t, a.URL()+PathReadyz, ""); code != 503 || !strings.Contains(body, "shutting down") {
+	if code, body := testutil.HTTPGet(t, a.URL()+PathReadyz, ""); code != 503 || !strings.Contains(body, "shutting down") {
 		t.Fatalf("readyz while draining: %d %q", code, body)
 	}
 	if ever, _ := a.AgentConnected(); ever {
@@ -232,7 +209,7 @@ func TestAdminMetricsCountRenewals(t *testing.T) {
 	m.TrackLease(l.Holder)
 	a.SetLease(l.Holder, Fences{})
 	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
-		_, body := get(t, a.URL()+PathMetrics, "")
+		_, body := testutil.HTTPGet(t, a.URL()+PathMetrics, "")
 		n := metricValue(body, "fenceline_lease_renew_seconds_count")
 		if n < 3 {
 			return fmt.Errorf("%v renewals observed", n)
@@ -256,10 +233,10 @@ func TestAdminTokenOffLoopback(t *testing.T) {
 	port := a.Addr().(*net.TCPAddr).Port
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	for _, p := range []string{PathLease, PathMetrics, PathEvents} {
-		if code, body := get(t, base+p, ""); code != 401 || !strings.Contains(body, "Bearer") {
+		if code, body := testutil.HTTPGet(t, base+p, ""); code != 401 || !strings.Contains(body, "Bearer") {
 			t.Errorf("GET %s without a token: %d %q", p, code, body)
 		}
-		if code, _ := get(t, base+p, "wrong-token-wrong-token"); code != 401 {
+		if code, _ := testutil.HTTPGet(t, base+p, "wrong-token-wrong-token"); code != 401 {
 			t.Errorf("GET %s with a wrong token: %d", p, code)
 		}
 	}
@@ -272,19 +249,19 @@ func TestAdminTokenOffLoopback(t *testing.T) {
 		t.Errorf("POST %s without a token: %s", PathSettled, resp.Status)
 	}
 	for _, p := range []string{PathLease, PathMetrics} {
-		if code, _ := get(t, base+p, token); code != 200 {
+		if code, _ := testutil.HTTPGet(t, base+p, token); code != 200 {
 			t.Errorf("GET %s with the token: %d", p, code)
 		}
 	}
-	if code, _ := get(t, base+PathHealthz, ""); code != 200 {
+	if code, _ := testutil.HTTPGet(t, base+PathHealthz, ""); code != 200 {
 		t.Errorf("healthz needs no token, got %d", code)
 	}
-	if code, _ := get(t, base+PathReadyz, ""); code != 503 {
+	if code, _ := testutil.HTTPGet(t, base+PathReadyz, ""); code != 503 {
 		t.Errorf("readyz needs no token (and no lease: 503), got %d", code)
 	}
 	// On loopback without a token the API is open.
 	open := startAdmin(t, AdminConfig{})
-	if code, _ := get(t, open.URL()+PathLease, ""); code != 200 {
+	if code, _ := testutil.HTTPGet(t, open.URL()+PathLease, ""); code != 200 {
 		t.Errorf("loopback API without a token: %d", code)
 	}
 	if _, err := StartAdmin(AdminConfig{Token: "short"}); err == nil {
@@ -335,7 +312,7 @@ func TestAdminAuditForward(t *testing.T) {
 	if !found {
 		t.Fatalf("forwarded denial not on the audit stream: %+v", evs)
 	}
-	_, body := get(t, a.URL()+PathMetrics, "")
+	_, body := testutil.HTTPGet(t, a.URL()+PathMetrics, "")
 	if metricValue(body, "fenceline_fsguard_denials_total") != 1 || !strings.Contains(body, `fenceline_refusals_total{boundary="file",reason="lease-lost"} 1`) {
 		t.Fatalf("metrics:\n%s", grepMetrics(body, "fenceline_"))
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
 )
@@ -83,7 +84,7 @@ func TestSidecarMetricsPostgres(t *testing.T) {
 	}
 	conn.Close(ctx)
 
-	_, body := get(t, a.URL()+PathMetrics, "")
+	_, body := testutil.HTTPGet(t, a.URL()+PathMetrics, "")
 	if n := sampleValue(body, `fenceline_proxy_requests_total{boundary="postgres"}`); n < 1 {
 		t.Errorf("postgres connections counted: %v\n%s", n, grepMetrics(body, "fenceline_proxy"))
 	}

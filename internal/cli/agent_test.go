@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/proxy"
 )
@@ -110,7 +111,7 @@ func TestAgentWritesFollowTheSidecar(t *testing.T) {
 	if strings.Contains(rest, "write=ok") || strings.Contains(rest, "read=refused") || !strings.Contains(rest, "Permission denied") {
 		t.Errorf("after the revoke, want every write refused with EACCES and every read ok:\n%s", rest)
 	}
-	if code, body := httpGet(t, sc.admin+"/readyz", ""); code != http.StatusServiceUnavailable || !strings.Contains(body, "runaway agent") {
+	if code, body := testutil.HTTPGet(t, sc.admin+"/readyz", ""); code != http.StatusServiceUnavailable || !strings.Contains(body, "runaway agent") {
 		t.Errorf("sidecar readyz after the revoke: %d %q", code, body)
 	}
 
@@ -135,7 +136,7 @@ func TestAgentWritesFollowTheSidecar(t *testing.T) {
 	if !found {
 		t.Errorf("no audited file denial for %s among %d events", id, len(evs))
 	}
-	_, metrics := httpGet(t, sc.admin+"/metrics", "")
+	_, metrics := testutil.HTTPGet(t, sc.admin+"/metrics", "")
 	if n := sample(metrics, "fenceline_fsguard_denials_total"); n < 1 {
 		t.Errorf("fenceline_fsguard_denials_total = %v after refused writes", n)
 	}
@@ -200,7 +201,7 @@ wait`
 		}
 		return nil
 	})
-	if code, body := httpGet(t, sc.admin+"/readyz", ""); code != http.StatusServiceUnavailable || !strings.Contains(body, "shutting down") {
+	if code, body := testutil.HTTPGet(t, sc.admin+"/readyz", ""); code != http.StatusServiceUnavailable || !strings.Contains(body, "shutting down") {
 		t.Errorf("readyz while shutting down: %d %q", code, body)
 	}
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -57,10 +58,10 @@ func TestDemo(t *testing.T) {
 	}
 
 	// The run UI serves what the demo did.
-	if code, body := httpGet(t, uiURL+"api/v1/leases?repo="+demoRepo+"&all=1", ""); code != 200 || !strings.Contains(body, `"agentId":"agent-c"`) {
+	if code, body := testutil.HTTPGet(t, uiURL+"api/v1/leases?repo="+demoRepo+"&all=1", ""); code != 200 || !strings.Contains(body, `"agentId":"agent-c"`) {
 		t.Errorf("run UI leases: %d %.300q", code, body)
 	}
-	if code, body := httpGet(t, uiURL+"api/v1/audit?repo="+demoRepo+"&limit=1000", ""); code != 200 || !strings.Contains(body, `"type":"reclaimed"`) {
+	if code, body := testutil.HTTPGet(t, uiURL+"api/v1/audit?repo="+demoRepo+"&limit=1000", ""); code != 200 || !strings.Contains(body, `"type":"reclaimed"`) {
 		t.Errorf("run UI audit: %d %.300q", code, body)
 	}
 	cancel()

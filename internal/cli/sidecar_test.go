@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/gitserver"
+	"github.com/fenceline/fenceline/internal/testutil"
 )
 
 // gitRun runs git in dir with a clean identity and extra env.
@@ -102,14 +102,14 @@ func TestSidecarFencesAnUnmodifiedGit(t *testing.T) {
 	})
 	mustContain(t, "sidecar output", out.String(), "sidecar: lease lease_", "git fence: http://127.0.0.1:", "GIT_CONFIG_COUNT=2", "admin: http://127.0.0.1:")
 	admin := adminURL(t, out.String())
-	if code, body := httpGet(t, admin+"/readyz", ""); code != 200 || !strings.Contains(body, "ready: lease lease_") {
+	if code, body := testutil.HTTPGet(t, admin+"/readyz", ""); code != 200 || !strings.Contains(body, "ready: lease lease_") {
 		t.Fatalf("readyz of a sidecar holding its lease: %d %q", code, body)
 	}
 	// The run UI is on the admin port too, showing the bus's leases.
-	if code, body := httpGet(t, admin+"/ui/", ""); code != 200 || !strings.Contains(body, "fenceline") {
+	if code, body := testutil.HTTPGet(t, admin+"/ui/", ""); code != 200 || !strings.Contains(body, "fenceline") {
 		t.Fatalf("run UI page on the admin port: %d %.200q", code, body)
 	}
-	if code, body := httpGet(t, admin+"/ui/api/v1/leases", ""); code != 200 || !strings.Contains(body, `"agentId":"agent-7"`) {
+	if code, body := testutil.HTTPGet(t, admin+"/ui/api/v1/leases", ""); code != 200 || !strings.Contains(body, `"agentId":"agent-7"`) {
 		t.Fatalf("run UI API on the admin port: %d %.300q", code, body)
 	}
 
@@ -133,7 +133,7 @@ func TestSidecarFencesAnUnmodifiedGit(t *testing.T) {
 
 	// The refused push is counted by reason, the requests and bytes of
 	// both pushes by direction.
-	_, metrics := httpGet(t, admin+"/metrics", "")
+	_, metrics := testutil.HTTPGet(t, admin+"/metrics", "")
 	for series, min := range map[string]float64{
 		`fenceline_refusals_total{boundary="git",reason="outside-lease"}`:     1,
 		`fenceline_proxy_requests_total{boundary="git"}`:                      4,
@@ -178,25 +178,6 @@ func adminURL(t *testing.T, stdout string) string {
 		t.Fatalf("no admin URL printed:\n%s", stdout)
 	}
 	return m[1]
-}
-
-// httpGet fetches url (with a bearer token unless "") with a real client.
-func httpGet(t *testing.T, url, token string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }
 
 // sample is the value of one series in a Prometheus exposition (-1 when
@@ -291,13 +272,13 @@ func TestSidecarAdminToken(t *testing.T) {
 		"--admin", "0.0.0.0:0", "--admin-token-file", tokenFile, "--state-dir", t.TempDir())
 	admin := strings.Replace(sc.admin, "0.0.0.0", "127.0.0.1", 1)
 	admin = strings.Replace(admin, "[::]", "127.0.0.1", 1)
-	if code, _ := httpGet(t, admin+"/api/v1/lease", ""); code != http.StatusUnauthorized {
+	if code, _ := testutil.HTTPGet(t, admin+"/api/v1/lease", ""); code != http.StatusUnauthorized {
 		t.Errorf("lease API without the token: %d", code)
 	}
-	if code, body := httpGet(t, admin+"/api/v1/lease", token); code != 200 || !strings.Contains(body, `"state":"held"`) {
+	if code, body := testutil.HTTPGet(t, admin+"/api/v1/lease", token); code != 200 || !strings.Contains(body, `"state":"held"`) {
 		t.Errorf("lease API with the token: %d %s", code, body)
 	}
-	if code, _ := httpGet(t, admin+"/readyz", ""); code != 200 {
+	if code, _ := testutil.HTTPGet(t, admin+"/readyz", ""); code != 200 {
 		t.Errorf("readyz without a token: %d", code)
 	}
 }
