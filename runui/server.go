@@ -70,6 +70,18 @@ type Server struct {
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	closed bool // guarded by mu; no stream starts once set
+
+	fmu     sync.Mutex
+	flights map[string]*shardsFlight // by repo: the latest shard listing; guarded by fmu
+}
+
+// shardsFlight is one listing of a repo's shards, shared by every stream
+// that needs one begun no earlier than its start.
+type shardsFlight struct {
+	started time.Time
+	done    chan struct{}
+	v       any
+	err     error
 }
 
 // New returns a Server for cfg.
@@ -305,6 +317,35 @@ func (s *Server) shards(w http.ResponseWriter, r *http.Request) {
 // writeTimeout bounds one write to an event stream's client.
 const writeTimeout = 10 * time.Second
 
+// shardsSince lists repo's shards and attempts as they are at since or
+// later. Streams that learn of the same lease change at once share one
+// listing instead of each reading the shard buckets again.
+func (s *Server) shardsSince(ctx context.Context, repo string, since time.Time) (any, error) {
+	s.fmu.Lock()
+	f := s.flights[repo]
+	if f == nil || f.started.Before(since) {
+		f = &shardsFlight{started: time.Now(), done: make(chan struct{})}
+		if s.flights == nil {
+			s.flights = map[string]*shardsFlight{}
+		}
+		s.flights[repo] = f
+		s.fmu.Unlock()
+		// The server's context, not the caller's: other streams may wait on it.
+		lctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
+		f.v, f.err = s.cfg.Shards(lctx, repo)
+		cancel()
+		close(f.done)
+		return f.v, f.err
+	}
+	s.fmu.Unlock()
+	select {
+	case <-f.done:
+		return f.v, f.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 // snapshot is the first event of a stream, and the one sent again to a
 // client that fell behind. Audit events come separately: the recent
 // backlog, then each new one, in stream order.
@@ -384,6 +425,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		case <-st.ready:
+			took := time.Now()
 			items, overflowed := st.take()
 			if overflowed {
 				// Fell behind: start over from what the bus says now.
@@ -405,7 +447,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			}
 			if leases && s.cfg.Shards != nil {
 				// Placements, settles and cleanings go with lease changes.
-				v, err := s.cfg.Shards(ctx, repo)
+				v, err := s.shardsSince(ctx, repo, took)
 				if err != nil {
 					s.log.Warn("run UI: list shards", "err", err)
 				} else if !send("shards", v) {

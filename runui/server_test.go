@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -309,5 +311,40 @@ func TestShards(t *testing.T) {
 			}
 			break
 		}
+	}
+}
+
+// Streams that learn of one lease change share one shard listing; a change
+// learned later gets a fresh one.
+func TestShardsListingShared(t *testing.T) {
+	b := bustest.Start(t)
+	var calls atomic.Int32
+	release := make(chan struct{})
+	s, err := New(Config{NC: b.Conn, Shards: func(ctx context.Context, repo string) (any, error) {
+		n := calls.Add(1)
+		<-release
+		return n, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	ctx := context.Background()
+	since := time.Now()
+	got := make(chan any, 2)
+	go func() { v, _ := s.shardsSince(ctx, repo, since); got <- v }()
+	testutil.CheckFor(t, 5*time.Second, time.Millisecond, func() error {
+		if calls.Load() != 1 {
+			return errors.New("the first listing has not started")
+		}
+		return nil
+	})
+	go func() { v, _ := s.shardsSince(ctx, repo, since); got <- v }()
+	close(release)
+	if a, b := <-got, <-got; a != int32(1) || b != int32(1) {
+		t.Fatalf("two streams for one change got listings %v and %v, want both the first", a, b)
+	}
+	if v, _ := s.shardsSince(ctx, repo, time.Now()); v != int32(2) || calls.Load() != 2 {
+		t.Fatalf("a later change got listing %v (%d calls), want a fresh one", v, calls.Load())
 	}
 }
