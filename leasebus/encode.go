@@ -5,8 +5,6 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
-
-	"github.com/fenceline/fenceline/internal/scope"
 )
 
 // Hand-written JSON encoders for the records on the request path: the
@@ -96,59 +94,6 @@ func appendString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// appendClaimString appends s as it ends up in Marshal's output through
-// scope.Claim's MarshalJSON: that encoder's escaping (invalid UTF-8 as a
-// literal U+FFFD, \u00XX for control characters other than \n, \r, \t),
-// then Marshal's HTML-safe compaction of it (<, >, &, U+2028, U+2029).
-func appendClaimString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	if plainASCII(s) {
-		return append(append(b, s...), '"')
-	}
-	for _, r := range s {
-		switch {
-		case r == '"' || r == '\\':
-			b = append(b, '\\', byte(r))
-		case r == '\n':
-			b = append(b, '\\', 'n')
-		case r == '\r':
-			b = append(b, '\\', 'r')
-		case r == '\t':
-			b = append(b, '\\', 't')
-		case r < 0x20, r == '<', r == '>', r == '&':
-			b = append(b, '\\', 'u', '0', '0', hex[r>>4], hex[r&0xf])
-		case r == '\u2028' || r == '\u2029':
-			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xF])
-		case r < utf8.RuneSelf:
-			b = append(b, byte(r))
-		default:
-			b = utf8.AppendRune(b, r)
-		}
-	}
-	return append(b, '"')
-}
-
-func appendClaim(b []byte, c scope.Claim) []byte {
-	b = append(b, `{"kind":`...)
-	b = appendClaimString(b, string(c.Kind))
-	b = append(b, `,"paths":[`...)
-	for i, p := range c.Paths {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = appendClaimString(b, p)
-	}
-	b = append(b, `],"tables":[`...)
-	for i, t := range c.Tables {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = appendClaimString(b, t)
-	}
-	return append(b, "]}"...)
-}
-
 // appendTime appends t as time.Time's MarshalJSON does (RFC 3339 with
 // nanoseconds); !ok where that refuses.
 func appendTime(b []byte, t time.Time) ([]byte, bool) {
@@ -187,7 +132,7 @@ func (l *Lease) appendJSON(b []byte) ([]byte, bool) {
 	b = append(b, `,"repo":`...)
 	b = appendString(b, l.Repo)
 	b = append(b, `,"scope":`...)
-	b = appendClaim(b, l.Scope)
+	b = l.Scope.AppendJSON(b)
 	b = append(b, `,"workspaceId":`...)
 	b = appendString(b, l.WorkspaceID)
 	b = append(b, `,"workspaceMode":`...)
@@ -241,7 +186,7 @@ func appendEvent(b []byte, ev *AuditEvent) ([]byte, bool) {
 		b = appendOwner(b, ev.Owner)
 	}
 	b = append(b, `,"scope":`...)
-	b = appendClaim(b, ev.Scope)
+	b = ev.Scope.AppendJSON(b)
 	if ev.Fence != 0 {
 		b = append(b, `,"fence":`...)
 		b = strconv.AppendUint(b, ev.Fence, 10)
@@ -299,7 +244,7 @@ func (r *AcquireRequest) encode() []byte {
 	b = append(b, `{"repo":`...)
 	b = appendString(b, r.Repo)
 	b = append(b, `,"scope":`...)
-	b = appendClaim(b, r.Scope)
+	b = r.Scope.AppendJSON(b)
 	if r.WorkspaceID != "" {
 		b = append(b, `,"workspaceId":`...)
 		b = appendString(b, r.WorkspaceID)

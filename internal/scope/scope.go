@@ -357,12 +357,17 @@ func (c Claim) MarshalJSON() ([]byte, error) {
 	for _, t := range c.Tables {
 		n += len(t) + 3
 	}
-	b := make([]byte, 0, n)
+	return c.AppendJSON(make([]byte, 0, n)), nil
+}
+
+// AppendJSON appends c's JSON to b, byte for byte what json.Marshal writes
+// for c (hand-written encoders of records that embed a claim call it).
+func (c Claim) AppendJSON(b []byte) []byte {
 	b = append(b, `{"kind":`...)
 	b = appendJSONString(b, string(c.Kind))
 	b = appendJSONArray(append(b, `,"paths":`...), c.Paths)
 	b = appendJSONArray(append(b, `,"tables":`...), c.Tables)
-	return append(b, '}'), nil
+	return append(b, '}')
 }
 
 func appendJSONArray(b []byte, ss []string) []byte {
@@ -376,8 +381,10 @@ func appendJSONArray(b []byte, ss []string) []byte {
 	return append(b, ']')
 }
 
-// appendJSONString appends s as a JSON string. Invalid UTF-8 becomes
-// U+FFFD, as encoding/json does (normalized claims are valid UTF-8).
+// appendJSONString appends s as a JSON string the way json.Marshal's output
+// ends up: invalid UTF-8 becomes U+FFFD (normalized claims are valid
+// UTF-8), and <, >, &, U+2028 and U+2029 are escaped as Marshal's
+// HTML-safe compaction would escape them.
 func appendJSONString(b []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')
@@ -391,8 +398,10 @@ func appendJSONString(b []byte, s string) []byte {
 			b = append(b, '\\', 'r')
 		case r == '\t':
 			b = append(b, '\\', 't')
-		case r < 0x20:
+		case r < 0x20, r == '<', r == '>', r == '&':
 			b = append(b, '\\', 'u', '0', '0', hex[r>>4], hex[r&0xf])
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
 		default:
 			b = utf8.AppendRune(b, r)
 		}
