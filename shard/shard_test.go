@@ -204,11 +204,8 @@ func TestCleanKeepsWork(t *testing.T) {
 // create its worktree once (flock), each attempt is written running with
 // its lease, and the shard is dirty; settling records the exit.
 func TestPlaceSharersCreateOnce(t *testing.T) {
-	b := bustest.Start(t)
-	st := openStore(t, b)
+	b, st, co, pool := poolFixture(t, 50, 1, 0)
 	ctx := context.Background()
-	co := newRepo(t, 50)
-	pool := declare(t, st, co, 1, 0)
 	const n = 4
 	var wg sync.WaitGroup
 	places := make([]*Placement, n)
@@ -255,11 +252,8 @@ func TestPlaceSharersCreateOnce(t *testing.T) {
 // unknown, its shard dirty, with an audit event; one whose lease is
 // active is left alone; a runner's late settle still records its exit.
 func TestRecoverCrashedAttempt(t *testing.T) {
-	b := bustest.Start(t)
-	st := openStore(t, b)
+	b, st, co, pool := poolFixture(t, 3, 2, 0)
 	ctx := context.Background()
-	co := newRepo(t, 3)
-	pool := declare(t, st, co, 2, 0)
 	live := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
 	dead := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-2", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
 	pl, err := st.Place(ctx, pool, *live.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), Command: []string{"live"}}, held(live))
@@ -328,11 +322,8 @@ func TestRecoverCrashedAttempt(t *testing.T) {
 // TestExclusivePlacementCleans: an exclusive attempt on a dirty shard
 // finds it cleaned (the leftovers kept), and CleanAfter returns it clean.
 func TestExclusivePlacementCleans(t *testing.T) {
-	b := bustest.Start(t)
-	st := openStore(t, b)
+	b, st, co, pool := poolFixture(t, 10, 1, 0)
 	ctx := context.Background()
-	co := newRepo(t, 10)
-	pool := declare(t, st, co, 1, 0)
 	shared := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "d000"), WorkspaceID: "shard-1", TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
 	ps, err := st.Place(ctx, pool, *shared.Record, ModeShared, Attempt{AttemptID: "att_shared1", Command: []string{"edit"}}, held(shared))
 	if err != nil {
@@ -400,11 +391,8 @@ func held(l *bustest.Lease) func() error {
 // Place asks the lease under the shard's flock before creating or cleaning,
 // and settles the attempt failed.
 func TestPlaceRefusedWithoutLease(t *testing.T) {
-	b := bustest.Start(t)
-	st := openStore(t, b)
+	b, st, co, pool := poolFixture(t, 3, 1, 0)
 	ctx := context.Background()
-	co := newRepo(t, 3)
-	pool := declare(t, st, co, 1, 0)
 	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
 	if _, err := b.Client.Revoke(ctx, l.Record.LeaseID, "the runner stalled"); err != nil {
 		t.Fatal(err)
@@ -434,11 +422,8 @@ func TestPlaceRefusedWithoutLease(t *testing.T) {
 // An agent that deletes its worktree's .git does not get its files deleted
 // by the next cleaning: the directory is moved aside and named as kept.
 func TestCleanMovesAsideAWorktreeWithoutGit(t *testing.T) {
-	b := bustest.Start(t)
-	st := openStore(t, b)
+	b, st, co, pool := poolFixture(t, 3, 1, 0)
 	ctx := context.Background()
-	co := newRepo(t, 3)
-	pool := declare(t, st, co, 1, 0)
 	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
 	pl, err := st.Place(ctx, pool, *l.Record, ModeExclusive, Attempt{AttemptID: "att_nogit", Command: []string{"rm .git"}}, held(l))
 	if err != nil {
@@ -469,4 +454,14 @@ func TestCleanMovesAsideAWorktreeWithoutGit(t *testing.T) {
 	if !pl.Worktree.Exists() {
 		t.Error("the shard has no worktree after cleaning")
 	}
+}
+
+// poolFixture starts a bus and a store, and declares a pool of size shards
+// over a new repository of files files.
+func poolFixture(t *testing.T, files, size, maxSharers int) (*bustest.Bus, *Store, string, *Pool) {
+	t.Helper()
+	b := bustest.Start(t)
+	st := openStore(t, b)
+	co := newRepo(t, files)
+	return b, st, co, declare(t, st, co, size, maxSharers)
 }
