@@ -286,7 +286,7 @@ func TestZombiePush(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A frozen holder: it believes the lease is still held.
-	frozen := frozenLease{rec: *zombie}
+	frozen := leasebus.Frozen{Record: *zombie}
 	zdir := e.clone(e.proxy(frozen).URL)
 	e.commit(zdir, "zombie", "services/billing/invoice.go", "zombie\n")
 
@@ -302,7 +302,7 @@ func TestZombiePush(t *testing.T) {
 	if next.Fence <= zombie.Fence {
 		t.Fatalf("regrant fence %d not above %d", next.Fence, zombie.Fence)
 	}
-	ndir := e.clone(e.proxy(frozenLease{rec: *next}).URL)
+	ndir := e.clone(e.proxy(leasebus.Frozen{Record: *next}).URL)
 	e.commit(ndir, "successor", "services/billing/other.go", "successor\n")
 	mustPush(t, ndir, "origin", "main")
 
@@ -323,12 +323,6 @@ func TestZombiePush(t *testing.T) {
 	e.commit(ndir, "again", "services/billing/other.go", "again\n")
 	mustPush(t, ndir, "origin", "main")
 }
-
-// frozenLease is a holder that never learns its lease ended.
-type frozenLease struct{ rec leasebus.Lease }
-
-func (f frozenLease) Fence() (uint64, error) { return f.rec.Fence, nil }
-func (f frozenLease) Lease() leasebus.Lease  { return f.rec }
 
 var (
 	fencelineOnce sync.Once

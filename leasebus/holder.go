@@ -320,3 +320,15 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 		return min(h.opts.Interval, 250*time.Millisecond)
 	}
 }
+
+// Frozen is a lease as a paused holder remembers it: it keeps answering
+// the fence it had and never learns that the lease ended. It stands for a
+// zombie writer in the fences' demos, benchmarks and tests: the storage
+// must refuse what it writes.
+type Frozen struct{ Record Lease }
+
+// Fence returns the remembered fence, always.
+func (f Frozen) Fence() (uint64, error) { return f.Record.Fence, nil }
+
+// Lease returns the remembered record.
+func (f Frozen) Lease() Lease { return f.Record }

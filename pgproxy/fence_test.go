@@ -14,16 +14,6 @@ import (
 	"github.com/fenceline/fenceline/leasebus"
 )
 
-// frozen is the lease as a holder saw it just before it paused (a GC pause,
-// a partition): it still believes it may write. Storage must disagree.
-type frozen struct {
-	fence uint64
-	lease leasebus.Lease
-}
-
-func (f frozen) Fence() (uint64, error) { return f.fence, nil }
-func (f frozen) Lease() leasebus.Lease  { return f.lease }
-
 type bus struct {
 	nc  *nats.Conn
 	c   *leasebus.Client
@@ -88,7 +78,7 @@ func TestZombieWriteRejectedByPostgres(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	a := b.hold(t, "ws-a", time.Second, "public.zombie")
-	zombieSrc := frozen{fence: a.Lease().Fence, lease: a.Lease()}
+	zombieSrc := leasebus.Frozen{Record: a.Lease()} // the holder just before it paused
 	zombie := startProxy(t, Config{Lease: zombieSrc})
 	za := connect(t, proxyDSN(zombie, "agent"))
 	if _, err := za.Exec(ctx, "UPDATE public.zombie SET balance = 1 WHERE id = 2"); err != nil {
@@ -97,8 +87,8 @@ func TestZombieWriteRejectedByPostgres(t *testing.T) {
 	// A pauses: no renewals; its lease expires and B gets the table.
 	a.Stop()
 	bh := b.hold(t, "ws-b", 5*time.Second, "public.zombie")
-	if bh.Lease().Fence <= zombieSrc.fence {
-		t.Fatalf("B's fence %d is not above A's %d", bh.Lease().Fence, zombieSrc.fence)
+	if bh.Lease().Fence <= zombieSrc.Record.Fence {
+		t.Fatalf("B's fence %d is not above A's %d", bh.Lease().Fence, zombieSrc.Record.Fence)
 	}
 	bp := startProxy(t, Config{Lease: bh, Audit: b.aud})
 	bc := connect(t, proxyDSN(bp, "agent"))
@@ -142,7 +132,7 @@ func TestZombieWriteRejectedByPostgres(t *testing.T) {
 		}
 		for _, ev := range evs {
 			if ev.Type == leasebus.EventDenied && ev.Boundary == leasebus.BoundaryPostgres && ev.LeaseID == a.Lease().LeaseID {
-				if ev.Fence != zombieSrc.fence || ev.Reason == "" || ev.Owner.AgentID != "agent-ws-a" {
+				if ev.Fence != zombieSrc.Record.Fence || ev.Reason == "" || ev.Owner.AgentID != "agent-ws-a" {
 					return errString("denied event lacks fence/reason/owner")
 				}
 				return nil

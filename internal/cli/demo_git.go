@@ -29,13 +29,6 @@ type demoGit struct {
 	bare string
 }
 
-// frozenLease is a sidecar frozen between its own check and the push: its
-// holder keeps answering the fence it had.
-type frozenLease struct{ rec leasebus.Lease }
-
-func (f frozenLease) Fence() (uint64, error) { return f.rec.Fence, nil }
-func (f frozenLease) Lease() leasebus.Lease  { return f.rec }
-
 // git runs the real git for an agent with env and returns its output.
 func (g *demoGit) git(ctx context.Context, dir string, env []string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, "git", args...)
@@ -164,7 +157,7 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 	z.sc.Close(ctx)
 	zombie := z.lease
 	frozen, err := gitproxy.New(gitproxy.Config{
-		Upstream: g.srv.URL, Lease: frozenLease{rec: *zombie}, Repo: demoRepo, Bus: d.c, Audit: d.auditor,
+		Upstream: g.srv.URL, Lease: leasebus.Frozen{Record: *zombie}, Repo: demoRepo, Bus: d.c, Audit: d.auditor,
 		MirrorDir: filepath.Join(dir, "mirror-g"), TempDir: dir,
 	})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
 	"github.com/fenceline/fenceline/proxy"
 )
@@ -89,7 +90,7 @@ func (d *demo) pgStory(ctx context.Context, dir string) error {
 	}
 	q.holder.Stop()
 	q.sc.Close(ctx)
-	zombie, err := pgproxy.Listen(ctx, pgproxy.Config{Upstream: pg.Addr(), Lease: frozenLease{rec: *q.lease}, Audit: d.auditor, Secret: secret})
+	zombie, err := pgproxy.Listen(ctx, pgproxy.Config{Upstream: pg.Addr(), Lease: leasebus.Frozen{Record: *q.lease}, Audit: d.auditor, Secret: secret})
 	if err != nil {
 		return err
 	}

@@ -21,11 +21,6 @@ import (
 	"github.com/fenceline/fenceline/pgproxy"
 )
 
-type lease struct{ l leasebus.Lease }
-
-func (s lease) Fence() (uint64, error) { return s.l.Fence, nil }
-func (s lease) Lease() leasebus.Lease  { return s.l }
-
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "benchproxy:", err)
@@ -72,7 +67,7 @@ func run() error {
 	}
 	p, err := pgproxy.Listen(ctx, pgproxy.Config{
 		Listen: *listen, Upstream: *upstream, Secret: secret,
-		Lease:  lease{leasebus.Lease{LeaseID: "lease_bench", Fence: 1, Scope: claim, Status: leasebus.StatusActive}},
+		Lease:  leasebus.Frozen{Record: leasebus.Lease{LeaseID: "lease_bench", Fence: 1, Scope: claim, Status: leasebus.StatusActive}},
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
