@@ -111,7 +111,7 @@ func (af *agentFlags) check() error {
 	if af.grace <= 0 || af.killGrace <= 0 || af.wait < 0 {
 		return usagef("--grace and --kill-grace must be positive, --wait not negative")
 	}
-	if _, err := (&runFlags{allowConnect: af.allowConnect}).ports(); err != nil {
+	if _, err := allowedPorts(af.allowConnect); err != nil {
 		return err
 	}
 	return nil
@@ -188,7 +188,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 		env = setEnvVar(env, "FENCELINE_LEASE_ID", l.LeaseID)
 	}
 	pol.Hidden = hiddenPaths(env, af.tokenFile)
-	ports, _ := (&runFlags{allowConnect: af.allowConnect}).ports()
+	ports, _ := allowedPorts(af.allowConnect)
 	ports = append(ports, fences.Ports()...)
 	slices.Sort(ports)
 	pol.ConnectPorts = slices.Compact(ports)
@@ -197,7 +197,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	pol.Logger = log
 
 	out, errw := a.outputs()
-	cmd, err := (&runner{co: co, errw: errw}).command(argv, env, out)
+	cmd, err := agentExec(co, nil, argv, env, out, errw)
 	if err != nil {
 		return err
 	}

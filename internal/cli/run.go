@@ -148,16 +148,17 @@ func (rf *runFlags) check() error {
 	if rf.attachID != "" && (len(rf.lf.paths) > 0 || rf.lf.wholeRepo || len(rf.lf.tables) > 0 || rf.lf.workspace != "" || rf.lf.workspaceID != "") {
 		return usagef("--lease %s attaches to an existing lease, whose claim and workspace are given: drop --scope, --whole-repo, --table, --workspace and --workspace-id", rf.attachID)
 	}
-	if _, err := rf.ports(); err != nil {
+	if _, err := allowedPorts(rf.allowConnect); err != nil {
 		return err
 	}
 	return nil
 }
 
 // ports parses --allow-connect.
-func (rf *runFlags) ports() ([]uint16, error) {
+// allowedPorts parses --allow-connect ports.
+func allowedPorts(allowConnect []string) ([]uint16, error) {
 	var ps []uint16
-	for _, s := range rf.allowConnect {
+	for _, s := range allowConnect {
 		n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 16)
 		if err != nil || n == 0 {
 			return nil, usagef("--allow-connect %q: want a TCP port number (1-65535)", s)
@@ -326,7 +327,7 @@ func (r *runner) run(ctx context.Context, argv, extra []string, out io.Writer) (
 	pol.AllowUnguarded = r.rf.allowUnguarded
 	pol.Logger = slog.New(slog.NewTextHandler(r.errw, &slog.HandlerOptions{Level: slog.LevelError}))
 
-	cmd, err := r.command(argv, env, out)
+	cmd, err := agentExec(r.co, r.home, argv, env, out, r.errw)
 	if err != nil {
 		return err
 	}
@@ -440,9 +441,11 @@ func (w *runWatch) watch(ctx context.Context) {
 	}
 }
 
-// command builds the agent's command: argv in the checkout (or the current
-// directory when it lies inside it), with the run's streams and env.
-func (r *runner) command(argv, env []string, out io.Writer) (*exec.Cmd, error) {
+// agentExec is the agent's command, run in the checkout co: in the
+// caller's directory when it lies in co (or, for a shard, the same
+// directory of the shard when it lies in home, the checkout), else in co's
+// root.
+func agentExec(co, home *checkout, argv, env []string, out, errw io.Writer) (*exec.Cmd, error) {
 	name := argv[0]
 	if strings.Contains(name, "/") {
 		abs, err := filepath.Abs(name)
@@ -455,27 +458,27 @@ func (r *runner) command(argv, env []string, out io.Writer) (*exec.Cmd, error) {
 	if cmd.Err != nil {
 		return nil, fmt.Errorf("command %s: %w", argv[0], cmd.Err)
 	}
-	cmd.Dir = r.co.root
+	cmd.Dir = co.root
 	if wd, err := os.Getwd(); err == nil {
-		if real, err := filepath.EvalSymlinks(wd); err == nil && pathWithin(real, r.co.root) {
+		if real, err := filepath.EvalSymlinks(wd); err == nil && pathWithin(real, co.root) {
 			cmd.Dir = real
-		} else if err == nil && r.home != nil && pathWithin(real, r.home.root) {
+		} else if err == nil && home != nil && pathWithin(real, home.root) {
 			// The same directory in the shard, when it is there.
-			rel, _ := filepath.Rel(r.home.root, real)
-			if fi, err := os.Stat(filepath.Join(r.co.root, rel)); err == nil && fi.IsDir() {
-				cmd.Dir = filepath.Join(r.co.root, rel)
+			rel, _ := filepath.Rel(home.root, real)
+			if fi, err := os.Stat(filepath.Join(co.root, rel)); err == nil && fi.IsDir() {
+				cmd.Dir = filepath.Join(co.root, rel)
 			}
 		}
 	}
 	cmd.Env = env
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, out, r.errw
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, out, errw
 	return cmd, nil
 }
 
 // connectPorts are the TCP ports the agent may connect to: the sidecar's
 // fences and --allow-connect.
 func (r *runner) connectPorts(sc *proxy.Sidecar) ([]uint16, error) {
-	ports, err := r.rf.ports()
+	ports, err := allowedPorts(r.rf.allowConnect)
 	if err != nil {
 		return nil, err
 	}
