@@ -112,7 +112,7 @@ func TestLostGateStopsWrites(t *testing.T) {
 	}
 	ev := evs[0]
 	if ev.Boundary != leasebus.BoundaryFile || ev.Type != leasebus.EventDenied || ev.LeaseID != "lease_test1" || ev.Fence != 7 ||
-		!strings.Contains(ev.Message, w.leased) || !strings.Contains(ev.Reason, "lease lost") {
+		!strings.Contains(ev.Message, w.leased) || ev.Reason != ReasonLeaseLost || !strings.Contains(ev.Message, "lease lost") {
 		t.Errorf("audit event %+v: want a file denial naming the lease, fence, path and reason", ev)
 	}
 }

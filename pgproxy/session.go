@@ -125,11 +125,11 @@ func (s *session) authorizeWrite(st *Statement, li leaseInfo, searchPath []strin
 		return r
 	}
 	if s.sim.inBlock && !s.sim.blockRW && !s.sim.clientRO {
-		return &refusal{reason: "the transaction block began while the lease was not held, so it is read-only",
+		return &refusal{code: ReasonReadOnlyTxn, reason: "the transaction block began while the lease was not held, so it is read-only",
 			hint: "ROLLBACK, then BEGIN again while the lease is held"}
 	}
 	if !s.sim.inBlock && !s.sim.groupRW && st.Tx != TxOutside {
-		return &refusal{reason: "this transaction began with reads before the write could be authorized", hint: hint}
+		return &refusal{code: ReasonReadOnlyTxn, reason: "this transaction began with reads before the write could be authorized", hint: hint}
 	}
 	return nil
 }
@@ -401,22 +401,37 @@ func (li leaseInfo) live() bool { return li.err == nil && li.fence > 0 }
 
 // refusal is why a write does not go through.
 type refusal struct {
+	code   string // the audit event's reason: one of the Reason constants
 	reason string
 	hint   string
 }
 
+// Audit reason codes of refused writes (the git fence's vocabulary where
+// the two meet).
+const (
+	ReasonFenceTamper  = "fence-tamper"          // a statement that would switch the fence off, or writes its schema
+	ReasonLeaseLost    = "lease-lost"            // the lease is lost or was never held
+	ReasonLeaseUnknown = "lease-unknown"         // the bus cannot be reached: fail closed
+	ReasonUnnamedTable = "unnamed-table"         // the tables a write touches cannot be named
+	ReasonOutsideLease = "outside-lease"         // a table outside the lease's table scope
+	ReasonReadOnlyTxn  = "read-only-transaction" // the transaction was not made writable under the lease
+)
+
 // authorize decides one write statement against the lease.
 func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *refusal {
 	if st.Forbidden != "" {
-		return &refusal{reason: "statement switches off the fence: " + st.Forbidden,
+		return &refusal{code: ReasonFenceTamper, reason: "statement switches off the fence: " + st.Forbidden,
 			hint: "fenceline refuses this statement whatever the lease"}
 	}
 	if !li.live() {
-		why := "no lease"
+		why, code := "no lease", ReasonLeaseLost
 		if li.err != nil {
 			why = li.err.Error()
+			if errors.Is(li.err, leasebus.ErrLeaseUnknown) {
+				code = ReasonLeaseUnknown
+			}
 		}
-		return &refusal{reason: "lease not held: " + why,
+		return &refusal{code: code, reason: "lease not held: " + why,
 			hint: "reads still work; writes need a live lease: acquire a new lease and reconnect through its sidecar"}
 	}
 	if st.Opaque && !s.p.cfg.AllowOpaque {
@@ -424,7 +439,7 @@ func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *r
 		if st.Tag == "ParseError" {
 			what = "text the parser rejected"
 		}
-		return &refusal{reason: fmt.Sprintf("cannot tell which tables %s writes; when in doubt fenceline refuses", what),
+		return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("cannot tell which tables %s writes; when in doubt fenceline refuses", what),
 			hint: "write with INSERT/UPDATE/DELETE/MERGE/COPY on tables the lease claims"}
 	}
 	for _, t := range st.Targets {
@@ -444,7 +459,7 @@ func (s *session) checkTarget(t Target, li leaseInfo, searchPath []string) *refu
 		cands = []string{t.Schema}
 	} else {
 		if searchPath == nil {
-			return &refusal{reason: fmt.Sprintf("cannot resolve unqualified %q: search_path changed earlier in this query", t.Name),
+			return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("cannot resolve unqualified %q: search_path changed earlier in this query", t.Name),
 				hint: "schema-qualify the table, or send the write as its own query"}
 		}
 		for _, sp := range searchPath {
@@ -454,13 +469,13 @@ func (s *session) checkTarget(t Target, li leaseInfo, searchPath []string) *refu
 			cands = append(cands, sp)
 		}
 		if len(cands) == 0 {
-			return &refusal{reason: fmt.Sprintf("unqualified %q resolves to no schema the lease can claim", t.Name),
+			return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("unqualified %q resolves to no schema the lease can claim", t.Name),
 				hint: "schema-qualify the table"}
 		}
 	}
 	for _, sch := range cands {
 		if sch == Schema {
-			return &refusal{reason: "the fenceline schema holds the fence; nobody writes it through the proxy"}
+			return &refusal{code: ReasonFenceTamper, reason: "the fenceline schema holds the fence; nobody writes it through the proxy"}
 		}
 		name, err := scope.JoinTable(sch, t.Name)
 		if t.Name == "*" {
@@ -470,7 +485,7 @@ func (s *session) checkTarget(t Target, li leaseInfo, searchPath []string) *refu
 			}
 		}
 		if err != nil {
-			return &refusal{reason: fmt.Sprintf("cannot name table %s.%s: %v", sch, t.Name, err)}
+			return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("cannot name table %s.%s: %v", sch, t.Name, err)}
 		}
 		if !li.claim.ContainsTable(name) {
 			why := fmt.Sprintf("table %s is outside the lease's table scope %v", name, li.tables)
@@ -478,7 +493,7 @@ func (s *session) checkTarget(t Target, li leaseInfo, searchPath []string) *refu
 				why = fmt.Sprintf("unqualified %q may resolve to %s (search_path %s), outside the lease's table scope %v",
 					t.Name, name, strings.Join(searchPath, ", "), li.tables)
 			}
-			return &refusal{reason: why, hint: "acquire a lease that claims the table (--table schema.table or schema.*)"}
+			return &refusal{code: ReasonOutsideLease, reason: why, hint: "acquire a lease that claims the table (--table schema.table or schema.*)"}
 		}
 	}
 	return nil
@@ -501,7 +516,7 @@ func (s *session) refuse(r *refusal, st *Statement, li leaseInfo, text string) s
 		ev := leasebus.AuditEvent{
 			Time: time.Now().UTC(), Type: leasebus.EventDenied, Boundary: leasebus.BoundaryPostgres,
 			Repo: li.repo, LeaseID: li.id, Owner: li.owner, Scope: li.claim, Fence: li.fence,
-			Reason: r.reason, Message: fmt.Sprintf("postgres write refused (%s): %s", st.Tag, truncate(text, 200)),
+			Reason: r.code, Message: fmt.Sprintf("postgres %s refused: %s; statement: %s", st.Tag, r.reason, truncate(text, 200)),
 		}
 		ctx, cancel := context.WithTimeout(s.p.ctx, s.p.cfg.AuditTimeout)
 		if err := s.p.cfg.Audit.Record(ctx, ev); err != nil {
@@ -767,7 +782,7 @@ func (s *session) handleFunctionCall(raw []byte) error {
 	} else {
 		r = s.authorize(st, li, s.searchPath)
 		if r == nil {
-			r = &refusal{reason: "a fast-path function call runs outside any transaction the proxy made writable",
+			r = &refusal{code: ReasonReadOnlyTxn, reason: "a fast-path function call runs outside any transaction the proxy made writable",
 				hint: "call it inside BEGIN ... COMMIT"}
 		}
 	}

@@ -292,7 +292,7 @@ func TestAdminAuditForward(t *testing.T) {
 		t.Fatalf("a git event from the wrapper: %d, want 400", code)
 	}
 	ev := leasebus.AuditEvent{Type: leasebus.EventDenied, Boundary: leasebus.BoundaryFile, LeaseID: "lease_forged",
-		Reason: "lease lost: revoked", Message: "file write denied: openat /w/in/probe"}
+		Reason: "lease-lost", Message: "file write denied: openat /w/in/probe: lease lost: revoked"}
 	if code := post(ev); code != 204 {
 		t.Fatalf("file denial: %d", code)
 	}

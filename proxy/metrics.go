@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"regexp"
-	"strings"
 	"sync"
 	"time"
 
@@ -179,28 +178,12 @@ func (c *countingAuditor) Record(ctx context.Context, ev leasebus.AuditEvent) er
 
 var reasonCodeRE = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
 
-// ReasonCode turns a refusal's reason into a short bounded code for a
-// metric label: a reason that already is a code (gitproxy's) stays; the
-// Postgres fence's and file guard's sentences are classed by what they say.
+// ReasonCode is the metric label of a refusal's reason: the fences put a
+// short code there (gitproxy.Reason*, pgproxy.Reason*, fsguard.Reason*);
+// anything else counts as "other", so the label's values stay bounded.
 func ReasonCode(reason string) string {
 	if reasonCodeRE.MatchString(reason) {
 		return reason
-	}
-	r := strings.ToLower(reason)
-	switch {
-	case strings.Contains(r, leasebus.ErrLeaseUnknown.Error()), strings.Contains(r, "unknown"):
-		return "lease-unknown"
-	case strings.Contains(r, "lease lost"), strings.Contains(r, "not held"), strings.Contains(r, "lost"):
-		return "lease-lost"
-	case strings.Contains(r, "outside"):
-		return "outside-lease"
-	case strings.Contains(r, "cannot tell which tables"), strings.Contains(r, "cannot name"),
-		strings.Contains(r, "cannot resolve"), strings.Contains(r, "resolves to no schema"):
-		return "unnamed-table"
-	case strings.Contains(r, "switches off the fence"), strings.Contains(r, "fenceline schema"):
-		return "fence-tamper"
-	case strings.Contains(r, "read-only"), strings.Contains(r, "before the write could be authorized"):
-		return "read-only-transaction"
 	}
 	return "other"
 }
