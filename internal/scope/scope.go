@@ -370,6 +370,18 @@ func (c Claim) AppendJSON(b []byte) []byte {
 	return append(b, '}')
 }
 
+// plainJSON reports whether s is printable ASCII that JSON (HTML-safe, as
+// Marshal writes it) keeps as it is.
+func plainJSON(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20, c >= 0x7f, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
+}
+
 func appendJSONArray(b []byte, ss []string) []byte {
 	b = append(b, '[')
 	for i, s := range ss {
@@ -388,6 +400,9 @@ func appendJSONArray(b []byte, ss []string) []byte {
 func appendJSONString(b []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')
+	if plainJSON(s) { // the common case: nothing to escape
+		return append(append(b, s...), '"')
+	}
 	for _, r := range s {
 		switch {
 		case r == '"' || r == '\\':
