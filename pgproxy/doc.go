@@ -68,25 +68,31 @@
 // # The storage-side fence
 //
 // Install ("fenceline pg install") creates schema fenceline with the signing
-// secret (readable only by the installing role), an epoch row per fenced table
-// and a SECURITY DEFINER statement trigger on each table (INSERT, UPDATE,
-// DELETE, TRUNCATE; COPY FROM and MERGE fire them too). The token is
-// "v2:" fence ":" hex(lease) ":" hex(schema) "." (hex(table) | "*") ("," ...)*
-// ":" hex(sha256(k || sha256(k || payload))) (see MakeToken). The trigger
-// verifies the MAC (SQLSTATE 40001 when the token is missing, malformed or
-// forged), that the token's tables cover the table (42501 otherwise), and
-// that the fence is not below the table's epoch (equal only for the same
-// lease; 40001 otherwise); a higher fence raises the epoch. It runs before
-// every write statement, so it costs two queries (the secret with an unlocked
-// peek at the epoch, then the epoch under the lock) and string functions, no
-// JSON.
-// Under READ COMMITTED it serializes on transaction-scoped advisory locks
-// (shared to write, exclusive to raise the epoch) and then reads the epoch with
-// a fresh snapshot; under REPEATABLE READ and SERIALIZABLE it locks the epoch
-// row (FOR SHARE / FOR UPDATE), which fails with 40001 if a newer fence
-// committed after the transaction's snapshot. A zombie whose proxy still
-// believes in its lease therefore cannot write a table that a newer holder
-// has written.
+// secret (readable only by the installing role), an epoch per fenced table (a
+// sequence, fenceline.epoch_<relid>, listed in table fenceline.epoch) and a
+// statement trigger on each table (INSERT, UPDATE, DELETE, TRUNCATE; COPY
+// FROM and MERGE fire them too). The token is
+// "v3:" fence ":" hex(lease) ":," (hex(schema) "." (hex(table) | "*") ",")+
+// ":" hex(sha256(k || sha256(k || payload))) (see MakeToken). A write is
+// refused with SQLSTATE 40001 when the token is missing, malformed or forged,
+// 42501 when its tables do not cover the table, and 40001 when its fence is
+// below the table's epoch; a higher fence raises the epoch.
+//
+// The trigger runs as the writing role and, in the common case, evaluates one
+// expression of pg_catalog functions with no query: the token is the one the
+// session already proved genuine (the hash of the token equals the session's
+// currval of sequence fenceline.verified, which only the installing role's
+// SECURITY DEFINER function fenceline.fence_slow can set, after checking the
+// MAC), it claims the table, and its fence equals the table's epoch before and
+// after a shared advisory lock on the table. Everything else — the first write
+// of a session or of a new token, a new lease's first write to a table, every
+// refusal — goes to fence_slow. A new lease's first write takes the table's
+// lock exclusively, so it waits for every open transaction that wrote the
+// table under an older fence, then raises the epoch. Epochs are read with
+// pg_sequence_last_value, not through a snapshot, so the check is the same
+// under every isolation level; an epoch never goes down, not even when the
+// raising transaction rolls back. A zombie whose proxy still believes in its
+// lease therefore cannot write a table that a newer holder has written.
 //
 // # Sequence
 //
@@ -118,6 +124,13 @@
 // the backend rolls back and exits.
 //
 // # Known limits
+//
+// Fences from one lease bus are unique, so the trigger compares fences only;
+// a database fenced for two lease buses compares fences of both. After a dump
+// and restore, run "fenceline pg install" again (epochs are keyed by table
+// oid). DISCARD SEQUENCES forgets the session's mark but not the setting that
+// says it is there, so the next fenced write fails until RESET
+// fenceline.verified (DISCARD ALL resets both).
 //
 // Inside a block made writable under a live lease, a read that calls a
 // writing function can write: fenced tables still check the token (fence and

@@ -2,6 +2,7 @@ package pgproxy
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -74,7 +75,7 @@ func (b *bus) hold(t *testing.T, ws string, ttl time.Duration, tables ...string)
 // holder refuses the write itself, with an audit event on the bus.
 func TestZombieWriteRejectedByPostgres(t *testing.T) {
 	// A fresh bus starts its fences at 1 again; forget an earlier run's.
-	resetState(t, "DO $$BEGIN IF to_regclass('fenceline.epoch') IS NOT NULL THEN UPDATE fenceline.epoch SET fence = 0, lease_id = '' WHERE relid = 'public.zombie'::regclass; END IF; END$$")
+	resetEpoch(t, "public.zombie")
 	b := startBus(t)
 	ctx := ctxT(t)
 	a := b.hold(t, "ws-a", time.Second, "public.zombie")
@@ -142,6 +143,14 @@ func TestZombieWriteRejectedByPostgres(t *testing.T) {
 	})
 }
 
+// resetEpoch lowers a table's epoch to 0, as the admin (sequences may go
+// back only by setval).
+func resetEpoch(t *testing.T, table string) {
+	t.Helper()
+	resetState(t, "UPDATE fenceline.epoch SET fence = 0, lease_id = '' WHERE relid = '"+table+"'::regclass; "+
+		"SELECT setval(seq, 0, true) FROM fenceline.epoch WHERE relid = '"+table+"'::regclass")
+}
+
 type errString string
 
 func (e errString) Error() string { return string(e) }
@@ -193,5 +202,162 @@ func TestStorageFenceWithoutProxy(t *testing.T) {
 	_, err = tx.Exec(ctx, "INSERT INTO public.other VALUES (102, 'scoped')")
 	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "does not claim") {
 		t.Fatalf("token for another table: want 42501, got %v", err)
+	}
+}
+
+// writeWithToken runs an INSERT into table on c (straight to Postgres, no
+// proxy) in a transaction that carries tok, and commits it.
+func writeWithToken(ctx context.Context, c *pgx.Conn, tok, sql string) error {
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	if _, err := tx.Exec(ctx, "SELECT set_config('fenceline.token', $1, true)", tok); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// TestStorageFenceSessionMark: the trigger's fast path trusts a token only
+// when its hash is the session's currval of fenceline.verified, which only
+// the slow path (after checking the MAC) can set. Swapping the token in a
+// session, forging the session setting, or setting the sequence as the
+// agent all fail.
+func TestStorageFenceSessionMark(t *testing.T) {
+	resetState(t, "TRUNCATE public.race")
+	resetEpoch(t, "public.race")
+	ctx := ctxT(t)
+	good, err := MakeToken(secret, "lease_mark", 7, []string{"public.race"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Same fence, so only the token check stands between it and a write.
+	forged, err := MakeToken([]byte("not-the-secret-not-the-secret!!"), "lease_mark", 7, []string{"public.*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t, pg.DSN("agent", "", testDB))
+	for i := 1; i <= 3; i++ { // the first write takes the slow path, the rest the fast one
+		if err := writeWithToken(ctx, c, good, fmt.Sprintf("INSERT INTO public.race VALUES (%d, 'good')", i)); err != nil {
+			t.Fatalf("write %d with a genuine token: %v", i, err)
+		}
+	}
+	var mark string
+	if err := c.QueryRow(ctx, "SELECT current_setting('fenceline.verified', true)").Scan(&mark); err != nil || mark == "" {
+		t.Fatalf("no session mark after a verified write: %q %v", mark, err)
+	}
+	// Same session, mark in place, another token: the hash differs, the
+	// slow path checks the MAC.
+	err = writeWithToken(ctx, c, forged, "INSERT INTO public.race VALUES (10, 'swapped')")
+	if pgCode(err) != "40001" || !strings.Contains(err.Error(), "forged") {
+		t.Fatalf("token swapped after a verified one: want 40001 forged, got %v", err)
+	}
+	// A fresh session that forges the mark for its forged token: currval
+	// was never set in it, so the write fails.
+	f := connect(t, pg.DSN("agent", "", testDB))
+	var forgedHash string
+	if err := f.QueryRow(ctx, "SELECT "+strings.ReplaceAll(tokenHashSQL, "tok", "$1::text")+"::text", forged).Scan(&forgedHash); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Exec(ctx, "SELECT set_config('fenceline.verified', $1, false)", forgedHash); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeWithToken(ctx, f, forged, "INSERT INTO public.race VALUES (11, 'forged mark')"); err == nil {
+		t.Fatal("a forged session mark let a forged token write")
+	}
+	// The agent cannot set the mark's sequence, nor an epoch.
+	for _, q := range []string{
+		"SELECT setval('fenceline.verified', " + forgedHash + ")",
+		"SELECT setval(seq, 1 << 50) FROM fenceline.epoch",
+		"SELECT nextval('fenceline.verified')",
+	} {
+		_, err := f.Exec(ctx, q)
+		if pgCode(err) != "42501" {
+			t.Fatalf("%s as the agent: want 42501, got %v", q, err)
+		}
+	}
+	var n int
+	if err := c.QueryRow(ctx, "SELECT count(*) FROM public.race").Scan(&n); err != nil || n != 3 {
+		t.Fatalf("public.race has %d rows (%v): want the 3 genuine ones", n, err)
+	}
+}
+
+// TestEpochRaiseWaitsForOlderWriters: a newer lease's first write to a table
+// waits until every open transaction that wrote it under an older fence has
+// ended, then raises the epoch; from then on the older fence is refused,
+// under every isolation level.
+func TestEpochRaiseWaitsForOlderWriters(t *testing.T) {
+	for _, iso := range []string{"read committed", "repeatable read", "serializable"} {
+		t.Run(strings.ReplaceAll(iso, " ", "_"), func(t *testing.T) {
+			resetState(t, "TRUNCATE public.race")
+			resetEpoch(t, "public.race")
+			ctx := ctxT(t)
+			oldTok, err := MakeToken(secret, "lease_old", 20, []string{"public.race"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			newTok, err := MakeToken(secret, "lease_new", 21, []string{"public.race"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			z := connect(t, pg.DSN("agent", "", testDB))
+			n := connect(t, pg.DSN("agent", "", testDB))
+			if err := writeWithToken(ctx, z, oldTok, "INSERT INTO public.race VALUES (1, 'old')"); err != nil {
+				t.Fatalf("old lease's first write: %v", err)
+			}
+			// The old holder has a transaction open on the table.
+			ztx, err := z.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.TxIsoLevel(iso)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ztx.Rollback(ctx)
+			if _, err := ztx.Exec(ctx, "SELECT set_config('fenceline.token', $1, true)", oldTok); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ztx.Exec(ctx, "INSERT INTO public.race VALUES (2, 'old, open')"); err != nil {
+				t.Fatalf("old lease writes in an open transaction: %v", err)
+			}
+			var npid int
+			if err := n.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&npid); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- writeWithToken(ctx, n, newTok, "INSERT INTO public.race VALUES (3, 'new')") }()
+			// The new lease's write waits on the table's fence lock.
+			a := adminConn(t)
+			testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+				var ev string
+				err := a.QueryRow(ctx, "SELECT coalesce(wait_event, '') FROM pg_stat_activity WHERE pid = $1", npid).Scan(&ev)
+				if err != nil {
+					return err
+				}
+				if ev != "advisory" {
+					return errString("new lease's write is not waiting on the fence lock (wait_event " + ev + ")")
+				}
+				return nil
+			})
+			// Meanwhile the old holder may still write: its epoch stands.
+			if _, err := ztx.Exec(ctx, "INSERT INTO public.race VALUES (4, 'old, still open')"); err != nil {
+				t.Fatalf("old lease writes again before the raise: %v", err)
+			}
+			if err := ztx.Commit(ctx); err != nil {
+				t.Fatalf("old lease commits: %v", err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("new lease's write after the old transaction ended: %v", err)
+			}
+			err = writeWithToken(ctx, z, oldTok, "INSERT INTO public.race VALUES (5, 'zombie')")
+			if pgCode(err) != "40001" || !strings.Contains(err.Error(), "stale fence") || !strings.Contains(err.Error(), "lease_new") {
+				t.Fatalf("old lease after the raise: want 40001 stale fence naming lease_new, got %v", err)
+			}
+			var epoch int64
+			if err := a.QueryRow(ctx, "SELECT pg_sequence_last_value(seq) FROM fenceline.epoch WHERE relid = 'public.race'::regclass").Scan(&epoch); err != nil || epoch != 21 {
+				t.Fatalf("epoch %d (%v): want 21", epoch, err)
+			}
+		})
 	}
 }

@@ -73,6 +73,7 @@ CREATE TABLE app.log (id serial PRIMARY KEY, msg text);
 CREATE SEQUENCE public.seq;
 CREATE TABLE public.sink (v text);
 CREATE TABLE public.zombie (id int PRIMARY KEY, balance int);
+CREATE TABLE public.race (id int PRIMARY KEY, writer text);
 INSERT INTO public.zombie VALUES (2, 0);
 CREATE FUNCTION public.f_writes() RETURNS int LANGUAGE sql AS $$ INSERT INTO public.sink VALUES ('written by a read'); SELECT 1 $$;
 CREATE FUNCTION public.f_flip() RETURNS text LANGUAGE sql AS $$ SELECT set_config('default_transaction_read_only', 'off', false) $$;
@@ -85,7 +86,7 @@ GRANT CREATE ON SCHEMA public, app TO PUBLIC;
 `); err != nil {
 		return fmt.Errorf("create test tables: %w", err)
 	}
-	secret, err = Install(ctx, db, []string{"public.accounts", "public.other", "public.sink", "public.zombie", "app.*"})
+	secret, err = Install(ctx, db, []string{"public.accounts", "public.other", "public.sink", "public.zombie", "public.race", "app.*"})
 	if err != nil {
 		return err
 	}

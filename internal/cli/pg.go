@@ -38,7 +38,7 @@ func (a *app) pgInstallCommand() *cobra.Command {
 		Short: "Install the fence (schema fenceline, trigger, secret) on Postgres tables",
 		Long: `Install the storage-side fence in the database ADMIN_DSN names: schema
 fenceline with the signing secret (readable only by the installing role),
-one epoch row per fenced table and a statement trigger that rejects a write
+one epoch per fenced table and a statement trigger that rejects a write
 whose fence token is missing, forged or stale (SQLSTATE 40001).
 
 Run it as a role that owns the tables and that agents' roles are not.
