@@ -160,7 +160,9 @@ func (r *recorder) events() []leasebus.AuditEvent {
 
 func startProxy(t testing.TB, cfg Config) *Proxy {
 	t.Helper()
-	cfg.Upstream = pg.Addr()
+	if cfg.Upstream == "" {
+		cfg.Upstream = pg.Addr()
+	}
 	if cfg.Secret == nil {
 		cfg.Secret = secret
 	}

@@ -628,3 +628,49 @@ func TestBadInput(t *testing.T) {
 }
 
 func base64Std(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+
+// TestUnixSocketUpstream: with Upstream the path of Postgres's Unix socket,
+// reads, fenced writes (the trigger checks the token) and cancel requests
+// all reach the server over it.
+func TestUnixSocketUpstream(t *testing.T) {
+	sock := pg.SocketPath()
+	if sock == "" {
+		t.Skip("FENCELINE_TEST_PG names an external server: its socket is not known here")
+	}
+	lease := newStaticLease(t, "lease_unix", 0, "public.accounts")
+	p := startProxy(t, Config{Upstream: sock, Lease: lease})
+	ctx := ctxT(t)
+	c := connect(t, proxyDSN(p, "agent"))
+	var addr *string
+	if err := c.QueryRow(ctx, "SELECT inet_client_addr()::text").Scan(&addr); err != nil {
+		t.Fatal(err)
+	}
+	if addr != nil {
+		t.Fatalf("the proxy reached Postgres from %s: want its Unix socket (no client address)", *addr)
+	}
+	if _, err := c.Exec(ctx, "UPDATE public.accounts SET balance = balance WHERE id = 1"); err != nil {
+		t.Fatalf("fenced write over the Unix socket: %v", err)
+	}
+	qctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := c.Exec(qctx, "SELECT pg_sleep(20)"); err == nil || time.Since(start) > 10*time.Second {
+		t.Fatalf("cancel over the Unix socket: %v after %s", err, time.Since(start))
+	}
+}
+
+// TestUpstreamValidation: a bad Upstream is named, with what to write.
+func TestUpstreamValidation(t *testing.T) {
+	for _, tc := range []struct{ upstream, want string }{
+		{"db.internal", "want host:port or the absolute path of a Unix socket"},
+		{t.TempDir(), "is a directory: name the socket in it"},
+	} {
+		err := (&Config{Upstream: tc.upstream}).Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Upstream %q: want an error containing %q, got %v", tc.upstream, tc.want, err)
+		}
+	}
+	if err := (&Config{Upstream: "/var/run/postgresql/.s.PGSQL.5432"}).Validate(); err != nil {
+		t.Errorf("a socket path: %v", err)
+	}
+}

@@ -93,7 +93,7 @@ func (s *session) startup() (bool, error) {
 	}
 
 	dctx, cancel := context.WithDeadline(s.p.ctx, deadline)
-	up, err := s.p.cfg.Dial(dctx, "tcp", s.p.cfg.Upstream)
+	up, err := s.p.cfg.Dial(dctx, upstreamNetwork(s.p.cfg.Upstream), s.p.cfg.Upstream)
 	cancel()
 	if err != nil {
 		s.writeClientRaw(errorResponse('E', "FATAL", "08006",
@@ -285,7 +285,7 @@ func (s *session) forwardCancel(pkt []byte) {
 	}
 	ctx, cancel := context.WithTimeout(s.p.ctx, s.p.cfg.DialTimeout)
 	defer cancel()
-	c, err := s.p.cfg.Dial(ctx, "tcp", s.p.cfg.Upstream)
+	c, err := s.p.cfg.Dial(ctx, upstreamNetwork(s.p.cfg.Upstream), s.p.cfg.Upstream)
 	if err != nil {
 		s.p.log.Warn("cancel request not forwarded", "pid", k.pid, "err", err)
 		return

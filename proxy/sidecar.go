@@ -47,8 +47,9 @@ type Config struct {
 	// GitUpstreamCAFile is the CA bundle for an https upstream (default: system).
 	GitUpstreamCAFile string
 
-	// PGUpstream is the Postgres server (host:port) the agent's database
-	// connections go to. Empty: no Postgres fence.
+	// PGUpstream is the Postgres server (host:port, or the path of its Unix
+	// socket) the agent's database connections go to. Empty: no Postgres
+	// fence.
 	PGUpstream string
 	// PGListen is where the Postgres fence listens (default 127.0.0.1:0).
 	PGListen string

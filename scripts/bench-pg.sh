@@ -9,6 +9,10 @@
 # Usage: scripts/bench-pg.sh [SECONDS per run, default 15] [SCALE, default 10]
 # FL_CPUPROFILE=FILE writes a CPU profile of the fenceline proxy over the
 # whole run (go tool pprof FILE).
+#
+# pgbench always reaches its target over TCP (127.0.0.1). Both proxies reach
+# Postgres over its Unix socket, as a single-machine deployment would (and as
+# PgBouncer usually does); UPSTREAM=tcp makes both use 127.0.0.1 instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-15}
@@ -47,18 +51,24 @@ for db in postgres fenced; do
 	"$PGBENCH" -h 127.0.0.1 -p "$PGPORT_DIRECT" -U postgres -i -q -s "$SCALE" "$db" >/dev/null 2>&1
 done
 
-echo "== fenceline fence on 127.0.0.1:$FLPORT (fence installed on public.pgbench_*)"
+UPSTREAM=${UPSTREAM:-unix}
+case $UPSTREAM in
+unix) FL_UP=$WORK/.s.PGSQL.$PGPORT_DIRECT; BOUNCE_HOST=$WORK ;;
+tcp) FL_UP=127.0.0.1:$PGPORT_DIRECT; BOUNCE_HOST=127.0.0.1 ;;
+*) echo "UPSTREAM=$UPSTREAM: want unix or tcp" >&2; exit 2 ;;
+esac
+echo "== fenceline fence on 127.0.0.1:$FLPORT -> $FL_UP (fence installed on public.pgbench_*)"
 go build -o "$WORK/benchproxy" ./pgproxy/internal/benchproxy
-"$WORK/benchproxy" -listen "127.0.0.1:$FLPORT" -upstream "127.0.0.1:$PGPORT_DIRECT" \
+"$WORK/benchproxy" -listen "127.0.0.1:$FLPORT" -upstream "$FL_UP" \
 	-tables public.pgbench_accounts,public.pgbench_branches,public.pgbench_tellers,public.pgbench_history \
 	-install "postgres://postgres@127.0.0.1:$PGPORT_DIRECT/fenced?sslmode=disable" \
 	${FL_CPUPROFILE:+-cpuprofile "$FL_CPUPROFILE"} >"$WORK/fl.log" 2>&1 &
 PIDS+=($!)
 
-echo "== pgbouncer $(pgbouncer --version | head -1 | awk '{print $2}') (session mode) on 127.0.0.1:$BOUNCEPORT"
+echo "== pgbouncer $(pgbouncer --version | head -1 | awk '{print $2}') (session mode) on 127.0.0.1:$BOUNCEPORT -> $BOUNCE_HOST"
 cat >"$WORK/pgbouncer.ini" <<INI
 [databases]
-postgres = host=127.0.0.1 port=$PGPORT_DIRECT dbname=postgres
+postgres = host=$BOUNCE_HOST port=$PGPORT_DIRECT dbname=postgres
 [pgbouncer]
 listen_addr = 127.0.0.1
 listen_port = $BOUNCEPORT

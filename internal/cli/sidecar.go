@@ -42,7 +42,7 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 	f.StringVar(&ff.gitCA, "git-upstream-ca", "", "CA bundle for an https git upstream (default: the system's)")
 	f.BoolVar(&ff.allowForcePush, "allow-force-push", false, "let path leases push non-fast-forward updates (policy)")
 	f.BoolVar(&ff.allowDelete, "allow-ref-delete", false, "let path leases delete refs (policy)")
-	f.StringVar(&ff.pgUpstream, "pg-upstream", "", "host:port of the agent's Postgres; its connections go through the Postgres fence")
+	f.StringVar(&ff.pgUpstream, "pg-upstream", "", "host:port of the agent's Postgres (or the absolute path of its Unix socket, e.g. /var/run/postgresql/.s.PGSQL.5432, on this machine); its connections go through the Postgres fence")
 	f.StringVar(&ff.pgListen, "pg-listen", "127.0.0.1:0", "address of the Postgres fence")
 	f.StringVar(&ff.pgSecretFile, "pg-secret-file", "", "fence-signing secret from \"fenceline pg install\" (default $XDG_STATE_HOME/fenceline/pg-secret.key when it exists)")
 	f.BoolVar(&ff.pgAllowOpaque, "pg-allow-opaque", false, "let writes whose tables cannot be named (DO, CALL, GRANT…) through under a live lease (policy)")

@@ -60,6 +60,15 @@ type Server struct {
 // Addr is host:port.
 func (s *Server) Addr() string { return net.JoinHostPort(s.Host, strconv.Itoa(s.Port)) }
 
+// SocketPath is the path of the server's Unix-domain socket, or "" for an
+// external server (FENCELINE_TEST_PG).
+func (s *Server) SocketPath() string {
+	if s.dir == "" || s.external != "" {
+		return ""
+	}
+	return filepath.Join(s.dir, ".s.PGSQL."+strconv.Itoa(s.Port))
+}
+
 // DSN returns a URL for user (with password, may be empty) and database.
 func (s *Server) DSN(usr, password, db string) string {
 	u := url.URL{Scheme: "postgres", Host: s.Addr(), Path: "/" + db, RawQuery: "sslmode=disable"}

@@ -30,7 +30,7 @@ func main() {
 
 func run() error {
 	listen := flag.String("listen", "127.0.0.1:6433", "listen address")
-	upstream := flag.String("upstream", "127.0.0.1:5432", "Postgres address")
+	upstream := flag.String("upstream", "127.0.0.1:5432", "Postgres host:port, or the path of its Unix socket")
 	tables := flag.String("tables", "public.*", "comma-separated table claims")
 	install := flag.String("install", "", "admin DSN: install the fence on the claimed tables first")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (stopped on SIGINT/SIGTERM)")
