@@ -50,6 +50,7 @@ type session struct {
 	seg         []segMsg              // pending extended-protocol messages
 	pendingSync bool                  // extended messages went out since the last Sync
 	segBuf      []byte
+	segOut      []byte       // flushSegment's output, reused
 	rwStmt      atomic.Int32 // state of our prepared "SET transaction_read_only = off"
 	tokStmt     atomic.Int32 // state of our prepared set_config for the token
 
@@ -895,7 +896,7 @@ func (s *session) flushSegment() error {
 		items   []*expect
 		refused bool
 	)
-	w.b = make([]byte, 0, len(buf)+256)
+	w.b = s.segOut[:0]
 	// setToken sets the transaction's fence token with our prepared
 	// set_config, preparing it first on this connection.
 	setToken := func(tok string) {
@@ -1002,6 +1003,9 @@ func (s *session) flushSegment() error {
 	}
 	s.push(items...)
 	_, err := s.sw.Write(w.b)
+	if cap(w.b) <= 1<<20 {
+		s.segOut = w.b[:0]
+	}
 	return err
 }
 

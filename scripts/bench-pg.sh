@@ -2,7 +2,9 @@
 # Side-by-side pgbench: direct Postgres vs through the fenceline Postgres
 # fence vs through PgBouncer (session mode), 8 clients, in one run on one
 # server: select-only (-S) with the simple protocol, select-only with
-# -M prepared, and tpcb-like (writes, fenced by the storage-side trigger).
+# -M prepared, and tpcb-like (writes, fenced by the storage-side trigger;
+# the fl-unfenced row is the same proxy on an unfenced copy of the tables,
+# which shows what the trigger costs).
 #
 # Needs: Postgres server binaries (/usr/lib/postgresql/*/bin), pgbench,
 # pgbouncer (Debian: apt-get install postgresql pgbouncer), Go.
@@ -103,15 +105,24 @@ run() {
 	echo "$tps $lat"
 }
 
-printf '\n%-22s %-10s %10s %9s %9s %12s %12s\n' workload target tps p50_ms p99_ms vs_direct vs_pgbouncer
+printf '\n%-22s %-12s %10s %9s %9s %12s %12s\n' workload target tps p50_ms p99_ms vs_direct vs_pgbouncer
+row() { # row WORKLOAD TARGET TPS P50 P99 DIRECT_TPS BOUNCER_TPS
+	printf '%-22s %-12s %10.0f %9s %9s %12s %12s\n' "$1" "$2" "$3" "$4" "$5" \
+		"$(awk -v a="$3" -v b="$6" 'BEGIN{printf "%.2f", a/b}')" "$(awk -v a="$3" -v b="$7" 'BEGIN{printf "%.2f", a/b}')"
+}
 for wl in "select-only simple:-S -M simple" "select-only prepared:-S -M prepared" "tpcb-like simple:-M simple" "tpcb-like prepared:-M prepared"; do
 	name=${wl%%:*}; args=${wl#*:}
 	read -r dt dp50 dp99 < <(run direct "$PGPORT_DIRECT" $args)
 	read -r ft fp50 fp99 < <(run fenceline "$FLPORT" $args)
 	read -r bt bp50 bp99 < <(run pgbouncer "$BOUNCEPORT" $args)
-	printf '%-22s %-10s %10.0f %9s %9s %12s %12s\n' "$name" direct "$dt" "$dp50" "$dp99" 1.00 "$(awk -v a="$dt" -v b="$bt" 'BEGIN{printf "%.2f", a/b}')"
-	printf '%-22s %-10s %10.0f %9s %9s %12s %12s\n' "" fenceline "$ft" "$fp50" "$fp99" "$(awk -v a="$ft" -v b="$dt" 'BEGIN{printf "%.2f", a/b}')" "$(awk -v a="$ft" -v b="$bt" 'BEGIN{printf "%.2f", a/b}')"
-	printf '%-22s %-10s %10.0f %9s %9s %12s %12s\n' "" pgbouncer "$bt" "$bp50" "$bp99" "$(awk -v a="$bt" -v b="$dt" 'BEGIN{printf "%.2f", a/b}')" 1.00
+	row "$name" direct "$dt" "$dp50" "$dp99" "$dt" "$bt"
+	row "" fenceline "$ft" "$fp50" "$fp99" "$dt" "$bt"
+	if [ "${name%% *}" = tpcb-like ]; then
+		# The same proxy on the unfenced copy: what the storage-side fence costs.
+		read -r ut up50 up99 < <(run fl-unfenced "$FLPORT" $args)
+		row "" "fl-unfenced" "$ut" "$up50" "$up99" "$dt" "$bt"
+	fi
+	row "" pgbouncer "$bt" "$bp50" "$bp99" "$dt" "$bt"
 done
 # Every fenceline tpcb-like write went through the storage-side fence:
 "$BIN/psql" -X -At -h 127.0.0.1 -p "$PGPORT_DIRECT" -U postgres fenced -c \
