@@ -160,10 +160,15 @@ func readIdent(s string) (ident, rest string, err error) {
 	return "", "", errors.New("unterminated quoted identifier")
 }
 
-// tokenHashSQL is the SQL expression for tokenHash(tok): the first eight
-// bytes of sha256(tok) as a bigint, every name qualified, because the fast
-// path evaluates it with the writing role's search_path.
-const tokenHashSQL = `(pg_catalog.textcat('x', pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to(tok, 'UTF8')), 1, 8), 'hex'))::pg_catalog."bit"(64))::pg_catalog.int8`
+// tokenHashBytesSQL is the SQL expression for the session mark of token tok:
+// the first eight bytes of sha256(tok), every name qualified, because the
+// fast path evaluates it with the writing role's search_path. It is stored as
+// a sequence value, tokenHashSQL, and compared as int8send(currval) (no
+// coercion in the fast path, which Postgres would set up per transaction).
+const tokenHashBytesSQL = `pg_catalog.substr(pg_catalog.sha256(pg_catalog.convert_to(tok, 'UTF8')), 1, 8)`
+
+// tokenHashSQL is tokenHashBytesSQL as a bigint (big-endian), for setval.
+const tokenHashSQL = `(pg_catalog.textcat('x', pg_catalog.encode(` + tokenHashBytesSQL + `, 'hex'))::pg_catalog."bit"(64))::pg_catalog.int8`
 
 // installSQL creates the fence schema. It is idempotent, and it upgrades a
 // fence installed by an earlier version (the epochs carry over).
@@ -329,11 +334,11 @@ BEGIN
 	RETURN CASE
 		-- fence_slow sets fenceline.verified with currval; until then currval fails
 		WHEN tok IS NULL OR pg_catalog.current_setting('fenceline.verified', true) IS NULL THEN false
-		WHEN pg_catalog.int8eq(pg_catalog.currval('fenceline.verified'::pg_catalog.regclass), ` + tokenHashSQL + `) IS NOT TRUE THEN false
+		WHEN pg_catalog.byteaeq(pg_catalog.int8send(pg_catalog.currval('fenceline.verified'::pg_catalog.regclass)), ` + tokenHashBytesSQL + `) IS NOT TRUE THEN false
 		WHEN pg_catalog.int4eq(pg_catalog.strpos(tok, claim_schema), 0) AND pg_catalog.int4eq(pg_catalog.strpos(tok, claim_table), 0) THEN false
-		WHEN pg_catalog.int8eq(pg_catalog.split_part(tok, ':', 2)::pg_catalog.int8, pg_catalog.pg_sequence_last_value(seq)) IS NOT TRUE THEN false
-		WHEN pg_catalog.pg_advisory_xact_lock_shared(1178946115, pg_catalog.int8mi(rel::pg_catalog.int8, 2147483648)::pg_catalog.int4)::pg_catalog.text IS NULL THEN false
-		ELSE pg_catalog.int8eq(pg_catalog.split_part(tok, ':', 2)::pg_catalog.int8, pg_catalog.pg_sequence_last_value(seq)) IS TRUE
+		WHEN pg_catalog.int8eq(pg_catalog.int8in(pg_catalog.textout(pg_catalog.split_part(tok, ':', 2))), pg_catalog.pg_sequence_last_value(seq)) IS NOT TRUE THEN false
+		WHEN pg_catalog.pg_advisory_xact_lock_shared(1178946115, pg_catalog.int4(pg_catalog.int8mi(pg_catalog.int8(rel), 2147483648))) IS NULL THEN false
+		ELSE pg_catalog.int8eq(pg_catalog.int8in(pg_catalog.textout(pg_catalog.split_part(tok, ':', 2))), pg_catalog.pg_sequence_last_value(seq)) IS TRUE
 	END;
 END
 $fn$;
