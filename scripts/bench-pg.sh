@@ -4,7 +4,9 @@
 # server: select-only (-S) with the simple protocol, select-only with
 # -M prepared, and tpcb-like (writes, fenced by the storage-side trigger;
 # the fl-unfenced row is the same proxy on an unfenced copy of the tables,
-# which shows what the trigger costs).
+# which shows what the trigger costs). The go-relay row is
+# pgproxy/internal/barerelay, io.Copy both ways and nothing else: what a
+# relay written in Go costs here before it parses a single message.
 #
 # Needs: Postgres server binaries (/usr/lib/postgresql/*/bin), pgbench,
 # pgbouncer (Debian: apt-get install postgresql pgbouncer), Go.
@@ -31,7 +33,7 @@ if [ "$(id -u)" = 0 ]; then
 	RUNAS=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
 fi
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-PGPORT_DIRECT=$(freeport); FLPORT=$(freeport); BOUNCEPORT=$(freeport)
+PGPORT_DIRECT=$(freeport); FLPORT=$(freeport); BOUNCEPORT=$(freeport); RELAYPORT=$(freeport)
 PIDS=()
 cleanup() {
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -67,6 +69,10 @@ go build -o "$WORK/benchproxy" ./pgproxy/internal/benchproxy
 	${FL_CPUPROFILE:+-cpuprofile "$FL_CPUPROFILE"} >"$WORK/fl.log" 2>&1 &
 PIDS+=($!)
 
+go build -o "$WORK/barerelay" ./pgproxy/internal/barerelay
+"$WORK/barerelay" -listen "127.0.0.1:$RELAYPORT" -upstream "$FL_UP" >"$WORK/relay.log" 2>&1 &
+PIDS+=($!)
+
 echo "== pgbouncer $(pgbouncer --version | head -1 | awk '{print $2}') (session mode) on 127.0.0.1:$BOUNCEPORT -> $BOUNCE_HOST"
 cat >"$WORK/pgbouncer.ini" <<INI
 [databases]
@@ -87,7 +93,7 @@ echo '"postgres" ""' >"$WORK/users.txt"
 [ "$(id -u)" = 0 ] && chown nobody:nogroup "$WORK/pgbouncer.ini" "$WORK/users.txt"
 "${RUNAS[@]}" pgbouncer "$WORK/pgbouncer.ini" >/dev/null 2>&1 &
 PIDS+=($!)
-for port in $FLPORT $BOUNCEPORT; do
+for port in $FLPORT $BOUNCEPORT $RELAYPORT; do
 	for _ in $(seq 100); do "$BIN/pg_isready" -q -h 127.0.0.1 -p "$port" && break; sleep 0.1; done
 done
 
@@ -122,6 +128,8 @@ for wl in "select-only simple:-S -M simple" "select-only prepared:-S -M prepared
 		read -r ut up50 up99 < <(run fl-unfenced "$FLPORT" $args)
 		row "" "fl-unfenced" "$ut" "$up50" "$up99" "$dt" "$bt"
 	fi
+	read -r gt gp50 gp99 < <(run go-relay "$RELAYPORT" $args)
+	row "" go-relay "$gt" "$gp50" "$gp99" "$dt" "$bt"
 	row "" pgbouncer "$bt" "$bp50" "$bp99" "$dt" "$bt"
 done
 # Every fenceline tpcb-like write went through the storage-side fence:
