@@ -184,10 +184,11 @@ const tokenHashSQL = `(pg_catalog.textcat('x', pg_catalog.encode(` + tokenHashBy
 //     token's hash equals the session's currval of sequence
 //     fenceline.verified, the token claims the table, and the token's fence
 //     equals the table's epoch both before and after a shared advisory lock
-//     on the table. Anything else goes to fence_slow. About 20-30 µs of
-//     Postgres CPU per write statement, where the earlier trigger (two
-//     queries under SECURITY DEFINER, re-planned on every call because of
-//     pg_temp in its search_path) took about 110 µs.
+//     on the table. Anything else goes to fence_slow. Four fenced
+//     statements in a transaction cost about 50 µs of Postgres CPU in all;
+//     the earlier trigger (two queries under SECURITY DEFINER, re-planned on
+//     every call because of pg_temp in its search_path) took about 110 µs
+//     per statement.
 //   - fenceline.fence_slow(), SECURITY DEFINER, does everything else and
 //     explains every refusal: it checks the token's MAC against the secret,
 //     marks the token verified for the session (setval of
