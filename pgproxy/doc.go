@@ -121,7 +121,9 @@
 // protocol versions other than 3 and malformed startup packets get a FATAL
 // ErrorResponse and the connection is closed. Whenever a session ends, the
 // proxy fails an open COPY FROM STDIN with CopyFail and sends Terminate, so
-// the backend rolls back and exits.
+// the backend rolls back and exits. A client that vanishes (its connection
+// ends without Terminate) while a statement runs has that statement
+// cancelled first: Postgres alone would not notice until it finished.
 //
 // # Known limits
 //

@@ -315,6 +315,40 @@ func TestClientVanishesMidCopy(t *testing.T) {
 	}
 }
 
+// TestClientVanishesMidQuery: a client whose socket closes while its
+// statement runs (no CancelRequest, no Terminate) gets that statement
+// cancelled by the proxy; Postgres alone would run it to the end.
+func TestClientVanishesMidQuery(t *testing.T) {
+	p := startProxy(t, Config{})
+	ctx := ctxT(t)
+	c, err := pgconn.Connect(ctx, proxyDSN(p, "agent")+"&application_name=vanisher_q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := c.Conn()
+	var w msgBuilder
+	w.query("SELECT pg_sleep(30)")
+	if _, err := conn.Write(w.b); err != nil {
+		t.Fatal(err)
+	}
+	admin := adminConn(t)
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		var q string
+		return admin.QueryRow(ctx, "SELECT query FROM pg_stat_activity WHERE application_name = 'vanisher_q' AND state = 'active'").Scan(&q)
+	})
+	conn.Close()
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		var n int
+		if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'vanisher_q'").Scan(&n); err != nil {
+			return err
+		}
+		if n != 0 {
+			return fmt.Errorf("the vanished client's backend is still there (%d)", n)
+		}
+		return nil
+	})
+}
+
 func TestListenNotifyAndCancel(t *testing.T) {
 	p := startProxy(t, Config{}) // no lease at all: reads and notifications only
 	ctx := ctxT(t)
@@ -654,9 +688,20 @@ func TestUnixSocketUpstream(t *testing.T) {
 	qctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	if _, err := c.Exec(qctx, "SELECT pg_sleep(20)"); err == nil || time.Since(start) > 10*time.Second {
+	if _, err := c.Exec(qctx, "SELECT pg_sleep(20.5)"); err == nil || time.Since(start) > 10*time.Second {
 		t.Fatalf("cancel over the Unix socket: %v after %s", err, time.Since(start))
 	}
+	// The CancelRequest reached the server: the query is gone, not just the client.
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		var n int
+		if err := adminConn(t).QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(20.5)' AND state = 'active'").Scan(&n); err != nil {
+			return err
+		}
+		if n != 0 {
+			return errors.New("the sleeping query is still running")
+		}
+		return nil
+	})
 }
 
 // TestUpstreamValidation: a bad Upstream is named, with what to write.

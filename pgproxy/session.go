@@ -178,6 +178,18 @@ func (s *session) serve() {
 	err = s.clientLoop()
 	// Whatever ended the client loop, the backend must not stay in a
 	// transaction or in COPY: fail a COPY, then terminate the session.
+	s.qmu.Lock()
+	busy := s.outstanding > 0
+	s.qmu.Unlock()
+	if err != nil && busy && !s.copyIn.Load() {
+		// The client vanished with a statement running. Postgres would not
+		// notice until the statement ends (and the client's own
+		// CancelRequest, sent on a new connection, can arrive after this
+		// session is gone): cancel it here.
+		if cerr := s.p.cancelUpstream(s.key); cerr != nil {
+			s.p.log.Warn("running statement of a vanished client not cancelled", "pid", s.key.pid, "err", cerr)
+		}
+	}
 	if s.copyIn.Load() {
 		var w msgBuilder
 		at := w.begin('f')
@@ -188,7 +200,9 @@ func (s *session) serve() {
 	s.sw.Write([]byte{'X', 0, 0, 0, 4})
 	s.sw.Flush()
 	s.server.SetReadDeadline(time.Now().Add(5 * time.Second))
-	s.server.(interface{ CloseWrite() error }).CloseWrite() //nolint:errcheck
+	if cw, ok := s.server.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite() //nolint:errcheck
+	}
 	s.doneOnce.Do(func() { close(s.done) })
 	rerr := <-relayDone
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {

@@ -283,21 +283,32 @@ func (s *session) forwardCancel(pkt []byte) {
 		s.p.log.Warn("cancel request for an unknown backend dropped", "pid", k.pid, "client", s.client.RemoteAddr().String())
 		return
 	}
-	ctx, cancel := context.WithTimeout(s.p.ctx, s.p.cfg.DialTimeout)
-	defer cancel()
-	c, err := s.p.cfg.Dial(ctx, upstreamNetwork(s.p.cfg.Upstream), s.p.cfg.Upstream)
-	if err != nil {
+	if err := s.p.cancelUpstream(k); err != nil {
 		s.p.log.Warn("cancel request not forwarded", "pid", k.pid, "err", err)
-		return
+	}
+}
+
+// cancelUpstream sends a CancelRequest for backend k to the upstream and
+// waits until Postgres has handled it (it then closes the connection).
+func (p *Proxy) cancelUpstream(k backendKey) error {
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.DialTimeout)
+	defer cancel()
+	c, err := p.cfg.Dial(ctx, upstreamNetwork(p.cfg.Upstream), p.cfg.Upstream)
+	if err != nil {
+		return err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(s.p.cfg.DialTimeout))
-	if _, err := c.Write(pkt); err != nil {
-		s.p.log.Warn("cancel request not forwarded", "pid", k.pid, "err", err)
-		return
+	c.SetDeadline(time.Now().Add(p.cfg.DialTimeout))
+	var pkt [16]byte
+	binary.BigEndian.PutUint32(pkt[0:], 16)
+	binary.BigEndian.PutUint32(pkt[4:], cancelRequest)
+	binary.BigEndian.PutUint32(pkt[8:], k.pid)
+	binary.BigEndian.PutUint32(pkt[12:], k.secret)
+	if _, err := c.Write(pkt[:]); err != nil {
+		return err
 	}
-	// Postgres closes the connection once it has handled the request.
 	io.Copy(io.Discard, c) //nolint:errcheck
+	return nil
 }
 
 // fatalStartup answers the client with a FATAL error before a server exists.
