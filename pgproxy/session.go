@@ -181,11 +181,12 @@ func (s *session) serve() {
 	s.qmu.Lock()
 	busy := s.outstanding > 0
 	s.qmu.Unlock()
-	if err != nil && busy && !s.copyIn.Load() {
+	if err != nil && busy && !s.copyIn.Load() && s.p.ctx.Err() == nil {
 		// The client vanished with a statement running. Postgres would not
 		// notice until the statement ends (and the client's own
 		// CancelRequest, sent on a new connection, can arrive after this
-		// session is gone): cancel it here.
+		// session is gone): cancel it here. (Not when the proxy itself is
+		// closing: Terminate below ends the session.)
 		if cerr := s.p.cancelUpstream(s.key); cerr != nil {
 			s.p.log.Warn("running statement of a vanished client not cancelled", "pid", s.key.pid, "err", cerr)
 		}
