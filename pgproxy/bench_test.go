@@ -61,8 +61,7 @@ func BenchmarkClassify(b *testing.B) {
 // statement (its set-up once per transaction included).
 func BenchmarkStorageFence(b *testing.B) {
 	resetState(b, "TRUNCATE public.race; INSERT INTO public.race VALUES (1, 'bench')")
-	resetState(b, "UPDATE fenceline.epoch SET fence = 0 WHERE relid = 'public.race'::regclass; "+
-		"SELECT setval(seq, 0, true) FROM fenceline.epoch WHERE relid = 'public.race'::regclass")
+	resetEpoch(b, "public.race")
 	tok, err := MakeToken(secret, "lease_bench", 1, []string{"public.race"})
 	if err != nil {
 		b.Fatal(err)

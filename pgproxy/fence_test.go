@@ -145,7 +145,7 @@ func TestZombieWriteRejectedByPostgres(t *testing.T) {
 
 // resetEpoch lowers a table's epoch to 0, as the admin (sequences may go
 // back only by setval).
-func resetEpoch(t *testing.T, table string) {
+func resetEpoch(t testing.TB, table string) {
 	t.Helper()
 	resetState(t, "UPDATE fenceline.epoch SET fence = 0, lease_id = '' WHERE relid = '"+table+"'::regclass; "+
 		"SELECT setval(seq, 0, true) FROM fenceline.epoch WHERE relid = '"+table+"'::regclass")

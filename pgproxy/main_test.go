@@ -209,6 +209,26 @@ func resetState(t testing.TB, sql string) {
 	}
 }
 
+// waitBackends waits until the number of the server's backends matching
+// where (a condition on pg_stat_activity) is zero (gone) or not (present).
+func waitBackends(t testing.TB, present bool, where string, args ...any) {
+	t.Helper()
+	admin := adminConn(t)
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		var n int
+		if err := admin.QueryRow(ctxT(t), "SELECT count(*) FROM pg_stat_activity WHERE "+where, args...).Scan(&n); err != nil {
+			return err
+		}
+		if present && n == 0 {
+			return fmt.Errorf("no backend where %s", where)
+		}
+		if !present && n != 0 {
+			return fmt.Errorf("%d backends where %s remain", n, where)
+		}
+		return nil
+	})
+}
+
 func adminConn(t testing.TB) *pgx.Conn {
 	return connect(t, pg.AdminDSN(testDB))
 }

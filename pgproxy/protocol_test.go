@@ -25,8 +25,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/fenceline/fenceline/internal/testutil"
 )
 
 func TestTransactionsAndSavepoints(t *testing.T) {
@@ -292,25 +290,11 @@ func TestClientVanishesMidCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait until the backend is in COPY, then vanish.
-	admin := adminConn(t)
-	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		var q string
-		err := admin.QueryRow(ctx, "SELECT query FROM pg_stat_activity WHERE application_name = 'vanisher' AND state = 'active'").Scan(&q)
-		return err
-	})
+	waitBackends(t, true, "application_name = 'vanisher' AND state = 'active'")
 	conn.Close()
-	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		var n int
-		if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'vanisher'").Scan(&n); err != nil {
-			return err
-		}
-		if n != 0 {
-			return fmt.Errorf("%d backends of the vanished client remain", n)
-		}
-		return nil
-	})
+	waitBackends(t, false, "application_name = 'vanisher'")
 	var n int
-	if err := admin.QueryRow(ctx, "SELECT count(*) FROM app.log WHERE msg IN ('vanish-begin', 'half')").Scan(&n); err != nil || n != 0 {
+	if err := adminConn(t).QueryRow(ctx, "SELECT count(*) FROM app.log WHERE msg IN ('vanish-begin', 'half')").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("rows of the vanished transaction: %d %v", n, err)
 	}
 }
@@ -331,22 +315,9 @@ func TestClientVanishesMidQuery(t *testing.T) {
 	if _, err := conn.Write(w.b); err != nil {
 		t.Fatal(err)
 	}
-	admin := adminConn(t)
-	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		var q string
-		return admin.QueryRow(ctx, "SELECT query FROM pg_stat_activity WHERE application_name = 'vanisher_q' AND state = 'active'").Scan(&q)
-	})
+	waitBackends(t, true, "application_name = 'vanisher_q' AND state = 'active'")
 	conn.Close()
-	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		var n int
-		if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'vanisher_q'").Scan(&n); err != nil {
-			return err
-		}
-		if n != 0 {
-			return fmt.Errorf("the vanished client's backend is still there (%d)", n)
-		}
-		return nil
-	})
+	waitBackends(t, false, "application_name = 'vanisher_q'")
 }
 
 func TestListenNotifyAndCancel(t *testing.T) {
@@ -379,14 +350,7 @@ func TestListenNotifyAndCancel(t *testing.T) {
 	}
 	// The cancelled connection: pgx closes it after a context cancel; the
 	// server side must be gone too.
-	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
-		var n int
-		adminConn(t).QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(20)%' AND state = 'active'").Scan(&n)
-		if n != 0 {
-			return errors.New("the sleeping query is still running")
-		}
-		return nil
-	})
+	waitBackends(t, false, "query LIKE 'SELECT pg_sleep(20)%' AND state = 'active'")
 }
 
 func TestAuthMethods(t *testing.T) {
@@ -649,15 +613,7 @@ func TestBadInput(t *testing.T) {
 		}
 		c.Write([]byte{0xff, 0, 0, 0, 4})
 		expectFatal(t, c, "unknown message type")
-		ctx := ctxT(t)
-		testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-			var n int
-			adminConn(t).QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND state LIKE 'idle in transaction%'", testDB).Scan(&n)
-			if n != 0 {
-				return fmt.Errorf("%d backends idle in transaction", n)
-			}
-			return nil
-		})
+		waitBackends(t, false, "datname = $1 AND state LIKE 'idle in transaction%'", testDB)
 	})
 }
 
@@ -692,16 +648,7 @@ func TestUnixSocketUpstream(t *testing.T) {
 		t.Fatalf("cancel over the Unix socket: %v after %s", err, time.Since(start))
 	}
 	// The CancelRequest reached the server: the query is gone, not just the client.
-	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
-		var n int
-		if err := adminConn(t).QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(20.5)' AND state = 'active'").Scan(&n); err != nil {
-			return err
-		}
-		if n != 0 {
-			return errors.New("the sleeping query is still running")
-		}
-		return nil
-	})
+	waitBackends(t, false, "query = 'SELECT pg_sleep(20.5)' AND state = 'active'")
 }
 
 // TestUpstreamValidation: a bad Upstream is named, with what to write.
