@@ -9,10 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fenceline/fenceline/internal/bustest"
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
-	"github.com/fenceline/fenceline/pgproxy"
 )
 
 func TestReasonCode(t *testing.T) {
@@ -36,25 +34,8 @@ func TestReasonCode(t *testing.T) {
 func TestSidecarMetricsPostgres(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, pg.AdminDSN(""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	for _, q := range []string{"DROP TABLE IF EXISTS mt_mine, mt_theirs", "CREATE TABLE mt_mine (id int)", "CREATE TABLE mt_theirs (id int)"} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	secret, err := pgproxy.Install(ctx, admin, []string{"public.mt_mine", "public.mt_theirs"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, secret, claim := fencedPair(ctx, t, "mt")
 	bus := bustest.Start(t)
-	claim, err := scope.New([]string{"db"}, false, []string{"public.mt_mine"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	m := NewMetrics()
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/metrics", Scope: claim,
 		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, m.HoldOptions(leasebus.HoldOptions{}))
@@ -80,21 +61,15 @@ func TestSidecarMetricsPostgres(t *testing.T) {
 	conn.Close(ctx)
 
 	_, body := testutil.HTTPGet(t, a.URL()+PathMetrics, "")
-	if n := sampleValue(body, `fenceline_proxy_requests_total{boundary="postgres"}`); n < 1 {
+	if n := metricValue(body, `fenceline_proxy_requests_total{boundary="postgres"}`); n < 1 {
 		t.Errorf("postgres connections counted: %v\n%s", n, grepMetrics(body, "fenceline_proxy"))
 	}
 	for _, dir := range []string{DirToUpstream, DirToAgent} {
-		if n := sampleValue(body, `fenceline_proxy_bytes_total{boundary="postgres",direction="`+dir+`"}`); n < 100 {
+		if n := metricValue(body, `fenceline_proxy_bytes_total{boundary="postgres",direction="`+dir+`"}`); n < 100 {
 			t.Errorf("postgres bytes %s: %v\n%s", dir, n, grepMetrics(body, "fenceline_proxy"))
 		}
 	}
-	if n := sampleValue(body, `fenceline_refusals_total{boundary="postgres",reason="outside-lease"}`); n != 1 {
+	if n := metricValue(body, `fenceline_refusals_total{boundary="postgres",reason="outside-lease"}`); n != 1 {
 		t.Errorf("postgres refusals: %v\n%s", n, grepMetrics(body, "fenceline_refusals"))
 	}
-}
-
-// sampleValue is the value of the sample written exactly as series (-1
-// when absent).
-func sampleValue(body, series string) float64 {
-	return metricValue(body, series)
 }

@@ -27,34 +27,45 @@ func TestMain(m *testing.M) {
 	testutil.MainWith(m, func() { pg.Stop() })
 }
 
+// fencedPair creates tables public.<prefix>_mine and public.<prefix>_theirs
+// in the test Postgres (afresh), installs the fence on both, and returns the
+// admin connection (closed at the test's end), the fence secret and a claim
+// on _mine only.
+func fencedPair(ctx context.Context, t *testing.T, prefix string) (*pgx.Conn, []byte, scope.Claim) {
+	t.Helper()
+	admin, err := pgx.Connect(ctx, pg.AdminDSN(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	mine, theirs := prefix+"_mine", prefix+"_theirs"
+	for _, q := range []string{
+		"DROP TABLE IF EXISTS " + mine + ", " + theirs,
+		"CREATE TABLE " + mine + " (id int)", "CREATE TABLE " + theirs + " (id int)",
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	secret, err := pgproxy.Install(ctx, admin, []string{"public." + mine, "public." + theirs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim, err := scope.New([]string{"db"}, false, []string{"public." + mine})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return admin, secret, claim
+}
+
 // TestSidecarPostgresEnv: psql, given only the sidecar's environment, talks
 // to Postgres through the fence: reads flow, in-scope writes land with the
 // fence, out-of-scope writes are refused naming the lease.
 func TestSidecarPostgresEnv(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, pg.AdminDSN(""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	for _, q := range []string{
-		"DROP TABLE IF EXISTS sc_mine, sc_theirs",
-		"CREATE TABLE sc_mine (id int)", "CREATE TABLE sc_theirs (id int)",
-	} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	secret, err := pgproxy.Install(ctx, admin, []string{"public.sc_mine", "public.sc_theirs"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	admin, secret, claim := fencedPair(ctx, t, "sc")
 	bus := bustest.Start(t)
-	claim, err := scope.New([]string{"db"}, false, []string{"public.sc_mine"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: claim,
 		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 	sc, err := Start(ctx, Config{Lease: l.Holder, Bus: bus.Client, Audit: bus.Auditor,
