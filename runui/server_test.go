@@ -28,6 +28,13 @@ func startUI(t *testing.T, cfg Config) (*bustest.Bus, *httptest.Server) {
 	t.Helper()
 	b := bustest.Start(t)
 	cfg.NC = b.Conn
+	return b, serveUI(t, cfg)
+}
+
+// serveUI serves a run UI made from cfg on a test HTTP server; both close
+// when the test ends.
+func serveUI(t *testing.T, cfg Config) *httptest.Server {
+	t.Helper()
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +44,7 @@ func startUI(t *testing.T, cfg Config) (*bustest.Bus, *httptest.Server) {
 		s.Close()
 		hs.Close()
 	})
-	return b, hs
+	return hs
 }
 
 func acquire(t *testing.T, b *bustest.Bus, paths ...string) (*leasebus.Lease, leasebus.Credential) {
@@ -260,15 +267,7 @@ func TestShards(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{NC: b.Conn, Shards: StoreSource(st)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s.Handler())
-	t.Cleanup(func() {
-		s.Close()
-		hs.Close()
-	})
+	hs := serveUI(t, Config{NC: b.Conn, Shards: StoreSource(st)})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
