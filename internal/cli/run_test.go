@@ -60,20 +60,7 @@ type aRun struct {
 // startRun starts "fenceline --nats url run ARGS" in-process.
 func startRun(t *testing.T, url string, args ...string) *aRun {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &aRun{cancel: cancel, done: make(chan int, 1), out: &syncBuffer{}, errOut: &syncBuffer{}}
-	go func() {
-		r.done <- run(ctx, append([]string{"--nats", url, "run"}, args...), r.out, r.errOut, url)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-r.done:
-		case <-time.After(30 * time.Second):
-			t.Error("fenceline run did not stop")
-		}
-	})
-	return r
+	return startRunCmd(t, url, append([]string{"run"}, args...)...)
 }
 
 // wait returns the run's exit status.

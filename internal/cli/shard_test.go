@@ -360,7 +360,8 @@ func grantedAfter(t *testing.T, url, earlier, later string) {
 	}
 }
 
-// startRunCmd is startRun for any fenceline subcommand.
+// startRunCmd starts "fenceline --nats url ARGS" in-process, for any
+// subcommand; the test's end cancels it and waits for it to stop.
 func startRunCmd(t *testing.T, url string, args ...string) *aRun {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -373,7 +374,7 @@ func startRunCmd(t *testing.T, url string, args ...string) *aRun {
 		select {
 		case <-r.done:
 		case <-time.After(30 * time.Second):
-			t.Error("fenceline did not stop")
+			t.Errorf("fenceline %s did not stop", args[0])
 		}
 	})
 	return r
