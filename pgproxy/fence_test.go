@@ -1,9 +1,12 @@
 package pgproxy
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -359,5 +362,47 @@ func TestEpochRaiseWaitsForOlderWriters(t *testing.T) {
 				t.Fatalf("epoch %d (%v): want 21", epoch, err)
 			}
 		})
+	}
+}
+
+// lockedBuffer is an io.Writer for a slog handler shared by goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestNoSecretRefusedByPostgresWarnedOnce: a proxy started without the
+// fence secret cannot sign tokens. Postgres refuses its writes to fenced
+// tables, and the proxy says why once per lease and fence, not once per write.
+func TestNoSecretRefusedByPostgresWarnedOnce(t *testing.T) {
+	ctx := ctxT(t)
+	var logs lockedBuffer
+	lease := newStaticLease(t, "lease_nosecret", 0, "public.accounts")
+	p, err := Listen(ctx, Config{Upstream: pg.Addr(), Lease: lease, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	c := connect(t, proxyDSN(p, "agent"))
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		_, err := c.Exec(ctx, "UPDATE public.accounts SET balance = balance + 1 WHERE id = 1", mode)
+		if pgCode(err) != "40001" || !strings.Contains(err.Error(), "no fence token") {
+			t.Fatalf("%v: want 40001 no fence token from Postgres, got %v", mode, err)
+		}
+	}
+	if n := strings.Count(logs.String(), "no fence token"); n != 1 || !strings.Contains(logs.String(), "lease=lease_nosecret") {
+		t.Fatalf("want one warning naming the lease for three writes, got %d:\n%s", n, logs.String())
 	}
 }

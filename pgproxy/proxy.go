@@ -29,6 +29,10 @@ type Proxy struct {
 	tokFence uint64 // fence tokStr was made for; guarded by tokMu
 	tokLease string // guarded by tokMu
 	tokStr   string // guarded by tokMu
+	// The lease and fence whose token could not be made, already logged:
+	// one warning per lease and fence, not one per write. Guarded by tokMu.
+	tokErrLease string
+	tokErrFence uint64
 }
 
 type backendKey struct{ pid, secret uint32 }
@@ -145,18 +149,24 @@ func (p *Proxy) knownKey(k backendKey) bool {
 	return p.keys[k]
 }
 
-// token returns the signed fence token for the lease at fence.
+// token returns the signed fence token for the lease at fence. A token
+// that cannot be made is logged once per lease and fence.
 func (p *Proxy) token(l leaseInfo) (string, error) {
 	p.tokMu.Lock()
 	defer p.tokMu.Unlock()
 	if p.tokStr != "" && p.tokFence == l.fence && p.tokLease == l.id {
 		return p.tokStr, nil
 	}
-	if len(p.cfg.Secret) == 0 {
-		return "", errors.New("no fence secret configured")
+	var t string
+	err := errors.New(`no fence secret configured: the proxy needs the key "fenceline pg install" wrote`)
+	if len(p.cfg.Secret) > 0 {
+		t, err = MakeToken(p.cfg.Secret, l.id, l.fence, l.tables)
 	}
-	t, err := MakeToken(p.cfg.Secret, l.id, l.fence, l.tables)
 	if err != nil {
+		if p.tokErrLease != l.id || p.tokErrFence != l.fence {
+			p.tokErrLease, p.tokErrFence = l.id, l.fence
+			p.log.Warn("no fence token: writes to fenced tables will fail", "lease", l.id, "fence", l.fence, "err", err)
+		}
 		return "", err
 	}
 	p.tokStr, p.tokFence, p.tokLease = t, l.fence, l.id

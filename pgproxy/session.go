@@ -708,11 +708,7 @@ func (s *session) handleQuery(raw []byte) error {
 		if len(stmts) == 1 && stmts[0].Tx == TxOutside {
 			return // must run alone; Postgres decides whether it may
 		}
-		tok, err := s.p.token(li)
-		if err != nil {
-			tok = ""
-			s.p.log.Warn("no fence token: writes to fenced tables will fail", "err", err)
-		}
+		tok, _ := s.p.token(li) // "" without one: Postgres refuses fenced writes
 		inject(rwSQL, "SET LOCAL fenceline.token = '"+tok+"'")
 		s.sim.groupRW = true
 	}
@@ -925,10 +921,7 @@ func (s *session) flushSegment() error {
 		items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
 	}
 	injectRW := func() {
-		tok, err := s.p.token(li)
-		if err != nil {
-			s.p.log.Warn("no fence token: writes to fenced tables will fail", "err", err)
-		}
+		tok, _ := s.p.token(li) // "" without one: Postgres refuses fenced writes
 		// "SET transaction_read_only = off" must come before anything that
 		// takes a snapshot, including the Parse of a SELECT.
 		if s.rwStmt.Load() == stmtNone {
