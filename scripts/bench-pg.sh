@@ -11,12 +11,23 @@
 # Needs: Postgres server binaries (/usr/lib/postgresql/*/bin), pgbench,
 # pgbouncer (Debian: apt-get install postgresql pgbouncer), Go.
 # Usage: scripts/bench-pg.sh [SECONDS per run, default 15] [SCALE, default 10]
+# ROUNDS=N (default 3) runs every target N times, interleaved, and reports
+# the median tps (ratios are of medians); p50/p99 are over all rounds.
+# CPU columns: proxy_us is the proxy process's CPU per transaction,
+# pg_us is every Postgres process's (backends, and the background ones).
+# They come from /proc and say where the time goes; tps says how much.
 # FL_CPUPROFILE=FILE writes a CPU profile of the fenceline proxy over the
 # whole run (go tool pprof FILE).
 #
 # pgbench always reaches its target over TCP (127.0.0.1). Both proxies reach
 # Postgres over its Unix socket, as a single-machine deployment would (and as
 # PgBouncer usually does); UPSTREAM=tcp makes both use 127.0.0.1 instead.
+#
+# PLACEMENT=shared (default): every process may run on every CPU, so the
+# proxy's CPU is taken from Postgres. PLACEMENT=split: Postgres on CPU 0;
+# pgbench, the proxies and PgBouncer on the others, as when the agent and
+# its sidecar run in a pod of their own and Postgres on its own server. The
+# same placement holds for every target, direct included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-15}
@@ -25,6 +36,17 @@ CLIENTS=8
 BIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
 PGBENCH=${PGBENCH:-$(command -v pgbench || echo "$BIN/pgbench")}
 command -v pgbouncer >/dev/null || { echo "pgbouncer not installed (apt-get install pgbouncer)"; exit 1; }
+
+PLACEMENT=${PLACEMENT:-shared}
+PGCPU=() CLCPU=()
+case $PLACEMENT in
+shared) ;;
+split)
+	NCPU=$(nproc)
+	[ "$NCPU" -ge 2 ] || { echo "PLACEMENT=split needs 2 CPUs or more; this machine has $NCPU" >&2; exit 2; }
+	PGCPU=(taskset -c 0) CLCPU=(taskset -c "1-$((NCPU - 1))") ;;
+*) echo "PLACEMENT=$PLACEMENT: want shared or split" >&2; exit 2 ;;
+esac
 
 WORK=$(mktemp -d /tmp/fenceline-bench-pg.XXXXXX)
 RUNAS=()
@@ -43,9 +65,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== postgres $("$BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$PGPORT_DIRECT (scale $SCALE, $CLIENTS clients, ${DUR}s per run)"
+echo "== postgres $("$BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$PGPORT_DIRECT (scale $SCALE, $CLIENTS clients, ${DUR}s per run, placement $PLACEMENT${PGCPU[*]:+: postgres ${PGCPU[*]}, the rest ${CLCPU[*]}})"
 "${RUNAS[@]}" "$BIN/initdb" -D "$WORK/data" -U postgres --auth=trust --no-sync -E UTF8 --locale=C >/dev/null
-"${RUNAS[@]}" "$BIN/pg_ctl" -D "$WORK/data" -l "$WORK/pg.log" -w -o \
+"${PGCPU[@]}" "${RUNAS[@]}" "$BIN/pg_ctl" -D "$WORK/data" -l "$WORK/pg.log" -w -o \
 	"-p $PGPORT_DIRECT -k $WORK -c listen_addresses=127.0.0.1 -c max_connections=100 -c shared_buffers=256MB -c synchronous_commit=off" start >/dev/null
 # Direct and PgBouncer use database "postgres"; fenceline uses "fenced", an
 # identical copy whose tables carry the storage-side fence (a direct write
@@ -63,14 +85,15 @@ tcp) FL_UP=127.0.0.1:$PGPORT_DIRECT; BOUNCE_HOST=127.0.0.1 ;;
 esac
 echo "== fenceline fence on 127.0.0.1:$FLPORT -> $FL_UP (fence installed on public.pgbench_*)"
 go build -o "$WORK/benchproxy" ./pgproxy/internal/benchproxy
-"$WORK/benchproxy" -listen "127.0.0.1:$FLPORT" -upstream "$FL_UP" \
+"${CLCPU[@]}" "$WORK/benchproxy" -listen "127.0.0.1:$FLPORT" -upstream "$FL_UP" \
 	-tables public.pgbench_accounts,public.pgbench_branches,public.pgbench_tellers,public.pgbench_history \
 	-install "postgres://postgres@127.0.0.1:$PGPORT_DIRECT/fenced?sslmode=disable" \
 	${FL_CPUPROFILE:+-cpuprofile "$FL_CPUPROFILE"} >"$WORK/fl.log" 2>&1 &
 PIDS+=($!)
 
 go build -o "$WORK/barerelay" ./pgproxy/internal/barerelay
-"$WORK/barerelay" -listen "127.0.0.1:$RELAYPORT" -upstream "$FL_UP" >"$WORK/relay.log" 2>&1 &
+go build -o "$WORK/wakecost" ./pgproxy/internal/wakecost
+"${CLCPU[@]}" "$WORK/barerelay" -listen "127.0.0.1:$RELAYPORT" -upstream "$FL_UP" >"$WORK/relay.log" 2>&1 &
 PIDS+=($!)
 
 echo "== pgbouncer $(pgbouncer --version | head -1 | awk '{print $2}') (session mode) on 127.0.0.1:$BOUNCEPORT -> $BOUNCE_HOST"
@@ -84,6 +107,7 @@ unix_socket_dir =
 auth_type = trust
 auth_file = $WORK/users.txt
 pool_mode = session
+admin_users = postgres
 max_client_conn = 100
 default_pool_size = 20
 logfile = $WORK/pgbouncer.log
@@ -91,46 +115,88 @@ pidfile = $WORK/pgbouncer.pid
 INI
 echo '"postgres" ""' >"$WORK/users.txt"
 [ "$(id -u)" = 0 ] && chown nobody:nogroup "$WORK/pgbouncer.ini" "$WORK/users.txt"
-"${RUNAS[@]}" pgbouncer "$WORK/pgbouncer.ini" >/dev/null 2>&1 &
+"${CLCPU[@]}" "${RUNAS[@]}" pgbouncer "$WORK/pgbouncer.ini" >/dev/null 2>&1 &
 PIDS+=($!)
 for port in $FLPORT $BOUNCEPORT $RELAYPORT; do
 	for _ in $(seq 100); do "$BIN/pg_isready" -q -h 127.0.0.1 -p "$port" && break; sleep 0.1; done
 done
 
-# run NAME PORT ARGS...: prints "tps p50_ms p99_ms"
-run() {
-	local name=$1 port=$2 db=postgres; shift 2
-	[ "$name" = fenceline ] && db=fenced
-	rm -f "$WORK"/pgbench_log.*
-	local out
-	out=$(cd "$WORK" && "$PGBENCH" -h 127.0.0.1 -p "$port" -U postgres -c $CLIENTS -j 2 -T "$DUR" -n -l "$@" "$db" 2>&1) || { echo "$out" >&2; return 1; }
-	local tps
-	tps=$(echo "$out" | awk '/^tps/ {print $3; exit}')
-	local lat
-	lat=$(cat "$WORK"/pgbench_log.* | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {printf "%.3f %.3f", a[int(NR*0.5)]/1000, a[int(NR*0.99)]/1000}')
-	echo "$tps $lat"
+# Postgres's CPU so far: the postmaster's own and its reaped children's,
+# plus every live child's (clock ticks).
+PM=$(head -1 "$WORK/data/postmaster.pid")
+pgticks() {
+	local t c
+	t=$(awk '{print $14+$15+$16+$17}' "/proc/$PM/stat")
+	for c in $(pgrep -P "$PM"); do
+		t=$((t + $(awk '{print $14+$15}' "/proc/$c/stat" 2>/dev/null || echo 0)))
+	done
+	echo "$t"
+}
+pidticks() { [ "$1" = 0 ] && echo 0 || awk '{print $14+$15}' "/proc/$1/stat"; }
+# settle: wait (bounded) until the run's backends have exited and been
+# reaped, so their CPU is in the postmaster's count.
+BASE_CHILDREN=$(pgrep -c -P "$PM")
+settle() {
+	for _ in $(seq 50); do [ "$(pgrep -c -P "$PM")" -le "$BASE_CHILDREN" ] && return; sleep 0.1; done
 }
 
-printf '\n%-22s %-12s %10s %9s %9s %12s %12s\n' workload target tps p50_ms p99_ms vs_direct vs_pgbouncer
-row() { # row WORKLOAD TARGET TPS P50 P99 DIRECT_TPS BOUNCER_TPS
-	printf '%-22s %-12s %10.0f %9s %9s %12s %12s\n' "$1" "$2" "$3" "$4" "$5" \
-		"$(awk -v a="$3" -v b="$6" 'BEGIN{printf "%.2f", a/b}')" "$(awk -v a="$3" -v b="$7" 'BEGIN{printf "%.2f", a/b}')"
-}
-for wl in "select-only simple:-S -M simple" "select-only prepared:-S -M prepared" "tpcb-like simple:-M simple" "tpcb-like prepared:-M prepared"; do
-	name=${wl%%:*}; args=${wl#*:}
-	read -r dt dp50 dp99 < <(run direct "$PGPORT_DIRECT" $args)
-	read -r ft fp50 fp99 < <(run fenceline "$FLPORT" $args)
-	read -r bt bp50 bp99 < <(run pgbouncer "$BOUNCEPORT" $args)
-	row "$name" direct "$dt" "$dp50" "$dp99" "$dt" "$bt"
-	row "" fenceline "$ft" "$fp50" "$fp99" "$dt" "$bt"
-	if [ "${name%% *}" = tpcb-like ]; then
-		# The same proxy on the unfenced copy: what the storage-side fence costs.
-		read -r ut up50 up99 < <(run fl-unfenced "$FLPORT" $args)
-		row "" "fl-unfenced" "$ut" "$up50" "$up99" "$dt" "$bt"
+# run KEY PORT PID ARGS...: one pgbench run; prints "tps transactions
+# proxy_ticks pg_ticks" and appends per-transaction latencies to $WORK/lat.KEY.
+run() {
+	local key=$1 port=$2 pid=$3 db=postgres; shift 3
+	case $key in *.fenceline) db=fenced ;; esac
+	rm -f "$WORK"/pgbench_log.*
+	settle
+	local p0 g0 p1 g1 out
+	p0=$(pidticks "$pid"); g0=$(pgticks)
+	out=$(cd "$WORK" && "${CLCPU[@]}" "$PGBENCH" -h 127.0.0.1 -p "$port" -U postgres -c $CLIENTS -j 2 -T "$DUR" -n -l "$@" "$db" 2>&1) || { echo "$out" >&2; return 1; }
+	if [ "$pid" = "$BOUNCER_PID" ]; then
+		# PgBouncer keeps its server connections: drop them so their
+		# backends exit and their CPU is counted now.
+		"$BIN/psql" -X -q -h 127.0.0.1 -p "$BOUNCEPORT" -U postgres pgbouncer -c "KILL postgres" -c "RESUME postgres" >/dev/null
 	fi
-	read -r gt gp50 gp99 < <(run go-relay "$RELAYPORT" $args)
-	row "" go-relay "$gt" "$gp50" "$gp99" "$dt" "$bt"
-	row "" pgbouncer "$bt" "$bp50" "$bp99" "$dt" "$bt"
+	settle
+	p1=$(pidticks "$pid"); g1=$(pgticks)
+	cat "$WORK"/pgbench_log.* | awk '{print $3}' >>"$WORK/lat.$key"
+	echo "$(echo "$out" | awk '/^tps/ {print $3; exit}') $(echo "$out" | awk '/actually processed/ {split($NF, a, "/"); print a[1]}') $((p1 - p0)) $((g1 - g0))"
+}
+
+TICK=$(getconf CLK_TCK)
+median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+ROUNDS=${ROUNDS:-3}
+BOUNCER_PID=$(cat "$WORK/pgbouncer.pid")
+FL_PID=${PIDS[0]} RELAY_PID=${PIDS[1]}
+echo "== $("${CLCPU[@]}" "$WORK/wakecost")"
+echo "== $ROUNDS rounds of ${DUR}s per target and workload, interleaved"
+printf '\n%-22s %-12s %9s %10s %12s %8s %8s %9s %7s\n' workload target tps vs_direct vs_pgbouncer p50_ms p99_ms proxy_us pg_us
+for wl in "select-only simple:-S -M simple" "select-only prepared:-S -M prepared" "tpcb-like simple:-M simple" "tpcb-like prepared:-M prepared"; do
+	name=${wl%%:*}; args=${wl#*:}; w=${name// /_}
+	# target:port:pid; fl-unfenced is the same proxy on the unfenced copy
+	# of the tables: beside fenceline, what the storage-side fence costs.
+	targets="direct:$PGPORT_DIRECT:0 fenceline:$FLPORT:$FL_PID"
+	[ "${name%% *}" = tpcb-like ] && targets="$targets fl-unfenced:$FLPORT:$FL_PID"
+	targets="$targets go-relay:$RELAYPORT:$RELAY_PID pgbouncer:$BOUNCEPORT:$BOUNCER_PID"
+	for t in $targets; do rm -f "$WORK/lat.$w.${t%%:*}" "$WORK/res.$w.${t%%:*}"; done
+	for _ in $(seq "$ROUNDS"); do
+		for t in $targets; do
+			IFS=: read -r tn tp tpid <<<"$t"
+			run "$w.$tn" "$tp" "$tpid" $args >>"$WORK/res.$w.$tn"
+		done
+	done
+	dt=$(awk '{print $1}' "$WORK/res.$w.direct" | median)
+	bt=$(awk '{print $1}' "$WORK/res.$w.pgbouncer" | median)
+	first=$name
+	for t in $targets; do
+		tn=${t%%:*}
+		tps=$(awk '{print $1}' "$WORK/res.$w.$tn" | median)
+		read -r p50 p99 < <(sort -n "$WORK/lat.$w.$tn" | awk '{a[NR]=$1} END {printf "%.3f %.3f\n", a[int(NR*0.5)]/1000, a[int(NR*0.99)]/1000}')
+		read -r pus gus < <(awk -v tick="$TICK" '{tx+=$2; p+=$3; g+=$4} END {printf "%.1f %.1f\n", p*1e6/tick/tx, g*1e6/tick/tx}' "$WORK/res.$w.$tn")
+		[ "$tn" = direct ] && pus=-
+		printf '%-22s %-12s %9.0f %10s %12s %8s %8s %9s %7s\n' "$first" "$tn" "$tps" \
+			"$(awk -v a="$tps" -v b="$dt" 'BEGIN{printf "%.2f", a/b}')" "$(awk -v a="$tps" -v b="$bt" 'BEGIN{printf "%.2f", a/b}')" \
+			"$p50" "$p99" "$pus" "$gus"
+		first=
+	done
 done
 # Every fenceline tpcb-like write went through the storage-side fence:
 "$BIN/psql" -X -At -h 127.0.0.1 -p "$PGPORT_DIRECT" -U postgres fenced -c \
