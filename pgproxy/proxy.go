@@ -37,6 +37,8 @@ type Proxy struct {
 
 type backendKey struct{ pid, secret uint32 }
 
+var errNoSecret = errors.New(`no fence secret configured: the proxy needs the key "fenceline pg install" wrote`)
+
 // Listen starts a proxy on cfg.Listen in front of cfg.Upstream. It returns
 // once the listener is open; connections are served until Close or until
 // ctx ends.
@@ -157,8 +159,7 @@ func (p *Proxy) token(l leaseInfo) (string, error) {
 	if p.tokStr != "" && p.tokFence == l.fence && p.tokLease == l.id {
 		return p.tokStr, nil
 	}
-	var t string
-	err := errors.New(`no fence secret configured: the proxy needs the key "fenceline pg install" wrote`)
+	t, err := "", errNoSecret
 	if len(p.cfg.Secret) > 0 {
 		t, err = MakeToken(p.cfg.Secret, l.id, l.fence, l.tables)
 	}
