@@ -20,8 +20,10 @@
 //	   |<-- event: lease ----------|<------------------------------|
 //	   |<-- event: audit ----------|<------------------------------|
 //
-// A client that falls behind is sent a fresh snapshot instead of the
-// records it missed. Off loopback the server requires a token (a bearer
+// The watch starts before the snapshot is read, so nothing committed in
+// between is lost; a lease record no newer than the snapshot's is not sent
+// after it. A client that falls behind is sent a fresh snapshot instead of
+// the records it missed. Off loopback the server requires a token (a bearer
 // header, or ?token= once, which sets a cookie); on loopback none.
 //
 // API (all GET, JSON):

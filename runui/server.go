@@ -414,6 +414,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	if !send("snapshot", snap) {
 		return
 	}
+	// A record the snapshot already holds (its change notice was still in
+	// flight when the stream subscribed) is not sent again after it.
+	inSnap := snapVersions(snap)
 	keepalive := time.NewTicker(15 * time.Second)
 	defer keepalive.Stop()
 	for {
@@ -436,10 +439,19 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 				if !send("snapshot", snap) {
 					return
 				}
+				inSnap = snapVersions(snap)
 				continue
 			}
 			leases := false
 			for _, it := range items {
+				if l, ok := it.v.(*leasebus.Lease); ok {
+					if v, held := inSnap[l.LeaseID]; held {
+						if l.Version <= v {
+							continue
+						}
+						delete(inSnap, l.LeaseID) // newer than the snapshot: from now on, all of them
+					}
+				}
 				if !send(it.event, it.v) {
 					return
 				}
@@ -456,6 +468,15 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// snapVersions maps each lease in snap to the version it holds.
+func snapVersions(snap *snapshot) map[string]uint64 {
+	m := make(map[string]uint64, len(snap.Leases))
+	for _, l := range snap.Leases {
+		m[l.LeaseID] = l.Version
+	}
+	return m
 }
 
 func (s *Server) snapshot(ctx context.Context, repo string) (*snapshot, error) {

@@ -212,6 +212,20 @@ func TestEventStream(t *testing.T) {
 	if err := json.Unmarshal(data, &snap); ev != "snapshot" || err != nil || len(snap.Leases) != 1 || snap.Leases[0].LeaseID != held.LeaseID {
 		t.Fatalf("first event %s %s (%v), want a snapshot with %s", ev, data, err, held.LeaseID)
 	}
+	// The grant's change notice still in flight when the stream subscribed
+	// (it races the Acquire reply): the snapshot holds that record, so the
+	// stream must not send it again. Flushed, it reaches the stream before
+	// anything the live part below does.
+	stale, err := json.Marshal(held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Conn.Publish("fenceline.lease.v1.changed."+leasebus.RepoKey(repo)+"."+held.LeaseID, stale); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	// The backlog: the grant's audit event.
 	if ev, data := s.next(t); ev != "audit" || !strings.Contains(string(data), held.LeaseID) {
 		t.Fatalf("backlog: %s %s, want the audit event of %s's grant", ev, data, held.LeaseID)
