@@ -62,10 +62,7 @@ func BenchmarkClassify(b *testing.B) {
 func BenchmarkStorageFence(b *testing.B) {
 	resetState(b, "TRUNCATE public.race; INSERT INTO public.race VALUES (1, 'bench')")
 	resetEpoch(b, "public.race")
-	tok, err := MakeToken(secret, "lease_bench", 1, []string{"public.race"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	tok := mustToken(b, secret, "lease_bench", 1, "public.race")
 	for _, tc := range []struct{ name, update string }{
 		{"fenced", "UPDATE public.race SET writer = 'bench' WHERE id = 1"},
 		{"unfenced", "UPDATE public.big SET payload = payload WHERE id = 1"},

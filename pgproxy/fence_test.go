@@ -167,10 +167,7 @@ func TestStorageFenceWithoutProxy(t *testing.T) {
 	if pgCode(err) != "40001" || !strings.Contains(err.Error(), "no fence token") {
 		t.Fatalf("direct write: want 40001 no fence token, got %v", err)
 	}
-	forged, err := MakeToken([]byte("not-the-secret-not-the-secret!!"), "lease_forged", 1<<40, []string{"public.*"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	forged := mustToken(t, []byte("not-the-secret-not-the-secret!!"), "lease_forged", 1<<40, "public.*")
 	tx, err := c.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -190,10 +187,7 @@ func TestStorageFenceWithoutProxy(t *testing.T) {
 		t.Fatalf("agent reads the secret: want 42501 permission denied, got %v", err)
 	}
 	// A genuine token for another table does not cover this one.
-	tok, err := MakeToken(secret, "lease_scoped", 1, []string{"public.accounts"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok := mustToken(t, secret, "lease_scoped", 1, "public.accounts")
 	tx, err = c.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -234,15 +228,9 @@ func TestStorageFenceSessionMark(t *testing.T) {
 	resetState(t, "TRUNCATE public.race")
 	resetEpoch(t, "public.race")
 	ctx := ctxT(t)
-	good, err := MakeToken(secret, "lease_mark", 7, []string{"public.race"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	good := mustToken(t, secret, "lease_mark", 7, "public.race")
 	// Same fence, so only the token check stands between it and a write.
-	forged, err := MakeToken([]byte("not-the-secret-not-the-secret!!"), "lease_mark", 7, []string{"public.*"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	forged := mustToken(t, []byte("not-the-secret-not-the-secret!!"), "lease_mark", 7, "public.*")
 	c := connect(t, pg.DSN("agent", "", testDB))
 	for i := 1; i <= 3; i++ { // the first write takes the slow path, the rest the fast one
 		if err := writeWithToken(ctx, c, good, fmt.Sprintf("INSERT INTO public.race VALUES (%d, 'good')", i)); err != nil {
@@ -255,7 +243,7 @@ func TestStorageFenceSessionMark(t *testing.T) {
 	}
 	// Same session, mark in place, another token: the hash differs, the
 	// slow path checks the MAC.
-	err = writeWithToken(ctx, c, forged, "INSERT INTO public.race VALUES (10, 'swapped')")
+	err := writeWithToken(ctx, c, forged, "INSERT INTO public.race VALUES (10, 'swapped')")
 	if pgCode(err) != "40001" || !strings.Contains(err.Error(), "forged") {
 		t.Fatalf("token swapped after a verified one: want 40001 forged, got %v", err)
 	}
@@ -299,14 +287,8 @@ func TestEpochRaiseWaitsForOlderWriters(t *testing.T) {
 			resetState(t, "TRUNCATE public.race")
 			resetEpoch(t, "public.race")
 			ctx := ctxT(t)
-			oldTok, err := MakeToken(secret, "lease_old", 20, []string{"public.race"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			newTok, err := MakeToken(secret, "lease_new", 21, []string{"public.race"})
-			if err != nil {
-				t.Fatal(err)
-			}
+			oldTok := mustToken(t, secret, "lease_old", 20, "public.race")
+			newTok := mustToken(t, secret, "lease_new", 21, "public.race")
 			z := connect(t, pg.DSN("agent", "", testDB))
 			n := connect(t, pg.DSN("agent", "", testDB))
 			if err := writeWithToken(ctx, z, oldTok, "INSERT INTO public.race VALUES (1, 'old')"); err != nil {

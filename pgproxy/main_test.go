@@ -174,6 +174,16 @@ func startProxy(t testing.TB, cfg Config) *Proxy {
 	return p
 }
 
+// mustToken signs a fence token with key, as a proxy holding the lease would.
+func mustToken(t testing.TB, key []byte, lease string, fence uint64, tables ...string) string {
+	t.Helper()
+	tok, err := MakeToken(key, lease, fence, tables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
 func proxyDSN(p *Proxy, user string) string {
 	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", user, p.Addr().String(), testDB)
 }

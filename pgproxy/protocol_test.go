@@ -275,28 +275,35 @@ func TestClientVanishesMidCopy(t *testing.T) {
 	lease := newStaticLease(t, "lease_v1", 15, "app.*")
 	p := startProxy(t, Config{Lease: lease})
 	ctx := ctxT(t)
-	c, err := pgconn.Connect(ctx, proxyDSN(p, "agent")+"&application_name=vanisher")
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Start a COPY by hand and drop the socket halfway.
-	conn := c.Conn()
 	var w msgBuilder
 	w.query("BEGIN; INSERT INTO app.log (msg) VALUES ('vanish-begin'); COPY app.log (msg) FROM STDIN")
 	at := w.begin('d')
 	w.b = append(w.b, "half\n"...)
 	w.end(at)
-	if _, err := conn.Write(w.b); err != nil {
-		t.Fatal(err)
-	}
-	// Wait until the backend is in COPY, then vanish.
-	waitBackends(t, true, "application_name = 'vanisher' AND state = 'active'")
-	conn.Close()
-	waitBackends(t, false, "application_name = 'vanisher'")
+	vanish(t, p, "vanisher", w.b)
 	var n int
 	if err := adminConn(t).QueryRow(ctx, "SELECT count(*) FROM app.log WHERE msg IN ('vanish-begin', 'half')").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("rows of the vanished transaction: %d %v", n, err)
 	}
+}
+
+// vanish connects through p as application app, sends msgs on the raw
+// socket, waits until the backend is busy with them, then drops the socket
+// (no Terminate) and waits until the backend is gone.
+func vanish(t *testing.T, p *Proxy, app string, msgs []byte) {
+	t.Helper()
+	c, err := pgconn.Connect(ctxT(t), proxyDSN(p, "agent")+"&application_name="+app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := c.Conn()
+	if _, err := conn.Write(msgs); err != nil {
+		t.Fatal(err)
+	}
+	waitBackends(t, true, "application_name = $1 AND state = 'active'", app)
+	conn.Close()
+	waitBackends(t, false, "application_name = $1", app)
 }
 
 // TestClientVanishesMidQuery: a client whose socket closes while its
@@ -304,20 +311,11 @@ func TestClientVanishesMidCopy(t *testing.T) {
 // cancelled by the proxy; Postgres alone would run it to the end.
 func TestClientVanishesMidQuery(t *testing.T) {
 	p := startProxy(t, Config{})
-	ctx := ctxT(t)
-	c, err := pgconn.Connect(ctx, proxyDSN(p, "agent")+"&application_name=vanisher_q")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := c.Conn()
 	var w msgBuilder
 	w.query("SELECT pg_sleep(30)")
-	if _, err := conn.Write(w.b); err != nil {
-		t.Fatal(err)
-	}
-	waitBackends(t, true, "application_name = 'vanisher_q' AND state = 'active'")
-	conn.Close()
-	waitBackends(t, false, "application_name = 'vanisher_q'")
+	// The backend must be gone within waitBackends' 10 s: only a cancel
+	// ends the 30 s sleep that soon.
+	vanish(t, p, "vanisher_q", w.b)
 }
 
 func TestListenNotifyAndCancel(t *testing.T) {

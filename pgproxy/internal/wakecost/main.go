@@ -9,6 +9,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"runtime"
@@ -36,7 +37,8 @@ func run(n int) error {
 	if err != nil {
 		return fmt.Errorf("socketpair: %w", err)
 	}
-	theirs := os.NewFile(uintptr(fds[1]), "wakecost-child")
+	ours, theirs := os.NewFile(uintptr(fds[0]), "wakecost"), os.NewFile(uintptr(fds[1]), "wakecost-child")
+	defer ours.Close()
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -55,11 +57,11 @@ func run(n int) error {
 	start := time.Now()
 	buf := make([]byte, 64)
 	for range n {
-		if err := writeFull(fds[0], buf[:16]); err != nil {
-			return err
+		if _, err := ours.Write(buf[:16]); err != nil {
+			return fmt.Errorf("write: %w", err)
 		}
-		if err := readFull(fds[0], buf[:16]); err != nil {
-			return err
+		if _, err := io.ReadFull(ours, buf[:16]); err != nil {
+			return fmt.Errorf("read: %w", err)
 		}
 	}
 	wall := time.Since(start)
@@ -78,10 +80,16 @@ func run(n int) error {
 	return nil
 }
 
+// echo answers n messages on fd. The socket is blocking, so os.File reads
+// and writes it with plain system calls, like the parent.
 func echo(fd, n int) {
+	f := os.NewFile(uintptr(fd), "wakecost-parent")
 	buf := make([]byte, 64)
 	for range n {
-		if readFull(fd, buf[:16]) != nil || writeFull(fd, buf[:16]) != nil {
+		if _, err := io.ReadFull(f, buf[:16]); err != nil {
+			os.Exit(1)
+		}
+		if _, err := f.Write(buf[:16]); err != nil {
 			os.Exit(1)
 		}
 	}
@@ -89,35 +97,4 @@ func echo(fd, n int) {
 
 func cpu(r syscall.Rusage) time.Duration {
 	return time.Duration(r.Utime.Nano() + r.Stime.Nano())
-}
-
-func readFull(fd int, b []byte) error {
-	for len(b) > 0 {
-		n, err := syscall.Read(fd, b)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("read: %w", err)
-		}
-		if n == 0 {
-			return fmt.Errorf("read: the other process is gone")
-		}
-		b = b[n:]
-	}
-	return nil
-}
-
-func writeFull(fd int, b []byte) error {
-	for len(b) > 0 {
-		n, err := syscall.Write(fd, b)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("write: %w", err)
-		}
-		b = b[n:]
-	}
-	return nil
 }
