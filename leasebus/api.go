@@ -160,6 +160,12 @@ type reply struct {
 	Error  *wireError `json:"error,omitempty"`
 }
 
+// ChangedSubject is where the lease service announces each committed
+// record of one lease (core NATS: Client.Watch and Holder listen there).
+func ChangedSubject(repo, leaseID string) string {
+	return changedPrefix + "." + RepoKey(repo) + "." + leaseID
+}
+
 // RepoKey is the subject token for a repo: the first 12 bytes of the
 // SHA-256 of its identity, in hex. Repo identities contain dots and
 // slashes, which NATS subjects reserve.

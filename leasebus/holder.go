@@ -100,7 +100,7 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 	if !lease.Active() {
 		h.setLost(fmt.Errorf("%w: lease %s is %s", ErrLeaseLost, lease.LeaseID, lease.Status))
 	}
-	unwatch, err := c.watch(changedPrefix+"."+RepoKey(lease.Repo)+"."+lease.LeaseID, h.observe)
+	unwatch, err := c.watch(ChangedSubject(lease.Repo, lease.LeaseID), h.observe)
 	if err != nil {
 		return nil, err
 	}

@@ -21,8 +21,8 @@
 //	   |<-- event: audit ----------|<------------------------------|
 //
 // The watch starts before the snapshot is read, so nothing committed in
-// between is lost; a lease record no newer than the snapshot's is not sent
-// after it. A client that falls behind is sent a fresh snapshot instead of
+// between is lost; a lease record no newer than the client already has
+// (from the snapshot or the stream) is not sent. A client that falls behind is sent a fresh snapshot instead of
 // the records it missed. Off loopback the server requires a token (a bearer
 // header, or ?token= once, which sets a cookie); on loopback none.
 //

@@ -414,9 +414,10 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	if !send("snapshot", snap) {
 		return
 	}
-	// A record the snapshot already holds (its change notice was still in
-	// flight when the stream subscribed) is not sent again after it.
-	inSnap := snapVersions(snap)
+	// The newest version of each lease the client has: a record no newer
+	// (a change notice still in flight when the stream subscribed, or one
+	// delivered twice or late) is not sent.
+	newest := snapVersions(snap)
 	keepalive := time.NewTicker(15 * time.Second)
 	defer keepalive.Stop()
 	for {
@@ -439,18 +440,16 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 				if !send("snapshot", snap) {
 					return
 				}
-				inSnap = snapVersions(snap)
+				newest = snapVersions(snap)
 				continue
 			}
 			leases := false
 			for _, it := range items {
 				if l, ok := it.v.(*leasebus.Lease); ok {
-					if v, held := inSnap[l.LeaseID]; held {
-						if l.Version <= v {
-							continue
-						}
-						delete(inSnap, l.LeaseID) // newer than the snapshot: from now on, all of them
+					if l.Version <= newest[l.LeaseID] {
+						continue
 					}
+					newest[l.LeaseID] = l.Version
 				}
 				if !send(it.event, it.v) {
 					return

@@ -220,7 +220,7 @@ func TestEventStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Conn.Publish("fenceline.lease.v1.changed."+leasebus.RepoKey(repo)+"."+held.LeaseID, stale); err != nil {
+	if err := b.Conn.Publish(leasebus.ChangedSubject(repo, held.LeaseID), stale); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Conn.Flush(); err != nil {
