@@ -131,8 +131,9 @@
 // a database fenced for two lease buses compares fences of both. After a dump
 // and restore, run "fenceline pg install" again (epochs are keyed by table
 // oid). DISCARD SEQUENCES forgets the session's mark but not the setting that
-// says it is there, so the next fenced write fails until RESET
-// fenceline.verified (DISCARD ALL resets both).
+// says it is there: through the proxy, which resets that setting after any
+// DISCARD, the next fenced write just takes the slow path again; a session
+// straight to Postgres must RESET fenceline.verified itself.
 //
 // Inside a block made writable under a live lease, a read that calls a
 // writing function can write: fenced tables still check the token (fence and

@@ -333,8 +333,9 @@ DECLARE
 	seq pg_catalog.regclass := seqname;
 BEGIN
 	RETURN CASE
-		-- fence_slow sets fenceline.verified with currval; until then currval fails
-		WHEN tok IS NULL OR pg_catalog.current_setting('fenceline.verified', true) IS NULL THEN false
+		-- fence_slow sets fenceline.verified with currval; until then currval
+		-- fails. RESET (and RESET ALL, DISCARD ALL) leave it '', not NULL.
+		WHEN tok IS NULL OR pg_catalog.int4eq(pg_catalog.length(pg_catalog.current_setting('fenceline.verified', true)), 0) IS NOT FALSE THEN false
 		WHEN pg_catalog.byteaeq(pg_catalog.int8send(pg_catalog.currval('fenceline.verified'::pg_catalog.regclass)), ` + tokenHashBytesSQL + `) IS NOT TRUE THEN false
 		WHEN pg_catalog.int4eq(pg_catalog.strpos(tok, claim_schema), 0) AND pg_catalog.int4eq(pg_catalog.strpos(tok, claim_table), 0) THEN false
 		WHEN pg_catalog.int8eq(pg_catalog.int8in(pg_catalog.textout(pg_catalog.split_part(tok, ':', 2))), pg_catalog.pg_sequence_last_value(seq)) IS NOT TRUE THEN false

@@ -388,3 +388,36 @@ func TestNoSecretRefusedByPostgresWarnedOnce(t *testing.T) {
 		t.Fatalf("want one warning naming the lease for three writes, got %d:\n%s", n, logs.String())
 	}
 }
+
+// TestDiscardKeepsFencedWrites: DISCARD SEQUENCES forgets the currval the
+// trigger's fast path reads; the proxy resets the setting that says it is
+// there, so the next fenced write takes the slow path instead of failing.
+// DISCARD ALL resets both by itself.
+func TestDiscardKeepsFencedWrites(t *testing.T) {
+	resetState(t, "TRUNCATE public.race")
+	resetEpoch(t, "public.race")
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_discard", 0, "public.race")})
+	ctx := ctxT(t)
+	c := connect(t, proxyDSN(p, "agent"))
+	simple, extended := pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec
+	for _, step := range []struct {
+		sql  string
+		mode pgx.QueryExecMode
+	}{
+		{"INSERT INTO public.race VALUES (1, 'before')", simple},
+		{"DISCARD SEQUENCES", extended},
+		{"INSERT INTO public.race VALUES (2, 'after discard sequences')", extended},
+		{"DISCARD SEQUENCES", simple},
+		{"INSERT INTO public.race VALUES (3, 'after discard sequences')", simple},
+		{"DISCARD ALL", simple},
+		{"INSERT INTO public.race VALUES (4, 'after discard all')", extended},
+	} {
+		if _, err := c.Exec(ctx, step.sql, step.mode); err != nil {
+			t.Fatalf("%s: %v", step.sql, err)
+		}
+	}
+	var n int
+	if err := adminConn(t).QueryRow(ctx, "SELECT count(*) FROM public.race").Scan(&n); err != nil || n != 4 {
+		t.Fatalf("public.race has %d rows (%v): want 4", n, err)
+	}
+}

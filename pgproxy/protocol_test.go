@@ -318,6 +318,19 @@ func TestClientVanishesMidQuery(t *testing.T) {
 	vanish(t, p, "vanisher_q", w.b)
 }
 
+// TestClientVanishesMidExecute: the same for an extended-protocol Execute
+// sent with Flush and no Sync (a statement runs, nothing awaits
+// ReadyForQuery yet).
+func TestClientVanishesMidExecute(t *testing.T) {
+	p := startProxy(t, Config{})
+	var w msgBuilder
+	w.parse("", "SELECT pg_sleep(30)")
+	w.bind("", "")
+	w.execute("")
+	w.end(w.begin('H'))
+	vanish(t, p, "vanisher_x", w.b)
+}
+
 func TestListenNotifyAndCancel(t *testing.T) {
 	p := startProxy(t, Config{}) // no lease at all: reads and notifications only
 	ctx := ctxT(t)

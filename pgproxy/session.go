@@ -59,11 +59,15 @@ type session struct {
 	outstanding int       // ReadyForQuery-terminated items in queue; guarded by qmu
 	idle        chan struct{}
 
-	status   atomic.Uint32 // txStatus as seen by the relay
-	copyIn   atomic.Bool   // the server is in COPY FROM STDIN
-	tainted  atomic.Bool   // the server reported default_transaction_read_only off
-	done     chan struct{}
-	doneOnce sync.Once
+	status  atomic.Uint32 // txStatus as seen by the relay
+	copyIn  atomic.Bool   // the server is in COPY FROM STDIN
+	tainted atomic.Bool   // the server reported default_transaction_read_only off
+	// resetMark: a DISCARD ran. DISCARD SEQUENCES forgets the currval the
+	// storage fence's fast path reads, not the setting that says it is
+	// there; RESET that before the next unit outside a transaction.
+	resetMark bool
+	done      chan struct{}
+	doneOnce  sync.Once
 }
 
 const (
@@ -107,8 +111,12 @@ func (sim *txSim) track(tx TxEffect) {
 }
 
 // sessionChanged forgets what a session-level statement (SET, RESET,
-// DISCARD…) may have changed: the search path and our prepared statements.
-func (s *session) sessionChanged() {
+// DISCARD…) may have changed: the search path and our prepared statements,
+// and after a DISCARD the storage fence's session mark.
+func (s *session) sessionChanged(st *Statement) {
+	if st.Tag == "DiscardStmt" {
+		s.resetMark = true
+	}
 	s.searchPath = nil
 	s.rwStmt.Store(stmtNone)
 	s.tokStmt.Store(stmtNone)
@@ -179,7 +187,7 @@ func (s *session) serve() {
 	// Whatever ended the client loop, the backend must not stay in a
 	// transaction or in COPY: fail a COPY, then terminate the session.
 	s.qmu.Lock()
-	busy := s.outstanding > 0
+	busy := len(s.queue) > 0 // not outstanding: an Execute sent with Flush, no Sync, runs too
 	s.qmu.Unlock()
 	if err != nil && busy && !s.copyIn.Load() && s.p.ctx.Err() == nil {
 		// The client vanished with a statement running. Postgres would not
@@ -332,6 +340,12 @@ func (s *session) beginUnit() error {
 		s.p.log.Warn("default_transaction_read_only was switched off behind the proxy; switching it on again",
 			"user", s.user, "client", s.client.RemoteAddr().String())
 		if _, err := s.internalQuery("SET default_transaction_read_only = on"); err != nil {
+			return err
+		}
+	}
+	if s.resetMark && s.txStatus == 'I' {
+		s.resetMark = false
+		if _, err := s.internalQuery("RESET fenceline.verified"); err != nil {
 			return err
 		}
 	}
@@ -720,7 +734,7 @@ func (s *session) handleQuery(raw []byte) error {
 		}
 		if st.Session {
 			sp = nil
-			s.sessionChanged()
+			s.sessionChanged(st)
 		}
 		r := s.authorizeWrite(st, li, spIfKnown(sp, s.searchPath), "send the write in its own query or start the transaction with BEGIN")
 		if r != nil {
@@ -982,7 +996,7 @@ func (s *session) flushSegment() error {
 		case 'E':
 			st := m.st
 			if st.Session {
-				s.sessionChanged()
+				s.sessionChanged(st)
 			}
 			r := s.authorizeWrite(st, li, s.searchPath, "Sync before the write, or start the transaction with BEGIN")
 			if r != nil {
