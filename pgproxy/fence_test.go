@@ -3,8 +3,11 @@ package pgproxy
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -136,7 +139,7 @@ func TestZombieWriteRejectedByPostgres(t *testing.T) {
 		}
 		for _, ev := range evs {
 			if ev.Type == leasebus.EventDenied && ev.Boundary == leasebus.BoundaryPostgres && ev.LeaseID == a.Lease().LeaseID {
-				if ev.Fence != zombieSrc.Record.Fence || ev.Reason == "" || ev.Owner.AgentID != "agent-ws-a" {
+				if ev.Fence != zombieSrc.Record.Fence || ev.Reason != ReasonLeaseLost || ev.Owner.AgentID != "agent-ws-a" {
 					return errString("denied event lacks fence/reason/owner")
 				}
 				return nil
@@ -168,18 +171,10 @@ func TestStorageFenceWithoutProxy(t *testing.T) {
 		t.Fatalf("direct write: want 40001 no fence token, got %v", err)
 	}
 	forged := mustToken(t, []byte("not-the-secret-not-the-secret!!"), "lease_forged", 1<<40, "public.*")
-	tx, err := c.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "SELECT set_config('fenceline.token', $1, true)", forged); err != nil {
-		t.Fatal(err)
-	}
-	_, err = tx.Exec(ctx, "INSERT INTO public.other VALUES (101, 'forged')")
+	err = writeWithToken(ctx, c, forged, "INSERT INTO public.other VALUES (101, 'forged')")
 	if pgCode(err) != "40001" || !strings.Contains(err.Error(), "forged") {
 		t.Fatalf("forged token: want 40001 forged, got %v", err)
 	}
-	tx.Rollback(ctx)
 	// The agent's role cannot read the secret.
 	var k []byte
 	err = c.QueryRow(ctx, "SELECT key FROM fenceline.secret").Scan(&k)
@@ -188,15 +183,7 @@ func TestStorageFenceWithoutProxy(t *testing.T) {
 	}
 	// A genuine token for another table does not cover this one.
 	tok := mustToken(t, secret, "lease_scoped", 1, "public.accounts")
-	tx, err = c.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "SELECT set_config('fenceline.token', $1, true)", tok); err != nil {
-		t.Fatal(err)
-	}
-	_, err = tx.Exec(ctx, "INSERT INTO public.other VALUES (102, 'scoped')")
+	err = writeWithToken(ctx, c, tok, "INSERT INTO public.other VALUES (102, 'scoped')")
 	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "does not claim") {
 		t.Fatalf("token for another table: want 42501, got %v", err)
 	}
@@ -241,6 +228,30 @@ func TestStorageFenceSessionMark(t *testing.T) {
 	if err := c.QueryRow(ctx, "SELECT current_setting('fenceline.verified', true)").Scan(&mark); err != nil || mark == "" {
 		t.Fatalf("no session mark after a verified write: %q %v", mark, err)
 	}
+	// The fast path is what takes the next write: with the secret rotated
+	// under it, this session still writes (no MAC check), a new one cannot.
+	admin := adminConn(t)
+	var key []byte
+	if err := admin.QueryRow(ctx, "SELECT key FROM fenceline.secret WHERE id = 1").Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "UPDATE fenceline.secret SET key = sha256(key) WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := adminConn(t).Exec(context.Background(), "UPDATE fenceline.secret SET key = $1 WHERE id = 1", key); err != nil {
+			t.Errorf("restore the fence secret: %v", err)
+		}
+	})
+	if err := writeWithToken(ctx, c, good, "INSERT INTO public.race VALUES (4, 'fast path')"); err != nil {
+		t.Fatalf("verified session after the secret changed: %v (the fast path was not taken)", err)
+	}
+	if err := writeWithToken(ctx, connect(t, pg.DSN("agent", "", testDB)), good, "INSERT INTO public.race VALUES (5, 'slow path')"); pgCode(err) != "40001" || !strings.Contains(err.Error(), "forged") {
+		t.Fatalf("new session after the secret changed: want 40001 forged, got %v", err)
+	}
+	if _, err := admin.Exec(ctx, "UPDATE fenceline.secret SET key = $1 WHERE id = 1", key); err != nil {
+		t.Fatal(err)
+	}
 	// Same session, mark in place, another token: the hash differs, the
 	// slow path checks the MAC.
 	err := writeWithToken(ctx, c, forged, "INSERT INTO public.race VALUES (10, 'swapped')")
@@ -250,15 +261,14 @@ func TestStorageFenceSessionMark(t *testing.T) {
 	// A fresh session that forges the mark for its forged token: currval
 	// was never set in it, so the write fails.
 	f := connect(t, pg.DSN("agent", "", testDB))
-	var forgedHash string
-	if err := f.QueryRow(ctx, "SELECT "+strings.ReplaceAll(tokenHashSQL, "tok", "$1::text")+"::text", forged).Scan(&forgedHash); err != nil {
-		t.Fatal(err)
-	}
+	sum := sha256.Sum256([]byte(forged)) // the mark: the hash's first 8 bytes as a bigint
+	forgedHash := strconv.FormatInt(int64(binary.BigEndian.Uint64(sum[:8])), 10)
 	if _, err := f.Exec(ctx, "SELECT set_config('fenceline.verified', $1, false)", forgedHash); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeWithToken(ctx, f, forged, "INSERT INTO public.race VALUES (11, 'forged mark')"); err == nil {
-		t.Fatal("a forged session mark let a forged token write")
+	// currval was never set in this session: the fast path fails on it.
+	if err := writeWithToken(ctx, f, forged, "INSERT INTO public.race VALUES (11, 'forged mark')"); pgCode(err) != "55000" {
+		t.Fatalf("a forged session mark: want 55000 (currval not yet defined), got %v", err)
 	}
 	// The agent cannot set the mark's sequence, nor an epoch.
 	for _, q := range []string{
@@ -272,8 +282,8 @@ func TestStorageFenceSessionMark(t *testing.T) {
 		}
 	}
 	var n int
-	if err := c.QueryRow(ctx, "SELECT count(*) FROM public.race").Scan(&n); err != nil || n != 3 {
-		t.Fatalf("public.race has %d rows (%v): want the 3 genuine ones", n, err)
+	if err := c.QueryRow(ctx, "SELECT count(*) FROM public.race").Scan(&n); err != nil || n != 4 {
+		t.Fatalf("public.race has %d rows (%v): want the 4 genuine ones", n, err)
 	}
 }
 
