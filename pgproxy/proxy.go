@@ -25,14 +25,13 @@ type Proxy struct {
 	keys     map[backendKey]bool   // live backends, for CancelRequest; guarded by mu
 	closed   bool                  // guarded by mu
 
+	// The token for one lease and fence, or why there is none (made and
+	// logged once per lease and fence, not per write). Guarded by tokMu.
 	tokMu    sync.Mutex
-	tokFence uint64 // fence tokStr was made for; guarded by tokMu
-	tokLease string // guarded by tokMu
-	tokStr   string // guarded by tokMu
-	// The lease and fence whose token could not be made, already logged:
-	// one warning per lease and fence, not one per write. Guarded by tokMu.
-	tokErrLease string
-	tokErrFence uint64
+	tokLease string
+	tokFence uint64
+	tokStr   string
+	tokErr   error
 }
 
 type backendKey struct{ pid, secret uint32 }
@@ -156,20 +155,16 @@ func (p *Proxy) knownKey(k backendKey) bool {
 func (p *Proxy) token(l leaseInfo) (string, error) {
 	p.tokMu.Lock()
 	defer p.tokMu.Unlock()
-	if p.tokStr != "" && p.tokFence == l.fence && p.tokLease == l.id {
-		return p.tokStr, nil
+	if (p.tokStr != "" || p.tokErr != nil) && p.tokFence == l.fence && p.tokLease == l.id {
+		return p.tokStr, p.tokErr
 	}
 	t, err := "", errNoSecret
 	if len(p.cfg.Secret) > 0 {
 		t, err = MakeToken(p.cfg.Secret, l.id, l.fence, l.tables)
 	}
 	if err != nil {
-		if p.tokErrLease != l.id || p.tokErrFence != l.fence {
-			p.tokErrLease, p.tokErrFence = l.id, l.fence
-			p.log.Warn("no fence token: writes to fenced tables will fail", "lease", l.id, "fence", l.fence, "err", err)
-		}
-		return "", err
+		p.log.Warn("no fence token: writes to fenced tables will fail", "lease", l.id, "fence", l.fence, "err", err)
 	}
-	p.tokStr, p.tokFence, p.tokLease = t, l.fence, l.id
-	return t, nil
+	p.tokLease, p.tokFence, p.tokStr, p.tokErr = l.id, l.fence, t, err
+	return t, err
 }

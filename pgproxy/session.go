@@ -3,7 +3,6 @@ package pgproxy
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -723,7 +722,7 @@ func (s *session) handleQuery(raw []byte) error {
 			return // must run alone; Postgres decides whether it may
 		}
 		tok, _ := s.p.token(li) // "" without one: Postgres refuses fenced writes
-		inject(rwSQL, "SET LOCAL fenceline.token = '"+tok+"'")
+		inject(rwSQL, setLocalToken(tok))
 		s.sim.groupRW = true
 	}
 	for i, st := range stmts {
@@ -751,8 +750,9 @@ func (s *session) handleQuery(raw []byte) error {
 			if s.sim.blockRW && i+1 < len(stmts) {
 				out.WriteString(sql[pos:stmts[i+1].Start])
 				pos = stmts[i+1].Start
-				if tok, err := s.p.token(li); err == nil && li.live() {
-					inject("SET LOCAL fenceline.token = '" + tok + "'")
+				if li.live() {
+					tok, _ := s.p.token(li) // "" without one: Postgres refuses fenced writes
+					inject(setLocalToken(tok))
 				}
 			}
 		}
@@ -770,6 +770,10 @@ func (s *session) handleQuery(raw []byte) error {
 	_, err = s.sw.Write(w.b)
 	return err
 }
+
+// setLocalToken is the statement that hands tok (hex and punctuation only:
+// nothing to quote) to the storage-side fence for this transaction.
+func setLocalToken(tok string) string { return "SET LOCAL fenceline.token = '" + tok + "'" }
 
 func spIfKnown(sp, cur []string) []string {
 	if sp == nil {
@@ -1068,5 +1072,3 @@ func atoiOr(s string, d int) int {
 	}
 	return n
 }
-
-var _ = binary.BigEndian

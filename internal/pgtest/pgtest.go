@@ -63,7 +63,7 @@ func (s *Server) Addr() string { return net.JoinHostPort(s.Host, strconv.Itoa(s.
 // SocketPath is the path of the server's Unix-domain socket, or "" for an
 // external server (FENCELINE_TEST_PG).
 func (s *Server) SocketPath() string {
-	if s.dir == "" || s.external != "" {
+	if s.dir == "" { // external servers have none
 		return ""
 	}
 	return filepath.Join(s.dir, ".s.PGSQL."+strconv.Itoa(s.Port))
@@ -373,6 +373,3 @@ func alive(pid int) bool {
 	err := syscall.Kill(pid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
 }
-
-// Quote returns s as a SQL string literal.
-func Quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
