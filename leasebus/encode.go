@@ -16,7 +16,7 @@ import (
 // refuse (a time outside years 0-9999) makes them report !ok, and the
 // caller uses Marshal.
 
-// safeASCII marks the bytes both string encoders below copy as they are:
+// safeASCII marks the bytes the string encoder below copies as they are:
 // printable ASCII but for ", \, <, > and &.
 var safeASCII = func() (t [utf8.RuneSelf]bool) {
 	for c := 0x20; c < utf8.RuneSelf; c++ {

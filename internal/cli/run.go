@@ -154,7 +154,6 @@ func (rf *runFlags) check() error {
 	return nil
 }
 
-// ports parses --allow-connect.
 // allowedPorts parses --allow-connect ports.
 func allowedPorts(allowConnect []string) ([]uint16, error) {
 	var ps []uint16
