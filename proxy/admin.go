@@ -237,10 +237,8 @@ func (a *Admin) AgentConnected() (ever bool, now int) {
 
 // View is the current lease view.
 func (a *Admin) View() LeaseView {
-	a.refresh()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.view
+	v, _ := a.viewNow()
+	return v
 }
 
 // Close stops the server: events streams end, in-flight requests finish
@@ -370,15 +368,15 @@ func (a *Admin) readyz(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (a *Admin) lease(w http.ResponseWriter, _ *http.Request) {
-	a.refresh()
-	v, _ := a.viewNow()
+	v := a.View()
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(v)
 }
 
-// viewNow is the published view with the holder's remaining validity as
-// of now, and the channel closed at the view's next change.
+// viewNow refreshes the view and returns it with the holder's remaining
+// validity as of now, and the channel closed at the view's next change.
 func (a *Admin) viewNow() (LeaseView, <-chan struct{}) {
+	a.refresh()
 	a.mu.Lock()
 	v, changed, h := a.view, a.changed, a.holder
 	a.mu.Unlock()
@@ -430,7 +428,6 @@ func (a *Admin) events(w http.ResponseWriter, r *http.Request) {
 // sendView writes the current view as one event and returns the channel
 // closed at its next change.
 func (a *Admin) sendView(w http.ResponseWriter, rc *http.ResponseController) (changed <-chan struct{}, ok bool) {
-	a.refresh()
 	v, changed := a.viewNow()
 	data, err := json.Marshal(v)
 	if err != nil {
