@@ -283,8 +283,7 @@ type sidecarGate struct {
 	view    *proxy.LeaseView // guarded by mu: the last one heard
 	heardAt time.Time        // guarded by mu: when (monotonic)
 	validTo time.Time        // guarded by mu: heardAt + the view's validFor
-	leaseID string           // guarded by mu: the lease the gate is bound to ("" before)
-	bound   proxy.LeaseView  // guarded by mu: the view that named it
+	bound   proxy.LeaseView  // guarded by mu: the view that named the gate's lease (no Lease before)
 	lost    error            // guarded by mu: terminal
 	first   chan struct{}    // closed when the first lease is named
 }
@@ -315,8 +314,8 @@ func (g *sidecarGate) Fence() (uint64, error) {
 }
 
 func (g *sidecarGate) leaseIDLocked() string {
-	if g.leaseID != "" {
-		return g.leaseID
+	if g.bound.Lease != nil {
+		return g.bound.Lease.LeaseID
 	}
 	return "(none yet)"
 }
@@ -325,16 +324,16 @@ func (g *sidecarGate) leaseIDLocked() string {
 func (g *sidecarGate) heard(v *proxy.LeaseView) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if v.Lease != nil {
-		switch {
-		case g.leaseID == "" && g.lost == nil:
-			g.leaseID, g.bound = v.Lease.LeaseID, *v
+	if v.Lease != nil && g.lost == nil {
+		if g.bound.Lease == nil {
+			g.bound = *v
 			close(g.first)
-		case v.Lease.LeaseID != g.leaseID && g.lost == nil:
-			g.lost = fmt.Errorf("%w: the sidecar now holds lease %s, not %s", leasebus.ErrLeaseLost, v.Lease.LeaseID, g.leaseID)
 		}
-		if v.State == leasebus.Lost && v.Lease.LeaseID == g.leaseID && g.lost == nil {
-			g.lost = fmt.Errorf("%w: the sidecar says lease %s is lost: %s", leasebus.ErrLeaseLost, v.Lease.LeaseID, v.Reason)
+		switch id := g.bound.Lease.LeaseID; {
+		case v.Lease.LeaseID != id:
+			g.lost = fmt.Errorf("%w: the sidecar now holds lease %s, not %s", leasebus.ErrLeaseLost, v.Lease.LeaseID, id)
+		case v.State == leasebus.Lost:
+			g.lost = fmt.Errorf("%w: the sidecar says lease %s is lost: %s", leasebus.ErrLeaseLost, id, v.Reason)
 		}
 	}
 	g.view = v // a view without a lease (a restarted sidecar) is not "held"
