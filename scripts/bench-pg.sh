@@ -89,12 +89,14 @@ go build -o "$WORK/benchproxy" ./pgproxy/internal/benchproxy
 	-tables public.pgbench_accounts,public.pgbench_branches,public.pgbench_tellers,public.pgbench_history \
 	-install "postgres://postgres@127.0.0.1:$PGPORT_DIRECT/fenced?sslmode=disable" \
 	${FL_CPUPROFILE:+-cpuprofile "$FL_CPUPROFILE"} >"$WORK/fl.log" 2>&1 &
-PIDS+=($!)
+FL_PID=$!
+PIDS+=($FL_PID)
 
 go build -o "$WORK/barerelay" ./pgproxy/internal/barerelay
 go build -o "$WORK/wakecost" ./pgproxy/internal/wakecost
 "${CLCPU[@]}" "$WORK/barerelay" -listen "127.0.0.1:$RELAYPORT" -upstream "$FL_UP" >"$WORK/relay.log" 2>&1 &
-PIDS+=($!)
+RELAY_PID=$!
+PIDS+=($RELAY_PID)
 
 echo "== pgbouncer $(pgbouncer --version | head -1 | awk '{print $2}') (session mode) on 127.0.0.1:$BOUNCEPORT -> $BOUNCE_HOST"
 cat >"$WORK/pgbouncer.ini" <<INI
@@ -133,11 +135,14 @@ pgticks() {
 	echo "$t"
 }
 pidticks() { [ "$1" = 0 ] && echo 0 || awk '{print $14+$15}' "/proc/$1/stat"; }
-# settle: wait (bounded) until the run's backends have exited and been
-# reaped, so their CPU is in the postmaster's count.
-BASE_CHILDREN=$(pgrep -c -P "$PM")
+# settle: wait (bounded) until no client backend is left (they have exited
+# and been reaped, so their CPU is in the postmaster's count).
 settle() {
-	for _ in $(seq 50); do [ "$(pgrep -c -P "$PM")" -le "$BASE_CHILDREN" ] && return; sleep 0.1; done
+	for _ in $(seq 50); do
+		[ "$(pgrep -c -P "$PM" -f '^postgres: postgres (postgres|fenced) ' || true)" = 0 ] && return
+		sleep 0.1
+	done
+	echo "warning: client backends still alive 5 s after a run; its pg_us is not exact" >&2
 }
 
 # run KEY PORT PID ARGS...: one pgbench run; prints "tps transactions
@@ -158,14 +163,17 @@ run() {
 	settle
 	p1=$(pidticks "$pid"); g1=$(pgticks)
 	cat "$WORK"/pgbench_log.* | awk '{print $3}' >>"$WORK/lat.$key"
-	echo "$(echo "$out" | awk '/^tps/ {print $3; exit}') $(echo "$out" | awk '/actually processed/ {split($NF, a, "/"); print a[1]}') $((p1 - p0)) $((g1 - g0))"
+	local tps tx
+	tps=$(echo "$out" | awk '/^tps/ {print $3; exit}')
+	tx=$(echo "$out" | awk '/actually processed/ {split($NF, a, "/"); print a[1]}')
+	if [ -z "$tps" ] || [ -z "$tx" ]; then echo "pgbench printed no tps or transaction count:" >&2; echo "$out" >&2; return 1; fi
+	echo "$tps $tx $((p1 - p0)) $((g1 - g0))"
 }
 
 TICK=$(getconf CLK_TCK)
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 ROUNDS=${ROUNDS:-3}
 BOUNCER_PID=$(cat "$WORK/pgbouncer.pid")
-FL_PID=${PIDS[0]} RELAY_PID=${PIDS[1]}
 echo "== $("${CLCPU[@]}" "$WORK/wakecost")"
 echo "== $ROUNDS rounds of ${DUR}s per target and workload, interleaved"
 printf '\n%-22s %-12s %9s %10s %12s %8s %8s %9s %7s\n' workload target tps vs_direct vs_pgbouncer p50_ms p99_ms proxy_us pg_us
