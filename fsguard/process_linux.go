@@ -434,25 +434,16 @@ func (pr *Process) answer(n *seccompNotif, calls map[uint32]sysSpec) {
 // Audit reason codes of denied file writes (the git and Postgres fences'
 // vocabulary).
 const (
-	ReasonLeaseLost    = "lease-lost"    // the lease is lost (revoked, expired, reclaimed)
-	ReasonLeaseUnknown = "lease-unknown" // the holder cannot reach the bus: fail closed
+	ReasonLeaseLost    = leasebus.ReasonLeaseLost    // the lease is lost (revoked, expired, reclaimed)
+	ReasonLeaseUnknown = leasebus.ReasonLeaseUnknown // the holder cannot reach the bus: fail closed
 )
-
-// denialReason is the audit code of a write denied because the gate said
-// gateErr; the error itself goes into the event's message.
-func denialReason(gateErr error) string {
-	if errors.Is(gateErr, leasebus.ErrLeaseUnknown) {
-		return ReasonLeaseUnknown
-	}
-	return ReasonLeaseLost
-}
 
 func (pr *Process) enqueueAudit(d denial, gateErr error) {
 	l := pr.policy.Lease
 	ev := leasebus.AuditEvent{
 		Time: time.Now().UTC(), Type: leasebus.EventDenied, Boundary: leasebus.BoundaryFile,
 		Repo: l.Repo, LeaseID: l.LeaseID, Owner: l.Owner, Scope: l.Scope, Fence: l.Fence,
-		Reason: denialReason(gateErr),
+		Reason: leasebus.LeaseReason(gateErr),
 		Message: fmt.Sprintf("file write denied: %s: %s holds no valid lease (%v); reads continue",
 			d, pr.policy.leaseDesc(), gateErr),
 	}

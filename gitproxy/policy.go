@@ -21,19 +21,19 @@ type Policy struct {
 
 // Audit reason codes of refused pushes.
 const (
-	ReasonNoLease         = "no-lease"         // the proxy holds no lease
-	ReasonLeaseLost       = "lease-lost"       // lost, revoked, expired, or the bus says it is not active
-	ReasonLeaseUnknown    = "lease-unknown"    // the bus cannot be reached: fail closed
-	ReasonStaleFence      = "stale-fence"      // the bus has a newer fence for this lease than the proxy
-	ReasonSharedWorkspace = "shared-workspace" // pushing is a repository-wide mutation
-	ReasonOutsideLease    = "outside-lease"    // a touched path is outside the pusher's claim
-	ReasonOtherLease      = "other-lease"      // a touched path is inside another active lease's claim
-	ReasonForcePush       = "force-push"       // non-fast-forward update by a path lease
-	ReasonRefDelete       = "ref-delete"       // ref deletion by a path lease
-	ReasonNotCommit       = "not-commit"       // a ref would point at a tree or blob
-	ReasonBadPush         = "bad-push"         // malformed request or pack
-	ReasonWholePush       = "whole-push"       // another ref of the same push was refused
-	ReasonOtherRepo       = "other-repo"       // a push to a repository the lease is not for
+	ReasonNoLease         = "no-lease"                  // the proxy holds no lease
+	ReasonLeaseLost       = leasebus.ReasonLeaseLost    // lost, revoked, expired, or the bus says it is not active
+	ReasonLeaseUnknown    = leasebus.ReasonLeaseUnknown // the bus cannot be reached: fail closed
+	ReasonStaleFence      = "stale-fence"               // the bus has a newer fence for this lease than the proxy
+	ReasonSharedWorkspace = "shared-workspace"          // pushing is a repository-wide mutation
+	ReasonOutsideLease    = leasebus.ReasonOutsideLease // a touched path is outside the pusher's claim
+	ReasonOtherLease      = "other-lease"               // a touched path is inside another active lease's claim
+	ReasonForcePush       = "force-push"                // non-fast-forward update by a path lease
+	ReasonRefDelete       = "ref-delete"                // ref deletion by a path lease
+	ReasonNotCommit       = "not-commit"                // a ref would point at a tree or blob
+	ReasonBadPush         = "bad-push"                  // malformed request or pack
+	ReasonWholePush       = "whole-push"                // another ref of the same push was refused
+	ReasonOtherRepo       = "other-repo"                // a push to a repository the lease is not for
 )
 
 // refusal is why a push or one of its ref updates is refused.

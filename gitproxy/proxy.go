@@ -458,11 +458,7 @@ func (p *Proxy) leaseGate(ps *push) *refusal {
 	ps.lease = p.cfg.Lease.Lease()
 	fence, err := p.cfg.Lease.Fence()
 	if err != nil {
-		code := ReasonLeaseLost
-		if errors.Is(err, leasebus.ErrLeaseUnknown) {
-			code = ReasonLeaseUnknown
-		}
-		return refuse(code, "lease %s %s (fence %d) is not held: %v", ps.lease.LeaseID, ps.lease.Scope, ps.lease.Fence, err)
+		return refuse(leasebus.LeaseReason(err), "lease %s %s (fence %d) is not held: %v", ps.lease.LeaseID, ps.lease.Scope, ps.lease.Fence, err)
 	}
 	ps.fence = fence
 	if ps.lease.WorkspaceMode != leasebus.WorkspaceExclusive {

@@ -438,12 +438,12 @@ type refusal struct {
 // Audit reason codes of refused writes (the git fence's vocabulary where
 // the two meet).
 const (
-	ReasonFenceTamper  = "fence-tamper"          // a statement that would switch the fence off, or writes its schema
-	ReasonLeaseLost    = "lease-lost"            // the lease is lost or was never held
-	ReasonLeaseUnknown = "lease-unknown"         // the bus cannot be reached: fail closed
-	ReasonUnnamedTable = "unnamed-table"         // the tables a write touches cannot be named
-	ReasonOutsideLease = "outside-lease"         // a table outside the lease's table scope
-	ReasonReadOnlyTxn  = "read-only-transaction" // the transaction was not made writable under the lease
+	ReasonFenceTamper  = "fence-tamper"              // a statement that would switch the fence off, or writes its schema
+	ReasonLeaseLost    = leasebus.ReasonLeaseLost    // the lease is lost or was never held
+	ReasonLeaseUnknown = leasebus.ReasonLeaseUnknown // the bus cannot be reached: fail closed
+	ReasonUnnamedTable = "unnamed-table"             // the tables a write touches cannot be named
+	ReasonOutsideLease = leasebus.ReasonOutsideLease // a table outside the lease's table scope
+	ReasonReadOnlyTxn  = "read-only-transaction"     // the transaction was not made writable under the lease
 )
 
 // authorize decides one write statement against the lease.
@@ -453,14 +453,11 @@ func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *r
 			hint: "fenceline refuses this statement whatever the lease"}
 	}
 	if !li.live() {
-		why, code := "no lease", ReasonLeaseLost
+		why := "no lease"
 		if li.err != nil {
 			why = li.err.Error()
-			if errors.Is(li.err, leasebus.ErrLeaseUnknown) {
-				code = ReasonLeaseUnknown
-			}
 		}
-		return &refusal{code: code, reason: "lease not held: " + why,
+		return &refusal{code: leasebus.LeaseReason(li.err), reason: "lease not held: " + why,
 			hint: "reads still work; writes need a live lease: acquire a new lease and reconnect through its sidecar"}
 	}
 	if st.Opaque && !s.p.cfg.AllowOpaque {

@@ -1,0 +1,21 @@
+package leasebus
+
+import "errors"
+
+// Audit reason codes every write boundary shares (AuditEvent.Reason); each
+// fence adds codes of its own.
+const (
+	ReasonLeaseLost    = "lease-lost"    // lost, revoked, expired or reclaimed, or never held
+	ReasonLeaseUnknown = "lease-unknown" // the bus cannot say whether it is held: fail closed
+	ReasonOutsideLease = "outside-lease" // the write is outside the lease's scope
+)
+
+// LeaseReason is the reason code of a write refused because the lease is
+// not live, err saying why: lease-unknown when the bus could not be asked
+// (ErrLeaseUnknown), lease-lost otherwise, nil included.
+func LeaseReason(err error) string {
+	if errors.Is(err, ErrLeaseUnknown) {
+		return ReasonLeaseUnknown
+	}
+	return ReasonLeaseLost
+}
