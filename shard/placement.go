@@ -23,10 +23,17 @@ const (
 // capacity: one exclusive lease claiming nothing there at a time.
 func CommitWorkspace(id string) string { return id + "/commit" }
 
+// Held is the lease an attempt runs under, as a shard asks it before it
+// touches anything: its fence, or why it is not held (a *leasebus.Holder).
+type Held interface {
+	Fence() (uint64, error)
+}
+
 // Placement is one attempt in one shard, from before its command starts
 // until after it settled.
 type Placement struct {
 	store    *Store
+	held     Held
 	Pool     *Pool
 	Worktree *Worktree
 	Attempt  *Attempt
@@ -49,7 +56,7 @@ type Placement struct {
 // runner that stalled until its lease was lost must not clean a shard
 // another attempt has since been placed in. On an error after the attempt
 // was written, the attempt is settled failed.
-func (s *Store) Place(ctx context.Context, pool *Pool, l leasebus.Lease, mode string, att Attempt, held func() error) (*Placement, error) {
+func (s *Store) Place(ctx context.Context, pool *Pool, l leasebus.Lease, mode string, att Attempt, held Held) (*Placement, error) {
 	if held == nil {
 		return nil, errors.New("shard: Place needs the lease's held check")
 	}
@@ -70,8 +77,8 @@ func (s *Store) Place(ctx context.Context, pool *Pool, l leasebus.Lease, mode st
 	if err != nil {
 		return nil, err
 	}
-	p := &Placement{store: s, Pool: pool, Worktree: wt, Attempt: a, Lease: l, Mode: mode, Base: base}
-	if err := p.prepare(ctx, held); err != nil {
+	p := &Placement{store: s, held: held, Pool: pool, Worktree: wt, Attempt: a, Lease: l, Mode: mode, Base: base}
+	if err := p.prepare(ctx); err != nil {
 		if serr := p.Settle(context.WithoutCancel(ctx), StatusFailed, -1); serr != nil {
 			err = errors.Join(err, serr)
 		}
@@ -80,14 +87,14 @@ func (s *Store) Place(ctx context.Context, pool *Pool, l leasebus.Lease, mode st
 	return p, nil
 }
 
-func (p *Placement) prepare(ctx context.Context, held func() error) error {
+func (p *Placement) prepare(ctx context.Context) error {
 	s, wt := p.store, p.Worktree
 	unlock, err := wt.Lock(ctx)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if err := held(); err != nil {
+	if _, err := p.held.Fence(); err != nil {
 		return fmt.Errorf("shard %s not prepared: the lease is not held (%w)", wt.ID, err)
 	}
 	var prev Shard
@@ -160,10 +167,11 @@ func (p *Placement) Settle(ctx context.Context, st Status, code int) error {
 
 // CleanAfter returns an exclusive attempt's shard to its base once the
 // attempt settled, keeping its commits and files as refs, and marks it
-// clean. held is asked under the shard's flock: when it fails (the lease
-// was lost, so another attempt may be in the shard) nothing is touched
-// and the shard stays dirty. Other modes leave the shard as it is.
-func (p *Placement) CleanAfter(ctx context.Context, held func() error) (kept []string, err error) {
+// clean. The lease it was placed under is asked under the shard's flock:
+// when it is not held (lost, so another attempt may be in the shard)
+// nothing is touched and the shard stays dirty. Other modes leave the
+// shard as it is.
+func (p *Placement) CleanAfter(ctx context.Context) (kept []string, err error) {
 	if p.Mode != ModeExclusive {
 		return nil, nil
 	}
@@ -173,7 +181,7 @@ func (p *Placement) CleanAfter(ctx context.Context, held func() error) (kept []s
 		return nil, err
 	}
 	defer unlock()
-	if err := held(); err != nil {
+	if _, err := p.held.Fence(); err != nil {
 		return nil, fmt.Errorf("shard %s left dirty, not cleaned: the lease is not held (%w)", wt.ID, err)
 	}
 	base, err := Base(ctx, p.Pool.Checkout)

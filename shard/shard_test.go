@@ -213,7 +213,7 @@ func TestPlaceSharersCreateOnce(t *testing.T) {
 	for i := range n {
 		l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, fmt.Sprintf("d%03d", i)), WorkspaceID: "shard-1", TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
 		wg.Go(func() {
-			places[i], errs[i] = st.Place(ctx, pool, *l.Record, ModeShared, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: fmt.Sprint("agent-", i), Command: []string{"true"}}, held(l))
+			places[i], errs[i] = st.Place(ctx, pool, *l.Record, ModeShared, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: fmt.Sprint("agent-", i), Command: []string{"true"}}, l)
 		})
 	}
 	wg.Wait()
@@ -256,11 +256,11 @@ func TestRecoverCrashedAttempt(t *testing.T) {
 	ctx := context.Background()
 	live := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
 	dead := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-2", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
-	pl, err := st.Place(ctx, pool, *live.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), Command: []string{"live"}}, held(live))
+	pl, err := st.Place(ctx, pool, *live.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), Command: []string{"live"}}, live)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pd, err := st.Place(ctx, pool, *dead.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: "crasher", Command: []string{"crash"}}, held(dead))
+	pd, err := st.Place(ctx, pool, *dead.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: "crasher", Command: []string{"crash"}}, dead)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +325,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 	b, st, co, pool := poolFixture(t, 10, 1, 0)
 	ctx := context.Background()
 	shared := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "d000"), WorkspaceID: "shard-1", TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
-	ps, err := st.Place(ctx, pool, *shared.Record, ModeShared, Attempt{AttemptID: "att_shared1", Command: []string{"edit"}}, held(shared))
+	ps, err := st.Place(ctx, pool, *shared.Record, ModeShared, Attempt{AttemptID: "att_shared1", Command: []string{"edit"}}, shared)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +335,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 		t.Fatal(err)
 	}
 	ex := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
-	pe, err := st.Place(ctx, pool, *ex.Record, ModeExclusive, Attempt{AttemptID: "att_excl1", Command: []string{"build"}}, held(ex))
+	pe, err := st.Place(ctx, pool, *ex.Record, ModeExclusive, Attempt{AttemptID: "att_excl1", Command: []string{"build"}}, ex)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,7 +347,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(pe.Worktree.Path, "junk"), nil, 0o644)
 	pe.Settle(ctx, StatusSucceeded, 0)
-	kept, err := pe.CleanAfter(ctx, func() error { _, err := ex.Fence(); return err })
+	kept, err := pe.CleanAfter(ctx)
 	if err != nil || len(kept) != 1 {
 		t.Fatalf("clean after: %v, %v", kept, err)
 	}
@@ -360,7 +360,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 		t.Fatal(err)
 	}
 	ex2 := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
-	pw, err := st.Place(ctx, pool, *ex2.Record, ModeExclusive, Attempt{AttemptID: "att_excl2", Command: []string{"build"}}, held(ex2))
+	pw, err := st.Place(ctx, pool, *ex2.Record, ModeExclusive, Attempt{AttemptID: "att_excl2", Command: []string{"build"}}, ex2)
 	if err != nil || pw.Cleaned || pw.Created {
 		t.Fatalf("warm placement: %+v, %v", pw, err)
 	}
@@ -382,11 +382,6 @@ func TestExclusivePlacementCleans(t *testing.T) {
 	})
 }
 
-// held is the held check of a test lease: its holder's.
-func held(l *bustest.Lease) func() error {
-	return func() error { _, err := l.Fence(); return err }
-}
-
 // A runner that stalled until its lease was lost does not touch the shard:
 // Place asks the lease under the shard's flock before creating or cleaning,
 // and settles the attempt failed.
@@ -398,13 +393,13 @@ func TestPlaceRefusedWithoutLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
-		if held(l)() == nil {
+		if _, err := l.Fence(); err == nil {
 			return errors.New("the holder has not seen the revoke yet")
 		}
 		return nil
 	})
 	att := Attempt{AttemptID: leasebus.NewAttemptID(), Command: []string{"stalled"}}
-	if _, err := st.Place(ctx, pool, *l.Record, ModeExclusive, att, held(l)); err == nil || !strings.Contains(err.Error(), "not prepared: the lease is not held") {
+	if _, err := st.Place(ctx, pool, *l.Record, ModeExclusive, att, l); err == nil || !strings.Contains(err.Error(), "not prepared: the lease is not held") {
 		t.Fatalf("Place with a lost lease: %v, want refused", err)
 	}
 	wt, err := pool.Worktree("shard-1")
@@ -425,7 +420,7 @@ func TestCleanMovesAsideAWorktreeWithoutGit(t *testing.T) {
 	b, st, co, pool := poolFixture(t, 3, 1, 0)
 	ctx := context.Background()
 	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
-	pl, err := st.Place(ctx, pool, *l.Record, ModeExclusive, Attempt{AttemptID: "att_nogit", Command: []string{"rm .git"}}, held(l))
+	pl, err := st.Place(ctx, pool, *l.Record, ModeExclusive, Attempt{AttemptID: "att_nogit", Command: []string{"rm .git"}}, l)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,7 +433,7 @@ func TestCleanMovesAsideAWorktreeWithoutGit(t *testing.T) {
 	if err := pl.Settle(ctx, StatusSucceeded, 0); err != nil {
 		t.Fatal(err)
 	}
-	kept, err := pl.CleanAfter(ctx, held(l))
+	kept, err := pl.CleanAfter(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -556,8 +556,7 @@ func (r *runner) place(ctx context.Context, audit *leasebus.Auditor) error {
 	if att.AttemptID == "" {
 		att.AttemptID = leasebus.NewAttemptID()
 	}
-	held := func() error { _, err := r.held.holder.Fence(); return err }
-	pl, err := pr.store.Place(ctx, pr.pool, l, pr.mode, att, held)
+	pl, err := pr.store.Place(ctx, pr.pool, l, pr.mode, att, r.held.holder)
 	if err != nil {
 		return fmt.Errorf("place attempt %s in %s: %w", att.AttemptID, l.WorkspaceID, err)
 	}
@@ -607,7 +606,7 @@ func (r *runner) settle(ctx context.Context, code int, cancelled bool) {
 	} else {
 		r.say("attempt %s %s (exit %d)", pl.Attempt.AttemptID, st, code)
 	}
-	kept, err := pl.CleanAfter(ctx, func() error { _, err := r.held.holder.Fence(); return err })
+	kept, err := pl.CleanAfter(ctx)
 	switch {
 	case err != nil:
 		r.say("%v", err)

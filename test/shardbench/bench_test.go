@@ -89,7 +89,7 @@ func BenchmarkShardHandOut(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			pl, err := st.Place(ctx, p, *l, shard.ModeExclusive, shard.Attempt{AttemptID: l.Owner.AttemptID, AgentID: "bench", Command: []string{"bench"}}, stillHeld)
+			pl, err := st.Place(ctx, p, *l, shard.ModeExclusive, shard.Attempt{AttemptID: l.Owner.AttemptID, AgentID: "bench", Command: []string{"bench"}}, h)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -99,7 +99,7 @@ func BenchmarkShardHandOut(b *testing.B) {
 			if err := pl.Settle(ctx, shard.StatusSucceeded, 0); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := pl.CleanAfter(ctx, func() error { _, err := h.Fence(); return err }); err != nil {
+			if _, err := pl.CleanAfter(ctx); err != nil {
 				b.Fatal(err)
 			}
 			if err := h.Release(ctx); err != nil {
@@ -132,7 +132,3 @@ func BenchmarkShardHandOut(b *testing.B) {
 		}
 	})
 }
-
-// stillHeld stands for the runner's held check: the benchmark's lease is
-// acquired just before and released just after each hand-out.
-func stillHeld() error { return nil }
