@@ -119,6 +119,11 @@ func (w *Worktree) Create(ctx context.Context, base, keepID string) (kept []stri
 	if w.Exists() {
 		return nil, nil
 	}
+	defer func() {
+		if err != nil && len(kept) > 0 { // callers drop kept on an error: say where the work went
+			err = fmt.Errorf("%w (kept before the failure: %s)", err, strings.Join(kept, ", "))
+		}
+	}()
 	if _, err := os.Lstat(w.Path); err == nil {
 		aside := fmt.Sprintf("%s.orphan-%s-%d", w.Path, keepID, time.Now().UnixNano())
 		if err := os.Rename(w.Path, aside); err != nil {
