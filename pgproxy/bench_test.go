@@ -56,20 +56,28 @@ func BenchmarkClassify(b *testing.B) {
 }
 
 // BenchmarkStorageFence: one transaction straight to Postgres (no proxy)
-// that carries a fence token and updates one row, on a fenced table and on
-// an unfenced one; the difference is what the trigger costs per write
-// statement (its set-up once per transaction included).
+// that carries a fence token and updates one row, on a table fenced by each
+// kind of trigger and on an unfenced one; the difference is what the
+// trigger costs per write statement (its set-up once per transaction
+// included).
 func BenchmarkStorageFence(b *testing.B) {
-	resetState(b, "TRUNCATE public.race; INSERT INTO public.race VALUES (1, 'bench')")
-	resetEpoch(b, "public.race")
-	tok := mustToken(b, secret, "lease_bench", 1, "public.race")
-	for _, tc := range []struct{ name, update string }{
-		{"fenced", "UPDATE public.race SET writer = 'bench' WHERE id = 1"},
-		{"unfenced", "UPDATE public.big SET payload = payload WHERE id = 1"},
+	for _, tc := range []struct {
+		name, table string
+		f           *fenceDB
+	}{
+		{"fenced-plpgsql", "public.race", plpgsql},
+		{"fenced-c", "public.race", cTrigger},
+		{"unfenced", "public.big", plpgsql},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			c := connect(b, pg.DSN("agent", "", testDB))
-			sql := "BEGIN; SELECT set_config('fenceline.token', '" + tok + "', true); " + tc.update + "; COMMIT"
+			if tc.f.unavailable != nil {
+				b.Fatalf("the C trigger: %v", tc.f.unavailable)
+			}
+			tc.f.reset(b, "TRUNCATE public.race; INSERT INTO public.race VALUES (1, 'bench')")
+			tc.f.resetEpoch(b, "public.race")
+			tok := mustToken(b, tc.f.secret, "lease_bench", 1, "public.race")
+			c := tc.f.agent(b)
+			sql := "BEGIN; SELECT set_config('fenceline.token', '" + tok + "', true); UPDATE " + tc.table + " SET id = id WHERE id = 1; COMMIT"
 			ctx := context.Background()
 			for b.Loop() {
 				if _, err := c.Exec(ctx, sql); err != nil {

@@ -105,8 +105,8 @@ func SplitTable(t string) (schemaName, table string, err error) {
 
 // fenceTable attaches the fence to one table (a quoted schema.table): its
 // epoch row and sequence (carrying over an epoch recorded by an earlier
-// version) and the trigger with its arguments.
-func fenceTable(ctx context.Context, tx pgx.Tx, rel string) error {
+// version) and the trigger, calling function fn, with its arguments.
+func fenceTable(ctx context.Context, tx pgx.Tx, rel, fn string) error {
 	var relid uint32
 	var schemaName, table string
 	err := tx.QueryRow(ctx, `SELECT c.oid, ns.nspname, c.relname FROM pg_class c
@@ -126,8 +126,8 @@ SELECT setval('%[5]s', greatest(coalesce(pg_sequence_last_value('%[5]s'), 0), ep
 UPDATE fenceline.epoch SET seq = '%[5]s' WHERE relid = %[4]d;
 DROP TRIGGER IF EXISTS %[1]s ON %[3]s;
 CREATE TRIGGER %[1]s BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %[3]s
-	FOR EACH STATEMENT EXECUTE FUNCTION fenceline.fence_check('%[5]s', ',%[6]s.*,', ',%[6]s.%[7]s,');`,
-		triggerName, quoteLiteral(rel), rel, relid, seq, hs, hex.EncodeToString([]byte(table)))
+	FOR EACH STATEMENT EXECUTE FUNCTION %[8]s('%[5]s', ',%[6]s.*,', ',%[6]s.%[7]s,');`,
+		triggerName, quoteLiteral(rel), rel, relid, seq, hs, hex.EncodeToString([]byte(table)), fn)
 	_, err = tx.Exec(ctx, sql)
 	return err
 }
@@ -361,13 +361,28 @@ $fn$;
 REVOKE ALL ON FUNCTION fenceline.fence_check() FROM PUBLIC;
 `
 
+// CTriggerLibrary is where "make -C pgproxy/cfence install" puts the C
+// trigger, as CREATE FUNCTION names it.
+const CTriggerLibrary = "$libdir/fenceline_fence"
+
+// InstallOptions choose how Install fences the tables.
+type InstallOptions struct {
+	// CLibrary, when set, makes the trigger the C function of that shared
+	// library (pgproxy/cfence: CTriggerLibrary once installed, or an
+	// absolute path) instead of the plpgsql one. It checks the same things
+	// for a fraction of the cost, and hands what it does not accept to the
+	// same plpgsql slow path; loading it takes a superuser.
+	CLibrary string
+}
+
 // Install creates the fence in the database conn is connected to (as a role
 // that owns or may alter the tables, and that agents' roles are not): the
 // fenceline schema, the signing secret (created once, then reused) and the
 // trigger on each table ("schema.table", or "schema.*" for every table of a
 // schema that exists now). It returns the secret for the proxy's Config.
-// Running it again is safe and attaches newly named tables.
-func Install(ctx context.Context, conn *pgx.Conn, tables []string) ([]byte, error) {
+// Running it again is safe: it attaches newly named tables, and switches
+// the named ones to the trigger opts chooses.
+func Install(ctx context.Context, conn *pgx.Conn, tables []string, opts InstallOptions) ([]byte, error) {
 	if len(tables) == 0 {
 		return nil, errors.New("pg install: no tables: name at least one schema.table or schema.*")
 	}
@@ -378,6 +393,15 @@ func Install(ctx context.Context, conn *pgx.Conn, tables []string) ([]byte, erro
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	if _, err := tx.Exec(ctx, installSQL); err != nil {
 		return nil, fmt.Errorf("pg install: create schema fenceline: %w", err)
+	}
+	fn := "fenceline.fence_check"
+	if opts.CLibrary != "" {
+		fn = "fenceline.fence_check_c"
+		q := fmt.Sprintf(`CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE c AS %s, 'fenceline_fence_check';
+REVOKE ALL ON FUNCTION %[1]s() FROM PUBLIC;`, fn, quoteLiteral(opts.CLibrary))
+		if _, err := tx.Exec(ctx, q); err != nil {
+			return nil, fmt.Errorf("pg install: C trigger from %s: %w (build and install it with \"make -C pgproxy/cfence install\" as a superuser, or leave the C trigger out)", opts.CLibrary, err)
+		}
 	}
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
@@ -416,7 +440,7 @@ func Install(ctx context.Context, conn *pgx.Conn, tables []string) ([]byte, erro
 		}
 	}
 	for _, rel := range rels {
-		if err := fenceTable(ctx, tx, rel); err != nil {
+		if err := fenceTable(ctx, tx, rel, fn); err != nil {
 			return nil, fmt.Errorf("pg install: fence %s: %w", rel, err)
 		}
 	}

@@ -79,15 +79,17 @@ func (b *bus) hold(t *testing.T, ws string, ttl time.Duration, tables ...string)
 // to B, B writes; A's proxy, still believing it holds the lease, sends a
 // write: Postgres itself rejects it with 40001. A's proxy driven by the real
 // holder refuses the write itself, with an audit event on the bus.
-func TestZombieWriteRejectedByPostgres(t *testing.T) {
+func TestZombieWriteRejectedByPostgres(t *testing.T) { forEachTrigger(t, testZombieWrite) }
+
+func testZombieWrite(t *testing.T, f *fenceDB) {
 	// A fresh bus starts its fences at 1 again; forget an earlier run's.
-	resetEpoch(t, "public.zombie")
+	f.resetEpoch(t, "public.zombie")
 	b := startBus(t)
 	ctx := ctxT(t)
 	a := b.hold(t, "ws-a", time.Second, "public.zombie")
 	zombieSrc := leasebus.Frozen{Record: a.Lease()} // the holder just before it paused
-	zombie := startProxy(t, Config{Lease: zombieSrc})
-	za := connect(t, proxyDSN(zombie, "agent"))
+	zombie := f.proxy(t, Config{Lease: zombieSrc})
+	za := f.via(t, zombie, "agent")
 	if _, err := za.Exec(ctx, "UPDATE public.zombie SET balance = 1 WHERE id = 2"); err != nil {
 		t.Fatalf("A writes while its lease is live: %v", err)
 	}
@@ -97,8 +99,8 @@ func TestZombieWriteRejectedByPostgres(t *testing.T) {
 	if bh.Lease().Fence <= zombieSrc.Record.Fence {
 		t.Fatalf("B's fence %d is not above A's %d", bh.Lease().Fence, zombieSrc.Record.Fence)
 	}
-	bp := startProxy(t, Config{Lease: bh, Audit: b.aud})
-	bc := connect(t, proxyDSN(bp, "agent"))
+	bp := f.proxy(t, Config{Lease: bh, Audit: b.aud})
+	bc := f.via(t, bp, "agent")
 	if _, err := bc.Exec(ctx, "UPDATE public.zombie SET balance = 2 WHERE id = 2"); err != nil {
 		t.Fatalf("B writes: %v", err)
 	}
@@ -119,8 +121,8 @@ func TestZombieWriteRejectedByPostgres(t *testing.T) {
 	}
 
 	// A's own proxy with the real holder: refused before Postgres, audited.
-	real := startProxy(t, Config{Lease: a, Audit: b.aud})
-	ra := connect(t, proxyDSN(real, "agent"))
+	real := f.proxy(t, Config{Lease: a, Audit: b.aud})
+	ra := f.via(t, real, "agent")
 	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		_, err := a.Fence()
 		if err == nil {
@@ -149,23 +151,17 @@ func TestZombieWriteRejectedByPostgres(t *testing.T) {
 	})
 }
 
-// resetEpoch lowers a table's epoch to 0, as the admin (sequences may go
-// back only by setval).
-func resetEpoch(t testing.TB, table string) {
-	t.Helper()
-	resetState(t, "UPDATE fenceline.epoch SET fence = 0, lease_id = '' WHERE relid = '"+table+"'::regclass; "+
-		"SELECT setval(seq, 0, true) FROM fenceline.epoch WHERE relid = '"+table+"'::regclass")
-}
-
 type errString string
 
 func (e errString) Error() string { return string(e) }
 
 // TestStorageFenceWithoutProxy: a write straight to Postgres (no token), a
 // forged token, a token for another table, all fail in Postgres.
-func TestStorageFenceWithoutProxy(t *testing.T) {
+func TestStorageFenceWithoutProxy(t *testing.T) { forEachTrigger(t, testStorageFenceWithoutProxy) }
+
+func testStorageFenceWithoutProxy(t *testing.T, f *fenceDB) {
 	ctx := ctxT(t)
-	c := connect(t, pg.DSN("agent", "", testDB))
+	c := f.agent(t)
 	_, err := c.Exec(ctx, "INSERT INTO public.other VALUES (100, 'direct')")
 	if pgCode(err) != "40001" || !strings.Contains(err.Error(), "no fence token") {
 		t.Fatalf("direct write: want 40001 no fence token, got %v", err)
@@ -182,7 +178,7 @@ func TestStorageFenceWithoutProxy(t *testing.T) {
 		t.Fatalf("agent reads the secret: want 42501 permission denied, got %v", err)
 	}
 	// A genuine token for another table does not cover this one.
-	tok := mustToken(t, secret, "lease_scoped", 1, "public.accounts")
+	tok := mustToken(t, f.secret, "lease_scoped", 1, "public.accounts")
 	err = writeWithToken(ctx, c, tok, "INSERT INTO public.other VALUES (102, 'scoped')")
 	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "does not claim") {
 		t.Fatalf("token for another table: want 42501, got %v", err)
@@ -211,14 +207,16 @@ func writeWithToken(ctx context.Context, c *pgx.Conn, tok, sql string) error {
 // the slow path (after checking the MAC) can set. Swapping the token in a
 // session, forging the session setting, or setting the sequence as the
 // agent all fail.
-func TestStorageFenceSessionMark(t *testing.T) {
-	resetState(t, "TRUNCATE public.race")
-	resetEpoch(t, "public.race")
+func TestStorageFenceSessionMark(t *testing.T) { forEachTrigger(t, testStorageFenceSessionMark) }
+
+func testStorageFenceSessionMark(t *testing.T, f *fenceDB) {
+	f.reset(t, "TRUNCATE public.race")
+	f.resetEpoch(t, "public.race")
 	ctx := ctxT(t)
-	good := mustToken(t, secret, "lease_mark", 7, "public.race")
+	good := mustToken(t, f.secret, "lease_mark", 7, "public.race")
 	// Same fence, so only the token check stands between it and a write.
 	forged := mustToken(t, []byte("not-the-secret-not-the-secret!!"), "lease_mark", 7, "public.*")
-	c := connect(t, pg.DSN("agent", "", testDB))
+	c := f.agent(t)
 	for i := 1; i <= 3; i++ { // the first write takes the slow path, the rest the fast one
 		if err := writeWithToken(ctx, c, good, fmt.Sprintf("INSERT INTO public.race VALUES (%d, 'good')", i)); err != nil {
 			t.Fatalf("write %d with a genuine token: %v", i, err)
@@ -230,7 +228,7 @@ func TestStorageFenceSessionMark(t *testing.T) {
 	}
 	// The fast path is what takes the next write: with the secret rotated
 	// under it, this session still writes (no MAC check), a new one cannot.
-	admin := adminConn(t)
+	admin := f.admin(t)
 	var key []byte
 	if err := admin.QueryRow(ctx, "SELECT key FROM fenceline.secret WHERE id = 1").Scan(&key); err != nil {
 		t.Fatal(err)
@@ -239,14 +237,14 @@ func TestStorageFenceSessionMark(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if _, err := adminConn(t).Exec(context.Background(), "UPDATE fenceline.secret SET key = $1 WHERE id = 1", key); err != nil {
+		if _, err := f.admin(t).Exec(context.Background(), "UPDATE fenceline.secret SET key = $1 WHERE id = 1", key); err != nil {
 			t.Errorf("restore the fence secret: %v", err)
 		}
 	})
 	if err := writeWithToken(ctx, c, good, "INSERT INTO public.race VALUES (4, 'fast path')"); err != nil {
 		t.Fatalf("verified session after the secret changed: %v (the fast path was not taken)", err)
 	}
-	if err := writeWithToken(ctx, connect(t, pg.DSN("agent", "", testDB)), good, "INSERT INTO public.race VALUES (5, 'slow path')"); pgCode(err) != "40001" || !strings.Contains(err.Error(), "forged") {
+	if err := writeWithToken(ctx, f.agent(t), good, "INSERT INTO public.race VALUES (5, 'slow path')"); pgCode(err) != "40001" || !strings.Contains(err.Error(), "forged") {
 		t.Fatalf("new session after the secret changed: want 40001 forged, got %v", err)
 	}
 	if _, err := admin.Exec(ctx, "UPDATE fenceline.secret SET key = $1 WHERE id = 1", key); err != nil {
@@ -260,14 +258,14 @@ func TestStorageFenceSessionMark(t *testing.T) {
 	}
 	// A fresh session that forges the mark for its forged token: currval
 	// was never set in it, so the write fails.
-	f := connect(t, pg.DSN("agent", "", testDB))
+	fresh := f.agent(t)
 	sum := sha256.Sum256([]byte(forged)) // the mark: the hash's first 8 bytes as a bigint
 	forgedHash := strconv.FormatInt(int64(binary.BigEndian.Uint64(sum[:8])), 10)
-	if _, err := f.Exec(ctx, "SELECT set_config('fenceline.verified', $1, false)", forgedHash); err != nil {
+	if _, err := fresh.Exec(ctx, "SELECT set_config('fenceline.verified', $1, false)", forgedHash); err != nil {
 		t.Fatal(err)
 	}
 	// currval was never set in this session: the fast path fails on it.
-	if err := writeWithToken(ctx, f, forged, "INSERT INTO public.race VALUES (11, 'forged mark')"); pgCode(err) != "55000" {
+	if err := writeWithToken(ctx, fresh, forged, "INSERT INTO public.race VALUES (11, 'forged mark')"); pgCode(err) != "55000" {
 		t.Fatalf("a forged session mark: want 55000 (currval not yet defined), got %v", err)
 	}
 	// The agent cannot set the mark's sequence, nor an epoch.
@@ -276,7 +274,7 @@ func TestStorageFenceSessionMark(t *testing.T) {
 		"SELECT setval(seq, 1 << 50) FROM fenceline.epoch",
 		"SELECT nextval('fenceline.verified')",
 	} {
-		_, err := f.Exec(ctx, q)
+		_, err := fresh.Exec(ctx, q)
 		if pgCode(err) != "42501" {
 			t.Fatalf("%s as the agent: want 42501, got %v", q, err)
 		}
@@ -291,16 +289,18 @@ func TestStorageFenceSessionMark(t *testing.T) {
 // waits until every open transaction that wrote it under an older fence has
 // ended, then raises the epoch; from then on the older fence is refused,
 // under every isolation level.
-func TestEpochRaiseWaitsForOlderWriters(t *testing.T) {
+func TestEpochRaiseWaitsForOlderWriters(t *testing.T) { forEachTrigger(t, testEpochRaise) }
+
+func testEpochRaise(t *testing.T, f *fenceDB) {
 	for _, iso := range []string{"read committed", "repeatable read", "serializable"} {
 		t.Run(strings.ReplaceAll(iso, " ", "_"), func(t *testing.T) {
-			resetState(t, "TRUNCATE public.race")
-			resetEpoch(t, "public.race")
+			f.reset(t, "TRUNCATE public.race")
+			f.resetEpoch(t, "public.race")
 			ctx := ctxT(t)
-			oldTok := mustToken(t, secret, "lease_old", 20, "public.race")
-			newTok := mustToken(t, secret, "lease_new", 21, "public.race")
-			z := connect(t, pg.DSN("agent", "", testDB))
-			n := connect(t, pg.DSN("agent", "", testDB))
+			oldTok := mustToken(t, f.secret, "lease_old", 20, "public.race")
+			newTok := mustToken(t, f.secret, "lease_new", 21, "public.race")
+			z := f.agent(t)
+			n := f.agent(t)
 			if err := writeWithToken(ctx, z, oldTok, "INSERT INTO public.race VALUES (1, 'old')"); err != nil {
 				t.Fatalf("old lease's first write: %v", err)
 			}
@@ -323,7 +323,7 @@ func TestEpochRaiseWaitsForOlderWriters(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- writeWithToken(ctx, n, newTok, "INSERT INTO public.race VALUES (3, 'new')") }()
 			// The new lease's write waits on the table's fence lock.
-			a := adminConn(t)
+			a := f.admin(t)
 			testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 				var ev string
 				err := a.QueryRow(ctx, "SELECT coalesce(wait_event, '') FROM pg_stat_activity WHERE pid = $1", npid).Scan(&ev)
@@ -403,12 +403,14 @@ func TestNoSecretRefusedByPostgresWarnedOnce(t *testing.T) {
 // trigger's fast path reads; the proxy resets the setting that says it is
 // there, so the next fenced write takes the slow path instead of failing.
 // DISCARD ALL resets both by itself.
-func TestDiscardKeepsFencedWrites(t *testing.T) {
-	resetState(t, "TRUNCATE public.race")
-	resetEpoch(t, "public.race")
-	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_discard", 0, "public.race")})
+func TestDiscardKeepsFencedWrites(t *testing.T) { forEachTrigger(t, testDiscardKeepsFencedWrites) }
+
+func testDiscardKeepsFencedWrites(t *testing.T, f *fenceDB) {
+	f.reset(t, "TRUNCATE public.race")
+	f.resetEpoch(t, "public.race")
+	p := f.proxy(t, Config{Lease: newStaticLease(t, "lease_discard", 0, "public.race")})
 	ctx := ctxT(t)
-	c := connect(t, proxyDSN(p, "agent"))
+	c := f.via(t, p, "agent")
 	simple, extended := pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec
 	for _, step := range []struct {
 		sql  string
@@ -427,7 +429,63 @@ func TestDiscardKeepsFencedWrites(t *testing.T) {
 		}
 	}
 	var n int
-	if err := adminConn(t).QueryRow(ctx, "SELECT count(*) FROM public.race").Scan(&n); err != nil || n != 4 {
+	if err := f.admin(t).QueryRow(ctx, "SELECT count(*) FROM public.race").Scan(&n); err != nil || n != 4 {
 		t.Fatalf("public.race has %d rows (%v): want 4", n, err)
 	}
+}
+
+// TestInstallChoosesTrigger: install again switches the named tables
+// between the C and the plpgsql trigger and keeps the secret; a C library
+// that is not there fails the install with what to do, and changes nothing.
+func TestInstallChoosesTrigger(t *testing.T) {
+	if cTrigger.unavailable != nil {
+		t.Fatalf("the C trigger: %v", cTrigger.unavailable)
+	}
+	ctx := ctxT(t)
+	admin := cTrigger.admin(t)
+	lang := func() string {
+		t.Helper()
+		var langs []string
+		rows, err := admin.Query(ctx, `SELECT DISTINCT l.lanname FROM pg_trigger tg
+			JOIN pg_proc p ON p.oid = tg.tgfoid JOIN pg_language l ON l.oid = p.prolang
+			WHERE tg.tgname = 'fenceline_fence' AND tg.tgrelid = ANY (ARRAY['public.race', 'app.items']::regclass[])`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if langs, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(langs, ",")
+	}
+	var lib string
+	if err := admin.QueryRow(ctx, "SELECT probin FROM pg_proc WHERE oid = 'fenceline.fence_check_c'::regproc").Scan(&lib); err != nil {
+		t.Fatal(err)
+	}
+	if got := lang(); got != "c" {
+		t.Fatalf("triggers installed with the C library are %q", got)
+	}
+	tables := []string{"public.race", "app.*"}
+	for _, step := range []struct {
+		opts InstallOptions
+		want string
+	}{{InstallOptions{}, "plpgsql"}, {InstallOptions{CLibrary: lib}, "c"}} {
+		key, err := Install(ctx, admin, tables, step.opts)
+		if err != nil {
+			t.Fatalf("install %+v: %v", step.opts, err)
+		}
+		if !bytes.Equal(key, cTrigger.secret) {
+			t.Fatal("install again changed the secret")
+		}
+		if got := lang(); got != step.want {
+			t.Fatalf("install %+v: triggers are %q, want %q", step.opts, got, step.want)
+		}
+	}
+	_, err := Install(ctx, admin, tables, InstallOptions{CLibrary: "/nonexistent/fenceline_fence.so"})
+	if err == nil || !strings.Contains(err.Error(), "/nonexistent/fenceline_fence.so") || !strings.Contains(err.Error(), "make -C pgproxy/cfence install") {
+		t.Fatalf("install with a missing C library: want an error naming it and what to run, got %v", err)
+	}
+	if got := lang(); got != "c" {
+		t.Fatalf("a failed install left the triggers %q", got)
+	}
+	testStorageFenceSessionMark(t, cTrigger) // the switches left a working fence
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,10 +20,14 @@ import (
 	"github.com/fenceline/fenceline/leasebus"
 )
 
-// pg is the one Postgres of this test binary; testDB is set up by setupDB.
+// pg is the one Postgres of this test binary. setupDB fences two
+// databases alike, one with each kind of trigger: plpgsql (testDB, which
+// the tests use unless they run for both) and cTrigger.
 var (
-	pg     *pgtest.Server
-	secret []byte
+	pg       *pgtest.Server
+	secret   []byte // testDB's
+	plpgsql  = &fenceDB{trigger: "plpgsql", db: testDB}
+	cTrigger = &fenceDB{trigger: "c", db: testDB + "_c"}
 )
 
 const testDB = "fenceline_test"
@@ -44,8 +51,6 @@ func setupDB() error {
 	}
 	defer admin.Close(ctx)
 	for _, q := range []string{
-		"DROP DATABASE IF EXISTS " + testDB,
-		"CREATE DATABASE " + testDB,
 		"DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname='agent') THEN CREATE ROLE agent LOGIN; END IF; END$$",
 		"DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname='scram_user') THEN CREATE ROLE scram_user LOGIN; END IF; END$$",
 		"DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname='md5_user') THEN CREATE ROLE md5_user LOGIN; END IF; END$$",
@@ -58,7 +63,47 @@ func setupDB() error {
 			return fmt.Errorf("%s: %w", q, err)
 		}
 	}
-	db, err := pgx.Connect(ctx, pg.AdminDSN(testDB))
+	if err := plpgsql.setup(ctx, admin, InstallOptions{}); err != nil {
+		return err
+	}
+	secret = plpgsql.secret
+	lib, err := buildCTrigger(ctx)
+	if err != nil {
+		// Only the tests of the C trigger fail, saying why.
+		cTrigger.unavailable = err
+		return nil
+	}
+	return cTrigger.setup(ctx, admin, InstallOptions{CLibrary: lib})
+}
+
+// fenceDB is a test database fenced with one kind of trigger.
+type fenceDB struct {
+	trigger     string // "plpgsql" or "c"
+	db          string
+	secret      []byte
+	unavailable error // why the trigger could not be built
+}
+
+// forEachTrigger runs test as a subtest against each kind of trigger.
+func forEachTrigger(t *testing.T, test func(t *testing.T, f *fenceDB)) {
+	for _, f := range []*fenceDB{plpgsql, cTrigger} {
+		t.Run(f.trigger, func(t *testing.T) {
+			if f.unavailable != nil {
+				t.Fatalf("the C trigger: %v", f.unavailable)
+			}
+			test(t, f)
+		})
+	}
+}
+
+// setup creates the database with the tests' tables and installs the fence.
+func (f *fenceDB) setup(ctx context.Context, admin *pgx.Conn, opts InstallOptions) error {
+	for _, q := range []string{"DROP DATABASE IF EXISTS " + f.db, "CREATE DATABASE " + f.db} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			return fmt.Errorf("%s: %w", q, err)
+		}
+	}
+	db, err := pgx.Connect(ctx, pg.AdminDSN(f.db))
 	if err != nil {
 		return err
 	}
@@ -84,13 +129,83 @@ GRANT ALL ON ALL TABLES IN SCHEMA public, app TO PUBLIC;
 GRANT ALL ON ALL SEQUENCES IN SCHEMA public, app TO PUBLIC;
 GRANT CREATE ON SCHEMA public, app TO PUBLIC;
 `); err != nil {
-		return fmt.Errorf("create test tables: %w", err)
+		return fmt.Errorf("%s: create test tables: %w", f.db, err)
 	}
-	secret, err = Install(ctx, db, []string{"public.accounts", "public.other", "public.sink", "public.zombie", "public.race", "app.*"})
+	f.secret, err = Install(ctx, db, []string{"public.accounts", "public.other", "public.sink", "public.zombie", "public.race", "app.*"}, opts)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", f.db, err)
 	}
 	return nil
+}
+
+// buildCTrigger compiles cfence/fenceline_fence.c against the server's
+// headers into a directory the server (another user) can read, and returns
+// the library's path.
+func buildCTrigger(ctx context.Context) (string, error) {
+	pgConfig := filepath.Join(pg.BinDir, "pg_config")
+	if _, err := os.Stat(pgConfig); err != nil {
+		pgConfig = "pg_config"
+	}
+	out, err := exec.CommandContext(ctx, pgConfig, "--includedir-server").Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --includedir-server: %w", pgConfig, err)
+	}
+	inc := strings.TrimSpace(string(out))
+	if _, err := os.Stat(filepath.Join(inc, "postgres.h")); err != nil {
+		return "", fmt.Errorf("no server headers in %s: install postgresql-server-dev-%s", inc, filepath.Base(filepath.Dir(pg.BinDir)))
+	}
+	dir, err := os.MkdirTemp("", "fenceline-cfence-")
+	if err != nil {
+		return "", err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return "", err
+	}
+	lib := filepath.Join(dir, "fenceline_fence.so")
+	cc := exec.CommandContext(ctx, "gcc", "-O2", "-fPIC", "-shared", "-Wall", "-Wmissing-prototypes", "-Werror",
+		"-I", inc, "-o", lib, filepath.Join("cfence", "fenceline_fence.c"))
+	if out, err := cc.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("%s: %w\n%s", strings.Join(cc.Args, " "), err, out)
+	}
+	return lib, os.Chmod(lib, 0o755)
+}
+
+// agent connects to the database as the agent's role, straight to Postgres.
+func (f *fenceDB) agent(t testing.TB) *pgx.Conn { return connect(t, pg.DSN("agent", "", f.db)) }
+
+// admin connects to the database as the superuser.
+func (f *fenceDB) admin(t testing.TB) *pgx.Conn { return connect(t, pg.AdminDSN(f.db)) }
+
+// proxy starts a proxy that signs with this database's secret.
+func (f *fenceDB) proxy(t testing.TB, cfg Config) *Proxy {
+	cfg.Secret = f.secret
+	return startProxy(t, cfg)
+}
+
+// via connects to the database through p as user.
+func (f *fenceDB) via(t testing.TB, p *Proxy, user string) *pgx.Conn {
+	return connect(t, fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", user, p.Addr().String(), f.db))
+}
+
+// reset runs sql as the admin, fence triggers off for it, before a test
+// that needs the database as setup left it — so the test passes with
+// -count=N too.
+func (f *fenceDB) reset(t testing.TB, sql string) {
+	t.Helper()
+	c := f.admin(t)
+	for _, q := range []string{"SET session_replication_role = replica", sql} {
+		if _, err := c.Exec(ctxT(t), q); err != nil {
+			t.Fatalf("reset: %s: %v", q, err)
+		}
+	}
+}
+
+// resetEpoch lowers a table's epoch to 0, as the admin (sequences may go
+// back only by setval).
+func (f *fenceDB) resetEpoch(t testing.TB, table string) {
+	t.Helper()
+	f.reset(t, "UPDATE fenceline.epoch SET fence = 0, lease_id = '' WHERE relid = '"+table+"'::regclass; "+
+		"SELECT setval(seq, 0, true) FROM fenceline.epoch WHERE relid = '"+table+"'::regclass")
 }
 
 // staticLease is a lease whose state the test sets.
@@ -206,17 +321,10 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-// resetState runs sql as the admin, fence triggers off for it, before a
-// test that needs the shared database as TestMain left it — so the test
-// passes with -count=N too.
+// resetState is plpgsql.reset, for the tests that use testDB.
 func resetState(t testing.TB, sql string) {
 	t.Helper()
-	c := adminConn(t)
-	for _, q := range []string{"SET session_replication_role = replica", sql} {
-		if _, err := c.Exec(ctxT(t), q); err != nil {
-			t.Fatalf("reset: %s: %v", q, err)
-		}
-	}
+	plpgsql.reset(t, sql)
 }
 
 // waitBackends waits until the number of the server's backends matching
@@ -239,6 +347,4 @@ func waitBackends(t testing.TB, present bool, where string, args ...any) {
 	})
 }
 
-func adminConn(t testing.TB) *pgx.Conn {
-	return connect(t, pg.AdminDSN(testDB))
-}
+func adminConn(t testing.TB) *pgx.Conn { return plpgsql.admin(t) }

@@ -47,7 +47,7 @@ func fencedPair(ctx context.Context, t *testing.T, prefix string) (*pgx.Conn, []
 			t.Fatal(err)
 		}
 	}
-	secret, err := pgproxy.Install(ctx, admin, []string{"public." + mine, "public." + theirs})
+	secret, err := pgproxy.Install(ctx, admin, []string{"public." + mine, "public." + theirs}, pgproxy.InstallOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,7 +47,7 @@ func (d *demo) pgStory(ctx context.Context, dir string) error {
 			return fmt.Errorf("the demo's tables: %w", err)
 		}
 	}
-	secret, err := pgproxy.Install(ctx, admin, []string{"public.*"})
+	secret, err := pgproxy.Install(ctx, admin, []string{"public.*"}, pgproxy.InstallOptions{})
 	if err != nil {
 		return err
 	}

@@ -30,6 +30,7 @@ func (a *app) pgCommand() *cobra.Command {
 func (a *app) pgInstallCommand() *cobra.Command {
 	var (
 		dsn, secretFile string
+		cLibrary        string
 		tables          []string
 		asJSON          bool
 	)
@@ -43,10 +44,15 @@ whose fence token is missing, forged or stale (SQLSTATE 40001).
 
 Run it as a role that owns the tables and that agents' roles are not.
 Running it again is safe: the secret is kept and new tables are attached.
-The secret is written to --secret-file (mode 0600); give it to the sidecar.`,
+The secret is written to --secret-file (mode 0600); give it to the sidecar.
+
+The trigger is plpgsql, which every Postgres runs. --c-trigger uses the C
+one instead (the same check, a fraction of the CPU per write; needs a
+superuser and "make -C pgproxy/cfence install" on the database server).`,
 		Args: cobra.NoArgs,
 		Example: `  fenceline pg install --dsn postgres://admin@db/app --table public.users --table billing.*
-  fenceline pg install --dsn "$ADMIN_DSN" --table public.orders --secret-file /etc/fenceline/pg.key --json`,
+  fenceline pg install --dsn "$ADMIN_DSN" --table public.orders --secret-file /etc/fenceline/pg.key --json
+  fenceline pg install --dsn "$ADMIN_DSN" --table public.* --c-trigger`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dsn == "" {
 				return usagef("--dsn is required: the admin connection string, e.g. postgres://admin@localhost/app")
@@ -71,7 +77,7 @@ The secret is written to --secret-file (mode 0600); give it to the sidecar.`,
 				return fmt.Errorf("pg install: connect: %w", err)
 			}
 			defer conn.Close(ctx)
-			key, err := pgproxy.Install(ctx, conn, norm)
+			key, err := pgproxy.Install(ctx, conn, norm, pgproxy.InstallOptions{CLibrary: cLibrary})
 			if err != nil {
 				return err
 			}
@@ -81,13 +87,18 @@ The secret is written to --secret-file (mode 0600); give it to the sidecar.`,
 			if err := os.WriteFile(secretFile, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
 				return fmt.Errorf("pg install: write secret file %s: %w", secretFile, err)
 			}
+			trigger := "plpgsql"
+			if cLibrary != "" {
+				trigger = "c (" + cLibrary + ")"
+			}
 			if asJSON {
 				return writeJSON(a.stdout, struct {
 					Tables     []string `json:"tables"`
+					Trigger    string   `json:"trigger"`
 					SecretFile string   `json:"secretFile"`
-				}{norm, secretFile})
+				}{norm, trigger, secretFile})
 			}
-			fmt.Fprintf(a.stdout, "fence installed: %s\n", strings.Join(norm, ", "))
+			fmt.Fprintf(a.stdout, "fence installed: %s (%s trigger)\n", strings.Join(norm, ", "), trigger)
 			fmt.Fprintf(a.stdout, "secret: %s\n", secretFile)
 			return nil
 		},
@@ -96,6 +107,8 @@ The secret is written to --secret-file (mode 0600); give it to the sidecar.`,
 	f.StringVar(&dsn, "dsn", "", "admin connection string of the database to fence (required)")
 	f.StringArrayVar(&tables, "table", nil, "table to fence, schema.table or schema.* (repeatable)")
 	f.StringVar(&secretFile, "secret-file", "", "where to write the signing secret (hex; default $XDG_STATE_HOME/fenceline/pg-secret.key)")
+	f.StringVar(&cLibrary, "c-trigger", "", "use the C trigger from this shared library (alone: "+pgproxy.CTriggerLibrary+")")
+	f.Lookup("c-trigger").NoOptDefVal = pgproxy.CTriggerLibrary
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return c
 }

@@ -33,6 +33,7 @@ func run() error {
 	upstream := flag.String("upstream", "127.0.0.1:5432", "Postgres host:port, or the path of its Unix socket")
 	tables := flag.String("tables", "public.*", "comma-separated table claims")
 	install := flag.String("install", "", "admin DSN: install the fence on the claimed tables first")
+	clib := flag.String("c-trigger", "", "with -install: the C trigger's shared library (pgproxy/cfence)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (stopped on SIGINT/SIGTERM)")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -55,7 +56,7 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		secret, err = pgproxy.Install(ctx, conn, claims)
+		secret, err = pgproxy.Install(ctx, conn, claims, pgproxy.InstallOptions{CLibrary: *clib})
 		conn.Close(ctx)
 		if err != nil {
 			return err
