@@ -4,12 +4,15 @@
 # server: select-only (-S) with the simple protocol, select-only with
 # -M prepared, and tpcb-like (writes, fenced by the storage-side trigger;
 # the fl-unfenced row is the same proxy on an unfenced copy of the tables,
-# which shows what the trigger costs). The go-relay row is
+# which shows what the trigger costs; the fl-c row is fenceline with the C
+# trigger of pgproxy/cfence instead of the plpgsql one, built here when the
+# server's headers are installed). The go-relay row is
 # pgproxy/internal/barerelay, io.Copy both ways and nothing else: what a
 # relay written in Go costs here before it parses a single message.
 #
 # Needs: Postgres server binaries (/usr/lib/postgresql/*/bin), pgbench,
-# pgbouncer (Debian: apt-get install postgresql pgbouncer), Go.
+# pgbouncer (Debian: apt-get install postgresql pgbouncer), Go; for the
+# fl-c row gcc and the server headers (postgresql-server-dev-NN).
 # Usage: scripts/bench-pg.sh [SECONDS per run, default 15] [SCALE, default 10]
 # ROUNDS=N (default 3) runs every target N times, interleaved, and reports
 # the median tps (ratios are of medians); p50/p99 are over all rounds.
@@ -55,7 +58,7 @@ if [ "$(id -u)" = 0 ]; then
 	RUNAS=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
 fi
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-PGPORT_DIRECT=$(freeport); FLPORT=$(freeport); BOUNCEPORT=$(freeport); RELAYPORT=$(freeport)
+PGPORT_DIRECT=$(freeport); FLPORT=$(freeport); FLCPORT=$(freeport); BOUNCEPORT=$(freeport); RELAYPORT=$(freeport)
 PIDS=()
 cleanup() {
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -71,9 +74,17 @@ echo "== postgres $("$BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$
 	"-p $PGPORT_DIRECT -k $WORK -c listen_addresses=127.0.0.1 -c max_connections=100 -c shared_buffers=256MB -c synchronous_commit=off" start >/dev/null
 # Direct and PgBouncer use database "postgres"; fenceline uses "fenced", an
 # identical copy whose tables carry the storage-side fence (a direct write
-# there fails without a token).
-"$BIN/createdb" -h 127.0.0.1 -p "$PGPORT_DIRECT" -U postgres fenced
-for db in postgres fenced; do
+# there fails without a token), and fl-c "fencedc", fenced by the C trigger.
+INC=$("$BIN/pg_config" --includedir-server 2>/dev/null || true)
+DBS="postgres fenced"
+if [ -f "$INC/postgres.h" ] && gcc -O2 -fPIC -shared -I "$INC" -o "$WORK/fenceline_fence.so" pgproxy/cfence/fenceline_fence.c; then
+	chmod 0755 "$WORK/fenceline_fence.so"
+	DBS="$DBS fencedc"
+else
+	echo "== no fl-c row: the C trigger needs gcc and the server headers (postgresql-server-dev-$(basename "$(dirname "$BIN")"))"
+fi
+for db in $DBS; do
+	[ "$db" = postgres ] || "$BIN/createdb" -h 127.0.0.1 -p "$PGPORT_DIRECT" -U postgres "$db"
 	"$PGBENCH" -h 127.0.0.1 -p "$PGPORT_DIRECT" -U postgres -i -q -s "$SCALE" "$db" >/dev/null 2>&1
 done
 
@@ -85,12 +96,20 @@ tcp) FL_UP=127.0.0.1:$PGPORT_DIRECT; BOUNCE_HOST=127.0.0.1 ;;
 esac
 echo "== fenceline fence on 127.0.0.1:$FLPORT -> $FL_UP (fence installed on public.pgbench_*)"
 go build -o "$WORK/benchproxy" ./pgproxy/internal/benchproxy
-"${CLCPU[@]}" "$WORK/benchproxy" -listen "127.0.0.1:$FLPORT" -upstream "$FL_UP" \
-	-tables public.pgbench_accounts,public.pgbench_branches,public.pgbench_tellers,public.pgbench_history \
+FENCED=public.pgbench_accounts,public.pgbench_branches,public.pgbench_tellers,public.pgbench_history
+"${CLCPU[@]}" "$WORK/benchproxy" -listen "127.0.0.1:$FLPORT" -upstream "$FL_UP" -tables "$FENCED" \
 	-install "postgres://postgres@127.0.0.1:$PGPORT_DIRECT/fenced?sslmode=disable" \
 	${FL_CPUPROFILE:+-cpuprofile "$FL_CPUPROFILE"} >"$WORK/fl.log" 2>&1 &
 FL_PID=$!
 PIDS+=($FL_PID)
+FLC_PID=
+if [ -f "$WORK/fenceline_fence.so" ]; then
+	echo "== fenceline fence, C trigger, on 127.0.0.1:$FLCPORT -> $FL_UP"
+	"${CLCPU[@]}" "$WORK/benchproxy" -listen "127.0.0.1:$FLCPORT" -upstream "$FL_UP" -tables "$FENCED" \
+		-install "postgres://postgres@127.0.0.1:$PGPORT_DIRECT/fencedc?sslmode=disable" -c-trigger "$WORK/fenceline_fence.so" >"$WORK/flc.log" 2>&1 &
+	FLC_PID=$!
+	PIDS+=($FLC_PID)
+fi
 
 go build -o "$WORK/barerelay" ./pgproxy/internal/barerelay
 go build -o "$WORK/wakecost" ./pgproxy/internal/wakecost
@@ -119,7 +138,7 @@ echo '"postgres" ""' >"$WORK/users.txt"
 [ "$(id -u)" = 0 ] && chown nobody:nogroup "$WORK/pgbouncer.ini" "$WORK/users.txt"
 "${CLCPU[@]}" "${RUNAS[@]}" pgbouncer "$WORK/pgbouncer.ini" >/dev/null 2>&1 &
 PIDS+=($!)
-for port in $FLPORT $BOUNCEPORT $RELAYPORT; do
+for port in $FLPORT ${FLC_PID:+$FLCPORT} $BOUNCEPORT $RELAYPORT; do
 	for _ in $(seq 100); do "$BIN/pg_isready" -q -h 127.0.0.1 -p "$port" && break; sleep 0.1; done
 done
 
@@ -135,11 +154,13 @@ pgticks() {
 	echo "$t"
 }
 pidticks() { [ "$1" = 0 ] && echo 0 || awk '{print $14+$15}' "/proc/$1/stat"; }
-# settle: wait (bounded) until no client backend is left (they have exited
-# and been reaped, so their CPU is in the postmaster's count).
+# settle: wait (bounded) until no client backend is left and no child is a
+# zombie (exited, not yet reaped: its CPU is in neither count), so a run's
+# backends are all in the postmaster's count.
 settle() {
 	for _ in $(seq 50); do
-		[ "$(pgrep -c -P "$PM" -f '^postgres: postgres (postgres|fenced) ' || true)" = 0 ] && return
+		[ "$(pgrep -c -P "$PM" -f '^postgres: postgres (postgres|fenced|fencedc) ' || true)" = 0 ] &&
+			! ps -o stat= --ppid "$PM" | grep -q '^Z' && return
 		sleep 0.1
 	done
 	echo "warning: client backends still alive 5 s after a run; its pg_us is not exact" >&2
@@ -149,7 +170,7 @@ settle() {
 # proxy_ticks pg_ticks" and appends per-transaction latencies to $WORK/lat.KEY.
 run() {
 	local key=$1 port=$2 pid=$3 db=postgres; shift 3
-	case $key in *.fenceline) db=fenced ;; esac
+	case $key in *.fenceline) db=fenced ;; *.fl-c) db=fencedc ;; esac
 	rm -f "$WORK"/pgbench_log.*
 	settle
 	local p0 g0 p1 g1 out
@@ -182,7 +203,10 @@ for wl in "select-only simple:-S -M simple" "select-only prepared:-S -M prepared
 	# target:port:pid; fl-unfenced is the same proxy on the unfenced copy
 	# of the tables: beside fenceline, what the storage-side fence costs.
 	targets="direct:$PGPORT_DIRECT:0 fenceline:$FLPORT:$FL_PID"
-	[ "${name%% *}" = tpcb-like ] && targets="$targets fl-unfenced:$FLPORT:$FL_PID"
+	if [ "${name%% *}" = tpcb-like ]; then
+		[ -n "$FLC_PID" ] && targets="$targets fl-c:$FLCPORT:$FLC_PID"
+		targets="$targets fl-unfenced:$FLPORT:$FL_PID"
+	fi
 	targets="$targets go-relay:$RELAYPORT:$RELAY_PID pgbouncer:$BOUNCEPORT:$BOUNCER_PID"
 	for t in $targets; do rm -f "$WORK/lat.$w.${t%%:*}" "$WORK/res.$w.${t%%:*}"; done
 	for _ in $(seq "$ROUNDS"); do
@@ -207,5 +231,8 @@ for wl in "select-only simple:-S -M simple" "select-only prepared:-S -M prepared
 	done
 done
 # Every fenceline tpcb-like write went through the storage-side fence:
-"$BIN/psql" -X -At -h 127.0.0.1 -p "$PGPORT_DIRECT" -U postgres fenced -c \
-	"SELECT 'fence epochs: ' || string_agg(relname || '=' || fence, ', ' ORDER BY relname) FROM fenceline.epoch"
+for db in $DBS; do
+	[ "$db" = postgres ] && continue
+	"$BIN/psql" -X -At -h 127.0.0.1 -p "$PGPORT_DIRECT" -U postgres "$db" -c \
+		"SELECT 'fence epochs ($db): ' || string_agg(relname || '=' || fence, ', ' ORDER BY relname) FROM fenceline.epoch"
+done
