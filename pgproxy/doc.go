@@ -102,8 +102,9 @@
 // fenceline.fence_check_c from pgproxy/cfence instead: the same fast-path
 // checks in C, a few microseconds, handing everything else to the same
 // fence_slow. It needs a superuser to install and the library built against
-// the server's headers ("make -C pgproxy/cfence install"). The tests of the
-// storage fence run against both.
+// the server's headers ("make -C pgproxy/cfence install"). The storage-fence
+// tests (zombie, forged and swapped tokens, session mark, epoch raise,
+// DISCARD) run against both; the protocol tests use the plpgsql one.
 //
 // # Sequence
 //

@@ -19,9 +19,11 @@ import (
 // Names of what "fenceline pg install" creates.
 const (
 	// Schema holds the fence: fenceline.secret (the signing key, readable
-	// only by the installing role), fenceline.epoch (the highest fence
-	// that wrote each fenced table) and fenceline.fence_check(), the
-	// SECURITY DEFINER trigger function.
+	// only by the installing role), fenceline.epoch (each fenced table's
+	// epoch sequence and last raise), the trigger functions
+	// fenceline.fence_check() (plpgsql) or fence_check_c() (C), and the
+	// functions they share (fence_fast, and fence_slow, the SECURITY
+	// DEFINER one that verifies, raises and refuses).
 	Schema = "fenceline"
 	// triggerName is the statement-level trigger on every fenced table.
 	triggerName = "fenceline_fence"
@@ -369,9 +371,9 @@ const CTriggerLibrary = "$libdir/fenceline_fence"
 type InstallOptions struct {
 	// CLibrary, when set, makes the trigger the C function of that shared
 	// library (pgproxy/cfence: CTriggerLibrary once installed, or an
-	// absolute path) instead of the plpgsql one. It checks the same things
-	// for a fraction of the cost, and hands what it does not accept to the
-	// same plpgsql slow path; loading it takes a superuser.
+	// absolute path) instead of the plpgsql one. Its fast path checks what
+	// fence_fast does, for a fraction of the CPU, and hands what it does
+	// not accept to the same fence_slow; loading it takes a superuser.
 	CLibrary string
 }
 

@@ -250,9 +250,18 @@ func testStorageFenceSessionMark(t *testing.T, f *fenceDB) {
 	if _, err := admin.Exec(ctx, "UPDATE fenceline.secret SET key = $1 WHERE id = 1", key); err != nil {
 		t.Fatal(err)
 	}
+	// The verified token does not claim public.other: refused even with the
+	// table's epoch at the token's fence, where the fast path's only
+	// remaining check is the claim.
+	f.reset(t, "SELECT setval(seq, 7, true) FROM fenceline.epoch WHERE relid = 'public.other'::regclass")
+	t.Cleanup(func() { f.resetEpoch(t, "public.other") })
+	err := writeWithToken(ctx, c, good, "INSERT INTO public.other VALUES (7, 'unclaimed')")
+	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "does not claim") {
+		t.Fatalf("verified token on a table it does not claim: want 42501, got %v", err)
+	}
 	// Same session, mark in place, another token: the hash differs, the
 	// slow path checks the MAC.
-	err := writeWithToken(ctx, c, forged, "INSERT INTO public.race VALUES (10, 'swapped')")
+	err = writeWithToken(ctx, c, forged, "INSERT INTO public.race VALUES (10, 'swapped')")
 	if pgCode(err) != "40001" || !strings.Contains(err.Error(), "forged") {
 		t.Fatalf("token swapped after a verified one: want 40001 forged, got %v", err)
 	}
@@ -443,6 +452,16 @@ func TestInstallChoosesTrigger(t *testing.T) {
 	}
 	ctx := ctxT(t)
 	admin := cTrigger.admin(t)
+	tables := []string{"public.race", "app.*"}
+	var lib string
+	if err := admin.QueryRow(ctx, "SELECT probin FROM pg_proc WHERE oid = 'fenceline.fence_check_c'::regproc").Scan(&lib); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // leave the C trigger for the tests that follow, whatever happened
+		if _, err := Install(context.Background(), cTrigger.admin(t), tables, InstallOptions{CLibrary: lib}); err != nil {
+			t.Errorf("reinstall the C trigger: %v", err)
+		}
+	})
 	lang := func() string {
 		t.Helper()
 		var langs []string
@@ -457,14 +476,9 @@ func TestInstallChoosesTrigger(t *testing.T) {
 		}
 		return strings.Join(langs, ",")
 	}
-	var lib string
-	if err := admin.QueryRow(ctx, "SELECT probin FROM pg_proc WHERE oid = 'fenceline.fence_check_c'::regproc").Scan(&lib); err != nil {
-		t.Fatal(err)
-	}
 	if got := lang(); got != "c" {
 		t.Fatalf("triggers installed with the C library are %q", got)
 	}
-	tables := []string{"public.race", "app.*"}
 	for _, step := range []struct {
 		opts InstallOptions
 		want string

@@ -39,7 +39,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "setup:", err, "\n", pg.Log())
 		os.Exit(1)
 	}
-	testutil.MainWith(m, func() { pg.Stop() })
+	testutil.MainWith(m, func() {
+		pg.Stop()
+		if cLibDir != "" {
+			os.RemoveAll(cLibDir)
+		}
+	})
 }
 
 func setupDB() error {
@@ -67,14 +72,17 @@ func setupDB() error {
 		return err
 	}
 	secret = plpgsql.secret
+	// Without the C trigger only its tests fail, saying why.
 	lib, err := buildCTrigger(ctx)
-	if err != nil {
-		// Only the tests of the C trigger fail, saying why.
-		cTrigger.unavailable = err
-		return nil
+	if err == nil {
+		err = cTrigger.setup(ctx, admin, InstallOptions{CLibrary: lib})
 	}
-	return cTrigger.setup(ctx, admin, InstallOptions{CLibrary: lib})
+	cTrigger.unavailable = err
+	return nil
 }
+
+// cLibDir holds the C trigger built for this test binary.
+var cLibDir string
 
 // fenceDB is a test database fenced with one kind of trigger.
 type fenceDB struct {
@@ -138,32 +146,36 @@ GRANT CREATE ON SCHEMA public, app TO PUBLIC;
 	return nil
 }
 
-// buildCTrigger compiles cfence/fenceline_fence.c against the server's
-// headers into a directory the server (another user) can read, and returns
-// the library's path.
+// buildCTrigger compiles cfence/fenceline_fence.c with the server's
+// compiler flags and headers (as its Makefile would, through PGXS) into a
+// directory the server, another user, can read, and returns the library.
 func buildCTrigger(ctx context.Context) (string, error) {
 	pgConfig := filepath.Join(pg.BinDir, "pg_config")
 	if _, err := os.Stat(pgConfig); err != nil {
 		pgConfig = "pg_config"
 	}
-	out, err := exec.CommandContext(ctx, pgConfig, "--includedir-server").Output()
+	out, err := exec.CommandContext(ctx, pgConfig, "--includedir-server", "--cflags", "--cflags_sl", "--cppflags").Output()
 	if err != nil {
-		return "", fmt.Errorf("%s --includedir-server: %w", pgConfig, err)
+		return "", fmt.Errorf("%s: %w", pgConfig, err)
 	}
-	inc := strings.TrimSpace(string(out))
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 4 {
+		return "", fmt.Errorf("%s printed %q: want four lines", pgConfig, out)
+	}
+	inc := lines[0]
 	if _, err := os.Stat(filepath.Join(inc, "postgres.h")); err != nil {
 		return "", fmt.Errorf("no server headers in %s: install postgresql-server-dev-%s", inc, filepath.Base(filepath.Dir(pg.BinDir)))
 	}
-	dir, err := os.MkdirTemp("", "fenceline-cfence-")
-	if err != nil {
+	if cLibDir, err = os.MkdirTemp("", "fenceline-cfence-"); err != nil {
 		return "", err
 	}
-	if err := os.Chmod(dir, 0o755); err != nil {
+	if err := os.Chmod(cLibDir, 0o755); err != nil {
 		return "", err
 	}
-	lib := filepath.Join(dir, "fenceline_fence.so")
-	cc := exec.CommandContext(ctx, "gcc", "-O2", "-fPIC", "-shared", "-Wall", "-Wmissing-prototypes", "-Werror",
-		"-I", inc, "-o", lib, filepath.Join("cfence", "fenceline_fence.c"))
+	lib := filepath.Join(cLibDir, "fenceline_fence.so")
+	args := strings.Fields(strings.Join(lines[1:], " "))
+	args = append(args, "-Werror", "-shared", "-I", inc, "-o", lib, filepath.Join("cfence", "fenceline_fence.c"))
+	cc := exec.CommandContext(ctx, "gcc", args...)
 	if out, err := cc.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("%s: %w\n%s", strings.Join(cc.Args, " "), err, out)
 	}

@@ -47,12 +47,15 @@ Running it again is safe: the secret is kept and new tables are attached.
 The secret is written to --secret-file (mode 0600); give it to the sidecar.
 
 The trigger is plpgsql, which every Postgres runs. --c-trigger uses the C
-one instead (the same check, a fraction of the CPU per write; needs a
-superuser and "make -C pgproxy/cfence install" on the database server).`,
+one instead (the same checks for a fraction of the CPU per write; needs a
+superuser and "make -C pgproxy/cfence install" on the database server);
+--c-trigger=LIB names another library. Installing again without the flag
+switches the named tables back to plpgsql.`,
 		Args: cobra.NoArgs,
-		Example: `  fenceline pg install --dsn postgres://admin@db/app --table public.users --table billing.*
+		Example: `  fenceline pg install --dsn postgres://admin@db/app --table public.users --table 'billing.*'
   fenceline pg install --dsn "$ADMIN_DSN" --table public.orders --secret-file /etc/fenceline/pg.key --json
-  fenceline pg install --dsn "$ADMIN_DSN" --table public.* --c-trigger`,
+  fenceline pg install --dsn "$ADMIN_DSN" --table 'public.*' --c-trigger
+  fenceline pg install --dsn "$ADMIN_DSN" --table 'public.*' --c-trigger=/opt/fenceline/fenceline_fence.so`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dsn == "" {
 				return usagef("--dsn is required: the admin connection string, e.g. postgres://admin@localhost/app")
@@ -107,7 +110,7 @@ superuser and "make -C pgproxy/cfence install" on the database server).`,
 	f.StringVar(&dsn, "dsn", "", "admin connection string of the database to fence (required)")
 	f.StringArrayVar(&tables, "table", nil, "table to fence, schema.table or schema.* (repeatable)")
 	f.StringVar(&secretFile, "secret-file", "", "where to write the signing secret (hex; default $XDG_STATE_HOME/fenceline/pg-secret.key)")
-	f.StringVar(&cLibrary, "c-trigger", "", "use the C trigger from this shared library (alone: "+pgproxy.CTriggerLibrary+")")
+	f.StringVar(&cLibrary, "c-trigger", "", "use the C trigger; --c-trigger=LIB names its shared library (alone: "+pgproxy.CTriggerLibrary+")")
 	f.Lookup("c-trigger").NoOptDefVal = pgproxy.CTriggerLibrary
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return c

@@ -31,21 +31,17 @@
 #include "postgres.h"
 
 #include "catalog/namespace.h"
-#include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "common/cryptohash.h"
 #include "common/sha2.h"
+#include "executor/spi.h"
 #include "fmgr.h"
-#include "nodes/pg_list.h"
-#include "nodes/value.h"
-#include "parser/parse_func.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
-#include "utils/regproc.h"
 
 PG_MODULE_MAGIC;
 
@@ -118,33 +114,53 @@ token_fence(const char *tok, int64 *fence)
 static char *hashed_tok;
 static int64 hashed_mark;
 
-/* token_mark returns the first 8 bytes of sha256(tok) as a big-endian int8. */
+/*
+ * token_mark returns the first 8 bytes of sha256(tok) as a big-endian int8,
+ * the mark fence_slow stores (it hashes convert_to(tok, 'UTF8'); the caller
+ * has checked that tok is ASCII, the same bytes in every server encoding).
+ */
 static int64
 token_mark(const char *tok)
 {
 	uint8		digest[PG_SHA256_DIGEST_LENGTH];
 	pg_cryptohash_ctx *ctx;
 	uint64		mark = 0;
+	char	   *copy;
 
 	if (hashed_tok != NULL && strcmp(hashed_tok, tok) == 0)
 		return hashed_mark;
 	ctx = pg_cryptohash_create(PG_SHA256);
-	if (ctx == NULL ||
-		pg_cryptohash_init(ctx) < 0 ||
+	if (ctx == NULL)
+		elog(ERROR, "fenceline: could not hash the fence token: out of memory");
+	if (pg_cryptohash_init(ctx) < 0 ||
 		pg_cryptohash_update(ctx, (const uint8 *) tok, strlen(tok)) < 0 ||
 		pg_cryptohash_final(ctx, digest, sizeof(digest)) < 0)
 	{
+		const char *why = pstrdup(pg_cryptohash_error(ctx));
+
 		pg_cryptohash_free(ctx);
-		elog(ERROR, "fenceline: could not hash the fence token");
+		elog(ERROR, "fenceline: could not hash the fence token: %s", why);
 	}
 	pg_cryptohash_free(ctx);
 	for (int i = 0; i < 8; i++)
 		mark = (mark << 8) | digest[i];
+	/* Copy before letting go of the old one: never a dangling cache. */
+	copy = MemoryContextStrdup(TopMemoryContext, tok);
 	if (hashed_tok != NULL)
 		pfree(hashed_tok);
-	hashed_tok = MemoryContextStrdup(TopMemoryContext, tok);
+	hashed_tok = copy;
 	hashed_mark = (int64) mark;
 	return hashed_mark;
+}
+
+/* is_ascii reports whether s is 7-bit: a token MakeToken signed always is. */
+static bool
+is_ascii(const char *s)
+{
+	for (; *s != '\0'; s++)
+		if ((unsigned char) *s >= 0x80)
+			return false;
+	return true;
 }
 
 /*
@@ -161,7 +177,7 @@ verified(const char *tok)
 	bool		isnull;
 
 	/* Until fence_slow sets the mark currval is undefined (RESET leaves ''). */
-	if (mark == NULL || mark[0] == '\0')
+	if (mark == NULL || mark[0] == '\0' || !is_ascii(tok))
 		return false;
 	nsp = get_namespace_oid("fenceline", true);
 	seq = OidIsValid(nsp) ? get_relname_relid("verified", nsp) : InvalidOid;
@@ -179,19 +195,24 @@ verified(const char *tok)
 static bool
 fast(char **args, Oid rel)
 {
-	const char *tok = GetConfigOption("fenceline.token", true, false);
+	const char *setting = GetConfigOption("fenceline.token", true, false);
+	char	   *tok;
 	Oid			seq;
 	int64		fence;
 	int64		cur;
 
-	if (tok == NULL || !verified(tok))
+	if (setting == NULL)
+		return false;
+	tok = pstrdup(setting);		/* the setting's own string may be replaced */
+	if (!verified(tok))
 		return false;
 	if (strstr(tok, args[1]) == NULL && strstr(tok, args[2]) == NULL)
 		return false;
 	if (!token_fence(tok, &fence))
 		return false;
-	seq = RangeVarGetRelid(makeRangeVarFromNameList(stringToQualifiedNameList(args[0])), NoLock, true);
-	if (!OidIsValid(seq) || !epoch(seq, &cur) || cur != fence)
+	/* As plpgsql's "seq regclass := seqname": a missing one raises 42P01. */
+	seq = DatumGetObjectId(DirectFunctionCall1(regclassin, CStringGetDatum(args[0])));
+	if (!epoch(seq, &cur) || cur != fence)
 		return false;
 	/* Peek, lock shared, read again: a raise holds the lock exclusively. */
 	DirectFunctionCall2(pg_advisory_xact_lock_shared_int4,
@@ -200,24 +221,23 @@ fast(char **args, Oid rel)
 	return epoch(seq, &cur) && cur == fence;
 }
 
-/* slow calls fenceline.fence_slow(rel, op), which returns or raises. */
+/*
+ * slow runs fenceline.fence_slow(rel, op), which returns or raises, as
+ * plpgsql's PERFORM does: a query, so its EXECUTE privilege and hooks apply.
+ */
 static void
 slow(Oid rel, const char *op)
 {
 	Oid			argtypes[2] = {OIDOID, TEXTOID};
-	Oid			fn = LookupFuncName(list_make2(makeString("fenceline"), makeString("fence_slow")),
-									2, argtypes, false);
-	FmgrInfo	flinfo;
+	Datum		values[2] = {ObjectIdGetDatum(rel), CStringGetTextDatum(op)};
+	int			rc;
 
-	LOCAL_FCINFO(fcinfo, 2);
-
-	fmgr_info(fn, &flinfo);
-	InitFunctionCallInfoData(*fcinfo, &flinfo, 2, DEFAULT_COLLATION_OID, NULL, NULL);
-	fcinfo->args[0].value = ObjectIdGetDatum(rel);
-	fcinfo->args[0].isnull = false;
-	fcinfo->args[1].value = CStringGetTextDatum(op);
-	fcinfo->args[1].isnull = false;
-	(void) FunctionCallInvoke(fcinfo);
+	if ((rc = SPI_connect()) != SPI_OK_CONNECT)
+		elog(ERROR, "fenceline: SPI_connect: %s", SPI_result_code_string(rc));
+	rc = SPI_execute_with_args("SELECT fenceline.fence_slow($1, $2)", 2, argtypes, values, NULL, false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "fenceline: fence_slow: %s", SPI_result_code_string(rc));
+	SPI_finish();
 }
 
 Datum
