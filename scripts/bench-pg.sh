@@ -61,27 +61,38 @@ freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0
 PGPORT_DIRECT=$(freeport); FLPORT=$(freeport); FLCPORT=$(freeport); BOUNCEPORT=$(freeport); RELAYPORT=$(freeport)
 PIDS=()
 cleanup() {
+	local rc=$?
+	if [ "$rc" != 0 ]; then
+		for f in fl.log flc.log relay.log pgbouncer.log pg.log; do
+			[ -s "$WORK/$f" ] && { echo "--- $f (last lines)"; tail -5 "$WORK/$f"; } >&2
+		done
+	fi
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 	for p in "${PIDS[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.1; done; done
 	"${RUNAS[@]}" "$BIN/pg_ctl" -D "$WORK/data" -m fast -w stop >/dev/null 2>&1 || true
 	rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap 'exit 143' INT TERM
 
 echo "== postgres $("$BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$PGPORT_DIRECT (scale $SCALE, $CLIENTS clients, ${DUR}s per run, placement $PLACEMENT${PGCPU[*]:+: postgres ${PGCPU[*]}, the rest ${CLCPU[*]}})"
 "${RUNAS[@]}" "$BIN/initdb" -D "$WORK/data" -U postgres --auth=trust --no-sync -E UTF8 --locale=C >/dev/null
 "${PGCPU[@]}" "${RUNAS[@]}" "$BIN/pg_ctl" -D "$WORK/data" -l "$WORK/pg.log" -w -o \
-	"-p $PGPORT_DIRECT -k $WORK -c listen_addresses=127.0.0.1 -c max_connections=100 -c shared_buffers=256MB -c synchronous_commit=off" start >/dev/null
+	"-p $PGPORT_DIRECT -k $WORK -c listen_addresses=127.0.0.1 -c max_connections=100 -c shared_buffers=256MB -c synchronous_commit=off -c autovacuum=off" start >/dev/null
 # Direct and PgBouncer use database "postgres"; fenceline uses "fenced", an
 # identical copy whose tables carry the storage-side fence (a direct write
 # there fails without a token), and fl-c "fencedc", fenced by the C trigger.
 INC=$("$BIN/pg_config" --includedir-server 2>/dev/null || true)
 DBS="postgres fenced"
-if [ -f "$INC/postgres.h" ] && gcc -O2 -fPIC -shared -I "$INC" -o "$WORK/fenceline_fence.so" pgproxy/cfence/fenceline_fence.c; then
+if [ ! -f "$INC/postgres.h" ]; then
+	echo "== no fl-c row: the C trigger needs the server headers (postgresql-server-dev-$(basename "$(dirname "$BIN")"))"
+elif ! command -v gcc >/dev/null; then
+	echo "== no fl-c row: the C trigger needs gcc"
+else
+	# shellcheck disable=SC2046 # pg_config prints flags to split
+	gcc $("$BIN/pg_config" --cflags --cflags_sl --cppflags) -shared -I "$INC" -o "$WORK/fenceline_fence.so" pgproxy/cfence/fenceline_fence.c
 	chmod 0755 "$WORK/fenceline_fence.so"
 	DBS="$DBS fencedc"
-else
-	echo "== no fl-c row: the C trigger needs gcc and the server headers (postgresql-server-dev-$(basename "$(dirname "$BIN")"))"
 fi
 for db in $DBS; do
 	[ "$db" = postgres ] || "$BIN/createdb" -h 127.0.0.1 -p "$PGPORT_DIRECT" -U postgres "$db"
@@ -160,10 +171,19 @@ pidticks() { [ "$1" = 0 ] && echo 0 || awk '{print $14+$15}' "/proc/$1/stat"; }
 settle() {
 	for _ in $(seq 50); do
 		[ "$(pgrep -c -P "$PM" -f '^postgres: postgres (postgres|fenced|fencedc) ' || true)" = 0 ] &&
-			! ps -o stat= --ppid "$PM" | grep -q '^Z' && return
+			[ "$(ps -o stat= --ppid "$PM" | grep -c '^Z' || true)" = 0 ] && return
 		sleep 0.1
 	done
 	echo "warning: client backends still alive 5 s after a run; its pg_us is not exact" >&2
+}
+
+# vacuum DB: what pgbench does before a run unless told not to (-n: it
+# would do it through the proxy), as the superuser straight to Postgres with
+# the fence's triggers off. Autovacuum is off: its workers would land their
+# CPU, and their competition for it, on whichever run they meet.
+vacuum() {
+	"$BIN/psql" -X -q -h 127.0.0.1 -p "$PGPORT_DIRECT" -U postgres "$1" -c "VACUUM pgbench_branches, pgbench_tellers" \
+		-c "SET session_replication_role = replica" -c "TRUNCATE pgbench_history" >/dev/null
 }
 
 # run KEY PORT PID ARGS...: one pgbench run; prints "tps transactions
@@ -172,6 +192,7 @@ run() {
 	local key=$1 port=$2 pid=$3 db=postgres; shift 3
 	case $key in *.fenceline) db=fenced ;; *.fl-c) db=fencedc ;; esac
 	rm -f "$WORK"/pgbench_log.*
+	vacuum "$db"
 	settle
 	local p0 g0 p1 g1 out
 	p0=$(pidticks "$pid"); g0=$(pgticks)
