@@ -84,6 +84,18 @@ type shardsFlight struct {
 	err     error
 }
 
+// flightKept is how long a finished listing stays for streams to share.
+const flightKept = time.Minute
+
+func (f *shardsFlight) finished() bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // New returns a Server for cfg.
 func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
@@ -324,9 +336,18 @@ func (s *Server) shardsSince(ctx context.Context, repo string, since time.Time) 
 	s.fmu.Lock()
 	f := s.flights[repo]
 	if f == nil || f.started.Before(since) {
-		f = &shardsFlight{started: time.Now(), done: make(chan struct{})}
+		now := time.Now()
+		f = &shardsFlight{started: now, done: make(chan struct{})}
 		if s.flights == nil {
 			s.flights = map[string]*shardsFlight{}
+		}
+		// Streams ask with the time of a change they have just heard of: a
+		// listing finished long ago serves none, so repos nobody watches
+		// any more do not keep theirs.
+		for r, old := range s.flights {
+			if now.Sub(old.started) > flightKept && old.finished() {
+				delete(s.flights, r)
+			}
 		}
 		s.flights[repo] = f
 		s.fmu.Unlock()

@@ -360,4 +360,17 @@ func TestShardsListingShared(t *testing.T) {
 	if v, _ := s.shardsSince(ctx, repo, time.Now()); v != int32(2) || calls.Load() != 2 {
 		t.Fatalf("a later change got listing %v (%d calls), want a fresh one", v, calls.Load())
 	}
+	// A repo's listing finished longer ago than anyone asks about is
+	// dropped when another starts; a recent one stays.
+	s.fmu.Lock()
+	s.flights["github.com/acme/gone"] = &shardsFlight{started: time.Now().Add(-2 * flightKept), done: release}
+	s.fmu.Unlock()
+	if _, err := s.shardsSince(ctx, "github.com/acme/other", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	if _, ok := s.flights["github.com/acme/gone"]; ok || len(s.flights) != 2 {
+		t.Fatalf("flights after another repo's listing: %v, want %s and github.com/acme/other", s.flights, repo)
+	}
 }
