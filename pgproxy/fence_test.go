@@ -447,9 +447,7 @@ func testDiscardKeepsFencedWrites(t *testing.T, f *fenceDB) {
 // between the C and the plpgsql trigger and keeps the secret; a C library
 // that is not there fails the install with what to do, and changes nothing.
 func TestInstallChoosesTrigger(t *testing.T) {
-	if cTrigger.unavailable != nil {
-		t.Fatalf("the C trigger: %v", cTrigger.unavailable)
-	}
+	cTrigger.need(t)
 	ctx := ctxT(t)
 	admin := cTrigger.admin(t)
 	tables := []string{"public.race", "app.*"}
@@ -479,27 +477,54 @@ func TestInstallChoosesTrigger(t *testing.T) {
 	if got := lang(); got != "c" {
 		t.Fatalf("triggers installed with the C library are %q", got)
 	}
-	for _, step := range []struct {
-		opts InstallOptions
-		want string
-	}{{InstallOptions{}, "plpgsql"}, {InstallOptions{CLibrary: lib}, "c"}} {
-		key, err := Install(ctx, admin, tables, step.opts)
+	install := func(opts InstallOptions, want string) {
+		t.Helper()
+		key, err := Install(ctx, admin, tables, opts)
 		if err != nil {
-			t.Fatalf("install %+v: %v", step.opts, err)
+			t.Fatalf("install %+v: %v", opts, err)
 		}
 		if !bytes.Equal(key, cTrigger.secret) {
 			t.Fatal("install again changed the secret")
 		}
-		if got := lang(); got != step.want {
-			t.Fatalf("install %+v: triggers are %q, want %q", step.opts, got, step.want)
+		if got := lang(); got != want {
+			t.Fatalf("install %+v: triggers are %q, want %q", opts, got, want)
 		}
 	}
+	install(InstallOptions{}, "plpgsql")
+	// From plpgsql, an install that cannot load its C library changes
+	// nothing: not the triggers, not the C function's library.
 	_, err := Install(ctx, admin, tables, InstallOptions{CLibrary: "/nonexistent/fenceline_fence.so"})
 	if err == nil || !strings.Contains(err.Error(), "/nonexistent/fenceline_fence.so") || !strings.Contains(err.Error(), "make -C pgproxy/cfence install") {
 		t.Fatalf("install with a missing C library: want an error naming it and what to run, got %v", err)
 	}
-	if got := lang(); got != "c" {
-		t.Fatalf("a failed install left the triggers %q", got)
+	var after string
+	if err := admin.QueryRow(ctx, "SELECT probin FROM pg_proc WHERE oid = 'fenceline.fence_check_c'::regproc").Scan(&after); err != nil || after != lib {
+		t.Fatalf("after a failed install the C function loads %q (%v), want %q", after, err, lib)
 	}
+	if got := lang(); got != "plpgsql" {
+		t.Fatalf("a failed install left the triggers %q, want plpgsql", got)
+	}
+	install(InstallOptions{CLibrary: lib}, "c")
 	testStorageFenceSessionMark(t, cTrigger) // the switches left a working fence
+}
+
+// TestSlowPathNeedsExecute: both triggers reach fence_slow as a query would,
+// so revoking EXECUTE on it from the writers' roles refuses their writes.
+func TestSlowPathNeedsExecute(t *testing.T) { forEachTrigger(t, testSlowPathNeedsExecute) }
+
+func testSlowPathNeedsExecute(t *testing.T, f *fenceDB) {
+	ctx := ctxT(t)
+	admin := f.admin(t)
+	if _, err := admin.Exec(ctx, "REVOKE EXECUTE ON FUNCTION fenceline.fence_slow(oid, text) FROM PUBLIC"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := f.admin(t).Exec(context.Background(), "GRANT EXECUTE ON FUNCTION fenceline.fence_slow(oid, text) TO PUBLIC"); err != nil {
+			t.Errorf("grant EXECUTE on fence_slow back: %v", err)
+		}
+	})
+	_, err := f.agent(t).Exec(ctx, "INSERT INTO public.other VALUES (200, 'no execute')")
+	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "fence_slow") {
+		t.Fatalf("write with EXECUTE on fence_slow revoked: want 42501 naming fence_slow, got %v", err)
+	}
 }

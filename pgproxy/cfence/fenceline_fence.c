@@ -17,13 +17,13 @@
  *      epoch under the exclusive one).
  *
  * The plpgsql trigger pays for setting up its expressions in every
- * transaction (about 35 us of Postgres CPU per fenced statement under
- * eight clients); this one is within the noise of no trigger in
- * BenchmarkStorageFence, and takes 11 us of wall time per call under
- * pgbench against plpgsql's 79. Postgres loads it only from a superuser's
- * CREATE FUNCTION, so managed services that allow no C extensions keep the
- * plpgsql trigger, which "fenceline pg install" uses unless told otherwise.
- * Tested with PostgreSQL 15.
+ * transaction (35-58 us of Postgres CPU per fenced statement under eight
+ * pgbench clients); this one costs 4-18 us there, and is within the noise
+ * of no trigger in BenchmarkStorageFence (no row contention). Postgres
+ * loads it only from a superuser's CREATE FUNCTION, so managed services
+ * that allow no C extensions keep the plpgsql trigger, which "fenceline pg
+ * install" uses unless told otherwise. PostgreSQL 15 or later (it uses
+ * pg_cryptohash_error); tested with 15.
  *
  * Build and install (needs the server headers, postgresql-server-dev-NN):
  *
