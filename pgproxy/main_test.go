@@ -213,7 +213,12 @@ func (f *fenceDB) proxy(t testing.TB, cfg Config) *Proxy {
 
 // via connects to the database through p as user.
 func (f *fenceDB) via(t testing.TB, p *Proxy, user string) *pgx.Conn {
-	return connect(t, fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", user, p.Addr().String(), f.db))
+	return connect(t, f.dsnVia(p, user))
+}
+
+// dsnVia is a DSN for the database through p as user.
+func (f *fenceDB) dsnVia(p *Proxy, user string) string {
+	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", user, p.Addr().String(), f.db)
 }
 
 // reset runs sql as the admin, fence triggers off for it, before a test
@@ -328,9 +333,8 @@ func mustToken(t testing.TB, key []byte, lease string, fence uint64, tables ...s
 	return tok
 }
 
-func proxyDSN(p *Proxy, user string) string {
-	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", user, p.Addr().String(), testDB)
-}
+// proxyDSN is a DSN for testDB through p as user.
+func proxyDSN(p *Proxy, user string) string { return plpgsql.dsnVia(p, user) }
 
 func connect(t testing.TB, dsn string) *pgx.Conn {
 	t.Helper()

@@ -36,7 +36,8 @@ cd "$(dirname "$0")/.."
 DUR=${1:-15}
 SCALE=${2:-10}
 CLIENTS=8
-BIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+# The newest installed server (a client-only version has a bin directory too).
+BIN=$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | sort -V | tail -1)")
 PGBENCH=${PGBENCH:-$(command -v pgbench || echo "$BIN/pgbench")}
 command -v pgbouncer >/dev/null || { echo "pgbouncer not installed (apt-get install pgbouncer)"; exit 1; }
 
