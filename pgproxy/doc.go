@@ -94,18 +94,20 @@
 // raising transaction rolls back. A zombie whose proxy still believes in its
 // lease therefore cannot write a table that a newer holder has written.
 //
-// The trigger comes in two kinds with one slow path. The default is plpgsql
-// (fenceline.fence_check and fence_fast), which every Postgres runs,
-// managed services included; Postgres sets up its expressions again in every
-// transaction, which costs 35-58 µs of CPU per fenced statement under eight
-// pgbench clients. InstallOptions.CLibrary ("fenceline pg install
-// --c-trigger") uses fenceline.fence_check_c from pgproxy/cfence instead:
-// the same fast-path checks in C (4-18 µs there), handing everything else
-// to the same fence_slow through SPI. It needs a superuser to install and
-// the library built against the server's headers ("make -C pgproxy/cfence
-// install"). The storage-fence tests (zombie, forged and swapped tokens,
-// session mark, epoch raise, DISCARD, fence_slow's EXECUTE privilege) run
-// against both; the protocol tests use the plpgsql one.
+// The trigger comes in two kinds with one slow path. TriggerC is
+// fenceline.fence_check_c from pgproxy/cfence: the fast-path checks in C
+// (4-18 µs of Postgres CPU per fenced statement under eight pgbench
+// clients), handing everything else to fence_slow through SPI. It needs a
+// superuser to install and the library built against the server's headers
+// ("make -C pgproxy/cfence install"). TriggerPLpgSQL (fenceline.fence_check
+// and fence_fast) runs on every Postgres, managed services included;
+// Postgres sets up its expressions again in every transaction, which costs
+// 35-58 µs per fenced statement there. Install's default, TriggerAuto
+// ("fenceline pg install --trigger auto"), takes C when the server loads
+// the library and plpgsql otherwise, and reports why not C. The
+// storage-fence tests (zombie, forged and swapped tokens, session mark,
+// epoch raise, DISCARD, fence_slow's EXECUTE privilege) run against both;
+// the protocol tests use the plpgsql one.
 //
 // # Sequence
 //

@@ -367,26 +367,78 @@ REVOKE ALL ON FUNCTION fenceline.fence_check() FROM PUBLIC;
 // trigger, as CREATE FUNCTION names it.
 const CTriggerLibrary = "$libdir/fenceline_fence"
 
+// Trigger names the trigger function Install attaches to fenced tables.
+type Trigger string
+
+const (
+	// TriggerAuto (the zero value) uses the C trigger when the server
+	// loads its library and the plpgsql one otherwise.
+	TriggerAuto Trigger = ""
+	// TriggerC is fenceline.fence_check_c from pgproxy/cfence: the checks
+	// of fence_fast for a fraction of the CPU; loading it takes a
+	// superuser and the library on the database server.
+	TriggerC Trigger = "c"
+	// TriggerPLpgSQL is fenceline.fence_check, which every Postgres runs,
+	// managed services included.
+	TriggerPLpgSQL Trigger = "plpgsql"
+)
+
+// ParseTrigger reads a trigger choice as the CLI takes it.
+func ParseTrigger(s string) (Trigger, error) {
+	switch s {
+	case "auto", "":
+		return TriggerAuto, nil
+	case "c", "C":
+		return TriggerC, nil
+	case "plpgsql":
+		return TriggerPLpgSQL, nil
+	}
+	return "", fmt.Errorf("trigger %q: want auto, c or plpgsql", s)
+}
+
 // InstallOptions choose how Install fences the tables.
 type InstallOptions struct {
-	// CLibrary, when set, makes the trigger the C function of that shared
-	// library (pgproxy/cfence: CTriggerLibrary once installed, or an
-	// absolute path) instead of the plpgsql one. Its fast path checks what
-	// fence_fast does, for a fraction of the CPU, and hands what it does
-	// not accept to the same fence_slow; loading it takes a superuser.
+	// Trigger chooses the trigger function; TriggerAuto by default.
+	Trigger Trigger
+	// CLibrary is the C trigger's shared library as CREATE FUNCTION names
+	// it: CTriggerLibrary (where "make -C pgproxy/cfence install" puts it)
+	// when empty, or an absolute path.
 	CLibrary string
+}
+
+// Installed is what Install did.
+type Installed struct {
+	// Secret is the signing secret, for the proxy's Config.
+	Secret []byte
+	// Trigger is the trigger the tables now carry: TriggerC or
+	// TriggerPLpgSQL.
+	Trigger Trigger
+	// CLibrary is the C trigger's library when Trigger is TriggerC.
+	CLibrary string
+	// NoC says why TriggerAuto did not use the C trigger.
+	NoC error
 }
 
 // Install creates the fence in the database conn is connected to (as a role
 // that owns or may alter the tables, and that agents' roles are not): the
 // fenceline schema, the signing secret (created once, then reused) and the
 // trigger on each table ("schema.table", or "schema.*" for every table of a
-// schema that exists now). It returns the secret for the proxy's Config.
-// Running it again is safe: it attaches newly named tables, and switches
-// the named ones to the trigger opts chooses.
-func Install(ctx context.Context, conn *pgx.Conn, tables []string, opts InstallOptions) ([]byte, error) {
+// schema that exists now). Running it again is safe: it attaches newly
+// named tables, and switches the named ones to the trigger opts chooses.
+// With TriggerC, a library the server cannot load fails the install and
+// changes nothing; with TriggerAuto it leaves the tables on plpgsql.
+func Install(ctx context.Context, conn *pgx.Conn, tables []string, opts InstallOptions) (*Installed, error) {
 	if len(tables) == 0 {
 		return nil, errors.New("pg install: no tables: name at least one schema.table or schema.*")
+	}
+	lib := opts.CLibrary
+	if lib == "" {
+		lib = CTriggerLibrary
+	}
+	switch opts.Trigger {
+	case TriggerAuto, TriggerC, TriggerPLpgSQL:
+	default:
+		return nil, fmt.Errorf("pg install: trigger %q: want %q, %q or %q", opts.Trigger, TriggerAuto, TriggerC, TriggerPLpgSQL)
 	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -396,13 +448,20 @@ func Install(ctx context.Context, conn *pgx.Conn, tables []string, opts InstallO
 	if _, err := tx.Exec(ctx, installSQL); err != nil {
 		return nil, fmt.Errorf("pg install: create schema fenceline: %w", err)
 	}
+	res := &Installed{Trigger: TriggerPLpgSQL}
 	fn := "fenceline.fence_check"
-	if opts.CLibrary != "" {
-		fn = "fenceline.fence_check_c"
-		q := fmt.Sprintf(`CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE c AS %s, 'fenceline_fence_check';
-REVOKE ALL ON FUNCTION %[1]s() FROM PUBLIC;`, fn, quoteLiteral(opts.CLibrary))
-		if _, err := tx.Exec(ctx, q); err != nil {
-			return nil, fmt.Errorf("pg install: C trigger from %s: %w (build and install it with \"make -C pgproxy/cfence install\" as a superuser, or leave the C trigger out)", opts.CLibrary, err)
+	if opts.Trigger != TriggerPLpgSQL {
+		err := createCTrigger(ctx, tx, lib, opts.Trigger == TriggerAuto)
+		switch {
+		case errors.Is(err, errUndo):
+			return nil, fmt.Errorf("pg install: C trigger from %s: %w", lib, err)
+		case err == nil:
+			fn = "fenceline.fence_check_c"
+			res.Trigger, res.CLibrary = TriggerC, lib
+		case opts.Trigger == TriggerAuto:
+			res.NoC = err
+		default:
+			return nil, fmt.Errorf("pg install: C trigger from %s: %w (build and install it with \"make -C pgproxy/cfence install\" as a superuser, or use the plpgsql trigger)", lib, err)
 		}
 	}
 	key := make([]byte, 32)
@@ -449,5 +508,36 @@ REVOKE ALL ON FUNCTION %[1]s() FROM PUBLIC;`, fn, quoteLiteral(opts.CLibrary))
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("pg install: commit: %w", err)
 	}
-	return key, nil
+	res.Secret = key
+	return res, nil
+}
+
+// errUndo: a failed tentative step could not be undone; the install's
+// transaction is lost.
+var errUndo = errors.New("undoing it failed")
+
+// createCTrigger defines fenceline.fence_check_c from lib. With tentative,
+// a failure is undone (a savepoint) so that the install can go on without
+// it, unless the error wraps errUndo.
+func createCTrigger(ctx context.Context, tx pgx.Tx, lib string, tentative bool) error {
+	q := fmt.Sprintf(`CREATE OR REPLACE FUNCTION fenceline.fence_check_c() RETURNS trigger LANGUAGE c AS %s, 'fenceline_fence_check';
+REVOKE ALL ON FUNCTION fenceline.fence_check_c() FROM PUBLIC;`, quoteLiteral(lib))
+	if !tentative {
+		_, err := tx.Exec(ctx, q)
+		return err
+	}
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("savepoint: %w (%w)", err, errUndo)
+	}
+	if _, err := sp.Exec(ctx, q); err != nil {
+		if rerr := sp.Rollback(ctx); rerr != nil {
+			return fmt.Errorf("%w (%w: %w)", err, errUndo, rerr)
+		}
+		return err
+	}
+	if err := sp.Commit(ctx); err != nil {
+		return fmt.Errorf("release savepoint: %w (%w)", err, errUndo)
+	}
+	return nil
 }

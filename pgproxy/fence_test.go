@@ -445,7 +445,8 @@ func testDiscardKeepsFencedWrites(t *testing.T, f *fenceDB) {
 
 // TestInstallChoosesTrigger: install again switches the named tables
 // between the C and the plpgsql trigger and keeps the secret; a C library
-// that is not there fails the install with what to do, and changes nothing.
+// that is not there fails the install with what to do, and changes nothing,
+// unless the choice is auto, which then installs plpgsql and says why.
 func TestInstallChoosesTrigger(t *testing.T) {
 	cTrigger.need(t)
 	ctx := ctxT(t)
@@ -456,7 +457,7 @@ func TestInstallChoosesTrigger(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { // leave the C trigger for the tests that follow, whatever happened
-		if _, err := Install(context.Background(), cTrigger.admin(t), tables, InstallOptions{CLibrary: lib}); err != nil {
+		if _, err := Install(context.Background(), cTrigger.admin(t), tables, InstallOptions{Trigger: TriggerC, CLibrary: lib}); err != nil {
 			t.Errorf("reinstall the C trigger: %v", err)
 		}
 	})
@@ -477,23 +478,32 @@ func TestInstallChoosesTrigger(t *testing.T) {
 	if got := lang(); got != "c" {
 		t.Fatalf("triggers installed with the C library are %q", got)
 	}
-	install := func(opts InstallOptions, want string) {
+	install := func(opts InstallOptions, want string) *Installed {
 		t.Helper()
-		key, err := Install(ctx, admin, tables, opts)
+		in, err := Install(ctx, admin, tables, opts)
 		if err != nil {
 			t.Fatalf("install %+v: %v", opts, err)
 		}
-		if !bytes.Equal(key, cTrigger.secret) {
+		if !bytes.Equal(in.Secret, cTrigger.secret) {
 			t.Fatal("install again changed the secret")
 		}
-		if got := lang(); got != want {
-			t.Fatalf("install %+v: triggers are %q, want %q", opts, got, want)
+		if got := lang(); got != want || string(in.Trigger) != want {
+			t.Fatalf("install %+v: triggers are %q, reported %q, want %q", opts, got, in.Trigger, want)
 		}
+		return in
 	}
-	install(InstallOptions{}, "plpgsql")
-	// From plpgsql, an install that cannot load its C library changes
-	// nothing: not the triggers, not the C function's library.
-	_, err := Install(ctx, admin, tables, InstallOptions{CLibrary: "/nonexistent/fenceline_fence.so"})
+	install(InstallOptions{Trigger: TriggerPLpgSQL}, "plpgsql")
+	if in := install(InstallOptions{CLibrary: lib}, "c"); in.CLibrary != lib || in.NoC != nil {
+		t.Fatalf("auto with a library that loads: library %q, why not C %v", in.CLibrary, in.NoC)
+	}
+	// Auto with a library the server cannot load: plpgsql, and why.
+	in := install(InstallOptions{Trigger: TriggerAuto, CLibrary: "/nonexistent/fenceline_fence.so"}, "plpgsql")
+	if in.NoC == nil || !strings.Contains(in.NoC.Error(), "/nonexistent/fenceline_fence.so") {
+		t.Fatalf("auto with a missing library: want the reason naming it, got %v", in.NoC)
+	}
+	// From plpgsql, an install that must load its C library and cannot
+	// changes nothing: not the triggers, not the C function's library.
+	_, err := Install(ctx, admin, tables, InstallOptions{Trigger: TriggerC, CLibrary: "/nonexistent/fenceline_fence.so"})
 	if err == nil || !strings.Contains(err.Error(), "/nonexistent/fenceline_fence.so") || !strings.Contains(err.Error(), "make -C pgproxy/cfence install") {
 		t.Fatalf("install with a missing C library: want an error naming it and what to run, got %v", err)
 	}
@@ -504,7 +514,7 @@ func TestInstallChoosesTrigger(t *testing.T) {
 	if got := lang(); got != "plpgsql" {
 		t.Fatalf("a failed install left the triggers %q, want plpgsql", got)
 	}
-	install(InstallOptions{CLibrary: lib}, "c")
+	install(InstallOptions{Trigger: TriggerC, CLibrary: lib}, "c")
 	testStorageFenceSessionMark(t, cTrigger) // the switches left a working fence
 }
 

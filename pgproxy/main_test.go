@@ -68,7 +68,7 @@ func setupDB() error {
 			return fmt.Errorf("%s: %w", q, err)
 		}
 	}
-	if err := plpgsql.setup(ctx, admin, InstallOptions{}); err != nil {
+	if err := plpgsql.setup(ctx, admin, InstallOptions{Trigger: TriggerPLpgSQL}); err != nil {
 		return err
 	}
 	secret = plpgsql.secret
@@ -79,7 +79,7 @@ func setupDB() error {
 	// Without the C trigger only its tests fail, saying why.
 	lib, err := buildCTrigger(ctx)
 	if err == nil {
-		err = cTrigger.setup(ctx, admin, InstallOptions{CLibrary: lib})
+		err = cTrigger.setup(ctx, admin, InstallOptions{Trigger: TriggerC, CLibrary: lib})
 	}
 	cTrigger.unavailable = err
 	return nil
@@ -156,10 +156,11 @@ GRANT CREATE ON SCHEMA public, app TO PUBLIC;
 `); err != nil {
 		return fmt.Errorf("%s: create test tables: %w", f.db, err)
 	}
-	f.secret, err = Install(ctx, db, []string{"public.accounts", "public.other", "public.sink", "public.zombie", "public.race", "app.*"}, opts)
+	in, err := Install(ctx, db, []string{"public.accounts", "public.other", "public.sink", "public.zombie", "public.race", "app.*"}, opts)
 	if err != nil {
 		return fmt.Errorf("%s: %w", f.db, err)
 	}
+	f.secret = in.Secret
 	return nil
 }
 

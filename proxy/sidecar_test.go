@@ -47,7 +47,7 @@ func fencedPair(ctx context.Context, t *testing.T, prefix string) (*pgx.Conn, []
 			t.Fatal(err)
 		}
 	}
-	secret, err := pgproxy.Install(ctx, admin, []string{"public." + mine, "public." + theirs}, pgproxy.InstallOptions{})
+	in, err := pgproxy.Install(ctx, admin, []string{"public." + mine, "public." + theirs}, pgproxy.InstallOptions{Trigger: pgproxy.TriggerPLpgSQL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func fencedPair(ctx context.Context, t *testing.T, prefix string) (*pgx.Conn, []
 	if err != nil {
 		t.Fatal(err)
 	}
-	return admin, secret, claim
+	return admin, in.Secret, claim
 }
 
 // TestSidecarPostgresEnv: psql, given only the sidecar's environment, talks

@@ -2,17 +2,20 @@
 # Side-by-side pgbench: direct Postgres vs through the fenceline Postgres
 # fence vs through PgBouncer (session mode), 8 clients, in one run on one
 # server: select-only (-S) with the simple protocol, select-only with
-# -M prepared, and tpcb-like (writes, fenced by the storage-side trigger;
-# the fl-unfenced row is the same proxy on an unfenced copy of the tables,
-# which shows what the trigger costs; the fl-c row is fenceline with the C
-# trigger of pgproxy/cfence instead of the plpgsql one, built here when the
-# server's headers are installed). The go-relay row is
+# -M prepared, and tpcb-like (writes, fenced by the storage-side trigger).
+# The fenceline row's tables carry the trigger "fenceline pg install" picks
+# by default: the C one of pgproxy/cfence, built here when the server's
+# headers are installed, else plpgsql (the header line says which). For
+# tpcb-like, the fl-plpgsql row is fenceline with the plpgsql trigger (what
+# managed Postgres, which loads no C, gets), and the fl-unfenced row the
+# same proxy on an unfenced copy of the tables: what the trigger costs. The
+# go-relay row is
 # pgproxy/internal/barerelay, io.Copy both ways and nothing else: what a
 # relay written in Go costs here before it parses a single message.
 #
 # Needs: Postgres server binaries (/usr/lib/postgresql/*/bin), pgbench,
 # pgbouncer (Debian: apt-get install postgresql pgbouncer), Go; for the
-# fl-c row gcc and the server headers (postgresql-server-dev-NN).
+# C trigger gcc and the server headers (postgresql-server-dev-NN).
 # Usage: scripts/bench-pg.sh [SECONDS per run, default 15] [SCALE, default 10]
 # ROUNDS=N (default 3) runs every target N times, interleaved, and reports
 # the median tps (ratios are of medians); p50/p99 are over all rounds.
@@ -59,12 +62,12 @@ if [ "$(id -u)" = 0 ]; then
 	RUNAS=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
 fi
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-PGPORT_DIRECT=$(freeport); FLPORT=$(freeport); FLCPORT=$(freeport); BOUNCEPORT=$(freeport); RELAYPORT=$(freeport)
+PGPORT_DIRECT=$(freeport); FLPORT=$(freeport); FLPPORT=$(freeport); BOUNCEPORT=$(freeport); RELAYPORT=$(freeport)
 PIDS=()
 cleanup() {
 	local rc=$?
 	if [ "$rc" != 0 ]; then
-		for f in fl.log flc.log relay.log pgbouncer.log pg.log; do
+		for f in fl.log flp.log relay.log pgbouncer.log pg.log; do
 			[ -s "$WORK/$f" ] && { echo "--- $f (last lines)"; tail -5 "$WORK/$f"; } >&2
 		done
 	fi
@@ -82,18 +85,20 @@ echo "== postgres $("$BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$
 	"-p $PGPORT_DIRECT -k $WORK -c listen_addresses=127.0.0.1 -c max_connections=100 -c shared_buffers=256MB -c synchronous_commit=off -c autovacuum=off" start >/dev/null
 # Direct and PgBouncer use database "postgres"; fenceline uses "fenced", an
 # identical copy whose tables carry the storage-side fence (a direct write
-# there fails without a token), and fl-c "fencedc", fenced by the C trigger.
+# there fails without a token), and fl-plpgsql "fencedp", fenced by the
+# plpgsql trigger.
 INC=$("$BIN/pg_config" --includedir-server 2>/dev/null || true)
-DBS="postgres fenced"
+DBS="postgres fenced fencedp"
+CLIB= # none built: auto tries the server's $libdir
 if [ ! -f "$INC/postgres.h" ]; then
-	echo "== no fl-c row: the C trigger needs the server headers (postgresql-server-dev-$(basename "$(dirname "$BIN")"))"
+	echo "== no C trigger: it needs the server headers (postgresql-server-dev-$(basename "$(dirname "$BIN")"))"
 elif ! command -v gcc >/dev/null; then
-	echo "== no fl-c row: the C trigger needs gcc"
+	echo "== no C trigger: it needs gcc"
 else
 	# shellcheck disable=SC2046 # pg_config prints flags to split
-	gcc $("$BIN/pg_config" --cflags --cflags_sl --cppflags) -shared -I "$INC" -o "$WORK/fenceline_fence.so" pgproxy/cfence/fenceline_fence.c
-	chmod 0755 "$WORK/fenceline_fence.so"
-	DBS="$DBS fencedc"
+	CLIB=$WORK/fenceline_fence.so
+	gcc $("$BIN/pg_config" --cflags --cflags_sl --cppflags) -shared -I "$INC" -o "$CLIB" pgproxy/cfence/fenceline_fence.c
+	chmod 0755 "$CLIB"
 fi
 for db in $DBS; do
 	[ "$db" = postgres ] || "$BIN/createdb" -h 127.0.0.1 -p "$PGPORT_DIRECT" -U postgres "$db"
@@ -109,19 +114,17 @@ esac
 echo "== fenceline fence on 127.0.0.1:$FLPORT -> $FL_UP (fence installed on public.pgbench_*)"
 go build -o "$WORK/benchproxy" ./pgproxy/internal/benchproxy
 FENCED=public.pgbench_accounts,public.pgbench_branches,public.pgbench_tellers,public.pgbench_history
+# The default trigger choice (auto), with the library built above if any.
 "${CLCPU[@]}" "$WORK/benchproxy" -listen "127.0.0.1:$FLPORT" -upstream "$FL_UP" -tables "$FENCED" \
-	-install "postgres://postgres@127.0.0.1:$PGPORT_DIRECT/fenced?sslmode=disable" \
-	${FL_CPUPROFILE:+-cpuprofile "$FL_CPUPROFILE"} >"$WORK/fl.log" 2>&1 &
+	-install "postgres://postgres@127.0.0.1:$PGPORT_DIRECT/fenced?sslmode=disable" -trigger auto \
+	${CLIB:+-c-library "$CLIB"} ${FL_CPUPROFILE:+-cpuprofile "$FL_CPUPROFILE"} >"$WORK/fl.log" 2>&1 &
 FL_PID=$!
 PIDS+=($FL_PID)
-FLC_PID=
-if [ -f "$WORK/fenceline_fence.so" ]; then
-	echo "== fenceline fence, C trigger, on 127.0.0.1:$FLCPORT -> $FL_UP"
-	"${CLCPU[@]}" "$WORK/benchproxy" -listen "127.0.0.1:$FLCPORT" -upstream "$FL_UP" -tables "$FENCED" \
-		-install "postgres://postgres@127.0.0.1:$PGPORT_DIRECT/fencedc?sslmode=disable" -c-trigger "$WORK/fenceline_fence.so" >"$WORK/flc.log" 2>&1 &
-	FLC_PID=$!
-	PIDS+=($FLC_PID)
-fi
+echo "== fl-plpgsql: fenceline fence, plpgsql trigger, on 127.0.0.1:$FLPPORT -> $FL_UP"
+"${CLCPU[@]}" "$WORK/benchproxy" -listen "127.0.0.1:$FLPPORT" -upstream "$FL_UP" -tables "$FENCED" \
+	-install "postgres://postgres@127.0.0.1:$PGPORT_DIRECT/fencedp?sslmode=disable" -trigger plpgsql >"$WORK/flp.log" 2>&1 &
+FLP_PID=$!
+PIDS+=($FLP_PID)
 
 go build -o "$WORK/barerelay" ./pgproxy/internal/barerelay
 go build -o "$WORK/wakecost" ./pgproxy/internal/wakecost
@@ -150,9 +153,10 @@ echo '"postgres" ""' >"$WORK/users.txt"
 [ "$(id -u)" = 0 ] && chown nobody:nogroup "$WORK/pgbouncer.ini" "$WORK/users.txt"
 "${CLCPU[@]}" "${RUNAS[@]}" pgbouncer "$WORK/pgbouncer.ini" >/dev/null 2>&1 &
 PIDS+=($!)
-for port in $FLPORT ${FLC_PID:+$FLCPORT} $BOUNCEPORT $RELAYPORT; do
+for port in $FLPORT $FLPPORT $BOUNCEPORT $RELAYPORT; do
 	for _ in $(seq 100); do "$BIN/pg_isready" -q -h 127.0.0.1 -p "$port" && break; sleep 0.1; done
 done
+echo "== fenceline's tables carry the $(awk '/^trigger / {print $2}' "$WORK/fl.log") trigger$(sed -n 's/^not the C trigger: /; not C: /p' "$WORK/fl.log")"
 
 # Postgres's CPU so far: the postmaster's own and its reaped children's,
 # plus every live child's (clock ticks).
@@ -171,7 +175,7 @@ pidticks() { [ "$1" = 0 ] && echo 0 || awk '{print $14+$15}' "/proc/$1/stat"; }
 # backends are all in the postmaster's count.
 settle() {
 	for _ in $(seq 50); do
-		[ "$(pgrep -c -P "$PM" -f '^postgres: postgres (postgres|fenced|fencedc) ' || true)" = 0 ] &&
+		[ "$(pgrep -c -P "$PM" -f '^postgres: postgres (postgres|fenced|fencedp) ' || true)" = 0 ] &&
 			[ "$(ps -o stat= --ppid "$PM" | grep -c '^Z' || true)" = 0 ] && return
 		sleep 0.1
 	done
@@ -191,7 +195,7 @@ vacuum() {
 # proxy_ticks pg_ticks" and appends per-transaction latencies to $WORK/lat.KEY.
 run() {
 	local key=$1 port=$2 pid=$3 db=postgres; shift 3
-	case $key in *.fenceline) db=fenced ;; *.fl-c) db=fencedc ;; esac
+	case $key in *.fenceline) db=fenced ;; *.fl-plpgsql) db=fencedp ;; esac
 	rm -f "$WORK"/pgbench_log.*
 	vacuum "$db"
 	settle
@@ -226,8 +230,7 @@ for wl in "select-only simple:-S -M simple" "select-only prepared:-S -M prepared
 	# of the tables: beside fenceline, what the storage-side fence costs.
 	targets="direct:$PGPORT_DIRECT:0 fenceline:$FLPORT:$FL_PID"
 	if [ "${name%% *}" = tpcb-like ]; then
-		[ -n "$FLC_PID" ] && targets="$targets fl-c:$FLCPORT:$FLC_PID"
-		targets="$targets fl-unfenced:$FLPORT:$FL_PID"
+		targets="$targets fl-plpgsql:$FLPPORT:$FLP_PID fl-unfenced:$FLPORT:$FL_PID"
 	fi
 	targets="$targets go-relay:$RELAYPORT:$RELAY_PID pgbouncer:$BOUNCEPORT:$BOUNCER_PID"
 	for t in $targets; do rm -f "$WORK/lat.$w.${t%%:*}" "$WORK/res.$w.${t%%:*}"; done

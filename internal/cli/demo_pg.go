@@ -47,10 +47,11 @@ func (d *demo) pgStory(ctx context.Context, dir string) error {
 			return fmt.Errorf("the demo's tables: %w", err)
 		}
 	}
-	secret, err := pgproxy.Install(ctx, admin, []string{"public.*"}, pgproxy.InstallOptions{})
+	in, err := pgproxy.Install(ctx, admin, []string{"public.*"}, pgproxy.InstallOptions{})
 	if err != nil {
 		return err
 	}
+	secret := in.Secret
 	d.section("8. The Postgres fence")
 	fmt.Fprintf(d.out, "a throwaway Postgres at %s; fenceline pg install fenced public.invoices and public.rates.\n", pg.Addr())
 

@@ -30,7 +30,9 @@ func (a *app) pgCommand() *cobra.Command {
 func (a *app) pgInstallCommand() *cobra.Command {
 	var (
 		dsn, secretFile string
+		trigger         string
 		cLibrary        string
+		cTrigger        string // deprecated --c-trigger[=LIB]
 		tables          []string
 		asJSON          bool
 	)
@@ -46,16 +48,19 @@ Run it as a role that owns the tables and that agents' roles are not.
 Running it again is safe: the secret is kept and new tables are attached.
 The secret is written to --secret-file (mode 0600); give it to the sidecar.
 
-The trigger is plpgsql, which every Postgres runs. --c-trigger uses the C
-one instead (the same checks for a fraction of the CPU per write; needs a
-superuser and "make -C pgproxy/cfence install" on the database server);
---c-trigger=LIB names another library. Installing again without the flag
-switches the named tables back to plpgsql.`,
+--trigger chooses the trigger function. c is the C one of pgproxy/cfence:
+the same checks for a fraction of the CPU per write; it needs a superuser
+and the library on the database server ("make -C pgproxy/cfence install",
+or --c-library PATH). plpgsql runs on every Postgres, managed services
+included. auto, the default, uses c when the server loads the library and
+plpgsql otherwise, and says which it chose and why. Installing again
+switches the named tables to the trigger chosen then.`,
 		Args: cobra.NoArgs,
 		Example: `  fenceline pg install --dsn postgres://admin@db/app --table public.users --table 'billing.*'
   fenceline pg install --dsn "$ADMIN_DSN" --table public.orders --secret-file /etc/fenceline/pg.key --json
-  fenceline pg install --dsn "$ADMIN_DSN" --table 'public.*' --c-trigger
-  fenceline pg install --dsn "$ADMIN_DSN" --table 'public.*' --c-trigger=/opt/fenceline/fenceline_fence.so`,
+  fenceline pg install --dsn "$ADMIN_DSN" --table 'public.*' --trigger c
+  fenceline pg install --dsn "$ADMIN_DSN" --table 'public.*' --trigger c --c-library /opt/fenceline/fenceline_fence.so
+  fenceline pg install --dsn "$ADMIN_DSN" --table 'public.*' --trigger plpgsql`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dsn == "" {
 				return usagef("--dsn is required: the admin connection string, e.g. postgres://admin@localhost/app")
@@ -71,6 +76,16 @@ switches the named tables back to plpgsql.`,
 				}
 				norm = append(norm, n)
 			}
+			trig, err := pgproxy.ParseTrigger(trigger)
+			if err != nil {
+				return &usageError{err: fmt.Errorf("--trigger: %w", err)}
+			}
+			if cmd.Flags().Changed("c-trigger") {
+				if cmd.Flags().Changed("trigger") && trig != pgproxy.TriggerC || cmd.Flags().Changed("c-library") {
+					return usagef("--c-trigger is the old spelling of --trigger c --c-library LIB; use those instead")
+				}
+				trig, cLibrary = pgproxy.TriggerC, cTrigger
+			}
 			if secretFile == "" {
 				secretFile = defaultPGSecretFile()
 			}
@@ -80,28 +95,37 @@ switches the named tables back to plpgsql.`,
 				return fmt.Errorf("pg install: connect: %w", err)
 			}
 			defer conn.Close(ctx)
-			key, err := pgproxy.Install(ctx, conn, norm, pgproxy.InstallOptions{CLibrary: cLibrary})
+			in, err := pgproxy.Install(ctx, conn, norm, pgproxy.InstallOptions{Trigger: trig, CLibrary: cLibrary})
 			if err != nil {
 				return err
 			}
 			if err := os.MkdirAll(filepath.Dir(secretFile), 0o700); err != nil {
 				return fmt.Errorf("pg install: secret file: %w", err)
 			}
-			if err := os.WriteFile(secretFile, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
+			if err := os.WriteFile(secretFile, []byte(hex.EncodeToString(in.Secret)+"\n"), 0o600); err != nil {
 				return fmt.Errorf("pg install: write secret file %s: %w", secretFile, err)
 			}
-			trigger := "plpgsql"
-			if cLibrary != "" {
-				trigger = "c (" + cLibrary + ")"
+			noC := ""
+			if in.NoC != nil {
+				noC = in.NoC.Error()
 			}
 			if asJSON {
 				return writeJSON(a.stdout, struct {
 					Tables     []string `json:"tables"`
 					Trigger    string   `json:"trigger"`
+					CLibrary   string   `json:"cLibrary,omitempty"`
+					NoC        string   `json:"whyNotC,omitempty"`
 					SecretFile string   `json:"secretFile"`
-				}{norm, trigger, secretFile})
+				}{norm, string(in.Trigger), in.CLibrary, noC, secretFile})
 			}
-			fmt.Fprintf(a.stdout, "fence installed: %s (%s trigger)\n", strings.Join(norm, ", "), trigger)
+			how := string(in.Trigger) + " trigger"
+			if in.Trigger == pgproxy.TriggerC {
+				how += ", " + in.CLibrary
+			}
+			fmt.Fprintf(a.stdout, "fence installed: %s (%s)\n", strings.Join(norm, ", "), how)
+			if in.NoC != nil {
+				fmt.Fprintf(a.stdout, "not the C trigger: %s\n", noC)
+			}
 			fmt.Fprintf(a.stdout, "secret: %s\n", secretFile)
 			return nil
 		},
@@ -110,8 +134,11 @@ switches the named tables back to plpgsql.`,
 	f.StringVar(&dsn, "dsn", "", "admin connection string of the database to fence (required)")
 	f.StringArrayVar(&tables, "table", nil, "table to fence, schema.table or schema.* (repeatable)")
 	f.StringVar(&secretFile, "secret-file", "", "where to write the signing secret (hex; default $XDG_STATE_HOME/fenceline/pg-secret.key)")
-	f.StringVar(&cLibrary, "c-trigger", "", "use the C trigger; --c-trigger=LIB names its shared library (alone: "+pgproxy.CTriggerLibrary+")")
+	f.StringVar(&trigger, "trigger", "auto", "trigger function: auto (c when the server loads it, else plpgsql), c or plpgsql")
+	f.StringVar(&cLibrary, "c-library", "", "the C trigger's shared library as the server names it (default "+pgproxy.CTriggerLibrary+")")
+	f.StringVar(&cTrigger, "c-trigger", "", "old spelling of --trigger c [--c-library LIB]")
 	f.Lookup("c-trigger").NoOptDefVal = pgproxy.CTriggerLibrary
+	_ = f.MarkDeprecated("c-trigger", "use --trigger c (and --c-library LIB)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return c
 }

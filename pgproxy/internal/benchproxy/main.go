@@ -33,7 +33,8 @@ func run() error {
 	upstream := flag.String("upstream", "127.0.0.1:5432", "Postgres host:port, or the path of its Unix socket")
 	tables := flag.String("tables", "public.*", "comma-separated table claims")
 	install := flag.String("install", "", "admin DSN: install the fence on the claimed tables first")
-	clib := flag.String("c-trigger", "", "with -install: the C trigger's shared library (pgproxy/cfence)")
+	trigger := flag.String("trigger", "auto", "with -install: the trigger, auto, c or plpgsql")
+	clib := flag.String("c-library", "", "with -install: the C trigger's shared library (default "+pgproxy.CTriggerLibrary+")")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (stopped on SIGINT/SIGTERM)")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -52,14 +53,23 @@ func run() error {
 	claims := strings.Split(*tables, ",")
 	var secret []byte
 	if *install != "" {
+		trig, err := pgproxy.ParseTrigger(*trigger)
+		if err != nil {
+			return err
+		}
 		conn, err := pgx.Connect(ctx, *install)
 		if err != nil {
 			return err
 		}
-		secret, err = pgproxy.Install(ctx, conn, claims, pgproxy.InstallOptions{CLibrary: *clib})
+		in, err := pgproxy.Install(ctx, conn, claims, pgproxy.InstallOptions{Trigger: trig, CLibrary: *clib})
 		conn.Close(ctx)
 		if err != nil {
 			return err
+		}
+		secret = in.Secret
+		fmt.Printf("trigger %s %s\n", in.Trigger, in.CLibrary)
+		if in.NoC != nil {
+			fmt.Printf("not the C trigger: %v\n", in.NoC)
 		}
 	}
 	claim, err := scope.New(nil, false, claims)
