@@ -21,14 +21,14 @@
  * pgbench clients); this one costs 4-18 us there, and is within the noise
  * of no trigger in BenchmarkStorageFence (no row contention). Postgres
  * loads it only from a superuser's CREATE FUNCTION, so managed services
- * that allow no C extensions keep the plpgsql trigger, which "fenceline pg
- * install" uses unless told otherwise. PostgreSQL 15 or later (it uses
- * pg_cryptohash_error); tested with 15.
+ * that allow no C extensions keep the plpgsql trigger; "fenceline pg
+ * install" uses this one whenever the server loads it. PostgreSQL 15 or
+ * later (it uses pg_cryptohash_error); tested with 15.
  *
  * Build and install (needs the server headers, postgresql-server-dev-NN):
  *
  *   make -C pgproxy/cfence install
- *   fenceline pg install --dsn ... --table ... --c-trigger
+ *   fenceline pg install --dsn ... --table ...     (--trigger c to insist on it)
  */
 #include "postgres.h"
 
