@@ -48,6 +48,51 @@ func BenchmarkFencedUpdate(b *testing.B) {
 	}
 }
 
+// BenchmarkFencedTransaction runs pgbench's tpcb-like shape through the
+// proxy, one client: BEGIN, an update, a read, two more updates, an insert,
+// COMMIT, with other literals every time (what pgbench -M simple sends).
+// With -cpuprofile it shows what the proxy spends per statement.
+func BenchmarkFencedTransaction(b *testing.B) {
+	lease := newStaticLease(b, "lease_bench", 0, "public.accounts", "public.other", "public.sink")
+	p := startProxy(b, Config{Lease: lease})
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement} {
+		b.Run(mode.String(), func(b *testing.B) {
+			c := connect(b, proxyDSN(p, "agent"))
+			ctx := context.Background()
+			for i := 0; b.Loop(); i++ {
+				id, delta := 1+i%10, i%1000-500
+				tx, err := c.Begin(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				var bal int
+				for _, q := range []struct {
+					sql  string
+					args []any
+				}{
+					{"UPDATE accounts SET balance = balance + $1 WHERE id = $2", []any{delta, id}},
+					{"SELECT balance FROM accounts WHERE id = $1", []any{id}},
+					{"UPDATE other SET note = $1 WHERE id = $2", []any{strconv.Itoa(delta), id}},
+					{"UPDATE accounts SET balance = balance - $1 WHERE id = $2", []any{delta, 1 + (i+3)%10}},
+					{"INSERT INTO sink VALUES ($1)", []any{strconv.Itoa(i)}},
+				} {
+					if strings.HasPrefix(q.sql, "SELECT") {
+						err = tx.QueryRow(ctx, q.sql, append([]any{mode}, q.args...)...).Scan(&bal)
+					} else {
+						_, err = tx.Exec(ctx, q.sql, append([]any{mode}, q.args...)...)
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := tx.Commit(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 func BenchmarkClassify(b *testing.B) {
 	c := NewClassifier(0)
 	b.Run("cached-literals", func(b *testing.B) {
@@ -63,67 +108,88 @@ func BenchmarkClassify(b *testing.B) {
 }
 
 // BenchmarkStorageFence: eight clients straight to Postgres (no proxy), each
-// transaction carrying a fence token and updating two fenced tables twice,
-// on the plpgsql trigger, on the C trigger, and on the same tables with the
-// trigger disabled. pg-µs/tx is the backends' CPU per transaction, from
-// /proc: beside "none", what the trigger costs Postgres. /proc counts in
-// 10 ms ticks per backend, so run enough transactions (-benchtime 20000x
-// gives about ±4 µs per transaction).
+// transaction carrying a fence token, on the plpgsql trigger, on the C
+// trigger, and on the same tables with the trigger disabled; in two shapes:
+// 2x2 updates two fenced tables twice each, 4x1 four fenced tables once each
+// (pgbench's tpcb-like writes four). pg-µs/tx is the backends' CPU per
+// transaction, from /proc: beside "none", what the trigger costs Postgres.
+// /proc counts in 10 ms ticks per backend, so run enough transactions
+// (-benchtime 20000x gives about ±4 µs per transaction).
 func BenchmarkStorageFence(b *testing.B) {
 	const clients = 8
+	tables := []string{"public.race", "public.accounts", "public.other", "public.zombie"}
+	shapes := []struct {
+		name   string
+		tables []string
+		sql    string // %[1]s token, %[2]d this client's row, %[3]d its account
+	}{
+		{"2x2", tables[:2], "BEGIN; SELECT set_config('fenceline.token', '%s', true); " +
+			"UPDATE public.race SET writer = 'a' WHERE id = %[2]d; UPDATE public.accounts SET balance = balance + 1 WHERE id = %[3]d; " +
+			"UPDATE public.race SET writer = 'b' WHERE id = %[2]d; UPDATE public.accounts SET balance = balance - 1 WHERE id = %[3]d; COMMIT"},
+		{"4x1", tables, "BEGIN; SELECT set_config('fenceline.token', '%s', true); " +
+			"UPDATE public.race SET writer = 'a' WHERE id = %[2]d; UPDATE public.accounts SET balance = balance + 1 WHERE id = %[3]d; " +
+			"UPDATE public.other SET note = 'b' WHERE id = %[2]d; UPDATE public.zombie SET balance = balance - 1 WHERE id = %[2]d; COMMIT"},
+	}
 	for _, tc := range []struct {
 		name    string
 		f       *fenceDB
 		disable bool
 	}{{"plpgsql", plpgsql, false}, {"c", cTrigger, false}, {"none", plpgsql, true}} {
-		b.Run(tc.name, func(b *testing.B) {
-			tc.f.need(b)
-			tc.f.reset(b, fmt.Sprintf("TRUNCATE public.race; INSERT INTO public.race SELECT g, 'x' FROM generate_series(1, %d) g", 10*clients))
-			tc.f.resetEpoch(b, "public.race")
-			tc.f.resetEpoch(b, "public.accounts")
-			if tc.disable {
-				toggle := func(on string) {
-					tc.f.reset(b, "ALTER TABLE public.race "+on+" TRIGGER "+triggerName+"; ALTER TABLE public.accounts "+on+" TRIGGER "+triggerName)
-				}
-				toggle("DISABLE")
-				b.Cleanup(func() { toggle("ENABLE") })
-			}
-			tok := mustToken(b, tc.f.secret, "lease_bench", 1, "public.race", "public.accounts")
-			conns := make([]*pgx.Conn, clients)
-			pids := make([]int, clients)
-			for i := range conns {
-				conns[i] = tc.f.agent(b)
-				if err := conns[i].QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pids[i]); err != nil {
-					b.Fatal(err)
-				}
-			}
-			cpu0 := backendCPU(b, pids)
-			b.ResetTimer()
-			var next atomic.Int64
-			var wg sync.WaitGroup
-			for i, c := range conns {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					// Rows of this client's own: no lock waits between clients.
-					for k := next.Add(1); k <= int64(b.N); k = next.Add(1) {
-						row := i*10 + int(k%10) + 1
-						sql := fmt.Sprintf("BEGIN; SELECT set_config('fenceline.token', '%s', true); "+
-							"UPDATE public.race SET writer = 'a' WHERE id = %[2]d; UPDATE public.accounts SET balance = balance + 1 WHERE id = %[3]d; "+
-							"UPDATE public.race SET writer = 'b' WHERE id = %[2]d; UPDATE public.accounts SET balance = balance - 1 WHERE id = %[3]d; COMMIT",
-							tok, row, i+1)
-						if _, err := c.Exec(context.Background(), sql); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			b.StopTimer()
-			b.ReportMetric((backendCPU(b, pids)-cpu0)/float64(b.N), "pg-µs/tx")
-		})
+		for _, shape := range shapes {
+			b.Run(tc.name+"/"+shape.name, func(b *testing.B) {
+				benchStorageFence(b, tc.f, tc.disable, shape.tables, shape.sql, clients)
+			})
+		}
 	}
+}
+
+func benchStorageFence(b *testing.B, f *fenceDB, disable bool, tables []string, sqlFormat string, clients int) {
+	f.need(b)
+	f.reset(b, fmt.Sprintf("TRUNCATE public.race, public.other; INSERT INTO public.race SELECT g, 'x' FROM generate_series(1, %[1]d) g; "+
+		"INSERT INTO public.other SELECT g, 'x' FROM generate_series(1, %[1]d) g", 10*clients))
+	for _, t := range tables {
+		f.resetEpoch(b, t)
+	}
+	if disable {
+		toggle := func(on string) {
+			for _, t := range tables {
+				f.reset(b, "ALTER TABLE "+t+" "+on+" TRIGGER "+triggerName)
+			}
+		}
+		toggle("DISABLE")
+		b.Cleanup(func() { toggle("ENABLE") })
+	}
+	tok := mustToken(b, f.secret, "lease_bench", 1, tables...)
+	conns := make([]*pgx.Conn, clients)
+	pids := make([]int, clients)
+	for i := range conns {
+		conns[i] = f.agent(b)
+		if err := conns[i].QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pids[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	cpu0 := backendCPU(b, pids)
+	b.ResetTimer()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Rows of this client's own: no lock waits between clients.
+			for k := next.Add(1); k <= int64(b.N); k = next.Add(1) {
+				row := i*10 + int(k%10) + 1
+				sql := fmt.Sprintf(sqlFormat, tok, row, i+1)
+				if _, err := c.Exec(context.Background(), sql); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric((backendCPU(b, pids)-cpu0)/float64(b.N), "pg-µs/tx")
 }
 
 // backendCPU is the CPU time, in µs, that the server processes pids have

@@ -84,11 +84,13 @@
 // currval of sequence fenceline.verified, which only the installing role's
 // SECURITY DEFINER function fenceline.fence_slow can set, after checking the
 // MAC), it claims the table, and its fence equals the table's epoch before and
-// after a shared advisory lock on the table. Everything else — the first write
-// of a session or of a new token, a new lease's first write to a table, every
-// refusal — goes to fence_slow. A new lease's first write takes the table's
-// lock exclusively, so it waits for every open transaction that wrote the
-// table under an older fence, then raises the epoch. Epochs are read with
+// after passing the table's gate (reading its gate sequence, which holds that
+// in ROW EXCLUSIVE mode until the transaction ends). Everything else — the
+// first write of a session or of a new token, a new lease's first write to a
+// table, every refusal — goes to fence_slow. A new lease's first write locks
+// the gate in SHARE ROW EXCLUSIVE mode (ALTER SEQUENCE), so it waits for
+// every open transaction that wrote the table under an older fence, and
+// keeps new ones out, then raises the epoch. Epochs are read with
 // pg_sequence_last_value, not through a snapshot, so the check is the same
 // under every isolation level; an epoch never goes down, not even when the
 // raising transaction rolls back. A zombie whose proxy still believes in its

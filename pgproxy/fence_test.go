@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -310,8 +311,12 @@ func testEpochRaise(t *testing.T, f *fenceDB) {
 			newTok := mustToken(t, f.secret, "lease_new", 21, "public.race")
 			z := f.agent(t)
 			n := f.agent(t)
+			late := f.agent(t) // another session of the old lease, its token verified
 			if err := writeWithToken(ctx, z, oldTok, "INSERT INTO public.race VALUES (1, 'old')"); err != nil {
 				t.Fatalf("old lease's first write: %v", err)
+			}
+			if err := writeWithToken(ctx, late, oldTok, "INSERT INTO public.race VALUES (6, 'old, other session')"); err != nil {
+				t.Fatalf("old lease's first write in another session: %v", err)
 			}
 			// The old holder has a transaction open on the table.
 			ztx, err := z.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.TxIsoLevel(iso)})
@@ -331,16 +336,39 @@ func testEpochRaise(t *testing.T, f *fenceDB) {
 			}
 			done := make(chan error, 1)
 			go func() { done <- writeWithToken(ctx, n, newTok, "INSERT INTO public.race VALUES (3, 'new')") }()
-			// The new lease's write waits on the table's fence lock.
+			// The new lease's write waits for the table's gate.
 			a := f.admin(t)
 			testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-				var ev string
-				err := a.QueryRow(ctx, "SELECT coalesce(wait_event, '') FROM pg_stat_activity WHERE pid = $1", npid).Scan(&ev)
+				var waitsFor string
+				err := a.QueryRow(ctx, `SELECT coalesce(string_agg(l.relation::regclass || ' ' || l.mode, ', '), '') FROM pg_locks l
+					WHERE l.pid = $1 AND NOT l.granted`, npid).Scan(&waitsFor)
 				if err != nil {
 					return err
 				}
-				if ev != "advisory" {
-					return errString("new lease's write is not waiting on the fence lock (wait_event " + ev + ")")
+				if want := gateOf(t, a, "public.race") + " ShareRowExclusiveLock"; waitsFor != want {
+					return errString("new lease's write waits for " + strconv.Quote(waitsFor) + ", want " + want)
+				}
+				return nil
+			})
+			// An old-fence write that starts now (its peek at the epoch still
+			// passes) waits at the gate behind the raise.
+			var latePid int
+			if err := late.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&latePid); err != nil {
+				t.Fatal(err)
+			}
+			lateDone := make(chan error, 1)
+			go func() {
+				lateDone <- writeWithToken(ctx, late, oldTok, "INSERT INTO public.race VALUES (7, 'old, late')")
+			}()
+			testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+				var waitsFor string
+				err := a.QueryRow(ctx, `SELECT coalesce(string_agg(l.relation::regclass || ' ' || l.mode, ', '), '') FROM pg_locks l
+					WHERE l.pid = $1 AND NOT l.granted`, latePid).Scan(&waitsFor)
+				if err != nil {
+					return err
+				}
+				if want := gateOf(t, a, "public.race") + " RowExclusiveLock"; waitsFor != want {
+					return errString("late old-fence write waits for " + strconv.Quote(waitsFor) + ", want " + want)
 				}
 				return nil
 			})
@@ -354,6 +382,9 @@ func testEpochRaise(t *testing.T, f *fenceDB) {
 			if err := <-done; err != nil {
 				t.Fatalf("new lease's write after the old transaction ended: %v", err)
 			}
+			if err := <-lateDone; pgCode(err) != "40001" || !strings.Contains(err.Error(), "stale fence") {
+				t.Fatalf("old-fence write that waited at the gate: want 40001 stale fence, got %v", err)
+			}
 			err = writeWithToken(ctx, z, oldTok, "INSERT INTO public.race VALUES (5, 'zombie')")
 			if pgCode(err) != "40001" || !strings.Contains(err.Error(), "stale fence") || !strings.Contains(err.Error(), "lease_new") {
 				t.Fatalf("old lease after the raise: want 40001 stale fence naming lease_new, got %v", err)
@@ -364,6 +395,16 @@ func testEpochRaise(t *testing.T, f *fenceDB) {
 			}
 		})
 	}
+}
+
+// gateOf names the gate sequence of fenced table rel.
+func gateOf(t *testing.T, admin *pgx.Conn, rel string) string {
+	t.Helper()
+	var gate string
+	if err := admin.QueryRow(ctxT(t), "SELECT gate::text FROM fenceline.epoch WHERE relid = $1::regclass", rel).Scan(&gate); err != nil {
+		t.Fatalf("gate of %s: %v", rel, err)
+	}
+	return gate
 }
 
 // lockedBuffer is an io.Writer for a slog handler shared by goroutines.
@@ -440,6 +481,46 @@ func testDiscardKeepsFencedWrites(t *testing.T, f *fenceDB) {
 	var n int
 	if err := f.admin(t).QueryRow(ctx, "SELECT count(*) FROM public.race").Scan(&n); err != nil || n != 4 {
 		t.Fatalf("public.race has %d rows (%v): want 4", n, err)
+	}
+}
+
+// TestInstallUpgradesOldFence: a table an earlier version fenced (its
+// trigger without the gate) refuses writes, naming the fix, until an
+// install, whichever tables it names, brings its trigger up to date.
+func TestInstallUpgradesOldFence(t *testing.T) {
+	ctx := ctxT(t)
+	admin := plpgsql.admin(t)
+	var relid uint32
+	if err := admin.QueryRow(ctx, "SELECT 'public.race'::regclass::oid").Scan(&relid); err != nil {
+		t.Fatal(err)
+	}
+	old := fmt.Sprintf(`UPDATE fenceline.epoch SET gate = NULL WHERE relid = %[1]d;
+DROP TRIGGER %[2]s ON public.race;
+CREATE TRIGGER %[2]s BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON public.race
+	FOR EACH STATEMENT EXECUTE FUNCTION fenceline.fence_check('fenceline.epoch_%[1]d', ',%[3]s.*,', ',%[3]s.%[4]s,')`,
+		relid, triggerName, hex.EncodeToString([]byte("public")), hex.EncodeToString([]byte("race")))
+	if _, err := admin.Exec(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	plpgsql.resetEpoch(t, "public.race")
+	tok := mustToken(t, plpgsql.secret, "lease_upgrade", 1, "public.race")
+	agent := plpgsql.agent(t)
+	err := writeWithToken(ctx, agent, tok, "INSERT INTO public.race VALUES (900, 'old trigger')")
+	if pgCode(err) != "40001" || !strings.Contains(err.Error(), "no epoch or gate") || !strings.Contains(err.Error(), "public") {
+		t.Fatalf("write to a table fenced by an earlier version: want 40001 naming the table and the fix, got %v", err)
+	}
+	if _, err := Install(ctx, admin, []string{"public.other"}, InstallOptions{Trigger: TriggerPLpgSQL}); err != nil {
+		t.Fatal(err)
+	}
+	var nargs int
+	if err := admin.QueryRow(ctx, "SELECT tgnargs FROM pg_trigger WHERE tgrelid = 'public.race'::regclass AND tgname = $1", triggerName).Scan(&nargs); err != nil || nargs != 4 {
+		t.Fatalf("after an install naming another table, public.race's trigger has %d arguments (%v), want 4", nargs, err)
+	}
+	if gateOf(t, admin, "public.race") == "" {
+		t.Fatal("public.race has no gate after the install")
+	}
+	if err := writeWithToken(ctx, agent, tok, "INSERT INTO public.race VALUES (901, 'upgraded')"); err != nil {
+		t.Fatalf("write after the upgrade: %v", err)
 	}
 }
 

@@ -12,9 +12,14 @@
  *      setting fenceline.verified says currval is defined;
  *   2. the token claims the table (",hex(schema).*," or
  *      ",hex(schema).hex(table)," occurs in it);
- *   3. the token's fence equals the table's epoch before and after a shared
- *      transaction-level advisory lock on the table (fence_slow raises an
- *      epoch under the exclusive one).
+ *   3. the token's fence equals the table's epoch before and after passing
+ *      the table's gate: reading the gate sequence holds it in ROW EXCLUSIVE
+ *      mode to the end of the transaction, and fence_slow raises an epoch
+ *      under ALTER SEQUENCE's SHARE ROW EXCLUSIVE lock on it, which waits
+ *      for every such reader and keeps new ones out. A relation lock takes
+ *      Postgres's per-backend fast path; the advisory lock this replaced
+ *      went through the shared lock table, where eight clients writing the
+ *      same tables queued on its partition lock.
  *
  * The plpgsql trigger pays for setting up its expressions in every
  * transaction (35-58 us of Postgres CPU per fenced statement under eight
@@ -47,9 +52,6 @@
 
 PG_MODULE_MAGIC;
 
-/* The first key of the fence's advisory locks ("FENC"), as in fence.go. */
-#define FENCE_LOCK_KEY 1178946115
-
 PG_FUNCTION_INFO_V1(fenceline_fence_check);
 
 /*
@@ -70,9 +72,9 @@ call1(PGFunction fn, Datum arg, bool *isnull)
 	return result;
 }
 
-/* epoch returns the last value of sequence seq, false when it has none. */
+/* last_value returns the last value of sequence seq, false when it has none. */
 static bool
-epoch(Oid seq, int64 *value)
+last_value(Oid seq, int64 *value)
 {
 	bool		isnull;
 	Datum		d = call1(pg_sequence_last_value, ObjectIdGetDatum(seq), &isnull);
@@ -192,14 +194,16 @@ verified(const char *tok)
 /*
  * fast is fence_fast(): true lets the statement write; false sends it to
  * fence_slow. args are the trigger's: the epoch sequence's name,
- * ",hex(schema).*," and ",hex(schema).hex(table),".
+ * ",hex(schema).*,", ",hex(schema).hex(table)," and the gate sequence's
+ * name.
  */
 static bool
-fast(char **args, Oid rel)
+fast(char **args)
 {
 	const char *setting = GetConfigOption("fenceline.token", true, false);
 	char	   *tok;
 	Oid			seq;
+	Oid			gate;
 	int64		fence;
 	int64		cur;
 
@@ -214,13 +218,13 @@ fast(char **args, Oid rel)
 		return false;
 	/* As plpgsql's "seq regclass := seqname": a missing one raises 42P01. */
 	seq = DatumGetObjectId(DirectFunctionCall1(regclassin, CStringGetDatum(args[0])));
-	if (!epoch(seq, &cur) || cur != fence)
+	if (!last_value(seq, &cur) || cur != fence)
 		return false;
-	/* Peek, lock shared, read again: a raise holds the lock exclusively. */
-	DirectFunctionCall2(pg_advisory_xact_lock_shared_int4,
-						Int32GetDatum(FENCE_LOCK_KEY),
-						Int32GetDatum((int32) ((int64) rel - INT64CONST(2147483648))));
-	return epoch(seq, &cur) && cur == fence;
+	/* Peek, pass the gate, read again: a raise holds the gate. */
+	gate = DatumGetObjectId(DirectFunctionCall1(regclassin, CStringGetDatum(args[3])));
+	if (!last_value(gate, &cur))
+		return false;
+	return last_value(seq, &cur) && cur == fence;
 }
 
 /*
@@ -254,13 +258,13 @@ fenceline_fence_check(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("fenceline: fence_check_c() is a trigger function")));
 	tg = td->tg_trigger;
-	if (!TRIGGER_FIRED_BEFORE(td->tg_event) || !TRIGGER_FIRED_FOR_STATEMENT(td->tg_event) || tg->tgnargs != 3)
+	if (!TRIGGER_FIRED_BEFORE(td->tg_event) || !TRIGGER_FIRED_FOR_STATEMENT(td->tg_event) || tg->tgnargs != 4)
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("fenceline: trigger %s on %s is not one \"fenceline pg install\" made",
 						tg->tgname, RelationGetRelationName(td->tg_relation)),
 				 errhint("run \"fenceline pg install\" for this table again")));
-	if (fast(tg->tgargs, RelationGetRelid(td->tg_relation)))
+	if (fast(tg->tgargs))
 		return PointerGetDatum(NULL);
 	if (TRIGGER_FIRED_BY_INSERT(td->tg_event))
 		op = "INSERT";
