@@ -82,24 +82,36 @@
 // expression of pg_catalog functions with no query: the token is the one the
 // session already proved genuine (the hash of the token equals the session's
 // currval of sequence fenceline.verified, which only the installing role's
-// SECURITY DEFINER function fenceline.fence_slow can set, after checking the
-// MAC), it claims the table, and its fence equals the table's epoch before and
-// after passing the table's gate (reading its gate sequence, which holds that
-// in ROW EXCLUSIVE mode until the transaction ends). Everything else — the
-// first write of a session or of a new token, a new lease's first write to a
-// table, every refusal — goes to fence_slow. A new lease's first write locks
-// the gate in SHARE ROW EXCLUSIVE mode (ALTER SEQUENCE), so it waits for
-// every open transaction that wrote the table under an older fence, and
-// keeps new ones out, then raises the epoch. Epochs are read with
-// pg_sequence_last_value, not through a snapshot, so the check is the same
-// under every isolation level; an epoch never goes down, not even when the
-// raising transaction rolls back. A zombie whose proxy still believes in its
-// lease therefore cannot write a table that a newer holder has written.
+// SECURITY DEFINER function fenceline.fence_slow_gate can set, after checking
+// the MAC), it claims the table, and its fence equals the table's epoch
+// before and after passing the table's gate (reading its gate sequence,
+// which holds that in ROW EXCLUSIVE mode until the transaction ends).
+// Everything else — the first write of a session or of a new token, a new
+// lease's first write to a table, every refusal — goes to fence_slow_gate. A
+// new lease's first write locks the gate in SHARE ROW EXCLUSIVE mode (ALTER
+// SEQUENCE), so it waits for every open transaction that wrote the table
+// under an older fence, and keeps new ones out, then raises the epoch. Epochs
+// are read with pg_sequence_last_value, not through a snapshot, so the check
+// is the same under every isolation level; an epoch never goes down, not even
+// when the raising transaction rolls back. A zombie whose proxy still
+// believes in its lease therefore cannot write a table that a newer holder
+// has written.
+//
+// What the gate costs and where it shows: a ROW EXCLUSIVE relation lock takes
+// Postgres's per-backend fast path while the transaction's relation locks fit
+// its slots (16 in PostgreSQL 15: a fenced table with one index takes four —
+// table, index, epoch, gate — plus one for fenceline.verified, so pgbench's
+// tpcb-like fits exactly); beyond that, locks go through the shared lock
+// table, as the advisory lock this replaced always did. A raise is DDL (ALTER
+// SEQUENCE ... OWNED BY NONE, which changes nothing): event triggers on
+// ddl_command_start/end fire for it, once per lease and table. Anything that
+// reads the gate, such as a query on pg_sequences, holds it until its
+// transaction ends and so delays a raise as a writer would.
 //
 // The trigger comes in two kinds with one slow path. TriggerC is
 // fenceline.fence_check_c from pgproxy/cfence: the fast-path checks in C
 // (4-18 µs of Postgres CPU per fenced statement under eight pgbench
-// clients), handing everything else to fence_slow through SPI. It needs a
+// clients), handing everything else to fence_slow_gate through SPI. It needs a
 // superuser to install and the library built against the server's headers
 // ("make -C pgproxy/cfence install"). TriggerPLpgSQL (fenceline.fence_check
 // and fence_fast) runs on every Postgres, managed services included;
@@ -108,7 +120,7 @@
 // ("fenceline pg install --trigger auto"), takes C when the server loads
 // the library and plpgsql otherwise, and reports why not C. The
 // storage-fence tests (zombie, forged and swapped tokens, session mark,
-// epoch raise, DISCARD, fence_slow's EXECUTE privilege) run against both;
+// epoch raise, DISCARD, fence_slow_gate's EXECUTE privilege) run against both;
 // the protocol tests use the plpgsql one.
 //
 // # Sequence

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fenceline/fenceline/internal/scope"
 )
@@ -22,7 +23,7 @@ const (
 	// only by the installing role), fenceline.epoch (each fenced table's
 	// epoch sequence and last raise), the trigger functions
 	// fenceline.fence_check() (plpgsql) or fence_check_c() (C), and the
-	// functions they share (fence_fast, and fence_slow, the SECURITY
+	// functions they share (fence_fast, and fence_slow_gate, the SECURITY
 	// DEFINER one that verifies, raises and refuses).
 	Schema = "fenceline"
 	// triggerName is the statement-level trigger on every fenced table.
@@ -108,8 +109,9 @@ func SplitTable(t string) (schemaName, table string, err error) {
 // which holds it in ROW EXCLUSIVE mode, and a raise locks it with ALTER
 // SEQUENCE; a relation lock, unlike an advisory one, takes Postgres's
 // per-backend fast path) and the trigger, calling function fn, with its
-// arguments.
-func fenceTable(ctx context.Context, tx pgx.Tx, rel, fn string) error {
+// arguments. Both sequences belong to owner, the role fence_slow_gate runs
+// as, which sets the epoch and locks the gate.
+func fenceTable(ctx context.Context, tx pgx.Tx, rel, fn, owner string) error {
 	var relid uint32
 	var schemaName, table string
 	err := tx.QueryRow(ctx, `SELECT c.oid, ns.nspname, c.relname FROM pg_class c
@@ -119,6 +121,16 @@ func fenceTable(ctx context.Context, tx pgx.Tx, rel, fn string) error {
 	}
 	seq := fmt.Sprintf("fenceline.epoch_%d", relid)
 	gate := fmt.Sprintf("fenceline.gate_%d", relid)
+	var newGate bool
+	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NULL", gate).Scan(&newGate); err != nil {
+		return err
+	}
+	// A new gate is set once; an install never reads an existing one (that
+	// would hold it, and a raise would wait for the install).
+	setGate := ""
+	if newGate {
+		setGate = fmt.Sprintf("SELECT setval('%s', 1, true);", gate)
+	}
 	hs := hex.EncodeToString([]byte(schemaName))
 	sql := fmt.Sprintf(`
 INSERT INTO fenceline.epoch (relid, relname) VALUES (%[4]d, %[2]s) ON CONFLICT (relid) DO NOTHING;
@@ -130,20 +142,38 @@ SELECT setval('%[5]s', greatest(coalesce(pg_sequence_last_value('%[5]s'), 0), ep
 CREATE SEQUENCE IF NOT EXISTS %[9]s AS bigint MINVALUE 1;
 REVOKE ALL ON SEQUENCE %[9]s FROM PUBLIC;
 GRANT SELECT ON SEQUENCE %[9]s TO PUBLIC;
-SELECT setval('%[9]s', 1, true);
+%[10]s
 UPDATE fenceline.epoch SET seq = '%[5]s', gate = '%[9]s' WHERE relid = %[4]d;
 DROP TRIGGER IF EXISTS %[1]s ON %[3]s;
 CREATE TRIGGER %[1]s BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %[3]s
 	FOR EACH STATEMENT EXECUTE FUNCTION %[8]s('%[5]s', ',%[6]s.*,', ',%[6]s.%[7]s,', '%[9]s');`,
-		triggerName, quoteLiteral(rel), rel, relid, seq, hs, hex.EncodeToString([]byte(table)), fn, gate)
-	_, err = tx.Exec(ctx, sql)
-	return err
+		triggerName, quoteLiteral(rel), rel, relid, seq, hs, hex.EncodeToString([]byte(table)), fn, gate, setGate)
+	if _, err = tx.Exec(ctx, sql); err != nil {
+		return err
+	}
+	// Sequences another role created (an install by someone else) change
+	// hands; ALTER ... OWNER locks them exclusively, so only when needed.
+	rows, err := tx.Query(ctx, `SELECT c.oid::regclass::text FROM pg_class c
+		WHERE c.oid IN ($1::regclass, $2::regclass) AND c.relowner <> $3::regrole`, seq, gate, owner)
+	if err != nil {
+		return err
+	}
+	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, o := range others {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER SEQUENCE %s OWNER TO %s", o, owner)); err != nil {
+			return fmt.Errorf("give %s to %s, who raises epochs: %w", o, owner, err)
+		}
+	}
+	return nil
 }
 
 // upgradeFenced re-attaches, with the trigger function it has, every fenced
 // table that an earlier version fenced and the install did not name: their
-// triggers lack the gate, and fence_slow refuses writes to them until then.
-func upgradeFenced(ctx context.Context, tx pgx.Tx) error {
+// triggers lack the gate, and fence_slow_gate refuses writes to them until then.
+func upgradeFenced(ctx context.Context, tx pgx.Tx, owner string) error {
 	rows, err := tx.Query(ctx, `SELECT ns.nspname, c.relname, p.proname FROM fenceline.epoch ep
 		JOIN pg_class c ON c.oid = ep.relid JOIN pg_namespace ns ON ns.oid = c.relnamespace
 		JOIN pg_trigger tg ON tg.tgrelid = ep.relid AND tg.tgname = $1
@@ -162,7 +192,7 @@ func upgradeFenced(ctx context.Context, tx pgx.Tx) error {
 	}
 	for _, o := range old {
 		rel := pgx.Identifier{o.schema, o.table}.Sanitize()
-		if err := fenceTable(ctx, tx, rel, pgx.Identifier{Schema, o.fn}.Sanitize()); err != nil {
+		if err := fenceTable(ctx, tx, rel, pgx.Identifier{Schema, o.fn}.Sanitize(), owner); err != nil {
 			return fmt.Errorf("upgrade the fence of %s: %w", rel, err)
 		}
 	}
@@ -223,12 +253,12 @@ const tokenHashSQL = `(pg_catalog.textcat('x', pg_catalog.encode(` + tokenHashBy
 //     equals the table's epoch both before and after passing the table's
 //     gate (reading sequence fenceline.gate_<relid>, which holds it in ROW
 //     EXCLUSIVE mode until the transaction ends). Anything else goes to
-//     fence_slow. Four fenced
+//     fence_slow_gate. Four fenced
 //     statements in a transaction cost about 50 µs of Postgres CPU in all;
 //     the earlier trigger (two queries under SECURITY DEFINER, re-planned on
 //     every call because of pg_temp in its search_path) took about 110 µs
 //     per statement.
-//   - fenceline.fence_slow(), SECURITY DEFINER, does everything else and
+//   - fenceline.fence_slow_gate(), SECURITY DEFINER, does everything else and
 //     explains every refusal: it checks the token's MAC against the secret,
 //     marks the token verified for the session (setval of
 //     fenceline.verified, plus the session setting fenceline.verified that
@@ -244,7 +274,7 @@ const tokenHashSQL = `(pg_catalog.textcat('x', pg_catalog.encode(` + tokenHashBy
 // Why currval is a sound mark: a session's currval is its own, writers may
 // read it but only setval (which needs UPDATE, held by the installing role
 // alone) changes it, and it holds a hash of the token, so a writer that swaps
-// in another token or forges the setting fails over to fence_slow. Verifying
+// in another token or forges the setting fails over to fence_slow_gate. Verifying
 // once per session weakens nothing: a genuine token stays genuine, and the
 // epoch, checked on every statement, is what stops a lease that was lost.
 //
@@ -274,14 +304,14 @@ CREATE TABLE IF NOT EXISTS fenceline.epoch (
 ALTER TABLE fenceline.epoch ADD COLUMN IF NOT EXISTS seq regclass;
 ALTER TABLE fenceline.epoch ADD COLUMN IF NOT EXISTS gate regclass;
 REVOKE ALL ON fenceline.secret, fenceline.epoch FROM PUBLIC;
--- currval of this sequence is the hash of the last token fence_slow verified
+-- currval of this sequence is the hash of the last token fence_slow_gate verified
 -- in the session: writers may read it (SELECT), only the owner may set it.
 CREATE SEQUENCE IF NOT EXISTS fenceline.verified AS bigint
 	MINVALUE -9223372036854775808 MAXVALUE 9223372036854775807;
 REVOKE ALL ON SEQUENCE fenceline.verified FROM PUBLIC;
 GRANT SELECT ON SEQUENCE fenceline.verified TO PUBLIC;
 
-CREATE OR REPLACE FUNCTION fenceline.fence_slow(rel pg_catalog.oid, op pg_catalog.text) RETURNS void
+CREATE OR REPLACE FUNCTION fenceline.fence_slow_gate(rel pg_catalog.oid, op pg_catalog.text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 -- The trigger's slow path; see pgproxy.MakeToken for the token format.
 -- Anyone may call it: it trusts nothing but the token and the table's oid.
@@ -361,8 +391,8 @@ BEGIN
 	END IF;
 END
 $fn$;
-REVOKE ALL ON FUNCTION fenceline.fence_slow(oid, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION fenceline.fence_slow(oid, text) TO PUBLIC;
+REVOKE ALL ON FUNCTION fenceline.fence_slow_gate(oid, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fenceline.fence_slow_gate(oid, text) TO PUBLIC;
 
 -- Earlier versions' fast path took an advisory lock instead of the gate.
 DROP FUNCTION IF EXISTS fenceline.fence_fast(text, text, text, oid);
@@ -384,7 +414,7 @@ DECLARE
 	gate pg_catalog.regclass := gatename;
 BEGIN
 	RETURN CASE
-		-- fence_slow sets fenceline.verified with currval; until then currval
+		-- fence_slow_gate sets fenceline.verified with currval; until then currval
 		-- fails. RESET (and RESET ALL, DISCARD ALL) leave it '', not NULL.
 		WHEN tok IS NULL OR pg_catalog.int4eq(pg_catalog.length(pg_catalog.current_setting('fenceline.verified', true)), 0) IS NOT FALSE THEN false
 		WHEN pg_catalog.byteaeq(pg_catalog.int8send(pg_catalog.currval('fenceline.verified'::pg_catalog.regclass)), ` + tokenHashBytesSQL + `) IS NOT TRUE THEN false
@@ -405,11 +435,15 @@ BEGIN
 	IF fenceline.fence_fast(TG_ARGV[0], TG_ARGV[1], TG_ARGV[2], TG_ARGV[3]) THEN
 		RETURN NULL;
 	END IF;
-	PERFORM fenceline.fence_slow(TG_RELID, TG_OP);
+	PERFORM fenceline.fence_slow_gate(TG_RELID, TG_OP);
 	RETURN NULL;
 END
 $fn$;
 REVOKE ALL ON FUNCTION fenceline.fence_check() FROM PUBLIC;
+-- Earlier versions' slow path, which raised under an advisory lock that no
+-- trigger takes now. A trigger still calling it fails closed until the
+-- install brings it up to date (upgradeFenced, in the same transaction).
+DROP FUNCTION IF EXISTS fenceline.fence_slow(oid, text);
 `
 
 // CTriggerLibrary is where "make -C pgproxy/cfence install" puts the C
@@ -459,8 +493,8 @@ type InstallOptions struct {
 type Installed struct {
 	// Secret is the signing secret, for the proxy's Config.
 	Secret []byte
-	// Trigger is the trigger the tables now carry: TriggerC or
-	// TriggerPLpgSQL.
+	// Trigger is the trigger the named tables now carry: TriggerC or
+	// TriggerPLpgSQL (tables fenced earlier and not named keep theirs).
 	Trigger Trigger
 	// CLibrary is the C trigger's library when Trigger is TriggerC.
 	CLibrary string
@@ -507,7 +541,7 @@ func Install(ctx context.Context, conn *pgx.Conn, tables []string, opts InstallO
 		case err == nil:
 			fn = "fenceline.fence_check_c"
 			res.Trigger, res.CLibrary = TriggerC, lib
-		case opts.Trigger == TriggerAuto:
+		case opts.Trigger == TriggerAuto && cUnavailable(err):
 			res.NoC = err
 		default:
 			return nil, fmt.Errorf("pg install: C trigger from %s: %w (build and install it with \"make -C pgproxy/cfence install\" as a superuser, or use the plpgsql trigger)", lib, err)
@@ -549,12 +583,16 @@ func Install(ctx context.Context, conn *pgx.Conn, tables []string, opts InstallO
 			rels = append(rels, pgx.Identifier{s, name}.Sanitize())
 		}
 	}
+	var owner string
+	if err := tx.QueryRow(ctx, "SELECT proowner::regrole::text FROM pg_proc WHERE oid = 'fenceline.fence_slow_gate(oid, text)'::regprocedure").Scan(&owner); err != nil {
+		return nil, fmt.Errorf("pg install: owner of fence_slow_gate: %w", err)
+	}
 	for _, rel := range rels {
-		if err := fenceTable(ctx, tx, rel, fn); err != nil {
+		if err := fenceTable(ctx, tx, rel, fn, owner); err != nil {
 			return nil, fmt.Errorf("pg install: fence %s: %w", rel, err)
 		}
 	}
-	if err := upgradeFenced(ctx, tx); err != nil {
+	if err := upgradeFenced(ctx, tx, owner); err != nil {
 		return nil, fmt.Errorf("pg install: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -562,6 +600,24 @@ func Install(ctx context.Context, conn *pgx.Conn, tables []string, opts InstallO
 	}
 	res.Secret = key
 	return res, nil
+}
+
+// cUnavailable reports whether err, from creating the C trigger, says the
+// server cannot have it (no such file, a library it cannot load or of
+// another version or protocol, not a superuser) rather than that something
+// went wrong, which fails even an auto install.
+func cUnavailable(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	switch pe.Code {
+	case "58P01", // undefined_file: "could not access file"
+		"42883", // undefined_function: the library lacks the symbol
+		"42501": // insufficient_privilege: LANGUAGE c needs a superuser
+		return true
+	}
+	return strings.HasPrefix(pe.Message, "could not load library") || strings.HasPrefix(pe.Message, "incompatible library")
 }
 
 // errUndo: a failed tentative step could not be undone; the install's
@@ -572,7 +628,7 @@ var errUndo = errors.New("undoing it failed")
 // a failure is undone (a savepoint) so that the install can go on without
 // it, unless the error wraps errUndo.
 func createCTrigger(ctx context.Context, tx pgx.Tx, lib string, tentative bool) error {
-	q := fmt.Sprintf(`CREATE OR REPLACE FUNCTION fenceline.fence_check_c() RETURNS trigger LANGUAGE c AS %s, 'fenceline_fence_check';
+	q := fmt.Sprintf(`CREATE OR REPLACE FUNCTION fenceline.fence_check_c() RETURNS trigger LANGUAGE c AS %s, 'fenceline_fence_check_gate';
 REVOKE ALL ON FUNCTION fenceline.fence_check_c() FROM PUBLIC;`, quoteLiteral(lib))
 	if !tentative {
 		_, err := tx.Exec(ctx, q)

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -397,6 +398,65 @@ func testEpochRaise(t *testing.T, f *fenceDB) {
 	}
 }
 
+// TestGateSurvivesRollbackToSavepoint: a transaction that wrote under a
+// savepoint and rolled back to it still holds the gate (the lock belongs to
+// the whole transaction, as Postgres's own cache of it assumes), so a newer
+// lease's raise still waits for it, and its later writes need no new pass.
+func TestGateSurvivesRollbackToSavepoint(t *testing.T) { forEachTrigger(t, testGateSavepoint) }
+
+func testGateSavepoint(t *testing.T, f *fenceDB) {
+	f.reset(t, "TRUNCATE public.race")
+	f.resetEpoch(t, "public.race")
+	ctx := ctxT(t)
+	oldTok := mustToken(t, f.secret, "lease_old", 30, "public.race")
+	newTok := mustToken(t, f.secret, "lease_new", 31, "public.race")
+	w, n, a := f.agent(t), f.agent(t), f.admin(t)
+	wtx, err := w.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wtx.Rollback(ctx)
+	if _, err := wtx.Exec(ctx, "SELECT set_config('fenceline.token', $1, true)", oldTok); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"SAVEPOINT a", "INSERT INTO public.race VALUES (1, 'rolled back')", "ROLLBACK TO SAVEPOINT a"} {
+		if _, err := wtx.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	var npid int
+	if err := n.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&npid); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- writeWithToken(ctx, n, newTok, "INSERT INTO public.race VALUES (3, 'new')") }()
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		var waitsFor string
+		err := a.QueryRow(ctx, `SELECT coalesce(string_agg(l.relation::regclass || ' ' || l.mode, ', '), '') FROM pg_locks l
+			WHERE l.pid = $1 AND NOT l.granted`, npid).Scan(&waitsFor)
+		if err != nil {
+			return err
+		}
+		if want := gateOf(t, a, "public.race") + " ShareRowExclusiveLock"; waitsFor != want {
+			return errString("new lease's write waits for " + strconv.Quote(waitsFor) + ", want " + want)
+		}
+		return nil
+	})
+	if _, err := wtx.Exec(ctx, "INSERT INTO public.race VALUES (2, 'after rollback to')"); err != nil {
+		t.Fatalf("old lease writes again after ROLLBACK TO, before the raise: %v", err)
+	}
+	if err := wtx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("new lease's write after the old transaction ended: %v", err)
+	}
+	var rows string
+	if err := a.QueryRow(ctx, "SELECT string_agg(writer, ', ' ORDER BY id) FROM public.race").Scan(&rows); err != nil || rows != "after rollback to, new" {
+		t.Fatalf("public.race holds %q (%v), want the old write, then the new", rows, err)
+	}
+}
+
 // gateOf names the gate sequence of fenced table rel.
 func gateOf(t *testing.T, admin *pgx.Conn, rel string) string {
 	t.Helper()
@@ -484,43 +544,91 @@ func testDiscardKeepsFencedWrites(t *testing.T, f *fenceDB) {
 	}
 }
 
-// TestInstallUpgradesOldFence: a table an earlier version fenced (its
-// trigger without the gate) refuses writes, naming the fix, until an
-// install, whichever tables it names, brings its trigger up to date.
+// TestInstallUpgradesOldFence: a database fenced by the previous version
+// (testdata/fence_v3.sql, that version's schema and functions, and its
+// three-argument trigger on two tables, with the advisory lock and no gate)
+// keeps its secret and epochs when this version installs on one of the two
+// tables; both get the gate protocol, the old functions are gone, and the
+// epochs still stop a stale fence.
 func TestInstallUpgradesOldFence(t *testing.T) {
 	ctx := ctxT(t)
-	admin := plpgsql.admin(t)
-	var relid uint32
-	if err := admin.QueryRow(ctx, "SELECT 'public.race'::regclass::oid").Scan(&relid); err != nil {
+	const db = "fenceline_upgrade"
+	root := connect(t, pg.AdminDSN(""))
+	for _, q := range []string{"DROP DATABASE IF EXISTS " + db, "CREATE DATABASE " + db} {
+		if _, err := root.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	admin := connect(t, pg.AdminDSN(db))
+	old, err := os.ReadFile("testdata/fence_v3.sql")
+	if err != nil {
 		t.Fatal(err)
 	}
-	old := fmt.Sprintf(`UPDATE fenceline.epoch SET gate = NULL WHERE relid = %[1]d;
-DROP TRIGGER %[2]s ON public.race;
-CREATE TRIGGER %[2]s BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON public.race
-	FOR EACH STATEMENT EXECUTE FUNCTION fenceline.fence_check('fenceline.epoch_%[1]d', ',%[3]s.*,', ',%[3]s.%[4]s,')`,
-		relid, triggerName, hex.EncodeToString([]byte("public")), hex.EncodeToString([]byte("race")))
-	if _, err := admin.Exec(ctx, old); err != nil {
+	secret := bytes.Repeat([]byte{7}, 32)
+	if _, err := admin.Exec(ctx, "CREATE TABLE public.named (id int); CREATE TABLE public.unnamed (id int); GRANT ALL ON public.named, public.unnamed TO PUBLIC"); err != nil {
 		t.Fatal(err)
 	}
-	plpgsql.resetEpoch(t, "public.race")
-	tok := mustToken(t, plpgsql.secret, "lease_upgrade", 1, "public.race")
-	agent := plpgsql.agent(t)
-	err := writeWithToken(ctx, agent, tok, "INSERT INTO public.race VALUES (900, 'old trigger')")
-	if pgCode(err) != "40001" || !strings.Contains(err.Error(), "no epoch or gate") || !strings.Contains(err.Error(), "public") {
-		t.Fatalf("write to a table fenced by an earlier version: want 40001 naming the table and the fix, got %v", err)
+	if _, err := admin.Exec(ctx, string(old)); err != nil {
+		t.Fatalf("the previous version's install: %v", err)
 	}
-	if _, err := Install(ctx, admin, []string{"public.other"}, InstallOptions{Trigger: TriggerPLpgSQL}); err != nil {
+	if _, err := admin.Exec(ctx, "INSERT INTO fenceline.secret VALUES (1, $1)", secret); err != nil {
 		t.Fatal(err)
 	}
-	var nargs int
-	if err := admin.QueryRow(ctx, "SELECT tgnargs FROM pg_trigger WHERE tgrelid = 'public.race'::regclass AND tgname = $1", triggerName).Scan(&nargs); err != nil || nargs != 4 {
-		t.Fatalf("after an install naming another table, public.race's trigger has %d arguments (%v), want 4", nargs, err)
+	for _, table := range []string{"named", "unnamed"} {
+		var relid uint32
+		if err := admin.QueryRow(ctx, "SELECT $1::regclass::oid", "public."+table).Scan(&relid); err != nil {
+			t.Fatal(err)
+		}
+		// The previous version's fenceTable, verbatim.
+		q := fmt.Sprintf(`
+INSERT INTO fenceline.epoch (relid, relname) VALUES (%[4]d, %[2]s) ON CONFLICT (relid) DO NOTHING;
+CREATE SEQUENCE IF NOT EXISTS %[5]s AS bigint MINVALUE 0;
+REVOKE ALL ON SEQUENCE %[5]s FROM PUBLIC;
+GRANT SELECT ON SEQUENCE %[5]s TO PUBLIC;
+SELECT setval('%[5]s', greatest(coalesce(pg_sequence_last_value('%[5]s'), 0), ep.fence), true)
+	FROM fenceline.epoch ep WHERE ep.relid = %[4]d;
+UPDATE fenceline.epoch SET seq = '%[5]s' WHERE relid = %[4]d;
+DROP TRIGGER IF EXISTS %[1]s ON %[3]s;
+CREATE TRIGGER %[1]s BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %[3]s
+	FOR EACH STATEMENT EXECUTE FUNCTION %[8]s('%[5]s', ',%[6]s.*,', ',%[6]s.%[7]s,');`,
+			triggerName, quoteLiteral("public."+table), "public."+table, relid, fmt.Sprintf("fenceline.epoch_%d", relid),
+			hex.EncodeToString([]byte("public")), hex.EncodeToString([]byte(table)), "fenceline.fence_check")
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("the previous version fences public.%s: %v", table, err)
+		}
 	}
-	if gateOf(t, admin, "public.race") == "" {
-		t.Fatal("public.race has no gate after the install")
+	agent := connect(t, pg.DSN("agent", "", db))
+	tok5 := mustToken(t, secret, "lease_v3", 5, "public.unnamed", "public.named")
+	if err := writeWithToken(ctx, agent, tok5, "INSERT INTO public.unnamed VALUES (1)"); err != nil {
+		t.Fatalf("write under the previous version: %v", err)
 	}
-	if err := writeWithToken(ctx, agent, tok, "INSERT INTO public.race VALUES (901, 'upgraded')"); err != nil {
-		t.Fatalf("write after the upgrade: %v", err)
+
+	in, err := Install(ctx, admin, []string{"public.named"}, InstallOptions{Trigger: TriggerPLpgSQL})
+	if err != nil {
+		t.Fatalf("install over the previous version: %v", err)
+	}
+	if !bytes.Equal(in.Secret, secret) {
+		t.Fatal("the install replaced the previous version's secret")
+	}
+	for _, table := range []string{"public.named", "public.unnamed"} {
+		var nargs int
+		if err := admin.QueryRow(ctx, "SELECT tgnargs FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2", table, triggerName).Scan(&nargs); err != nil || nargs != 4 {
+			t.Fatalf("after the install %s's trigger has %d arguments (%v), want 4", table, nargs, err)
+		}
+		if gateOf(t, admin, table) == "" {
+			t.Fatalf("%s has no gate after the install", table)
+		}
+	}
+	var gone bool
+	if err := admin.QueryRow(ctx, "SELECT to_regprocedure('fenceline.fence_slow(oid, text)') IS NULL AND to_regprocedure('fenceline.fence_fast(text, text, text, oid)') IS NULL").Scan(&gone); err != nil || !gone {
+		t.Fatalf("the previous version's fence_slow and fence_fast are still there (%v)", err)
+	}
+	if err := writeWithToken(ctx, agent, tok5, "INSERT INTO public.unnamed VALUES (2)"); err != nil {
+		t.Fatalf("write after the upgrade, same lease: %v", err)
+	}
+	tok4 := mustToken(t, secret, "lease_older", 4, "public.unnamed")
+	if err := writeWithToken(ctx, agent, tok4, "INSERT INTO public.unnamed VALUES (3)"); pgCode(err) != "40001" || !strings.Contains(err.Error(), "stale fence") {
+		t.Fatalf("a fence below the epoch the previous version raised: want 40001 stale fence, got %v", err)
 	}
 }
 
@@ -599,23 +707,23 @@ func TestInstallChoosesTrigger(t *testing.T) {
 	testStorageFenceSessionMark(t, cTrigger) // the switches left a working fence
 }
 
-// TestSlowPathNeedsExecute: both triggers reach fence_slow as a query would,
+// TestSlowPathNeedsExecute: both triggers reach fence_slow_gate as a query would,
 // so revoking EXECUTE on it from the writers' roles refuses their writes.
 func TestSlowPathNeedsExecute(t *testing.T) { forEachTrigger(t, testSlowPathNeedsExecute) }
 
 func testSlowPathNeedsExecute(t *testing.T, f *fenceDB) {
 	ctx := ctxT(t)
 	admin := f.admin(t)
-	if _, err := admin.Exec(ctx, "REVOKE EXECUTE ON FUNCTION fenceline.fence_slow(oid, text) FROM PUBLIC"); err != nil {
+	if _, err := admin.Exec(ctx, "REVOKE EXECUTE ON FUNCTION fenceline.fence_slow_gate(oid, text) FROM PUBLIC"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if _, err := f.admin(t).Exec(context.Background(), "GRANT EXECUTE ON FUNCTION fenceline.fence_slow(oid, text) TO PUBLIC"); err != nil {
-			t.Errorf("grant EXECUTE on fence_slow back: %v", err)
+		if _, err := f.admin(t).Exec(context.Background(), "GRANT EXECUTE ON FUNCTION fenceline.fence_slow_gate(oid, text) TO PUBLIC"); err != nil {
+			t.Errorf("grant EXECUTE on fence_slow_gate back: %v", err)
 		}
 	})
 	_, err := f.agent(t).Exec(ctx, "INSERT INTO public.other VALUES (200, 'no execute')")
-	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "fence_slow") {
-		t.Fatalf("write with EXECUTE on fence_slow revoked: want 42501 naming fence_slow, got %v", err)
+	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "fence_slow_gate") {
+		t.Fatalf("write with EXECUTE on fence_slow_gate revoked: want 42501 naming fence_slow_gate, got %v", err)
 	}
 }

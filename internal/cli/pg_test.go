@@ -88,12 +88,20 @@ func TestPGInstallTrigger(t *testing.T) {
 	r := install("--c-library", missing).want(t, ExitOK)
 	mustContain(t, "auto's text output", r.stdout, "(plpgsql trigger)", "not the C trigger:", missing)
 
+	// A failed install changes nothing: not the trigger, not the secret file.
+	const untouched = "untouched\n"
+	if err := os.WriteFile(secret, []byte(untouched), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	r = install("--trigger", "c", "--c-library", missing).want(t, ExitError)
 	mustContain(t, "--trigger c with a missing library", r.stderr, missing, "make -C pgproxy/cfence install")
 	r = install("--c-trigger="+missing).want(t, ExitError) // the old spelling still means --trigger c
 	mustContain(t, "--c-trigger=LIB with a missing library", r.stderr, missing)
 	if triggerLang() != "plpgsql" {
 		t.Fatalf("a failed install changed the trigger to %s", triggerLang())
+	}
+	if b, err := os.ReadFile(secret); err != nil || string(b) != untouched {
+		t.Fatalf("a failed install rewrote the secret file: %q (%v)", b, err)
 	}
 
 	r = install("--trigger", "fast").want(t, ExitUsage)

@@ -2,19 +2,19 @@
  * fenceline_fence: the storage-side fence's trigger function in C.
  *
  * It makes the same check as fenceline.fence_fast() in pgproxy/fence.go and
- * hands everything else to fenceline.fence_slow(), the plpgsql SECURITY
+ * hands everything else to fenceline.fence_slow_gate(), the plpgsql SECURITY
  * DEFINER function that verifies a token's MAC, raises an epoch, or refuses
  * with the reason. The check reads no table and runs no query:
  *
  *   1. the token (setting fenceline.token) is the one the session verified:
  *      the first 8 bytes of its SHA-256 equal the session's currval of
- *      sequence fenceline.verified, which only fence_slow may set, and the
+ *      sequence fenceline.verified, which only fence_slow_gate may set, and the
  *      setting fenceline.verified says currval is defined;
  *   2. the token claims the table (",hex(schema).*," or
  *      ",hex(schema).hex(table)," occurs in it);
  *   3. the token's fence equals the table's epoch before and after passing
  *      the table's gate: reading the gate sequence holds it in ROW EXCLUSIVE
- *      mode to the end of the transaction, and fence_slow raises an epoch
+ *      mode to the end of the transaction, and fence_slow_gate raises an epoch
  *      under ALTER SEQUENCE's SHARE ROW EXCLUSIVE lock on it, which waits
  *      for every such reader and keeps new ones out. A relation lock takes
  *      Postgres's per-backend fast path; the advisory lock this replaced
@@ -52,7 +52,13 @@
 
 PG_MODULE_MAGIC;
 
-PG_FUNCTION_INFO_V1(fenceline_fence_check);
+/*
+ * The symbol names the protocol: a library of another one (the advisory lock
+ * before the gate) lacks it, so CREATE FUNCTION fails and "pg install" falls
+ * back to plpgsql rather than attaching a trigger that does not match
+ * fence_slow_gate.
+ */
+PG_FUNCTION_INFO_V1(fenceline_fence_check_gate);
 
 /*
  * call1 calls a built-in SQL function of one argument and reports a NULL
@@ -120,7 +126,7 @@ static int64 hashed_mark;
 
 /*
  * token_mark returns the first 8 bytes of sha256(tok) as a big-endian int8,
- * the mark fence_slow stores (it hashes convert_to(tok, 'UTF8'); the caller
+ * the mark fence_slow_gate stores (it hashes convert_to(tok, 'UTF8'); the caller
  * has checked that tok is ASCII, the same bytes in every server encoding).
  */
 static int64
@@ -180,7 +186,7 @@ verified(const char *tok)
 	int64		have;
 	bool		isnull;
 
-	/* Until fence_slow sets the mark currval is undefined (RESET leaves ''). */
+	/* Until fence_slow_gate sets the mark currval is undefined (RESET leaves ''). */
 	if (mark == NULL || mark[0] == '\0' || !is_ascii(tok))
 		return false;
 	nsp = get_namespace_oid("fenceline", true);
@@ -193,7 +199,7 @@ verified(const char *tok)
 
 /*
  * fast is fence_fast(): true lets the statement write; false sends it to
- * fence_slow. args are the trigger's: the epoch sequence's name,
+ * fence_slow_gate. args are the trigger's: the epoch sequence's name,
  * ",hex(schema).*,", ",hex(schema).hex(table)," and the gate sequence's
  * name.
  */
@@ -228,7 +234,7 @@ fast(char **args)
 }
 
 /*
- * slow runs fenceline.fence_slow(rel, op), which returns or raises, as
+ * slow runs fenceline.fence_slow_gate(rel, op), which returns or raises, as
  * plpgsql's PERFORM does: a query, so its EXECUTE privilege and hooks apply.
  */
 static void
@@ -240,14 +246,14 @@ slow(Oid rel, const char *op)
 
 	if ((rc = SPI_connect()) != SPI_OK_CONNECT)
 		elog(ERROR, "fenceline: SPI_connect: %s", SPI_result_code_string(rc));
-	rc = SPI_execute_with_args("SELECT fenceline.fence_slow($1, $2)", 2, argtypes, values, NULL, false, 0);
+	rc = SPI_execute_with_args("SELECT fenceline.fence_slow_gate($1, $2)", 2, argtypes, values, NULL, false, 0);
 	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "fenceline: fence_slow: %s", SPI_result_code_string(rc));
+		elog(ERROR, "fenceline: fence_slow_gate: %s", SPI_result_code_string(rc));
 	SPI_finish();
 }
 
 Datum
-fenceline_fence_check(PG_FUNCTION_ARGS)
+fenceline_fence_check_gate(PG_FUNCTION_ARGS)
 {
 	TriggerData *td = (TriggerData *) fcinfo->context;
 	Trigger    *tg;
