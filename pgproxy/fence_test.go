@@ -339,18 +339,7 @@ func testEpochRaise(t *testing.T, f *fenceDB) {
 			go func() { done <- writeWithToken(ctx, n, newTok, "INSERT INTO public.race VALUES (3, 'new')") }()
 			// The new lease's write waits for the table's gate.
 			a := f.admin(t)
-			testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-				var waitsFor string
-				err := a.QueryRow(ctx, `SELECT coalesce(string_agg(l.relation::regclass || ' ' || l.mode, ', '), '') FROM pg_locks l
-					WHERE l.pid = $1 AND NOT l.granted`, npid).Scan(&waitsFor)
-				if err != nil {
-					return err
-				}
-				if want := gateOf(t, a, "public.race") + " ShareRowExclusiveLock"; waitsFor != want {
-					return errString("new lease's write waits for " + strconv.Quote(waitsFor) + ", want " + want)
-				}
-				return nil
-			})
+			checkWaitsAtGate(t, a, npid, "public.race", "ShareRowExclusiveLock")
 			// An old-fence write that starts now (its peek at the epoch still
 			// passes) waits at the gate behind the raise.
 			var latePid int
@@ -361,18 +350,7 @@ func testEpochRaise(t *testing.T, f *fenceDB) {
 			go func() {
 				lateDone <- writeWithToken(ctx, late, oldTok, "INSERT INTO public.race VALUES (7, 'old, late')")
 			}()
-			testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-				var waitsFor string
-				err := a.QueryRow(ctx, `SELECT coalesce(string_agg(l.relation::regclass || ' ' || l.mode, ', '), '') FROM pg_locks l
-					WHERE l.pid = $1 AND NOT l.granted`, latePid).Scan(&waitsFor)
-				if err != nil {
-					return err
-				}
-				if want := gateOf(t, a, "public.race") + " RowExclusiveLock"; waitsFor != want {
-					return errString("late old-fence write waits for " + strconv.Quote(waitsFor) + ", want " + want)
-				}
-				return nil
-			})
+			checkWaitsAtGate(t, a, latePid, "public.race", "RowExclusiveLock")
 			// Meanwhile the old holder may still write: its epoch stands.
 			if _, err := ztx.Exec(ctx, "INSERT INTO public.race VALUES (4, 'old, still open')"); err != nil {
 				t.Fatalf("old lease writes again before the raise: %v", err)
@@ -430,18 +408,7 @@ func testGateSavepoint(t *testing.T, f *fenceDB) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- writeWithToken(ctx, n, newTok, "INSERT INTO public.race VALUES (3, 'new')") }()
-	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		var waitsFor string
-		err := a.QueryRow(ctx, `SELECT coalesce(string_agg(l.relation::regclass || ' ' || l.mode, ', '), '') FROM pg_locks l
-			WHERE l.pid = $1 AND NOT l.granted`, npid).Scan(&waitsFor)
-		if err != nil {
-			return err
-		}
-		if want := gateOf(t, a, "public.race") + " ShareRowExclusiveLock"; waitsFor != want {
-			return errString("new lease's write waits for " + strconv.Quote(waitsFor) + ", want " + want)
-		}
-		return nil
-	})
+	checkWaitsAtGate(t, a, npid, "public.race", "ShareRowExclusiveLock")
 	if _, err := wtx.Exec(ctx, "INSERT INTO public.race VALUES (2, 'after rollback to')"); err != nil {
 		t.Fatalf("old lease writes again after ROLLBACK TO, before the raise: %v", err)
 	}
@@ -455,6 +422,25 @@ func testGateSavepoint(t *testing.T, f *fenceDB) {
 	if err := a.QueryRow(ctx, "SELECT string_agg(writer, ', ' ORDER BY id) FROM public.race").Scan(&rows); err != nil || rows != "after rollback to, new" {
 		t.Fatalf("public.race holds %q (%v), want the old write, then the new", rows, err)
 	}
+}
+
+// checkWaitsAtGate waits (bounded) until session pid waits for nothing but
+// fenced table rel's gate, in lock mode mode.
+func checkWaitsAtGate(t *testing.T, admin *pgx.Conn, pid int, rel, mode string) {
+	t.Helper()
+	want := gateOf(t, admin, rel) + " " + mode
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		var waitsFor string
+		err := admin.QueryRow(context.Background(), `SELECT coalesce(string_agg(l.relation::regclass || ' ' || l.mode, ', '), '')
+			FROM pg_locks l WHERE l.pid = $1 AND NOT l.granted`, pid).Scan(&waitsFor)
+		if err != nil {
+			return err
+		}
+		if waitsFor != want {
+			return fmt.Errorf("session %d waits for %q, want %s", pid, waitsFor, want)
+		}
+		return nil
+	})
 }
 
 // gateOf names the gate sequence of fenced table rel.

@@ -18,13 +18,14 @@
  *      under ALTER SEQUENCE's SHARE ROW EXCLUSIVE lock on it, which waits
  *      for every such reader and keeps new ones out. A relation lock takes
  *      Postgres's per-backend fast path; the advisory lock this replaced
- *      went through the shared lock table, where eight clients writing the
- *      same tables queued on its partition lock.
+ *      went through the shared lock table, and cost 50-100 us of Postgres
+ *      CPU per transaction of four fenced writes in BenchmarkStorageFence
+ *      (4x1), against about 24 us for the gate.
  *
  * The plpgsql trigger pays for setting up its expressions in every
  * transaction (35-58 us of Postgres CPU per fenced statement under eight
- * pgbench clients); this one costs 4-18 us there, and is within the noise
- * of no trigger in BenchmarkStorageFence (no row contention). Postgres
+ * pgbench clients); this one costs 4-18 us there, about 6 us in
+ * BenchmarkStorageFence (each client on its own rows). Postgres
  * loads it only from a superuser's CREATE FUNCTION, so managed services
  * that allow no C extensions keep the plpgsql trigger; "fenceline pg
  * install" uses this one whenever the server loads it. PostgreSQL 15 or
