@@ -53,7 +53,7 @@ func (d *demo) pgStory(ctx context.Context, dir string) error {
 	}
 	secret := in.Secret
 	d.section("8. The Postgres fence")
-	fmt.Fprintf(d.out, "a throwaway Postgres at %s; fenceline pg install fenced public.invoices and public.rates.\n", pg.Addr())
+	fmt.Fprintf(d.out, "a throwaway Postgres at %s; fenceline pg install fenced public.invoices and public.rates (%s trigger).\n", pg.Addr(), in.Trigger)
 
 	p, err := d.pgAgent(ctx, dir, "agent-p", "public.invoices", 30*time.Second, 0, pg.Addr(), secret)
 	if err != nil {
