@@ -50,11 +50,13 @@ func BenchmarkFencedUpdate(b *testing.B) {
 
 // BenchmarkFencedTransaction runs pgbench's tpcb-like shape through the
 // proxy, one client: BEGIN, an update, a read, two more updates, an insert,
-// COMMIT, with other literals every time (what pgbench -M simple sends).
-// With -cpuprofile it shows what the proxy spends per statement.
+// COMMIT, with other values every time, in the simple protocol (literals
+// in the text, as pgbench -M simple) and with prepared statements. With
+// -cpuprofile it shows what the proxy spends per statement.
 func BenchmarkFencedTransaction(b *testing.B) {
 	lease := newStaticLease(b, "lease_bench", 0, "public.accounts", "public.other", "public.sink")
 	p := startProxy(b, Config{Lease: lease})
+	plpgsql.reset(b, "INSERT INTO public.other SELECT g, 'x' FROM generate_series(1, 10) g ON CONFLICT (id) DO NOTHING")
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement} {
 		b.Run(mode.String(), func(b *testing.B) {
 			c := connect(b, proxyDSN(p, "agent"))
@@ -145,8 +147,10 @@ func BenchmarkStorageFence(b *testing.B) {
 
 func benchStorageFence(b *testing.B, f *fenceDB, disable bool, tables []string, sqlFormat string, clients int) {
 	f.need(b)
-	f.reset(b, fmt.Sprintf("TRUNCATE public.race, public.other; INSERT INTO public.race SELECT g, 'x' FROM generate_series(1, %[1]d) g; "+
-		"INSERT INTO public.other SELECT g, 'x' FROM generate_series(1, %[1]d) g", 10*clients))
+	// Every client's rows exist in every table (benchmarks run after the
+	// tests, which need public.zombie's row 2 only).
+	f.reset(b, fmt.Sprintf("TRUNCATE public.race, public.other, public.zombie; INSERT INTO public.race SELECT g, 'x' FROM generate_series(1, %[1]d) g; "+
+		"INSERT INTO public.other SELECT g, 'x' FROM generate_series(1, %[1]d) g; INSERT INTO public.zombie SELECT g, 0 FROM generate_series(1, %[1]d) g", 10*clients))
 	for _, t := range tables {
 		f.resetEpoch(b, t)
 	}

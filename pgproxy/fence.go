@@ -170,15 +170,20 @@ CREATE TRIGGER %[1]s BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %[3]s
 	return nil
 }
 
-// upgradeFenced re-attaches, with the trigger function it has, every fenced
-// table that an earlier version fenced and the install did not name: their
-// triggers lack the gate, and fence_slow_gate refuses writes to them until then.
+// upgradeFenced re-attaches every fenced table that an earlier version fenced
+// and the install did not name (their triggers lack the gate, and
+// fence_slow_gate refuses writes to them until then), with the trigger
+// function they have, unless that is a C function of an earlier protocol
+// (the install did not replace it: no C trigger this time), which becomes
+// the plpgsql one.
 func upgradeFenced(ctx context.Context, tx pgx.Tx, owner string) error {
-	rows, err := tx.Query(ctx, `SELECT ns.nspname, c.relname, p.proname FROM fenceline.epoch ep
+	rows, err := tx.Query(ctx, `SELECT ns.nspname, c.relname,
+			CASE WHEN p.proname = 'fence_check_c' AND p.prosrc <> $2 THEN 'fence_check' ELSE p.proname END
+		FROM fenceline.epoch ep
 		JOIN pg_class c ON c.oid = ep.relid JOIN pg_namespace ns ON ns.oid = c.relnamespace
 		JOIN pg_trigger tg ON tg.tgrelid = ep.relid AND tg.tgname = $1
 		JOIN pg_proc p ON p.oid = tg.tgfoid AND p.pronamespace = 'fenceline'::regnamespace
-		WHERE ep.gate IS NULL OR tg.tgnargs <> 4 ORDER BY 1, 2`, triggerName)
+		WHERE ep.gate IS NULL OR tg.tgnargs <> 4 ORDER BY 1, 2`, triggerName, cTriggerSymbol)
 	if err != nil {
 		return fmt.Errorf("list tables fenced by an earlier version: %w", err)
 	}
@@ -265,13 +270,15 @@ const tokenHashSQL = `(pg_catalog.textcat('x', pg_catalog.encode(` + tokenHashBy
 //     says currval is defined), and raises a table's epoch under ALTER
 //     SEQUENCE's SHARE ROW EXCLUSIVE lock on the gate, which waits for every
 //     transaction that passed the gate and keeps new ones out until the
-//     raise commits. A relation lock in ROW EXCLUSIVE mode takes Postgres's
-//     per-backend fast path; the shared advisory lock it replaced went
-//     through the shared lock table: with eight clients each writing the
-//     same four tables (BenchmarkStorageFence, 4x1) the C trigger cost
-//     50-100 µs of Postgres CPU per transaction over no trigger with the
-//     advisory lock, 24 with the gate. It runs once per session and token, and once per lease
-//     and table.
+//     raise commits. It runs once per session and token, and once per
+//     lease and table.
+//
+// Why a gate sequence: a relation lock in ROW EXCLUSIVE mode takes
+// Postgres's per-backend fast path; the shared advisory lock it replaced
+// went through the shared lock table. With eight clients each writing the
+// same four tables (BenchmarkStorageFence, 4x1), the C trigger cost 50-100
+// µs of Postgres CPU per transaction over no trigger with the advisory lock,
+// 19-55 with the gate.
 //
 // Why currval is a sound mark: a session's currval is its own, writers may
 // read it but only setval (which needs UPDATE, held by the installing role
@@ -450,7 +457,12 @@ DROP FUNCTION IF EXISTS fenceline.fence_slow(oid, text);
 
 // CTriggerLibrary is where "make -C pgproxy/cfence install" puts the C
 // trigger, as CREATE FUNCTION names it.
-const CTriggerLibrary = "$libdir/fenceline_fence"
+const CTriggerLibrary = "$libdir/fenceline_fence_gate"
+
+// cTriggerSymbol is the C trigger's function in its library. Like the
+// library's name, it names the protocol (the gate), so that a library or
+// backend of an earlier one is never paired with this fence_slow_gate.
+const cTriggerSymbol = "fenceline_fence_check_gate"
 
 // Trigger names the trigger function Install attaches to fenced tables.
 type Trigger string
@@ -523,7 +535,7 @@ func Install(ctx context.Context, conn *pgx.Conn, tables []string, opts InstallO
 	switch opts.Trigger {
 	case TriggerAuto, TriggerC, TriggerPLpgSQL:
 	default:
-		return nil, fmt.Errorf("pg install: trigger %q: want %q, %q or %q", opts.Trigger, TriggerAuto, TriggerC, TriggerPLpgSQL)
+		return nil, fmt.Errorf("pg install: trigger %q: want auto (%q), %q or %q", opts.Trigger, TriggerAuto, TriggerC, TriggerPLpgSQL)
 	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -622,23 +634,23 @@ func cUnavailable(err error) bool {
 	return strings.HasPrefix(pe.Message, "could not load library") || strings.HasPrefix(pe.Message, "incompatible library")
 }
 
-// errUndo: a failed tentative step could not be undone; the install's
-// transaction is lost.
-var errUndo = errors.New("undoing it failed")
+// errUndo: a tentative step failed in a way no savepoint covers; the
+// install's transaction is lost.
+var errUndo = errors.New("no savepoint to fall back to")
 
 // createCTrigger defines fenceline.fence_check_c from lib. With tentative,
 // a failure is undone (a savepoint) so that the install can go on without
 // it, unless the error wraps errUndo.
 func createCTrigger(ctx context.Context, tx pgx.Tx, lib string, tentative bool) error {
-	q := fmt.Sprintf(`CREATE OR REPLACE FUNCTION fenceline.fence_check_c() RETURNS trigger LANGUAGE c AS %s, 'fenceline_fence_check_gate';
-REVOKE ALL ON FUNCTION fenceline.fence_check_c() FROM PUBLIC;`, quoteLiteral(lib))
+	q := fmt.Sprintf(`CREATE OR REPLACE FUNCTION fenceline.fence_check_c() RETURNS trigger LANGUAGE c AS %s, %s;
+REVOKE ALL ON FUNCTION fenceline.fence_check_c() FROM PUBLIC;`, quoteLiteral(lib), quoteLiteral(cTriggerSymbol))
 	if !tentative {
 		_, err := tx.Exec(ctx, q)
 		return err
 	}
 	sp, err := tx.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("savepoint: %w (%w)", err, errUndo)
+		return fmt.Errorf("savepoint: %w (the install's transaction is unusable: %w)", err, errUndo)
 	}
 	if _, err := sp.Exec(ctx, q); err != nil {
 		if rerr := sp.Rollback(ctx); rerr != nil {
@@ -647,7 +659,7 @@ REVOKE ALL ON FUNCTION fenceline.fence_check_c() FROM PUBLIC;`, quoteLiteral(lib
 		return err
 	}
 	if err := sp.Commit(ctx); err != nil {
-		return fmt.Errorf("release savepoint: %w (%w)", err, errUndo)
+		return fmt.Errorf("release savepoint: %w (the install's transaction is unusable: %w)", err, errUndo)
 	}
 	return nil
 }

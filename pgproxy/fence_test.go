@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -583,6 +584,29 @@ CREATE TRIGGER %[1]s BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %[3]s
 			t.Fatalf("the previous version fences public.%s: %v", table, err)
 		}
 	}
+	// The previous version's C trigger on a third table: its function linked
+	// the previous symbol, which this install, on plpgsql, does not replace.
+	oldC := cTrigger.unavailable == nil && !cTrigger.elsewhere
+	if oldC {
+		var relid uint32
+		if _, err := admin.Exec(ctx, fmt.Sprintf(`CREATE TABLE public.cold (id int); GRANT ALL ON public.cold TO PUBLIC;
+CREATE FUNCTION fenceline.fence_check_c() RETURNS trigger LANGUAGE c AS %s, %s;
+UPDATE pg_proc SET prosrc = 'fenceline_fence_check' WHERE oid = 'fenceline.fence_check_c()'::regprocedure`,
+			quoteLiteral(filepath.Join(cLibDir, "fenceline_fence_gate.so")), quoteLiteral(cTriggerSymbol))); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.QueryRow(ctx, "SELECT 'public.cold'::regclass::oid").Scan(&relid); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, fmt.Sprintf(`INSERT INTO fenceline.epoch (relid, relname) VALUES (%[1]d, 'public.cold');
+CREATE SEQUENCE fenceline.epoch_%[1]d AS bigint MINVALUE 0;
+UPDATE fenceline.epoch SET seq = 'fenceline.epoch_%[1]d' WHERE relid = %[1]d;
+CREATE TRIGGER %[2]s BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON public.cold
+	FOR EACH STATEMENT EXECUTE FUNCTION fenceline.fence_check_c('fenceline.epoch_%[1]d', ',%[3]s.*,', ',%[3]s.%[4]s,')`,
+			relid, triggerName, hex.EncodeToString([]byte("public")), hex.EncodeToString([]byte("cold")))); err != nil {
+			t.Fatal(err)
+		}
+	}
 	agent := connect(t, pg.DSN("agent", "", db))
 	tok5 := mustToken(t, secret, "lease_v3", 5, "public.unnamed", "public.named")
 	if err := writeWithToken(ctx, agent, tok5, "INSERT INTO public.unnamed VALUES (1)"); err != nil {
@@ -616,6 +640,51 @@ CREATE TRIGGER %[1]s BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %[3]s
 	if err := writeWithToken(ctx, agent, tok4, "INSERT INTO public.unnamed VALUES (3)"); pgCode(err) != "40001" || !strings.Contains(err.Error(), "stale fence") {
 		t.Fatalf("a fence below the epoch the previous version raised: want 40001 stale fence, got %v", err)
 	}
+	// Sequences another role made (an install by someone else) go to the
+	// role fence_slow_gate runs as, which must set and lock them.
+	if _, err := admin.Exec(ctx, `DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'fl_other_admin') THEN CREATE ROLE fl_other_admin; END IF; END$$`); err != nil {
+		t.Fatal(err)
+	}
+	gate, epochSeq := gateOf(t, admin, "public.named"), ""
+	if err := admin.QueryRow(ctx, "SELECT seq::text FROM fenceline.epoch WHERE relid = 'public.named'::regclass").Scan(&epochSeq); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "ALTER SEQUENCE "+gate+" OWNER TO fl_other_admin; ALTER SEQUENCE "+epochSeq+" OWNER TO fl_other_admin"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Install(ctx, admin, []string{"public.named"}, InstallOptions{Trigger: TriggerPLpgSQL}); err != nil {
+		t.Fatal(err)
+	}
+	var owners string
+	if err := admin.QueryRow(ctx, `SELECT string_agg(DISTINCT c.relowner::regrole::text, ',') FROM pg_class c
+		WHERE c.oid IN ($1::regclass, $2::regclass)`, gate, epochSeq).Scan(&owners); err != nil {
+		t.Fatal(err)
+	}
+	var slowOwner string
+	if err := admin.QueryRow(ctx, "SELECT proowner::regrole::text FROM pg_proc WHERE oid = 'fenceline.fence_slow_gate(oid, text)'::regprocedure").Scan(&slowOwner); err != nil {
+		t.Fatal(err)
+	}
+	if owners != slowOwner {
+		t.Fatalf("after an install the gate and epoch of public.named belong to %s, want %s (who runs fence_slow_gate)", owners, slowOwner)
+	}
+	t.Run("c", func(t *testing.T) {
+		cTrigger.need(t)
+		if !oldC {
+			t.Fatal("no C library to play the previous version's C trigger")
+		}
+		var fn string
+		var nargs int
+		if err := admin.QueryRow(ctx, "SELECT tgfoid::regproc::text, tgnargs FROM pg_trigger WHERE tgrelid = 'public.cold'::regclass AND tgname = $1", triggerName).Scan(&fn, &nargs); err != nil {
+			t.Fatal(err)
+		}
+		if fn != "fenceline.fence_check" || nargs != 4 {
+			t.Fatalf("the previous version's C trigger became %s with %d arguments, want fenceline.fence_check with 4", fn, nargs)
+		}
+		tok := mustToken(t, secret, "lease_v3", 5, "public.cold")
+		if err := writeWithToken(ctx, agent, tok, "INSERT INTO public.cold VALUES (1)"); err != nil {
+			t.Fatalf("write to the table the previous version fenced in C: %v", err)
+		}
+	})
 }
 
 // TestInstallChoosesTrigger: install again switches the named tables

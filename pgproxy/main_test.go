@@ -164,7 +164,7 @@ GRANT CREATE ON SCHEMA public, app TO PUBLIC;
 	return nil
 }
 
-// buildCTrigger compiles cfence/fenceline_fence.c with the server's
+// buildCTrigger compiles cfence/fenceline_fence_gate.c with the server's
 // compiler flags and headers (as its Makefile would, through PGXS) into a
 // directory the server, another user, can read, and returns the library.
 func buildCTrigger(ctx context.Context) (string, error) {
@@ -190,9 +190,9 @@ func buildCTrigger(ctx context.Context) (string, error) {
 	if err := os.Chmod(cLibDir, 0o755); err != nil {
 		return "", err
 	}
-	lib := filepath.Join(cLibDir, "fenceline_fence.so")
+	lib := filepath.Join(cLibDir, "fenceline_fence_gate.so")
 	args := strings.Fields(strings.Join(lines[1:], " "))
-	args = append(args, "-Werror", "-shared", "-I", inc, "-o", lib, filepath.Join("cfence", "fenceline_fence.c"))
+	args = append(args, "-Werror", "-shared", "-I", inc, "-o", lib, filepath.Join("cfence", "fenceline_fence_gate.c"))
 	cc := exec.CommandContext(ctx, "gcc", args...)
 	if out, err := cc.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("%s: %w\n%s", strings.Join(cc.Args, " "), err, out)

@@ -96,8 +96,8 @@ elif ! command -v gcc >/dev/null; then
 	echo "== no C trigger: it needs gcc"
 else
 	# shellcheck disable=SC2046 # pg_config prints flags to split
-	CLIB=$WORK/fenceline_fence.so
-	gcc $("$BIN/pg_config" --cflags --cflags_sl --cppflags) -shared -I "$INC" -o "$CLIB" pgproxy/cfence/fenceline_fence.c
+	CLIB=$WORK/fenceline_fence_gate.so
+	gcc $("$BIN/pg_config" --cflags --cflags_sl --cppflags) -shared -I "$INC" -o "$CLIB" pgproxy/cfence/fenceline_fence_gate.c
 	chmod 0755 "$CLIB"
 fi
 for db in $DBS; do

@@ -59,7 +59,7 @@ switches the named tables to the trigger chosen then.`,
 		Example: `  fenceline pg install --dsn postgres://admin@db/app --table public.users --table 'billing.*'
   fenceline pg install --dsn "$ADMIN_DSN" --table public.orders --secret-file /etc/fenceline/pg.key --json
   fenceline pg install --dsn "$ADMIN_DSN" --table 'public.*' --trigger c
-  fenceline pg install --dsn "$ADMIN_DSN" --table 'public.*' --trigger c --c-library /opt/fenceline/fenceline_fence.so
+  fenceline pg install --dsn "$ADMIN_DSN" --table 'public.*' --trigger c --c-library /opt/fenceline/fenceline_fence_gate.so
   fenceline pg install --dsn "$ADMIN_DSN" --table 'public.*' --trigger plpgsql`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dsn == "" {
@@ -85,6 +85,10 @@ switches the named tables to the trigger chosen then.`,
 					return usagef("--c-trigger is the old spelling of --trigger c --c-library LIB; use those instead")
 				}
 				trig, cLibrary = pgproxy.TriggerC, cTrigger
+				fmt.Fprintln(a.stderr, "fenceline: --c-trigger is deprecated: use --trigger c (and --c-library LIB)")
+			}
+			if trig == pgproxy.TriggerPLpgSQL && cLibrary != "" {
+				return usagef("--c-library names the C trigger's library, and --trigger plpgsql does not use one; drop one of them")
 			}
 			if secretFile == "" {
 				secretFile = defaultPGSecretFile()
@@ -124,7 +128,7 @@ switches the named tables to the trigger chosen then.`,
 			}
 			fmt.Fprintf(a.stdout, "fence installed: %s (%s)\n", strings.Join(norm, ", "), how)
 			if in.NoC != nil {
-				fmt.Fprintf(a.stdout, "not the C trigger: %s\n", noC)
+				fmt.Fprintf(a.stdout, "not the C trigger: %s\n  (for it: \"make -C pgproxy/cfence install\" on the database server, and install as a superuser; --trigger plpgsql says plpgsql is meant)\n", noC)
 			}
 			fmt.Fprintf(a.stdout, "secret: %s\n", secretFile)
 			return nil
@@ -138,7 +142,9 @@ switches the named tables to the trigger chosen then.`,
 	f.StringVar(&cLibrary, "c-library", "", "the C trigger's shared library as the server names it (default "+pgproxy.CTriggerLibrary+")")
 	f.StringVar(&cTrigger, "c-trigger", "", "old spelling of --trigger c [--c-library LIB]")
 	f.Lookup("c-trigger").NoOptDefVal = pgproxy.CTriggerLibrary
-	_ = f.MarkDeprecated("c-trigger", "use --trigger c (and --c-library LIB)")
+	// Hidden, not cobra-deprecated: cobra would print its notice to stdout,
+	// into --json output.
+	_ = f.MarkHidden("c-trigger")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return c
 }

@@ -86,19 +86,21 @@ func TestPGInstallTrigger(t *testing.T) {
 		t.Fatalf("auto with a library the server cannot load: printed %+v, trigger language %s", in, triggerLang())
 	}
 	r := install("--c-library", missing).want(t, ExitOK)
-	mustContain(t, "auto's text output", r.stdout, "(plpgsql trigger)", "not the C trigger:", missing)
+	mustContain(t, "auto's text output", r.stdout, "(plpgsql trigger)", "not the C trigger:", missing, "make -C pgproxy/cfence install")
 
-	// A failed install changes nothing: not the trigger, not the secret file.
+	// A failed install leaves the secret file alone.
 	const untouched = "untouched\n"
 	if err := os.WriteFile(secret, []byte(untouched), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	r = install("--trigger", "c", "--c-library", missing).want(t, ExitError)
 	mustContain(t, "--trigger c with a missing library", r.stderr, missing, "make -C pgproxy/cfence install")
-	r = install("--c-trigger="+missing).want(t, ExitError) // the old spelling still means --trigger c
-	mustContain(t, "--c-trigger=LIB with a missing library", r.stderr, missing)
-	if triggerLang() != "plpgsql" {
-		t.Fatalf("a failed install changed the trigger to %s", triggerLang())
+	// The old spelling still means --trigger c, and its notice stays out
+	// of the JSON on stdout.
+	r = install("--c-trigger="+missing, "--json").want(t, ExitError)
+	mustContain(t, "--c-trigger=LIB with a missing library", r.stderr, missing, "--c-trigger is deprecated")
+	if r.stdout != "" {
+		t.Fatalf("a failed --json install printed %q on stdout", r.stdout)
 	}
 	if b, err := os.ReadFile(secret); err != nil || string(b) != untouched {
 		t.Fatalf("a failed install rewrote the secret file: %q (%v)", b, err)
@@ -108,4 +110,6 @@ func TestPGInstallTrigger(t *testing.T) {
 	mustContain(t, "--trigger fast", r.stderr, `"fast"`, "auto, c or plpgsql")
 	r = install("--trigger", "plpgsql", "--c-trigger").want(t, ExitUsage)
 	mustContain(t, "--c-trigger with --trigger plpgsql", r.stderr, "--trigger c --c-library")
+	r = install("--trigger", "plpgsql", "--c-library", missing).want(t, ExitUsage)
+	mustContain(t, "--c-library with --trigger plpgsql", r.stderr, "--c-library", "--trigger plpgsql")
 }
