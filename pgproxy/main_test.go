@@ -25,7 +25,6 @@ import (
 // the tests use unless they run for both) and cTrigger.
 var (
 	pg       *pgtest.Server
-	secret   []byte // testDB's
 	plpgsql  = &fenceDB{trigger: "plpgsql", db: testDB}
 	cTrigger = &fenceDB{trigger: "c", db: testDB + "_c"}
 )
@@ -71,7 +70,6 @@ func setupDB() error {
 	if err := plpgsql.setup(ctx, admin, InstallOptions{Trigger: TriggerPLpgSQL}); err != nil {
 		return err
 	}
-	secret = plpgsql.secret
 	if pg.SocketPath() == "" {
 		cTrigger.elsewhere = true
 		return nil
@@ -314,7 +312,7 @@ func startProxy(t testing.TB, cfg Config) *Proxy {
 		cfg.Upstream = pg.Addr()
 	}
 	if cfg.Secret == nil {
-		cfg.Secret = secret
+		cfg.Secret = plpgsql.secret
 	}
 	p, err := Listen(context.Background(), cfg)
 	if err != nil {

@@ -49,10 +49,9 @@ type session struct {
 	seg         []segMsg              // pending extended-protocol messages
 	pendingSync bool                  // extended messages went out since the last Sync
 	segBuf      []byte
-	segOut      []byte               // flushSegment's output, reused
-	tableNames  map[[2]string]string // joinTable's answers (schema, name) -> normalized
-	rwStmt      atomic.Int32         // state of our prepared "SET transaction_read_only = off"
-	tokStmt     atomic.Int32         // state of our prepared set_config for the token
+	segOut      []byte       // flushSegment's output, reused
+	rwStmt      atomic.Int32 // state of our prepared "SET transaction_read_only = off"
+	tokStmt     atomic.Int32 // state of our prepared set_config for the token
 
 	qmu         sync.Mutex
 	queue       []*expect // guarded by qmu
@@ -504,7 +503,7 @@ func (s *session) checkTarget(t Target, li leaseInfo, searchPath []string) *refu
 		if sch == Schema {
 			return &refusal{code: ReasonFenceTamper, reason: "the fenceline schema holds the fence; nobody writes it through the proxy"}
 		}
-		name, err := s.joinTable(sch, t.Name)
+		name, err := joinTable(sch, t.Name)
 		if err != nil {
 			return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("cannot name table %s.%s: %v", sch, t.Name, err)}
 		}
@@ -520,35 +519,17 @@ func (s *session) checkTarget(t Target, li leaseInfo, searchPath []string) *refu
 	return nil
 }
 
-// maxTableNames bounds a session's memo of normalized table names.
-const maxTableNames = 256
-
-// joinTable is scope.JoinTable (name "*" gives "schema.*"), remembered for
-// the session: a statement's targets are normalized on every write, and the
-// same few tables come back.
-func (s *session) joinTable(schema, name string) (string, error) {
-	key := [2]string{schema, name}
-	if n, ok := s.tableNames[key]; ok {
-		return n, nil
+// joinTable is scope.JoinTable, with name "*" (a whole schema) giving
+// "schema.*".
+func joinTable(schema, name string) (string, error) {
+	if name != "*" {
+		return scope.JoinTable(schema, name)
 	}
-	var n string
-	var err error
-	if name == "*" {
-		n, err = scope.JoinTable(schema, "x")
-		if err == nil {
-			n = n[:len(n)-1] + "*"
-		}
-	} else {
-		n, err = scope.JoinTable(schema, name)
-	}
+	n, err := scope.JoinTable(schema, "x")
 	if err != nil {
 		return "", err
 	}
-	if s.tableNames == nil || len(s.tableNames) >= maxTableNames {
-		s.tableNames = make(map[[2]string]string)
-	}
-	s.tableNames[key] = n
-	return n, nil
+	return n[:len(n)-1] + "*", nil
 }
 
 func isTempSchema(s string) bool {

@@ -159,3 +159,31 @@ func FuzzNormalizeTable(f *testing.F) {
 		}
 	})
 }
+
+// FuzzJoinTable: JoinTable's shortcut answers exactly what the round trip
+// through NormalizeTable does, result and error alike.
+func FuzzJoinTable(f *testing.F) {
+	for _, seed := range [][2]string{
+		{"public", "users"}, {"Public", "Users"}, {"my schema", "t"}, {"s", ""}, {"", "t"},
+		{"s", `we"ird`}, {"s", "t\x00"}, {"s", "\xff"}, {"s", "*"}, {"*", "t"}, {"s", "a.b"},
+		{"s", strings.Repeat("x", 63)}, {"s", strings.Repeat("x", 64)}, {"s", "tab\u00a0le"}, {"ß", "Ω"},
+	} {
+		f.Add(seed[0], seed[1])
+	}
+	f.Fuzz(func(t *testing.T, schema, rel string) {
+		got, err := JoinTable(schema, rel)
+		want, werr := NormalizeTable(quoteIdent(schema) + "." + quoteIdent(rel))
+		if got != want || (err == nil) != (werr == nil) || err != nil && err.Error() != werr.Error() {
+			t.Fatalf("JoinTable(%q, %q) = %q, %v; the round trip gives %q, %v", schema, rel, got, err, want, werr)
+		}
+	})
+}
+
+// BenchmarkJoinTable: what the Postgres fence pays per write target.
+func BenchmarkJoinTable(b *testing.B) {
+	for b.Loop() {
+		if _, err := JoinTable("public", "pgbench_accounts"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -84,11 +84,20 @@ func NormalizeTable(t string) (string, error) {
 // for empty names or names with whitespace.
 func JoinTable(schema, relation string) (string, error) {
 	t := quoteIdent(schema) + "." + quoteIdent(relation)
-	n, err := NormalizeTable(t)
-	if err != nil {
-		return "", err
+	if plainIdent(schema) && plainIdent(relation) {
+		return t, nil // what NormalizeTable(t) returns: the proxy asks on every write
 	}
-	return n, nil
+	return NormalizeTable(t) // the error naming what is wrong
+}
+
+// plainIdent reports whether NormalizeTable takes the raw name spelled by
+// quoteIdent as it is: not empty, not too long, valid UTF-8 without NUL or
+// whitespace.
+func plainIdent(name string) bool {
+	if name == "" || len(name) > maxIdentLen || !utf8.ValidString(name) {
+		return false
+	}
+	return strings.IndexByte(name, 0) < 0 && strings.IndexFunc(name, unicode.IsSpace) < 0
 }
 
 // TablesOverlap reports whether two normalized tables overlap: they are
