@@ -29,11 +29,13 @@
 # Postgres over its Unix socket, as a single-machine deployment would (and as
 # PgBouncer usually does); UPSTREAM=tcp makes both use 127.0.0.1 instead.
 #
-# PLACEMENT=shared (default): every process may run on every CPU, so the
-# proxy's CPU is taken from Postgres. PLACEMENT=split: Postgres on CPU 0;
+# PLACEMENT=split (the default on 2 CPUs or more): Postgres on CPU 0;
 # pgbench, the proxies and PgBouncer on the others, as when the agent and
-# its sidecar run in a pod of their own and Postgres on its own server. The
-# same placement holds for every target, direct included.
+# its sidecar run in a pod of their own and Postgres on its own server,
+# which is where the sidecar stands. PLACEMENT=shared: every process may run
+# on every CPU, so on a small machine each microsecond a proxy spends is
+# taken from Postgres. The same placement holds for every target, direct
+# included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-15}
@@ -44,7 +46,10 @@ BIN=$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | sort -V | tail -1)")
 PGBENCH=${PGBENCH:-$(command -v pgbench || echo "$BIN/pgbench")}
 command -v pgbouncer >/dev/null || { echo "pgbouncer not installed (apt-get install pgbouncer)"; exit 1; }
 
-PLACEMENT=${PLACEMENT:-shared}
+if [ -z "${PLACEMENT:-}" ]; then
+	PLACEMENT=split
+	[ "$(nproc)" -ge 2 ] || PLACEMENT=shared
+fi
 PGCPU=() CLCPU=()
 case $PLACEMENT in
 shared) ;;
