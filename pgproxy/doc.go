@@ -165,6 +165,13 @@
 // DISCARD, the next fenced write just takes the slow path again; a session
 // straight to Postgres must RESET fenceline.verified itself.
 //
+// Each fenced table a transaction writes holds two relation locks more (its
+// epoch and gate sequences), and the fence one (fenceline.verified):
+// pgbench's tpcb-like transaction, four fenced tables and their indexes,
+// holds 16, all of Postgres 15's per-backend fast-path slots. A transaction
+// that writes more fenced tables takes the rest through the shared lock
+// table, which costs more under concurrency.
+//
 // Inside a block made writable under a live lease, a read that calls a
 // writing function can write: fenced tables still check the token (fence and
 // table scope), unfenced tables do not. Fast-path FunctionCall is allowed only
