@@ -258,9 +258,8 @@ const tokenHashSQL = `(pg_catalog.textcat('x', pg_catalog.encode(` + tokenHashBy
 //     equals the table's epoch both before and after passing the table's
 //     gate (reading sequence fenceline.gate_<relid>, which holds it in ROW
 //     EXCLUSIVE mode until the transaction ends). Anything else goes to
-//     fence_slow_gate. Four fenced
-//     statements in a transaction cost about 50 µs of Postgres CPU in all;
-//     the earlier trigger (two queries under SECURITY DEFINER, re-planned on
+//     fence_slow_gate. A fenced statement costs 20-45 µs of Postgres CPU
+//     (BenchmarkStorageFence 4x1, over no trigger); the earlier trigger (two queries under SECURITY DEFINER, re-planned on
 //     every call because of pg_temp in its search_path) took about 110 µs
 //     per statement.
 //   - fenceline.fence_slow_gate(), SECURITY DEFINER, does everything else and

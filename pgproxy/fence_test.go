@@ -532,9 +532,9 @@ func testDiscardKeepsFencedWrites(t *testing.T, f *fenceDB) {
 }
 
 // TestInstallUpgradesOldFence: a database fenced by the previous version
-// (testdata/fence_v3.sql, that version's schema and functions, and its
-// three-argument trigger on two tables, with the advisory lock and no gate)
-// keeps its secret and epochs when this version installs on one of the two
+// (testdata/fence_v3.sql, that version's schema and functions, and
+// fence_v3_table.sql, its three-argument trigger, on two tables, with the
+// advisory lock and no gate) keeps its secret and epochs when this version installs on one of the two
 // tables; both get the gate protocol, the old functions are gone, and the
 // epochs still stop a stale fence.
 func TestInstallUpgradesOldFence(t *testing.T) {
@@ -548,6 +548,10 @@ func TestInstallUpgradesOldFence(t *testing.T) {
 	}
 	admin := connect(t, pg.AdminDSN(db))
 	old, err := os.ReadFile("testdata/fence_v3.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldTable, err := os.ReadFile("testdata/fence_v3_table.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -566,18 +570,7 @@ func TestInstallUpgradesOldFence(t *testing.T) {
 		if err := admin.QueryRow(ctx, "SELECT $1::regclass::oid", "public."+table).Scan(&relid); err != nil {
 			t.Fatal(err)
 		}
-		// The previous version's fenceTable, verbatim.
-		q := fmt.Sprintf(`
-INSERT INTO fenceline.epoch (relid, relname) VALUES (%[4]d, %[2]s) ON CONFLICT (relid) DO NOTHING;
-CREATE SEQUENCE IF NOT EXISTS %[5]s AS bigint MINVALUE 0;
-REVOKE ALL ON SEQUENCE %[5]s FROM PUBLIC;
-GRANT SELECT ON SEQUENCE %[5]s TO PUBLIC;
-SELECT setval('%[5]s', greatest(coalesce(pg_sequence_last_value('%[5]s'), 0), ep.fence), true)
-	FROM fenceline.epoch ep WHERE ep.relid = %[4]d;
-UPDATE fenceline.epoch SET seq = '%[5]s' WHERE relid = %[4]d;
-DROP TRIGGER IF EXISTS %[1]s ON %[3]s;
-CREATE TRIGGER %[1]s BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %[3]s
-	FOR EACH STATEMENT EXECUTE FUNCTION %[8]s('%[5]s', ',%[6]s.*,', ',%[6]s.%[7]s,');`,
+		q := fmt.Sprintf(string(oldTable),
 			triggerName, quoteLiteral("public."+table), "public."+table, relid, fmt.Sprintf("fenceline.epoch_%d", relid),
 			hex.EncodeToString([]byte("public")), hex.EncodeToString([]byte(table)), "fenceline.fence_check")
 		if _, err := admin.Exec(ctx, q); err != nil {

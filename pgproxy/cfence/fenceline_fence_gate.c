@@ -23,9 +23,10 @@
  *      (4x1) over no trigger, against 19-55 us with the gate.
  *
  * The plpgsql trigger pays for setting up its expressions in every
- * transaction (35-61 us of Postgres CPU per fenced statement under eight
- * pgbench clients); this one costs 0-32 us per statement there, and 5-14
- * us in BenchmarkStorageFence (each client on its own rows). Postgres
+ * transaction (29-71 us of Postgres CPU per fenced statement under eight
+ * pgbench clients, in the README's runs); this one costs 0-47 us per
+ * statement there, and 5-14 us in BenchmarkStorageFence (each client on its
+ * own rows). Postgres
  * loads it only from a superuser's CREATE FUNCTION, so managed services
  * that allow no C extensions keep the plpgsql trigger; "fenceline pg
  * install" uses this one whenever the server loads it. PostgreSQL 15 or
