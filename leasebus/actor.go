@@ -356,6 +356,13 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 
 		seq, size := a.state.seq, 0
 		if t.dirty() {
+			if err := a.svc.storeFault(); err != nil {
+				// Known not written: refuse at once rather than wait for
+				// an append the bus cannot take.
+				a.svc.log.Warn("append lease log refused", "repo", a.state.repo, "err", err)
+				a.failAll(batch, err)
+				return
+			}
 			var err error
 			seq, size, err = a.svc.store.append(ctx, a.key, a.state.seq, t.record())
 			if err != nil {
@@ -364,6 +371,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 					continue
 				}
 				a.uncertain = !errors.Is(err, errCAS) // it may have landed
+				err = a.svc.diagnoseSoon(ctx, err)
 				a.svc.log.Warn("append lease log", "repo", a.state.repo, "err", err)
 				a.failAll(batch, fmt.Errorf("%w: writing the lease log: %v", ErrUnavailable, err))
 				return

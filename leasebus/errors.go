@@ -93,6 +93,9 @@ var codes = []struct {
 	{"not_owner", ErrNotOwner},
 	{"not_found", ErrNotFound},
 	{"invalid", ErrInvalid},
+	{"store_full", ErrStoreFull}, // before unavailable: they wrap it
+	{"store_read_only", ErrStoreReadOnly},
+	{"jetstream_down", ErrJetStreamDown},
 	{"unavailable", ErrUnavailable},
 }
 

@@ -21,6 +21,8 @@ type bus struct {
 	nc  *nats.Conn
 	svc *Service
 	c   *Client
+	// cfg configures the service start starts (zero: defaults).
+	cfg ServiceConfig
 }
 
 func startBus(t testing.TB) *bus {
@@ -40,7 +42,7 @@ func (b *bus) start(listen string) {
 	}
 	b.srv = srv
 	b.nc = connect(b.t, srv.ClientURL())
-	b.svc, err = StartService(context.Background(), b.nc, ServiceConfig{})
+	b.svc, err = StartService(context.Background(), b.nc, b.cfg)
 	if err != nil {
 		b.t.Fatal(err)
 	}

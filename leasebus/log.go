@@ -139,14 +139,20 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, replicas int) er
 		Replicas:    replicas,
 		Retention:   jetstream.LimitsPolicy,
 		MaxAge:      30 * 24 * time.Hour,
-		MaxBytes:    1 << 30,
+		MaxBytes:    auditMaxBytes, // or what the store can reserve: ensureAuditStream
 		Discard:     jetstream.DiscardOld,
 		DenyDelete:  true,
 		DenyPurge:   true,
 		AllowDirect: true,
 	}}
 	for _, cfg := range cfgs {
-		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+		var err error
+		if cfg.Name == AuditStream {
+			_, err = ensureAuditStream(ctx, js, cfg)
+		} else {
+			_, err = js.CreateOrUpdateStream(ctx, cfg)
+		}
+		if err != nil {
 			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -111,7 +112,15 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 		cfg.Name = "fenceline"
 	}
 	if err := os.MkdirAll(cfg.StoreDir, 0o700); err != nil {
+		if errors.Is(err, syscall.EROFS) {
+			return nil, fmt.Errorf("%w: cannot create %s: remount it read-write or give the bus a writable --store", ErrStoreReadOnly, cfg.StoreDir)
+		}
 		return nil, fmt.Errorf("bus store %s: %w", cfg.StoreDir, err)
+	}
+	// JetStream fails on a store it cannot write only deep in its start,
+	// and the server then just never becomes ready: say what is wrong.
+	if err := CheckStoreDir(cfg.StoreDir); err != nil {
+		return nil, fmt.Errorf("start bus: %w", err)
 	}
 	host, port, _ := splitHostPort(cfg.Listen)
 	opts := &server.Options{

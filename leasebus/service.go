@@ -30,6 +30,11 @@ type ServiceConfig struct {
 	Logger *slog.Logger
 	// Now is the clock; its monotonic reading decides expiry (default time.Now).
 	Now func() time.Time
+	// StoreProbe, when set, is asked what is wrong with the bus's store
+	// when a write fails or goes unanswered, so refusals name the fault (a
+	// full or read-only store) rather than a timeout. `bus serve` sets it
+	// to DirProbe of the embedded server's store.
+	StoreProbe StoreProbe
 }
 
 // Validate reports a configuration that cannot work.
@@ -65,11 +70,12 @@ type Service struct {
 	wg     sync.WaitGroup
 
 	mu       sync.Mutex
-	actors   map[string]*actor    // by repo key; guarded by mu
-	index    map[string]string    // lease id -> repo key; guarded by mu
-	stopping bool                 // no new goroutines once set; guarded by mu
-	subs     []*nats.Subscription // guarded by mu
-	tailing  atomic.Bool          // following other instances' appends (and announcing ours)
+	actors   map[string]*actor     // by repo key; guarded by mu
+	index    map[string]string     // lease id -> repo key; guarded by mu
+	stopping bool                  // no new goroutines once set; guarded by mu
+	subs     []*nats.Subscription  // guarded by mu
+	tailing  atomic.Bool           // following other instances' appends (and announcing ours)
+	storeErr atomic.Pointer[error] // the store fault the probe last found (watchStore)
 }
 
 // StartService creates the streams if needed, loads every repo's lease log
@@ -92,6 +98,11 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	if err := ensureStreamsPatiently(ctx, js, cfg.Replicas, cfg.Logger); err != nil {
+		if cfg.StoreProbe != nil {
+			if perr := cfg.StoreProbe(ctx); perr != nil {
+				return nil, fmt.Errorf("%w (%w)", perr, err)
+			}
+		}
 		return nil, err
 	}
 	s := &Service{nc: nc, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 8}}, cfg: cfg, log: cfg.Logger,
@@ -99,6 +110,9 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.audit = newAuditWriter(js, s.log)
 	s.wg.Go(func() { s.audit.run(s.ctx) })
+	if cfg.StoreProbe != nil {
+		s.wg.Go(func() { s.watchStore(s.ctx) })
+	}
 
 	keys, err := s.store.repoKeys(ctx)
 	if err != nil {

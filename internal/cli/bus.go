@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -43,6 +44,7 @@ type serveFlags struct {
 	natsURL, natsSource string         // the bus the lease service connects to
 	clustered           bool           // this process joins a cluster
 	inProcess           *server.Server // the embedded server, when there is one
+	storeDir            string         // its store
 	logger              *slog.Logger
 }
 
@@ -145,7 +147,14 @@ func (a *app) serveEmbedded(ctx context.Context, f *serveFlags) error {
 	if err != nil {
 		return err
 	}
+	keepCtx, stopKeeping := context.WithCancel(ctx)
+	var keeping sync.WaitGroup
+	if !f.clustered { // a cluster node rejoins its peers by restarting
+		keeping.Go(func() { leasebus.KeepStore(keepCtx, srv, cfg.StoreDir, f.logger) })
+	}
 	defer func() {
+		stopKeeping()
+		keeping.Wait()
 		srv.Shutdown()
 		srv.WaitForShutdown()
 		f.logger.Info("bus stopped")
@@ -156,6 +165,7 @@ func (a *app) serveEmbedded(ctx context.Context, f *serveFlags) error {
 	f.logger.Info("bus started", "url", url, "store", cfg.StoreDir, "cluster", cfg.ClusterName, "name", srv.Name())
 	f.natsURL, f.natsSource = url, "embedded server"
 	f.inProcess = srv // the service talks to its own server without TCP
+	f.storeDir = cfg.StoreDir
 	return a.serveService(ctx, f)
 }
 
@@ -188,7 +198,11 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 			replicas = 3
 		}
 	}
-	svc, err := startService(ctx, nc, leasebus.ServiceConfig{Replicas: replicas, Logger: f.logger})
+	scfg := leasebus.ServiceConfig{Replicas: replicas, Logger: f.logger}
+	if f.inProcess != nil {
+		scfg.StoreProbe = leasebus.EmbeddedProbe(f.inProcess, f.storeDir)
+	}
+	svc, err := startService(ctx, nc, scfg)
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("interrupted while starting the lease service: %w", err)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -151,6 +152,21 @@ func TestBusServePortInUse(t *testing.T) {
 	mustContain(t, "stderr", r.stderr, "cannot listen on "+ln.Addr().String())
 	if time.Since(start) > 3*time.Second {
 		t.Errorf("took %s to notice the port is taken", time.Since(start))
+	}
+}
+
+func TestBusServeReadOnlyStore(t *testing.T) {
+	isolate(t)
+	vol := testutil.Tmpfs(t, "4m")
+	testutil.Remount(t, vol, "ro")
+	defer testutil.Remount(t, vol, "rw")
+	store := filepath.Join(vol, "bus")
+	start := time.Now()
+	r := fl(t, "bus", "serve", "--listen", "127.0.0.1:0", "--store", store).want(t, ExitError)
+	mustContain(t, "stderr", r.stderr, "store is read-only")
+	mustContain(t, "stderr", r.stderr, store)
+	if time.Since(start) > 3*time.Second {
+		t.Errorf("took %s to notice the store is read-only", time.Since(start))
 	}
 }
 
