@@ -166,3 +166,45 @@ func TestSidecarSignsForTheHook(t *testing.T) {
 		t.Fatalf("the signed push's fence is not recorded (%v):\n%s", err, data)
 	}
 }
+
+// TestRunSignsForTheHookAndHidesItsSecret: run finds the repository's hook
+// secret where hook install left it (or takes --git-hook-secret), the
+// agent's push through the git fence lands past the hook, and the guarded
+// agent can read neither copy of the secret.
+func TestRunSignsForTheHookAndHidesItsSecret(t *testing.T) {
+	isolate(t)
+	busURL := startBus(t)
+	gs, bare := seededGitServer(t)
+	co := filepath.Join(t.TempDir(), "payments")
+	mustGitRun(t, "", nil, "clone", "--quiet", gs.URL+"/payments.git", co)
+	repo := normalizeRemote(gs.URL+"/payments.git", "")
+	in := installHookJSON(t, "--git-dir", bare, "--repo", repo) // the sidecars' copy in the state dir
+	elsewhere := filepath.Join(t.TempDir(), "git-hook.key")
+	installHookJSON(t, "--git-dir", bare, "--repo", repo, "--sidecar-secret-file", elsewhere)
+	key, err := os.ReadFile(in.SidecarSecretFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first run knows only the default copy; the second hides the one
+	// it was given too. (A copy a run is not told of is as readable as any
+	// other file: keep it in the state dir, or under another user.)
+	for i, flags := range [][]string{nil, {"--git-hook-secret", elsewhere}} {
+		script := `cat ` + in.SidecarSecretFile + ` 2>/dev/null || echo default=hidden
+test $# = 0 || cat ` + elsewhere + ` 2>/dev/null || echo flag=hidden
+echo '// v` + string(rune('2'+i)) + `' >> services/billing/invoice.go
+git -c user.name=agent -c user.email=agent@example.com commit -qam "signed push" && git push -q origin main && echo push=ok`
+		args := append([]string{"--repo", co, "--git-upstream", gs.URL + "/payments.git"}, flags...)
+		want, argv := "default=hidden push=ok", []string{"--", "bash", "-c", script, "agent"}
+		if flags != nil {
+			want, argv = "default=hidden flag=hidden push=ok", append(argv, "check-flag")
+		}
+		r := runFL(t, busURL, append(args, argv...)...).want(t, ExitOK)
+		if got := strings.Join(strings.Fields(r.stdout), " "); got != want || strings.Contains(r.stdout, strings.TrimSpace(string(key))) {
+			t.Errorf("run %v: agent: %s\nwant   %s\nstderr:\n%s", flags, got, want, r.stderr)
+		}
+	}
+	data, err := os.ReadFile(filepath.Join(bare, "fenceline", "fences.json"))
+	if err != nil || !strings.Contains(string(data), "services/billing/invoice.go") {
+		t.Fatalf("the signed pushes' fences are not recorded (%v):\n%s", err, data)
+	}
+}
