@@ -149,21 +149,21 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 		return &HookError{Reason: HookUnfenced, Msg: "fenceline: push refused: it carries no fence (push through the fenceline sidecar, or install the hook with --allow-unfenced)"}
 	}
 	leaseID, fenceStr := opts[OptionLease], opts[OptionFence]
-	refuse := func(e *HookError) *HookError {
+	deny := func(e *HookError) *HookError {
 		e.Lease, e.Fence = leaseID, fenceStr
 		e.Msg = fmt.Sprintf("fenceline: push refused: fence %q of lease %q: %s [%s]", fenceStr, leaseID, e.Msg, e.Reason)
 		return e
 	}
 	if bad != nil {
-		return refuse(bad)
+		return deny(bad)
 	}
 	fence, err := strconv.ParseUint(fenceStr, 10, 64)
 	if err != nil || fence == 0 || leaseID == "" {
-		return refuse(&HookError{Reason: HookMalformed, Msg: fmt.Sprintf("malformed fence options: want %s=<lease id> and %s=<positive integer>", OptionLease, OptionFence)})
+		return deny(&HookError{Reason: HookMalformed, Msg: fmt.Sprintf("malformed fence options: want %s=<lease id> and %s=<positive integer>", OptionLease, OptionFence)})
 	}
 	mac, signed := opts[OptionMAC]
 	if !signed {
-		return refuse(&HookError{Reason: HookUnsigned, Msg: fmt.Sprintf("it is not signed (no %s option): this server accepts fences only from a fenceline sidecar that holds this repository's hook secret (fenceline hook install prints where it is; give it to the sidecar with --git-hook-secret)", OptionMAC)})
+		return deny(&HookError{Reason: HookUnsigned, Msg: fmt.Sprintf("it is not signed (no %s option): this server accepts fences only from a fenceline sidecar that holds this repository's hook secret (fenceline hook install prints where it is; give it to the sidecar with --git-hook-secret)", OptionMAC)})
 	}
 	key := cfg.Key
 	if len(key) == 0 {
@@ -172,7 +172,7 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 			file = HookKeyFile(gitDir)
 		}
 		if key, err = readHookKey(file); err != nil {
-			return refuse(&HookError{Reason: HookNoSecret, Msg: fmt.Sprintf("this hook cannot verify fences: %v (run fenceline hook install --git-dir %s --repo REPO as the git server's user)", err, gitDir)})
+			return deny(&HookError{Reason: HookNoSecret, Msg: fmt.Sprintf("this hook cannot verify fences: %v (run fenceline hook install --git-dir %s --repo REPO as the git server's user)", err, gitDir)})
 		}
 	}
 	repo, claimStr := opts[OptionRepo], opts[OptionClaim]
@@ -185,15 +185,15 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 		err = verifyFenceMAC(key, msg, mac)
 	}
 	if err != nil {
-		return refuse(&HookError{Reason: HookBadMAC, Msg: err.Error()})
+		return deny(&HookError{Reason: HookBadMAC, Msg: err.Error()})
 	}
 	if cfg.Repo != "" && repo != cfg.Repo {
-		return refuse(&HookError{Reason: HookOtherRepo, Msg: fmt.Sprintf("it was signed for repository %q; this repository is %q", repo, cfg.Repo)})
+		return deny(&HookError{Reason: HookOtherRepo, Msg: fmt.Sprintf("it was signed for repository %q; this repository is %q", repo, cfg.Repo)})
 	}
 	var claim scope.Claim
 	if claimStr != "" {
 		if err := json.Unmarshal([]byte(claimStr), &claim); err != nil {
-			return refuse(&HookError{Reason: HookMalformed, Msg: fmt.Sprintf("malformed %s option: %v", OptionClaim, err)})
+			return deny(&HookError{Reason: HookMalformed, Msg: fmt.Sprintf("malformed %s option: %v", OptionClaim, err)})
 		}
 	}
 

@@ -2,11 +2,13 @@ package gitproxy
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -312,5 +314,61 @@ func TestFenceMessageIsUnambiguous(t *testing.T) {
 	}
 	if _, err := fenceMessage("r\nlease x", "l", "1", "", nil); err == nil {
 		t.Fatal("a newline in a field was accepted")
+	}
+}
+
+// FuzzFenceMAC: two different fences never share a signed message, a MAC
+// verifies only for its own message, and no option value makes the hook's
+// check panic or pass without the key.
+func FuzzFenceMAC(f *testing.F) {
+	u := RefUpdate{strings.Repeat("1", 40), strings.Repeat("2", 40), "refs/heads/main"}
+	f.Add("github.com/acme/payments", "lease_a", "7", `{"kind":"paths","paths":["a"]}`, "github.com/acme/payments", "lease_a", "7", `{"kind":"paths","paths":["a"]}`, "v1:00")
+	f.Add("r", "l", "1", "", "r\nlease l", "", "1", "", "v1:"+strings.Repeat("ab", 32))
+	f.Add("r", "l 1", "", "", "r", "l", "1", "", "v2:")
+	key := []byte("0123456789abcdef0123456789abcdef")
+	f.Fuzz(func(t *testing.T, repo, lease, fence, claim, repo2, lease2, fence2, claim2, mac string) {
+		m1, err1 := fenceMessage(repo, lease, fence, claim, []RefUpdate{u})
+		m2, err2 := fenceMessage(repo2, lease2, fence2, claim2, []RefUpdate{u})
+		if err1 != nil || err2 != nil {
+			return
+		}
+		same := repo == repo2 && lease == lease2 && fence == fence2 && claim == claim2
+		if bytes.Equal(m1, m2) != same {
+			t.Fatalf("messages equal=%v for fields equal=%v:\n%q\n%q", bytes.Equal(m1, m2), same, m1, m2)
+		}
+		good := MACVersion + ":" + hex.EncodeToString(fenceMAC(key, m1))
+		if err := verifyFenceMAC(key, m1, good); err != nil {
+			t.Fatalf("a genuine MAC does not verify: %v", err)
+		}
+		if err := verifyFenceMAC(key, m2, good); (err == nil) != same {
+			t.Fatalf("the MAC of one fence verifies another: %q / %q", m1, m2)
+		}
+		if mac != good && verifyFenceMAC(key, m1, mac) == nil {
+			t.Fatalf("made-up MAC %q verified", mac)
+		}
+	})
+}
+
+// BenchmarkFenceMAC: what signing (sidecar) and verifying (hook) a fence
+// costs, for one ref update and for a thousand.
+func BenchmarkFenceMAC(b *testing.B) {
+	key, _ := GenerateHookKey()
+	claim := `{"kind":"paths","paths":["services/billing"],"tables":[]}`
+	for _, n := range []int{1, 1000} {
+		updates := make([]RefUpdate, n)
+		for i := range updates {
+			updates[i] = RefUpdate{strings.Repeat("1", 40), strings.Repeat("2", 40), "refs/heads/b" + strings.Repeat("x", i%7) + string(rune('a'+i%26))}
+		}
+		b.Run(strconv.Itoa(n)+" updates", func(b *testing.B) {
+			for b.Loop() {
+				msg, err := fenceMessage("github.com/acme/payments", "lease_06h2zm1zvrhtjjp4", "118", claim, updates)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := verifyFenceMAC(key, msg, MACVersion+":"+hex.EncodeToString(fenceMAC(key, msg))); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
