@@ -30,6 +30,11 @@ import (
 // repository, and overlapping leases are never active together, so a
 // higher fence on an overlapping path means the pusher's lease ended before
 // that push's lease was granted.
+//
+// The hook believes a fence only when its MAC verifies (fencemac.go, and
+// doc.go for the exact bytes): fences are minted by fenceline's side,
+// never by whoever can reach the server. A push with bad fence options is
+// refused before the table is read, so nothing it says is ever recorded.
 
 // HookConfig configures PreReceive.
 type HookConfig struct {

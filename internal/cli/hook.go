@@ -87,14 +87,18 @@ server, usually a bare repository):
 Run it as the user the git server runs hooks as: that user must own the
 secret, and no agent's user may be able to read it (whoever reads it can
 mint fences). R is the repository's identity exactly as the leases name it
-(fenceline lease list shows it), e.g. github.com/acme/payments.
+(fenceline lease list shows it), e.g. github.com/acme/payments; a remote URL
+is normalized to it.
 
 The sidecars sign their fences with the same secret: a copy is written to
 --sidecar-secret-file (mode 0600; default $XDG_STATE_HOME/fenceline/git-hook/
 <R, escaped>.key, where "fenceline run" and "fenceline sidecar" look for it
 on this machine). Give it to a sidecar elsewhere with --git-hook-secret FILE.
 A sidecar without it still fences pushes, but this hook refuses them and
-says the MAC is missing.`,
+says the MAC is missing. On a machine where agents run, "fenceline run"
+hides the state dir and a --git-hook-secret file from them; any other copy
+must be unreadable to the agents' user (the git server's copy belongs to
+the git server's user).`,
 		Args: cobra.NoArgs,
 		Example: `  sudo -u git fenceline hook install --git-dir /srv/git/payments.git --repo github.com/acme/payments \
     --sidecar-secret-file /srv/git/payments.sidecar.key
