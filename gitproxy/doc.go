@@ -29,8 +29,8 @@
 //	  |   refused: report-status     |                                      |
 //	  |<-- "ng <ref> fenceline: …" --|                                      |
 //	  |                              | accepted: same commands + options    |
-//	  |                              |  fenceline-lease/-fence/-repo/-claim |
-//	  |                              |  and -mac (signed, see below),       |
+//	  |                              |  fenceline-lease/-fence/-owner/-repo,|
+//	  |                              |  -claim and -mac (signed, see below),|
 //	  |                              |  headers Fenceline-Lease/-Fence,     |
 //	  |                              |  the pack as received -------------->|
 //	  |                              |              pre-receive hook: MAC,  |
@@ -91,6 +91,7 @@
 //	fenceline-git-fence v1
 //	repo <fenceline-repo>
 //	lease <fenceline-lease>
+//	owner <fenceline-owner, "task=… agent=… attempt=…">
 //	fence <fenceline-fence, decimal>
 //	claim <fenceline-claim, JSON of the lease's scope; empty when not sent>
 //	update <old-oid> <new-oid> <ref>      one line per ref update of the
@@ -103,7 +104,7 @@
 // repo is its own (hook pre-receive --repo), then the fence. It refuses,
 // naming lease, fence and reason, and records nothing, when the options
 // are unsigned, the MAC does not verify (another key, other ref updates,
-// another claim, repo, lease or fence), its version is unknown, an option
+// another claim, repo, lease, owner or fence), its version is unknown, an option
 // repeats or is not one it knows, or it has no secret to verify with; every
 // refusal is appended to <git-dir>/fenceline/refusals.jsonl. With
 // AllowUnfenced, a push that carries no fenceline option at all passes and

@@ -16,7 +16,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/leasebus"
 )
 
 // A fence reaches the pre-receive hook as push options, and the hook
@@ -24,8 +24,14 @@ import (
 // make: HMAC-SHA256 under a per-repository secret that the hook and the
 // sidecars hold and agents never see (doc.go has the exact bytes).
 
-// OptionMAC carries the fence's MAC: "<version>:<hex HMAC-SHA256>".
-const OptionMAC = "fenceline-mac"
+// Push options of a signed fence (besides OptionLease, OptionFence,
+// OptionRepo and OptionClaim).
+const (
+	// OptionOwner names the lease's owner ("task=… agent=… attempt=…").
+	OptionOwner = "fenceline-owner"
+	// OptionMAC carries the fence's MAC: "<version>:<hex HMAC-SHA256>".
+	OptionMAC = "fenceline-mac"
+)
 
 // MACVersion is the version of the signed message this package makes and
 // the only one the hook accepts; a future format gets a new tag, and a
@@ -46,45 +52,49 @@ const minHookKeySize = 16
 // hook: "<old> <new> <ref>".
 type RefUpdate struct{ Old, New, Ref string }
 
-// FenceOptions returns the push options that carry a fence to the hook,
-// signed with key: the lease, fence, repo, claim (when it fits in one
-// pkt-line) and the MAC over them and updates. Without a key there is no
-// MAC, and a hook refuses the push naming what is missing.
-func FenceOptions(key []byte, repo, leaseID string, fence uint64, claim scope.Claim, updates []RefUpdate) ([]string, error) {
-	fenceStr := strconv.FormatUint(fence, 10)
-	opts := []string{OptionLease + "=" + leaseID, OptionFence + "=" + fenceStr, OptionRepo + "=" + repo}
-	claimStr := ""
-	if b, err := json.Marshal(claim); err == nil && len(b) < maxPktPayload-len(OptionClaim)-1 {
-		claimStr = string(b)
-		opts = append(opts, OptionClaim+"="+claimStr)
+// FenceOptions returns the push options that carry lease l's fence to the
+// hook, signed with key: lease, fence, owner, repo, claim (when it fits in
+// one pkt-line) and the MAC over them and updates. Without a key there is
+// no MAC, and a hook refuses the push naming what is missing.
+func FenceOptions(key []byte, l leasebus.Lease, fence uint64, updates []RefUpdate) ([]string, error) {
+	f := fenceFields{Repo: l.Repo, Lease: l.LeaseID, Owner: l.Owner.String(), Fence: strconv.FormatUint(fence, 10)}
+	opts := []string{OptionLease + "=" + f.Lease, OptionFence + "=" + f.Fence, OptionOwner + "=" + f.Owner, OptionRepo + "=" + f.Repo}
+	if b, err := json.Marshal(l.Scope); err == nil && len(b) < maxPktPayload-len(OptionClaim)-1 {
+		f.Claim = string(b)
+		opts = append(opts, OptionClaim+"="+f.Claim)
 	}
 	if len(key) == 0 {
 		return opts, nil
 	}
-	msg, err := fenceMessage(repo, leaseID, fenceStr, claimStr, updates)
+	msg, err := fenceMessage(f, updates)
 	if err != nil {
 		return nil, err
 	}
 	return append(opts, OptionMAC+"="+MACVersion+":"+hex.EncodeToString(fenceMAC(key, msg))), nil
 }
 
+// fenceFields are the signed values, exactly as the options carry them
+// ("" for an option not sent).
+type fenceFields struct{ Repo, Lease, Owner, Fence, Claim string }
+
 // fenceMessage is the v1 message a fence's MAC is made over:
 //
 //	fenceline-git-fence v1\n
 //	repo <repo>\n
 //	lease <lease id>\n
+//	owner <owner>\n
 //	fence <fence, as sent>\n
-//	claim <the fenceline-claim option's value, "" when not sent>\n
+//	claim <claim>\n
 //	update <old> <new> <ref>\n    one per ref update, sorted bytewise
 //
 // No value may contain a newline or NUL, so the encoding is unambiguous.
-func fenceMessage(repo, leaseID, fence, claim string, updates []RefUpdate) ([]byte, error) {
+func fenceMessage(f fenceFields, updates []RefUpdate) ([]byte, error) {
 	lines := make([]string, 0, len(updates))
 	for _, u := range updates {
 		lines = append(lines, "update "+u.Old+" "+u.New+" "+u.Ref)
 	}
 	slices.Sort(lines)
-	head := []string{macDomain, "repo " + repo, "lease " + leaseID, "fence " + fence, "claim " + claim}
+	head := []string{macDomain, "repo " + f.Repo, "lease " + f.Lease, "owner " + f.Owner, "fence " + f.Fence, "claim " + f.Claim}
 	var b strings.Builder
 	for _, l := range append(head, lines...) {
 		if strings.ContainsAny(l, "\n\x00") {

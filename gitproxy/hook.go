@@ -78,6 +78,7 @@ type HookError struct {
 	Reason string // one of the Hook* reasons
 	Lease  string // as the push claimed it ("" when it named none)
 	Fence  string // as the push claimed it
+	Owner  string // as the push claimed it
 }
 
 func (e *HookError) Error() string { return e.Msg }
@@ -86,10 +87,18 @@ func (e *HookError) Error() string { return e.Msg }
 type fenceEntry struct {
 	Fence uint64 `json:"fence"`
 	Lease string `json:"lease"`
+	Owner string `json:"owner,omitempty"`
+}
+
+func ownerSuffix(owner string) string {
+	if owner == "" {
+		return ""
+	}
+	return ", " + owner
 }
 
 // knownOptions are the fenceline push options this hook reads.
-var knownOptions = []string{OptionLease, OptionFence, OptionRepo, OptionClaim, OptionMAC}
+var knownOptions = []string{OptionLease, OptionFence, OptionOwner, OptionRepo, OptionClaim, OptionMAC}
 
 // PreReceive checks the ref updates read from stdin ("<old> <new> <ref>"
 // lines, as git gives a pre-receive hook) and records the push's fence when
@@ -153,10 +162,10 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 		}
 		return &HookError{Reason: HookUnfenced, Msg: "fenceline: push refused: it carries no fence (push through the fenceline sidecar, or install the hook with --allow-unfenced)"}
 	}
-	leaseID, fenceStr := opts[OptionLease], opts[OptionFence]
+	leaseID, fenceStr, owner := opts[OptionLease], opts[OptionFence], opts[OptionOwner]
 	deny := func(e *HookError) *HookError {
-		e.Lease, e.Fence = leaseID, fenceStr
-		e.Msg = fmt.Sprintf("fenceline: push refused: fence %q of lease %q: %s [%s]", fenceStr, leaseID, e.Msg, e.Reason)
+		e.Lease, e.Fence, e.Owner = leaseID, fenceStr, owner
+		e.Msg = fmt.Sprintf("fenceline: push refused: fence %q of lease %q (owner %q): %s [%s]", fenceStr, leaseID, owner, e.Msg, e.Reason)
 		return e
 	}
 	if bad != nil {
@@ -185,7 +194,7 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 	for i, c := range cmds {
 		updates[i] = RefUpdate(c)
 	}
-	msg, err := fenceMessage(repo, leaseID, fenceStr, claimStr, updates)
+	msg, err := fenceMessage(fenceFields{Repo: repo, Lease: leaseID, Owner: owner, Fence: fenceStr, Claim: claimStr}, updates)
 	if err == nil {
 		err = verifyFenceMAC(key, msg, mac)
 	}
@@ -234,14 +243,14 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 				if path != r && path != "" {
 					what += " (" + path + ")"
 				}
-				return false, &HookError{Reason: HookStaleFence, Lease: leaseID, Fence: fenceStr, Msg: fmt.Sprintf(
-					"fenceline: push refused: fence %d of lease %s is stale: %s was pushed under fence %d (lease %s) [%s]",
-					fence, leaseID, what, e.Fence, e.Lease, HookStaleFence)}
+				return false, &HookError{Reason: HookStaleFence, Lease: leaseID, Fence: fenceStr, Owner: owner, Msg: fmt.Sprintf(
+					"fenceline: push refused: fence %d of lease %s (%s) is stale: %s was pushed under fence %d (lease %s%s) [%s]",
+					fence, leaseID, owner, what, e.Fence, e.Lease, ownerSuffix(e.Owner), HookStaleFence)}
 			}
 		}
 		for _, r := range resources {
 			if e, ok := fences[r]; !ok || e.Fence < fence {
-				fences[r] = fenceEntry{Fence: fence, Lease: leaseID}
+				fences[r] = fenceEntry{Fence: fence, Lease: leaseID, Owner: owner}
 			}
 		}
 		return true, nil
@@ -254,6 +263,7 @@ type hookRefusal struct {
 	Reason  string    `json:"reason"`
 	Lease   string    `json:"lease,omitempty"`
 	Fence   string    `json:"fence,omitempty"`
+	Owner   string    `json:"owner,omitempty"`
 	Refs    []string  `json:"refs"`
 	Message string    `json:"message"`
 }
@@ -262,7 +272,7 @@ type hookRefusal struct {
 // storage side's own audit trail (the hook holds no bus credentials). A
 // failure to log leaves the push refused.
 func logRefusal(gitDir string, he *HookError, cmds []command) {
-	rec := hookRefusal{Time: time.Now().UTC(), Reason: he.Reason, Lease: he.Lease, Fence: he.Fence, Message: he.Msg, Refs: []string{}}
+	rec := hookRefusal{Time: time.Now().UTC(), Reason: he.Reason, Lease: he.Lease, Fence: he.Fence, Owner: he.Owner, Message: he.Msg, Refs: []string{}}
 	for _, c := range cmds {
 		rec.Refs = append(rec.Refs, c.Ref)
 	}

@@ -96,7 +96,9 @@ func (e *env) updateOf(dir string) RefUpdate {
 // signed is what a sidecar holding key would send for l and updates.
 func signed(t *testing.T, key []byte, repo string, l *leasebus.Lease, updates ...RefUpdate) []string {
 	t.Helper()
-	opts, err := FenceOptions(key, repo, l.LeaseID, l.Fence, l.Scope, updates)
+	signedFor := *l
+	signedFor.Repo = repo
+	opts, err := FenceOptions(key, signedFor, l.Fence, updates)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,6 +196,7 @@ func TestHookRefusesBadMACs(t *testing.T) {
 		{"claim dropped", "does not verify", HookBadMAC, withOption(signed(t, in.Key, testRepo, l, up), OptionClaim, "")},
 		{"fence raised", "does not verify", HookBadMAC, withOption(genuine, OptionFence, "999999")},
 		{"lease swapped", "does not verify", HookBadMAC, withOption(genuine, OptionLease, "lease_other")},
+		{"owner swapped", "does not verify", HookBadMAC, withOption(genuine, OptionOwner, "task=t agent=someone-else attempt=a")},
 		{"repo swapped", "does not verify", HookBadMAC, withOption(signed(t, in.Key, "github.com/acme/other", l, up), OptionRepo, testRepo)},
 		{"signed for another repo", "signed for repository", HookOtherRepo, signed(t, in.Key, "github.com/acme/other", l, up)},
 		{"unknown version", `version "v9"`, HookBadMAC, withOption(genuine, OptionMAC, "v9:"+strings.Repeat("ab", 32))},
@@ -300,19 +303,20 @@ func TestProxyRefusesAgentFenceOptions(t *testing.T) {
 func TestFenceMessageIsUnambiguous(t *testing.T) {
 	a := RefUpdate{strings.Repeat("a", 40), strings.Repeat("b", 40), "refs/heads/a"}
 	b := RefUpdate{strings.Repeat("c", 40), strings.Repeat("d", 40), "refs/heads/b"}
-	m1, err := fenceMessage("r", "l", "1", "", []RefUpdate{a, b})
+	f := fenceFields{Repo: "r", Lease: "l", Owner: "o", Fence: "1"}
+	m1, err := fenceMessage(f, []RefUpdate{a, b})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m2, _ := fenceMessage("r", "l", "1", "", []RefUpdate{b, a})
+	m2, _ := fenceMessage(f, []RefUpdate{b, a})
 	if !bytes.Equal(m1, m2) {
 		t.Fatal("the message depends on the order of ref updates")
 	}
-	want := "fenceline-git-fence v1\nrepo r\nlease l\nfence 1\nclaim \nupdate " + a.Old + " " + a.New + " refs/heads/a\nupdate " + b.Old + " " + b.New + " refs/heads/b\n"
+	want := "fenceline-git-fence v1\nrepo r\nlease l\nowner o\nfence 1\nclaim \nupdate " + a.Old + " " + a.New + " refs/heads/a\nupdate " + b.Old + " " + b.New + " refs/heads/b\n"
 	if string(m1) != want {
 		t.Fatalf("message =\n%q\nwant\n%q", m1, want)
 	}
-	if _, err := fenceMessage("r\nlease x", "l", "1", "", nil); err == nil {
+	if _, err := fenceMessage(fenceFields{Repo: "r\nlease x", Lease: "l", Fence: "1"}, nil); err == nil {
 		t.Fatal("a newline in a field was accepted")
 	}
 }
@@ -322,17 +326,20 @@ func TestFenceMessageIsUnambiguous(t *testing.T) {
 // check panic or pass without the key.
 func FuzzFenceMAC(f *testing.F) {
 	u := RefUpdate{strings.Repeat("1", 40), strings.Repeat("2", 40), "refs/heads/main"}
-	f.Add("github.com/acme/payments", "lease_a", "7", `{"kind":"paths","paths":["a"]}`, "github.com/acme/payments", "lease_a", "7", `{"kind":"paths","paths":["a"]}`, "v1:00")
-	f.Add("r", "l", "1", "", "r\nlease l", "", "1", "", "v1:"+strings.Repeat("ab", 32))
-	f.Add("r", "l 1", "", "", "r", "l", "1", "", "v2:")
+	f.Add("github.com/acme/payments", "lease_a", "task=t agent=a attempt=x", "7", `{"kind":"paths","paths":["a"]}`,
+		"github.com/acme/payments", "lease_a", "task=t agent=a attempt=x", "7", `{"kind":"paths","paths":["a"]}`, "v1:00")
+	f.Add("r", "l", "", "1", "", "r\nlease l", "", "", "1", "", "v1:"+strings.Repeat("ab", 32))
+	f.Add("r", "l 1", "", "", "", "r", "l", "", "1", "", "v2:")
 	key := []byte("0123456789abcdef0123456789abcdef")
-	f.Fuzz(func(t *testing.T, repo, lease, fence, claim, repo2, lease2, fence2, claim2, mac string) {
-		m1, err1 := fenceMessage(repo, lease, fence, claim, []RefUpdate{u})
-		m2, err2 := fenceMessage(repo2, lease2, fence2, claim2, []RefUpdate{u})
+	f.Fuzz(func(t *testing.T, repo, lease, owner, fence, claim, repo2, lease2, owner2, fence2, claim2, mac string) {
+		f1 := fenceFields{Repo: repo, Lease: lease, Owner: owner, Fence: fence, Claim: claim}
+		f2 := fenceFields{Repo: repo2, Lease: lease2, Owner: owner2, Fence: fence2, Claim: claim2}
+		m1, err1 := fenceMessage(f1, []RefUpdate{u})
+		m2, err2 := fenceMessage(f2, []RefUpdate{u})
 		if err1 != nil || err2 != nil {
 			return
 		}
-		same := repo == repo2 && lease == lease2 && fence == fence2 && claim == claim2
+		same := f1 == f2
 		if bytes.Equal(m1, m2) != same {
 			t.Fatalf("messages equal=%v for fields equal=%v:\n%q\n%q", bytes.Equal(m1, m2), same, m1, m2)
 		}
@@ -361,7 +368,7 @@ func BenchmarkFenceMAC(b *testing.B) {
 		}
 		b.Run(strconv.Itoa(n)+" updates", func(b *testing.B) {
 			for b.Loop() {
-				msg, err := fenceMessage("github.com/acme/payments", "lease_06h2zm1zvrhtjjp4", "118", claim, updates)
+				msg, err := fenceMessage(fenceFields{Repo: "github.com/acme/payments", Lease: "lease_06h2zm1zvrhtjjp4", Owner: "task=job_4821 agent=codex-worker-4 attempt=att_06h2zm1zvrhtjjp5", Fence: "118", Claim: claim}, updates)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -602,7 +602,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ps *push, change
 			updates[i] = RefUpdate(c)
 		}
 		var err error
-		extra, err = FenceOptions(p.cfg.HookSecret, ps.lease.Repo, ps.lease.LeaseID, ps.fence, ps.lease.Scope, updates)
+		extra, err = FenceOptions(p.cfg.HookSecret, ps.lease, ps.fence, updates)
 		if err != nil {
 			p.refuseAll(r.Context(), w, ps, refuse(ReasonBadPush, "cannot sign the fence: %v", err), "ok")
 			return

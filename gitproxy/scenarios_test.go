@@ -321,6 +321,9 @@ func TestZombiePush(t *testing.T) {
 	if !strings.Contains(out, fmt.Sprintf("was pushed under fence %d", next.Fence)) {
 		t.Fatalf("hook refusal does not name the newer fence:\n%s", out)
 	}
+	if !strings.Contains(out, "agent=zombie") || !strings.Contains(out, "agent=successor") {
+		t.Fatalf("hook refusal does not name both owners:\n%s", out)
+	}
 	// And a push with no fence at all is refused by the hook.
 	mustRefuse(t, zdir, "carries no fence", e.gs.url("payments.git"), "HEAD:main")
 	// The successor keeps pushing.

@@ -256,7 +256,7 @@ func (g *demoGit) lateSignedPush(ctx context.Context, work string, l *leasebus.L
 	if err != nil {
 		return nil, fmt.Errorf("read agent-g's HEAD: %w\n%s", err, head)
 	}
-	opts, err := gitproxy.FenceOptions(g.key, l.Repo, l.LeaseID, l.Fence, l.Scope,
+	opts, err := gitproxy.FenceOptions(g.key, *l, l.Fence,
 		[]gitproxy.RefUpdate{{Old: strings.TrimSpace(old), New: strings.TrimSpace(head), Ref: "refs/heads/main"}})
 	if err != nil {
 		return nil, err

@@ -36,13 +36,13 @@ func (a *app) hookPreReceiveCommand() *cobra.Command {
 		Long: `Run as a git server's pre-receive hook (fenceline hook install sets it up),
 it reads the fence that the fenceline sidecar sends as push options and
 accepts it only when its MAC verifies: HMAC-SHA256 under this repository's
-hook secret, over the repo, lease, fence, claim and this push's ref updates.
-A push whose fenceline options are unsigned, forged, replayed from another
-push, signed for another repository or malformed is refused, and nothing
-is recorded. A signed fence is refused when a newer fence was already
+hook secret, over the repo, lease, owner, fence, claim and this push's ref
+updates. A push whose fenceline options are unsigned, forged, replayed from
+another push, signed for another repository or malformed is refused, and
+nothing is recorded. A signed fence is refused when a newer fence was already
 accepted for a path the push claims or touches; otherwise it is recorded
-in <git-dir>/fenceline/fences.json. Every refusal names the lease, fence
-and reason, goes to the pusher and is appended to
+in <git-dir>/fenceline/fences.json. Every refusal names the lease, owner,
+fence and reason, goes to the pusher and is appended to
 <git-dir>/fenceline/refusals.jsonl.
 
 --allow-unfenced lets pushes that carry no fenceline options at all through
