@@ -29,9 +29,12 @@
 //	  |   refused: report-status     |                                      |
 //	  |<-- "ng <ref> fenceline: …" --|                                      |
 //	  |                              | accepted: same commands + options    |
-//	  |                              |  fenceline-lease/-fence/-repo/-claim,|
+//	  |                              |  fenceline-lease/-fence/-owner/-repo,|
+//	  |                              |  -claim and -mac (signed, see below),|
 //	  |                              |  headers Fenceline-Lease/-Fence,     |
 //	  |                              |  the pack as received -------------->|
+//	  |                              |              pre-receive hook: MAC,  |
+//	  |                              |              then fence not stale    |
 //	  |<------------------------------------------- report-status ----------|
 //
 // A refusal goes back in git's own report-status (inside side-band when
@@ -58,14 +61,55 @@
 // the client sends what the upstream lacks, and the upstream's connectivity
 // check refuses a push that leans on a commit it has in neither place.
 //
+// A push whose own options name fenceline-* is refused: those options are
+// the fence's to set.
+//
 // # Storage-side fence
 //
 // The decision is taken against the bus right before forwarding, but a
 // sidecar frozen between its check and its forward could still deliver a
 // zombie push. PreReceive (fenceline hook pre-receive) closes that gap in
 // the git server itself: it keeps the highest fence accepted for every path
-// pushes claimed or touched, and refuses a push whose fence is lower than
-// one already accepted for an overlapping path.
+// pushes claimed or touched (<git-dir>/fenceline/fences.json), and refuses
+// a push whose fence is lower than one already accepted for an overlapping
+// path.
+//
+// # Signed fences
+//
+// The hook believes a fence only when fenceline's side made it: the
+// options carry an HMAC-SHA256 under a per-repository secret that
+// InstallHook (fenceline hook install) creates in
+// <git-dir>/fenceline/hook.key (mode 0600, owned by the git server's user)
+// and that the sidecars hold (Config.HookSecret, --git-hook-secret);
+// agents never read it. The option is
+//
+//	fenceline-mac=v1:<64 lowercase hex digits>
+//
+// and the MAC (FenceOptions makes it) is over these bytes, every line
+// ending in "\n", values exactly as the other options carry them:
+//
+//	fenceline-git-fence v1
+//	repo <fenceline-repo>
+//	lease <fenceline-lease>
+//	owner <fenceline-owner, "task=… agent=… attempt=…">
+//	fence <fenceline-fence, decimal>
+//	claim <fenceline-claim, JSON of the lease's scope; empty when not sent>
+//	update <old-oid> <new-oid> <ref>      one line per ref update of the
+//	                                      push, sorted bytewise
+//
+// No value may hold a newline or NUL, so the encoding is unambiguous. The
+// update lines are the ones git gives the hook on stdin, so the options of
+// one push do not carry another (a replay of the same updates is the same
+// push). The hook compares in constant time, then checks that the signed
+// repo is its own (hook pre-receive --repo), then the fence. It refuses,
+// naming lease, fence and reason, and records nothing, when the options
+// are unsigned, the MAC does not verify (another key, other ref updates,
+// another claim, repo, lease, owner or fence), its version is unknown, an option
+// repeats or is not one it knows, or it has no secret to verify with; every
+// refusal is appended to <git-dir>/fenceline/refusals.jsonl. With
+// AllowUnfenced, a push that carries no fenceline option at all passes and
+// records nothing; any fenceline option makes the push checked in full. A
+// later format gets a new version tag; a hook names a tag it does not know.
 //
 // # Forward mode
 //

@@ -84,6 +84,9 @@ type env struct {
 	bus  *bustest.Bus
 	gs   *gitServer
 	bare string // upstream bare repository
+	// hookKey, once installHook ran, is the repository's hook secret:
+	// proxies sign their fences with it.
+	hookKey []byte
 }
 
 func newEnv(t *testing.T) *env {
@@ -137,13 +140,14 @@ func (e *env) lease(claim []string, mode leasebus.WorkspaceMode) *bustest.Lease 
 func (e *env) proxy(lease LeaseSource, mutate ...func(*Config)) *httptest.Server {
 	e.t.Helper()
 	cfg := Config{
-		Upstream:  e.gs.srv.URL,
-		Lease:     lease,
-		Repo:      testRepo,
-		Bus:       e.bus.Client,
-		Audit:     e.bus.Auditor,
-		MirrorDir: e.t.TempDir(),
-		TempDir:   e.t.TempDir(),
+		Upstream:   e.gs.srv.URL,
+		Lease:      lease,
+		Repo:       testRepo,
+		Bus:        e.bus.Client,
+		Audit:      e.bus.Auditor,
+		MirrorDir:  e.t.TempDir(),
+		TempDir:    e.t.TempDir(),
+		HookSecret: e.hookKey,
 	}
 	for _, m := range mutate {
 		m(&cfg)

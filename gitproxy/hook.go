@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/fenceline/fenceline/internal/scope"
 )
@@ -29,6 +30,11 @@ import (
 // repository, and overlapping leases are never active together, so a
 // higher fence on an overlapping path means the pusher's lease ended before
 // that push's lease was granted.
+//
+// The hook believes a fence only when its MAC verifies (fencemac.go, and
+// doc.go for the exact bytes): fences are minted by fenceline's side,
+// never by whoever can reach the server. A push with bad fence options is
+// refused before the table is read, so nothing it says is ever recorded.
 
 // HookConfig configures PreReceive.
 type HookConfig struct {
@@ -36,14 +42,44 @@ type HookConfig struct {
 	GitDir string
 	// Options are the push options (default: read from GIT_PUSH_OPTION_*).
 	Options []string
-	// AllowUnfenced lets pushes without fenceline push options through.
+	// Repo is the repository's identity as the leases name it; a fence
+	// signed for another repository is refused. Empty: the signed
+	// fenceline-repo option is taken as it is (the per-repository secret
+	// still binds the fence to this repository).
+	Repo string
+	// Key is the hook secret; nil: read from KeyFile.
+	Key []byte
+	// KeyFile holds the hook secret (default <git-dir>/fenceline/hook.key,
+	// see HookKeyFile). It must not be readable by group or others.
+	KeyFile string
+	// AllowUnfenced lets pushes that carry no fenceline options at all
+	// through. A push with any fenceline option is checked in full either
+	// way: bad options never pass.
 	AllowUnfenced bool
 	// Git is the git binary (default "git").
 	Git string
 }
 
-// HookError is a refusal by the hook, printed to the pusher.
-type HookError struct{ Msg string }
+// Reasons of the hook's refusals (HookError.Reason).
+const (
+	HookUnfenced   = "unfenced"       // no fenceline options, and unfenced pushes are not allowed
+	HookMalformed  = "malformed"      // fenceline options that do not parse, repeat, or are unknown
+	HookUnsigned   = "unsigned"       // fence options without a MAC
+	HookNoSecret   = "no-secret"      // the hook has no secret to verify with
+	HookBadMAC     = "bad-mac"        // the MAC does not verify
+	HookOtherRepo  = "other-repo"     // a fence signed for another repository
+	HookStaleFence = ReasonStaleFence // a newer fence was accepted for an overlapping path
+)
+
+// HookError is a refusal by the hook, printed to the pusher: Msg names the
+// lease, fence and reason.
+type HookError struct {
+	Msg    string
+	Reason string // one of the Hook* reasons
+	Lease  string // as the push claimed it ("" when it named none)
+	Fence  string // as the push claimed it
+	Owner  string // as the push claimed it
+}
 
 func (e *HookError) Error() string { return e.Msg }
 
@@ -51,11 +87,23 @@ func (e *HookError) Error() string { return e.Msg }
 type fenceEntry struct {
 	Fence uint64 `json:"fence"`
 	Lease string `json:"lease"`
+	Owner string `json:"owner,omitempty"`
 }
+
+func ownerSuffix(owner string) string {
+	if owner == "" {
+		return ""
+	}
+	return ", " + owner
+}
+
+// knownOptions are the fenceline push options this hook reads.
+var knownOptions = []string{OptionLease, OptionFence, OptionOwner, OptionRepo, OptionClaim, OptionMAC}
 
 // PreReceive checks the ref updates read from stdin ("<old> <new> <ref>"
 // lines, as git gives a pre-receive hook) and records the push's fence when
-// it passes. A refusal is a *HookError.
+// it passes. A refusal is a *HookError, also appended to the repository's
+// refusal log, <git-dir>/fenceline/refusals.jsonl.
 func PreReceive(ctx context.Context, cfg HookConfig, stdin io.Reader) error {
 	if cfg.Git == "" {
 		cfg.Git = "git"
@@ -76,31 +124,6 @@ func PreReceive(ctx context.Context, cfg HookConfig, stdin io.Reader) error {
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("read pre-receive input: %w", err)
 	}
-	opts := map[string]string{}
-	for _, o := range cfg.Options {
-		if k, v, ok := strings.Cut(o, "="); ok && strings.HasPrefix(k, "fenceline-") {
-			opts[k] = v
-		}
-	}
-	leaseID := opts[OptionLease]
-	fenceStr, fenced := opts[OptionFence]
-	if !fenced {
-		if cfg.AllowUnfenced {
-			return nil
-		}
-		return &HookError{Msg: "fenceline: push refused: it carries no fence (push through the fenceline sidecar, or install the hook with --allow-unfenced)"}
-	}
-	fence, err := strconv.ParseUint(fenceStr, 10, 64)
-	if err != nil || fence == 0 || leaseID == "" {
-		return &HookError{Msg: fmt.Sprintf("fenceline: push refused: malformed fence options (lease %q, fence %q)", leaseID, fenceStr)}
-	}
-	var claim scope.Claim
-	if s, ok := opts[OptionClaim]; ok {
-		if err := json.Unmarshal([]byte(s), &claim); err != nil {
-			return &HookError{Msg: fmt.Sprintf("fenceline: push refused: malformed %s option: %v", OptionClaim, err)}
-		}
-	}
-
 	gitDir := cfg.GitDir
 	if gitDir == "" {
 		out, err := g.runHere(ctx, "rev-parse", "--absolute-git-dir")
@@ -109,6 +132,85 @@ func PreReceive(ctx context.Context, cfg HookConfig, stdin io.Reader) error {
 		}
 		gitDir = strings.TrimSpace(string(out))
 	}
+	err := preReceive(ctx, g, cfg, gitDir, cmds)
+	var he *HookError
+	if errors.As(err, &he) {
+		logRefusal(gitDir, he, cmds)
+	}
+	return err
+}
+
+func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string, cmds []command) error {
+	opts := map[string]string{}
+	var bad *HookError
+	for _, o := range cfg.Options {
+		k, v, _ := strings.Cut(o, "=")
+		if !strings.HasPrefix(k, "fenceline-") {
+			continue
+		}
+		if _, dup := opts[k]; dup && bad == nil {
+			bad = &HookError{Reason: HookMalformed, Msg: fmt.Sprintf("push option %s is given twice", k)}
+		}
+		if !slices.Contains(knownOptions, k) && bad == nil {
+			bad = &HookError{Reason: HookMalformed, Msg: fmt.Sprintf("push option %s is not one fenceline knows (%s)", clip(k), strings.Join(knownOptions, ", "))}
+		}
+		opts[k] = v
+	}
+	if len(opts) == 0 {
+		if cfg.AllowUnfenced {
+			return nil
+		}
+		return &HookError{Reason: HookUnfenced, Msg: "fenceline: push refused: it carries no fence (push through the fenceline sidecar, or install the hook with --allow-unfenced)"}
+	}
+	leaseID, fenceStr, owner := opts[OptionLease], opts[OptionFence], opts[OptionOwner]
+	deny := func(e *HookError) *HookError {
+		e.Lease, e.Fence, e.Owner = leaseID, fenceStr, owner
+		e.Msg = fmt.Sprintf("fenceline: push refused: fence %q of lease %q (owner %q): %s [%s]", fenceStr, leaseID, owner, e.Msg, e.Reason)
+		return e
+	}
+	if bad != nil {
+		return deny(bad)
+	}
+	fence, err := strconv.ParseUint(fenceStr, 10, 64)
+	if err != nil || fence == 0 || leaseID == "" {
+		return deny(&HookError{Reason: HookMalformed, Msg: fmt.Sprintf("malformed fence options: want %s=<lease id> and %s=<positive integer>", OptionLease, OptionFence)})
+	}
+	mac, signed := opts[OptionMAC]
+	if !signed {
+		return deny(&HookError{Reason: HookUnsigned, Msg: fmt.Sprintf("it is not signed (no %s option): this server accepts fences only from a fenceline sidecar that holds this repository's hook secret (fenceline hook install prints where it is; give it to the sidecar with --git-hook-secret)", OptionMAC)})
+	}
+	key := cfg.Key
+	if len(key) == 0 {
+		file := cfg.KeyFile
+		if file == "" {
+			file = HookKeyFile(gitDir)
+		}
+		if key, err = readHookKey(file); err != nil {
+			return deny(&HookError{Reason: HookNoSecret, Msg: fmt.Sprintf("this hook cannot verify fences: %v (run fenceline hook install --git-dir %s --repo REPO as the git server's user)", err, gitDir)})
+		}
+	}
+	repo, claimStr := opts[OptionRepo], opts[OptionClaim]
+	updates := make([]RefUpdate, len(cmds))
+	for i, c := range cmds {
+		updates[i] = RefUpdate(c)
+	}
+	msg, err := fenceMessage(fenceFields{Repo: repo, Lease: leaseID, Owner: owner, Fence: fenceStr, Claim: claimStr}, updates)
+	if err == nil {
+		err = verifyFenceMAC(key, msg, mac)
+	}
+	if err != nil {
+		return deny(&HookError{Reason: HookBadMAC, Msg: err.Error()})
+	}
+	if cfg.Repo != "" && repo != cfg.Repo {
+		return deny(&HookError{Reason: HookOtherRepo, Msg: fmt.Sprintf("it was signed for repository %q; this repository is %q", repo, cfg.Repo)})
+	}
+	var claim scope.Claim
+	if claimStr != "" {
+		if err := json.Unmarshal([]byte(claimStr), &claim); err != nil {
+			return deny(&HookError{Reason: HookMalformed, Msg: fmt.Sprintf("malformed %s option: %v", OptionClaim, err)})
+		}
+	}
+
 	touched, err := hookTouched(ctx, g, cmds)
 	if err != nil {
 		return err
@@ -141,18 +243,53 @@ func PreReceive(ctx context.Context, cfg HookConfig, stdin io.Reader) error {
 				if path != r && path != "" {
 					what += " (" + path + ")"
 				}
-				return false, &HookError{Msg: fmt.Sprintf(
-					"fenceline: push refused: fence %d of lease %s is stale: %s was pushed under fence %d (lease %s)",
-					fence, leaseID, what, e.Fence, e.Lease)}
+				return false, &HookError{Reason: HookStaleFence, Lease: leaseID, Fence: fenceStr, Owner: owner, Msg: fmt.Sprintf(
+					"fenceline: push refused: fence %d of lease %s (%s) is stale: %s was pushed under fence %d (lease %s%s) [%s]",
+					fence, leaseID, owner, what, e.Fence, e.Lease, ownerSuffix(e.Owner), HookStaleFence)}
 			}
 		}
 		for _, r := range resources {
 			if e, ok := fences[r]; !ok || e.Fence < fence {
-				fences[r] = fenceEntry{Fence: fence, Lease: leaseID}
+				fences[r] = fenceEntry{Fence: fence, Lease: leaseID, Owner: owner}
 			}
 		}
 		return true, nil
 	})
+}
+
+// hookRefusal is one line of the repository's refusal log.
+type hookRefusal struct {
+	Time    time.Time `json:"time"`
+	Reason  string    `json:"reason"`
+	Lease   string    `json:"lease,omitempty"`
+	Fence   string    `json:"fence,omitempty"`
+	Owner   string    `json:"owner,omitempty"`
+	Refs    []string  `json:"refs"`
+	Message string    `json:"message"`
+}
+
+// logRefusal appends a refusal to <git-dir>/fenceline/refusals.jsonl, the
+// storage side's own audit trail (the hook holds no bus credentials). A
+// failure to log leaves the push refused.
+func logRefusal(gitDir string, he *HookError, cmds []command) {
+	rec := hookRefusal{Time: time.Now().UTC(), Reason: he.Reason, Lease: he.Lease, Fence: he.Fence, Owner: he.Owner, Message: he.Msg, Refs: []string{}}
+	for _, c := range cmds {
+		rec.Refs = append(rec.Refs, c.Ref)
+	}
+	line, err := json.Marshal(rec)
+	if err != nil {
+		return
+	}
+	dir := filepath.Join(gitDir, "fenceline")
+	if os.MkdirAll(dir, 0o700) != nil {
+		return
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "refusals.jsonl"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	f.Write(append(line, '\n'))
 }
 
 // fenceIndex finds recorded fences overlapping a path: its ancestors (and

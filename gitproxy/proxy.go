@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -100,6 +99,11 @@ type Config struct {
 	// Transport for upstream requests (default: http.DefaultTransport's
 	// settings with large buffers).
 	Transport http.RoundTripper
+	// HookSecret signs the fence for the git server's pre-receive hook
+	// (fenceline hook install makes it). Without it the fence still
+	// travels, unsigned, and a hook that checks fences refuses the push
+	// saying the MAC is missing.
+	HookSecret []byte
 	// BusTimeout bounds the bus reads of one decision (default 5 s).
 	BusTimeout time.Duration
 	// Git is the git binary (default "git" from PATH).
@@ -358,6 +362,17 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	// The fence options are the sidecar's to set: an agent's own would
+	// only try to mislead the hook.
+	for _, o := range req.Options {
+		if k, _, _ := strings.Cut(o, "="); strings.HasPrefix(k, "fenceline-") {
+			io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
+			ps.lease = p.currentLease()
+			p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "push option %s is reserved: the fence sets the fenceline-* options itself", clip(k)), "ok")
+			return
+		}
+	}
+
 	// A push whose lease is already gone is refused before its pack is
 	// scanned; the pack is still read, so the client gets the report.
 	if ref := p.leaseGate(ps); ref != nil {
@@ -582,13 +597,15 @@ func (p *Proxy) refreshMirror(ctx context.Context, ps *push) error {
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ps *push, changes []refChange) {
 	var extra []string
 	if v, _ := p.pushOptions.Load(ps.repoPath); v == true || ps.req.has("push-options") {
-		extra = []string{
-			OptionLease + "=" + ps.lease.LeaseID,
-			OptionFence + "=" + strconv.FormatUint(ps.fence, 10),
-			OptionRepo + "=" + ps.lease.Repo,
+		updates := make([]RefUpdate, len(ps.req.Commands))
+		for i, c := range ps.req.Commands {
+			updates[i] = RefUpdate(c)
 		}
-		if claim, err := json.Marshal(ps.lease.Scope); err == nil && len(claim) < maxPktPayload-len(OptionClaim)-1 {
-			extra = append(extra, OptionClaim+"="+string(claim))
+		var err error
+		extra, err = FenceOptions(p.cfg.HookSecret, ps.lease, ps.fence, updates)
+		if err != nil {
+			p.refuseAll(r.Context(), w, ps, refuse(ReasonBadPush, "cannot sign the fence: %v", err), "ok")
+			return
 		}
 	}
 	head := ps.req.encodeHead(extra)

@@ -153,6 +153,10 @@ func TestPushOptionsAndFenceReachUpstream(t *testing.T) {
 	seen := filepath.Join(t.TempDir(), "options")
 	hook := fmt.Sprintf("#!/bin/sh\ni=0\nwhile [ $i -lt ${GIT_PUSH_OPTION_COUNT:-0} ]; do eval echo \\$GIT_PUSH_OPTION_$i >> %s; i=$((i+1)); done\ncat >/dev/null\n", seen)
 	writeHook(t, e.bare, "pre-receive", hook)
+	var err error
+	if e.hookKey, err = GenerateHookKey(); err != nil {
+		t.Fatal(err)
+	}
 	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
 	dir := e.clone(e.proxy(l).URL)
 	e.commit(dir, "x", "services/billing/x.go", "x\n")
@@ -163,7 +167,7 @@ func TestPushOptionsAndFenceReachUpstream(t *testing.T) {
 	}
 	got := string(data)
 	for _, want := range []string{"ci.skip\n", "reviewer=alice\n", OptionLease + "=" + l.Record.LeaseID + "\n",
-		fmt.Sprintf("%s=%d\n", OptionFence, l.Record.Fence), OptionRepo + "=" + testRepo + "\n", OptionClaim + "="} {
+		fmt.Sprintf("%s=%d\n", OptionFence, l.Record.Fence), OptionRepo + "=" + testRepo + "\n", OptionClaim + "=", OptionMAC + "=" + MACVersion + ":"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("upstream push options lack %q:\n%s", want, got)
 		}
@@ -273,8 +277,7 @@ func TestPushAfterReleaseRevokeAndWithoutLease(t *testing.T) {
 // should a zombie get past its own checks, at the server's hook.
 func TestZombiePush(t *testing.T) {
 	e := newEnv(t)
-	fenceline := buildFenceline(t)
-	writeHook(t, e.bare, "pre-receive", "#!/bin/sh\nexec "+fenceline+" hook pre-receive\n")
+	e.installHook(false)
 
 	claim := bustest.Claim(t, "services/billing")
 	cred := leasebus.NewCredential()
@@ -310,12 +313,16 @@ func TestZombiePush(t *testing.T) {
 	mustGit(t, zdir, "pull", "--quiet", "--rebase", "origin", "main")
 	mustRefuse(t, zdir, "fenceline: lease "+zombie.LeaseID, "origin", "main")
 
-	// At the server: a zombie that got past its proxy pushes straight to
-	// the server with its stale fence; the hook refuses it.
-	out := mustRefuse(t, zdir, "is stale", "-o", OptionLease+"="+zombie.LeaseID, "-o", fmt.Sprintf("%s=%d", OptionFence, zombie.Fence),
-		"-o", OptionClaim+`={"kind":"paths","paths":["services/billing"]}`, e.gs.url("payments.git"), "HEAD:main")
+	// At the server: a zombie sidecar that got past its own checks and
+	// signed its stale fence before it paused delivers the push late; the
+	// hook refuses it.
+	late := signed(t, e.hookKey, testRepo, zombie, e.updateOf(zdir))
+	out := mustRefuse(t, zdir, "is stale", append(pushOpts(late), e.gs.url("payments.git"), "HEAD:main")...)
 	if !strings.Contains(out, fmt.Sprintf("was pushed under fence %d", next.Fence)) {
 		t.Fatalf("hook refusal does not name the newer fence:\n%s", out)
+	}
+	if !strings.Contains(out, "agent=zombie") || !strings.Contains(out, "agent=successor") {
+		t.Fatalf("hook refusal does not name both owners:\n%s", out)
 	}
 	// And a push with no fence at all is refused by the hook.
 	mustRefuse(t, zdir, "carries no fence", e.gs.url("payments.git"), "HEAD:main")

@@ -46,6 +46,9 @@ type Config struct {
 	GitUpstreamHeader http.Header
 	// GitUpstreamCAFile is the CA bundle for an https upstream (default: system).
 	GitUpstreamCAFile string
+	// GitHookSecret signs the fence for the git server's pre-receive hook
+	// (from "fenceline hook install"); nil: pushes go out unsigned.
+	GitHookSecret []byte
 
 	// PGUpstream is the Postgres server (host:port, or the path of its Unix
 	// socket) the agent's database connections go to. Empty: no Postgres
@@ -203,6 +206,7 @@ func (s *Sidecar) startGit() error {
 		TempDir:        filepath.Join(s.cfg.StateDir, "tmp"),
 		UpstreamHeader: s.cfg.GitUpstreamHeader,
 		UpstreamCAFile: s.cfg.GitUpstreamCAFile,
+		HookSecret:     s.cfg.GitHookSecret,
 		Transport:      transport,
 		Logger:         s.log.With("boundary", "git"),
 	})

@@ -27,6 +27,7 @@ type demoGit struct {
 	dir  string // scratch space
 	srv  *gitserver.Server
 	bare string
+	key  []byte // the repository's hook secret, which the sidecars sign with
 }
 
 // git runs the real git for an agent with env and returns its output.
@@ -97,9 +98,6 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 	if g.bare, err = g.srv.NewRepo("payments.git"); err != nil {
 		return err
 	}
-	if err := gitserver.InstallHook(g.bare, "pre-receive", fmt.Sprintf("#!/bin/sh\nexec '%s' hook pre-receive\n", exe)); err != nil {
-		return err
-	}
 	seed := filepath.Join(dir, "seed")
 	if err := g.mustGit(ctx, "", nil, "init", "--quiet", "--initial-branch=main", seed); err != nil {
 		return err
@@ -109,13 +107,20 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 			return err
 		}
 	}
-	if err := g.mustGit(ctx, seed, nil, "push", "--quiet", "-o", gitproxy.OptionLease+"=lease_seed", "-o", gitproxy.OptionFence+"=1", g.bare, "main"); err != nil {
+	if err := g.mustGit(ctx, seed, nil, "push", "--quiet", g.bare, "main"); err != nil {
 		return err
 	}
+	// What "fenceline hook install --git-dir DIR --repo R" does.
+	in, err := gitproxy.InstallHook(ctx, gitproxy.HookInstall{GitDir: g.bare, Repo: demoRepo, Fenceline: exe})
+	if err != nil {
+		return err
+	}
+	g.key = in.Key
 	upstream := g.srv.URL + "/payments.git"
 
 	d.section("7. The git fence")
-	fmt.Fprintf(d.out, "a real git server (git http-backend) at %s, with \"fenceline hook pre-receive\" installed.\n", upstream)
+	fmt.Fprintf(d.out, "a real git server (git http-backend) at %s, with \"fenceline hook pre-receive\" installed\n", upstream)
+	fmt.Fprintf(d.out, "by \"fenceline hook install\": it accepts a fence only when it is signed with the repository's secret\n(%s, mode 0600), which the sidecars hold and the agents never see.\n", in.KeyFile)
 	f, err := g.agent(ctx, "agent-f", "services/billing", 30*time.Second)
 	if err != nil {
 		return err
@@ -158,7 +163,7 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 	zombie := z.lease
 	frozen, err := gitproxy.New(gitproxy.Config{
 		Upstream: g.srv.URL, Lease: leasebus.Frozen{Record: *zombie}, Repo: demoRepo, Bus: d.c, Audit: d.auditor,
-		MirrorDir: filepath.Join(dir, "mirror-g"), TempDir: dir,
+		MirrorDir: filepath.Join(dir, "mirror-g"), TempDir: dir, HookSecret: g.key,
 	})
 	if err != nil {
 		return err
@@ -205,12 +210,22 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 	}
 	fmt.Fprintf(d.out, "  at its git fence (the bus says the lease is gone):\n    %s\n", rejected(out))
 	out, err = g.git(ctx, zwork, nil, "push",
-		"-o", gitproxy.OptionLease+"="+zombie.LeaseID, "-o", fmt.Sprintf("%s=%d", gitproxy.OptionFence, zombie.Fence),
-		"-o", gitproxy.OptionClaim+`={"kind":"paths","paths":["libs/tax"]}`, upstream, "HEAD:main")
-	if err == nil || !strings.Contains(out, "is stale") {
-		return demoFail("the zombie's direct push should be refused by the server's hook: %v\n%s", err, out)
+		"-o", gitproxy.OptionLease+"="+zombie.LeaseID, "-o", gitproxy.OptionFence+"=999999", upstream, "HEAD:main")
+	if err == nil || !strings.Contains(out, "not signed") {
+		return demoFail("the zombie's direct push with a made-up fence should be refused by the server's hook: %v\n%s", err, out)
 	}
-	fmt.Fprintf(d.out, "  straight at the server, past any fence, with its stale fence: the pre-receive hook refuses it:\n    %s\n", rejected(out))
+	fmt.Fprintf(d.out, "  straight at the server, past any fence, with a made-up fence 999999: the pre-receive hook refuses it:\n    %s\n", rejected(out))
+	// A sidecar that signed its push just before it froze, and delivers it
+	// on waking: the signature is genuine, the fence stale.
+	late, err := g.lateSignedPush(ctx, zwork, zombie)
+	if err != nil {
+		return err
+	}
+	out, err = g.git(ctx, zwork, nil, append(late, upstream, "HEAD:main")...)
+	if err == nil || !strings.Contains(out, "is stale") {
+		return demoFail("the zombie sidecar's late, signed push should be refused by the server's hook: %v\n%s", err, out)
+	}
+	fmt.Fprintf(d.out, "  its sidecar's push, signed just before it froze and delivered on waking, carries fence %d: the hook refuses it:\n    %s\n", zombie.Fence, rejected(out))
 
 	evs, err := leasebus.ReadAudit(ctx, d.nc, demoRepo, 0)
 	if err != nil {
@@ -228,6 +243,29 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 		return demoFail("both git refusals should be audited, found %d", n)
 	}
 	return nil
+}
+
+// lateSignedPush is the push options a zombie's sidecar signed for
+// pushing work's HEAD to main before it froze, as git push arguments.
+func (g *demoGit) lateSignedPush(ctx context.Context, work string, l *leasebus.Lease) ([]string, error) {
+	old, err := g.git(ctx, g.bare, nil, "rev-parse", "refs/heads/main")
+	if err != nil {
+		return nil, fmt.Errorf("read the server's main: %w\n%s", err, old)
+	}
+	head, err := g.git(ctx, work, nil, "rev-parse", "HEAD")
+	if err != nil {
+		return nil, fmt.Errorf("read agent-g's HEAD: %w\n%s", err, head)
+	}
+	opts, err := gitproxy.FenceOptions(g.key, *l, l.Fence,
+		[]gitproxy.RefUpdate{{Old: strings.TrimSpace(old), New: strings.TrimSpace(head), Ref: "refs/heads/main"}})
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"push"}
+	for _, o := range opts {
+		args = append(args, "-o", o)
+	}
+	return args, nil
 }
 
 // demoAgent is an agent with a held lease and a sidecar serving its git fence.
@@ -254,7 +292,7 @@ func (g *demoGit) agentWait(ctx context.Context, name, path string, ttl, wait ti
 	if err != nil {
 		return nil, err
 	}
-	return g.startAgent(ctx, name, claim, ttl, wait, proxy.Config{GitUpstream: g.srv.URL, StateDir: filepath.Join(g.dir, "sidecar-"+name)})
+	return g.startAgent(ctx, name, claim, ttl, wait, proxy.Config{GitUpstream: g.srv.URL, GitHookSecret: g.key, StateDir: filepath.Join(g.dir, "sidecar-"+name)})
 }
 
 // startAgent acquires claim for agent name in an exclusive workspace,

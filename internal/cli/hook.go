@@ -3,11 +3,15 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/fenceline/fenceline/gitproxy"
+	"github.com/fenceline/fenceline/leasebus"
 )
 
 func (a *app) hookCommand() *cobra.Command {
@@ -17,23 +21,36 @@ func (a *app) hookCommand() *cobra.Command {
 		Args:  groupArgs,
 		RunE:  showHelp,
 	}
-	var allowUnfenced bool
-	pre := &cobra.Command{
-		Use:   "pre-receive",
-		Short: "Refuse pushes whose fence is stale (install as the repository's pre-receive hook)",
-		Long: `Run as a git server's pre-receive hook, it reads the fence that the fenceline
-sidecar sends as push options (the upstream must advertise them:
-git config receive.advertisePushOptions true) and refuses the push when a newer
-fence was already accepted for a path the push claims or touches. The accepted
-fences live in <git-dir>/fenceline/fences.json.
+	cmd.AddCommand(a.hookPreReceiveCommand(), a.hookInstallCommand())
+	return cmd
+}
 
-Install, in the bare repository:
-  printf '#!/bin/sh\nexec fenceline hook pre-receive\n' > hooks/pre-receive
-  chmod +x hooks/pre-receive
-  git config receive.advertisePushOptions true`,
+func (a *app) hookPreReceiveCommand() *cobra.Command {
+	var (
+		allowUnfenced bool
+		repo, keyFile string
+	)
+	pre := &cobra.Command{
+		Use:   "pre-receive [--repo R] [--secret-file FILE] [--allow-unfenced]",
+		Short: "Refuse pushes whose fence is missing, forged or stale (the repository's pre-receive hook)",
+		Long: `Run as a git server's pre-receive hook (fenceline hook install sets it up),
+it reads the fence that the fenceline sidecar sends as push options and
+accepts it only when its MAC verifies: HMAC-SHA256 under this repository's
+hook secret, over the repo, lease, owner, fence, claim and this push's ref
+updates. A push whose fenceline options are unsigned, forged, replayed from
+another push, signed for another repository or malformed is refused, and
+nothing is recorded. A signed fence is refused when a newer fence was already
+accepted for a path the push claims or touches; otherwise it is recorded
+in <git-dir>/fenceline/fences.json. Every refusal names the lease, owner,
+fence and reason, goes to the pusher and is appended to
+<git-dir>/fenceline/refusals.jsonl.
+
+--allow-unfenced lets pushes that carry no fenceline options at all through
+(people pushing directly); a push with any fenceline option is checked in
+full either way.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			err := gitproxy.PreReceive(cmd.Context(), gitproxy.HookConfig{AllowUnfenced: allowUnfenced}, os.Stdin)
+			err := gitproxy.PreReceive(cmd.Context(), gitproxy.HookConfig{Repo: repo, KeyFile: keyFile, AllowUnfenced: allowUnfenced}, os.Stdin)
 			var he *gitproxy.HookError
 			if errors.As(err, &he) {
 				// git shows the hook's output to the pusher as "remote: …".
@@ -43,7 +60,142 @@ Install, in the bare repository:
 			return err
 		},
 	}
-	pre.Flags().BoolVar(&allowUnfenced, "allow-unfenced", false, "let pushes without a fence through (people pushing directly)")
-	cmd.AddCommand(pre)
-	return cmd
+	f := pre.Flags()
+	f.BoolVar(&allowUnfenced, "allow-unfenced", false, "let pushes with no fenceline options at all through (people pushing directly)")
+	f.StringVar(&repo, "repo", "", "the repository's identity as the leases name it; fences signed for another are refused")
+	f.StringVar(&keyFile, "secret-file", "", "the hook secret (default <git-dir>/fenceline/hook.key)")
+	return pre
+}
+
+func (a *app) hookInstallCommand() *cobra.Command {
+	var (
+		gitDir, repo, sidecarFile, exe string
+		allowUnfenced, asJSON          bool
+	)
+	c := &cobra.Command{
+		Use:   "install --git-dir DIR --repo R [--sidecar-secret-file FILE] [--allow-unfenced]",
+		Short: "Install the fence's pre-receive hook and its secret in a repository on the git server",
+		Long: `Install the storage-side git fence in the repository DIR (on the git
+server, usually a bare repository):
+  - a random hook secret in DIR/fenceline/hook.key (mode 0600, directory
+    0700; an existing secret is kept, so running it again is safe),
+  - DIR/hooks/pre-receive, running "fenceline hook pre-receive --repo R"
+    (an existing pre-receive hook that is not fenceline's is left alone:
+    install fails and says so),
+  - receive.advertisePushOptions = true, so the fence can travel.
+
+Run it as the user the git server runs hooks as: that user must own the
+secret, and no agent's user may be able to read it (whoever reads it can
+mint fences). R is the repository's identity exactly as the leases name it
+(fenceline lease list shows it), e.g. github.com/acme/payments; a remote URL
+is normalized to it.
+
+The sidecars sign their fences with the same secret: a copy is written to
+--sidecar-secret-file (mode 0600; default $XDG_STATE_HOME/fenceline/git-hook/
+<R, escaped>.key, where "fenceline run" and "fenceline sidecar" look for it
+on this machine). Give it to a sidecar elsewhere with --git-hook-secret FILE.
+A sidecar without it still fences pushes, but this hook refuses them and
+says the MAC is missing. On a machine where agents run, "fenceline run"
+hides the state dir and a --git-hook-secret file from them; any other copy
+must be unreadable to the agents' user (the git server's copy belongs to
+the git server's user).`,
+		Args: cobra.NoArgs,
+		Example: `  sudo -u git fenceline hook install --git-dir /srv/git/payments.git --repo github.com/acme/payments \
+    --sidecar-secret-file /srv/git/payments.sidecar.key
+  fenceline sidecar --repo github.com/acme/payments ... --git-hook-secret /run/secrets/git-hook.key`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if gitDir == "" {
+				return usagef("--git-dir is required: the repository on the git server, e.g. /srv/git/payments.git")
+			}
+			r, err := hookRepo(repo)
+			if err != nil {
+				return err
+			}
+			if exe == "" {
+				if exe, err = os.Executable(); err != nil {
+					return fmt.Errorf("hook install: find the fenceline binary for the hook: %w (pass --fenceline PATH)", err)
+				}
+			}
+			if exe, err = filepath.Abs(exe); err != nil {
+				return usagef("--fenceline %s: %v", exe, err)
+			}
+			if sidecarFile == "" {
+				sidecarFile = defaultGitHookSecretFile(r)
+			}
+			in, err := gitproxy.InstallHook(cmd.Context(), gitproxy.HookInstall{GitDir: gitDir, Repo: r, Fenceline: exe, AllowUnfenced: allowUnfenced})
+			if err != nil {
+				return err
+			}
+			if err := writeSidecarSecret(sidecarFile, in.Key); err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, struct {
+					GitDir            string `json:"gitDir"`
+					Repo              string `json:"repo"`
+					Hook              string `json:"hook"`
+					HookSecretFile    string `json:"hookSecretFile"`
+					NewSecret         bool   `json:"newSecret"`
+					SidecarSecretFile string `json:"sidecarSecretFile"`
+				}{in.GitDir, r, in.Hook, in.KeyFile, in.NewKey, sidecarFile})
+			}
+			kept := "new"
+			if !in.NewKey {
+				kept = "kept"
+			}
+			fmt.Fprintf(a.stdout, "hook installed: %s (repo %s)\n", in.Hook, r)
+			fmt.Fprintf(a.stdout, "hook secret: %s (%s, mode 0600: keep it readable only by the git server's user)\n", in.KeyFile, kept)
+			fmt.Fprintf(a.stdout, "sidecar secret: %s (give it to the sidecars: --git-hook-secret %s)\n", sidecarFile, sidecarFile)
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&gitDir, "git-dir", "", "the repository on the git server (required)")
+	f.StringVar(&repo, "repo", "", "the repository's identity as the leases name it, e.g. github.com/acme/payments (required)")
+	f.StringVar(&sidecarFile, "sidecar-secret-file", "", "where to write the sidecars' copy of the secret (default $XDG_STATE_HOME/fenceline/git-hook/<repo>.key)")
+	f.StringVar(&exe, "fenceline", "", "the fenceline binary the hook runs (default: this one)")
+	f.BoolVar(&allowUnfenced, "allow-unfenced", false, "let pushes with no fenceline options at all through (people pushing directly)")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+// hookRepo checks --repo of hook install; a remote URL is turned into the
+// identity the leases use (host/org/repo).
+func hookRepo(repo string) (string, error) {
+	r := strings.TrimSpace(repo)
+	if r == "" {
+		return "", usagef("--repo is required: the repository's identity as the leases name it, e.g. --repo github.com/acme/payments")
+	}
+	if strings.Contains(r, "://") {
+		r = normalizeRemote(r, "")
+	}
+	if strings.ContainsAny(r, "\n\x00") {
+		return "", usagef("--repo %q contains a newline or NUL", repo)
+	}
+	return r, nil
+}
+
+// writeSidecarSecret writes the sidecars' copy of a hook secret (mode
+// 0600), replacing one for the same repository.
+func writeSidecarSecret(path string, key []byte) error {
+	if old, err := gitproxy.ReadKeyFile(path); err == nil && string(old) == string(key) {
+		return os.Chmod(path, 0o600)
+	}
+	tmp := path + ".tmp"
+	os.Remove(tmp)
+	if err := gitproxy.WriteKeyFile(tmp, key); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write sidecar secret: %w", err)
+	}
+	return nil
+}
+
+// defaultGitHookSecretFile is where hook install leaves the sidecars' copy
+// of repo's hook secret on this machine, and where run and sidecar look
+// for it: inside fenceline's state dir, which the file guard hides from
+// agents.
+func defaultGitHookSecretFile(repo string) string {
+	return filepath.Join(leasebus.StateDir(), "git-hook", url.PathEscape(repo)+".key")
 }

@@ -202,6 +202,9 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 			return err // a usage error, before the bus is dialed
 		}
 	}
+	if err := rf.ff.prepare(co.repo); err != nil {
+		return err
+	}
 
 	out, errw := a.outputs()
 	s, err := a.dialHolder()
@@ -318,7 +321,7 @@ func (r *runner) run(ctx context.Context, argv, extra []string, out io.Writer) (
 		r.say("created %s: the claim did not exist in the checkout, and writes are confined to existing paths", c)
 	}
 	env := agentEnv(sc, l)
-	pol.Hidden = hiddenPaths(env, cfg.StateDir, r.rf.ff.pgSecretFile)
+	pol.Hidden = hiddenPaths(env, cfg.StateDir, r.rf.ff.pgSecretFile, r.rf.ff.gitHookSecret)
 	if pol.ConnectPorts, err = r.connectPorts(sc); err != nil {
 		return err
 	}

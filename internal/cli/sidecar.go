@@ -30,6 +30,8 @@ type fenceFlags struct {
 	pgSecretFile                  string
 	pgAllowOpaque                 bool
 	stateDir                      string
+	gitHookSecret                 string // --git-hook-secret
+	gitHookKey                    []byte // read by prepare
 }
 
 func (ff *fenceFlags) register(c *cobra.Command) {
@@ -39,6 +41,7 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 	f.BoolVar(&ff.gitForward, "git-forward", false, "serve an https upstream as a forward proxy with a local CA (git http.proxy) instead of a reverse proxy")
 	f.StringArrayVar(&ff.gitObjects, "git-objects", nil, "git dir whose objects resolve pushed packs, e.g. the agent's repo/.git (repeatable)")
 	f.StringArrayVar(&ff.gitHeaders, "git-upstream-header", nil, `header added to upstream git requests, "Name: value" (repeatable; env FENCELINE_GIT_UPSTREAM_HEADER)`)
+	f.StringVar(&ff.gitHookSecret, "git-hook-secret", "", "the repository's git hook secret from \"fenceline hook install\", to sign fences for its pre-receive hook (default $XDG_STATE_HOME/fenceline/git-hook/<repo>.key when it exists)")
 	f.StringVar(&ff.gitCA, "git-upstream-ca", "", "CA bundle for an https git upstream (default: the system's)")
 	f.BoolVar(&ff.allowForcePush, "allow-force-push", false, "let path leases push non-fast-forward updates (policy)")
 	f.BoolVar(&ff.allowDelete, "allow-ref-delete", false, "let path leases delete refs (policy)")
@@ -47,6 +50,36 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 	f.StringVar(&ff.pgSecretFile, "pg-secret-file", "", "fence-signing secret from \"fenceline pg install\" (default $XDG_STATE_HOME/fenceline/pg-secret.key when it exists)")
 	f.BoolVar(&ff.pgAllowOpaque, "pg-allow-opaque", false, "let writes whose tables cannot be named (DO, CALL, GRANT…) through under a live lease (policy)")
 	f.StringVar(&ff.stateDir, "state-dir", "", "where the sidecar keeps mirrors, its CA and spooled packs (default <state dir>/sidecar/<lease>)")
+}
+
+// prepare checks and reads the fences' secrets before anything is
+// acquired; repo is the lease's repo when known ("" when attaching). A
+// --git-hook-secret that cannot be read is a usage error.
+func (ff *fenceFlags) prepare(repo string) error {
+	if ff.gitHookSecret != "" {
+		if ff.gitUpstream == "" {
+			return usagef("--git-hook-secret signs pushes of the git fence: give --git-upstream too, or drop it")
+		}
+		key, err := gitproxy.ReadKeyFile(ff.gitHookSecret)
+		if err != nil {
+			return usagef("--git-hook-secret %s: %v", ff.gitHookSecret, err)
+		}
+		ff.gitHookKey = key
+		return nil
+	}
+	if ff.gitUpstream == "" || repo == "" {
+		return nil
+	}
+	file := defaultGitHookSecretFile(repo)
+	if _, err := os.Stat(file); err != nil {
+		return nil
+	}
+	key, err := gitproxy.ReadKeyFile(file)
+	if err != nil {
+		return err
+	}
+	ff.gitHookKey, ff.gitHookSecret = key, file
+	return nil
 }
 
 func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Auditor, log *slog.Logger) (proxy.Config, error) {
@@ -61,6 +94,15 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 			return proxy.Config{}, usagef("--git-upstream-header %q: want \"Name: value\"", h)
 		}
 		headers.Add(strings.TrimSpace(k), strings.TrimSpace(v))
+	}
+	if ff.gitUpstream != "" && ff.gitHookKey == nil {
+		if err := ff.prepare(held.holder.Lease().Repo); err != nil {
+			return proxy.Config{}, err
+		}
+		if ff.gitHookKey == nil {
+			log.Warn("no git hook secret: pushes go out unsigned, and a git server with fenceline's pre-receive hook refuses them (run fenceline hook install on the server, and pass its secret with --git-hook-secret)",
+				"looked-for", defaultGitHookSecretFile(held.holder.Lease().Repo))
+		}
 	}
 	var secret []byte
 	if ff.pgUpstream != "" {
@@ -94,6 +136,7 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 		GitObjectDirs:     ff.gitObjects,
 		GitUpstreamHeader: headers,
 		GitUpstreamCAFile: ff.gitCA,
+		GitHookSecret:     ff.gitHookKey,
 		PGUpstream:        ff.pgUpstream,
 		PGListen:          ff.pgListen,
 		PGSecret:          secret,
@@ -182,6 +225,9 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	}
 	if sf.settleTimeout < 0 {
 		return usagef("--settle-timeout %s: want a duration >= 0", sf.settleTimeout)
+	}
+	if err := sf.ff.prepare(sf.lf.repo); err != nil {
+		return err
 	}
 	log, err := newLogger(a.stderr, sf.logFormat)
 	if err != nil {

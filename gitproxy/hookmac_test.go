@@ -1,0 +1,381 @@
+package gitproxy
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// installHook installs fenceline's pre-receive hook (the real binary) and
+// its secret in the test repository, the way "fenceline hook install" does;
+// the env's proxies sign with the secret from then on.
+func (e *env) installHook(allowUnfenced bool) *Installed {
+	e.t.Helper()
+	in, err := InstallHook(ctxT(e.t), HookInstall{GitDir: e.bare, Repo: testRepo, Fenceline: buildFenceline(e.t), AllowUnfenced: allowUnfenced})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.hookKey = in.Key
+	return in
+}
+
+// fenceTable is the hook's fences.json, nil when there is none.
+func (e *env) fenceTable() []byte {
+	e.t.Helper()
+	data, err := os.ReadFile(filepath.Join(e.bare, "fenceline", "fences.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return data
+}
+
+// fenceOf is the fence the hook recorded for path (0: none).
+func (e *env) fenceOf(path string) uint64 {
+	e.t.Helper()
+	var fences map[string]fenceEntry
+	if data := e.fenceTable(); data != nil {
+		if err := json.Unmarshal(data, &fences); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	return fences[path].Fence
+}
+
+// hookRefusals are the reasons in the hook's refusal log, in order.
+func (e *env) hookRefusals() []string {
+	e.t.Helper()
+	data, err := os.ReadFile(filepath.Join(e.bare, "fenceline", "refusals.jsonl"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var reasons []string
+	for _, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var r hookRefusal
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			e.t.Fatalf("refusal log line %q: %v", l, err)
+		}
+		if r.Reason == "" || r.Message == "" || len(r.Refs) == 0 {
+			e.t.Fatalf("incomplete refusal log line %q", l)
+		}
+		reasons = append(reasons, r.Reason)
+	}
+	return reasons
+}
+
+// pushOpts turns push options into git push arguments.
+func pushOpts(opts []string) []string {
+	var args []string
+	for _, o := range opts {
+		args = append(args, "-o", o)
+	}
+	return args
+}
+
+// updateOf is the ref update that pushing dir's HEAD to main would make.
+func (e *env) updateOf(dir string) RefUpdate {
+	e.t.Helper()
+	return RefUpdate{Old: e.upstreamRef("refs/heads/main"), New: strings.TrimSpace(mustGit(e.t, dir, "rev-parse", "HEAD")), Ref: "refs/heads/main"}
+}
+
+// signed is what a sidecar holding key would send for l and updates.
+func signed(t *testing.T, key []byte, repo string, l *leasebus.Lease, updates ...RefUpdate) []string {
+	t.Helper()
+	signedFor := *l
+	signedFor.Repo = repo
+	opts, err := FenceOptions(key, signedFor, l.Fence, updates)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return opts
+}
+
+// withOption replaces (or adds) the option key's value.
+func withOption(opts []string, key, value string) []string {
+	out := []string{}
+	for _, o := range opts {
+		if k, _, _ := strings.Cut(o, "="); k != key {
+			out = append(out, o)
+		}
+	}
+	return append(out, key+"="+value)
+}
+
+// TestHookRefusesForgedFence is the attack found in issue 16: a push
+// straight to the git server with made-up fence options landed and wrote
+// fence 999999 into fences.json, locking out every real lease after it.
+func TestHookRefusesForgedFence(t *testing.T) {
+	e := newEnv(t)
+	e.installHook(false)
+	server := e.gs.url("payments.git")
+	dir := e.clone(e.gs.srv.URL) // the agent reaches the server directly
+	e.commit(dir, "forged", "services/billing/invoice.go", "forged\n")
+	before := e.upstreamRef("refs/heads/main")
+
+	out := mustRefuse(t, dir, "not signed", "-o", OptionLease+"=x", "-o", OptionFence+"=999999", server, "HEAD:main")
+	for _, want := range []string{`fence "999999" of lease "x"`, "[" + HookUnsigned + "]", "--git-hook-secret"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("refusal lacks %q:\n%s", want, out)
+		}
+	}
+	// A made-up MAC fares no better.
+	mustRefuse(t, dir, "does not verify", "-o", OptionLease+"=x", "-o", OptionFence+"=999999",
+		"-o", OptionMAC+"="+MACVersion+":"+strings.Repeat("00", 32), server, "HEAD:main")
+	if e.upstreamRef("refs/heads/main") != before {
+		t.Fatal("a forged push landed")
+	}
+	if data := e.fenceTable(); data != nil {
+		t.Fatalf("a forged fence was recorded:\n%s", data)
+	}
+	if got := e.hookRefusals(); len(got) != 2 || got[0] != HookUnsigned || got[1] != HookBadMAC {
+		t.Fatalf("refusal log = %v, want [%s %s]", got, HookUnsigned, HookBadMAC)
+	}
+
+	// A genuine lease, with whatever low fence the bus gives it, pushes
+	// through its sidecar: the push lands and its fence is recorded.
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	work := e.clone(e.proxy(l).URL)
+	head := e.commit(work, "genuine", "services/billing/invoice.go", "genuine\n")
+	mustPush(t, work, "origin", "main")
+	if e.upstreamRef("refs/heads/main") != head {
+		t.Fatal("the genuine push did not land")
+	}
+	if got := e.fenceOf("services/billing"); got != l.Record.Fence {
+		t.Fatalf("recorded fence %d for services/billing, want %d:\n%s", got, l.Record.Fence, e.fenceTable())
+	}
+}
+
+// TestHookRefusesBadMACs: a MAC under another key, for other ref updates
+// (a replay), over another claim or repo, of an unknown version, or beside
+// a repeated option is refused, and nothing is recorded; the same fence
+// signed with the repository's secret for this push lands.
+func TestHookRefusesBadMACs(t *testing.T) {
+	e := newEnv(t)
+	in := e.installHook(false)
+	server := e.gs.url("payments.git")
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive).Record
+	dir := e.clone(e.gs.srv.URL)
+	e.commit(dir, "one", "services/billing/a.go", "a\n")
+	up := e.updateOf(dir)
+	before := up.Old
+
+	otherKey, err := GenerateHookKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wider := *l
+	wider.Scope = bustest.Claim(t, "services")
+	otherClaim, _ := json.Marshal(bustest.Claim(t, "libs/tax"))
+	replayed := up
+	replayed.New = before // the options of another push (here: moving main to its old value)
+	genuine := signed(t, in.Key, testRepo, l, up)
+
+	for _, tc := range []struct {
+		name, want, reason string
+		opts               []string
+	}{
+		{"wrong key", "does not verify", HookBadMAC, signed(t, otherKey, testRepo, l, up)},
+		{"other ref updates", "does not verify", HookBadMAC, signed(t, in.Key, testRepo, l, replayed)},
+		{"other ref name", "does not verify", HookBadMAC, signed(t, in.Key, testRepo, l, RefUpdate{up.Old, up.New, "refs/heads/other"})},
+		{"claim swapped", "does not verify", HookBadMAC, withOption(signed(t, in.Key, testRepo, &wider, up), OptionClaim, string(otherClaim))},
+		{"claim dropped", "does not verify", HookBadMAC, withOption(signed(t, in.Key, testRepo, l, up), OptionClaim, "")},
+		{"fence raised", "does not verify", HookBadMAC, withOption(genuine, OptionFence, "999999")},
+		{"lease swapped", "does not verify", HookBadMAC, withOption(genuine, OptionLease, "lease_other")},
+		{"owner swapped", "does not verify", HookBadMAC, withOption(genuine, OptionOwner, "task=t agent=someone-else attempt=a")},
+		{"repo swapped", "does not verify", HookBadMAC, withOption(signed(t, in.Key, "github.com/acme/other", l, up), OptionRepo, testRepo)},
+		{"signed for another repo", "signed for repository", HookOtherRepo, signed(t, in.Key, "github.com/acme/other", l, up)},
+		{"unknown version", `version "v9"`, HookBadMAC, withOption(genuine, OptionMAC, "v9:"+strings.Repeat("ab", 32))},
+		{"repeated fence", "given twice", HookMalformed, append(append([]string{}, genuine...), OptionFence+"=999999")},
+		{"unknown option", "not one fenceline knows", HookMalformed, append(append([]string{}, genuine...), "fenceline-fence2=1")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := mustRefuse(t, dir, tc.want, append(pushOpts(tc.opts), server, "HEAD:main")...)
+			if !strings.Contains(out, "["+tc.reason+"]") || !strings.Contains(out, "of lease") {
+				t.Fatalf("refusal does not name lease, fence and reason %s:\n%s", tc.reason, out)
+			}
+		})
+	}
+	if e.upstreamRef("refs/heads/main") != before {
+		t.Fatal("a push with a bad fence landed")
+	}
+	if data := e.fenceTable(); data != nil {
+		t.Fatalf("a bad fence was recorded:\n%s", data)
+	}
+	// fenceline's side signs exactly this push: it lands, its fence is kept.
+	mustPush(t, dir, append(pushOpts(genuine), server, "HEAD:main")...)
+	if e.upstreamRef("refs/heads/main") != up.New || e.fenceOf("services/billing") != l.Fence {
+		t.Fatalf("the signed push did not land with fence %d:\n%s", l.Fence, e.fenceTable())
+	}
+	// Its options, captured, do not carry another push.
+	e.commit(dir, "two", "services/billing/b.go", "b\n")
+	mustRefuse(t, dir, "does not verify", append(pushOpts(genuine), server, "HEAD:main")...)
+}
+
+// TestHookAllowUnfenced: --allow-unfenced lets a push with no fenceline
+// options at all through and records nothing; any fenceline option makes
+// the push checked in full.
+func TestHookAllowUnfenced(t *testing.T) {
+	e := newEnv(t)
+	e.installHook(true)
+	server := e.gs.url("payments.git")
+	dir := e.clone(e.gs.srv.URL)
+	head := e.commit(dir, "person", "services/billing/a.go", "a\n")
+	mustPush(t, dir, server, "HEAD:main")
+	if e.upstreamRef("refs/heads/main") != head {
+		t.Fatal("an unfenced push did not land under --allow-unfenced")
+	}
+	if data := e.fenceTable(); data != nil {
+		t.Fatalf("an unfenced push recorded a fence:\n%s", data)
+	}
+	e.commit(dir, "forged", "services/billing/a.go", "b\n")
+	mustRefuse(t, dir, "not signed", "-o", OptionLease+"=x", "-o", OptionFence+"=999999", server, "HEAD:main")
+	mustRefuse(t, dir, "malformed fence options", "-o", OptionLease+"=x", server, "HEAD:main")
+	mustRefuse(t, dir, "malformed fence options", "-o", OptionMAC+"=v1:00", server, "HEAD:main")
+	if e.upstreamRef("refs/heads/main") != head || e.fenceTable() != nil {
+		t.Fatal("a push with bad fence options landed or was recorded under --allow-unfenced")
+	}
+}
+
+// TestSidecarWithoutHookSecret: a sidecar that was not given the
+// repository's hook secret still fences pushes, and the hook refuses them
+// saying what is missing.
+func TestSidecarWithoutHookSecret(t *testing.T) {
+	e := newEnv(t)
+	e.installHook(false)
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	dir := e.clone(e.proxy(l, func(c *Config) { c.HookSecret = nil }).URL)
+	e.commit(dir, "x", "services/billing/x.go", "x\n")
+	out := mustRefuse(t, dir, "not signed (no "+OptionMAC+" option)", "origin", "main")
+	if !strings.Contains(out, l.Record.LeaseID) || !strings.Contains(out, "--git-hook-secret") {
+		t.Fatalf("refusal does not name the lease and the missing secret:\n%s", out)
+	}
+	// The sidecar's own checks still run first.
+	e.commit(dir, "y", "libs/tax/rates.go", "y\n")
+	mustRefuse(t, dir, "libs/tax/rates.go is outside lease", "origin", "main")
+	if e.fenceTable() != nil {
+		t.Fatal("an unsigned fence was recorded")
+	}
+}
+
+// TestProxyRefusesAgentFenceOptions: the fence options are the sidecar's;
+// an agent that sets its own through the sidecar is refused there.
+func TestProxyRefusesAgentFenceOptions(t *testing.T) {
+	e := newEnv(t)
+	e.installHook(false)
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	dir := e.clone(e.proxy(l).URL)
+	before := e.upstreamRef("refs/heads/main")
+	e.commit(dir, "x", "services/billing/x.go", "x\n")
+	mustRefuse(t, dir, "push option fenceline-fence is reserved", "-o", OptionFence+"=999999", "origin", "main")
+	if e.upstreamRef("refs/heads/main") != before || e.fenceTable() != nil {
+		t.Fatal("a push with the agent's own fence option reached the server")
+	}
+	var found bool
+	for _, ev := range e.audit() {
+		found = found || ev.Reason == ReasonBadPush && ev.LeaseID == l.Record.LeaseID && strings.Contains(ev.Message, "reserved")
+	}
+	if !found {
+		t.Fatal("the refusal is not audited")
+	}
+	mustPush(t, dir, "origin", "main")
+	if e.fenceOf("services/billing") != l.Record.Fence {
+		t.Fatalf("fence not recorded:\n%s", e.fenceTable())
+	}
+}
+
+// TestFenceMessageIsUnambiguous: fields that would let one message pass
+// for another are refused, and the order of ref updates does not matter.
+func TestFenceMessageIsUnambiguous(t *testing.T) {
+	a := RefUpdate{strings.Repeat("a", 40), strings.Repeat("b", 40), "refs/heads/a"}
+	b := RefUpdate{strings.Repeat("c", 40), strings.Repeat("d", 40), "refs/heads/b"}
+	f := fenceFields{Repo: "r", Lease: "l", Owner: "o", Fence: "1"}
+	m1, err := fenceMessage(f, []RefUpdate{a, b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2, _ := fenceMessage(f, []RefUpdate{b, a})
+	if !bytes.Equal(m1, m2) {
+		t.Fatal("the message depends on the order of ref updates")
+	}
+	want := "fenceline-git-fence v1\nrepo r\nlease l\nowner o\nfence 1\nclaim \nupdate " + a.Old + " " + a.New + " refs/heads/a\nupdate " + b.Old + " " + b.New + " refs/heads/b\n"
+	if string(m1) != want {
+		t.Fatalf("message =\n%q\nwant\n%q", m1, want)
+	}
+	if _, err := fenceMessage(fenceFields{Repo: "r\nlease x", Lease: "l", Fence: "1"}, nil); err == nil {
+		t.Fatal("a newline in a field was accepted")
+	}
+}
+
+// FuzzFenceMAC: two different fences never share a signed message, a MAC
+// verifies only for its own message, and no option value makes the hook's
+// check panic or pass without the key.
+func FuzzFenceMAC(f *testing.F) {
+	u := RefUpdate{strings.Repeat("1", 40), strings.Repeat("2", 40), "refs/heads/main"}
+	f.Add("github.com/acme/payments", "lease_a", "task=t agent=a attempt=x", "7", `{"kind":"paths","paths":["a"]}`,
+		"github.com/acme/payments", "lease_a", "task=t agent=a attempt=x", "7", `{"kind":"paths","paths":["a"]}`, "v1:00")
+	f.Add("r", "l", "", "1", "", "r\nlease l", "", "", "1", "", "v1:"+strings.Repeat("ab", 32))
+	f.Add("r", "l 1", "", "", "", "r", "l", "", "1", "", "v2:")
+	key := []byte("0123456789abcdef0123456789abcdef")
+	f.Fuzz(func(t *testing.T, repo, lease, owner, fence, claim, repo2, lease2, owner2, fence2, claim2, mac string) {
+		f1 := fenceFields{Repo: repo, Lease: lease, Owner: owner, Fence: fence, Claim: claim}
+		f2 := fenceFields{Repo: repo2, Lease: lease2, Owner: owner2, Fence: fence2, Claim: claim2}
+		m1, err1 := fenceMessage(f1, []RefUpdate{u})
+		m2, err2 := fenceMessage(f2, []RefUpdate{u})
+		if err1 != nil || err2 != nil {
+			return
+		}
+		same := f1 == f2
+		if bytes.Equal(m1, m2) != same {
+			t.Fatalf("messages equal=%v for fields equal=%v:\n%q\n%q", bytes.Equal(m1, m2), same, m1, m2)
+		}
+		good := MACVersion + ":" + hex.EncodeToString(fenceMAC(key, m1))
+		if err := verifyFenceMAC(key, m1, good); err != nil {
+			t.Fatalf("a genuine MAC does not verify: %v", err)
+		}
+		if err := verifyFenceMAC(key, m2, good); (err == nil) != same {
+			t.Fatalf("the MAC of one fence verifies another: %q / %q", m1, m2)
+		}
+		if mac != good && verifyFenceMAC(key, m1, mac) == nil {
+			t.Fatalf("made-up MAC %q verified", mac)
+		}
+	})
+}
+
+// BenchmarkFenceMAC: what signing (sidecar) and verifying (hook) a fence
+// costs, for one ref update and for a thousand.
+func BenchmarkFenceMAC(b *testing.B) {
+	key, _ := GenerateHookKey()
+	claim := `{"kind":"paths","paths":["services/billing"],"tables":[]}`
+	for _, n := range []int{1, 1000} {
+		updates := make([]RefUpdate, n)
+		for i := range updates {
+			updates[i] = RefUpdate{strings.Repeat("1", 40), strings.Repeat("2", 40), "refs/heads/b" + strings.Repeat("x", i%7) + string(rune('a'+i%26))}
+		}
+		b.Run(strconv.Itoa(n)+" updates", func(b *testing.B) {
+			for b.Loop() {
+				msg, err := fenceMessage(fenceFields{Repo: "github.com/acme/payments", Lease: "lease_06h2zm1zvrhtjjp4", Owner: "task=job_4821 agent=codex-worker-4 attempt=att_06h2zm1zvrhtjjp5", Fence: "118", Claim: claim}, updates)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := verifyFenceMAC(key, msg, MACVersion+":"+hex.EncodeToString(fenceMAC(key, msg))); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
