@@ -80,9 +80,9 @@ type session struct {
 	// unit goes out and clears it once the session is idle outside a
 	// transaction; the lease watcher cancels the running statement of a
 	// session with rw set once the lease is not live.
-	rw atomic.Bool
-	done      chan struct{}
-	doneOnce  sync.Once
+	rw       atomic.Bool
+	done     chan struct{}
+	doneOnce sync.Once
 }
 
 const (
