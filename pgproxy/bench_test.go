@@ -221,3 +221,16 @@ func backendCPU(b *testing.B, pids []int) float64 {
 	}
 	return float64(ticks) * 1e6 / userHZ
 }
+
+// BenchmarkBindSession: what drawing a session number costs, the round
+// trip the proxy adds once per server connection before its first token
+// (bindSessionSQL, straight to Postgres, simple protocol).
+func BenchmarkBindSession(b *testing.B) {
+	c := connect(b, pg.DSN("agent", "", testDB))
+	ctx := context.Background()
+	for b.Loop() {
+		if _, err := c.Exec(ctx, bindSessionSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

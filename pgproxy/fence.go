@@ -292,7 +292,9 @@ const tokenHashSQL = `(pg_catalog.textcat('x', pg_catalog.encode(` + tokenHashBy
 //     per statement.
 //   - fenceline.fence_slow_gate(), SECURITY DEFINER, does everything else and
 //     explains every refusal: it checks the token's MAC against the secret,
-//     marks the token verified for the session (setval of
+//     and its binding (its session number is this connection's currval of
+//     fenceline.session, which only fenceline.bind_session() draws), marks
+//     the token verified for the session (setval of
 //     fenceline.verified, plus the session setting fenceline.verified that
 //     says currval is defined), and raises a table's epoch under ALTER
 //     SEQUENCE's SHARE ROW EXCLUSIVE lock on the gate, which waits for every
@@ -311,8 +313,18 @@ const tokenHashSQL = `(pg_catalog.textcat('x', pg_catalog.encode(` + tokenHashBy
 // read it but only setval (which needs UPDATE, held by the installing role
 // alone) changes it, and it holds a hash of the token, so a writer that swaps
 // in another token or forges the setting fails over to fence_slow_gate. Verifying
-// once per session weakens nothing: a genuine token stays genuine, and the
-// epoch, checked on every statement, is what stops a lease that was lost.
+// once per session weakens nothing: a genuine token stays genuine, and
+// bound to this session (fence_slow_gate checked that before setting the
+// mark), so the fast path needs no binding check of its own; the epoch,
+// checked on every statement, stops a lease that was regranted, and the
+// proxy, which alone may use the session, stops one that was lost.
+//
+// Why a session number and not the backend's pid: a pid is reused once its
+// backend exits (and the agent can end its proxy's connection and open
+// others until one gets the pid); the backend's start time would tell them
+// apart, but pg_stat_activity shows it only to roles with
+// pg_read_all_stats. A value of a sequence is never drawn twice, and a
+// session's currval is invisible to other sessions and to writers' roles.
 //
 // An epoch is a sequence (fenceline.epoch_<relid>), read with
 // pg_sequence_last_value, so a check sees the newest epoch whatever the

@@ -75,11 +75,13 @@ type session struct {
 	tokFence     uint64
 	tokSession   int64
 	tokStr       string
-	// rw: the server's current transaction was made writable by the
-	// proxy (it carries the token). The client loop sets it before such a
-	// unit goes out and clears it once the session is idle outside a
-	// transaction; the lease watcher cancels the running statement of a
-	// session with rw set once the lease is not live.
+	// rw: what the server is running was sent under a live lease in a
+	// transaction the proxy made writable (it carries the token). The
+	// client loop sets it before such a unit goes out and clears it when
+	// the next unit begins, everything before it answered; the lease
+	// watcher cancels the running statement of a session with rw set once
+	// the lease is not live. (Units the proxy decided with the lease lost
+	// are refusals or run read-only: never cancelled.)
 	rw       atomic.Bool
 	done     chan struct{}
 	doneOnce sync.Once
@@ -444,10 +446,10 @@ func (s *session) beginUnit() error {
 	if s.pendingSync {
 		return nil // an extended-protocol transaction is still open
 	}
+	s.rw.Store(false) // nothing in flight
 	s.txStatus = byte(s.status.Load())
 	if s.txStatus == 'I' {
 		s.sim = txSim{}
-		s.rw.Store(false)
 	} else {
 		s.sim.inBlock = true
 		s.sim.decided = true
@@ -828,6 +830,9 @@ func (s *session) handleQuery(raw []byte) error {
 	s.pendingSync = false
 	cls := s.p.classifier.Classify(sql)
 	if fastPathOK(cls, s.sim) && !s.rwLost() {
+		if s.sim.blockRW || s.sim.groupRW {
+			s.rw.Store(true) // a read that calls a function may write
+		}
 		s.push(&expect{kind: expQuery})
 		_, err := s.sw.Write(raw)
 		return err
@@ -852,6 +857,7 @@ func (s *session) handleQuery(raw []byte) error {
 		inserts []insertion
 		pos     int // next byte of sql not yet copied
 		changed bool
+		rwSeen  bool // a statement runs in a transaction made writable
 	)
 	inject := func(stmtsSQL ...string) {
 		at := out.Len()
@@ -873,7 +879,6 @@ func (s *session) handleQuery(raw []byte) error {
 		if len(stmts) == 1 && stmts[0].Tx == TxOutside {
 			return // must run alone; Postgres decides whether it may
 		}
-		s.rw.Store(true)
 		inject(rwSQL, setLocalToken(s.token(li)))
 		s.sim.groupRW = true
 	}
@@ -887,6 +892,7 @@ func (s *session) handleQuery(raw []byte) error {
 			sp = nil
 			s.sessionChanged(st)
 		}
+		rwSeen = rwSeen || s.sim.blockRW || s.sim.groupRW
 		r := s.authorizeInTxn(st, li)
 		if r == nil {
 			r = s.authorizeWrite(st, li, spIfKnown(sp, s.searchPath), "send the write in its own query or start the transaction with BEGIN")
@@ -910,6 +916,9 @@ func (s *session) handleQuery(raw []byte) error {
 				}
 			}
 		}
+	}
+	if rwSeen && li.live() {
+		s.rw.Store(true)
 	}
 	if !changed {
 		s.push(&expect{kind: expQuery})
@@ -971,6 +980,7 @@ func (s *session) handleFunctionCall(raw []byte) error {
 		}
 	}
 	if r == nil {
+		s.rw.Store(true) // in a block made writable, the lease live
 		s.push(&expect{kind: expFunc})
 		_, err := s.sw.Write(raw)
 		return err
@@ -1088,6 +1098,7 @@ func (s *session) flushSegment() error {
 		w       msgBuilder
 		items   []*expect
 		refused bool
+		rwSeen  bool // an Execute runs in a transaction made writable
 	)
 	w.b = s.segOut[:0]
 	// setToken sets the transaction's fence token with our prepared
@@ -1104,7 +1115,6 @@ func (s *session) flushSegment() error {
 	}
 	injectRW := func() {
 		tok := s.token(li) // "" without one: Postgres refuses fenced writes
-		s.rw.Store(true)
 		// "SET transaction_read_only = off" must come before anything that
 		// takes a snapshot, including the Parse of a SELECT.
 		if s.rwStmt.Load() == stmtNone {
@@ -1167,6 +1177,7 @@ func (s *session) flushSegment() error {
 			if st.Session {
 				s.sessionChanged(st)
 			}
+			rwSeen = rwSeen || s.sim.blockRW || s.sim.groupRW
 			r := s.authorizeInTxn(st, li)
 			if r == nil {
 				r = s.authorizeWrite(st, li, s.searchPath, "Sync before the write, or start the transaction with BEGIN")
@@ -1193,6 +1204,9 @@ func (s *session) flushSegment() error {
 			}
 		}
 		w.b = append(w.b, raw...)
+	}
+	if rwSeen && li.live() {
+		s.rw.Store(true)
 	}
 	s.push(items...)
 	_, err := s.sw.Write(w.b)
