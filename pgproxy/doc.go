@@ -248,7 +248,10 @@
 // prepared transaction outlives its connection, and COMMIT PREPARED from
 // anywhere would land its writes after the lease. Refusals at the storage
 // side name lease and fence (the token has no owner) and are not audited on
-// the bus (Postgres has none); the proxy's are.
+// the bus (Postgres has none); the proxy's are. The binding, like the
+// session mark, needs each of the proxy's server connections to stay one
+// backend: a pooler between the proxy and Postgres must pool by session,
+// not by transaction.
 //
 // Each fenced table a transaction writes holds two relation locks more (its
 // epoch and gate sequences), and the fence one (fenceline.verified):

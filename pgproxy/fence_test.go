@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
+	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
@@ -30,28 +31,12 @@ type bus struct {
 	aud *leasebus.Auditor
 }
 
+// startBus starts a real bus through the shared test helper (which
+// connects as the bus's test identity).
 func startBus(t *testing.T) *bus {
 	t.Helper()
-	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	svc, err := leasebus.StartService(context.Background(), nc, leasebus.ServiceConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Stop)
-	aud, err := leasebus.NewAuditor(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &bus{nc: nc, c: leasebus.NewClient(nc), aud: aud}
+	b := bustest.Start(t)
+	return &bus{nc: b.Conn, c: b.Client, aud: b.Auditor}
 }
 
 func (b *bus) hold(t *testing.T, ws string, ttl time.Duration, tables ...string) *leasebus.Holder {

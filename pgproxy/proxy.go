@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,6 +33,8 @@ type Proxy struct {
 	tokLease string
 	tokFence uint64
 	tokErr   error
+
+	noBindWarned atomic.Bool // a server connection could not be bound (logged once)
 }
 
 type backendKey struct{ pid, secret uint32 }

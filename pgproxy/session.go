@@ -205,7 +205,11 @@ func (s *session) bindFence() error {
 	switch {
 	case errors.As(err, &qe):
 		s.fenceSession = -1
-		s.p.log.Warn("server connection not bound to a fence session: writes to fenced tables will fail (run \"fenceline pg install\" of this version)",
+		log := s.p.log.Debug
+		if !s.p.noBindWarned.Swap(true) {
+			log = s.p.log.Warn // once per proxy: a database without the fence is no fault
+		}
+		log("server connection not bound to a fence session: writes to fenced tables will fail (if the database has any, run \"fenceline pg install\" of this version)",
 			"user", s.user, "database", s.database, "err", err)
 		return nil
 	case err != nil:

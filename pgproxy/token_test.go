@@ -3,6 +3,7 @@ package pgproxy
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -334,3 +335,54 @@ func (r *revokingSource) Next() bool {
 
 func (r *revokingSource) Values() ([]any, error) { return []any{100 + r.n, "copied"}, nil }
 func (r *revokingSource) Err() error             { return nil }
+
+// TestUnfencedDatabaseWrites: a proxy in front of a database without the
+// fence cannot bind its connections; writes under the lease still land
+// (nothing checks tokens there), and it says so once, not per connection.
+func TestUnfencedDatabaseWrites(t *testing.T) {
+	ctx := ctxT(t)
+	const db = "fenceline_unfenced"
+	root := connect(t, pg.AdminDSN(""))
+	for _, q := range []string{"DROP DATABASE IF EXISTS " + db, "CREATE DATABASE " + db} {
+		if _, err := root.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if _, err := connect(t, pg.AdminDSN(db)).Exec(ctx, "CREATE TABLE public.plain (id int); GRANT ALL ON public.plain TO PUBLIC"); err != nil {
+		t.Fatal(err)
+	}
+	var logs lockedBuffer
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_unfenced", 0, "public.plain"),
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	dsn := fmt.Sprintf("postgres://agent@%s/%s?sslmode=disable", p.Addr(), db)
+	for i, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec, pgx.QueryExecModeCacheStatement} {
+		if _, err := connect(t, dsn).Exec(ctx, fmt.Sprintf("INSERT INTO public.plain VALUES (%d)", i), mode); err != nil {
+			t.Fatalf("%v: write to an unfenced database: %v", mode, err)
+		}
+	}
+	if n := strings.Count(logs.String(), "not bound to a fence session"); n != 1 {
+		t.Fatalf("want one warning for three connections, got %d:\n%s", n, logs.String())
+	}
+}
+
+// TestPrepareTransactionRefused: a prepared transaction would outlive its
+// connection and its lease (COMMIT PREPARED lands it from anywhere, any
+// time): refused in a transaction the proxy made writable.
+func TestPrepareTransactionRefused(t *testing.T) {
+	ctx := ctxT(t)
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_prepare", 0, "public.sink")})
+	c := connect(t, proxyDSN(p, "agent"))
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = tx.Exec(ctx, "PREPARE TRANSACTION 'fenceline_test'", mode)
+		if pgCode(err) != "42501" || !strings.Contains(err.Error(), "PREPARE TRANSACTION") {
+			t.Fatalf("%v: want 42501 naming PREPARE TRANSACTION, got %v", mode, err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
