@@ -88,7 +88,7 @@ func MakeToken(secret []byte, leaseID string, fence uint64, session int64, table
 // bindSessionSQL gives the connection it runs on a session number: a new
 // value of sequence fenceline.session, which becomes the connection's
 // currval. It must run in a writable transaction (nextval writes).
-const bindSessionSQL = "SET transaction_read_only = off; SELECT fenceline.bind_session()"
+const bindSessionSQL = "SELECT fenceline.bind_session()"
 
 // BindSession gives conn's connection a session number for MakeToken (the
 // proxy does the same on each of its server connections before it signs a

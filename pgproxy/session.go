@@ -94,11 +94,12 @@ const (
 )
 
 const (
-	rwStmtName  = "fenceline_rw"
-	tokStmtName = "fenceline_tok"
-	refuseName  = "fenceline_refuse"
-	rwSQL       = "SET transaction_read_only = off"
-	tokSQL      = "SELECT pg_catalog.set_config('fenceline.token', $1, true)"
+	internalStmtName = "fenceline_internal_" // + the statement's index
+	rwStmtName       = "fenceline_rw"
+	tokStmtName      = "fenceline_tok"
+	refuseName       = "fenceline_refuse"
+	rwSQL            = "SET transaction_read_only = off"
+	tokSQL           = "SELECT pg_catalog.set_config('fenceline.token', $1, true)"
 )
 
 // txSim is the proxy's view of the transaction the next statement runs in.
@@ -200,7 +201,7 @@ func (s *session) bindFence() error {
 	if s.fenceSession != 0 || len(s.p.cfg.Secret) == 0 {
 		return nil
 	}
-	rows, err := s.internalQuery(bindSessionSQL)
+	rows, err := s.internalQuery(rwSQL, bindSessionSQL)
 	var qe *queryError
 	switch {
 	case errors.As(err, &qe):
@@ -509,13 +510,37 @@ type internalResult struct {
 	done chan struct{}
 }
 
-// internalQuery runs sql on the backend between client units and returns
-// its rows as text.
-func (s *session) internalQuery(sql string) ([][]string, error) {
+// internalQuery runs statements on the backend between client units, in
+// one implicit transaction, and returns their rows as text. It speaks the
+// extended protocol with a statement and a portal of its own names (closed
+// before and after): a simple Query would destroy the client's unnamed
+// prepared statement, which may still be due for a Bind (pgx's
+// describe-exec mode prepares it, Syncs, then binds it), and its unnamed
+// portal.
+func (s *session) internalQuery(stmts ...string) ([][]string, error) {
 	var w msgBuilder
-	w.query(sql)
 	res := &internalResult{done: make(chan struct{})}
-	s.push(&expect{kind: expQuery, internal: res})
+	var items []*expect
+	single := func() { items = append(items, &expect{kind: expSingle, internal: res}) }
+	for i, q := range stmts {
+		name := internalStmtName + strconv.Itoa(i)
+		w.close('S', name) // not an error when there is none
+		single()
+		w.parse(name, q)
+		single()
+		w.bind(name, name)
+		single()
+		w.execute(name)
+		items = append(items, &expect{kind: expExecute, internal: res})
+		w.close('P', name)
+		single()
+		w.close('S', name)
+		single()
+	}
+	w.sync()
+	items = append(items, &expect{kind: expSync, internal: res})
+	s.push(items...)
+	sql := strings.Join(stmts, "; ")
 	if _, err := s.sw.Write(w.b); err != nil {
 		return nil, err
 	}

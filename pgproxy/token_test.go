@@ -386,3 +386,24 @@ func TestPrepareTransactionRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestInternalQueriesKeepUnnamedStatement: the proxy's own queries between a
+// client's units (drawing the session number before the first token,
+// learning search_path for an unqualified write) leave the client's unnamed
+// prepared statement alone: pgx's describe-exec mode prepares it, Syncs,
+// and binds it in the next unit, which is when the proxy asks.
+func TestInternalQueriesKeepUnnamedStatement(t *testing.T) {
+	ctx := ctxT(t)
+	resetState(t, "TRUNCATE public.sink")
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_unnamed", 0, "public.sink")})
+	for _, sql := range []string{"INSERT INTO public.sink VALUES ($1)", "INSERT INTO sink VALUES ($1)"} {
+		c := connect(t, proxyDSN(p, "agent")) // a new connection: its first write draws its session number
+		if _, err := c.Exec(ctx, sql, pgx.QueryExecModeDescribeExec, "unnamed"); err != nil {
+			t.Fatalf("%s, the connection's first write, describe-exec: %v", sql, err)
+		}
+	}
+	var n int
+	if err := adminConn(t).QueryRow(ctx, "SELECT count(*) FROM public.sink WHERE v = 'unnamed'").Scan(&n); err != nil || n != 2 {
+		t.Fatalf("public.sink has %d of the 2 rows (%v)", n, err)
+	}
+}
