@@ -347,7 +347,13 @@ func (s *session) fatal(err error) error {
 // and returns the CopyFail message that ends it in Postgres.
 func (s *session) copyFail(li leaseInfo) []byte {
 	st := &Statement{Class: ClassWrite, Tag: "CopyStmt"}
-	msg, _ := s.record(s.authorizeInTxn(st, li), st, li, "COPY FROM STDIN")
+	why := "no lease"
+	if li.err != nil {
+		why = li.err.Error()
+	}
+	r := &refusal{code: leasebus.LeaseReason(li.err), reason: "lease lost while this transaction was writable: " + why,
+		hint: "nothing this COPY sent lands; ROLLBACK, and copy again under a live lease"}
+	msg, _ := s.record(r, st, li, "COPY FROM STDIN")
 	var w msgBuilder
 	at := w.begin('f')
 	w.str(msg)

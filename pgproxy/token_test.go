@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/scope"
@@ -192,6 +193,19 @@ func testRevokedLeaseStops(t *testing.T, f *fenceDB) {
 			if pgCode(err) != "42501" || !strings.Contains(err.Error(), "lease lost while this transaction was writable") ||
 				!strings.Contains(err.Error(), l.Record.LeaseID) {
 				t.Fatalf("%v: a writing function in the block after the revoke: want 42501 lease lost naming the lease, got %v", mode, err)
+			}
+			if i == 0 {
+				// In the failed block Postgres refuses everything itself.
+				if _, err := txs[i].Exec(ctx, "SELECT 1"); pgCode(err) != "25P02" {
+					t.Fatalf("a read in the failed block: want 25P02, got %v", err)
+				}
+				// A stray CopyDone there (no COPY runs): the proxy fails
+				// it, Postgres ignores it, nothing breaks.
+				fe := conns[i].PgConn().Frontend()
+				fe.Send(&pgproto3.CopyDone{})
+				if err := fe.Flush(); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if err := txs[i].Commit(ctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
 				t.Fatalf("%v: commit of the failed block: want it rolled back, got %v", mode, err)
