@@ -163,11 +163,12 @@ func benchStorageFence(b *testing.B, f *fenceDB, disable bool, tables []string, 
 		toggle("DISABLE")
 		b.Cleanup(func() { toggle("ENABLE") })
 	}
-	tok := mustToken(b, f.secret, "lease_bench", 1, tables...)
 	conns := make([]*pgx.Conn, clients)
+	toks := make([]string, clients) // each bound to its connection
 	pids := make([]int, clients)
 	for i := range conns {
 		conns[i] = f.agent(b)
+		toks[i] = mustToken(b, f.secret, conns[i], "lease_bench", 1, tables...)
 		if err := conns[i].QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pids[i]); err != nil {
 			b.Fatal(err)
 		}
@@ -183,7 +184,7 @@ func benchStorageFence(b *testing.B, f *fenceDB, disable bool, tables []string, 
 			// Rows of this client's own: no lock waits between clients.
 			for k := next.Add(1); k <= int64(b.N); k = next.Add(1) {
 				row := i*10 + int(k%10) + 1
-				sql := fmt.Sprintf(sqlFormat, tok, row, i+1)
+				sql := fmt.Sprintf(sqlFormat, toks[i], row, i+1)
 				if _, err := c.Exec(context.Background(), sql); err != nil {
 					b.Error(err)
 					return
@@ -219,4 +220,20 @@ func backendCPU(b *testing.B, pids []int) float64 {
 		}
 	}
 	return float64(ticks) * 1e6 / userHZ
+}
+
+// BenchmarkBindSession: what drawing a session number costs, the round
+// trip the proxy adds once per server connection before its first token
+// (rwSQL and bindSessionSQL in one implicit transaction, as the proxy sends
+// them), straight to Postgres.
+func BenchmarkBindSession(b *testing.B) {
+	b.Run("direct", func(b *testing.B) {
+		c := connect(b, pg.DSN("agent", "", testDB))
+		ctx := context.Background()
+		for b.Loop() {
+			if _, err := c.Exec(ctx, rwSQL+"; "+bindSessionSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -81,6 +81,11 @@ type Statement struct {
 	// Session: it may change how later names resolve (search_path) or the
 	// session's settings; the proxy forgets what it knew.
 	Session bool
+	// Rollback: ROLLBACK or ABORT (with or without AND CHAIN).
+	Rollback bool
+	// PrepareTx: PREPARE TRANSACTION, which keeps the transaction's writes
+	// past its connection.
+	PrepareTx bool
 	// Prepare/Execute/Deallocate name SQL-level prepared statements.
 	Prepare, Execute, Deallocate string
 	// Inner is the prepared statement's classification (PREPARE only).
@@ -438,8 +443,10 @@ func classifyTx(t *pgq.TransactionStmt) Statement {
 		if t.Chain {
 			s.Tx = TxChain
 		}
+		s.Rollback = t.Kind == pgq.TransactionStmtKind_TRANS_STMT_ROLLBACK
 	case pgq.TransactionStmtKind_TRANS_STMT_PREPARE:
 		s.Tx = TxEnd
+		s.PrepareTx = true
 	case pgq.TransactionStmtKind_TRANS_STMT_COMMIT_PREPARED, pgq.TransactionStmtKind_TRANS_STMT_ROLLBACK_PREPARED:
 		// Finishes a prepared transaction: it commits that transaction's writes.
 		s = opaque()

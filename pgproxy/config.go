@@ -69,6 +69,13 @@ type Config struct {
 	DialTimeout time.Duration
 	// AuditTimeout bounds recording one audit event (default 5 s).
 	AuditTimeout time.Duration
+	// LeaseCheckInterval is how often the proxy asks Lease whether it is
+	// still live, to cancel the statements that run in transactions it
+	// made writable once it is not (default 100 ms). A Lease with a
+	// Lost() <-chan struct{} method (*leasebus.Holder) is also heard at
+	// once. It bounds how long a write already running when the lease
+	// is lost can still land (see the package doc, Known limits).
+	LeaseCheckInterval time.Duration
 	// Logger receives operational logs (nil: discard).
 	Logger *slog.Logger
 	// Dial connects to the upstream (default net.Dialer.DialContext).
@@ -95,7 +102,7 @@ func (c *Config) Validate() error {
 	if c.MaxMessageSize < 0 || (c.MaxMessageSize > 0 && c.MaxMessageSize < 1<<16) {
 		return fmt.Errorf("pgproxy config: MaxMessageSize %d: want 0 (default) or at least 65536", c.MaxMessageSize)
 	}
-	if c.StartupTimeout < 0 || c.DialTimeout < 0 || c.AuditTimeout < 0 {
+	if c.StartupTimeout < 0 || c.DialTimeout < 0 || c.AuditTimeout < 0 || c.LeaseCheckInterval < 0 {
 		return errors.New("pgproxy config: timeouts must not be negative")
 	}
 	if c.Secret != nil && len(c.Secret) < 16 {
@@ -130,6 +137,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AuditTimeout == 0 {
 		c.AuditTimeout = 5 * time.Second
+	}
+	if c.LeaseCheckInterval == 0 {
+		c.LeaseCheckInterval = 100 * time.Millisecond
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

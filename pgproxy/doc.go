@@ -72,18 +72,20 @@
 // sequence, fenceline.epoch_<relid>, listed in table fenceline.epoch) and a
 // statement trigger on each table (INSERT, UPDATE, DELETE, TRUNCATE; COPY
 // FROM and MERGE fire them too). The token is
-// "v3:" fence ":" hex(lease) ":," (hex(schema) "." (hex(table) | "*") ",")+
-// ":" hex(sha256(k || sha256(k || payload))) (see MakeToken). A write is
-// refused with SQLSTATE 40001 when the token is missing, malformed or forged,
-// 42501 when its tables do not cover the table, and 40001 when its fence is
-// below the table's epoch; a higher fence raises the epoch.
+// "v4:" fence ":" hex(lease) ":" session ":," (hex(schema) "." (hex(table) |
+// "*") ",")+ ":" hex(sha256(k || sha256(k || payload))) (see MakeToken),
+// where session is the number of the server connection it was made for (see
+// Trust). A write is refused with SQLSTATE 40001 when the token is missing,
+// malformed or forged, 40001 when it is bound to another connection, 42501
+// when its tables do not cover the table, and 40001 when its fence is below
+// the table's epoch; a higher fence raises the epoch.
 //
 // The trigger runs as the writing role and, in the common case, evaluates one
 // expression of pg_catalog functions with no query: the token is the one the
-// session already proved genuine (the hash of the token equals the session's
-// currval of sequence fenceline.verified, which only the installing role's
-// SECURITY DEFINER function fenceline.fence_slow_gate can set, after checking
-// the MAC), it claims the table, and its fence equals the table's epoch
+// session already proved genuine and its own (the hash of the token equals
+// the session's currval of sequence fenceline.verified, which only the
+// installing role's SECURITY DEFINER function fenceline.fence_slow_gate can
+// set, after checking the MAC and the binding), it claims the table, and its fence equals the table's epoch
 // before and after passing the table's gate (reading its gate sequence,
 // which holds that in ROW EXCLUSIVE mode until the transaction ends).
 // Everything else — the first write of a session or of a new token, a new
@@ -135,7 +137,12 @@
 //	  |------------------->|----------------------------------->| (read-only txn)
 //	  |<-------------------|<------------- rows, ReadyForQuery -|
 //	  | Query(UPDATE t ..) | Fence() ok, t in scope             |
-//	  |------------------->| Query(SET transaction_read_only=off;
+//	  |------------------->| once per connection:               |
+//	  |                    | Query(SET transaction_read_only=off;
+//	  |                    |   SELECT fenceline.bind_session()) |
+//	  |                    |----------------------------------->| session number
+//	  |                    |<------------ n (dropped), Z -------| (its currval)
+//	  |                    | Query(SET transaction_read_only=off;
 //	  |                    |   SET LOCAL fenceline.token=..; UPDATE t ..)
 //	  |                    |----------------------------------->| trigger checks
 //	  |                    |<-- SET, SET (dropped), UPDATE 1, Z-| token vs epoch
@@ -155,6 +162,68 @@
 // ends without Terminate) while a statement runs has that statement
 // cancelled first: Postgres alone would not notice until it finished.
 //
+// # Trust
+//
+// The agent is taken to be hostile: it may read whatever its role may, open
+// connections straight to Postgres, send any SQL through the proxy, and
+// read the token inside a transaction the proxy made writable
+// (current_setting shows it). It cannot make a token: the MAC needs the
+// secret, which only the installing role reads. And a token it reads is
+// worth nothing elsewhere: it is bound to the server connection the proxy
+// made it for, by that connection's session number, a value of sequence
+// fenceline.session that only the SECURITY DEFINER function
+// fenceline.bind_session() draws (nextval: never the same twice, not even
+// across a restart) and that Postgres keeps as that connection's own
+// currval, which no role but the installing one may read or set. The
+// proxy draws one per server connection, between transactions, before the
+// first token it makes for it (one round trip, 50-60 µs here:
+// BenchmarkBindSession), and again after a DISCARD. fence_slow_gate
+// refuses a token whose session number is not the connection's currval
+// (40001, "bound to another connection", naming lease and fence) before it
+// marks the token verified; the fast path trusts only the session's own
+// mark, so it is bound too, at no cost (BenchmarkStorageFence is
+// unchanged). Session numbers rather than the backend's pid: pids are
+// reused, and the backend's start time, which would tell a reused pid
+// apart, shows in pg_stat_activity only to roles with pg_read_all_stats,
+// which a managed service's installing role may lack.
+//
+// On the connection it was made for, the token works only while the proxy
+// forwards work under a live lease, which it checks for every unit. Once
+// the lease is not live (Fence fails: lost, revoked, expired, or unknown
+// because the bus cannot be reached):
+//
+//   - writes are refused;
+//   - a transaction the proxy made writable refuses every statement but
+//     ROLLBACK, reads included (one may call a function that writes, and
+//     the transaction still carries the token), and COMMIT (it would land
+//     what the transaction wrote before); a COPY FROM STDIN in it is failed
+//     (CopyFail) rather than ended;
+//   - a statement that the proxy sent under the live lease in such a
+//     transaction and that still runs is cancelled (a CancelRequest for
+//     its backend): at once when the lease source has a Lost channel
+//     (*leasebus.Holder), else at the proxy's next check, every
+//     Config.LeaseCheckInterval (100 ms), and again at every check while
+//     it runs.
+//
+// So the bound: no write with a lease's token lands, on any connection,
+// later than one LeaseCheckInterval (plus a cancel's delivery, a few
+// milliseconds) after the proxy's lease source first reports the lease
+// not live; with a Holder that reports a revoke at once, within a few
+// milliseconds. When a holder learns of a revoke is its own bound
+// (leasebus). Measured (TestRevokedLeaseStopsItsConnection): a running
+// write cancelled 5-15 ms after "lease revoke" returned, and 12-14 ms
+// after a polled lease source (every 50 ms) reported the loss. Only a
+// COMMIT already sent lands: its writes were made under the lease.
+//
+// The proxy does not also fence itself off at storage (raise its tables'
+// epochs past its fence) when its lease is lost: it has no connection of
+// its own to raise them with (authentication is the client's, relayed), a
+// raise waits for the very transactions it would stop (they hold the
+// gate), and with the bound above nothing of the lease's can land after
+// it. A proxy that cannot act (its process or host frozen) is the zombie
+// the epochs stop: a regrant's first write waits for its open transactions,
+// then refuses its fence.
+//
 // # Known limits
 //
 // Fences from one lease bus are unique, so the trigger compares fences only;
@@ -163,7 +232,26 @@
 // oid). DISCARD SEQUENCES forgets the session's mark but not the setting that
 // says it is there: through the proxy, which resets that setting after any
 // DISCARD, the next fenced write just takes the slow path again; a session
-// straight to Postgres must RESET fenceline.verified itself.
+// straight to Postgres must RESET fenceline.verified itself. DISCARD
+// SEQUENCES and DISCARD ALL also forget the connection's session number:
+// the proxy draws a new one before its next token, between transactions;
+// a token it must make inside a transaction block (COMMIT AND CHAIN after a
+// DISCARD in the block) or inside an extended-protocol transaction left
+// open across a Flush carries session 0, which Postgres refuses. A session
+// that verified a token of the previous version (v3) before "pg install"
+// upgraded the fence keeps it on the fast path until the session ends:
+// bound to that session all the same.
+//
+// A COMMIT refused because the lease was lost leaves the block failed, as
+// any refused statement does: the client ends it with ROLLBACK. PREPARE
+// TRANSACTION is refused in a transaction the proxy made writable: a
+// prepared transaction outlives its connection, and COMMIT PREPARED from
+// anywhere would land its writes after the lease. Refusals at the storage
+// side name lease and fence (the token has no owner) and are not audited on
+// the bus (Postgres has none); the proxy's are. The binding, like the
+// session mark, needs each of the proxy's server connections to stay one
+// backend: a pooler between the proxy and Postgres must pool by session,
+// not by transaction.
 //
 // Each fenced table a transaction writes holds two relation locks more (its
 // epoch and gate sequences), and the fence one (fenceline.verified):

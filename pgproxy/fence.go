@@ -32,29 +32,40 @@ const (
 	tokenSetting = "fenceline.token"
 )
 
-// tokenVersion starts every token; the trigger refuses anything else.
-const tokenVersion = "v3"
+// tokenVersion starts every token; the trigger refuses anything else. v4
+// binds the token to the connection it was made for (its session number).
+const tokenVersion = "v4"
 
-// MakeToken signs a fence token for a lease:
+// MakeToken signs a fence token for a lease, bound to one server connection:
 //
-//	payload = "v3:" fence ":" hex(lease) ":," (table ",")+
+//	payload = "v4:" fence ":" hex(lease) ":" session ":," (table ",")+
 //	table   = hex(schema) "." (hex(name) | "*")
 //	token   = payload ":" hex(sha256(secret || sha256(secret || payload)))
 //
-// Names are the raw (unquoted) identifiers as UTF-8, hex-encoded so that the
-// token needs no quoting in SQL and so that the trigger matches a table with
-// one strpos of ",schema.name," over the whole token (no other field holds a
-// comma or a dot). Postgres verifies the MAC with its built-in sha256().
-func MakeToken(secret []byte, leaseID string, fence uint64, tables []string) (string, error) {
+// session is the connection's session number, what fenceline.bind_session()
+// returned on it (see BindSession): Postgres accepts the token only on the
+// connection whose currval of sequence fenceline.session it is, so a token
+// read inside a write transaction and replayed on any other connection is
+// refused. Names are the raw (unquoted) identifiers as UTF-8, hex-encoded so
+// that the token needs no quoting in SQL and so that the trigger matches a
+// table with one strpos of ",schema.name," over the whole token (no other
+// field holds a comma or a dot). Postgres verifies the MAC with its built-in
+// sha256().
+func MakeToken(secret []byte, leaseID string, fence uint64, session int64, tables []string) (string, error) {
 	if fence > math.MaxInt64 {
 		return "", fmt.Errorf("fence token %d does not fit a Postgres bigint", fence)
 	}
-	b := make([]byte, 0, 96+2*len(leaseID)+40*len(tables))
+	if session < 0 {
+		return "", fmt.Errorf("session number %d: want the value fenceline.bind_session() returned", session)
+	}
+	b := make([]byte, 0, 116+2*len(leaseID)+40*len(tables))
 	b = append(b, tokenVersion...)
 	b = append(b, ':')
 	b = strconv.AppendUint(b, fence, 10)
 	b = append(b, ':')
 	b = hex.AppendEncode(b, []byte(leaseID))
+	b = append(b, ':')
+	b = strconv.AppendInt(b, session, 10)
 	b = append(b, ':', ',')
 	for _, t := range tables {
 		s, n, err := SplitTable(t)
@@ -72,6 +83,23 @@ func MakeToken(secret []byte, leaseID string, fence uint64, tables []string) (st
 	}
 	payload := string(b)
 	return payload + ":" + tokenMAC(secret, payload), nil
+}
+
+// bindSessionSQL gives the connection it runs on a session number: a new
+// value of sequence fenceline.session, which becomes the connection's
+// currval. It must run in a writable transaction (nextval writes).
+const bindSessionSQL = "SELECT fenceline.bind_session()"
+
+// BindSession gives conn's connection a session number for MakeToken (the
+// proxy does the same on each of its server connections before it signs a
+// token for one). Numbers are never reused; DISCARD SEQUENCES and DISCARD ALL
+// forget the connection's, after which it needs a new one.
+func BindSession(ctx context.Context, conn *pgx.Conn) (int64, error) {
+	var n int64
+	if err := conn.QueryRow(ctx, "SELECT fenceline.bind_session()").Scan(&n); err != nil {
+		return 0, fmt.Errorf("bind the connection to a fence session: %w", err)
+	}
+	return n, nil
 }
 
 func tokenMAC(secret []byte, payload string) string {
@@ -264,7 +292,9 @@ const tokenHashSQL = `(pg_catalog.textcat('x', pg_catalog.encode(` + tokenHashBy
 //     per statement.
 //   - fenceline.fence_slow_gate(), SECURITY DEFINER, does everything else and
 //     explains every refusal: it checks the token's MAC against the secret,
-//     marks the token verified for the session (setval of
+//     and its binding (its session number is this connection's currval of
+//     fenceline.session, which only fenceline.bind_session() draws), marks
+//     the token verified for the session (setval of
 //     fenceline.verified, plus the session setting fenceline.verified that
 //     says currval is defined), and raises a table's epoch under ALTER
 //     SEQUENCE's SHARE ROW EXCLUSIVE lock on the gate, which waits for every
@@ -283,8 +313,18 @@ const tokenHashSQL = `(pg_catalog.textcat('x', pg_catalog.encode(` + tokenHashBy
 // read it but only setval (which needs UPDATE, held by the installing role
 // alone) changes it, and it holds a hash of the token, so a writer that swaps
 // in another token or forges the setting fails over to fence_slow_gate. Verifying
-// once per session weakens nothing: a genuine token stays genuine, and the
-// epoch, checked on every statement, is what stops a lease that was lost.
+// once per session weakens nothing: a genuine token stays genuine, and
+// bound to this session (fence_slow_gate checked that before setting the
+// mark), so the fast path needs no binding check of its own; the epoch,
+// checked on every statement, stops a lease that was regranted, and the
+// proxy, which alone may use the session, stops one that was lost.
+//
+// Why a session number and not the backend's pid: a pid is reused once its
+// backend exits (and the agent can end its proxy's connection and open
+// others until one gets the pid); the backend's start time would tell them
+// apart, but pg_stat_activity shows it only to roles with
+// pg_read_all_stats. A value of a sequence is never drawn twice, and a
+// session's currval is invisible to other sessions and to writers' roles.
 //
 // An epoch is a sequence (fenceline.epoch_<relid>), read with
 // pg_sequence_last_value, so a check sees the newest epoch whatever the
@@ -318,6 +358,20 @@ CREATE SEQUENCE IF NOT EXISTS fenceline.verified AS bigint
 	MINVALUE -9223372036854775808 MAXVALUE 9223372036854775807;
 REVOKE ALL ON SEQUENCE fenceline.verified FROM PUBLIC;
 GRANT SELECT ON SEQUENCE fenceline.verified TO PUBLIC;
+-- currval of this sequence is the connection's session number, which tokens
+-- are bound to: only bind_session (SECURITY DEFINER) draws one, always a new
+-- one; nobody else may read or set it.
+CREATE SEQUENCE IF NOT EXISTS fenceline.session AS bigint MINVALUE 1;
+REVOKE ALL ON SEQUENCE fenceline.session FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION fenceline.bind_session() RETURNS pg_catalog.int8
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+-- A new session number for this connection (its currval of
+-- fenceline.session), for the proxy to bind its tokens to.
+SELECT nextval('fenceline.session')
+$fn$;
+REVOKE ALL ON FUNCTION fenceline.bind_session() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fenceline.bind_session() TO PUBLIC;
 
 CREATE OR REPLACE FUNCTION fenceline.fence_slow_gate(rel pg_catalog.oid, op pg_catalog.text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
@@ -338,6 +392,8 @@ DECLARE
 	lease   text;
 	cur     bigint;
 	curl    text;
+	bound   bigint;
+	mine    bigint;
 BEGIN
 	SELECT ns.nspname, c.relname, ep.seq, ep.gate INTO sch, tab, seq, gate
 		FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace
@@ -350,7 +406,7 @@ BEGIN
 			USING ERRCODE = '40001',
 			HINT = 'fenced tables accept writes only through a fenceline proxy that holds a live lease claiming them';
 	END IF;
-	IF n < 71 OR left(tok, 3) <> 'v3:' OR substr(tok, n - 64, 1) <> ':' THEN
+	IF n < 73 OR left(tok, 3) <> 'v4:' OR substr(tok, n - 64, 1) <> ':' THEN
 		RAISE EXCEPTION 'fenceline: malformed fence token on %.%', quote_ident(sch), quote_ident(tab)
 			USING ERRCODE = '40001', HINT = 'the proxy and "fenceline pg install" must be the same version';
 	END IF;
@@ -360,12 +416,27 @@ BEGIN
 		RAISE EXCEPTION 'fenceline: forged or foreign fence token on %.%', quote_ident(sch), quote_ident(tab)
 			USING ERRCODE = '40001';
 	END IF;
-	-- Genuine: let the trigger's fast path take this token in this session.
-	PERFORM setval('fenceline.verified', ` + tokenHashSQL + `, true);
-	PERFORM set_config('fenceline.verified', currval('fenceline.verified')::text, false);
 	f := split_part(payload, ':', 2)::bigint;
 	lease := convert_from(decode(split_part(payload, ':', 3), 'hex'), 'UTF8');
-	tabs := split_part(payload, ':', 4);
+	bound := split_part(payload, ':', 4)::bigint;
+	tabs := split_part(payload, ':', 5);
+	-- Genuine; but only on the connection it was made for: this one's
+	-- currval of fenceline.session, which only bind_session draws.
+	BEGIN
+		mine := currval('fenceline.session');
+	EXCEPTION WHEN object_not_in_prerequisite_state THEN
+		mine := NULL; -- never bound
+	END;
+	IF mine IS DISTINCT FROM bound THEN
+		RAISE EXCEPTION 'fenceline: fence token of lease % (fence %) is bound to another connection; refused on %.%',
+			lease, f, quote_ident(sch), quote_ident(tab)
+			USING ERRCODE = '40001',
+			DETAIL = format('the token was made for session %s; this connection is %s', bound, coalesce('session ' || mine, 'not bound')),
+			HINT = 'a fence token works only on the connection its fenceline proxy made it for; write through the proxy';
+	END IF;
+	-- Let the trigger's fast path take this token in this session.
+	PERFORM setval('fenceline.verified', ` + tokenHashSQL + `, true);
+	PERFORM set_config('fenceline.verified', currval('fenceline.verified')::text, false);
 	hsch := ',' || encode(convert_to(sch, 'UTF8'), 'hex') || '.';
 	IF strpos(tabs, hsch || '*,') = 0 AND strpos(tabs, hsch || encode(convert_to(tab, 'UTF8'), 'hex') || ',') = 0 THEN
 		RAISE EXCEPTION 'fenceline: lease % (fence %) does not claim table %.%', lease, f, quote_ident(sch), quote_ident(tab)

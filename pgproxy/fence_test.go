@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
+	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
@@ -30,28 +31,12 @@ type bus struct {
 	aud *leasebus.Auditor
 }
 
+// startBus starts a real bus through the shared test helper (which
+// connects as the bus's test identity).
 func startBus(t *testing.T) *bus {
 	t.Helper()
-	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	svc, err := leasebus.StartService(context.Background(), nc, leasebus.ServiceConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Stop)
-	aud, err := leasebus.NewAuditor(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &bus{nc: nc, c: leasebus.NewClient(nc), aud: aud}
+	b := bustest.Start(t)
+	return &bus{nc: b.Conn, c: b.Client, aud: b.Auditor}
 }
 
 func (b *bus) hold(t *testing.T, ws string, ttl time.Duration, tables ...string) *leasebus.Holder {
@@ -169,7 +154,7 @@ func testStorageFenceWithoutProxy(t *testing.T, f *fenceDB) {
 	if pgCode(err) != "40001" || !strings.Contains(err.Error(), "no fence token") {
 		t.Fatalf("direct write: want 40001 no fence token, got %v", err)
 	}
-	forged := mustToken(t, []byte("not-the-secret-not-the-secret!!"), "lease_forged", 1<<40, "public.*")
+	forged := mustToken(t, []byte("not-the-secret-not-the-secret!!"), c, "lease_forged", 1<<40, "public.*")
 	err = writeWithToken(ctx, c, forged, "INSERT INTO public.other VALUES (101, 'forged')")
 	if pgCode(err) != "40001" || !strings.Contains(err.Error(), "forged") {
 		t.Fatalf("forged token: want 40001 forged, got %v", err)
@@ -181,7 +166,7 @@ func testStorageFenceWithoutProxy(t *testing.T, f *fenceDB) {
 		t.Fatalf("agent reads the secret: want 42501 permission denied, got %v", err)
 	}
 	// A genuine token for another table does not cover this one.
-	tok := mustToken(t, f.secret, "lease_scoped", 1, "public.accounts")
+	tok := mustToken(t, f.secret, c, "lease_scoped", 1, "public.accounts")
 	err = writeWithToken(ctx, c, tok, "INSERT INTO public.other VALUES (102, 'scoped')")
 	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "does not claim") {
 		t.Fatalf("token for another table: want 42501, got %v", err)
@@ -216,10 +201,10 @@ func testStorageFenceSessionMark(t *testing.T, f *fenceDB) {
 	f.reset(t, "TRUNCATE public.race")
 	f.resetEpoch(t, "public.race")
 	ctx := ctxT(t)
-	good := mustToken(t, f.secret, "lease_mark", 7, "public.race")
-	// Same fence, so only the token check stands between it and a write.
-	forged := mustToken(t, []byte("not-the-secret-not-the-secret!!"), "lease_mark", 7, "public.*")
 	c := f.agent(t)
+	good := mustToken(t, f.secret, c, "lease_mark", 7, "public.race")
+	// Same fence, so only the token check stands between it and a write.
+	forged := mustToken(t, []byte("not-the-secret-not-the-secret!!"), c, "lease_mark", 7, "public.*")
 	for i := 1; i <= 3; i++ { // the first write takes the slow path, the rest the fast one
 		if err := writeWithToken(ctx, c, good, fmt.Sprintf("INSERT INTO public.race VALUES (%d, 'good')", i)); err != nil {
 			t.Fatalf("write %d with a genuine token: %v", i, err)
@@ -285,6 +270,9 @@ func testStorageFenceSessionMark(t *testing.T, f *fenceDB) {
 		"SELECT setval('fenceline.verified', " + forgedHash + ")",
 		"SELECT setval(seq, 1 << 50) FROM fenceline.epoch",
 		"SELECT nextval('fenceline.verified')",
+		"SELECT setval('fenceline.session', " + strconv.FormatInt(sessionOf(t, c), 10) + ")",
+		"SELECT nextval('fenceline.session')",
+		"SELECT currval('fenceline.session')",
 	} {
 		_, err := fresh.Exec(ctx, q)
 		if pgCode(err) != "42501" {
@@ -309,15 +297,16 @@ func testEpochRaise(t *testing.T, f *fenceDB) {
 			f.reset(t, "TRUNCATE public.race")
 			f.resetEpoch(t, "public.race")
 			ctx := ctxT(t)
-			oldTok := mustToken(t, f.secret, "lease_old", 20, "public.race")
-			newTok := mustToken(t, f.secret, "lease_new", 21, "public.race")
 			z := f.agent(t)
 			n := f.agent(t)
 			late := f.agent(t) // another session of the old lease, its token verified
+			oldTok := mustToken(t, f.secret, z, "lease_old", 20, "public.race")
+			lateTok := mustToken(t, f.secret, late, "lease_old", 20, "public.race")
+			newTok := mustToken(t, f.secret, n, "lease_new", 21, "public.race")
 			if err := writeWithToken(ctx, z, oldTok, "INSERT INTO public.race VALUES (1, 'old')"); err != nil {
 				t.Fatalf("old lease's first write: %v", err)
 			}
-			if err := writeWithToken(ctx, late, oldTok, "INSERT INTO public.race VALUES (6, 'old, other session')"); err != nil {
+			if err := writeWithToken(ctx, late, lateTok, "INSERT INTO public.race VALUES (6, 'old, other session')"); err != nil {
 				t.Fatalf("old lease's first write in another session: %v", err)
 			}
 			// The old holder has a transaction open on the table.
@@ -349,7 +338,7 @@ func testEpochRaise(t *testing.T, f *fenceDB) {
 			}
 			lateDone := make(chan error, 1)
 			go func() {
-				lateDone <- writeWithToken(ctx, late, oldTok, "INSERT INTO public.race VALUES (7, 'old, late')")
+				lateDone <- writeWithToken(ctx, late, lateTok, "INSERT INTO public.race VALUES (7, 'old, late')")
 			}()
 			checkWaitsAtGate(t, a, latePid, "public.race", "RowExclusiveLock")
 			// Meanwhile the old holder may still write: its epoch stands.
@@ -387,9 +376,9 @@ func testGateSavepoint(t *testing.T, f *fenceDB) {
 	f.reset(t, "TRUNCATE public.race")
 	f.resetEpoch(t, "public.race")
 	ctx := ctxT(t)
-	oldTok := mustToken(t, f.secret, "lease_old", 30, "public.race")
-	newTok := mustToken(t, f.secret, "lease_new", 31, "public.race")
 	w, n, a := f.agent(t), f.agent(t), f.admin(t)
+	oldTok := mustToken(t, f.secret, w, "lease_old", 30, "public.race")
+	newTok := mustToken(t, f.secret, n, "lease_new", 31, "public.race")
 	wtx, err := w.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -601,7 +590,7 @@ CREATE TRIGGER %[2]s BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON public.col
 		}
 	}
 	agent := connect(t, pg.DSN("agent", "", db))
-	tok5 := mustToken(t, secret, "lease_v3", 5, "public.unnamed", "public.named")
+	tok5 := makeTokenV3(secret, "lease_v3", 5, "public.unnamed", "public.named")
 	if err := writeWithToken(ctx, agent, tok5, "INSERT INTO public.unnamed VALUES (1)"); err != nil {
 		t.Fatalf("write under the previous version: %v", err)
 	}
@@ -626,10 +615,18 @@ CREATE TRIGGER %[2]s BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON public.col
 	if err := admin.QueryRow(ctx, "SELECT to_regprocedure('fenceline.fence_slow(oid, text)') IS NULL AND to_regprocedure('fenceline.fence_fast(text, text, text, oid)') IS NULL").Scan(&gone); err != nil || !gone {
 		t.Fatalf("the previous version's fence_slow and fence_fast are still there (%v)", err)
 	}
+	// A new connection takes the new slow path, which wants a v4 token bound
+	// to it. (The session that verified tok5 before keeps its mark, and so
+	// the fast path for it: bound to that session all the same.)
+	agent = connect(t, pg.DSN("agent", "", db))
+	if err := writeWithToken(ctx, agent, tok5, "INSERT INTO public.unnamed VALUES (2)"); pgCode(err) != "40001" || !strings.Contains(err.Error(), "malformed") {
+		t.Fatalf("an unbound v3 token after the upgrade: want 40001 malformed, got %v", err)
+	}
+	tok5 = mustToken(t, secret, agent, "lease_v3", 5, "public.unnamed", "public.named")
 	if err := writeWithToken(ctx, agent, tok5, "INSERT INTO public.unnamed VALUES (2)"); err != nil {
 		t.Fatalf("write after the upgrade, same lease: %v", err)
 	}
-	tok4 := mustToken(t, secret, "lease_older", 4, "public.unnamed")
+	tok4 := mustToken(t, secret, agent, "lease_older", 4, "public.unnamed")
 	if err := writeWithToken(ctx, agent, tok4, "INSERT INTO public.unnamed VALUES (3)"); pgCode(err) != "40001" || !strings.Contains(err.Error(), "stale fence") {
 		t.Fatalf("a fence below the epoch the previous version raised: want 40001 stale fence, got %v", err)
 	}
@@ -673,7 +670,7 @@ CREATE TRIGGER %[2]s BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON public.col
 		if fn != "fenceline.fence_check" || nargs != 4 {
 			t.Fatalf("the previous version's C trigger became %s with %d arguments, want fenceline.fence_check with 4", fn, nargs)
 		}
-		tok := mustToken(t, secret, "lease_v3", 5, "public.cold")
+		tok := mustToken(t, secret, agent, "lease_v3", 5, "public.cold")
 		if err := writeWithToken(ctx, agent, tok, "INSERT INTO public.cold VALUES (1)"); err != nil {
 			t.Fatalf("write to the table the previous version fenced in C: %v", err)
 		}
@@ -773,5 +770,139 @@ func testSlowPathNeedsExecute(t *testing.T, f *fenceDB) {
 	_, err := f.agent(t).Exec(ctx, "INSERT INTO public.other VALUES (200, 'no execute')")
 	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "fence_slow_gate") {
 		t.Fatalf("write with EXECUTE on fence_slow_gate revoked: want 42501 naming fence_slow_gate, got %v", err)
+	}
+}
+
+// makeTokenV3 is MakeToken of the versions before tokens were bound to their
+// connection (commit e6960be), verbatim but for its name: what a proxy of
+// that version sends.
+func makeTokenV3(secret []byte, leaseID string, fence uint64, tables ...string) string {
+	b := make([]byte, 0, 96+2*len(leaseID)+40*len(tables))
+	b = append(b, "v3"...)
+	b = append(b, ':')
+	b = strconv.AppendUint(b, fence, 10)
+	b = append(b, ':')
+	b = hex.AppendEncode(b, []byte(leaseID))
+	b = append(b, ':', ',')
+	for _, t := range tables {
+		s, n, err := SplitTable(t)
+		if err != nil {
+			panic(err)
+		}
+		b = hex.AppendEncode(b, []byte(s))
+		b = append(b, '.')
+		if n == "*" {
+			b = append(b, '*')
+		} else {
+			b = hex.AppendEncode(b, []byte(n))
+		}
+		b = append(b, ',')
+	}
+	payload := string(b)
+	return payload + ":" + tokenMAC(secret, payload)
+}
+
+// TestInstallUpgradesGateFence: a database fenced by the version before
+// tokens were bound to their connection (testdata/fence_v3_gate.sql and
+// fence_v3_gate_table.sql, verbatim: v3 tokens and the gate), on a plpgsql
+// table and, where the C trigger builds, a C one, keeps its secret, epochs
+// and triggers when this version installs; from then on only a v4 token
+// bound to the writing connection passes, on both triggers.
+func TestInstallUpgradesGateFence(t *testing.T) {
+	ctx := ctxT(t)
+	const db = "fenceline_upgrade_gate"
+	root := connect(t, pg.AdminDSN(""))
+	for _, q := range []string{"DROP DATABASE IF EXISTS " + db, "CREATE DATABASE " + db} {
+		if _, err := root.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	admin := connect(t, pg.AdminDSN(db))
+	old, err := os.ReadFile("testdata/fence_v3_gate.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldTable, err := os.ReadFile("testdata/fence_v3_gate_table.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := bytes.Repeat([]byte{9}, 32)
+	if _, err := admin.Exec(ctx, "CREATE TABLE public.gp (id int); CREATE TABLE public.gc (id int); GRANT ALL ON public.gp, public.gc TO PUBLIC"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, string(old)); err != nil {
+		t.Fatalf("the previous version's install: %v", err)
+	}
+	if _, err := admin.Exec(ctx, "INSERT INTO fenceline.secret VALUES (1, $1)", secret); err != nil {
+		t.Fatal(err)
+	}
+	tables := map[string]string{"gp": "fenceline.fence_check"}
+	withC := cTrigger.unavailable == nil && !cTrigger.elsewhere
+	if withC {
+		// As the previous version's createCTrigger made it: the same symbol.
+		if _, err := admin.Exec(ctx, fmt.Sprintf(`CREATE OR REPLACE FUNCTION fenceline.fence_check_c() RETURNS trigger LANGUAGE c AS %s, %s;
+REVOKE ALL ON FUNCTION fenceline.fence_check_c() FROM PUBLIC;`, quoteLiteral(filepath.Join(cLibDir, "fenceline_fence_gate.so")), quoteLiteral(cTriggerSymbol))); err != nil {
+			t.Fatal(err)
+		}
+		tables["gc"] = "fenceline.fence_check_c"
+	}
+	for table, fn := range tables {
+		var relid uint32
+		if err := admin.QueryRow(ctx, "SELECT $1::regclass::oid", "public."+table).Scan(&relid); err != nil {
+			t.Fatal(err)
+		}
+		gate := fmt.Sprintf("fenceline.gate_%d", relid)
+		q := fmt.Sprintf(string(oldTable),
+			triggerName, quoteLiteral("public."+table), "public."+table, relid, fmt.Sprintf("fenceline.epoch_%d", relid),
+			hex.EncodeToString([]byte("public")), hex.EncodeToString([]byte(table)), fn, gate,
+			fmt.Sprintf("SELECT setval('%s', 1, true);", gate))
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("the previous version fences public.%s: %v", table, err)
+		}
+	}
+	agent := connect(t, pg.DSN("agent", "", db))
+	for table := range tables {
+		if err := writeWithToken(ctx, agent, makeTokenV3(secret, "lease_gate", 5, "public."+table), "INSERT INTO public."+table+" VALUES (1)"); err != nil {
+			t.Fatalf("write to %s under the previous version: %v", table, err)
+		}
+	}
+
+	in, err := Install(ctx, admin, []string{"public.gp"}, InstallOptions{Trigger: TriggerPLpgSQL})
+	if err != nil {
+		t.Fatalf("install over the previous version: %v", err)
+	}
+	if !bytes.Equal(in.Secret, secret) {
+		t.Fatal("the install replaced the previous version's secret")
+	}
+	for table, fn := range tables {
+		t.Run(table, func(t *testing.T) {
+			var got string
+			if err := admin.QueryRow(ctx, "SELECT tgfoid::regproc::text FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2", "public."+table, triggerName).Scan(&got); err != nil || got != fn {
+				t.Fatalf("after the install public.%s's trigger is %q (%v), want %s", table, got, err, fn)
+			}
+			rel := "public." + table
+			c := connect(t, pg.DSN("agent", "", db))
+			err := writeWithToken(ctx, c, makeTokenV3(secret, "lease_gate", 5, rel), "INSERT INTO "+rel+" VALUES (2)")
+			if pgCode(err) != "40001" || !strings.Contains(err.Error(), "malformed") {
+				t.Fatalf("a v3 token after the upgrade: want 40001 malformed, got %v", err)
+			}
+			tok := mustToken(t, secret, c, "lease_gate", 5, rel)
+			if err := writeWithToken(ctx, c, tok, "INSERT INTO "+rel+" VALUES (3)"); err != nil {
+				t.Fatalf("a bound v4 token after the upgrade: %v", err)
+			}
+			other := connect(t, pg.DSN("agent", "", db))
+			sessionOf(t, other)
+			err = writeWithToken(ctx, other, tok, "INSERT INTO "+rel+" VALUES (4)")
+			if pgCode(err) != "40001" || !strings.Contains(err.Error(), "bound to another connection") {
+				t.Fatalf("the token on another connection after the upgrade: want 40001 bound to another connection, got %v", err)
+			}
+			stale := mustToken(t, secret, c, "lease_older", 4, rel)
+			if err := writeWithToken(ctx, c, stale, "INSERT INTO "+rel+" VALUES (5)"); pgCode(err) != "40001" || !strings.Contains(err.Error(), "stale fence") {
+				t.Fatalf("a fence below the epoch the previous version raised: want 40001 stale fence, got %v", err)
+			}
+		})
+	}
+	if !withC {
+		t.Run("c", func(t *testing.T) { cTrigger.need(t) })
 	}
 }

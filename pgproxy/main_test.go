@@ -322,14 +322,37 @@ func startProxy(t testing.TB, cfg Config) *Proxy {
 	return p
 }
 
-// mustToken signs a fence token with key, as a proxy holding the lease would.
-func mustToken(t testing.TB, key []byte, lease string, fence uint64, tables ...string) string {
+// mustToken signs a fence token with key bound to connection c (session 0,
+// which no connection has, for nil), as a proxy holding the lease would.
+func mustToken(t testing.TB, key []byte, c *pgx.Conn, lease string, fence uint64, tables ...string) string {
 	t.Helper()
-	tok, err := MakeToken(key, lease, fence, tables)
+	var session int64
+	if c != nil {
+		session = sessionOf(t, c)
+	}
+	tok, err := MakeToken(key, lease, fence, session, tables)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return tok
+}
+
+// boundSessions holds the session number of each connection sessionOf bound.
+var boundSessions sync.Map // *pgx.Conn -> int64
+
+// sessionOf binds c to a fence session, once, and returns its number.
+func sessionOf(t testing.TB, c *pgx.Conn) int64 {
+	t.Helper()
+	if n, ok := boundSessions.Load(c); ok {
+		return n.(int64)
+	}
+	n, err := BindSession(ctxT(t), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	boundSessions.Store(c, n)
+	t.Cleanup(func() { boundSessions.Delete(c) })
+	return n
 }
 
 // proxyDSN is a DSN for testDB through p as user.

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Proxy is a running Postgres wire fence. Close stops it.
@@ -25,13 +27,14 @@ type Proxy struct {
 	keys     map[backendKey]bool   // live backends, for CancelRequest; guarded by mu
 	closed   bool                  // guarded by mu
 
-	// The token for one lease and fence, or why there is none (made and
-	// logged once per lease and fence, not per write). Guarded by tokMu.
+	// Why there is no token for one lease and fence (logged once per
+	// lease and fence, not per write). Guarded by tokMu.
 	tokMu    sync.Mutex
 	tokLease string
 	tokFence uint64
-	tokStr   string
 	tokErr   error
+
+	noBindWarned atomic.Bool // a server connection could not be bound (logged once)
 }
 
 type backendKey struct{ pid, secret uint32 }
@@ -59,6 +62,10 @@ func Listen(ctx context.Context, cfg Config) (*Proxy, error) {
 	}
 	p.wg.Add(1)
 	go p.acceptLoop()
+	if cfg.Lease != nil {
+		p.wg.Add(1)
+		go p.watchLease()
+	}
 	if ctx.Done() != nil {
 		p.wg.Add(1)
 		go func() {
@@ -138,6 +145,62 @@ func (p *Proxy) acceptLoop() {
 	}
 }
 
+// watchLease cancels the running statements of transactions the proxy made
+// writable as soon as the lease is not live, and again at every check while
+// they run, so that a write already in flight when the lease is lost cannot
+// land later than one LeaseCheckInterval after the proxy could know it.
+// (New units are refused by the client loop itself.)
+func (p *Proxy) watchLease() {
+	defer p.wg.Done()
+	var lost <-chan struct{}
+	if l, ok := p.cfg.Lease.(interface{ Lost() <-chan struct{} }); ok {
+		lost = l.Lost()
+	}
+	tick := time.NewTicker(p.cfg.LeaseCheckInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-lost:
+			lost = nil // closed for good; the ticker goes on
+		case <-tick.C:
+		}
+		if _, err := p.cfg.Lease.Fence(); err != nil {
+			p.cancelWritable(err)
+		}
+	}
+}
+
+// cancelWritable cancels the statement each session runs in a transaction
+// the proxy made writable, in parallel, and waits for the cancels to be
+// delivered.
+func (p *Proxy) cancelWritable(why error) {
+	p.mu.Lock()
+	var busy []*session
+	for s := range p.sessions {
+		if s.rw.Load() && s.busy() {
+			busy = append(busy, s)
+		}
+	}
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, s := range busy {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := p.cfg.Lease.Lease()
+			if err := p.cancelUpstream(s.key); err != nil {
+				p.log.Warn("statement of a lost lease's writable transaction not cancelled", "lease", l.LeaseID, "pid", s.key.pid, "err", err)
+				return
+			}
+			p.log.Info("cancelled the statement of a writable transaction: the lease is not live", "lease", l.LeaseID,
+				"fence", l.Fence, "owner", l.Owner.String(), "pid", s.key.pid, "user", s.user, "reason", why.Error())
+		}()
+	}
+	wg.Wait()
+}
+
 func (p *Proxy) registerKey(k backendKey) {
 	p.mu.Lock()
 	p.keys[k] = true
@@ -150,21 +213,23 @@ func (p *Proxy) knownKey(k backendKey) bool {
 	return p.keys[k]
 }
 
-// token returns the signed fence token for the lease at fence. A token
-// that cannot be made is logged once per lease and fence.
-func (p *Proxy) token(l leaseInfo) (string, error) {
+// token returns the fence token for the lease at fence, bound to session
+// number session. Tokens are made per session (each connection has its
+// own); a token that cannot be made is logged once per lease and fence.
+func (p *Proxy) token(l leaseInfo, session int64) (string, error) {
 	p.tokMu.Lock()
 	defer p.tokMu.Unlock()
-	if (p.tokStr != "" || p.tokErr != nil) && p.tokFence == l.fence && p.tokLease == l.id {
-		return p.tokStr, p.tokErr
+	known := p.tokFence == l.fence && p.tokLease == l.id
+	if known && p.tokErr != nil {
+		return "", p.tokErr
 	}
 	t, err := "", errNoSecret
 	if len(p.cfg.Secret) > 0 {
-		t, err = MakeToken(p.cfg.Secret, l.id, l.fence, l.tables)
+		t, err = MakeToken(p.cfg.Secret, l.id, l.fence, session, l.tables)
 	}
-	if err != nil {
+	if err != nil && !known {
 		p.log.Warn("no fence token: writes to fenced tables will fail", "lease", l.id, "fence", l.fence, "err", err)
 	}
-	p.tokLease, p.tokFence, p.tokStr, p.tokErr = l.id, l.fence, t, err
+	p.tokLease, p.tokFence, p.tokErr = l.id, l.fence, err
 	return t, err
 }

@@ -65,8 +65,26 @@ type session struct {
 	// storage fence's fast path reads, not the setting that says it is
 	// there; RESET that before the next unit outside a transaction.
 	resetMark bool
-	done      chan struct{}
-	doneOnce  sync.Once
+	// fenceSession is the server connection's session number, which its
+	// tokens are bound to (fenceline.bind_session(), drawn before the first
+	// token; DISCARD forgets it): 0 while unbound, -1 when binding failed
+	// (tokens then carry 0, which Postgres refuses). Client loop only, as
+	// is the token last made for it.
+	fenceSession int64
+	tokLease     string
+	tokFence     uint64
+	tokSession   int64
+	tokStr       string
+	// rw: what the server is running was sent under a live lease in a
+	// transaction the proxy made writable (it carries the token). The
+	// client loop sets it before such a unit goes out and clears it when
+	// the next unit begins, everything before it answered; the lease
+	// watcher cancels the running statement of a session with rw set once
+	// the lease is not live. (Units the proxy decided with the lease lost
+	// are refusals or run read-only: never cancelled.)
+	rw       atomic.Bool
+	done     chan struct{}
+	doneOnce sync.Once
 }
 
 const (
@@ -76,11 +94,12 @@ const (
 )
 
 const (
-	rwStmtName  = "fenceline_rw"
-	tokStmtName = "fenceline_tok"
-	refuseName  = "fenceline_refuse"
-	rwSQL       = "SET transaction_read_only = off"
-	tokSQL      = "SELECT pg_catalog.set_config('fenceline.token', $1, true)"
+	internalStmtName = "fenceline_internal_" // + the statement's index
+	rwStmtName       = "fenceline_rw"
+	tokStmtName      = "fenceline_tok"
+	refuseName       = "fenceline_refuse"
+	rwSQL            = "SET transaction_read_only = off"
+	tokSQL           = "SELECT pg_catalog.set_config('fenceline.token', $1, true)"
 )
 
 // txSim is the proxy's view of the transaction the next statement runs in.
@@ -115,6 +134,7 @@ func (sim *txSim) track(tx TxEffect) {
 func (s *session) sessionChanged(st *Statement) {
 	if st.Tag == "DiscardStmt" {
 		s.resetMark = true
+		s.fenceSession = 0 // DISCARD SEQUENCES and ALL forget its currval
 	}
 	s.searchPath = nil
 	s.rwStmt.Store(stmtNone)
@@ -140,6 +160,88 @@ func (s *session) authorizeWrite(st *Statement, li leaseInfo, searchPath []strin
 		return &refusal{code: ReasonReadOnlyTxn, reason: "this transaction began with reads before the write could be authorized", hint: hint}
 	}
 	return nil
+}
+
+// authorizeInTxn refuses what may not run in a transaction the proxy made
+// writable: anything but ROLLBACK once the lease is not live (the
+// transaction's token would still let a function that writes through, and
+// COMMIT would land what it wrote before), and PREPARE TRANSACTION, whose
+// writes would outlive the connection and the lease.
+func (s *session) authorizeInTxn(st *Statement, li leaseInfo) *refusal {
+	if !s.sim.blockRW && !s.sim.groupRW {
+		return nil
+	}
+	if st.PrepareTx {
+		return &refusal{code: ReasonFenceTamper, reason: "PREPARE TRANSACTION would keep this transaction's writes past its connection and its lease",
+			hint: "COMMIT or ROLLBACK instead"}
+	}
+	if li.live() || st.Rollback || s.txStatus == 'E' {
+		return nil // in a failed block, Postgres refuses all and COMMIT rolls back
+	}
+	why := "no lease"
+	if li.err != nil {
+		why = li.err.Error()
+	}
+	return &refusal{code: leasebus.LeaseReason(li.err), reason: "lease lost while this transaction was writable: " + why,
+		hint: "ROLLBACK: nothing this transaction wrote may commit; reads work outside it"}
+}
+
+// rwLost: the transaction the next unit runs in was made writable under the
+// lease, and the lease is not live now.
+func (s *session) rwLost() bool {
+	return (s.sim.blockRW || s.sim.groupRW) && !s.lease().live()
+}
+
+// bindFence draws the server connection's session number, which its
+// tokens are bound to, once (again after a DISCARD). It must run between
+// transactions: drawing one writes. A database without the fence (or with
+// an older one) has no fenceline.bind_session(): the session stays unbound,
+// and Postgres refuses its writes to fenced tables, if it has any.
+func (s *session) bindFence() error {
+	if s.fenceSession != 0 || len(s.p.cfg.Secret) == 0 {
+		return nil
+	}
+	rows, err := s.internalQuery(rwSQL, bindSessionSQL)
+	var qe *queryError
+	switch {
+	case errors.As(err, &qe):
+		s.fenceSession = -1
+		log := s.p.log.Debug
+		if !s.p.noBindWarned.Swap(true) {
+			log = s.p.log.Warn // once per proxy: a database without the fence is no fault
+		}
+		log("server connection not bound to a fence session: writes to fenced tables will fail (if the database has any, run \"fenceline pg install\" of this version)",
+			"user", s.user, "database", s.database, "err", err)
+		return nil
+	case err != nil:
+		return err
+	}
+	var n int64
+	if len(rows) == 1 && len(rows[0]) == 1 {
+		n, err = strconv.ParseInt(rows[0][0], 10, 64)
+	}
+	if n <= 0 || err != nil {
+		s.fenceSession = -1
+		s.p.log.Warn("fenceline.bind_session() gave no session number", "rows", rows, "err", err)
+		return nil
+	}
+	s.fenceSession = n
+	return nil
+}
+
+// token is the fence token for li bound to this connection ("" when none
+// can be made: Postgres then refuses writes to fenced tables).
+func (s *session) token(li leaseInfo) string {
+	sess := max(s.fenceSession, 0)
+	if s.tokStr != "" && s.tokLease == li.id && s.tokFence == li.fence && s.tokSession == sess {
+		return s.tokStr
+	}
+	tok, err := s.p.token(li, sess)
+	if err != nil {
+		return ""
+	}
+	s.tokLease, s.tokFence, s.tokSession, s.tokStr = li.id, li.fence, sess, tok
+	return tok
 }
 
 type segMsg struct {
@@ -241,6 +343,24 @@ func (s *session) fatal(err error) error {
 	return err
 }
 
+// copyFail records the refusal of a COPY FROM STDIN whose lease was lost
+// and returns the CopyFail message that ends it in Postgres.
+func (s *session) copyFail(li leaseInfo) []byte {
+	st := &Statement{Class: ClassWrite, Tag: "CopyStmt"}
+	why := "no lease"
+	if li.err != nil {
+		why = li.err.Error()
+	}
+	r := &refusal{code: leasebus.LeaseReason(li.err), reason: "lease lost while this transaction was writable: " + why,
+		hint: "nothing this COPY sent lands; ROLLBACK, and copy again under a live lease"}
+	msg, _ := s.record(r, st, li, "COPY FROM STDIN")
+	var w msgBuilder
+	at := w.begin('f')
+	w.str(msg)
+	w.end(at)
+	return w.b
+}
+
 // flushServer sends what the client loop has buffered.
 func (s *session) flushServer() error { return s.sw.Flush() }
 
@@ -256,6 +376,16 @@ func (s *session) clientLoop() error {
 		}
 		switch t {
 		case 'd', 'c', 'f': // COPY sub-protocol: straight through
+			if t == 'c' && (s.sim.blockRW || s.sim.groupRW) {
+				// The lease was lost during COPY FROM STDIN into a
+				// writable transaction: fail it rather than let it land.
+				// (Not only when the relay has seen CopyInResponse: a
+				// client may send its data and CopyDone before that.
+				// Postgres ignores CopyFail outside COPY.)
+				if li := s.lease(); !li.live() {
+					raw = s.copyFail(li)
+				}
+			}
 			if t != 'd' {
 				s.copyIn.Store(false)
 			}
@@ -327,6 +457,7 @@ func (s *session) beginUnit() error {
 	if s.pendingSync {
 		return nil // an extended-protocol transaction is still open
 	}
+	s.rw.Store(false) // nothing in flight
 	s.txStatus = byte(s.status.Load())
 	if s.txStatus == 'I' {
 		s.sim = txSim{}
@@ -349,6 +480,14 @@ func (s *session) beginUnit() error {
 		}
 	}
 	return nil
+}
+
+// busy: the server has not answered everything sent to it (a statement may
+// be running).
+func (s *session) busy() bool {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	return len(s.queue) > 0
 }
 
 func (s *session) waitIdle() error {
@@ -377,13 +516,37 @@ type internalResult struct {
 	done chan struct{}
 }
 
-// internalQuery runs sql on the backend between client units and returns
-// its rows as text.
-func (s *session) internalQuery(sql string) ([][]string, error) {
+// internalQuery runs statements on the backend between client units, in
+// one implicit transaction, and returns their rows as text. It speaks the
+// extended protocol with a statement and a portal of its own names (closed
+// before and after): a simple Query would destroy the client's unnamed
+// prepared statement, which may still be due for a Bind (pgx's
+// describe-exec mode prepares it, Syncs, then binds it), and its unnamed
+// portal.
+func (s *session) internalQuery(stmts ...string) ([][]string, error) {
 	var w msgBuilder
-	w.query(sql)
 	res := &internalResult{done: make(chan struct{})}
-	s.push(&expect{kind: expQuery, internal: res})
+	var items []*expect
+	single := func() { items = append(items, &expect{kind: expSingle, internal: res}) }
+	for i, q := range stmts {
+		name := internalStmtName + strconv.Itoa(i)
+		w.close('S', name) // not an error when there is none
+		single()
+		w.parse(name, q)
+		single()
+		w.bind(name, name)
+		single()
+		w.execute(name)
+		items = append(items, &expect{kind: expExecute, internal: res})
+		w.close('P', name)
+		single()
+		w.close('S', name)
+		single()
+	}
+	w.sync()
+	items = append(items, &expect{kind: expSync, internal: res})
+	s.push(items...)
+	sql := strings.Join(stmts, "; ")
 	if _, err := s.sw.Write(w.b); err != nil {
 		return nil, err
 	}
@@ -392,10 +555,19 @@ func (s *session) internalQuery(sql string) ([][]string, error) {
 	}
 	<-res.done
 	if res.err != nil {
-		return nil, fmt.Errorf("fenceline's own query %q: %w", sql, res.err)
+		return nil, &queryError{sql: sql, err: res.err}
 	}
 	return res.rows, nil
 }
+
+// queryError: the server refused a query of the proxy's own.
+type queryError struct {
+	sql string
+	err error
+}
+
+func (e *queryError) Error() string { return fmt.Sprintf("fenceline's own query %q: %v", e.sql, e.err) }
+func (e *queryError) Unwrap() error { return e.err }
 
 // leaseInfo is the lease as one unit sees it.
 type leaseInfo struct {
@@ -540,9 +712,16 @@ func isTempSchema(s string) bool {
 // server itself raise the error, so the transaction state stays the one
 // Postgres would have: a failed block stays failed, an implicit one rolls back.
 func (s *session) refuse(r *refusal, st *Statement, li leaseInfo, text string) string {
+	msg, detail := s.record(r, st, li, text)
+	return refuseSQL(msg, detail, r.hint)
+}
+
+// record logs and audits a refusal and returns the message and detail the
+// client is told.
+func (s *session) record(r *refusal, st *Statement, li leaseInfo, text string) (msg, detail string) {
 	owner := li.owner.String()
-	msg := fmt.Sprintf("fenceline: write refused for lease %s (fence %d): %s", orNone(li.id), li.fence, r.reason)
-	detail := fmt.Sprintf("lease %s, owner %s, fence %d; statement %s", orNone(li.id), orNone(owner), li.fence, st.Tag)
+	msg = fmt.Sprintf("fenceline: write refused for lease %s (fence %d): %s", orNone(li.id), li.fence, r.reason)
+	detail = fmt.Sprintf("lease %s, owner %s, fence %d; statement %s", orNone(li.id), orNone(owner), li.fence, st.Tag)
 	s.p.log.Warn("write refused", "lease", li.id, "owner", owner, "fence", li.fence, "reason", r.reason,
 		"statement", st.Tag, "user", s.user)
 	if s.p.cfg.Audit != nil {
@@ -557,7 +736,7 @@ func (s *session) refuse(r *refusal, st *Statement, li leaseInfo, text string) s
 		}
 		cancel()
 	}
-	return refuseSQL(msg, detail, r.hint)
+	return msg, detail
 }
 
 func orNone(s string) string {
@@ -682,9 +861,13 @@ func (s *session) handleQuery(raw []byte) error {
 	if err != nil {
 		return s.fatal(err)
 	}
+	between := !s.pendingSync && s.txStatus == 'I' // no transaction open on the server
 	s.pendingSync = false
 	cls := s.p.classifier.Classify(sql)
-	if fastPathOK(cls, s.sim) {
+	if fastPathOK(cls, s.sim) && !s.rwLost() {
+		if s.sim.blockRW || s.sim.groupRW {
+			s.rw.Store(true) // a read that calls a function may write
+		}
 		s.push(&expect{kind: expQuery})
 		_, err := s.sw.Write(raw)
 		return err
@@ -697,6 +880,11 @@ func (s *session) handleQuery(raw []byte) error {
 		return err
 	}
 	li := s.lease()
+	if li.live() && between {
+		if err := s.bindFence(); err != nil {
+			return err
+		}
+	}
 	sp := s.searchPath
 	var (
 		out     strings.Builder
@@ -704,6 +892,7 @@ func (s *session) handleQuery(raw []byte) error {
 		inserts []insertion
 		pos     int // next byte of sql not yet copied
 		changed bool
+		rwSeen  bool // a statement runs in a transaction made writable
 	)
 	inject := func(stmtsSQL ...string) {
 		at := out.Len()
@@ -725,8 +914,7 @@ func (s *session) handleQuery(raw []byte) error {
 		if len(stmts) == 1 && stmts[0].Tx == TxOutside {
 			return // must run alone; Postgres decides whether it may
 		}
-		tok, _ := s.p.token(li) // "" without one: Postgres refuses fenced writes
-		inject(rwSQL, setLocalToken(tok))
+		inject(rwSQL, setLocalToken(s.token(li)))
 		s.sim.groupRW = true
 	}
 	for i, st := range stmts {
@@ -739,7 +927,11 @@ func (s *session) handleQuery(raw []byte) error {
 			sp = nil
 			s.sessionChanged(st)
 		}
-		r := s.authorizeWrite(st, li, spIfKnown(sp, s.searchPath), "send the write in its own query or start the transaction with BEGIN")
+		rwSeen = rwSeen || s.sim.blockRW || s.sim.groupRW
+		r := s.authorizeInTxn(st, li)
+		if r == nil {
+			r = s.authorizeWrite(st, li, spIfKnown(sp, s.searchPath), "send the write in its own query or start the transaction with BEGIN")
+		}
 		if r != nil {
 			out.WriteString(sql[pos:st.Start])
 			out.WriteString(s.refuse(r, st, li, sql[st.Start:st.End]))
@@ -755,11 +947,13 @@ func (s *session) handleQuery(raw []byte) error {
 				out.WriteString(sql[pos:stmts[i+1].Start])
 				pos = stmts[i+1].Start
 				if li.live() {
-					tok, _ := s.p.token(li) // "" without one: Postgres refuses fenced writes
-					inject(setLocalToken(tok))
+					inject(setLocalToken(s.token(li)))
 				}
 			}
 		}
+	}
+	if rwSeen && li.live() {
+		s.rw.Store(true)
 	}
 	if !changed {
 		s.push(&expect{kind: expQuery})
@@ -821,6 +1015,7 @@ func (s *session) handleFunctionCall(raw []byte) error {
 		}
 	}
 	if r == nil {
+		s.rw.Store(true) // in a block made writable, the lease live
 		s.push(&expect{kind: expFunc})
 		_, err := s.sw.Write(raw)
 		return err
@@ -847,7 +1042,8 @@ func (s *session) flushSegment() error {
 			s.segBuf = s.segBuf[:0]
 		}
 	}()
-	if !s.pendingSync {
+	fresh := !s.pendingSync
+	if fresh {
 		// A new transaction may start here: know its state first.
 		if err := s.beginUnit(); err != nil {
 			return err
@@ -918,16 +1114,26 @@ func (s *session) flushSegment() error {
 		return err
 	}
 	var li leaseInfo
+	needLease := s.sim.blockRW || s.sim.groupRW // may have to end a writable transaction
 	for _, st := range execs {
 		if st.Class == ClassWrite || st.Tx == TxBegin || st.Tx == TxChain {
-			li = s.lease() // reads alone never need the lease
+			needLease = true // reads alone never need the lease
 			break
+		}
+	}
+	if needLease {
+		li = s.lease()
+	}
+	if li.live() && fresh && s.txStatus == 'I' {
+		if err := s.bindFence(); err != nil {
+			return err
 		}
 	}
 	var (
 		w       msgBuilder
 		items   []*expect
 		refused bool
+		rwSeen  bool // an Execute runs in a transaction made writable
 	)
 	w.b = s.segOut[:0]
 	// setToken sets the transaction's fence token with our prepared
@@ -943,7 +1149,7 @@ func (s *session) flushSegment() error {
 		items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
 	}
 	injectRW := func() {
-		tok, _ := s.p.token(li) // "" without one: Postgres refuses fenced writes
+		tok := s.token(li) // "" without one: Postgres refuses fenced writes
 		// "SET transaction_read_only = off" must come before anything that
 		// takes a snapshot, including the Parse of a SELECT.
 		if s.rwStmt.Load() == stmtNone {
@@ -1006,7 +1212,11 @@ func (s *session) flushSegment() error {
 			if st.Session {
 				s.sessionChanged(st)
 			}
-			r := s.authorizeWrite(st, li, s.searchPath, "Sync before the write, or start the transaction with BEGIN")
+			rwSeen = rwSeen || s.sim.blockRW || s.sim.groupRW
+			r := s.authorizeInTxn(st, li)
+			if r == nil {
+				r = s.authorizeWrite(st, li, s.searchPath, "Sync before the write, or start the transaction with BEGIN")
+			}
 			if r != nil {
 				sql := s.refuse(r, st, li, st.Tag)
 				w.close('S', refuseName)
@@ -1023,13 +1233,15 @@ func (s *session) flushSegment() error {
 			if st.Tx == TxChain {
 				if s.sim.blockRW && li.live() {
 					w.b = append(w.b, raw...)
-					tok, _ := s.p.token(li)
-					setToken(tok)
+					setToken(s.token(li))
 					continue
 				}
 			}
 		}
 		w.b = append(w.b, raw...)
+	}
+	if rwSeen && li.live() {
+		s.rw.Store(true)
 	}
 	s.push(items...)
 	_, err := s.sw.Write(w.b)

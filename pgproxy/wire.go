@@ -147,6 +147,8 @@ func (w *msgBuilder) execute(portal string) {
 	w.end(at)
 }
 
+func (w *msgBuilder) sync() { w.b = append(w.b, 'S', 0, 0, 0, 4) }
+
 func (w *msgBuilder) close(kind byte, name string) {
 	at := w.begin('C')
 	w.b = append(w.b, kind)

@@ -9,7 +9,11 @@
  *   1. the token (setting fenceline.token) is the one the session verified:
  *      the first 8 bytes of its SHA-256 equal the session's currval of
  *      sequence fenceline.verified, which only fence_slow_gate may set, and the
- *      setting fenceline.verified says currval is defined;
+ *      setting fenceline.verified says currval is defined. fence_slow_gate
+ *      sets it only for a token bound to this connection (its session
+ *      number is the connection's currval of fenceline.session), so the
+ *      mark, which is the session's own, carries the binding: a token
+ *      replayed on another connection never gets past the slow path;
  *   2. the token claims the table (",hex(schema).*," or
  *      ",hex(schema).hex(table)," occurs in it);
  *   3. the token's fence equals the table's epoch before and after passing
@@ -96,7 +100,7 @@ last_value(Oid seq, int64 *value)
 }
 
 /*
- * token_fence parses the fence of a token ("v3:" fence ":" ...); false when
+ * token_fence parses the fence of a token ("v4:" fence ":" ...); false when
  * the field is not a plain decimal int8.
  */
 static bool
