@@ -48,7 +48,8 @@ const writerTable = "public.fl_writes"
 // agent (`fenceline run`) appends to a file and inserts rows through the
 // Postgres fence in a loop; the bus is killed with -9 and restarted on the
 // same port and store, and the agent's lease is revoked the moment the bus
-// answers; a second agent is granted the same claim at once and writes the
+// answers (every other round: once the agent writes again, so the revoke
+// reaches its holder as a change notice); a second agent is granted the same claim at once and writes the
 // same file and table, while the first goes on trying. Each round repeats
 // this with the newest agent. Every grant and every landed write is
 // recorded, and the standard checks run over them: no overlapping grants,
@@ -87,7 +88,14 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 	}
 	cur := agent(0)
 	curLease := waitGrant(ctx, t, env, h, cur)
-	var old []*Proc
+	// Revoked agents keep trying to write; each is watched for watchFor
+	// after its revoke, then stopped (so a long run does not pile them up).
+	const watchFor = 3 * bound
+	type revoked struct {
+		p  *Proc
+		at time.Time
+	}
+	var old []revoked
 	for r := 1; r <= rounds; r++ {
 		// Both boundaries take the current agent's writes.
 		waitWrites(ctx, t, pg, logFile, curLease, cur)
@@ -95,6 +103,12 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 		bus.Kill()
 		h.Fault("kill-9")
 		bus.Start()
+		if r%2 == 0 {
+			// Every other round the holder is back and writing before the
+			// revoke: then the revoke reaches it as a change notice, which
+			// it confirms with the service.
+			waitFileWriteAfter(ctx, t, logFile, curLease, time.Now())
+		}
 		revokeAt, endedAt := revokeNow(ctx, t, env, curLease.LeaseID, fmt.Sprintf("faults: round %d, right after a bus restart", r))
 		h.Revoked(curLease.LeaseID, revokeAt, endedAt)
 
@@ -103,16 +117,22 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 		nextLease := waitGrant(ctx, t, env, h, next)
 		t.Logf("round %d: revoked %s (fence %d), granted %s (fence %d) %s after the revoke returned",
 			r, curLease.LeaseID, curLease.Fence, nextLease.LeaseID, nextLease.Fence, nextLease.GrantedAt.Sub(revokeAt).Round(time.Millisecond))
-		old = append(old, cur)
+		old = append(old, revoked{cur, revokeAt})
 		cur, curLease = next, nextLease
+		for len(old) > 0 && time.Since(old[0].at) > watchFor {
+			stopRun(t, old[0].p)
+			old = old[1:]
+		}
 	}
 	waitWrites(ctx, t, pg, logFile, curLease, cur)
-	// The revoked agents kept trying for at least twice the bound since
-	// their revoke: then they stop, and the last one releases.
-	time.Sleep(2 * bound) // letting late writes happen, if any would
-	for _, p := range append(old, cur) {
-		stopRun(t, p)
+	if len(old) > 0 {
+		// Letting late writes happen, if any would.
+		time.Sleep(watchFor - time.Since(old[len(old)-1].at))
 	}
+	for _, o := range old {
+		stopRun(t, o.p)
+	}
+	stopRun(t, cur) // it releases its lease
 	if l, err := showLease(ctx, env, curLease.LeaseID); err == nil && !l.EndedAt.IsZero() {
 		h.Ended(l.LeaseID, l.EndedAt)
 	}
@@ -297,6 +317,28 @@ func waitWrites(ctx context.Context, t *testing.T, pg *pgtest.Server, logFile st
 		return nil
 	}); err != nil {
 		t.Fatalf("%s under %s: %v\nrun stderr:\n%s", p.Name, g.LeaseID, err, p.Stderr())
+	}
+}
+
+// waitFileWriteAfter waits until a line stamped after since lands under g.
+func waitFileWriteAfter(ctx context.Context, t *testing.T, logFile string, g Grant, since time.Time) {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := Retry(wctx, 10*time.Millisecond, func() error {
+		b, err := os.ReadFile(logFile)
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			id, ns, _ := strings.Cut(line, " ")
+			if at, err := parseNanos(ns); err == nil && id == g.LeaseID && at.After(since) {
+				return nil
+			}
+		}
+		return errors.New("no write since the restart")
+	}); err != nil {
+		t.Fatalf("%s does not write again after the bus restart: %v", g.LeaseID, err)
 	}
 }
 
