@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the fault harness's long form: the single-bus fault run (kill -9 and
-# restart of the bus, a revoke right after each restart, a second agent
-# granted the same claim at once; file and Postgres writes recorded and
+# restart of the bus, a revoke right after each restart, new agents granted
+# the same claims at once; file and Postgres writes of a `fenceline run`
+# agent and of a `fenceline agent` beside `fenceline sidecar`, recorded and
 # checked) for many rounds, and prints the counts: grants, revokes, faults,
 # writes per boundary, the latest write after its revoke per boundary, and
 # every violation.
@@ -42,7 +43,7 @@ for run in $(seq 1 "$runs"); do
     status=FAIL
     failed=1
   fi
-  grep -E 'round [0-9]+:' "$work/out.txt" | sed 's/^ *single_test.go:[0-9]*: /  /' || true
+  grep -E 'round [0-9]+ [a-z]+:' "$work/out.txt" | sed 's/^ *single_test.go:[0-9]*: /  /' || true
   echo "== counts ($status)"
   # The report line, and the violations indented under it.
   awk '/faults: grants=/ {p = 1; sub(/^.*faults: /, ""); print "  " $0; next}

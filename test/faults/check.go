@@ -29,7 +29,9 @@ type Grant struct {
 
 // Write is one write that landed at a boundary.
 type Write struct {
-	Boundary string // "file", "postgres", "git"
+	// Boundary is where it landed: "file", "postgres", "git", or such a
+	// name qualified by who wrote (e.g. "pod/file").
+	Boundary string
 	LeaseID  string
 	// Fence is the fence the write carried, 0 when the boundary does not
 	// record one.

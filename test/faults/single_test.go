@@ -41,20 +41,44 @@ func envInt(t *testing.T, name string, def int) int {
 	return n
 }
 
-// writerTable is where the agents' Postgres writes land.
-const writerTable = "public.fl_writes"
+// The tables the agents' Postgres writes land in, one per lineage.
+const (
+	runTable = "public.fl_writes"
+	podTable = "public.fl_pod_writes"
+)
 
-// TestSingleBusKillRestartRevoke is the single-bus fault run: a guarded
-// agent (`fenceline run`) appends to a file and inserts rows through the
-// Postgres fence in a loop; the bus is killed with -9 and restarted on the
-// same port and store, and the agent's lease is revoked the moment the bus
-// answers (every other round: once the agent writes again, so the revoke
-// reaches its holder as a change notice); a second agent is granted the same claim at once and writes the
-// same file and table, while the first goes on trying. Each round repeats
-// this with the newest agent. Every grant and every landed write is
-// recorded, and the standard checks run over them: no overlapping grants,
-// no write landed more than 1 s after its lease's revoke returned, fences
-// unique and rising.
+// agent is one agent of a lineage: its processes (in the order they stop)
+// and its grant.
+type agent struct {
+	procs []*Proc
+	lease Grant
+}
+
+// lineage is a claim (a directory and a table) that passes from agent to
+// agent, one agent per round.
+type lineage struct {
+	name  string // "run" or "pod"
+	dir   string // claimed, and where the agents append to log
+	table string
+	start func(i int) *agent
+}
+
+func (l *lineage) logFile(co string) string { return filepath.Join(co, l.dir, "log") }
+
+// TestSingleBusKillRestartRevoke is the single-bus fault run. Two lineages
+// of guarded agents append to a file and insert rows through the Postgres
+// fence in a loop: one under "fenceline run" (the file guard asks the
+// run's holder), one in pod mode, "fenceline agent" beside "fenceline
+// sidecar" (the file guard follows the sidecar's view of its holder). Each
+// round, the bus is killed with -9 and restarted on the same port and
+// store, and both agents' leases are revoked the moment the bus answers
+// (every other round: once the agents write again, so the revoke reaches
+// their holders as a change notice); new agents are granted the same
+// claims at once and write the same files and tables, while the revoked
+// ones go on trying. Every grant and every landed write is recorded, and
+// the standard checks run over them: no overlapping grants, no write
+// landed more than 1 s after its lease's revoke returned, fences unique
+// and rising.
 //
 // FENCELINE_FAULTS_ROUNDS sets the number of rounds (default 2: the CI
 // form); scripts/faults.sh runs the long form.
@@ -75,89 +99,121 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 	env := NewEnv(t, Binary(t))
 	bus := StartBus(t, env)
 	defer bus.Stop()
-	secret := preparePG(ctx, t, env, pg)
-	co := newCheckout(t)
-	logFile := filepath.Join(co, "data", "log")
+	secret := preparePG(ctx, t, env, pg, runTable, podTable)
+	co := newCheckout(t, "data", "pod")
 	h := NewHistory()
+	psql := filepath.Join(pg.BinDir, "psql")
 
-	agent := func(i int) *Proc {
-		return env.Start(t, fmt.Sprintf("agent-%d", i), "run", "--repo", co, "--scope", "data",
-			"--table", writerTable, "--pg-upstream", pg.Addr(), "--pg-secret-file", secret,
-			"--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("agent-%d", i), "--task", "faults",
-			"--", "sh", "-c", writerScript(filepath.Join(pg.BinDir, "psql"), pg.Admin))
+	lines := []*lineage{{name: "run", dir: "data", table: runTable}, {name: "pod", dir: "pod", table: podTable}}
+	lines[0].start = func(i int) *agent {
+		l := lines[0]
+		p := env.Start(t, fmt.Sprintf("run-%d", i), "run", "--repo", co, "--scope", l.dir,
+			"--table", l.table, "--pg-upstream", pg.Addr(), "--pg-secret-file", secret,
+			"--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("run-%d", i), "--task", "faults",
+			"--", "sh", "-c", writerScript(psql, pg.Admin, l.dir, l.table))
+		id := waitOutput(ctx, t, p, p.Stderr, runLease)
+		return &agent{procs: []*Proc{p}, lease: recordGrant(ctx, t, env, h, id)}
 	}
-	cur := agent(0)
-	curLease := waitGrant(ctx, t, env, h, cur)
+	lines[1].start = func(i int) *agent {
+		l := lines[1]
+		sc := env.Start(t, fmt.Sprintf("sidecar-%d", i), "sidecar", "--repo", co, "--scope", l.dir,
+			"--table", l.table, "--pg-upstream", pg.Addr(), "--pg-secret-file", secret,
+			"--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("pod-%d", i), "--task", "faults")
+		id := waitOutput(ctx, t, sc, sc.Stdout, sidecarLease)
+		admin := waitOutput(ctx, t, sc, sc.Stdout, adminLine)
+		p := env.Start(t, fmt.Sprintf("pod-%d", i), "agent", "--sidecar", admin, "--root", co, "--grace", "1s",
+			"--log-format", "text", "--", "sh", "-c", writerScript(psql, pg.Admin, l.dir, l.table))
+		return &agent{procs: []*Proc{p, sc}, lease: recordGrant(ctx, t, env, h, id)}
+	}
+
+	cur := make([]*agent, len(lines))
+	for k, l := range lines {
+		cur[k] = l.start(0)
+	}
 	// Revoked agents keep trying to write; each is watched for watchFor
 	// after its revoke, then stopped (so a long run does not pile them up).
 	const watchFor = 3 * bound
 	type revoked struct {
-		p  *Proc
+		a  *agent
 		at time.Time
 	}
 	var old []revoked
 	for r := 1; r <= rounds; r++ {
-		// Both boundaries take the current agent's writes.
-		waitWrites(ctx, t, pg, logFile, curLease, cur)
+		// Every boundary takes the current agents' writes.
+		for k, l := range lines {
+			waitWrites(ctx, t, pg, l, co, cur[k])
+		}
 
 		bus.Kill()
 		h.Fault("kill-9")
+		restarted := time.Now()
 		bus.Start()
 		if r%2 == 0 {
-			// Every other round the holder is back and writing before the
-			// revoke: then the revoke reaches it as a change notice, which
-			// it confirms with the service.
-			waitFileWriteAfter(ctx, t, logFile, curLease, time.Now())
+			// The holders are back and writing before the revoke: then
+			// it reaches them as a change notice, which they confirm
+			// with the service.
+			for k, l := range lines {
+				waitFileWriteAfter(ctx, t, l.logFile(co), cur[k].lease, restarted)
+			}
 		}
-		revokeAt, endedAt := revokeNow(ctx, t, env, curLease.LeaseID, fmt.Sprintf("faults: round %d, right after a bus restart", r))
-		h.Revoked(curLease.LeaseID, revokeAt, endedAt)
-
-		// The claim is granted again at once; the old agent keeps trying.
-		next := agent(r)
-		nextLease := waitGrant(ctx, t, env, h, next)
-		t.Logf("round %d: revoked %s (fence %d), granted %s (fence %d) %s after the revoke returned",
-			r, curLease.LeaseID, curLease.Fence, nextLease.LeaseID, nextLease.Fence, nextLease.GrantedAt.Sub(revokeAt).Round(time.Millisecond))
-		old = append(old, revoked{cur, revokeAt})
-		cur, curLease = next, nextLease
+		for k, l := range lines {
+			revokeAt, endedAt := revokeNow(ctx, t, env, cur[k].lease.LeaseID, fmt.Sprintf("faults: round %d, right after a bus restart", r))
+			h.Revoked(cur[k].lease.LeaseID, revokeAt, endedAt)
+			// The claim is granted again at once; the old agent keeps trying.
+			next := l.start(r)
+			t.Logf("round %d %s: revoked %s (fence %d), granted %s (fence %d) %s after the revoke returned",
+				r, l.name, cur[k].lease.LeaseID, cur[k].lease.Fence, next.lease.LeaseID, next.lease.Fence, next.lease.GrantedAt.Sub(revokeAt).Round(time.Millisecond))
+			old = append(old, revoked{cur[k], revokeAt})
+			cur[k] = next
+		}
 		for len(old) > 0 && time.Since(old[0].at) > watchFor {
-			stopRun(t, old[0].p)
+			stopAgent(t, old[0].a)
 			old = old[1:]
 		}
 	}
-	waitWrites(ctx, t, pg, logFile, curLease, cur)
+	for k, l := range lines {
+		waitWrites(ctx, t, pg, l, co, cur[k])
+	}
 	if len(old) > 0 {
 		// Letting late writes happen, if any would.
 		time.Sleep(watchFor - time.Since(old[len(old)-1].at))
 	}
 	for _, o := range old {
-		stopRun(t, o.p)
+		stopAgent(t, o.a)
 	}
-	stopRun(t, cur) // it releases its lease
-	if l, err := showLease(ctx, env, curLease.LeaseID); err == nil && !l.EndedAt.IsZero() {
-		h.Ended(l.LeaseID, l.EndedAt)
+	for _, a := range cur {
+		stopAgent(t, a) // it releases its lease
+		if l, err := showLease(ctx, env, a.lease.LeaseID); err == nil && !l.EndedAt.IsZero() {
+			h.Ended(l.LeaseID, l.EndedAt)
+		}
 	}
 
-	readFileWrites(t, h, logFile)
-	readPGWrites(ctx, t, h, pg)
+	for _, l := range lines {
+		readFileWrites(t, h, l.name+"/file", l.logFile(co))
+		readPGWrites(ctx, t, h, pg, l.name+"/postgres", l.table)
+	}
 	rep := Verify(h, StandardChecks(bound)...)
 	t.Logf("faults: %s", rep)
-	if rep.Faults["kill-9"] != rounds || rep.Revokes != rounds || rep.Grants != rounds+1 {
-		t.Errorf("want %d kills, %d revokes, %d grants: %s", rounds, rounds, rounds+1, rep)
+	n := len(lines)
+	if rep.Faults["kill-9"] != rounds || rep.Revokes != n*rounds || rep.Grants != n*(rounds+1) {
+		t.Errorf("want %d kills, %d revokes, %d grants: %s", rounds, n*rounds, n*(rounds+1), rep)
 	}
-	if rep.Writes["file"] == 0 || rep.Writes["postgres"] == 0 {
-		t.Errorf("no writes recorded at a boundary: %s", rep)
+	for _, l := range lines {
+		if rep.Writes[l.name+"/file"] == 0 || rep.Writes[l.name+"/postgres"] == 0 {
+			t.Errorf("no %s writes recorded at a boundary: %s", l.name, rep)
+		}
 	}
 	for _, v := range rep.Violations {
 		t.Error(v)
 	}
 }
 
-// writerScript appends "<lease> <unix nanos>" lines to data/log and, in the
-// background, inserts a row per iteration through the Postgres fence
-// (PGHOST/PGPORT point at it), both about every 10 ms, forever; refusals
-// are ignored, like a runaway agent would. psql is restarted if its
-// connection ends.
-func writerScript(psql, user string) string {
+// writerScript appends "<lease> <unix nanos>" lines to dir/log and, in the
+// background, inserts a row per iteration into table through the Postgres
+// fence (PGHOST/PGPORT point at it), both about every 10 ms, forever;
+// refusals are ignored, like a runaway agent would. psql is restarted if
+// its connection ends.
+func writerScript(psql, user, dir, table string) string {
 	return fmt.Sprintf(`
 (
   while :; do
@@ -167,46 +223,51 @@ func writerScript(psql, user string) string {
   done
 ) &
 while :; do
-  echo "$FENCELINE_LEASE_ID $(date +%%s%%N)" >> data/log
+  echo "$FENCELINE_LEASE_ID $(date +%%s%%N)" >> %[4]s/log
   sleep 0.01
 done 2>/dev/null
-`, psql, user, writerTable)
+`, psql, user, table, dir)
 }
 
-// preparePG creates the agents' table, fences it with "fenceline pg
-// install" and returns the secret file the runs sign tokens with.
-func preparePG(ctx context.Context, t *testing.T, env *Env, pg *pgtest.Server) string {
+// preparePG creates the agents' tables, fences them with "fenceline pg
+// install" and returns the secret file the fences sign tokens with.
+func preparePG(ctx context.Context, t *testing.T, env *Env, pg *pgtest.Server, tables ...string) string {
 	t.Helper()
 	admin, err := pgx.Connect(ctx, pg.AdminDSN(""))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer admin.Close(context.Background())
-	// Each row: the lease the agent wrote under, the token the fence set
-	// in its transaction (it carries the fence), and the server's time.
-	if _, err := admin.Exec(ctx, `DROP TABLE IF EXISTS `+writerTable+`;
-		CREATE TABLE `+writerTable+` (id bigserial PRIMARY KEY, lease text NOT NULL,
-			token text DEFAULT current_setting('fenceline.token', true),
-			at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
-		t.Fatal(err)
+	args := []string{"pg", "install", "--dsn", pg.AdminDSN(""), "--trigger", "plpgsql"}
+	for _, table := range tables {
+		// Each row: the lease the agent wrote under, the token the fence
+		// set in its transaction (it carries the fence), the server's time.
+		if _, err := admin.Exec(ctx, `DROP TABLE IF EXISTS `+table+`;
+			CREATE TABLE `+table+` (id bigserial PRIMARY KEY, lease text NOT NULL,
+				token text DEFAULT current_setting('fenceline.token', true),
+				at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--table", table)
 	}
 	secret := filepath.Join(t.TempDir(), "pg.key")
-	if _, stderr, err := env.CLI(ctx, "pg", "install", "--dsn", pg.AdminDSN(""), "--table", writerTable,
-		"--secret-file", secret, "--trigger", "plpgsql"); err != nil {
+	if _, stderr, err := env.CLI(ctx, append(args, "--secret-file", secret)...); err != nil {
 		t.Fatalf("pg install: %v\n%s", err, stderr)
 	}
 	return secret
 }
 
-// newCheckout makes a git checkout with a data/ directory.
-func newCheckout(t *testing.T) string {
+// newCheckout makes a git checkout with the directories dirs.
+func newCheckout(t *testing.T, dirs ...string) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "checkout")
-	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "data", "seed"), []byte("seed\n"), 0o644); err != nil {
-		t.Fatal(err)
+	for _, d := range dirs {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, d, "seed"), []byte("seed\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, args := range [][]string{{"init", "--quiet", "--initial-branch=main"}, {"add", "-A"},
 		{"-c", "user.name=faults", "-c", "user.email=faults@example.invalid", "commit", "--quiet", "-m", "seed"}} {
@@ -219,34 +280,42 @@ func newCheckout(t *testing.T) string {
 	return dir
 }
 
-var leaseLine = regexp.MustCompile(`lease (lease_[0-9a-zA-Z_-]+) (?:acquired|attached):`)
+// What the processes print: a run's lease (stderr), a sidecar's lease
+// and admin URL (stdout).
+var (
+	runLease     = regexp.MustCompile(`lease (lease_[0-9a-zA-Z_-]+) (?:acquired|attached):`)
+	sidecarLease = regexp.MustCompile(`sidecar: lease (lease_[0-9a-zA-Z_-]+) `)
+	adminLine    = regexp.MustCompile(`admin: (http://\S+) `)
+)
 
-func leaseIDOf(stderr string) string {
-	m := leaseLine.FindStringSubmatch(stderr)
-	if m == nil {
-		return ""
-	}
-	return m[1]
-}
-
-// waitGrant waits for p (a run) to say which lease it got, reads the
-// record from the service and records the grant.
-func waitGrant(ctx context.Context, t *testing.T, env *Env, h *History, p *Proc) Grant {
+// waitOutput waits until out (a process's output so far) matches re, and
+// returns the first submatch.
+func waitOutput(ctx context.Context, t *testing.T, p *Proc, out func() string, re *regexp.Regexp) string {
 	t.Helper()
-	var id string
+	var got string
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := Retry(wctx, 10*time.Millisecond, func() error {
-		if id = leaseIDOf(p.Stderr()); id != "" {
+		if m := re.FindStringSubmatch(out()); m != nil {
+			got = m[1]
 			return nil
 		}
 		if p.Exited() {
-			return &permanent{fmt.Errorf("%s exited without a lease:\n%s", p.Name, p.Stderr())}
+			return &permanent{fmt.Errorf("%s exited", p.Name)}
 		}
-		return errors.New("no lease yet")
+		return fmt.Errorf("nothing matches %s yet", re)
 	}); err != nil {
-		t.Fatalf("%s: %v\n%s", p.Name, err, p.Stderr())
+		t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", p.Name, err, p.Stdout(), p.Stderr())
 	}
+	return got
+}
+
+// recordGrant reads the record of lease id from the service and records
+// the grant.
+func recordGrant(ctx context.Context, t *testing.T, env *Env, h *History, id string) Grant {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	l, err := showLease(wctx, env, id)
 	if err != nil {
 		t.Fatalf("lease show %s: %v", id, err)
@@ -292,8 +361,8 @@ func revokeNow(ctx context.Context, t *testing.T, env *Env, id, reason string) (
 	return returned, l.EndedAt
 }
 
-// waitWrites waits until both boundaries took a write under g.
-func waitWrites(ctx context.Context, t *testing.T, pg *pgtest.Server, logFile string, g Grant, p *Proc) {
+// waitWrites waits until both of l's boundaries took a write of a.
+func waitWrites(ctx context.Context, t *testing.T, pg *pgtest.Server, l *lineage, co string, a *agent) {
 	t.Helper()
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -303,20 +372,26 @@ func waitWrites(ctx context.Context, t *testing.T, pg *pgtest.Server, logFile st
 	}
 	defer conn.Close(context.Background())
 	if err := Retry(wctx, 20*time.Millisecond, func() error {
-		if p.Exited() {
-			return &permanent{fmt.Errorf("%s exited", p.Name)}
+		for _, p := range a.procs {
+			if p.Exited() {
+				return &permanent{fmt.Errorf("%s exited", p.Name)}
+			}
 		}
-		b, _ := os.ReadFile(logFile)
-		if !strings.Contains(string(b), g.LeaseID+" ") {
+		b, _ := os.ReadFile(l.logFile(co))
+		if !strings.Contains(string(b), a.lease.LeaseID+" ") {
 			return errors.New("no file write yet")
 		}
 		var n int
-		if err := conn.QueryRow(wctx, `SELECT count(*) FROM `+writerTable+` WHERE lease = $1`, g.LeaseID).Scan(&n); err != nil || n == 0 {
+		if err := conn.QueryRow(wctx, `SELECT count(*) FROM `+l.table+` WHERE lease = $1`, a.lease.LeaseID).Scan(&n); err != nil || n == 0 {
 			return fmt.Errorf("no row yet (%v)", err)
 		}
 		return nil
 	}); err != nil {
-		t.Fatalf("%s under %s: %v\nrun stderr:\n%s", p.Name, g.LeaseID, err, p.Stderr())
+		var out strings.Builder
+		for _, p := range a.procs {
+			fmt.Fprintf(&out, "%s stdout:\n%s\n%s stderr:\n%s\n", p.Name, p.Stdout(), p.Name, p.Stderr())
+		}
+		t.Fatalf("%s agent under %s: %v\n%s", l.name, a.lease.LeaseID, err, out.String())
 	}
 }
 
@@ -342,21 +417,24 @@ func waitFileWriteAfter(ctx context.Context, t *testing.T, logFile string, g Gra
 	}
 }
 
-// stopRun stops a run with SIGTERM (it stops its agent, settles and
-// releases its lease, if still held) and waits for it.
-func stopRun(t *testing.T, p *Proc) {
+// stopAgent stops an agent's processes in order with SIGTERM (a run or
+// agent stops its command and settles; a sidecar then releases its lease,
+// if still held) and waits for each.
+func stopAgent(t *testing.T, a *agent) {
 	t.Helper()
-	if p.Exited() {
-		return
-	}
-	_ = p.Signal(syscall.SIGTERM)
-	if _, err := p.Wait(30 * time.Second); err != nil {
-		t.Errorf("%v\n%s", err, p.Stderr())
+	for _, p := range a.procs {
+		if p.Exited() {
+			continue
+		}
+		_ = p.Signal(syscall.SIGTERM)
+		if _, err := p.Wait(30 * time.Second); err != nil {
+			t.Errorf("%v\n%s", err, p.Stderr())
+		}
 	}
 }
 
 // readFileWrites records every line the agents appended to the log.
-func readFileWrites(t *testing.T, h *History, logFile string) {
+func readFileWrites(t *testing.T, h *History, boundary, logFile string) {
 	t.Helper()
 	f, err := os.Open(logFile)
 	if err != nil {
@@ -374,22 +452,22 @@ func readFileWrites(t *testing.T, h *History, logFile string) {
 			t.Errorf("%s line %d: %q is not \"<lease> <nanos>\"", logFile, n, sc.Text())
 			continue
 		}
-		h.Write(Write{Boundary: "file", LeaseID: id, At: at, Detail: fmt.Sprintf("%s line %d", filepath.Base(logFile), n)})
+		h.Write(Write{Boundary: boundary, LeaseID: id, At: at, Detail: fmt.Sprintf("%s line %d", filepath.Base(logFile), n)})
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// readPGWrites records every committed row of the agents' table.
-func readPGWrites(ctx context.Context, t *testing.T, h *History, pg *pgtest.Server) {
+// readPGWrites records every committed row of table.
+func readPGWrites(ctx context.Context, t *testing.T, h *History, pg *pgtest.Server, boundary, table string) {
 	t.Helper()
 	conn, err := pgx.Connect(ctx, pg.AdminDSN(""))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `SELECT id, lease, coalesce(token, ''), at FROM `+writerTable+` ORDER BY id`)
+	rows, err := conn.Query(ctx, `SELECT id, lease, coalesce(token, ''), at FROM `+table+` ORDER BY id`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +481,7 @@ func readPGWrites(ctx context.Context, t *testing.T, h *History, pg *pgtest.Serv
 		if err := rows.Scan(&id, &lease, &token, &at); err != nil {
 			t.Fatal(err)
 		}
-		h.Write(Write{Boundary: "postgres", LeaseID: lease, Fence: tokenFence(token), At: at, Detail: fmt.Sprintf("row %d", id)})
+		h.Write(Write{Boundary: boundary, LeaseID: lease, Fence: tokenFence(token), At: at, Detail: fmt.Sprintf("row %d", id)})
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
