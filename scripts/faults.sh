@@ -2,8 +2,8 @@
 # Runs the fault harness's long form: the single-bus fault run (kill -9 and
 # restart of the bus, a revoke right after each restart, new agents granted
 # the same claims at once; file and Postgres writes of a `fenceline run`
-# agent and of a `fenceline agent` beside `fenceline sidecar`, recorded and
-# checked) for many rounds, and prints the counts: grants, revokes, faults,
+# agent and of a `fenceline agent` beside `fenceline sidecar`, and git
+# pushes through a run's git fence, recorded and checked) for many rounds, and prints the counts: grants, revokes, faults,
 # writes per boundary, the latest write after its revoke per boundary, and
 # every violation.
 #

@@ -12,8 +12,11 @@
 // write that reached a boundary and landed there (the boundary, the lease
 // and fence it was made under, and when it landed). Writes are read back
 // from the storage itself after the run: lines a guarded child appended to a
-// file, rows a child inserted through the Postgres fence (each row carries
-// the lease id, the token the fence set, and the server's clock_timestamp).
+// file (stamped by the child just before the append), rows a child inserted
+// through the Postgres fence (each row carries the lease id, the token the
+// fence set, and the server's clock_timestamp), and pushes that updated a
+// ref on the git server (its post-receive hook logs the pushed commit's
+// subject, which names the lease, and the server's time).
 //
 // # What is checked
 //

@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
@@ -54,31 +55,36 @@ type agent struct {
 	lease Grant
 }
 
-// lineage is a claim (a directory and a table) that passes from agent to
-// agent, one agent per round.
+// lineage is a claim that passes from agent to agent, one agent per round.
 type lineage struct {
-	name  string // "run" or "pod"
-	dir   string // claimed, and where the agents append to log
-	table string
+	name  string
 	start func(i int) *agent
+	// landed returns nil once a write of a landed at each of the
+	// lineage's boundaries, after since when since is not zero (then at
+	// one boundary is enough).
+	landed func(a *agent, since time.Time) error
+	// record reads every landed write back into h.
+	record func(h *History)
 }
 
-func (l *lineage) logFile(co string) string { return filepath.Join(co, l.dir, "log") }
-
-// TestSingleBusKillRestartRevoke is the single-bus fault run. Two lineages
-// of guarded agents append to a file and insert rows through the Postgres
-// fence in a loop: one under "fenceline run" (the file guard asks the
-// run's holder), one in pod mode, "fenceline agent" beside "fenceline
-// sidecar" (the file guard follows the sidecar's view of its holder). Each
-// round, the bus is killed with -9 and restarted on the same port and
-// store, and both agents' leases are revoked the moment the bus answers
+// TestSingleBusKillRestartRevoke is the single-bus fault run. Three
+// lineages of guarded agents write in a loop, each on its own claim:
+//
+//   - run: under "fenceline run" (the file guard asks the run's holder),
+//     appending to a file and inserting rows through the Postgres fence;
+//   - pod: the same writes in pod mode, "fenceline agent" beside
+//     "fenceline sidecar" (the file guard follows the sidecar's view);
+//   - git: under "fenceline run" in an exclusive workspace, pushing
+//     commits made beforehand, one per push, through the git fence.
+//
+// Each round the bus is killed with -9 and restarted on the same port and
+// store, and every lineage's lease is revoked the moment the bus answers
 // (every other round: once the agents write again, so the revoke reaches
 // their holders as a change notice); new agents are granted the same
-// claims at once and write the same files and tables, while the revoked
-// ones go on trying. Every grant and every landed write is recorded, and
-// the standard checks run over them: no overlapping grants, no write
-// landed more than 1 s after its lease's revoke returned, fences unique
-// and rising.
+// claims at once and write to the same places, while the revoked ones go
+// on trying. Every grant and every landed write is recorded, and the
+// standard checks run over them: no overlapping grants, no write landed
+// more than 1 s after its lease's revoke returned, fences unique and rising.
 //
 // FENCELINE_FAULTS_ROUNDS sets the number of rounds (default 2: the CI
 // form); scripts/faults.sh runs the long form.
@@ -104,27 +110,28 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 	h := NewHistory()
 	psql := filepath.Join(pg.BinDir, "psql")
 
-	lines := []*lineage{{name: "run", dir: "data", table: runTable}, {name: "pod", dir: "pod", table: podTable}}
-	lines[0].start = func(i int) *agent {
-		l := lines[0]
-		p := env.Start(t, fmt.Sprintf("run-%d", i), "run", "--repo", co, "--scope", l.dir,
-			"--table", l.table, "--pg-upstream", pg.Addr(), "--pg-secret-file", secret,
+	run := fileAndPG(ctx, t, pg, "run", filepath.Join(co, "data", "log"), runTable)
+	run.start = func(i int) *agent {
+		p := env.Start(t, fmt.Sprintf("run-%d", i), "run", "--repo", co, "--scope", "data",
+			"--table", runTable, "--pg-upstream", pg.Addr(), "--pg-secret-file", secret,
 			"--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("run-%d", i), "--task", "faults",
-			"--", "sh", "-c", writerScript(psql, pg.Admin, l.dir, l.table))
+			"--", "sh", "-c", writerScript(psql, pg.Admin, "data", runTable))
 		id := waitOutput(ctx, t, p, p.Stderr, runLease)
 		return &agent{procs: []*Proc{p}, lease: recordGrant(ctx, t, env, h, id)}
 	}
-	lines[1].start = func(i int) *agent {
-		l := lines[1]
-		sc := env.Start(t, fmt.Sprintf("sidecar-%d", i), "sidecar", "--repo", co, "--scope", l.dir,
-			"--table", l.table, "--pg-upstream", pg.Addr(), "--pg-secret-file", secret,
+	pod := fileAndPG(ctx, t, pg, "pod", filepath.Join(co, "pod", "log"), podTable)
+	pod.start = func(i int) *agent {
+		sc := env.Start(t, fmt.Sprintf("sidecar-%d", i), "sidecar", "--repo", co, "--scope", "pod",
+			"--table", podTable, "--pg-upstream", pg.Addr(), "--pg-secret-file", secret,
 			"--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("pod-%d", i), "--task", "faults")
 		id := waitOutput(ctx, t, sc, sc.Stdout, sidecarLease)
 		admin := waitOutput(ctx, t, sc, sc.Stdout, adminLine)
 		p := env.Start(t, fmt.Sprintf("pod-%d", i), "agent", "--sidecar", admin, "--root", co, "--grace", "1s",
-			"--log-format", "text", "--", "sh", "-c", writerScript(psql, pg.Admin, l.dir, l.table))
+			"--log-format", "text", "--", "sh", "-c", writerScript(psql, pg.Admin, "pod", podTable))
 		return &agent{procs: []*Proc{p, sc}, lease: recordGrant(ctx, t, env, h, id)}
 	}
+	git := gitLineage(ctx, t, env, h)
+	lines := []*lineage{run, pod, git}
 
 	cur := make([]*agent, len(lines))
 	for k, l := range lines {
@@ -138,10 +145,29 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 		at time.Time
 	}
 	var old []revoked
+	waitLanded := func(l *lineage, a *agent, since time.Time) {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := Retry(wctx, 20*time.Millisecond, func() error {
+			for _, p := range a.procs {
+				if p.Exited() {
+					return &permanent{fmt.Errorf("%s exited", p.Name)}
+				}
+			}
+			return l.landed(a, since)
+		}); err != nil {
+			var out strings.Builder
+			for _, p := range a.procs {
+				fmt.Fprintf(&out, "%s stdout:\n%s\n%s stderr:\n%s\n", p.Name, p.Stdout(), p.Name, p.Stderr())
+			}
+			t.Fatalf("%s agent under %s: %v\n%s", l.name, a.lease.LeaseID, err, out.String())
+		}
+	}
 	for r := 1; r <= rounds; r++ {
 		// Every boundary takes the current agents' writes.
 		for k, l := range lines {
-			waitWrites(ctx, t, pg, l, co, cur[k])
+			waitLanded(l, cur[k], time.Time{})
 		}
 
 		bus.Kill()
@@ -153,7 +179,7 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 			// it reaches them as a change notice, which they confirm
 			// with the service.
 			for k, l := range lines {
-				waitFileWriteAfter(ctx, t, l.logFile(co), cur[k].lease, restarted)
+				waitLanded(l, cur[k], restarted)
 			}
 		}
 		for k, l := range lines {
@@ -172,7 +198,7 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 		}
 	}
 	for k, l := range lines {
-		waitWrites(ctx, t, pg, l, co, cur[k])
+		waitLanded(l, cur[k], time.Time{})
 	}
 	if len(old) > 0 {
 		// Letting late writes happen, if any would.
@@ -189,8 +215,7 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 	}
 
 	for _, l := range lines {
-		readFileWrites(t, h, l.name+"/file", l.logFile(co))
-		readPGWrites(ctx, t, h, pg, l.name+"/postgres", l.table)
+		l.record(h)
 	}
 	rep := Verify(h, StandardChecks(bound)...)
 	t.Logf("faults: %s", rep)
@@ -198,13 +223,166 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 	if rep.Faults["kill-9"] != rounds || rep.Revokes != n*rounds || rep.Grants != n*(rounds+1) {
 		t.Errorf("want %d kills, %d revokes, %d grants: %s", rounds, n*rounds, n*(rounds+1), rep)
 	}
-	for _, l := range lines {
-		if rep.Writes[l.name+"/file"] == 0 || rep.Writes[l.name+"/postgres"] == 0 {
-			t.Errorf("no %s writes recorded at a boundary: %s", l.name, rep)
+	for _, b := range []string{"run/file", "run/postgres", "pod/file", "pod/postgres", "git/push"} {
+		if rep.Writes[b] == 0 {
+			t.Errorf("no %s writes recorded: %s", b, rep)
 		}
 	}
 	for _, v := range rep.Violations {
 		t.Error(v)
+	}
+}
+
+// fileAndPG is a lineage whose agents append lines to logFile and insert
+// rows into table (see writerScript); start is left to the caller.
+func fileAndPG(ctx context.Context, t *testing.T, pg *pgtest.Server, name, logFile, table string) *lineage {
+	return &lineage{
+		name: name,
+		landed: func(a *agent, since time.Time) error {
+			if !since.IsZero() {
+				return fileWriteAfter(logFile, a.lease.LeaseID, since)
+			}
+			b, _ := os.ReadFile(logFile)
+			if !strings.Contains(string(b), a.lease.LeaseID+" ") {
+				return errors.New("no file write yet")
+			}
+			conn, err := pgx.Connect(ctx, pg.AdminDSN(""))
+			if err != nil {
+				return err
+			}
+			defer conn.Close(context.Background())
+			var n int
+			if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE lease = $1`, a.lease.LeaseID).Scan(&n); err != nil || n == 0 {
+				return fmt.Errorf("no row yet (%v)", err)
+			}
+			return nil
+		},
+		record: func(h *History) {
+			readFileWrites(t, h, name+"/file", logFile)
+			readPGWrites(ctx, t, h, pg, name+"/postgres", table)
+		},
+	}
+}
+
+// fileWriteAfter: a line stamped after since landed under lease.
+func fileWriteAfter(logFile, lease string, since time.Time) error {
+	b, err := os.ReadFile(logFile)
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		id, ns, _ := strings.Cut(line, " ")
+		if at, err := parseNanos(ns); err == nil && id == lease && at.After(since) {
+			return nil
+		}
+	}
+	return fmt.Errorf("no write since %s", stamp(since))
+}
+
+// gitLineage is the lineage of pushes: a git server (the real git
+// http-backend) with a post-receive hook that logs each landed ref update
+// with the pushed commit's subject ("<lease> <k>") and the server's time;
+// each agent works in its own clone, in an exclusive workspace claiming
+// src, and pushes commits it made beforehand, one more per push, to a
+// branch of its own.
+func gitLineage(ctx context.Context, t *testing.T, env *Env, h *History) *lineage {
+	t.Helper()
+	gs, err := gitserver.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gs.Close() })
+	bare, err := gs.NewRepo("faults.git")
+	if err != nil {
+		t.Fatal(err)
+	}
+	landedLog := filepath.Join(t.TempDir(), "landed")
+	if err := gitserver.InstallHook(bare, "post-receive", "#!/bin/sh\nwhile read old new ref; do\n  echo \"$(git log -1 --format=%s $new) $(date +%s%N) $ref\" >> "+landedLog+"\ndone\n"); err != nil {
+		t.Fatal(err)
+	}
+	seed := newCheckout(t, "src")
+	gitIn(t, seed, "push", "--quiet", bare, "main")
+	upstream := gs.URL + "/faults.git"
+	return &lineage{
+		name: "git",
+		start: func(i int) *agent {
+			clone := filepath.Join(t.TempDir(), "clone")
+			gitIn(t, "", "clone", "--quiet", upstream, clone)
+			p := env.Start(t, fmt.Sprintf("git-%d", i), "run", "--repo", clone, "--scope", "src", "--workspace", "exclusive",
+				"--git-upstream", upstream, "--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("git-%d", i), "--task", "faults",
+				"--", "sh", "-c", pushScript)
+			id := waitOutput(ctx, t, p, p.Stderr, runLease)
+			return &agent{procs: []*Proc{p}, lease: recordGrant(ctx, t, env, h, id)}
+		},
+		landed: func(a *agent, since time.Time) error {
+			for _, w := range readLanded(t, landedLog) {
+				if w.LeaseID == a.lease.LeaseID && w.At.After(since) {
+					return nil
+				}
+			}
+			return errors.New("no push landed yet")
+		},
+		record: func(h *History) {
+			for _, w := range readLanded(t, landedLog) {
+				h.Write(w)
+			}
+		},
+	}
+}
+
+// pushScript makes 300 empty commits (subject "<lease> <k>") with git's
+// plumbing, then pushes them one more at a time, about every 20 ms, to
+// refs/heads/<lease> through the git fence (run routes origin to it),
+// refusals ignored; then it idles.
+const pushScript = `
+export GIT_AUTHOR_NAME=faults GIT_AUTHOR_EMAIL=faults@example.invalid GIT_COMMITTER_NAME=faults GIT_COMMITTER_EMAIL=faults@example.invalid
+tree=$(git rev-parse 'HEAD^{tree}') && c=$(git rev-parse HEAD) || exit 1
+shas=
+k=0
+while [ $k -lt 300 ]; do
+  k=$((k+1))
+  c=$(git commit-tree "$tree" -p "$c" -m "$FENCELINE_LEASE_ID $k") || exit 1
+  shas="$shas $c"
+done
+for c in $shas; do
+  git push -q origin "$c:refs/heads/$FENCELINE_LEASE_ID" >/dev/null 2>&1
+  sleep 0.02
+done
+while :; do sleep 1; done
+`
+
+// readLanded reads the git server's log of landed pushes.
+func readLanded(t *testing.T, file string) []Write {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ws []Write
+	for n, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 {
+			continue // a seed or other push
+		}
+		at, err := parseNanos(f[2])
+		if err != nil {
+			continue
+		}
+		ws = append(ws, Write{Boundary: "git/push", LeaseID: f[0], At: at, Detail: fmt.Sprintf("commit %s %s to %s (landed line %d)", f[0], f[1], f[3], n+1)})
+	}
+	return ws
+}
+
+// gitIn runs git in dir (the test's own, unguarded).
+func gitIn(t *testing.T, dir string, args ...string) {
+	t.Helper()
+	cmd := exec.Command("git", append([]string{"-c", "user.name=faults", "-c", "user.email=faults@example.invalid"}, args...)...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("git %v: %v\n%s", args, err, out)
 	}
 }
 
@@ -359,62 +537,6 @@ func revokeNow(ctx context.Context, t *testing.T, env *Env, id, reason string) (
 		t.Fatalf("lease revoke %s: the lease is %s (%s), not revoked", id, l.Status, l.Reason)
 	}
 	return returned, l.EndedAt
-}
-
-// waitWrites waits until both of l's boundaries took a write of a.
-func waitWrites(ctx context.Context, t *testing.T, pg *pgtest.Server, l *lineage, co string, a *agent) {
-	t.Helper()
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(wctx, pg.AdminDSN(""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	if err := Retry(wctx, 20*time.Millisecond, func() error {
-		for _, p := range a.procs {
-			if p.Exited() {
-				return &permanent{fmt.Errorf("%s exited", p.Name)}
-			}
-		}
-		b, _ := os.ReadFile(l.logFile(co))
-		if !strings.Contains(string(b), a.lease.LeaseID+" ") {
-			return errors.New("no file write yet")
-		}
-		var n int
-		if err := conn.QueryRow(wctx, `SELECT count(*) FROM `+l.table+` WHERE lease = $1`, a.lease.LeaseID).Scan(&n); err != nil || n == 0 {
-			return fmt.Errorf("no row yet (%v)", err)
-		}
-		return nil
-	}); err != nil {
-		var out strings.Builder
-		for _, p := range a.procs {
-			fmt.Fprintf(&out, "%s stdout:\n%s\n%s stderr:\n%s\n", p.Name, p.Stdout(), p.Name, p.Stderr())
-		}
-		t.Fatalf("%s agent under %s: %v\n%s", l.name, a.lease.LeaseID, err, out.String())
-	}
-}
-
-// waitFileWriteAfter waits until a line stamped after since lands under g.
-func waitFileWriteAfter(ctx context.Context, t *testing.T, logFile string, g Grant, since time.Time) {
-	t.Helper()
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := Retry(wctx, 10*time.Millisecond, func() error {
-		b, err := os.ReadFile(logFile)
-		if err != nil {
-			return err
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			id, ns, _ := strings.Cut(line, " ")
-			if at, err := parseNanos(ns); err == nil && id == g.LeaseID && at.After(since) {
-				return nil
-			}
-		}
-		return errors.New("no write since the restart")
-	}); err != nil {
-		t.Fatalf("%s does not write again after the bus restart: %v", g.LeaseID, err)
-	}
 }
 
 // stopAgent stops an agent's processes in order with SIGTERM (a run or
