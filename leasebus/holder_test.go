@@ -681,3 +681,21 @@ func TestHolderRevokeRightAfterBusRestart(t *testing.T) {
 		t.Fatalf("a fence succeeded %s after the revoke returned", at.Sub(revoked))
 	}
 }
+
+// A holder whose connection is closed under it fails its fences at once
+// (it can never re-check), and is Lost once its own validity ends.
+func TestHolderClosedConnectionFailsClosed(t *testing.T) {
+	b := startBus(t)
+	nc := connect(t, b.srv.ClientURL())
+	h, _ := heldLeaseFor(t, b, nc, "closed", 2*time.Second, HoldOptions{})
+	nc.Close()
+	if _, err := h.Fence(); !errors.Is(err, ErrLeaseUnknown) {
+		t.Fatalf("fence right after the connection was closed: %v, want ErrLeaseUnknown", err)
+	}
+	select {
+	case <-h.Lost():
+	case <-time.After(3 * time.Second):
+		st, err := h.State()
+		t.Fatalf("holder on a closed connection not lost after its ttl: %s %v", st, err)
+	}
+}
