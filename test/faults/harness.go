@@ -184,11 +184,13 @@ type Bus struct {
 	starts int
 }
 
-// StartBus starts the bus at env.BusURL's address with a store in a
-// temporary directory and waits until its lease service answers.
+// StartBus starts the bus at env.BusURL's address and waits until its
+// lease service answers. Its store is the default one of env.StateHome
+// (<XDG_STATE_HOME>/fenceline/bus), where the bus keeps the credentials it
+// makes and the CLI looks for them.
 func StartBus(t testing.TB, env *Env) *Bus {
 	t.Helper()
-	b := &Bus{env: env, t: t, Listen: strings.TrimPrefix(env.BusURL, "nats://"), Store: filepath.Join(t.TempDir(), "store")}
+	b := &Bus{env: env, t: t, Listen: strings.TrimPrefix(env.BusURL, "nats://"), Store: filepath.Join(env.StateHome, "fenceline", "bus")}
 	b.Start()
 	return b
 }
