@@ -6,11 +6,15 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
-// ErrLeaseUnknown means the holder cannot reach the bus to confirm its
-// lease. Writes must stop (fail closed); reads may go on.
-var ErrLeaseUnknown = errors.New("lease state unknown: the bus is unreachable")
+// ErrLeaseUnknown means the holder cannot vouch for its lease right now:
+// the bus is unreachable, the connection to it was lost and the lease is
+// not yet re-checked, or the lease was announced ended and the service has
+// not yet confirmed it. Writes must stop (fail closed); reads may go on.
+var ErrLeaseUnknown = errors.New("lease state unknown")
 
 // HolderState is what a holder knows of its lease.
 type HolderState string
@@ -18,11 +22,14 @@ type HolderState string
 const (
 	// Held: the last renewal succeeded and the holder's margin has not run out.
 	Held HolderState = "held"
-	// Unknown: the bus did not answer the last renewal; the lease may still
-	// be valid, but writes stop until a renewal succeeds.
+	// Unknown: the holder cannot vouch for the lease now — the bus did not
+	// answer the last renewal, the connection dropped (and the lease is not
+	// re-checked since), or a change notice said the lease ended and the
+	// service has not confirmed it yet. The lease may still be valid, but
+	// writes stop until the service answers a renewal sent after the doubt.
 	Unknown HolderState = "unknown"
-	// Lost: the lease ended (released, revoked, expired, refused renewal) or
-	// the holder's own margin ran out. Terminal.
+	// Lost: the service said the lease ended (released, revoked, expired,
+	// renewal refused) or the holder's own margin ran out. Terminal.
 	Lost HolderState = "lost"
 )
 
@@ -52,6 +59,24 @@ type HoldOptions struct {
 // at t0 makes the lease valid until t0+TTL-Margin. The service starts its
 // own TTL only when it processes the renewal, after t0, so the holder
 // always stops first — no wall clocks involved.
+//
+// The holder acts only on what the service vouches for. Anything that casts
+// doubt on the lease — a change notice saying it ended, the connection to
+// the bus dropping, reconnecting or closing — makes it Unknown at once (so
+// Fence fails closed) and starts a new "doubt epoch". Only the answer to a
+// renewal sent after the doubt arose settles it: a refusal makes the holder
+// Lost, a success makes it Held again. A notice alone never ends a lease (a
+// forged or stale one costs a brief Unknown), and a revoke whose notice was
+// missed while the connection was down is found by the renewal the holder
+// sends as soon as it is back:
+//
+//	notice "revoked" / disconnect  -> Unknown (epoch++), renew now
+//	renew sent in this epoch: ok   -> Held (the service says active)
+//	renew refused                  -> Lost
+//	renew sent before the doubt    -> stays Unknown; renew again
+//
+// Fence also fails while the connection is not up, before the holder has
+// even seen the status event.
 type Holder struct {
 	c    *Client
 	cred Credential
@@ -62,7 +87,20 @@ type Holder struct {
 	state      HolderState // guarded by mu
 	err        error       // why not held; guarded by mu
 	validUntil time.Time   // monotonic; guarded by mu
-	lost       chan struct{}
+	// epoch counts the doubts cast on the lease (notices that it ended,
+	// connection status changes); a renewal makes the holder Held only if
+	// no doubt arose since it was sent. Guarded by mu.
+	epoch uint64
+	// renewCancel cancels the renewal in flight (nil when none): a
+	// connection change makes its answer late or moot. Guarded by mu.
+	renewCancel context.CancelFunc
+	lost        chan struct{}
+	// kick asks run for a renewal now (a doubt to settle).
+	kick chan struct{}
+	// status receives the connection's status changes (nats.go's status
+	// API, so the caller's own handlers stay untouched).
+	status     chan nats.Status
+	statusDone chan struct{}
 
 	cancel   context.CancelFunc
 	done     chan struct{}
@@ -96,15 +134,24 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 	}
 	h := &Holder{c: c, cred: cred, opts: opts, lease: *lease, state: Held,
 		validUntil: sent.Add(ttl - opts.Margin), lost: make(chan struct{}),
-		done: make(chan struct{})}
+		done: make(chan struct{}), kick: make(chan struct{}, 1), statusDone: make(chan struct{})}
 	if !lease.Active() {
 		h.setLost(fmt.Errorf("%w: lease %s is %s", ErrLeaseLost, lease.LeaseID, lease.Status))
 	}
+	// Listen to the connection before the watch: a drop between the two
+	// must not go unseen.
+	h.status = c.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CONNECTED, nats.CLOSED)
+	go h.watchConn()
 	unwatch, err := c.watch(ChangedSubject(lease.Repo, lease.LeaseID), h.observe)
 	if err != nil {
+		c.nc.RemoveStatusListener(h.status)
+		<-h.statusDone
 		return nil, err
 	}
 	h.unwatch = unwatch
+	if !c.nc.IsConnected() {
+		h.doubt(fmt.Errorf("%w: %s: not connected to the bus; writes wait for a re-check once it is back", ErrLeaseUnknown, lease.LeaseID), true)
+	}
 	if lease.Active() && opts.Now().Sub(sent) >= opts.Interval {
 		// The acquire waited (in a queue, or on a slow bus): its validity,
 		// counted from when it was sent, is partly or wholly spent. Renew
@@ -123,6 +170,9 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 // ErrLeaseLost / ErrLeaseUnknown. Call it for every write and put the
 // token into the write; holding is not permission to write.
 func (h *Holder) Fence() (uint64, error) {
+	// Asked first and outside mu (nats.go takes its own lock): a dropped
+	// connection fails the write even before its status event is handled.
+	connected := h.c.nc.IsConnected()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	// Unknown too: a holder that cannot reach the bus past its margin may
@@ -132,6 +182,9 @@ func (h *Holder) Fence() (uint64, error) {
 	}
 	if h.state != Held {
 		return 0, h.err
+	}
+	if !connected {
+		return 0, fmt.Errorf("%w: %s (fence %d): the connection to the bus is down; writes wait until the lease is re-checked", ErrLeaseUnknown, h.lease.LeaseID, h.lease.Fence)
 	}
 	return h.lease.Fence, nil
 }
@@ -172,6 +225,8 @@ func (h *Holder) Stop() {
 		h.cancel()
 		<-h.done
 		_ = h.unwatch()
+		h.c.nc.RemoveStatusListener(h.status)
+		<-h.statusDone
 	})
 }
 
@@ -212,7 +267,15 @@ func (h *Holder) setLostLocked(err error) {
 func (h *Holder) setState(st HolderState, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.state == Lost || h.state == st {
+	h.setStateLocked(st, err)
+}
+
+func (h *Holder) setStateLocked(st HolderState, err error) {
+	if h.state == Lost {
+		return
+	}
+	if h.state == st {
+		h.err = err // the newest reason
 		return
 	}
 	h.state, h.err = st, err
@@ -221,16 +284,72 @@ func (h *Holder) setState(st HolderState, err error) {
 	}
 }
 
-// observe handles a committed record of our lease from the watch.
+// doubt makes the holder Unknown at once, starts a new doubt epoch (so no
+// renewal sent before it can make the holder Held) and, with recheck,
+// asks run for a renewal now.
+func (h *Holder) doubt(why error, recheck bool) {
+	h.mu.Lock()
+	h.doubtLocked(why)
+	h.mu.Unlock()
+	if recheck {
+		h.poke()
+	}
+}
+
+func (h *Holder) doubtLocked(why error) {
+	h.epoch++
+	h.setStateLocked(Unknown, why)
+}
+
+// poke asks run for a renewal now.
+func (h *Holder) poke() {
+	select {
+	case h.kick <- struct{}{}:
+	default: // one is pending already
+	}
+}
+
+// observe handles a change notice of our lease from the watch. A notice is
+// not the service's word to this holder — it may be late, or forged by
+// whoever can publish on the subject — so one saying the lease ended stops
+// writes and asks the service; only its answer makes the lease Lost.
 func (h *Holder) observe(l *Lease) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if l.Version <= h.lease.Version {
-		return // stale or already known
+	if h.state == Lost || l.Version <= h.lease.Version || l.Active() || l.LeaseID != h.lease.LeaseID {
+		h.mu.Unlock()
+		return // stale, already known, or nothing to act on
 	}
-	if !l.Active() {
-		h.lease = *l
-		h.setLostLocked(fmt.Errorf("%w: %s is %s: %s", ErrLeaseLost, l.LeaseID, l.Status, l.Reason))
+	h.doubtLocked(fmt.Errorf("%w: %s (fence %d): announced %s (version %d: %s); writes stop until the lease service confirms",
+		ErrLeaseUnknown, h.lease.LeaseID, h.lease.Fence, l.Status, l.Version, l.Reason))
+	h.mu.Unlock()
+	h.poke()
+}
+
+// watchConn turns the connection's status changes into doubts: any drop
+// makes the holder Unknown at once and cancels the renewal in flight (its
+// answer may never come); once the connection is back, the lease is
+// re-checked with the service before Fence succeeds again. Notices missed
+// meanwhile do not matter: the re-check asks the service itself.
+func (h *Holder) watchConn() {
+	defer close(h.statusDone)
+	for st := range h.status {
+		h.mu.Lock()
+		id, fence := h.lease.LeaseID, h.lease.Fence
+		if h.renewCancel != nil {
+			h.renewCancel()
+		}
+		switch st {
+		case nats.CONNECTED:
+			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): reconnected to the bus; re-checking the lease before the next write", ErrLeaseUnknown, id, fence))
+		case nats.CLOSED:
+			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): the connection to the bus is closed", ErrLeaseUnknown, id, fence))
+		default:
+			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): disconnected from the bus (%s); writes wait until it is back and the lease is re-checked", ErrLeaseUnknown, id, fence, st))
+		}
+		h.mu.Unlock()
+		if st == nats.CONNECTED {
+			h.poke()
+		}
 	}
 }
 
@@ -254,6 +373,7 @@ func (h *Holder) run(ctx context.Context) {
 		case <-h.lost:
 			return
 		case <-timer.C:
+		case <-h.kick:
 		}
 		if _, err := h.Fence(); err != nil && errors.Is(err, ErrLeaseLost) {
 			return
@@ -277,11 +397,10 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 		h.renewID = NewRequestID()
 		h.renewSent = h.opts.Now()
 	}
+	sent := h.renewSent
 	h.mu.Lock()
 	req := RenewRequest{LeaseID: h.lease.LeaseID, Repo: h.lease.Repo, Credential: h.cred, Version: h.lease.Version, RenewID: h.renewID}
 	remaining := h.validUntil.Sub(h.opts.Now())
-	h.mu.Unlock()
-	sent := h.renewSent
 	// Wait for the answer no longer than the lease is valid: past that the
 	// holder is lost, and Lost must not wait for a hung request.
 	// (Only Hold renews with no validity left: a lease whose acquire waited.)
@@ -291,6 +410,14 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 	}
 	rctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
+	epoch := h.epoch // the doubts this renewal can settle
+	h.renewCancel = cancel
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		h.renewCancel = nil
+		h.mu.Unlock()
+	}()
 	start := time.Now()
 	l, err := h.c.Renew(rctx, req)
 	if h.opts.OnRenew != nil && ctx.Err() == nil {
@@ -303,20 +430,30 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 	switch {
 	case err == nil:
 		h.mu.Lock()
-		if h.state != Lost {
-			h.lease = *l
-			h.validUntil = sent.Add(time.Duration(l.TTL) - h.opts.Margin)
+		defer h.mu.Unlock()
+		if h.state == Lost {
+			return h.opts.Interval
 		}
-		h.mu.Unlock()
-		h.setState(Held, nil)
+		h.lease = *l
+		h.validUntil = sent.Add(time.Duration(l.TTL) - h.opts.Margin)
+		if h.epoch != epoch {
+			// A doubt arose while this renewal was under way: its answer
+			// may predate a revoke. Ask again (run was poked).
+			return h.opts.Interval
+		}
+		h.setStateLocked(Held, nil)
 		return h.opts.Interval
 	case ctx.Err() != nil:
 		return h.opts.Interval
 	case IsFenced(err):
 		h.setLost(fmt.Errorf("%w: renew refused: %w", ErrLeaseLost, err))
 		return h.opts.Interval
+	case errors.Is(err, context.Canceled):
+		// Cancelled by a connection change, which made the holder Unknown
+		// and pokes run once the connection is back.
+		return min(h.opts.Interval, 250*time.Millisecond)
 	default:
-		h.setState(Unknown, fmt.Errorf("%w: %v", ErrLeaseUnknown, err))
+		h.setState(Unknown, fmt.Errorf("%w: %s (fence %d): the lease service did not answer the renewal: %v", ErrLeaseUnknown, req.LeaseID, h.Lease().Fence, err))
 		return min(h.opts.Interval, 250*time.Millisecond)
 	}
 }

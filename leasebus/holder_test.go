@@ -9,13 +9,17 @@ package leasebus
 // the service's deadline.
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 func holderValidUntil(h *Holder) time.Time {
@@ -107,13 +111,17 @@ func TestHolderLostWithinASecondOfRevoke(t *testing.T) {
 	if st, err := h.State(); st != Lost || !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("state after revoke: %s %v", st, err)
 	}
-	select {
-	case s := <-changes:
-		if s != Lost {
-			t.Fatalf("OnChange got %s", s)
+	// The notice makes it Unknown at once; the service's refusal of the
+	// re-check makes it Lost.
+	for _, want := range []HolderState{Unknown, Lost} {
+		select {
+		case s := <-changes:
+			if s != want {
+				t.Fatalf("OnChange got %s, want %s", s, want)
+			}
+		case <-time.After(time.Second):
+			t.Fatalf("OnChange(%s) not called", want)
 		}
-	case <-time.After(time.Second):
-		t.Fatal("OnChange not called")
 	}
 }
 
@@ -196,12 +204,16 @@ func TestHolderUnknownThenLostWhenBusUnreachable(t *testing.T) {
 
 // pausableProxy forwards TCP connections to target; while paused it holds
 // back what the server sends (replies are delayed, requests still arrive).
+// cut drops every connection through it; while refusing, it drops new ones
+// at once (the client keeps trying to reconnect).
 type pausableProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cond   *sync.Cond
-	paused bool
+	ln       net.Listener
+	target   string
+	mu       sync.Mutex
+	cond     *sync.Cond
+	paused   bool
+	refusing bool       // guarded by mu
+	conns    []net.Conn // guarded by mu
 }
 
 func startProxy(t *testing.T, target string) *pausableProxy {
@@ -212,22 +224,27 @@ func startProxy(t *testing.T, target string) *pausableProxy {
 	}
 	p := &pausableProxy{ln: ln, target: target}
 	p.cond = sync.NewCond(&p.mu)
-	var conns []net.Conn
-	var cmu sync.Mutex
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			p.mu.Lock()
+			refusing := p.refusing
+			p.mu.Unlock()
+			if refusing {
+				_ = c.Close()
+				continue
+			}
 			s, err := net.Dial("tcp", target)
 			if err != nil {
 				_ = c.Close()
 				continue
 			}
-			cmu.Lock()
-			conns = append(conns, c, s)
-			cmu.Unlock()
+			p.mu.Lock()
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
 			go func() { _, _ = io.Copy(s, c); _ = s.Close() }()
 			go func() {
 				buf := make([]byte, 32<<10)
@@ -254,13 +271,26 @@ func startProxy(t *testing.T, target string) *pausableProxy {
 	t.Cleanup(func() {
 		p.pause(false)
 		_ = ln.Close()
-		cmu.Lock()
-		defer cmu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
+		p.cut()
 	})
 	return p
+}
+
+// cut closes every connection through the proxy, as a dead bus would.
+func (p *pausableProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+}
+
+// refuse makes the proxy drop new connections (on) or forward them again.
+func (p *pausableProxy) refuse(on bool) {
+	p.mu.Lock()
+	p.refusing = on
+	p.mu.Unlock()
 }
 
 func (p *pausableProxy) pause(on bool) {
@@ -391,5 +421,281 @@ func TestHoldAfterLongWaitRenewsAtOnce(t *testing.T) {
 	}
 	if got := h.Lease().Version; got != l.Version+1 {
 		t.Fatalf("Hold did not renew at once: version %d", got)
+	}
+}
+
+// heldLeaseFor acquires a lease with ttl on the bus and holds it over nc.
+func heldLeaseFor(t *testing.T, b *bus, nc *nats.Conn, path string, ttl time.Duration, opts HoldOptions) (*Holder, *Lease) {
+	t.Helper()
+	cred := NewCredential()
+	sent := time.Now()
+	l, err := b.c.Acquire(ctxT(t), AcquireRequest{Repo: repo, Scope: claim(t, path), Owner: owner(1), TTL: Duration(ttl)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := NewClient(nc).Hold(l, cred, sent, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Stop)
+	return h, l
+}
+
+// fenceWatch calls Fence in a loop from start until stop and records the
+// first success seen after armed (nil: none).
+type fenceWatch struct {
+	armed   atomic.Bool
+	success atomic.Pointer[time.Time]
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+func watchFences(h *Holder) *fenceWatch {
+	w := &fenceWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for {
+			select {
+			case <-w.stop:
+				return
+			default:
+			}
+			armed := w.armed.Load()
+			if _, err := h.Fence(); err == nil && armed {
+				now := time.Now()
+				w.success.CompareAndSwap(nil, &now)
+			}
+			runtime.Gosched()
+		}
+	}()
+	return w
+}
+
+func (w *fenceWatch) end() *time.Time {
+	close(w.stop)
+	<-w.done
+	return w.success.Load()
+}
+
+// A change notice is not the service's word: one saying the lease was
+// revoked (a forged one here, with a version far ahead) stops writes at
+// once, but the service's answer to the re-check says the lease is active,
+// and the holder is Held again with the same fence.
+func TestHolderNoticeContradictedByServiceStaysHeld(t *testing.T) {
+	b := startBus(t)
+	changes := make(chan HolderState, 8)
+	h, l := heldLeaseFor(t, b, connect(t, b.srv.ClientURL()), "forged", time.Minute,
+		HoldOptions{OnChange: func(s HolderState, _ error) { changes <- s }})
+	forged := *l
+	forged.Status, forged.Version, forged.Reason = StatusRevoked, l.Version+1000, "forged by a test"
+	data, err := json.Marshal(forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.nc.Publish(ChangedSubject(l.Repo, l.LeaseID), data); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []HolderState{Unknown, Held} {
+		select {
+		case s := <-changes:
+			if s != want {
+				t.Fatalf("after a notice the service contradicts: OnChange got %s, want %s", s, want)
+			}
+		case <-time.After(2 * time.Second):
+			st, err := h.State()
+			t.Fatalf("OnChange(%s) not called; holder is %s: %v", want, st, err)
+		}
+	}
+	if f, err := h.Fence(); err != nil || f != l.Fence {
+		t.Fatalf("fence after the service confirmed the lease: %d %v", f, err)
+	}
+	if v := h.Lease().Version; v != l.Version+1 {
+		t.Fatalf("holder at version %d, want %d (one re-check renewal; the notice's version is not taken)", v, l.Version+1)
+	}
+	select {
+	case <-h.Lost():
+		t.Fatal("a notice alone made the holder lost")
+	default:
+	}
+	got, err := b.c.Get(ctxT(t), l.LeaseID)
+	if err != nil || !got.Active() {
+		t.Fatalf("service has %+v %v", got, err)
+	}
+}
+
+// The moment the holder's connection drops, Fence fails (Unknown), before
+// any renewal or timeout; reads are the boundaries' business.
+func TestHolderDisconnectFailsFenceAtOnce(t *testing.T) {
+	b := startBus(t)
+	proxy := startProxy(t, b.srv.Addr().String())
+	nc := connect(t, proxy.url())
+	changes := make(chan HolderState, 8)
+	h, l := heldLeaseFor(t, b, nc, "dropped", time.Minute,
+		HoldOptions{OnChange: func(s HolderState, _ error) { changes <- s }})
+	if _, err := h.Fence(); err != nil {
+		t.Fatal(err)
+	}
+	proxy.refuse(true)
+	cut := time.Now()
+	proxy.cut()
+	// As soon as the client knows its connection is gone, Fence fails,
+	// whether or not the holder has handled the status event.
+	checkFor(t, time.Second, 100*time.Microsecond, func() error {
+		if nc.IsConnected() {
+			return errors.New("client still connected")
+		}
+		return nil
+	})
+	if f, err := h.Fence(); !errors.Is(err, ErrLeaseUnknown) {
+		t.Fatalf("fence with the connection down: %d %v, want ErrLeaseUnknown", f, err)
+	}
+	select {
+	case s := <-changes:
+		if s != Unknown {
+			t.Fatalf("OnChange got %s, want unknown", s)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("holder not unknown within 1s of the disconnect")
+	}
+	t.Logf("holder unknown %s after the cut", time.Since(cut))
+	if st, err := h.State(); st != Unknown || !errors.Is(err, ErrLeaseUnknown) {
+		t.Fatalf("state with the connection down: %s %v", st, err)
+	}
+	if got, _ := b.c.Get(ctxT(t), l.LeaseID); !got.Active() {
+		t.Fatalf("the service ended the lease: %+v", got)
+	}
+}
+
+// After a reconnect the holder re-checks its lease with the service before
+// Fence succeeds again: no write goes through on the strength of the old
+// connection.
+func TestHolderRechecksAfterReconnect(t *testing.T) {
+	b := startBus(t)
+	proxy := startProxy(t, b.srv.Addr().String())
+	nc := connect(t, proxy.url())
+	var renewedAt atomic.Pointer[time.Time]
+	h, l := heldLeaseFor(t, b, nc, "reconnect", time.Minute, HoldOptions{OnRenew: func(_ time.Duration, err error) {
+		if err == nil {
+			now := time.Now()
+			renewedAt.Store(&now)
+		}
+	}})
+	w := watchFences(h)
+	proxy.refuse(true)
+	proxy.cut()
+	checkFor(t, time.Second, time.Millisecond, func() error {
+		if st, _ := h.State(); st != Unknown {
+			return errors.New("not unknown yet")
+		}
+		return nil
+	})
+	w.armed.Store(true)
+	time.Sleep(100 * time.Millisecond) // the connection stays down a while (what is tested is the reconnect)
+	proxy.refuse(false)
+	checkFor(t, 3*time.Second, time.Millisecond, func() error {
+		_, err := h.Fence()
+		return err
+	})
+	first := w.end()
+	if first == nil {
+		t.Fatal("fence watch saw no success after the reconnect")
+	}
+	at := renewedAt.Load()
+	if at == nil || at.After(*first) {
+		t.Fatalf("a fence succeeded after the reconnect at %s before any renewal confirmed the lease (renewed %v)", first.Format(time.StampMicro), at)
+	}
+	if v := h.Lease().Version; v <= l.Version {
+		t.Fatalf("held again at version %d: the lease was not re-checked (acquired at %d)", v, l.Version)
+	}
+}
+
+// A revoke issued while the holder is cut off from the bus (its notice is
+// lost) is found as soon as the holder is back: the re-check is refused,
+// the holder is Lost, and no fence succeeded in between.
+func TestHolderSeesRevokeMadeWhileDisconnected(t *testing.T) {
+	b := startBus(t)
+	proxy := startProxy(t, b.srv.Addr().String())
+	nc := connect(t, proxy.url())
+	h, l := heldLeaseFor(t, b, nc, "missed", time.Minute, HoldOptions{})
+	w := watchFences(h)
+	proxy.refuse(true)
+	proxy.cut()
+	checkFor(t, time.Second, time.Millisecond, func() error {
+		if nc.IsConnected() {
+			return errors.New("still connected")
+		}
+		return nil
+	})
+	w.armed.Store(true)
+	if _, err := b.c.Revoke(ctxT(t), l.LeaseID, "test: revoked while its holder is away"); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	proxy.refuse(false)
+	select {
+	case <-h.Lost():
+	case <-time.After(time.Second):
+		st, err := h.State()
+		t.Fatalf("holder not lost within 1s of reconnecting after a revoke it missed: %s %v", st, err)
+	}
+	t.Logf("lost %s after the bus was reachable again", time.Since(back))
+	if at := w.end(); at != nil {
+		t.Fatalf("a fence succeeded at %s, after the lease was revoked while the holder was away", at.Format(time.StampMicro))
+	}
+	if _, err := h.Fence(); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("fence after the re-check: %v", err)
+	}
+}
+
+// The bus is stopped and restarted on the same port and store, and the
+// lease revoked the moment the service answers: the holder, reconnecting,
+// is Lost within a second of the revoke returning, and no fence succeeds
+// after the revoke.
+func TestHolderRevokeRightAfterBusRestart(t *testing.T) {
+	b := startBus(t)
+	addr := b.srv.Addr().String()
+	nc := connect(t, b.srv.ClientURL())
+	h, l := heldLeaseFor(t, b, nc, "restart", time.Minute, HoldOptions{})
+	b.stop()
+	checkFor(t, time.Second, time.Millisecond, func() error {
+		if _, err := h.Fence(); err == nil {
+			return errors.New("fence still succeeds with the bus down")
+		}
+		return nil
+	})
+	b.start(addr)
+	w := watchFences(h)
+	if _, err := b.c.Revoke(ctxT(t), l.LeaseID, "test: revoked right after a restart"); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	w.armed.Store(true)
+	select {
+	case <-h.Lost():
+	case <-time.After(time.Second):
+		st, err := h.State()
+		t.Fatalf("holder not lost within 1s of a revoke right after a restart: %s %v", st, err)
+	}
+	t.Logf("lost %s after the revoke returned", time.Since(revoked))
+	if at := w.end(); at != nil {
+		t.Fatalf("a fence succeeded %s after the revoke returned", at.Sub(revoked))
+	}
+}
+
+// A holder whose connection is closed under it fails its fences at once
+// (it can never re-check), and is Lost once its own validity ends.
+func TestHolderClosedConnectionFailsClosed(t *testing.T) {
+	b := startBus(t)
+	nc := connect(t, b.srv.ClientURL())
+	h, _ := heldLeaseFor(t, b, nc, "closed", 2*time.Second, HoldOptions{})
+	nc.Close()
+	if _, err := h.Fence(); !errors.Is(err, ErrLeaseUnknown) {
+		t.Fatalf("fence right after the connection was closed: %v, want ErrLeaseUnknown", err)
+	}
+	select {
+	case <-h.Lost():
+	case <-time.After(3 * time.Second):
+		st, err := h.State()
+		t.Fatalf("holder on a closed connection not lost after its ttl: %s %v", st, err)
 	}
 }

@@ -63,6 +63,32 @@ func hostPort(u string) string {
 	return p.Host
 }
 
+// Reconnect settings of a holder's connection (run, sidecar). While the
+// connection is down the holder fails writes closed, and after a reconnect
+// it re-checks its lease before the next write: the sooner it is back, the
+// shorter the stall, and a revoke made meanwhile is found at once. nats.go's
+// defaults (2 s between tries to one server, 2 min between pings) would
+// stall writes for seconds after a bus restart and notice a silent,
+// half-open connection only after minutes.
+const (
+	holderReconnectWait   = 100 * time.Millisecond
+	holderReconnectJitter = 50 * time.Millisecond
+	holderPingInterval    = 2 * time.Second
+	holderMaxPingsOut     = 2
+)
+
+// holderConnOptions are the options of a long-lived holder's connection:
+// it reconnects forever, soon after a drop.
+func holderConnOptions() []nats.Option {
+	return []nats.Option{
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(holderReconnectWait),
+		nats.ReconnectJitter(holderReconnectJitter, holderReconnectJitter),
+		nats.PingInterval(holderPingInterval),
+		nats.MaxPingsOutstanding(holderMaxPingsOut),
+	}
+}
+
 // session is a connection to the bus with a lease client on it.
 type session struct {
 	nc     *nats.Conn

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -23,7 +21,7 @@ type heldLease struct {
 // forever, and the holder reports "unknown" meanwhile.
 func (a *app) dialHolder() (*session, error) {
 	url, source := a.busURL()
-	nc, err := a.connect(url, source, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	nc, err := a.connect(url, source, holderConnOptions()...)
 	if err != nil {
 		return nil, err
 	}

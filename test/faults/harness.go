@@ -1,0 +1,299 @@
+package faults
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Binary builds cmd/fenceline into a temporary directory of t and returns
+// its path.
+func Binary(t testing.TB) string {
+	t.Helper()
+	_, here, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("faults: cannot locate the module")
+	}
+	root := filepath.Join(filepath.Dir(here), "..", "..")
+	bin := filepath.Join(t.TempDir(), "fenceline")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/fenceline")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/fenceline: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// FreeAddr returns a 127.0.0.1 address with a port nothing listens on now.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// Env is what one test's fenceline processes share: the binary, the state
+// directory (XDG_STATE_HOME: the bus writes its credentials there and the
+// CLI finds them) and the bus URL the clients use (FENCELINE_NATS).
+type Env struct {
+	Bin       string
+	StateHome string
+	BusURL    string
+	// Extra is added to every process's environment.
+	Extra []string
+}
+
+// NewEnv returns an Env with its own state directory and a bus address.
+func NewEnv(t testing.TB, bin string) *Env {
+	t.Helper()
+	return &Env{Bin: bin, StateHome: t.TempDir(), BusURL: "nats://" + FreeAddr(t)}
+}
+
+// environ is the environment of a client process (with FENCELINE_NATS) or
+// of the bus itself (without: with it, `bus serve` would only run a service
+// against that URL).
+func (e *Env) environ(client bool) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "FENCELINE_NATS=") || strings.HasPrefix(kv, "XDG_STATE_HOME=") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	env = append(env, "XDG_STATE_HOME="+e.StateHome)
+	if client {
+		env = append(env, "FENCELINE_NATS="+e.BusURL)
+	}
+	return append(env, e.Extra...)
+}
+
+// CLI runs one fenceline command to its end and returns its output; err is
+// an *exec.ExitError for a non-zero exit.
+func (e *Env) CLI(ctx context.Context, args ...string) (stdout, stderr string, err error) {
+	cmd := exec.CommandContext(ctx, e.Bin, args...)
+	cmd.Env = e.environ(true)
+	var o, s bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &s
+	err = cmd.Run()
+	return o.String(), s.String(), err
+}
+
+// Proc is a long-running fenceline process.
+type Proc struct {
+	Name   string
+	cmd    *exec.Cmd
+	out    syncBuffer
+	errOut syncBuffer
+	done   chan struct{}
+	state  *os.ProcessState // set before done is closed
+}
+
+// Start starts `fenceline args...` as a client (with FENCELINE_NATS); it is
+// killed when the test ends if it still runs.
+func (e *Env) Start(t testing.TB, name string, args ...string) *Proc {
+	t.Helper()
+	return e.start(t, name, true, args...)
+}
+
+func (e *Env) start(t testing.TB, name string, client bool, args ...string) *Proc {
+	t.Helper()
+	p := &Proc{Name: name, done: make(chan struct{})}
+	p.cmd = exec.Command(e.Bin, args...)
+	p.cmd.Env = e.environ(client)
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.errOut
+	// Its own process group (a run's agent joins it), and gone with the
+	// test binary.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() {
+		_ = p.cmd.Wait()
+		p.state = p.cmd.ProcessState
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		if !p.Exited() {
+			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			<-p.done
+		}
+	})
+	return p
+}
+
+// Pid is the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Stdout and Stderr are what the process printed so far.
+func (p *Proc) Stdout() string { return p.out.String() }
+
+// Stderr is what the process printed on stderr so far.
+func (p *Proc) Stderr() string { return p.errOut.String() }
+
+// Exited reports whether the process has exited.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Signal sends sig to the process (not its group).
+func (p *Proc) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Wait waits up to timeout for the process to exit and returns its exit
+// code (128+n for a signal).
+func (p *Proc) Wait(timeout time.Duration) (int, error) {
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		return -1, fmt.Errorf("%s still running after %s", p.Name, timeout)
+	}
+	if ws, ok := p.state.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal()), nil
+	}
+	return p.state.ExitCode(), nil
+}
+
+// Bus is a `fenceline bus serve` process on a fixed address and store, so
+// that it can be killed and restarted in place.
+type Bus struct {
+	env    *Env
+	t      testing.TB
+	Listen string
+	Store  string
+	proc   *Proc
+	starts int
+}
+
+// StartBus starts the bus at env.BusURL's address and waits until its
+// lease service answers. Its store is the default one of env.StateHome
+// (<XDG_STATE_HOME>/fenceline/bus), where the bus keeps the credentials it
+// makes and the CLI looks for them.
+func StartBus(t testing.TB, env *Env) *Bus {
+	t.Helper()
+	b := &Bus{env: env, t: t, Listen: strings.TrimPrefix(env.BusURL, "nats://"), Store: filepath.Join(env.StateHome, "fenceline", "bus")}
+	b.Start()
+	return b
+}
+
+// Start starts the bus process (again) and waits until it serves.
+func (b *Bus) Start() {
+	b.t.Helper()
+	b.starts++
+	b.proc = b.env.start(b.t, fmt.Sprintf("bus#%d", b.starts), false, "bus", "serve", "--listen", b.Listen, "--store", b.Store)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := b.WaitReady(ctx); err != nil {
+		b.t.Fatalf("bus at %s: %v\nbus stderr:\n%s", b.Listen, err, b.proc.Stderr())
+	}
+}
+
+// WaitReady polls `fenceline lease list` until the lease service answers.
+func (b *Bus) WaitReady(ctx context.Context) error {
+	return Retry(ctx, 20*time.Millisecond, func() error {
+		if b.proc.Exited() {
+			return &permanent{fmt.Errorf("the bus exited:\n%s", b.proc.Stderr())}
+		}
+		_, stderr, err := b.env.CLI(ctx, "lease", "list", "--json")
+		if err != nil {
+			return fmt.Errorf("lease list: %v: %s", err, strings.TrimSpace(stderr))
+		}
+		return nil
+	})
+}
+
+// Kill kills the bus with SIGKILL and waits for it to be gone.
+func (b *Bus) Kill() {
+	b.t.Helper()
+	_ = b.proc.Signal(syscall.SIGKILL)
+	if _, err := b.proc.Wait(10 * time.Second); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// Stop stops the bus with SIGTERM.
+func (b *Bus) Stop() {
+	b.t.Helper()
+	if b.proc.Exited() {
+		return
+	}
+	_ = b.proc.Signal(syscall.SIGTERM)
+	if _, err := b.proc.Wait(15 * time.Second); err != nil {
+		b.t.Error(err)
+	}
+}
+
+// Stderr is the current bus process's log.
+func (b *Bus) Stderr() string { return b.proc.Stderr() }
+
+// permanent stops Retry at once.
+type permanent struct{ err error }
+
+func (p *permanent) Error() string { return p.err.Error() }
+
+// Retry calls f every interval until it returns nil, returns a permanent
+// error, or ctx ends (then it returns f's last error).
+func Retry(ctx context.Context, interval time.Duration, f func() error) error {
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		var p *permanent
+		if errors.As(err, &p) {
+			return p.err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-time.After(interval):
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a process writing and a test
+// reading.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// parseNanos reads a decimal count of nanoseconds since the Unix epoch.
+func parseNanos(s string) (time.Time, error) {
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("not a nanosecond time: %q", s)
+	}
+	return time.Unix(0, n), nil
+}

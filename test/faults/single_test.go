@@ -1,0 +1,682 @@
+package faults
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceline/fenceline/internal/gitserver"
+	"github.com/fenceline/fenceline/internal/pgtest"
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// bound is how long after a revoke returns every boundary must refuse the
+// revoked holder's writes (invariant 9).
+const bound = time.Second
+
+// envInt reads a positive integer from the environment, or def.
+func envInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
+
+// The tables the agents' Postgres writes land in, one per lineage.
+const (
+	runTable = "public.fl_writes"
+	podTable = "public.fl_pod_writes"
+)
+
+// agent is one agent of a lineage: its processes (in the order they stop)
+// and its grant.
+type agent struct {
+	procs []*Proc
+	lease Grant
+}
+
+// lineage is a claim that passes from agent to agent, one agent per round.
+type lineage struct {
+	name  string
+	start func(i int) *agent
+	// landed returns nil once a write of a landed at each of the
+	// lineage's boundaries, after since when since is not zero (then at
+	// one boundary is enough).
+	landed func(a *agent, since time.Time) error
+	// record reads every landed write back into h.
+	record func(h *History)
+}
+
+// TestSingleBusKillRestartRevoke is the single-bus fault run. Three
+// lineages of guarded agents write in a loop, each on its own claim:
+//
+//   - run: under "fenceline run" (the file guard asks the run's holder),
+//     appending to a file and inserting rows through the Postgres fence;
+//   - pod: the same writes in pod mode, "fenceline agent" beside
+//     "fenceline sidecar" (the file guard follows the sidecar's view);
+//   - git: under "fenceline run" in an exclusive workspace, pushing
+//     commits made beforehand, one per push, through the git fence.
+//
+// Each round the bus is killed with -9 and restarted on the same port and
+// store, and every lineage's lease is revoked the moment the bus answers
+// (every other round: once the agents write again, so the revoke reaches
+// their holders as a change notice); new agents are granted the same
+// claims at once and write to the same places, while the revoked ones go
+// on trying. Every grant and every landed write is recorded, and the
+// standard checks run over them: no overlapping grants, no write landed
+// more than 1 s after its lease's revoke returned, fences unique and rising.
+//
+// FENCELINE_FAULTS_ROUNDS sets the number of rounds (default 2: the CI
+// form); scripts/faults.sh runs the long form.
+func TestSingleBusKillRestartRevoke(t *testing.T) {
+	rounds := envInt(t, "FENCELINE_FAULTS_ROUNDS", 2)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rounds)*40*time.Second+90*time.Second)
+	defer cancel()
+
+	pg, err := pgtest.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := pg.Stop(); err != nil {
+			t.Errorf("stop postgres: %v", err)
+		}
+	})
+	env := NewEnv(t, Binary(t))
+	bus := StartBus(t, env)
+	defer bus.Stop()
+	secret := preparePG(ctx, t, env, pg, runTable, podTable)
+	co := newCheckout(t, "data", "pod")
+	h := NewHistory()
+	psql := filepath.Join(pg.BinDir, "psql")
+
+	run := fileAndPG(ctx, t, pg, "run", filepath.Join(co, "data", "log"), runTable)
+	run.start = func(i int) *agent {
+		p := env.Start(t, fmt.Sprintf("run-%d", i), "run", "--repo", co, "--scope", "data",
+			"--table", runTable, "--pg-upstream", pg.Addr(), "--pg-secret-file", secret,
+			"--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("run-%d", i), "--task", "faults",
+			"--", "sh", "-c", writerScript(psql, pg.Admin, "data", runTable))
+		id := waitOutput(ctx, t, p, p.Stderr, runLease)
+		return &agent{procs: []*Proc{p}, lease: recordGrant(ctx, t, env, h, id)}
+	}
+	pod := fileAndPG(ctx, t, pg, "pod", filepath.Join(co, "pod", "log"), podTable)
+	pod.start = func(i int) *agent {
+		sc := env.Start(t, fmt.Sprintf("sidecar-%d", i), "sidecar", "--repo", co, "--scope", "pod",
+			"--table", podTable, "--pg-upstream", pg.Addr(), "--pg-secret-file", secret,
+			"--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("pod-%d", i), "--task", "faults")
+		id := waitOutput(ctx, t, sc, sc.Stdout, sidecarLease)
+		admin := waitOutput(ctx, t, sc, sc.Stdout, adminLine)
+		p := env.Start(t, fmt.Sprintf("pod-%d", i), "agent", "--sidecar", admin, "--root", co, "--grace", "1s",
+			"--log-format", "text", "--", "sh", "-c", writerScript(psql, pg.Admin, "pod", podTable))
+		return &agent{procs: []*Proc{p, sc}, lease: recordGrant(ctx, t, env, h, id)}
+	}
+	git := gitLineage(ctx, t, env, h)
+	lines := []*lineage{run, pod, git}
+
+	cur := make([]*agent, len(lines))
+	for k, l := range lines {
+		cur[k] = l.start(0)
+	}
+	// Revoked agents keep trying to write; each is watched for watchFor
+	// after its revoke, then stopped (so a long run does not pile them up).
+	const watchFor = 3 * bound
+	type revoked struct {
+		a  *agent
+		at time.Time
+	}
+	var old []revoked
+	waitLanded := func(l *lineage, a *agent, since time.Time) {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := Retry(wctx, 20*time.Millisecond, func() error {
+			for _, p := range a.procs {
+				if p.Exited() {
+					return &permanent{fmt.Errorf("%s exited", p.Name)}
+				}
+			}
+			return l.landed(a, since)
+		}); err != nil {
+			var out strings.Builder
+			for _, p := range a.procs {
+				fmt.Fprintf(&out, "%s stdout:\n%s\n%s stderr:\n%s\n", p.Name, p.Stdout(), p.Name, p.Stderr())
+			}
+			t.Fatalf("%s agent under %s: %v\n%s", l.name, a.lease.LeaseID, err, out.String())
+		}
+	}
+	for r := 1; r <= rounds; r++ {
+		// Every boundary takes the current agents' writes.
+		for k, l := range lines {
+			waitLanded(l, cur[k], time.Time{})
+		}
+
+		bus.Kill()
+		h.Fault("kill-9")
+		restarted := time.Now()
+		bus.Start()
+		if r%2 == 0 {
+			// The holders are back and writing before the revoke: then
+			// it reaches them as a change notice, which they confirm
+			// with the service.
+			for k, l := range lines {
+				waitLanded(l, cur[k], restarted)
+			}
+		}
+		for k, l := range lines {
+			revokeAt, endedAt := revokeNow(ctx, t, env, cur[k].lease.LeaseID, fmt.Sprintf("faults: round %d, right after a bus restart", r))
+			h.Revoked(cur[k].lease.LeaseID, revokeAt, endedAt)
+			// The claim is granted again at once; the old agent keeps trying.
+			next := l.start(r)
+			t.Logf("round %d %s: revoked %s (fence %d), granted %s (fence %d) %s after the revoke returned",
+				r, l.name, cur[k].lease.LeaseID, cur[k].lease.Fence, next.lease.LeaseID, next.lease.Fence, next.lease.GrantedAt.Sub(revokeAt).Round(time.Millisecond))
+			old = append(old, revoked{cur[k], revokeAt})
+			cur[k] = next
+		}
+		for len(old) > 0 && time.Since(old[0].at) > watchFor {
+			stopAgent(t, old[0].a)
+			old = old[1:]
+		}
+	}
+	for k, l := range lines {
+		waitLanded(l, cur[k], time.Time{})
+	}
+	if len(old) > 0 {
+		// Letting late writes happen, if any would.
+		time.Sleep(watchFor - time.Since(old[len(old)-1].at))
+	}
+	for _, o := range old {
+		stopAgent(t, o.a)
+	}
+	for _, a := range cur {
+		stopAgent(t, a) // it releases its lease
+		if l, err := showLease(ctx, env, a.lease.LeaseID); err == nil && !l.EndedAt.IsZero() {
+			h.Ended(l.LeaseID, l.EndedAt)
+		}
+	}
+
+	for _, l := range lines {
+		l.record(h)
+	}
+	rep := Verify(h, StandardChecks(bound)...)
+	t.Logf("faults: %s", rep)
+	n := len(lines)
+	if rep.Faults["kill-9"] != rounds || rep.Revokes != n*rounds || rep.Grants != n*(rounds+1) {
+		t.Errorf("want %d kills, %d revokes, %d grants: %s", rounds, n*rounds, n*(rounds+1), rep)
+	}
+	for _, b := range []string{"run/file", "run/postgres", "pod/file", "pod/postgres", "git/push"} {
+		if rep.Writes[b] == 0 {
+			t.Errorf("no %s writes recorded: %s", b, rep)
+		}
+	}
+	for _, v := range rep.Violations {
+		t.Error(v)
+	}
+}
+
+// fileAndPG is a lineage whose agents append lines to logFile and insert
+// rows into table (see writerScript); start is left to the caller.
+func fileAndPG(ctx context.Context, t *testing.T, pg *pgtest.Server, name, logFile, table string) *lineage {
+	return &lineage{
+		name: name,
+		landed: func(a *agent, since time.Time) error {
+			if !since.IsZero() {
+				return fileWriteAfter(logFile, a.lease.LeaseID, since)
+			}
+			b, _ := os.ReadFile(logFile)
+			if !strings.Contains(string(b), a.lease.LeaseID+" ") {
+				return errors.New("no file write yet")
+			}
+			conn, err := pgx.Connect(ctx, pg.AdminDSN(""))
+			if err != nil {
+				return err
+			}
+			defer conn.Close(context.Background())
+			var n int
+			if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE lease = $1`, a.lease.LeaseID).Scan(&n); err != nil || n == 0 {
+				return fmt.Errorf("no row yet (%v)", err)
+			}
+			return nil
+		},
+		record: func(h *History) {
+			readFileWrites(t, h, name+"/file", logFile)
+			readPGWrites(ctx, t, h, pg, name+"/postgres", table)
+		},
+	}
+}
+
+// fileWriteAfter: a line stamped after since landed under lease.
+func fileWriteAfter(logFile, lease string, since time.Time) error {
+	b, err := os.ReadFile(logFile)
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		id, ns, _ := strings.Cut(line, " ")
+		if at, err := parseNanos(ns); err == nil && id == lease && at.After(since) {
+			return nil
+		}
+	}
+	return fmt.Errorf("no write since %s", stamp(since))
+}
+
+// gitLineage is the lineage of pushes: a git server (the real git
+// http-backend) with a post-receive hook that logs each landed ref update
+// with the pushed commit's subject ("<lease> <k>") and the server's time;
+// each agent works in its own clone, in an exclusive workspace claiming
+// src, and pushes commits it made beforehand, one more per push, to a
+// branch of its own.
+func gitLineage(ctx context.Context, t *testing.T, env *Env, h *History) *lineage {
+	t.Helper()
+	gs, err := gitserver.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gs.Close() })
+	bare, err := gs.NewRepo("faults.git")
+	if err != nil {
+		t.Fatal(err)
+	}
+	landedLog := filepath.Join(t.TempDir(), "landed")
+	if err := gitserver.InstallHook(bare, "post-receive", "#!/bin/sh\nwhile read old new ref; do\n  echo \"$(git log -1 --format=%s $new) $(date +%s%N) $ref\" >> "+landedLog+"\ndone\n"); err != nil {
+		t.Fatal(err)
+	}
+	seed := newCheckout(t, "src")
+	gitIn(t, seed, "push", "--quiet", bare, "main")
+	upstream := gs.URL + "/faults.git"
+	return &lineage{
+		name: "git",
+		start: func(i int) *agent {
+			clone := filepath.Join(t.TempDir(), "clone")
+			gitIn(t, "", "clone", "--quiet", upstream, clone)
+			p := env.Start(t, fmt.Sprintf("git-%d", i), "run", "--repo", clone, "--scope", "src", "--workspace", "exclusive",
+				"--git-upstream", upstream, "--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("git-%d", i), "--task", "faults",
+				"--", "sh", "-c", pushScript)
+			id := waitOutput(ctx, t, p, p.Stderr, runLease)
+			return &agent{procs: []*Proc{p}, lease: recordGrant(ctx, t, env, h, id)}
+		},
+		landed: func(a *agent, since time.Time) error {
+			for _, w := range readLanded(t, landedLog) {
+				if w.LeaseID == a.lease.LeaseID && w.At.After(since) {
+					return nil
+				}
+			}
+			return errors.New("no push landed yet")
+		},
+		record: func(h *History) {
+			for _, w := range readLanded(t, landedLog) {
+				h.Write(w)
+			}
+		},
+	}
+}
+
+// pushScript makes 300 empty commits (subject "<lease> <k>") with git's
+// plumbing, then pushes them one more at a time, about every 20 ms, to
+// refs/heads/<lease> through the git fence (run routes origin to it),
+// refusals ignored; then it idles.
+const pushScript = `
+export GIT_AUTHOR_NAME=faults GIT_AUTHOR_EMAIL=faults@example.invalid GIT_COMMITTER_NAME=faults GIT_COMMITTER_EMAIL=faults@example.invalid
+tree=$(git rev-parse 'HEAD^{tree}') && c=$(git rev-parse HEAD) || exit 1
+shas=
+k=0
+while [ $k -lt 300 ]; do
+  k=$((k+1))
+  c=$(git commit-tree "$tree" -p "$c" -m "$FENCELINE_LEASE_ID $k") || exit 1
+  shas="$shas $c"
+done
+for c in $shas; do
+  git push -q origin "$c:refs/heads/$FENCELINE_LEASE_ID" >/dev/null 2>&1
+  sleep 0.02
+done
+while :; do sleep 1; done
+`
+
+// readLanded reads the git server's log of landed pushes.
+func readLanded(t *testing.T, file string) []Write {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ws []Write
+	for n, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 {
+			continue // a seed or other push
+		}
+		at, err := parseNanos(f[2])
+		if err != nil {
+			continue
+		}
+		ws = append(ws, Write{Boundary: "git/push", LeaseID: f[0], At: at, Detail: fmt.Sprintf("commit %s %s to %s (landed line %d)", f[0], f[1], f[3], n+1)})
+	}
+	return ws
+}
+
+// gitIn runs git in dir (the test's own, unguarded).
+func gitIn(t *testing.T, dir string, args ...string) {
+	t.Helper()
+	cmd := exec.Command("git", append([]string{"-c", "user.name=faults", "-c", "user.email=faults@example.invalid"}, args...)...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("git %v: %v\n%s", args, err, out)
+	}
+}
+
+// writerScript appends "<lease> <unix nanos>" lines to dir/log and, in the
+// background, inserts a row per iteration into table through the Postgres
+// fence (PGHOST/PGPORT point at it), both about every 10 ms, forever;
+// refusals are ignored, like a runaway agent would. psql is restarted if
+// its connection ends.
+func writerScript(psql, user, dir, table string) string {
+	return fmt.Sprintf(`
+(
+  while :; do
+    while :; do echo "INSERT INTO %[3]s(lease) VALUES ('$FENCELINE_LEASE_ID');"; sleep 0.01; done |
+      PGUSER=%[2]s PGDATABASE=postgres PGCONNECT_TIMEOUT=5 %[1]s -X -q >/dev/null 2>&1
+    sleep 0.1
+  done
+) &
+while :; do
+  echo "$FENCELINE_LEASE_ID $(date +%%s%%N)" >> %[4]s/log
+  sleep 0.01
+done 2>/dev/null
+`, psql, user, table, dir)
+}
+
+// preparePG creates the agents' tables, fences them with "fenceline pg
+// install" and returns the secret file the fences sign tokens with.
+func preparePG(ctx context.Context, t *testing.T, env *Env, pg *pgtest.Server, tables ...string) string {
+	t.Helper()
+	admin, err := pgx.Connect(ctx, pg.AdminDSN(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	args := []string{"pg", "install", "--dsn", pg.AdminDSN(""), "--trigger", "plpgsql"}
+	for _, table := range tables {
+		// Each row: the lease the agent wrote under, the token the fence
+		// set in its transaction (it carries the fence), the server's time.
+		if _, err := admin.Exec(ctx, `DROP TABLE IF EXISTS `+table+`;
+			CREATE TABLE `+table+` (id bigserial PRIMARY KEY, lease text NOT NULL,
+				token text DEFAULT current_setting('fenceline.token', true),
+				at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--table", table)
+	}
+	secret := filepath.Join(t.TempDir(), "pg.key")
+	if _, stderr, err := env.CLI(ctx, append(args, "--secret-file", secret)...); err != nil {
+		t.Fatalf("pg install: %v\n%s", err, stderr)
+	}
+	return secret
+}
+
+// newCheckout makes a git checkout with the directories dirs.
+func newCheckout(t *testing.T, dirs ...string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "checkout")
+	for _, d := range dirs {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, d, "seed"), []byte("seed\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, args := range [][]string{{"init", "--quiet", "--initial-branch=main"}, {"add", "-A"},
+		{"-c", "user.name=faults", "-c", "user.email=faults@example.invalid", "commit", "--quiet", "-m", "seed"}} {
+		cmd := exec.Command("git", args...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	return dir
+}
+
+// What the processes print: a run's lease (stderr), a sidecar's lease
+// and admin URL (stdout).
+var (
+	runLease     = regexp.MustCompile(`lease (lease_[0-9a-zA-Z_-]+) (?:acquired|attached):`)
+	sidecarLease = regexp.MustCompile(`sidecar: lease (lease_[0-9a-zA-Z_-]+) `)
+	adminLine    = regexp.MustCompile(`admin: (http://\S+) `)
+)
+
+// waitOutput waits until out (a process's output so far) matches re, and
+// returns the first submatch.
+func waitOutput(ctx context.Context, t *testing.T, p *Proc, out func() string, re *regexp.Regexp) string {
+	t.Helper()
+	var got string
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := Retry(wctx, 10*time.Millisecond, func() error {
+		if m := re.FindStringSubmatch(out()); m != nil {
+			got = m[1]
+			return nil
+		}
+		if p.Exited() {
+			return &permanent{fmt.Errorf("%s exited", p.Name)}
+		}
+		return fmt.Errorf("nothing matches %s yet", re)
+	}); err != nil {
+		t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", p.Name, err, p.Stdout(), p.Stderr())
+	}
+	return got
+}
+
+// recordGrant reads the record of lease id from the service and records
+// the grant.
+func recordGrant(ctx context.Context, t *testing.T, env *Env, h *History, id string) Grant {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	l, err := showLease(wctx, env, id)
+	if err != nil {
+		t.Fatalf("lease show %s: %v", id, err)
+	}
+	g := Grant{LeaseID: l.LeaseID, Repo: l.Repo, Claim: l.Scope, Fence: l.Fence, GrantedAt: l.AcquiredAt}
+	h.Grant(g)
+	return g
+}
+
+func showLease(ctx context.Context, env *Env, id string) (*leasebus.Lease, error) {
+	var l leasebus.Lease
+	err := Retry(ctx, 20*time.Millisecond, func() error {
+		out, stderr, err := env.CLI(ctx, "lease", "show", id, "--json")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, strings.TrimSpace(stderr))
+		}
+		return json.Unmarshal([]byte(out), &l)
+	})
+	return &l, err
+}
+
+// revokeNow revokes id through the CLI, retrying until the restarted bus
+// answers, and returns when the call returned and the service's endedAt.
+func revokeNow(ctx context.Context, t *testing.T, env *Env, id, reason string) (returned, endedAt time.Time) {
+	t.Helper()
+	var l leasebus.Lease
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	err := Retry(rctx, 10*time.Millisecond, func() error {
+		out, stderr, err := env.CLI(rctx, "lease", "revoke", id, "--reason", reason, "--json")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, strings.TrimSpace(stderr))
+		}
+		return json.Unmarshal([]byte(out), &l)
+	})
+	returned = time.Now()
+	if err != nil {
+		t.Fatalf("lease revoke %s: %v", id, err)
+	}
+	if l.Status != leasebus.StatusRevoked {
+		t.Fatalf("lease revoke %s: the lease is %s (%s), not revoked", id, l.Status, l.Reason)
+	}
+	return returned, l.EndedAt
+}
+
+// stopAgent stops an agent's processes in order with SIGTERM (a run or
+// agent stops its command and settles; a sidecar then releases its lease,
+// if still held) and waits for each.
+func stopAgent(t *testing.T, a *agent) {
+	t.Helper()
+	for _, p := range a.procs {
+		if p.Exited() {
+			continue
+		}
+		_ = p.Signal(syscall.SIGTERM)
+		if _, err := p.Wait(30 * time.Second); err != nil {
+			t.Errorf("%v\n%s", err, p.Stderr())
+		}
+	}
+}
+
+// readFileWrites records every line the agents appended to the log.
+func readFileWrites(t *testing.T, h *History, boundary, logFile string) {
+	t.Helper()
+	f, err := os.Open(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	n := 0
+	for sc.Scan() {
+		n++
+		id, ns, ok := strings.Cut(sc.Text(), " ")
+		at, err := parseNanos(ns)
+		if !ok || err != nil {
+			// A torn line would itself be a finding: appends are atomic.
+			t.Errorf("%s line %d: %q is not \"<lease> <nanos>\"", logFile, n, sc.Text())
+			continue
+		}
+		h.Write(Write{Boundary: boundary, LeaseID: id, At: at, Detail: fmt.Sprintf("%s line %d", filepath.Base(logFile), n)})
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readPGWrites records every committed row of table.
+func readPGWrites(ctx context.Context, t *testing.T, h *History, pg *pgtest.Server, boundary, table string) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, pg.AdminDSN(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT id, lease, coalesce(token, ''), at FROM `+table+` ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			id           int64
+			lease, token string
+			at           time.Time
+		)
+		if err := rows.Scan(&id, &lease, &token, &at); err != nil {
+			t.Fatal(err)
+		}
+		h.Write(Write{Boundary: boundary, LeaseID: lease, Fence: tokenFence(token), At: at, Detail: fmt.Sprintf("row %d", id)})
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tokenFence is the fence a Postgres fence token carries ("v3:<fence>:…"),
+// or 0 when it cannot be read.
+func tokenFence(tok string) uint64 {
+	parts := strings.SplitN(tok, ":", 3)
+	if len(parts) < 3 {
+		return 0
+	}
+	f, err := strconv.ParseUint(parts[1], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return f
+}
+
+// The checks catch what they are for: an overlap, a late write, a repeated
+// or falling fence, a write carrying the wrong fence.
+func TestChecksCatchViolations(t *testing.T) {
+	claim := func(p ...string) scope.Claim {
+		c, err := scope.New(p, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	sec := func(n float64) time.Time { return t0.Add(time.Duration(n * float64(time.Second))) }
+	clean := func() *History {
+		h := NewHistory()
+		h.Grant(Grant{LeaseID: "a", Repo: "r", Claim: claim("data"), Fence: 1, GrantedAt: sec(0)})
+		h.Revoked("a", sec(10), sec(9.9))
+		h.Grant(Grant{LeaseID: "b", Repo: "r", Claim: claim("data"), Fence: 2, GrantedAt: sec(10.1)})
+		h.Grant(Grant{LeaseID: "c", Repo: "r", Claim: claim("docs"), Fence: 3, GrantedAt: sec(10.2)})
+		h.Write(Write{Boundary: "file", LeaseID: "a", At: sec(10.9)})
+		h.Write(Write{Boundary: "postgres", LeaseID: "b", Fence: 2, At: sec(11)})
+		return h
+	}
+	if rep := Verify(clean(), StandardChecks(bound)...); len(rep.Violations) != 0 {
+		t.Fatalf("a clean history: %s", rep)
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(h *History)
+		want   string
+	}{
+		{"overlap", func(h *History) {
+			h.Grant(Grant{LeaseID: "d", Repo: "r", Claim: claim("data/x"), Fence: 4, GrantedAt: sec(12)})
+		}, "no-overlap"},
+		{"late write after revoke", func(h *History) {
+			h.Write(Write{Boundary: "file", LeaseID: "a", At: sec(10.05 + 1)})
+		}, "no-late-write"},
+		{"write by an unknown lease", func(h *History) {
+			h.Write(Write{Boundary: "file", LeaseID: "zz", At: sec(1)})
+		}, "no-late-write"},
+		{"repeated fence", func(h *History) {
+			h.Grant(Grant{LeaseID: "e", Repo: "r", Claim: claim("other"), Fence: 2, GrantedAt: sec(20)})
+		}, "fences"},
+		{"wrong fence on a write", func(h *History) {
+			h.Write(Write{Boundary: "postgres", LeaseID: "b", Fence: 1, At: sec(11)})
+		}, "fences"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := clean()
+			tc.mutate(h)
+			rep := Verify(h, StandardChecks(bound)...)
+			if len(rep.Violations) == 0 || rep.Violations[0].Check != tc.want {
+				t.Fatalf("want a %s violation, got %s", tc.want, rep)
+			}
+		})
+	}
+}
