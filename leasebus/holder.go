@@ -149,6 +149,19 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 		return nil, err
 	}
 	h.unwatch = unwatch
+	if lease.Active() {
+		// A change committed between the acquire's reply and the watch
+		// above announced itself to nobody: ask the service once, now that
+		// later notices reach us.
+		gctx, cancel := context.WithTimeout(context.Background(), max(min(opts.Interval, 2*time.Second), 100*time.Millisecond))
+		l, err := c.Get(gctx, lease.LeaseID)
+		cancel()
+		if err != nil {
+			h.doubt(fmt.Errorf("%w: %s (fence %d): could not confirm the lease after starting to watch it: %w", ErrLeaseUnknown, lease.LeaseID, lease.Fence, err), true)
+		} else {
+			h.observe(l)
+		}
+	}
 	if !c.nc.IsConnected() {
 		h.doubt(fmt.Errorf("%w: %s: not connected to the bus; writes wait for a re-check once it is back", ErrLeaseUnknown, lease.LeaseID), true)
 	}

@@ -596,10 +596,14 @@ func TestHolderRechecksAfterReconnect(t *testing.T) {
 		_, err := h.Fence()
 		return err
 	})
+	// The watch polls on its own goroutine: let it see what checkFor saw.
+	checkFor(t, 3*time.Second, time.Millisecond, func() error {
+		if w.success.Load() == nil {
+			return errors.New("fence watch saw no success after the reconnect")
+		}
+		return nil
+	})
 	first := w.end()
-	if first == nil {
-		t.Fatal("fence watch saw no success after the reconnect")
-	}
 	at := renewedAt.Load()
 	if at == nil || at.After(*first) {
 		t.Fatalf("a fence succeeded after the reconnect at %s before any renewal confirmed the lease (renewed %v)", first.Format(time.StampMicro), at)
@@ -697,5 +701,35 @@ func TestHolderClosedConnectionFailsClosed(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		st, err := h.State()
 		t.Fatalf("holder on a closed connection not lost after its ttl: %s %v", st, err)
+	}
+}
+
+// A revoke committed between the acquire's reply and the holder's watch
+// announces itself to nobody; Hold asks the service once after it starts
+// watching, so the holder does not write on until its first renewal.
+func TestHolderSeesRevokeBeforeItsWatch(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	cred := NewCredential()
+	sent := time.Now()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "early"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.c.Revoke(ctx, l.LeaseID, "test: revoked before the holder watched"); err != nil {
+		t.Fatal(err)
+	}
+	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(l, cred, sent, HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Stop()
+	if _, err := h.Fence(); err == nil {
+		t.Fatal("Hold returned a holder that fences a lease revoked before it watched")
+	}
+	select {
+	case <-h.Lost():
+	case <-time.After(time.Second):
+		t.Fatal("holder not lost within 1s (its first renewal is 20s away)")
 	}
 }
