@@ -309,7 +309,9 @@ func EnsureCreds(dir string) (map[Role]*Creds, error) {
 		path := filepath.Join(dir, CredsFile(role))
 		c, err := LoadCreds(path)
 		if errors.Is(err, fs.ErrNotExist) {
-			if err = writeCreds(path, role); err == nil {
+			// Another process (a cluster node on the same directory) may
+			// make it at the same moment: the first link wins, both read it.
+			if err = writeCreds(path, role); err == nil || errors.Is(err, fs.ErrExist) {
 				c, err = LoadCreds(path)
 			}
 		}
@@ -349,21 +351,28 @@ func writeCreds(path string, role Role) error {
 	b.Write(seed)
 	b.WriteString("\n------END USER NKEY SEED------\n")
 	defer clear(b.Bytes())
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	// Written whole to a temporary file, then linked into place: a reader
+	// never sees half a file, and an existing file is never replaced.
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp") // mode 0600
 	if err != nil {
 		return fmt.Errorf("write bus credentials: %w", err)
 	}
+	defer os.Remove(f.Name())
 	if _, err := f.Write(b.Bytes()); err != nil {
 		f.Close()
-		os.Remove(path)
-		return fmt.Errorf("write bus credentials %s: %w", path, err)
+		return fmt.Errorf("write bus credentials %s: %w", f.Name(), err)
 	}
 	if err := f.Sync(); err != nil {
 		f.Close()
-		os.Remove(path)
-		return fmt.Errorf("write bus credentials %s: %w", path, err)
+		return fmt.Errorf("write bus credentials %s: %w", f.Name(), err)
 	}
-	return f.Close()
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write bus credentials %s: %w", f.Name(), err)
+	}
+	if err := os.Link(f.Name(), path); err != nil {
+		return fmt.Errorf("write bus credentials: %w", err)
+	}
+	return nil
 }
 
 // serverUsers turns users into the embedded server's nkey users.
@@ -380,4 +389,34 @@ func serverUsers(users []ServerUser) ([]*server.NkeyUser, error) {
 		out = append(out, &server.NkeyUser{Nkey: u.Nkey, Permissions: p})
 	}
 	return out, nil
+}
+
+// RoleOptions are the nats.go options that connect as role with the
+// credentials in dir (a bus's credentials directory, see EnsureCreds).
+func RoleOptions(dir string, role Role) ([]nats.Option, error) {
+	c, err := LoadCreds(filepath.Join(dir, CredsFile(role)))
+	if err != nil {
+		return nil, err
+	}
+	return c.Options()
+}
+
+// NamesIn maps the identities of the credentials in dir to their names,
+// for ServiceConfig.Names (files that are missing or unreadable are left
+// out).
+func NamesIn(dir string) map[string]string {
+	names := map[string]string{}
+	for _, r := range Roles {
+		if c, err := LoadCreds(filepath.Join(dir, CredsFile(r))); err == nil {
+			names[c.Nkey] = cmpOr(c.Name, string(r))
+		}
+	}
+	return names
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }

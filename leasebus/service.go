@@ -350,8 +350,8 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			var r listRequest
 			if err = decode(m.Data, &r); err == nil {
 				s.goTracked(c, func() { // fans out to actors; must not block the subscription
-					s.auditAccess(EventList, r.Repo, id, nil)
 					c.respond(s.fanOut(c, r.Repo, &r))
+					s.auditAccess(EventList, r.Repo, id, nil) // after the answer: reads fail open, and wait for no fsync
 				})
 				return
 			}
@@ -360,10 +360,10 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			if err = decode(m.Data, &r); err == nil {
 				s.goTracked(c, func() {
 					rep := s.fanOut(c, r.Repo, &r)
+					c.respond(rep)
 					if rep.Error == nil {
 						s.auditAccess(EventSweep, r.Repo, id, rep.Leases)
 					}
-					c.respond(rep)
 				})
 				return
 			}
@@ -613,8 +613,9 @@ func (s *Service) name(id string) string {
 const accessAuditTimeout = 2 * time.Second
 
 // auditAccess writes who asked for a list or a sweep of repo (every repo
-// when empty) to the audit stream, on fenceline.audit.<repoKey>.bus. The
-// answer does not wait for a failed write: reads fail open (logged).
+// when empty) to the audit stream, on fenceline.audit.<repoKey>.bus, after
+// the answer went out: a failed write is logged (reads fail open; what a
+// sweep reclaims is audited with the lease log's events anyway).
 func (s *Service) auditAccess(typ, repo, id string, swept []*Lease) {
 	who := s.name(id)
 	ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: typ, Boundary: BoundaryBus, Repo: repo, RequestedBy: who}

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
+	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
@@ -32,16 +33,8 @@ type bus struct {
 
 func startBus(t *testing.T) *bus {
 	t.Helper()
-	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	srv := bustest.StartServer(t, leasebus.ServerConfig{})
+	nc := bustest.Connect(t, srv.ClientURL())
 	svc, err := leasebus.StartService(context.Background(), nc, leasebus.ServiceConfig{})
 	if err != nil {
 		t.Fatal(err)

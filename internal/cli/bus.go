@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -43,6 +44,7 @@ type serveFlags struct {
 	natsURL, natsSource string         // the bus the lease service connects to
 	clustered           bool           // this process joins a cluster
 	inProcess           *server.Server // the embedded server, when there is one
+	credsDir            string         // the embedded server's credentials
 	logger              *slog.Logger
 }
 
@@ -57,6 +59,13 @@ serve until SIGINT or SIGTERM.
 
 With --nats URL, run only the lease service against that existing NATS
 server or cluster; several services may run against one bus.
+
+The embedded server admits only its own identities, one per role (service,
+operator, holder, viewer: see docs/trust.md). It writes their credentials on
+first start to <store>/creds (or the directory --creds names), files of mode
+0600 in a 0700 directory, and reuses them after; fenceline commands on this
+machine find the default bus's without any flag. The nodes of a cluster
+share one credentials directory: copy it to each and pass --creds DIR.
 
 --replicas sets the replication of the lease log and audit streams: by
 default 3 when this process joins a cluster (--cluster-name) or the NATS
@@ -141,6 +150,12 @@ func (a *app) serveEmbedded(ctx context.Context, f *serveFlags) error {
 	if err := checkListen(cfg.Listen); err != nil {
 		return err
 	}
+	credsDir, err := a.embeddedCredsDir(cfg.StoreDir)
+	if err != nil {
+		return err
+	}
+	cfg.CredsDir = credsDir
+	f.credsDir = cfg.CredsDir
 	srv, err := leasebus.StartServer(cfg)
 	if err != nil {
 		return err
@@ -153,6 +168,7 @@ func (a *app) serveEmbedded(ctx context.Context, f *serveFlags) error {
 	url := srv.ClientURL()
 	fmt.Fprintf(a.stdout, "fenceline bus listening on %s\n", url)
 	fmt.Fprintf(a.stdout, "store: %s\n", cfg.StoreDir)
+	fmt.Fprintf(a.stdout, "credentials: %s (one per role; keep them from agents)\n", cfg.CredsDir)
 	f.logger.Info("bus started", "url", url, "store", cfg.StoreDir, "cluster", cfg.ClusterName, "name", srv.Name())
 	f.natsURL, f.natsSource = url, "embedded server"
 	f.inProcess = srv // the service talks to its own server without TCP
@@ -173,10 +189,14 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 			f.logger.Info("reconnected to bus", "url", nc.ConnectedUrl())
 		}),
 	}
+	svcCreds, uiCreds, names, err := a.serviceCreds(f)
+	if err != nil {
+		return err
+	}
 	if f.inProcess != nil {
 		opts = append(opts, nats.InProcessServer(f.inProcess))
 	}
-	nc, err := a.connect(f.natsURL, f.natsSource, opts...)
+	nc, err := a.connectWith(svcCreds, f.natsURL, f.natsSource, opts...)
 	if err != nil {
 		return err
 	}
@@ -188,7 +208,7 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 			replicas = 3
 		}
 	}
-	svc, err := startService(ctx, nc, leasebus.ServiceConfig{Replicas: replicas, Logger: f.logger})
+	svc, err := startService(ctx, nc, leasebus.ServiceConfig{Replicas: replicas, Logger: f.logger, Names: names})
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("interrupted while starting the lease service: %w", err)
@@ -197,12 +217,23 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 	}
 	fmt.Fprintf(a.stdout, "lease service ready on %s (replicas %d); stop with Ctrl-C\n", f.natsURL, replicas)
 	if f.ui != "" {
-		shards, err := shard.Open(nc, shard.Config{Logger: f.logger})
+		// The run UI reads as a viewer.
+		var uopts []nats.Option
+		if f.inProcess != nil {
+			uopts = append(uopts, nats.InProcessServer(f.inProcess))
+		}
+		unc, err := a.connectWith(uiCreds, f.natsURL, f.natsSource, append(uopts, nats.Name("fenceline-run-ui"), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))...)
 		if err != nil {
 			svc.Stop()
 			return err
 		}
-		ui, err := runui.Listen(f.ui, runui.Config{NC: nc, Token: os.Getenv(EnvUIToken), Shards: runui.StoreSource(shards), Logger: f.logger})
+		defer unc.Close()
+		shards, err := shard.Open(unc, shard.Config{Logger: f.logger})
+		if err != nil {
+			svc.Stop()
+			return err
+		}
+		ui, err := runui.Listen(f.ui, runui.Config{NC: unc, Token: os.Getenv(EnvUIToken), Shards: runui.StoreSource(shards), Logger: f.logger})
 		if err != nil {
 			svc.Stop()
 			return err
@@ -221,6 +252,46 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 	svc.Stop()
 	fmt.Fprintln(a.stdout, "lease service stopped")
 	return nil
+}
+
+// embeddedCredsDir is where the embedded server keeps its credentials:
+// the directory --creds or $FENCELINE_CREDS names (made if missing), else
+// <store>/creds.
+func (a *app) embeddedCredsDir(store string) (string, error) {
+	p, source := a.credsSetting()
+	if p == "" {
+		return leasebus.CredsDirOf(store), nil
+	}
+	if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+		return "", usagef("%s %s is a file: the embedded bus keeps one credentials file per role in a directory; name a directory (or leave %s unset for <store>/creds)", source, p, source)
+	}
+	return p, nil
+}
+
+// serviceCreds picks the lease service's and the run UI's credentials,
+// and the names the audit gives the identities it knows.
+func (a *app) serviceCreds(f *serveFlags) (svc, ui busCreds, names map[string]string, err error) {
+	if f.credsDir != "" { // the embedded server's own
+		at := func(r leasebus.Role) busCreds {
+			return busCreds{path: filepath.Join(f.credsDir, leasebus.CredsFile(r)), source: "the embedded bus", role: r}
+		}
+		return at(leasebus.RoleService), at(leasebus.RoleViewer), leasebus.NamesIn(f.credsDir), nil
+	}
+	if svc, err = a.credsFor(leasebus.RoleService); err != nil {
+		return
+	}
+	ui = svc
+	if f.ui != "" {
+		if ui, err = a.credsFor(leasebus.RoleViewer); err != nil {
+			return
+		}
+	}
+	if p, _ := a.credsSetting(); p != "" {
+		if fi, serr := os.Stat(p); serr == nil && fi.IsDir() {
+			names = leasebus.NamesIn(p)
+		}
+	}
+	return svc, ui, names, nil
 }
 
 // serviceStartTimeout bounds starting the lease service: on a fresh

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -77,6 +78,9 @@ func startServe(t *testing.T, args ...string) (*served, error) {
 func TestBusServeEmbedded(t *testing.T) {
 	isolate(t)
 	store := filepath.Join(t.TempDir(), "bus")
+	// A bus on another store than the default: its credentials are where
+	// --creds or $FENCELINE_CREDS says, for it and for every command.
+	t.Setenv(EnvCreds, filepath.Join(store, "creds"))
 	url, out, errOut, stop := serveInProcess(t, "--listen", "127.0.0.1:0", "--store", store, "--log-format", "json", "--ui", "127.0.0.1:0")
 	mustContain(t, "bus serve stdout", out.String(), "fenceline bus listening on "+url, "store: "+store, "(replicas 1)")
 
@@ -112,11 +116,8 @@ func TestBusServeEmbedded(t *testing.T) {
 func TestBusServeServiceOnly(t *testing.T) {
 	isolate(t)
 	// A bare NATS server (a "cluster" of one) with no lease service...
-	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	srv := bustest.StartServer(t, leasebus.ServerConfig{})
+	useTestCreds(t)
 	natsURL := srv.ClientURL()
 	r := fl(t, "--nats", natsURL, "lease", "list").want(t, ExitError)
 	mustContain(t, "stderr", r.stderr, "no lease service answers", "fenceline bus serve")
@@ -168,6 +169,7 @@ func freeAddr(t *testing.T) string {
 // streams get 3 replicas) and uses them as one bus.
 func TestBusServeCluster(t *testing.T) {
 	isolate(t)
+	t.Setenv(EnvCreds, t.TempDir()) // one credentials directory for every node
 	clusterAddrs := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
 	routes := "nats://" + strings.Join(clusterAddrs, ",nats://")
 	nodes := make([]*served, 3)

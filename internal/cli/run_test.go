@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fenceline/fenceline/fsguard"
+	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -107,14 +108,10 @@ func leaseOf(t *testing.T, stderr string) string {
 	return m[1]
 }
 
-// busClient is a lease client on the bus at url.
+// busClient is a lease client on the bus at url, as the lease service.
 func busClient(t *testing.T, url string) (*leasebus.Client, *nats.Conn) {
 	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := bustest.Connect(t, url)
 	return leasebus.NewClient(nc), nc
 }
 

@@ -23,7 +23,7 @@ type heldLease struct {
 // forever, and the holder reports "unknown" meanwhile.
 func (a *app) dialHolder() (*session, error) {
 	url, source := a.busURL()
-	nc, err := a.connect(url, source, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	nc, err := a.connect(leasebus.RoleHolder, url, source, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
 	if err != nil {
 		return nil, err
 	}
