@@ -145,7 +145,8 @@ func grants(id string) map[Role]Grant {
 	}
 	operator := Grant{
 		Publish: slices.Concat(ops(id, "revoke", "sweep"), holder.Publish, viewer.Publish, []string{
-			"$JS.API.STREAM.CREATE." + shardPoolStream, "$JS.API.STREAM.CREATE." + shardAttemptStream,
+			// shard pool declarations create the shard store's buckets
+			"$JS.API.INFO", "$JS.API.STREAM.CREATE." + shardPoolStream, "$JS.API.STREAM.CREATE." + shardAttemptStream,
 		}),
 		Subscribe: []string{inbox, changed},
 	}

@@ -1,10 +1,13 @@
 package cli
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -213,5 +216,97 @@ func TestBusServeCluster(t *testing.T) {
 		if code := n.stop(); code != ExitOK {
 			t.Errorf("node %d exited %d", i, code)
 		}
+	}
+}
+
+// TestBusCredentials: "bus serve" on the default store makes one
+// credentials file per role (0600 in a 0700 directory) and reuses them on
+// the next start; commands on this machine find them with no flag, each as
+// the least role it needs, and the audit names who revoked. A bus refuses
+// a client without its credentials, and each refusal says what to do.
+func TestBusCredentials(t *testing.T) {
+	isolate(t)
+	url, out, _, stop := serveInProcess(t, "--listen", "127.0.0.1:0")
+	dir := defaultCredsDir()
+	mustContain(t, "bus serve stdout", out.String(), "credentials: "+dir)
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("credentials dir %s: %v %v", dir, fi, err)
+	}
+	seeds := map[leasebus.Role][]byte{}
+	for _, r := range leasebus.Roles {
+		p := filepath.Join(dir, leasebus.CredsFile(r))
+		fi, err := os.Stat(p)
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v %v", p, fi, err)
+		}
+		if seeds[r], err = os.ReadFile(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// No --creds, no $FENCELINE_CREDS: the default bus's own.
+	a := acquireJSON(t, url, "--scope", "services/billing")
+	if ls := listJSON(t, url); len(ls) != 1 {
+		t.Fatalf("list: %+v", ls)
+	}
+	fl(t, "--nats", url, "lease", "revoke", a.LeaseID, "--reason", "credentials test").want(t, ExitOK)
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error { // the service writes its audit events in the background
+		r := fl(t, "--nats", url, "lease", "audit", "--json").want(t, ExitOK)
+		var evs []leasebus.AuditEvent
+		if err := json.Unmarshal([]byte(r.stdout), &evs); err != nil {
+			t.Fatal(err)
+		}
+		var revokedBy, listedBy string
+		for _, ev := range evs {
+			switch ev.Type {
+			case leasebus.EventRevoked:
+				revokedBy = ev.RequestedBy
+			case leasebus.EventList:
+				listedBy = ev.RequestedBy
+			}
+		}
+		if revokedBy != "operator" || listedBy != "viewer" {
+			return fmt.Errorf("audit: revoked by %q, listed by %q; want operator and viewer\n%s", revokedBy, listedBy, r.stdout)
+		}
+		return nil
+	})
+
+	// A role that may not: a viewer's revoke is refused at once, clearly.
+	b := acquireJSON(t, url, "--scope", "libs")
+	r := fl(t, "--nats", url, "--creds", filepath.Join(dir, "viewer.nk"), "lease", "revoke", b.LeaseID, "--reason", "x").want(t, ExitConflict)
+	mustContain(t, "viewer revoke stderr", r.stderr, "not permitted", "operator", "--creds")
+	// Another bus's credentials.
+	other := t.TempDir()
+	if _, err := leasebus.EnsureCreds(other); err != nil {
+		t.Fatal(err)
+	}
+	r = fl(t, "--nats", url, "--creds", other, "lease", "list").want(t, ExitError)
+	mustContain(t, "wrong credentials stderr", r.stderr, "refused the credentials", filepath.Join(other, "viewer.nk"), "--creds")
+	// Credentials that are not there.
+	r = fl(t, "--nats", url, "--creds", filepath.Join(other, "nope"), "lease", "list").want(t, ExitError)
+	mustContain(t, "missing credentials stderr", r.stderr, "do not exist", "nope")
+	// None at all: another user's state dir.
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	r = fl(t, "--nats", url, "lease", "list").want(t, ExitError)
+	mustContain(t, "no credentials stderr", r.stderr, "requires credentials", "none were found", "--creds", EnvCreds)
+	t.Setenv("XDG_STATE_HOME", filepath.Dir(filepath.Dir(filepath.Dir(dir))))
+	if defaultCredsDir() != dir {
+		t.Fatalf("state dir not restored: %s", defaultCredsDir())
+	}
+
+	if code := stop(); code != ExitOK {
+		t.Fatalf("bus serve exited %d", code)
+	}
+	// The next start reuses them: the first lease's owner still renews.
+	url2, _, _, stop2 := serveInProcess(t, "--listen", "127.0.0.1:0")
+	for _, r := range leasebus.Roles {
+		data, err := os.ReadFile(filepath.Join(dir, leasebus.CredsFile(r)))
+		if err != nil || !bytes.Equal(data, seeds[r]) {
+			t.Fatalf("%s credentials changed on the second start (%v)", r, err)
+		}
+	}
+	fl(t, "--nats", url2, "lease", "renew", b.LeaseID).want(t, ExitOK)
+	if code := stop2(); code != ExitOK {
+		t.Fatalf("second bus serve exited %d", code)
 	}
 }

@@ -42,6 +42,14 @@ func (a *app) credsSetting() (path, source string) {
 	return "", ""
 }
 
+// credsToHide is the bus credentials path --creds or $FENCELINE_CREDS
+// names (a file or a directory), for the guard to hide from the agent; the
+// default bus's are in the state dir, hidden anyway.
+func (a *app) credsToHide() string {
+	p, _ := a.credsSetting()
+	return p
+}
+
 // defaultCredsDir is where the embedded default bus keeps its credentials.
 func defaultCredsDir() string { return leasebus.CredsDirOf(leasebus.DefaultStoreDir()) }
 

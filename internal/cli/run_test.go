@@ -194,6 +194,35 @@ func TestRunHidesCredentials(t *testing.T) {
 	}
 }
 
+// TestRunHidesBusCredentials: a guarded agent cannot read the bus
+// credentials, neither the default bus's (in the state dir) nor the ones
+// --creds or $FENCELINE_CREDS names elsewhere: with them it could revoke
+// other agents' leases or forge change notices.
+func TestRunHidesBusCredentials(t *testing.T) {
+	isolate(t)
+	url := startBus(t) // $FENCELINE_CREDS: the test buses' credentials, outside the state dir
+	co := newCheckout(t, "")
+	elsewhere := filepath.Join(bustest.CredsDir(t), leasebus.CredsFile(leasebus.RoleOperator))
+	// The default bus's credentials, as "bus serve" writes them.
+	if _, err := leasebus.EnsureCreds(defaultCredsDir()); err != nil {
+		t.Fatal(err)
+	}
+	inState := filepath.Join(defaultCredsDir(), leasebus.CredsFile(leasebus.RoleService))
+	for _, p := range []string{elsewhere, inState} {
+		if data, err := os.ReadFile(p); err != nil || !strings.Contains(string(data), "NKEY SEED") {
+			t.Fatalf("%s: %v", p, err) // readable outside the guard
+		}
+	}
+	// (Names in a hidden directory stay listable, fsguard/doc.go; contents
+	// do not.)
+	script := fmt.Sprintf("cat %s || echo elsewhere-unreadable; cat %s || echo state-unreadable", elsewhere, inState)
+	r := runFL(t, url, "--repo", co, "--scope", "in", "--", "sh", "-c", script).want(t, ExitOK)
+	if strings.Contains(r.stdout, "SEED") {
+		t.Fatalf("the agent read bus credentials:\n%s", r.stdout)
+	}
+	mustContain(t, "agent stdout", r.stdout, "elsewhere-unreadable", "state-unreadable")
+}
+
 // TestRunHiddenPaths: the agent reads the git CA certificate its env
 // names in the sidecar's state dir, but not the CA key nor anything else of
 // fenceline's state dir; a state dir that does not exist yet is hidden by
