@@ -28,7 +28,57 @@ func (a *app) busCommand() *cobra.Command {
 		Args:  groupArgs,
 		RunE:  showHelp,
 	}
-	c.AddCommand(a.serveCommand())
+	c.AddCommand(a.serveCommand(), a.credsCommand())
+	return c
+}
+
+func (a *app) credsCommand() *cobra.Command {
+	var dir string
+	c := &cobra.Command{
+		Use:   "creds [--dir DIR]",
+		Short: "Make the bus identities' credentials and print the nats-server configuration that admits them",
+		Long: `Make (or reuse) one credentials file per role — service, operator, holder,
+viewer: an nkey user seed each, mode 0600 in a 0700 directory — and print the
+authorization block a nats-server configuration needs to admit them with
+exactly their roles' permissions. For a bus on an existing NATS server or
+cluster: include the block in every node's configuration, then give each
+machine the files its commands need (--creds DIR or ` + EnvCreds + `).
+See docs/trust.md.
+
+DIR defaults to --creds (or $` + EnvCreds + `) when it names a directory, else
+the embedded default bus's own (` + defaultCredsDir() + `).`,
+		Args:    cobra.NoArgs,
+		Example: `  fenceline bus creds --dir /etc/fenceline/creds > /etc/nats/fenceline-auth.conf`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dir == "" {
+				p, source := a.credsSetting()
+				switch fi, err := os.Stat(p); {
+				case p == "":
+					dir = defaultCredsDir()
+				case err == nil && !fi.IsDir():
+					return usagef("%s %s is a file; bus creds makes a directory of them (--dir)", source, p)
+				default:
+					dir = p
+				}
+			}
+			creds, err := leasebus.EnsureCreds(dir)
+			if err != nil {
+				return err
+			}
+			var users []leasebus.ServerUser
+			for _, r := range leasebus.Roles {
+				users = append(users, creds[r].User())
+			}
+			conf, err := leasebus.AuthConfig(users)
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(a.stdout, conf)
+			fmt.Fprintf(a.stderr, "credentials: %s (keep them from agents; run the lease service with --creds %s)\n", dir, dir)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&dir, "dir", "", "credentials directory to make or reuse")
 	return c
 }
 

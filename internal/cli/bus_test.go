@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/leasebus"
 )
@@ -308,5 +310,48 @@ func TestBusCredentials(t *testing.T) {
 	fl(t, "--nats", url2, "lease", "renew", b.LeaseID).want(t, ExitOK)
 	if code := stop2(); code != ExitOK {
 		t.Fatalf("second bus serve exited %d", code)
+	}
+}
+
+// TestBusCredsExternalServer: a plain nats-server configured with what
+// "bus creds" prints (docs/trust.md) runs the lease service and every
+// command, each as its role, and refuses a client without credentials.
+func TestBusCredsExternalServer(t *testing.T) {
+	isolate(t)
+	dir := filepath.Join(t.TempDir(), "creds")
+	r := fl(t, "bus", "creds", "--dir", dir).want(t, ExitOK)
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	cfg := fmt.Sprintf("listen: 127.0.0.1:-1\njetstream { store_dir: %q }\n%s", t.TempDir(), r.stdout)
+	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("nats-server rejects the printed config: %v\n%s", err, cfg)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	natsURL := srv.ClientURL()
+	t.Setenv(EnvCreds, dir)
+	t.Setenv(EnvNATS, natsURL)
+	_, _, _, stop := serveInProcess(t)
+	a := acquireJSON(t, natsURL, "--scope", "x")
+	if ls := listJSON(t, natsURL); len(ls) != 1 {
+		t.Fatalf("list: %+v", ls)
+	}
+	fl(t, "lease", "revoke", a.LeaseID, "--reason", "external").want(t, ExitOK)
+	t.Setenv(EnvCreds, "")
+	r = fl(t, "lease", "list").want(t, ExitError)
+	mustContain(t, "stderr", r.stderr, "requires credentials")
+	if code := stop(); code != ExitOK {
+		t.Errorf("bus serve exited %d", code)
 	}
 }
