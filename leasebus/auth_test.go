@@ -3,16 +3,19 @@ package leasebus
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
 
@@ -308,5 +311,144 @@ func TestAuthConfigParses(t *testing.T) {
 		if u.Nkey != users[i].Nkey || !slices.Equal(u.Permissions.Publish.Allow, want.Publish.Allow) || !slices.Equal(u.Permissions.Subscribe.Allow, want.Subscribe.Allow) {
 			t.Errorf("user %d parsed as %+v %+v, want %s %+v %+v", i, u.Permissions.Publish, u.Permissions.Subscribe, users[i].Role, want.Publish, want.Subscribe)
 		}
+	}
+}
+
+// A holder may write shard attempt records and create consumers on their
+// stream (runners need both), and JetStream does not check a push
+// consumer's deliver subject against the creator's permissions: a record
+// holding a forged lease, delivered by the server itself onto a victim's
+// change subject. The watch takes change notices only as the service
+// publishes them (plain messages, no JetStream delivery), so the victim
+// keeps its lease.
+func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	victimC := NewClient(connectAs(t, url, RoleHolder))
+	cred := NewCredential()
+	sent := time.Now()
+	l, err := victimC.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := victimC.Hold(l, cred, sent, HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Stop)
+	var seen atomic.Int32
+	stop, err := NewClient(connectAs(t, url, RoleViewer)).Watch(repo, func(*Lease) { seen.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+
+	// The attempts bucket, as a pool declaration makes it.
+	js, err := jetstream.New(connectAs(t, url, RoleOperator))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "FENCELINE_ATTEMPTS"}); err != nil {
+		t.Fatal(err)
+	}
+	attacker := connectAs(t, url, RoleHolder)
+	ajs, err := jetstream.New(attacker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := *l
+	forged.Status, forged.Version = StatusRevoked, l.Version+100
+	data, _ := json.Marshal(&forged)
+	if _, err := ajs.Publish(ctx, "$KV.FENCELINE_ATTEMPTS.forged", data); err != nil {
+		t.Fatalf("holder writes an attempt record: %v", err)
+	}
+	create, _ := json.Marshal(map[string]any{"stream_name": "KV_FENCELINE_ATTEMPTS", "config": map[string]any{
+		"name": "forge", "deliver_subject": ChangedSubject(repo, l.LeaseID), "ack_policy": "none",
+		"filter_subject": "$KV.FENCELINE_ATTEMPTS.forged", "deliver_policy": "all",
+	}})
+	resp, err := attacker.Request("$JS.API.CONSUMER.CREATE.KV_FENCELINE_ATTEMPTS.forge.$KV.FENCELINE_ATTEMPTS.forged", create, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("consumer create: %s", resp.Data)
+	// A real notice after the forged delivery: once the watcher has seen
+	// it, the forged one (delivered first) had its chance.
+	if _, err := b.c.Get(ctx, l.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	other, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if seen.Load() == 0 {
+			return errors.New("the grant of " + other.LeaseID + " not seen yet")
+		}
+		return nil
+	})
+	if st, err := h.State(); st != Held {
+		t.Fatalf("after a forged notice through JetStream the holder is %s (%v), want held", st, err)
+	}
+	if n := seen.Load(); n != 1 {
+		t.Errorf("the watcher saw %d records, want only the real grant", n)
+	}
+}
+
+// The same trick aimed at the service: a record holding a revoke request,
+// delivered by the server onto the operator's request subject. The
+// service answers only requests published by their identity, never a
+// JetStream delivery, so the lease stays.
+func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opNC := connectAs(t, url, RoleOperator)
+	js, err := jetstream.New(opNC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "FENCELINE_ATTEMPTS"}); err != nil {
+		t.Fatal(err)
+	}
+	attacker := connectAs(t, url, RoleHolder)
+	ajs, err := jetstream.New(attacker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(RevokeRequest{LeaseID: l.LeaseID, Repo: repo, Reason: "forged"})
+	if _, err := ajs.Publish(ctx, "$KV.FENCELINE_ATTEMPTS.forged", data); err != nil {
+		t.Fatal(err)
+	}
+	for i, ack := range []string{"none", "explicit"} {
+		create, _ := json.Marshal(map[string]any{"stream_name": "KV_FENCELINE_ATTEMPTS", "config": map[string]any{
+			"name": fmt.Sprintf("forge%d", i), "deliver_subject": requestSubject("revoke", IdentityOf(opNC)), "ack_policy": ack,
+			"deliver_group": serviceQueue, // the service's queue group
+			"filter_subject": "$KV.FENCELINE_ATTEMPTS.forged", "deliver_policy": "all",
+		}})
+		resp, err := attacker.Request(fmt.Sprintf("$JS.API.CONSUMER.CREATE.KV_FENCELINE_ATTEMPTS.forge%d.$KV.FENCELINE_ATTEMPTS.forged", i), create, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("consumer create: %s", resp.Data)
+	}
+	// (nats-server 2.15 does not deliver to the service's queue group
+	// here; the service would refuse a JetStream delivery anyway.)
+	// A revoke the operator does send, after: once it is done, the forged
+	// ones (delivered first) had their chance.
+	l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewClient(opNC).Revoke(ctx, l2.LeaseID, "real"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.c.Get(ctx, l.LeaseID)
+	if err != nil || !got.Active() {
+		t.Fatalf("after a revoke request delivered by JetStream: %+v %v, want active", got, err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Client asks the lease service for leases. It is safe for concurrent use.
@@ -265,8 +266,28 @@ func (c *Client) Watch(repo string, fn func(*Lease)) (stop func() error, err err
 	return c.watch(subj, fn)
 }
 
+// fromService reports whether m can be a change notice of the lease
+// service: a plain message, as only the service may publish on the change
+// subjects. A JetStream delivery there is not: the server delivers a push
+// consumer's messages to any subject its creator names, without checking
+// that creator's permissions, so a holder able to write a stream (the
+// shard attempts) could otherwise have the server deliver a forged record.
+// JetStream deliveries always carry a reply subject ($JS.ACK.…).
+func fromService(m *nats.Msg) bool {
+	return m.Reply == "" && !jetStreamDelivery(m)
+}
+
+// jetStreamDelivery reports a message the server delivered for a push
+// consumer: its reply subject is the ack subject, $JS.ACK.….
+func jetStreamDelivery(m *nats.Msg) bool {
+	return strings.HasPrefix(m.Reply, "$JS.") || m.Header.Get(jetstream.StreamHeader) != ""
+}
+
 func (c *Client) watch(subj string, fn func(*Lease)) (func() error, error) {
 	sub, err := c.nc.Subscribe(subj, func(m *nats.Msg) {
+		if !fromService(m) {
+			return
+		}
 		var l Lease
 		if json.Unmarshal(m.Data, &l) == nil {
 			fn(&l)

@@ -306,6 +306,12 @@ func (s *Service) handler(op string) nats.MsgHandler {
 		c := &call{op: op, msg: m, at: s.cfg.Now()}
 		var repo, leaseID, hint string
 		var err error
+		if jetStreamDelivery(m) {
+			// A JetStream delivery, not a request its identity published:
+			// the server delivers a push consumer's messages to any subject
+			// its creator names, without checking its permissions.
+			return
+		}
 		id := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 		if !validIdentity(id) {
 			respondErr(m, fmt.Errorf("%w: request subject %q names no identity (want %s)", ErrInvalid, m.Subject, requestSubject(op, "<identity>")))
