@@ -43,7 +43,8 @@ const (
 	RoleService Role = "service"
 	// RoleHolder is a runner or sidecar: it acquires, renews, releases and
 	// cancels leases (proving ownership with the lease credential), reads
-	// leases, hears change notices, writes boundary audit events and the
+	// leases (get, and list: the git fence judges a push against every
+	// active lease of the repo), hears change notices, writes boundary audit events and the
 	// shard store's pool and attempt records.
 	RoleHolder Role = "holder"
 	// RoleOperator is a person running the bus: what a holder and a viewer
@@ -140,7 +141,9 @@ func grants(id string) map[Role]Grant {
 		Subscribe: []string{inbox, changed},
 	}
 	holder := Grant{
-		Publish:   slices.Concat(ops(id, "acquire", "renew", "release", "cancel", "get"), boundaryAudit, shardWrite),
+		// list: the git fence judges a push against every active lease
+		// of the repo; shard recovery looks at attempts' leases.
+		Publish:   slices.Concat(ops(id, "acquire", "renew", "release", "cancel", "get", "list"), boundaryAudit, shardWrite),
 		Subscribe: []string{inbox, changed},
 	}
 	operator := Grant{

@@ -63,7 +63,8 @@ With --ui, the run UI shows it all live.`,
 type demo struct {
 	out     io.Writer
 	nc      *nats.Conn
-	creds   string // the demo bus's credentials directory (--creds of the commands it runs)
+	creds   string           // the demo bus's credentials directory (--creds of the commands it runs)
+	op      *leasebus.Client // as the operator: revokes
 	c       *leasebus.Client
 	auditor *leasebus.Auditor
 	grants  []demoGrant // in the order this program learned of them
@@ -119,7 +120,18 @@ func runDemo(parent context.Context, out io.Writer, keep bool, ui string) error 
 	if err != nil {
 		return err
 	}
-	d := &demo{out: out, nc: nc, c: leasebus.NewClient(nc), auditor: auditor, creds: credsDir}
+	// The operator's revokes go out in the operator's name (the audit says
+	// who asked).
+	oopts, err := leasebus.RoleOptions(credsDir, leasebus.RoleOperator)
+	if err != nil {
+		return fmt.Errorf("demo bus: %w", err)
+	}
+	onc, err := nats.Connect(srv.ClientURL(), append(oopts, nats.Name("fenceline-demo-operator"), nats.Timeout(connectTimeout), nats.InProcessServer(srv))...)
+	if err != nil {
+		return fmt.Errorf("demo bus: connect the operator: %w", err)
+	}
+	defer onc.Close()
+	d := &demo{out: out, nc: nc, c: leasebus.NewClient(nc), op: leasebus.NewClient(onc), auditor: auditor, creds: credsDir}
 	fmt.Fprintf(out, "fenceline demo: %s\n", demoRepo)
 	fmt.Fprintf(out, "bus: %s (embedded, its own store in %s; the default bus is untouched)\n", srv.ClientURL(), dir)
 	var page *runui.Running
@@ -341,7 +353,7 @@ func (d *demo) story(ctx context.Context) error {
 	const reason = "demo: operator ends agent-c's lease"
 	fmt.Fprintf(d.out, "operator: fenceline lease revoke %s --reason %q\n", c.lease.LeaseID, reason)
 	t1 := time.Now()
-	if _, err := d.c.Revoke(ctx, c.lease.LeaseID, reason); err != nil {
+	if _, err := d.op.Revoke(ctx, c.lease.LeaseID, reason); err != nil {
 		return fmt.Errorf("revoke %s: %w", c.lease.LeaseID, err)
 	}
 	select {
