@@ -130,7 +130,7 @@ func grants(id string) map[Role]Grant {
 	}
 	shardWrite := slices.Concat(
 		jsRead(shardPoolStream), jsRead(shardAttemptStream),
-		jsConsume(shardAttemptStream),
+		jsConsume(shardPoolStream), jsConsume(shardAttemptStream), // listing pools, attempts
 		[]string{"$KV.FENCELINE_SHARDS.>", "$KV.FENCELINE_ATTEMPTS.>"},
 	)
 	viewer := Grant{
