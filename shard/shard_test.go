@@ -45,9 +45,16 @@ func mustGit(t testing.TB, dir string, args ...string) string {
 	return strings.TrimSpace(out)
 }
 
+// openStore opens a store as an operator: it declares pools, and places
+// and settles attempts as runners (holders) do.
 func openStore(t testing.TB, b *bustest.Bus) *Store {
 	t.Helper()
-	st, err := Open(b.Conn, Config{Audit: b.Auditor})
+	nc := b.ConnectAs(t, leasebus.RoleOperator)
+	audit, err := leasebus.NewAuditor(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := Open(nc, Config{Audit: audit})
 	if err != nil {
 		t.Fatal(err)
 	}
