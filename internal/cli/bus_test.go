@@ -355,3 +355,24 @@ func TestBusCredsExternalServer(t *testing.T) {
 		t.Errorf("bus serve exited %d", code)
 	}
 }
+
+// A credentials directory without the least role's file: the command
+// takes a role that may more, or says which files would do.
+func TestCredsDirFallsBackToAWiderRole(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	mine := t.TempDir()
+	data, err := os.ReadFile(filepath.Join(bustest.CredsDir(t), "operator.nk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mine, "operator.nk"), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvCreds, mine)
+	listJSON(t, url)                                                                             // viewer's command, as the operator
+	fl(t, "--nats", url, "lease", "acquire", "--repo", testRepo, "--scope", "x").want(t, ExitOK) // holder's
+	t.Setenv(EnvCreds, t.TempDir())
+	r := fl(t, "--nats", url, "lease", "list").want(t, ExitError)
+	mustContain(t, "stderr", r.stderr, "holds none that may", "viewer.nk, operator.nk, service.nk")
+}

@@ -73,13 +73,37 @@ func (a *app) credsFor(role leasebus.Role) (busCreds, error) {
 	case err != nil:
 		return busCreds{}, fmt.Errorf("bus credentials (from %s): %w", source, err)
 	case fi.IsDir():
-		path := filepath.Join(p, leasebus.CredsFile(role))
-		if _, err := os.Stat(path); err != nil {
-			return busCreds{}, fmt.Errorf("this command needs the bus's %s credentials, and %s (from %s) has no %s: %w", role, p, source, leasebus.CredsFile(role), err)
+		// The least role that may, else one that may more (a person's
+		// directory may hold operator.nk alone).
+		for _, r := range rolesCovering(role) {
+			path := filepath.Join(p, leasebus.CredsFile(r))
+			if _, err := os.Stat(path); err == nil {
+				return busCreds{path: path, source: source, role: r}, nil
+			}
 		}
-		return busCreds{path: path, source: source, role: role}, nil
+		return busCreds{}, fmt.Errorf("this command needs the bus's %s credentials, and %s (from %s) holds none that may (%s)", role, p, source, credsFiles(rolesCovering(role)))
 	}
 	return busCreds{path: p, source: source, role: role}, nil
+}
+
+// rolesCovering lists role and the roles that may everything it may, least
+// privileged first.
+func rolesCovering(role leasebus.Role) []leasebus.Role {
+	switch role {
+	case leasebus.RoleViewer, leasebus.RoleHolder:
+		return []leasebus.Role{role, leasebus.RoleOperator, leasebus.RoleService}
+	case leasebus.RoleOperator:
+		return []leasebus.Role{role, leasebus.RoleService}
+	}
+	return []leasebus.Role{role}
+}
+
+func credsFiles(roles []leasebus.Role) string {
+	names := make([]string, len(roles))
+	for i, r := range roles {
+		names[i] = leasebus.CredsFile(r)
+	}
+	return strings.Join(names, ", ")
 }
 
 // connect dials the bus at url (named by source: "--nats", the env
