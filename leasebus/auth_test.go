@@ -427,7 +427,7 @@ func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
 	for i, ack := range []string{"none", "explicit"} {
 		create, _ := json.Marshal(map[string]any{"stream_name": "KV_FENCELINE_ATTEMPTS", "config": map[string]any{
 			"name": fmt.Sprintf("forge%d", i), "deliver_subject": requestSubject("revoke", IdentityOf(opNC)), "ack_policy": ack,
-			"deliver_group": serviceQueue, // the service's queue group
+			"deliver_group":  serviceQueue, // the service's queue group
 			"filter_subject": "$KV.FENCELINE_ATTEMPTS.forged", "deliver_policy": "all",
 		}})
 		resp, err := attacker.Request(fmt.Sprintf("$JS.API.CONSUMER.CREATE.KV_FENCELINE_ATTEMPTS.forge%d.$KV.FENCELINE_ATTEMPTS.forged", i), create, 5*time.Second)
