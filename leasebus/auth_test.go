@@ -437,7 +437,11 @@ func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
 		t.Logf("consumer create: %s", resp.Data)
 	}
 	// (nats-server 2.15 does not deliver to the service's queue group
-	// here; the service would refuse a JetStream delivery anyway.)
+	// here, and refuses a client's publish with a $JS reply.) Were such a
+	// delivery to reach the service — the ack subject as its reply — the
+	// service ignores it, whoever it seems to come from:
+	b.svc.handler("revoke")(&nats.Msg{Subject: requestSubject("revoke", IdentityOf(opNC)),
+		Reply: "$JS.ACK.KV_FENCELINE_ATTEMPTS.forge1.1.1.1.1700000000000000000.0", Data: data})
 	// A revoke the operator does send, after: once it is done, the forged
 	// ones (delivered first) had their chance.
 	l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
