@@ -322,6 +322,12 @@ func EnsureCreds(dir string) (map[Role]*Creds, error) {
 		if err != nil {
 			return nil, err
 		}
+		if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			// Copied in with looser modes: only the owner may read a seed.
+			if err := os.Chmod(path, 0o600); err != nil {
+				return nil, fmt.Errorf("restrict bus credentials %s to their owner: %w", path, err)
+			}
+		}
 		if c.Role == "" {
 			c.Role = role
 		}

@@ -269,9 +269,17 @@ func TestEnsureCredsModesAndReuse(t *testing.T) {
 			t.Fatalf("%s creds say %+v", r, first[r])
 		}
 	}
+	// A file copied in with looser modes is restricted again.
+	loose := filepath.Join(dir, CredsFile(RoleHolder))
+	if err := os.Chmod(loose, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	again, err := EnsureCreds(dir)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if fi, err := os.Stat(loose); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("holder creds after a second start: %v %v", fi.Mode(), err)
 	}
 	for _, r := range Roles {
 		if again[r].Nkey != first[r].Nkey {
