@@ -33,7 +33,8 @@ func rolesFor(op string) string {
 
 // Role is what a bus identity may do. The bus enforces it with NATS's own
 // per-user publish and subscribe permissions (Permissions), generated from
-// one table (Roles) for the embedded server and for docs/trust.md.
+// one table (grants) for the embedded server, for any other server
+// (AuthConfig) and for docs/trust.md.
 type Role string
 
 const (
@@ -44,8 +45,8 @@ const (
 	// RoleHolder is a runner or sidecar: it acquires, renews, releases and
 	// cancels leases (proving ownership with the lease credential), reads
 	// leases (get, and list: the git fence judges a push against every
-	// active lease of the repo), hears change notices, writes boundary audit events and the
-	// shard store's pool and attempt records.
+	// active lease of the repo), hears change notices, writes boundary
+	// audit events and the shard store's pool and attempt records.
 	RoleHolder Role = "holder"
 	// RoleOperator is a person running the bus: what a holder and a viewer
 	// may do, plus revoke, sweep and shard pool declarations.
@@ -114,7 +115,7 @@ func ops(id string, names ...string) []string {
 	return out
 }
 
-// inboxSubject is where a user's replies arrive: nats.go's inbox prefix is
+// inboxPrefix is where a user's replies arrive: nats.go's inbox prefix is
 // set per identity (Creds.Options), so nobody hears another's replies.
 func inboxPrefix(id string) string { return "_INBOX." + id }
 
