@@ -47,6 +47,8 @@ const (
 	EventRevoked      = "revoked"
 	EventRefused      = "refused" // an operation refused at the lease bus (forged credential, conflict)
 	EventDenied       = "denied"  // a write denied at a boundary (git, postgres, file)
+	EventList         = "list"    // leases read (lease list, the run UI), naming who asked
+	EventSweep        = "sweep"   // a sweep asked for, naming who asked and what it reclaimed
 )
 
 // Boundaries that produce audit events.
@@ -55,6 +57,9 @@ const (
 	BoundaryGit      = "git"
 	BoundaryPostgres = "postgres"
 	BoundaryFile     = "file"
+	// BoundaryBus marks reads and sweeps asked of the lease service (on
+	// fenceline.audit.<repoKey>.bus; RepoKey("") for every repo).
+	BoundaryBus = "bus"
 )
 
 // AuditEvent is one entry of the audit stream. Every grant, release,
@@ -70,7 +75,11 @@ type AuditEvent struct {
 	Scope    scope.Claim `json:"scope"`
 	Fence    uint64      `json:"fence,omitempty"`
 	Reason   string      `json:"reason,omitempty"`
-	Message  string      `json:"message"`
+	// RequestedBy is the bus identity that asked for a revoke, a sweep or
+	// a read (the service's name for it, else its public nkey): the token
+	// of the request subject, which the bus lets only that identity use.
+	RequestedBy string `json:"requestedBy,omitempty"`
+	Message     string `json:"message"`
 }
 
 // AcquireRequest asks for a lease.
@@ -126,6 +135,9 @@ type RevokeRequest struct {
 	LeaseID string `json:"leaseId"`
 	Repo    string `json:"repo,omitempty"` // optional routing hint
 	Reason  string `json:"reason"`
+	// by is who asked: set by the service from the request subject, never
+	// from the request's body.
+	by string
 }
 
 // cancelRequest withdraws a queued acquire (or releases what it was granted).
@@ -153,6 +165,11 @@ type listRequest struct {
 type sweepRequest struct {
 	Repo string `json:"repo,omitempty"`
 }
+
+// Lease service requests are sent on <apiPrefix>.<op>.<identity>, where
+// identity is the asker's public nkey (IdentityOf): the bus lets each
+// user publish only under its own (see Grant), so the service knows who
+// asked without trusting anything in the request.
 
 type reply struct {
 	Lease  *Lease     `json:"lease,omitempty"`

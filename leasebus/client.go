@@ -6,15 +6,22 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Client asks the lease service for leases. It is safe for concurrent use.
 type Client struct {
-	nc    *nats.Conn
-	boxes *mailboxes
+	nc       *nats.Conn
+	identity string // the request subjects' last token: IdentityOf(nc)
+	boxes    *mailboxes
+	// permitted holds the ops the bus is known to accept from this
+	// connection (a first request of each checks).
+	permitted sync.Map
 	// Timeout bounds one try of a request, on top of any wait it asks for.
 	Timeout time.Duration
 	// Tries is how often an idempotent request is sent before giving up
@@ -26,7 +33,7 @@ type Client struct {
 // keeps a reply subscription on nc for each request it has in flight at
 // once (up to 4; more share nats.go's), until it is garbage collected.
 func NewClient(nc *nats.Conn) *Client {
-	c := &Client{nc: nc, boxes: &mailboxes{nc: nc, max: 4}, Timeout: 5 * time.Second, Tries: 3}
+	c := &Client{nc: nc, identity: IdentityOf(nc), boxes: &mailboxes{nc: nc, max: 4}, Timeout: 5 * time.Second, Tries: 3}
 	runtime.AddCleanup(c, func(p *mailboxes) { p.close() }, c.boxes)
 	return c
 }
@@ -58,7 +65,25 @@ func (c *Client) request(ctx context.Context, op string, req any, wait time.Dura
 			return nil, fmt.Errorf("encode %s request: %w", op, err)
 		}
 	}
-	subj := apiPrefix + "." + op
+	subj := requestSubject(op, c.identity)
+	// The first request of each kind makes sure the bus took it (one
+	// round trip more), so a refused permission shows at once rather than
+	// as a timeout; later ones go out without it.
+	var check func(context.Context) error
+	if _, done := c.permitted.Load(op); !done {
+		check = func(ctx context.Context) error {
+			fctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			if err := c.nc.FlushWithContext(fctx); err != nil {
+				return nil // not known yet (reconnecting): wait for the reply as usual
+			}
+			if err := c.forbidden(op, subj); err != nil {
+				return err
+			}
+			c.permitted.Store(op, true)
+			return nil
+		}
+	}
 	tries := max(c.Tries, 1)
 	var lastErr error
 	for try := 0; try < tries; try++ {
@@ -70,9 +95,16 @@ func (c *Client) request(ctx context.Context, op string, req any, wait time.Dura
 			}
 		}
 		tctx, cancel := context.WithTimeout(ctx, c.Timeout+wait)
-		m, err := c.boxes.request(tctx, &nats.Msg{Subject: subj, Data: data})
+		m, err := c.boxes.requestChecked(tctx, &nats.Msg{Subject: subj, Data: data}, check)
 		cancel()
+		if err != nil && !errors.Is(err, ErrForbidden) {
+			if ferr := c.forbidden(op, subj); ferr != nil {
+				err = ferr // the bus dropped the request: say why
+			}
+		}
 		switch {
+		case errors.Is(err, ErrForbidden):
+			return nil, err
 		case err == nil:
 			var r reply
 			if err := unmarshalReply(m.Data, &r); err != nil {
@@ -92,6 +124,17 @@ func (c *Client) request(ctx context.Context, op string, req any, wait time.Dura
 		}
 	}
 	return nil, lastErr
+}
+
+// forbidden returns an ErrForbidden error when the bus refused this
+// connection's publish on subj (nats.go reports the server's
+// "Permissions Violation" asynchronously, as the connection's last error).
+func (c *Client) forbidden(op, subj string) error {
+	err := c.nc.LastError()
+	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), `"`+subj+`"`) {
+		return nil
+	}
+	return fmt.Errorf("%s: %w: the bus refused identity %s permission to %s (%v); use credentials of a role that may (%s), e.g. --creds or %s", op, ErrForbidden, c.identity, op, err, rolesFor(op), "FENCELINE_CREDS")
 }
 
 func (c *Client) leaseOp(ctx context.Context, op string, req any) (*Lease, error) {
@@ -223,8 +266,28 @@ func (c *Client) Watch(repo string, fn func(*Lease)) (stop func() error, err err
 	return c.watch(subj, fn)
 }
 
+// fromService reports whether m can be a change notice of the lease
+// service: a plain message, as only the service may publish on the change
+// subjects. A JetStream delivery there is not: the server delivers a push
+// consumer's messages to any subject its creator names, without checking
+// that creator's permissions, so a holder able to write a stream (the
+// shard attempts) could otherwise have the server deliver a forged record.
+// JetStream deliveries always carry a reply subject ($JS.ACK.…).
+func fromService(m *nats.Msg) bool {
+	return m.Reply == "" && !jetStreamDelivery(m)
+}
+
+// jetStreamDelivery reports a message the server delivered for a push
+// consumer: its reply subject is the ack subject, $JS.ACK.….
+func jetStreamDelivery(m *nats.Msg) bool {
+	return strings.HasPrefix(m.Reply, "$JS.") || m.Header.Get(jetstream.StreamHeader) != ""
+}
+
 func (c *Client) watch(subj string, fn func(*Lease)) (func() error, error) {
 	sub, err := c.nc.Subscribe(subj, func(m *nats.Msg) {
+		if !fromService(m) {
+			return
+		}
 		var l Lease
 		if json.Unmarshal(m.Data, &l) == nil {
 			fn(&l)

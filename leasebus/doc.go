@@ -60,5 +60,25 @@
 // The acquirer chooses a random credential and sends only its SHA-256; renew
 // and release must present the credential itself. The lease id alone is
 // never enough; refusals are audited. Revoke is the operator's path and is
-// audited with its reason.
+// audited with its reason and who asked.
+//
+// # Identities
+//
+// The bus admits only nkey users, each with a role (service, holder,
+// operator, viewer) whose publish and subscribe permissions NATS enforces;
+// one table (auth.go) makes the embedded server's users and the
+// configuration for any other server (AuthConfig, docs/trust.md). The
+// embedded server makes one credentials file per role on first start
+// (EnsureCreds) and reuses them.
+//
+// The rule for who asked: every lease request is published on
+// fenceline.lease.v1.<op>.<identity>, where identity is the asker's public
+// nkey (IdentityOf), and each user may publish only under its own. The
+// service takes the identity from the subject, never from the body, and
+// records it (AuditEvent.RequestedBy) for revoke, sweep and list. Replies go
+// to _INBOX.<identity>.…, which only that identity may subscribe to. Only
+// the service may subscribe to requests or publish change notices, the
+// log, peer announcements and the lease boundary's audit events; a
+// JetStream delivery onto those subjects (a push consumer's creator picks
+// its deliver subject unchecked) is ignored by clients and the service.
 package leasebus

@@ -195,6 +195,10 @@ func appendEvent(b []byte, ev *AuditEvent) ([]byte, bool) {
 		b = append(b, `,"reason":`...)
 		b = appendString(b, ev.Reason)
 	}
+	if ev.RequestedBy != "" {
+		b = append(b, `,"requestedBy":`...)
+		b = appendString(b, ev.RequestedBy)
+	}
 	b = append(b, `,"message":`...)
 	b = appendString(b, ev.Message)
 	return append(b, '}'), ok

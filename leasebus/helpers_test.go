@@ -3,6 +3,9 @@ package leasebus
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +28,36 @@ type bus struct {
 	cfg ServiceConfig
 }
 
+var (
+	credsOnce sync.Once
+	credsDir  string
+	credsErr  error
+)
+
+// testCredsDir is one set of bus credentials shared by every server the
+// package's tests start (restarts, cluster nodes and proxies need no
+// bookkeeping); it is removed when the tests are done.
+func testCredsDir(t testing.TB) string {
+	t.Helper()
+	credsOnce.Do(func() {
+		credsDir, credsErr = os.MkdirTemp("", "fenceline-test-creds-")
+		if credsErr == nil {
+			testutil.AtExit(func() { os.RemoveAll(credsDir) })
+			_, credsErr = EnsureCreds(credsDir)
+		}
+	})
+	if credsErr != nil {
+		t.Fatal(credsErr)
+	}
+	return credsDir
+}
+
+// serverConfig is cfg with the tests' shared credentials.
+func serverConfig(t testing.TB, cfg ServerConfig) ServerConfig {
+	cfg.CredsDir = testCredsDir(t)
+	return cfg
+}
+
 func startBus(t testing.TB) *bus {
 	t.Helper()
 	b := &bus{t: t, dir: t.TempDir()}
@@ -36,7 +69,7 @@ func startBus(t testing.TB) *bus {
 // start (re)starts the server on listen (keeping the store) and the service.
 func (b *bus) start(listen string) {
 	b.t.Helper()
-	srv, err := StartServer(ServerConfig{Listen: listen, StoreDir: b.dir})
+	srv, err := StartServer(serverConfig(b.t, ServerConfig{Listen: listen, StoreDir: b.dir}))
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -65,9 +98,25 @@ func (b *bus) stop() {
 	}
 }
 
+// connect opens a connection as the lease service.
 func connect(t testing.TB, url string) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	return connectAs(t, url, RoleService)
+}
+
+// connectAs opens a connection with the credentials of role.
+func connectAs(t testing.TB, url string, role Role, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	c, err := LoadCreds(filepath.Join(testCredsDir(t), CredsFile(role)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	copts, err := c.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts = append(append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, copts...), opts...)
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -87,6 +87,12 @@ func (p *mailboxes) close() {
 // RequestMsgWithContext (the same errors: ctx.Err(), ErrNoResponders,
 // connection errors).
 func (p *mailboxes) request(ctx context.Context, m *nats.Msg) (*nats.Msg, error) {
+	return p.requestChecked(ctx, m, nil)
+}
+
+// requestChecked is request; check, when set, runs right after the
+// publish (before waiting for the reply) and its error ends the request.
+func (p *mailboxes) requestChecked(ctx context.Context, m *nats.Msg, check func(context.Context) error) (*nats.Msg, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -99,6 +105,9 @@ func (p *mailboxes) request(ctx context.Context, m *nats.Msg) (*nats.Msg, error)
 	m.Reply = reply
 	err := p.nc.PublishMsg(m)
 	m.Reply = ""
+	if err == nil && check != nil {
+		err = check(ctx)
+	}
 	if err != nil {
 		p.put(mb)
 		return nil, err

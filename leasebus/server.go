@@ -37,6 +37,13 @@ type ServerConfig struct {
 	Routes        []string
 	// Debug turns on the server's own log on stderr.
 	Debug bool
+	// Users are the identities the server admits, each with its role's
+	// permissions. Empty: the credentials in CredsDir, made on first start
+	// (EnsureCreds). Nobody connects without credentials.
+	Users []ServerUser
+	// CredsDir holds the server's credentials when Users is empty (default
+	// CredsDirOf(StoreDir)). The nodes of a cluster share one.
+	CredsDir string
 }
 
 // DefaultStoreDir is the embedded bus's state directory:
@@ -122,8 +129,26 @@ func StartServer(cfg ServerConfig) (*server.Server, error) {
 	if err := CheckStoreDir(cfg.StoreDir); err != nil {
 		return nil, fmt.Errorf("start bus: %w", err)
 	}
+	users := cfg.Users
+	if len(users) == 0 {
+		if cfg.CredsDir == "" {
+			cfg.CredsDir = CredsDirOf(cfg.StoreDir)
+		}
+		creds, err := EnsureCreds(cfg.CredsDir)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range Roles {
+			users = append(users, creds[r].User())
+		}
+	}
+	nkeyUsers, err := serverUsers(users)
+	if err != nil {
+		return nil, fmt.Errorf("bus users: %w", err)
+	}
 	host, port, _ := splitHostPort(cfg.Listen)
 	opts := &server.Options{
+		Nkeys:      nkeyUsers,
 		ServerName: cfg.Name,
 		Host:       host,
 		Port:       port,

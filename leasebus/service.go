@@ -35,6 +35,10 @@ type ServiceConfig struct {
 	// full or read-only store) rather than a timeout. `bus serve` sets it
 	// to DirProbe of the embedded server's store.
 	StoreProbe StoreProbe
+	// Names maps bus identities (public nkeys) to the names the audit
+	// calls them by (RequestedBy); an identity not in it is named by its
+	// key.
+	Names map[string]string
 }
 
 // Validate reports a configuration that cannot work.
@@ -149,10 +153,12 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		return nil, err
 	}
 	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep"} {
-		sub, err := nc.QueueSubscribe(apiPrefix+"."+op, serviceQueue, s.handler(op))
+		// <op>.<identity>: the bus lets each identity publish only under
+		// its own, so the last token says who asked (see Grant).
+		sub, err := nc.QueueSubscribe(requestSubject(op, "*"), serviceQueue, s.handler(op))
 		if err != nil {
 			s.Stop()
-			return nil, fmt.Errorf("subscribe %s.%s: %w", apiPrefix, op, err)
+			return nil, fmt.Errorf("subscribe %s: %w", requestSubject(op, "*"), err)
 		}
 		s.track(sub)
 	}
@@ -314,6 +320,17 @@ func (s *Service) handler(op string) nats.MsgHandler {
 		c := &call{op: op, msg: m, at: s.cfg.Now()}
 		var repo, leaseID, hint string
 		var err error
+		if jetStreamDelivery(m) {
+			// A JetStream delivery, not a request its identity published:
+			// the server delivers a push consumer's messages to any subject
+			// its creator names, without checking its permissions.
+			return
+		}
+		id := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+		if !validIdentity(id) {
+			respondErr(m, fmt.Errorf("%w: request subject %q names no identity (want %s)", ErrInvalid, m.Subject, requestSubject(op, "<identity>")))
+			return
+		}
 		switch op {
 		case "acquire":
 			var r AcquireRequest
@@ -339,6 +356,7 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			if err == nil && strings.TrimSpace(r.Reason) == "" {
 				err = fmt.Errorf("%w: revoke needs a reason (--reason)", ErrInvalid)
 			}
+			r.by = s.name(id)
 			c.req, leaseID, hint = &r, r.LeaseID, r.Repo
 		case "cancel":
 			var r cancelRequest
@@ -351,13 +369,22 @@ func (s *Service) handler(op string) nats.MsgHandler {
 		case "list":
 			var r listRequest
 			if err = decode(m.Data, &r); err == nil {
-				s.goTracked(c, func() { s.fanOut(c, r.Repo, &r) }) // fans out to actors; must not block the subscription
+				s.goTracked(c, func() { // fans out to actors; must not block the subscription
+					c.respond(s.fanOut(c, r.Repo, &r))
+					s.auditAccess(EventList, r.Repo, id, nil) // after the answer: reads fail open, and wait for no fsync
+				})
 				return
 			}
 		case "sweep":
 			var r sweepRequest
 			if err = decode(m.Data, &r); err == nil {
-				s.goTracked(c, func() { s.fanOut(c, r.Repo, &r) })
+				s.goTracked(c, func() {
+					rep := s.fanOut(c, r.Repo, &r)
+					c.respond(rep)
+					if rep.Error == nil {
+						s.auditAccess(EventSweep, r.Repo, id, rep.Leases)
+					}
+				})
 				return
 			}
 		}
@@ -594,9 +621,52 @@ const MaxCandidates = 256
 // DefaultTTL is the TTL of a lease that asks for none.
 const DefaultTTL = 300 * time.Second
 
+// name is what the audit calls identity id.
+func (s *Service) name(id string) string {
+	if n := s.cfg.Names[id]; n != "" {
+		return n
+	}
+	return id
+}
+
+// accessAuditTimeout bounds writing a read's or a sweep's audit event.
+const accessAuditTimeout = 2 * time.Second
+
+// auditAccess writes who asked for a list or a sweep of repo (every repo
+// when empty) to the audit stream, on fenceline.audit.<repoKey>.bus, after
+// the answer went out: a failed write is logged (reads fail open; what a
+// sweep reclaims is audited with the lease log's events anyway).
+func (s *Service) auditAccess(typ, repo, id string, swept []*Lease) {
+	who := s.name(id)
+	ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: typ, Boundary: BoundaryBus, Repo: repo, RequestedBy: who}
+	what := repo
+	if what == "" {
+		what = "every repo"
+	}
+	switch typ {
+	case EventList:
+		ev.Message = fmt.Sprintf("list: %s read the leases of %s", who, what)
+	case EventSweep:
+		ids := make([]string, len(swept))
+		for i, l := range swept {
+			ids[i] = l.LeaseID
+		}
+		ev.Message = fmt.Sprintf("sweep: %s swept %s; reclaimed %d %v", who, what, len(ids), ids)
+	}
+	data, err := (&auditBatch{Events: []AuditEvent{ev}}).encode()
+	if err == nil {
+		ctx, cancel := context.WithTimeout(s.ctx, accessAuditTimeout)
+		_, err = s.js.Publish(ctx, auditSubjectFor(repo)+"."+BoundaryBus, data)
+		cancel()
+	}
+	if err != nil {
+		s.log.Warn("audit event of a "+typ+" not written", "repo", repo, "requested_by", who, "err", err)
+	}
+}
+
 // fanOut runs req through the actor of repo, or of every repo with a lease
-// log when repo is empty, and answers c with all their leases.
-func (s *Service) fanOut(c *call, repo string, req any) {
+// log when repo is empty, and returns all their leases.
+func (s *Service) fanOut(c *call, repo string, req any) reply {
 	var actors []*actor
 	if repo != "" {
 		actors = []*actor{s.actor(RepoKey(repo), repo)}
@@ -612,10 +682,9 @@ func (s *Service) fanOut(c *call, repo string, req any) {
 	for _, a := range actors {
 		rep := a.ask(s.ctx, &call{op: c.op, req: req})
 		if rep.Error != nil {
-			c.respond(rep)
-			return
+			return rep
 		}
 		out.Leases = append(out.Leases, rep.Leases...)
 	}
-	c.respond(out)
+	return out
 }

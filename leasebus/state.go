@@ -529,7 +529,8 @@ func (t *txn) revoke(r *RevokeRequest) (*entry, error) {
 		return e, nil
 	}
 	n := t.end(e, StatusRevoked, "revoked: "+r.Reason)
-	t.audit(EventRevoked, n, r.Reason, fmt.Sprintf("revoked: %s owner=%s fence=%d reason=%q", n.LeaseID, n.Owner, n.Fence, r.Reason))
+	t.audit(EventRevoked, n, r.Reason, fmt.Sprintf("revoked: %s owner=%s fence=%d reason=%q by=%s", n.LeaseID, n.Owner, n.Fence, r.Reason, r.by))
+	t.events[len(t.events)-1].RequestedBy = r.by
 	return n, nil
 }
 

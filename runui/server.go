@@ -290,6 +290,7 @@ func (s *Server) recentAudit(ctx context.Context, repo string, limit int) ([]lea
 	if err != nil {
 		return nil, err
 	}
+	evs = slices.DeleteFunc(evs, func(ev leasebus.AuditEvent) bool { return ownRead(&ev) })
 	if len(evs) > limit {
 		evs = evs[len(evs)-limit:]
 	}
@@ -297,6 +298,12 @@ func (s *Server) recentAudit(ctx context.Context, repo string, limit int) ([]lea
 		evs = []leasebus.AuditEvent{}
 	}
 	return evs, nil
+}
+
+// ownRead reports a list audit event: the UI's own reads (every page load
+// lists) would fill its feed; `fenceline lease audit` shows them.
+func ownRead(ev *leasebus.AuditEvent) bool {
+	return ev.Boundary == leasebus.BoundaryBus && ev.Type == leasebus.EventList
 }
 
 // auditStart is the stream sequence a backlog of about n events starts at
@@ -541,7 +548,9 @@ func (s *Server) followAudit(ctx context.Context, repo string, st *stream) (jets
 			return
 		}
 		for i := range b.Events {
-			st.push("audit", &b.Events[i])
+			if !ownRead(&b.Events[i]) {
+				st.push("audit", &b.Events[i])
+			}
 		}
 	})
 }

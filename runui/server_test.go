@@ -28,7 +28,7 @@ const repo = "github.com/acme/payments"
 func startUI(t *testing.T, cfg Config) (*bustest.Bus, *httptest.Server) {
 	t.Helper()
 	b := bustest.Start(t)
-	cfg.NC = b.Conn
+	cfg.NC = b.ConnectAs(t, leasebus.RoleViewer) // as under bus serve --ui
 	return b, serveUI(t, cfg)
 }
 
@@ -278,11 +278,17 @@ func TestStreamOverflow(t *testing.T) {
 // the stream sends them again after each lease record.
 func TestShards(t *testing.T) {
 	b := bustest.Start(t)
-	st, err := shard.Open(b.Conn, shard.Config{})
+	st, err := shard.Open(b.ConnectAs(t, leasebus.RoleOperator), shard.Config{}) // declares pools
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := serveUI(t, Config{NC: b.Conn, Shards: StoreSource(st)})
+	// The UI reads as a viewer, as under bus serve --ui.
+	vnc := b.ConnectAs(t, leasebus.RoleViewer)
+	vst, err := shard.Open(vnc, shard.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := serveUI(t, Config{NC: vnc, Shards: StoreSource(vst)})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 

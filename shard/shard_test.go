@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -45,9 +46,16 @@ func mustGit(t testing.TB, dir string, args ...string) string {
 	return strings.TrimSpace(out)
 }
 
+// openStore opens a store as an operator: it declares pools, and places
+// and settles attempts as runners (holders) do.
 func openStore(t testing.TB, b *bustest.Bus) *Store {
 	t.Helper()
-	st, err := Open(b.Conn, Config{Audit: b.Auditor})
+	nc := b.ConnectAs(t, leasebus.RoleOperator)
+	audit, err := leasebus.NewAuditor(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := Open(nc, Config{Audit: audit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -459,4 +467,20 @@ func poolFixture(t *testing.T, files, size, maxSharers int) (*bustest.Bus, *Stor
 	st := openStore(t, b)
 	co := newRepo(t, files)
 	return b, st, co, declare(t, st, co, size, maxSharers)
+}
+
+// The bus's permission table names this package's buckets: a renamed
+// bucket would lock runners out of it.
+func TestBucketsInThePermissionTable(t *testing.T) {
+	g, err := leasebus.GrantOf(leasebus.RoleHolder, leasebus.IdentityToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{PoolBucket, AttemptBucket} {
+		for _, subj := range []string{"$KV." + b + ".>", "$JS.API.STREAM.INFO.KV_" + b} {
+			if !slices.Contains(g.Publish, subj) {
+				t.Errorf("holder may not publish %s", subj)
+			}
+		}
+	}
 }

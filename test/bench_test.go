@@ -11,27 +11,17 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/test/leaseload"
 )
 
 func startBench(b *testing.B, clients int) []*leasebus.Client {
 	b.Helper()
-	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	conn := func() *nats.Conn {
-		nc, err := nats.Connect(srv.ClientURL())
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(nc.Close)
-		return nc
-	}
+	srv := bustest.StartServer(b, leasebus.ServerConfig{})
+	conn := func() *nats.Conn { return bustest.ConnectRole(b, srv.ClientURL(), leasebus.RoleHolder) }
 	// The service talks to its server in-process, as in `fenceline bus serve`.
-	svcConn, err := nats.Connect("", nats.InProcessServer(srv))
+	svcConn, err := nats.Connect("", bustest.Options(b, leasebus.RoleService, nats.InProcessServer(srv))...)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"path/filepath"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -28,7 +29,57 @@ func (a *app) busCommand() *cobra.Command {
 		Args:  groupArgs,
 		RunE:  showHelp,
 	}
-	c.AddCommand(a.serveCommand())
+	c.AddCommand(a.serveCommand(), a.credsCommand())
+	return c
+}
+
+func (a *app) credsCommand() *cobra.Command {
+	var dir string
+	c := &cobra.Command{
+		Use:   "creds [--dir DIR]",
+		Short: "Make the bus identities' credentials and print the nats-server configuration that admits them",
+		Long: `Make (or reuse) one credentials file per role — service, operator, holder,
+viewer: an nkey user seed each, mode 0600 in a 0700 directory — and print the
+authorization block a nats-server configuration needs to admit them with
+exactly their roles' permissions. For a bus on an existing NATS server or
+cluster: include the block in every node's configuration, then give each
+machine the files its commands need (--creds DIR or ` + EnvCreds + `).
+See docs/trust.md.
+
+DIR defaults to --creds (or $` + EnvCreds + `) when it names a directory, else
+the embedded default bus's own (` + defaultCredsDir() + `).`,
+		Args:    cobra.NoArgs,
+		Example: `  fenceline bus creds --dir /etc/fenceline/creds > /etc/nats/fenceline-auth.conf`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dir == "" {
+				p, source := a.credsSetting()
+				switch fi, err := os.Stat(p); {
+				case p == "":
+					dir = defaultCredsDir()
+				case err == nil && !fi.IsDir():
+					return usagef("%s %s is a file; bus creds makes a directory of them (--dir)", source, p)
+				default:
+					dir = p
+				}
+			}
+			creds, err := leasebus.EnsureCreds(dir)
+			if err != nil {
+				return err
+			}
+			var users []leasebus.ServerUser
+			for _, r := range leasebus.Roles {
+				users = append(users, creds[r].User())
+			}
+			conf, err := leasebus.AuthConfig(users)
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(a.stdout, conf)
+			fmt.Fprintf(a.stderr, "credentials: %s (keep them from agents; run the lease service with --creds %s)\n", dir, dir)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&dir, "dir", "", "credentials directory to make or reuse")
 	return c
 }
 
@@ -45,6 +96,7 @@ type serveFlags struct {
 	clustered           bool           // this process joins a cluster
 	inProcess           *server.Server // the embedded server, when there is one
 	storeDir            string         // its store
+	credsDir            string         // the embedded server's credentials
 	logger              *slog.Logger
 }
 
@@ -59,6 +111,13 @@ serve until SIGINT or SIGTERM.
 
 With --nats URL, run only the lease service against that existing NATS
 server or cluster; several services may run against one bus.
+
+The embedded server admits only its own identities, one per role (service,
+operator, holder, viewer: see docs/trust.md). It writes their credentials on
+first start to <store>/creds (or the directory --creds names), files of mode
+0600 in a 0700 directory, and reuses them after; fenceline commands on this
+machine find the default bus's without any flag. The nodes of a cluster
+share one credentials directory: copy it to each and pass --creds DIR.
 
 --replicas sets the replication of the lease log and audit streams: by
 default 3 when this process joins a cluster (--cluster-name) or the NATS
@@ -143,6 +202,12 @@ func (a *app) serveEmbedded(ctx context.Context, f *serveFlags) error {
 	if err := checkListen(cfg.Listen); err != nil {
 		return err
 	}
+	credsDir, err := a.embeddedCredsDir(cfg.StoreDir)
+	if err != nil {
+		return err
+	}
+	cfg.CredsDir = credsDir
+	f.credsDir = cfg.CredsDir
 	srv, err := leasebus.StartServer(cfg)
 	if err != nil {
 		return err
@@ -162,6 +227,7 @@ func (a *app) serveEmbedded(ctx context.Context, f *serveFlags) error {
 	url := srv.ClientURL()
 	fmt.Fprintf(a.stdout, "fenceline bus listening on %s\n", url)
 	fmt.Fprintf(a.stdout, "store: %s\n", cfg.StoreDir)
+	fmt.Fprintf(a.stdout, "credentials: %s (one per role; keep them from agents)\n", cfg.CredsDir)
 	f.logger.Info("bus started", "url", url, "store", cfg.StoreDir, "cluster", cfg.ClusterName, "name", srv.Name())
 	f.natsURL, f.natsSource = url, "embedded server"
 	f.inProcess = srv // the service talks to its own server without TCP
@@ -183,10 +249,14 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 			f.logger.Info("reconnected to bus", "url", nc.ConnectedUrl())
 		}),
 	}
+	svcCreds, uiCreds, names, err := a.serviceCreds(f)
+	if err != nil {
+		return err
+	}
 	if f.inProcess != nil {
 		opts = append(opts, nats.InProcessServer(f.inProcess))
 	}
-	nc, err := a.connect(f.natsURL, f.natsSource, opts...)
+	nc, err := a.connectWith(svcCreds, f.natsURL, f.natsSource, opts...)
 	if err != nil {
 		return err
 	}
@@ -198,7 +268,7 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 			replicas = 3
 		}
 	}
-	scfg := leasebus.ServiceConfig{Replicas: replicas, Logger: f.logger}
+	scfg := leasebus.ServiceConfig{Replicas: replicas, Logger: f.logger, Names: names}
 	if f.inProcess != nil {
 		scfg.StoreProbe = leasebus.EmbeddedProbe(f.inProcess, f.storeDir)
 	}
@@ -211,12 +281,23 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 	}
 	fmt.Fprintf(a.stdout, "lease service ready on %s (replicas %d); stop with Ctrl-C\n", f.natsURL, replicas)
 	if f.ui != "" {
-		shards, err := shard.Open(nc, shard.Config{Logger: f.logger})
+		// The run UI reads as a viewer.
+		var uopts []nats.Option
+		if f.inProcess != nil {
+			uopts = append(uopts, nats.InProcessServer(f.inProcess))
+		}
+		unc, err := a.connectWith(uiCreds, f.natsURL, f.natsSource, append(uopts, nats.Name("fenceline-run-ui"), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))...)
 		if err != nil {
 			svc.Stop()
 			return err
 		}
-		ui, err := runui.Listen(f.ui, runui.Config{NC: nc, Token: os.Getenv(EnvUIToken), Shards: runui.StoreSource(shards), Logger: f.logger})
+		defer unc.Close()
+		shards, err := shard.Open(unc, shard.Config{Logger: f.logger})
+		if err != nil {
+			svc.Stop()
+			return err
+		}
+		ui, err := runui.Listen(f.ui, runui.Config{NC: unc, Token: os.Getenv(EnvUIToken), Shards: runui.StoreSource(shards), Logger: f.logger})
 		if err != nil {
 			svc.Stop()
 			return err
@@ -235,6 +316,46 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 	svc.Stop()
 	fmt.Fprintln(a.stdout, "lease service stopped")
 	return nil
+}
+
+// embeddedCredsDir is where the embedded server keeps its credentials:
+// the directory --creds or $FENCELINE_CREDS names (made if missing), else
+// <store>/creds.
+func (a *app) embeddedCredsDir(store string) (string, error) {
+	p, source := a.credsSetting()
+	if p == "" {
+		return leasebus.CredsDirOf(store), nil
+	}
+	if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+		return "", usagef("%s %s is a file: the embedded bus keeps one credentials file per role in a directory; name a directory (or leave %s unset for <store>/creds)", source, p, source)
+	}
+	return p, nil
+}
+
+// serviceCreds picks the lease service's and the run UI's credentials,
+// and the names the audit gives the identities it knows.
+func (a *app) serviceCreds(f *serveFlags) (svc, ui busCreds, names map[string]string, err error) {
+	if f.credsDir != "" { // the embedded server's own
+		at := func(r leasebus.Role) busCreds {
+			return busCreds{path: filepath.Join(f.credsDir, leasebus.CredsFile(r)), source: "the embedded bus", role: r}
+		}
+		return at(leasebus.RoleService), at(leasebus.RoleViewer), leasebus.NamesIn(f.credsDir), nil
+	}
+	if svc, err = a.credsFor(leasebus.RoleService); err != nil {
+		return
+	}
+	ui = svc
+	if f.ui != "" {
+		if ui, err = a.credsFor(leasebus.RoleViewer); err != nil {
+			return
+		}
+	}
+	if p, _ := a.credsSetting(); p != "" {
+		if fi, serr := os.Stat(p); serr == nil && fi.IsDir() {
+			names = leasebus.NamesIn(p)
+		}
+	}
+	return svc, ui, names, nil
 }
 
 // serviceStartTimeout bounds starting the lease service: on a fresh

@@ -1,10 +1,13 @@
 package cli
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -12,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 )
@@ -78,6 +84,9 @@ func startServe(t *testing.T, args ...string) (*served, error) {
 func TestBusServeEmbedded(t *testing.T) {
 	isolate(t)
 	store := filepath.Join(t.TempDir(), "bus")
+	// A bus on another store than the default: its credentials are where
+	// --creds or $FENCELINE_CREDS says, for it and for every command.
+	t.Setenv(EnvCreds, filepath.Join(store, "creds"))
 	url, out, errOut, stop := serveInProcess(t, "--listen", "127.0.0.1:0", "--store", store, "--log-format", "json", "--ui", "127.0.0.1:0")
 	mustContain(t, "bus serve stdout", out.String(), "fenceline bus listening on "+url, "store: "+store, "(replicas 1)")
 
@@ -113,11 +122,8 @@ func TestBusServeEmbedded(t *testing.T) {
 func TestBusServeServiceOnly(t *testing.T) {
 	isolate(t)
 	// A bare NATS server (a "cluster" of one) with no lease service...
-	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	srv := bustest.StartServer(t, leasebus.ServerConfig{})
+	useTestCreds(t)
 	natsURL := srv.ClientURL()
 	r := fl(t, "--nats", natsURL, "lease", "list").want(t, ExitError)
 	mustContain(t, "stderr", r.stderr, "no lease service answers", "fenceline bus serve")
@@ -184,6 +190,7 @@ func freeAddr(t *testing.T) string {
 // streams get 3 replicas) and uses them as one bus.
 func TestBusServeCluster(t *testing.T) {
 	isolate(t)
+	t.Setenv(EnvCreds, t.TempDir()) // one credentials directory for every node
 	clusterAddrs := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
 	routes := "nats://" + strings.Join(clusterAddrs, ",nats://")
 	nodes := make([]*served, 3)
@@ -228,4 +235,160 @@ func TestBusServeCluster(t *testing.T) {
 			t.Errorf("node %d exited %d", i, code)
 		}
 	}
+}
+
+// TestBusCredentials: "bus serve" on the default store makes one
+// credentials file per role (0600 in a 0700 directory) and reuses them on
+// the next start; commands on this machine find them with no flag, each as
+// the least role it needs, and the audit names who revoked. A bus refuses
+// a client without its credentials, and each refusal says what to do.
+func TestBusCredentials(t *testing.T) {
+	isolate(t)
+	url, out, _, stop := serveInProcess(t, "--listen", "127.0.0.1:0")
+	dir := defaultCredsDir()
+	mustContain(t, "bus serve stdout", out.String(), "credentials: "+dir)
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("credentials dir %s: %v %v", dir, fi, err)
+	}
+	seeds := map[leasebus.Role][]byte{}
+	for _, r := range leasebus.Roles {
+		p := filepath.Join(dir, leasebus.CredsFile(r))
+		fi, err := os.Stat(p)
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v %v", p, fi, err)
+		}
+		if seeds[r], err = os.ReadFile(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// No --creds, no $FENCELINE_CREDS: the default bus's own.
+	a := acquireJSON(t, url, "--scope", "services/billing")
+	if ls := listJSON(t, url); len(ls) != 1 {
+		t.Fatalf("list: %+v", ls)
+	}
+	fl(t, "--nats", url, "lease", "revoke", a.LeaseID, "--reason", "credentials test").want(t, ExitOK)
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error { // the service writes its audit events in the background
+		r := fl(t, "--nats", url, "lease", "audit", "--json").want(t, ExitOK)
+		var evs []leasebus.AuditEvent
+		if err := json.Unmarshal([]byte(r.stdout), &evs); err != nil {
+			t.Fatal(err)
+		}
+		var revokedBy, listedBy string
+		for _, ev := range evs {
+			switch ev.Type {
+			case leasebus.EventRevoked:
+				revokedBy = ev.RequestedBy
+			case leasebus.EventList:
+				listedBy = ev.RequestedBy
+			}
+		}
+		if revokedBy != "operator" || listedBy != "viewer" {
+			return fmt.Errorf("audit: revoked by %q, listed by %q; want operator and viewer\n%s", revokedBy, listedBy, r.stdout)
+		}
+		return nil
+	})
+
+	// A role that may not: a viewer's revoke is refused at once, clearly.
+	b := acquireJSON(t, url, "--scope", "libs")
+	r := fl(t, "--nats", url, "--creds", filepath.Join(dir, "viewer.nk"), "lease", "revoke", b.LeaseID, "--reason", "x").want(t, ExitConflict)
+	mustContain(t, "viewer revoke stderr", r.stderr, "not permitted", "operator", "--creds")
+	// Another bus's credentials.
+	other := t.TempDir()
+	if _, err := leasebus.EnsureCreds(other); err != nil {
+		t.Fatal(err)
+	}
+	r = fl(t, "--nats", url, "--creds", other, "lease", "list").want(t, ExitError)
+	mustContain(t, "wrong credentials stderr", r.stderr, "refused the credentials", filepath.Join(other, "viewer.nk"), "--creds")
+	// Credentials that are not there.
+	r = fl(t, "--nats", url, "--creds", filepath.Join(other, "nope"), "lease", "list").want(t, ExitError)
+	mustContain(t, "missing credentials stderr", r.stderr, "do not exist", "nope")
+	// None at all: another user's state dir.
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	r = fl(t, "--nats", url, "lease", "list").want(t, ExitError)
+	mustContain(t, "no credentials stderr", r.stderr, "requires credentials", "none were found", "--creds", EnvCreds)
+	t.Setenv("XDG_STATE_HOME", filepath.Dir(filepath.Dir(filepath.Dir(dir))))
+	if defaultCredsDir() != dir {
+		t.Fatalf("state dir not restored: %s", defaultCredsDir())
+	}
+
+	if code := stop(); code != ExitOK {
+		t.Fatalf("bus serve exited %d", code)
+	}
+	// The next start reuses them: the first lease's owner still renews.
+	url2, _, _, stop2 := serveInProcess(t, "--listen", "127.0.0.1:0")
+	for _, r := range leasebus.Roles {
+		data, err := os.ReadFile(filepath.Join(dir, leasebus.CredsFile(r)))
+		if err != nil || !bytes.Equal(data, seeds[r]) {
+			t.Fatalf("%s credentials changed on the second start (%v)", r, err)
+		}
+	}
+	fl(t, "--nats", url2, "lease", "renew", b.LeaseID).want(t, ExitOK)
+	if code := stop2(); code != ExitOK {
+		t.Fatalf("second bus serve exited %d", code)
+	}
+}
+
+// TestBusCredsExternalServer: a plain nats-server configured with what
+// "bus creds" prints (docs/trust.md) runs the lease service and every
+// command, each as its role, and refuses a client without credentials.
+func TestBusCredsExternalServer(t *testing.T) {
+	isolate(t)
+	dir := filepath.Join(t.TempDir(), "creds")
+	r := fl(t, "bus", "creds", "--dir", dir).want(t, ExitOK)
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	cfg := fmt.Sprintf("listen: 127.0.0.1:-1\njetstream { store_dir: %q }\n%s", t.TempDir(), r.stdout)
+	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("nats-server rejects the printed config: %v\n%s", err, cfg)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	natsURL := srv.ClientURL()
+	t.Setenv(EnvCreds, dir)
+	t.Setenv(EnvNATS, natsURL)
+	_, _, _, stop := serveInProcess(t)
+	a := acquireJSON(t, natsURL, "--scope", "x")
+	if ls := listJSON(t, natsURL); len(ls) != 1 {
+		t.Fatalf("list: %+v", ls)
+	}
+	fl(t, "lease", "revoke", a.LeaseID, "--reason", "external").want(t, ExitOK)
+	t.Setenv(EnvCreds, "")
+	r = fl(t, "lease", "list").want(t, ExitError)
+	mustContain(t, "stderr", r.stderr, "requires credentials")
+	if code := stop(); code != ExitOK {
+		t.Errorf("bus serve exited %d", code)
+	}
+}
+
+// A credentials directory without the least role's file: the command
+// takes a role that may more, or says which files would do.
+func TestCredsDirFallsBackToAWiderRole(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	mine := t.TempDir()
+	data, err := os.ReadFile(filepath.Join(bustest.CredsDir(t), "operator.nk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mine, "operator.nk"), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvCreds, mine)
+	listJSON(t, url)                                                                             // viewer's command, as the operator
+	fl(t, "--nats", url, "lease", "acquire", "--repo", testRepo, "--scope", "x").want(t, ExitOK) // holder's
+	t.Setenv(EnvCreds, t.TempDir())
+	r := fl(t, "--nats", url, "lease", "list").want(t, ExitError)
+	mustContain(t, "stderr", r.stderr, "holds none that may", "viewer.nk, operator.nk, service.nk")
 }

@@ -86,6 +86,7 @@ type app struct {
 	stdout, stderr io.Writer
 	defaultURL     string
 	natsFlag       string // --nats
+	credsFlag      string // --creds
 }
 
 func (a *app) rootCommand() *cobra.Command {
@@ -99,6 +100,12 @@ for every overlapping grant.
 The bus: --nats URL, else $` + EnvNATS + `, else the embedded default at
 ` + a.defaultURL + ` (start it with "fenceline bus serve").
 
+Bus credentials: --creds PATH, else $` + EnvCreds + `, else the embedded
+default bus's own (written to ` + defaultCredsDir() + ` on its first
+start). PATH is a credentials directory (each command takes the file of the
+least role it needs: viewer.nk, holder.nk, operator.nk, service.nk) or one
+.nk file used for every command. See docs/trust.md.
+
 ` + exitHelp,
 		SilenceErrors: true,
 		SilenceUsage:  true,
@@ -107,6 +114,7 @@ The bus: --nats URL, else $` + EnvNATS + `, else the embedded default at
 	}
 	root.CompletionOptions.HiddenDefaultCmd = true
 	root.PersistentFlags().StringVar(&a.natsFlag, "nats", "", "NATS URL of the lease bus (env "+EnvNATS+"; default the embedded bus at "+a.defaultURL+")")
+	root.PersistentFlags().StringVar(&a.credsFlag, "creds", "", "bus credentials: a credentials directory (one <role>.nk per role) or one .nk file (env "+EnvCreds+"; default the embedded bus's, in "+defaultCredsDir()+")")
 	root.AddCommand(a.busCommand(), a.leaseCommand(), a.sidecarCommand(), a.runCommand(), a.pgCommand(), a.hookCommand(), a.demoCommand())
 	root.AddCommand(a.shardCommand())
 	root.AddCommand(a.agentCommand())
@@ -182,7 +190,7 @@ func exitCode(err error) int {
 		return ee.code
 	case errors.As(err, &ue), errors.Is(err, leasebus.ErrInvalid):
 		return ExitUsage
-	case errors.Is(err, leasebus.ErrConflict), errors.Is(err, leasebus.ErrNotOwner):
+	case errors.Is(err, leasebus.ErrConflict), errors.Is(err, leasebus.ErrNotOwner), errors.Is(err, leasebus.ErrForbidden):
 		return ExitConflict
 	case errors.Is(err, leasebus.ErrLeaseLost):
 		return ExitLost

@@ -63,6 +63,8 @@ With --ui, the run UI shows it all live.`,
 type demo struct {
 	out     io.Writer
 	nc      *nats.Conn
+	creds   string           // the demo bus's credentials directory (--creds of the commands it runs)
+	op      *leasebus.Client // as the operator: revokes
 	c       *leasebus.Client
 	auditor *leasebus.Auditor
 	grants  []demoGrant // in the order this program learned of them
@@ -96,12 +98,19 @@ func runDemo(parent context.Context, out io.Writer, keep bool, ui string) error 
 		srv.Shutdown()
 		srv.WaitForShutdown()
 	}()
-	nc, err := nats.Connect(srv.ClientURL(), nats.Name("fenceline-demo"), nats.Timeout(connectTimeout), nats.InProcessServer(srv))
+	// The demo plays every part on its own bus: it connects as the lease
+	// service, with the credentials the bus made in its store.
+	credsDir := leasebus.CredsDirOf(filepath.Join(dir, "bus"))
+	copts, err := leasebus.RoleOptions(credsDir, leasebus.RoleService)
+	if err != nil {
+		return fmt.Errorf("demo bus: %w", err)
+	}
+	nc, err := nats.Connect(srv.ClientURL(), append(copts, nats.Name("fenceline-demo"), nats.Timeout(connectTimeout), nats.InProcessServer(srv))...)
 	if err != nil {
 		return fmt.Errorf("demo bus: connect: %w", err)
 	}
 	defer nc.Close()
-	svc, err := leasebus.StartService(ctx, nc, leasebus.ServiceConfig{})
+	svc, err := leasebus.StartService(ctx, nc, leasebus.ServiceConfig{Names: leasebus.NamesIn(credsDir)})
 	if err != nil {
 		return fmt.Errorf("demo lease service: %w", err)
 	}
@@ -111,16 +120,37 @@ func runDemo(parent context.Context, out io.Writer, keep bool, ui string) error 
 	if err != nil {
 		return err
 	}
-	d := &demo{out: out, nc: nc, c: leasebus.NewClient(nc), auditor: auditor}
+	// The operator's revokes go out in the operator's name (the audit says
+	// who asked).
+	oopts, err := leasebus.RoleOptions(credsDir, leasebus.RoleOperator)
+	if err != nil {
+		return fmt.Errorf("demo bus: %w", err)
+	}
+	onc, err := nats.Connect(srv.ClientURL(), append(oopts, nats.Name("fenceline-demo-operator"), nats.Timeout(connectTimeout), nats.InProcessServer(srv))...)
+	if err != nil {
+		return fmt.Errorf("demo bus: connect the operator: %w", err)
+	}
+	defer onc.Close()
+	d := &demo{out: out, nc: nc, c: leasebus.NewClient(nc), op: leasebus.NewClient(onc), auditor: auditor, creds: credsDir}
 	fmt.Fprintf(out, "fenceline demo: %s\n", demoRepo)
 	fmt.Fprintf(out, "bus: %s (embedded, its own store in %s; the default bus is untouched)\n", srv.ClientURL(), dir)
 	var page *runui.Running
 	if ui != "" {
-		shards, err := shard.Open(nc, shard.Config{})
+		// The run UI reads as a viewer, as under `bus serve --ui`.
+		vopts, err := leasebus.RoleOptions(credsDir, leasebus.RoleViewer)
+		if err != nil {
+			return fmt.Errorf("demo bus: %w", err)
+		}
+		unc, err := nats.Connect(srv.ClientURL(), append(vopts, nats.Name("fenceline-demo-ui"), nats.Timeout(connectTimeout), nats.InProcessServer(srv))...)
+		if err != nil {
+			return fmt.Errorf("demo bus: connect the run UI: %w", err)
+		}
+		defer unc.Close()
+		shards, err := shard.Open(unc, shard.Config{})
 		if err != nil {
 			return err
 		}
-		if page, err = runui.Listen(ui, runui.Config{NC: nc, Shards: runui.StoreSource(shards)}); err != nil {
+		if page, err = runui.Listen(ui, runui.Config{NC: unc, Shards: runui.StoreSource(shards)}); err != nil {
 			return err
 		}
 		defer func() {
@@ -323,7 +353,7 @@ func (d *demo) story(ctx context.Context) error {
 	const reason = "demo: operator ends agent-c's lease"
 	fmt.Fprintf(d.out, "operator: fenceline lease revoke %s --reason %q\n", c.lease.LeaseID, reason)
 	t1 := time.Now()
-	if _, err := d.c.Revoke(ctx, c.lease.LeaseID, reason); err != nil {
+	if _, err := d.op.Revoke(ctx, c.lease.LeaseID, reason); err != nil {
 		return fmt.Errorf("revoke %s: %w", c.lease.LeaseID, err)
 	}
 	select {

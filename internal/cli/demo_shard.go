@@ -56,7 +56,7 @@ type demoShards struct {
 // start runs "fenceline <args>" for name in the background.
 func (s *demoShards) start(ctx context.Context, name string, args ...string) *demoRun {
 	r := &demoRun{name: name, done: make(chan int, 1)}
-	full := append([]string{"--nats", s.url}, args...)
+	full := append([]string{"--nats", s.url, "--creds", s.creds}, args...)
 	if i := indexOf(full, "--"); i > 0 {
 		extra := []string{"--agent", name, "--state-dir", filepath.Join(s.dir, "state", name), "--allow-write", s.ctl}
 		if s.unguarded {
@@ -181,7 +181,7 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 		}
 	}
 	var out syncBuffer
-	if code := run(ctx, []string{"--nats", url, "shard", "pool", "--repo", s.co, "--size", "2", "--max-sharers", "3"}, &out, &out, url); code != 0 {
+	if code := run(ctx, []string{"--nats", url, "--creds", d.creds, "shard", "pool", "--repo", s.co, "--size", "2", "--max-sharers", "3"}, &out, &out, url); code != 0 {
 		return demoFail("shard pool should be declared: exit %d\n%s", code, out.String())
 	}
 	fmt.Fprintf(d.out, "fenceline shard pool --repo %s --size 2 --max-sharers 3\n", s.co)
@@ -267,7 +267,7 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 		}
 	}
 	out = syncBuffer{}
-	if code := run(ctx, []string{"--nats", url, "shard", "list", "--repo", s.co}, &out, &out, url); code != 0 {
+	if code := run(ctx, []string{"--nats", url, "--creds", d.creds, "shard", "list", "--repo", s.co}, &out, &out, url); code != 0 {
 		return demoFail("shard list: exit %d\n%s", code, out.String())
 	}
 	fmt.Fprintln(d.out, "fenceline shard list:")

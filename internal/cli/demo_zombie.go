@@ -66,7 +66,7 @@ echo "read=$(grep -c . notes/todo.md)"`, s.ctl) // after the loss it reports on 
 	}
 	id := m[1]
 	fmt.Fprintf(d.out, "  agent-zombie holds %s and has written its draft; then it stalls (a paused VM, a long GC) ...\n", id)
-	if _, err := d.c.Revoke(ctx, id, "demo: the agent stopped answering"); err != nil {
+	if _, err := d.op.Revoke(ctx, id, "demo: the agent stopped answering"); err != nil {
 		return demoFail("revoke %s: %v", id, err)
 	}
 	if err := s.awaitText(ctx, z, "LEASE LOST"); err != nil {

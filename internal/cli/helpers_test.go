@@ -10,8 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
+	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 )
@@ -19,31 +18,26 @@ import (
 const testRepo = "github.com/acme/payments"
 
 // startBus starts an in-process NATS server on a free 127.0.0.1 port with a
-// t.TempDir() store and a lease service on it, and returns its URL.
+// t.TempDir() store and a lease service on it, points $FENCELINE_CREDS at
+// its credentials, and returns its URL.
 func startBus(t testing.TB) string {
 	t.Helper()
-	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
+	srv := bustest.StartServer(t, leasebus.ServerConfig{})
+	nc := bustest.Connect(t, srv.ClientURL())
+	svc, err := leasebus.StartService(context.Background(), nc, leasebus.ServiceConfig{Names: bustest.Names(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		srv.Shutdown()
-		t.Fatal(err)
-	}
-	svc, err := leasebus.StartService(context.Background(), nc, leasebus.ServiceConfig{})
-	if err != nil {
-		nc.Close()
-		srv.Shutdown()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		svc.Stop()
-		nc.Close()
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
+	t.Cleanup(svc.Stop)
+	useTestCreds(t)
 	return srv.ClientURL()
+}
+
+// useTestCreds points $FENCELINE_CREDS at the test buses' credentials
+// directory: each command takes its role's file from it.
+func useTestCreds(t testing.TB) {
+	t.Helper()
+	t.Setenv(EnvCreds, bustest.CredsDir(t))
 }
 
 // isolate points the state dir at a temp dir and clears FENCELINE_NATS, so
@@ -52,6 +46,7 @@ func isolate(t *testing.T) {
 	t.Helper()
 	t.Setenv("XDG_STATE_HOME", t.TempDir())
 	t.Setenv(EnvNATS, "")
+	t.Setenv(EnvCreds, "")
 }
 
 // closedURL returns a nats:// URL on 127.0.0.1 where nothing listens.

@@ -60,7 +60,7 @@ bad --table, a --ttl out of range) are usage errors (exit 2).`,
 			if err != nil {
 				return err
 			}
-			s, err := a.dial()
+			s, err := a.dial(leasebus.RoleHolder)
 			if err != nil {
 				return err
 			}
@@ -273,7 +273,7 @@ renewal then compares against the version it reads first. A refused renewal mean
 			default:
 				return ferr
 			}
-			s, err := a.dialURL(url, source)
+			s, err := a.dialURL(leasebus.RoleHolder, url, source)
 			if err != nil {
 				return err
 			}
@@ -345,7 +345,7 @@ ended is not an error. The credential file is removed afterwards.`,
 			default:
 				return ferr
 			}
-			s, err := a.dialURL(url, source)
+			s, err := a.dialURL(leasebus.RoleHolder, url, source)
 			if err != nil {
 				return err
 			}
@@ -379,7 +379,7 @@ ended is not an error. The credential file is removed afterwards.`,
 // no credential for: an ended lease is lost (renew, exit 4) or already
 // released (release, exit 0); an active one needs --credential.
 func (a *app) withoutCredential(ctx context.Context, op, id string, ferr error, asJSON bool) error {
-	s, err := a.dial()
+	s, err := a.dial(leasebus.RoleViewer)
 	if err != nil {
 		return err
 	}
@@ -414,7 +414,7 @@ func (a *app) listCommand() *cobra.Command {
 		Short: "List active leases (with --all, recently ended ones too)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := a.dial()
+			s, err := a.dial(leasebus.RoleViewer)
 			if err != nil {
 				return err
 			}
@@ -474,7 +474,7 @@ func (a *app) showCommand() *cobra.Command {
 			if err := checkLeaseID(id); err != nil {
 				return err
 			}
-			s, err := a.dial()
+			s, err := a.dial(leasebus.RoleViewer)
 			if err != nil {
 				return err
 			}
@@ -513,7 +513,7 @@ renewal (the service also does this on its own at each deadline). Each
 reclaim is audited.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := a.dial()
+			s, err := a.dial(leasebus.RoleOperator)
 			if err != nil {
 				return err
 			}
@@ -561,7 +561,7 @@ func (a *app) revokeCommand() *cobra.Command {
 			if strings.TrimSpace(reason) == "" {
 				return usagef("--reason is required: say why the lease is revoked, e.g. --reason \"runaway agent\" (it goes into the audit trail)")
 			}
-			s, err := a.dial()
+			s, err := a.dial(leasebus.RoleOperator)
 			if err != nil {
 				return err
 			}
@@ -597,7 +597,7 @@ func (a *app) auditCommand() *cobra.Command {
 		Short: "Print the audit trail: grants, releases, expiries, reclaims, revokes, refusals",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := a.dial()
+			s, err := a.dial(leasebus.RoleViewer)
 			if err != nil {
 				return err
 			}

@@ -321,7 +321,7 @@ func (r *runner) run(ctx context.Context, argv, extra []string, out io.Writer) (
 		r.say("created %s: the claim did not exist in the checkout, and writes are confined to existing paths", c)
 	}
 	env := agentEnv(sc, l)
-	pol.Hidden = hiddenPaths(env, cfg.StateDir, r.rf.ff.pgSecretFile, r.rf.ff.gitHookSecret)
+	pol.Hidden = hiddenPaths(env, cfg.StateDir, r.rf.ff.pgSecretFile, r.rf.ff.gitHookSecret, r.a.credsToHide())
 	if pol.ConnectPorts, err = r.connectPorts(sc); err != nil {
 		return err
 	}
@@ -543,10 +543,11 @@ func setEnvVar(env []string, key, val string) []string {
 }
 
 // hiddenPaths are what the agent may not read: fenceline's state dir (lease
-// credentials, the embedded bus's store, the Postgres fence secret, the
-// sidecar's CA key and spooled packs) and the sidecar's other secrets
-// (its state dir, a fence secret file kept elsewhere) — except files the
-// agent's env points git at (the local CA certificate of the forward proxy).
+// credentials, the embedded bus's store and its bus credentials, the
+// Postgres fence secret, the sidecar's CA key and spooled packs) and the
+// sidecar's other secrets (its state dir, a fence secret file kept
+// elsewhere, bus credentials named by --creds) — except files the agent's
+// env points git at (the local CA certificate of the forward proxy).
 func hiddenPaths(env []string, secrets ...string) []string {
 	var keep []string
 	for _, kv := range env {

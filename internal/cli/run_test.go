@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fenceline/fenceline/fsguard"
+	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -107,14 +108,10 @@ func leaseOf(t *testing.T, stderr string) string {
 	return m[1]
 }
 
-// busClient is a lease client on the bus at url.
+// busClient is a lease client on the bus at url, as the lease service.
 func busClient(t *testing.T, url string) (*leasebus.Client, *nats.Conn) {
 	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := bustest.Connect(t, url)
 	return leasebus.NewClient(nc), nc
 }
 
@@ -195,6 +192,35 @@ func TestRunHidesCredentials(t *testing.T) {
 	if strings.Contains(r.stdout, a.Credential) || !strings.Contains(r.stdout, "unreadable") {
 		t.Fatalf("the agent read a credential file:\n%s\n%s", r.stdout, r.stderr)
 	}
+}
+
+// TestRunHidesBusCredentials: a guarded agent cannot read the bus
+// credentials, neither the default bus's (in the state dir) nor the ones
+// --creds or $FENCELINE_CREDS names elsewhere: with them it could revoke
+// other agents' leases or forge change notices.
+func TestRunHidesBusCredentials(t *testing.T) {
+	isolate(t)
+	url := startBus(t) // $FENCELINE_CREDS: the test buses' credentials, outside the state dir
+	co := newCheckout(t, "")
+	elsewhere := filepath.Join(bustest.CredsDir(t), leasebus.CredsFile(leasebus.RoleOperator))
+	// The default bus's credentials, as "bus serve" writes them.
+	if _, err := leasebus.EnsureCreds(defaultCredsDir()); err != nil {
+		t.Fatal(err)
+	}
+	inState := filepath.Join(defaultCredsDir(), leasebus.CredsFile(leasebus.RoleService))
+	for _, p := range []string{elsewhere, inState} {
+		if data, err := os.ReadFile(p); err != nil || !strings.Contains(string(data), "NKEY SEED") {
+			t.Fatalf("%s: %v", p, err) // readable outside the guard
+		}
+	}
+	// (Names in a hidden directory stay listable, fsguard/doc.go; contents
+	// do not.)
+	script := fmt.Sprintf("cat %s || echo elsewhere-unreadable; cat %s || echo state-unreadable", elsewhere, inState)
+	r := runFL(t, url, "--repo", co, "--scope", "in", "--", "sh", "-c", script).want(t, ExitOK)
+	if strings.Contains(r.stdout, "SEED") {
+		t.Fatalf("the agent read bus credentials:\n%s", r.stdout)
+	}
+	mustContain(t, "agent stdout", r.stdout, "elsewhere-unreadable", "state-unreadable")
 }
 
 // TestRunHiddenPaths: the agent reads the git CA certificate its env

@@ -21,7 +21,7 @@ type heldLease struct {
 // forever, and the holder reports "unknown" meanwhile.
 func (a *app) dialHolder() (*session, error) {
 	url, source := a.busURL()
-	nc, err := a.connect(url, source, holderConnOptions()...)
+	nc, err := a.connect(leasebus.RoleHolder, url, source, holderConnOptions()...)
 	if err != nil {
 		return nil, err
 	}

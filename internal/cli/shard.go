@@ -73,7 +73,7 @@ again adopts it (dirty: cleaned before an exclusive attempt uses it).`,
 					return usagef("--dir: %v", err)
 				}
 			}
-			s, err := a.dial()
+			s, err := a.dial(leasebus.RoleOperator)
 			if err != nil {
 				return err
 			}
@@ -147,7 +147,7 @@ audit event.`,
 				}
 				repoID = co.repo
 			}
-			s, err := a.dial()
+			s, err := a.dial(leasebus.RoleHolder)
 			if err != nil {
 				return err
 			}

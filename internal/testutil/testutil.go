@@ -12,9 +12,34 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
+
+var (
+	atExitMu sync.Mutex
+	atExit   []func() // guarded by atExitMu
+)
+
+// AtExit registers f to run once the test binary's tests are done (by
+// Main and MainWith): removing what several tests shared, such as one
+// set of bus credentials.
+func AtExit(f func()) {
+	atExitMu.Lock()
+	defer atExitMu.Unlock()
+	atExit = append(atExit, f)
+}
+
+func runAtExit() {
+	atExitMu.Lock()
+	fs := atExit
+	atExit = nil
+	atExitMu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
 
 // Main runs the tests, then waits up to 5 s for every goroutine running
 // fenceline or NATS code to end; any that remain are printed and fail the
@@ -28,6 +53,7 @@ func MainWith(m *testing.M, stop func()) {
 	if stop != nil {
 		stop()
 	}
+	runAtExit()
 	if code == 0 {
 		if leaked := Leaked(5 * time.Second); leaked != "" {
 			fmt.Fprintf(os.Stderr, "leaked goroutines:\n%s\n", leaked)

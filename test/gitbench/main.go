@@ -53,12 +53,13 @@ func main() {
 }
 
 type bench struct {
-	bin  string
-	dir  string
-	srv  *gitserver.Server
-	bus  string
-	seq  int
-	repo string // the source repository
+	bin   string
+	dir   string
+	srv   *gitserver.Server
+	bus   string
+	creds string // the bus's credentials directory (the sidecars' --creds)
+	seq   int
+	repo  string // the source repository
 }
 
 func run(bin string, files, size, commits, runs, bigMB int) error {
@@ -79,7 +80,8 @@ func run(bin string, files, size, commits, runs, bigMB int) error {
 	}
 	defer srv.Shutdown()
 	b.bus = srv.ClientURL()
-	if err := startService(b.bus); err != nil {
+	b.creds = leasebus.CredsDirOf(filepath.Join(dir, "bus"))
+	if err := startService(b.bus, b.creds); err != nil {
 		return err
 	}
 
@@ -142,9 +144,9 @@ func run(bin string, files, size, commits, runs, bigMB int) error {
 	return nil
 }
 
-func startService(url string) error {
+func startService(url, creds string) error {
 	// The lease service runs in this process, as the embedded bus does.
-	nc, err := natsConnect(url)
+	nc, err := natsConnect(url, creds)
 	if err != nil {
 		return err
 	}
@@ -260,7 +262,7 @@ type sidecar struct {
 func (b *bench) sidecar() (*sidecar, error) {
 	b.seq++
 	envFile := filepath.Join(b.dir, fmt.Sprintf("agent%d.env", b.seq))
-	cmd := exec.Command(b.bin, "--nats", b.bus, "sidecar", "--repo", fmt.Sprintf("bench/%d", b.seq), "--whole-repo",
+	cmd := exec.Command(b.bin, "--nats", b.bus, "--creds", b.creds, "sidecar", "--repo", fmt.Sprintf("bench/%d", b.seq), "--whole-repo",
 		"--workspace", "exclusive", "--git-upstream", b.srv.URL, "--git-objects", filepath.Join(b.repo, ".git"),
 		"--state-dir", filepath.Join(b.dir, fmt.Sprintf("sidecar%d", b.seq)), "--env-file", envFile)
 	cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+b.dir)
@@ -318,4 +320,11 @@ func median(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
-func natsConnect(url string) (*nats.Conn, error) { return nats.Connect(url) }
+// natsConnect connects as the lease service with the bus's credentials.
+func natsConnect(url, creds string) (*nats.Conn, error) {
+	opts, err := leasebus.RoleOptions(creds, leasebus.RoleService)
+	if err != nil {
+		return nil, err
+	}
+	return nats.Connect(url, opts...)
+}

@@ -50,7 +50,16 @@ func run() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
-	svcConn, err := nats.Connect("", nats.InProcessServer(srv)) // as in `fenceline bus serve`
+	creds := leasebus.CredsDirOf(store)
+	svcOpts, err := leasebus.RoleOptions(creds, leasebus.RoleService)
+	if err != nil {
+		return err
+	}
+	holderOpts, err := leasebus.RoleOptions(creds, leasebus.RoleHolder)
+	if err != nil {
+		return err
+	}
+	svcConn, err := nats.Connect("", append(svcOpts, nats.InProcessServer(srv))...) // as in `fenceline bus serve`
 	if err != nil {
 		return err
 	}
@@ -64,7 +73,7 @@ func run() error {
 	// One connection per client, as each agent's sidecar has its own.
 	cs := make([]*leasebus.Client, *clients)
 	for i := range cs {
-		nc, err := nats.Connect(srv.ClientURL())
+		nc, err := nats.Connect(srv.ClientURL(), holderOpts...) // a holder, as each agent's sidecar
 		if err != nil {
 			return err
 		}

@@ -63,7 +63,7 @@ func BenchmarkShardHandOut(b *testing.B) {
 
 	b.Run("warm", func(b *testing.B) {
 		bus := bustest.Start(b)
-		st, err := shard.Open(bus.Conn, shard.Config{Audit: bus.Auditor})
+		st, err := shard.Open(bus.ConnectAs(b, leasebus.RoleOperator), shard.Config{Audit: bus.Auditor}) // declares the pool
 		if err != nil {
 			b.Fatal(err)
 		}

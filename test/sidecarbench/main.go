@@ -68,7 +68,12 @@ func run(bin string, runs, conns int, verbose bool) error {
 		return err
 	}
 	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
+	creds := leasebus.CredsDirOf(filepath.Join(dir, "bus"))
+	svcOpts, err := leasebus.RoleOptions(creds, leasebus.RoleService)
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(srv.ClientURL(), svcOpts...)
 	if err != nil {
 		return err
 	}
@@ -79,7 +84,7 @@ func run(bin string, runs, conns int, verbose bool) error {
 	}
 	defer svc.Stop()
 
-	b := &bench{bin: bin, bus: srv.ClientURL(), pg: pg, dir: dir, verbose: verbose}
+	b := &bench{bin: bin, bus: srv.ClientURL(), creds: creds, pg: pg, dir: dir, verbose: verbose}
 	var ready []time.Duration
 	for range runs {
 		sc, err := b.start(ctx)
@@ -119,6 +124,7 @@ func mb(n int64) float64 { return float64(n) / (1 << 20) }
 
 type bench struct {
 	bin, bus string
+	creds    string // the bus's credentials directory (the sidecars' --creds)
 	pg       *pgtest.Server
 	dir      string
 	seq      int
@@ -152,7 +158,7 @@ func (b *bench) start(ctx context.Context) (*sidecar, error) {
 		return nil, err
 	}
 	pgAddr := fmt.Sprintf("127.0.0.1:%d", pgPort)
-	cmd := exec.Command(b.bin, "--nats", b.bus, "sidecar", "--repo", fmt.Sprintf("bench/%d", b.seq), "--table", "public.*",
+	cmd := exec.Command(b.bin, "--nats", b.bus, "--creds", b.creds, "sidecar", "--repo", fmt.Sprintf("bench/%d", b.seq), "--table", "public.*",
 		"--workspace", "exclusive", "--pg-upstream", b.pg.Addr(), "--pg-listen", pgAddr,
 		"--admin", fmt.Sprintf("127.0.0.1:%d", adminPort), "--state-dir", filepath.Join(b.dir, fmt.Sprintf("sidecar%d", b.seq)))
 	cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+filepath.Join(b.dir, "state"))

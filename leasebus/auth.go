@@ -1,0 +1,467 @@
+package leasebus
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// ErrForbidden: the bus did not let this identity make the request (NATS
+// permissions); use credentials of a role that may.
+var ErrForbidden = errors.New("not permitted on the bus")
+
+// rolesFor lists the roles that may make lease request op.
+func rolesFor(op string) string {
+	var out []string
+	for _, r := range Roles {
+		if g, _ := GrantOf(r, IdentityToken); slices.Contains(g.Publish, requestSubject(op, IdentityToken)) || r == RoleService {
+			out = append(out, string(r))
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+// Role is what a bus identity may do. The bus enforces it with NATS's own
+// per-user publish and subscribe permissions (Permissions), generated from
+// one table (grants) for the embedded server, for any other server
+// (AuthConfig) and for docs/trust.md.
+type Role string
+
+const (
+	// RoleService is the lease service: it alone answers lease requests,
+	// announces changes, writes the lease log and the lease boundary's
+	// audit events.
+	RoleService Role = "service"
+	// RoleHolder is a runner or sidecar: it acquires, renews, releases and
+	// cancels leases (proving ownership with the lease credential), reads
+	// leases (get, and list: the git fence judges a push against every
+	// active lease of the repo), hears change notices, writes boundary
+	// audit events and the shard store's pool and attempt records.
+	RoleHolder Role = "holder"
+	// RoleOperator is a person running the bus: what a holder and a viewer
+	// may do, plus revoke, sweep and shard pool declarations.
+	RoleOperator Role = "operator"
+	// RoleViewer reads: lease list and get, change notices, the audit
+	// stream and the shard records (the run UI, `lease list`).
+	RoleViewer Role = "viewer"
+)
+
+// Roles are the bus's roles, least to most privileged.
+var Roles = []Role{RoleViewer, RoleHolder, RoleOperator, RoleService}
+
+// IdentityToken stands for the asking identity in Grant subjects: the
+// user's public nkey (see IdentityOf).
+const IdentityToken = "{id}"
+
+// Grant is one role's permissions: subjects it may publish on and
+// subscribe to. IdentityToken in a subject is replaced by the user's
+// identity, so each user may ask only in its own name.
+type Grant struct {
+	Publish   []string
+	Subscribe []string
+}
+
+// JetStream API subjects, by stream.
+func jsRead(stream string) []string {
+	return []string{
+		"$JS.API.STREAM.INFO." + stream,
+		"$JS.API.STREAM.MSG.GET." + stream,
+		"$JS.API.DIRECT.GET." + stream,
+		"$JS.API.DIRECT.GET." + stream + ".>",
+	}
+}
+
+// jsConsume lets a user read a stream through its own (ordered)
+// consumers: create, pull, delete, and answer flow control.
+func jsConsume(stream string) []string {
+	return []string{
+		"$JS.API.CONSUMER.CREATE." + stream,
+		"$JS.API.CONSUMER.CREATE." + stream + ".>",
+		"$JS.API.CONSUMER.MSG.NEXT." + stream + ".>",
+		"$JS.API.CONSUMER.INFO." + stream + ".>",
+		"$JS.API.CONSUMER.DELETE." + stream + ".>",
+		"$JS.FC." + stream + ".>",
+	}
+}
+
+// boundaryShard is shard.BoundaryShard: runners audit shard cleaning and
+// recovery.
+const boundaryShard = "shard"
+
+// Stream names of the shard store's buckets (shard.PoolBucket and
+// shard.AttemptBucket; the shard package stands on this one).
+const (
+	shardPoolStream    = "KV_FENCELINE_SHARDS"
+	shardAttemptStream = "KV_FENCELINE_ATTEMPTS"
+)
+
+func requestSubject(op, id string) string { return apiPrefix + "." + op + "." + id }
+
+func ops(id string, names ...string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = requestSubject(n, id)
+	}
+	return out
+}
+
+// inboxPrefix is where a user's replies arrive: nats.go's inbox prefix is
+// set per identity (Creds.Options), so nobody hears another's replies.
+func inboxPrefix(id string) string { return "_INBOX." + id }
+
+// grants is the permission table; grants(IdentityToken) prints it.
+func grants(id string) map[Role]Grant {
+	inbox := inboxPrefix(id) + ".>"
+	changed := changedPrefix + ".>"
+	boundaryAudit := []string{
+		AuditSubject + ".*." + BoundaryGit,
+		AuditSubject + ".*." + BoundaryPostgres,
+		AuditSubject + ".*." + BoundaryFile,
+		AuditSubject + ".*." + boundaryShard,
+	}
+	shardWrite := slices.Concat(
+		jsRead(shardPoolStream), jsRead(shardAttemptStream),
+		jsConsume(shardPoolStream), jsConsume(shardAttemptStream), // listing pools, attempts
+		[]string{"$KV.FENCELINE_SHARDS.>", "$KV.FENCELINE_ATTEMPTS.>"},
+	)
+	viewer := Grant{
+		Publish: slices.Concat(ops(id, "get", "list"),
+			jsRead(AuditStream), jsConsume(AuditStream),
+			jsRead(shardPoolStream), jsRead(shardAttemptStream),
+			jsConsume(shardPoolStream), jsConsume(shardAttemptStream)),
+		Subscribe: []string{inbox, changed},
+	}
+	holder := Grant{
+		// list: the git fence judges a push against every active lease
+		// of the repo; shard recovery looks at attempts' leases.
+		Publish:   slices.Concat(ops(id, "acquire", "renew", "release", "cancel", "get", "list"), boundaryAudit, shardWrite),
+		Subscribe: []string{inbox, changed},
+	}
+	operator := Grant{
+		Publish: slices.Concat(ops(id, "revoke", "sweep"), holder.Publish, viewer.Publish, []string{
+			// shard pool declarations create the shard store's buckets
+			"$JS.API.INFO", "$JS.API.STREAM.CREATE." + shardPoolStream, "$JS.API.STREAM.CREATE." + shardAttemptStream,
+		}),
+		Subscribe: []string{inbox, changed},
+	}
+	operator.Publish = dedupe(operator.Publish)
+	service := Grant{
+		Publish: []string{
+			"fenceline.>", // lease requests and replies' announcements, the lease log, every audit subject
+			"_INBOX.>",    // answers to every identity's requests
+			"$JS.API.>",   // creates and reads its streams
+			"$JS.ACK." + LogStream + ".>", "$JS.ACK." + AuditStream + ".>",
+			"$JS.FC.>",
+		},
+		Subscribe: []string{apiPrefix + ".>", inbox},
+	}
+	return map[Role]Grant{RoleService: service, RoleHolder: holder, RoleOperator: operator, RoleViewer: viewer}
+}
+
+func dedupe(s []string) []string {
+	out := make([]string, 0, len(s))
+	for _, x := range s {
+		if !slices.Contains(out, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// GrantOf returns the permissions of role for identity id (IdentityToken
+// leaves the placeholder in, for documentation).
+func GrantOf(role Role, id string) (Grant, error) {
+	g, ok := grants(id)[role]
+	if !ok {
+		return Grant{}, fmt.Errorf("%w: unknown role %q (want one of %v)", ErrInvalid, role, Roles)
+	}
+	return g, nil
+}
+
+// Permissions are the NATS server permissions of role for identity id:
+// everything not granted is denied.
+func Permissions(role Role, id string) (*server.Permissions, error) {
+	g, err := GrantOf(role, id)
+	if err != nil {
+		return nil, err
+	}
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: g.Publish},
+		Subscribe: &server.SubjectPermission{Allow: g.Subscribe},
+	}, nil
+}
+
+// ServerUser is one bus identity the embedded server admits.
+type ServerUser struct {
+	Role Role
+	// Name is what the audit calls the identity (default: its nkey).
+	Name string
+	// Nkey is the user's public nkey (U…); it is the identity.
+	Nkey string
+}
+
+// Anonymous is the identity of a connection without an nkey (a bus that
+// requires no credentials); such a bus enforces no roles.
+const Anonymous = "anonymous"
+
+// IdentityOf is the identity nc asks in: the public nkey it authenticated
+// with (nats.Nkey / NkeyOptionFromSeed), else Anonymous.
+func IdentityOf(nc *nats.Conn) string {
+	if nc != nil && nc.Opts.Nkey != "" {
+		return nc.Opts.Nkey
+	}
+	return Anonymous
+}
+
+var identityRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+
+// validIdentity reports whether id can be a subject token.
+func validIdentity(id string) bool { return identityRE.MatchString(id) }
+
+// Creds is one identity's credential file: an nkey seed, with the role and
+// name fenceline wrote beside it.
+type Creds struct {
+	Path string
+	Role Role   // "" when the file does not say
+	Name string // "" when the file does not say
+	Nkey string // the public key: the identity
+}
+
+// CredsFile is the file name of role's credentials in a credentials
+// directory.
+func CredsFile(role Role) string { return string(role) + ".nk" }
+
+// CredsDirOf is where the embedded bus with store dir keeps its
+// credentials: <store>/creds.
+func CredsDirOf(storeDir string) string { return filepath.Join(storeDir, "creds") }
+
+// LoadCreds reads a credential file (an nkey user seed, optionally in
+// fenceline's decorated form).
+func LoadCreds(path string) (*Creds, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("bus credentials %s: %w", path, err)
+		}
+		return nil, fmt.Errorf("read bus credentials: %w", err)
+	}
+	defer clear(data)
+	kp, err := nkeys.ParseDecoratedUserNKey(data)
+	if err != nil {
+		return nil, fmt.Errorf("bus credentials %s hold no nkey user seed: %w", path, err)
+	}
+	defer kp.Wipe()
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return nil, fmt.Errorf("bus credentials %s: %w", path, err)
+	}
+	c := &Creds{Path: path, Nkey: pub}
+	for line := range bytes.Lines(data) {
+		k, v, ok := strings.Cut(strings.TrimSpace(strings.TrimPrefix(string(line), "#")), ":")
+		if !ok || !strings.HasPrefix(string(line), "#") {
+			continue
+		}
+		switch strings.TrimSpace(k) {
+		case "role":
+			c.Role = Role(strings.TrimSpace(v))
+		case "name":
+			c.Name = strings.TrimSpace(v)
+		}
+	}
+	return c, nil
+}
+
+// Options are the nats.go options that connect as c: the nkey (signing
+// the server's challenge from the file, nats.go's NkeyOptionFromSeed) and
+// the identity's own inbox prefix.
+func (c *Creds) Options() ([]nats.Option, error) {
+	nk, err := nats.NkeyOptionFromSeed(c.Path)
+	if err != nil {
+		return nil, fmt.Errorf("bus credentials %s: %w", c.Path, err)
+	}
+	return []nats.Option{nk, nats.CustomInboxPrefix(inboxPrefix(c.Nkey))}, nil
+}
+
+// User is c as a server user.
+func (c *Creds) User() ServerUser { return ServerUser{Role: c.Role, Name: c.Name, Nkey: c.Nkey} }
+
+// EnsureCreds returns the credentials of every role in dir, creating the
+// missing ones (a fresh nkey each, mode 0600 in a 0700 directory) and
+// reusing the others. The embedded bus calls it on start.
+func EnsureCreds(dir string) (map[Role]*Creds, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("bus credentials dir: %w", err)
+	}
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("bus credentials dir: %w", err)
+	} else if fi.Mode().Perm() != 0o700 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("restrict bus credentials dir %s to its owner: %w", dir, err)
+		}
+	}
+	out := make(map[Role]*Creds, len(Roles))
+	for _, role := range Roles {
+		path := filepath.Join(dir, CredsFile(role))
+		c, err := LoadCreds(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			// Another process (a cluster node on the same directory) may
+			// make it at the same moment: the first link wins, both read it.
+			if err = writeCreds(path, role); err == nil || errors.Is(err, fs.ErrExist) {
+				c, err = LoadCreds(path)
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			// Copied in with looser modes: only the owner may read a seed.
+			if err := os.Chmod(path, 0o600); err != nil {
+				return nil, fmt.Errorf("restrict bus credentials %s to their owner: %w", path, err)
+			}
+		}
+		if c.Role == "" {
+			c.Role = role
+		}
+		if c.Role != role {
+			return nil, fmt.Errorf("bus credentials %s say role %q, want %q: move the file away and restart the bus to make a new one", path, c.Role, role)
+		}
+		if c.Name == "" {
+			c.Name = string(role)
+		}
+		out[role] = c
+	}
+	return out, nil
+}
+
+func writeCreds(path string, role Role) error {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return fmt.Errorf("make bus credentials: %w", err)
+	}
+	defer kp.Wipe()
+	seed, err := kp.Seed()
+	if err != nil {
+		return fmt.Errorf("make bus credentials: %w", err)
+	}
+	defer clear(seed)
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# fenceline lease bus credentials (an nkey user seed; see docs/trust.md)\n")
+	fmt.Fprintf(&b, "# role: %s\n# name: %s\n", role, role)
+	fmt.Fprintf(&b, "# Whoever reads this file acts as %s on the bus: keep it mode 0600.\n", role)
+	b.WriteString("-----BEGIN USER NKEY SEED-----\n")
+	b.Write(seed)
+	b.WriteString("\n------END USER NKEY SEED------\n")
+	defer clear(b.Bytes())
+	// Written whole to a temporary file, then linked into place: a reader
+	// never sees half a file, and an existing file is never replaced.
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp") // mode 0600
+	if err != nil {
+		return fmt.Errorf("write bus credentials: %w", err)
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(b.Bytes()); err != nil {
+		f.Close()
+		return fmt.Errorf("write bus credentials %s: %w", f.Name(), err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("write bus credentials %s: %w", f.Name(), err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write bus credentials %s: %w", f.Name(), err)
+	}
+	if err := os.Link(f.Name(), path); err != nil {
+		return fmt.Errorf("write bus credentials: %w", err)
+	}
+	return nil
+}
+
+// serverUsers turns users into the embedded server's nkey users.
+func serverUsers(users []ServerUser) ([]*server.NkeyUser, error) {
+	out := make([]*server.NkeyUser, 0, len(users))
+	for _, u := range users {
+		if !nkeys.IsValidPublicUserKey(u.Nkey) {
+			return nil, fmt.Errorf("bus user %q: %q is not a public user nkey", u.Name, u.Nkey)
+		}
+		p, err := Permissions(u.Role, u.Nkey)
+		if err != nil {
+			return nil, fmt.Errorf("bus user %q: %w", u.Name, err)
+		}
+		out = append(out, &server.NkeyUser{Nkey: u.Nkey, Permissions: p})
+	}
+	return out, nil
+}
+
+// RoleOptions are the nats.go options that connect as role with the
+// credentials in dir (a bus's credentials directory, see EnsureCreds).
+func RoleOptions(dir string, role Role) ([]nats.Option, error) {
+	c, err := LoadCreds(filepath.Join(dir, CredsFile(role)))
+	if err != nil {
+		return nil, err
+	}
+	return c.Options()
+}
+
+// NamesIn maps the identities of the credentials in dir to their names,
+// for ServiceConfig.Names (files that are missing or unreadable are left
+// out).
+func NamesIn(dir string) map[string]string {
+	names := map[string]string{}
+	for _, r := range Roles {
+		if c, err := LoadCreds(filepath.Join(dir, CredsFile(r))); err == nil {
+			names[c.Nkey] = cmpOr(c.Name, string(r))
+		}
+	}
+	return names
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// AuthConfig renders the nats-server configuration that admits users with
+// their roles' permissions (the same table the embedded server uses):
+// an authorization block to include in an existing server's config (see
+// docs/trust.md). A cluster's nodes all need it.
+func AuthConfig(users []ServerUser) (string, error) {
+	var b strings.Builder
+	b.WriteString("# fenceline lease bus identities, one per role (see docs/trust.md).\n")
+	b.WriteString("# Generated by `fenceline bus creds`; every permission not listed is denied.\n")
+	b.WriteString("authorization {\n  users = [\n")
+	for _, u := range users {
+		if !nkeys.IsValidPublicUserKey(u.Nkey) {
+			return "", fmt.Errorf("bus user %q: %q is not a public user nkey", u.Name, u.Nkey)
+		}
+		g, err := GrantOf(u.Role, u.Nkey)
+		if err != nil {
+			return "", fmt.Errorf("bus user %q: %w", u.Name, err)
+		}
+		fmt.Fprintf(&b, "    # %s (role %s)\n", cmpOr(u.Name, u.Nkey), u.Role)
+		fmt.Fprintf(&b, "    { nkey: %q\n      permissions: {\n", u.Nkey)
+		writeList := func(what string, subjects []string) {
+			fmt.Fprintf(&b, "        %s: { allow: [\n", what)
+			for _, s := range subjects {
+				fmt.Fprintf(&b, "          %q\n", s)
+			}
+			b.WriteString("        ] }\n")
+		}
+		writeList("publish", g.Publish)
+		writeList("subscribe", g.Subscribe)
+		b.WriteString("      }\n    }\n")
+	}
+	b.WriteString("  ]\n}\n")
+	return b.String(), nil
+}
