@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"sync"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
