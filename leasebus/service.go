@@ -146,6 +146,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.Stop()
 		return nil, fmt.Errorf("flush subscriptions: %w", err)
 	}
+	s.goBackground(func() { s.catchUp(s.ctx) }) // after loading: it starts actors of its own
 	s.log.Info("lease service started", "repos", len(keys), "replicas", max(cfg.Replicas, 1))
 	return s, nil
 }
