@@ -162,6 +162,10 @@ func (c *Cluster) start(p *Node) {
 	p.runs++
 }
 
+// StateHome is the process's own XDG_STATE_HOME, where a bus it serves
+// keeps its state (and the credentials the CLI finds there).
+func (p *Node) StateHome() string { return p.state }
+
 // Output is what the process's current run printed so far.
 func (p *Node) Output() string {
 	p.mu.Lock()
