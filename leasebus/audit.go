@@ -50,9 +50,13 @@ type auditWriter struct {
 	chains map[string]*auditChain // by repo key; guarded by mu
 	wake   chan struct{}
 
-	// seen is the newest lease log sequence (of any repo) handed to
-	// record: the catch-up compares it with the log stream's last.
-	seen atomic.Uint64
+	// seen holds the lease log sequences (of every repo) handed to record
+	// above floor, every sequence up to which the catch-up has accounted
+	// for: each log stream sequence is one record, so the catch-up can
+	// tell whether any record escaped this instance.
+	seenMu sync.Mutex
+	seen   map[uint64]struct{} // guarded by seenMu
+	floor  uint64              // guarded by seenMu
 	// killed makes the writer write nothing, not even on Stop: tests use
 	// it to play an instance killed with its events unwritten.
 	killed atomic.Bool
@@ -95,7 +99,7 @@ type auditBatch struct {
 }
 
 func newAuditWriter(js jetstream.JetStream, log *slog.Logger) *auditWriter {
-	return &auditWriter{js: js, log: log, chains: map[string]*auditChain{}, wake: make(chan struct{}, 1)}
+	return &auditWriter{js: js, log: log, chains: map[string]*auditChain{}, wake: make(chan struct{}, 1), seen: map[uint64]struct{}{}}
 }
 
 func (w *auditWriter) chain(key string) *auditChain {
@@ -112,12 +116,11 @@ func (w *auditWriter) chain(key string) *auditChain {
 // without gaps, from the start of the log as loaded: records at or before
 // what is already known are ignored.
 func (w *auditWriter) record(key string, seq uint64, evs []AuditEvent) {
-	for {
-		s := w.seen.Load()
-		if seq <= s || w.seen.CompareAndSwap(s, seq) {
-			break
-		}
+	w.seenMu.Lock()
+	if seq > w.floor {
+		w.seen[seq] = struct{}{}
 	}
+	w.seenMu.Unlock()
 	w.mu.Lock()
 	c := w.chain(key)
 	if seq <= c.tip || seq <= c.mark {
@@ -323,13 +326,36 @@ func (w *auditWriter) readMark(ctx context.Context, key string) (mark, last uint
 	return b.LogSeq, r.Message.Seq, nil
 }
 
+// unseen reports whether a log stream sequence up to last was never
+// handed to record, and accounts for every sequence up to last.
+func (w *auditWriter) unseen(last uint64) bool {
+	w.seenMu.Lock()
+	defer w.seenMu.Unlock()
+	if last <= w.floor {
+		return false
+	}
+	n := uint64(0)
+	for seq := range w.seen {
+		if seq <= last {
+			n++
+			delete(w.seen, seq)
+		}
+	}
+	missing := last-w.floor > n
+	w.floor = last
+	return missing
+}
+
 // catchUp makes sure no lease log record escapes the audit: an instance
 // killed after its append was acknowledged, but before it wrote the
 // record's events and before it announced the record, leaves a record no
-// other instance has loaded. Every auditCatchUpEvery it compares the log
-// stream's last sequence (one request) with the newest record this
-// instance has seen; a record still unseen one period later makes every
-// repo's actor reload its log, which hands the record to the audit chain.
+// other instance has loaded. Every sequence of the log stream is one
+// record, so every auditCatchUpEvery it reads the stream's last sequence
+// (one request) and checks that this instance has seen every record up to
+// the last sequence of the period before; if one escaped it, every repo's
+// actor reloads its log, which hands the record to the audit chain. (The
+// first period accounts for the records purged before this instance
+// started, and costs one reload of every repo.)
 func (s *Service) catchUp(ctx context.Context) {
 	var prevLast uint64
 	for {
@@ -338,14 +364,8 @@ func (s *Service) catchUp(ctx context.Context) {
 			return
 		case <-time.After(auditCatchUpEvery):
 		}
-		if prevLast > s.audit.seen.Load() {
+		if s.audit.unseen(prevLast) {
 			s.syncAll(ctx)
-			for { // the records up to prevLast have been looked for
-				seen := s.audit.seen.Load()
-				if seen >= prevLast || s.audit.seen.CompareAndSwap(seen, prevLast) {
-					break
-				}
-			}
 		}
 		stream, err := s.store.logStream(ctx)
 		if err != nil {

@@ -192,8 +192,9 @@ func TestAuditLostAckWritesOnce(t *testing.T) {
 
 // An instance appends a record and is killed before it writes the
 // record's audit events or announces the record to the other instances;
-// nobody touches the repo again. The audit catch-up of a running instance
-// finds the record and writes its events within a few seconds.
+// nobody touches the repo again, while the running instance writes to
+// other repos. Its audit catch-up finds the record and writes its events
+// within a few seconds.
 func TestAuditCatchUpFindsUnannouncedRecord(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
@@ -219,7 +220,11 @@ func TestAuditCatchUpFindsUnannouncedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	appended := time.Now()
+	// This instance goes on writing another repo's log: it sees records
+	// newer than the one that escaped it.
+	other := acquireVia(t, ctx, b.svc, "github.com/acme/audit-other", claim(t, "o"), owner(3))
 	wantOnce(t, ctx, b.nc, auditRepo, x, &e.Lease)
+	wantOnce(t, ctx, b.nc, "github.com/acme/audit-other", other)
 	t.Logf("the killed instance's grant was written %s after its append", time.Since(appended).Round(time.Millisecond))
 	if took := time.Since(appended); took > 3*auditCatchUpEvery+time.Second {
 		t.Errorf("the catch-up took %s, want at most %s", took, 3*auditCatchUpEvery+time.Second)
