@@ -79,8 +79,9 @@
 //     next instance that appends to the repo (its compare-and-swap fails
 //     until it has loaded them), by every instance when it starts, and by
 //     every running instance within two audit catch-up periods (2 s each:
-//     it compares the log stream's last sequence with the newest record it
-//     has seen, and reloads every repo when a record escaped it).
+//     each sequence of the log stream is one record, so an instance that
+//     counts the records it has seen up to the stream's last sequence
+//     knows when one escaped it, and then reloads every repo).
 //   - Nothing purged too early. A snapshot's predecessors are purged only
 //     once its instance's chain covers them: a record never leaves the log
 //     before its events are in the audit stream.
