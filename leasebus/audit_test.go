@@ -231,3 +231,52 @@ func TestAuditCatchUpFindsUnannouncedRecord(t *testing.T) {
 	}
 	checkChain(t, ctx, b.nc, auditRepo)
 }
+
+// A snapshot never purges log records whose audit events are not yet in
+// the audit stream: the log is their only copy.
+func TestPurgeWaitsForTheAuditChain(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	const auditRepo = "github.com/acme/audit-purge"
+	key := RepoKey(auditRepo)
+	b.svc.audit.killed.Store(true) // the audit stream is out of reach
+	cred := NewCredential()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: auditRepo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := *l
+	for range 80 { // each sequential renewal is one commit: past a snapshot
+		if l, err = b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Give a purge every chance to run (the actor tries it on every batch).
+	a := b.svc.actor(key, auditRepo)
+	for range 5 {
+		if r := a.ask(ctx, &call{op: "sync", req: &syncRequest{}}); r.Error != nil {
+			t.Fatal(r.Error.err())
+		}
+	}
+	a.busy.Lock()
+	snap := a.purgeAt
+	a.busy.Unlock()
+	if n, first := logMessages(t, ctx, js, auditRepo); first.Kind != recordDelta || n < 80 {
+		t.Fatalf("log purged while the grant's audit event was unwritten: %d messages, the first a %s", n, first.Kind)
+	}
+	if snap == 0 {
+		t.Fatal("no snapshot waiting for its purge after 81 commits")
+	}
+	b.svc.audit.killed.Store(false)
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if n, first := logMessages(t, ctx, js, auditRepo); first.Kind != recordSnapshot {
+			return fmt.Errorf("not purged once the audit was written: %d messages, the first a %s", n, first.Kind)
+		}
+		return nil
+	})
+	wantOnce(t, ctx, b.nc, auditRepo, &granted)
+}

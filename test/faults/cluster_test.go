@@ -488,8 +488,12 @@ func checkAudit(led *ledger, evs []leasebus.AuditEvent) error {
 	defer led.mu.Unlock()
 	has := map[string]bool{}
 	refused := map[string]bool{}
+	fence := map[string]uint64{} // lease id -> fence of its grant event
 	for _, ev := range evs {
 		has[ev.Type+" "+ev.LeaseID] = true
+		if ev.Type == leasebus.EventGrant {
+			fence[ev.LeaseID] = ev.Fence
+		}
 		if ev.Type == leasebus.EventRefused && ev.LeaseID == "" {
 			refused[ev.Owner.AttemptID] = true
 		}
@@ -500,8 +504,11 @@ func checkAudit(led *ledger, evs []leasebus.AuditEvent) error {
 			missing = append(missing, typ+" "+id)
 		}
 	}
-	for id := range led.granted {
+	for id, l := range led.granted {
 		miss(leasebus.EventGrant, id)
+		if f, ok := fence[id]; ok && f != l.Fence {
+			missing = append(missing, fmt.Sprintf("grant %s: the client got fence %d, the audit says %d", id, l.Fence, f))
+		}
 	}
 	for id := range led.released {
 		miss(leasebus.EventRelease, id)
