@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -75,15 +74,13 @@ type actor struct {
 	stale   bool      // must reload the log before the next write
 	waiters []*waiter // queued acquires, oldest first
 
-	uncertain bool // an append's outcome is unknown: recheck audit on reload
-
 	armed   time.Time // when the actor's timer fires
 	retryAt time.Time // no timer-driven batch before this (after a failure)
 
 	sinceSnap, bytesSinceSnap, snapBytes int
 	// purgeAt is the sequence of a snapshot whose predecessors are still in
-	// the log, waiting for their audit events (up to purgeCovers) to be
-	// written; 0 when none.
+	// the log, waiting until the audit chain covers them (up to
+	// purgeCovers); 0 when none.
 	purgeAt, purgeCovers uint64
 	purging              bool // a purge up to purgeAt is under way
 }
@@ -146,29 +143,19 @@ func (a *actor) ask(ctx context.Context, c *call) reply {
 	}
 }
 
-// reload reads the log records this actor has not seen. Audit events of
-// records that are not yet in the audit stream (their writer crashed before
-// flushing) are queued again.
+// reload reads the log records this actor has not seen, and hands each to
+// the audit chain: whoever wrote a record (this instance after an append
+// whose outcome it never learned, another instance, one killed since), its
+// events reach the audit stream once, through whichever instance extends
+// the chain past it first.
 func (a *actor) reload(ctx context.Context) error {
-	// Only records this instance may have written without queuing their
-	// events need the audit check: at start, and after an append whose
-	// outcome is unknown. Other instances' records are theirs to audit.
-	written := uint64(math.MaxUint64)
-	if a.state.seq == 0 || a.uncertain {
-		var err error
-		if written, err = lastWritten(ctx, a.svc.js, a.key); err != nil {
-			return err
-		}
-	}
 	err := a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, func(seq uint64, evs []AuditEvent) {
-		if seq > written {
-			a.svc.audit.add(a.key, seq, evs)
-		}
+		a.svc.audit.record(a.key, seq, evs)
 	})
 	if err != nil {
 		return err
 	}
-	a.stale, a.uncertain = false, false
+	a.stale = false
 	all := make([]*entry, 0, len(a.state.leases)+len(a.state.ended))
 	for _, e := range a.state.leases {
 		all = append(all, e)
@@ -370,10 +357,9 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 				if errors.Is(err, errCAS) && try < attempts {
 					continue
 				}
-				a.uncertain = !errors.Is(err, errCAS) // it may have landed
 				err = a.svc.diagnoseSoon(ctx, err)
 				a.svc.log.Warn("append lease log", "repo", a.state.repo, "err", err)
-				a.failAll(batch, fmt.Errorf("%w: writing the lease log: %v", ErrUnavailable, err))
+				a.failAll(batch, fmt.Errorf("%w: writing the lease log: %w", ErrUnavailable, err))
 				return
 			}
 			a.svc.announceAppend(a.key, seq)
@@ -455,8 +441,8 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 	for _, id := range t.order {
 		a.notify(t.changed[id])
 	}
-	a.svc.audit.add(a.key, seq, t.events)
 	if size > 0 {
+		a.svc.audit.record(a.key, seq, t.events)
 		a.maybeSnapshot(size)
 	}
 	a.maybePurge()
@@ -487,17 +473,19 @@ func (a *actor) maybeSnapshot(deltaBytes int) {
 		return
 	}
 	a.state.seq = seq
+	a.svc.audit.record(a.key, seq, nil)
+	a.svc.announceAppend(a.key, seq)
 	a.sinceSnap, a.bytesSinceSnap, a.snapBytes = 0, 0, size
 	a.purgeAt, a.purgeCovers = seq, prev
 }
 
-// maybePurge drops the records before the last snapshot once every audit
-// event they carry is in the audit stream. The purge runs on a goroutine
+// maybePurge drops the records before the last snapshot once the audit
+// chain covers them: every event they carry is in the audit stream. The purge runs on a goroutine
 // of its own, off the request path: it only removes records the state no
 // longer needs, so batches go on meanwhile (no new snapshot starts until
 // it is done).
 func (a *actor) maybePurge() {
-	if a.purgeAt == 0 || a.purging || a.svc.audit.written(a.key) < a.purgeCovers {
+	if a.purgeAt == 0 || a.purging || a.svc.audit.covered(a.key) < a.purgeCovers {
 		return
 	}
 	seq, repo := a.purgeAt, a.state.repo

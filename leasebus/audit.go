@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,81 +23,139 @@ func serviceAuditSubject(key string) string { return AuditSubject + "." + key + 
 // auditDelay is how long the service gathers audit events before writing
 // them: one fsync for every event of that window. The events are already
 // durable in the lease log (each record carries its batch's events), so a
-// crash in the window loses nothing; the next service start re-writes them.
+// crash in the window loses nothing: whoever next loads the log writes them.
 const auditDelay = 20 * time.Millisecond
 
-// auditWriter publishes the service's audit events off the request path,
-// one message per repo per flush, each stamped with the log sequence it
-// covers so a restarted service knows which logged events still need
-// writing.
+// maxAuditEvents bounds the events of one audit message, so a backlog
+// (after an outage) never makes a message too large to publish; a log
+// record's events always travel together.
+const maxAuditEvents = 512
+
+// auditCatchUpEvery is how often a service checks that no lease log record
+// escaped it: one written by an instance killed before it wrote the
+// record's audit events and before it announced the record.
+const auditCatchUpEvery = 2 * time.Second
+
+// auditWriter writes the lease service's audit events: per repo, a chain
+// of messages on fenceline.audit.<repoKey>.lease, each covering the lease
+// log records after the previous message's up to its own LogSeq, each
+// appended with compare-and-swap on the subject's last sequence. See
+// "Audit" in the package documentation for why this is complete and
+// writes every event exactly once.
 type auditWriter struct {
 	js  jetstream.JetStream
 	log *slog.Logger
 
-	mu      sync.Mutex
-	pending map[string]*auditPending // by repo key; guarded by mu
-	durable map[string]uint64        // repo key -> log seq whose events are written; guarded by mu
-	queued  map[string]uint64        // repo key -> newest log seq whose events were queued; guarded by mu
-	wake    chan struct{}
+	mu     sync.Mutex
+	chains map[string]*auditChain // by repo key; guarded by mu
+	wake   chan struct{}
+
+	// seen holds the lease log sequences (of every repo) handed to record
+	// above floor, every sequence up to which the catch-up has accounted
+	// for: each log stream sequence is one record, so the catch-up can
+	// tell whether any record escaped this instance.
+	seenMu sync.Mutex
+	seen   map[uint64]struct{} // guarded by seenMu
+	floor  uint64              // guarded by seenMu
+	// killed makes the writer write nothing, not even on Stop: tests use
+	// it to play an instance killed with its events unwritten.
+	killed atomic.Bool
 }
 
-type auditPending struct {
+// auditChain is where one repo's audit chain stands, as far as this
+// instance knows. The actor of the repo hands it every log record in log
+// order (its own appends and every record it loads), so the records
+// between mark and tip are all known here.
+type auditChain struct {
+	// mark is the log sequence up to which every record's events are in
+	// the audit stream; last is the audit stream sequence of the message
+	// that says so (0: none), the expectation of the next message.
+	mark, last uint64
+	// ready: mark and last were read from the stream (or set since by our
+	// own acknowledged message); reread: the stream moved on without us,
+	// or an outcome is unknown.
+	ready, reread bool
+	// tip is the newest log record handed to record; recs are the records
+	// in (mark, tip] that carry events, oldest first.
+	tip  uint64
+	recs []auditRec
+}
+
+type auditRec struct {
+	seq    uint64
 	events []AuditEvent
-	seq    uint64 // the log record the newest of events came with
 }
 
 // auditBatch is one message on the audit stream.
 type auditBatch struct {
 	Events []AuditEvent `json:"events"`
-	// LogSeq is the lease-log sequence up to which the service's events of
-	// this repo are written (absent on boundary events).
+	// LogSeq: the events of every lease-log record of this repo up to
+	// this sequence are in the audit stream, in this message or an
+	// earlier one (absent on boundary events).
 	LogSeq uint64 `json:"logSeq,omitempty"`
+	// From is the previous message's LogSeq: this message carries the
+	// events of the records in (From, LogSeq].
+	From uint64 `json:"from,omitempty"`
 }
 
 func newAuditWriter(js jetstream.JetStream, log *slog.Logger) *auditWriter {
-	return &auditWriter{js: js, log: log, pending: map[string]*auditPending{},
-		durable: map[string]uint64{}, queued: map[string]uint64{}, wake: make(chan struct{}, 1)}
+	return &auditWriter{js: js, log: log, chains: map[string]*auditChain{}, wake: make(chan struct{}, 1), seen: map[uint64]struct{}{}}
 }
 
-// add queues the events that came with log record seq of a repo.
-func (w *auditWriter) add(key string, seq uint64, evs []AuditEvent) {
-	if len(evs) == 0 {
+func (w *auditWriter) chain(key string) *auditChain {
+	c := w.chains[key]
+	if c == nil {
+		c = &auditChain{}
+		w.chains[key] = c
+	}
+	return c
+}
+
+// record takes the lease log record seq of a repo with its audit events
+// (none for renewals and snapshots). Records must come in log order and
+// without gaps, from the start of the log as loaded: records at or before
+// what is already known are ignored.
+func (w *auditWriter) record(key string, seq uint64, evs []AuditEvent) {
+	w.seenMu.Lock()
+	if seq > w.floor {
+		w.seen[seq] = struct{}{}
+	}
+	w.seenMu.Unlock()
+	w.mu.Lock()
+	c := w.chain(key)
+	if seq <= c.tip || seq <= c.mark {
+		w.mu.Unlock()
 		return
 	}
-	w.mu.Lock()
-	p := w.pending[key]
-	if p == nil {
-		p = &auditPending{}
-		w.pending[key] = p
+	c.tip = seq
+	if len(evs) > 0 {
+		c.recs = append(c.recs, auditRec{seq: seq, events: evs})
 	}
-	p.events = append(p.events, evs...)
-	p.seq = max(p.seq, seq)
-	w.queued[key] = max(w.queued[key], seq)
 	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
+	if len(evs) > 0 {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
-// written reports the log sequence up to which a repo's events are in the
-// audit stream; a snapshot must not roll up records beyond it. Once every
-// event queued for the repo is written, that covers every record so far
-// (records without events, e.g. renewals, need nothing written): without
-// this a repo that only renews would never purge its log after a snapshot.
-func (w *auditWriter) written(key string) uint64 {
+// covered reports the log sequence up to which a repo's events are in the
+// audit stream as far as this instance knows (0: nothing known): a
+// snapshot must not purge records beyond it. Records without events need
+// nothing written, so a repo that only renews is covered to its last
+// record.
+func (w *auditWriter) covered(key string) uint64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.durable[key] >= w.queued[key] {
-		return math.MaxUint64
+	c := w.chains[key]
+	switch {
+	case c == nil:
+		return 0
+	case len(c.recs) > 0:
+		return c.recs[0].seq - 1
 	}
-	return w.durable[key]
-}
-
-func (w *auditWriter) setWritten(key string, seq uint64) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.durable[key] = max(w.durable[key], seq)
+	return c.tip
 }
 
 func (w *auditWriter) run(ctx context.Context) {
@@ -130,55 +188,212 @@ func (w *auditWriter) run(ctx context.Context) {
 	}
 }
 
-// flush writes every pending batch; it returns false if one failed (its
-// events stay pending).
+// flush writes the pending events of every repo; it returns false if some
+// could not be written (they stay pending).
 func (w *auditWriter) flush(ctx context.Context) bool {
+	if w.killed.Load() {
+		return false
+	}
 	w.mu.Lock()
-	batch := w.pending
-	w.pending = map[string]*auditPending{}
+	var keys []string
+	for key, c := range w.chains {
+		if len(c.recs) > 0 {
+			keys = append(keys, key)
+		}
+	}
 	w.mu.Unlock()
 	ok := true
-	for key, p := range batch {
-		data, err := (&auditBatch{Events: p.events, LogSeq: p.seq}).encode()
-		if err == nil {
-			_, err = w.js.Publish(ctx, serviceAuditSubject(key), data)
-		}
-		if err != nil {
-			w.log.Warn("audit events not yet written; will retry", "events", len(p.events), "repo_key", key, "err", err)
-			w.mu.Lock()
-			if q := w.pending[key]; q != nil {
-				p.events = append(p.events, q.events...)
-				p.seq = max(p.seq, q.seq)
-			}
-			w.pending[key] = p
-			w.mu.Unlock()
+	for _, key := range keys {
+		if err := w.flushRepo(ctx, key); err != nil {
+			w.log.Warn("audit events not yet written; will retry", "repo_key", key, "err", err)
 			ok = false
-			continue
 		}
-		w.setWritten(key, p.seq)
 	}
 	return ok
 }
 
-// lastWritten reads, from the audit stream, the log sequence up to which a
-// repo's service events were written before this service started.
-func lastWritten(ctx context.Context, js jetstream.JetStream, key string) (uint64, error) {
-	stream, err := js.Stream(ctx, AuditStream)
-	if err != nil {
-		return 0, fmt.Errorf("open stream %s: %w", AuditStream, err)
+// flushRepo extends a repo's chain until every event it knows of is in the
+// audit stream. A message lands only on top of the message it was built
+// after; when another instance extended the chain first (or an earlier try
+// whose answer was lost did), the chain is read again and only what it
+// does not cover yet is sent.
+func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
+	const attempts = 8
+	for try := 0; try < attempts; try++ {
+		w.mu.Lock()
+		c := w.chain(key)
+		need := !c.ready || c.reread
+		w.mu.Unlock()
+		if need {
+			mark, last, err := w.readMark(ctx, key)
+			if err != nil {
+				return err
+			}
+			w.mu.Lock()
+			c.ready, c.reread = true, false
+			c.mark, c.last = max(c.mark, mark), last
+			w.mu.Unlock()
+		}
+
+		w.mu.Lock()
+		n := 0
+		for n < len(c.recs) && c.recs[n].seq <= c.mark {
+			n++
+		}
+		c.recs = c.recs[n:]
+		c.tip = max(c.tip, c.mark)
+		if len(c.recs) == 0 {
+			w.mu.Unlock()
+			return nil
+		}
+		b := auditBatch{From: c.mark}
+		n = 0
+		for n < len(c.recs) && (n == 0 || len(b.Events)+len(c.recs[n].events) <= maxAuditEvents) {
+			b.Events = append(b.Events, c.recs[n].events...)
+			b.LogSeq = c.recs[n].seq
+			n++
+		}
+		if n == len(c.recs) {
+			b.LogSeq = c.tip // the records after the last with events carry none
+		}
+		expect := c.last
+		w.mu.Unlock()
+
+		data, err := b.encode()
+		if err != nil {
+			return fmt.Errorf("encode audit events: %w", err)
+		}
+		msg := nats.NewMsg(serviceAuditSubject(key))
+		msg.Data = data
+		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+		ack, err := w.js.PublishMsg(pctx, msg, jetstream.WithExpectLastSequencePerSubject(expect))
+		cancel()
+		w.mu.Lock()
+		switch {
+		case err == nil:
+			c.mark, c.last = b.LogSeq, ack.Sequence
+		case isCASMismatch(err):
+			c.reread = true // another writer extended the chain: read it, send the rest
+		default:
+			c.reread = true // it may have landed: the chain will tell
+			w.mu.Unlock()
+			return fmt.Errorf("write %d audit events of log records %d to %d: %w", len(b.Events), b.From+1, b.LogSeq, err)
+		}
+		w.mu.Unlock()
 	}
-	m, err := stream.GetLastMsgForSubject(ctx, serviceAuditSubject(key))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, nil
-	}
+	return fmt.Errorf("audit chain of %s: still moving after %d tries", key, attempts)
+}
+
+// readMark reads a repo's audit chain from the audit stream's leader (not
+// a follower, which may lag): the LogSeq of the last message on the repo's
+// service subject and that message's stream sequence; zeros if none.
+func (w *auditWriter) readMark(ctx context.Context, key string) (mark, last uint64, err error) {
+	req, err := json.Marshal(struct {
+		LastBySubject string `json:"last_by_subj"`
+	}{serviceAuditSubject(key)})
 	if err != nil {
-		return 0, fmt.Errorf("read last audit message of %s: %w", key, err)
+		return 0, 0, fmt.Errorf("encode request: %w", err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, publishTimeout)
+	defer cancel()
+	resp, err := w.js.Conn().RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET."+AuditStream, req)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read the audit chain of %s: %w", key, err)
+	}
+	var r struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Seq  uint64 `json:"seq"`
+			Data []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return 0, 0, fmt.Errorf("read the audit chain of %s: decode answer: %w", key, err)
+	}
+	if r.Error != nil {
+		if r.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
+			return 0, 0, nil
+		}
+		return 0, 0, fmt.Errorf("read the audit chain of %s: %w", key, r.Error)
+	}
+	if r.Message == nil {
+		return 0, 0, fmt.Errorf("read the audit chain of %s: answer carries no message", key)
 	}
 	var b auditBatch
-	if err := json.Unmarshal(m.Data, &b); err != nil {
-		return 0, fmt.Errorf("decode audit message %d: %w", m.Sequence, err)
+	if err := json.Unmarshal(r.Message.Data, &b); err != nil {
+		return 0, 0, fmt.Errorf("decode audit message %d: %w", r.Message.Seq, err)
 	}
-	return b.LogSeq, nil
+	return b.LogSeq, r.Message.Seq, nil
+}
+
+// unseen reports whether a log stream sequence up to last was never
+// handed to record, and accounts for every sequence up to last.
+func (w *auditWriter) unseen(last uint64) bool {
+	w.seenMu.Lock()
+	defer w.seenMu.Unlock()
+	if last <= w.floor {
+		return false
+	}
+	n := uint64(0)
+	for seq := range w.seen {
+		if seq <= last {
+			n++
+			delete(w.seen, seq)
+		}
+	}
+	missing := last-w.floor > n
+	w.floor = last
+	return missing
+}
+
+// catchUp makes sure no lease log record escapes the audit: an instance
+// killed after its append was acknowledged, but before it wrote the
+// record's events and before it announced the record, leaves a record no
+// other instance has loaded. Every sequence of the log stream is one
+// record, so every auditCatchUpEvery it reads the stream's last sequence
+// (one request) and checks that this instance has seen every record up to
+// the last sequence of the period before; if one escaped it, every repo's
+// actor reloads its log, which hands the record to the audit chain. (The
+// first period accounts for the records purged before this instance
+// started, and costs one reload of every repo.)
+func (s *Service) catchUp(ctx context.Context) {
+	var prevLast uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(auditCatchUpEvery):
+		}
+		if s.audit.unseen(prevLast) {
+			s.syncAll(ctx)
+		}
+		stream, err := s.store.logStream(ctx)
+		if err != nil {
+			continue
+		}
+		ictx, cancel := context.WithTimeout(ctx, publishTimeout)
+		info, err := stream.Info(ictx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		prevLast = info.State.LastSeq
+	}
+}
+
+// syncAll has the actor of every repo with a lease log read its log to the
+// end (starting actors for repos this instance has not served).
+func (s *Service) syncAll(ctx context.Context) {
+	keys, err := s.store.repoKeys(ctx)
+	if err != nil {
+		s.log.Warn("audit catch-up: list lease logs", "err", err)
+		return
+	}
+	for _, key := range keys {
+		if r := s.actor(key, "").ask(ctx, &call{op: "sync", req: &syncRequest{}}); r.Error != nil && ctx.Err() == nil {
+			s.log.Warn("audit catch-up: reload lease log", "repo_key", key, "err", r.Error.err())
+		}
+	}
 }
 
 // Auditor writes audit events from a boundary (a sidecar's git, Postgres or

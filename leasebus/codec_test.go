@@ -125,7 +125,7 @@ func TestEncodersMatchMarshal(t *testing.T) {
 				evs = append(evs, drawEvent(t))
 			}
 		}
-		ab := auditBatch{Events: evs, LogSeq: rapid.SampledFrom([]uint64{0, 7}).Draw(t, "logSeq")}
+		ab := auditBatch{Events: evs, LogSeq: rapid.SampledFrom([]uint64{0, 7}).Draw(t, "logSeq"), From: rapid.SampledFrom([]uint64{0, 5}).Draw(t, "from")}
 		data, err := ab.encode()
 		sameAsMarshal(t, "audit batch", data, err == nil, &ab)
 

@@ -44,7 +44,55 @@
 //	     |----------------------------->|  append(delta, expect=lastSeq) ------->|
 //	     |                              |<------------------------- ack(seq) ----|
 //	     |<----------------- replies ---| commit; publish changed.<repo>.<lease> |
-//	     |                              | audit: gathered, one message per 20 ms |
+//	     |                              | audit: the repo's chain, gathered 20 ms|
+//
+// # Audit
+//
+// Every grant, release, expiry, reclaim, revoke and refusal the service
+// decides is an audit event inside the very log record that commits it: an
+// acknowledged operation's event is as durable as the operation. From
+// there, each repo's events go to the audit stream as a chain of messages
+// on fenceline.audit.<repoKey>.lease. A message carries the events of the
+// log records (From, LogSeq] and is appended with
+// Nats-Expected-Last-Subject-Sequence set to the stream sequence of the
+// chain's previous message (whose LogSeq is From): it lands only directly
+// on top of the message it was built after. The chain's last LogSeq is the
+// written-up-to mark. It moves only with such an append, so only forward,
+// and only together with the events it vouches for.
+//
+//   - Exactly once. Each event is in one log record. Two messages covering
+//     one record would have to land on the same predecessor, and the
+//     compare-and-swap lets only one. A retry after a lost acknowledgement
+//     (a stream leader paused after storing the message) fails if the first
+//     try landed; a writer that fails the compare-and-swap reads the
+//     chain's last message from the stream leader (never a lagging
+//     follower) and sends only the records it does not cover.
+//   - No dedupe window to outlast. Nothing relies on Nats-Msg-Id and the
+//     stream's Duplicates window (2 minutes by default): a republish may
+//     come any time later (a paused instance resuming after minutes, a
+//     service restarted after an hour) and is still refused, because it no
+//     longer sits on top of the chain's last message.
+//   - Complete. Each instance hands every record it appends or loads, in
+//     log order, to its audit writer, which sends what lies past the mark;
+//     any instance may extend any repo's chain. Records of an instance
+//     killed before it wrote their events are loaded, and so written, by the
+//     next instance that appends to the repo (its compare-and-swap fails
+//     until it has loaded them), by every instance when it starts, and by
+//     every running instance within two audit catch-up periods (2 s each:
+//     each sequence of the log stream is one record, so an instance that
+//     counts the records it has seen up to the stream's last sequence
+//     knows when one escaped it, and then reloads every repo).
+//   - Nothing purged too early. A snapshot's predecessors are purged only
+//     once its instance's chain covers them: a record never leaves the log
+//     before its events are in the audit stream.
+//   - Ordered. The chain follows the log, so a repo's lease events read in
+//     stream order replay its history.
+//
+// The cost is what it was: one audit message per repo per 20 ms window, and
+// a read of the chain only after a lost race or an unknown outcome. One
+// limit: should the audit stream's retention (MaxAge, MaxBytes) drop a
+// repo's newest chain message, the chain restarts from the records still
+// in the lease log, whose events are written again.
 //
 // # Time
 //

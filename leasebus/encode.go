@@ -239,6 +239,10 @@ func (ab *auditBatch) encode() ([]byte, error) {
 		b = append(b, `,"logSeq":`...)
 		b = strconv.AppendUint(b, ab.LogSeq, 10)
 	}
+	if ab.From != 0 {
+		b = append(b, `,"from":`...)
+		b = strconv.AppendUint(b, ab.From, 10)
+	}
 	return append(b, '}'), nil
 }
 

@@ -23,7 +23,7 @@ const (
 // logRecord is one message of a repo's lease log. A delta carries the full
 // records of the leases one batch changed and the batch's audit events; a
 // snapshot carries the whole state, after which the earlier messages of
-// the repo are purged (once their audit events are in the audit stream).
+// the repo are purged (once the audit chain covers them).
 type logRecord struct {
 	Kind   string       `json:"kind"`
 	Repo   string       `json:"repo"`
@@ -266,8 +266,9 @@ func (s *store) purgeBefore(ctx context.Context, key string, seq uint64) error {
 }
 
 // load applies every record of the repo's log after st.seq to st, and hands
-// each delta's audit events to onEvents.
-func (s *store) load(ctx context.Context, key string, st *repoState, now func() time.Time, onEvents func(seq uint64, evs []AuditEvent)) error {
+// each record's sequence and audit events (none for most) to onRecord, in
+// log order.
+func (s *store) load(ctx context.Context, key string, st *repoState, now func() time.Time, onRecord func(seq uint64, evs []AuditEvent)) error {
 	stream, err := s.logStream(ctx)
 	if err != nil {
 		return err
@@ -295,9 +296,9 @@ func (s *store) load(ctx context.Context, key string, st *repoState, now func() 
 			return fmt.Errorf("%w: %s has a gap: record %d follows %d, state is at %d; refusing to serve this repo", errDamaged, st.repo, m.Sequence, rec.Prev, st.seq)
 		}
 		st.observe(&rec, m.Sequence, now())
-		if len(rec.Events) > 0 && onEvents != nil {
+		if onRecord != nil {
 			rec.fillEvents()
-			onEvents(m.Sequence, rec.Events)
+			onRecord(m.Sequence, rec.Events)
 		}
 		next = m.Sequence + 1
 	}

@@ -166,6 +166,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.Stop()
 		return nil, fmt.Errorf("flush subscriptions: %w", err)
 	}
+	s.goBackground(func() { s.catchUp(s.ctx) }) // after loading: it starts actors of its own
 	s.log.Info("lease service started", "repos", len(keys), "replicas", max(cfg.Replicas, 1))
 	return s, nil
 }
@@ -174,13 +175,20 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 // while JetStream cannot answer yet. On a fresh cluster it first elects a
 // meta leader (a request sent before that is dropped unanswered), then each
 // replicated stream elects its own (a raft election takes 4-9 s), so each
-// try gets its own deadline, doubling from 2 s.
+// try gets its own deadline, doubling from 2 s. Servers started together
+// may not all have met yet: "no suitable peers" is tried again for a while
+// (clusterFormWait), then named as the likely misconfiguration.
 func ensureStreamsPatiently(ctx context.Context, js jetstream.JetStream, replicas int, log *slog.Logger) error {
 	per := 2 * time.Second
+	start := time.Now()
 	for try := 1; ; try++ {
 		tctx, cancel := context.WithTimeout(ctx, per)
 		err := ensureStreams(tctx, js, replicas)
 		cancel()
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == 10005 && time.Since(start) > clusterFormWait {
+			return fmt.Errorf("%w (after %s: does the cluster have %d servers with JetStream, and do their routes reach each other?)", err, clusterFormWait, replicas)
+		}
 		if err == nil || ctx.Err() != nil || !transient(err) {
 			return err
 		}
@@ -194,15 +202,21 @@ func ensureStreamsPatiently(ctx context.Context, js jetstream.JetStream, replica
 	}
 }
 
+// clusterFormWait bounds how long stream creation waits for a cluster's
+// servers to meet (JetStream: no suitable peers for placement).
+const clusterFormWait = 30 * time.Second
+
 // transient reports whether a failed JetStream request may succeed when
-// tried again: no answer, or JetStream not available yet.
+// tried again: no answer, JetStream not available yet, or a cluster still
+// forming (its meta leader does not know enough peers yet to place R3).
 func transient(err error) bool {
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoResponders):
 		return true
 	case errors.As(err, &apiErr):
-		return apiErr.Code == 503 || apiErr.ErrorCode == 10008 // JetStream system temporarily unavailable
+		// 10008: JetStream system temporarily unavailable; 10005: no suitable peers for placement.
+		return apiErr.Code == 503 || apiErr.ErrorCode == 10008 || apiErr.ErrorCode == 10005
 	}
 	return false
 }

@@ -1,0 +1,282 @@
+package leasebus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fenceline/fenceline/internal/scope"
+)
+
+// acquireVia grants a lease through one given service instance's actor (a
+// queue group would pick any instance).
+func acquireVia(t *testing.T, ctx context.Context, svc *Service, repo string, c scope.Claim, o Owner) *Lease {
+	t.Helper()
+	r := &AcquireRequest{Repo: repo, Scope: c, Owner: o, TTL: Duration(time.Minute),
+		RequestID: NewRequestID(), CredentialHash: NewCredential().hash()}
+	if err := r.normalize(); err != nil {
+		t.Fatal(err)
+	}
+	rep := svc.actor(RepoKey(repo), repo).ask(ctx, &call{op: "acquire", req: r})
+	if rep.Error != nil {
+		t.Fatalf("acquire %s: %v", c, rep.Error.err())
+	}
+	return rep.Lease
+}
+
+// auditCounts counts a repo's audit events by type and lease id.
+func auditCounts(ctx context.Context, nc *nats.Conn, repo string) (map[string]int, error) {
+	evs, err := ReadAudit(ctx, nc, repo, 0)
+	if err != nil {
+		return nil, err
+	}
+	n := map[string]int{}
+	for _, ev := range evs {
+		n[ev.Type+" "+ev.LeaseID]++
+	}
+	return n, nil
+}
+
+// wantOnce waits until each lease has exactly one grant event, and fails
+// the test if one has none after a while or more than one.
+func wantOnce(t *testing.T, ctx context.Context, nc *nats.Conn, repo string, ls ...*Lease) {
+	t.Helper()
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		n, err := auditCounts(ctx, nc, repo)
+		if err != nil {
+			return err
+		}
+		for _, l := range ls {
+			if n[EventGrant+" "+l.LeaseID] == 0 {
+				return fmt.Errorf("grant of %s (fence %d) is not in the audit stream", l.LeaseID, l.Fence)
+			}
+		}
+		return nil
+	})
+	n, err := auditCounts(ctx, nc, repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range ls {
+		if got := n[EventGrant+" "+l.LeaseID]; got != 1 {
+			t.Errorf("grant of %s is in the audit stream %d times, want once", l.LeaseID, got)
+		}
+	}
+}
+
+// checkChain reads a repo's service audit messages and checks that they
+// form one chain: each covers the log records after the previous one's.
+func checkChain(t *testing.T, ctx context.Context, nc *nats.Conn, repo string) int {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, AuditStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prev uint64
+	n := 0
+	for seq := uint64(1); ; {
+		m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(serviceAuditSubject(RepoKey(repo))))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return n
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b auditBatch
+		if err := json.Unmarshal(m.Data, &b); err != nil {
+			t.Fatal(err)
+		}
+		if b.From != prev || b.LogSeq <= b.From {
+			t.Errorf("audit message %d covers log records (%d, %d], after a message up to %d", m.Sequence, b.From, b.LogSeq, prev)
+		}
+		prev = b.LogSeq
+		n++
+		seq = m.Sequence + 1
+	}
+}
+
+// Two service instances on one repo: A writes a grant to the lease log and
+// is killed before it writes the grant's audit event; B, which had written
+// to the repo before, then grants on top of A's record and writes its own
+// events. The per-repo written-up-to mark used to be moved by B past A's
+// record, so a restarted instance never wrote A's event. Now B, having
+// loaded A's record, writes it in its chain, and a restart writes nothing
+// twice.
+func TestAuditOfKilledInstance(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	const auditRepo = "github.com/acme/audit-killed"
+	svcB, err := StartService(ctx, connect(t, b.srv.ClientURL()), ServiceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svcB.Stop)
+
+	w := acquireVia(t, ctx, svcB, auditRepo, claim(t, "w"), owner(1))
+	wantOnce(t, ctx, b.nc, auditRepo, w) // B's mark is past w
+
+	b.svc.audit.killed.Store(true) // A writes no audit from here on
+	x := acquireVia(t, ctx, b.svc, auditRepo, claim(t, "x"), owner(2))
+	y := acquireVia(t, ctx, svcB, auditRepo, claim(t, "y"), owner(3)) // on top of x's record
+	b.svc.Stop()
+	b.svc = nil
+	wantOnce(t, ctx, b.nc, auditRepo, w, x, y)
+
+	// A restarted instance finds nothing left to write, and writes
+	// nothing twice.
+	svcC, err := StartService(ctx, connect(t, b.srv.ClientURL()), ServiceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svcC.Stop)
+	z := acquireVia(t, ctx, svcC, auditRepo, claim(t, "z"), owner(4))
+	wantOnce(t, ctx, b.nc, auditRepo, w, x, y, z)
+	t.Logf("%d audit messages in the chain", checkChain(t, ctx, b.nc, auditRepo))
+}
+
+// The audit message lands but its acknowledgement is lost (a stream leader
+// paused after storing it): the writer tries again, and the event must not
+// be written twice, however late the retry.
+func TestAuditLostAckWritesOnce(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	const auditRepo = "github.com/acme/audit-lost-ack"
+	key := RepoKey(auditRepo)
+	w := b.svc.audit
+	w.killed.Store(true)
+	x := acquireVia(t, ctx, b.svc, auditRepo, claim(t, "x"), owner(1))
+
+	// Send the very message the writer is about to send, as if its own
+	// try had landed unacknowledged.
+	w.mu.Lock()
+	c := w.chains[key]
+	lost := auditBatch{LogSeq: c.tip}
+	for _, r := range c.recs {
+		lost.Events = append(lost.Events, r.events...)
+	}
+	w.mu.Unlock()
+	data, err := lost.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: serviceAuditSubject(key), Data: data}, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+		t.Fatal(err)
+	}
+	w.killed.Store(false) // the writer retries on its own
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if got := w.covered(key); got < lost.LogSeq {
+			return fmt.Errorf("audit chain covers the log up to %d, want %d", got, lost.LogSeq)
+		}
+		return nil
+	})
+	y := acquireVia(t, ctx, b.svc, auditRepo, claim(t, "y"), owner(2))
+	wantOnce(t, ctx, b.nc, auditRepo, x, y)
+	if n := checkChain(t, ctx, b.nc, auditRepo); n != 2 {
+		t.Errorf("%d audit messages in the chain, want 2 (the lost-ack one and y's)", n)
+	}
+}
+
+// An instance appends a record and is killed before it writes the
+// record's audit events or announces the record to the other instances;
+// nobody touches the repo again, while the running instance writes to
+// other repos. Its audit catch-up finds the record and writes its events
+// within a few seconds.
+func TestAuditCatchUpFindsUnannouncedRecord(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	const auditRepo = "github.com/acme/audit-catch-up"
+	key := RepoKey(auditRepo)
+	x := acquireVia(t, ctx, b.svc, auditRepo, claim(t, "x"), owner(1))
+	wantOnce(t, ctx, b.nc, auditRepo, x)
+
+	// The other instance's append: a grant on top of the log as it is.
+	a := b.svc.actor(key, auditRepo)
+	a.busy.Lock()
+	seq, fence := a.state.seq, a.state.fence
+	a.busy.Unlock()
+	now := time.Now().UTC().Round(time.Millisecond)
+	e := &entry{Lease: Lease{LeaseID: newID("lease_", now), Repo: auditRepo, Scope: claim(t, "y"),
+		WorkspaceID: DefaultWorkspace, WorkspaceMode: WorkspaceShared, Owner: owner(2), Status: StatusActive,
+		Version: 1, Fence: fence + 1, AcquiredAt: now, RenewedAt: now, ExpiresAt: now.Add(time.Minute), TTL: Duration(time.Minute)},
+		SecretHash: NewCredential().hash(), RequestID: NewRequestID()}
+	rec := &logRecord{Kind: recordDelta, Repo: auditRepo, Fence: e.Fence, Leases: []*entry{e},
+		Events: []AuditEvent{{Time: now, Type: EventGrant, Boundary: BoundaryLease, Repo: auditRepo, LeaseID: e.LeaseID,
+			Owner: e.Owner, Scope: e.Scope, Fence: e.Fence, Message: "granted by an instance killed since"}}}
+	if _, _, err := b.svc.store.append(ctx, key, seq, rec); err != nil {
+		t.Fatal(err)
+	}
+	appended := time.Now()
+	// This instance goes on writing another repo's log: it sees records
+	// newer than the one that escaped it.
+	other := acquireVia(t, ctx, b.svc, "github.com/acme/audit-other", claim(t, "o"), owner(3))
+	wantOnce(t, ctx, b.nc, auditRepo, x, &e.Lease)
+	wantOnce(t, ctx, b.nc, "github.com/acme/audit-other", other)
+	t.Logf("the killed instance's grant was written %s after its append", time.Since(appended).Round(time.Millisecond))
+	if took := time.Since(appended); took > 3*auditCatchUpEvery+time.Second {
+		t.Errorf("the catch-up took %s, want at most %s", took, 3*auditCatchUpEvery+time.Second)
+	}
+	checkChain(t, ctx, b.nc, auditRepo)
+}
+
+// A snapshot never purges log records whose audit events are not yet in
+// the audit stream: the log is their only copy.
+func TestPurgeWaitsForTheAuditChain(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	const auditRepo = "github.com/acme/audit-purge"
+	key := RepoKey(auditRepo)
+	b.svc.audit.killed.Store(true) // the audit stream is out of reach
+	cred := NewCredential()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: auditRepo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := *l
+	for range 80 { // each sequential renewal is one commit: past a snapshot
+		if l, err = b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Give a purge every chance to run (the actor tries it on every batch).
+	a := b.svc.actor(key, auditRepo)
+	for range 5 {
+		if r := a.ask(ctx, &call{op: "sync", req: &syncRequest{}}); r.Error != nil {
+			t.Fatal(r.Error.err())
+		}
+	}
+	a.busy.Lock()
+	snap := a.purgeAt
+	a.busy.Unlock()
+	if n, first := logMessages(t, ctx, js, auditRepo); first.Kind != recordDelta || n < 80 {
+		t.Fatalf("log purged while the grant's audit event was unwritten: %d messages, the first a %s", n, first.Kind)
+	}
+	if snap == 0 {
+		t.Fatal("no snapshot waiting for its purge after 81 commits")
+	}
+	b.svc.audit.killed.Store(false)
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if n, first := logMessages(t, ctx, js, auditRepo); first.Kind != recordSnapshot {
+			return fmt.Errorf("not purged once the audit was written: %d messages, the first a %s", n, first.Kind)
+		}
+		return nil
+	})
+	wantOnce(t, ctx, b.nc, auditRepo, &granted)
+}

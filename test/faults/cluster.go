@@ -1,0 +1,308 @@
+package faults
+
+// The cluster half of the fault harness: a NATS cluster whose nodes are
+// separate processes of the real fenceline binary ("fenceline bus serve"
+// with cluster flags: an embedded JetStream server and a lease service in
+// one process), and lease-service-only processes against it. Real
+// processes, so a node can be paused with SIGSTOP (its server and its
+// service freeze together, TCP connections stay open, its peers see only
+// silence) and killed with SIGKILL (nothing flushed, nothing said goodbye).
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fenceline/fenceline/internal/testutil"
+)
+
+// BuildBinary builds ./cmd/fenceline of this module into a temporary
+// directory and returns its path.
+func BuildBinary(t testing.TB) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatalf("go env GOMOD: %v", err)
+	}
+	root := filepath.Dir(strings.TrimSpace(string(out)))
+	bin := filepath.Join(t.TempDir(), "fenceline")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/fenceline")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/fenceline: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// Node is one process of the fenceline binary: a cluster node or a lease
+// service on its own. It can be started again after a kill with the same
+// addresses, store and state directory.
+type Node struct {
+	Name  string
+	args  []string
+	env   []string
+	state string // its own XDG_STATE_HOME (credentials, default store)
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd     // guarded by mu
+	out    *bytes.Buffer // stdout and stderr of the current run; guarded by mu
+	done   chan struct{} // closed when the current run exited; guarded by mu
+	paused bool          // guarded by mu
+	runs   int           // guarded by mu
+}
+
+// lockedWriter serializes writes into a Node's buffer.
+type lockedWriter struct {
+	mu  *sync.Mutex
+	buf **bytes.Buffer
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return (*w.buf).Write(p)
+}
+
+// Cluster is a running cluster of node processes and service processes;
+// everything is killed when the test ends.
+type Cluster struct {
+	t        testing.TB
+	bin      string
+	Nodes    []*Node
+	Services []*Node // lease services without a server of their own
+	urls     []string
+}
+
+// StartCluster starts n node processes of bin (see BuildBinary) as one
+// cluster, each on 127.0.0.1 with its own store and state directory, and
+// waits until each one's lease service is ready.
+func StartCluster(t testing.TB, bin string, n int) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, bin: bin}
+	ports := freePorts(t, 2*n)
+	var routes []string
+	for i := range n {
+		c.urls = append(c.urls, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[n+i]))
+	}
+	dir := t.TempDir()
+	for i := range n {
+		var peers []string
+		for j, r := range routes {
+			if j != i {
+				peers = append(peers, r)
+			}
+		}
+		name := fmt.Sprintf("n%d", i)
+		p := &Node{Name: name, state: filepath.Join(dir, name, "state"), args: []string{
+			"bus", "serve", "--name", name, "--cluster-name", "faults",
+			"--cluster-listen", fmt.Sprintf("127.0.0.1:%d", ports[n+i]),
+			"--routes", strings.Join(peers, ","),
+			"--listen", fmt.Sprintf("127.0.0.1:%d", ports[i]),
+			"--store", filepath.Join(dir, name, "store"),
+		}}
+		c.Nodes = append(c.Nodes, p)
+	}
+	t.Cleanup(c.killAll)
+	for _, p := range c.Nodes {
+		c.start(p)
+	}
+	for _, p := range c.Nodes {
+		c.WaitReady(p, 90*time.Second)
+	}
+	return c
+}
+
+// AddService starts a lease service process (no server of its own)
+// against the cluster, replicas 3, and waits until it is ready.
+func (c *Cluster) AddService(name string) *Node {
+	c.t.Helper()
+	p := &Node{Name: name, state: filepath.Join(c.t.TempDir(), "state"),
+		args: []string{"--nats", c.URLs(), "bus", "serve", "--replicas", "3"}}
+	c.Services = append(c.Services, p)
+	c.start(p)
+	c.WaitReady(p, 60*time.Second)
+	return p
+}
+
+// URLs is every node's client URL, comma-separated, for nats.Connect.
+func (c *Cluster) URLs() string { return strings.Join(c.urls, ",") }
+
+func (c *Cluster) start(p *Node) {
+	c.t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cmd := exec.Command(c.bin, p.args...)
+	cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+p.state)
+	cmd.Env = append(cmd.Env, p.env...)
+	p.out = &bytes.Buffer{}
+	w := lockedWriter{mu: &p.mu, buf: &p.out}
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("start %s: %v", p.Name, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	p.cmd, p.done, p.paused = cmd, done, false
+	p.runs++
+}
+
+// StateHome is the process's own XDG_STATE_HOME, where a bus it serves
+// keeps its state (and the credentials the CLI finds there).
+func (p *Node) StateHome() string { return p.state }
+
+// Output is what the process's current run printed so far.
+func (p *Node) Output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+// WaitReady waits until p's lease service says it is ready, or fails the
+// test (with p's output) after timeout or when p exits.
+func (c *Cluster) WaitReady(p *Node, timeout time.Duration) {
+	c.t.Helper()
+	testutil.CheckFor(c.t, timeout, 50*time.Millisecond, func() error {
+		p.mu.Lock()
+		done := p.done
+		p.mu.Unlock()
+		select {
+		case <-done:
+			c.t.Fatalf("%s exited before it was ready:\n%s", p.Name, p.Output())
+		default:
+		}
+		if !strings.Contains(p.Output(), "lease service ready") {
+			return fmt.Errorf("%s not ready yet:\n%s", p.Name, p.Output())
+		}
+		return nil
+	})
+}
+
+// Pause stops p with SIGSTOP: its server and service freeze mid-step.
+func (c *Cluster) Pause(p *Node) {
+	c.t.Helper()
+	c.signal(p, syscall.SIGSTOP)
+	p.mu.Lock()
+	p.paused = true
+	p.mu.Unlock()
+}
+
+// Resume continues a paused p with SIGCONT.
+func (c *Cluster) Resume(p *Node) {
+	c.t.Helper()
+	c.signal(p, syscall.SIGCONT)
+	p.mu.Lock()
+	p.paused = false
+	p.mu.Unlock()
+}
+
+// Kill kills p with SIGKILL and waits until it is gone.
+func (c *Cluster) Kill(p *Node) {
+	c.t.Helper()
+	c.signal(p, syscall.SIGKILL)
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		c.t.Fatalf("%s did not exit after SIGKILL", p.Name)
+	}
+}
+
+// Restart starts a killed p again (same addresses, store and state) and
+// waits until its lease service is ready.
+func (c *Cluster) Restart(p *Node, timeout time.Duration) {
+	c.t.Helper()
+	c.start(p)
+	c.WaitReady(p, timeout)
+}
+
+func (c *Cluster) signal(p *Node, sig syscall.Signal) {
+	c.t.Helper()
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	if err := cmd.Process.Signal(sig); err != nil {
+		c.t.Fatalf("signal %s to %s: %v", sig, p.Name, err)
+	}
+}
+
+// killAll kills every process still running (continuing paused ones is
+// not needed: SIGKILL ends a stopped process too) and waits for them.
+func (c *Cluster) killAll() {
+	for _, p := range append(append([]*Node{}, c.Nodes...), c.Services...) {
+		p.mu.Lock()
+		cmd, done := p.cmd, p.done
+		p.mu.Unlock()
+		if cmd == nil {
+			continue
+		}
+		_ = cmd.Process.Kill()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+		}
+	}
+}
+
+// Node returns the node process named name (a server name), or nil.
+func (c *Cluster) Node(name string) *Node {
+	for _, p := range c.Nodes {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// StreamLeader asks JetStream which node leads stream.
+func (c *Cluster) StreamLeader(ctx context.Context, js jetstream.JetStream, stream string) (*Node, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("stream info %s: %w", stream, err)
+	}
+	info := s.CachedInfo()
+	if info.Cluster == nil || info.Cluster.Leader == "" {
+		return nil, errors.New("stream " + stream + " has no leader")
+	}
+	p := c.Node(info.Cluster.Leader)
+	if p == nil {
+		return nil, fmt.Errorf("stream %s: leader %q is not one of the nodes", stream, info.Cluster.Leader)
+	}
+	return p, nil
+}
+
+// freePorts returns n distinct free TCP ports on 127.0.0.1.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var lns []net.Listener
+	var ports []int
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	for _, ln := range lns {
+		_ = ln.Close()
+	}
+	return ports
+}
