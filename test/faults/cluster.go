@@ -26,6 +26,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fenceline/fenceline/internal/testutil"
+
+	"github.com/fenceline/fenceline/internal/bustest"
 )
 
 // BuildBinary builds ./cmd/fenceline of this module into a temporary
@@ -83,6 +85,7 @@ type Cluster struct {
 	Nodes    []*Node
 	Services []*Node // lease services without a server of their own
 	urls     []string
+	creds    string // the credentials every node admits and every process uses
 }
 
 // StartCluster starts n node processes of bin (see BuildBinary) as one
@@ -90,7 +93,9 @@ type Cluster struct {
 // waits until each one's lease service is ready.
 func StartCluster(t testing.TB, bin string, n int) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, bin: bin}
+	// One set of credentials for the whole cluster (a node would otherwise
+	// make its own), the one the test's own connections use.
+	c := &Cluster{t: t, bin: bin, creds: bustest.CredsDir(t)}
 	ports := freePorts(t, 2*n)
 	var routes []string
 	for i := range n {
@@ -145,7 +150,7 @@ func (c *Cluster) start(p *Node) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cmd := exec.Command(c.bin, p.args...)
-	cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+p.state)
+	cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+p.state, "FENCELINE_CREDS="+c.creds)
 	cmd.Env = append(cmd.Env, p.env...)
 	p.out = &bytes.Buffer{}
 	w := lockedWriter{mu: &p.mu, buf: &p.out}
