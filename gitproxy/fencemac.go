@@ -210,6 +210,10 @@ type HookInstall struct {
 	AllowUnfenced bool
 	// Git is the git binary (default "git").
 	Git string
+	// BusArgs are global fenceline flags the hook runs with (--nats URL,
+	// --creds FILE), so that its refusals also go to the bus's audit
+	// stream; none: they go only to <git-dir>/fenceline/refusals.jsonl.
+	BusArgs []string
 }
 
 // Installed is what InstallHook did.
@@ -274,7 +278,14 @@ func InstallHook(ctx context.Context, in HookInstall) (*Installed, error) {
 		return nil, fmt.Errorf("hook install: %w", err)
 	}
 
-	args := []string{shellQuote(in.Fenceline), "hook", "pre-receive", "--repo", shellQuote(in.Repo)}
+	args := []string{shellQuote(in.Fenceline)}
+	for _, a := range in.BusArgs {
+		if strings.ContainsAny(a, "\n\x00") {
+			return nil, fmt.Errorf("hook install: bus argument %q contains a newline or NUL", a)
+		}
+		args = append(args, shellQuote(a))
+	}
+	args = append(args, "hook", "pre-receive", "--repo", shellQuote(in.Repo))
 	if in.AllowUnfenced {
 		args = append(args, "--allow-unfenced")
 	}

@@ -1,12 +1,15 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -55,6 +58,9 @@ full either way.`,
 			if errors.As(err, &he) {
 				// git shows the hook's output to the pusher as "remote: …".
 				fmt.Fprintln(a.stderr, he.Msg)
+				if aerr := a.auditHookRefusal(cmd.Context(), repo, he); aerr != nil {
+					fmt.Fprintf(a.stderr, "fenceline: the refusal is in refusals.jsonl but not in the bus's audit stream: %v\n", aerr)
+				}
 				return &exitError{code: ExitConflict, err: errReported}
 			}
 			return err
@@ -83,6 +89,11 @@ server, usually a bare repository):
     (an existing pre-receive hook that is not fenceline's is left alone:
     install fails and says so),
   - receive.advertisePushOptions = true, so the fence can travel.
+
+With --nats (and --creds: a holder's credentials suffice), the hook also
+writes each refusal to that bus's audit stream (boundary git), as every
+other fence does; without, refusals go only to
+<git-dir>/fenceline/refusals.jsonl.
 
 Run it as the user the git server runs hooks as: that user must own the
 secret, and no agent's user may be able to read it (whoever reads it can
@@ -122,7 +133,17 @@ the git server's user).`,
 			if sidecarFile == "" {
 				sidecarFile = defaultGitHookSecretFile(r)
 			}
-			in, err := gitproxy.InstallHook(cmd.Context(), gitproxy.HookInstall{GitDir: gitDir, Repo: r, Fenceline: exe, AllowUnfenced: allowUnfenced})
+			var busArgs []string // the bus named here audits the hook's refusals too
+			if u, source := a.busURL(); source != "" {
+				busArgs = append(busArgs, "--nats", u)
+			}
+			if p, _ := a.credsSetting(); p != "" {
+				if p, err = filepath.Abs(p); err != nil {
+					return usagef("--creds %s: %v", p, err)
+				}
+				busArgs = append(busArgs, "--creds", p)
+			}
+			in, err := gitproxy.InstallHook(cmd.Context(), gitproxy.HookInstall{GitDir: gitDir, Repo: r, Fenceline: exe, AllowUnfenced: allowUnfenced, BusArgs: busArgs})
 			if err != nil {
 				return err
 			}
@@ -198,4 +219,57 @@ func writeSidecarSecret(path string, key []byte) error {
 // agents.
 func defaultGitHookSecretFile(repo string) string {
 	return filepath.Join(leasebus.StateDir(), "git-hook", url.PathEscape(repo)+".key")
+}
+
+// hookAuditTimeout bounds the hook's report to the bus: a push waits for
+// it, and the refusal stands either way.
+const hookAuditTimeout = 3 * time.Second
+
+// auditHookRefusal writes a refusal of the pre-receive hook to the audit
+// stream of the bus named by --nats or FENCELINE_NATS (hook install puts
+// them in the hook when it was given them); with no bus named it does
+// nothing: a git server need not reach one. The lease, owner and fence are
+// as the push claimed them: a refused fence may be forged.
+func (a *app) auditHookRefusal(ctx context.Context, repo string, he *gitproxy.HookError) error {
+	u, source := a.busURL()
+	if source == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, hookAuditTimeout)
+	defer cancel()
+	nc, err := a.connect(leasebus.RoleHolder, u, source)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	aud, err := leasebus.NewAuditor(nc)
+	if err != nil {
+		return err
+	}
+	fence, _ := strconv.ParseUint(he.Fence, 10, 64)
+	return aud.Record(ctx, leasebus.AuditEvent{
+		Time: time.Now().UTC(), Type: leasebus.EventDenied, Boundary: leasebus.BoundaryGit,
+		Repo: repo, LeaseID: he.Lease, Owner: parseOwner(he.Owner), Fence: fence,
+		Reason: he.Reason, Message: "pre-receive hook: " + he.Msg,
+	})
+}
+
+// parseOwner reads an owner as Owner.String writes it ("task=… agent=…
+// attempt=… [host=…]"); what it does not know it leaves out.
+func parseOwner(s string) leasebus.Owner {
+	var o leasebus.Owner
+	for _, f := range strings.Fields(s) {
+		k, v, _ := strings.Cut(f, "=")
+		switch k {
+		case "task":
+			o.TaskID = v
+		case "agent":
+			o.AgentID = v
+		case "attempt":
+			o.AttemptID = v
+		case "host":
+			o.HostID = v
+		}
+	}
+	return o
 }

@@ -3,13 +3,17 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fenceline/fenceline/gitproxy"
+	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/gitserver"
+	"github.com/fenceline/fenceline/leasebus"
 )
 
 // hookInstalled is what "hook install --json" prints.
@@ -207,4 +211,55 @@ git -c user.name=agent -c user.email=agent@example.com commit -qam "signed push"
 	if err != nil || !strings.Contains(string(data), "services/billing/invoice.go") {
 		t.Fatalf("the signed pushes' fences are not recorded (%v):\n%s", err, data)
 	}
+}
+
+// TestHookAuditsRefusals: a hook installed with a bus (--nats, --creds)
+// writes each refusal to that bus's audit stream as well as to
+// refusals.jsonl: a forged fence pushed straight to the git server is
+// refused, and the audit names the lease, owner and fence the push claimed
+// and the reason.
+func TestHookAuditsRefusals(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	gs, bare := seededGitServer(t)
+	holder := bustest.CredsFile(t, leasebus.RoleHolder)
+	in := installHookJSON(t, "--nats", url, "--creds", holder, "--git-dir", bare, "--repo", testRepo)
+	script, err := os.ReadFile(in.Hook)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustContain(t, "hook script", string(script), "--nats", url, "--creds", holder)
+
+	work := filepath.Join(t.TempDir(), "work")
+	mustGitRun(t, "", nil, "clone", "--quiet", gs.URL+"/payments.git", work)
+	os.WriteFile(filepath.Join(work, "libs/tax/rates.go"), []byte("package tax // forged\n"), 0o644)
+	mustGitRun(t, work, nil, "commit", "--quiet", "-am", "forged fence")
+	out, err := gitRun(t, work, nil, "push", "-o", "fenceline-lease=lease_forged", "-o", "fenceline-fence=999999",
+		"-o", "fenceline-owner=task=t agent=mallory attempt=a", "origin", "main")
+	if err == nil {
+		t.Fatalf("a forged fence landed:\n%s", out)
+	}
+	mustContain(t, "push output", out, "not signed")
+
+	type event struct {
+		Type, Boundary, Repo, LeaseID, Reason, Message string
+		Fence                                          uint64
+		Owner                                          leasebus.Owner
+	}
+	checkFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+		var evs []event
+		r := fl(t, "--nats", url, "lease", "audit", "--json").want(t, ExitOK)
+		if err := json.Unmarshal([]byte(r.stdout), &evs); err != nil {
+			return fmt.Errorf("decode audit: %w\n%s", err, r.stdout)
+		}
+		for _, e := range evs {
+			if e.Type == leasebus.EventDenied && e.Boundary == leasebus.BoundaryGit && e.LeaseID == "lease_forged" {
+				if e.Repo != testRepo || e.Fence != 999999 || e.Reason != gitproxy.HookUnsigned || e.Owner.AgentID != "mallory" || !strings.Contains(e.Message, "pre-receive hook") {
+					t.Fatalf("the hook's audit event is %+v", e)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("no audit event of the hook's refusal in %d events", len(evs))
+	})
 }

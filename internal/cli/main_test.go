@@ -21,11 +21,20 @@ import (
 // SIGKILL a real runner).
 func TestMain(m *testing.M) {
 	fsguard.Init()
-	if os.Getenv(runAsCLIEnv) == "1" || len(os.Args) > 1 && os.Args[1] == "hook" {
+	if os.Getenv(runAsCLIEnv) == "1" || isHookCall(os.Args[1:]) {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		code := Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
 		stop()
 		os.Exit(code)
 	}
 	testutil.Main(m)
+}
+
+// isHookCall: the binary was run as a hook ("hook …", or with global bus
+// flags first, as hook install writes them: "--nats URL --creds F hook …").
+func isHookCall(args []string) bool {
+	for len(args) >= 2 && (args[0] == "--nats" || args[0] == "--creds") {
+		args = args[2:]
+	}
+	return len(args) > 0 && args[0] == "hook"
 }
