@@ -464,3 +464,60 @@ func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
 		t.Fatalf("after a revoke request delivered by JetStream: %+v %v, want active", got, err)
 	}
 }
+
+// What NATS itself refuses — a client with no credentials, a publish the
+// role does not allow — lands in the audit stream (boundary bus, type
+// refused) naming who was refused, and a client looping on a denied
+// subject does not flood it.
+func TestBusRefusalsAudited(t *testing.T) {
+	b := startBus(t)
+	stop := b.svc.AuditRefusals(b.srv, false, false)
+	defer stop()
+
+	holder := connectAs(t, b.srv.ClientURL(), RoleHolder)
+	holder.SetErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}) // the violations are expected
+	id := IdentityOf(holder)
+	for range 200 {
+		if err := holder.Publish(requestSubject("revoke", id), []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := holder.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if nc, err := nats.Connect(b.srv.ClientURL(), nats.Timeout(2*time.Second)); err == nil {
+		nc.Close()
+		t.Fatal("a client without credentials connected")
+	}
+
+	var perm, auth []AuditEvent
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctxT(t), b.nc, "", 0)
+		if err != nil {
+			return err
+		}
+		perm, auth = nil, nil
+		for _, e := range evs {
+			if e.Type != EventRefused || e.Boundary != BoundaryBus {
+				continue
+			}
+			switch e.Reason {
+			case ReasonBusPermission:
+				perm = append(perm, e)
+			case ReasonBusAuthentication:
+				auth = append(auth, e)
+			}
+		}
+		if len(perm) == 0 || len(auth) == 0 {
+			return fmt.Errorf("refusals audited: %d permission, %d authentication", len(perm), len(auth))
+		}
+		return nil
+	})
+	e := perm[0]
+	if e.RequestedBy != id || !strings.Contains(e.Message, requestSubject("revoke", id)) { // the test's service has no names for keys
+		t.Fatalf("the permission refusal's event names %q and says %q; want the holder and the subject", e.RequestedBy, e.Message)
+	}
+	if len(perm) > refusalRate*3 {
+		t.Fatalf("200 denied publishes in well under a second wrote %d audit events; want them rate-limited", len(perm))
+	}
+}

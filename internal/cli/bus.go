@@ -279,6 +279,16 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 		}
 		return fmt.Errorf("start lease service on %s: %w", f.natsURL, err)
 	}
+	stopRefusals := func() {}
+	if f.inProcess != nil {
+		// What the embedded server itself refuses (credentials, permissions)
+		// goes to the audit stream too.
+		stopRefusals = svc.AuditRefusals(f.inProcess, f.debug, false)
+	}
+	stop := func() {
+		stopRefusals()
+		svc.Stop()
+	}
 	fmt.Fprintf(a.stdout, "lease service ready on %s (replicas %d); stop with Ctrl-C\n", f.natsURL, replicas)
 	if f.ui != "" {
 		// The run UI reads as a viewer.
@@ -288,18 +298,18 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 		}
 		unc, err := a.connectWith(uiCreds, f.natsURL, f.natsSource, append(uopts, nats.Name("fenceline-run-ui"), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))...)
 		if err != nil {
-			svc.Stop()
+			stop()
 			return err
 		}
 		defer unc.Close()
 		shards, err := shard.Open(unc, shard.Config{Logger: f.logger})
 		if err != nil {
-			svc.Stop()
+			stop()
 			return err
 		}
 		ui, err := runui.Listen(f.ui, runui.Config{NC: unc, Token: os.Getenv(EnvUIToken), Shards: runui.StoreSource(shards), Logger: f.logger})
 		if err != nil {
-			svc.Stop()
+			stop()
 			return err
 		}
 		defer func() {
@@ -313,7 +323,7 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 	}
 	<-ctx.Done()
 	f.logger.Info("stopping", "cause", context.Cause(ctx))
-	svc.Stop()
+	stop()
 	fmt.Fprintln(a.stdout, "lease service stopped")
 	return nil
 }

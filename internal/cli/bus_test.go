@@ -311,6 +311,25 @@ func TestBusCredentials(t *testing.T) {
 	if defaultCredsDir() != dir {
 		t.Fatalf("state dir not restored: %s", defaultCredsDir())
 	}
+	// What the bus itself refused is in the audit: the viewer's revoke and
+	// the client without credentials.
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		r := fl(t, "--nats", url, "lease", "audit", "--json").want(t, ExitOK)
+		var evs []leasebus.AuditEvent
+		if err := json.Unmarshal([]byte(r.stdout), &evs); err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, ev := range evs {
+			if ev.Type == leasebus.EventRefused && ev.Boundary == leasebus.BoundaryBus {
+				seen[ev.Reason+" "+ev.RequestedBy] = true
+			}
+		}
+		if !seen[leasebus.ReasonBusPermission+" viewer"] || !seen[leasebus.ReasonBusAuthentication+" "] {
+			return fmt.Errorf("the bus's refusals in the audit: %v", seen)
+		}
+		return nil
+	})
 
 	if code := stop(); code != ExitOK {
 		t.Fatalf("bus serve exited %d", code)
