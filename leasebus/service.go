@@ -112,7 +112,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	s := &Service{nc: nc, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 8}}, cfg: cfg, log: cfg.Logger,
 		actors: map[string]*actor{}, index: map[string]string{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.audit = newAuditWriter(js, s.log)
+	s.audit = newAuditWriter(js, s.log, s.store.writer)
 	s.wg.Go(func() { s.audit.run(s.ctx) })
 	if cfg.StoreProbe != nil {
 		s.wg.Go(func() { s.watchStore(s.ctx) })
@@ -670,7 +670,10 @@ func (s *Service) auditAccess(typ, repo, id string, swept []*Lease) {
 	data, err := (&auditBatch{Events: []AuditEvent{ev}}).encode()
 	if err == nil {
 		ctx, cancel := context.WithTimeout(s.ctx, accessAuditTimeout)
-		_, err = s.js.Publish(ctx, auditSubjectFor(repo)+"."+BoundaryBus, data)
+		msg := nats.NewMsg(auditSubjectFor(repo) + "." + BoundaryBus)
+		msg.Header.Set(writerHeader, s.store.writer) // see serviceWrote
+		msg.Data = data
+		_, err = s.js.PublishMsg(ctx, msg)
 		cancel()
 	}
 	if err != nil {
