@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -345,5 +347,118 @@ func TestHolderCannotForgeTheAuditChain(t *testing.T) {
 		if ev.LeaseID == "lease_forged" {
 			t.Errorf("the audit reads a forged event as the service's: %+v", ev)
 		}
+	}
+}
+
+// A holder may not sweep, but it may make the server (or the lease
+// service itself) answer onto the operator's sweep subject: a publish to a
+// bucket it writes, with the operator's request subject as its reply. The
+// answer carries no reply of its own and no JetStream header, and decodes
+// as a sweep request. The service takes requests only as their identity
+// sends them, with a reply to that identity's own inbox: no sweep runs in
+// the operator's name, and the audit says nobody swept.
+func TestHolderCannotAskThroughReplies(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	opNC := connectAs(t, url, RoleOperator)
+	op, viewer := IdentityOf(opNC), IdentityOf(connectAs(t, url, RoleViewer))
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	attacker, key := storeAt(t, url, []byte(`{}`))
+	for _, subj := range []string{requestSubject("sweep", op), requestSubject("list", viewer)} {
+		// A publish ack, and the lease service's own answer.
+		if err := attacker.PublishRequest("$KV.FENCELINE_ATTEMPTS."+key, subj, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+		req, _ := json.Marshal(getRequest{LeaseID: l.LeaseID, Repo: repo})
+		if err := attacker.PublishRequest(requestSubject("get", IdentityOf(attacker)), subj, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := attacker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The operator's own list, after: once it is audited, the forged
+	// ones (sent first) had their chance.
+	if _, err := NewClient(opNC).List(ctx, repo, false); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.nc, repo, 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Type == EventList && ev.RequestedBy == b.svc.name(op) {
+				return nil
+			}
+		}
+		return errors.New("the operator's list is not audited yet")
+	})
+	evs, err := ReadAudit(ctx, b.nc, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		if ev.Type == EventSweep || (ev.Type == EventList && ev.RequestedBy != b.svc.name(op)) {
+			t.Errorf("the service acted on an answer as a request: %s by %q (%s)", ev.Type, ev.RequestedBy, ev.Message)
+		}
+	}
+}
+
+// The same answers aimed at the change subjects a watcher (the run UI)
+// hears: a publish ack and the lease service's own answer to a get, sent
+// onto a lease's change subject. Neither is a record of that lease: the
+// watcher sees only the real grant that follows.
+func TestWatcherIgnoresAnswersOnChangeSubjects(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	stop, err := NewClient(connectAs(t, url, RoleViewer)).Watch(repo, func(got *Lease) {
+		mu.Lock()
+		seen = append(seen, got.LeaseID)
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	attacker, key := storeAt(t, url, []byte(`{}`))
+	subj := ChangedSubject(repo, l.LeaseID)
+	if err := attacker.PublishRequest("$KV.FENCELINE_ATTEMPTS."+key, subj, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := json.Marshal(getRequest{LeaseID: l.LeaseID, Repo: repo})
+	if err := attacker.PublishRequest(requestSubject("get", IdentityOf(attacker)), subj, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := attacker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "b"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Contains(seen, l2.LeaseID) {
+			return errors.New("the grant of " + l2.LeaseID + " not seen yet")
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(seen, []string{l2.LeaseID}) {
+		t.Errorf("the watcher saw records %q, want only the real grant %s", seen, l2.LeaseID)
 	}
 }

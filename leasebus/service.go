@@ -345,6 +345,12 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			respondErr(m, fmt.Errorf("%w: request subject %q names no identity (want %s)", ErrInvalid, m.Subject, requestSubject(op, "<identity>")))
 			return
 		}
+		if id != Anonymous && !strings.HasPrefix(m.Reply, inboxPrefix(id)+".") {
+			// Not a request its identity sent (it would await the answer in
+			// its own inbox): an answer someone had the server, or this
+			// service, send here by naming this subject as its reply.
+			return
+		}
 		switch op {
 		case "acquire":
 			var r AcquireRequest
