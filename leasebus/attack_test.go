@@ -462,3 +462,53 @@ func TestWatcherIgnoresAnswersOnChangeSubjects(t *testing.T) {
 		t.Errorf("the watcher saw records %q, want only the real grant %s", seen, l2.LeaseID)
 	}
 }
+
+// Answers sent onto the instances' own subjects: each on an append
+// announcement of a made-up repo would start an actor (a goroutine) for
+// it, without end. The service takes announcements only from instances.
+func TestHolderCannotStartActorsThroughReplies(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatal(err)
+	}
+	hasActor := func(key string) bool {
+		b.svc.mu.Lock()
+		defer b.svc.mu.Unlock()
+		_, ok := b.svc.actors[key]
+		return ok
+	}
+	b.svc.followOthers() // as when another instance is on the bus
+	if err := b.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	attacker, key := storeAt(t, url, []byte(`{}`))
+	for i := range 20 {
+		if err := attacker.PublishRequest("$KV.FENCELINE_ATTEMPTS."+key, fmt.Sprintf("%s.junk%d", appendedPrefix, i), []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := attacker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Then a real announcement by another instance: once its repo has an
+	// actor, the answers (handled in order before it) had their chance.
+	witness := nats.NewMsg(appendedPrefix + ".witness")
+	witness.Header.Set(writerHeader, "another-instance")
+	witness.Data = []byte("1")
+	if err := connect(t, url).PublishMsg(witness); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if !hasActor("witness") {
+			return errors.New("the real announcement was not handled yet")
+		}
+		return nil
+	})
+	for i := range 20 {
+		if hasActor(fmt.Sprintf("junk%d", i)) {
+			t.Fatalf("an answer on the append announcement of made-up repo junk%d started an actor", i)
+		}
+	}
+}

@@ -483,13 +483,15 @@ func (s *Service) track(sub *nats.Subscription) {
 // and confirmed refusals do — only how soon a queued acquire sees a release
 // made through another instance.
 func (s *Service) meetPeers() error {
+	// Announcements and answers carry the writer header: a server's answer
+	// that a client sent here (see serviceWrote) is not an instance.
 	hello, err := s.nc.Subscribe(peersSubject, func(m *nats.Msg) {
-		if string(m.Data) == s.store.writer {
+		if !serviceWrote(m.Header) || string(m.Data) == s.store.writer {
 			return
 		}
 		s.followOthers()
 		if m.Reply != "" {
-			_ = m.Respond([]byte(s.store.writer))
+			_ = m.RespondMsg(s.peerMsg(m.Reply))
 		}
 	})
 	if err != nil {
@@ -498,7 +500,7 @@ func (s *Service) meetPeers() error {
 	s.track(hello)
 	inbox := s.nc.NewRespInbox()
 	answers, err := s.nc.Subscribe(inbox, func(m *nats.Msg) {
-		if string(m.Data) != s.store.writer {
+		if serviceWrote(m.Header) && string(m.Data) != s.store.writer {
 			s.followOthers()
 		}
 	})
@@ -506,10 +508,20 @@ func (s *Service) meetPeers() error {
 		return fmt.Errorf("subscribe %s: %w", inbox, err)
 	}
 	s.track(answers)
-	if err := s.nc.PublishRequest(peersSubject, inbox, []byte(s.store.writer)); err != nil {
+	hi := s.peerMsg(peersSubject)
+	hi.Reply = inbox
+	if err := s.nc.PublishMsg(hi); err != nil {
 		return fmt.Errorf("announce on %s: %w", peersSubject, err)
 	}
 	return nil
+}
+
+// peerMsg is this instance's announcement (or answer to one) on subj.
+func (s *Service) peerMsg(subj string) *nats.Msg {
+	m := nats.NewMsg(subj)
+	m.Header.Set(writerHeader, s.store.writer)
+	m.Data = []byte(s.store.writer)
+	return m
 }
 
 // followOthers starts following the log subjects (once) and has every
@@ -537,8 +549,8 @@ func (s *Service) followOthers() {
 // this instance's view (and its queued waiters) follow within a round trip.
 // Announcements carry their writer's id; an instance ignores its own.
 func (s *Service) tail(m *nats.Msg) {
-	if m.Header.Get(writerHeader) == s.store.writer {
-		return
+	if !serviceWrote(m.Header) || m.Header.Get(writerHeader) == s.store.writer {
+		return // not another instance's (see serviceWrote), or our own
 	}
 	s.actor(strings.TrimPrefix(m.Subject, appendedPrefix+"."), "").nudge()
 }
