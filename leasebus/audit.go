@@ -144,6 +144,26 @@ func (w *auditWriter) record(key string, seq uint64, evs []AuditEvent) {
 	}
 }
 
+// markSeen accounts for log sequence seq (a record of no repo) for the
+// catch-up.
+func (w *auditWriter) markSeen(seq uint64) {
+	w.seenMu.Lock()
+	defer w.seenMu.Unlock()
+	if seq > w.floor {
+		w.seen[seq] = struct{}{}
+	}
+}
+
+// forget drops the chain of key, a log of no repo, unless it has events
+// to write.
+func (w *auditWriter) forget(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c := w.chains[key]; c != nil && len(c.recs) == 0 {
+		delete(w.chains, key)
+	}
+}
+
 // covered reports the log sequence up to which a repo's events are in the
 // audit stream as far as this instance knows (0: nothing known): a
 // snapshot must not purge records beyond it. Records without events need
@@ -466,6 +486,16 @@ func (s *Service) syncAll(ctx context.Context) {
 		return
 	}
 	for _, key := range keys {
+		if _, ok := s.existing(key); !ok {
+			// A log this instance does not serve: a repo another instance
+			// made, or only answers someone had the server send onto the
+			// log (see serviceWrote), which start no actor.
+			st := newRepoState("")
+			err := s.store.load(ctx, key, st, s.cfg.Now, func(seq uint64, _ []AuditEvent) { s.audit.markSeen(seq) })
+			if err == nil && st.repo == "" {
+				continue
+			}
+		}
 		if r := s.actor(key, "").ask(ctx, &call{op: "sync", req: &syncRequest{}}); r.Error != nil && ctx.Err() == nil {
 			s.log.Warn("audit catch-up: reload lease log", "repo_key", key, "err", r.Error.err())
 		}

@@ -143,6 +143,12 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 			s.mu.Unlock()
 			continue
 		}
+		if a.state.repo == "" {
+			// Nothing the service wrote: answers someone had the server
+			// send onto the log (see serviceWrote). No repo, no actor.
+			s.audit.forget(key)
+			continue
+		}
 		s.mu.Lock()
 		s.actors[key] = a
 		s.mu.Unlock()
