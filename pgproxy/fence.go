@@ -687,7 +687,12 @@ func Install(ctx context.Context, conn *pgx.Conn, tables []string, opts InstallO
 		return nil, fmt.Errorf("pg install: is the installing role a superuser: %w", err)
 	}
 	if super {
-		if _, err := tx.Exec(ctx, strings.ReplaceAll(guardSQL, "{{owner}}", quoteLiteral(owner))); err != nil {
+		// The owner by oid: a role name may need quoting.
+		var ownerOID uint32
+		if err := tx.QueryRow(ctx, "SELECT proowner FROM pg_proc WHERE oid = 'fenceline.fence_slow_gate(oid, text)'::regprocedure").Scan(&ownerOID); err != nil {
+			return nil, fmt.Errorf("pg install: owner of fence_slow_gate: %w", err)
+		}
+		if _, err := tx.Exec(ctx, strings.ReplaceAll(guardSQL, "{{owner}}", strconv.FormatUint(uint64(ownerOID), 10)+"::pg_catalog.oid")); err != nil {
 			return nil, fmt.Errorf("pg install: guard the fence triggers: %w", err)
 		}
 	} else {
@@ -700,7 +705,7 @@ func Install(ctx context.Context, conn *pgx.Conn, tables []string, opts InstallO
 	return res, nil
 }
 
-// guardSQL ({{owner}}: the role that installs, quoted) keeps the fence triggers
+// guardSQL ({{owner}}: the oid of the role that installs) keeps the fence triggers
 // on: an event trigger, after every DDL command of anyone but that role
 // (or a superuser), refuses the command when a fenced table's trigger is
 // missing, disabled (or set to fire only for replicas), calls another
