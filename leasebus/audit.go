@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,9 @@ const auditCatchUpEvery = 2 * time.Second
 type auditWriter struct {
 	js  jetstream.JetStream
 	log *slog.Logger
+	// writer is the service instance's id, stamped on its chain messages
+	// (see serviceWrote).
+	writer string
 
 	mu     sync.Mutex
 	chains map[string]*auditChain // by repo key; guarded by mu
@@ -98,8 +102,8 @@ type auditBatch struct {
 	From uint64 `json:"from,omitempty"`
 }
 
-func newAuditWriter(js jetstream.JetStream, log *slog.Logger) *auditWriter {
-	return &auditWriter{js: js, log: log, chains: map[string]*auditChain{}, wake: make(chan struct{}, 1), seen: map[uint64]struct{}{}}
+func newAuditWriter(js jetstream.JetStream, log *slog.Logger, writer string) *auditWriter {
+	return &auditWriter{js: js, log: log, writer: writer, chains: map[string]*auditChain{}, wake: make(chan struct{}, 1), seen: map[uint64]struct{}{}}
 }
 
 func (w *auditWriter) chain(key string) *auditChain {
@@ -137,6 +141,26 @@ func (w *auditWriter) record(key string, seq uint64, evs []AuditEvent) {
 		case w.wake <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// markSeen accounts for log sequence seq (a record of no repo) for the
+// catch-up.
+func (w *auditWriter) markSeen(seq uint64) {
+	w.seenMu.Lock()
+	defer w.seenMu.Unlock()
+	if seq > w.floor {
+		w.seen[seq] = struct{}{}
+	}
+}
+
+// forget drops the chain of key, a log of no repo, unless it has events
+// to write.
+func (w *auditWriter) forget(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c := w.chains[key]; c != nil && len(c.recs) == 0 {
+		delete(w.chains, key)
 	}
 }
 
@@ -225,7 +249,10 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 		need := !c.ready || c.reread
 		w.mu.Unlock()
 		if need {
-			mark, last, err := w.readMark(ctx, key)
+			w.mu.Lock()
+			from := c.last
+			w.mu.Unlock()
+			mark, last, err := w.readMark(ctx, key, from)
 			if err != nil {
 				return err
 			}
@@ -264,6 +291,7 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 			return fmt.Errorf("encode audit events: %w", err)
 		}
 		msg := nats.NewMsg(serviceAuditSubject(key))
+		msg.Header.Set(writerHeader, w.writer)
 		msg.Data = data
 		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 		ack, err := w.js.PublishMsg(pctx, msg, jetstream.WithExpectLastSequencePerSubject(expect))
@@ -285,45 +313,113 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 }
 
 // readMark reads a repo's audit chain from the audit stream's leader (not
-// a follower, which may lag): the LogSeq of the last message on the repo's
-// service subject and that message's stream sequence; zeros if none.
-func (w *auditWriter) readMark(ctx context.Context, key string) (mark, last uint64, err error) {
-	req, err := json.Marshal(struct {
-		LastBySubject string `json:"last_by_subj"`
-	}{serviceAuditSubject(key)})
-	if err != nil {
-		return 0, 0, fmt.Errorf("encode request: %w", err)
-	}
-	rctx, cancel := context.WithTimeout(ctx, publishTimeout)
-	defer cancel()
-	resp, err := w.js.Conn().RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET."+AuditStream, req)
+// a follower, which may lag): the LogSeq of the last message the service
+// wrote on the repo's service subject, and the stream sequence of the last
+// message there of any kind (the next message is written on top of it);
+// zeros if none. A message the service did not write (a server's answer a
+// client sent there, see serviceWrote) is passed over: when it is the
+// last, the chain is read on from after from (the last message this
+// writer knew, 0 for the whole chain).
+func (w *auditWriter) readMark(ctx context.Context, key string, from uint64) (mark, last uint64, err error) {
+	subj := serviceAuditSubject(key)
+	m, err := storedMsg(ctx, w.js.Conn(), AuditStream, msgGetRequest{LastBySubject: subj})
 	if err != nil {
 		return 0, 0, fmt.Errorf("read the audit chain of %s: %w", key, err)
+	}
+	if m == nil {
+		return 0, 0, nil
+	}
+	last = m.Seq
+	markOf := func(m *storedMessage) (uint64, error) {
+		var b auditBatch
+		if err := json.Unmarshal(m.Data, &b); err != nil {
+			return 0, fmt.Errorf("decode audit message %d: %w", m.Seq, err)
+		}
+		return b.LogSeq, nil
+	}
+	if serviceWrote(m.Header) {
+		mark, err = markOf(m)
+		return mark, last, err
+	}
+	for seq := from + 1; seq < last; {
+		m, err = storedMsg(ctx, w.js.Conn(), AuditStream, msgGetRequest{Seq: seq, NextBySubject: subj})
+		if err != nil {
+			return 0, 0, fmt.Errorf("read the audit chain of %s: %w", key, err)
+		}
+		if m == nil || m.Seq >= last {
+			break
+		}
+		if serviceWrote(m.Header) {
+			if mark, err = markOf(m); err != nil {
+				return 0, 0, err
+			}
+		}
+		seq = m.Seq + 1
+	}
+	return mark, last, nil
+}
+
+// msgGetRequest is a JetStream STREAM.MSG.GET request.
+type msgGetRequest struct {
+	Seq           uint64 `json:"seq,omitempty"`
+	LastBySubject string `json:"last_by_subj,omitempty"`
+	NextBySubject string `json:"next_by_subj,omitempty"`
+}
+
+// storedMessage is a stream message as stored: its own headers, none of a
+// direct get's.
+type storedMessage struct {
+	Subject string
+	Seq     uint64
+	Data    []byte
+	Header  nats.Header
+}
+
+// storedMsg reads one message of stream from its leader with the
+// JetStream API (never a direct get, whose answer mixes the server's
+// headers with the stored ones); nil when there is none.
+func storedMsg(ctx context.Context, nc *nats.Conn, stream string, get msgGetRequest) (*storedMessage, error) {
+	req, err := json.Marshal(get)
+	if err != nil {
+		return nil, fmt.Errorf("encode request: %w", err)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, publishTimeout)
+		defer cancel()
+	}
+	resp, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return nil, err
 	}
 	var r struct {
 		Error   *jetstream.APIError `json:"error"`
 		Message *struct {
-			Seq  uint64 `json:"seq"`
-			Data []byte `json:"data"`
+			Subject string `json:"subject"`
+			Seq     uint64 `json:"seq"`
+			Hdrs    []byte `json:"hdrs"`
+			Data    []byte `json:"data"`
 		} `json:"message"`
 	}
 	if err := json.Unmarshal(resp.Data, &r); err != nil {
-		return 0, 0, fmt.Errorf("read the audit chain of %s: decode answer: %w", key, err)
+		return nil, fmt.Errorf("decode answer: %w", err)
 	}
 	if r.Error != nil {
 		if r.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
-			return 0, 0, nil
+			return nil, nil
 		}
-		return 0, 0, fmt.Errorf("read the audit chain of %s: %w", key, r.Error)
+		return nil, r.Error
 	}
 	if r.Message == nil {
-		return 0, 0, fmt.Errorf("read the audit chain of %s: answer carries no message", key)
+		return nil, errors.New("the answer carries no message")
 	}
-	var b auditBatch
-	if err := json.Unmarshal(r.Message.Data, &b); err != nil {
-		return 0, 0, fmt.Errorf("decode audit message %d: %w", r.Message.Seq, err)
+	m := &storedMessage{Subject: r.Message.Subject, Seq: r.Message.Seq, Data: r.Message.Data, Header: nats.Header{}}
+	if len(r.Message.Hdrs) > 0 {
+		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Hdrs); err != nil {
+			return nil, fmt.Errorf("decode headers of message %d: %w", m.Seq, err)
+		}
 	}
-	return b.LogSeq, r.Message.Seq, nil
+	return m, nil
 }
 
 // unseen reports whether a log stream sequence up to last was never
@@ -390,6 +486,16 @@ func (s *Service) syncAll(ctx context.Context) {
 		return
 	}
 	for _, key := range keys {
+		if _, ok := s.existing(key); !ok {
+			// A log this instance does not serve: a repo another instance
+			// made, or only answers someone had the server send onto the
+			// log (see serviceWrote), which start no actor.
+			st := newRepoState("")
+			err := s.store.load(ctx, key, st, s.cfg.Now, func(seq uint64, _ []AuditEvent) { s.audit.markSeen(seq) })
+			if err == nil && st.repo == "" {
+				continue
+			}
+		}
 		if r := s.actor(key, "").ask(ctx, &call{op: "sync", req: &syncRequest{}}); r.Error != nil && ctx.Err() == nil {
 			s.log.Warn("audit catch-up: reload lease log", "repo_key", key, "err", r.Error.err())
 		}
@@ -435,33 +541,42 @@ func (a *Auditor) Record(ctx context.Context, ev AuditEvent) error {
 
 // ReadAudit returns the audit events of one repo (every repo when repo is
 // empty) in the order they were written, starting at stream sequence from.
+// It reads the stream's leader. Only the lease service's own messages
+// count on a repo's lease and bus subjects, and an event on a boundary's subject
+// counts only as that boundary's: whoever may write one boundary's events
+// (a holder) or have the server answer onto an audit subject cannot make
+// an event read as the lease service's.
 func ReadAudit(ctx context.Context, nc *nats.Conn, repo string, from uint64) ([]AuditEvent, error) {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, fmt.Errorf("jetstream: %w", err)
-	}
 	filter := AuditSubject + ".>"
 	if repo != "" {
 		filter = auditSubjectFor(repo) + ".*"
 	}
-	stream, err := js.Stream(ctx, AuditStream)
-	if err != nil {
-		return nil, fmt.Errorf("open stream %s: %w", AuditStream, err)
-	}
 	var out []AuditEvent
 	for seq := max(from, 1); ; {
-		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
+		m, err := storedMsg(ctx, nc, AuditStream, msgGetRequest{Seq: seq, NextBySubject: filter})
+		if err != nil {
+			return out, fmt.Errorf("read audit stream %s at %d: %w", AuditStream, seq, err)
+		}
+		if m == nil {
 			return out, nil
 		}
-		if err != nil {
-			return out, fmt.Errorf("read audit stream at %d: %w", seq, err)
+		seq = m.Seq + 1
+		boundary := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+		byService := boundary == BoundaryLease || boundary == BoundaryBus
+		if byService && !serviceWrote(m.Header) {
+			continue // not the service's (see serviceWrote)
 		}
 		var b auditBatch
 		if err := json.Unmarshal(m.Data, &b); err != nil {
-			return out, fmt.Errorf("decode audit message %d: %w", m.Sequence, err)
+			if byService {
+				return out, fmt.Errorf("decode audit message %d: %w", m.Seq, err)
+			}
+			continue // a boundary's writer wrote something else
 		}
-		out = append(out, b.Events...)
-		seq = m.Sequence + 1
+		for _, ev := range b.Events {
+			if ev.Boundary == boundary || (boundary == BoundaryLease && ev.Boundary == "") {
+				out = append(out, ev)
+			}
+		}
 	}
 }

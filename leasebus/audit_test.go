@@ -173,7 +173,7 @@ func TestAuditLostAckWritesOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: serviceAuditSubject(key), Data: data}, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: serviceAuditSubject(key), Data: data, Header: nats.Header{writerHeader: {w.writer}}}, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
 		t.Fatal(err)
 	}
 	w.killed.Store(false) // the writer retries on its own

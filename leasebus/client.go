@@ -289,7 +289,9 @@ func (c *Client) watch(subj string, fn func(*Lease)) (func() error, error) {
 			return
 		}
 		var l Lease
-		if json.Unmarshal(m.Data, &l) == nil {
+		// A record of the lease its subject names, or not a notice at all
+		// (an answer someone had the server send here as its reply).
+		if json.Unmarshal(m.Data, &l) == nil && l.LeaseID != "" && m.Subject == ChangedSubject(l.Repo, l.LeaseID) {
 			fn(&l)
 		}
 	})

@@ -129,4 +129,18 @@
 // log, peer announcements and the lease boundary's audit events; a
 // JetStream delivery onto those subjects (a push consumer's creator picks
 // its deliver subject unchecked) is ignored by clients and the service.
+//
+// Permissions do not cover reply subjects: whoever may make a request (a
+// JetStream API call, a publish to a bucket it writes, a lease request)
+// names any reply subject, and the server or the service publishes its
+// answer there — onto a request, change or announcement subject, or into
+// the log or audit stream, which store whatever is published on their
+// subjects. So the service takes a request only with a reply to the
+// asker's own inbox; a watch takes only a record of the lease its subject
+// names; and the log, the lease and bus audit subjects and the instances'
+// announcements count only messages stamped with the writer header and
+// free of the server's Nats-Stream/Nats-Sequence headers (serviceWrote:
+// a direct get's answer carries its stored message's headers behind
+// those). Such answers are still stored, and take room: keeping them out
+// altogether needs the service's streams in an account of their own.
 package leasebus

@@ -114,6 +114,21 @@ const writerHeader = "Fenceline-Writer"
 
 func logSubjectFor(key string) string { return logSubject + "." + key }
 
+// serviceWrote reports whether a stored log message was appended by a
+// lease service instance. The bus keeps clients off the log subjects, but
+// not the server's own answers: whoever may make a JetStream API request
+// (a publish to a bucket it writes, a direct get) names any reply subject,
+// and the server publishes its answer there, into whichever stream stores
+// that subject. Such an answer carries no headers (a publish ack, an API
+// response) or the stored message's headers behind the server's own
+// Nats-Stream and Nats-Sequence (a direct get, so a forged writer header
+// comes with those). The log stream is read with STREAM.MSG.GET (no direct
+// gets), so a service's record shows exactly the headers it was written
+// with.
+func serviceWrote(h nats.Header) bool {
+	return h.Get(writerHeader) != "" && h.Get(jetstream.StreamHeader) == "" && h.Get(jetstream.SequenceHeader) == ""
+}
+
 // ensureStreams creates (or updates) the log and audit streams.
 func ensureStreams(ctx context.Context, js jetstream.JetStream, replicas int) error {
 	if replicas < 1 {
@@ -281,6 +296,18 @@ func (s *store) load(ctx context.Context, key string, st *repoState, now func() 
 		}
 		if err != nil {
 			return fmt.Errorf("read lease log of %s at %d: %w", st.repo, next, err)
+		}
+		if !serviceWrote(m.Header) {
+			// Not the service's: a server's answer (a publish ack, a
+			// direct get carrying someone's bytes) sent to a reply subject
+			// a client named. It holds nothing of the repo's state; the
+			// service's next append goes on top of it.
+			st.seq = m.Sequence
+			if onRecord != nil {
+				onRecord(m.Sequence, nil)
+			}
+			next = m.Sequence + 1
+			continue
 		}
 		var rec logRecord
 		if err := json.Unmarshal(m.Data, &rec); err != nil {

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -405,7 +406,11 @@ func TestDamagedLogTakesOnlyItsRepoOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.Publish(ctx, logSubjectFor(RepoKey(repo)), []byte("not a record")); err != nil {
+	// Written as the service writes (a record nobody wrote is passed over).
+	bad := nats.NewMsg(logSubjectFor(RepoKey(repo)))
+	bad.Header.Set(writerHeader, b.svc.store.writer)
+	bad.Data = []byte("not a record")
+	if _, err := js.PublishMsg(ctx, bad); err != nil {
 		t.Fatal(err)
 	}
 	b.svc.Stop()

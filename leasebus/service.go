@@ -112,7 +112,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	s := &Service{nc: nc, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 8}}, cfg: cfg, log: cfg.Logger,
 		actors: map[string]*actor{}, index: map[string]string{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.audit = newAuditWriter(js, s.log)
+	s.audit = newAuditWriter(js, s.log, s.store.writer)
 	s.wg.Go(func() { s.audit.run(s.ctx) })
 	if cfg.StoreProbe != nil {
 		s.wg.Go(func() { s.watchStore(s.ctx) })
@@ -141,6 +141,12 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 			s.mu.Lock()
 			s.actors[key] = a
 			s.mu.Unlock()
+			continue
+		}
+		if a.state.repo == "" {
+			// Nothing the service wrote: answers someone had the server
+			// send onto the log (see serviceWrote). No repo, no actor.
+			s.audit.forget(key)
 			continue
 		}
 		s.mu.Lock()
@@ -345,6 +351,12 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			respondErr(m, fmt.Errorf("%w: request subject %q names no identity (want %s)", ErrInvalid, m.Subject, requestSubject(op, "<identity>")))
 			return
 		}
+		if id != Anonymous && !strings.HasPrefix(m.Reply, inboxPrefix(id)+".") {
+			// Not a request its identity sent (it would await the answer in
+			// its own inbox): an answer someone had the server, or this
+			// service, send here by naming this subject as its reply.
+			return
+		}
 		switch op {
 		case "acquire":
 			var r AcquireRequest
@@ -477,13 +489,15 @@ func (s *Service) track(sub *nats.Subscription) {
 // and confirmed refusals do — only how soon a queued acquire sees a release
 // made through another instance.
 func (s *Service) meetPeers() error {
+	// Announcements and answers carry the writer header: a server's answer
+	// that a client sent here (see serviceWrote) is not an instance.
 	hello, err := s.nc.Subscribe(peersSubject, func(m *nats.Msg) {
-		if string(m.Data) == s.store.writer {
+		if !serviceWrote(m.Header) || string(m.Data) == s.store.writer {
 			return
 		}
 		s.followOthers()
 		if m.Reply != "" {
-			_ = m.Respond([]byte(s.store.writer))
+			_ = m.RespondMsg(s.peerMsg(m.Reply))
 		}
 	})
 	if err != nil {
@@ -492,7 +506,7 @@ func (s *Service) meetPeers() error {
 	s.track(hello)
 	inbox := s.nc.NewRespInbox()
 	answers, err := s.nc.Subscribe(inbox, func(m *nats.Msg) {
-		if string(m.Data) != s.store.writer {
+		if serviceWrote(m.Header) && string(m.Data) != s.store.writer {
 			s.followOthers()
 		}
 	})
@@ -500,10 +514,20 @@ func (s *Service) meetPeers() error {
 		return fmt.Errorf("subscribe %s: %w", inbox, err)
 	}
 	s.track(answers)
-	if err := s.nc.PublishRequest(peersSubject, inbox, []byte(s.store.writer)); err != nil {
+	hi := s.peerMsg(peersSubject)
+	hi.Reply = inbox
+	if err := s.nc.PublishMsg(hi); err != nil {
 		return fmt.Errorf("announce on %s: %w", peersSubject, err)
 	}
 	return nil
+}
+
+// peerMsg is this instance's announcement (or answer to one) on subj.
+func (s *Service) peerMsg(subj string) *nats.Msg {
+	m := nats.NewMsg(subj)
+	m.Header.Set(writerHeader, s.store.writer)
+	m.Data = []byte(s.store.writer)
+	return m
 }
 
 // followOthers starts following the log subjects (once) and has every
@@ -531,8 +555,8 @@ func (s *Service) followOthers() {
 // this instance's view (and its queued waiters) follow within a round trip.
 // Announcements carry their writer's id; an instance ignores its own.
 func (s *Service) tail(m *nats.Msg) {
-	if m.Header.Get(writerHeader) == s.store.writer {
-		return
+	if !serviceWrote(m.Header) || m.Header.Get(writerHeader) == s.store.writer {
+		return // not another instance's (see serviceWrote), or our own
 	}
 	s.actor(strings.TrimPrefix(m.Subject, appendedPrefix+"."), "").nudge()
 }
@@ -670,7 +694,10 @@ func (s *Service) auditAccess(typ, repo, id string, swept []*Lease) {
 	data, err := (&auditBatch{Events: []AuditEvent{ev}}).encode()
 	if err == nil {
 		ctx, cancel := context.WithTimeout(s.ctx, accessAuditTimeout)
-		_, err = s.js.Publish(ctx, auditSubjectFor(repo)+"."+BoundaryBus, data)
+		msg := nats.NewMsg(auditSubjectFor(repo) + "." + BoundaryBus)
+		msg.Header.Set(writerHeader, s.store.writer) // see serviceWrote
+		msg.Data = data
+		_, err = s.js.PublishMsg(ctx, msg)
 		cancel()
 	}
 	if err != nil {

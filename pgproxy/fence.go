@@ -584,6 +584,9 @@ type Installed struct {
 	CLibrary string
 	// NoC says why TriggerAuto did not use the C trigger.
 	NoC error
+	// NoGuard says why the fence is not guarded against the tables'
+	// owners (see guardSQL): nil when it is.
+	NoGuard error
 }
 
 // Install creates the fence in the database conn is connected to (as a role
@@ -679,12 +682,76 @@ func Install(ctx context.Context, conn *pgx.Conn, tables []string, opts InstallO
 	if err := upgradeFenced(ctx, tx, owner); err != nil {
 		return nil, fmt.Errorf("pg install: %w", err)
 	}
+	var super bool
+	if err := tx.QueryRow(ctx, "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user").Scan(&super); err != nil {
+		return nil, fmt.Errorf("pg install: is the installing role a superuser: %w", err)
+	}
+	if super {
+		// The owner by oid: a role name may need quoting.
+		var ownerOID uint32
+		if err := tx.QueryRow(ctx, "SELECT proowner FROM pg_proc WHERE oid = 'fenceline.fence_slow_gate(oid, text)'::regprocedure").Scan(&ownerOID); err != nil {
+			return nil, fmt.Errorf("pg install: owner of fence_slow_gate: %w", err)
+		}
+		if _, err := tx.Exec(ctx, strings.ReplaceAll(guardSQL, "{{owner}}", strconv.FormatUint(uint64(ownerOID), 10)+"::pg_catalog.oid")); err != nil {
+			return nil, fmt.Errorf("pg install: guard the fence triggers: %w", err)
+		}
+	} else {
+		res.NoGuard = fmt.Errorf("the installing role %s is not a superuser, and only a superuser makes event triggers: a fenced table's owner can switch its fence off (ALTER TABLE ... DISABLE TRIGGER, even inside a function an agent calls), so no agent's role may own a fenced table", owner)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("pg install: commit: %w", err)
 	}
 	res.Secret = key
 	return res, nil
 }
+
+// guardSQL ({{owner}}: the oid of the role that installs) keeps the fence triggers
+// on: an event trigger, after every DDL command of anyone but that role
+// (or a superuser), refuses the command when a fenced table's trigger is
+// missing, disabled (or set to fire only for replicas), calls another
+// function or fires for other events. The proxy refuses such statements
+// when it sees them, but not inside a function a read calls in a block the
+// lease made writable — and a table's owner may alter its triggers. Only a
+// superuser makes event triggers. (Dropping a fenced table, and tables
+// created later in a fenced schema, are not covered: both are unfenced
+// until "pg install" names them.)
+const guardSQL = `
+CREATE OR REPLACE FUNCTION fenceline.fence_broken() RETURNS pg_catalog.text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+-- The first fenced table whose fence trigger is not as "pg install" made it.
+SELECT format('%I.%I', ns.nspname, c.relname)
+	FROM fenceline.epoch ep
+	JOIN pg_class c ON c.oid = ep.relid JOIN pg_namespace ns ON ns.oid = c.relnamespace
+	LEFT JOIN pg_trigger tg ON tg.tgrelid = ep.relid AND tg.tgname = 'fenceline_fence'
+	WHERE ep.seq IS NOT NULL AND (tg.oid IS NULL OR tg.tgenabled NOT IN ('O', 'A') OR tg.tgtype <> 62
+		OR tg.tgfoid NOT IN (SELECT p.oid FROM pg_proc p WHERE p.pronamespace = 'fenceline'::regnamespace
+			AND p.proname IN ('fence_check', 'fence_check_c')))
+	ORDER BY 1 LIMIT 1
+$fn$;
+REVOKE ALL ON FUNCTION fenceline.fence_broken() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fenceline.fence_broken() TO PUBLIC;
+CREATE OR REPLACE FUNCTION fenceline.guard_fence() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY INVOKER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+	bad text;
+BEGIN
+	IF pg_has_role(current_user, {{owner}}, 'MEMBER') THEN
+		RETURN; -- the installing role (and superusers) may change the fence
+	END IF;
+	bad := fenceline.fence_broken();
+	IF bad IS NOT NULL THEN
+		RAISE EXCEPTION 'fenceline: % would switch off the storage fence of %', tg_tag, bad
+			USING ERRCODE = '42501',
+			HINT = 'the fence trigger of a fenced table stays as "fenceline pg install" made it; only its installing role may change it';
+	END IF;
+END
+$fn$;
+REVOKE ALL ON FUNCTION fenceline.guard_fence() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fenceline.guard_fence() TO PUBLIC;
+DROP EVENT TRIGGER IF EXISTS fenceline_guard;
+CREATE EVENT TRIGGER fenceline_guard ON ddl_command_end
+	WHEN TAG IN ('ALTER TABLE', 'DROP TRIGGER', 'CREATE TRIGGER', 'ALTER TRIGGER')
+	EXECUTE FUNCTION fenceline.guard_fence();`
 
 // cUnavailable reports whether err, from creating the C trigger, says the
 // server cannot have it (no such file, a library it cannot load or of

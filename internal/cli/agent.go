@@ -187,7 +187,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	if l.LeaseID != "" {
 		env = setEnvVar(env, "FENCELINE_LEASE_ID", l.LeaseID)
 	}
-	pol.Hidden = hiddenPaths(env, af.tokenFile, a.credsToHide())
+	pol.Hidden = hiddenPaths(env, append([]string{af.tokenFile}, a.credsToHide()...)...)
 	ports, _ := allowedPorts(af.allowConnect)
 	ports = append(ports, fences.Ports()...)
 	slices.Sort(ports)

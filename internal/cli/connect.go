@@ -42,12 +42,30 @@ func (a *app) credsSetting() (path, source string) {
 	return "", ""
 }
 
-// credsToHide is the bus credentials path --creds or $FENCELINE_CREDS
+// credsToHide are the bus credentials paths --creds or $FENCELINE_CREDS
 // names (a file or a directory), for the guard to hide from the agent; the
-// default bus's are in the state dir, hidden anyway.
-func (a *app) credsToHide() string {
+// default bus's are in the state dir, hidden anyway. A single file is
+// usually one role's file in a bus's credentials directory: the other
+// credentials beside it (every role's <role>.nk, any other *.nk or *.creds)
+// are hidden too, or a guarded agent could read the service's seed.
+func (a *app) credsToHide() []string {
 	p, _ := a.credsSetting()
-	return p
+	if p == "" {
+		return nil
+	}
+	out := []string{p}
+	if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+		return out
+	}
+	dir := filepath.Dir(p)
+	for _, r := range leasebus.Roles {
+		out = append(out, filepath.Join(dir, leasebus.CredsFile(r)))
+	}
+	for _, pat := range []string{"*.nk", "*.creds"} {
+		m, _ := filepath.Glob(filepath.Join(dir, pat))
+		out = append(out, m...)
+	}
+	return out
 }
 
 // defaultCredsDir is where the embedded default bus keeps its credentials.

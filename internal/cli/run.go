@@ -321,7 +321,7 @@ func (r *runner) run(ctx context.Context, argv, extra []string, out io.Writer) (
 		r.say("created %s: the claim did not exist in the checkout, and writes are confined to existing paths", c)
 	}
 	env := agentEnv(sc, l)
-	pol.Hidden = hiddenPaths(env, cfg.StateDir, r.rf.ff.pgSecretFile, r.rf.ff.gitHookSecret, r.a.credsToHide())
+	pol.Hidden = hiddenPaths(env, append([]string{cfg.StateDir, r.rf.ff.pgSecretFile, r.rf.ff.gitHookSecret}, r.a.credsToHide()...)...)
 	if pol.ConnectPorts, err = r.connectPorts(sc); err != nil {
 		return err
 	}

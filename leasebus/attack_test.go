@@ -1,0 +1,577 @@
+package leasebus
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// injectViaConsumer has a holder-role connection write data into the shard
+// attempts bucket it may write, then create a push consumer on that bucket
+// whose deliver subject is subj: the server itself publishes the record
+// there. It returns the consumer create's answer.
+func injectViaConsumer(t *testing.T, url, subj string, data []byte) string {
+	t.Helper()
+	ctx := ctxT(t)
+	js, err := jetstream.New(connectAs(t, url, RoleOperator))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "FENCELINE_ATTEMPTS"}); err != nil {
+		t.Fatal(err)
+	}
+	attacker := connectAs(t, url, RoleHolder)
+	ajs, err := jetstream.New(attacker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := fmt.Sprintf("inject%d", time.Now().UnixNano())
+	if _, err := ajs.Publish(ctx, "$KV.FENCELINE_ATTEMPTS."+key, data); err != nil {
+		t.Fatalf("holder writes an attempt record: %v", err)
+	}
+	create, _ := json.Marshal(map[string]any{"stream_name": "KV_FENCELINE_ATTEMPTS", "config": map[string]any{
+		"name": key, "deliver_subject": subj, "ack_policy": "none",
+		"filter_subject": "$KV.FENCELINE_ATTEMPTS." + key, "deliver_policy": "all",
+	}})
+	resp, err := attacker.Request("$JS.API.CONSUMER.CREATE.KV_FENCELINE_ATTEMPTS."+key+".$KV.FENCELINE_ATTEMPTS."+key, create, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the consumer has handed the record on (or 2 s).
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		info, err := attacker.Request("$JS.API.CONSUMER.INFO.KV_FENCELINE_ATTEMPTS."+key, nil, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ci struct {
+			Delivered struct {
+				Consumer uint64 `json:"consumer_seq"`
+			} `json:"delivered"`
+		}
+		_ = json.Unmarshal(info.Data, &ci)
+		if ci.Delivered.Consumer > 0 {
+			t.Logf("the server delivered the record onto %s", subj)
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return string(resp.Data)
+}
+
+// A holder has the server deliver a forged lease log record (a snapshot
+// without the victim's lease) onto the repo's log subject: the log stream
+// stores it like any other message on its subjects, and the service, on
+// its next reload, would take it as its own. The log must hold only what
+// the service wrote.
+func TestHolderCannotWriteLeaseLogThroughJetStream(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, LogStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged, _ := json.Marshal(logRecord{Kind: recordSnapshot, Repo: repo, Fence: 0})
+	resp := injectViaConsumer(t, url, logSubjectFor(RepoKey(repo)), forged)
+	t.Logf("consumer create: %s", resp)
+	// Let the delivery happen (or not): a later service append on the
+	// repo is the witness.
+	l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := before.State.LastSeq + 1; seq <= after.State.LastSeq; seq++ {
+		m, err := stream.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Header.Get(writerHeader) == "" {
+			t.Errorf("the lease log stored a record no service wrote at %d: %s", seq, m.Data)
+		}
+	}
+	got, err := b.c.Get(ctx, l.LeaseID)
+	if err != nil || !got.Active() {
+		t.Fatalf("after a forged log snapshot: victim %+v %v, want active", got, err)
+	}
+	if l2.Fence <= l.Fence {
+		t.Fatalf("the next grant got fence %d after %d: fences rewound", l2.Fence, l.Fence)
+	}
+	_ = nats.ErrTimeout
+}
+
+// storeAt has a holder-role connection write data into the shard attempts
+// bucket it may write, and returns the connection and the record's key.
+func storeAt(t *testing.T, url string, data []byte) (*nats.Conn, string) {
+	t.Helper()
+	ctx := ctxT(t)
+	js, err := jetstream.New(connectAs(t, url, RoleOperator))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "FENCELINE_ATTEMPTS"}); err != nil {
+		t.Fatal(err)
+	}
+	attacker := connectAs(t, url, RoleHolder)
+	ajs, err := jetstream.New(attacker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := fmt.Sprintf("inject%d", time.Now().UnixNano())
+	m := nats.NewMsg("$KV.FENCELINE_ATTEMPTS." + key)
+	m.Header.Set(writerHeader, "forged") // as if a service wrote it
+	m.Data = data
+	if _, err := ajs.PublishMsg(ctx, m); err != nil {
+		t.Fatalf("holder writes an attempt record: %v", err)
+	}
+	return attacker, key
+}
+
+// foreignLogRecords returns how many messages after seq the lease log
+// holds that no service wrote, and fails the test if the service would
+// take one of them for its own.
+func foreignLogRecords(t *testing.T, b *bus, after uint64) int {
+	t.Helper()
+	ctx := ctxT(t)
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, LogStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for seq := after + 1; seq <= info.State.LastSeq; seq++ {
+		m, err := stream.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Header.Get(writerHeader) == b.svc.store.writer {
+			continue
+		}
+		n++
+		t.Logf("the lease log stored a message no service wrote, at %d on %s: %s (headers %v)", seq, m.Subject, m.Data, m.Header)
+		// (A pull request's delivery is stored under the record's own
+		// subject, which the log never reads.)
+		if strings.HasPrefix(m.Subject, logSubject+".") && serviceWrote(m.Header) {
+			t.Errorf("the service would take the foreign message at %d for its own", seq)
+		}
+	}
+	return n
+}
+
+func logLastSeq(t *testing.T, b *bus) uint64 {
+	t.Helper()
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctxT(t), LogStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.LastSeq
+}
+
+// A holder names the repo's lease log subject as the reply subject of a
+// JetStream API request it may make: the server sends its answer there,
+// and the log stream stores whatever is published on its subjects. A
+// publish acknowledgement so stored damages the log (the service refuses
+// the repo); a direct get's answer carries the holder's own bytes (a
+// forged snapshot, here even with the service's writer header). The
+// server stores them (nothing keeps it from it), but the service reads
+// only what a service wrote: the victim's lease stays, the repo is served
+// and fences keep rising.
+func TestHolderCannotWriteLeaseLogThroughReplies(t *testing.T) {
+	for _, how := range []string{"puback", "directget", "msgget", "pullnext", "servicereply"} {
+		t.Run(how, func(t *testing.T) {
+			b := startBus(t)
+			ctx := ctxT(t)
+			url := b.srv.ClientURL()
+			l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := logLastSeq(t, b)
+			forged, _ := json.Marshal(logRecord{Kind: recordSnapshot, Repo: repo, Fence: 0})
+			attacker, key := storeAt(t, url, forged)
+			logSubj := logSubjectFor(RepoKey(repo))
+			switch how {
+			case "puback":
+				err = attacker.PublishRequest("$KV.FENCELINE_ATTEMPTS."+key, logSubj, []byte("x"))
+			case "directget":
+				req, _ := json.Marshal(map[string]any{"last_by_subj": "$KV.FENCELINE_ATTEMPTS." + key})
+				err = attacker.PublishRequest("$JS.API.DIRECT.GET.KV_FENCELINE_ATTEMPTS", logSubj, req)
+			case "msgget":
+				req, _ := json.Marshal(map[string]any{"last_by_subj": "$KV.FENCELINE_ATTEMPTS." + key})
+				err = attacker.PublishRequest("$JS.API.STREAM.MSG.GET.KV_FENCELINE_ATTEMPTS", logSubj, req)
+			case "servicereply":
+				// The lease service's own answer (it may publish on every
+				// fenceline subject).
+				req, _ := json.Marshal(getRequest{LeaseID: l.LeaseID, Repo: repo})
+				err = attacker.PublishRequest(requestSubject("get", IdentityOf(attacker)), logSubj, req)
+			case "pullnext":
+				create, _ := json.Marshal(map[string]any{"stream_name": "KV_FENCELINE_ATTEMPTS", "config": map[string]any{
+					"name": key, "ack_policy": "none", "filter_subject": "$KV.FENCELINE_ATTEMPTS." + key, "deliver_policy": "last",
+				}})
+				var resp *nats.Msg
+				resp, err = attacker.Request("$JS.API.CONSUMER.CREATE.KV_FENCELINE_ATTEMPTS."+key+".$KV.FENCELINE_ATTEMPTS."+key, create, 5*time.Second)
+				if err == nil {
+					t.Logf("pull consumer: %s", resp.Data)
+					err = attacker.PublishRequest("$JS.API.CONSUMER.MSG.NEXT.KV_FENCELINE_ATTEMPTS."+key, logSubj, []byte(`{"batch":1}`))
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := attacker.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			// A later grant on the repo makes the service append (and, on a
+			// foreign record, reload).
+			l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+			if err != nil {
+				t.Errorf("a grant after the attack: %v", err)
+			}
+			foreignLogRecords(t, b, before)
+			got, err := b.c.Get(ctx, l.LeaseID)
+			if err != nil || !got.Active() {
+				t.Errorf("after the attack: victim %+v %v, want active", got, err)
+			}
+			if l2 != nil && l2.Fence <= l.Fence {
+				t.Errorf("the next grant got fence %d after %d: fences rewound", l2.Fence, l.Fence)
+			}
+		})
+	}
+}
+
+// The audit chain, attacked the same way: a holder has the server's direct
+// get answer carry a forged chain message (a written-up-to mark far
+// ahead, and a made-up revoke) onto the repo's service audit subject.
+// Believed, the mark would drop the events of every later grant (and let
+// the snapshot purge the log copy), and the forged revoke would read as
+// the service's. The service's chain ignores it: every grant after the
+// attack is in the audit once, and no reader sees the forged event.
+func TestHolderCannotForgeTheAuditChain(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	l1, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOnce(t, ctx, b.nc, repo, l1)
+	forged, _ := json.Marshal(auditBatch{From: 0, LogSeq: 1 << 40, Events: []AuditEvent{{
+		Type: EventRevoked, Repo: repo, LeaseID: "lease_forged", Boundary: BoundaryLease, Reason: "forged", Time: time.Now().UTC(),
+	}}})
+	attacker, key := storeAt(t, url, forged)
+	req, _ := json.Marshal(map[string]any{"last_by_subj": "$KV.FENCELINE_ATTEMPTS." + key})
+	if err := attacker.PublishRequest("$JS.API.DIRECT.GET.KV_FENCELINE_ATTEMPTS", serviceAuditSubject(RepoKey(repo)), req); err != nil {
+		t.Fatal(err)
+	}
+	if err := attacker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Until the forged message is stored (a viewer could see it).
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		js, err := jetstream.New(b.nc)
+		if err != nil {
+			return err
+		}
+		st, err := js.Stream(ctx, AuditStream)
+		if err != nil {
+			return err
+		}
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(serviceAuditSubject(RepoKey(repo))))
+		if err != nil {
+			return err
+		}
+		if info.State.Subjects[serviceAuditSubject(RepoKey(repo))] < 2 {
+			return errors.New("the forged chain message is not stored yet")
+		}
+		return nil
+	})
+	var later []*Lease
+	for i := range 3 {
+		l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, fmt.Sprintf("b%d", i)), Owner: owner(2 + i), TTL: Duration(time.Minute)}, NewCredential())
+		if err != nil {
+			t.Fatal(err)
+		}
+		later = append(later, l)
+	}
+	wantOnce(t, ctx, b.nc, repo, append(later, l1)...)
+	evs, err := ReadAudit(ctx, connectAs(t, url, RoleViewer), repo, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		if ev.LeaseID == "lease_forged" {
+			t.Errorf("the audit reads a forged event as the service's: %+v", ev)
+		}
+	}
+}
+
+// A holder may not sweep, but it may make the server (or the lease
+// service itself) answer onto the operator's sweep subject: a publish to a
+// bucket it writes, with the operator's request subject as its reply. The
+// answer carries no reply of its own and no JetStream header, and decodes
+// as a sweep request. The service takes requests only as their identity
+// sends them, with a reply to that identity's own inbox: no sweep runs in
+// the operator's name, and the audit says nobody swept.
+func TestHolderCannotAskThroughReplies(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	opNC := connectAs(t, url, RoleOperator)
+	op, viewer := IdentityOf(opNC), IdentityOf(connectAs(t, url, RoleViewer))
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	attacker, key := storeAt(t, url, []byte(`{}`))
+	for _, subj := range []string{requestSubject("sweep", op), requestSubject("list", viewer)} {
+		// A publish ack, and the lease service's own answer.
+		if err := attacker.PublishRequest("$KV.FENCELINE_ATTEMPTS."+key, subj, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+		req, _ := json.Marshal(getRequest{LeaseID: l.LeaseID, Repo: repo})
+		if err := attacker.PublishRequest(requestSubject("get", IdentityOf(attacker)), subj, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := attacker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The operator's own list, after: once it is audited, the forged
+	// ones (sent first) had their chance.
+	if _, err := NewClient(opNC).List(ctx, repo, false); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.nc, repo, 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Type == EventList && ev.RequestedBy == b.svc.name(op) {
+				return nil
+			}
+		}
+		return errors.New("the operator's list is not audited yet")
+	})
+	evs, err := ReadAudit(ctx, b.nc, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		if ev.Type == EventSweep || (ev.Type == EventList && ev.RequestedBy != b.svc.name(op)) {
+			t.Errorf("the service acted on an answer as a request: %s by %q (%s)", ev.Type, ev.RequestedBy, ev.Message)
+		}
+	}
+}
+
+// The same answers aimed at the change subjects a watcher (the run UI)
+// hears: a publish ack and the lease service's own answer to a get, sent
+// onto a lease's change subject. Neither is a record of that lease: the
+// watcher sees only the real grant that follows.
+func TestWatcherIgnoresAnswersOnChangeSubjects(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	stop, err := NewClient(connectAs(t, url, RoleViewer)).Watch(repo, func(got *Lease) {
+		mu.Lock()
+		seen = append(seen, got.LeaseID)
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	attacker, key := storeAt(t, url, []byte(`{}`))
+	subj := ChangedSubject(repo, l.LeaseID)
+	if err := attacker.PublishRequest("$KV.FENCELINE_ATTEMPTS."+key, subj, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := json.Marshal(getRequest{LeaseID: l.LeaseID, Repo: repo})
+	if err := attacker.PublishRequest(requestSubject("get", IdentityOf(attacker)), subj, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := attacker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "b"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Contains(seen, l2.LeaseID) {
+			return errors.New("the grant of " + l2.LeaseID + " not seen yet")
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(seen, []string{l2.LeaseID}) {
+		t.Errorf("the watcher saw records %q, want only the real grant %s", seen, l2.LeaseID)
+	}
+}
+
+// Answers sent onto the instances' own subjects: each on an append
+// announcement of a made-up repo would start an actor (a goroutine) for
+// it, without end. The service takes announcements only from instances.
+func TestHolderCannotStartActorsThroughReplies(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatal(err)
+	}
+	hasActor := func(key string) bool {
+		b.svc.mu.Lock()
+		defer b.svc.mu.Unlock()
+		_, ok := b.svc.actors[key]
+		return ok
+	}
+	b.svc.followOthers() // as when another instance is on the bus
+	if err := b.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	attacker, key := storeAt(t, url, []byte(`{}`))
+	for i := range 20 {
+		if err := attacker.PublishRequest("$KV.FENCELINE_ATTEMPTS."+key, fmt.Sprintf("%s.junk%d", appendedPrefix, i), []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := attacker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Then a real announcement by another instance: once its repo has an
+	// actor, the answers (handled in order before it) had their chance.
+	witness := nats.NewMsg(appendedPrefix + ".witness")
+	witness.Header.Set(writerHeader, "another-instance")
+	witness.Data = []byte("1")
+	if err := connect(t, url).PublishMsg(witness); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if !hasActor("witness") {
+			return errors.New("the real announcement was not handled yet")
+		}
+		return nil
+	})
+	for i := range 20 {
+		if hasActor(fmt.Sprintf("junk%d", i)) {
+			t.Fatalf("an answer on the append announcement of made-up repo junk%d started an actor", i)
+		}
+	}
+}
+
+// Answers sent onto log subjects of made-up repos: the audit catch-up,
+// which accounts for every log stream sequence, and a restarting service,
+// which loads every log subject, would start an actor (a goroutine) for
+// each. Neither does for a log that holds nothing the service wrote.
+func TestJunkLogsStartNoActors(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatal(err)
+	}
+	hasJunk := func() bool {
+		b.svc.mu.Lock()
+		defer b.svc.mu.Unlock()
+		for i := range 10 {
+			if _, ok := b.svc.actors[fmt.Sprintf("junk%d", i)]; ok {
+				return true
+			}
+		}
+		return false
+	}
+	attacker, key := storeAt(t, url, []byte(`{}`))
+	for i := range 10 {
+		if err := attacker.PublishRequest("$KV.FENCELINE_ATTEMPTS."+key, logSubjectFor(fmt.Sprintf("junk%d", i)), []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := attacker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var last uint64
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if last = logLastSeq(t, b); last < 11 {
+			return fmt.Errorf("the log holds %d messages, want the grant and 10 answers", last)
+		}
+		return nil
+	})
+	// The catch-up accounts for them within two periods.
+	checkFor(t, 4*auditCatchUpEvery+time.Second, 50*time.Millisecond, func() error {
+		b.svc.audit.seenMu.Lock()
+		floor := b.svc.audit.floor
+		b.svc.audit.seenMu.Unlock()
+		if floor < last {
+			return fmt.Errorf("the audit catch-up accounted up to %d, want %d", floor, last)
+		}
+		return nil
+	})
+	if hasJunk() {
+		t.Fatal("the audit catch-up started actors for logs of made-up repos")
+	}
+	b.svc.Stop()
+	var err error
+	if b.svc, err = StartService(ctx, b.nc, ServiceConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if hasJunk() {
+		t.Fatal("a restarted service started actors for logs of made-up repos")
+	}
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "b"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatal(err)
+	}
+}
