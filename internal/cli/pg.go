@@ -109,9 +109,12 @@ switches the named tables to the trigger chosen then.`,
 			if err := os.WriteFile(secretFile, []byte(hex.EncodeToString(in.Secret)+"\n"), 0o600); err != nil {
 				return fmt.Errorf("pg install: write secret file %s: %w", secretFile, err)
 			}
-			noC := ""
+			noC, noGuard := "", ""
 			if in.NoC != nil {
 				noC = in.NoC.Error()
+			}
+			if in.NoGuard != nil {
+				noGuard = in.NoGuard.Error()
 			}
 			if asJSON {
 				return writeJSON(a.stdout, struct {
@@ -119,8 +122,9 @@ switches the named tables to the trigger chosen then.`,
 					Trigger    string   `json:"trigger"`
 					CLibrary   string   `json:"cLibrary,omitempty"`
 					NoC        string   `json:"whyNotC,omitempty"`
+					NoGuard    string   `json:"whyNotGuarded,omitempty"`
 					SecretFile string   `json:"secretFile"`
-				}{norm, string(in.Trigger), in.CLibrary, noC, secretFile})
+				}{norm, string(in.Trigger), in.CLibrary, noC, noGuard, secretFile})
 			}
 			how := string(in.Trigger) + " trigger"
 			if in.Trigger == pgproxy.TriggerC {
@@ -129,6 +133,9 @@ switches the named tables to the trigger chosen then.`,
 			fmt.Fprintf(a.stdout, "fence installed: %s (%s)\n", strings.Join(norm, ", "), how)
 			if in.NoC != nil {
 				fmt.Fprintf(a.stdout, "not the C trigger: %s\n  (for it: \"make -C pgproxy/cfence install\" on the database server, and install as a superuser; --trigger plpgsql says plpgsql is meant)\n", noC)
+			}
+			if in.NoGuard != nil {
+				fmt.Fprintf(a.stdout, "not guarded: %s\n  (install as a superuser for the guard)\n", noGuard)
 			}
 			fmt.Fprintf(a.stdout, "secret: %s\n", secretFile)
 			return nil
