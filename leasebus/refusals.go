@@ -168,12 +168,7 @@ func (s *Service) auditRefusal(ctx context.Context, reason, line string, skipped
 	if id := nkeyUserRe.FindString(line); id != "" {
 		ev.RequestedBy = s.name(id)
 	}
-	data, err := (&auditBatch{Events: []AuditEvent{ev}}).encode()
-	if err == nil {
-		pctx, cancel := context.WithTimeout(ctx, accessAuditTimeout)
-		_, err = s.js.Publish(pctx, auditSubjectFor("")+"."+BoundaryBus, data)
-		cancel()
-	}
+	err := s.writeBusEvent(ctx, ev)
 	if err != nil {
 		s.log.Warn("audit event of a refusal by the bus not written", "refusal", line, "skipped", skipped, "err", err)
 	}

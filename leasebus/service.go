@@ -691,18 +691,26 @@ func (s *Service) auditAccess(typ, repo, id string, swept []*Lease) {
 		}
 		ev.Message = fmt.Sprintf("sweep: %s swept %s; reclaimed %d %v", who, what, len(ids), ids)
 	}
-	data, err := (&auditBatch{Events: []AuditEvent{ev}}).encode()
-	if err == nil {
-		ctx, cancel := context.WithTimeout(s.ctx, accessAuditTimeout)
-		msg := nats.NewMsg(auditSubjectFor(repo) + "." + BoundaryBus)
-		msg.Header.Set(writerHeader, s.store.writer) // see serviceWrote
-		msg.Data = data
-		_, err = s.js.PublishMsg(ctx, msg)
-		cancel()
-	}
-	if err != nil {
+	if err := s.writeBusEvent(s.ctx, ev); err != nil {
 		s.log.Warn("audit event of a "+typ+" not written", "repo", repo, "requested_by", who, "err", err)
 	}
+}
+
+// writeBusEvent writes one event of the bus itself (a read, a sweep, a
+// refusal by NATS) to fenceline.audit.<repoKey>.bus, stamped as the
+// service's (see serviceWrote).
+func (s *Service) writeBusEvent(ctx context.Context, ev AuditEvent) error {
+	data, err := (&auditBatch{Events: []AuditEvent{ev}}).encode()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, accessAuditTimeout)
+	defer cancel()
+	msg := nats.NewMsg(auditSubjectFor(ev.Repo) + "." + BoundaryBus)
+	msg.Header.Set(writerHeader, s.store.writer)
+	msg.Data = data
+	_, err = s.js.PublishMsg(ctx, msg)
+	return err
 }
 
 // fanOut runs req through the actor of repo, or of every repo with a lease
