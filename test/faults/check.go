@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/leasebus"
 )
 
 // Grant is one acknowledged grant.
@@ -25,6 +26,13 @@ type Grant struct {
 	// EndedAt is the service's endedAt once known (zero: active, or not
 	// known).
 	EndedAt time.Time
+	// End is the audit event type of the end the service acknowledged to
+	// whoever ended the lease (leasebus.EventRelease, EventRevoked; ""
+	// while none was acknowledged).
+	End string
+	// Abandoned: the holder left the lease to the sweeper (never renewed
+	// nor released); the audit must show exactly one end of it.
+	Abandoned bool
 }
 
 // Write is one write that landed at a boundary.
@@ -51,11 +59,17 @@ type History struct {
 	// Faults counts injected faults by kind (e.g. "kill-9"), Revokes the
 	// revokes issued; both only for the report.
 	faults map[string]int // guarded by mu
+	// refused holds the attempt ids whose acquire the service refused
+	// (a conflict), as the client was told.
+	refused map[string]bool // guarded by mu
+	// audit is the audit stream as read after the run (auditRead: it was).
+	audit     []leasebus.AuditEvent // guarded by mu
+	auditRead bool                  // guarded by mu
 }
 
 // NewHistory returns an empty History.
 func NewHistory() *History {
-	return &History{grants: map[string]*Grant{}, faults: map[string]int{}}
+	return &History{grants: map[string]*Grant{}, faults: map[string]int{}, refused: map[string]bool{}}
 }
 
 // Grant records an acknowledged grant (again: updates it).
@@ -68,17 +82,55 @@ func (h *History) Grant(g Grant) {
 	h.grants[g.LeaseID] = &g
 }
 
-// Revoked records that the revoke of leaseID returned at at, and the
-// service's endedAt when known.
+// Revoked records that the revoke of leaseID returned at at (the service
+// said: revoked), and the service's endedAt when known.
 func (h *History) Revoked(leaseID string, at, endedAt time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if g, ok := h.grants[leaseID]; ok {
 		g.RevokedAt = at
+		g.End = leasebus.EventRevoked
 		if !endedAt.IsZero() {
 			g.EndedAt = endedAt
 		}
 	}
+}
+
+// Released records that the service acknowledged the release of leaseID
+// (status released), ended at endedAt.
+func (h *History) Released(leaseID string, endedAt time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if g, ok := h.grants[leaseID]; ok {
+		g.End = leasebus.EventRelease
+		if !endedAt.IsZero() {
+			g.EndedAt = endedAt
+		}
+	}
+}
+
+// Abandoned records that leaseID's holder left it to the sweeper.
+func (h *History) Abandoned(leaseID string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if g, ok := h.grants[leaseID]; ok {
+		g.Abandoned = true
+	}
+}
+
+// Refused records that the acquire of attempt was refused (a conflict).
+func (h *History) Refused(attempt string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.refused[attempt] = true
+}
+
+// Audit records the audit events read from the audit stream after the run
+// (again: replaces them).
+func (h *History) Audit(evs []leasebus.AuditEvent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.audit, h.auditRead = slices.Clone(evs), true
 }
 
 // Ended records the service's endedAt of a lease (released at the end, say).
@@ -147,7 +199,9 @@ type Report struct {
 	// LastAfterRevoke is, per boundary, the latest a write landed after
 	// its lease's revoke returned (negative: every write landed before).
 	LastAfterRevoke map[string]time.Duration
-	Violations      []Violation
+	// Audit counts the audit events read per type (nil: none were read).
+	Audit      map[string]int
+	Violations []Violation
 }
 
 // String is the counts on one line, then the violations.
@@ -162,6 +216,9 @@ func (r Report) String() string {
 	}
 	for _, k := range sortedKeys(r.LastAfterRevoke) {
 		fmt.Fprintf(&b, " lastAfterRevoke[%s]=%s", k, r.LastAfterRevoke[k].Round(time.Millisecond))
+	}
+	for _, k := range sortedKeys(r.Audit) {
+		fmt.Fprintf(&b, " audit[%s]=%d", k, r.Audit[k])
 	}
 	fmt.Fprintf(&b, " violations=%d", len(r.Violations))
 	for _, v := range r.Violations {
@@ -194,6 +251,12 @@ func Verify(h *History, checks ...Check) Report {
 	h.mu.Lock()
 	for k, n := range h.faults {
 		r.Faults[k] = n
+	}
+	if h.auditRead {
+		r.Audit = map[string]int{}
+		for _, ev := range h.audit {
+			r.Audit[ev.Type]++
+		}
 	}
 	h.mu.Unlock()
 	for _, w := range h.Writes() {
