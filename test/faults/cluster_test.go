@@ -79,15 +79,17 @@ func retryUnavailable(ctx context.Context, stats *atomic.Int64, op func() error)
 // (SIGSTOP, 3 s, SIGCONT) the lease log's stream leader, then the audit
 // stream's leader, then kills (SIGKILL) the extra service and the log's
 // leader, then restarts them; right after each of the four faults (the
-// SIGCONT, the kills, the restarts) it revokes the current agent's lease
+// SIGCONT, the kills, the restarts) it revokes each current agent's lease
 // with "fenceline lease revoke" and grants the same claim to a new agent
-// at once (in odd rounds, once the agent's writes land again after the
-// fault, so the revoke reaches its holder as a change notice), while the
-// revoked agent goes on trying to write for 3 s.
+// at once (in odd rounds, once the agents' writes land again after the
+// fault, so the revokes reach the holders as change notices), while the
+// revoked agents go on trying to write for 3 s.
 //
 // The agents are "fenceline run" processes on the cluster (every node's
-// URL, the cluster's credentials), each running a child that appends to a
-// file through the file guard and inserts rows through the Postgres fence.
+// URL, the cluster's credentials) in two lineages, as in the single-bus
+// run: one runs a child that appends to a file through the file guard and
+// inserts rows through the Postgres fence, the other (an exclusive
+// workspace) pushes a commit about every 20 ms through the git fence.
 // The load is 4 clients acquiring, renewing, releasing and abandoning
 // leases on 15 overlapping claims, and an operator revoking live ones.
 //
@@ -324,18 +326,19 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 	// the file guard and inserting rows through the Postgres fence.
 	env := &Env{Bin: bin, StateHome: t.TempDir(), BusURL: cl.URLs(), Extra: []string{"FENCELINE_CREDS=" + cl.creds}}
 	secret := preparePG(ctx, t, env, pg, runTable)
-	crew := newCrew(ctx, t, env, h, runLineage(ctx, t, env, h, pg, secret, newCheckout(t, "data"), "run", "data", runTable))
+	crew := newCrew(ctx, t, env, h, runLineage(ctx, t, env, h, pg, secret, newCheckout(t, "data"), "run", "data", runTable),
+		gitLineage(ctx, t, env, h))
 
 	progress(40, 30*time.Second)
 	for round := range rounds {
-		// In odd rounds the revoke waits until the agent's writes land
-		// again after the fault; in even rounds it goes at once.
+		// In odd rounds the revokes wait until the agents' writes land
+		// again after the fault; in even rounds they go at once.
 		settle := func(p *Node) {
 			t.Helper()
 			if round%2 == 1 {
 				since := time.Now()
 				crew.waitLanded(since)
-				t.Logf("round %d: the agent writes again after the fault on %s", round, p.Name)
+				t.Logf("round %d: the agents write again after the fault on %s", round, p.Name)
 			}
 		}
 		crew.waitLanded(time.Time{})
@@ -431,9 +434,11 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 		}
 		led.mu.Unlock()
 	}
-	want := 4 * rounds
-	if n := rep.Writes["run/file"]; n == 0 || rep.Writes["run/postgres"] == 0 {
-		t.Errorf("no writes recorded at a boundary: %s", rep)
+	want := 4 * rounds * len(crew.lines)
+	for _, b := range []string{"run/file", "run/postgres", "git/push"} {
+		if rep.Writes[b] == 0 {
+			t.Errorf("no %s writes recorded: %s", b, rep)
+		}
 	}
 	if got := crew.revokes["pause-log-leader"] + crew.revokes["pause-audit-leader"] + crew.revokes["kill-node"] + crew.revokes["restart"]; got != want {
 		t.Errorf("want %d revokes right after faults, got %v", want, crew.revokes)

@@ -69,20 +69,26 @@ func (c *crew) waitLanded(since time.Time) {
 	}
 }
 
-// revokeAll revokes every current agent's lease at once (retrying until
-// the bus answers), records the revoke, and grants each claim to a new
-// agent at once; the revoked agents go on trying to write.
+// revokeAll revokes every current agent's lease at once, one after the
+// other (each retrying until the bus answers), records the revokes, then
+// grants each claim to a new agent at once; the revoked agents go on
+// trying to write.
 func (c *crew) revokeAll(fault, why string) {
 	c.t.Helper()
-	for k, l := range c.lines {
+	at := make([]time.Time, len(c.lines))
+	for k := range c.lines {
 		cur := c.cur[k]
 		revokeAt, endedAt := revokeNow(c.ctx, c.t, c.env, cur.lease.LeaseID, "faults: "+why)
 		c.h.Revoked(cur.lease.LeaseID, revokeAt, endedAt)
 		c.revokes[fault]++
+		at[k] = revokeAt
+	}
+	for k, l := range c.lines {
+		cur := c.cur[k]
 		next := l.start(c.next)
-		c.t.Logf("%s %s: revoked %s (fence %d), granted %s (fence %d) %s after the revoke returned",
-			why, l.name, cur.lease.LeaseID, cur.lease.Fence, next.lease.LeaseID, next.lease.Fence, next.lease.GrantedAt.Sub(revokeAt).Round(time.Millisecond))
-		c.old = append(c.old, revokedAgent{cur, revokeAt})
+		c.t.Logf("%s: %s: revoked %s (fence %d), granted %s (fence %d) %s after the revoke returned",
+			why, l.name, cur.lease.LeaseID, cur.lease.Fence, next.lease.LeaseID, next.lease.Fence, next.lease.GrantedAt.Sub(at[k]).Round(time.Millisecond))
+		c.old = append(c.old, revokedAgent{cur, at[k]})
 		c.cur[k] = next
 	}
 	c.next++
