@@ -182,8 +182,8 @@ type Violation struct {
 
 func (v Violation) String() string { return v.Check + ": " + v.Detail }
 
-// Check is one invariant checked over a History. Add your own (audit
-// completeness, say) by passing more to Verify.
+// Check is one invariant checked over a History (StandardChecks,
+// AuditCheck); add your own by passing more to Verify.
 type Check struct {
 	Name string
 	Run  func(*History) []Violation

@@ -81,8 +81,8 @@ func retryUnavailable(ctx context.Context, stats *atomic.Int64, op func() error)
 // leader, then restarts them; right after each of the four faults (the
 // SIGCONT, the kills, the restarts) it revokes each current agent's lease
 // with "fenceline lease revoke" and grants the same claim to a new agent
-// at once (in odd rounds, once the agents' writes land again after the
-// fault, so the revokes reach the holders as change notices), while the
+// at once (every second round once the agents' writes land again after
+// the fault, so the revokes reach the holders as change notices), while the
 // revoked agents go on trying to write for 3 s.
 //
 // The agents are "fenceline run" processes on the cluster (every node's
@@ -331,8 +331,8 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 
 	progress(40, 30*time.Second)
 	for round := range rounds {
-		// In odd rounds the revokes wait until the agents' writes land
-		// again after the fault; in even rounds they go at once.
+		// Every second round the revokes wait until the agents' writes
+		// land again after the fault; otherwise they go at once.
 		settle := func(p *Node) {
 			t.Helper()
 			if round%2 == 1 {

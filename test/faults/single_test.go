@@ -85,7 +85,9 @@ type lineage struct {
 // claims at once and write to the same places, while the revoked ones go
 // on trying. Every grant and every landed write is recorded, and the
 // standard checks run over them: no overlapping grants, no write landed
-// more than 1 s after its lease's revoke returned, fences unique and rising.
+// more than 1 s after its lease's revoke returned, fences unique and
+// rising; and the audit, read with "fenceline lease audit", must hold every
+// grant, revoke and final release exactly once (AuditCheck).
 //
 // FENCELINE_FAULTS_ROUNDS sets the number of rounds (default 2: the CI
 // form); scripts/faults.sh runs the long form.
