@@ -2,6 +2,7 @@ package faults
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -59,6 +60,9 @@ type History struct {
 	// Faults counts injected faults by kind (e.g. "kill-9"), Revokes the
 	// revokes issued; both only for the report.
 	faults map[string]int // guarded by mu
+	// incidents counts what went wrong without breaking an invariant
+	// (an agent that could not start during a fault), by kind.
+	incidents map[string]int // guarded by mu
 	// refused holds the attempt ids whose acquire the service refused
 	// (a conflict), as the client was told.
 	refused map[string]bool // guarded by mu
@@ -69,7 +73,7 @@ type History struct {
 
 // NewHistory returns an empty History.
 func NewHistory() *History {
-	return &History{grants: map[string]*Grant{}, faults: map[string]int{}, refused: map[string]bool{}}
+	return &History{grants: map[string]*Grant{}, faults: map[string]int{}, incidents: map[string]int{}, refused: map[string]bool{}}
 }
 
 // Grant records an acknowledged grant (again: updates it).
@@ -156,6 +160,13 @@ func (h *History) Fault(kind string) {
 	h.faults[kind]++
 }
 
+// Incident counts one incident of kind.
+func (h *History) Incident(kind string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.incidents[kind]++
+}
+
 // Grants returns the grants in the order recorded.
 func (h *History) Grants() []Grant {
 	h.mu.Lock()
@@ -194,6 +205,8 @@ type Report struct {
 	Grants  int
 	Revokes int
 	Faults  map[string]int
+	// Incidents counts incidents by kind (see History.Incident).
+	Incidents map[string]int
 	// Writes counts the writes per boundary.
 	Writes map[string]int
 	// LastAfterRevoke is, per boundary, the latest a write landed after
@@ -210,6 +223,9 @@ func (r Report) String() string {
 	fmt.Fprintf(&b, "grants=%d revokes=%d", r.Grants, r.Revokes)
 	for _, k := range sortedKeys(r.Faults) {
 		fmt.Fprintf(&b, " faults[%s]=%d", k, r.Faults[k])
+	}
+	for _, k := range sortedKeys(r.Incidents) {
+		fmt.Fprintf(&b, " incidents[%s]=%d", k, r.Incidents[k])
 	}
 	for _, k := range sortedKeys(r.Writes) {
 		fmt.Fprintf(&b, " writes[%s]=%d", k, r.Writes[k])
@@ -252,6 +268,7 @@ func Verify(h *History, checks ...Check) Report {
 	for k, n := range h.faults {
 		r.Faults[k] = n
 	}
+	r.Incidents = maps.Clone(h.incidents)
 	if h.auditRead {
 		r.Audit = map[string]int{}
 		for _, ev := range h.audit {

@@ -125,6 +125,7 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 		}
 		seed = s
 	}
+	pauseHolder := os.Getenv("FENCELINE_FAULTS_PAUSE_HOLDER") != ""
 	t.Logf("seed %d (FENCELINE_FAULTS_SEED=%d repeats the load's choices), %d rounds", seed, seed, rounds)
 	started := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rounds)*2*time.Minute+3*time.Minute)
@@ -348,8 +349,9 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 		h.Fault("pause-log-leader")
 		hold(3 * time.Second)
 		cl.Resume(p)
+		at := time.Now()
 		settle(p)
-		crew.revokeAll("pause-log-leader", fmt.Sprintf("round %d, right after SIGCONT of %s (log leader)", round, p.Name))
+		crew.revokeAll("pause-log-leader", fmt.Sprintf("round %d, right after SIGCONT of %s (log leader)", round, p.Name), at)
 		progress(30, 45*time.Second)
 
 		crew.waitLanded(time.Time{})
@@ -359,8 +361,9 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 		h.Fault("pause-audit-leader")
 		hold(3 * time.Second)
 		cl.Resume(p)
+		at = time.Now()
 		settle(p)
-		crew.revokeAll("pause-audit-leader", fmt.Sprintf("round %d, right after SIGCONT of %s (audit leader)", round, p.Name))
+		crew.revokeAll("pause-audit-leader", fmt.Sprintf("round %d, right after SIGCONT of %s (audit leader)", round, p.Name), at)
 		progress(30, 45*time.Second)
 
 		crew.waitLanded(time.Time{})
@@ -371,15 +374,34 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 		t.Logf("round %d: SIGKILL %s, leader of %s", round, p.Name, leasebus.LogStream)
 		cl.Kill(p)
 		h.Fault("kill-node")
+		at = time.Now()
 		settle(p)
-		crew.revokeAll("kill-node", fmt.Sprintf("round %d, right after SIGKILL of %s and of %s (log leader)", round, svc.Name, p.Name))
+		crew.revokeAll("kill-node", fmt.Sprintf("round %d, right after SIGKILL of %s and of %s (log leader)", round, svc.Name, p.Name), at)
 		progress(20, 45*time.Second)
 		crew.waitLanded(time.Time{})
 		cl.Restart(p, 60*time.Second)
 		cl.Restart(svc, 60*time.Second)
+		at = time.Now()
 		settle(p)
-		crew.revokeAll("restart", fmt.Sprintf("round %d, right after %s and %s restarted", round, p.Name, svc.Name))
+		crew.revokeAll("restart", fmt.Sprintf("round %d, right after %s and %s restarted", round, p.Name, svc.Name), at)
 		progress(20, 45*time.Second)
+
+		if pauseHolder {
+			crew.waitLanded(time.Time{})
+			run := crew.cur[0].procs[0]
+			p, err := cl.NodeOf(run.Pid())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("round %d: SIGSTOP %s, the node %s hears the bus through", round, p.Name, run.Name)
+			cl.Pause(p)
+			paused := time.Now()
+			h.Fault("pause-holder-node")
+			crew.revokeAll("pause-holder-node", fmt.Sprintf("round %d, right after SIGSTOP of %s (%s's node)", round, p.Name, run.Name), paused)
+			hold(3*time.Second - time.Since(paused))
+			cl.Resume(p)
+			progress(20, 45*time.Second)
+		}
 	}
 	stop.Store(true)
 	wg.Wait()
@@ -440,7 +462,10 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 			t.Errorf("no %s writes recorded: %s", b, rep)
 		}
 	}
-	if got := crew.revokes["pause-log-leader"] + crew.revokes["pause-audit-leader"] + crew.revokes["kill-node"] + crew.revokes["restart"]; got != want {
+	if pauseHolder {
+		want += rounds * len(crew.lines)
+	}
+	if got := crew.revokes["pause-log-leader"] + crew.revokes["pause-audit-leader"] + crew.revokes["kill-node"] + crew.revokes["restart"] + crew.revokes["pause-holder-node"]; got != want {
 		t.Errorf("want %d revokes right after faults, got %v", want, crew.revokes)
 	}
 	for _, repo := range sortedKeys(repos) {

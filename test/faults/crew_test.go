@@ -73,12 +73,15 @@ func (c *crew) waitLanded(since time.Time) {
 // other (each retrying until the bus answers), records the revokes, then
 // grants each claim to a new agent at once; the revoked agents go on
 // trying to write.
-func (c *crew) revokeAll(fault, why string) {
+//
+// faultAt is when the fault was injected (or ended, for a pause): how long
+// after it each revoke returned is logged.
+func (c *crew) revokeAll(fault, why string, faultAt time.Time) {
 	c.t.Helper()
 	at := make([]time.Time, len(c.lines))
 	for k := range c.lines {
 		cur := c.cur[k]
-		revokeAt, endedAt := revokeNow(c.ctx, c.t, c.env, cur.lease.LeaseID, "faults: "+why)
+		revokeAt, endedAt := revokeNow(c.ctx, c.t, c.env, c.h, cur.lease.LeaseID, "faults: "+why)
 		c.h.Revoked(cur.lease.LeaseID, revokeAt, endedAt)
 		c.revokes[fault]++
 		at[k] = revokeAt
@@ -86,8 +89,9 @@ func (c *crew) revokeAll(fault, why string) {
 	for k, l := range c.lines {
 		cur := c.cur[k]
 		next := l.start(c.next)
-		c.t.Logf("%s: %s: revoked %s (fence %d), granted %s (fence %d) %s after the revoke returned",
-			why, l.name, cur.lease.LeaseID, cur.lease.Fence, next.lease.LeaseID, next.lease.Fence, next.lease.GrantedAt.Sub(at[k]).Round(time.Millisecond))
+		c.t.Logf("%s: %s: revoked %s (fence %d) %s after the fault, granted %s (fence %d) %s after the revoke returned",
+			why, l.name, cur.lease.LeaseID, cur.lease.Fence, at[k].Sub(faultAt).Round(time.Millisecond),
+			next.lease.LeaseID, next.lease.Fence, next.lease.GrantedAt.Sub(at[k]).Round(time.Millisecond))
 		c.old = append(c.old, revokedAgent{cur, at[k]})
 		c.cur[k] = next
 	}

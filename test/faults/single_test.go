@@ -25,6 +25,9 @@ import (
 	"github.com/fenceline/fenceline/leasebus"
 )
 
+// revokeTry bounds one try of "fenceline lease revoke" (see revokeNow).
+const revokeTry = 8 * time.Second
+
 // bound is how long after a revoke returns every boundary must refuse the
 // revoked holder's writes (invariant 9).
 const bound = time.Second
@@ -136,13 +139,14 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 		h.Fault("kill-9")
 		restarted := time.Now()
 		bus.Start()
+		up := time.Now()
 		if r%2 == 0 {
 			// The holders are back and writing before the revoke: then
 			// it reaches them as a change notice, which they confirm
 			// with the service.
 			crew.waitLanded(restarted)
 		}
-		crew.revokeAll("kill-9", fmt.Sprintf("round %d, right after a bus restart", r))
+		crew.revokeAll("kill-9", fmt.Sprintf("round %d, right after a bus restart", r), up)
 	}
 	crew.finish()
 	if err := AwaitAudit(ctx, h, 15*time.Second, func(ctx context.Context) ([]leasebus.AuditEvent, error) {
@@ -177,11 +181,10 @@ func runLineage(ctx context.Context, t *testing.T, env *Env, h *History, pg *pgt
 	l := fileAndPG(ctx, t, pg, name, filepath.Join(co, dir, "log"), table)
 	psql := filepath.Join(pg.BinDir, "psql")
 	l.start = func(i int) *agent {
-		p := env.Start(t, fmt.Sprintf("%s-%d", name, i), "run", "--repo", co, "--scope", dir,
+		p, id := startRun(ctx, t, env, h, fmt.Sprintf("%s-%d", name, i), "run", "--repo", co, "--scope", dir,
 			"--table", table, "--pg-upstream", pg.Addr(), "--pg-secret-file", secret,
 			"--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("%s-%d", name, i), "--task", "faults",
 			"--", "sh", "-c", writerScript(psql, pg.Admin, dir, table))
-		id := waitOutput(ctx, t, p, p.Stderr, runLease)
 		return &agent{procs: []*Proc{p}, lease: recordGrant(ctx, t, env, h, id)}
 	}
 	return l
@@ -262,10 +265,9 @@ func gitLineage(ctx context.Context, t *testing.T, env *Env, h *History) *lineag
 		start: func(i int) *agent {
 			clone := filepath.Join(t.TempDir(), "clone")
 			gitIn(t, "", "clone", "--quiet", upstream, clone)
-			p := env.Start(t, fmt.Sprintf("git-%d", i), "run", "--repo", clone, "--scope", "src", "--workspace", "exclusive",
+			p, id := startRun(ctx, t, env, h, fmt.Sprintf("git-%d", i), "run", "--repo", clone, "--scope", "src", "--workspace", "exclusive",
 				"--git-upstream", upstream, "--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("git-%d", i), "--task", "faults",
 				"--", "sh", "-c", pushScript)
-			id := waitOutput(ctx, t, p, p.Stderr, runLease)
 			return &agent{procs: []*Proc{p}, lease: recordGrant(ctx, t, env, h, id)}
 		},
 		landed: func(a *agent, since time.Time) error {
@@ -424,22 +426,52 @@ var (
 // returns the first submatch.
 func waitOutput(ctx context.Context, t *testing.T, p *Proc, out func() string, re *regexp.Regexp) string {
 	t.Helper()
+	got, err := awaitOutput(ctx, p, out, re)
+	if err != nil {
+		t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", p.Name, err, p.Stdout(), p.Stderr())
+	}
+	return got
+}
+
+// awaitOutput is waitOutput returning its error: errExited when the
+// process exited first.
+func awaitOutput(ctx context.Context, p *Proc, out func() string, re *regexp.Regexp) (string, error) {
 	var got string
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := Retry(wctx, 10*time.Millisecond, func() error {
+	err := Retry(wctx, 10*time.Millisecond, func() error {
 		if m := re.FindStringSubmatch(out()); m != nil {
 			got = m[1]
 			return nil
 		}
 		if p.Exited() {
-			return &permanent{fmt.Errorf("%s exited", p.Name)}
+			return &permanent{fmt.Errorf("%s %w", p.Name, errExited)}
 		}
 		return fmt.Errorf("nothing matches %s yet", re)
-	}); err != nil {
-		t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", p.Name, err, p.Stdout(), p.Stderr())
+	})
+	return got, err
+}
+
+var errExited = errors.New("exited")
+
+// startRun starts the agent "fenceline args..." (a run) and returns it
+// with the lease it printed. A run that exits before its lease is granted
+// (it could not reach the bus in time during a fault) is counted as an
+// incident and started again, up to 5 times.
+func startRun(ctx context.Context, t *testing.T, env *Env, h *History, name string, args ...string) (*Proc, string) {
+	t.Helper()
+	for try := 1; ; try++ {
+		p := env.Start(t, name, args...)
+		id, err := awaitOutput(ctx, p, p.Stderr, runLease)
+		if err == nil {
+			return p, id
+		}
+		if !errors.Is(err, errExited) || try == 5 {
+			t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", p.Name, err, p.Stdout(), p.Stderr())
+		}
+		h.Incident("agent-start-failed")
+		t.Logf("incident: %s exited before its lease was granted (try %d), starting it again: %s", name, try, strings.TrimSpace(p.Stderr()))
 	}
-	return got
 }
 
 // recordGrant reads the record of lease id from the service and records
@@ -498,14 +530,26 @@ func auditCLI(ctx context.Context, env *Env) ([]leasebus.AuditEvent, error) {
 
 // revokeNow revokes id through the CLI, retrying until the restarted bus
 // answers, and returns when the call returned and the service's endedAt.
-func revokeNow(ctx context.Context, t *testing.T, env *Env, id, reason string) (returned, endedAt time.Time) {
+//
+// Each try is given revokeTry: a try that hangs longer (the CLI stuck on a
+// node that is paused, say) is killed, counted as an incident and logged,
+// and the revoke tried again; the lease's deadline for writes is then when
+// a try returned, as the operator would see it.
+func revokeNow(ctx context.Context, t *testing.T, env *Env, h *History, id, reason string) (returned, endedAt time.Time) {
 	t.Helper()
 	var l leasebus.Lease
-	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, 40*time.Second)
 	defer cancel()
 	err := Retry(rctx, 10*time.Millisecond, func() error {
-		out, stderr, err := env.CLI(rctx, "lease", "revoke", id, "--reason", reason, "--json")
+		tctx, cancel := context.WithTimeout(rctx, revokeTry)
+		defer cancel()
+		start := time.Now()
+		out, stderr, err := env.CLI(tctx, "lease", "revoke", id, "--reason", reason, "--json")
 		if err != nil {
+			if tctx.Err() != nil && rctx.Err() == nil {
+				h.Incident("revoke-try-hung")
+				t.Logf("incident: lease revoke %s hung for %s, killed, trying again: %s", id, time.Since(start).Round(time.Millisecond), strings.TrimSpace(stderr))
+			}
 			return fmt.Errorf("%v: %s", err, strings.TrimSpace(stderr))
 		}
 		return json.Unmarshal([]byte(out), &l)
