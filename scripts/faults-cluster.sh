@@ -6,7 +6,9 @@
 # (`fenceline run` on the cluster: file and Postgres writes, git pushes).
 # Every round pauses (SIGSTOP 3 s, SIGCONT) the lease log's and the audit
 # stream's leaders, kills (SIGKILL) the service process and the log's
-# leader, then restarts them; right after each of these four faults every
+# leader, then restarts them, then pauses the node the run agent's holder
+# is connected to (FENCELINE_FAULTS_PAUSE_HOLDER, on here unless set to
+# ""); right after each of these faults (during the last one) every
 # agent's lease is revoked and its claim granted to a new agent at once,
 # the revoked agent left writing. At the end: no two overlapping grants
 # valid at once, no write landed more than 1 s after its lease's revoke (or
@@ -15,9 +17,11 @@
 # abandoned lease in the audit exactly once, the audit's replay and chain
 # sound.
 #
-# Prints per round the faults and what was revoked and granted, then the
+# Prints per round the faults and what was revoked (how long after the
+# fault) and granted, the incidents (a revoke try that hung 8 s and was
+# tried again, an agent that could not start during a fault), then the
 # counts: acknowledged operations of the load, revokes right after faults,
-# grants, revokes, faults, writes per boundary, the latest write after its
+# grants, revokes, faults, incidents, writes per boundary, the latest write after its
 # revoke per boundary (negative: all landed before it returned), audit
 # events by type, and every violation.
 #
@@ -52,13 +56,14 @@ trap 'rm -rf "$work"' EXIT
 # Build once: the test binary, and the fenceline binary every run uses.
 (cd "$root" && go build -o "$work/fenceline" ./cmd/fenceline && go test -c -o "$work/faults.test" ./test/faults)
 
-# Each run may take about a minute to start plus about a minute a round.
-timeout=$(( 180 + 120 * rounds ))s
+# Each run may take about a minute to start plus up to two minutes a round.
+timeout=$(( 180 + 150 * rounds ))s
 pass=0 fail=0
 for run in $(seq 1 "$runs"); do
   log=$work/run-$run.log
   echo "== cluster: run $run of $runs, $rounds rounds"
   if (cd "$root/test/faults" && FENCELINE_FAULTS_BIN="$work/fenceline" FENCELINE_FAULTS_CLUSTER_ROUNDS="$rounds" \
+      FENCELINE_FAULTS_PAUSE_HOLDER="${FENCELINE_FAULTS_PAUSE_HOLDER-1}" \
       FENCELINE_FAULTS_SEED="$seed" "$work/faults.test" -test.run '^TestClusterAuditThroughFaults$' -test.v \
       -test.count=1 -test.timeout "$timeout") >"$log" 2>&1; then
     status=ok
@@ -69,7 +74,7 @@ for run in $(seq 1 "$runs"); do
     cp "$log" "$root/faults-cluster-run-$run.log"
   fi
   # The faults and the revokes after them, the load's counts, the chains.
-  grep -E 'seed|ready after|round [0-9]+|of load under faults|chain of' "$log" | sed 's/^ *[a-z_]*_test.go:[0-9]*: /  /' || true
+  grep -E 'seed|ready after|round [0-9]+|incident:|of load under faults|chain of' "$log" | sed 's/^ *[a-z_]*_test.go:[0-9]*: /  /' || true
   echo "== counts ($status)"
   awk '/faults: grants=/ {p = 1; sub(/^.*faults: /, ""); gsub(/ /, "\n    "); print "  " $0; next}
        p && /^          / {sub(/^ +/, ""); print "    violation: " $0; next}

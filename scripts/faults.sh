@@ -12,10 +12,11 @@
 # next grant of its claim), fences unique and rising, the audit complete
 # (each acknowledged operation exactly once).
 #
-# Prints per round what was revoked and granted, then the counts: grants,
-# revokes, faults, writes per boundary, the latest write after its revoke
-# per boundary (negative: all landed before it returned), audit events by
-# type, and every violation.
+# Prints per round what was revoked (how long after the restart) and
+# granted, and incidents (a revoke try that hung, an agent that could not
+# start), then the counts: grants, revokes, faults, incidents, writes per
+# boundary, the latest write after its revoke per boundary (negative: all
+# landed before it returned), audit events by type, and every violation.
 #
 #   scripts/faults.sh [-n ROUNDS] [-r RUNS]
 #
@@ -54,7 +55,7 @@ for run in $(seq 1 "$runs"); do
     status=FAIL
     failed=1
   fi
-  grep -E 'round [0-9]+, right after' "$work/out.txt" | sed 's/^ *[a-z_]*_test.go:[0-9]*: /  /' || true
+  grep -E 'round [0-9]+, right after|incident:' "$work/out.txt" | sed 's/^ *[a-z_]*_test.go:[0-9]*: /  /' || true
   echo "== counts ($status)"
   # The report line, and the violations indented under it.
   awk '/faults: grants=/ {p = 1; sub(/^.*faults: /, ""); gsub(/ /, "\n    "); print "  " $0; next}

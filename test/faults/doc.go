@@ -43,14 +43,25 @@
 //  1. SIGSTOP of the lease log stream's leader for 3 s, SIGCONT;
 //  2. SIGSTOP of the audit stream's leader for 3 s, SIGCONT;
 //  3. SIGKILL of the service process and of the log stream's leader;
-//  4. restart of both.
+//  4. restart of both;
+//  5. with FENCELINE_FAULTS_PAUSE_HOLDER set (scripts/faults-cluster.sh
+//     sets it): SIGSTOP of the node the run agent's holder is connected to
+//     (found from its sockets in /proc), the revokes sent during the pause,
+//     SIGCONT 3 s after the SIGSTOP at the earliest.
 //
-// Right after each of the four (every second round once the agents write
-// again)
-// every agent's lease is revoked and its claim granted to a new agent at
-// once, the revoked agent left trying for 3 s. At the end the audit is read
-// from the audit stream's leader (a follower just restarted may answer a
-// direct get with a prefix of the stream).
+// Right after each of 1-4 (every second round once the agents write again)
+// and during 5, every agent's lease is revoked and its claim granted to a
+// new agent at once, the revoked agent left trying for 3 s. At the end the
+// audit is read from the audit stream's leader (a follower just restarted
+// may answer a direct get with a prefix of the stream).
+//
+// In both halves a revoke is `fenceline lease revoke`, retried until it
+// answers; a try that gives no answer within 8 s is killed and tried again
+// (an incident, see below), and the lease's deadline for writes is when a
+// try returned, as the operator saw it. An agent whose run exits before
+// its lease is granted (it could not reach the bus during a fault) is
+// started again, also an incident. Killing an agent kills its guarded
+// command's process group too (it is not the run's own).
 //
 // # What is recorded
 //
@@ -59,7 +70,9 @@
 // release the service answered, the service's endedAt; for a lease ended
 // by a sweeper, the time on the audit event that ends it), the leases
 // abandoned to the sweeper, the acquires refused for a conflict, the
-// faults injected, the audit stream as read after the run, and every write
+// faults injected, incidents (what went wrong without breaking an
+// invariant: a revoke try that hung, an agent that could not start), the
+// audit stream as read after the run, and every write
 // that reached a boundary and landed there (the boundary, the lease and
 // fence it was made under, and when it landed). Writes are read back from
 // the storage itself after the run: lines a guarded child appended to a
@@ -72,9 +85,11 @@
 // # What is checked
 //
 // Verify runs Checks over a History and returns a Report with the counts
-// (grants, revokes, faults by kind, writes per boundary, the latest write
-// after its lease's revoke per boundary, audit events by type) and every
-// Violation. Both halves run StandardChecks and AuditCheck:
+// (grants, revokes, faults by kind, incidents by kind, writes per boundary,
+// the latest write after its lease's revoke per boundary, audit events by
+// type) and every Violation. Each revoke right after a fault is logged
+// with how long after the fault it returned and how long after it the
+// claim was granted again. Both halves run StandardChecks and AuditCheck:
 //
 //   - no-overlap: no two grants with overlapping claims in one repo were
 //     valid at once (by the service's own acquiredAt/endedAt);
