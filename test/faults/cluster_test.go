@@ -104,7 +104,10 @@ func retryUnavailable(ctx context.Context, stats *atomic.Int64, op func() error)
 // overlapping leases active at once, and form one chain over the lease log.
 //
 // Environment: FENCELINE_FAULTS_CLUSTER_ROUNDS (default 1) repeats the
-// fault sequence, FENCELINE_FAULTS_SEED fixes the load's randomness,
+// fault sequence, FENCELINE_FAULTS_PAUSE_HOLDER (non-empty) adds a fifth
+// fault to each round (SIGSTOP of the node the run agent's holder is
+// connected to, the revokes sent during the pause, SIGCONT after 3 s at
+// the earliest), FENCELINE_FAULTS_SEED fixes the load's randomness,
 // FENCELINE_FAULTS_BIN runs a fenceline binary built elsewhere (another
 // version) instead of building this one. scripts/faults-cluster.sh runs the
 // long form.
