@@ -36,7 +36,16 @@ type ledger struct {
 	granted   map[string]*leasebus.Lease // by lease id
 	abandoned map[string]bool            // never renewed nor released: must be reclaimed
 	live      []string                   // granted, not yet ended by its client: revoke candidates
+	notFound  []notFound                 // revokes of acknowledged leases answered "not found"
 	ops       map[string]int
+}
+
+// notFound is a revoke of an acknowledged lease that the service answered
+// with "lease not found", and when.
+type notFound struct {
+	id  string
+	at  time.Time
+	err error
 }
 
 func newLedger(h *History) *ledger {
@@ -283,7 +292,16 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 				r, err = c.Revoke(ctx, id, "fault harness")
 				return err
 			})
-			if err != nil {
+			switch {
+			case errors.Is(err, leasebus.ErrNotFound):
+				// Judged against the audit at the end: was it live?
+				led.mu.Lock()
+				led.notFound = append(led.notFound, notFound{id, time.Now(), err})
+				led.mu.Unlock()
+				led.h.Incident("revoke-not-found")
+				t.Logf("incident: revoke %s: %v", id, err)
+				continue
+			case err != nil:
 				if !errors.Is(err, leasebus.ErrUnavailable) {
 					t.Errorf("revoke %s: %v", id, err)
 				}
@@ -400,9 +418,13 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 			cl.Pause(p)
 			paused := time.Now()
 			h.Fault("pause-holder-node")
-			crew.revokeAll("pause-holder-node", fmt.Sprintf("round %d, right after SIGSTOP of %s (%s's node)", round, p.Name, run.Name), paused)
+			// The revokes go out during the pause; the claims are granted
+			// again after it (a run started now may dial the paused node).
+			crew.revoke("pause-holder-node", fmt.Sprintf("round %d, right after SIGSTOP of %s (%s's node)", round, p.Name, run.Name), paused)
 			hold(3*time.Second - time.Since(paused))
 			cl.Resume(p)
+			t.Logf("round %d: SIGCONT %s after %s", round, p.Name, time.Since(paused).Round(time.Millisecond))
+			crew.regrant()
 			progress(20, 45*time.Second)
 		}
 	}
@@ -441,6 +463,13 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 	c := leasebus.NewClient(opNC)
 	rep := Verify(h, append(StandardChecks(bound), AuditCheck())...)
 	led.mu.Lock()
+	for _, nf := range led.notFound {
+		if msg, live := liveAt(h, nf.id, nf.at); live {
+			t.Errorf("the operator's revoke of %s was answered %q at %s, while %s", nf.id, nf.err, stamp(nf.at), msg)
+		} else {
+			t.Logf("revoke of %s answered %q at %s: %s", nf.id, nf.err, stamp(nf.at), msg)
+		}
+	}
 	t.Logf("%s of load under faults, %s in all: acknowledged %v; %d unavailable answers retried; revokes right after faults %v",
 		loadDone.Round(time.Millisecond), time.Since(started).Round(time.Millisecond), led.ops, unavailable.Load(), crew.revokes)
 	led.mu.Unlock()
@@ -557,4 +586,26 @@ func checkReplay(evs []leasebus.AuditEvent) error {
 		return errors.New(strings.Join(out, "\n"))
 	}
 	return nil
+}
+
+// liveAt says, from the audit recorded in h, whether lease id was granted
+// before at and not ended by then, and what the audit shows of it.
+func liveAt(h *History, id string, at time.Time) (string, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var granted, ended time.Time
+	var end string
+	for _, ev := range h.audit {
+		if ev.LeaseID != id || ev.Boundary != leasebus.BoundaryLease {
+			continue
+		}
+		switch {
+		case ev.Type == leasebus.EventGrant:
+			granted = ev.Time
+		case slices.Contains(endEvents, ev.Type):
+			ended, end = ev.Time, ev.Type
+		}
+	}
+	msg := fmt.Sprintf("the audit shows it granted at %s, ended (%s) at %s", stamp(granted), end, stamp(ended))
+	return msg, !granted.IsZero() && granted.Before(at) && (ended.IsZero() || ended.After(at))
 }

@@ -23,7 +23,11 @@ type crew struct {
 	lines []*lineage
 	cur   []*agent
 	old   []revokedAgent
-	next  int // the number of the next agents started
+	// pending are the agents revoked and not yet replaced (revoke, then
+	// regrant), in the order of lines.
+	pending []revokedAgent
+	why     string // the pending revokes' reason
+	next    int    // the number of the next agents started
 	// revokes counts the revokes issued right after a fault, by fault.
 	revokes map[string]int
 }
@@ -78,23 +82,37 @@ func (c *crew) waitLanded(since time.Time) {
 // after it each revoke returned is logged.
 func (c *crew) revokeAll(fault, why string, faultAt time.Time) {
 	c.t.Helper()
-	at := make([]time.Time, len(c.lines))
+	c.revoke(fault, why, faultAt)
+	c.regrant()
+}
+
+// revoke is the first half of revokeAll: the revokes.
+func (c *crew) revoke(fault, why string, faultAt time.Time) {
+	c.t.Helper()
+	c.pending, c.why = c.pending[:0], why
 	for k := range c.lines {
 		cur := c.cur[k]
 		revokeAt, endedAt := revokeNow(c.ctx, c.t, c.env, c.h, cur.lease.LeaseID, "faults: "+why)
 		c.h.Revoked(cur.lease.LeaseID, revokeAt, endedAt)
 		c.revokes[fault]++
-		at[k] = revokeAt
+		c.pending = append(c.pending, revokedAgent{cur, revokeAt})
+		c.t.Logf("%s: %s: revoked %s (fence %d) %s after the fault", why, c.lines[k].name, cur.lease.LeaseID, cur.lease.Fence, revokeAt.Sub(faultAt).Round(time.Millisecond))
 	}
+}
+
+// regrant is the second half of revokeAll: each revoked claim to a new
+// agent.
+func (c *crew) regrant() {
+	c.t.Helper()
 	for k, l := range c.lines {
-		cur := c.cur[k]
+		old := c.pending[k]
 		next := l.start(c.next)
-		c.t.Logf("%s: %s: revoked %s (fence %d) %s after the fault, granted %s (fence %d) %s after the revoke returned",
-			why, l.name, cur.lease.LeaseID, cur.lease.Fence, at[k].Sub(faultAt).Round(time.Millisecond),
-			next.lease.LeaseID, next.lease.Fence, next.lease.GrantedAt.Sub(at[k]).Round(time.Millisecond))
-		c.old = append(c.old, revokedAgent{cur, at[k]})
+		c.t.Logf("%s: %s: granted %s (fence %d) after %s, %s after its revoke returned",
+			c.why, l.name, next.lease.LeaseID, next.lease.Fence, old.a.lease.LeaseID, next.lease.GrantedAt.Sub(old.at).Round(time.Millisecond))
+		c.old = append(c.old, old)
 		c.cur[k] = next
 	}
+	c.pending = nil
 	c.next++
 	c.reap()
 }

@@ -47,11 +47,15 @@
 //  5. with FENCELINE_FAULTS_PAUSE_HOLDER set (scripts/faults-cluster.sh
 //     sets it): SIGSTOP of the node the run agent's holder is connected to
 //     (found from its sockets in /proc), the revokes sent during the pause,
-//     SIGCONT 3 s after the SIGSTOP at the earliest.
+//     SIGCONT 3 s after the SIGSTOP at the earliest, then the claims
+//     granted again.
 //
 // Right after each of 1-4 (every second round once the agents write again)
 // and during 5, every agent's lease is revoked and its claim granted to a
-// new agent at once, the revoked agent left trying for 3 s. At the end the
+// new agent at once (after 5: once the node is back), the revoked agent
+// left trying for 3 s. A revoke by the load's operator that the service
+// answers "lease not found" is judged against the audit: an error if the
+// audit shows the lease granted before and not ended by then. At the end the
 // audit is read from the audit stream's leader (a follower just restarted
 // may answer a direct get with a prefix of the stream).
 //
@@ -59,8 +63,9 @@
 // answers; a try that gives no answer within 8 s is killed and tried again
 // (an incident, see below), and the lease's deadline for writes is when a
 // try returned, as the operator saw it. An agent whose run exits before
-// its lease is granted (it could not reach the bus during a fault) is
-// started again, also an incident. Killing an agent kills its guarded
+// its lease is granted (it could not reach the bus during a fault), or has
+// no lease after 30 s (then it is killed), is started again, also an
+// incident. Killing an agent kills its guarded
 // command's process group too (it is not the run's own).
 //
 // # What is recorded

@@ -456,21 +456,30 @@ var errExited = errors.New("exited")
 
 // startRun starts the agent "fenceline args..." (a run) and returns it
 // with the lease it printed. A run that exits before its lease is granted
-// (it could not reach the bus in time during a fault) is counted as an
-// incident and started again, up to 5 times.
+// (it could not reach the bus in time during a fault), or says nothing for
+// 30 s (killed then), is counted as an incident and started again, up to 5
+// times.
 func startRun(ctx context.Context, t *testing.T, env *Env, h *History, name string, args ...string) (*Proc, string) {
 	t.Helper()
 	for try := 1; ; try++ {
+		start := time.Now()
 		p := env.Start(t, name, args...)
 		id, err := awaitOutput(ctx, p, p.Stderr, runLease)
 		if err == nil {
 			return p, id
 		}
-		if !errors.Is(err, errExited) || try == 5 {
+		if try == 5 || ctx.Err() != nil {
 			t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", p.Name, err, p.Stdout(), p.Stderr())
 		}
-		h.Incident("agent-start-failed")
-		t.Logf("incident: %s exited before its lease was granted (try %d), starting it again: %s", name, try, strings.TrimSpace(p.Stderr()))
+		if errors.Is(err, errExited) {
+			h.Incident("agent-start-failed")
+			t.Logf("incident: %s exited before its lease was granted (try %d), starting it again: %s", name, try, strings.TrimSpace(p.Stderr()))
+			continue
+		}
+		p.KillTree()
+		_, _ = p.Wait(10 * time.Second)
+		h.Incident("agent-start-hung")
+		t.Logf("incident: %s had no lease after %s (try %d), killed, starting it again; it said: %q", name, time.Since(start).Round(time.Millisecond), try, strings.TrimSpace(p.Stderr()))
 	}
 }
 
