@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
-# Runs the fault harness's long form: the single-bus fault run (kill -9 and
-# restart of the bus, a revoke right after each restart, new agents granted
-# the same claims at once; file and Postgres writes of a `fenceline run`
-# agent and of a `fenceline agent` beside `fenceline sidecar`, and git
-# pushes through a run's git fence, recorded and checked) for many rounds, and prints the counts: grants, revokes, faults,
-# writes per boundary, the latest write after its revoke per boundary, and
-# every violation.
+# Runs the long form of the single-bus half of the fault harness
+# (test/faults, TestSingleBusKillRestartRevoke): each round the bus
+# (`fenceline bus serve`) is killed with -9 and restarted on the same port
+# and store, every agent's lease is revoked right after, and the claims are
+# granted to new agents at once, while the revoked agents go on writing.
+# The agents: file and Postgres writes of a `fenceline run` agent and of a
+# `fenceline agent` beside `fenceline sidecar`, and git pushes through a
+# run's git fence. Every landed write, every acknowledged grant, revoke and
+# release, and the audit stream are recorded and checked: no overlapping
+# grants, no write landed more than 1 s after its lease's revoke (or the
+# next grant of its claim), fences unique and rising, the audit complete
+# (each acknowledged operation exactly once).
+#
+# Prints per round what was revoked (how long after the restart) and
+# granted, and incidents (a revoke try that hung, an agent that could not
+# start), then the counts: grants, revokes, faults, incidents, writes per
+# boundary, the latest write after its revoke per boundary (negative: all
+# landed before it returned), audit events by type, and every violation.
 #
 #   scripts/faults.sh [-n ROUNDS] [-r RUNS]
 #
 # ROUNDS (default $FENCELINE_FAULTS_ROUNDS or 20) faults per run; RUNS
-# (default 1) runs one after another. Exits non-zero if any run found a
-# violation. The CI form is the same test with 2 rounds:
+# (default 1) runs one after another. Exits non-zero if any run failed. The
+# CI form is the same test with 2 rounds:
 #   go test -run TestSingleBusKillRestartRevoke ./test/faults
 set -euo pipefail
 
@@ -24,6 +35,7 @@ while getopts "n:r:" opt; do
     *) echo "usage: $0 [-n ROUNDS] [-r RUNS]" >&2; exit 2 ;;
   esac
 done
+case $rounds$runs in *[!0-9]*) echo "-n and -r take whole numbers" >&2; exit 2 ;; esac
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
@@ -43,14 +55,16 @@ for run in $(seq 1 "$runs"); do
     status=FAIL
     failed=1
   fi
-  grep -E 'round [0-9]+ [a-z]+:' "$work/out.txt" | sed 's/^ *single_test.go:[0-9]*: /  /' || true
+  grep -E 'round [0-9]+, right after|incident:' "$work/out.txt" | sed 's/^ *[a-z_]*_test.go:[0-9]*: /  /' || true
   echo "== counts ($status)"
   # The report line, and the violations indented under it.
-  awk '/faults: grants=/ {p = 1; sub(/^.*faults: /, ""); print "  " $0; next}
-       p && /^          / {sub(/^ +/, ""); print "    " $0; next}
+  awk '/faults: grants=/ {p = 1; sub(/^.*faults: /, ""); gsub(/ /, "\n    "); print "  " $0; next}
+       p && /^          / {sub(/^ +/, ""); print "    violation: " $0; next}
        {p = 0}' "$work/out.txt"
   if [ "$status" = FAIL ]; then
-    grep -E -- '--- FAIL|^\s+single_test.go|panic' "$work/out.txt" | head -40 || true
+    cp "$work/out.txt" "$root/faults-run-$run.log"
+    echo "  full log in faults-run-$run.log"
+    grep -E -- '--- FAIL|^\s+[a-z_]+_test.go:[0-9]+: (no-|fences|audit|want)|panic' "$work/out.txt" | head -40 || true
   fi
 done
 exit $failed

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/leasebus"
 )
 
 // Grant is one acknowledged grant.
@@ -25,6 +27,13 @@ type Grant struct {
 	// EndedAt is the service's endedAt once known (zero: active, or not
 	// known).
 	EndedAt time.Time
+	// End is the audit event type of the end the service acknowledged to
+	// whoever ended the lease (leasebus.EventRelease, EventRevoked; ""
+	// while none was acknowledged).
+	End string
+	// Abandoned: the holder left the lease to the sweeper (never renewed
+	// nor released); the audit must show exactly one end of it.
+	Abandoned bool
 }
 
 // Write is one write that landed at a boundary.
@@ -51,11 +60,20 @@ type History struct {
 	// Faults counts injected faults by kind (e.g. "kill-9"), Revokes the
 	// revokes issued; both only for the report.
 	faults map[string]int // guarded by mu
+	// incidents counts what went wrong without breaking an invariant
+	// (an agent that could not start during a fault), by kind.
+	incidents map[string]int // guarded by mu
+	// refused holds the attempt ids whose acquire the service refused
+	// (a conflict), as the client was told.
+	refused map[string]bool // guarded by mu
+	// audit is the audit stream as read after the run (auditRead: it was).
+	audit     []leasebus.AuditEvent // guarded by mu
+	auditRead bool                  // guarded by mu
 }
 
 // NewHistory returns an empty History.
 func NewHistory() *History {
-	return &History{grants: map[string]*Grant{}, faults: map[string]int{}}
+	return &History{grants: map[string]*Grant{}, faults: map[string]int{}, incidents: map[string]int{}, refused: map[string]bool{}}
 }
 
 // Grant records an acknowledged grant (again: updates it).
@@ -68,17 +86,55 @@ func (h *History) Grant(g Grant) {
 	h.grants[g.LeaseID] = &g
 }
 
-// Revoked records that the revoke of leaseID returned at at, and the
-// service's endedAt when known.
+// Revoked records that the revoke of leaseID returned at at (the service
+// said: revoked), and the service's endedAt when known.
 func (h *History) Revoked(leaseID string, at, endedAt time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if g, ok := h.grants[leaseID]; ok {
 		g.RevokedAt = at
+		g.End = leasebus.EventRevoked
 		if !endedAt.IsZero() {
 			g.EndedAt = endedAt
 		}
 	}
+}
+
+// Released records that the service acknowledged the release of leaseID
+// (status released), ended at endedAt.
+func (h *History) Released(leaseID string, endedAt time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if g, ok := h.grants[leaseID]; ok {
+		g.End = leasebus.EventRelease
+		if !endedAt.IsZero() {
+			g.EndedAt = endedAt
+		}
+	}
+}
+
+// Abandoned records that leaseID's holder left it to the sweeper.
+func (h *History) Abandoned(leaseID string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if g, ok := h.grants[leaseID]; ok {
+		g.Abandoned = true
+	}
+}
+
+// Refused records that the acquire of attempt was refused (a conflict).
+func (h *History) Refused(attempt string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.refused[attempt] = true
+}
+
+// Audit records the audit events read from the audit stream after the run
+// (again: replaces them).
+func (h *History) Audit(evs []leasebus.AuditEvent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.audit, h.auditRead = slices.Clone(evs), true
 }
 
 // Ended records the service's endedAt of a lease (released at the end, say).
@@ -102,6 +158,13 @@ func (h *History) Fault(kind string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.faults[kind]++
+}
+
+// Incident counts one incident of kind.
+func (h *History) Incident(kind string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.incidents[kind]++
 }
 
 // Grants returns the grants in the order recorded.
@@ -130,8 +193,8 @@ type Violation struct {
 
 func (v Violation) String() string { return v.Check + ": " + v.Detail }
 
-// Check is one invariant checked over a History. Add your own (audit
-// completeness, say) by passing more to Verify.
+// Check is one invariant checked over a History (StandardChecks,
+// AuditCheck); add your own by passing more to Verify.
 type Check struct {
 	Name string
 	Run  func(*History) []Violation
@@ -142,12 +205,16 @@ type Report struct {
 	Grants  int
 	Revokes int
 	Faults  map[string]int
+	// Incidents counts incidents by kind (see History.Incident).
+	Incidents map[string]int
 	// Writes counts the writes per boundary.
 	Writes map[string]int
 	// LastAfterRevoke is, per boundary, the latest a write landed after
 	// its lease's revoke returned (negative: every write landed before).
 	LastAfterRevoke map[string]time.Duration
-	Violations      []Violation
+	// Audit counts the audit events read per type (nil: none were read).
+	Audit      map[string]int
+	Violations []Violation
 }
 
 // String is the counts on one line, then the violations.
@@ -157,11 +224,17 @@ func (r Report) String() string {
 	for _, k := range sortedKeys(r.Faults) {
 		fmt.Fprintf(&b, " faults[%s]=%d", k, r.Faults[k])
 	}
+	for _, k := range sortedKeys(r.Incidents) {
+		fmt.Fprintf(&b, " incidents[%s]=%d", k, r.Incidents[k])
+	}
 	for _, k := range sortedKeys(r.Writes) {
 		fmt.Fprintf(&b, " writes[%s]=%d", k, r.Writes[k])
 	}
 	for _, k := range sortedKeys(r.LastAfterRevoke) {
 		fmt.Fprintf(&b, " lastAfterRevoke[%s]=%s", k, r.LastAfterRevoke[k].Round(time.Millisecond))
+	}
+	for _, k := range sortedKeys(r.Audit) {
+		fmt.Fprintf(&b, " audit[%s]=%d", k, r.Audit[k])
 	}
 	fmt.Fprintf(&b, " violations=%d", len(r.Violations))
 	for _, v := range r.Violations {
@@ -194,6 +267,13 @@ func Verify(h *History, checks ...Check) Report {
 	h.mu.Lock()
 	for k, n := range h.faults {
 		r.Faults[k] = n
+	}
+	r.Incidents = maps.Clone(h.incidents)
+	if h.auditRead {
+		r.Audit = map[string]int{}
+		for _, ev := range h.audit {
+			r.Audit[ev.Type]++
+		}
 	}
 	h.mu.Unlock()
 	for _, w := range h.Writes() {

@@ -311,3 +311,49 @@ func freePorts(t testing.TB, n int) []int {
 	}
 	return ports
 }
+
+// NodeOf returns the node process that the process pid has a connection
+// to (its client port), or nil: which node a holder hears the bus through.
+// It reads the process's sockets from /proc (Linux).
+func (c *Cluster) NodeOf(pid int) (*Node, error) {
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return nil, fmt.Errorf("sockets of process %d: %w", pid, err)
+	}
+	inodes := map[string]bool{}
+	for _, fd := range fds {
+		l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if err == nil && strings.HasPrefix(l, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		}
+	}
+	ports := map[string]*Node{} // client port, upper-case hex as /proc writes it
+	for i, u := range c.urls {
+		_, port, err := net.SplitHostPort(strings.TrimPrefix(u, "nats://"))
+		if err != nil {
+			return nil, err
+		}
+		var n int
+		fmt.Sscan(port, &n)
+		ports[fmt.Sprintf("%04X", n)] = c.Nodes[i]
+	}
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			// sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+			if len(f) < 10 || f[3] != "01" || !inodes[f[9]] {
+				continue
+			}
+			if i := strings.LastIndex(f[2], ":"); i >= 0 {
+				if p := ports[f[2][i+1:]]; p != nil {
+					return p, nil
+				}
+			}
+		}
+	}
+	return nil, fmt.Errorf("process %d has no connection to a node of the cluster", pid)
+}

@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
@@ -26,23 +26,30 @@ import (
 
 const clusterRepo = "github.com/acme/faults"
 
-// ledger is what the clients were told: every acknowledged grant, release,
-// revoke and refusal, and the leases abandoned to the sweeper.
+// ledger is the load's own bookkeeping: the leases it was granted, which
+// of them it abandoned, which are live (revoke candidates), and counts.
+// What the clients were told (every acknowledged grant, release, revoke,
+// refusal, and the abandoned leases) goes into the History too.
 type ledger struct {
+	h         *History
 	mu        sync.Mutex
 	granted   map[string]*leasebus.Lease // by lease id
-	released  map[string]bool
-	revoked   map[string]bool
-	abandoned map[string]bool // never renewed nor released: must be reclaimed
-	refused   map[string]bool // attempt ids whose acquire was refused for a conflict
-	live      []string        // granted, not yet ended by its client: revoke candidates
-	faults    map[string]int
+	abandoned map[string]bool            // never renewed nor released: must be reclaimed
+	live      []string                   // granted, not yet ended by its client: revoke candidates
+	notFound  []notFound                 // revokes of acknowledged leases answered "not found"
 	ops       map[string]int
 }
 
-func newLedger() *ledger {
-	return &ledger{granted: map[string]*leasebus.Lease{}, released: map[string]bool{}, revoked: map[string]bool{},
-		abandoned: map[string]bool{}, refused: map[string]bool{}, faults: map[string]int{}, ops: map[string]int{}}
+// notFound is a revoke of an acknowledged lease that the service answered
+// with "lease not found", and when.
+type notFound struct {
+	id  string
+	at  time.Time
+	err error
+}
+
+func newLedger(h *History) *ledger {
+	return &ledger{h: h, granted: map[string]*leasebus.Lease{}, abandoned: map[string]bool{}, ops: map[string]int{}}
 }
 
 func (l *ledger) count(k string) {
@@ -75,18 +82,41 @@ func retryUnavailable(ctx context.Context, stats *atomic.Int64, op func() error)
 	}
 }
 
-// TestClusterAuditThroughFaults runs lease traffic against a 3-node
-// cluster of real fenceline processes, each with its lease service, plus a
-// lease service process of its own, while it pauses (SIGSTOP) the lease
-// log's stream leader and the audit stream's leader, and kills (SIGKILL)
-// the extra service and a node, then restarts them. Then every
-// acknowledged grant, release, revoke and refusal, and every reclaim of an
-// abandoned lease, must be in the audit stream exactly once; replayed in
-// its order the audit must show fences unique and rising and never two
-// overlapping leases active at once.
+// TestClusterAuditThroughFaults runs lease traffic and guarded agents
+// against a 3-node cluster of real fenceline processes, each with its lease
+// service, plus a lease service process of its own. Each round it pauses
+// (SIGSTOP, 3 s, SIGCONT) the lease log's stream leader, then the audit
+// stream's leader, then kills (SIGKILL) the extra service and the log's
+// leader, then restarts them; right after each of the four faults (the
+// SIGCONT, the kills, the restarts) it revokes each current agent's lease
+// with "fenceline lease revoke" and grants the same claim to a new agent
+// at once (every second round once the agents' writes land again after
+// the fault, so the revokes reach the holders as change notices), while the
+// revoked agents go on trying to write for 3 s.
+//
+// The agents are "fenceline run" processes on the cluster (every node's
+// URL, the cluster's credentials) in two lineages, as in the single-bus
+// run: one runs a child that appends to a file through the file guard and
+// inserts rows through the Postgres fence, the other (an exclusive
+// workspace) pushes a commit about every 20 ms through the git fence.
+// The load is 4 clients acquiring, renewing, releasing and abandoning
+// leases on 15 overlapping claims, and an operator revoking live ones.
+//
+// Then every write that landed is read back from the file and the table,
+// the audit stream is read from its leader, and the checks run over every
+// acknowledged grant: no two overlapping grants valid at once; no write
+// landed more than 1 s after its lease's revoke returned or the next grant
+// of its claim; fences unique and rising, and each write carrying its
+// lease's; every acknowledged grant, release, revoke and refusal, and the
+// end of every abandoned lease, in the audit exactly once (AuditCheck). The
+// audit, replayed in its order per repo, must show fences rising and no
+// overlapping leases active at once, and form one chain over the lease log.
 //
 // Environment: FENCELINE_FAULTS_CLUSTER_ROUNDS (default 1) repeats the
-// fault sequence, FENCELINE_FAULTS_SEED fixes the load's randomness,
+// fault sequence, FENCELINE_FAULTS_PAUSE_HOLDER (non-empty) adds a fifth
+// fault to each round (SIGSTOP of the node the run agent's holder is
+// connected to, the revokes sent during the pause, SIGCONT after 3 s at
+// the earliest), FENCELINE_FAULTS_SEED fixes the load's randomness,
 // FENCELINE_FAULTS_BIN runs a fenceline binary built elsewhere (another
 // version) instead of building this one. scripts/faults-cluster.sh runs the
 // long form.
@@ -107,9 +137,21 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 		}
 		seed = s
 	}
+	pauseHolder := os.Getenv("FENCELINE_FAULTS_PAUSE_HOLDER") != ""
 	t.Logf("seed %d (FENCELINE_FAULTS_SEED=%d repeats the load's choices), %d rounds", seed, seed, rounds)
 	started := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rounds)*2*time.Minute+3*time.Minute)
+	defer cancel()
 
+	pg, err := pgtest.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := pg.Stop(); err != nil {
+			t.Errorf("stop postgres: %v", err)
+		}
+	})
 	bin := os.Getenv("FENCELINE_FAULTS_BIN")
 	if bin == "" {
 		bin = BuildBinary(t)
@@ -118,16 +160,14 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 	svc := cl.AddService("svc")
 	ready := time.Since(started)
 	t.Logf("binary built, cluster and services ready after %s", ready.Round(time.Millisecond))
-
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rounds)*2*time.Minute+time.Minute)
-	defer cancel()
 	opNC := bustest.Connect(t, cl.URLs())
 	js, err := jetstream.New(opNC)
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	led := newLedger()
+	h := NewHistory()
+	led := newLedger(h)
 	var unavailable atomic.Int64
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -165,9 +205,7 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 				})
 				switch {
 				case errors.Is(err, leasebus.ErrConflict):
-					led.mu.Lock()
-					led.refused[att] = true
-					led.mu.Unlock()
+					led.h.Refused(att)
 					led.count("refused")
 					continue
 				case errors.Is(err, leasebus.ErrUnavailable) || ctx.Err() != nil:
@@ -177,10 +215,12 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 					t.Errorf("acquire %s: %v", claim, err)
 					return
 				}
+				led.h.Grant(Grant{LeaseID: l.LeaseID, Repo: l.Repo, Claim: l.Scope, Fence: l.Fence, GrantedAt: l.AcquiredAt})
 				led.mu.Lock()
 				led.granted[l.LeaseID] = l
 				if abandon {
 					led.abandoned[l.LeaseID] = true
+					led.h.Abandoned(l.LeaseID)
 				} else {
 					led.live = append(led.live, l.LeaseID)
 				}
@@ -213,10 +253,13 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 				if i := slices.Index(led.live, l.LeaseID); i >= 0 {
 					led.live = slices.Delete(led.live, i, i+1)
 				}
-				if err == nil && r.Status == leasebus.StatusReleased {
-					led.released[l.LeaseID] = true
-				}
 				led.mu.Unlock()
+				switch {
+				case err == nil && r.Status == leasebus.StatusReleased:
+					led.h.Released(l.LeaseID, r.EndedAt)
+				case err == nil:
+					led.h.Ended(l.LeaseID, r.EndedAt) // revoked meanwhile
+				}
 				if err == nil {
 					led.count("release")
 				} else if !errors.Is(err, leasebus.ErrUnavailable) {
@@ -249,16 +292,23 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 				r, err = c.Revoke(ctx, id, "fault harness")
 				return err
 			})
-			if err != nil {
+			switch {
+			case errors.Is(err, leasebus.ErrNotFound):
+				// Judged against the audit at the end: was it live?
+				led.mu.Lock()
+				led.notFound = append(led.notFound, notFound{id, time.Now(), err})
+				led.mu.Unlock()
+				led.h.Incident("revoke-not-found")
+				t.Logf("incident: revoke %s: %v", id, err)
+				continue
+			case err != nil:
 				if !errors.Is(err, leasebus.ErrUnavailable) {
 					t.Errorf("revoke %s: %v", id, err)
 				}
 				continue
 			}
 			if r.Status == leasebus.StatusRevoked {
-				led.mu.Lock()
-				led.revoked[id] = true
-				led.mu.Unlock()
+				led.h.Revoked(id, time.Now(), r.EndedAt)
 				led.count("revoke")
 			}
 		}
@@ -292,41 +342,91 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 		})
 		return p
 	}
-	fault := func(k string) {
-		led.mu.Lock()
-		led.faults[k]++
-		led.mu.Unlock()
-	}
+
+	// The guarded agents: "fenceline run" on the cluster (every node's
+	// URL, the cluster's credentials), a child appending to a file through
+	// the file guard and inserting rows through the Postgres fence.
+	env := &Env{Bin: bin, StateHome: t.TempDir(), BusURL: cl.URLs(), Extra: []string{"FENCELINE_CREDS=" + cl.creds}}
+	secret := preparePG(ctx, t, env, pg, runTable)
+	crew := newCrew(ctx, t, env, h, runLineage(ctx, t, env, h, pg, secret, newCheckout(t, "data"), "run", "data", runTable),
+		gitLineage(ctx, t, env, h))
 
 	progress(40, 30*time.Second)
 	for round := range rounds {
+		// Every second round the revokes wait until the agents' writes
+		// land again after the fault; otherwise they go at once.
+		settle := func(p *Node) {
+			t.Helper()
+			if round%2 == 1 {
+				since := time.Now()
+				crew.waitLanded(since)
+				t.Logf("round %d: the agents write again after the fault on %s", round, p.Name)
+			}
+		}
+		crew.waitLanded(time.Time{})
 		p := leader(leasebus.LogStream)
 		t.Logf("round %d: SIGSTOP %s, leader of %s, at %d grants", round, p.Name, leasebus.LogStream, led.grants())
 		cl.Pause(p)
-		fault("pause-log-leader")
+		h.Fault("pause-log-leader")
 		hold(3 * time.Second)
 		cl.Resume(p)
+		at := time.Now()
+		settle(p)
+		crew.revokeAll("pause-log-leader", fmt.Sprintf("round %d, right after SIGCONT of %s (log leader)", round, p.Name), at)
 		progress(30, 45*time.Second)
 
+		crew.waitLanded(time.Time{})
 		p = leader(leasebus.AuditStream)
 		t.Logf("round %d: SIGSTOP %s, leader of %s, at %d grants", round, p.Name, leasebus.AuditStream, led.grants())
 		cl.Pause(p)
-		fault("pause-audit-leader")
+		h.Fault("pause-audit-leader")
 		hold(3 * time.Second)
 		cl.Resume(p)
+		at = time.Now()
+		settle(p)
+		crew.revokeAll("pause-audit-leader", fmt.Sprintf("round %d, right after SIGCONT of %s (audit leader)", round, p.Name), at)
 		progress(30, 45*time.Second)
 
+		crew.waitLanded(time.Time{})
 		t.Logf("round %d: SIGKILL service process %s", round, svc.Name)
 		cl.Kill(svc)
-		fault("kill-service")
+		h.Fault("kill-service")
 		p = leader(leasebus.LogStream)
 		t.Logf("round %d: SIGKILL %s, leader of %s", round, p.Name, leasebus.LogStream)
 		cl.Kill(p)
-		fault("kill-node")
+		h.Fault("kill-node")
+		at = time.Now()
+		settle(p)
+		crew.revokeAll("kill-node", fmt.Sprintf("round %d, right after SIGKILL of %s and of %s (log leader)", round, svc.Name, p.Name), at)
 		progress(20, 45*time.Second)
+		crew.waitLanded(time.Time{})
 		cl.Restart(p, 60*time.Second)
 		cl.Restart(svc, 60*time.Second)
+		at = time.Now()
+		settle(p)
+		crew.revokeAll("restart", fmt.Sprintf("round %d, right after %s and %s restarted", round, p.Name, svc.Name), at)
 		progress(20, 45*time.Second)
+
+		if pauseHolder {
+			crew.waitLanded(time.Time{})
+			run := crew.cur[0].procs[0]
+			p, err := cl.NodeOf(run.Pid())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("round %d: SIGSTOP %s, the node %s hears the bus through", round, p.Name, run.Name)
+			cl.Pause(p)
+			paused := time.Now()
+			h.Fault("pause-holder-node")
+			// The revokes go out during the pause; the claims are granted
+			// again after it (a run started now may dial the paused node).
+			crew.revoke("pause-holder-node", fmt.Sprintf("round %d, right after SIGSTOP of %s (%s's node)", round, p.Name, run.Name), paused)
+			hold(3*time.Second - time.Since(paused))
+			cl.Resume(p)
+			t.Logf("round %d: SIGCONT %s after %s", round, p.Name, time.Since(paused).Round(time.Millisecond))
+			crew.regrant()
+			progress(20, 45*time.Second)
+		}
 	}
 	stop.Store(true)
 	wg.Wait()
@@ -334,45 +434,52 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 		t.FailNow()
 	}
 	loadDone := time.Since(started) - ready
+	crew.finish()
 
 	// The abandoned leases must be reclaimed (TTL 2 s); then the audit must
-	// be complete. Poll: a reclaim waits for its deadline, and audit reads
-	// may be served by a follower that lags.
-	var evs []leasebus.AuditEvent
-	var lastErr error
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
-		evs, err = readAuditFromLeader(rctx, opNC, clusterRepo)
-		rcancel()
-		if err == nil {
-			lastErr = checkAudit(led, evs)
-			if lastErr == nil {
-				break
+	// be complete. AwaitAudit polls: a reclaim waits for its deadline.
+	repos := map[string]bool{}
+	for _, g := range h.Grants() {
+		repos[g.Repo] = true
+	}
+	readAll := func(ctx context.Context) ([]leasebus.AuditEvent, error) {
+		var all []leasebus.AuditEvent
+		for _, repo := range sortedKeys(repos) {
+			evs, err := readAuditFromLeader(ctx, opNC, repo)
+			if err != nil {
+				return nil, err
 			}
-		} else {
-			lastErr = err
+			all = append(all, evs...)
 		}
-		if time.Now().After(deadline) {
-			break
-		}
-		select { // polling the audit stream
-		case <-ctx.Done():
-		case <-time.After(250 * time.Millisecond):
-		}
+		return all, nil
 	}
-	types := map[string]int{}
-	for _, ev := range evs {
-		types[ev.Type]++
+	if err := AwaitAudit(ctx, h, 30*time.Second, readAll); err != nil {
+		t.Errorf("read the audit from the stream leader: %v", err)
 	}
+	// When the leases nobody saw end (the abandoned ones, reclaimed by a
+	// sweeper) ended, for the overlap check: the service's time on the
+	// audit event that ends them.
+	h.EndsFromAudit()
+	c := leasebus.NewClient(opNC)
+	rep := Verify(h, append(StandardChecks(bound), AuditCheck())...)
 	led.mu.Lock()
-	t.Logf("%s of load under faults, %s in all: acknowledged %v; faults %v; %d unavailable answers retried; audit events %v",
-		loadDone.Round(time.Millisecond), time.Since(started).Round(time.Millisecond), led.ops, led.faults, unavailable.Load(), types)
+	for _, nf := range led.notFound {
+		if msg, live := liveAt(h, nf.id, nf.at); live {
+			t.Errorf("the operator's revoke of %s was answered %q at %s, while %s", nf.id, nf.err, stamp(nf.at), msg)
+		} else {
+			t.Logf("revoke of %s answered %q at %s: %s", nf.id, nf.err, stamp(nf.at), msg)
+		}
+	}
+	t.Logf("%s of load under faults, %s in all: acknowledged %v; %d unavailable answers retried; revokes right after faults %v",
+		loadDone.Round(time.Millisecond), time.Since(started).Round(time.Millisecond), led.ops, unavailable.Load(), crew.revokes)
 	led.mu.Unlock()
-	if lastErr != nil {
+	t.Logf("faults: %s", rep)
+	for _, v := range rep.Violations {
+		t.Error(v)
+	}
+	if len(rep.Violations) > 0 {
 		// Tell a lost event from an operation that never happened: ask
 		// the service what became of each abandoned lease.
-		c := leasebus.NewClient(opNC)
 		led.mu.Lock()
 		for id := range led.abandoned {
 			if l, err := c.Get(ctx, id); err != nil || l.Active() {
@@ -380,19 +487,34 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 			}
 		}
 		led.mu.Unlock()
-		t.Fatalf("audit incomplete:\n%v", lastErr)
 	}
-	if err := checkDuplicates(evs); err != nil {
-		t.Errorf("audit has duplicates:\n%v", err)
+	want := 4 * rounds * len(crew.lines)
+	for _, b := range []string{"run/file", "run/postgres", "git/push"} {
+		if rep.Writes[b] == 0 {
+			t.Errorf("no %s writes recorded: %s", b, rep)
+		}
 	}
-	if err := checkReplay(evs); err != nil {
-		t.Errorf("audit replay:\n%v", err)
+	if pauseHolder {
+		want += rounds * len(crew.lines)
 	}
-	n, err := checkChain(ctx, js, clusterRepo)
-	if err != nil {
-		t.Errorf("audit chain: %v", err)
+	if got := crew.revokes["pause-log-leader"] + crew.revokes["pause-audit-leader"] + crew.revokes["kill-node"] + crew.revokes["restart"] + crew.revokes["pause-holder-node"]; got != want {
+		t.Errorf("want %d revokes right after faults, got %v", want, crew.revokes)
 	}
-	t.Logf("the lease service's audit of the repo is a chain of %d messages", n)
+	for _, repo := range sortedKeys(repos) {
+		// Fences are per repo: replay each repo's events on their own.
+		evs, err := readAuditFromLeader(ctx, opNC, repo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := checkReplay(evs); err != nil {
+			t.Errorf("audit replay of %s:\n%v", repo, err)
+		}
+		n, err := checkChain(ctx, js, repo)
+		if err != nil {
+			t.Errorf("audit chain of %s: %v", repo, err)
+		}
+		t.Logf("the lease service's audit of %s is a chain of %d messages", repo, n)
+	}
 }
 
 // checkChain reads the lease service's audit messages of a repo and checks
@@ -431,140 +553,6 @@ func checkChain(ctx context.Context, js jetstream.JetStream, repo string) (int, 
 	}
 }
 
-// readAuditFromLeader reads a repo's audit events as leasebus.ReadAudit
-// does, but from the audit stream's leader: a direct get may be answered by
-// a follower still catching up (a node just restarted), which would show
-// only a prefix of the stream.
-func readAuditFromLeader(ctx context.Context, nc *nats.Conn, repo string) ([]leasebus.AuditEvent, error) {
-	filter := leasebus.AuditSubject + "." + leasebus.RepoKey(repo) + ".*"
-	var out []leasebus.AuditEvent
-	for seq := uint64(1); ; {
-		req, err := json.Marshal(map[string]any{"seq": seq, "next_by_subj": filter})
-		if err != nil {
-			return nil, err
-		}
-		resp, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+leasebus.AuditStream, req)
-		if err != nil {
-			return out, fmt.Errorf("read audit stream at %d: %w", seq, err)
-		}
-		var r struct {
-			Error *struct {
-				Code    int    `json:"code"`
-				ErrCode int    `json:"err_code"`
-				Desc    string `json:"description"`
-			} `json:"error"`
-			Message *struct {
-				Seq  uint64 `json:"seq"`
-				Data []byte `json:"data"`
-			} `json:"message"`
-		}
-		if err := json.Unmarshal(resp.Data, &r); err != nil {
-			return out, fmt.Errorf("read audit stream at %d: %w", seq, err)
-		}
-		if r.Error != nil {
-			if r.Error.Code == 404 {
-				return out, nil
-			}
-			return out, fmt.Errorf("read audit stream at %d: %s (%d)", seq, r.Error.Desc, r.Error.ErrCode)
-		}
-		if r.Message == nil {
-			return out, fmt.Errorf("read audit stream at %d: no message in the answer", seq)
-		}
-		var b struct {
-			Events []leasebus.AuditEvent `json:"events"`
-		}
-		if err := json.Unmarshal(r.Message.Data, &b); err != nil {
-			return out, fmt.Errorf("decode audit message %d: %w", r.Message.Seq, err)
-		}
-		out = append(out, b.Events...)
-		seq = r.Message.Seq + 1
-	}
-}
-
-// checkAudit reports what the clients were told that the audit stream
-// does not show.
-func checkAudit(led *ledger, evs []leasebus.AuditEvent) error {
-	led.mu.Lock()
-	defer led.mu.Unlock()
-	has := map[string]bool{}
-	refused := map[string]bool{}
-	fence := map[string]uint64{} // lease id -> fence of its grant event
-	for _, ev := range evs {
-		has[ev.Type+" "+ev.LeaseID] = true
-		if ev.Type == leasebus.EventGrant {
-			fence[ev.LeaseID] = ev.Fence
-		}
-		if ev.Type == leasebus.EventRefused && ev.LeaseID == "" {
-			refused[ev.Owner.AttemptID] = true
-		}
-	}
-	var missing []string
-	miss := func(typ, id string) {
-		if !has[typ+" "+id] {
-			missing = append(missing, typ+" "+id)
-		}
-	}
-	for id, l := range led.granted {
-		miss(leasebus.EventGrant, id)
-		if f, ok := fence[id]; ok && f != l.Fence {
-			missing = append(missing, fmt.Sprintf("grant %s: the client got fence %d, the audit says %d", id, l.Fence, f))
-		}
-	}
-	for id := range led.released {
-		miss(leasebus.EventRelease, id)
-	}
-	for id := range led.revoked {
-		miss(leasebus.EventRevoked, id)
-	}
-	for id := range led.abandoned {
-		if !has[leasebus.EventReclaimed+" "+id] && !has[leasebus.EventRevoked+" "+id] && !has[leasebus.EventExpired+" "+id] {
-			missing = append(missing, "end of abandoned "+id)
-		}
-	}
-	for att := range led.refused {
-		if !refused[att] {
-			missing = append(missing, "refusal of "+att)
-		}
-	}
-	if len(missing) > 0 {
-		slices.Sort(missing)
-		if len(missing) > 20 {
-			missing = append(missing[:20], fmt.Sprintf("… %d more", len(missing)-20))
-		}
-		return fmt.Errorf("%d acknowledged operations missing from %d audit events:\n%s", len(missing), len(evs), strings.Join(missing, "\n"))
-	}
-	return nil
-}
-
-// checkDuplicates reports a lease event written more than once: a lease is
-// granted once and ends once.
-func checkDuplicates(evs []leasebus.AuditEvent) error {
-	seen := map[string]int{}
-	ends := map[string]int{}
-	var out []string
-	for _, ev := range evs {
-		if ev.LeaseID == "" {
-			continue
-		}
-		switch ev.Type {
-		case leasebus.EventGrant, leasebus.EventRelease, leasebus.EventRevoked, leasebus.EventReclaimed, leasebus.EventExpired:
-			k := ev.Type + " " + ev.LeaseID
-			if seen[k]++; seen[k] == 2 {
-				out = append(out, k)
-			}
-			if ev.Type != leasebus.EventGrant {
-				if ends[ev.LeaseID]++; ends[ev.LeaseID] == 2 {
-					out = append(out, "two ends of "+ev.LeaseID)
-				}
-			}
-		}
-	}
-	if len(out) > 0 {
-		return errors.New(strings.Join(out, "\n"))
-	}
-	return nil
-}
-
 // checkReplay replays the service's events in audit order: fences of
 // grants strictly rise, and no grant overlaps a lease still active.
 func checkReplay(evs []leasebus.AuditEvent) error {
@@ -598,4 +586,26 @@ func checkReplay(evs []leasebus.AuditEvent) error {
 		return errors.New(strings.Join(out, "\n"))
 	}
 	return nil
+}
+
+// liveAt says, from the audit recorded in h, whether lease id was granted
+// before at and not ended by then, and what the audit shows of it.
+func liveAt(h *History, id string, at time.Time) (string, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var granted, ended time.Time
+	var end string
+	for _, ev := range h.audit {
+		if ev.LeaseID != id || ev.Boundary != leasebus.BoundaryLease {
+			continue
+		}
+		switch {
+		case ev.Type == leasebus.EventGrant:
+			granted = ev.Time
+		case slices.Contains(endEvents, ev.Type):
+			ended, end = ev.Time, ev.Type
+		}
+	}
+	msg := fmt.Sprintf("the audit shows it granted at %s, ended (%s) at %s", stamp(granted), end, stamp(ended))
+	return msg, !granted.IsZero() && granted.Before(at) && (ended.IsZero() || ended.After(at))
 }

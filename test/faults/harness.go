@@ -120,6 +120,9 @@ func (e *Env) start(t testing.TB, name string, client bool, args ...string) *Pro
 	// Its own process group (a run's agent joins it), and gone with the
 	// test binary.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// A child in a process group of its own (a run's guarded command)
+	// may hold the output pipes after the process is gone.
+	p.cmd.WaitDelay = 5 * time.Second
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
@@ -130,11 +133,67 @@ func (e *Env) start(t testing.TB, name string, client bool, args ...string) *Pro
 	}()
 	t.Cleanup(func() {
 		if !p.Exited() {
-			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			p.KillTree()
 			<-p.done
 		}
 	})
 	return p
+}
+
+// KillTree kills the process, its process group, and every descendant's
+// process group with SIGKILL (a run puts its guarded command in a group of
+// its own, which would otherwise outlive it and go on writing).
+func (p *Proc) KillTree() {
+	pids := append(descendants(p.cmd.Process.Pid), p.cmd.Process.Pid)
+	self := syscall.Getpgrp()
+	for _, pid := range pids {
+		if pg, err := syscall.Getpgid(pid); err == nil && pg != self && pg > 1 {
+			_ = syscall.Kill(-pg, syscall.SIGKILL)
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// descendants returns the pids of pid's descendants, read from /proc.
+func descendants(pid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	children := map[int][]int{}
+	for _, e := range entries {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		if pp, err := strconv.Atoi(f[1]); err == nil {
+			children[pp] = append(children[pp], n)
+		}
+	}
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 && len(out) < 10000 {
+		next := queue[0]
+		queue = queue[1:]
+		for _, c := range children[next] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
 }
 
 // Pid is the process id.
