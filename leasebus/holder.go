@@ -50,6 +50,16 @@ type HoldOptions struct {
 	// error (nil when renewed), for metrics. The holder sends nothing while
 	// it runs: it must return promptly.
 	OnRenew func(took time.Duration, err error)
+	// Heartbeat is how often the holder checks that the server it is
+	// connected to answers (a PING/PONG round trip; default 250 ms).
+	Heartbeat time.Duration
+	// Silence is how long without an answer from the server the holder
+	// still vouches for the lease (default 3 × Heartbeat). A server that
+	// stops answering (paused, partitioned, overloaded) cannot deliver a
+	// revoke's notice, and the connection only drops after several missed
+	// pings (seconds); past Silence the holder is Unknown and writes stop
+	// until a renewal sent afterwards is answered.
+	Silence time.Duration
 }
 
 // Holder keeps a lease alive: it renews it with compare-and-swap on its
@@ -76,7 +86,10 @@ type HoldOptions struct {
 //	renew sent before the doubt    -> stays Unknown; renew again
 //
 // Fence also fails while the connection is not up, before the holder has
-// even seen the status event.
+// even seen the status event, and once the server it is connected to has
+// not answered a heartbeat for longer than Silence (a paused or cut-off
+// server delivers no notices, and a connection only drops after missed
+// pings): that is a doubt like the others, settled by a renewal.
 type Holder struct {
 	c    *Client
 	cred Credential
@@ -102,8 +115,13 @@ type Holder struct {
 	status     chan nats.Status
 	statusDone chan struct{}
 
+	// heardAt is when the last heartbeat that was answered was sent: the
+	// server was alive then. Guarded by mu.
+	heardAt time.Time
+
 	cancel   context.CancelFunc
 	done     chan struct{}
+	beatDone chan struct{} // closed when heartbeat returns
 	stopOnce sync.Once
 	unwatch  func() error
 	// renewID is reused until a renewal gets an answer, so a retry of a
@@ -132,9 +150,18 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 	if opts.Interval+opts.Margin >= ttl {
 		return nil, fmt.Errorf("hold %s: %w: renew interval %s plus margin %s must be below the ttl %s", lease.LeaseID, ErrInvalid, opts.Interval, opts.Margin, ttl)
 	}
+	if opts.Heartbeat <= 0 {
+		opts.Heartbeat = 250 * time.Millisecond
+	}
+	if opts.Silence <= 0 {
+		opts.Silence = 3 * opts.Heartbeat
+	}
+	if opts.Silence <= opts.Heartbeat {
+		return nil, fmt.Errorf("hold %s: %w: silence %s must be longer than the heartbeat %s", lease.LeaseID, ErrInvalid, opts.Silence, opts.Heartbeat)
+	}
 	h := &Holder{c: c, cred: cred, opts: opts, lease: *lease, state: Held,
-		validUntil: sent.Add(ttl - opts.Margin), lost: make(chan struct{}),
-		done: make(chan struct{}), kick: make(chan struct{}, 1), statusDone: make(chan struct{})}
+		validUntil: sent.Add(ttl - opts.Margin), lost: make(chan struct{}), heardAt: sent,
+		done: make(chan struct{}), beatDone: make(chan struct{}), kick: make(chan struct{}, 1), statusDone: make(chan struct{})}
 	if !lease.Active() {
 		h.setLost(fmt.Errorf("%w: lease %s is %s", ErrLeaseLost, lease.LeaseID, lease.Status))
 	}
@@ -176,7 +203,34 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	go h.run(ctx)
+	go h.heartbeat(ctx)
 	return h, nil
+}
+
+// heartbeat asks the server for a PONG every Heartbeat until ctx ends, and
+// notes when an answered one was sent (heardAt); Fence stops vouching for
+// the lease once the server has been silent longer than Silence.
+func (h *Holder) heartbeat(ctx context.Context) {
+	defer close(h.beatDone)
+	t := time.NewTicker(h.opts.Heartbeat)
+	defer t.Stop()
+	for {
+		sent := h.opts.Now()
+		if h.c.nc.FlushTimeout(h.opts.Silence) == nil {
+			h.mu.Lock()
+			if sent.After(h.heardAt) {
+				h.heardAt = sent
+			}
+			h.mu.Unlock()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.lost:
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // Fence returns the lease's fence token if the lease is held right now, or
@@ -192,6 +246,15 @@ func (h *Holder) Fence() (uint64, error) {
 	// already have been reclaimed.
 	if h.state != Lost && !h.opts.Now().Before(h.validUntil) {
 		h.setLostLocked(fmt.Errorf("%w: %s not renewed within its ttl minus margin", ErrLeaseLost, h.lease.LeaseID))
+	}
+	if h.state == Held {
+		if silent := h.opts.Now().Sub(h.heardAt); silent > h.opts.Silence {
+			// The server may be paused or cut off: a revoke's notice
+			// could not reach us. Stop, and re-check once it answers.
+			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): no answer from the bus for %s; writes wait until the lease is re-checked",
+				ErrLeaseUnknown, h.lease.LeaseID, h.lease.Fence, silent.Round(time.Millisecond)))
+			h.poke()
+		}
 	}
 	if h.state != Held {
 		return 0, h.err
@@ -237,6 +300,7 @@ func (h *Holder) Stop() {
 	h.stopOnce.Do(func() {
 		h.cancel()
 		<-h.done
+		<-h.beatDone
 		_ = h.unwatch()
 		h.c.nc.RemoveStatusListener(h.status)
 		<-h.statusDone

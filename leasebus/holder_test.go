@@ -11,6 +11,7 @@ package leasebus
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -731,5 +732,42 @@ func TestHolderSeesRevokeBeforeItsWatch(t *testing.T) {
 	case <-h.Lost():
 	case <-time.After(time.Second):
 		t.Fatal("holder not lost within 1s (its first renewal is 20s away)")
+	}
+}
+
+// A server that stops answering (paused, cut off) delivers no revoke
+// notice, and the connection drops only after missed pings, seconds
+// later. The holder stops vouching for its lease once its server has been
+// silent longer than Silence, so a revoke answered by another node while
+// the holder's node is paused stops its writes within the 1 s bound; once
+// the server answers again, the re-check finds the revoke.
+func TestHolderStopsWhenItsServerFallsSilent(t *testing.T) {
+	b := startBus(t)
+	proxy := startProxy(t, b.srv.Addr().String())
+	h, l := heldLeaseFor(t, b, connect(t, proxy.url()), "silent", time.Minute, HoldOptions{})
+	if _, err := h.Fence(); err != nil {
+		t.Fatal(err)
+	}
+	proxy.pause(true) // the holder's server goes quiet
+	paused := time.Now()
+	if _, err := b.c.Revoke(ctxT(t), l.LeaseID, "test: revoked while the holder's server is silent"); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	checkFor(t, 2*time.Second, time.Millisecond, func() error {
+		if _, err := h.Fence(); !errors.Is(err, ErrLeaseUnknown) {
+			return fmt.Errorf("fence while the server is silent: %v", err)
+		}
+		return nil
+	})
+	if late := time.Since(revoked); late > time.Second {
+		t.Fatalf("the holder vouched for its lease %s after the revoke returned (%s after its server fell silent)", late, time.Since(paused))
+	}
+	t.Logf("fence refused %s after the server fell silent", time.Since(paused).Round(time.Millisecond))
+	proxy.pause(false)
+	select {
+	case <-h.Lost():
+	case <-time.After(3 * time.Second):
+		t.Fatal("the holder did not find the revoke once its server answered again")
 	}
 }
