@@ -181,11 +181,13 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 		// above announced itself to nobody: ask the service once, now that
 		// later notices reach us.
 		gctx, cancel := context.WithTimeout(context.Background(), max(min(opts.Interval, 2*time.Second), 100*time.Millisecond))
+		asked := opts.Now()
 		l, err := c.Get(gctx, lease.LeaseID)
 		cancel()
 		if err != nil {
 			h.doubt(fmt.Errorf("%w: %s (fence %d): could not confirm the lease after starting to watch it: %w", ErrLeaseUnknown, lease.LeaseID, lease.Fence, err), true)
 		} else {
+			h.heard(asked)
 			h.observe(l)
 		}
 	}
@@ -207,6 +209,15 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 	return h, nil
 }
 
+// heard notes that the server answered something sent at sent.
+func (h *Holder) heard(sent time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if sent.After(h.heardAt) {
+		h.heardAt = sent
+	}
+}
+
 // heartbeat asks the server for a PONG every Heartbeat until ctx ends, and
 // notes when an answered one was sent (heardAt); Fence stops vouching for
 // the lease once the server has been silent longer than Silence.
@@ -217,11 +228,7 @@ func (h *Holder) heartbeat(ctx context.Context) {
 	for {
 		sent := h.opts.Now()
 		if h.c.nc.FlushTimeout(h.opts.Silence) == nil {
-			h.mu.Lock()
-			if sent.After(h.heardAt) {
-				h.heardAt = sent
-			}
-			h.mu.Unlock()
+			h.heard(sent)
 		}
 		select {
 		case <-ctx.Done():
@@ -513,6 +520,9 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 		}
 		h.lease = *l
 		h.validUntil = sent.Add(time.Duration(l.TTL) - h.opts.Margin)
+		if sent.After(h.heardAt) { // the server answered: alive since sent
+			h.heardAt = sent
+		}
 		if h.epoch != epoch {
 			// A doubt arose while this renewal was under way: its answer
 			// may predate a revoke. Ask again (run was poked).
