@@ -113,8 +113,8 @@ func retryUnavailable(ctx context.Context, stats *atomic.Int64, op func() error)
 // overlapping leases active at once, and form one chain over the lease log.
 //
 // Environment: FENCELINE_FAULTS_CLUSTER_ROUNDS (default 1) repeats the
-// fault sequence, FENCELINE_FAULTS_PAUSE_HOLDER (non-empty) adds a fifth
-// fault to each round (SIGSTOP of the node the run agent's holder is
+// fault sequence, FENCELINE_FAULTS_PAUSE_HOLDER=0 leaves out the fifth
+// fault of each round (SIGSTOP of the node the run agent's holder is
 // connected to, the revokes sent during the pause, SIGCONT after 3 s at
 // the earliest), FENCELINE_FAULTS_SEED fixes the load's randomness,
 // FENCELINE_FAULTS_BIN runs a fenceline binary built elsewhere (another
@@ -137,7 +137,7 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 		}
 		seed = s
 	}
-	pauseHolder := os.Getenv("FENCELINE_FAULTS_PAUSE_HOLDER") != ""
+	pauseHolder := os.Getenv("FENCELINE_FAULTS_PAUSE_HOLDER") != "0"
 	t.Logf("seed %d (FENCELINE_FAULTS_SEED=%d repeats the load's choices), %d rounds", seed, seed, rounds)
 	started := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rounds)*2*time.Minute+3*time.Minute)

@@ -44,9 +44,9 @@
 //  2. SIGSTOP of the audit stream's leader for 3 s, SIGCONT;
 //  3. SIGKILL of the service process and of the log stream's leader;
 //  4. restart of both;
-//  5. with FENCELINE_FAULTS_PAUSE_HOLDER set (scripts/faults-cluster.sh
-//     sets it): SIGSTOP of the node the run agent's holder is connected to
-//     (found from its sockets in /proc), the revokes sent during the pause,
+//  5. unless FENCELINE_FAULTS_PAUSE_HOLDER=0: SIGSTOP of the node the run
+//     agent's holder is connected to (found from its sockets in /proc),
+//     the revokes sent during the pause,
 //     SIGCONT 3 s after the SIGSTOP at the earliest, then the claims
 //     granted again.
 //
