@@ -407,6 +407,27 @@ func TestHolderCannotAskThroughReplies(t *testing.T) {
 			t.Errorf("the service acted on an answer as a request: %s by %q (%s)", ev.Type, ev.RequestedBy, ev.Message)
 		}
 	}
+	// It ignored them, and said so in the audit, in no one's name (the
+	// identities whose subjects were abused did not send them).
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.nc, "", 0)
+		if err != nil {
+			return err
+		}
+		forged := 0
+		for _, ev := range evs {
+			if ev.Type == EventRefused && ev.Reason == ReasonBusForged {
+				if ev.RequestedBy != "" || !strings.Contains(ev.Message, "not that identity's inbox") {
+					t.Fatalf("the forged request's audit event: %+v", ev)
+				}
+				forged++
+			}
+		}
+		if forged < 4 {
+			return fmt.Errorf("%d forged requests audited, want 4", forged)
+		}
+		return nil
+	})
 }
 
 // The same answers aimed at the change subjects a watcher (the run UI)

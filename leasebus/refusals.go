@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 )
 
-// The bus's own refusals. NATS refuses a client that fails to authenticate
+// The bus's own refusals. The service ignores messages on its request
+// subjects that their identity did not send, and audits them. NATS refuses a client that fails to authenticate
 // and a publish or subscription its permissions deny before any fenceline
 // code sees it; the server only logs it. AuditRefusals taps an embedded
 // server's log for those lines and writes each as an audit event (type
@@ -24,6 +24,10 @@ import (
 const (
 	ReasonBusPermission     = "bus-permission"     // a publish or subscription the identity's role does not allow
 	ReasonBusAuthentication = "bus-authentication" // no or unknown credentials
+	// ReasonBusForged: a message on a request subject that its identity
+	// did not send (a JetStream delivery, or an answer someone had the
+	// server or the service send there as a reply); ignored.
+	ReasonBusForged = "bus-forged"
 )
 
 // refusalRate bounds how many of the bus's refusals per second become
@@ -41,13 +45,59 @@ var (
 	}
 )
 
-// refusalTap is a server.Logger that passes every line on and hands the
-// refusal lines to a channel (dropping, and counting, what does not fit).
+// busRefusal is one refusal by the bus to audit: its reason, the identity
+// refused (when known) and what happened.
+type busRefusal struct {
+	reason, id, what string
+}
+
+// refuse queues a refusal by the bus for the audit (refusalWriter); when
+// the queue is full it is counted instead.
+func (s *Service) refuse(reason, id, what string) {
+	select {
+	case s.refusals <- busRefusal{reason: reason, id: id, what: what}:
+	default:
+		s.refusalsDropped.Add(1)
+	}
+}
+
+// refusalWriter writes the queued refusals to the audit stream until ctx
+// ends: at most refusalRate events a second of each reason; the rest are
+// counted and said in one event at the end of the second, so a client
+// looping on a denied subject cannot flood the audit.
+func (s *Service) refusalWriter(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	written, skipped := map[string]int{}, map[string]int{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-s.refusals:
+			if written[r.reason] >= refusalRate {
+				skipped[r.reason]++
+				continue
+			}
+			written[r.reason]++
+			s.auditRefusal(ctx, r, 0)
+		case <-tick.C:
+			if n := s.refusalsDropped.Swap(0); n > 0 {
+				skipped[ReasonBusPermission] += int(n) // the queue cannot tell; most are
+			}
+			for reason, n := range skipped {
+				s.auditRefusal(ctx, busRefusal{reason: reason}, n)
+			}
+			clear(written)
+			clear(skipped)
+		}
+	}
+}
+
+// refusalTap is a server.Logger that passes every line on and queues the
+// refusal lines for the audit.
 type refusalTap struct {
-	next    server.Logger // nil: the server logged nothing before
-	lines   chan string
-	mu      sync.Mutex
-	dropped int // guarded by mu
+	next server.Logger // nil: the server logged nothing before
+	svc  *Service
 }
 
 func (t *refusalTap) Noticef(format string, v ...any) {
@@ -83,24 +133,10 @@ func (t *refusalTap) Errorf(format string, v ...any) {
 	line := fmt.Sprintf(format, v...)
 	for _, vi := range violation {
 		if strings.Contains(line, vi.marker) {
-			select {
-			case t.lines <- line:
-			default:
-				t.mu.Lock()
-				t.dropped++
-				t.mu.Unlock()
-			}
+			t.svc.refuse(vi.reason, nkeyUserRe.FindString(line), "the bus refused: "+line)
 			return
 		}
 	}
-}
-
-func (t *refusalTap) takeDropped() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n := t.dropped
-	t.dropped = 0
-	return n
 }
 
 // AuditRefusals writes the refusals of srv, an embedded server this
@@ -108,68 +144,22 @@ func (t *refusalTap) takeDropped() int {
 // trace keep the server's own log levels (its logger, if any, still gets
 // every line).
 func (s *Service) AuditRefusals(srv *server.Server, debug, trace bool) (stop func()) {
-	tap := &refusalTap{next: srv.Logger(), lines: make(chan string, 256)}
+	tap := &refusalTap{next: srv.Logger(), svc: s}
 	srv.SetLoggerV2(tap, debug, trace, false)
-	ctx, cancel := context.WithCancel(s.ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		// At most refusalRate events a second of each reason; the rest
-		// are counted and said in one event at the end of the second.
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		written, skipped := map[string]int{}, map[string]int{}
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case line := <-tap.lines:
-				r := refusalReason(line)
-				if written[r] >= refusalRate {
-					skipped[r]++
-					continue
-				}
-				written[r]++
-				s.auditRefusal(ctx, r, line, 0)
-			case <-tick.C:
-				if n := tap.takeDropped(); n > 0 {
-					skipped[ReasonBusPermission] += n // the tap cannot tell; most are
-				}
-				for r, n := range skipped {
-					s.auditRefusal(ctx, r, "", n)
-				}
-				clear(written)
-				clear(skipped)
-			}
-		}
-	})
-	return func() {
-		srv.SetLoggerV2(tap.next, debug, trace, false)
-		cancel()
-		wg.Wait()
-	}
+	return func() { srv.SetLoggerV2(tap.next, debug, trace, false) }
 }
 
-func refusalReason(line string) string {
-	for _, vi := range violation {
-		if strings.Contains(line, vi.marker) {
-			return vi.reason
-		}
-	}
-	return ReasonBusPermission
-}
-
-// auditRefusal writes one refusal by the bus (line), or the count of those
-// of reason not written one by one (skipped).
-func (s *Service) auditRefusal(ctx context.Context, reason, line string, skipped int) {
-	ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: EventRefused, Boundary: BoundaryBus, Reason: reason, Message: "the bus refused: " + line}
+// auditRefusal writes one refusal by the bus, or (skipped > 0) the count of
+// those of its reason not written one by one.
+func (s *Service) auditRefusal(ctx context.Context, r busRefusal, skipped int) {
+	ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: EventRefused, Boundary: BoundaryBus, Reason: r.reason, Message: r.what}
 	if skipped > 0 {
-		ev.Message = fmt.Sprintf("the bus refused %d more (%s) in the last second, over the %d a second written one by one (its log has each)", skipped, reason, refusalRate)
+		ev.Message = fmt.Sprintf("the bus refused %d more (%s) in the last second, over the %d a second written one by one (the bus's log has each)", skipped, r.reason, refusalRate)
 	}
-	if id := nkeyUserRe.FindString(line); id != "" {
-		ev.RequestedBy = s.name(id)
+	if r.id != "" {
+		ev.RequestedBy = s.name(r.id)
 	}
-	err := s.writeBusEvent(ctx, ev)
-	if err != nil {
-		s.log.Warn("audit event of a refusal by the bus not written", "refusal", line, "skipped", skipped, "err", err)
+	if err := s.writeBusEvent(ctx, ev); err != nil {
+		s.log.Warn("audit event of a refusal by the bus not written", "refusal", r.what, "skipped", skipped, "err", err)
 	}
 }

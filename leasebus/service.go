@@ -80,6 +80,10 @@ type Service struct {
 	subs     []*nats.Subscription  // guarded by mu
 	tailing  atomic.Bool           // following other instances' appends (and announcing ours)
 	storeErr atomic.Pointer[error] // the store fault the probe last found (watchStore)
+	// refusals queues refusals by the bus for refusalWriter; what does not
+	// fit is counted in refusalsDropped.
+	refusals        chan busRefusal
+	refusalsDropped atomic.Int64
 }
 
 // StartService creates the streams if needed, loads every repo's lease log
@@ -114,6 +118,8 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.audit = newAuditWriter(js, s.log, s.store.writer)
 	s.wg.Go(func() { s.audit.run(s.ctx) })
+	s.refusals = make(chan busRefusal, 256)
+	s.wg.Go(func() { s.refusalWriter(s.ctx) })
 	if cfg.StoreProbe != nil {
 		s.wg.Go(func() { s.watchStore(s.ctx) })
 	}
@@ -344,6 +350,7 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			// A JetStream delivery, not a request its identity published:
 			// the server delivers a push consumer's messages to any subject
 			// its creator names, without checking its permissions.
+			s.refuse(ReasonBusForged, "", fmt.Sprintf("ignored a JetStream delivery on the request subject %s (a consumer someone made delivers there)", m.Subject))
 			return
 		}
 		id := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
@@ -354,7 +361,9 @@ func (s *Service) handler(op string) nats.MsgHandler {
 		if id != Anonymous && !strings.HasPrefix(m.Reply, inboxPrefix(id)+".") {
 			// Not a request its identity sent (it would await the answer in
 			// its own inbox): an answer someone had the server, or this
-			// service, send here by naming this subject as its reply.
+			// service, send here by naming this subject as its reply. (Not
+			// in the name of id, who did not send it.)
+			s.refuse(ReasonBusForged, "", fmt.Sprintf("ignored a message on %s, the request subject of %s, whose reply %q is not that identity's inbox: an answer someone had the bus send there", m.Subject, s.name(id), m.Reply))
 			return
 		}
 		switch op {
