@@ -2,6 +2,7 @@ package leasebus
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -419,17 +420,10 @@ func NamesIn(dir string) map[string]string {
 	names := map[string]string{}
 	for _, r := range Roles {
 		if c, err := LoadCreds(filepath.Join(dir, CredsFile(r))); err == nil {
-			names[c.Nkey] = cmpOr(c.Name, string(r))
+			names[c.Nkey] = cmp.Or(c.Name, string(r))
 		}
 	}
 	return names
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // AuthConfig renders the nats-server configuration that admits users with
@@ -449,7 +443,7 @@ func AuthConfig(users []ServerUser) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("bus user %q: %w", u.Name, err)
 		}
-		fmt.Fprintf(&b, "    # %s (role %s)\n", cmpOr(u.Name, u.Nkey), u.Role)
+		fmt.Fprintf(&b, "    # %s (role %s)\n", cmp.Or(u.Name, u.Nkey), u.Role)
 		fmt.Fprintf(&b, "    { nkey: %q\n      permissions: {\n", u.Nkey)
 		writeList := func(what string, subjects []string) {
 			fmt.Fprintf(&b, "        %s: { allow: [\n", what)

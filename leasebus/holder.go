@@ -213,6 +213,10 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 func (h *Holder) heard(sent time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.heardLocked(sent)
+}
+
+func (h *Holder) heardLocked(sent time.Time) {
 	if sent.After(h.heardAt) {
 		h.heardAt = sent
 	}
@@ -227,9 +231,11 @@ func (h *Holder) heartbeat(ctx context.Context) {
 	defer t.Stop()
 	for {
 		sent := h.opts.Now()
-		if h.c.nc.FlushTimeout(h.opts.Silence) == nil {
+		fctx, cancel := context.WithTimeout(ctx, h.opts.Silence)
+		if h.c.nc.FlushWithContext(fctx) == nil {
 			h.heard(sent)
 		}
+		cancel()
 		select {
 		case <-ctx.Done():
 			return
@@ -520,9 +526,7 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 		}
 		h.lease = *l
 		h.validUntil = sent.Add(time.Duration(l.TTL) - h.opts.Margin)
-		if sent.After(h.heardAt) { // the server answered: alive since sent
-			h.heardAt = sent
-		}
+		h.heardLocked(sent) // the server answered: alive since sent
 		if h.epoch != epoch {
 			// A doubt arose while this renewal was under way: its answer
 			// may predate a revoke. Ask again (run was poked).

@@ -57,6 +57,28 @@ func (o Owner) String() string {
 	return s
 }
 
+// ParseOwner reads an owner as String writes it ("task=… agent=…
+// attempt=… [host=…]"); what it does not know it leaves out. For owners
+// that travel as text (a git push option): the result is only as true as
+// its source.
+func ParseOwner(s string) Owner {
+	var o Owner
+	for _, f := range strings.Fields(s) {
+		k, v, _ := strings.Cut(f, "=")
+		switch k {
+		case "task":
+			o.TaskID = v
+		case "agent":
+			o.AgentID = v
+		case "attempt":
+			o.AttemptID = v
+		case "host":
+			o.HostID = v
+		}
+	}
+	return o
+}
+
 // Lease is the public lease record, exactly as stored and shown.
 type Lease struct {
 	LeaseID       string        `json:"leaseId"`

@@ -316,3 +316,15 @@ func TestWaiterWokenAcrossInstances(t *testing.T) {
 		}
 	}
 }
+
+func TestParseOwnerRoundTrip(t *testing.T) {
+	for _, o := range []Owner{
+		{TaskID: "job_4821", AgentID: "codex-worker-4", AttemptID: "att_1"},
+		{TaskID: "t", AgentID: "a", AttemptID: "x", HostID: "host-7"},
+		{},
+	} {
+		if got := ParseOwner(o.String()); got != o {
+			t.Errorf("ParseOwner(%q) = %+v, want %+v", o.String(), got, o)
+		}
+	}
+}

@@ -53,6 +53,11 @@ func ensureAuditStream(ctx context.Context, js jetstream.JetStream, cfg jetstrea
 	want := cfg.MaxBytes
 	for {
 		s, err := js.CreateStream(ctx, cfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			// Another service instance made it meanwhile, maybe with
+			// another size: keep that.
+			return ensureAuditStream(ctx, js, cfg)
+		}
 		var apiErr *jetstream.APIError
 		if err == nil || !errors.As(err, &apiErr) || apiErr.ErrorCode != errStorageExceeded {
 			return s, err

@@ -200,16 +200,17 @@
 //     (CopyFail) rather than ended;
 //   - a statement that the proxy sent under the live lease in such a
 //     transaction and that still runs is cancelled (a CancelRequest for
-//     its backend): at once when the lease source has a Lost channel
-//     (*leasebus.Holder), else at the proxy's next check, every
-//     Config.LeaseCheckInterval (100 ms), and again at every check while
+//     its backend): at once when the lease source's Lost channel closes
+//     (*leasebus.Holder), and at the proxy's next check, every
+//     Config.LeaseCheckInterval (100 ms), whenever the source stops
+//     reporting the lease live (a Holder is Unknown first, from a revoke's
+//     notice until the service confirms it), and again at every check while
 //     it runs.
 //
 // So the bound: no write with a lease's token lands, on any connection,
 // later than one LeaseCheckInterval (plus a cancel's delivery, a few
 // milliseconds) after the proxy's lease source first reports the lease
-// not live; with a Holder that reports a revoke at once, within a few
-// milliseconds. When a holder learns of a revoke is its own bound
+// not live. When a holder learns of a revoke is its own bound
 // (leasebus). Measured (TestRevokedLeaseStopsItsConnection): a running
 // write cancelled 5-15 ms after "lease revoke" returned, and 12-14 ms
 // after a polled lease source (every 50 ms) reported the loss. Only a

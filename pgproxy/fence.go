@@ -96,7 +96,7 @@ const bindSessionSQL = "SELECT fenceline.bind_session()"
 // forget the connection's, after which it needs a new one.
 func BindSession(ctx context.Context, conn *pgx.Conn) (int64, error) {
 	var n int64
-	if err := conn.QueryRow(ctx, "SELECT fenceline.bind_session()").Scan(&n); err != nil {
+	if err := conn.QueryRow(ctx, bindSessionSQL).Scan(&n); err != nil {
 		return 0, fmt.Errorf("bind the connection to a fence session: %w", err)
 	}
 	return n, nil

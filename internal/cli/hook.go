@@ -249,27 +249,7 @@ func (a *app) auditHookRefusal(ctx context.Context, repo string, he *gitproxy.Ho
 	fence, _ := strconv.ParseUint(he.Fence, 10, 64)
 	return aud.Record(ctx, leasebus.AuditEvent{
 		Time: time.Now().UTC(), Type: leasebus.EventDenied, Boundary: leasebus.BoundaryGit,
-		Repo: repo, LeaseID: he.Lease, Owner: parseOwner(he.Owner), Fence: fence,
+		Repo: repo, LeaseID: he.Lease, Owner: leasebus.ParseOwner(he.Owner), Fence: fence,
 		Reason: he.Reason, Message: "pre-receive hook: " + he.Msg,
 	})
-}
-
-// parseOwner reads an owner as Owner.String writes it ("task=… agent=…
-// attempt=… [host=…]"); what it does not know it leaves out.
-func parseOwner(s string) leasebus.Owner {
-	var o leasebus.Owner
-	for _, f := range strings.Fields(s) {
-		k, v, _ := strings.Cut(f, "=")
-		switch k {
-		case "task":
-			o.TaskID = v
-		case "agent":
-			o.AgentID = v
-		case "attempt":
-			o.AttemptID = v
-		case "host":
-			o.HostID = v
-		}
-	}
-	return o
 }
