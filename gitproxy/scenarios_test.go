@@ -253,7 +253,7 @@ func TestPushAfterReleaseRevokeAndWithoutLease(t *testing.T) {
 	l2 := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
 	dir2 := e.clone(e.proxy(l2).URL)
 	e.commit(dir2, "x", "services/billing/x.go", "x\n")
-	if _, err := e.bus.Client.Revoke(ctxT(t), l2.Record.LeaseID, "operator says stop"); err != nil {
+	if _, err := e.bus.Operator.Revoke(ctxT(t), l2.Record.LeaseID, "operator says stop"); err != nil {
 		t.Fatal(err)
 	}
 	// The holder learns of the revoke by watch; the proxy also asks the bus.

@@ -31,7 +31,7 @@ func holdTables(t *testing.T, b *bustest.Bus, ws string, ttl time.Duration, tabl
 // revoke revokes l on the bus and returns once its holder knows.
 func revoke(t *testing.T, b *bustest.Bus, l *bustest.Lease) time.Time {
 	t.Helper()
-	if _, err := b.Client.Revoke(ctxT(t), l.Record.LeaseID, "test: "+t.Name()); err != nil {
+	if _, err := b.Operator.Revoke(ctxT(t), l.Record.LeaseID, "test: "+t.Name()); err != nil {
 		t.Fatalf("revoke %s: %v", l.Record.LeaseID, err)
 	}
 	revoked := time.Now()

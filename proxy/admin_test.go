@@ -132,7 +132,7 @@ func TestAdminReadinessFollowsTheLease(t *testing.T) {
 		t.Fatalf("metrics while held:\n%s", grepMetrics(body, "fenceline_leases_held"))
 	}
 
-	if _, err := bus.Client.Revoke(context.Background(), l.Record.LeaseID, "runaway agent"); err != nil {
+	if _, err := bus.Operator.Revoke(context.Background(), l.Record.LeaseID, "runaway agent"); err != nil {
 		t.Fatal(err)
 	}
 	revoked := time.Now()

@@ -272,7 +272,7 @@ func TestRecoverCrashedAttempt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Client.Revoke(ctx, dead.Record.LeaseID, "runner crashed"); err != nil {
+	if _, err := b.Operator.Revoke(ctx, dead.Record.LeaseID, "runner crashed"); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := st.Recover(ctx, co, b.Client, false)
@@ -397,7 +397,7 @@ func TestPlaceRefusedWithoutLease(t *testing.T) {
 	b, st, co, pool := poolFixture(t, 3, 1, 0)
 	ctx := context.Background()
 	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
-	if _, err := b.Client.Revoke(ctx, l.Record.LeaseID, "the runner stalled"); err != nil {
+	if _, err := b.Operator.Revoke(ctx, l.Record.LeaseID, "the runner stalled"); err != nil {
 		t.Fatal(err)
 	}
 	testutil.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {

@@ -75,11 +75,18 @@ func StartServer(t testing.TB, cfg leasebus.ServerConfig) *server.Server {
 
 // Bus is a running bus; everything stops when the test ends.
 type Bus struct {
-	Server  *server.Server
+	Server *server.Server
+	// Conn is the lease service's connection (every permission it has):
+	// for reading the streams, not for acting as a fence would.
 	Conn    *nats.Conn
 	Service *leasebus.Service
+	// Client and Auditor act as a runner or sidecar does, with the holder
+	// role's permissions only, so a fence tested with them needs nothing
+	// a real holder lacks.
 	Client  *leasebus.Client
 	Auditor *leasebus.Auditor
+	// Operator revokes and sweeps (the operator role).
+	Operator *leasebus.Client
 }
 
 // Start starts a bus for t with its store in a temporary directory.
@@ -94,10 +101,12 @@ func Start(t testing.TB) *Bus {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.Service.Stop)
-	b.Client = leasebus.NewClient(b.Conn)
-	if b.Auditor, err = leasebus.NewAuditor(b.Conn); err != nil {
+	holder := ConnectRole(t, srv.ClientURL(), leasebus.RoleHolder)
+	b.Client = leasebus.NewClient(holder)
+	if b.Auditor, err = leasebus.NewAuditor(holder); err != nil {
 		t.Fatal(err)
 	}
+	b.Operator = leasebus.NewClient(ConnectRole(t, srv.ClientURL(), leasebus.RoleOperator))
 	return b
 }
 
