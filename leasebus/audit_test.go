@@ -157,14 +157,22 @@ func TestAuditLostAckWritesOnce(t *testing.T) {
 	x := acquireVia(t, ctx, b.svc, auditRepo, claim(t, "x"), owner(1))
 
 	// Send the very message the writer is about to send, as if its own
-	// try had landed unacknowledged.
-	w.mu.Lock()
-	c := w.chains[key]
-	lost := auditBatch{LogSeq: c.tip}
-	for _, r := range c.recs {
-		lost.Events = append(lost.Events, r.events...)
-	}
-	w.mu.Unlock()
+	// try had landed unacknowledged. (The actor hands the record to the
+	// writer just after it answers: wait for it.)
+	var lost auditBatch
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		c := w.chains[key]
+		if c == nil || len(c.recs) == 0 {
+			return errors.New("the writer has not got x's record yet")
+		}
+		lost = auditBatch{LogSeq: c.tip}
+		for _, r := range c.recs {
+			lost.Events = append(lost.Events, r.events...)
+		}
+		return nil
+	})
 	data, err := lost.encode()
 	if err != nil {
 		t.Fatal(err)
