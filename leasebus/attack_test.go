@@ -15,28 +15,12 @@ import (
 )
 
 // injectViaConsumer has a holder-role connection write data into the shard
-// attempts bucket it may write, then create a push consumer on that bucket
-// whose deliver subject is subj: the server itself publishes the record
-// there. It returns the consumer create's answer.
+// attempts bucket it may write (storeAt), then create a push consumer on
+// that bucket whose deliver subject is subj: the server itself publishes
+// the record there. It returns the consumer create's answer.
 func injectViaConsumer(t *testing.T, url, subj string, data []byte) string {
 	t.Helper()
-	ctx := ctxT(t)
-	js, err := jetstream.New(connectAs(t, url, RoleOperator))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "FENCELINE_ATTEMPTS"}); err != nil {
-		t.Fatal(err)
-	}
-	attacker := connectAs(t, url, RoleHolder)
-	ajs, err := jetstream.New(attacker)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := fmt.Sprintf("inject%d", time.Now().UnixNano())
-	if _, err := ajs.Publish(ctx, "$KV.FENCELINE_ATTEMPTS."+key, data); err != nil {
-		t.Fatalf("holder writes an attempt record: %v", err)
-	}
+	attacker, key := storeAt(t, url, data)
 	create, _ := json.Marshal(map[string]any{"stream_name": "KV_FENCELINE_ATTEMPTS", "config": map[string]any{
 		"name": key, "deliver_subject": subj, "ack_policy": "none",
 		"filter_subject": "$KV.FENCELINE_ATTEMPTS." + key, "deliver_policy": "all",
