@@ -30,10 +30,11 @@ type ServiceConfig struct {
 	Logger *slog.Logger
 	// Now is the clock; its monotonic reading decides expiry (default time.Now).
 	Now func() time.Time
-	// StoreProbe, when set, is asked what is wrong with the bus's store
-	// when a write fails or goes unanswered, so refusals name the fault (a
-	// full or read-only store) rather than a timeout. `bus serve` sets it
-	// to DirProbe of the embedded server's store.
+	// StoreProbe, when set, is asked every 100 ms and when a write fails
+	// or goes unanswered what is wrong with the bus's store, so writes are
+	// refused at once, naming the fault (a full or read-only store), rather
+	// than after a timeout. `bus serve` sets it to EmbeddedProbe of its
+	// embedded server.
 	StoreProbe StoreProbe
 	// Names maps bus identities (public nkeys) to the names the audit
 	// calls them by (RequestedBy); an identity not in it is named by its

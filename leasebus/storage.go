@@ -94,13 +94,9 @@ func (e *storeError) Is(target error) bool { return target == ErrUnavailable }
 // writes in blocks, so a volume with a few KiB left already fails.
 const minFreeBytes = 1 << 20
 
-// DirProbe probes a local store directory with statfs alone (cheap enough
-// to run every storeCheckInterval): read-only when its filesystem is
+// statStore looks at a local store directory with statfs alone (cheap
+// enough to run every storeCheckInterval): read-only when its filesystem is
 // mounted read-only, full when less than 1 MiB is free.
-func DirProbe(dir string) StoreProbe {
-	return func(context.Context) error { return statStore(dir) }
-}
-
 func statStore(dir string) error {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(dir, &st); err != nil {
@@ -116,7 +112,7 @@ func statStore(dir string) error {
 }
 
 // CheckStoreDir reports whether dir takes writes, by writing and syncing a
-// probe file and then as DirProbe does: nil, or an error matching
+// probe file and then as statStore does: nil, or an error matching
 // ErrStoreFull or ErrStoreReadOnly that names dir and says what to do, or
 // another error naming dir.
 func CheckStoreDir(dir string) error {
