@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -519,5 +520,17 @@ func TestBusRefusalsAudited(t *testing.T) {
 	}
 	if len(perm) > refusalRate*3 {
 		t.Fatalf("200 denied publishes in well under a second wrote %d audit events; want them rate-limited", len(perm))
+	}
+}
+
+// validIdentity accepts exactly what can stand as a subject token here:
+// 1 to 128 of [A-Za-z0-9_-].
+func TestValidIdentity(t *testing.T) {
+	re := regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+	for _, id := range []string{"", "a", "UB4AQEQVIJGYF55KXEHHIPA6F6P5QU2SKROYNJRJL4OQYYZTQNFFERMG", "anonymous", "a.b", "a b", "a*", ">", "ä", "x-y_z",
+		strings.Repeat("a", 128), strings.Repeat("a", 129), "a\x00"} {
+		if got, want := validIdentity(id), re.MatchString(id); got != want {
+			t.Errorf("validIdentity(%q) = %v, want %v", id, got, want)
+		}
 	}
 }
