@@ -342,7 +342,10 @@ func gitIn(t *testing.T, dir string, args ...string) {
 	}
 }
 
-// writerScript appends "<lease> <unix nanos>" lines to dir/log and, in the
+// writerScript appends "<lease> <unix nanos>" lines to dir/log (the time is
+// taken after the append's open passed the guard: the redirection of a
+// { } group is made before its commands run, so a write held up at the
+// open cannot look earlier than it was) and, in the
 // background, inserts a row per iteration into table through the Postgres
 // fence (PGHOST/PGPORT point at it), both about every 10 ms, forever;
 // refusals are ignored, like a runaway agent would. psql is restarted if
@@ -357,7 +360,7 @@ func writerScript(psql, user, dir, table string) string {
   done
 ) &
 while :; do
-  echo "$FENCELINE_LEASE_ID $(date +%%s%%N)" >> %[4]s/log
+  { echo "$FENCELINE_LEASE_ID $(date +%%s%%N)"; } >> %[4]s/log
   sleep 0.01
 done 2>/dev/null
 `, psql, user, table, dir)
