@@ -398,6 +398,12 @@ func (pr *Process) notifyLoop() {
 // answer lets a trapped call proceed to Landlock while the lease holds and
 // refuses it with EACCES once the lease is lost or unknown.
 func (pr *Process) answer(n *seccompNotif, calls map[uint32]sysSpec) {
+	if s, ok := calls[uint32(n.nr)]; ok && s.handle != nil {
+		t := pr.newTrap(n, s)
+		s.handle(t)
+		t.close()
+		return
+	}
 	resp := seccompNotifResp{id: n.id}
 	var gateErr error
 	if pr.gate != nil {

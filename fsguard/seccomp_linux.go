@@ -115,6 +115,9 @@ func filterProgram() ([]unix.SockFilter, error) {
 	slices.Sort(nrs)
 	for _, nr := range nrs {
 		s := calls[nr]
+		if s.custom {
+			continue
+		}
 		if s.flags >= 0 {
 			a.jump(bpfJeqK, nr, "flags"+strconv.Itoa(s.flags), "")
 		} else {
@@ -122,7 +125,14 @@ func filterProgram() ([]unix.SockFilter, error) {
 		}
 	}
 	a.jump(bpfJeqK, unix.SYS_IO_URING_SETUP, "eperm", "")
+	for _, e := range filterEmitters {
+		e.jumps(&a)
+	}
+	a.label("allow")
 	a.stmt(bpfRetK, retAllow)
+	for _, e := range filterEmitters {
+		e.blocks(&a)
+	}
 	a.label("notify")
 	a.stmt(bpfRetK, retNotify)
 	a.label("eperm")

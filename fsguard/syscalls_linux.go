@@ -15,18 +15,25 @@ type sysSpec struct {
 	path2 int
 	flags int // open flags: trapped only with write, create or truncate flags
 	how   int // openat2's struct open_how
+	// handle, when set, answers the call itself (see trap) instead of the
+	// default: CONTINUE to Landlock while the lease holds, EACCES after.
+	handle func(*trap)
+	// custom: the filter's jumps for this call are made by its own
+	// emitter (see filterEmitters), not the generic chain.
+	custom bool
 }
 
 func spec(name string) sysSpec {
 	return sysSpec{name: name, dirfd: -1, path: -1, fd: -1, dir2: -1, path2: -1, flags: -1, how: -1}
 }
 
-func (s sysSpec) at(dirfd, path int) sysSpec     { s.dirfd, s.path = dirfd, path; return s }
-func (s sysSpec) p(path int) sysSpec             { s.path = path; return s }
-func (s sysSpec) f(fd int) sysSpec               { s.fd = fd; return s }
-func (s sysSpec) second(dirfd, path int) sysSpec { s.dir2, s.path2 = dirfd, path; return s }
-func (s sysSpec) withFlags(flags int) sysSpec    { s.flags = flags; return s }
-func (s sysSpec) withHow(how int) sysSpec        { s.how = how; return s }
+func (s sysSpec) at(dirfd, path int) sysSpec      { s.dirfd, s.path = dirfd, path; return s }
+func (s sysSpec) p(path int) sysSpec              { s.path = path; return s }
+func (s sysSpec) f(fd int) sysSpec                { s.fd = fd; return s }
+func (s sysSpec) second(dirfd, path int) sysSpec  { s.dir2, s.path2 = dirfd, path; return s }
+func (s sysSpec) withFlags(flags int) sysSpec     { s.flags = flags; return s }
+func (s sysSpec) withHow(how int) sysSpec         { s.how = how; return s }
+func (s sysSpec) handledBy(h func(*trap)) sysSpec { s.handle = h; return s }
 
 // writeSyscallsCommon are the write-class calls of both architectures.
 // openat is trapped only for write flags (see the BPF); the others always.
@@ -60,13 +67,34 @@ var writeSyscallsCommon = map[uint32]sysSpec{
 	unix.SYS_OPEN_BY_HANDLE_AT: spec("open_by_handle_at").f(0),
 }
 
+// writeSyscalls are every call the filter may send to the supervisor, by
+// number: the write-class calls and those of the emitters.
 func writeSyscalls() map[uint32]sysSpec {
 	m := make(map[uint32]sysSpec, len(writeSyscallsCommon)+len(writeSyscallsArch))
-	for k, v := range writeSyscallsCommon {
-		m[k] = v
+	for _, src := range []map[uint32]sysSpec{writeSyscallsCommon, writeSyscallsArch} {
+		for k, v := range src {
+			m[k] = v
+		}
 	}
-	for k, v := range writeSyscallsArch {
-		m[k] = v
+	for _, e := range filterEmitters {
+		for k, v := range e.calls {
+			v.custom = true
+			m[k] = v
+		}
 	}
 	return m
 }
+
+// filterEmitter adds calls with argument checks of their own to the
+// seccomp filter: jumps goes in the chain of system-call numbers (each
+// jump to a label of its own, "" falls through to the next), blocks after
+// the chain's final allow (each block ends in a return). The labels
+// "notify", "allow", "eperm" and "kill" exist for both.
+type filterEmitter struct {
+	calls  map[uint32]sysSpec
+	jumps  func(a *asm)
+	blocks func(a *asm)
+}
+
+// filterEmitters are the filter's custom parts (network, ioctl).
+var filterEmitters []filterEmitter

@@ -60,6 +60,9 @@ const (
 	// BoundaryBus marks reads and sweeps asked of the lease service (on
 	// fenceline.audit.<repoKey>.bus; RepoKey("") for every repo).
 	BoundaryBus = "bus"
+	// BoundaryNet marks a guarded agent's network reach refused: a connect,
+	// socket or proxy request outside what its policy allows.
+	BoundaryNet = "net"
 )
 
 // AuditEvent is one entry of the audit stream. Every grant, release,

@@ -8,6 +8,7 @@ const (
 	ReasonLeaseLost    = "lease-lost"    // lost, revoked, expired or reclaimed, or never held
 	ReasonLeaseUnknown = "lease-unknown" // the bus cannot say whether it is held: fail closed
 	ReasonOutsideLease = "outside-lease" // the write is outside the lease's scope
+	ReasonNotAllowed   = "not-allowed"   // the guard's policy forbids the call whatever the lease (a host, port, socket or ioctl)
 )
 
 // LeaseReason is the reason code of a write refused because the lease is
