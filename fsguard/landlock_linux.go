@@ -129,7 +129,7 @@ func restrictSelf(r landlockRules) error {
 		}
 	}
 	for _, p := range r.Writable {
-		if err := addPathRule(int(rfd), p, fs, false); err != nil {
+		if err := addWritableRule(int(rfd), p, fs); err != nil {
 			return err
 		}
 	}
@@ -156,6 +156,25 @@ func restrictSelf(r landlockRules) error {
 	return nil
 }
 
+// addWritableRule grants rights beneath the real path p, on a descriptor
+// checked to be p itself: a symlink swapped in along p after the
+// supervisor resolved it would grant its target.
+func addWritableRule(rfd int, p string, rights uint64) error {
+	fd, err := unix.Open(p, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("landlock rule for %s: %w", p, err)
+	}
+	defer unix.Close(fd)
+	got, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		return fmt.Errorf("landlock rule for %s: %w", p, err)
+	}
+	if got != p {
+		return fmt.Errorf("writable path %s now resolves to %s (a symlink was put in its way): refusing to grant it", p, got)
+	}
+	return addRuleFD(rfd, fd, p, rights)
+}
+
 // addPathRule grants rights beneath path. On a non-directory only file
 // rights apply. A missing path is skipped when optional.
 func addPathRule(rfd int, path string, rights uint64, optional bool) error {
@@ -167,6 +186,11 @@ func addPathRule(rfd int, path string, rights uint64, optional bool) error {
 		return fmt.Errorf("landlock rule for %s: %w", path, err)
 	}
 	defer unix.Close(fd)
+	return addRuleFD(rfd, fd, path, rights)
+}
+
+// addRuleFD grants rights beneath the open O_PATH descriptor fd of path.
+func addRuleFD(rfd, fd int, path string, rights uint64) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("landlock rule for %s: %w", path, err)

@@ -106,6 +106,22 @@ func (p *Policy) Validate() error {
 			return fmt.Errorf("policy writable path %q: %w (create it before the attempt starts)", w, err)
 		}
 	}
+	for _, w := range p.writable() {
+		// Landlock grants what a path resolves to: a writable path through
+		// a symlink grants its target, which nobody compared with other
+		// leases. Only real paths are granted (the child checks again on
+		// the descriptor it grants).
+		real, err := filepath.EvalSymlinks(w)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // a git dir yet to be made: the child cannot grant it either
+		}
+		if err != nil {
+			return fmt.Errorf("policy writable path %q: %w", w, err)
+		}
+		if real != filepath.Clean(w) {
+			return fmt.Errorf("policy writable path %q resolves to %q through a symlink: grant the real path (a claim is judged by what it resolves to)", w, real)
+		}
+	}
 	for _, h := range p.Hidden {
 		if !filepath.IsAbs(h) || filepath.Clean(h) == "/" {
 			return fmt.Errorf("policy hidden path %q: must be an absolute path below /", h)

@@ -97,6 +97,11 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 	if pr.tmpDir, err = os.MkdirTemp(p.TempRoot, "fenceline-tmp-"); err != nil {
 		return nil, fmt.Errorf("private temp dir: %w", err)
 	}
+	real, err := filepath.EvalSymlinks(pr.tmpDir) // granted by its real path
+	if err != nil {
+		return nil, fmt.Errorf("private temp dir: %w", err)
+	}
+	pr.tmpDir = real
 	env := cmd.Env
 	if env == nil {
 		env = os.Environ()

@@ -198,8 +198,17 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 		if len(rf.lf.paths) == 0 && !rf.lf.wholeRepo && rf.lf.workspace == "" {
 			rf.lf.workspace = string(leasebus.WorkspaceExclusive) // no claim: the checkout to itself
 		}
-		if _, err := rf.lf.request(); err != nil {
+		req, err := rf.lf.request()
+		if err != nil {
 			return err // a usage error, before the bus is dialed
+		}
+		// The lease service compares claims as spelled; the disk decides
+		// what they are. A claim through a symlink is refused before it
+		// is asked for.
+		for _, rel := range req.Scope.Paths {
+			if _, err := claimPath(co.root, rel); err != nil {
+				return &usageError{err: err}
+			}
 		}
 	}
 	if err := rf.ff.prepare(co.repo); err != nil {
@@ -663,38 +672,58 @@ func guardPolicy(co *checkout, l leasebus.Lease, extra []string) (p fsguard.Poli
 	return p, created, nil
 }
 
-// ensureClaimPath returns the real path of the claim rel in root, creating
-// it as a directory when it does not exist. Whatever exists of it must
-// resolve inside root: a symlink out of the checkout is not the claim.
+// ensureClaimPath returns the path of the claim rel in root, creating it as
+// a directory when it does not exist (see claimPath).
 func ensureClaimPath(root, rel string) (path string, created bool, err error) {
-	existing := filepath.Join(root, filepath.FromSlash(rel))
-	var rest []string
+	path, err = claimPath(root, rel)
+	if err != nil {
+		return "", false, err
+	}
+	if _, err := os.Lstat(path); err == nil {
+		return path, false, nil
+	}
+	if err := os.MkdirAll(path, 0o755); err != nil {
+		return "", false, fmt.Errorf("claim %s: create it: %w", rel, err)
+	}
+	// The guard checks again, on the descriptor it grants, that nothing
+	// swapped a symlink in meanwhile.
+	return path, true, nil
+}
+
+// claimPath is the path of the claim rel in the checkout root (real and
+// absolute), provided the claim is what it says: whatever exists of it
+// resolves to its own spelling. A symlink anywhere along it — to another
+// agent's claim, or out of the checkout — would make the guard grant what
+// the lease service never compared, so it is refused, naming what to
+// claim instead.
+func claimPath(root, rel string) (string, error) {
+	path := filepath.Join(root, filepath.FromSlash(rel))
+	if !pathWithin(path, root) {
+		return "", fmt.Errorf("claim %s lies outside the checkout %s", rel, root)
+	}
+	existing := path
 	for {
 		_, err := os.Lstat(existing)
 		if err == nil {
 			break
 		}
 		if !errors.Is(err, fs.ErrNotExist) || existing == root {
-			return "", false, fmt.Errorf("claim %s: %w", rel, err)
+			return "", fmt.Errorf("claim %s: %w", rel, err)
 		}
-		rest = append([]string{filepath.Base(existing)}, rest...)
 		existing = filepath.Dir(existing)
 	}
 	real, err := filepath.EvalSymlinks(existing)
 	if err != nil {
-		return "", false, fmt.Errorf("claim %s: %w", rel, err)
+		return "", fmt.Errorf("claim %s: %w", rel, err)
 	}
-	if !pathWithin(real, root) {
-		return "", false, fmt.Errorf("claim %s resolves to %s, outside the checkout %s: refusing to make it writable", rel, real, root)
+	if real == existing {
+		return path, nil
 	}
-	path = filepath.Join(append([]string{real}, rest...)...)
-	if len(rest) == 0 {
-		return path, false, nil
+	spelled, _ := filepath.Rel(root, existing)
+	if r, err := filepath.Rel(root, real); err == nil && pathWithin(real, root) {
+		return "", fmt.Errorf("claim %s goes through a symlink: %s resolves to %s; a claim is judged by what it resolves to, so claim %s instead", rel, spelled, r, filepath.ToSlash(r))
 	}
-	if err := os.MkdirAll(path, 0o755); err != nil {
-		return "", false, fmt.Errorf("claim %s: create it: %w", rel, err)
-	}
-	return path, true, nil
+	return "", fmt.Errorf("claim %s goes through a symlink: %s resolves to %s, outside the checkout %s: refusing to make it writable", rel, spelled, real, root)
 }
 
 // existingPaths makes each path absolute and real; it must exist.

@@ -827,3 +827,49 @@ func TestNormalizeRemote(t *testing.T) {
 		}
 	}
 }
+
+// TestRunClaimThroughSymlink is finding 3 of issue 17: agent A (claim in)
+// makes in/evil -> ../out while agent B holds out. A run claiming in/evil
+// compares as in/evil on the bus (no conflict with out) but would make out
+// writable. Claims are judged by what they resolve to: run refuses it
+// before asking for a lease, and an attached lease with such a claim never
+// gets a guard granting the target.
+func TestRunClaimThroughSymlink(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	client, _ := busClient(t, url)
+	co := newCheckout(t, "git@github.com:acme/payments.git")
+	acquireJSON(t, url, "--scope", "out", "--agent", "agent-b")
+	if err := os.Symlink("../out", filepath.Join(co, "in", "evil")); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(co, "out", "seed")
+	for _, claim := range []string{"in/evil", "in/evil/sub"} {
+		r := runFL(t, url, "--repo", co, "--scope", claim, "--", "sh", "-c", "echo pwned > "+claim+"/seed; echo pwned > in/evil/new").want(t, ExitUsage)
+		mustContain(t, "run stderr", r.stderr, "claim "+claim+" goes through a symlink", "in/evil resolves to out", "claim out instead")
+	}
+	if b, _ := os.ReadFile(target); string(b) != "seed\n" {
+		t.Fatalf("%s = %q after the refused runs; want it untouched", target, b)
+	}
+	if exists(filepath.Join(co, "out", "new")) == nil {
+		t.Fatal("a file was created through the symlinked claim")
+	}
+	ls, err := client.List(context.Background(), "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range ls {
+		if l.Active() && strings.Contains(l.Scope.String(), "evil") {
+			t.Fatalf("a lease on the symlinked claim was granted: %s %s", l.LeaseID, l.Scope)
+		}
+	}
+
+	// A lease acquired elsewhere on the link (the bus cannot see the disk)
+	// is attached to, but its guard is never built on the link's target.
+	a := acquireJSON(t, url, "--scope", "in/evil")
+	r := runFL(t, url, "--repo", co, "--lease", a.LeaseID, "--", "sh", "-c", "echo pwned > in/evil/seed").want(t, ExitError)
+	mustContain(t, "run stderr", r.stderr, "claim in/evil goes through a symlink")
+	if b, _ := os.ReadFile(target); string(b) != "seed\n" {
+		t.Fatalf("%s = %q after the attached run; want it untouched", target, b)
+	}
+}
