@@ -24,6 +24,7 @@ import (
 
 	"github.com/fenceline/fenceline/fsguard"
 	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -871,5 +872,70 @@ func TestRunClaimThroughSymlink(t *testing.T) {
 	mustContain(t, "run stderr", r.stderr, "claim in/evil goes through a symlink")
 	if b, _ := os.ReadFile(target); string(b) != "seed\n" {
 		t.Fatalf("%s = %q after the attached run; want it untouched", target, b)
+	}
+}
+
+// readsProbe is lostProbe with the reads an agent makes every minute:
+// output thrown away through /dev/null, git status, a query through the
+// Postgres fence, a scratch file in its private temp dir.
+const readsProbe = `n=0
+while [ ! -e stop ]; do
+  n=$((n+1))
+  if err=$( (echo $n > in/probe) 2>&1 ); then w=ok; else w="refused($err)"; fi
+  if cat in/seed >/dev/null; then c=ok; else c=failed; fi
+  if git status --porcelain >/dev/null; then g=ok; else g=failed; fi
+  if psql -X -q -c 'select 1' >/dev/null; then p=ok; else p=failed; fi
+  if echo $n > "$TMPDIR/scratch" && mv "$TMPDIR/scratch" "$TMPDIR/kept" && rm "$TMPDIR/kept"; then s=ok; else s=failed; fi
+  echo "round $n write=$w cat=$c git=$g psql=$p tmp=$s"
+done`
+
+// TestRunReadsGoOnAfterRevoke is finding 8 of issue 17 end to end: after
+// a revoke, "cat f >/dev/null", git status and psql through the Postgres
+// fence keep working, and so does the private temp dir, while every write
+// to the workspace is refused.
+func TestRunReadsGoOnAfterRevoke(t *testing.T) {
+	isolate(t)
+	ctx := context.Background()
+	pg, err := pgtest.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Stop() })
+	t.Setenv("PGUSER", pg.Admin)
+	t.Setenv("PGDATABASE", "postgres")
+	url := startBus(t)
+	co := newCheckout(t, "")
+	r := startRun(t, url, "--repo", co, "--scope", "in", "--pg-upstream", pg.Addr(), "--", "sh", "-c", readsProbe)
+	const allOK = "cat=ok git=ok psql=ok tmp=ok"
+	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		r.running(t)
+		if !strings.Contains(r.out.String(), "write=ok "+allOK) {
+			return errors.New("no full round under the live lease yet")
+		}
+		return nil
+	})
+	id := leaseOf(t, r.errOut.String())
+	mark := revokeAndSeeRefused(t, url, id, r.out)
+	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		after := r.out.String()[mark:]
+		first := strings.Index(after, "write=refused")
+		if n := strings.Count(after[first:], "\n"); n < 3 {
+			return fmt.Errorf("%d rounds since the first refusal", n)
+		}
+		return nil
+	})
+	after := r.out.String()[mark:]
+	rest := after[strings.Index(after, "write=refused"):]
+	lines := strings.Split(strings.TrimSpace(rest), "\n")
+	for _, l := range lines[1:] { // the first may have begun before the revoke
+		if !strings.Contains(l, "write=refused") || !strings.HasSuffix(l, allOK) {
+			t.Errorf("after the revoke: %q; want the write refused and %s", l, allOK)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(co, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t); code != 0 {
+		t.Fatalf("run exited %d, want the agent's 0\n%s", code, r.errOut)
 	}
 }
