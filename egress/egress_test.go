@@ -217,7 +217,7 @@ func TestRefuseAddresses(t *testing.T) {
 	}
 
 	// Allowed by address: that address (and only it) is reached.
-	proxy2 := startProxy(t, Config{Allow: mustRules(t, "127.0.0.1:" + apiPort)})
+	proxy2 := startProxy(t, Config{Allow: mustRules(t, "127.0.0.1:"+apiPort)})
 	if out, err := curl(t, proxy2, "-k", "https://127.0.0.1:"+apiPort+"/ip"); err != nil || !strings.Contains(out, "hello from api /ip") {
 		t.Fatalf("IP allowed by address: %v\n%s", err, out)
 	}
