@@ -68,6 +68,20 @@ func ParseRules(ss []string) ([]Rule, error) {
 	return rs, nil
 }
 
+// Covers reports whether every host and port o allows, r allows too.
+func (r Rule) Covers(o Rule) bool {
+	if r.Port != o.Port {
+		return false
+	}
+	if r.Host == o.Host {
+		return true
+	}
+	if strings.HasPrefix(r.Host, "*.") && !o.addr.IsValid() {
+		return strings.HasSuffix(o.Host, r.Host[1:]) // a name or a narrower wildcard beneath it
+	}
+	return false
+}
+
 // matches reports whether r allows host (normalized) on port.
 func (r Rule) matches(host string, addr netip.Addr, port int) bool {
 	if port != r.Port {

@@ -416,6 +416,12 @@ func (f Fences) Env(base []string) []string {
 			values = append(values, f.GitUpstream+"/", f.GitUpstream+"/")
 		}
 	}
+	if f.Git != "" && f.GitCAFile != "" {
+		// GIT_SSL_CAINFO would override http.<upstream>.sslCAInfo (git
+		// lets the environment win over config) and the intercepted git
+		// host would fail verification.
+		base = slices.DeleteFunc(slices.Clone(base), func(kv string) bool { return strings.HasPrefix(kv, "GIT_SSL_CAINFO=") })
+	}
 	env := withGitConfig(base, keys, values)
 	if host, port, err := net.SplitHostPort(f.Postgres); err == nil {
 		env = withPG(env, host, port)
