@@ -24,6 +24,9 @@ import (
 var pg *pgtest.Server
 
 func TestMain(m *testing.M) {
+	if u := os.Getenv(goClientEnv); u != "" {
+		os.Exit(goClient(u)) // the test binary as a Go program behind the proxy
+	}
 	pg = pgtest.MustStart()
 	testutil.MainWith(m, func() { pg.Stop() })
 }
