@@ -223,6 +223,42 @@ func TestRefuseAddresses(t *testing.T) {
 	}
 }
 
+// TestPlainHTTP: absolute-URI requests follow the same policy: an
+// allowed host:80 is forwarded (to its pinned address), the git host's
+// requests go to its fence, and the client's proxy headers stay behind.
+func TestPlainHTTP(t *testing.T) {
+	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "web %s %s proxy-auth=%q", r.Host, r.URL.Path, r.Header.Get("Proxy-Authorization"))
+	}))
+	t.Cleanup(web.Close)
+	fence := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "fence %s abs=%v", r.URL.Path, r.URL.IsAbs())
+	})
+	audit := &memAuditor{}
+	proxy := startProxy(t, Config{
+		Allow:     mustRules(t, "web.example.test:80"),
+		Resolve:   mustPins(t, "web.example.test:80="+web.Listener.Addr().String()),
+		Intercept: map[string]http.Handler{"git.example.test:80": fence},
+		Lease:     testLease, Audit: audit,
+	})
+	if got := proxyGet(t, proxy, "http://web.example.test/page"); got.code != 200 || got.body != `web web.example.test /page proxy-auth=""` {
+		t.Errorf("allowed http host: %d %s", got.code, got.body)
+	}
+	if got := proxyGet(t, proxy, "http://git.example.test/payments.git/info/refs"); got.code != 200 || got.body != "fence /payments.git/info/refs abs=false" {
+		t.Errorf("git host over http: %d %s", got.code, got.body)
+	}
+	// curl's CONNECT to an http git host (proxytunnel) reaches the fence too.
+	if out, err := curl(t, proxy, "--proxytunnel", "http://git.example.test/x"); err != nil || out != "fence /x abs=false" {
+		t.Errorf("tunnelled http to the git host: %v %s", err, out)
+	}
+	if got := proxyGet(t, proxy, "http://web.example.test:8080/"); got.code != http.StatusForbidden {
+		t.Errorf("another port of an allowed host: %d %s", got.code, got.body)
+	}
+	if n := len(audit.events()); n != 1 {
+		t.Errorf("%d refusals audited, want 1", n)
+	}
+}
+
 // TestRules: allowlist entries and what they match.
 func TestRules(t *testing.T) {
 	for _, tc := range []struct {
