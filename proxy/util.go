@@ -26,7 +26,8 @@ func mkdirs(dirs ...string) error {
 // (when set) and dialling pinned host:ports at their pinned address.
 func upstreamTransport(file string, pins map[string]netip.AddrPort) (*http.Transport, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.Proxy = nil // the sidecar's own connections never take the agent's proxy settings
+	tr.WriteBufferSize = 256 << 10 // packs go upstream in large writes (as gitproxy's default)
+	tr.ReadBufferSize = 64 << 10
 	if file != "" {
 		pem, err := os.ReadFile(file)
 		if err != nil {
