@@ -96,7 +96,9 @@ func (w *egressWorld) upstreamMain(t *testing.T) string {
 // through the egress proxy (TLS verified end to end against the test CA),
 // another host is refused with the proxy's message (and audited), the
 // git host's port is not reachable directly, and git pushes reach the
-// upstream only through the git fence (an out-of-scope one refused).
+// upstream only through the git fence (an out-of-scope one refused), even
+// a git that drops the insteadOf routing: the proxy hands the git host to
+// the fence.
 func TestRunEgress(t *testing.T) {
 	isolate(t)
 	busURL := startBus(t)
@@ -109,11 +111,12 @@ git -c user.name=agent -c user.email=agent@example.com commit -qam "in scope" &&
 blob=$(echo 'package tax // mine now' | git hash-object -w --stdin)
 git update-index --cacheinfo 100644,$blob,libs/tax/rates.go
 git -c user.name=agent -c user.email=agent@example.com commit -qm "out of scope" && git push -q origin main 2>/dev/null && echo out-push=landed || echo out-push=refused
+GIT_CONFIG_COUNT=0 GIT_SSL_NO_VERIFY=1 git push origin HEAD:refs/heads/viaproxy 2>&1 | grep -q "rates.go is outside lease" && echo bypass-push=fenced || echo bypass-push=other
 GIT_SSL_NO_VERIFY=1 git push -q https://127.0.0.1:` + w.gitPort + `/payments.git HEAD:refs/heads/direct 2>/dev/null && echo direct-push=landed || echo direct-push=refused`
 	start := time.Now()
 	r := runFL(t, busURL, append(w.args(), "--", "bash", "-c", script)...).want(t, ExitOK)
 	t.Logf("run took %s", time.Since(start).Round(time.Millisecond))
-	const want = "model says hi on /v1/responses api=ok other=refused git-direct=refused push=ok out-push=refused direct-push=refused"
+	const want = "model says hi on /v1/responses api=ok other=refused git-direct=refused push=ok out-push=refused bypass-push=fenced direct-push=refused"
 	if got := strings.Join(strings.Fields(r.stdout), " "); got != want {
 		t.Errorf("agent: %s\nwant   %s\nstderr:\n%s", got, want, r.stderr)
 	}
@@ -125,8 +128,10 @@ GIT_SSL_NO_VERIFY=1 git push -q https://127.0.0.1:` + w.gitPort + `/payments.git
 	if got := w.upstreamMain(t); got != "in scope" {
 		t.Errorf("upstream main: %q, want the in-scope commit", got)
 	}
-	if out, err := gitRun(t, "", nil, "--git-dir", w.bare, "rev-parse", "--verify", "--quiet", "refs/heads/direct"); err == nil {
-		t.Errorf("the direct push landed: %s", out)
+	for _, ref := range []string{"refs/heads/direct", "refs/heads/viaproxy"} {
+		if out, err := gitRun(t, "", nil, "--git-dir", w.bare, "rev-parse", "--verify", "--quiet", ref); err == nil {
+			t.Errorf("%s landed: %s", ref, out)
+		}
 	}
 	_, nc := busClient(t, busURL)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
