@@ -259,6 +259,52 @@ func TestPlainHTTP(t *testing.T) {
 	}
 }
 
+// TestResolveOnce: a name is resolved once per connection, every address
+// it resolves to must pass, and what is dialled is the judged address,
+// never the name (DNS rebinding between check and connect gains nothing).
+func TestResolveOnce(t *testing.T) {
+	var mu sync.Mutex
+	var lookups int
+	var dialled []string
+	answers := map[string][]netip.Addr{
+		"mixed.example.test":  {netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("127.0.0.1")},
+		"public.example.test": {netip.MustParseAddr("192.0.2.20")},
+	}
+	audit := &memAuditor{}
+	proxy := startProxy(t, Config{
+		Allow: mustRules(t, "mixed.example.test", "public.example.test"),
+		LookupIP: func(_ context.Context, host string) ([]netip.Addr, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			lookups++
+			return answers[host], nil
+		},
+		Dial: func(_ context.Context, _, addr string) (net.Conn, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			dialled = append(dialled, addr)
+			return nil, fmt.Errorf("test network: %s unreachable", addr)
+		},
+		Lease: testLease, Audit: audit,
+	})
+	out, err := curl(t, proxy, "-v", "https://mixed.example.test/")
+	if err == nil || !strings.Contains(out, "403") {
+		t.Fatalf("a name with a loopback address among its answers: %v\n%s", err, out)
+	}
+	if evs := audit.events(); len(evs) != 1 || !strings.Contains(evs[0].Message, "resolves to 127.0.0.1, a loopback address") {
+		t.Fatalf("audit: %+v", evs)
+	}
+	out, err = curl(t, proxy, "-v", "https://public.example.test/")
+	if err == nil || !strings.Contains(out, "502") {
+		t.Fatalf("unreachable allowed host: %v\n%s", err, out)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if lookups != 2 || len(dialled) != 1 || dialled[0] != "192.0.2.20:443" {
+		t.Errorf("lookups %d, dialled %v: want one lookup per CONNECT and only the judged address dialled", lookups, dialled)
+	}
+}
+
 // TestRules: allowlist entries and what they match.
 func TestRules(t *testing.T) {
 	for _, tc := range []struct {
@@ -290,6 +336,23 @@ func TestRules(t *testing.T) {
 		}
 		if got := r.matches(tg.host, tg.addr, tg.port); got != tc.want {
 			t.Errorf("%s matches %s: %v, want %v", tc.rule, tc.target, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		r, o string
+		want bool
+	}{
+		{"*.anthropic.com", "api.anthropic.com", true},
+		{"*.anthropic.com", "*.x.anthropic.com", true},
+		{"*.anthropic.com", "anthropic.com", false},
+		{"api.openai.com", "api.openai.com", true},
+		{"api.openai.com", "api.openai.com:8443", false},
+		{"api.openai.com", "*.openai.com", false},
+	} {
+		r, _ := ParseRule(tc.r)
+		o, _ := ParseRule(tc.o)
+		if got := r.Covers(o); got != tc.want {
+			t.Errorf("%s covers %s: %v, want %v", tc.r, tc.o, got, tc.want)
 		}
 	}
 	for _, bad := range []string{"", "*", "*.com", "api.openai.com:0", "api.openai.com:x", "http://api.openai.com", "a b", "*.*.x.com", "fe80::1%eth0"} {
