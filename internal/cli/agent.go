@@ -241,7 +241,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 		return err
 	}
 	restoreTTY := foreground(pr.Pid())
-	llog.Info(guardSummary(co, pol, pr.Guarded()), "sidecar", af.sidecar)
+	llog.Info(guardSummary(co, pol, pr.Guarded()), "sidecar", af.sidecar, "egress", fences.Egress, "egressAllow", strings.Join(fences.EgressAllow, ","))
 	st, werr := pr.Wait()
 	restoreTTY()
 	code := exitStatus(st)
