@@ -93,7 +93,7 @@ The exit status is CMD's (128+N when signal N killed it).`,
 	f.StringArrayVar(&af.paths, "scope", nil, "repo-relative path CMD may write, inside the lease's claim (repeatable; default the lease's claim)")
 	f.StringVar(&af.workspace, "workspace", "", "shared or exclusive (default the lease's; without a lease: shared with --scope, else exclusive)")
 	f.StringArrayVar(&af.allowWrite, "allow-write", nil, "existing path CMD may write besides its claim, e.g. a build cache (repeatable)")
-	f.StringArrayVar(&af.allowConnect, "allow-connect", nil, "TCP port CMD may connect to besides the sidecar's fences (repeatable)")
+	f.StringArrayVar(&af.allowConnect, "allow-connect", nil, "TCP port CMD may connect to directly besides the sidecar's fences (repeatable); for HTTP(S) hosts use the sidecar's --allow-host: a port opens every host on it")
 	f.StringArrayVar(&af.allowHosts, "allow-host", nil, "host CMD needs through the sidecar's egress proxy (as the sidecar's --allow-host); the wrapper checks the sidecar allows it (repeatable)")
 	f.DurationVar(&af.grace, "grace", 2*time.Second, "how long writes go on after the sidecar's last word that the lease is held (keep it well below the lease ttl's margin)")
 	f.DurationVar(&af.wait, "wait", 30*time.Second, "how long to wait for the sidecar before starting CMD with writes denied")

@@ -134,7 +134,7 @@ Without Landlock (Linux < 5.13, or disabled) run refuses to start unless
 	f.StringVar(&rf.attachID, "lease", "", "attach to this lease instead of acquiring one (it is not released at the end)")
 	f.StringVar(&rf.cred, "credential", "", "owner credential of --lease (default: this machine's credential file)")
 	f.BoolVar(&rf.allowUnguarded, "allow-unguarded", false, "run even when the kernel cannot confine file writes (no Landlock): only the fences protect anything then")
-	f.StringArrayVar(&rf.allowConnect, "allow-connect", nil, "TCP port the agent may connect to besides the sidecar's (repeatable)")
+	f.StringArrayVar(&rf.allowConnect, "allow-connect", nil, "TCP port the agent may connect to directly besides the sidecar's (repeatable); for HTTP(S) hosts use --allow-host: a port opens every host on it, past the git fence")
 	f.StringArrayVar(&rf.allowWrite, "allow-write", nil, "existing path the agent may write besides its claim, e.g. a build cache (repeatable)")
 	f.StringVar(&rf.onLost, "on-lost", onLostKeep, "when the lease is lost: keep (the agent runs on, its writes refused) or signal (SIGTERM its processes; exit 4)")
 	f.DurationVar(&rf.killGrace, "kill-grace", 10*time.Second, "how long the agent's processes have between SIGTERM and SIGKILL when it is stopped")
