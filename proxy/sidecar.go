@@ -441,7 +441,7 @@ var noProxy = []string{"127.0.0.1", "localhost", "::1"}
 // withProxy points every HTTP client convention at the egress proxy:
 // HTTPS_PROXY and HTTP_PROXY in both cases (curl and git, Go, Python,
 // the agent CLIs), NO_PROXY with the loopback names added, and
-// NODE_USE_ENV_PROXY=1 for Node's built-in fetch and http (Node ≥ 24.5;
+// NODE_USE_ENV_PROXY=1 for Node's built-in fetch (Node 24, late 22.x;
 // older Node ignores it, and its fetch then goes nowhere: the guard
 // refuses a direct connection). ALL_PROXY is dropped: it would name a
 // proxy the guard does not let the agent reach.
