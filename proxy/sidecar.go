@@ -78,7 +78,8 @@ type Config struct {
 	// curl --resolve) for the egress proxy's dialer and the git fence's
 	// upstream connections.
 	EgressResolve []string
-	// EgressListen is where the egress proxy listens (default 127.0.0.1:0).
+	// EgressListen is where the egress proxy listens (default GitListen
+	// with GitForward, else 127.0.0.1:0).
 	EgressListen string
 
 	// StateDir keeps the sidecar's files: mirrors, the local CA, temp packs.
@@ -231,6 +232,9 @@ func (s *Sidecar) startEgress(rules []egress.Rule) error {
 		return err
 	}
 	listen := s.cfg.EgressListen
+	if listen == "" && s.cfg.GitForward && s.gitFence != nil {
+		listen = s.cfg.GitListen // where the forward-mode git fence listened before
+	}
 	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
