@@ -113,10 +113,11 @@
 //
 // # Forward mode
 //
-// For https:// remotes, Forward is an HTTP proxy (git's http.proxy) that
-// answers CONNECT for the git host itself, terminates TLS with a
-// certificate minted by a local CA that git trusts for that host only
-// (http.<url>.sslCAInfo), and serves the same fence. The sidecar may hold
+// For https:// remotes, the sidecar's egress proxy (package egress; git's
+// http.proxy or HTTPS_PROXY) answers CONNECT for the git host itself,
+// terminates TLS with a certificate minted by a local CA (LoadOrCreateCA)
+// that git trusts for that host only (http.<url>.sslCAInfo), and serves
+// the same fence; it tunnels no other host unless its allowlist names it. The sidecar may hold
 // the upstream credential and add it, so the agent never sees it.
 //
 // # Resources

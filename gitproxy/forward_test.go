@@ -9,12 +9,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
 // TestForwardProxyHTTPS: an agent with an https:// remote reaches the git
-// host through the forward proxy; it never holds the upstream credential
+// host through the forward proxy (the sidecar's egress proxy); it never holds the upstream credential
 // (the sidecar adds it), and the same fence applies.
 func TestForwardProxyHTTPS(t *testing.T) {
 	e := newEnv(t)
@@ -56,7 +57,7 @@ func TestForwardProxyHTTPS(t *testing.T) {
 		t.Fatal(err)
 	}
 	hostPort := strings.TrimPrefix(host.URL, "https://")
-	fwd, err := NewForward(ForwardConfig{Hosts: map[string]http.Handler{hostPort: fence}, CA: ca})
+	fwd, err := egress.New(egress.Config{Intercept: map[string]http.Handler{hostPort: fence}, CA: &ca})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,8 +36,9 @@ const (
 //	fenceline_leases_held                          gauge: leases held right now
 //	fenceline_lease_renew_seconds                  histogram: renewal round trips
 //	fenceline_lease_renew_failures_total           counter: renewals that failed
-//	fenceline_refusals_total{boundary,reason}      counter: refused writes
-//	fenceline_proxy_requests_total{boundary}       counter: git HTTP requests, Postgres connections
+//	fenceline_refusals_total{boundary,reason}      counter: refused writes, and egress refused (boundary net)
+//	fenceline_proxy_requests_total{boundary}       counter: git HTTP requests, Postgres connections,
+//	                                               connections the egress proxy made (boundary net)
 //	fenceline_proxy_bytes_total{boundary,direction} counter: bytes relayed (to_upstream, to_agent)
 //	fenceline_fsguard_denials_total                counter: file writes the guard refused
 //

@@ -8,13 +8,16 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
@@ -33,8 +36,10 @@ type Config struct {
 	GitUpstream string
 	// GitListen is where the git fence listens (default 127.0.0.1:0).
 	GitListen string
-	// GitForward serves an https:// upstream as a forward proxy with a
-	// local CA (git's http.proxy) instead of a plain reverse proxy.
+	// GitForward routes the agent's git to an https:// upstream through the
+	// egress proxy (git's http.proxy), which serves the upstream's host
+	// with the git fence behind a certificate from a local CA, instead of
+	// rewriting the remote to a plain reverse proxy (insteadOf).
 	GitForward bool
 	// GitPolicy is the history-rewrite policy of the git fence.
 	GitPolicy gitproxy.Policy
@@ -64,6 +69,19 @@ type Config struct {
 	// through under a live lease; Postgres's fence is then the only check.
 	PGAllowOpaque bool
 
+	// AllowHosts are the hosts the agent may reach through the egress
+	// proxy, tunnelled untouched (egress.ParseRule: "api.openai.com",
+	// "*.anthropic.com", "host:8443"). The git upstream's host is served by
+	// the git fence whatever the list says; every other host is refused.
+	AllowHosts []string
+	// EgressResolve pins names to addresses ("HOST:PORT=ADDR:PORT", like
+	// curl --resolve) for the egress proxy's dialer and the git fence's
+	// upstream connections.
+	EgressResolve []string
+	// EgressListen is where the egress proxy listens (default GitListen
+	// with GitForward, else 127.0.0.1:0).
+	EgressListen string
+
 	// StateDir keeps the sidecar's files: mirrors, the local CA, temp packs.
 	StateDir string
 	// Metrics, when set, counts the fences' requests, bytes and refusals.
@@ -78,9 +96,15 @@ type Sidecar struct {
 
 	git        *http.Server
 	gitAddr    net.Addr
-	gitBase    string // upstream base URL the agent's git config maps
-	caFile     string // local CA, forward mode
-	forward    *gitproxy.Forward
+	gitBase    string       // upstream base URL the agent's git config maps
+	gitHost    string       // its host:port, which the egress proxy serves with the fence
+	gitFence   http.Handler // the git fence (counted when Metrics is set)
+	ca         *tls.Certificate
+	caFile     string // local CA certificate, for an https upstream
+	pins       map[string]netip.AddrPort
+	egress     *egress.Proxy
+	egressSrv  *http.Server
+	egressAddr net.Addr
 	pg         *pgproxy.Proxy
 	pgCancel   context.CancelFunc
 	serveErr   chan error
@@ -103,11 +127,23 @@ func Start(ctx context.Context, cfg Config) (*Sidecar, error) {
 	}
 	log = LeaseLogger(log, cfg.Lease.Lease())
 	s := &Sidecar{cfg: cfg, log: log, serveErr: make(chan error, 4)}
+	var err error
+	if s.pins, err = egress.ParseResolve(cfg.EgressResolve); err != nil {
+		return nil, fmt.Errorf("sidecar: %w", err)
+	}
+	rules, err := egress.ParseRules(cfg.AllowHosts)
+	if err != nil {
+		return nil, fmt.Errorf("sidecar: %w", err)
+	}
 	if cfg.GitUpstream != "" {
 		if err := s.startGit(); err != nil {
 			s.Close(ctx)
 			return nil, err
 		}
+	}
+	if err := s.startEgress(rules); err != nil {
+		s.Close(ctx)
+		return nil, err
 	}
 	if cfg.PGUpstream != "" {
 		if err := s.startPG(); err != nil {
@@ -152,15 +188,73 @@ func (s *Sidecar) PGAddr() net.Addr {
 	return s.pg.Addr()
 }
 
-// Ports are the TCP ports the agent must be able to reach: the fences'.
+// Ports are the TCP ports the agent must be able to reach: the fences'
+// and the egress proxy's.
 func (s *Sidecar) Ports() []uint16 {
 	var ports []uint16
-	for _, a := range []net.Addr{s.gitAddr, s.PGAddr()} {
-		if t, ok := a.(*net.TCPAddr); ok {
+	for _, a := range []net.Addr{s.gitAddr, s.PGAddr(), s.egressAddr} {
+		if t, ok := a.(*net.TCPAddr); ok && !slices.Contains(ports, uint16(t.Port)) {
 			ports = append(ports, uint16(t.Port))
 		}
 	}
 	return ports
+}
+
+// EgressURL is the egress proxy's URL ("" before it started).
+func (s *Sidecar) EgressURL() string {
+	if s.egressAddr == nil {
+		return ""
+	}
+	return "http://" + s.egressAddr.String()
+}
+
+// startEgress serves the agent's forward proxy: rules tunnelled, the git
+// upstream's host into the git fence, everything else refused.
+func (s *Sidecar) startEgress(rules []egress.Rule) error {
+	cfg := egress.Config{
+		Allow:   rules,
+		Resolve: s.pins,
+		CA:      s.ca,
+		Lease:   s.cfg.Lease,
+		Logger:  s.log.With("boundary", leasebus.BoundaryNet),
+	}
+	if a := s.auditor(); a != nil {
+		cfg.Audit = a
+	}
+	if s.gitFence != nil {
+		cfg.Intercept = map[string]http.Handler{s.gitHost: s.gitFence}
+	}
+	if s.cfg.Metrics != nil {
+		cfg.Dial = s.cfg.Metrics.countDial(leasebus.BoundaryNet, nil)
+	}
+	p, err := egress.New(cfg)
+	if err != nil {
+		return err
+	}
+	listen := s.cfg.EgressListen
+	if listen == "" && s.cfg.GitForward && s.gitFence != nil {
+		listen = s.cfg.GitListen // where the forward-mode git fence listened before
+	}
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		p.Close()
+		return fmt.Errorf("egress proxy: listen on %s: %w", listen, err)
+	}
+	s.egress, s.egressAddr = p, ln.Addr()
+	s.egressSrv = &http.Server{Handler: p, ReadHeaderTimeout: time.Minute, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	s.wg.Go(func() {
+		if err := s.egressSrv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			s.serveErr <- fmt.Errorf("egress proxy: %w", err)
+		}
+	})
+	if s.cfg.GitForward && s.gitFence != nil {
+		s.gitAddr = s.egressAddr // the agent's git reaches its fence through the proxy
+	}
+	s.log.Info("egress proxy serving", "listen", s.egressAddr.String(), "allow", strings.Join(s.cfg.AllowHosts, ","), "git", s.gitHost)
+	return nil
 }
 
 // splitUpstream parses a git remote URL: the fence proxies its server, and
@@ -185,9 +279,16 @@ func (s *Sidecar) startGit() error {
 		base.Path = ""
 	}
 	s.gitBase = base.String()
+	s.gitHost = base.Host
+	if base.Port() == "" {
+		s.gitHost = net.JoinHostPort(base.Hostname(), map[string]string{"http": "80", "https": "443"}[base.Scheme])
+	}
+	if s.cfg.GitForward && base.Scheme != "https" {
+		return fmt.Errorf("git upstream %s: --git-forward is for https remotes; an http remote goes through the reverse proxy", s.gitBase)
+	}
 	var transport http.RoundTripper
-	if s.cfg.GitUpstreamCAFile != "" {
-		tr, err := transportWithCA(s.cfg.GitUpstreamCAFile)
+	if s.cfg.GitUpstreamCAFile != "" || len(s.pins) > 0 {
+		tr, err := upstreamTransport(s.cfg.GitUpstreamCAFile, s.pins)
 		if err != nil {
 			return err
 		}
@@ -216,29 +317,21 @@ func (s *Sidecar) startGit() error {
 	if err := mkdirs(filepath.Join(s.cfg.StateDir, "tmp")); err != nil {
 		return err
 	}
-	handler := http.Handler(fence)
+	s.gitFence = fence
 	if s.cfg.Metrics != nil {
-		handler = s.cfg.Metrics.countHTTP(leasebus.BoundaryGit, fence)
+		s.gitFence = s.cfg.Metrics.countHTTP(leasebus.BoundaryGit, fence)
 	}
-	fenceHandler := handler
-	if s.cfg.GitForward {
-		if base.Scheme != "https" {
-			return fmt.Errorf("git upstream %s: the forward proxy is for https remotes; use the reverse proxy for http", s.gitBase)
-		}
+	if base.Scheme == "https" {
+		// The egress proxy serves the upstream's host with the fence,
+		// behind certificates this CA mints.
 		ca, caFile, err := gitproxy.LoadOrCreateCA(filepath.Join(s.cfg.StateDir, "ca"))
 		if err != nil {
 			return err
 		}
-		host := base.Host
-		if base.Port() == "" {
-			host = net.JoinHostPort(base.Hostname(), "443")
-		}
-		s.forward, err = gitproxy.NewForward(gitproxy.ForwardConfig{Hosts: map[string]http.Handler{host: fenceHandler}, CA: ca, Logger: s.log})
-		if err != nil {
-			return err
-		}
-		s.caFile = caFile
-		handler = s.forward
+		s.ca, s.caFile = &ca, caFile
+	}
+	if s.cfg.GitForward {
+		return nil // reached through the egress proxy (startEgress)
 	}
 	listen := s.cfg.GitListen
 	if listen == "" {
@@ -249,13 +342,13 @@ func (s *Sidecar) startGit() error {
 		return fmt.Errorf("git fence: listen on %s: %w", listen, err)
 	}
 	s.gitAddr = ln.Addr()
-	s.git = &http.Server{Handler: handler, ReadHeaderTimeout: time.Minute, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	s.git = &http.Server{Handler: s.gitFence, ReadHeaderTimeout: time.Minute, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	s.wg.Go(func() {
 		if err := s.git.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			s.serveErr <- fmt.Errorf("git fence: %w", err)
 		}
 	})
-	s.log.Info("git fence serving", "listen", s.gitAddr.String(), "upstream", s.gitBase, "forward", s.cfg.GitForward)
+	s.log.Info("git fence serving", "listen", s.gitAddr.String(), "upstream", s.gitBase)
 	return nil
 }
 
@@ -281,16 +374,23 @@ type Fences struct {
 	GitCAFile   string `json:"gitCAFile,omitempty"`
 	// Postgres is the Postgres fence's host:port ("" without one).
 	Postgres string `json:"postgres,omitempty"`
+	// Egress is the egress proxy's URL, the agent's HTTPS_PROXY and
+	// HTTP_PROXY ("" without one); EgressAllow the hosts it tunnels.
+	Egress      string   `json:"egress,omitempty"`
+	EgressAllow []string `json:"egressAllow,omitempty"`
 }
 
 // Fences reports where the fences listen.
 func (s *Sidecar) Fences() Fences {
-	f := Fences{Git: s.GitURL()}
+	f := Fences{Git: s.GitURL(), Egress: s.EgressURL()}
 	if f.Git != "" {
 		f.GitUpstream = s.gitBase
-		if s.forward != nil {
+		if s.cfg.GitForward {
 			f.GitCAFile = s.caFile
 		}
+	}
+	if s.egress != nil {
+		f.EgressAllow = s.egress.Rules()
 	}
 	if a := s.PGAddr(); a != nil {
 		f.Postgres = a.String()
@@ -320,19 +420,71 @@ func (f Fences) Env(base []string) []string {
 			values = append(values, f.GitUpstream+"/", f.GitUpstream+"/")
 		}
 	}
+	if f.Git != "" && f.GitCAFile != "" {
+		// GIT_SSL_CAINFO would override http.<upstream>.sslCAInfo (git
+		// lets the environment win over config) and the intercepted git
+		// host would fail verification.
+		base = slices.DeleteFunc(slices.Clone(base), func(kv string) bool { return strings.HasPrefix(kv, "GIT_SSL_CAINFO=") })
+	}
 	env := withGitConfig(base, keys, values)
 	if host, port, err := net.SplitHostPort(f.Postgres); err == nil {
 		env = withPG(env, host, port)
 	}
+	if f.Egress != "" {
+		env = withProxy(env, f.Egress)
+	}
 	return env
 }
 
-// Ports are the TCP ports of the fences.
+// noProxy are the hosts the agent's clients reach directly, not through
+// the egress proxy: the sidecar's fences (git's insteadOf URL, Postgres)
+// listen on loopback. Tools spell them differently; localhost does not
+// cover 127.0.0.1 for all of them.
+var noProxy = []string{"127.0.0.1", "localhost", "::1"}
+
+// withProxy points every HTTP client convention at the egress proxy:
+// HTTPS_PROXY and HTTP_PROXY in both cases (curl and git, Go, Python,
+// the agent CLIs), NO_PROXY with the loopback names added, and
+// NODE_USE_ENV_PROXY=1 for Node's built-in fetch (Node 24, late 22.x;
+// older Node ignores it, and its fetch then goes nowhere: the guard
+// refuses a direct connection). ALL_PROXY is dropped: it would name a
+// proxy the guard does not let the agent reach.
+func withProxy(env []string, proxyURL string) []string {
+	var noProxyVals []string
+	out := make([]string, 0, len(env)+8)
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NODE_USE_ENV_PROXY":
+			continue
+		case "NO_PROXY", "no_proxy":
+			for _, h := range strings.Split(v, ",") {
+				if h = strings.TrimSpace(h); h != "" && !slices.Contains(noProxyVals, h) {
+					noProxyVals = append(noProxyVals, h)
+				}
+			}
+			continue
+		}
+		out = append(out, kv)
+	}
+	for _, h := range noProxy {
+		if !slices.Contains(noProxyVals, h) {
+			noProxyVals = append(noProxyVals, h)
+		}
+	}
+	np := strings.Join(noProxyVals, ",")
+	return append(out, "HTTPS_PROXY="+proxyURL, "https_proxy="+proxyURL, "HTTP_PROXY="+proxyURL, "http_proxy="+proxyURL,
+		"NO_PROXY="+np, "no_proxy="+np, "NODE_USE_ENV_PROXY=1")
+}
+
+// Ports are the TCP ports of the fences and the egress proxy.
 func (f Fences) Ports() []uint16 {
 	var ports []uint16
-	if u, err := url.Parse(f.Git); err == nil && u.Port() != "" {
-		if n, err := strconv.ParseUint(u.Port(), 10, 16); err == nil {
-			ports = append(ports, uint16(n))
+	for _, raw := range []string{f.Git, f.Egress} {
+		if u, err := url.Parse(raw); err == nil && u.Port() != "" {
+			if n, err := strconv.ParseUint(u.Port(), 10, 16); err == nil && !slices.Contains(ports, uint16(n)) {
+				ports = append(ports, uint16(n))
+			}
 		}
 	}
 	if _, p, err := net.SplitHostPort(f.Postgres); err == nil {
@@ -415,8 +567,14 @@ func (s *Sidecar) Close(ctx context.Context) error {
 				s.git.Close()
 			}
 		}
-		if s.forward != nil {
-			s.forward.Close()
+		if s.egressSrv != nil {
+			if err := s.egressSrv.Shutdown(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("egress proxy: %w", err))
+				s.egressSrv.Close()
+			}
+		}
+		if s.egress != nil {
+			s.egress.Close() // tunnels and intercepted connections
 		}
 		if s.pg != nil {
 			if err := s.pg.Close(); err != nil {

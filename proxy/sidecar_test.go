@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +24,9 @@ import (
 var pg *pgtest.Server
 
 func TestMain(m *testing.M) {
+	if u := os.Getenv(goClientEnv); u != "" {
+		os.Exit(goClient(u)) // the test binary as a Go program behind the proxy
+	}
 	pg = pgtest.MustStart()
 	testutil.MainWith(m, func() { pg.Stop() })
 }
@@ -74,8 +78,8 @@ func TestSidecarPostgresEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sc.Close(ctx)
-	if len(sc.Ports()) != 1 {
-		t.Fatalf("ports %v, want the Postgres fence's", sc.Ports())
+	if len(sc.Ports()) != 2 {
+		t.Fatalf("ports %v, want the Postgres fence's and the egress proxy's", sc.Ports())
 	}
 	dsn := pg.AdminDSN("")
 	if strings.Contains(dsn, "?") {
@@ -122,5 +126,32 @@ func TestRewriteDSN(t *testing.T) {
 		if got := rewriteDSN(tc.in, "127.0.0.1", "6000"); got != tc.want {
 			t.Errorf("rewriteDSN(%q) = %q, want %q", tc.in, got, tc.want)
 		}
+	}
+}
+
+// TestFencesEnvProxy: the agent's environment points every HTTP client
+// convention at the egress proxy and keeps loopback (the fences) direct;
+// the proxy's port is one the guard lets the agent reach.
+func TestFencesEnvProxy(t *testing.T) {
+	f := Fences{Git: "http://127.0.0.1:7001", GitUpstream: "https://git.example.test", Egress: "http://127.0.0.1:7002"}
+	env := f.Env([]string{"PATH=/bin", "NO_PROXY=corp.internal,localhost", "ALL_PROXY=socks5://10.0.0.1:1080", "https_proxy=http://corp-proxy:3128"})
+	want := []string{"PATH=/bin", "HTTPS_PROXY=http://127.0.0.1:7002", "https_proxy=http://127.0.0.1:7002", "HTTP_PROXY=http://127.0.0.1:7002",
+		"http_proxy=http://127.0.0.1:7002", "NO_PROXY=corp.internal,localhost,127.0.0.1,::1", "no_proxy=corp.internal,localhost,127.0.0.1,::1", "NODE_USE_ENV_PROXY=1"}
+	for _, w := range want {
+		if !slices.Contains(env, w) {
+			t.Errorf("env lacks %s:\n%s", w, strings.Join(env, "\n"))
+		}
+	}
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "ALL_PROXY=") || strings.Contains(kv, "corp-proxy") {
+			t.Errorf("env keeps %s", kv)
+		}
+	}
+	if got := f.Ports(); !slices.Equal(got, []uint16{7001, 7002}) {
+		t.Errorf("ports %v, want [7001 7002]", got)
+	}
+	// A sidecar that predates the egress proxy: nothing about proxies.
+	if env := (Fences{Postgres: "127.0.0.1:7003"}).Env(nil); slices.ContainsFunc(env, func(kv string) bool { return strings.Contains(kv, "PROXY") }) {
+		t.Errorf("proxy env without an egress proxy: %v", env)
 	}
 }

@@ -1,11 +1,16 @@
 package proxy
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
+	"strings"
+	"time"
 )
 
 func mkdirs(dirs ...string) error {
@@ -17,17 +22,34 @@ func mkdirs(dirs ...string) error {
 	return nil
 }
 
-// transportWithCA is the default transport trusting the CAs in file.
-func transportWithCA(file string) (*http.Transport, error) {
-	pem, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("git upstream CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("git upstream CA %s: no PEM certificates in it", file)
-	}
+// upstreamTransport is the default transport trusting the CAs in file
+// (when set) and dialling pinned host:ports at their pinned address.
+func upstreamTransport(file string, pins map[string]netip.AddrPort) (*http.Transport, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	tr.WriteBufferSize = 256 << 10 // packs go upstream in large writes (as gitproxy's default)
+	tr.ReadBufferSize = 64 << 10
+	if file != "" {
+		pem, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("git upstream CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("git upstream CA %s: no PEM certificates in it", file)
+		}
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	if len(pins) > 0 {
+		d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+		tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			h, p, err := net.SplitHostPort(addr)
+			if err == nil {
+				if pin, ok := pins[net.JoinHostPort(strings.TrimSuffix(strings.ToLower(h), "."), p)]; ok {
+					addr = pin.String()
+				}
+			}
+			return d.DialContext(ctx, network, addr)
+		}
+	}
 	return tr, nil
 }

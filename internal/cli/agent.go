@@ -19,6 +19,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/fsguard"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
@@ -31,6 +32,7 @@ type agentFlags struct {
 	paths                    []string
 	workspace                string
 	allowWrite, allowConnect []string
+	allowHosts               []string
 	grace, wait, killGrace   time.Duration
 	allowUnguarded           bool
 	logFormat                string
@@ -58,8 +60,12 @@ reports it, or --scope paths (each inside the lease's claim):
   exclusive workspace   the claimed paths and the git dir; the whole root
                         when the lease claims no paths
 plus --allow-write paths. TCP connects: the sidecar's fences (its git and
-Postgres fences, whose addresses the agent's git and libpq are pointed at)
-and --allow-connect ports; never the admin port.
+Postgres fences, whose addresses the agent's git and libpq are pointed at),
+its egress proxy (HTTPS_PROXY/HTTP_PROXY; it tunnels the hosts the sidecar
+allows with its --allow-host and refuses the rest) and --allow-connect
+ports; never the admin port. --allow-host here names hosts CMD needs: the
+wrapper refuses to start when the sidecar's proxy does not allow one of
+them, rather than leaving CMD to fail on it later.
 
 The wrapper waits up to --wait for the sidecar before starting CMD; without
 it CMD starts anyway with every write denied until the stream is up.
@@ -87,7 +93,8 @@ The exit status is CMD's (128+N when signal N killed it).`,
 	f.StringArrayVar(&af.paths, "scope", nil, "repo-relative path CMD may write, inside the lease's claim (repeatable; default the lease's claim)")
 	f.StringVar(&af.workspace, "workspace", "", "shared or exclusive (default the lease's; without a lease: shared with --scope, else exclusive)")
 	f.StringArrayVar(&af.allowWrite, "allow-write", nil, "existing path CMD may write besides its claim, e.g. a build cache (repeatable)")
-	f.StringArrayVar(&af.allowConnect, "allow-connect", nil, "TCP port CMD may connect to besides the sidecar's fences (repeatable)")
+	f.StringArrayVar(&af.allowConnect, "allow-connect", nil, "TCP port CMD may connect to directly besides the sidecar's fences (repeatable); for HTTP(S) hosts use the sidecar's --allow-host: a port opens every host on it")
+	f.StringArrayVar(&af.allowHosts, "allow-host", nil, "host CMD needs through the sidecar's egress proxy (as the sidecar's --allow-host); the wrapper checks the sidecar allows it (repeatable)")
 	f.DurationVar(&af.grace, "grace", 2*time.Second, "how long writes go on after the sidecar's last word that the lease is held (keep it well below the lease ttl's margin)")
 	f.DurationVar(&af.wait, "wait", 30*time.Second, "how long to wait for the sidecar before starting CMD with writes denied")
 	f.DurationVar(&af.killGrace, "kill-grace", 10*time.Second, "how long CMD's processes have between SIGTERM and SIGKILL when it is stopped")
@@ -113,6 +120,30 @@ func (af *agentFlags) check() error {
 	}
 	if _, err := allowedPorts(af.allowConnect); err != nil {
 		return err
+	}
+	if _, err := egress.ParseRules(af.allowHosts); err != nil {
+		return usagef("--allow-host: %v", err)
+	}
+	return nil
+}
+
+// checkEgress makes sure the sidecar's egress proxy allows every host of
+// --allow-host: the proxy, not this wrapper, decides what CMD reaches.
+func (af *agentFlags) checkEgress(f proxy.Fences) error {
+	if len(af.allowHosts) == 0 {
+		return nil
+	}
+	if f.Egress == "" {
+		return fmt.Errorf("--allow-host %s: the sidecar serves no egress proxy (it predates it, or never answered): CMD could reach no host", strings.Join(af.allowHosts, ", "))
+	}
+	for _, h := range af.allowHosts {
+		want, _ := egress.ParseRule(h)
+		if !slices.ContainsFunc(f.EgressAllow, func(s string) bool {
+			r, err := egress.ParseRule(s)
+			return err == nil && r.Covers(want)
+		}) {
+			return usagef("--allow-host %s: the sidecar's egress proxy does not allow it (it allows: %s); start the sidecar with --allow-host %s", h, strings.Join(f.EgressAllow, ", "), h)
+		}
 	}
 	return nil
 }
@@ -182,6 +213,9 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	if view != nil {
 		fences = view.Fences
 	}
+	if err := af.checkEgress(fences); err != nil {
+		return err
+	}
 	env = fences.Env(env)
 	env = setEnvVar(env, "GIT_OPTIONAL_LOCKS", "0")
 	if l.LeaseID != "" {
@@ -207,7 +241,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 		return err
 	}
 	restoreTTY := foreground(pr.Pid())
-	llog.Info(guardSummary(co, pol, pr.Guarded()), "sidecar", af.sidecar)
+	llog.Info(guardSummary(co, pol, pr.Guarded()), "sidecar", af.sidecar, "egress", fences.Egress, "egressAllow", strings.Join(fences.EgressAllow, ","))
 	st, werr := pr.Wait()
 	restoreTTY()
 	code := exitStatus(st)

@@ -91,8 +91,16 @@ the bus ("fenceline shard list") and settled before its lease is released.
 The guard (Landlock, and a seccomp supervisor for what changes at run time)
 also hides fenceline's state dir (lease credentials) and the sidecar's
 files from the agent, and lets it open TCP connections only to the
-sidecar's fences and --allow-connect ports. With --git-upstream, the agent's
-unmodified git reaches that server only through the git fence.
+sidecar's fences, its egress proxy and --allow-connect ports. With
+--git-upstream, the agent's unmodified git reaches that server only through
+the git fence.
+
+Other hosts (a model's API) are reached through the egress proxy, which
+the agent's HTTPS_PROXY/HTTP_PROXY point at (loopback stays direct through
+NO_PROXY): hosts named by --allow-host are tunnelled untouched (TLS end to
+end), the git upstream's host goes to the git fence, and every other host
+is refused with 403 naming it, the lease and the flag to add, in the audit
+trail and on stderr.
 
 If the lease is lost (revoked, expired, bus unreachable past its margin),
 every file write and push of the agent is refused from then on while reads
@@ -107,7 +115,8 @@ Without Landlock (Linux < 5.13, or disabled) run refuses to start unless
 --allow-unguarded.`,
 		Example: `  fenceline run --repo . --scope services/billing -- codex exec "fix the invoice rounding"
   fenceline run --repo ~/src/payments --git-upstream https://git.internal/acme/payments.git -- make release
-  fenceline run --repo . --scope services/billing --workspace exclusive --on-lost signal -- ./agent.sh`,
+  fenceline run --repo . --scope services/billing --workspace exclusive --on-lost signal -- ./agent.sh
+  fenceline run --repo . --scope services/billing --allow-host api.openai.com -- codex exec "add a test"`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return fmt.Errorf("%s needs the command to run after --, e.g. fenceline run --repo . --scope services/billing -- make test", cmd.CommandPath())
@@ -125,7 +134,7 @@ Without Landlock (Linux < 5.13, or disabled) run refuses to start unless
 	f.StringVar(&rf.attachID, "lease", "", "attach to this lease instead of acquiring one (it is not released at the end)")
 	f.StringVar(&rf.cred, "credential", "", "owner credential of --lease (default: this machine's credential file)")
 	f.BoolVar(&rf.allowUnguarded, "allow-unguarded", false, "run even when the kernel cannot confine file writes (no Landlock): only the fences protect anything then")
-	f.StringArrayVar(&rf.allowConnect, "allow-connect", nil, "TCP port the agent may connect to besides the sidecar's (repeatable)")
+	f.StringArrayVar(&rf.allowConnect, "allow-connect", nil, "TCP port the agent may connect to directly besides the sidecar's (repeatable); for HTTP(S) hosts use --allow-host: a port opens every host on it, past the git fence")
 	f.StringArrayVar(&rf.allowWrite, "allow-write", nil, "existing path the agent may write besides its claim, e.g. a build cache (repeatable)")
 	f.StringVar(&rf.onLost, "on-lost", onLostKeep, "when the lease is lost: keep (the agent runs on, its writes refused) or signal (SIGTERM its processes; exit 4)")
 	f.DurationVar(&rf.killGrace, "kill-grace", 10*time.Second, "how long the agent's processes have between SIGTERM and SIGKILL when it is stopped")
@@ -317,6 +326,7 @@ func (r *runner) run(ctx context.Context, argv, extra []string, out io.Writer) (
 	if pa := sc.PGAddr(); pa != nil {
 		r.say("postgres fence %s -> %s (PGHOST/PGPORT and DATABASE_URL point the agent at it)", pa, r.rf.ff.pgUpstream)
 	}
+	r.say("egress proxy %s (HTTPS_PROXY/HTTP_PROXY): %s", sc.EgressURL(), egressSummary(sc.Fences()))
 
 	pol, created, err := guardPolicy(r.co, l, extra)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/proxy"
@@ -32,6 +33,7 @@ type fenceFlags struct {
 	stateDir                      string
 	gitHookSecret                 string // --git-hook-secret
 	gitHookKey                    []byte // read by prepare
+	allowHosts, egressResolve     []string
 }
 
 func (ff *fenceFlags) register(c *cobra.Command) {
@@ -49,6 +51,8 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 	f.StringVar(&ff.pgListen, "pg-listen", "127.0.0.1:0", "address of the Postgres fence")
 	f.StringVar(&ff.pgSecretFile, "pg-secret-file", "", "fence-signing secret from \"fenceline pg install\" (default $XDG_STATE_HOME/fenceline/pg-secret.key when it exists)")
 	f.BoolVar(&ff.pgAllowOpaque, "pg-allow-opaque", false, "let writes whose tables cannot be named (DO, CALL, GRANT…) through under a live lease (policy)")
+	f.StringArrayVar(&ff.allowHosts, "allow-host", nil, `host the agent may reach through the egress proxy, tunnelled untouched: api.openai.com, *.anthropic.com (not the apex), host:8443 (port 443 unless named; repeatable). The git upstream's host goes to the git fence; every other host is refused`)
+	f.StringArrayVar(&ff.egressResolve, "egress-resolve", nil, "HOST:PORT=ADDR:PORT: the egress proxy and the git fence connect to ADDR:PORT for HOST:PORT, whatever DNS says (like curl --resolve; a pinned loopback address is allowed; repeatable)")
 	f.StringVar(&ff.stateDir, "state-dir", "", "where the sidecar keeps mirrors, its CA and spooled packs (default <state dir>/sidecar/<lease>)")
 }
 
@@ -56,6 +60,12 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 // acquired; repo is the lease's repo when known ("" when attaching). A
 // --git-hook-secret that cannot be read is a usage error.
 func (ff *fenceFlags) prepare(repo string) error {
+	if _, err := egress.ParseRules(ff.allowHosts); err != nil {
+		return usagef("--allow-host: %v", err)
+	}
+	if _, err := egress.ParseResolve(ff.egressResolve); err != nil {
+		return usagef("--egress-resolve: %v", err)
+	}
 	if ff.gitHookSecret != "" {
 		if ff.gitUpstream == "" {
 			return usagef("--git-hook-secret signs pushes of the git fence: give --git-upstream too, or drop it")
@@ -141,6 +151,8 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 		PGListen:          ff.pgListen,
 		PGSecret:          secret,
 		PGAllowOpaque:     ff.pgAllowOpaque,
+		AllowHosts:        ff.allowHosts,
+		EgressResolve:     ff.egressResolve,
 		StateDir:          state,
 		Logger:            log,
 	}, nil
@@ -173,6 +185,12 @@ route its git remote through the git fence; PGHOST/PGPORT, and DATABASE_URL
 rewritten, for the Postgres fence) is printed, written to --env-file
 (KEY=VALUE lines), and served by the admin API, where "fenceline agent"
 (the agent container's entrypoint wrapper) reads it.
+
+The agent's other HTTP(S) traffic goes through the egress proxy
+(HTTPS_PROXY, HTTP_PROXY and NO_PROXY in that environment): hosts named by
+--allow-host are tunnelled untouched, the git upstream's host is served by
+the git fence, every other host is refused (403 naming the host, the lease
+and the flag to add; audited).
 
 While the lease is lost or its state unknown, every write is refused at
 the fences; reads keep flowing.
@@ -220,8 +238,8 @@ released at once.`,
 // runSidecar is fenceline sidecar: admin server, lease, fences; on
 // SIGTERM not ready, fences drained, settle awaited, lease released.
 func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
-	if sf.ff.gitUpstream == "" && sf.ff.pgUpstream == "" {
-		return usagef("nothing to fence: give --git-upstream URL and/or --pg-upstream HOST:PORT")
+	if sf.ff.gitUpstream == "" && sf.ff.pgUpstream == "" && len(sf.ff.allowHosts) == 0 {
+		return usagef("nothing to fence: give --git-upstream URL, --pg-upstream HOST:PORT and/or --allow-host HOST")
 	}
 	if sf.settleTimeout < 0 {
 		return usagef("--settle-timeout %s: want a duration >= 0", sf.settleTimeout)
@@ -298,6 +316,7 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	if pa := sc.PGAddr(); pa != nil {
 		fmt.Fprintf(a.stdout, "postgres fence: %s -> %s\n", pa, sf.ff.pgUpstream)
 	}
+	fmt.Fprintf(a.stdout, "egress proxy: %s (%s)\n", sc.EgressURL(), egressSummary(sc.Fences()))
 	fmt.Fprintln(a.stdout, "agent environment:")
 	for _, kv := range env {
 		fmt.Fprintf(a.stdout, "  %s\n", kv)
@@ -310,7 +329,7 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 		}
 		fmt.Fprintf(a.stdout, "written to %s\n", sf.envFile)
 	}
-	llog.Info("sidecar ready", "admin", admin.URL(), "git", sc.GitURL(), "postgres", fmt.Sprint(sc.PGAddr()))
+	llog.Info("sidecar ready", "admin", admin.URL(), "git", sc.GitURL(), "postgres", fmt.Sprint(sc.PGAddr()), "egress", sc.EgressURL())
 
 	select {
 	case <-ctx.Done():
@@ -343,6 +362,19 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	}
 	admin.View() // streams hear the final state before the server closes
 	return err
+}
+
+// egressSummary says what the egress proxy lets through.
+func egressSummary(f proxy.Fences) string {
+	allowed := "no host (add --allow-host HOST)"
+	if len(f.EgressAllow) > 0 {
+		allowed = strings.Join(f.EgressAllow, ", ")
+	}
+	s := "tunnels " + allowed
+	if f.GitUpstream != "" {
+		s += "; " + f.GitUpstream + " goes to the git fence"
+	}
+	return s + "; every other host is refused"
 }
 
 // waitSettled waits for the agent wrapper's settle report: at most

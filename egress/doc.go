@@ -1,0 +1,43 @@
+// Package egress is the guarded agent's way out to the network: an
+// HTTP(S) forward proxy the sidecar serves and the agent's environment
+// points at (HTTPS_PROXY, HTTP_PROXY). The file guard lets the agent
+// connect only to the sidecar's ports, so this proxy is the only road to
+// any other host, and it decides per request:
+//
+//	CONNECT host:port / GET http://host/...
+//	  the git upstream's host:port    served by the git fence (Intercept):
+//	                                  TLS terminated with a certificate the
+//	                                  sidecar's local CA mints, then the
+//	                                  fence judges every push
+//	  on the allowlist (Allow)        tunnelled untouched (TLS end to end,
+//	                                  the client verifies the real host)
+//	  anything else                   403, a body naming the host, the lease
+//	                                  and the flag to add (--allow-host), a
+//	                                  log line and an audit event (boundary
+//	                                  net, reason not-allowed)
+//
+// An allowlist entry is a host name ("api.openai.com"), a wildcard
+// ("*.anthropic.com": names beneath it, not the apex) or an IP address,
+// with port 443 unless it names one ("host:8443"). An IP literal is only
+// reached when an entry names that address.
+//
+// A name is resolved once, every address it resolves to is judged, and the
+// proxy dials the judged address, never the name again, so a DNS answer
+// that changes between check and connection (rebinding) gains nothing.
+// Loopback (the sidecar's admin and fence ports, the bus), unspecified,
+// link-local (cloud metadata) and multicast addresses are refused unless
+// an operator pins the name to an address (Resolve, the --egress-resolve
+// flag, like curl --resolve) or allows the address itself.
+//
+//	agent (HTTPS_PROXY)          egress proxy                 api host
+//	  | CONNECT api:443 ----------->| allowed? resolve, judge     |
+//	  |                             |------------ TCP ----------->|
+//	  |<-- 200 Connection established                             |
+//	  |<========== TLS, end to end (untouched) ==================>|
+//	  | CONNECT other:443 --------->|
+//	  |<-- 403 "other:443 refused for lease …; --allow-host other"
+//
+// The proxy does not look at the lease's state: egress is not a write to
+// anything fenceline fences (pushes still go through the git fence, which
+// does).
+package egress
