@@ -127,6 +127,7 @@ func grants(id string) map[Role]Grant {
 		AuditSubject + ".*." + BoundaryGit,
 		AuditSubject + ".*." + BoundaryPostgres,
 		AuditSubject + ".*." + BoundaryFile,
+		AuditSubject + ".*." + BoundaryNet,
 		AuditSubject + ".*." + boundaryShard,
 	}
 	shardWrite := slices.Concat(
