@@ -427,3 +427,76 @@ func TestGuardedToolsReachLocalhost(t *testing.T) {
 		t.Errorf("git ls-remote against the local server: exit %d %q, want the server's 404", r.code, r.out)
 	}
 }
+
+// TestConnectUnderSignals: the agent's connecting thread is signalled over
+// and over. A signal must not interrupt a connect the supervisor already
+// made (the kernel would restart it and the agent see EISCONN).
+func TestConnectUnderSignals(t *testing.T) {
+	helper := guardHelper(t)
+	allowed := countingListener(t, "tcp", "127.0.0.1:0")
+	w := newWorktree(t)
+	p := w.policy()
+	p.ConnectPorts = []uint16{allowed.port()}
+	r := runAudited(t, p, &testGate{}, nil, w.root, helper, "connectsig", allowed.Addr().String(), "1000")
+	if r.out != "map[ok:1000]" {
+		t.Errorf("1000 connects under signals ended %s, want all ok", r.out)
+	}
+}
+
+// TestBlockedConnectEndsWithAttempt: a connect the supervisor makes for
+// the agent blocks (the listener's backlog is full, its SYNs are dropped);
+// canceling the attempt kills the agent, and the pending connect is shut
+// down, so Wait returns and no goroutine is left (TestMain checks).
+func TestBlockedConnectEndsWithAttempt(t *testing.T) {
+	helper := guardHelper(t)
+	lfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(lfd)
+	if err := unix.Bind(lfd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(lfd, 0); err != nil { // one connection fills it
+		t.Fatal(err)
+	}
+	sa, _ := unix.Getsockname(lfd)
+	lport := sa.(*unix.SockaddrInet4).Port
+	addr := "127.0.0.1:" + strconv.Itoa(lport)
+	filler, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer filler.Close()
+
+	w := newWorktree(t)
+	p := w.policy()
+	p.ConnectPorts = []uint16{uint16(lport)}
+	p.KillGrace = 200 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := exec.Command(helper, "rawconnect", addr, "block")
+	pr, err := Start(ctx, p, &testGate{}, nil, cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The helper waits in connect (system call 42 on amd64, 203 on arm64).
+	connectNr := strconv.Itoa(unix.SYS_CONNECT) + " "
+	testutil.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/syscall", pr.Pid()))
+		for _, f := range tasks {
+			if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), connectNr) {
+				return nil
+			}
+		}
+		return fmt.Errorf("the helper is not in connect yet")
+	})
+	cancel()
+	settled := make(chan struct{})
+	go func() { pr.Wait(); close(settled) }()
+	select {
+	case <-settled:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the attempt did not settle with a connect pending")
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/signal"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -30,6 +31,7 @@ var netModes = map[string]func(args []string){
 	"bindunix":    bindUnix,    // bindunix PATH
 	"bindtcp":     bindTCP,     // bindtcp
 	"connectloop": connectLoop, // connectloop ADDR N: ns for N blocking connects
+	"connectsig":  connectSig,  // connectsig ADDR N: N blocking connects under a hail of signals
 }
 
 func sockaddr(s string) unix.Sockaddr {
@@ -229,4 +231,37 @@ func connectLoop(args []string) {
 		unix.Close(fd)
 	}
 	fmt.Println(time.Since(start).Nanoseconds())
+}
+
+// connectSig connects N times on a thread another goroutine keeps
+// signalling (a handler is installed, SA_RESTART): every connect must
+// succeed once, never EISCONN from a restarted call.
+func connectSig(args []string) {
+	sa := sockaddr(args[0])
+	n, _ := strconv.Atoi(args[1])
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR1)
+	runtime.LockOSThread()
+	tid := unix.Gettid()
+	var stop atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for !stop.Load() {
+			unix.Tgkill(os.Getpid(), tid, syscall.SIGUSR1)
+			select {
+			case <-ch:
+			default:
+			}
+		}
+	}()
+	counts := map[string]int{}
+	for range n {
+		fd := tcpSocket(sa, 0)
+		counts[res(unix.Connect(fd, sa))]++
+		unix.Close(fd)
+	}
+	stop.Store(true)
+	<-done
+	fmt.Println(counts)
 }
