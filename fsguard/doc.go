@@ -139,7 +139,9 @@
 //     the supervisor's credentials (SO_PEERCRED), not the agent's. A TCP
 //     connect still pending when the attempt ends is shut down; a connect
 //     blocked on the full backlog of a listed Unix socket holds settling
-//     until that server accepts or closes.
+//     until that server accepts or closes. A trapped call waits killable:
+//     a handled signal (SIGALRM to cut a connect short) is delivered only
+//     once the supervisor answered; a fatal signal ends the wait at once.
 //   - Sockets the agent did not make (inherited, or received over a listed
 //     Unix socket) are not judged again: what they send goes where they
 //     may. Netlink route sockets are allowed (libc's getifaddrs).
