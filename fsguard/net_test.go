@@ -401,9 +401,10 @@ func TestBindAfterLoss(t *testing.T) {
 	}
 }
 
-// TestGuardedToolsReachLocalhost: real tools under the guard still
-// resolve localhost (through /etc/hosts; glibc's netlink query is allowed)
-// and connect to the sidecar's port.
+// TestGuardedToolsReachLocalhost: real tools under the guard (a Go
+// program, glibc's resolver, curl, git) still resolve localhost (through
+// /etc/hosts; glibc's netlink query is allowed) and connect to the
+// sidecar's port.
 func TestGuardedToolsReachLocalhost(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
@@ -417,6 +418,9 @@ func TestGuardedToolsReachLocalhost(t *testing.T) {
 	w := newWorktree(t)
 	p := w.policy()
 	p.ConnectPorts = []uint16{port(srv.Listener)}
+	if r := runGuarded(t, p, &testGate{}, w.root, guardHelper(t), "connect", "localhost:"+portStr); r.out != "ok" {
+		t.Errorf("a Go program dialing localhost:%s: %q, want ok", portStr, r.out)
+	}
 	if r := sh(t, p, w.root, "getent ahosts localhost"); r.code != 0 || !strings.Contains(r.out, "127.0.0.1") {
 		t.Errorf("getent ahosts localhost: exit %d %q", r.code, r.out)
 	}
