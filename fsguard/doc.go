@@ -12,7 +12,7 @@
 // ttys); reads and execution everywhere except Policy.Hidden; and, with
 // ABI >= 4, TCP connect only to Policy.ConnectPorts (the sidecar's ports).
 // With ABI >= 6 the agent cannot signal processes outside its domain (the
-// sidecar). The kernel checks every open, create, rename, link, unlink and
+// sidecar) nor reach abstract Unix sockets made outside it. The kernel checks every open, create, rename, link, unlink and
 // truncate itself, after resolving symlinks, "..", /proc/self/fd magic links
 // and hard links, for static binaries as much as for libc programs.
 // Landlock rules only add rights, so a shared-workspace lease never makes the
@@ -45,6 +45,39 @@
 // (exit 3), and runs the real git for everything else with
 // GIT_OPTIONAL_LOCKS=0. The real git called by absolute path still cannot
 // write the git dir of a shared workspace: Landlock refuses it.
+//
+// # Network
+//
+// Landlock judges TCP connect by port only, and only in connect(2); the
+// filter and the supervisor do the rest (net_linux.go):
+//
+//   - socket() and socketpair() make only TCP, Unix stream and seqpacket
+//     and netlink route sockets (decided in the filter). UDP, raw, MPTCP,
+//     SCTP, Unix datagram, packet and vsock sockets are refused (EACCES,
+//     audited on boundary "net"), so an address passed to sendto/sendmsg
+//     reaches nobody; Policy.AllowAnyConnect allows UDP. Names resolve
+//     through the egress proxy: glibc finds localhost in /etc/hosts, a DNS
+//     query fails.
+//   - A send with MSG_FASTOPEN and setsockopt TCP_FASTOPEN_CONNECT get
+//     EOPNOTSUPP (what a kernel with client Fast Open off answers, so
+//     clients fall back to connect) and are audited: TCP Fast Open
+//     connects inside the send, where no connect check runs.
+//   - connect() always traps and the supervisor performs it: it copies the
+//     address once, judges the copy and connects its own duplicate of the
+//     socket (pidfd_getfd) to it, in a goroutine of the Process so that a
+//     slow connect stalls no other call. TCP goes to a Policy.ConnectPorts
+//     port on the loopback, or anywhere with AllowAnyConnect. A Unix
+//     socket path is opened O_PATH (relative to the task's cwd), must be
+//     the socket file a Policy.UnixSockets path names (device and inode),
+//     and is connected through /proc/self/fd/N of that descriptor; abstract
+//     names are refused. Rewriting the address, dup2 onto the descriptor
+//     or swapping a symlink after the check reaches nothing. The filter is
+//     installed with WAIT_KILLABLE_RECV, so a signal cannot make the kernel
+//     restart a connect the supervisor already made.
+//   - bind() always traps: while the lease holds it continues to Landlock,
+//     which judges a socket file like any new file; after a loss a
+//     pathname bind is refused (boundary "file") and any other bind (a
+//     port, an abstract name) is performed on the supervisor's copy.
 //
 // # Starting a guarded process
 //
@@ -88,6 +121,13 @@
 // re-opened via /proc/self/fd; static binaries; reading hidden credentials;
 // TCP connects to upstream Postgres, git or NATS ports; new write-opens and
 // namespace changes after the lease is lost; signalling the sidecar.
+// Network (see Network): TCP connects only to the loopback's allowed ports,
+// judged on the supervisor's copy of the address (TestTCPConnectLimited,
+// TestTCPConnectAllowedLoopback, TestTCPConnectAddressRace); TCP Fast Open
+// (TestTCPFastOpenRefused); Unix-socket connects only to listed sockets
+// (TestUnixConnectLimited, TestUnixConnectSymlinkRace); UDP and every other
+// datagram or raw socket (TestDatagramSocketsRefused); binding a Unix socket
+// file after the lease is lost (TestBindAfterLoss).
 //
 // Not covered (documented gaps):
 //   - A descriptor opened for writing while the lease was held stays
@@ -95,8 +135,16 @@
 //     trapped (trapping every write would cost a round trip per write).
 //   - Landlock does not govern metadata: chmod, chown, utimes and xattrs on
 //     files the agent may read are refused only after the lease is lost.
-//   - Connecting to Unix sockets (e.g. a local Postgres socket) needs
-//     Landlock ABI 9's RESOLVE_UNIX; UDP is not restricted below ABI 9.
+//   - The supervisor makes the agent's connects: a Unix-socket server sees
+//     the supervisor's credentials (SO_PEERCRED), not the agent's. A TCP
+//     connect still pending when the attempt ends is shut down; a connect
+//     blocked on the full backlog of a listed Unix socket holds settling
+//     until that server accepts or closes. A trapped call waits killable:
+//     a handled signal (SIGALRM to cut a connect short) is delivered only
+//     once the supervisor answered; a fatal signal ends the wait at once.
+//   - Sockets the agent did not make (inherited, or received over a listed
+//     Unix socket) are not judged again: what they send goes where they
+//     may. Netlink route sockets are allowed (libc's getifaddrs).
 //   - Hidden paths: names in their directories stay listable, and a
 //     directory created later next to a hidden path is not readable.
 //   - Processes running as another user, or with capabilities, are out of
@@ -115,5 +163,8 @@
 // call costs one seccomp round trip to the supervisor (about 4–6 µs on a
 // busy 2-core machine, Linux 6.18, with SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP);
 // reads, writes to open descriptors and read-only opens cost nothing extra.
-// scripts/bench-fsguard.sh measures it side by side.
+// A connect costs more: about 60 µs over a plain loopback connect (the
+// supervisor copies the address, duplicates the socket, connects it from a
+// goroutine of its own and answers; BenchmarkConnect). socket(), sends and
+// setsockopt are decided in the filter. scripts/bench-fsguard.sh measures it side by side.
 package fsguard

@@ -28,6 +28,9 @@ const (
 
 	llConnectTCP = unix.LANDLOCK_ACCESS_NET_CONNECT_TCP
 	llScopeSig   = unix.LANDLOCK_SCOPE_SIGNAL
+	// llScopeAbstract keeps abstract Unix sockets made outside the
+	// domain unreachable (ABI >= 6).
+	llScopeAbstract = unix.LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET
 
 	llRuleNetPort  = 2
 	llLogNewExecOn = unix.LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON
@@ -104,7 +107,7 @@ func restrictSelf(r landlockRules) error {
 		size += unsafe.Sizeof(attr.net)
 	}
 	if r.ABI >= 6 {
-		attr.scoped = llScopeSig
+		attr.scoped = llScopeSig | llScopeAbstract
 		size += unsafe.Sizeof(attr.scoped)
 	}
 	rfd, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, uintptr(unsafe.Pointer(&attr)), size, 0)

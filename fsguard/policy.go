@@ -62,11 +62,19 @@ type Policy struct {
 	// Hidden are absolute paths the attempt may not read (the sidecar's
 	// credentials). Directory names along them stay listable.
 	Hidden []string
-	// ConnectPorts are the TCP ports the attempt may connect to (the
-	// sidecar's, plus the policy's allowlist). Needs Landlock ABI >= 4;
-	// AllowAnyConnect turns the TCP restriction off.
+	// ConnectPorts are the TCP ports on the loopback the attempt may
+	// connect to (the sidecar's, plus the policy's allowlist): every
+	// connect is judged by the supervisor on its own copy of the address
+	// (and by Landlock's port rule with ABI >= 4). Other hosts are reached
+	// through the sidecar's egress proxy. AllowAnyConnect allows TCP to
+	// any address and UDP sockets; it does not open Unix sockets.
 	ConnectPorts    []uint16
 	AllowAnyConnect bool
+	// UnixSockets are the absolute paths of the Unix sockets the attempt
+	// may connect to (a local Postgres, the sidecar's). A socket is judged
+	// by the file the path names when the agent connects (device and
+	// inode), however the agent spells it; abstract sockets are refused.
+	UnixSockets []string
 	// TempRoot is where the attempt's private temp dir is made (default
 	// os.TempDir()); the dir is TMPDIR for the attempt and removed after it.
 	TempRoot string
@@ -139,6 +147,11 @@ func (p *Policy) Validate() error {
 					return fmt.Errorf("policy writable path %q covers the git dir %q: only an exclusive workspace (GitDirWritable) may write it; lease the paths inside the worktree instead", w, g)
 				}
 			}
+		}
+	}
+	for _, u := range p.UnixSockets {
+		if !filepath.IsAbs(u) {
+			return fmt.Errorf("policy unix socket %q: must be an absolute path", u)
 		}
 	}
 	if p.KillGrace < 0 {

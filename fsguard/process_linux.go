@@ -48,7 +48,8 @@ type Process struct {
 	killReq chan struct{}
 	killed  atomic.Bool
 
-	notifDone chan struct{} // closed when the notification loop ended
+	notifDone chan struct{}  // closed when the notification loop ended
+	netOps    sync.WaitGroup // traps answered by goroutines (net_linux.go); they end after notifDone
 	auditDone chan struct{}
 	done      chan struct{} // closed once the whole process tree is gone
 	state     *os.ProcessState
@@ -339,6 +340,7 @@ func (pr *Process) superviseTree(ctx context.Context) {
 	unregisterDirect(pr.pid)
 	unix.Close(pr.stopW) // ends the notification loop if the filter outlived the tree
 	<-pr.notifDone
+	pr.netOps.Wait() // they answer on the listener and audit: both stay open until they end
 	unix.Close(pr.stopR)
 	unix.Close(pr.listener)
 	close(pr.auditQ)

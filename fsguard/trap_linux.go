@@ -68,7 +68,12 @@ func (t *trap) pidFD() (int, error) {
 	if t.pidfd >= 0 {
 		return t.pidfd, nil
 	}
-	fd, err := unix.PidfdOpen(t.pid(), unix.PIDFD_NONBLOCK)
+	// The trapped task may be any thread: without PIDFD_THREAD (Linux
+	// 6.9+) pidfd_open refuses one that does not lead its thread group.
+	fd, err := unix.PidfdOpen(t.pid(), unix.PIDFD_NONBLOCK|unix.PIDFD_THREAD)
+	if errors.Is(err, unix.EINVAL) {
+		fd, err = unix.PidfdOpen(t.pid(), unix.PIDFD_NONBLOCK)
+	}
 	if err != nil {
 		return -1, fmt.Errorf("pidfd_open %d: %w", t.pid(), err)
 	}

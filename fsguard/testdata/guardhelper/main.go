@@ -56,6 +56,10 @@ func main() {
 		}
 		fmt.Println(time.Since(start).Nanoseconds())
 	default:
+		if f, ok := netModes[os.Args[1]]; ok { // net.go
+			f(os.Args[2:])
+			return
+		}
 		fmt.Fprintln(os.Stderr, "unknown mode", os.Args[1])
 		os.Exit(2)
 	}

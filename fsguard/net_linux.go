@@ -1,0 +1,498 @@
+//go:build linux && (amd64 || arm64)
+
+package fsguard
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// The network part of the guard. Landlock (ABI 4..8) judges only TCP
+// connect and bind by port, and only in connect(2): TCP Fast Open connects
+// inside sendto/sendmsg, UDP and Unix sockets are not judged at all. So:
+//
+//   - socket() and socketpair() allow only TCP (protocol 0 or IPPROTO_TCP),
+//     Unix stream and seqpacket sockets and netlink route sockets (libc's
+//     getifaddrs), decided in the filter without a round trip. Every other
+//     kind (UDP, raw, MPTCP, SCTP, Unix datagram, packet, vsock...) is
+//     refused and audited; Policy.AllowAnyConnect allows UDP. Without a
+//     datagram socket an address given to sendto/sendmsg reaches nobody:
+//     TCP ignores it unless Fast Open is asked for, Unix stream and
+//     seqpacket sockets refuse or ignore it.
+//   - sendto, sendmsg and sendmmsg with MSG_FASTOPEN, and setsockopt
+//     TCP_FASTOPEN_CONNECT, are refused with EOPNOTSUPP (what the kernel
+//     answers when client Fast Open is off, so clients fall back to
+//     connect) and audited; other sends never leave the kernel.
+//   - connect() always traps, and the supervisor performs it: it copies
+//     the address once, judges the copy and connects its own duplicate of
+//     the agent's socket to the copy. The agent can rewrite the address
+//     or dup2 another socket onto the descriptor after the check; neither
+//     reaches the connect. A Unix socket path is opened O_PATH, judged by
+//     device and inode, and connected through /proc/self/fd/N of that
+//     descriptor, so a symlink swapped after the check changes nothing.
+//   - bind() always traps. While the lease holds it continues to the
+//     kernel, where Landlock's MAKE_SOCK right judges a socket file like
+//     any other new file. Once the lease is lost or unknown, a pathname
+//     bind is refused (it would create a file) and any other bind is
+//     performed by the supervisor on its copy of the address.
+
+// Values missing from x/sys/unix or spelled for readability.
+const (
+	bpfAndK       = 0x04 | 0x50 | 0x00 // BPF_ALU|BPF_AND|BPF_K
+	sockTypeMask  = 0xf                // SOCK_TYPE_MASK: SOCK_NONBLOCK/CLOEXEC are above it
+	netlinkRoute  = 0                  // NETLINK_ROUTE
+	sockaddrMax   = 128                // sizeof(struct sockaddr_storage)
+	sunPathOffset = 2                  // offsetof(struct sockaddr_un, sun_path)
+)
+
+func init() {
+	filterEmitters = append(filterEmitters, filterEmitter{calls: netCalls, jumps: netJumps, blocks: netBlocks})
+}
+
+var netCalls = map[uint32]sysSpec{
+	unix.SYS_SOCKET:     spec("socket").handledBy(netSocket),
+	unix.SYS_SOCKETPAIR: spec("socketpair").handledBy(netSocket),
+	unix.SYS_CONNECT:    spec("connect").f(0).handledBy(netConnect),
+	unix.SYS_BIND:       spec("bind").f(0).handledBy(netBind),
+	unix.SYS_SENDTO:     spec("sendto").f(0).handledBy(netFastOpen),
+	unix.SYS_SENDMSG:    spec("sendmsg").f(0).handledBy(netFastOpen),
+	unix.SYS_SENDMMSG:   spec("sendmmsg").f(0).handledBy(netFastOpen),
+	unix.SYS_SETSOCKOPT: spec("setsockopt").f(0).handledBy(netFastOpen),
+}
+
+// netJumps sends each network call to its block (connect and bind always
+// trap).
+func netJumps(a *asm) {
+	a.jump(bpfJeqK, unix.SYS_SOCKET, "net_socket", "")
+	a.jump(bpfJeqK, unix.SYS_SOCKETPAIR, "net_socketpair", "")
+	a.jump(bpfJeqK, unix.SYS_CONNECT, "notify", "")
+	a.jump(bpfJeqK, unix.SYS_BIND, "notify", "")
+	a.jump(bpfJeqK, unix.SYS_SENDTO, "net_flags3", "")
+	a.jump(bpfJeqK, unix.SYS_SENDMMSG, "net_flags3", "")
+	a.jump(bpfJeqK, unix.SYS_SENDMSG, "net_flags2", "")
+	a.jump(bpfJeqK, unix.SYS_SETSOCKOPT, "net_sockopt", "")
+}
+
+// argLow loads the low word of argument i (little endian): int and
+// unsigned int arguments are all the kernel reads.
+func argLow(i int) uint32 { return uint32(offArgs + 8*i) }
+
+// netBlocks checks the arguments. Each block returns itself (the shared
+// "allow" label lies before the blocks, and BPF jumps only forward).
+func netBlocks(a *asm) {
+	allow := func() { a.stmt(bpfRetK, retAllow) }
+	notify := func() { a.stmt(bpfRetK, retNotify) }
+
+	a.label("net_socket")
+	a.stmt(bpfLdWAbs, argLow(0))
+	a.jump(bpfJeqK, unix.AF_UNIX, "net_unix_type", "")
+	a.jump(bpfJeqK, unix.AF_INET, "net_inet_type", "")
+	a.jump(bpfJeqK, unix.AF_INET6, "net_inet_type", "")
+	a.jump(bpfJeqK, unix.AF_NETLINK, "net_netlink", "")
+	notify()
+
+	a.label("net_socketpair")
+	a.stmt(bpfLdWAbs, argLow(0))
+	a.jump(bpfJeqK, unix.AF_UNIX, "net_unix_type", "")
+	notify()
+
+	a.label("net_unix_type")
+	a.stmt(bpfLdWAbs, argLow(1))
+	a.stmt(bpfAndK, sockTypeMask)
+	a.jump(bpfJeqK, unix.SOCK_STREAM, "net_allow", "")
+	a.jump(bpfJeqK, unix.SOCK_SEQPACKET, "net_allow", "")
+	notify()
+
+	a.label("net_inet_type")
+	a.stmt(bpfLdWAbs, argLow(1))
+	a.stmt(bpfAndK, sockTypeMask)
+	a.jump(bpfJeqK, unix.SOCK_STREAM, "", "net_notify")
+	a.stmt(bpfLdWAbs, argLow(2))
+	a.jump(bpfJeqK, 0, "net_allow", "")
+	a.jump(bpfJeqK, unix.IPPROTO_TCP, "net_allow", "")
+	notify()
+
+	a.label("net_netlink")
+	a.stmt(bpfLdWAbs, argLow(2))
+	a.jump(bpfJeqK, netlinkRoute, "net_allow", "")
+	notify()
+
+	a.label("net_flags2")
+	a.stmt(bpfLdWAbs, argLow(2))
+	a.jump(bpfJsetK, unix.MSG_FASTOPEN, "net_notify", "net_allow")
+
+	a.label("net_flags3")
+	a.stmt(bpfLdWAbs, argLow(3))
+	a.jump(bpfJsetK, unix.MSG_FASTOPEN, "net_notify", "net_allow")
+
+	a.label("net_sockopt")
+	a.stmt(bpfLdWAbs, argLow(1))
+	a.jump(bpfJeqK, unix.IPPROTO_TCP, "", "net_allow")
+	a.stmt(bpfLdWAbs, argLow(2))
+	a.jump(bpfJeqK, unix.TCP_FASTOPEN_CONNECT, "net_notify", "net_allow")
+
+	a.label("net_notify")
+	notify()
+	a.label("net_allow")
+	allow()
+}
+
+// egressHint tells the agent's operator how to reach what was refused.
+const egressHint = "reach other hosts through the sidecar's egress proxy (HTTPS_PROXY; allow a host with --allow-host) or allow a loopback port with --allow-connect"
+
+// netSocket answers a socket() or socketpair() the filter did not allow.
+// With AllowAnyConnect a UDP socket continues: the arguments are registers
+// the agent cannot change while it waits.
+func netSocket(t *trap) {
+	domain, typ, proto := int(int32(t.arg(0))), int(int32(t.arg(1))), int(int32(t.arg(2)))
+	udp := (domain == unix.AF_INET || domain == unix.AF_INET6) && typ&sockTypeMask == unix.SOCK_DGRAM &&
+		(proto == 0 || proto == unix.IPPROTO_UDP)
+	if udp && t.spec.name == "socket" && t.pr.policy.AllowAnyConnect {
+		t.proceed()
+		return
+	}
+	what := fmt.Sprintf("%s(%s, %s, %d): only TCP and Unix stream sockets are allowed (names resolve through the egress proxy); %s",
+		t.spec.name, familyName(domain), typeName(typ), proto, egressHint)
+	t.deny(unix.EACCES, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, what, nil)
+}
+
+// netFastOpen refuses TCP Fast Open: a send with MSG_FASTOPEN (or on a
+// socket with TCP_FASTOPEN_CONNECT) connects to the address it carries
+// without passing connect's check.
+func netFastOpen(t *trap) {
+	what := t.spec.name + " with MSG_FASTOPEN"
+	if t.spec.name == "setsockopt" {
+		what = "setsockopt TCP_FASTOPEN_CONNECT"
+	}
+	what += ": TCP Fast Open would connect past the connect check; connect first"
+	t.deny(unix.EOPNOTSUPP, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, what, nil)
+}
+
+// netConnect performs the agent's connect itself, in a goroutine of the
+// Process: a connect can block (a slow remote, a full backlog), and one
+// blocked connect must not hold up the agent's other trapped calls.
+func netConnect(t *trap) {
+	t.pr.goTrap(t, emulateConnect)
+}
+
+// goTrap hands the trap to a goroutine owned by the Process (netOps, which
+// settling waits for) that answers it. The goroutine's trap has its own
+// copy of the notification (the loop reuses its buffer).
+func (pr *Process) goTrap(t *trap, f func(*trap)) {
+	n := *t.n
+	gt := pr.newTrap(&n, t.spec)
+	t.sent = true // answered by the goroutine
+	pr.netOps.Add(1)
+	go func() {
+		defer pr.netOps.Done()
+		defer gt.close()
+		f(gt)
+	}()
+}
+
+// sockaddrArg copies the call's address (arguments 1 and 2); ok is false
+// once the trap was answered.
+func sockaddrArg(t *trap) ([]byte, bool) {
+	n := int(int32(t.arg(2)))
+	if n < 2 || n > sockaddrMax {
+		t.fail(unix.EINVAL)
+		return nil, false
+	}
+	b, err := t.memVM(t.arg(1), n)
+	if err != nil {
+		if !errors.Is(err, errTaskGone) {
+			t.fail(unix.EFAULT)
+		}
+		return nil, false
+	}
+	return b, true
+}
+
+// memVM is t.mem through process_vm_readv: for the few bytes of a
+// sockaddr it costs about a microsecond where opening /proc/PID/mem costs
+// ten. It falls back to t.mem when the call is unavailable.
+func (t *trap) memVM(addr uint64, n int) ([]byte, error) {
+	b := make([]byte, n)
+	local := []unix.Iovec{{Base: &b[0]}}
+	local[0].SetLen(n)
+	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: n}}
+	got, err := unix.ProcessVMReadv(t.pid(), local, remote, 0)
+	switch {
+	case errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM):
+		return t.mem(addr, n)
+	case err != nil:
+		return nil, err
+	case got < n:
+		return nil, unix.EFAULT
+	case !t.valid():
+		return nil, errTaskGone
+	}
+	return b, nil
+}
+
+func emulateConnect(t *trap) {
+	sa, ok := sockaddrArg(t)
+	if !ok {
+		return
+	}
+	sock, err := t.getFD(int32(t.arg(0)))
+	if err != nil {
+		if !errors.Is(err, errTaskGone) {
+			t.failErr(err)
+		}
+		return
+	}
+	defer unix.Close(sock)
+	switch fam := binary.LittleEndian.Uint16(sa); fam {
+	case unix.AF_INET, unix.AF_INET6:
+		ap, err := inetAddr(sa)
+		if err != nil {
+			t.failErr(err)
+			return
+		}
+		if !t.pr.policy.AllowAnyConnect && (!ap.Addr().Unmap().IsLoopback() || !slices.Contains(t.pr.policy.ConnectPorts, ap.Port())) {
+			t.deny(unix.EACCES, leasebus.BoundaryNet, leasebus.ReasonNotAllowed,
+				fmt.Sprintf("connect to %s: only the sidecar's loopback ports are allowed; %s", ap, egressHint), nil)
+			return
+		}
+	case unix.AF_UNIX:
+		connectUnix(t, sock, sa)
+		return
+	case unix.AF_NETLINK:
+		// Only the kernel (port 0, no groups): another process's netlink
+		// socket is no one the agent should talk to.
+		if len(sa) < 12 || binary.LittleEndian.Uint32(sa[4:]) != 0 || binary.LittleEndian.Uint32(sa[8:]) != 0 {
+			t.deny(unix.EACCES, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "connect of a netlink socket to a process: only the kernel is allowed", nil)
+			return
+		}
+	case unix.AF_UNSPEC:
+		// Dissolves the association; reaches no one.
+	default:
+		t.deny(unix.EACCES, leasebus.BoundaryNet, leasebus.ReasonNotAllowed,
+			fmt.Sprintf("connect to a %s address: not allowed; %s", familyName(int(fam)), egressHint), nil)
+		return
+	}
+	t.replyErr(t.pr.doConnect(sock, sa))
+}
+
+// inetAddr decodes an AF_INET or AF_INET6 address, with the length checks
+// the kernel makes (EINVAL when too short).
+func inetAddr(sa []byte) (netip.AddrPort, error) {
+	port := binary.BigEndian.Uint16(sa[2:4])
+	if binary.LittleEndian.Uint16(sa) == unix.AF_INET {
+		if len(sa) < unix.SizeofSockaddrInet4 {
+			return netip.AddrPort{}, unix.EINVAL
+		}
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(sa[4:8])), port), nil
+	}
+	if len(sa) < 24 { // SIN6_LEN_RFC2133
+		return netip.AddrPort{}, unix.EINVAL
+	}
+	return netip.AddrPortFrom(netip.AddrFrom16([16]byte(sa[8:24])), port), nil
+}
+
+// connectUnix connects sock to the Unix socket sa names when the policy
+// lists it: the path is opened O_PATH (relative to the task's cwd), judged
+// by device and inode, and connected through that descriptor.
+func connectUnix(t *trap, sock int, sa []byte) {
+	path := sa[sunPathOffset:]
+	if len(path) == 0 || path[0] == 0 {
+		t.deny(unix.EACCES, leasebus.BoundaryNet, leasebus.ReasonNotAllowed,
+			fmt.Sprintf("connect to the abstract Unix socket %q: not allowed; list a pathname socket in the policy", string(path)), nil)
+		return
+	}
+	if i := slices.Index(path, 0); i >= 0 {
+		path = path[:i]
+	}
+	name := string(path)
+	opath, err := t.openAt(name, unix.O_PATH)
+	if err != nil {
+		if !errors.Is(err, errTaskGone) {
+			t.failErr(err)
+		}
+		return
+	}
+	defer unix.Close(opath)
+	var st unix.Stat_t
+	if err := unix.Fstat(opath, &st); err != nil {
+		t.failErr(err)
+		return
+	}
+	real, _ := os.Readlink("/proc/self/fd/" + strconv.Itoa(opath))
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK || !t.pr.unixSocketListed(st) {
+		t.deny(unix.EACCES, leasebus.BoundaryNet, leasebus.ReasonNotAllowed,
+			fmt.Sprintf("connect to the Unix socket %s (%s): not a socket the policy lists; add it to the policy's unix sockets", name, real), nil)
+		return
+	}
+	via := &unix.SockaddrUnix{Name: "/proc/self/fd/" + strconv.Itoa(opath)}
+	t.replyErr(t.pr.doConnectUnix(sock, via))
+}
+
+// unixSocketListed reports whether st is the socket file a path of
+// Policy.UnixSockets names now.
+func (pr *Process) unixSocketListed(st unix.Stat_t) bool {
+	for _, p := range pr.policy.UnixSockets {
+		var ls unix.Stat_t
+		if unix.Stat(p, &ls) == nil && ls.Dev == st.Dev && ls.Ino == st.Ino {
+			return true
+		}
+	}
+	return false
+}
+
+// openAt opens path as the task would resolve it: relative to its working
+// directory. The descriptor is the supervisor's.
+func (t *trap) openAt(path string, flags int) (int, error) {
+	dir := unix.AT_FDCWD
+	if !filepath.IsAbs(path) {
+		cwd, err := unix.Open(fmt.Sprintf("/proc/%d/cwd", t.pid()), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, fmt.Errorf("working directory of %d: %w", t.pid(), err)
+		}
+		defer unix.Close(cwd)
+		if !t.valid() {
+			return -1, errTaskGone
+		}
+		dir = cwd
+	}
+	fd, err := unix.Openat(dir, path, flags|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	return fd, nil
+}
+
+// doConnect connects the supervisor's duplicate of the agent's socket
+// (same open file: blocking mode and timeouts are the agent's). It is
+// aborted when the attempt's notification loop ends (every task is gone).
+func (pr *Process) doConnect(sock int, sa []byte) error {
+	return pr.abortable(sock, func() error {
+		_, _, errno := unix.Syscall(unix.SYS_CONNECT, uintptr(sock), uintptr(unsafe.Pointer(&sa[0])), uintptr(len(sa)))
+		if errno != 0 {
+			return errno
+		}
+		return nil
+	})
+}
+
+func (pr *Process) doConnectUnix(sock int, sa *unix.SockaddrUnix) error {
+	return pr.abortable(sock, func() error { return unix.Connect(sock, sa) })
+}
+
+// abortable runs a blocking socket call; once the attempt's notification
+// loop ended (no task is left to answer) it shuts the socket down, which
+// ends a TCP connect still waiting for its handshake.
+func (pr *Process) abortable(sock int, call func() error) error {
+	done := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-done:
+		case <-pr.notifDone:
+			unix.Shutdown(sock, unix.SHUT_RDWR)
+		}
+	}()
+	err := call()
+	close(done)
+	<-watched
+	return err
+}
+
+// replyErr answers with err's errno, or 0 when err is nil.
+func (t *trap) replyErr(err error) {
+	if err == nil {
+		t.reply(0)
+		return
+	}
+	t.failErr(err)
+}
+
+// netBind lets a bind continue to Landlock while the lease holds. After a
+// loss a pathname bind would create a file: refused; any other bind
+// (a TCP port, an abstract name) is performed on the supervisor's copy.
+func netBind(t *trap) {
+	gateErr := t.gate()
+	if gateErr == nil {
+		t.proceed() // Landlock's MAKE_SOCK right judges the socket file
+		return
+	}
+	sa, ok := sockaddrArg(t)
+	if !ok {
+		return
+	}
+	if binary.LittleEndian.Uint16(sa) == unix.AF_UNIX && len(sa) > sunPathOffset && sa[sunPathOffset] != 0 {
+		path := sa[sunPathOffset:]
+		if i := slices.Index(path, 0); i >= 0 {
+			path = path[:i]
+		}
+		name := string(path)
+		if !filepath.IsAbs(name) {
+			if cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", t.pid())); err == nil {
+				name = filepath.Join(cwd, name)
+			}
+		}
+		t.deny(unix.EACCES, leasebus.BoundaryFile, leasebus.LeaseReason(gateErr),
+			fmt.Sprintf("bind of the Unix socket %s (creates a file; reads continue)", name), gateErr)
+		return
+	}
+	sock, err := t.getFD(int32(t.arg(0)))
+	if err != nil {
+		if !errors.Is(err, errTaskGone) {
+			t.failErr(err)
+		}
+		return
+	}
+	defer unix.Close(sock)
+	_, _, errno := unix.Syscall(unix.SYS_BIND, uintptr(sock), uintptr(unsafe.Pointer(&sa[0])), uintptr(len(sa)))
+	if errno != 0 {
+		t.fail(errno)
+		return
+	}
+	t.reply(0)
+}
+
+func familyName(f int) string {
+	switch f {
+	case unix.AF_UNIX:
+		return "AF_UNIX"
+	case unix.AF_INET:
+		return "AF_INET"
+	case unix.AF_INET6:
+		return "AF_INET6"
+	case unix.AF_NETLINK:
+		return "AF_NETLINK"
+	case unix.AF_PACKET:
+		return "AF_PACKET"
+	case unix.AF_VSOCK:
+		return "AF_VSOCK"
+	case unix.AF_UNSPEC:
+		return "AF_UNSPEC"
+	}
+	return "family " + strconv.Itoa(f)
+}
+
+func typeName(t int) string {
+	switch t & sockTypeMask {
+	case unix.SOCK_STREAM:
+		return "SOCK_STREAM"
+	case unix.SOCK_DGRAM:
+		return "SOCK_DGRAM"
+	case unix.SOCK_RAW:
+		return "SOCK_RAW"
+	case unix.SOCK_SEQPACKET:
+		return "SOCK_SEQPACKET"
+	}
+	return "type " + strconv.Itoa(t&sockTypeMask)
+}
