@@ -123,14 +123,14 @@ func (p *Placement) prepare(ctx context.Context) error {
 			return err
 		}
 		p.Created = true
-		s.audit(ctx, p.event(EventCreated, "", fmt.Sprintf("shard %s created: git worktree add %s on %s at %s%s", wt.ID, wt.Path, wt.Branch, short(p.Base), keptText(p.Kept))))
+		s.audit(ctx, p.event(EventCreated, "", fmt.Sprintf("shard %s created: a repository of its own at %s (the checkout's objects as its alternate) on %s at %s%s", wt.ID, wt.Path, wt.Branch, short(p.Base), keptText(p.Kept))))
 	case p.Mode == ModeExclusive && (prev.State != StateClean || prev.Base != p.Base || wt.Ready(ctx, p.Base) != nil):
 		why := fmt.Sprintf("it was %s at %s", prev.State, short(prev.Base))
 		if p.Kept, err = wt.Clean(ctx, p.Base, keepID); err != nil {
 			return err
 		}
 		p.Cleaned = true
-		s.audit(ctx, p.event(EventCleaned, why, fmt.Sprintf("shard %s cleaned before attempt %s (%s): reset to %s%s", wt.ID, p.Attempt.AttemptID, why, short(p.Base), keptText(p.Kept))))
+		s.audit(ctx, p.event(EventCleaned, why, fmt.Sprintf("shard %s cleaned before attempt %s (%s): reset to %s%s%s", wt.ID, p.Attempt.AttemptID, why, short(p.Base), keptText(p.Kept), undoneText(wt.Undone))))
 	default:
 		return nil
 	}
@@ -202,7 +202,7 @@ func (p *Placement) CleanAfter(ctx context.Context) (kept []string, err error) {
 		return kept, err
 	}
 	p.Pool = pool
-	s.audit(ctx, p.event(EventCleaned, "attempt settled", fmt.Sprintf("shard %s cleaned after attempt %s (%s): reset to %s%s", wt.ID, p.Attempt.AttemptID, p.Attempt.Status, short(base), keptText(kept))))
+	s.audit(ctx, p.event(EventCleaned, "attempt settled", fmt.Sprintf("shard %s cleaned after attempt %s (%s): reset to %s%s%s", wt.ID, p.Attempt.AttemptID, p.Attempt.Status, short(base), keptText(kept), undoneText(wt.Undone))))
 	return kept, nil
 }
 
@@ -218,4 +218,12 @@ func keptText(kept []string) string {
 		return "; nothing to keep"
 	}
 	return "; work kept as " + strings.Join(kept, ", ")
+}
+
+// undoneText names what cleaning undid in the shard's git dir.
+func undoneText(undone []string) string {
+	if len(undone) == 0 {
+		return ""
+	}
+	return "; undone in its git dir: " + strings.Join(undone, ", ")
 }

@@ -251,6 +251,9 @@ type runner struct {
 	pool *pooledRun
 	home *checkout
 	argv []string
+	// gitSnap is the checkout's executable git configuration before an
+	// exclusive attempt without a pool; settle restores it.
+	gitSnap *shard.GitDirSnapshot
 }
 
 func (r *runner) say(format string, args ...any) {
@@ -297,6 +300,8 @@ func (r *runner) run(ctx context.Context, argv, extra []string, out io.Writer) (
 		if err := r.place(ctx, audit); err != nil {
 			return err
 		}
+	} else if err := r.snapshotGitDirs(); err != nil {
+		return err
 	}
 	log := slog.New(slog.NewTextHandler(r.errw, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if len(r.rf.ff.gitObjects) == 0 && len(r.co.gitDirs) > 0 {

@@ -159,7 +159,7 @@ func (g Git) env() []string {
 	env = append(env, "GIT_TERMINAL_PROMPT=0", "GIT_ALLOW_PROTOCOL=file:http:https", "GIT_OPTIONAL_LOCKS=0", "GIT_NO_REPLACE_OBJECTS=1")
 	for _, kv := range g.Env {
 		k, _, _ := strings.Cut(kv, "=")
-		if !isProgramEnv(k) && !strings.HasPrefix(k, "GIT_CONFIG_") {
+		if !isProgramEnv(k) && !strings.HasPrefix(k, "GIT_CONFIG_KEY_") && !strings.HasPrefix(k, "GIT_CONFIG_VALUE_") {
 			env = append(env, kv)
 		}
 	}
