@@ -167,11 +167,15 @@ func (p *Placement) Settle(ctx context.Context, st Status, code int) error {
 
 // CleanAfter returns an exclusive attempt's shard to its base once the
 // attempt settled, keeping its commits and files as refs, and marks it
-// clean. The lease it was placed under is asked under the shard's flock:
+// clean. After a commit capacity's attempt it restores the shard's git dir
+// and publishes the shard's branch to the checkout instead (publish). The lease it was placed under is asked under the shard's flock:
 // when it is not held (lost, so another attempt may be in the shard)
 // nothing is touched and the shard stays dirty. Other modes leave the
 // shard as it is.
 func (p *Placement) CleanAfter(ctx context.Context) (kept []string, err error) {
+	if p.Mode == ModeCommitSerialized || p.Mode == ModeCommitExclusive {
+		return p.publish(ctx)
+	}
 	if p.Mode != ModeExclusive {
 		return nil, nil
 	}
@@ -226,4 +230,39 @@ func undoneText(undone []string) string {
 		return ""
 	}
 	return "; undone in its git dir: " + strings.Join(undone, ", ")
+}
+
+// EventPublished is the audit event of a shard's branch fetched into the
+// checkout after a commit capacity's attempt.
+const EventPublished = "published"
+
+// publish ends a commit capacity's attempt: under the shard's flock, with
+// the lease still held, the shard's git dir is made fenceline's again
+// (what the attempt planted there would otherwise run in the shard's other
+// attempts' git) and the shard's branch is fetched into the checkout under
+// the same name, refs/heads/<branch>: the one ref of the checkout fenceline
+// writes for it, judged by name. It returns that ref.
+func (p *Placement) publish(ctx context.Context) ([]string, error) {
+	s, wt := p.store, p.Worktree
+	unlock, err := wt.Lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if _, err := p.held.Fence(); err != nil {
+		return nil, fmt.Errorf("shard %s: branch not published: the lease is not held (%w)", wt.ID, err)
+	}
+	if wt.Undone, err = wt.restoreGitDir(ctx); err != nil {
+		return nil, fmt.Errorf("shard %s: %w", wt.ID, err)
+	}
+	ref := "refs/heads/" + wt.Branch
+	tip, err := wt.g(ctx, nil, "rev-parse", "--verify", "-q", ref)
+	if err != nil {
+		return nil, nil // no branch: nothing to publish
+	}
+	if err := wt.publish(ctx, []string{ref}); err != nil {
+		return nil, fmt.Errorf("shard %s: publish %s: %w", wt.ID, wt.Branch, err)
+	}
+	s.audit(ctx, p.event(EventPublished, "commit attempt settled", fmt.Sprintf("shard %s: %s published to the checkout at %s after attempt %s (%s)%s", wt.ID, wt.Branch, short(strings.TrimSpace(tip)), p.Attempt.AttemptID, p.Attempt.Status, undoneText(wt.Undone))))
+	return []string{ref}, nil
 }

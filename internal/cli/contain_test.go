@@ -148,3 +148,28 @@ func TestFindCheckoutRunsNoTrap(t *testing.T) {
 		t.Errorf("findCheckout ran the repository's programs:\n%s", ran)
 	}
 }
+
+// TestCommitCapacityPublishesAndRestores: the exclusive commit capacity
+// commits in a shard and plants traps in the shard's git dir; at settle
+// the shard's branch is published to the checkout by name and the git dir
+// is restored, so the shard's next attempt runs none of the traps.
+func TestCommitCapacityPublishesAndRestores(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newPool(t, url, 1, 0)
+	ctl := newCtl(t)
+	kit := newTrapKit(t, ctl)
+	runFL(t, url, "--repo", co, "--", "true").want(t, ExitOK) // creates shard-1
+	script := `echo x > in/x && git add -A && git -c user.name=c -c user.email=c@c commit -qm coord && (` + kit.plant(".git") + `) && echo planted`
+	r := fl(t, "--nats", url, "shard", "commit", "--repo", co, "--shard", "shard-1", "--exclusive", "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
+	mustContain(t, "commit capacity", r.stdout, "planted")
+	mustContain(t, "commit capacity", r.stderr, "refs/heads/fenceline/shard-1 published to the checkout", "undone in its git dir", "hooks/post-checkout")
+	if out := mustGitRun(t, co, nil, "log", "-1", "--format=%s", "refs/heads/fenceline/shard-1"); strings.TrimSpace(out) != "coord" {
+		t.Errorf("the checkout's fenceline/shard-1: %q", out)
+	}
+	r2 := runFL(t, url, "--repo", co, "--scope", "out", "--", "sh", "-c", "echo y > out/y && git status --porcelain && echo next-ok").want(t, ExitOK)
+	mustContain(t, "next attempt", r2.stdout, "next-ok")
+	if ran := gittrap.Ran(kit.marker); ran != "" {
+		t.Errorf("the traps ran:\n%s", ran)
+	}
+}

@@ -657,6 +657,13 @@ func (r *runner) settle(ctx context.Context, code int, cancelled bool) {
 		if len(pl.Worktree.Undone) > 0 {
 			r.say("%s: undone in its git dir (the attempt put them there): %s", pl.Worktree.ID, strings.Join(pl.Worktree.Undone, ", "))
 		}
+	case pl.Mode == shard.ModeCommitSerialized || pl.Mode == shard.ModeCommitExclusive:
+		if len(kept) > 0 {
+			r.say("%s: %s published to the checkout", pl.Worktree.ID, strings.Join(kept, ", "))
+		}
+		if len(pl.Worktree.Undone) > 0 {
+			r.say("%s: undone in its git dir (the attempt put them there): %s", pl.Worktree.ID, strings.Join(pl.Worktree.Undone, ", "))
+		}
 	case pl.Mode == shard.ModeShared:
 		r.say("%s: the attempt's paths stay as they are for the coordinator (shard dirty)", pl.Worktree.ID)
 	}
