@@ -69,9 +69,14 @@
 //     hook against the claim the fence was signed with.
 //
 // The commit capacities (ModeCommitSerialized, ModeCommitExclusive) write
-// the shard's git dir and are not followed by a cleaning: what they plant
-// there can run in the shard's other attempts' git (under those attempts'
-// own guards) until the next exclusive attempt cleans the shard.
+// the shard's git dir and are not followed by a cleaning. When one settles,
+// the shard's git dir is restored as above and the shard's branch is
+// fetched into the checkout under its own name, refs/heads/fenceline/
+// shard-N (Placement.CleanAfter): the one ref of the checkout fenceline
+// writes, judged by name. While a serialized commit runs, what it plants
+// can run in the git of the shard's path-leased attempts beside it, under
+// those attempts' own guards; the file guard does not refuse git-dir
+// writes by kind.
 //
 // Without a pool, an exclusive run works in the checkout itself with its
 // git dir writable; fenceline run snapshots the checkout's executable git
