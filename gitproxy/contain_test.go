@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fenceline/fenceline/internal/gitsafe/gittrap"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -123,5 +124,46 @@ func TestHookChecksTouchedPathsAgainstTheClaim(t *testing.T) {
 	mustPush(t, dir, append(pushOpts(opts), e.gs.url("payments.git"), "HEAD:main")...)
 	if e.upstreamRef("refs/heads/main") != head {
 		t.Fatal("a push inside the claim did not land")
+	}
+}
+
+// TestHookRunsNoTrap: the server's repository configures every program
+// git can run (but its hooks path, which would replace the hook under
+// test, and core.alternateRefsCommand, which receive-pack itself runs);
+// the pre-receive hook's own git commands run none of them while a fenced
+// push goes through.
+func TestHookRunsNoTrap(t *testing.T) {
+	e := newEnv(t)
+	e.installHook(false)
+	tpl := t.TempDir()
+	marker := filepath.Join(t.TempDir(), "ran")
+	if err := gittrap.Plant(tpl, "", filepath.Join(t.TempDir(), "traps"), marker); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := os.ReadFile(filepath.Join(tpl, "config"))
+	var keep []string
+	for _, l := range strings.Split(string(cfg), "\n") {
+		// The server's receive-pack runs core.alternateRefsCommand itself
+		// (its connectivity check in quarantine): that is the server's git.
+		if !strings.Contains(l, "hooksPath") && !strings.Contains(l, "alternateRefsCommand") {
+			keep = append(keep, l)
+		}
+	}
+	f, err := os.OpenFile(filepath.Join(e.bare, "config"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(strings.Join(keep, "\n"))
+	f.Close()
+	os.MkdirAll(filepath.Join(e.bare, "info"), 0o755)
+	os.WriteFile(filepath.Join(e.bare, "info", "attributes"), []byte("* filter=trap diff=trap\n"), 0o644)
+
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	dir := e.clone(e.gs.srv.URL)
+	e.commit(dir, "billing", "services/billing/invoice.go", "billing\n")
+	opts := signed(t, e.hookKey, testRepo, l.Record, e.updateOf(dir))
+	mustPush(t, dir, append(pushOpts(opts), e.gs.url("payments.git"), "HEAD:main")...)
+	if ran := gittrap.Ran(marker); ran != "" {
+		t.Errorf("the hook ran the server repository's programs:\n%s", ran)
 	}
 }
