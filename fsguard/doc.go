@@ -157,6 +157,22 @@
 //     every attempt's tree (fenceline runs one attempt per process).
 //   - The git shim does not expand git aliases; the guard still applies.
 //
+// Containment after the run. The guard confines an attempt while it runs;
+// what it leaves in a writable git dir (hooks, core.fsmonitor, filter and
+// diff drivers, includes ...) would run later, unconfined, in whoever's
+// git reads that dir. Three rules keep an attempt's effects in its
+// workspace after it ends: fenceline runs every git command of its own
+// through internal/gitsafe (no hook, and no program a repository's
+// configuration names, ever runs); an exclusive attempt in a shard writes
+// only its shard's own repository, which borrows the checkout's objects
+// read-only and whose git dir cleaning rewrites (package shard); and an
+// exclusive run without a pool gets the checkout's config files and hooks
+// restored at settle, with what was undone reported. What an attempt does
+// leave behind is data: its commits and files, kept as refs in the
+// checkout (fetched, so every object is hashed), and its pushes, judged
+// by the git fence from verified objects and again by the pre-receive
+// hook against the signed claim.
+//
 // # Cost
 //
 // Landlock adds well under a microsecond per open. Each trapped write-class

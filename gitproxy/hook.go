@@ -62,13 +62,14 @@ type HookConfig struct {
 
 // Reasons of the hook's refusals (HookError.Reason).
 const (
-	HookUnfenced   = "unfenced"       // no fenceline options, and unfenced pushes are not allowed
-	HookMalformed  = "malformed"      // fenceline options that do not parse, repeat, or are unknown
-	HookUnsigned   = "unsigned"       // fence options without a MAC
-	HookNoSecret   = "no-secret"      // the hook has no secret to verify with
-	HookBadMAC     = "bad-mac"        // the MAC does not verify
-	HookOtherRepo  = "other-repo"     // a fence signed for another repository
-	HookStaleFence = ReasonStaleFence // a newer fence was accepted for an overlapping path
+	HookUnfenced     = "unfenced"       // no fenceline options, and unfenced pushes are not allowed
+	HookMalformed    = "malformed"      // fenceline options that do not parse, repeat, or are unknown
+	HookUnsigned     = "unsigned"       // fence options without a MAC
+	HookNoSecret     = "no-secret"      // the hook has no secret to verify with
+	HookBadMAC       = "bad-mac"        // the MAC does not verify
+	HookOtherRepo    = "other-repo"     // a fence signed for another repository
+	HookStaleFence   = ReasonStaleFence // a newer fence was accepted for an overlapping path
+	HookOutsideClaim = "outside-claim"  // a touched path is outside the claim the fence was signed with
 )
 
 // HookError is a refusal by the hook, printed to the pusher: Msg names the
@@ -214,6 +215,20 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 	touched, err := hookTouched(ctx, g, cmds)
 	if err != nil {
 		return err
+	}
+	// The paths come from the server's own objects: a push whose paths the
+	// proxy misjudged (from objects the agent forged, say) is refused here
+	// when they leave the claim the fence was signed with.
+	if claim.Kind == scope.KindPaths {
+		var outside []string
+		for _, p := range touched {
+			if !claim.ContainsPath(p) {
+				outside = append(outside, p)
+			}
+		}
+		if len(outside) > 0 {
+			return deny(&HookError{Reason: HookOutsideClaim, Msg: fmt.Sprintf("%s is outside its claim %s", andMore(outside), strings.Join(claim.Paths, " "))})
+		}
 	}
 	// The push's resources: its claim, and the touched paths the claim
 	// does not cover (all of them for a lease that claims nothing).

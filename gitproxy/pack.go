@@ -213,7 +213,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 func baseStores(gitDirs []string) layered {
 	var l layered
 	for _, d := range gitDirs {
-		l = append(l, filesystem.NewStorage(osfs.New(d), cache.NewObjectLRU(objectCacheSize)))
+		l = append(l, verified{filesystem.NewStorage(osfs.New(d), cache.NewObjectLRU(objectCacheSize))})
 	}
 	return l
 }

@@ -330,3 +330,38 @@ func (a *analyzer) isAncestor(ctx context.Context, old, tip *object.Commit) (boo
 	}
 	return false, nil
 }
+
+// verified is a base store whose commits, trees and tags are believed
+// only when their content hashes to the id they were asked for. The base
+// stores are git dirs the agent can write (its own repository, for
+// ObjectDirs), and go-git takes a loose object's id from its file name:
+// a tree forged under the id of the upstream tip's root tree would make
+// the push's diff whatever the agent likes. Blobs are returned as they
+// are: the fence judges paths by tree entries, never by blob content, and
+// the upstream hashes the blobs it receives. A forged object counts as
+// not found, so the upstream's mirror is asked for the genuine one.
+type verified struct {
+	storer.EncodedObjectStorer
+}
+
+// errForged reports an object whose content does not hash to its id.
+var errForged = errors.New("object content does not hash to its id (forged or corrupt)")
+
+func (v verified) EncodedObject(t plumbing.ObjectType, h plumbing.Hash) (plumbing.EncodedObject, error) {
+	o, err := v.EncodedObjectStorer.EncodedObject(t, h)
+	if err != nil || o.Type() == plumbing.BlobObject {
+		return o, err
+	}
+	content, err := contents(o)
+	if err != nil {
+		return nil, fmt.Errorf("object %s: %w", h, err)
+	}
+	if got := plumbing.ComputeHash(o.Type(), content); got != h {
+		// Not found here: the next store (the upstream's mirror) is asked.
+		return nil, fmt.Errorf("%s %s: %w (its content hashes to %s): %w", o.Type(), h, errForged, got, plumbing.ErrObjectNotFound)
+	}
+	m := &plumbing.MemoryObject{}
+	m.SetType(o.Type())
+	m.Write(content)
+	return m, nil
+}

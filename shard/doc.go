@@ -1,35 +1,88 @@
-// Package shard keeps a repository's bounded pool of git worktree shards
-// and the attempts that run in them, as records on the lease bus.
+// Package shard keeps a repository's bounded pool of shards (git
+// repositories of their own beside the checkout) and the attempts that run
+// in them, as records on the lease bus.
 //
 // # Model
 //
 // A pool belongs to one repo (the lease bus's repo identity) and one local
-// checkout. It has Size shards, "shard-1".."shard-N"; shard-N is the git
-// worktree Dir/shard-N on the branch fenceline/shard-N, created lazily with
-// the real "git worktree add" by the first attempt placed there. Each shard
-// is a lease-bus workspace: the lease service places an attempt's lease in
-// one of the pool's shards (AcquireRequest.Workspaces) atomically with its
-// overlap check, so invariant 1 holds per shard — one exclusive lease, or
-// shared (path) leases with pairwise disjoint claims, at most MaxSharers.
+// checkout. It has Size shards, "shard-1".."shard-N"; shard-N is a git
+// repository of its own at Dir/shard-N on the branch fenceline/shard-N,
+// created lazily by the first attempt placed there: git init, the
+// checkout's object directory as its only alternate
+// (objects/info/alternates), a config fenceline writes, and a checkout of
+// the base. Each shard is a lease-bus workspace: the lease service places
+// an attempt's lease in one of the pool's shards
+// (AcquireRequest.Workspaces) atomically with its overlap check, so
+// invariant 1 holds per shard — one exclusive lease, or shared (path)
+// leases with pairwise disjoint claims, at most MaxSharers.
 //
 // A shard's State is what is known of its files:
 //
-//	absent  no worktree yet (created on first use)
+//	absent  no repository yet (created on first use)
 //	clean   at Base, nothing else in it, nobody in it
 //	dirty   anything else: an attempt works there, or worked there and
 //	        left its paths for the coordinator, or crashed
 //
 // Cleaning (Worktree.Clean) happens only under an exclusive lease on the
-// shard, when no live attempt can be in it: commits of the shard's branch
-// past Base and uncommitted files are first kept as refs under
-// refs/fenceline/attempts/, then "git checkout -f -B", "git reset --hard
-// <base>" and "git clean -ffdx" return it to Base. Creating and cleaning a
-// shard hold a per-shard flock (Dir/.shard-N.lock): on one host, two sharers
-// placed on an absent shard at once create it once. What touches the
-// administrative files of every worktree in the common git dir (git worktree
-// add and prune, checkout -B) also holds the pool's flock (Dir/.pool.lock),
-// taken after a shard's: concurrent worktree adds fail reading each other's
-// half-written files.
+// shard, when no live attempt can be in it. It first makes the shard's
+// git dir fenceline's again (see Containment), then keeps commits of the
+// shard's branch or detached HEAD past Base and uncommitted files as refs
+// under refs/fenceline/attempts/ and fetches them into the checkout, then
+// drops the shard's own refs, reflogs, objects and index, reads Base into
+// a new index, hashes every file against it (git update-index --refresh:
+// an index an attempt forged cannot hide a changed file), and "git reset
+// --hard <base>" and "git clean -ffdx" return it to Base. Creating and
+// cleaning a shard hold a per-shard flock (Dir/.shard-N.lock): on one
+// host, two sharers placed on an absent shard at once create it once. The
+// fetch into the checkout also holds the pool's flock (Dir/.pool.lock),
+// taken after a shard's.
+//
+// # Containment
+//
+// What an attempt can affect after it ends, and why:
+//
+//   - Its shard's files and git dir, until the shard is cleaned. The file
+//     guard lets an exclusive attempt write its shard and the shard's own
+//     git dir, nothing of the checkout's: the checkout's refs, config,
+//     hooks and objects, and other shards, are not in its lease. Objects
+//     it reads from the checkout come through the alternate, read-only. A
+//     symlink, a .git file or a commondir file pointing at the checkout's
+//     git dir changes nothing: fenceline names GIT_DIR, GIT_COMMON_DIR and
+//     GIT_WORK_TREE for every git command it runs in a shard, a .git that
+//     is not a directory makes cleaning move the shard aside, and cleaning
+//     removes every entry of the git dir that is neither a directory nor a
+//     regular file.
+//   - Nothing it planted runs. Fenceline's own git goes through
+//     internal/gitsafe (no hooks, no program a repository's configuration
+//     names). Cleaning empties hooks/, rewrites config (fenceline's, with
+//     the checkout's origin URL and a few keys that name no program) and
+//     objects/info/alternates, and removes config.worktree, commondir,
+//     info/attributes, info/grafts and refs/replace, naming what it undid
+//     in the audit event and on run's stderr (Worktree.Undone): the next
+//     attempt's git, guarded or not, finds none of it.
+//   - Its work, as data: the refs cleaning keeps, fetched into the
+//     checkout (a pack, each object hashed by git index-pack: an object
+//     the attempt forged under another's id cannot enter the checkout).
+//     Other refs it made in its shard (branches, tags, stash) are dropped.
+//   - Its pushes, through the git fence (gitproxy), which judges them from
+//     objects whose ids it verified and, on the server, by the pre-receive
+//     hook against the claim the fence was signed with.
+//
+// The commit capacities (ModeCommitSerialized, ModeCommitExclusive) write
+// the shard's git dir and are not followed by a cleaning. When one settles,
+// the shard's git dir is restored as above and the shard's branch is
+// fetched into the checkout under its own name, refs/heads/fenceline/
+// shard-N (Placement.CleanAfter): the one ref of the checkout fenceline
+// writes, judged by name. While a serialized commit runs, what it plants
+// can run in the git of the shard's path-leased attempts beside it, under
+// those attempts' own guards; the file guard does not refuse git-dir
+// writes by kind.
+//
+// Without a pool, an exclusive run works in the checkout itself with its
+// git dir writable; fenceline run snapshots the checkout's executable git
+// configuration first (SnapshotGitDirs: config files, hooks,
+// info/attributes, also of submodules and worktrees) and restores it at
+// settle, saying what it undid.
 //
 // An Attempt is one run of one command: written "running" (with its lease
 // and shard) before the command starts, settled (succeeded, failed,
@@ -60,12 +113,12 @@
 //	  |   with ended leases -> unknown, shard dirty, audit    |              |
 //	  | Acquire(Workspaces=shard-1..N, MaxSharers) ---------->|              |
 //	  |<------------------------------------ lease in shard-k |              |
-//	  | flock shard-k; absent: worktree add ---------------------------------->|
+//	  | flock shard-k; absent: init, alternate, checkout --------------------->|
 //	  |   exclusive and not ready: keep refs, reset, clean ------------------->|
 //	  | attempt running; shard-k dirty ->|                    |              |
 //	  | agent runs under the guard in shard-k ... every process gone           |
 //	  | attempt settled ---------------->|                    |              |
-//	  | exclusive: flock, keep refs, reset, clean -------------------------->|
+//	  | exclusive: flock, restore git dir, keep refs, fetch, reset, clean -->|
 //	  |   shard-k clean ---------------->|   (audit "shard")  |              |
 //	  | Release ------------------------------------------->|              |
 package shard

@@ -123,14 +123,14 @@ func (p *Placement) prepare(ctx context.Context) error {
 			return err
 		}
 		p.Created = true
-		s.audit(ctx, p.event(EventCreated, "", fmt.Sprintf("shard %s created: git worktree add %s on %s at %s%s", wt.ID, wt.Path, wt.Branch, short(p.Base), keptText(p.Kept))))
+		s.audit(ctx, p.event(EventCreated, "", fmt.Sprintf("shard %s created: a repository of its own at %s (the checkout's objects as its alternate) on %s at %s%s", wt.ID, wt.Path, wt.Branch, short(p.Base), keptText(p.Kept))))
 	case p.Mode == ModeExclusive && (prev.State != StateClean || prev.Base != p.Base || wt.Ready(ctx, p.Base) != nil):
 		why := fmt.Sprintf("it was %s at %s", prev.State, short(prev.Base))
 		if p.Kept, err = wt.Clean(ctx, p.Base, keepID); err != nil {
 			return err
 		}
 		p.Cleaned = true
-		s.audit(ctx, p.event(EventCleaned, why, fmt.Sprintf("shard %s cleaned before attempt %s (%s): reset to %s%s", wt.ID, p.Attempt.AttemptID, why, short(p.Base), keptText(p.Kept))))
+		s.audit(ctx, p.event(EventCleaned, why, fmt.Sprintf("shard %s cleaned before attempt %s (%s): reset to %s%s%s", wt.ID, p.Attempt.AttemptID, why, short(p.Base), keptText(p.Kept), undoneText(wt.Undone))))
 	default:
 		return nil
 	}
@@ -167,11 +167,15 @@ func (p *Placement) Settle(ctx context.Context, st Status, code int) error {
 
 // CleanAfter returns an exclusive attempt's shard to its base once the
 // attempt settled, keeping its commits and files as refs, and marks it
-// clean. The lease it was placed under is asked under the shard's flock:
+// clean. After a commit capacity's attempt it restores the shard's git dir
+// and publishes the shard's branch to the checkout instead (publish). The lease it was placed under is asked under the shard's flock:
 // when it is not held (lost, so another attempt may be in the shard)
 // nothing is touched and the shard stays dirty. Other modes leave the
 // shard as it is.
 func (p *Placement) CleanAfter(ctx context.Context) (kept []string, err error) {
+	if p.Mode == ModeCommitSerialized || p.Mode == ModeCommitExclusive {
+		return p.publish(ctx)
+	}
 	if p.Mode != ModeExclusive {
 		return nil, nil
 	}
@@ -202,7 +206,7 @@ func (p *Placement) CleanAfter(ctx context.Context) (kept []string, err error) {
 		return kept, err
 	}
 	p.Pool = pool
-	s.audit(ctx, p.event(EventCleaned, "attempt settled", fmt.Sprintf("shard %s cleaned after attempt %s (%s): reset to %s%s", wt.ID, p.Attempt.AttemptID, p.Attempt.Status, short(base), keptText(kept))))
+	s.audit(ctx, p.event(EventCleaned, "attempt settled", fmt.Sprintf("shard %s cleaned after attempt %s (%s): reset to %s%s%s", wt.ID, p.Attempt.AttemptID, p.Attempt.Status, short(base), keptText(kept), undoneText(wt.Undone))))
 	return kept, nil
 }
 
@@ -218,4 +222,47 @@ func keptText(kept []string) string {
 		return "; nothing to keep"
 	}
 	return "; work kept as " + strings.Join(kept, ", ")
+}
+
+// undoneText names what cleaning undid in the shard's git dir.
+func undoneText(undone []string) string {
+	if len(undone) == 0 {
+		return ""
+	}
+	return "; undone in its git dir: " + strings.Join(undone, ", ")
+}
+
+// EventPublished is the audit event of a shard's branch fetched into the
+// checkout after a commit capacity's attempt.
+const EventPublished = "published"
+
+// publish ends a commit capacity's attempt: under the shard's flock, with
+// the lease still held, the shard's git dir is made fenceline's again
+// (what the attempt planted there would otherwise run in the shard's other
+// attempts' git) and the shard's branch is fetched into the checkout under
+// the same name, refs/heads/<branch>: the one ref of the checkout fenceline
+// writes for it, judged by name. It returns that ref.
+func (p *Placement) publish(ctx context.Context) ([]string, error) {
+	s, wt := p.store, p.Worktree
+	unlock, err := wt.Lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if _, err := p.held.Fence(); err != nil {
+		return nil, fmt.Errorf("shard %s: branch not published: the lease is not held (%w)", wt.ID, err)
+	}
+	if wt.Undone, err = wt.restoreGitDir(ctx); err != nil {
+		return nil, fmt.Errorf("shard %s: %w", wt.ID, err)
+	}
+	ref := "refs/heads/" + wt.Branch
+	tip, err := wt.g(ctx, nil, "rev-parse", "--verify", "-q", ref)
+	if err != nil {
+		return nil, nil // no branch: nothing to publish
+	}
+	if err := wt.publish(ctx, []string{ref}); err != nil {
+		return nil, fmt.Errorf("shard %s: publish %s: %w", wt.ID, wt.Branch, err)
+	}
+	s.audit(ctx, p.event(EventPublished, "commit attempt settled", fmt.Sprintf("shard %s: %s published to the checkout at %s after attempt %s (%s)%s", wt.ID, wt.Branch, short(strings.TrimSpace(tip)), p.Attempt.AttemptID, p.Attempt.Status, undoneText(wt.Undone))))
+	return []string{ref}, nil
 }

@@ -422,8 +422,9 @@ func TestPlaceRefusedWithoutLease(t *testing.T) {
 	}
 }
 
-// An agent that deletes its worktree's .git does not get its files deleted
-// by the next cleaning: the directory is moved aside and named as kept.
+// An agent that deletes its shard's .git (or points it at the checkout's)
+// does not get its files deleted by the next cleaning: the directory is
+// moved aside and named as kept.
 func TestCleanMovesAsideAWorktreeWithoutGit(t *testing.T) {
 	b, st, co, pool := poolFixture(t, 3, 1, 0)
 	ctx := context.Background()
@@ -432,7 +433,12 @@ func TestCleanMovesAsideAWorktreeWithoutGit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Remove(filepath.Join(pl.Worktree.Path, ".git")); err != nil {
+	// The .git goes, and in its place a .git file pointing at the
+	// checkout's git dir: cleaning must not take it for the shard's.
+	if err := os.RemoveAll(filepath.Join(pl.Worktree.Path, ".git")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(pl.Worktree.Path, ".git"), []byte("gitdir: "+filepath.Join(co, ".git")+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(pl.Worktree.Path, "work.txt"), []byte("precious\n"), 0o644); err != nil {

@@ -1,31 +1,37 @@
 package shard
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fenceline/fenceline/internal/gitsafe"
 )
 
 // KeptRefPrefix is where cleaning keeps work it would otherwise drop.
 const KeptRefPrefix = "refs/fenceline/attempts/"
 
-// Worktree is the git side of one shard: the worktree at Path on Branch,
-// linked to the checkout's repository.
+// Worktree is the git side of one shard: a repository of its own at Path
+// (git dir Path/.git) on Branch, which borrows the checkout's objects
+// read-only through objects/info/alternates. Its refs, config, hooks and
+// index are its own: an attempt that writes its git dir writes nothing of
+// the checkout's or of another shard's (see the package comment).
 type Worktree struct {
 	Checkout string // the repository's main checkout (its common git dir)
 	Dir      string // the pool's directory (lock files live here)
 	ID       string
 	Path     string
 	Branch   string
+	// Undone is what the last Clean removed or rewrote in the shard's git
+	// dir because an attempt put it there (hooks, config, links ...).
+	Undone []string
 }
 
 // Base is the checkout's current HEAD commit: what shards are created and
@@ -86,20 +92,31 @@ func lockFile(ctx context.Context, dir, name string) (unlock func(), err error) 
 	}
 }
 
-// Exists reports whether the shard's worktree is there.
+// Exists reports whether the shard's repository is there: Path/.git is a
+// directory (not a symlink, not a file pointing elsewhere).
 func (w *Worktree) Exists() bool {
-	fi, err := os.Lstat(filepath.Join(w.Path, ".git"))
-	return err == nil && fi.Mode().IsRegular()
+	fi, err := os.Lstat(w.gitDir())
+	return err == nil && fi.IsDir()
 }
 
-// Ready is the warm-shard check: the worktree exists and its HEAD is base.
-// (The record says whether it is clean; nobody writes a shard between its
-// cleaning and the next lease.)
+func (w *Worktree) gitDir() string { return filepath.Join(w.Path, ".git") }
+
+// g runs fenceline's git on the shard's own repository. GIT_DIR,
+// GIT_COMMON_DIR and GIT_WORK_TREE are named, so nothing an attempt wrote
+// (a commondir file, core.worktree, a .git file) points it elsewhere.
+func (w *Worktree) g(ctx context.Context, env []string, args ...string) (string, error) {
+	gd := w.gitDir()
+	return git(ctx, w.Path, append([]string{"GIT_DIR=" + gd, "GIT_COMMON_DIR=" + gd, "GIT_WORK_TREE=" + w.Path}, env...), args...)
+}
+
+// Ready is the warm-shard check: the repository exists and its HEAD is
+// base. (The record says whether it is clean; nobody writes a shard
+// between its cleaning and the next lease.)
 func (w *Worktree) Ready(ctx context.Context, base string) error {
 	if !w.Exists() {
-		return fmt.Errorf("shard %s: no worktree at %s", w.ID, w.Path)
+		return fmt.Errorf("shard %s: no repository at %s", w.ID, w.gitDir())
 	}
-	head, err := git(ctx, w.Path, nil, "rev-parse", "--verify", "HEAD")
+	head, err := w.g(ctx, nil, "rev-parse", "--verify", "HEAD")
 	if err != nil {
 		return fmt.Errorf("shard %s: %w", w.ID, err)
 	}
@@ -109,12 +126,12 @@ func (w *Worktree) Ready(ctx context.Context, base string) error {
 	return nil
 }
 
-// Create adds the shard's worktree at base with the real git worktree add
-// on its branch. An existing branch with commits past base is kept as
-// KeptRefPrefix+keepID first. A directory already there without a .git
-// (a create that died half-way, or an agent that deleted its .git) is
-// moved aside, never deleted: it may hold an attempt's work. Call it under
-// Lock.
+// Create makes the shard's repository at base: git init, the checkout's
+// objects as its alternate, fenceline's own config, and a checkout of
+// base on the shard's branch. A directory already there without a .git
+// directory (a create that died half-way, or an agent that deleted or
+// replaced its .git) is moved aside, never deleted: it may hold an
+// attempt's work. Call it under Lock.
 func (w *Worktree) Create(ctx context.Context, base, keepID string) (kept []string, err error) {
 	if w.Exists() {
 		return nil, nil
@@ -133,38 +150,43 @@ func (w *Worktree) Create(ctx context.Context, base, keepID string) (kept []stri
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return kept, fmt.Errorf("shard %s: %w", w.ID, err)
 	}
-	unlock, err := w.lockPool(ctx)
-	if err != nil {
-		return kept, err
-	}
-	defer unlock()
-	if _, err := git(ctx, w.Checkout, nil, "worktree", "prune"); err != nil {
+	if err := os.MkdirAll(w.Path, 0o755); err != nil {
 		return kept, fmt.Errorf("shard %s: %w", w.ID, err)
 	}
-	tip, err := git(ctx, w.Checkout, nil, "rev-parse", "--verify", "-q", "refs/heads/"+w.Branch)
-	if err == nil {
-		if k, err := keepPast(ctx, w.Checkout, strings.TrimSpace(tip), base, keepID); err != nil {
-			return kept, fmt.Errorf("shard %s: %w", w.ID, err)
-		} else if k != "" {
-			kept = append(kept, k)
-		}
+	if _, err := w.g(ctx, nil, "init", "-q", "--template=", "-b", w.Branch); err != nil {
+		return kept, fmt.Errorf("shard %s: %w", w.ID, err)
 	}
-	if _, err := git(ctx, w.Checkout, nil, "worktree", "add", "-q", "-f", "-B", w.Branch, w.Path, base); err != nil {
+	if _, err := w.restoreGitDir(ctx); err != nil {
+		return kept, fmt.Errorf("shard %s: %w", w.ID, err)
+	}
+	if _, err := w.g(ctx, nil, "checkout", "-q", "-f", "-B", w.Branch, base); err != nil {
+		return kept, fmt.Errorf("shard %s: %w", w.ID, err)
+	}
+	if err := w.syncRemoteRefs(ctx); err != nil {
 		return kept, fmt.Errorf("shard %s: %w", w.ID, err)
 	}
 	return kept, nil
 }
 
-// Clean returns the worktree to base: commits of its branch (or a
-// detached HEAD) past base and uncommitted, not ignored files are kept as
-// refs under KeptRefPrefix+keepID first, then (when HEAD is not on the
-// shard's branch) git checkout -f -B <branch> <base>, git reset --hard
-// <base> and git clean -ffdx. Call it under Lock
-// and under an exclusive lease on the shard: no live attempt may be in it.
+// Clean returns the shard to base. First its git dir is made fenceline's
+// again (restoreGitDir: what names a program, points elsewhere or is not
+// a plain file goes; w.Undone says what was undone). Then commits of its
+// branch (or a detached HEAD) past base and uncommitted, not ignored
+// files are kept as refs under KeptRefPrefix+keepID, fetched into the
+// checkout (the fetch hashes every object it takes). Then the shard's own
+// refs, reflogs, objects and index go, and base is checked out again on
+// the shard's branch from the checkout's objects, every file's content
+// hashed against the index (git update-index --refresh) before git reset
+// --hard and git clean -ffdx. Call it under Lock and under an exclusive
+// lease on the shard: no live attempt may be in it.
 func (w *Worktree) Clean(ctx context.Context, base, keepID string) (kept []string, err error) {
+	w.Undone = nil
 	if !w.Exists() {
 		k, err := w.Create(ctx, base, keepID)
 		return k, err
+	}
+	if w.Undone, err = w.restoreGitDir(ctx); err != nil {
+		return nil, fmt.Errorf("shard %s: %w", w.ID, err)
 	}
 	keep := func(ref string, err error) error {
 		if err != nil {
@@ -178,50 +200,44 @@ func (w *Worktree) Clean(ctx context.Context, base, keepID string) (kept []strin
 	if err := keep(w.snapshot(ctx, keepID)); err != nil {
 		return kept, err
 	}
-	tip, terr := git(ctx, w.Path, nil, "rev-parse", "--verify", "-q", "refs/heads/"+w.Branch)
+	tip, terr := w.g(ctx, nil, "rev-parse", "--verify", "-q", "refs/heads/"+w.Branch)
 	tip = strings.TrimSpace(tip)
 	if terr == nil {
-		if err := keep(keepPast(ctx, w.Path, tip, base, keepID)); err != nil {
+		if err := keep(w.keepPast(ctx, tip, base, keepID)); err != nil {
 			return kept, err
 		}
 	}
-	if head, err := git(ctx, w.Path, nil, "rev-parse", "--verify", "-q", "HEAD"); err == nil && strings.TrimSpace(head) != tip {
-		if err := keep(keepPast(ctx, w.Path, strings.TrimSpace(head), base, keepID+"-head")); err != nil {
+	if head, err := w.g(ctx, nil, "rev-parse", "--verify", "-q", "HEAD"); err == nil && strings.TrimSpace(head) != tip {
+		if err := keep(w.keepPast(ctx, strings.TrimSpace(head), base, keepID+"-head")); err != nil {
 			return kept, err
 		}
 	}
-	for _, d := range []string{"rebase-merge", "rebase-apply"} {
-		if p, err := git(ctx, w.Path, nil, "rev-parse", "--git-path", d); err == nil {
-			p = strings.TrimSpace(p)
-			if !filepath.IsAbs(p) {
-				p = filepath.Join(w.Path, p)
-			}
-			if _, err := os.Lstat(p); err == nil {
-				git(ctx, w.Path, nil, "rebase", "--quit")
-			}
+	if len(kept) > 0 {
+		if err := w.publish(ctx, kept); err != nil {
+			return nil, fmt.Errorf("shard %s: keep work: %w", w.ID, err)
 		}
 	}
-	if ref, err := git(ctx, w.Path, nil, "symbolic-ref", "-q", "HEAD"); err != nil || strings.TrimSpace(ref) != "refs/heads/"+w.Branch {
-		// Back onto the shard's branch; git checks every worktree for it.
-		unlock, err := w.lockPool(ctx)
-		if err != nil {
-			return kept, err
-		}
-		_, err = git(ctx, w.Path, nil, "checkout", "-q", "-f", "-B", w.Branch, base)
-		unlock()
-		if err != nil {
-			return kept, fmt.Errorf("shard %s: clean: %w", w.ID, err)
-		}
+	if err := w.wipe(); err != nil {
+		return kept, fmt.Errorf("shard %s: clean: %w", w.ID, err)
 	}
+	if _, err := w.g(ctx, nil, "read-tree", base); err != nil {
+		return kept, fmt.Errorf("shard %s: clean: %w", w.ID, err)
+	}
+	w.g(ctx, nil, "update-index", "-q", "--refresh") // exits 1 when files differ: reset rewrites those
 	for _, args := range [][]string{
+		{"update-ref", "refs/heads/" + w.Branch, base},
+		{"symbolic-ref", "HEAD", "refs/heads/" + w.Branch},
 		{"reset", "-q", "--hard", base},
 		{"clean", "-q", "-ffdx"},
 	} {
-		if _, err := git(ctx, w.Path, nil, args...); err != nil {
+		if _, err := w.g(ctx, nil, args...); err != nil {
 			return kept, fmt.Errorf("shard %s: clean: %w", w.ID, err)
 		}
 	}
-	out, err := git(ctx, w.Path, nil, "status", "--porcelain", "--ignored", "--untracked-files=all")
+	if err := w.syncRemoteRefs(ctx); err != nil {
+		return kept, fmt.Errorf("shard %s: %w", w.ID, err)
+	}
+	out, err := w.g(ctx, nil, "status", "--porcelain", "--ignored", "--untracked-files=all")
 	if err != nil {
 		return kept, fmt.Errorf("shard %s: check it is clean: %w", w.ID, err)
 	}
@@ -232,36 +248,47 @@ func (w *Worktree) Clean(ctx context.Context, base, keepID string) (kept []strin
 }
 
 // keepPast keeps commit (when it has commits base lacks) as the ref
-// KeptRefPrefix+id and returns the ref, or "" when nothing needed keeping.
-func keepPast(ctx context.Context, dir, commit, base, id string) (string, error) {
+// KeptRefPrefix+id in the shard and returns the ref, or "" when nothing
+// needed keeping.
+func (w *Worktree) keepPast(ctx context.Context, commit, base, id string) (string, error) {
 	if commit == "" || commit == base {
 		return "", nil
 	}
-	if _, err := git(ctx, dir, nil, "merge-base", "--is-ancestor", commit, base); err == nil {
+	if _, err := w.g(ctx, nil, "merge-base", "--is-ancestor", commit, base); err == nil {
 		return "", nil // everything in it is in base
 	}
 	ref := KeptRefPrefix + id
-	if _, err := git(ctx, dir, nil, "update-ref", ref, commit); err != nil {
+	if _, err := w.g(ctx, nil, "update-ref", ref, commit); err != nil {
 		return "", err
 	}
 	return ref, nil
 }
 
+// publish fetches the kept refs from the shard into the checkout, under
+// the pool's lock. The fetch takes objects as a pack and hashes each one:
+// an object the attempt forged in its own store does not enter the
+// checkout under another's id (the fetch fails instead).
+func (w *Worktree) publish(ctx context.Context, refs []string) error {
+	unlock, err := w.lockPool(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	args := []string{"fetch", "-q", "--no-tags", "--no-write-fetch-head", "--no-auto-gc", w.gitDir()}
+	for _, r := range refs {
+		args = append(args, "+"+r+":"+r)
+	}
+	_, err = git(ctx, w.Checkout, nil, args...)
+	return err
+}
+
 // snapshot keeps uncommitted changes and untracked (not ignored) files as
 // a commit on top of HEAD, the ref KeptRefPrefix+id+"-worktree", using a
-// copy of the worktree's index so the real one is left alone.
+// copy of the shard's index so the real one is left alone.
 func (w *Worktree) snapshot(ctx context.Context, id string) (string, error) {
-	st, err := git(ctx, w.Path, nil, "status", "--porcelain", "--untracked-files=all")
+	st, err := w.g(ctx, nil, "status", "--porcelain", "--untracked-files=all")
 	if err != nil || strings.TrimSpace(st) == "" {
 		return "", err
-	}
-	idx, err := git(ctx, w.Path, nil, "rev-parse", "--git-path", "index")
-	if err != nil {
-		return "", err
-	}
-	idx = strings.TrimSpace(idx)
-	if !filepath.IsAbs(idx) {
-		idx = filepath.Join(w.Path, idx)
 	}
 	tmp, err := os.CreateTemp(w.Dir, "."+w.ID+".index-")
 	if err != nil {
@@ -269,64 +296,238 @@ func (w *Worktree) snapshot(ctx context.Context, id string) (string, error) {
 	}
 	tmpName := tmp.Name()
 	defer os.Remove(tmpName)
-	if b, err := os.ReadFile(idx); err == nil {
+	if b, err := readRegular(filepath.Join(w.gitDir(), "index")); err == nil {
 		tmp.Write(b)
 	}
 	tmp.Close()
 	env := []string{"GIT_INDEX_FILE=" + tmpName}
-	if _, err := git(ctx, w.Path, env, "add", "-A"); err != nil {
+	if _, err := w.g(ctx, env, "add", "-A"); err != nil {
 		return "", err
 	}
-	tree, err := git(ctx, w.Path, env, "write-tree")
+	tree, err := w.g(ctx, env, "write-tree")
 	if err != nil {
 		return "", err
 	}
 	args := []string{"commit-tree", strings.TrimSpace(tree), "-m", "fenceline: files left in " + w.ID + " when it was cleaned (attempt " + id + ")"}
-	if head, err := git(ctx, w.Path, nil, "rev-parse", "--verify", "-q", "HEAD"); err == nil {
+	if head, err := w.g(ctx, nil, "rev-parse", "--verify", "-q", "HEAD"); err == nil {
 		args = append(args, "-p", strings.TrimSpace(head))
 	}
-	c, err := git(ctx, w.Path, env, args...)
+	c, err := w.g(ctx, env, args...)
 	if err != nil {
 		return "", err
 	}
 	ref := KeptRefPrefix + id + "-worktree"
-	if _, err := git(ctx, w.Path, nil, "update-ref", ref, strings.TrimSpace(c)); err != nil {
+	if _, err := w.g(ctx, nil, "update-ref", ref, strings.TrimSpace(c)); err != nil {
 		return "", err
 	}
 	return ref, nil
 }
 
-// gitEnv is the environment fenceline's own git commands run with: none
-// of the caller's GIT_* repository overrides, and an identity for the
-// commits that keep work.
-func gitEnv(extra []string) []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		switch k {
-		case "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_COMMON_DIR", "GIT_OBJECT_DIRECTORY",
-			"GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_CEILING_DIRECTORIES", "GIT_OPTIONAL_LOCKS":
-			continue
-		}
-		env = append(env, kv)
+// readRegular reads path when it is a regular file (never through a
+// symlink, never a fifo).
+func readRegular(path string) ([]byte, error) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return nil, err
 	}
-	env = append(env, "GIT_AUTHOR_NAME=fenceline", "GIT_AUTHOR_EMAIL=fenceline@localhost",
-		"GIT_COMMITTER_NAME=fenceline", "GIT_COMMITTER_EMAIL=fenceline@localhost", "GIT_TERMINAL_PROMPT=0")
-	return append(env, extra...)
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	return os.ReadFile(path)
 }
 
-func git(ctx context.Context, dir string, env []string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "git", append([]string{"-C", dir}, args...)...)
-	cmd.Env = gitEnv(env)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		if msg := strings.TrimSpace(stderr.String()); msg != "" {
-			return stdout.String(), fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, msg)
+// restoreGitDir makes the shard's git dir fenceline's again and says what
+// it undid. An attempt may have written anything there; after this
+// nothing in it runs a program or points outside the shard:
+//   - every entry that is neither a directory nor a regular file
+//     (a symlink into the checkout's git dir, a fifo) is removed;
+//   - hooks/ is emptied; commondir, gitdir, config.worktree, worktrees/,
+//     info/attributes, info/grafts, refs/replace/ and
+//     objects/info/http-alternates are removed;
+//   - config is rewritten: fenceline's, with the checkout's origin URL
+//     and a few keys that name no program;
+//   - objects/info/alternates names the checkout's objects alone.
+func (w *Worktree) restoreGitDir(ctx context.Context) (undone []string, err error) {
+	gd := w.gitDir()
+	err = filepath.WalkDir(gd, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
 		}
-		return stdout.String(), fmt.Errorf("git %s: %w", strings.Join(args, " "), err)
+		if d.IsDir() || d.Type().IsRegular() {
+			return nil
+		}
+		rel, _ := filepath.Rel(gd, p)
+		undone = append(undone, rel+" ("+d.Type().String()+")")
+		return os.Remove(p)
+	})
+	if err != nil {
+		return undone, fmt.Errorf("restore git dir: %w", err)
 	}
-	return stdout.String(), nil
+	if ents, _ := os.ReadDir(filepath.Join(gd, "hooks")); len(ents) > 0 {
+		for _, e := range ents {
+			undone = append(undone, "hooks/"+e.Name())
+		}
+	}
+	for _, rel := range []string{"hooks", "commondir", "gitdir", "config.worktree", "worktrees", "info/attributes", "info/grafts", "refs/replace", "objects/info/http-alternates"} {
+		p := filepath.Join(gd, rel)
+		if _, err := os.Lstat(p); err != nil {
+			continue
+		}
+		if rel != "hooks" {
+			undone = append(undone, rel)
+		}
+		if err := os.RemoveAll(p); err != nil {
+			return undone, fmt.Errorf("restore git dir: %w", err)
+		}
+	}
+	cfg, alt, err := w.ownConfig(ctx)
+	if err != nil {
+		return undone, err
+	}
+	if old, err := os.ReadFile(filepath.Join(gd, "config")); err == nil && string(old) != cfg {
+		undone = append(undone, "config")
+	}
+	if err := os.MkdirAll(filepath.Join(gd, "objects", "info"), 0o755); err != nil {
+		return undone, fmt.Errorf("restore git dir: %w", err)
+	}
+	if err := writeReplace(filepath.Join(gd, "config"), cfg); err != nil {
+		return undone, err
+	}
+	if err := writeReplace(filepath.Join(gd, "objects", "info", "alternates"), alt+"\n"); err != nil {
+		return undone, err
+	}
+	return undone, nil
+}
+
+// ownConfig is the shard's config and its alternates line. The checkout
+// is asked (through gitsafe) for its common git dir and for the few keys
+// copied over, none of which names a program.
+func (w *Worktree) ownConfig(ctx context.Context) (cfg, alternates string, err error) {
+	common, err := git(ctx, w.Checkout, nil, "rev-parse", "--path-format=absolute", "--git-common-dir")
+	if err != nil {
+		return "", "", fmt.Errorf("checkout git dir: %w", err)
+	}
+	alternates = filepath.Join(strings.TrimSpace(common), "objects")
+	listed, err := git(ctx, w.Checkout, nil, "config", "--local", "--list", "--null")
+	if err != nil {
+		return "", "", fmt.Errorf("checkout config: %w", err)
+	}
+	vals := map[string]string{}
+	for _, ent := range strings.Split(listed, "\x00") {
+		k, v, _ := strings.Cut(ent, "\n")
+		switch k {
+		case "remote.origin.url", "core.autocrlf", "core.eol", "core.symlinks", "core.ignorecase", "core.filemode", "extensions.objectformat":
+			vals[k] = v
+		}
+	}
+	var b strings.Builder
+	b.WriteString("[core]\n\trepositoryformatversion = ")
+	if vals["extensions.objectformat"] != "" {
+		b.WriteString("1\n")
+	} else {
+		b.WriteString("0\n")
+	}
+	b.WriteString("\tbare = false\n\tlogallrefupdates = true\n")
+	for _, k := range []string{"core.autocrlf", "core.eol", "core.symlinks", "core.ignorecase", "core.filemode"} {
+		if v, ok := vals[k]; ok {
+			fmt.Fprintf(&b, "\t%s = %s\n", strings.TrimPrefix(k, "core."), quote(v))
+		}
+	}
+	if v := vals["extensions.objectformat"]; v != "" {
+		fmt.Fprintf(&b, "[extensions]\n\tobjectformat = %s\n", quote(v))
+	}
+	if v := vals["remote.origin.url"]; v != "" {
+		fmt.Fprintf(&b, "[remote \"origin\"]\n\turl = %s\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n", quote(v))
+	}
+	return b.String(), alternates, nil
+}
+
+// quote writes v as a git config value.
+func quote(v string) string {
+	r := strings.NewReplacer("\\", "\\\\", "\"", "\\\"", "\n", "\\n", "\t", "\\t")
+	return "\"" + r.Replace(v) + "\""
+}
+
+// writeReplace writes path by renaming a new file over it: never through
+// a link an attempt left there.
+func writeReplace(path, content string) error {
+	tmp := path + ".fenceline-tmp"
+	os.Remove(tmp)
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		return fmt.Errorf("restore git dir: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("restore git dir: %w", err)
+	}
+	return nil
+}
+
+// wipe removes the shard's own refs, reflogs, objects, index and
+// in-progress operations once its work is kept: what remains is borrowed
+// from the checkout, whose objects the attempt could not write.
+func (w *Worktree) wipe() error {
+	gd := w.gitDir()
+	for _, rel := range []string{"refs", "logs", "packed-refs", "index", "ORIG_HEAD", "FETCH_HEAD", "MERGE_HEAD", "CHERRY_PICK_HEAD", "REVERT_HEAD", "rebase-merge", "rebase-apply", "sequencer", "shallow"} {
+		if err := os.RemoveAll(filepath.Join(gd, rel)); err != nil {
+			return err
+		}
+	}
+	ents, err := os.ReadDir(filepath.Join(gd, "objects"))
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if e.Name() != "info" {
+			if err := os.RemoveAll(filepath.Join(gd, "objects", e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	for _, d := range []string{"refs/heads", "refs/tags"} {
+		if err := os.MkdirAll(filepath.Join(gd, d), 0o755); err != nil {
+			return err
+		}
+	}
+	return writeReplace(filepath.Join(gd, "HEAD"), "ref: refs/heads/"+w.Branch+"\n")
+}
+
+// syncRemoteRefs copies the checkout's refs/remotes/origin/* into the
+// shard (their objects are the checkout's), so an agent sees origin's
+// branches as the checkout knows them.
+func (w *Worktree) syncRemoteRefs(ctx context.Context) error {
+	out, err := git(ctx, w.Checkout, nil, "for-each-ref", "--format=%(objectname) %(refname)", "refs/remotes/origin/")
+	if err != nil || strings.TrimSpace(out) == "" {
+		return err
+	}
+	var in strings.Builder
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		id, ref, ok := strings.Cut(l, " ")
+		if ok && ref != "refs/remotes/origin/HEAD" {
+			fmt.Fprintf(&in, "update %s %s\n", ref, id)
+		}
+	}
+	gd := w.gitDir()
+	g := gitsafe.Git{Dir: w.Path, Env: []string{"GIT_DIR=" + gd, "GIT_COMMON_DIR=" + gd, "GIT_WORK_TREE=" + w.Path}}
+	cmd, err := g.Command(ctx, "update-ref", "--stdin")
+	if err != nil {
+		return err
+	}
+	cmd.Stdin = strings.NewReader(in.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("copy origin's refs: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// identity is who the commits that keep work are by.
+var identity = []string{"GIT_AUTHOR_NAME=fenceline", "GIT_AUTHOR_EMAIL=fenceline@localhost",
+	"GIT_COMMITTER_NAME=fenceline", "GIT_COMMITTER_EMAIL=fenceline@localhost"}
+
+// git runs fenceline's own git in dir through gitsafe: none of the
+// caller's GIT_* variables, no hook, and no program the repository's
+// configuration names (an attempt may have planted them).
+func git(ctx context.Context, dir string, env []string, args ...string) (string, error) {
+	return gitsafe.Git{Dir: dir, Env: append(append([]string(nil), identity...), env...)}.Output(ctx, args...)
 }
 
 func short(c string) string {

@@ -185,7 +185,7 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 		return demoFail("shard pool should be declared: exit %d\n%s", code, out.String())
 	}
 	fmt.Fprintf(d.out, "fenceline shard pool --repo %s --size 2 --max-sharers 3\n", s.co)
-	fmt.Fprintln(d.out, "  (shards are git worktrees in payments.shards/, made by the first attempt placed in each)")
+	fmt.Fprintln(d.out, "  (shards are repositories of their own in payments.shards/, borrowing the checkout's objects, made by the first attempt placed in each)")
 
 	fmt.Fprintln(d.out, "three agents with path leases start at once:")
 	sharers := map[string]string{"agent-billing": "services/billing", "agent-ledger": "services/ledger", "agent-tax": "libs/tax"}

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fenceline/fenceline/fsguard"
+	"github.com/fenceline/fenceline/internal/gitsafe"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/proxy"
@@ -260,6 +260,9 @@ type runner struct {
 	pool *pooledRun
 	home *checkout
 	argv []string
+	// gitSnap is the checkout's executable git configuration before an
+	// exclusive attempt without a pool; settle restores it.
+	gitSnap *shard.GitDirSnapshot
 }
 
 func (r *runner) say(format string, args ...any) {
@@ -306,6 +309,8 @@ func (r *runner) run(ctx context.Context, argv, extra []string, out io.Writer) (
 		if err := r.place(ctx, audit); err != nil {
 			return err
 		}
+	} else if err := r.snapshotGitDirs(); err != nil {
+		return err
 	}
 	log := slog.New(slog.NewTextHandler(r.errw, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if len(r.rf.ff.gitObjects) == 0 && len(r.co.gitDirs) > 0 {
@@ -866,18 +871,11 @@ func findCheckout(ctx context.Context, path string) (*checkout, error) {
 	return co, nil
 }
 
+// gitOutput runs git in dir through gitsafe: no hook and no program the
+// repository's configuration names runs (an earlier attempt may have
+// planted them).
 func gitOutput(ctx context.Context, dir string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "git", append([]string{"-C", dir}, args...)...)
-	cmd.Env = setEnvVar(os.Environ(), "GIT_OPTIONAL_LOCKS", "0")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		if msg := strings.TrimSpace(stderr.String()); msg != "" {
-			return "", fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, msg)
-		}
-		return "", fmt.Errorf("git %s: %w", strings.Join(args, " "), err)
-	}
-	return stdout.String(), nil
+	return gitsafe.Git{Dir: dir}.Output(ctx, args...)
 }
 
 // scpLike matches git's scp-like remote syntax, [user@]host:path.

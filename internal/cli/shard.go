@@ -25,8 +25,11 @@ attempts are placed in. With a pool declared, "fenceline run --repo PATH"
 works in a shard instead of the checkout: an exclusive attempt (no claim
 flags) gets a whole empty shard, cleaned before and after it; path leases
 (--scope) share a shard with disjoint claims, up to --max-sharers. Shards
-are created with "git worktree add" by the first attempt placed in them,
-on the branch fenceline/shard-N.`,
+are repositories of their own (the checkout's objects borrowed read-only
+as alternates; their own refs, config and hooks), created by the first
+attempt placed in them, on the branch fenceline/shard-N. An attempt's
+git dir writes stay in its shard; cleaning keeps its work in the
+checkout as refs/fenceline/attempts/<attemptId>.`,
 		Args: groupArgs,
 		RunE: showHelp,
 	}
@@ -564,7 +567,7 @@ func (r *runner) place(ctx context.Context, audit *leasebus.Auditor) error {
 	how := "ready"
 	switch {
 	case pl.Created:
-		how = "created with git worktree add"
+		how = "created (a repository of its own borrowing the checkout's objects)"
 	case pl.Cleaned:
 		how = "cleaned first"
 	case pr.mode == shard.ModeShared:
@@ -583,9 +586,44 @@ func (r *runner) place(ctx context.Context, audit *leasebus.Auditor) error {
 	return nil
 }
 
+// snapshotGitDirs records the checkout's executable git configuration
+// (config files, hooks, info/attributes, in its git dirs and their
+// submodules') before an exclusive attempt without a pool starts: its git
+// dir is writable, and what it plants there would run later, unconfined,
+// in the user's git or fenceline's.
+func (r *runner) snapshotGitDirs() error {
+	if r.held.holder.Lease().WorkspaceMode == leasebus.WorkspaceShared || len(r.co.gitDirs) == 0 {
+		return nil
+	}
+	snap, err := shard.SnapshotGitDirs(r.co.gitDirs)
+	if err != nil {
+		return fmt.Errorf("before the attempt: %w", err)
+	}
+	r.gitSnap = snap
+	return nil
+}
+
+// restoreGitDirs puts back what snapshotGitDirs recorded, once every
+// process of the attempt is gone, and says what it undid.
+func (r *runner) restoreGitDirs() {
+	if r.gitSnap == nil {
+		return
+	}
+	snap := r.gitSnap
+	r.gitSnap = nil
+	undone, err := snap.Restore()
+	if len(undone) > 0 {
+		r.say("restored the checkout's git configuration and hooks; undone: %s", strings.Join(undone, ", "))
+	}
+	if err != nil {
+		r.say("restoring the checkout's git configuration and hooks: %v: check %s before running git there", err, strings.Join(r.co.gitDirs, ", "))
+	}
+}
+
 // settle records the attempt's end (once every process is gone, before
 // the lease is released) and returns an exclusive attempt's shard clean.
 func (r *runner) settle(ctx context.Context, code int, cancelled bool) {
+	r.restoreGitDirs()
 	pr := r.pool
 	if pr == nil || pr.place == nil || pr.settled {
 		return
@@ -616,6 +654,16 @@ func (r *runner) settle(ctx context.Context, code int, cancelled bool) {
 			msg = "its work kept as " + strings.Join(kept, ", ")
 		}
 		r.say("%s cleaned for the next attempt (%s)", pl.Worktree.ID, msg)
+		if len(pl.Worktree.Undone) > 0 {
+			r.say("%s: undone in its git dir (the attempt put them there): %s", pl.Worktree.ID, strings.Join(pl.Worktree.Undone, ", "))
+		}
+	case pl.Mode == shard.ModeCommitSerialized || pl.Mode == shard.ModeCommitExclusive:
+		if len(kept) > 0 {
+			r.say("%s: %s published to the checkout", pl.Worktree.ID, strings.Join(kept, ", "))
+		}
+		if len(pl.Worktree.Undone) > 0 {
+			r.say("%s: undone in its git dir (the attempt put them there): %s", pl.Worktree.ID, strings.Join(pl.Worktree.Undone, ", "))
+		}
 	case pl.Mode == shard.ModeShared:
 		r.say("%s: the attempt's paths stay as they are for the coordinator (shard dirty)", pl.Worktree.ID)
 	}

@@ -194,7 +194,7 @@ func TestShardExclusiveTakesEmptyShard(t *testing.T) {
 		t.Fatalf("shared in %s, exclusive in %s; want shard-1 and shard-2", s1, sh)
 	}
 	mustContain(t, "exclusive run", r.stdout, "committed")
-	mustContain(t, "exclusive run", r.stderr, "created with git worktree add", "shard-2 cleaned for the next attempt", "refs/fenceline/attempts/"+att)
+	mustContain(t, "exclusive run", r.stderr, "created (a repository of its own", "shard-2 cleaned for the next attempt", "refs/fenceline/attempts/"+att)
 	if out := mustGitRun(t, co, nil, "log", "-1", "--format=%s", "refs/fenceline/attempts/"+att); strings.TrimSpace(out) != "excl" {
 		t.Errorf("kept ref: %q", out)
 	}

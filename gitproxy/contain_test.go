@@ -1,0 +1,169 @@
+package gitproxy
+
+import (
+	"bytes"
+	"compress/zlib"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/fenceline/fenceline/internal/gitsafe/gittrap"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// forgeRootTree is the attack of issue 22 (4) on the agent's repository
+// dir: the loose object of the upstream tip's root tree is overwritten
+// with a forged tree, under the genuine tree's id. The forged tree is
+// the tree of commit (the agent's) with one top-level entry, keep, taken
+// from the tip instead: a diff from it to commit's tree shows only keep
+// changed.
+func forgeRootTree(t *testing.T, dir, tip, commit, keep string) {
+	t.Helper()
+	genuine := strings.TrimSpace(mustGit(t, dir, "rev-parse", tip+"^{tree}"))
+	// Every object loose, so the forged one is the only copy.
+	packs, _ := filepath.Glob(filepath.Join(dir, ".git", "objects", "pack", "*.pack"))
+	for _, p := range packs {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.Remove(p)
+		os.Remove(strings.TrimSuffix(p, ".pack") + ".idx")
+		os.Remove(strings.TrimSuffix(p, ".pack") + ".rev")
+		cmd := execGit(dir, "unpack-objects", "-q")
+		cmd.Stdin = bytes.NewReader(data)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("unpack-objects: %v\n%s", err, out)
+		}
+	}
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(mustGit(t, dir, "ls-tree", commit)), "\n") {
+		if strings.HasSuffix(l, "\t"+keep) {
+			l = strings.TrimSpace(mustGit(t, dir, "ls-tree", tip, keep))
+		}
+		lines = append(lines, l)
+	}
+	cmd := execGit(dir, "mktree")
+	cmd.Stdin = strings.NewReader(strings.Join(lines, "\n") + "\n")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := strings.TrimSpace(string(out))
+	content := mustGit(t, dir, "cat-file", "tree", forged)
+	var z bytes.Buffer
+	zw := zlib.NewWriter(&z)
+	zw.Write([]byte("tree " + strconv.Itoa(len(content)) + "\x00" + content))
+	zw.Close()
+	p := filepath.Join(dir, ".git", "objects", genuine[:2], genuine[2:])
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	os.Remove(p)
+	if err := os.WriteFile(p, z.Bytes(), 0o444); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestForgedLooseObjectCannotChangeTheVerdict: a services/billing lease
+// pushes a commit that changes libs/tax too, after forging, in the
+// repository the fence resolves base trees from (its ObjectDirs), the
+// upstream tip's root tree so that the diff shows services alone. The
+// fence refuses it (outside-lease) and nothing lands.
+func TestForgedLooseObjectCannotChangeTheVerdict(t *testing.T) {
+	e := newEnv(t)
+	e.installHook(false)
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	checkout := e.clone(e.gs.srv.URL) // the agent's repository: the fence's ObjectDirs
+	px := e.proxy(l, func(c *Config) { c.ObjectDirs = []string{filepath.Join(checkout, ".git")} })
+	work := e.clone(px.URL) // the agent pushes from another clone, free of the forgery
+	before := e.upstreamRef("refs/heads/main")
+	c := e.commit(work, "both", "services/billing/invoice.go", "billing\n", "libs/tax/rates.go", "tax\n")
+	mustGit(t, checkout, "fetch", "--quiet", work, "main:refs/heads/agent")
+	forgeRootTree(t, checkout, before, c, "services")
+
+	out := mustRefuse(t, work, "libs/tax/rates.go", "origin", "main")
+	if !strings.Contains(out, ReasonOutsideLease) && !strings.Contains(out, "outside lease") {
+		t.Errorf("refusal does not say the path is outside the lease:\n%s", out)
+	}
+	if got := e.upstreamRef("refs/heads/main"); got != before {
+		t.Fatalf("the push landed: main is %s", got)
+	}
+}
+
+// TestHookChecksTouchedPathsAgainstTheClaim: a push the proxy misjudged
+// (here: sent straight to the server with a genuinely signed fence for a
+// services/billing claim) that changes libs/tax is refused by the
+// pre-receive hook, which computes the touched paths from the server's
+// own objects, and the refusal is logged.
+func TestHookChecksTouchedPathsAgainstTheClaim(t *testing.T) {
+	e := newEnv(t)
+	e.installHook(false)
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	dir := e.clone(e.gs.srv.URL)
+	e.commit(dir, "both", "services/billing/invoice.go", "billing\n", "libs/tax/rates.go", "tax\n")
+	before := e.upstreamRef("refs/heads/main")
+	opts := signed(t, e.hookKey, testRepo, l.Record, e.updateOf(dir))
+	out := mustRefuse(t, dir, "libs/tax/rates.go", append(pushOpts(opts), e.gs.url("payments.git"), "HEAD:main")...)
+	if !strings.Contains(out, "["+HookOutsideClaim+"]") {
+		t.Errorf("refusal lacks the reason %s:\n%s", HookOutsideClaim, out)
+	}
+	if got := e.upstreamRef("refs/heads/main"); got != before {
+		t.Fatalf("the push landed: main is %s", got)
+	}
+	if got := e.hookRefusals(); len(got) != 1 || got[0] != HookOutsideClaim {
+		t.Errorf("refusal log = %v, want [%s]", got, HookOutsideClaim)
+	}
+	if e.fenceOf("libs/tax") != 0 || e.fenceOf("libs/tax/rates.go") != 0 {
+		t.Errorf("a refused push recorded fences:\n%s", e.fenceTable())
+	}
+	// Inside the claim, the same fence lands.
+	mustGit(t, dir, "reset", "--quiet", "--hard", before)
+	head := e.commit(dir, "billing", "services/billing/invoice.go", "billing\n")
+	opts = signed(t, e.hookKey, testRepo, l.Record, e.updateOf(dir))
+	mustPush(t, dir, append(pushOpts(opts), e.gs.url("payments.git"), "HEAD:main")...)
+	if e.upstreamRef("refs/heads/main") != head {
+		t.Fatal("a push inside the claim did not land")
+	}
+}
+
+// TestHookRunsNoTrap: the server's repository configures every program
+// git can run (but its hooks path, which would replace the hook under
+// test, and core.alternateRefsCommand, which receive-pack itself runs);
+// the pre-receive hook's own git commands run none of them while a fenced
+// push goes through.
+func TestHookRunsNoTrap(t *testing.T) {
+	e := newEnv(t)
+	e.installHook(false)
+	tpl := t.TempDir()
+	marker := filepath.Join(t.TempDir(), "ran")
+	if err := gittrap.Plant(tpl, "", filepath.Join(t.TempDir(), "traps"), marker); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := os.ReadFile(filepath.Join(tpl, "config"))
+	var keep []string
+	for _, l := range strings.Split(string(cfg), "\n") {
+		// The server's receive-pack runs core.alternateRefsCommand itself
+		// (its connectivity check in quarantine): that is the server's git.
+		if !strings.Contains(l, "hooksPath") && !strings.Contains(l, "alternateRefsCommand") {
+			keep = append(keep, l)
+		}
+	}
+	f, err := os.OpenFile(filepath.Join(e.bare, "config"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(strings.Join(keep, "\n"))
+	f.Close()
+	os.MkdirAll(filepath.Join(e.bare, "info"), 0o755)
+	os.WriteFile(filepath.Join(e.bare, "info", "attributes"), []byte("* filter=trap diff=trap\n"), 0o644)
+
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	dir := e.clone(e.gs.srv.URL)
+	e.commit(dir, "billing", "services/billing/invoice.go", "billing\n")
+	opts := signed(t, e.hookKey, testRepo, l.Record, e.updateOf(dir))
+	mustPush(t, dir, append(pushOpts(opts), e.gs.url("payments.git"), "HEAD:main")...)
+	if ran := gittrap.Ran(marker); ran != "" {
+		t.Errorf("the hook ran the server repository's programs:\n%s", ran)
+	}
+}
