@@ -209,7 +209,15 @@ if echo x > "$TMPDIR/l"; then exit 18; fi
 if mkdir "$LEASED/dir"; then exit 19; fi
 if echo x > "$TMPDIR/h"; then exit 20; fi
 if echo x >> "$TMPDIR/h"; then exit 21; fi
+git status >/dev/null || exit 22
 echo done`
+	for _, args := range [][]string{{"init", "-q"}, {"add", "-A"}, {"-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "one"}} {
+		git := exec.Command("git", args...)
+		git.Dir = w.root
+		if out, err := git.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
 	audit := &memAuditor{}
 	cmd := exec.Command("/bin/sh", "-c", script)
 	cmd.Env = append(os.Environ(), "LEASED="+w.leased, "MARKER="+marker, "PTY="+slave.Name())
@@ -247,5 +255,27 @@ echo done`
 		}); !ok {
 			t.Errorf("no lease-lost audit event naming %s among %+v", p, audit.all())
 		}
+	}
+}
+
+// TestLostLeaseOpenat2: after the loss a read-only openat2 answers ENOSYS
+// (callers fall back to openat, which reads without a round trip); a
+// write-open with openat2 works in the temp dir and on /dev/null and is
+// refused in the lease.
+func TestLostLeaseOpenat2(t *testing.T) {
+	helper := guardHelper(t)
+	w := newWorktree(t)
+	gate := &testGate{}
+	gate.lost.Store(true)
+	audit := &memAuditor{}
+	script := helper + ` openat2 "$TMPDIR/new" /dev/null "$LEASED/mine.txt"`
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.Env = append(os.Environ(), "LEASED="+w.leased)
+	r := runGuardedAudit(t, w.policy(), gate, audit, cmd)
+	if want := "ro=function not implemented rw=ok ro=function not implemented rw=ok ro=function not implemented rw=EACCES"; r.out != want {
+		t.Errorf("openat2 after the loss: %q, want %q", r.out, want)
+	}
+	if b, _ := os.ReadFile(filepath.Join(w.leased, "mine.txt")); string(b) != "data" {
+		t.Errorf("leased file = %q, want it untouched", b)
 	}
 }

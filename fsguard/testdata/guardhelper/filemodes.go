@@ -29,6 +29,8 @@ func init() {
 		run = meta
 	case "chmodrace":
 		run = chmodRace
+	case "openat2":
+		run = openat2
 	default:
 		return
 	}
@@ -175,3 +177,24 @@ var atFDCWD = unix.AT_FDCWD
 
 // cwdFD is AT_FDCWD as a raw system-call argument.
 var cwdFD = uintptr(atFDCWD)
+
+// openat2 PATH... : openat2 of each PATH read-only, then for writing
+// (O_WRONLY|O_CREAT), one result each: "ro=RESULT rw=RESULT ...".
+func openat2(args []string) int {
+	var out []string
+	for _, p := range args {
+		for _, m := range []struct {
+			name  string
+			flags uint64
+		}{{"ro", unix.O_RDONLY}, {"rw", unix.O_WRONLY | unix.O_CREAT}} {
+			how := unix.OpenHow{Flags: m.flags | unix.O_CLOEXEC, Mode: 0o644}
+			fd, err := unix.Openat2(unix.AT_FDCWD, p, &how)
+			if err == nil {
+				unix.Close(fd)
+			}
+			out = append(out, m.name+"="+res(err))
+		}
+	}
+	fmt.Println(strings.Join(out, " "))
+	return 0
+}
