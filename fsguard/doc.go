@@ -123,7 +123,8 @@
 // TCP connects to upstream Postgres, git or NATS ports; new write-opens and
 // namespace changes after the lease is lost; signalling the sidecar;
 // terminal input injection (TestTerminalInjectionRefused); chattr and the
-// other inode ioctls (TestSetFlagsConfined); chmod, chown, utimes and xattrs
+// other inode ioctls, also through a descriptor number switched with dup2
+// (TestSetFlagsConfined, TestSetFlagsDup2Race); chmod, chown, utimes and xattrs
 // outside the lease, also through a symlink swapped under the call
 // (TestMetadataConfined, TestMetadataSymlinkRace). After a loss /dev/null,
 // the terminal, pipes and the temp dir keep working while the lease's paths,

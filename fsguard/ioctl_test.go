@@ -180,3 +180,21 @@ func TestSetFlagsConfined(t *testing.T) {
 		t.Errorf("no lease-lost audit event naming %s", mine2)
 	}
 }
+
+// TestSetFlagsDup2Race: a thread switches the descriptor number between a
+// leased and an outside file with dup2 while another chattrs through it.
+// The supervisor judges and uses its own duplicate of the open file, so
+// the outside file never gets the flag.
+func TestSetFlagsDup2Race(t *testing.T) {
+	helper := guardHelper(t)
+	w := newWorktree(t)
+	mine, secret := filepath.Join(w.leased, "mine.txt"), filepath.Join(w.outside, "secret.txt")
+	r := runGuardedAudit(t, w.policy(), &testGate{}, &memAuditor{}, exec.Command(helper, "setflagsrace", mine, secret, "3000"))
+	t.Logf("race: %s", r.out)
+	if !strings.HasPrefix(r.out, "ok=") || strings.HasPrefix(r.out, "ok=0 ") {
+		t.Errorf("race output %q: want some chattrs of the leased file to succeed", r.out)
+	}
+	if inodeFlags(t, secret)&fsNodumpFl != 0 {
+		t.Errorf("the outside file got FS_NODUMP_FL during the race")
+	}
+}

@@ -31,6 +31,8 @@ func init() {
 		run = chmodRace
 	case "openat2":
 		run = openat2
+	case "setflagsrace":
+		run = setFlagsRace
 	default:
 		return
 	}
@@ -196,5 +198,49 @@ func openat2(args []string) int {
 		}
 	}
 	fmt.Println(strings.Join(out, " "))
+	return 0
+}
+
+// setFlagsRace IN OUT N: descriptor 100 is switched with dup2 between IN
+// and OUT by one goroutine while the main one sets FS_NODUMP_FL through it
+// N times.
+func setFlagsRace(args []string) int {
+	in, err := unix.Open(args[0], unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		fmt.Println("open=" + res(err))
+		return 1
+	}
+	out, err := unix.Open(args[1], unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		fmt.Println("open=" + res(err))
+		return 1
+	}
+	n, _ := strconv.Atoi(args[2])
+	const target = 100
+	unix.Dup2(in, target)
+	var stop atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; !stop.Load() && i < 1_000_000; i++ {
+			src := in
+			if i%2 == 1 {
+				src = out
+			}
+			unix.Dup2(src, target)
+		}
+	}()
+	ok, denied := 0, 0
+	for range n {
+		flags := int32(fsNodumpFl)
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, target, unix.FS_IOC_SETFLAGS, uintptr(unsafe.Pointer(&flags))); e == 0 {
+			ok++
+		} else {
+			denied++
+		}
+	}
+	stop.Store(true)
+	<-done
+	fmt.Printf("ok=%d denied=%d\n", ok, denied)
 	return 0
 }
