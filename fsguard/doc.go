@@ -28,7 +28,8 @@
 // O_APPEND — decided in the filter, no round trip for reads; openat2, creat,
 // rename*, unlink*, mkdir*, rmdir, link*, symlink*, mknod*, truncate,
 // ftruncate, fallocate, chmod/chown/utimes families and xattr writes
-// always). While Gate.Fence succeeds the supervisor answers CONTINUE: that
+// always; ioctl only for the requests below). While Gate.Fence succeeds
+// the supervisor answers a write-open or a namespace change CONTINUE: that
 // is not an allow decision — the call then meets Landlock in the kernel, so
 // the time-of-check/time-of-use hole of CONTINUE grants nothing. Once the
 // gate fails it answers EACCES, counts the denial and records an audit
@@ -38,6 +39,39 @@
 // gets ENOSYS, so libc and Go fall back to openat, which the filter checks
 // without trusting CONTINUE. The filter kills foreign-architecture and x32
 // calls and refuses io_uring_setup (io_uring operations bypass seccomp).
+//
+// What Landlock does not govern the supervisor performs itself, never
+// answering CONTINUE after a check the agent could race (emulate_linux.go,
+// ioctl_linux.go):
+//   - Terminal input injection (ioctl TIOCSTI, TIOCLINUX) is refused
+//     always with EPERM, audited with reason not-allowed.
+//   - Inode ioctls (FS_IOC_SETFLAGS = chattr, FS_IOC_FSSETXATTR,
+//     FS_IOC_SETVERSION, their 32-bit forms, FS_IOC_ENABLE_VERITY,
+//     FS_IOC_SET_ENCRYPTION_POLICY) work on read-only descriptors. While
+//     the lease holds the supervisor duplicates the task's descriptor
+//     (pidfd_getfd: a dup2 onto the number afterwards changes nothing),
+//     checks the real path of its duplicate against the writable set
+//     (resolved with EvalSymlinks at Start) and the temp dir, copies the
+//     argument and performs the ioctl on the duplicate; outside, EACCES
+//     with reason outside-lease. After the loss, refused.
+//   - Metadata (chmod, chown, utimes and xattr families) likewise: the
+//     target is resolved once into an O_PATH descriptor of the supervisor
+//     (relative to the task's dirfd or cwd through /proc/PID; /proc/self
+//     and /dev/fd spelled by the task mean the task's), judged by its real
+//     path, and changed through that descriptor (AT_EMPTY_PATH or
+//     /proc/self/fd/N) with the values copied from the task. A symlink
+//     swapped meanwhile redirects nothing.
+//   - After the loss, reads that write somewhere harmless go on. A
+//     write-open, mkdir, unlink, rmdir or rename spelled beneath the
+//     private temp dir is performed beneath the supervisor's descriptor of
+//     the dir (openat2 RESOLVE_BENEATH: a symlink or ".." out of it fails;
+//     an existing regular file with other hard links is refused, it may be
+//     a leased file linked there while the lease held; new files are made
+//     O_EXCL under the task's umask). A write-open of /dev/null, /dev/zero,
+//     /dev/full, a pty, /dev/ptmx, the task's terminal or a FIFO
+//     (/dev/stdout on a pipe) is resolved O_PATH, checked with fstat and
+//     reopened through /proc/self/fd. Each new descriptor is handed over
+//     with SECCOMP_IOCTL_NOTIF_ADDFD. Everything else stays refused.
 //
 // The git shim is convenience, not enforcement: with Policy.GitShim a git
 // first on PATH refuses repo-wide subcommands (Policy.GitDenied, default
@@ -120,7 +154,17 @@
 // the path is spelled; writes through inherited read-only descriptors
 // re-opened via /proc/self/fd; static binaries; reading hidden credentials;
 // TCP connects to upstream Postgres, git or NATS ports; new write-opens and
-// namespace changes after the lease is lost; signalling the sidecar.
+// namespace changes after the lease is lost; signalling the sidecar;
+// terminal input injection (TestTerminalInjectionRefused); chattr and the
+// other inode ioctls, also through a descriptor number switched with dup2
+// (TestSetFlagsConfined, TestSetFlagsDup2Race); chmod, chown, utimes and xattrs
+// outside the lease, also through a symlink swapped under the call
+// (TestMetadataConfined, TestMetadataSymlinkRace). After a loss /dev/null,
+// the terminal, pipes and the temp dir keep working while the lease's paths,
+// also through a symlink or hard link in the temp dir, stay refused
+// (TestLostLeaseHarmlessWritesGoOn); a writable path or claim through a
+// symlink, also one swapped in after the policy was resolved
+// (TestWritableThroughSymlinkRefused, TestWritableRuleChecksTheDescriptor).
 // Network (see Network): TCP connects only to the loopback's allowed ports,
 // judged on the supervisor's copy of the address (TestTCPConnectLimited,
 // TestTCPConnectAllowedLoopback, TestTCPConnectAddressRace); TCP Fast Open
@@ -133,8 +177,6 @@
 //   - A descriptor opened for writing while the lease was held stays
 //     writable after it is lost: write(2), mmap and friends on it are not
 //     trapped (trapping every write would cost a round trip per write).
-//   - Landlock does not govern metadata: chmod, chown, utimes and xattrs on
-//     files the agent may read are refused only after the lease is lost.
 //   - The supervisor makes the agent's connects: a Unix-socket server sees
 //     the supervisor's credentials (SO_PEERCRED), not the agent's. A TCP
 //     connect still pending when the attempt ends is shut down; a connect
@@ -145,6 +187,14 @@
 //   - Sockets the agent did not make (inherited, or received over a listed
 //     Unix socket) are not judged again: what they send goes where they
 //     may. Netlink route sockets are allowed (libc's getifaddrs).
+//   - Emulated calls run with the supervisor's credentials, which are the
+//     agent's (same user; no_new_privs keeps them so). A supervisor with
+//     more privilege than its agent would lend it to those calls.
+//   - After a loss: a FIFO without a reader answers ENXIO instead of
+//     blocking; /dev/tty opens only when it is the supervisor's terminal
+//     too; an absolute symlink inside the temp dir is not followed for a
+//     write; link, symlink, truncate, mknod and metadata calls stay
+//     refused even in the temp dir.
 //   - Hidden paths: names in their directories stay listable, and a
 //     directory created later next to a hidden path is not readable.
 //   - Processes running as another user, or with capabilities, are out of
@@ -182,5 +232,8 @@
 // A connect costs more: about 60 µs over a plain loopback connect (the
 // supervisor copies the address, duplicates the socket, connects it from a
 // goroutine of its own and answers; BenchmarkConnect). socket(), sends and
-// setsockopt are decided in the filter. scripts/bench-fsguard.sh measures it side by side.
+// setsockopt are decided in the filter.
+// A metadata call or inode ioctl costs that round trip plus the
+// supervisor's resolution and the call itself.
+// scripts/bench-fsguard.sh measures it side by side.
 package fsguard

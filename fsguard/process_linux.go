@@ -42,6 +42,15 @@ type Process struct {
 	tmpDir   string
 	shimDir  string
 
+	// What the supervisor needs to emulate calls (see emulate_linux.go):
+	// the real paths of the writable set and of the temp dir, an O_PATH
+	// descriptor of the temp dir, and whether the notify thread has an
+	// umask of its own (unshared CLONE_FS).
+	writableReal []string
+	tmpReal      string
+	tmpFD        int
+	ownUmask     bool
+
 	denials atomic.Uint64
 	dropped atomic.Uint64 // denials not audited individually (queue full)
 	auditQ  chan leasebus.AuditEvent
@@ -85,7 +94,7 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 	}
 	enableSubreaper()
 
-	pr := &Process{policy: p, gate: gate, audit: audit, abi: abi, guarded: abiErr == nil, listener: -1, stopR: -1, stopW: -1,
+	pr := &Process{policy: p, gate: gate, audit: audit, abi: abi, guarded: abiErr == nil, listener: -1, stopR: -1, stopW: -1, tmpFD: -1,
 		auditQ: make(chan leasebus.AuditEvent, 1024), killReq: make(chan struct{}, 1),
 		notifDone: make(chan struct{}), auditDone: make(chan struct{}), done: make(chan struct{})}
 	ok := false
@@ -103,6 +112,9 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 		return nil, fmt.Errorf("private temp dir: %w", err)
 	}
 	pr.tmpDir = real
+	if err := pr.resolveWritable(); err != nil {
+		return nil, err
+	}
 	env := cmd.Env
 	if env == nil {
 		env = os.Environ()
@@ -359,7 +371,33 @@ func (pr *Process) notifDoneClosed() bool {
 	}
 }
 
+// resolveWritable records the real paths of the policy's writable set and
+// of the temp dir, and opens the temp dir for the supervisor.
+func (pr *Process) resolveWritable() error {
+	for _, w := range cleanAll(pr.policy.writable()) {
+		r, err := filepath.EvalSymlinks(w)
+		if err != nil {
+			return fmt.Errorf("policy writable path %q: %w", w, err)
+		}
+		pr.writableReal = append(pr.writableReal, r)
+	}
+	r, err := filepath.EvalSymlinks(pr.tmpDir)
+	if err != nil {
+		return fmt.Errorf("private temp dir: %w", err)
+	}
+	pr.tmpReal = r
+	pr.writableReal = append(pr.writableReal, r)
+	if pr.tmpFD, err = unix.Open(r, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		return fmt.Errorf("private temp dir: %w", err)
+	}
+	return nil
+}
+
 func (pr *Process) cleanupDirs() {
+	if pr.tmpFD >= 0 {
+		unix.Close(pr.tmpFD)
+		pr.tmpFD = -1
+	}
 	for _, d := range []string{pr.tmpDir, pr.shimDir} {
 		if d != "" {
 			os.RemoveAll(d)
@@ -373,7 +411,14 @@ func (pr *Process) cleanupDirs() {
 func (pr *Process) notifyLoop() {
 	defer close(pr.notifDone)
 	runtime.LockOSThread() // one thread answers: the kernel wakes it on the trapping CPU
-	defer runtime.UnlockOSThread()
+	// An umask of its own, set to the task's before the supervisor creates
+	// something for it; the thread then ends with the loop.
+	if err := unix.Unshare(unix.CLONE_FS); err == nil {
+		pr.ownUmask = true
+	} else {
+		defer runtime.UnlockOSThread()
+		pr.policy.logger().Warn("seccomp supervisor: no umask of its own: files created for the attempt after a lease loss get the supervisor's umask", "err", err)
+	}
 	calls := writeSyscalls()
 	var n seccompNotif
 	fds := []unix.PollFd{{Fd: int32(pr.listener), Events: unix.POLLIN}, {Fd: int32(pr.stopR), Events: unix.POLLIN}}

@@ -82,6 +82,12 @@ func writeSyscalls() map[uint32]sysSpec {
 			m[k] = v
 		}
 	}
+	for k, v := range m {
+		if h, ok := callHandlers[v.name]; ok && v.handle == nil {
+			v.handle = h
+			m[k] = v
+		}
+	}
 	return m
 }
 
