@@ -139,10 +139,8 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 			return nil, err
 		}
 		cfg.Landlock = rules
-		if !rules.RestrictNet || abi < 4 {
-			if abi < 4 && !p.AllowAnyConnect {
-				log.Warn("landlock ABI < 4: TCP connects are NOT restricted", "abi", abi)
-			}
+		if abi < 4 && !p.AllowAnyConnect {
+			log.Info("landlock ABI < 4: TCP connects are judged by the supervisor alone (no kernel port rule behind it)", "abi", abi)
 		}
 	}
 	setup, err := json.Marshal(cfg)

@@ -271,9 +271,7 @@ func TestRunHiddenPaths(t *testing.T) {
 }
 
 // lostProbe writes into its claim and reads a file every round and says
-// how each went, until a file named stop appears in the checkout. (Not
-// "cat >/dev/null": once the lease is lost, opening /dev/null for writing
-// is refused too.)
+// how each went, until a file named stop appears in the checkout.
 const lostProbe = `n=0
 while [ ! -e stop ]; do
   n=$((n+1))
