@@ -92,7 +92,9 @@ func drawEvent(t *rapid.T) AuditEvent {
 // sameAsMarshal fails t unless got is what json.Marshal(v) writes (or, if
 // Marshal refuses v, unless the encoder refused too).
 // fataler is *testing.T or *rapid.T.
-type fataler interface{ Fatalf(format string, args ...any) }
+type fataler interface {
+	Fatalf(format string, args ...any)
+}
 
 func sameAsMarshal(t fataler, what string, got []byte, ok bool, v any) {
 	want, err := json.Marshal(v)
