@@ -89,13 +89,14 @@ func drawEvent(t *rapid.T) AuditEvent {
 		Fence: rapid.SampledFrom([]uint64{0, 1, 1 << 63}).Draw(t, "evFence"), Reason: awkward(t, "evReason"), Message: awkward(t, "msg")}
 }
 
-// sameAsMarshal fails t unless got is what json.Marshal(v) writes (or, if
-// Marshal refuses v, unless the encoder refused too).
 // fataler is *testing.T or *rapid.T.
 type fataler interface {
 	Fatalf(format string, args ...any)
 }
 
+
+// sameAsMarshal fails t unless got is what json.Marshal(v) writes (or, if
+// Marshal refuses v, unless the encoder refused too).
 func sameAsMarshal(t fataler, what string, got []byte, ok bool, v any) {
 	want, err := json.Marshal(v)
 	if err != nil {
