@@ -94,7 +94,6 @@ type fataler interface {
 	Fatalf(format string, args ...any)
 }
 
-
 // sameAsMarshal fails t unless got is what json.Marshal(v) writes (or, if
 // Marshal refuses v, unless the encoder refused too).
 func sameAsMarshal(t fataler, what string, got []byte, ok bool, v any) {
