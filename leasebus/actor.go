@@ -20,6 +20,15 @@ type call struct {
 	at    time.Time // when the service received it (monotonic)
 	req   any
 	reply chan reply // for in-process calls (list across repos); else msg.Respond
+	svc   *Service   // counts the answer in its metrics (nil: internal call)
+}
+
+// answered counts the answer to c in the service's metrics, if any.
+func (c *call) answered(err *wireError) {
+	if c.svc == nil || c.svc.cfg.Metrics == nil || c.msg == nil {
+		return
+	}
+	c.svc.cfg.Metrics.answered(c.op, c.svc.cfg.Now().Sub(c.at), err)
 }
 
 // fresh reports whether the call must see every record of the log, not
@@ -41,11 +50,18 @@ func (c *call) respond(r reply) {
 	if c.msg == nil {
 		return // an internal nudge: nobody waits
 	}
+	c.answered(r.Error)
 	data, err := json.Marshal(r)
 	if err != nil {
 		data, _ = json.Marshal(reply{Error: toWire(fmt.Errorf("encode reply: %w", err))})
 	}
 	_ = c.msg.Respond(data)
+}
+
+// fail answers c with err.
+func (c *call) fail(err error) {
+	c.answered(toWire(err))
+	respondErr(c.msg, err)
 }
 
 func respondErr(m *nats.Msg, err error) {
@@ -428,6 +444,7 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 			pub := o.lease.publicJSON()
 			data := make([]byte, 0, len(pub)+10)
 			data = append(append(append(data, `{"lease":`...), pub...), '}')
+			o.c.answered(nil)
 			_ = o.c.msg.Respond(data)
 			continue
 		}

@@ -85,8 +85,9 @@ var errDamaged = errors.New("lease log damaged")
 type store struct {
 	js       jetstream.JetStream
 	replicas int
-	writer   string     // this instance's id, stamped on every append
-	boxes    *mailboxes // for appends' acknowledgements
+	writer   string          // this instance's id, stamped on every append
+	boxes    *mailboxes      // for appends' acknowledgements
+	metrics  *ServiceMetrics // counts appends (nil: none)
 
 	mu     sync.Mutex
 	stream jetstream.Stream // the log stream's handle, once looked up; guarded by mu
@@ -174,6 +175,14 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, replicas int) er
 	return nil
 }
 
+// casOr is errCAS when err is a compare-and-swap mismatch, else err.
+func casOr(err error) error {
+	if err != nil && isCASMismatch(err) {
+		return errCAS
+	}
+	return err
+}
+
 // append writes rec to the repo's log if the log's last sequence is still
 // expect, and returns the record's sequence and size.
 func (s *store) append(ctx context.Context, key string, expect uint64, rec *logRecord) (uint64, int, error) {
@@ -186,7 +195,11 @@ func (s *store) append(ctx context.Context, key string, expect uint64, rec *logR
 	msg.Data = data
 	msg.Header.Set(writerHeader, s.writer)
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+	start := time.Now()
 	seq, err := s.publish(ctx, msg)
+	if s.metrics != nil {
+		s.metrics.appended(time.Since(start), casOr(err))
+	}
 	if err != nil {
 		if isCASMismatch(err) {
 			return 0, 0, errCAS

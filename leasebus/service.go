@@ -40,6 +40,9 @@ type ServiceConfig struct {
 	// calls them by (RequestedBy); an identity not in it is named by its
 	// key.
 	Names map[string]string
+	// Metrics, when set, counts requests, appends and queues (one Service
+	// per ServiceMetrics).
+	Metrics *ServiceMetrics
 }
 
 // Validate reports a configuration that cannot work.
@@ -114,8 +117,13 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		}
 		return nil, err
 	}
-	s := &Service{nc: nc, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 8}}, cfg: cfg, log: cfg.Logger,
+	s := &Service{nc: nc, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 8}, metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger,
 		actors: map[string]*actor{}, index: map[string]string{}}
+	if cfg.Metrics != nil {
+		if err := cfg.Metrics.attach(s); err != nil {
+			return nil, fmt.Errorf("lease service metrics: %w (one service per ServiceMetrics)", err)
+		}
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.audit = newAuditWriter(js, s.log, s.store.writer)
 	s.wg.Go(func() { s.audit.run(s.ctx) })
@@ -344,7 +352,7 @@ func (s *Service) allActors() []*actor {
 // handler decodes a request and hands it to the actor of its repo.
 func (s *Service) handler(op string) nats.MsgHandler {
 	return func(m *nats.Msg) {
-		c := &call{op: op, msg: m, at: s.cfg.Now()}
+		c := &call{op: op, msg: m, at: s.cfg.Now(), svc: s}
 		var repo, leaseID, hint string
 		var err error
 		if jetStreamDelivery(m) {
@@ -356,7 +364,7 @@ func (s *Service) handler(op string) nats.MsgHandler {
 		}
 		id := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 		if !validIdentity(id) {
-			respondErr(m, fmt.Errorf("%w: request subject %q names no identity (want %s)", ErrInvalid, m.Subject, requestSubject(op, "<identity>")))
+			c.fail(fmt.Errorf("%w: request subject %q names no identity (want %s)", ErrInvalid, m.Subject, requestSubject(op, "<identity>")))
 			return
 		}
 		if id != Anonymous && !strings.HasPrefix(m.Reply, inboxPrefix(id)+".") {
@@ -425,7 +433,7 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			}
 		}
 		if err != nil {
-			respondErr(m, err)
+			c.fail(err)
 			return
 		}
 		if repo != "" {
@@ -433,7 +441,7 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			return
 		}
 		if !ValidLeaseID(leaseID) {
-			respondErr(m, fmt.Errorf("%w: %q is not a lease id (want lease_…)", ErrInvalid, leaseID))
+			c.fail(fmt.Errorf("%w: %q is not a lease id (want lease_…)", ErrInvalid, leaseID))
 			return
 		}
 		if a, ok := s.existing(RepoKey(hint)); ok && hint != "" {
@@ -455,10 +463,10 @@ func (s *Service) handler(op string) nats.MsgHandler {
 				return
 			}
 			if err != nil { // not knowing is not "not found"
-				respondErr(m, fmt.Errorf("%w: looking for %s in the lease logs: %v", ErrUnavailable, leaseID, err))
+				c.fail(fmt.Errorf("%w: looking for %s in the lease logs: %v", ErrUnavailable, leaseID, err))
 				return
 			}
-			respondErr(m, fmt.Errorf("%s: %w", leaseID, ErrNotFound))
+			c.fail(fmt.Errorf("%s: %w", leaseID, ErrNotFound))
 		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -88,7 +89,7 @@ type serveFlags struct {
 	clusterName, clusterListen string
 	routes                     []string
 	replicas                   int
-	ui, logFormat              string
+	ui, logFormat, metrics     string
 	debug                      bool
 
 	embeddedOnly        []string       // embedded-server flags given on the command line
@@ -145,6 +146,7 @@ server it connects to belongs to one, else 1.`,
 	fl.StringSliceVar(&f.routes, "routes", nil, "cluster peers: nats://host:port,... (comma-separated or repeated)")
 	fl.IntVar(&f.replicas, "replicas", 0, "replicas of the lease log and audit streams (default 1; 3 on a cluster)")
 	fl.StringVar(&f.ui, "ui", "", "serve the run UI and its JSON API on this host:port (off loopback a token is required: $"+EnvUIToken+", or a random one printed in the URL)")
+	fl.StringVar(&f.metrics, "metrics", "", "serve the lease service's Prometheus metrics at http://host:port/metrics (grants, conflicts, queue depth, append latency, active leases)")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format on stderr: text or json")
 	fl.BoolVar(&f.debug, "debug", false, "also log the embedded NATS server's own messages")
 	return c
@@ -165,6 +167,11 @@ func (a *app) serve(ctx context.Context, f *serveFlags) error {
 	if f.ui != "" {
 		if _, _, err := net.SplitHostPort(f.ui); err != nil {
 			return usagef("--ui %q: want host:port (127.0.0.1:7480; port 0 picks a free one)", f.ui)
+		}
+	}
+	if f.metrics != "" {
+		if _, _, err := net.SplitHostPort(f.metrics); err != nil {
+			return usagef("--metrics %q: want host:port (127.0.0.1:9480; port 0 picks a free one)", f.metrics)
 		}
 	}
 	if _, source := a.busURL(); source != "" {
@@ -272,6 +279,16 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 	if f.inProcess != nil {
 		scfg.StoreProbe = leasebus.EmbeddedProbe(f.inProcess, f.storeDir)
 	}
+	var metricsLn net.Listener
+	if f.metrics != "" {
+		// Listen before the service starts: a taken port is a usage
+		// problem, found before anything is served.
+		if metricsLn, err = net.Listen("tcp", f.metrics); err != nil {
+			return fmt.Errorf("--metrics %s: %w", f.metrics, err)
+		}
+		defer metricsLn.Close()
+		scfg.Metrics = leasebus.NewServiceMetrics()
+	}
 	svc, err := startService(ctx, nc, scfg)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -288,6 +305,21 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 	stop := func() {
 		stopRefusals()
 		svc.Stop()
+	}
+	if metricsLn != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", scfg.Metrics.Handler())
+		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(f.logger.Handler(), slog.LevelDebug)}
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			msrv.Serve(metricsLn)
+		}()
+		defer func() {
+			msrv.Close()
+			<-served
+		}()
+		fmt.Fprintf(a.stdout, "metrics: http://%s/metrics\n", metricsLn.Addr())
 	}
 	fmt.Fprintf(a.stdout, "lease service ready on %s (replicas %d); stop with Ctrl-C\n", f.natsURL, replicas)
 	if f.ui != "" {

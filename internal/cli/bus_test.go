@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -410,4 +412,27 @@ func TestCredsDirFallsBackToAWiderRole(t *testing.T) {
 	t.Setenv(EnvCreds, t.TempDir())
 	r := fl(t, "--nats", url, "lease", "list").want(t, ExitError)
 	mustContain(t, "stderr", r.stderr, "holds none that may", "viewer.nk, operator.nk, service.nk")
+}
+
+// TestBusServeMetrics: bus serve --metrics exports the lease service's
+// Prometheus metrics; a bad address is a usage error before anything
+// starts.
+func TestBusServeMetrics(t *testing.T) {
+	isolate(t)
+	fl(t, "bus", "serve", "--metrics", "nohostport", "--store", t.TempDir()).want(t, ExitUsage)
+	store := filepath.Join(t.TempDir(), "bus")
+	t.Setenv(EnvCreds, filepath.Join(store, "creds"))
+	url, out, _, _ := serveInProcess(t, "--listen", "127.0.0.1:0", "--store", store, "--metrics", "127.0.0.1:0")
+	m := regexp.MustCompile(`metrics: (http://\S+/metrics)`).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("bus serve did not say where its metrics are:\n%s", out)
+	}
+	acquireJSON(t, url, "--scope", "services/billing")
+	resp, err := http.Get(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	mustContain(t, "metrics", string(body), `fenceline_bus_requests_total{op="acquire",result="ok"} 1`, "fenceline_bus_active_leases 1", "fenceline_bus_append_seconds_count")
 }

@@ -1,0 +1,130 @@
+package leasebus
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// ServiceMetrics are the lease service's Prometheus metrics, on a registry
+// of their own (never the global one), for one Service
+// (ServiceConfig.Metrics):
+//
+//	fenceline_bus_requests_total{op,result}  counter: requests answered, by
+//	                                         operation and result ("ok" or the
+//	                                         error code: conflict, not_found,
+//	                                         lost, invalid, store_full, unavailable...)
+//	fenceline_bus_request_seconds{op}        histogram: receipt to answer
+//	fenceline_bus_appends_total{result}      counter: lease-log appends (ok,
+//	                                         cas: another writer was first,
+//	                                         error)
+//	fenceline_bus_append_seconds             histogram: one append, until the
+//	                                         store acknowledged it (fsync)
+//	fenceline_bus_active_leases              gauge: active leases, every repo
+//	fenceline_bus_queue_depth                gauge: requests waiting for their
+//	                                         repo's actor
+//
+// plus the Go runtime and process collectors. Grants and conflicts are
+// requests_total{op="acquire"} with result ok and conflict.
+type ServiceMetrics struct {
+	reg      *prometheus.Registry
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+	appends  *prometheus.CounterVec
+	appendT  prometheus.Histogram
+}
+
+// NewServiceMetrics returns the metrics on a new private registry.
+func NewServiceMetrics() *ServiceMetrics {
+	m := &ServiceMetrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fenceline_bus_requests_total",
+			Help: "Lease requests answered, by operation and result (ok, or the error code).",
+		}, []string{"op", "result"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "fenceline_bus_request_seconds",
+			Help:    "Time from a request's receipt to its answer, by operation.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16), // 0.1 ms .. 3.3 s
+		}, []string{"op"}),
+		appends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fenceline_bus_appends_total",
+			Help: "Appends to a repo's lease log: ok, cas (another writer appended first), error.",
+		}, []string{"result"}),
+		appendT: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "fenceline_bus_append_seconds",
+			Help:    "One lease-log append, until the store acknowledged it (after its fsync).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
+	}
+	m.reg.MustRegister(m.requests, m.latency, m.appends, m.appendT,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Registry is where the metrics are registered (to add more, or gather).
+func (m *ServiceMetrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the metrics in Prometheus's text format.
+func (m *ServiceMetrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// attach registers the gauges read from s at scrape time.
+func (m *ServiceMetrics) attach(s *Service) error {
+	active := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fenceline_bus_active_leases",
+		Help: "Active leases in every repo, as this lease service knows them.",
+	}, func() float64 {
+		rep := s.fanOut(&call{op: "list"}, "", &listRequest{})
+		return float64(len(rep.Leases))
+	})
+	queued := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fenceline_bus_queue_depth",
+		Help: "Requests waiting for their repo's actor.",
+	}, func() float64 {
+		n := 0
+		for _, a := range s.allActors() {
+			n += len(a.calls)
+		}
+		return float64(n)
+	})
+	for _, c := range []prometheus.Collector{active, queued} {
+		if err := m.reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// answered counts one answered request of op received at 'at'.
+func (m *ServiceMetrics) answered(op string, took time.Duration, err *wireError) {
+	if m == nil || op == "" {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = err.Code
+	}
+	m.requests.WithLabelValues(op, result).Inc()
+	m.latency.WithLabelValues(op).Observe(took.Seconds())
+}
+
+// appended counts one lease-log append.
+func (m *ServiceMetrics) appended(took time.Duration, err error) {
+	if m == nil {
+		return
+	}
+	switch {
+	case err == nil:
+		m.appends.WithLabelValues("ok").Inc()
+		m.appendT.Observe(took.Seconds())
+	case err == errCAS:
+		m.appends.WithLabelValues("cas").Inc()
+	default:
+		m.appends.WithLabelValues("error").Inc()
+	}
+}
