@@ -113,7 +113,7 @@
 // The trigger comes in two kinds with one slow path. TriggerC is
 // fenceline.fence_check_c from pgproxy/cfence: the fast-path checks in C
 // (0-47 µs of Postgres CPU per fenced statement under eight pgbench
-// clients, in the README's runs), handing everything else to
+// clients, in docs/benchmarks.md), handing everything else to
 // fence_slow_gate through SPI. It needs a superuser to install and the
 // library built against the server's headers ("make -C pgproxy/cfence
 // install"). TriggerPLpgSQL (fenceline.fence_check
