@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -90,13 +91,17 @@ type story struct {
 	logs    string // run's stderr, or the sidecar's and the wrapper's
 	stdout  string
 	results []string
+	// agentCode is the status the CLI exited with (-1: unknown).
+	agentCode int
 }
 
 // runStory runs agent through the whole script in one run.
 func runStory(t *testing.T, agent string, md mode) *story {
 	t.Helper()
 	w := newWorld(t)
-	argv := w.agentArgv(t, agent)
+	// The agent is the CLI itself; a shell in front of it only tells the
+	// test the status the CLI exited with, to compare with fenceline's.
+	argv := append([]string{"/bin/sh", "-c", `"$0" "$@"; s=$?; echo "agents-e2e: the agent exited $s" >&2; exit $s`}, w.agentArgv(t, agent)...)
 	fences := []string{"--git-upstream", w.upstream,
 		"--pg-upstream", w.pg.Addr(), "--table", "billing.invoices", "--pg-secret-file", w.pgSecret,
 		"--allow-host", w.modelHost(),
@@ -142,7 +147,7 @@ func runStory(t *testing.T, agent string, md mode) *story {
 		if m == nil {
 			t.Fatalf("no admin URL from the sidecar:\n%s", sc.out)
 		}
-		w.model.Hooks = map[string]func(context.Context) error{"revoke": w.revokeHook(logs, "lost")}
+		w.model.Hooks = map[string]func(context.Context) error{"revoke": w.revokeHook(logs, `"state":"lost"`)}
 		aargs := append([]string{w.fl, "agent", "--log-format", "text", "--sidecar", m[1], "--root", w.co,
 			"--allow-host", w.modelHost(), "--allow-write", w.home, "--"}, argv...)
 		a := w.start(w.co, env, logs, aargs...)
@@ -150,9 +155,14 @@ func runStory(t *testing.T, agent string, md mode) *story {
 		syscall.Kill(sc.cmd.Process.Pid, syscall.SIGTERM)
 		sc.wait(t, time.Minute)
 		s.logs = "sidecar:\n" + sc.out.String() + sc.errOut.String() + "\nagent wrapper:\n" + a.errOut.String()
+		t.Logf("pod logs:\n%s", s.logs)
 		s.stdout = a.out.String()
 	}
 	s.results = w.model.Results()
+	s.agentCode = -1
+	if m := regexp.MustCompile(`agents-e2e: the agent exited (\d+)`).FindStringSubmatch(s.logs); m != nil {
+		s.agentCode, _ = strconv.Atoi(m[1])
+	}
 	t.Logf("%s (%s) took %s, %d model requests", agent, md, time.Since(start).Round(time.Millisecond), w.model.Requests())
 	return s
 }
@@ -214,7 +224,8 @@ func (s *story) judge(t *testing.T) []verdict {
 		want(marker(res(8), "lostpush") == "refused" && strings.Contains(res(8), "lost"), "push after the revoke: the agent saw %q", res(8)),
 		want(up == "agent: in scope", "upstream main is %q after the revoke", up),
 		want(marker(res(8), "lostread") == "ok", "reads after the revoke: the agent saw %q", res(8)),
-		want(s.code == 0, "exit %d, want the agent's 0", s.code),
+		want(s.w.model.Finished(), "the agent did not come back for its final turn"),
+		want(s.agentCode >= 0 && s.code == s.agentCode, "exit %d, the agent's %d", s.code, s.agentCode),
 		want(s.mode == modePod || strings.Contains(s.logs, "LEASE LOST"), "run did not report the loss"))
 	id := ""
 	if m := leaseIDRE.FindStringSubmatch(s.logs); m != nil {
@@ -290,8 +301,8 @@ func TestGuardOffFails(t *testing.T) {
 	for _, v := range vs {
 		failed[v.Step[:1]] = !v.OK
 	}
-	if !failed["2"] || !failed["5"] {
-		t.Errorf("with the guard off, steps 2 and 5 passed: the agents' own sandboxes held, not fenceline's guard: %+v", vs)
+	if !failed["2"] {
+		t.Errorf("with the guard off, step 2 passed: the agents' own sandboxes held, not fenceline's guard: %+v", vs)
 	}
 	if !strings.Contains(s.logs, "UNGUARDED") {
 		t.Errorf("fenceline did not say it ran unguarded:\n%s", s.logs)

@@ -48,6 +48,15 @@ type Model struct {
 	results map[int]string // step index -> the tool output the agent sent back
 	hooked  map[string]bool
 	reqs    int
+	done    bool // the final answer was served
+}
+
+// Finished reports whether the agent came back after the last step and
+// was given the final answer: it carried on through the whole script.
+func (m *Model) Finished() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.done
 }
 
 // Results returns, for each step answered so far, the output the agent
@@ -105,6 +114,7 @@ func (m *Model) next(ctx context.Context, outputs []string) (Step, int, bool) {
 	}
 	n := len(outputs)
 	if n >= len(m.Steps) {
+		m.done = true
 		m.mu.Unlock()
 		return Step{}, n, false
 	}
