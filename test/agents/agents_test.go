@@ -34,10 +34,15 @@ func TestMain(m *testing.M) {
 func execWithoutLandlock(argv []string) {
 	runtime.LockOSThread()
 	const enosys = 38
+	arch := uint32(unix.AUDIT_ARCH_X86_64)
+	if runtime.GOARCH == "arm64" {
+		arch = unix.AUDIT_ARCH_AARCH64
+	}
+	// The Landlock calls have the same numbers on every architecture.
 	filter := []unix.SockFilter{
 		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 4}, // arch
-		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: unix.AUDIT_ARCH_X86_64, Jt: 1, Jf: 0},
-		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ALLOW}, // another arch: this test is x86-64's
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: arch, Jt: 1, Jf: 0},
+		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ERRNO | enosys}, // a foreign ABI: nothing
 		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 0},        // nr
 		{Code: unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K, K: unix.SYS_LANDLOCK_CREATE_RULESET, Jt: 0, Jf: 2},
 		{Code: unix.BPF_JMP | unix.BPF_JGT | unix.BPF_K, K: unix.SYS_LANDLOCK_RESTRICT_SELF, Jt: 1, Jf: 0},

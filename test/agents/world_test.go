@@ -28,6 +28,7 @@ import (
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/pgtest"
+	"github.com/fenceline/fenceline/internal/testca"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -165,6 +166,7 @@ type world struct {
 	model    *Model
 	modelSrv *httptest.Server
 	modelPt  string
+	caFile   string // the CA the model's certificate chains to
 }
 
 // repoKey is the lease's repo: the checkout's origin, normalized.
@@ -263,11 +265,24 @@ func newWorld(t *testing.T) *world {
 	w.flRoot("pg", "install", "--dsn", w.pg.AdminDSN(""), "--table", "billing.invoices", "--table", "ledger.entries",
 		"--secret-file", w.pgSecret)
 
-	// The scripted model, on loopback; the agents reach it by name
-	// through the egress proxy only.
+	// The scripted model, on loopback, over TLS with a test CA's
+	// certificate for its made-up name: the agents reach it by that name
+	// through the egress proxy only, a tunnel with TLS end to end, as
+	// they would their vendor's API.
 	w.model = &Model{Steps: loadStory(t), Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))}
-	w.modelSrv = httptest.NewServer(w.model.Handler())
+	ca := testca.New(t)
+	w.modelSrv = httptest.NewUnstartedServer(w.model.Handler())
+	w.modelSrv.TLS = ca.ServerTLS(t, "model.example.test")
+	w.modelSrv.StartTLS()
 	t.Cleanup(w.modelSrv.Close)
+	pem, err := os.ReadFile(ca.File)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.caFile = filepath.Join(base, "model-ca.pem")
+	if err := os.WriteFile(w.caFile, pem, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	_, w.modelPt, _ = net.SplitHostPort(w.modelSrv.Listener.Addr().String())
 
 	if w.user.cred != nil {
@@ -359,8 +374,10 @@ func (w *world) agentEnv(extra ...string) []string {
 		// Codex
 		"CODEX_HOME=" + filepath.Join(w.home, ".codex"),
 		"OPENAI_API_KEY=test-key",
+		"CODEX_CA_CERTIFICATE=" + w.caFile,
 		// Claude Code
-		"ANTHROPIC_BASE_URL=http://" + w.modelHost(),
+		"ANTHROPIC_BASE_URL=https://" + w.modelHost(),
+		"NODE_EXTRA_CA_CERTS=" + w.caFile,
 		"ANTHROPIC_API_KEY=test-key",
 		"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
 		"CLAUDE_CODE_MAX_RETRIES=0",
@@ -379,7 +396,7 @@ model_provider = "scripted"
 
 [model_providers.scripted]
 name = "scripted"
-base_url = "http://` + w.modelHost() + `/v1"
+base_url = "https://` + w.modelHost() + `/v1"
 wire_api = "responses"
 env_key = "OPENAI_API_KEY"
 request_max_retries = 0
