@@ -43,7 +43,7 @@ func execWithoutLandlock(argv []string) {
 		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 4}, // arch
 		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: arch, Jt: 1, Jf: 0},
 		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ERRNO | enosys}, // a foreign ABI: nothing
-		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 0},        // nr
+		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 0},                 // nr
 		{Code: unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K, K: unix.SYS_LANDLOCK_CREATE_RULESET, Jt: 0, Jf: 2},
 		{Code: unix.BPF_JMP | unix.BPF_JGT | unix.BPF_K, K: unix.SYS_LANDLOCK_RESTRICT_SELF, Jt: 1, Jf: 0},
 		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ERRNO | enosys},
