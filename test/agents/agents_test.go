@@ -77,7 +77,7 @@ type mode string
 const (
 	modeRun       mode = "run"
 	modePod       mode = "pod"
-	modeUnguarded mode = "unguarded"
+	modeUnguarded mode = "guard-off"
 )
 
 // verdict is one of issue 21's six steps for one agent.
@@ -181,12 +181,26 @@ func marker(out, key string) string {
 	return strings.Fields(out[i+len("STEP "+key+"="):])[0]
 }
 
+// gist keeps the lines of a tool result that matter to a verdict.
+func gist(out string) string {
+	var keep []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "STEP ") || strings.Contains(l, "denied") || strings.Contains(l, "fenceline") ||
+			strings.Contains(l, "403") || strings.Contains(l, "rror") || strings.Contains(l, "fatal") {
+			keep = append(keep, strings.TrimSpace(l))
+		}
+	}
+	return strings.Join(keep, " | ")
+}
+
 // judge decides the six steps from what the agent reported to the model
 // and what landed where.
 func (s *story) judge(t *testing.T) []verdict {
 	t.Helper()
 	w, r := s.w, s.results
-	res := func(i int) string { return r[i] }
+	// res is the gist of step i's tool result: its STEP markers and the
+	// lines that say why (the whole result is logged when a step fails).
+	res := func(i int) string { return gist(r[i]) }
 	var vs []verdict
 	add := func(step string, why ...string) {
 		var bad []string
