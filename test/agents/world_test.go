@@ -112,6 +112,18 @@ func agentBin(t *testing.T, name string) string {
 				return
 			}
 		}
+		// The agents run as nobody: a checkout nobody cannot traverse
+		// (a CI clone under /root) gets its CLIs copied where it can.
+		if os.Getuid() == 0 && !othersReach(bins["codex"]) {
+			dst := filepath.Join(filepath.Dir(fenceline(t)), "node_modules")
+			if out, err := exec.Command("cp", "-a", "node_modules", dst).CombinedOutput(); err != nil {
+				npmErr = fmt.Errorf("copy the agent CLIs where nobody can run them: %w\n%s", err, out)
+				return
+			}
+			for n := range bins {
+				bins[n] = filepath.Join(dst, ".bin", n)
+			}
+		}
 		npmBins = bins
 	})
 	if npmErr != nil {
@@ -120,6 +132,20 @@ func agentBin(t *testing.T, name string) string {
 		t.Skip(msg)
 	}
 	return npmBins[name]
+}
+
+// othersReach reports whether every directory above p lets others
+// through.
+func othersReach(p string) bool {
+	for d := filepath.Dir(p); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil || fi.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		if d == "/" {
+			return true
+		}
+	}
 }
 
 // nobody is the unprivileged user the agents run as (Claude Code refuses
