@@ -5,9 +5,15 @@
 // Claude Code, both streamed as server-sent events) and answers every
 // turn with the next shell command of a script, so a run is deterministic.
 //
-// The tests (agents_test.go) put each CLI through issue 21's story under
-// "fenceline run" and in pod mode ("fenceline sidecar" + "fenceline
-// agent"); scripts/agents-e2e.sh runs them and prints one line per step.
+// The tests (agents_test.go) put each CLI through issue 21's story
+// (testdata/story.json: one shell command per turn) under "fenceline run"
+// and in pod mode ("fenceline sidecar" + "fenceline agent"), each CLI's
+// own sandbox and approvals off, and once with fenceline's file guard off,
+// which must fail. The model serves TLS for a made-up name from a test CA;
+// the agents reach it only through the egress proxy, by that name on the
+// allowlist. Everything runs as the user nobody (Claude Code refuses to
+// skip its permission checks as root). scripts/agents-e2e.sh runs the
+// tests and prints one line per step and agent.
 package agents
 
 import (
