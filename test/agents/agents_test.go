@@ -26,7 +26,11 @@ func TestMain(m *testing.M) {
 	if os.Getenv(noLandlockEnv) == "1" && len(os.Args) > 1 {
 		execWithoutLandlock(os.Args[1:])
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if flBin != "" {
+		os.RemoveAll(filepath.Dir(flBin)) // the built fenceline, the wrapper, copied CLIs
+	}
+	os.Exit(code)
 }
 
 // execWithoutLandlock installs a seccomp filter answering the Landlock
