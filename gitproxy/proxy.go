@@ -324,6 +324,7 @@ type push struct {
 	pack               *pushPack // nil for a delete-only push
 	bases              layered   // see Proxy.bases
 	repoPath           string
+	r                  *http.Request // the client's request (its credentials reach the upstream)
 }
 
 // receivePack judges a push and forwards it only when every ref update
@@ -354,7 +355,7 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "fenceline: bad push request: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	ps := &push{req: req, repoPath: repoPath(r.URL.Path), start: time.Now()}
+	ps := &push{req: req, repoPath: repoPath(r.URL.Path), start: time.Now(), r: r}
 	if len(p.cfg.PushPaths) > 0 && !slices.Contains(p.cfg.PushPaths, strings.TrimSuffix(ps.repoPath, "/")) {
 		io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
 		ps.lease = p.currentLease()
@@ -514,8 +515,23 @@ func (p *Proxy) baseGitDirs(ps *push) []string {
 }
 
 // analyze computes each command's touched paths, fetching the mirror once
-// when the pushed history reaches objects the bases lack.
+// when the pushed history reaches objects the bases lack. A push that
+// creates a ref first asks the upstream for its default branch: a new ref
+// is judged against it.
 func (p *Proxy) analyze(ctx context.Context, ps *push) ([]refChange, error) {
+	var base plumbing.Hash
+	for _, c := range ps.req.Commands {
+		if c.isCreate() && !c.isDelete() {
+			refs, err := p.upstreamRefs(ctx, ps, "git-upload-pack")
+			if err != nil {
+				return nil, fmt.Errorf("a new ref is judged against the upstream's default branch: %w", err)
+			}
+			if h, ok := refs["HEAD"]; ok {
+				base = plumbing.NewHash(h)
+			}
+			break
+		}
+	}
 	run := func(final bool) ([]refChange, error) {
 		st := p.bases(ps)
 		if ps.pack != nil {
@@ -523,6 +539,7 @@ func (p *Proxy) analyze(ctx context.Context, ps *push) ([]refChange, error) {
 		}
 		a := newAnalyzer(st, ps.pack.pushed)
 		a.final = final
+		a.base = base
 		return a.analyze(ctx, ps.req.Commands)
 	}
 	changes, err := run(false)
@@ -535,6 +552,69 @@ func (p *Proxy) analyze(ctx context.Context, ps *push) ([]refChange, error) {
 		changes, err = run(true)
 	}
 	return changes, err
+}
+
+// upstreamRefs reads the upstream's ref advertisement of ps's repository
+// for service (git-upload-pack names HEAD too), with the client's
+// credentials and the sidecar's: ref name -> object id.
+func (p *Proxy) upstreamRefs(ctx context.Context, ps *push, service string) (map[string]string, error) {
+	u := *p.upstream
+	u.Path = strings.TrimSuffix(u.Path, "/") + ps.repoPath + "/info/refs"
+	u.RawQuery = "service=" + service
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	copyHeaders(req.Header, ps.r.Header, "Authorization", "User-Agent")
+	p.addUpstreamHeader(req.Header)
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("read the upstream's refs: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("read the upstream's refs: %s answered %s", u.Redacted(), resp.Status)
+	}
+	refs, err := parseAdvertisement(bufio.NewReader(io.LimitReader(resp.Body, 256<<20)))
+	if err != nil {
+		return nil, fmt.Errorf("read the upstream's refs: %w", err)
+	}
+	return refs, nil
+}
+
+// parseAdvertisement reads a smart-HTTP v0 ref advertisement: "# service=…",
+// flush, then "<oid> <ref>[\0<caps>]" lines up to a flush.
+func parseAdvertisement(br *bufio.Reader) (map[string]string, error) {
+	pr := newPktReader(br)
+	refs := map[string]string{}
+	header, lines := false, 0
+	for {
+		line, err := pr.next()
+		if errors.Is(err, errFlush) {
+			if header && lines == 0 {
+				header = false // the flush after "# service=…"
+				continue
+			}
+			return refs, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		s := strings.TrimSuffix(string(line), "\n")
+		if lines == 0 && strings.HasPrefix(s, "# service=") {
+			header = true
+			continue
+		}
+		lines++
+		s, _, _ = strings.Cut(s, "\x00")
+		oid, ref, ok := strings.Cut(s, " ")
+		if !ok || !validOID(oid) {
+			return nil, fmt.Errorf("malformed advertisement line %q", clip(s))
+		}
+		if oid != zeroOID && !strings.HasSuffix(ref, "^{}") {
+			refs[ref] = oid
+		}
+	}
 }
 
 // bases are the object stores a push builds on, opened once per push (each
