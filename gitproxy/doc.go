@@ -44,6 +44,18 @@
 //	! [remote rejected] main -> main (fenceline: libs/tax/rates.go is outside lease lease_… [services/billing])
 //
 // and every refusal is an audit event naming lease, owner, fence and reason.
+// So is every error of the fence's own once the request names its refs
+// (a malformed command, a pack it cannot spool, an upstream that does not
+// answer the forwarded push): git prints the reason against each ref,
+// never a bare HTTP status. Only a request whose first line cannot be read
+// at all gets HTTP 400.
+//
+// Signed pushes are not relayed: the proxy drops push-cert from the
+// upstream's advertisement (it cannot vouch for a certificate whose
+// updates it does not forward as signed), so git push --signed=if-asked
+// pushes unsigned and --signed=yes stops in git ("the receiving end does
+// not support --signed push"); a certificate sent anyway is refused per
+// ref.
 // A push is forwarded whole or not at all: when one ref is refused, the
 // others are refused with a pointer to it.
 //
@@ -85,6 +97,13 @@
 // objects (diff-tree of old and new tips, merge-base --all with HEAD for a
 // new ref, log of the new commits) and refuses a push whose paths leave
 // the claim its fence was signed with.
+//
+// A delete of a ref the upstream does not have ("<zero> <zero> <ref>",
+// git push URL :nope) deletes nothing: it passes whatever the Policy, and
+// the upstream answers it as it would a direct push (a warning, ok). When
+// the ref does exist, such a command would delete it whatever its value,
+// so the proxy refuses it (fetch, then delete), and the hook refuses one
+// that reaches the server for a ref that exists by then.
 //
 // A push whose own options name fenceline-* is refused: those options are
 // the fence's to set.

@@ -70,6 +70,7 @@ const (
 	HookOtherRepo    = "other-repo"     // a fence signed for another repository
 	HookStaleFence   = ReasonStaleFence // a newer fence was accepted for an overlapping path
 	HookOutsideClaim = "outside-claim"  // a touched path is outside the claim the fence was signed with
+	HookBlindDelete  = "blind-delete"   // a delete naming no value, of a ref that exists
 )
 
 // HookError is a refusal by the hook, printed to the pusher: Msg names the
@@ -209,6 +210,17 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 	if claimStr != "" {
 		if err := json.Unmarshal([]byte(claimStr), &claim); err != nil {
 			return deny(&HookError{Reason: HookMalformed, Msg: fmt.Sprintf("malformed %s option: %v", OptionClaim, err)})
+		}
+	}
+
+	// A delete that names no value goes whatever the ref holds: the proxy
+	// lets one through only for a ref the server lacked when it looked.
+	for _, c := range cmds {
+		if !c.isBlindDelete() {
+			continue
+		}
+		if out, err := g.runHere(ctx, "show-ref", "--verify", "--hash", c.Ref); err == nil {
+			return deny(&HookError{Reason: HookBlindDelete, Msg: fmt.Sprintf("%s exists (at %s), but the push deletes it without naming its value: fetch, then delete it again", c.Ref, strings.TrimSpace(string(out)))})
 		}
 	}
 

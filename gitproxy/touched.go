@@ -34,6 +34,7 @@ type refChange struct {
 	newCommits int
 	paths      []string // sorted, unique, repo-relative
 	notCommit  string   // set when the new object is not (a tag of) a commit: its type
+	absent     bool     // a delete of a ref the upstream does not have (see Proxy.blindDeletes)
 }
 
 // analyzer computes touched paths with go-git. A commit is new when it was
