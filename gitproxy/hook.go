@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/internal/scope"
 )
 
@@ -203,7 +204,7 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 	if err != nil {
 		return deny(&HookError{Reason: HookBadMAC, Msg: err.Error()})
 	}
-	if cfg.Repo != "" && repo != cfg.Repo {
+	if cfg.Repo != "" && repoid.Normalize(repo) != repoid.Normalize(cfg.Repo) {
 		return deny(&HookError{Reason: HookOtherRepo, Msg: fmt.Sprintf("it was signed for repository %q; this repository is %q", repo, cfg.Repo)})
 	}
 	var claim scope.Claim
