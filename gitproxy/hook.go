@@ -410,8 +410,8 @@ func hookTouched(ctx context.Context, g gitRunner, cmds []command) ([]string, er
 		tip := strings.TrimSpace(string(out))
 		tips = append(tips, tip)
 		if !c.isCreate() {
-			old := c.Old
-			if _, err := g.runHere(ctx, "rev-parse", "--verify", "--quiet", c.Old+"^{tree}"); err != nil {
+			old := c.Old + "^{tree}"
+			if _, err := g.runHere(ctx, "rev-parse", "--verify", "--quiet", old); err != nil {
 				old = emptyTree // the ref held no tree-ish: every path of the new tip counts
 			}
 			if err := diff(old, tip); err != nil {
