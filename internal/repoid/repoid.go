@@ -35,6 +35,11 @@ import (
 // scpLike matches git's scp-like remote syntax, [user@]host:path.
 var scpLike = regexp.MustCompile(`^(?:[^@/]+@)?([^:/]+):(.+)$`)
 
+// hostPort matches an identity whose host has a port, host:port/path, as
+// FromRemote writes it (git would read it as scp-like host:path, but a
+// repository path that is a number is not one anybody names).
+var hostPort = regexp.MustCompile(`^[^@/:]+:[0-9]+(/|$)`)
+
 // defaultPorts are dropped from a remote's host: the same server either way.
 var defaultPorts = map[string]string{"http": "80", "https": "443", "ssh": "22", "git": "9418", "git+ssh": "22", "ssh+git": "22"}
 
@@ -76,13 +81,14 @@ func FromRemote(raw, base string) string {
 // Normalize is the identity of a repository named as typed, without
 // looking at the disk: a URL or scp-like remote as FromRemote makes it, an
 // absolute path cleaned, and an identity (host/org/repo) with its host
-// lower-cased and a trailing ".git" and slashes dropped. It is idempotent.
+// lower-cased and a trailing ".git" and slashes dropped. It is idempotent:
+// host:port/path is an identity with a port, not an scp-like remote.
 func Normalize(s string) string {
 	s = strings.TrimSpace(s)
 	switch {
 	case s == "":
 		return ""
-	case strings.Contains(s, "://"), scpLike.MatchString(s), filepath.IsAbs(s):
+	case strings.Contains(s, "://"), scpLike.MatchString(s) && !hostPort.MatchString(s), filepath.IsAbs(s):
 		return FromRemote(s, "/")
 	}
 	host, p, _ := strings.Cut(s, "/")

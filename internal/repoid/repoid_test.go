@@ -44,9 +44,15 @@ func TestNormalizeSpellings(t *testing.T) {
 		{"/srv/git/payments.git/", "/srv/git/payments"},
 		{"/srv/git/../git/payments", "/srv/git/payments"},
 		{"gitlab.example.com/group/sub/repo.git", "gitlab.example.com/group/sub/repo"},
+		{"git.internal:8080/acme/payments", "git.internal:8080/acme/payments"},
+		{"127.0.0.1:35837/payments.git", "127.0.0.1:35837/payments"},
+		{"git@git.internal:8080/payments.git", "git.internal/8080/payments"}, // scp-like: the path is 8080/payments
 	} {
 		if got := Normalize(tc.in); got != tc.want {
 			t.Errorf("Normalize(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+		if got := Normalize(tc.want); got != tc.want {
+			t.Errorf("Normalize is not idempotent on %q: %q", tc.want, got)
 		}
 	}
 }
