@@ -120,3 +120,40 @@ func TestHookJudgesMovedRefs(t *testing.T) {
 		t.Fatalf("hook refusals = %v, want 2 × %s", got, HookOutsideClaim)
 	}
 }
+
+// TestRewriteOverUnseenHistory: a force push whose old tip the agent never
+// fetched discards whatever that history did. The proxy judges the two
+// tips from the upstream's mirror; with no mirror and an agent repository
+// that lacks the old tip, it refuses rather than guess.
+func TestRewriteOverUnseenHistory(t *testing.T) {
+	for _, mirror := range []bool{true, false} {
+		t.Run(map[bool]string{true: "mirror", false: "no mirror"}[mirror], func(t *testing.T) {
+			e := newEnv(t)
+			other := e.lease([]string{"libs/tax"}, leasebus.WorkspaceShared)
+			l := e.lease(nil, leasebus.WorkspaceExclusive) // may force-push, yields to claims
+			dir := e.clone(e.gs.srv.URL)
+			srv := e.proxy(l, func(c *Config) {
+				c.ObjectDirs = []string{dir + "/.git"}
+				if !mirror {
+					c.MirrorDir = ""
+				}
+			})
+			mustGit(t, dir, "remote", "set-url", "origin", srv.URL+"/payments.git")
+			// The other lease's change lands on main; the agent never fetches it.
+			tax := t.TempDir() + "/tax"
+			mustGit(t, "", "clone", "--quiet", e.bare, tax)
+			landed := e.commit(tax, "tax", "libs/tax/rates.go", "package tax // theirs\n")
+			mustGit(t, tax, "push", "--quiet", "origin", "main")
+
+			e.commit(dir, "readme", "README.md", "mine\n")
+			want := "libs/tax/rates.go is inside lease " + other.Record.LeaseID
+			if !mirror {
+				want = "is in neither the agent's repository nor the upstream's mirror"
+			}
+			mustRefuse(t, dir, want, "origin", "+main")
+			if e.upstreamRef("refs/heads/main") != landed {
+				t.Fatal("the force push discarded the other lease's change")
+			}
+		})
+	}
+}
