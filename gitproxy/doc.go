@@ -22,8 +22,9 @@
 //	  |                              |  keep commits/trees/tags, step over  |
 //	  |                              |  blobs; thin bases from the agent's  |
 //	  |                              |  repo or a mirror of the upstream    |
-//	  |                              | touched paths: every new commit vs   |
-//	  |                              |  each parent; net diff of rewrites   |
+//	  |                              | touched paths: old tip vs new tip    |
+//	  |                              |  (new ref: vs default branch HEAD),  |
+//	  |                              |  every new commit vs each parent     |
 //	  |                              | bus: lease active? same fence?       |
 //	  |                              |  other leases' claims?               |
 //	  |   refused: report-status     |                                      |
@@ -43,6 +44,18 @@
 //	! [remote rejected] main -> main (fenceline: libs/tax/rates.go is outside lease lease_… [services/billing])
 //
 // and every refusal is an audit event naming lease, owner, fence and reason.
+// So is every error of the fence's own once the request names its refs
+// (a malformed command, a pack it cannot spool, an upstream that does not
+// answer the forwarded push): git prints the reason against each ref,
+// never a bare HTTP status. Only a request whose first line cannot be read
+// at all gets HTTP 400.
+//
+// Signed pushes are not relayed: the proxy drops push-cert from the
+// upstream's advertisement (it cannot vouch for a certificate whose
+// updates it does not forward as signed), so git push --signed=if-asked
+// pushes unsigned and --signed=yes stops in git ("the receiving end does
+// not support --signed push"); a certificate sent anyway is refused per
+// ref.
 // A push is forwarded whole or not at all: when one ref is refused, the
 // others are refused with a pointer to it.
 //
@@ -53,13 +66,44 @@
 // path must lie inside the pusher's own claim when it claims paths, and
 // inside no other active lease's claim — declared claims win, so an
 // exclusive attempt that claims nothing cannot push over another agent's
-// leased paths. Touched paths are the diff of every new commit against each
-// of its parents (a commit that touches a path and a later one that reverts
-// it still count), plus, for a non-fast-forward update, the diff between
-// the old and new tips. Ref deletions and rewrites by path leases are
-// refused unless the Policy allows them. New commits are those in the pack:
-// the client sends what the upstream lacks, and the upstream's connectivity
-// check refuses a push that leans on a commit it has in neither place.
+// leased paths. A ref update is judged by what it moves, whatever the pack
+// holds (an update onto commits the upstream already has comes with an
+// empty pack). Its touched paths are:
+//
+//   - an update of an existing ref (fast-forward or not): the paths that
+//     differ between the old tip and the new tip;
+//   - a new ref: the paths that differ between the new tip and the
+//     upstream's default branch where they meet (each merge base of the
+//     two), the history the ref adds to the one branch every lease may
+//     build on; every path of the new tip when they share no history or
+//     the upstream has no default branch. The default branch is the
+//     upstream's HEAD as its upload-pack advertisement names it, read
+//     when the push is judged. A new ref on another branch's commits is
+//     thus judged by that branch's changes: being on the upstream is not
+//     being allowed to publish them under a new name;
+//   - in both cases, for history the upstream did not have (the commits
+//     in the pack), what every new commit changes against each of its
+//     parents (a commit that touches a path and a later one that reverts
+//     it still count).
+//
+// Old tips and default-branch tips are read from the agent's repository
+// or the upstream's mirror only as objects whose content hashes to their
+// id; an old tip neither has is refused, not guessed. Ref deletions and
+// non-fast-forward updates by path leases are refused unless the Policy
+// allows them. The upstream enforces each command's old value (a push
+// whose old tip is not the ref's current value fails there), so judging
+// against the old tip the client names is judging against the ref.
+// The pre-receive hook applies the same rule with git on the server's own
+// objects (diff-tree of old and new tips, merge-base --all with HEAD for a
+// new ref, log of the new commits) and refuses a push whose paths leave
+// the claim its fence was signed with.
+//
+// A delete of a ref the upstream does not have ("<zero> <zero> <ref>",
+// git push URL :nope) deletes nothing: it passes whatever the Policy, and
+// the upstream answers it as it would a direct push (a warning, ok). When
+// the ref does exist, such a command would delete it whatever its value,
+// so the proxy refuses it (fetch, then delete), and the hook refuses one
+// that reaches the server for a ref that exists by then.
 //
 // A push whose own options name fenceline-* is refused: those options are
 // the fence's to set.

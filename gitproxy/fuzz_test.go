@@ -75,3 +75,59 @@ func FuzzPktReader(f *testing.F) {
 		}
 	})
 }
+
+// FuzzAdvertisement: the upstream's ref advertisement is read (for HEAD
+// and for a delete's ref) and rewritten (push-cert dropped) by the proxy;
+// the rewrite keeps every ref and parses like its input.
+func FuzzAdvertisement(f *testing.F) {
+	a := "1111111111111111111111111111111111111111"
+	adv := func(lines ...string) []byte {
+		b := appendFlush(appendPkt(nil, "# service=git-receive-pack\n"))
+		for _, l := range lines {
+			b = appendPkt(b, l)
+		}
+		return appendFlush(b)
+	}
+	f.Add(adv(a+" refs/heads/main\x00report-status push-cert=1700000000-abc delete-refs\n", a+" refs/tags/v1\n"))
+	f.Add(adv(zeroOID + " capabilities^{}\x00report-status push-cert\n"))
+	f.Add(adv(a+" HEAD\x00symref=HEAD:refs/heads/main\n", a+" refs/heads/main\n", a+" refs/tags/v1^{}\n"))
+	f.Add([]byte("0000"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		refs, err := parseAdvertisement(bufio.NewReader(bytes.NewReader(data)))
+		out := withoutCapability(data, "push-cert")
+		again, err2 := parseAdvertisement(bufio.NewReader(bytes.NewReader(out)))
+		if (err == nil) != (err2 == nil) {
+			t.Fatalf("rewrite changed whether it parses: %v / %v", err, err2)
+		}
+		if err == nil && !reflect.DeepEqual(refs, again) {
+			t.Fatalf("rewrite changed the refs: %v / %v", refs, again)
+		}
+		if err == nil && advertisesCapability(out, "push-cert") {
+			t.Fatalf("push-cert still advertised: %q", out)
+		}
+	})
+}
+
+// advertisesCapability reports whether the first capability list of an
+// advertisement names c (or c=value).
+func advertisesCapability(body []byte, c string) bool {
+	pr := newPktReader(bufio.NewReader(bytes.NewReader(body)))
+	for range 3 {
+		line, err := pr.next()
+		if err == errFlush {
+			continue
+		}
+		if err != nil {
+			return false
+		}
+		if _, caps, ok := bytes.Cut(line, []byte{0}); ok {
+			for _, f := range bytes.Fields(caps) {
+				if string(f) == c || bytes.HasPrefix(f, []byte(c+"=")) {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	return false
+}

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/internal/scope"
 )
 
@@ -70,6 +71,7 @@ const (
 	HookOtherRepo    = "other-repo"     // a fence signed for another repository
 	HookStaleFence   = ReasonStaleFence // a newer fence was accepted for an overlapping path
 	HookOutsideClaim = "outside-claim"  // a touched path is outside the claim the fence was signed with
+	HookBlindDelete  = "blind-delete"   // a delete naming no value, of a ref that exists
 )
 
 // HookError is a refusal by the hook, printed to the pusher: Msg names the
@@ -202,13 +204,24 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 	if err != nil {
 		return deny(&HookError{Reason: HookBadMAC, Msg: err.Error()})
 	}
-	if cfg.Repo != "" && repo != cfg.Repo {
+	if cfg.Repo != "" && repoid.Normalize(repo) != repoid.Normalize(cfg.Repo) {
 		return deny(&HookError{Reason: HookOtherRepo, Msg: fmt.Sprintf("it was signed for repository %q; this repository is %q", repo, cfg.Repo)})
 	}
 	var claim scope.Claim
 	if claimStr != "" {
 		if err := json.Unmarshal([]byte(claimStr), &claim); err != nil {
 			return deny(&HookError{Reason: HookMalformed, Msg: fmt.Sprintf("malformed %s option: %v", OptionClaim, err)})
+		}
+	}
+
+	// A delete that names no value goes whatever the ref holds: the proxy
+	// lets one through only for a ref the server lacked when it looked.
+	for _, c := range cmds {
+		if !c.isBlindDelete() {
+			continue
+		}
+		if out, err := g.runHere(ctx, "show-ref", "--verify", "--hash", c.Ref); err == nil {
+			return deny(&HookError{Reason: HookBlindDelete, Msg: fmt.Sprintf("%s exists (at %s), but the push deletes it without naming its value: fetch, then delete it again", c.Ref, strings.TrimSpace(string(out)))})
 		}
 	}
 
@@ -363,50 +376,89 @@ func (x *fenceIndex) newerOverlapping(p string, fence uint64) (string, fenceEntr
 	return "", fenceEntry{}, false
 }
 
-// hookTouched lists the paths the new commits of a push touch (each
-// against every parent, root commits in full), plus the net diff of each
-// non-fast-forward update, using git in the hook's environment (where the
-// pushed objects are visible in quarantine).
+// hookTouched lists the paths a push touches by the rule the proxy applies
+// (doc.go, "The push rule"): the paths that differ between each update's
+// old and new tip, for a new ref between the default branch (HEAD, where
+// they meet) and the new tip, and what every new commit changes against
+// each of its parents (root commits in full). It runs git in the hook's
+// environment, where the pushed objects are visible in quarantine and the
+// refs are still as they were before the push.
 func hookTouched(ctx context.Context, g gitRunner, cmds []command) ([]string, error) {
 	set := map[string]struct{}{}
-	add := func(out []byte) {
-		for _, l := range strings.Split(string(out), "\n") {
+	add := func(out []byte, sep string) {
+		for _, l := range strings.Split(string(out), sep) {
 			if l != "" {
 				set[l] = struct{}{}
 			}
 		}
 	}
+	diff := func(from, to string) error {
+		out, err := g.runHere(ctx, "diff-tree", "-r", "-z", "--name-only", "--no-renames", "--no-commit-id", from, to)
+		add(out, "\x00")
+		return err
+	}
+	var base string // the default branch's tip, once looked up
 	var tips []string
 	for _, c := range cmds {
 		if c.isDelete() {
 			continue
 		}
-		tips = append(tips, c.New)
+		out, err := g.runHere(ctx, "rev-parse", "--verify", "--quiet", c.New+"^{commit}")
+		if err != nil {
+			continue // not a commit: no paths (the proxy lets only whole-repo leases push one)
+		}
+		tip := strings.TrimSpace(string(out))
+		tips = append(tips, tip)
 		if !c.isCreate() {
-			if _, err := g.runHere(ctx, "merge-base", "--is-ancestor", c.Old, c.New); err != nil {
-				out, err := g.runHere(ctx, "diff", "--name-only", "--no-renames", c.Old, c.New)
-				if err != nil {
-					return nil, err
-				}
-				add(out)
+			old := c.Old + "^{tree}"
+			if _, err := g.runHere(ctx, "rev-parse", "--verify", "--quiet", old); err != nil {
+				old = emptyTree // the ref held no tree-ish: every path of the new tip counts
+			}
+			if err := diff(old, tip); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if base == "" {
+			base = emptyTree
+			if out, err := g.runHere(ctx, "rev-parse", "--verify", "--quiet", "HEAD^{commit}"); err == nil {
+				base = strings.TrimSpace(string(out))
+			}
+		}
+		var mbs []string
+		if base != emptyTree {
+			out, err := g.runHere(ctx, "merge-base", "--all", base, tip)
+			if err == nil {
+				mbs = strings.Fields(string(out))
+			}
+		}
+		if len(mbs) == 0 {
+			mbs = []string{emptyTree} // no shared history: all of the new tip
+		}
+		for _, mb := range mbs {
+			if err := diff(mb, tip); err != nil {
+				return nil, err
 			}
 		}
 	}
 	if len(tips) > 0 {
-		args := append([]string{"log", "--format=", "--name-only", "--no-renames", "-m", "--root"}, tips...)
+		args := append([]string{"log", "--format=", "--name-only", "--no-renames", "-z", "-m", "--root"}, tips...)
 		out, err := g.runHere(ctx, append(args, "--not", "--all")...)
 		if err != nil {
 			return nil, err
 		}
-		add(out)
+		add(out, "\x00")
 	}
 	paths := make([]string, 0, len(set))
 	for p := range set {
-		paths = append(paths, p)
+		paths = append(paths, strings.TrimPrefix(p, "\n"))
 	}
 	slices.Sort(paths)
-	return paths, nil
+	return slices.Compact(paths), nil
 }
+
+// emptyTree is git's id of the empty tree, which every repository knows.
+const emptyTree = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 
 // withFenceFile runs f on the repository's fence table under an exclusive
 // lock and writes the table back (atomically) when f says so.

@@ -34,6 +34,10 @@ const (
 	ReasonBadPush         = "bad-push"                  // malformed request or pack
 	ReasonWholePush       = "whole-push"                // another ref of the same push was refused
 	ReasonOtherRepo       = "other-repo"                // a push to a repository the lease is not for
+	ReasonSignedPush      = "signed-push"               // a push certificate: not advertised, not accepted
+	ReasonStaleDelete     = "stale-delete"              // a delete naming no value, of a ref the upstream has
+	ReasonUpstream        = "upstream-unreachable"      // the upstream did not answer the forwarded push
+	ReasonFenceError      = "fence-error"               // the fence itself failed; nothing was forwarded
 )
 
 // refusal is why a push or one of its ref updates is refused.
@@ -53,6 +57,8 @@ func refuse(code, format string, args ...any) *refusal {
 func judge(own leasebus.Lease, others []*leasebus.Lease, rc refChange, pol Policy) *refusal {
 	pathLease := own.Scope.Kind == scope.KindPaths
 	switch {
+	case rc.kind == kindDelete && rc.absent:
+		return nil // deletes a ref the upstream does not have: nothing
 	case rc.notCommit != "" && own.Scope.Kind != scope.KindWholeRepo:
 		return refuse(ReasonNotCommit, "%s would point at a %s, not a commit; only a whole-repo lease may push that", rc.cmd.Ref, rc.notCommit)
 	case rc.kind == kindDelete && pathLease && !pol.AllowRefDelete:

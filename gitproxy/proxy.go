@@ -276,6 +276,7 @@ func (p *Proxy) advertisement(w http.ResponseWriter, r *http.Request) {
 	}
 	if resp.StatusCode == http.StatusOK && resp.Header.Get("Content-Encoding") == "" {
 		p.pushOptions.Store(repoPath(r.URL.Path), advertisesPushOptions(body))
+		body = withoutCapability(body, "push-cert")
 	}
 	copyHeaders(w.Header(), resp.Header, "Content-Type", "Cache-Control", "Expires", "Pragma", "WWW-Authenticate")
 	w.WriteHeader(resp.StatusCode)
@@ -306,6 +307,48 @@ func advertisesPushOptions(body []byte) bool {
 	return false
 }
 
+// withoutCapability removes capability name (and name=value) from a
+// receive-pack advertisement; the rest is returned byte for byte. The
+// proxy drops push-cert: it does not vouch for certificates, so git
+// --signed=if-asked pushes unsigned and --signed=yes says the receiving
+// end does not support signed pushes.
+func withoutCapability(body []byte, name string) []byte {
+	br := bufio.NewReader(bytes.NewReader(body))
+	pr := newPktReader(br)
+	off := 0
+	for range 3 {
+		line, err := pr.next()
+		if errors.Is(err, errFlush) {
+			off += pktHeaderLen
+			continue
+		}
+		if err != nil {
+			return body
+		}
+		end := off + pktHeaderLen + len(line)
+		refPart, caps, ok := bytes.Cut(line, []byte{0})
+		if !ok {
+			off = end
+			continue
+		}
+		nl := bytes.HasSuffix(caps, []byte("\n"))
+		var kept []string
+		for _, c := range strings.Fields(string(caps)) {
+			if c != name && !strings.HasPrefix(c, name+"=") {
+				kept = append(kept, c)
+			}
+		}
+		payload := string(refPart) + "\x00" + strings.Join(kept, " ")
+		if nl {
+			payload += "\n"
+		}
+		out := append([]byte(nil), body[:off]...)
+		out = appendPkt(out, payload)
+		return append(out, body[end:]...)
+	}
+	return body
+}
+
 func copyHeaders(dst, src http.Header, keys ...string) {
 	for _, k := range keys {
 		for _, v := range src.Values(k) {
@@ -324,6 +367,7 @@ type push struct {
 	pack               *pushPack // nil for a delete-only push
 	bases              layered   // see Proxy.bases
 	repoPath           string
+	r                  *http.Request // the client's request (its credentials reach the upstream)
 }
 
 // receivePack judges a push and forwards it only when every ref update
@@ -350,11 +394,21 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 		err = errors.New("a push request without ref updates must end at its flush packet")
 	}
 	if err != nil {
-		p.auditRefusal(ctx, p.currentLease(), 0, refuse(ReasonBadPush, "bad push request: %v", err), "")
-		http.Error(w, "fenceline: bad push request: "+err.Error(), http.StatusBadRequest)
+		ref := refuse(ReasonBadPush, "bad push request: %v", err)
+		if errors.Is(err, errSigned) {
+			ref = refuse(ReasonSignedPush, "%v", err)
+		}
+		if req != nil && len(req.Commands) > 0 && (req.has("report-status") || req.has("report-status-v2")) {
+			// git reads the reason from its report-status.
+			io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
+			p.refuseAll(ctx, w, &push{req: req, lease: p.currentLease(), r: r}, ref, "ok")
+			return
+		}
+		p.auditRefusal(ctx, p.currentLease(), 0, ref, "")
+		http.Error(w, ref.msg, http.StatusBadRequest)
 		return
 	}
-	ps := &push{req: req, repoPath: repoPath(r.URL.Path), start: time.Now()}
+	ps := &push{req: req, repoPath: repoPath(r.URL.Path), start: time.Now(), r: r}
 	if len(p.cfg.PushPaths) > 0 && !slices.Contains(p.cfg.PushPaths, strings.TrimSuffix(ps.repoPath, "/")) {
 		io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
 		ps.lease = p.currentLease()
@@ -383,7 +437,8 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 	if req.hasPack() {
 		pp, err := newPushPack(p.cfg.TempDir)
 		if err != nil {
-			p.fail(w, err)
+			io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
+			p.fail(ctx, w, ps, err)
 			return
 		}
 		defer pp.remove()
@@ -424,10 +479,16 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 		p.refuseAll(ctx, w, ps, ref, "ok")
 		return
 	}
-	refused := make([]*refusal, len(changes))
+	refused, ref := p.blindDeletes(ctx, ps, changes)
+	if ref != nil {
+		p.refuseAll(ctx, w, ps, ref, "ok")
+		return
+	}
 	anyRefused := false
 	for i, rc := range changes {
-		refused[i] = judge(ps.lease, others, rc, p.cfg.Policy)
+		if refused[i] == nil {
+			refused[i] = judge(ps.lease, others, rc, p.cfg.Policy)
+		}
 		anyRefused = anyRefused || refused[i] != nil
 	}
 	if anyRefused {
@@ -437,12 +498,40 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 	p.forward(w, r, ps, changes)
 }
 
+// blindDeletes looks up, on the upstream, the refs that commands delete
+// without naming their value. One the upstream lacks is deleted by no one:
+// the command passes whatever the policy (the upstream warns, as it does
+// to a direct push). One it has would go whatever its value, so the
+// command is refused: the client's view of the ref is stale.
+func (p *Proxy) blindDeletes(ctx context.Context, ps *push, changes []refChange) ([]*refusal, *refusal) {
+	refused := make([]*refusal, len(changes))
+	var refs map[string]string
+	for i := range changes {
+		c := changes[i].cmd
+		if !c.isBlindDelete() {
+			continue
+		}
+		if refs == nil {
+			var err error
+			if refs, err = p.upstreamRefs(ctx, ps, "git-receive-pack"); err != nil {
+				return nil, refuse(ReasonBadPush, "deleting %s, which the push names no value for: %v", c.Ref, err)
+			}
+		}
+		if oid, ok := refs[c.Ref]; ok {
+			refused[i] = refuse(ReasonStaleDelete, "%s exists on the server (at %s), but the push deletes it without naming its value: fetch, then delete it again", c.Ref, oid)
+			continue
+		}
+		changes[i].absent = true
+	}
+	return refused, nil
+}
+
 // probe relays git's pre-flight request (a lone flush packet), so the
 // upstream answers it, authentication included.
 func (p *Proxy) probe(w http.ResponseWriter, r *http.Request) {
 	out, err := p.upstreamRequest(r, http.MethodPost, strings.NewReader("0000"))
 	if err != nil {
-		p.fail(w, err)
+		http.Error(w, "fenceline: "+err.Error(), http.StatusBadRequest)
 		return
 	}
 	resp, err := p.client.Do(out)
@@ -514,8 +603,23 @@ func (p *Proxy) baseGitDirs(ps *push) []string {
 }
 
 // analyze computes each command's touched paths, fetching the mirror once
-// when the pushed history reaches objects the bases lack.
+// when the pushed history reaches objects the bases lack. A push that
+// creates a ref first asks the upstream for its default branch: a new ref
+// is judged against it.
 func (p *Proxy) analyze(ctx context.Context, ps *push) ([]refChange, error) {
+	var base plumbing.Hash
+	for _, c := range ps.req.Commands {
+		if c.isCreate() && !c.isDelete() {
+			refs, err := p.upstreamRefs(ctx, ps, "git-upload-pack")
+			if err != nil {
+				return nil, fmt.Errorf("a new ref is judged against the upstream's default branch: %w", err)
+			}
+			if h, ok := refs["HEAD"]; ok {
+				base = plumbing.NewHash(h)
+			}
+			break
+		}
+	}
 	run := func(final bool) ([]refChange, error) {
 		st := p.bases(ps)
 		if ps.pack != nil {
@@ -523,6 +627,7 @@ func (p *Proxy) analyze(ctx context.Context, ps *push) ([]refChange, error) {
 		}
 		a := newAnalyzer(st, ps.pack.pushed)
 		a.final = final
+		a.base = base
 		return a.analyze(ctx, ps.req.Commands)
 	}
 	changes, err := run(false)
@@ -535,6 +640,69 @@ func (p *Proxy) analyze(ctx context.Context, ps *push) ([]refChange, error) {
 		changes, err = run(true)
 	}
 	return changes, err
+}
+
+// upstreamRefs reads the upstream's ref advertisement of ps's repository
+// for service (git-upload-pack names HEAD too), with the client's
+// credentials and the sidecar's: ref name -> object id.
+func (p *Proxy) upstreamRefs(ctx context.Context, ps *push, service string) (map[string]string, error) {
+	u := *p.upstream
+	u.Path = strings.TrimSuffix(u.Path, "/") + ps.repoPath + "/info/refs"
+	u.RawQuery = "service=" + service
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	copyHeaders(req.Header, ps.r.Header, "Authorization", "User-Agent")
+	p.addUpstreamHeader(req.Header)
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("read the upstream's refs: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("read the upstream's refs: %s answered %s", u.Redacted(), resp.Status)
+	}
+	refs, err := parseAdvertisement(bufio.NewReader(io.LimitReader(resp.Body, 256<<20)))
+	if err != nil {
+		return nil, fmt.Errorf("read the upstream's refs: %w", err)
+	}
+	return refs, nil
+}
+
+// parseAdvertisement reads a smart-HTTP v0 ref advertisement: "# service=…",
+// flush, then "<oid> <ref>[\0<caps>]" lines up to a flush.
+func parseAdvertisement(br *bufio.Reader) (map[string]string, error) {
+	pr := newPktReader(br)
+	refs := map[string]string{}
+	header, lines := false, 0
+	for {
+		line, err := pr.next()
+		if errors.Is(err, errFlush) {
+			if header && lines == 0 {
+				header = false // the flush after "# service=…"
+				continue
+			}
+			return refs, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		s := strings.TrimSuffix(string(line), "\n")
+		if lines == 0 && strings.HasPrefix(s, "# service=") {
+			header = true
+			continue
+		}
+		lines++
+		s, _, _ = strings.Cut(s, "\x00")
+		oid, ref, ok := strings.Cut(s, " ")
+		if !ok || !validOID(oid) {
+			return nil, fmt.Errorf("malformed advertisement line %q", clip(s))
+		}
+		if oid != zeroOID && !strings.HasSuffix(ref, "^{}") {
+			refs[ref] = oid
+		}
+	}
 }
 
 // bases are the object stores a push builds on, opened once per push (each
@@ -613,7 +781,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ps *push, change
 	length := int64(len(head))
 	if ps.pack != nil {
 		if _, err := ps.pack.spool.Seek(0, io.SeekStart); err != nil {
-			p.fail(w, fmt.Errorf("rewind pack: %w", err))
+			p.fail(r.Context(), w, ps, fmt.Errorf("rewind pack: %w", err))
 			return
 		}
 		body = io.MultiReader(body, bufio.NewReaderSize(ps.pack.spool, 64<<10))
@@ -621,7 +789,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ps *push, change
 	}
 	out, err := p.upstreamRequest(r, http.MethodPost, body)
 	if err != nil {
-		p.fail(w, err)
+		p.fail(r.Context(), w, ps, err)
 		return
 	}
 	out.ContentLength = length
@@ -630,7 +798,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ps *push, change
 	resp, err := p.client.Do(out)
 	if err != nil {
 		p.log.Warn("push not delivered", "lease", ps.lease.LeaseID, "fence", ps.fence, "err", err)
-		http.Error(w, "fenceline: upstream git server unreachable: "+err.Error(), http.StatusBadGateway)
+		p.refuseAll(r.Context(), w, ps, refuse(ReasonUpstream, "the upstream git server did not answer the push (it may or may not have landed: fetch to see): %v", err), "ok")
 		return
 	}
 	defer resp.Body.Close()
@@ -761,8 +929,9 @@ func (p *Proxy) auditRefusal(ctx context.Context, l leasebus.Lease, fence uint64
 	}
 }
 
-// fail answers an internal error without forwarding anything.
-func (p *Proxy) fail(w http.ResponseWriter, err error) {
+// fail answers the fence's own error without forwarding anything, in the
+// push's report-status.
+func (p *Proxy) fail(ctx context.Context, w http.ResponseWriter, ps *push, err error) {
 	p.log.Error("push not handled", "err", err)
-	http.Error(w, "fenceline: push not handled: "+err.Error(), http.StatusInternalServerError)
+	p.refuseAll(ctx, w, ps, refuse(ReasonFenceError, "push not handled: %v", err), "ok")
 }

@@ -28,6 +28,11 @@ type command struct {
 func (c command) isCreate() bool { return c.Old == zeroOID }
 func (c command) isDelete() bool { return c.New == zeroOID }
 
+// isBlindDelete reports a delete that names no old value: git sends one
+// for a ref the remote did not advertise ("git push URL :nope"). The
+// upstream deletes the ref whatever its value, if it has one.
+func (c command) isBlindDelete() bool { return c.Old == zeroOID && c.New == zeroOID }
+
 // pushRequest is the head of a git-receive-pack request: everything before
 // the pack.
 type pushRequest struct {
@@ -54,10 +59,17 @@ func (r *pushRequest) hasPack() bool {
 // sends one before a large (chunked) push to check that it may post.
 var errProbe = errors.New("probe request: no ref updates")
 
+// errSigned refuses a signed push. The proxy does not advertise push-cert
+// (the upstream's certificate would name a nonce the fence cannot vouch
+// for), so git sends one only when told --signed=yes against that advice.
+var errSigned = errors.New("signed pushes (push-cert) are not supported through fenceline: push without --signed, or with --signed=if-asked")
+
 // readPushRequest parses the head of a receive-pack request from br and
 // leaves br at the first byte of the pack. It is git's own parser where
 // go-git v5's mis-reads push options: commands up to a flush, then, when
-// negotiated, push options up to a flush.
+// negotiated, push options up to a flush. On an error it also returns
+// what it read so far (capabilities, the commands before the bad line),
+// so the refusal can reach git in its report-status.
 func readPushRequest(br *bufio.Reader) (*pushRequest, error) {
 	pr := newPktReader(br)
 	req := &pushRequest{}
@@ -67,17 +79,20 @@ func readPushRequest(br *bufio.Reader) (*pushRequest, error) {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read push commands: %w", err)
+			return req, fmt.Errorf("read push commands: %w", err)
 		}
 		s := strings.TrimSuffix(string(line), "\n")
 		if first {
-			if strings.HasPrefix(s, "push-cert") {
-				return nil, errors.New("signed pushes (push-cert) are not supported through fenceline: push without --signed")
+			if rest, ok := strings.CutPrefix(s, "push-cert"); ok && (rest == "" || rest[0] == 0) {
+				_, caps, _ := strings.Cut(rest, "\x00")
+				req.Caps = strings.Fields(caps)
+				req.Commands = readCertCommands(pr)
+				return req, errSigned
 			}
 		}
 		if oid, ok := strings.CutPrefix(s, "shallow "); ok && len(req.Commands) == 0 {
 			if !validOID(oid) {
-				return nil, fmt.Errorf("malformed shallow line %q: want \"shallow <40 hex digits>\"", clip(s))
+				return req, fmt.Errorf("malformed shallow line %q: want \"shallow <40 hex digits>\"", clip(s))
 			}
 			req.Shallow = append(req.Shallow, oid)
 			continue
@@ -89,10 +104,14 @@ func readPushRequest(br *bufio.Reader) (*pushRequest, error) {
 		}
 		cmd, err := parseCommand(s)
 		if err != nil {
-			return nil, err
+			if ref, ok := refOf(s); ok {
+				// Reported against its ref, so git shows why.
+				req.Commands = append(req.Commands, command{Ref: ref})
+			}
+			return req, err
 		}
 		if len(req.Commands) == maxCommands {
-			return nil, fmt.Errorf("push updates more than %d refs: split it", maxCommands)
+			return req, fmt.Errorf("push updates more than %d refs: split it", maxCommands)
 		}
 		req.Commands = append(req.Commands, cmd)
 	}
@@ -101,7 +120,7 @@ func readPushRequest(br *bufio.Reader) (*pushRequest, error) {
 	}
 	for _, c := range req.Caps {
 		if v, ok := strings.CutPrefix(c, "object-format="); ok && v != "sha1" {
-			return nil, fmt.Errorf("object format %q is not supported: fenceline checks sha1 repositories", v)
+			return req, fmt.Errorf("object format %q is not supported: fenceline checks sha1 repositories", v)
 		}
 	}
 	if !req.has("push-options") {
@@ -113,17 +132,53 @@ func readPushRequest(br *bufio.Reader) (*pushRequest, error) {
 			return req, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read push options: %w", err)
+			return req, fmt.Errorf("read push options: %w", err)
 		}
 		if len(req.Options) == maxOptions {
-			return nil, fmt.Errorf("push carries more than %d push options", maxOptions)
+			return req, fmt.Errorf("push carries more than %d push options", maxOptions)
 		}
 		opt := strings.TrimSuffix(string(line), "\n")
 		if strings.ContainsAny(opt, "\x00\n") {
-			return nil, fmt.Errorf("push option %q contains a NUL or newline", clip(opt))
+			return req, fmt.Errorf("push option %q contains a NUL or newline", clip(opt))
 		}
 		req.Options = append(req.Options, opt)
 	}
+}
+
+// readCertCommands reads a push certificate up to "push-cert-end" and
+// returns the ref updates it lists (after the blank line that ends its
+// header), for the report that refuses them.
+func readCertCommands(pr *pktReader) []command {
+	var cmds []command
+	body := false
+	for range maxCommands + 16 {
+		line, err := pr.next()
+		if err != nil {
+			return cmds
+		}
+		s := strings.TrimSuffix(string(line), "\n")
+		switch {
+		case s == "push-cert-end":
+			return cmds
+		case s == "":
+			body = true
+		case body:
+			if c, err := parseCommand(s); err == nil {
+				cmds = append(cmds, c)
+			}
+		}
+	}
+	return cmds
+}
+
+// refOf returns the valid ref name of a command line that is otherwise
+// malformed ("<old> <new> <ref>").
+func refOf(s string) (string, bool) {
+	f := strings.SplitN(s, " ", 3)
+	if len(f) != 3 || checkRefName(f[2]) != nil {
+		return "", false
+	}
+	return f[2], true
 }
 
 // parseCommand parses "<old> <new> <ref>".
@@ -135,9 +190,6 @@ func parseCommand(s string) (command, error) {
 	}
 	if !validOID(oldID) || !validOID(newID) {
 		return command{}, fmt.Errorf("malformed push command %q: object ids must be 40 lowercase hex digits", clip(s))
-	}
-	if oldID == zeroOID && newID == zeroOID {
-		return command{}, fmt.Errorf("push command for %s has neither an old nor a new object", clip(ref))
 	}
 	if err := checkRefName(ref); err != nil {
 		return command{}, err

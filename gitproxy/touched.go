@@ -34,20 +34,27 @@ type refChange struct {
 	newCommits int
 	paths      []string // sorted, unique, repo-relative
 	notCommit  string   // set when the new object is not (a tag of) a commit: its type
+	absent     bool     // a delete of a ref the upstream does not have (see Proxy.blindDeletes)
 }
 
 // analyzer computes touched paths with go-git. A commit is new when it was
 // in the pushed pack: the client sends what the upstream lacks, and the
 // upstream's own connectivity check refuses a push that references a commit
-// it has neither in the pack nor in its store.
+// it has neither in the pack nor in its store. Whatever the pack holds,
+// every update is also judged by what it moves: the paths that differ
+// between the ref's old tip and its new one, and for a new ref between the
+// upstream's default branch (where they meet) and the new tip.
 type analyzer struct {
 	// final: the stores are as complete as they will get, so a ref's old
-	// value that is not there is judged (a rewrite) rather than reported
-	// missing (which makes the proxy fetch its mirror and try again).
+	// value that is not there is an error, not a reason to fetch the
+	// mirror and try again.
 	final  bool
 	st     storer.EncodedObjectStorer
 	pushed func(plumbing.Hash) bool
-	memo   map[plumbing.Hash][]string // touched paths of each new commit
+	// base is the upstream's default branch tip (ZeroHash: the upstream
+	// has none): a new ref is judged against it.
+	base plumbing.Hash
+	memo map[plumbing.Hash][]string // touched paths of each new commit
 }
 
 func newAnalyzer(st storer.EncodedObjectStorer, pushed func(plumbing.Hash) bool) *analyzer {
@@ -87,18 +94,27 @@ func (a *analyzer) command(ctx context.Context, c command) (refChange, error) {
 		return rc, err
 	}
 	rc.newCommits = n
-	rc.kind = kindCreate
-	if !c.isCreate() {
-		old, err := object.GetCommit(a.st, plumbing.NewHash(c.Old))
+	if c.isCreate() {
+		rc.kind = kindCreate
+		if err := a.sinceBase(ctx, tip, touched); err != nil {
+			return rc, err
+		}
+	} else {
+		old, _, err := a.peel(plumbing.NewHash(c.Old))
 		switch {
 		case errors.Is(err, plumbing.ErrObjectNotFound) && !a.final:
 			return rc, fmt.Errorf("old value %s: %w", c.Old, err)
-		case errors.Is(err, plumbing.ErrObjectNotFound), errors.Is(err, plumbing.ErrInvalidType):
-			// The ref's old value is not a commit we can see (a tag ref
-			// being moved, say): treat the update as a rewrite.
-			rc.kind = kindRewrite
+		case errors.Is(err, plumbing.ErrObjectNotFound):
+			return rc, fmt.Errorf("the ref's old value %s is in neither the agent's repository nor the upstream's mirror, so what the update changes cannot be judged: %w", c.Old, err)
 		case err != nil:
 			return rc, err
+		case old == nil:
+			// The ref held no commit (a tag of a tree, say): the update
+			// brings in every path of the new tip.
+			rc.kind = kindRewrite
+			if err := a.addEntry(object.TreeEntry{Mode: filemode.Dir, Hash: tip.TreeHash}, "", touched); err != nil {
+				return rc, err
+			}
 		default:
 			ff, err := a.isAncestor(ctx, old, tip)
 			if err != nil {
@@ -106,12 +122,14 @@ func (a *analyzer) command(ctx context.Context, c command) (refChange, error) {
 			}
 			rc.kind = kindFastForward
 			if !ff {
-				// A rewrite also discards old's changes: what it does to the
-				// ref's content is the diff between the two tips.
 				rc.kind = kindRewrite
-				if err := a.diff(ctx, old, tip, touched); err != nil {
-					return rc, err
-				}
+			}
+			// What the update does to the ref's content is the diff
+			// between the two tips, whether or not its commits are new:
+			// a fast-forward onto commits the upstream already has moves
+			// their changes into the ref.
+			if err := a.diff(ctx, old, tip, touched); err != nil {
+				return rc, err
 			}
 		}
 	}
@@ -121,6 +139,40 @@ func (a *analyzer) command(ctx context.Context, c command) (refChange, error) {
 	}
 	slices.Sort(rc.paths)
 	return rc, nil
+}
+
+// sinceBase adds what a new ref at tip adds to the upstream's default
+// branch: the paths that differ between each merge base of the two and
+// tip, or every path of tip when they share no history (or the upstream
+// has no default branch).
+func (a *analyzer) sinceBase(ctx context.Context, tip *object.Commit, touched map[string]struct{}) error {
+	root := object.TreeEntry{Mode: filemode.Dir, Hash: tip.TreeHash}
+	if a.base.IsZero() {
+		return a.addEntry(root, "", touched)
+	}
+	base, err := object.GetCommit(a.st, a.base)
+	if errors.Is(err, plumbing.ErrObjectNotFound) && !a.final {
+		return fmt.Errorf("the upstream's default branch %s: %w", a.base, err)
+	}
+	if err != nil {
+		return fmt.Errorf("the upstream's default branch %s cannot be read, so what the new ref adds cannot be judged: %w", a.base, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	mbs, err := tip.MergeBase(base)
+	if err != nil {
+		return fmt.Errorf("merge base of %s and the default branch %s: %w", tip.Hash, a.base, err)
+	}
+	if len(mbs) == 0 {
+		return a.addEntry(root, "", touched)
+	}
+	for _, mb := range mbs {
+		if err := a.diff(ctx, mb, tip, touched); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // peel follows annotated tags to the commit they name. It returns a nil

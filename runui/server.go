@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -254,7 +255,7 @@ func compareStrings(a, b string) int {
 
 func (s *Server) leases(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	ls, err := s.client.List(r.Context(), q.Get("repo"), q.Get("all") != "")
+	ls, err := s.client.List(r.Context(), repoid.Normalize(q.Get("repo")), q.Get("all") != "")
 	if err != nil {
 		s.fail(w, "list leases", err)
 		return
@@ -272,7 +273,7 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	evs, err := s.recentAudit(r.Context(), r.URL.Query().Get("repo"), limit)
+	evs, err := s.recentAudit(r.Context(), repoid.Normalize(r.URL.Query().Get("repo")), limit)
 	if err != nil {
 		s.fail(w, "read the audit stream", err)
 		return
@@ -325,7 +326,7 @@ func (s *Server) shards(w http.ResponseWriter, r *http.Request) {
 		s.writeJSON(w, nil)
 		return
 	}
-	v, err := s.cfg.Shards(r.Context(), r.URL.Query().Get("repo"))
+	v, err := s.cfg.Shards(r.Context(), repoid.Normalize(r.URL.Query().Get("repo")))
 	if err != nil {
 		s.fail(w, "list shards", err)
 		return
@@ -392,7 +393,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer s.wg.Done()
-	repo := r.URL.Query().Get("repo")
+	repo := repoid.Normalize(r.URL.Query().Get("repo"))
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	stop := context.AfterFunc(s.ctx, cancel)

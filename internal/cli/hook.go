@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenceline/fenceline/gitproxy"
+	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -53,6 +54,7 @@ fence and reason, goes to the pusher and is appended to
 full either way.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			repo = repoid.Normalize(repo)
 			err := gitproxy.PreReceive(cmd.Context(), gitproxy.HookConfig{Repo: repo, KeyFile: keyFile, AllowUnfenced: allowUnfenced}, os.Stdin)
 			var he *gitproxy.HookError
 			if errors.As(err, &he) {
@@ -180,16 +182,14 @@ the git server's user).`,
 	return c
 }
 
-// hookRepo checks --repo of hook install; a remote URL is turned into the
-// identity the leases use (host/org/repo).
+// hookRepo checks --repo of hook install and pre-receive; every spelling
+// of a remote is turned into the identity the leases use (host/org/repo).
 func hookRepo(repo string) (string, error) {
 	r := strings.TrimSpace(repo)
 	if r == "" {
 		return "", usagef("--repo is required: the repository's identity as the leases name it, e.g. --repo github.com/acme/payments")
 	}
-	if strings.Contains(r, "://") {
-		r = normalizeRemote(r, "")
-	}
+	r = repoid.Normalize(r)
 	if strings.ContainsAny(r, "\n\x00") {
 		return "", usagef("--repo %q contains a newline or NUL", repo)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
 )
@@ -56,6 +57,9 @@ bad --table, a --ttl out of range) are usage errors (exit 2).`,
   fenceline lease acquire --repo github.com/acme/payments --whole-repo --ttl 10m --json
   fenceline lease acquire --repo github.com/acme/payments --scope db --table public.users --wait 2m`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := lf.resolveRepo(cmd.Context()); err != nil {
+				return err
+			}
 			req, err := lf.request()
 			if err != nil {
 				return err
@@ -123,7 +127,7 @@ type leaseFlags struct {
 }
 
 func (lf *leaseFlags) register(f *pflag.FlagSet) {
-	f.StringVar(&lf.repo, "repo", "", "repository identity, e.g. github.com/acme/payments (required)")
+	f.StringVar(&lf.repo, "repo", "", "repository: its identity (github.com/acme/payments), a remote URL (https://…, git@host:org/repo, ssh://…) or a local checkout, all named by its normalized identity (required)")
 	f.StringArrayVar(&lf.paths, "scope", nil, "repo-relative path to claim (repeatable)")
 	f.BoolVar(&lf.wholeRepo, "whole-repo", false, "claim every path of the repo (exclusive workspace)")
 	f.StringArrayVar(&lf.tables, "table", nil, "Postgres table to claim, schema.table or schema.* (repeatable)")
@@ -136,8 +140,31 @@ func (lf *leaseFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&lf.wait, "wait", 0, "queue behind conflicting leases up to this long (0: fail at once)")
 }
 
+// resolveRepo turns --repo into the repository's one identity (package
+// repoid): a local checkout stands for its origin, every spelling of a
+// remote for host/org/repo.
+func (lf *leaseFlags) resolveRepo(ctx context.Context) error {
+	r, err := resolveRepoFlag(ctx, lf.repo)
+	if err != nil {
+		return err
+	}
+	lf.repo = r
+	return nil
+}
+
+// resolveRepoFlag is the identity of a repository named by a --repo flag
+// ("" stays "").
+func resolveRepoFlag(ctx context.Context, repo string) (string, error) {
+	r, err := repoid.Resolve(ctx, repo)
+	if err != nil {
+		return "", usagef("--repo %s: %v", repo, err)
+	}
+	return r, nil
+}
+
 // request checks the flags and builds the acquire request; bad values are
-// usage errors naming the flag.
+// usage errors naming the flag. The repo is normalized (without looking
+// at the disk: resolveRepo does that first where a checkout may be named).
 func (lf *leaseFlags) request() (leasebus.AcquireRequest, error) {
 	var req leasebus.AcquireRequest
 	if strings.TrimSpace(lf.repo) == "" {
@@ -173,7 +200,7 @@ func (lf *leaseFlags) request() (leasebus.AcquireRequest, error) {
 		attempt = leasebus.NewAttemptID()
 	}
 	return leasebus.AcquireRequest{
-		Repo:          lf.repo,
+		Repo:          repoid.Normalize(lf.repo),
 		Scope:         claim,
 		WorkspaceID:   lf.workspaceID,
 		WorkspaceMode: mode,
@@ -414,6 +441,11 @@ func (a *app) listCommand() *cobra.Command {
 		Short: "List active leases (with --all, recently ended ones too)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := resolveRepoFlag(cmd.Context(), repo)
+			if err != nil {
+				return err
+			}
+			repo = r
 			s, err := a.dial(leasebus.RoleViewer)
 			if err != nil {
 				return err
@@ -513,6 +545,11 @@ renewal (the service also does this on its own at each deadline). Each
 reclaim is audited.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := resolveRepoFlag(cmd.Context(), repo)
+			if err != nil {
+				return err
+			}
+			repo = r
 			s, err := a.dial(leasebus.RoleOperator)
 			if err != nil {
 				return err
@@ -597,6 +634,11 @@ func (a *app) auditCommand() *cobra.Command {
 		Short: "Print the audit trail: grants, releases, expiries, reclaims, revokes, refusals",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := resolveRepoFlag(cmd.Context(), repo)
+			if err != nil {
+				return err
+			}
+			repo = r
 			s, err := a.dial(leasebus.RoleViewer)
 			if err != nil {
 				return err

@@ -7,12 +7,10 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +24,7 @@ import (
 
 	"github.com/fenceline/fenceline/fsguard"
 	"github.com/fenceline/fenceline/internal/gitsafe"
+	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/proxy"
@@ -878,44 +877,7 @@ func gitOutput(ctx context.Context, dir string, args ...string) (string, error) 
 	return gitsafe.Git{Dir: dir}.Output(ctx, args...)
 }
 
-// scpLike matches git's scp-like remote syntax, [user@]host:path.
-var scpLike = regexp.MustCompile(`^(?:[^@/]+@)?([^:/]+):(.+)$`)
-
-// defaultPorts are dropped from a remote's host: the same server either way.
-var defaultPorts = map[string]string{"http": "80", "https": "443", "ssh": "22", "git": "9418", "git+ssh": "22", "ssh+git": "22"}
-
-// normalizeRemote turns a git remote URL into a repo identity: host/path
-// for network remotes (credentials, scheme, default port, a trailing .git
-// and slashes dropped; the host lower-cased), the cleaned absolute path
-// (relative to base) for local ones.
-func normalizeRemote(raw, base string) string {
-	s := strings.TrimSpace(raw)
-	var host, p string
-	if u, err := url.Parse(s); err == nil && u.Scheme != "" && strings.Contains(s, "://") {
-		if u.Scheme == "file" {
-			p = u.Path
-		} else {
-			host = strings.ToLower(u.Hostname())
-			if port := u.Port(); port != "" && port != defaultPorts[strings.ToLower(u.Scheme)] {
-				host += ":" + port
-			}
-			p = u.Path
-		}
-	} else if m := scpLike.FindStringSubmatch(s); m != nil && !strings.Contains(s, "://") {
-		host, p = strings.ToLower(m[1]), m[2]
-	} else {
-		p = s
-	}
-	if host == "" {
-		if !filepath.IsAbs(p) {
-			p = filepath.Join(base, p)
-		}
-		p = filepath.Clean(p)
-	}
-	p = strings.TrimRight(p, "/")
-	p = strings.TrimRight(strings.TrimSuffix(p, ".git"), "/")
-	if host == "" {
-		return p
-	}
-	return host + "/" + strings.TrimLeft(p, "/")
-}
+// normalizeRemote turns a git remote URL into a repo identity (package
+// repoid: host/path for network remotes, the cleaned absolute path,
+// relative to base, for local ones).
+func normalizeRemote(raw, base string) string { return repoid.FromRemote(raw, base) }

@@ -244,6 +244,9 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	if sf.settleTimeout < 0 {
 		return usagef("--settle-timeout %s: want a duration >= 0", sf.settleTimeout)
 	}
+	if err := sf.lf.resolveRepo(ctx); err != nil {
+		return err
+	}
 	if err := sf.ff.prepare(sf.lf.repo); err != nil {
 		return err
 	}
