@@ -80,9 +80,15 @@
 //
 // Without a pool, an exclusive run works in the checkout itself with its
 // git dir writable; fenceline run snapshots the checkout's executable git
-// configuration first (SnapshotGitDirs: config files, hooks,
-// info/attributes, also of submodules and worktrees) and restores it at
-// settle, saying what it undid.
+// configuration first (SnapshotCheckout: config files, hooks,
+// info/attributes, also of submodules and worktrees, and every .git
+// entry of the worktree) and restores it at settle, saying what it undid.
+// A git dir the attempt moved is found through a descriptor held since
+// the snapshot and renamed back; what it put in its place (a symlink, a
+// .git file) is moved aside, never written through. A nested repository
+// the attempt made (a .git it added anywhere in the worktree, whose
+// config the user's git status would run when it is a gitlink) has its
+// .git moved aside; one the user had gets its config and hooks back.
 //
 // An Attempt is one run of one command: written "running" (with its lease
 // and shard) before the command starts, settled (succeeded, failed,

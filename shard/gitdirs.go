@@ -8,6 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // GitDirSnapshot is what of a checkout's git dirs can make git run a
@@ -20,6 +25,21 @@ import (
 type GitDirSnapshot struct {
 	dirs  []string
 	files map[string]snapEntry // by absolute path
+	// held are the git dirs themselves, by path: which directory was
+	// there (an attempt may move it and put a link, a .git file or
+	// another directory in its place) and a descriptor on it, to find it
+	// wherever it was moved.
+	held map[string]heldDir
+	// workTree, when set, is the checkout whose .git entries (its own
+	// and those of repositories nested in it) were recorded in dotGits.
+	workTree string
+	dotGits  map[string]snapEntry // by absolute path
+}
+
+// heldDir is a git dir as it was: its identity and a descriptor on it.
+type heldDir struct {
+	dev, ino uint64
+	fd       int
 }
 
 type snapEntry struct {
@@ -82,7 +102,100 @@ func walkExecutable(dir string, fn func(path string, d fs.DirEntry) error) error
 
 // SnapshotGitDirs records the executable configuration of gitDirs.
 func SnapshotGitDirs(gitDirs []string) (*GitDirSnapshot, error) {
-	s := &GitDirSnapshot{dirs: slices.Clone(gitDirs), files: map[string]snapEntry{}}
+	s := &GitDirSnapshot{dirs: slices.Clone(gitDirs), files: map[string]snapEntry{}, held: map[string]heldDir{}}
+	for _, dir := range gitDirs {
+		if err := s.hold(dir); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	if err := s.snapshotDirs(gitDirs); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// SnapshotCheckout is SnapshotGitDirs, and also records every .git entry
+// of workTree: the checkout's own (a directory, or a file naming its git
+// dir) and those of repositories nested in it. git status in the checkout
+// runs git in every nested repository registered as a gitlink, with that
+// repository's config and hooks: one the attempt made, or whose .git it
+// pointed elsewhere, is undone by Restore; the git dirs of nested
+// repositories that were there are restored like the checkout's.
+func SnapshotCheckout(workTree string, gitDirs []string) (*GitDirSnapshot, error) {
+	dotGits, nested, err := findDotGits(workTree, gitDirs)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
+	}
+	s, err := SnapshotGitDirs(append(slices.Clone(gitDirs), nested...))
+	if err != nil {
+		return nil, err
+	}
+	s.workTree, s.dotGits = workTree, dotGits
+	return s, nil
+}
+
+// findDotGits walks workTree for entries named .git, not descending into
+// git dirs. It returns them, and the nested ones that are directories.
+func findDotGits(workTree string, gitDirs []string) (map[string]snapEntry, []string, error) {
+	found := map[string]snapEntry{}
+	var nested []string
+	err := filepath.WalkDir(workTree, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
+				return nil
+			}
+			return err
+		}
+		if d.Name() != ".git" || p == workTree {
+			if d.IsDir() && slices.Contains(gitDirs, p) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		e, err := readEntry(p, d)
+		if err != nil {
+			return err
+		}
+		found[p] = e
+		if d.IsDir() {
+			if !slices.Contains(gitDirs, p) {
+				nested = append(nested, p)
+			}
+			return filepath.SkipDir
+		}
+		return nil
+	})
+	return found, nested, err
+}
+
+// hold records which directory dir is and keeps a descriptor on it.
+func (s *GitDirSnapshot) hold(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return fmt.Errorf("snapshot git dir %s: %w", dir, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("snapshot git dir %s: not a directory", dir)
+	}
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("snapshot git dir %s: %w", dir, err)
+	}
+	s.held[dir] = heldDir{dev: uint64(st.Dev), ino: st.Ino, fd: fd}
+	return nil
+}
+
+// Close releases the descriptors the snapshot holds.
+func (s *GitDirSnapshot) Close() {
+	for d, h := range s.held {
+		unix.Close(h.fd)
+		delete(s.held, d)
+	}
+}
+
+func (s *GitDirSnapshot) snapshotDirs(gitDirs []string) error {
 	for _, dir := range gitDirs {
 		err := walkExecutable(dir, func(p string, d fs.DirEntry) error {
 			e, err := readEntry(p, d)
@@ -93,10 +206,129 @@ func SnapshotGitDirs(gitDirs []string) (*GitDirSnapshot, error) {
 			return nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("snapshot git dir %s: %w", dir, err)
+			return fmt.Errorf("snapshot git dir %s: %w", dir, err)
 		}
 	}
-	return s, nil
+	return nil
+}
+
+// isHeld reports whether the directory at dir is the one held.
+func (h heldDir) isAt(dir string) bool {
+	var st unix.Stat_t
+	return unix.Lstat(dir, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && uint64(st.Dev) == h.dev && st.Ino == h.ino
+}
+
+// pathIn reports whether p is dir or lies under it.
+func pathIn(p, dir string) bool {
+	r, err := filepath.Rel(dir, p)
+	return err == nil && r != ".." && !strings.HasPrefix(r, "../")
+}
+
+// aside renames whatever is at p out of git's way, next to it.
+func aside(p string) (string, error) {
+	to := p + ".fenceline-undone-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	return to, os.Rename(p, to)
+}
+
+// putBack makes every git dir the directory it was: what the attempt put
+// in its place (a symlink, a .git file, another directory) is moved
+// aside, and the git dir itself, found through the held descriptor, is
+// renamed back from wherever the attempt moved it.
+func (s *GitDirSnapshot) putBack() (undone []string, errs []error) {
+	for _, dir := range s.dirs {
+		h, ok := s.held[dir]
+		if !ok || h.isAt(dir) {
+			continue
+		}
+		what := s.name(dir)
+		if _, err := os.Lstat(dir); err == nil {
+			to, err := aside(dir)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("move aside what the attempt put at %s: %w", dir, err))
+				continue
+			}
+			undone = append(undone, what+" (replaced; the attempt's moved to "+s.name(to)+")")
+		}
+		now, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(h.fd))
+		if err != nil || !h.isAt(now) {
+			if e, nested := s.dotGits[dir]; nested && e.mode.IsDir() && dir != filepath.Join(s.workTree, ".git") {
+				continue // a nested repository the attempt removed: its work
+			}
+			errs = append(errs, fmt.Errorf("the git dir %s was removed by the attempt", dir))
+			continue
+		}
+		if err := os.Rename(now, dir); err != nil {
+			errs = append(errs, fmt.Errorf("put the git dir %s back from %s: %w", dir, now, err))
+			continue
+		}
+		undone = append(undone, what+" (moved to "+s.name(now)+"; put back)")
+	}
+	return undone, errs
+}
+
+// name is p as reported: relative to the work tree or a git dir.
+func (s *GitDirSnapshot) name(p string) string {
+	if s.workTree != "" && pathIn(p, s.workTree) {
+		r, _ := filepath.Rel(s.workTree, p)
+		return r
+	}
+	return rel(s.dirs, p)
+}
+
+// restoreDotGits undoes the .git entries of the work tree the attempt
+// added or changed: what is there now is moved aside (a nested
+// repository's git dir stops being one), and a .git file or link that
+// was there is written back.
+func (s *GitDirSnapshot) restoreDotGits() (undone []string, errs []error) {
+	if s.workTree == "" {
+		return nil, nil
+	}
+	now, _, err := findDotGits(s.workTree, s.dirs)
+	if err != nil {
+		return nil, []error{err}
+	}
+	paths := make([]string, 0, len(now))
+	for p := range now {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	for _, p := range paths {
+		e := now[p]
+		was, ok := s.dotGits[p]
+		switch {
+		case ok && was.mode.IsDir() && e.mode.IsDir():
+			if h, held := s.held[p]; !held || h.isAt(p) {
+				continue // the same directory: its contents are restored as a git dir
+			}
+		case ok && e.mode == was.mode && bytes.Equal(e.content, was.content):
+			continue
+		}
+		to, err := aside(p)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("move aside %s: %w", p, err))
+			continue
+		}
+		if !ok {
+			undone = append(undone, s.name(p)+" (added; moved to "+s.name(to)+")")
+			continue
+		}
+		undone = append(undone, s.name(p)+" (changed; the attempt's moved to "+s.name(to)+")")
+		if !was.mode.IsDir() {
+			if err := writeEntry(p, was); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for p, was := range s.dotGits {
+		if _, ok := now[p]; ok || was.mode.IsDir() {
+			continue
+		}
+		undone = append(undone, s.name(p)+" (removed)")
+		if err := writeEntry(p, was); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return undone, errs
 }
 
 func readEntry(p string, d fs.DirEntry) (snapEntry, error) {
@@ -124,9 +356,16 @@ func readEntry(p string, d fs.DirEntry) (snapEntry, error) {
 // file over it, never through a link), what was removed is written back.
 // It returns what it undid, relative to the git dirs.
 func (s *GitDirSnapshot) Restore() (undone []string, err error) {
-	var errs []error
+	undone, errs := s.putBack()
+	u, e := s.restoreDotGits()
+	undone, errs = append(undone, u...), append(errs, e...)
 	seen := map[string]bool{}
+	var gone []string // git dirs not in their place: nothing is written there
 	for _, dir := range s.dirs {
+		if h, ok := s.held[dir]; ok && !h.isAt(dir) {
+			gone = append(gone, dir)
+			continue
+		}
 		var extra []string
 		werr := walkExecutable(dir, func(p string, d fs.DirEntry) error {
 			seen[p] = true
@@ -153,7 +392,7 @@ func (s *GitDirSnapshot) Restore() (undone []string, err error) {
 				}
 				return nil
 			}
-			undone = append(undone, rel(s.dirs, p)+" (changed)")
+			undone = append(undone, s.name(p)+" (changed)")
 			return writeEntry(p, was)
 		})
 		if werr != nil {
@@ -161,7 +400,7 @@ func (s *GitDirSnapshot) Restore() (undone []string, err error) {
 		}
 		for _, p := range extra {
 			if _, ok := s.files[p]; !ok {
-				undone = append(undone, rel(s.dirs, p)+" (added)")
+				undone = append(undone, s.name(p)+" (added)")
 			}
 			if err := os.RemoveAll(p); err != nil {
 				errs = append(errs, err)
@@ -170,13 +409,13 @@ func (s *GitDirSnapshot) Restore() (undone []string, err error) {
 	}
 	var missing []string
 	for p := range s.files {
-		if !seen[p] {
+		if !seen[p] && !slices.ContainsFunc(gone, func(d string) bool { return pathIn(p, d) }) {
 			missing = append(missing, p)
 		}
 	}
 	slices.Sort(missing) // directories before what is in them
 	for _, p := range missing {
-		undone = append(undone, rel(s.dirs, p)+" (removed)")
+		undone = append(undone, s.name(p)+" (removed)")
 		if err := writeEntry(p, s.files[p]); err != nil {
 			errs = append(errs, err)
 		}
