@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,5 +80,40 @@ func TestRestoreCheckoutNestedRepos(t *testing.T) {
 	}
 	if ran := gittrap.Ran(marker); ran != "" {
 		t.Errorf("the user's git status ran the attempt's programs:\n%s", ran)
+	}
+}
+
+// TestCleanIgnoresANestedGitDirInTheShardsGitDir: git upload-pack, which
+// the fetch into the checkout runs on the shard's git dir (Path/.git),
+// serves Path/.git/.git instead when that is a repository. An attempt
+// that makes one there (here with a ref under the name its work would be
+// kept under, pointing at a commit of its choosing) decides what the
+// checkout takes for its kept work, or wedges every later cleaning of
+// the shard. Cleaning removes it first: the checkout keeps the attempt's
+// real commit.
+func TestCleanIgnoresANestedGitDirInTheShardsGitDir(t *testing.T) {
+	ctx := context.Background()
+	co := newRepo(t, 3)
+	base := mustGit(t, co, "rev-parse", "HEAD")
+	w := &Worktree{Checkout: co, Dir: co + ".shards", ID: "shard-1", Path: co + ".shards/shard-1", Branch: "fenceline/shard-1"}
+	if _, err := w.Create(ctx, base, "att_a"); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(w.Path, "d000", "f00000.txt"), []byte("changed\n"), 0o644)
+	mustGit(t, w.Path, "commit", "-q", "-am", "work")
+	work := mustGit(t, w.Path, "rev-parse", "HEAD")
+	fake := filepath.Join(w.Path, ".git", ".git")
+	mustGit(t, w.Path, "init", "-q", "--bare", fake)
+	mustGit(t, w.Path, "--git-dir="+fake, "fetch", "-q", co, "HEAD:refs/fenceline/attempts/att_b")
+
+	kept, err := w.Clean(ctx, base, "att_b")
+	if err != nil {
+		t.Fatalf("clean: %v (undone %v)", err, w.Undone)
+	}
+	if got := mustGit(t, co, "rev-parse", "refs/fenceline/attempts/att_b"); got != work {
+		t.Errorf("kept %v: refs/fenceline/attempts/att_b is %s, want the attempt's commit %s", kept, got, work)
+	}
+	if !strings.Contains(strings.Join(w.Undone, " "), ".git") {
+		t.Errorf("undone %v does not name .git", w.Undone)
 	}
 }

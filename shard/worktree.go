@@ -342,8 +342,8 @@ func readRegular(path string) ([]byte, error) {
 //   - every entry that is neither a directory nor a regular file
 //     (a symlink into the checkout's git dir, a fifo) is removed;
 //   - hooks/ is emptied; commondir, gitdir, config.worktree, worktrees/,
-//     info/attributes, info/grafts, refs/replace/ and
-//     objects/info/http-alternates are removed;
+//     info/attributes, info/grafts, refs/replace/,
+//     objects/info/http-alternates and a nested .git are removed;
 //   - config is rewritten: fenceline's, with the checkout's origin URL
 //     and a few keys that name no program;
 //   - objects/info/alternates names the checkout's objects alone.
@@ -368,7 +368,9 @@ func (w *Worktree) restoreGitDir(ctx context.Context) (undone []string, err erro
 			undone = append(undone, "hooks/"+e.Name())
 		}
 	}
-	for _, rel := range []string{"hooks", "commondir", "gitdir", "config.worktree", "worktrees", "info/attributes", "info/grafts", "refs/replace", "objects/info/http-alternates"} {
+	// .git: git upload-pack, which the fetch into the checkout runs on
+	// this git dir, would serve a repository there instead.
+	for _, rel := range []string{"hooks", "commondir", "gitdir", "config.worktree", "worktrees", "info/attributes", "info/grafts", "refs/replace", "objects/info/http-alternates", ".git"} {
 		p := filepath.Join(gd, rel)
 		if _, err := os.Lstat(p); err != nil {
 			continue
