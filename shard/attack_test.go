@@ -1,8 +1,14 @@
 package shard
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha1"
+	"encoding/binary"
+	"encoding/hex"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -115,5 +121,95 @@ func TestCleanIgnoresANestedGitDirInTheShardsGitDir(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(w.Undone, " "), ".git") {
 		t.Errorf("undone %v does not name .git", w.Undone)
+	}
+}
+
+// forgeCommitGraph writes into gitDir's objects/info/commit-graph a
+// commit-graph whose one commit is base but with the tree and parents of
+// commit real (a commit of gitDir's): git believes a commit-graph over
+// the commit objects (git log, status, merge-base read a commit's tree
+// and parents from it).
+func forgeCommitGraph(t *testing.T, dir, real, base string) {
+	t.Helper()
+	mustGitIn(t, dir, "", strings.NewReader(real+"\n"), "commit-graph", "write", "--stdin-commits")
+	p := filepath.Join(dir, ".git", "objects", "info", "commit-graph")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := hex.DecodeString(real)
+	bs, _ := hex.DecodeString(base)
+	chunks := map[string]int{}
+	for i := 0; i <= int(b[6]); i++ {
+		chunks[string(b[8+12*i:12+12*i])] = int(binary.BigEndian.Uint64(b[12+12*i : 20+12*i]))
+	}
+	oidl, oidf := chunks["OIDL"], chunks["OIDF"]
+	if !bytes.Equal(b[oidl:oidl+20], r) {
+		t.Fatalf("commit-graph of one commit does not list %s first", real)
+	}
+	copy(b[oidl:], bs)
+	for i := range 256 {
+		n := uint32(0)
+		if i >= int(bs[0]) {
+			n = 1
+		}
+		binary.BigEndian.PutUint32(b[oidf+4*i:], n)
+	}
+	sum := sha1.Sum(b[:len(b)-20])
+	copy(b[len(b)-20:], sum[:])
+	os.Chmod(p, 0o644)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustGitIn(t *testing.T, dir, _ string, stdin io.Reader, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", append([]string{"-C", dir}, args...)...)
+	cmd.Stdin = stdin
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// TestCleanDropsAForgedCommitGraph: an attempt in a shard writes a
+// commit-graph (objects/info, which cleaning keeps for the alternates
+// file) saying the base commit has another tree. git reads commits'
+// trees and parents from it: after cleaning, the shard's HEAD (base)
+// would show another tree than base's (git status not clean, so every
+// later cleaning fails and the shard is lost to the pool; git log and
+// diff in the next attempt lie about base). Cleaning drops it.
+func TestCleanDropsAForgedCommitGraph(t *testing.T) {
+	ctx := context.Background()
+	co := newRepo(t, 3)
+	base := mustGit(t, co, "rev-parse", "HEAD")
+	w := &Worktree{Checkout: co, Dir: co + ".shards", ID: "shard-1", Path: co + ".shards/shard-1", Branch: "fenceline/shard-1"}
+	if _, err := w.Create(ctx, base, "att_a"); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(w.Path, "d000", "f00000.txt"), []byte("planted\n"), 0o644)
+	mustGit(t, w.Path, "commit", "-q", "-am", "planted")
+	planted := mustGit(t, w.Path, "rev-parse", "HEAD")
+	// A commit like base (no parent) with the planted tree.
+	real := mustGitIn(t, w.Path, "", nil, "-c", "user.name=a", "-c", "user.email=a@a", "commit-tree", "-m", "seed", planted+"^{tree}")
+	forgeCommitGraph(t, w.Path, real, base)
+	if got := mustGitIn(t, w.Path, "", nil, "log", "-1", "--format=%T", base); got != mustGit(t, w.Path, "rev-parse", planted+"^{tree}") {
+		t.Fatalf("the forged commit-graph is not believed (base's tree %s): the test proves nothing", got)
+	}
+
+	if _, err := w.Clean(ctx, base, "att_a"); err != nil {
+		t.Fatalf("clean: %v", err)
+	}
+	if err := w.Ready(ctx, base); err != nil {
+		t.Fatal(err)
+	}
+	want := mustGit(t, co, "rev-parse", base+"^{tree}")
+	if got := mustGitIn(t, w.Path, "", nil, "log", "-1", "--format=%T", base); got != want {
+		t.Errorf("in the cleaned shard, git log says base's tree is %s, not %s", got, want)
+	}
+	if out, _ := plainGit(t, w.Path, "status", "--porcelain"); out != "" {
+		t.Errorf("the cleaned shard's status: %q", out)
 	}
 }

@@ -57,7 +57,9 @@
 //     names). Cleaning empties hooks/, rewrites config (fenceline's, with
 //     the checkout's origin URL and a few keys that name no program) and
 //     objects/info/alternates, and removes config.worktree, commondir,
-//     info/attributes, info/grafts, refs/replace and a repository nested
+//     info/attributes, info/grafts, refs/replace, everything in
+//     objects/info but alternates (a forged commit-graph gives a commit
+//     another tree and parents), and a repository nested
 //     at .git/.git (which git upload-pack, run by the fetch into the
 //     checkout, would serve instead of the shard's), naming what it undid
 //     in the audit event and on run's stderr (Worktree.Undone): the next

@@ -342,8 +342,9 @@ func readRegular(path string) ([]byte, error) {
 //   - every entry that is neither a directory nor a regular file
 //     (a symlink into the checkout's git dir, a fifo) is removed;
 //   - hooks/ is emptied; commondir, gitdir, config.worktree, worktrees/,
-//     info/attributes, info/grafts, refs/replace/,
-//     objects/info/http-alternates and a nested .git are removed;
+//     info/attributes, info/grafts, refs/replace/ and a nested .git are
+//     removed, and everything in objects/info but alternates (a forged
+//     commit-graph gives a commit another tree and parents);
 //   - config is rewritten: fenceline's, with the checkout's origin URL
 //     and a few keys that name no program;
 //   - objects/info/alternates names the checkout's objects alone.
@@ -370,7 +371,7 @@ func (w *Worktree) restoreGitDir(ctx context.Context) (undone []string, err erro
 	}
 	// .git: git upload-pack, which the fetch into the checkout runs on
 	// this git dir, would serve a repository there instead.
-	for _, rel := range []string{"hooks", "commondir", "gitdir", "config.worktree", "worktrees", "info/attributes", "info/grafts", "refs/replace", "objects/info/http-alternates", ".git"} {
+	for _, rel := range []string{"hooks", "commondir", "gitdir", "config.worktree", "worktrees", "info/attributes", "info/grafts", "refs/replace", ".git"} {
 		p := filepath.Join(gd, rel)
 		if _, err := os.Lstat(p); err != nil {
 			continue
@@ -380,6 +381,20 @@ func (w *Worktree) restoreGitDir(ctx context.Context) (undone []string, err erro
 		}
 		if err := os.RemoveAll(p); err != nil {
 			return undone, fmt.Errorf("restore git dir: %w", err)
+		}
+	}
+	// objects/info holds only the alternates file fenceline writes: git
+	// believes a commit-graph (a commit's tree and parents) over the
+	// commit objects, and http-alternates or packs name other stores.
+	if ents, err := os.ReadDir(filepath.Join(gd, "objects", "info")); err == nil {
+		for _, e := range ents {
+			if e.Name() == "alternates" {
+				continue
+			}
+			undone = append(undone, "objects/info/"+e.Name())
+			if err := os.RemoveAll(filepath.Join(gd, "objects", "info", e.Name())); err != nil {
+				return undone, fmt.Errorf("restore git dir: %w", err)
+			}
 		}
 	}
 	cfg, alt, err := w.ownConfig(ctx)
