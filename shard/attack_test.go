@@ -213,3 +213,41 @@ func TestCleanDropsAForgedCommitGraph(t *testing.T) {
 		t.Errorf("the cleaned shard's status: %q", out)
 	}
 }
+
+// TestCleanSurvivesABrokenShard: an attempt breaks what cleaning needs
+// (here it deletes an object of its own commit, so the fetch that keeps
+// its work fails; a directory it made unreadable does as much for git
+// clean). Cleaning used to fail there and leave the shard dirty, and so
+// every later cleaning: one attempt per shard took the pool out of
+// service. The shard is moved aside instead (its files kept on disk and
+// named) and made anew at base.
+func TestCleanSurvivesABrokenShard(t *testing.T) {
+	ctx := context.Background()
+	co := newRepo(t, 3)
+	base := mustGit(t, co, "rev-parse", "HEAD")
+	w := &Worktree{Checkout: co, Dir: co + ".shards", ID: "shard-1", Path: co + ".shards/shard-1", Branch: "fenceline/shard-1"}
+	if _, err := w.Create(ctx, base, "att_a"); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(w.Path, "d000", "f00000.txt"), []byte("work\n"), 0o644)
+	mustGit(t, w.Path, "commit", "-q", "-am", "work")
+	tree := mustGit(t, w.Path, "rev-parse", "HEAD^{tree}")
+	if err := os.Remove(filepath.Join(w.Path, ".git", "objects", tree[:2], tree[2:])); err != nil {
+		t.Fatal(err)
+	}
+	kept, err := w.Clean(ctx, base, "att_a")
+	if err != nil {
+		t.Fatalf("clean: %v", err)
+	}
+	if err := w.Ready(ctx, base); err != nil {
+		t.Fatal(err)
+	}
+	if len(kept) == 0 || !strings.Contains(kept[len(kept)-1], ".orphan-att_a-") {
+		t.Errorf("kept %v does not name the shard moved aside", kept)
+	} else if b, _ := os.ReadFile(filepath.Join(kept[len(kept)-1], "d000", "f00000.txt")); string(b) != "work\n" {
+		t.Errorf("the moved-aside shard lost the attempt's file: %q", b)
+	}
+	if _, err := w.Clean(ctx, base, "att_b"); err != nil {
+		t.Fatalf("the next cleaning: %v", err)
+	}
+}

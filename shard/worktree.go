@@ -179,12 +179,36 @@ func (w *Worktree) Create(ctx context.Context, base, keepID string) (kept []stri
 // hashed against the index (git update-index --refresh) before git reset
 // --hard and git clean -ffdx. Call it under Lock and under an exclusive
 // lease on the shard: no live attempt may be in it.
+//
+// When cleaning fails in the shard (an attempt may have broken its own
+// objects, or left files git cannot remove), the shard is moved aside,
+// its files kept on disk (named in kept), and made anew at base: one
+// attempt must not take its shard out of the pool.
 func (w *Worktree) Clean(ctx context.Context, base, keepID string) (kept []string, err error) {
 	w.Undone = nil
 	if !w.Exists() {
 		k, err := w.Create(ctx, base, keepID)
 		return k, err
 	}
+	kept, err = w.clean(ctx, base, keepID)
+	if err == nil || ctx.Err() != nil {
+		return kept, err
+	}
+	aside := fmt.Sprintf("%s.orphan-%s-%d", w.Path, keepID, time.Now().UnixNano())
+	if rerr := os.Rename(w.Path, aside); rerr != nil {
+		return kept, fmt.Errorf("%w; moving the shard aside: %w", err, rerr)
+	}
+	w.Undone = append(w.Undone, fmt.Sprintf("the whole shard (cleaning failed: %v; moved to %s)", err, aside))
+	// Refs the failed cleaning kept are in the shard moved aside.
+	k, cerr := w.Create(ctx, base, keepID)
+	kept = append(k, aside)
+	if cerr != nil {
+		return kept, fmt.Errorf("%w; making it anew: %w", err, cerr)
+	}
+	return kept, nil
+}
+
+func (w *Worktree) clean(ctx context.Context, base, keepID string) (kept []string, err error) {
 	if w.Undone, err = w.restoreGitDir(ctx); err != nil {
 		return nil, fmt.Errorf("shard %s: %w", w.ID, err)
 	}
