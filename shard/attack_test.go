@@ -12,8 +12,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/gitsafe/gittrap"
+	"github.com/fenceline/fenceline/leasebus"
 )
 
 // TestRestoreCheckoutNestedRepos: an exclusive attempt without a pool
@@ -249,5 +252,82 @@ func TestCleanSurvivesABrokenShard(t *testing.T) {
 	}
 	if _, err := w.Clean(ctx, base, "att_b"); err != nil {
 		t.Fatalf("the next cleaning: %v", err)
+	}
+}
+
+// TestCommitPlacementRestoresTheGitDir: a shard is left as an exclusive
+// attempt made it when its cleaning could not run (its lease was lost
+// before it settled, or its runner died): a commondir naming the
+// checkout's git dir, and hooks. A commit capacity placed there next is
+// not cleaned (it commits on the shard's branch), and fenceline then asks
+// git in the shard for its git dirs, to make them writable: git answered
+// the checkout's .git, so the commit attempt could write the checkout's
+// refs, config and hooks, and its git ran the planted hooks. Placing a
+// commit capacity restores the shard's git dir first.
+func TestCommitPlacementRestoresTheGitDir(t *testing.T) {
+	b, st, co, pool := poolFixture(t, 3, 1, 0)
+	ctx := context.Background()
+	ex := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	pe, err := st.Place(ctx, pool, *ex.Record, ModeExclusive, Attempt{AttemptID: "att_lost", Command: []string{"x"}}, ex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gd := filepath.Join(pe.Worktree.Path, ".git")
+	os.WriteFile(filepath.Join(gd, "commondir"), []byte(filepath.Join(co, ".git")+"\n"), 0o644)
+	os.MkdirAll(filepath.Join(gd, "hooks"), 0o755)
+	os.WriteFile(filepath.Join(gd, "hooks", "pre-commit"), []byte("#!/bin/sh\nexit 0\n"), 0o755)
+	pe.Settle(ctx, StatusFailed, 1) // no CleanAfter: the lease was lost
+	if err := ex.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	cm := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	pc, err := st.Place(ctx, pool, *cm.Record, ModeCommitExclusive, Attempt{AttemptID: "att_commit", Command: []string{"commit"}}, cm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := plainGit(t, pc.Worktree.Path, "rev-parse", "--path-format=absolute", "--git-common-dir")
+	if err != nil || out != gd {
+		t.Errorf("the commit capacity's git common dir is %q (%v), want the shard's own %s", out, err, gd)
+	}
+	if _, err := os.Stat(filepath.Join(gd, "hooks", "pre-commit")); err == nil {
+		t.Error("the lost attempt's hook is still in the shard when the commit capacity starts")
+	}
+	if !strings.Contains(strings.Join(pc.Worktree.Undone, " "), "commondir") {
+		t.Errorf("undone %v does not name commondir", pc.Worktree.Undone)
+	}
+}
+
+// TestSharedPlacementOnADirtyShardRestoresTheGitDir: the same shard, left
+// with hooks and config by an exclusive attempt whose cleaning never ran,
+// gets a path-leased attempt next (placed without cleaning). Its git, and
+// the git status of every later sharer, would run them under their own
+// leases. With nobody in the shard, placing it restores the git dir.
+func TestSharedPlacementOnADirtyShardRestoresTheGitDir(t *testing.T) {
+	b, st, co, pool := poolFixture(t, 3, 1, 0)
+	ctx := context.Background()
+	ex := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	pe, err := st.Place(ctx, pool, *ex.Record, ModeExclusive, Attempt{AttemptID: "att_lost", Command: []string{"x"}}, ex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gd := filepath.Join(pe.Worktree.Path, ".git")
+	marker := filepath.Join(t.TempDir(), "ran")
+	if err := gittrap.Plant(gd, "", filepath.Join(t.TempDir(), "traps"), marker); err != nil {
+		t.Fatal(err)
+	}
+	pe.Settle(ctx, StatusFailed, 1) // no CleanAfter: the lease was lost
+	if err := ex.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sh := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "d000"), WorkspaceID: "shard-1", TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	ps, err := st.Place(ctx, pool, *sh.Record, ModeShared, Attempt{AttemptID: "att_shared", Command: []string{"edit"}}, sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(ps.Worktree.Path, "d000", "f00000.txt"), []byte("edit\n"), 0o644)
+	plainGit(t, ps.Worktree.Path, "status", "--porcelain")
+	if ran := gittrap.Ran(marker); ran != "" {
+		t.Errorf("the shared attempt's git ran the lost attempt's traps:\n%s", ran)
 	}
 }

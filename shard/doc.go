@@ -76,6 +76,13 @@
 //     objects whose ids it verified and, on the server, by the pre-receive
 //     hook against the claim the fence was signed with.
 //
+// An attempt whose cleaning never ran (its lease lost before it settled,
+// its runner dead) leaves its shard dirty with whatever it planted. The
+// next exclusive attempt cleans it; a commit capacity, and a path-leased
+// attempt placed when nobody is in the shard, get its git dir restored
+// first (a planted commondir naming the checkout's git dir would otherwise
+// make git, and so fenceline's guard, take that for the shard's).
+//
 // The commit capacities (ModeCommitSerialized, ModeCommitExclusive) write
 // the shard's git dir and are not followed by a cleaning. When one settles,
 // the shard's git dir is restored as above and the shard's branch is
