@@ -331,3 +331,50 @@ func TestSharedPlacementOnADirtyShardRestoresTheGitDir(t *testing.T) {
 		t.Errorf("the shared attempt's git ran the lost attempt's traps:\n%s", ran)
 	}
 }
+
+// TestRestoreCheckoutDropsReplaceRefsAndGrafts: an exclusive attempt
+// without a pool commits a change, then makes the user's git show another
+// commit in its place (refs/replace/<its commit>) or another parent
+// (info/grafts): the user's git log, show and diff review that, not what
+// the branch holds (and what a push sends). Restore removes what the
+// attempt added there.
+func TestRestoreCheckoutDropsReplaceRefsAndGrafts(t *testing.T) {
+	for _, how := range []string{"replace", "graft"} {
+		t.Run(how, func(t *testing.T) {
+			co := newRepo(t, 2)
+			gd := filepath.Join(co, ".git")
+			snap, err := SnapshotCheckout(co, []string{gd})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer snap.Close()
+			os.WriteFile(filepath.Join(co, "d000", "f00000.txt"), []byte("sneaky\n"), 0o644)
+			mustGit(t, co, "commit", "-q", "-am", "harmless")
+			real := mustGit(t, co, "rev-parse", "HEAD")
+			// A commit with real's tree: shown as real's parent, real changes nothing.
+			same := mustGit(t, co, "commit-tree", "-m", "same", "-p", real+"~1", real+"^{tree}")
+			switch how {
+			case "replace":
+				shown := mustGit(t, co, "commit-tree", "-m", "harmless", "-p", real+"~1", real+"~1^{tree}")
+				mustGit(t, co, "update-ref", "refs/replace/"+real, shown)
+			case "graft":
+				os.WriteFile(filepath.Join(gd, "info", "grafts"), []byte(real+" "+same+"\n"), 0o644)
+			}
+			show := func() string {
+				out, _ := plainGit(t, co, "-c", "advice.graftFileDeprecated=false", "show", "--stat", "--format=", "HEAD")
+				return out
+			}
+			if out := show(); strings.Contains(out, "f00000") {
+				t.Fatalf("the lie is not believed (%q): the test proves nothing", out)
+			}
+			undone, err := snap.Restore()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("undone: %v", undone)
+			if out := show(); !strings.Contains(out, "f00000") {
+				t.Errorf("after restore the user's git show HEAD still hides the change: %q", out)
+			}
+		})
+	}
+}

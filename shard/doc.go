@@ -104,6 +104,10 @@
 // the attempt made (a .git it added anywhere in the worktree, whose
 // config the user's git status would run when it is a gitlink) has its
 // .git moved aside; one the user had gets its config and hooks back.
+// refs/replace/ and info/grafts are put back too: they make the user's
+// git show another commit, or other parents, in place of the one the
+// branch holds, so a review would read something else than what a push
+// sends.
 //
 // An Attempt is one run of one command: written "running" (with its lease
 // and shard) before the command starts, settled (succeeded, failed,

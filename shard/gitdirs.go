@@ -2,6 +2,7 @@ package shard
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fenceline/fenceline/internal/gitsafe"
 )
 
 // GitDirSnapshot is what of a checkout's git dirs can make git run a
@@ -20,8 +23,10 @@ import (
 // the checkout (its git dir writable): every config, config.worktree,
 // commondir and gitdir file, everything under a hooks directory, and
 // info/attributes — in the git dir itself and in the git dirs of its
-// submodules and worktrees (modules/, worktrees/). Objects, refs and
-// reflogs are the attempt's work and are not part of it.
+// submodules and worktrees (modules/, worktrees/), info/grafts and the
+// refs/replace/ refs (which change what git shows in an object's place).
+// Objects, other refs and reflogs are the attempt's work and are not part
+// of it.
 type GitDirSnapshot struct {
 	dirs  []string
 	files map[string]snapEntry // by absolute path
@@ -34,6 +39,9 @@ type GitDirSnapshot struct {
 	// and those of repositories nested in it) were recorded in dotGits.
 	workTree string
 	dotGits  map[string]snapEntry // by absolute path
+	// replace are each git dir's refs/replace/ refs (ref -> object): they
+	// make git show another object in an object's place.
+	replace map[string]map[string]string
 }
 
 // heldDir is a git dir as it was: its identity and a descriptor on it.
@@ -55,7 +63,7 @@ func executable(rel string) bool {
 	case "config", "config.worktree", "commondir", "gitdir":
 		return true
 	}
-	if base == "attributes" && filepath.Base(filepath.Dir(rel)) == "info" {
+	if (base == "attributes" || base == "grafts") && filepath.Base(filepath.Dir(rel)) == "info" {
 		return true
 	}
 	for d := filepath.Dir(rel); d != "." && d != "/"; d = filepath.Dir(d) {
@@ -113,7 +121,86 @@ func SnapshotGitDirs(gitDirs []string) (*GitDirSnapshot, error) {
 		s.Close()
 		return nil, err
 	}
+	s.replace = map[string]map[string]string{}
+	for _, dir := range gitDirs {
+		// A git dir git cannot read refs from (a nested .git that is no
+		// repository) has none to replace objects with.
+		if refs, err := replaceRefs(dir); err == nil {
+			s.replace[dir] = refs
+		}
+	}
 	return s, nil
+}
+
+// gitTimeout bounds the git commands of a snapshot and its restore.
+const gitTimeout = 30 * time.Second
+
+// replaceRefs lists the refs/replace/ refs of git dir dir.
+func replaceRefs(dir string) (map[string]string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+	defer cancel()
+	out, err := git(ctx, dir, []string{"GIT_DIR=" + dir}, "for-each-ref", "--format=%(refname) %(objectname)", "refs/replace/")
+	if err != nil {
+		return nil, err
+	}
+	refs := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if ref, id, ok := strings.Cut(l, " "); ok {
+			refs[ref] = id
+		}
+	}
+	return refs, nil
+}
+
+// restoreReplaceRefs puts each git dir's refs/replace/ back as it was.
+func (s *GitDirSnapshot) restoreReplaceRefs() (undone []string, errs []error) {
+	for _, dir := range s.dirs {
+		was, ok := s.replace[dir]
+		if !ok {
+			continue
+		}
+		if h, held := s.held[dir]; held && !h.isAt(dir) {
+			continue
+		}
+		now, err := replaceRefs(dir)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var in strings.Builder
+		for ref, id := range now {
+			if old, ok := was[ref]; !ok {
+				fmt.Fprintf(&in, "delete %s\n", ref)
+				undone = append(undone, s.name(filepath.Join(dir, ref))+" (added)")
+			} else if old != id {
+				fmt.Fprintf(&in, "update %s %s\n", ref, old)
+				undone = append(undone, s.name(filepath.Join(dir, ref))+" (changed)")
+			}
+		}
+		for ref, id := range was {
+			if _, ok := now[ref]; !ok {
+				fmt.Fprintf(&in, "update %s %s\n", ref, id)
+				undone = append(undone, s.name(filepath.Join(dir, ref))+" (removed)")
+			}
+		}
+		if in.Len() == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+		cmd, err := gitsafe.Git{Dir: dir, Env: []string{"GIT_DIR=" + dir}}.Command(ctx, "update-ref", "--stdin")
+		if err == nil {
+			cmd.Stdin = strings.NewReader(in.String())
+			var out []byte
+			if out, err = cmd.CombinedOutput(); err != nil {
+				err = fmt.Errorf("restore refs/replace in %s: %w: %s", dir, err, strings.TrimSpace(string(out)))
+			}
+		}
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return undone, errs
 }
 
 // SnapshotCheckout is SnapshotGitDirs, and also records every .git entry
@@ -358,6 +445,8 @@ func readEntry(p string, d fs.DirEntry) (snapEntry, error) {
 func (s *GitDirSnapshot) Restore() (undone []string, err error) {
 	undone, errs := s.putBack()
 	u, e := s.restoreDotGits()
+	undone, errs = append(undone, u...), append(errs, e...)
+	u, e = s.restoreReplaceRefs()
 	undone, errs = append(undone, u...), append(errs, e...)
 	seen := map[string]bool{}
 	var gone []string // git dirs not in their place: nothing is written there
