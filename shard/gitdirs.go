@@ -328,21 +328,43 @@ func (s *GitDirSnapshot) putBack() (undone []string, errs []error) {
 			continue
 		}
 		what := s.name(dir)
-		if _, err := os.Lstat(dir); err == nil {
+		now, rerr := os.Readlink("/proc/self/fd/" + strconv.Itoa(h.fd))
+		found := rerr == nil && h.isAt(now)
+		fi, lerr := os.Lstat(dir)
+		if !found {
+			if e, nested := s.dotGits[dir]; nested && e.mode.IsDir() && dir != filepath.Join(s.workTree, ".git") {
+				continue // a nested repository the attempt removed: its work (a stand-in is moved aside)
+			}
+			if lerr == nil && fi.IsDir() {
+				// The original is gone and another directory (a copy, say)
+				// stands in for it: restored in place like the original,
+				// nothing is written through a link.
+				unix.Close(h.fd)
+				delete(s.held, dir)
+				if err := s.hold(dir); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				undone = append(undone, what+" (replaced by another directory, the original removed: restored in it)")
+				continue
+			}
+			if lerr == nil {
+				if to, err := aside(dir); err != nil {
+					errs = append(errs, fmt.Errorf("move aside what the attempt put at %s: %w", dir, err))
+				} else {
+					undone = append(undone, what+" (replaced; the attempt's moved to "+s.name(to)+")")
+				}
+			}
+			errs = append(errs, fmt.Errorf("the git dir %s was removed by the attempt", dir))
+			continue
+		}
+		if lerr == nil {
 			to, err := aside(dir)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("move aside what the attempt put at %s: %w", dir, err))
 				continue
 			}
 			undone = append(undone, what+" (replaced; the attempt's moved to "+s.name(to)+")")
-		}
-		now, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(h.fd))
-		if err != nil || !h.isAt(now) {
-			if e, nested := s.dotGits[dir]; nested && e.mode.IsDir() && dir != filepath.Join(s.workTree, ".git") {
-				continue // a nested repository the attempt removed: its work
-			}
-			errs = append(errs, fmt.Errorf("the git dir %s was removed by the attempt", dir))
-			continue
 		}
 		if err := os.Rename(now, dir); err != nil {
 			errs = append(errs, fmt.Errorf("put the git dir %s back from %s: %w", dir, now, err))

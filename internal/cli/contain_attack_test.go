@@ -83,3 +83,35 @@ func TestExclusiveRunReplacedGitDirUndone(t *testing.T) {
 		})
 	}
 }
+
+// TestExclusiveRunCopiedGitDirRestored: the attempt replaces the
+// checkout's .git by a copy with every trap planted and deletes the
+// original. The copy is restored in place (the user's refs and objects
+// are in it): the user's git runs none of the traps.
+func TestExclusiveRunCopiedGitDirRestored(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "")
+	ctl := newCtl(t)
+	kit := newTrapKit(t, ctl)
+	head := strings.TrimSpace(mustGitRun(t, co, nil, "rev-parse", "HEAD"))
+	script := strings.Join([]string{
+		`set -e`,
+		`cp -a .git copy && rm -rf .git`,
+		`(` + kit.plant("copy") + `)`,
+		`mv copy .git && echo planted`,
+	}, "\n")
+	r := runFL(t, url, "--repo", co, "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
+	mustContain(t, "attempt", r.stdout, "planted")
+	mustContain(t, "run", r.stderr, ".git (replaced by another directory, the original removed: restored in it)", ".git/hooks/pre-commit (added)")
+	os.Remove(filepath.Join(co, ".gitattributes"))
+	os.WriteFile(filepath.Join(co, "README.md"), []byte("user edit\n"), 0o644)
+	userGit(co, "status", "--porcelain")
+	userGit(co, "commit", "-qam", "user")
+	if ran := gittrap.Ran(kit.marker); ran != "" {
+		t.Errorf("the user's git ran the attempt's programs:\n%s\nrun's stderr:\n%s", ran, r.stderr)
+	}
+	if out, err := userGit(co, "rev-parse", "HEAD~1"); err != nil || strings.TrimSpace(out) != head {
+		t.Errorf("the user's history after the run: %q, %v", out, err)
+	}
+}
