@@ -107,7 +107,11 @@
 // refs/replace/ and info/grafts are put back too: they make the user's
 // git show another commit, or other parents, in place of the one the
 // branch holds, so a review would read something else than what a push
-// sends.
+// sends. The repository's other worktrees (the main one, when the run is
+// in a linked worktree, and every linked one), whose files live in the
+// common git dir the run may write, get their HEAD, index and
+// checked-out branch back; the attempt's value of such a branch is kept
+// at refs/fenceline/undone/<name>.
 //
 // An Attempt is one run of one command: written "running" (with its lease
 // and shard) before the command starts, settled (succeeded, failed,

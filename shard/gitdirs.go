@@ -42,6 +42,13 @@ type GitDirSnapshot struct {
 	// replace are each git dir's refs/replace/ refs (ref -> object): they
 	// make git show another object in an object's place.
 	replace map[string]map[string]string
+	// others are the other worktrees' HEAD and index files, and common
+	// their checked-out branches (ref -> commit, "" unborn), in the
+	// common git dir: a linked worktree's attempt (or one in a checkout
+	// with linked worktrees) writes the common git dir they live in.
+	others        map[string]snapEntry
+	common        string
+	otherBranches map[string]string
 }
 
 // heldDir is a git dir as it was: its identity and a descriptor on it.
@@ -220,7 +227,124 @@ func SnapshotCheckout(workTree string, gitDirs []string) (*GitDirSnapshot, error
 		return nil, err
 	}
 	s.workTree, s.dotGits = workTree, dotGits
+	if err := s.snapshotOthers(gitDirs); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
+	}
 	return s, nil
+}
+
+// snapshotOthers records the other worktrees of the repository (the main
+// one when gitDirs are a linked worktree's, and every linked one but
+// this): their HEAD and index, and the branch each has checked out.
+func (s *GitDirSnapshot) snapshotOthers(gitDirs []string) error {
+	if len(gitDirs) == 0 {
+		return nil
+	}
+	own, common := gitDirs[0], gitDirs[len(gitDirs)-1]
+	var admins []string
+	if own != common {
+		admins = append(admins, common)
+	}
+	ents, _ := os.ReadDir(filepath.Join(common, "worktrees"))
+	for _, e := range ents {
+		if d := filepath.Join(common, "worktrees", e.Name()); e.IsDir() && d != own {
+			admins = append(admins, d)
+		}
+	}
+	s.common, s.others, s.otherBranches = common, map[string]snapEntry{}, map[string]string{}
+	for _, d := range admins {
+		for _, f := range []string{"HEAD", "index"} {
+			p := filepath.Join(d, f)
+			fi, err := os.Lstat(p)
+			if err != nil || !fi.Mode().IsRegular() {
+				continue
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			s.others[p] = snapEntry{mode: fi.Mode(), content: b}
+			if ref, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "ref: "); ok && f == "HEAD" && strings.HasPrefix(ref, "refs/") {
+				id, _ := s.revParse(ref)
+				s.otherBranches[ref] = id
+			}
+		}
+	}
+	return nil
+}
+
+// revParse is ref's commit in the common git dir, "" when it has none.
+func (s *GitDirSnapshot) revParse(ref string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+	defer cancel()
+	out, err := git(ctx, s.common, []string{"GIT_DIR=" + s.common}, "rev-parse", "--verify", "-q", ref)
+	return strings.TrimSpace(out), err
+}
+
+// restoreOthers puts the other worktrees' HEAD, index and checked-out
+// branches back; a branch the attempt moved is kept at
+// refs/fenceline/undone/<its name under refs/>.
+func (s *GitDirSnapshot) restoreOthers() (undone []string, errs []error) {
+	if s.common == "" {
+		return nil, nil
+	}
+	if h, held := s.held[s.common]; held && !h.isAt(s.common) {
+		return nil, nil
+	}
+	paths := make([]string, 0, len(s.others))
+	for p := range s.others {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	for _, p := range paths {
+		was := s.others[p]
+		if now, err := os.ReadFile(p); err == nil && bytes.Equal(now, was.content) {
+			if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
+				continue
+			}
+		}
+		undone = append(undone, s.name(p)+" (changed)")
+		if err := writeEntry(p, was); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	refs := make([]string, 0, len(s.otherBranches))
+	for r := range s.otherBranches {
+		refs = append(refs, r)
+	}
+	slices.Sort(refs)
+	for _, ref := range refs {
+		was := s.otherBranches[ref]
+		now, _ := s.revParse(ref)
+		if now == was {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+		env := []string{"GIT_DIR=" + s.common}
+		msg := ref + " (moved"
+		if now != "" {
+			keep := "refs/fenceline/undone/" + strings.TrimPrefix(ref, "refs/")
+			if _, err := git(ctx, s.common, env, "update-ref", keep, now); err != nil {
+				errs = append(errs, err)
+			} else {
+				msg += " to " + now + ", kept as " + keep
+			}
+		}
+		var err error
+		if was == "" {
+			_, err = git(ctx, s.common, env, "update-ref", "-d", ref)
+		} else {
+			_, err = git(ctx, s.common, env, "update-ref", ref, was)
+		}
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		undone = append(undone, msg+"; put back: another worktree has it checked out)")
+	}
+	return undone, errs
 }
 
 // findDotGits walks workTree for entries named .git, not descending into
@@ -469,6 +593,8 @@ func (s *GitDirSnapshot) Restore() (undone []string, err error) {
 	u, e := s.restoreDotGits()
 	undone, errs = append(undone, u...), append(errs, e...)
 	u, e = s.restoreReplaceRefs()
+	undone, errs = append(undone, u...), append(errs, e...)
+	u, e = s.restoreOthers()
 	undone, errs = append(undone, u...), append(errs, e...)
 	seen := map[string]bool{}
 	var gone []string // git dirs not in their place: nothing is written there

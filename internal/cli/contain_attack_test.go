@@ -115,3 +115,45 @@ func TestExclusiveRunCopiedGitDirRestored(t *testing.T) {
 		t.Errorf("the user's history after the run: %q, %v", out, err)
 	}
 }
+
+// TestExclusiveRunInALinkedWorktreeLeavesTheOthersAlone: an exclusive
+// attempt without a pool in a linked worktree has the repository's common
+// git dir writable. It moved the branch the main checkout has checked out
+// and rewrote the main checkout's HEAD (and could its index): the user's
+// main checkout then stood on another branch with a staged reversal. At
+// settle the other worktrees' HEAD, index and checked-out branches are put
+// back, the attempt's value of such a branch kept under
+// refs/fenceline/undone/, and run says so.
+func TestExclusiveRunInALinkedWorktreeLeavesTheOthersAlone(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "")
+	wt := filepath.Join(t.TempDir(), "wt")
+	mustGitRun(t, co, nil, "worktree", "add", "-q", "-b", "side", wt)
+	cg := filepath.Join(co, ".git")
+	mainTip := strings.TrimSpace(mustGitRun(t, co, nil, "rev-parse", "refs/heads/main"))
+	headBefore, _ := os.ReadFile(filepath.Join(cg, "HEAD"))
+	script := strings.Join([]string{
+		`set -e`,
+		`echo evil > x && git add x && git -c user.name=a -c user.email=a@a commit -qm evil`,
+		`git update-ref refs/heads/main HEAD`,
+		`echo "ref: refs/heads/side" > ` + cg + `/HEAD`,
+		`echo done`,
+	}, "\n")
+	r := runFL(t, url, "--repo", wt, "--", "sh", "-c", script).want(t, ExitOK)
+	mustContain(t, "attempt", r.stdout, "done")
+	mustContain(t, "run", r.stderr, "refs/heads/main (moved", "HEAD (changed)")
+	if got := strings.TrimSpace(mustGitRun(t, co, nil, "rev-parse", "refs/heads/main")); got != mainTip {
+		t.Errorf("the main checkout's branch moved to %s (was %s)", got, mainTip)
+	}
+	if b, _ := os.ReadFile(filepath.Join(cg, "HEAD")); string(b) != string(headBefore) {
+		t.Errorf("the main checkout's HEAD: %q, want %q", b, headBefore)
+	}
+	if out, err := userGit(co, "status", "--porcelain"); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("the main checkout's status: %q, %v", out, err)
+	}
+	side := strings.TrimSpace(mustGitRun(t, co, nil, "rev-parse", "refs/heads/side"))
+	if got := strings.TrimSpace(mustGitRun(t, co, nil, "rev-parse", "refs/fenceline/undone/heads/main")); got != side {
+		t.Errorf("the attempt's value of main is not kept: %s, want %s", got, side)
+	}
+}
