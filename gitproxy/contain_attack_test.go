@@ -17,8 +17,8 @@ import (
 	"github.com/fenceline/fenceline/leasebus"
 )
 
-// unpackAll makes every object of dir's repository loose.
-func unpackAll(t *testing.T, dir string) {
+// atkUnpackAll makes every object of dir's repository loose.
+func atkUnpackAll(t *testing.T, dir string) {
 	t.Helper()
 	packs, _ := filepath.Glob(filepath.Join(dir, ".git", "objects", "pack", "*.pack"))
 	for _, p := range packs {
@@ -37,9 +37,9 @@ func unpackAll(t *testing.T, dir string) {
 	}
 }
 
-// writeLoose writes a loose object file for id with the given header type
+// atkWriteLoose writes a loose object file for id with the given header type
 // and content, whatever id really is.
-func writeLoose(t *testing.T, dir, id, typ string, content []byte) {
+func atkWriteLoose(t *testing.T, dir, id, typ string, content []byte) {
 	t.Helper()
 	var z bytes.Buffer
 	zw := zlib.NewWriter(&z)
@@ -54,8 +54,8 @@ func writeLoose(t *testing.T, dir, id, typ string, content []byte) {
 	}
 }
 
-// packHeader is a pack object's type and size header.
-func packHeader(typ int, size int) []byte {
+// atkPackHeader is a pack object's type and size header.
+func atkPackHeader(typ int, size int) []byte {
 	b := []byte{byte(typ<<4) | byte(size&0x0f)}
 	size >>= 4
 	for size > 0 {
@@ -66,7 +66,7 @@ func packHeader(typ int, size int) []byte {
 	return b
 }
 
-func deflate(b []byte) []byte {
+func atkDeflate(b []byte) []byte {
 	var z bytes.Buffer
 	zw := zlib.NewWriter(&z)
 	zw.Write(b)
@@ -74,8 +74,8 @@ func deflate(b []byte) []byte {
 	return z.Bytes()
 }
 
-// insertDelta is a git delta from base to target made of literal inserts.
-func insertDelta(base, target []byte) []byte {
+// atkInsertDelta is a git delta from base to target made of literal inserts.
+func atkInsertDelta(base, target []byte) []byte {
 	d := binary.AppendUvarint(nil, uint64(len(base)))
 	d = binary.AppendUvarint(d, uint64(len(target)))
 	for len(target) > 0 {
@@ -87,7 +87,7 @@ func insertDelta(base, target []byte) []byte {
 	return d
 }
 
-var packTypes = map[string]int{"commit": 1, "tree": 2, "blob": 3, "tag": 4}
+var atkPackTypes = map[string]int{"commit": 1, "tree": 2, "blob": 3, "tag": 4}
 
 // TestRefDeltaAgainstForgedBlobTypeCannotHideACommit: the fence resolves
 // a thin pack's REF_DELTA bases from the agent's repository first, and
@@ -124,22 +124,22 @@ func TestRefDeltaAgainstForgedBlobTypeCannotHideACommit(t *testing.T) {
 		typ := strings.TrimSpace(mustGit(t, checkout, "cat-file", "-t", id))
 		raw := []byte(mustGit(t, checkout, "cat-file", typ, id))
 		if id == head {
-			delta := insertDelta(baseRaw, raw)
-			pack.Write(packHeader(7, len(delta)))
+			delta := atkInsertDelta(baseRaw, raw)
+			pack.Write(atkPackHeader(7, len(delta)))
 			b, _ := hex.DecodeString(base)
 			pack.Write(b)
-			pack.Write(deflate(delta))
+			pack.Write(atkDeflate(delta))
 			continue
 		}
-		pack.Write(packHeader(packTypes[typ], len(raw)))
-		pack.Write(deflate(raw))
+		pack.Write(atkPackHeader(atkPackTypes[typ], len(raw)))
+		pack.Write(atkDeflate(raw))
 	}
 	sum := sha1.Sum(pack.Bytes())
 	pack.Write(sum[:])
 
 	// The forgery, in the agent's own object store: base's id, a blob.
-	unpackAll(t, checkout)
-	writeLoose(t, checkout, base, "blob", []byte("not a commit\n"))
+	atkUnpackAll(t, checkout)
+	atkWriteLoose(t, checkout, base, "blob", []byte("not a commit\n"))
 
 	body := append(appendFlush(appendPkt(nil, base, " ", head, " refs/heads/main\x00report-status")), pack.Bytes()...)
 	resp, err := http.Post(srv.URL+"/payments.git/git-receive-pack", "application/x-git-receive-pack-request", bytes.NewReader(body))
