@@ -31,7 +31,11 @@
 // drops the shard's own refs, reflogs, objects and index, reads Base into
 // a new index, hashes every file against it (git update-index --refresh:
 // an index an attempt forged cannot hide a changed file), and "git reset
-// --hard <base>" and "git clean -ffdx" return it to Base. Creating and
+// --hard <base>" and "git clean -ffdx" return it to Base. A cleaning that
+// fails in the shard (an attempt broke its own objects, or left files git
+// cannot remove) moves the shard aside, its files kept on disk and named,
+// and makes it anew: one attempt cannot take a shard out of the pool.
+// Creating and
 // cleaning a shard hold a per-shard flock (Dir/.shard-N.lock): on one
 // host, two sharers placed on an absent shard at once create it once. The
 // fetch into the checkout also holds the pool's flock (Dir/.pool.lock),
@@ -57,7 +61,11 @@
 //     names). Cleaning empties hooks/, rewrites config (fenceline's, with
 //     the checkout's origin URL and a few keys that name no program) and
 //     objects/info/alternates, and removes config.worktree, commondir,
-//     info/attributes, info/grafts and refs/replace, naming what it undid
+//     info/attributes, info/grafts, refs/replace, everything in
+//     objects/info but alternates (a forged commit-graph gives a commit
+//     another tree and parents), and a repository nested
+//     at .git/.git (which git upload-pack, run by the fetch into the
+//     checkout, would serve instead of the shard's), naming what it undid
 //     in the audit event and on run's stderr (Worktree.Undone): the next
 //     attempt's git, guarded or not, finds none of it.
 //   - Its work, as data: the refs cleaning keeps, fetched into the
@@ -67,6 +75,13 @@
 //   - Its pushes, through the git fence (gitproxy), which judges them from
 //     objects whose ids it verified and, on the server, by the pre-receive
 //     hook against the claim the fence was signed with.
+//
+// An attempt whose cleaning never ran (its lease lost before it settled,
+// its runner dead) leaves its shard dirty with whatever it planted. The
+// next exclusive attempt cleans it; a commit capacity, and a path-leased
+// attempt placed when nobody is in the shard, get its git dir restored
+// first (a planted commondir naming the checkout's git dir would otherwise
+// make git, and so fenceline's guard, take that for the shard's).
 //
 // The commit capacities (ModeCommitSerialized, ModeCommitExclusive) write
 // the shard's git dir and are not followed by a cleaning. When one settles,
@@ -80,9 +95,23 @@
 //
 // Without a pool, an exclusive run works in the checkout itself with its
 // git dir writable; fenceline run snapshots the checkout's executable git
-// configuration first (SnapshotGitDirs: config files, hooks,
-// info/attributes, also of submodules and worktrees) and restores it at
-// settle, saying what it undid.
+// configuration first (SnapshotCheckout: config files, hooks,
+// info/attributes, also of submodules and worktrees, and every .git
+// entry of the worktree) and restores it at settle, saying what it undid.
+// A git dir the attempt moved is found through a descriptor held since
+// the snapshot and renamed back; what it put in its place (a symlink, a
+// .git file) is moved aside, never written through. A nested repository
+// the attempt made (a .git it added anywhere in the worktree, whose
+// config the user's git status would run when it is a gitlink) has its
+// .git moved aside; one the user had gets its config and hooks back.
+// refs/replace/ and info/grafts are put back too: they make the user's
+// git show another commit, or other parents, in place of the one the
+// branch holds, so a review would read something else than what a push
+// sends. The repository's other worktrees (the main one, when the run is
+// in a linked worktree, and every linked one), whose files live in the
+// common git dir the run may write, get their HEAD, index and
+// checked-out branch back; the attempt's value of such a branch is kept
+// at refs/fenceline/undone/<name>.
 //
 // An Attempt is one run of one command: written "running" (with its lease
 // and shard) before the command starts, settled (succeeded, failed,

@@ -2,12 +2,20 @@ package shard
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fenceline/fenceline/internal/gitsafe"
 )
 
 // GitDirSnapshot is what of a checkout's git dirs can make git run a
@@ -15,11 +23,38 @@ import (
 // the checkout (its git dir writable): every config, config.worktree,
 // commondir and gitdir file, everything under a hooks directory, and
 // info/attributes — in the git dir itself and in the git dirs of its
-// submodules and worktrees (modules/, worktrees/). Objects, refs and
-// reflogs are the attempt's work and are not part of it.
+// submodules and worktrees (modules/, worktrees/), info/grafts and the
+// refs/replace/ refs (which change what git shows in an object's place).
+// Objects, other refs and reflogs are the attempt's work and are not part
+// of it.
 type GitDirSnapshot struct {
 	dirs  []string
 	files map[string]snapEntry // by absolute path
+	// held are the git dirs themselves, by path: which directory was
+	// there (an attempt may move it and put a link, a .git file or
+	// another directory in its place) and a descriptor on it, to find it
+	// wherever it was moved.
+	held map[string]heldDir
+	// workTree, when set, is the checkout whose .git entries (its own
+	// and those of repositories nested in it) were recorded in dotGits.
+	workTree string
+	dotGits  map[string]snapEntry // by absolute path
+	// replace are each git dir's refs/replace/ refs (ref -> object): they
+	// make git show another object in an object's place.
+	replace map[string]map[string]string
+	// others are the other worktrees' HEAD and index files, and common
+	// their checked-out branches (ref -> commit, "" unborn), in the
+	// common git dir: a linked worktree's attempt (or one in a checkout
+	// with linked worktrees) writes the common git dir they live in.
+	others        map[string]snapEntry
+	common        string
+	otherBranches map[string]string
+}
+
+// heldDir is a git dir as it was: its identity and a descriptor on it.
+type heldDir struct {
+	dev, ino uint64
+	fd       int
 }
 
 type snapEntry struct {
@@ -35,7 +70,7 @@ func executable(rel string) bool {
 	case "config", "config.worktree", "commondir", "gitdir":
 		return true
 	}
-	if base == "attributes" && filepath.Base(filepath.Dir(rel)) == "info" {
+	if (base == "attributes" || base == "grafts") && filepath.Base(filepath.Dir(rel)) == "info" {
 		return true
 	}
 	for d := filepath.Dir(rel); d != "." && d != "/"; d = filepath.Dir(d) {
@@ -82,7 +117,296 @@ func walkExecutable(dir string, fn func(path string, d fs.DirEntry) error) error
 
 // SnapshotGitDirs records the executable configuration of gitDirs.
 func SnapshotGitDirs(gitDirs []string) (*GitDirSnapshot, error) {
-	s := &GitDirSnapshot{dirs: slices.Clone(gitDirs), files: map[string]snapEntry{}}
+	s := &GitDirSnapshot{dirs: slices.Clone(gitDirs), files: map[string]snapEntry{}, held: map[string]heldDir{}}
+	for _, dir := range gitDirs {
+		if err := s.hold(dir); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	if err := s.snapshotDirs(gitDirs); err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.replace = map[string]map[string]string{}
+	for _, dir := range gitDirs {
+		// A git dir git cannot read refs from (a nested .git that is no
+		// repository) has none to replace objects with.
+		if refs, err := replaceRefs(dir); err == nil {
+			s.replace[dir] = refs
+		}
+	}
+	return s, nil
+}
+
+// gitTimeout bounds the git commands of a snapshot and its restore.
+const gitTimeout = 30 * time.Second
+
+// replaceRefs lists the refs/replace/ refs of git dir dir.
+func replaceRefs(dir string) (map[string]string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+	defer cancel()
+	out, err := git(ctx, dir, []string{"GIT_DIR=" + dir}, "for-each-ref", "--format=%(refname) %(objectname)", "refs/replace/")
+	if err != nil {
+		return nil, err
+	}
+	refs := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if ref, id, ok := strings.Cut(l, " "); ok {
+			refs[ref] = id
+		}
+	}
+	return refs, nil
+}
+
+// restoreReplaceRefs puts each git dir's refs/replace/ back as it was.
+func (s *GitDirSnapshot) restoreReplaceRefs() (undone []string, errs []error) {
+	for _, dir := range s.dirs {
+		was, ok := s.replace[dir]
+		if !ok {
+			continue
+		}
+		if h, held := s.held[dir]; held && !h.isAt(dir) {
+			continue
+		}
+		now, err := replaceRefs(dir)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var in strings.Builder
+		for ref, id := range now {
+			if old, ok := was[ref]; !ok {
+				fmt.Fprintf(&in, "delete %s\n", ref)
+				undone = append(undone, s.name(filepath.Join(dir, ref))+" (added)")
+			} else if old != id {
+				fmt.Fprintf(&in, "update %s %s\n", ref, old)
+				undone = append(undone, s.name(filepath.Join(dir, ref))+" (changed)")
+			}
+		}
+		for ref, id := range was {
+			if _, ok := now[ref]; !ok {
+				fmt.Fprintf(&in, "update %s %s\n", ref, id)
+				undone = append(undone, s.name(filepath.Join(dir, ref))+" (removed)")
+			}
+		}
+		if in.Len() == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+		cmd, err := gitsafe.Git{Dir: dir, Env: []string{"GIT_DIR=" + dir}}.Command(ctx, "update-ref", "--stdin")
+		if err == nil {
+			cmd.Stdin = strings.NewReader(in.String())
+			var out []byte
+			if out, err = cmd.CombinedOutput(); err != nil {
+				err = fmt.Errorf("restore refs/replace in %s: %w: %s", dir, err, strings.TrimSpace(string(out)))
+			}
+		}
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return undone, errs
+}
+
+// SnapshotCheckout is SnapshotGitDirs, and also records every .git entry
+// of workTree: the checkout's own (a directory, or a file naming its git
+// dir) and those of repositories nested in it. git status in the checkout
+// runs git in every nested repository registered as a gitlink, with that
+// repository's config and hooks: one the attempt made, or whose .git it
+// pointed elsewhere, is undone by Restore; the git dirs of nested
+// repositories that were there are restored like the checkout's.
+func SnapshotCheckout(workTree string, gitDirs []string) (*GitDirSnapshot, error) {
+	dotGits, nested, err := findDotGits(workTree, gitDirs)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
+	}
+	s, err := SnapshotGitDirs(append(slices.Clone(gitDirs), nested...))
+	if err != nil {
+		return nil, err
+	}
+	s.workTree, s.dotGits = workTree, dotGits
+	if err := s.snapshotOthers(gitDirs); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
+	}
+	return s, nil
+}
+
+// snapshotOthers records the other worktrees of the repository (the main
+// one when gitDirs are a linked worktree's, and every linked one but
+// this): their HEAD and index, and the branch each has checked out.
+func (s *GitDirSnapshot) snapshotOthers(gitDirs []string) error {
+	if len(gitDirs) == 0 {
+		return nil
+	}
+	own, common := gitDirs[0], gitDirs[len(gitDirs)-1]
+	var admins []string
+	if own != common {
+		admins = append(admins, common)
+	}
+	ents, _ := os.ReadDir(filepath.Join(common, "worktrees"))
+	for _, e := range ents {
+		if d := filepath.Join(common, "worktrees", e.Name()); e.IsDir() && d != own {
+			admins = append(admins, d)
+		}
+	}
+	s.common, s.others, s.otherBranches = common, map[string]snapEntry{}, map[string]string{}
+	for _, d := range admins {
+		for _, f := range []string{"HEAD", "index"} {
+			p := filepath.Join(d, f)
+			fi, err := os.Lstat(p)
+			if err != nil || !fi.Mode().IsRegular() {
+				continue
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			s.others[p] = snapEntry{mode: fi.Mode(), content: b}
+			if ref, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "ref: "); ok && f == "HEAD" && strings.HasPrefix(ref, "refs/") {
+				id, _ := s.revParse(ref)
+				s.otherBranches[ref] = id
+			}
+		}
+	}
+	return nil
+}
+
+// revParse is ref's commit in the common git dir, "" when it has none.
+func (s *GitDirSnapshot) revParse(ref string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+	defer cancel()
+	out, err := git(ctx, s.common, []string{"GIT_DIR=" + s.common}, "rev-parse", "--verify", "-q", ref)
+	return strings.TrimSpace(out), err
+}
+
+// restoreOthers puts the other worktrees' HEAD, index and checked-out
+// branches back; a branch the attempt moved is kept at
+// refs/fenceline/undone/<its name under refs/>.
+func (s *GitDirSnapshot) restoreOthers() (undone []string, errs []error) {
+	if s.common == "" {
+		return nil, nil
+	}
+	if h, held := s.held[s.common]; held && !h.isAt(s.common) {
+		return nil, nil
+	}
+	paths := make([]string, 0, len(s.others))
+	for p := range s.others {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	for _, p := range paths {
+		was := s.others[p]
+		if now, err := os.ReadFile(p); err == nil && bytes.Equal(now, was.content) {
+			if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
+				continue
+			}
+		}
+		undone = append(undone, s.name(p)+" (changed)")
+		if err := writeEntry(p, was); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	refs := make([]string, 0, len(s.otherBranches))
+	for r := range s.otherBranches {
+		refs = append(refs, r)
+	}
+	slices.Sort(refs)
+	for _, ref := range refs {
+		was := s.otherBranches[ref]
+		now, _ := s.revParse(ref)
+		if now == was {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+		env := []string{"GIT_DIR=" + s.common}
+		msg := ref + " (moved"
+		if now != "" {
+			keep := "refs/fenceline/undone/" + strings.TrimPrefix(ref, "refs/")
+			if _, err := git(ctx, s.common, env, "update-ref", keep, now); err != nil {
+				errs = append(errs, err)
+			} else {
+				msg += " to " + now + ", kept as " + keep
+			}
+		}
+		var err error
+		if was == "" {
+			_, err = git(ctx, s.common, env, "update-ref", "-d", ref)
+		} else {
+			_, err = git(ctx, s.common, env, "update-ref", ref, was)
+		}
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		undone = append(undone, msg+"; put back: another worktree has it checked out)")
+	}
+	return undone, errs
+}
+
+// findDotGits walks workTree for entries named .git, not descending into
+// git dirs. It returns them, and the nested ones that are directories.
+func findDotGits(workTree string, gitDirs []string) (map[string]snapEntry, []string, error) {
+	found := map[string]snapEntry{}
+	var nested []string
+	err := filepath.WalkDir(workTree, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
+				return nil
+			}
+			return err
+		}
+		if d.Name() != ".git" || p == workTree {
+			if d.IsDir() && slices.Contains(gitDirs, p) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		e, err := readEntry(p, d)
+		if err != nil {
+			return err
+		}
+		found[p] = e
+		if d.IsDir() {
+			if !slices.Contains(gitDirs, p) {
+				nested = append(nested, p)
+			}
+			return filepath.SkipDir
+		}
+		return nil
+	})
+	return found, nested, err
+}
+
+// hold records which directory dir is and keeps a descriptor on it.
+func (s *GitDirSnapshot) hold(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return fmt.Errorf("snapshot git dir %s: %w", dir, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("snapshot git dir %s: not a directory", dir)
+	}
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("snapshot git dir %s: %w", dir, err)
+	}
+	s.held[dir] = heldDir{dev: uint64(st.Dev), ino: st.Ino, fd: fd}
+	return nil
+}
+
+// Close releases the descriptors the snapshot holds.
+func (s *GitDirSnapshot) Close() {
+	for d, h := range s.held {
+		unix.Close(h.fd)
+		delete(s.held, d)
+	}
+}
+
+func (s *GitDirSnapshot) snapshotDirs(gitDirs []string) error {
 	for _, dir := range gitDirs {
 		err := walkExecutable(dir, func(p string, d fs.DirEntry) error {
 			e, err := readEntry(p, d)
@@ -93,10 +417,151 @@ func SnapshotGitDirs(gitDirs []string) (*GitDirSnapshot, error) {
 			return nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("snapshot git dir %s: %w", dir, err)
+			return fmt.Errorf("snapshot git dir %s: %w", dir, err)
 		}
 	}
-	return s, nil
+	return nil
+}
+
+// isHeld reports whether the directory at dir is the one held.
+func (h heldDir) isAt(dir string) bool {
+	var st unix.Stat_t
+	return unix.Lstat(dir, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && uint64(st.Dev) == h.dev && st.Ino == h.ino
+}
+
+// pathIn reports whether p is dir or lies under it.
+func pathIn(p, dir string) bool {
+	r, err := filepath.Rel(dir, p)
+	return err == nil && r != ".." && !strings.HasPrefix(r, "../")
+}
+
+// aside renames whatever is at p out of git's way, next to it.
+func aside(p string) (string, error) {
+	to := p + ".fenceline-undone-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	return to, os.Rename(p, to)
+}
+
+// putBack makes every git dir the directory it was: what the attempt put
+// in its place (a symlink, a .git file, another directory) is moved
+// aside, and the git dir itself, found through the held descriptor, is
+// renamed back from wherever the attempt moved it.
+func (s *GitDirSnapshot) putBack() (undone []string, errs []error) {
+	for _, dir := range s.dirs {
+		h, ok := s.held[dir]
+		if !ok || h.isAt(dir) {
+			continue
+		}
+		what := s.name(dir)
+		now, rerr := os.Readlink("/proc/self/fd/" + strconv.Itoa(h.fd))
+		found := rerr == nil && h.isAt(now)
+		fi, lerr := os.Lstat(dir)
+		if !found {
+			if e, nested := s.dotGits[dir]; nested && e.mode.IsDir() && dir != filepath.Join(s.workTree, ".git") {
+				continue // a nested repository the attempt removed: its work (a stand-in is moved aside)
+			}
+			if lerr == nil && fi.IsDir() {
+				// The original is gone and another directory (a copy, say)
+				// stands in for it: restored in place like the original,
+				// nothing is written through a link.
+				unix.Close(h.fd)
+				delete(s.held, dir)
+				if err := s.hold(dir); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				undone = append(undone, what+" (replaced by another directory, the original removed: restored in it)")
+				continue
+			}
+			if lerr == nil {
+				if to, err := aside(dir); err != nil {
+					errs = append(errs, fmt.Errorf("move aside what the attempt put at %s: %w", dir, err))
+				} else {
+					undone = append(undone, what+" (replaced; the attempt's moved to "+s.name(to)+")")
+				}
+			}
+			errs = append(errs, fmt.Errorf("the git dir %s was removed by the attempt", dir))
+			continue
+		}
+		if lerr == nil {
+			to, err := aside(dir)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("move aside what the attempt put at %s: %w", dir, err))
+				continue
+			}
+			undone = append(undone, what+" (replaced; the attempt's moved to "+s.name(to)+")")
+		}
+		if err := os.Rename(now, dir); err != nil {
+			errs = append(errs, fmt.Errorf("put the git dir %s back from %s: %w", dir, now, err))
+			continue
+		}
+		undone = append(undone, what+" (moved to "+s.name(now)+"; put back)")
+	}
+	return undone, errs
+}
+
+// name is p as reported: relative to the work tree or a git dir.
+func (s *GitDirSnapshot) name(p string) string {
+	if s.workTree != "" && pathIn(p, s.workTree) {
+		r, _ := filepath.Rel(s.workTree, p)
+		return r
+	}
+	return rel(s.dirs, p)
+}
+
+// restoreDotGits undoes the .git entries of the work tree the attempt
+// added or changed: what is there now is moved aside (a nested
+// repository's git dir stops being one), and a .git file or link that
+// was there is written back.
+func (s *GitDirSnapshot) restoreDotGits() (undone []string, errs []error) {
+	if s.workTree == "" {
+		return nil, nil
+	}
+	now, _, err := findDotGits(s.workTree, s.dirs)
+	if err != nil {
+		return nil, []error{err}
+	}
+	paths := make([]string, 0, len(now))
+	for p := range now {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	for _, p := range paths {
+		e := now[p]
+		was, ok := s.dotGits[p]
+		switch {
+		case ok && was.mode.IsDir() && e.mode.IsDir():
+			if h, held := s.held[p]; !held || h.isAt(p) {
+				continue // the same directory: its contents are restored as a git dir
+			}
+		case ok && e.mode == was.mode && bytes.Equal(e.content, was.content):
+			continue
+		}
+		to, err := aside(p)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("move aside %s: %w", p, err))
+			continue
+		}
+		if !ok {
+			undone = append(undone, s.name(p)+" (added; moved to "+s.name(to)+")")
+			continue
+		}
+		undone = append(undone, s.name(p)+" (changed; the attempt's moved to "+s.name(to)+")")
+		if !was.mode.IsDir() {
+			if err := writeEntry(p, was); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for p, was := range s.dotGits {
+		if _, ok := now[p]; ok || was.mode.IsDir() {
+			continue
+		}
+		undone = append(undone, s.name(p)+" (removed)")
+		if err := writeEntry(p, was); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return undone, errs
 }
 
 func readEntry(p string, d fs.DirEntry) (snapEntry, error) {
@@ -124,9 +589,20 @@ func readEntry(p string, d fs.DirEntry) (snapEntry, error) {
 // file over it, never through a link), what was removed is written back.
 // It returns what it undid, relative to the git dirs.
 func (s *GitDirSnapshot) Restore() (undone []string, err error) {
-	var errs []error
+	undone, errs := s.putBack()
+	u, e := s.restoreDotGits()
+	undone, errs = append(undone, u...), append(errs, e...)
+	u, e = s.restoreReplaceRefs()
+	undone, errs = append(undone, u...), append(errs, e...)
+	u, e = s.restoreOthers()
+	undone, errs = append(undone, u...), append(errs, e...)
 	seen := map[string]bool{}
+	var gone []string // git dirs not in their place: nothing is written there
 	for _, dir := range s.dirs {
+		if h, ok := s.held[dir]; ok && !h.isAt(dir) {
+			gone = append(gone, dir)
+			continue
+		}
 		var extra []string
 		werr := walkExecutable(dir, func(p string, d fs.DirEntry) error {
 			seen[p] = true
@@ -153,7 +629,7 @@ func (s *GitDirSnapshot) Restore() (undone []string, err error) {
 				}
 				return nil
 			}
-			undone = append(undone, rel(s.dirs, p)+" (changed)")
+			undone = append(undone, s.name(p)+" (changed)")
 			return writeEntry(p, was)
 		})
 		if werr != nil {
@@ -161,7 +637,7 @@ func (s *GitDirSnapshot) Restore() (undone []string, err error) {
 		}
 		for _, p := range extra {
 			if _, ok := s.files[p]; !ok {
-				undone = append(undone, rel(s.dirs, p)+" (added)")
+				undone = append(undone, s.name(p)+" (added)")
 			}
 			if err := os.RemoveAll(p); err != nil {
 				errs = append(errs, err)
@@ -170,13 +646,13 @@ func (s *GitDirSnapshot) Restore() (undone []string, err error) {
 	}
 	var missing []string
 	for p := range s.files {
-		if !seen[p] {
+		if !seen[p] && !slices.ContainsFunc(gone, func(d string) bool { return pathIn(p, d) }) {
 			missing = append(missing, p)
 		}
 	}
 	slices.Sort(missing) // directories before what is in them
 	for _, p := range missing {
-		undone = append(undone, rel(s.dirs, p)+" (removed)")
+		undone = append(undone, s.name(p)+" (removed)")
 		if err := writeEntry(p, s.files[p]); err != nil {
 			errs = append(errs, err)
 		}

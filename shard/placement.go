@@ -117,7 +117,12 @@ func (p *Placement) prepare(ctx context.Context) error {
 		if !wt.Exists() {
 			return fmt.Errorf("shard %s has no worktree yet (no attempt ran there): nothing to commit", wt.ID)
 		}
-		return nil
+		// Not cleaned (it commits on the shard's branch), but its git dir
+		// is made fenceline's first: an attempt whose cleaning never ran
+		// (its lease lost, its runner dead) may have left a commondir
+		// naming the checkout's git dir, which git in the shard would
+		// report, and fenceline make writable, as the shard's.
+		return p.restoreBefore(ctx)
 	case !wt.Exists():
 		if p.Kept, err = wt.Create(ctx, p.Base, keepID); err != nil {
 			return err
@@ -131,6 +136,10 @@ func (p *Placement) prepare(ctx context.Context) error {
 		}
 		p.Cleaned = true
 		s.audit(ctx, p.event(EventCleaned, why, fmt.Sprintf("shard %s cleaned before attempt %s (%s): reset to %s%s%s", wt.ID, p.Attempt.AttemptID, why, short(p.Base), keptText(p.Kept), undoneText(wt.Undone))))
+	case p.Mode == ModeShared && prev.State != StateClean && len(prev.Running) == 0:
+		// A dirty shard nobody is in: what an attempt whose cleaning never
+		// ran planted in its git dir would run in this attempt's git.
+		return p.restoreBefore(ctx)
 	default:
 		return nil
 	}
@@ -144,6 +153,20 @@ func (p *Placement) prepare(ctx context.Context) error {
 		return err
 	}
 	p.Pool = pool
+	return nil
+}
+
+// restoreBefore makes the shard's git dir fenceline's before an attempt
+// that does not clean the shard, and audits what it undid.
+func (p *Placement) restoreBefore(ctx context.Context) error {
+	wt := p.Worktree
+	var err error
+	if wt.Undone, err = wt.restoreGitDir(ctx); err != nil {
+		return fmt.Errorf("shard %s: %w", wt.ID, err)
+	}
+	if len(wt.Undone) > 0 {
+		p.store.audit(ctx, p.event(EventCleaned, "git dir restored", fmt.Sprintf("shard %s: git dir restored before attempt %s (%s)%s", wt.ID, p.Attempt.AttemptID, p.Mode, undoneText(wt.Undone))))
+	}
 	return nil
 }
 

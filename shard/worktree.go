@@ -179,12 +179,36 @@ func (w *Worktree) Create(ctx context.Context, base, keepID string) (kept []stri
 // hashed against the index (git update-index --refresh) before git reset
 // --hard and git clean -ffdx. Call it under Lock and under an exclusive
 // lease on the shard: no live attempt may be in it.
+//
+// When cleaning fails in the shard (an attempt may have broken its own
+// objects, or left files git cannot remove), the shard is moved aside,
+// its files kept on disk (named in kept), and made anew at base: one
+// attempt must not take its shard out of the pool.
 func (w *Worktree) Clean(ctx context.Context, base, keepID string) (kept []string, err error) {
 	w.Undone = nil
 	if !w.Exists() {
 		k, err := w.Create(ctx, base, keepID)
 		return k, err
 	}
+	kept, err = w.clean(ctx, base, keepID)
+	if err == nil || ctx.Err() != nil {
+		return kept, err
+	}
+	aside := fmt.Sprintf("%s.orphan-%s-%d", w.Path, keepID, time.Now().UnixNano())
+	if rerr := os.Rename(w.Path, aside); rerr != nil {
+		return kept, fmt.Errorf("%w; moving the shard aside: %w", err, rerr)
+	}
+	w.Undone = append(w.Undone, fmt.Sprintf("the whole shard (cleaning failed: %v; moved to %s)", err, aside))
+	// Refs the failed cleaning kept are in the shard moved aside.
+	k, cerr := w.Create(ctx, base, keepID)
+	kept = append(k, aside)
+	if cerr != nil {
+		return kept, fmt.Errorf("%w; making it anew: %w", err, cerr)
+	}
+	return kept, nil
+}
+
+func (w *Worktree) clean(ctx context.Context, base, keepID string) (kept []string, err error) {
 	if w.Undone, err = w.restoreGitDir(ctx); err != nil {
 		return nil, fmt.Errorf("shard %s: %w", w.ID, err)
 	}
@@ -342,8 +366,9 @@ func readRegular(path string) ([]byte, error) {
 //   - every entry that is neither a directory nor a regular file
 //     (a symlink into the checkout's git dir, a fifo) is removed;
 //   - hooks/ is emptied; commondir, gitdir, config.worktree, worktrees/,
-//     info/attributes, info/grafts, refs/replace/ and
-//     objects/info/http-alternates are removed;
+//     info/attributes, info/grafts, refs/replace/ and a nested .git are
+//     removed, and everything in objects/info but alternates (a forged
+//     commit-graph gives a commit another tree and parents);
 //   - config is rewritten: fenceline's, with the checkout's origin URL
 //     and a few keys that name no program;
 //   - objects/info/alternates names the checkout's objects alone.
@@ -368,7 +393,9 @@ func (w *Worktree) restoreGitDir(ctx context.Context) (undone []string, err erro
 			undone = append(undone, "hooks/"+e.Name())
 		}
 	}
-	for _, rel := range []string{"hooks", "commondir", "gitdir", "config.worktree", "worktrees", "info/attributes", "info/grafts", "refs/replace", "objects/info/http-alternates"} {
+	// .git: git upload-pack, which the fetch into the checkout runs on
+	// this git dir, would serve a repository there instead.
+	for _, rel := range []string{"hooks", "commondir", "gitdir", "config.worktree", "worktrees", "info/attributes", "info/grafts", "refs/replace", ".git"} {
 		p := filepath.Join(gd, rel)
 		if _, err := os.Lstat(p); err != nil {
 			continue
@@ -378,6 +405,20 @@ func (w *Worktree) restoreGitDir(ctx context.Context) (undone []string, err erro
 		}
 		if err := os.RemoveAll(p); err != nil {
 			return undone, fmt.Errorf("restore git dir: %w", err)
+		}
+	}
+	// objects/info holds only the alternates file fenceline writes: git
+	// believes a commit-graph (a commit's tree and parents) over the
+	// commit objects, and http-alternates or packs name other stores.
+	if ents, err := os.ReadDir(filepath.Join(gd, "objects", "info")); err == nil {
+		for _, e := range ents {
+			if e.Name() == "alternates" {
+				continue
+			}
+			undone = append(undone, "objects/info/"+e.Name())
+			if err := os.RemoveAll(filepath.Join(gd, "objects", "info", e.Name())); err != nil {
+				return undone, fmt.Errorf("restore git dir: %w", err)
+			}
 		}
 	}
 	cfg, alt, err := w.ownConfig(ctx)

@@ -595,7 +595,7 @@ func (r *runner) snapshotGitDirs() error {
 	if r.held.holder.Lease().WorkspaceMode == leasebus.WorkspaceShared || len(r.co.gitDirs) == 0 {
 		return nil
 	}
-	snap, err := shard.SnapshotGitDirs(r.co.gitDirs)
+	snap, err := shard.SnapshotCheckout(r.co.root, r.co.gitDirs)
 	if err != nil {
 		return fmt.Errorf("before the attempt: %w", err)
 	}
@@ -611,6 +611,7 @@ func (r *runner) restoreGitDirs() {
 	}
 	snap := r.gitSnap
 	r.gitSnap = nil
+	defer snap.Close()
 	undone, err := snap.Restore()
 	if len(undone) > 0 {
 		r.say("restored the checkout's git configuration and hooks; undone: %s", strings.Join(undone, ", "))

@@ -24,7 +24,12 @@
 //     entry that names a program, whatever its section or subsection:
 //     filter.<driver>.clean/smudge/process, diff.<driver>.textconv and
 //     command, merge.<driver>.driver, gpg.*.program, pager.<cmd>,
-//     remote.<name>.uploadpack/receivepack, core.alternateRefsCommand ...
+//     remote.<name>.uploadpack/receivepack, core.alternateRefsCommand ...;
+//   - refuses what it cannot neutralize (git takes the first of several
+//     remote.<name>.uploadpack, receivepack or vcs values): a command that
+//     uses a remote by name, and any command in a partial clone whose
+//     promisor remote configures one (git fetches a missing object from it
+//     by itself).
 package gitsafe
 
 import (
@@ -140,6 +145,36 @@ func overrides(listed []byte) (out [][2]string, firstWins []string) {
 	return out, firstWins
 }
 
+// promisorPrograms are the keys of firstWins (remote.<name>.uploadpack,
+// receivepack, vcs) that belong to a promisor remote of listed: one named
+// by extensions.partialClone, or with remote.<name>.promisor set.
+func promisorPrograms(listed []byte, firstWins []string) []string {
+	if len(firstWins) == 0 {
+		return nil
+	}
+	promisor := map[string]bool{}
+	for _, ent := range bytes.Split(listed, []byte{0}) {
+		key, val, _ := bytes.Cut(ent, []byte{'\n'})
+		k := strings.ToLower(string(key))
+		switch {
+		case k == "extensions.partialclone":
+			promisor[string(val)] = true
+		case strings.HasPrefix(k, "remote.") && strings.HasSuffix(k, ".promisor"):
+			if v := strings.ToLower(string(val)); v != "false" && v != "no" && v != "off" && v != "0" {
+				promisor[string(key[len("remote."):len(key)-len(".promisor")])] = true
+			}
+		}
+	}
+	var out []string
+	for _, k := range firstWins {
+		name := k[len("remote."):strings.LastIndexByte(k, '.')]
+		if promisor[name] {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 // env is git's environment without the neutralizing configuration.
 func (g Git) env() []string {
 	var env []string
@@ -217,6 +252,12 @@ func (g Git) Command(ctx context.Context, args ...string) (*exec.Cmd, error) {
 		more, firstWins := overrides(out)
 		if len(firstWins) > 0 && len(args) > 0 && remoteCommands[args[0]] {
 			return nil, fmt.Errorf("git %s: refused: the repository configures %s, a program git would run", args[0], strings.Join(firstWins, ", "))
+		}
+		// A partial clone fetches a missing object from its promisor
+		// remote by itself, whatever the command: "git fetch <remote>",
+		// which runs the remote's configured programs.
+		if lazy := promisorPrograms(out, firstWins); len(lazy) > 0 {
+			return nil, fmt.Errorf("git %s: refused: the repository configures %s, a program git would run to fetch a missing object from its promisor remote", strings.Join(args, " "), strings.Join(lazy, ", "))
 		}
 		cfg = append(append([][2]string(nil), baseConfig...), more...)
 	}
