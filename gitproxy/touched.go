@@ -388,10 +388,12 @@ func (a *analyzer) isAncestor(ctx context.Context, old, tip *object.Commit) (boo
 // stores are git dirs the agent can write (its own repository, for
 // ObjectDirs), and go-git takes a loose object's id from its file name:
 // a tree forged under the id of the upstream tip's root tree would make
-// the push's diff whatever the agent likes. Blobs are returned as they
-// are: the fence judges paths by tree entries, never by blob content, and
-// the upstream hashes the blobs it receives. A forged object counts as
-// not found, so the upstream's mirror is asked for the genuine one.
+// the push's diff whatever the agent likes. Blobs are hashed too: they are
+// read only as delta bases, and a base whose type is forged (an upstream
+// commit rewritten as a "blob") would make the pack's scan drop the delta
+// against it, and with it a pushed commit the fence never judged. A forged
+// object counts as not found, so the upstream's mirror is asked for the
+// genuine one.
 type verified struct {
 	storer.EncodedObjectStorer
 }
@@ -401,7 +403,7 @@ var errForged = errors.New("object content does not hash to its id (forged or co
 
 func (v verified) EncodedObject(t plumbing.ObjectType, h plumbing.Hash) (plumbing.EncodedObject, error) {
 	o, err := v.EncodedObjectStorer.EncodedObject(t, h)
-	if err != nil || o.Type() == plumbing.BlobObject {
+	if err != nil {
 		return o, err
 	}
 	content, err := contents(o)
