@@ -54,7 +54,8 @@
 //     (resolved with EvalSymlinks at Start) and the temp dir, copies the
 //     argument and performs the ioctl on the duplicate; outside, EACCES
 //     with reason outside-lease. After the loss, refused.
-//   - Metadata (chmod, chown, utimes and xattr families) likewise: the
+//   - Metadata (chmod, chown, utimes and xattr families, and file_setattr,
+//     Linux 6.17's FS_IOC_FSSETXATTR by path) likewise: the
 //     target is resolved once into an O_PATH descriptor of the supervisor
 //     (relative to the task's dirfd or cwd through /proc/PID; /proc/self
 //     and /dev/fd spelled by the task mean the task's), judged by its real
@@ -68,9 +69,12 @@
 //     an existing regular file with other hard links is refused, it may be
 //     a leased file linked there while the lease held; new files are made
 //     O_EXCL under the task's umask). A write-open of /dev/null, /dev/zero,
-//     /dev/full, a pty, /dev/ptmx, the task's terminal or a FIFO
-//     (/dev/stdout on a pipe) is resolved O_PATH, checked with fstat and
-//     reopened through /proc/self/fd. Each new descriptor is handed over
+//     /dev/full, a pty, /dev/ptmx, the task's terminal or a pipe the task
+//     holds itself (/dev/stdout on a pipe) is resolved O_PATH, checked with
+//     fstat and reopened through /proc/self/fd. The supervisor resolves
+//     with its own credentials, so another process's pipe
+//     (/proc/PID/fd/N) and a named FIFO outside the temp dir are refused
+//     (TestLostLeaseForeignPipesRefused). Each new descriptor is handed over
 //     with SECCOMP_IOCTL_NOTIF_ADDFD. Everything else stays refused.
 //
 // The git shim is convenience, not enforcement: with Policy.GitShim a git
@@ -159,7 +163,8 @@
 // other inode ioctls, also through a descriptor number switched with dup2
 // (TestSetFlagsConfined, TestSetFlagsDup2Race); chmod, chown, utimes and xattrs
 // outside the lease, also through a symlink swapped under the call
-// (TestMetadataConfined, TestMetadataSymlinkRace). After a loss /dev/null,
+// (TestMetadataConfined, TestMetadataSymlinkRace), and file_setattr
+// (TestFileSetattrConfined). After a loss /dev/null,
 // the terminal, pipes and the temp dir keep working while the lease's paths,
 // also through a symlink or hard link in the temp dir, stay refused
 // (TestLostLeaseHarmlessWritesGoOn); a writable path or claim through a

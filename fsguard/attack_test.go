@@ -1,0 +1,133 @@
+//go:build linux && (amd64 || arm64)
+
+package fsguard
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// Attacks of the second pass on issue 17: calls and paths the first
+// rebuild of the guard left open, each shown on the real kernel.
+
+// TestFileSetattrConfined: file_setattr (Linux 6.17) is FS_IOC_FSSETXATTR
+// by path, with no ioctl and no write-open: while the lease holds it must
+// change only files of the lease, and none after the loss.
+func TestFileSetattrConfined(t *testing.T) {
+	helper := guardHelper(t)
+	w := newWorktree(t)
+	mine, secret := filepath.Join(w.leased, "mine.txt"), filepath.Join(w.outside, "secret.txt")
+	audit := &memAuditor{}
+	gate := &testGate{}
+	r := runGuardedAudit(t, w.policy(), gate, audit, exec.Command(helper, "atk-setattr", secret))
+	if r.out != "path=EACCES empty=EACCES" {
+		t.Errorf("file_setattr of %s outside the lease: %q, want EACCES both ways", secret, r.out)
+	}
+	if inodeFlags(t, secret)&fsNodumpFl != 0 {
+		t.Errorf("%s outside the lease got FS_NODUMP_FL through file_setattr", secret)
+	}
+	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
+		return ev.Boundary == leasebus.BoundaryFile && ev.Reason == leasebus.ReasonOutsideLease && strings.Contains(ev.Message, secret)
+	}); !ok {
+		t.Errorf("no outside-lease audit event naming %s among %+v", secret, audit.all())
+	}
+	r = runGuardedAudit(t, w.policy(), gate, audit, exec.Command(helper, "atk-setattr", mine))
+	if r.out != "path=ok empty=ok" || inodeFlags(t, mine)&fsNodumpFl == 0 {
+		t.Errorf("file_setattr of the leased %s: %q, want ok and the flag set", mine, r.out)
+	}
+	mine2 := filepath.Join(w.leased, "mine2.txt")
+	if err := os.WriteFile(mine2, []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gate.lost.Store(true)
+	r = runGuardedAudit(t, w.policy(), gate, audit, exec.Command(helper, "atk-setattr", mine2))
+	if r.out != "path=EACCES empty=EACCES" || inodeFlags(t, mine2)&fsNodumpFl != 0 {
+		t.Errorf("file_setattr of the leased %s after the loss: %q, want EACCES and no flag", mine2, r.out)
+	}
+}
+
+// TestLostLeaseForeignPipesRefused: after the loss the supervisor opens
+// harmless targets for the agent with its own credentials, outside
+// Landlock. A pipe of another process (/proc/PID/fd/N, which Landlock's
+// ptrace scope keeps from the agent itself) and a named FIFO outside the
+// lease (which Landlock refuses to open for writing while the lease holds)
+// are not harmless: a pipe feeding a shell runs what is written into it.
+// Both stay refused; /dev/stdout on the agent's own pipe keeps working.
+func TestLostLeaseForeignPipesRefused(t *testing.T) {
+	w := newWorktree(t)
+	marker := filepath.Join(w.leased, "LOSE")
+
+	// The victim: a process reading a pipe (its stdin), as a shell would.
+	victim := exec.Command("cat")
+	vin, err := victim.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vout strings.Builder
+	victim.Stdout = &vout
+	if err := victim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { victim.Process.Kill(); victim.Wait() })
+
+	fifo := filepath.Join(w.outside, "fifo")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rfd, err := unix.Open(fifo, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(rfd)
+
+	script := `set -u
+if echo held > "$FIFO"; then exit 10; fi
+: > "$MARKER" || exit 9
+echo piped > /dev/stdout || exit 11
+if echo owned-pipe > "/proc/$VICTIM/fd/0"; then echo pipe-written; fi
+if echo owned-pipe2 > "/proc/self/../$VICTIM/fd/0"; then echo pipe2-written; fi
+if echo owned-fifo > "$FIFO"; then echo fifo-written; fi
+echo done`
+	audit := &memAuditor{}
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.Env = append(os.Environ(), "MARKER="+marker, "FIFO="+fifo, "VICTIM="+strconv.Itoa(victim.Process.Pid))
+	cmd.Dir = w.root
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	r := runGuardedAudit(t, w.policy(), markerGate{marker}, audit, cmd)
+	if r.code != 0 || r.out != "piped\ndone" {
+		t.Errorf("after the loss: exit %d, stdout %q, stderr %q; want exit 0 and piped, done (no foreign pipe written)", r.code, r.out, stderr.String())
+	}
+	buf := make([]byte, 4096)
+	if n, _ := unix.Read(rfd, buf); n > 0 {
+		t.Errorf("the FIFO outside the lease got %q", buf[:n])
+	}
+	vin.Close()
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if victim.ProcessState == nil {
+			if err := victim.Wait(); err != nil {
+				return fmt.Errorf("victim: %w", err)
+			}
+		}
+		return nil
+	})
+	if strings.Contains(vout.String(), "owned") {
+		t.Errorf("the victim's stdin pipe got %q", vout.String())
+	}
+	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
+		return ev.Reason == leasebus.ReasonLeaseLost && strings.Contains(ev.Message, fifo)
+	}); !ok {
+		t.Errorf("no lease-lost audit event naming %s among %+v", fifo, audit.all())
+	}
+}
