@@ -25,9 +25,15 @@
 // proxy dials the judged address, never the name again, so a DNS answer
 // that changes between check and connection (rebinding) gains nothing.
 // Loopback (the sidecar's admin and fence ports, the bus), unspecified,
-// link-local (cloud metadata) and multicast addresses are refused unless
-// an operator pins the name to an address (Resolve, the --egress-resolve
-// flag, like curl --resolve) or allows the address itself.
+// link-local (cloud metadata), multicast, private and shared (100.64/10)
+// addresses and this host's own addresses (where a pod's bus and the
+// fences' upstreams live) are refused unless an operator pins the name to
+// an address (Resolve, the --egress-resolve flag, like curl --resolve) or
+// allows the address itself. A name that resolves to an address of an
+// intercepted host (the git upstream) is refused on every port: a CNAME or
+// an alias under an allowed wildcard would carry a push around the git
+// fence (TestAttackAllowedNameIntoThePrivateNetwork,
+// TestAttackGitUpstreamByAnotherName).
 //
 //	agent (HTTPS_PROXY)          egress proxy                 api host
 //	  | CONNECT api:443 ----------->| allowed? resolve, judge     |
