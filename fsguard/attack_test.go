@@ -131,3 +131,38 @@ echo done`
 		t.Errorf("no lease-lost audit event naming %s among %+v", fifo, audit.all())
 	}
 }
+
+// TestSysVIPCConfined: System V shared memory, message queues and
+// semaphores live outside every file system, so Landlock does not see
+// them: the agent (same user) could attach another process's segment by
+// its id (listed in /proc/sysvipc/shm) and write into that process's
+// memory. Only objects the attempt made are usable.
+func TestSysVIPCConfined(t *testing.T) {
+	helper := guardHelper(t)
+	w := newWorktree(t)
+	id, err := unix.SysvShmGet(unix.IPC_PRIVATE, 4096, unix.IPC_CREAT|0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.SysvShmCtl(id, unix.IPC_RMID, nil)
+	mem, err := unix.SysvShmAttach(id, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.SysvShmDetach(mem)
+	copy(mem, "clean")
+	audit := &memAuditor{}
+	r := runGuardedAudit(t, w.policy(), &testGate{}, audit, exec.Command(helper, "atk-shm", strconv.Itoa(id)))
+	if r.out != "shmat=EACCES" || string(mem[:5]) != "clean" {
+		t.Errorf("attach of another process's segment: %q, segment %q; want EACCES and it untouched", r.out, mem[:5])
+	}
+	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
+		return ev.Reason == leasebus.ReasonNotAllowed && strings.Contains(ev.Message, "shmat on System V IPC object "+strconv.Itoa(id))
+	}); !ok {
+		t.Errorf("no not-allowed audit event for the shmat among %+v", audit.all())
+	}
+	r = runGuardedAudit(t, w.policy(), &testGate{}, audit, exec.Command(helper, "atk-ownshm"))
+	if r.out != "own=true rmid=ok keyed=true" {
+		t.Errorf("the agent's own segments: %q, want them usable", r.out)
+	}
+}

@@ -117,6 +117,16 @@
 //     pathname bind is refused (boundary "file") and any other bind (a
 //     port, an abstract name) is performed on the supervisor's copy.
 //
+// # System V IPC
+//
+// Shared memory segments, message queues and semaphore sets live outside
+// every file system, so Landlock does not see them; as the same user the
+// agent could attach another process's segment and write into its memory.
+// The supervisor makes shmget, msgget and semget itself and records what
+// it created; every other call on an object (shmat, msgsnd, semop, the
+// *ctl calls but their read-only queries) continues only for a recorded id
+// and is refused otherwise (ipc_linux.go, TestSysVIPCConfined).
+//
 // # Starting a guarded process
 //
 // Go cannot run code between fork and exec, so the child is this binary
@@ -176,7 +186,8 @@
 // (TestTCPFastOpenRefused); Unix-socket connects only to listed sockets
 // (TestUnixConnectLimited, TestUnixConnectSymlinkRace); UDP and every other
 // datagram or raw socket (TestDatagramSocketsRefused); binding a Unix socket
-// file after the lease is lost (TestBindAfterLoss).
+// file after the lease is lost (TestBindAfterLoss). System V IPC objects
+// of other processes (TestSysVIPCConfined).
 //
 // Not covered (documented gaps):
 //   - A descriptor opened for writing while the lease was held stays

@@ -6,6 +6,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -19,6 +20,12 @@ func init() {
 	switch os.Args[1] {
 	case "atk-setattr":
 		run = atkSetattr
+	case "atk-shm":
+		run = atkShm
+	case "atk-mq":
+		run = atkMq
+	case "atk-ownshm":
+		run = atkOwnShm
 	default:
 		return
 	}
@@ -66,4 +73,59 @@ func joinFields(f []string) string {
 		s += x
 	}
 	return s
+}
+
+// atkShm ID: attaches the System V shared memory segment ID (another
+// process's: ids are listed in /proc/sysvipc/shm) and writes "owned" at
+// its start.
+func atkShm(args []string) int {
+	id, _ := strconv.Atoi(args[0])
+	mem, err := unix.SysvShmAttach(id, 0, 0)
+	if err != nil {
+		fmt.Println("shmat=" + res(err))
+		return 0
+	}
+	copy(mem, "owned")
+	fmt.Println("shmat=ok")
+	return 0
+}
+
+// atkMq NAME: opens the POSIX message queue NAME (another process's) for
+// writing and sends "owned".
+func atkMq(args []string) int {
+	fd, _, e := unix.Syscall6(unix.SYS_MQ_OPEN, cstr(args[0]), unix.O_WRONLY, 0, 0, 0, 0)
+	if e != 0 {
+		fmt.Println("mq_open=" + errRes(e))
+		return 0
+	}
+	msg := []byte("owned")
+	_, _, e = unix.Syscall6(unix.SYS_MQ_TIMEDSEND, fd, uintptr(unsafe.Pointer(&msg[0])), uintptr(len(msg)), 0, 0, 0)
+	fmt.Println("mq_open=ok mq_send=" + errRes(e))
+	return 0
+}
+
+// atkOwnShm: makes a private segment, attaches it, writes and reads it
+// back, removes it; and a keyed one, found again by its key.
+func atkOwnShm([]string) int {
+	id, err := unix.SysvShmGet(unix.IPC_PRIVATE, 4096, unix.IPC_CREAT|0o600)
+	if err != nil {
+		fmt.Println("shmget=" + res(err))
+		return 0
+	}
+	mem, err := unix.SysvShmAttach(id, 0, 0)
+	if err != nil {
+		fmt.Println("shmat=" + res(err))
+		return 0
+	}
+	copy(mem, "mine")
+	ok := string(mem[:4]) == "mine"
+	unix.SysvShmDetach(mem)
+	_, err = unix.SysvShmCtl(id, unix.IPC_RMID, nil)
+	k1, err1 := unix.SysvShmGet(0x5eed, 4096, unix.IPC_CREAT|0o600)
+	k2, err2 := unix.SysvShmGet(0x5eed, 4096, 0o600)
+	if err1 == nil {
+		unix.SysvShmCtl(k1, unix.IPC_RMID, nil)
+	}
+	fmt.Printf("own=%v rmid=%s keyed=%v\n", ok, res(err), err1 == nil && err2 == nil && k1 == k2)
+	return 0
 }
