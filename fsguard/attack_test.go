@@ -166,3 +166,27 @@ func TestSysVIPCConfined(t *testing.T) {
 		t.Errorf("the agent's own segments: %q, want them usable", r.out)
 	}
 }
+
+// TestNestedListenerRefusedByKernel: when several seccomp filters return
+// USER_NOTIF for a call, the kernel notifies only the most recently
+// installed one's listener; an agent's own filter with a listener that
+// answers CONTINUE would take every trapped call from the supervisor
+// (metadata outside the lease, writes after the loss, which Landlock
+// still allows in the lease). The kernel refuses a second listener in a
+// filter chain (EBUSY) while the supervisor's is open.
+func TestNestedListenerRefusedByKernel(t *testing.T) {
+	helper := guardHelper(t)
+	w := newWorktree(t)
+	mine, secret := filepath.Join(w.leased, "mine.txt"), filepath.Join(w.outside, "secret.txt")
+	marker := filepath.Join(w.leased, "LOSE")
+	r := runGuardedAudit(t, w.policy(), markerGate{marker}, &memAuditor{}, exec.Command(helper, "atk-notif", secret, mine, marker))
+	if r.out != "install="+unix.EBUSY.Error() {
+		t.Errorf("a filter with a listener of the agent's own: %q, want EBUSY", r.out)
+	}
+	if st, err := os.Stat(secret); err != nil || st.Mode().Perm() != 0o644 {
+		t.Errorf("outside file mode %v (%v), want 0644 untouched", st.Mode().Perm(), err)
+	}
+	if b, _ := os.ReadFile(mine); string(b) != "data" {
+		t.Errorf("leased file = %q, want it untouched", b)
+	}
+}

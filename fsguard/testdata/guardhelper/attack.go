@@ -6,6 +6,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"unsafe"
 
@@ -26,6 +27,8 @@ func init() {
 		run = atkMq
 	case "atk-ownshm":
 		run = atkOwnShm
+	case "atk-notif":
+		run = atkNotif
 	default:
 		return
 	}
@@ -127,5 +130,75 @@ func atkOwnShm([]string) int {
 		unix.SysvShmCtl(k1, unix.IPC_RMID, nil)
 	}
 	fmt.Printf("own=%v rmid=%s keyed=%v\n", ok, res(err), err1 == nil && err2 == nil && k1 == k2)
+	return 0
+}
+
+// atkNotif OUTSIDE LEASED MARKER: installs a seccomp filter of its own
+// with a listener (SECCOMP_FILTER_FLAG_NEW_LISTENER) on one thread, for
+// fchmodat and openat, and answers every call CONTINUE from another
+// thread. When several filters return USER_NOTIF the most recent one's
+// listener gets the call: the supervisor would never see them. Then, on
+// the filtered thread: chmod OUTSIDE, create MARKER (the test's gate
+// loses the lease), and open LEASED for writing and write to it.
+// Prints "install=R chmod=R write=R".
+func atkNotif(args []string) int {
+	outside, leased, marker := args[0], args[1], args[2]
+	type installed struct {
+		fd  int
+		err error
+	}
+	got := make(chan installed)
+	results := make(chan string)
+	go func() {
+		runtime.LockOSThread() // the filter stays on this thread: never unlocked
+		prog := []unix.SockFilter{
+			{Code: 0x20, K: 0}, // ld nr
+			{Code: 0x15, Jt: 2, Jf: 0, K: unix.SYS_FCHMODAT},
+			{Code: 0x15, Jt: 1, Jf: 0, K: unix.SYS_OPENAT},
+			{Code: 0x06, K: unix.SECCOMP_RET_ALLOW},
+			{Code: 0x06, K: unix.SECCOMP_RET_USER_NOTIF},
+		}
+		fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
+		fd, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_NEW_LISTENER, uintptr(unsafe.Pointer(&fprog)))
+		if e != 0 {
+			got <- installed{-1, e}
+			return
+		}
+		got <- installed{int(fd), nil}
+		chmod := res(unix.Fchmodat(unix.AT_FDCWD, outside, 0o600, 0))
+		if f, err := os.Create(marker); err == nil {
+			f.Close()
+		}
+		w := "?"
+		f, err := os.OpenFile(leased, os.O_WRONLY|os.O_TRUNC, 0)
+		if err == nil {
+			_, err = f.WriteString("owned")
+			f.Close()
+		}
+		w = res(err)
+		results <- "chmod=" + chmod + " write=" + w
+	}()
+	in := <-got
+	if in.err != nil {
+		fmt.Println("install=" + res(in.err))
+		return 0
+	}
+	go func() {
+		// struct seccomp_notif is 80 bytes; the response 24.
+		for {
+			var n [80]byte
+			if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(in.fd), unix.SECCOMP_IOCTL_NOTIF_RECV, uintptr(unsafe.Pointer(&n[0]))); e != 0 {
+				if e == unix.EINTR || e == unix.ENOENT {
+					continue
+				}
+				return
+			}
+			var r [24]byte
+			copy(r[:8], n[:8]) // id
+			r[20] = unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE
+			unix.Syscall(unix.SYS_IOCTL, uintptr(in.fd), unix.SECCOMP_IOCTL_NOTIF_SEND, uintptr(unsafe.Pointer(&r[0])))
+		}
+	}()
+	fmt.Println("install=ok " + <-results)
 	return 0
 }
