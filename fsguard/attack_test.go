@@ -190,3 +190,38 @@ func TestNestedListenerRefusedByKernel(t *testing.T) {
 		t.Errorf("leased file = %q, want it untouched", b)
 	}
 }
+
+// TestKeyringsRefused: the kernel keyrings (the user keyring in
+// particular) are shared by every process of the user, belong to no
+// namespace and no file system: Landlock does not see them. The agent
+// could read the secrets other programs keep there (Kerberos tickets,
+// tokens) and plant keys for them. keyctl, add_key and request_key are
+// refused, as container runtimes' default profiles do.
+func TestKeyringsRefused(t *testing.T) {
+	helper := guardHelper(t)
+	w := newWorktree(t)
+	desc := "fenceline-test-secret-" + strconv.Itoa(os.Getpid())
+	id, err := unix.AddKey("user", desc, []byte("s3cret"), unix.KEY_SPEC_USER_KEYRING)
+	if err != nil {
+		t.Fatalf("add_key (the test needs the kernel keyrings): %v", err)
+	}
+	t.Cleanup(func() {
+		unix.KeyctlInt(unix.KEYCTL_UNLINK, id, unix.KEY_SPEC_USER_KEYRING, 0, 0)
+		if p, err := unix.KeyctlSearch(unix.KEY_SPEC_USER_KEYRING, "user", desc+"-planted", 0); err == nil {
+			unix.KeyctlInt(unix.KEYCTL_UNLINK, p, unix.KEY_SPEC_USER_KEYRING, 0, 0)
+		}
+	})
+	audit := &memAuditor{}
+	r := runGuardedAudit(t, w.policy(), &testGate{}, audit, exec.Command(helper, "atk-keys", desc))
+	if r.out != "read=EPERM add=EPERM" {
+		t.Errorf("the user keyring from the agent: %q, want both refused (EPERM)", r.out)
+	}
+	if _, err := unix.KeyctlSearch(unix.KEY_SPEC_USER_KEYRING, "user", desc+"-planted", 0); err == nil {
+		t.Errorf("the agent planted a key in the user keyring")
+	}
+	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
+		return ev.Reason == leasebus.ReasonNotAllowed && strings.Contains(ev.Message, "keyring")
+	}); !ok {
+		t.Errorf("no not-allowed audit event for the keyring among %+v", audit.all())
+	}
+}

@@ -117,7 +117,7 @@
 //     pathname bind is refused (boundary "file") and any other bind (a
 //     port, an abstract name) is performed on the supervisor's copy.
 //
-// # System V IPC
+// # System V IPC and keyrings
 //
 // Shared memory segments, message queues and semaphore sets live outside
 // every file system, so Landlock does not see them; as the same user the
@@ -126,6 +126,11 @@
 // it created; every other call on an object (shmat, msgsnd, semop, the
 // *ctl calls but their read-only queries) continues only for a recorded id
 // and is refused otherwise (ipc_linux.go, TestSysVIPCConfined).
+//
+// The kernel keyrings are shared by every process of the user in the same
+// way (the user keyring: tokens, Kerberos tickets), so keyctl, add_key and
+// request_key are refused (EPERM, audited; keys_linux.go,
+// TestKeyringsRefused), as container runtimes' default profiles do.
 //
 // # Starting a guarded process
 //
@@ -187,7 +192,8 @@
 // (TestUnixConnectLimited, TestUnixConnectSymlinkRace); UDP and every other
 // datagram or raw socket (TestDatagramSocketsRefused); binding a Unix socket
 // file after the lease is lost (TestBindAfterLoss). System V IPC objects
-// of other processes (TestSysVIPCConfined).
+// of other processes (TestSysVIPCConfined); the kernel keyrings
+// (TestKeyringsRefused).
 //
 // Not covered (documented gaps):
 //   - A descriptor opened for writing while the lease was held stays

@@ -29,6 +29,8 @@ func init() {
 		run = atkOwnShm
 	case "atk-notif":
 		run = atkNotif
+	case "atk-keys":
+		run = atkKeys
 	default:
 		return
 	}
@@ -200,5 +202,25 @@ func atkNotif(args []string) int {
 		}
 	}()
 	fmt.Println("install=ok " + <-results)
+	return 0
+}
+
+// atkKeys DESC: reads the "user" key DESC from the user keyring (shared
+// by every process of the user, in no namespace, seen by no Landlock
+// rule) and adds a key DESC-planted there. Prints "read=RESULT[:payload]
+// add=RESULT".
+func atkKeys(args []string) int {
+	read := ""
+	id, err := unix.KeyctlSearch(unix.KEY_SPEC_USER_KEYRING, "user", args[0], 0)
+	if err == nil {
+		buf := make([]byte, 256)
+		var n int
+		n, err = unix.KeyctlBuffer(unix.KEYCTL_READ, id, buf, 0)
+		if err == nil {
+			read = ":" + string(buf[:min(n, len(buf))])
+		}
+	}
+	_, aerr := unix.AddKey("user", args[0]+"-planted", []byte("x"), unix.KEY_SPEC_USER_KEYRING)
+	fmt.Println("read=" + res(err) + read + " add=" + res(aerr))
 	return 0
 }
