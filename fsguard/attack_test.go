@@ -225,3 +225,36 @@ func TestKeyringsRefused(t *testing.T) {
 		t.Errorf("no not-allowed audit event for the keyring among %+v", audit.all())
 	}
 }
+
+// TestNoCoreDumpAfterLoss: a crashing process's core is written by the
+// kernel, not by a system call of the agent, so the filter never sees it
+// and Landlock allows it wherever the lease is writable: with
+// core_pattern a plain file name, an agent that raised its core limit and
+// crashed with its working directory in the lease wrote (or replaced) a
+// file there after the loss, with its own memory as content. The guarded
+// command gets a hard core limit of 0.
+func TestNoCoreDumpAfterLoss(t *testing.T) {
+	w := newWorktree(t)
+	marker := filepath.Join(w.other, "LOSE")
+	script := `: > "$MARKER" || exit 9
+ulimit -c unlimited 2>/dev/null
+echo "core limit: $(ulimit -c)"
+cd "$LEASED" || exit 10
+sh -c 'kill -SEGV $$'
+echo "crashed: $?"`
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.Env = append(os.Environ(), "MARKER="+marker, "LEASED="+w.leased)
+	p := w.policy()
+	p.Writable = append(p.Writable, w.other) // the marker's dir
+	r := runGuardedAudit(t, p, markerGate{marker}, &memAuditor{}, cmd)
+	t.Logf("guarded: %s", r.out)
+	ents, err := os.ReadDir(w.leased)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "core") {
+			t.Errorf("a core dump %s landed in the lease after the loss", e.Name())
+		}
+	}
+}

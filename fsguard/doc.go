@@ -173,7 +173,9 @@
 // the path is spelled; writes through inherited read-only descriptors
 // re-opened via /proc/self/fd; static binaries; reading hidden credentials;
 // TCP connects to upstream Postgres, git or NATS ports; new write-opens and
-// namespace changes after the lease is lost; signalling the sidecar;
+// namespace changes after the lease is lost, core dumps included (the
+// command's hard core limit is 0: the kernel writes a core where Landlock
+// lets it, TestNoCoreDumpAfterLoss); signalling the sidecar;
 // terminal input injection (TestTerminalInjectionRefused); chattr and the
 // other inode ioctls, also through a descriptor number switched with dup2
 // (TestSetFlagsConfined, TestSetFlagsDup2Race); chmod, chown, utimes and xattrs
