@@ -43,6 +43,11 @@
 //	  | CONNECT other:443 --------->|
 //	  |<-- 403 "other:443 refused for lease …; --allow-host other"
 //
+// A tunnel is untouched: what an allowed host serves is what the agent
+// reaches (a CDN that fronts other names by SNI or Host, a hosting API
+// that writes repositories with the agent's token, e.g. api.github.com:
+// allowing it lets the agent change refs past the git fence).
+//
 // The proxy does not look at the lease's state: egress is not a write to
 // anything fenceline fences (pushes still go through the git fence, which
 // does).

@@ -219,6 +219,13 @@
 //     too; an absolute symlink inside the temp dir is not followed for a
 //     write; link, symlink, truncate, mknod and metadata calls stay
 //     refused even in the temp dir.
+//   - Terminals: /dev/pts is writable (the agent's own pty and the ptys
+//     it makes, e.g. node-pty, script, tmux), and readable like every
+//     other path, so the agent can also write to, change the modes of
+//     (stty) and read the input typed into another terminal of the same
+//     user (checked on Linux 6.18). TIOCSTI and TIOCLINUX stay refused;
+//     what a terminal emulator answers to escape sequences written to it
+//     (answerback) reaches that terminal's input and is not judged.
 //   - Hidden paths: names in their directories stay listable, and a
 //     directory created later next to a hidden path is not readable.
 //   - Processes running as another user, or with capabilities, are out of
