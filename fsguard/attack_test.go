@@ -3,7 +3,10 @@
 package fsguard
 
 import (
+	"bufio"
+	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -256,5 +259,69 @@ echo "crashed: $?"`
 		if strings.HasPrefix(e.Name(), "core") {
 			t.Errorf("a core dump %s landed in the lease after the loss", e.Name())
 		}
+	}
+}
+
+// TestOpenNotStretchedPastLoss: a write-open continues to the kernel
+// while the lease holds; a read lease (F_SETLEASE) that a sibling holds
+// on the file makes the kernel wait, after the guard's checks, until it is
+// given up (up to fs.lease-break-time, 45 s): the truncation and the
+// writable descriptor came after the loss. F_SETLEASE is refused (it also
+// let the agent stall anyone's write-opens of any file it owns).
+func TestOpenNotStretchedPastLoss(t *testing.T) {
+	helper := guardHelper(t)
+	w := newWorktree(t)
+	mine := filepath.Join(w.leased, "mine.txt")
+	gate := &testGate{}
+	audit := &memAuditor{}
+	cmd := exec.Command(helper, "atk-lease", mine)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outR, outW := io.Pipe()
+	cmd.Stdout, cmd.Stderr = outW, outW
+	pr, err := Start(context.Background(), w.policy(), gate, audit, cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pr.Kill(); pr.Wait(); outW.Close() })
+	lines := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(outR)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	next := func() string {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("helper output ended")
+			}
+			return l
+		case <-time.After(20 * time.Second):
+			t.Fatal("no helper output within 20s")
+		}
+		return ""
+	}
+	l := next()
+	if l == "breaking" {
+		gate.lost.Store(true)
+		io.WriteString(stdin, "go\n")
+		l = next()
+	}
+	if l != "setlease=EPERM" {
+		t.Errorf("helper: %q, want F_SETLEASE refused", l)
+	}
+	pr.Wait()
+	if b, _ := os.ReadFile(mine); string(b) != "data" {
+		t.Errorf("leased file = %q: written after the loss", b)
+	}
+	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
+		return ev.Reason == leasebus.ReasonNotAllowed && strings.Contains(ev.Message, "F_SETLEASE")
+	}); !ok {
+		t.Errorf("no not-allowed audit event for F_SETLEASE among %+v", audit.all())
 	}
 }

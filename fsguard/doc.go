@@ -175,7 +175,10 @@
 // TCP connects to upstream Postgres, git or NATS ports; new write-opens and
 // namespace changes after the lease is lost, core dumps included (the
 // command's hard core limit is 0: the kernel writes a core where Landlock
-// lets it, TestNoCoreDumpAfterLoss); signalling the sidecar;
+// lets it, TestNoCoreDumpAfterLoss) and a write-open let through while the
+// lease held that a file lease (F_SETLEASE, refused) would hold in the
+// kernel past the loss (TestOpenNotStretchedPastLoss); signalling the
+// sidecar;
 // terminal input injection (TestTerminalInjectionRefused); chattr and the
 // other inode ioctls, also through a descriptor number switched with dup2
 // (TestSetFlagsConfined, TestSetFlagsDup2Race); chmod, chown, utimes and xattrs

@@ -4,8 +4,10 @@ package main
 // the guard left out). Dispatched from init like filemodes.go.
 
 import (
+	"bufio"
 	"fmt"
 	"os"
+	"os/signal"
 	"runtime"
 	"strconv"
 	"unsafe"
@@ -31,6 +33,8 @@ func init() {
 		run = atkNotif
 	case "atk-keys":
 		run = atkKeys
+	case "atk-lease":
+		run = atkLease
 	default:
 		return
 	}
@@ -222,5 +226,46 @@ func atkKeys(args []string) int {
 	}
 	_, aerr := unix.AddKey("user", args[0]+"-planted", []byte("x"), unix.KEY_SPEC_USER_KEYRING)
 	fmt.Println("read=" + res(err) + read + " add=" + res(aerr))
+	return 0
+}
+
+// atkLease PATH: takes a read lease (F_SETLEASE) on PATH, then opens it
+// O_WRONLY|O_TRUNC from another thread. The open passes the guard while
+// the lease holds and then waits in the kernel for the read lease to be
+// given up (up to fs.lease-break-time): the truncation and the writable
+// descriptor come as late as the lease holder likes. It prints
+// "breaking" once the open waits, gives the lease up when a line arrives
+// on stdin, and prints "setlease=RESULT open=RESULT".
+func atkLease(args []string) int {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, unix.SIGIO)
+	rfd, err := unix.Open(args[0], unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		fmt.Println("open ro=" + res(err))
+		return 1
+	}
+	if _, err := unix.FcntlInt(uintptr(rfd), unix.F_SETLEASE, unix.F_RDLCK); err != nil {
+		fmt.Println("setlease=" + res(err))
+		return 0
+	}
+	opened := make(chan string)
+	go func() {
+		fd, err := unix.Open(args[0], unix.O_WRONLY|unix.O_TRUNC|unix.O_CLOEXEC, 0)
+		if err == nil {
+			_, err = unix.Write(fd, []byte("owned"))
+			unix.Close(fd)
+		}
+		opened <- res(err)
+	}()
+	select {
+	case <-sig:
+		fmt.Println("breaking")
+	case r := <-opened:
+		fmt.Println("setlease=ok open=" + r + " (did not wait)")
+		return 0
+	}
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	unix.FcntlInt(uintptr(rfd), unix.F_SETLEASE, unix.F_UNLCK)
+	fmt.Println("setlease=ok open=" + <-opened)
 	return 0
 }
