@@ -25,9 +25,15 @@
 // proxy dials the judged address, never the name again, so a DNS answer
 // that changes between check and connection (rebinding) gains nothing.
 // Loopback (the sidecar's admin and fence ports, the bus), unspecified,
-// link-local (cloud metadata) and multicast addresses are refused unless
-// an operator pins the name to an address (Resolve, the --egress-resolve
-// flag, like curl --resolve) or allows the address itself.
+// link-local (cloud metadata), multicast, private and shared (100.64/10)
+// addresses and this host's own addresses (where a pod's bus and the
+// fences' upstreams live) are refused unless an operator pins the name to
+// an address (Resolve, the --egress-resolve flag, like curl --resolve) or
+// allows the address itself. A name that resolves to an address of an
+// intercepted host (the git upstream) is refused on every port: a CNAME or
+// an alias under an allowed wildcard would carry a push around the git
+// fence (TestAttackAllowedNameIntoThePrivateNetwork,
+// TestAttackGitUpstreamByAnotherName).
 //
 //	agent (HTTPS_PROXY)          egress proxy                 api host
 //	  | CONNECT api:443 ----------->| allowed? resolve, judge     |
@@ -36,6 +42,11 @@
 //	  |<========== TLS, end to end (untouched) ==================>|
 //	  | CONNECT other:443 --------->|
 //	  |<-- 403 "other:443 refused for lease …; --allow-host other"
+//
+// A tunnel is untouched: what an allowed host serves is what the agent
+// reaches (a CDN that fronts other names by SNI or Host, a hosting API
+// that writes repositories with the agent's token, e.g. api.github.com:
+// allowing it lets the agent change refs past the git fence).
 //
 // The proxy does not look at the lease's state: egress is not a write to
 // anything fenceline fences (pushes still go through the git fence, which

@@ -366,7 +366,7 @@ func TestRules(t *testing.T) {
 		}
 	}
 	for a, want := range map[string]bool{"127.0.0.1": true, "127.9.9.9": true, "::1": true, "::ffff:127.0.0.1": true, "0.0.0.0": true, "0.1.2.3": true,
-		"::": true, "169.254.169.254": true, "fe80::1": true, "224.0.0.1": true, "10.0.0.1": false, "93.184.216.34": false, "2606:4700::1": false} {
+		"::": true, "169.254.169.254": true, "fe80::1": true, "224.0.0.1": true, "10.0.0.1": true, "100.64.0.1": true, "fd00::1": true, "93.184.216.34": false, "2606:4700::1": false} {
 		if got := forbidden(netip.MustParseAddr(a)) != ""; got != want {
 			t.Errorf("forbidden(%s) = %v, want %v", a, got, want)
 		}

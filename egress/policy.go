@@ -138,8 +138,30 @@ func forbidden(a netip.Addr) string {
 		return "a link-local address (cloud metadata services are there)"
 	case a.IsMulticast() || a.IsLinkLocalMulticast() || a.IsInterfaceLocalMulticast():
 		return "a multicast address"
+	case a.IsPrivate() || sharedAddrs.Contains(a):
+		return "a private address (in a pod or a private network the bus and the fences' upstreams are there)"
 	}
 	return ""
+}
+
+// sharedAddrs is the shared address space (RFC 6598, carrier-grade NAT and
+// overlay networks): private in all but name.
+var sharedAddrs = netip.MustParsePrefix("100.64.0.0/10")
+
+// localAddr reports whether a is an address of one of this host's
+// interfaces: a connection to it reaches every service listening on all
+// interfaces (the bus, a local Postgres), as loopback would.
+func localAddr(a netip.Addr) bool {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return true // cannot tell: fail closed
+	}
+	for _, ia := range addrs {
+		if p, err := netip.ParsePrefix(ia.String()); err == nil && p.Addr().Unmap() == a.Unmap() {
+			return true
+		}
+	}
+	return false
 }
 
 // normHost is host lower-cased without a trailing dot or IPv6 brackets.

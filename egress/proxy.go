@@ -216,12 +216,54 @@ func (p *Proxy) resolve(ctx context.Context, t target) (netip.AddrPort, error) {
 		return netip.AddrPort{}, fmt.Errorf("resolve %s: no addresses", t.host)
 	}
 	for _, a := range addrs {
-		if why := forbidden(a); why != "" {
+		why := forbidden(a)
+		if why == "" && localAddr(a) {
+			why = "an address of this host (its services listen there)"
+		}
+		if why != "" {
 			return netip.AddrPort{}, &refusal{target: t, why: fmt.Sprintf("it resolves to %s, %s", a.Unmap(), why),
 				hint: fmt.Sprintf("pin it with --egress-resolve %s=ADDR:PORT if that is really meant", t)}
 		}
 	}
+	if rf := p.notTheGitUpstream(ctx, t, addrs); rf != nil {
+		return netip.AddrPort{}, rf
+	}
 	return netip.AddrPortFrom(addrs[0].Unmap(), uint16(t.port)), nil
+}
+
+// notTheGitUpstream refuses a name that resolves to an address of an
+// intercepted host (the git upstream), on any port: another name for the
+// git server (a CNAME, an alias under an allowed wildcard) would carry a
+// push around the git fence. When an intercepted host cannot be resolved
+// now, the name is refused too (fail closed).
+func (p *Proxy) notTheGitUpstream(ctx context.Context, t target, addrs []netip.Addr) *refusal {
+	for hp := range p.intercept {
+		it, err := newTarget(hp, 0)
+		if err != nil {
+			continue
+		}
+		var theirs []netip.Addr
+		switch pin, ok := p.cfg.Resolve[it.String()]; {
+		case ok:
+			theirs = []netip.Addr{pin.Addr()}
+		case it.addr.IsValid():
+			theirs = []netip.Addr{it.addr}
+		default:
+			if theirs, err = p.cfg.LookupIP(ctx, it.host); err != nil {
+				return &refusal{target: t, why: fmt.Sprintf("the git upstream %s cannot be resolved now to tell it apart (%v)", it.host, err),
+					hint: "retry, or pin the name with --egress-resolve"}
+			}
+		}
+		for _, a := range addrs {
+			for _, g := range theirs {
+				if a.Unmap() == g.Unmap() {
+					return &refusal{target: t, why: fmt.Sprintf("it resolves to %s, an address of the git upstream %s, which is reached only through the git fence", a.Unmap(), it.host),
+						hint: "push and fetch through " + it.String()}
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // dial connects to t: judged by name, resolved once, the resolved

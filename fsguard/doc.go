@@ -54,7 +54,8 @@
 //     (resolved with EvalSymlinks at Start) and the temp dir, copies the
 //     argument and performs the ioctl on the duplicate; outside, EACCES
 //     with reason outside-lease. After the loss, refused.
-//   - Metadata (chmod, chown, utimes and xattr families) likewise: the
+//   - Metadata (chmod, chown, utimes and xattr families, and file_setattr,
+//     Linux 6.17's FS_IOC_FSSETXATTR by path) likewise: the
 //     target is resolved once into an O_PATH descriptor of the supervisor
 //     (relative to the task's dirfd or cwd through /proc/PID; /proc/self
 //     and /dev/fd spelled by the task mean the task's), judged by its real
@@ -68,9 +69,12 @@
 //     an existing regular file with other hard links is refused, it may be
 //     a leased file linked there while the lease held; new files are made
 //     O_EXCL under the task's umask). A write-open of /dev/null, /dev/zero,
-//     /dev/full, a pty, /dev/ptmx, the task's terminal or a FIFO
-//     (/dev/stdout on a pipe) is resolved O_PATH, checked with fstat and
-//     reopened through /proc/self/fd. Each new descriptor is handed over
+//     /dev/full, a pty, /dev/ptmx, the task's terminal or a pipe the task
+//     holds itself (/dev/stdout on a pipe) is resolved O_PATH, checked with
+//     fstat and reopened through /proc/self/fd. The supervisor resolves
+//     with its own credentials, so another process's pipe
+//     (/proc/PID/fd/N) and a named FIFO outside the temp dir are refused
+//     (TestLostLeaseForeignPipesRefused). Each new descriptor is handed over
 //     with SECCOMP_IOCTL_NOTIF_ADDFD. Everything else stays refused.
 //
 // The git shim is convenience, not enforcement: with Policy.GitShim a git
@@ -113,6 +117,21 @@
 //     pathname bind is refused (boundary "file") and any other bind (a
 //     port, an abstract name) is performed on the supervisor's copy.
 //
+// # System V IPC and keyrings
+//
+// Shared memory segments, message queues and semaphore sets live outside
+// every file system, so Landlock does not see them; as the same user the
+// agent could attach another process's segment and write into its memory.
+// The supervisor makes shmget, msgget and semget itself and records what
+// it created; every other call on an object (shmat, msgsnd, semop, the
+// *ctl calls but their read-only queries) continues only for a recorded id
+// and is refused otherwise (ipc_linux.go, TestSysVIPCConfined).
+//
+// The kernel keyrings are shared by every process of the user in the same
+// way (the user keyring: tokens, Kerberos tickets), so keyctl, add_key and
+// request_key are refused (EPERM, audited; keys_linux.go,
+// TestKeyringsRefused), as container runtimes' default profiles do.
+//
 // # Starting a guarded process
 //
 // Go cannot run code between fork and exec, so the child is this binary
@@ -154,12 +173,18 @@
 // the path is spelled; writes through inherited read-only descriptors
 // re-opened via /proc/self/fd; static binaries; reading hidden credentials;
 // TCP connects to upstream Postgres, git or NATS ports; new write-opens and
-// namespace changes after the lease is lost; signalling the sidecar;
+// namespace changes after the lease is lost, core dumps included (the
+// command's hard core limit is 0: the kernel writes a core where Landlock
+// lets it, TestNoCoreDumpAfterLoss) and a write-open let through while the
+// lease held that a file lease (F_SETLEASE, refused) would hold in the
+// kernel past the loss (TestOpenNotStretchedPastLoss); signalling the
+// sidecar;
 // terminal input injection (TestTerminalInjectionRefused); chattr and the
 // other inode ioctls, also through a descriptor number switched with dup2
 // (TestSetFlagsConfined, TestSetFlagsDup2Race); chmod, chown, utimes and xattrs
 // outside the lease, also through a symlink swapped under the call
-// (TestMetadataConfined, TestMetadataSymlinkRace). After a loss /dev/null,
+// (TestMetadataConfined, TestMetadataSymlinkRace), and file_setattr
+// (TestFileSetattrConfined). After a loss /dev/null,
 // the terminal, pipes and the temp dir keep working while the lease's paths,
 // also through a symlink or hard link in the temp dir, stay refused
 // (TestLostLeaseHarmlessWritesGoOn); a writable path or claim through a
@@ -171,7 +196,9 @@
 // (TestTCPFastOpenRefused); Unix-socket connects only to listed sockets
 // (TestUnixConnectLimited, TestUnixConnectSymlinkRace); UDP and every other
 // datagram or raw socket (TestDatagramSocketsRefused); binding a Unix socket
-// file after the lease is lost (TestBindAfterLoss).
+// file after the lease is lost (TestBindAfterLoss). System V IPC objects
+// of other processes (TestSysVIPCConfined); the kernel keyrings
+// (TestKeyringsRefused).
 //
 // Not covered (documented gaps):
 //   - A descriptor opened for writing while the lease was held stays
@@ -195,6 +222,13 @@
 //     too; an absolute symlink inside the temp dir is not followed for a
 //     write; link, symlink, truncate, mknod and metadata calls stay
 //     refused even in the temp dir.
+//   - Terminals: /dev/pts is writable (the agent's own pty and the ptys
+//     it makes, e.g. node-pty, script, tmux), and readable like every
+//     other path, so the agent can also write to, change the modes of
+//     (stty) and read the input typed into another terminal of the same
+//     user (checked on Linux 6.18). TIOCSTI and TIOCLINUX stay refused;
+//     what a terminal emulator answers to escape sequences written to it
+//     (answerback) reaches that terminal's input and is not judged.
 //   - Hidden paths: names in their directories stay listable, and a
 //     directory created later next to a hidden path is not readable.
 //   - Processes running as another user, or with capabilities, are out of

@@ -49,6 +49,7 @@ var callHandlers = map[string]func(*trap){
 	"lremovexattr":  metaCall{fd: -1, dir: -1, path: 0, nofollow: true, do: doRemovexattr, name: 1}.handle,
 	"fremovexattr":  metaCall{fd: 0, do: doRemovexattr, name: 1}.handle,
 	"removexattrat": metaCall{fd: -1, dir: 0, path: 1, atFlags: 2, do: doRemovexattr, name: 3}.handle,
+	"file_setattr":  metaCall{fd: -1, dir: 0, path: 1, atFlags: 4, do: doFileSetattr, value: 2}.handle,
 
 	// write-opens and namespace changes: CONTINUE to Landlock while the
 	// lease holds; after the loss only the temp dir and harmless devices
@@ -394,6 +395,38 @@ func doRemovexattr(t *trap, c metaCall, fd int, viaPath bool) error {
 	return unix.Removexattr(procFD(fd), name)
 }
 
+// fileAttrSizeVer0 is FILE_ATTR_SIZE_VER0, the smallest struct file_attr.
+const fileAttrSizeVer0 = 24
+
+// doFileSetattr: file_setattr(dirfd, path, struct file_attr *attr, size,
+// at_flags) (Linux 6.17) sets what FS_IOC_FSSETXATTR sets, by path. The
+// supervisor copies the struct and calls it on its descriptor, through
+// /proc/self/fd (file_setattr takes no O_PATH descriptor).
+func doFileSetattr(t *trap, c metaCall, fd int, _ bool) error {
+	size := t.arg(c.value + 1)
+	if size > 4096 {
+		return unix.E2BIG
+	}
+	if size < fileAttrSizeVer0 {
+		return unix.EINVAL
+	}
+	b, err := t.mem(t.arg(c.value), int(size))
+	if err != nil {
+		return memErr(err)
+	}
+	p, err := unix.BytePtrFromString(procFD(fd))
+	if err != nil {
+		return err
+	}
+	cwd := unix.AT_FDCWD
+	_, _, errno := unix.Syscall6(unix.SYS_FILE_SETATTR, uintptr(cwd), uintptr(unsafe.Pointer(p)),
+		uintptr(unsafe.Pointer(&b[0])), uintptr(size), 0, 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
 // openCall describes a write-open: argument indexes, -1 for none (creat
 // has no flags; openat2 keeps flags and mode in its struct open_how).
 type openCall struct {
@@ -608,7 +641,8 @@ var (
 
 // openHarmless opens the task's path when it names a harmless target:
 // /dev/null, /dev/zero, /dev/full, /dev/tty (when it is the supervisor's
-// terminal too), /dev/ptmx, a pty, the task's own terminal, or a FIFO.
+// terminal too), /dev/ptmx, a pty, the task's own terminal, or a pipe
+// the task holds itself.
 // It resolves the path without side effects first (O_PATH), checks what
 // it found, then reopens that very file (see reopen).
 func (t *trap) openHarmless(dirArg int, p string, flags uint64) (int, error) {
@@ -622,8 +656,9 @@ func (t *trap) openHarmless(dirArg int, p string, flags uint64) (int, error) {
 
 // reopen opens the file of the O_PATH descriptor pfd through
 // /proc/self/fd with the task's flags (never creating: O_CREAT and O_EXCL
-// dropped) when it is harmless: a FIFO or a harmless character device, or,
-// with inTmp, a directory or a regular file with no other hard link. A
+// dropped) when it is harmless: a pipe the task holds or a harmless
+// character device, or, with inTmp, a FIFO, a directory or a regular file
+// with no other hard link. A
 // FIFO is opened O_NONBLOCK so the supervisor never blocks (ENXIO when no
 // reader is there), the flag cleared afterwards unless the task asked for
 // it.
@@ -635,6 +670,14 @@ func (t *trap) reopen(pfd int, flags uint64, inTmp bool) (int, error) {
 	fifo := false
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFIFO:
+		// The supervisor resolved the path with its own credentials and
+		// no Landlock: /proc/PID/fd/N of another process, or a named FIFO
+		// that Landlock keeps the agent from opening for writing. Only a
+		// FIFO in the temp dir, or a pipe the task already holds (its
+		// /dev/stdout), is the agent's own.
+		if !inTmp && !t.holdsPipe(pfd, st) {
+			return -1, errNotHarmless
+		}
 		fifo = true
 	case unix.S_IFCHR:
 		if !t.harmlessDevice(st.Rdev) {
@@ -675,6 +718,30 @@ func (t *trap) reopen(pfd int, flags uint64, inTmp bool) (int, error) {
 		}
 	}
 	return fd, nil
+}
+
+// pipefsMagic is PIPEFS_MAGIC: the file system of anonymous pipes.
+const pipefsMagic = 0x50495045
+
+// holdsPipe reports whether the FIFO of pfd (with stat st) is an
+// anonymous pipe one of the task's own descriptors refers to.
+func (t *trap) holdsPipe(pfd int, st unix.Stat_t) bool {
+	var fs unix.Statfs_t
+	if unix.Fstatfs(pfd, &fs) != nil || fs.Type != pipefsMagic {
+		return false
+	}
+	dir := fmt.Sprintf("/proc/%d/fd", t.pid())
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		var fst unix.Stat_t
+		if unix.Stat(dir+"/"+e.Name(), &fst) == nil && fst.Dev == st.Dev && fst.Ino == st.Ino {
+			return t.valid()
+		}
+	}
+	return false
 }
 
 // harmlessDevice reports whether writing the character device rdev

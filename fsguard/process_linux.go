@@ -356,6 +356,7 @@ func (pr *Process) superviseTree(ctx context.Context) {
 	close(pr.auditQ)
 	<-pr.auditDone
 	pr.cleanupDirs()
+	ipcObjects.Delete(pr)
 	log.Info("guarded attempt settled", "pid", pr.pid, "denials", pr.denials.Load())
 	close(pr.done)
 }

@@ -65,6 +65,7 @@ var writeSyscallsCommon = map[uint32]sysSpec{
 	unix.SYS_SETXATTRAT:        spec("setxattrat").at(0, 1),
 	unix.SYS_REMOVEXATTRAT:     spec("removexattrat").at(0, 1),
 	unix.SYS_OPEN_BY_HANDLE_AT: spec("open_by_handle_at").f(0),
+	unix.SYS_FILE_SETATTR:      spec("file_setattr").at(0, 1),
 }
 
 // writeSyscalls are every call the filter may send to the supervisor, by
