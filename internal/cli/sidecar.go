@@ -320,16 +320,19 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 		fmt.Fprintf(a.stdout, "postgres fence: %s -> %s\n", pa, sf.ff.pgUpstream)
 	}
 	fmt.Fprintf(a.stdout, "egress proxy: %s (%s)\n", sc.EgressURL(), egressSummary(sc.Fences()))
-	fmt.Fprintln(a.stdout, "agent environment:")
-	for _, kv := range env {
-		fmt.Fprintf(a.stdout, "  %s\n", kv)
-	}
+	// The file first: whoever reads the announcement may read the file.
 	if sf.envFile != "" {
 		if err := writeEnvFile(sf.envFile, env); err != nil {
 			sc.Close(ctx)
 			held.finish(ctx)
 			return err
 		}
+	}
+	fmt.Fprintln(a.stdout, "agent environment:")
+	for _, kv := range env {
+		fmt.Fprintf(a.stdout, "  %s\n", kv)
+	}
+	if sf.envFile != "" {
 		fmt.Fprintf(a.stdout, "written to %s\n", sf.envFile)
 	}
 	llog.Info("sidecar ready", "admin", admin.URL(), "git", sc.GitURL(), "postgres", fmt.Sprint(sc.PGAddr()), "egress", sc.EgressURL())
