@@ -10,12 +10,6 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// ErrLeaseUnknown means the holder cannot vouch for its lease right now:
-// the bus is unreachable, the connection to it was lost and the lease is
-// not yet re-checked, or the lease was announced ended and the service has
-// not yet confirmed it. Writes must stop (fail closed); reads may go on.
-var ErrLeaseUnknown = errors.New("lease state unknown")
-
 // HolderState is what a holder knows of its lease.
 type HolderState string
 
