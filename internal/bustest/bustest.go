@@ -19,6 +19,7 @@ import (
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/leasebus/embedded"
 )
 
 var (
@@ -62,7 +63,7 @@ func StartServer(t testing.TB, cfg leasebus.ServerConfig) *server.Server {
 		cfg.StoreDir = t.TempDir()
 	}
 	cfg.CredsDir = CredsDir(t)
-	srv, err := leasebus.StartServer(cfg)
+	srv, err := embedded.StartServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/leasebus/embedded"
 	"github.com/fenceline/fenceline/runui"
 	"github.com/fenceline/fenceline/shard"
 )
@@ -90,7 +91,7 @@ func runDemo(parent context.Context, out io.Writer, keep bool, ui string) error 
 	if !keep {
 		defer os.RemoveAll(dir)
 	}
-	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(dir, "bus"), Name: "fenceline-demo"})
+	srv, err := embedded.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(dir, "bus"), Name: "fenceline-demo"})
 	if err != nil {
 		return fmt.Errorf("demo bus: %w", err)
 	}
