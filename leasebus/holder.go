@@ -127,6 +127,36 @@ type Holder struct {
 	renewSent time.Time
 }
 
+// AcquireAndHold acquires a lease proven by cred and starts holding it,
+// the holder's validity counting from the moment the acquire was sent: the
+// only start that cannot overstate how long the lease is known to be
+// valid. It is what Acquire then Hold does, for every caller that
+// acquires to hold. A refused acquire returns Acquire's error as is (a
+// *ConflictError on a conflict); a lease granted but not held (Hold
+// refused the options) is released before the error returns. Stop or
+// Release the holder when done.
+func (c *Client) AcquireAndHold(ctx context.Context, req AcquireRequest, cred Credential, opts HoldOptions) (*Holder, error) {
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	sent := now()
+	l, err := c.Acquire(ctx, req, cred)
+	if err != nil {
+		return nil, err
+	}
+	h, err := c.Hold(l, cred, sent, opts)
+	if err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, rerr := c.Release(rctx, l.LeaseID, cred); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("release %s, granted but not held: %w", l.LeaseID, rerr))
+		}
+		return nil, err
+	}
+	return h, nil
+}
+
 // Hold starts keeping lease alive. The lease must have just been acquired
 // or renewed by this process: validity starts from sent, the moment the
 // acquire or last renewal was sent. Stop or Release it when done.
