@@ -17,8 +17,9 @@ const DefaultListen = "127.0.0.1:7422"
 // DefaultURL is the NATS URL of the embedded bus at DefaultListen.
 const DefaultURL = "nats://" + DefaultListen
 
-// ServerConfig configures the embedded NATS server. The zero value is a
-// single node on DefaultListen storing under DefaultStoreDir.
+// ServerConfig configures the embedded NATS server (embedded.StartServer).
+// The zero value is a single node on DefaultListen storing under
+// DefaultStoreDir.
 type ServerConfig struct {
 	// Listen is host:port for clients; port 0 (or -1) picks a free port.
 	Listen string
