@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Emulated calls. Landlock does not govern metadata (chmod, chown, times,
@@ -83,7 +83,7 @@ func (t *trap) denyLostCall(gateErr error) {
 
 // denyOutside refuses a call whose target lies outside the lease.
 func (t *trap) denyOutside(what string) {
-	t.deny(unix.EACCES, leasebus.BoundaryFile, leasebus.ReasonOutsideLease, what+" (outside the lease)", nil)
+	t.deny(unix.EACCES, lease.BoundaryFile, lease.ReasonOutsideLease, what+" (outside the lease)", nil)
 }
 
 // inLease reports whether the file of the supervisor's descriptor fd lies

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Trapped ioctl requests (the low 32 bits of ioctl's second argument, as
@@ -77,7 +77,7 @@ func init() {
 func handleIoctl(t *trap) {
 	fd, req := int32(t.arg(0)), uint32(t.arg(1))
 	if name, ok := terminalIoctls[req]; ok {
-		t.deny(unix.EPERM, leasebus.BoundaryFile, leasebus.ReasonNotAllowed,
+		t.deny(unix.EPERM, lease.BoundaryFile, lease.ReasonNotAllowed,
 			fmt.Sprintf("ioctl %s on %s: terminal input injection is refused", name, fdPath(t.pid(), fd)), nil)
 		return
 	}

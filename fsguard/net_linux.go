@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // The network part of the guard. Landlock (ABI 4..8) judges only TCP
@@ -164,7 +164,7 @@ func netSocket(t *trap) {
 	}
 	what := fmt.Sprintf("%s(%s, %s, %d): only TCP and Unix stream sockets are allowed (names resolve through the egress proxy); %s",
 		t.spec.name, familyName(domain), typeName(typ), proto, egressHint)
-	t.deny(unix.EACCES, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, what, nil)
+	t.deny(unix.EACCES, lease.BoundaryNet, lease.ReasonNotAllowed, what, nil)
 }
 
 // netFastOpen refuses TCP Fast Open: a send with MSG_FASTOPEN (or on a
@@ -176,7 +176,7 @@ func netFastOpen(t *trap) {
 		what = "setsockopt TCP_FASTOPEN_CONNECT"
 	}
 	what += ": TCP Fast Open would connect past the connect check; connect first"
-	t.deny(unix.EOPNOTSUPP, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, what, nil)
+	t.deny(unix.EOPNOTSUPP, lease.BoundaryNet, lease.ReasonNotAllowed, what, nil)
 }
 
 // netConnect performs the agent's connect itself, in a goroutine of the
@@ -262,7 +262,7 @@ func emulateConnect(t *trap) {
 			return
 		}
 		if !t.pr.policy.AllowAnyConnect && (!ap.Addr().Unmap().IsLoopback() || !slices.Contains(t.pr.policy.ConnectPorts, ap.Port())) {
-			t.deny(unix.EACCES, leasebus.BoundaryNet, leasebus.ReasonNotAllowed,
+			t.deny(unix.EACCES, lease.BoundaryNet, lease.ReasonNotAllowed,
 				fmt.Sprintf("connect to %s: only the sidecar's loopback ports are allowed; %s", ap, egressHint), nil)
 			return
 		}
@@ -273,13 +273,13 @@ func emulateConnect(t *trap) {
 		// Only the kernel (port 0, no groups): another process's netlink
 		// socket is no one the agent should talk to.
 		if len(sa) < 12 || binary.LittleEndian.Uint32(sa[4:]) != 0 || binary.LittleEndian.Uint32(sa[8:]) != 0 {
-			t.deny(unix.EACCES, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "connect of a netlink socket to a process: only the kernel is allowed", nil)
+			t.deny(unix.EACCES, lease.BoundaryNet, lease.ReasonNotAllowed, "connect of a netlink socket to a process: only the kernel is allowed", nil)
 			return
 		}
 	case unix.AF_UNSPEC:
 		// Dissolves the association; reaches no one.
 	default:
-		t.deny(unix.EACCES, leasebus.BoundaryNet, leasebus.ReasonNotAllowed,
+		t.deny(unix.EACCES, lease.BoundaryNet, lease.ReasonNotAllowed,
 			fmt.Sprintf("connect to a %s address: not allowed; %s", familyName(int(fam)), egressHint), nil)
 		return
 	}
@@ -308,7 +308,7 @@ func inetAddr(sa []byte) (netip.AddrPort, error) {
 func connectUnix(t *trap, sock int, sa []byte) {
 	path := sa[sunPathOffset:]
 	if len(path) == 0 || path[0] == 0 {
-		t.deny(unix.EACCES, leasebus.BoundaryNet, leasebus.ReasonNotAllowed,
+		t.deny(unix.EACCES, lease.BoundaryNet, lease.ReasonNotAllowed,
 			fmt.Sprintf("connect to the abstract Unix socket %q: not allowed; list a pathname socket in the policy", string(path)), nil)
 		return
 	}
@@ -331,7 +331,7 @@ func connectUnix(t *trap, sock int, sa []byte) {
 	}
 	real, _ := os.Readlink("/proc/self/fd/" + strconv.Itoa(opath))
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK || !t.pr.unixSocketListed(st) {
-		t.deny(unix.EACCES, leasebus.BoundaryNet, leasebus.ReasonNotAllowed,
+		t.deny(unix.EACCES, lease.BoundaryNet, lease.ReasonNotAllowed,
 			fmt.Sprintf("connect to the Unix socket %s (%s): not a socket the policy lists; add it to the policy's unix sockets", name, real), nil)
 		return
 	}
@@ -443,7 +443,7 @@ func netBind(t *trap) {
 				name = filepath.Join(cwd, name)
 			}
 		}
-		t.deny(unix.EACCES, leasebus.BoundaryFile, leasebus.LeaseReason(gateErr),
+		t.deny(unix.EACCES, lease.BoundaryFile, lease.LeaseReason(gateErr),
 			fmt.Sprintf("bind of the Unix socket %s (creates a file; reads continue)", name), gateErr)
 		return
 	}

@@ -1,7 +1,6 @@
 package fsguard
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,26 +9,17 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
-// Gate says whether the lease allows writes right now. *leasebus.Holder
-// satisfies it: a nil error means writes are allowed (the token is
-// informational here), ErrLeaseLost or ErrLeaseUnknown means every
-// write-class system call is refused from now on.
-type Gate interface {
-	Fence() (uint64, error)
-}
+// Gate says whether the lease allows writes right now (lease.Gate;
+// *leasebus.Holder is one): a nil error means writes are allowed (the
+// token is informational here), ErrLeaseLost or ErrLeaseUnknown means
+// every write-class system call is refused from now on.
+type Gate = lease.Gate
 
-// Auditor records denied writes. *leasebus.Auditor satisfies it.
-type Auditor interface {
-	Record(ctx context.Context, ev leasebus.AuditEvent) error
-}
-
-var (
-	_ Gate    = (*leasebus.Holder)(nil)
-	_ Auditor = (*leasebus.Auditor)(nil)
-)
+// Auditor records denied writes (lease.Auditor; *leasebus.Auditor is one).
+type Auditor = lease.Auditor
 
 // ErrNoLandlock means the kernel cannot enforce the write boundary; Start
 // refuses to run unless Policy.AllowUnguarded is set.
@@ -79,7 +69,7 @@ type Policy struct {
 	// os.TempDir()); the dir is TMPDIR for the attempt and removed after it.
 	TempRoot string
 	// Lease names the lease in denials, audit events and the git shim.
-	Lease leasebus.Lease
+	Lease lease.Lease
 	// GitShim puts a git shim first on the attempt's PATH that refuses
 	// GitDenied (default DefaultRepoWideGit; entries may be "branch -d") with
 	// a message naming the lease. RealGit is the git it runs otherwise
@@ -203,7 +193,7 @@ func (p *Policy) leaseDesc() string {
 		l.LeaseID, l.Owner, l.Fence, l.WorkspaceMode, l.WorkspaceID, claimDesc(l))
 }
 
-func claimDesc(l leasebus.Lease) string {
+func claimDesc(l lease.Lease) string {
 	switch {
 	case l.Scope.Kind == "whole-repo":
 		return "whole repo"

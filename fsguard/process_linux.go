@@ -22,7 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Process is a guarded attempt: the command, everything it starts, and the
@@ -53,7 +53,7 @@ type Process struct {
 
 	denials atomic.Uint64
 	dropped atomic.Uint64 // denials not audited individually (queue full)
-	auditQ  chan leasebus.AuditEvent
+	auditQ  chan lease.AuditEvent
 	killReq chan struct{}
 	killed  atomic.Bool
 
@@ -95,7 +95,7 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 	enableSubreaper()
 
 	pr := &Process{policy: p, gate: gate, audit: audit, abi: abi, guarded: abiErr == nil, listener: -1, stopR: -1, stopW: -1, tmpFD: -1,
-		auditQ: make(chan leasebus.AuditEvent, 1024), killReq: make(chan struct{}, 1),
+		auditQ: make(chan lease.AuditEvent, 1024), killReq: make(chan struct{}, 1),
 		notifDone: make(chan struct{}), auditDone: make(chan struct{}), done: make(chan struct{})}
 	ok := false
 	defer func() {
@@ -491,16 +491,16 @@ func (pr *Process) answer(n *seccompNotif, calls map[uint32]sysSpec) {
 // Audit reason codes of denied file writes (the git and Postgres fences'
 // vocabulary).
 const (
-	ReasonLeaseLost    = leasebus.ReasonLeaseLost    // the lease is lost (revoked, expired, reclaimed)
-	ReasonLeaseUnknown = leasebus.ReasonLeaseUnknown // the holder cannot reach the bus: fail closed
+	ReasonLeaseLost    = lease.ReasonLeaseLost    // the lease is lost (revoked, expired, reclaimed)
+	ReasonLeaseUnknown = lease.ReasonLeaseUnknown // the holder cannot reach the bus: fail closed
 )
 
 func (pr *Process) enqueueAudit(d denial, gateErr error) {
 	l := pr.policy.Lease
-	ev := leasebus.AuditEvent{
-		Time: time.Now().UTC(), Type: leasebus.EventDenied, Boundary: leasebus.BoundaryFile,
+	ev := lease.AuditEvent{
+		Time: time.Now().UTC(), Type: lease.EventDenied, Boundary: lease.BoundaryFile,
 		Repo: l.Repo, LeaseID: l.LeaseID, Owner: l.Owner, Scope: l.Scope, Fence: l.Fence,
-		Reason: leasebus.LeaseReason(gateErr),
+		Reason: lease.LeaseReason(gateErr),
 		Message: fmt.Sprintf("file write denied: %s: %s holds no valid lease (%v); reads continue",
 			d, pr.policy.leaseDesc(), gateErr),
 	}
@@ -515,7 +515,7 @@ func (pr *Process) enqueueAudit(d denial, gateErr error) {
 func (pr *Process) auditLoop() {
 	defer close(pr.auditDone)
 	log := pr.policy.logger()
-	var last leasebus.AuditEvent
+	var last lease.AuditEvent
 	for ev := range pr.auditQ {
 		last = ev
 		log.Warn("file write denied", "msg", ev.Message)

@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // trap is one trapped call that the supervisor answers itself rather than
@@ -216,8 +216,8 @@ func (pr *Process) enqueueDenial(boundary, reason, what string, cause error) {
 	if cause != nil {
 		msg += fmt.Sprintf(" (%v)", cause)
 	}
-	ev := leasebus.AuditEvent{
-		Time: time.Now().UTC(), Type: leasebus.EventDenied, Boundary: boundary,
+	ev := lease.AuditEvent{
+		Time: time.Now().UTC(), Type: lease.EventDenied, Boundary: boundary,
 		Repo: l.Repo, LeaseID: l.LeaseID, Owner: l.Owner, Scope: l.Scope, Fence: l.Fence,
 		Reason: reason, Message: msg,
 	}
@@ -230,9 +230,9 @@ func (pr *Process) enqueueDenial(boundary, reason, what string, cause error) {
 
 func boundaryNoun(b string) string {
 	switch b {
-	case leasebus.BoundaryNet:
+	case lease.BoundaryNet:
 		return "network access"
-	case leasebus.BoundaryFile:
+	case lease.BoundaryFile:
 		return "file write"
 	default:
 		return b

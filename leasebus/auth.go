@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
@@ -187,19 +186,6 @@ func GrantOf(role Role, id string) (Grant, error) {
 		return Grant{}, fmt.Errorf("%w: unknown role %q (want one of %v)", ErrInvalid, role, Roles)
 	}
 	return g, nil
-}
-
-// Permissions are the NATS server permissions of role for identity id:
-// everything not granted is denied.
-func Permissions(role Role, id string) (*server.Permissions, error) {
-	g, err := GrantOf(role, id)
-	if err != nil {
-		return nil, err
-	}
-	return &server.Permissions{
-		Publish:   &server.SubjectPermission{Allow: g.Publish},
-		Subscribe: &server.SubjectPermission{Allow: g.Subscribe},
-	}, nil
 }
 
 // ServerUser is one bus identity the embedded server admits.
@@ -396,22 +382,6 @@ func writeCreds(path string, role Role) error {
 		return fmt.Errorf("write bus credentials: %w", err)
 	}
 	return nil
-}
-
-// serverUsers turns users into the embedded server's nkey users.
-func serverUsers(users []ServerUser) ([]*server.NkeyUser, error) {
-	out := make([]*server.NkeyUser, 0, len(users))
-	for _, u := range users {
-		if !nkeys.IsValidPublicUserKey(u.Nkey) {
-			return nil, fmt.Errorf("bus user %q: %q is not a public user nkey", u.Name, u.Nkey)
-		}
-		p, err := Permissions(u.Role, u.Nkey)
-		if err != nil {
-			return nil, fmt.Errorf("bus user %q: %w", u.Name, err)
-		}
-		out = append(out, &server.NkeyUser{Nkey: u.Nkey, Permissions: p})
-	}
-	return out, nil
 }
 
 // RoleOptions are the nats.go options that connect as role with the

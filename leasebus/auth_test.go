@@ -7,14 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -289,40 +286,6 @@ func TestEnsureCredsModesAndReuse(t *testing.T) {
 	}
 }
 
-// The configuration for an external nats-server parses, with the real
-// parser, into exactly the permissions the embedded server gets.
-func TestAuthConfigParses(t *testing.T) {
-	creds, err := EnsureCreds(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var users []ServerUser
-	for _, r := range Roles {
-		users = append(users, creds[r].User())
-	}
-	conf, err := AuthConfig(users)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(path, []byte("listen: 127.0.0.1:-1\njetstream { store_dir: "+strconv.Quote(t.TempDir())+" }\n"+conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(path)
-	if err != nil {
-		t.Fatalf("nats-server rejects the generated config: %v\n%s", err, conf)
-	}
-	if len(opts.Nkeys) != len(users) {
-		t.Fatalf("%d nkey users parsed, want %d", len(opts.Nkeys), len(users))
-	}
-	for i, u := range opts.Nkeys {
-		want, _ := Permissions(users[i].Role, users[i].Nkey)
-		if u.Nkey != users[i].Nkey || !slices.Equal(u.Permissions.Publish.Allow, want.Publish.Allow) || !slices.Equal(u.Permissions.Subscribe.Allow, want.Subscribe.Allow) {
-			t.Errorf("user %d parsed as %+v %+v, want %s %+v %+v", i, u.Permissions.Publish, u.Permissions.Subscribe, users[i].Role, want.Publish, want.Subscribe)
-		}
-	}
-}
-
 // A holder may write shard attempt records and create consumers on their
 // stream (runners need both), and JetStream does not check a push
 // consumer's deliver subject against the creator's permissions: a record
@@ -472,7 +435,7 @@ func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
 // subject does not flood it.
 func TestBusRefusalsAudited(t *testing.T) {
 	b := startBus(t)
-	stop := b.svc.AuditRefusals(b.srv, false, false)
+	stop := EmbeddedAuditRefusals(b.svc, b.srv, false, false)
 	defer stop()
 
 	holder := connectAs(t, b.srv.ClientURL(), RoleHolder)

@@ -50,7 +50,7 @@ func startCluster(t *testing.T) *testCluster {
 				peers = append(peers, r)
 			}
 		}
-		s, err := StartServer(serverConfig(t, ServerConfig{
+		s, err := EmbeddedStartServer(serverConfig(t, ServerConfig{
 			Listen: fmt.Sprintf("127.0.0.1:%d", ports[i]), StoreDir: t.TempDir(), Name: fmt.Sprintf("fenceline-%d", i),
 			ClusterName: "fenceline-test", ClusterListen: fmt.Sprintf("127.0.0.1:%d", ports[3+i]), Routes: peers,
 		}))

@@ -51,7 +51,7 @@ func unmarshalReply(data []byte, r *reply) error {
 	if bytes.HasPrefix(data, []byte(`{"lease":`)) {
 		l := new(Lease)
 		if fastDecode(data, func(d *fastDec, key []byte) (uint32, bool) {
-			return 1, string(key) == "lease" && d.object(l.decodeField)
+			return 1, string(key) == "lease" && d.object(leaseFields(l))
 		}) {
 			r.Lease = l
 			return nil
@@ -258,8 +258,12 @@ func (d *fastDec) owner(o *Owner) bool {
 	})
 }
 
-// decodeField reads one field of a lease record; each at most once.
-func (l *Lease) decodeField(d *fastDec, key []byte) (uint32, bool) {
+// leaseFields reads the fields of a lease record into l; each at most once.
+func leaseFields(l *Lease) fieldFunc {
+	return func(d *fastDec, key []byte) (uint32, bool) { return decodeLeaseField(l, d, key) }
+}
+
+func decodeLeaseField(l *Lease, d *fastDec, key []byte) (uint32, bool) {
 	var bit uint32
 	var ok bool
 	switch string(key) {

@@ -1,7 +1,10 @@
 // Package leasebus grants scoped leases with fence tokens over NATS
 // JetStream: the lease store, the lease service that batches requests, the
-// client and heartbeat holder that agents' sidecars use, the audit stream,
-// and the embedded single-machine server.
+// client and heartbeat holder that agents' sidecars use, and the audit
+// stream. The lease domain (Lease, AuditEvent, the reasons and sentinel
+// errors) lives in package lease, free of NATS, and is re-exported here
+// under the same names; the embedded single-machine server lives in
+// leasebus/embedded, so this package links only the NATS client.
 //
 // # Storage
 //
@@ -114,8 +117,9 @@
 //
 // The bus admits only nkey users, each with a role (service, holder,
 // operator, viewer) whose publish and subscribe permissions NATS enforces;
-// one table (auth.go) makes the embedded server's users and the
-// configuration for any other server (AuthConfig, docs/trust.md). The
+// one table (auth.go) makes the embedded server's users
+// (embedded.Permissions) and the configuration for any other server
+// (AuthConfig, docs/trust.md). The
 // embedded server makes one credentials file per role on first start
 // (EnsureCreds) and reuses them.
 //

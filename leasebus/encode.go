@@ -124,8 +124,8 @@ func appendDuration(b []byte, d Duration) []byte {
 	return appendString(b, time.Duration(d).String())
 }
 
-// appendJSON appends the lease record as json.Marshal(l) writes it.
-func (l *Lease) appendJSON(b []byte) ([]byte, bool) {
+// appendLease appends the lease record as json.Marshal(l) writes it.
+func appendLease(l *Lease, b []byte) ([]byte, bool) {
 	ok := true
 	b = append(b, `{"leaseId":`...)
 	b = appendString(b, l.LeaseID)

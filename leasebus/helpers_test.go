@@ -69,7 +69,7 @@ func startBus(t testing.TB) *bus {
 // start (re)starts the server on listen (keeping the store) and the service.
 func (b *bus) start(listen string) {
 	b.t.Helper()
-	srv, err := StartServer(serverConfig(b.t, ServerConfig{Listen: listen, StoreDir: b.dir}))
+	srv, err := EmbeddedStartServer(serverConfig(b.t, ServerConfig{Listen: listen, StoreDir: b.dir}))
 	if err != nil {
 		b.t.Fatal(err)
 	}

@@ -10,12 +10,6 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// ErrLeaseUnknown means the holder cannot vouch for its lease right now:
-// the bus is unreachable, the connection to it was lost and the lease is
-// not yet re-checked, or the lease was announced ended and the service has
-// not yet confirmed it. Writes must stop (fail closed); reads may go on.
-var ErrLeaseUnknown = errors.New("lease state unknown")
-
 // HolderState is what a holder knows of its lease.
 type HolderState string
 
@@ -131,6 +125,36 @@ type Holder struct {
 	// may have processed that try (and started its TTL) then, so validity
 	// counts from it even when a retry brings the answer. Owned by run.
 	renewSent time.Time
+}
+
+// AcquireAndHold acquires a lease proven by cred and starts holding it,
+// the holder's validity counting from the moment the acquire was sent: the
+// only start that cannot overstate how long the lease is known to be
+// valid. It is what Acquire then Hold does, for every caller that
+// acquires to hold. A refused acquire returns Acquire's error as is (a
+// *ConflictError on a conflict); a lease granted but not held (Hold
+// refused the options) is released before the error returns. Stop or
+// Release the holder when done.
+func (c *Client) AcquireAndHold(ctx context.Context, req AcquireRequest, cred Credential, opts HoldOptions) (*Holder, error) {
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	sent := now()
+	l, err := c.Acquire(ctx, req, cred)
+	if err != nil {
+		return nil, err
+	}
+	h, err := c.Hold(l, cred, sent, opts)
+	if err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, rerr := c.Release(rctx, l.LeaseID, cred); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("release %s, granted but not held: %w", l.LeaseID, rerr))
+		}
+		return nil, err
+	}
+	return h, nil
 }
 
 // Hold starts keeping lease alive. The lease must have just been acquired

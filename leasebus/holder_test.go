@@ -771,3 +771,45 @@ func TestHolderStopsWhenItsServerFallsSilent(t *testing.T) {
 		t.Fatal("the holder did not find the revoke once its server answered again")
 	}
 }
+
+// AcquireAndHold holds what it acquired, with validity counted from the
+// acquire's sending; a conflict comes back as Acquire's *ConflictError;
+// a lease granted but not held (options Hold refuses) is released, not
+// left to expire.
+func TestAcquireAndHold(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	const ttl = 2 * time.Second
+	before := time.Now()
+	h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "mine"), Owner: owner(1), TTL: Duration(ttl)}, NewCredential(), HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Stop()
+	if f, err := h.Fence(); err != nil || f != h.Lease().Fence {
+		t.Fatalf("fence right after AcquireAndHold: %d, %v", f, err)
+	}
+	if vu := holderValidUntil(h); vu.Before(before) || !vu.Before(h.Lease().ExpiresAt) {
+		t.Fatalf("holder valid until %s: want after %s (the acquire's sending) and before the service's expiry %s", vu, before, h.Lease().ExpiresAt)
+	}
+
+	_, err = b.c.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "mine/sub"), Owner: owner(2), TTL: Duration(ttl)}, NewCredential(), HoldOptions{})
+	var ce *ConflictError
+	if !errors.As(err, &ce) || len(ce.Conflicts) != 1 || ce.Conflicts[0].LeaseID != h.Lease().LeaseID {
+		t.Fatalf("overlapping AcquireAndHold: %v, want a *ConflictError naming %s", err, h.Lease().LeaseID)
+	}
+
+	_, err = b.c.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(3), TTL: Duration(ttl)}, NewCredential(), HoldOptions{Interval: ttl})
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("AcquireAndHold with a renew interval of the whole ttl: %v, want ErrInvalid", err)
+	}
+	ls, err := b.c.List(ctx, repo, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range ls {
+		if l.Owner == owner(3) {
+			t.Fatalf("the lease AcquireAndHold could not hold is still %s: %+v", l.Status, l)
+		}
+	}
+}

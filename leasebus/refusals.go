@@ -6,14 +6,12 @@ import (
 	"regexp"
 	"strings"
 	"time"
-
-	"github.com/nats-io/nats-server/v2/server"
 )
 
 // The bus's own refusals. The service ignores messages on its request
 // subjects that their identity did not send, and audits them. NATS refuses a client that fails to authenticate
 // and a publish or subscription its permissions deny before any fenceline
-// code sees it; the server only logs it. AuditRefusals taps an embedded
+// code sees it; the server only logs it. embedded.AuditRefusals taps an embedded
 // server's log for those lines and writes each as an audit event (type
 // refused, boundary bus, the identity in RequestedBy), so that what the bus
 // refuses lands in the audit stream like every other refusal. Against a
@@ -41,7 +39,7 @@ var (
 		{"Publish Violation", ReasonBusPermission},
 		{"Subscription Violation", ReasonBusPermission},
 		{"Permissions Violation", ReasonBusPermission},
-		{server.ErrAuthentication.Error(), ReasonBusAuthentication},
+		{"authentication error", ReasonBusAuthentication}, // nats-server's ErrAuthentication
 	}
 )
 
@@ -93,60 +91,19 @@ func (s *Service) refusalWriter(ctx context.Context) {
 	}
 }
 
-// refusalTap is a server.Logger that passes every line on and queues the
-// refusal lines for the audit.
-type refusalTap struct {
-	next server.Logger // nil: the server logged nothing before
-	svc  *Service
-}
-
-func (t *refusalTap) Noticef(format string, v ...any) {
-	if t.next != nil {
-		t.next.Noticef(format, v...)
-	}
-}
-func (t *refusalTap) Warnf(format string, v ...any) {
-	if t.next != nil {
-		t.next.Warnf(format, v...)
-	}
-}
-func (t *refusalTap) Fatalf(format string, v ...any) {
-	if t.next != nil {
-		t.next.Fatalf(format, v...)
-	}
-}
-func (t *refusalTap) Debugf(format string, v ...any) {
-	if t.next != nil {
-		t.next.Debugf(format, v...)
-	}
-}
-func (t *refusalTap) Tracef(format string, v ...any) {
-	if t.next != nil {
-		t.next.Tracef(format, v...)
-	}
-}
-
-func (t *refusalTap) Errorf(format string, v ...any) {
-	if t.next != nil {
-		t.next.Errorf(format, v...)
-	}
-	line := fmt.Sprintf(format, v...)
+// AuditServerLog reads one line of the error log of the server this
+// service runs on: a line saying the server refused a client (failed
+// authentication, a publish or subscription its permissions deny) is
+// audited as a refusal by the bus (type refused, boundary bus, the
+// identity in RequestedBy). embedded.AuditRefusals feeds it an embedded
+// server's log.
+func (s *Service) AuditServerLog(line string) {
 	for _, vi := range violation {
 		if strings.Contains(line, vi.marker) {
-			t.svc.refuse(vi.reason, nkeyUserRe.FindString(line), "the bus refused: "+line)
+			s.refuse(vi.reason, nkeyUserRe.FindString(line), "the bus refused: "+line)
 			return
 		}
 	}
-}
-
-// AuditRefusals writes the refusals of srv, an embedded server this
-// service runs on, to the audit stream until stop is called. debug and
-// trace keep the server's own log levels (its logger, if any, still gets
-// every line).
-func (s *Service) AuditRefusals(srv *server.Server, debug, trace bool) (stop func()) {
-	tap := &refusalTap{next: srv.Logger(), svc: s}
-	srv.SetLoggerV2(tap, debug, trace, false)
-	return func() { srv.SetLoggerV2(tap.next, debug, trace, false) }
 }
 
 // auditRefusal writes one refusal by the bus, or (skipped > 0) the count of

@@ -160,7 +160,7 @@ func TestServiceSurvivesBusRestart(t *testing.T) {
 	addr := b.srv.Addr().String()
 	b.srv.Shutdown()
 	b.srv.WaitForShutdown()
-	srv, err := StartServer(serverConfig(t, ServerConfig{Listen: addr, StoreDir: b.dir}))
+	srv, err := EmbeddedStartServer(serverConfig(t, ServerConfig{Listen: addr, StoreDir: b.dir}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func TestRestartSweepsLeasesOfDeadHolders(t *testing.T) {
 	// early).
 	time.Sleep(1500 * time.Millisecond) // spacing the restart into the TTL, not waiting for state
 	b.stop()
-	srv, err := StartServer(serverConfig(t, ServerConfig{Listen: "127.0.0.1:0", StoreDir: b.dir}))
+	srv, err := EmbeddedStartServer(serverConfig(t, ServerConfig{Listen: "127.0.0.1:0", StoreDir: b.dir}))
 	if err != nil {
 		t.Fatal(err)
 	}

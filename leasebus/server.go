@@ -8,10 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"syscall"
-	"time"
-
-	"github.com/nats-io/nats-server/v2/server"
 )
 
 // DefaultListen is where the embedded bus listens and where every other
@@ -21,8 +17,9 @@ const DefaultListen = "127.0.0.1:7422"
 // DefaultURL is the NATS URL of the embedded bus at DefaultListen.
 const DefaultURL = "nats://" + DefaultListen
 
-// ServerConfig configures the embedded NATS server. The zero value is a
-// single node on DefaultListen storing under DefaultStoreDir.
+// ServerConfig configures the embedded NATS server (embedded.StartServer).
+// The zero value is a single node on DefaultListen storing under
+// DefaultStoreDir.
 type ServerConfig struct {
 	// Listen is host:port for clients; port 0 (or -1) picks a free port.
 	Listen string
@@ -100,88 +97,4 @@ func splitHostPort(hp string) (string, int, error) {
 		port = -1 // nats-server: -1 picks a free port
 	}
 	return host, port, nil
-}
-
-// StartServer starts an in-process NATS server with JetStream on a file
-// store that fsyncs every write before acknowledging it (SyncAlways: the
-// default interval loses acknowledged writes on power loss).
-func StartServer(cfg ServerConfig) (*server.Server, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("bus config: %w", err)
-	}
-	if cfg.Listen == "" {
-		cfg.Listen = DefaultListen
-	}
-	if cfg.StoreDir == "" {
-		cfg.StoreDir = DefaultStoreDir()
-	}
-	if cfg.Name == "" {
-		cfg.Name = "fenceline"
-	}
-	if err := os.MkdirAll(cfg.StoreDir, 0o700); err != nil {
-		if errors.Is(err, syscall.EROFS) {
-			return nil, fmt.Errorf("%w: cannot create %s: remount it read-write or give the bus a writable --store", ErrStoreReadOnly, cfg.StoreDir)
-		}
-		return nil, fmt.Errorf("bus store %s: %w", cfg.StoreDir, err)
-	}
-	// JetStream fails on a store it cannot write only deep in its start,
-	// and the server then just never becomes ready: say what is wrong.
-	if err := CheckStoreDir(cfg.StoreDir); err != nil {
-		return nil, fmt.Errorf("start bus: %w", err)
-	}
-	users := cfg.Users
-	if len(users) == 0 {
-		if cfg.CredsDir == "" {
-			cfg.CredsDir = CredsDirOf(cfg.StoreDir)
-		}
-		creds, err := EnsureCreds(cfg.CredsDir)
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range Roles {
-			users = append(users, creds[r].User())
-		}
-	}
-	nkeyUsers, err := serverUsers(users)
-	if err != nil {
-		return nil, fmt.Errorf("bus users: %w", err)
-	}
-	host, port, _ := splitHostPort(cfg.Listen)
-	opts := &server.Options{
-		Nkeys:      nkeyUsers,
-		ServerName: cfg.Name,
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   cfg.StoreDir,
-		SyncAlways: true,
-		MaxPayload: 8 << 20, // room for large repo snapshots
-		NoSigs:     true,
-		NoLog:      !cfg.Debug,
-		// A client should notice a dead bus quickly.
-		PingInterval: 10 * time.Second,
-	}
-	if cfg.ClusterName != "" {
-		chost, cport, _ := splitHostPort(cfg.ClusterListen)
-		opts.Cluster.Name = cfg.ClusterName
-		opts.Cluster.Host = chost
-		opts.Cluster.Port = cport
-		for _, r := range cfg.Routes {
-			u, _ := url.Parse(r)
-			opts.Routes = append(opts.Routes, u)
-		}
-	}
-	s, err := server.NewServer(opts)
-	if err != nil {
-		return nil, fmt.Errorf("start bus: %w", err)
-	}
-	if cfg.Debug {
-		s.ConfigureLogger()
-	}
-	go s.Start()
-	if !s.ReadyForConnections(15 * time.Second) {
-		s.Shutdown()
-		return nil, fmt.Errorf("start bus on %s: not ready after 15s (port in use? another `fenceline bus serve` running?)", cfg.Listen)
-	}
-	return s, nil
 }

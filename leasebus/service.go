@@ -33,7 +33,7 @@ type ServiceConfig struct {
 	// StoreProbe, when set, is asked every 100 ms and when a write fails
 	// or goes unanswered what is wrong with the bus's store, so writes are
 	// refused at once, naming the fault (a full or read-only store), rather
-	// than after a timeout. `bus serve` sets it to EmbeddedProbe of its
+	// than after a timeout. `bus serve` sets it to embedded.StoreProbe of its
 	// embedded server.
 	StoreProbe StoreProbe
 	// Names maps bus identities (public nkeys) to the names the audit

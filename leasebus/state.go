@@ -43,7 +43,7 @@ type entry struct {
 // publicJSON is the lease record as replies and watchers see it.
 func (e *entry) publicJSON() []byte {
 	if e.pub == nil {
-		if b, ok := e.Lease.appendJSON(make([]byte, 0, 512)); ok {
+		if b, ok := appendLease(&e.Lease, make([]byte, 0, 512)); ok {
 			e.pub = b
 		} else {
 			e.pub, _ = json.Marshal(&e.Lease) // a time Marshal refuses: nil, as before

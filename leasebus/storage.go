@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sys/unix"
@@ -80,7 +78,7 @@ var (
 	ErrStoreFull     error = &storeError{"the bus's store is full"}
 	ErrStoreReadOnly error = &storeError{"the bus's store is read-only"}
 	// ErrJetStreamDown: the embedded server's JetStream is stopped (it
-	// stops itself when a write finds its disk full); KeepStore restarts it.
+	// stops itself when a write finds its disk full); embedded.KeepStore restarts it.
 	ErrJetStreamDown error = &storeError{"JetStream is stopped on the bus"}
 )
 
@@ -94,10 +92,10 @@ func (e *storeError) Is(target error) bool { return target == ErrUnavailable }
 // writes in blocks, so a volume with a few KiB left already fails.
 const minFreeBytes = 1 << 20
 
-// statStore looks at a local store directory with statfs alone (cheap
+// StatStore looks at a local store directory with statfs alone (cheap
 // enough to run every storeCheckInterval): read-only when its filesystem is
 // mounted read-only, full when less than 1 MiB is free.
-func statStore(dir string) error {
+func StatStore(dir string) error {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(dir, &st); err != nil {
 		return fmt.Errorf("%w: bus store %s: %w", ErrUnavailable, dir, err)
@@ -112,7 +110,7 @@ func statStore(dir string) error {
 }
 
 // CheckStoreDir reports whether dir takes writes, by writing and syncing a
-// probe file and then as statStore does: nil, or an error matching
+// probe file and then as StatStore does: nil, or an error matching
 // ErrStoreFull or ErrStoreReadOnly that names dir and says what to do, or
 // another error naming dir.
 func CheckStoreDir(dir string) error {
@@ -134,7 +132,7 @@ func CheckStoreDir(dir string) error {
 	case err != nil:
 		return fmt.Errorf("bus store %s: %w", dir, err)
 	}
-	return statStore(dir)
+	return StatStore(dir)
 }
 
 func readOnly(dir string, err error) error {
@@ -155,21 +153,8 @@ func storeFull(dir string) error {
 	return fmt.Errorf("%w: %s has %s; free space on that volume (or move the store); lease writes are refused until then, and an embedded bus resumes by itself within a second of having room", ErrStoreFull, abs, free)
 }
 
-// EmbeddedProbe probes an embedded server and its store directory.
-func EmbeddedProbe(srv *server.Server, dir string) StoreProbe {
-	return func(context.Context) error {
-		if err := statStore(dir); err != nil {
-			return err
-		}
-		if !srv.JetStreamEnabled() {
-			return fmt.Errorf("%w: it stopped after a write to %s failed (see the bus's log); the bus restarts it once the store takes writes again", ErrJetStreamDown, dir)
-		}
-		return nil
-	}
-}
-
 // storeCheckInterval is how often a service with a StoreProbe, and
-// KeepStore, look at the store.
+// embedded.KeepStore, look at the store.
 const storeCheckInterval = 100 * time.Millisecond
 
 // watchStore asks the probe about the store every storeCheckInterval until
@@ -211,46 +196,6 @@ func (s *Service) storeFault() error {
 		return *p
 	}
 	return nil
-}
-
-// KeepStore watches an embedded, single-node server's store until ctx
-// ends, and restarts JetStream once a store fault has cleared: a stream
-// whose write found the disk full keeps failing every later write (the
-// file store's write error sticks) and nats-server may have shut JetStream
-// down altogether. Restarting reloads every stream from the store as a
-// server start does, so nothing acknowledged is lost; a write that failed
-// was never acknowledged. (The service's StoreProbe logs the fault and
-// refuses lease writes meanwhile.)
-func KeepStore(ctx context.Context, srv *server.Server, dir string, log *slog.Logger) {
-	t := time.NewTicker(storeCheckInterval)
-	defer t.Stop()
-	faulted := false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if statStore(dir) != nil {
-			faulted = true
-			continue
-		}
-		if !faulted && srv.JetStreamEnabled() {
-			continue
-		}
-		if srv.JetStreamEnabled() {
-			if err := srv.ShutdownJetStream(); err != nil {
-				log.Error("restart JetStream on the bus store: stop", "store", dir, "err", err)
-				continue
-			}
-		}
-		if err := srv.EnableJetStream(&server.JetStreamConfig{StoreDir: dir}); err != nil {
-			log.Error("restart JetStream on the bus store", "store", dir, "err", err)
-			continue
-		}
-		faulted = false
-		log.Info("JetStream restarted: the bus store takes writes again", "store", dir)
-	}
 }
 
 // diagnose turns a failed write to the bus into what is wrong with the

@@ -53,7 +53,7 @@ type storeBus struct {
 func startStoreBus(t *testing.T, dir string) *storeBus {
 	t.Helper()
 	b := &storeBus{bus: &bus{t: t, dir: dir}}
-	b.cfg.StoreProbe = func(ctx context.Context) error { return EmbeddedProbe(b.srv, b.dir)(ctx) }
+	b.cfg.StoreProbe = func(ctx context.Context) error { return EmbeddedStoreProbe(b.srv, b.dir)(ctx) }
 	b.start()
 	t.Cleanup(b.stop)
 	return b
@@ -64,7 +64,7 @@ func (b *storeBus) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	srv, log := b.srv, b.svc.log
-	wg.Go(func() { KeepStore(ctx, srv, b.dir, log) })
+	wg.Go(func() { EmbeddedKeepStore(ctx, srv, b.dir, log) })
 	b.stopKeeping = func() { cancel(); wg.Wait() }
 }
 
@@ -214,19 +214,19 @@ func TestReadOnlyStoreIsNamed(t *testing.T) {
 	if err := CheckStoreDir(store); !errors.Is(err, ErrStoreReadOnly) || !strings.Contains(err.Error(), store) {
 		t.Fatalf("probe of a read-only store: %v, want ErrStoreReadOnly naming %s", err, store)
 	}
-	if err := statStore(store); !errors.Is(err, ErrStoreReadOnly) {
+	if err := StatStore(store); !errors.Is(err, ErrStoreReadOnly) {
 		t.Fatalf("statfs probe of a read-only store: %v, want ErrStoreReadOnly", err)
 	}
 	// A bus does not start on a read-only store, and says so at once.
 	start := time.Now()
-	_, err := StartServer(ServerConfig{Listen: "127.0.0.1:0", StoreDir: store})
+	_, err := EmbeddedStartServer(ServerConfig{Listen: "127.0.0.1:0", StoreDir: store})
 	if !errors.Is(err, ErrStoreReadOnly) || !strings.Contains(err.Error(), store) {
 		t.Fatalf("start on a read-only store: %v, want ErrStoreReadOnly naming %s", err, store)
 	}
 	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("start on a read-only store took %s to fail", took)
 	}
-	_, err = StartServer(ServerConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(dir, "new")})
+	_, err = EmbeddedStartServer(ServerConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(dir, "new")})
 	if !errors.Is(err, ErrStoreReadOnly) {
 		t.Fatalf("start on a new store on a read-only volume: %v, want ErrStoreReadOnly", err)
 	}

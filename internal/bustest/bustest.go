@@ -19,6 +19,7 @@ import (
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/leasebus/embedded"
 )
 
 var (
@@ -62,7 +63,7 @@ func StartServer(t testing.TB, cfg leasebus.ServerConfig) *server.Server {
 		cfg.StoreDir = t.TempDir()
 	}
 	cfg.CredsDir = CredsDir(t)
-	srv, err := leasebus.StartServer(cfg)
+	srv, err := embedded.StartServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,17 +186,13 @@ func (b *Bus) Acquire(t testing.TB, req leasebus.AcquireRequest, opts leasebus.H
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cred := leasebus.NewCredential()
-	sent := time.Now()
-	rec, err := b.Client.Acquire(ctx, req, cred)
+	h, err := b.Client.AcquireAndHold(ctx, req, cred, opts)
 	if err != nil {
-		t.Fatalf("acquire %s: %v", req.Scope, err)
-	}
-	h, err := b.Client.Hold(rec, cred, sent, opts)
-	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("acquire and hold %s: %v", req.Scope, err)
 	}
 	t.Cleanup(h.Stop)
-	return &Lease{Holder: h, Record: rec, Cred: cred}
+	rec := h.Lease()
+	return &Lease{Holder: h, Record: &rec, Cred: cred}
 }
 
 // Claim builds a claim of paths (whole-repo for "*"), failing the test on

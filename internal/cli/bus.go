@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/leasebus/embedded"
 	"github.com/fenceline/fenceline/runui"
 	"github.com/fenceline/fenceline/shard"
 )
@@ -215,14 +216,14 @@ func (a *app) serveEmbedded(ctx context.Context, f *serveFlags) error {
 	}
 	cfg.CredsDir = credsDir
 	f.credsDir = cfg.CredsDir
-	srv, err := leasebus.StartServer(cfg)
+	srv, err := embedded.StartServer(cfg)
 	if err != nil {
 		return err
 	}
 	keepCtx, stopKeeping := context.WithCancel(ctx)
 	var keeping sync.WaitGroup
 	if !f.clustered { // a cluster node rejoins its peers by restarting
-		keeping.Go(func() { leasebus.KeepStore(keepCtx, srv, cfg.StoreDir, f.logger) })
+		keeping.Go(func() { embedded.KeepStore(keepCtx, srv, cfg.StoreDir, f.logger) })
 	}
 	defer func() {
 		stopKeeping()
@@ -277,7 +278,7 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 	}
 	scfg := leasebus.ServiceConfig{Replicas: replicas, Logger: f.logger, Names: names}
 	if f.inProcess != nil {
-		scfg.StoreProbe = leasebus.EmbeddedProbe(f.inProcess, f.storeDir)
+		scfg.StoreProbe = embedded.StoreProbe(f.inProcess, f.storeDir)
 	}
 	var metricsLn net.Listener
 	if f.metrics != "" {
@@ -300,7 +301,7 @@ func (a *app) serveService(ctx context.Context, f *serveFlags) error {
 	if f.inProcess != nil {
 		// What the embedded server itself refuses (credentials, permissions)
 		// goes to the audit stream too.
-		stopRefusals = svc.AuditRefusals(f.inProcess, f.debug, false)
+		stopRefusals = embedded.AuditRefusals(svc, f.inProcess, f.debug, false)
 	}
 	stop := func() {
 		stopRefusals()

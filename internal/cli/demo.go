@@ -19,6 +19,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/leasebus/embedded"
 	"github.com/fenceline/fenceline/runui"
 	"github.com/fenceline/fenceline/shard"
 )
@@ -90,7 +91,7 @@ func runDemo(parent context.Context, out io.Writer, keep bool, ui string) error 
 	if !keep {
 		defer os.RemoveAll(dir)
 	}
-	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(dir, "bus"), Name: "fenceline-demo"})
+	srv, err := embedded.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(dir, "bus"), Name: "fenceline-demo"})
 	if err != nil {
 		return fmt.Errorf("demo bus: %w", err)
 	}
@@ -193,25 +194,46 @@ func (d *demo) section(title string) {
 	fmt.Fprintf(d.out, "\n== %s ==\n", title)
 }
 
-// acquire asks for path as agent; sent is when the request left, for Hold.
-func (d *demo) acquire(ctx context.Context, agent, path string, ttl, wait time.Duration) (l *leasebus.Lease, cred leasebus.Credential, sent time.Time, err error) {
+// acquire asks for path as agent.
+func (d *demo) acquire(ctx context.Context, agent, path string, ttl, wait time.Duration) (*leasebus.Lease, leasebus.Credential, error) {
+	req, err := demoRequest(agent, path, ttl, wait)
+	if err != nil {
+		return nil, "", err
+	}
+	cred := leasebus.NewCredential()
+	l, err := d.c.Acquire(ctx, req, cred)
+	if err == nil {
+		d.grants = append(d.grants, demoGrant{agent: agent, lease: l})
+	}
+	return l, cred, err
+}
+
+// acquireAndHold asks for path as agent and holds what it gets.
+func (d *demo) acquireAndHold(ctx context.Context, agent, path string, ttl, wait time.Duration) (*leasebus.Holder, error) {
+	req, err := demoRequest(agent, path, ttl, wait)
+	if err != nil {
+		return nil, err
+	}
+	h, err := d.c.AcquireAndHold(ctx, req, leasebus.NewCredential(), leasebus.HoldOptions{})
+	if err == nil {
+		l := h.Lease()
+		d.grants = append(d.grants, demoGrant{agent: agent, lease: &l})
+	}
+	return h, err
+}
+
+func demoRequest(agent, path string, ttl, wait time.Duration) (leasebus.AcquireRequest, error) {
 	claim, err := scope.New([]string{path}, false, nil)
 	if err != nil {
-		return nil, "", time.Time{}, err
+		return leasebus.AcquireRequest{}, err
 	}
-	cred = leasebus.NewCredential()
-	sent = time.Now()
-	l, err = d.c.Acquire(ctx, leasebus.AcquireRequest{
+	return leasebus.AcquireRequest{
 		Repo:  demoRepo,
 		Scope: claim,
 		Owner: leasebus.Owner{TaskID: "demo", AgentID: agent, AttemptID: leasebus.NewAttemptID()},
 		TTL:   leasebus.Duration(ttl),
 		Wait:  leasebus.Duration(wait),
-	}, cred)
-	if err == nil {
-		d.grants = append(d.grants, demoGrant{agent: agent, lease: l})
-	}
-	return l, cred, sent, err
+	}, nil
 }
 
 func (d *demo) story(ctx context.Context) error {
@@ -293,20 +315,17 @@ func (d *demo) story(ctx context.Context) error {
 
 	// 3: a crashed holder.
 	d.section("3. A crashed holder's lease is reclaimed")
-	dl, dcred, dsent, err := d.acquire(ctx, "agent-d", "docs", 2*time.Second, 0)
+	holdD, err := d.acquireAndHold(ctx, "agent-d", "docs", 2*time.Second, 0)
 	if err != nil {
 		return demoFail("agent-d should get [docs]: %v", err)
 	}
-	holdD, err := d.c.Hold(dl, dcred, dsent, leasebus.HoldOptions{})
-	if err != nil {
-		return fmt.Errorf("hold agent-d's lease: %w", err)
-	}
+	dl := holdD.Lease()
 	fmt.Fprintf(d.out, "agent-d got %s [docs] (fence %d) with ttl %s and a holder renewing it.\n", dl.LeaseID, dl.Fence, dl.TTL)
 	holdD.Stop()
 	fmt.Fprintln(d.out, "agent-d crashes: its holder stops renewing and nothing is released.")
 	fmt.Fprintln(d.out, "agent-e asks for [docs] and waits up to 5s ...")
 	t0 := time.Now()
-	el, ecred, _, err := d.acquire(ctx, "agent-e", "docs", ttl, 5*time.Second)
+	el, ecred, err := d.acquire(ctx, "agent-e", "docs", ttl, 5*time.Second)
 	if err != nil {
 		return demoFail("agent-e should be granted [docs] once agent-d's lease is reclaimed: %v", err)
 	}
@@ -329,7 +348,7 @@ func (d *demo) story(ctx context.Context) error {
 		return fmt.Errorf("release %s's lease: %w", winner.agent, err)
 	}
 	fmt.Fprintf(d.out, "%s releases %s; %s retries [%s] ...\n", winner.agent, winner.lease.LeaseID, loser.agent, loser.path)
-	rl, rcred, _, err := d.acquire(ctx, loser.agent, loser.path, ttl, 0)
+	rl, rcred, err := d.acquire(ctx, loser.agent, loser.path, ttl, 0)
 	if err != nil {
 		return demoFail("%s's retry should be granted after the release: %v", loser.agent, err)
 	}

@@ -298,21 +298,17 @@ func (g *demoGit) agentWait(ctx context.Context, name, path string, ttl, wait ti
 // startAgent acquires claim for agent name in an exclusive workspace,
 // holds it, and starts its sidecar with the fences cfg names.
 func (d *demo) startAgent(ctx context.Context, name string, claim scope.Claim, ttl, wait time.Duration, cfg proxy.Config) (*demoAgent, error) {
-	cred := leasebus.NewCredential()
-	sent := time.Now()
-	l, err := d.c.Acquire(ctx, leasebus.AcquireRequest{
+	h, err := d.c.AcquireAndHold(ctx, leasebus.AcquireRequest{
 		Repo: demoRepo, Scope: claim, WorkspaceMode: leasebus.WorkspaceExclusive, WorkspaceID: "ws-" + name,
 		Owner: leasebus.Owner{TaskID: "demo", AgentID: name, AttemptID: leasebus.NewAttemptID()},
 		TTL:   leasebus.Duration(ttl), Wait: leasebus.Duration(wait),
-	}, cred)
+	}, leasebus.NewCredential(), leasebus.HoldOptions{})
 	if err != nil {
 		return nil, demoFail("%s should get %s: %v", name, claim, err)
 	}
+	rec := h.Lease()
+	l := &rec
 	d.grants = append(d.grants, demoGrant{agent: name, lease: l})
-	h, err := d.c.Hold(l, cred, sent, leasebus.HoldOptions{})
-	if err != nil {
-		return nil, err
-	}
 	a := &demoAgent{lease: l, holder: h}
 	cfg.Lease, cfg.Bus, cfg.Audit = h, d.c, d.auditor
 	if a.sc, err = proxy.Start(ctx, cfg); err != nil {

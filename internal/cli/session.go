@@ -46,19 +46,13 @@ func (a *app) holdWith(ctx context.Context, s *session, lf *leaseFlags, attachID
 		return nil, err
 	}
 	cred = leasebus.NewCredential()
-	sent := time.Now()
-	l, err := s.client.Acquire(ctx, req, cred)
+	h, err := s.client.AcquireAndHold(ctx, req, cred, opts)
 	if err != nil {
 		var ce *leasebus.ConflictError
 		if errors.As(err, &ce) {
 			return nil, &conflictReport{ce: ce, claim: req.Scope, wait: time.Duration(req.Wait)}
 		}
 		return nil, fmt.Errorf("acquire %s in %s: %w", req.Scope, req.Repo, err)
-	}
-	h, err := s.client.Hold(l, cred, sent, opts)
-	if err != nil {
-		s.client.Release(context.WithoutCancel(ctx), l.LeaseID, cred)
-		return nil, err
 	}
 	return &heldLease{holder: h, cred: cred, acquired: true}, nil
 }

@@ -447,8 +447,7 @@ func (a *app) holdPoolLease(ctx context.Context, s *session, rf *runFlags, pr *p
 		fmt.Fprintf(a.stderr, "fenceline: waiting up to %s for %s\n", time.Duration(req.Wait), what)
 	}
 	cred := leasebus.NewCredential()
-	sent := time.Now()
-	l, err := s.client.Acquire(ctx, req, cred)
+	h, err := s.client.AcquireAndHold(ctx, req, cred, leasebus.HoldOptions{})
 	if err != nil {
 		var ce *leasebus.ConflictError
 		if !errors.As(err, &ce) {
@@ -459,11 +458,6 @@ func (a *app) holdPoolLease(ctx context.Context, s *session, rf *runFlags, pr *p
 		}
 		active, _ := s.client.List(context.WithoutCancel(ctx), req.Repo, false)
 		return nil, &poolConflict{ce: ce, pool: pr.pool, req: req, active: active}
-	}
-	h, err := s.client.Hold(l, cred, sent, leasebus.HoldOptions{})
-	if err != nil {
-		s.client.Release(context.WithoutCancel(ctx), l.LeaseID, cred)
-		return nil, err
 	}
 	return &heldLease{holder: h, cred: cred, acquired: true}, nil
 }

@@ -27,6 +27,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/leasebus/embedded"
 )
 
 // sidecarLog receives the sidecars' logs (-v: stderr).
@@ -74,7 +75,7 @@ func run(bin string, files, size, commits, runs, bigMB int) error {
 	}
 	defer b.srv.Close()
 	os.MkdirAll(b.srv.Root, 0o755)
-	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(dir, "bus")})
+	srv, err := embedded.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(dir, "bus")})
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/leasebus/embedded"
 	"github.com/fenceline/fenceline/test/leaseload"
 )
 
@@ -42,7 +43,7 @@ func run() error {
 		return err
 	}
 	defer os.RemoveAll(store)
-	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: store})
+	srv, err := embedded.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: store})
 	if err != nil {
 		return err
 	}

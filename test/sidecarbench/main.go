@@ -36,6 +36,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/leasebus/embedded"
 )
 
 func main() {
@@ -63,7 +64,7 @@ func run(bin string, runs, conns int, verbose bool) error {
 		return fmt.Errorf("postgres: %w", err)
 	}
 	defer pg.Stop()
-	srv, err := leasebus.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(dir, "bus")})
+	srv, err := embedded.StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(dir, "bus")})
 	if err != nil {
 		return err
 	}

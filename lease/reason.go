@@ -1,4 +1,4 @@
-package leasebus
+package lease
 
 import "errors"
 

@@ -1,0 +1,147 @@
+package embedded
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// StartServer starts an in-process NATS server with JetStream on a file
+// store that fsyncs every write before acknowledging it (SyncAlways: the
+// default interval loses acknowledged writes on power loss).
+func StartServer(cfg leasebus.ServerConfig) (*server.Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("bus config: %w", err)
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = leasebus.DefaultListen
+	}
+	if cfg.StoreDir == "" {
+		cfg.StoreDir = leasebus.DefaultStoreDir()
+	}
+	if cfg.Name == "" {
+		cfg.Name = "fenceline"
+	}
+	if err := os.MkdirAll(cfg.StoreDir, 0o700); err != nil {
+		if errors.Is(err, syscall.EROFS) {
+			return nil, fmt.Errorf("%w: cannot create %s: remount it read-write or give the bus a writable --store", leasebus.ErrStoreReadOnly, cfg.StoreDir)
+		}
+		return nil, fmt.Errorf("bus store %s: %w", cfg.StoreDir, err)
+	}
+	// JetStream fails on a store it cannot write only deep in its start,
+	// and the server then just never becomes ready: say what is wrong.
+	if err := leasebus.CheckStoreDir(cfg.StoreDir); err != nil {
+		return nil, fmt.Errorf("start bus: %w", err)
+	}
+	users := cfg.Users
+	if len(users) == 0 {
+		if cfg.CredsDir == "" {
+			cfg.CredsDir = leasebus.CredsDirOf(cfg.StoreDir)
+		}
+		creds, err := leasebus.EnsureCreds(cfg.CredsDir)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range leasebus.Roles {
+			users = append(users, creds[r].User())
+		}
+	}
+	nkeyUsers, err := serverUsers(users)
+	if err != nil {
+		return nil, fmt.Errorf("bus users: %w", err)
+	}
+	host, port, _ := splitHostPort(cfg.Listen)
+	opts := &server.Options{
+		Nkeys:      nkeyUsers,
+		ServerName: cfg.Name,
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   cfg.StoreDir,
+		SyncAlways: true,
+		MaxPayload: 8 << 20, // room for large repo snapshots
+		NoSigs:     true,
+		NoLog:      !cfg.Debug,
+		// A client should notice a dead bus quickly.
+		PingInterval: 10 * time.Second,
+	}
+	if cfg.ClusterName != "" {
+		chost, cport, _ := splitHostPort(cfg.ClusterListen)
+		opts.Cluster.Name = cfg.ClusterName
+		opts.Cluster.Host = chost
+		opts.Cluster.Port = cport
+		for _, r := range cfg.Routes {
+			u, _ := url.Parse(r)
+			opts.Routes = append(opts.Routes, u)
+		}
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("start bus: %w", err)
+	}
+	if cfg.Debug {
+		s.ConfigureLogger()
+	}
+	go s.Start()
+	if !s.ReadyForConnections(15 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("start bus on %s: not ready after 15s (port in use? another `fenceline bus serve` running?)", cfg.Listen)
+	}
+	return s, nil
+}
+
+// splitHostPort splits a host:port the config validated; port 0 becomes
+// -1, with which nats-server picks a free port.
+func splitHostPort(hp string) (string, int, error) {
+	host, p, err := net.SplitHostPort(hp)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < -1 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port %q", p)
+	}
+	if port == 0 {
+		port = -1
+	}
+	return host, port, nil
+}
+
+// Permissions are the NATS server permissions of role for identity id:
+// everything not granted is denied.
+func Permissions(role leasebus.Role, id string) (*server.Permissions, error) {
+	g, err := leasebus.GrantOf(role, id)
+	if err != nil {
+		return nil, err
+	}
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: g.Publish},
+		Subscribe: &server.SubjectPermission{Allow: g.Subscribe},
+	}, nil
+}
+
+// serverUsers turns users into the embedded server's nkey users.
+func serverUsers(users []leasebus.ServerUser) ([]*server.NkeyUser, error) {
+	out := make([]*server.NkeyUser, 0, len(users))
+	for _, u := range users {
+		if !nkeys.IsValidPublicUserKey(u.Nkey) {
+			return nil, fmt.Errorf("bus user %q: %q is not a public user nkey", u.Name, u.Nkey)
+		}
+		p, err := Permissions(u.Role, u.Nkey)
+		if err != nil {
+			return nil, fmt.Errorf("bus user %q: %w", u.Name, err)
+		}
+		out = append(out, &server.NkeyUser{Nkey: u.Nkey, Permissions: p})
+	}
+	return out, nil
+}
