@@ -5,7 +5,7 @@ package fsguard
 import (
 	"golang.org/x/sys/unix"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // File leases (fcntl F_SETLEASE) are refused. A read lease makes any
@@ -31,6 +31,6 @@ func init() {
 }
 
 func refuseFileLease(t *trap) {
-	t.deny(unix.EPERM, leasebus.BoundaryFile, leasebus.ReasonNotAllowed,
+	t.deny(unix.EPERM, lease.BoundaryFile, lease.ReasonNotAllowed,
 		"fcntl F_SETLEASE on "+fdPath(t.pid(), int32(t.arg(0)))+": file leases would hold other opens of the file in the kernel: refused", nil)
 }

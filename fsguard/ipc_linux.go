@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // System V IPC. Shared memory segments, message queues and semaphore sets
@@ -115,7 +115,7 @@ func (g ipcGet) handle(t *trap) {
 			t.reply(int64(id))
 			return
 		case e == 0:
-			t.deny(unix.EACCES, leasebus.BoundaryFile, leasebus.ReasonNotAllowed,
+			t.deny(unix.EACCES, lease.BoundaryFile, lease.ReasonNotAllowed,
 				fmt.Sprintf("%s of key %#x: System V IPC object %d was made by another process; the agent uses only its own", t.spec.name, uint32(key), id), nil)
 			return
 		case e != unix.ENOENT || flags&unix.IPC_CREAT == 0:
@@ -165,7 +165,7 @@ func (op ipcOp) handle(t *trap) {
 		}
 	}
 	if !t.pr.ipc().has(op.kind, id) {
-		t.deny(unix.EACCES, leasebus.BoundaryFile, leasebus.ReasonNotAllowed,
+		t.deny(unix.EACCES, lease.BoundaryFile, lease.ReasonNotAllowed,
 			fmt.Sprintf("%s on System V IPC object %d: made by another process; the agent uses only its own", t.spec.name, id), nil)
 		return
 	}

@@ -5,7 +5,7 @@ package fsguard
 import (
 	"golang.org/x/sys/unix"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // The kernel keyrings. The user keyring and the user session keyring are
@@ -32,6 +32,6 @@ func init() {
 }
 
 func refuseKeyring(t *trap) {
-	t.deny(unix.EPERM, leasebus.BoundaryFile, leasebus.ReasonNotAllowed,
+	t.deny(unix.EPERM, lease.BoundaryFile, lease.ReasonNotAllowed,
 		t.spec.name+": the kernel keyrings are shared by every process of the user (no namespace, no file system): refused", nil)
 }
