@@ -33,6 +33,42 @@
 // (SELECT without INTO or locking, read CTEs only, VALUES, TABLE, SHOW,
 // FETCH, EXPLAIN without ANALYZE, COPY TO STDOUT) go through byte for byte.
 //
+// # Session state the fence relies on
+//
+// The proxy keeps what it needs to know of the session from what Postgres
+// reports (ParameterStatus), not from what it guesses statements do:
+//
+//   - default_transaction_read_only: reported "off" (a function called
+//     set_config behind the proxy's back) makes the proxy set it on again
+//     before the next unit. Inside one unit, a statement after a COMMIT or
+//     ROLLBACK starts a transaction whose default the proxy cannot know:
+//     unless the proxy makes that transaction writable itself, it puts
+//     "SET transaction_read_only = on" (simple) or its prepared
+//     fenceline_ro (extended) at its start, so transaction control inside
+//     a multi-statement Query or a pipeline never opens a writable
+//     transaction the fence did not classify.
+//   - The client's own read-only default (SET default_transaction_read_only
+//     = on, SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY; undone by
+//     RESET, RESET ALL, DISCARD ALL, and by the ROLLBACK of the block that
+//     set it): while on, the proxy makes no transaction writable unless the
+//     client asks (BEGIN READ WRITE), so Postgres refuses a write with
+//     25006 as it would direct. BEGIN READ ONLY and SET TRANSACTION READ
+//     ONLY need nothing: Postgres keeps them.
+//   - standard_conforming_strings and client_encoding, which change how
+//     Postgres parses a text. The classifier parses as Postgres does with
+//     standard_conforming_strings on and UTF-8 text; a text without a
+//     backslash and without bytes >= 0x80 parses the same under every
+//     setting. A text that has them is refused, reads included (reason
+//     "unsure-parse"), when the reported settings differ (scs off; a
+//     client_encoding other than UTF8 or SQL_ASCII) or are not known (a
+//     Parse or Query that follows an Execute with no ReadyForQuery
+//     between: Postgres reports changes only then).
+//
+// The classifier's cache folds literals only where the exact text cannot
+// change the answer (plain decimal numbers with nothing glued to them;
+// strings of printable ASCII without backslashes; newlines between
+// constants kept); fold keys cannot equal a query text.
+//
 // # Writes
 //
 // Statements are classified with the real Postgres parser (pg_query),
@@ -42,7 +78,10 @@
 // (current_schemas(false), learned on first need and forgotten whenever
 // anything may change it); one outside the claim refuses the write. Writes
 // whose targets cannot be named (DO, CALL, EXECUTE of an unknown statement,
-// GRANT, unparsable text) are refused unless Config.AllowOpaque.
+// GRANT, unparsable text) are refused unless Config.AllowOpaque. A call of a
+// large-object function (lo_* but lo_get, lo_close, lo_tell, lo_lseek;
+// lowrite) is such a write: Postgres 15 lets them write in a read-only
+// transaction.
 //
 // An authorized write's transaction is made writable and carries the token,
 // in the same message as the write:
@@ -260,6 +299,14 @@
 // holds 16, all of Postgres 15's per-backend fast-path slots. A transaction
 // that writes more fenced tables takes the rest through the shared lock
 // table, which costs more under concurrency.
+//
+// Large-object functions called from inside another function (a user
+// function, or SQL text run by query_to_xml) are not seen by the
+// classifier, and Postgres 15 lets them write in a read-only transaction:
+// large objects are not fenced at storage (pg_largeobject takes no
+// trigger). A client's read-only default set from inside a function is not
+// seen either (Postgres reports no change: its own default is already on);
+// the client then gets a write its lease allows that it asked not to.
 //
 // Inside a block made writable under a live lease, a read that calls a
 // writing function can write: fenced tables still check the token (fence and

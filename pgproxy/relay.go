@@ -179,6 +179,7 @@ func (s *session) relayOne(t byte, raw []byte) error {
 			}
 			return nil // the client was told "off" at startup; the proxy owns it
 		}
+		s.parserSetting(name, rest)
 		return s.toClient(raw)
 	case 'E': // ErrorResponse
 		if h == nil {
@@ -336,4 +337,16 @@ func dataRow(raw []byte) []string {
 		b = b[l:]
 	}
 	return out
+}
+
+// parserSetting records a reported setting that changes how Postgres
+// parses a query text (see session.classify).
+func (s *session) parserSetting(name string, value []byte) {
+	v, _, _ := cstring(value)
+	switch name {
+	case "standard_conforming_strings":
+		s.scsOff.Store(v != "on")
+	case "client_encoding":
+		s.encUnsafe.Store(v != "UTF8" && v != "SQL_ASCII")
+	}
 }

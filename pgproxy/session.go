@@ -51,7 +51,21 @@ type session struct {
 	segBuf      []byte
 	segOut      []byte       // flushSegment's output, reused
 	rwStmt      atomic.Int32 // state of our prepared "SET transaction_read_only = off"
+	roStmt      atomic.Int32 // state of our prepared "SET transaction_read_only = on"
 	tokStmt     atomic.Int32 // state of our prepared set_config for the token
+	// clientRO is the client's own default_transaction_read_only, the one
+	// it would have straight to Postgres (Postgres's is always on: the
+	// proxy's). When on, the proxy makes no transaction writable unless the
+	// client asks for one (BEGIN READ WRITE), so a write fails as it would
+	// direct. clientROSaved keeps the value from before a SET inside a
+	// block, which a ROLLBACK restores (0: none, 1: off, 2: on).
+	clientRO      bool
+	clientROSaved int8
+	// txEnded: a statement of the unit being forwarded ended a
+	// transaction, so what follows it in the same unit starts a new one,
+	// whose read-only default the proxy no longer knows (a function may
+	// have switched it off); it asserts read-only for it.
+	txEnded bool
 
 	qmu         sync.Mutex
 	queue       []*expect // guarded by qmu
@@ -61,6 +75,11 @@ type session struct {
 	status  atomic.Uint32 // txStatus as seen by the relay
 	copyIn  atomic.Bool   // the server is in COPY FROM STDIN
 	tainted atomic.Bool   // the server reported default_transaction_read_only off
+	// Parser settings as Postgres last reported them (ParameterStatus):
+	// standard_conforming_strings off, and a client_encoding other than
+	// UTF8 or SQL_ASCII. See classify.
+	scsOff    atomic.Bool
+	encUnsafe atomic.Bool
 	// resetMark: a DISCARD ran. DISCARD SEQUENCES forgets the currval the
 	// storage fence's fast path reads, not the setting that says it is
 	// there; RESET that before the next unit outside a transaction.
@@ -96,9 +115,11 @@ const (
 const (
 	internalStmtName = "fenceline_internal_" // + the statement's index
 	rwStmtName       = "fenceline_rw"
+	roStmtName       = "fenceline_ro"
 	tokStmtName      = "fenceline_tok"
 	refuseName       = "fenceline_refuse"
 	rwSQL            = "SET transaction_read_only = off"
+	roSQL            = "SET transaction_read_only = on"
 	tokSQL           = "SELECT pg_catalog.set_config('fenceline.token', $1, true)"
 )
 
@@ -138,7 +159,68 @@ func (s *session) sessionChanged(st *Statement) {
 	}
 	s.searchPath = nil
 	s.rwStmt.Store(stmtNone)
+	s.roStmt.Store(stmtNone)
 	s.tokStmt.Store(stmtNone)
+}
+
+// trackTx follows st's effect on the transaction block and on the
+// client's read-only default (SET inside a block is undone by its
+// ROLLBACK, and by a COMMIT of a failed block).
+func (s *session) trackTx(st *Statement) {
+	if st.ClientRO != 0 {
+		if s.sim.inBlock && s.clientROSaved == 0 {
+			s.clientROSaved = 1
+			if s.clientRO {
+				s.clientROSaved = 2
+			}
+		}
+		s.clientRO = st.ClientRO > 0
+	}
+	if (st.Tx == TxEnd || st.Tx == TxChain) && s.sim.inBlock {
+		if s.clientROSaved != 0 && (st.Rollback || s.txStatus == 'E') {
+			s.clientRO = s.clientROSaved == 2
+		}
+		s.clientROSaved = 0
+	}
+	if st.Tx == TxEnd || st.Tx == TxChain {
+		s.txEnded = true
+	}
+	s.sim.track(st.Tx)
+}
+
+// classify classifies a query text as Postgres will parse it. The
+// classifier parses as Postgres does with standard_conforming_strings on
+// and the text in UTF-8; a text is parsed the same under every setting
+// unless it holds a backslash (an escape in a string when
+// standard_conforming_strings is off) or a byte >= 0x80 (in SJIS, BIG5,
+// GBK, UHC, GB18030 and JOHAB a backslash may end a multibyte character,
+// and Postgres converts the text before it parses it). Such a text is
+// refused, reads included, when the session's settings (as Postgres last
+// reported them) or unknown settings (changed may be true: a statement
+// ran since they were reported) could make Postgres parse it otherwise.
+func (s *session) classify(sql string, changed bool) *Classification {
+	var why string
+	if (changed || s.scsOff.Load()) && strings.IndexByte(sql, '\\') >= 0 {
+		why = "the text has a backslash and standard_conforming_strings is off"
+		if changed {
+			why = "the text has a backslash and an earlier statement of this pipeline may have changed standard_conforming_strings"
+		}
+	} else if changed || s.encUnsafe.Load() {
+		for i := 0; i < len(sql); i++ {
+			if sql[i] >= 0x80 {
+				why = "the text has non-ASCII bytes and the client encoding is not UTF8"
+				if changed {
+					why = "the text has non-ASCII bytes and an earlier statement of this pipeline may have changed client_encoding"
+				}
+				break
+			}
+		}
+	}
+	if why == "" {
+		return s.p.classifier.Classify(sql)
+	}
+	return &Classification{Class: ClassWrite, Stmts: []Statement{{Class: ClassWrite, Opaque: true, Unsure: why,
+		Start: 0, End: len(sql), Tag: "UnsureParse"}}}
 }
 
 // authorizeWrite decides a write statement (nil for reads): the lease and
@@ -152,7 +234,10 @@ func (s *session) authorizeWrite(st *Statement, li leaseInfo, searchPath []strin
 	if r := s.authorize(st, li, searchPath); r != nil {
 		return r
 	}
-	if s.sim.inBlock && !s.sim.blockRW && !s.sim.clientRO {
+	if (s.sim.clientRO || s.clientRO) && !s.sim.blockRW && !s.sim.groupRW {
+		return nil // read-only as the client asked: Postgres refuses it, as direct
+	}
+	if s.sim.inBlock && !s.sim.blockRW {
 		return &refusal{code: ReasonReadOnlyTxn, reason: "the transaction block began while the lease was not held, so it is read-only",
 			hint: "ROLLBACK, then BEGIN again while the lease is held"}
 	}
@@ -458,14 +543,20 @@ func (s *session) beginUnit() error {
 		return nil // an extended-protocol transaction is still open
 	}
 	s.rw.Store(false) // nothing in flight
+	s.txEnded = false // the next unit starts where Postgres reported
 	s.txStatus = byte(s.status.Load())
+	if s.txStatus == 'I' && s.clientROSaved != 0 {
+		// A block ended in a way the proxy did not see (an error in a
+		// multi-statement Query): it rolled back.
+		s.clientRO, s.clientROSaved = s.clientROSaved == 2, 0
+	}
 	if s.txStatus == 'I' {
 		s.sim = txSim{}
 	} else {
 		s.sim.inBlock = true
 		s.sim.decided = true
 	}
-	if s.tainted.Load() {
+	if s.tainted.Load() && s.txStatus != 'E' { // (in a failed block nothing runs; after it, again)
 		s.tainted.Store(false)
 		s.p.log.Warn("default_transaction_read_only was switched off behind the proxy; switching it on again",
 			"user", s.user, "client", s.client.RemoteAddr().String())
@@ -616,10 +707,15 @@ const (
 	ReasonUnnamedTable = "unnamed-table"             // the tables a write touches cannot be named
 	ReasonOutsideLease = leasebus.ReasonOutsideLease // a table outside the lease's table scope
 	ReasonReadOnlyTxn  = "read-only-transaction"     // the transaction was not made writable under the lease
+	ReasonUnsureParse  = "unsure-parse"              // Postgres may parse the text otherwise than the classifier
 )
 
 // authorize decides one write statement against the lease.
 func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *refusal {
+	if st.Unsure != "" {
+		return &refusal{code: ReasonUnsureParse, reason: "Postgres may parse this text otherwise than fenceline did: " + st.Unsure,
+			hint: "fenceline refuses it whatever the lease: send it with standard_conforming_strings on and client_encoding UTF8, or after a Sync"}
+	}
 	if st.Forbidden != "" {
 		return &refusal{code: ReasonFenceTamper, reason: "statement switches off the fence: " + st.Forbidden,
 			hint: "fenceline refuses this statement whatever the lease"}
@@ -834,7 +930,11 @@ func (s *session) resolveSQLPrepared(st *Statement) *Statement {
 // groupWrites reports whether the implicit transaction starting at stmts[0]
 // needs to be writable: a write, or a BEGIN (the block may write later),
 // before the first COMMIT/ROLLBACK.
-func groupWrites(stmts []*Statement) bool {
+//
+// When the client's own default is read-only (clientRO), only BEGIN READ
+// WRITE asks for a writable transaction; a write elsewhere runs read-only
+// and Postgres refuses it, as it would direct.
+func groupWrites(stmts []*Statement, clientRO bool) bool {
 	for _, st := range stmts {
 		if st == nil {
 			continue
@@ -842,13 +942,18 @@ func groupWrites(stmts []*Statement) bool {
 		switch st.Tx {
 		case TxEnd, TxChain:
 			return false
-		case TxBegin:
+		case TxBeginRW:
 			return true
+		case TxBegin:
+			return !clientRO
 		case TxBeginRO:
 			return false
 		}
-		if st.Class == ClassWrite {
+		if st.Class == ClassWrite && !clientRO {
 			return true
+		}
+		if st.ClientRO != 0 {
+			clientRO = st.ClientRO > 0
 		}
 	}
 	return false
@@ -862,8 +967,8 @@ func (s *session) handleQuery(raw []byte) error {
 		return s.fatal(err)
 	}
 	between := !s.pendingSync && s.txStatus == 'I' // no transaction open on the server
+	cls := s.classify(sql, s.pendingSync)
 	s.pendingSync = false
-	cls := s.p.classifier.Classify(sql)
 	if fastPathOK(cls, s.sim) && !s.rwLost() {
 		if s.sim.blockRW || s.sim.groupRW {
 			s.rw.Store(true) // a read that calls a function may write
@@ -908,11 +1013,15 @@ func (s *session) handleQuery(raw []byte) error {
 	}
 	authorizeGroup := func(i int) {
 		s.sim.decided = true
-		if !groupWrites(stmts[i:]) || !li.live() {
+		if !groupWrites(stmts[i:], s.clientRO) || !li.live() || len(stmts) == 1 && stmts[0].Tx == TxOutside {
+			// (A statement that must run alone runs in the session's
+			// read-only default; Postgres decides whether it may.)
+			if s.txEnded {
+				// A new transaction after a COMMIT or ROLLBACK in this
+				// Query: read-only whatever a function did to the default.
+				inject(roSQL)
+			}
 			return
-		}
-		if len(stmts) == 1 && stmts[0].Tx == TxOutside {
-			return // must run alone; Postgres decides whether it may
 		}
 		inject(rwSQL, setLocalToken(s.token(li)))
 		s.sim.groupRW = true
@@ -941,7 +1050,7 @@ func (s *session) handleQuery(raw []byte) error {
 			break
 		}
 		items = append(items, &expect{kind: expStmt})
-		s.sim.track(st.Tx)
+		s.trackTx(st)
 		if st.Tx == TxChain {
 			if s.sim.blockRW && i+1 < len(stmts) {
 				out.WriteString(sql[pos:stmts[i+1].Start])
@@ -988,7 +1097,7 @@ func fastPathOK(cls *Classification, sim txSim) bool {
 	}
 	for i := range cls.Stmts {
 		st := &cls.Stmts[i]
-		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.Prepare != "" || st.Deallocate != "" ||
+		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.Prepare != "" || st.Deallocate != "" ||
 			st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt" {
 			return false
 		}
@@ -1053,6 +1162,7 @@ func (s *session) flushSegment() error {
 	// Pass 1: what each Execute runs; track statements and portals as the
 	// server will.
 	var execs []*Statement
+	changed := !fresh // statements ran since Postgres last reported its settings
 	for i := range seg {
 		m := &seg[i]
 		body := buf[m.off+5 : m.off+m.n]
@@ -1066,7 +1176,7 @@ func (s *session) flushSegment() error {
 			if err != nil {
 				return s.fatal(err)
 			}
-			s.stmts[name] = extStatement(s.p.classifier.Classify(q))
+			s.stmts[name] = extStatement(s.classify(q, changed))
 		case 'B':
 			portal, rest, err := cstring(body)
 			if err != nil {
@@ -1093,6 +1203,7 @@ func (s *session) flushSegment() error {
 			st = s.resolveSQLPrepared(st)
 			m.st = st
 			execs = append(execs, st)
+			changed = true
 		case 'C':
 			if len(body) < 2 {
 				return s.fatal(fmt.Errorf("%w: short Close", ErrProtocol))
@@ -1148,6 +1259,16 @@ func (s *session) flushSegment() error {
 		w.execute("")
 		items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
 	}
+	injectRO := func() {
+		if s.roStmt.Load() == stmtNone {
+			w.parse(roStmtName, roSQL)
+			items = append(items, &expect{kind: expSingle, swallow: true, stmtState: &s.roStmt})
+			s.roStmt.Store(stmtPending)
+		}
+		w.bind("", roStmtName)
+		w.execute("")
+		items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
+	}
 	injectRW := func() {
 		tok := s.token(li) // "" without one: Postgres refuses fenced writes
 		// "SET transaction_read_only = off" must come before anything that
@@ -1187,9 +1308,11 @@ func (s *session) flushSegment() error {
 		if m.typ != 'S' && m.typ != 'H' && !s.sim.inBlock && !s.sim.decided {
 			s.sim.decided = true
 			rest := execsFrom(i)
-			if groupWrites(rest) && li.live() && !(len(rest) == 1 && rest[0].Tx == TxOutside) {
+			if groupWrites(rest, s.clientRO) && li.live() && !(len(rest) == 1 && rest[0].Tx == TxOutside) {
 				injectRW()
 				s.sim.groupRW = true
+			} else if s.txEnded {
+				injectRO() // a new transaction after COMMIT/ROLLBACK in this unit
 			}
 		}
 		switch m.typ {
@@ -1229,7 +1352,7 @@ func (s *session) flushSegment() error {
 				continue
 			}
 			items = append(items, &expect{kind: expExecute})
-			s.sim.track(st.Tx)
+			s.trackTx(st)
 			if st.Tx == TxChain {
 				if s.sim.blockRW && li.live() {
 					w.b = append(w.b, raw...)
