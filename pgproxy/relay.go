@@ -162,8 +162,16 @@ func (s *session) relayOne(t byte, raw []byte) error {
 	hidden := h != nil && (h.swallow || h.internal != nil)
 	switch t {
 	case 'N': // NoticeResponse
-		if hidden {
+		// Only the answers to the proxy's own queries between units are
+		// the proxy's: a notice while a statement the proxy put into the
+		// client's message is at the head comes from parsing the client's
+		// text (Postgres parses a whole Query first), so it goes on, its
+		// position mapped back as an error's is.
+		if h != nil && h.internal != nil {
 			return nil
+		}
+		if q := s.queryEnd(); q != nil && len(q.inserts) > 0 {
+			raw = mapErrorPosition(raw, q.inserts)
 		}
 		return s.toClient(raw)
 	case 'A': // NotificationResponse

@@ -158,9 +158,25 @@ func (s *session) sessionChanged(st *Statement) {
 		s.fenceSession = 0 // DISCARD SEQUENCES and ALL forget its currval
 	}
 	s.searchPath = nil
-	s.rwStmt.Store(stmtNone)
-	s.roStmt.Store(stmtNone)
-	s.tokStmt.Store(stmtNone)
+	if st.Tag == "DiscardStmt" || st.Tag == "DeallocateStmt" && st.Deallocate == "" {
+		// DISCARD ALL and DEALLOCATE ALL drop the proxy's prepared
+		// statements too; SET, RESET ALL and set_config do not.
+		s.forgetOwnStatements("")
+	}
+}
+
+// forgetOwnStatements: Postgres no longer has the proxy's prepared
+// statement name ("" for all of them); it is prepared again before its
+// next use (after a Close, so a statement Postgres still has is no error).
+func (s *session) forgetOwnStatements(name string) {
+	for _, o := range []struct {
+		name  string
+		state *atomic.Int32
+	}{{rwStmtName, &s.rwStmt}, {roStmtName, &s.roStmt}, {tokStmtName, &s.tokStmt}} {
+		if name == "" || name == o.name {
+			o.state.Store(stmtNone)
+		}
+	}
 }
 
 // trackTx follows st's effect on the transaction block and on the
@@ -734,7 +750,7 @@ func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *r
 			what = "text the parser rejected"
 		}
 		return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("cannot tell which tables %s writes; when in doubt fenceline refuses", what),
-			hint: "write with INSERT/UPDATE/DELETE/MERGE/COPY on tables the lease claims"}
+			hint: "writes whose tables cannot be named pass only when the fence runs with --pg-allow-opaque (fenceline run/sidecar; Config.AllowOpaque), under a live lease; otherwise write with INSERT/UPDATE/DELETE/MERGE/COPY on tables the lease claims"}
 	}
 	for _, t := range st.Targets {
 		if r := s.checkTarget(t, li, searchPath); r != nil {
@@ -915,6 +931,7 @@ func (s *session) resolveSQLPrepared(st *Statement) *Statement {
 		s.sqlPrep[st.Prepare] = st.Inner
 	case st.Deallocate != "":
 		delete(s.sqlPrep, st.Deallocate)
+		s.forgetOwnStatements(st.Deallocate)
 	case st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt":
 		clear(s.sqlPrep)
 	case st.Execute != "":
@@ -1211,6 +1228,7 @@ func (s *session) flushSegment() error {
 			name, _, _ := cstring(body[1:])
 			if body[0] == 'S' {
 				delete(s.stmts, name)
+				s.forgetOwnStatements(name)
 			} else {
 				delete(s.portals, name)
 			}
@@ -1251,8 +1269,9 @@ func (s *session) flushSegment() error {
 	// set_config, preparing it first on this connection.
 	setToken := func(tok string) {
 		if s.tokStmt.Load() == stmtNone {
+			w.close('S', tokStmtName)
 			w.parse(tokStmtName, tokSQL)
-			items = append(items, &expect{kind: expSingle, swallow: true, stmtState: &s.tokStmt})
+			items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true, stmtState: &s.tokStmt})
 			s.tokStmt.Store(stmtPending)
 		}
 		w.bind("", tokStmtName, tok)
@@ -1261,8 +1280,9 @@ func (s *session) flushSegment() error {
 	}
 	injectRO := func() {
 		if s.roStmt.Load() == stmtNone {
+			w.close('S', roStmtName)
 			w.parse(roStmtName, roSQL)
-			items = append(items, &expect{kind: expSingle, swallow: true, stmtState: &s.roStmt})
+			items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true, stmtState: &s.roStmt})
 			s.roStmt.Store(stmtPending)
 		}
 		w.bind("", roStmtName)
@@ -1274,8 +1294,9 @@ func (s *session) flushSegment() error {
 		// "SET transaction_read_only = off" must come before anything that
 		// takes a snapshot, including the Parse of a SELECT.
 		if s.rwStmt.Load() == stmtNone {
+			w.close('S', rwStmtName)
 			w.parse(rwStmtName, rwSQL)
-			items = append(items, &expect{kind: expSingle, swallow: true, stmtState: &s.rwStmt})
+			items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true, stmtState: &s.rwStmt})
 			s.rwStmt.Store(stmtPending)
 		}
 		w.bind("", rwStmtName)

@@ -1,0 +1,90 @@
+package pgproxy
+
+import (
+	"crypto/tls"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Issue 18, findings 1-7: clients work through the fence as they do direct.
+
+// Finding 2: the proxy's own prepared statements are forgotten only when
+// Postgres forgets them (DISCARD ALL, DEALLOCATE ALL), not after SET
+// search_path, RESET ALL or set_config.
+func TestOwnStatementsFollowPostgres(t *testing.T) {
+	lease := newStaticLease(t, "lease_stmt2", 0, "public.*", "app.*")
+	p := startProxy(t, Config{Lease: lease, AllowOpaque: true})
+	ctx := ctxT(t)
+	c := connect(t, proxyDSN(p, "agent"))
+	write := func(after string) {
+		t.Helper()
+		if _, err := c.Exec(ctx, "INSERT INTO app.log (msg) VALUES ($1)", pgx.QueryExecModeExec, "after "+after); err != nil {
+			t.Fatalf("extended write after %s: %v", after, err)
+		}
+	}
+	write("nothing")
+	for _, q := range []string{"SET search_path = public, app", "RESET ALL", "SELECT set_config('search_path', 'public', false)",
+		"DEALLOCATE ALL", "DISCARD ALL", "DEALLOCATE fenceline_rw"} {
+		if err := simple(ctx, c, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		write(q)
+		write(q + ", twice")
+	}
+}
+
+// Finding 3: notices raised while Postgres parses a rewritten query reach
+// the client.
+func TestParseNoticesForwarded(t *testing.T) {
+	lease := newStaticLease(t, "lease_notice3", 0, "public.*", "app.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	cfg, err := pgx.ParseConfig(proxyDSN(p, "agent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var notices []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		notices = append(notices, n.Message)
+		mu.Unlock()
+	}
+	c, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	long := strings.Repeat("a", 70)
+	if err := simple(ctx, c, "INSERT INTO app.log (msg) VALUES ('notice') RETURNING id AS "+long); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(notices) != 1 || !strings.Contains(notices[0], "will be truncated") {
+		t.Fatalf("notices %q, want the parser's \"identifier will be truncated\"", notices)
+	}
+}
+
+// Finding 6: with the certificate the fence makes when none is given
+// (fenceline run/sidecar without --pg-tls-cert), sslmode=require works.
+func TestSelfSignedTLSRequire(t *testing.T) {
+	cfg, err := SelfSignedTLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{TLS: cfg})
+	ctx := ctxT(t)
+	c := connect(t, strings.Replace(proxyDSN(p, "agent"), "sslmode=disable", "sslmode=require", 1))
+	if _, ok := c.PgConn().Conn().(*tls.Conn); !ok {
+		t.Fatal("sslmode=require: the connection is not TLS")
+	}
+	var one int
+	if err := c.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
+		t.Fatalf("read over TLS: %v", err)
+	}
+}
