@@ -353,11 +353,39 @@ func classifyNode1(n *pgq.Node) Statement {
 				if ac.Subtype >= pgq.AlterTableType_AT_EnableTrig && ac.Subtype <= pgq.AlterTableType_AT_DisableTrigUser {
 					s.Forbidden = "it changes when triggers fire, and the storage-side fence is a trigger"
 				}
+				if ac.Subtype == pgq.AlterTableType_AT_DetachPartition && ac.Def.GetPartitionCmd().GetConcurrent() {
+					s.Tx = TxOutside
+				}
 			}
 		}
 		return s
 	case *pgq.Node_DropStmt:
 		return classifyDrop(x.DropStmt)
+	case *pgq.Node_ReindexStmt:
+		r := x.ReindexStmt
+		s := write(rangeVars(n)...)
+		if r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_SCHEMA && r.Name != "" {
+			s.Targets = []Target{{Schema: r.Name, Name: "*"}}
+		}
+		if len(s.Targets) == 0 {
+			s.Opaque = true
+		}
+		if hasOption(r.Params, "concurrently") || r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_SCHEMA ||
+			r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_SYSTEM || r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_DATABASE {
+			s.Tx = TxOutside
+		}
+		return s
+	case *pgq.Node_ClusterStmt:
+		s := write(rangeVars(n)...)
+		if x.ClusterStmt.Relation == nil {
+			s.Opaque, s.Tx = true, TxOutside // every clustered table: alone
+		}
+		return s
+	case *pgq.Node_CreateSubscriptionStmt, *pgq.Node_AlterSubscriptionStmt, *pgq.Node_DropSubscriptionStmt,
+		*pgq.Node_CreateTableSpaceStmt, *pgq.Node_DropTableSpaceStmt:
+		s := opaque()
+		s.Tx = TxOutside // (some forms may run in a block; alone they all work)
+		return s
 	case *pgq.Node_CreateSchemaStmt:
 		s := write(Target{Schema: x.CreateSchemaStmt.Schemaname, Name: "*"})
 		if x.CreateSchemaStmt.Schemaname == "" {
@@ -386,6 +414,16 @@ func classifyNode1(n *pgq.Node) Statement {
 		s.Opaque = true
 	}
 	return s
+}
+
+// hasOption reports whether options (DefElems) set name, true.
+func hasOption(options []*pgq.Node, name string) bool {
+	for _, o := range options {
+		if d := o.GetDefElem(); d != nil && d.Defname == name && defBool(d, true) {
+			return true
+		}
+	}
+	return false
 }
 
 func defBool(d *pgq.DefElem, dflt bool) bool {

@@ -2,6 +2,7 @@ package pgproxy
 
 import (
 	"crypto/tls"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -86,5 +87,63 @@ func TestSelfSignedTLSRequire(t *testing.T) {
 	var one int
 	if err := c.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
 		t.Fatalf("read over TLS: %v", err)
+	}
+}
+
+// Finding 4: statements that must run outside a transaction block run
+// alone, and writable when the lease allows them; the read-only default is
+// back for the next unit.
+func TestOutsideTransactionStatements(t *testing.T) {
+	lease := newStaticLease(t, "lease_outside4", 0, "public.*", "app.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	c := connect(t, proxyDSN(p, "agent"))
+	resetState(t, "DROP INDEX IF EXISTS app.log_msg; ALTER TABLE app.log OWNER TO agent")
+	for _, q := range []string{
+		"CREATE INDEX CONCURRENTLY log_msg ON app.log (msg)",
+		"REINDEX TABLE CONCURRENTLY app.log",
+		"REINDEX INDEX CONCURRENTLY app.log_msg",
+		"DROP INDEX CONCURRENTLY app.log_msg",
+		"VACUUM app.log",
+	} {
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+			if _, err := c.Exec(ctx, q, mode); err != nil && !(strings.HasPrefix(q, "DROP") && mode == pgx.QueryExecModeExec && pgCode(err) == "42704") &&
+				!(strings.HasPrefix(q, "CREATE") && pgCode(err) == "42P07") && !(strings.Contains(q, "INDEX CONCURRENTLY app.log_msg") && pgCode(err) == "42P01") {
+				t.Errorf("%s (%v): %v", q, mode, err)
+			}
+			if _, err := c.Exec(ctx, "SELECT public.f_writes()", mode); pgCode(err) != "25006" {
+				t.Fatalf("after %s (%v): a read that writes: %v, want 25006 (the read-only default back)", q, mode, err)
+			}
+		}
+	}
+	lease.lose(errors.New("lease lost: test"))
+	if _, err := c.Exec(ctx, "CREATE INDEX CONCURRENTLY log_msg ON app.log (msg)"); pgCode(err) != "42501" {
+		t.Fatalf("without the lease: %v, want 42501", err)
+	}
+}
+
+// Finding 5: a syntax error is Postgres's own (42601, message, position),
+// and nothing runs.
+func TestSyntaxErrorIsPostgres(t *testing.T) {
+	lease := newStaticLease(t, "lease_syntax5", 0, "public.*", "app.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	c := connect(t, proxyDSN(p, "agent"))
+	err := simple(ctx, c, "SELEC 1")
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "42601" || pe.Message != `syntax error at or near "SELEC"` || pe.Position != 1 {
+		t.Fatalf("SELEC 1: %+v, want Postgres's 42601 at 1", err)
+	}
+	if err := simple(ctx, c, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if err := simple(ctx, c, "INSERT INTO app.log (msg) VALUES ('x') RETURNING"); pgCode(err) != "42601" {
+		t.Fatalf("in a block: %v, want 42601", err)
+	}
+	if err := simple(ctx, c, "SELECT 1"); pgCode(err) != "25P02" {
+		t.Fatalf("after a syntax error the block is failed: %v", err)
+	}
+	if err := simple(ctx, c, "ROLLBACK"); err != nil {
+		t.Fatal(err)
 	}
 }

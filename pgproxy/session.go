@@ -66,6 +66,9 @@ type session struct {
 	// whose read-only default the proxy no longer knows (a function may
 	// have switched it off); it asserts read-only for it.
 	txEnded bool
+	// unwrapped: the proxy switched the read-only default off itself for
+	// a statement that must run outside a transaction (unwrapOutside).
+	unwrapped bool
 
 	qmu         sync.Mutex
 	queue       []*expect // guarded by qmu
@@ -574,8 +577,11 @@ func (s *session) beginUnit() error {
 	}
 	if s.tainted.Load() && s.txStatus != 'E' { // (in a failed block nothing runs; after it, again)
 		s.tainted.Store(false)
-		s.p.log.Warn("default_transaction_read_only was switched off behind the proxy; switching it on again",
-			"user", s.user, "client", s.client.RemoteAddr().String())
+		if !s.unwrapped {
+			s.p.log.Warn("default_transaction_read_only was switched off behind the proxy; switching it on again",
+				"user", s.user, "client", s.client.RemoteAddr().String())
+		}
+		s.unwrapped = false
 		if _, err := s.internalQuery("SET default_transaction_read_only = on"); err != nil {
 			return err
 		}
@@ -1002,6 +1008,23 @@ func (s *session) handleQuery(raw []byte) error {
 		return err
 	}
 	li := s.lease()
+	if cls.ParseError != "" {
+		// Text the classifier's parser rejects: let Postgres's parser say
+		// why (42601 and its message) without running anything.
+		st := stmts[0]
+		r := s.authorizeInTxn(st, li)
+		if r == nil {
+			r = s.authorize(st, li, nil)
+		}
+		if r != nil {
+			return s.parseOrRefuse(sql, r, st, li)
+		}
+	}
+	if between && len(stmts) == 1 {
+		if err := s.unwrapOutside(stmts[0], li); err != nil {
+			return err
+		}
+	}
 	if li.live() && between {
 		if err := s.bindFence(); err != nil {
 			return err
@@ -1093,6 +1116,55 @@ func (s *session) handleQuery(raw []byte) error {
 	w.query(out.String())
 	_, err = s.sw.Write(w.b)
 	return err
+}
+
+// parseOrRefuse answers a Query whose text the classifier's parser
+// rejected and which may not run as an opaque write: Postgres parses the
+// text (a Parse into a statement of the proxy's own: nothing runs, and the
+// client's unnamed statement stays), so the client gets Postgres's own
+// syntax error (42601, its message and position); should Postgres accept
+// the text, the refusal runs instead.
+func (s *session) parseOrRefuse(sql string, r *refusal, st *Statement, li leaseInfo) error {
+	const name = "fenceline_syntax"
+	var w msgBuilder
+	w.close('S', name)
+	w.parse(name, sql)
+	w.close('S', name)
+	w.close('S', refuseName)
+	w.parse(refuseName, s.refuse(r, st, li, sql))
+	w.bind("", refuseName)
+	w.execute("")
+	w.sync()
+	items := make([]*expect, 0, 8)
+	for range 6 {
+		items = append(items, &expect{kind: expSingle, swallow: true})
+	}
+	items = append(items, &expect{kind: expExecute}, &expect{kind: expSync})
+	s.push(items...)
+	_, err := s.sw.Write(w.b)
+	return err
+}
+
+// unwrapOutside prepares a statement that must run outside a transaction
+// block (CREATE INDEX CONCURRENTLY, VACUUM, REINDEX SCHEMA, CREATE
+// DATABASE...), sent alone between transactions, so that it may write:
+// when the lease allows it, the session's read-only default is switched
+// off for it (the proxy's own query, before it) and on again before the
+// next unit (beginUnit, as after a change behind the proxy's back). It
+// carries no token: Postgres runs it outside any transaction the proxy
+// could set one in, and none of these fire the fence's DML trigger.
+func (s *session) unwrapOutside(st *Statement, li leaseInfo) error {
+	if st.Tx != TxOutside || st.Class != ClassWrite || s.clientRO || !li.live() ||
+		s.authorize(st, li, s.searchPath) != nil {
+		return nil
+	}
+	if _, err := s.internalQuery("SET default_transaction_read_only = off"); err != nil {
+		return err
+	}
+	s.unwrapped = true
+	s.tainted.Store(true) // on again before the next unit
+	s.rw.Store(true)      // cancelled should the lease be lost while it runs
+	return nil
 }
 
 // setLocalToken is the statement that hands tok (hex and punctuation only:
@@ -1252,6 +1324,11 @@ func (s *session) flushSegment() error {
 	}
 	if needLease {
 		li = s.lease()
+	}
+	if fresh && s.txStatus == 'I' && len(execs) == 1 && seg[len(seg)-1].typ == 'S' {
+		if err := s.unwrapOutside(execs[0], li); err != nil {
+			return err
+		}
 	}
 	if li.live() && fresh && s.txStatus == 'I' {
 		if err := s.bindFence(); err != nil {
