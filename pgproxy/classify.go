@@ -87,6 +87,9 @@ type Statement struct {
 	// SESSION CHARACTERISTICS AS TRANSACTION READ ONLY), -1 resets it
 	// (RESET, SET ... TO DEFAULT, RESET ALL, DISCARD ALL).
 	ClientRO int8
+	// ShowDefaultRO: SHOW default_transaction_read_only, whose answer the
+	// proxy gives (Postgres's own is always on: the proxy's).
+	ShowDefaultRO bool
 	// Session: it may change how later names resolve (search_path) or the
 	// session's settings; the proxy forgets what it knew.
 	Session bool
@@ -275,7 +278,7 @@ func classifyNode1(n *pgq.Node) Statement {
 	case *pgq.Node_InsertStmt, *pgq.Node_UpdateStmt, *pgq.Node_DeleteStmt, *pgq.Node_MergeStmt:
 		return write(dmlTargets(n)...)
 	case *pgq.Node_VariableShowStmt:
-		return Statement{Class: ClassRead}
+		return Statement{Class: ClassRead, ShowDefaultRO: strings.EqualFold(x.VariableShowStmt.Name, "default_transaction_read_only")}
 	case *pgq.Node_FetchStmt:
 		return Statement{Class: ClassRead}
 	case *pgq.Node_DeclareCursorStmt:

@@ -147,3 +147,25 @@ func TestSyntaxErrorIsPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Finding 5: SHOW default_transaction_read_only says what the client was
+// told at startup (off), or what it set since.
+func TestShowDefaultReadOnly(t *testing.T) {
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_show5", 0, "app.*")})
+	ctx := ctxT(t)
+	c := connect(t, proxyDSN(p, "agent"))
+	for _, step := range []struct{ set, want string }{{"", "off"}, {"SET default_transaction_read_only = on", "on"}, {"RESET default_transaction_read_only", "off"}} {
+		if step.set != "" {
+			if err := simple(ctx, c, step.set); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// (Not a statement prepared before the change: see doc.go.)
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+			var v string
+			if err := c.QueryRow(ctx, "SHOW default_transaction_read_only", mode).Scan(&v); err != nil || v != step.want {
+				t.Errorf("after %q (%v): SHOW default_transaction_read_only = %q (%v), want %s", step.set, mode, v, err, step.want)
+			}
+		}
+	}
+}

@@ -1090,6 +1090,22 @@ func (s *session) handleQuery(raw []byte) error {
 			break
 		}
 		items = append(items, &expect{kind: expStmt})
+		if st.ShowDefaultRO {
+			// The client's own value, as a one-row SELECT of the same
+			// column (the tag says SELECT 1, not SHOW).
+			out.WriteString(sql[pos:st.Start])
+			show := s.showDefaultRO()
+			if d := len(show) - (st.End - st.Start); d > 0 {
+				inserts = append(inserts, insertion{at: out.Len(), n: d})
+			}
+			out.WriteString(show)
+			pos = st.End
+			if pos < len(sql) && sql[pos] == ';' {
+				pos++
+				out.WriteString(";")
+			}
+			changed = true
+		}
 		s.trackTx(st)
 		if st.Tx == TxChain {
 			if s.sim.blockRW && i+1 < len(stmts) {
@@ -1116,6 +1132,16 @@ func (s *session) handleQuery(raw []byte) error {
 	w.query(out.String())
 	_, err = s.sw.Write(w.b)
 	return err
+}
+
+// showDefaultRO is the query that answers SHOW default_transaction_read_only
+// with the client's own value.
+func (s *session) showDefaultRO() string {
+	v := "off"
+	if s.clientRO {
+		v = "on"
+	}
+	return "SELECT '" + v + "'::pg_catalog.text AS default_transaction_read_only"
 }
 
 // parseOrRefuse answers a Query whose text the classifier's parser
@@ -1186,7 +1212,7 @@ func fastPathOK(cls *Classification, sim txSim) bool {
 	}
 	for i := range cls.Stmts {
 		st := &cls.Stmts[i]
-		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.Prepare != "" || st.Deallocate != "" ||
+		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.Prepare != "" || st.Deallocate != "" ||
 			st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt" {
 			return false
 		}
@@ -1265,7 +1291,19 @@ func (s *session) flushSegment() error {
 			if err != nil {
 				return s.fatal(err)
 			}
-			s.stmts[name] = extStatement(s.classify(q, changed))
+			st := extStatement(s.classify(q, changed))
+			if st.ShowDefaultRO {
+				// Prepare the proxy's answer instead (see showDefaultRO).
+				var pw msgBuilder
+				at := pw.begin('P')
+				pw.str(name)
+				pw.str(s.showDefaultRO())
+				pw.b = append(pw.b, rest[len(q)+1:]...) // the client's parameter types
+				pw.end(at)
+				m.off, m.n = len(buf), len(pw.b)
+				buf = append(buf, pw.b...)
+			}
+			s.stmts[name] = st
 		case 'B':
 			portal, rest, err := cstring(body)
 			if err != nil {
