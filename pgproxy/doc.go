@@ -6,7 +6,10 @@
 //
 // # Startup
 //
-// SSLRequest is answered 'S' and TLS terminated with Config.TLS, or 'N';
+// SSLRequest is answered 'S' and TLS terminated with Config.TLS, or 'N'
+// (fenceline run and sidecar set Config.TLS from --pg-tls-cert/--pg-tls-key,
+// or a self-signed certificate made at start, SelfSignedTLS, so that
+// sslmode=require works locally and prefer does not fall back to plaintext);
 // GSSENCRequest is answered 'N'. CancelRequest is forwarded to the upstream
 // when it names the backend of a live session (BackendKeyData is relayed
 // unchanged). The StartupMessage is forwarded with
@@ -313,8 +316,41 @@
 // table scope), unfenced tables do not. Fast-path FunctionCall is allowed only
 // in such a block. search_path resolution trusts the schemas that exist when
 // the proxy looks; another session creating a shadowing schema later is caught
-// only on fenced tables. A write that must run outside a transaction block
-// (VACUUM, CREATE INDEX CONCURRENTLY) is forwarded alone, without the token,
-// in the session's read-only default; Postgres decides. COPY FROM STDIN with
-// the extended protocol relies on Postgres ignoring Sync during COPY.
+// only on fenced tables. search_path is not reported by Postgres 15: a
+// function that changes it (set_config inside a function the classifier
+// cannot see into) leaves the proxy resolving unqualified names with the
+// path it learned; fenced tables still check the token's table claim.
+//
+// A write that must run outside a transaction block (VACUUM, CREATE INDEX
+// CONCURRENTLY, REINDEX ... CONCURRENTLY, REINDEX SCHEMA, CLUSTER without a
+// table, DETACH PARTITION CONCURRENTLY, CREATE/DROP DATABASE, subscriptions)
+// is forwarded alone, without the token: when the lease allows it (and the
+// client's own default is not read-only) the proxy switches the session's
+// read-only default off for it with a query of its own and on again before
+// the next unit; otherwise it runs in the read-only default and Postgres
+// refuses what writes. A function such a statement runs (an index
+// expression marked IMMUTABLE that writes) runs writable too: unfenced
+// tables do not check a token. COPY FROM STDIN with the extended protocol
+// relies on Postgres ignoring Sync during COPY.
+//
+// Extended-protocol messages are held until Sync or Flush, so the proxy can
+// decide the unit as a whole (whether to make its transaction writable must
+// be known before its first Parse): a statement_timeout that direct would
+// fire between a client's Parse and its Describe, sent later, fires only
+// once the Sync arrives. SHOW default_transaction_read_only answers the
+// client's own value (a one-row SELECT: its tag is "SELECT 1"); a statement
+// prepared for it keeps the value of when it was prepared, and
+// current_setting and pg_settings show Postgres's own (on).
+//
+// # pgx suite exceptions
+//
+// scripts/pgx-suite.sh runs pgx v5's own tests straight to Postgres and
+// through the fence (a live lease on public.*, --pg-allow-opaque). These
+// pass direct and fail through the fence; every other test has the same
+// result both ways:
+//
+//   - TestLoadTypeSameNameInDifferentSchemas: creates schemas pgx_a and pgx_b, outside the lease's claim (public.*): policy.
+//   - TestPrepareHandlesTimeoutBetweenParseAndDescribe: statement_timeout between Parse and Describe (messages held until Sync, above): a known difference.
+//   - TestPrepareWithDigestedNameHandlesTimeoutBetweenParseAndDescribe: the same.
+//   - TestSendBatchHandlesTimeoutBetweenParseAndDescribe: the same.
 package pgproxy
