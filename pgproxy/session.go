@@ -53,6 +53,7 @@ type session struct {
 	rwStmt      atomic.Int32 // state of our prepared "SET transaction_read_only = off"
 	roStmt      atomic.Int32 // state of our prepared "SET transaction_read_only = on"
 	tokStmt     atomic.Int32 // state of our prepared set_config for the token
+	spStmt      atomic.Int32 // state of our prepared set_config for search_path
 	// clientRO is the client's own default_transaction_read_only, the one
 	// it would have straight to Postgres (Postgres's is always on: the
 	// proxy's). When on, the proxy makes no transaction writable unless the
@@ -120,10 +121,12 @@ const (
 	rwStmtName       = "fenceline_rw"
 	roStmtName       = "fenceline_ro"
 	tokStmtName      = "fenceline_tok"
+	spStmtName       = "fenceline_sp"
 	refuseName       = "fenceline_refuse"
 	rwSQL            = "SET transaction_read_only = off"
 	roSQL            = "SET transaction_read_only = on"
 	tokSQL           = "SELECT pg_catalog.set_config('fenceline.token', $1, true)"
+	spSQL            = "SELECT pg_catalog.set_config('search_path', $1, true)"
 )
 
 // txSim is the proxy's view of the transaction the next statement runs in.
@@ -133,6 +136,9 @@ type txSim struct {
 	clientRO bool // the client asked for READ ONLY
 	decided  bool // the current implicit transaction's mode is fixed
 	groupRW  bool // the current implicit transaction is writable and carries the token
+	// spPinned: the proxy set search_path for this transaction (SET
+	// LOCAL) to the path it checks unqualified names with.
+	spPinned bool
 }
 
 // track follows a statement's effect on the transaction block (both
@@ -175,7 +181,7 @@ func (s *session) forgetOwnStatements(name string) {
 	for _, o := range []struct {
 		name  string
 		state *atomic.Int32
-	}{{rwStmtName, &s.rwStmt}, {roStmtName, &s.roStmt}, {tokStmtName, &s.tokStmt}} {
+	}{{rwStmtName, &s.rwStmt}, {roStmtName, &s.roStmt}, {tokStmtName, &s.tokStmt}, {spStmtName, &s.spStmt}} {
 		if name == "" || name == o.name {
 			o.state.Store(stmtNone)
 		}
@@ -1089,6 +1095,17 @@ func (s *session) handleQuery(raw []byte) error {
 			changed = true
 			break
 		}
+		if unqualified(st) && !s.sim.spPinned && s.searchPath != nil && sp != nil {
+			// Postgres 15 does not report search_path, and a function may
+			// have changed it since the proxy learned it: the write
+			// resolves its names with the path the proxy checked them
+			// with, for the rest of its transaction (a writable block:
+			// what a function in it does is the block's, see Known limits).
+			out.WriteString(sql[pos:st.Start])
+			pos = st.Start
+			inject("SET LOCAL search_path = " + s.pinnedPath())
+			s.sim.spPinned = true
+		}
 		items = append(items, &expect{kind: expStmt})
 		if st.ShowDefaultRO {
 			// The client's own value, as a one-row SELECT of the same
@@ -1191,6 +1208,35 @@ func (s *session) unwrapOutside(st *Statement, li leaseInfo) error {
 	s.tainted.Store(true) // on again before the next unit
 	s.rw.Store(true)      // cancelled should the lease be lost while it runs
 	return nil
+}
+
+// unqualified reports whether st writes a table named without a schema.
+func unqualified(st *Statement) bool {
+	if st == nil || st.Class != ClassWrite || st.Tx == TxOutside {
+		return false
+	}
+	for _, t := range st.Targets {
+		if t.Schema == "" && !t.Temp {
+			return true
+		}
+	}
+	return false
+}
+
+// pinnedPath is the search path the proxy checked unqualified names with,
+// as a search_path value: each schema quoted (” for none).
+func (s *session) pinnedPath() string {
+	if len(s.searchPath) == 0 {
+		return "''"
+	}
+	var b strings.Builder
+	for i, sch := range s.searchPath {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(`"` + strings.ReplaceAll(sch, `"`, `""`) + `"`)
+	}
+	return b.String()
 }
 
 // setLocalToken is the statement that hands tok (hex and punctuation only:
@@ -1429,6 +1475,35 @@ func (s *session) flushSegment() error {
 		}
 		return out
 	}
+	// pin sets search_path for the transaction to the path the proxy
+	// checks unqualified names with (see handleQuery), before the
+	// messages whose statements Postgres resolves with it.
+	pin := func(from int) {
+		if s.sim.spPinned || s.searchPath == nil {
+			return
+		}
+		need := false
+		for _, st := range execsFrom(from) {
+			need = need || unqualified(st)
+		}
+		if !need {
+			return
+		}
+		if s.spStmt.Load() == stmtNone {
+			w.close('S', spStmtName)
+			w.parse(spStmtName, spSQL)
+			items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true, stmtState: &s.spStmt})
+			s.spStmt.Store(stmtPending)
+		}
+		w.bind(spStmtName, spStmtName, s.pinnedPath())
+		w.execute(spStmtName)
+		w.close('P', spStmtName)
+		items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true}, &expect{kind: expSingle, swallow: true})
+		s.sim.spPinned = true
+	}
+	if s.sim.inBlock && len(seg) > 0 && seg[0].typ != 'S' && seg[0].typ != 'H' {
+		pin(0)
+	}
 	for i := range seg {
 		m := &seg[i]
 		raw := buf[m.off : m.off+m.n]
@@ -1450,6 +1525,7 @@ func (s *session) flushSegment() error {
 			} else if s.txEnded {
 				injectRO() // a new transaction after COMMIT/ROLLBACK in this unit
 			}
+			pin(i)
 		}
 		switch m.typ {
 		case 'P', 'B', 'C':
@@ -1464,7 +1540,7 @@ func (s *session) flushSegment() error {
 			items = append(items, &expect{kind: expSync})
 			// After Sync an implicit transaction is over; a block goes on.
 			if !s.sim.inBlock {
-				s.sim.decided, s.sim.groupRW = false, false
+				s.sim.decided, s.sim.groupRW, s.sim.spPinned = false, false, false
 			}
 		case 'E':
 			st := m.st

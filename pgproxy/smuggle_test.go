@@ -22,7 +22,10 @@ CREATE TABLE IF NOT EXISTS other.t (id int);
 GRANT USAGE ON SCHEMA other TO PUBLIC;
 GRANT ALL ON other.t TO PUBLIC;
 CREATE OR REPLACE FUNCTION other.f_writes() RETURNS int LANGUAGE sql AS $$ INSERT INTO other.t VALUES (99); SELECT 1 $$;
-TRUNCATE other.t`)
+CREATE TABLE IF NOT EXISTS other.sp_t (id int);
+CREATE TABLE IF NOT EXISTS public.sp_t (id int);
+GRANT ALL ON other.sp_t, public.sp_t TO PUBLIC;
+TRUNCATE other.t, other.sp_t`)
 }
 
 func otherRows(t *testing.T) int {
@@ -267,4 +270,48 @@ func summarize(c *Classification) string {
 		}
 	}
 	return b.String()
+}
+
+// The search path is session state the fence relies on and Postgres 15 does
+// not report: SQL run from text inside a function changes it, and the next
+// unqualified write must not resolve elsewhere than the proxy checked.
+func TestHiddenSearchPathChange(t *testing.T) {
+	smuggleSetup(t)
+	lease := newStaticLease(t, "lease_sp", 0, "public.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	rows := func() int {
+		var n int
+		if err := adminConn(t).QueryRow(ctx, "SELECT count(*) FROM other.sp_t").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	hide := `SELECT query_to_xml('select set_config(''search_path'',''other'',false)', true, true, '')`
+	for _, w := range []string{"INSERT INTO sp_t VALUES (2)", "BEGIN; INSERT INTO sp_t VALUES (3); COMMIT", "extended", "block-extended"} {
+		c := connect(t, proxyDSN(p, "agent"))
+		if err := simple(ctx, c, "INSERT INTO sp_t VALUES (1)"); err != nil { // the proxy learns the path
+			t.Fatal(err)
+		}
+		if err := simple(ctx, c, hide); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		switch w {
+		case "extended":
+			_, err = c.Exec(ctx, "INSERT INTO sp_t VALUES ($1)", 4)
+		case "block-extended":
+			tx, berr := c.Begin(ctx)
+			if berr != nil {
+				t.Fatal(berr)
+			}
+			_, err = tx.Exec(ctx, "INSERT INTO sp_t VALUES ($1)", 5)
+			tx.Commit(ctx)
+		default:
+			err = simple(ctx, c, w)
+		}
+		if n := rows(); n != 0 {
+			t.Fatalf("%s after a hidden search_path change: %v; other.sp_t, outside the lease, has %d rows", w, err, n)
+		}
+	}
 }
