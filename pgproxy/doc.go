@@ -67,6 +67,10 @@
 //     Parse or Query that follows an Execute with no ReadyForQuery
 //     between: Postgres reports changes only then).
 //
+//   - search_path, which Postgres 15 does not report: learned
+//     (current_schemas) when a write names a table without a schema, and
+//     pinned for that write's transaction (Known limits).
+//
 // The classifier's cache folds literals only where the exact text cannot
 // change the answer (plain decimal numbers with nothing glued to them;
 // strings of printable ASCII without backslashes; newlines between
@@ -316,10 +320,15 @@
 // table scope), unfenced tables do not. Fast-path FunctionCall is allowed only
 // in such a block. search_path resolution trusts the schemas that exist when
 // the proxy looks; another session creating a shadowing schema later is caught
-// only on fenced tables. search_path is not reported by Postgres 15: a
-// function that changes it (set_config inside a function the classifier
-// cannot see into) leaves the proxy resolving unqualified names with the
-// path it learned; fenced tables still check the token's table claim.
+// only on fenced tables. search_path is not reported by Postgres 15, and a
+// function the classifier cannot see into may change it: so a transaction
+// with a write naming a table without a schema gets the path the proxy
+// checked the name with (SET LOCAL search_path, once per transaction,
+// before the write; the client's SHOW search_path in that transaction shows
+// the schemas as quoted names). A function that changes the path inside
+// a writable block, after that, is the block's (above); a statement that
+// must run alone (CREATE INDEX CONCURRENTLY on an unqualified table)
+// resolves with the session's path.
 //
 // A write that must run outside a transaction block (VACUUM, CREATE INDEX
 // CONCURRENTLY, REINDEX ... CONCURRENTLY, REINDEX SCHEMA, CLUSTER without a
