@@ -50,6 +50,7 @@
 //     fenceline_ro (extended) at its start, so transaction control inside
 //     a multi-statement Query or a pipeline never opens a writable
 //     transaction the fence did not classify.
+//
 //   - The client's own read-only default (SET default_transaction_read_only
 //     = on, SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY; undone by
 //     RESET, RESET ALL, DISCARD ALL, and by the ROLLBACK of the block that
@@ -57,6 +58,7 @@
 //     client asks (BEGIN READ WRITE), so Postgres refuses a write with
 //     25006 as it would direct. BEGIN READ ONLY and SET TRANSACTION READ
 //     ONLY need nothing: Postgres keeps them.
+//
 //   - standard_conforming_strings and client_encoding, which change how
 //     Postgres parses a text. The classifier parses as Postgres does with
 //     standard_conforming_strings on and UTF-8 text; a text without a
