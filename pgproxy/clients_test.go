@@ -169,3 +169,22 @@ func TestShowDefaultReadOnly(t *testing.T) {
 		}
 	}
 }
+
+// Finding 1: the proxy's own queries between a client's Parse of the unnamed
+// statement and its Bind (search path, session binding, read-only reset)
+// leave that statement alone (pgx's describe-exec mode).
+func TestUnnamedStatementSurvivesOwnQueries(t *testing.T) {
+	lease := newStaticLease(t, "lease_unnamed1", 0, "public.*", "app.*")
+	p := startProxy(t, Config{Lease: lease, AllowOpaque: true})
+	ctx := ctxT(t)
+	for _, first := range []string{"", "DISCARD ALL", "SELECT public.f_flip()"} {
+		c := connect(t, proxyDSN(p, "agent"))
+		if first != "" {
+			simple(ctx, c, first)
+		}
+		// Unqualified: the proxy learns the search path first.
+		if _, err := c.Exec(ctx, "INSERT INTO accounts (id, balance) VALUES ($1, 0) ON CONFLICT (id) DO NOTHING", pgx.QueryExecModeDescribeExec, 1000); err != nil {
+			t.Fatalf("describe-exec write after %q: %v", first, err)
+		}
+	}
+}
