@@ -78,6 +78,18 @@ type Statement struct {
 	// Forbidden, when set, refuses the statement whatever the lease says:
 	// it would switch off the fence itself.
 	Forbidden string
+	// Unsure, when set, refuses the text whatever the lease says: Postgres
+	// may parse it otherwise than the classifier did (see
+	// session.classify).
+	Unsure string
+	// ClientRO is what the statement does to the client's own read-only
+	// default: +1 sets it on (SET default_transaction_read_only = on, SET
+	// SESSION CHARACTERISTICS AS TRANSACTION READ ONLY), -1 resets it
+	// (RESET, SET ... TO DEFAULT, RESET ALL, DISCARD ALL).
+	ClientRO int8
+	// ShowDefaultRO: SHOW default_transaction_read_only, whose answer the
+	// proxy gives (Postgres's own is always on: the proxy's).
+	ShowDefaultRO bool
 	// Session: it may change how later names resolve (search_path) or the
 	// session's settings; the proxy forgets what it knew.
 	Session bool
@@ -137,8 +149,12 @@ func (c *Classifier) Classify(sql string) *Classification {
 	if ok {
 		return r
 	}
+	// Keys of literal shapes start with a NUL byte, which no query text
+	// holds (the protocol ends texts with one): a text never finds the
+	// classification of another text that happens to equal its shape.
 	var kbuf [512]byte
-	kb, keyed := appendLiteralKey(kbuf[:0], sql)
+	kbuf[0] = 0
+	kb, keyed := appendLiteralKey(kbuf[:1], sql)
 	if keyed {
 		c.mu.RLock()
 		r, ok = c.cache[string(kb)] // no allocation for a lookup
@@ -225,8 +241,15 @@ func classifyNode(n *pgq.Node) Statement {
 	st.Tag = nodeTag(n)
 	// A direct set_config call changes session settings (search_path,
 	// default_transaction_read_only) from inside an expression: never a read.
-	if st.Class == ClassRead && callsSetConfig(n) {
-		st = Statement{Class: ClassWrite, Opaque: true, Session: true, Tag: st.Tag}
+	// Nor is a call of a large-object function: Postgres lets most of them
+	// write in a read-only transaction.
+	if st.Class == ClassRead {
+		switch setCfg, lo := callsWritingFunction(n); {
+		case setCfg:
+			st = Statement{Class: ClassWrite, Opaque: true, Session: true, Tag: st.Tag}
+		case lo:
+			st = Statement{Class: ClassWrite, Opaque: true, Tag: st.Tag + "(large object)"}
+		}
 	}
 	return st
 }
@@ -255,7 +278,7 @@ func classifyNode1(n *pgq.Node) Statement {
 	case *pgq.Node_InsertStmt, *pgq.Node_UpdateStmt, *pgq.Node_DeleteStmt, *pgq.Node_MergeStmt:
 		return write(dmlTargets(n)...)
 	case *pgq.Node_VariableShowStmt:
-		return Statement{Class: ClassRead}
+		return Statement{Class: ClassRead, ShowDefaultRO: strings.EqualFold(x.VariableShowStmt.Name, "default_transaction_read_only")}
 	case *pgq.Node_FetchStmt:
 		return Statement{Class: ClassRead}
 	case *pgq.Node_DeclareCursorStmt:
@@ -299,7 +322,11 @@ func classifyNode1(n *pgq.Node) Statement {
 	case *pgq.Node_DeallocateStmt:
 		return Statement{Class: ClassControl, Deallocate: x.DeallocateStmt.Name, Session: x.DeallocateStmt.Name == ""}
 	case *pgq.Node_DiscardStmt:
-		return Statement{Class: ClassControl, Session: true, Tx: TxOutside}
+		s := Statement{Class: ClassControl, Session: true, Tx: TxOutside}
+		if x.DiscardStmt.Target == pgq.DiscardMode_DISCARD_ALL {
+			s.ClientRO = -1
+		}
+		return s
 	case *pgq.Node_PrepareStmt:
 		inner := classifyNode(x.PrepareStmt.Query)
 		return Statement{Class: ClassControl, Prepare: x.PrepareStmt.Name, Inner: &inner}
@@ -329,11 +356,39 @@ func classifyNode1(n *pgq.Node) Statement {
 				if ac.Subtype >= pgq.AlterTableType_AT_EnableTrig && ac.Subtype <= pgq.AlterTableType_AT_DisableTrigUser {
 					s.Forbidden = "it changes when triggers fire, and the storage-side fence is a trigger"
 				}
+				if ac.Subtype == pgq.AlterTableType_AT_DetachPartition && ac.Def.GetPartitionCmd().GetConcurrent() {
+					s.Tx = TxOutside
+				}
 			}
 		}
 		return s
 	case *pgq.Node_DropStmt:
 		return classifyDrop(x.DropStmt)
+	case *pgq.Node_ReindexStmt:
+		r := x.ReindexStmt
+		s := write(rangeVars(n)...)
+		if r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_SCHEMA && r.Name != "" {
+			s.Targets = []Target{{Schema: r.Name, Name: "*"}}
+		}
+		if len(s.Targets) == 0 {
+			s.Opaque = true
+		}
+		if hasOption(r.Params, "concurrently") || r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_SCHEMA ||
+			r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_SYSTEM || r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_DATABASE {
+			s.Tx = TxOutside
+		}
+		return s
+	case *pgq.Node_ClusterStmt:
+		s := write(rangeVars(n)...)
+		if x.ClusterStmt.Relation == nil {
+			s.Opaque, s.Tx = true, TxOutside // every clustered table: alone
+		}
+		return s
+	case *pgq.Node_CreateSubscriptionStmt, *pgq.Node_AlterSubscriptionStmt, *pgq.Node_DropSubscriptionStmt,
+		*pgq.Node_CreateTableSpaceStmt, *pgq.Node_DropTableSpaceStmt:
+		s := opaque()
+		s.Tx = TxOutside // (some forms may run in a block; alone they all work)
+		return s
 	case *pgq.Node_CreateSchemaStmt:
 		s := write(Target{Schema: x.CreateSchemaStmt.Schemaname, Name: "*"})
 		if x.CreateSchemaStmt.Schemaname == "" {
@@ -362,6 +417,16 @@ func classifyNode1(n *pgq.Node) Statement {
 		s.Opaque = true
 	}
 	return s
+}
+
+// hasOption reports whether options (DefElems) set name, true.
+func hasOption(options []*pgq.Node, name string) bool {
+	for _, o := range options {
+		if d := o.GetDefElem(); d != nil && d.Defname == name && defBool(d, true) {
+			return true
+		}
+	}
+	return false
 }
 
 func defBool(d *pgq.DefElem, dflt bool) bool {
@@ -471,7 +536,7 @@ func classifySet(v *pgq.VariableSetStmt) Statement {
 	s := Statement{Class: ClassControl}
 	name := strings.ToLower(v.Name)
 	if v.Kind == pgq.VariableSetKind_VAR_RESET_ALL {
-		s.Session = true
+		s.Session, s.ClientRO = true, -1
 		return s
 	}
 	if name == "search_path" {
@@ -485,8 +550,12 @@ func classifySet(v *pgq.VariableSetStmt) Statement {
 		// SET TRANSACTION / SET SESSION CHARACTERISTICS AS TRANSACTION ...:
 		// read-only and isolation levels are fine, READ WRITE is not ours to give.
 		for _, a := range v.Args {
-			if d := a.GetDefElem(); d != nil && d.Defname == "transaction_read_only" && !defBool(d, true) {
-				s.Class, s.Forbidden = ClassWrite, guardedSettings["transaction_read_only"]
+			if d := a.GetDefElem(); d != nil && d.Defname == "transaction_read_only" {
+				if !defBool(d, true) {
+					s.Class, s.Forbidden = ClassWrite, guardedSettings["transaction_read_only"]
+				} else if name == "session characteristics" {
+					s.ClientRO = 1
+				}
 			}
 		}
 		return s
@@ -494,9 +563,15 @@ func classifySet(v *pgq.VariableSetStmt) Statement {
 	if why, ok := guardedSettings[name]; ok {
 		if (name == "transaction_read_only" || name == "default_transaction_read_only") &&
 			v.Kind == pgq.VariableSetKind_VAR_SET_VALUE && len(v.Args) == 1 && setValueTrue(v.Args[0]) {
+			if name == "default_transaction_read_only" && !v.IsLocal {
+				s.ClientRO = 1
+			}
 			return s // switching read-only on is always fine
 		}
-		if name == "default_transaction_read_only" && v.Kind == pgq.VariableSetKind_VAR_RESET {
+		if name == "default_transaction_read_only" && (v.Kind == pgq.VariableSetKind_VAR_RESET || v.Kind == pgq.VariableSetKind_VAR_SET_DEFAULT) {
+			if !v.IsLocal {
+				s.ClientRO = -1
+			}
 			return s // resets to the proxy's startup value (on)
 		}
 		s.Class, s.Forbidden = ClassWrite, why
@@ -624,18 +699,28 @@ func dedup(ts []Target) []Target {
 	return out
 }
 
-func callsSetConfig(n *pgq.Node) bool {
-	found := false
+// callsWritingFunction reports whether n calls set_config or a
+// large-object function (any lo_* function but the ones that only read or
+// position a descriptor, and lowrite) by name.
+func callsWritingFunction(n *pgq.Node) (setConfig, largeObject bool) {
 	walk(n.ProtoReflect(), func(m protoreflect.Message) {
 		if f, ok := m.Interface().(*pgq.FuncCall); ok && len(f.Funcname) > 0 {
 			name := strings.ToLower(f.Funcname[len(f.Funcname)-1].GetString_().GetSval())
-			if name == "set_config" {
-				found = true
+			switch {
+			case name == "set_config":
+				setConfig = true
+			case name == "lowrite" || strings.HasPrefix(name, "lo_") && !loReads[name]:
+				largeObject = true
 			}
 		}
 	})
-	return found
+	return setConfig, largeObject
 }
+
+// loReads are the large-object functions that write nothing (lo_open may
+// open for writing: it is a write).
+var loReads = map[string]bool{"lo_get": true, "lo_close": true, "lo_tell": true, "lo_tell64": true,
+	"lo_lseek": true, "lo_lseek64": true}
 
 // walk calls f for m and every message below it.
 func walk(m protoreflect.Message, f func(protoreflect.Message)) {

@@ -6,7 +6,10 @@
 //
 // # Startup
 //
-// SSLRequest is answered 'S' and TLS terminated with Config.TLS, or 'N';
+// SSLRequest is answered 'S' and TLS terminated with Config.TLS, or 'N'
+// (fenceline run and sidecar set Config.TLS from --pg-tls-cert/--pg-tls-key,
+// or a self-signed certificate made at start, SelfSignedTLS, so that
+// sslmode=require works locally and prefer does not fall back to plaintext);
 // GSSENCRequest is answered 'N'. CancelRequest is forwarded to the upstream
 // when it names the backend of a live session (BackendKeyData is relayed
 // unchanged). The StartupMessage is forwarded with
@@ -33,6 +36,48 @@
 // (SELECT without INTO or locking, read CTEs only, VALUES, TABLE, SHOW,
 // FETCH, EXPLAIN without ANALYZE, COPY TO STDOUT) go through byte for byte.
 //
+// # Session state the fence relies on
+//
+// The proxy keeps what it needs to know of the session from what Postgres
+// reports (ParameterStatus), not from what it guesses statements do:
+//
+//   - default_transaction_read_only: reported "off" (a function called
+//     set_config behind the proxy's back) makes the proxy set it on again
+//     before the next unit. Inside one unit, a statement after a COMMIT or
+//     ROLLBACK starts a transaction whose default the proxy cannot know:
+//     unless the proxy makes that transaction writable itself, it puts
+//     "SET transaction_read_only = on" (simple) or its prepared
+//     fenceline_ro (extended) at its start, so transaction control inside
+//     a multi-statement Query or a pipeline never opens a writable
+//     transaction the fence did not classify.
+//
+//   - The client's own read-only default (SET default_transaction_read_only
+//     = on, SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY; undone by
+//     RESET, RESET ALL, DISCARD ALL, and by the ROLLBACK of the block that
+//     set it): while on, the proxy makes no transaction writable unless the
+//     client asks (BEGIN READ WRITE), so Postgres refuses a write with
+//     25006 as it would direct. BEGIN READ ONLY and SET TRANSACTION READ
+//     ONLY need nothing: Postgres keeps them.
+//
+//   - standard_conforming_strings and client_encoding, which change how
+//     Postgres parses a text. The classifier parses as Postgres does with
+//     standard_conforming_strings on and UTF-8 text; a text without a
+//     backslash and without bytes >= 0x80 parses the same under every
+//     setting. A text that has them is refused, reads included (reason
+//     "unsure-parse"), when the reported settings differ (scs off; a
+//     client_encoding other than UTF8 or SQL_ASCII) or are not known (a
+//     Parse or Query that follows an Execute with no ReadyForQuery
+//     between: Postgres reports changes only then).
+//
+//   - search_path, which Postgres 15 does not report: learned
+//     (current_schemas) when a write names a table without a schema, and
+//     pinned for that write's transaction (Known limits).
+//
+// The classifier's cache folds literals only where the exact text cannot
+// change the answer (plain decimal numbers with nothing glued to them;
+// strings of printable ASCII without backslashes; newlines between
+// constants kept); fold keys cannot equal a query text.
+//
 // # Writes
 //
 // Statements are classified with the real Postgres parser (pg_query),
@@ -42,7 +87,10 @@
 // (current_schemas(false), learned on first need and forgotten whenever
 // anything may change it); one outside the claim refuses the write. Writes
 // whose targets cannot be named (DO, CALL, EXECUTE of an unknown statement,
-// GRANT, unparsable text) are refused unless Config.AllowOpaque.
+// GRANT, unparsable text) are refused unless Config.AllowOpaque. A call of a
+// large-object function (lo_* but lo_get, lo_close, lo_tell, lo_lseek;
+// lowrite) is such a write: Postgres 15 lets them write in a read-only
+// transaction.
 //
 // An authorized write's transaction is made writable and carries the token,
 // in the same message as the write:
@@ -261,13 +309,59 @@
 // that writes more fenced tables takes the rest through the shared lock
 // table, which costs more under concurrency.
 //
+// Large-object functions called from inside another function (a user
+// function, or SQL text run by query_to_xml) are not seen by the
+// classifier, and Postgres 15 lets them write in a read-only transaction:
+// large objects are not fenced at storage (pg_largeobject takes no
+// trigger). A client's read-only default set from inside a function is not
+// seen either (Postgres reports no change: its own default is already on);
+// the client then gets a write its lease allows that it asked not to.
+//
 // Inside a block made writable under a live lease, a read that calls a
 // writing function can write: fenced tables still check the token (fence and
 // table scope), unfenced tables do not. Fast-path FunctionCall is allowed only
 // in such a block. search_path resolution trusts the schemas that exist when
 // the proxy looks; another session creating a shadowing schema later is caught
-// only on fenced tables. A write that must run outside a transaction block
-// (VACUUM, CREATE INDEX CONCURRENTLY) is forwarded alone, without the token,
-// in the session's read-only default; Postgres decides. COPY FROM STDIN with
-// the extended protocol relies on Postgres ignoring Sync during COPY.
+// only on fenced tables. search_path is not reported by Postgres 15, and a
+// function the classifier cannot see into may change it: so a transaction
+// with a write naming a table without a schema gets the path the proxy
+// checked the name with (SET LOCAL search_path, once per transaction,
+// before the write; the client's SHOW search_path in that transaction shows
+// the schemas as quoted names). A function that changes the path inside
+// a writable block, after that, is the block's (above); a statement that
+// must run alone (CREATE INDEX CONCURRENTLY on an unqualified table)
+// resolves with the session's path.
+//
+// A write that must run outside a transaction block (VACUUM, CREATE INDEX
+// CONCURRENTLY, REINDEX ... CONCURRENTLY, REINDEX SCHEMA, CLUSTER without a
+// table, DETACH PARTITION CONCURRENTLY, CREATE/DROP DATABASE, subscriptions)
+// is forwarded alone, without the token: when the lease allows it (and the
+// client's own default is not read-only) the proxy switches the session's
+// read-only default off for it with a query of its own and on again before
+// the next unit; otherwise it runs in the read-only default and Postgres
+// refuses what writes. A function such a statement runs (an index
+// expression marked IMMUTABLE that writes) runs writable too: unfenced
+// tables do not check a token. COPY FROM STDIN with the extended protocol
+// relies on Postgres ignoring Sync during COPY.
+//
+// Extended-protocol messages are held until Sync or Flush, so the proxy can
+// decide the unit as a whole (whether to make its transaction writable must
+// be known before its first Parse): a statement_timeout that direct would
+// fire between a client's Parse and its Describe, sent later, fires only
+// once the Sync arrives. SHOW default_transaction_read_only answers the
+// client's own value (a one-row SELECT: its tag is "SELECT 1"); a statement
+// prepared for it keeps the value of when it was prepared, and
+// current_setting and pg_settings show Postgres's own (on).
+//
+// # pgx suite exceptions
+//
+// scripts/pgx-suite.sh runs pgx v5's own tests straight to Postgres and
+// through the fence (a live lease on public.*, --pg-allow-opaque). These
+// pass direct and fail through the fence; every other test has the same
+// result both ways:
+//
+//   - TestLoadTypeSameNameInDifferentSchemas: creates schemas pgx_a and pgx_b, outside the lease's claim (public.*): policy.
+//   - TestPrepareHandlesTimeoutBetweenParseAndDescribe: statement_timeout between Parse and Describe (messages held until Sync, above): a known difference.
+//   - TestPrepareWithDigestedNameHandlesTimeoutBetweenParseAndDescribe: the same.
+//   - TestSendBatchHandlesTimeoutBetweenParseAndDescribe: the same.
 package pgproxy

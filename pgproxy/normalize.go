@@ -27,18 +27,27 @@ func appendLiteralKey(b []byte, sql string) (_ []byte, ok bool) {
 	for i < len(sql) {
 		c := sql[i]
 		switch {
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
-			b = append(b, ' ')
-			for i < len(sql) && (sql[i] == ' ' || sql[i] == '\t' || sql[i] == '\n' || sql[i] == '\r') {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
+			// A run with a newline keeps it: two string constants with
+			// only a newline between them are one constant.
+			ws := byte(' ')
+			for i < len(sql) && (sql[i] == ' ' || sql[i] == '\t' || sql[i] == '\n' || sql[i] == '\r' || sql[i] == '\f' || sql[i] == '\v') {
+				if sql[i] == '\n' || sql[i] == '\r' {
+					ws = '\n'
+				}
 				i++
 			}
+			b = append(b, ws)
 		case c == '\'':
 			j := i + 1
 			for {
 				if j >= len(sql) {
 					return b, false
 				}
-				if sql[j] == '\\' {
+				if sql[j] == '\\' || sql[j] >= 0x80 || sql[j] < ' ' && sql[j] != '\t' && sql[j] != '\n' && sql[j] != '\r' {
+					// A backslash (an escape when standard_conforming_strings
+					// is off), a byte of a multibyte character (which may be
+					// invalid) or a control byte: the exact text decides.
 					return b, false
 				}
 				if sql[j] == '\'' {
@@ -61,9 +70,32 @@ func appendLiteralKey(b []byte, sql string) (_ []byte, ok bool) {
 				i++
 				continue
 			}
+			// A plain decimal constant: digits, a fraction, an exponent.
+			// Anything else glued to it (1into, 0x1F, 1_000, 1.2.3) may
+			// change how the statement parses: the exact text decides.
 			j := i
-			for j < len(sql) && (isWordByte(sql[j]) || sql[j] == '.') {
+			digits := func() {
+				for j < len(sql) && sql[j] >= '0' && sql[j] <= '9' {
+					j++
+				}
+			}
+			digits()
+			if j < len(sql) && sql[j] == '.' {
 				j++
+				digits()
+			}
+			if j < len(sql) && (sql[j] == 'e' || sql[j] == 'E') {
+				j++
+				if j < len(sql) && (sql[j] == '+' || sql[j] == '-') {
+					j++
+				}
+				if j >= len(sql) || sql[j] < '0' || sql[j] > '9' {
+					return b, false
+				}
+				digits()
+			}
+			if j < len(sql) && (isWordByte(sql[j]) || sql[j] == '.' || sql[j] >= 0x80) {
+				return b, false
 			}
 			b = append(b, '?')
 			i = j

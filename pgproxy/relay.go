@@ -162,8 +162,16 @@ func (s *session) relayOne(t byte, raw []byte) error {
 	hidden := h != nil && (h.swallow || h.internal != nil)
 	switch t {
 	case 'N': // NoticeResponse
-		if hidden {
+		// Only the answers to the proxy's own queries between units are
+		// the proxy's: a notice while a statement the proxy put into the
+		// client's message is at the head comes from parsing the client's
+		// text (Postgres parses a whole Query first), so it goes on, its
+		// position mapped back as an error's is.
+		if h != nil && h.internal != nil {
 			return nil
+		}
+		if q := s.queryEnd(); q != nil && len(q.inserts) > 0 {
+			raw = mapErrorPosition(raw, q.inserts)
 		}
 		return s.toClient(raw)
 	case 'A': // NotificationResponse
@@ -179,6 +187,7 @@ func (s *session) relayOne(t byte, raw []byte) error {
 			}
 			return nil // the client was told "off" at startup; the proxy owns it
 		}
+		s.parserSetting(name, rest)
 		return s.toClient(raw)
 	case 'E': // ErrorResponse
 		if h == nil {
@@ -336,4 +345,16 @@ func dataRow(raw []byte) []string {
 		b = b[l:]
 	}
 	return out
+}
+
+// parserSetting records a reported setting that changes how Postgres
+// parses a query text (see session.classify).
+func (s *session) parserSetting(name string, value []byte) {
+	v, _, _ := cstring(value)
+	switch name {
+	case "standard_conforming_strings":
+		s.scsOff.Store(v != "on")
+	case "client_encoding":
+		s.encUnsafe.Store(v != "UTF8" && v != "SQL_ASCII")
+	}
 }

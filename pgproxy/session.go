@@ -51,7 +51,25 @@ type session struct {
 	segBuf      []byte
 	segOut      []byte       // flushSegment's output, reused
 	rwStmt      atomic.Int32 // state of our prepared "SET transaction_read_only = off"
+	roStmt      atomic.Int32 // state of our prepared "SET transaction_read_only = on"
 	tokStmt     atomic.Int32 // state of our prepared set_config for the token
+	spStmt      atomic.Int32 // state of our prepared set_config for search_path
+	// clientRO is the client's own default_transaction_read_only, the one
+	// it would have straight to Postgres (Postgres's is always on: the
+	// proxy's). When on, the proxy makes no transaction writable unless the
+	// client asks for one (BEGIN READ WRITE), so a write fails as it would
+	// direct. clientROSaved keeps the value from before a SET inside a
+	// block, which a ROLLBACK restores (0: none, 1: off, 2: on).
+	clientRO      bool
+	clientROSaved int8
+	// txEnded: a statement of the unit being forwarded ended a
+	// transaction, so what follows it in the same unit starts a new one,
+	// whose read-only default the proxy no longer knows (a function may
+	// have switched it off); it asserts read-only for it.
+	txEnded bool
+	// unwrapped: the proxy switched the read-only default off itself for
+	// a statement that must run outside a transaction (unwrapOutside).
+	unwrapped bool
 
 	qmu         sync.Mutex
 	queue       []*expect // guarded by qmu
@@ -61,6 +79,11 @@ type session struct {
 	status  atomic.Uint32 // txStatus as seen by the relay
 	copyIn  atomic.Bool   // the server is in COPY FROM STDIN
 	tainted atomic.Bool   // the server reported default_transaction_read_only off
+	// Parser settings as Postgres last reported them (ParameterStatus):
+	// standard_conforming_strings off, and a client_encoding other than
+	// UTF8 or SQL_ASCII. See classify.
+	scsOff    atomic.Bool
+	encUnsafe atomic.Bool
 	// resetMark: a DISCARD ran. DISCARD SEQUENCES forgets the currval the
 	// storage fence's fast path reads, not the setting that says it is
 	// there; RESET that before the next unit outside a transaction.
@@ -96,10 +119,14 @@ const (
 const (
 	internalStmtName = "fenceline_internal_" // + the statement's index
 	rwStmtName       = "fenceline_rw"
+	roStmtName       = "fenceline_ro"
 	tokStmtName      = "fenceline_tok"
+	spStmtName       = "fenceline_sp"
 	refuseName       = "fenceline_refuse"
 	rwSQL            = "SET transaction_read_only = off"
+	roSQL            = "SET transaction_read_only = on"
 	tokSQL           = "SELECT pg_catalog.set_config('fenceline.token', $1, true)"
+	spSQL            = "SELECT pg_catalog.set_config('search_path', $1, true)"
 )
 
 // txSim is the proxy's view of the transaction the next statement runs in.
@@ -109,6 +136,9 @@ type txSim struct {
 	clientRO bool // the client asked for READ ONLY
 	decided  bool // the current implicit transaction's mode is fixed
 	groupRW  bool // the current implicit transaction is writable and carries the token
+	// spPinned: the proxy set search_path for this transaction (SET
+	// LOCAL) to the path it checks unqualified names with.
+	spPinned bool
 }
 
 // track follows a statement's effect on the transaction block (both
@@ -137,8 +167,85 @@ func (s *session) sessionChanged(st *Statement) {
 		s.fenceSession = 0 // DISCARD SEQUENCES and ALL forget its currval
 	}
 	s.searchPath = nil
-	s.rwStmt.Store(stmtNone)
-	s.tokStmt.Store(stmtNone)
+	if st.Tag == "DiscardStmt" || st.Tag == "DeallocateStmt" && st.Deallocate == "" {
+		// DISCARD ALL and DEALLOCATE ALL drop the proxy's prepared
+		// statements too; SET, RESET ALL and set_config do not.
+		s.forgetOwnStatements("")
+	}
+}
+
+// forgetOwnStatements: Postgres no longer has the proxy's prepared
+// statement name ("" for all of them); it is prepared again before its
+// next use (after a Close, so a statement Postgres still has is no error).
+func (s *session) forgetOwnStatements(name string) {
+	for _, o := range []struct {
+		name  string
+		state *atomic.Int32
+	}{{rwStmtName, &s.rwStmt}, {roStmtName, &s.roStmt}, {tokStmtName, &s.tokStmt}, {spStmtName, &s.spStmt}} {
+		if name == "" || name == o.name {
+			o.state.Store(stmtNone)
+		}
+	}
+}
+
+// trackTx follows st's effect on the transaction block and on the
+// client's read-only default (SET inside a block is undone by its
+// ROLLBACK, and by a COMMIT of a failed block).
+func (s *session) trackTx(st *Statement) {
+	if st.ClientRO != 0 {
+		if s.sim.inBlock && s.clientROSaved == 0 {
+			s.clientROSaved = 1
+			if s.clientRO {
+				s.clientROSaved = 2
+			}
+		}
+		s.clientRO = st.ClientRO > 0
+	}
+	if (st.Tx == TxEnd || st.Tx == TxChain) && s.sim.inBlock {
+		if s.clientROSaved != 0 && (st.Rollback || s.txStatus == 'E') {
+			s.clientRO = s.clientROSaved == 2
+		}
+		s.clientROSaved = 0
+	}
+	if st.Tx == TxEnd || st.Tx == TxChain {
+		s.txEnded = true
+	}
+	s.sim.track(st.Tx)
+}
+
+// classify classifies a query text as Postgres will parse it. The
+// classifier parses as Postgres does with standard_conforming_strings on
+// and the text in UTF-8; a text is parsed the same under every setting
+// unless it holds a backslash (an escape in a string when
+// standard_conforming_strings is off) or a byte >= 0x80 (in SJIS, BIG5,
+// GBK, UHC, GB18030 and JOHAB a backslash may end a multibyte character,
+// and Postgres converts the text before it parses it). Such a text is
+// refused, reads included, when the session's settings (as Postgres last
+// reported them) or unknown settings (changed may be true: a statement
+// ran since they were reported) could make Postgres parse it otherwise.
+func (s *session) classify(sql string, changed bool) *Classification {
+	var why string
+	if (changed || s.scsOff.Load()) && strings.IndexByte(sql, '\\') >= 0 {
+		why = "the text has a backslash and standard_conforming_strings is off"
+		if changed {
+			why = "the text has a backslash and an earlier statement of this pipeline may have changed standard_conforming_strings"
+		}
+	} else if changed || s.encUnsafe.Load() {
+		for i := 0; i < len(sql); i++ {
+			if sql[i] >= 0x80 {
+				why = "the text has non-ASCII bytes and the client encoding is not UTF8"
+				if changed {
+					why = "the text has non-ASCII bytes and an earlier statement of this pipeline may have changed client_encoding"
+				}
+				break
+			}
+		}
+	}
+	if why == "" {
+		return s.p.classifier.Classify(sql)
+	}
+	return &Classification{Class: ClassWrite, Stmts: []Statement{{Class: ClassWrite, Opaque: true, Unsure: why,
+		Start: 0, End: len(sql), Tag: "UnsureParse"}}}
 }
 
 // authorizeWrite decides a write statement (nil for reads): the lease and
@@ -152,7 +259,10 @@ func (s *session) authorizeWrite(st *Statement, li leaseInfo, searchPath []strin
 	if r := s.authorize(st, li, searchPath); r != nil {
 		return r
 	}
-	if s.sim.inBlock && !s.sim.blockRW && !s.sim.clientRO {
+	if (s.sim.clientRO || s.clientRO) && !s.sim.blockRW && !s.sim.groupRW {
+		return nil // read-only as the client asked: Postgres refuses it, as direct
+	}
+	if s.sim.inBlock && !s.sim.blockRW {
 		return &refusal{code: ReasonReadOnlyTxn, reason: "the transaction block began while the lease was not held, so it is read-only",
 			hint: "ROLLBACK, then BEGIN again while the lease is held"}
 	}
@@ -458,17 +568,26 @@ func (s *session) beginUnit() error {
 		return nil // an extended-protocol transaction is still open
 	}
 	s.rw.Store(false) // nothing in flight
+	s.txEnded = false // the next unit starts where Postgres reported
 	s.txStatus = byte(s.status.Load())
+	if s.txStatus == 'I' && s.clientROSaved != 0 {
+		// A block ended in a way the proxy did not see (an error in a
+		// multi-statement Query): it rolled back.
+		s.clientRO, s.clientROSaved = s.clientROSaved == 2, 0
+	}
 	if s.txStatus == 'I' {
 		s.sim = txSim{}
 	} else {
 		s.sim.inBlock = true
 		s.sim.decided = true
 	}
-	if s.tainted.Load() {
+	if s.tainted.Load() && s.txStatus != 'E' { // (in a failed block nothing runs; after it, again)
 		s.tainted.Store(false)
-		s.p.log.Warn("default_transaction_read_only was switched off behind the proxy; switching it on again",
-			"user", s.user, "client", s.client.RemoteAddr().String())
+		if !s.unwrapped {
+			s.p.log.Warn("default_transaction_read_only was switched off behind the proxy; switching it on again",
+				"user", s.user, "client", s.client.RemoteAddr().String())
+		}
+		s.unwrapped = false
 		if _, err := s.internalQuery("SET default_transaction_read_only = on"); err != nil {
 			return err
 		}
@@ -616,10 +735,15 @@ const (
 	ReasonUnnamedTable = "unnamed-table"             // the tables a write touches cannot be named
 	ReasonOutsideLease = leasebus.ReasonOutsideLease // a table outside the lease's table scope
 	ReasonReadOnlyTxn  = "read-only-transaction"     // the transaction was not made writable under the lease
+	ReasonUnsureParse  = "unsure-parse"              // Postgres may parse the text otherwise than the classifier
 )
 
 // authorize decides one write statement against the lease.
 func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *refusal {
+	if st.Unsure != "" {
+		return &refusal{code: ReasonUnsureParse, reason: "Postgres may parse this text otherwise than fenceline did: " + st.Unsure,
+			hint: "fenceline refuses it whatever the lease: send it with standard_conforming_strings on and client_encoding UTF8, or after a Sync"}
+	}
 	if st.Forbidden != "" {
 		return &refusal{code: ReasonFenceTamper, reason: "statement switches off the fence: " + st.Forbidden,
 			hint: "fenceline refuses this statement whatever the lease"}
@@ -638,7 +762,7 @@ func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *r
 			what = "text the parser rejected"
 		}
 		return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("cannot tell which tables %s writes; when in doubt fenceline refuses", what),
-			hint: "write with INSERT/UPDATE/DELETE/MERGE/COPY on tables the lease claims"}
+			hint: "writes whose tables cannot be named pass only when the fence runs with --pg-allow-opaque (fenceline run/sidecar; Config.AllowOpaque), under a live lease; otherwise write with INSERT/UPDATE/DELETE/MERGE/COPY on tables the lease claims"}
 	}
 	for _, t := range st.Targets {
 		if r := s.checkTarget(t, li, searchPath); r != nil {
@@ -819,6 +943,7 @@ func (s *session) resolveSQLPrepared(st *Statement) *Statement {
 		s.sqlPrep[st.Prepare] = st.Inner
 	case st.Deallocate != "":
 		delete(s.sqlPrep, st.Deallocate)
+		s.forgetOwnStatements(st.Deallocate)
 	case st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt":
 		clear(s.sqlPrep)
 	case st.Execute != "":
@@ -834,7 +959,11 @@ func (s *session) resolveSQLPrepared(st *Statement) *Statement {
 // groupWrites reports whether the implicit transaction starting at stmts[0]
 // needs to be writable: a write, or a BEGIN (the block may write later),
 // before the first COMMIT/ROLLBACK.
-func groupWrites(stmts []*Statement) bool {
+//
+// When the client's own default is read-only (clientRO), only BEGIN READ
+// WRITE asks for a writable transaction; a write elsewhere runs read-only
+// and Postgres refuses it, as it would direct.
+func groupWrites(stmts []*Statement, clientRO bool) bool {
 	for _, st := range stmts {
 		if st == nil {
 			continue
@@ -842,13 +971,18 @@ func groupWrites(stmts []*Statement) bool {
 		switch st.Tx {
 		case TxEnd, TxChain:
 			return false
-		case TxBegin:
+		case TxBeginRW:
 			return true
+		case TxBegin:
+			return !clientRO
 		case TxBeginRO:
 			return false
 		}
-		if st.Class == ClassWrite {
+		if st.Class == ClassWrite && !clientRO {
 			return true
+		}
+		if st.ClientRO != 0 {
+			clientRO = st.ClientRO > 0
 		}
 	}
 	return false
@@ -862,8 +996,8 @@ func (s *session) handleQuery(raw []byte) error {
 		return s.fatal(err)
 	}
 	between := !s.pendingSync && s.txStatus == 'I' // no transaction open on the server
+	cls := s.classify(sql, s.pendingSync)
 	s.pendingSync = false
-	cls := s.p.classifier.Classify(sql)
 	if fastPathOK(cls, s.sim) && !s.rwLost() {
 		if s.sim.blockRW || s.sim.groupRW {
 			s.rw.Store(true) // a read that calls a function may write
@@ -880,6 +1014,23 @@ func (s *session) handleQuery(raw []byte) error {
 		return err
 	}
 	li := s.lease()
+	if cls.ParseError != "" {
+		// Text the classifier's parser rejects: let Postgres's parser say
+		// why (42601 and its message) without running anything.
+		st := stmts[0]
+		r := s.authorizeInTxn(st, li)
+		if r == nil {
+			r = s.authorize(st, li, nil)
+		}
+		if r != nil {
+			return s.parseOrRefuse(sql, r, st, li)
+		}
+	}
+	if between && len(stmts) == 1 {
+		if err := s.unwrapOutside(stmts[0], li); err != nil {
+			return err
+		}
+	}
 	if li.live() && between {
 		if err := s.bindFence(); err != nil {
 			return err
@@ -908,11 +1059,15 @@ func (s *session) handleQuery(raw []byte) error {
 	}
 	authorizeGroup := func(i int) {
 		s.sim.decided = true
-		if !groupWrites(stmts[i:]) || !li.live() {
+		if !groupWrites(stmts[i:], s.clientRO) || !li.live() || len(stmts) == 1 && stmts[0].Tx == TxOutside {
+			// (A statement that must run alone runs in the session's
+			// read-only default; Postgres decides whether it may.)
+			if s.txEnded {
+				// A new transaction after a COMMIT or ROLLBACK in this
+				// Query: read-only whatever a function did to the default.
+				inject(roSQL)
+			}
 			return
-		}
-		if len(stmts) == 1 && stmts[0].Tx == TxOutside {
-			return // must run alone; Postgres decides whether it may
 		}
 		inject(rwSQL, setLocalToken(s.token(li)))
 		s.sim.groupRW = true
@@ -940,8 +1095,35 @@ func (s *session) handleQuery(raw []byte) error {
 			changed = true
 			break
 		}
+		if unqualified(st) && !s.sim.spPinned && s.searchPath != nil && sp != nil {
+			// Postgres 15 does not report search_path, and a function may
+			// have changed it since the proxy learned it: the write
+			// resolves its names with the path the proxy checked them
+			// with, for the rest of its transaction (a writable block:
+			// what a function in it does is the block's, see Known limits).
+			out.WriteString(sql[pos:st.Start])
+			pos = st.Start
+			inject("SET LOCAL search_path = " + s.pinnedPath())
+			s.sim.spPinned = true
+		}
 		items = append(items, &expect{kind: expStmt})
-		s.sim.track(st.Tx)
+		if st.ShowDefaultRO {
+			// The client's own value, as a one-row SELECT of the same
+			// column (the tag says SELECT 1, not SHOW).
+			out.WriteString(sql[pos:st.Start])
+			show := s.showDefaultRO()
+			if d := len(show) - (st.End - st.Start); d > 0 {
+				inserts = append(inserts, insertion{at: out.Len(), n: d})
+			}
+			out.WriteString(show)
+			pos = st.End
+			if pos < len(sql) && sql[pos] == ';' {
+				pos++
+				out.WriteString(";")
+			}
+			changed = true
+		}
+		s.trackTx(st)
 		if st.Tx == TxChain {
 			if s.sim.blockRW && i+1 < len(stmts) {
 				out.WriteString(sql[pos:stmts[i+1].Start])
@@ -969,6 +1151,94 @@ func (s *session) handleQuery(raw []byte) error {
 	return err
 }
 
+// showDefaultRO is the query that answers SHOW default_transaction_read_only
+// with the client's own value.
+func (s *session) showDefaultRO() string {
+	v := "off"
+	if s.clientRO {
+		v = "on"
+	}
+	return "SELECT '" + v + "'::pg_catalog.text AS default_transaction_read_only"
+}
+
+// parseOrRefuse answers a Query whose text the classifier's parser
+// rejected and which may not run as an opaque write: Postgres parses the
+// text (a Parse into a statement of the proxy's own: nothing runs, and the
+// client's unnamed statement stays), so the client gets Postgres's own
+// syntax error (42601, its message and position); should Postgres accept
+// the text, the refusal runs instead.
+func (s *session) parseOrRefuse(sql string, r *refusal, st *Statement, li leaseInfo) error {
+	const name = "fenceline_syntax"
+	var w msgBuilder
+	w.close('S', name)
+	w.parse(name, sql)
+	w.close('S', name)
+	w.close('S', refuseName)
+	w.parse(refuseName, s.refuse(r, st, li, sql))
+	w.bind("", refuseName)
+	w.execute("")
+	w.sync()
+	items := make([]*expect, 0, 8)
+	for range 6 {
+		items = append(items, &expect{kind: expSingle, swallow: true})
+	}
+	items = append(items, &expect{kind: expExecute}, &expect{kind: expSync})
+	s.push(items...)
+	_, err := s.sw.Write(w.b)
+	return err
+}
+
+// unwrapOutside prepares a statement that must run outside a transaction
+// block (CREATE INDEX CONCURRENTLY, VACUUM, REINDEX SCHEMA, CREATE
+// DATABASE...), sent alone between transactions, so that it may write:
+// when the lease allows it, the session's read-only default is switched
+// off for it (the proxy's own query, before it) and on again before the
+// next unit (beginUnit, as after a change behind the proxy's back). It
+// carries no token: Postgres runs it outside any transaction the proxy
+// could set one in, and none of these fire the fence's DML trigger.
+func (s *session) unwrapOutside(st *Statement, li leaseInfo) error {
+	if st.Tx != TxOutside || st.Class != ClassWrite || s.clientRO || !li.live() ||
+		s.authorize(st, li, s.searchPath) != nil {
+		return nil
+	}
+	if _, err := s.internalQuery("SET default_transaction_read_only = off"); err != nil {
+		return err
+	}
+	s.unwrapped = true
+	s.tainted.Store(true) // on again before the next unit
+	s.rw.Store(true)      // cancelled should the lease be lost while it runs
+	return nil
+}
+
+// unqualified reports whether st writes a table named without a schema.
+func unqualified(st *Statement) bool {
+	if st == nil || st.Class != ClassWrite || st.Tx == TxOutside {
+		return false
+	}
+	for _, t := range st.Targets {
+		if t.Schema == "" && !t.Temp {
+			return true
+		}
+	}
+	return false
+}
+
+// pinnedPath is the search path the proxy checked unqualified names with,
+// as a search_path value: each schema quoted (” for none).
+func (s *session) pinnedPath() string {
+	if len(s.searchPath) == 0 {
+		return "''"
+	}
+	var b strings.Builder
+	for i, sch := range s.searchPath {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(`"` + strings.ReplaceAll(sch, `"`, `""`) + `"`)
+	}
+	return b.String()
+}
+
 // setLocalToken is the statement that hands tok (hex and punctuation only:
 // nothing to quote) to the storage-side fence for this transaction.
 func setLocalToken(tok string) string { return "SET LOCAL fenceline.token = '" + tok + "'" }
@@ -988,7 +1258,7 @@ func fastPathOK(cls *Classification, sim txSim) bool {
 	}
 	for i := range cls.Stmts {
 		st := &cls.Stmts[i]
-		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.Prepare != "" || st.Deallocate != "" ||
+		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.Prepare != "" || st.Deallocate != "" ||
 			st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt" {
 			return false
 		}
@@ -1053,6 +1323,7 @@ func (s *session) flushSegment() error {
 	// Pass 1: what each Execute runs; track statements and portals as the
 	// server will.
 	var execs []*Statement
+	changed := !fresh // statements ran since Postgres last reported its settings
 	for i := range seg {
 		m := &seg[i]
 		body := buf[m.off+5 : m.off+m.n]
@@ -1066,7 +1337,19 @@ func (s *session) flushSegment() error {
 			if err != nil {
 				return s.fatal(err)
 			}
-			s.stmts[name] = extStatement(s.p.classifier.Classify(q))
+			st := extStatement(s.classify(q, changed))
+			if st.ShowDefaultRO {
+				// Prepare the proxy's answer instead (see showDefaultRO).
+				var pw msgBuilder
+				at := pw.begin('P')
+				pw.str(name)
+				pw.str(s.showDefaultRO())
+				pw.b = append(pw.b, rest[len(q)+1:]...) // the client's parameter types
+				pw.end(at)
+				m.off, m.n = len(buf), len(pw.b)
+				buf = append(buf, pw.b...)
+			}
+			s.stmts[name] = st
 		case 'B':
 			portal, rest, err := cstring(body)
 			if err != nil {
@@ -1093,6 +1376,7 @@ func (s *session) flushSegment() error {
 			st = s.resolveSQLPrepared(st)
 			m.st = st
 			execs = append(execs, st)
+			changed = true
 		case 'C':
 			if len(body) < 2 {
 				return s.fatal(fmt.Errorf("%w: short Close", ErrProtocol))
@@ -1100,6 +1384,7 @@ func (s *session) flushSegment() error {
 			name, _, _ := cstring(body[1:])
 			if body[0] == 'S' {
 				delete(s.stmts, name)
+				s.forgetOwnStatements(name)
 			} else {
 				delete(s.portals, name)
 			}
@@ -1124,6 +1409,11 @@ func (s *session) flushSegment() error {
 	if needLease {
 		li = s.lease()
 	}
+	if fresh && s.txStatus == 'I' && len(execs) == 1 && seg[len(seg)-1].typ == 'S' {
+		if err := s.unwrapOutside(execs[0], li); err != nil {
+			return err
+		}
+	}
 	if li.live() && fresh && s.txStatus == 'I' {
 		if err := s.bindFence(); err != nil {
 			return err
@@ -1140,11 +1430,23 @@ func (s *session) flushSegment() error {
 	// set_config, preparing it first on this connection.
 	setToken := func(tok string) {
 		if s.tokStmt.Load() == stmtNone {
+			w.close('S', tokStmtName)
 			w.parse(tokStmtName, tokSQL)
-			items = append(items, &expect{kind: expSingle, swallow: true, stmtState: &s.tokStmt})
+			items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true, stmtState: &s.tokStmt})
 			s.tokStmt.Store(stmtPending)
 		}
 		w.bind("", tokStmtName, tok)
+		w.execute("")
+		items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
+	}
+	injectRO := func() {
+		if s.roStmt.Load() == stmtNone {
+			w.close('S', roStmtName)
+			w.parse(roStmtName, roSQL)
+			items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true, stmtState: &s.roStmt})
+			s.roStmt.Store(stmtPending)
+		}
+		w.bind("", roStmtName)
 		w.execute("")
 		items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
 	}
@@ -1153,8 +1455,9 @@ func (s *session) flushSegment() error {
 		// "SET transaction_read_only = off" must come before anything that
 		// takes a snapshot, including the Parse of a SELECT.
 		if s.rwStmt.Load() == stmtNone {
+			w.close('S', rwStmtName)
 			w.parse(rwStmtName, rwSQL)
-			items = append(items, &expect{kind: expSingle, swallow: true, stmtState: &s.rwStmt})
+			items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true, stmtState: &s.rwStmt})
 			s.rwStmt.Store(stmtPending)
 		}
 		w.bind("", rwStmtName)
@@ -1172,6 +1475,35 @@ func (s *session) flushSegment() error {
 		}
 		return out
 	}
+	// pin sets search_path for the transaction to the path the proxy
+	// checks unqualified names with (see handleQuery), before the
+	// messages whose statements Postgres resolves with it.
+	pin := func(from int) {
+		if s.sim.spPinned || s.searchPath == nil {
+			return
+		}
+		need := false
+		for _, st := range execsFrom(from) {
+			need = need || unqualified(st)
+		}
+		if !need {
+			return
+		}
+		if s.spStmt.Load() == stmtNone {
+			w.close('S', spStmtName)
+			w.parse(spStmtName, spSQL)
+			items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true, stmtState: &s.spStmt})
+			s.spStmt.Store(stmtPending)
+		}
+		w.bind(spStmtName, spStmtName, s.pinnedPath())
+		w.execute(spStmtName)
+		w.close('P', spStmtName)
+		items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true}, &expect{kind: expSingle, swallow: true})
+		s.sim.spPinned = true
+	}
+	if s.sim.inBlock && len(seg) > 0 && seg[0].typ != 'S' && seg[0].typ != 'H' {
+		pin(0)
+	}
 	for i := range seg {
 		m := &seg[i]
 		raw := buf[m.off : m.off+m.n]
@@ -1187,10 +1519,13 @@ func (s *session) flushSegment() error {
 		if m.typ != 'S' && m.typ != 'H' && !s.sim.inBlock && !s.sim.decided {
 			s.sim.decided = true
 			rest := execsFrom(i)
-			if groupWrites(rest) && li.live() && !(len(rest) == 1 && rest[0].Tx == TxOutside) {
+			if groupWrites(rest, s.clientRO) && li.live() && !(len(rest) == 1 && rest[0].Tx == TxOutside) {
 				injectRW()
 				s.sim.groupRW = true
+			} else if s.txEnded {
+				injectRO() // a new transaction after COMMIT/ROLLBACK in this unit
 			}
+			pin(i)
 		}
 		switch m.typ {
 		case 'P', 'B', 'C':
@@ -1205,7 +1540,7 @@ func (s *session) flushSegment() error {
 			items = append(items, &expect{kind: expSync})
 			// After Sync an implicit transaction is over; a block goes on.
 			if !s.sim.inBlock {
-				s.sim.decided, s.sim.groupRW = false, false
+				s.sim.decided, s.sim.groupRW, s.sim.spPinned = false, false, false
 			}
 		case 'E':
 			st := m.st
@@ -1229,7 +1564,7 @@ func (s *session) flushSegment() error {
 				continue
 			}
 			items = append(items, &expect{kind: expExecute})
-			s.sim.track(st.Tx)
+			s.trackTx(st)
 			if st.Tx == TxChain {
 				if s.sim.blockRW && li.live() {
 					w.b = append(w.b, raw...)

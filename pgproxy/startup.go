@@ -211,9 +211,9 @@ func (s *session) relayAuth() error {
 		case 'S':
 			name, rest, _ := cstring(raw[5:])
 			if name == "default_transaction_read_only" {
-				_ = rest
 				raw = parameterStatus(name, "off")
 			}
+			s.parserSetting(name, rest)
 			if err := s.writeClientRaw(raw); err != nil {
 				return err
 			}

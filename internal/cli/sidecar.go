@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/pgproxy"
 	"github.com/fenceline/fenceline/proxy"
 	"github.com/fenceline/fenceline/runui"
 	"github.com/fenceline/fenceline/shard"
@@ -30,6 +32,7 @@ type fenceFlags struct {
 	pgUpstream, pgListen          string
 	pgSecretFile                  string
 	pgAllowOpaque                 bool
+	pgTLSCert, pgTLSKey           string
 	stateDir                      string
 	gitHookSecret                 string // --git-hook-secret
 	gitHookKey                    []byte // read by prepare
@@ -51,6 +54,8 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 	f.StringVar(&ff.pgListen, "pg-listen", "127.0.0.1:0", "address of the Postgres fence")
 	f.StringVar(&ff.pgSecretFile, "pg-secret-file", "", "fence-signing secret from \"fenceline pg install\" (default $XDG_STATE_HOME/fenceline/pg-secret.key when it exists)")
 	f.BoolVar(&ff.pgAllowOpaque, "pg-allow-opaque", false, "let writes whose tables cannot be named (DO, CALL, GRANT…) through under a live lease (policy)")
+	f.StringVar(&ff.pgTLSCert, "pg-tls-cert", "", "PEM certificate (chain) the Postgres fence offers clients that ask for TLS, with --pg-tls-key (default: a self-signed one made at start, so sslmode=require works; verify-ca/verify-full need yours)")
+	f.StringVar(&ff.pgTLSKey, "pg-tls-key", "", "PEM private key of --pg-tls-cert")
 	f.StringArrayVar(&ff.allowHosts, "allow-host", nil, `host the agent may reach through the egress proxy, tunnelled untouched: api.openai.com, *.anthropic.com (not the apex), host:8443 (port 443 unless named; repeatable). The git upstream's host goes to the git fence; every other host is refused`)
 	f.StringArrayVar(&ff.egressResolve, "egress-resolve", nil, "HOST:PORT=ADDR:PORT: the egress proxy and the git fence connect to ADDR:PORT for HOST:PORT, whatever DNS says (like curl --resolve; a pinned loopback address is allowed; repeatable)")
 	f.StringVar(&ff.stateDir, "state-dir", "", "where the sidecar keeps mirrors, its CA and spooled packs (default <state dir>/sidecar/<lease>)")
@@ -131,6 +136,21 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 			log.Warn("no Postgres fence secret: writes to fenced tables will be rejected by Postgres (run fenceline pg install, or pass --pg-secret-file)")
 		}
 	}
+	var pgTLS *tls.Config
+	if ff.pgUpstream != "" {
+		var err error
+		switch {
+		case (ff.pgTLSCert == "") != (ff.pgTLSKey == ""):
+			return proxy.Config{}, usagef("--pg-tls-cert and --pg-tls-key go together")
+		case ff.pgTLSCert != "":
+			pgTLS, err = pgproxy.LoadTLS(ff.pgTLSCert, ff.pgTLSKey)
+		default:
+			pgTLS, err = pgproxy.SelfSignedTLS()
+		}
+		if err != nil {
+			return proxy.Config{}, err
+		}
+	}
 	state := ff.stateDir
 	if state == "" {
 		state = filepath.Join(leasebus.StateDir(), "sidecar", held.holder.Lease().LeaseID)
@@ -151,6 +171,7 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 		PGListen:          ff.pgListen,
 		PGSecret:          secret,
 		PGAllowOpaque:     ff.pgAllowOpaque,
+		PGTLS:             pgTLS,
 		AllowHosts:        ff.allowHosts,
 		EgressResolve:     ff.egressResolve,
 		StateDir:          state,

@@ -1,5 +1,5 @@
 // Command benchproxy runs a pgproxy in front of a Postgres server with a
-// fixed, always-live lease, for scripts/bench-pg.sh. With -install it first
+// fixed, always-live lease, for scripts/bench-pg.sh and scripts/pgx-suite.sh. With -install it first
 // installs the storage-side fence on the claimed tables.
 package main
 
@@ -35,6 +35,7 @@ func run() error {
 	install := flag.String("install", "", "admin DSN: install the fence on the claimed tables first")
 	trigger := flag.String("trigger", "auto", "with -install: the trigger, auto, c or plpgsql")
 	clib := flag.String("c-library", "", "with -install: the C trigger's shared library (default "+pgproxy.CTriggerLibrary+")")
+	allowOpaque := flag.Bool("allow-opaque", false, "allow writes whose tables cannot be named (DO, CALL, CREATE FUNCTION...), as --pg-allow-opaque")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (stopped on SIGINT/SIGTERM)")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -77,7 +78,7 @@ func run() error {
 		return err
 	}
 	p, err := pgproxy.Listen(ctx, pgproxy.Config{
-		Listen: *listen, Upstream: *upstream, Secret: secret,
+		Listen: *listen, Upstream: *upstream, Secret: secret, AllowOpaque: *allowOpaque,
 		Lease:  leasebus.Frozen{Record: leasebus.Lease{LeaseID: "lease_bench", Fence: 1, Scope: claim, Status: leasebus.StatusActive}},
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
