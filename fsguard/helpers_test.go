@@ -93,21 +93,7 @@ type result struct {
 // output and exit code once the whole tree is gone.
 func runGuarded(t testing.TB, p Policy, gate Gate, dir string, name string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.Command(name, args...)
-	cmd.Dir = dir
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	pr, err := Start(ctx, p, gate, nil, cmd)
-	if err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	st, err := pr.Wait()
-	if err != nil {
-		t.Fatalf("wait %s: %v", name, err)
-	}
-	return result{out: strings.TrimSpace(out.String()), code: st.ExitCode()}
+	return runAudited(t, p, gate, nil, dir, name, args...)
 }
 
 func sh(t testing.TB, p Policy, dir, script string) result {
@@ -143,4 +129,26 @@ func guardHelper(t testing.TB) string {
 		t.Fatalf("build guardhelper: %v\n%s", helperErr, helperPath)
 	}
 	return helperPath
+}
+
+// runAudited runs name args under the guard, records the attempt's
+// denials in audit (nil: none) and returns its combined output and exit
+// code once the whole tree is gone.
+func runAudited(t testing.TB, p Policy, gate Gate, audit Auditor, dir, name string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	pr, err := Start(ctx, p, gate, audit, cmd)
+	if err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	st, err := pr.Wait()
+	if err != nil {
+		t.Fatalf("wait %s: %v", name, err)
+	}
+	return result{out: strings.TrimSpace(out.String()), code: st.ExitCode()}
 }

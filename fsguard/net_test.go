@@ -3,7 +3,6 @@
 package fsguard
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -24,27 +23,6 @@ import (
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 )
-
-// runAudited runs name args under the guard like runGuarded and records
-// the attempt's denials in audit.
-func runAudited(t testing.TB, p Policy, gate Gate, audit Auditor, dir, name string, args ...string) result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.Command(name, args...)
-	cmd.Dir = dir
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	pr, err := Start(ctx, p, gate, audit, cmd)
-	if err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	st, err := pr.Wait()
-	if err != nil {
-		t.Fatalf("wait %s: %v", name, err)
-	}
-	return result{out: strings.TrimSpace(out.String()), code: st.ExitCode()}
-}
 
 // wantDenial fails unless audit holds a denial on boundary with reason
 // whose message contains every part.
