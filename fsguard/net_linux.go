@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -392,7 +393,9 @@ func (pr *Process) doConnectUnix(sock int, sa *unix.SockaddrUnix) error {
 
 // abortable runs a blocking socket call; once the attempt's notification
 // loop ended (no task is left to answer) it shuts the socket down, which
-// ends a TCP connect still waiting for its handshake.
+// ends a TCP connect still waiting for its handshake. A shutdown before
+// the connect began does nothing (the socket is not connecting yet), so
+// it is repeated until the call returns.
 func (pr *Process) abortable(sock int, call func() error) error {
 	done := make(chan struct{})
 	watched := make(chan struct{})
@@ -400,8 +403,18 @@ func (pr *Process) abortable(sock int, call func() error) error {
 		defer close(watched)
 		select {
 		case <-done:
+			return
 		case <-pr.notifDone:
+		}
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
 			unix.Shutdown(sock, unix.SHUT_RDWR)
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
 		}
 	}()
 	err := call()
