@@ -131,24 +131,36 @@ func guardHelper(t testing.TB) string {
 	return helperPath
 }
 
-// runAudited runs name args under the guard, records the attempt's
+// runAudited runs name args in dir under the guard, records the attempt's
 // denials in audit (nil: none) and returns its combined output and exit
 // code once the whole tree is gone.
 func runAudited(t testing.TB, p Policy, gate Gate, audit Auditor, dir, name string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
+	return runGuardedAudit(t, p, gate, audit, cmd)
+}
+
+// runGuardedAudit runs cmd under the guard with audit and returns its
+// output (stdout and stderr, unless cmd has its own) and exit code.
+func runGuardedAudit(t testing.TB, p Policy, gate Gate, audit Auditor, cmd *exec.Cmd) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
 	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	if cmd.Stdout == nil {
+		cmd.Stdout = &out
+	}
+	if cmd.Stderr == nil {
+		cmd.Stderr = &out
+	}
 	pr, err := Start(ctx, p, gate, audit, cmd)
 	if err != nil {
-		t.Fatalf("start %s: %v", name, err)
+		t.Fatalf("start %s: %v", cmd.Path, err)
 	}
 	st, err := pr.Wait()
 	if err != nil {
-		t.Fatalf("wait %s: %v", name, err)
+		t.Fatalf("wait %s: %v", cmd.Path, err)
 	}
 	return result{out: strings.TrimSpace(out.String()), code: st.ExitCode()}
 }

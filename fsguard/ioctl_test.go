@@ -4,14 +4,12 @@ package fsguard
 
 import (
 	"bytes"
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -40,30 +38,6 @@ func openPty(t *testing.T) (master, slave *os.File) {
 	}
 	t.Cleanup(func() { s.Close() })
 	return m, s
-}
-
-// runGuardedAudit runs cmd under the guard with audit and returns its
-// output (stdout and stderr, unless cmd has its own) and exit code.
-func runGuardedAudit(t *testing.T, p Policy, gate Gate, audit Auditor, cmd *exec.Cmd) result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var out bytes.Buffer
-	if cmd.Stdout == nil {
-		cmd.Stdout = &out
-	}
-	if cmd.Stderr == nil {
-		cmd.Stderr = &out
-	}
-	pr, err := Start(ctx, p, gate, audit, cmd)
-	if err != nil {
-		t.Fatalf("start %s: %v", cmd.Path, err)
-	}
-	st, err := pr.Wait()
-	if err != nil {
-		t.Fatalf("wait %s: %v", cmd.Path, err)
-	}
-	return result{out: strings.TrimSpace(out.String()), code: st.ExitCode()}
 }
 
 // findEvent returns the first audit event matching f.

@@ -496,19 +496,8 @@ const (
 )
 
 func (pr *Process) enqueueAudit(d denial, gateErr error) {
-	l := pr.policy.Lease
-	ev := lease.AuditEvent{
-		Time: time.Now().UTC(), Type: lease.EventDenied, Boundary: lease.BoundaryFile,
-		Repo: l.Repo, LeaseID: l.LeaseID, Owner: l.Owner, Scope: l.Scope, Fence: l.Fence,
-		Reason: lease.LeaseReason(gateErr),
-		Message: fmt.Sprintf("file write denied: %s: %s holds no valid lease (%v); reads continue",
-			d, pr.policy.leaseDesc(), gateErr),
-	}
-	select {
-	case pr.auditQ <- ev:
-	default:
-		pr.dropped.Add(1)
-	}
+	pr.enqueueEvent(lease.BoundaryFile, lease.LeaseReason(gateErr),
+		fmt.Sprintf("file write denied: %s: %s holds no valid lease (%v); reads continue", d, pr.policy.leaseDesc(), gateErr))
 }
 
 // auditLoop writes queued denials to the Auditor, one at a time.

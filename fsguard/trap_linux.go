@@ -211,11 +211,17 @@ func (t *trap) addFD(fd int, cloexec bool) error {
 
 // enqueueDenial queues the audit event of a refused call.
 func (pr *Process) enqueueDenial(boundary, reason, what string, cause error) {
-	l := pr.policy.Lease
 	msg := fmt.Sprintf("%s denied: %s: %s", boundaryNoun(boundary), what, pr.policy.leaseDesc())
 	if cause != nil {
 		msg += fmt.Sprintf(" (%v)", cause)
 	}
+	pr.enqueueEvent(boundary, reason, msg)
+}
+
+// enqueueEvent queues a denial event naming the attempt's lease; what does
+// not fit the queue is counted and audited in one event at the end.
+func (pr *Process) enqueueEvent(boundary, reason, msg string) {
+	l := pr.policy.Lease
 	ev := lease.AuditEvent{
 		Time: time.Now().UTC(), Type: lease.EventDenied, Boundary: boundary,
 		Repo: l.Repo, LeaseID: l.LeaseID, Owner: l.Owner, Scope: l.Scope, Fence: l.Fence,
