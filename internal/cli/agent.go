@@ -23,7 +23,7 @@ import (
 	"github.com/fenceline/fenceline/fsguard"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
-	"github.com/fenceline/fenceline/proxy"
+	"github.com/fenceline/fenceline/sidecar"
 )
 
 // agentFlags are the flags of fenceline agent.
@@ -88,7 +88,7 @@ The exit status is CMD's (128+N when signal N killed it).`,
 	}
 	f := c.Flags()
 	f.StringVar(&af.sidecar, "sidecar", "", "base URL of the sidecar's admin server, e.g. http://127.0.0.1:9090 (required)")
-	f.StringVar(&af.tokenFile, "token-file", "", "file holding the admin API's bearer token (env "+proxy.EnvAdminToken+"); hidden from CMD")
+	f.StringVar(&af.tokenFile, "token-file", "", "file holding the admin API's bearer token (env "+sidecar.EnvAdminToken+"); hidden from CMD")
 	f.StringVar(&af.root, "root", "", "the checkout CMD works in (required)")
 	f.StringArrayVar(&af.paths, "scope", nil, "repo-relative path CMD may write, inside the lease's claim (repeatable; default the lease's claim)")
 	f.StringVar(&af.workspace, "workspace", "", "shared or exclusive (default the lease's; without a lease: shared with --scope, else exclusive)")
@@ -129,7 +129,7 @@ func (af *agentFlags) check() error {
 
 // checkEgress makes sure the sidecar's egress proxy allows every host of
 // --allow-host: the proxy, not this wrapper, decides what CMD reaches.
-func (af *agentFlags) checkEgress(f proxy.Fences) error {
+func (af *agentFlags) checkEgress(f sidecar.Fences) error {
 	if len(af.allowHosts) == 0 {
 		return nil
 	}
@@ -207,9 +207,9 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 		log.Info("created the claimed directory: writes are confined to existing paths", "path", c)
 	}
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, proxy.EnvAdminToken+"=") || strings.HasPrefix(kv, "FENCELINE_GIT_UPSTREAM_HEADER=")
+		return strings.HasPrefix(kv, sidecar.EnvAdminToken+"=") || strings.HasPrefix(kv, "FENCELINE_GIT_UPSTREAM_HEADER=")
 	})
-	var fences proxy.Fences
+	var fences sidecar.Fences
 	if view != nil {
 		fences = view.Fences
 	}
@@ -235,7 +235,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	if err != nil {
 		return err
 	}
-	llog := proxy.LeaseLogger(log, l)
+	llog := sidecar.LeaseLogger(log, l)
 	pr, err := fsguard.Start(ctx, pol, gate, &sidecarAuditor{c: sc, log: llog}, cmd)
 	if err != nil {
 		return err
@@ -245,7 +245,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	st, werr := pr.Wait()
 	restoreTTY()
 	code := exitStatus(st)
-	rep := proxy.SettledReport{ExitCode: code, Denials: pr.Denials()}
+	rep := sidecar.SettledReport{ExitCode: code, Denials: pr.Denials()}
 	tries := 10 * time.Second
 	if !gate.everHeard() {
 		tries = 0 // one try: a sidecar never reached is not waited for again
@@ -267,7 +267,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 // policyLease is the lease the guard's policy is built from: the
 // sidecar's record, narrowed to --scope/--workspace; from the flags alone
 // when the sidecar has not answered.
-func (af *agentFlags) policyLease(co *checkout, view *proxy.LeaseView) (leasebus.Lease, error) {
+func (af *agentFlags) policyLease(co *checkout, view *sidecar.LeaseView) (leasebus.Lease, error) {
 	var l leasebus.Lease
 	known := view != nil && view.Lease != nil
 	if known {
@@ -314,12 +314,12 @@ type sidecarGate struct {
 	now   func() time.Time
 
 	mu      sync.Mutex
-	view    *proxy.LeaseView // guarded by mu: the last one heard
-	heardAt time.Time        // guarded by mu: when (monotonic)
-	validTo time.Time        // guarded by mu: heardAt + the view's validFor
-	bound   proxy.LeaseView  // guarded by mu: the view that named the gate's lease (no Lease before)
-	lost    error            // guarded by mu: terminal
-	first   chan struct{}    // closed when the first lease is named
+	view    *sidecar.LeaseView // guarded by mu: the last one heard
+	heardAt time.Time          // guarded by mu: when (monotonic)
+	validTo time.Time          // guarded by mu: heardAt + the view's validFor
+	bound   sidecar.LeaseView  // guarded by mu: the view that named the gate's lease (no Lease before)
+	lost    error              // guarded by mu: terminal
+	first   chan struct{}      // closed when the first lease is named
 }
 
 func newSidecarGate(url string, grace time.Duration) *sidecarGate {
@@ -355,7 +355,7 @@ func (g *sidecarGate) leaseIDLocked() string {
 }
 
 // heard takes one view from the stream.
-func (g *sidecarGate) heard(v *proxy.LeaseView) {
+func (g *sidecarGate) heard(v *sidecar.LeaseView) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if v.Lease != nil && g.lost == nil {
@@ -394,7 +394,7 @@ func (g *sidecarGate) everHeard() bool {
 }
 
 // waitFirst waits up to d for the view that names the gate's lease.
-func (g *sidecarGate) waitFirst(ctx context.Context, d time.Duration) *proxy.LeaseView {
+func (g *sidecarGate) waitFirst(ctx context.Context, d time.Duration) *sidecar.LeaseView {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -465,13 +465,13 @@ func (c *sidecarClient) post(ctx context.Context, path string, body any) error {
 }
 
 // settled reports the attempt settled, retrying for up to retry.
-func (c *sidecarClient) settled(ctx context.Context, rep proxy.SettledReport, retry time.Duration) error {
+func (c *sidecarClient) settled(ctx context.Context, rep sidecar.SettledReport, retry time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, retry+5*time.Second)
 	defer cancel()
 	deadline := time.Now().Add(retry)
 	var err error
 	for delay := 100 * time.Millisecond; ; delay = min(2*delay, time.Second) {
-		if err = c.post(ctx, proxy.PathSettled, rep); err == nil || time.Now().After(deadline) {
+		if err = c.post(ctx, sidecar.PathSettled, rep); err == nil || time.Now().After(deadline) {
 			return err
 		}
 		select {
@@ -509,7 +509,7 @@ func (c *sidecarClient) follow(ctx context.Context, g *sidecarGate, log *slog.Lo
 func (c *sidecarClient) stream(ctx context.Context, g *sidecarGate) (heard bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	req, err := c.request(sctx, http.MethodGet, proxy.PathEvents, nil)
+	req, err := c.request(sctx, http.MethodGet, sidecar.PathEvents, nil)
 	if err != nil {
 		return false, err
 	}
@@ -534,7 +534,7 @@ func (c *sidecarClient) stream(ctx context.Context, g *sidecarGate) (heard bool,
 		switch {
 		case len(line) == 0: // end of an event
 			if len(data) > 0 {
-				var v proxy.LeaseView
+				var v sidecar.LeaseView
 				if err := json.Unmarshal(data, &v); err != nil {
 					return heard, fmt.Errorf("bad event from the sidecar: %w", err)
 				}
@@ -562,7 +562,7 @@ type sidecarAuditor struct {
 
 func (s *sidecarAuditor) Record(ctx context.Context, ev leasebus.AuditEvent) error {
 	s.log.Warn("file write denied", "reason", ev.Reason, "msg", ev.Message)
-	if err := s.c.post(ctx, proxy.PathAudit, ev); err != nil {
+	if err := s.c.post(ctx, sidecar.PathAudit, ev); err != nil {
 		return fmt.Errorf("record denial through the sidecar: %w", err)
 	}
 	return nil

@@ -13,7 +13,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
-	"github.com/fenceline/fenceline/proxy"
+	"github.com/fenceline/fenceline/sidecar"
 )
 
 // anAgent is fenceline agent going on in-process.
@@ -268,8 +268,8 @@ func TestSidecarGate(t *testing.T) {
 	g := newSidecarGate("http://sidecar", time.Second)
 	g.now = func() time.Time { return now }
 	lease := &leasebus.Lease{LeaseID: "lease_a", Fence: 7}
-	view := func(st leasebus.HolderState, l *leasebus.Lease) *proxy.LeaseView {
-		return &proxy.LeaseView{State: st, Lease: l, Reason: "why"}
+	view := func(st leasebus.HolderState, l *leasebus.Lease) *sidecar.LeaseView {
+		return &sidecar.LeaseView{State: st, Lease: l, Reason: "why"}
 	}
 	want := func(what string, ok bool, is error) {
 		t.Helper()

@@ -16,7 +16,7 @@ import (
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
-	"github.com/fenceline/fenceline/proxy"
+	"github.com/fenceline/fenceline/sidecar"
 )
 
 // demoGit is the git part of the story: a real git server (git
@@ -272,7 +272,7 @@ func (g *demoGit) lateSignedPush(ctx context.Context, work string, l *leasebus.L
 type demoAgent struct {
 	lease  *leasebus.Lease
 	holder *leasebus.Holder
-	sc     *proxy.Sidecar
+	sc     *sidecar.Sidecar
 	env    []string
 }
 
@@ -292,12 +292,12 @@ func (g *demoGit) agentWait(ctx context.Context, name, path string, ttl, wait ti
 	if err != nil {
 		return nil, err
 	}
-	return g.startAgent(ctx, name, claim, ttl, wait, proxy.Config{GitUpstream: g.srv.URL, GitHookSecret: g.key, StateDir: filepath.Join(g.dir, "sidecar-"+name)})
+	return g.startAgent(ctx, name, claim, ttl, wait, sidecar.Config{GitUpstream: g.srv.URL, GitHookSecret: g.key, StateDir: filepath.Join(g.dir, "sidecar-"+name)})
 }
 
 // startAgent acquires claim for agent name in an exclusive workspace,
 // holds it, and starts its sidecar with the fences cfg names.
-func (d *demo) startAgent(ctx context.Context, name string, claim scope.Claim, ttl, wait time.Duration, cfg proxy.Config) (*demoAgent, error) {
+func (d *demo) startAgent(ctx context.Context, name string, claim scope.Claim, ttl, wait time.Duration, cfg sidecar.Config) (*demoAgent, error) {
 	h, err := d.c.AcquireAndHold(ctx, leasebus.AcquireRequest{
 		Repo: demoRepo, Scope: claim, WorkspaceMode: leasebus.WorkspaceExclusive, WorkspaceID: "ws-" + name,
 		Owner: leasebus.Owner{TaskID: "demo", AgentID: name, AttemptID: leasebus.NewAttemptID()},
@@ -311,7 +311,7 @@ func (d *demo) startAgent(ctx context.Context, name string, claim scope.Claim, t
 	d.grants = append(d.grants, demoGrant{agent: name, lease: l})
 	a := &demoAgent{lease: l, holder: h}
 	cfg.Lease, cfg.Bus, cfg.Audit = h, d.c, d.auditor
-	if a.sc, err = proxy.Start(ctx, cfg); err != nil {
+	if a.sc, err = sidecar.Start(ctx, cfg); err != nil {
 		a.close(ctx)
 		return nil, err
 	}

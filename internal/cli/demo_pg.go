@@ -16,7 +16,7 @@ import (
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
-	"github.com/fenceline/fenceline/proxy"
+	"github.com/fenceline/fenceline/sidecar"
 )
 
 // pgStory is the Postgres part of the demo, told when a Postgres can be
@@ -134,7 +134,7 @@ func (d *demo) pgAgent(ctx context.Context, dir, name, table string, ttl, wait t
 	if err != nil {
 		return nil, err
 	}
-	return d.startAgent(ctx, name, claim, ttl, wait, proxy.Config{PGUpstream: upstream, PGSecret: secret, StateDir: filepath.Join(dir, "sidecar-"+name)})
+	return d.startAgent(ctx, name, claim, ttl, wait, sidecar.Config{PGUpstream: upstream, PGSecret: secret, StateDir: filepath.Join(dir, "sidecar-"+name)})
 }
 
 // dsnVia points dsn at addr.

@@ -27,8 +27,8 @@ import (
 	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
-	"github.com/fenceline/fenceline/proxy"
 	"github.com/fenceline/fenceline/shard"
+	"github.com/fenceline/fenceline/sidecar"
 )
 
 // What run does when the lease is lost while the agent runs (--on-lost).
@@ -279,7 +279,7 @@ func (r *runner) run(ctx context.Context, argv, extra []string, out io.Writer) (
 
 	// Until the agent starts, a failure gives the lease back at once.
 	started := false
-	var sc *proxy.Sidecar
+	var sc *sidecar.Sidecar
 	stateDir := r.rf.ff.stateDir
 	defer func() {
 		if started {
@@ -321,7 +321,7 @@ func (r *runner) run(ctx context.Context, argv, extra []string, out io.Writer) (
 		return err
 	}
 	stateDir = cfg.StateDir
-	if sc, err = proxy.Start(ctx, cfg); err != nil {
+	if sc, err = sidecar.Start(ctx, cfg); err != nil {
 		return err
 	}
 	if u := sc.GitURL(); u != "" {
@@ -421,7 +421,7 @@ func (r *runner) finish(ctx context.Context, stateDir, why string) {
 type runWatch struct {
 	r         *runner
 	pr        *fsguard.Process
-	sc        *proxy.Sidecar
+	sc        *sidecar.Sidecar
 	stopAgent context.CancelFunc
 	lostStop  atomic.Bool // the agent was stopped because the lease was lost
 	done      chan struct{}
@@ -502,7 +502,7 @@ func agentExec(co, home *checkout, argv, env []string, out, errw io.Writer) (*ex
 
 // connectPorts are the TCP ports the agent may connect to: the sidecar's
 // fences and --allow-connect.
-func (r *runner) connectPorts(sc *proxy.Sidecar) ([]uint16, error) {
+func (r *runner) connectPorts(sc *sidecar.Sidecar) ([]uint16, error) {
 	ports, err := allowedPorts(r.rf.allowConnect)
 	if err != nil {
 		return nil, err
@@ -551,7 +551,7 @@ func exitStatus(st *os.ProcessState) int {
 
 // agentEnv is the agent's environment: this one, minus what only the
 // sidecar may know, plus what routes its git through the fences.
-func agentEnv(sc *proxy.Sidecar, l leasebus.Lease) []string {
+func agentEnv(sc *sidecar.Sidecar, l leasebus.Lease) []string {
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		return strings.HasPrefix(kv, "FENCELINE_GIT_UPSTREAM_HEADER=") // the upstream credential
 	})

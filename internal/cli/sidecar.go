@@ -18,9 +18,9 @@ import (
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
-	"github.com/fenceline/fenceline/proxy"
 	"github.com/fenceline/fenceline/runui"
 	"github.com/fenceline/fenceline/shard"
+	"github.com/fenceline/fenceline/sidecar"
 )
 
 // fenceFlags configure the fences of run and sidecar.
@@ -97,7 +97,7 @@ func (ff *fenceFlags) prepare(repo string) error {
 	return nil
 }
 
-func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Auditor, log *slog.Logger) (proxy.Config, error) {
+func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Auditor, log *slog.Logger) (sidecar.Config, error) {
 	headers := http.Header{}
 	hs := ff.gitHeaders
 	if v := os.Getenv("FENCELINE_GIT_UPSTREAM_HEADER"); v != "" {
@@ -106,13 +106,13 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 	for _, h := range hs {
 		k, v, ok := strings.Cut(h, ":")
 		if !ok || strings.TrimSpace(k) == "" {
-			return proxy.Config{}, usagef("--git-upstream-header %q: want \"Name: value\"", h)
+			return sidecar.Config{}, usagef("--git-upstream-header %q: want \"Name: value\"", h)
 		}
 		headers.Add(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
 	if ff.gitUpstream != "" && ff.gitHookKey == nil {
 		if err := ff.prepare(held.holder.Lease().Repo); err != nil {
-			return proxy.Config{}, err
+			return sidecar.Config{}, err
 		}
 		if ff.gitHookKey == nil {
 			log.Warn("no git hook secret: pushes go out unsigned, and a git server with fenceline's pre-receive hook refuses them (run fenceline hook install on the server, and pass its secret with --git-hook-secret)",
@@ -130,7 +130,7 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 		if file != "" {
 			var err error
 			if secret, err = ReadPGSecret(file); err != nil {
-				return proxy.Config{}, err
+				return sidecar.Config{}, err
 			}
 		} else {
 			log.Warn("no Postgres fence secret: writes to fenced tables will be rejected by Postgres (run fenceline pg install, or pass --pg-secret-file)")
@@ -141,21 +141,21 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 		var err error
 		switch {
 		case (ff.pgTLSCert == "") != (ff.pgTLSKey == ""):
-			return proxy.Config{}, usagef("--pg-tls-cert and --pg-tls-key go together")
+			return sidecar.Config{}, usagef("--pg-tls-cert and --pg-tls-key go together")
 		case ff.pgTLSCert != "":
 			pgTLS, err = pgproxy.LoadTLS(ff.pgTLSCert, ff.pgTLSKey)
 		default:
 			pgTLS, err = pgproxy.SelfSignedTLS()
 		}
 		if err != nil {
-			return proxy.Config{}, err
+			return sidecar.Config{}, err
 		}
 	}
 	state := ff.stateDir
 	if state == "" {
 		state = filepath.Join(leasebus.StateDir(), "sidecar", held.holder.Lease().LeaseID)
 	}
-	return proxy.Config{
+	return sidecar.Config{
 		Lease:             held.holder,
 		Bus:               s.client,
 		Audit:             audit,
@@ -225,7 +225,7 @@ Admin server (--admin, default a free loopback port, printed):
   GET  /api/v1/lease/events  server-sent events: the state now, then changes
   POST /api/v1/settled       the agent wrapper: the attempt has settled
   POST /api/v1/audit         the agent wrapper: a denied file write
-Off loopback it needs a bearer token (--admin-token-file or $` + proxy.EnvAdminToken + `)
+Off loopback it needs a bearer token (--admin-token-file or $` + sidecar.EnvAdminToken + `)
 for everything but /healthz and /readyz.
 
 Shutdown (SIGTERM): /readyz turns 503, the fences stop accepting and drain,
@@ -249,7 +249,7 @@ released at once.`,
 	f.StringVar(&sf.cred, "credential", "", "owner credential of --lease (default: this machine's credential file)")
 	f.StringVar(&sf.envFile, "env-file", "", "write the agent's environment to this file")
 	f.StringVar(&sf.admin, "admin", "127.0.0.1:0", "address of the admin server (probes, metrics, lease API); off loopback it needs a token")
-	f.StringVar(&sf.tokenFile, "admin-token-file", "", "file holding the admin API's bearer token (env "+proxy.EnvAdminToken+")")
+	f.StringVar(&sf.tokenFile, "admin-token-file", "", "file holding the admin API's bearer token (env "+sidecar.EnvAdminToken+")")
 	f.StringVar(&sf.logFormat, "log-format", "json", "log format on stderr: json or text")
 	f.DurationVar(&sf.settleTimeout, "settle-timeout", 30*time.Second, "on SIGTERM, how long to wait for the agent wrapper to report its attempt settled before leaving the lease to expire")
 	c.MarkFlagsMutuallyExclusive("scope", "whole-repo")
@@ -288,7 +288,7 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	if err != nil {
 		return err
 	}
-	metrics := proxy.NewMetrics()
+	metrics := sidecar.NewMetrics()
 	shards, err := shard.Open(s.nc, shard.Config{Logger: log})
 	if err != nil {
 		return err
@@ -297,7 +297,7 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	if err != nil {
 		return err
 	}
-	admin, err := proxy.StartAdmin(proxy.AdminConfig{Listen: sf.admin, Token: token, Metrics: metrics, Audit: audit, UI: ui.Handler(), Logger: log})
+	admin, err := sidecar.StartAdmin(sidecar.AdminConfig{Listen: sf.admin, Token: token, Metrics: metrics, Audit: audit, UI: ui.Handler(), Logger: log})
 	if err != nil {
 		return usagef("--admin %s: %v", sf.admin, err)
 	}
@@ -315,14 +315,14 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	}
 	metrics.TrackLease(held.holder)
 	l := held.holder.Lease()
-	llog := proxy.LeaseLogger(log, l)
+	llog := sidecar.LeaseLogger(log, l)
 	cfg, err := sf.ff.config(held, s, audit, log)
 	if err != nil {
 		held.finish(ctx)
 		return err
 	}
 	cfg.Metrics = metrics
-	sc, err := proxy.Start(ctx, cfg)
+	sc, err := sidecar.Start(ctx, cfg)
 	if err != nil {
 		held.finish(ctx)
 		return err
@@ -392,7 +392,7 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 }
 
 // egressSummary says what the egress proxy lets through.
-func egressSummary(f proxy.Fences) string {
+func egressSummary(f sidecar.Fences) string {
 	allowed := "no host (add --allow-host HOST)"
 	if len(f.EgressAllow) > 0 {
 		allowed = strings.Join(f.EgressAllow, ", ")
@@ -407,7 +407,7 @@ func egressSummary(f proxy.Fences) string {
 // waitSettled waits for the agent wrapper's settle report: at most
 // timeout when one is connected or was, not at all when none ever was
 // (then nothing but the drained fences wrote under the lease).
-func waitSettled(admin *proxy.Admin, timeout time.Duration) (bool, string) {
+func waitSettled(admin *sidecar.Admin, timeout time.Duration) (bool, string) {
 	select {
 	case <-admin.Settled():
 		return true, "the agent reported its attempt settled"
@@ -442,7 +442,7 @@ func newLogger(w io.Writer, format string) (*slog.Logger, error) {
 // environment ("" when neither has one).
 func readToken(file string) (string, error) {
 	if file == "" {
-		return strings.TrimSpace(os.Getenv(proxy.EnvAdminToken)), nil
+		return strings.TrimSpace(os.Getenv(sidecar.EnvAdminToken)), nil
 	}
 	data, err := os.ReadFile(file)
 	if err != nil {

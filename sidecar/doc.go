@@ -1,4 +1,4 @@
-// Package proxy is the per-agent sidecar: it keeps the agent's lease alive
+// Package sidecar is the per-agent sidecar: it keeps the agent's lease alive
 // and serves the write-boundary fences (git and Postgres, as configured)
 // that the agent is routed through, tells the agent's environment how to
 // reach them, and runs the admin server (probes, Prometheus metrics and the
@@ -57,4 +57,4 @@
 // by its ttl (the sweeper reclaims it): it is never released under a
 // process that may still write. With no wrapper ever connected, nothing
 // but the drained fences wrote under the lease, and it is released at once.
-package proxy
+package sidecar
