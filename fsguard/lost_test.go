@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,9 +98,9 @@ func TestLostGateStopsWrites(t *testing.T) {
 	r.next(t, 10*time.Second, allOK)
 	gate.lost.Store(true)
 	flipped := time.Now()
-	l := r.next(t, time.Second, allDenied)
+	l := r.next(t, 5*time.Second, allDenied) // generous for the race detector on two busy cores; the latency is logged
 	t.Logf("after the flip (%v): %s", time.Since(flipped), l)
-	r.next(t, time.Second, allDenied) // and it stays so
+	r.next(t, 5*time.Second, allDenied) // and it stays so
 	r.pr.Kill()
 	r.pr.Wait()
 	if r.pr.Denials() == 0 {
@@ -163,7 +164,7 @@ func TestHolderRevokedStopsWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	revoked := time.Now()
-	r.next(t, time.Second+time.Since(revoked), allDenied)
+	r.next(t, 10*time.Second, allDenied) // generous: the race detector on two busy cores; the latency is logged below
 	t.Logf("writes denied %v after Revoke returned", time.Since(revoked))
 	r.pr.Kill()
 	r.pr.Wait()
@@ -181,4 +182,43 @@ func TestHolderRevokedStopsWrites(t *testing.T) {
 		}
 		return fmt.Errorf("no file denial for %s among %d audit events", lease.LeaseID, len(evs))
 	})
+}
+
+// stuckAuditor is a bus that takes no audit events: Record blocks until
+// its context ends.
+type stuckAuditor struct{ calls atomic.Int64 }
+
+func (a *stuckAuditor) Record(ctx context.Context, _ leasebus.AuditEvent) error {
+	a.calls.Add(1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestStuckAuditDoesNotHoldTheExit: when the bus cannot take audit events
+// (the fault that may have lost the lease), the denials still queued once
+// the process tree is gone get auditDrain, not 10 s each: Wait returns.
+func TestStuckAuditDoesNotHoldTheExit(t *testing.T) {
+	defer func(d time.Duration) { auditDrain = d }(auditDrain)
+	auditDrain = 300 * time.Millisecond
+	w := newWorktree(t)
+	gate := &testGate{}
+	gate.lost.Store(true)
+	audit := &stuckAuditor{}
+	r := startProbe(t, w.policy(), gate, audit, w.leased)
+	for range 3 { // several probe rounds: denials queue behind the stuck one
+		r.next(t, 10*time.Second, allDenied)
+	}
+	r.pr.Kill()
+	start := time.Now()
+	r.pr.Wait()
+	took := time.Since(start)
+	t.Logf("Wait returned %v after Kill, %d audit calls, %d denials", took, audit.calls.Load(), r.pr.Denials())
+	// Without the bound: 10 s for the event in flight, and 10 s more for
+	// each queued one.
+	if took > 5*time.Second {
+		t.Fatalf("Wait took %v with the audit stuck: the drain is not bounded", took)
+	}
+	if audit.calls.Load() < 2 {
+		t.Errorf("%d audit calls: want the one in flight and the summary of the rest", audit.calls.Load())
+	}
 }

@@ -60,6 +60,11 @@ type Process struct {
 	notifDone chan struct{}  // closed when the notification loop ended
 	netOps    sync.WaitGroup // traps answered by goroutines (net_linux.go); they end after notifDone
 	auditDone chan struct{}
+	// auditCtx bounds the audit of denials: canceled auditDrain after the
+	// process tree is gone, so a bus that cannot take events (the very
+	// fault that may have lost the lease) does not hold Wait.
+	auditCtx  context.Context
+	auditStop context.CancelFunc
 	done      chan struct{} // closed once the whole process tree is gone
 	state     *os.ProcessState
 	waitErr   error
@@ -97,9 +102,11 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 	pr := &Process{policy: p, gate: gate, audit: audit, abi: abi, guarded: abiErr == nil, listener: -1, stopR: -1, stopW: -1, tmpFD: -1,
 		auditQ: make(chan lease.AuditEvent, 1024), killReq: make(chan struct{}, 1),
 		notifDone: make(chan struct{}), auditDone: make(chan struct{}), done: make(chan struct{})}
+	pr.auditCtx, pr.auditStop = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
 		if !ok {
+			pr.auditStop()
 			pr.cleanupDirs()
 		}
 	}()
@@ -353,8 +360,11 @@ func (pr *Process) superviseTree(ctx context.Context) {
 	pr.netOps.Wait() // they answer on the listener and audit: both stay open until they end
 	unix.Close(pr.stopR)
 	unix.Close(pr.listener)
+	drain := time.AfterFunc(auditDrain, pr.auditStop)
 	close(pr.auditQ)
 	<-pr.auditDone
+	drain.Stop()
+	pr.auditStop()
 	pr.cleanupDirs()
 	ipcObjects.Delete(pr)
 	log.Info("guarded attempt settled", "pid", pr.pid, "denials", pr.denials.Load())
@@ -500,6 +510,11 @@ func (pr *Process) enqueueAudit(d denial, gateErr error) {
 		fmt.Sprintf("file write denied: %s: %s holds no valid lease (%v); reads continue", d, pr.policy.leaseDesc(), gateErr))
 }
 
+// auditDrain is how long the denials still queued when the process tree
+// is gone may take to reach the Auditor; the rest are counted in one
+// summary event.
+var auditDrain = 5 * time.Second
+
 // auditLoop writes queued denials to the Auditor, one at a time.
 func (pr *Process) auditLoop() {
 	defer close(pr.auditDone)
@@ -511,7 +526,11 @@ func (pr *Process) auditLoop() {
 		if pr.audit == nil {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if pr.auditCtx.Err() != nil {
+			pr.dropped.Add(1) // past the drain: counted in the summary
+			continue
+		}
+		ctx, cancel := context.WithTimeout(pr.auditCtx, 10*time.Second)
 		if err := pr.audit.Record(ctx, ev); err != nil {
 			log.Error("audit of a denied write failed", "err", err, "event", ev.Message)
 		}
@@ -519,8 +538,8 @@ func (pr *Process) auditLoop() {
 	}
 	if n := pr.dropped.Load(); n > 0 && pr.audit != nil {
 		last.Time = time.Now().UTC()
-		last.Message = fmt.Sprintf("%d further file writes denied and not audited one by one (audit queue full); %s", n, pr.policy.leaseDesc())
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		last.Message = fmt.Sprintf("%d further file writes denied and not audited one by one (audit queue full, or the bus too slow to take them); %s", n, pr.policy.leaseDesc())
+		ctx, cancel := context.WithTimeout(context.Background(), auditDrain)
 		if err := pr.audit.Record(ctx, last); err != nil {
 			log.Error("audit of dropped denials failed", "err", err)
 		}

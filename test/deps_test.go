@@ -17,7 +17,7 @@ func TestFencesDoNotLinkTheBusServer(t *testing.T) {
 		pkgs   []string
 		banned string
 	}{
-		{[]string{"fsguard", "gitproxy", "pgproxy", "egress", "proxy", "leasebus"}, "github.com/nats-io/nats-server"},
+		{[]string{"fsguard", "gitproxy", "pgproxy", "egress", "sidecar", "leasebus"}, "github.com/nats-io/nats-server"},
 		{[]string{"fsguard", "lease"}, "github.com/nats-io/"},
 	}
 	for _, r := range rules {

@@ -289,7 +289,8 @@ func gitLineage(ctx context.Context, t *testing.T, env *Env, h *History) *lineag
 // pushScript makes 300 empty commits (subject "<lease> <k>") with git's
 // plumbing, then pushes them one more at a time, about every 20 ms, to
 // refs/heads/<lease> through the git fence (run routes origin to it),
-// refusals ignored; then it idles.
+// going on after a refusal (whose last lines go to stderr, for the
+// failure message); then it idles.
 const pushScript = `
 export GIT_AUTHOR_NAME=faults GIT_AUTHOR_EMAIL=faults@example.invalid GIT_COMMITTER_NAME=faults GIT_COMMITTER_EMAIL=faults@example.invalid
 tree=$(git rev-parse 'HEAD^{tree}') && c=$(git rev-parse HEAD) || exit 1
@@ -301,7 +302,7 @@ while [ $k -lt 300 ]; do
   shas="$shas $c"
 done
 for c in $shas; do
-  git push -q origin "$c:refs/heads/$FENCELINE_LEASE_ID" >/dev/null 2>&1
+  git push -q origin "$c:refs/heads/$FENCELINE_LEASE_ID" 2>&1 | tail -n 2 >&2
   sleep 0.02
 done
 while :; do sleep 1; done
