@@ -85,7 +85,9 @@
 // inserted through the Postgres fence (each row carries the lease id, the
 // token the fence set, and the server's clock_timestamp), and pushes that
 // updated a ref on the git server (its post-receive hook logs the pushed
-// commit's subject, which names the lease, and the server's time).
+// commit's subject, which names the lease, and the server's time when its
+// pre-receive hook began to take the push: after the git fence's last
+// check, so a forwarded push is in flight, as a COMMIT sent is).
 //
 // # What is checked
 //

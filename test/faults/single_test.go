@@ -253,8 +253,16 @@ func gitLineage(ctx context.Context, t *testing.T, env *Env, h *History) *lineag
 	if err != nil {
 		t.Fatal(err)
 	}
-	landedLog := filepath.Join(t.TempDir(), "landed")
-	if err := gitserver.InstallHook(bare, "post-receive", "#!/bin/sh\nwhile read old new ref; do\n  echo \"$(git log -1 --format=%s $new) $(date +%s%N) $ref\" >> "+landedLog+"\ndone\n"); err != nil {
+	// A push counts from the moment the git server began to take it (its
+	// pre-receive hook ran), which is after the git fence's last check of
+	// the lease: a push the fence forwarded is in flight, as a COMMIT sent
+	// to Postgres is, and how long the server then takes to land it (long,
+	// on two loaded cores) is the server's. It is recorded once it landed.
+	landedLog, arrived := filepath.Join(t.TempDir(), "landed"), t.TempDir()
+	if err := gitserver.InstallHook(bare, "pre-receive", "#!/bin/sh\nwhile read old new ref; do\n  date +%s%N > "+arrived+"/$new\ndone\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := gitserver.InstallHook(bare, "post-receive", "#!/bin/sh\nwhile read old new ref; do\n  echo \"$(git log -1 --format=%s $new) $(cat "+arrived+"/$new) $ref\" >> "+landedLog+"\ndone\n"); err != nil {
 		t.Fatal(err)
 	}
 	seed := newCheckout(t, "src")
