@@ -116,9 +116,13 @@ func (c *Config) Validate() error {
 	if c.Upstream == "" {
 		return errors.New("gitproxy: no upstream: set the URL of the git server to push to")
 	}
-	u, err := url.Parse(c.Upstream)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("gitproxy: upstream %q is not an http(s) URL", c.Upstream)
+	if _, err := ParseUpstream(c.Upstream); err != nil {
+		return fmt.Errorf("gitproxy: %w", err)
+	}
+	for k := range c.UpstreamHeader {
+		if !isToken(k) {
+			return fmt.Errorf("gitproxy: upstream header name %q is not an HTTP token", k)
+		}
 	}
 	if c.Bus == nil {
 		return errors.New("gitproxy: no bus: pushes are decided against the lease bus")

@@ -72,6 +72,15 @@ func (c *AdminConfig) Validate() error {
 	if c.Token != "" && len(c.Token) < 16 {
 		return errors.New("admin: the token is shorter than 16 characters; generate one with e.g. openssl rand -hex 32")
 	}
+	if c.Listen != "" {
+		host, _, _ := net.SplitHostPort(c.Listen)
+		if err := CheckListen(c.Listen); err != nil {
+			return fmt.Errorf("admin: listen address %q: %w", c.Listen, err)
+		}
+		if c.Token == "" && offLoopback(host) {
+			return fmt.Errorf("admin: %s: %w", c.Listen, errNeedsToken)
+		}
+	}
 	return nil
 }
 
@@ -163,7 +172,7 @@ func StartAdmin(cfg AdminConfig) (*Admin, error) {
 	}
 	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() && cfg.Token == "" {
 		ln.Close()
-		return nil, fmt.Errorf("admin: %s is not a loopback address, so the admin API needs a bearer token: pass --admin-token-file or set %s, or listen on 127.0.0.1", ln.Addr(), EnvAdminToken)
+		return nil, fmt.Errorf("admin: %s is not a loopback address: %w", ln.Addr(), errNeedsToken)
 	}
 	a := &Admin{cfg: cfg, log: log, metrics: m, ln: ln,
 		changed: make(chan struct{}), settled: make(chan struct{}),

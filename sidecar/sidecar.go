@@ -257,21 +257,10 @@ func (s *Sidecar) startEgress(rules []egress.Rule) error {
 	return nil
 }
 
-// splitUpstream parses a git remote URL: the fence proxies its server, and
-// its path (when given) is the one repository pushes may go to.
-func splitUpstream(raw string) (*url.URL, error) {
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("git upstream %q: want an http:// or https:// URL of the git server", raw)
-	}
-	base := &url.URL{Scheme: u.Scheme, Host: u.Host, User: u.User, Path: strings.TrimSuffix(u.Path, "/")}
-	return base, nil
-}
-
 func (s *Sidecar) startGit() error {
-	base, err := splitUpstream(s.cfg.GitUpstream)
+	base, err := splitUpstream(s.cfg.GitUpstream, s.cfg.GitForward)
 	if err != nil {
-		return err
+		return fmt.Errorf("git %w", err)
 	}
 	var pushPaths []string
 	if base.Path != "" {
@@ -282,9 +271,6 @@ func (s *Sidecar) startGit() error {
 	s.gitHost = base.Host
 	if base.Port() == "" {
 		s.gitHost = net.JoinHostPort(base.Hostname(), map[string]string{"http": "80", "https": "443"}[base.Scheme])
-	}
-	if s.cfg.GitForward && base.Scheme != "https" {
-		return fmt.Errorf("git upstream %s: --git-forward is for https remotes; an http remote goes through the reverse proxy", s.gitBase)
 	}
 	var transport http.RoundTripper
 	if s.cfg.GitUpstreamCAFile != "" || len(s.pins) > 0 {

@@ -3,7 +3,6 @@ package sidecar
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
@@ -29,13 +28,9 @@ func upstreamTransport(file string, pins map[string]netip.AddrPort) (*http.Trans
 	tr.WriteBufferSize = 256 << 10 // packs go upstream in large writes (as gitproxy's default)
 	tr.ReadBufferSize = 64 << 10
 	if file != "" {
-		pem, err := os.ReadFile(file)
+		pool, err := ReadCAFile(file)
 		if err != nil {
 			return nil, fmt.Errorf("git upstream CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("git upstream CA %s: no PEM certificates in it", file)
 		}
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}

@@ -207,7 +207,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 		log.Info("created the claimed directory: writes are confined to existing paths", "path", c)
 	}
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, sidecar.EnvAdminToken+"=") || strings.HasPrefix(kv, "FENCELINE_GIT_UPSTREAM_HEADER=")
+		return strings.HasPrefix(kv, sidecar.EnvAdminToken+"=") || strings.HasPrefix(kv, envGitUpstreamHeader+"=")
 	})
 	var fences sidecar.Fences
 	if view != nil {

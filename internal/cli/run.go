@@ -156,6 +156,11 @@ func (rf *runFlags) check() error {
 	if rf.attachID != "" && (len(rf.lf.paths) > 0 || rf.lf.wholeRepo || len(rf.lf.tables) > 0 || rf.lf.workspace != "" || rf.lf.workspaceID != "") {
 		return usagef("--lease %s attaches to an existing lease, whose claim and workspace are given: drop --scope, --whole-repo, --table, --workspace and --workspace-id", rf.attachID)
 	}
+	if rf.attachID != "" {
+		if err := checkLeaseID(rf.attachID); err != nil {
+			return err
+		}
+	}
 	if _, err := allowedPorts(rf.allowConnect); err != nil {
 		return err
 	}
@@ -180,6 +185,9 @@ func allowedPorts(allowConnect []string) ([]uint16, error) {
 func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 	if err := rf.check(); err != nil {
 		return err
+	}
+	if _, err := exec.LookPath(argv[0]); err != nil {
+		return fmt.Errorf("command %s: %w", argv[0], err) // before the lease, not after
 	}
 	co, err := findCheckout(ctx, rf.lf.repo)
 	if err != nil {
@@ -219,7 +227,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 			}
 		}
 	}
-	if err := rf.ff.prepare(co.repo); err != nil {
+	if err := rf.ff.check(co.repo); err != nil { // every fence flag, before the bus is dialed
 		return err
 	}
 
@@ -553,7 +561,7 @@ func exitStatus(st *os.ProcessState) int {
 // sidecar may know, plus what routes its git through the fences.
 func agentEnv(sc *sidecar.Sidecar, l leasebus.Lease) []string {
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, "FENCELINE_GIT_UPSTREAM_HEADER=") // the upstream credential
+		return strings.HasPrefix(kv, envGitUpstreamHeader+"=") // the upstream credential
 	})
 	env = sc.AgentEnv(env)
 	env = setEnvVar(env, "GIT_OPTIONAL_LOCKS", "0") // read-only git must not refresh the index

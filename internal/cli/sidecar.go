@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,8 +36,14 @@ type fenceFlags struct {
 	pgTLSCert, pgTLSKey           string
 	stateDir                      string
 	gitHookSecret                 string // --git-hook-secret
-	gitHookKey                    []byte // read by prepare
+	gitHookKey                    []byte // read by check
 	allowHosts, egressResolve     []string
+
+	// What check parsed and read, before the lease is taken.
+	checked   bool
+	gitHeader http.Header // --git-upstream-header and $FENCELINE_GIT_UPSTREAM_HEADER
+	pgSecret  []byte      // --pg-secret-file, or the default file
+	pgTLS     *tls.Config // --pg-tls-cert/--pg-tls-key, else self-signed
 }
 
 func (ff *fenceFlags) register(c *cobra.Command) {
@@ -45,7 +52,7 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 	f.StringVar(&ff.gitListen, "git-listen", "127.0.0.1:0", "address of the git fence")
 	f.BoolVar(&ff.gitForward, "git-forward", false, "serve an https upstream as a forward proxy with a local CA (git http.proxy) instead of a reverse proxy")
 	f.StringArrayVar(&ff.gitObjects, "git-objects", nil, "git dir whose objects resolve pushed packs, e.g. the agent's repo/.git (repeatable)")
-	f.StringArrayVar(&ff.gitHeaders, "git-upstream-header", nil, `header added to upstream git requests, "Name: value" (repeatable; env FENCELINE_GIT_UPSTREAM_HEADER)`)
+	f.StringArrayVar(&ff.gitHeaders, "git-upstream-header", nil, `header added to upstream git requests, "Name: value" (repeatable; env `+envGitUpstreamHeader+`)`)
 	f.StringVar(&ff.gitHookSecret, "git-hook-secret", "", "the repository's git hook secret from \"fenceline hook install\", to sign fences for its pre-receive hook (default $XDG_STATE_HOME/fenceline/git-hook/<repo>.key when it exists)")
 	f.StringVar(&ff.gitCA, "git-upstream-ca", "", "CA bundle for an https git upstream (default: the system's)")
 	f.BoolVar(&ff.allowForcePush, "allow-force-push", false, "let path leases push non-fast-forward updates (policy)")
@@ -61,19 +68,129 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 	f.StringVar(&ff.stateDir, "state-dir", "", "where the sidecar keeps mirrors, its CA and spooled packs (default <state dir>/sidecar/<lease>)")
 }
 
-// prepare checks and reads the fences' secrets before anything is
-// acquired; repo is the lease's repo when known ("" when attaching). A
-// --git-hook-secret that cannot be read is a usage error.
-func (ff *fenceFlags) prepare(repo string) error {
+// envGitUpstreamHeader holds one more --git-upstream-header, kept off
+// the command line (the agent can read that).
+const envGitUpstreamHeader = "FENCELINE_GIT_UPSTREAM_HEADER"
+
+// check validates every fence flag and reads the files they name (the
+// git hook secret, the git upstream's CA, the Postgres fence's secret
+// and TLS files), keeping what it parsed for config: nothing is dialed,
+// listened on or acquired before it passed. repo is the lease's repo when
+// known ("" when attaching). A bad flag, or a file it names that cannot
+// be read, is a usage error naming the flag.
+func (ff *fenceFlags) check(repo string) error {
 	if _, err := egress.ParseRules(ff.allowHosts); err != nil {
 		return usagef("--allow-host: %v", err)
 	}
 	if _, err := egress.ParseResolve(ff.egressResolve); err != nil {
 		return usagef("--egress-resolve: %v", err)
 	}
+	if err := ff.checkGit(); err != nil {
+		return err
+	}
+	if err := ff.checkPG(); err != nil {
+		return err
+	}
+	if err := ff.readHookSecret(repo); err != nil {
+		return err
+	}
+	ff.checked = true
+	return nil
+}
+
+// checkGit checks the git fence's flags: the upstream URL and the listen
+// address (with --git-upstream), the upstream headers and CA bundle
+// (whenever given).
+func (ff *fenceFlags) checkGit() error {
+	if ff.gitUpstream != "" {
+		if err := sidecar.CheckGitUpstream(ff.gitUpstream, ff.gitForward); err != nil {
+			return usagef("--git-upstream: %v", err)
+		}
+		if err := sidecar.CheckListen(ff.gitListen); err != nil {
+			return usagef("--git-listen %s: %v", ff.gitListen, err)
+		}
+	}
+	// Header values are credentials: a message names the header at most.
+	ff.gitHeader = http.Header{}
+	for i, h := range ff.gitHeaders {
+		k, v, err := gitproxy.ParseHeader(h)
+		if err != nil {
+			return usagef("--git-upstream-header (number %d): %v", i+1, err)
+		}
+		ff.gitHeader.Add(k, v)
+	}
+	if h := os.Getenv(envGitUpstreamHeader); h != "" {
+		k, v, err := gitproxy.ParseHeader(h)
+		if err != nil {
+			return usagef("$%s (the --git-upstream-header kept off the command line): %v", envGitUpstreamHeader, err)
+		}
+		ff.gitHeader.Add(k, v)
+	}
+	if ff.gitCA != "" {
+		if _, err := sidecar.ReadCAFile(ff.gitCA); err != nil {
+			return usagef("--git-upstream-ca %s: %v (want the PEM CA bundle that signed the git server's certificate)", ff.gitCA, err)
+		}
+	}
+	return nil
+}
+
+// checkPG checks the Postgres fence's flags and reads its secret and TLS
+// files (or makes its self-signed certificate).
+func (ff *fenceFlags) checkPG() error {
+	if ff.pgUpstream == "" {
+		return nil
+	}
+	if err := (&pgproxy.Config{Upstream: ff.pgUpstream}).Validate(); err != nil {
+		return usagef("--pg-upstream %s: %v", ff.pgUpstream, err)
+	}
+	if err := (&pgproxy.Config{Listen: ff.pgListen}).Validate(); err != nil {
+		return usagef("--pg-listen %s: %v", ff.pgListen, err)
+	}
+	file := ff.pgSecretFile
+	if file == "" {
+		if _, err := os.Stat(defaultPGSecretFile()); err == nil {
+			file = defaultPGSecretFile()
+		}
+	}
+	if file != "" {
+		secret, err := ReadPGSecret(file)
+		if err == nil {
+			err = (&pgproxy.Config{Secret: secret}).Validate()
+		}
+		switch {
+		case err != nil && ff.pgSecretFile != "":
+			return usagef("--pg-secret-file %s: %v", file, err)
+		case err != nil:
+			return fmt.Errorf("%w (the default of --pg-secret-file: run fenceline pg install again, or pass --pg-secret-file)", err)
+		}
+		ff.pgSecret = secret
+	}
+	var err error
+	switch {
+	case (ff.pgTLSCert == "") != (ff.pgTLSKey == ""):
+		return usagef("--pg-tls-cert and --pg-tls-key go together: give both, or neither for a self-signed certificate")
+	case ff.pgTLSCert != "":
+		if ff.pgTLS, err = pgproxy.LoadTLS(ff.pgTLSCert, ff.pgTLSKey); err != nil {
+			return usagef("--pg-tls-cert %s, --pg-tls-key %s: %v", ff.pgTLSCert, ff.pgTLSKey, err)
+		}
+	default:
+		if ff.pgTLS, err = pgproxy.SelfSignedTLS(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readHookSecret reads the git hook secret: --git-hook-secret, else the
+// repo's default file when it exists (repo "" looks for none). A
+// --git-hook-secret that cannot be read is a usage error.
+func (ff *fenceFlags) readHookSecret(repo string) error {
 	if ff.gitHookSecret != "" {
 		if ff.gitUpstream == "" {
 			return usagef("--git-hook-secret signs pushes of the git fence: give --git-upstream too, or drop it")
+		}
+		if ff.gitHookKey != nil {
+			return nil
 		}
 		key, err := gitproxy.ReadKeyFile(ff.gitHookSecret)
 		if err != nil {
@@ -97,21 +214,15 @@ func (ff *fenceFlags) prepare(repo string) error {
 	return nil
 }
 
+// config is the sidecar's configuration under the held lease, from what
+// check parsed.
 func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Auditor, log *slog.Logger) (sidecar.Config, error) {
-	headers := http.Header{}
-	hs := ff.gitHeaders
-	if v := os.Getenv("FENCELINE_GIT_UPSTREAM_HEADER"); v != "" {
-		hs = append(hs, v)
-	}
-	for _, h := range hs {
-		k, v, ok := strings.Cut(h, ":")
-		if !ok || strings.TrimSpace(k) == "" {
-			return sidecar.Config{}, usagef("--git-upstream-header %q: want \"Name: value\"", h)
-		}
-		headers.Add(strings.TrimSpace(k), strings.TrimSpace(v))
+	if !ff.checked {
+		return sidecar.Config{}, errors.New("internal error: the fence flags were not checked before the lease was taken")
 	}
 	if ff.gitUpstream != "" && ff.gitHookKey == nil {
-		if err := ff.prepare(held.holder.Lease().Repo); err != nil {
+		// Attached to a lease: its repo names the default secret file.
+		if err := ff.readHookSecret(held.holder.Lease().Repo); err != nil {
 			return sidecar.Config{}, err
 		}
 		if ff.gitHookKey == nil {
@@ -119,37 +230,8 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 				"looked-for", defaultGitHookSecretFile(held.holder.Lease().Repo))
 		}
 	}
-	var secret []byte
-	if ff.pgUpstream != "" {
-		file := ff.pgSecretFile
-		if file == "" {
-			if _, err := os.Stat(defaultPGSecretFile()); err == nil {
-				file = defaultPGSecretFile()
-			}
-		}
-		if file != "" {
-			var err error
-			if secret, err = ReadPGSecret(file); err != nil {
-				return sidecar.Config{}, err
-			}
-		} else {
-			log.Warn("no Postgres fence secret: writes to fenced tables will be rejected by Postgres (run fenceline pg install, or pass --pg-secret-file)")
-		}
-	}
-	var pgTLS *tls.Config
-	if ff.pgUpstream != "" {
-		var err error
-		switch {
-		case (ff.pgTLSCert == "") != (ff.pgTLSKey == ""):
-			return sidecar.Config{}, usagef("--pg-tls-cert and --pg-tls-key go together")
-		case ff.pgTLSCert != "":
-			pgTLS, err = pgproxy.LoadTLS(ff.pgTLSCert, ff.pgTLSKey)
-		default:
-			pgTLS, err = pgproxy.SelfSignedTLS()
-		}
-		if err != nil {
-			return sidecar.Config{}, err
-		}
+	if ff.pgUpstream != "" && ff.pgSecret == nil {
+		log.Warn("no Postgres fence secret: writes to fenced tables will be rejected by Postgres (run fenceline pg install, or pass --pg-secret-file)")
 	}
 	state := ff.stateDir
 	if state == "" {
@@ -164,14 +246,14 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 		GitForward:        ff.gitForward,
 		GitPolicy:         gitproxy.Policy{AllowForcePush: ff.allowForcePush, AllowRefDelete: ff.allowDelete},
 		GitObjectDirs:     ff.gitObjects,
-		GitUpstreamHeader: headers,
+		GitUpstreamHeader: ff.gitHeader,
 		GitUpstreamCAFile: ff.gitCA,
 		GitHookSecret:     ff.gitHookKey,
 		PGUpstream:        ff.pgUpstream,
 		PGListen:          ff.pgListen,
-		PGSecret:          secret,
+		PGSecret:          ff.pgSecret,
 		PGAllowOpaque:     ff.pgAllowOpaque,
-		PGTLS:             pgTLS,
+		PGTLS:             ff.pgTLS,
 		AllowHosts:        ff.allowHosts,
 		EgressResolve:     ff.egressResolve,
 		StateDir:          state,
@@ -256,29 +338,63 @@ released at once.`,
 	return c
 }
 
-// runSidecar is fenceline sidecar: admin server, lease, fences; on
-// SIGTERM not ready, fences drained, settle awaited, lease released.
-func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
+// check validates every flag of fenceline sidecar and reads the files
+// they name, before anything is dialed, listened on or acquired: a bad
+// one is a usage error naming the flag. It returns the logger on stderr
+// and the admin token.
+func (sf *sidecarFlags) check(ctx context.Context, stderr io.Writer) (*slog.Logger, string, error) {
 	if sf.ff.gitUpstream == "" && sf.ff.pgUpstream == "" && len(sf.ff.allowHosts) == 0 {
-		return usagef("nothing to fence: give --git-upstream URL, --pg-upstream HOST:PORT and/or --allow-host HOST")
+		return nil, "", usagef("nothing to fence: give --git-upstream URL, --pg-upstream HOST:PORT and/or --allow-host HOST")
 	}
 	if sf.settleTimeout < 0 {
-		return usagef("--settle-timeout %s: want a duration >= 0", sf.settleTimeout)
+		return nil, "", usagef("--settle-timeout %s: want a duration >= 0", sf.settleTimeout)
+	}
+	if sf.attachID != "" {
+		if err := checkLeaseID(sf.attachID); err != nil {
+			return nil, "", err
+		}
 	}
 	if err := sf.lf.resolveRepo(ctx); err != nil {
-		return err
+		return nil, "", err
 	}
-	if err := sf.ff.prepare(sf.lf.repo); err != nil {
-		return err
+	if sf.attachID == "" {
+		if _, err := sf.lf.request(); err != nil {
+			return nil, "", err // the claim flags
+		}
 	}
-	log, err := newLogger(a.stderr, sf.logFormat)
+	if err := sf.ff.check(sf.lf.repo); err != nil {
+		return nil, "", err
+	}
+	log, err := newLogger(stderr, sf.logFormat)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	token, err := readToken(sf.tokenFile)
 	if err != nil {
+		return nil, "", err
+	}
+	if err := sidecar.CheckListen(sf.admin); err != nil {
+		return nil, "", usagef("--admin %s: %v", sf.admin, err)
+	}
+	if err := (&sidecar.AdminConfig{Listen: sf.admin, Token: token}).Validate(); err != nil {
+		return nil, "", usagef("%v", err) // names --admin-token-file
+	}
+	if sf.envFile != "" {
+		if fi, err := os.Stat(filepath.Dir(sf.envFile)); err != nil || !fi.IsDir() {
+			return nil, "", usagef("--env-file %s: its directory %s does not exist", sf.envFile, filepath.Dir(sf.envFile))
+		}
+	}
+	return log, token, nil
+}
+
+// runSidecar is fenceline sidecar: admin server, lease, fences; on
+// SIGTERM not ready, fences drained, settle awaited, lease released.
+func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
+	log, token, err := sf.check(ctx, a.stderr)
+	if err != nil {
 		return err
 	}
+	// Every flag is checked: from here on things are dialed and acquired.
 	s, err := a.dialHolder()
 	if err != nil {
 		return err
@@ -439,18 +555,19 @@ func newLogger(w io.Writer, format string) (*slog.Logger, error) {
 }
 
 // readToken reads the admin bearer token from file, else from the
-// environment ("" when neither has one).
+// environment ("" when neither has one). A file that cannot be read, or
+// holds none, is a usage error.
 func readToken(file string) (string, error) {
 	if file == "" {
 		return strings.TrimSpace(os.Getenv(sidecar.EnvAdminToken)), nil
 	}
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return "", fmt.Errorf("admin token: %w", err)
+		return "", usagef("--admin-token-file: %v", err)
 	}
 	tok := strings.TrimSpace(string(data))
 	if tok == "" {
-		return "", fmt.Errorf("admin token file %s is empty", file)
+		return "", usagef("--admin-token-file %s is empty: write the admin API's bearer token in it", file)
 	}
 	return tok, nil
 }
