@@ -3,6 +3,7 @@ package pgproxy
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -71,13 +72,17 @@ type session struct {
 	// unwrapped: the proxy switched the read-only default off itself for
 	// a statement that must run outside a transaction (unwrapOutside).
 	unwrapped bool
-	// segExec: the pending segment holds a Bind or an Execute, so it is
-	// not a prefix the proxy forwards when the client stalls (awaitClient).
-	segExec bool
-	// stalled: a prefix (Parse, Describe, Close) went out without Sync
-	// because the client paused after it; the implicit transaction it
-	// opened is still open (see forwardStalled).
-	stalled bool
+	// segExec: the pending segment holds an Execute, so it is not a
+	// prefix the proxy forwards when the client stalls (awaitClient);
+	// segBind: it holds a Bind (see stallable).
+	segExec, segBind bool
+	// stalled: a prefix that runs nothing (Parse, Bind, Describe, Close)
+	// went out without Sync because the client paused after it; the
+	// implicit transaction it opened is still open (see forwardStalled).
+	// stallReplay holds the prefix's Binds and portal Closes, to be sent
+	// again if the proxy ends that transaction (which drops its portals).
+	stalled     bool
+	stallReplay []byte
 	// skipping: Postgres refused a stalled prefix, so it would ignore the
 	// client's messages up to its Sync; the proxy drops them and forwards
 	// the Sync alone.
@@ -371,6 +376,7 @@ func (s *session) token(li leaseInfo) string {
 
 type segMsg struct {
 	typ      byte
+	replay   bool // sent again by the proxy (stallReplay): the answer is not the client's
 	off, n   int
 	st       *Statement // Execute: the statement it runs
 	describe byte       // Describe: 'S' or 'P'
@@ -492,7 +498,7 @@ func (s *session) flushServer() error { return s.sw.Flush() }
 // clientLoop reads client messages and forwards them, fenced.
 func (s *session) clientLoop() error {
 	for {
-		if len(s.seg) > 0 && !s.segExec && s.cr.buffered() == 0 && !s.copyIn.Load() {
+		if len(s.seg) > 0 && !s.segExec && s.cr.buffered() == 0 && !s.copyIn.Load() && s.stallable() {
 			stalled, err := s.awaitClient()
 			if err != nil {
 				return err
@@ -563,7 +569,8 @@ func (s *session) clientLoop() error {
 			}
 			s.seg = append(s.seg, segMsg{typ: t, off: len(s.segBuf), n: len(raw)})
 			s.segBuf = append(s.segBuf, raw...)
-			s.segExec = s.segExec || t == 'B' || t == 'E'
+			s.segExec = s.segExec || t == 'E'
+			s.segBind = s.segBind || t == 'B'
 		case 'S', 'H':
 			if t == 'S' && s.copyIn.Load() && len(s.seg) == 0 {
 				// Postgres ignores Sync during COPY FROM STDIN.
@@ -1338,7 +1345,7 @@ func (s *session) flushSegment() error {
 	}
 	seg, buf := s.seg, s.segBuf
 	defer func() {
-		s.seg, s.segExec = s.seg[:0], false
+		s.seg, s.segExec, s.segBind = s.seg[:0], false, false
 		if cap(s.segBuf) > 1<<20 {
 			s.segBuf = nil
 		} else {
@@ -1441,6 +1448,7 @@ func (s *session) flushSegment() error {
 		// The stalled prefix's implicit transaction started read-only; this
 		// segment needs one the proxy decides (a write, or transaction
 		// control): end that one first.
+		replay := append([]byte(nil), s.stallReplay...)
 		ok, err := s.endStalled()
 		if err != nil {
 			return err
@@ -1453,10 +1461,11 @@ func (s *session) flushSegment() error {
 			return err
 		}
 		fresh = true
+		seg, buf = withReplay(replay, seg, buf)
 	}
 	s.pendingSync = seg[len(seg)-1].typ != 'S'
 	if !s.pendingSync {
-		s.stalled = false
+		s.stalled, s.stallReplay = false, s.stallReplay[:0]
 	}
 	if err := s.needSearchPath(execs); err != nil {
 		return err
@@ -1592,7 +1601,7 @@ func (s *session) flushSegment() error {
 		}
 		switch m.typ {
 		case 'P', 'B', 'C':
-			items = append(items, &expect{kind: expSingle})
+			items = append(items, &expect{kind: expSingle, swallow: m.replay})
 		case 'D':
 			if m.describe == 'S' {
 				items = append(items, &expect{kind: expDescribeS})
@@ -1681,11 +1690,77 @@ func (s *session) awaitClient() (bool, error) {
 // in it as they would direct, and a write or transaction control that
 // follows ends it first (flushSegment, endStalled).
 func (s *session) forwardStalled() error {
+	for _, m := range s.seg {
+		if raw := s.segBuf[m.off : m.off+m.n]; m.typ == 'B' || m.typ == 'C' && len(raw) > 5 && raw[5] == 'P' {
+			s.stallReplay = append(s.stallReplay, raw...)
+		}
+	}
 	if err := s.flushSegment(); err != nil {
 		return err
 	}
 	s.stalled = s.pendingSync // (not when the prefix was skipped: see skipToSync)
 	return s.flushServer()
+}
+
+// stallable: the held segment runs nothing and binds no statement that
+// would need a transaction the proxy decides (decidesTxn), so it may go
+// out ahead of its Sync.
+func (s *session) stallable() bool {
+	if !s.segBind {
+		return true
+	}
+	local := map[string]*Statement{}
+	for _, m := range s.seg {
+		body := s.segBuf[m.off+5 : m.off+m.n]
+		switch m.typ {
+		case 'P':
+			name, rest, err := cstring(body)
+			if err != nil {
+				return false
+			}
+			q, _, err := cstring(rest)
+			if err != nil {
+				return false
+			}
+			local[name] = extStatement(s.classify(q, true))
+		case 'B':
+			_, rest, err := cstring(body)
+			if err != nil {
+				return false
+			}
+			name, _, err := cstring(rest)
+			if err != nil {
+				return false
+			}
+			st, ok := local[name]
+			if !ok {
+				st = s.stmts[name]
+			}
+			if st == nil || decidesTxn([]*Statement{st}) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// withReplay puts the messages of replay (whole Bind and Close messages)
+// in front of the segment, marked as the proxy's own.
+func withReplay(replay []byte, seg []segMsg, buf []byte) ([]segMsg, []byte) {
+	if len(replay) == 0 {
+		return seg, buf
+	}
+	var out []segMsg
+	for off := 0; off+5 <= len(replay); {
+		n := 1 + int(binary.BigEndian.Uint32(replay[off+1:]))
+		out = append(out, segMsg{typ: replay[off], off: off, n: n, replay: true})
+		off += n
+	}
+	for _, m := range seg {
+		m.off += len(replay)
+		out = append(out, m)
+	}
+	return out, append(replay, buf...)
 }
 
 // decidesTxn: a statement in stmts needs a transaction the proxy decides
@@ -1711,6 +1786,7 @@ func (s *session) endStalled() (bool, error) {
 		return false, err
 	}
 	s.pendingSync, s.stalled = false, false
+	defer func() { s.stallReplay = s.stallReplay[:0] }()
 	if err := s.waitIdle(); err != nil {
 		return false, err
 	}

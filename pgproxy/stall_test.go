@@ -48,6 +48,19 @@ func TestClientPausesMidUnit(t *testing.T) {
 		after:  steps(&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}),
 		want:   "ParseComplete ErrorResponse(57014) ReadyForQuery(I)",
 	}, {
+		name:   "statement timeout between Bind and Describe (pgx's exec mode)",
+		setup:  "SET statement_timeout = '100ms'",
+		before: steps(&pgproto3.Parse{Query: "select 1"}, &pgproto3.Bind{}),
+		after:  steps(&pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, &pgproto3.Sync{}),
+		want:   "ParseComplete BindComplete ErrorResponse(57014) ReadyForQuery(I)",
+	}, {
+		name:   "a read bound before the pause runs after it, in a unit that then writes",
+		before: steps(&pgproto3.Parse{Name: "stall_r", Query: "select 41 + 1"}, &pgproto3.Bind{PreparedStatement: "stall_r"}),
+		after: steps(&pgproto3.Execute{}, &pgproto3.Parse{Query: "INSERT INTO public.stall (name) VALUES ($1)"},
+			&pgproto3.Bind{Parameters: [][]byte{[]byte("bound-before-%s")}}, &pgproto3.Execute{}, &pgproto3.Sync{}),
+		want:  "ParseComplete BindComplete DataRow CommandComplete(SELECT 1) ParseComplete BindComplete CommandComplete(INSERT 0 1) ReadyForQuery(I)",
+		check: "SELECT count(*) = 1 FROM public.stall WHERE name = 'bound-before-%s'",
+	}, {
 		name:   "a read after the pause runs",
 		before: steps(&pgproto3.Parse{Query: "select 41 + 1"}, &pgproto3.Describe{ObjectType: 'S'}),
 		after:  steps(&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}),
