@@ -346,12 +346,26 @@
 //
 // Extended-protocol messages are held until Sync or Flush, so the proxy can
 // decide the unit as a whole (whether to make its transaction writable must
-// be known before its first Parse): a statement_timeout that direct would
-// fire between a client's Parse and its Describe, sent later, fires only
-// once the Sync arrives. SHOW default_transaction_read_only answers the
-// client's own value (a one-row SELECT: its tag is "SELECT 1"); a statement
-// prepared for it keeps the value of when it was prepared, and
-// current_setting and pg_settings show Postgres's own (on).
+// be known before its first Parse). A client that pauses for 20 ms after a
+// prefix that runs nothing (Parse, Describe, Close, and Binds of statements
+// that are reads) has that prefix forwarded as if it had sent Flush, so a
+// statement_timeout fires during the pause as it would direct (pgx's suite
+// checks this). Its implicit transaction starts read-only; reads that
+// follow run in it; a write or transaction control that follows first has
+// it ended by a Sync of the proxy's own and starts in a transaction the
+// proxy decides, where the proxy binds the prefix's portals again (a
+// transaction's end drops them). If Postgres refused the prefix, the proxy
+// drops the client's messages up to its Sync and forwards that Sync alone,
+// as Postgres would have skipped them. (The prefix and what follows then
+// run in two transactions, not one: the prefix's snapshots only served its
+// parse analysis and planning.) The Bind of a write is held until the unit
+// is complete: a statement_timeout that direct would fire between it and
+// its Execute fires later.
+//
+// SHOW default_transaction_read_only answers the client's own value (a
+// one-row SELECT: its tag is "SELECT 1"); a statement prepared for it keeps
+// the value of when it was prepared, and current_setting and pg_settings
+// show Postgres's own (on).
 //
 // # pgx suite exceptions
 //
@@ -361,7 +375,4 @@
 // result both ways:
 //
 //   - TestLoadTypeSameNameInDifferentSchemas: creates schemas pgx_a and pgx_b, outside the lease's claim (public.*): policy.
-//   - TestPrepareHandlesTimeoutBetweenParseAndDescribe: statement_timeout between Parse and Describe (messages held until Sync, above): a known difference.
-//   - TestPrepareWithDigestedNameHandlesTimeoutBetweenParseAndDescribe: the same.
-//   - TestSendBatchHandlesTimeoutBetweenParseAndDescribe: the same.
 package pgproxy

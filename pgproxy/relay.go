@@ -32,6 +32,8 @@ type expect struct {
 	// becomes ready on ParseComplete and none when the Parse is skipped.
 	stmtState *atomic.Int32
 	inserts   []insertion // expQueryEnd: to map error positions back
+	// failed, on a ReadyForQuery item, is set when an error came before it.
+	failed *atomic.Bool
 }
 
 func (e *expect) endsWithZ() bool {
@@ -211,6 +213,7 @@ func (s *session) relayOne(t byte, raw []byte) error {
 			s.pop(false)
 			s.skipToZ()
 		}
+		s.errSinceZ = true
 		return nil
 	case 'Z': // ReadyForQuery
 		if len(raw) >= 6 {
@@ -222,6 +225,10 @@ func (s *session) relayOne(t byte, raw []byte) error {
 				continue
 			}
 			hide := h.internal != nil || h.swallow
+			if h.failed != nil && s.errSinceZ {
+				h.failed.Store(true)
+			}
+			s.errSinceZ = false
 			s.pop(true)
 			if hide {
 				return nil

@@ -3,9 +3,11 @@ package pgproxy
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"strconv"
 	"strings"
@@ -70,15 +72,33 @@ type session struct {
 	// unwrapped: the proxy switched the read-only default off itself for
 	// a statement that must run outside a transaction (unwrapOutside).
 	unwrapped bool
+	// segExec: the pending segment holds an Execute, so it is not a
+	// prefix the proxy forwards when the client stalls (awaitClient);
+	// segBind: it holds a Bind (see stallable).
+	segExec, segBind bool
+	// stalled: a prefix that runs nothing (Parse, Bind, Describe, Close)
+	// went out without Sync because the client paused after it; the
+	// implicit transaction it opened is still open (see forwardStalled).
+	// stallReplay holds the prefix's Binds and portal Closes, to be sent
+	// again if the proxy ends that transaction (which drops its portals).
+	stalled     bool
+	stallReplay []byte
+	// skipping: Postgres refused a stalled prefix, so it would ignore the
+	// client's messages up to its Sync; the proxy drops them and forwards
+	// the Sync alone.
+	skipping bool
 
 	qmu         sync.Mutex
 	queue       []*expect // guarded by qmu
 	outstanding int       // ReadyForQuery-terminated items in queue; guarded by qmu
 	idle        chan struct{}
 
-	status  atomic.Uint32 // txStatus as seen by the relay
-	copyIn  atomic.Bool   // the server is in COPY FROM STDIN
-	tainted atomic.Bool   // the server reported default_transaction_read_only off
+	status atomic.Uint32 // txStatus as seen by the relay
+	// errSinceZ: the server sent an ErrorResponse since its last
+	// ReadyForQuery (relay only).
+	errSinceZ bool
+	copyIn    atomic.Bool // the server is in COPY FROM STDIN
+	tainted   atomic.Bool // the server reported default_transaction_read_only off
 	// Parser settings as Postgres last reported them (ParameterStatus):
 	// standard_conforming_strings off, and a client_encoding other than
 	// UTF8 or SQL_ASCII. See classify.
@@ -356,6 +376,7 @@ func (s *session) token(li leaseInfo) string {
 
 type segMsg struct {
 	typ      byte
+	replay   bool // sent again by the proxy (stallReplay): the answer is not the client's
 	off, n   int
 	st       *Statement // Execute: the statement it runs
 	describe byte       // Describe: 'S' or 'P'
@@ -477,6 +498,17 @@ func (s *session) flushServer() error { return s.sw.Flush() }
 // clientLoop reads client messages and forwards them, fenced.
 func (s *session) clientLoop() error {
 	for {
+		if len(s.seg) > 0 && !s.segExec && s.cr.buffered() == 0 && !s.copyIn.Load() && s.stallable() {
+			stalled, err := s.awaitClient()
+			if err != nil {
+				return err
+			}
+			if stalled {
+				if err := s.forwardStalled(); err != nil {
+					return err
+				}
+			}
+		}
 		t, raw, err := s.cr.next()
 		if err != nil {
 			if errors.Is(err, ErrProtocol) {
@@ -506,6 +538,9 @@ func (s *session) clientLoop() error {
 			if err := s.flushSegment(); err != nil {
 				return err
 			}
+			if err := s.endStalledFor("Query"); err != nil {
+				return err
+			}
 			if err := s.beginUnit(); err != nil {
 				return err
 			}
@@ -514,6 +549,9 @@ func (s *session) clientLoop() error {
 			}
 		case 'F':
 			if err := s.flushSegment(); err != nil {
+				return err
+			}
+			if err := s.endStalledFor("FunctionCall"); err != nil {
 				return err
 			}
 			if err := s.beginUnit(); err != nil {
@@ -531,6 +569,8 @@ func (s *session) clientLoop() error {
 			}
 			s.seg = append(s.seg, segMsg{typ: t, off: len(s.segBuf), n: len(raw)})
 			s.segBuf = append(s.segBuf, raw...)
+			s.segExec = s.segExec || t == 'E'
+			s.segBind = s.segBind || t == 'B'
 		case 'S', 'H':
 			if t == 'S' && s.copyIn.Load() && len(s.seg) == 0 {
 				// Postgres ignores Sync during COPY FROM STDIN.
@@ -1305,13 +1345,16 @@ func (s *session) flushSegment() error {
 	}
 	seg, buf := s.seg, s.segBuf
 	defer func() {
-		s.seg = s.seg[:0]
+		s.seg, s.segExec, s.segBind = s.seg[:0], false, false
 		if cap(s.segBuf) > 1<<20 {
 			s.segBuf = nil
 		} else {
 			s.segBuf = s.segBuf[:0]
 		}
 	}()
+	if s.skipping {
+		return s.skipToSync(seg, buf)
+	}
 	fresh := !s.pendingSync
 	if fresh {
 		// A new transaction may start here: know its state first.
@@ -1319,7 +1362,13 @@ func (s *session) flushSegment() error {
 			return err
 		}
 	}
-	s.pendingSync = seg[len(seg)-1].typ != 'S'
+	// After a stalled prefix, the statements and portals as they were, in
+	// case Postgres refused the prefix and so skips this segment.
+	var keptStmts, keptPortals map[string]*Statement
+	stalled := s.stalled && !s.sim.inBlock
+	if stalled {
+		keptStmts, keptPortals = maps.Clone(s.stmts), maps.Clone(s.portals)
+	}
 	// Pass 1: what each Execute runs; track statements and portals as the
 	// server will.
 	var execs []*Statement
@@ -1394,6 +1443,29 @@ func (s *session) flushSegment() error {
 			}
 			m.describe = body[0]
 		}
+	}
+	if stalled && decidesTxn(execs) {
+		// The stalled prefix's implicit transaction started read-only; this
+		// segment needs one the proxy decides (a write, or transaction
+		// control): end that one first.
+		replay := append([]byte(nil), s.stallReplay...)
+		ok, err := s.endStalled()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			s.stmts, s.portals = keptStmts, keptPortals
+			return s.skipToSync(seg, buf)
+		}
+		if err := s.beginUnit(); err != nil {
+			return err
+		}
+		fresh = true
+		seg, buf = withReplay(replay, seg, buf)
+	}
+	s.pendingSync = seg[len(seg)-1].typ != 'S'
+	if !s.pendingSync {
+		s.stalled, s.stallReplay = false, s.stallReplay[:0]
 	}
 	if err := s.needSearchPath(execs); err != nil {
 		return err
@@ -1529,7 +1601,7 @@ func (s *session) flushSegment() error {
 		}
 		switch m.typ {
 		case 'P', 'B', 'C':
-			items = append(items, &expect{kind: expSingle})
+			items = append(items, &expect{kind: expSingle, swallow: m.replay})
 		case 'D':
 			if m.describe == 'S' {
 				items = append(items, &expect{kind: expDescribeS})
@@ -1583,6 +1655,170 @@ func (s *session) flushSegment() error {
 	if cap(w.b) <= 1<<20 {
 		s.segOut = w.b[:0]
 	}
+	return err
+}
+
+// stallAfter is how long the proxy waits for the rest of an
+// extended-protocol unit after a prefix without Bind or Execute (Parse,
+// Describe, Close) before it forwards that prefix alone.
+const stallAfter = 20 * time.Millisecond
+
+// awaitClient waits up to stallAfter for the client's next message and
+// reports whether none came. Held messages normally wait for Sync, so the
+// proxy can decide the unit as a whole; but Postgres runs statement_timeout
+// from the first message of a unit, and a client that pauses between Parse
+// and Describe (pgx's tests do, on purpose) expects the timeout to fire
+// during the pause, as it would direct.
+func (s *session) awaitClient() (bool, error) {
+	if err := s.client.SetReadDeadline(time.Now().Add(stallAfter)); err != nil {
+		return false, err
+	}
+	_, err := s.cr.peek()
+	if derr := s.client.SetReadDeadline(time.Time{}); derr != nil {
+		return false, derr
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true, nil
+	}
+	return false, err
+}
+
+// forwardStalled forwards a held prefix (Parse, Describe, Close: nothing
+// that runs a statement) as if the client had sent Flush. Its implicit
+// transaction starts read-only, as every one does; reads that follow run
+// in it as they would direct, and a write or transaction control that
+// follows ends it first (flushSegment, endStalled).
+func (s *session) forwardStalled() error {
+	for _, m := range s.seg {
+		if raw := s.segBuf[m.off : m.off+m.n]; m.typ == 'B' || m.typ == 'C' && len(raw) > 5 && raw[5] == 'P' {
+			s.stallReplay = append(s.stallReplay, raw...)
+		}
+	}
+	if err := s.flushSegment(); err != nil {
+		return err
+	}
+	s.stalled = s.pendingSync // (not when the prefix was skipped: see skipToSync)
+	return s.flushServer()
+}
+
+// stallable: the held segment runs nothing and binds no statement that
+// would need a transaction the proxy decides (decidesTxn), so it may go
+// out ahead of its Sync.
+func (s *session) stallable() bool {
+	if !s.segBind {
+		return true
+	}
+	local := map[string]*Statement{}
+	for _, m := range s.seg {
+		body := s.segBuf[m.off+5 : m.off+m.n]
+		switch m.typ {
+		case 'P':
+			name, rest, err := cstring(body)
+			if err != nil {
+				return false
+			}
+			q, _, err := cstring(rest)
+			if err != nil {
+				return false
+			}
+			local[name] = extStatement(s.classify(q, true))
+		case 'B':
+			_, rest, err := cstring(body)
+			if err != nil {
+				return false
+			}
+			name, _, err := cstring(rest)
+			if err != nil {
+				return false
+			}
+			st, ok := local[name]
+			if !ok {
+				st = s.stmts[name]
+			}
+			if st == nil || decidesTxn([]*Statement{st}) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// withReplay puts the messages of replay (whole Bind and Close messages)
+// in front of the segment, marked as the proxy's own.
+func withReplay(replay []byte, seg []segMsg, buf []byte) ([]segMsg, []byte) {
+	if len(replay) == 0 {
+		return seg, buf
+	}
+	var out []segMsg
+	for off := 0; off+5 <= len(replay); {
+		n := 1 + int(binary.BigEndian.Uint32(replay[off+1:]))
+		out = append(out, segMsg{typ: replay[off], off: off, n: n, replay: true})
+		off += n
+	}
+	for _, m := range seg {
+		m.off += len(replay)
+		out = append(out, m)
+	}
+	return out, append(replay, buf...)
+}
+
+// decidesTxn: a statement in stmts needs a transaction the proxy decides
+// from its start (made writable, or begun as a block).
+func decidesTxn(stmts []*Statement) bool {
+	for _, st := range stmts {
+		if st != nil && (st.Class == ClassWrite || st.Tx != TxNone) {
+			return true
+		}
+	}
+	return false
+}
+
+// endStalled ends the implicit transaction a stalled prefix opened with a
+// Sync of the proxy's own and reports whether Postgres accepted the prefix
+// (the prefix's answers go to the client; the ReadyForQuery does not).
+func (s *session) endStalled() (bool, error) {
+	failed := new(atomic.Bool)
+	var w msgBuilder
+	w.sync()
+	s.push(&expect{kind: expSync, swallow: true, failed: failed})
+	if _, err := s.sw.Write(w.b); err != nil {
+		return false, err
+	}
+	s.pendingSync, s.stalled = false, false
+	defer func() { s.stallReplay = s.stallReplay[:0] }()
+	if err := s.waitIdle(); err != nil {
+		return false, err
+	}
+	return !failed.Load(), nil
+}
+
+// endStalledFor ends a stalled prefix's transaction before a message that
+// is not part of the extended unit (what), whatever Postgres said to the
+// prefix: its error has reached the client.
+func (s *session) endStalledFor(what string) error {
+	if !s.stalled || s.sim.inBlock {
+		return nil
+	}
+	if _, err := s.endStalled(); err != nil {
+		return fmt.Errorf("end a stalled extended-protocol unit before a %s: %w", what, err)
+	}
+	return s.beginUnit()
+}
+
+// skipToSync stands in for Postgres skipping messages after an error:
+// Postgres refused a stalled prefix, but the proxy's Sync ended that, so
+// it drops the client's messages up to its Sync and forwards the Sync
+// alone (its ReadyForQuery is the client's).
+func (s *session) skipToSync(seg []segMsg, buf []byte) error {
+	last := seg[len(seg)-1]
+	s.skipping = last.typ != 'S'
+	if s.skipping {
+		return nil
+	}
+	s.sim = txSim{}
+	s.push(&expect{kind: expSync})
+	_, err := s.sw.Write(buf[last.off : last.off+last.n])
 	return err
 }
 

@@ -65,6 +65,16 @@ func (m *msgReader) next() (byte, []byte, error) {
 	return hdr[0], b, nil
 }
 
+// peek waits for the next byte without consuming it (a read deadline
+// on the connection bounds the wait; the reader stays usable after it).
+func (m *msgReader) peek() (byte, error) {
+	b, err := m.r.Peek(1)
+	if err != nil {
+		return 0, err
+	}
+	return b[0], nil
+}
+
 // buffered reports how many bytes are read ahead.
 func (m *msgReader) buffered() int { return m.r.Buffered() }
 

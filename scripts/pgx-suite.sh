@@ -5,7 +5,7 @@
 # claiming public.*, writes of unnamed tables allowed, as
 # --pg-allow-opaque). Prints pass/fail/skip counts side by side and every
 # test that passes direct but fails through the fence; exits 1 when such a
-# test is not one of the exceptions (policy, or a known difference) listed in pgproxy/doc.go
+# test is not one of the exceptions (what a lease does not grant) listed in pgproxy/doc.go
 # ("# pgx suite exceptions").
 #
 # pgx's tests read PGX_TEST_DATABASE (CONTRIBUTING.md: a database with
@@ -116,7 +116,7 @@ def listed(name):
     return any(test == e or test.startswith(e + "/") for e in exceptions)
 worse = sorted(t for t, a in fence.items() if a == "fail" and direct.get(t) == "pass")
 unexpected = [t for t in worse if not listed(t)]
-print("fail through the fence, pass direct: %d (%d listed in pgproxy/doc.go as policy or a known difference)" % (len(worse), len(worse) - len(unexpected)))
+print("fail through the fence, pass direct: %d (%d listed in pgproxy/doc.go as policy)" % (len(worse), len(worse) - len(unexpected)))
 for t in worse:
     print("  %s %s" % ("exception" if listed(t) else "FENCE", t))
 better = sorted(t for t, a in direct.items() if a == "fail" and fence.get(t) == "pass")
