@@ -259,13 +259,13 @@
 //
 // # Cost
 //
-// Landlock adds well under a microsecond per open. Each trapped write-class
-// call costs one seccomp round trip to the supervisor (about 4–6 µs on a
-// busy 2-core machine, Linux 6.18, with SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP);
-// reads, writes to open descriptors and read-only opens cost nothing extra.
-// A connect costs more: about 60 µs over a plain loopback connect (the
-// supervisor copies the address, duplicates the socket, connects it from a
-// goroutine of its own and answers; BenchmarkConnect). socket(), sends and
+// Landlock adds little per open. Each trapped write-class call costs one
+// seccomp round trip to the supervisor (BenchmarkWriteOpen,
+// BenchmarkCreateFiles; with SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP where the
+// kernel has it); reads, writes to open descriptors and read-only opens
+// cost nothing extra. A connect costs more than a plain loopback connect
+// (the supervisor copies the address, duplicates the socket, connects it
+// from a goroutine of its own and answers; BenchmarkConnect). socket(), sends and
 // setsockopt are decided in the filter.
 // A metadata call or inode ioctl costs that round trip plus the
 // supervisor's resolution and the call itself.

@@ -160,14 +160,14 @@
 //
 // The trigger comes in two kinds with one slow path. TriggerC is
 // fenceline.fence_check_c from pgproxy/cfence: the fast-path checks in C
-// (0-47 µs of Postgres CPU per fenced statement under eight pgbench
-// clients, in docs/benchmarks.md), handing everything else to
+// (their Postgres CPU per fenced statement: BenchmarkStorageFence and
+// scripts/bench-pg.sh, in docs/benchmarks.md), handing everything else to
 // fence_slow_gate through SPI. It needs a superuser to install and the
 // library built against the server's headers ("make -C pgproxy/cfence
 // install"). TriggerPLpgSQL (fenceline.fence_check
 // and fence_fast) runs on every Postgres, managed services included;
 // Postgres sets up its expressions again in every transaction, which costs
-// 29-71 µs per fenced statement there. Install's default, TriggerAuto
+// more per fenced statement there (the same benchmarks). Install's default, TriggerAuto
 // ("fenceline pg install --trigger auto"), takes C when the server loads
 // the library and plpgsql otherwise, and reports why not C. The
 // storage-fence tests (zombie, forged and swapped tokens, session mark,
@@ -224,8 +224,8 @@
 // across a restart) and that Postgres keeps as that connection's own
 // currval, which no role but the installing one may read or set. The
 // proxy draws one per server connection, between transactions, before the
-// first token it makes for it (one round trip, 50-60 µs here:
-// BenchmarkBindSession), and again after a DISCARD. fence_slow_gate
+// first token it makes for it (one round trip: BenchmarkBindSession), and
+// again after a DISCARD. fence_slow_gate
 // refuses a token whose session number is not the connection's currval
 // (40001, "bound to another connection", naming lease and fence) before it
 // marks the token verified; the fast path trusts only the session's own
@@ -259,10 +259,10 @@
 // later than one LeaseCheckInterval (plus a cancel's delivery, a few
 // milliseconds) after the proxy's lease source first reports the lease
 // not live. When a holder learns of a revoke is its own bound
-// (leasebus). Measured (TestRevokedLeaseStopsItsConnection): a running
-// write cancelled 5-15 ms after "lease revoke" returned, and 12-14 ms
-// after a polled lease source (every 50 ms) reported the loss. Only a
-// COMMIT already sent lands: its writes were made under the lease.
+// (leasebus). TestRevokedLeaseStopsItsConnection logs how long after
+// "lease revoke" returned, and after a polled lease source reported the
+// loss, a running write was cancelled. Only a COMMIT already sent lands:
+// its writes were made under the lease.
 //
 // The proxy does not also fence itself off at storage (raise its tables'
 // epochs past its fence) when its lease is lost: it has no connection of

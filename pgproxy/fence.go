@@ -286,10 +286,10 @@ const tokenHashSQL = `(pg_catalog.textcat('x', pg_catalog.encode(` + tokenHashBy
 //     equals the table's epoch both before and after passing the table's
 //     gate (reading sequence fenceline.gate_<relid>, which holds it in ROW
 //     EXCLUSIVE mode until the transaction ends). Anything else goes to
-//     fence_slow_gate. A fenced statement costs 20-45 µs of Postgres CPU
-//     (BenchmarkStorageFence 4x1, over no trigger); the earlier trigger (two queries under SECURITY DEFINER, re-planned on
-//     every call because of pg_temp in its search_path) took about 110 µs
-//     per statement.
+//     fence_slow_gate. BenchmarkStorageFence measures a fenced statement's
+//     Postgres CPU against no trigger (docs/benchmarks.md); the earlier
+//     trigger (two queries under SECURITY DEFINER, re-planned on every
+//     call because of pg_temp in its search_path) cost several times more.
 //   - fenceline.fence_slow_gate(), SECURITY DEFINER, does everything else and
 //     explains every refusal: it checks the token's MAC against the secret,
 //     and its binding (its session number is this connection's currval of
