@@ -24,6 +24,10 @@
 # They come from /proc and say where the time goes; tps says how much.
 # FL_CPUPROFILE=FILE writes a CPU profile of the fenceline proxy over the
 # whole run (go tool pprof FILE).
+# FL_BASELINE=REV adds target fl-base: the same fence built from git
+# revision REV (git archive of it, with the C trigger built here), on a copy
+# of the tables of its own, in the same rounds: what the commits since REV
+# changed, side by side.
 #
 # pgbench always reaches its target over TCP (127.0.0.1). Both proxies reach
 # Postgres over its Unix socket, as a single-machine deployment would (and as
@@ -67,12 +71,12 @@ if [ "$(id -u)" = 0 ]; then
 	RUNAS=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
 fi
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-PGPORT_DIRECT=$(freeport); FLPORT=$(freeport); FLPPORT=$(freeport); BOUNCEPORT=$(freeport); RELAYPORT=$(freeport)
+PGPORT_DIRECT=$(freeport); FLPORT=$(freeport); FLPPORT=$(freeport); BOUNCEPORT=$(freeport); RELAYPORT=$(freeport); FLBPORT=$(freeport)
 PIDS=()
 cleanup() {
 	local rc=$?
 	if [ "$rc" != 0 ]; then
-		for f in fl.log flp.log relay.log pgbouncer.log pg.log; do
+		for f in fl.log flp.log flb.log relay.log pgbouncer.log pg.log; do
 			[ -s "$WORK/$f" ] && { echo "--- $f (last lines)"; tail -5 "$WORK/$f"; } >&2
 		done
 	fi
@@ -94,6 +98,7 @@ echo "== postgres $("$BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$
 # plpgsql trigger.
 INC=$("$BIN/pg_config" --includedir-server 2>/dev/null || true)
 DBS="postgres fenced fencedp"
+[ -n "${FL_BASELINE:-}" ] && DBS="$DBS fencedb"
 CLIB= # none built: auto tries the server's $libdir
 if [ ! -f "$INC/postgres.h" ]; then
 	echo "== no C trigger: it needs the server headers (postgresql-server-dev-$(basename "$(dirname "$BIN")"))"
@@ -131,6 +136,19 @@ echo "== fl-plpgsql: fenceline fence, plpgsql trigger, on 127.0.0.1:$FLPPORT -> 
 FLP_PID=$!
 PIDS+=($FLP_PID)
 
+FLB_PID=
+if [ -n "${FL_BASELINE:-}" ]; then
+	mkdir "$WORK/base"
+	git archive "$FL_BASELINE" | tar -x -C "$WORK/base"
+	(cd "$WORK/base" && go build -o "$WORK/benchproxy-base" ./pgproxy/internal/benchproxy)
+	echo "== fl-base: the fence as of $(git log -1 --format='%h %cd' --date=short "$FL_BASELINE") on 127.0.0.1:$FLBPORT -> $FL_UP"
+	"${CLCPU[@]}" "$WORK/benchproxy-base" -listen "127.0.0.1:$FLBPORT" -upstream "$FL_UP" -tables "$FENCED" \
+		-install "postgres://postgres@127.0.0.1:$PGPORT_DIRECT/fencedb?sslmode=disable" -trigger auto \
+		${CLIB:+-c-library "$CLIB"} >"$WORK/flb.log" 2>&1 &
+	FLB_PID=$!
+	PIDS+=($FLB_PID)
+fi
+
 go build -o "$WORK/barerelay" ./pgproxy/internal/barerelay
 go build -o "$WORK/wakecost" ./pgproxy/internal/wakecost
 "${CLCPU[@]}" "$WORK/barerelay" -listen "127.0.0.1:$RELAYPORT" -upstream "$FL_UP" >"$WORK/relay.log" 2>&1 &
@@ -158,7 +176,7 @@ echo '"postgres" ""' >"$WORK/users.txt"
 [ "$(id -u)" = 0 ] && chown nobody:nogroup "$WORK/pgbouncer.ini" "$WORK/users.txt"
 "${CLCPU[@]}" "${RUNAS[@]}" pgbouncer "$WORK/pgbouncer.ini" >/dev/null 2>&1 &
 PIDS+=($!)
-for port in $FLPORT $FLPPORT $BOUNCEPORT $RELAYPORT; do
+for port in $FLPORT $FLPPORT $BOUNCEPORT $RELAYPORT ${FLB_PID:+$FLBPORT}; do
 	for _ in $(seq 100); do "$BIN/pg_isready" -q -h 127.0.0.1 -p "$port" && break; sleep 0.1; done
 done
 echo "== fenceline's tables carry the $(awk '/^trigger / {print $2}' "$WORK/fl.log") trigger$(sed -n 's/^not the C trigger: /; not C: /p' "$WORK/fl.log")"
@@ -180,7 +198,7 @@ pidticks() { [ "$1" = 0 ] && echo 0 || awk '{print $14+$15}' "/proc/$1/stat"; }
 # backends are all in the postmaster's count.
 settle() {
 	for _ in $(seq 50); do
-		[ "$(pgrep -c -P "$PM" -f '^postgres: postgres (postgres|fenced|fencedp) ' || true)" = 0 ] &&
+		[ "$(pgrep -c -P "$PM" -f '^postgres: postgres (postgres|fenced|fencedp|fencedb) ' || true)" = 0 ] &&
 			[ "$(ps -o stat= --ppid "$PM" | grep -c '^Z' || true)" = 0 ] && return
 		sleep 0.1
 	done
@@ -200,7 +218,7 @@ vacuum() {
 # proxy_ticks pg_ticks" and appends per-transaction latencies to $WORK/lat.KEY.
 run() {
 	local key=$1 port=$2 pid=$3 db=postgres; shift 3
-	case $key in *.fenceline) db=fenced ;; *.fl-plpgsql) db=fencedp ;; esac
+	case $key in *.fenceline) db=fenced ;; *.fl-plpgsql) db=fencedp ;; *.fl-base) db=fencedb ;; esac
 	rm -f "$WORK"/pgbench_log.*
 	vacuum "$db"
 	settle
@@ -233,7 +251,7 @@ for wl in "select-only simple:-S -M simple" "select-only prepared:-S -M prepared
 	name=${wl%%:*}; args=${wl#*:}; w=${name// /_}
 	# target:port:pid; fl-unfenced is the same proxy on the unfenced copy
 	# of the tables: beside fenceline, what the storage-side fence costs.
-	targets="direct:$PGPORT_DIRECT:0 fenceline:$FLPORT:$FL_PID"
+	targets="direct:$PGPORT_DIRECT:0 fenceline:$FLPORT:$FL_PID${FLB_PID:+ fl-base:$FLBPORT:$FLB_PID}"
 	if [ "${name%% *}" = tpcb-like ]; then
 		targets="$targets fl-plpgsql:$FLPPORT:$FLP_PID fl-unfenced:$FLPORT:$FL_PID"
 	fi

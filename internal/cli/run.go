@@ -139,6 +139,7 @@ Without Landlock (Linux < 5.13, or disabled) run refuses to start unless
 	f.DurationVar(&rf.killGrace, "kill-grace", 10*time.Second, "how long the agent's processes have between SIGTERM and SIGKILL when it is stopped")
 	f.SetInterspersed(false) // everything after CMD is CMD's
 	c.MarkFlagsMutuallyExclusive("scope", "whole-repo")
+	groupFlags(c, runFlagGroups)
 	return c
 }
 
