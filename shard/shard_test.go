@@ -490,3 +490,37 @@ func TestBucketsInThePermissionTable(t *testing.T) {
 		}
 	}
 }
+
+// TestCleanKeepsARacyEdit: an edit of the same size made in the same tick
+// as the index was written ("racily clean" to git) is kept too. The clock
+// is set, not waited for: the file and the index get the mtime the index
+// entry recorded, as when the agent edits right after committing.
+func TestCleanKeepsARacyEdit(t *testing.T) {
+	ctx := context.Background()
+	co := newRepo(t, 3)
+	base := mustGit(t, co, "rev-parse", "HEAD")
+	w := &Worktree{Checkout: co, Dir: co + ".shards", ID: "shard-1", Path: co + ".shards/shard-1", Branch: "fenceline/shard-1"}
+	if _, err := w.Create(ctx, base, "att_r"); err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(w.Path, "d000", "f00001.txt")
+	fi, err := os.Stat(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f, []byte("edited\n"), 0o644); err != nil { // "file 1\n": the same size
+		t.Fatal(err)
+	}
+	index := filepath.Join(mustGit(t, w.Path, "rev-parse", "--absolute-git-dir"), "index")
+	for _, p := range []string{f, index} {
+		if err := os.Chtimes(p, fi.ModTime(), fi.ModTime()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := w.Clean(ctx, base, "att_r"); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustGit(t, co, "show", "refs/fenceline/attempts/att_r-worktree:d000/f00001.txt"); got != "edited" {
+		t.Errorf("kept edit: %q, want \"edited\"", got)
+	}
+}

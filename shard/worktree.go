@@ -320,10 +320,24 @@ func (w *Worktree) snapshot(ctx context.Context, id string) (string, error) {
 	}
 	tmpName := tmp.Name()
 	defer os.Remove(tmpName)
-	if b, err := readRegular(filepath.Join(w.gitDir(), "index")); err == nil {
-		tmp.Write(b)
+	index := filepath.Join(w.gitDir(), "index")
+	if b, err := readRegular(index); err == nil {
+		if _, err := tmp.Write(b); err != nil {
+			tmp.Close()
+			return "", fmt.Errorf("copy %s's index: %w", w.ID, err)
+		}
 	}
-	tmp.Close()
+	if err := tmp.Close(); err != nil {
+		return "", fmt.Errorf("copy %s's index: %w", w.ID, err)
+	}
+	// The copy keeps the index's mtime: git tells a file changed in the
+	// same tick as the index was written ("racily clean") by comparing the
+	// two, and a copy made now would make a same-size edit look unchanged.
+	if fi, err := os.Lstat(index); err == nil {
+		if err := os.Chtimes(tmpName, fi.ModTime(), fi.ModTime()); err != nil {
+			return "", fmt.Errorf("copy %s's index: %w", w.ID, err)
+		}
+	}
 	env := []string{"GIT_INDEX_FILE=" + tmpName}
 	if _, err := w.g(ctx, env, "add", "-A"); err != nil {
 		return "", err
