@@ -523,6 +523,7 @@ func TestHolderCannotStartActorsThroughReplies(t *testing.T) {
 // which loads every log subject, would start an actor (a goroutine) for
 // each. Neither does for a log that holds nothing the service wrote.
 func TestJunkLogsStartNoActors(t *testing.T) {
+	t.Parallel() // waits on TTLs and elections: runs beside the others (own servers, no shared state)
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()

@@ -204,6 +204,7 @@ func TestAuditLostAckWritesOnce(t *testing.T) {
 // other repos. Its audit catch-up finds the record and writes its events
 // within a few seconds.
 func TestAuditCatchUpFindsUnannouncedRecord(t *testing.T) {
+	t.Parallel() // waits on TTLs and elections: runs beside the others (own servers, no shared state)
 	b := startBus(t)
 	ctx := ctxT(t)
 	const auditRepo = "github.com/acme/audit-catch-up"

@@ -79,6 +79,7 @@ func (c *testCluster) streamLeader(stream string) int {
 }
 
 func TestClusterLeaderFailover(t *testing.T) {
+	t.Parallel() // waits on TTLs and elections: runs beside the others (own servers, no shared state)
 	cl := startCluster(t)
 	seed := testSeed(t)
 	ctx := ctxT(t)

@@ -30,6 +30,7 @@ func holderValidUntil(h *Holder) time.Time {
 }
 
 func TestHolderRenewsAndFences(t *testing.T) {
+	t.Parallel() // waits on TTLs and elections: runs beside the others (own servers, no shared state)
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()

@@ -93,6 +93,7 @@ type heldLease struct {
 const holderMargin = 100 * time.Millisecond
 
 func TestPropertyConcurrentLeases(t *testing.T) {
+	t.Parallel() // waits on TTLs and elections: runs beside the others (own servers, no shared state)
 	b := startBus(t)
 	seed := testSeed(t)
 	repos := []string{"github.com/acme/prop-1", "github.com/acme/prop-2"}
@@ -336,6 +337,7 @@ func TestPropertyConcurrentLeases(t *testing.T) {
 // issued twice. (Renew and release of a lease the answering instance has
 // not loaded yet must still work: "not found" would make its holder stop.)
 func TestPropertyTwoServiceInstances(t *testing.T) {
+	t.Parallel() // waits on TTLs and elections: runs beside the others (own servers, no shared state)
 	b := startBus(t)
 	seed := testSeed(t)
 	svc2, err := StartService(ctxT(t), connect(t, b.srv.ClientURL()), ServiceConfig{})

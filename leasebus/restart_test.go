@@ -187,6 +187,7 @@ func TestServiceSurvivesBusRestart(t *testing.T) {
 }
 
 func TestRestartSweepsLeasesOfDeadHolders(t *testing.T) {
+	t.Parallel() // waits on TTLs and elections: runs beside the others (own servers, no shared state)
 	b := startBus(t)
 	ctx := ctxT(t)
 	const ttl = 2 * time.Second

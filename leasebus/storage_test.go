@@ -116,6 +116,7 @@ func TestAuditStreamFitsSmallVolume(t *testing.T) {
 }
 
 func TestStoreFullIsNamedAndNothingAcknowledgedIsLost(t *testing.T) {
+	t.Parallel() // waits on TTLs and elections: runs beside the others (own servers, no shared state)
 	dir := testutil.Tmpfs(t, "32m")
 	b := startStoreBus(t, filepath.Join(dir, "bus"))
 	var held []*Lease
