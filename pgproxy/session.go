@@ -83,6 +83,7 @@ type session struct {
 	// again if the proxy ends that transaction (which drops its portals).
 	stalled     bool
 	stallReplay []byte
+	forwarding  bool // forwardStalled is at work
 	// skipping: Postgres refused a stalled prefix, so it would ignore the
 	// client's messages up to its Sync; the proxy drops them and forwards
 	// the Sync alone.
@@ -1650,6 +1651,9 @@ func (s *session) flushSegment() error {
 	if rwSeen && li.live() {
 		s.rw.Store(true)
 	}
+	if s.pendingSync && (s.stalled || s.forwarding) {
+		s.keepForReplay(seg, buf)
+	}
 	s.push(items...)
 	_, err := s.sw.Write(w.b)
 	if cap(w.b) <= 1<<20 {
@@ -1659,8 +1663,8 @@ func (s *session) flushSegment() error {
 }
 
 // stallAfter is how long the proxy waits for the rest of an
-// extended-protocol unit after a prefix without Bind or Execute (Parse,
-// Describe, Close) before it forwards that prefix alone.
+// extended-protocol unit after a prefix that runs nothing (see stallable)
+// before it forwards that prefix alone.
 const stallAfter = 20 * time.Millisecond
 
 // awaitClient waits up to stallAfter for the client's next message and
@@ -1684,22 +1688,42 @@ func (s *session) awaitClient() (bool, error) {
 	return false, err
 }
 
-// forwardStalled forwards a held prefix (Parse, Describe, Close: nothing
-// that runs a statement) as if the client had sent Flush. Its implicit
+// forwardStalled forwards a held prefix (Parse, Describe, Close, Binds of
+// reads: nothing that runs a statement) as if the client had sent Flush. Its implicit
 // transaction starts read-only, as every one does; reads that follow run
 // in it as they would direct, and a write or transaction control that
 // follows ends it first (flushSegment, endStalled).
 func (s *session) forwardStalled() error {
-	for _, m := range s.seg {
-		if raw := s.segBuf[m.off : m.off+m.n]; m.typ == 'B' || m.typ == 'C' && len(raw) > 5 && raw[5] == 'P' {
-			s.stallReplay = append(s.stallReplay, raw...)
-		}
-	}
-	if err := s.flushSegment(); err != nil {
+	s.forwarding = true
+	err := s.flushSegment()
+	s.forwarding = false
+	if err != nil {
 		return err
 	}
 	s.stalled = s.pendingSync // (not when the prefix was skipped: see skipToSync)
 	return s.flushServer()
+}
+
+// maxReplay bounds stallReplay: past it, a pipeline that paused keeps
+// binding and never syncs, and the portals it bound before the proxy ends
+// its transaction are not bound again (their Execute fails, as after a
+// Sync).
+const maxReplay = 1 << 20
+
+// keepForReplay records the Binds and portal Closes of a segment sent into
+// a stalled prefix's transaction, to bind its portals again if the proxy
+// ends that transaction (endStalled).
+func (s *session) keepForReplay(seg []segMsg, buf []byte) {
+	for _, m := range seg {
+		raw := buf[m.off : m.off+m.n]
+		if m.replay || !(m.typ == 'B' || m.typ == 'C' && len(raw) > 5 && raw[5] == 'P') {
+			continue
+		}
+		if len(s.stallReplay)+len(raw) > maxReplay {
+			return
+		}
+		s.stallReplay = append(s.stallReplay, raw...)
+	}
 }
 
 // stallable: the held segment runs nothing and binds no statement that

@@ -61,6 +61,16 @@ func TestClientPausesMidUnit(t *testing.T) {
 		want:  "ParseComplete BindComplete DataRow CommandComplete(SELECT 1) ParseComplete BindComplete CommandComplete(INSERT 0 1) ReadyForQuery(I)",
 		check: "SELECT count(*) = 1 FROM public.stall WHERE name = 'bound-before-%s'",
 	}, {
+		name:   "portals bound before the pause and after a Flush in it run in a unit that then writes",
+		before: steps(&pgproto3.Parse{Name: "stall_r3", Query: "select 7"}, &pgproto3.Bind{DestinationPortal: "pa", PreparedStatement: "stall_r3"}),
+		after: steps(&pgproto3.Bind{DestinationPortal: "pb", PreparedStatement: "stall_r3"}, &pgproto3.Flush{},
+			&pgproto3.Execute{Portal: "pa"}, &pgproto3.Execute{Portal: "pb"},
+			&pgproto3.Parse{Query: "INSERT INTO public.stall (name) VALUES ($1)"},
+			&pgproto3.Bind{Parameters: [][]byte{[]byte("two-portals-%s")}}, &pgproto3.Execute{}, &pgproto3.Sync{}),
+		want: "ParseComplete BindComplete BindComplete DataRow CommandComplete(SELECT 1) DataRow CommandComplete(SELECT 1) " +
+			"ParseComplete BindComplete CommandComplete(INSERT 0 1) ReadyForQuery(I)",
+		check: "SELECT count(*) = 1 FROM public.stall WHERE name = 'two-portals-%s'",
+	}, {
 		name:   "a read after the pause runs",
 		before: steps(&pgproto3.Parse{Query: "select 41 + 1"}, &pgproto3.Describe{ObjectType: 'S'}),
 		after:  steps(&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}),
