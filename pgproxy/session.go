@@ -1694,13 +1694,20 @@ func (s *session) awaitClient() (bool, error) {
 // in it as they would direct, and a write or transaction control that
 // follows ends it first (flushSegment, endStalled).
 func (s *session) forwardStalled() error {
-	s.forwarding = true
+	open := s.pendingSync // the client's Flush left its transaction open
+	s.forwarding = !open || s.stalled
 	err := s.flushSegment()
-	s.forwarding = false
 	if err != nil {
+		s.forwarding = false
 		return err
 	}
-	s.stalled = s.pendingSync // (not when the prefix was skipped: see skipToSync)
+	// Stalled only when the prefix opened the transaction (not when it was
+	// skipped: see skipToSync). One the client opened and left open with
+	// Flush may hold writes the proxy made writable for it: ending it with
+	// a Sync of the proxy's own would commit them, where the client's own
+	// Sync, after a later error, would roll them back.
+	s.stalled = s.pendingSync && s.forwarding
+	s.forwarding = false
 	return s.flushServer()
 }
 

@@ -71,6 +71,15 @@ func TestClientPausesMidUnit(t *testing.T) {
 			"ParseComplete BindComplete CommandComplete(INSERT 0 1) ReadyForQuery(I)",
 		check: "SELECT count(*) = 1 FROM public.stall WHERE name = 'two-portals-%s'",
 	}, {
+		name: "a pause inside a transaction the client left open with Flush keeps it one transaction",
+		before: steps(&pgproto3.Parse{Query: "INSERT INTO public.stall (name) VALUES ('atomic-%s')"}, &pgproto3.Bind{}, &pgproto3.Execute{},
+			&pgproto3.Flush{}, &pgproto3.Parse{Name: "stall_x", Query: "select 1"}),
+		after: steps(&pgproto3.Parse{Query: "INSERT INTO public.stall (name) VALUES ('atomic-%s')"}, &pgproto3.Bind{}, &pgproto3.Execute{},
+			&pgproto3.Parse{Query: "SELECT 1/0"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}),
+		want: "ParseComplete BindComplete CommandComplete(INSERT 0 1) ParseComplete ParseComplete BindComplete CommandComplete(INSERT 0 1) " +
+			"ParseComplete ErrorResponse(22012) ReadyForQuery(I)", // 1/0 fails when planned, at Bind
+		check: "SELECT count(*) = 0 FROM public.stall WHERE name = 'atomic-%s'", // the error rolled both back
+	}, {
 		name:   "a read after the pause runs",
 		before: steps(&pgproto3.Parse{Query: "select 41 + 1"}, &pgproto3.Describe{ObjectType: 'S'}),
 		after:  steps(&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}),
