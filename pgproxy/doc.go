@@ -358,9 +358,12 @@
 // drops the client's messages up to its Sync and forwards that Sync alone,
 // as Postgres would have skipped them. (The prefix and what follows then
 // run in two transactions, not one: the prefix's snapshots only served its
-// parse analysis and planning.) The Bind of a write is held until the unit
-// is complete: a statement_timeout that direct would fire between it and
-// its Execute fires later.
+// parse analysis and planning.) A pause inside a transaction the client
+// itself left open with Flush forwards the prefix the same way, but the
+// proxy never ends that transaction (it may hold writes the client's later
+// error must roll back): a write in it is decided as after any Flush. The
+// Bind of a write is held until the unit is complete: a statement_timeout
+// that direct would fire between it and its Execute fires later.
 //
 // SHOW default_transaction_read_only answers the client's own value (a
 // one-row SELECT: its tag is "SELECT 1"); a statement prepared for it keeps
