@@ -281,17 +281,28 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 	s.writeJSON(w, evs)
 }
 
-// recentAudit returns up to limit of the latest audit events of repo.
+// maxAuditScan bounds how many stream messages recentAudit reads back.
+const maxAuditScan = 1 << 16
+
+// recentAudit returns up to limit of the latest audit events of repo. The
+// stream's last limit messages may be other repos' or the UI's own reads
+// (filtered out), so it reads further back, four times as far each time,
+// until it has limit events, the stream's start, or maxAuditScan messages.
 func (s *Server) recentAudit(ctx context.Context, repo string, limit int) ([]leasebus.AuditEvent, error) {
-	from, err := s.auditStart(ctx, limit)
-	if err != nil {
-		return nil, err
+	var evs []leasebus.AuditEvent
+	for n := limit; ; n *= 4 {
+		from, err := s.auditStart(ctx, n)
+		if err != nil {
+			return nil, err
+		}
+		if evs, err = leasebus.ReadAudit(ctx, s.cfg.NC, repo, from); err != nil {
+			return nil, err
+		}
+		evs = slices.DeleteFunc(evs, func(ev leasebus.AuditEvent) bool { return ownRead(&ev) })
+		if len(evs) >= limit || from == 1 || n >= maxAuditScan {
+			break
+		}
 	}
-	evs, err := leasebus.ReadAudit(ctx, s.cfg.NC, repo, from)
-	if err != nil {
-		return nil, err
-	}
-	evs = slices.DeleteFunc(evs, func(ev leasebus.AuditEvent) bool { return ownRead(&ev) })
 	if len(evs) > limit {
 		evs = evs[len(evs)-limit:]
 	}

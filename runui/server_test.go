@@ -388,3 +388,44 @@ func TestShardsListingShared(t *testing.T) {
 		t.Fatalf("flights after another repo's listing: %v, want %v", kept, want)
 	}
 }
+
+// TestAuditSkipsOwnReadsBackwards: when the stream's last messages are the
+// UI's own list reads (filtered out), the audit API reads further back
+// rather than answer with fewer events than asked for.
+func TestAuditSkipsOwnReadsBackwards(t *testing.T) {
+	b, hs := startUI(t, Config{})
+	l, cred := acquire(t, b, "services/billing")
+	if _, err := b.Client.Release(context.Background(), l.LeaseID, cred); err != nil {
+		t.Fatal(err)
+	}
+	audited := func(typ string, n int) {
+		t.Helper()
+		testutil.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+			evs, err := leasebus.ReadAudit(context.Background(), b.Conn, repo, 1)
+			if err != nil {
+				return err
+			}
+			got := 0
+			for _, ev := range evs {
+				if ev.Type == typ {
+					got++
+				}
+			}
+			if got < n {
+				return fmt.Errorf("%d %s events audited, waiting for %d", got, typ, n)
+			}
+			return nil
+		})
+	}
+	audited(leasebus.EventRelease, 1)
+	for range 8 { // each list is audited, after the release
+		var ls []leasebus.Lease
+		getJSON(t, hs.URL+"/api/v1/leases?repo="+repo, &ls)
+	}
+	audited(leasebus.EventList, 8)
+	var evs []leasebus.AuditEvent
+	getJSON(t, hs.URL+"/api/v1/audit?repo="+repo+"&limit=2", &evs)
+	if len(evs) != 2 || evs[1].Type != leasebus.EventRelease || evs[1].LeaseID != l.LeaseID {
+		t.Fatalf("last 2 audit events: %+v, want the grant and the release of %s", evs, l.LeaseID)
+	}
+}
