@@ -1379,11 +1379,7 @@ func (s *session) flushSegment() error {
 		body := buf[m.off+5 : m.off+m.n]
 		switch m.typ {
 		case 'P':
-			name, rest, err := cstring(body)
-			if err != nil {
-				return s.fatal(err)
-			}
-			q, _, err := cstring(rest)
+			name, q, paramTypes, err := twoCStrings(body)
 			if err != nil {
 				return s.fatal(err)
 			}
@@ -1394,18 +1390,14 @@ func (s *session) flushSegment() error {
 				at := pw.begin('P')
 				pw.str(name)
 				pw.str(s.showDefaultRO())
-				pw.b = append(pw.b, rest[len(q)+1:]...) // the client's parameter types
+				pw.b = append(pw.b, paramTypes...) // the client's
 				pw.end(at)
 				m.off, m.n = len(buf), len(pw.b)
 				buf = append(buf, pw.b...)
 			}
 			s.stmts[name] = st
 		case 'B':
-			portal, rest, err := cstring(body)
-			if err != nil {
-				return s.fatal(err)
-			}
-			stmt, _, err := cstring(rest)
+			portal, stmt, _, err := twoCStrings(body)
 			if err != nil {
 				return s.fatal(err)
 			}
@@ -1745,21 +1737,13 @@ func (s *session) stallable() bool {
 		body := s.segBuf[m.off+5 : m.off+m.n]
 		switch m.typ {
 		case 'P':
-			name, rest, err := cstring(body)
+			name, q, _, err := twoCStrings(body)
 			if err != nil {
-				return false
-			}
-			q, _, err := cstring(rest)
-			if err != nil {
-				return false
+				return false // flushSegment reports it
 			}
 			local[name] = extStatement(s.classify(q, true))
 		case 'B':
-			_, rest, err := cstring(body)
-			if err != nil {
-				return false
-			}
-			name, _, err := cstring(rest)
+			_, name, _, err := twoCStrings(body)
 			if err != nil {
 				return false
 			}

@@ -105,6 +105,20 @@ func cstring(b []byte) (string, []byte, error) {
 	return string(b[:i]), b[i+1:], nil
 }
 
+// twoCStrings reads the two NUL-terminated strings a Parse (statement,
+// query) or a Bind (portal, statement) starts with, and what follows.
+func twoCStrings(b []byte) (string, string, []byte, error) {
+	first, rest, err := cstring(b)
+	if err != nil {
+		return "", "", nil, err
+	}
+	second, rest, err := cstring(rest)
+	if err != nil {
+		return "", "", nil, err
+	}
+	return first, second, rest, nil
+}
+
 // msgBuilder appends protocol messages to a byte slice.
 type msgBuilder struct{ b []byte }
 
