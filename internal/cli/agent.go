@@ -19,8 +19,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fenceline/fenceline/attempt"
 	"github.com/fenceline/fenceline/egress"
-	"github.com/fenceline/fenceline/fsguard"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
@@ -118,7 +118,7 @@ func (af *agentFlags) check() error {
 	if af.grace <= 0 || af.killGrace <= 0 || af.wait < 0 {
 		return usagef("--grace and --kill-grace must be positive, --wait not negative")
 	}
-	if _, err := allowedPorts(af.allowConnect); err != nil {
+	if _, err := attempt.Ports("--allow-connect", af.allowConnect); err != nil {
 		return err
 	}
 	if _, err := egress.ParseRules(af.allowHosts); err != nil {
@@ -162,19 +162,19 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	if err != nil {
 		return err
 	}
-	co, err := findCheckout(ctx, af.root)
+	co, err := findCheckout(ctx, "--root", af.root)
 	if err != nil {
 		return err
 	}
-	extra, err := existingPaths("--allow-write", af.allowWrite)
+	extra, err := attempt.RealPaths("--allow-write", af.allowWrite)
 	if err != nil {
 		return err
 	}
-	if _, err := fsguard.Available(); err != nil {
-		if !af.allowUnguarded {
-			return fmt.Errorf("refusing to run %s: %w; pass --allow-unguarded to run it without a file-write guard", argv[0], err)
-		}
-		log.Warn("running UNGUARDED (--allow-unguarded): file writes are not confined", "err", err)
+	ports, _ := attempt.Ports("--allow-connect", af.allowConnect)
+	if warn, err := attempt.CheckGuard(argv[0], af.allowUnguarded); err != nil {
+		return err
+	} else if warn != nil {
+		log.Warn("running UNGUARDED (--allow-unguarded): file writes are not confined", "err", warn)
 	}
 	sc := newSidecarClient(af.sidecar, token)
 	gate := newSidecarGate(af.sidecar, af.grace)
@@ -199,16 +199,13 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	if err != nil {
 		return err
 	}
-	pol, created, err := guardPolicy(co, l, extra)
+	pol, created, err := attempt.Policy(co, l, extra)
 	if err != nil {
 		return err
 	}
 	for _, c := range created {
 		log.Info("created the claimed directory: writes are confined to existing paths", "path", c)
 	}
-	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, sidecar.EnvAdminToken+"=") || strings.HasPrefix(kv, envGitUpstreamHeader+"=")
-	})
 	var fences sidecar.Fences
 	if view != nil {
 		fences = view.Fences
@@ -216,35 +213,25 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	if err := af.checkEgress(fences); err != nil {
 		return err
 	}
-	env = fences.Env(env)
-	env = setEnvVar(env, "GIT_OPTIONAL_LOCKS", "0")
-	if l.LeaseID != "" {
-		env = setEnvVar(env, "FENCELINE_LEASE_ID", l.LeaseID)
-	}
-	pol.Hidden = hiddenPaths(env, append([]string{af.tokenFile}, a.credsToHide()...)...)
-	ports, _ := allowedPorts(af.allowConnect)
-	ports = append(ports, fences.Ports()...)
-	slices.Sort(ports)
-	pol.ConnectPorts = slices.Compact(ports)
+	env := attempt.Env(os.Environ(), []string{sidecar.EnvAdminToken, envGitUpstreamHeader}, fences.Env, l.LeaseID)
+	pol.Hidden = attempt.HiddenPaths(env, append([]string{af.tokenFile}, a.credsToHide()...)...)
+	pol.ConnectPorts = attempt.ConnectPorts(ports, fences.Ports())
 	pol.KillGrace = af.killGrace
 	pol.AllowUnguarded = af.allowUnguarded
 	pol.Logger = log
 
 	out, errw := a.outputs()
-	cmd, err := agentExec(co, nil, argv, env, out, errw)
+	cmd, err := attempt.Command(co, nil, argv, env, out, errw)
 	if err != nil {
 		return err
 	}
 	llog := sidecar.LeaseLogger(log, l)
-	pr, err := fsguard.Start(ctx, pol, gate, &sidecarAuditor{c: sc, log: llog}, cmd)
+	pr, err := attempt.Start(ctx, pol, gate, &sidecarAuditor{c: sc, log: llog}, cmd)
 	if err != nil {
 		return err
 	}
-	restoreTTY := foreground(pr.Pid())
-	llog.Info(guardSummary(co, pol, pr.Guarded()), "sidecar", af.sidecar, "egress", fences.Egress, "egressAllow", strings.Join(fences.EgressAllow, ","))
-	st, werr := pr.Wait()
-	restoreTTY()
-	code := exitStatus(st)
+	llog.Info(attempt.Summary(co, pol, pr.Guarded()), "sidecar", af.sidecar, "egress", fences.Egress, "egressAllow", strings.Join(fences.EgressAllow, ","))
+	code, werr := pr.Wait()
 	rep := sidecar.SettledReport{ExitCode: code, Denials: pr.Denials()}
 	tries := 10 * time.Second
 	if !gate.everHeard() {
@@ -267,13 +254,13 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 // policyLease is the lease the guard's policy is built from: the
 // sidecar's record, narrowed to --scope/--workspace; from the flags alone
 // when the sidecar has not answered.
-func (af *agentFlags) policyLease(co *checkout, view *sidecar.LeaseView) (leasebus.Lease, error) {
+func (af *agentFlags) policyLease(co *attempt.Checkout, view *sidecar.LeaseView) (leasebus.Lease, error) {
 	var l leasebus.Lease
 	known := view != nil && view.Lease != nil
 	if known {
 		l = *view.Lease
 	} else {
-		l = leasebus.Lease{Repo: co.repo, Scope: scope.Claim{Kind: scope.KindNone}, WorkspaceMode: leasebus.WorkspaceExclusive}
+		l = leasebus.Lease{Repo: co.Repo, Scope: scope.Claim{Kind: scope.KindNone}, WorkspaceMode: leasebus.WorkspaceExclusive}
 	}
 	if af.workspace != "" {
 		mode := leasebus.WorkspaceMode(af.workspace)

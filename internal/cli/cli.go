@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fenceline/fenceline/attempt"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -188,7 +189,7 @@ func exitCode(err error) int {
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
-	case errors.As(err, &ue), errors.Is(err, leasebus.ErrInvalid):
+	case errors.As(err, &ue), errors.Is(err, leasebus.ErrInvalid), errors.Is(err, attempt.ErrInvalid):
 		return ExitUsage
 	case errors.Is(err, leasebus.ErrConflict), errors.Is(err, leasebus.ErrNotOwner), errors.Is(err, leasebus.ErrForbidden):
 		return ExitConflict

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -125,27 +124,6 @@ func TestExclusiveRunRestoresTheCheckoutsGitDir(t *testing.T) {
 	userGit(co, "commit", "-qam", "user")
 	if ran := gittrap.Ran(kit.marker); ran != "" {
 		t.Errorf("the user's git ran the attempt's programs:\n%s", ran)
-	}
-}
-
-// TestFindCheckoutRunsNoTrap: resolving --repo (git rev-parse, git config
-// in the checkout) on a checkout seeded with every trap runs none of them.
-func TestFindCheckoutRunsNoTrap(t *testing.T) {
-	co := newCheckout(t, "https://example.com/acme/payments.git")
-	marker := filepath.Join(t.TempDir(), "ran")
-	if err := gittrap.Plant(filepath.Join(co, ".git"), co, filepath.Join(t.TempDir(), "traps"), marker); err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(co, "README.md"), []byte("dirty\n"), 0o644)
-	c, err := findCheckout(context.Background(), co)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.repo != "example.com/acme/payments" || len(c.gitDirs) != 1 {
-		t.Errorf("findCheckout = %+v", c)
-	}
-	if ran := gittrap.Ran(marker); ran != "" {
-		t.Errorf("findCheckout ran the repository's programs:\n%s", ran)
 	}
 }
 

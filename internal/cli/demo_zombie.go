@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/fsguard"
+	"github.com/fenceline/fenceline/internal/gitsafe"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -46,7 +47,7 @@ func (d *demo) zombieStory(ctx context.Context, dir, url string) (err error) {
 		return err
 	}
 	for _, args := range [][]string{{"init", "-q", "-b", "main"}, {"add", "-A"}, {"-c", "user.name=demo", "-c", "user.email=demo@localhost", "commit", "-q", "-m", "seed"}} {
-		if _, err := gitOutput(ctx, s.co, args...); err != nil {
+		if _, err := (gitsafe.Git{Dir: s.co}).Output(ctx, args...); err != nil {
 			return err
 		}
 	}

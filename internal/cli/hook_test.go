@@ -13,6 +13,7 @@ import (
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/gitserver"
+	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -181,7 +182,7 @@ func TestRunSignsForTheHookAndHidesItsSecret(t *testing.T) {
 	gs, bare := seededGitServer(t)
 	co := filepath.Join(t.TempDir(), "payments")
 	mustGitRun(t, "", nil, "clone", "--quiet", gs.URL+"/payments.git", co)
-	repo := normalizeRemote(gs.URL+"/payments.git", "")
+	repo := repoid.FromRemote(gs.URL+"/payments.git", "")
 	in := installHookJSON(t, "--git-dir", bare, "--repo", repo) // the sidecars' copy in the state dir
 	elsewhere := filepath.Join(t.TempDir(), "git-hook.key")
 	installHookJSON(t, "--git-dir", bare, "--repo", repo, "--sidecar-secret-file", elsewhere)

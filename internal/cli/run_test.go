@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,7 +21,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
 
-	"github.com/fenceline/fenceline/fsguard"
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/leasebus"
@@ -222,52 +220,6 @@ func TestRunHidesBusCredentials(t *testing.T) {
 		t.Fatalf("the agent read bus credentials:\n%s", r.stdout)
 	}
 	mustContain(t, "agent stdout", r.stdout, "elsewhere-unreadable", "state-unreadable")
-}
-
-// TestRunHiddenPaths: the agent reads the git CA certificate its env
-// names in the sidecar's state dir, but not the CA key nor anything else of
-// fenceline's state dir; a state dir that does not exist yet is hidden by
-// its topmost missing ancestor.
-func TestRunHiddenPaths(t *testing.T) {
-	missing := filepath.Join(t.TempDir(), "no", "state")
-	t.Setenv("XDG_STATE_HOME", missing)
-	if got, want := hiddenPaths(nil), []string{filepath.Dir(missing)}; !slices.Equal(got, want) {
-		t.Errorf("hidden with no state dir: %v, want %v", got, want)
-	}
-
-	isolate(t)
-	sidecar := filepath.Join(leasebus.StateDir(), "sidecar", "lease_mine")
-	files := map[string]string{
-		filepath.Join(leasebus.StateDir(), "leases", "lease_other.json"): "credential",
-		filepath.Join(sidecar, "ca", "ca.pem"):                           "certificate",
-		filepath.Join(sidecar, "ca", "ca-key.pem"):                       "key",
-		filepath.Join(sidecar, "tmp", "pack"):                            "pack",
-		filepath.Join(leasebus.StateDir(), "sidecar", "lease_b", "x"):    "other sidecar",
-	}
-	var script []string
-	for p, c := range files {
-		os.MkdirAll(filepath.Dir(p), 0o700)
-		if err := os.WriteFile(p, []byte(c), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		script = append(script, "cat "+p+" 2>/dev/null || echo hidden; echo")
-	}
-	env := []string{"GIT_CONFIG_KEY_0=http.https://git.internal/.sslCAInfo", "GIT_CONFIG_VALUE_0=" + filepath.Join(sidecar, "ca", "ca.pem")}
-	cmd := exec.Command("sh", "-c", strings.Join(script, "\n"))
-	var out syncBuffer
-	cmd.Stdout = &out
-	pr, err := fsguard.Start(context.Background(), fsguard.Policy{Hidden: hiddenPaths(env, sidecar)}, nil, nil, cmd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pr.Wait(); err != nil {
-		t.Fatal(err)
-	}
-	got := strings.Fields(out.String())
-	slices.Sort(got)
-	if want := []string{"certificate", "hidden", "hidden", "hidden", "hidden"}; !slices.Equal(got, want) {
-		t.Errorf("the agent read %v, want %v", got, want)
-	}
 }
 
 // lostProbe writes into its claim and reads a file every round and says
@@ -802,27 +754,6 @@ func TestRunUsage(t *testing.T) {
 		r := flDefault(t, closedURL(t), append([]string{"run"}, tc.args...)...)
 		if r.code != ExitUsage || !strings.Contains(r.stderr, tc.want) {
 			t.Errorf("run %s: exit %d %q, want %d mentioning %q", strings.Join(tc.args, " "), r.code, r.stderr, ExitUsage, tc.want)
-		}
-	}
-}
-
-func TestNormalizeRemote(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"https://github.com/acme/payments", "github.com/acme/payments"},
-		{"https://github.com/acme/payments.git", "github.com/acme/payments"},
-		{"https://bot:s3cret@GitHub.com/acme/payments.git/", "github.com/acme/payments"},
-		{"https://github.com:443/acme/payments", "github.com/acme/payments"},
-		{"http://git.internal:8080/acme/payments.git", "git.internal:8080/acme/payments"},
-		{"git@github.com:acme/payments.git", "github.com/acme/payments"},
-		{"github.com:acme/payments", "github.com/acme/payments"},
-		{"ssh://git@github.com:22/acme/payments.git", "github.com/acme/payments"},
-		{"ssh://git@github.com:2222/acme/payments", "github.com:2222/acme/payments"},
-		{"file:///srv/git/payments.git", "/srv/git/payments"},
-		{"/srv/git/payments.git/", "/srv/git/payments"},
-		{"../payments.git", "/home/dev/payments"},
-	} {
-		if got := normalizeRemote(tc.in, "/home/dev/checkout"); got != tc.want {
-			t.Errorf("normalizeRemote(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }

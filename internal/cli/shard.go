@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fenceline/fenceline/attempt"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/shard"
 )
@@ -64,11 +65,11 @@ again adopts it (dirty: cleaned before an exclusive attempt uses it).`,
 			if maxSharers < 0 {
 				return usagef("--max-sharers %d is negative (0: no bound)", maxSharers)
 			}
-			co, err := findCheckout(ctx, repo)
+			co, err := findCheckout(ctx, "--repo", repo)
 			if err != nil {
 				return err
 			}
-			if len(co.gitDirs) == 0 {
+			if len(co.GitDirs) == 0 {
 				return usagef("--repo %s is not a git checkout: shards are git worktrees", repo)
 			}
 			if dir != "" {
@@ -85,7 +86,7 @@ again adopts it (dirty: cleaned before an exclusive attempt uses it).`,
 			if err != nil {
 				return &usageError{err: err}
 			}
-			p, err := st.Declare(ctx, shard.Spec{Repo: co.repo, Checkout: co.root, Dir: dir, Size: size, MaxSharers: maxSharers}, s.client)
+			p, err := st.Declare(ctx, shard.Spec{Repo: co.Repo, Checkout: co.Root, Dir: dir, Size: size, MaxSharers: maxSharers}, s.client)
 			if errors.Is(err, shard.ErrInUse) {
 				return &exitError{code: ExitConflict, err: err}
 			}
@@ -144,11 +145,11 @@ audit event.`,
 			ctx := cmd.Context()
 			var repoID string
 			if repo != "" {
-				co, err := findCheckout(ctx, repo)
+				co, err := findCheckout(ctx, "--repo", repo)
 				if err != nil {
 					return err
 				}
-				repoID = co.repo
+				repoID = co.Repo
 			}
 			s, err := a.dial(leasebus.RoleHolder)
 			if err != nil {
@@ -369,78 +370,30 @@ refs/fenceline/attempts/<attemptId>).`,
 	return c
 }
 
-// pooledRun is a run placed in a shard of its repo's pool.
-type pooledRun struct {
-	store   *shard.Store
-	pool    *shard.Pool
-	mode    string // shard.Mode*; run's is known once the lease is granted
-	place   *shard.Placement
-	settled bool
-}
-
 // findPool returns the pool a run works in: its repo's, unless it attaches
 // to a lease or names a workspace outside the pool; nil without a pool.
 // It first recovers the pool's crashed attempts.
-func (a *app) findPool(ctx context.Context, s *session, rf *runFlags, co *checkout) (*pooledRun, error) {
+func (a *app) findPool(ctx context.Context, s *session, rf *runFlags, co *attempt.Checkout) (*attempt.Pool, error) {
 	if rf.attachID != "" {
 		return nil, nil
 	}
-	audit, err := leasebus.NewAuditor(s.nc)
-	if err != nil {
-		return nil, err
-	}
-	st, err := shard.Open(s.nc, shard.Config{Audit: audit})
-	if err != nil {
-		return nil, err
-	}
-	p, err := st.Pool(ctx, co.repo)
+	p, err := attempt.OpenPool(ctx, s.nc, s.client, co.Repo, attempt.PoolUse{Commit: rf.commit, Shard: rf.commitShard, WorkspaceID: rf.lf.workspaceID})
 	if errors.Is(err, shard.ErrNoPool) {
-		if rf.commit != "" {
-			return nil, usagef("no shard pool is declared for %s: declare one with \"fenceline shard pool --repo %s --size N\"", co.repo, rf.lf.repo)
-		}
-		return nil, nil
+		return nil, usagef("no shard pool is declared for %s: declare one with \"fenceline shard pool --repo %s --size N\"", co.Repo, rf.lf.repo)
 	}
-	if err != nil {
-		return nil, err
-	}
-	pr := &pooledRun{store: st, pool: p}
-	switch {
-	case rf.commit == "serialized":
-		pr.mode = shard.ModeCommitSerialized
-	case rf.commit == "exclusive":
-		pr.mode = shard.ModeCommitExclusive
-	case rf.lf.workspaceID != "" && p.Shard(rf.lf.workspaceID) == nil:
-		return nil, nil // a workspace of its own, outside the pool
-	}
-	if rf.commit != "" && p.Shard(rf.commitShard) == nil {
-		return nil, usagef("--shard %s: the pool of %s has %s", rf.commitShard, co.repo, strings.Join(p.ShardIDs(), ", "))
-	}
-	if _, err := st.Recover(ctx, co.repo, s.client, false); err != nil {
-		return nil, fmt.Errorf("recover crashed attempts of %s: %w", co.repo, err)
-	}
-	return pr, nil
+	return p, err
 }
 
 // holdPoolLease acquires the run's lease in one of the pool's shards (the
 // lease service picks the first that fits), or the commit capacity of one.
-func (a *app) holdPoolLease(ctx context.Context, s *session, rf *runFlags, pr *pooledRun) (*heldLease, error) {
+func (a *app) holdPoolLease(ctx context.Context, s *session, rf *runFlags, pool *attempt.Pool) (*heldLease, error) {
 	req, err := rf.lf.request()
 	if err != nil {
 		return nil, err
 	}
-	switch pr.mode {
-	case shard.ModeCommitSerialized:
-		req.WorkspaceID = shard.CommitWorkspace(rf.commitShard)
-	case shard.ModeCommitExclusive:
-		req.WorkspaceID = rf.commitShard
-	default:
-		if req.WorkspaceID == "" {
-			req.Workspaces = pr.pool.ShardIDs()
-		}
-		req.MaxSharers = pr.pool.MaxSharers
-	}
+	req = pool.Request(req)
 	if req.Wait > 0 {
-		what := fmt.Sprintf("a shard of the pool of %s (%d shards)", req.Repo, pr.pool.Size)
+		what := fmt.Sprintf("a shard of the pool of %s (%d shards)", req.Repo, pool.Pool.Size)
 		if req.WorkspaceID != "" {
 			what = "workspace " + req.WorkspaceID
 		}
@@ -453,11 +406,11 @@ func (a *app) holdPoolLease(ctx context.Context, s *session, rf *runFlags, pr *p
 		if !errors.As(err, &ce) {
 			return nil, fmt.Errorf("acquire %s in a shard of %s: %w", req.Scope, req.Repo, err)
 		}
-		if pr.mode == shard.ModeCommitSerialized || pr.mode == shard.ModeCommitExclusive {
+		if pool.Commits() {
 			return nil, &conflictReport{ce: ce, claim: req.Scope, wait: time.Duration(req.Wait)}
 		}
 		active, _ := s.client.List(context.WithoutCancel(ctx), req.Repo, false)
-		return nil, &poolConflict{ce: ce, pool: pr.pool, req: req, active: active}
+		return nil, &poolConflict{ce: ce, pool: pool.Pool, req: req, active: active}
 	}
 	return &heldLease{holder: h, cred: cred, acquired: true}, nil
 }
@@ -535,131 +488,4 @@ func conflictText(c leasebus.Conflict) string {
 		s += ": " + c.Why
 	}
 	return s
-}
-
-// place puts the attempt into the shard its lease was granted in: the
-// attempt record (running), the shard made or cleaned, and the run's
-// checkout switched to the shard.
-func (r *runner) place(ctx context.Context, audit *leasebus.Auditor) error {
-	pr := r.pool
-	l := r.held.holder.Lease()
-	if pr.mode == "" {
-		pr.mode = shard.ModeExclusive
-		if l.WorkspaceMode == leasebus.WorkspaceShared {
-			pr.mode = shard.ModeShared
-		}
-	}
-	att := shard.Attempt{AttemptID: l.Owner.AttemptID, TaskID: l.Owner.TaskID, AgentID: l.Owner.AgentID, HostID: l.Owner.HostID, Command: r.argv}
-	if att.AttemptID == "" {
-		att.AttemptID = leasebus.NewAttemptID()
-	}
-	pl, err := pr.store.Place(ctx, pr.pool, l, pr.mode, att, r.held.holder)
-	if err != nil {
-		return fmt.Errorf("place attempt %s in %s: %w", att.AttemptID, l.WorkspaceID, err)
-	}
-	pr.place = pl
-	how := "ready"
-	switch {
-	case pl.Created:
-		how = "created (a repository of its own borrowing the checkout's objects)"
-	case pl.Cleaned:
-		how = "cleaned first"
-	case pr.mode == shard.ModeShared:
-		how = "beside the shard's other path leases"
-	}
-	if len(pl.Kept) > 0 {
-		how += ", earlier work kept as " + strings.Join(pl.Kept, ", ")
-	}
-	r.say("attempt %s in %s (%s, %s): %s", pl.Attempt.AttemptID, pl.Worktree.ID, pr.mode, how, pl.Worktree.Path)
-	co, err := findCheckout(ctx, pl.Worktree.Path)
-	if err != nil {
-		return fmt.Errorf("shard %s: %w", pl.Worktree.ID, err)
-	}
-	co.repo, co.origin = r.co.repo, r.co.origin
-	r.home, r.co = r.co, co
-	return nil
-}
-
-// snapshotGitDirs records the checkout's executable git configuration
-// (config files, hooks, info/attributes, in its git dirs and their
-// submodules') before an exclusive attempt without a pool starts: its git
-// dir is writable, and what it plants there would run later, unconfined,
-// in the user's git or fenceline's.
-func (r *runner) snapshotGitDirs() error {
-	if r.held.holder.Lease().WorkspaceMode == leasebus.WorkspaceShared || len(r.co.gitDirs) == 0 {
-		return nil
-	}
-	snap, err := shard.SnapshotCheckout(r.co.root, r.co.gitDirs)
-	if err != nil {
-		return fmt.Errorf("before the attempt: %w", err)
-	}
-	r.gitSnap = snap
-	return nil
-}
-
-// restoreGitDirs puts back what snapshotGitDirs recorded, once every
-// process of the attempt is gone, and says what it undid.
-func (r *runner) restoreGitDirs() {
-	if r.gitSnap == nil {
-		return
-	}
-	snap := r.gitSnap
-	r.gitSnap = nil
-	defer snap.Close()
-	undone, err := snap.Restore()
-	if len(undone) > 0 {
-		r.say("restored the checkout's git configuration and hooks; undone: %s", strings.Join(undone, ", "))
-	}
-	if err != nil {
-		r.say("restoring the checkout's git configuration and hooks: %v: check %s before running git there", err, strings.Join(r.co.gitDirs, ", "))
-	}
-}
-
-// settle records the attempt's end (once every process is gone, before
-// the lease is released) and returns an exclusive attempt's shard clean.
-func (r *runner) settle(ctx context.Context, code int, cancelled bool) {
-	r.restoreGitDirs()
-	pr := r.pool
-	if pr == nil || pr.place == nil || pr.settled {
-		return
-	}
-	pr.settled = true
-	st := shard.StatusSucceeded
-	switch {
-	case cancelled:
-		st = shard.StatusCancelled
-	case code != 0:
-		st = shard.StatusFailed
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
-	defer cancel()
-	pl := pr.place
-	if err := pl.Settle(ctx, st, code); err != nil {
-		r.say("attempt %s not settled on the bus: %v", pl.Attempt.AttemptID, err)
-	} else {
-		r.say("attempt %s %s (exit %d)", pl.Attempt.AttemptID, st, code)
-	}
-	kept, err := pl.CleanAfter(ctx)
-	switch {
-	case err != nil:
-		r.say("%v", err)
-	case pl.Mode == shard.ModeExclusive:
-		msg := "nothing to keep"
-		if len(kept) > 0 {
-			msg = "its work kept as " + strings.Join(kept, ", ")
-		}
-		r.say("%s cleaned for the next attempt (%s)", pl.Worktree.ID, msg)
-		if len(pl.Worktree.Undone) > 0 {
-			r.say("%s: undone in its git dir (the attempt put them there): %s", pl.Worktree.ID, strings.Join(pl.Worktree.Undone, ", "))
-		}
-	case pl.Mode == shard.ModeCommitSerialized || pl.Mode == shard.ModeCommitExclusive:
-		if len(kept) > 0 {
-			r.say("%s: %s published to the checkout", pl.Worktree.ID, strings.Join(kept, ", "))
-		}
-		if len(pl.Worktree.Undone) > 0 {
-			r.say("%s: undone in its git dir (the attempt put them there): %s", pl.Worktree.ID, strings.Join(pl.Worktree.Undone, ", "))
-		}
-	case pl.Mode == shard.ModeShared:
-		r.say("%s: the attempt's paths stay as they are for the coordinator (shard dirty)", pl.Worktree.ID)
-	}
 }

@@ -100,3 +100,26 @@ func TestResolveCheckout(t *testing.T) {
 		t.Fatalf("Resolve(identity) = %q", got)
 	}
 }
+
+// TestFromRemote: a checkout's origin, as git config spells it, to its
+// identity; a relative one is taken from the checkout.
+func TestFromRemote(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"https://github.com/acme/payments", "github.com/acme/payments"},
+		{"https://github.com/acme/payments.git", "github.com/acme/payments"},
+		{"https://bot:s3cret@GitHub.com/acme/payments.git/", "github.com/acme/payments"},
+		{"https://github.com:443/acme/payments", "github.com/acme/payments"},
+		{"http://git.internal:8080/acme/payments.git", "git.internal:8080/acme/payments"},
+		{"git@github.com:acme/payments.git", "github.com/acme/payments"},
+		{"github.com:acme/payments", "github.com/acme/payments"},
+		{"ssh://git@github.com:22/acme/payments.git", "github.com/acme/payments"},
+		{"ssh://git@github.com:2222/acme/payments", "github.com:2222/acme/payments"},
+		{"file:///srv/git/payments.git", "/srv/git/payments"},
+		{"/srv/git/payments.git/", "/srv/git/payments"},
+		{"../payments.git", "/home/dev/payments"},
+	} {
+		if got := FromRemote(tc.in, "/home/dev/checkout"); got != tc.want {
+			t.Errorf("FromRemote(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,50 @@
+// Package attempt runs one attempt of an agent's unmodified command under
+// a lease: from a local checkout and a held lease to a settled result.
+// The CLI's run, agent and shard commit map their flags to what this
+// package takes and its result to an exit status; nothing here parses
+// flags or prints for a person (Spec.Say hands progress lines to the
+// caller).
+//
+// # An attempt
+//
+//	caller                        attempt                     bus / kernel
+//	  | FindCheckout(path)          |                             |
+//	  |---------------------------->| git rev-parse, config       |
+//	  | OpenPool, Pool.Request      |   (gitsafe: no hook runs)   |
+//	  | acquire and hold the lease  |                             |
+//	  |-------------------------------------------------------->  |
+//	  | Run(spec)                   |                             |
+//	  |---------------------------->| place in a shard, or        |
+//	  |                             |   snapshot the git config   |
+//	  |                             | start the fences (sidecar)  |
+//	  |                             | Policy, Env, HiddenPaths    |
+//	  |                             | fsguard.Start  ------------>| Landlock + seccomp
+//	  |                             | watch: lost lease, ctx end  |
+//	  |                             | wait: every process gone    |
+//	  |                             | close the fences            |
+//	  |                             | settle (record, clean shard,|
+//	  |                             |   restore the git config)   |
+//	  |<----------------------------| Result                      |
+//	  | release the lease           |                             |
+//	  |-------------------------------------------------------->  |
+//
+// The lease is the caller's before Run and after it: Run never releases
+// it, so an attempt is settled (its record written, its shard cleaned)
+// before anyone else can be granted the workspace.
+//
+// # The guard's policy
+//
+// Policy turns a lease into what the kernel lets the agent write:
+//
+//	shared workspace, path claim     the claimed paths; not the git dir; git shim
+//	exclusive workspace, path claim  the claimed paths and the git dir
+//	exclusive, whole-repo or none    the whole checkout and the git dir
+//
+// A claim is judged by what it resolves to on disk (ClaimPath): one that
+// goes through a symlink is refused, naming the path to claim instead,
+// because the lease service compared the claim as spelled. HiddenPaths
+// keeps fenceline's state dir (lease credentials, the bus's, the fences'
+// secrets) unreadable, but for the CA certificate the agent's git is
+// pointed at. Env drops what only fenceline may know and routes the
+// agent through the fences.
+package attempt

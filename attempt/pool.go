@@ -1,0 +1,236 @@
+package attempt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/shard"
+)
+
+// Commit capacity an attempt may ask of a pool's shard (PoolUse.Commit).
+const (
+	CommitSerialized = "serialized" // beside path leases: the git dirs, not the files
+	CommitExclusive  = "exclusive"  // the shard to itself
+)
+
+// PoolUse says how an attempt uses its repo's shard pool.
+type PoolUse struct {
+	// Commit is "" for an attempt placed in any shard that fits, else
+	// CommitSerialized or CommitExclusive on the shard Shard.
+	Commit, Shard string
+	// WorkspaceID, when set and not one of the pool's shards, is a
+	// workspace of the attempt's own, outside the pool.
+	WorkspaceID string
+}
+
+// Pool is an attempt's place in its repo's shard pool.
+type Pool struct {
+	Store *shard.Store
+	Pool  *shard.Pool
+	// Mode is a shard.Mode*; an attempt placed in any shard has its mode
+	// once its lease is granted (Place).
+	Mode      string
+	commitOn  string
+	placement *shard.Placement
+	settled   bool
+}
+
+// OpenPool returns the pool of repo the attempt works in, nil when the
+// repo has none (shard.ErrNoPool when use asks for commit capacity) or
+// the attempt names a workspace outside it. It first recovers the pool's
+// crashed attempts.
+func OpenPool(ctx context.Context, nc *nats.Conn, leases *leasebus.Client, repo string, use PoolUse) (*Pool, error) {
+	audit, err := leasebus.NewAuditor(nc)
+	if err != nil {
+		return nil, err
+	}
+	st, err := shard.Open(nc, shard.Config{Audit: audit})
+	if err != nil {
+		return nil, err
+	}
+	p, err := st.Pool(ctx, repo)
+	if errors.Is(err, shard.ErrNoPool) {
+		if use.Commit != "" {
+			return nil, err
+		}
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	pr := &Pool{Store: st, Pool: p, commitOn: use.Shard}
+	switch {
+	case use.Commit == CommitSerialized:
+		pr.Mode = shard.ModeCommitSerialized
+	case use.Commit == CommitExclusive:
+		pr.Mode = shard.ModeCommitExclusive
+	case use.Commit != "":
+		return nil, invalidf("commit capacity %q: want %s or %s", use.Commit, CommitSerialized, CommitExclusive)
+	case use.WorkspaceID != "" && p.Shard(use.WorkspaceID) == nil:
+		return nil, nil // a workspace of its own, outside the pool
+	}
+	if use.Commit != "" && p.Shard(use.Shard) == nil {
+		return nil, invalidf("shard %s is not in the pool of %s, which has %s", use.Shard, repo, strings.Join(p.ShardIDs(), ", "))
+	}
+	if _, err := st.Recover(ctx, repo, leases, false); err != nil {
+		return nil, fmt.Errorf("recover crashed attempts of %s: %w", repo, err)
+	}
+	return pr, nil
+}
+
+// Commits reports whether the attempt asks for a shard's commit capacity
+// rather than a place in the pool.
+func (p *Pool) Commits() bool {
+	return p.Mode == shard.ModeCommitSerialized || p.Mode == shard.ModeCommitExclusive
+}
+
+// Request is req aimed at the pool: the commit capacity of its shard, or
+// the first of the pool's shards that fits (the lease service picks it),
+// at most the pool's sharers to a shard.
+func (p *Pool) Request(req leasebus.AcquireRequest) leasebus.AcquireRequest {
+	switch p.Mode {
+	case shard.ModeCommitSerialized:
+		req.WorkspaceID = shard.CommitWorkspace(p.commitOn)
+	case shard.ModeCommitExclusive:
+		req.WorkspaceID = p.commitOn
+	default:
+		if req.WorkspaceID == "" {
+			req.Workspaces = p.Pool.ShardIDs()
+		}
+		req.MaxSharers = p.Pool.MaxSharers
+	}
+	return req
+}
+
+// place puts the attempt into the shard its lease was granted in: the
+// attempt record (running), the shard made or cleaned, and the attempt's
+// checkout switched to the shard.
+func (r *run) place(ctx context.Context) error {
+	pr := r.spec.Pool
+	l := r.spec.Holder.Lease()
+	if pr.Mode == "" {
+		pr.Mode = shard.ModeExclusive
+		if l.WorkspaceMode == leasebus.WorkspaceShared {
+			pr.Mode = shard.ModeShared
+		}
+	}
+	att := shard.Attempt{AttemptID: l.Owner.AttemptID, TaskID: l.Owner.TaskID, AgentID: l.Owner.AgentID, HostID: l.Owner.HostID, Command: r.spec.Argv}
+	if att.AttemptID == "" {
+		att.AttemptID = leasebus.NewAttemptID()
+	}
+	pl, err := pr.Store.Place(ctx, pr.Pool, l, pr.Mode, att, r.spec.Holder)
+	if err != nil {
+		return fmt.Errorf("place attempt %s in %s: %w", att.AttemptID, l.WorkspaceID, err)
+	}
+	pr.placement = pl
+	how := "ready"
+	switch {
+	case pl.Created:
+		how = "created (a repository of its own borrowing the checkout's objects)"
+	case pl.Cleaned:
+		how = "cleaned first"
+	case pr.Mode == shard.ModeShared:
+		how = "beside the shard's other path leases"
+	}
+	if len(pl.Kept) > 0 {
+		how += ", earlier work kept as " + strings.Join(pl.Kept, ", ")
+	}
+	r.say("attempt %s in %s (%s, %s): %s", pl.Attempt.AttemptID, pl.Worktree.ID, pr.Mode, how, pl.Worktree.Path)
+	co, err := FindCheckout(ctx, pl.Worktree.Path)
+	if err != nil {
+		return fmt.Errorf("shard %s: %w", pl.Worktree.ID, err)
+	}
+	co.Repo, co.Origin = r.co.Repo, r.co.Origin
+	r.home, r.co = r.co, co
+	return nil
+}
+
+// snapshotGitDirs records the checkout's executable git configuration
+// (config files, hooks, info/attributes, in its git dirs and their
+// submodules') before an exclusive attempt without a pool starts: its git
+// dir is writable, and what it plants there would run later, unconfined,
+// in the user's git or fenceline's.
+func (r *run) snapshotGitDirs() error {
+	if r.spec.Holder.Lease().WorkspaceMode == leasebus.WorkspaceShared || len(r.co.GitDirs) == 0 {
+		return nil
+	}
+	snap, err := shard.SnapshotCheckout(r.co.Root, r.co.GitDirs)
+	if err != nil {
+		return fmt.Errorf("before the attempt: %w", err)
+	}
+	r.gitSnap = snap
+	return nil
+}
+
+// restoreGitDirs puts back what snapshotGitDirs recorded, once every
+// process of the attempt is gone, and says what it undid.
+func (r *run) restoreGitDirs() {
+	if r.gitSnap == nil {
+		return
+	}
+	snap := r.gitSnap
+	r.gitSnap = nil
+	defer snap.Close()
+	undone, err := snap.Restore()
+	if len(undone) > 0 {
+		r.say("restored the checkout's git configuration and hooks; undone: %s", strings.Join(undone, ", "))
+	}
+	if err != nil {
+		r.say("restoring the checkout's git configuration and hooks: %v: check %s before running git there", err, strings.Join(r.co.GitDirs, ", "))
+	}
+}
+
+// settle records the attempt's end (once every process is gone, before
+// the lease is released) and returns an exclusive attempt's shard clean.
+func (r *run) settle(ctx context.Context, code int, cancelled bool) {
+	r.restoreGitDirs()
+	pr := r.spec.Pool
+	if pr == nil || pr.placement == nil || pr.settled {
+		return
+	}
+	pr.settled = true
+	st := shard.StatusSucceeded
+	switch {
+	case cancelled:
+		st = shard.StatusCancelled
+	case code != 0:
+		st = shard.StatusFailed
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	pl := pr.placement
+	if err := pl.Settle(ctx, st, code); err != nil {
+		r.say("attempt %s not settled on the bus: %v", pl.Attempt.AttemptID, err)
+	} else {
+		r.say("attempt %s %s (exit %d)", pl.Attempt.AttemptID, st, code)
+	}
+	kept, err := pl.CleanAfter(ctx)
+	switch {
+	case err != nil:
+		r.say("%v", err)
+	case pl.Mode == shard.ModeExclusive:
+		msg := "nothing to keep"
+		if len(kept) > 0 {
+			msg = "its work kept as " + strings.Join(kept, ", ")
+		}
+		r.say("%s cleaned for the next attempt (%s)", pl.Worktree.ID, msg)
+		if len(pl.Worktree.Undone) > 0 {
+			r.say("%s: undone in its git dir (the attempt put them there): %s", pl.Worktree.ID, strings.Join(pl.Worktree.Undone, ", "))
+		}
+	case pl.Mode == shard.ModeCommitSerialized || pl.Mode == shard.ModeCommitExclusive:
+		if len(kept) > 0 {
+			r.say("%s: %s published to the checkout", pl.Worktree.ID, strings.Join(kept, ", "))
+		}
+		if len(pl.Worktree.Undone) > 0 {
+			r.say("%s: undone in its git dir (the attempt put them there): %s", pl.Worktree.ID, strings.Join(pl.Worktree.Undone, ", "))
+		}
+	case pl.Mode == shard.ModeShared:
+		r.say("%s: the attempt's paths stay as they are for the coordinator (shard dirty)", pl.Worktree.ID)
+	}
+}

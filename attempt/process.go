@@ -1,0 +1,163 @@
+package attempt
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fenceline/fenceline/fsguard"
+)
+
+// ExitUnknown is the exit status reported when a command's end is not
+// known (it never started, or its wait failed).
+const ExitUnknown = 1
+
+// CheckGuard reports whether the kernel can confine the agent's writes.
+// Without Landlock it refuses, unless allowUnguarded, in which case the
+// reason is returned as a warning for the caller to show.
+func CheckGuard(name string, allowUnguarded bool) (warning, err error) {
+	if _, err := fsguard.Available(); err != nil {
+		if !allowUnguarded {
+			return nil, fmt.Errorf("refusing to run %s: %w; pass --allow-unguarded to run it without a file-write guard (the agent could then write anywhere it may)", name, err)
+		}
+		return err, nil
+	}
+	return nil, nil
+}
+
+// Env is the agent's environment: base without the variables named in
+// drop (what only fenceline may know, such as an upstream credential),
+// routed through the fences by route, with read-only git kept from
+// refreshing the index, and naming the lease when leaseID is set.
+func Env(base, drop []string, route func([]string) []string, leaseID string) []string {
+	env := slices.DeleteFunc(slices.Clone(base), func(kv string) bool {
+		k, _, _ := strings.Cut(kv, "=")
+		return slices.Contains(drop, k)
+	})
+	if route != nil {
+		env = route(env)
+	}
+	env = SetEnv(env, "GIT_OPTIONAL_LOCKS", "0") // read-only git must not refresh the index
+	if leaseID != "" {
+		env = SetEnv(env, "FENCELINE_LEASE_ID", leaseID)
+	}
+	return env
+}
+
+// SetEnv sets key to val in env, replacing every earlier value.
+func SetEnv(env []string, key, val string) []string {
+	env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, key+"=") })
+	return append(env, key+"="+val)
+}
+
+// ConnectPorts is the sorted, deduplicated union of port lists.
+func ConnectPorts(lists ...[]uint16) []uint16 {
+	var ports []uint16
+	for _, l := range lists {
+		ports = append(ports, l...)
+	}
+	slices.Sort(ports)
+	return slices.Compact(ports)
+}
+
+// Command is the agent's command, run in the checkout co: in the caller's
+// directory when it lies in co (or, for a shard, the same directory of the
+// shard when it lies in home, the checkout the shard was made from), else
+// in co's root. Its stdin is this process's.
+func Command(co, home *Checkout, argv, env []string, stdout, stderr io.Writer) (*exec.Cmd, error) {
+	name := argv[0]
+	if strings.Contains(name, "/") {
+		abs, err := filepath.Abs(name)
+		if err != nil {
+			return nil, fmt.Errorf("command %s: %w", name, err)
+		}
+		name = abs
+	}
+	cmd := exec.Command(name, argv[1:]...)
+	if cmd.Err != nil {
+		return nil, fmt.Errorf("command %s: %w", argv[0], cmd.Err)
+	}
+	cmd.Dir = co.Root
+	if wd, err := os.Getwd(); err == nil {
+		if real, err := filepath.EvalSymlinks(wd); err == nil && Within(real, co.Root) {
+			cmd.Dir = real
+		} else if err == nil && home != nil && Within(real, home.Root) {
+			// The same directory in the shard, when it is there.
+			rel, _ := filepath.Rel(home.Root, real)
+			if fi, err := os.Stat(filepath.Join(co.Root, rel)); err == nil && fi.IsDir() {
+				cmd.Dir = filepath.Join(co.Root, rel)
+			}
+		}
+	}
+	cmd.Env = env
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
+	return cmd, nil
+}
+
+// Process is an attempt's command started under the guard, holding this
+// process's terminal (when it had it) until it is waited for.
+type Process struct {
+	*fsguard.Process
+	restoreTTY func()
+}
+
+// Start starts cmd under the guard's policy p, the gate that says whether
+// the lease still holds and the auditor of its refusals, and hands it the
+// terminal (see fsguard.Start).
+func Start(ctx context.Context, p fsguard.Policy, gate fsguard.Gate, audit fsguard.Auditor, cmd *exec.Cmd) (*Process, error) {
+	pr, err := fsguard.Start(ctx, p, gate, audit, cmd)
+	if err != nil {
+		return nil, err
+	}
+	return &Process{Process: pr, restoreTTY: foreground(pr.Pid())}, nil
+}
+
+// Wait waits until every process of the attempt is gone, takes the
+// terminal back, and returns the command's exit status (see ExitStatus).
+func (p *Process) Wait() (code int, err error) {
+	st, err := p.Process.Wait()
+	p.restoreTTY()
+	return ExitStatus(st), err
+}
+
+// ExitStatus is the shell's view of how a command ended: its exit code, or
+// 128+N when signal N killed it.
+func ExitStatus(st *os.ProcessState) int {
+	if st == nil {
+		return ExitUnknown
+	}
+	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return st.ExitCode()
+}
+
+// foreground hands the terminal on stdin to the agent's process group when
+// this process has it, so an interactive agent can read it and gets the
+// terminal's Ctrl-C itself, and returns what takes it back.
+func foreground(pgid int) (restore func()) {
+	fd := int(os.Stdin.Fd())
+	own, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
+	if err != nil || own != unix.Getpgrp() {
+		return func() {}
+	}
+	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPGRP, pgid); err != nil {
+		return func() {}
+	}
+	unix.Kill(-pgid, unix.SIGCONT) // it may have stopped on reading the terminal first
+	return func() {
+		// A background process group changing the foreground gets SIGTTOU.
+		signal.Ignore(unix.SIGTTOU)
+		defer signal.Reset(unix.SIGTTOU)
+		unix.IoctlSetPointerInt(fd, unix.TIOCSPGRP, own)
+	}
+}

@@ -1,0 +1,252 @@
+package attempt
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/fenceline/fenceline/fsguard"
+	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/shard"
+	"github.com/fenceline/fenceline/sidecar"
+)
+
+// Spec is one attempt of an agent's command under a lease this process
+// holds.
+type Spec struct {
+	// Argv is the command; it runs in Checkout, or in the shard Pool
+	// places it in.
+	Argv     []string
+	Checkout *Checkout
+	Pool     *Pool // nil: the attempt works in Checkout itself
+
+	Holder *leasebus.Holder
+	Audit  *leasebus.Auditor
+	// Sidecar is the fences' configuration under Holder's lease. Its
+	// git object dirs default to the attempt's checkout's.
+	Sidecar sidecar.Config
+
+	AllowWrite []string // real paths the agent may write besides its claim (RealPaths)
+	AllowPorts []uint16 // TCP ports it may connect to besides the fences'
+	// Hide names secrets the agent may not read besides fenceline's state
+	// dir and the sidecar's (HiddenPaths).
+	Hide []string
+	// DropEnv names variables of this process's environment the agent
+	// does not inherit (an upstream credential).
+	DropEnv []string
+
+	// StopOnLost stops the agent when the lease is lost; otherwise it runs
+	// on with every write refused.
+	StopOnLost     bool
+	KillGrace      time.Duration // between SIGTERM and SIGKILL when it is stopped
+	AllowUnguarded bool          // run without Landlock (see CheckGuard)
+
+	Stdout, Stderr io.Writer // the agent's; Stderr also gets the guard's errors
+	// Say reports what the attempt does, one line each, for a person.
+	Say func(line string)
+}
+
+// Result is how an attempt ended.
+type Result struct {
+	// Started: the command ran; when false, nothing did and Code is -1.
+	Started bool
+	Code    int // the command's exit status (ExitStatus)
+	// StoppedOnLost: the lease was lost and the agent stopped for it.
+	StoppedOnLost bool
+	Denials       uint64 // file writes refused after the lease was lost
+	StateDir      string // the sidecar's state dir
+}
+
+// run is one attempt between Run's start and its settling.
+type run struct {
+	spec Spec
+	co   *Checkout
+	// home is the checkout a pooled attempt's shard was made from; co is
+	// then the shard.
+	home *Checkout
+	// gitSnap is the checkout's executable git configuration before an
+	// exclusive attempt without a pool; settle restores it.
+	gitSnap *shard.GitDirSnapshot
+}
+
+func (r *run) say(format string, args ...any) {
+	if r.spec.Say != nil {
+		r.spec.Say(fmt.Sprintf(format, args...))
+	}
+}
+
+// Run runs the attempt: it places it in its shard (or snapshots the
+// checkout's git configuration), starts the fences and the guarded command,
+// reacts to a lost lease and to ctx's end, waits until every process of
+// the attempt is gone, closes the fences and settles the attempt. The
+// lease stays held: giving it back is the caller's, after Run returns.
+//
+// When ctx ends, the agent's processes get SIGTERM, and SIGKILL after
+// KillGrace or at a second interrupt (SIGINT, SIGTERM) of this process.
+func Run(ctx context.Context, spec Spec) (res Result, err error) {
+	r := &run{spec: spec, co: spec.Checkout}
+	res.Code = -1
+	l := spec.Holder.Lease()
+
+	// Until the agent starts, a failure settles at once.
+	var sc *sidecar.Sidecar
+	defer func() {
+		if res.Started {
+			return
+		}
+		if sc != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			sc.Close(dctx)
+			cancel()
+		}
+		r.settle(ctx, -1, false)
+	}()
+
+	if !l.Active() {
+		return res, fmt.Errorf("lease %s: %w: it is %s (%s)", l.LeaseID, leasebus.ErrLeaseLost, l.Status, l.Reason)
+	}
+	if spec.Pool != nil {
+		if err := r.place(ctx); err != nil {
+			return res, err
+		}
+	} else if err := r.snapshotGitDirs(); err != nil {
+		return res, err
+	}
+	cfg := spec.Sidecar
+	if len(cfg.GitObjectDirs) == 0 && len(r.co.GitDirs) > 0 {
+		// Thin packs the agent pushes resolve against its own objects.
+		cfg.GitObjectDirs = []string{r.co.GitDirs[len(r.co.GitDirs)-1]}
+	}
+	res.StateDir = cfg.StateDir
+	if sc, err = sidecar.Start(ctx, cfg); err != nil {
+		return res, err
+	}
+	if u := sc.GitURL(); u != "" {
+		r.say("git fence %s -> %s (the agent's git goes through it)", u, cfg.GitUpstream)
+	}
+	if pa := sc.PGAddr(); pa != nil {
+		r.say("postgres fence %s -> %s (PGHOST/PGPORT and DATABASE_URL point the agent at it)", pa, cfg.PGUpstream)
+	}
+	r.say("egress proxy %s (HTTPS_PROXY/HTTP_PROXY): %s", sc.EgressURL(), egressSummary(sc.Fences()))
+
+	pol, created, err := Policy(r.co, l, spec.AllowWrite)
+	if err != nil {
+		return res, err
+	}
+	if spec.Pool != nil && spec.Pool.Mode == shard.ModeCommitSerialized {
+		// Commit capacity beside path leases: the git dirs, not the files.
+		pol.Writable, pol.GitDirWritable, pol.GitShim = spec.AllowWrite, true, false
+	}
+	for _, c := range created {
+		r.say("created %s: the claim did not exist in the checkout, and writes are confined to existing paths", c)
+	}
+	env := Env(os.Environ(), spec.DropEnv, sc.AgentEnv, l.LeaseID)
+	pol.Hidden = HiddenPaths(env, append([]string{cfg.StateDir}, spec.Hide...)...)
+	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, sc.Ports())
+	pol.KillGrace = spec.KillGrace
+	pol.AllowUnguarded = spec.AllowUnguarded
+	pol.Logger = slog.New(slog.NewTextHandler(spec.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+
+	cmd, err := Command(r.co, r.home, spec.Argv, env, spec.Stdout, spec.Stderr)
+	if err != nil {
+		return res, err
+	}
+	agentCtx, stopAgent := context.WithCancel(ctx)
+	defer stopAgent()
+	pr, err := Start(agentCtx, pol, spec.Holder, spec.Audit, cmd)
+	if err != nil {
+		return res, err
+	}
+	res.Started = true
+	r.say("%s", Summary(r.co, pol, pr.Guarded()))
+
+	w := &watch{r: r, pr: pr.Process, sc: sc, stopAgent: stopAgent, done: make(chan struct{})}
+	go w.watch(ctx)
+	code, werr := pr.Wait() // every process of the attempt is gone
+	<-w.done
+	res.Code, res.StoppedOnLost, res.Denials = code, w.lostStop.Load(), pr.Denials()
+
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if cerr := sc.Close(dctx); cerr != nil {
+		r.say("closing the fences: %v", cerr)
+	}
+	if res.Denials > 0 {
+		r.say("%d file writes of the agent were refused after the lease was lost (each is in the audit trail)", res.Denials)
+	}
+	r.settle(ctx, code, ctx.Err() != nil)
+	if werr != nil {
+		return res, fmt.Errorf("supervise %s: %w", spec.Argv[0], werr)
+	}
+	return res, nil
+}
+
+// watch reacts to what happens while the agent runs: a lost lease, a
+// cancelled run (SIGTERM, Ctrl-C), a second interrupt, a failed fence.
+type watch struct {
+	r         *run
+	pr        *fsguard.Process
+	sc        *sidecar.Sidecar
+	stopAgent context.CancelFunc
+	lostStop  atomic.Bool // the agent was stopped because the lease was lost
+	done      chan struct{}
+}
+
+func (w *watch) watch(ctx context.Context) {
+	defer close(w.done)
+	r, h := w.r, w.r.spec.Holder
+	lost, ctxDone, fenceErr := h.Lost(), ctx.Done(), w.sc.Err()
+	var again chan os.Signal // a second interrupt kills at once
+	defer func() {
+		if again != nil {
+			signal.Stop(again)
+		}
+	}()
+	for {
+		select {
+		case <-w.pr.Settled():
+			return
+		case <-lost:
+			lost = nil
+			_, why := h.State()
+			if r.spec.StopOnLost {
+				w.lostStop.Store(true)
+				r.say("LEASE LOST: %v; every file write and push of the agent is refused from now on; stopping the agent (--on-lost signal): SIGTERM now, SIGKILL after %s", why, r.spec.KillGrace)
+				w.stopAgent()
+			} else {
+				r.say("LEASE LOST: %v; every file write and push of the agent is refused from now on, reads go on; the agent keeps running (--on-lost keep)", why)
+			}
+		case <-ctxDone:
+			ctxDone = nil
+			r.say("stopping: SIGTERM to the agent's processes, SIGKILL after %s; the lease is released once all are gone (interrupt again to kill them now)", r.spec.KillGrace)
+			again = make(chan os.Signal, 1)
+			signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+		case <-again:
+			r.say("killing the agent's processes")
+			w.pr.Kill()
+		case err := <-fenceErr:
+			fenceErr = nil
+			r.say("%v: the agent's pushes fail from now on", err)
+		}
+	}
+}
+
+// egressSummary says what the egress proxy lets through.
+func egressSummary(f sidecar.Fences) string {
+	allowed := "no host (add --allow-host HOST)"
+	if len(f.EgressAllow) > 0 {
+		allowed = strings.Join(f.EgressAllow, ", ")
+	}
+	s := "tunnels " + allowed
+	if f.GitUpstream != "" {
+		s += "; " + f.GitUpstream + " goes to the git fence"
+	}
+	return s + "; every other host is refused"
+}
