@@ -32,7 +32,10 @@
 // takes the lease state from the sidecar's events stream. Writes are allowed
 // only while the last event said held and arrived within the wrapper's
 // grace: unknown, lost, a broken stream or one never connected deny every
-// write (fail closed); reads go on.
+// write (fail closed); reads go on. The wrapper's side of the admin API is
+// here too: Client follows the events stream into a Gate (the guard's
+// fsguard.Gate), forwards denials (Client.Auditor) and reports the attempt
+// settled.
 //
 //	agent wrapper                       sidecar                       bus
 //	     |                                 | acquire, hold -------------->|

@@ -1,20 +1,12 @@
 package cli
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/http"
 	"net/url"
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -176,23 +168,23 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	} else if warn != nil {
 		log.Warn("running UNGUARDED (--allow-unguarded): file writes are not confined", "err", warn)
 	}
-	sc := newSidecarClient(af.sidecar, token)
-	gate := newSidecarGate(af.sidecar, af.grace)
+	sc := sidecar.NewClient(af.sidecar, token)
+	gate := sidecar.NewGate(af.sidecar, af.grace)
 	streamCtx, stopStream := context.WithCancel(context.WithoutCancel(ctx))
 	streamDone := make(chan struct{})
 	go func() {
 		defer close(streamDone)
-		sc.follow(streamCtx, gate, log)
+		sc.Follow(streamCtx, gate, log)
 	}()
 	defer func() {
 		stopStream()
 		<-streamDone
 	}()
 
-	view := gate.waitFirst(ctx, af.wait)
+	view := gate.WaitFirst(ctx, af.wait)
 	if view == nil {
 		why := fmt.Sprintf("the sidecar at %s named no lease within --wait %s", af.sidecar, af.wait)
-		gate.unbound(why)
+		gate.Unbound(why)
 		log.Warn("no word from the sidecar: starting the agent with every write denied for this run", "why", why)
 	}
 	l, err := af.policyLease(co, view)
@@ -226,7 +218,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 		return err
 	}
 	llog := sidecar.LeaseLogger(log, l)
-	pr, err := attempt.Start(ctx, pol, gate, &sidecarAuditor{c: sc, log: llog}, cmd)
+	pr, err := attempt.Start(ctx, pol, gate, sc.Auditor(llog), cmd)
 	if err != nil {
 		return err
 	}
@@ -234,10 +226,10 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	code, werr := pr.Wait()
 	rep := sidecar.SettledReport{ExitCode: code, Denials: pr.Denials()}
 	tries := 10 * time.Second
-	if !gate.everHeard() {
+	if !gate.EverHeard() {
 		tries = 0 // one try: a sidecar never reached is not waited for again
 	}
-	if err := sc.settled(context.WithoutCancel(ctx), rep, tries); err != nil {
+	if err := sc.Settled(context.WithoutCancel(ctx), rep, tries); err != nil {
 		llog.Error("settle report not delivered: the sidecar leaves the lease to expire", "err", err)
 	} else {
 		llog.Info("attempt settled and reported to the sidecar", "exitCode", code, "denials", rep.Denials)
@@ -288,269 +280,4 @@ func (af *agentFlags) policyLease(co *attempt.Checkout, view *sidecar.LeaseView)
 	claim.Tables = l.Scope.Tables
 	l.Scope = claim
 	return l, nil
-}
-
-// sidecarGate is the guard's Gate in a pod: the sidecar's last word on
-// the lease, trusted for grace after it arrived and never past the
-// validity the sidecar's holder reported. The gate is bound to the first
-// lease the sidecar names — the guard's policy was made for it — so a
-// different lease, or that lease lost, closes it for good.
-type sidecarGate struct {
-	url   string
-	grace time.Duration
-	now   func() time.Time
-
-	mu      sync.Mutex
-	view    *sidecar.LeaseView // guarded by mu: the last one heard
-	heardAt time.Time          // guarded by mu: when (monotonic)
-	validTo time.Time          // guarded by mu: heardAt + the view's validFor
-	bound   sidecar.LeaseView  // guarded by mu: the view that named the gate's lease (no Lease before)
-	lost    error              // guarded by mu: terminal
-	first   chan struct{}      // closed when the first lease is named
-}
-
-func newSidecarGate(url string, grace time.Duration) *sidecarGate {
-	return &sidecarGate{url: url, grace: grace, now: time.Now, first: make(chan struct{})}
-}
-
-// Fence implements fsguard.Gate.
-func (g *sidecarGate) Fence() (uint64, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	switch {
-	case g.lost != nil:
-		return 0, g.lost
-	case g.view == nil:
-		return 0, fmt.Errorf("%w: never heard from the sidecar at %s", leasebus.ErrLeaseUnknown, g.url)
-	case g.now().Sub(g.heardAt) > g.grace:
-		return 0, fmt.Errorf("%w: no word from the sidecar at %s for %s (grace %s)", leasebus.ErrLeaseUnknown, g.url, g.now().Sub(g.heardAt).Round(time.Millisecond), g.grace)
-	case g.view.Lease == nil || g.view.State != leasebus.Held:
-		return 0, fmt.Errorf("%w: the sidecar says lease %s is %s: %s", leasebus.ErrLeaseUnknown, g.leaseIDLocked(), g.view.State, g.view.Reason)
-	case !g.now().Before(g.validTo):
-		// Never trust the sidecar's "held" past its holder's own validity:
-		// the service may reclaim the lease a margin after that.
-		return 0, fmt.Errorf("%w: lease %s not renewed within the validity the sidecar last reported", leasebus.ErrLeaseUnknown, g.leaseIDLocked())
-	}
-	return g.view.Fence, nil
-}
-
-func (g *sidecarGate) leaseIDLocked() string {
-	if g.bound.Lease != nil {
-		return g.bound.Lease.LeaseID
-	}
-	return "(none yet)"
-}
-
-// heard takes one view from the stream.
-func (g *sidecarGate) heard(v *sidecar.LeaseView) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if v.Lease != nil && g.lost == nil {
-		if g.bound.Lease == nil {
-			g.bound = *v
-			close(g.first)
-		}
-		switch id := g.bound.Lease.LeaseID; {
-		case v.Lease.LeaseID != id:
-			g.lost = fmt.Errorf("%w: the sidecar now holds lease %s, not %s", leasebus.ErrLeaseLost, v.Lease.LeaseID, id)
-		case v.State == leasebus.Lost:
-			g.lost = fmt.Errorf("%w: the sidecar says lease %s is lost: %s", leasebus.ErrLeaseLost, id, v.Reason)
-		}
-	}
-	g.view = v // a view without a lease (a restarted sidecar) is not "held"
-	g.heardAt = g.now()
-	g.validTo = g.heardAt.Add(time.Duration(v.ValidFor))
-}
-
-// unbound closes the gate for good when the guard's policy had to be made
-// without the sidecar naming a lease: no lease that arrives later is known
-// to cover that policy.
-func (g *sidecarGate) unbound(why string) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.lost == nil {
-		g.lost = fmt.Errorf("%w: %s; the file guard's policy was made without a lease, so writes stay refused for this run (restart the agent once the sidecar holds its lease)", leasebus.ErrLeaseUnknown, why)
-	}
-}
-
-// everHeard reports whether the sidecar ever answered.
-func (g *sidecarGate) everHeard() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.view != nil
-}
-
-// waitFirst waits up to d for the view that names the gate's lease.
-func (g *sidecarGate) waitFirst(ctx context.Context, d time.Duration) *sidecar.LeaseView {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-g.first:
-	default:
-		select {
-		case <-g.first:
-		case <-t.C:
-			return nil
-		case <-ctx.Done():
-			return nil
-		}
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	v := g.bound
-	return &v
-}
-
-// sidecarClient talks to the sidecar's admin API.
-type sidecarClient struct {
-	base, token string
-	hc          *http.Client
-}
-
-func newSidecarClient(base, token string) *sidecarClient {
-	return &sidecarClient{base: strings.TrimRight(base, "/"), token: token, hc: &http.Client{}}
-}
-
-func (c *sidecarClient) request(ctx context.Context, method, path string, body any) (*http.Request, error) {
-	var r io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return nil, err
-		}
-		r = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, r)
-	if err != nil {
-		return nil, err
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	return req, nil
-}
-
-// post sends body and wants a 2xx answer.
-func (c *sidecarClient) post(ctx context.Context, path string, body any) error {
-	req, err := c.request(ctx, http.MethodPost, path, body)
-	if err != nil {
-		return err
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("post %s: %w", path, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
-		return fmt.Errorf("post %s: %s: %s", path, resp.Status, strings.TrimSpace(string(msg)))
-	}
-	return nil
-}
-
-// settled reports the attempt settled, retrying for up to retry.
-func (c *sidecarClient) settled(ctx context.Context, rep sidecar.SettledReport, retry time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, retry+5*time.Second)
-	defer cancel()
-	deadline := time.Now().Add(retry)
-	var err error
-	for delay := 100 * time.Millisecond; ; delay = min(2*delay, time.Second) {
-		if err = c.post(ctx, sidecar.PathSettled, rep); err == nil || time.Now().After(deadline) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(delay):
-		}
-	}
-}
-
-// follow keeps the events stream open until ctx ends, reconnecting with
-// backoff, and feeds every view to g. A stream silent for twice the gate's
-// grace is dropped and reopened (the gate already denies by then).
-func (c *sidecarClient) follow(ctx context.Context, g *sidecarGate, log *slog.Logger) {
-	delay := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		heard, err := c.stream(ctx, g)
-		if ctx.Err() != nil {
-			return
-		}
-		if heard {
-			delay = 100 * time.Millisecond
-		}
-		log.Warn("lease events stream from the sidecar broken; writes are denied until it is back", "sidecar", c.base, "err", err, "retry", delay.String())
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 2*time.Second)
-	}
-}
-
-// stream reads one events stream until it fails.
-func (c *sidecarClient) stream(ctx context.Context, g *sidecarGate) (heard bool, err error) {
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	req, err := c.request(sctx, http.MethodGet, sidecar.PathEvents, nil)
-	if err != nil {
-		return false, err
-	}
-	req.Header.Set("Accept", "text/event-stream")
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return false, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
-		return false, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(msg)))
-	}
-	// A silent stream (a half-open connection) is cut after 2×grace.
-	idle := time.AfterFunc(2*g.grace, cancel)
-	defer idle.Stop()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 16<<10), 1<<20)
-	var data []byte
-	for sc.Scan() {
-		line := sc.Bytes()
-		switch {
-		case len(line) == 0: // end of an event
-			if len(data) > 0 {
-				var v sidecar.LeaseView
-				if err := json.Unmarshal(data, &v); err != nil {
-					return heard, fmt.Errorf("bad event from the sidecar: %w", err)
-				}
-				g.heard(&v)
-				heard = true
-				idle.Reset(2 * g.grace)
-			}
-			data = data[:0]
-		case bytes.HasPrefix(line, []byte("data:")):
-			data = append(data, bytes.TrimPrefix(bytes.TrimPrefix(line, []byte("data:")), []byte(" "))...)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return heard, err
-	}
-	return heard, errors.New("the sidecar closed the stream")
-}
-
-// sidecarAuditor records the guard's denials through the sidecar, which
-// names its lease in them and writes them to the audit stream.
-type sidecarAuditor struct {
-	c   *sidecarClient
-	log *slog.Logger
-}
-
-func (s *sidecarAuditor) Record(ctx context.Context, ev leasebus.AuditEvent) error {
-	s.log.Warn("file write denied", "reason", ev.Reason, "msg", ev.Message)
-	if err := s.c.post(ctx, sidecar.PathAudit, ev); err != nil {
-		return fmt.Errorf("record denial through the sidecar: %w", err)
-	}
-	return nil
 }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
-	"github.com/fenceline/fenceline/sidecar"
 )
 
 // anAgent is fenceline agent going on in-process.
@@ -257,85 +256,4 @@ func leaseOfSidecar(t *testing.T, stdout string) string {
 	}
 	id, _, _ := strings.Cut(rest, " ")
 	return id
-}
-
-// TestSidecarGate: the wrapper's gate allows writes only on a fresh
-// "held" from the sidecar: never before the first word, not once the last
-// word is older than the grace, and never again after "lost" or a change
-// of lease.
-func TestSidecarGate(t *testing.T) {
-	now := time.Unix(1000, 0)
-	g := newSidecarGate("http://sidecar", time.Second)
-	g.now = func() time.Time { return now }
-	lease := &leasebus.Lease{LeaseID: "lease_a", Fence: 7}
-	view := func(st leasebus.HolderState, l *leasebus.Lease) *sidecar.LeaseView {
-		return &sidecar.LeaseView{State: st, Lease: l, Reason: "why"}
-	}
-	want := func(what string, ok bool, is error) {
-		t.Helper()
-		fence, err := g.Fence()
-		switch {
-		case ok && (err != nil || fence != 7):
-			t.Errorf("%s: Fence() = %d, %v; want 7", what, fence, err)
-		case !ok && !errors.Is(err, is):
-			t.Errorf("%s: Fence() = %d, %v; want %v", what, fence, err, is)
-		}
-	}
-	want("never heard", false, leasebus.ErrLeaseUnknown)
-	g.heard(view(leasebus.Unknown, nil)) // the sidecar is still acquiring
-	want("no lease yet", false, leasebus.ErrLeaseUnknown)
-	held := view(leasebus.Held, lease)
-	held.Fence = 7
-	held.ValidFor = leasebus.Duration(time.Minute)
-	// The sidecar's holder has 300 ms of validity left: past that, no
-	// grace makes its word good.
-	short := *held
-	short.ValidFor = leasebus.Duration(300 * time.Millisecond)
-	g.heard(&short)
-	want("held, short validity", true, nil)
-	// The first lease named binds the gate, even after lease-less views
-	// (the wrapper's policy is made from it).
-	select {
-	case <-g.first:
-	default:
-		t.Fatal("the first view naming a lease did not release waitFirst")
-	}
-	if v := g.waitFirst(context.Background(), 0); v == nil || v.Lease == nil || v.Lease.LeaseID != "lease_a" {
-		t.Fatalf("waitFirst = %+v, want the view that named lease_a", v)
-	}
-	now = now.Add(300 * time.Millisecond)
-	want("past the sidecar's validity, within the grace", false, leasebus.ErrLeaseUnknown)
-	g.heard(held)
-	want("held", true, nil)
-	now = now.Add(999 * time.Millisecond)
-	want("held, within the grace", true, nil)
-	now = now.Add(2 * time.Millisecond)
-	want("silent past the grace", false, leasebus.ErrLeaseUnknown)
-	g.heard(held)
-	want("heard again", true, nil)
-	g.heard(view(leasebus.Unknown, lease))
-	want("sidecar unknown", false, leasebus.ErrLeaseUnknown)
-	g.heard(held)
-	g.heard(view(leasebus.Unknown, nil)) // a restarted sidecar, no lease yet
-	want("sidecar names no lease", false, leasebus.ErrLeaseUnknown)
-	g.heard(held)
-	want("held again", true, nil)
-	other := *held
-	other.Lease = &leasebus.Lease{LeaseID: "lease_b", Fence: 9}
-	g.heard(&other)
-	want("another lease", false, leasebus.ErrLeaseLost)
-	g2 := newSidecarGate("http://sidecar", time.Second)
-	g2.heard(held)
-	g2.heard(view(leasebus.Lost, lease))
-	g2.heard(held)
-	if _, err := g2.Fence(); !errors.Is(err, leasebus.ErrLeaseLost) {
-		t.Errorf("held after lost: %v, want lost for good", err)
-	}
-	// A policy made without a lease: no lease that arrives later opens it.
-	g3 := newSidecarGate("http://sidecar", time.Second)
-	g3.unbound("no lease within --wait")
-	g3.heard(held)
-	if _, err := g3.Fence(); !errors.Is(err, leasebus.ErrLeaseUnknown) || !strings.Contains(err.Error(), "policy was made without a lease") {
-		t.Errorf("gate of a policy made without a lease, after a lease arrived: %v, want closed for good", err)
-	}
 }
