@@ -70,7 +70,7 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 
 // envGitUpstreamHeader holds one more --git-upstream-header, kept off
 // the command line (the agent can read that).
-const envGitUpstreamHeader = "FENCELINE_GIT_UPSTREAM_HEADER"
+const envGitUpstreamHeader = sidecar.EnvGitUpstreamHeader
 
 // check validates every fence flag and reads the files they name (the
 // git hook secret, the git upstream's CA, the Postgres fence's secret
@@ -111,20 +111,16 @@ func (ff *fenceFlags) checkGit() error {
 		}
 	}
 	// Header values are credentials: a message names the header at most.
-	ff.gitHeader = http.Header{}
-	for i, h := range ff.gitHeaders {
-		k, v, err := gitproxy.ParseHeader(h)
-		if err != nil {
-			return usagef("--git-upstream-header (number %d): %v", i+1, err)
-		}
-		ff.gitHeader.Add(k, v)
-	}
-	if h := os.Getenv(envGitUpstreamHeader); h != "" {
-		k, v, err := gitproxy.ParseHeader(h)
-		if err != nil {
-			return usagef("$%s (the --git-upstream-header kept off the command line): %v", envGitUpstreamHeader, err)
-		}
-		ff.gitHeader.Add(k, v)
+	var err error
+	ff.gitHeader, err = sidecar.UpstreamHeaders(ff.gitHeaders)
+	var he *sidecar.HeaderError
+	switch {
+	case errors.As(err, &he) && he.N == 0:
+		return usagef("$%s (the --git-upstream-header kept off the command line): %v", envGitUpstreamHeader, he.Err)
+	case errors.As(err, &he):
+		return usagef("--git-upstream-header (number %d): %v", he.N, he.Err)
+	case err != nil:
+		return err
 	}
 	if ff.gitCA != "" {
 		if _, err := sidecar.ReadCAFile(ff.gitCA); err != nil {
