@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -132,9 +129,6 @@ the git server's user).`,
 			if exe, err = filepath.Abs(exe); err != nil {
 				return usagef("--fenceline %s: %v", exe, err)
 			}
-			if sidecarFile == "" {
-				sidecarFile = defaultGitHookSecretFile(r)
-			}
 			var busArgs []string // the bus named here audits the hook's refusals too
 			if u, source := a.busURL(); source != "" {
 				busArgs = append(busArgs, "--nats", u)
@@ -145,11 +139,9 @@ the git server's user).`,
 				}
 				busArgs = append(busArgs, "--creds", p)
 			}
-			in, err := gitproxy.InstallHook(cmd.Context(), gitproxy.HookInstall{GitDir: gitDir, Repo: r, Fenceline: exe, AllowUnfenced: allowUnfenced, BusArgs: busArgs})
+			in, sidecarFile, err := gitproxy.InstallHookForSidecars(cmd.Context(),
+				gitproxy.HookInstall{GitDir: gitDir, Repo: r, Fenceline: exe, AllowUnfenced: allowUnfenced, BusArgs: busArgs}, sidecarFile)
 			if err != nil {
-				return err
-			}
-			if err := writeSidecarSecret(sidecarFile, in.Key); err != nil {
 				return err
 			}
 			if asJSON {
@@ -196,47 +188,16 @@ func hookRepo(repo string) (string, error) {
 	return r, nil
 }
 
-// writeSidecarSecret writes the sidecars' copy of a hook secret (mode
-// 0600), replacing one for the same repository.
-func writeSidecarSecret(path string, key []byte) error {
-	if old, err := gitproxy.ReadKeyFile(path); err == nil && string(old) == string(key) {
-		return os.Chmod(path, 0o600)
-	}
-	tmp := path + ".tmp"
-	os.Remove(tmp)
-	if err := gitproxy.WriteKeyFile(tmp, key); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write sidecar secret: %w", err)
-	}
-	return nil
-}
-
-// defaultGitHookSecretFile is where hook install leaves the sidecars' copy
-// of repo's hook secret on this machine, and where run and sidecar look
-// for it: inside fenceline's state dir, which the file guard hides from
-// agents.
-func defaultGitHookSecretFile(repo string) string {
-	return filepath.Join(leasebus.StateDir(), "git-hook", url.PathEscape(repo)+".key")
-}
-
-// hookAuditTimeout bounds the hook's report to the bus: a push waits for
-// it, and the refusal stands either way.
-const hookAuditTimeout = 3 * time.Second
-
 // auditHookRefusal writes a refusal of the pre-receive hook to the audit
 // stream of the bus named by --nats or FENCELINE_NATS (hook install puts
 // them in the hook when it was given them); with no bus named it does
-// nothing: a git server need not reach one. The lease, owner and fence are
-// as the push claimed them: a refused fence may be forged.
+// nothing: a git server need not reach one. gitproxy.RecordRefusal words
+// the event and bounds the wait.
 func (a *app) auditHookRefusal(ctx context.Context, repo string, he *gitproxy.HookError) error {
 	u, source := a.busURL()
 	if source == "" {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, hookAuditTimeout)
-	defer cancel()
 	nc, err := a.connect(leasebus.RoleHolder, u, source)
 	if err != nil {
 		return err
@@ -246,10 +207,5 @@ func (a *app) auditHookRefusal(ctx context.Context, repo string, he *gitproxy.Ho
 	if err != nil {
 		return err
 	}
-	fence, _ := strconv.ParseUint(he.Fence, 10, 64)
-	return aud.Record(ctx, leasebus.AuditEvent{
-		Time: time.Now().UTC(), Type: leasebus.EventDenied, Boundary: leasebus.BoundaryGit,
-		Repo: repo, LeaseID: he.Lease, Owner: leasebus.ParseOwner(he.Owner), Fence: fence,
-		Reason: he.Reason, Message: "pre-receive hook: " + he.Msg,
-	})
+	return gitproxy.RecordRefusal(ctx, aud, repo, he)
 }

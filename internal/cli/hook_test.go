@@ -67,7 +67,7 @@ func TestHookInstall(t *testing.T) {
 	if in.Repo != testRepo || !in.NewSecret {
 		t.Fatalf("install = %+v, want repo %s and a new secret", in, testRepo)
 	}
-	if in.HookSecretFile != filepath.Join(in.GitDir, "fenceline", "hook.key") || in.SidecarSecretFile != defaultGitHookSecretFile(testRepo) {
+	if in.HookSecretFile != filepath.Join(in.GitDir, "fenceline", "hook.key") || in.SidecarSecretFile != gitproxy.SidecarKeyFile(testRepo) {
 		t.Fatalf("secret files %s, %s", in.HookSecretFile, in.SidecarSecretFile)
 	}
 	wantMode(t, in.HookSecretFile, 0o600)

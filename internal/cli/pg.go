@@ -1,17 +1,12 @@
 package cli
 
 import (
-	"encoding/hex"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/fenceline/fenceline/internal/scope"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
 )
 
@@ -91,23 +86,11 @@ switches the named tables to the trigger chosen then.`,
 				return usagef("--c-library names the C trigger's library, and --trigger plpgsql does not use one; drop one of them")
 			}
 			if secretFile == "" {
-				secretFile = defaultPGSecretFile()
+				secretFile = pgproxy.DefaultSecretFile()
 			}
-			ctx := cmd.Context()
-			conn, err := pgx.Connect(ctx, dsn)
-			if err != nil {
-				return fmt.Errorf("pg install: connect: %w", err)
-			}
-			defer conn.Close(ctx)
-			in, err := pgproxy.Install(ctx, conn, norm, pgproxy.InstallOptions{Trigger: trig, CLibrary: cLibrary})
+			in, err := pgproxy.InstallDSN(cmd.Context(), dsn, norm, pgproxy.InstallOptions{Trigger: trig, CLibrary: cLibrary}, secretFile)
 			if err != nil {
 				return err
-			}
-			if err := os.MkdirAll(filepath.Dir(secretFile), 0o700); err != nil {
-				return fmt.Errorf("pg install: secret file: %w", err)
-			}
-			if err := os.WriteFile(secretFile, []byte(hex.EncodeToString(in.Secret)+"\n"), 0o600); err != nil {
-				return fmt.Errorf("pg install: write secret file %s: %w", secretFile, err)
 			}
 			noC, noGuard := "", ""
 			if in.NoC != nil {
@@ -155,20 +138,3 @@ switches the named tables to the trigger chosen then.`,
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return c
 }
-
-// ReadPGSecret reads a secret file written by "pg install".
-func ReadPGSecret(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read postgres fence secret: %w", err)
-	}
-	key, err := hex.DecodeString(strings.TrimSpace(string(b)))
-	if err != nil {
-		return nil, fmt.Errorf("postgres fence secret %s: not hex: %w", path, err)
-	}
-	return key, nil
-}
-
-// defaultPGSecretFile is where "pg install" keeps the signing secret and
-// where the sidecar looks for it.
-func defaultPGSecretFile() string { return filepath.Join(leasebus.StateDir(), "pg-secret.key") }

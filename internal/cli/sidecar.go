@@ -70,7 +70,7 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 
 // envGitUpstreamHeader holds one more --git-upstream-header, kept off
 // the command line (the agent can read that).
-const envGitUpstreamHeader = "FENCELINE_GIT_UPSTREAM_HEADER"
+const envGitUpstreamHeader = sidecar.EnvGitUpstreamHeader
 
 // check validates every fence flag and reads the files they name (the
 // git hook secret, the git upstream's CA, the Postgres fence's secret
@@ -111,20 +111,16 @@ func (ff *fenceFlags) checkGit() error {
 		}
 	}
 	// Header values are credentials: a message names the header at most.
-	ff.gitHeader = http.Header{}
-	for i, h := range ff.gitHeaders {
-		k, v, err := gitproxy.ParseHeader(h)
-		if err != nil {
-			return usagef("--git-upstream-header (number %d): %v", i+1, err)
-		}
-		ff.gitHeader.Add(k, v)
-	}
-	if h := os.Getenv(envGitUpstreamHeader); h != "" {
-		k, v, err := gitproxy.ParseHeader(h)
-		if err != nil {
-			return usagef("$%s (the --git-upstream-header kept off the command line): %v", envGitUpstreamHeader, err)
-		}
-		ff.gitHeader.Add(k, v)
+	var err error
+	ff.gitHeader, err = sidecar.UpstreamHeaders(ff.gitHeaders)
+	var he *sidecar.HeaderError
+	switch {
+	case errors.As(err, &he) && he.N == 0:
+		return usagef("$%s (the --git-upstream-header kept off the command line): %v", envGitUpstreamHeader, he.Err)
+	case errors.As(err, &he):
+		return usagef("--git-upstream-header (number %d): %v", he.N, he.Err)
+	case err != nil:
+		return err
 	}
 	if ff.gitCA != "" {
 		if _, err := sidecar.ReadCAFile(ff.gitCA); err != nil {
@@ -146,26 +142,14 @@ func (ff *fenceFlags) checkPG() error {
 	if err := (&pgproxy.Config{Listen: ff.pgListen}).Validate(); err != nil {
 		return usagef("--pg-listen %s: %v", ff.pgListen, err)
 	}
-	file := ff.pgSecretFile
-	if file == "" {
-		if _, err := os.Stat(defaultPGSecretFile()); err == nil {
-			file = defaultPGSecretFile()
-		}
+	secret, file, err := pgproxy.LoadSecret(ff.pgSecretFile)
+	switch {
+	case err != nil && ff.pgSecretFile != "":
+		return usagef("--pg-secret-file %s: %v", file, err)
+	case err != nil:
+		return fmt.Errorf("%w (the default of --pg-secret-file: run fenceline pg install again, or pass --pg-secret-file)", err)
 	}
-	if file != "" {
-		secret, err := ReadPGSecret(file)
-		if err == nil {
-			err = (&pgproxy.Config{Secret: secret}).Validate()
-		}
-		switch {
-		case err != nil && ff.pgSecretFile != "":
-			return usagef("--pg-secret-file %s: %v", file, err)
-		case err != nil:
-			return fmt.Errorf("%w (the default of --pg-secret-file: run fenceline pg install again, or pass --pg-secret-file)", err)
-		}
-		ff.pgSecret = secret
-	}
-	var err error
+	ff.pgSecret = secret
 	switch {
 	case (ff.pgTLSCert == "") != (ff.pgTLSKey == ""):
 		return usagef("--pg-tls-cert and --pg-tls-key go together: give both, or neither for a self-signed certificate")
@@ -199,18 +183,16 @@ func (ff *fenceFlags) readHookSecret(repo string) error {
 		ff.gitHookKey = key
 		return nil
 	}
-	if ff.gitUpstream == "" || repo == "" {
+	if ff.gitUpstream == "" {
 		return nil
 	}
-	file := defaultGitHookSecretFile(repo)
-	if _, err := os.Stat(file); err != nil {
-		return nil
-	}
-	key, err := gitproxy.ReadKeyFile(file)
+	key, file, err := gitproxy.FindSidecarKey(repo)
 	if err != nil {
 		return err
 	}
-	ff.gitHookKey, ff.gitHookSecret = key, file
+	if key != nil {
+		ff.gitHookKey, ff.gitHookSecret = key, file
+	}
 	return nil
 }
 
@@ -227,7 +209,7 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 		}
 		if ff.gitHookKey == nil {
 			log.Warn("no git hook secret: pushes go out unsigned, and a git server with fenceline's pre-receive hook refuses them (run fenceline hook install on the server, and pass its secret with --git-hook-secret)",
-				"looked-for", defaultGitHookSecretFile(held.holder.Lease().Repo))
+				"looked-for", gitproxy.SidecarKeyFile(held.holder.Lease().Repo))
 		}
 	}
 	if ff.pgUpstream != "" && ff.pgSecret == nil {
@@ -235,7 +217,7 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 	}
 	state := ff.stateDir
 	if state == "" {
-		state = filepath.Join(leasebus.StateDir(), "sidecar", held.holder.Lease().LeaseID)
+		state = sidecar.DefaultStateDir(held.holder.Lease().LeaseID)
 	}
 	return sidecar.Config{
 		Lease:             held.holder,
@@ -459,7 +441,7 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	fmt.Fprintf(a.stdout, "egress proxy: %s (%s)\n", sc.EgressURL(), egressSummary(sc.Fences()))
 	// The file first: whoever reads the announcement may read the file.
 	if sf.envFile != "" {
-		if err := writeEnvFile(sf.envFile, env); err != nil {
+		if err := sidecar.WriteEnvFile(sf.envFile, env); err != nil {
 			sc.Close(ctx)
 			held.finish(ctx)
 			return err
@@ -520,25 +502,17 @@ func egressSummary(f sidecar.Fences) string {
 	return s + "; every other host is refused"
 }
 
-// waitSettled waits for the agent wrapper's settle report: at most
-// timeout when one is connected or was, not at all when none ever was
-// (then nothing but the drained fences wrote under the lease).
+// waitSettled waits for the agent wrapper's settle report
+// (sidecar.Admin.WaitSettled) and says why the lease may, or may not, be
+// released.
 func waitSettled(admin *sidecar.Admin, timeout time.Duration) (bool, string) {
-	select {
-	case <-admin.Settled():
+	switch s := admin.WaitSettled(timeout); s {
+	case sidecar.SettleReported:
 		return true, "the agent reported its attempt settled"
-	default:
-	}
-	if ever, _ := admin.AgentConnected(); !ever {
+	case sidecar.SettleNoAgent:
 		return true, "no agent wrapper ever connected; the fences are drained"
-	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-admin.Settled():
-		return true, "the agent reported its attempt settled"
-	case <-t.C:
-		return false, fmt.Sprintf("no settle report from the agent wrapper within --settle-timeout %s", timeout)
+	default:
+		return s.Settled(), fmt.Sprintf("no settle report from the agent wrapper within --settle-timeout %s", timeout)
 	}
 }
 
@@ -555,31 +529,15 @@ func newLogger(w io.Writer, format string) (*slog.Logger, error) {
 }
 
 // readToken reads the admin bearer token from file, else from the
-// environment ("" when neither has one). A file that cannot be read, or
+// environment (sidecar.ReadAdminToken). A file that cannot be read, or
 // holds none, is a usage error.
 func readToken(file string) (string, error) {
-	if file == "" {
-		return strings.TrimSpace(os.Getenv(sidecar.EnvAdminToken)), nil
-	}
-	data, err := os.ReadFile(file)
-	if err != nil {
+	tok, err := sidecar.ReadAdminToken(file)
+	switch {
+	case errors.Is(err, sidecar.ErrEmptyAdminToken):
+		return "", usagef("--admin-token-file %s is empty: write the admin API's bearer token in it", file)
+	case err != nil:
 		return "", usagef("--admin-token-file: %v", err)
 	}
-	tok := strings.TrimSpace(string(data))
-	if tok == "" {
-		return "", usagef("--admin-token-file %s is empty: write the admin API's bearer token in it", file)
-	}
 	return tok, nil
-}
-
-// writeEnvFile writes KEY=VALUE lines atomically.
-func writeEnvFile(path string, env []string) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(strings.Join(env, "\n")+"\n"), 0o644); err != nil {
-		return fmt.Errorf("write env file: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write env file: %w", err)
-	}
-	return nil
 }
