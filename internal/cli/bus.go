@@ -380,7 +380,7 @@ func (a *app) embeddedCredsDir(store string) (string, error) {
 func (a *app) serviceCreds(f *serveFlags) (svc, ui busCreds, names map[string]string, err error) {
 	if f.credsDir != "" { // the embedded server's own
 		at := func(r leasebus.Role) busCreds {
-			return busCreds{path: filepath.Join(f.credsDir, leasebus.CredsFile(r)), source: "the embedded bus", role: r}
+			return busCreds{Path: filepath.Join(f.credsDir, leasebus.CredsFile(r)), Source: "the embedded bus", Role: r}
 		}
 		return at(leasebus.RoleService), at(leasebus.RoleViewer), leasebus.NamesIn(f.credsDir), nil
 	}
