@@ -2,23 +2,16 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
-	"path/filepath"
-	"sync"
-	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
 	"github.com/fenceline/fenceline/leasebus"
-	"github.com/fenceline/fenceline/leasebus/embedded"
-	"github.com/fenceline/fenceline/runui"
-	"github.com/fenceline/fenceline/shard"
+	"github.com/fenceline/fenceline/leasebus/busserve"
 )
 
 // EnvUIToken is the token the run UI requires off loopback.
@@ -92,14 +85,7 @@ type serveFlags struct {
 	replicas                   int
 	ui, logFormat, metrics     string
 	debug                      bool
-
-	embeddedOnly        []string       // embedded-server flags given on the command line
-	natsURL, natsSource string         // the bus the lease service connects to
-	clustered           bool           // this process joins a cluster
-	inProcess           *server.Server // the embedded server, when there is one
-	storeDir            string         // its store
-	credsDir            string         // the embedded server's credentials
-	logger              *slog.Logger
+	embeddedOnly               []string // embedded-server flags given on the command line
 }
 
 func (a *app) serveCommand() *cobra.Command {
@@ -154,11 +140,12 @@ server it connects to belongs to one, else 1.`,
 }
 
 func (a *app) serve(ctx context.Context, f *serveFlags) error {
+	var logger *slog.Logger
 	switch f.logFormat {
 	case "text":
-		f.logger = slog.New(slog.NewTextHandler(a.stderr, nil))
+		logger = slog.New(slog.NewTextHandler(a.stderr, nil))
 	case "json":
-		f.logger = slog.New(slog.NewJSONHandler(a.stderr, nil))
+		logger = slog.New(slog.NewJSONHandler(a.stderr, nil))
 	default:
 		return usagef("--log-format %q: want text or json", f.logFormat)
 	}
@@ -175,19 +162,27 @@ func (a *app) serve(ctx context.Context, f *serveFlags) error {
 			return usagef("--metrics %q: want host:port (127.0.0.1:9480; port 0 picks a free one)", f.metrics)
 		}
 	}
-	if _, source := a.busURL(); source != "" {
-		f.natsURL, f.natsSource = a.busURL()
+	cfg := busserve.ServiceConfig{Replicas: f.replicas, Metrics: f.metrics, UI: f.ui, UIToken: os.Getenv(EnvUIToken), Debug: f.debug, Logger: logger}
+	if url, source := a.busURL(); source != "" {
 		if len(f.embeddedOnly) > 0 {
-			return usagef("%v only apply to the embedded server, but %s selects an existing bus (%s); drop one or the other", f.embeddedOnly, f.natsSource, f.natsURL)
+			return usagef("%v only apply to the embedded server, but %s selects an existing bus (%s); drop one or the other", f.embeddedOnly, source, url)
 		}
-		return a.serveService(ctx, f)
+		cfg.URL, cfg.Source = url, source
+		if err := a.serviceCreds(&cfg); err != nil {
+			return err
+		}
+		return a.serveService(ctx, cfg)
 	}
-	return a.serveEmbedded(ctx, f)
+	return a.serveEmbedded(ctx, f, cfg)
 }
 
 // serveEmbedded runs the embedded NATS server and the lease service.
-func (a *app) serveEmbedded(ctx context.Context, f *serveFlags) error {
-	cfg := leasebus.ServerConfig{
+func (a *app) serveEmbedded(ctx context.Context, f *serveFlags, cfg busserve.ServiceConfig) error {
+	credsDir, err := a.embeddedCredsDir()
+	if err != nil {
+		return err
+	}
+	node, err := busserve.StartNode(ctx, leasebus.ServerConfig{
 		Listen:        f.listen,
 		StoreDir:      f.store,
 		Name:          f.name,
@@ -195,179 +190,61 @@ func (a *app) serveEmbedded(ctx context.Context, f *serveFlags) error {
 		ClusterListen: f.clusterListen,
 		Routes:        f.routes,
 		Debug:         f.debug,
-	}
-	if cfg.StoreDir == "" {
-		cfg.StoreDir = leasebus.DefaultStoreDir()
-	}
-	if err := cfg.Validate(); err != nil {
-		return &usageError{err: err}
-	}
-	f.clustered = cfg.ClusterName != ""
-	if cfg.Name == "" && f.clustered {
-		_, port, _ := net.SplitHostPort(cfg.ClusterListen)
-		cfg.Name = "fenceline-" + hostname() + "-" + port
-	}
-	if err := checkListen(cfg.Listen); err != nil {
-		return err
-	}
-	credsDir, err := a.embeddedCredsDir(cfg.StoreDir)
+		CredsDir:      credsDir,
+	}, cfg.Logger)
 	if err != nil {
-		return err
+		return a.serveError(err)
 	}
-	cfg.CredsDir = credsDir
-	f.credsDir = cfg.CredsDir
-	srv, err := embedded.StartServer(cfg)
-	if err != nil {
-		return err
-	}
-	keepCtx, stopKeeping := context.WithCancel(ctx)
-	var keeping sync.WaitGroup
-	if !f.clustered { // a cluster node rejoins its peers by restarting
-		keeping.Go(func() { embedded.KeepStore(keepCtx, srv, cfg.StoreDir, f.logger) })
-	}
-	defer func() {
-		stopKeeping()
-		keeping.Wait()
-		srv.Shutdown()
-		srv.WaitForShutdown()
-		f.logger.Info("bus stopped")
-	}()
-	url := srv.ClientURL()
-	fmt.Fprintf(a.stdout, "fenceline bus listening on %s\n", url)
-	fmt.Fprintf(a.stdout, "store: %s\n", cfg.StoreDir)
-	fmt.Fprintf(a.stdout, "credentials: %s (one per role; keep them from agents)\n", cfg.CredsDir)
-	f.logger.Info("bus started", "url", url, "store", cfg.StoreDir, "cluster", cfg.ClusterName, "name", srv.Name())
-	f.natsURL, f.natsSource = url, "embedded server"
-	f.inProcess = srv // the service talks to its own server without TCP
-	f.storeDir = cfg.StoreDir
-	return a.serveService(ctx, f)
+	defer node.Stop()
+	fmt.Fprintf(a.stdout, "fenceline bus listening on %s\n", node.URL())
+	fmt.Fprintf(a.stdout, "store: %s\n", node.Config.StoreDir)
+	fmt.Fprintf(a.stdout, "credentials: %s (one per role; keep them from agents)\n", node.Config.CredsDir)
+	cfg.Node = node
+	return a.serveService(ctx, cfg)
 }
 
-// serveService runs the lease service on the bus at f.natsURL until ctx ends.
-func (a *app) serveService(ctx context.Context, f *serveFlags) error {
-	opts := []nats.Option{nats.Name("fenceline-lease-service"),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil { // nil: we closed it
-				f.logger.Warn("disconnected from bus", "url", f.natsURL, "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			f.logger.Info("reconnected to bus", "url", nc.ConnectedUrl())
-		}),
-	}
-	svcCreds, uiCreds, names, err := a.serviceCreds(f)
+// serveService runs the lease service cfg describes until ctx ends.
+func (a *app) serveService(ctx context.Context, cfg busserve.ServiceConfig) error {
+	s, err := busserve.StartService(ctx, cfg)
 	if err != nil {
-		return err
+		return a.serveError(err)
 	}
-	if f.inProcess != nil {
-		opts = append(opts, nats.InProcessServer(f.inProcess))
+	if s.MetricsURL != "" {
+		fmt.Fprintf(a.stdout, "metrics: %s\n", s.MetricsURL)
 	}
-	nc, err := a.connectWith(svcCreds, f.natsURL, f.natsSource, opts...)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	replicas := f.replicas
-	if replicas == 0 {
-		replicas = 1
-		if f.clustered || nc.ConnectedClusterName() != "" {
-			replicas = 3
-		}
-	}
-	scfg := leasebus.ServiceConfig{Replicas: replicas, Logger: f.logger, Names: names}
-	if f.inProcess != nil {
-		scfg.StoreProbe = embedded.StoreProbe(f.inProcess, f.storeDir)
-	}
-	var metricsLn net.Listener
-	if f.metrics != "" {
-		// Listen before the service starts: a taken port is a usage
-		// problem, found before anything is served.
-		if metricsLn, err = net.Listen("tcp", f.metrics); err != nil {
-			return fmt.Errorf("--metrics %s: %w", f.metrics, err)
-		}
-		defer metricsLn.Close()
-		scfg.Metrics = leasebus.NewServiceMetrics()
-	}
-	svc, err := startService(ctx, nc, scfg)
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("interrupted while starting the lease service: %w", err)
-		}
-		return fmt.Errorf("start lease service on %s: %w", f.natsURL, err)
-	}
-	stopRefusals := func() {}
-	if f.inProcess != nil {
-		// What the embedded server itself refuses (credentials, permissions)
-		// goes to the audit stream too.
-		stopRefusals = embedded.AuditRefusals(svc, f.inProcess, f.debug, false)
-	}
-	stop := func() {
-		stopRefusals()
-		svc.Stop()
-	}
-	if metricsLn != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", scfg.Metrics.Handler())
-		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(f.logger.Handler(), slog.LevelDebug)}
-		served := make(chan struct{})
-		go func() {
-			defer close(served)
-			msrv.Serve(metricsLn)
-		}()
-		defer func() {
-			msrv.Close()
-			<-served
-		}()
-		fmt.Fprintf(a.stdout, "metrics: http://%s/metrics\n", metricsLn.Addr())
-	}
-	fmt.Fprintf(a.stdout, "lease service ready on %s (replicas %d); stop with Ctrl-C\n", f.natsURL, replicas)
-	if f.ui != "" {
-		// The run UI reads as a viewer.
-		var uopts []nats.Option
-		if f.inProcess != nil {
-			uopts = append(uopts, nats.InProcessServer(f.inProcess))
-		}
-		unc, err := a.connectWith(uiCreds, f.natsURL, f.natsSource, append(uopts, nats.Name("fenceline-run-ui"), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))...)
-		if err != nil {
-			stop()
-			return err
-		}
-		defer unc.Close()
-		shards, err := shard.Open(unc, shard.Config{Logger: f.logger})
-		if err != nil {
-			stop()
-			return err
-		}
-		ui, err := runui.Listen(f.ui, runui.Config{NC: unc, Token: os.Getenv(EnvUIToken), Shards: runui.StoreSource(shards), Logger: f.logger})
-		if err != nil {
-			stop()
-			return err
-		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if err := ui.Close(sctx); err != nil {
-				f.logger.Warn("stop the run UI", "err", err)
-			}
-		}()
-		fmt.Fprintf(a.stdout, "run UI: %s\n", ui.URL())
+	fmt.Fprintf(a.stdout, "lease service ready on %s (replicas %d); stop with Ctrl-C\n", s.URL, s.Replicas)
+	if s.UIURL != "" {
+		fmt.Fprintf(a.stdout, "run UI: %s\n", s.UIURL)
 	}
 	<-ctx.Done()
-	f.logger.Info("stopping", "cause", context.Cause(ctx))
-	stop()
+	cfg.Logger.Info("stopping", "cause", context.Cause(ctx))
+	s.Stop()
 	fmt.Fprintln(a.stdout, "lease service stopped")
 	return nil
 }
 
+// serveError words what busserve reports in terms of the flags.
+func (a *app) serveError(err error) error {
+	var ce *busserve.ConfigError
+	var le *busserve.ListenError
+	switch {
+	case errors.As(err, &ce):
+		return &usageError{err: ce.Err}
+	case errors.As(err, &le) && le.For == "metrics":
+		return fmt.Errorf("--metrics %s: %w", le.Addr, le.Err)
+	case errors.As(err, &le):
+		return fmt.Errorf("cannot listen on %s: %w (another \"fenceline bus serve\" running? pick another --listen)", le.Addr, le.Err)
+	}
+	return a.dialError(err)
+}
+
 // embeddedCredsDir is where the embedded server keeps its credentials:
 // the directory --creds or $FENCELINE_CREDS names (made if missing), else
-// <store>/creds.
-func (a *app) embeddedCredsDir(store string) (string, error) {
+// "" for <store>/creds.
+func (a *app) embeddedCredsDir() (string, error) {
 	p, source := a.credsSetting()
 	if p == "" {
-		return leasebus.CredsDirOf(store), nil
+		return "", nil
 	}
 	if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
 		return "", usagef("%s %s is a file: the embedded bus keeps one credentials file per role in a directory; name a directory (or leave %s unset for <store>/creds)", source, p, source)
@@ -375,60 +252,22 @@ func (a *app) embeddedCredsDir(store string) (string, error) {
 	return p, nil
 }
 
-// serviceCreds picks the lease service's and the run UI's credentials,
-// and the names the audit gives the identities it knows.
-func (a *app) serviceCreds(f *serveFlags) (svc, ui busCreds, names map[string]string, err error) {
-	if f.credsDir != "" { // the embedded server's own
-		at := func(r leasebus.Role) busCreds {
-			return busCreds{path: filepath.Join(f.credsDir, leasebus.CredsFile(r)), source: "the embedded bus", role: r}
-		}
-		return at(leasebus.RoleService), at(leasebus.RoleViewer), leasebus.NamesIn(f.credsDir), nil
+// serviceCreds sets the lease service's and the run UI's credentials on an
+// existing bus, and the names the audit gives the identities it knows.
+func (a *app) serviceCreds(cfg *busserve.ServiceConfig) (err error) {
+	if cfg.Creds, err = a.credsFor(leasebus.RoleService); err != nil {
+		return err
 	}
-	if svc, err = a.credsFor(leasebus.RoleService); err != nil {
-		return
-	}
-	ui = svc
-	if f.ui != "" {
-		if ui, err = a.credsFor(leasebus.RoleViewer); err != nil {
-			return
+	cfg.ViewerCreds = cfg.Creds
+	if cfg.UI != "" {
+		if cfg.ViewerCreds, err = a.credsFor(leasebus.RoleViewer); err != nil {
+			return err
 		}
 	}
 	if p, _ := a.credsSetting(); p != "" {
 		if fi, serr := os.Stat(p); serr == nil && fi.IsDir() {
-			names = leasebus.NamesIn(p)
+			cfg.Names = leasebus.NamesIn(p)
 		}
 	}
-	return svc, ui, names, nil
-}
-
-// serviceStartTimeout bounds starting the lease service: on a fresh
-// cluster StartService waits for JetStream to elect its leaders.
-const serviceStartTimeout = 2 * time.Minute
-
-func startService(ctx context.Context, nc *nats.Conn, cfg leasebus.ServiceConfig) (*leasebus.Service, error) {
-	ctx, cancel := context.WithTimeout(ctx, serviceStartTimeout)
-	defer cancel()
-	return leasebus.StartService(ctx, nc, cfg)
-}
-
-// checkListen fails fast and plainly when the listen address is taken: the
-// embedded server would only report "not ready after 15s".
-func checkListen(listen string) error {
-	host, port, err := net.SplitHostPort(listen)
-	if err != nil || port == "0" || port == "-1" {
-		return nil // Validate names a bad address; any free port is free
-	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
-	if err != nil {
-		return fmt.Errorf("cannot listen on %s: %w (another \"fenceline bus serve\" running? pick another --listen)", listen, err)
-	}
-	return ln.Close()
-}
-
-func hostname() string {
-	h, err := os.Hostname()
-	if err != nil || h == "" {
-		return "host"
-	}
-	return h
+	return nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/leasebus/busserve"
 )
 
 // serveInProcess runs "bus serve" with args until the returned stop is
@@ -65,7 +66,7 @@ func startServe(t *testing.T, args ...string) (*served, error) {
 	}
 	t.Cleanup(func() { s.stop() })
 	ready := regexp.MustCompile(`lease service ready on (nats://\S+)`)
-	deadline := time.Now().Add(serviceStartTimeout)
+	deadline := time.Now().Add(busserve.StartTimeout)
 	for {
 		if m := ready.FindStringSubmatch(s.out.String()); m != nil {
 			s.url = m[1]
@@ -78,7 +79,7 @@ func startServe(t *testing.T, args ...string) (*served, error) {
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("bus serve %v not ready after %s\nstdout:\n%s\nstderr:\n%s", args, serviceStartTimeout, s.out, s.errOut)
+			return nil, fmt.Errorf("bus serve %v not ready after %s\nstdout:\n%s\nstderr:\n%s", args, busserve.StartTimeout, s.out, s.errOut)
 		}
 	}
 }
