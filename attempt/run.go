@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -134,7 +133,7 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	if pa := sc.PGAddr(); pa != nil {
 		r.say("postgres fence %s -> %s (PGHOST/PGPORT and DATABASE_URL point the agent at it)", pa, cfg.PGUpstream)
 	}
-	r.say("egress proxy %s (HTTPS_PROXY/HTTP_PROXY): %s", sc.EgressURL(), egressSummary(sc.Fences()))
+	r.say("egress proxy %s (HTTPS_PROXY/HTTP_PROXY): %s", sc.EgressURL(), sc.Fences().EgressSummary())
 
 	pol, created, err := Policy(r.co, l, spec.AllowWrite)
 	if err != nil {
@@ -236,17 +235,4 @@ func (w *watch) watch(ctx context.Context) {
 			r.say("%v: the agent's pushes fail from now on", err)
 		}
 	}
-}
-
-// egressSummary says what the egress proxy lets through.
-func egressSummary(f sidecar.Fences) string {
-	allowed := "no host (add --allow-host HOST)"
-	if len(f.EgressAllow) > 0 {
-		allowed = strings.Join(f.EgressAllow, ", ")
-	}
-	s := "tunnels " + allowed
-	if f.GitUpstream != "" {
-		s += "; " + f.GitUpstream + " goes to the git fence"
-	}
-	return s + "; every other host is refused"
 }

@@ -366,6 +366,19 @@ type Fences struct {
 	EgressAllow []string `json:"egressAllow,omitempty"`
 }
 
+// EgressSummary says what the egress proxy lets through, for a person.
+func (f Fences) EgressSummary() string {
+	allowed := "no host (add --allow-host HOST)"
+	if len(f.EgressAllow) > 0 {
+		allowed = strings.Join(f.EgressAllow, ", ")
+	}
+	s := "tunnels " + allowed
+	if f.GitUpstream != "" {
+		s += "; " + f.GitUpstream + " goes to the git fence"
+	}
+	return s + "; every other host is refused"
+}
+
 // Fences reports where the fences listen.
 func (s *Sidecar) Fences() Fences {
 	f := Fences{Git: s.GitURL(), Egress: s.EgressURL()}

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -438,7 +437,7 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	if pa := sc.PGAddr(); pa != nil {
 		fmt.Fprintf(a.stdout, "postgres fence: %s -> %s\n", pa, sf.ff.pgUpstream)
 	}
-	fmt.Fprintf(a.stdout, "egress proxy: %s (%s)\n", sc.EgressURL(), egressSummary(sc.Fences()))
+	fmt.Fprintf(a.stdout, "egress proxy: %s (%s)\n", sc.EgressURL(), sc.Fences().EgressSummary())
 	// The file first: whoever reads the announcement may read the file.
 	if sf.envFile != "" {
 		if err := sidecar.WriteEnvFile(sf.envFile, env); err != nil {
@@ -487,19 +486,6 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	}
 	admin.View() // streams hear the final state before the server closes
 	return err
-}
-
-// egressSummary says what the egress proxy lets through.
-func egressSummary(f sidecar.Fences) string {
-	allowed := "no host (add --allow-host HOST)"
-	if len(f.EgressAllow) > 0 {
-		allowed = strings.Join(f.EgressAllow, ", ")
-	}
-	s := "tunnels " + allowed
-	if f.GitUpstream != "" {
-		s += "; " + f.GitUpstream + " goes to the git fence"
-	}
-	return s + "; every other host is refused"
 }
 
 // waitSettled waits for the agent wrapper's settle report
