@@ -20,20 +20,20 @@ import (
 
 // agentFlags are the flags of fenceline agent.
 type agentFlags struct {
-	sidecar, tokenFile, root string
-	paths                    []string
-	workspace                string
-	allowWrite, allowConnect []string
-	allowHosts               []string
-	grace, wait, killGrace   time.Duration
-	allowUnguarded           bool
-	logFormat                string
+	sidecar, tokenFile, checkout string
+	paths                        []string
+	workspace                    string
+	allowWrite, allowConnect     []string
+	allowHosts                   []string
+	grace, wait, killGrace       time.Duration
+	allowUnguarded               bool
+	logFormat                    string
 }
 
 func (a *app) agentCommand() *cobra.Command {
 	var af agentFlags
 	c := &cobra.Command{
-		Use:   "agent --sidecar URL --root PATH [--scope P ...] [--workspace shared|exclusive] -- CMD [ARGS...]",
+		Use:   "agent --sidecar URL --checkout PATH [--scope P ...] [--workspace shared|exclusive] -- CMD [ARGS...]",
 		Short: "Run the agent container's command under the file-write guard, lease state from the sidecar",
 		Long: `The agent container's entrypoint wrapper in a pod: it runs CMD under the
 file-write guard (Landlock, and a seccomp supervisor for what changes at run
@@ -46,10 +46,10 @@ stream is broken longer than --grace, or the sidecar was never reached,
 every write-class call of the agent fails with EACCES (fail closed); reads go
 on. Each denial is recorded as an audit event through the sidecar.
 
-What the agent may write beneath --root: the lease's claim as the sidecar
+What the agent may write beneath --checkout: the lease's claim as the sidecar
 reports it, or --scope paths (each inside the lease's claim):
   shared workspace      the claimed paths; never the git dir (git shim)
-  exclusive workspace   the claimed paths and the git dir; the whole root
+  exclusive workspace   the claimed paths and the git dir; the whole checkout
                         when the lease claims no paths
 plus --allow-write paths. TCP connects: the sidecar's fences (its git and
 Postgres fences, whose addresses the agent's git and libpq are pointed at),
@@ -67,10 +67,10 @@ process it started SIGKILL; once all are gone the wrapper reports the attempt
 settled to the sidecar (POST /api/v1/settled), which then releases the lease.
 The exit status is CMD's (128+N when signal N killed it).`,
 		Example: `  fenceline agent --sidecar http://127.0.0.1:9090 --token-file /run/fenceline/admin-token \
-    --root /workspace -- codex exec "fix the invoice rounding"`,
+    --checkout /workspace -- codex exec "fix the invoice rounding"`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return fmt.Errorf("%s needs the command to run after --, e.g. fenceline agent --sidecar http://127.0.0.1:9090 --root /workspace -- make test", cmd.CommandPath())
+				return fmt.Errorf("%s needs the command to run after --, e.g. fenceline agent --sidecar http://127.0.0.1:9090 --checkout /workspace -- make test", cmd.CommandPath())
 			}
 			return nil
 		},
@@ -81,7 +81,9 @@ The exit status is CMD's (128+N when signal N killed it).`,
 	f := c.Flags()
 	f.StringVar(&af.sidecar, "sidecar", "", "base URL of the sidecar's admin server, e.g. http://127.0.0.1:9090 (required)")
 	f.StringVar(&af.tokenFile, "token-file", "", "file holding the admin API's bearer token (env "+sidecar.EnvAdminToken+"); hidden from CMD")
-	f.StringVar(&af.root, "root", "", "the checkout CMD works in (required)")
+	f.StringVar(&af.checkout, "checkout", "", "the checkout CMD works in (required)")
+	f.StringVar(&af.checkout, "root", "", "the checkout CMD works in")
+	f.MarkDeprecated("root", "use --checkout (the same meaning as in run and shard)")
 	f.StringArrayVar(&af.paths, "scope", nil, "repo-relative path CMD may write, inside the lease's claim (repeatable; default the lease's claim)")
 	f.StringVar(&af.workspace, "workspace", "", "shared or exclusive (default the lease's; without a lease: shared with --scope, else exclusive)")
 	f.StringArrayVar(&af.allowWrite, "allow-write", nil, "existing path CMD may write besides its claim, e.g. a build cache (repeatable)")
@@ -101,8 +103,8 @@ func (af *agentFlags) check() error {
 	if af.sidecar == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return usagef("--sidecar %q: want the sidecar's admin URL, e.g. http://127.0.0.1:9090", af.sidecar)
 	}
-	if strings.TrimSpace(af.root) == "" {
-		return usagef("--root is required: name the checkout the agent works in")
+	if strings.TrimSpace(af.checkout) == "" {
+		return usagef("--checkout is required: name the checkout the agent works in")
 	}
 	if af.workspace != "" && af.workspace != string(leasebus.WorkspaceShared) && af.workspace != string(leasebus.WorkspaceExclusive) {
 		return usagef("--workspace %q: want shared or exclusive", af.workspace)
@@ -154,7 +156,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	if err != nil {
 		return err
 	}
-	co, err := findCheckout(ctx, "--root", af.root)
+	co, err := localCheckout(ctx, af.checkout, "")
 	if err != nil {
 		return err
 	}

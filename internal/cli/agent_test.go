@@ -89,7 +89,7 @@ func TestAgentWritesFollowTheSidecar(t *testing.T) {
 	sc := startSidecar(t, url, "--repo", testRepo, "--scope", "in", "--git-upstream", gs.URL+"/payments.git", "--state-dir", t.TempDir())
 	id := leaseOfSidecar(t, sc.out.String())
 
-	r := startAgent(t, "--sidecar", sc.admin, "--root", co, "--grace", "1s", "--", "sh", "-c", podProbe)
+	r := startAgent(t, "--sidecar", sc.admin, "--checkout", co, "--grace", "1s", "--", "sh", "-c", podProbe)
 	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		r.running(t)
 		if !strings.Contains(r.out.String(), "write=ok out=refused read=ok") {
@@ -148,7 +148,7 @@ func TestAgentFailsClosedWithoutSidecar(t *testing.T) {
 	co := newCheckout(t, "")
 	nowhere := strings.Replace(closedURL(t), "nats://", "http://", 1)
 	script := `if (echo x > in/x) 2>/dev/null; then echo write=ok; else echo write=refused; fi; cat in/seed`
-	r := startAgent(t, "--sidecar", nowhere, "--root", co, "--scope", "in", "--wait", "100ms", "--", "sh", "-c", script)
+	r := startAgent(t, "--sidecar", nowhere, "--checkout", co, "--scope", "in", "--wait", "100ms", "--", "sh", "-c", script)
 	if code := r.wait(t); code != 0 {
 		t.Fatalf("agent exited %d\n%s", code, r.errOut)
 	}
@@ -177,7 +177,7 @@ func TestSidecarReleasesOnlyAfterSettle(t *testing.T) {
 (while [ ! -e stop ]; do sleep 0.05; done; echo done > in/child-done) &
 echo started > in/ready
 wait`
-	r := startAgent(t, "--sidecar", sc.admin, "--root", co, "--kill-grace", "1m", "--", "sh", "-c", script)
+	r := startAgent(t, "--sidecar", sc.admin, "--checkout", co, "--kill-grace", "1m", "--", "sh", "-c", script)
 	t.Cleanup(func() { os.WriteFile(filepath.Join(co, "stop"), nil, 0o644) })
 	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		r.running(t)

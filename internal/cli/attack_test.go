@@ -30,7 +30,7 @@ func TestRunHidesSiblingBusCredentials(t *testing.T) {
 		}
 		script = append(script, fmt.Sprintf("cat %s || echo %s-unreadable", p, role))
 	}
-	r := runFL(t, url, "--repo", co, "--scope", "in", "--", "sh", "-c", strings.Join(script, "; ")).want(t, ExitOK)
+	r := runFL(t, url, "--checkout", co, "--scope", "in", "--", "sh", "-c", strings.Join(script, "; ")).want(t, ExitOK)
 	if strings.Contains(r.stdout, "SEED") {
 		t.Fatalf("the agent read bus credentials:\n%s", r.stdout)
 	}
@@ -58,7 +58,7 @@ func TestRunAgentCannotReadParentSecrets(t *testing.T) {
 done
 ls -l /proc/self/fd/ | sed "s/^/fd: /"; env | grep -i -a "secret\|nk\|creds" | sed "s/^/env: /"
 echo probed`
-	r := runFL(t, url, "--repo", co, "--scope", "in", "--", "sh", "-c", script).want(t, ExitOK)
+	r := runFL(t, url, "--checkout", co, "--scope", "in", "--", "sh", "-c", script).want(t, ExitOK)
 	mustContain(t, "agent stdout", r.stdout, "probed")
 	if strings.Contains(r.stdout, "environ-of") || strings.Contains(r.stdout, "fd-/proc") || strings.Contains(r.stdout, secret) {
 		t.Fatalf("the agent read a secret of another process:\n%s", r.stdout)

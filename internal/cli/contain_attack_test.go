@@ -28,7 +28,7 @@ func TestExclusiveRunNestedRepoTrapUndone(t *testing.T) {
 		`(` + kit.plant(".git") + `)`,
 		`cd .. && git add sub 2>/dev/null && echo planted`,
 	}, "\n")
-	r := runFL(t, url, "--repo", co, "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
+	r := runFL(t, url, "--checkout", co, "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
 	mustContain(t, "attempt", r.stdout, "planted")
 	mustContain(t, "run", r.stderr, "sub/.git (added; moved to sub/.git.fenceline-undone-")
 	os.WriteFile(filepath.Join(co, "sub", "b"), []byte("user edit\n"), 0o644)
@@ -64,7 +64,7 @@ func TestExclusiveRunReplacedGitDirUndone(t *testing.T) {
 				link,
 				`echo planted`,
 			}, "\n")
-			r := runFL(t, url, "--repo", co, "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
+			r := runFL(t, url, "--checkout", co, "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
 			mustContain(t, "attempt", r.stdout, "planted")
 			mustContain(t, "run", r.stderr, ".git (replaced; the attempt's moved to .git.fenceline-undone-", ".git (moved to moved; put back)", ".git/hooks/pre-commit (added)")
 			// The trap the attempt's own git status ran is the attempt's
@@ -101,7 +101,7 @@ func TestExclusiveRunCopiedGitDirRestored(t *testing.T) {
 		`(` + kit.plant("copy") + `)`,
 		`mv copy .git && echo planted`,
 	}, "\n")
-	r := runFL(t, url, "--repo", co, "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
+	r := runFL(t, url, "--checkout", co, "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
 	mustContain(t, "attempt", r.stdout, "planted")
 	mustContain(t, "run", r.stderr, ".git (replaced by another directory, the original removed: restored in it)", ".git/hooks/pre-commit (added)")
 	os.Remove(filepath.Join(co, ".gitattributes"))
@@ -140,7 +140,7 @@ func TestExclusiveRunInALinkedWorktreeLeavesTheOthersAlone(t *testing.T) {
 		`echo "ref: refs/heads/side" > ` + cg + `/HEAD`,
 		`echo done`,
 	}, "\n")
-	r := runFL(t, url, "--repo", wt, "--", "sh", "-c", script).want(t, ExitOK)
+	r := runFL(t, url, "--checkout", wt, "--", "sh", "-c", script).want(t, ExitOK)
 	mustContain(t, "attempt", r.stdout, "done")
 	mustContain(t, "run", r.stderr, "refs/heads/main (moved", "HEAD (changed)")
 	if got := strings.TrimSpace(mustGitRun(t, co, nil, "rev-parse", "refs/heads/main")); got != mainTip {

@@ -66,7 +66,7 @@ func TestShardAttemptCannotReachTheCheckout(t *testing.T) {
 		`for d in $(git rev-parse --absolute-git-dir) $(git rev-parse --path-format=absolute --git-common-dir); do (` + kit.plant("$d") + `) || echo "could not plant in $d"; done`,
 		`echo done`,
 	}, "\n")
-	r := runFL(t, url, "--repo", co, "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
+	r := runFL(t, url, "--checkout", co, "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
 	att, _ := placed(t, r.stderr)
 	mustContain(t, "attacking attempt", r.stdout, "done")
 	for _, bad := range []string{"MOVED-MAIN", "PLANTED-IN-CHECKOUT", "could not plant"} {
@@ -90,7 +90,7 @@ func TestShardAttemptCannotReachTheCheckout(t *testing.T) {
 	if out, err := userGit(co, "status", "--porcelain"); err != nil || strings.TrimSpace(out) != "" {
 		t.Errorf("the user's git status: %q, %v", out, err)
 	}
-	r2 := runFL(t, url, "--repo", co, "--", "sh", "-c", "echo x > in/x && git status --porcelain && git add -A && git -c user.name=a -c user.email=a@a commit -qm next && echo next-ok").want(t, ExitOK)
+	r2 := runFL(t, url, "--checkout", co, "--", "sh", "-c", "echo x > in/x && git status --porcelain && git add -A && git -c user.name=a -c user.email=a@a commit -qm next && echo next-ok").want(t, ExitOK)
 	mustContain(t, "next attempt", r2.stdout, "next-ok")
 	if ran := gittrap.Ran(kit.marker); ran != "" {
 		t.Errorf("the user's or the next attempt's git ran the first attempt's programs:\n%s", ran)
@@ -110,7 +110,7 @@ func TestExclusiveRunRestoresTheCheckoutsGitDir(t *testing.T) {
 	kit := newTrapKit(t, ctl)
 	cfgBefore, _ := os.ReadFile(filepath.Join(co, ".git", "config"))
 	script := `(` + kit.plant(filepath.Join(co, ".git")) + `) && echo planted`
-	r := runFL(t, url, "--repo", co, "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
+	r := runFL(t, url, "--checkout", co, "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
 	mustContain(t, "attempt", r.stdout, "planted")
 	mustContain(t, "run", r.stderr, "restored the checkout's git configuration and hooks", ".git/config (changed)", ".git/hooks/post-checkout (added)")
 	if b, _ := os.ReadFile(filepath.Join(co, ".git", "config")); string(b) != string(cfgBefore) {
@@ -137,15 +137,15 @@ func TestCommitCapacityPublishesAndRestores(t *testing.T) {
 	co := newPool(t, url, 1, 0)
 	ctl := newCtl(t)
 	kit := newTrapKit(t, ctl)
-	runFL(t, url, "--repo", co, "--", "true").want(t, ExitOK) // creates shard-1
+	runFL(t, url, "--checkout", co, "--", "true").want(t, ExitOK) // creates shard-1
 	script := `echo x > in/x && git add -A && git -c user.name=c -c user.email=c@c commit -qm coord && (` + kit.plant(".git") + `) && echo planted`
-	r := fl(t, "--nats", url, "shard", "commit", "--repo", co, "--shard", "shard-1", "--exclusive", "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
+	r := fl(t, "--nats", url, "shard", "commit", "--checkout", co, "--shard", "shard-1", "--exclusive", "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
 	mustContain(t, "commit capacity", r.stdout, "planted")
 	mustContain(t, "commit capacity", r.stderr, "refs/heads/fenceline/shard-1 published to the checkout", "undone in its git dir", "hooks/post-checkout")
 	if out := mustGitRun(t, co, nil, "log", "-1", "--format=%s", "refs/heads/fenceline/shard-1"); strings.TrimSpace(out) != "coord" {
 		t.Errorf("the checkout's fenceline/shard-1: %q", out)
 	}
-	r2 := runFL(t, url, "--repo", co, "--scope", "out", "--", "sh", "-c", "echo y > out/y && git status --porcelain && echo next-ok").want(t, ExitOK)
+	r2 := runFL(t, url, "--checkout", co, "--scope", "out", "--", "sh", "-c", "echo y > out/y && git status --porcelain && echo next-ok").want(t, ExitOK)
 	mustContain(t, "next attempt", r2.stdout, "next-ok")
 	if ran := gittrap.Ran(kit.marker); ran != "" {
 		t.Errorf("the traps ran:\n%s", ran)

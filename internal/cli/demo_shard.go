@@ -182,10 +182,10 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 		}
 	}
 	var out syncBuffer
-	if code := run(ctx, []string{"--nats", url, "--creds", d.creds, "shard", "pool", "--repo", s.co, "--size", "2", "--max-sharers", "3"}, &out, &out, url); code != 0 {
+	if code := run(ctx, []string{"--nats", url, "--creds", d.creds, "shard", "pool", "--checkout", s.co, "--size", "2", "--max-sharers", "3"}, &out, &out, url); code != 0 {
 		return demoFail("shard pool should be declared: exit %d\n%s", code, out.String())
 	}
-	fmt.Fprintf(d.out, "fenceline shard pool --repo %s --size 2 --max-sharers 3\n", s.co)
+	fmt.Fprintf(d.out, "fenceline shard pool --checkout %s --size 2 --max-sharers 3\n", s.co)
 	fmt.Fprintln(d.out, "  (shards are repositories of their own in payments.shards/, borrowing the checkout's objects, made by the first attempt placed in each)")
 
 	fmt.Fprintln(d.out, "three agents with path leases start at once:")
@@ -193,7 +193,7 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 	names := []string{"agent-billing", "agent-ledger", "agent-tax"}
 	byName := map[string]*demoRun{}
 	for _, n := range names {
-		byName[n] = s.start(runCtx, n, "run", "--repo", s.co, "--scope", sharers[n], "--",
+		byName[n] = s.start(runCtx, n, "run", "--checkout", s.co, "--scope", sharers[n], "--",
 			"sh", "-c", s.agent(n, "echo '// work of "+n+"' >> "+sharers[n]+"/new.go"))
 	}
 	for _, n := range names {
@@ -213,7 +213,7 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 	fmt.Fprintln(d.out, "  disjoint claims share one shard; the other stays empty for exclusive work.")
 
 	fmt.Fprintln(d.out, "agent-build (exclusive: no claim) takes the empty shard and commits there;")
-	build := s.start(runCtx, "agent-build", "run", "--repo", s.co, "--",
+	build := s.start(runCtx, "agent-build", "run", "--checkout", s.co, "--",
 		"sh", "-c", s.agent("agent-build", "echo built > build.log && git add -A && git -c user.name=build -c user.email=build@localhost commit -qm build"))
 	if err := s.awaitFile(ctx, build, "ready-agent-build"); err != nil {
 		return err
@@ -221,7 +221,7 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 	_, buildShard, _ := placement(build)
 	fmt.Fprintf(d.out, "  agent-build -> %s\n", buildShard)
 	fmt.Fprintln(d.out, "agent-refactor (exclusive) asks with --wait 20s: no shard is free, so it queues ...")
-	refactor := s.start(runCtx, "agent-refactor", "run", "--repo", s.co, "--wait", "20s", "--",
+	refactor := s.start(runCtx, "agent-refactor", "run", "--checkout", s.co, "--wait", "20s", "--",
 		"sh", "-c", "ls -A | tr '\\n' ' ' > "+s.ctl+"/refactor-saw")
 	if err := s.awaitText(ctx, refactor, "waiting up to"); err != nil {
 		return err
@@ -251,8 +251,8 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 		sharedShard = sh
 	}
 	fmt.Fprintf(d.out, "the coordinator commits the path leases' work in %s while they keep working:\n", sharedShard)
-	fmt.Fprintf(d.out, "  fenceline shard commit --repo %s --shard %s --serialized -- git commit ...\n", s.co, sharedShard)
-	commit := s.start(runCtx, "coordinator", "shard", "commit", "--repo", s.co, "--shard", sharedShard, "--serialized", "--",
+	fmt.Fprintf(d.out, "  fenceline shard commit --checkout %s --shard %s --serialized -- git commit ...\n", s.co, sharedShard)
+	commit := s.start(runCtx, "coordinator", "shard", "commit", "--checkout", s.co, "--shard", sharedShard, "--serialized", "--",
 		"sh", "-c", "git add -A && git -c user.name=coordinator -c user.email=c@localhost commit -qm 'agents work' && git show --stat --format=%s HEAD | grep -c new.go")
 	if code, err := commit.wait(ctx); err != nil || code != 0 {
 		return demoFail("the coordinator's serialized commit should succeed: exit %d, %v\n%s", code, err, commit.errOut.String())

@@ -56,8 +56,8 @@ touch %[1]s/ready-agent-zombie
 while [ ! -e %[1]s/stop-agent-zombie ]; do sleep 0.02; done
 if echo "late" >> notes/todo.md 2>/dev/null; then echo "write=wrote"; else echo "write=refused"; fi
 echo "read=$(grep -c . notes/todo.md)"`, s.ctl) // after the loss it reports on stdout: the control dir is not writable either
-	fmt.Fprintf(d.out, "fenceline run --repo %s --scope notes -- sh -c '...'   (agent-zombie writes notes/todo.md)\n", s.co)
-	z := s.start(runCtx, "agent-zombie", "run", "--repo", s.co, "--scope", "notes", "--", "sh", "-c", script)
+	fmt.Fprintf(d.out, "fenceline run --checkout %s --scope notes -- sh -c '...'   (agent-zombie writes notes/todo.md)\n", s.co)
+	z := s.start(runCtx, "agent-zombie", "run", "--checkout", s.co, "--scope", "notes", "--", "sh", "-c", script)
 	if err := s.awaitFile(ctx, z, "ready-agent-zombie"); err != nil {
 		return err
 	}

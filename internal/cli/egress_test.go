@@ -78,7 +78,7 @@ func newEgressWorld(t *testing.T) *egressWorld {
 // args are run's flags for this world: the scope, the git fence for the
 // upstream, api.example.test allowed, both names pinned to their servers.
 func (w *egressWorld) args(extra ...string) []string {
-	return append([]string{"--repo", w.co, "--scope", "services/billing", "--workspace", "exclusive",
+	return append([]string{"--checkout", w.co, "--scope", "services/billing", "--workspace", "exclusive",
 		"--git-upstream", w.upstream, "--git-upstream-ca", w.ca.File,
 		"--allow-host", "api.example.test",
 		"--egress-resolve", "api.example.test:443=" + w.api,
@@ -184,7 +184,7 @@ func TestRunEgressUsage(t *testing.T) {
 		{"--allow-host", "api.example.test:0"},
 		{"--egress-resolve", "api.example.test=127.0.0.1:1"},
 	} {
-		r := fl(t, append(append([]string{"--nats", closedURL(t), "run", "--repo", co}, args...), "--", "true")...)
+		r := fl(t, append(append([]string{"--nats", closedURL(t), "run", "--checkout", co}, args...), "--", "true")...)
 		if r.code != ExitUsage || !strings.Contains(r.stderr, args[0]) {
 			t.Errorf("%v: exit %d, want %d naming the flag\n%s", args, r.code, ExitUsage, r.stderr)
 		}
@@ -209,7 +209,7 @@ func TestAgentEgressThroughSidecar(t *testing.T) {
 	script := `curl -sS --max-time 10 --cacert ` + w.ca.File + ` https://api.example.test/pod && echo api=ok || echo api=failed
 curl -sS --max-time 10 --cacert ` + w.ca.File + ` https://other.example.test/ 2>/dev/null && echo other=reached || echo other=refused
 exec 3<>/dev/tcp/127.0.0.1/` + apiPort + ` 2>/dev/null && echo api-direct=connected || echo api-direct=refused`
-	r := startAgent(t, "--sidecar", sc.admin, "--root", co, "--allow-host", "api.example.test", "--", "bash", "-c", script)
+	r := startAgent(t, "--sidecar", sc.admin, "--checkout", co, "--allow-host", "api.example.test", "--", "bash", "-c", script)
 	if code := r.wait(t); code != 0 {
 		t.Fatalf("agent exited %d\n%s", code, r.errOut)
 	}
@@ -218,7 +218,7 @@ exec 3<>/dev/tcp/127.0.0.1/` + apiPort + ` 2>/dev/null && echo api-direct=connec
 		t.Errorf("agent: %s\nwant   %s\nstderr:\n%s\nsidecar:\n%s", got, want, r.errOut, sc.errOut)
 	}
 
-	r2 := startAgent(t, "--sidecar", sc.admin, "--root", co, "--allow-host", "api.openai.com", "--", "true")
+	r2 := startAgent(t, "--sidecar", sc.admin, "--checkout", co, "--allow-host", "api.openai.com", "--", "true")
 	if code := r2.wait(t); code != ExitUsage {
 		t.Fatalf("agent with a host the sidecar does not allow: exit %d, want %d\n%s", code, ExitUsage, r2.errOut)
 	}

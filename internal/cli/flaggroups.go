@@ -19,7 +19,7 @@ type flagGroup struct {
 // policy a security team sets.
 var runFlagGroups = []flagGroup{
 	{"Lease", []string{"repo", "scope", "whole-repo", "table", "ttl", "wait", "task", "agent", "attempt", "lease", "credential"}},
-	{"Workspace", []string{"workspace", "workspace-id"}},
+	{"Workspace", []string{"checkout", "workspace", "workspace-id"}},
 	{"Fences", []string{"git-upstream", "git-listen", "git-forward", "git-objects", "git-upstream-header", "git-upstream-ca",
 		"git-hook-secret", "pg-upstream", "pg-listen", "pg-secret-file", "pg-tls-cert", "pg-tls-key", "egress-resolve", "state-dir"}},
 	{"Guard", []string{"allow-write", "allow-connect", "on-lost", "kill-grace", "allow-unguarded"}},

@@ -33,7 +33,7 @@ func TestRunHelpGroups(t *testing.T) {
 		}
 		if strings.HasPrefix(name, "--") {
 			count[strings.TrimSuffix(name, ",")]++
-			if section == "Lease" && name == "--repo" || section == "Guard" && name == "--on-lost" {
+			if section == "Workspace" && name == "--checkout" || section == "Guard" && name == "--on-lost" {
 				count["placed "+name]++
 			}
 			if section == "Other flags" && name != "--help" {
@@ -57,7 +57,7 @@ func TestRunHelpGroups(t *testing.T) {
 			t.Errorf("--%s listed %d times in run's help", f.Name, count["--"+f.Name])
 		}
 	})
-	if count["placed --repo"] != 1 || count["placed --on-lost"] != 1 {
-		t.Errorf("--repo under Lease and --on-lost under Guard: %v\n%s", count, out)
+	if count["placed --checkout"] != 1 || count["placed --on-lost"] != 1 {
+		t.Errorf("--checkout under Workspace and --on-lost under Guard: %v\n%s", count, out)
 	}
 }

@@ -198,7 +198,7 @@ func TestRunSignsForTheHookAndHidesItsSecret(t *testing.T) {
 test $# = 0 || cat ` + elsewhere + ` 2>/dev/null || echo flag=hidden
 echo '// v` + string(rune('2'+i)) + `' >> services/billing/invoice.go
 git -c user.name=agent -c user.email=agent@example.com commit -qam "signed push" && git push -q origin main && echo push=ok`
-		args := append([]string{"--repo", co, "--git-upstream", gs.URL + "/payments.git"}, flags...)
+		args := append([]string{"--checkout", co, "--git-upstream", gs.URL + "/payments.git"}, flags...)
 		want, argv := "default=hidden push=ok", []string{"--", "bash", "-c", script, "agent"}
 		if flags != nil {
 			want, argv = "default=hidden flag=hidden push=ok", append(argv, "check-flag")

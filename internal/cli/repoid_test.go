@@ -49,7 +49,7 @@ func TestRepoSpellingsConflict(t *testing.T) {
 	// lease taken under another.
 	held := acquireJSON(t, url, "--scope", "in", "--agent", "holder")
 	defer fl(t, "--nats", url, "lease", "release", held.LeaseID)
-	r := runFL(t, url, "--repo", co, "--scope", "in/sub", "--", "true").want(t, ExitConflict)
+	r := runFL(t, url, "--checkout", co, "--scope", "in/sub", "--", "true").want(t, ExitConflict)
 	mustContain(t, "run stderr", r.stderr, held.LeaseID, "in "+want+":")
 	for _, s := range spellings {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -25,7 +25,8 @@ const (
 
 // runFlags are the flags of fenceline run.
 type runFlags struct {
-	lf             leaseFlags // --repo is the checkout's path here
+	checkout       string     // --checkout: the local checkout the agent works in
+	lf             leaseFlags // lf.repo: --repo, then the checkout's identity
 	ff             fenceFlags
 	attachID, cred string
 	allowUnguarded bool
@@ -41,7 +42,7 @@ type runFlags struct {
 func (a *app) runCommand() *cobra.Command {
 	var rf runFlags
 	c := &cobra.Command{
-		Use:   "run --repo PATH [--scope P ... | --whole-repo] [--workspace shared|exclusive] [--git-upstream URL] -- CMD [ARGS...]",
+		Use:   "run --checkout PATH [--scope P ... | --whole-repo] [--workspace shared|exclusive] [--git-upstream URL] -- CMD [ARGS...]",
 		Short: "Run an agent's command under a lease, behind its fences",
 		Long: `Acquire a lease on a local checkout (or attach to one with --lease), keep it
 alive, serve the fences the agent is routed through, and run CMD under the
@@ -98,13 +99,13 @@ to expire after its ttl; the lease service then reclaims it.
 
 Without Landlock (Linux < 5.13, or disabled) run refuses to start unless
 --allow-unguarded.`,
-		Example: `  fenceline run --repo . --scope services/billing -- codex exec "fix the invoice rounding"
-  fenceline run --repo ~/src/payments --git-upstream https://git.internal/acme/payments.git -- make release
-  fenceline run --repo . --scope services/billing --workspace exclusive --on-lost signal -- ./agent.sh
-  fenceline run --repo . --scope services/billing --allow-host api.openai.com -- codex exec "add a test"`,
+		Example: `  fenceline run --checkout . --scope services/billing -- codex exec "fix the invoice rounding"
+  fenceline run --checkout ~/src/payments --git-upstream https://git.internal/acme/payments.git -- make release
+  fenceline run --checkout . --scope services/billing --workspace exclusive --on-lost signal -- ./agent.sh
+  fenceline run --checkout . --scope services/billing --allow-host api.openai.com -- codex exec "add a test"`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return fmt.Errorf("%s needs the command to run after --, e.g. fenceline run --repo . --scope services/billing -- make test", cmd.CommandPath())
+				return fmt.Errorf("%s needs the command to run after --, e.g. fenceline run --checkout . --scope services/billing -- make test", cmd.CommandPath())
 			}
 			return nil
 		},
@@ -113,8 +114,9 @@ Without Landlock (Linux < 5.13, or disabled) run refuses to start unless
 		},
 	}
 	f := c.Flags()
+	f.StringVar(&rf.checkout, "checkout", "", "local checkout the agent works in (default --repo, when it is one); the lease's repo is its normalized origin URL, else its absolute path")
 	rf.lf.register(f)
-	f.Lookup("repo").Usage = "local checkout the agent works in (required); the lease's repo is its normalized origin URL, else its absolute path"
+	f.Lookup("repo").Usage = repoWithCheckoutUsage
 	rf.ff.register(c)
 	f.StringVar(&rf.attachID, "lease", "", "attach to this lease instead of acquiring one (it is not released at the end)")
 	f.StringVar(&rf.cred, "credential", "", "owner credential of --lease (default: this machine's credential file)")
@@ -131,8 +133,8 @@ Without Landlock (Linux < 5.13, or disabled) run refuses to start unless
 
 // check validates the flags that need no checkout or bus.
 func (rf *runFlags) check() error {
-	if strings.TrimSpace(rf.lf.repo) == "" {
-		return usagef("--repo is required: name the local checkout the agent works in, e.g. --repo .")
+	if strings.TrimSpace(rf.checkout) == "" && strings.TrimSpace(rf.lf.repo) == "" {
+		return usagef("--checkout is required: name the local checkout the agent works in, e.g. --checkout .")
 	}
 	if rf.onLost != onLostKeep && rf.onLost != onLostSignal {
 		return usagef("--on-lost %q: want keep or signal", rf.onLost)
@@ -154,11 +156,34 @@ func (rf *runFlags) check() error {
 	return nil
 }
 
-// findCheckout resolves the checkout flag's path (flag names it).
-func findCheckout(ctx context.Context, flag, path string) (*attempt.Checkout, error) {
-	co, err := attempt.FindCheckout(ctx, path)
+// repoWithCheckoutUsage is --repo's help on a command that works in a
+// local checkout.
+const repoWithCheckoutUsage = "repository: its identity, a remote URL or a local checkout; without --checkout, the local checkout to work in, and with it, the repository the checkout must be of"
+
+// localCheckout resolves the local checkout a command works in: --checkout,
+// else --repo, which then must name one (the contract's "run --repo
+// PATH"). --repo names a repository in every command; given with
+// --checkout, it must name the checkout's.
+func localCheckout(ctx context.Context, checkout, repo string) (*attempt.Checkout, error) {
+	if checkout == "" {
+		co, err := attempt.FindCheckout(ctx, repo)
+		if err != nil {
+			return nil, fmt.Errorf("--repo %w; to name the repository by its identity, give the local checkout with --checkout PATH", err)
+		}
+		return co, nil
+	}
+	co, err := attempt.FindCheckout(ctx, checkout)
 	if err != nil {
-		return nil, fmt.Errorf("%s %w", flag, err)
+		return nil, fmt.Errorf("--checkout %w", err)
+	}
+	if repo != "" {
+		id, err := resolveRepoFlag(ctx, repo)
+		if err != nil {
+			return nil, err
+		}
+		if id != co.Repo {
+			return nil, usagef("--repo %s is %s, but --checkout %s is a checkout of %s", repo, id, checkout, co.Repo)
+		}
 	}
 	return co, nil
 }
@@ -172,7 +197,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 	if _, err := exec.LookPath(argv[0]); err != nil {
 		return fmt.Errorf("command %s: %w", argv[0], err) // before the lease, not after
 	}
-	co, err := findCheckout(ctx, "--repo", rf.lf.repo)
+	co, err := localCheckout(ctx, rf.checkout, rf.lf.repo)
 	if err != nil {
 		return err
 	}
@@ -247,8 +272,8 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 		StopOnLost: rf.onLost == onLostSignal, KillGrace: rf.killGrace, AllowUnguarded: rf.allowUnguarded,
 		Stdout: out, Stderr: errw, Say: say,
 	}
-	res, err := a.prepareAttempt(ctx, rf, s, held, &spec)
-	if err == nil {
+	var res attempt.Result
+	if err = a.prepareAttempt(rf, s, held, &spec); err == nil {
 		res, err = attempt.Run(ctx, spec)
 	}
 	why := "the agent never started"
@@ -271,23 +296,22 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 
 // prepareAttempt checks the held lease fits the checkout and completes
 // spec with the bus's auditor and the fences' configuration.
-func (a *app) prepareAttempt(ctx context.Context, rf *runFlags, s *session, held *heldLease, spec *attempt.Spec) (attempt.Result, error) {
-	res := attempt.Result{Code: -1}
+func (a *app) prepareAttempt(rf *runFlags, s *session, held *heldLease, spec *attempt.Spec) error {
 	l, co := held.holder.Lease(), spec.Checkout
 	if !held.acquired && l.Repo != co.Repo {
-		return res, fmt.Errorf("lease %s is for repo %s, but the checkout %s is %s: attach to a lease of this checkout's repo", l.LeaseID, l.Repo, co.Root, co.Repo)
+		return fmt.Errorf("lease %s is for repo %s, but the checkout %s is %s: attach to a lease of this checkout's repo", l.LeaseID, l.Repo, co.Root, co.Repo)
 	}
 	audit, err := leasebus.NewAuditor(s.nc)
 	if err != nil {
-		return res, err
+		return err
 	}
 	log := slog.New(slog.NewTextHandler(spec.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	cfg, err := rf.ff.config(held, s, audit, log)
 	if err != nil {
-		return res, err
+		return err
 	}
 	spec.Audit, spec.Sidecar = audit, cfg
-	return res, nil
+	return nil
 }
 
 // finishLease gives the lease back (once the attempt settled) and says

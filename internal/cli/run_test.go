@@ -129,7 +129,7 @@ func TestRunExitStatus(t *testing.T) {
 		script string
 		want   int
 	}{{"exit 0", 0}, {"exit 7", 7}, {"kill -TERM $$", 128 + 15}} {
-		r := runFL(t, url, "--repo", co, "--", "sh", "-c", tc.script)
+		r := runFL(t, url, "--checkout", co, "--", "sh", "-c", tc.script)
 		if r.code != tc.want {
 			t.Errorf("%q: exit %d, want %d\n%s", tc.script, r.code, tc.want, r.stderr)
 		}
@@ -163,7 +163,7 @@ func TestRunWritesFollowTheLease(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			co := newCheckout(t, "https://bot:s3cret@GitHub.com/acme/payments.git/")
-			args := append([]string{"--repo", co}, tc.flags...)
+			args := append([]string{"--checkout", co}, tc.flags...)
 			r := runFL(t, url, append(args, "--", "sh", "-c", probe)...).want(t, ExitOK)
 			if got := strings.Join(strings.Fields(r.stdout), " "); got != tc.want {
 				t.Errorf("writes: %s\nwant    %s\nstderr:\n%s", got, tc.want, r.stderr)
@@ -187,7 +187,7 @@ func TestRunHidesCredentials(t *testing.T) {
 	url := startBus(t)
 	co := newCheckout(t, "")
 	a := acquireJSON(t, url, "--scope", "elsewhere") // writes a credential file
-	r := runFL(t, url, "--repo", co, "--scope", "in", "--", "sh", "-c", "cat "+a.CredentialFile+" || echo unreadable").want(t, ExitOK)
+	r := runFL(t, url, "--checkout", co, "--scope", "in", "--", "sh", "-c", "cat "+a.CredentialFile+" || echo unreadable").want(t, ExitOK)
 	if strings.Contains(r.stdout, a.Credential) || !strings.Contains(r.stdout, "unreadable") {
 		t.Fatalf("the agent read a credential file:\n%s\n%s", r.stdout, r.stderr)
 	}
@@ -215,7 +215,7 @@ func TestRunHidesBusCredentials(t *testing.T) {
 	// (Names in a hidden directory stay listable, fsguard/doc.go; contents
 	// do not.)
 	script := fmt.Sprintf("cat %s || echo elsewhere-unreadable; cat %s || echo state-unreadable", elsewhere, inState)
-	r := runFL(t, url, "--repo", co, "--scope", "in", "--", "sh", "-c", script).want(t, ExitOK)
+	r := runFL(t, url, "--checkout", co, "--scope", "in", "--", "sh", "-c", script).want(t, ExitOK)
 	if strings.Contains(r.stdout, "SEED") {
 		t.Fatalf("the agent read bus credentials:\n%s", r.stdout)
 	}
@@ -242,7 +242,7 @@ func TestRunLostLeaseStopsWrites(t *testing.T) {
 	url := startBus(t)
 	_, nc := busClient(t, url)
 	co := newCheckout(t, "")
-	r := startRun(t, url, "--repo", co, "--scope", "in", "--", "sh", "-c", lostProbe)
+	r := startRun(t, url, "--checkout", co, "--scope", "in", "--", "sh", "-c", lostProbe)
 	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		r.running(t)
 		if !strings.Contains(r.out.String(), "write=ok read=ok") {
@@ -296,7 +296,7 @@ func TestRunOnLostSignal(t *testing.T) {
 	url := startBus(t)
 	client, _ := busClient(t, url)
 	co := newCheckout(t, "")
-	r := startRun(t, url, "--repo", co, "--scope", "in", "--on-lost", "signal", "--", "sh", "-c", lostProbe)
+	r := startRun(t, url, "--checkout", co, "--scope", "in", "--on-lost", "signal", "--", "sh", "-c", lostProbe)
 	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		r.running(t)
 		if !strings.Contains(r.out.String(), "write=ok") {
@@ -327,7 +327,7 @@ func TestRunSettlesBeforeRelease(t *testing.T) {
 echo started > in/ready
 wait`
 	const ttl = 3 * time.Second
-	r := startRun(t, url, "--repo", co, "--scope", "in", "--ttl", ttl.String(), "--kill-grace", "1m", "--", "sh", "-c", script)
+	r := startRun(t, url, "--checkout", co, "--scope", "in", "--ttl", ttl.String(), "--kill-grace", "1m", "--", "sh", "-c", script)
 	t.Cleanup(func() { os.WriteFile(filepath.Join(co, "stop"), nil, 0o644) }) // before startRun's cleanup waits
 	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		r.running(t)
@@ -434,7 +434,7 @@ func TestRunnerKilledLeaseReclaimed(t *testing.T) {
 	url := startBus(t)
 	client, nc := busClient(t, url)
 	co := newCheckout(t, "")
-	cmd, logPath := startRunnerProcess(t, "--nats", url, "run", "--repo", co, "--scope", "in", "--ttl", "2s", "--",
+	cmd, logPath := startRunnerProcess(t, "--nats", url, "run", "--checkout", co, "--scope", "in", "--ttl", "2s", "--",
 		"sh", "-c", `echo $$ > in/agent.pid; while [ ! -e stop ]; do sleep 0.05; done`)
 	var agent int
 	t.Cleanup(func() {
@@ -519,7 +519,7 @@ func TestRunInteractiveAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(self, "--nats", url, "run", "--repo", co, "--", "sh", "-c", `read x; echo "got $x"; sleep 100`)
+	cmd := exec.Command(self, "--nats", url, "run", "--checkout", co, "--", "sh", "-c", `read x; echo "got $x"; sleep 100`)
 	cmd.Env = append(os.Environ(), runAsCLIEnv+"=1")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0} // the terminal's foreground group
@@ -623,7 +623,7 @@ git ` + id + ` commit -qam x; echo "commit=$?"
 ` + realGit + ` stash; echo "abs-stash=$?"
 ` + realGit + ` ` + id + ` commit -qam x; echo "abs-commit=$?"
 git status --short >/dev/null; echo "status=$?"`
-	r := runFL(t, url, "--repo", co, "--scope", "in", "--", "sh", "-c", script).want(t, ExitOK)
+	r := runFL(t, url, "--checkout", co, "--scope", "in", "--", "sh", "-c", script).want(t, ExitOK)
 	lease := leaseOf(t, r.stderr)
 	got := map[string]string{}
 	for _, l := range strings.Fields(r.stdout) {
@@ -676,7 +676,7 @@ exec 5<>/dev/tcp/127.0.0.1/` + pgPort + ` && echo postgres=connected || echo pos
 exec 6<>/dev/tcp/$PGHOST/$PGPORT && echo pg-fence=connected || echo pg-fence=refused
 echo '// v2' >> services/billing/invoice.go
 git -c user.name=agent -c user.email=agent@example.com commit -qam "through the fence" && git push -q origin main && echo push=ok`
-	r := runFL(t, busURL, "--repo", co, "--git-upstream", gs.URL+"/payments.git", "--pg-upstream", "127.0.0.1:"+pgPort,
+	r := runFL(t, busURL, "--checkout", co, "--git-upstream", gs.URL+"/payments.git", "--pg-upstream", "127.0.0.1:"+pgPort,
 		"--", "bash", "-c", script).want(t, ExitOK)
 	const want = "bus=refused git-server=refused postgres=refused pg-fence=connected push=ok"
 	if got := strings.Join(strings.Fields(r.stdout), " "); got != want {
@@ -700,7 +700,7 @@ func TestRunConflict(t *testing.T) {
 	if err := json.Unmarshal([]byte(held.stdout), &a); err != nil {
 		t.Fatal(err)
 	}
-	r := runFL(t, url, "--repo", co, "--scope", "in/sub", "--", "sh", "-c", "touch ran").want(t, ExitConflict)
+	r := runFL(t, url, "--checkout", co, "--scope", "in/sub", "--", "sh", "-c", "touch ran").want(t, ExitConflict)
 	mustContain(t, "run stderr", r.stderr, a.LeaseID, "other-agent", "conflicts with 1 active lease")
 	if exists(filepath.Join(co, "ran")) == nil {
 		t.Error("the command ran despite the conflict")
@@ -717,7 +717,7 @@ func TestRunAttach(t *testing.T) {
 	co := newCheckout(t, "git@github.com:acme/payments.git")
 	a := acquireJSON(t, url, "--scope", "in") // testRepo is github.com/acme/payments
 	probe := `for f in in/f out/f; do if (echo x > $f) 2>/dev/null; then echo "$f=ok"; else echo "$f=refused"; fi; done`
-	r := runFL(t, url, "--repo", co, "--lease", a.LeaseID, "--", "sh", "-c", probe).want(t, ExitOK)
+	r := runFL(t, url, "--checkout", co, "--lease", a.LeaseID, "--", "sh", "-c", probe).want(t, ExitOK)
 	if got := strings.Join(strings.Fields(r.stdout), " "); got != "in/f=ok out/f=refused" {
 		t.Errorf("writes under the attached lease: %s, want in/f=ok out/f=refused\n%s", got, r.stderr)
 	}
@@ -728,8 +728,26 @@ func TestRunAttach(t *testing.T) {
 
 	other := acquireJSON(t, url, "--scope", "x")
 	co2 := newCheckout(t, "https://github.com/acme/ledger.git")
-	r = runFL(t, url, "--repo", co2, "--lease", other.LeaseID, "--", "true").want(t, ExitError)
+	r = runFL(t, url, "--checkout", co2, "--lease", other.LeaseID, "--", "true").want(t, ExitError)
 	mustContain(t, "run stderr", r.stderr, "is for repo github.com/acme/payments", "github.com/acme/ledger")
+}
+
+// TestRunRepoOrCheckout: run works in --checkout; --repo alone names the
+// checkout too (the CLI contract's "run --repo PATH"); with both, --repo
+// is the repository the checkout must be of, in any of its spellings.
+func TestRunRepoOrCheckout(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "git@github.com:acme/payments.git")
+	for _, args := range [][]string{
+		{"--repo", co},
+		{"--checkout", co},
+		{"--checkout", co, "--repo", "https://github.com/acme/payments.git"},
+	} {
+		r := runFL(t, url, append(args, "--scope", "in", "--", "sh", "-c", "pwd")...).want(t, ExitOK)
+		mustContain(t, strings.Join(args, " "), r.stderr, "repo github.com/acme/payments, scope [in]")
+		mustContain(t, strings.Join(args, " "), r.stdout, co)
+	}
 }
 
 // TestRunUsage: a wrong command line is exit 2, before any bus is dialed.
@@ -741,15 +759,17 @@ func TestRunUsage(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--repo", co}, "needs the command to run"},
-		{[]string{"--", "true"}, "--repo is required"},
-		{[]string{"--repo", filepath.Join(co, "nope"), "--", "true"}, "no such file"},
-		{[]string{"--repo", sub, "--", "true"}, "pass its top directory"},
-		{[]string{"--repo", co, "--on-lost", "pray", "--", "true"}, "--on-lost"},
-		{[]string{"--repo", co, "--allow-connect", "http", "--", "true"}, "--allow-connect"},
-		{[]string{"--repo", co, "--lease", "lease_abc", "--scope", "in", "--", "true"}, "drop --scope"},
-		{[]string{"--repo", co, "--scope", "../x", "--", "true"}, "../x"},
-		{[]string{"--repo", co, "--workspace", "shared", "--", "true"}, "nothing claimed"},
+		{[]string{"--checkout", co}, "needs the command to run"},
+		{[]string{"--", "true"}, "--checkout is required"},
+		{[]string{"--repo", "github.com/acme/payments", "--", "true"}, "give the local checkout with --checkout PATH"},
+		{[]string{"--repo", "github.com/acme/other", "--checkout", co, "--", "true"}, "is a checkout of " + co},
+		{[]string{"--checkout", filepath.Join(co, "nope"), "--", "true"}, "no such file"},
+		{[]string{"--checkout", sub, "--", "true"}, "pass its top directory"},
+		{[]string{"--checkout", co, "--on-lost", "pray", "--", "true"}, "--on-lost"},
+		{[]string{"--checkout", co, "--allow-connect", "http", "--", "true"}, "--allow-connect"},
+		{[]string{"--checkout", co, "--lease", "lease_abc", "--scope", "in", "--", "true"}, "drop --scope"},
+		{[]string{"--checkout", co, "--scope", "../x", "--", "true"}, "../x"},
+		{[]string{"--checkout", co, "--workspace", "shared", "--", "true"}, "nothing claimed"},
 	} {
 		r := flDefault(t, closedURL(t), append([]string{"run"}, tc.args...)...)
 		if r.code != ExitUsage || !strings.Contains(r.stderr, tc.want) {
@@ -775,7 +795,7 @@ func TestRunClaimThroughSymlink(t *testing.T) {
 	}
 	target := filepath.Join(co, "out", "seed")
 	for _, claim := range []string{"in/evil", "in/evil/sub"} {
-		r := runFL(t, url, "--repo", co, "--scope", claim, "--", "sh", "-c", "echo pwned > "+claim+"/seed; echo pwned > in/evil/new").want(t, ExitUsage)
+		r := runFL(t, url, "--checkout", co, "--scope", claim, "--", "sh", "-c", "echo pwned > "+claim+"/seed; echo pwned > in/evil/new").want(t, ExitUsage)
 		mustContain(t, "run stderr", r.stderr, "claim "+claim+" goes through a symlink", "in/evil resolves to out", "claim out instead")
 	}
 	if b, _ := os.ReadFile(target); string(b) != "seed\n" {
@@ -797,7 +817,7 @@ func TestRunClaimThroughSymlink(t *testing.T) {
 	// A lease acquired elsewhere on the link (the bus cannot see the disk)
 	// is attached to, but its guard is never built on the link's target.
 	a := acquireJSON(t, url, "--scope", "in/evil")
-	r := runFL(t, url, "--repo", co, "--lease", a.LeaseID, "--", "sh", "-c", "echo pwned > in/evil/seed").want(t, ExitError)
+	r := runFL(t, url, "--checkout", co, "--lease", a.LeaseID, "--", "sh", "-c", "echo pwned > in/evil/seed").want(t, ExitError)
 	mustContain(t, "run stderr", r.stderr, "claim in/evil goes through a symlink")
 	if b, _ := os.ReadFile(target); string(b) != "seed\n" {
 		t.Fatalf("%s = %q after the attached run; want it untouched", target, b)
@@ -834,7 +854,7 @@ func TestRunReadsGoOnAfterRevoke(t *testing.T) {
 	t.Setenv("PGDATABASE", "postgres")
 	url := startBus(t)
 	co := newCheckout(t, "")
-	r := startRun(t, url, "--repo", co, "--scope", "in", "--pg-upstream", pg.Addr(), "--", "sh", "-c", readsProbe)
+	r := startRun(t, url, "--checkout", co, "--scope", "in", "--pg-upstream", pg.Addr(), "--", "sh", "-c", readsProbe)
 	const allOK = "cat=ok git=ok psql=ok tmp=ok"
 	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 		r.running(t)

@@ -22,7 +22,7 @@ func (a *app) shardCommand() *cobra.Command {
 		Use:   "shard",
 		Short: "Declare and inspect a repo's pool of worktree shards; commit in a shard",
 		Long: `A shard pool gives a repository N git worktrees ("shards") that agents'
-attempts are placed in. With a pool declared, "fenceline run --repo PATH"
+attempts are placed in. With a pool declared, "fenceline run --checkout PATH"
 works in a shard instead of the checkout: an exclusive attempt (no claim
 flags) gets a whole empty shard, cleaned before and after it; path leases
 (--scope) share a shard with disjoint claims, up to --max-sharers. Shards
@@ -40,24 +40,24 @@ checkout as refs/fenceline/attempts/<attemptId>.`,
 
 func (a *app) shardPoolCommand() *cobra.Command {
 	var (
-		repo, dir        string
-		size, maxSharers int
-		replicas         int
+		checkout, repo, dir string
+		size, maxSharers    int
+		replicas            int
 	)
 	c := &cobra.Command{
-		Use:   "pool --repo PATH --size N [--max-sharers K] [--dir DIR]",
+		Use:   "pool --checkout PATH --size N [--max-sharers K] [--dir DIR]",
 		Short: "Declare a repo's shard pool, or resize it",
 		Long: `Declare (or resize) the shard pool of the checkout at PATH, on the bus.
 Shards live in DIR (default <checkout>.shards next to the checkout) and are
 created lazily. A pool never shrinks below a shard an active lease occupies
 (exit 3 naming who); a dropped shard's worktree stays on disk, and growing
 again adopts it (dirty: cleaned before an exclusive attempt uses it).`,
-		Example: `  fenceline shard pool --repo . --size 4 --max-sharers 3`,
+		Example: `  fenceline shard pool --checkout . --size 4 --max-sharers 3`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			if strings.TrimSpace(repo) == "" {
-				return usagef("--repo is required: the local checkout, e.g. --repo .")
+			if strings.TrimSpace(checkout) == "" && strings.TrimSpace(repo) == "" {
+				return usagef("--checkout is required: the local checkout, e.g. --checkout .")
 			}
 			if size < 1 {
 				return usagef("--size %d: want at least 1 shard", size)
@@ -65,12 +65,12 @@ again adopts it (dirty: cleaned before an exclusive attempt uses it).`,
 			if maxSharers < 0 {
 				return usagef("--max-sharers %d is negative (0: no bound)", maxSharers)
 			}
-			co, err := findCheckout(ctx, "--repo", repo)
+			co, err := localCheckout(ctx, checkout, repo)
 			if err != nil {
 				return err
 			}
 			if len(co.GitDirs) == 0 {
-				return usagef("--repo %s is not a git checkout: shards are git worktrees", repo)
+				return usagef("%s is not a git checkout: shards are git worktrees", co.Root)
 			}
 			if dir != "" {
 				if dir, err = filepath.Abs(dir); err != nil {
@@ -98,7 +98,8 @@ again adopts it (dirty: cleaned before an exclusive attempt uses it).`,
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&repo, "repo", "", "local checkout the pool is for (required)")
+	f.StringVar(&checkout, "checkout", "", "local checkout the pool is for (default --repo, when it is one)")
+	f.StringVar(&repo, "repo", "", repoWithCheckoutUsage)
 	f.IntVar(&size, "size", 0, "number of shards (required)")
 	f.IntVar(&maxSharers, "max-sharers", 0, "most path leases sharing one shard (0: no bound)")
 	f.StringVar(&dir, "dir", "", "where the shards live (default <checkout>.shards next to it)")
@@ -133,7 +134,7 @@ func (a *app) shardListCommand() *cobra.Command {
 		recent int
 	)
 	c := &cobra.Command{
-		Use:   "list [--repo PATH] [--json]",
+		Use:   "list [--repo R] [--json]",
 		Short: "Show pools: shards with their state and occupants, and attempts",
 		Long: `Show each pool (or the pool of --repo): its shards with state (absent,
 clean, dirty) and occupants (the active leases of that shard, from the
@@ -145,11 +146,11 @@ audit event.`,
 			ctx := cmd.Context()
 			var repoID string
 			if repo != "" {
-				co, err := findCheckout(ctx, "--repo", repo)
+				id, err := resolveRepoFlag(ctx, repo)
 				if err != nil {
 					return err
 				}
-				repoID = co.Repo
+				repoID = id
 			}
 			s, err := a.dial(leasebus.RoleHolder)
 			if err != nil {
@@ -168,7 +169,7 @@ audit event.`,
 			if repoID != "" {
 				p, err := st.Pool(ctx, repoID)
 				if errors.Is(err, shard.ErrNoPool) {
-					return fmt.Errorf("no shard pool is declared for %s: declare one with \"fenceline shard pool --repo %s --size N\"", repoID, repo)
+					return fmt.Errorf("no shard pool is declared for %s: declare one with \"fenceline shard pool --checkout PATH --size N\"", repoID)
 				}
 				if err != nil {
 					return err
@@ -204,7 +205,7 @@ audit event.`,
 			return nil
 		},
 	}
-	c.Flags().StringVar(&repo, "repo", "", "only the pool of this local checkout")
+	c.Flags().StringVar(&repo, "repo", "", "only the pool of this repository: its identity, a remote URL or a local checkout")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the pools as JSON")
 	c.Flags().IntVar(&recent, "attempts", 20, "show this many most recent attempts besides the running ones (0: all)")
 	return c
@@ -314,7 +315,7 @@ func (a *app) shardCommitCommand() *cobra.Command {
 		serialized, exclusive bool
 	)
 	c := &cobra.Command{
-		Use:   "commit --repo PATH --shard ID (--serialized | --exclusive) -- CMD [ARGS...]",
+		Use:   "commit --checkout PATH --shard ID (--serialized | --exclusive) -- CMD [ARGS...]",
 		Short: "Run a coordinator's git command with a shard's commit capacity",
 		Long: `Run CMD in a shard with the right to change the repository as a whole
 (commit, stash, reset, ...), under the file-write guard like "fenceline run".
@@ -329,7 +330,7 @@ func (a *app) shardCommitCommand() *cobra.Command {
 The shard is not cleaned afterwards: what CMD commits stays on the shard's
 branch (an exclusive attempt that later cleans the shard keeps it as
 refs/fenceline/attempts/<attemptId>).`,
-		Example: `  fenceline shard commit --repo . --shard shard-1 --serialized -- git commit -am "agents' work"`,
+		Example: `  fenceline shard commit --checkout . --shard shard-1 --serialized -- git commit -am "agents' work"`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return fmt.Errorf("%s needs the command to run after --, e.g. -- git commit -am msg", cmd.CommandPath())
@@ -352,7 +353,8 @@ refs/fenceline/attempts/<attemptId>).`,
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&rf.lf.repo, "repo", "", "local checkout whose pool holds the shard (required)")
+	f.StringVar(&rf.checkout, "checkout", "", "local checkout whose pool holds the shard (default --repo, when it is one)")
+	f.StringVar(&rf.lf.repo, "repo", "", repoWithCheckoutUsage)
 	f.StringVar(&rf.commitShard, "shard", "", "shard to commit in, e.g. shard-1 (required)")
 	f.BoolVar(&serialized, "serialized", false, "serialized commit capacity: git dirs writable, files read-only, beside path leases")
 	f.BoolVar(&exclusive, "exclusive", false, "the whole shard: wait until it is empty, everything writable")
@@ -379,7 +381,7 @@ func (a *app) findPool(ctx context.Context, s *session, rf *runFlags, co *attemp
 	}
 	p, err := attempt.OpenPool(ctx, s.nc, s.client, co.Repo, attempt.PoolUse{Commit: rf.commit, Shard: rf.commitShard, WorkspaceID: rf.lf.workspaceID})
 	if errors.Is(err, shard.ErrNoPool) {
-		return nil, usagef("no shard pool is declared for %s: declare one with \"fenceline shard pool --repo %s --size N\"", co.Repo, rf.lf.repo)
+		return nil, usagef("no shard pool is declared for %s: declare one with \"fenceline shard pool --checkout %s --size N\"", co.Repo, rf.checkout)
 	}
 	return p, err
 }
@@ -468,7 +470,7 @@ func (e *poolConflict) Error() string {
 			b.WriteString("\n  also: " + conflictText(c))
 		}
 	}
-	fmt.Fprintf(&b, "\nretry once one ends, queue with --wait DUR, or grow the pool with \"fenceline shard pool --repo %s --size %d\"", e.pool.Checkout, e.pool.Size+1)
+	fmt.Fprintf(&b, "\nretry once one ends, queue with --wait DUR, or grow the pool with \"fenceline shard pool --checkout %s --size %d\"", e.pool.Checkout, e.pool.Size+1)
 	return b.String()
 }
 

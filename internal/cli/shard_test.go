@@ -26,7 +26,7 @@ import (
 func newPool(t *testing.T, url string, size, sharers int) string {
 	t.Helper()
 	co := newCheckout(t, "")
-	fl(t, "--nats", url, "shard", "pool", "--repo", co, "--size", strconv.Itoa(size), "--max-sharers", strconv.Itoa(sharers)).want(t, ExitOK)
+	fl(t, "--nats", url, "shard", "pool", "--checkout", co, "--size", strconv.Itoa(size), "--max-sharers", strconv.Itoa(sharers)).want(t, ExitOK)
 	return co
 }
 
@@ -129,7 +129,7 @@ func TestShardPathLeasesShareAShard(t *testing.T) {
 	ctl := newCtl(t)
 	runs := map[string]*aRun{}
 	for _, name := range []string{"a", "b", "c", "d"} {
-		runs[name] = startRun(t, url, "--repo", co, "--scope", "in/"+name, "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter(name, ""))
+		runs[name] = startRun(t, url, "--checkout", co, "--scope", "in/"+name, "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter(name, ""))
 		ctl.awaitReady(t, runs[name], name) // one at a time: placement order is then known
 	}
 	shards := map[string]string{}
@@ -139,14 +139,14 @@ func TestShardPathLeasesShareAShard(t *testing.T) {
 	if shards["a"] != "shard-1" || shards["b"] != "shard-1" || shards["c"] != "shard-1" || shards["d"] != "shard-2" {
 		t.Fatalf("placements %v: want a, b, c sharing shard-1 (max sharers 3) and d in shard-2", shards)
 	}
-	r := runFL(t, url, "--repo", co, "--", "sh", "-c", "touch ran").want(t, ExitConflict)
+	r := runFL(t, url, "--checkout", co, "--", "sh", "-c", "touch ran").want(t, ExitConflict)
 	mustContain(t, "exhausted run", r.stderr, "no shard of the pool of "+co, "pool size 2", "max sharers 3", "shard-1:", "shard-2:",
 		leaseOf(t, runs["a"].errOut.String()), leaseOf(t, runs["d"].errOut.String()), "expires ", "--wait")
 	// An overlapping claim never runs beside a, in any shard.
-	r = runFL(t, url, "--repo", co, "--scope", "in/a/deeper", "--", "touch", "ran").want(t, ExitConflict)
+	r = runFL(t, url, "--checkout", co, "--scope", "in/a/deeper", "--", "touch", "ran").want(t, ExitConflict)
 	mustContain(t, "overlapping run", r.stderr, leaseOf(t, runs["a"].errOut.String()), "in/a")
 	// The pool does not shrink below an occupied shard.
-	r = fl(t, "--nats", url, "shard", "pool", "--repo", co, "--size", "1").want(t, ExitConflict)
+	r = fl(t, "--nats", url, "shard", "pool", "--checkout", co, "--size", "1").want(t, ExitConflict)
 	mustContain(t, "shrink", r.stderr, "shard-2", leaseOf(t, runs["d"].errOut.String()))
 	v := poolJSON(t, url, co)
 	if n := len(v.Shards[0].Occupants); n != 3 {
@@ -185,10 +185,10 @@ func TestShardExclusiveTakesEmptyShard(t *testing.T) {
 	url := startBus(t)
 	co := newPool(t, url, 2, 0)
 	ctl := newCtl(t)
-	shared := startRun(t, url, "--repo", co, "--scope", "in", "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("s", ""))
+	shared := startRun(t, url, "--checkout", co, "--scope", "in", "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("s", ""))
 	ctl.awaitReady(t, shared, "s")
 	script := `echo x > out/new && echo y > top && git add -A && git -c user.name=a -c user.email=a@a commit -qm excl && echo committed`
-	r := runFL(t, url, "--repo", co, "--", "sh", "-c", script).want(t, ExitOK)
+	r := runFL(t, url, "--checkout", co, "--", "sh", "-c", script).want(t, ExitOK)
 	att, sh := placed(t, r.stderr)
 	if _, s1 := placed(t, shared.errOut.String()); s1 != "shard-1" || sh != "shard-2" {
 		t.Fatalf("shared in %s, exclusive in %s; want shard-1 and shard-2", s1, sh)
@@ -221,10 +221,10 @@ func TestShardCleanupBetweenAttempts(t *testing.T) {
 	base := strings.TrimSpace(mustGitRun(t, co, nil, "rev-parse", "HEAD"))
 	dirty := `echo junk > junk; echo edit >> README.md; mkdir -p build; echo o > build/x.o
 git -c user.name=a -c user.email=a@a commit -qm c1 --allow-empty; echo more > later`
-	r1 := runFL(t, url, "--repo", co, "--", "sh", "-c", dirty).want(t, ExitOK)
+	r1 := runFL(t, url, "--checkout", co, "--", "sh", "-c", dirty).want(t, ExitOK)
 	att1, _ := placed(t, r1.stderr)
 	look := `git status --porcelain --ignored; ls; git rev-parse HEAD`
-	r2 := runFL(t, url, "--repo", co, "--", "sh", "-c", look).want(t, ExitOK)
+	r2 := runFL(t, url, "--checkout", co, "--", "sh", "-c", look).want(t, ExitOK)
 	if got, want := strings.Fields(r2.stdout), []string{"README.md", "in", "out", base}; strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("the second attempt sees %v, want a clean shard: %v", got, want)
 	}
@@ -236,10 +236,10 @@ git -c user.name=a -c user.email=a@a commit -qm c1 --allow-empty; echo more > la
 	}
 	// A path lease leaves its claim for the coordinator; the next
 	// exclusive attempt cleans the shard first, keeping it.
-	r3 := runFL(t, url, "--repo", co, "--scope", "in", "--", "sh", "-c", "echo draft > in/draft").want(t, ExitOK)
+	r3 := runFL(t, url, "--checkout", co, "--scope", "in", "--", "sh", "-c", "echo draft > in/draft").want(t, ExitOK)
 	att3, _ := placed(t, r3.stderr)
 	mustContain(t, "path lease", r3.stderr, "stay as they are for the coordinator")
-	r4 := runFL(t, url, "--repo", co, "--", "sh", "-c", "ls in").want(t, ExitOK)
+	r4 := runFL(t, url, "--checkout", co, "--", "sh", "-c", "ls in").want(t, ExitOK)
 	mustContain(t, "exclusive after a path lease", r4.stderr, "cleaned first", "refs/fenceline/attempts/"+att3+"-worktree")
 	if strings.Contains(r4.stdout, "draft") {
 		t.Errorf("the exclusive attempt sees the path lease's draft: %s", r4.stdout)
@@ -264,7 +264,7 @@ func TestShardGitRestrictions(t *testing.T) {
 	ctl := newCtl(t)
 	id := "-c user.name=agent -c user.email=agent@example.com"
 	agent := `echo edit > in/work; git ` + id + ` commit -qam x; echo "commit=$?"; ` + realGit + ` ` + id + ` commit -qam x 2>/dev/null; echo "abs-commit=$?"`
-	shared := startRun(t, url, "--repo", co, "--scope", "in", "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("s", agent))
+	shared := startRun(t, url, "--checkout", co, "--scope", "in", "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("s", agent))
 	ctl.awaitReady(t, shared, "s")
 	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if !strings.Contains(shared.out.String(), "abs-commit=") {
@@ -279,7 +279,7 @@ func TestShardGitRestrictions(t *testing.T) {
 	// Serialized commit capacity, while the path lease still runs.
 	commit := `if (echo x > README.md) 2>/dev/null; then echo write=ok; else echo write=refused; fi
 git add -A && git ` + id + ` commit -qm "agents' work" && echo commit=ok`
-	c := fl(t, "--nats", url, "shard", "commit", "--repo", co, "--shard", "shard-1", "--serialized", "--", "sh", "-c", commit).want(t, ExitOK)
+	c := fl(t, "--nats", url, "shard", "commit", "--checkout", co, "--shard", "shard-1", "--serialized", "--", "sh", "-c", commit).want(t, ExitOK)
 	if got := strings.Join(strings.Fields(c.stdout), " "); got != "write=refused commit=ok" {
 		t.Errorf("serialized capacity: %s, want write=refused commit=ok\n%s", got, c.stderr)
 	}
@@ -290,7 +290,7 @@ git add -A && git ` + id + ` commit -qm "agents' work" && echo commit=ok`
 	}
 
 	// Exclusive capacity waits for the path lease to end.
-	ex := startRunCmd(t, url, "shard", "commit", "--repo", co, "--shard", "shard-1", "--exclusive", "--wait", "30s", "--", "sh", "-c", "echo x > README.md && echo ran")
+	ex := startRunCmd(t, url, "shard", "commit", "--checkout", co, "--shard", "shard-1", "--exclusive", "--wait", "30s", "--", "sh", "-c", "echo x > README.md && echo ran")
 	awaitWaiting(t, ex)
 	if strings.Contains(ex.out.String(), "ran") {
 		t.Fatalf("the exclusive capacity ran beside a path lease:\n%s", ex.errOut)
@@ -306,9 +306,9 @@ git add -A && git ` + id + ` commit -qm "agents' work" && echo commit=ok`
 	grantedAfter(t, url, leaseOf(t, shared.errOut.String()), leaseOf(t, ex.errOut.String()))
 
 	// Serialized capacity is refused while an exclusive attempt owns the shard.
-	excl := startRun(t, url, "--repo", co, "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("x", ""))
+	excl := startRun(t, url, "--checkout", co, "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("x", ""))
 	ctl.awaitReady(t, excl, "x")
-	r := fl(t, "--nats", url, "shard", "commit", "--repo", co, "--shard", "shard-1", "--serialized", "--", "touch", "ran").want(t, ExitConflict)
+	r := fl(t, "--nats", url, "shard", "commit", "--checkout", co, "--shard", "shard-1", "--serialized", "--", "touch", "ran").want(t, ExitConflict)
 	exclLease := leaseOf(t, excl.errOut.String())
 	mustContain(t, "serialized beside exclusive", r.stderr, exclLease, "workspace shard-1 is held exclusively, and shard-1/commit lies in it")
 	// The lease service refused it (in one step with its overlap check)
@@ -388,15 +388,15 @@ func TestShardExhaustionWait(t *testing.T) {
 	url := startBus(t)
 	co := newPool(t, url, 1, 0)
 	ctl := newCtl(t)
-	first := startRun(t, url, "--repo", co, "--agent", "first-agent", "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("a", ""))
+	first := startRun(t, url, "--checkout", co, "--agent", "first-agent", "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("a", ""))
 	ctl.awaitReady(t, first, "a")
 	start := time.Now()
-	r := runFL(t, url, "--repo", co, "--", "touch", "ran").want(t, ExitConflict)
+	r := runFL(t, url, "--checkout", co, "--", "touch", "ran").want(t, ExitConflict)
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("fail-fast took %s", took)
 	}
 	mustContain(t, "fail-fast", r.stderr, "pool size 1", "shard-1:", leaseOf(t, first.errOut.String()), "first-agent", "expires ")
-	waiting := startRun(t, url, "--repo", co, "--wait", "30s", "--", "sh", "-c", "echo ran")
+	waiting := startRun(t, url, "--checkout", co, "--wait", "30s", "--", "sh", "-c", "echo ran")
 	awaitWaiting(t, waiting)
 	if strings.Contains(waiting.errOut.String(), "acquired") {
 		t.Fatalf("the waiting run got a lease while the shard was busy:\n%s", waiting.errOut)
@@ -425,7 +425,7 @@ func TestShardCancelSettlesFirst(t *testing.T) {
 (while [ ! -e ` + ctl.path("stop-a") + ` ]; do sleep 0.02; done) &
 touch ` + ctl.path("ready-a") + `
 wait`
-	r := startRun(t, url, "--repo", co, "--kill-grace", "1m", "--allow-write", string(ctl), "--", "sh", "-c", script)
+	r := startRun(t, url, "--checkout", co, "--kill-grace", "1m", "--allow-write", string(ctl), "--", "sh", "-c", script)
 	ctl.awaitReady(t, r, "a")
 	att, _ := placed(t, r.errOut.String())
 	id := leaseOf(t, r.errOut.String())
@@ -464,7 +464,7 @@ func TestShardCrashRecovery(t *testing.T) {
 	client, _ := busClient(t, url)
 	co := newPool(t, url, 1, 0)
 	ctl := newCtl(t)
-	cmd, logPath := startRunnerProcess(t, "--nats", url, "run", "--repo", co, "--ttl", "2s", "--allow-write", string(ctl), "--",
+	cmd, logPath := startRunnerProcess(t, "--nats", url, "run", "--checkout", co, "--ttl", "2s", "--allow-write", string(ctl), "--",
 		"sh", "-c", `echo crashed > leftover; echo $$ > `+ctl.path("agent.pid")+`; while [ ! -e `+ctl.path("stop")+` ]; do sleep 0.05; done`)
 	var agent int
 	// The crashed runner's agent lives on (its writes refused); it was
@@ -527,7 +527,7 @@ func TestShardCrashRecovery(t *testing.T) {
 		return ev.Type == shard.EventRecovered && ev.Owner.AttemptID == att && ev.LeaseID == id
 	})
 	endAgent()
-	r := runFL(t, url, "--repo", co, "--", "sh", "-c", "ls").want(t, ExitOK)
+	r := runFL(t, url, "--checkout", co, "--", "sh", "-c", "ls").want(t, ExitOK)
 	mustContain(t, "next exclusive", r.stderr, "cleaned first", "refs/fenceline/attempts/"+att+"-worktree")
 	if strings.Contains(r.stdout, "leftover") {
 		t.Errorf("the next attempt sees the crashed attempt's file:\n%s", r.stdout)
@@ -568,7 +568,7 @@ rmdir ` + m + `/$sh.x`
 	results := make([]result, len(claims))
 	start := time.Now()
 	for i, c := range claims {
-		args := []string{"--repo", co, "--wait", "2m", "--allow-write", m, "--agent", fmt.Sprint("stress-", i)}
+		args := []string{"--checkout", co, "--wait", "2m", "--allow-write", m, "--agent", fmt.Sprint("stress-", i)}
 		script := exclusive
 		if c != "" {
 			top, _, _ := strings.Cut(c, "/")
@@ -625,22 +625,22 @@ func TestShardUsage(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"shard", "pool", "--size", "2"}, "--repo is required"},
-		{[]string{"shard", "pool", "--repo", co}, "--size 0"},
-		{[]string{"shard", "pool", "--repo", co, "--size", "2", "--max-sharers", "-1"}, "negative"},
-		{[]string{"shard", "commit", "--repo", co, "--shard", "shard-1", "--", "true"}, "exactly one of --serialized"},
-		{[]string{"shard", "commit", "--repo", co, "--serialized", "--", "true"}, "--shard is required"},
-		{[]string{"shard", "commit", "--repo", co, "--shard", "shard-1", "--serialized", "--", "true"}, "no shard pool is declared"},
+		{[]string{"shard", "pool", "--size", "2"}, "--checkout is required"},
+		{[]string{"shard", "pool", "--checkout", co}, "--size 0"},
+		{[]string{"shard", "pool", "--checkout", co, "--size", "2", "--max-sharers", "-1"}, "negative"},
+		{[]string{"shard", "commit", "--checkout", co, "--shard", "shard-1", "--", "true"}, "exactly one of --serialized"},
+		{[]string{"shard", "commit", "--checkout", co, "--serialized", "--", "true"}, "--shard is required"},
+		{[]string{"shard", "commit", "--checkout", co, "--shard", "shard-1", "--serialized", "--", "true"}, "no shard pool is declared"},
 	} {
 		r := fl(t, append([]string{"--nats", url}, tc.args...)...)
 		if r.code != ExitUsage || !strings.Contains(r.stderr, tc.want) {
 			t.Errorf("%s: exit %d %q, want %d mentioning %q", strings.Join(tc.args, " "), r.code, r.stderr, ExitUsage, tc.want)
 		}
 	}
-	fl(t, "--nats", url, "shard", "pool", "--repo", co, "--size", "1").want(t, ExitOK)
-	r := fl(t, "--nats", url, "shard", "commit", "--repo", co, "--shard", "shard-9", "--serialized", "--", "true").want(t, ExitUsage)
+	fl(t, "--nats", url, "shard", "pool", "--checkout", co, "--size", "1").want(t, ExitOK)
+	r := fl(t, "--nats", url, "shard", "commit", "--checkout", co, "--shard", "shard-9", "--serialized", "--", "true").want(t, ExitUsage)
 	mustContain(t, "unknown shard", r.stderr, "shard-9", "shard-1")
-	r = fl(t, "--nats", url, "shard", "commit", "--repo", co, "--shard", "shard-1", "--serialized", "--", "true").want(t, ExitError)
+	r = fl(t, "--nats", url, "shard", "commit", "--checkout", co, "--shard", "shard-1", "--serialized", "--", "true").want(t, ExitError)
 	mustContain(t, "absent shard", r.stderr, "no worktree yet")
 	if out := fl(t, "--nats", url, "shard", "list", "--repo", co).want(t, ExitOK).stdout; !strings.Contains(out, "shard-1  absent") || !strings.Contains(out, "attempts: none") {
 		t.Errorf("shard list after a failed commit attempt:\n%s", out)

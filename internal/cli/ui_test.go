@@ -108,7 +108,7 @@ func TestRunUIInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustGitRun(t, co, nil, "commit", "-qam", "outside the claim")
-	r := runFL(t, busURL, "--repo", co, "--scope", "services/billing", "--workspace", "exclusive",
+	r := runFL(t, busURL, "--checkout", co, "--scope", "services/billing", "--workspace", "exclusive",
 		"--git-upstream", gs.URL+"/payments.git", "--", "git", "push", "-q", "origin", "main")
 	mustContain(t, "agent output", r.stderr, "libs/tax/rates.go is outside lease")
 	feed := `#audit li[data-type="denied"][data-boundary="git"]`
@@ -120,8 +120,8 @@ func TestRunUIInBrowser(t *testing.T) {
 
 	// A shard pool and an attempt in it show up as they happen.
 	pooled := newCheckout(t, "")
-	fl(t, "--nats", busURL, "shard", "pool", "--repo", pooled, "--size", "2").want(t, ExitOK)
-	r = runFL(t, busURL, "--repo", pooled, "--scope", "in", "--agent", "ui-pooled", "--", "true").want(t, ExitOK)
+	fl(t, "--nats", busURL, "shard", "pool", "--checkout", pooled, "--size", "2").want(t, ExitOK)
+	r = runFL(t, busURL, "--checkout", pooled, "--scope", "in", "--agent", "ui-pooled", "--", "true").want(t, ExitOK)
 	within(t, tab, 5*time.Second, "shard shown", chromedp.WaitVisible(chromedp.CSS(`#shards tr[data-id="shard-1"]`)))
 	attempt := regexp.MustCompile(`attempt (att_[a-z0-9]+)`).FindStringSubmatch(r.stderr)
 	if attempt == nil {

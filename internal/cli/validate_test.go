@@ -50,7 +50,7 @@ func TestFenceFlagsCheckedBeforeTheLease(t *testing.T) {
 					args = append([]string{"--nats", url, "sidecar", "--repo", repo, "--scope", "src", "--state-dir", t.TempDir()}, tc.args...)
 				} else {
 					repo = newCheckout(t, "")
-					args = append(append([]string{"--nats", url, "run", "--repo", repo, "--scope", "in"}, tc.args...), "--", "true")
+					args = append(append([]string{"--nats", url, "run", "--checkout", repo, "--scope", "in"}, tc.args...), "--", "true")
 				}
 				r := flDefault(t, url, args...)
 				if r.code != ExitUsage {
@@ -129,7 +129,7 @@ func TestSidecarUsageBeforeTheBus(t *testing.T) {
 func TestRunMissingCommandBeforeTheBus(t *testing.T) {
 	isolate(t)
 	co := newCheckout(t, "")
-	r := flDefault(t, closedURL(t), "run", "--repo", co, "--scope", "in", "--", "no-such-agent-command")
+	r := flDefault(t, closedURL(t), "run", "--checkout", co, "--scope", "in", "--", "no-such-agent-command")
 	if r.code != ExitError || !strings.Contains(r.stderr, "no-such-agent-command") || strings.Contains(r.stderr, "no bus") {
 		t.Errorf("exit %d %q, want %d naming the command, before dialing the bus", r.code, r.stderr, ExitError)
 	}

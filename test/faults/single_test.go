@@ -124,7 +124,7 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 			"--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("pod-%d", i), "--task", "faults")
 		id := waitOutput(ctx, t, sc, sc.Stdout, sidecarLease)
 		admin := waitOutput(ctx, t, sc, sc.Stdout, adminLine)
-		p := env.Start(t, fmt.Sprintf("pod-%d", i), "agent", "--sidecar", admin, "--root", co, "--grace", "1s",
+		p := env.Start(t, fmt.Sprintf("pod-%d", i), "agent", "--sidecar", admin, "--checkout", co, "--grace", "1s",
 			"--log-format", "text", "--", "sh", "-c", writerScript(psql, pg.Admin, "pod", podTable))
 		return &agent{procs: []*Proc{p, sc}, lease: recordGrant(ctx, t, env, h, id)}
 	}
@@ -181,7 +181,7 @@ func runLineage(ctx context.Context, t *testing.T, env *Env, h *History, pg *pgt
 	l := fileAndPG(ctx, t, pg, name, filepath.Join(co, dir, "log"), table)
 	psql := filepath.Join(pg.BinDir, "psql")
 	l.start = func(i int) *agent {
-		p, id := startRun(ctx, t, env, h, fmt.Sprintf("%s-%d", name, i), "run", "--repo", co, "--scope", dir,
+		p, id := startRun(ctx, t, env, h, fmt.Sprintf("%s-%d", name, i), "run", "--checkout", co, "--scope", dir,
 			"--table", table, "--pg-upstream", pg.Addr(), "--pg-secret-file", secret,
 			"--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("%s-%d", name, i), "--task", "faults",
 			"--", "sh", "-c", writerScript(psql, pg.Admin, dir, table))
@@ -273,7 +273,7 @@ func gitLineage(ctx context.Context, t *testing.T, env *Env, h *History) *lineag
 		start: func(i int) *agent {
 			clone := filepath.Join(t.TempDir(), "clone")
 			gitIn(t, "", "clone", "--quiet", upstream, clone)
-			p, id := startRun(ctx, t, env, h, fmt.Sprintf("git-%d", i), "run", "--repo", clone, "--scope", "src", "--workspace", "exclusive",
+			p, id := startRun(ctx, t, env, h, fmt.Sprintf("git-%d", i), "run", "--checkout", clone, "--scope", "src", "--workspace", "exclusive",
 				"--git-upstream", upstream, "--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("git-%d", i), "--task", "faults",
 				"--", "sh", "-c", pushScript)
 			return &agent{procs: []*Proc{p}, lease: recordGrant(ctx, t, env, h, id)}
