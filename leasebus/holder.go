@@ -157,6 +157,35 @@ func (c *Client) AcquireAndHold(ctx context.Context, req AcquireRequest, cred Cr
 	return h, nil
 }
 
+// AttachAndHold starts holding an existing lease, leaseID, whose owner
+// credential is cred (the one its acquirer received): it renews the lease
+// once, which proves cred, and holds it with the holder's validity
+// counting from the moment that renewal was sent, on opts.Now's clock as
+// AcquireAndHold does. A refused renewal is returned wrapped: ErrNotOwner
+// for a wrong credential, ErrLeaseLost for a lease that is no longer
+// active. The lease stays its owner's: a holder that cannot start leaves
+// it as it is, and the caller Stops the holder when done (Release only to
+// end the lease for its owner).
+func (c *Client) AttachAndHold(ctx context.Context, leaseID string, cred Credential, opts HoldOptions) (*Holder, error) {
+	if cred == "" {
+		return nil, fmt.Errorf("attach to %s: %w: empty credential", leaseID, ErrInvalid)
+	}
+	cur, err := c.Get(ctx, leaseID)
+	if err != nil {
+		return nil, fmt.Errorf("attach to %s: %w", leaseID, err)
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	sent := now()
+	l, err := c.Renew(ctx, RenewRequest{LeaseID: leaseID, Repo: cur.Repo, Credential: cred, Version: cur.Version})
+	if err != nil {
+		return nil, fmt.Errorf("attach to %s: %w", leaseID, err)
+	}
+	return c.Hold(l, cred, sent, opts)
+}
+
 // Hold starts keeping lease alive. The lease must have just been acquired
 // or renewed by this process: validity starts from sent, the moment the
 // acquire or last renewal was sent. Stop or Release it when done.

@@ -3,7 +3,8 @@
 // that the agent is routed through, tells the agent's environment how to
 // reach them, and runs the admin server (probes, Prometheus metrics and the
 // lease API) that a pod's agent container and its platform read.
-// fenceline run and fenceline sidecar are built on it.
+// fenceline run and fenceline sidecar are built on it; Pod is the whole of
+// what fenceline sidecar runs (admin server, lease, fences, shutdown).
 //
 // # Admin server
 //

@@ -57,8 +57,9 @@ func (a *app) holdWith(ctx context.Context, s *session, lf *leaseFlags, attachID
 	return &heldLease{holder: h, cred: cred, acquired: true}, nil
 }
 
-// attach renews the lease once (proving the credential and starting the
-// holder's clock) and holds it.
+// attach attaches to lease id with its credential (cred, else this
+// machine's credential file for it) and holds it
+// (leasebus.Client.AttachAndHold).
 func (a *app) attach(ctx context.Context, s *session, id string, cred leasebus.Credential, opts leasebus.HoldOptions) (*heldLease, error) {
 	if err := checkLeaseID(id); err != nil {
 		return nil, err
@@ -70,16 +71,7 @@ func (a *app) attach(ctx context.Context, s *session, id string, cred leasebus.C
 		}
 		cred = f.Credential
 	}
-	cur, err := s.client.Get(ctx, id)
-	if err != nil {
-		return nil, fmt.Errorf("attach to %s: %w", id, err)
-	}
-	sent := time.Now()
-	l, err := s.client.Renew(ctx, leasebus.RenewRequest{LeaseID: id, Repo: cur.Repo, Credential: cred, Version: cur.Version})
-	if err != nil {
-		return nil, fmt.Errorf("attach to %s: %w", id, err)
-	}
-	h, err := s.client.Hold(l, cred, sent, opts)
+	h, err := s.client.AttachAndHold(ctx, id, cred, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -18,8 +18,6 @@ import (
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
-	"github.com/fenceline/fenceline/runui"
-	"github.com/fenceline/fenceline/shard"
 	"github.com/fenceline/fenceline/sidecar"
 )
 
@@ -368,8 +366,9 @@ func (sf *sidecarFlags) check(ctx context.Context, stderr io.Writer) (*slog.Logg
 	return log, token, nil
 }
 
-// runSidecar is fenceline sidecar: admin server, lease, fences; on
-// SIGTERM not ready, fences drained, settle awaited, lease released.
+// runSidecar is fenceline sidecar: the flags mapped to a sidecar.Pod
+// (admin server, lease, fences; on SIGTERM not ready, fences drained,
+// settle awaited, lease released), and what it serves printed.
 func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	log, token, err := sf.check(ctx, a.stderr)
 	if err != nil {
@@ -381,124 +380,81 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 		return err
 	}
 	defer s.Close()
-	audit, err := leasebus.NewAuditor(s.nc)
-	if err != nil {
-		return err
-	}
-	metrics := sidecar.NewMetrics()
-	shards, err := shard.Open(s.nc, shard.Config{Logger: log})
-	if err != nil {
-		return err
-	}
-	ui, err := runui.New(runui.Config{NC: s.nc, Token: token, Shards: runui.StoreSource(shards), Logger: log})
-	if err != nil {
-		return err
-	}
-	admin, err := sidecar.StartAdmin(sidecar.AdminConfig{Listen: sf.admin, Token: token, Metrics: metrics, Audit: audit, UI: ui.Handler(), Logger: log})
-	if err != nil {
-		return usagef("--admin %s: %v", sf.admin, err)
-	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		admin.Close(dctx)
-	}()
-	defer ui.Close() // first: its event streams would hold the admin server open
-	fmt.Fprintf(a.stdout, "admin: %s (/healthz /readyz /metrics /api/v1/lease /ui/)\n", admin.URL())
-
-	held, err := a.holdWith(ctx, s, &sf.lf, sf.attachID, leasebus.Credential(sf.cred), metrics.HoldOptions(leasebus.HoldOptions{}))
-	if err != nil {
-		return err
-	}
-	metrics.TrackLease(held.holder)
-	l := held.holder.Lease()
-	llog := sidecar.LeaseLogger(log, l)
-	cfg, err := sf.ff.config(held, s, audit, log)
-	if err != nil {
-		held.finish(ctx)
-		return err
-	}
-	cfg.Metrics = metrics
-	sc, err := sidecar.Start(ctx, cfg)
-	if err != nil {
-		held.finish(ctx)
-		return err
-	}
-	admin.SetLease(held.holder, sc.Fences())
 	var base []string
 	if v, ok := os.LookupEnv("DATABASE_URL"); ok {
 		base = append(base, "DATABASE_URL="+v)
 	}
-	env := sc.AgentEnv(base)
+	pod, err := sidecar.NewPod(sidecar.PodConfig{
+		Bus:   s.client,
+		Admin: sidecar.AdminConfig{Listen: sf.admin, Token: token},
+		Hold: func(ctx context.Context, opts leasebus.HoldOptions) (*leasebus.Holder, error) {
+			held, err := a.holdWith(ctx, s, &sf.lf, sf.attachID, leasebus.Credential(sf.cred), opts)
+			if err != nil {
+				return nil, err
+			}
+			return held.holder, nil
+		},
+		Attached: sf.attachID != "",
+		Fences: func(h *leasebus.Holder, audit *leasebus.Auditor) (sidecar.Config, error) {
+			return sf.ff.config(&heldLease{holder: h}, s, audit, log)
+		},
+		BaseEnv:       base,
+		EnvFile:       sf.envFile,
+		SettleTimeout: sf.settleTimeout,
+		Logger:        log,
+	})
+	var ae *sidecar.AdminError
+	if errors.As(err, &ae) {
+		return usagef("--admin %s: %v", sf.admin, ae.Err)
+	}
+	if err != nil {
+		return err
+	}
+	defer pod.Close(ctx)
+	fmt.Fprintf(a.stdout, "admin: %s (/healthz /readyz /metrics /api/v1/lease /ui/)\n", pod.AdminURL())
+
+	r, err := pod.Start(ctx)
+	if err != nil {
+		return err
+	}
+	a.printSidecarReady(sf, r)
+	err = pod.Wait(ctx)
+	end, serr := pod.Shutdown(ctx)
+	if err == nil {
+		err = serr
+	}
+	l := end.Lease
+	switch end.End {
+	case sidecar.LeaseLeftToOwner:
+		fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s left to its owner\n", l.LeaseID)
+	case sidecar.LeaseLeftToExpire:
+		fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s NOT released (%s): it expires within its ttl (%s) and is reclaimed\n", l.LeaseID, end.Why, l.TTL)
+	case sidecar.LeaseNotReleased:
+		fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s not released: %v; it expires within its ttl (%s)\n", l.LeaseID, end.Err, l.TTL)
+	default: // sidecar.LeaseReleased
+		fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s released (%s)\n", l.LeaseID, end.Why)
+	}
+	return err
+}
+
+// printSidecarReady prints the lease, the fences and the agent's
+// environment of a started pod.
+func (a *app) printSidecarReady(sf *sidecarFlags, r *sidecar.Ready) {
+	l := r.Lease
 	fmt.Fprintf(a.stdout, "sidecar: lease %s %s, workspace %s (%s), fence %d\n", l.LeaseID, l.Scope, l.WorkspaceID, l.WorkspaceMode, l.Fence)
-	if sc.GitURL() != "" {
-		fmt.Fprintf(a.stdout, "git fence: %s -> %s\n", sc.GitURL(), sf.ff.gitUpstream)
+	if r.Fences.Git != "" {
+		fmt.Fprintf(a.stdout, "git fence: %s -> %s\n", r.Fences.Git, sf.ff.gitUpstream)
 	}
-	if pa := sc.PGAddr(); pa != nil {
-		fmt.Fprintf(a.stdout, "postgres fence: %s -> %s\n", pa, sf.ff.pgUpstream)
+	if r.Fences.Postgres != "" {
+		fmt.Fprintf(a.stdout, "postgres fence: %s -> %s\n", r.Fences.Postgres, sf.ff.pgUpstream)
 	}
-	fmt.Fprintf(a.stdout, "egress proxy: %s (%s)\n", sc.EgressURL(), sc.Fences().EgressSummary())
-	// The file first: whoever reads the announcement may read the file.
-	if sf.envFile != "" {
-		if err := sidecar.WriteEnvFile(sf.envFile, env); err != nil {
-			sc.Close(ctx)
-			held.finish(ctx)
-			return err
-		}
-	}
+	fmt.Fprintf(a.stdout, "egress proxy: %s (%s)\n", r.Fences.Egress, r.Fences.EgressSummary())
 	fmt.Fprintln(a.stdout, "agent environment:")
-	for _, kv := range env {
+	for _, kv := range r.Env {
 		fmt.Fprintf(a.stdout, "  %s\n", kv)
 	}
 	if sf.envFile != "" {
 		fmt.Fprintf(a.stdout, "written to %s\n", sf.envFile)
-	}
-	llog.Info("sidecar ready", "admin", admin.URL(), "git", sc.GitURL(), "postgres", fmt.Sprint(sc.PGAddr()), "egress", sc.EgressURL())
-
-	select {
-	case <-ctx.Done():
-	case err = <-sc.Err():
-	}
-	admin.SetDraining("shutting down")
-	llog.Info("sidecar stopping: not ready, draining the fences")
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if cerr := sc.Close(dctx); err == nil {
-		err = cerr
-	}
-	settled, why := waitSettled(admin, sf.settleTimeout)
-	switch {
-	case !held.acquired:
-		held.finish(ctx)
-		fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s left to its owner\n", l.LeaseID)
-	case !settled:
-		held.holder.Stop()
-		llog.Warn("lease left to expire: the agent did not report its attempt settled", "why", why, "ttl", l.TTL.String())
-		fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s NOT released (%s): it expires within its ttl (%s) and is reclaimed\n", l.LeaseID, why, l.TTL)
-	default:
-		if ferr := held.finish(ctx); ferr != nil {
-			llog.Error("lease not released", "err", ferr)
-			fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s not released: %v; it expires within its ttl (%s)\n", l.LeaseID, ferr, l.TTL)
-		} else {
-			llog.Info("lease released", "why", why)
-			fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s released (%s)\n", l.LeaseID, why)
-		}
-	}
-	admin.View() // streams hear the final state before the server closes
-	return err
-}
-
-// waitSettled waits for the agent wrapper's settle report
-// (sidecar.Admin.WaitSettled) and says why the lease may, or may not, be
-// released.
-func waitSettled(admin *sidecar.Admin, timeout time.Duration) (bool, string) {
-	switch s := admin.WaitSettled(timeout); s {
-	case sidecar.SettleReported:
-		return true, "the agent reported its attempt settled"
-	case sidecar.SettleNoAgent:
-		return true, "no agent wrapper ever connected; the fences are drained"
-	default:
-		return s.Settled(), fmt.Sprintf("no settle report from the agent wrapper within --settle-timeout %s", timeout)
 	}
 }
 

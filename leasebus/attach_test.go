@@ -1,0 +1,83 @@
+package leasebus
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestAttachAndHold: a lease acquired elsewhere is held by whoever has its
+// credential (proved by a renewal, then renewed on), refused to anyone
+// else with ErrNotOwner, and refused once released with ErrLeaseLost.
+func TestAttachAndHold(t *testing.T) {
+	t.Parallel() // waits on a renewal: runs beside the others (own server)
+	b := startBus(t)
+	ctx := ctxT(t)
+	cred := NewCredential()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "attached"), Owner: owner(1), TTL: Duration(1500 * time.Millisecond)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder))
+
+	t.Run("wrong credential", func(t *testing.T) {
+		h, err := other.AttachAndHold(ctx, l.LeaseID, NewCredential(), HoldOptions{})
+		if !errors.Is(err, ErrNotOwner) {
+			if h != nil {
+				h.Stop()
+			}
+			t.Fatalf("attach with another credential: %v, want %v", err, ErrNotOwner)
+		}
+		if got, err := b.c.Get(ctx, l.LeaseID); err != nil || got.Version != l.Version || !got.Active() {
+			t.Fatalf("the refused attach changed the lease: %+v %v", got, err)
+		}
+	})
+
+	t.Run("owner credential", func(t *testing.T) {
+		renewed := make(chan error, 16)
+		h, err := other.AttachAndHold(ctx, l.LeaseID, cred, HoldOptions{OnRenew: func(_ time.Duration, err error) {
+			select {
+			case renewed <- err:
+			default:
+			}
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Stop()
+		attached := h.Lease()
+		if attached.LeaseID != l.LeaseID || attached.Version <= l.Version {
+			t.Fatalf("attached to %s v%d, want %s after v%d (the proving renewal)", attached.LeaseID, attached.Version, l.LeaseID, l.Version)
+		}
+		if f, err := h.Fence(); err != nil || f != l.Fence {
+			t.Fatalf("fence after attaching: %d %v, want %d", f, err, l.Fence)
+		}
+		select {
+		case err := <-renewed:
+			if err != nil {
+				t.Fatalf("first renewal of the attached holder: %v", err)
+			}
+		case <-ctx.Done():
+			t.Fatal("the attached holder did not renew")
+		}
+		if v := h.Lease().Version; v <= attached.Version {
+			t.Fatalf("after a renewal the holder has v%d, attached at v%d", v, attached.Version)
+		}
+		if st, err := h.State(); st != Held {
+			t.Fatalf("attached holder %s: %v", st, err)
+		}
+	})
+
+	t.Run("released lease", func(t *testing.T) {
+		if _, err := b.c.Release(ctx, l.LeaseID, cred); err != nil {
+			t.Fatal(err)
+		}
+		h, err := other.AttachAndHold(ctx, l.LeaseID, cred, HoldOptions{})
+		if !errors.Is(err, ErrLeaseLost) {
+			if h != nil {
+				h.Stop()
+			}
+			t.Fatalf("attach to a released lease: %v, want %v", err, ErrLeaseLost)
+		}
+	})
+}
