@@ -245,19 +245,26 @@ func (r *conflictReport) Error() string {
 	}
 	b.WriteString(":")
 	for _, c := range r.ce.Conflicts {
-		fmt.Fprintf(&b, "\n  %s held by %s", c.LeaseID, c.Owner)
-		if c.Fence > 0 {
-			fmt.Fprintf(&b, ", fence %d", c.Fence)
-		}
-		if !c.ExpiresAt.IsZero() {
-			fmt.Fprintf(&b, ", expires %s (in %s)", c.ExpiresAt.UTC().Format(time.RFC3339), untilSeconds(c.ExpiresAt))
-		}
+		b.WriteString("\n  " + heldText(c.LeaseID, c))
 		if c.Why != "" {
 			fmt.Fprintf(&b, "\n    %s", c.Why)
 		}
 	}
 	b.WriteString("\nretry once it ends, queue for it with --wait DUR, or have an operator end it with \"fenceline lease revoke LEASE_ID --reason TEXT\"")
 	return b.String()
+}
+
+// heldText says who holds conflict c, named id, and until when: "ID held
+// by OWNER[, fence N][, expires T (in Ns)]".
+func heldText(id string, c leasebus.Conflict) string {
+	s := fmt.Sprintf("%s held by %s", id, c.Owner)
+	if c.Fence > 0 {
+		s += fmt.Sprintf(", fence %d", c.Fence)
+	}
+	if !c.ExpiresAt.IsZero() {
+		s += fmt.Sprintf(", expires %s (in %s)", c.ExpiresAt.UTC().Format(time.RFC3339), untilSeconds(c.ExpiresAt))
+	}
+	return s
 }
 
 func untilSeconds(t time.Time) string {
