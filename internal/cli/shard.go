@@ -168,7 +168,7 @@ audit event.`,
 			} else if pools, err = st.Pools(ctx); err != nil {
 				return err
 			}
-			views := []*poolView{}
+			var views []*poolView
 			for _, p := range pools {
 				v, err := st.View(ctx, p, s.client, recent)
 				if err != nil {
@@ -176,26 +176,23 @@ audit event.`,
 				}
 				views = append(views, v)
 			}
-			if asJSON {
-				return writeJSON(a.stdout, views)
-			}
-			if len(views) == 0 {
-				fmt.Fprintln(a.stdout, "no shard pools declared")
-				return nil
-			}
-			for i, v := range views {
-				if i > 0 {
-					fmt.Fprintln(a.stdout)
-				}
-				printPool(a.stdout, v)
-			}
-			return nil
+			return writeList(a.stdout, views, asJSON, "no shard pools declared", printPools)
 		},
 	}
 	c.Flags().StringVar(&repo, "repo", "", "only the pool of this local checkout")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the pools as JSON")
 	c.Flags().IntVar(&recent, "attempts", 20, "show this many most recent attempts besides the running ones (0: all)")
 	return c
+}
+
+// printPools prints pools as shard list shows them, a blank line apart.
+func printPools(w io.Writer, vs []*poolView) {
+	for i, v := range vs {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		printPool(w, v)
+	}
 }
 
 // printPool prints one pool as shard list shows it.
