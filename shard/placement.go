@@ -60,7 +60,7 @@ func (s *Store) Place(ctx context.Context, pool *Pool, l leasebus.Lease, mode st
 	if held == nil {
 		return nil, errors.New("shard: Place needs the lease's held check")
 	}
-	id, _, _ := strings.Cut(l.WorkspaceID, "/")
+	id := WorkspaceShard(l.WorkspaceID)
 	wt, err := pool.Worktree(id)
 	if err != nil {
 		return nil, err

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/user"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -194,7 +192,7 @@ func (lf *leaseFlags) request() (leasebus.AcquireRequest, error) {
 		task = "cli"
 	}
 	if agent == "" {
-		agent = defaultAgent()
+		agent = leasebus.DefaultAgentID()
 	}
 	if attempt == "" {
 		attempt = leasebus.NewAttemptID()
@@ -208,23 +206,6 @@ func (lf *leaseFlags) request() (leasebus.AcquireRequest, error) {
 		TTL:           leasebus.Duration(lf.ttl),
 		Wait:          leasebus.Duration(lf.wait),
 	}, nil
-}
-
-// defaultAgent is "$USER@hostname".
-func defaultAgent() string {
-	name := os.Getenv("USER")
-	if name == "" {
-		if u, err := user.Current(); err == nil {
-			name = u.Username
-		}
-	}
-	if name == "" {
-		name = "cli"
-	}
-	if host, err := os.Hostname(); err == nil && host != "" {
-		name += "@" + host
-	}
-	return name
 }
 
 // conflictReport explains a refused acquire: each conflicting lease, its
@@ -245,19 +226,26 @@ func (r *conflictReport) Error() string {
 	}
 	b.WriteString(":")
 	for _, c := range r.ce.Conflicts {
-		fmt.Fprintf(&b, "\n  %s held by %s", c.LeaseID, c.Owner)
-		if c.Fence > 0 {
-			fmt.Fprintf(&b, ", fence %d", c.Fence)
-		}
-		if !c.ExpiresAt.IsZero() {
-			fmt.Fprintf(&b, ", expires %s (in %s)", c.ExpiresAt.UTC().Format(time.RFC3339), untilSeconds(c.ExpiresAt))
-		}
+		b.WriteString("\n  " + heldText(c.LeaseID, c))
 		if c.Why != "" {
 			fmt.Fprintf(&b, "\n    %s", c.Why)
 		}
 	}
 	b.WriteString("\nretry once it ends, queue for it with --wait DUR, or have an operator end it with \"fenceline lease revoke LEASE_ID --reason TEXT\"")
 	return b.String()
+}
+
+// heldText says who holds conflict c, named id, and until when: "ID held
+// by OWNER[, fence N][, expires T (in Ns)]".
+func heldText(id string, c leasebus.Conflict) string {
+	s := fmt.Sprintf("%s held by %s", id, c.Owner)
+	if c.Fence > 0 {
+		s += fmt.Sprintf(", fence %d", c.Fence)
+	}
+	if !c.ExpiresAt.IsZero() {
+		s += fmt.Sprintf(", expires %s (in %s)", c.ExpiresAt.UTC().Format(time.RFC3339), untilSeconds(c.ExpiresAt))
+	}
+	return s
 }
 
 func untilSeconds(t time.Time) string {
@@ -279,58 +267,39 @@ renewal then compares against the version it reads first. A refused renewal mean
 3 when the credential is not the owner's.`,
 		Args: exactArgs(1, "LEASE_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id := args[0]
-			if err := checkLeaseID(id); err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			url, source := a.busURL()
-			req := leasebus.RenewRequest{LeaseID: id, Credential: leasebus.Credential(credential)}
-			f, ferr := readCredFile(id)
-			switch {
-			case ferr == nil && (credential == "" || leasebus.Credential(credential) == f.Credential):
-				req.Credential, req.Version = f.Credential, f.Version
-				if source == "" && f.NATS != "" {
-					url, source = f.NATS, "the credential file"
+			ctx, id := cmd.Context(), args[0]
+			return a.asOwner(ctx, "renew", id, leasebus.Credential(credential), asJSON, func(s *session, f *credFile, cred leasebus.Credential) error {
+				req := leasebus.RenewRequest{LeaseID: id, Credential: cred}
+				if f != nil {
+					req.Version = f.Version
 				}
-			case credential != "":
-				f = nil // someone else's credential: leave the file alone
-			case errors.Is(ferr, errNoCredFile):
-				return a.withoutCredential(ctx, "renew", id, ferr, asJSON)
-			default:
-				return ferr
-			}
-			s, err := a.dialURL(leasebus.RoleHolder, url, source)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			if req.Version == 0 {
-				cur, err := s.client.Get(ctx, id)
+				if req.Version == 0 {
+					cur, err := s.client.Get(ctx, id)
+					if err != nil {
+						return err
+					}
+					req.Version = cur.Version
+				}
+				l, err := s.client.Renew(ctx, req)
 				if err != nil {
+					if errors.Is(err, leasebus.ErrLeaseLost) {
+						return fmt.Errorf("%w\n%s", err, stopWriting(id))
+					}
 					return err
 				}
-				req.Version = cur.Version
-			}
-			l, err := s.client.Renew(ctx, req)
-			if err != nil {
-				if errors.Is(err, leasebus.ErrLeaseLost) {
-					return fmt.Errorf("%w\n(stop writing under %s; acquire a new lease)", err, id)
+				if f != nil {
+					f.Version = l.Version
+					if _, err := writeCredFile(f); err != nil {
+						return fmt.Errorf("lease %s renewed to version %d, but: %w", id, l.Version, err)
+					}
 				}
-				return err
-			}
-			if f != nil {
-				f.Version = l.Version
-				if _, err := writeCredFile(f); err != nil {
-					return fmt.Errorf("lease %s renewed to version %d, but: %w", id, l.Version, err)
+				if asJSON {
+					return writeJSON(a.stdout, l)
 				}
-			}
-			if asJSON {
-				return writeJSON(a.stdout, l)
-			}
-			fmt.Fprintf(a.stdout, "lease renewed: %s\nversion: %d\nfence: %d\nexpires: %s\n",
-				l.LeaseID, l.Version, l.Fence, l.ExpiresAt.UTC().Format(time.RFC3339))
-			return nil
+				fmt.Fprintf(a.stdout, "lease renewed: %s\nversion: %d\nfence: %d\nexpires: %s\n",
+					l.LeaseID, l.Version, l.Fence, l.ExpiresAt.UTC().Format(time.RFC3339))
+				return nil
+			})
 		},
 	}
 	c.Flags().StringVar(&credential, "credential", "", "owner credential, when renewing from a machine without the credential file")
@@ -351,55 +320,66 @@ machine that acquired it, or --credential). Releasing a lease that already
 ended is not an error. The credential file is removed afterwards.`,
 		Args: exactArgs(1, "LEASE_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id := args[0]
-			if err := checkLeaseID(id); err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			url, source := a.busURL()
-			cred := leasebus.Credential(credential)
-			f, ferr := readCredFile(id)
-			switch {
-			case ferr == nil && (cred == "" || cred == f.Credential):
-				cred = f.Credential
-				if source == "" && f.NATS != "" {
-					url, source = f.NATS, "the credential file"
+			ctx, id := cmd.Context(), args[0]
+			return a.asOwner(ctx, "release", id, leasebus.Credential(credential), asJSON, func(s *session, f *credFile, cred leasebus.Credential) error {
+				l, err := s.client.Release(ctx, id, cred)
+				if err != nil {
+					return err
 				}
-			case cred != "":
-				f = nil
-			case errors.Is(ferr, errNoCredFile):
-				return a.withoutCredential(ctx, "release", id, ferr, asJSON)
-			default:
-				return ferr
-			}
-			s, err := a.dialURL(leasebus.RoleHolder, url, source)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			l, err := s.client.Release(ctx, id, cred)
-			if err != nil {
-				return err
-			}
-			if f != nil {
-				if err := removeCredFile(id); err != nil {
-					return fmt.Errorf("lease %s released, but: %w", id, err)
+				if f != nil {
+					if err := removeCredFile(id); err != nil {
+						return fmt.Errorf("lease %s released, but: %w", id, err)
+					}
 				}
-			}
-			if asJSON {
-				return writeJSON(a.stdout, l)
-			}
-			if l.Status == leasebus.StatusReleased {
-				fmt.Fprintf(a.stdout, "lease released: %s\n", l.LeaseID)
-			} else {
-				fmt.Fprintf(a.stdout, "lease %s already ended: %s (%s)\n", l.LeaseID, l.Status, l.Reason)
-			}
-			return nil
+				if asJSON {
+					return writeJSON(a.stdout, l)
+				}
+				if l.Status == leasebus.StatusReleased {
+					fmt.Fprintf(a.stdout, "lease released: %s\n", l.LeaseID)
+				} else {
+					fmt.Fprintln(a.stdout, alreadyEnded(l))
+				}
+				return nil
+			})
 		},
 	}
 	c.Flags().StringVar(&credential, "credential", "", "owner credential, when releasing from a machine without the credential file")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the final lease record as JSON")
 	return c
+}
+
+// asOwner runs op (renew or release) on lease id as its owner: act gets
+// a holder's session on the bus and the credential. That is the
+// credential file's when this machine has one for id and cred is empty or
+// the same secret (f is the file, and its bus is dialed unless --nats or
+// the environment names one), else cred (f nil: someone else's
+// credential leaves the file alone). Without either, withoutCredential
+// answers.
+func (a *app) asOwner(ctx context.Context, op, id string, cred leasebus.Credential, asJSON bool, act func(s *session, f *credFile, cred leasebus.Credential) error) error {
+	if err := checkLeaseID(id); err != nil {
+		return err
+	}
+	url, source := a.busURL()
+	f, ferr := readCredFile(id)
+	switch {
+	case ferr == nil && (cred == "" || cred == f.Credential):
+		cred = f.Credential
+		if source == "" && f.NATS != "" {
+			url, source = f.NATS, "the credential file"
+		}
+	case cred != "":
+		f = nil // someone else's credential: leave the file alone
+	case errors.Is(ferr, errNoCredFile):
+		return a.withoutCredential(ctx, op, id, ferr, asJSON)
+	default:
+		return ferr
+	}
+	s, err := a.dialURL(leasebus.RoleHolder, url, source)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return act(s, f, cred)
 }
 
 // withoutCredential answers renew or release of a lease this machine keeps
@@ -422,13 +402,24 @@ func (a *app) withoutCredential(ctx context.Context, op, id string, ferr error, 
 		return fmt.Errorf("%s %s: %w; renew or release it where it was acquired, or pass --credential SECRET", op, id, ferr)
 	}
 	if op == "renew" {
-		return fmt.Errorf("renew %s: %w: it is %s (%s)\n(stop writing under %s; acquire a new lease)", id, leasebus.ErrLeaseLost, l.Status, l.Reason, id)
+		return fmt.Errorf("renew %s: %w: it is %s (%s)\n%s", id, leasebus.ErrLeaseLost, l.Status, l.Reason, stopWriting(id))
 	}
 	if asJSON {
 		return writeJSON(a.stdout, l)
 	}
-	fmt.Fprintf(a.stdout, "lease %s already ended: %s (%s)\n", l.LeaseID, l.Status, l.Reason)
+	fmt.Fprintln(a.stdout, alreadyEnded(l))
 	return nil
+}
+
+// alreadyEnded says that l ended before the command came: "lease ID
+// already ended: STATUS (REASON)".
+func alreadyEnded(l *leasebus.Lease) string {
+	return fmt.Sprintf("lease %s already ended: %s (%s)", l.LeaseID, l.Status, l.Reason)
+}
+
+// stopWriting is the advice after a renewal found the lease lost.
+func stopWriting(id string) string {
+	return fmt.Sprintf("(stop writing under %s; acquire a new lease)", id)
 }
 
 func (a *app) listCommand() *cobra.Command {
@@ -455,22 +446,11 @@ func (a *app) listCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("list leases: %w", err)
 			}
-			if ls == nil {
-				ls = []*leasebus.Lease{}
+			none := "no active leases"
+			if all {
+				none = "no leases"
 			}
-			if asJSON {
-				return writeJSON(a.stdout, ls)
-			}
-			if len(ls) == 0 {
-				if all {
-					fmt.Fprintln(a.stdout, "no leases")
-				} else {
-					fmt.Fprintln(a.stdout, "no active leases")
-				}
-				return nil
-			}
-			printLeaseTable(a.stdout, ls, time.Now())
-			return nil
+			return writeList(a.stdout, ls, asJSON, none, func(w io.Writer, ls []*leasebus.Lease) { printLeaseTable(w, ls, time.Now()) })
 		},
 	}
 	c.Flags().StringVar(&repo, "repo", "", "only this repository")
@@ -559,21 +539,12 @@ reclaim is audited.`,
 			if err != nil {
 				return fmt.Errorf("sweep stale leases: %w", err)
 			}
-			if ls == nil {
-				ls = []*leasebus.Lease{}
-			}
-			if asJSON {
-				return writeJSON(a.stdout, ls)
-			}
-			if len(ls) == 0 {
-				fmt.Fprintln(a.stdout, "nothing to reclaim")
-				return nil
-			}
-			for _, l := range ls {
-				fmt.Fprintf(a.stdout, "reclaimed: %s owner=%s/%s repo=%s scope=%s fence=%d\n",
-					l.LeaseID, l.Owner.AgentID, l.Owner.TaskID, l.Repo, l.Scope, l.Fence)
-			}
-			return nil
+			return writeList(a.stdout, ls, asJSON, "nothing to reclaim", func(w io.Writer, ls []*leasebus.Lease) {
+				for _, l := range ls {
+					fmt.Fprintf(w, "reclaimed: %s owner=%s/%s repo=%s scope=%s fence=%d\n",
+						l.LeaseID, l.Owner.AgentID, l.Owner.TaskID, l.Repo, l.Scope, l.Fence)
+				}
+			})
 		},
 	}
 	c.Flags().StringVar(&repo, "repo", "", "only this repository")
@@ -614,7 +585,7 @@ func (a *app) revokeCommand() *cobra.Command {
 			if l.Status == leasebus.StatusRevoked && strings.HasSuffix(l.Reason, reason) {
 				fmt.Fprintf(a.stdout, "lease revoked: %s\nowner: %s\n%s\n", l.LeaseID, l.Owner, l.Reason)
 			} else {
-				fmt.Fprintf(a.stdout, "lease %s already ended: %s (%s); nothing to revoke\n", l.LeaseID, l.Status, l.Reason)
+				fmt.Fprintf(a.stdout, "%s; nothing to revoke\n", alreadyEnded(l))
 			}
 			return nil
 		},
@@ -648,18 +619,7 @@ func (a *app) auditCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("read audit trail: %w", err)
 			}
-			if evs == nil {
-				evs = []leasebus.AuditEvent{}
-			}
-			if asJSON {
-				return writeJSON(a.stdout, evs)
-			}
-			if len(evs) == 0 {
-				fmt.Fprintln(a.stdout, "no audit events")
-				return nil
-			}
-			printAudit(a.stdout, evs)
-			return nil
+			return writeList(a.stdout, evs, asJSON, "no audit events", printAudit)
 		},
 	}
 	c.Flags().StringVar(&repo, "repo", "", "only this repository")
@@ -703,6 +663,24 @@ func exactArgs(n int, name string) cobra.PositionalArgs {
 	}
 }
 
+// writeList prints what a listing command found: with asJSON a JSON array
+// ([] for nothing), else the line none for nothing, else text.
+func writeList[T any](w io.Writer, items []T, asJSON bool, none string, text func(io.Writer, []T)) error {
+	if asJSON {
+		if items == nil {
+			items = []T{}
+		}
+		return writeJSON(w, items)
+	}
+	if len(items) == 0 {
+		fmt.Fprintln(w, none)
+		return nil
+	}
+	text(w, items)
+	return nil
+}
+
+// writeJSON writes v as indented JSON.
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -114,18 +114,9 @@ func sharersText(n int) string {
 	return fmt.Sprint(n)
 }
 
-// poolView is one pool as shard list shows it.
-type poolView struct {
-	*shard.Pool
-	Shards   []shardView       `json:"shards"`
-	Attempts []*shard.Attempt  `json:"attempts"`
-	Other    []*leasebus.Lease `json:"otherLeases,omitempty"` // active leases outside the shards
-}
-
-type shardView struct {
-	shard.Shard
-	Occupants []*leasebus.Lease `json:"occupants"`
-}
+// poolView is what shard list prints of one pool (internal/cli's tests
+// decode shard list --json into it).
+type poolView = shard.View
 
 func (a *app) shardListCommand() *cobra.Command {
 	var (
@@ -178,31 +169,15 @@ audit event.`,
 			} else if pools, err = st.Pools(ctx); err != nil {
 				return err
 			}
-			var views []poolView
+			var views []*poolView
 			for _, p := range pools {
-				v, err := viewPool(ctx, st, s.client, p, recent)
+				v, err := st.View(ctx, p, s.client, recent)
 				if err != nil {
 					return err
 				}
 				views = append(views, v)
 			}
-			if asJSON {
-				if views == nil {
-					views = []poolView{}
-				}
-				return writeJSON(a.stdout, views)
-			}
-			if len(views) == 0 {
-				fmt.Fprintln(a.stdout, "no shard pools declared")
-				return nil
-			}
-			for i, v := range views {
-				if i > 0 {
-					fmt.Fprintln(a.stdout)
-				}
-				printPool(a.stdout, v)
-			}
-			return nil
+			return writeList(a.stdout, views, asJSON, "no shard pools declared", printPools)
 		},
 	}
 	c.Flags().StringVar(&repo, "repo", "", "only the pool of this repository: its identity, a remote URL or a local checkout")
@@ -211,49 +186,18 @@ audit event.`,
 	return c
 }
 
-// viewPool recovers the pool's crashed attempts and gathers what list shows.
-func viewPool(ctx context.Context, st *shard.Store, leases *leasebus.Client, p *shard.Pool, recent int) (poolView, error) {
-	if rec, err := st.Recover(ctx, p.Repo, leases, true); err != nil {
-		return poolView{}, err
-	} else if len(rec) > 0 {
-		if np, err := st.Pool(ctx, p.Repo); err == nil {
-			p = np
+// printPools prints pools as shard list shows them, a blank line apart.
+func printPools(w io.Writer, vs []*poolView) {
+	for i, v := range vs {
+		if i > 0 {
+			fmt.Fprintln(w)
 		}
+		printPool(w, v)
 	}
-	active, err := leases.List(ctx, p.Repo, false)
-	if err != nil {
-		return poolView{}, err
-	}
-	atts, err := st.Attempts(ctx, p.Repo)
-	if err != nil {
-		return poolView{}, err
-	}
-	if recent > 0 && len(atts) > recent {
-		cut := len(atts) - recent
-		keep := slices.DeleteFunc(slices.Clone(atts[:cut]), func(a *shard.Attempt) bool { return a.Status != shard.StatusRunning })
-		atts = append(keep, atts[cut:]...)
-	}
-	v := poolView{Pool: p, Attempts: atts}
-	placed := map[string]bool{}
-	for _, sh := range p.Shards {
-		sv := shardView{Shard: sh, Occupants: []*leasebus.Lease{}}
-		for _, l := range active {
-			if id, _, _ := strings.Cut(l.WorkspaceID, "/"); id == sh.ID {
-				sv.Occupants = append(sv.Occupants, l)
-				placed[l.LeaseID] = true
-			}
-		}
-		v.Shards = append(v.Shards, sv)
-	}
-	for _, l := range active {
-		if !placed[l.LeaseID] {
-			v.Other = append(v.Other, l)
-		}
-	}
-	return v, nil
 }
 
-func printPool(w interface{ Write([]byte) (int, error) }, v poolView) {
+// printPool prints one pool as shard list shows it.
+func printPool(w io.Writer, v *poolView) {
 	fmt.Fprintf(w, "pool %s: %d shards in %s (checkout %s, max sharers %s)\n", v.Repo, v.Size, v.Dir, v.Checkout, sharersText(v.MaxSharers))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "  SHARD\tSTATE\tBRANCH\tLAST ATTEMPT\tOCCUPANTS")
@@ -448,14 +392,14 @@ func (e *poolConflict) Error() string {
 		fmt.Fprintf(&b, "\n  %s:", sh.ID)
 		n := 0
 		for _, c := range e.ce.Conflicts {
-			if id, _, _ := strings.Cut(c.WorkspaceID, "/"); id == sh.ID && c.LeaseID != "" {
+			if shard.WorkspaceShard(c.WorkspaceID) == sh.ID && c.LeaseID != "" {
 				b.WriteString("\n    " + conflictText(c))
 				named[c.LeaseID] = true
 				n++
 			}
 		}
 		for _, l := range e.active {
-			if id, _, _ := strings.Cut(l.WorkspaceID, "/"); id == sh.ID && !named[l.LeaseID] {
+			if shard.WorkspaceShard(l.WorkspaceID) == sh.ID && !named[l.LeaseID] {
 				b.WriteString("\n    " + occupantText(l))
 				named[l.LeaseID] = true
 				n++
@@ -474,18 +418,14 @@ func (e *poolConflict) Error() string {
 	return b.String()
 }
 
+// conflictText is one conflict on a line: who holds it until when, and
+// why it conflicts.
 func conflictText(c leasebus.Conflict) string {
 	id := c.LeaseID
 	if id == "" {
 		id = "queued request " + c.RequestID
 	}
-	s := fmt.Sprintf("%s held by %s", id, c.Owner)
-	if c.Fence > 0 {
-		s += fmt.Sprintf(", fence %d", c.Fence)
-	}
-	if !c.ExpiresAt.IsZero() {
-		s += fmt.Sprintf(", expires %s (in %s)", c.ExpiresAt.UTC().Format(time.RFC3339), untilSeconds(c.ExpiresAt))
-	}
+	s := heldText(id, c)
 	if c.Why != "" {
 		s += ": " + c.Why
 	}
