@@ -114,10 +114,6 @@ func sharersText(n int) string {
 	return fmt.Sprint(n)
 }
 
-// poolView is what shard list prints of one pool (internal/cli's tests
-// decode shard list --json into it).
-type poolView = shard.View
-
 func (a *app) shardListCommand() *cobra.Command {
 	var (
 		repo   string
@@ -169,7 +165,7 @@ audit event.`,
 			} else if pools, err = st.Pools(ctx); err != nil {
 				return err
 			}
-			var views []*poolView
+			var views []*shard.View
 			for _, p := range pools {
 				v, err := st.View(ctx, p, s.client, recent)
 				if err != nil {
@@ -187,7 +183,7 @@ audit event.`,
 }
 
 // printPools prints pools as shard list shows them, a blank line apart.
-func printPools(w io.Writer, vs []*poolView) {
+func printPools(w io.Writer, vs []*shard.View) {
 	for i, v := range vs {
 		if i > 0 {
 			fmt.Fprintln(w)
@@ -197,7 +193,7 @@ func printPools(w io.Writer, vs []*poolView) {
 }
 
 // printPool prints one pool as shard list shows it.
-func printPool(w io.Writer, v *poolView) {
+func printPool(w io.Writer, v *shard.View) {
 	fmt.Fprintf(w, "pool %s: %d shards in %s (checkout %s, max sharers %s)\n", v.Repo, v.Size, v.Dir, v.Checkout, sharersText(v.MaxSharers))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "  SHARD\tSTATE\tBRANCH\tLAST ATTEMPT\tOCCUPANTS")

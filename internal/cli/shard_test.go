@@ -78,17 +78,17 @@ func placed(t *testing.T, stderr string) (attempt, shardID string) {
 }
 
 // poolJSON is shard list --json for one repo.
-func poolJSON(t *testing.T, url, co string) poolView {
+func poolJSON(t *testing.T, url, co string) shard.View {
 	t.Helper()
 	r := fl(t, "--nats", url, "shard", "list", "--repo", co, "--json").want(t, ExitOK)
-	var vs []poolView
+	var vs []shard.View
 	if err := json.Unmarshal([]byte(r.stdout), &vs); err != nil || len(vs) != 1 {
 		t.Fatalf("decode shard list --json: %v\n%s", err, r.stdout)
 	}
 	return vs[0]
 }
 
-func attemptIn(v poolView, id string) *shard.Attempt {
+func attemptIn(v shard.View, id string) *shard.Attempt {
 	for _, a := range v.Attempts {
 		if a.AttemptID == id {
 			return a
