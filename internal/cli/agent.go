@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -13,7 +11,6 @@ import (
 
 	"github.com/fenceline/fenceline/attempt"
 	"github.com/fenceline/fenceline/egress"
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
 )
@@ -121,29 +118,8 @@ func (af *agentFlags) check() error {
 	return nil
 }
 
-// checkEgress makes sure the sidecar's egress proxy allows every host of
-// --allow-host: the proxy, not this wrapper, decides what CMD reaches.
-func (af *agentFlags) checkEgress(f sidecar.Fences) error {
-	if len(af.allowHosts) == 0 {
-		return nil
-	}
-	if f.Egress == "" {
-		return fmt.Errorf("--allow-host %s: the sidecar serves no egress proxy (it predates it, or never answered): CMD could reach no host", strings.Join(af.allowHosts, ", "))
-	}
-	for _, h := range af.allowHosts {
-		want, _ := egress.ParseRule(h)
-		if !slices.ContainsFunc(f.EgressAllow, func(s string) bool {
-			r, err := egress.ParseRule(s)
-			return err == nil && r.Covers(want)
-		}) {
-			return usagef("--allow-host %s: the sidecar's egress proxy does not allow it (it allows: %s); start the sidecar with --allow-host %s", h, strings.Join(f.EgressAllow, ", "), h)
-		}
-	}
-	return nil
-}
-
 // runAgentWrapper is fenceline agent: stream, policy, guarded command,
-// settle report.
+// settle report (package attempt, RunInPod).
 func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string) error {
 	if err := af.check(); err != nil {
 		return err
@@ -170,116 +146,22 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	} else if warn != nil {
 		log.Warn("running UNGUARDED (--allow-unguarded): file writes are not confined", "err", warn)
 	}
-	sc := sidecar.NewClient(af.sidecar, token)
-	gate := sidecar.NewGate(af.sidecar, af.grace)
-	streamCtx, stopStream := context.WithCancel(context.WithoutCancel(ctx))
-	streamDone := make(chan struct{})
-	go func() {
-		defer close(streamDone)
-		sc.Follow(streamCtx, gate, log)
-	}()
-	defer func() {
-		stopStream()
-		<-streamDone
-	}()
-
-	view := gate.WaitFirst(ctx, af.wait)
-	if view == nil {
-		why := fmt.Sprintf("the sidecar at %s named no lease within --wait %s", af.sidecar, af.wait)
-		gate.Unbound(why)
-		log.Warn("no word from the sidecar: starting the agent with every write denied for this run", "why", why)
-	}
-	l, err := af.policyLease(co, view)
-	if err != nil {
-		return err
-	}
-	pol, created, err := attempt.Policy(co, l, extra)
-	if err != nil {
-		return err
-	}
-	for _, c := range created {
-		log.Info("created the claimed directory: writes are confined to existing paths", "path", c)
-	}
-	var fences sidecar.Fences
-	if view != nil {
-		fences = view.Fences
-	}
-	if err := af.checkEgress(fences); err != nil {
-		return err
-	}
-	env := attempt.Env(os.Environ(), []string{sidecar.EnvAdminToken, envGitUpstreamHeader}, fences.Env, l.LeaseID)
-	pol.Hidden = attempt.HiddenPaths(env, append([]string{af.tokenFile}, a.credsToHide()...)...)
-	pol.ConnectPorts = attempt.ConnectPorts(ports, fences.Ports())
-	pol.KillGrace = af.killGrace
-	pol.AllowUnguarded = af.allowUnguarded
-	pol.Logger = log
-
 	out, errw := a.outputs()
-	cmd, err := attempt.Command(co, nil, argv, env, out, errw)
-	if err != nil {
-		return err
-	}
-	llog := sidecar.LeaseLogger(log, l)
-	pr, err := attempt.Start(ctx, pol, gate, sc.Auditor(llog), cmd)
-	if err != nil {
-		return err
-	}
-	llog.Info(attempt.Summary(co, pol, pr.Guarded()), "sidecar", af.sidecar, "egress", fences.Egress, "egressAllow", strings.Join(fences.EgressAllow, ","))
-	code, werr := pr.Wait()
-	rep := sidecar.SettledReport{ExitCode: code, Denials: pr.Denials()}
-	tries := 10 * time.Second
-	if !gate.EverHeard() {
-		tries = 0 // one try: a sidecar never reached is not waited for again
-	}
-	if err := sc.Settled(context.WithoutCancel(ctx), rep, tries); err != nil {
-		llog.Error("settle report not delivered: the sidecar leaves the lease to expire", "err", err)
-	} else {
-		llog.Info("attempt settled and reported to the sidecar", "exitCode", code, "denials", rep.Denials)
-	}
+	res, err := attempt.RunInPod(ctx, attempt.PodSpec{
+		Argv: argv, Checkout: co,
+		SidecarURL: af.sidecar, Token: token, Grace: af.grace, Wait: af.wait,
+		Paths: af.paths, Workspace: leasebus.WorkspaceMode(af.workspace), AllowHosts: af.allowHosts,
+		AllowWrite: extra, AllowPorts: ports,
+		Hide:      append([]string{af.tokenFile}, a.credsToHide()...),
+		DropEnv:   []string{sidecar.EnvAdminToken, envGitUpstreamHeader},
+		KillGrace: af.killGrace, AllowUnguarded: af.allowUnguarded,
+		Stdout: out, Stderr: errw, Log: log,
+	})
 	switch {
-	case werr != nil:
-		return fmt.Errorf("supervise %s: %w", argv[0], werr)
-	case code != 0:
-		return &exitError{code: code, err: errReported}
+	case err != nil:
+		return err
+	case res.Code != 0:
+		return &exitError{code: res.Code, err: errReported}
 	}
 	return nil
-}
-
-// policyLease is the lease the guard's policy is built from: the
-// sidecar's record, narrowed to --scope/--workspace; from the flags alone
-// when the sidecar has not answered.
-func (af *agentFlags) policyLease(co *attempt.Checkout, view *sidecar.LeaseView) (leasebus.Lease, error) {
-	var l leasebus.Lease
-	known := view != nil && view.Lease != nil
-	if known {
-		l = *view.Lease
-	} else {
-		l = leasebus.Lease{Repo: co.Repo, Scope: scope.Claim{Kind: scope.KindNone}, WorkspaceMode: leasebus.WorkspaceExclusive}
-	}
-	if af.workspace != "" {
-		mode := leasebus.WorkspaceMode(af.workspace)
-		if known && l.WorkspaceMode == leasebus.WorkspaceShared && mode == leasebus.WorkspaceExclusive {
-			return l, usagef("--workspace exclusive: lease %s has a shared workspace; its agent never writes the git dir", l.LeaseID)
-		}
-		l.WorkspaceMode = mode
-	} else if !known && len(af.paths) > 0 {
-		l.WorkspaceMode = leasebus.WorkspaceShared
-	}
-	if len(af.paths) == 0 {
-		return l, nil
-	}
-	claim, err := scope.New(af.paths, false, nil)
-	if err != nil {
-		return l, usagef("--scope: %v", err)
-	}
-	if known && l.Scope.Kind != scope.KindNone {
-		for _, p := range claim.Paths {
-			if !l.Scope.ContainsPath(p) {
-				return l, usagef("--scope %s is outside lease %s's claim %s: the agent may only write what its lease claims", p, l.LeaseID, l.Scope)
-			}
-		}
-	}
-	claim.Tables = l.Scope.Tables
-	l.Scope = claim
-	return l, nil
 }

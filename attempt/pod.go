@@ -1,0 +1,190 @@
+package attempt
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fenceline/fenceline/egress"
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/sidecar"
+)
+
+// PodSpec is an attempt in an agent's container whose lease a sidecar in
+// another container holds (fenceline sidecar): the guard follows the
+// sidecar's word on the lease, and the attempt reports its end to it.
+type PodSpec struct {
+	Argv     []string
+	Checkout *Checkout
+
+	SidecarURL string // the sidecar's admin URL
+	Token      string // its admin token
+	// Grace is how long the sidecar's last word on the lease is trusted;
+	// Wait how long to wait for its first before starting with every
+	// write refused.
+	Grace, Wait time.Duration
+
+	// Paths and Workspace narrow the lease the guard is built from (see
+	// Narrow); empty, the sidecar's lease as it is.
+	Paths     []string
+	Workspace lease.WorkspaceMode
+	// AllowHosts must each be allowed by the sidecar's egress proxy (the
+	// proxy, not the attempt, decides what the agent reaches).
+	AllowHosts []string
+
+	AllowWrite []string // real paths the agent may write besides its claim
+	AllowPorts []uint16 // TCP ports it may connect to besides the fences'
+	Hide       []string // secrets it may not read besides fenceline's state dir
+	DropEnv    []string // variables of this environment it does not inherit
+
+	KillGrace      time.Duration
+	AllowUnguarded bool
+	Stdout, Stderr io.Writer
+	Log            *slog.Logger // what the attempt does, structured
+}
+
+// RunInPod runs the attempt beside its sidecar: it follows the sidecar's
+// lease stream, builds the guard from the lease it names (narrowed), runs
+// the command under it, and reports the end (exit status, refused writes)
+// to the sidecar, which releases the lease only then. A sidecar that says
+// nothing within Wait leaves the attempt running with every write refused.
+func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
+	res.Code = -1
+	log := spec.Log
+	sc := sidecar.NewClient(spec.SidecarURL, spec.Token)
+	gate := sidecar.NewGate(spec.SidecarURL, spec.Grace)
+	streamCtx, stopStream := context.WithCancel(context.WithoutCancel(ctx))
+	streamDone := make(chan struct{})
+	go func() {
+		defer close(streamDone)
+		sc.Follow(streamCtx, gate, log)
+	}()
+	defer func() {
+		stopStream()
+		<-streamDone
+	}()
+
+	view := gate.WaitFirst(ctx, spec.Wait)
+	if view == nil {
+		why := fmt.Sprintf("the sidecar at %s named no lease within --wait %s", spec.SidecarURL, spec.Wait)
+		gate.Unbound(why)
+		log.Warn("no word from the sidecar: starting the agent with every write denied for this run", "why", why)
+	}
+	l, known := lease.Lease{Repo: spec.Checkout.Repo, Scope: scope.Claim{Kind: scope.KindNone}, WorkspaceMode: lease.WorkspaceExclusive}, false
+	var fences sidecar.Fences
+	if view != nil {
+		fences = view.Fences
+		if view.Lease != nil {
+			l, known = *view.Lease, true
+		}
+	}
+	if l, err = Narrow(l, known, spec.Paths, spec.Workspace); err != nil {
+		return res, err
+	}
+	pol, created, err := Policy(spec.Checkout, l, spec.AllowWrite)
+	if err != nil {
+		return res, err
+	}
+	for _, c := range created {
+		log.Info("created the claimed directory: writes are confined to existing paths", "path", c)
+	}
+	if err := egressAllows(fences, spec.AllowHosts); err != nil {
+		return res, err
+	}
+	env := Env(os.Environ(), spec.DropEnv, fences.Env, l.LeaseID)
+	pol.Hidden = HiddenPaths(env, spec.Hide...)
+	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, fences.Ports())
+	pol.KillGrace = spec.KillGrace
+	pol.AllowUnguarded = spec.AllowUnguarded
+	pol.Logger = log
+
+	cmd, err := Command(spec.Checkout, nil, spec.Argv, env, spec.Stdout, spec.Stderr)
+	if err != nil {
+		return res, err
+	}
+	llog := sidecar.LeaseLogger(log, l)
+	pr, err := Start(ctx, pol, gate, sc.Auditor(llog), cmd)
+	if err != nil {
+		return res, err
+	}
+	res.Started = true
+	llog.Info(Summary(spec.Checkout, pol, pr.Guarded()), "sidecar", spec.SidecarURL, "egress", fences.Egress, "egressAllow", strings.Join(fences.EgressAllow, ","))
+	code, werr := pr.Wait()
+	res.Code, res.Denials = code, pr.Denials()
+	rep := sidecar.SettledReport{ExitCode: code, Denials: res.Denials}
+	tries := 10 * time.Second
+	if !gate.EverHeard() {
+		tries = 0 // one try: a sidecar never reached is not waited for again
+	}
+	if err := sc.Settled(context.WithoutCancel(ctx), rep, tries); err != nil {
+		llog.Error("settle report not delivered: the sidecar leaves the lease to expire", "err", err)
+	} else {
+		llog.Info("attempt settled and reported to the sidecar", "exitCode", code, "denials", rep.Denials)
+	}
+	if werr != nil {
+		return res, fmt.Errorf("supervise %s: %w", spec.Argv[0], werr)
+	}
+	return res, nil
+}
+
+// Narrow is the lease a pod's guard is built from: l, the sidecar's
+// record when known, narrowed to paths (which must lie in its claim) and
+// to mode (which may not widen a shared workspace to an exclusive one).
+// Without a known lease, paths make the workspace shared.
+func Narrow(l lease.Lease, known bool, paths []string, mode lease.WorkspaceMode) (lease.Lease, error) {
+	if mode != "" {
+		if known && l.WorkspaceMode == lease.WorkspaceShared && mode == lease.WorkspaceExclusive {
+			return l, invalidf("--workspace exclusive: lease %s has a shared workspace; its agent never writes the git dir", l.LeaseID)
+		}
+		l.WorkspaceMode = mode
+	} else if !known && len(paths) > 0 {
+		l.WorkspaceMode = lease.WorkspaceShared
+	}
+	if len(paths) == 0 {
+		return l, nil
+	}
+	claim, err := scope.New(paths, false, nil)
+	if err != nil {
+		return l, invalidf("--scope: %v", err)
+	}
+	if known && l.Scope.Kind != scope.KindNone {
+		for _, p := range claim.Paths {
+			if !l.Scope.ContainsPath(p) {
+				return l, invalidf("--scope %s is outside lease %s's claim %s: the agent may only write what its lease claims", p, l.LeaseID, l.Scope)
+			}
+		}
+	}
+	claim.Tables = l.Scope.Tables
+	l.Scope = claim
+	return l, nil
+}
+
+// egressAllows makes sure the sidecar's egress proxy allows every host
+// the attempt was started to reach.
+func egressAllows(f sidecar.Fences, hosts []string) error {
+	if len(hosts) == 0 {
+		return nil
+	}
+	if f.Egress == "" {
+		return fmt.Errorf("--allow-host %s: the sidecar serves no egress proxy (it predates it, or never answered): CMD could reach no host", strings.Join(hosts, ", "))
+	}
+	for _, h := range hosts {
+		want, err := egress.ParseRule(h)
+		if err != nil {
+			return invalidf("--allow-host %s: %v", h, err)
+		}
+		if !slices.ContainsFunc(f.EgressAllow, func(s string) bool {
+			r, err := egress.ParseRule(s)
+			return err == nil && r.Covers(want)
+		}) {
+			return invalidf("--allow-host %s: the sidecar's egress proxy does not allow it (it allows: %s); start the sidecar with --allow-host %s", h, strings.Join(f.EgressAllow, ", "), h)
+		}
+	}
+	return nil
+}
