@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -166,9 +168,12 @@ const repoWithCheckoutUsage = "repository: its identity, a remote URL or a local
 // --checkout, it must name the checkout's.
 func localCheckout(ctx context.Context, checkout, repo string) (*attempt.Checkout, error) {
 	if checkout == "" {
+		if _, err := os.Stat(repo); errors.Is(err, fs.ErrNotExist) {
+			return nil, usagef("--repo %s is no local checkout, and this command works in one: pass it with --checkout PATH (--repo may stay, naming the repository the checkout must be of)", repo)
+		}
 		co, err := attempt.FindCheckout(ctx, repo)
 		if err != nil {
-			return nil, fmt.Errorf("--repo %w; to name the repository by its identity, give the local checkout with --checkout PATH", err)
+			return nil, fmt.Errorf("--repo %w", err)
 		}
 		return co, nil
 	}

@@ -761,7 +761,7 @@ func TestRunUsage(t *testing.T) {
 	}{
 		{[]string{"--checkout", co}, "needs the command to run"},
 		{[]string{"--", "true"}, "--checkout is required"},
-		{[]string{"--repo", "github.com/acme/payments", "--", "true"}, "give the local checkout with --checkout PATH"},
+		{[]string{"--repo", "github.com/acme/payments", "--", "true"}, "is no local checkout, and this command works in one: pass it with --checkout PATH"},
 		{[]string{"--repo", "github.com/acme/other", "--checkout", co, "--", "true"}, "is a checkout of " + co},
 		{[]string{"--checkout", filepath.Join(co, "nope"), "--", "true"}, "no such file"},
 		{[]string{"--checkout", sub, "--", "true"}, "pass its top directory"},
