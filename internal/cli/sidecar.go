@@ -2,26 +2,23 @@ package cli
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/leasebus"
-	"github.com/fenceline/fenceline/pgproxy"
 	"github.com/fenceline/fenceline/sidecar"
 )
 
-// fenceFlags configure the fences of run and sidecar.
+// fenceFlags configure the fences of run and sidecar: the flags of a
+// sidecar.FenceOptions.
 type fenceFlags struct {
 	gitUpstream, gitListen, gitCA string
 	gitForward                    bool
@@ -32,15 +29,10 @@ type fenceFlags struct {
 	pgAllowOpaque                 bool
 	pgTLSCert, pgTLSKey           string
 	stateDir                      string
-	gitHookSecret                 string // --git-hook-secret
-	gitHookKey                    []byte // read by check
+	gitHookSecret                 string // --git-hook-secret; check sets the default file it read
 	allowHosts, egressResolve     []string
 
-	// What check parsed and read, before the lease is taken.
-	checked   bool
-	gitHeader http.Header // --git-upstream-header and $FENCELINE_GIT_UPSTREAM_HEADER
-	pgSecret  []byte      // --pg-secret-file, or the default file
-	pgTLS     *tls.Config // --pg-tls-cert/--pg-tls-key, else self-signed
+	opts *sidecar.FenceOptions // what check parsed and read, before the lease is taken
 }
 
 func (ff *fenceFlags) register(c *cobra.Command) {
@@ -69,175 +61,95 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 // the command line (the agent can read that).
 const envGitUpstreamHeader = sidecar.EnvGitUpstreamHeader
 
-// check validates every fence flag and reads the files they name (the
-// git hook secret, the git upstream's CA, the Postgres fence's secret
-// and TLS files), keeping what it parsed for config: nothing is dialed,
-// listened on or acquired before it passed. repo is the lease's repo when
-// known ("" when attaching). A bad flag, or a file it names that cannot
-// be read, is a usage error naming the flag.
+// options are the fence flags as sidecar.FenceOptions.
+func (ff *fenceFlags) options() *sidecar.FenceOptions {
+	return &sidecar.FenceOptions{
+		GitUpstream:        ff.gitUpstream,
+		GitListen:          ff.gitListen,
+		GitForward:         ff.gitForward,
+		GitObjectDirs:      ff.gitObjects,
+		GitUpstreamHeaders: ff.gitHeaders,
+		GitUpstreamCAFile:  ff.gitCA,
+		GitHookSecretFile:  ff.gitHookSecret,
+		AllowForcePush:     ff.allowForcePush,
+		AllowRefDelete:     ff.allowDelete,
+		PGUpstream:         ff.pgUpstream,
+		PGListen:           ff.pgListen,
+		PGSecretFile:       ff.pgSecretFile,
+		PGAllowOpaque:      ff.pgAllowOpaque,
+		PGTLSCertFile:      ff.pgTLSCert,
+		PGTLSKeyFile:       ff.pgTLSKey,
+		AllowHosts:         ff.allowHosts,
+		EgressResolve:      ff.egressResolve,
+		StateDir:           ff.stateDir,
+	}
+}
+
+// check validates every fence flag and reads the files they name
+// (sidecar.FenceOptions.Check), keeping what it read for config: nothing
+// is dialed, listened on or acquired before it passed. repo is the
+// lease's repo when known ("" when attaching). A bad flag, or a file it
+// names that cannot be read, is a usage error naming the flag.
 func (ff *fenceFlags) check(repo string) error {
-	if _, err := egress.ParseRules(ff.allowHosts); err != nil {
-		return usagef("--allow-host: %v", err)
+	opts := ff.options()
+	if err := opts.Check(repo); err != nil {
+		return ff.flagError(err)
 	}
-	if _, err := egress.ParseResolve(ff.egressResolve); err != nil {
-		return usagef("--egress-resolve: %v", err)
+	if f := opts.HookSecretFile(); f != "" {
+		ff.gitHookSecret = f // hidden from the agent
 	}
-	if err := ff.checkGit(); err != nil {
-		return err
-	}
-	if err := ff.checkPG(); err != nil {
-		return err
-	}
-	if err := ff.readHookSecret(repo); err != nil {
-		return err
-	}
-	ff.checked = true
+	ff.opts = opts
 	return nil
 }
 
-// checkGit checks the git fence's flags: the upstream URL and the listen
-// address (with --git-upstream), the upstream headers and CA bundle
-// (whenever given).
-func (ff *fenceFlags) checkGit() error {
-	if ff.gitUpstream != "" {
-		if err := sidecar.CheckGitUpstream(ff.gitUpstream, ff.gitForward); err != nil {
-			return usagef("--git-upstream: %v", err)
-		}
-		if err := sidecar.CheckListen(ff.gitListen); err != nil {
-			return usagef("--git-listen %s: %v", ff.gitListen, err)
-		}
+// flagError words an error of sidecar.FenceOptions: an option that is
+// wrong is a usage error naming its flag; a default file that cannot be
+// read is not.
+func (ff *fenceFlags) flagError(err error) error {
+	var oe *sidecar.OptionError
+	if !errors.As(err, &oe) {
+		return err
 	}
-	// Header values are credentials: a message names the header at most.
-	var err error
-	ff.gitHeader, err = sidecar.UpstreamHeaders(ff.gitHeaders)
-	var he *sidecar.HeaderError
+	var he *sidecar.HeaderError // header values are credentials: named at most
 	switch {
+	case oe.Default && oe.Option == "pg-secret-file":
+		return fmt.Errorf("%w (the default of --pg-secret-file: run fenceline pg install again, or pass --pg-secret-file)", oe.Err)
+	case oe.Default:
+		return oe.Err // the git hook secret's default file names itself
 	case errors.As(err, &he) && he.N == 0:
 		return usagef("$%s (the --git-upstream-header kept off the command line): %v", envGitUpstreamHeader, he.Err)
 	case errors.As(err, &he):
 		return usagef("--git-upstream-header (number %d): %v", he.N, he.Err)
-	case err != nil:
-		return err
-	}
-	if ff.gitCA != "" {
-		if _, err := sidecar.ReadCAFile(ff.gitCA); err != nil {
-			return usagef("--git-upstream-ca %s: %v (want the PEM CA bundle that signed the git server's certificate)", ff.gitCA, err)
-		}
-	}
-	return nil
-}
-
-// checkPG checks the Postgres fence's flags and reads its secret and TLS
-// files (or makes its self-signed certificate).
-func (ff *fenceFlags) checkPG() error {
-	if ff.pgUpstream == "" {
-		return nil
-	}
-	if err := (&pgproxy.Config{Upstream: ff.pgUpstream}).Validate(); err != nil {
-		return usagef("--pg-upstream %s: %v", ff.pgUpstream, err)
-	}
-	if err := (&pgproxy.Config{Listen: ff.pgListen}).Validate(); err != nil {
-		return usagef("--pg-listen %s: %v", ff.pgListen, err)
-	}
-	secret, file, err := pgproxy.LoadSecret(ff.pgSecretFile)
-	switch {
-	case err != nil && ff.pgSecretFile != "":
-		return usagef("--pg-secret-file %s: %v", file, err)
-	case err != nil:
-		return fmt.Errorf("%w (the default of --pg-secret-file: run fenceline pg install again, or pass --pg-secret-file)", err)
-	}
-	ff.pgSecret = secret
-	switch {
-	case (ff.pgTLSCert == "") != (ff.pgTLSKey == ""):
+	case errors.Is(err, sidecar.ErrHookSecretNeedsGit):
+		return usagef("--git-hook-secret signs pushes of the git fence: give --git-upstream too, or drop it")
+	case errors.Is(err, sidecar.ErrPGTLSPair):
 		return usagef("--pg-tls-cert and --pg-tls-key go together: give both, or neither for a self-signed certificate")
-	case ff.pgTLSCert != "":
-		if ff.pgTLS, err = pgproxy.LoadTLS(ff.pgTLSCert, ff.pgTLSKey); err != nil {
-			return usagef("--pg-tls-cert %s, --pg-tls-key %s: %v", ff.pgTLSCert, ff.pgTLSKey, err)
-		}
-	default:
-		if ff.pgTLS, err = pgproxy.SelfSignedTLS(); err != nil {
-			return err
-		}
+	case oe.Option == "pg-tls-cert":
+		return usagef("--pg-tls-cert %s, --pg-tls-key %s: %v", ff.pgTLSCert, ff.pgTLSKey, oe.Err)
+	case oe.Value != "":
+		return usagef("--%s %s: %v", oe.Option, oe.Value, oe.Err)
 	}
-	return nil
-}
-
-// readHookSecret reads the git hook secret: --git-hook-secret, else the
-// repo's default file when it exists (repo "" looks for none). A
-// --git-hook-secret that cannot be read is a usage error.
-func (ff *fenceFlags) readHookSecret(repo string) error {
-	if ff.gitHookSecret != "" {
-		if ff.gitUpstream == "" {
-			return usagef("--git-hook-secret signs pushes of the git fence: give --git-upstream too, or drop it")
-		}
-		if ff.gitHookKey != nil {
-			return nil
-		}
-		key, err := gitproxy.ReadKeyFile(ff.gitHookSecret)
-		if err != nil {
-			return usagef("--git-hook-secret %s: %v", ff.gitHookSecret, err)
-		}
-		ff.gitHookKey = key
-		return nil
-	}
-	if ff.gitUpstream == "" {
-		return nil
-	}
-	key, file, err := gitproxy.FindSidecarKey(repo)
-	if err != nil {
-		return err
-	}
-	if key != nil {
-		ff.gitHookKey, ff.gitHookSecret = key, file
-	}
-	return nil
+	return usagef("--%s: %v", oe.Option, oe.Err)
 }
 
 // config is the sidecar's configuration under the held lease, from what
-// check parsed.
+// check read.
 func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Auditor, log *slog.Logger) (sidecar.Config, error) {
-	if !ff.checked {
+	if ff.opts == nil {
 		return sidecar.Config{}, errors.New("internal error: the fence flags were not checked before the lease was taken")
 	}
-	if ff.gitUpstream != "" && ff.gitHookKey == nil {
-		// Attached to a lease: its repo names the default secret file.
-		if err := ff.readHookSecret(held.holder.Lease().Repo); err != nil {
-			return sidecar.Config{}, err
-		}
-		if ff.gitHookKey == nil {
-			log.Warn("no git hook secret: pushes go out unsigned, and a git server with fenceline's pre-receive hook refuses them (run fenceline hook install on the server, and pass its secret with --git-hook-secret)",
-				"looked-for", gitproxy.SidecarKeyFile(held.holder.Lease().Repo))
-		}
+	cfg, err := ff.opts.Config(held.holder, s.client, audit, log)
+	if err != nil {
+		return sidecar.Config{}, ff.flagError(err)
 	}
-	if ff.pgUpstream != "" && ff.pgSecret == nil {
+	if cfg.GitUpstream != "" && cfg.GitHookSecret == nil {
+		log.Warn("no git hook secret: pushes go out unsigned, and a git server with fenceline's pre-receive hook refuses them (run fenceline hook install on the server, and pass its secret with --git-hook-secret)",
+			"looked-for", gitproxy.SidecarKeyFile(held.holder.Lease().Repo))
+	}
+	if cfg.PGUpstream != "" && cfg.PGSecret == nil {
 		log.Warn("no Postgres fence secret: writes to fenced tables will be rejected by Postgres (run fenceline pg install, or pass --pg-secret-file)")
 	}
-	state := ff.stateDir
-	if state == "" {
-		state = sidecar.DefaultStateDir(held.holder.Lease().LeaseID)
-	}
-	return sidecar.Config{
-		Lease:             held.holder,
-		Bus:               s.client,
-		Audit:             audit,
-		GitUpstream:       ff.gitUpstream,
-		GitListen:         ff.gitListen,
-		GitForward:        ff.gitForward,
-		GitPolicy:         gitproxy.Policy{AllowForcePush: ff.allowForcePush, AllowRefDelete: ff.allowDelete},
-		GitObjectDirs:     ff.gitObjects,
-		GitUpstreamHeader: ff.gitHeader,
-		GitUpstreamCAFile: ff.gitCA,
-		GitHookSecret:     ff.gitHookKey,
-		PGUpstream:        ff.pgUpstream,
-		PGListen:          ff.pgListen,
-		PGSecret:          ff.pgSecret,
-		PGAllowOpaque:     ff.pgAllowOpaque,
-		PGTLS:             ff.pgTLS,
-		AllowHosts:        ff.allowHosts,
-		EgressResolve:     ff.egressResolve,
-		StateDir:          state,
-		Logger:            log,
-	}, nil
+	return cfg, nil
 }
 
 // sidecarFlags are the flags of fenceline sidecar.

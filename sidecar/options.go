@@ -1,0 +1,288 @@
+package sidecar
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/fenceline/fenceline/egress"
+	"github.com/fenceline/fenceline/gitproxy"
+	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/pgproxy"
+)
+
+// FenceOptions are an agent's fences as a user gives them: strings, lines
+// and file names, not yet parsed or read. Check parses them and reads the
+// files they name before a lease is taken; Config then makes the Config
+// of Start under the held lease. The zero value fences nothing; fenceline
+// run and fenceline sidecar fill it from their flags.
+type FenceOptions struct {
+	// GitUpstream is the agent's git remote (Config.GitUpstream); empty:
+	// no git fence. Option "git-upstream".
+	GitUpstream string
+	// GitListen is where the git fence listens, host:port (checked with
+	// GitUpstream). Option "git-listen".
+	GitListen string
+	// GitForward serves an https upstream as a forward proxy
+	// (Config.GitForward).
+	GitForward bool
+	// GitObjectDirs are git dirs whose objects resolve pushed packs.
+	GitObjectDirs []string
+	// GitUpstreamHeaders are "Name: value" lines added to upstream git
+	// requests, with the one in $EnvGitUpstreamHeader (UpstreamHeaders).
+	// Option "git-upstream-header"; its error is a *HeaderError, which
+	// never holds a header's value.
+	GitUpstreamHeaders []string
+	// GitUpstreamCAFile is a PEM CA bundle for an https upstream (default:
+	// the system's). Option "git-upstream-ca".
+	GitUpstreamCAFile string
+	// GitHookSecretFile holds the repository's git hook secret
+	// (gitproxy.ReadKeyFile); empty: gitproxy.SidecarKeyFile of the repo
+	// when that exists. It needs GitUpstream. Option "git-hook-secret".
+	GitHookSecretFile string
+	// AllowForcePush and AllowRefDelete are the git fence's policy
+	// (gitproxy.Policy).
+	AllowForcePush, AllowRefDelete bool
+
+	// PGUpstream is the agent's Postgres, host:port or the path of its
+	// Unix socket; empty: no Postgres fence. Option "pg-upstream".
+	PGUpstream string
+	// PGListen is where the Postgres fence listens. Option "pg-listen".
+	PGListen string
+	// PGSecretFile holds the fence-signing secret (pgproxy.LoadSecret);
+	// empty: pgproxy.DefaultSecretFile when that exists. Option
+	// "pg-secret-file".
+	PGSecretFile string
+	// PGAllowOpaque is Config.PGAllowOpaque (policy).
+	PGAllowOpaque bool
+	// PGTLSCertFile and PGTLSKeyFile are the PEM certificate (chain) and
+	// key the Postgres fence offers clients asking for TLS: both or
+	// neither (then a self-signed certificate is made). Options
+	// "pg-tls-cert" and "pg-tls-key".
+	PGTLSCertFile, PGTLSKeyFile string
+
+	// AllowHosts are the hosts the egress proxy tunnels (egress.ParseRules).
+	// Option "allow-host".
+	AllowHosts []string
+	// EgressResolve pins HOST:PORT=ADDR:PORT (egress.ParseResolve). Option
+	// "egress-resolve".
+	EgressResolve []string
+
+	// StateDir keeps the sidecar's files; empty: DefaultStateDir of the
+	// lease.
+	StateDir string
+
+	// What Check parsed and read.
+	checked   bool
+	gitHeader http.Header
+	hookKey   []byte
+	hookFile  string // the file hookKey was read from
+	pgSecret  []byte
+	pgTLS     *tls.Config
+}
+
+// OptionError is the error of FenceOptions.Check and FenceOptions.Config
+// for an option that is wrong, or names a file that cannot be read.
+type OptionError struct {
+	// Option names the option as fenceline's flags do, without dashes:
+	// "git-upstream", "pg-secret-file"… (each FenceOptions field says its
+	// own).
+	Option string
+	// Value is the value given (an address, a file) when Err does not
+	// name it already; empty for credentials (header lines).
+	Value string
+	// Default reports that the option was not given and Value is its
+	// default file, which exists but cannot be used.
+	Default bool
+	Err     error
+}
+
+func (e *OptionError) Error() string {
+	switch {
+	case e.Default:
+		return fmt.Sprintf("%s (default %s): %v", e.Option, e.Value, e.Err)
+	case e.Value != "":
+		return fmt.Sprintf("%s %s: %v", e.Option, e.Value, e.Err)
+	}
+	return fmt.Sprintf("%s: %v", e.Option, e.Err)
+}
+
+func (e *OptionError) Unwrap() error { return e.Err }
+
+// ErrHookSecretNeedsGit is the OptionError of "git-hook-secret" given
+// without "git-upstream": the secret signs the git fence's pushes.
+var ErrHookSecretNeedsGit = errors.New("the git hook secret signs pushes of the git fence: give a git upstream too, or drop it")
+
+// ErrPGTLSPair is the OptionError of "pg-tls-cert" given without
+// "pg-tls-key", or of "pg-tls-key" without "pg-tls-cert".
+var ErrPGTLSPair = errors.New("the Postgres fence's TLS certificate and key go together: give both, or neither for a self-signed certificate")
+
+// Check parses every option and reads the files they name (the git
+// upstream's CA, the Postgres fence's secret and TLS files, the git hook
+// secret), keeping what it read for Config; nothing is dialed or listened
+// on. repo is the lease's repository when known, whose default git hook
+// secret file is read when GitHookSecretFile is empty ("" looks for none).
+// An option that is wrong is an *OptionError naming it.
+func (o *FenceOptions) Check(repo string) error {
+	o.checked = false
+	if _, err := egress.ParseRules(o.AllowHosts); err != nil {
+		return &OptionError{Option: "allow-host", Err: err}
+	}
+	if _, err := egress.ParseResolve(o.EgressResolve); err != nil {
+		return &OptionError{Option: "egress-resolve", Err: err}
+	}
+	if err := o.checkGit(); err != nil {
+		return err
+	}
+	if err := o.checkPG(); err != nil {
+		return err
+	}
+	o.hookKey, o.hookFile = nil, ""
+	if err := o.readHookSecret(repo); err != nil {
+		return err
+	}
+	o.checked = true
+	return nil
+}
+
+// checkGit checks the git fence's options: the upstream URL and the
+// listen address (with GitUpstream), the upstream headers and CA bundle
+// (whenever given).
+func (o *FenceOptions) checkGit() error {
+	if o.GitUpstream != "" {
+		if err := CheckGitUpstream(o.GitUpstream, o.GitForward); err != nil {
+			return &OptionError{Option: "git-upstream", Err: err}
+		}
+		if err := CheckListen(o.GitListen); err != nil {
+			return &OptionError{Option: "git-listen", Value: o.GitListen, Err: err}
+		}
+	}
+	// Header values are credentials: the error names the header at most.
+	h, err := UpstreamHeaders(o.GitUpstreamHeaders)
+	if err != nil {
+		return &OptionError{Option: "git-upstream-header", Err: err}
+	}
+	o.gitHeader = h
+	if o.GitUpstreamCAFile != "" {
+		if _, err := ReadCAFile(o.GitUpstreamCAFile); err != nil {
+			return &OptionError{Option: "git-upstream-ca", Value: o.GitUpstreamCAFile,
+				Err: fmt.Errorf("%w (want the PEM CA bundle that signed the git server's certificate)", err)}
+		}
+	}
+	return nil
+}
+
+// checkPG checks the Postgres fence's options and reads its secret and
+// TLS files (or makes its self-signed certificate).
+func (o *FenceOptions) checkPG() error {
+	o.pgSecret, o.pgTLS = nil, nil
+	if o.PGUpstream == "" {
+		return nil
+	}
+	if err := (&pgproxy.Config{Upstream: o.PGUpstream}).Validate(); err != nil {
+		return &OptionError{Option: "pg-upstream", Value: o.PGUpstream, Err: err}
+	}
+	if err := (&pgproxy.Config{Listen: o.PGListen}).Validate(); err != nil {
+		return &OptionError{Option: "pg-listen", Value: o.PGListen, Err: err}
+	}
+	secret, file, err := pgproxy.LoadSecret(o.PGSecretFile)
+	if err != nil {
+		return &OptionError{Option: "pg-secret-file", Value: file, Default: o.PGSecretFile == "", Err: err}
+	}
+	switch {
+	case o.PGTLSCertFile != "" && o.PGTLSKeyFile == "":
+		return &OptionError{Option: "pg-tls-key", Err: ErrPGTLSPair}
+	case o.PGTLSCertFile == "" && o.PGTLSKeyFile != "":
+		return &OptionError{Option: "pg-tls-cert", Err: ErrPGTLSPair}
+	case o.PGTLSCertFile != "":
+		if o.pgTLS, err = pgproxy.LoadTLS(o.PGTLSCertFile, o.PGTLSKeyFile); err != nil {
+			return &OptionError{Option: "pg-tls-cert", Value: o.PGTLSCertFile, Err: err}
+		}
+	default:
+		if o.pgTLS, err = pgproxy.SelfSignedTLS(); err != nil {
+			return err
+		}
+	}
+	o.pgSecret = secret
+	return nil
+}
+
+// readHookSecret reads the git hook secret: GitHookSecretFile, else
+// repo's default file when it exists (repo "" looks for none).
+func (o *FenceOptions) readHookSecret(repo string) error {
+	if o.GitHookSecretFile != "" {
+		if o.GitUpstream == "" {
+			return &OptionError{Option: "git-hook-secret", Err: ErrHookSecretNeedsGit}
+		}
+		key, err := gitproxy.ReadKeyFile(o.GitHookSecretFile)
+		if err != nil {
+			return &OptionError{Option: "git-hook-secret", Value: o.GitHookSecretFile, Err: err}
+		}
+		o.hookKey, o.hookFile = key, o.GitHookSecretFile
+		return nil
+	}
+	if o.GitUpstream == "" {
+		return nil
+	}
+	key, file, err := gitproxy.FindSidecarKey(repo)
+	if err != nil {
+		return &OptionError{Option: "git-hook-secret", Value: file, Default: true, Err: err}
+	}
+	if key != nil {
+		o.hookKey, o.hookFile = key, file
+	}
+	return nil
+}
+
+// HookSecretFile is the file Check read the git hook secret from:
+// GitHookSecretFile, or the repository's default file; "" when none.
+func (o *FenceOptions) HookSecretFile() string { return o.hookFile }
+
+// Config is the configuration of Start under the held lease, from what
+// Check read (Check runs first, with the lease's repository, when it has
+// not). With a git upstream and no hook secret yet, the default secret
+// file of the lease's repository is read (an attached lease names its
+// repository only now). Without a git hook secret (Config.GitHookSecret
+// nil) pushes go out unsigned; without a Postgres secret, Postgres refuses
+// writes to fenced tables: the caller may want to warn.
+func (o *FenceOptions) Config(lease *leasebus.Holder, bus *leasebus.Client, audit *leasebus.Auditor, log *slog.Logger) (Config, error) {
+	l := lease.Lease()
+	if !o.checked {
+		if err := o.Check(l.Repo); err != nil {
+			return Config{}, err
+		}
+	}
+	if o.GitUpstream != "" && o.hookKey == nil {
+		if err := o.readHookSecret(l.Repo); err != nil {
+			return Config{}, err
+		}
+	}
+	state := o.StateDir
+	if state == "" {
+		state = DefaultStateDir(l.LeaseID)
+	}
+	return Config{
+		Lease:             lease,
+		Bus:               bus,
+		Audit:             audit,
+		GitUpstream:       o.GitUpstream,
+		GitListen:         o.GitListen,
+		GitForward:        o.GitForward,
+		GitPolicy:         gitproxy.Policy{AllowForcePush: o.AllowForcePush, AllowRefDelete: o.AllowRefDelete},
+		GitObjectDirs:     o.GitObjectDirs,
+		GitUpstreamHeader: o.gitHeader,
+		GitUpstreamCAFile: o.GitUpstreamCAFile,
+		GitHookSecret:     o.hookKey,
+		PGUpstream:        o.PGUpstream,
+		PGListen:          o.PGListen,
+		PGSecret:          o.pgSecret,
+		PGAllowOpaque:     o.PGAllowOpaque,
+		PGTLS:             o.pgTLS,
+		AllowHosts:        o.AllowHosts,
+		EgressResolve:     o.EgressResolve,
+		StateDir:          state,
+		Logger:            log,
+	}, nil
+}

@@ -1,0 +1,382 @@
+package sidecar
+
+import (
+	"bytes"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fenceline/fenceline/gitproxy"
+	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/internal/testca"
+	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/pgproxy"
+)
+
+// optionFiles are real files for FenceOptions: a CA bundle, a git hook
+// secret, a Postgres secret, a TLS certificate and key issued by a test CA,
+// and junk.
+type optionFiles struct {
+	dir              string
+	ca               *testca.CA
+	hookKey          []byte
+	hookFile         string
+	pgSecret         []byte
+	pgSecretFile     string
+	tlsCert, tlsKey  string
+	certDER          []byte
+	junk, missing    string
+	shortKey, hexBad string
+}
+
+// isolateOptions points fenceline's state dir (the default secret files)
+// at a temp dir and clears $EnvGitUpstreamHeader.
+func isolateOptions(t *testing.T) {
+	t.Helper()
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	t.Setenv(EnvGitUpstreamHeader, "")
+}
+
+func newOptionFiles(t *testing.T) *optionFiles {
+	t.Helper()
+	dir := t.TempDir()
+	f := &optionFiles{dir: dir, ca: testca.New(t),
+		hookKey: bytes.Repeat([]byte{0xab}, 32), hookFile: filepath.Join(dir, "hook.key"),
+		pgSecret: bytes.Repeat([]byte{0xcd}, 32), pgSecretFile: filepath.Join(dir, "pg-secret.key"),
+		tlsCert: filepath.Join(dir, "pg.crt"), tlsKey: filepath.Join(dir, "pg.key"),
+		junk: filepath.Join(dir, "junk"), missing: filepath.Join(dir, "missing"),
+		shortKey: filepath.Join(dir, "short.key"), hexBad: filepath.Join(dir, "hexbad.key")}
+	if err := gitproxy.WriteKeyFile(f.hookFile, f.hookKey); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgproxy.WriteSecretFile(f.pgSecretFile, f.pgSecret); err != nil {
+		t.Fatal(err)
+	}
+	cert := f.ca.ServerTLS(t, "127.0.0.1").Certificates[0]
+	f.certDER = cert.Certificate[0]
+	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, f.tlsCert, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.certDER})))
+	write(t, f.tlsKey, string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})))
+	write(t, f.junk, "not a certificate, not hex\n")
+	write(t, f.shortKey, "abcd\n")
+	write(t, f.hexBad, "zz-not-hex\n")
+	return f
+}
+
+func write(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFenceOptionsCheckErrors: every option that is wrong, or names a file
+// that cannot be used, is an *OptionError naming it (with its value when
+// its error does not, never a header's); options of a fence that is not
+// asked for are not looked at.
+func TestFenceOptionsCheckErrors(t *testing.T) {
+	isolateOptions(t)
+	f := newOptionFiles(t)
+	const repo = "github.com/acme/payments"
+	git := func(o FenceOptions) FenceOptions {
+		o.GitUpstream = "https://git.example.test/acme/payments.git"
+		if o.GitListen == "" {
+			o.GitListen = "127.0.0.1:0"
+		}
+		return o
+	}
+	pg := func(o FenceOptions) FenceOptions {
+		o.PGUpstream = "db.example.test:5432"
+		if o.PGListen == "" {
+			o.PGListen = "127.0.0.1:0"
+		}
+		return o
+	}
+	for _, tc := range []struct {
+		name    string
+		opts    FenceOptions
+		env     string                    // $EnvGitUpstreamHeader
+		setup   func(t *testing.T) string // writes a default file, returns it (the value)
+		option  string
+		value   string
+		def     bool
+		is      error
+		header  int // HeaderError.N, for git-upstream-header
+		message string
+	}{
+		{name: "allow-host", opts: FenceOptions{AllowHosts: []string{"api.example.test", "https://x/"}},
+			option: "allow-host", message: `"https://x/"`},
+		{name: "egress-resolve", opts: FenceOptions{EgressResolve: []string{"nope"}},
+			option: "egress-resolve", message: "HOST:PORT=ADDR:PORT"},
+		{name: "git-upstream", opts: FenceOptions{GitUpstream: "ftp://x", GitListen: "127.0.0.1:0"},
+			option: "git-upstream", message: "http:// or https://"},
+		{name: "git-forward-http", opts: FenceOptions{GitUpstream: "http://git.example.test/p.git", GitListen: "127.0.0.1:0", GitForward: true},
+			option: "git-upstream", message: "forward mode"},
+		{name: "git-listen", opts: git(FenceOptions{GitListen: "nope"}),
+			option: "git-listen", value: "nope", message: "host:port"},
+		{name: "git-upstream-header", opts: git(FenceOptions{GitUpstreamHeaders: []string{"A: b", "NoColon secret"}}),
+			option: "git-upstream-header", header: 2, message: "Name: value"},
+		{name: "git-upstream-header-env", opts: git(FenceOptions{}), env: "Bad Name: secret",
+			option: "git-upstream-header", header: 0, message: "Name: value"},
+		{name: "git-upstream-ca-missing", opts: git(FenceOptions{GitUpstreamCAFile: f.missing}),
+			option: "git-upstream-ca", value: f.missing, is: os.ErrNotExist, message: "want the PEM CA bundle"},
+		{name: "git-upstream-ca-junk", opts: git(FenceOptions{GitUpstreamCAFile: f.junk}),
+			option: "git-upstream-ca", value: f.junk, message: "no PEM certificate"},
+		{name: "pg-upstream", opts: FenceOptions{PGUpstream: "db.example.test", PGListen: "127.0.0.1:0"},
+			option: "pg-upstream", value: "db.example.test", message: "host:port"},
+		{name: "pg-listen", opts: pg(FenceOptions{PGListen: "nope"}),
+			option: "pg-listen", value: "nope", message: "host:port"},
+		{name: "pg-secret-file-missing", opts: pg(FenceOptions{PGSecretFile: f.missing}),
+			option: "pg-secret-file", value: f.missing, is: os.ErrNotExist},
+		{name: "pg-secret-file-junk", opts: pg(FenceOptions{PGSecretFile: f.junk}),
+			option: "pg-secret-file", value: f.junk},
+		{name: "pg-secret-file-default", opts: pg(FenceOptions{}),
+			setup: func(t *testing.T) string {
+				write(t, pgproxy.DefaultSecretFile(), "abcd\n")
+				return pgproxy.DefaultSecretFile()
+			},
+			option: "pg-secret-file", def: true, message: "2 bytes"},
+		{name: "pg-tls-cert-alone", opts: pg(FenceOptions{PGSecretFile: f.pgSecretFile, PGTLSCertFile: f.tlsCert}),
+			option: "pg-tls-key", is: ErrPGTLSPair},
+		{name: "pg-tls-key-alone", opts: pg(FenceOptions{PGSecretFile: f.pgSecretFile, PGTLSKeyFile: f.tlsKey}),
+			option: "pg-tls-cert", is: ErrPGTLSPair},
+		{name: "pg-tls-junk", opts: pg(FenceOptions{PGSecretFile: f.pgSecretFile, PGTLSCertFile: f.junk, PGTLSKeyFile: f.tlsKey}),
+			option: "pg-tls-cert", value: f.junk},
+		{name: "git-hook-secret-without-git", opts: FenceOptions{GitHookSecretFile: f.hookFile, AllowHosts: []string{"api.example.test"}},
+			option: "git-hook-secret", is: ErrHookSecretNeedsGit},
+		{name: "git-hook-secret-missing", opts: git(FenceOptions{GitHookSecretFile: f.missing}),
+			option: "git-hook-secret", value: f.missing, is: os.ErrNotExist},
+		{name: "git-hook-secret-short", opts: git(FenceOptions{GitHookSecretFile: f.shortKey}),
+			option: "git-hook-secret", value: f.shortKey, message: "at least 16"},
+		{name: "git-hook-secret-not-hex", opts: git(FenceOptions{GitHookSecretFile: f.hexBad}),
+			option: "git-hook-secret", value: f.hexBad, message: "not hex"},
+		{name: "git-hook-secret-default", opts: git(FenceOptions{}),
+			setup: func(t *testing.T) string {
+				write(t, gitproxy.SidecarKeyFile(repo), "zz\n")
+				return gitproxy.SidecarKeyFile(repo)
+			},
+			option: "git-hook-secret", def: true, message: "not hex"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			isolateOptions(t)
+			t.Setenv(EnvGitUpstreamHeader, tc.env)
+			if tc.setup != nil {
+				tc.value = tc.setup(t)
+			}
+			opts := tc.opts
+			err := opts.Check(repo)
+			var oe *OptionError
+			if !errors.As(err, &oe) {
+				t.Fatalf("Check = %v, want an *OptionError", err)
+			}
+			if oe.Option != tc.option || oe.Value != tc.value || oe.Default != tc.def {
+				t.Errorf("Check = %#v, want option %q, value %q, default %v", oe, tc.option, tc.value, tc.def)
+			}
+			if tc.is != nil && !errors.Is(err, tc.is) {
+				t.Errorf("Check = %v, want it to wrap %v", err, tc.is)
+			}
+			if tc.option == "git-upstream-header" {
+				var he *HeaderError
+				if !errors.As(err, &he) || he.N != tc.header {
+					t.Errorf("Check = %v, want a *HeaderError number %d", err, tc.header)
+				}
+				if strings.Contains(err.Error(), "secret") {
+					t.Errorf("Check = %v: it holds a header's value", err)
+				}
+			}
+			if !strings.Contains(err.Error(), tc.option) || !strings.Contains(err.Error(), tc.message) {
+				t.Errorf("Check = %q, want it to name %s and say %q", err, tc.option, tc.message)
+			}
+		})
+	}
+}
+
+// TestFenceOptionsUnusedIgnored: the listen addresses, TLS files and
+// secrets of a fence that is not asked for are not looked at.
+func TestFenceOptionsUnusedIgnored(t *testing.T) {
+	isolateOptions(t)
+	f := newOptionFiles(t)
+	write(t, pgproxy.DefaultSecretFile(), "junk\n")
+	opts := FenceOptions{AllowHosts: []string{"api.example.test"}, GitListen: "nope", PGListen: "nope",
+		PGSecretFile: f.missing, PGTLSCertFile: f.junk}
+	if err := opts.Check("github.com/acme/payments"); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+}
+
+// acquireFor holds a lease on repo on a test bus.
+func acquireFor(t *testing.T, repo string) (*bustest.Bus, *bustest.Lease) {
+	t.Helper()
+	bus := bustest.Start(t)
+	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: repo, Scope: bustest.Claim(t, "services/billing"),
+		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+	return bus, l
+}
+
+// TestFenceOptionsConfig: good options make the Config of Start: the
+// files read, the headers parsed (the environment's last), the policy, the
+// values passed through, the lease's default state dir.
+func TestFenceOptionsConfig(t *testing.T) {
+	isolateOptions(t)
+	t.Setenv(EnvGitUpstreamHeader, "X-Env: from-env")
+	f := newOptionFiles(t)
+	const repo = "github.com/acme/payments"
+	opts := FenceOptions{
+		GitUpstream: "https://git.example.test/acme/payments.git", GitListen: "127.0.0.1:0", GitForward: true,
+		GitObjectDirs:      []string{"/src/.git"},
+		GitUpstreamHeaders: []string{"Authorization: Bearer t0ken"},
+		GitUpstreamCAFile:  f.ca.File,
+		GitHookSecretFile:  f.hookFile,
+		AllowForcePush:     true,
+		PGUpstream:         "db.example.test:5432", PGListen: "127.0.0.1:0",
+		PGSecretFile: f.pgSecretFile, PGAllowOpaque: true,
+		PGTLSCertFile: f.tlsCert, PGTLSKeyFile: f.tlsKey,
+		AllowHosts:    []string{"api.example.test"},
+		EgressResolve: []string{"api.example.test:443=127.0.0.1:8443"},
+	}
+	if err := opts.Check(repo); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	if got := opts.HookSecretFile(); got != f.hookFile {
+		t.Errorf("HookSecretFile = %q, want %q", got, f.hookFile)
+	}
+	bus, l := acquireFor(t, repo)
+	cfg, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil)
+	if err != nil {
+		t.Fatalf("Config: %v", err)
+	}
+	if cfg.Lease != l.Holder || cfg.Bus != bus.Client || cfg.Audit != bus.Auditor {
+		t.Error("Config: not the lease, bus and auditor given")
+	}
+	if cfg.GitUpstream != opts.GitUpstream || cfg.GitListen != "127.0.0.1:0" || !cfg.GitForward ||
+		cfg.GitUpstreamCAFile != f.ca.File || cfg.GitObjectDirs[0] != "/src/.git" {
+		t.Errorf("Config git: %+v", cfg)
+	}
+	if !cfg.GitPolicy.AllowForcePush || cfg.GitPolicy.AllowRefDelete {
+		t.Errorf("Config.GitPolicy = %+v, want force pushes only", cfg.GitPolicy)
+	}
+	if got := cfg.GitUpstreamHeader.Get("Authorization"); got != "Bearer t0ken" {
+		t.Errorf("Config.GitUpstreamHeader Authorization = %q", got)
+	}
+	if got := cfg.GitUpstreamHeader.Get("X-Env"); got != "from-env" {
+		t.Errorf("Config.GitUpstreamHeader X-Env = %q, want the environment's", got)
+	}
+	if !bytes.Equal(cfg.GitHookSecret, f.hookKey) {
+		t.Errorf("Config.GitHookSecret = %x, want %x", cfg.GitHookSecret, f.hookKey)
+	}
+	if cfg.PGUpstream != opts.PGUpstream || cfg.PGListen != "127.0.0.1:0" || !cfg.PGAllowOpaque || !bytes.Equal(cfg.PGSecret, f.pgSecret) {
+		t.Errorf("Config pg: upstream %q listen %q opaque %v secret %x", cfg.PGUpstream, cfg.PGListen, cfg.PGAllowOpaque, cfg.PGSecret)
+	}
+	if cfg.PGTLS == nil || len(cfg.PGTLS.Certificates) != 1 || !bytes.Equal(cfg.PGTLS.Certificates[0].Certificate[0], f.certDER) {
+		t.Error("Config.PGTLS: not the certificate of the TLS files")
+	}
+	if len(cfg.AllowHosts) != 1 || len(cfg.EgressResolve) != 1 {
+		t.Errorf("Config egress: %v %v", cfg.AllowHosts, cfg.EgressResolve)
+	}
+	if want := DefaultStateDir(l.Holder.Lease().LeaseID); cfg.StateDir != want {
+		t.Errorf("Config.StateDir = %q, want %q", cfg.StateDir, want)
+	}
+	opts.StateDir = f.dir
+	if cfg, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil); err != nil || cfg.StateDir != f.dir {
+		t.Errorf("Config.StateDir = %q, %v; want %q", cfg.StateDir, err, f.dir)
+	}
+}
+
+// TestFenceOptionsDefaults: without secret or TLS files, the repo's
+// default hook secret and the default Postgres secret are read when they
+// exist, a self-signed certificate is made, and an attached lease (Check
+// with no repo) has its repo's hook secret read by Config. Config checks
+// options that were not.
+func TestFenceOptionsDefaults(t *testing.T) {
+	isolateOptions(t)
+	const repo = "github.com/acme/payments"
+	bus, l := acquireFor(t, repo)
+	git := FenceOptions{GitUpstream: "http://git.example.test/acme/payments.git", GitListen: "127.0.0.1:0"}
+
+	// No default files: nothing read, nothing refused.
+	opts := git
+	if err := opts.Check(repo); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	cfg, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil)
+	if err != nil || cfg.GitHookSecret != nil || opts.HookSecretFile() != "" {
+		t.Errorf("Config without a hook secret: %x from %q, %v; want none", cfg.GitHookSecret, opts.HookSecretFile(), err)
+	}
+
+	key := bytes.Repeat([]byte{0x11}, 32)
+	if err := gitproxy.WriteSidecarKey(gitproxy.SidecarKeyFile(repo), key); err != nil {
+		t.Fatal(err)
+	}
+	secret := bytes.Repeat([]byte{0x22}, 32)
+	if err := pgproxy.WriteSecretFile(pgproxy.DefaultSecretFile(), secret); err != nil {
+		t.Fatal(err)
+	}
+	opts = git
+	opts.PGUpstream, opts.PGListen = "/var/run/postgresql/.s.PGSQL.5432", "127.0.0.1:0"
+	if err := opts.Check(repo); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	if got := opts.HookSecretFile(); got != gitproxy.SidecarKeyFile(repo) {
+		t.Errorf("HookSecretFile = %q, want the repo's default file", got)
+	}
+	cfg, err = opts.Config(l.Holder, bus.Client, bus.Auditor, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(cfg.GitHookSecret, key) || !bytes.Equal(cfg.PGSecret, secret) {
+		t.Errorf("Config: hook secret %x, pg secret %x; want the default files'", cfg.GitHookSecret, cfg.PGSecret)
+	}
+	if cfg.PGTLS == nil || len(cfg.PGTLS.Certificates) != 1 {
+		t.Error("Config.PGTLS: want a self-signed certificate")
+	}
+
+	// Attached: no repo before the lease; the lease's names the file.
+	opts = git
+	if err := opts.Check(""); err != nil || opts.HookSecretFile() != "" {
+		t.Fatalf("Check(\"\") = %v, read %q; want no hook secret looked for", err, opts.HookSecretFile())
+	}
+	cfg, err = opts.Config(l.Holder, bus.Client, bus.Auditor, nil)
+	if err != nil || !bytes.Equal(cfg.GitHookSecret, key) || opts.HookSecretFile() != gitproxy.SidecarKeyFile(repo) {
+		t.Errorf("Config attached: %x from %q, %v; want the lease repo's default secret", cfg.GitHookSecret, opts.HookSecretFile(), err)
+	}
+
+	// Not checked: Config checks.
+	opts = git
+	opts.GitListen = "nope"
+	var oe *OptionError
+	if _, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil); !errors.As(err, &oe) || oe.Option != "git-listen" {
+		t.Errorf("Config unchecked = %v, want the git-listen OptionError", err)
+	}
+}
+
+// TestOptionErrorMessage: the message names the option, then the value
+// (or the default file), then the error.
+func TestOptionErrorMessage(t *testing.T) {
+	err := errors.New("boom")
+	for _, tc := range []struct {
+		e    OptionError
+		want string
+	}{
+		{OptionError{Option: "git-upstream", Err: err}, "git-upstream: boom"},
+		{OptionError{Option: "git-listen", Value: "nope", Err: err}, "git-listen nope: boom"},
+		{OptionError{Option: "pg-secret-file", Value: "/s/pg.key", Default: true, Err: err}, "pg-secret-file (default /s/pg.key): boom"},
+	} {
+		if got := tc.e.Error(); got != tc.want {
+			t.Errorf("Error() = %q, want %q", got, tc.want)
+		}
+		if !errors.Is(&tc.e, err) {
+			t.Errorf("%v does not unwrap to its Err", &tc.e)
+		}
+	}
+}
