@@ -268,14 +268,14 @@ func TestEnv(t *testing.T) {
 	base := []string{"HOME=/home/dev", "SECRET=x", "GIT_OPTIONAL_LOCKS=1", "FENCELINE_LEASE_ID=lease_old"}
 	route := func(env []string) []string { return append(env, "HTTPS_PROXY=http://127.0.0.1:1") }
 	got := Env(base, []string{"SECRET"}, route, "lease_new")
-	want := []string{"HOME=/home/dev", "HTTPS_PROXY=http://127.0.0.1:1", "GIT_OPTIONAL_LOCKS=0", "FENCELINE_LEASE_ID=lease_new"}
+	want := []string{"HOME=/home/dev", "GIT_OPTIONAL_LOCKS=1", "HTTPS_PROXY=http://127.0.0.1:1", "FENCELINE_LEASE_ID=lease_new"}
 	if !slices.Equal(got, want) {
 		t.Errorf("Env = %v, want %v", got, want)
 	}
 	if base[1] != "SECRET=x" || len(base) != 4 {
 		t.Errorf("Env changed its base: %v", base)
 	}
-	if got := Env(nil, nil, nil, ""); !slices.Equal(got, []string{"GIT_OPTIONAL_LOCKS=0"}) {
+	if got := Env(nil, nil, nil, ""); len(got) != 0 {
 		t.Errorf("Env without a lease = %v", got)
 	}
 }
@@ -324,8 +324,9 @@ func runSpec(t *testing.T, b *bustest.Bus, co *Checkout, l *bustest.Lease, argv 
 }
 
 // TestRunConfines: a real attempt on a real bus under the real guard
-// writes its claim, is refused outside it and out of the git dir, and its
-// exit status is the result; the lease is still held when Run returns.
+// writes its claim (with GIT_OPTIONAL_LOCKS=0 in its environment), is
+// refused outside it and out of the git dir, and its exit status is the
+// result; the lease is still held when Run returns.
 func TestRunConfines(t *testing.T) {
 	t.Setenv("XDG_STATE_HOME", t.TempDir())
 	b := bustest.Start(t)
@@ -335,7 +336,8 @@ func TestRunConfines(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared, TTL: leasebus.Duration(10 * time.Second)}, leasebus.HoldOptions{})
-	script := `echo ok > in/mine; echo no > out/theirs; echo no > .git/planted; exit 3`
+	t.Setenv("GIT_OPTIONAL_LOCKS", "1") // the guard's 0 wins: read-only git never refreshes the index
+	script := `echo "locks=$GIT_OPTIONAL_LOCKS" > in/mine; echo no > out/theirs; echo no > .git/planted; exit 3`
 	spec, said := runSpec(t, b, co, l, "sh", "-c", script)
 	res, err := Run(context.Background(), spec)
 	if err != nil {
@@ -344,7 +346,7 @@ func TestRunConfines(t *testing.T) {
 	if !res.Started || res.Code != 3 || res.StoppedOnLost {
 		t.Errorf("Run = %+v, want started, exit 3", res)
 	}
-	if b, err := os.ReadFile(filepath.Join(repo, "in", "mine")); err != nil || string(b) != "ok\n" {
+	if b, err := os.ReadFile(filepath.Join(repo, "in", "mine")); err != nil || string(b) != "locks=0\n" {
 		t.Errorf("the claim's write: %q, %v", b, err)
 	}
 	for _, p := range []string{"out/theirs", ".git/planted"} {

@@ -36,8 +36,9 @@ func CheckGuard(name string, allowUnguarded bool) (warning, err error) {
 
 // Env is the agent's environment: base without the variables named in
 // drop (what only fenceline may know, such as an upstream credential),
-// routed through the fences by route, with read-only git kept from
-// refreshing the index, and naming the lease when leaseID is set.
+// routed through the fences by route, and naming the lease when leaseID
+// is set. (The guard adds its own: a private TMPDIR, GIT_OPTIONAL_LOCKS=0
+// so that read-only git never refreshes the index; see fsguard.Start.)
 func Env(base, drop []string, route func([]string) []string, leaseID string) []string {
 	env := slices.DeleteFunc(slices.Clone(base), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
@@ -46,7 +47,6 @@ func Env(base, drop []string, route func([]string) []string, leaseID string) []s
 	if route != nil {
 		env = route(env)
 	}
-	env = SetEnv(env, "GIT_OPTIONAL_LOCKS", "0") // read-only git must not refresh the index
 	if leaseID != "" {
 		env = SetEnv(env, "FENCELINE_LEASE_ID", leaseID)
 	}
