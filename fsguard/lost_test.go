@@ -142,14 +142,9 @@ func TestHolderRevokedStopsWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	cred := leasebus.NewCredential()
-	sent := time.Now()
-	lease, err := client.Acquire(ctx, leasebus.AcquireRequest{Repo: repo, Scope: claim, WorkspaceMode: leasebus.WorkspaceShared,
+	holder, err := client.AcquireAndHold(ctx, leasebus.AcquireRequest{Repo: repo, Scope: claim, WorkspaceMode: leasebus.WorkspaceShared,
 		Owner: leasebus.Owner{TaskID: "task-1", AgentID: "agent-1", AttemptID: leasebus.NewAttemptID()},
-		TTL:   leasebus.Duration(30 * time.Second), RequestID: leasebus.NewRequestID()}, cred)
-	if err != nil {
-		t.Fatal(err)
-	}
-	holder, err := client.Hold(lease, cred, sent, leasebus.HoldOptions{})
+		TTL:   leasebus.Duration(30 * time.Second), RequestID: leasebus.NewRequestID()}, cred, leasebus.HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +155,7 @@ func TestHolderRevokedStopsWrites(t *testing.T) {
 	p.Lease = holder.Lease()
 	r := startProbe(t, p, holder, auditor, w.leased)
 	r.next(t, 10*time.Second, allOK)
-	if _, err := client.Revoke(ctx, lease.LeaseID, "operator test"); err != nil {
+	if _, err := client.Revoke(ctx, p.Lease.LeaseID, "operator test"); err != nil {
 		t.Fatal(err)
 	}
 	revoked := time.Now()
@@ -175,12 +170,12 @@ func TestHolderRevokedStopsWrites(t *testing.T) {
 			return err
 		}
 		for _, ev := range evs {
-			if ev.Boundary == leasebus.BoundaryFile && ev.Type == leasebus.EventDenied && ev.LeaseID == lease.LeaseID &&
+			if ev.Boundary == leasebus.BoundaryFile && ev.Type == leasebus.EventDenied && ev.LeaseID == p.Lease.LeaseID &&
 				strings.Contains(ev.Message, w.leased) {
 				return nil
 			}
 		}
-		return fmt.Errorf("no file denial for %s among %d audit events", lease.LeaseID, len(evs))
+		return fmt.Errorf("no file denial for %s among %d audit events", p.Lease.LeaseID, len(evs))
 	})
 }
 

@@ -46,16 +46,11 @@ func (b *bus) hold(t *testing.T, ws string, ttl time.Duration, tables ...string)
 		t.Fatal(err)
 	}
 	cred := leasebus.NewCredential()
-	sent := time.Now()
-	l, err := b.c.Acquire(ctxT(t), leasebus.AcquireRequest{
+	h, err := b.c.AcquireAndHold(ctxT(t), leasebus.AcquireRequest{
 		Repo: "github.com/acme/zombie", Scope: claim, WorkspaceID: ws, WorkspaceMode: leasebus.WorkspaceExclusive,
 		Owner: leasebus.Owner{TaskID: "task-" + ws, AgentID: "agent-" + ws, AttemptID: "att-" + ws},
 		TTL:   leasebus.Duration(ttl), Wait: leasebus.Duration(20 * time.Second),
-	}, cred)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := b.c.Hold(l, cred, sent, leasebus.HoldOptions{})
+	}, cred, leasebus.HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,24 +72,20 @@ func BenchmarkShardHandOut(b *testing.B) {
 		}
 		handOut := func() (*shard.Placement, *leasebus.Holder) {
 			cred := leasebus.NewCredential()
-			sent := time.Now()
 			p, err := st.Pool(ctx, co) // the runner's record read
 			if err != nil {
 				b.Fatal(err)
 			}
-			l, err := bus.Client.Acquire(ctx, leasebus.AcquireRequest{
+			h, err := bus.Client.AcquireAndHold(ctx, leasebus.AcquireRequest{
 				Repo: co, Workspaces: p.ShardIDs(), WorkspaceMode: leasebus.WorkspaceExclusive,
 				Owner: leasebus.Owner{TaskID: "bench", AgentID: "bench", AttemptID: leasebus.NewAttemptID()},
 				TTL:   leasebus.Duration(time.Minute),
-			}, cred)
+			}, cred, leasebus.HoldOptions{})
 			if err != nil {
 				b.Fatal(err)
 			}
-			h, err := bus.Client.Hold(l, cred, sent, leasebus.HoldOptions{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			pl, err := st.Place(ctx, p, *l, shard.ModeExclusive, shard.Attempt{AttemptID: l.Owner.AttemptID, AgentID: "bench", Command: []string{"bench"}}, h)
+			l := h.Lease()
+			pl, err := st.Place(ctx, p, l, shard.ModeExclusive, shard.Attempt{AttemptID: l.Owner.AttemptID, AgentID: "bench", Command: []string{"bench"}}, h)
 			if err != nil {
 				b.Fatal(err)
 			}
