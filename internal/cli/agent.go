@@ -18,6 +18,7 @@ import (
 // agentFlags are the flags of fenceline agent.
 type agentFlags struct {
 	sidecar, tokenFile, checkout string
+	root                         string // --root, the old name of --checkout
 	paths                        []string
 	workspace                    string
 	allowWrite, allowConnect     []string
@@ -79,8 +80,10 @@ The exit status is CMD's (128+N when signal N killed it).`,
 	f.StringVar(&af.sidecar, "sidecar", "", "base URL of the sidecar's admin server, e.g. http://127.0.0.1:9090 (required)")
 	f.StringVar(&af.tokenFile, "token-file", "", "file holding the admin API's bearer token (env "+sidecar.EnvAdminToken+"); hidden from CMD")
 	f.StringVar(&af.checkout, "checkout", "", "the checkout CMD works in (required)")
-	f.StringVar(&af.checkout, "root", "", "the checkout CMD works in")
-	f.MarkDeprecated("root", "use --checkout (the same meaning as in run and shard)")
+	f.StringVar(&af.root, "root", "", "old name of --checkout")
+	// Hidden, not cobra-deprecated: cobra would print its notice to
+	// stdout, which is CMD's.
+	_ = f.MarkHidden("root")
 	f.StringArrayVar(&af.paths, "scope", nil, "repo-relative path CMD may write, inside the lease's claim (repeatable; default the lease's claim)")
 	f.StringVar(&af.workspace, "workspace", "", "shared or exclusive (default the lease's; without a lease: shared with --scope, else exclusive)")
 	f.StringArrayVar(&af.allowWrite, "allow-write", nil, "existing path CMD may write besides its claim, e.g. a build cache (repeatable)")
@@ -99,6 +102,12 @@ func (af *agentFlags) check() error {
 	u, err := url.Parse(af.sidecar)
 	if af.sidecar == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return usagef("--sidecar %q: want the sidecar's admin URL, e.g. http://127.0.0.1:9090", af.sidecar)
+	}
+	if af.root != "" {
+		if af.checkout != "" && af.checkout != af.root {
+			return usagef("--root is the old name of --checkout, and they differ: drop --root")
+		}
+		af.checkout = af.root
 	}
 	if strings.TrimSpace(af.checkout) == "" {
 		return usagef("--checkout is required: name the checkout the agent works in")
@@ -127,6 +136,9 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	log, err := newLogger(a.stderr, af.logFormat)
 	if err != nil {
 		return err
+	}
+	if af.root != "" {
+		log.Warn("--root is deprecated: use --checkout (the same meaning as in run and shard)")
 	}
 	token, err := readToken(af.tokenFile)
 	if err != nil {

@@ -158,6 +158,22 @@ func TestAgentFailsClosedWithoutSidecar(t *testing.T) {
 	mustContain(t, "agent stderr", r.errOut.String(), "no word from the sidecar", "settle report not delivered")
 }
 
+// TestAgentRootIsCheckout: --root, the old name of --checkout, still
+// names the checkout, with a warning on stderr (not on stdout, which is
+// CMD's); given beside a different --checkout it is a usage error.
+func TestAgentRootIsCheckout(t *testing.T) {
+	isolate(t)
+	co := newCheckout(t, "")
+	nowhere := strings.Replace(closedURL(t), "nats://", "http://", 1)
+	r := startAgent(t, "--sidecar", nowhere, "--root", co, "--wait", "100ms", "--", "cat", "in/seed")
+	if code := r.wait(t); code != 0 || strings.TrimSpace(r.out.String()) != "seed" {
+		t.Fatalf("agent --root: exit %d, stdout %q\n%s", code, r.out.String(), r.errOut)
+	}
+	mustContain(t, "agent stderr", r.errOut.String(), "--root is deprecated: use --checkout")
+	u := fl(t, "agent", "--sidecar", nowhere, "--root", co, "--checkout", t.TempDir(), "--", "true").want(t, ExitUsage)
+	mustContain(t, "agent stderr", u.stderr, "--root is the old name of --checkout, and they differ")
+}
+
 // TestSidecarReleasesOnlyAfterSettle: SIGTERM to the sidecar while the
 // agent — which ignores SIGTERM and has a background child — still runs:
 // the sidecar stops being ready and drains its fences, but keeps the lease
