@@ -121,18 +121,8 @@ func TestFindCheckoutRunsNoTrap(t *testing.T) {
 	}
 }
 
-func claim(t *testing.T, paths ...string) scope.Claim {
-	t.Helper()
-	whole := len(paths) == 1 && paths[0] == "*"
-	if whole {
-		paths = nil
-	}
-	c, err := scope.New(paths, whole, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
+// claim builds a claim of paths ("*": whole-repo).
+func claim(t *testing.T, paths ...string) scope.Claim { return bustest.Claim(t, paths...) }
 
 // TestPolicy is the guard a lease gives, by workspace mode and claim.
 func TestPolicy(t *testing.T) {

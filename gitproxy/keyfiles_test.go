@@ -12,19 +12,9 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/gitserver"
+	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 )
-
-func wantPerm(t *testing.T, path string, want os.FileMode) {
-	t.Helper()
-	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := fi.Mode().Perm(); got != want {
-		t.Errorf("%s has mode %04o, want %04o", path, got, want)
-	}
-}
 
 // TestSidecarKeyFile: the sidecars' copy lives in fenceline's state dir,
 // one file per repository, the identity escaped into one path element.
@@ -52,8 +42,8 @@ func TestWriteSidecarKey(t *testing.T) {
 	if err := WriteSidecarKey(file, key); err != nil {
 		t.Fatal(err)
 	}
-	wantPerm(t, file, 0o600)
-	wantPerm(t, dir, 0o700)
+	testutil.WantPerm(t, file, 0o600)
+	testutil.WantPerm(t, dir, 0o700)
 	if got, err := ReadKeyFile(file); err != nil || !bytes.Equal(got, key) {
 		t.Fatalf("read back %x (%v), wrote %x", got, err, key)
 	}
@@ -64,7 +54,7 @@ func TestWriteSidecarKey(t *testing.T) {
 	if err := WriteSidecarKey(file, key); err != nil {
 		t.Fatal(err)
 	}
-	wantPerm(t, file, 0o600)
+	testutil.WantPerm(t, file, 0o600)
 
 	other, err := GenerateHookKey()
 	if err != nil {
@@ -76,7 +66,7 @@ func TestWriteSidecarKey(t *testing.T) {
 	if got, err := ReadKeyFile(file); err != nil || !bytes.Equal(got, other) {
 		t.Fatalf("after a new key: %x (%v), want %x", got, err, other)
 	}
-	wantPerm(t, file, 0o600)
+	testutil.WantPerm(t, file, 0o600)
 	if _, err := os.Stat(file + ".tmp"); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("temporary file left: %v", err)
 	}
@@ -133,8 +123,8 @@ func TestInstallHookForSidecars(t *testing.T) {
 	if file != SidecarKeyFile(testRepo) || !in.NewKey {
 		t.Fatalf("installed %+v, sidecar copy %s", in, file)
 	}
-	wantPerm(t, in.KeyFile, 0o600)
-	wantPerm(t, file, 0o600)
+	testutil.WantPerm(t, in.KeyFile, 0o600)
+	testutil.WantPerm(t, file, 0o600)
 	if got, err := ReadKeyFile(file); err != nil || !bytes.Equal(got, in.Key) {
 		t.Fatalf("sidecar copy %x (%v), hook secret %x", got, err, in.Key)
 	}

@@ -12,18 +12,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-)
 
-func wantPerm(t *testing.T, path string, want os.FileMode) {
-	t.Helper()
-	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := fi.Mode().Perm(); got != want {
-		t.Errorf("%s has mode %04o, want %04o", path, got, want)
-	}
-}
+	"github.com/fenceline/fenceline/internal/testutil"
+)
 
 // TestSecretFileRoundTrip: WriteSecretFile makes the file (0600) and its
 // directory (0700), ReadSecretFile reads back the same bytes, and a file
@@ -35,8 +26,8 @@ func TestSecretFileRoundTrip(t *testing.T) {
 	if err := WriteSecretFile(file, secret); err != nil {
 		t.Fatal(err)
 	}
-	wantPerm(t, file, 0o600)
-	wantPerm(t, dir, 0o700)
+	testutil.WantPerm(t, file, 0o600)
+	testutil.WantPerm(t, dir, 0o700)
 	got, err := ReadSecretFile(file)
 	if err != nil || !bytes.Equal(got, secret) {
 		t.Fatalf("ReadSecretFile = %x, %v; want %x", got, err, secret)
@@ -130,7 +121,7 @@ func TestInstallDSN(t *testing.T) {
 	if in.Trigger != TriggerPLpgSQL || len(in.Secret) != 32 {
 		t.Fatalf("installed %+v", in)
 	}
-	wantPerm(t, file, 0o600)
+	testutil.WantPerm(t, file, 0o600)
 	if got, err := ReadSecretFile(file); err != nil || !bytes.Equal(got, in.Secret) {
 		t.Fatalf("secret file holds %x (%v), installed %x", got, err, in.Secret)
 	}

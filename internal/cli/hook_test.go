@@ -14,6 +14,7 @@ import (
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/repoid"
+	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -35,17 +36,6 @@ func installHookJSON(t *testing.T, args ...string) hookInstalled {
 		t.Fatalf("decode hook install --json: %v\n%s", err, r.stdout)
 	}
 	return in
-}
-
-func wantMode(t *testing.T, path string, want os.FileMode) {
-	t.Helper()
-	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := fi.Mode().Perm(); got != want {
-		t.Errorf("%s has mode %04o, want %04o", path, got, want)
-	}
 }
 
 // TestHookInstall: hook install makes a random per-repository secret
@@ -70,9 +60,9 @@ func TestHookInstall(t *testing.T) {
 	if in.HookSecretFile != filepath.Join(in.GitDir, "fenceline", "hook.key") || in.SidecarSecretFile != gitproxy.SidecarKeyFile(testRepo) {
 		t.Fatalf("secret files %s, %s", in.HookSecretFile, in.SidecarSecretFile)
 	}
-	wantMode(t, in.HookSecretFile, 0o600)
-	wantMode(t, filepath.Dir(in.HookSecretFile), 0o700)
-	wantMode(t, in.SidecarSecretFile, 0o600)
+	testutil.WantPerm(t, in.HookSecretFile, 0o600)
+	testutil.WantPerm(t, filepath.Dir(in.HookSecretFile), 0o700)
+	testutil.WantPerm(t, in.SidecarSecretFile, 0o600)
 	key, err := gitproxy.ReadKeyFile(in.HookSecretFile)
 	if err != nil {
 		t.Fatal(err)
