@@ -45,6 +45,7 @@ func judgedProxy(t *testing.T, cfg Config, answers map[string][]netip.Addr) (str
 // fences. Private, shared (CGNAT) and this host's own addresses are refused
 // like loopback unless pinned or allowed by address.
 func TestAttackAllowedNameIntoThePrivateNetwork(t *testing.T) {
+	t.Parallel()
 	answers := map[string][]netip.Addr{
 		"ten.tunnel.example.test":  {netip.MustParseAddr("10.1.2.3")},
 		"rfc.tunnel.example.test":  {netip.MustParseAddr("192.168.7.7")},
@@ -90,6 +91,7 @@ func TestAttackAllowedNameIntoThePrivateNetwork(t *testing.T) {
 // over the git host's domain, a CNAME, an alias) that resolves to the
 // same server would tunnel the agent's push around the fence.
 func TestAttackGitUpstreamByAnotherName(t *testing.T) {
+	t.Parallel()
 	git := netip.MustParseAddr("192.0.2.50")
 	answers := map[string][]netip.Addr{
 		"git.example.test":   {git},

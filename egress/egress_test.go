@@ -115,6 +115,7 @@ func curl(t *testing.T, proxy string, args ...string) (string, error) {
 // the proxy does not have: no interception), any other host gets 403
 // naming the host, the lease and the flag, and the refusal is audited.
 func TestTunnelAllowedRefuseOthers(t *testing.T) {
+	t.Parallel()
 	ca := testca.New(t)
 	api := apiServer(t, ca)
 	audit := &memAuditor{}
@@ -187,6 +188,7 @@ func proxyGet(t *testing.T, proxy, target string) answer {
 // address; a name that resolves to loopback (the sidecar's own ports,
 // the bus) is refused even when allowed; only a pin reaches loopback.
 func TestRefuseAddresses(t *testing.T) {
+	t.Parallel()
 	ca := testca.New(t)
 	api := apiServer(t, ca)
 	_, apiPort, _ := net.SplitHostPort(api)
@@ -227,6 +229,7 @@ func TestRefuseAddresses(t *testing.T) {
 // allowed host:80 is forwarded (to its pinned address), the git host's
 // requests go to its fence, and the client's proxy headers stay behind.
 func TestPlainHTTP(t *testing.T) {
+	t.Parallel()
 	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "web %s %s proxy-auth=%q", r.Host, r.URL.Path, r.Header.Get("Proxy-Authorization"))
 	}))
@@ -263,6 +266,7 @@ func TestPlainHTTP(t *testing.T) {
 // it resolves to must pass, and what is dialled is the judged address,
 // never the name (DNS rebinding between check and connect gains nothing).
 func TestResolveOnce(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var lookups int
 	var dialled []string
@@ -379,6 +383,7 @@ func TestRules(t *testing.T) {
 // lets an in-scope one land, both from the real git CLI through
 // HTTPS_PROXY.
 func TestGitHostIntoTheFence(t *testing.T) {
+	t.Parallel()
 	bus := bustest.Start(t)
 	ca := testca.New(t)
 	// The real git host: git http-backend over TLS, a certificate for

@@ -120,6 +120,7 @@ func flipLast(b []byte) []byte {
 // TestClientVanishesMidPack: a client that disconnects halfway through its
 // pack leaves the upstream untouched and the proxy with nothing running.
 func TestClientVanishesMidPack(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
 	tmp := t.TempDir()

@@ -276,6 +276,7 @@ func TestPushAfterReleaseRevokeAndWithoutLease(t *testing.T) {
 // another owner, who pushed, must not land its push — at the proxy, and,
 // should a zombie get past its own checks, at the server's hook.
 func TestZombiePush(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.installHook(false)
 

@@ -77,6 +77,7 @@ func getJSON(t *testing.T, url string, v any) {
 
 // The JSON API answers from the bus: repos, leases (active or all), audit.
 func TestAPI(t *testing.T) {
+	t.Parallel()
 	b, hs := startUI(t, Config{})
 	l, cred := acquire(t, b, "services/billing")
 	acquire(t, b, "libs")
@@ -127,6 +128,7 @@ func TestAPI(t *testing.T) {
 // Off loopback every request needs the token: as a bearer header, or as
 // ?token= once, which leaves a cookie for the page's own requests.
 func TestToken(t *testing.T) {
+	t.Parallel()
 	_, hs := startUI(t, Config{Token: "s3cret"})
 	get := func(path string, header, cookie string) *http.Response {
 		t.Helper()
@@ -194,6 +196,7 @@ func (s sse) next(t *testing.T) (event string, data []byte) {
 // The event stream starts with a snapshot, then carries every lease record
 // and audit event the bus commits, in order; it ends when the server closes.
 func TestEventStream(t *testing.T) {
+	t.Parallel()
 	b, hs := startUI(t, Config{})
 	held, _ := acquire(t, b, "services/billing")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -277,6 +280,7 @@ func TestStreamOverflow(t *testing.T) {
 // With a shard store, the API and the stream carry the pools and attempts;
 // the stream sends them again after each lease record.
 func TestShards(t *testing.T) {
+	t.Parallel()
 	b := bustest.Start(t)
 	st, err := shard.Open(b.ConnectAs(t, leasebus.RoleOperator), shard.Config{}) // declares pools
 	if err != nil {
@@ -337,6 +341,7 @@ func TestShards(t *testing.T) {
 // Streams that learn of one lease change share one shard listing; a change
 // learned later gets a fresh one.
 func TestShardsListingShared(t *testing.T) {
+	t.Parallel()
 	b := bustest.Start(t)
 	var calls atomic.Int32
 	release := make(chan struct{})
@@ -393,6 +398,7 @@ func TestShardsListingShared(t *testing.T) {
 // UI's own list reads (filtered out), the audit API reads further back
 // rather than answer with fewer events than asked for.
 func TestAuditSkipsOwnReadsBackwards(t *testing.T) {
+	t.Parallel()
 	b, hs := startUI(t, Config{})
 	l, cred := acquire(t, b, "services/billing")
 	if _, err := b.Client.Release(context.Background(), l.LeaseID, cred); err != nil {

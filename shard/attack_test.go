@@ -28,6 +28,7 @@ import (
 // nested repository's config and hooks back and moves the attempt's .git
 // file aside; the user's git status runs none of the traps.
 func TestRestoreCheckoutNestedRepos(t *testing.T) {
+	t.Parallel()
 	co := newRepo(t, 2)
 	gd := filepath.Join(co, ".git")
 	lib := filepath.Join(co, "vendor", "lib")
@@ -101,6 +102,7 @@ func TestRestoreCheckoutNestedRepos(t *testing.T) {
 // the shard. Cleaning removes it first: the checkout keeps the attempt's
 // real commit.
 func TestCleanIgnoresANestedGitDirInTheShardsGitDir(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	co := newRepo(t, 3)
 	base := mustGit(t, co, "rev-parse", "HEAD")
@@ -185,6 +187,7 @@ func mustGitIn(t *testing.T, dir, _ string, stdin io.Reader, args ...string) str
 // later cleaning fails and the shard is lost to the pool; git log and
 // diff in the next attempt lie about base). Cleaning drops it.
 func TestCleanDropsAForgedCommitGraph(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	co := newRepo(t, 3)
 	base := mustGit(t, co, "rev-parse", "HEAD")
@@ -225,6 +228,7 @@ func TestCleanDropsAForgedCommitGraph(t *testing.T) {
 // service. The shard is moved aside instead (its files kept on disk and
 // named) and made anew at base.
 func TestCleanSurvivesABrokenShard(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	co := newRepo(t, 3)
 	base := mustGit(t, co, "rev-parse", "HEAD")
@@ -265,6 +269,7 @@ func TestCleanSurvivesABrokenShard(t *testing.T) {
 // refs, config and hooks, and its git ran the planted hooks. Placing a
 // commit capacity restores the shard's git dir first.
 func TestCommitPlacementRestoresTheGitDir(t *testing.T) {
+	t.Parallel()
 	b, st, co, pool := poolFixture(t, 3, 1, 0)
 	ctx := context.Background()
 	ex := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
@@ -304,6 +309,7 @@ func TestCommitPlacementRestoresTheGitDir(t *testing.T) {
 // the git status of every later sharer, would run them under their own
 // leases. With nobody in the shard, placing it restores the git dir.
 func TestSharedPlacementOnADirtyShardRestoresTheGitDir(t *testing.T) {
+	t.Parallel()
 	b, st, co, pool := poolFixture(t, 3, 1, 0)
 	ctx := context.Background()
 	ex := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
@@ -339,6 +345,7 @@ func TestSharedPlacementOnADirtyShardRestoresTheGitDir(t *testing.T) {
 // the branch holds (and what a push sends). Restore removes what the
 // attempt added there.
 func TestRestoreCheckoutDropsReplaceRefsAndGrafts(t *testing.T) {
+	t.Parallel()
 	for _, how := range []string{"replace", "graft"} {
 		t.Run(how, func(t *testing.T) {
 			co := newRepo(t, 2)

@@ -51,6 +51,7 @@ func shardGitDirs(t *testing.T, path string) []string {
 // and a later attempt's git status in the shard run none of it either;
 // the attempt's work is kept.
 func TestExclusiveAttemptLeavesNothingBehind(t *testing.T) {
+	t.Parallel()
 	b, st, co, pool := poolFixture(t, 20, 1, 0)
 	ctx := context.Background()
 	mainTip := mustGit(t, co, "rev-parse", "refs/heads/main")
@@ -120,6 +121,7 @@ func TestExclusiveAttemptLeavesNothingBehind(t *testing.T) {
 // user had and names what it undid, and the user's git status runs none
 // of the traps afterwards.
 func TestRestoreGitDirs(t *testing.T) {
+	t.Parallel()
 	co := newRepo(t, 3)
 	gd := filepath.Join(co, ".git")
 	os.MkdirAll(filepath.Join(gd, "hooks"), 0o755)

@@ -74,6 +74,7 @@ func declare(t testing.TB, st *Store, co string, size, sharers int) *Pool {
 // TestPoolDeclareResize: a pool is declared, grows, and shrinks only below
 // shards no active lease occupies; no pool is ErrNoPool.
 func TestPoolDeclareResize(t *testing.T) {
+	t.Parallel()
 	b := bustest.Start(t)
 	st := openStore(t, b)
 	ctx := context.Background()
@@ -111,6 +112,7 @@ func TestPoolDeclareResize(t *testing.T) {
 // TestPoolCASNoLostUpdates: concurrent changes of one pool record each
 // land once (compare-and-swap with retries).
 func TestPoolCASNoLostUpdates(t *testing.T) {
+	t.Parallel()
 	b := bustest.Start(t)
 	st := openStore(t, b)
 	co := newRepo(t, 1)
@@ -143,6 +145,7 @@ func TestPoolCASNoLostUpdates(t *testing.T) {
 // TestCleanKeepsWork: cleaning returns a shard to base and keeps its
 // branch's commits, a detached HEAD's and its uncommitted files as refs.
 func TestCleanKeepsWork(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	co := newRepo(t, 5)
 	base := mustGit(t, co, "rev-parse", "HEAD")
@@ -212,6 +215,7 @@ func TestCleanKeepsWork(t *testing.T) {
 // create its worktree once (flock), each attempt is written running with
 // its lease, and the shard is dirty; settling records the exit.
 func TestPlaceSharersCreateOnce(t *testing.T) {
+	t.Parallel()
 	b, st, co, pool := poolFixture(t, 50, 1, 0)
 	ctx := context.Background()
 	const n = 4
@@ -260,6 +264,7 @@ func TestPlaceSharersCreateOnce(t *testing.T) {
 // unknown, its shard dirty, with an audit event; one whose lease is
 // active is left alone; a runner's late settle still records its exit.
 func TestRecoverCrashedAttempt(t *testing.T) {
+	t.Parallel()
 	b, st, co, pool := poolFixture(t, 3, 2, 0)
 	ctx := context.Background()
 	live := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
@@ -330,6 +335,7 @@ func TestRecoverCrashedAttempt(t *testing.T) {
 // TestExclusivePlacementCleans: an exclusive attempt on a dirty shard
 // finds it cleaned (the leftovers kept), and CleanAfter returns it clean.
 func TestExclusivePlacementCleans(t *testing.T) {
+	t.Parallel()
 	b, st, co, pool := poolFixture(t, 10, 1, 0)
 	ctx := context.Background()
 	shared := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "d000"), WorkspaceID: "shard-1", TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
@@ -394,6 +400,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 // Place asks the lease under the shard's flock before creating or cleaning,
 // and settles the attempt failed.
 func TestPlaceRefusedWithoutLease(t *testing.T) {
+	t.Parallel()
 	b, st, co, pool := poolFixture(t, 3, 1, 0)
 	ctx := context.Background()
 	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
@@ -426,6 +433,7 @@ func TestPlaceRefusedWithoutLease(t *testing.T) {
 // does not get its files deleted by the next cleaning: the directory is
 // moved aside and named as kept.
 func TestCleanMovesAsideAWorktreeWithoutGit(t *testing.T) {
+	t.Parallel()
 	b, st, co, pool := poolFixture(t, 3, 1, 0)
 	ctx := context.Background()
 	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
@@ -496,6 +504,7 @@ func TestBucketsInThePermissionTable(t *testing.T) {
 // is set, not waited for: the file and the index get the mtime the index
 // entry recorded, as when the agent edits right after committing.
 func TestCleanKeepsARacyEdit(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	co := newRepo(t, 3)
 	base := mustGit(t, co, "rev-parse", "HEAD")

@@ -114,6 +114,7 @@ func attemptIDs(as []*Attempt) []string {
 // is recovered first and its shard shows dirty; recent keeps the newest
 // attempts and every older running one.
 func TestView(t *testing.T) {
+	t.Parallel()
 	f := newViewFixture(t)
 	ctx := context.Background()
 	v, err := f.st.View(ctx, f.pool, f.b.Client, 2)
@@ -166,6 +167,7 @@ func TestView(t *testing.T) {
 // pool's fields at the top with shards, attempts and otherLeases (left
 // out when empty); each shard's fields with occupants ([] when empty).
 func TestViewJSON(t *testing.T) {
+	t.Parallel()
 	b, st, co, pool := poolFixture(t, 1, 2, 3)
 	ctx := context.Background()
 	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "d000"), WorkspaceID: "shard-2", TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})

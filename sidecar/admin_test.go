@@ -95,6 +95,7 @@ func (es *eventStream) next(t *testing.T, timeout time.Duration) LeaseView {
 // revokes it; the events stream says the same, first the state, then every
 // change, then keep-alives.
 func TestAdminReadinessFollowsTheLease(t *testing.T) {
+	t.Parallel()
 	bus := bustest.Start(t)
 	m := NewMetrics()
 	a := startAdmin(t, AdminConfig{Metrics: m, KeepAlive: 50 * time.Millisecond, Poll: 20 * time.Millisecond})
@@ -164,6 +165,7 @@ func TestAdminReadinessFollowsTheLease(t *testing.T) {
 // TestAdminDrainingNotReady: a sidecar shutting down is not ready though
 // its lease is held, and a settle report closes Settled.
 func TestAdminDrainingNotReady(t *testing.T) {
+	t.Parallel()
 	bus := bustest.Start(t)
 	a := startAdmin(t, AdminConfig{})
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: bustest.Claim(t, "a"),
@@ -200,6 +202,7 @@ func TestAdminDrainingNotReady(t *testing.T) {
 // TestAdminMetricsCountRenewals: the renew histogram and the held gauge
 // follow a real holder renewing on a real bus.
 func TestAdminMetricsCountRenewals(t *testing.T) {
+	t.Parallel()
 	bus := bustest.Start(t)
 	m := NewMetrics()
 	a := startAdmin(t, AdminConfig{Metrics: m})
@@ -225,6 +228,7 @@ func TestAdminMetricsCountRenewals(t *testing.T) {
 // to start without a token; with one, the API and metrics want it and the
 // probes do not.
 func TestAdminTokenOffLoopback(t *testing.T) {
+	t.Parallel()
 	if _, err := StartAdmin(AdminConfig{Listen: "0.0.0.0:0"}); err == nil || !strings.Contains(err.Error(), "needs a bearer token") {
 		t.Fatalf("off loopback without a token: %v", err)
 	}
@@ -273,6 +277,7 @@ func TestAdminTokenOffLoopback(t *testing.T) {
 // recorded on the audit stream under the sidecar's lease (whatever lease
 // the post named) and counted.
 func TestAdminAuditForward(t *testing.T) {
+	t.Parallel()
 	bus := bustest.Start(t)
 	m := NewMetrics()
 	a := startAdmin(t, AdminConfig{Metrics: m, Audit: bus.Auditor})

@@ -101,6 +101,7 @@ func TestGate(t *testing.T) {
 // under the sidecar's lease, and delivers the settle report; a wrong token
 // gets the server's refusal back.
 func TestClientFollowsTheAdminServer(t *testing.T) {
+	t.Parallel()
 	bus := bustest.Start(t)
 	const token = "0123456789abcdef0123"
 	a := startAdmin(t, AdminConfig{Token: token, Audit: bus.Auditor, KeepAlive: 50 * time.Millisecond, Poll: 20 * time.Millisecond})

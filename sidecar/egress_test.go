@@ -43,6 +43,7 @@ func goClient(url string) int {
 // through the egress proxy with TLS verified end to end, and none of them
 // reaches another host.
 func TestEgressRealClients(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ca := testca.New(t)

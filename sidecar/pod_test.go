@@ -75,6 +75,7 @@ func leaseStatus(ctx context.Context, t *testing.T, bus *bustest.Bus, id string)
 // environment and is ready; shut down after the agent reported its
 // attempt settled, it is not ready and has released the lease.
 func TestPodServesAndReleases(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	bus := bustest.Start(t)
@@ -152,6 +153,7 @@ func TestPodServesAndReleases(t *testing.T) {
 // reported leaves its lease to expire; one attached to a lease leaves it
 // to its owner; neither releases it.
 func TestPodLeavesTheLease(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	bus := bustest.Start(t)
@@ -216,6 +218,7 @@ func TestPodLeavesTheLease(t *testing.T) {
 // cannot start release the lease taken for them; an admin address taken
 // is an *AdminError.
 func TestPodStartFails(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	bus := bustest.Start(t)

@@ -39,6 +39,7 @@ func postSettled(t *testing.T, a *Admin) {
 // to the timeout, and lets go at once when it reports, before or during
 // the wait.
 func TestWaitSettled(t *testing.T) {
+	t.Parallel()
 	t.Run("no agent", func(t *testing.T) {
 		a := startAdmin(t, AdminConfig{})
 		if s := waitSettledWithin(t, a, time.Hour, 5*time.Second); s != SettleNoAgent || !s.Settled() {
