@@ -121,7 +121,6 @@ func retryUnavailable(ctx context.Context, stats *atomic.Int64, op func() error)
 // version) instead of building this one. scripts/faults-cluster.sh runs the
 // long form.
 func TestClusterAuditThroughFaults(t *testing.T) {
-	parallelOwnPG(t)
 	rounds := 1
 	if v := os.Getenv("FENCELINE_FAULTS_CLUSTER_ROUNDS"); v != "" {
 		n, err := strconv.Atoi(v)

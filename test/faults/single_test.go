@@ -32,19 +32,6 @@ const revokeTry = 8 * time.Second
 // revoked holder's writes (invariant 9).
 const bound = time.Second
 
-// parallelOwnPG runs t in parallel with the package's other fault runs
-// when each starts a Postgres of its own. They wait (on faults' holds,
-// restarts, leases) more than they compute, and share nothing else: each
-// has its own binary, bus or cluster, ports, checkouts and state. With
-// FENCELINE_TEST_PG they would share one database (the same tables, the
-// same fenceline schema), so then they run one at a time.
-func parallelOwnPG(t *testing.T) {
-	t.Helper()
-	if os.Getenv(pgtest.EnvDSN) == "" {
-		t.Parallel()
-	}
-}
-
 // envInt reads a positive integer from the environment, or def.
 func envInt(t *testing.T, name string, def int) int {
 	t.Helper()
@@ -108,7 +95,6 @@ type lineage struct {
 // FENCELINE_FAULTS_ROUNDS sets the number of rounds (default 2: the CI
 // form); scripts/faults.sh runs the long form.
 func TestSingleBusKillRestartRevoke(t *testing.T) {
-	parallelOwnPG(t)
 	rounds := envInt(t, "FENCELINE_FAULTS_ROUNDS", 2)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rounds)*40*time.Second+90*time.Second)
 	defer cancel()
