@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 
@@ -140,14 +139,9 @@ server it connects to belongs to one, else 1.`,
 }
 
 func (a *app) serve(ctx context.Context, f *serveFlags) error {
-	var logger *slog.Logger
-	switch f.logFormat {
-	case "text":
-		logger = slog.New(slog.NewTextHandler(a.stderr, nil))
-	case "json":
-		logger = slog.New(slog.NewJSONHandler(a.stderr, nil))
-	default:
-		return usagef("--log-format %q: want text or json", f.logFormat)
+	logger, err := newLogger(a.stderr, f.logFormat)
+	if err != nil {
+		return err
 	}
 	if f.replicas < 0 || f.replicas > 5 {
 		return usagef("--replicas %d: want 1, 3 or 5", f.replicas)
