@@ -297,21 +297,18 @@ func (s *story) mustPass(t *testing.T) {
 // TestCodexUnderRun: Codex CLI, unmodified, its sandbox and approvals
 // off, through the whole story under "fenceline run".
 func TestCodexUnderRun(t *testing.T) {
-	t.Parallel()
 	runStory(t, "codex", modeRun).mustPass(t)
 }
 
 // TestClaudeUnderRun: Claude Code, unmodified, permissions skipped (as
 // nobody), through the whole story under "fenceline run".
 func TestClaudeUnderRun(t *testing.T) {
-	t.Parallel()
 	runStory(t, "claude", modeRun).mustPass(t)
 }
 
 // TestCodexInPod: the same story with "fenceline sidecar" and "fenceline
 // agent" wrapping codex exec, two processes as a pod's two containers.
 func TestCodexInPod(t *testing.T) {
-	t.Parallel()
 	runStory(t, "codex", modePod).mustPass(t)
 }
 
@@ -320,7 +317,6 @@ func TestCodexInPod(t *testing.T) {
 // file-write steps: what held in the other runs was fenceline's guard,
 // not the agent's own sandbox (which every run turns off).
 func TestGuardOffFails(t *testing.T) {
-	t.Parallel()
 	s := runStory(t, "codex", modeUnguarded)
 	vs := s.judge(t)
 	s.report(t, vs)
