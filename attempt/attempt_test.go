@@ -255,14 +255,15 @@ func TestHiddenPaths(t *testing.T) {
 }
 
 func TestEnv(t *testing.T) {
-	base := []string{"HOME=/home/dev", "SECRET=x", "GIT_OPTIONAL_LOCKS=1", "FENCELINE_LEASE_ID=lease_old"}
+	base := []string{"HOME=/home/dev", "SECRET=x", "GIT_OPTIONAL_LOCKS=1", "FENCELINE_LEASE_ID=lease_old",
+		"FENCELINE_GIT_UPSTREAM_HEADER=Authorization: Bearer t", "FENCELINE_ADMIN_TOKEN=t", "FENCELINE_UI_TOKEN=t"}
 	route := func(env []string) []string { return append(env, "HTTPS_PROXY=http://127.0.0.1:1") }
 	got := Env(base, []string{"SECRET"}, route, "lease_new")
 	want := []string{"HOME=/home/dev", "GIT_OPTIONAL_LOCKS=1", "HTTPS_PROXY=http://127.0.0.1:1", "FENCELINE_LEASE_ID=lease_new"}
 	if !slices.Equal(got, want) {
 		t.Errorf("Env = %v, want %v", got, want)
 	}
-	if base[1] != "SECRET=x" || len(base) != 4 {
+	if base[1] != "SECRET=x" || len(base) != 7 {
 		t.Errorf("Env changed its base: %v", base)
 	}
 	if got := Env(nil, nil, nil, ""); len(got) != 0 {

@@ -41,7 +41,6 @@ type PodSpec struct {
 	AllowWrite []string // real paths the agent may write besides its claim
 	AllowPorts []uint16 // TCP ports it may connect to besides the fences'
 	Hide       []string // secrets it may not read besides fenceline's state dir
-	DropEnv    []string // variables of this environment it does not inherit
 
 	KillGrace      time.Duration
 	AllowUnguarded bool
@@ -97,7 +96,7 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 	if err := egressAllows(fences, spec.AllowHosts); err != nil {
 		return res, err
 	}
-	env := Env(os.Environ(), spec.DropEnv, fences.Env, l.LeaseID)
+	env := Env(os.Environ(), nil, fences.Env, l.LeaseID)
 	pol.Hidden = HiddenPaths(env, spec.Hide...)
 	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, fences.Ports())
 	pol.KillGrace = spec.KillGrace

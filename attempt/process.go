@@ -15,6 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fenceline/fenceline/fsguard"
+	"github.com/fenceline/fenceline/runui"
+	"github.com/fenceline/fenceline/sidecar"
 )
 
 // ExitUnknown is the exit status reported when a command's end is not
@@ -34,15 +36,19 @@ func CheckGuard(name string, allowUnguarded bool) (warning, err error) {
 	return nil, nil
 }
 
-// Env is the agent's environment: base without the variables named in
-// drop (what only fenceline may know, such as an upstream credential),
-// routed through the fences by route, and naming the lease when leaseID
-// is set. (The guard adds its own: a private TMPDIR, GIT_OPTIONAL_LOCKS=0
+// SecretEnv names the variables of fenceline's own environment that no
+// agent inherits: the git upstream's credential, the sidecar's admin
+// token, the run UI's token.
+var SecretEnv = []string{sidecar.EnvGitUpstreamHeader, sidecar.EnvAdminToken, runui.EnvToken}
+
+// Env is the agent's environment: base without SecretEnv and the
+// variables named in drop, routed through the fences by route, and
+// naming the lease when leaseID is set. (The guard adds its own: a private TMPDIR, GIT_OPTIONAL_LOCKS=0
 // so that read-only git never refreshes the index; see fsguard.Start.)
 func Env(base, drop []string, route func([]string) []string, leaseID string) []string {
 	env := slices.DeleteFunc(slices.Clone(base), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
-		return slices.Contains(drop, k)
+		return slices.Contains(SecretEnv, k) || slices.Contains(drop, k)
 	})
 	if route != nil {
 		env = route(env)

@@ -37,9 +37,6 @@ type Spec struct {
 	// Hide names secrets the agent may not read besides fenceline's state
 	// dir and the sidecar's (HiddenPaths).
 	Hide []string
-	// DropEnv names variables of this process's environment the agent
-	// does not inherit (an upstream credential).
-	DropEnv []string
 
 	// StopOnLost stops the agent when the lease is lost; otherwise it runs
 	// on with every write refused.
@@ -146,7 +143,7 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	for _, c := range created {
 		r.say("created %s: the claim did not exist in the checkout, and writes are confined to existing paths", c)
 	}
-	env := Env(os.Environ(), spec.DropEnv, sc.AgentEnv, l.LeaseID)
+	env := Env(os.Environ(), nil, sc.AgentEnv, l.LeaseID)
 	pol.Hidden = HiddenPaths(env, append([]string{cfg.StateDir}, spec.Hide...)...)
 	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, sc.Ports())
 	pol.KillGrace = spec.KillGrace

@@ -373,6 +373,22 @@ func (h *Holder) Stop() {
 	})
 }
 
+// End ends holding the lease: its owner (owned) releases it, waiting up
+// to ReleaseTimeout even when ctx is done; a holder that attached to
+// another owner's lease only stops renewing it (its owner decides).
+func (h *Holder) End(ctx context.Context, owned bool) error {
+	if !owned {
+		h.Stop()
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeout)
+	defer cancel()
+	return h.Release(ctx)
+}
+
+// ReleaseTimeout bounds End's release of a lease.
+const ReleaseTimeout = 5 * time.Second
+
 // Release stops renewing and releases the lease.
 func (h *Holder) Release(ctx context.Context) error {
 	h.Stop()

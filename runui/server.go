@@ -97,6 +97,10 @@ func (f *shardsFlight) finished() bool {
 	}
 }
 
+// EnvToken names the environment variable that holds the run UI's token
+// (required off loopback).
+const EnvToken = "FENCELINE_UI_TOKEN"
+
 // New returns a Server for cfg.
 func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {

@@ -23,11 +23,9 @@ type PodConfig struct {
 	Admin AdminConfig
 	// Hold takes the agent's lease, passing opts (the pod's metrics hook)
 	// to the holder: it acquires the lease, or attaches to one acquired
-	// elsewhere (then set Attached). Its error is Start's, as is.
-	Hold func(ctx context.Context, opts leasebus.HoldOptions) (*leasebus.Holder, error)
-	// Attached says Hold attaches to a lease that is its owner's: the pod
-	// never releases it, it only stops renewing it.
-	Attached bool
+	// elsewhere and says so (attached): the pod then never releases it,
+	// it only stops renewing it. Its error is Start's, as is.
+	Hold func(ctx context.Context, opts leasebus.HoldOptions) (h *leasebus.Holder, attached bool, err error)
 	// Fences is the fences' configuration under the held lease h, whose
 	// refusals audit records; the pod sets its Metrics. Its error is
 	// Start's, as is.
@@ -70,10 +68,11 @@ type Pod struct {
 	admin   *Admin
 
 	// Set by Start.
-	holder *leasebus.Holder
-	lease  leasebus.Lease // as when the fences started
-	llog   *slog.Logger   // log with the lease's ids
-	sc     *Sidecar
+	holder   *leasebus.Holder
+	attached bool           // the lease is its owner's (PodConfig.Hold): never released here
+	lease    leasebus.Lease // as when the fences started
+	llog     *slog.Logger   // log with the lease's ids
+	sc       *Sidecar
 }
 
 // Ready is what a started pod serves: the lease, the fences and the
@@ -168,10 +167,11 @@ func (p *Pod) Start(ctx context.Context) (*Ready, error) {
 	if p.sc != nil {
 		return nil, errors.New("sidecar pod: started twice")
 	}
-	h, err := p.cfg.Hold(ctx, p.metrics.HoldOptions(leasebus.HoldOptions{}))
+	h, attached, err := p.cfg.Hold(ctx, p.metrics.HoldOptions(leasebus.HoldOptions{}))
 	if err != nil {
 		return nil, err
 	}
+	p.attached = attached
 	p.metrics.TrackLease(h)
 	l := h.Lease()
 	cfg, err := p.cfg.Fences(h, p.audit)
@@ -231,7 +231,7 @@ func (p *Pod) Shutdown(ctx context.Context) (*Ending, error) {
 	settled, why := p.waitSettled()
 	end := &Ending{Lease: p.lease, Why: why}
 	switch {
-	case p.cfg.Attached:
+	case p.attached:
 		p.finish(ctx, p.holder)
 		end.End = LeaseLeftToOwner
 	case !settled:
@@ -263,13 +263,7 @@ func (p *Pod) Close(ctx context.Context) error {
 // finish ends holding h: an acquired lease is released (up to 5 s, even
 // when ctx is done), an attached one only no longer renewed.
 func (p *Pod) finish(ctx context.Context, h *leasebus.Holder) error {
-	if p.cfg.Attached {
-		h.Stop()
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	return h.Release(ctx)
+	return h.End(ctx, !p.attached)
 }
 
 // waitSettled waits for the agent wrapper's settle report

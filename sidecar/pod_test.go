@@ -27,11 +27,11 @@ func podRequest(t *testing.T) leasebus.AcquireRequest {
 
 // acquiring is a PodConfig.Hold that acquires req with cred, and the
 // holder it made (nil until then).
-func acquiring(bus *bustest.Bus, req leasebus.AcquireRequest, cred leasebus.Credential, held **leasebus.Holder) func(context.Context, leasebus.HoldOptions) (*leasebus.Holder, error) {
-	return func(ctx context.Context, opts leasebus.HoldOptions) (*leasebus.Holder, error) {
+func acquiring(bus *bustest.Bus, req leasebus.AcquireRequest, cred leasebus.Credential, held **leasebus.Holder) func(context.Context, leasebus.HoldOptions) (*leasebus.Holder, bool, error) {
+	return func(ctx context.Context, opts leasebus.HoldOptions) (*leasebus.Holder, bool, error) {
 		h, err := bus.Client.AcquireAndHold(ctx, req, cred, opts)
 		*held = h
-		return h, err
+		return h, false, err
 	}
 }
 
@@ -190,9 +190,10 @@ func TestPodLeavesTheLease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := newPod(t, bus, PodConfig{Attached: true, Fences: egressOnly(t, bus),
-			Hold: func(ctx context.Context, opts leasebus.HoldOptions) (*leasebus.Holder, error) {
-				return bus.Client.AttachAndHold(ctx, l.LeaseID, cred, opts)
+		p := newPod(t, bus, PodConfig{Fences: egressOnly(t, bus),
+			Hold: func(ctx context.Context, opts leasebus.HoldOptions) (*leasebus.Holder, bool, error) {
+				h, err := bus.Client.AttachAndHold(ctx, l.LeaseID, cred, opts)
+				return h, true, err
 			}})
 		r, err := p.Start(ctx)
 		if err != nil {

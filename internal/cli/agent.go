@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -22,6 +23,7 @@ type agentFlags struct {
 	paths                        []string
 	workspace                    string
 	allowWrite, allowConnect     []string
+	ports                        []uint16 // --allow-connect, parsed by check
 	allowHosts                   []string
 	grace, wait, killGrace       time.Duration
 	allowUnguarded               bool
@@ -104,7 +106,7 @@ func (af *agentFlags) check() error {
 		return usagef("--sidecar %q: want the sidecar's admin URL, e.g. http://127.0.0.1:9090", af.sidecar)
 	}
 	if af.root != "" {
-		if af.checkout != "" && af.checkout != af.root {
+		if af.checkout != "" && !samePath(af.checkout, af.root) {
 			return usagef("--root is the old name of --checkout, and they differ: drop --root")
 		}
 		af.checkout = af.root
@@ -118,7 +120,7 @@ func (af *agentFlags) check() error {
 	if af.grace <= 0 || af.killGrace <= 0 || af.wait < 0 {
 		return usagef("--grace and --kill-grace must be positive, --wait not negative")
 	}
-	if _, err := attempt.Ports("--allow-connect", af.allowConnect); err != nil {
+	if af.ports, err = attempt.Ports("--allow-connect", af.allowConnect); err != nil {
 		return err
 	}
 	if _, err := egress.ParseRules(af.allowHosts); err != nil {
@@ -152,7 +154,6 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	if err != nil {
 		return err
 	}
-	ports, _ := attempt.Ports("--allow-connect", af.allowConnect)
 	if warn, err := attempt.CheckGuard(argv[0], af.allowUnguarded); err != nil {
 		return err
 	} else if warn != nil {
@@ -163,9 +164,8 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 		Argv: argv, Checkout: co,
 		SidecarURL: af.sidecar, Token: token, Grace: af.grace, Wait: af.wait,
 		Paths: af.paths, Workspace: leasebus.WorkspaceMode(af.workspace), AllowHosts: af.allowHosts,
-		AllowWrite: extra, AllowPorts: ports,
+		AllowWrite: extra, AllowPorts: af.ports,
 		Hide:      append([]string{af.tokenFile}, a.credsToHide()...),
-		DropEnv:   []string{sidecar.EnvAdminToken, envGitUpstreamHeader},
 		KillGrace: af.killGrace, AllowUnguarded: af.allowUnguarded,
 		Stdout: out, Stderr: errw, Log: log,
 	})
@@ -176,4 +176,12 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 		return &exitError{code: res.Code, err: errReported}
 	}
 	return nil
+}
+
+// samePath reports whether a and b name the same path (made absolute and
+// clean; not resolved).
+func samePath(a, b string) bool {
+	aa, err1 := filepath.Abs(a)
+	bb, err2 := filepath.Abs(b)
+	return err1 == nil && err2 == nil && aa == bb
 }

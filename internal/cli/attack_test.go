@@ -1,6 +1,9 @@
 package cli
 
 import (
+	"bytes"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,7 +11,9 @@ import (
 	"testing"
 
 	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/internal/testca"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/pgproxy"
 )
 
 // TestRunHidesSiblingBusCredentials: $FENCELINE_CREDS may name one file
@@ -64,4 +69,36 @@ echo probed`
 		t.Fatalf("the agent read a secret of another process:\n%s", r.stdout)
 	}
 	t.Logf("agent: %s", r.stdout)
+}
+
+// TestRunHidesFenceSecretFiles: the Postgres fence's signing secret and
+// TLS key, which flags may keep outside fenceline's state dir, are
+// unreadable to the agent, each by name (reads elsewhere go on: the
+// certificate beside the key stays readable).
+func TestRunHidesFenceSecretFiles(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "")
+	dir := t.TempDir()
+	secretFile := filepath.Join(dir, "pg-secret.key")
+	if err := pgproxy.WriteSecretFile(secretFile, bytes.Repeat([]byte{7}, 32)); err != nil {
+		t.Fatal(err)
+	}
+	cert := testca.New(t).ServerTLS(t, "127.0.0.1").Certificates[0]
+	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o644)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600)
+	probe := func(name, file string) string {
+		return fmt.Sprintf("if cat %s >/dev/null 2>&1; then echo %s=read; else echo %s=hidden; fi", file, name, name)
+	}
+	script := strings.Join([]string{probe("secret", secretFile), probe("key", keyFile), probe("cert", certFile)}, "; ")
+	r := runFL(t, url, "--checkout", co, "--scope", "in", "--pg-upstream", "127.0.0.1:1", "--pg-secret-file", secretFile,
+		"--pg-tls-cert", certFile, "--pg-tls-key", keyFile, "--", "sh", "-c", script).want(t, ExitOK)
+	if got := strings.Join(strings.Fields(r.stdout), " "); got != "secret=hidden key=hidden cert=read" {
+		t.Errorf("the agent: %s, want the secret and the TLS key hidden, the certificate readable\n%s", got, r.stderr)
+	}
 }

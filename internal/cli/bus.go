@@ -11,10 +11,11 @@ import (
 
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/leasebus/busserve"
+	"github.com/fenceline/fenceline/runui"
 )
 
 // EnvUIToken is the token the run UI requires off loopback.
-const EnvUIToken = "FENCELINE_UI_TOKEN"
+const EnvUIToken = runui.EnvToken
 
 func (a *app) busCommand() *cobra.Command {
 	c := &cobra.Command{

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -155,9 +156,19 @@ func (lf *leaseFlags) resolveRepo(ctx context.Context) error {
 func resolveRepoFlag(ctx context.Context, repo string) (string, error) {
 	r, err := repoid.Resolve(ctx, repo)
 	if err != nil {
-		return "", usagef("--repo %s: %v", repo, err)
+		return "", usagef("--repo %s: %v", shownRepo(repo), err)
 	}
 	return r, nil
+}
+
+// shownRepo is a --repo value as a message may show it: a remote URL
+// without its user and password (a token often rides there).
+func shownRepo(repo string) string {
+	if u, err := url.Parse(repo); err == nil && u.User != nil && u.Host != "" {
+		u.User = nil
+		return u.String()
+	}
+	return repo
 }
 
 // request checks the flags and builds the acquire request; bad values are

@@ -33,6 +33,7 @@ type runFlags struct {
 	attachID, cred string
 	allowUnguarded bool
 	allowConnect   []string
+	ports          []uint16 // --allow-connect, parsed by check
 	allowWrite     []string
 	onLost         string
 	killGrace      time.Duration
@@ -152,10 +153,9 @@ func (rf *runFlags) check() error {
 			return err
 		}
 	}
-	if _, err := attempt.Ports("--allow-connect", rf.allowConnect); err != nil {
-		return err
-	}
-	return nil
+	ports, err := attempt.Ports("--allow-connect", rf.allowConnect)
+	rf.ports = ports
+	return err
 }
 
 // repoWithCheckoutUsage is --repo's help on a command that works in a
@@ -169,7 +169,7 @@ const repoWithCheckoutUsage = "repository: its identity, a remote URL or a local
 func localCheckout(ctx context.Context, checkout, repo string) (*attempt.Checkout, error) {
 	if checkout == "" {
 		if _, err := os.Stat(repo); errors.Is(err, fs.ErrNotExist) {
-			return nil, usagef("--repo %s is no local checkout, and this command works in one: pass it with --checkout PATH (--repo may stay, naming the repository the checkout must be of)", repo)
+			return nil, usagef("--repo %s is no local checkout, and this command works in one: pass it with --checkout PATH (--repo may stay, naming the repository the checkout must be of)", shownRepo(repo))
 		}
 		co, err := attempt.FindCheckout(ctx, repo)
 		if err != nil {
@@ -187,7 +187,7 @@ func localCheckout(ctx context.Context, checkout, repo string) (*attempt.Checkou
 			return nil, err
 		}
 		if id != co.Repo {
-			return nil, usagef("--repo %s is %s, but --checkout %s is a checkout of %s", repo, id, checkout, co.Repo)
+			return nil, usagef("--repo %s is %s, but --checkout %s is a checkout of %s", shownRepo(repo), id, checkout, co.Repo)
 		}
 	}
 	return co, nil
@@ -210,7 +210,6 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 	if err != nil {
 		return err
 	}
-	ports, _ := attempt.Ports("--allow-connect", rf.allowConnect)
 	if len(rf.ff.gitHeaders) > 0 {
 		fmt.Fprintf(a.stderr, "fenceline: warning: the agent can read this process's command line, --git-upstream-header included; pass upstream credentials in FENCELINE_GIT_UPSTREAM_HEADER instead\n")
 	}
@@ -271,9 +270,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 
 	spec := attempt.Spec{
 		Argv: argv, Checkout: co, Pool: pool, Holder: held.holder,
-		AllowWrite: extra, AllowPorts: ports,
-		Hide:       append([]string{rf.ff.pgSecretFile, rf.ff.gitHookSecret}, a.credsToHide()...),
-		DropEnv:    []string{envGitUpstreamHeader},
+		AllowWrite: extra, AllowPorts: rf.ports,
 		StopOnLost: rf.onLost == onLostSignal, KillGrace: rf.killGrace, AllowUnguarded: rf.allowUnguarded,
 		Stdout: out, Stderr: errw, Say: say,
 	}
@@ -316,6 +313,7 @@ func (a *app) prepareAttempt(rf *runFlags, s *session, held *heldLease, spec *at
 		return err
 	}
 	spec.Audit, spec.Sidecar = audit, cfg
+	spec.Hide = append(rf.ff.secretFiles(), a.credsToHide()...) // after config: it may read a default secret file
 	return nil
 }
 

@@ -750,6 +750,24 @@ func TestRunRepoOrCheckout(t *testing.T) {
 	}
 }
 
+// TestRunRepoCredentialNotShown: a --repo URL with a token in it is
+// refused without the token in the message (stderr lands in CI logs).
+func TestRunRepoCredentialNotShown(t *testing.T) {
+	isolate(t)
+	co := newCheckout(t, "")
+	const secretRepo = "https://bot:s3cret@github.com/acme/other.git"
+	for _, args := range [][]string{
+		{"--checkout", co, "--repo", secretRepo},
+		{"--repo", secretRepo},
+		{"--checkout", co, "--repo", "https://s3cret@github.com/acme/other.git"},
+	} {
+		r := flDefault(t, closedURL(t), append(append([]string{"run"}, args...), "--", "true")...)
+		if r.code != ExitUsage || strings.Contains(r.stderr, "s3cret") || !strings.Contains(r.stderr, "github.com/acme/other") {
+			t.Errorf("run %s: exit %d %q, want %d naming the repo without its credential", strings.Join(args, " "), r.code, r.stderr, ExitUsage)
+		}
+	}
+}
+
 // TestRunUsage: a wrong command line is exit 2, before any bus is dialed.
 func TestRunUsage(t *testing.T) {
 	isolate(t)

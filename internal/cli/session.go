@@ -81,11 +81,5 @@ func (a *app) attach(ctx context.Context, s *session, id string, cred leasebus.C
 // finish ends holding: a lease acquired here is released, an attached one
 // is only no longer renewed (its owner decides).
 func (h *heldLease) finish(ctx context.Context) error {
-	if !h.acquired {
-		h.holder.Stop()
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	return h.holder.Release(ctx)
+	return h.holder.End(ctx, h.acquired)
 }

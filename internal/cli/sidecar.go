@@ -35,6 +35,17 @@ type fenceFlags struct {
 	opts *sidecar.FenceOptions // what check parsed and read, before the lease is taken
 }
 
+// secretFiles are the fences' secret files an agent beside them may not
+// read: the Postgres fence's signing secret and TLS key, and the git hook
+// secret, also when check or config found it by default.
+func (ff *fenceFlags) secretFiles() []string {
+	files := []string{ff.pgSecretFile, ff.pgTLSKey, ff.gitHookSecret}
+	if ff.opts != nil {
+		files = append(files, ff.opts.HookSecretFile())
+	}
+	return files
+}
+
 func (ff *fenceFlags) register(c *cobra.Command) {
 	f := c.Flags()
 	f.StringVar(&ff.gitUpstream, "git-upstream", "", "URL of the agent's git server (http or https); pushes to it go through the git fence")
@@ -299,14 +310,13 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	pod, err := sidecar.NewPod(sidecar.PodConfig{
 		Bus:   s.client,
 		Admin: sidecar.AdminConfig{Listen: sf.admin, Token: token},
-		Hold: func(ctx context.Context, opts leasebus.HoldOptions) (*leasebus.Holder, error) {
+		Hold: func(ctx context.Context, opts leasebus.HoldOptions) (*leasebus.Holder, bool, error) {
 			held, err := a.holdWith(ctx, s, &sf.lf, sf.attachID, leasebus.Credential(sf.cred), opts)
 			if err != nil {
-				return nil, err
+				return nil, false, err
 			}
-			return held.holder, nil
+			return held.holder, !held.acquired, nil
 		},
-		Attached: sf.attachID != "",
 		Fences: func(h *leasebus.Holder, audit *leasebus.Auditor) (sidecar.Config, error) {
 			return sf.ff.config(&heldLease{holder: h}, s, audit, log)
 		},
