@@ -11,6 +11,7 @@ package busserve
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -84,8 +85,13 @@ func StartNode(ctx context.Context, cfg leasebus.ServerConfig, log *slog.Logger)
 	if err := checkListen(cfg.Listen); err != nil {
 		return nil, err
 	}
-	if cfg.CredsDir == "" && len(cfg.Users) == 0 {
+	switch {
+	case cfg.CredsDir == "" && len(cfg.Users) == 0:
 		cfg.CredsDir = leasebus.CredsDirOf(cfg.StoreDir)
+	case cfg.CredsDir == "":
+		// Node.Creds names files in CredsDir; without it they would be
+		// looked for in the working directory.
+		return nil, &ConfigError{Err: errors.New("bus users given without CredsDir, the directory of their credentials files")}
 	}
 	srv, err := embedded.StartServer(cfg)
 	if err != nil {

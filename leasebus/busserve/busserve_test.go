@@ -188,6 +188,11 @@ func TestStartErrors(t *testing.T) {
 	if !errors.As(err, &ce) || err.Error() != "a cluster needs --cluster-name and --cluster-listen (and --routes to its peers)" {
 		t.Errorf("cluster without listen: %v", err)
 	}
+	users := []leasebus.ServerUser{{Nkey: "UA", Role: leasebus.RoleHolder}}
+	_, err = StartNode(t.Context(), leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), Users: users}, nil)
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "without CredsDir") {
+		t.Errorf("users without their credentials dir: %v", err)
+	}
 	store := t.TempDir()
 	n, err := StartNode(t.Context(), leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: store}, nil)
 	if err != nil {
