@@ -29,7 +29,9 @@ func ParseHeader(line string) (name, value string, err error) {
 	case !ok || name == "":
 		return "", "", errors.New(`want "Name: value"`)
 	case !isToken(name):
-		return "", "", fmt.Errorf(`header name %q is not an HTTP token: want "Name: value"`, name)
+		// Not quoted back: a line missing the colon after its name has the
+		// credential in this part when the credential holds a colon.
+		return "", "", fmt.Errorf(`the header name (the %d characters before the first ":") is not an HTTP token: want "Name: value"`, len(name))
 	case strings.ContainsFunc(value, func(r rune) bool { return (r < ' ' && r != '\t') || r == 0x7f }):
 		return "", "", errors.New(`the value holds a control character: want "Name: value" on one line`)
 	}

@@ -31,7 +31,8 @@ func TestParseUpstream(t *testing.T) {
 }
 
 // TestParseHeader: "Name: value", a token name, and no line break in the
-// value; errors never repeat the value (a credential).
+// value; errors never repeat the value nor the name (a line without the
+// colon after the name has the credential before its first colon).
 func TestParseHeader(t *testing.T) {
 	for _, tc := range []struct{ line, name, value, err string }{
 		{line: "Authorization: Bearer s3cret", name: "Authorization", value: "Bearer s3cret"},
@@ -40,6 +41,7 @@ func TestParseHeader(t *testing.T) {
 		{line: "Authorization Bearer s3cret", err: `want "Name: value"`},
 		{line: ": s3cret", err: `want "Name: value"`},
 		{line: "Bad Name: s3cret", err: "not an HTTP token"},
+		{line: "Authorization Bearer s3cret:x", err: "not an HTTP token"}, // the colon in the token: its "name" is the credential
 		{line: "X-A: s3cret\r\nX-B: smuggled", err: "control character"},
 	} {
 		name, value, err := ParseHeader(tc.line)
