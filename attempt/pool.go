@@ -142,6 +142,9 @@ func (r *run) place(ctx context.Context) error {
 		how += ", earlier work kept as " + strings.Join(pl.Kept, ", ")
 	}
 	r.say("attempt %s in %s (%s, %s): %s", pl.Attempt.AttemptID, pl.Worktree.ID, pr.Mode, how, pl.Worktree.Path)
+	if pr.Pool.Checkout != "" && pr.Pool.Checkout != r.co.Root {
+		r.say("the pool of %s was declared from the checkout %s: the attempt works in its shard, not in %s, and what it leaves is kept there", pr.Pool.Repo, pr.Pool.Checkout, r.co.Root)
+	}
 	co, err := FindCheckout(ctx, pl.Worktree.Path)
 	if err != nil {
 		return fmt.Errorf("shard %s: %w", pl.Worktree.ID, err)

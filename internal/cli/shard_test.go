@@ -30,6 +30,23 @@ func newPool(t *testing.T, url string, size, sharers int) string {
 	return co
 }
 
+// TestRunInAnotherCheckoutsPool: a run from a second checkout of a repo
+// whose pool was declared from the first works in that pool's shards, and
+// says so (its own checkout is not where its work lands).
+func TestRunInAnotherCheckoutsPool(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "https://github.com/acme/payments.git")
+	fl(t, "--nats", url, "shard", "pool", "--checkout", co, "--size", "1").want(t, ExitOK)
+	co2 := newCheckout(t, "https://github.com/acme/payments.git")
+	r := runFL(t, url, "--checkout", co2, "--", "true").want(t, ExitOK)
+	mustContain(t, "run stderr", r.stderr, "was declared from the checkout "+co+": the attempt works in its shard, not in "+co2)
+	r = runFL(t, url, "--checkout", co, "--", "true").want(t, ExitOK)
+	if strings.Contains(r.stderr, "was declared from the checkout") {
+		t.Errorf("a run from the pool's own checkout warned:\n%s", r.stderr)
+	}
+}
+
 // ctlDir is a directory agents may write (--allow-write) to say they are
 // ready and where the test says stop.
 type ctlDir string
