@@ -104,12 +104,7 @@ func TestRestoreCheckoutNestedRepos(t *testing.T) {
 func TestCleanIgnoresANestedGitDirInTheShardsGitDir(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	co := newRepo(t, 3)
-	base := mustGit(t, co, "rev-parse", "HEAD")
-	w := &Worktree{Checkout: co, Dir: co + ".shards", ID: "shard-1", Path: co + ".shards/shard-1", Branch: "fenceline/shard-1"}
-	if _, err := w.Create(ctx, base, "att_a"); err != nil {
-		t.Fatal(err)
-	}
+	co, base, w := newShard(t, 3, "att_a")
 	os.WriteFile(filepath.Join(w.Path, "d000", "f00000.txt"), []byte("changed\n"), 0o644)
 	mustGit(t, w.Path, "commit", "-q", "-am", "work")
 	work := mustGit(t, w.Path, "rev-parse", "HEAD")
@@ -189,12 +184,7 @@ func mustGitIn(t *testing.T, dir, _ string, stdin io.Reader, args ...string) str
 func TestCleanDropsAForgedCommitGraph(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	co := newRepo(t, 3)
-	base := mustGit(t, co, "rev-parse", "HEAD")
-	w := &Worktree{Checkout: co, Dir: co + ".shards", ID: "shard-1", Path: co + ".shards/shard-1", Branch: "fenceline/shard-1"}
-	if _, err := w.Create(ctx, base, "att_a"); err != nil {
-		t.Fatal(err)
-	}
+	co, base, w := newShard(t, 3, "att_a")
 	os.WriteFile(filepath.Join(w.Path, "d000", "f00000.txt"), []byte("planted\n"), 0o644)
 	mustGit(t, w.Path, "commit", "-q", "-am", "planted")
 	planted := mustGit(t, w.Path, "rev-parse", "HEAD")
@@ -230,12 +220,7 @@ func TestCleanDropsAForgedCommitGraph(t *testing.T) {
 func TestCleanSurvivesABrokenShard(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	co := newRepo(t, 3)
-	base := mustGit(t, co, "rev-parse", "HEAD")
-	w := &Worktree{Checkout: co, Dir: co + ".shards", ID: "shard-1", Path: co + ".shards/shard-1", Branch: "fenceline/shard-1"}
-	if _, err := w.Create(ctx, base, "att_a"); err != nil {
-		t.Fatal(err)
-	}
+	_, base, w := newShard(t, 3, "att_a")
 	os.WriteFile(filepath.Join(w.Path, "d000", "f00000.txt"), []byte("work\n"), 0o644)
 	mustGit(t, w.Path, "commit", "-q", "-am", "work")
 	tree := mustGit(t, w.Path, "rev-parse", "HEAD^{tree}")

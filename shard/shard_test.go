@@ -19,6 +19,20 @@ import (
 
 func TestMain(m *testing.M) { testutil.Main(m) }
 
+// newShard makes a repository of files files and creates shard-1 of it
+// at its base for the attempt att; it returns the checkout, the base and
+// the shard.
+func newShard(t *testing.T, files int, att string) (co, base string, w *Worktree) {
+	t.Helper()
+	co = newRepo(t, files)
+	base = mustGit(t, co, "rev-parse", "HEAD")
+	w = &Worktree{Checkout: co, Dir: co + ".shards", ID: "shard-1", Path: co + ".shards/shard-1", Branch: "fenceline/shard-1"}
+	if _, err := w.Create(context.Background(), base, att); err != nil {
+		t.Fatal(err)
+	}
+	return co, base, w
+}
+
 // newRepo makes a checkout with a few files in one commit.
 func newRepo(t testing.TB, files int) string {
 	t.Helper()
@@ -147,12 +161,7 @@ func TestPoolCASNoLostUpdates(t *testing.T) {
 func TestCleanKeepsWork(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	co := newRepo(t, 5)
-	base := mustGit(t, co, "rev-parse", "HEAD")
-	w := &Worktree{Checkout: co, Dir: co + ".shards", ID: "shard-1", Path: co + ".shards/shard-1", Branch: "fenceline/shard-1"}
-	if _, err := w.Create(ctx, base, "att_a"); err != nil {
-		t.Fatal(err)
-	}
+	co, base, w := newShard(t, 5, "att_a")
 	if err := w.Ready(ctx, base); err != nil {
 		t.Fatalf("fresh shard not ready: %v", err)
 	}
@@ -506,12 +515,7 @@ func TestBucketsInThePermissionTable(t *testing.T) {
 func TestCleanKeepsARacyEdit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	co := newRepo(t, 3)
-	base := mustGit(t, co, "rev-parse", "HEAD")
-	w := &Worktree{Checkout: co, Dir: co + ".shards", ID: "shard-1", Path: co + ".shards/shard-1", Branch: "fenceline/shard-1"}
-	if _, err := w.Create(ctx, base, "att_r"); err != nil {
-		t.Fatal(err)
-	}
+	co, base, w := newShard(t, 3, "att_r")
 	f := filepath.Join(w.Path, "d000", "f00001.txt")
 	fi, err := os.Stat(f)
 	if err != nil {

@@ -179,22 +179,12 @@ func TestBusServeReadOnlyStore(t *testing.T) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // TestBusServeCluster runs three "bus serve" nodes of one cluster (the
 // streams get 3 replicas) and uses them as one bus.
 func TestBusServeCluster(t *testing.T) {
 	isolate(t)
 	t.Setenv(EnvCreds, t.TempDir()) // one credentials directory for every node
-	clusterAddrs := []string{freeAddr(t), freeAddr(t), freeAddr(t)}
+	clusterAddrs := []string{testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)}
 	routes := "nats://" + strings.Join(clusterAddrs, ",nats://")
 	nodes := make([]*served, 3)
 	errs := make([]error, 3)

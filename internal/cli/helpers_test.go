@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -52,13 +50,7 @@ func isolate(t *testing.T) {
 // closedURL returns a nats:// URL on 127.0.0.1 where nothing listens.
 func closedURL(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	return "nats://127.0.0.1:" + strconv.Itoa(port)
+	return "nats://" + testutil.FreeAddr(t)
 }
 
 type result struct {

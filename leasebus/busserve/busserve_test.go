@@ -42,17 +42,6 @@ func (b *logBuffer) String() string {
 	return b.buf.String()
 }
 
-// closedAddr is a 127.0.0.1 address nothing listens on any more.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func startNode(t *testing.T, log *slog.Logger) *Node {
 	t.Helper()
 	n, err := StartNode(t.Context(), leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), CredsDir: bustest.CredsDir(t)}, log)
@@ -161,7 +150,7 @@ func TestServiceOnExistingBus(t *testing.T) {
 		t.Errorf("no credentials: %v, want refused", err)
 	}
 	var noBus *leasebus.NoBusError
-	addr := closedAddr(t)
+	addr := testutil.FreeAddr(t)
 	_, err = StartService(t.Context(), ServiceConfig{URL: "nats://" + addr, Source: "--nats", Creds: svcCreds})
 	if !errors.As(err, &noBus) || noBus.Source != "--nats" {
 		t.Errorf("no bus: %v", err)
