@@ -19,7 +19,7 @@ type call struct {
 	msg   *nats.Msg
 	at    time.Time // when the service received it (monotonic)
 	req   any
-	reply chan reply // for in-process calls (list across repos); else msg.Respond
+	reply chan reply // for in-process calls (list across repos); else an answer to msg
 	svc   *Service   // counts the answer in its metrics (nil: internal call)
 }
 
@@ -55,7 +55,7 @@ func (c *call) respond(r reply) {
 	if err != nil {
 		data, _ = json.Marshal(reply{Error: toWire(fmt.Errorf("encode reply: %w", err))})
 	}
-	_ = c.msg.Respond(data)
+	answer(c.msg, data)
 }
 
 // fail answers c with err.
@@ -66,7 +66,26 @@ func (c *call) fail(err error) {
 
 func respondErr(m *nats.Msg, err error) {
 	data, _ := json.Marshal(reply{Error: toWire(err)})
-	_ = m.Respond(data)
+	answer(m, data)
+}
+
+// nonceHeader carries a client's per-request nonce. The service's answer
+// echoes it, so a client takes only the answer to the request it sent:
+// anyone who can make the service (or the server) publish onto a client's
+// reply subject — a runner sharing its identity names it as the reply of
+// a request of its own — still cannot make that answer the client's.
+const nonceHeader = "Fenceline-Nonce"
+
+// maxNonce bounds an echoed nonce (a client's is 32 hex digits).
+const maxNonce = 64
+
+// answer sends data as the reply to request m, echoing its nonce.
+func answer(m *nats.Msg, data []byte) {
+	r := &nats.Msg{Subject: m.Reply, Data: data}
+	if n := m.Header.Get(nonceHeader); n != "" && len(n) <= maxNonce {
+		r.Header = nats.Header{nonceHeader: []string{n}}
+	}
+	_ = m.RespondMsg(r)
 }
 
 // actor owns one repo's state. Requests reach it as calls: queued for its
@@ -445,7 +464,7 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 			data := make([]byte, 0, len(pub)+10)
 			data = append(append(append(data, `{"lease":`...), pub...), '}')
 			o.c.answered(nil)
-			_ = o.c.msg.Respond(data)
+			answer(o.c.msg, data)
 			continue
 		}
 		r := reply{Error: toWire(o.err), Leases: o.leases}

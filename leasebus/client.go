@@ -84,6 +84,11 @@ func (c *Client) request(ctx context.Context, op string, req any, wait time.Dura
 			return nil
 		}
 	}
+	// The answer must echo this nonce (see nonceHeader): the client takes
+	// no other message on its reply subject for the answer.
+	nonce := randomToken()
+	msg := &nats.Msg{Subject: subj, Data: data, Header: nats.Header{nonceHeader: []string{nonce}}}
+	accept := func(r *nats.Msg) bool { return r.Header.Get(nonceHeader) == nonce && !jetStreamReply(r) }
 	tries := max(c.Tries, 1)
 	var lastErr error
 	for try := 0; try < tries; try++ {
@@ -95,7 +100,7 @@ func (c *Client) request(ctx context.Context, op string, req any, wait time.Dura
 			}
 		}
 		tctx, cancel := context.WithTimeout(ctx, c.Timeout+wait)
-		m, err := c.boxes.requestChecked(tctx, &nats.Msg{Subject: subj, Data: data}, check)
+		m, err := c.boxes.requestChecked(tctx, msg, check, accept)
 		cancel()
 		if err != nil && !errors.Is(err, ErrForbidden) {
 			if ferr := c.forbidden(op, subj); ferr != nil {
@@ -281,6 +286,14 @@ func fromService(m *nats.Msg) bool {
 // consumer: its reply subject is the ack subject, $JS.ACK.….
 func jetStreamDelivery(m *nats.Msg) bool {
 	return strings.HasPrefix(m.Reply, "$JS.") || m.Header.Get(jetstream.StreamHeader) != ""
+}
+
+// jetStreamReply reports an answer that carries a stored message's
+// headers: a direct get publishes whatever someone stored, behind the
+// server's Nats-Stream and Nats-Sequence, onto the reply subject its
+// asker names. The lease service's answers never carry them.
+func jetStreamReply(m *nats.Msg) bool {
+	return m.Header.Get(jetstream.StreamHeader) != "" || m.Header.Get(jetstream.SequenceHeader) != ""
 }
 
 func (c *Client) watch(subj string, fn func(*Lease)) (func() error, error) {

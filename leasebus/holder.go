@@ -179,9 +179,13 @@ func (c *Client) AttachAndHold(ctx context.Context, leaseID string, cred Credent
 		now = time.Now
 	}
 	sent := now()
-	l, err := c.Renew(ctx, RenewRequest{LeaseID: leaseID, Repo: cur.Repo, Credential: cred, Version: cur.Version})
+	req := RenewRequest{LeaseID: leaseID, Repo: cur.Repo, Credential: cred, Version: cur.Version}
+	l, err := c.Renew(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("attach to %s: %w", leaseID, err)
+	}
+	if why := notOurs(*cur, req, l); why != "" {
+		return nil, fmt.Errorf("attach to %s: %w: the answer to the renewal is not one the lease service makes for it: %s", leaseID, ErrUnavailable, why)
 	}
 	return c.Hold(l, cred, sent, opts)
 }
@@ -474,7 +478,7 @@ func (h *Holder) poke() {
 // writes and asks the service; only its answer makes the lease Lost.
 func (h *Holder) observe(l *Lease) {
 	h.mu.Lock()
-	if h.state == Lost || l.Version <= h.lease.Version || l.Active() || l.LeaseID != h.lease.LeaseID {
+	if h.state == Lost || l.Version <= h.lease.Version || l.Active() || l.LeaseID != h.lease.LeaseID || l.Fence != h.lease.Fence || l.Repo != h.lease.Repo {
 		h.mu.Unlock()
 		return // stale, already known, or nothing to act on
 	}
@@ -558,7 +562,8 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 	}
 	sent := h.renewSent
 	h.mu.Lock()
-	req := RenewRequest{LeaseID: h.lease.LeaseID, Repo: h.lease.Repo, Credential: h.cred, Version: h.lease.Version, RenewID: h.renewID}
+	held := h.lease
+	req := RenewRequest{LeaseID: held.LeaseID, Repo: held.Repo, Credential: h.cred, Version: held.Version, RenewID: h.renewID}
 	remaining := h.validUntil.Sub(h.opts.Now())
 	// Wait for the answer no longer than the lease is valid: past that the
 	// holder is lost, and Lost must not wait for a hung request.
@@ -582,6 +587,14 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 	if h.opts.OnRenew != nil && ctx.Err() == nil {
 		took := time.Since(start)
 		defer func() { h.opts.OnRenew(took, err) }() // once the outcome is applied
+	}
+	if err == nil {
+		if why := notOurs(held, req, l); why != "" {
+			// Not applied, and the renewal's id kept: a retry is still
+			// recognised if the service did renew.
+			err = fmt.Errorf("%w: the answer to the renewal is not one the lease service makes for it: %s", ErrUnavailable, why)
+			l = nil
+		}
 	}
 	if err == nil || IsFenced(err) {
 		h.renewID = ""
@@ -616,6 +629,37 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 		h.setState(Unknown, fmt.Errorf("%w: %s (fence %d): the lease service did not answer the renewal: %v", ErrLeaseUnknown, req.LeaseID, h.Lease().Fence, err))
 		return min(h.opts.Interval, 250*time.Millisecond)
 	}
+}
+
+// notOurs says why got cannot be the lease service's answer to renewal
+// sent of held ("" when it can be): another lease, the same lease with
+// another repo, fence, owner, claim, workspace or ttl, a version other
+// than the one the renewal makes, or a lease that is not active. The
+// request's nonce already keeps others' answers out (see nonceHeader);
+// this keeps a holder from ever taking an answer as what it holds
+// without checking that it is.
+func notOurs(held Lease, sent RenewRequest, got *Lease) string {
+	switch {
+	case got.LeaseID != held.LeaseID:
+		return fmt.Sprintf("it is lease %q, not %s", got.LeaseID, held.LeaseID)
+	case got.Repo != held.Repo:
+		return fmt.Sprintf("repo %q, not %q", got.Repo, held.Repo)
+	case got.Fence != held.Fence:
+		return fmt.Sprintf("fence %d, not %d", got.Fence, held.Fence)
+	case got.Owner != held.Owner:
+		return fmt.Sprintf("owner %s, not %s", got.Owner, held.Owner)
+	case !got.Scope.Equal(held.Scope):
+		return fmt.Sprintf("claim %s, not %s", got.Scope, held.Scope)
+	case got.WorkspaceID != held.WorkspaceID || got.WorkspaceMode != held.WorkspaceMode:
+		return fmt.Sprintf("workspace %s (%s), not %s (%s)", got.WorkspaceID, got.WorkspaceMode, held.WorkspaceID, held.WorkspaceMode)
+	case got.TTL != held.TTL:
+		return fmt.Sprintf("ttl %s, not %s", got.TTL, held.TTL)
+	case got.Version != sent.Version+1:
+		return fmt.Sprintf("version %d, where renewing version %d makes %d", got.Version, sent.Version, sent.Version+1)
+	case !got.Active():
+		return fmt.Sprintf("status %s in a successful answer", got.Status)
+	}
+	return ""
 }
 
 // Frozen is a lease as a paused holder remembers it: it keeps answering

@@ -234,6 +234,24 @@ func (c Claim) Overlap(o Claim) []string {
 
 // ContainsPath reports whether the normalized path p is inside c: c is
 // whole-repo, or p equals or lies under one of c.Paths. It is false for a
+
+// Equal reports whether c and o claim the same (both in normal form).
+func (c Claim) Equal(o Claim) bool {
+	return c.Kind == o.Kind && slicesEqual(c.Paths, o.Paths) && slicesEqual(c.Tables, o.Tables)
+}
+
+func slicesEqual(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
 // KindNone claim.
 func (c Claim) ContainsPath(p string) bool {
 	if c.Kind == KindWholeRepo {

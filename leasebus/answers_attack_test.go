@@ -1,0 +1,236 @@
+package leasebus
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fenceline/fenceline/internal/scope"
+)
+
+// mailboxSpy watches one identity's inbox from another connection of the
+// same identity (every runner sharing holder.nk may), and learns the reply
+// subjects the victim's requests use.
+type mailboxSpy struct {
+	mu   sync.Mutex
+	last map[string]uint64 // mailbox prefix (with its dot) -> highest sequence seen
+}
+
+func spyOnInbox(t *testing.T, attacker *nats.Conn, victim string) *mailboxSpy {
+	t.Helper()
+	s := &mailboxSpy{last: map[string]uint64{}}
+	sub, err := attacker.Subscribe(inboxPrefix(victim)+".>", func(m *nats.Msg) {
+		i := strings.LastIndexByte(m.Subject, '.')
+		seq, err := strconv.ParseUint(m.Subject[i+1:], 36, 64)
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if p := m.Subject[:i+1]; seq > s.last[p] {
+			s.last[p] = seq
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := attacker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// next returns the victim's next n reply subjects of every mailbox seen.
+func (s *mailboxSpy) next(n int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for p, seq := range s.last {
+		for i := uint64(1); i <= uint64(n); i++ {
+			out = append(out, p+strconv.FormatUint(seq+i, 36))
+		}
+	}
+	return out
+}
+
+// highest is the highest reply sequence seen (of any mailbox).
+func (s *mailboxSpy) highest() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out uint64
+	for _, seq := range s.last {
+		out = max(out, seq)
+	}
+	return out
+}
+
+func (s *mailboxSpy) seen() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.last)
+}
+
+// inject has the lease service answer req (op, sent in the attacker's own
+// name) onto each of subjects: the service checks only that a reply goes
+// to the asker's inbox, which a shared holder identity makes the victim's.
+func inject(t *testing.T, attacker *nats.Conn, op string, req any, subjects []string) {
+	t.Helper()
+	data, err := json.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, subj := range subjects {
+		if err := attacker.PublishRequest(requestSubject(op, IdentityOf(attacker)), subj, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := attacker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// victimHolder acquires and holds a lease on a connection of the holder
+// role, renewing every interval, and returns it with a spy on its inbox
+// from a second connection of the same identity.
+func victimHolder(t *testing.T, b *bus, interval time.Duration) (*Holder, *mailboxSpy, *nats.Conn) {
+	t.Helper()
+	url := b.srv.ClientURL()
+	attacker := connectAs(t, url, RoleHolder)
+	victimNC := connectAs(t, url, RoleHolder)
+	spy := spyOnInbox(t, attacker, IdentityOf(victimNC))
+	h, err := NewClient(victimNC).AcquireAndHold(ctxT(t), AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: Duration(10 * time.Second)},
+		NewCredential(), HoldOptions{Interval: interval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Stop)
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if spy.seen() == 0 {
+			return errors.New("the spy has seen none of the victim's replies yet")
+		}
+		return nil
+	})
+	return h, spy, attacker
+}
+
+// stays fails the test if the victim's holder, for d, is ever not Held or
+// changes what it holds.
+func stays(t *testing.T, h *Holder, want Lease, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		st, err := h.State()
+		got := h.Lease()
+		if st == Lost {
+			t.Fatalf("the victim's holder is lost by an injected answer (the service says active): %v", err)
+		}
+		if got.LeaseID != want.LeaseID || got.Fence != want.Fence || got.Repo != want.Repo || got.Scope.String() != want.Scope.String() || got.TTL != want.TTL {
+			t.Fatalf("the victim's holder took an injected answer as its lease: holds %s fence %d %s %s ttl %s, had %s fence %d %s",
+				got.LeaseID, got.Fence, got.Repo, got.Scope, time.Duration(got.TTL), want.LeaseID, want.Fence, want.Scope)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// One holder identity shared by two runners: the attacker hears the
+// victim's replies, predicts its next reply subjects, and has the service
+// send its own answers there. A refusal meant for the attacker (a renew
+// with a wrong credential) must not make the victim lost, a lease granted
+// to the attacker must not become the victim's lease (fence, scope, ttl),
+// and a genuine but older answer ("active") must not keep the victim
+// writing after an operator's revoke.
+func TestHolderIgnoresAnswersItDidNotAskFor(t *testing.T) {
+	t.Run("refusal", func(t *testing.T) {
+		b := startBus(t)
+		h, spy, attacker := victimHolder(t, b, 300*time.Millisecond)
+		l := h.Lease()
+		inject(t, attacker, "renew", RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: "not-the-owner", Version: l.Version}, spy.next(8))
+		stays(t, h, l, 2*time.Second)
+		if got, err := b.c.Get(ctxT(t), l.LeaseID); err != nil || !got.Active() {
+			t.Fatalf("service: %+v %v", got, err)
+		}
+	})
+	t.Run("foreign-lease", func(t *testing.T) {
+		b := startBus(t)
+		h, spy, attacker := victimHolder(t, b, 300*time.Millisecond)
+		l := h.Lease()
+		whole, err := scope.New(nil, true, []string{"public.*"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, subj := range spy.next(8) {
+			cred := NewCredential()
+			inject(t, attacker, "acquire", AcquireRequest{Repo: fmt.Sprintf("github.com/evil/r%d", i), Scope: whole, Owner: owner(9),
+				TTL: Duration(MaxTTL), RequestID: NewRequestID(), CredentialHash: cred.hash()}, []string{subj})
+		}
+		stays(t, h, l, 2*time.Second)
+	})
+	t.Run("stale-active-after-revoke", func(t *testing.T) {
+		b := startBus(t)
+		// Renewals 2 s apart: the injected answers wait in the victim's
+		// mailbox for the renewals after the revoke.
+		h, spy, attacker := victimHolder(t, b, 2*time.Second)
+		l := h.Lease()
+		// Genuine answers of the service, from before the revoke.
+		subjects := spy.next(12)
+		inject(t, attacker, "get", getRequest{LeaseID: l.LeaseID, Repo: repo}, subjects)
+		want := spy.highest() + 12
+		checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+			if spy.highest() < want {
+				return errors.New("the service has not answered the injected gets yet")
+			}
+			return nil
+		})
+		op := NewClient(connectAs(t, b.srv.ClientURL(), RoleOperator))
+		revoked := time.Now()
+		if _, err := op.Revoke(ctxT(t), l.LeaseID, "attack test"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-h.Lost():
+			t.Logf("lost %s after the revoke", time.Since(revoked).Round(time.Millisecond))
+		case <-time.After(time.Second):
+			st, err := h.State()
+			t.Fatalf("1 s after a revoke the victim's holder is %s (%v): injected answers kept it writing", st, err)
+		}
+	})
+}
+
+// notOurs refuses every answer a renewal cannot get from the service.
+func TestNotOurs(t *testing.T) {
+	held := Lease{LeaseID: "lease_a", Repo: repo, Scope: claim(t, "a"), WorkspaceID: "w", WorkspaceMode: WorkspaceShared,
+		Owner: owner(1), Status: StatusActive, Version: 4, Fence: 7, TTL: Duration(time.Minute)}
+	sent := RenewRequest{LeaseID: held.LeaseID, Version: 4}
+	ok := held
+	ok.Version = 5
+	if why := notOurs(held, sent, &ok); why != "" {
+		t.Fatalf("the service's own answer refused: %s", why)
+	}
+	for name, change := range map[string]func(*Lease){
+		"lease":     func(l *Lease) { l.LeaseID = "lease_b" },
+		"repo":      func(l *Lease) { l.Repo = "github.com/evil/r" },
+		"fence":     func(l *Lease) { l.Fence = 999999 },
+		"owner":     func(l *Lease) { l.Owner = owner(2) },
+		"claim":     func(l *Lease) { l.Scope = claim(t, "a", "b") },
+		"workspace": func(l *Lease) { l.WorkspaceMode = WorkspaceExclusive },
+		"ttl":       func(l *Lease) { l.TTL = Duration(MaxTTL) },
+		"same":      func(l *Lease) { l.Version = 4 },
+		"far":       func(l *Lease) { l.Version = 1 << 40 },
+		"ended":     func(l *Lease) { l.Status = StatusRevoked },
+	} {
+		got := ok
+		got.Scope = claim(t, "a")
+		change(&got)
+		if notOurs(held, sent, &got) == "" {
+			t.Errorf("%s: an answer the renewal cannot get was taken", name)
+		}
+	}
+}
