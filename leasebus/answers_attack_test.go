@@ -234,3 +234,35 @@ func TestNotOurs(t *testing.T) {
 		}
 	}
 }
+
+// A viewer listing (and a holder cancelling in) repos nobody ever leased
+// in starts no actor for them: each used to leave a goroutine and its
+// state behind for good.
+func TestListOfUnknownReposStartsNothing(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatal(err)
+	}
+	before := len(b.svc.allActors())
+	viewer := NewClient(connectAs(t, url, RoleViewer))
+	holder := NewClient(connectAs(t, url, RoleHolder))
+	for i := range 200 {
+		made := fmt.Sprintf("github.com/nobody/r%d", i)
+		ls, err := viewer.List(ctx, made, false)
+		if err != nil || len(ls) != 0 {
+			t.Fatalf("list %s: %v %v", made, ls, err)
+		}
+		if _, err := holder.request(ctx, "cancel", cancelRequest{Repo: made, RequestID: NewRequestID(), Credential: NewCredential()}, 0); err != nil {
+			t.Fatalf("cancel in %s: %v", made, err)
+		}
+	}
+	if after := len(b.svc.allActors()); after != before {
+		t.Fatalf("%d actors after listing 200 unknown repos, %d before", after, before)
+	}
+	// A repo with a log is listed as before.
+	if ls, err := viewer.List(ctx, repo, false); err != nil || len(ls) != 1 {
+		t.Fatalf("list %s: %v %v", repo, ls, err)
+	}
+}

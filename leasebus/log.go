@@ -344,6 +344,23 @@ func (s *store) load(ctx context.Context, key string, st *repoState, now func() 
 	}
 }
 
+// hasLog reports whether the repo of key has a lease log (one record at
+// least), asking the stream's leader.
+func (s *store) hasLog(ctx context.Context, key string) (bool, error) {
+	stream, err := s.logStream(ctx)
+	if err != nil {
+		return false, err
+	}
+	_, err = stream.GetLastMsgForSubject(ctx, logSubjectFor(key))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("look up lease log %s: %w", key, err)
+	}
+	return true, nil
+}
+
 // repoKeys lists the repos that have a lease log.
 func (s *store) repoKeys(ctx context.Context) ([]string, error) {
 	stream, err := s.logStream(ctx)

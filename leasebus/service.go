@@ -436,6 +436,22 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			c.fail(err)
 			return
 		}
+		if r, ok := c.req.(*cancelRequest); ok {
+			// A cancel of a repo nobody leased in has nothing to withdraw:
+			// it starts no actor (see actorIfLogged).
+			s.goTracked(c, func() {
+				a, err := s.actorIfLogged(s.ctx, r.Repo)
+				switch {
+				case err != nil:
+					c.fail(err)
+				case a == nil:
+					c.respond(reply{})
+				default:
+					a.submit(c)
+				}
+			})
+			return
+		}
 		if repo != "" {
 			s.actor(RepoKey(repo), repo).submit(c)
 			return
@@ -731,12 +747,38 @@ func (s *Service) writeBusEvent(ctx context.Context, ev AuditEvent) error {
 	return err
 }
 
+// actorIfLogged returns the actor of repo, starting one only when the repo
+// has a lease log (nil when it has none): asking about a repo nobody ever
+// leased in starts nothing. Without this, a viewer listing made-up repos
+// left a permanent actor, goroutine and state behind for each.
+func (s *Service) actorIfLogged(ctx context.Context, repo string) (*actor, error) {
+	key := RepoKey(repo)
+	if a, ok := s.existing(key); ok {
+		return a, nil
+	}
+	logged, err := s.store.hasLog(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("%w: looking for the lease log of %s: %v", ErrUnavailable, repo, err)
+	}
+	if !logged {
+		return nil, nil
+	}
+	return s.actor(key, repo), nil
+}
+
 // fanOut runs req through the actor of repo, or of every repo with a lease
 // log when repo is empty, and returns all their leases.
 func (s *Service) fanOut(c *call, repo string, req any) reply {
 	var actors []*actor
 	if repo != "" {
-		actors = []*actor{s.actor(RepoKey(repo), repo)}
+		a, err := s.actorIfLogged(s.ctx, repo)
+		if err != nil {
+			return reply{Error: toWire(err)}
+		}
+		if a == nil {
+			return reply{Leases: []*Lease{}} // nobody ever leased in it
+		}
+		actors = []*actor{a}
 	} else {
 		if keys, err := s.store.repoKeys(s.ctx); err == nil {
 			for _, key := range keys {
