@@ -49,8 +49,9 @@ type AuditEvent struct {
 	Fence    uint64      `json:"fence,omitempty"`
 	Reason   string      `json:"reason,omitempty"`
 	// RequestedBy is the bus identity that asked for a revoke, a sweep or
-	// a read (the service's name for it, else its public nkey): the token
-	// of the request subject, which the bus lets only that identity use.
+	// a read, or that sent a boundary's event (the service's name for it,
+	// else its public nkey): the token of the request subject, which the
+	// bus lets only that identity use.
 	RequestedBy string `json:"requestedBy,omitempty"`
 	Message     string `json:"message"`
 }
@@ -72,8 +73,8 @@ type Source interface {
 	Lease() Lease
 }
 
-// Auditor durably records audit events; *leasebus.Auditor writes them to
-// the audit stream.
+// Auditor durably records audit events; *leasebus.Auditor sends them to
+// the lease service, which writes them to the audit stream.
 type Auditor interface {
 	Record(ctx context.Context, ev AuditEvent) error
 }

@@ -15,5 +15,5 @@
 //	fence (fsguard, gitproxy, pgproxy, egress)
 //	   │ Gate.Fence() before each write      Auditor.Record(AuditEvent)
 //	   ▼                                     ▼
-//	leasebus.Holder (renews over NATS)      leasebus.Auditor (JetStream)
+//	leasebus.Holder (renews over NATS)      leasebus.Auditor (via the service)
 package lease

@@ -502,50 +502,13 @@ func (s *Service) syncAll(ctx context.Context) {
 	}
 }
 
-// Auditor writes audit events from a boundary (a sidecar's git, Postgres or
-// file fence) straight to the audit stream, one acknowledged message each.
-type Auditor struct {
-	js jetstream.JetStream
-}
-
-// NewAuditor returns an Auditor publishing on nc's JetStream.
-func NewAuditor(nc *nats.Conn) (*Auditor, error) {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, fmt.Errorf("jetstream: %w", err)
-	}
-	return &Auditor{js: js}, nil
-}
-
-// Record durably writes one event; it returns once the stream acknowledged it.
-func (a *Auditor) Record(ctx context.Context, ev AuditEvent) error {
-	if ev.Time.IsZero() {
-		ev.Time = time.Now().UTC()
-	}
-	if ev.Repo == "" {
-		return fmt.Errorf("audit event %q: %w: repo is empty", ev.Type, ErrInvalid)
-	}
-	data, err := (&auditBatch{Events: []AuditEvent{ev}}).encode()
-	if err != nil {
-		return fmt.Errorf("encode audit event: %w", err)
-	}
-	boundary := ev.Boundary
-	if boundary == "" || boundary == BoundaryLease {
-		return fmt.Errorf("audit event %q: %w: boundary must be git, postgres or file", ev.Type, ErrInvalid)
-	}
-	if _, err := a.js.Publish(ctx, auditSubjectFor(ev.Repo)+"."+boundary, data); err != nil {
-		return fmt.Errorf("write audit event %s for %s: %w", ev.Type, ev.Repo, err)
-	}
-	return nil
-}
-
 // ReadAudit returns the audit events of one repo (every repo when repo is
 // empty) in the order they were written, starting at stream sequence from.
-// It reads the stream's leader. Only the lease service's own messages
-// count on a repo's lease and bus subjects, and an event on a boundary's subject
-// counts only as that boundary's: whoever may write one boundary's events
-// (a holder) or have the server answer onto an audit subject cannot make
-// an event read as the lease service's.
+// It reads the stream's leader. Only the lease service writes the audit
+// stream (boundaries' events reach it through the service, see Auditor),
+// so only messages it wrote count, and an event on a boundary's subject
+// counts only as that boundary's: whoever has the server answer onto an
+// audit subject cannot make anything read as an event.
 func ReadAudit(ctx context.Context, nc *nats.Conn, repo string, from uint64) ([]AuditEvent, error) {
 	filter := AuditSubject + ".>"
 	if repo != "" {
@@ -562,16 +525,12 @@ func ReadAudit(ctx context.Context, nc *nats.Conn, repo string, from uint64) ([]
 		}
 		seq = m.Seq + 1
 		boundary := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
-		byService := boundary == BoundaryLease || boundary == BoundaryBus
-		if byService && !serviceWrote(m.Header) {
+		if !serviceWrote(m.Header) {
 			continue // not the service's (see serviceWrote)
 		}
 		var b auditBatch
 		if err := json.Unmarshal(m.Data, &b); err != nil {
-			if byService {
-				return out, fmt.Errorf("decode audit message %d: %w", m.Seq, err)
-			}
-			continue // a boundary's writer wrote something else
+			return out, fmt.Errorf("decode audit message %d: %w", m.Seq, err)
 		}
 		for _, ev := range b.Events {
 			if ev.Boundary == boundary || (boundary == BoundaryLease && ev.Boundary == "") {

@@ -44,8 +44,9 @@ const (
 	// RoleHolder is a runner or sidecar: it acquires, renews, releases and
 	// cancels leases (proving ownership with the lease credential), reads
 	// leases (get, and list: the git fence judges a push against every
-	// active lease of the repo), hears change notices, writes boundary
-	// audit events and the shard store's pool and attempt records.
+	// active lease of the repo), hears change notices, sends boundary
+	// audit events to the service and writes the shard store's pool and
+	// attempt records.
 	RoleHolder Role = "holder"
 	// RoleOperator is a person running the bus: what a holder and a viewer
 	// may do, plus revoke, sweep and shard pool declarations.
@@ -122,13 +123,6 @@ func inboxPrefix(id string) string { return "_INBOX." + id }
 func grants(id string) map[Role]Grant {
 	inbox := inboxPrefix(id) + ".>"
 	changed := changedPrefix + ".>"
-	boundaryAudit := []string{
-		AuditSubject + ".*." + BoundaryGit,
-		AuditSubject + ".*." + BoundaryPostgres,
-		AuditSubject + ".*." + BoundaryFile,
-		AuditSubject + ".*." + BoundaryNet,
-		AuditSubject + ".*." + boundaryShard,
-	}
 	shardWrite := slices.Concat(
 		jsRead(shardPoolStream), jsRead(shardAttemptStream),
 		jsConsume(shardPoolStream), jsConsume(shardAttemptStream), // listing pools, attempts
@@ -144,7 +138,8 @@ func grants(id string) map[Role]Grant {
 	holder := Grant{
 		// list: the git fence judges a push against every active lease
 		// of the repo; shard recovery looks at attempts' leases.
-		Publish:   slices.Concat(ops(id, "acquire", "renew", "release", "cancel", "get", "list"), boundaryAudit, shardWrite),
+		// audit: boundary events go through the service (see Auditor).
+		Publish:   slices.Concat(ops(id, "acquire", "renew", "release", "cancel", "get", "list", "audit"), shardWrite),
 		Subscribe: []string{inbox, changed},
 	}
 	operator := Grant{

@@ -126,7 +126,12 @@ func logSubjectFor(key string) string { return logSubject + "." + key }
 // comes with those). The log stream is read with STREAM.MSG.GET (no direct
 // gets), so a service's record shows exactly the headers it was written
 // with.
-func serviceWrote(h nats.Header) bool {
+func serviceWrote(h nats.Header) bool { return ServiceWrote(h) }
+
+// ServiceWrote reports whether a message stored on the lease log or the
+// audit stream, with headers h, was written by the lease service (see
+// serviceWrote); a reader of either stream counts no other.
+func ServiceWrote(h nats.Header) bool {
 	return h.Get(writerHeader) != "" && h.Get(jetstream.StreamHeader) == "" && h.Get(jetstream.SequenceHeader) == ""
 }
 

@@ -85,6 +85,7 @@ func (s *Service) refusalWriter(ctx context.Context) {
 			for reason, n := range skipped {
 				s.auditRefusal(ctx, busRefusal{reason: reason}, n)
 			}
+			s.auditDropped(ctx)
 			clear(written)
 			clear(skipped)
 		}

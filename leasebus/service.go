@@ -88,6 +88,8 @@ type Service struct {
 	// fit is counted in refusalsDropped.
 	refusals        chan busRefusal
 	refusalsDropped atomic.Int64
+	// boundary bounds each identity's rate of boundary events.
+	boundary boundaryLimits
 }
 
 // StartService creates the streams if needed, loads every repo's lease log
@@ -173,7 +175,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.Stop()
 		return nil, err
 	}
-	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep"} {
+	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit"} {
 		// <op>.<identity>: the bus lets each identity publish only under
 		// its own, so the last token says who asked (see Grant).
 		sub, err := nc.QueueSubscribe(requestSubject(op, "*"), serviceQueue, s.handler(op))
@@ -417,6 +419,19 @@ func (s *Service) handler(op string) nats.MsgHandler {
 					c.respond(s.fanOut(c, r.Repo, &r))
 					s.auditAccess(EventList, r.Repo, id, nil) // after the answer: reads fail open, and wait for no fsync
 				})
+				return
+			}
+		case "audit":
+			if len(m.Data) > maxEventRequest {
+				c.fail(fmt.Errorf("%w: an audit event of %d bytes: at most %d (clip what the agent sent to an excerpt)", ErrInvalid, len(m.Data), maxEventRequest))
+				return
+			}
+			var ev AuditEvent
+			if err = decode(m.Data, &ev); err == nil {
+				err = checkBoundaryEvent(&ev)
+			}
+			if err == nil {
+				s.goTracked(c, func() { c.respond(s.recordBoundary(s.ctx, id, ev)) })
 				return
 			}
 		case "sweep":
@@ -734,13 +749,18 @@ func (s *Service) auditAccess(typ, repo, id string, swept []*Lease) {
 // refusal by NATS) to fenceline.audit.<repoKey>.bus, stamped as the
 // service's (see serviceWrote).
 func (s *Service) writeBusEvent(ctx context.Context, ev AuditEvent) error {
+	return s.writeEvent(ctx, auditSubjectFor(ev.Repo)+"."+BoundaryBus, ev)
+}
+
+// writeEvent writes one event to subject, stamped as the service's.
+func (s *Service) writeEvent(ctx context.Context, subject string, ev AuditEvent) error {
 	data, err := (&auditBatch{Events: []AuditEvent{ev}}).encode()
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, accessAuditTimeout)
 	defer cancel()
-	msg := nats.NewMsg(auditSubjectFor(ev.Repo) + "." + BoundaryBus)
+	msg := nats.NewMsg(subject)
 	msg.Header.Set(writerHeader, s.store.writer)
 	msg.Data = data
 	_, err = s.js.PublishMsg(ctx, msg)

@@ -556,6 +556,9 @@ func (s *Server) followAudit(ctx context.Context, repo string, st *stream) (jets
 		return nil, fmt.Errorf("audit consumer: %w", err)
 	}
 	return cons.Consume(func(m jetstream.Msg) {
+		if !leasebus.ServiceWrote(m.Headers()) {
+			return // only the lease service writes events (see leasebus.Auditor)
+		}
 		var b struct {
 			Events []leasebus.AuditEvent `json:"events"`
 		}

@@ -1,0 +1,201 @@
+package leasebus
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+	"golang.org/x/time/rate"
+)
+
+// Boundary events — a fence's refusals (git, Postgres, file, network) and a
+// runner's shard cleaning — reach the audit stream through the lease
+// service, never straight from their writer. A writer sends each event as a
+// request (op "audit", in its own name like every request); the service
+// bounds it, names the identity that sent it (RequestedBy: taken from the
+// request subject, so no writer can write in another's name), writes it
+// stamped as the service's, and answers once the stream has acknowledged
+// it. So no runner writes the audit stream itself: none can write an event
+// of megabytes, forge a writer, or write faster than its share.
+//
+// What an event carries of what an agent sent (a URL, a statement, a
+// path) is an excerpt: every free-text field is clipped, on the writer's
+// side already and again by the service.
+
+const (
+	// maxEventRequest bounds a boundary event's request; a larger one is
+	// refused before it is decoded.
+	maxEventRequest = 64 << 10
+	// maxEventMessage bounds an event's message, maxEventField each of
+	// its other free-text fields and each path or table of its claim,
+	// maxEventItems how many paths and tables the claim carries.
+	maxEventMessage = 2 << 10
+	maxEventField   = 256
+	maxEventItems   = 64
+	// boundaryRate and boundaryBurst bound the boundary events one
+	// identity writes one by one (per second, and at once); the rest are
+	// counted and said in one event a second.
+	boundaryRate  = 20
+	boundaryBurst = 200
+)
+
+// boundaries are the boundaries whose events a writer may send.
+var boundaries = []string{BoundaryGit, BoundaryPostgres, BoundaryFile, BoundaryNet, boundaryShard}
+
+// clip returns s cut to at most n bytes at a character boundary, saying
+// how much was cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("… (%d bytes cut)", len(s)-cut)
+}
+
+// boundEvent clips ev's free-text fields and its claim to their bounds.
+func boundEvent(ev *AuditEvent) {
+	ev.Message = clip(ev.Message, maxEventMessage)
+	for _, f := range []*string{&ev.Type, &ev.Boundary, &ev.Repo, &ev.LeaseID, &ev.Reason, &ev.RequestedBy,
+		&ev.Owner.TaskID, &ev.Owner.AgentID, &ev.Owner.AttemptID, &ev.Owner.HostID, (*string)(&ev.Scope.Kind)} {
+		*f = clip(*f, maxEventField)
+	}
+	for _, items := range []*[]string{&ev.Scope.Paths, &ev.Scope.Tables} {
+		if len(*items) > maxEventItems {
+			*items = append((*items)[:maxEventItems:maxEventItems], fmt.Sprintf("… (%d more)", len(*items)-maxEventItems))
+		}
+		for i := range *items {
+			(*items)[i] = clip((*items)[i], maxEventField)
+		}
+	}
+}
+
+// checkBoundaryEvent refuses an event no boundary writes: one naming no
+// repo, or the lease's or the bus's own boundary.
+func checkBoundaryEvent(ev *AuditEvent) error {
+	if strings.TrimSpace(ev.Repo) == "" {
+		return fmt.Errorf("audit event %q: %w: repo is empty", clip(ev.Type, maxEventField), ErrInvalid)
+	}
+	if !slices.Contains(boundaries, ev.Boundary) {
+		return fmt.Errorf("audit event %q: %w: boundary %q is not one a fence writes (want one of %s)",
+			clip(ev.Type, maxEventField), ErrInvalid, clip(ev.Boundary, maxEventField), strings.Join(boundaries, ", "))
+	}
+	return nil
+}
+
+// boundaryLimits keeps each identity's rate of boundary events, and
+// counts what it drops.
+type boundaryLimits struct {
+	mu      sync.Mutex
+	limits  map[string]*rate.Limiter // by identity; guarded by mu
+	dropped map[string]dropped       // by identity; guarded by mu
+}
+
+type dropped struct {
+	n    int
+	repo string // of the last event dropped
+}
+
+// allow reports whether identity id may write an event of repo now, and
+// counts it when it may not.
+func (b *boundaryLimits) allow(id, repo string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.limits == nil {
+		b.limits, b.dropped = map[string]*rate.Limiter{}, map[string]dropped{}
+	}
+	l := b.limits[id]
+	if l == nil {
+		l = rate.NewLimiter(boundaryRate, boundaryBurst)
+		b.limits[id] = l
+	}
+	if l.Allow() {
+		return true
+	}
+	d := b.dropped[id]
+	b.dropped[id] = dropped{n: d.n + 1, repo: repo}
+	return false
+}
+
+// takeDropped returns and forgets what was dropped since the last call.
+func (b *boundaryLimits) takeDropped() map[string]dropped {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := b.dropped
+	b.dropped = map[string]dropped{}
+	return out
+}
+
+// recordBoundary writes a boundary event sent by identity id, once it is
+// within id's rate, and answers once the stream has acknowledged it.
+func (s *Service) recordBoundary(ctx context.Context, id string, ev AuditEvent) reply {
+	if !s.boundary.allow(id, ev.Repo) {
+		return reply{Error: toWire(fmt.Errorf("%w: %s writes boundary events faster than %d a second (bursts of %d): this one is counted, not written",
+			ErrUnavailable, s.name(id), boundaryRate, boundaryBurst))}
+	}
+	boundEvent(&ev)
+	ev.RequestedBy = s.name(id)
+	if ev.Time.IsZero() {
+		ev.Time = s.cfg.Now().UTC()
+	}
+	if err := s.writeEvent(ctx, auditSubjectFor(ev.Repo)+"."+ev.Boundary, ev); err != nil {
+		return reply{Error: toWire(fmt.Errorf("%w: write audit event %s for %s: %v", ErrUnavailable, ev.Type, ev.Repo, err))}
+	}
+	return reply{}
+}
+
+// auditDropped writes, for each identity whose boundary events were
+// dropped over its rate since the last call, one event saying how many.
+func (s *Service) auditDropped(ctx context.Context) {
+	for id, d := range s.boundary.takeDropped() {
+		ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: EventRefused, Boundary: BoundaryBus, Repo: d.repo, Reason: ReasonRateLimited,
+			RequestedBy: s.name(id), Message: fmt.Sprintf("%s sent %d boundary events more than its %d a second: counted, not written one by one", s.name(id), d.n, boundaryRate)}
+		if err := s.writeBusEvent(ctx, ev); err != nil {
+			s.log.Warn("audit event of dropped boundary events not written", "identity", id, "dropped", d.n, "err", err)
+		}
+	}
+}
+
+// ReasonRateLimited: events an identity sent faster than its rate,
+// counted rather than written one by one.
+const ReasonRateLimited = "rate-limited"
+
+// Auditor writes audit events from a boundary (a sidecar's git, Postgres,
+// file or network fence, a runner's shard cleaning) through the lease
+// service, one acknowledged event at a time.
+type Auditor struct {
+	c *Client
+}
+
+// NewAuditor returns an Auditor asking the lease service on nc.
+func NewAuditor(nc *nats.Conn) (*Auditor, error) {
+	return &Auditor{c: NewClient(nc)}, nil
+}
+
+// Record durably writes one event: it returns once the audit stream
+// acknowledged it. Free-text fields are clipped to an excerpt first (see
+// boundEvent); the service names the identity that sent it.
+func (a *Auditor) Record(ctx context.Context, ev AuditEvent) error {
+	if ev.Time.IsZero() {
+		ev.Time = time.Now().UTC()
+	}
+	if err := checkBoundaryEvent(&ev); err != nil {
+		return err
+	}
+	boundEvent(&ev)
+	r, err := a.c.request(ctx, "audit", &ev, 0)
+	if err != nil {
+		return fmt.Errorf("write audit event %s for %s: %w", ev.Type, ev.Repo, err)
+	}
+	if err := r.Error.err(); err != nil {
+		return fmt.Errorf("write audit event %s for %s: %w", ev.Type, ev.Repo, err)
+	}
+	return nil
+}
