@@ -266,3 +266,53 @@ func TestListOfUnknownReposStartsNothing(t *testing.T) {
 		t.Fatalf("list %s: %v %v", repo, ls, err)
 	}
 }
+
+// A renewal travels as a proof for that one renewal, never as the
+// credential: a captured renewal (a stream made over the request
+// subjects) renews nothing else and releases nothing.
+func TestRenewalCarriesNoCredential(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	cred := NewCredential()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the service receives, heard on its own request subjects.
+	captured := make(chan *nats.Msg, 4)
+	sub, err := b.nc.ChanSubscribe(requestSubject("renew", "*"), captured)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	renewed, err := b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m *nats.Msg
+	select {
+	case m = <-captured:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no renewal heard")
+	}
+	if strings.Contains(string(m.Data), string(cred)) || strings.Contains(string(m.Data), cred.hash()) {
+		t.Fatalf("the renewal carries the credential or its hash: %s", m.Data)
+	}
+	var r RenewRequest
+	if err := decode(m.Data, &r); err != nil || r.Proof == "" {
+		t.Fatalf("captured renewal %s: %v", m.Data, err)
+	}
+	// Replayed for the next version: refused as not the owner's.
+	r.Version = renewed.Version
+	attacker := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder))
+	if _, err := attacker.leaseOp(ctx, "renew", &r); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("a captured proof replayed for version %d: %v, want not the owner", r.Version, err)
+	}
+	// And it releases nothing: a release needs the credential itself.
+	if _, err := attacker.Release(ctx, l.LeaseID, Credential(r.Proof)); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("release with the captured proof: %v", err)
+	}
+	if got, err := b.c.Get(ctx, l.LeaseID); err != nil || !got.Active() || got.Version != renewed.Version {
+		t.Fatalf("after the replays: %+v %v", got, err)
+	}
+}

@@ -68,13 +68,25 @@ type AcquireRequest struct {
 
 // RenewRequest extends a lease. Version is the version the holder last saw;
 // the renewal is a compare-and-swap on it.
+//
+// A renewal proves the owner's credential without carrying it: it travels
+// as Proof, an HMAC over the lease, the version and the renewal's id
+// (renewProof), which is good for that one renewal only. Whoever captures
+// renewals (a stream someone made over the request subjects) can replay
+// none of them into anything but a retry, and learns nothing that releases
+// the lease.
 type RenewRequest struct {
 	LeaseID string `json:"leaseId"`
 	// Repo routes the request straight to the repo's state (optional).
-	Repo       string     `json:"repo,omitempty"`
-	Credential Credential `json:"credential"`
+	Repo string `json:"repo,omitempty"`
+	// Credential is the owner's credential; the client sends only the
+	// Proof made with it (never the credential itself).
+	Credential Credential `json:"-"`
+	Proof      string     `json:"proof,omitempty"`
 	Version    uint64     `json:"version"`
-	RenewID    string     `json:"renewId,omitempty"`
+	// RenewID names the renewal: a retry with the same id is recognised.
+	// The client makes one when it is empty.
+	RenewID string `json:"renewId,omitempty"`
 }
 
 // ReleaseRequest ends a lease; only its owner can.

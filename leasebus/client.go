@@ -210,6 +210,14 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credentia
 // Renew extends a lease. It is a compare-and-swap on req.Version; a
 // refusal (ErrLeaseLost, ErrNotOwner) means stop writing.
 func (c *Client) Renew(ctx context.Context, req RenewRequest) (*Lease, error) {
+	if req.Credential == "" {
+		return nil, fmt.Errorf("renew %s: %w: empty credential", req.LeaseID, ErrInvalid)
+	}
+	if req.RenewID == "" {
+		req.RenewID = NewRequestID()
+	}
+	req.Proof = renewProof(req.Credential.hash(), req.LeaseID, req.Version, req.RenewID)
+	req.Credential = ""
 	return c.leaseOp(ctx, "renew", &req)
 }
 

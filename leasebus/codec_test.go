@@ -144,7 +144,7 @@ func TestEncodersMatchMarshal(t *testing.T) {
 		sameAsMarshal(t, "acquire request", acq.encode(), true, &acq)
 		rel := ReleaseRequest{LeaseID: awkward(t, "rId"), Repo: awkward(t, "rRepo"), Credential: Credential(awkward(t, "rCred"))}
 		sameAsMarshal(t, "release request", rel.encode(), true, &rel)
-		ren := RenewRequest{LeaseID: awkward(t, "nId"), Repo: awkward(t, "nRepo"), Credential: Credential(awkward(t, "nCred")),
+		ren := RenewRequest{LeaseID: awkward(t, "nId"), Repo: awkward(t, "nRepo"), Credential: Credential(awkward(t, "nCred")), Proof: awkward(t, "nProof"),
 			Version: rapid.Uint64().Draw(t, "nVersion"), RenewID: awkward(t, "nRenew")}
 		sameAsMarshal(t, "renew request", ren.encode(), true, &ren)
 

@@ -353,8 +353,8 @@ func (r *RenewRequest) decodeField(d *fastDec, key []byte) (uint32, bool) {
 		bit, ok = 1<<0, d.str(&r.LeaseID)
 	case "repo":
 		bit, ok = 1<<1, d.str(&r.Repo)
-	case "credential":
-		bit, ok = 1<<2, d.str((*string)(&r.Credential))
+	case "proof":
+		bit, ok = 1<<2, d.str(&r.Proof)
 	case "version":
 		bit, ok = 1<<3, d.uint(&r.Version)
 	case "renewId":

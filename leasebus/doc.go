@@ -108,8 +108,10 @@
 //
 // # Ownership
 //
-// The acquirer chooses a random credential and sends only its SHA-256; renew
-// and release must present the credential itself. The lease id alone is
+// The acquirer chooses a random credential and sends only its SHA-256; a
+// renewal proves it with an HMAC over the lease, version and renewal id
+// (good for that renewal only), and a release presents the credential
+// itself. The lease id alone is
 // never enough; refusals are audited. Revoke is the operator's path and is
 // audited with its reason and who asked.
 //
@@ -133,6 +135,13 @@
 // log, peer announcements and the lease boundary's audit events; a
 // JetStream delivery onto those subjects (a push consumer's creator picks
 // its deliver subject unchecked) is ignored by clients and the service.
+//
+// Every request carries a random nonce the service's answer echoes, and a
+// client takes no other message on its reply subject (whose name ends in
+// 128 random bits) as the answer; a holder also checks that a renewal's
+// answer is the one the service makes for it (notOurs). Boundaries' audit
+// events reach the audit stream only through the service (Auditor), which
+// clips them, names their sender and bounds each identity's rate.
 //
 // Permissions do not cover reply subjects: whoever may make a request (a
 // JetStream API call, a publish to a bucket it writes, a lease request)

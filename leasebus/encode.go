@@ -313,8 +313,10 @@ func (r *RenewRequest) encode() []byte {
 		b = append(b, `,"repo":`...)
 		b = appendString(b, r.Repo)
 	}
-	b = append(b, `,"credential":`...)
-	b = appendString(b, string(r.Credential))
+	if r.Proof != "" {
+		b = append(b, `,"proof":`...)
+		b = appendString(b, r.Proof)
+	}
 	b = append(b, `,"version":`...)
 	b = strconv.AppendUint(b, r.Version, 10)
 	if r.RenewID != "" {

@@ -1,12 +1,14 @@
 package leasebus
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base32"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -34,6 +36,30 @@ func (c Credential) matches(hash string) bool {
 		return false
 	}
 	return subtle.ConstantTimeCompare([]byte(c.hash()), []byte(hash)) == 1
+}
+
+// renewProof is the proof of a renewal of leaseID at version with id
+// renewID by the owner of the credential whose SHA-256 is hash (hex, as
+// the service stores it): HMAC-SHA256 keyed with that hash over
+//
+//	fenceline-renew v1\n<lease id>\n<version>\n<renew id>
+//
+// in hex, or "" when hash is not a SHA-256.
+func renewProof(hash, leaseID string, version uint64, renewID string) string {
+	key, err := hex.DecodeString(hash)
+	if err != nil || len(key) != sha256.Size {
+		return ""
+	}
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("fenceline-renew v1\n" + leaseID + "\n" + strconv.FormatUint(version, 10) + "\n" + renewID))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// proves reports whether proof is the proof of renewal r by the owner of
+// the credential whose SHA-256 is hash (constant time).
+func (r *RenewRequest) proves(hash string) bool {
+	want := renewProof(hash, r.LeaseID, r.Version, r.RenewID)
+	return want != "" && r.RenewID != "" && hmac.Equal([]byte(want), []byte(r.Proof))
 }
 
 var idEncoding = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)

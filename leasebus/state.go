@@ -476,9 +476,13 @@ func (t *txn) owned(op, id string, cred Credential) (*entry, error) {
 }
 
 func (t *txn) renew(r *RenewRequest) (*entry, error) {
-	e, err := t.owned("renew", r.LeaseID, r.Credential)
-	if err != nil {
-		return nil, err
+	e := t.lookup(r.LeaseID)
+	if e == nil {
+		return nil, fmt.Errorf("renew %s: %w in %s", r.LeaseID, ErrNotFound, t.base.repo)
+	}
+	if !r.proves(e.SecretHash) {
+		t.audit(EventRefused, e, "not-owner", fmt.Sprintf("refused renew of %s: its proof does not match (owner=%s)", r.LeaseID, e.Owner))
+		return nil, fmt.Errorf("renew %s: %w (a renewal proves the credential its acquirer received, over this lease, version and renewal id)", r.LeaseID, ErrNotOwner)
 	}
 	if !e.Active() {
 		t.audit(EventRenewRefused, e, string(e.Status), fmt.Sprintf("renew refused: %s is %s (%s)", e.LeaseID, e.Status, e.Reason))

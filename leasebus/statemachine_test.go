@@ -253,6 +253,7 @@ func (s *pureSim) drawCall() *call {
 				}
 			}
 		}
+		r.Proof = renewProof(r.Credential.hash(), r.LeaseID, r.Version, r.RenewID) // as Client.Renew sends it
 		c.req = r
 	case op < 15:
 		c.op = "release"
