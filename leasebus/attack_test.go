@@ -116,14 +116,7 @@ func TestHolderCannotWriteLeaseLogThroughJetStream(t *testing.T) {
 func storeAt(t *testing.T, url string, data []byte) (*nats.Conn, string) {
 	t.Helper()
 	ctx := ctxT(t)
-	js, err := jetstream.New(connectAs(t, url, RoleOperator))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "FENCELINE_ATTEMPTS"}); err != nil {
-		t.Fatal(err)
-	}
-	attacker := connectAs(t, url, RoleHolder)
+	attacker := connectAs(t, url, RoleHolder) // the lease service made the bucket
 	ajs, err := jetstream.New(attacker)
 	if err != nil {
 		t.Fatal(err)

@@ -49,7 +49,7 @@ const (
 	// attempt records.
 	RoleHolder Role = "holder"
 	// RoleOperator is a person running the bus: what a holder and a viewer
-	// may do, plus revoke, sweep and shard pool declarations.
+	// may do, plus revoke and sweep.
 	RoleOperator Role = "operator"
 	// RoleViewer reads: lease list and get, change notices, the audit
 	// stream and the shard records (the run UI, `lease list`).
@@ -142,11 +142,11 @@ func grants(id string) map[Role]Grant {
 		Publish:   slices.Concat(ops(id, "acquire", "renew", "release", "cancel", "get", "list", "audit"), shardWrite),
 		Subscribe: []string{inbox, changed},
 	}
+	// The operator creates no stream: the lease service makes the shard
+	// store's buckets (a stream's creator picks its subjects, the lease
+	// requests' included, and could capture them).
 	operator := Grant{
-		Publish: slices.Concat(ops(id, "revoke", "sweep"), holder.Publish, viewer.Publish, []string{
-			// shard pool declarations create the shard store's buckets
-			"$JS.API.INFO", "$JS.API.STREAM.CREATE." + shardPoolStream, "$JS.API.STREAM.CREATE." + shardAttemptStream,
-		}),
+		Publish:   slices.Concat(ops(id, "revoke", "sweep"), holder.Publish, viewer.Publish),
 		Subscribe: []string{inbox, changed},
 	}
 	operator.Publish = dedupe(operator.Publish)

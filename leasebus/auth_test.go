@@ -316,14 +316,7 @@ func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
 	}
 	defer stop()
 
-	// The attempts bucket, as a pool declaration makes it.
-	js, err := jetstream.New(connectAs(t, url, RoleOperator))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "FENCELINE_ATTEMPTS"}); err != nil {
-		t.Fatal(err)
-	}
+	// The attempts bucket the lease service made.
 	attacker := connectAs(t, url, RoleHolder)
 	ajs, err := jetstream.New(attacker)
 	if err != nil {
@@ -380,13 +373,6 @@ func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	opNC := connectAs(t, url, RoleOperator)
-	js, err := jetstream.New(opNC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "FENCELINE_ATTEMPTS"}); err != nil {
-		t.Fatal(err)
-	}
 	attacker := connectAs(t, url, RoleHolder)
 	ajs, err := jetstream.New(attacker)
 	if err != nil {

@@ -138,3 +138,47 @@ func TestBoundaryEventsRateLimitedPerIdentity(t *testing.T) {
 		return errors.New("no event counts the dropped ones yet")
 	})
 }
+
+// The shard store's buckets are the lease service's: an operator can no
+// longer create a stream (whose subjects it would choose: the renewals',
+// say), a holder's Nats-Rollup: all no longer wipes a bucket, and a record
+// of megabytes is refused.
+func TestShardBucketsAreTheServices(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	op, err := jetstream.New(connectAs(t, url, RoleOperator))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	_, err = op.CreateStream(cctx, jetstream.StreamConfig{Name: shardPoolStream + "X", Subjects: []string{apiPrefix + ".renew.>"}})
+	cancel()
+	if err == nil {
+		t.Fatal("an operator created a stream over the renewals' subjects")
+	}
+
+	holder, err := jetstream.New(connectAs(t, url, RoleHolder))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := holder.KeyValue(ctx, "FENCELINE_SHARDS")
+	if err != nil {
+		t.Fatalf("the service made no shard pool bucket: %v", err)
+	}
+	if _, err := kv.Put(ctx, "pool-a", []byte(`{"repo":"a"}`)); err != nil {
+		t.Fatal(err)
+	}
+	wipe := nats.NewMsg("$KV.FENCELINE_SHARDS.pool-b")
+	wipe.Header.Set("Nats-Rollup", "all")
+	wipe.Data = []byte(`{}`)
+	if _, err := holder.PublishMsg(ctx, wipe); err == nil {
+		t.Error("a holder's Nats-Rollup: all was stored")
+	}
+	if e, err := kv.Get(ctx, "pool-a"); err != nil || string(e.Value()) != `{"repo":"a"}` {
+		t.Fatalf("after a holder's rollup, pool-a: %v %v", e, err)
+	}
+	if _, err := kv.Put(ctx, "pool-c", make([]byte, 7<<20)); err == nil {
+		t.Error("a 7 MiB shard record was stored")
+	}
+}

@@ -165,7 +165,10 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, replicas int) er
 		DenyDelete:  true,
 		DenyPurge:   true,
 		AllowDirect: true,
-	}}
+	},
+		shardBucket(shardPoolStream, "fenceline shard pools, one record per repo", replicas),
+		shardBucket(shardAttemptStream, "fenceline attempts, one record per attempt", replicas),
+	}
 	for _, cfg := range cfgs {
 		var err error
 		if cfg.Name == AuditStream {
@@ -178,6 +181,50 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, replicas int) er
 		}
 	}
 	return nil
+}
+
+// Bounds of the shard store's buckets: a record's size, and how many
+// records each keeps (counts, not bytes: JetStream reserves a file
+// stream's MaxBytes against the store when it is made, which a small
+// volume cannot give every stream). Pools refuse a new repo past
+// shardMaxPools; attempts drop their oldest record past
+// shardMaxAttempts (each attempt's record is rewritten as it moves on,
+// so the oldest are settled ones).
+const (
+	shardMaxValue    = 64 << 10
+	shardMaxPools    = 4096
+	shardMaxAttempts = 1 << 16
+)
+
+// shardBucket is the stream of a shard store bucket (a JetStream KV
+// bucket, History 1), made by the lease service so that nobody else needs
+// the right to create streams: an operator who may create a stream may
+// give it any subjects, the lease requests' included. Unlike a bucket
+// nats.go would make, it takes no rollups and no purges (a holder's one
+// Nats-Rollup: all publish once wiped a whole bucket), and its values and
+// its record count are bounded.
+func shardBucket(stream, desc string, replicas int) jetstream.StreamConfig {
+	maxMsgs, discard := int64(shardMaxPools), jetstream.DiscardNew
+	if stream == shardAttemptStream {
+		maxMsgs, discard = shardMaxAttempts, jetstream.DiscardOld
+	}
+	return jetstream.StreamConfig{
+		Name:              stream,
+		Description:       desc,
+		Subjects:          []string{"$KV." + strings.TrimPrefix(stream, "KV_") + ".>"},
+		Storage:           jetstream.FileStorage,
+		Replicas:          replicas,
+		Retention:         jetstream.LimitsPolicy,
+		MaxMsgsPerSubject: 1,
+		MaxMsgs:           maxMsgs,
+		MaxMsgSize:        shardMaxValue,
+		Discard:           discard,
+		Duplicates:        2 * time.Minute,
+		DenyDelete:        true,
+		DenyPurge:         true,
+		AllowRollup:       false,
+		AllowDirect:       true,
+	}
 }
 
 // casOr is errCAS when err is a compare-and-swap mismatch, else err.

@@ -168,12 +168,9 @@ var (
 	ErrInUse = errors.New("shard in use")
 )
 
-// Config configures a Store. The zero value works: R1 buckets, no audit,
-// no logs.
+// Config configures a Store. The zero value works: no audit, no logs. The
+// buckets are the lease service's (it makes them when it starts).
 type Config struct {
-	// Replicas of the buckets when Declare creates them: 1 on a single
-	// server, 3 on a cluster.
-	Replicas int
 	// Audit receives cleaning and recovery events (nil: not recorded).
 	Audit Auditor
 	// Logger receives operational logs (nil: discard).
@@ -181,12 +178,7 @@ type Config struct {
 }
 
 // Validate reports a configuration that cannot work.
-func (c *Config) Validate() error {
-	if c.Replicas < 0 || c.Replicas > 5 {
-		return fmt.Errorf("shard config: replicas %d: want 1 to 5 (0 means 1)", c.Replicas)
-	}
-	return nil
-}
+func (c *Config) Validate() error { return nil }
 
 // Store reads and writes pool and attempt records.
 type Store struct {
@@ -219,18 +211,12 @@ func (s *Store) buckets(ctx context.Context, create bool) error {
 	if s.pools != nil && s.attempts != nil {
 		return nil
 	}
-	replicas := max(s.cfg.Replicas, 1)
+	// The lease service makes both buckets when it starts (with bounded
+	// records, no rollups and no purges): nobody else may create streams.
 	bind := func(name, desc string) (jetstream.KeyValue, error) {
 		kv, err := s.js.KeyValue(ctx, name)
-		if err == nil || !errors.Is(err, jetstream.ErrBucketNotFound) || !create {
-			return kv, err
-		}
-		kv, err = s.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket: name, Description: desc, History: 1,
-			Storage: jetstream.FileStorage, Replicas: replicas,
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			return s.js.KeyValue(ctx, name)
+		if errors.Is(err, jetstream.ErrBucketNotFound) && create {
+			return nil, fmt.Errorf("the bus has no %s bucket (%s), which its lease service makes when it starts: is the bus's `fenceline bus serve` as new as this fenceline? %w", name, desc, err)
 		}
 		return kv, err
 	}

@@ -82,7 +82,7 @@ again adopts it (dirty: cleaned before an exclusive attempt uses it).`,
 				return err
 			}
 			defer s.Close()
-			st, err := shard.Open(s.nc, shard.Config{Replicas: replicas})
+			st, err := shard.Open(s.nc, shard.Config{})
 			if err != nil {
 				return &usageError{err: err}
 			}
@@ -103,7 +103,8 @@ again adopts it (dirty: cleaned before an exclusive attempt uses it).`,
 	f.IntVar(&size, "size", 0, "number of shards (required)")
 	f.IntVar(&maxSharers, "max-sharers", 0, "most path leases sharing one shard (0: no bound)")
 	f.StringVar(&dir, "dir", "", "where the shards live (default <checkout>.shards next to it)")
-	f.IntVar(&replicas, "replicas", 1, "replicas of the shard and attempt buckets when this creates them (3 on a cluster)")
+	f.IntVar(&replicas, "replicas", 1, "ignored: the bus's lease service makes the shard and attempt buckets, with its own --replicas")
+	_ = f.MarkHidden("replicas") // kept so that scripts passing it still run
 	return c
 }
 
