@@ -367,6 +367,7 @@ func (pr *Process) superviseTree(ctx context.Context) {
 	pr.auditStop()
 	pr.cleanupDirs()
 	ipcObjects.Delete(pr)
+	pr.mqCleanup() // the queues the attempt made and left
 	log.Info("guarded attempt settled", "pid", pr.pid, "denials", pr.denials.Load())
 	close(pr.done)
 }
