@@ -32,7 +32,9 @@
 // the supervisor answers a write-open or a namespace change CONTINUE: that
 // is not an allow decision — the call then meets Landlock in the kernel, so
 // the time-of-check/time-of-use hole of CONTINUE grants nothing. Once the
-// gate fails it answers EACCES, counts the denial and records an audit
+// gate fails it answers EACCES, counts the denial (Process.Refusals keeps
+// those refused after the loss apart from those refused for what they are,
+// outside the claim or never allowed) and records an audit
 // event (boundary "file") naming the lease, owner, fence, reason, the call
 // and its path (read from /proc/PID/mem, trusted only after
 // SECCOMP_IOCTL_NOTIF_ID_VALID). A read-only openat2 while the lease is lost
