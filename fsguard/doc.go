@@ -149,7 +149,12 @@
 // the attempt's own queue goes on. Every refusal is answered before any
 // effect and audited (boundary "file", reason not-allowed or lease-lost).
 // Queues the attempt left are removed once it settled (mq_linux.go,
-// TestPosixMQConfined, TestPosixMQSendDup2Race).
+// TestPosixMQConfined, TestPosixMQSendDup2Race,
+// TestPosixMQBlockedSendStopsAtLoss). Where the mqueue file system is
+// mounted (/dev/mqueue), a queue is a file to Landlock: opening it for
+// writing, creating and unlinking are refused outside the lease, and a
+// read-only descriptor opened there meets the supervisor's checks above
+// (TestPosixMQThroughMount).
 //
 // The kernel keyrings are shared by every process of the user in the same
 // way (the user keyring: tokens, Kerberos tickets), so keyctl, add_key and
@@ -224,8 +229,9 @@
 // of other processes (TestSysVIPCConfined); POSIX message queues of other
 // processes, by name or through an inherited descriptor, also swapped in
 // with dup2 under a send, and any queue made, unlinked, sent to or set
-// after the loss, with no queue left behind by the run
-// (TestPosixMQConfined, TestPosixMQSendDup2Race); the kernel keyrings
+// after the loss, with no queue left behind by the run, also through a
+// mounted mqueue file system (TestPosixMQConfined, TestPosixMQSendDup2Race,
+// TestPosixMQBlockedSendStopsAtLoss, TestPosixMQThroughMount); the kernel keyrings
 // (TestKeyringsRefused).
 //
 // Not covered (documented gaps):

@@ -551,9 +551,16 @@ const mqSlice = 100 * time.Millisecond
 
 // mqWait makes a queue call that may block (a full queue for a send, an
 // empty one for a receive) in slices of mqSlice up to deadline (zero: no
-// deadline), and answers it. A send stops at the loss of the lease.
+// deadline), and answers it. A send is refused once the lease is lost,
+// also while it waits.
 func (t *trap) mqWait(deadline time.Time, send bool, call func(*unix.Timespec) (int64, unix.Errno)) {
 	for {
+		if send { // checked again right before each try: the gate is the fence
+			if gateErr := t.gate(); gateErr != nil {
+				t.mqDenyLost(t.mqWhat(), gateErr)
+				return
+			}
+		}
 		until := time.Now().Add(mqSlice)
 		last := !deadline.IsZero() && !deadline.After(until)
 		if last {
@@ -570,12 +577,6 @@ func (t *trap) mqWait(deadline time.Time, send bool, call func(*unix.Timespec) (
 			return
 		case !t.valid():
 			return // the task is gone (killed): nobody waits for the answer
-		}
-		if send {
-			if gateErr := t.gate(); gateErr != nil {
-				t.mqDenyLost(t.mqWhat(), gateErr)
-				return
-			}
 		}
 	}
 }

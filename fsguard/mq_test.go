@@ -3,12 +3,19 @@
 package fsguard
 
 import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -192,4 +199,123 @@ func TestPosixMQSendDup2Race(t *testing.T) {
 	}
 	v.untouched(t)
 	mqGone(t, own)
+}
+
+// TestPosixMQThroughMount: with the mqueue file system mounted (as
+// /dev/mqueue often is), another process's queue is a file the agent may
+// read: Landlock refuses opening it for writing, creating a queue there
+// and unlinking one, and the supervisor refuses receiving from, notifying
+// on and setting the flags of the read-only descriptor. The mount is made
+// in a mount namespace of the test's own thread, which starts the agent.
+func TestPosixMQThroughMount(t *testing.T) {
+	helper := guardHelper(t)
+	w := newWorktree(t)
+	for _, lost := range []bool{false, true} {
+		v := newVictimQueue(t)
+		fresh := mqTestName("agent")
+		t.Cleanup(func() { testMqUnlink(fresh) })
+		gate := &testGate{}
+		gate.lost.Store(lost)
+		cmd := exec.Command(helper, "atk-mq-path", "", v.name, fresh)
+		r := runInMqueueMount(t, w, gate, cmd)
+		want := "open-w=EACCES create=EACCES unlink=EACCES open-r=ok recv=EACCES notify=EACCES setattr=EACCES"
+		if r.out != want {
+			t.Errorf("lost=%v: agent:\n got %s\nwant %s", lost, r.out, want)
+		}
+		v.untouched(t)
+		mqGone(t, fresh)
+	}
+}
+
+// runInMqueueMount runs cmd under the guard from a locked thread with a
+// mount namespace of its own where the mqueue file system is mounted on a
+// new dir; cmd's first argument after the mode becomes that dir.
+func runInMqueueMount(t *testing.T, w worktree, gate Gate, cmd *exec.Cmd) result {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "mqueue")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Args[2] = dir
+	type ran struct {
+		r     result
+		err   error
+		setup bool // err is the mount's: skip
+	}
+	done := make(chan ran, 1)
+	go func() {
+		// The thread never unlocks: it ends with the goroutine, and its
+		// mount namespace with it.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			done <- ran{err: fmt.Errorf("unshare: %w", err), setup: true}
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+			done <- ran{err: fmt.Errorf("make / private: %w", err), setup: true}
+			return
+		}
+		if err := unix.Mount("mqueue", dir, "mqueue", 0, ""); err != nil {
+			done <- ran{err: fmt.Errorf("mount mqueue: %w", err), setup: true}
+			return
+		}
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		pr, err := Start(context.Background(), w.policy(), gate, &memAuditor{}, cmd)
+		if err != nil {
+			done <- ran{err: err}
+			return
+		}
+		st, err := pr.Wait()
+		if err != nil {
+			done <- ran{err: err}
+			return
+		}
+		done <- ran{r: result{out: strings.TrimSpace(out.String()), code: st.ExitCode()}}
+	}()
+	got := <-done
+	if got.setup {
+		t.Skipf("no mqueue mount of the test's own (needs CAP_SYS_ADMIN): %v", got.err)
+	}
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	return got.r
+}
+
+// TestPosixMQBlockedSendStopsAtLoss: a send waiting on the agent's full
+// queue is made by the supervisor in slices; the lease lost meanwhile, it
+// is refused and nothing is sent.
+func TestPosixMQBlockedSendStopsAtLoss(t *testing.T) {
+	helper := guardHelper(t)
+	w := newWorktree(t)
+	name := mqTestName("agent")
+	t.Cleanup(func() { testMqUnlink(name) })
+	gate := &testGate{}
+	audit := &memAuditor{}
+	cmd := exec.Command(helper, "atk-mq-block", name)
+	outR, outW := io.Pipe()
+	cmd.Stdout, cmd.Stderr = outW, outW
+	pr, err := Start(context.Background(), w.policy(), gate, audit, cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pr.Kill(); pr.Wait(); outW.Close() })
+	sc := bufio.NewScanner(outR)
+	if !sc.Scan() || sc.Text() != "full" {
+		t.Fatalf("helper: %q, want full", sc.Text())
+	}
+	time.Sleep(3 * mqSlice) // the send waits in the supervisor
+	gate.lost.Store(true)
+	if !sc.Scan() || sc.Text() != "send=EACCES curmsgs=1" {
+		t.Errorf("helper: %q, want the waiting send refused at the loss and nothing sent", sc.Text())
+	}
+	pr.Wait()
+	outW.Close()
+	mqGone(t, name)
+	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
+		return ev.Reason == leasebus.ReasonLeaseLost && strings.Contains(ev.Message, "mq_timedsend")
+	}); !ok {
+		t.Errorf("no lease-lost audit event for the send among %+v", audit.all())
+	}
 }

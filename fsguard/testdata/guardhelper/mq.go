@@ -191,3 +191,68 @@ func atkMqRace(args []string) int {
 	fmt.Printf("sent>0=%v timed=%s\n", sent > 0, errRes(e))
 	return 0
 }
+
+func init() {
+	if len(os.Args) < 2 || os.Args[1] != "atk-mq-path" {
+		return
+	}
+	os.Exit(atkMqPath(os.Args[2:]))
+}
+
+// atkMqPath DIR VICTIM FRESH: the queues through a mounted mqueue file
+// system at DIR (as /dev/mqueue): VICTIM (another process's) opened for
+// writing, FRESH created, VICTIM unlinked, and VICTIM opened read-only
+// (reads are allowed everywhere) to receive from, register a notification
+// on and set its flags. Prints NAME=RESULT fields on one line.
+func atkMqPath(args []string) int {
+	dir, victim, fresh := args[0], args[1], args[2]
+	var out []string
+	add := func(k, v string) { out = append(out, k+"="+v) }
+	fd, err := unix.Open(dir+"/"+victim, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	add("open-w", res(err))
+	if err == nil {
+		add("send", errRes(mqSend(fd, "owned")))
+	}
+	_, err = unix.Open(dir+"/"+fresh, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	add("create", res(err))
+	add("unlink", res(unix.Unlink(dir+"/"+victim)))
+	fd, err = unix.Open(dir+"/"+victim, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	add("open-r", res(err))
+	if err == nil {
+		_, e := mqRecv(fd)
+		add("recv", errRes(e))
+		add("notify", errRes(mqNotify(fd)))
+		add("setattr", errRes(mqSetNonblock(fd)))
+	}
+	fmt.Println(strings.Join(out, " "))
+	return 0
+}
+
+func init() {
+	if len(os.Args) < 2 || os.Args[1] != "atk-mq-block" {
+		return
+	}
+	os.Exit(atkMqBlock(os.Args[2:]))
+}
+
+// atkMqBlock NAME: makes its own queue NAME of one message, fills it,
+// prints "full" and sends again, blocking without a timeout (the test
+// loses the lease meanwhile). Prints "send=RESULT curmsgs=N".
+func atkMqBlock(args []string) int {
+	attr := mqAttr{maxmsg: 1, msgsize: 16}
+	fd, e := mqOpen(args[0], unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o600, &attr)
+	if e != 0 {
+		fmt.Println("create=" + errRes(e))
+		return 0
+	}
+	if e := mqSend(fd, "a"); e != 0 {
+		fmt.Println("first send=" + errRes(e))
+		return 0
+	}
+	fmt.Println("full")
+	e = mqSend(fd, "b")
+	var a mqAttr
+	unix.Syscall(unix.SYS_MQ_GETSETATTR, uintptr(fd), 0, uintptr(unsafe.Pointer(&a)))
+	fmt.Printf("send=%s curmsgs=%d\n", errRes(e), a.curmsgs)
+	return 0
+}
