@@ -127,7 +127,9 @@
 // The supervisor makes shmget, msgget and semget itself and records what
 // it created; every other call on an object (shmat, msgsnd, semop, the
 // *ctl calls but their read-only queries) continues only for a recorded id
-// and is refused otherwise (ipc_linux.go, TestSysVIPCConfined).
+// and is refused otherwise (ipc_linux.go, TestSysVIPCConfined). What the
+// attempt made and did not remove is removed once it settled
+// (TestSysVIPCRemovedAtSettle).
 //
 // POSIX message queues live in the IPC namespace's mqueue file system,
 // reached by name through mq_open and mq_unlink; no Landlock rule names
@@ -284,8 +286,8 @@
 //     RLIMIT_MSGQUEUE, not the agent's. A queue another process unlinks
 //     and makes again under a name the instant the supervisor removes the
 //     agent's own could be removed in its place.
-//   - System V objects the attempt made are not removed when it settles,
-//     and its own ones stay usable after the loss.
+//   - System V objects the attempt made stay usable to it after the loss
+//     (they are its own; msgsnd and shmat are not fenced).
 //
 // Containment after the run. The guard confines an attempt while it runs;
 // what it leaves in a writable git dir (hooks, core.fsmonitor, filter and

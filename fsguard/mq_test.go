@@ -319,3 +319,28 @@ func TestPosixMQBlockedSendStopsAtLoss(t *testing.T) {
 		t.Errorf("no lease-lost audit event for the send among %+v", audit.all())
 	}
 }
+
+// TestSysVIPCRemovedAtSettle: System V objects the attempt made and left
+// are removed once it settled, as its POSIX queues are.
+func TestSysVIPCRemovedAtSettle(t *testing.T) {
+	helper := guardHelper(t)
+	w := newWorktree(t)
+	r := runGuardedAudit(t, w.policy(), &testGate{}, &memAuditor{}, exec.Command(helper, "atk-sysv-leave"))
+	var shm, msg, sem int
+	if _, err := fmt.Sscan(r.out, &shm, &msg, &sem); err != nil {
+		t.Fatalf("helper: %q: %v", r.out, err)
+	}
+	if _, err := unix.SysvShmCtl(shm, unix.IPC_STAT, &unix.SysvShmDesc{}); err == nil {
+		unix.SysvShmCtl(shm, unix.IPC_RMID, nil)
+		t.Errorf("the attempt's segment %d outlived it", shm)
+	}
+	var buf [256]byte
+	if _, _, e := unix.Syscall(unix.SYS_MSGCTL, uintptr(msg), unix.IPC_STAT, uintptr(unsafe.Pointer(&buf[0]))); e == 0 {
+		unix.Syscall(unix.SYS_MSGCTL, uintptr(msg), unix.IPC_RMID, 0)
+		t.Errorf("the attempt's message queue %d outlived it", msg)
+	}
+	if _, _, e := unix.Syscall6(unix.SYS_SEMCTL, uintptr(sem), 0, unix.IPC_STAT, uintptr(unsafe.Pointer(&buf[0])), 0, 0); e == 0 {
+		unix.Syscall6(unix.SYS_SEMCTL, uintptr(sem), 0, unix.IPC_RMID, 0, 0, 0)
+		t.Errorf("the attempt's semaphore set %d outlived it", sem)
+	}
+}

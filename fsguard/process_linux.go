@@ -382,8 +382,8 @@ func (pr *Process) superviseTree(ctx context.Context) {
 	drain.Stop()
 	pr.auditStop()
 	pr.cleanupDirs()
-	ipcObjects.Delete(pr)
-	pr.mqCleanup() // the queues the attempt made and left
+	pr.ipcCleanup() // the System V objects the attempt made and left
+	pr.mqCleanup()  // the queues the attempt made and left
 	rf := pr.Refusals()
 	log.Info("guarded attempt settled", "pid", pr.pid, "refused_confined", rf.Confined, "refused_after_loss", rf.AfterLoss)
 	close(pr.done)
