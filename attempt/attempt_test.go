@@ -397,3 +397,72 @@ func TestRunStopsOnLost(t *testing.T) {
 		t.Errorf("Run said:\n%s", said.text())
 	}
 }
+
+// TestRunRefusalsSayTheirCause: a call refused while the lease holds (a
+// chmod outside the claim) is reported as refused for what it was, never
+// as a write refused after a loss (issue 33); a write refused after an
+// operator's revoke is.
+func TestRunRefusalsSayTheirCause(t *testing.T) {
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	b := bustest.Start(t)
+	co, err := FindCheckout(context.Background(), newRepo(t, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquire := func() *bustest.Lease {
+		return b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared, TTL: leasebus.Duration(10 * time.Second)}, leasebus.HoldOptions{})
+	}
+
+	t.Run("held", func(t *testing.T) {
+		l := acquire()
+		defer l.Holder.Release(context.Background())
+		spec, said := runSpec(t, b, co, l, "sh", "-c", "chmod 600 out/seed; echo ok > in/mine")
+		res, err := Run(context.Background(), spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Refused.Confined == 0 || res.Refused.AfterLoss != 0 || res.Denials != res.Refused.Total() {
+			t.Errorf("Run = %+v, want the chmod refused while the lease held and nothing after a loss", res)
+		}
+		if text := said.text(); strings.Contains(text, "lost") || !strings.Contains(text, "outside its claim or its allowed connections were refused") {
+			t.Errorf("Run said:\n%s\nwant the refusal outside the claim and no word of a loss", text)
+		}
+	})
+
+	t.Run("lost", func(t *testing.T) {
+		l := acquire()
+		spec, said := runSpec(t, b, co, l, "sh", "-c", "echo ready; while echo x > in/probe 2>/dev/null; do sleep 0.05; done; echo refused")
+		out, w := io.Pipe()
+		spec.Stdout = w
+		type ran struct {
+			res Result
+			err error
+		}
+		done := make(chan ran, 1)
+		go func() {
+			res, err := Run(context.Background(), spec)
+			w.Close()
+			done <- ran{res, err}
+		}()
+		rd := bufio.NewReader(out)
+		if line, err := rd.ReadString('\n'); err != nil || line != "ready\n" {
+			t.Fatalf("the agent said %q, %v", line, err)
+		}
+		go io.Copy(io.Discard, rd)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := b.Operator.Revoke(ctx, l.Record.LeaseID, "test: lose the lease"); err != nil {
+			t.Fatal(err)
+		}
+		r := <-done
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if r.res.Refused.AfterLoss == 0 || r.res.Refused.Confined != 0 {
+			t.Errorf("Run = %+v, want the write refused after the loss", r.res)
+		}
+		if !strings.Contains(said.text(), "writes of the agent were refused after the lease was lost") {
+			t.Errorf("Run said:\n%s", said.text())
+		}
+	})
+}

@@ -115,8 +115,9 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 	res.Started = true
 	llog.Info(Summary(spec.Checkout, pol, pr.Guarded()), "sidecar", spec.SidecarURL, "egress", fences.Egress, "egressAllow", strings.Join(fences.EgressAllow, ","))
 	code, werr := pr.Wait()
-	res.Code, res.Denials = code, pr.Denials()
-	rep := sidecar.SettledReport{ExitCode: code, Denials: res.Denials}
+	res.Code, res.Refused = code, pr.Refusals()
+	res.Denials = res.Refused.Total()
+	rep := sidecar.SettledReport{ExitCode: code, Denials: res.Denials, DeniedAfterLoss: res.Refused.AfterLoss}
 	tries := 10 * time.Second
 	if !gate.EverHeard() {
 		tries = 0 // one try: a sidecar never reached is not waited for again
@@ -124,7 +125,7 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 	if err := sc.Settled(context.WithoutCancel(ctx), rep, tries); err != nil {
 		llog.Error("settle report not delivered: the sidecar leaves the lease to expire", "err", err)
 	} else {
-		llog.Info("attempt settled and reported to the sidecar", "exitCode", code, "denials", rep.Denials)
+		llog.Info("attempt settled and reported to the sidecar", "exitCode", code, "denials", rep.Denials, "deniedAfterLoss", rep.DeniedAfterLoss)
 	}
 	if werr != nil {
 		return res, fmt.Errorf("supervise %s: %w", spec.Argv[0], werr)

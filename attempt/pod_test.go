@@ -108,8 +108,8 @@ func TestRunInPodFailsClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !res.Started || res.Code != 5 || strings.TrimSpace(out.String()) != "refused" || res.Denials == 0 {
-		t.Errorf("RunInPod = %+v, agent said %q; want exit 5 and the write refused", res, out.String())
+	if !res.Started || res.Code != 5 || strings.TrimSpace(out.String()) != "refused" || res.Refused.AfterLoss == 0 || res.Refused.Confined != 0 {
+		t.Errorf("RunInPod = %+v, agent said %q; want exit 5 and the write refused for the unknown lease", res, out.String())
 	}
 	if _, err := os.Lstat(filepath.Join(repo, "in", "x")); err == nil {
 		t.Error("the agent wrote with no sidecar's word on a lease")

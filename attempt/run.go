@@ -56,8 +56,12 @@ type Result struct {
 	Code    int // the command's exit status (ExitStatus)
 	// StoppedOnLost: the lease was lost and the agent stopped for it.
 	StoppedOnLost bool
-	Denials       uint64 // file writes refused after the lease was lost
-	StateDir      string // the sidecar's state dir
+	// Denials is every call the guard refused (each is in the audit
+	// trail); Refused splits them by cause, and only Refused.AfterLoss
+	// were refused because the lease was lost.
+	Denials  uint64
+	Refused  fsguard.Refusals
+	StateDir string // the sidecar's state dir
 }
 
 // run is one attempt between Run's start and its settling.
@@ -167,21 +171,31 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	go w.watch(ctx)
 	code, werr := pr.Wait() // every process of the attempt is gone
 	<-w.done
-	res.Code, res.StoppedOnLost, res.Denials = code, w.lostStop.Load(), pr.Denials()
+	res.Code, res.StoppedOnLost, res.Refused = code, w.lostStop.Load(), pr.Refusals()
+	res.Denials = res.Refused.Total()
 
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if cerr := sc.Close(dctx); cerr != nil {
 		r.say("closing the fences: %v", cerr)
 	}
-	if res.Denials > 0 {
-		r.say("%d file writes of the agent were refused after the lease was lost (each is in the audit trail)", res.Denials)
-	}
+	r.sayRefused(res.Refused)
 	r.settle(ctx, code, ctx.Err() != nil)
 	if werr != nil {
 		return res, fmt.Errorf("supervise %s: %w", spec.Argv[0], werr)
 	}
 	return res, nil
+}
+
+// sayRefused reports the calls the guard refused, by cause: a loss is
+// named only for writes refused because of one.
+func (r *run) sayRefused(rf fsguard.Refusals) {
+	if rf.Confined > 0 {
+		r.say("%d calls of the agent outside its claim or its allowed connections were refused (each is in the audit trail)", rf.Confined)
+	}
+	if rf.AfterLoss > 0 {
+		r.say("%d writes of the agent were refused after the lease was lost or could not be confirmed (each is in the audit trail)", rf.AfterLoss)
+	}
 }
 
 // watch reacts to what happens while the agent runs: a lost lease, a

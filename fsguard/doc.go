@@ -32,7 +32,9 @@
 // the supervisor answers a write-open or a namespace change CONTINUE: that
 // is not an allow decision — the call then meets Landlock in the kernel, so
 // the time-of-check/time-of-use hole of CONTINUE grants nothing. Once the
-// gate fails it answers EACCES, counts the denial and records an audit
+// gate fails it answers EACCES, counts the denial (Process.Refusals keeps
+// those refused after the loss apart from those refused for what they are,
+// outside the claim or never allowed) and records an audit
 // event (boundary "file") naming the lease, owner, fence, reason, the call
 // and its path (read from /proc/PID/mem, trusted only after
 // SECCOMP_IOCTL_NOTIF_ID_VALID). A read-only openat2 while the lease is lost
@@ -125,7 +127,36 @@
 // The supervisor makes shmget, msgget and semget itself and records what
 // it created; every other call on an object (shmat, msgsnd, semop, the
 // *ctl calls but their read-only queries) continues only for a recorded id
-// and is refused otherwise (ipc_linux.go, TestSysVIPCConfined).
+// and is refused otherwise (ipc_linux.go, TestSysVIPCConfined). What the
+// attempt made and did not remove is removed once it settled
+// (TestSysVIPCRemovedAtSettle).
+//
+// POSIX message queues live in the IPC namespace's mqueue file system,
+// reached by name through mq_open and mq_unlink; no Landlock rule names
+// it. Landlock refuses the open of a queue (its walk from an internal
+// mount ends unmatched) but only in dentry_open, after mq_open made the
+// queue: the agent got EACCES and a queue that outlived the run, and
+// mq_unlink and the calls on a descriptor went through. The supervisor
+// now makes mq_open itself from copies of the name and attributes: a
+// create O_EXCL, recorded by inode (it keeps a descriptor of each queue)
+// and handed over with SECCOMP_IOCTL_NOTIF_ADDFD; an existing queue only
+// when recorded, whatever the flags. mq_unlink removes only a recorded
+// queue still under its name. mq_timedsend, mq_timedreceive and
+// mq_getsetattr setting flags are made by the supervisor on its duplicate
+// of the descriptor (pidfd_getfd) for a recorded queue only, with copies
+// of the message, timeout and attributes, so a dup2 onto the number after
+// the check reaches nothing; a blocking one waits in a goroutine of the
+// Process in slices, and a send stops at the loss. After the loss nothing
+// is created, opened for writing, unlinked, sent or set; receiving from
+// the attempt's own queue goes on. Every refusal is answered before any
+// effect and audited (boundary "file", reason not-allowed or lease-lost).
+// Queues the attempt left are removed once it settled (mq_linux.go,
+// TestPosixMQConfined, TestPosixMQSendDup2Race,
+// TestPosixMQBlockedSendStopsAtLoss). Where the mqueue file system is
+// mounted (/dev/mqueue), a queue is a file to Landlock: opening it for
+// writing, creating and unlinking are refused outside the lease, and a
+// read-only descriptor opened there meets the supervisor's checks above
+// (TestPosixMQThroughMount).
 //
 // The kernel keyrings are shared by every process of the user in the same
 // way (the user keyring: tokens, Kerberos tickets), so keyctl, add_key and
@@ -197,7 +228,12 @@
 // (TestUnixConnectLimited, TestUnixConnectSymlinkRace); UDP and every other
 // datagram or raw socket (TestDatagramSocketsRefused); binding a Unix socket
 // file after the lease is lost (TestBindAfterLoss). System V IPC objects
-// of other processes (TestSysVIPCConfined); the kernel keyrings
+// of other processes (TestSysVIPCConfined); POSIX message queues of other
+// processes, by name or through an inherited descriptor, also swapped in
+// with dup2 under a send, and any queue made, unlinked, sent to or set
+// after the loss, with no queue left behind by the run, also through a
+// mounted mqueue file system (TestPosixMQConfined, TestPosixMQSendDup2Race,
+// TestPosixMQBlockedSendStopsAtLoss, TestPosixMQThroughMount); the kernel keyrings
 // (TestKeyringsRefused).
 //
 // Not covered (documented gaps):
@@ -240,6 +276,18 @@
 //     orphan that double-forked before it was seen may be attributed to
 //     every attempt's tree (fenceline runs one attempt per process).
 //   - The git shim does not expand git aliases; the guard still applies.
+//   - POSIX message queues: mq_notify registering on the agent's own queue
+//     is checked on a duplicate of the descriptor and then continues (the
+//     registration belongs to the calling task): a second thread that
+//     dup2s another queue's descriptor onto the number in between
+//     (inherited, or opened read-only through a mounted /dev/mqueue)
+//     registers there; no message is written, the owner's own mq_notify
+//     gets EBUSY. Queues the supervisor makes count against its
+//     RLIMIT_MSGQUEUE, not the agent's. A queue another process unlinks
+//     and makes again under a name the instant the supervisor removes the
+//     agent's own could be removed in its place.
+//   - System V objects the attempt made stay usable to it after the loss
+//     (they are its own; msgsnd and shmat are not fenced).
 //
 // Containment after the run. The guard confines an attempt while it runs;
 // what it leaves in a writable git dir (hooks, core.fsmonitor, filter and

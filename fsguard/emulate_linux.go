@@ -71,7 +71,7 @@ var callHandlers = map[string]func(*trap){
 // default path does.
 func (t *trap) denyLost(what string, gateErr error) {
 	t.fail(unix.EACCES)
-	t.pr.denials.Add(1)
+	t.pr.refused(lease.LeaseReason(gateErr))
 	t.pr.enqueueAudit(denial{call: what}, gateErr)
 }
 

@@ -3,6 +3,7 @@
 package fsguard
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
@@ -26,6 +27,8 @@ import (
 //     trap and continue only for a recorded id (a register: the agent
 //     cannot change it while it waits). Read-only queries (IPC_STAT and
 //     the *_INFO and *_STAT commands) continue for any id.
+//   - What the attempt made and did not remove (IPC_RMID) is removed once
+//     it settled.
 
 const (
 	ipcShm = iota
@@ -56,6 +59,49 @@ func (o *ipcOwned) add(kind, id int) {
 	o.mu.Lock()
 	o.ids[[2]int{kind, id}] = true
 	o.mu.Unlock()
+}
+
+func (o *ipcOwned) forget(kind, id int) {
+	o.mu.Lock()
+	delete(o.ids, [2]int{kind, id})
+	o.mu.Unlock()
+}
+
+// ipcCleanup removes the System V objects the attempt made and did not
+// remove itself, once it settled (an id it removed is forgotten, so a new
+// object of another process under a reused id is not touched).
+func (pr *Process) ipcCleanup() {
+	v, ok := ipcObjects.LoadAndDelete(pr)
+	if !ok {
+		return
+	}
+	o := v.(*ipcOwned)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for k := range o.ids {
+		var err error
+		switch k[0] {
+		case ipcShm:
+			_, err = unix.SysvShmCtl(k[1], unix.IPC_RMID, nil)
+		case ipcMsg:
+			_, _, e := unix.Syscall(unix.SYS_MSGCTL, uintptr(k[1]), unix.IPC_RMID, 0)
+			err = errnoErr(e)
+		case ipcSem:
+			_, _, e := unix.Syscall6(unix.SYS_SEMCTL, uintptr(k[1]), 0, unix.IPC_RMID, 0, 0, 0)
+			err = errnoErr(e)
+		}
+		if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.EIDRM) {
+			pr.policy.logger().Warn("remove a System V IPC object the attempt left", "id", k[1], "err", err)
+		}
+	}
+	o.ids = nil
+}
+
+func errnoErr(e unix.Errno) error {
+	if e == 0 {
+		return nil
+	}
+	return e
 }
 
 func init() {
@@ -164,10 +210,14 @@ func (op ipcOp) handle(t *trap) {
 			}
 		}
 	}
-	if !t.pr.ipc().has(op.kind, id) {
+	o := t.pr.ipc()
+	if !o.has(op.kind, id) {
 		t.deny(unix.EACCES, lease.BoundaryFile, lease.ReasonNotAllowed,
 			fmt.Sprintf("%s on System V IPC object %d: made by another process; the agent uses only its own", t.spec.name, id), nil)
 		return
+	}
+	if op.cmd >= 0 && int(int32(t.arg(op.cmd)))&^ipc64 == unix.IPC_RMID {
+		o.forget(op.kind, id) // its id may name another process's object next
 	}
 	t.proceed()
 }

@@ -51,11 +51,12 @@ type Process struct {
 	tmpFD        int
 	ownUmask     bool
 
-	denials atomic.Uint64
-	dropped atomic.Uint64 // denials not audited individually (queue full)
-	auditQ  chan lease.AuditEvent
-	killReq chan struct{}
-	killed  atomic.Bool
+	refusedConfined atomic.Uint64 // see Refusals
+	refusedLost     atomic.Uint64
+	dropped         atomic.Uint64 // denials not audited individually (queue full)
+	auditQ          chan lease.AuditEvent
+	killReq         chan struct{}
+	killed          atomic.Bool
 
 	notifDone chan struct{}  // closed when the notification loop ended
 	netOps    sync.WaitGroup // traps answered by goroutines (net_linux.go); they end after notifDone
@@ -253,8 +254,23 @@ func (pr *Process) Guarded() bool { return pr.guarded }
 // TempDir is the attempt's private temp dir (its TMPDIR), removed after it.
 func (pr *Process) TempDir() string { return pr.tmpDir }
 
-// Denials is how many write-class calls the supervisor refused.
-func (pr *Process) Denials() uint64 { return pr.denials.Load() }
+// Denials is how many calls the supervisor refused, for any cause.
+func (pr *Process) Denials() uint64 { return pr.Refusals().Total() }
+
+// Refusals is how many calls the supervisor refused, by cause: only
+// Refusals.AfterLoss are refused because the lease was lost.
+func (pr *Process) Refusals() Refusals {
+	return Refusals{Confined: pr.refusedConfined.Load(), AfterLoss: pr.refusedLost.Load()}
+}
+
+// refused counts one refused call by its audit reason.
+func (pr *Process) refused(reason string) {
+	if afterLoss(reason) {
+		pr.refusedLost.Add(1)
+	} else {
+		pr.refusedConfined.Add(1)
+	}
+}
 
 // Signal sends sig to the attempt's process group.
 func (pr *Process) Signal(sig syscall.Signal) error {
@@ -366,8 +382,10 @@ func (pr *Process) superviseTree(ctx context.Context) {
 	drain.Stop()
 	pr.auditStop()
 	pr.cleanupDirs()
-	ipcObjects.Delete(pr)
-	log.Info("guarded attempt settled", "pid", pr.pid, "denials", pr.denials.Load())
+	pr.ipcCleanup() // the System V objects the attempt made and left
+	pr.mqCleanup()  // the queues the attempt made and left
+	rf := pr.Refusals()
+	log.Info("guarded attempt settled", "pid", pr.pid, "refused_confined", rf.Confined, "refused_after_loss", rf.AfterLoss)
 	close(pr.done)
 }
 
@@ -494,7 +512,7 @@ func (pr *Process) answer(n *seccompNotif, calls map[uint32]sysSpec) {
 		return
 	}
 	notifSend(pr.listener, &resp)
-	pr.denials.Add(1)
+	pr.refused(lease.LeaseReason(gateErr))
 	pr.enqueueAudit(d, gateErr)
 }
 

@@ -175,7 +175,7 @@ func (t *trap) proceed() {
 // with reason; what describes the call (and its target) in the message.
 func (t *trap) deny(errno unix.Errno, boundary, reason, what string, cause error) {
 	t.fail(errno)
-	t.pr.denials.Add(1)
+	t.pr.refused(reason)
 	t.pr.enqueueDenial(boundary, reason, what, cause)
 }
 

@@ -32,6 +32,7 @@ func (pr *Process) Pid() int                        { return 0 }
 func (pr *Process) Guarded() bool                   { return false }
 func (pr *Process) TempDir() string                 { return "" }
 func (pr *Process) Denials() uint64                 { return 0 }
+func (pr *Process) Refusals() Refusals              { return Refusals{} }
 func (pr *Process) Signal(sig syscall.Signal) error { return nil }
 func (pr *Process) Kill()                           {}
 func (pr *Process) Settled() <-chan struct{}        { return nil }

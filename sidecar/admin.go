@@ -114,8 +114,14 @@ func (v *LeaseView) Held() bool { return v.State == leasebus.Held }
 
 // SettledReport is the body of POST /api/v1/settled.
 type SettledReport struct {
-	ExitCode int    `json:"exitCode"`
-	Denials  uint64 `json:"denials"`
+	ExitCode int `json:"exitCode"`
+	// Denials is every call the file guard refused, for any cause.
+	Denials uint64 `json:"denials"`
+	// DeniedAfterLoss is the part of Denials refused because the lease
+	// was lost or its state unknown; the rest were refused for what they
+	// were (outside the claim, a connect not allowed) while it may have
+	// held.
+	DeniedAfterLoss uint64 `json:"deniedAfterLoss,omitempty"`
 }
 
 // Admin is the sidecar's admin server: probes, metrics and the lease API.
@@ -458,7 +464,7 @@ func (a *Admin) settle(w http.ResponseWriter, r *http.Request) {
 	a.seen = true
 	a.mu.Unlock()
 	a.settledOnce.Do(func() {
-		a.logger().Info("agent settled: every process of the attempt is gone", "exitCode", rep.ExitCode, "denials", rep.Denials)
+		a.logger().Info("agent settled: every process of the attempt is gone", "exitCode", rep.ExitCode, "denials", rep.Denials, "deniedAfterLoss", rep.DeniedAfterLoss)
 		close(a.settled)
 	})
 	a.refresh()

@@ -269,3 +269,23 @@ func atkLease(args []string) int {
 	fmt.Println("setlease=ok open=" + <-opened)
 	return 0
 }
+
+func init() {
+	if len(os.Args) < 2 || os.Args[1] != "atk-sysv-leave" {
+		return
+	}
+	// A segment, a message queue and a semaphore set made and left
+	// behind, and a segment made and removed; prints "shm msg sem".
+	shm, err1 := unix.SysvShmGet(unix.IPC_PRIVATE, 4096, unix.IPC_CREAT|0o600)
+	msg, _, e2 := unix.Syscall(unix.SYS_MSGGET, unix.IPC_PRIVATE, unix.IPC_CREAT|0o600, 0)
+	sem, _, e3 := unix.Syscall(unix.SYS_SEMGET, unix.IPC_PRIVATE, 1, unix.IPC_CREAT|0o600)
+	if err1 != nil || e2 != 0 || e3 != 0 {
+		fmt.Println("get:", err1, e2, e3)
+		os.Exit(1)
+	}
+	if gone, err := unix.SysvShmGet(unix.IPC_PRIVATE, 4096, unix.IPC_CREAT|0o600); err == nil {
+		unix.SysvShmCtl(gone, unix.IPC_RMID, nil)
+	}
+	fmt.Println(shm, msg, sem)
+	os.Exit(0)
+}
