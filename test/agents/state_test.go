@@ -94,7 +94,7 @@ echo x >> %[2]s && echo STEP bashrc=landed || echo STEP bashrc=refused ) 2>&1`, 
 		"--scope", "services/billing", "--workspace", "exclusive",
 		"--allow-host", w.modelHost(), "--egress-resolve", w.modelHost() + "=127.0.0.1:" + w.modelPt}
 	for _, p := range cs.paths {
-		args = append(args, string(recipe), filepath.Join(w.home, p))
+		args = append(args, string(recipe), filepath.Join(w.home, p)) // the README's recipe, or the old one
 	}
 	args = append(append(args, "--"), argv...)
 	start := time.Now()
@@ -126,6 +126,16 @@ echo x >> %[2]s && echo STEP bashrc=landed || echo STEP bashrc=refused ) 2>&1`, 
 		t.Fatalf("the plain run: exit %d, %d model requests\n%s", pcode, w.model.Requests()-reqs, sr.plainOut)
 	}
 	return sr
+}
+
+// stateFlags is the README's recipe for agent's CLI state: a private
+// copy of each of its paths.
+func (w *world) stateFlags(agent string) []string {
+	var fl []string
+	for _, p := range cliStates[agent].paths {
+		fl = append(fl, string(recipePrivate), filepath.Join(w.home, p))
+	}
+	return fl
 }
 
 // plainEnv is the user's environment for a plain run: agentEnv, the
