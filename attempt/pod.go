@@ -13,6 +13,7 @@ import (
 	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
 )
 
@@ -99,7 +100,7 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 	}
 	env := Env(os.Environ(), nil, fences.Env, l.LeaseID)
 	say := func(s string) { log.Info(s) }
-	priv, env, err := openPrivateState(spec.State, &pol, env, say)
+	priv, env, err := openPrivateState(spec.State, append([]string{leasebus.StateDir()}, spec.Hide...), &pol, env, say)
 	if err != nil {
 		return res, err
 	}

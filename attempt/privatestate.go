@@ -27,6 +27,9 @@ type StateSpec struct {
 	Paths []string // absolute and clean (StatePaths); missing ones copy nothing
 	// Limit is the most the copy may hold, in bytes (0: DefaultStateLimit).
 	Limit int64
+	// Hidden are secrets the agent may not read (HiddenPaths' roots): a
+	// path inside one is refused, one inside a path is left out.
+	Hidden []string
 }
 
 // DefaultStateLimit bounds a private copy: a CLI's state dir with years of
@@ -90,17 +93,20 @@ type PrivateHome struct {
 	Files   int      // regular files copied
 	Bytes   int64    // their size
 
-	home  string
-	paths []string
-	seed  map[string]seedEntry // by slash path relative to Dir
+	home   string
+	paths  []string
+	hidden []string             // secrets' paths, spelled and real: never copied
+	seed   map[string]seedEntry // by slash path relative to Dir
 }
 
 // seedEntry is what the copy put at one path.
 type seedEntry struct {
 	mode fs.FileMode // type bits only
+	exec bool        // a regular file with an execute bit
 	sum  [sha256.Size]byte
 	link string
 	data []byte // a settings file's content (settingsFile), to diff at settle
+	big  bool   // a settings file over maxSettingsFile: data is nil
 }
 
 // maxSettingsFile bounds the settings files kept and parsed to diff.
@@ -126,12 +132,32 @@ func NewPrivateHome(spec StateSpec, tmp string) (h *PrivateHome, err error) {
 	if limit <= 0 {
 		limit = DefaultStateLimit
 	}
+	for _, s := range spec.Hidden {
+		if abs, err := filepath.Abs(s); err == nil && s != "" {
+			h.hidden = append(h.hidden, abs)
+			if real, err := filepath.EvalSymlinks(abs); err == nil {
+				h.hidden = append(h.hidden, real)
+			}
+		}
+	}
 	for _, p := range spec.Paths {
 		if err := h.copyPath(p, limit); err != nil {
 			return nil, err
 		}
 	}
 	return h, nil
+}
+
+// secret returns the hidden path p (as spelled, or real) lies in, if any.
+func (h *PrivateHome) secret(paths ...string) string {
+	for _, p := range paths {
+		for _, s := range h.hidden {
+			if Within(p, s) {
+				return s
+			}
+		}
+	}
+	return ""
 }
 
 // Shown is p as a person spells it: ~/rel beneath the user's HOME.
@@ -154,6 +180,9 @@ func (h *PrivateHome) copyPath(p string, limit int64) error {
 	if err != nil {
 		return fmt.Errorf("private state %s: %w", h.Shown(p), err)
 	}
+	if s := h.secret(p, src); s != "" {
+		return invalidf("private state %s: it lies in %s, which holds fenceline's secrets and is hidden from the agent", h.Shown(p), s)
+	}
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return fmt.Errorf("private state: %w", err)
 	}
@@ -168,6 +197,13 @@ func (h *PrivateHome) copyPath(p string, limit int64) error {
 		to := filepath.Join(dst, sub)
 		key := filepath.ToSlash(filepath.Join(rel, sub))
 		shown := h.Shown(filepath.Join(p, sub))
+		if s := h.secret(filepath.Join(p, sub), path); s != "" {
+			h.Skipped = append(h.Skipped, fmt.Sprintf("%s: fenceline's secrets, hidden from the agent", shown))
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
 		info, err := d.Info()
 		if err != nil {
 			return fmt.Errorf("private state %s: %w", shown, err)
@@ -235,9 +271,10 @@ func copyFile(src, dst string, perm fs.FileMode) (seedEntry, int64, error) {
 	if err != nil {
 		return e, n, err
 	}
+	e.mode, e.exec = 0, perm&0o111 != 0
 	copy(e.sum[:], sum.Sum(nil))
-	if settingsFile(dst) && n <= maxSettingsFile {
-		e.data = keep.Bytes()
+	if settingsFile(dst) {
+		e.data, e.big = keep.Bytes(), n > maxSettingsFile
 	}
 	return e, n, nil
 }
@@ -326,11 +363,13 @@ func sizeString(n int64) string {
 
 // openPrivateState makes the private HOME of spec when it names paths,
 // lets pol write it and points env at it; say reports what it did. A nil
-// home means no private state.
-func openPrivateState(spec StateSpec, pol *fsguard.Policy, env []string, say func(string)) (*PrivateHome, []string, error) {
+// home means no private state. Nothing in hidden (fenceline's secrets,
+// see HiddenPaths) is copied.
+func openPrivateState(spec StateSpec, hidden []string, pol *fsguard.Policy, env []string, say func(string)) (*PrivateHome, []string, error) {
 	if len(spec.Paths) == 0 {
 		return nil, env, nil
 	}
+	spec.Hidden = append(slices.Clone(spec.Hidden), hidden...)
 	h, err := NewPrivateHome(spec, "")
 	if err != nil {
 		return nil, env, err

@@ -149,10 +149,11 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 		r.say("created %s: the claim did not exist in the checkout, and writes are confined to existing paths", c)
 	}
 	env := Env(os.Environ(), nil, sc.AgentEnv, l.LeaseID)
-	if r.priv, env, err = openPrivateState(spec.State, &pol, env, func(s string) { r.say("%s", s) }); err != nil {
+	secrets := append([]string{leasebus.StateDir(), cfg.StateDir}, spec.Hide...)
+	if r.priv, env, err = openPrivateState(spec.State, secrets, &pol, env, func(s string) { r.say("%s", s) }); err != nil {
 		return res, err
 	}
-	pol.Hidden = HiddenPaths(env, append([]string{cfg.StateDir}, spec.Hide...)...)
+	pol.Hidden = HiddenPaths(env, secrets[1:]...)
 	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, sc.Ports())
 	pol.KillGrace = spec.KillGrace
 	pol.AllowUnguarded = spec.AllowUnguarded

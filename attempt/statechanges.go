@@ -21,7 +21,10 @@ type StateChanges struct {
 	// Settings are the changed settings that run a program or widen what
 	// runs without asking (ExecSetting), in the JSON and TOML files.
 	Settings []SettingChange
-	Other    int          // other settings changed in those files
+	Other    int // other settings changed in those files
+	// Programs are the executable files and the instructions and rules
+	// files (instructionFile) added or changed.
+	Programs []FileChange
 	Files    []FileChange // every file, dir or symlink added, changed or removed
 }
 
@@ -107,6 +110,13 @@ func settingsFile(name string) bool {
 	return ext == ".json" || ext == ".toml"
 }
 
+// instructionFile reports whether name is a file a CLI follows at its
+// start: CLAUDE.md, AGENTS.md (and its override), Codex's *.rules.
+func instructionFile(name string) bool {
+	base := path.Base(name)
+	return base == "CLAUDE.md" || strings.HasPrefix(base, "AGENTS") && strings.HasSuffix(base, ".md") || path.Ext(base) == ".rules"
+}
+
 // Changes compares the private HOME with what the copy put there. It
 // reads the private HOME through an os.Root: a symlink the agent planted
 // there is never followed out of it. Call it only once the agent's
@@ -140,17 +150,29 @@ func (h *PrivateHome) Changes() (StateChanges, error) {
 			if now, err = readEntry(root, p); err != nil {
 				return err
 			}
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			now.exec = info.Mode().Perm()&0o111 != 0
 		}
+		change := "changed"
 		switch {
 		case !had:
-			c.Files = append(c.Files, FileChange{Path: h.shownRel(p), Change: "added"})
-		case old.mode != now.mode || old.sum != now.sum || old.link != now.link:
-			c.Files = append(c.Files, FileChange{Path: h.shownRel(p), Change: "changed"})
-		default:
+			change = "added"
+		case old.mode == now.mode && old.sum == now.sum && old.link == now.link && old.exec == now.exec:
 			return nil
 		}
-		if now.mode.IsRegular() && settingsFile(p) {
+		c.Files = append(c.Files, FileChange{Path: h.shownRel(p), Change: change})
+		switch {
+		case !now.mode.IsRegular():
+		case settingsFile(p) && (now.big || old.big):
+			c.Settings = append(c.Settings, SettingChange{File: h.shownRel(p), Key: "(whole file)", Change: change,
+				Value: fmt.Sprintf("over %s: not examined", sizeString(maxSettingsFile))})
+		case settingsFile(p):
 			c.diffSettings(h.shownRel(p), old.data, now.data)
+		case now.exec || instructionFile(p):
+			c.Programs = append(c.Programs, FileChange{Path: h.shownRel(p), Change: change})
 		}
 		return nil
 	})
@@ -166,7 +188,7 @@ func (h *PrivateHome) Changes() (StateChanges, error) {
 	slices.Sort(gone)
 	for _, p := range gone {
 		c.Files = append(c.Files, FileChange{Path: h.shownRel(p), Change: "removed"})
-		if e := h.seed[p]; e.mode.IsRegular() && settingsFile(p) {
+		if e := h.seed[p]; e.mode.IsRegular() && settingsFile(p) && !e.big {
 			c.diffSettings(h.shownRel(p), e.data, nil)
 		}
 	}
@@ -196,8 +218,8 @@ func readEntry(root *os.Root, p string) (seedEntry, error) {
 		return e, err
 	}
 	copy(e.sum[:], sum.Sum(nil))
-	if settingsFile(p) && n <= maxSettingsFile {
-		e.data = keep.Bytes()
+	if settingsFile(p) {
+		e.data, e.big = keep.Bytes(), n > maxSettingsFile
 	}
 	return e, nil
 }
@@ -366,6 +388,9 @@ func (c StateChanges) Lines(maxFiles int) []string {
 		}
 		ls = append(ls, l+" (it would run a program or widen what runs at the CLI's next start)")
 		i = j
+	}
+	for _, f := range c.Programs {
+		ls = append(ls, fmt.Sprintf("private state: DISCARDED %s %s (a program or instructions the CLI may run or follow)", f.Change, f.Path))
 	}
 	var fs []string
 	for i, f := range c.Files {
