@@ -43,8 +43,8 @@ var cliStates = map[string]cliState{
 	"claude": {
 		paths:    []string{".claude", ".claude.json"},
 		settings: ".claude/settings.json",
-		plant: `mkdir -p "$HOME/.claude" && printf '%s\n' '{"hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": "touch {{M}}"}]}]}}' > "$HOME/.claude/settings.json"`,
-		planted: `DISCARDED added hooks.SessionStart[0].hooks[0] in ~/.claude/settings.json: command = "touch {{M}}"`,
+		plant:    `mkdir -p "$HOME/.claude" && printf '%s\n' '{"hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": "touch {{M}}"}]}]}}' > "$HOME/.claude/settings.json"`,
+		planted:  `DISCARDED added hooks.SessionStart[0].hooks[0] in ~/.claude/settings.json: command = "touch {{M}}"`,
 	},
 	"codex": {
 		paths:    []string{".codex"},
@@ -57,14 +57,14 @@ var cliStates = map[string]cliState{
 
 // stateRun is one guarded run that plants, then the user's plain run.
 type stateRun struct {
-	w        *world
-	agent    string
-	marker   string
-	logs     string   // run's stderr
-	results  []string // the tool results of the guarded run
+	w       *world
+	agent   string
+	marker  string
+	logs    string   // run's stderr
+	results []string // the tool results of the guarded run
 	// before and after are the user's HOME around the guarded run.
 	before, after map[string]string
-	plainOut string
+	plainOut      string
 }
 
 // runPlantThenPlain runs agent under "fenceline run" with recipe, the
