@@ -115,7 +115,7 @@ Without Landlock (Linux < 5.13, or disabled) run refuses to start unless
 		Example: `  fenceline run --checkout . --scope services/billing -- codex exec "fix the invoice rounding"
   fenceline run --checkout ~/src/payments --git-upstream https://git.internal/acme/payments.git -- make release
   fenceline run --checkout . --scope services/billing --workspace exclusive --on-lost signal -- ./agent.sh
-  fenceline run --checkout . --scope services/billing --allow-host api.openai.com -- codex exec "add a test"`,
+  fenceline run --checkout . --scope services/billing --allow-host api.openai.com --private-state ~/.codex -- codex exec "add a test"`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return fmt.Errorf("%s needs the command to run after --, e.g. fenceline run --checkout . --scope services/billing -- make test", cmd.CommandPath())
