@@ -343,6 +343,14 @@ func (h *PrivateHome) Discard() error {
 	if h == nil || h.Dir == "" {
 		return nil
 	}
+	// Directories the agent made unreadable or unwritable are opened up
+	// first (chmod of a real directory: nothing runs to swap it).
+	filepath.WalkDir(h.Dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			os.Chmod(p, 0o700)
+		}
+		return nil
+	})
 	if err := os.RemoveAll(h.Dir); err != nil {
 		return fmt.Errorf("private state: remove %s: %w", h.Dir, err)
 	}

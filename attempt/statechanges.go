@@ -130,6 +130,11 @@ func (h *PrivateHome) Changes() (StateChanges, error) {
 	defer root.Close()
 	seen := map[string]bool{}
 	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil && p != "." && d != nil {
+			// A dir the agent made unreadable: named, not examined.
+			c.Files = append(c.Files, FileChange{Path: h.shownRel(p), Change: "unreadable"})
+			return fs.SkipDir
+		}
 		if err != nil {
 			return err
 		}
@@ -148,7 +153,8 @@ func (h *PrivateHome) Changes() (StateChanges, error) {
 			}
 		case d.Type().IsRegular():
 			if now, err = readEntry(root, p); err != nil {
-				return err
+				c.Files = append(c.Files, FileChange{Path: h.shownRel(p), Change: "unreadable"})
+				return nil
 			}
 			info, err := d.Info()
 			if err != nil {

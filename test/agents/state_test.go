@@ -2,10 +2,12 @@ package agents
 
 import (
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -86,7 +88,8 @@ func runPlantThenPlain(t *testing.T, agent string, recipe stateRecipe) *stateRun
 		own := filepath.Join(w.home, cs.settings)
 		steps = append(steps, Step{Name: "reach-the-users-own", Cmd: fmt.Sprintf(`( echo x >> %[1]s && echo STEP own=landed || echo STEP own=refused
 echo x >> "$HOME/../..%[1]s" && echo STEP dotdot=landed || echo STEP dotdot=refused
-echo x >> %[2]s && echo STEP bashrc=landed || echo STEP bashrc=refused ) 2>&1`, own, filepath.Join(w.home, ".bashrc"))})
+echo x >> %[2]s && echo STEP bashrc=landed || echo STEP bashrc=refused
+mkdir -p "$HOME/locked/in" && touch "$HOME/locked/in/f" && chmod 000 "$HOME/locked/in/f" "$HOME/locked/in" "$HOME/locked" && echo STEP locked=ok ) 2>&1`, own, filepath.Join(w.home, ".bashrc"))})
 	}
 	w.model.Steps = steps
 
@@ -248,6 +251,12 @@ func (sr *stateRun) mustNotPersist(t *testing.T) {
 	}
 	if _, err := os.Lstat(sr.marker); err == nil {
 		t.Errorf("the user's plain run executed what the agent planted: %s exists", sr.marker)
+	}
+	// The copy is gone, also the dirs the agent locked (chmod 000).
+	if m := regexp.MustCompile(`the agent's HOME is (\S+),`).FindStringSubmatch(sr.logs); m == nil {
+		t.Error("run did not name the agent's HOME")
+	} else if _, err := os.Lstat(m[1]); !errors.Is(err, fs.ErrNotExist) || marker(sr.results[1], "locked") != "ok" {
+		t.Errorf("the private HOME %s after the run: %v (the agent's locked dirs: %q)", m[1], err, marker(sr.results[1], "locked"))
 	}
 }
 
