@@ -3,6 +3,7 @@ module github.com/fenceline/fenceline
 go 1.26.8
 
 require (
+	github.com/BurntSushi/toml v1.6.0
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/chromedp/chromedp v0.23.0
 	github.com/elazarl/goproxy v1.9.3

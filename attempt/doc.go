@@ -17,13 +17,15 @@
 //	  |---------------------------->| place in a shard, or        |
 //	  |                             |   snapshot the git config   |
 //	  |                             | start the fences (sidecar)  |
-//	  |                             | Policy, Env, HiddenPaths    |
+//	  |                             | Policy, Env, HiddenPaths,   |
+//	  |                             |   PrivateHome (Spec.State)  |
 //	  |                             | fsguard.Start  ------------>| Landlock + seccomp
 //	  |                             | watch: lost lease, ctx end  |
 //	  |                             | wait: every process gone    |
 //	  |                             | close the fences            |
 //	  |                             | settle (record, clean shard,|
-//	  |                             |   restore the git config)   |
+//	  |                             |   restore the git config,   |
+//	  |                             |   report, discard the copy) |
 //	  |<----------------------------| Result                      |
 //	  | release the lease           |                             |
 //	  |-------------------------------------------------------->  |
@@ -47,4 +49,13 @@
 // secrets) unreadable, but for the CA certificate the agent's git is
 // pointed at. Env drops what only fenceline may know and routes the
 // agent through the fences.
+//
+// # An agent CLI's own state
+//
+// A CLI's state (~/.claude, ~/.codex) names programs its next start runs
+// (hooks, MCP servers, notify). Spec.State gives the agent a PrivateHome
+// instead of the user's: a per-attempt copy its HOME points at, writable
+// while the originals stay read-only. Settle names what the agent changed
+// there (StateChanges: each setting that runs a program) and discards it,
+// so nothing of it reaches the user's next unguarded run.
 package attempt

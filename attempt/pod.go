@@ -13,6 +13,7 @@ import (
 	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
 )
 
@@ -38,9 +39,10 @@ type PodSpec struct {
 	// proxy, not the attempt, decides what the agent reaches).
 	AllowHosts []string
 
-	AllowWrite []string // real paths the agent may write besides its claim
-	AllowPorts []uint16 // TCP ports it may connect to besides the fences'
-	Hide       []string // secrets it may not read besides fenceline's state dir
+	AllowWrite []string  // real paths the agent may write besides its claim
+	State      StateSpec // CLI state the agent gets a private copy of (PrivateHome)
+	AllowPorts []uint16  // TCP ports it may connect to besides the fences'
+	Hide       []string  // secrets it may not read besides fenceline's state dir
 
 	KillGrace      time.Duration
 	AllowUnguarded bool
@@ -97,6 +99,12 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 		return res, err
 	}
 	env := Env(os.Environ(), nil, fences.Env, l.LeaseID)
+	say := func(s string) { log.Info(s) }
+	priv, env, err := openPrivateState(spec.State, append([]string{leasebus.StateDir()}, spec.Hide...), &pol, env, say)
+	if err != nil {
+		return res, err
+	}
+	defer settlePrivateState(priv, say) // after every process is gone: Start's failure, or Wait
 	pol.Hidden = HiddenPaths(env, spec.Hide...)
 	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, fences.Ports())
 	pol.KillGrace = spec.KillGrace

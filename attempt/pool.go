@@ -193,6 +193,8 @@ func (r *run) restoreGitDirs() {
 // the lease is released) and returns an exclusive attempt's shard clean.
 func (r *run) settle(ctx context.Context, code int, cancelled bool) {
 	r.restoreGitDirs()
+	settlePrivateState(r.priv, func(s string) { r.say("%s", s) })
+	r.priv = nil
 	pr := r.spec.Pool
 	if pr == nil || pr.placement == nil || pr.settled {
 		return

@@ -33,6 +33,9 @@ type Spec struct {
 	Sidecar sidecar.Config
 
 	AllowWrite []string // real paths the agent may write besides its claim (RealPaths)
+	// State is the user's CLI state the agent gets a private copy of
+	// (PrivateHome), discarded at settle.
+	State      StateSpec
 	AllowPorts []uint16 // TCP ports it may connect to besides the fences'
 	// Hide names secrets the agent may not read besides fenceline's state
 	// dir and the sidecar's (HiddenPaths).
@@ -74,6 +77,8 @@ type run struct {
 	// gitSnap is the checkout's executable git configuration before an
 	// exclusive attempt without a pool; settle restores it.
 	gitSnap *shard.GitDirSnapshot
+	// priv is the agent's private HOME (Spec.State); settle discards it.
+	priv *PrivateHome
 }
 
 func (r *run) say(format string, args ...any) {
@@ -148,7 +153,11 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 		r.say("created %s: the claim did not exist in the checkout, and writes are confined to existing paths", c)
 	}
 	env := Env(os.Environ(), nil, sc.AgentEnv, l.LeaseID)
-	pol.Hidden = HiddenPaths(env, append([]string{cfg.StateDir}, spec.Hide...)...)
+	secrets := append([]string{leasebus.StateDir(), cfg.StateDir}, spec.Hide...)
+	if r.priv, env, err = openPrivateState(spec.State, secrets, &pol, env, func(s string) { r.say("%s", s) }); err != nil {
+		return res, err
+	}
+	pol.Hidden = HiddenPaths(env, secrets[1:]...)
 	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, sc.Ports())
 	pol.KillGrace = spec.KillGrace
 	pol.AllowUnguarded = spec.AllowUnguarded

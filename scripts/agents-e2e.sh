@@ -3,8 +3,11 @@
 # test/agents/package.json) through issue 21's story against the scripted
 # model in test/agents: under "fenceline run" (both), in a pod ("fenceline
 # sidecar" + "fenceline agent" wrapping codex exec), and once with
-# fenceline's file guard off, which must fail. Prints one line per step and
-# agent:
+# fenceline's file guard off, which must fail; then each CLI plants code in
+# its own state (a SessionStart hook, a notify command) under the README's
+# recipe (--private-state: it never reaches the user's next plain run) and
+# under the old one (--allow-write ~/.claude: it does). Prints one line per
+# step and agent:
 #
 #   PASS codex  run       1 in-claim edit lands
 #   ...
@@ -18,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-run='TestCodexUnderRun|TestClaudeUnderRun|TestCodexInPod|TestGuardOffFails'
+run='TestCodexUnderRun|TestClaudeUnderRun|TestCodexInPod|TestGuardOffFails|TestClaudeStateStaysPrivate|TestCodexStateStaysPrivate|TestClaudeStateAttackAllowWrite|TestCodexStateAttackAllowWrite'
 if [ "${1:-}" = "-run" ] && [ -n "${2:-}" ]; then run=$2; fi
 
 if [ ! -x test/agents/node_modules/.bin/codex ] || [ ! -x test/agents/node_modules/.bin/claude ]; then

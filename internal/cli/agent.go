@@ -23,6 +23,7 @@ type agentFlags struct {
 	paths                        []string
 	workspace                    string
 	allowWrite, allowConnect     []string
+	privateState                 []string
 	ports                        []uint16 // --allow-connect, parsed by check
 	allowHosts                   []string
 	grace, wait, killGrace       time.Duration
@@ -51,7 +52,9 @@ reports it, or --scope paths (each inside the lease's claim):
   shared workspace      the claimed paths; never the git dir (git shim)
   exclusive workspace   the claimed paths and the git dir; the whole checkout
                         when the lease claims no paths
-plus --allow-write paths. TCP connects: the sidecar's fences (its git and
+plus --allow-write paths, and a private HOME holding a copy of each
+--private-state path (as in fenceline run: discarded at the end, what the
+agent changed there named). TCP connects: the sidecar's fences (its git and
 Postgres fences, whose addresses the agent's git and libpq are pointed at),
 its egress proxy (HTTPS_PROXY/HTTP_PROXY; it tunnels the hosts the sidecar
 allows with its --allow-host and refuses the rest) and --allow-connect
@@ -89,6 +92,7 @@ The exit status is CMD's (128+N when signal N killed it).`,
 	f.StringArrayVar(&af.paths, "scope", nil, "repo-relative path CMD may write, inside the lease's claim (repeatable; default the lease's claim)")
 	f.StringVar(&af.workspace, "workspace", "", "shared or exclusive (default the lease's; without a lease: shared with --scope, else exclusive)")
 	f.StringArrayVar(&af.allowWrite, "allow-write", nil, "existing path CMD may write besides its claim, e.g. a build cache (repeatable)")
+	registerPrivateState(f, &af.privateState)
 	f.StringArrayVar(&af.allowConnect, "allow-connect", nil, "TCP port CMD may connect to directly besides the sidecar's fences (repeatable); for HTTP(S) hosts use the sidecar's --allow-host: a port opens every host on it")
 	f.StringArrayVar(&af.allowHosts, "allow-host", nil, "host CMD needs through the sidecar's egress proxy (as the sidecar's --allow-host); the wrapper checks the sidecar allows it (repeatable)")
 	f.DurationVar(&af.grace, "grace", 2*time.Second, "how long writes go on after the sidecar's last word that the lease is held (keep it well below the lease ttl's margin)")
@@ -154,6 +158,10 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	if err != nil {
 		return err
 	}
+	state, err := privateState(af.privateState, extra)
+	if err != nil {
+		return err
+	}
 	if warn, err := attempt.CheckGuard(argv[0], af.allowUnguarded); err != nil {
 		return err
 	} else if warn != nil {
@@ -164,7 +172,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 		Argv: argv, Checkout: co,
 		SidecarURL: af.sidecar, Token: token, Grace: af.grace, Wait: af.wait,
 		Paths: af.paths, Workspace: leasebus.WorkspaceMode(af.workspace), AllowHosts: af.allowHosts,
-		AllowWrite: extra, AllowPorts: af.ports,
+		AllowWrite: extra, AllowPorts: af.ports, State: state,
 		Hide:      append([]string{af.tokenFile}, a.credsToHide()...),
 		KillGrace: af.killGrace, AllowUnguarded: af.allowUnguarded,
 		Stdout: out, Stderr: errw, Log: log,

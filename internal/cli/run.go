@@ -35,6 +35,7 @@ type runFlags struct {
 	allowConnect   []string
 	ports          []uint16 // --allow-connect, parsed by check
 	allowWrite     []string
+	privateState   []string // --private-state
 	onLost         string
 	killGrace      time.Duration
 	// commit is "fenceline shard commit": serialized or exclusive commit
@@ -84,6 +85,15 @@ sidecar's fences, its egress proxy and --allow-connect ports. With
 --git-upstream, the agent's unmodified git reaches that server only through
 the git fence.
 
+--private-state PATH (a CLI's state in your HOME: ~/.claude, ~/.claude.json,
+~/.codex) gives the agent a private HOME holding a copy of each PATH, which
+it may write while your own stay read-only to it. When the attempt
+settles, run names every setting the agent changed there that would run a
+program or widen what runs at the CLI's next start (hooks, MCP servers,
+notify, statusLine, apiKeyHelper, env, permissions, ...) and discards the
+copy: nothing the agent writes there reaches your next unguarded run.
+Prefer it to --allow-write on a CLI's state dir.
+
 Other hosts (a model's API) are reached through the egress proxy, which
 the agent's HTTPS_PROXY/HTTP_PROXY point at (loopback stays direct through
 NO_PROXY): hosts named by --allow-host are tunnelled untouched (TLS end to
@@ -105,7 +115,7 @@ Without Landlock (Linux < 5.13, or disabled) run refuses to start unless
 		Example: `  fenceline run --checkout . --scope services/billing -- codex exec "fix the invoice rounding"
   fenceline run --checkout ~/src/payments --git-upstream https://git.internal/acme/payments.git -- make release
   fenceline run --checkout . --scope services/billing --workspace exclusive --on-lost signal -- ./agent.sh
-  fenceline run --checkout . --scope services/billing --allow-host api.openai.com -- codex exec "add a test"`,
+  fenceline run --checkout . --scope services/billing --allow-host api.openai.com --private-state ~/.codex -- codex exec "add a test"`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return fmt.Errorf("%s needs the command to run after --, e.g. fenceline run --checkout . --scope services/billing -- make test", cmd.CommandPath())
@@ -126,6 +136,7 @@ Without Landlock (Linux < 5.13, or disabled) run refuses to start unless
 	f.BoolVar(&rf.allowUnguarded, "allow-unguarded", false, "run even when the kernel cannot confine file writes (no Landlock): only the fences protect anything then")
 	f.StringArrayVar(&rf.allowConnect, "allow-connect", nil, "TCP port the agent may connect to directly besides the sidecar's (repeatable); for HTTP(S) hosts use --allow-host: a port opens every host on it, past the git fence")
 	f.StringArrayVar(&rf.allowWrite, "allow-write", nil, "existing path the agent may write besides its claim, e.g. a build cache (repeatable)")
+	registerPrivateState(f, &rf.privateState)
 	f.StringVar(&rf.onLost, "on-lost", onLostKeep, "when the lease is lost: keep (the agent runs on, its writes refused) or signal (SIGTERM its processes; exit 4)")
 	f.DurationVar(&rf.killGrace, "kill-grace", 10*time.Second, "how long the agent's processes have between SIGTERM and SIGKILL when it is stopped")
 	f.SetInterspersed(false) // everything after CMD is CMD's
@@ -210,6 +221,10 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 	if err != nil {
 		return err
 	}
+	state, err := privateState(rf.privateState, extra)
+	if err != nil {
+		return err
+	}
 	if len(rf.ff.gitHeaders) > 0 {
 		fmt.Fprintf(a.stderr, "fenceline: warning: the agent can read this process's command line, --git-upstream-header included; pass upstream credentials in FENCELINE_GIT_UPSTREAM_HEADER instead\n")
 	}
@@ -270,7 +285,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 
 	spec := attempt.Spec{
 		Argv: argv, Checkout: co, Pool: pool, Holder: held.holder,
-		AllowWrite: extra, AllowPorts: rf.ports,
+		AllowWrite: extra, AllowPorts: rf.ports, State: state,
 		StopOnLost: rf.onLost == onLostSignal, KillGrace: rf.killGrace, AllowUnguarded: rf.allowUnguarded,
 		Stdout: out, Stderr: errw, Say: say,
 	}

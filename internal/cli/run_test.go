@@ -788,6 +788,8 @@ func TestRunUsage(t *testing.T) {
 		{[]string{"--checkout", co, "--lease", "lease_abc", "--scope", "in", "--", "true"}, "drop --scope"},
 		{[]string{"--checkout", co, "--scope", "../x", "--", "true"}, "../x"},
 		{[]string{"--checkout", co, "--workspace", "shared", "--", "true"}, "nothing claimed"},
+		{[]string{"--checkout", co, "--private-state", "/etc", "--", "true"}, "--private-state /etc: not beneath HOME"},
+		{[]string{"--checkout", co, "--private-state", filepath.Join(os.Getenv("HOME"), ".claude"), "--allow-write", os.Getenv("HOME"), "--", "true"}, "drop the --allow-write"},
 	} {
 		r := flDefault(t, closedURL(t), append([]string{"run"}, tc.args...)...)
 		if r.code != ExitUsage || !strings.Contains(r.stderr, tc.want) {

@@ -306,6 +306,7 @@ refs/fenceline/attempts/<attemptId>).`,
 	f.BoolVar(&rf.allowUnguarded, "allow-unguarded", false, "run even when the kernel cannot confine file writes (no Landlock)")
 	f.StringArrayVar(&rf.allowConnect, "allow-connect", nil, "TCP port CMD may connect to besides the sidecar's (repeatable)")
 	f.StringArrayVar(&rf.allowWrite, "allow-write", nil, "existing path CMD may write besides what the capacity allows (repeatable)")
+	registerPrivateState(f, &rf.privateState)
 	f.StringVar(&rf.onLost, "on-lost", onLostKeep, "when the lease is lost: keep or signal")
 	f.DurationVar(&rf.killGrace, "kill-grace", 10*time.Second, "how long CMD's processes have between SIGTERM and SIGKILL")
 	rf.ff.register(c)

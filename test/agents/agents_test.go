@@ -123,7 +123,8 @@ func runStory(t *testing.T, agent string, md mode) *story {
 	start := time.Now()
 	switch md {
 	case modeRun, modeUnguarded:
-		args := append([]string{w.fl, "--nats", w.busURL, "run", "--checkout", w.co, "--ttl", "2m", "--allow-write", w.home}, claim...)
+		args := append([]string{w.fl, "--nats", w.busURL, "run", "--checkout", w.co, "--ttl", "2m"}, w.stateFlags(agent)...)
+		args = append(args, claim...)
 		args = append(args, fences...)
 		if md == modeUnguarded {
 			args = append(args, "--allow-unguarded")
@@ -158,7 +159,8 @@ func runStory(t *testing.T, agent string, md mode) *story {
 		}
 		w.model.Hooks = map[string]func(context.Context) error{"revoke": w.revokeHook(logs, `"state":"lost"`)}
 		aargs := append([]string{w.fl, "agent", "--log-format", "text", "--sidecar", m[1], "--checkout", w.co,
-			"--allow-host", w.modelHost(), "--allow-write", w.home, "--"}, argv...)
+			"--allow-host", w.modelHost()}, w.stateFlags(agent)...)
+		aargs = append(append(aargs, "--"), argv...)
 		a := w.start(w.co, env, logs, aargs...)
 		s.code = a.wait(t, bound)
 		syscall.Kill(sc.cmd.Process.Pid, syscall.SIGTERM)
