@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -347,15 +348,32 @@ func sameView(a, b LeaseView) bool {
 	return string(ja) == string(jb)
 }
 
-// auth requires the bearer token when one is configured.
+// auth requires the token when one is configured: as a bearer token, or
+// proven by the agent wrapper's request HMAC (adminauth.go), after which
+// the answer proves it back (the request's context carries its nonce).
 func (a *Admin) auth(h http.Handler) http.Handler {
 	if a.cfg.Token == "" {
 		return h
 	}
 	want := []byte("Bearer " + a.cfg.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get("Authorization"))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		got := r.Header.Get("Authorization")
+		if mac, ok := strings.CutPrefix(got, hmacScheme); ok {
+			nonce := r.Header.Get(headerNonce)
+			body, err := io.ReadAll(io.LimitReader(r.Body, maxAdminBody+1))
+			if err != nil || len(body) > maxAdminBody {
+				http.Error(w, "fenceline: request body unreadable or over 64 KiB", http.StatusRequestEntityTooLarge)
+				return
+			}
+			if !validNonce(nonce) || !macEqual(mac, requestMAC(a.cfg.Token, r.Method, r.URL.Path, nonce, body)) {
+				http.Error(w, "fenceline: the request's "+strings.TrimSpace(hmacScheme)+" does not prove the admin token", http.StatusUnauthorized)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nonceKey{}, nonce)))
+			return
+		}
+		if subtle.ConstantTimeCompare([]byte(got), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="fenceline"`)
 			http.Error(w, "fenceline: the admin API needs \"Authorization: Bearer <token>\" (the sidecar's --admin-token-file)", http.StatusUnauthorized)
 			return
@@ -363,6 +381,12 @@ func (a *Admin) auth(h http.Handler) http.Handler {
 		h.ServeHTTP(w, r)
 	})
 }
+
+// nonceKey carries a signed request's nonce to its handler.
+type nonceKey struct{}
+
+// maxAdminBody bounds a signed request's body.
+const maxAdminBody = 64 << 10
 
 func (a *Admin) healthz(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprintln(w, "ok")
@@ -423,8 +447,13 @@ func (a *Admin) events(w http.ResponseWriter, r *http.Request) {
 	}()
 	keep := time.NewTicker(a.cfg.KeepAlive)
 	defer keep.Stop()
+	// A signed request's stream proves the token on each event.
+	s := &viewStream{w: w, rc: rc}
+	if nonce, ok := r.Context().Value(nonceKey{}).(string); ok {
+		s.token, s.nonce = a.cfg.Token, nonce
+	}
 	for {
-		changed, ok := a.sendView(w, rc)
+		changed, ok := a.sendView(s)
 		if !ok {
 			return
 		}
@@ -432,7 +461,7 @@ func (a *Admin) events(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		case <-a.stop:
-			a.sendView(w, rc) // the last word: what the lease is as the server stops
+			a.sendView(s) // the last word: what the lease is as the server stops
 			return
 		case <-changed:
 		case <-keep.C:
@@ -440,18 +469,32 @@ func (a *Admin) events(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// viewStream is one events stream being answered: with a token and a
+// nonce, each event carries its proof (eventMAC).
+type viewStream struct {
+	w            http.ResponseWriter
+	rc           *http.ResponseController
+	token, nonce string
+	n            uint64 // events sent
+}
+
 // sendView writes the current view as one event and returns the channel
 // closed at its next change.
-func (a *Admin) sendView(w http.ResponseWriter, rc *http.ResponseController) (changed <-chan struct{}, ok bool) {
+func (a *Admin) sendView(s *viewStream) (changed <-chan struct{}, ok bool) {
 	v, changed := a.viewNow()
 	data, err := json.Marshal(v)
 	if err != nil {
 		return nil, false
 	}
-	if _, err := fmt.Fprintf(w, "event: lease\nid: %d\ndata: %s\n\n", v.Seq, data); err != nil {
+	s.n++
+	mac := ""
+	if s.nonce != "" {
+		mac = "mac: " + eventMAC(s.token, s.nonce, s.n, data) + "\n"
+	}
+	if _, err := fmt.Fprintf(s.w, "event: lease\nid: %d\n%sdata: %s\n\n", v.Seq, mac, data); err != nil {
 		return nil, false
 	}
-	return changed, rc.Flush() == nil
+	return changed, s.rc.Flush() == nil
 }
 
 func (a *Admin) settle(w http.ResponseWriter, r *http.Request) {

@@ -159,21 +159,24 @@ func NewClient(base, token string) *Client {
 	return &Client{base: strings.TrimRight(base, "/"), token: token, hc: &http.Client{}}
 }
 
+// request makes a request of the admin API, signed with the token (see
+// adminauth.go): the token itself is never sent.
 func (c *Client) request(ctx context.Context, method, path string, body any) (*http.Request, error) {
-	var r io.Reader
+	var b []byte
 	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
+		var err error
+		if b, err = json.Marshal(body); err != nil {
 			return nil, err
 		}
-		r = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, r)
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(b))
 	if err != nil {
 		return nil, err
 	}
 	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
+		nonce := newNonce()
+		req.Header.Set(headerNonce, nonce)
+		req.Header.Set("Authorization", hmacScheme+requestMAC(c.token, method, path, nonce, b))
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -266,11 +269,21 @@ func (c *Client) stream(ctx context.Context, g *Gate) (heard bool, err error) {
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 16<<10), 1<<20)
 	var data []byte
+	var mac string
+	nonce := req.Header.Get(headerNonce)
+	var n uint64 // events taken from this stream
 	for sc.Scan() {
 		line := sc.Bytes()
 		switch {
 		case len(line) == 0: // end of an event
 			if len(data) > 0 {
+				n++
+				if c.token != "" && !macEqual(mac, eventMAC(c.token, nonce, n, data)) {
+					// Not the sidecar: whatever listens on its port
+					// without its token (the agent, once the sidecar is
+					// gone) cannot say the lease is held.
+					return heard, fmt.Errorf("event %d of the stream does not prove the admin token: whatever answers on %s is not the sidecar", n, c.base)
+				}
 				var v LeaseView
 				if err := json.Unmarshal(data, &v); err != nil {
 					return heard, fmt.Errorf("bad event from the sidecar: %w", err)
@@ -279,9 +292,11 @@ func (c *Client) stream(ctx context.Context, g *Gate) (heard bool, err error) {
 				heard = true
 				idle.Reset(2 * g.grace)
 			}
-			data = data[:0]
+			data, mac = data[:0], ""
 		case bytes.HasPrefix(line, []byte("data:")):
 			data = append(data, bytes.TrimPrefix(bytes.TrimPrefix(line, []byte("data:")), []byte(" "))...)
+		case bytes.HasPrefix(line, []byte("mac:")):
+			mac = string(bytes.TrimSpace(bytes.TrimPrefix(line, []byte("mac:"))))
 		}
 	}
 	if err := sc.Err(); err != nil {
