@@ -35,9 +35,12 @@ type GitDirSnapshot struct {
 	// another directory in its place) and a descriptor on it, to find it
 	// wherever it was moved.
 	held map[string]heldDir
-	// workTree, when set, is the checkout whose .git entries (its own
-	// and those of repositories nested in it) were recorded in dotGits.
+	// workTree, when set, is the checkout whose repositories (its own
+	// .git and those nested in it) were recorded in dotGits; roots are
+	// the directories of it walked for them (the whole checkout, or the
+	// claims of a path-leased attempt).
 	workTree string
+	roots    []string
 	dotGits  map[string]snapEntry // by absolute path
 	// replace are each git dir's refs/replace/ refs (ref -> object): they
 	// make git show another object in an object's place.
@@ -210,15 +213,30 @@ func (s *GitDirSnapshot) restoreReplaceRefs() (undone []string, errs []error) {
 	return undone, errs
 }
 
-// SnapshotCheckout is SnapshotGitDirs, and also records every .git entry
-// of workTree: the checkout's own (a directory, or a file naming its git
-// dir) and those of repositories nested in it. git status in the checkout
-// runs git in every nested repository registered as a gitlink, with that
+// SnapshotCheckout is SnapshotGitDirs, and also records every repository
+// of workTree: its own .git (a directory, or a file naming its git dir)
+// and those nested in it, .git entries and directories git takes for a
+// git dir themselves (a bare repository: HEAD, objects/ and refs/). git
+// status in the checkout runs git in every nested repository registered
+// as a gitlink, and the user's git in a nested directory runs with that
 // repository's config and hooks: one the attempt made, or whose .git it
-// pointed elsewhere, is undone by Restore; the git dirs of nested
+// pointed elsewhere, is disarmed by Restore; the git dirs of nested
 // repositories that were there are restored like the checkout's.
 func SnapshotCheckout(workTree string, gitDirs []string) (*GitDirSnapshot, error) {
-	dotGits, nested, err := findDotGits(workTree, gitDirs)
+	return snapshotRepos(workTree, []string{workTree}, gitDirs)
+}
+
+// SnapshotClaims records the repositories under the claims (real paths
+// in workTree) of a path-leased attempt, whose git dir is not writable
+// but whose claims are: a repository it makes there, or the config of
+// one the user had there, would run in the user's git in that directory.
+// Restore disarms and restores them as SnapshotCheckout's.
+func SnapshotClaims(workTree string, claims []string) (*GitDirSnapshot, error) {
+	return snapshotRepos(workTree, claims, nil)
+}
+
+func snapshotRepos(workTree string, roots, gitDirs []string) (*GitDirSnapshot, error) {
+	dotGits, nested, err := findRepos(workTree, roots, gitDirs)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
 	}
@@ -226,13 +244,17 @@ func SnapshotCheckout(workTree string, gitDirs []string) (*GitDirSnapshot, error
 	if err != nil {
 		return nil, err
 	}
-	s.workTree, s.dotGits = workTree, dotGits
+	s.workTree, s.roots, s.dotGits = workTree, roots, dotGits
 	if err := s.snapshotOthers(gitDirs); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
 	}
 	return s, nil
 }
+
+// Dirs are the git dirs the snapshot restores: the checkout's and those
+// of the repositories nested in it.
+func (s *GitDirSnapshot) Dirs() []string { return slices.Clone(s.dirs) }
 
 // snapshotOthers records the other worktrees of the repository (the main
 // one when gitDirs are a linked worktree's, and every linked one but
@@ -347,38 +369,95 @@ func (s *GitDirSnapshot) restoreOthers() (undone []string, errs []error) {
 	return undone, errs
 }
 
-// findDotGits walks workTree for entries named .git, not descending into
-// git dirs. It returns them, and the nested ones that are directories.
-func findDotGits(workTree string, gitDirs []string) (map[string]snapEntry, []string, error) {
+// findRepos walks roots (in workTree) for repositories, not descending
+// into git dirs: entries named .git (directories, files, links), and
+// directories git takes for a git dir themselves (looksLikeGitDir; the
+// work tree's top, whose .git git finds first, is not one). It returns
+// them, and the git dirs among them that are not gitDirs.
+func findRepos(workTree string, roots, gitDirs []string) (map[string]snapEntry, []string, error) {
 	found := map[string]snapEntry{}
 	var nested []string
-	err := filepath.WalkDir(workTree, func(p string, d fs.DirEntry, err error) error {
+	var walk func(dir string) error
+	walk = func(dir string) error {
+		ents, err := os.ReadDir(dir)
 		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) || errors.Is(err, unix.ENOTDIR) {
 				return nil
 			}
 			return err
 		}
-		if d.Name() != ".git" || p == workTree {
-			if d.IsDir() && slices.Contains(gitDirs, p) {
-				return filepath.SkipDir
+		if dir != workTree && looksLikeGitDir(ents) {
+			found[dir] = snapEntry{mode: fs.ModeDir | 0o755}
+			if !slices.Contains(gitDirs, dir) {
+				nested = append(nested, dir)
 			}
 			return nil
 		}
-		e, err := readEntry(p, d)
-		if err != nil {
-			return err
-		}
-		found[p] = e
-		if d.IsDir() {
-			if !slices.Contains(gitDirs, p) {
-				nested = append(nested, p)
+		for _, d := range ents {
+			p := filepath.Join(dir, d.Name())
+			if d.Name() == ".git" {
+				e, err := readEntry(p, d)
+				if err != nil {
+					return err
+				}
+				found[p] = e
+				if d.IsDir() && !slices.Contains(gitDirs, p) {
+					nested = append(nested, p)
+				}
+				continue
 			}
-			return filepath.SkipDir
+			if d.IsDir() && !slices.Contains(gitDirs, p) {
+				if err := walk(p); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
-	})
-	return found, nested, err
+	}
+	for _, r := range roots {
+		if fi, err := os.Lstat(r); err != nil || !fi.IsDir() {
+			continue
+		}
+		if err := walk(r); err != nil {
+			return nil, nil, err
+		}
+	}
+	return found, nested, nil
+}
+
+// looksLikeGitDir reports whether a directory holding ents is one git
+// takes for a git dir when it finds no .git in it (is_git_directory): a
+// HEAD that is not a directory, and objects/ and refs/, or a commondir
+// naming where they are.
+func looksLikeGitDir(ents []fs.DirEntry) bool {
+	var head, objects, refs, common bool
+	for _, e := range ents {
+		switch e.Name() {
+		case "HEAD":
+			head = !e.IsDir()
+		case "objects":
+			objects = e.IsDir()
+		case "refs":
+			refs = e.IsDir()
+		case "commondir":
+			common = !e.IsDir()
+		case ".git":
+			return false // git takes that first
+		}
+	}
+	return head && (objects && refs || common)
+}
+
+// disarm makes the git dir dir no repository git would find: its HEAD is
+// moved aside (git takes no directory without one for a git dir), its
+// contents kept. It returns HEAD's new name.
+func disarm(dir string) (string, error) {
+	head := filepath.Join(dir, "HEAD")
+	if _, err := os.Lstat(head); err != nil {
+		return "", nil
+	}
+	to, err := aside(head)
+	return filepath.Base(to), err
 }
 
 // hold records which directory dir is and keeps a descriptor on it.
@@ -508,15 +587,17 @@ func (s *GitDirSnapshot) name(p string) string {
 	return rel(s.dirs, p)
 }
 
-// restoreDotGits undoes the .git entries of the work tree the attempt
-// added or changed: what is there now is moved aside (a nested
-// repository's git dir stops being one), and a .git file or link that
-// was there is written back.
+// restoreDotGits undoes the repositories of the work tree the attempt
+// added or changed: a .git there now is moved aside (a nested
+// repository's git dir stops being one), a .git file or link that was
+// there is written back, and a git dir the attempt made (the .git moved
+// aside, or a bare repository) is disarmed: git finds no repository in
+// it, and the user's git in that directory runs none of its config.
 func (s *GitDirSnapshot) restoreDotGits() (undone []string, errs []error) {
 	if s.workTree == "" {
 		return nil, nil
 	}
-	now, _, err := findDotGits(s.workTree, s.dirs)
+	now, _, err := findRepos(s.workTree, s.roots, s.dirs)
 	if err != nil {
 		return nil, []error{err}
 	}
@@ -536,16 +617,34 @@ func (s *GitDirSnapshot) restoreDotGits() (undone []string, errs []error) {
 		case ok && e.mode == was.mode && bytes.Equal(e.content, was.content):
 			continue
 		}
+		if filepath.Base(p) != ".git" { // a bare repository
+			head, err := disarm(p)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("disarm the repository %s: %w", p, err))
+				continue
+			}
+			undone = append(undone, s.name(p)+" (a repository the attempt made: its HEAD moved to "+head+", git no longer takes it for one)")
+			continue
+		}
 		to, err := aside(p)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("move aside %s: %w", p, err))
 			continue
 		}
+		what := s.name(to)
+		if e.mode.IsDir() {
+			head, err := disarm(to)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("disarm the repository %s: %w", to, err))
+			} else if head != "" {
+				what += ", its HEAD moved to " + head
+			}
+		}
 		if !ok {
-			undone = append(undone, s.name(p)+" (added; moved to "+s.name(to)+")")
+			undone = append(undone, s.name(p)+" (added; moved to "+what+")")
 			continue
 		}
-		undone = append(undone, s.name(p)+" (changed; the attempt's moved to "+s.name(to)+")")
+		undone = append(undone, s.name(p)+" (changed; the attempt's moved to "+what+")")
 		if !was.mode.IsDir() {
 			if err := writeEntry(p, was); err != nil {
 				errs = append(errs, err)

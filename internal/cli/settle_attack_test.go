@@ -1,0 +1,170 @@
+package cli
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/fenceline/fenceline/internal/gitsafe/gittrap"
+)
+
+// TestSharedRunNestedRepoTrapUndone: a path-leased attempt (shared
+// workspace, git dir read-only) makes a repository inside its own claim
+// whose config and hooks name programs: a .git directory, a .git file
+// naming a git dir outside the checkout, or a bare repository whose
+// core.worktree is itself. The user's plain git status in that directory
+// ran them, unconfined (and they could write any path). At settle the run
+// disarms every repository the attempt made in its claim and says so; the
+// user's git there runs nothing of it.
+func TestSharedRunNestedRepoTrapUndone(t *testing.T) {
+	for _, how := range []string{"dotgit", "gitfile", "bare"} {
+		t.Run(how, func(t *testing.T) {
+			isolate(t)
+			url := startBus(t)
+			co := newCheckout(t, "")
+			ctl := newCtl(t)
+			kit := newTrapKit(t, ctl)
+			gd, dir := "in/sub/.git", "in/sub"
+			base := `[core]\n\trepositoryformatversion = 0\n\tbare = false\n`
+			var link string
+			switch how {
+			case "gitfile":
+				gd = ctl.path("elsewhere.git")
+				link = `echo "gitdir: ` + gd + `" > in/sub/.git`
+			case "bare":
+				gd, dir = "in/bare", "in/bare"
+				base += `\tworktree = .\n`
+			}
+			script := strings.Join([]string{
+				`set -e`,
+				`mkdir -p ` + dir + ` ` + gd + `/objects ` + gd + `/refs/heads`,
+				`echo "ref: refs/heads/main" > ` + gd + `/HEAD`,
+				`printf '` + base + `' > ` + gd + `/config`,
+				`gd=$(cd ` + gd + ` && pwd) && cd ` + dir + ` && (` + kit.plant("$gd") + `) && cd -`,
+				link,
+				`echo hello > ` + dir + `/work && echo planted`,
+			}, "\n")
+			r := runFL(t, url, "--checkout", co, "--scope", "in", "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
+			mustContain(t, "attempt", r.stdout, "planted")
+			if how == "bare" {
+				mustContain(t, "run", r.stderr, "in/bare (a repository the attempt made: its HEAD moved to HEAD.fenceline-undone-")
+			} else {
+				mustContain(t, "run", r.stderr, "in/sub/.git (added; moved to in/sub/.git.fenceline-undone-")
+			}
+			os.Remove(kit.marker)
+			nested := filepath.Join(co, filepath.FromSlash(dir))
+			os.WriteFile(filepath.Join(nested, "work"), []byte("user edit\n"), 0o644)
+			gitRun(t, nested, nil, "status")
+			gitRun(t, nested, nil, "diff")
+			gitRun(t, nested, nil, "log", "-1")
+			if ran := gittrap.Ran(kit.marker); ran != "" {
+				t.Errorf("the user's git in %s ran the attempt's programs:\n%s\nrun's stderr:\n%s", dir, ran, r.stderr)
+			}
+		})
+	}
+}
+
+// TestExclusiveRunForgedObjectsUndone: an exclusive attempt without a
+// pool, claiming in/ (git dir writable, out/ not), forges the object
+// store. It rewrites README.md's loose blob in place (same id, its own
+// bytes): git trusts a loose object's name, so the user's git checkout --
+// README.md and git worktree add wrote the attempt's bytes, and git diff
+// showed nothing. And it commits a change to out/seed, an unclaimed path,
+// with a forged objects/info/commit-graph that gives the commit the tree
+// of an honest one (in/seed alone): git believes the commit-graph over
+// the commit, so git show, git log -p and git diff hid the change to
+// out/seed from a review, while a push sends it. At settle the run checks
+// what the attempt wrote to the object store: the rewritten object is put
+// back, the commit-graph removed, and it says so.
+func TestExclusiveRunForgedObjectsUndone(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "")
+	ctl := newCtl(t)
+	readme := strings.TrimSpace(mustGitRun(t, co, nil, "rev-parse", "HEAD:README.md"))
+	// The attempt's commit, made the same way the test makes it in a copy
+	// first (fixed identity and dates: the same ids), to forge the graph.
+	commit := strings.Join([]string{
+		`export GIT_AUTHOR_NAME=a GIT_AUTHOR_EMAIL=a@a GIT_COMMITTER_NAME=a GIT_COMMITTER_EMAIL=a@a`,
+		`export GIT_AUTHOR_DATE="@1700000000 +0000" GIT_COMMITTER_DATE="@1700000000 +0000"`,
+		`export GIT_INDEX_FILE=$TMPDIR/forge-index`,
+		`git read-tree HEAD`,
+		`git update-index --cacheinfo 100644,$(echo tidy | git hash-object -w --stdin),in/seed`,
+		`git write-tree > $TMPDIR/honest-tree`,
+		`git update-index --cacheinfo 100644,$(echo evil | git hash-object -w --stdin),out/seed`,
+		`c=$(git commit-tree $(git write-tree) -p HEAD -m "in: tidy")`,
+		`unset GIT_INDEX_FILE`,
+		`git update-ref refs/heads/main $c && git read-tree $c && echo tidy > in/seed`,
+	}, "\n")
+	graph := forgedGraph(t, co, commit)
+	os.WriteFile(ctl.path("graph"), graph, 0o644)
+	obj := ".git/objects/" + readme[:2] + "/" + readme[2:]
+	script := strings.Join([]string{
+		`set -e`,
+		`evil=$(echo evil | git hash-object -w --stdin)`,
+		`chmod u+w ` + obj + ` && cat .git/objects/$(echo $evil | cut -c1-2)/$(echo $evil | cut -c3-) > ` + obj,
+		commit,
+		`cp ` + ctl.path("graph") + ` .git/objects/info/commit-graph`,
+		`git show --stat --format= HEAD | grep -q out/seed || echo hidden`,
+	}, "\n")
+	r := runFL(t, url, "--checkout", co, "--scope", "in", "--workspace", "exclusive", "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
+	mustContain(t, "attempt", r.stdout, "hidden")
+	mustContain(t, "run", r.stderr, obj[len(".git/"):], "objects/info/commit-graph")
+
+	os.WriteFile(filepath.Join(co, "README.md"), []byte("user edit\n"), 0o644)
+	if out, err := gitRun(t, co, nil, "checkout", "--", "README.md"); err != nil {
+		t.Errorf("the user's git checkout -- README.md: %v\n%s", err, out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(co, "README.md")); string(b) != "payments\n" {
+		t.Errorf("the user's git checkout -- README.md wrote %q, want payments (run's stderr:\n%s)", b, r.stderr)
+	}
+	wt := filepath.Join(t.TempDir(), "wt")
+	if out, err := gitRun(t, co, nil, "worktree", "add", "-q", "--detach", wt, "HEAD"); err != nil {
+		t.Errorf("the user's git worktree add: %v\n%s", err, out)
+	}
+	for f, want := range map[string]string{"README.md": "payments\n", "out/seed": "evil\n"} {
+		if b, _ := os.ReadFile(filepath.Join(wt, f)); string(b) != want {
+			t.Errorf("git worktree add wrote %s as %q, want %q", f, b, want)
+		}
+	}
+	for _, args := range [][]string{
+		{"show", "--stat", "--format=", "HEAD"},
+		{"log", "-p", "-1"},
+		{"diff", "HEAD~1", "HEAD"},
+	} {
+		if out, err := gitRun(t, co, nil, args...); err != nil || !strings.Contains(out, "out/seed") {
+			t.Errorf("the user's git %s hides the change to out/seed: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// forgedGraph makes, in a copy of the checkout co, the commit the shell
+// code commit makes, and returns a commit-graph that lists that commit
+// with the tree of an honest one (in/seed changed alone: the tree commit
+// writes to $TMPDIR/honest-tree).
+func forgedGraph(t *testing.T, co, commit string) []byte {
+	t.Helper()
+	cp := filepath.Join(t.TempDir(), "copy")
+	mustGitRun(t, co, nil, "clone", "-q", "--no-local", co, cp)
+	tmp := t.TempDir()
+	mustGitRun(t, cp, []string{"TMPDIR=" + tmp}, "-c", "alias.x=!sh -c '"+strings.ReplaceAll(commit, "'", `'\''`)+"'", "x")
+	c := strings.TrimSpace(mustGitRun(t, cp, nil, "rev-parse", "HEAD"))
+	honest, _ := os.ReadFile(filepath.Join(tmp, "honest-tree"))
+	for i := range 64 {
+		h := strings.TrimSpace(mustGitRun(t, cp, nil, "commit-tree", strings.TrimSpace(string(honest)), "-p", "HEAD~1", "-m", "honest "+strconv.Itoa(i)))
+		os.Remove(filepath.Join(cp, ".git", "objects", "info", "commit-graph"))
+		cmd := []string{"-c", "alias.g=!echo " + h + " | git commit-graph write --stdin-commits", "g"}
+		mustGitRun(t, cp, nil, cmd...)
+		b, err := os.ReadFile(filepath.Join(cp, ".git", "objects", "info", "commit-graph"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if forged, err := gittrap.ForgeCommitGraph(b, h, c); err == nil {
+			return forged
+		}
+	}
+	t.Fatal("no honest commit sorts in the attempt's commit's place")
+	return nil
+}
