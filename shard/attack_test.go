@@ -349,3 +349,72 @@ func TestRestoreCheckoutDropsReplaceRefsAndGrafts(t *testing.T) {
 		})
 	}
 }
+
+// TestRestoreClaimsRepos: a path-leased attempt (git dir read-only) may
+// write only its claims, and there it plants traps in a repository the
+// user had (claim/lib, a nested clone), makes a bare repository whose
+// work tree is itself (claim/bare) and a .git file naming a git dir
+// elsewhere (claim/gen). The user's git in each ran them. Restore puts
+// claim/lib's config and hooks back and disarms the attempt's two; a
+// repository outside the claims (other/, the attempt could not write it)
+// is not its business.
+func TestRestoreClaimsRepos(t *testing.T) {
+	t.Parallel()
+	co := newRepo(t, 2)
+	claim := filepath.Join(co, "claim")
+	lib := filepath.Join(claim, "lib")
+	other := filepath.Join(co, "other")
+	for _, d := range []string{lib, other} {
+		os.MkdirAll(d, 0o755)
+		mustGit(t, d, "init", "-q")
+	}
+	libCfg, _ := os.ReadFile(filepath.Join(lib, ".git", "config"))
+	snap, err := SnapshotClaims(co, []string{claim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Close()
+	marker := filepath.Join(t.TempDir(), "ran")
+	scripts := filepath.Join(t.TempDir(), "traps")
+	bare := filepath.Join(claim, "bare")
+	mustGit(t, claim, "init", "-q", "--bare", bare)
+	mustGit(t, claim, "--git-dir="+bare, "config", "core.bare", "false")
+	mustGit(t, claim, "--git-dir="+bare, "config", "core.worktree", ".")
+	elsewhere := filepath.Join(t.TempDir(), "elsewhere.git")
+	mustGit(t, claim, "init", "-q", "--bare", elsewhere)
+	mustGit(t, claim, "--git-dir="+elsewhere, "config", "core.bare", "false")
+	os.MkdirAll(filepath.Join(claim, "gen"), 0o755)
+	os.WriteFile(filepath.Join(claim, "gen", ".git"), []byte("gitdir: "+elsewhere+"\n"), 0o644)
+	for _, gd := range []string{filepath.Join(lib, ".git"), bare, elsewhere} {
+		if err := gittrap.Plant(gd, "", scripts, marker); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, _ := plainGit(t, bare, "status"); gittrap.Ran(marker) == "" {
+		t.Fatalf("the planted bare repository runs nothing (%s): the test proves nothing", out)
+	}
+	os.Remove(marker)
+
+	undone, err := snap.Restore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("undone: %v", undone)
+	for _, want := range []string{"claim/lib/.git/config (changed)", "claim/lib/.git/hooks/post-checkout (added)", "claim/bare (a repository the attempt made: its HEAD moved to HEAD.fenceline-undone-", "claim/gen/.git (added; moved to claim/gen/.git.fenceline-undone-"} {
+		if !strings.Contains(strings.Join(undone, "\n"), want) {
+			t.Errorf("undone %v lacks %q", undone, want)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(lib, ".git", "config")); string(b) != string(libCfg) {
+		t.Errorf("claim/lib's config after restore:\n%s", b)
+	}
+	for _, d := range []string{lib, bare, filepath.Join(claim, "gen"), claim} {
+		plainGit(t, d, "status")
+	}
+	if ran := gittrap.Ran(marker); ran != "" {
+		t.Errorf("the user's git in the claim ran the attempt's programs:\n%s", ran)
+	}
+	if again, err := snap.Restore(); err != nil || len(again) != 0 {
+		t.Errorf("a second restore undid %v, %v; want nothing", again, err)
+	}
+}

@@ -277,21 +277,44 @@ func (st *objectStore) restore(ctx context.Context) (undone []string, errs []err
 		}
 	}
 	regen := []struct {
-		was  bool
-		args []string
+		prefix string
+		was    bool
+		args   []string
 	}{
-		{graph && st.had("info/commit-graph"), []string{"commit-graph", "write", "--reachable", "--no-progress"}},
-		{midx && st.had("pack/multi-pack-index"), []string{"multi-pack-index", "write", "--no-progress"}},
+		{"info/commit-graph", graph, []string{"commit-graph", "write", "--reachable", "--no-progress"}},
+		{"pack/multi-pack-index", midx, []string{"multi-pack-index", "write", "--no-progress"}},
 	}
 	for _, r := range regen {
-		if !r.was {
+		if !r.was || !st.had(r.prefix) {
 			continue
 		}
 		if _, err := git(ctx, st.gitDir, []string{"GIT_DIR=" + st.gitDir}, r.args...); err != nil {
 			errs = append(errs, err)
+			continue
 		}
+		undone = append(undone, name(r.prefix)+" (the repository's: written anew)")
+		st.record(r.prefix)
 	}
 	return undone, errs
+}
+
+// record takes the files under objects/ whose paths start with prefix,
+// as fenceline wrote them, for the store's own.
+func (st *objectStore) record(prefix string) {
+	for rel := range st.files {
+		if strings.HasPrefix(rel, prefix) {
+			delete(st.files, rel)
+		}
+	}
+	filepath.WalkDir(st.dir, func(p string, d fs.DirEntry, err error) error {
+		rel, _ := filepath.Rel(st.dir, p)
+		if err == nil && d.Type().IsRegular() && strings.HasPrefix(rel, prefix) {
+			if id, err := statID(p); err == nil {
+				st.files[rel] = id
+			}
+		}
+		return nil
+	})
 }
 
 // had reports whether the store held a file whose path starts with
