@@ -10,21 +10,33 @@ import (
 	"github.com/fenceline/fenceline/internal/gitsafe/gittrap"
 )
 
-// TestSharedRunNestedRepoTrapUndone: a path-leased attempt (shared
+// TestRunNestedRepoTrapUndone: a path-leased attempt (shared
 // workspace, git dir read-only) makes a repository inside its own claim
 // whose config and hooks name programs: a .git directory, a .git file
 // naming a git dir outside the checkout, or a bare repository whose
 // core.worktree is itself. The user's plain git status in that directory
 // ran them, unconfined (and they could write any path). At settle the run
 // disarms every repository the attempt made in its claim and says so; the
-// user's git there runs nothing of it.
-func TestSharedRunNestedRepoTrapUndone(t *testing.T) {
-	for _, how := range []string{"dotgit", "gitfile", "bare"} {
+// user's git there runs nothing of it. "pooled" is the .git directory in
+// a shard's claim, left there for the coordinator; "pooled-exclusive" the
+// same in an exclusive attempt's shard, which cleaning empties.
+func TestRunNestedRepoTrapUndone(t *testing.T) {
+	for _, how := range []string{"dotgit", "gitfile", "bare", "pooled", "pooled-exclusive"} {
 		t.Run(how, func(t *testing.T) {
 			isolate(t)
 			url := startBus(t)
-			co := newCheckout(t, "")
 			ctl := newCtl(t)
+			pooled := strings.HasPrefix(how, "pooled")
+			var co string
+			if pooled {
+				co = newPool(t, url, 1, 2)
+			} else {
+				co = newCheckout(t, "")
+			}
+			args := []string{"--checkout", co, "--scope", "in", "--allow-write", string(ctl)}
+			if how == "pooled-exclusive" {
+				args = append(args, "--workspace", "exclusive")
+			}
 			kit := newTrapKit(t, ctl)
 			gd, dir := "in/sub/.git", "in/sub"
 			base := `[core]\n\trepositoryformatversion = 0\n\tbare = false\n`
@@ -46,15 +58,22 @@ func TestSharedRunNestedRepoTrapUndone(t *testing.T) {
 				link,
 				`echo hello > ` + dir + `/work && echo planted`,
 			}, "\n")
-			r := runFL(t, url, "--checkout", co, "--scope", "in", "--allow-write", string(ctl), "--", "sh", "-c", script).want(t, ExitOK)
+			r := runFL(t, url, append(args, "--", "sh", "-c", script)...).want(t, ExitOK)
 			mustContain(t, "attempt", r.stdout, "planted")
-			if how == "bare" {
+			switch how {
+			case "pooled-exclusive":
+				mustContain(t, "run", r.stderr, "shard-1 cleaned for the next attempt")
+			case "bare":
 				mustContain(t, "run", r.stderr, "in/bare (a repository the attempt made: its HEAD moved to HEAD.fenceline-undone-")
-			} else {
+			default:
 				mustContain(t, "run", r.stderr, "in/sub/.git (added; moved to in/sub/.git.fenceline-undone-")
 			}
 			os.Remove(kit.marker)
+			if pooled {
+				co = poolJSON(t, url, co).Shards[0].Path
+			}
 			nested := filepath.Join(co, filepath.FromSlash(dir))
+			os.MkdirAll(nested, 0o755)
 			os.WriteFile(filepath.Join(nested, "work"), []byte("user edit\n"), 0o644)
 			gitRun(t, nested, nil, "status")
 			gitRun(t, nested, nil, "diff")
