@@ -23,8 +23,8 @@ import (
 // the checkout (its git dir writable): every config, config.worktree,
 // commondir and gitdir file, everything under a hooks directory, and
 // info/attributes — in the git dir itself and in the git dirs of its
-// submodules and worktrees (modules/, worktrees/), info/grafts and the
-// refs/replace/ refs (which change what git shows in an object's place).
+// submodules and worktrees (modules/, worktrees/), info/grafts, shallow,
+// info/exclude and the refs/replace/ refs (which change what git shows).
 // Objects, other refs and reflogs are the attempt's work and are not part
 // of it.
 type GitDirSnapshot struct {
@@ -66,15 +66,20 @@ type snapEntry struct {
 }
 
 // executable reports whether rel (a path in a git dir) is one of the
-// places git takes programs from.
+// places git takes programs from, or one that makes git show something
+// else than the repository holds (info/grafts and shallow hide parents,
+// info/exclude hides files from git status).
 func executable(rel string) bool {
 	base := filepath.Base(rel)
 	switch base {
 	case "config", "config.worktree", "commondir", "gitdir":
 		return true
 	}
-	if (base == "attributes" || base == "grafts") && filepath.Base(filepath.Dir(rel)) == "info" {
+	if (base == "attributes" || base == "grafts" || base == "exclude") && filepath.Base(filepath.Dir(rel)) == "info" {
 		return true
+	}
+	if rel == "shallow" {
+		return true // like grafts: git shows a commit without its parents
 	}
 	for d := filepath.Dir(rel); d != "." && d != "/"; d = filepath.Dir(d) {
 		if filepath.Base(d) == "hooks" {

@@ -46,6 +46,7 @@ type ObjectSnapshot struct {
 // objectStore is one git dir's objects/ as it was.
 type objectStore struct {
 	gitDir, dir string
+	top         string // what paths are named relative to
 	self        fileID
 	files       map[string]fileID // by path relative to dir
 	copies      map[string]string // loose object -> its copy in keep
@@ -84,18 +85,18 @@ var (
 var smallFiles = []string{"info/alternates", "info/http-alternates", "info/packs"}
 
 // SnapshotObjects records the object stores of gitDirs (those that have
-// one), copying loose objects into keep, a directory the attempt can
-// neither read nor write.
+// one) and of their submodules' git dirs (modules/), copying loose
+// objects into keep, a directory the attempt can neither read nor write.
 func SnapshotObjects(gitDirs []string, keep string) (*ObjectSnapshot, error) {
 	o := &ObjectSnapshot{keep: keep}
 	budget := int64(LooseCopyBudget)
-	for _, gd := range gitDirs {
+	for _, gd := range withModules(gitDirs) {
 		dir := filepath.Join(gd, "objects")
 		fi, err := os.Lstat(dir)
 		if err != nil || !fi.IsDir() {
 			continue
 		}
-		st := &objectStore{gitDir: gd, dir: dir, files: map[string]fileID{}, copies: map[string]string{}, small: map[string][]byte{}}
+		st := &objectStore{gitDir: gd, dir: dir, top: filepath.Dir(gitDirs[0]), files: map[string]fileID{}, copies: map[string]string{}, small: map[string][]byte{}}
 		if st.self, err = statID(dir); err != nil {
 			return nil, err
 		}
@@ -133,6 +134,33 @@ func SnapshotObjects(gitDirs []string, keep string) (*ObjectSnapshot, error) {
 		o.stores = append(o.stores, st)
 	}
 	return o, nil
+}
+
+// withModules is gitDirs and the git dirs of their submodules, found
+// under each one's modules/ (nested submodules under theirs).
+func withModules(gitDirs []string) []string {
+	var out []string
+	var add func(gd string)
+	add = func(gd string) {
+		if slices.Contains(out, gd) {
+			return
+		}
+		out = append(out, gd)
+		filepath.WalkDir(filepath.Join(gd, "modules"), func(p string, d fs.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			if ents, err := os.ReadDir(p); err == nil && looksLikeGitDir(ents) {
+				add(p)
+				return filepath.SkipDir
+			}
+			return nil
+		})
+	}
+	for _, gd := range gitDirs {
+		add(gd)
+	}
+	return out
 }
 
 func copyFile(from, to string) error {
@@ -189,7 +217,13 @@ func (o *ObjectSnapshot) Restore(ctx context.Context) (undone []string, err erro
 }
 
 func (st *objectStore) restore(ctx context.Context) (undone []string, errs []error) {
-	name := func(rel string) string { return filepath.Join(filepath.Base(st.gitDir), "objects", rel) }
+	name := func(rel string) string {
+		p := filepath.Join(st.dir, rel)
+		if r, err := filepath.Rel(st.top, p); err == nil && !strings.HasPrefix(r, "..") {
+			return r
+		}
+		return p
+	}
 	if fi, err := os.Lstat(st.dir); err != nil || !fi.IsDir() {
 		if err == nil {
 			if to, aerr := aside(st.dir); aerr == nil {

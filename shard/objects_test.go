@@ -50,6 +50,26 @@ func TestRestoreObjects(t *testing.T) {
 			}
 		},
 	}, {
+		name: "a submodule's loose object rewritten",
+		before: func(t *testing.T, co string) {
+			sub := filepath.Join(co, ".git", "modules", "sub")
+			mustGit(t, co, "init", "-q", "--bare", sub)
+			mustGitIn(t, sub, "", strings.NewReader("sub\n"), "hash-object", "-w", "--stdin")
+		},
+		attack: func(t *testing.T, co string) {
+			sub := filepath.Join(co, ".git", "modules", "sub")
+			id := mustGitIn(t, sub, "", strings.NewReader("sub\n"), "hash-object", "--stdin")
+			p := filepath.Join(sub, "objects", id[:2], id[2:])
+			os.Chmod(p, 0o644)
+			os.WriteFile(p, []byte("garbage"), 0o644)
+		},
+		want: []string{".git/modules/sub/objects/"},
+		check: func(t *testing.T, co string) {
+			if got := mustGit(t, filepath.Join(co, ".git", "modules", "sub"), "cat-file", "-p", "62e0af52c199ec731fe4ad230041cd3286192d49"); got != "sub" {
+				t.Errorf("the submodule's object after restore: %q", got)
+			}
+		},
+	}, {
 		name: "forged object added",
 		attack: func(t *testing.T, co string) {
 			evil := mustGitIn(t, co, "", strings.NewReader("evil\n"), "hash-object", "-w", "--stdin")
