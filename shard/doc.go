@@ -111,7 +111,15 @@
 // in a linked worktree, and every linked one), whose files live in the
 // common git dir the run may write, get their HEAD, index and
 // checked-out branch back; the attempt's value of such a branch is kept
-// at refs/fenceline/undone/<name>.
+// at refs/fenceline/undone/<name>. The object stores are checked where
+// the run wrote them (SnapshotObjects, ObjectSnapshot.Restore): git
+// trusts an object's name and believes a commit-graph or
+// multi-pack-index over the objects, so a loose object rewritten in place
+// would make the user's checkout write the attempt's bytes, and a forged
+// commit-graph would make git show another tree for a commit. A
+// repository the attempt made is disarmed (its .git moved aside, its HEAD
+// renamed, and a bare one's HEAD renamed in place); a path-leased
+// attempt's claims get the same (SnapshotClaims).
 //
 // An Attempt is one run of one command: written "running" (with its lease
 // and shard) before the command starts, settled (succeeded, failed,
