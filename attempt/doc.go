@@ -56,8 +56,9 @@
 //     directory finds no repository and runs none of its config. One the
 //     user had gets its config and hooks back.
 //
-// A pooled exclusive attempt's shard is cleaned instead, and a commit
-// capacity's git dir restored (see package shard, Containment).
+// A pooled exclusive attempt's shard is cleaned instead; a commit
+// capacity's shard gets its git dir restored (see package shard,
+// Containment) and its object store checked as above.
 //
 // The lease is the caller's before Run and after it: Run never releases
 // it, so an attempt is settled (its record written, its shard cleaned)

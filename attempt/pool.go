@@ -166,12 +166,16 @@ func (r *run) place(ctx context.Context) error {
 //     repository in the worktree, and its object stores (SnapshotObjects);
 //   - a path-leased attempt, pooled or not: the repositories under its
 //     claims (SnapshotClaims), where it may make one whose config the
-//     user's git in that directory would run.
+//     user's git in that directory would run;
+//   - a commit capacity: its shard's object store, which is not wiped
+//     after it (its git dir is restored by Placement.CleanAfter).
 //
-// An exclusive attempt in a shard has its shard cleaned instead, and a
-// commit capacity its shard's git dir restored (Placement.CleanAfter).
+// An exclusive attempt in a shard has its shard cleaned instead.
 func (r *run) snapshotGitDirs() error {
 	l := r.spec.Holder.Lease()
+	if pr := r.spec.Pool; pr != nil && pr.Commits() {
+		return r.snapshotObjects(r.co.GitDirs)
+	}
 	if l.WorkspaceMode == leasebus.WorkspaceShared {
 		if pr := r.spec.Pool; pr != nil && pr.Mode != shard.ModeShared {
 			return nil
@@ -199,8 +203,13 @@ func (r *run) snapshotGitDirs() error {
 		return fmt.Errorf("before the attempt: %w", err)
 	}
 	r.gitSnap, r.gitSnapOf = snap, "the checkout's git configuration and hooks"
-	// The copies of loose objects go where the agent can neither read
-	// nor write: fenceline's state dir is hidden from it (HiddenPaths).
+	return r.snapshotObjects(snap.Dirs())
+}
+
+// snapshotObjects records the object stores of gitDirs. The copies of
+// loose objects go where the agent can neither read nor write:
+// fenceline's state dir is hidden from it (HiddenPaths).
+func (r *run) snapshotObjects(gitDirs []string) error {
 	state := filepath.Join(leasebus.StateDir(), "settle")
 	keep, err := os.MkdirTemp(state, "objects-")
 	if errors.Is(err, fs.ErrNotExist) {
@@ -211,7 +220,7 @@ func (r *run) snapshotGitDirs() error {
 	if err != nil {
 		return fmt.Errorf("before the attempt: %w", err)
 	}
-	objs, err := shard.SnapshotObjects(snap.Dirs(), keep)
+	objs, err := shard.SnapshotObjects(gitDirs, keep)
 	if err != nil {
 		os.RemoveAll(keep)
 		return fmt.Errorf("before the attempt: %w", err)

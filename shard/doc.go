@@ -85,7 +85,8 @@
 //
 // The commit capacities (ModeCommitSerialized, ModeCommitExclusive) write
 // the shard's git dir and are not followed by a cleaning. When one settles,
-// the shard's git dir is restored as above and the shard's branch is
+// the shard's git dir is restored as above, its object store checked
+// (fenceline run snapshots it: SnapshotObjects) and the shard's branch is
 // fetched into the checkout under its own name, refs/heads/fenceline/
 // shard-N (Placement.CleanAfter): the one ref of the checkout fenceline
 // writes, judged by name. While a serialized commit runs, what it plants

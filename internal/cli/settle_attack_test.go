@@ -187,3 +187,35 @@ func forgedGraph(t *testing.T, co, commit string) []byte {
 	t.Fatal("no honest commit sorts in the attempt's commit's place")
 	return nil
 }
+
+// TestCommitCapacityForgedObjectUndone: a commit capacity writes its
+// shard's git dir, whose object store is not wiped after it (only an
+// exclusive attempt's cleaning does that). One rewrites in place the
+// loose blob an earlier commit capacity wrote there: the shard's later
+// path-leased attempts, and the coordinator's git in the shard, read the
+// attempt's bytes under that blob's id. At settle the shard's object
+// store is checked like a checkout's: the blob is put back.
+func TestCommitCapacityForgedObjectUndone(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newPool(t, url, 1, 0)
+	runFL(t, url, "--checkout", co, "--", "true").want(t, ExitOK) // creates shard-1
+	commit := func(script string) result {
+		return fl(t, "--nats", url, "shard", "commit", "--checkout", co, "--shard", "shard-1", "--exclusive", "--", "sh", "-c", script).want(t, ExitOK)
+	}
+	commit(`echo x > in/x && git add -A && git -c user.name=c -c user.email=c@c commit -qm one`)
+	sh := poolJSON(t, url, co).Shards[0].Path
+	blob := strings.TrimSpace(mustGitRun(t, sh, nil, "rev-parse", "HEAD:in/x"))
+	obj := ".git/objects/" + blob[:2] + "/" + blob[2:]
+	r := commit(strings.Join([]string{
+		`set -e`,
+		`evil=$(echo evil | git hash-object -w --stdin)`,
+		`chmod u+w ` + obj + ` && cat .git/objects/$(echo $evil | cut -c1-2)/$(echo $evil | cut -c3-) > ` + obj,
+		`git cat-file -p ` + blob,
+	}, "\n"))
+	mustContain(t, "commit capacity", r.stdout, "evil")
+	mustContain(t, "commit capacity", r.stderr, obj[len(".git/"):]+" (written by the attempt, its content does not hash to its name: put back)")
+	if out, err := gitRun(t, sh, nil, "cat-file", "-p", blob); err != nil || out != "x\n" {
+		t.Errorf("the shard's %s after the commit capacity: %q, %v", blob, out, err)
+	}
+}
