@@ -357,9 +357,19 @@ func TestRestoreCheckoutDropsReplaceRefsAndGrafts(t *testing.T) {
 // elsewhere (claim/gen). The user's git in each ran them. Restore puts
 // claim/lib's config and hooks back and disarms the attempt's two; a
 // repository outside the claims (other/, the attempt could not write it)
-// is not its business.
+// is not its business. "checkout" is the same in an exclusive attempt
+// without a pool (SnapshotCheckout: the whole worktree is walked).
 func TestRestoreClaimsRepos(t *testing.T) {
 	t.Parallel()
+	for _, how := range []string{"claims", "checkout"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			testRestoreClaimsRepos(t, how)
+		})
+	}
+}
+
+func testRestoreClaimsRepos(t *testing.T, how string) {
 	co := newRepo(t, 2)
 	claim := filepath.Join(co, "claim")
 	lib := filepath.Join(claim, "lib")
@@ -370,6 +380,9 @@ func TestRestoreClaimsRepos(t *testing.T) {
 	}
 	libCfg, _ := os.ReadFile(filepath.Join(lib, ".git", "config"))
 	snap, err := SnapshotClaims(co, []string{claim})
+	if how == "checkout" {
+		snap, err = SnapshotCheckout(co, []string{filepath.Join(co, ".git")})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
