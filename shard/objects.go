@@ -40,6 +40,7 @@ import (
 // commit with another tree or other parents.
 type ObjectSnapshot struct {
 	keep   string
+	copies *os.File // the loose objects' copies, one after another
 	stores []*objectStore
 }
 
@@ -48,9 +49,9 @@ type objectStore struct {
 	gitDir, dir string
 	top         string // what paths are named relative to
 	self        fileID
-	files       map[string]fileID // by path relative to dir
-	copies      map[string]string // loose object -> its copy in keep
-	small       map[string][]byte // info/alternates, info/http-alternates, info/packs
+	files       map[string]fileID   // by path relative to dir
+	copies      map[string][2]int64 // loose object -> offset and length of its copy
+	small       map[string][]byte   // info/alternates, info/http-alternates, info/packs
 }
 
 // fileID is what tells a file was written: any write, chmod, rename or
@@ -87,8 +88,21 @@ var smallFiles = []string{"info/alternates", "info/http-alternates", "info/packs
 // SnapshotObjects records the object stores of gitDirs (those that have
 // one) and of their submodules' git dirs (modules/), copying loose
 // objects into keep, a directory the attempt can neither read nor write.
-func SnapshotObjects(gitDirs []string, keep string) (*ObjectSnapshot, error) {
-	o := &ObjectSnapshot{keep: keep}
+func SnapshotObjects(gitDirs []string, keep string) (o *ObjectSnapshot, err error) {
+	o = &ObjectSnapshot{keep: keep}
+	if err := os.MkdirAll(keep, 0o700); err != nil {
+		return nil, err
+	}
+	if o.copies, err = os.OpenFile(filepath.Join(keep, "loose"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			o.Close()
+		}
+	}()
+	w := bufio.NewWriterSize(o.copies, 1<<20)
+	var off int64
 	budget := int64(LooseCopyBudget)
 	for _, gd := range withModules(gitDirs) {
 		dir := filepath.Join(gd, "objects")
@@ -96,11 +110,10 @@ func SnapshotObjects(gitDirs []string, keep string) (*ObjectSnapshot, error) {
 		if err != nil || !fi.IsDir() {
 			continue
 		}
-		st := &objectStore{gitDir: gd, dir: dir, top: filepath.Dir(gitDirs[0]), files: map[string]fileID{}, copies: map[string]string{}, small: map[string][]byte{}}
+		st := &objectStore{gitDir: gd, dir: dir, top: filepath.Dir(gitDirs[0]), files: map[string]fileID{}, copies: map[string][2]int64{}, small: map[string][]byte{}}
 		if st.self, err = statID(dir); err != nil {
 			return nil, err
 		}
-		n := len(o.stores)
 		err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 			if err != nil || !d.Type().IsRegular() {
 				return err
@@ -119,12 +132,16 @@ func SnapshotObjects(gitDirs []string, keep string) (*ObjectSnapshot, error) {
 				}
 				st.small[rel] = b
 			case looseName.MatchString(rel) && id.size <= budget:
-				to := filepath.Join(keep, strconv.Itoa(n), rel)
-				if err := copyFile(p, to); err != nil {
+				b, err := os.ReadFile(p)
+				if err != nil {
 					return err
 				}
-				st.copies[rel] = to
-				budget -= id.size
+				if _, err := w.Write(b); err != nil {
+					return err
+				}
+				st.copies[rel] = [2]int64{off, int64(len(b))}
+				off += int64(len(b))
+				budget -= int64(len(b))
 			}
 			return nil
 		})
@@ -132,6 +149,9 @@ func SnapshotObjects(gitDirs []string, keep string) (*ObjectSnapshot, error) {
 			return nil, fmt.Errorf("snapshot the objects of %s: %w", gd, err)
 		}
 		o.stores = append(o.stores, st)
+	}
+	if err := w.Flush(); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
@@ -163,28 +183,12 @@ func withModules(gitDirs []string) []string {
 	return out
 }
 
-func copyFile(from, to string) error {
-	if err := os.MkdirAll(filepath.Dir(to), 0o700); err != nil {
-		return err
-	}
-	in, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
-}
-
 // Close removes the copies the snapshot kept.
 func (o *ObjectSnapshot) Close() {
+	if o.copies != nil {
+		o.copies.Close()
+		o.copies = nil
+	}
 	if o.keep != "" {
 		os.RemoveAll(o.keep)
 	}
@@ -210,13 +214,13 @@ func (o *ObjectSnapshot) Close() {
 func (o *ObjectSnapshot) Restore(ctx context.Context) (undone []string, err error) {
 	var errs []error
 	for _, st := range o.stores {
-		u, e := st.restore(ctx)
+		u, e := st.restore(ctx, o.copies)
 		undone, errs = append(undone, u...), append(errs, e...)
 	}
 	return undone, errors.Join(errs...)
 }
 
-func (st *objectStore) restore(ctx context.Context) (undone []string, errs []error) {
+func (st *objectStore) restore(ctx context.Context, copies io.ReaderAt) (undone []string, errs []error) {
 	name := func(rel string) string {
 		p := filepath.Join(st.dir, rel)
 		if r, err := filepath.Rel(st.top, p); err == nil && !strings.HasPrefix(r, "..") {
@@ -267,8 +271,8 @@ func (st *objectStore) restore(ctx context.Context) (undone []string, errs []err
 				return nil
 			}
 			if c, ok := st.copies[rel]; ok {
-				b, err := os.ReadFile(c)
-				if err != nil {
+				b := make([]byte, c[1])
+				if _, err := copies.ReadAt(b, c[0]); err != nil {
 					return err
 				}
 				undone = append(undone, name(rel)+" ("+how+" by the attempt, its content does not hash to its name: put back)")
