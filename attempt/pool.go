@@ -166,7 +166,8 @@ func (r *run) place(ctx context.Context) error {
 //     repository in the worktree, and its object stores (SnapshotObjects);
 //   - a path-leased attempt, pooled or not: the repositories under its
 //     claims (SnapshotClaims), where it may make one whose config the
-//     user's git in that directory would run;
+//     user's git in that directory would run, and the object stores of
+//     the user's repositories there;
 //   - a commit capacity: its shard's object store, which is not wiped
 //     after it (its git dir is restored by Placement.CleanAfter).
 //
@@ -193,7 +194,10 @@ func (r *run) snapshotGitDirs() error {
 			return fmt.Errorf("before the attempt: %w", err)
 		}
 		r.gitSnap, r.gitSnapOf = snap, "the repositories in its claims"
-		return nil
+		if len(snap.Dirs()) == 0 {
+			return nil
+		}
+		return r.snapshotObjects(snap.Dirs()) // the user's repositories there
 	}
 	if r.spec.Pool != nil || len(r.co.GitDirs) == 0 {
 		return nil
@@ -220,7 +224,7 @@ func (r *run) snapshotObjects(gitDirs []string) error {
 	if err != nil {
 		return fmt.Errorf("before the attempt: %w", err)
 	}
-	objs, err := shard.SnapshotObjects(gitDirs, keep)
+	objs, err := shard.SnapshotObjects(r.co.Root, gitDirs, keep)
 	if err != nil {
 		os.RemoveAll(keep)
 		return fmt.Errorf("before the attempt: %w", err)

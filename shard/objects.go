@@ -88,7 +88,8 @@ var smallFiles = []string{"info/alternates", "info/http-alternates", "info/packs
 // SnapshotObjects records the object stores of gitDirs (those that have
 // one) and of their submodules' git dirs (modules/), copying loose
 // objects into keep, a directory the attempt can neither read nor write.
-func SnapshotObjects(gitDirs []string, keep string) (o *ObjectSnapshot, err error) {
+// What Restore undoes is named relative to top, the work tree.
+func SnapshotObjects(top string, gitDirs []string, keep string) (o *ObjectSnapshot, err error) {
 	o = &ObjectSnapshot{keep: keep}
 	if err := os.MkdirAll(keep, 0o700); err != nil {
 		return nil, err
@@ -110,7 +111,7 @@ func SnapshotObjects(gitDirs []string, keep string) (o *ObjectSnapshot, err erro
 		if err != nil || !fi.IsDir() {
 			continue
 		}
-		st := &objectStore{gitDir: gd, dir: dir, top: filepath.Dir(gitDirs[0]), files: map[string]fileID{}, copies: map[string][2]int64{}, small: map[string][]byte{}}
+		st := &objectStore{gitDir: gd, dir: dir, top: top, files: map[string]fileID{}, copies: map[string][2]int64{}, small: map[string][]byte{}}
 		if st.self, err = statID(dir); err != nil {
 			return nil, err
 		}

@@ -139,7 +139,7 @@ func TestRestoreObjects(t *testing.T) {
 			if tc.before != nil {
 				tc.before(t, co)
 			}
-			snap, err := SnapshotObjects([]string{gd}, filepath.Join(t.TempDir(), "keep"))
+			snap, err := SnapshotObjects(co, []string{gd}, filepath.Join(t.TempDir(), "keep"))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -219,3 +219,37 @@ func TestCommitCapacityForgedObjectUndone(t *testing.T) {
 		t.Errorf("the shard's %s after the commit capacity: %q, %v", blob, out, err)
 	}
 }
+
+// TestSharedRunForgedObjectInNestedRepoUndone: the user keeps a
+// repository of their own inside a path-leased attempt's claim (in/lib, a
+// clone the checkout ignores). The attempt may write it all, objects
+// included: it rewrites in place the loose blob of in/lib/x, and the
+// user's git checkout -- x there wrote the attempt's bytes. At settle
+// the object stores of the user's repositories in the claim are checked.
+func TestSharedRunForgedObjectInNestedRepoUndone(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "")
+	lib := filepath.Join(co, "in", "lib")
+	os.MkdirAll(lib, 0o755)
+	mustGitRun(t, lib, nil, "init", "-q")
+	os.WriteFile(filepath.Join(lib, "x"), []byte("true\n"), 0o644)
+	mustGitRun(t, lib, nil, "add", "x")
+	mustGitRun(t, lib, nil, "commit", "-qm", "lib")
+	blob := strings.TrimSpace(mustGitRun(t, lib, nil, "rev-parse", "HEAD:x"))
+	obj := "in/lib/.git/objects/" + blob[:2] + "/" + blob[2:]
+	script := strings.Join([]string{
+		`set -e`,
+		`evil=$(echo evil | git -C in/lib hash-object -w --stdin)`,
+		`chmod u+w ` + obj + ` && cat in/lib/.git/objects/$(echo $evil | cut -c1-2)/$(echo $evil | cut -c3-) > ` + obj,
+		`echo forged`,
+	}, "\n")
+	r := runFL(t, url, "--checkout", co, "--scope", "in", "--", "sh", "-c", script).want(t, ExitOK)
+	mustContain(t, "attempt", r.stdout, "forged")
+	mustContain(t, "run", r.stderr, obj+" (written by the attempt, its content does not hash to its name: put back)")
+	os.WriteFile(filepath.Join(lib, "x"), []byte("user edit\n"), 0o644)
+	gitRun(t, lib, nil, "checkout", "--", "x")
+	if b, _ := os.ReadFile(filepath.Join(lib, "x")); string(b) != "true\n" {
+		t.Errorf("the user's git checkout -- x in in/lib wrote %q, want true", b)
+	}
+}
