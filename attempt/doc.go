@@ -54,7 +54,8 @@
 //     file's name, and an agent may rightly make a repository): its .git
 //     is moved aside and its HEAD renamed, so the user's git in that
 //     directory finds no repository and runs none of its config. One the
-//     user had gets its config and hooks back.
+//     user had gets its config and hooks back and its object store
+//     checked as above.
 //
 // A pooled exclusive attempt's shard is cleaned instead; a commit
 // capacity's shard gets its git dir restored (see package shard,
