@@ -222,86 +222,37 @@ func (o *ObjectSnapshot) Restore(ctx context.Context) (undone []string, err erro
 }
 
 func (st *objectStore) restore(ctx context.Context, copies io.ReaderAt) (undone []string, errs []error) {
-	name := func(rel string) string {
-		p := filepath.Join(st.dir, rel)
-		if r, err := filepath.Rel(st.top, p); err == nil && !strings.HasPrefix(r, "..") {
-			return r
-		}
-		return p
-	}
 	if fi, err := os.Lstat(st.dir); err != nil || !fi.IsDir() {
 		if err == nil {
 			if to, aerr := aside(st.dir); aerr == nil {
-				undone = append(undone, name(".")+" (not a directory: moved to "+to+")")
+				undone = append(undone, st.name(".")+" (not a directory: moved to "+to+")")
 			}
 		}
 		return undone, []error{fmt.Errorf("the object store %s was replaced: check the repository with git fsck", st.dir)}
 	}
 	if id, err := statID(st.dir); err == nil && (id.dev != st.self.dev || id.ino != st.self.ino) {
-		undone = append(undone, name(".")+" (replaced by another directory: every file in it checked)")
+		undone = append(undone, st.name(".")+" (replaced by another directory: every file in it checked)")
 	}
-	var packs []string // pack bases to verify
-	var graph, midx bool
+	var packs []string   // pack bases to verify
+	var removed []string // derived files removed
 	err := filepath.WalkDir(st.dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
+		if err != nil || d.IsDir() {
 			return err
 		}
 		rel, _ := filepath.Rel(st.dir, p)
-		if d.IsDir() {
-			return nil
-		}
-		if !d.Type().IsRegular() {
-			undone = append(undone, name(rel)+" ("+d.Type().String()+" made by the attempt: removed)")
-			return os.Remove(p)
-		}
-		id, err := statID(p)
-		if err != nil {
-			return err
-		}
-		was, existed := st.files[rel]
-		if existed && id == was {
-			return nil
-		}
-		how := "added"
-		if existed {
-			how = "written"
-		}
-		switch {
-		case looseName.MatchString(rel):
-			if looseObjectOK(p, strings.Replace(rel, "/", "", 1)) {
-				return nil
+		what, err := st.checkFile(p, rel, d, copies)
+		if what != "" {
+			undone = append(undone, st.name(rel)+" ("+what+")")
+			if derived(rel) {
+				removed = append(removed, rel)
 			}
-			if c, ok := st.copies[rel]; ok {
-				b := make([]byte, c[1])
-				if _, err := copies.ReadAt(b, c[0]); err != nil {
-					return err
-				}
-				undone = append(undone, name(rel)+" ("+how+" by the attempt, its content does not hash to its name: put back)")
-				return writeEntry(p, snapEntry{mode: 0o444, content: b})
-			}
-			what := "removed"
-			if existed {
-				what = "removed; no copy was kept: git fetch it again"
-			}
-			undone = append(undone, name(rel)+" ("+how+" by the attempt, its content does not hash to its name: "+what+")")
-			return os.Remove(p)
-		case slices.Contains(smallFiles, rel):
-			if b, ok := st.small[rel]; ok {
-				undone = append(undone, name(rel)+" (written by the attempt: put back)")
-				return writeEntry(p, snapEntry{mode: 0o644, content: b})
-			}
-			undone = append(undone, name(rel)+" (added by the attempt: removed)")
-			return os.Remove(p)
-		case derived(rel):
-			graph = graph || strings.HasPrefix(rel, "info/commit-graph")
-			midx = midx || strings.HasPrefix(rel, "pack/multi-pack-index")
-			undone = append(undone, name(rel)+" ("+how+" by the attempt: removed)")
-			return os.Remove(p)
 		}
-		if m := packName.FindStringSubmatch(rel); m != nil && (m[2] == "pack" || m[2] == "idx") && !slices.Contains(packs, m[1]) {
-			packs = append(packs, m[1])
+		if m := packName.FindStringSubmatch(rel); what == "" && m != nil && (m[2] == "pack" || m[2] == "idx") && !slices.Contains(packs, m[1]) {
+			if was, ok := st.files[rel]; !ok || !sameFile(p, was) {
+				packs = append(packs, m[1])
+			}
 		}
-		return nil
+		return err
 	})
 	if err != nil {
 		errs = append(errs, fmt.Errorf("check the objects of %s: %w", st.gitDir, err))
@@ -309,29 +260,91 @@ func (st *objectStore) restore(ctx context.Context, copies io.ReaderAt) (undone 
 	for _, base := range packs {
 		u, err := st.verifyPack(ctx, base)
 		if u != "" {
-			undone = append(undone, name(filepath.Join("pack", base))+" ("+u+")")
+			undone = append(undone, st.name(filepath.Join("pack", base))+" ("+u+")")
 		}
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
-	regen := []struct {
+	u, e := st.regenerate(ctx, removed)
+	return append(undone, u...), append(errs, e...)
+}
+
+// name is rel (under objects/) as reported: from the work tree.
+func (st *objectStore) name(rel string) string {
+	p := filepath.Join(st.dir, rel)
+	if r, err := filepath.Rel(st.top, p); err == nil && !strings.HasPrefix(r, "..") {
+		return r
+	}
+	return p
+}
+
+func sameFile(p string, was fileID) bool {
+	id, err := statID(p)
+	return err == nil && id == was
+}
+
+// checkFile undoes what the attempt did to the file p (rel under
+// objects/) and says what, "" when it did nothing or nothing needs
+// undoing. Packs and their indexes are verified later (verifyPack).
+func (st *objectStore) checkFile(p, rel string, d fs.DirEntry, copies io.ReaderAt) (string, error) {
+	if !d.Type().IsRegular() {
+		return d.Type().String() + " made by the attempt: removed", os.Remove(p)
+	}
+	was, existed := st.files[rel]
+	if existed && sameFile(p, was) {
+		return "", nil
+	}
+	how := "added"
+	if existed {
+		how = "written"
+	}
+	switch {
+	case looseName.MatchString(rel):
+		if looseObjectOK(p, strings.Replace(rel, "/", "", 1)) {
+			return "", nil
+		}
+		how += " by the attempt, its content does not hash to its name: "
+		if c, ok := st.copies[rel]; ok {
+			b := make([]byte, c[1])
+			if _, err := copies.ReadAt(b, c[0]); err != nil {
+				return "", err
+			}
+			return how + "put back", writeEntry(p, snapEntry{mode: 0o444, content: b})
+		}
+		if existed {
+			return how + "removed; no copy was kept: git fetch it again", os.Remove(p)
+		}
+		return how + "removed", os.Remove(p)
+	case slices.Contains(smallFiles, rel):
+		if b, ok := st.small[rel]; ok {
+			return "written by the attempt: put back", writeEntry(p, snapEntry{mode: 0o644, content: b})
+		}
+		return "added by the attempt: removed", os.Remove(p)
+	case derived(rel):
+		return how + " by the attempt: removed", os.Remove(p)
+	}
+	return "", nil
+}
+
+// regenerate writes anew, from the checked objects, the commit-graph and
+// multi-pack-index the repository had when removed lists the attempt's.
+func (st *objectStore) regenerate(ctx context.Context, removed []string) (undone []string, errs []error) {
+	for _, r := range []struct {
 		prefix string
-		was    bool
 		args   []string
 	}{
-		{"info/commit-graph", graph, []string{"commit-graph", "write", "--reachable", "--no-progress"}},
-		{"pack/multi-pack-index", midx, []string{"multi-pack-index", "write", "--no-progress"}},
-	}
-	for _, r := range regen {
-		if !r.was || !st.had(r.prefix) {
+		{"info/commit-graph", []string{"commit-graph", "write", "--reachable", "--no-progress"}},
+		{"pack/multi-pack-index", []string{"multi-pack-index", "write", "--no-progress"}},
+	} {
+		if !st.had(r.prefix) || !slices.ContainsFunc(removed, func(rel string) bool { return strings.HasPrefix(rel, r.prefix) }) {
 			continue
 		}
 		if _, err := git(ctx, st.gitDir, []string{"GIT_DIR=" + st.gitDir}, r.args...); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		undone = append(undone, name(r.prefix)+" (the repository's: written anew)")
+		undone = append(undone, st.name(r.prefix)+" (the repository's: written anew)")
 		st.record(r.prefix)
 	}
 	return undone, errs
