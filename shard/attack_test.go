@@ -431,3 +431,52 @@ func testRestoreClaimsRepos(t *testing.T, how string) {
 		t.Errorf("a second restore undid %v, %v; want nothing", again, err)
 	}
 }
+
+// TestMovedAsideShardDisarmed: an attempt replaces its shard's .git by a
+// .git file naming a git dir it planted every trap in (or leaves such a
+// repository nested in its files). Cleaning moves the shard aside, kept
+// for its files, and makes it anew. Whoever then looks into the shard
+// moved aside with git ran the attempt's programs. Every repository in it
+// is disarmed, and Undone says so.
+func TestMovedAsideShardDisarmed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, base, w := newShard(t, 3, "att_a")
+	marker := filepath.Join(t.TempDir(), "ran")
+	scripts := filepath.Join(t.TempDir(), "traps")
+	evil := filepath.Join(t.TempDir(), "evil.git")
+	mustGit(t, w.Path, "init", "-q", "--bare", evil)
+	mustGit(t, w.Path, "--git-dir="+evil, "config", "core.bare", "false")
+	if err := gittrap.Plant(evil, "", scripts, marker); err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(filepath.Join(w.Path, ".git"))
+	os.WriteFile(filepath.Join(w.Path, ".git"), []byte("gitdir: "+evil+"\n"), 0o644)
+	nested := filepath.Join(w.Path, "d000", "sub")
+	os.MkdirAll(nested, 0o755)
+	os.WriteFile(filepath.Join(nested, ".git"), []byte("gitdir: "+evil+"\n"), 0o644)
+	if plainGit(t, nested, "status"); gittrap.Ran(marker) == "" {
+		t.Fatal("the planted repository runs nothing: the test proves nothing")
+	}
+	os.Remove(marker)
+
+	kept, err := w.Clean(ctx, base, "att_a")
+	if err != nil {
+		t.Fatalf("clean: %v", err)
+	}
+	t.Logf("kept %v, undone %v", kept, w.Undone)
+	if len(kept) == 0 || !strings.Contains(kept[0], ".orphan-att_a-") {
+		t.Fatalf("kept %v does not name the shard moved aside", kept)
+	}
+	if !strings.Contains(strings.Join(w.Undone, "\n"), filepath.Join(kept[0], ".git")+" (moved to .git.fenceline-undone-") {
+		t.Errorf("undone %v does not name the moved-aside shard's .git", w.Undone)
+	}
+	plainGit(t, kept[0], "status")
+	plainGit(t, filepath.Join(kept[0], "d000", "sub"), "status")
+	if ran := gittrap.Ran(marker); ran != "" {
+		t.Errorf("git in the shard moved aside ran the attempt's programs:\n%s", ran)
+	}
+	if err := w.Ready(ctx, base); err != nil {
+		t.Error(err)
+	}
+}

@@ -33,8 +33,10 @@
 // an index an attempt forged cannot hide a changed file), and "git reset
 // --hard <base>" and "git clean -ffdx" return it to Base. A cleaning that
 // fails in the shard (an attempt broke its own objects, or left files git
-// cannot remove) moves the shard aside, its files kept on disk and named,
-// and makes it anew: one attempt cannot take a shard out of the pool.
+// cannot remove) moves the shard aside, its files kept on disk and named
+// and every repository in it disarmed (its .git moved aside, HEAD
+// renamed: git in it runs nothing the attempt planted), and makes it
+// anew: one attempt cannot take a shard out of the pool.
 // Creating and
 // cleaning a shard hold a per-shard flock (Dir/.shard-N.lock): on one
 // host, two sharers placed on an absent shard at once create it once. The

@@ -453,6 +453,47 @@ func looksLikeGitDir(ents []fs.DirEntry) bool {
 	return head && (objects && refs || common)
 }
 
+// disarmTree disarms every repository in the directory root, its own
+// .git included (a shard moved aside, kept for its files: what an
+// attempt left there must not run in the git of whoever looks into it).
+// It says what it did, by path.
+func disarmTree(root string) (undone []string) {
+	found, _, err := findRepos("", []string{root}, nil)
+	if err != nil {
+		return []string{fmt.Sprintf("%s (not searched for repositories: %v)", root, err)}
+	}
+	paths := make([]string, 0, len(found))
+	for p := range found {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	for _, p := range paths {
+		gd, what := p, p
+		if filepath.Base(p) == ".git" {
+			to, err := aside(p)
+			if err != nil {
+				undone = append(undone, fmt.Sprintf("%s (not moved aside: %v)", p, err))
+				continue
+			}
+			gd, what = to, p+" (moved to "+filepath.Base(to)
+			if !found[p].mode.IsDir() {
+				undone = append(undone, what+")")
+				continue
+			}
+			what += ", "
+		} else {
+			what += " ("
+		}
+		head, err := disarm(gd)
+		if err != nil {
+			undone = append(undone, fmt.Sprintf("%s (HEAD not moved aside: %v)", p, err))
+			continue
+		}
+		undone = append(undone, what+"its HEAD moved to "+head+": git takes it for no repository)")
+	}
+	return undone
+}
+
 // disarm makes the git dir dir no repository git would find: its HEAD is
 // moved aside (git takes no directory without one for a git dir), its
 // contents kept. It returns HEAD's new name.
