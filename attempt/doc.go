@@ -14,8 +14,8 @@
 //	  | acquire and hold the lease  |                             |
 //	  |-------------------------------------------------------->  |
 //	  | Run(spec)                   |                             |
-//	  |---------------------------->| place in a shard, or        |
-//	  |                             |   snapshot the git config   |
+//	  |---------------------------->| place in a shard; snapshot  |
+//	  |                             |   the git dirs and objects  |
 //	  |                             | start the fences (sidecar)  |
 //	  |                             | Policy, Env, HiddenPaths,   |
 //	  |                             |   PrivateHome (Spec.State)  |
@@ -24,11 +24,44 @@
 //	  |                             | wait: every process gone    |
 //	  |                             | close the fences            |
 //	  |                             | settle (record, clean shard,|
-//	  |                             |   restore the git config,   |
+//	  |                             |   restore the git dirs,     |
+//	  |                             |   check the object store,   |
 //	  |                             |   report, discard the copy) |
 //	  |<----------------------------| Result                      |
 //	  | release the lease           |                             |
 //	  |-------------------------------------------------------->  |
+//
+// # What settle undoes
+//
+// Landlock cannot keep a git dir read-only inside a writable tree, so what
+// an attempt could leave that makes git run a program or lie later is
+// recorded before it starts and checked at settle (snapshotGitDirs), once
+// every process of it is gone, naming what was undone:
+//
+//   - An exclusive attempt without a pool writes the checkout's git dir:
+//     its config files, hooks, info/attributes, grafts, shallow,
+//     info/exclude and replace refs are put back (shard.SnapshotCheckout),
+//     and its object stores are checked where the attempt wrote them
+//     (shard.SnapshotObjects: files compared by inode, size, mtime and
+//     ctime, not read): a loose object must hash to its name, a rewritten
+//     one is put back from a copy kept in fenceline's hidden state dir; a
+//     written pack must pass git index-pack --verify or is moved aside;
+//     commit-graphs, multi-pack-indexes, bitmaps and reverse indexes it
+//     wrote are removed (the user's written anew), alternates put back.
+//     Objects that hash to their names, its commits, stay.
+//   - In every mode, a repository the attempt made where it could write
+//     (the whole checkout, or its claims: shard.SnapshotClaims) — a .git
+//     directory, a .git file naming a git dir anywhere, a bare repository
+//     — is disarmed rather than refused up front (no kernel check sees a
+//     file's name, and an agent may rightly make a repository): its .git
+//     is moved aside and its HEAD renamed, so the user's git in that
+//     directory finds no repository and runs none of its config. One the
+//     user had gets its config and hooks back and its object store
+//     checked as above.
+//
+// A pooled exclusive attempt's shard is cleaned instead; a commit
+// capacity's shard gets its git dir restored (see package shard,
+// Containment) and its object store checked as above.
 //
 // The lease is the caller's before Run and after it: Run never releases
 // it, so an attempt is settled (its record written, its shard cleaned)

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -154,45 +157,115 @@ func (r *run) place(ctx context.Context) error {
 	return nil
 }
 
-// snapshotGitDirs records the checkout's executable git configuration
-// (config files, hooks, info/attributes, in its git dirs and their
-// submodules') before an exclusive attempt without a pool starts: its git
-// dir is writable, and what it plants there would run later, unconfined,
-// in the user's git or fenceline's.
+// snapshotGitDirs records, before the attempt starts, what of the
+// checkout it may write could make git run a program or lie later,
+// unconfined, in the user's git or fenceline's:
+//   - an exclusive attempt without a pool (its git dir writable): the
+//     checkout's executable git configuration (config files, hooks,
+//     info/attributes, in its git dirs and their submodules'), every
+//     repository in the worktree, and its object stores (SnapshotObjects);
+//   - a path-leased attempt, pooled or not: the repositories under its
+//     claims (SnapshotClaims), where it may make one whose config the
+//     user's git in that directory would run, and the object stores of
+//     the user's repositories there;
+//   - a commit capacity: its shard's object store, which is not wiped
+//     after it (its git dir is restored by Placement.CleanAfter).
+//
+// An exclusive attempt in a shard has its shard cleaned instead.
 func (r *run) snapshotGitDirs() error {
-	if r.spec.Holder.Lease().WorkspaceMode == leasebus.WorkspaceShared || len(r.co.GitDirs) == 0 {
+	l := r.spec.Holder.Lease()
+	if pr := r.spec.Pool; pr != nil && pr.Commits() {
+		return r.snapshotObjects(r.co.GitDirs)
+	}
+	if l.WorkspaceMode == leasebus.WorkspaceShared {
+		if pr := r.spec.Pool; pr != nil && pr.Mode != shard.ModeShared {
+			return nil
+		}
+		var claims []string
+		for _, rel := range l.Scope.Paths {
+			p, err := ClaimPath(r.co.Root, rel)
+			if err != nil {
+				return err
+			}
+			claims = append(claims, p)
+		}
+		snap, err := shard.SnapshotClaims(r.co.Root, claims)
+		if err != nil {
+			return fmt.Errorf("before the attempt: %w", err)
+		}
+		r.gitSnap, r.gitSnapOf = snap, "the repositories in its claims"
+		if len(snap.Dirs()) == 0 {
+			return nil
+		}
+		return r.snapshotObjects(snap.Dirs()) // the user's repositories there
+	}
+	if r.spec.Pool != nil || len(r.co.GitDirs) == 0 {
 		return nil
 	}
 	snap, err := shard.SnapshotCheckout(r.co.Root, r.co.GitDirs)
 	if err != nil {
 		return fmt.Errorf("before the attempt: %w", err)
 	}
-	r.gitSnap = snap
+	r.gitSnap, r.gitSnapOf = snap, "the checkout's git configuration and hooks"
+	return r.snapshotObjects(snap.Dirs())
+}
+
+// snapshotObjects records the object stores of gitDirs. The copies of
+// loose objects go where the agent can neither read nor write:
+// fenceline's state dir is hidden from it (HiddenPaths).
+func (r *run) snapshotObjects(gitDirs []string) error {
+	state := filepath.Join(leasebus.StateDir(), "settle")
+	keep, err := os.MkdirTemp(state, "objects-")
+	if errors.Is(err, fs.ErrNotExist) {
+		if err = os.MkdirAll(state, 0o700); err == nil {
+			keep, err = os.MkdirTemp(state, "objects-")
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("before the attempt: %w", err)
+	}
+	objs, err := shard.SnapshotObjects(r.co.Root, gitDirs, keep)
+	if err != nil {
+		os.RemoveAll(keep)
+		return fmt.Errorf("before the attempt: %w", err)
+	}
+	r.objSnap = objs
 	return nil
 }
 
 // restoreGitDirs puts back what snapshotGitDirs recorded, once every
 // process of the attempt is gone, and says what it undid.
-func (r *run) restoreGitDirs() {
-	if r.gitSnap == nil {
-		return
+func (r *run) restoreGitDirs(ctx context.Context) {
+	if snap := r.gitSnap; snap != nil {
+		r.gitSnap = nil
+		undone, err := snap.Restore()
+		snap.Close()
+		if len(undone) > 0 {
+			r.say("restored %s; undone: %s", r.gitSnapOf, strings.Join(undone, ", "))
+		}
+		if err != nil {
+			r.say("restoring %s: %v: check %s before running git there", r.gitSnapOf, err, strings.Join(snap.Dirs(), ", "))
+		}
 	}
-	snap := r.gitSnap
-	r.gitSnap = nil
-	defer snap.Close()
-	undone, err := snap.Restore()
-	if len(undone) > 0 {
-		r.say("restored the checkout's git configuration and hooks; undone: %s", strings.Join(undone, ", "))
-	}
-	if err != nil {
-		r.say("restoring the checkout's git configuration and hooks: %v: check %s before running git there", err, strings.Join(r.co.GitDirs, ", "))
+	if objs := r.objSnap; objs != nil {
+		r.objSnap = nil
+		defer objs.Close()
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+		defer cancel()
+		undone, err := objs.Restore(ctx)
+		if len(undone) > 0 {
+			r.say("checked what the attempt wrote to the object store; undone: %s", strings.Join(undone, ", "))
+		}
+		if err != nil {
+			r.say("checking the object store: %v: run git fsck in %s before trusting what git shows there", err, r.co.Root)
+		}
 	}
 }
 
 // settle records the attempt's end (once every process is gone, before
 // the lease is released) and returns an exclusive attempt's shard clean.
 func (r *run) settle(ctx context.Context, code int, cancelled bool) {
-	r.restoreGitDirs()
+	r.restoreGitDirs(ctx)
 	settlePrivateState(r.priv, func(s string) { r.say("%s", s) })
 	r.priv = nil
 	pr := r.spec.Pool

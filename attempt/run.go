@@ -75,8 +75,13 @@ type run struct {
 	// then the shard.
 	home *Checkout
 	// gitSnap is the checkout's executable git configuration before an
-	// exclusive attempt without a pool; settle restores it.
-	gitSnap *shard.GitDirSnapshot
+	// exclusive attempt without a pool, or the repositories under a
+	// path-leased attempt's claims (gitSnapOf says which); objSnap is the
+	// checkout's object stores before an exclusive attempt without a
+	// pool. Settle restores them (snapshotGitDirs).
+	gitSnap   *shard.GitDirSnapshot
+	gitSnapOf string
+	objSnap   *shard.ObjectSnapshot
 	// priv is the agent's private HOME (Spec.State); settle discards it.
 	priv *PrivateHome
 }
@@ -121,7 +126,8 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 		if err := r.place(ctx); err != nil {
 			return res, err
 		}
-	} else if err := r.snapshotGitDirs(); err != nil {
+	}
+	if err := r.snapshotGitDirs(); err != nil {
 		return res, err
 	}
 	cfg := spec.Sidecar

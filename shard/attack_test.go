@@ -1,11 +1,7 @@
 package shard
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha1"
-	"encoding/binary"
-	"encoding/hex"
 	"io"
 	"os"
 	"os/exec"
@@ -137,26 +133,9 @@ func forgeCommitGraph(t *testing.T, dir, real, base string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, _ := hex.DecodeString(real)
-	bs, _ := hex.DecodeString(base)
-	chunks := map[string]int{}
-	for i := 0; i <= int(b[6]); i++ {
-		chunks[string(b[8+12*i:12+12*i])] = int(binary.BigEndian.Uint64(b[12+12*i : 20+12*i]))
+	if b, err = gittrap.ForgeCommitGraph(b, real, base); err != nil {
+		t.Fatal(err)
 	}
-	oidl, oidf := chunks["OIDL"], chunks["OIDF"]
-	if !bytes.Equal(b[oidl:oidl+20], r) {
-		t.Fatalf("commit-graph of one commit does not list %s first", real)
-	}
-	copy(b[oidl:], bs)
-	for i := range 256 {
-		n := uint32(0)
-		if i >= int(bs[0]) {
-			n = 1
-		}
-		binary.BigEndian.PutUint32(b[oidf+4*i:], n)
-	}
-	sum := sha1.Sum(b[:len(b)-20])
-	copy(b[len(b)-20:], sum[:])
 	os.Chmod(p, 0o644)
 	if err := os.WriteFile(p, b, 0o644); err != nil {
 		t.Fatal(err)
@@ -368,5 +347,136 @@ func TestRestoreCheckoutDropsReplaceRefsAndGrafts(t *testing.T) {
 				t.Errorf("after restore the user's git show HEAD still hides the change: %q", out)
 			}
 		})
+	}
+}
+
+// TestRestoreClaimsRepos: a path-leased attempt (git dir read-only) may
+// write only its claims, and there it plants traps in a repository the
+// user had (claim/lib, a nested clone), makes a bare repository whose
+// work tree is itself (claim/bare) and a .git file naming a git dir
+// elsewhere (claim/gen). The user's git in each ran them. Restore puts
+// claim/lib's config and hooks back and disarms the attempt's two; a
+// repository outside the claims (other/, the attempt could not write it)
+// is not its business. "checkout" is the same in an exclusive attempt
+// without a pool (SnapshotCheckout: the whole worktree is walked).
+func TestRestoreClaimsRepos(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"claims", "checkout"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			testRestoreClaimsRepos(t, how)
+		})
+	}
+}
+
+func testRestoreClaimsRepos(t *testing.T, how string) {
+	co := newRepo(t, 2)
+	claim := filepath.Join(co, "claim")
+	lib := filepath.Join(claim, "lib")
+	other := filepath.Join(co, "other")
+	for _, d := range []string{lib, other} {
+		os.MkdirAll(d, 0o755)
+		mustGit(t, d, "init", "-q")
+	}
+	libCfg, _ := os.ReadFile(filepath.Join(lib, ".git", "config"))
+	snap, err := SnapshotClaims(co, []string{claim})
+	if how == "checkout" {
+		snap, err = SnapshotCheckout(co, []string{filepath.Join(co, ".git")})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Close()
+	marker := filepath.Join(t.TempDir(), "ran")
+	scripts := filepath.Join(t.TempDir(), "traps")
+	bare := filepath.Join(claim, "bare")
+	mustGit(t, claim, "init", "-q", "--bare", bare)
+	mustGit(t, claim, "--git-dir="+bare, "config", "core.bare", "false")
+	mustGit(t, claim, "--git-dir="+bare, "config", "core.worktree", ".")
+	elsewhere := filepath.Join(t.TempDir(), "elsewhere.git")
+	mustGit(t, claim, "init", "-q", "--bare", elsewhere)
+	mustGit(t, claim, "--git-dir="+elsewhere, "config", "core.bare", "false")
+	os.MkdirAll(filepath.Join(claim, "gen"), 0o755)
+	os.WriteFile(filepath.Join(claim, "gen", ".git"), []byte("gitdir: "+elsewhere+"\n"), 0o644)
+	for _, gd := range []string{filepath.Join(lib, ".git"), bare, elsewhere} {
+		if err := gittrap.Plant(gd, "", scripts, marker); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, _ := plainGit(t, bare, "status"); gittrap.Ran(marker) == "" {
+		t.Fatalf("the planted bare repository runs nothing (%s): the test proves nothing", out)
+	}
+	os.Remove(marker)
+
+	undone, err := snap.Restore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("undone: %v", undone)
+	for _, want := range []string{"claim/lib/.git/config (changed)", "claim/lib/.git/hooks/post-checkout (added)", "claim/bare (a repository the attempt made: its HEAD moved to HEAD.fenceline-undone-", "claim/gen/.git (added; moved to claim/gen/.git.fenceline-undone-"} {
+		if !strings.Contains(strings.Join(undone, "\n"), want) {
+			t.Errorf("undone %v lacks %q", undone, want)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(lib, ".git", "config")); string(b) != string(libCfg) {
+		t.Errorf("claim/lib's config after restore:\n%s", b)
+	}
+	for _, d := range []string{lib, bare, filepath.Join(claim, "gen"), claim} {
+		plainGit(t, d, "status")
+	}
+	if ran := gittrap.Ran(marker); ran != "" {
+		t.Errorf("the user's git in the claim ran the attempt's programs:\n%s", ran)
+	}
+	if again, err := snap.Restore(); err != nil || len(again) != 0 {
+		t.Errorf("a second restore undid %v, %v; want nothing", again, err)
+	}
+}
+
+// TestMovedAsideShardDisarmed: an attempt replaces its shard's .git by a
+// .git file naming a git dir it planted every trap in (or leaves such a
+// repository nested in its files). Cleaning moves the shard aside, kept
+// for its files, and makes it anew. Whoever then looks into the shard
+// moved aside with git ran the attempt's programs. Every repository in it
+// is disarmed, and Undone says so.
+func TestMovedAsideShardDisarmed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, base, w := newShard(t, 3, "att_a")
+	marker := filepath.Join(t.TempDir(), "ran")
+	scripts := filepath.Join(t.TempDir(), "traps")
+	evil := filepath.Join(t.TempDir(), "evil.git")
+	mustGit(t, w.Path, "init", "-q", "--bare", evil)
+	mustGit(t, w.Path, "--git-dir="+evil, "config", "core.bare", "false")
+	if err := gittrap.Plant(evil, "", scripts, marker); err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(filepath.Join(w.Path, ".git"))
+	os.WriteFile(filepath.Join(w.Path, ".git"), []byte("gitdir: "+evil+"\n"), 0o644)
+	nested := filepath.Join(w.Path, "d000", "sub")
+	os.MkdirAll(nested, 0o755)
+	os.WriteFile(filepath.Join(nested, ".git"), []byte("gitdir: "+evil+"\n"), 0o644)
+	if plainGit(t, nested, "status"); gittrap.Ran(marker) == "" {
+		t.Fatal("the planted repository runs nothing: the test proves nothing")
+	}
+	os.Remove(marker)
+
+	kept, err := w.Clean(ctx, base, "att_a")
+	if err != nil {
+		t.Fatalf("clean: %v", err)
+	}
+	t.Logf("kept %v, undone %v", kept, w.Undone)
+	if len(kept) == 0 || !strings.Contains(kept[0], ".orphan-att_a-") {
+		t.Fatalf("kept %v does not name the shard moved aside", kept)
+	}
+	if !strings.Contains(strings.Join(w.Undone, "\n"), filepath.Join(kept[0], ".git")+" (moved to .git.fenceline-undone-") {
+		t.Errorf("undone %v does not name the moved-aside shard's .git", w.Undone)
+	}
+	plainGit(t, kept[0], "status")
+	plainGit(t, filepath.Join(kept[0], "d000", "sub"), "status")
+	if ran := gittrap.Ran(marker); ran != "" {
+		t.Errorf("git in the shard moved aside ran the attempt's programs:\n%s", ran)
+	}
+	if err := w.Ready(ctx, base); err != nil {
+		t.Error(err)
 	}
 }

@@ -33,8 +33,10 @@
 // an index an attempt forged cannot hide a changed file), and "git reset
 // --hard <base>" and "git clean -ffdx" return it to Base. A cleaning that
 // fails in the shard (an attempt broke its own objects, or left files git
-// cannot remove) moves the shard aside, its files kept on disk and named,
-// and makes it anew: one attempt cannot take a shard out of the pool.
+// cannot remove) moves the shard aside, its files kept on disk and named
+// and every repository in it disarmed (its .git moved aside, HEAD
+// renamed: git in it runs nothing the attempt planted), and makes it
+// anew: one attempt cannot take a shard out of the pool.
 // Creating and
 // cleaning a shard hold a per-shard flock (Dir/.shard-N.lock): on one
 // host, two sharers placed on an absent shard at once create it once. The
@@ -85,7 +87,8 @@
 //
 // The commit capacities (ModeCommitSerialized, ModeCommitExclusive) write
 // the shard's git dir and are not followed by a cleaning. When one settles,
-// the shard's git dir is restored as above and the shard's branch is
+// the shard's git dir is restored as above, its object store checked
+// (fenceline run snapshots it: SnapshotObjects) and the shard's branch is
 // fetched into the checkout under its own name, refs/heads/fenceline/
 // shard-N (Placement.CleanAfter): the one ref of the checkout fenceline
 // writes, judged by name. While a serialized commit runs, what it plants
@@ -111,7 +114,15 @@
 // in a linked worktree, and every linked one), whose files live in the
 // common git dir the run may write, get their HEAD, index and
 // checked-out branch back; the attempt's value of such a branch is kept
-// at refs/fenceline/undone/<name>.
+// at refs/fenceline/undone/<name>. The object stores are checked where
+// the run wrote them (SnapshotObjects, ObjectSnapshot.Restore): git
+// trusts an object's name and believes a commit-graph or
+// multi-pack-index over the objects, so a loose object rewritten in place
+// would make the user's checkout write the attempt's bytes, and a forged
+// commit-graph would make git show another tree for a commit. A
+// repository the attempt made is disarmed (its .git moved aside, its HEAD
+// renamed, and a bare one's HEAD renamed in place); a path-leased
+// attempt's claims get the same (SnapshotClaims).
 //
 // An Attempt is one run of one command: written "running" (with its lease
 // and shard) before the command starts, settled (succeeded, failed,

@@ -23,8 +23,8 @@ import (
 // the checkout (its git dir writable): every config, config.worktree,
 // commondir and gitdir file, everything under a hooks directory, and
 // info/attributes — in the git dir itself and in the git dirs of its
-// submodules and worktrees (modules/, worktrees/), info/grafts and the
-// refs/replace/ refs (which change what git shows in an object's place).
+// submodules and worktrees (modules/, worktrees/), info/grafts, shallow,
+// info/exclude and the refs/replace/ refs (which change what git shows).
 // Objects, other refs and reflogs are the attempt's work and are not part
 // of it.
 type GitDirSnapshot struct {
@@ -35,9 +35,12 @@ type GitDirSnapshot struct {
 	// another directory in its place) and a descriptor on it, to find it
 	// wherever it was moved.
 	held map[string]heldDir
-	// workTree, when set, is the checkout whose .git entries (its own
-	// and those of repositories nested in it) were recorded in dotGits.
+	// workTree, when set, is the checkout whose repositories (its own
+	// .git and those nested in it) were recorded in dotGits; roots are
+	// the directories of it walked for them (the whole checkout, or the
+	// claims of a path-leased attempt).
 	workTree string
+	roots    []string
 	dotGits  map[string]snapEntry // by absolute path
 	// replace are each git dir's refs/replace/ refs (ref -> object): they
 	// make git show another object in an object's place.
@@ -63,15 +66,20 @@ type snapEntry struct {
 }
 
 // executable reports whether rel (a path in a git dir) is one of the
-// places git takes programs from.
+// places git takes programs from, or one that makes git show something
+// else than the repository holds (info/grafts and shallow hide parents,
+// info/exclude hides files from git status).
 func executable(rel string) bool {
 	base := filepath.Base(rel)
 	switch base {
 	case "config", "config.worktree", "commondir", "gitdir":
 		return true
 	}
-	if (base == "attributes" || base == "grafts") && filepath.Base(filepath.Dir(rel)) == "info" {
+	if (base == "attributes" || base == "grafts" || base == "exclude") && filepath.Base(filepath.Dir(rel)) == "info" {
 		return true
+	}
+	if rel == "shallow" {
+		return true // like grafts: git shows a commit without its parents
 	}
 	for d := filepath.Dir(rel); d != "." && d != "/"; d = filepath.Dir(d) {
 		if filepath.Base(d) == "hooks" {
@@ -210,15 +218,30 @@ func (s *GitDirSnapshot) restoreReplaceRefs() (undone []string, errs []error) {
 	return undone, errs
 }
 
-// SnapshotCheckout is SnapshotGitDirs, and also records every .git entry
-// of workTree: the checkout's own (a directory, or a file naming its git
-// dir) and those of repositories nested in it. git status in the checkout
-// runs git in every nested repository registered as a gitlink, with that
+// SnapshotCheckout is SnapshotGitDirs, and also records every repository
+// of workTree: its own .git (a directory, or a file naming its git dir)
+// and those nested in it, .git entries and directories git takes for a
+// git dir themselves (a bare repository: HEAD, objects/ and refs/). git
+// status in the checkout runs git in every nested repository registered
+// as a gitlink, and the user's git in a nested directory runs with that
 // repository's config and hooks: one the attempt made, or whose .git it
-// pointed elsewhere, is undone by Restore; the git dirs of nested
+// pointed elsewhere, is disarmed by Restore; the git dirs of nested
 // repositories that were there are restored like the checkout's.
 func SnapshotCheckout(workTree string, gitDirs []string) (*GitDirSnapshot, error) {
-	dotGits, nested, err := findDotGits(workTree, gitDirs)
+	return snapshotRepos(workTree, []string{workTree}, gitDirs)
+}
+
+// SnapshotClaims records the repositories under the claims (real paths
+// in workTree) of a path-leased attempt, whose git dir is not writable
+// but whose claims are: a repository it makes there, or the config of
+// one the user had there, would run in the user's git in that directory.
+// Restore disarms and restores them as SnapshotCheckout's.
+func SnapshotClaims(workTree string, claims []string) (*GitDirSnapshot, error) {
+	return snapshotRepos(workTree, claims, nil)
+}
+
+func snapshotRepos(workTree string, roots, gitDirs []string) (*GitDirSnapshot, error) {
+	dotGits, nested, err := findRepos(workTree, roots, gitDirs)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
 	}
@@ -226,13 +249,17 @@ func SnapshotCheckout(workTree string, gitDirs []string) (*GitDirSnapshot, error
 	if err != nil {
 		return nil, err
 	}
-	s.workTree, s.dotGits = workTree, dotGits
+	s.workTree, s.roots, s.dotGits = workTree, roots, dotGits
 	if err := s.snapshotOthers(gitDirs); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
 	}
 	return s, nil
 }
+
+// Dirs are the git dirs the snapshot restores: the checkout's and those
+// of the repositories nested in it.
+func (s *GitDirSnapshot) Dirs() []string { return slices.Clone(s.dirs) }
 
 // snapshotOthers records the other worktrees of the repository (the main
 // one when gitDirs are a linked worktree's, and every linked one but
@@ -347,38 +374,136 @@ func (s *GitDirSnapshot) restoreOthers() (undone []string, errs []error) {
 	return undone, errs
 }
 
-// findDotGits walks workTree for entries named .git, not descending into
-// git dirs. It returns them, and the nested ones that are directories.
-func findDotGits(workTree string, gitDirs []string) (map[string]snapEntry, []string, error) {
+// findRepos walks roots (in workTree) for repositories, not descending
+// into git dirs: entries named .git (directories, files, links), and
+// directories git takes for a git dir themselves (looksLikeGitDir; the
+// work tree's top, whose .git git finds first, is not one). It returns
+// them, and the git dirs among them that are not gitDirs.
+func findRepos(workTree string, roots, gitDirs []string) (map[string]snapEntry, []string, error) {
 	found := map[string]snapEntry{}
 	var nested []string
-	err := filepath.WalkDir(workTree, func(p string, d fs.DirEntry, err error) error {
+	var walk func(dir string) error
+	walk = func(dir string) error {
+		ents, err := os.ReadDir(dir)
 		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) || errors.Is(err, unix.ENOTDIR) {
 				return nil
 			}
 			return err
 		}
-		if d.Name() != ".git" || p == workTree {
-			if d.IsDir() && slices.Contains(gitDirs, p) {
-				return filepath.SkipDir
+		if dir != workTree && looksLikeGitDir(ents) {
+			found[dir] = snapEntry{mode: fs.ModeDir | 0o755}
+			if !slices.Contains(gitDirs, dir) {
+				nested = append(nested, dir)
 			}
 			return nil
 		}
-		e, err := readEntry(p, d)
-		if err != nil {
-			return err
-		}
-		found[p] = e
-		if d.IsDir() {
-			if !slices.Contains(gitDirs, p) {
-				nested = append(nested, p)
+		for _, d := range ents {
+			p := filepath.Join(dir, d.Name())
+			if d.Name() == ".git" {
+				e, err := readEntry(p, d)
+				if err != nil {
+					return err
+				}
+				found[p] = e
+				if d.IsDir() && !slices.Contains(gitDirs, p) {
+					nested = append(nested, p)
+				}
+				continue
 			}
-			return filepath.SkipDir
+			if d.IsDir() && !slices.Contains(gitDirs, p) {
+				if err := walk(p); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
-	})
-	return found, nested, err
+	}
+	for _, r := range roots {
+		if fi, err := os.Lstat(r); err != nil || !fi.IsDir() {
+			continue
+		}
+		if err := walk(r); err != nil {
+			return nil, nil, err
+		}
+	}
+	return found, nested, nil
+}
+
+// looksLikeGitDir reports whether a directory holding ents is one git
+// takes for a git dir when it finds no .git in it (is_git_directory): a
+// HEAD that is not a directory, and objects/ and refs/, or a commondir
+// naming where they are.
+func looksLikeGitDir(ents []fs.DirEntry) bool {
+	var head, objects, refs, common bool
+	for _, e := range ents {
+		switch e.Name() {
+		case "HEAD":
+			head = !e.IsDir()
+		case "objects":
+			objects = e.IsDir()
+		case "refs":
+			refs = e.IsDir()
+		case "commondir":
+			common = !e.IsDir()
+		case ".git":
+			return false // git takes that first
+		}
+	}
+	return head && (objects && refs || common)
+}
+
+// disarmTree disarms every repository in the directory root, its own
+// .git included (a shard moved aside, kept for its files: what an
+// attempt left there must not run in the git of whoever looks into it).
+// It says what it did, by path.
+func disarmTree(root string) (undone []string) {
+	found, _, err := findRepos("", []string{root}, nil)
+	if err != nil {
+		return []string{fmt.Sprintf("%s (not searched for repositories: %v)", root, err)}
+	}
+	paths := make([]string, 0, len(found))
+	for p := range found {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	for _, p := range paths {
+		gd, what := p, p
+		if filepath.Base(p) == ".git" {
+			to, err := aside(p)
+			if err != nil {
+				undone = append(undone, fmt.Sprintf("%s (not moved aside: %v)", p, err))
+				continue
+			}
+			gd, what = to, p+" (moved to "+filepath.Base(to)
+			if !found[p].mode.IsDir() {
+				undone = append(undone, what+")")
+				continue
+			}
+			what += ", "
+		} else {
+			what += " ("
+		}
+		head, err := disarm(gd)
+		if err != nil {
+			undone = append(undone, fmt.Sprintf("%s (HEAD not moved aside: %v)", p, err))
+			continue
+		}
+		undone = append(undone, what+"its HEAD moved to "+head+": git takes it for no repository)")
+	}
+	return undone
+}
+
+// disarm makes the git dir dir no repository git would find: its HEAD is
+// moved aside (git takes no directory without one for a git dir), its
+// contents kept. It returns HEAD's new name.
+func disarm(dir string) (string, error) {
+	head := filepath.Join(dir, "HEAD")
+	if _, err := os.Lstat(head); err != nil {
+		return "", nil
+	}
+	to, err := aside(head)
+	return filepath.Base(to), err
 }
 
 // hold records which directory dir is and keeps a descriptor on it.
@@ -508,15 +633,17 @@ func (s *GitDirSnapshot) name(p string) string {
 	return rel(s.dirs, p)
 }
 
-// restoreDotGits undoes the .git entries of the work tree the attempt
-// added or changed: what is there now is moved aside (a nested
-// repository's git dir stops being one), and a .git file or link that
-// was there is written back.
+// restoreDotGits undoes the repositories of the work tree the attempt
+// added or changed: a .git there now is moved aside (a nested
+// repository's git dir stops being one), a .git file or link that was
+// there is written back, and a git dir the attempt made (the .git moved
+// aside, or a bare repository) is disarmed: git finds no repository in
+// it, and the user's git in that directory runs none of its config.
 func (s *GitDirSnapshot) restoreDotGits() (undone []string, errs []error) {
 	if s.workTree == "" {
 		return nil, nil
 	}
-	now, _, err := findDotGits(s.workTree, s.dirs)
+	now, _, err := findRepos(s.workTree, s.roots, s.dirs)
 	if err != nil {
 		return nil, []error{err}
 	}
@@ -536,16 +663,34 @@ func (s *GitDirSnapshot) restoreDotGits() (undone []string, errs []error) {
 		case ok && e.mode == was.mode && bytes.Equal(e.content, was.content):
 			continue
 		}
+		if filepath.Base(p) != ".git" { // a bare repository
+			head, err := disarm(p)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("disarm the repository %s: %w", p, err))
+				continue
+			}
+			undone = append(undone, s.name(p)+" (a repository the attempt made: its HEAD moved to "+head+", git no longer takes it for one)")
+			continue
+		}
 		to, err := aside(p)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("move aside %s: %w", p, err))
 			continue
 		}
+		what := s.name(to)
+		if e.mode.IsDir() {
+			head, err := disarm(to)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("disarm the repository %s: %w", to, err))
+			} else if head != "" {
+				what += ", its HEAD moved to " + head
+			}
+		}
 		if !ok {
-			undone = append(undone, s.name(p)+" (added; moved to "+s.name(to)+")")
+			undone = append(undone, s.name(p)+" (added; moved to "+what+")")
 			continue
 		}
-		undone = append(undone, s.name(p)+" (changed; the attempt's moved to "+s.name(to)+")")
+		undone = append(undone, s.name(p)+" (changed; the attempt's moved to "+what+")")
 		if !was.mode.IsDir() {
 			if err := writeEntry(p, was); err != nil {
 				errs = append(errs, err)

@@ -131,7 +131,8 @@ func (w *Worktree) Ready(ctx context.Context, base string) error {
 // base on the shard's branch. A directory already there without a .git
 // directory (a create that died half-way, or an agent that deleted or
 // replaced its .git) is moved aside, never deleted: it may hold an
-// attempt's work. Call it under Lock.
+// attempt's work. Every repository in it (a .git file naming a git dir
+// the attempt planted, say) is disarmed (w.Undone). Call it under Lock.
 func (w *Worktree) Create(ctx context.Context, base, keepID string) (kept []string, err error) {
 	if w.Exists() {
 		return nil, nil
@@ -147,6 +148,7 @@ func (w *Worktree) Create(ctx context.Context, base, keepID string) (kept []stri
 			return nil, fmt.Errorf("shard %s: move the directory without a .git at %s aside: %w", w.ID, w.Path, err)
 		}
 		kept = append(kept, aside)
+		w.Undone = append(w.Undone, disarmTree(aside)...)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return kept, fmt.Errorf("shard %s: %w", w.ID, err)
 	}
@@ -182,8 +184,9 @@ func (w *Worktree) Create(ctx context.Context, base, keepID string) (kept []stri
 //
 // When cleaning fails in the shard (an attempt may have broken its own
 // objects, or left files git cannot remove), the shard is moved aside,
-// its files kept on disk (named in kept), and made anew at base: one
-// attempt must not take its shard out of the pool.
+// its files kept on disk (named in kept) and every repository in it
+// disarmed, and made anew at base: one attempt must not take its shard
+// out of the pool.
 func (w *Worktree) Clean(ctx context.Context, base, keepID string) (kept []string, err error) {
 	w.Undone = nil
 	if !w.Exists() {
@@ -199,6 +202,7 @@ func (w *Worktree) Clean(ctx context.Context, base, keepID string) (kept []strin
 		return kept, fmt.Errorf("%w; moving the shard aside: %w", err, rerr)
 	}
 	w.Undone = append(w.Undone, fmt.Sprintf("the whole shard (cleaning failed: %v; moved to %s)", err, aside))
+	w.Undone = append(w.Undone, disarmTree(aside)...)
 	// Refs the failed cleaning kept are in the shard moved aside.
 	k, cerr := w.Create(ctx, base, keepID)
 	kept = append(k, aside)
