@@ -276,7 +276,7 @@ func TestRunLostLeaseStopsWrites(t *testing.T) {
 	if code := r.wait(t); code != 0 {
 		t.Fatalf("run exited %d, want the agent's 0\n%s", code, r.errOut)
 	}
-	mustContain(t, "run stderr", r.errOut.String(), "file writes of the agent were refused", "ended before the agent did")
+	mustContain(t, "run stderr", r.errOut.String(), "writes of the agent were refused after the lease was lost", "ended before the agent did")
 	evs, err := leasebus.ReadAudit(context.Background(), nc, co, 0)
 	if err != nil {
 		t.Fatal(err)
