@@ -82,7 +82,8 @@ also hides fenceline's state dir (lease credentials) and the sidecar's
 files from the agent, and lets it open TCP connections only to the
 sidecar's fences, its egress proxy and --allow-connect ports. With
 --git-upstream, the agent's unmodified git reaches that server only through
-the git fence.
+the git fence, which serves only that repository's smart-HTTP endpoints
+(the upstream header goes nowhere else; anything else on the host is 403).
 
 Other hosts (a model's API) are reached through the egress proxy, which
 the agent's HTTPS_PROXY/HTTP_PROXY point at (loopback stays direct through
