@@ -146,7 +146,8 @@ func (c *Config) Validate() error {
 }
 
 // Proxy is the git smart-HTTP fence: an http.Handler in front of one
-// upstream. Fetches and clones pass through untouched; pushes are judged.
+// upstream repository. Fetches and clones pass through untouched; pushes
+// are judged; nothing else is served (see endpoint.go).
 type Proxy struct {
 	cfg      Config
 	upstream *url.URL // scheme, user info and host of the git server
