@@ -8,7 +8,9 @@
 //	  the git upstream's host:port    served by the git fence (Intercept):
 //	                                  TLS terminated with a certificate the
 //	                                  sidecar's local CA mints, then the
-//	                                  fence judges every push
+//	                                  fence judges every push; it serves
+//	                                  only the repository's smart-HTTP
+//	                                  endpoints (403 for any other path)
 //	  on the allowlist (Allow)        tunnelled untouched (TLS end to end,
 //	                                  the client verifies the real host)
 //	  anything else                   403, a body naming the host, the lease

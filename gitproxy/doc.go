@@ -4,6 +4,37 @@
 // for an unmodified git client. Fetches and clones pass through untouched,
 // lease or not: reads fail open, writes fail closed.
 //
+// # What the fence serves
+//
+// Git's smart-HTTP endpoints of one repository, the path of the upstream
+// URL (Config.Upstream), spelled with or without its ".git" as git
+// clients do, and nothing else:
+//
+//	GET  <repo>/info/refs?service=git-upload-pack    fetch, clone, ls-remote (v2's ls-refs too)
+//	POST <repo>/git-upload-pack
+//	GET  <repo>/info/refs?service=git-receive-pack   push, judged (below)
+//	POST <repo>/git-receive-pack
+//
+// Only these carry the upstream credential (Config.UpstreamHeader), and
+// the upstream URL of each is built from the configured repository path,
+// never from the client's bytes, with only the request headers git sends.
+// Any other request — another path, method or query, another repository
+// on the host, a forge's REST API, dumb-HTTP files (HEAD, objects/…,
+// info/refs without a service), a path with escapes (%2F, %2e%2e), "..",
+// "//", ";" parameters or another case — gets 403 with one line naming
+// the path ("… the git fence serves only git's smart-HTTP endpoints of
+// <repo> …; API hosts go through the egress proxy") and an audit event
+// (reason not-git-endpoint, with lease, owner and fence). Git needs no
+// dumb HTTP: it falls back to it only when the server does not speak
+// smart HTTP, over which alone a push can be judged. The fence follows no
+// redirect of the upstream (git gets it, and follows it through the fence
+// or without the credential; the mirror fetch runs with
+// http.followRedirects=false), and drops the upstream's Set-Cookie. The
+// egress proxy hands the git host's requests to this same handler, so the
+// rule is the same in forward mode (TestAttackUpstreamCredentialBeyondGit).
+// An upstream URL without a path serves every repository's endpoints and
+// may carry no credential.
+//
 // # Protocol
 //
 // A push over smart HTTP (protocol v0) is two requests. The proxy relays
@@ -162,7 +193,8 @@
 // terminates TLS with a certificate minted by a local CA (LoadOrCreateCA)
 // that git trusts for that host only (http.<url>.sslCAInfo), and serves
 // the same fence; it tunnels no other host unless its allowlist names it. The sidecar may hold
-// the upstream credential and add it, so the agent never sees it.
+// the upstream credential and add it, so the agent never sees it; it goes
+// only to the repository's smart-HTTP endpoints, as in reverse mode.
 //
 // # Resources
 //

@@ -38,7 +38,7 @@ func TestForwardProxyHTTPS(t *testing.T) {
 
 	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
 	fence, err := New(Config{
-		Upstream:       host.URL,
+		Upstream:       host.URL + "/payments.git",
 		Lease:          l,
 		Repo:           testRepo,
 		Bus:            e.bus.Client,

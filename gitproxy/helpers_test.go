@@ -136,11 +136,12 @@ func (e *env) lease(claim []string, mode leasebus.WorkspaceMode) *bustest.Lease 
 	}, leasebus.HoldOptions{})
 }
 
-// proxy starts a gitproxy in front of the git server for lease (nil: none).
+// proxy starts a gitproxy in front of the git server's payments.git for
+// lease (nil: none).
 func (e *env) proxy(lease LeaseSource, mutate ...func(*Config)) *httptest.Server {
 	e.t.Helper()
 	cfg := Config{
-		Upstream:   e.gs.srv.URL,
+		Upstream:   e.gs.url("payments.git"),
 		Lease:      lease,
 		Repo:       testRepo,
 		Bus:        e.bus.Client,

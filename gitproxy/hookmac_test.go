@@ -21,7 +21,8 @@ import (
 // the env's proxies sign with the secret from then on.
 func (e *env) installHook(allowUnfenced bool) *Installed {
 	e.t.Helper()
-	in, err := InstallHook(ctxT(e.t), HookInstall{GitDir: e.bare, Repo: testRepo, Fenceline: buildFenceline(e.t), AllowUnfenced: allowUnfenced})
+	bin := buildFenceline(e.t) // first: the build must not eat the install's 30 s
+	in, err := InstallHook(ctxT(e.t), HookInstall{GitDir: e.bare, Repo: testRepo, Fenceline: bin, AllowUnfenced: allowUnfenced})
 	if err != nil {
 		e.t.Fatal(err)
 	}

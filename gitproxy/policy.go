@@ -19,7 +19,7 @@ type Policy struct {
 	AllowRefDelete bool
 }
 
-// Audit reason codes of refused pushes.
+// Audit reason codes of refused pushes and requests.
 const (
 	ReasonNoLease         = "no-lease"                  // the proxy holds no lease
 	ReasonLeaseLost       = leasebus.ReasonLeaseLost    // lost, revoked, expired, or the bus says it is not active
@@ -33,7 +33,7 @@ const (
 	ReasonNotCommit       = "not-commit"                // a ref would point at a tree or blob
 	ReasonBadPush         = "bad-push"                  // malformed request or pack
 	ReasonWholePush       = "whole-push"                // another ref of the same push was refused
-	ReasonOtherRepo       = "other-repo"                // a push to a repository the lease is not for
+	ReasonNotGitEndpoint  = "not-git-endpoint"          // a request that is none of git's smart-HTTP endpoints of the repository
 	ReasonSignedPush      = "signed-push"               // a push certificate: not advertised, not accepted
 	ReasonStaleDelete     = "stale-delete"              // a delete naming no value, of a ref the upstream has
 	ReasonUpstream        = "upstream-unreachable"      // the upstream did not answer the forwarded push

@@ -3,6 +3,7 @@ package gitproxy
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
@@ -17,7 +18,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,15 +61,16 @@ const (
 // Config configures a Proxy. Upstream and Bus are required; without a
 // Lease every push is refused (fetches still pass).
 type Config struct {
-	// Upstream is the base URL of the smart-HTTP git server; a request for
-	// /<path> is sent to Upstream/<path>.
+	// Upstream is the URL of the repository on the smart-HTTP git server,
+	// e.g. https://git.example.com/acme/payments.git. The fence serves
+	// git's smart-HTTP endpoints of that repository, at the same path
+	// (/acme/payments.git/info/refs…, also spelled without ".git"), and
+	// refuses every other request. A URL without a path serves the
+	// endpoints of every repository on the server and then may carry no
+	// credential (UpstreamHeader, user info).
 	Upstream string
 	// Lease is the lease pushes are made under.
 	Lease LeaseSource
-	// PushPaths, when set, are the only repository paths on the upstream
-	// (e.g. "/payments.git") that accept pushes through this proxy: the
-	// lease is for one repository. Reads of any path pass.
-	PushPaths []string
 	// Repo is the bus's name of the repository, for audit events of pushes
 	// refused before a lease is known (default: the lease's repo).
 	Repo string
@@ -91,8 +92,9 @@ type Config struct {
 	TempDir string
 	// MaxPushBytes bounds the pack of one push (default 4 GiB).
 	MaxPushBytes int64
-	// UpstreamHeader is added to every upstream request, e.g. the
-	// Authorization the sidecar holds so the agent never sees it.
+	// UpstreamHeader is added to every request the fence sends upstream —
+	// only ever one of git's smart-HTTP endpoints of Upstream's repository
+	// — e.g. the Authorization the sidecar holds so the agent never sees it.
 	UpstreamHeader http.Header
 	// UpstreamCAFile, when set, is the CA bundle git uses to fetch the mirror.
 	UpstreamCAFile string
@@ -116,13 +118,23 @@ func (c *Config) Validate() error {
 	if c.Upstream == "" {
 		return errors.New("gitproxy: no upstream: set the URL of the git server to push to")
 	}
-	if _, err := ParseUpstream(c.Upstream); err != nil {
+	up, err := ParseUpstream(c.Upstream)
+	if err != nil {
 		return fmt.Errorf("gitproxy: %w", err)
+	}
+	repo := strings.TrimSuffix(up.Path, "/")
+	if repo != "" {
+		if err := checkRepoPath(repo); err != nil || up.RawPath != "" || up.RawQuery != "" || up.Fragment != "" {
+			return fmt.Errorf("gitproxy: upstream %s: the path names the one repository the fence serves: %v", up.Redacted(), cmp.Or(err, errors.New("want no escapes, query or fragment")))
+		}
 	}
 	for k := range c.UpstreamHeader {
 		if !isToken(k) {
 			return fmt.Errorf("gitproxy: upstream header name %q is not an HTTP token", k)
 		}
+	}
+	if repo == "" && (len(c.UpstreamHeader) > 0 || up.User != nil) {
+		return fmt.Errorf("gitproxy: upstream %s names no repository: the fence lends its upstream credential only to one repository's git endpoints; give the repository's URL, e.g. %s://%s/acme/payments.git", up.Redacted(), up.Scheme, up.Host)
 	}
 	if c.Bus == nil {
 		return errors.New("gitproxy: no bus: pushes are decided against the lease bus")
@@ -134,12 +146,13 @@ func (c *Config) Validate() error {
 }
 
 // Proxy is the git smart-HTTP fence: an http.Handler in front of one
-// upstream. Fetches and clones pass through untouched; pushes are judged.
+// upstream repository. Fetches and clones pass through untouched; pushes
+// are judged; nothing else is served (see endpoint.go).
 type Proxy struct {
 	cfg      Config
-	upstream *url.URL
+	upstream *url.URL // scheme, user info and host of the git server
+	repo     string   // the repository served, e.g. /acme/payments.git ("": any)
 	git      gitRunner
-	pass     *httputil.ReverseProxy
 	client   *http.Client
 	log      *slog.Logger
 
@@ -178,28 +191,47 @@ func New(cfg Config) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	up, _ := url.Parse(strings.TrimSuffix(cfg.Upstream, "/"))
+	up, _ := url.Parse(cfg.Upstream)
 	p := &Proxy{
 		cfg:      cfg,
-		upstream: up,
+		upstream: &url.URL{Scheme: up.Scheme, User: up.User, Host: up.Host},
+		repo:     strings.TrimSuffix(up.Path, "/"),
 		git:      gitRunner{path: gitPath},
-		client:   &http.Client{Transport: cfg.Transport},
-		log:      log,
+		client: &http.Client{
+			Transport: cfg.Transport,
+			// A redirect goes back to git, which follows it through
+			// the fence (judged again) or without the credential; the
+			// fence never carries the credential to where it points.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+		log: log,
 	}
-	p.pass = &httputil.ReverseProxy{
+	return p, nil
+}
+
+// pass relays a fetch's request to e upstream and streams the answer
+// back: the URL is e's, the client's headers only git's own, and the
+// upstream's cookies stay with the fence (they would be the credential's).
+func (p *Proxy) pass(e endpoint) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
-			r.SetURL(up)
-			r.Out.Host = up.Host
+			r.Out.URL = p.endpointURL(e)
+			r.Out.Host = p.upstream.Host
+			r.Out.Header = http.Header{}
+			copyHeaders(r.Out.Header, r.In.Header, gitRequestHeaders...)
 			p.addUpstreamHeader(r.Out.Header)
 		},
-		Transport:     cfg.Transport,
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Header.Del("Set-Cookie")
+			return nil
+		},
+		Transport:     p.cfg.Transport,
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			log.Warn("upstream unreachable", "path", r.URL.Path, "err", err)
+			p.log.Warn("upstream unreachable", "path", e.path(), "err", err)
 			http.Error(w, "fenceline: upstream git server unreachable: "+err.Error(), http.StatusBadGateway)
 		},
 	}
-	return p, nil
 }
 
 func (p *Proxy) addUpstreamHeader(h http.Header) {
@@ -211,36 +243,27 @@ func (p *Proxy) addUpstreamHeader(h http.Header) {
 	}
 }
 
-// ServeHTTP routes a smart-HTTP request: push requests are judged, reads
-// pass through, and writes git's smart protocol never makes (dumb-HTTP
-// WebDAV pushes) are refused.
+// ServeHTTP routes a request for one of git's smart-HTTP endpoints of the
+// repository: push requests are judged, fetches pass through (reads fail
+// open). Every other request is refused (refuseRequest).
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	path := r.URL.Path
+	e, ok := parseEndpoint(r, p.repo)
 	switch {
-	case r.Method == http.MethodPost && strings.HasSuffix(path, "/git-receive-pack"):
-		p.receivePack(w, r)
-	case r.Method == http.MethodGet && strings.HasSuffix(path, "/info/refs") && r.URL.Query().Get("service") == "git-receive-pack":
-		p.advertisement(w, r)
-	case r.Method == http.MethodGet, r.Method == http.MethodHead,
-		r.Method == http.MethodPost && strings.HasSuffix(path, "/git-upload-pack"):
-		p.pass.ServeHTTP(w, r) // reads fail open
+	case !ok:
+		p.refuseRequest(w, r)
+	case e.service == serviceReceive && e.refs:
+		p.advertisement(w, r, e)
+	case e.service == serviceReceive:
+		p.receivePack(w, r, e)
 	default:
-		http.Error(w, fmt.Sprintf("fenceline: %s %s is refused: only smart-HTTP pushes are fenced (dumb-HTTP/WebDAV writes are not allowed)", r.Method, path), http.StatusMethodNotAllowed)
+		p.pass(e).ServeHTTP(w, r)
 	}
 }
 
-// upstreamURL is the upstream address of a proxied request path.
-func (p *Proxy) upstreamURL(r *http.Request) string {
-	u := *p.upstream
-	u.Path = strings.TrimSuffix(u.Path, "/") + r.URL.Path
-	u.RawQuery = r.URL.RawQuery
-	return u.String()
-}
-
-// upstreamRequest is r's request for the upstream: the git client's
-// protocol headers, then the sidecar's own (its credential wins).
-func (p *Proxy) upstreamRequest(r *http.Request, method string, body io.Reader) (*http.Request, error) {
-	out, err := http.NewRequestWithContext(r.Context(), method, p.upstreamURL(r), body)
+// upstreamRequest is r's request for endpoint e upstream: the git
+// client's protocol headers, then the sidecar's own (its credential wins).
+func (p *Proxy) upstreamRequest(r *http.Request, e endpoint, method string, body io.Reader) (*http.Request, error) {
+	out, err := http.NewRequestWithContext(r.Context(), method, p.endpointURL(e).String(), body)
 	if err != nil {
 		return nil, err
 	}
@@ -249,20 +272,10 @@ func (p *Proxy) upstreamRequest(r *http.Request, method string, body io.Reader) 
 	return out, nil
 }
 
-// repoPath is the repository part of a smart-HTTP path.
-func repoPath(path string) string {
-	for _, s := range []string{"/info/refs", "/git-receive-pack", "/git-upload-pack"} {
-		if p, ok := strings.CutSuffix(path, s); ok {
-			return p
-		}
-	}
-	return path
-}
-
 // advertisement relays the receive-pack ref advertisement and remembers
 // whether the upstream takes push options, so the fence can travel as one.
-func (p *Proxy) advertisement(w http.ResponseWriter, r *http.Request) {
-	out, err := p.upstreamRequest(r, http.MethodGet, nil)
+func (p *Proxy) advertisement(w http.ResponseWriter, r *http.Request, e endpoint) {
+	out, err := p.upstreamRequest(r, e, http.MethodGet, nil)
 	if err != nil {
 		http.Error(w, "fenceline: "+err.Error(), http.StatusBadRequest)
 		return
@@ -279,10 +292,10 @@ func (p *Proxy) advertisement(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if resp.StatusCode == http.StatusOK && resp.Header.Get("Content-Encoding") == "" {
-		p.pushOptions.Store(repoPath(r.URL.Path), advertisesPushOptions(body))
+		p.pushOptions.Store(e.repo, advertisesPushOptions(body))
 		body = withoutCapability(body, "push-cert")
 	}
-	copyHeaders(w.Header(), resp.Header, "Content-Type", "Cache-Control", "Expires", "Pragma", "WWW-Authenticate")
+	copyHeaders(w.Header(), resp.Header, "Content-Type", "Cache-Control", "Expires", "Pragma", "WWW-Authenticate", "Location")
 	w.WriteHeader(resp.StatusCode)
 	w.Write(body)
 }
@@ -376,7 +389,7 @@ type push struct {
 
 // receivePack judges a push and forwards it only when every ref update
 // passes. Nothing is sent upstream before the decision.
-func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
+func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request, e endpoint) {
 	ctx := r.Context()
 	body := io.Reader(r.Body)
 	if r.Header.Get("Content-Encoding") == "gzip" {
@@ -392,7 +405,7 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 	req, err := readPushRequest(br)
 	if errors.Is(err, errProbe) {
 		if n, _ := io.Copy(io.Discard, io.LimitReader(br, 1)); n == 0 {
-			p.probe(w, r)
+			p.probe(w, r, e)
 			return
 		}
 		err = errors.New("a push request without ref updates must end at its flush packet")
@@ -412,13 +425,7 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, ref.msg, http.StatusBadRequest)
 		return
 	}
-	ps := &push{req: req, repoPath: repoPath(r.URL.Path), start: time.Now(), r: r}
-	if len(p.cfg.PushPaths) > 0 && !slices.Contains(p.cfg.PushPaths, strings.TrimSuffix(ps.repoPath, "/")) {
-		io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
-		ps.lease = p.currentLease()
-		p.refuseAll(ctx, w, ps, refuse(ReasonOtherRepo, "lease %s is for %s; this sidecar does not push to %s", ps.lease.LeaseID, strings.Join(p.cfg.PushPaths, " "), ps.repoPath), "ok")
-		return
-	}
+	ps := &push{req: req, repoPath: e.repo, start: time.Now(), r: r}
 
 	// The fence options are the sidecar's to set: an agent's own would
 	// only try to mislead the hook.
@@ -532,8 +539,8 @@ func (p *Proxy) blindDeletes(ctx context.Context, ps *push, changes []refChange)
 
 // probe relays git's pre-flight request (a lone flush packet), so the
 // upstream answers it, authentication included.
-func (p *Proxy) probe(w http.ResponseWriter, r *http.Request) {
-	out, err := p.upstreamRequest(r, http.MethodPost, strings.NewReader("0000"))
+func (p *Proxy) probe(w http.ResponseWriter, r *http.Request, e endpoint) {
+	out, err := p.upstreamRequest(r, e, http.MethodPost, strings.NewReader("0000"))
 	if err != nil {
 		http.Error(w, "fenceline: "+err.Error(), http.StatusBadRequest)
 		return
@@ -544,7 +551,7 @@ func (p *Proxy) probe(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer resp.Body.Close()
-	copyHeaders(w.Header(), resp.Header, "Content-Type", "Cache-Control", "WWW-Authenticate")
+	copyHeaders(w.Header(), resp.Header, "Content-Type", "Cache-Control", "WWW-Authenticate", "Location")
 	w.WriteHeader(resp.StatusCode)
 	io.Copy(w, resp.Body)
 }
@@ -650,9 +657,7 @@ func (p *Proxy) analyze(ctx context.Context, ps *push) ([]refChange, error) {
 // for service (git-upload-pack names HEAD too), with the client's
 // credentials and the sidecar's: ref name -> object id.
 func (p *Proxy) upstreamRefs(ctx context.Context, ps *push, service string) (map[string]string, error) {
-	u := *p.upstream
-	u.Path = strings.TrimSuffix(u.Path, "/") + ps.repoPath + "/info/refs"
-	u.RawQuery = "service=" + service
+	u := p.endpointURL(endpoint{repo: ps.repoPath, service: service, refs: true})
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
 		return nil, err
@@ -752,8 +757,11 @@ func (p *Proxy) refreshMirror(ctx context.Context, ps *push) error {
 	if p.cfg.UpstreamCAFile != "" {
 		args = append(args, "-c", "http.sslCAInfo="+p.cfg.UpstreamCAFile)
 	}
+	// The credential goes to the repository's smart-HTTP endpoints only:
+	// git follows no redirect with it (http.extraHeader would go along).
+	args = append(args, "-c", "http.followRedirects=false")
 	u := *p.upstream
-	u.Path = strings.TrimSuffix(u.Path, "/") + ps.repoPath
+	u.Path = ps.repoPath
 	args = append(args, "fetch", "--quiet", "--no-tags", "--prune", u.String(), "+refs/*:refs/*")
 	start := time.Now()
 	_, err := p.git.run(ctx, dir, args...)
@@ -791,7 +799,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ps *push, change
 		body = io.MultiReader(body, bufio.NewReaderSize(ps.pack.spool, 64<<10))
 		length += ps.pack.size
 	}
-	out, err := p.upstreamRequest(r, http.MethodPost, body)
+	out, err := p.upstreamRequest(r, endpoint{repo: ps.repoPath, service: serviceReceive}, http.MethodPost, body)
 	if err != nil {
 		p.fail(r.Context(), w, ps, err)
 		return
@@ -897,7 +905,7 @@ func refsOf(cmds []command, refused []*refusal, c *refusal) string {
 	return strings.Join(refs, " ")
 }
 
-// auditRefusal records a refused push (or ref) with lease, owner, fence and
+// auditRefusal records a refused request, push or ref with lease, owner, fence and
 // reason. Recording failures are logged; the push stays refused.
 func (p *Proxy) auditRefusal(ctx context.Context, l leasebus.Lease, fence uint64, ref *refusal, refs string) {
 	if fence == 0 {
@@ -910,7 +918,7 @@ func (p *Proxy) auditRefusal(ctx context.Context, l leasebus.Lease, fence uint64
 	if refs != "" {
 		msg = "push to " + refs + " refused: " + strings.TrimPrefix(msg, "fenceline: ")
 	}
-	p.log.Warn("push refused", "lease", l.LeaseID, "fence", fence, "reason", ref.code, "refs", refs, "msg", ref.msg)
+	p.log.Warn("refused", "lease", l.LeaseID, "fence", fence, "reason", ref.code, "refs", refs, "msg", ref.msg)
 	if p.cfg.Audit == nil || l.Repo == "" {
 		return
 	}

@@ -364,10 +364,10 @@ func TestPushOnlyToTheLeasedRepository(t *testing.T) {
 	e := newEnv(t)
 	other := e.gs.newRepo(t, "infra.git")
 	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
-	srv := e.proxy(l, func(c *Config) { c.PushPaths = []string{"/payments.git"} })
+	srv := e.proxy(l)
 	dir := e.clone(srv.URL)
 	e.commit(dir, "x", "services/billing/x.go", "x\n")
-	mustRefuse(t, dir, "this sidecar does not push to /infra.git", srv.URL+"/infra.git", "main")
+	mustRefuse(t, dir, "the git fence serves only git's smart-HTTP endpoints of /payments.git", srv.URL+"/infra.git", "main")
 	if out, err := gitCmd(t, other, nil, "rev-parse", "--verify", "--quiet", "refs/heads/main"); err == nil {
 		t.Fatalf("push to another repository landed: %s", out)
 	}

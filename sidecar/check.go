@@ -23,7 +23,7 @@ func CheckGitUpstream(raw string, forward bool) error {
 }
 
 // splitUpstream parses a git remote URL: the fence proxies its server, and
-// its path (when given) is the one repository pushes may go to.
+// its path (when given) is the one repository whose git endpoints it serves.
 func splitUpstream(raw string, forward bool) (*url.URL, error) {
 	u, err := gitproxy.ParseUpstream(raw)
 	if err != nil {

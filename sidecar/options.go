@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"strings"
 
 	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/gitproxy"
@@ -165,6 +167,11 @@ func (o *FenceOptions) checkGit() error {
 		return &OptionError{Option: "git-upstream-header", Err: err}
 	}
 	o.gitHeader = h
+	if o.GitUpstream != "" && len(h) > 0 {
+		if u, err := url.Parse(o.GitUpstream); err != nil || strings.Trim(u.Path, "/") == "" {
+			return &OptionError{Option: "git-upstream", Err: errors.New("the URL names no repository, and the git fence adds the upstream header only to one repository's git requests: give the repository's URL, e.g. https://git.example.com/acme/payments.git")}
+		}
+	}
 	if o.GitUpstreamCAFile != "" {
 		if _, err := ReadCAFile(o.GitUpstreamCAFile); err != nil {
 			return &OptionError{Option: "git-upstream-ca", Value: o.GitUpstreamCAFile,

@@ -127,6 +127,8 @@ func TestFenceOptionsCheckErrors(t *testing.T) {
 			option: "git-listen", value: "nope", message: "host:port"},
 		{name: "git-upstream-header", opts: git(FenceOptions{GitUpstreamHeaders: []string{"A: b", "NoColon secret"}}),
 			option: "git-upstream-header", header: 2, message: "Name: value"},
+		{name: "git-upstream-header-no-repo", opts: FenceOptions{GitUpstream: "https://git.example.test/", GitListen: "127.0.0.1:0",
+			GitUpstreamHeaders: []string{"Authorization: Bearer secret"}}, option: "git-upstream", message: "names no repository"},
 		{name: "git-upstream-header-env", opts: git(FenceOptions{}), env: "Bad Name: secret",
 			option: "git-upstream-header", header: 0, message: "Name: value"},
 		{name: "git-upstream-ca-missing", opts: git(FenceOptions{GitUpstreamCAFile: f.missing}),

@@ -31,8 +31,10 @@ type Config struct {
 	Bus   *leasebus.Client
 	Audit *leasebus.Auditor
 
-	// GitUpstream is the URL of the agent's git remote (its repository or
-	// the server base, http or https). Empty: no git fence.
+	// GitUpstream is the URL of the agent's git remote, http or https: its
+	// repository (the git fence serves that repository's smart-HTTP
+	// endpoints only), or the server base (every repository's, and then
+	// no GitUpstreamHeader). Empty: no git fence.
 	GitUpstream string
 	// GitListen is where the git fence listens (default 127.0.0.1:0).
 	GitListen string
@@ -262,11 +264,8 @@ func (s *Sidecar) startGit() error {
 	if err != nil {
 		return fmt.Errorf("git %w", err)
 	}
-	var pushPaths []string
-	if base.Path != "" {
-		pushPaths = []string{base.Path} // the lease's repository: pushes elsewhere are refused
-		base.Path = ""
-	}
+	repoURL := base.String() // the fence serves this repository's git endpoints only
+	base.Path = ""
 	s.gitBase = base.String()
 	s.gitHost = base.Host
 	if base.Port() == "" {
@@ -281,10 +280,9 @@ func (s *Sidecar) startGit() error {
 		transport = tr
 	}
 	fence, err := gitproxy.New(gitproxy.Config{
-		Upstream:       s.gitBase,
+		Upstream:       repoURL,
 		Lease:          s.cfg.Lease,
 		Repo:           s.cfg.Lease.Lease().Repo,
-		PushPaths:      pushPaths,
 		Bus:            s.cfg.Bus,
 		Audit:          s.auditor(),
 		Policy:         s.cfg.GitPolicy,

@@ -83,7 +83,8 @@ also hides fenceline's state dir (lease credentials) and the sidecar's
 files from the agent, and lets it open TCP connections only to the
 sidecar's fences, its egress proxy and --allow-connect ports. With
 --git-upstream, the agent's unmodified git reaches that server only through
-the git fence.
+the git fence, which serves only that repository's smart-HTTP endpoints
+(the upstream header goes nowhere else; anything else on the host is 403).
 
 --private-state PATH (a CLI's state in your HOME: ~/.claude, ~/.claude.json,
 ~/.codex) gives the agent a private HOME holding a copy of each PATH, which

@@ -48,7 +48,7 @@ func (ff *fenceFlags) secretFiles() []string {
 
 func (ff *fenceFlags) register(c *cobra.Command) {
 	f := c.Flags()
-	f.StringVar(&ff.gitUpstream, "git-upstream", "", "URL of the agent's git server (http or https); pushes to it go through the git fence")
+	f.StringVar(&ff.gitUpstream, "git-upstream", "", "URL of the agent's git repository (http or https), e.g. https://git.internal/acme/payments.git; the git fence serves only its smart-HTTP endpoints and judges every push")
 	f.StringVar(&ff.gitListen, "git-listen", "127.0.0.1:0", "address of the git fence")
 	f.BoolVar(&ff.gitForward, "git-forward", false, "serve an https upstream as a forward proxy with a local CA (git http.proxy) instead of a reverse proxy")
 	f.StringArrayVar(&ff.gitObjects, "git-objects", nil, "git dir whose objects resolve pushed packs, e.g. the agent's repo/.git (repeatable)")
