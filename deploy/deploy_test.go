@@ -258,8 +258,17 @@ func TestKubernetesExample(t *testing.T) {
 			}
 		}
 	}
+	if got := at(t, spec, "automountServiceAccountToken"); got != "false" {
+		t.Errorf("automountServiceAccountToken %v, want false: the agent needs no Kubernetes API credentials", got)
+	}
+	if indexOf(scArgs, "--allow-host") < 0 {
+		t.Error("the sidecar allows no host: the agent's egress proxy is missing from the example")
+	}
 	agent := at(t, spec, "containers", "name=agent")
 	cmd := strs(t, at(t, agent, "command"))
+	if i := indexOf(cmd, "--"); indexOf(cmd[:max(i, 0)], "--allow-connect") >= 0 {
+		t.Error("the agent opens a port with --allow-connect: any host on it (the kube-apiserver's) is then reachable around the egress proxy")
+	}
 	if len(cmd) < 4 || !strings.HasSuffix(cmd[0], "/fenceline") || cmd[1] != "agent" || cmd[2] != "--sidecar" || cmd[3] != "http://127.0.0.1:9090" {
 		t.Errorf("agent command %v, want it wrapped in fenceline agent --sidecar http://127.0.0.1:9090", cmd)
 	}

@@ -47,12 +47,22 @@ func judgedProxy(t *testing.T, cfg Config, answers map[string][]netip.Addr) (str
 func TestAttackAllowedNameIntoThePrivateNetwork(t *testing.T) {
 	t.Parallel()
 	answers := map[string][]netip.Addr{
-		"ten.tunnel.example.test":  {netip.MustParseAddr("10.1.2.3")},
-		"rfc.tunnel.example.test":  {netip.MustParseAddr("192.168.7.7")},
-		"ula.tunnel.example.test":  {netip.MustParseAddr("fd00::5")},
-		"cgn.tunnel.example.test":  {netip.MustParseAddr("100.64.1.1")},
-		"pub.tunnel.example.test":  {netip.MustParseAddr("192.0.2.20")},
-		"host.tunnel.example.test": nil,
+		"ten.tunnel.example.test": {netip.MustParseAddr("10.1.2.3")},
+		"rfc.tunnel.example.test": {netip.MustParseAddr("192.168.7.7")},
+		"ula.tunnel.example.test": {netip.MustParseAddr("fd00::5")},
+		"cgn.tunnel.example.test": {netip.MustParseAddr("100.64.1.1")},
+		// IPv6 addresses a translator turns into IPv4 ones (issue 28.6):
+		// NAT64's well-known prefix to loopback and to cloud metadata, its
+		// local-use prefix, 6to4 and an IPv4-compatible address to a
+		// private one, Teredo.
+		"nat64-lo.tunnel.example.test": {netip.MustParseAddr("64:ff9b::7f00:1")},
+		"nat64-md.tunnel.example.test": {netip.MustParseAddr("64:ff9b::a9fe:a9fe")},
+		"nat64-lu.tunnel.example.test": {netip.MustParseAddr("64:ff9b:1::a00:1")},
+		"6to4.tunnel.example.test":     {netip.MustParseAddr("2002:a00:1::1")},
+		"compat.tunnel.example.test":   {netip.MustParseAddr("::a00:1")},
+		"teredo.tunnel.example.test":   {netip.MustParseAddr("2001:0:4136:e378:8000:63bf:3fff:fdd2")},
+		"pub.tunnel.example.test":      {netip.MustParseAddr("192.0.2.20")},
+		"host.tunnel.example.test":     nil,
 	}
 	// This host's own non-loopback address reaches every service bound to
 	// all interfaces (the bus, a local Postgres).

@@ -370,7 +370,9 @@ func TestRules(t *testing.T) {
 		}
 	}
 	for a, want := range map[string]bool{"127.0.0.1": true, "127.9.9.9": true, "::1": true, "::ffff:127.0.0.1": true, "0.0.0.0": true, "0.1.2.3": true,
-		"::": true, "169.254.169.254": true, "fe80::1": true, "224.0.0.1": true, "10.0.0.1": true, "100.64.0.1": true, "fd00::1": true, "93.184.216.34": false, "2606:4700::1": false} {
+		"::": true, "169.254.169.254": true, "fe80::1": true, "224.0.0.1": true, "10.0.0.1": true, "100.64.0.1": true, "fd00::1": true, "93.184.216.34": false, "2606:4700::1": false,
+		"64:ff9b::7f00:1": true, "64:ff9b::a9fe:a9fe": true, "64:ff9b::a00:1": true, "64:ff9b::5db8:d822": false, "64:ff9b:1::1": true,
+		"2002:7f00:1::1": true, "2002:5db8:d822::1": false, "::a00:1": true, "2001:0:4136:e378::1": true} {
 		if got := forbidden(netip.MustParseAddr(a)) != ""; got != want {
 			t.Errorf("forbidden(%s) = %v, want %v", a, got, want)
 		}

@@ -141,6 +141,46 @@ func forbidden(a netip.Addr) string {
 	case a.IsPrivate() || sharedAddrs.Contains(a):
 		return "a private address (in a pod or a private network the bus and the fences' upstreams are there)"
 	}
+	return forbiddenThroughV4(a)
+}
+
+// IPv6 prefixes whose addresses a translator or tunnel turns into IPv4
+// ones: judged by the IPv4 address they reach, or refused where it cannot
+// be read off the address.
+var (
+	nat64Prefix = netip.MustParsePrefix("64:ff9b::/96")   // RFC 6052: the IPv4 address in the last 32 bits
+	nat64Local  = netip.MustParsePrefix("64:ff9b:1::/48") // RFC 8215: where it sits depends on the operator's prefix
+	sixToFour   = netip.MustParsePrefix("2002::/16")      // RFC 3056: the IPv4 address in bits 16 to 47
+	teredo      = netip.MustParsePrefix("2001::/32")      // RFC 4380: the client's IPv4 address, obfuscated
+	v4Compat    = netip.MustParsePrefix("::/96")          // RFC 4291's deprecated IPv4-compatible addresses
+)
+
+// forbiddenThroughV4 says why the proxy refuses an IPv6 address that
+// reaches an IPv4 address it refuses (a NAT64 address of 127.0.0.1 is
+// loopback by another name), or "".
+func forbiddenThroughV4(a netip.Addr) string {
+	if !a.Is6() {
+		return ""
+	}
+	b := a.As16()
+	v4 := func(off int) netip.Addr { return netip.AddrFrom4([4]byte(b[off : off+4])) }
+	var via string
+	var to netip.Addr
+	switch {
+	case nat64Local.Contains(a) || teredo.Contains(a):
+		return "an IPv6 translation address (NAT64 local use, Teredo): the IPv4 address it reaches cannot be judged"
+	case nat64Prefix.Contains(a):
+		via, to = "a NAT64 address", v4(12)
+	case sixToFour.Contains(a):
+		via, to = "a 6to4 address", v4(2)
+	case v4Compat.Contains(a):
+		via, to = "an IPv4-compatible address", v4(12)
+	default:
+		return ""
+	}
+	if why := forbidden(to); why != "" {
+		return via + " of " + to.String() + ", " + why
+	}
 	return ""
 }
 
