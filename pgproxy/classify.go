@@ -739,22 +739,23 @@ func callsWritingFunction(n *pgq.Node) (setConfig, largeObject bool) {
 	return setConfig, largeObject
 }
 
-// Call is a function or operator a statement calls by name.
+// Call is a function or operator a statement calls by name, or a relation
+// it reads (a view may call functions).
 type Call struct {
-	Name string // as Postgres looks it up (pg_proc.proname, pg_operator.oprname)
-	Op   bool   // an operator
+	Name string // as Postgres looks it up (pg_proc.proname, pg_operator.oprname, pg_class.relname)
+	Kind byte   // 'f' function, 'o' operator, 'r' relation read
 	// Shown is the name as written (schema-qualified when it was), for
 	// refusals.
 	Shown string
 }
 
-// calledNames returns the functions and operators n calls by name,
-// each once.
+// calledNames returns the functions and operators n calls by name, and
+// the relations it names, each once.
 func calledNames(n *pgq.Node) []Call {
 	var cs []Call
 	seen := map[Call]bool{}
 	add := func(c Call) {
-		k := Call{Name: c.Name, Op: c.Op}
+		k := Call{Name: c.Name, Kind: c.Kind}
 		if c.Name != "" && !seen[k] {
 			seen[k] = true
 			cs = append(cs, c)
@@ -774,10 +775,12 @@ func calledNames(n *pgq.Node) []Call {
 		switch v := m.Interface().(type) {
 		case *pgq.FuncCall:
 			name, shown := qualified(v.Funcname)
-			add(Call{Name: name, Shown: shown})
+			add(Call{Name: name, Kind: 'f', Shown: shown})
 		case *pgq.A_Expr:
 			name, shown := qualified(v.Name)
-			add(Call{Name: name, Op: true, Shown: "operator " + shown})
+			add(Call{Name: name, Kind: 'o', Shown: "operator " + shown})
+		case *pgq.RangeVar:
+			add(Call{Name: v.Relname, Kind: 'r', Shown: Target{Schema: v.Schemaname, Name: v.Relname}.String()})
 		}
 	})
 	return cs

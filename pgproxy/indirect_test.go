@@ -49,6 +49,8 @@ CREATE USER MAPPING FOR PUBLIC SERVER loopback OPTIONS (user 'scram_user', passw
 CREATE FOREIGN TABLE ia.ft (v int) SERVER loopback OPTIONS (schema_name 'inone', table_name 't');
 -- a user function that writes nobody's table
 CREATE FUNCTION inone.f_write(int) RETURNS int LANGUAGE sql AS $$ INSERT INTO inone.t VALUES ($1) RETURNING $1 $$;
+CREATE VIEW inone.vf AS SELECT inone.f_write(3) AS x;
+CREATE VIEW inone.vvf AS SELECT x FROM inone.vf;
 -- legitimate: a claim that covers parent, children and cascades
 CREATE TABLE ia.lp (id int, v text) PARTITION BY LIST (id);
 CREATE TABLE ia.lp1 PARTITION OF ia.lp FOR VALUES IN (1);
@@ -140,6 +142,7 @@ func TestWritesByIndirection(t *testing.T) {
 		{"user trigger", false, "INSERT INTO ia.trig VALUES (7)", "trigger"},
 		{"updatable view", false, "INSERT INTO ia.v VALUES (7)", "inone.t"},
 		{"function from a read", true, "SELECT inone.f_write(7)", "inone.f_write"},
+		{"view calling a function, from a read", true, "SELECT * FROM inone.vvf", "inone.vvf"},
 		{"dblink from a read", false, "SELECT dblink_exec('" + dblinkConn() + "', 'INSERT INTO inone.t VALUES (7)')", "dblink_exec"},
 		{"dblink from a read in a block", true, "SELECT dblink_exec('" + dblinkConn() + "', 'INSERT INTO inone.t VALUES (7)')", "dblink_exec"},
 	} {
@@ -171,6 +174,7 @@ func TestWritesByIndirection(t *testing.T) {
 				if err == nil {
 					t.Fatalf("%s: accepted", tc.sql)
 				}
+				t.Logf("refused: %v", err)
 				wantMsg := fmt.Sprintf("fenceline: write refused for lease lease_A (fence %d)", lease.lease.Fence)
 				if pgCode(err) != "42501" || !strings.Contains(err.Error(), wantMsg) || !strings.Contains(err.Error(), tc.want) {
 					t.Errorf("%s: %v; want 42501 from the proxy (%q) naming %q", tc.sql, err, wantMsg, tc.want)

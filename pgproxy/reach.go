@@ -153,24 +153,35 @@ FROM w JOIN pg_catalog.pg_class c ON c.oid = w.oid JOIN pg_catalog.pg_namespace 
 LEFT JOIN pg_catalog.pg_class s ON s.oid = w.src LEFT JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace`
 }
 
-// callsSQL returns, of the names in calls, those a function or operator
-// created after initdb carries ('f' or 'o' and the name).
+// callsSQL returns, of the names in calls (a kind letter and a name), those
+// that may run user code: a function or operator created after initdb
+// carries the name ('f', 'o'), or a relation of that name is a view whose
+// definition (or a view's it reads, and so on), or a relation whose row
+// security policies, call a function or operator created after initdb
+// ('r').
 func callsSQL(calls []string) string {
-	var fs, os []string
+	lists := map[byte][]string{}
 	for _, c := range calls {
-		if c[0] == 'f' {
-			fs = append(fs, sqlText(c[1:]))
-		} else {
-			os = append(os, sqlText(c[1:]))
-		}
+		lists[c[0]] = append(lists[c[0]], sqlText(c[1:]))
 	}
-	arr := func(l []string) string {
-		return "ARRAY[" + strings.Join(l, ", ") + "]::pg_catalog.text[]"
+	arr := func(k byte) string {
+		return "ARRAY[" + strings.Join(lists[k], ", ") + "]::pg_catalog.text[]"
 	}
-	return "SELECT DISTINCT 'f' || p.proname FROM pg_catalog.pg_proc p WHERE p.oid >= " + fmt.Sprint(firstUserOID) +
-		" AND p.proname::pg_catalog.text = ANY (" + arr(fs) + ")" +
-		" UNION SELECT DISTINCT 'o' || o.oprname FROM pg_catalog.pg_operator o WHERE o.oid >= " + fmt.Sprint(firstUserOID) +
-		" AND o.oprname::pg_catalog.text = ANY (" + arr(os) + ")"
+	user := fmt.Sprint(firstUserOID)
+	return `WITH RECURSIVE v(root, oid) AS (
+  SELECT c.relname::pg_catalog.text, c.oid FROM pg_catalog.pg_class c WHERE c.relname::pg_catalog.text = ANY (` + arr('r') + `)
+  UNION SELECT v.root, d.refobjid FROM v JOIN pg_catalog.pg_rewrite rw ON rw.ev_class = v.oid
+    JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = rw.oid
+      AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid <> v.oid
+)
+SELECT DISTINCT 'r' || v.root FROM v JOIN pg_catalog.pg_depend d
+  ON d.refclassid IN ('pg_catalog.pg_proc'::pg_catalog.regclass, 'pg_catalog.pg_operator'::pg_catalog.regclass) AND d.refobjid >= ` + user + `
+  AND (d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid IN (SELECT rw.oid FROM pg_catalog.pg_rewrite rw WHERE rw.ev_class = v.oid)
+    OR d.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass AND d.objid IN (SELECT p.oid FROM pg_catalog.pg_policy p WHERE p.polrelid = v.oid))
+UNION SELECT DISTINCT 'f' || p.proname FROM pg_catalog.pg_proc p WHERE p.oid >= ` + user + `
+  AND p.proname::pg_catalog.text = ANY (` + arr('f') + `)
+UNION SELECT DISTINCT 'o' || o.oprname FROM pg_catalog.pg_operator o WHERE o.oid >= ` + user + `
+  AND o.oprname::pg_catalog.text = ANY (` + arr('o') + `)`
 }
 
 // runsSQL are builtin functions that run SQL text (or read relations,
@@ -191,11 +202,7 @@ func otherConnection(name string) bool { return strings.HasPrefix(name, "dblink"
 
 // callKeyOf is the cache key of c in database db.
 func callKeyOf(db string, c Call) callKey {
-	k := "f" + c.Name
-	if c.Op {
-		k = "o" + c.Name
-	}
-	return callKey{db: db, call: k}
+	return callKey{db: db, call: string(c.Kind) + c.Name}
 }
 
 // relCandidates are the relations a target may name: its schema's, or one
@@ -346,7 +353,7 @@ func relGroup(k relKey) int {
 
 func callsOtherConnection(st *Statement) bool {
 	for _, c := range st.Calls {
-		if !c.Op && otherConnection(c.Name) {
+		if c.Kind == 'f' && otherConnection(c.Name) {
 			return true
 		}
 	}
@@ -362,20 +369,22 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 		return st
 	}
 	for _, c := range st.Calls {
-		other := !c.Op && otherConnection(c.Name)
+		other := c.Kind == 'f' && otherConnection(c.Name)
 		if !writable && !other {
 			continue
 		}
 		user, known := s.unit.calls[callKeyOf(s.database, c)]
-		if other || !c.Op && runsSQL[c.Name] || user || !known {
+		if other || c.Kind == 'f' && runsSQL[c.Name] || user || !known {
 			why := "it calls " + c.Shown + ", a function a user defined, which may write any table"
 			switch {
 			case other:
 				why = "it calls " + c.Shown + ", which writes over a connection of its own, past the proxy"
-			case !c.Op && runsSQL[c.Name]:
+			case c.Kind == 'f' && runsSQL[c.Name]:
 				why = "it calls " + c.Shown + ", which runs SQL the proxy does not see"
-			case c.Op:
+			case c.Kind == 'o':
 				why = "it calls " + c.Shown + ", an operator a user defined, whose function may write any table"
+			case c.Kind == 'r':
+				why = "it reads " + c.Shown + ", a view (or a table with policies) that calls functions a user defined, which may write any table"
 			}
 			cp := *st
 			cp.Class, cp.Opaque, cp.OpaqueWhy = ClassWrite, true, why
