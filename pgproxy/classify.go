@@ -747,6 +747,8 @@ type Call struct {
 	// Shown is the name as written (schema-qualified when it was), for
 	// refusals.
 	Shown string
+	// Key is Kind and Name, the catalog cache's key (made once, here).
+	Key string
 }
 
 // calledNames returns the functions and operators n calls by name, and
@@ -758,6 +760,7 @@ func calledNames(n *pgq.Node) []Call {
 		k := Call{Name: c.Name, Kind: c.Kind}
 		if c.Name != "" && !seen[k] {
 			seen[k] = true
+			c.Key = string(c.Kind) + c.Name
 			cs = append(cs, c)
 		}
 	}

@@ -50,6 +50,7 @@ CREATE FOREIGN TABLE ia.ft (v int) SERVER loopback OPTIONS (schema_name 'inone',
 -- a user function that writes nobody's table
 CREATE FUNCTION inone.f_write(int) RETURNS int LANGUAGE sql AS $$ INSERT INTO inone.t VALUES ($1) RETURNING $1 $$;
 CREATE VIEW inone.vf AS SELECT inone.f_write(3) AS x;
+CREATE TABLE ia.deflt (id int, w int DEFAULT inone.f_write(5));
 CREATE VIEW inone.vvf AS SELECT x FROM inone.vf;
 -- legitimate: a claim that covers parent, children and cascades
 CREATE TABLE ia.lp (id int, v text) PARTITION BY LIST (id);
@@ -140,6 +141,7 @@ func TestWritesByIndirection(t *testing.T) {
 		{"writable cte", false, "WITH d AS (DELETE FROM ia.parent RETURNING id) SELECT count(*) FROM d", "ib.child"},
 		{"rule", false, "INSERT INTO ia.ruled VALUES (7)", "rule"},
 		{"user trigger", false, "INSERT INTO ia.trig VALUES (7)", "trigger"},
+		{"default calling a function", false, "INSERT INTO ia.deflt (id) VALUES (1)", "defaults"},
 		{"updatable view", false, "INSERT INTO ia.v VALUES (7)", "inone.t"},
 		{"function from a read", true, "SELECT inone.f_write(7)", "inone.f_write"},
 		{"view calling a function, from a read", true, "SELECT * FROM inone.vvf", "inone.vvf"},
@@ -234,5 +236,38 @@ func TestIndirectWritesInsideTheClaim(t *testing.T) {
 				t.Errorf("user function from a read outside a block: %v, want Postgres's 25006", err)
 			}
 		})
+	}
+}
+
+// TestDDLThenWriteInOneQuery: the proxy learns what a write reaches before
+// the unit runs, so DDL earlier in the same Query (here a trigger that
+// writes nobody's table, on a table the lease claims and the agent owns)
+// would go unseen: the write after it is refused. Sent on its own later,
+// the write is judged with the trigger (the cache was forgotten when the
+// DDL passed).
+func TestDDLThenWriteInOneQuery(t *testing.T) {
+	setupIndirect(t)
+	lease := newStaticLease(t, "lease_A_ddl", 0, "ia.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	plpgsql.reset(t, indirectRows)
+	c := plpgsql.via(t, p, "agent")
+	if _, err := c.Exec(ctx, "CREATE TABLE ia.own (id int); INSERT INTO ia.own VALUES (1)"); err != nil {
+		t.Fatalf("a new table and a write to it: %v", err)
+	}
+	_, err := c.Exec(ctx, "CREATE TRIGGER also_none AFTER INSERT ON ia.own FOR EACH ROW EXECUTE FUNCTION inone.trig_fn(); INSERT INTO ia.own VALUES (7)")
+	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "DDL earlier in this query") {
+		t.Errorf("DDL, then a write in one query: %v; want the proxy's refusal", err)
+	}
+	if _, err := c.Exec(ctx, "CREATE TRIGGER also_none AFTER INSERT ON ia.own FOR EACH ROW EXECUTE FUNCTION inone.trig_fn()"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Exec(ctx, "INSERT INTO ia.own VALUES (7)")
+	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "also_none") {
+		t.Errorf("a write to a table given a trigger just before: %v; want the proxy's refusal naming the trigger", err)
+	}
+	var n int
+	if err := plpgsql.admin(t).QueryRow(ctx, "SELECT count(*) FROM inone.t").Scan(&n); err != nil || n != 0 {
+		t.Errorf("nobody's table has %d rows (%v), want 0", n, err)
 	}
 }

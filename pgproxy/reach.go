@@ -202,7 +202,7 @@ func otherConnection(name string) bool { return strings.HasPrefix(name, "dblink"
 
 // callKeyOf is the cache key of c in database db.
 func callKeyOf(db string, c Call) callKey {
-	return callKey{db: db, call: string(c.Kind) + c.Name}
+	return callKey{db: db, call: c.Key}
 }
 
 // relCandidates are the relations a target may name: its schema's, or one
@@ -233,7 +233,12 @@ func relCandidates(t Target, searchPath []string) []string {
 // refuses it.
 func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error {
 	u := &s.unit
-	u.rels, u.calls, u.ddl = map[relKey]*reach{}, map[callKey]bool{}, false
+	if u.rels == nil {
+		u.rels, u.calls = map[relKey]*reach{}, map[callKey]bool{}
+	}
+	clear(u.rels)
+	clear(u.calls)
+	u.ddl = false
 	cat, db, now := s.p.catalog, s.database, time.Now()
 	private := s.ddlPending  // the transaction ran DDL: what it sees is its own
 	var needRels [4][]string // by group: TRUNCATE ... CASCADE (2), ONLY (1)
@@ -296,7 +301,13 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 				continue
 			}
 			via := ""
-			if row[3] != "" {
+			switch row[3] {
+			case "":
+			case "foreign key action":
+				via = "its foreign key acts on writes to " + row[4]
+			case "base of view":
+				via = "base table of view " + row[4]
+			default:
 				via = row[3] + " of " + row[4]
 			}
 			rc := reached{schema: row[1], name: row[2], via: via, opaque: row[5]}
@@ -349,6 +360,25 @@ func relGroup(k relKey) int {
 		g |= 1
 	}
 	return g
+}
+
+// callsKnownHarmless reports whether every call of st is cached, fresh,
+// as builtin (so a read calling them may take the fast path in a writable
+// transaction).
+func (s *session) callsKnownHarmless(st *Statement) bool {
+	if s.ddlPending {
+		return false
+	}
+	cat, now := s.p.catalog, time.Now()
+	cat.mu.Lock()
+	defer cat.mu.Unlock()
+	for _, c := range st.Calls {
+		ci, ok := cat.calls[callKeyOf(s.database, c)]
+		if !ok || ci.user || now.Sub(ci.at) >= catalogTTL || c.Kind == 'f' && (runsSQL[c.Name] || otherConnection(c.Name)) {
+			return false
+		}
+	}
+	return true
 }
 
 func callsOtherConnection(st *Statement) bool {

@@ -1342,7 +1342,10 @@ func fastPathOK(cls *Classification, sim txSim) bool {
 func (s *session) callsToJudge(cls *Classification) bool {
 	for i := range cls.Stmts {
 		st := &cls.Stmts[i]
-		if len(st.Calls) > 0 && (s.sim.blockRW || s.sim.groupRW || callsOtherConnection(st)) {
+		if len(st.Calls) == 0 {
+			continue
+		}
+		if callsOtherConnection(st) || (s.sim.blockRW || s.sim.groupRW) && !s.callsKnownHarmless(st) {
 			return true
 		}
 	}
