@@ -113,6 +113,9 @@ type Statement struct {
 	// TruncCascade: TRUNCATE ... CASCADE, which empties every table whose
 	// foreign keys reference a target, whatever their actions.
 	TruncCascade bool
+	// ChangesReach: DDL that may change what a later write to an existing
+	// table reaches (see changesReach).
+	ChangesReach bool
 	// Start and End are byte offsets of the statement in the query text.
 	Start, End int
 	// Tag is the statement's node type, for logs and the corpus test.
@@ -273,6 +276,7 @@ func classifyNode(n *pgq.Node) Statement {
 		// foreign keys and defaults of other tables): not named in the text.
 		st.Opaque = true
 	}
+	st.ChangesReach = st.Class == ClassWrite && changesReach(&st, n)
 	return st
 }
 

@@ -92,6 +92,10 @@ func setupIndirect(t *testing.T) {
 	t.Helper()
 	ctx := ctxT(t)
 	admin := plpgsql.admin(t)
+	var n int
+	if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_available_extensions WHERE name IN ('dblink', 'postgres_fdw')").Scan(&n); err != nil || n != 2 {
+		t.Fatalf("the test server lacks the contrib extensions dblink and postgres_fdw (%d of 2, %v): install postgresql-contrib", n, err)
+	}
 	host, port, _ := strings.Cut(pg.Addr(), ":")
 	if _, err := admin.Exec(ctx, fmt.Sprintf(indirectSchema, fmt.Sprintf("host '%s', port '%s', dbname '%s'", host, port, testDB))); err != nil {
 		t.Fatalf("indirect schema: %v", err)

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	pgq "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // What a statement really writes. A write names its targets, but Postgres
@@ -255,7 +258,7 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 					if _, ok := u.rels[k]; ok {
 						continue
 					}
-					if c, ok := cat.rels[k]; ok && !private && now.Sub(c.at) < catalogTTL && !strings.HasPrefix(r, `"pg_temp"`) {
+					if c, ok := cat.rels[k]; ok && !private && (!lookup || now.Sub(c.at) < catalogTTL) && !strings.HasPrefix(r, `"pg_temp"`) {
 						u.rels[k] = c
 						continue
 					}
@@ -272,7 +275,7 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 			if _, ok := u.calls[k]; ok {
 				continue
 			}
-			if ci, ok := cat.calls[k]; ok && !private && now.Sub(ci.at) < catalogTTL {
+			if ci, ok := cat.calls[k]; ok && !private && (!lookup || now.Sub(ci.at) < catalogTTL) {
 				u.calls[k] = ci.user
 				continue
 			}
@@ -483,6 +486,32 @@ func isDDL(st *Statement) bool {
 	return true
 }
 
+// changesReach: DDL that may change what a write to a table that exists
+// already reaches (a trigger, rule, policy, child, foreign key, view, or a
+// function's body). Not: DROP without CASCADE, indexes, VACUUM and the
+// like, sequences, comments, and a new table that inherits nothing and
+// references nothing.
+func changesReach(st *Statement, n *pgq.Node) bool {
+	switch x := n.Node.(type) {
+	case *pgq.Node_DropStmt, *pgq.Node_IndexStmt, *pgq.Node_VacuumStmt, *pgq.Node_ClusterStmt,
+		*pgq.Node_ReindexStmt, *pgq.Node_CreateSeqStmt, *pgq.Node_AlterSeqStmt, *pgq.Node_CommentStmt,
+		*pgq.Node_TruncateStmt:
+		return st.Opaque // (DROP ... CASCADE)
+	case *pgq.Node_CreateStmt:
+		if len(x.CreateStmt.InhRelations) > 0 || x.CreateStmt.Partbound != nil {
+			return true
+		}
+		fk := false
+		walk(n.ProtoReflect(), func(m protoreflect.Message) {
+			if c, ok := m.Interface().(*pgq.Constraint); ok && c.Contype == pgq.ConstrType_CONSTR_FOREIGN {
+				fk = true
+			}
+		})
+		return fk
+	}
+	return true
+}
+
 // passedDDL notes that st, a statement being forwarded, is DDL: the
 // catalog cache is forgotten now and again when its transaction ends
 // (beginUnit), and the rest of the unit is judged knowing it.
@@ -492,5 +521,7 @@ func (s *session) passedDDL(st *Statement) {
 	}
 	s.p.catalog.invalidate()
 	s.ddlPending = true
-	s.unit.ddl = true
+	if st.ChangesReach {
+		s.unit.ddl = true
+	}
 }
