@@ -446,7 +446,7 @@ func (s *session) checkReach(st *Statement, t Target, li leaseInfo, searchPath [
 			return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("cannot learn which tables a write to %s reaches (partitions, foreign key actions, rules, triggers)", t),
 				hint: "send the write in its own query, outside a failed transaction"}
 		}
-		if s.unit.ddl && len(rc.rels) > 0 {
+		if s.unit.ddl && len(rc.rels) > 0 && !s.p.cfg.AllowOpaque {
 			return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("DDL earlier in this query may change which tables a write to %s reaches", t),
 				hint: "send the write in a query of its own, after the DDL"}
 		}
