@@ -228,8 +228,9 @@ func relCandidates(t Target, searchPath []string) []string {
 }
 
 // learnCatalog learns what the unit's statements reach and call, from the
-// cache or, for what it lacks, from Postgres (at most two queries of the
-// proxy's own). writable says whether the unit runs in a writable
+// cache or, for what it lacks, from Postgres (queries of the proxy's own:
+// one for the tables, one more for TRUNCATE ... CASCADE or ONLY targets,
+// one for the calls). writable says whether the unit runs in a writable
 // transaction; lookup whether the proxy may send queries of its own now (a
 // failed block, or a transaction left open without Sync, would be
 // disturbed): without, what is not cached stays unknown, and authorize
@@ -243,7 +244,7 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 	clear(u.calls)
 	u.ddl = false
 	cat, db, now := s.p.catalog, s.database, time.Now()
-	private := s.ddlPending  // the transaction ran DDL: what it sees is its own
+	private := s.ddlPending  // the transaction ran DDL: what it sees is its own (temp schemas are the session's)
 	var needRels [4][]string // by group: TRUNCATE ... CASCADE (2), ONLY (1)
 	var needCalls []string
 	cat.mu.Lock()
@@ -258,7 +259,7 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 					if _, ok := u.rels[k]; ok {
 						continue
 					}
-					if c, ok := cat.rels[k]; ok && !private && (!lookup || now.Sub(c.at) < catalogTTL) && !strings.HasPrefix(r, `"pg_temp"`) {
+					if c, ok := cat.rels[k]; ok && !private && (!lookup || now.Sub(c.at) < catalogTTL) && !strings.HasPrefix(r, `"pg_temp`) {
 						u.rels[k] = c
 						continue
 					}
@@ -324,7 +325,7 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 		for r, rc := range got {
 			k := relKey{db: db, rel: r, truncCascade: i&2 != 0, only: i&1 != 0}
 			u.rels[k] = rc
-			if !private && !strings.HasPrefix(r, `"pg_temp"`) {
+			if !private && !strings.HasPrefix(r, `"pg_temp`) {
 				cat.rels[k] = rc
 			}
 		}
