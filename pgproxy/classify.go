@@ -57,8 +57,9 @@ const (
 type Target struct {
 	Schema string
 	Name   string
-	Temp   bool // CREATE TEMP ...: session-private
-	Only   bool // ONLY: not the table's partitions or inheritance children
+	Temp   bool   // CREATE TEMP ...: session-private
+	Only   bool   // ONLY: not the table's partitions or inheritance children
+	rel    string // "schema"."name" when Schema is set (made once: see relCandidates)
 }
 
 func (t Target) String() string {
@@ -293,6 +294,9 @@ func target(rv *pgq.RangeVar) Target {
 	t := Target{Schema: rv.Schemaname, Name: rv.Relname, Temp: rv.Relpersistence == "t", Only: !rv.Inh}
 	if t.Temp && t.Schema == "" {
 		t.Schema = "pg_temp"
+	}
+	if t.Schema != "" && t.Name != "" {
+		t.rel = quoteRel(t.Schema, t.Name)
 	}
 	return t
 }

@@ -208,23 +208,26 @@ func callKeyOf(db string, c Call) callKey {
 	return callKey{db: db, call: c.Key}
 }
 
-// relCandidates are the relations a target may name: its schema's, or one
-// in each schema of the search path (as checkTarget judges them).
-func relCandidates(t Target, searchPath []string) []string {
+// relCandidates appends to buf the relations a target may name: its
+// schema's, or one in each schema of the search path (as checkTarget
+// judges them).
+func relCandidates(buf []string, t Target, searchPath []string) []string {
 	if t.Name == "" || t.Name == "*" {
-		return nil
+		return buf
 	}
 	if t.Schema != "" {
-		return []string{quoteRel(t.Schema, t.Name)}
+		if t.rel != "" {
+			return append(buf, t.rel)
+		}
+		return append(buf, quoteRel(t.Schema, t.Name))
 	}
 	if t.Temp {
-		return []string{quoteRel("pg_temp", t.Name)}
+		return append(buf, quoteRel("pg_temp", t.Name))
 	}
-	var out []string
 	for _, sp := range searchPath {
-		out = append(out, quoteRel(sp, t.Name))
+		buf = append(buf, quoteRel(sp, t.Name))
 	}
-	return out
+	return buf
 }
 
 // learnCatalog learns what the unit's statements reach and call, from the
@@ -254,7 +257,8 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 		}
 		if st.Class == ClassWrite && !st.Opaque {
 			for _, t := range st.Targets {
-				for _, r := range relCandidates(t, s.searchPath) {
+				var buf [1]string
+				for _, r := range relCandidates(buf[:0], t, s.searchPath) {
 					k := relKey{db: db, rel: r, truncCascade: st.TruncCascade, only: t.Only}
 					if _, ok := u.rels[k]; ok {
 						continue
@@ -441,7 +445,8 @@ func (s *session) unitWritable(stmts []*Statement) bool {
 // checkReach judges what writing t reaches beyond t itself: each relation
 // must be in the claim, and none may write what the proxy cannot follow.
 func (s *session) checkReach(st *Statement, t Target, li leaseInfo, searchPath []string) *refusal {
-	for _, r := range relCandidates(t, searchPath) {
+	var buf [1]string
+	for _, r := range relCandidates(buf[:0], t, searchPath) {
 		rc, ok := s.unit.rels[relKey{db: s.database, rel: r, truncCascade: st.TruncCascade, only: t.Only}]
 		if !ok || rc == nil {
 			return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("cannot learn which tables a write to %s reaches (partitions, foreign key actions, rules, triggers)", t),
