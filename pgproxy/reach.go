@@ -2,6 +2,7 @@ package pgproxy
 
 import (
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -298,7 +299,7 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 		}
 		rows, err := s.internalQuery(reachSQL(rels, i&2 != 0, i&1 != 0))
 		if err != nil {
-			return err
+			return s.lookupFailed(err)
 		}
 		got := map[string]*reach{}
 		for _, r := range rels {
@@ -338,7 +339,7 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 	if len(needCalls) > 0 {
 		rows, err := s.internalQuery(callsSQL(needCalls))
 		if err != nil {
-			return err
+			return s.lookupFailed(err)
 		}
 		user := map[string]bool{}
 		for _, row := range rows {
@@ -357,6 +358,19 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 		cat.mu.Unlock()
 	}
 	return nil
+}
+
+// lookupFailed: Postgres refused a lookup of the proxy's own (a
+// statement_timeout, say). What it did not learn stays unknown, so the
+// writes that need it are refused; the session goes on. Other errors (the
+// connection) end it.
+func (s *session) lookupFailed(err error) error {
+	var qe *queryError
+	if errors.As(err, &qe) {
+		s.p.log.Warn("catalog lookup failed; writes that need it are refused", "user", s.user, "err", err)
+		return nil
+	}
+	return err
 }
 
 func relGroup(k relKey) int {
