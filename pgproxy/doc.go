@@ -404,8 +404,10 @@
 // User code the proxy does not see by name can still write in a
 // transaction made writable: a cast (CREATE CAST ... WITH FUNCTION), a
 // domain's check constraint, a type's input function, or an index
-// expression that calls a user function; and nextval or setval of any
-// sequence. Fenced tables check the token there (fence and table scope),
+// expression that calls a user function; an event trigger's function,
+// fired by DDL; and nextval or setval of any sequence. An INSERT into an
+// inheritance parent (which writes the parent alone) and SELECT ... FOR
+// UPDATE on a parent are judged with the parent's children all the same. Fenced tables check the token there (fence and table scope),
 // unfenced tables do not. Outside a writable transaction, a user function
 // that itself calls dblink (or writes large objects) is a read to the
 // proxy. Functions are judged by name, whatever their schema and
