@@ -57,7 +57,9 @@ const (
 type Target struct {
 	Schema string
 	Name   string
-	Temp   bool // CREATE TEMP ...: session-private
+	Temp   bool   // CREATE TEMP ...: session-private
+	Only   bool   // ONLY: not the table's partitions or inheritance children
+	rel    string // "schema"."name" when Schema is set (made once: see relCandidates)
 }
 
 func (t Target) String() string {
@@ -75,6 +77,9 @@ type Statement struct {
 	// Opaque: a write whose targets cannot be named from the text (DO,
 	// CALL, EXECUTE of an unknown statement, GRANT, ...).
 	Opaque bool
+	// OpaqueWhy, when set, says why the statement is opaque (it calls a
+	// function a user defined: see session.judgeCalls).
+	OpaqueWhy string
 	// Forbidden, when set, refuses the statement whatever the lease says:
 	// it would switch off the fence itself.
 	Forbidden string
@@ -102,6 +107,16 @@ type Statement struct {
 	Prepare, Execute, Deallocate string
 	// Inner is the prepared statement's classification (PREPARE only).
 	Inner *Statement
+	// Calls are the functions and operators the statement calls by name
+	// (see calledNames): one a user defined can write what the statement
+	// does not name (see session.judgeCalls).
+	Calls []Call
+	// TruncCascade: TRUNCATE ... CASCADE, which empties every table whose
+	// foreign keys reference a target, whatever their actions.
+	TruncCascade bool
+	// ChangesReach: DDL that may change what a later write to an existing
+	// table reaches (see changesReach).
+	ChangesReach bool
 	// Start and End are byte offsets of the statement in the query text.
 	Start, End int
 	// Tag is the statement's node type, for logs and the corpus test.
@@ -239,6 +254,12 @@ func nodeTag(n *pgq.Node) string {
 func classifyNode(n *pgq.Node) Statement {
 	st := classifyNode1(n)
 	st.Tag = nodeTag(n)
+	if st.Calls == nil {
+		st.Calls = calledNames(n)
+	}
+	if tr := n.GetTruncateStmt(); tr != nil && tr.Behavior == pgq.DropBehavior_DROP_CASCADE {
+		st.TruncCascade = true
+	}
 	// A direct set_config call changes session settings (search_path,
 	// default_transaction_read_only) from inside an expression: never a read.
 	// Nor is a call of a large-object function: Postgres lets most of them
@@ -251,6 +272,12 @@ func classifyNode(n *pgq.Node) Statement {
 			st = Statement{Class: ClassWrite, Opaque: true, Tag: st.Tag + "(large object)"}
 		}
 	}
+	if d := n.GetDropStmt(); d != nil && d.Behavior == pgq.DropBehavior_DROP_CASCADE {
+		// DROP ... CASCADE drops what depends on the objects too (views,
+		// foreign keys and defaults of other tables): not named in the text.
+		st.Opaque = true
+	}
+	st.ChangesReach = st.Class == ClassWrite && changesReach(&st, n)
 	return st
 }
 
@@ -264,9 +291,12 @@ func target(rv *pgq.RangeVar) Target {
 	if rv == nil {
 		return Target{}
 	}
-	t := Target{Schema: rv.Schemaname, Name: rv.Relname, Temp: rv.Relpersistence == "t"}
+	t := Target{Schema: rv.Schemaname, Name: rv.Relname, Temp: rv.Relpersistence == "t", Only: !rv.Inh}
 	if t.Temp && t.Schema == "" {
 		t.Schema = "pg_temp"
+	}
+	if t.Schema != "" && t.Name != "" {
+		t.rel = quoteRel(t.Schema, t.Name)
 	}
 	return t
 }
@@ -715,6 +745,56 @@ func callsWritingFunction(n *pgq.Node) (setConfig, largeObject bool) {
 		}
 	})
 	return setConfig, largeObject
+}
+
+// Call is a function or operator a statement calls by name, or a relation
+// it reads (a view may call functions).
+type Call struct {
+	Name string // as Postgres looks it up (pg_proc.proname, pg_operator.oprname, pg_class.relname)
+	Kind byte   // 'f' function, 'o' operator, 'r' relation read
+	// Shown is the name as written (schema-qualified when it was), for
+	// refusals.
+	Shown string
+	// Key is Kind and Name, the catalog cache's key (made once, here).
+	Key string
+}
+
+// calledNames returns the functions and operators n calls by name, and
+// the relations it names, each once.
+func calledNames(n *pgq.Node) []Call {
+	var cs []Call
+	seen := map[Call]bool{}
+	add := func(c Call) {
+		k := Call{Name: c.Name, Kind: c.Kind}
+		if c.Name != "" && !seen[k] {
+			seen[k] = true
+			c.Key = string(c.Kind) + c.Name
+			cs = append(cs, c)
+		}
+	}
+	qualified := func(l []*pgq.Node) (last, shown string) {
+		parts := make([]string, 0, len(l))
+		for _, p := range l {
+			parts = append(parts, p.GetString_().GetSval())
+		}
+		if len(parts) == 0 {
+			return "", ""
+		}
+		return parts[len(parts)-1], strings.Join(parts, ".")
+	}
+	walk(n.ProtoReflect(), func(m protoreflect.Message) {
+		switch v := m.Interface().(type) {
+		case *pgq.FuncCall:
+			name, shown := qualified(v.Funcname)
+			add(Call{Name: name, Kind: 'f', Shown: shown})
+		case *pgq.A_Expr:
+			name, shown := qualified(v.Name)
+			add(Call{Name: name, Kind: 'o', Shown: "operator " + shown})
+		case *pgq.RangeVar:
+			add(Call{Name: v.Relname, Kind: 'r', Shown: Target{Schema: v.Schemaname, Name: v.Relname}.String()})
+		}
+	})
+	return cs
 }
 
 // loReads are the large-object functions that write nothing (lo_open may

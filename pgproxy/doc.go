@@ -174,6 +174,90 @@
 // epoch raise, DISCARD, fence_slow_gate's EXECUTE privilege) run against both;
 // the protocol tests use the plpgsql one.
 //
+// # What a write really writes
+//
+// A statement may write tables it does not name. The proxy judges the
+// tables it really writes (reach.go): before a unit that writes, it learns
+// from the catalogs what each target reaches — its partitions and
+// inheritance children (pg_inherits; not with ONLY), the referencing
+// tables of foreign keys whose ON DELETE/UPDATE action is CASCADE, SET NULL
+// or SET DEFAULT (pg_constraint; every referencing table for TRUNCATE ...
+// CASCADE), the base tables of an updatable view (pg_depend of its
+// _RETURN rule), and so on from each — and each reached table must be in
+// the claim. What it cannot follow makes the write opaque (refused unless
+// Config.AllowOpaque): a reached table with rules (pg_rewrite), user
+// triggers (pg_trigger, not internal, not the fence's), defaults, checks
+// or row security policies that call a function created after initdb, or
+// a foreign table (relkind f). A statement that calls a function or
+// operator created after initdb (any of that name: pg_proc, pg_operator,
+// oid >= 16384), a builtin that runs SQL text (query_to_xml, ts_stat ...),
+// or reads a view or policy-bearing table that calls one, is an opaque
+// write when it runs in a writable transaction (one the proxy made
+// writable, or will: a write or BEGIN in the same implicit transaction);
+// outside one Postgres refuses the function's writes (25006), as direct. A
+// call of dblink's functions is an opaque write anywhere: it writes over a
+// connection of its own, which neither passes the proxy nor inherits the
+// read-only transaction.
+//
+// Lookups are one query of the proxy's own per unit (two when it also
+// learns functions and views), only for what is not cached: the cache is
+// per proxy and database, kept for catalogTTL (1 s), forgotten whenever
+// DDL passes the proxy and again when that DDL's transaction ends; what a
+// transaction that ran DDL learns is its own and not cached. A read in a
+// writable block whose calls and relations are all cached as harmless
+// still goes through byte for byte. A write after DDL that may change what
+// it reaches (a trigger, rule, policy, view, function, or a table that
+// inherits or references another; not DROP without CASCADE, indexes, or a
+// plain new table) in the same Query or pipeline, to a table that existed
+// before it, is refused unless Config.AllowOpaque (the lookups ran before
+// the DDL): send it on its own. DDL sent straight to Postgres, or through
+// another lease's proxy, is seen within catalogTTL. Where the proxy may
+// not send a query of its own (a failed block; a transaction a Flush left
+// open), it judges with what it has cached, however old, and refuses a
+// write whose reach it does not know.
+//
+// Route by route (tests in indirect_test.go; W is
+// TestWritesByIndirection, each case in the simple and the extended
+// protocol):
+//
+//	route                                  judged by                  test
+//	UPDATE/DELETE/MERGE/INSERT/COPY FROM   proxy: pg_inherits         W/partition child, W/partition child delete,
+//	  on a partitioned or inherited          (ONLY honoured)            W/inheritance child, W/merge into parent;
+//	  parent                                                            TestIndirectWritesInsideTheClaim (claim
+//	                                                                    covers the tree; UPDATE ONLY)
+//	ALTER TABLE, VACUUM, ANALYZE, CLUSTER, proxy: targets and          (classifier corpus; reach as above)
+//	  REINDEX on a parent                    their descendants
+//	FK ON DELETE/UPDATE CASCADE,           proxy: pg_constraint;      W/cascade delete, W/cascade update,
+//	  SET NULL, SET DEFAULT                  storage too, for fenced    W/set null, W/cascade into nobody's table,
+//	                                         referencing tables         W/writable cte;
+//	                                                                    TestIndirectWritesInsideTheClaim
+//	TRUNCATE ... CASCADE                   proxy; storage too         W/truncate cascade
+//	rules (DO ALSO / INSTEAD)              proxy: opaque              W/rule
+//	user triggers on a written table       proxy: opaque              W/user trigger
+//	defaults, checks, policies calling     proxy: opaque              W/default calling a function
+//	  user functions
+//	updatable views; INSTEAD OF triggers   proxy: base tables;        W/updatable view
+//	                                         triggers, rules opaque
+//	foreign tables (postgres_fdw)          proxy: opaque              W/foreign table
+//	user function or operator called by    proxy: opaque in a         W/function from a read
+//	  a statement                            writable transaction;
+//	                                         Postgres outside one
+//	view or policy calling a user          proxy: opaque in a         W/view calling a function, from a read
+//	  function, read                         writable transaction
+//	dblink_* (a connection of its own)     proxy: opaque anywhere     W/dblink from a read,
+//	                                                                    W/dblink from a read in a block
+//	DDL, then a write, in one Query        proxy: write refused       TestDDLThenWriteInOneQuery
+//	DROP ... CASCADE                       proxy: opaque              (classifier corpus)
+//	lo_* large objects                     proxy: opaque (by name)    TestLargeObjectsAreWrites
+//	SELECT ... FOR UPDATE/SHARE            a lock; judged as a write  (classifier corpus)
+//	                                         of what it locks
+//	nextval, setval                        Postgres outside a         (none)
+//	                                         writable transaction;
+//	                                         not judged inside one
+//	publications, COMMENT, SECURITY LABEL  proxy: named targets or    (classifier corpus)
+//	                                         opaque
+//	pg_advisory_*, LISTEN/NOTIFY           not writes: pass           (classifier corpus)
+//
 // # Sequence
 //
 //	client              pgproxy                             Postgres
@@ -317,10 +401,25 @@
 // seen either (Postgres reports no change: its own default is already on);
 // the client then gets a write its lease allows that it asked not to.
 //
-// Inside a block made writable under a live lease, a read that calls a
-// writing function can write: fenced tables still check the token (fence and
-// table scope), unfenced tables do not. Fast-path FunctionCall is allowed only
-// in such a block. search_path resolution trusts the schemas that exist when
+// User code the proxy does not see by name can still write in a
+// transaction made writable: a cast (CREATE CAST ... WITH FUNCTION), a
+// domain's check constraint, a type's input function, or an index
+// expression that calls a user function; an event trigger's function,
+// fired by DDL; and nextval or setval of any sequence. An INSERT into an
+// inheritance parent (which writes the parent alone) and SELECT ... FOR
+// UPDATE on a parent are judged with the parent's children all the same. Fenced tables check the token there (fence and table scope),
+// unfenced tables do not. Outside a writable transaction, a user function
+// that itself calls dblink (or writes large objects) is a read to the
+// proxy. Functions are judged by name, whatever their schema and
+// signature: a user function named like a builtin (count, lower) makes
+// every call of that name opaque in writable transactions. A write that
+// reaches tables by a route the proxy follows is judged whole: a claim
+// that lacks one partition refuses every write through the parent (write
+// the partitions by name, or use ONLY). A lookup inside a block runs in the
+// block: a Query that holds SET TRANSACTION ISOLATION LEVEL and a statement
+// the proxy must look up for fails ("must be called before any query");
+// send SET TRANSACTION on its own, or with BEGIN. Fast-path FunctionCall is
+// allowed only in a block made writable under a live lease. search_path resolution trusts the schemas that exist when
 // the proxy looks; another session creating a shadowing schema later is caught
 // only on fenced tables. search_path is not reported by Postgres 15, and a
 // function the classifier cannot see into may change it: so a transaction

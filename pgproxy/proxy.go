@@ -17,6 +17,7 @@ type Proxy struct {
 	ln         net.Listener
 	log        *slog.Logger
 	classifier *Classifier
+	catalog    *catalog // what the proxy learned of tables and functions (reach.go)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -56,7 +57,7 @@ func Listen(ctx context.Context, cfg Config) (*Proxy, error) {
 	}
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p := &Proxy{
-		cfg: cfg, ln: ln, log: cfg.Logger, classifier: NewClassifier(0),
+		cfg: cfg, ln: ln, log: cfg.Logger, classifier: NewClassifier(0), catalog: newCatalog(),
 		ctx: pctx, cancel: cancel,
 		sessions: map[*session]struct{}{}, keys: map[backendKey]bool{},
 	}

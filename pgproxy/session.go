@@ -88,6 +88,12 @@ type session struct {
 	// client's messages up to its Sync; the proxy drops them and forwards
 	// the Sync alone.
 	skipping bool
+	// unit is what the proxy learned from the catalogs for the unit being
+	// decided (learnCatalog); ddlPending: DDL passed in the current
+	// transaction, so the catalog cache is forgotten again when it ends,
+	// and lookups until then are the session's own.
+	unit       unitCatalog
+	ddlPending bool
 
 	qmu         sync.Mutex
 	queue       []*expect // guarded by qmu
@@ -618,6 +624,10 @@ func (s *session) beginUnit() error {
 	}
 	if s.txStatus == 'I' {
 		s.sim = txSim{}
+		if s.ddlPending {
+			s.ddlPending = false
+			s.p.catalog.invalidate() // other sessions may have learned the catalogs before it committed
+		}
 	} else {
 		s.sim.inBlock = true
 		s.sim.decided = true
@@ -802,11 +812,21 @@ func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *r
 		if st.Tag == "ParseError" {
 			what = "text the parser rejected"
 		}
-		return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("cannot tell which tables %s writes; when in doubt fenceline refuses", what),
+		reason := fmt.Sprintf("cannot tell which tables %s writes; when in doubt fenceline refuses", what)
+		if st.OpaqueWhy != "" {
+			reason = fmt.Sprintf("cannot tell which tables %s writes: %s", what, st.OpaqueWhy)
+		}
+		return &refusal{code: ReasonUnnamedTable, reason: reason,
 			hint: "writes whose tables cannot be named pass only when the fence runs with --pg-allow-opaque (fenceline run/sidecar; Config.AllowOpaque), under a live lease; otherwise write with INSERT/UPDATE/DELETE/MERGE/COPY on tables the lease claims"}
 	}
 	for _, t := range st.Targets {
 		if r := s.checkTarget(t, li, searchPath); r != nil {
+			return r
+		}
+		if st.Opaque {
+			continue // (allowed as opaque: nothing more to follow)
+		}
+		if r := s.checkReach(st, t, li, searchPath); r != nil {
 			return r
 		}
 	}
@@ -1037,9 +1057,10 @@ func (s *session) handleQuery(raw []byte) error {
 		return s.fatal(err)
 	}
 	between := !s.pendingSync && s.txStatus == 'I' // no transaction open on the server
+	lookup := !s.pendingSync && s.txStatus != 'E'  // queries of the proxy's own disturb nothing
 	cls := s.classify(sql, s.pendingSync)
 	s.pendingSync = false
-	if fastPathOK(cls, s.sim) && !s.rwLost() {
+	if fastPathOK(cls, s.sim) && !s.rwLost() && !s.callsToJudge(cls) {
 		if s.sim.blockRW || s.sim.groupRW {
 			s.rw.Store(true) // a read that calls a function may write
 		}
@@ -1053,6 +1074,13 @@ func (s *session) handleQuery(raw []byte) error {
 	}
 	if err := s.needSearchPath(stmts); err != nil {
 		return err
+	}
+	writable := s.unitWritable(stmts)
+	if err := s.learnCatalog(stmts, writable, lookup); err != nil {
+		return err
+	}
+	for i := range stmts {
+		stmts[i] = s.judgeCalls(stmts[i], writable)
 	}
 	li := s.lease()
 	if cls.ParseError != "" {
@@ -1147,6 +1175,7 @@ func (s *session) handleQuery(raw []byte) error {
 			inject("SET LOCAL search_path = " + s.pinnedPath())
 			s.sim.spPinned = true
 		}
+		s.passedDDL(st)
 		items = append(items, &expect{kind: expStmt})
 		if st.ShowDefaultRO {
 			// The client's own value, as a one-row SELECT of the same
@@ -1307,6 +1336,22 @@ func fastPathOK(cls *Classification, sim txSim) bool {
 	return true
 }
 
+// callsToJudge: a query the fast path would forward calls functions or
+// operators that may write where the proxy does not look: in a transaction
+// made writable, or dblink's anywhere (see judgeCalls).
+func (s *session) callsToJudge(cls *Classification) bool {
+	for i := range cls.Stmts {
+		st := &cls.Stmts[i]
+		if len(st.Calls) == 0 {
+			continue
+		}
+		if callsOtherConnection(st) || (s.sim.blockRW || s.sim.groupRW) && !s.callsKnownHarmless(st) {
+			return true
+		}
+	}
+	return false
+}
+
 // handleFunctionCall: the fast-path FunctionCall (large objects and the
 // like) runs as its own statement, so the proxy cannot put the token next to
 // it; it passes only inside a transaction block the proxy made writable.
@@ -1462,6 +1507,18 @@ func (s *session) flushSegment() error {
 	}
 	if err := s.needSearchPath(execs); err != nil {
 		return err
+	}
+	writable := s.unitWritable(execs)
+	if err := s.learnCatalog(execs, writable, fresh && !s.stalled && s.txStatus != 'E'); err != nil {
+		return err
+	}
+	for i := range seg {
+		if seg[i].st != nil {
+			seg[i].st = s.judgeCalls(seg[i].st, writable)
+		}
+	}
+	for i := range execs {
+		execs[i] = s.judgeCalls(execs[i], writable)
 	}
 	var li leaseInfo
 	needLease := s.sim.blockRW || s.sim.groupRW // may have to end a writable transaction
@@ -1628,6 +1685,7 @@ func (s *session) flushSegment() error {
 				refused = true
 				continue
 			}
+			s.passedDDL(st)
 			items = append(items, &expect{kind: expExecute})
 			s.trackTx(st)
 			if st.Tx == TxChain {

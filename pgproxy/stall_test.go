@@ -3,6 +3,7 @@ package pgproxy
 import (
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -217,6 +218,9 @@ func answerTrace(t *testing.T, fe *pgproto3.Frontend) string {
 		switch m := m.(type) {
 		case *pgproto3.ErrorResponse:
 			name += "(" + m.Code + ")"
+			if os.Getenv("FL_DEBUG") != "" {
+				t.Logf("error: %s", m.Message)
+			}
 		case *pgproto3.CommandComplete:
 			name += "(" + string(m.CommandTag) + ")"
 		case *pgproto3.ReadyForQuery:

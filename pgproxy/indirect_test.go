@@ -1,0 +1,277 @@
+package pgproxy
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// indirectSchema is the tables of the indirect-write attacks: lease A
+// claims ia.*, lease B ib.* (fenced at storage), and inone.* nobody claims
+// (not fenced). Every route below lets a statement that names only A's
+// tables write B's or nobody's.
+const indirectSchema = `
+DROP SCHEMA IF EXISTS ia CASCADE;
+DROP SCHEMA IF EXISTS ib CASCADE;
+DROP SCHEMA IF EXISTS inone CASCADE;
+CREATE EXTENSION IF NOT EXISTS dblink;
+CREATE SCHEMA ia; CREATE SCHEMA ib; CREATE SCHEMA inone;
+GRANT USAGE, CREATE ON SCHEMA ia, ib, inone TO PUBLIC;
+CREATE TABLE inone.t (v int);
+CREATE TABLE ib.vbase (id int);
+-- partition and inheritance children of A's tables that B claims
+CREATE TABLE ia.part (id int, v text) PARTITION BY RANGE (id);
+CREATE TABLE ia.part_lo PARTITION OF ia.part FOR VALUES FROM (0) TO (100);
+CREATE TABLE ib.part_hi PARTITION OF ia.part FOR VALUES FROM (100) TO (200);
+CREATE TABLE ia.inh (id int, v text);
+CREATE TABLE ib.inh_child () INHERITS (ia.inh);
+-- B's tables whose foreign keys act on A's
+CREATE TABLE ia.parent (id int PRIMARY KEY);
+CREATE TABLE ib.child (id int, pid int REFERENCES ia.parent ON DELETE CASCADE ON UPDATE CASCADE);
+CREATE TABLE ia.parent2 (id int PRIMARY KEY);
+CREATE TABLE ib.child_null (pid int REFERENCES ia.parent2 ON DELETE SET NULL);
+CREATE TABLE ia.parent3 (id int PRIMARY KEY);
+CREATE TABLE inone.child3 (pid int REFERENCES ia.parent3 ON DELETE CASCADE);
+-- a rule, a trigger and a view on A's tables that write nobody's
+CREATE TABLE ia.ruled (id int);
+CREATE RULE also_none AS ON INSERT TO ia.ruled DO ALSO INSERT INTO inone.t VALUES (NEW.id);
+CREATE FUNCTION inone.trig_fn() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO inone.t VALUES (NEW.id); RETURN NULL; END $$;
+CREATE TABLE ia.trig (id int);
+CREATE TRIGGER also_none AFTER INSERT ON ia.trig FOR EACH ROW EXECUTE FUNCTION inone.trig_fn();
+CREATE VIEW ia.v AS SELECT v FROM inone.t;
+-- a foreign table of A's that is nobody's table, through postgres_fdw
+CREATE EXTENSION IF NOT EXISTS postgres_fdw;
+DROP SERVER IF EXISTS loopback CASCADE;
+CREATE SERVER loopback FOREIGN DATA WRAPPER postgres_fdw OPTIONS (%s);
+CREATE USER MAPPING FOR PUBLIC SERVER loopback OPTIONS (user 'scram_user', password 'scram-secret');
+CREATE FOREIGN TABLE ia.ft (v int) SERVER loopback OPTIONS (schema_name 'inone', table_name 't');
+-- a user function that writes nobody's table
+CREATE FUNCTION inone.f_write(int) RETURNS int LANGUAGE sql AS $$ INSERT INTO inone.t VALUES ($1) RETURNING $1 $$;
+CREATE VIEW inone.vf AS SELECT inone.f_write(3) AS x;
+CREATE TABLE ia.deflt (id int, w int DEFAULT inone.f_write(5));
+CREATE VIEW inone.vvf AS SELECT x FROM inone.vf;
+-- legitimate: a claim that covers parent, children and cascades
+CREATE TABLE ia.lp (id int, v text) PARTITION BY LIST (id);
+CREATE TABLE ia.lp1 PARTITION OF ia.lp FOR VALUES IN (1);
+CREATE TABLE ia.lparent (id int PRIMARY KEY);
+CREATE TABLE ia.lchild (pid int REFERENCES ia.lparent ON DELETE CASCADE);
+GRANT ALL ON ALL TABLES IN SCHEMA ia, ib, inone TO PUBLIC;
+`
+
+// indirectRows puts the rows every case starts from, as the admin with the
+// fence triggers off.
+const indirectRows = `
+TRUNCATE ia.part, ia.inh, ib.child, ib.child_null, ia.ruled, ia.trig, inone.t, ia.lp, ia.lchild;
+TRUNCATE ia.parent, ia.parent2, ia.parent3, ia.lparent CASCADE;
+INSERT INTO ia.part VALUES (1, 'a'), (150, 'b');
+INSERT INTO ia.inh VALUES (1, 'a');
+INSERT INTO ib.inh_child VALUES (2, 'b');
+INSERT INTO ia.parent VALUES (1);
+INSERT INTO ib.child VALUES (1, 1);
+INSERT INTO ia.parent2 VALUES (1);
+INSERT INTO ib.child_null VALUES (1);
+INSERT INTO ia.parent3 VALUES (1);
+INSERT INTO inone.child3 VALUES (1);
+INSERT INTO ia.lp VALUES (1, 'a');
+INSERT INTO ia.lparent VALUES (1);
+INSERT INTO ia.lchild VALUES (1);
+`
+
+// bState is what B's and nobody's tables hold: unchanged after a refusal.
+const bState = `SELECT concat_ws('|', (SELECT string_agg(id || v, ',' ORDER BY id) FROM ib.part_hi),
+ (SELECT string_agg(id || v, ',' ORDER BY id) FROM ib.inh_child),
+ (SELECT string_agg(id || ':' || pid, ',') FROM ib.child),
+ (SELECT string_agg(coalesce(pid::text, 'null'), ',') FROM ib.child_null),
+ (SELECT count(*) FROM inone.t), (SELECT count(*) FROM inone.child3))`
+
+const bStateWant = "150b|2b|1:1|1|0|1"
+
+func setupIndirect(t *testing.T) {
+	t.Helper()
+	ctx := ctxT(t)
+	admin := plpgsql.admin(t)
+	var n int
+	if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_available_extensions WHERE name IN ('dblink', 'postgres_fdw')").Scan(&n); err != nil || n != 2 {
+		t.Fatalf("the test server lacks the contrib extensions dblink and postgres_fdw (%d of 2, %v): install postgresql-contrib", n, err)
+	}
+	host, port, _ := strings.Cut(pg.Addr(), ":")
+	if _, err := admin.Exec(ctx, fmt.Sprintf(indirectSchema, fmt.Sprintf("host '%s', port '%s', dbname '%s'", host, port, testDB))); err != nil {
+		t.Fatalf("indirect schema: %v", err)
+	}
+	if _, err := Install(ctx, admin, []string{"ib.*"}, InstallOptions{Trigger: TriggerPLpgSQL}); err != nil {
+		t.Fatalf("fence ib.*: %v", err)
+	}
+}
+
+// dblinkConn is a connection string for dblink: another connection to the
+// test database, straight to Postgres (a password: dblink wants one from
+// roles that are not superusers).
+func dblinkConn() string {
+	host, port, _ := strings.Cut(pg.Addr(), ":")
+	return fmt.Sprintf("host=%s port=%s dbname=%s user=scram_user password=scram-secret", host, port, testDB)
+}
+
+// TestWritesByIndirection: agent A, whose lease claims ia.*, sends
+// statements that name only A's tables (or only read) but write B's tables
+// (ib.*, fenced) or nobody's (inone.*): through partition and inheritance
+// children, cascading foreign keys, TRUNCATE ... CASCADE, a rule, a user
+// trigger, an updatable view, a user function called from a read in a
+// writable block, and dblink (another connection, past the proxy) called
+// from a read. Each is refused by the proxy, naming lease, fence and the
+// table reached or the route, and B's rows stay as they were. Each runs in
+// the simple and the extended protocol.
+func TestWritesByIndirection(t *testing.T) {
+	setupIndirect(t)
+	lease := newStaticLease(t, "lease_A", 0, "ia.*")
+	p := startProxy(t, Config{Lease: lease})
+	for _, tc := range []struct {
+		name  string
+		block bool   // inside BEGIN ... COMMIT (writable under the lease)
+		sql   string // names only A's tables
+		want  string // in the refusal: the table reached, or the route
+	}{
+		{"partition child", false, "UPDATE ia.part SET v = 'A'", "ib.part_hi"},
+		{"partition child delete", false, "DELETE FROM ia.part", "ib.part_hi"},
+		{"inheritance child", false, "UPDATE ia.inh SET v = 'A'", "ib.inh_child"},
+		{"cascade delete", false, "DELETE FROM ia.parent WHERE id = 1", "ib.child"},
+		{"cascade update", false, "UPDATE ia.parent SET id = 2 WHERE id = 1", "ib.child"},
+		{"set null", false, "DELETE FROM ia.parent2", "ib.child_null"},
+		{"cascade into nobody's table", false, "DELETE FROM ia.parent3", "inone.child3"},
+		{"foreign table", false, "INSERT INTO ia.ft VALUES (7)", "foreign table"},
+		{"truncate cascade", false, "TRUNCATE ia.parent CASCADE", "ib.child"},
+		{"merge into parent", false, "MERGE INTO ia.part p USING (SELECT 150 AS id) s ON p.id = s.id WHEN MATCHED THEN UPDATE SET v = 'A'", "ib.part_hi"},
+		{"writable cte", false, "WITH d AS (DELETE FROM ia.parent RETURNING id) SELECT count(*) FROM d", "ib.child"},
+		{"rule", false, "INSERT INTO ia.ruled VALUES (7)", "rule"},
+		{"user trigger", false, "INSERT INTO ia.trig VALUES (7)", "trigger"},
+		{"default calling a function", false, "INSERT INTO ia.deflt (id) VALUES (1)", "defaults"},
+		{"updatable view", false, "INSERT INTO ia.v VALUES (7)", "inone.t"},
+		{"function from a read", true, "SELECT inone.f_write(7)", "inone.f_write"},
+		{"view calling a function, from a read", true, "SELECT * FROM inone.vvf", "inone.vvf"},
+		{"dblink from a read", false, "SELECT dblink_exec('" + dblinkConn() + "', 'INSERT INTO inone.t VALUES (7)')", "dblink_exec"},
+		{"dblink from a read in a block", true, "SELECT dblink_exec('" + dblinkConn() + "', 'INSERT INTO inone.t VALUES (7)')", "dblink_exec"},
+	} {
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
+			t.Run(tc.name+"/"+mode.String(), func(t *testing.T) {
+				ctx := ctxT(t)
+				plpgsql.reset(t, indirectRows)
+				c := plpgsql.via(t, p, "agent")
+				var err error
+				if tc.block {
+					tx, berr := c.Begin(ctx)
+					if berr != nil {
+						t.Fatal(berr)
+					}
+					_, err = tx.Exec(ctx, tc.sql, mode)
+					if cerr := tx.Commit(ctx); cerr != nil && err == nil {
+						err = cerr
+					}
+				} else {
+					_, err = c.Exec(ctx, tc.sql, mode)
+				}
+				var got string
+				if qerr := plpgsql.admin(t).QueryRow(ctx, bState).Scan(&got); qerr != nil {
+					t.Fatal(qerr)
+				}
+				if got != bStateWant {
+					t.Errorf("B's and nobody's tables changed: %q, want %q (the statement: %v)", got, bStateWant, err)
+				}
+				if err == nil {
+					t.Fatalf("%s: accepted", tc.sql)
+				}
+				t.Logf("refused: %v", err)
+				wantMsg := fmt.Sprintf("fenceline: write refused for lease lease_A (fence %d)", lease.lease.Fence)
+				if pgCode(err) != "42501" || !strings.Contains(err.Error(), wantMsg) || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("%s: %v; want 42501 from the proxy (%q) naming %q", tc.sql, err, wantMsg, tc.want)
+				}
+			})
+		}
+	}
+}
+
+// TestIndirectWritesInsideTheClaim: what the indirect routes reach is
+// judged, not refused: a claim that covers a partitioned table and its
+// partitions writes through the parent; a cascade into a claimed table
+// passes; reads of builtin functions in a writable block pass, and a user
+// function called from a read outside any writable transaction is
+// Postgres's to refuse, as it is without the proxy.
+func TestIndirectWritesInsideTheClaim(t *testing.T) {
+	setupIndirect(t)
+	lease := newStaticLease(t, "lease_A_ok", 0, "ia.*")
+	p := startProxy(t, Config{Lease: lease})
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := ctxT(t)
+			plpgsql.reset(t, indirectRows)
+			c := plpgsql.via(t, p, "agent")
+			for _, q := range []string{
+				"UPDATE ia.lp SET v = 'A'",
+				"DELETE FROM ia.lparent WHERE id = 1",
+				"UPDATE ONLY ia.inh SET v = 'A'", // (not its child, ib.inh_child)
+			} {
+				if _, err := c.Exec(ctx, q, mode); err != nil {
+					t.Errorf("%s: %v", q, err)
+				}
+			}
+			var v string
+			var n int
+			if err := c.QueryRow(ctx, "SELECT v, (SELECT count(*) FROM ia.lchild) FROM ia.lp", mode).Scan(&v, &n); err != nil {
+				t.Fatal(err)
+			}
+			if v != "A" || n != 0 {
+				t.Errorf("through the parent: v %q, cascaded rows left %d; want A, 0", v, n)
+			}
+			tx, err := c.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var s string
+			if err := tx.QueryRow(ctx, "SELECT lower('X') || count(*)::text || pg_catalog.now()::date::text FROM ia.lp", mode).Scan(&s); err != nil {
+				t.Errorf("builtin functions in a writable block: %v", err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Error(err)
+			}
+			// Outside a writable transaction a user function runs read-only:
+			// Postgres refuses its write (25006), as it would direct.
+			_, err = c.Exec(ctx, "SELECT inone.f_write(9)", mode)
+			if pgCode(err) != "25006" {
+				t.Errorf("user function from a read outside a block: %v, want Postgres's 25006", err)
+			}
+		})
+	}
+}
+
+// TestDDLThenWriteInOneQuery: the proxy learns what a write reaches before
+// the unit runs, so DDL earlier in the same Query (here a trigger that
+// writes nobody's table, on a table the lease claims and the agent owns)
+// would go unseen: the write after it is refused. Sent on its own later,
+// the write is judged with the trigger (the cache was forgotten when the
+// DDL passed).
+func TestDDLThenWriteInOneQuery(t *testing.T) {
+	setupIndirect(t)
+	lease := newStaticLease(t, "lease_A_ddl", 0, "ia.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	plpgsql.reset(t, indirectRows)
+	c := plpgsql.via(t, p, "agent")
+	if _, err := c.Exec(ctx, "CREATE TABLE ia.own (id int); INSERT INTO ia.own VALUES (1)"); err != nil {
+		t.Fatalf("a new table and a write to it: %v", err)
+	}
+	_, err := c.Exec(ctx, "CREATE TRIGGER also_none AFTER INSERT ON ia.own FOR EACH ROW EXECUTE FUNCTION inone.trig_fn(); INSERT INTO ia.own VALUES (7)")
+	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "DDL earlier in this query") {
+		t.Errorf("DDL, then a write in one query: %v; want the proxy's refusal", err)
+	}
+	if _, err := c.Exec(ctx, "CREATE TRIGGER also_none AFTER INSERT ON ia.own FOR EACH ROW EXECUTE FUNCTION inone.trig_fn()"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Exec(ctx, "INSERT INTO ia.own VALUES (7)")
+	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "also_none") {
+		t.Errorf("a write to a table given a trigger just before: %v; want the proxy's refusal naming the trigger", err)
+	}
+	var n int
+	if err := plpgsql.admin(t).QueryRow(ctx, "SELECT count(*) FROM inone.t").Scan(&n); err != nil || n != 0 {
+		t.Errorf("nobody's table has %d rows (%v), want 0", n, err)
+	}
+}

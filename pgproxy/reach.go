@@ -1,0 +1,547 @@
+package pgproxy
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	pgq "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// What a statement really writes. A write names its targets, but Postgres
+// may write others for it: the descendants of a partitioned or inherited
+// table (their statement triggers do not fire), the referencing tables of
+// foreign keys with ON DELETE/UPDATE CASCADE, SET NULL or SET DEFAULT
+// (and, for TRUNCATE ... CASCADE, of every foreign key), the base tables of
+// an updatable view. Those the proxy learns from the catalogs and judges as
+// if named. What it cannot follow — rules, user triggers, defaults, checks
+// and policies calling user functions, foreign tables — makes the write
+// opaque. A function or operator a user defined, called by a statement
+// that runs in a writable transaction, may write any table: that statement
+// is opaque too; so is a call of dblink's functions anywhere, which write
+// over a connection of their own, past the proxy.
+//
+// Lookups are cached per database for catalogTTL, and forgotten whenever
+// DDL passes the proxy (and again when the transaction that ran it ends).
+
+// catalogTTL bounds how long the proxy trusts what it learned of a table
+// or function; DDL sent straight to Postgres (not through this proxy) is
+// seen within it.
+const catalogTTL = time.Second
+
+// firstUserOID is FirstNormalObjectId: objects with lower oids come with
+// Postgres (initdb); higher ones were created since (extensions included).
+const firstUserOID = 16384
+
+// catalog caches what the proxy learned from Postgres's catalogs.
+type catalog struct {
+	mu    sync.Mutex
+	rels  map[relKey]*reach // guarded by mu
+	calls map[callKey]callInfo
+}
+
+func newCatalog() *catalog {
+	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}}
+}
+
+type relKey struct {
+	db, rel      string // rel: quoted "schema"."name"
+	truncCascade bool
+	only         bool // ONLY: not the target's own descendants
+}
+
+type callKey struct {
+	db   string
+	call string // 'f' or 'o', then the name
+}
+
+type callInfo struct {
+	user bool // a function or operator of that name was created after initdb
+	at   time.Time
+}
+
+// reach is what writing one relation writes: the relation itself first,
+// then what Postgres writes for it (none: no such relation).
+type reach struct {
+	rels []reached
+	at   time.Time
+}
+
+type reached struct {
+	schema, name string
+	via          string // how it is reached: "" for the target itself
+	opaque       string // why the proxy cannot tell what writing it writes
+}
+
+// invalidate forgets everything: DDL passed.
+func (c *catalog) invalidate() {
+	c.mu.Lock()
+	clear(c.rels)
+	clear(c.calls)
+	c.mu.Unlock()
+}
+
+// unitCatalog is what the proxy knows for the unit being decided: filled by
+// learnCatalog before the unit is authorized.
+type unitCatalog struct {
+	rels  map[relKey]*reach
+	calls map[callKey]bool
+	// ddl: a statement of the unit before this one is DDL, which may change
+	// what a later one reaches (the lookups ran before the unit).
+	ddl bool
+}
+
+// quoteRel is "schema"."name".
+func quoteRel(schema, name string) string {
+	q := func(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+	return q(schema) + "." + q(name)
+}
+
+// sqlText is s as a SQL expression of type text that reads the same under
+// every standard_conforming_strings and client_encoding.
+func sqlText(s string) string {
+	return "pg_catalog.convert_from(pg_catalog.decode('" + hex.EncodeToString([]byte(s)) + "', 'hex'), 'UTF8')"
+}
+
+// reachSQL finds, for each relation in rels (quoted names), every relation
+// a write to it writes, and why the proxy cannot follow some.
+func reachSQL(rels []string, truncCascade, only bool) string {
+	arr := make([]string, len(rels))
+	for i, r := range rels {
+		arr[i] = sqlText(r)
+	}
+	allFK := "false"
+	if truncCascade {
+		allFK = "true"
+	}
+	notOnly := "true"
+	if only {
+		notOnly = "w.via <> '' OR e.via <> 'partition or inheritance child'"
+	}
+	return `WITH RECURSIVE e(src, dst, via) AS (
+  SELECT inhparent, inhrelid, 'partition or inheritance child' FROM pg_catalog.pg_inherits
+  UNION ALL SELECT confrelid, conrelid, 'foreign key action' FROM pg_catalog.pg_constraint
+    WHERE contype = 'f' AND (` + allFK + ` OR confdeltype IN ('c', 'n', 'd') OR confupdtype IN ('c', 'n', 'd'))
+  UNION ALL SELECT rw.ev_class, d.refobjid, 'base of view' FROM pg_catalog.pg_rewrite rw
+    JOIN pg_catalog.pg_class v ON v.oid = rw.ev_class AND v.relkind = 'v'
+    JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = rw.oid
+      AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid <> rw.ev_class
+    WHERE rw.rulename = '_RETURN'
+), w(root, oid, via, src) AS (
+  SELECT r.n, pg_catalog.to_regclass(r.n)::pg_catalog.oid, '', 0::pg_catalog.oid
+    FROM pg_catalog.unnest(ARRAY[` + strings.Join(arr, ", ") + `]::pg_catalog.text[]) AS r(n)
+    WHERE pg_catalog.to_regclass(r.n) IS NOT NULL
+  UNION SELECT w.root, e.dst, e.via, w.oid FROM w JOIN e ON e.src = w.oid WHERE ` + notOnly + `
+)
+SELECT w.root, n.nspname, c.relname, w.via, COALESCE(sn.nspname || '.' || s.relname, ''),
+  COALESCE(pg_catalog.concat_ws('; ',
+    CASE WHEN c.relkind = 'f' THEN 'it is a foreign table, written on another server' END,
+    (SELECT 'its rules (' || pg_catalog.string_agg(r.rulename::pg_catalog.text, ', ') || ') may write other tables'
+       FROM pg_catalog.pg_rewrite r WHERE r.ev_class = c.oid AND r.rulename <> '_RETURN' HAVING pg_catalog.count(*) > 0),
+    (SELECT 'its triggers (' || pg_catalog.string_agg(t.tgname::pg_catalog.text, ', ') || ') may write other tables'
+       FROM pg_catalog.pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal
+         AND NOT (t.tgname = '` + triggerName + `' AND (SELECT p.pronamespace FROM pg_catalog.pg_proc p WHERE p.oid = t.tgfoid) =
+           (SELECT ns.oid FROM pg_catalog.pg_namespace ns WHERE ns.nspname = '` + Schema + `'))
+       HAVING pg_catalog.count(*) > 0),
+    (SELECT 'its defaults, checks or policies call user functions, which may write other tables' WHERE EXISTS (
+       SELECT 1 FROM pg_catalog.pg_depend d WHERE d.refclassid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.refobjid >= ` + fmt.Sprint(firstUserOID) + ` AND (
+         d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND d.objid IN (SELECT a.oid FROM pg_catalog.pg_attrdef a WHERE a.adrelid = c.oid)
+         OR d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND d.objid IN (SELECT k.oid FROM pg_catalog.pg_constraint k WHERE k.conrelid = c.oid)
+         OR d.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass AND d.objid IN (SELECT p.oid FROM pg_catalog.pg_policy p WHERE p.polrelid = c.oid))))
+  ), '')
+FROM w JOIN pg_catalog.pg_class c ON c.oid = w.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_catalog.pg_class s ON s.oid = w.src LEFT JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace`
+}
+
+// callsSQL returns, of the names in calls (a kind letter and a name), those
+// that may run user code: a function or operator created after initdb
+// carries the name ('f', 'o'), or a relation of that name is a view whose
+// definition (or a view's it reads, and so on), or a relation whose row
+// security policies, call a function or operator created after initdb
+// ('r').
+func callsSQL(calls []string) string {
+	lists := map[byte][]string{}
+	for _, c := range calls {
+		lists[c[0]] = append(lists[c[0]], sqlText(c[1:]))
+	}
+	arr := func(k byte) string {
+		return "ARRAY[" + strings.Join(lists[k], ", ") + "]::pg_catalog.text[]"
+	}
+	user := fmt.Sprint(firstUserOID)
+	return `WITH RECURSIVE v(root, oid) AS (
+  SELECT c.relname::pg_catalog.text, c.oid FROM pg_catalog.pg_class c WHERE c.relname::pg_catalog.text = ANY (` + arr('r') + `)
+  UNION SELECT v.root, d.refobjid FROM v JOIN pg_catalog.pg_rewrite rw ON rw.ev_class = v.oid
+    JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = rw.oid
+      AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid <> v.oid
+)
+SELECT DISTINCT 'r' || v.root FROM v JOIN pg_catalog.pg_depend d
+  ON d.refclassid IN ('pg_catalog.pg_proc'::pg_catalog.regclass, 'pg_catalog.pg_operator'::pg_catalog.regclass) AND d.refobjid >= ` + user + `
+  AND (d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid IN (SELECT rw.oid FROM pg_catalog.pg_rewrite rw WHERE rw.ev_class = v.oid)
+    OR d.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass AND d.objid IN (SELECT p.oid FROM pg_catalog.pg_policy p WHERE p.polrelid = v.oid))
+UNION SELECT DISTINCT 'f' || p.proname FROM pg_catalog.pg_proc p WHERE p.oid >= ` + user + `
+  AND p.proname::pg_catalog.text = ANY (` + arr('f') + `)
+UNION SELECT DISTINCT 'o' || o.oprname FROM pg_catalog.pg_operator o WHERE o.oid >= ` + user + `
+  AND o.oprname::pg_catalog.text = ANY (` + arr('o') + `)`
+}
+
+// runsSQL are builtin functions that run SQL text (or read relations,
+// which may be views calling functions) given as an argument: a user
+// function called from them is not in the statement's text.
+var runsSQL = map[string]bool{
+	"query_to_xml": true, "query_to_xmlschema": true, "query_to_xml_and_xmlschema": true,
+	"table_to_xml": true, "table_to_xmlschema": true, "table_to_xml_and_xmlschema": true,
+	"schema_to_xml": true, "schema_to_xmlschema": true, "schema_to_xml_and_xmlschema": true,
+	"database_to_xml": true, "database_to_xmlschema": true, "database_to_xml_and_xmlschema": true,
+	"cursor_to_xml": true, "ts_stat": true, "ts_rewrite": true,
+}
+
+// otherConnection reports whether a function of this name opens a
+// connection of its own (dblink's), whose writes pass neither the proxy
+// nor the read-only transaction it runs in.
+func otherConnection(name string) bool { return strings.HasPrefix(name, "dblink") }
+
+// callKeyOf is the cache key of c in database db.
+func callKeyOf(db string, c Call) callKey {
+	return callKey{db: db, call: c.Key}
+}
+
+// relCandidates appends to buf the relations a target may name: its
+// schema's, or one in each schema of the search path (as checkTarget
+// judges them).
+func relCandidates(buf []string, t Target, searchPath []string) []string {
+	if t.Name == "" || t.Name == "*" {
+		return buf
+	}
+	if t.Schema != "" {
+		if t.rel != "" {
+			return append(buf, t.rel)
+		}
+		return append(buf, quoteRel(t.Schema, t.Name))
+	}
+	if t.Temp {
+		return append(buf, quoteRel("pg_temp", t.Name))
+	}
+	for _, sp := range searchPath {
+		buf = append(buf, quoteRel(sp, t.Name))
+	}
+	return buf
+}
+
+// learnCatalog learns what the unit's statements reach and call, from the
+// cache or, for what it lacks, from Postgres (queries of the proxy's own:
+// one for the tables, one more for TRUNCATE ... CASCADE or ONLY targets,
+// one for the calls). writable says whether the unit runs in a writable
+// transaction; lookup whether the proxy may send queries of its own now (a
+// failed block, or a transaction left open without Sync, would be
+// disturbed): without, what is not cached stays unknown, and authorize
+// refuses it.
+func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error {
+	u := &s.unit
+	if u.rels == nil {
+		u.rels, u.calls = map[relKey]*reach{}, map[callKey]bool{}
+	}
+	clear(u.rels)
+	clear(u.calls)
+	u.ddl = false
+	cat, db, now := s.p.catalog, s.database, time.Now()
+	private := s.ddlPending  // the transaction ran DDL: what it sees is its own (temp schemas are the session's)
+	var needRels [4][]string // by group: TRUNCATE ... CASCADE (2), ONLY (1)
+	var needCalls []string
+	cat.mu.Lock()
+	for _, st := range stmts {
+		if st == nil {
+			continue
+		}
+		if st.Class == ClassWrite && !st.Opaque {
+			for _, t := range st.Targets {
+				var buf [1]string
+				for _, r := range relCandidates(buf[:0], t, s.searchPath) {
+					k := relKey{db: db, rel: r, truncCascade: st.TruncCascade, only: t.Only}
+					if _, ok := u.rels[k]; ok {
+						continue
+					}
+					if c, ok := cat.rels[k]; ok && !private && (!lookup || now.Sub(c.at) < catalogTTL) && !strings.HasPrefix(r, `"pg_temp`) {
+						u.rels[k] = c
+						continue
+					}
+					u.rels[k] = nil
+					needRels[relGroup(k)] = append(needRels[relGroup(k)], r)
+				}
+			}
+		}
+		if !writable && st.Class != ClassWrite && !callsOtherConnection(st) {
+			continue
+		}
+		for _, c := range st.Calls {
+			k := callKeyOf(db, c)
+			if _, ok := u.calls[k]; ok {
+				continue
+			}
+			if ci, ok := cat.calls[k]; ok && !private && (!lookup || now.Sub(ci.at) < catalogTTL) {
+				u.calls[k] = ci.user
+				continue
+			}
+			u.calls[k] = true // unknown until learned: as if user-defined
+			needCalls = append(needCalls, k.call)
+		}
+	}
+	cat.mu.Unlock()
+	if !lookup || len(needRels[0])+len(needRels[1])+len(needRels[2])+len(needRels[3])+len(needCalls) == 0 {
+		return nil
+	}
+	for i, rels := range needRels {
+		if len(rels) == 0 {
+			continue
+		}
+		rows, err := s.internalQuery(reachSQL(rels, i&2 != 0, i&1 != 0))
+		if err != nil {
+			return s.lookupFailed(err)
+		}
+		got := map[string]*reach{}
+		for _, r := range rels {
+			got[r] = &reach{at: now}
+		}
+		for _, row := range rows {
+			if len(row) != 6 || got[row[0]] == nil {
+				continue
+			}
+			via := ""
+			switch row[3] {
+			case "":
+			case "foreign key action":
+				via = "its foreign key acts on writes to " + row[4]
+			case "base of view":
+				via = "base table of view " + row[4]
+			default:
+				via = row[3] + " of " + row[4]
+			}
+			rc := reached{schema: row[1], name: row[2], via: via, opaque: row[5]}
+			if via == "" {
+				got[row[0]].rels = append([]reached{rc}, got[row[0]].rels...)
+			} else {
+				got[row[0]].rels = append(got[row[0]].rels, rc)
+			}
+		}
+		cat.mu.Lock()
+		for r, rc := range got {
+			k := relKey{db: db, rel: r, truncCascade: i&2 != 0, only: i&1 != 0}
+			u.rels[k] = rc
+			if !private && !strings.HasPrefix(r, `"pg_temp`) {
+				cat.rels[k] = rc
+			}
+		}
+		cat.mu.Unlock()
+	}
+	if len(needCalls) > 0 {
+		rows, err := s.internalQuery(callsSQL(needCalls))
+		if err != nil {
+			return s.lookupFailed(err)
+		}
+		user := map[string]bool{}
+		for _, row := range rows {
+			if len(row) == 1 {
+				user[row[0]] = true
+			}
+		}
+		cat.mu.Lock()
+		for _, c := range needCalls {
+			k := callKey{db: db, call: c}
+			u.calls[k] = user[c]
+			if !private {
+				cat.calls[k] = callInfo{user: user[c], at: now}
+			}
+		}
+		cat.mu.Unlock()
+	}
+	return nil
+}
+
+// lookupFailed: Postgres refused a lookup of the proxy's own (a
+// statement_timeout, say). What it did not learn stays unknown, so the
+// writes that need it are refused; the session goes on. Other errors (the
+// connection) end it.
+func (s *session) lookupFailed(err error) error {
+	var qe *queryError
+	if errors.As(err, &qe) {
+		s.p.log.Warn("catalog lookup failed; writes that need it are refused", "user", s.user, "err", err)
+		return nil
+	}
+	return err
+}
+
+func relGroup(k relKey) int {
+	g := 0
+	if k.truncCascade {
+		g |= 2
+	}
+	if k.only {
+		g |= 1
+	}
+	return g
+}
+
+// callsKnownHarmless reports whether every call of st is cached, fresh,
+// as builtin (so a read calling them may take the fast path in a writable
+// transaction).
+func (s *session) callsKnownHarmless(st *Statement) bool {
+	if s.ddlPending {
+		return false
+	}
+	cat, now := s.p.catalog, time.Now()
+	cat.mu.Lock()
+	defer cat.mu.Unlock()
+	for _, c := range st.Calls {
+		ci, ok := cat.calls[callKeyOf(s.database, c)]
+		if !ok || ci.user || now.Sub(ci.at) >= catalogTTL || c.Kind == 'f' && (runsSQL[c.Name] || otherConnection(c.Name)) {
+			return false
+		}
+	}
+	return true
+}
+
+func callsOtherConnection(st *Statement) bool {
+	for _, c := range st.Calls {
+		if c.Kind == 'f' && otherConnection(c.Name) {
+			return true
+		}
+	}
+	return false
+}
+
+// judgeCalls returns st as the proxy must judge it: a statement that calls
+// a user-defined function or operator (or one of the builtins that run SQL
+// text) where that can write — in a writable transaction, or dblink's
+// anywhere — is an opaque write, naming the call.
+func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
+	if st == nil || len(st.Calls) == 0 || st.Forbidden != "" || st.Unsure != "" {
+		return st
+	}
+	for _, c := range st.Calls {
+		other := c.Kind == 'f' && otherConnection(c.Name)
+		if !writable && !other {
+			continue
+		}
+		user, known := s.unit.calls[callKeyOf(s.database, c)]
+		if other || c.Kind == 'f' && runsSQL[c.Name] || user || !known {
+			why := "it calls " + c.Shown + ", a function a user defined, which may write any table"
+			switch {
+			case other:
+				why = "it calls " + c.Shown + ", which writes over a connection of its own, past the proxy"
+			case c.Kind == 'f' && runsSQL[c.Name]:
+				why = "it calls " + c.Shown + ", which runs SQL the proxy does not see"
+			case c.Kind == 'o':
+				why = "it calls " + c.Shown + ", an operator a user defined, whose function may write any table"
+			case c.Kind == 'r':
+				why = "it reads " + c.Shown + ", a view (or a table with policies) that calls functions a user defined, which may write any table"
+			}
+			cp := *st
+			cp.Class, cp.Opaque, cp.OpaqueWhy = ClassWrite, true, why
+			return &cp
+		}
+	}
+	return st
+}
+
+// unitWritable reports whether the statements of a unit run in a writable
+// transaction: one the proxy made so, or will (a write, or BEGIN, in a
+// new implicit transaction).
+func (s *session) unitWritable(stmts []*Statement) bool {
+	if s.sim.blockRW || s.sim.groupRW {
+		return true
+	}
+	return !s.sim.inBlock && groupWrites(stmts, s.clientRO)
+}
+
+// checkReach judges what writing t reaches beyond t itself: each relation
+// must be in the claim, and none may write what the proxy cannot follow.
+func (s *session) checkReach(st *Statement, t Target, li leaseInfo, searchPath []string) *refusal {
+	var buf [1]string
+	for _, r := range relCandidates(buf[:0], t, searchPath) {
+		rc, ok := s.unit.rels[relKey{db: s.database, rel: r, truncCascade: st.TruncCascade, only: t.Only}]
+		if !ok || rc == nil {
+			return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("cannot learn which tables a write to %s reaches (partitions, foreign key actions, rules, triggers)", t),
+				hint: "send the write in its own query, outside a failed transaction"}
+		}
+		if s.unit.ddl && len(rc.rels) > 0 && !s.p.cfg.AllowOpaque {
+			return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("DDL earlier in this query may change which tables a write to %s reaches", t),
+				hint: "send the write in a query of its own, after the DDL"}
+		}
+		for _, x := range rc.rels {
+			name := x.schema + "." + x.name
+			if x.opaque != "" && !s.p.cfg.AllowOpaque {
+				where := "table " + name
+				if x.via != "" {
+					where += " (" + x.via + ")"
+				}
+				return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("cannot tell which tables a write to %s writes: %s: %s", t, where, x.opaque),
+					hint: "writes whose tables cannot be named pass only when the fence runs with --pg-allow-opaque, under a live lease"}
+			}
+			if x.via == "" || isTempSchema(x.schema) {
+				continue // the target itself: checkTarget judged it
+			}
+			full, err := joinTable(x.schema, x.name)
+			if err != nil || !li.claim.ContainsTable(full) {
+				return &refusal{code: ReasonOutsideLease,
+					reason: fmt.Sprintf("a write to %s also writes table %s (%s), outside the lease's table scope %v", t, name, x.via, li.tables),
+					hint:   "acquire a lease that claims every table the write reaches (--table schema.table or schema.*), or write the tables inside the claim by name (UPDATE ONLY, DELETE FROM ONLY)"}
+			}
+		}
+	}
+	return nil
+}
+
+// isDDL: a write that may change the catalogs (everything but DML and COPY).
+func isDDL(st *Statement) bool {
+	if st.Class != ClassWrite {
+		return false
+	}
+	switch strings.SplitN(st.Tag, "(", 2)[0] {
+	case "InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt", "CopyStmt", "SelectStmt", "TransactionStmt", "VariableSetStmt":
+		return st.Opaque // (an opaque one may run anything)
+	}
+	return true
+}
+
+// changesReach: DDL that may change what a write to a table that exists
+// already reaches (a trigger, rule, policy, child, foreign key, view, or a
+// function's body). Not: DROP without CASCADE, indexes, VACUUM and the
+// like, sequences, comments, and a new table that inherits nothing and
+// references nothing.
+func changesReach(st *Statement, n *pgq.Node) bool {
+	switch x := n.Node.(type) {
+	case *pgq.Node_DropStmt, *pgq.Node_IndexStmt, *pgq.Node_VacuumStmt, *pgq.Node_ClusterStmt,
+		*pgq.Node_ReindexStmt, *pgq.Node_CreateSeqStmt, *pgq.Node_AlterSeqStmt, *pgq.Node_CommentStmt,
+		*pgq.Node_TruncateStmt:
+		return st.Opaque // (DROP ... CASCADE)
+	case *pgq.Node_CreateStmt:
+		if len(x.CreateStmt.InhRelations) > 0 || x.CreateStmt.Partbound != nil {
+			return true
+		}
+		fk := false
+		walk(n.ProtoReflect(), func(m protoreflect.Message) {
+			if c, ok := m.Interface().(*pgq.Constraint); ok && c.Contype == pgq.ConstrType_CONSTR_FOREIGN {
+				fk = true
+			}
+		})
+		return fk
+	}
+	return true
+}
+
+// passedDDL notes that st, a statement being forwarded, is DDL: the
+// catalog cache is forgotten now and again when its transaction ends
+// (beginUnit), and the rest of the unit is judged knowing it.
+func (s *session) passedDDL(st *Statement) {
+	if !isDDL(st) {
+		return
+	}
+	s.p.catalog.invalidate()
+	s.ddlPending = true
+	if st.ChangesReach {
+		s.unit.ddl = true
+	}
+}
