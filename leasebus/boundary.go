@@ -67,14 +67,28 @@ func boundEvent(ev *AuditEvent) {
 		&ev.Owner.TaskID, &ev.Owner.AgentID, &ev.Owner.AttemptID, &ev.Owner.HostID, (*string)(&ev.Scope.Kind)} {
 		*f = clip(*f, maxEventField)
 	}
-	for _, items := range []*[]string{&ev.Scope.Paths, &ev.Scope.Tables} {
-		if len(*items) > maxEventItems {
-			*items = append((*items)[:maxEventItems:maxEventItems], fmt.Sprintf("… (%d more)", len(*items)-maxEventItems))
-		}
-		for i := range *items {
-			(*items)[i] = clip((*items)[i], maxEventField)
-		}
+	ev.Scope.Paths, ev.Scope.Tables = clipItems(ev.Scope.Paths), clipItems(ev.Scope.Tables)
+}
+
+// clipItems returns items clipped to maxEventItems entries of at most
+// maxEventField bytes: items itself when it is within them, else a new
+// slice (the caller's stays as it is: it may be a lease's own claim).
+func clipItems(items []string) []string {
+	within := len(items) <= maxEventItems
+	for _, it := range items {
+		within = within && len(it) <= maxEventField
 	}
+	if within {
+		return items
+	}
+	out := make([]string, 0, min(len(items), maxEventItems)+1)
+	for _, it := range items[:min(len(items), maxEventItems)] {
+		out = append(out, clip(it, maxEventField))
+	}
+	if len(items) > maxEventItems {
+		out = append(out, fmt.Sprintf("… (%d more)", len(items)-maxEventItems))
+	}
+	return out
 }
 
 // checkBoundaryEvent refuses an event no boundary writes: one naming no
