@@ -57,6 +57,14 @@ type Model struct {
 	done    bool // the final answer was served
 }
 
+// SetSteps replaces the script, for a model that serves more than one run
+// (a CLI may still be asking as its run ends).
+func (m *Model) SetSteps(steps []Step) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.Steps = steps
+}
+
 // Finished reports whether the agent came back after the last step and
 // was given the final answer: it carried on through the whole script.
 func (m *Model) Finished() bool {

@@ -91,7 +91,7 @@ echo x >> "$HOME/../..%[1]s" && echo STEP dotdot=landed || echo STEP dotdot=refu
 echo x >> %[2]s && echo STEP bashrc=landed || echo STEP bashrc=refused
 mkdir -p "$HOME/locked/in" && touch "$HOME/locked/in/f" && chmod 000 "$HOME/locked/in/f" "$HOME/locked/in" "$HOME/locked" && echo STEP locked=ok ) 2>&1`, own, filepath.Join(w.home, ".bashrc"))})
 	}
-	w.model.Steps = steps
+	w.model.SetSteps(steps)
 
 	args := []string{w.fl, "--nats", w.busURL, "run", "--checkout", w.co, "--ttl", "2m",
 		"--scope", "services/billing", "--workspace", "exclusive",
@@ -118,7 +118,7 @@ mkdir -p "$HOME/locked/in" && touch "$HOME/locked/in/f" && chmod 000 "$HOME/lock
 
 	// The user's next plain run: no fenceline, the user's own HOME, the
 	// model by its address.
-	w.model.Steps = nil // every request gets the final answer
+	w.model.SetSteps(nil) // every request gets the final answer
 	reqs := w.model.Requests()
 	start = time.Now()
 	plain := w.start(w.co, w.plainEnv(), nil, w.plainArgv(t, agent)...)
