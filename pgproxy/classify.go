@@ -750,8 +750,8 @@ func callsWritingFunction(n *pgq.Node) (setConfig, largeObject bool) {
 // Call is a function or operator a statement calls by name, or a relation
 // it reads (a view may call functions).
 type Call struct {
-	Name string // as Postgres looks it up (pg_proc.proname, pg_operator.oprname, pg_class.relname)
-	Kind byte   // 'f' function, 'o' operator, 'r' relation read
+	Name string // as Postgres looks it up (pg_proc.proname, pg_operator.oprname, pg_class.relname, pg_type.typname)
+	Kind byte   // 'f' function, 'o' operator, 'r' relation read, 't' type named
 	// Shown is the name as written (schema-qualified when it was), for
 	// refusals.
 	Shown string
@@ -760,7 +760,8 @@ type Call struct {
 }
 
 // calledNames returns the functions and operators n calls by name, and
-// the relations it names, each once.
+// the relations and types it names (a cast, a typed literal, a column
+// definition), each once.
 func calledNames(n *pgq.Node) []Call {
 	var cs []Call
 	seen := map[Call]bool{}
@@ -792,6 +793,12 @@ func calledNames(n *pgq.Node) []Call {
 			add(Call{Name: name, Kind: 'o', Shown: "operator " + shown})
 		case *pgq.RangeVar:
 			add(Call{Name: v.Relname, Kind: 'r', Shown: Target{Schema: v.Schemaname, Name: v.Relname}.String()})
+		case *pgq.TypeName:
+			if v.PctType {
+				break // (%TYPE names a column, in DDL)
+			}
+			name, shown := qualified(v.Names)
+			add(Call{Name: name, Kind: 't', Shown: "type " + shown})
 		}
 	})
 	return cs

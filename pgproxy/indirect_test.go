@@ -52,6 +52,25 @@ CREATE FUNCTION inone.f_write(int) RETURNS int LANGUAGE sql AS $$ INSERT INTO in
 CREATE VIEW inone.vf AS SELECT inone.f_write(3) AS x;
 CREATE TABLE ia.deflt (id int, w int DEFAULT inone.f_write(5));
 CREATE VIEW inone.vvf AS SELECT x FROM inone.vf;
+-- user code that runs without being called by name: a domain's check, a
+-- user cast, an index expression or predicate
+CREATE FUNCTION inone.f_chk(int) RETURNS bool LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN PERFORM inone.f_write($1); RETURN true; END $$;
+CREATE DOMAIN inone.dom AS int CHECK (inone.f_chk(VALUE));
+CREATE TABLE ia.dcol (v inone.dom);
+CREATE TYPE inone.e AS ENUM ('a', 'b');
+CREATE FUNCTION inone.e2i(inone.e) RETURNS int LANGUAGE plpgsql AS $$ BEGIN PERFORM inone.f_write(1); RETURN 1; END $$;
+CREATE CAST (inone.e AS int) WITH FUNCTION inone.e2i(inone.e) AS ASSIGNMENT;
+CREATE TABLE ia.ecol (v inone.e);
+INSERT INTO ia.ecol VALUES ('a');
+CREATE TABLE ia.icol (v int);
+CREATE FUNCTION inone.f_imm(int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN PERFORM inone.f_write($1); RETURN $1; END $$;
+CREATE TABLE ia.idx (id int);
+CREATE INDEX ON ia.idx (inone.f_imm(id));
+CREATE TABLE ia.pidx (id int);
+CREATE INDEX ON ia.pidx (id) WHERE inone.f_chk(id);
+CREATE FUNCTION inone.op_fn(int, int) RETURNS bool LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN PERFORM inone.f_write($1); RETURN true; END $$;
+CREATE OPERATOR inone.=!= (LEFTARG = int, RIGHTARG = int, FUNCTION = inone.op_fn);
+CREATE TABLE ia.opchk (id int CHECK (id OPERATOR(inone.=!=) 0));
 -- legitimate: a claim that covers parent, children and cascades
 CREATE TABLE ia.lp (id int, v text) PARTITION BY LIST (id);
 CREATE TABLE ia.lp1 PARTITION OF ia.lp FOR VALUES IN (1);
@@ -150,6 +169,16 @@ func TestWritesByIndirection(t *testing.T) {
 		{"function from a read", true, "SELECT inone.f_write(7)", "inone.f_write"},
 		{"view calling a function, from a read", true, "SELECT * FROM inone.vvf", "inone.vvf"},
 		{"dblink from a read", false, "SELECT dblink_exec('" + dblinkConn() + "', 'INSERT INTO inone.t VALUES (7)')", "dblink_exec"},
+		{"cast to a domain with a user check", true, "SELECT 1::inone.dom", "inone.dom"},
+		{"CAST to a domain with a user check", true, "SELECT CAST(2 AS inone.dom)", "inone.dom"},
+		{"typed literal of a domain with a user check", true, "SELECT inone.dom '3'", "inone.dom"},
+		{"user cast of a named type", true, "SELECT 'a'::inone.e::int", "inone.e"},
+		{"user cast of a column read", true, "SELECT v::int FROM ia.ecol", "ia.ecol"},
+		{"user cast on assignment", false, "INSERT INTO ia.icol SELECT v FROM ia.ecol", "ia.ecol"},
+		{"domain check on write", false, "INSERT INTO ia.dcol VALUES (1)", "ia.dcol"},
+		{"index expression", false, "INSERT INTO ia.idx VALUES (1)", "index"},
+		{"partial index predicate", false, "INSERT INTO ia.pidx VALUES (1)", "index"},
+		{"check calling a user operator", false, "INSERT INTO ia.opchk VALUES (1)", "checks"},
 		{"dblink from a read in a block", true, "SELECT dblink_exec('" + dblinkConn() + "', 'INSERT INTO inone.t VALUES (7)')", "dblink_exec"},
 	} {
 		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {

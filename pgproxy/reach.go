@@ -107,6 +107,42 @@ func sqlText(s string) string {
 	return "pg_catalog.convert_from(pg_catalog.decode('" + hex.EncodeToString([]byte(s)) + "', 'hex'), 'UTF8')"
 }
 
+// userCode is the SQL condition "an object created after initdb": a
+// pg_depend row d that refers to a function or operator with an oid of
+// firstUserOID or more.
+var userCode = `d.refclassid IN ('pg_catalog.pg_proc'::pg_catalog.regclass, 'pg_catalog.pg_operator'::pg_catalog.regclass) AND d.refobjid >= ` + fmt.Sprint(firstUserOID)
+
+// userTypesSQL is CTEs te (which user type is part of which) and, recursive,
+// ut(oid): the types created after
+// initdb that run a function or operator created after initdb when a
+// value of them is read, written, cast or checked — their input, output,
+// send, receive or typmod functions, a range's canonical or subtype_diff
+// function, a domain's default (pg_depend of the type), a domain's CHECK
+// (pg_depend of its constraints), a cast from or to them (pg_cast: an
+// unprivileged role can create one only with a type of its own on one
+// side) — and every type made of one: a domain over it, an array of it, a
+// composite type (a table's row type too) with an attribute of it, a
+// range of it, a multirange of such a range. Usually empty: cheap to
+// learn, and a type that came with Postgres is never in it.
+func userTypesSQL() string {
+	user := fmt.Sprint(firstUserOID)
+	return `te(part, whole) AS MATERIALIZED (
+  SELECT t.typbasetype, t.oid FROM pg_catalog.pg_type t WHERE t.oid >= ` + user + ` AND t.typbasetype >= ` + user + `
+  UNION ALL SELECT t.typelem, t.oid FROM pg_catalog.pg_type t WHERE t.oid >= ` + user + ` AND t.typelem >= ` + user + `
+  UNION ALL SELECT a.atttypid, c.reltype FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+    WHERE a.atttypid >= ` + user + ` AND a.attnum > 0 AND NOT a.attisdropped AND c.reltype <> 0
+  UNION ALL SELECT r.rngsubtype, r.rngtypid FROM pg_catalog.pg_range r WHERE r.rngsubtype >= ` + user + `
+  UNION ALL SELECT r.rngtypid, r.rngmultitypid FROM pg_catalog.pg_range r WHERE r.rngtypid >= ` + user + `
+), ut(oid) AS (
+  SELECT d.objid FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_type'::pg_catalog.regclass AND d.objid >= ` + user + ` AND ` + userCode + `
+  UNION SELECT k.contypid FROM pg_catalog.pg_constraint k JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND d.objid = k.oid
+    WHERE k.contypid >= ` + user + ` AND ` + userCode + `
+  UNION SELECT ca.castsource FROM pg_catalog.pg_cast ca WHERE ca.castfunc >= ` + user + ` AND ca.castsource >= ` + user + `
+  UNION SELECT ca.casttarget FROM pg_catalog.pg_cast ca WHERE ca.castfunc >= ` + user + ` AND ca.casttarget >= ` + user + `
+  UNION SELECT te.whole FROM ut JOIN te ON te.part = ut.oid
+)`
+}
+
 // reachSQL finds, for each relation in rels (quoted names), every relation
 // a write to it writes, and why the proxy cannot follow some.
 func reachSQL(rels []string, truncCascade, only bool) string {
@@ -136,7 +172,7 @@ func reachSQL(rels []string, truncCascade, only bool) string {
     FROM pg_catalog.unnest(ARRAY[` + strings.Join(arr, ", ") + `]::pg_catalog.text[]) AS r(n)
     WHERE pg_catalog.to_regclass(r.n) IS NOT NULL
   UNION SELECT w.root, e.dst, e.via, w.oid FROM w JOIN e ON e.src = w.oid WHERE ` + notOnly + `
-)
+), ` + userTypesSQL() + `
 SELECT w.root, n.nspname, c.relname, w.via, COALESCE(sn.nspname || '.' || s.relname, ''),
   COALESCE(pg_catalog.concat_ws('; ',
     CASE WHEN c.relkind = 'f' THEN 'it is a foreign table, written on another server' END,
@@ -147,8 +183,15 @@ SELECT w.root, n.nspname, c.relname, w.via, COALESCE(sn.nspname || '.' || s.reln
          AND NOT (t.tgname = '` + triggerName + `' AND (SELECT p.pronamespace FROM pg_catalog.pg_proc p WHERE p.oid = t.tgfoid) =
            (SELECT ns.oid FROM pg_catalog.pg_namespace ns WHERE ns.nspname = '` + Schema + `'))
        HAVING pg_catalog.count(*) > 0),
-    (SELECT 'its defaults, checks or policies call user functions, which may write other tables' WHERE EXISTS (
-       SELECT 1 FROM pg_catalog.pg_depend d WHERE d.refclassid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.refobjid >= ` + fmt.Sprint(firstUserOID) + ` AND (
+    (SELECT 'its indexes (' || pg_catalog.string_agg(i.indexrelid::pg_catalog.regclass::pg_catalog.text, ', ') || ') call user functions or operators in their expressions or predicates, which may write other tables'
+       FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+         WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = i.indexrelid AND ` + userCode + `)
+       HAVING pg_catalog.count(*) > 0),
+    (SELECT 'the types of its columns (' || pg_catalog.string_agg(a.attname::pg_catalog.text || ' ' || pg_catalog.format_type(a.atttypid, NULL), ', ') || ') run user functions (input or output, a cast, a domain check or default), which may write other tables'
+       FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid IN (SELECT ut.oid FROM ut)
+       HAVING pg_catalog.count(*) > 0),
+    (SELECT 'its defaults, checks or policies call user functions or operators, which may write other tables' WHERE EXISTS (
+       SELECT 1 FROM pg_catalog.pg_depend d WHERE ` + userCode + ` AND (
          d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND d.objid IN (SELECT a.oid FROM pg_catalog.pg_attrdef a WHERE a.adrelid = c.oid)
          OR d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND d.objid IN (SELECT k.oid FROM pg_catalog.pg_constraint k WHERE k.conrelid = c.oid)
          OR d.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass AND d.objid IN (SELECT p.oid FROM pg_catalog.pg_policy p WHERE p.polrelid = c.oid))))
@@ -177,8 +220,12 @@ func callsSQL(calls []string) string {
   UNION SELECT v.root, d.refobjid FROM v JOIN pg_catalog.pg_rewrite rw ON rw.ev_class = v.oid
     JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = rw.oid
       AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid <> v.oid
-)
-SELECT DISTINCT 'r' || v.root FROM v JOIN pg_catalog.pg_depend d
+), ` + userTypesSQL() + `
+SELECT DISTINCT 'r' || v.root FROM v JOIN pg_catalog.pg_attribute a ON a.attrelid = v.oid AND a.attnum > 0 AND NOT a.attisdropped
+  WHERE a.atttypid IN (SELECT ut.oid FROM ut)
+UNION SELECT DISTINCT 't' || t.typname FROM pg_catalog.pg_type t WHERE t.typname::pg_catalog.text = ANY (` + arr('t') + `)
+  AND t.oid IN (SELECT ut.oid FROM ut)
+UNION SELECT DISTINCT 'r' || v.root FROM v JOIN pg_catalog.pg_depend d
   ON d.refclassid IN ('pg_catalog.pg_proc'::pg_catalog.regclass, 'pg_catalog.pg_operator'::pg_catalog.regclass) AND d.refobjid >= ` + user + `
   AND (d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid IN (SELECT rw.oid FROM pg_catalog.pg_rewrite rw WHERE rw.ev_class = v.oid)
     OR d.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass AND d.objid IN (SELECT p.oid FROM pg_catalog.pg_policy p WHERE p.polrelid = v.oid))
@@ -436,7 +483,9 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 			case c.Kind == 'o':
 				why = "it calls " + c.Shown + ", an operator a user defined, whose function may write any table"
 			case c.Kind == 'r':
-				why = "it reads " + c.Shown + ", a view (or a table with policies) that calls functions a user defined, which may write any table"
+				why = "it reads " + c.Shown + ", a view (or a table with policies, or columns of types) that calls functions a user defined, which may write any table"
+			case c.Kind == 't':
+				why = "it names " + c.Shown + ", whose input, output, casts or domain checks call functions a user defined, which may write any table"
 			}
 			cp := *st
 			cp.Class, cp.Opaque, cp.OpaqueWhy = ClassWrite, true, why
