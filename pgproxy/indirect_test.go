@@ -71,6 +71,12 @@ CREATE INDEX ON ia.pidx (id) WHERE inone.f_chk(id);
 CREATE FUNCTION inone.op_fn(int, int) RETURNS bool LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN PERFORM inone.f_write($1); RETURN true; END $$;
 CREATE OPERATOR inone.=!= (LEFTARG = int, RIGHTARG = int, FUNCTION = inone.op_fn);
 CREATE TABLE ia.opchk (id int CHECK (id OPERATOR(inone.=!=) 0));
+-- sequences of B's tables: owned (serial), and taken as a default
+CREATE TABLE ib.ser (id serial);
+CREATE SEQUENCE inone.shared;
+CREATE TABLE ib.usesq (id bigint DEFAULT nextval('inone.shared'));
+CREATE SEQUENCE ia.free;
+GRANT ALL ON ALL SEQUENCES IN SCHEMA ia, ib, inone TO PUBLIC;
 -- legitimate: a claim that covers parent, children and cascades
 CREATE TABLE ia.lp (id int, v text) PARTITION BY LIST (id);
 CREATE TABLE ia.lp1 PARTITION OF ia.lp FOR VALUES IN (1);
@@ -96,16 +102,17 @@ INSERT INTO inone.child3 VALUES (1);
 INSERT INTO ia.lp VALUES (1, 'a');
 INSERT INTO ia.lparent VALUES (1);
 INSERT INTO ia.lchild VALUES (1);
+SELECT setval('ib.ser_id_seq', 1, false), setval('inone.shared', 1, false);
 `
 
 // bState is what B's and nobody's tables hold: unchanged after a refusal.
-const bState = `SELECT concat_ws('|', (SELECT string_agg(id || v, ',' ORDER BY id) FROM ib.part_hi),
+const bState = `SELECT concat_ws('|', (SELECT last_value || is_called::text FROM ib.ser_id_seq), (SELECT last_value || is_called::text FROM inone.shared), (SELECT string_agg(id || v, ',' ORDER BY id) FROM ib.part_hi),
  (SELECT string_agg(id || v, ',' ORDER BY id) FROM ib.inh_child),
  (SELECT string_agg(id || ':' || pid, ',') FROM ib.child),
  (SELECT string_agg(coalesce(pid::text, 'null'), ',') FROM ib.child_null),
  (SELECT count(*) FROM inone.t), (SELECT count(*) FROM inone.child3))`
 
-const bStateWant = "150b|2b|1:1|1|0|1"
+const bStateWant = "1false|1false|150b|2b|1:1|1|0|1"
 
 func setupIndirect(t *testing.T) {
 	t.Helper()
@@ -179,6 +186,10 @@ func TestWritesByIndirection(t *testing.T) {
 		{"index expression", false, "INSERT INTO ia.idx VALUES (1)", "index"},
 		{"partial index predicate", false, "INSERT INTO ia.pidx VALUES (1)", "index"},
 		{"check calling a user operator", false, "INSERT INTO ia.opchk VALUES (1)", "checks"},
+		{"nextval of a sequence B's table owns", true, "SELECT nextval('ib.ser_id_seq')", "ib.ser"},
+		{"setval of a sequence B's table owns", true, "SELECT setval('ib.ser_id_seq'::regclass, 100)", "ib.ser"},
+		{"nextval of a sequence B's default takes", true, "SELECT nextval('inone.shared')", "ib.usesq"},
+		{"nextval of a sequence named by an expression", true, "SELECT nextval('ib.ser_' || 'id_seq')", "sequence"},
 		{"dblink from a read in a block", true, "SELECT dblink_exec('" + dblinkConn() + "', 'INSERT INTO inone.t VALUES (7)')", "dblink_exec"},
 	} {
 		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
@@ -222,7 +233,8 @@ func TestWritesByIndirection(t *testing.T) {
 // TestIndirectWritesInsideTheClaim: what the indirect routes reach is
 // judged, not refused: a claim that covers a partitioned table and its
 // partitions writes through the parent; a cascade into a claimed table
-// passes; reads of builtin functions in a writable block pass, and a user
+// passes; reads of builtin functions in a writable block pass, so does
+// nextval of a sequence no table owns or takes defaults from; and a user
 // function called from a read outside any writable transaction is
 // Postgres's to refuse, as it is without the proxy.
 func TestIndirectWritesInsideTheClaim(t *testing.T) {
@@ -258,6 +270,10 @@ func TestIndirectWritesInsideTheClaim(t *testing.T) {
 			var s string
 			if err := tx.QueryRow(ctx, "SELECT lower('X') || count(*)::text || pg_catalog.now()::date::text FROM ia.lp", mode).Scan(&s); err != nil {
 				t.Errorf("builtin functions in a writable block: %v", err)
+			}
+			var sq int64
+			if err := tx.QueryRow(ctx, "SELECT nextval('ia.free')", mode).Scan(&sq); err != nil {
+				t.Errorf("nextval of a sequence no table uses, in a writable block: %v", err)
 			}
 			if err := tx.Commit(ctx); err != nil {
 				t.Error(err)

@@ -61,7 +61,10 @@ type callKey struct {
 
 type callInfo struct {
 	user bool // a function or operator of that name was created after initdb
-	at   time.Time
+	// owners: for a sequence ('q'), the tables ("schema.name") that own it
+	// or take defaults from it.
+	owners [][2]string
+	at     time.Time
 }
 
 // reach is what writing one relation writes: the relation itself first,
@@ -88,8 +91,9 @@ func (c *catalog) invalidate() {
 // unitCatalog is what the proxy knows for the unit being decided: filled by
 // learnCatalog before the unit is authorized.
 type unitCatalog struct {
-	rels  map[relKey]*reach
-	calls map[callKey]bool
+	rels   map[relKey]*reach
+	calls  map[callKey]bool
+	owners map[callKey][][2]string // a sequence's tables (see callInfo)
 	// ddl: a statement of the unit before this one is DDL, which may change
 	// what a later one reaches (the lookups ran before the unit).
 	ddl bool
@@ -221,18 +225,27 @@ func callsSQL(calls []string) string {
     JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = rw.oid
       AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid <> v.oid
 ), ` + userTypesSQL() + `
-SELECT DISTINCT 'r' || v.root FROM v JOIN pg_catalog.pg_attribute a ON a.attrelid = v.oid AND a.attnum > 0 AND NOT a.attisdropped
+SELECT DISTINCT 'r' || v.root, '', '' FROM v JOIN pg_catalog.pg_attribute a ON a.attrelid = v.oid AND a.attnum > 0 AND NOT a.attisdropped
   WHERE a.atttypid IN (SELECT ut.oid FROM ut)
-UNION SELECT DISTINCT 't' || t.typname FROM pg_catalog.pg_type t WHERE t.typname::pg_catalog.text = ANY (` + arr('t') + `)
+UNION SELECT DISTINCT 't' || t.typname, '', '' FROM pg_catalog.pg_type t WHERE t.typname::pg_catalog.text = ANY (` + arr('t') + `)
   AND t.oid IN (SELECT ut.oid FROM ut)
-UNION SELECT DISTINCT 'r' || v.root FROM v JOIN pg_catalog.pg_depend d
+UNION SELECT DISTINCT 'r' || v.root, '', '' FROM v JOIN pg_catalog.pg_depend d
   ON d.refclassid IN ('pg_catalog.pg_proc'::pg_catalog.regclass, 'pg_catalog.pg_operator'::pg_catalog.regclass) AND d.refobjid >= ` + user + `
   AND (d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid IN (SELECT rw.oid FROM pg_catalog.pg_rewrite rw WHERE rw.ev_class = v.oid)
     OR d.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass AND d.objid IN (SELECT p.oid FROM pg_catalog.pg_policy p WHERE p.polrelid = v.oid))
-UNION SELECT DISTINCT 'f' || p.proname FROM pg_catalog.pg_proc p WHERE p.oid >= ` + user + `
+UNION SELECT DISTINCT 'f' || p.proname, '', '' FROM pg_catalog.pg_proc p WHERE p.oid >= ` + user + `
   AND p.proname::pg_catalog.text = ANY (` + arr('f') + `)
-UNION SELECT DISTINCT 'o' || o.oprname FROM pg_catalog.pg_operator o WHERE o.oid >= ` + user + `
-  AND o.oprname::pg_catalog.text = ANY (` + arr('o') + `)`
+UNION SELECT DISTINCT 'o' || o.oprname, '', '' FROM pg_catalog.pg_operator o WHERE o.oid >= ` + user + `
+  AND o.oprname::pg_catalog.text = ANY (` + arr('o') + `)
+UNION SELECT 'q' || q.n, tn.nspname, tc.relname FROM pg_catalog.unnest(` + arr('q') + `) AS q(n)
+  JOIN pg_catalog.pg_depend d ON q.n <> '?' AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = pg_catalog.to_regclass(q.n)::pg_catalog.oid
+    AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjsubid > 0 AND d.deptype IN ('a', 'i')
+  JOIN pg_catalog.pg_class tc ON tc.oid = d.refobjid JOIN pg_catalog.pg_namespace tn ON tn.oid = tc.relnamespace
+UNION SELECT 'q' || q.n, tn.nspname, tc.relname FROM pg_catalog.unnest(` + arr('q') + `) AS q(n)
+  JOIN pg_catalog.pg_depend d ON q.n <> '?' AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = pg_catalog.to_regclass(q.n)::pg_catalog.oid
+    AND d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass
+  JOIN pg_catalog.pg_attrdef ad ON ad.oid = d.objid
+  JOIN pg_catalog.pg_class tc ON tc.oid = ad.adrelid JOIN pg_catalog.pg_namespace tn ON tn.oid = tc.relnamespace`
 }
 
 // runsSQL are builtin functions that run SQL text (or read relations,
@@ -289,10 +302,11 @@ func relCandidates(buf []string, t Target, searchPath []string) []string {
 func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error {
 	u := &s.unit
 	if u.rels == nil {
-		u.rels, u.calls = map[relKey]*reach{}, map[callKey]bool{}
+		u.rels, u.calls, u.owners = map[relKey]*reach{}, map[callKey]bool{}, map[callKey][][2]string{}
 	}
 	clear(u.rels)
 	clear(u.calls)
+	clear(u.owners)
 	u.ddl = false
 	cat, db, now := s.p.catalog, s.database, time.Now()
 	private := s.ddlPending  // the transaction ran DDL: what it sees is its own (temp schemas are the session's)
@@ -330,6 +344,9 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 			}
 			if ci, ok := cat.calls[k]; ok && !private && (!lookup || now.Sub(ci.at) < catalogTTL) {
 				u.calls[k] = ci.user
+				if ci.owners != nil {
+					u.owners[k] = ci.owners
+				}
 				continue
 			}
 			u.calls[k] = true // unknown until learned: as if user-defined
@@ -388,18 +405,25 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 		if err != nil {
 			return s.lookupFailed(err)
 		}
-		user := map[string]bool{}
+		user, owners := map[string]bool{}, map[string][][2]string{}
 		for _, row := range rows {
-			if len(row) == 1 {
+			switch {
+			case len(row) != 3:
+			case row[2] != "":
+				owners[row[0]] = append(owners[row[0]], [2]string{row[1], row[2]})
+			default:
 				user[row[0]] = true
 			}
 		}
 		cat.mu.Lock()
 		for _, c := range needCalls {
 			k := callKey{db: db, call: c}
-			u.calls[k] = user[c]
+			u.calls[k] = user[c] || c == "q?"
+			if owners[c] != nil {
+				u.owners[k] = owners[c]
+			}
 			if !private {
-				cat.calls[k] = callInfo{user: user[c], at: now}
+				cat.calls[k] = callInfo{user: user[c] || c == "q?", owners: owners[c], at: now}
 			}
 		}
 		cat.mu.Unlock()
@@ -443,7 +467,7 @@ func (s *session) callsKnownHarmless(st *Statement) bool {
 	defer cat.mu.Unlock()
 	for _, c := range st.Calls {
 		ci, ok := cat.calls[callKeyOf(s.database, c)]
-		if !ok || ci.user || now.Sub(ci.at) >= catalogTTL || c.Kind == 'f' && (runsSQL[c.Name] || otherConnection(c.Name)) {
+		if !ok || ci.user || now.Sub(ci.at) >= catalogTTL || c.Kind == 'f' && (runsSQL[c.Name] || otherConnection(c.Name)) || c.Kind == 'q' && ci.owners != nil {
 			return false
 		}
 	}
@@ -473,6 +497,14 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 			continue
 		}
 		user, known := s.unit.calls[callKeyOf(s.database, c)]
+		if c.Kind == 'q' && writable {
+			if why := s.judgeSequence(c); why != "" {
+				cp := *st
+				cp.Class, cp.Opaque, cp.OpaqueWhy = ClassWrite, true, why
+				return &cp
+			}
+			continue
+		}
 		if other || c.Kind == 'f' && runsSQL[c.Name] || user || !known {
 			why := "it calls " + c.Shown + ", a function a user defined, which may write any table"
 			switch {
@@ -493,6 +525,36 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 		}
 	}
 	return st
+}
+
+// judgeSequence: nextval or setval of a sequence writes the sequence,
+// which belongs to the tables that own it (serial, identity) or take
+// defaults from it: each must be in the lease's claim. A sequence no table
+// uses belongs to no lease's tables and is not judged; one the proxy cannot
+// tell (not a constant) is opaque.
+func (s *session) judgeSequence(c Call) string {
+	k := callKeyOf(s.database, c)
+	if c.Name == "?" {
+		return "it calls " + c.Shown + " on a sequence it does not name by a constant, which may belong to any table"
+	}
+	if _, known := s.unit.calls[k]; !known {
+		return "it calls " + c.Shown + " on sequence " + c.Name + ", whose tables the proxy could not learn"
+	}
+	owners := s.unit.owners[k]
+	if len(owners) == 0 {
+		return ""
+	}
+	li := s.lease()
+	for _, o := range owners {
+		if isTempSchema(o[0]) {
+			continue
+		}
+		full, err := joinTable(o[0], o[1])
+		if err != nil || !li.claim.ContainsTable(full) {
+			return fmt.Sprintf("it calls %s on sequence %s, which belongs to table %s.%s, outside the lease's table scope %v", c.Shown, c.Name, o[0], o[1], li.tables)
+		}
+	}
+	return ""
 }
 
 // unitWritable reports whether the statements of a unit run in a writable
