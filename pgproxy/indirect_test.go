@@ -145,7 +145,12 @@ func dblinkConn() string {
 // children, cascading foreign keys, TRUNCATE ... CASCADE, a rule, a user
 // trigger, an updatable view, a user function called from a read in a
 // writable block, and dblink (another connection, past the proxy) called
-// from a read. Each is refused by the proxy, naming lease, fence and the
+// from a read, a cast to a user type, a column whose type runs user code,
+// an index expression or predicate, a check with a user operator,
+// nextval/setval of B's sequences — and, already refused before the
+// catalogs are asked: CREATE EVENT TRIGGER, EXPLAIN ANALYZE of a write,
+// EXECUTE, a cursor or CREATE TABLE AS over a user function, COPY FROM
+// PROGRAM. Each is refused by the proxy, naming lease, fence and the
 // table reached or the route, and B's rows stay as they were. Each runs in
 // the simple and the extended protocol.
 func TestWritesByIndirection(t *testing.T) {
@@ -190,6 +195,12 @@ func TestWritesByIndirection(t *testing.T) {
 		{"setval of a sequence B's table owns", true, "SELECT setval('ib.ser_id_seq'::regclass, 100)", "ib.ser"},
 		{"nextval of a sequence B's default takes", true, "SELECT nextval('inone.shared')", "ib.usesq"},
 		{"nextval of a sequence named by an expression", true, "SELECT nextval('ib.ser_' || 'id_seq')", "sequence"},
+		{"create event trigger", false, "CREATE EVENT TRIGGER et ON ddl_command_end EXECUTE FUNCTION inone.trig_fn()", "CreateEventTrigStmt"},
+		{"explain analyze of a write", false, "EXPLAIN ANALYZE UPDATE ia.part SET v = 'A'", "ib.part_hi"},
+		{"execute of a prepared statement", false, "EXECUTE p", "ExecuteStmt"},
+		{"cursor over a user function", true, "DECLARE c CURSOR FOR SELECT inone.f_write(7)", "inone.f_write"},
+		{"temp table as a user function", false, "CREATE TEMP TABLE tt AS SELECT inone.f_write(7)", "inone.f_write"},
+		{"copy from program", false, "COPY ia.ruled FROM PROGRAM 'true'", "CopyStmt"},
 		{"dblink from a read in a block", true, "SELECT dblink_exec('" + dblinkConn() + "', 'INSERT INTO inone.t VALUES (7)')", "dblink_exec"},
 	} {
 		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
