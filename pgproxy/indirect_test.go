@@ -147,8 +147,8 @@ func dblinkConn() string {
 // writable block, and dblink (another connection, past the proxy) called
 // from a read, a cast to a user type, a column whose type runs user code,
 // an index expression or predicate, a check with a user operator,
-// nextval/setval of B's sequences — and, already refused before the
-// catalogs are asked: CREATE EVENT TRIGGER, EXPLAIN ANALYZE of a write,
+// nextval/setval of B's sequences — and (refused already before these
+// were judged): CREATE EVENT TRIGGER, EXPLAIN ANALYZE of a write,
 // EXECUTE, a cursor or CREATE TABLE AS over a user function, COPY FROM
 // PROGRAM. Each is refused by the proxy, naming lease, fence and the
 // table reached or the route, and B's rows stay as they were. Each runs in

@@ -19,11 +19,15 @@ import (
 // (and, for TRUNCATE ... CASCADE, of every foreign key), the base tables of
 // an updatable view. Those the proxy learns from the catalogs and judges as
 // if named. What it cannot follow — rules, user triggers, defaults, checks
-// and policies calling user functions, foreign tables — makes the write
-// opaque. A function or operator a user defined, called by a statement
+// and policies calling user functions or operators, indexes whose
+// expressions or predicates call them, columns of types that run user
+// code, foreign tables — makes the write opaque. A function or operator a user defined, called by a statement
 // that runs in a writable transaction, may write any table: that statement
-// is opaque too; so is a call of dblink's functions anywhere, which write
-// over a connection of their own, past the proxy.
+// is opaque too, as is one that names a type that runs user code (a cast,
+// a typed literal) or reads a column of one; nextval and setval are
+// judged by the tables that own or default from the sequence. A call of
+// dblink's functions is opaque anywhere: they write over a connection of
+// their own, past the proxy.
 //
 // Lookups are cached per database for catalogTTL, and forgotten whenever
 // DDL passes the proxy (and again when the transaction that ran it ends).
