@@ -183,7 +183,9 @@
 // tables of foreign keys whose ON DELETE/UPDATE action is CASCADE, SET NULL
 // or SET DEFAULT (pg_constraint; every referencing table for TRUNCATE ...
 // CASCADE), the base tables of an updatable view (pg_depend of its
-// _RETURN rule), and so on from each — and each reached table must be in
+// _RETURN rule), the table that owns a sequence one of its defaults
+// advances (pg_depend of the default, then of the sequence; not further
+// from that table), and so on from each — and each reached table must be in
 // the claim. What it cannot follow makes the write opaque (refused unless
 // Config.AllowOpaque): a reached table with rules (pg_rewrite), user
 // triggers (pg_trigger, not internal, not the fence's), defaults, checks
@@ -283,6 +285,8 @@
 //	                                         from the sequence; not     W/nextval of a sequence named by an
 //	                                         a constant: opaque;          expression; TestIndirectWritesInsideTheClaim
 //	                                         Postgres outside one
+//	a default calling nextval on a         proxy: the owner is        W/default advancing B's sequence
+//	  sequence another table owns            reached (pg_depend)
 //	CREATE EVENT TRIGGER, EXECUTE, COPY    proxy: opaque              W/create event trigger, W/execute of a
 //	  FROM PROGRAM                                                      prepared statement, W/copy from program
 //	EXPLAIN ANALYZE of a write             proxy: as the write        W/explain analyze of a write
@@ -439,9 +443,7 @@
 // writable: an event trigger's function, fired by DDL that passes (only a
 // superuser can create one); a cast between two builtin types or an
 // operator class (superuser only: CREATE CAST needs to own one of the
-// types); and a column default that calls nextval on a sequence another
-// table owns (the default calls a builtin; its sequence is not followed).
-// Types with input or output functions of their own need C, which an
+// types). Types with input or output functions of their own need C, which an
 // unprivileged role cannot use; an extension's are judged as any user
 // type's. COPY ... FROM PROGRAM needs superuser or
 // pg_execute_server_program (and is opaque to the proxy). An INSERT into

@@ -76,6 +76,7 @@ CREATE TABLE ib.ser (id serial);
 CREATE SEQUENCE inone.shared;
 CREATE TABLE ib.usesq (id bigint DEFAULT nextval('inone.shared'));
 CREATE SEQUENCE ia.free;
+CREATE TABLE ia.takesb (id int DEFAULT nextval('ib.ser_id_seq'));
 GRANT ALL ON ALL SEQUENCES IN SCHEMA ia, ib, inone TO PUBLIC;
 -- legitimate: a claim that covers parent, children and cascades
 CREATE TABLE ia.lp (id int, v text) PARTITION BY LIST (id);
@@ -194,6 +195,7 @@ func TestWritesByIndirection(t *testing.T) {
 		{"nextval of a sequence B's table owns", true, "SELECT nextval('ib.ser_id_seq')", "ib.ser"},
 		{"setval of a sequence B's table owns", true, "SELECT setval('ib.ser_id_seq'::regclass, 100)", "ib.ser"},
 		{"nextval of a sequence B's default takes", true, "SELECT nextval('inone.shared')", "ib.usesq"},
+		{"default advancing B's sequence", false, "INSERT INTO ia.takesb VALUES (DEFAULT)", "ib.ser"},
 		{"nextval of a sequence named by an expression", true, "SELECT nextval('ib.ser_' || 'id_seq')", "sequence"},
 		{"create event trigger", false, "CREATE EVENT TRIGGER et ON ddl_command_end EXECUTE FUNCTION inone.trig_fn()", "CreateEventTrigStmt"},
 		{"explain analyze of a write", false, "EXPLAIN ANALYZE UPDATE ia.part SET v = 'A'", "ib.part_hi"},

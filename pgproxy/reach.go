@@ -17,7 +17,7 @@ import (
 // table (their statement triggers do not fire), the referencing tables of
 // foreign keys with ON DELETE/UPDATE CASCADE, SET NULL or SET DEFAULT
 // (and, for TRUNCATE ... CASCADE, of every foreign key), the base tables of
-// an updatable view. Those the proxy learns from the catalogs and judges as
+// an updatable view, the owner of a sequence a default advances. Those the proxy learns from the catalogs and judges as
 // if named. What it cannot follow — rules, user triggers, defaults, checks
 // and policies calling user functions or operators, indexes whose
 // expressions or predicates call them, columns of types that run user
@@ -175,14 +175,20 @@ func reachSQL(rels []string, truncCascade, only bool) string {
     JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = rw.oid
       AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid <> rw.ev_class
     WHERE rw.rulename = '_RETURN'
+  UNION ALL SELECT ad.adrelid, d2.refobjid, 'sequence owner' FROM pg_catalog.pg_attrdef ad
+    JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND d.objid = ad.oid
+      AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
+    JOIN pg_catalog.pg_depend d2 ON d2.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d2.objid = d.refobjid
+      AND d2.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d2.refobjsubid > 0 AND d2.deptype IN ('a', 'i')
+    WHERE d2.refobjid <> ad.adrelid
 ), w(root, oid, via, src) AS (
   SELECT r.n, pg_catalog.to_regclass(r.n)::pg_catalog.oid, '', 0::pg_catalog.oid
     FROM pg_catalog.unnest(ARRAY[` + strings.Join(arr, ", ") + `]::pg_catalog.text[]) AS r(n)
     WHERE pg_catalog.to_regclass(r.n) IS NOT NULL
-  UNION SELECT w.root, e.dst, e.via, w.oid FROM w JOIN e ON e.src = w.oid WHERE ` + notOnly + `
+  UNION SELECT w.root, e.dst, e.via, w.oid FROM w JOIN e ON e.src = w.oid WHERE (` + notOnly + `) AND w.via <> 'sequence owner'
 ), ` + userTypesSQL() + `
 SELECT w.root, n.nspname, c.relname, w.via, COALESCE(sn.nspname || '.' || s.relname, ''),
-  COALESCE(pg_catalog.concat_ws('; ',
+  CASE WHEN w.via = 'sequence owner' THEN '' ELSE COALESCE(pg_catalog.concat_ws('; ',
     CASE WHEN c.relkind = 'f' THEN 'it is a foreign table, written on another server' END,
     (SELECT 'its rules (' || pg_catalog.string_agg(r.rulename::pg_catalog.text, ', ') || ') may write other tables'
        FROM pg_catalog.pg_rewrite r WHERE r.ev_class = c.oid AND r.rulename <> '_RETURN' HAVING pg_catalog.count(*) > 0),
@@ -203,7 +209,7 @@ SELECT w.root, n.nspname, c.relname, w.via, COALESCE(sn.nspname || '.' || s.reln
          d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND d.objid IN (SELECT a.oid FROM pg_catalog.pg_attrdef a WHERE a.adrelid = c.oid)
          OR d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND d.objid IN (SELECT k.oid FROM pg_catalog.pg_constraint k WHERE k.conrelid = c.oid)
          OR d.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass AND d.objid IN (SELECT p.oid FROM pg_catalog.pg_policy p WHERE p.polrelid = c.oid))))
-  ), '')
+  ), '') END
 FROM w JOIN pg_catalog.pg_class c ON c.oid = w.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_catalog.pg_class s ON s.oid = w.src LEFT JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace`
 }
@@ -384,6 +390,8 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 				via = "its foreign key acts on writes to " + row[4]
 			case "base of view":
 				via = "base table of view " + row[4]
+			case "sequence owner":
+				via = "it owns a sequence a default of " + row[4] + " advances"
 			default:
 				via = row[3] + " of " + row[4]
 			}
