@@ -215,7 +215,9 @@
 // take defaults from it (pg_depend of pg_attrdef), and each must be in
 // the claim; a sequence no table uses is nobody's and passes; one not
 // named by a constant is opaque. Such statements are not shared by the
-// classifier's literal-shape cache (the constant decides).
+// classifier's literal-shape cache (the constant decides), and a sequence
+// named without its schema is looked up again each time (the search path
+// decides; TestSequenceBySearchPath).
 //
 // Lookups are one query of the proxy's own per unit (two when it also
 // learns functions and views), only for what is not cached: the cache is

@@ -76,6 +76,7 @@ CREATE TABLE ib.ser (id serial);
 CREATE SEQUENCE inone.shared;
 CREATE TABLE ib.usesq (id bigint DEFAULT nextval('inone.shared'));
 CREATE SEQUENCE ia.free;
+CREATE SEQUENCE ia.ser_id_seq;
 CREATE TABLE ia.takesb (id int DEFAULT nextval('ib.ser_id_seq'));
 GRANT ALL ON ALL SEQUENCES IN SCHEMA ia, ib, inone TO PUBLIC;
 -- legitimate: a claim that covers parent, children and cascades
@@ -331,5 +332,36 @@ func TestDDLThenWriteInOneQuery(t *testing.T) {
 	var n int
 	if err := plpgsql.admin(t).QueryRow(ctx, "SELECT count(*) FROM inone.t").Scan(&n); err != nil || n != 0 {
 		t.Errorf("nobody's table has %d rows (%v), want 0", n, err)
+	}
+}
+
+// TestSequenceBySearchPath: an unqualified sequence name is resolved on
+// the search path of the moment, not taken from the cache: ia.ser_id_seq
+// (nobody's) passes, then the same text under search_path ib names B's
+// ib.ser_id_seq and is refused.
+func TestSequenceBySearchPath(t *testing.T) {
+	setupIndirect(t)
+	lease := newStaticLease(t, "lease_A_seq", 0, "ia.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	plpgsql.reset(t, indirectRows)
+	c := plpgsql.via(t, p, "agent")
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SET search_path = ia"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT nextval('ser_id_seq')"); err != nil {
+		t.Fatalf("nobody's sequence: %v", err)
+	}
+	if _, err := tx.Exec(ctx, "SET search_path = ib"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, "SELECT nextval('ser_id_seq')")
+	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "ib.ser") {
+		t.Errorf("B's sequence by the same text: %v; want the proxy's refusal naming ib.ser", err)
 	}
 }

@@ -352,7 +352,7 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 			if _, ok := u.calls[k]; ok {
 				continue
 			}
-			if ci, ok := cat.calls[k]; ok && !private && (!lookup || now.Sub(ci.at) < catalogTTL) {
+			if ci, ok := cat.calls[k]; ok && !private && (!lookup || now.Sub(ci.at) < catalogTTL && !onSearchPath(c)) {
 				u.calls[k] = ci.user
 				if ci.owners != nil {
 					u.owners[k] = ci.owners
@@ -479,7 +479,7 @@ func (s *session) callsKnownHarmless(st *Statement) bool {
 	defer cat.mu.Unlock()
 	for _, c := range st.Calls {
 		ci, ok := cat.calls[callKeyOf(s.database, c)]
-		if !ok || ci.user || now.Sub(ci.at) >= catalogTTL || c.Kind == 'f' && (runsSQL[c.Name] || otherConnection(c.Name)) || c.Kind == 'q' && ci.owners != nil {
+		if !ok || ci.user || now.Sub(ci.at) >= catalogTTL || c.Kind == 'f' && (runsSQL[c.Name] || otherConnection(c.Name)) || c.Kind == 'q' && (ci.owners != nil || onSearchPath(c)) {
 			return false
 		}
 	}
@@ -537,6 +537,13 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 		}
 	}
 	return st
+}
+
+// onSearchPath: c names a sequence without its schema, which the search
+// path of the moment resolves: what the cache learned under another is
+// not used (it is looked up again).
+func onSearchPath(c Call) bool {
+	return c.Kind == 'q' && !strings.Contains(c.Name, ".")
 }
 
 // judgeSequence: nextval or setval of a sequence writes the sequence,
