@@ -186,7 +186,7 @@ func (c *Classifier) Classify(sql string) *Classification {
 		}
 	}
 	r = classify(sql)
-	if keyed && len(r.Stmts) == 1 && r.ParseError == "" && r.Stmts[0].Start == 0 {
+	if keyed && len(r.Stmts) == 1 && r.ParseError == "" && r.Stmts[0].Start == 0 && !namesSequence(&r.Stmts[0]) {
 		sql = string(kb) // remember it for every text with this shape
 	}
 	if len(sql) <= maxCachedText {
@@ -198,6 +198,18 @@ func (c *Classifier) Classify(sql string) *Classification {
 		c.mu.Unlock()
 	}
 	return r
+}
+
+// namesSequence: st calls nextval or setval on a sequence a constant names
+// (a Call of kind 'q'): its classification depends on that constant, and is
+// not shared by texts that differ in constants only.
+func namesSequence(st *Statement) bool {
+	for _, c := range st.Calls {
+		if c.Kind == 'q' && c.Name != "?" {
+			return true
+		}
+	}
+	return false
 }
 
 // classificationOf1 is a one-statement Classification in one allocation.
@@ -750,8 +762,8 @@ func callsWritingFunction(n *pgq.Node) (setConfig, largeObject bool) {
 // Call is a function or operator a statement calls by name, or a relation
 // it reads (a view may call functions).
 type Call struct {
-	Name string // as Postgres looks it up (pg_proc.proname, pg_operator.oprname, pg_class.relname)
-	Kind byte   // 'f' function, 'o' operator, 'r' relation read
+	Name string // as Postgres looks it up (pg_proc.proname, pg_operator.oprname, pg_class.relname, pg_type.typname)
+	Kind byte   // 'f' function, 'o' operator, 'r' relation read, 't' type named, 'q' sequence advanced or set
 	// Shown is the name as written (schema-qualified when it was), for
 	// refusals.
 	Shown string
@@ -760,7 +772,8 @@ type Call struct {
 }
 
 // calledNames returns the functions and operators n calls by name, and
-// the relations it names, each once.
+// the relations and types it names (a cast, a typed literal, a column
+// definition), each once.
 func calledNames(n *pgq.Node) []Call {
 	var cs []Call
 	seen := map[Call]bool{}
@@ -787,14 +800,42 @@ func calledNames(n *pgq.Node) []Call {
 		case *pgq.FuncCall:
 			name, shown := qualified(v.Funcname)
 			add(Call{Name: name, Kind: 'f', Shown: shown})
+			if (name == "nextval" || name == "setval") && (len(v.Funcname) == 1 || shown == "pg_catalog."+name) {
+				add(Call{Name: sequenceArg(v.Args), Kind: 'q', Shown: shown})
+			}
 		case *pgq.A_Expr:
 			name, shown := qualified(v.Name)
 			add(Call{Name: name, Kind: 'o', Shown: "operator " + shown})
 		case *pgq.RangeVar:
 			add(Call{Name: v.Relname, Kind: 'r', Shown: Target{Schema: v.Schemaname, Name: v.Relname}.String()})
+		case *pgq.TypeName:
+			if v.PctType {
+				break // (%TYPE names a column, in DDL)
+			}
+			name, shown := qualified(v.Names)
+			add(Call{Name: name, Kind: 't', Shown: "type " + shown})
 		}
 	})
 	return cs
+}
+
+// sequenceArg is the sequence a nextval or setval call names: its first
+// argument, a string constant (or one cast to regclass), as regclass would
+// read it; "?" when it is not one (the proxy cannot tell the sequence).
+func sequenceArg(args []*pgq.Node) string {
+	if len(args) == 0 {
+		return "?"
+	}
+	a := args[0]
+	if tc := a.GetTypeCast(); tc != nil {
+		a = tc.Arg
+	}
+	if c := a.GetAConst(); c != nil && c.GetSval() != nil {
+		if v := c.GetSval().GetSval(); v != "" {
+			return v
+		}
+	}
+	return "?"
 }
 
 // loReads are the large-object functions that write nothing (lo_open may

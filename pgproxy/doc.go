@@ -183,12 +183,15 @@
 // tables of foreign keys whose ON DELETE/UPDATE action is CASCADE, SET NULL
 // or SET DEFAULT (pg_constraint; every referencing table for TRUNCATE ...
 // CASCADE), the base tables of an updatable view (pg_depend of its
-// _RETURN rule), and so on from each — and each reached table must be in
+// _RETURN rule), the table that owns a sequence one of its defaults
+// advances (pg_depend of the default, then of the sequence; not further
+// from that table), and so on from each — and each reached table must be in
 // the claim. What it cannot follow makes the write opaque (refused unless
 // Config.AllowOpaque): a reached table with rules (pg_rewrite), user
 // triggers (pg_trigger, not internal, not the fence's), defaults, checks
-// or row security policies that call a function created after initdb, or
-// a foreign table (relkind f). A statement that calls a function or
+// or row security policies that call a function or operator created after
+// initdb, indexes whose expressions or predicates call one, columns of a
+// type that runs one (below), or a foreign table (relkind f). A statement that calls a function or
 // operator created after initdb (any of that name: pg_proc, pg_operator,
 // oid >= 16384), a builtin that runs SQL text (query_to_xml, ts_stat ...),
 // or reads a view or policy-bearing table that calls one, is an opaque
@@ -198,6 +201,23 @@
 // call of dblink's functions is an opaque write anywhere: it writes over a
 // connection of its own, which neither passes the proxy nor inherits the
 // read-only transaction.
+//
+// A type created after initdb runs user code when its input, output, send,
+// receive or typmod functions, a range's canonical or subtype_diff, a
+// domain's default (pg_depend of the type) or CHECK (of its constraints),
+// or a cast from or to it (pg_cast) is a function created after initdb;
+// so does a domain, array, composite type or range made of one. In a
+// writable transaction a statement that names such a type (a cast, a
+// typed literal) or reads a relation with a column of one is opaque, and
+// so is a write to a table with one. nextval and setval in a writable
+// transaction write the sequence they name by a constant: it belongs to
+// the tables that own it (serial, identity: pg_depend auto/internal) or
+// take defaults from it (pg_depend of pg_attrdef), and each must be in
+// the claim; a sequence no table uses is nobody's and passes; one not
+// named by a constant is opaque. Such statements are not shared by the
+// classifier's literal-shape cache (the constant decides), and a sequence
+// named without its schema is looked up again each time (the search path
+// decides; TestSequenceBySearchPath).
 //
 // Lookups are one query of the proxy's own per unit (two when it also
 // learns functions and views), only for what is not cached: the cache is
@@ -251,9 +271,29 @@
 //	lo_* large objects                     proxy: opaque (by name)    TestLargeObjectsAreWrites
 //	SELECT ... FOR UPDATE/SHARE            a lock; judged as a write  (classifier corpus)
 //	                                         of what it locks
-//	nextval, setval                        Postgres outside a         (none)
-//	                                         writable transaction;
-//	                                         not judged inside one
+//	a user type named (x::t, CAST, t 'x')  proxy: opaque in a         W/cast to a domain with a user check,
+//	  whose I/O, casts, domain checks or     writable transaction       W/CAST to a domain with a user check,
+//	  defaults call user functions                                      W/typed literal of a domain with a
+//	                                                                      user check, W/user cast of a named type
+//	a column of such a type, read or       proxy: opaque (writable    W/user cast of a column read,
+//	  written                                transaction; writes)       W/user cast on assignment,
+//	                                                                    W/domain check on write
+//	index expressions, partial-index       proxy: opaque              W/index expression,
+//	  predicates calling user code                                      W/partial index predicate
+//	user operators in defaults, checks     proxy: opaque              W/check calling a user operator
+//	nextval, setval                        proxy in a writable        W/nextval of a sequence B's table owns,
+//	                                         transaction: the tables    W/setval of a sequence B's table owns,
+//	                                         owning or defaulting       W/nextval of a sequence B's default takes,
+//	                                         from the sequence; not     W/nextval of a sequence named by an
+//	                                         a constant: opaque;          expression; TestIndirectWritesInsideTheClaim
+//	                                         Postgres outside one
+//	a default calling nextval on a         proxy: the owner is        W/default advancing B's sequence
+//	  sequence another table owns            reached (pg_depend)
+//	CREATE EVENT TRIGGER, EXECUTE, COPY    proxy: opaque              W/create event trigger, W/execute of a
+//	  FROM PROGRAM                                                      prepared statement, W/copy from program
+//	EXPLAIN ANALYZE of a write             proxy: as the write        W/explain analyze of a write
+//	DECLARE CURSOR, CREATE TABLE AS over   proxy: opaque in a         W/cursor over a user function,
+//	  a user function                        writable transaction       W/temp table as a user function
 //	publications, COMMENT, SECURITY LABEL  proxy: named targets or    (classifier corpus)
 //	                                         opaque
 //	pg_advisory_*, LISTEN/NOTIFY           not writes: pass           (classifier corpus)
@@ -401,14 +441,18 @@
 // seen either (Postgres reports no change: its own default is already on);
 // the client then gets a write its lease allows that it asked not to.
 //
-// User code the proxy does not see by name can still write in a
-// transaction made writable: a cast (CREATE CAST ... WITH FUNCTION), a
-// domain's check constraint, a type's input function, or an index
-// expression that calls a user function; an event trigger's function,
-// fired by DDL; and nextval or setval of any sequence. An INSERT into an
-// inheritance parent (which writes the parent alone) and SELECT ... FOR
-// UPDATE on a parent are judged with the parent's children all the same. Fenced tables check the token there (fence and table scope),
-// unfenced tables do not. Outside a writable transaction, a user function
+// User code the proxy does not see can still write in a transaction made
+// writable: an event trigger's function, fired by DDL that passes (only a
+// superuser can create one); a cast between two builtin types or an
+// operator class (superuser only: CREATE CAST needs to own one of the
+// types). Types with input or output functions of their own need C, which an
+// unprivileged role cannot use; an extension's are judged as any user
+// type's. COPY ... FROM PROGRAM needs superuser or
+// pg_execute_server_program (and is opaque to the proxy). An INSERT into
+// an inheritance parent (which writes the parent alone) and SELECT ... FOR
+// UPDATE on a parent are judged with the parent's children all the same.
+// Fenced tables check the token there (fence and table scope), unfenced
+// tables do not. Outside a writable transaction, a user function
 // that itself calls dblink (or writes large objects) is a read to the
 // proxy. Functions are judged by name, whatever their schema and
 // signature: a user function named like a builtin (count, lower) makes

@@ -52,6 +52,33 @@ CREATE FUNCTION inone.f_write(int) RETURNS int LANGUAGE sql AS $$ INSERT INTO in
 CREATE VIEW inone.vf AS SELECT inone.f_write(3) AS x;
 CREATE TABLE ia.deflt (id int, w int DEFAULT inone.f_write(5));
 CREATE VIEW inone.vvf AS SELECT x FROM inone.vf;
+-- user code that runs without being called by name: a domain's check, a
+-- user cast, an index expression or predicate
+CREATE FUNCTION inone.f_chk(int) RETURNS bool LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN PERFORM inone.f_write($1); RETURN true; END $$;
+CREATE DOMAIN inone.dom AS int CHECK (inone.f_chk(VALUE));
+CREATE TABLE ia.dcol (v inone.dom);
+CREATE TYPE inone.e AS ENUM ('a', 'b');
+CREATE FUNCTION inone.e2i(inone.e) RETURNS int LANGUAGE plpgsql AS $$ BEGIN PERFORM inone.f_write(1); RETURN 1; END $$;
+CREATE CAST (inone.e AS int) WITH FUNCTION inone.e2i(inone.e) AS ASSIGNMENT;
+CREATE TABLE ia.ecol (v inone.e);
+INSERT INTO ia.ecol VALUES ('a');
+CREATE TABLE ia.icol (v int);
+CREATE FUNCTION inone.f_imm(int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN PERFORM inone.f_write($1); RETURN $1; END $$;
+CREATE TABLE ia.idx (id int);
+CREATE INDEX ON ia.idx (inone.f_imm(id));
+CREATE TABLE ia.pidx (id int);
+CREATE INDEX ON ia.pidx (id) WHERE inone.f_chk(id);
+CREATE FUNCTION inone.op_fn(int, int) RETURNS bool LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN PERFORM inone.f_write($1); RETURN true; END $$;
+CREATE OPERATOR inone.=!= (LEFTARG = int, RIGHTARG = int, FUNCTION = inone.op_fn);
+CREATE TABLE ia.opchk (id int CHECK (id OPERATOR(inone.=!=) 0));
+-- sequences of B's tables: owned (serial), and taken as a default
+CREATE TABLE ib.ser (id serial);
+CREATE SEQUENCE inone.shared;
+CREATE TABLE ib.usesq (id bigint DEFAULT nextval('inone.shared'));
+CREATE SEQUENCE ia.free;
+CREATE SEQUENCE ia.ser_id_seq;
+CREATE TABLE ia.takesb (id int DEFAULT nextval('ib.ser_id_seq'));
+GRANT ALL ON ALL SEQUENCES IN SCHEMA ia, ib, inone TO PUBLIC;
 -- legitimate: a claim that covers parent, children and cascades
 CREATE TABLE ia.lp (id int, v text) PARTITION BY LIST (id);
 CREATE TABLE ia.lp1 PARTITION OF ia.lp FOR VALUES IN (1);
@@ -77,16 +104,17 @@ INSERT INTO inone.child3 VALUES (1);
 INSERT INTO ia.lp VALUES (1, 'a');
 INSERT INTO ia.lparent VALUES (1);
 INSERT INTO ia.lchild VALUES (1);
+SELECT setval('ib.ser_id_seq', 1, false), setval('inone.shared', 1, false);
 `
 
 // bState is what B's and nobody's tables hold: unchanged after a refusal.
-const bState = `SELECT concat_ws('|', (SELECT string_agg(id || v, ',' ORDER BY id) FROM ib.part_hi),
+const bState = `SELECT concat_ws('|', (SELECT last_value || is_called::text FROM ib.ser_id_seq), (SELECT last_value || is_called::text FROM inone.shared), (SELECT string_agg(id || v, ',' ORDER BY id) FROM ib.part_hi),
  (SELECT string_agg(id || v, ',' ORDER BY id) FROM ib.inh_child),
  (SELECT string_agg(id || ':' || pid, ',') FROM ib.child),
  (SELECT string_agg(coalesce(pid::text, 'null'), ',') FROM ib.child_null),
  (SELECT count(*) FROM inone.t), (SELECT count(*) FROM inone.child3))`
 
-const bStateWant = "150b|2b|1:1|1|0|1"
+const bStateWant = "1false|1false|150b|2b|1:1|1|0|1"
 
 func setupIndirect(t *testing.T) {
 	t.Helper()
@@ -119,7 +147,12 @@ func dblinkConn() string {
 // children, cascading foreign keys, TRUNCATE ... CASCADE, a rule, a user
 // trigger, an updatable view, a user function called from a read in a
 // writable block, and dblink (another connection, past the proxy) called
-// from a read. Each is refused by the proxy, naming lease, fence and the
+// from a read, a cast to a user type, a column whose type runs user code,
+// an index expression or predicate, a check with a user operator,
+// nextval/setval of B's sequences — and (refused already before these
+// were judged): CREATE EVENT TRIGGER, EXPLAIN ANALYZE of a write,
+// EXECUTE, a cursor or CREATE TABLE AS over a user function, COPY FROM
+// PROGRAM. Each is refused by the proxy, naming lease, fence and the
 // table reached or the route, and B's rows stay as they were. Each runs in
 // the simple and the extended protocol.
 func TestWritesByIndirection(t *testing.T) {
@@ -150,6 +183,27 @@ func TestWritesByIndirection(t *testing.T) {
 		{"function from a read", true, "SELECT inone.f_write(7)", "inone.f_write"},
 		{"view calling a function, from a read", true, "SELECT * FROM inone.vvf", "inone.vvf"},
 		{"dblink from a read", false, "SELECT dblink_exec('" + dblinkConn() + "', 'INSERT INTO inone.t VALUES (7)')", "dblink_exec"},
+		{"cast to a domain with a user check", true, "SELECT 1::inone.dom", "inone.dom"},
+		{"CAST to a domain with a user check", true, "SELECT CAST(2 AS inone.dom)", "inone.dom"},
+		{"typed literal of a domain with a user check", true, "SELECT inone.dom '3'", "inone.dom"},
+		{"user cast of a named type", true, "SELECT 'a'::inone.e::int", "inone.e"},
+		{"user cast of a column read", true, "SELECT v::int FROM ia.ecol", "ia.ecol"},
+		{"user cast on assignment", false, "INSERT INTO ia.icol SELECT v FROM ia.ecol", "ia.ecol"},
+		{"domain check on write", false, "INSERT INTO ia.dcol VALUES (1)", "ia.dcol"},
+		{"index expression", false, "INSERT INTO ia.idx VALUES (1)", "index"},
+		{"partial index predicate", false, "INSERT INTO ia.pidx VALUES (1)", "index"},
+		{"check calling a user operator", false, "INSERT INTO ia.opchk VALUES (1)", "checks"},
+		{"nextval of a sequence B's table owns", true, "SELECT nextval('ib.ser_id_seq')", "ib.ser"},
+		{"setval of a sequence B's table owns", true, "SELECT setval('ib.ser_id_seq'::regclass, 100)", "ib.ser"},
+		{"nextval of a sequence B's default takes", true, "SELECT nextval('inone.shared')", "ib.usesq"},
+		{"default advancing B's sequence", false, "INSERT INTO ia.takesb VALUES (DEFAULT)", "ib.ser"},
+		{"nextval of a sequence named by an expression", true, "SELECT nextval('ib.ser_' || 'id_seq')", "sequence"},
+		{"create event trigger", false, "CREATE EVENT TRIGGER et ON ddl_command_end EXECUTE FUNCTION inone.trig_fn()", "CreateEventTrigStmt"},
+		{"explain analyze of a write", false, "EXPLAIN ANALYZE UPDATE ia.part SET v = 'A'", "ib.part_hi"},
+		{"execute of a prepared statement", false, "EXECUTE p", "ExecuteStmt"},
+		{"cursor over a user function", true, "DECLARE c CURSOR FOR SELECT inone.f_write(7)", "inone.f_write"},
+		{"temp table as a user function", false, "CREATE TEMP TABLE tt AS SELECT inone.f_write(7)", "inone.f_write"},
+		{"copy from program", false, "COPY ia.ruled FROM PROGRAM 'true'", "CopyStmt"},
 		{"dblink from a read in a block", true, "SELECT dblink_exec('" + dblinkConn() + "', 'INSERT INTO inone.t VALUES (7)')", "dblink_exec"},
 	} {
 		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
@@ -193,7 +247,8 @@ func TestWritesByIndirection(t *testing.T) {
 // TestIndirectWritesInsideTheClaim: what the indirect routes reach is
 // judged, not refused: a claim that covers a partitioned table and its
 // partitions writes through the parent; a cascade into a claimed table
-// passes; reads of builtin functions in a writable block pass, and a user
+// passes; reads of builtin functions in a writable block pass, so does
+// nextval of a sequence no table owns or takes defaults from; and a user
 // function called from a read outside any writable transaction is
 // Postgres's to refuse, as it is without the proxy.
 func TestIndirectWritesInsideTheClaim(t *testing.T) {
@@ -229,6 +284,10 @@ func TestIndirectWritesInsideTheClaim(t *testing.T) {
 			var s string
 			if err := tx.QueryRow(ctx, "SELECT lower('X') || count(*)::text || pg_catalog.now()::date::text FROM ia.lp", mode).Scan(&s); err != nil {
 				t.Errorf("builtin functions in a writable block: %v", err)
+			}
+			var sq int64
+			if err := tx.QueryRow(ctx, "SELECT nextval('ia.free')", mode).Scan(&sq); err != nil {
+				t.Errorf("nextval of a sequence no table uses, in a writable block: %v", err)
 			}
 			if err := tx.Commit(ctx); err != nil {
 				t.Error(err)
@@ -273,5 +332,36 @@ func TestDDLThenWriteInOneQuery(t *testing.T) {
 	var n int
 	if err := plpgsql.admin(t).QueryRow(ctx, "SELECT count(*) FROM inone.t").Scan(&n); err != nil || n != 0 {
 		t.Errorf("nobody's table has %d rows (%v), want 0", n, err)
+	}
+}
+
+// TestSequenceBySearchPath: an unqualified sequence name is resolved on
+// the search path of the moment, not taken from the cache: ia.ser_id_seq
+// (nobody's) passes, then the same text under search_path ib names B's
+// ib.ser_id_seq and is refused.
+func TestSequenceBySearchPath(t *testing.T) {
+	setupIndirect(t)
+	lease := newStaticLease(t, "lease_A_seq", 0, "ia.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	plpgsql.reset(t, indirectRows)
+	c := plpgsql.via(t, p, "agent")
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SET search_path = ia"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT nextval('ser_id_seq')"); err != nil {
+		t.Fatalf("nobody's sequence: %v", err)
+	}
+	if _, err := tx.Exec(ctx, "SET search_path = ib"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, "SELECT nextval('ser_id_seq')")
+	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "ib.ser") {
+		t.Errorf("B's sequence by the same text: %v; want the proxy's refusal naming ib.ser", err)
 	}
 }

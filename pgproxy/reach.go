@@ -17,13 +17,17 @@ import (
 // table (their statement triggers do not fire), the referencing tables of
 // foreign keys with ON DELETE/UPDATE CASCADE, SET NULL or SET DEFAULT
 // (and, for TRUNCATE ... CASCADE, of every foreign key), the base tables of
-// an updatable view. Those the proxy learns from the catalogs and judges as
+// an updatable view, the owner of a sequence a default advances. Those the proxy learns from the catalogs and judges as
 // if named. What it cannot follow — rules, user triggers, defaults, checks
-// and policies calling user functions, foreign tables — makes the write
-// opaque. A function or operator a user defined, called by a statement
+// and policies calling user functions or operators, indexes whose
+// expressions or predicates call them, columns of types that run user
+// code, foreign tables — makes the write opaque. A function or operator a user defined, called by a statement
 // that runs in a writable transaction, may write any table: that statement
-// is opaque too; so is a call of dblink's functions anywhere, which write
-// over a connection of their own, past the proxy.
+// is opaque too, as is one that names a type that runs user code (a cast,
+// a typed literal) or reads a column of one; nextval and setval are
+// judged by the tables that own or default from the sequence. A call of
+// dblink's functions is opaque anywhere: they write over a connection of
+// their own, past the proxy.
 //
 // Lookups are cached per database for catalogTTL, and forgotten whenever
 // DDL passes the proxy (and again when the transaction that ran it ends).
@@ -61,7 +65,10 @@ type callKey struct {
 
 type callInfo struct {
 	user bool // a function or operator of that name was created after initdb
-	at   time.Time
+	// owners: for a sequence ('q'), the tables ("schema.name") that own it
+	// or take defaults from it.
+	owners [][2]string
+	at     time.Time
 }
 
 // reach is what writing one relation writes: the relation itself first,
@@ -88,8 +95,9 @@ func (c *catalog) invalidate() {
 // unitCatalog is what the proxy knows for the unit being decided: filled by
 // learnCatalog before the unit is authorized.
 type unitCatalog struct {
-	rels  map[relKey]*reach
-	calls map[callKey]bool
+	rels   map[relKey]*reach
+	calls  map[callKey]bool
+	owners map[callKey][][2]string // a sequence's tables (see callInfo)
 	// ddl: a statement of the unit before this one is DDL, which may change
 	// what a later one reaches (the lookups ran before the unit).
 	ddl bool
@@ -105,6 +113,42 @@ func quoteRel(schema, name string) string {
 // every standard_conforming_strings and client_encoding.
 func sqlText(s string) string {
 	return "pg_catalog.convert_from(pg_catalog.decode('" + hex.EncodeToString([]byte(s)) + "', 'hex'), 'UTF8')"
+}
+
+// userCode is the SQL condition "an object created after initdb": a
+// pg_depend row d that refers to a function or operator with an oid of
+// firstUserOID or more.
+var userCode = `d.refclassid IN ('pg_catalog.pg_proc'::pg_catalog.regclass, 'pg_catalog.pg_operator'::pg_catalog.regclass) AND d.refobjid >= ` + fmt.Sprint(firstUserOID)
+
+// userTypesSQL is CTEs te (which user type is part of which) and, recursive,
+// ut(oid): the types created after
+// initdb that run a function or operator created after initdb when a
+// value of them is read, written, cast or checked — their input, output,
+// send, receive or typmod functions, a range's canonical or subtype_diff
+// function, a domain's default (pg_depend of the type), a domain's CHECK
+// (pg_depend of its constraints), a cast from or to them (pg_cast: an
+// unprivileged role can create one only with a type of its own on one
+// side) — and every type made of one: a domain over it, an array of it, a
+// composite type (a table's row type too) with an attribute of it, a
+// range of it, a multirange of such a range. Usually empty: cheap to
+// learn, and a type that came with Postgres is never in it.
+func userTypesSQL() string {
+	user := fmt.Sprint(firstUserOID)
+	return `te(part, whole) AS MATERIALIZED (
+  SELECT t.typbasetype, t.oid FROM pg_catalog.pg_type t WHERE t.oid >= ` + user + ` AND t.typbasetype >= ` + user + `
+  UNION ALL SELECT t.typelem, t.oid FROM pg_catalog.pg_type t WHERE t.oid >= ` + user + ` AND t.typelem >= ` + user + `
+  UNION ALL SELECT a.atttypid, c.reltype FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+    WHERE a.atttypid >= ` + user + ` AND a.attnum > 0 AND NOT a.attisdropped AND c.reltype <> 0
+  UNION ALL SELECT r.rngsubtype, r.rngtypid FROM pg_catalog.pg_range r WHERE r.rngsubtype >= ` + user + `
+  UNION ALL SELECT r.rngtypid, r.rngmultitypid FROM pg_catalog.pg_range r WHERE r.rngtypid >= ` + user + `
+), ut(oid) AS (
+  SELECT d.objid FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_type'::pg_catalog.regclass AND d.objid >= ` + user + ` AND ` + userCode + `
+  UNION SELECT k.contypid FROM pg_catalog.pg_constraint k JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND d.objid = k.oid
+    WHERE k.contypid >= ` + user + ` AND ` + userCode + `
+  UNION SELECT ca.castsource FROM pg_catalog.pg_cast ca WHERE ca.castfunc >= ` + user + ` AND ca.castsource >= ` + user + `
+  UNION SELECT ca.casttarget FROM pg_catalog.pg_cast ca WHERE ca.castfunc >= ` + user + ` AND ca.casttarget >= ` + user + `
+  UNION SELECT te.whole FROM ut JOIN te ON te.part = ut.oid
+)`
 }
 
 // reachSQL finds, for each relation in rels (quoted names), every relation
@@ -131,14 +175,20 @@ func reachSQL(rels []string, truncCascade, only bool) string {
     JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = rw.oid
       AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid <> rw.ev_class
     WHERE rw.rulename = '_RETURN'
+  UNION ALL SELECT ad.adrelid, d2.refobjid, 'sequence owner' FROM pg_catalog.pg_attrdef ad
+    JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND d.objid = ad.oid
+      AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
+    JOIN pg_catalog.pg_depend d2 ON d2.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d2.objid = d.refobjid
+      AND d2.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d2.refobjsubid > 0 AND d2.deptype IN ('a', 'i')
+    WHERE d2.refobjid <> ad.adrelid
 ), w(root, oid, via, src) AS (
   SELECT r.n, pg_catalog.to_regclass(r.n)::pg_catalog.oid, '', 0::pg_catalog.oid
     FROM pg_catalog.unnest(ARRAY[` + strings.Join(arr, ", ") + `]::pg_catalog.text[]) AS r(n)
     WHERE pg_catalog.to_regclass(r.n) IS NOT NULL
-  UNION SELECT w.root, e.dst, e.via, w.oid FROM w JOIN e ON e.src = w.oid WHERE ` + notOnly + `
-)
+  UNION SELECT w.root, e.dst, e.via, w.oid FROM w JOIN e ON e.src = w.oid WHERE (` + notOnly + `) AND w.via <> 'sequence owner'
+), ` + userTypesSQL() + `
 SELECT w.root, n.nspname, c.relname, w.via, COALESCE(sn.nspname || '.' || s.relname, ''),
-  COALESCE(pg_catalog.concat_ws('; ',
+  CASE WHEN w.via = 'sequence owner' THEN '' ELSE COALESCE(pg_catalog.concat_ws('; ',
     CASE WHEN c.relkind = 'f' THEN 'it is a foreign table, written on another server' END,
     (SELECT 'its rules (' || pg_catalog.string_agg(r.rulename::pg_catalog.text, ', ') || ') may write other tables'
        FROM pg_catalog.pg_rewrite r WHERE r.ev_class = c.oid AND r.rulename <> '_RETURN' HAVING pg_catalog.count(*) > 0),
@@ -147,12 +197,19 @@ SELECT w.root, n.nspname, c.relname, w.via, COALESCE(sn.nspname || '.' || s.reln
          AND NOT (t.tgname = '` + triggerName + `' AND (SELECT p.pronamespace FROM pg_catalog.pg_proc p WHERE p.oid = t.tgfoid) =
            (SELECT ns.oid FROM pg_catalog.pg_namespace ns WHERE ns.nspname = '` + Schema + `'))
        HAVING pg_catalog.count(*) > 0),
-    (SELECT 'its defaults, checks or policies call user functions, which may write other tables' WHERE EXISTS (
-       SELECT 1 FROM pg_catalog.pg_depend d WHERE d.refclassid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.refobjid >= ` + fmt.Sprint(firstUserOID) + ` AND (
+    (SELECT 'its indexes (' || pg_catalog.string_agg(i.indexrelid::pg_catalog.regclass::pg_catalog.text, ', ') || ') call user functions or operators in their expressions or predicates, which may write other tables'
+       FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+         WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = i.indexrelid AND ` + userCode + `)
+       HAVING pg_catalog.count(*) > 0),
+    (SELECT 'the types of its columns (' || pg_catalog.string_agg(a.attname::pg_catalog.text || ' ' || pg_catalog.format_type(a.atttypid, NULL), ', ') || ') run user functions (input or output, a cast, a domain check or default), which may write other tables'
+       FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid IN (SELECT ut.oid FROM ut)
+       HAVING pg_catalog.count(*) > 0),
+    (SELECT 'its defaults, checks or policies call user functions or operators, which may write other tables' WHERE EXISTS (
+       SELECT 1 FROM pg_catalog.pg_depend d WHERE ` + userCode + ` AND (
          d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND d.objid IN (SELECT a.oid FROM pg_catalog.pg_attrdef a WHERE a.adrelid = c.oid)
          OR d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND d.objid IN (SELECT k.oid FROM pg_catalog.pg_constraint k WHERE k.conrelid = c.oid)
          OR d.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass AND d.objid IN (SELECT p.oid FROM pg_catalog.pg_policy p WHERE p.polrelid = c.oid))))
-  ), '')
+  ), '') END
 FROM w JOIN pg_catalog.pg_class c ON c.oid = w.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_catalog.pg_class s ON s.oid = w.src LEFT JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace`
 }
@@ -177,15 +234,28 @@ func callsSQL(calls []string) string {
   UNION SELECT v.root, d.refobjid FROM v JOIN pg_catalog.pg_rewrite rw ON rw.ev_class = v.oid
     JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = rw.oid
       AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid <> v.oid
-)
-SELECT DISTINCT 'r' || v.root FROM v JOIN pg_catalog.pg_depend d
+), ` + userTypesSQL() + `
+SELECT DISTINCT 'r' || v.root, '', '' FROM v JOIN pg_catalog.pg_attribute a ON a.attrelid = v.oid AND a.attnum > 0 AND NOT a.attisdropped
+  WHERE a.atttypid IN (SELECT ut.oid FROM ut)
+UNION SELECT DISTINCT 't' || t.typname, '', '' FROM pg_catalog.pg_type t WHERE t.typname::pg_catalog.text = ANY (` + arr('t') + `)
+  AND t.oid IN (SELECT ut.oid FROM ut)
+UNION SELECT DISTINCT 'r' || v.root, '', '' FROM v JOIN pg_catalog.pg_depend d
   ON d.refclassid IN ('pg_catalog.pg_proc'::pg_catalog.regclass, 'pg_catalog.pg_operator'::pg_catalog.regclass) AND d.refobjid >= ` + user + `
   AND (d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid IN (SELECT rw.oid FROM pg_catalog.pg_rewrite rw WHERE rw.ev_class = v.oid)
     OR d.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass AND d.objid IN (SELECT p.oid FROM pg_catalog.pg_policy p WHERE p.polrelid = v.oid))
-UNION SELECT DISTINCT 'f' || p.proname FROM pg_catalog.pg_proc p WHERE p.oid >= ` + user + `
+UNION SELECT DISTINCT 'f' || p.proname, '', '' FROM pg_catalog.pg_proc p WHERE p.oid >= ` + user + `
   AND p.proname::pg_catalog.text = ANY (` + arr('f') + `)
-UNION SELECT DISTINCT 'o' || o.oprname FROM pg_catalog.pg_operator o WHERE o.oid >= ` + user + `
-  AND o.oprname::pg_catalog.text = ANY (` + arr('o') + `)`
+UNION SELECT DISTINCT 'o' || o.oprname, '', '' FROM pg_catalog.pg_operator o WHERE o.oid >= ` + user + `
+  AND o.oprname::pg_catalog.text = ANY (` + arr('o') + `)
+UNION SELECT 'q' || q.n, tn.nspname, tc.relname FROM pg_catalog.unnest(` + arr('q') + `) AS q(n)
+  JOIN pg_catalog.pg_depend d ON q.n <> '?' AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = pg_catalog.to_regclass(q.n)::pg_catalog.oid
+    AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjsubid > 0 AND d.deptype IN ('a', 'i')
+  JOIN pg_catalog.pg_class tc ON tc.oid = d.refobjid JOIN pg_catalog.pg_namespace tn ON tn.oid = tc.relnamespace
+UNION SELECT 'q' || q.n, tn.nspname, tc.relname FROM pg_catalog.unnest(` + arr('q') + `) AS q(n)
+  JOIN pg_catalog.pg_depend d ON q.n <> '?' AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = pg_catalog.to_regclass(q.n)::pg_catalog.oid
+    AND d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass
+  JOIN pg_catalog.pg_attrdef ad ON ad.oid = d.objid
+  JOIN pg_catalog.pg_class tc ON tc.oid = ad.adrelid JOIN pg_catalog.pg_namespace tn ON tn.oid = tc.relnamespace`
 }
 
 // runsSQL are builtin functions that run SQL text (or read relations,
@@ -242,10 +312,11 @@ func relCandidates(buf []string, t Target, searchPath []string) []string {
 func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error {
 	u := &s.unit
 	if u.rels == nil {
-		u.rels, u.calls = map[relKey]*reach{}, map[callKey]bool{}
+		u.rels, u.calls, u.owners = map[relKey]*reach{}, map[callKey]bool{}, map[callKey][][2]string{}
 	}
 	clear(u.rels)
 	clear(u.calls)
+	clear(u.owners)
 	u.ddl = false
 	cat, db, now := s.p.catalog, s.database, time.Now()
 	private := s.ddlPending  // the transaction ran DDL: what it sees is its own (temp schemas are the session's)
@@ -281,8 +352,11 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 			if _, ok := u.calls[k]; ok {
 				continue
 			}
-			if ci, ok := cat.calls[k]; ok && !private && (!lookup || now.Sub(ci.at) < catalogTTL) {
+			if ci, ok := cat.calls[k]; ok && !private && (!lookup || now.Sub(ci.at) < catalogTTL && !onSearchPath(c)) {
 				u.calls[k] = ci.user
+				if ci.owners != nil {
+					u.owners[k] = ci.owners
+				}
 				continue
 			}
 			u.calls[k] = true // unknown until learned: as if user-defined
@@ -316,6 +390,8 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 				via = "its foreign key acts on writes to " + row[4]
 			case "base of view":
 				via = "base table of view " + row[4]
+			case "sequence owner":
+				via = "it owns a sequence a default of " + row[4] + " advances"
 			default:
 				via = row[3] + " of " + row[4]
 			}
@@ -341,18 +417,25 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 		if err != nil {
 			return s.lookupFailed(err)
 		}
-		user := map[string]bool{}
+		user, owners := map[string]bool{}, map[string][][2]string{}
 		for _, row := range rows {
-			if len(row) == 1 {
+			switch {
+			case len(row) != 3:
+			case row[2] != "":
+				owners[row[0]] = append(owners[row[0]], [2]string{row[1], row[2]})
+			default:
 				user[row[0]] = true
 			}
 		}
 		cat.mu.Lock()
 		for _, c := range needCalls {
 			k := callKey{db: db, call: c}
-			u.calls[k] = user[c]
+			u.calls[k] = user[c] || c == "q?"
+			if owners[c] != nil {
+				u.owners[k] = owners[c]
+			}
 			if !private {
-				cat.calls[k] = callInfo{user: user[c], at: now}
+				cat.calls[k] = callInfo{user: user[c] || c == "q?", owners: owners[c], at: now}
 			}
 		}
 		cat.mu.Unlock()
@@ -396,7 +479,7 @@ func (s *session) callsKnownHarmless(st *Statement) bool {
 	defer cat.mu.Unlock()
 	for _, c := range st.Calls {
 		ci, ok := cat.calls[callKeyOf(s.database, c)]
-		if !ok || ci.user || now.Sub(ci.at) >= catalogTTL || c.Kind == 'f' && (runsSQL[c.Name] || otherConnection(c.Name)) {
+		if !ok || ci.user || now.Sub(ci.at) >= catalogTTL || c.Kind == 'f' && (runsSQL[c.Name] || otherConnection(c.Name)) || c.Kind == 'q' && (ci.owners != nil || onSearchPath(c)) {
 			return false
 		}
 	}
@@ -426,6 +509,14 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 			continue
 		}
 		user, known := s.unit.calls[callKeyOf(s.database, c)]
+		if c.Kind == 'q' && writable {
+			if why := s.judgeSequence(c); why != "" {
+				cp := *st
+				cp.Class, cp.Opaque, cp.OpaqueWhy = ClassWrite, true, why
+				return &cp
+			}
+			continue
+		}
 		if other || c.Kind == 'f' && runsSQL[c.Name] || user || !known {
 			why := "it calls " + c.Shown + ", a function a user defined, which may write any table"
 			switch {
@@ -436,7 +527,9 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 			case c.Kind == 'o':
 				why = "it calls " + c.Shown + ", an operator a user defined, whose function may write any table"
 			case c.Kind == 'r':
-				why = "it reads " + c.Shown + ", a view (or a table with policies) that calls functions a user defined, which may write any table"
+				why = "it reads " + c.Shown + ", a view (or a table with policies, or columns of types) that calls functions a user defined, which may write any table"
+			case c.Kind == 't':
+				why = "it names " + c.Shown + ", whose input, output, casts or domain checks call functions a user defined, which may write any table"
 			}
 			cp := *st
 			cp.Class, cp.Opaque, cp.OpaqueWhy = ClassWrite, true, why
@@ -444,6 +537,43 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 		}
 	}
 	return st
+}
+
+// onSearchPath: c names a sequence without its schema, which the search
+// path of the moment resolves: what the cache learned under another is
+// not used (it is looked up again).
+func onSearchPath(c Call) bool {
+	return c.Kind == 'q' && !strings.Contains(c.Name, ".")
+}
+
+// judgeSequence: nextval or setval of a sequence writes the sequence,
+// which belongs to the tables that own it (serial, identity) or take
+// defaults from it: each must be in the lease's claim. A sequence no table
+// uses belongs to no lease's tables and is not judged; one the proxy cannot
+// tell (not a constant) is opaque.
+func (s *session) judgeSequence(c Call) string {
+	k := callKeyOf(s.database, c)
+	if c.Name == "?" {
+		return "it calls " + c.Shown + " on a sequence it does not name by a constant, which may belong to any table"
+	}
+	if _, known := s.unit.calls[k]; !known {
+		return "it calls " + c.Shown + " on sequence " + c.Name + ", whose tables the proxy could not learn"
+	}
+	owners := s.unit.owners[k]
+	if len(owners) == 0 {
+		return ""
+	}
+	li := s.lease()
+	for _, o := range owners {
+		if isTempSchema(o[0]) {
+			continue
+		}
+		full, err := joinTable(o[0], o[1])
+		if err != nil || !li.claim.ContainsTable(full) {
+			return fmt.Sprintf("it calls %s on sequence %s, which belongs to table %s.%s, outside the lease's table scope %v", c.Shown, c.Name, o[0], o[1], li.tables)
+		}
+	}
+	return ""
 }
 
 // unitWritable reports whether the statements of a unit run in a writable
