@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
 	"strings"
 )
 
@@ -46,19 +47,7 @@ func requestMAC(token, method, path, nonce string, body []byte) string {
 // eventMAC is an event's proof of the token, for the stream opened with
 // nonce: the n-th event with data.
 func eventMAC(token, nonce string, n uint64, data []byte) string {
-	return adminMAC(token, "event", nonce, uitoa(n), string(data))
-}
-
-func uitoa(n uint64) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		if n /= 10; n == 0 {
-			return string(b[i:])
-		}
-	}
+	return adminMAC(token, "event", nonce, strconv.FormatUint(n, 10), string(data))
 }
 
 // newNonce returns 128 random bits in hex.
