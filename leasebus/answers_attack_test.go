@@ -175,9 +175,10 @@ func TestHolderIgnoresAnswersItDidNotAskFor(t *testing.T) {
 	})
 	t.Run("stale-active-after-revoke", func(t *testing.T) {
 		b := startBus(t)
-		// Renewals 2 s apart: the injected answers wait in the victim's
-		// mailbox for the renewals after the revoke.
-		h, spy, attacker := victimHolder(t, b, 2*time.Second)
+		// Renewals 5 s apart: the injected answers wait in the victim's
+		// mailbox for the renewals after the revoke, each keeping a victim
+		// that takes them writing for 5 s more.
+		h, spy, attacker := victimHolder(t, b, 5*time.Second)
 		l := h.Lease()
 		// Genuine answers of the service, from before the revoke.
 		subjects := spy.next(12)
@@ -201,9 +202,9 @@ func TestHolderIgnoresAnswersItDidNotAskFor(t *testing.T) {
 		select {
 		case <-h.Lost():
 			t.Logf("lost %s after the revoke", time.Since(revoked).Round(time.Millisecond))
-		case <-time.After(time.Second):
+		case <-time.After(3 * time.Second): // the bound is 1 s; room for two busy cores
 			st, err := h.State()
-			t.Fatalf("1 s after a revoke the victim's holder is %s (%v): injected answers kept it writing", st, err)
+			t.Fatalf("3 s after a revoke the victim's holder is %s (%v): injected answers kept it writing", st, err)
 		}
 	})
 }
