@@ -338,25 +338,36 @@ func (t *trap) mqWhat() string {
 	return fmt.Sprintf("%s on %s", t.spec.name, fdPath(t.pid(), int32(t.arg(0))))
 }
 
+// mqOwnQueue returns the supervisor's own copy of the call's queue
+// descriptor (argument 0) and the queue's attributes, when the queue is
+// the agent's own; otherwise it answers the call (refused, or failed) and
+// returns ok false. The caller closes fd.
+func (t *trap) mqOwnQueue() (fd int, a mqAttr, ok bool) {
+	fd, own, ok := t.mqFD()
+	if !ok {
+		return -1, a, false
+	}
+	if !own {
+		unix.Close(fd)
+		t.mqDenyForeign(t.mqWhat())
+		return -1, a, false
+	}
+	if err := mqGetSetAttr(fd, nil, &a); err != nil {
+		unix.Close(fd)
+		t.failErr(err)
+		return -1, a, false
+	}
+	return fd, a, true
+}
+
 // mqSendCall is mq_timedsend(fd, msg, len, prio, abs_timeout).
 func mqSendCall(t *trap) {
 	if gateErr := t.gate(); gateErr != nil {
 		t.mqDenyLost(t.mqWhat(), gateErr)
 		return
 	}
-	fd, own, ok := t.mqFD()
+	fd, a, ok := t.mqOwnQueue()
 	if !ok {
-		return
-	}
-	if !own {
-		unix.Close(fd)
-		t.mqDenyForeign(t.mqWhat())
-		return
-	}
-	var a mqAttr
-	if err := mqGetSetAttr(fd, nil, &a); err != nil {
-		unix.Close(fd)
-		t.failErr(err)
 		return
 	}
 	n := t.arg(2)
@@ -394,19 +405,8 @@ func mqSendCall(t *trap) {
 
 // mqReceiveCall is mq_timedreceive(fd, msg, len, prio *, abs_timeout).
 func mqReceiveCall(t *trap) {
-	fd, own, ok := t.mqFD()
+	fd, a, ok := t.mqOwnQueue()
 	if !ok {
-		return
-	}
-	if !own {
-		unix.Close(fd)
-		t.mqDenyForeign(t.mqWhat())
-		return
-	}
-	var a mqAttr
-	if err := mqGetSetAttr(fd, nil, &a); err != nil {
-		unix.Close(fd)
-		t.failErr(err)
 		return
 	}
 	n := t.arg(2)
