@@ -140,7 +140,7 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 	pauseHolder := os.Getenv("FENCELINE_FAULTS_PAUSE_HOLDER") != "0"
 	t.Logf("seed %d (FENCELINE_FAULTS_SEED=%d repeats the load's choices), %d rounds", seed, seed, rounds)
 	started := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rounds)*2*time.Minute+3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rounds)*3*time.Minute+5*time.Minute)
 	defer cancel()
 
 	pg, err := pgtest.Start(ctx)
