@@ -44,15 +44,17 @@ type HoldOptions struct {
 	// error (nil when renewed), for metrics. The holder sends nothing while
 	// it runs: it must return promptly.
 	OnRenew func(took time.Duration, err error)
-	// Heartbeat is how often the holder checks that the server it is
-	// connected to answers (a PING/PONG round trip; default 250 ms).
+	// Heartbeat is how often the holder asks the lease service for its
+	// lease (a get, answered from the service's fresh view; default 250 ms).
 	Heartbeat time.Duration
-	// Silence is how long without an answer from the server the holder
-	// still vouches for the lease (default 3 × Heartbeat). A server that
-	// stops answering (paused, partitioned, overloaded) cannot deliver a
-	// revoke's notice, and the connection only drops after several missed
-	// pings (seconds); past Silence the holder is Unknown and writes stop
-	// until a renewal sent afterwards is answered.
+	// Silence is how long without an answer from the lease service the
+	// holder still vouches for the lease (default 3 × Heartbeat). A service
+	// that stops answering (paused, partitioned from the holder's server,
+	// overloaded) cannot deliver a revoke's notice, and the connection only
+	// drops after several missed pings (seconds) — or never, when the
+	// holder's own server is up but cut off from the service's; past
+	// Silence the holder is Unknown and writes stop until a renewal sent
+	// afterwards is answered.
 	Silence time.Duration
 }
 
@@ -80,10 +82,11 @@ type HoldOptions struct {
 //	renew sent before the doubt    -> stays Unknown; renew again
 //
 // Fence also fails while the connection is not up, before the holder has
-// even seen the status event, and once the server it is connected to has
-// not answered a heartbeat for longer than Silence (a paused or cut-off
-// server delivers no notices, and a connection only drops after missed
-// pings): that is a doubt like the others, settled by a renewal.
+// even seen the status event, and once the lease service has not answered
+// a heartbeat for longer than Silence (a paused service, or a server cut
+// off from the service's, delivers no notices, and a connection only drops
+// after missed pings, or never): that is a doubt like the others, settled
+// by a renewal.
 type Holder struct {
 	c    *Client
 	cred Credential
@@ -109,8 +112,8 @@ type Holder struct {
 	status     chan nats.Status
 	statusDone chan struct{}
 
-	// heardAt is when the last heartbeat that was answered was sent: the
-	// server was alive then. Guarded by mu.
+	// heardAt is when the last request the service answered was sent: the
+	// service reached us then. Guarded by mu.
 	heardAt time.Time
 
 	cancel   context.CancelFunc
@@ -266,7 +269,7 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 	return h, nil
 }
 
-// heard notes that the server answered something sent at sent.
+// heard notes that the lease service answered something sent at sent.
 func (h *Holder) heard(sent time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -279,20 +282,20 @@ func (h *Holder) heardLocked(sent time.Time) {
 	}
 }
 
-// heartbeat asks the server for a PONG every Heartbeat until ctx ends, and
-// notes when an answered one was sent (heardAt); Fence stops vouching for
-// the lease once the server has been silent longer than Silence.
+// heartbeat asks the lease service for the lease every Heartbeat until ctx
+// ends, and notes when an answered ask was sent (heardAt); Fence stops
+// vouching for the lease once the service has been silent longer than
+// Silence. The service's answer, not the holder's own NATS server's: a
+// server cut off from the service's keeps answering pings while a revoke
+// it cannot relay stands (a partition), so a PONG proves nothing about the
+// lease. An answer that says the lease ended is a doubt settled by a
+// renewal, as a change notice is.
 func (h *Holder) heartbeat(ctx context.Context) {
 	defer close(h.beatDone)
 	t := time.NewTicker(h.opts.Heartbeat)
 	defer t.Stop()
 	for {
-		sent := h.opts.Now()
-		fctx, cancel := context.WithTimeout(ctx, h.opts.Silence)
-		if h.c.nc.FlushWithContext(fctx) == nil {
-			h.heard(sent)
-		}
-		cancel()
+		h.beat(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -300,6 +303,26 @@ func (h *Holder) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// beat is one heartbeat: a get of the lease, answered by the service.
+func (h *Holder) beat(ctx context.Context) {
+	held := h.Lease()
+	sent := h.opts.Now()
+	bctx, cancel := context.WithTimeout(ctx, h.opts.Silence)
+	defer cancel()
+	l, err := h.c.leaseOp(bctx, "get", getRequest{LeaseID: held.LeaseID, Repo: held.Repo})
+	switch {
+	case err == nil && (l.LeaseID != held.LeaseID || l.Repo != held.Repo || l.Fence != held.Fence):
+		// Not the service's answer about this lease: nothing heard.
+	case err == nil:
+		h.heard(sent)
+		h.observe(l)
+	case errors.Is(err, ErrNotFound):
+		// The service answered, and knows no such lease.
+		h.heard(sent)
+		h.doubt(fmt.Errorf("%w: %s (fence %d): the lease service does not know the lease; writes stop until it answers a renewal", ErrLeaseUnknown, held.LeaseID, held.Fence), true)
 	}
 }
 
@@ -321,7 +344,7 @@ func (h *Holder) Fence() (uint64, error) {
 		if silent := h.opts.Now().Sub(h.heardAt); silent > h.opts.Silence {
 			// The server may be paused or cut off: a revoke's notice
 			// could not reach us. Stop, and re-check once it answers.
-			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): no answer from the bus for %s; writes wait until the lease is re-checked",
+			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): no answer from the lease service for %s; writes wait until the lease is re-checked",
 				ErrLeaseUnknown, h.lease.LeaseID, h.lease.Fence, silent.Round(time.Millisecond)))
 			h.poke()
 		}
@@ -608,7 +631,7 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 		}
 		h.lease = *l
 		h.validUntil = sent.Add(time.Duration(l.TTL) - h.opts.Margin)
-		h.heardLocked(sent) // the server answered: alive since sent
+		h.heardLocked(sent) // the service answered: alive since sent
 		if h.epoch != epoch {
 			// A doubt arose while this renewal was under way: its answer
 			// may predate a revoke. Ask again (run was poked).

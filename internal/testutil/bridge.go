@@ -1,0 +1,105 @@
+package testutil
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+)
+
+// Bridge is a TCP relay (for a route between two NATS cluster nodes) whose
+// traffic can be blackholed: while it is cut, bytes are read and dropped,
+// so neither side sees a closed connection — a partition, not a crash, as
+// etcd's test bridge makes one.
+type Bridge struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	cut   bool       // guarded by mu
+	conns []net.Conn // guarded by mu
+	wg    sync.WaitGroup
+}
+
+// NewBridge relays connections to target (host:port) from a new port on
+// 127.0.0.1 until the test ends.
+func NewBridge(t testing.TB, target string) *Bridge {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &Bridge{ln: ln, target: target}
+	b.wg.Go(b.accept)
+	t.Cleanup(b.Close)
+	return b
+}
+
+// Addr is the bridge's own host:port.
+func (b *Bridge) Addr() string { return b.ln.Addr().String() }
+
+func (b *Bridge) accept() {
+	for {
+		in, err := b.ln.Accept()
+		if err != nil {
+			return
+		}
+		out, err := net.Dial("tcp", b.target)
+		if err != nil {
+			in.Close()
+			continue
+		}
+		b.mu.Lock()
+		b.conns = append(b.conns, in, out)
+		b.mu.Unlock()
+		b.wg.Go(func() { b.pipe(out, in) })
+		b.wg.Go(func() { b.pipe(in, out) })
+	}
+}
+
+// pipe copies src to dst, dropping what it reads while the bridge is cut.
+func (b *Bridge) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			b.mu.Lock()
+			cut := b.cut
+			b.mu.Unlock()
+			if !cut {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				src.Close()
+			}
+			return
+		}
+	}
+}
+
+// Partition blackholes the bridge (cut) or heals it. Healing closes the
+// connections that lost bytes, so both sides reconnect cleanly.
+func (b *Bridge) Partition(cut bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cut = cut
+	if !cut {
+		for _, c := range b.conns {
+			c.Close()
+		}
+		b.conns = nil
+	}
+}
+
+// Close stops accepting, closes every connection and waits for the relay.
+func (b *Bridge) Close() {
+	b.ln.Close()
+	b.Partition(false)
+	b.wg.Wait()
+}
