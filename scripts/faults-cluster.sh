@@ -7,8 +7,9 @@
 # Every round pauses (SIGSTOP 3 s, SIGCONT) the lease log's and the audit
 # stream's leaders, kills (SIGKILL) the service process and the log's
 # leader, then restarts them, then pauses the node the run agent's holder
-# is connected to (unless FENCELINE_FAULTS_PAUSE_HOLDER=0); right after
-# each of these faults (during the last one) every
+# is connected to and then cuts that node off from the others (unless
+# FENCELINE_FAULTS_PAUSE_HOLDER=0); right after each of these faults
+# (during the last two) every
 # agent's lease is revoked and its claim granted to a new agent at once,
 # the revoked agent left writing. At the end: no two overlapping grants
 # valid at once, no write landed more than 1 s after its lease's revoke (or

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -86,6 +87,9 @@ type Cluster struct {
 	Services []*Node // lease services without a server of their own
 	urls     []string
 	creds    string // the credentials every node admits and every process uses
+	// routes[i][j] carries node i's route connections to node j, through
+	// a bridge that can blackhole them (Isolate).
+	routes [][]*testutil.Bridge
 }
 
 // StartCluster starts n node processes of bin (see BuildBinary) as one
@@ -97,17 +101,22 @@ func StartCluster(t testing.TB, bin string, n int) *Cluster {
 	// make its own), the one the test's own connections use.
 	c := &Cluster{t: t, bin: bin, creds: bustest.CredsDir(t)}
 	ports := freePorts(t, 2*n)
-	var routes []string
+	c.routes = make([][]*testutil.Bridge, n)
 	for i := range n {
 		c.urls = append(c.urls, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
-		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[n+i]))
+		c.routes[i] = make([]*testutil.Bridge, n)
+		for j := range n {
+			if j != i {
+				c.routes[i][j] = testutil.NewBridge(t, fmt.Sprintf("127.0.0.1:%d", ports[n+j]))
+			}
+		}
 	}
 	dir := t.TempDir()
 	for i := range n {
 		var peers []string
-		for j, r := range routes {
+		for j, b := range c.routes[i] {
 			if j != i {
-				peers = append(peers, r)
+				peers = append(peers, "nats://"+b.Addr())
 			}
 		}
 		name := fmt.Sprintf("n%d", i)
@@ -214,6 +223,24 @@ func (c *Cluster) Resume(p *Node) {
 	p.mu.Lock()
 	p.paused = false
 	p.mu.Unlock()
+}
+
+// Isolate cuts node p off from every other node (cut), or heals it: the
+// routes' bytes are dropped, so every side sees silence, not a closed
+// connection, and p's own clients stay connected to it. A service on the
+// other side goes on; p's server keeps answering its clients' pings.
+func (c *Cluster) Isolate(p *Node, cut bool) {
+	c.t.Helper()
+	n := slices.Index(c.Nodes, p)
+	if n < 0 {
+		c.t.Fatalf("isolate %s: not a node of the cluster", p.Name)
+	}
+	for i := range c.Nodes {
+		if i != n {
+			c.routes[i][n].Partition(cut)
+			c.routes[n][i].Partition(cut)
+		}
+	}
 }
 
 // Kill kills p with SIGKILL and waits until it is gone.

@@ -114,9 +114,10 @@ func retryUnavailable(ctx context.Context, stats *atomic.Int64, op func() error)
 //
 // Environment: FENCELINE_FAULTS_CLUSTER_ROUNDS (default 1) repeats the
 // fault sequence, FENCELINE_FAULTS_PAUSE_HOLDER=0 leaves out the fifth
-// fault of each round (SIGSTOP of the node the run agent's holder is
-// connected to, the revokes sent during the pause, SIGCONT after 3 s at
-// the earliest), FENCELINE_FAULTS_SEED fixes the load's randomness,
+// and sixth faults of each round (SIGSTOP of the node the run agent's
+// holder is connected to, the revokes sent during the pause, SIGCONT after
+// 3 s at the earliest; then that node cut off from the others the same
+// way), FENCELINE_FAULTS_SEED fixes the load's randomness,
 // FENCELINE_FAULTS_BIN runs a fenceline binary built elsewhere (another
 // version) instead of building this one. scripts/faults-cluster.sh runs the
 // long form.
@@ -426,6 +427,26 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 			t.Logf("round %d: SIGCONT %s after %s", round, p.Name, time.Since(paused).Round(time.Millisecond))
 			crew.regrant()
 			progress(20, 45*time.Second)
+
+			// The same node cut off from the others instead of paused: its
+			// server goes on answering the run's pings, the revokes go
+			// through on the other side, and only the lease service's
+			// silence can stop the run in time.
+			crew.waitLanded(time.Time{})
+			run = crew.cur[0].procs[0]
+			if p, err = cl.NodeOf(run.Pid()); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("round %d: partition %s, the node %s hears the bus through, from the others", round, p.Name, run.Name)
+			cl.Isolate(p, true)
+			cut := time.Now()
+			h.Fault("partition-holder-node")
+			crew.revoke("partition-holder-node", fmt.Sprintf("round %d, right after %s (%s's node) was cut off", round, p.Name, run.Name), cut)
+			hold(3*time.Second - time.Since(cut))
+			cl.Isolate(p, false)
+			t.Logf("round %d: healed %s after %s", round, p.Name, time.Since(cut).Round(time.Millisecond))
+			crew.regrant()
+			progress(20, 45*time.Second)
 		}
 	}
 	stop.Store(true)
@@ -495,9 +516,9 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 		}
 	}
 	if pauseHolder {
-		want += rounds * len(crew.lines)
+		want += 2 * rounds * len(crew.lines)
 	}
-	if got := crew.revokes["pause-log-leader"] + crew.revokes["pause-audit-leader"] + crew.revokes["kill-node"] + crew.revokes["restart"] + crew.revokes["pause-holder-node"]; got != want {
+	if got := crew.revokes["pause-log-leader"] + crew.revokes["pause-audit-leader"] + crew.revokes["kill-node"] + crew.revokes["restart"] + crew.revokes["pause-holder-node"] + crew.revokes["partition-holder-node"]; got != want {
 		t.Errorf("want %d revokes right after faults, got %v", want, crew.revokes)
 	}
 	for _, repo := range sortedKeys(repos) {

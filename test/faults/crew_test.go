@@ -92,6 +92,11 @@ func (c *crew) revoke(fault, why string, faultAt time.Time) {
 	c.pending, c.why = c.pending[:0], why
 	for k := range c.lines {
 		cur := c.cur[k]
+		for _, p := range cur.procs {
+			if p.Exited() {
+				c.t.Fatalf("%s agent under %s exited before its revoke (%s):\nstdout:\n%s\nstderr:\n%s", c.lines[k].name, cur.lease.LeaseID, why, p.Stdout(), p.Stderr())
+			}
+		}
 		revokeAt, endedAt := revokeNow(c.ctx, c.t, c.env, c.h, cur.lease.LeaseID, "faults: "+why)
 		c.h.Revoked(cur.lease.LeaseID, revokeAt, endedAt)
 		c.revokes[fault]++

@@ -48,10 +48,16 @@
 //     agent's holder is connected to (found from its sockets in /proc),
 //     the revokes sent during the pause,
 //     SIGCONT 3 s after the SIGSTOP at the earliest, then the claims
-//     granted again.
+//     granted again;
+//  6. unless FENCELINE_FAULTS_PAUSE_HOLDER=0: the node the run agent's
+//     holder is connected to cut off from the other two (every route
+//     through a bridge that drops its bytes: no connection closes, and its
+//     server goes on answering the holder's pings), the revokes sent on
+//     the other side during the partition, healed 3 s after the cut, then
+//     the claims granted again.
 //
 // Right after each of 1-4 (every second round once the agents write again)
-// and during 5, every agent's lease is revoked and its claim granted to a
+// and during 5 and 6, every agent's lease is revoked and its claim granted to a
 // new agent at once (after 5: once the node is back), the revoked agent
 // left trying for 3 s. A revoke by the load's operator that the service
 // answers "lease not found" is judged against the audit: an error if the

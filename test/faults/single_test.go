@@ -297,8 +297,8 @@ func gitLineage(ctx context.Context, t *testing.T, env *Env, h *History) *lineag
 // pushScript makes empty commits (subject "<lease> <k>") with git's
 // plumbing, one before each push, and pushes each, about every 20 ms, to
 // refs/heads/<lease> through the git fence (run routes origin to it),
-// going on after a refusal (whose last lines go to stderr, for the
-// failure message); after 1,000 pushes it idles. A commit is made just
+// going on after a refusal of either (a push's last lines go to stderr,
+// for the failure message); after 1,000 tries it idles. A commit is made just
 // before its push, so the first push goes out at once: an agent that made
 // all its commits first spent most of a busy machine's 30 s doing so.
 const pushScript = `
@@ -307,7 +307,10 @@ tree=$(git rev-parse 'HEAD^{tree}') && c=$(git rev-parse HEAD) || exit 1
 k=0
 while [ $k -lt 1000 ]; do
   k=$((k+1))
-  c=$(git commit-tree "$tree" -p "$c" -m "$FENCELINE_LEASE_ID $k") || exit 1
+  # The guard refuses the commit's objects while the lease is in doubt
+  # (a fault): try again, as pushes do.
+  n=$(git commit-tree "$tree" -p "$c" -m "$FENCELINE_LEASE_ID $k") || { sleep 0.1; continue; }
+  c=$n
   git push -q origin "$c:refs/heads/$FENCELINE_LEASE_ID" 2>&1 | tail -n 2 >&2
   sleep 0.02
 done
