@@ -30,6 +30,10 @@ type PoolUse struct {
 	// WorkspaceID, when set and not one of the pool's shards, is a
 	// workspace of the attempt's own, outside the pool.
 	WorkspaceID string
+	// Checkout is the runner's own checkout (absolute): a pool record
+	// that names another, or a directory not known to be its pool's, is
+	// refused (shard.Pool.Owns).
+	Checkout string
 }
 
 // Pool is an attempt's place in its repo's shard pool.
@@ -65,6 +69,9 @@ func OpenPool(ctx context.Context, nc *nats.Conn, leases *leasebus.Client, repo 
 		return nil, nil
 	}
 	if err != nil {
+		return nil, err
+	}
+	if err := p.Owns(use.Checkout); err != nil {
 		return nil, err
 	}
 	pr := &Pool{Store: st, Pool: p, commitOn: use.Shard}

@@ -98,7 +98,7 @@ func (p *Placement) prepare(ctx context.Context) error {
 		return fmt.Errorf("shard %s not prepared: the lease is not held (%w)", wt.ID, err)
 	}
 	var prev Shard
-	pool, err := s.SetShard(ctx, p.Pool.Repo, wt.ID, func(sh *Shard) {
+	err = p.setShard(ctx, func(sh *Shard) {
 		prev = *sh
 		sh.State = StateDirty // until cleaned again: a crash from here on leaves it dirty
 		sh.LastAttempt = p.Attempt.AttemptID
@@ -107,7 +107,6 @@ func (p *Placement) prepare(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.Pool = pool
 	keepID := prev.LastAttempt
 	if keepID == "" {
 		keepID = p.Attempt.AttemptID
@@ -143,7 +142,7 @@ func (p *Placement) prepare(ctx context.Context) error {
 	default:
 		return nil
 	}
-	pool, err = s.SetShard(ctx, p.Pool.Repo, wt.ID, func(sh *Shard) {
+	err = p.setShard(ctx, func(sh *Shard) {
 		sh.Base = p.Base
 		if p.Cleaned {
 			sh.CleanedAt = time.Now().UTC()
@@ -152,7 +151,6 @@ func (p *Placement) prepare(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.Pool = pool
 	return nil
 }
 
@@ -170,6 +168,22 @@ func (p *Placement) restoreBefore(ctx context.Context) error {
 	return nil
 }
 
+// setShard changes the placement's shard in the pool record with fn and
+// keeps the record it wrote. The record must still place the pool where
+// the placement began (its checkout and directory, checked then with
+// Owns): a record rewritten meanwhile on the bus is refused.
+func (p *Placement) setShard(ctx context.Context, fn func(*Shard)) error {
+	pool, err := p.store.SetShard(ctx, p.Pool.Repo, p.Worktree.ID, fn)
+	if err != nil {
+		return err
+	}
+	if pool.Checkout != p.Pool.Checkout || pool.Dir != p.Pool.Dir {
+		return fmt.Errorf("%w: the pool record of %s now places the pool at %s (checkout %s), not %s (checkout %s) where attempt %s began: rewritten on the bus; re-declare the pool", ErrBadRecord, pool.Repo, pool.Dir, pool.Checkout, p.Pool.Dir, p.Pool.Checkout, p.Attempt.AttemptID)
+	}
+	p.Pool = pool
+	return nil
+}
+
 // Settle records how the attempt ended. Call it once every process of the
 // attempt is gone and before its lease is released.
 func (p *Placement) Settle(ctx context.Context, st Status, code int) error {
@@ -178,13 +192,12 @@ func (p *Placement) Settle(ctx context.Context, st Status, code int) error {
 		return err
 	}
 	p.Attempt = a
-	pool, err := p.store.SetShard(ctx, p.Pool.Repo, p.Worktree.ID, func(sh *Shard) {
+	err = p.setShard(ctx, func(sh *Shard) {
 		sh.Running = slices.DeleteFunc(sh.Running, func(id string) bool { return id == a.AttemptID })
 	})
 	if err != nil {
 		return err
 	}
-	p.Pool = pool
 	return nil
 }
 
@@ -219,7 +232,7 @@ func (p *Placement) CleanAfter(ctx context.Context) (kept []string, err error) {
 	if err != nil {
 		return kept, err
 	}
-	pool, err := s.SetShard(ctx, p.Pool.Repo, wt.ID, func(sh *Shard) {
+	err = p.setShard(ctx, func(sh *Shard) {
 		if sh.LastAttempt == p.Attempt.AttemptID {
 			sh.State = StateClean
 		}
@@ -228,7 +241,6 @@ func (p *Placement) CleanAfter(ctx context.Context) (kept []string, err error) {
 	if err != nil {
 		return kept, err
 	}
-	p.Pool = pool
 	s.audit(ctx, p.event(EventCleaned, "attempt settled", fmt.Sprintf("shard %s cleaned after attempt %s (%s): reset to %s%s%s", wt.ID, p.Attempt.AttemptID, p.Attempt.Status, short(base), keptText(kept), undoneText(wt.Undone))))
 	return kept, nil
 }

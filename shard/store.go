@@ -257,8 +257,10 @@ func (sp *Spec) Validate() error {
 		return fmt.Errorf("pool: checkout %q is not an absolute path", sp.Checkout)
 	case sp.Dir != "" && !filepath.IsAbs(sp.Dir):
 		return fmt.Errorf("pool: dir %q is not an absolute path", sp.Dir)
-	case sp.Size < 1 || sp.Size > 1000:
-		return fmt.Errorf("pool: size %d: want 1 to 1000 shards", sp.Size)
+	case sp.Dir != "" && (within(filepath.Clean(sp.Dir), filepath.Clean(sp.Checkout)) || within(filepath.Clean(sp.Checkout), filepath.Clean(sp.Dir))):
+		return fmt.Errorf("pool: dir %s and checkout %s overlap: put the shards beside the checkout", sp.Dir, sp.Checkout)
+	case sp.Size < 1 || sp.Size > maxPoolSize:
+		return fmt.Errorf("pool: size %d: want 1 to %d shards", sp.Size, maxPoolSize)
 	case sp.MaxSharers < 0:
 		return fmt.Errorf("pool: max-sharers %d is negative", sp.MaxSharers)
 	}
@@ -273,11 +275,18 @@ func (s *Store) Declare(ctx context.Context, sp Spec, leases Leases) (*Pool, err
 	if err := sp.Validate(); err != nil {
 		return nil, err
 	}
+	sp.Checkout = filepath.Clean(sp.Checkout)
 	if sp.Dir == "" {
 		sp.Dir = DefaultDir(sp.Checkout)
 	}
+	sp.Dir = filepath.Clean(sp.Dir)
 	if err := s.buckets(ctx, true); err != nil {
 		return nil, err
+	}
+	// Declared on the checkout's host: the directory says whose it is, for
+	// runners to check (Owns) against what the record on the bus says.
+	if err := markPoolDir(sp.Repo, sp.Checkout, sp.Dir); err != nil {
+		return nil, fmt.Errorf("declare the pool of %s: %w", sp.Repo, err)
 	}
 	return s.UpdatePool(ctx, sp.Repo, true, func(p *Pool) error {
 		if p.Repo != "" && p.Dir != sp.Dir {
@@ -339,7 +348,10 @@ func (s *Store) Pool(ctx context.Context, repo string) (*Pool, error) {
 	}
 	var p Pool
 	if err := json.Unmarshal(e.Value(), &p); err != nil {
-		return nil, fmt.Errorf("decode pool of %s: %w", repo, err)
+		return nil, fmt.Errorf("%w: decode pool of %s: %w", ErrBadRecord, repo, err)
+	}
+	if err := validPool(&p, e.Key()); err != nil {
+		return nil, err
 	}
 	p.Revision = e.Revision()
 	return &p, nil
@@ -367,8 +379,13 @@ func (s *Store) Pools(ctx context.Context) ([]*Pool, error) {
 			return nil, fmt.Errorf("read pool %s: %w", k, err)
 		}
 		var p Pool
-		if err := json.Unmarshal(e.Value(), &p); err != nil {
-			return nil, fmt.Errorf("decode pool %s: %w", k, err)
+		err = json.Unmarshal(e.Value(), &p)
+		if err == nil {
+			err = validPool(&p, k)
+		}
+		if err != nil {
+			s.log.Warn("pool record refused", "key", k, "err", err)
+			continue
 		}
 		p.Revision = e.Revision()
 		out = append(out, &p)
@@ -387,7 +404,11 @@ func (s *Store) UpdatePool(ctx context.Context, repo string, create bool, fn fun
 	if err := s.buckets(ctx, create); err != nil {
 		return nil, err
 	}
-	p, rev, err := casJSON(ctx, s.pools, leasebus.RepoKey(repo), "pool of "+repo, func(p *Pool, found bool) (bool, error) {
+	key := leasebus.RepoKey(repo)
+	valid := func(p *Pool) error { return validPool(p, key) }
+	// Declaring replaces a record refused on reading (see records.go); any
+	// other change refuses to build on it.
+	p, rev, err := casJSON(ctx, s.pools, key, "pool of "+repo, valid, create, func(p *Pool, found bool) (bool, error) {
 		if !found && !create {
 			return false, ErrNoPool
 		}
@@ -400,26 +421,39 @@ func (s *Store) UpdatePool(ctx context.Context, repo string, create bool, fn fun
 	return p, nil
 }
 
-// casJSON reads key's JSON record (a zero T when there is none), applies
-// fn, and — when fn says so — writes it back with a compare-and-swap on the
-// revision it read, starting over on a concurrent change. It returns the
-// record and its revision.
-func casJSON[T any](ctx context.Context, kv jetstream.KeyValue, key, what string, fn func(v *T, found bool) (write bool, err error)) (*T, uint64, error) {
+// casJSON reads key's JSON record (a zero T when there is none), checks it
+// with valid, applies fn, and — when fn says so — writes it back with a
+// compare-and-swap on the revision it read, starting over on a concurrent
+// change. It returns the record and its revision. A record that does not
+// decode or is not valid is refused, or with replace handed to fn as a
+// zero T that was not found (the write then replaces it, still on its
+// revision).
+func casJSON[T any](ctx context.Context, kv jetstream.KeyValue, key, what string, valid func(*T) error, replace bool, fn func(v *T, found bool) (write bool, err error)) (*T, uint64, error) {
 	for range casTries {
 		v := new(T)
 		var rev uint64
+		found := false
 		e, err := kv.Get(ctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 		case err != nil:
 			return nil, 0, fmt.Errorf("read %s: %w", what, err)
 		default:
-			if err := json.Unmarshal(e.Value(), v); err != nil {
-				return nil, 0, fmt.Errorf("decode %s: %w", what, err)
+			rev, found = e.Revision(), true
+			err := json.Unmarshal(e.Value(), v)
+			if err != nil {
+				err = fmt.Errorf("%w: decode %s: %w", ErrBadRecord, what, err)
+			} else {
+				err = valid(v)
 			}
-			rev = e.Revision()
+			if err != nil && !replace {
+				return nil, 0, err
+			}
+			if err != nil {
+				v, found = new(T), false
+			}
 		}
-		write, err := fn(v, rev != 0)
+		write, err := fn(v, found)
 		if err != nil || !write {
 			return v, rev, err
 		}
@@ -465,6 +499,9 @@ func (s *Store) Begin(ctx context.Context, a Attempt) (*Attempt, error) {
 	if a.StartedAt.IsZero() {
 		a.StartedAt = time.Now().UTC()
 	}
+	if err := validAttempt(&a, attemptKey(a.Repo, a.AttemptID)); err != nil {
+		return nil, err
+	}
 	b, err := json.Marshal(&a)
 	if err != nil {
 		return nil, fmt.Errorf("encode attempt %s: %w", a.AttemptID, err)
@@ -486,7 +523,9 @@ func (s *Store) UpdateAttempt(ctx context.Context, repo, id string, fn func(*Att
 	if err := s.buckets(ctx, false); err != nil {
 		return nil, err
 	}
-	a, rev, err := casJSON(ctx, s.attempts, attemptKey(repo, id), "attempt "+id, func(a *Attempt, found bool) (bool, error) {
+	key := attemptKey(repo, id)
+	valid := func(a *Attempt) error { return validAttempt(a, key) }
+	a, rev, err := casJSON(ctx, s.attempts, key, "attempt "+id, valid, false, func(a *Attempt, found bool) (bool, error) {
 		if !found {
 			return false, fmt.Errorf("read attempt %s: %w", id, jetstream.ErrKeyNotFound)
 		}
@@ -527,7 +566,10 @@ func (s *Store) Attempt(ctx context.Context, repo, id string) (*Attempt, error) 
 	}
 	var a Attempt
 	if err := json.Unmarshal(e.Value(), &a); err != nil {
-		return nil, fmt.Errorf("decode attempt %s: %w", id, err)
+		return nil, fmt.Errorf("%w: decode attempt %s: %w", ErrBadRecord, id, err)
+	}
+	if err := validAttempt(&a, e.Key()); err != nil {
+		return nil, err
 	}
 	a.Revision = e.Revision()
 	return &a, nil
@@ -553,8 +595,13 @@ func (s *Store) Attempts(ctx context.Context, repo string) ([]*Attempt, error) {
 				return out, nil
 			}
 			var a Attempt
-			if err := json.Unmarshal(e.Value(), &a); err != nil {
-				return nil, fmt.Errorf("decode attempt %s: %w", e.Key(), err)
+			err := json.Unmarshal(e.Value(), &a)
+			if err == nil {
+				err = validAttempt(&a, e.Key())
+			}
+			if err != nil {
+				s.log.Warn("attempt record refused", "key", e.Key(), "err", err)
+				continue
 			}
 			a.Revision = e.Revision()
 			out = append(out, &a)

@@ -321,7 +321,7 @@ func (a *app) findPool(ctx context.Context, s *session, rf *runFlags, co *attemp
 	if rf.attachID != "" {
 		return nil, nil
 	}
-	p, err := attempt.OpenPool(ctx, s.nc, s.client, co.Repo, attempt.PoolUse{Commit: rf.commit, Shard: rf.commitShard, WorkspaceID: rf.lf.workspaceID})
+	p, err := attempt.OpenPool(ctx, s.nc, s.client, co.Repo, attempt.PoolUse{Commit: rf.commit, Shard: rf.commitShard, WorkspaceID: rf.lf.workspaceID, Checkout: co.Root})
 	if errors.Is(err, shard.ErrNoPool) {
 		return nil, usagef("no shard pool is declared for %s: declare one with \"fenceline shard pool --checkout %s --size N\"", co.Repo, co.Root)
 	}
