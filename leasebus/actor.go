@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -99,6 +100,13 @@ type actor struct {
 	dead    bool        // never runs (service stopping, or damaged log); set before it is shared
 	deadErr error       // why, when its log is damaged
 
+	// confirmed is when (service clock) the last read or append that saw
+	// the whole of the repo's log began: the view in memory is the log's
+	// as of then (see Service.cachedLease). Nil until the first.
+	confirmed atomic.Pointer[time.Time]
+	// refreshed is when a cached get last asked for a reload (refresh).
+	refreshed atomic.Pointer[time.Time]
+
 	// busy is held by whoever runs a batch: the actor's goroutine, or a
 	// request handler running an uncontended batch inline. It guards
 	// everything below.
@@ -139,6 +147,19 @@ func (a *actor) nudge() {
 	select {
 	case a.calls <- &call{op: "sync", req: &syncRequest{}, at: a.svc.cfg.Now()}:
 	default: // the actor is swamped; its next lost append or refusal reloads anyway
+	}
+}
+
+// refresh asks for a reload (a nudge) unless one was asked within
+// refreshAfter: cached gets keep the view they answer from recent without
+// waiting for it.
+func (a *actor) refresh(now time.Time) {
+	last := a.refreshed.Load()
+	if last != nil && now.Sub(*last) < refreshAfter {
+		return
+	}
+	if a.refreshed.CompareAndSwap(last, &now) {
+		a.nudge()
 	}
 }
 
@@ -352,11 +373,13 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 	for try := 0; ; try++ {
 		reloaded := a.stale
 		if a.stale {
+			began := a.svc.cfg.Now()
 			if err := a.reload(ctx); err != nil {
 				a.svc.log.Warn("reload lease log", "repo", a.state.repo, "err", err)
 				a.failAll(batch, fmt.Errorf("%w: reading the lease log: %v", ErrUnavailable, err))
 				return
 			}
+			a.confirmed.Store(&began)
 		}
 		t := a.state.begin(a.svc.cfg.Now())
 		t.sweep()
@@ -386,6 +409,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 				return
 			}
 			var err error
+			began := a.svc.cfg.Now()
 			seq, size, err = a.svc.store.append(ctx, a.key, a.state.seq, t.record())
 			if err != nil {
 				a.stale = true
@@ -398,6 +422,9 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 				return
 			}
 			a.svc.announceAppend(a.key, seq)
+			// The compare-and-swap on the repo's last record took: nothing
+			// was appended to it that this view lacks.
+			a.confirmed.Store(&began)
 		}
 		t.commit(seq)
 		a.finish(t, outs, served, remaining, seq, size)
@@ -440,13 +467,11 @@ func (a *actor) failAll(batch []*call, err error) {
 
 // finish publishes what a committed batch changed and answers its calls.
 func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*waiter, seq uint64, size int) {
-	var granted []*entry
+	changed := make([]*entry, 0, len(t.order))
 	for _, id := range t.order {
-		if e := t.changed[id]; e.Version == 1 {
-			granted = append(granted, e)
-		}
+		changed = append(changed, t.changed[id])
 	}
-	a.svc.indexLeases(a.key, granted)
+	a.svc.indexLeases(a.key, changed)
 	if len(a.state.evicted) > 0 {
 		a.svc.unindex(a.state.evicted)
 		a.state.evicted = nil

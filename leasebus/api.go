@@ -116,6 +116,9 @@ type cancelRequest struct {
 type getRequest struct {
 	LeaseID string `json:"leaseId"`
 	Repo    string `json:"repo,omitempty"`
+	// Cached asks for the instance's last view of the lease (a holder's
+	// heartbeat), answered without reading the log when it has one.
+	Cached bool `json:"cached,omitempty"`
 }
 
 // syncRequest makes an actor reload its repo's log (another writer
@@ -141,6 +144,8 @@ type reply struct {
 	Lease  *Lease     `json:"lease,omitempty"`
 	Leases []*Lease   `json:"leases,omitempty"`
 	Error  *wireError `json:"error,omitempty"`
+	// Age is how old the view a cached get answered from is (0: read now).
+	Age Duration `json:"age,omitempty"`
 }
 
 // ChangedSubject is where the lease service announces each committed

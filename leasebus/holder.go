@@ -27,6 +27,14 @@ const (
 	Lost HolderState = "lost"
 )
 
+// A holder's heartbeat defaults (HoldOptions): a service silent longer
+// than DefaultSilence (a pause, a partition, an overload) stops its writes,
+// below the one-second bound on a write after a revoke.
+const (
+	DefaultHeartbeat = 200 * time.Millisecond
+	DefaultSilence   = 800 * time.Millisecond
+)
+
 // HoldOptions tune a Holder. Zero values pick safe defaults.
 type HoldOptions struct {
 	// Interval between renewals (default TTL/3).
@@ -45,10 +53,11 @@ type HoldOptions struct {
 	// it runs: it must return promptly.
 	OnRenew func(took time.Duration, err error)
 	// Heartbeat is how often the holder asks the lease service for its
-	// lease (a get, answered from the service's fresh view; default 250 ms).
+	// lease (a get, answered from the service's recent view; default 200 ms).
 	Heartbeat time.Duration
 	// Silence is how long without an answer from the lease service the
-	// holder still vouches for the lease (default 3 × Heartbeat). A service
+	// holder still vouches for the lease (default 800 ms, at least 3 ×
+	// Heartbeat): below the one-second bound on writes after a revoke. A service
 	// that stops answering (paused, partitioned from the holder's server,
 	// overloaded) cannot deliver a revoke's notice, and the connection only
 	// drops after several missed pings (seconds) — or never, when the
@@ -211,10 +220,10 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 		return nil, fmt.Errorf("hold %s: %w: renew interval %s plus margin %s must be below the ttl %s", lease.LeaseID, ErrInvalid, opts.Interval, opts.Margin, ttl)
 	}
 	if opts.Heartbeat <= 0 {
-		opts.Heartbeat = 250 * time.Millisecond
+		opts.Heartbeat = DefaultHeartbeat
 	}
 	if opts.Silence <= 0 {
-		opts.Silence = 3 * opts.Heartbeat
+		opts.Silence = max(DefaultSilence, 3*opts.Heartbeat)
 	}
 	if opts.Silence <= opts.Heartbeat {
 		return nil, fmt.Errorf("hold %s: %w: silence %s must be longer than the heartbeat %s", lease.LeaseID, ErrInvalid, opts.Silence, opts.Heartbeat)
@@ -306,21 +315,30 @@ func (h *Holder) heartbeat(ctx context.Context) {
 	}
 }
 
-// beat is one heartbeat: a get of the lease, answered by the service.
+// beat is one heartbeat: a get of the lease, answered by the service from
+// its view in memory when that view is recent (getRequest.Cached; most
+// heartbeats cost it a map lookup, not a read of the log), else from a
+// read of the log. A view confirmed age before the answer counts as heard
+// age before the beat was sent: the service cannot have confirmed it
+// earlier than that on any clock.
 func (h *Holder) beat(ctx context.Context) {
 	held := h.Lease()
 	sent := h.opts.Now()
 	bctx, cancel := context.WithTimeout(ctx, h.opts.Silence)
 	defer cancel()
-	l, err := h.c.leaseOp(bctx, "get", getRequest{LeaseID: held.LeaseID, Repo: held.Repo})
+	r, err := h.c.request(bctx, "get", getRequest{LeaseID: held.LeaseID, Repo: held.Repo, Cached: true}, 0)
+	if err == nil {
+		err = r.Error.err()
+	}
 	switch {
-	case err == nil && (l.LeaseID != held.LeaseID || l.Repo != held.Repo || l.Fence != held.Fence):
+	case err == nil && r.Lease == nil:
+	case err == nil && (r.Lease.LeaseID != held.LeaseID || r.Lease.Repo != held.Repo || r.Lease.Fence != held.Fence):
 		// Not the service's answer about this lease: nothing heard.
 	case err == nil:
-		h.heard(sent)
-		h.observe(l)
+		h.heard(sent.Add(-time.Duration(r.Age)))
+		h.observe(r.Lease)
 	case errors.Is(err, ErrNotFound):
-		// The service answered, and knows no such lease.
+		// The service read the log, and it has no such lease.
 		h.heard(sent)
 		h.doubt(fmt.Errorf("%w: %s (fence %d): the lease service does not know the lease; writes stop until it answers a renewal", ErrLeaseUnknown, held.LeaseID, held.Fence), true)
 	}

@@ -79,7 +79,7 @@ type Service struct {
 
 	mu       sync.Mutex
 	actors   map[string]*actor     // by repo key; guarded by mu
-	index    map[string]string     // lease id -> repo key; guarded by mu
+	index    map[string]indexed    // lease id -> its repo key and record; guarded by mu
 	stopping bool                  // no new goroutines once set; guarded by mu
 	subs     []*nats.Subscription  // guarded by mu
 	tailing  atomic.Bool           // following other instances' appends (and announcing ours)
@@ -120,7 +120,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		return nil, err
 	}
 	s := &Service{nc: nc, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 8}, metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger,
-		actors: map[string]*actor{}, index: map[string]string{}}
+		actors: map[string]*actor{}, index: map[string]indexed{}}
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.attach(s); err != nil {
 			return nil, fmt.Errorf("lease service metrics: %w (one service per ServiceMetrics)", err)
@@ -314,22 +314,81 @@ func (s *Service) existing(key string) (*actor, bool) {
 	return a, ok
 }
 
+// indexed is what the service keeps of a lease outside its repo's actor:
+// which actor has it, and a copy of its record as of the last batch that
+// changed it or reload that read it (for cached gets).
+type indexed struct {
+	key   string
+	lease Lease
+}
+
 func (s *Service) actorForLease(id string) (*actor, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	key, ok := s.index[id]
+	ix, ok := s.index[id]
 	if !ok {
 		return nil, false
 	}
-	return s.actors[key], true
+	return s.actors[ix.key], true
 }
 
+// indexLeases records es, the leases of repo key a batch changed or a
+// reload read. Only the repo's actor calls it, so its entries are not
+// changing meanwhile.
 func (s *Service) indexLeases(key string, es []*entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range es {
-		s.index[e.LeaseID] = key
+		s.index[e.LeaseID] = indexed{key: key, lease: e.Lease}
 	}
+}
+
+// maxCachedAge bounds how old a view a cached get may answer from: older,
+// the get reads the log (through the stream's leader) like any other. A
+// cached get finding the view older than refreshAfter asks the actor to
+// reload meanwhile, so a repo whose holders beat stays within it. With a
+// holder's defaults (heartbeat 200 ms, silence 800 ms) such a view leaves
+// 400 ms for the answer to arrive.
+const (
+	maxCachedAge = 200 * time.Millisecond
+	refreshAfter = 100 * time.Millisecond
+)
+
+// cachedLease is the record of lease id as this instance last committed
+// or read it, and how long ago (service clock) that view was confirmed to
+// be the whole log's: what a holder's heartbeat asks (getRequest.Cached).
+// It answers without the actor's queue or a read of the log, so most
+// heartbeats cost a map lookup; the holder counts the answer as heard age
+// before it asked. An instance alone on the bus writes every record
+// itself, so its view is the log's (age 0) — cut off from the log's
+// leader it can change nothing either. Once it follows another instance,
+// whose appends reach it only by a reload, it has none (ok false) when
+// its view is older than maxCachedAge: it must not vouch for a lease from
+// a view the other may have changed since.
+func (s *Service) cachedLease(id string) (l Lease, age time.Duration, ok bool) {
+	s.mu.Lock()
+	ix, found := s.index[id]
+	a := s.actors[ix.key]
+	s.mu.Unlock()
+	if !found || a == nil {
+		return Lease{}, 0, false
+	}
+	if !s.tailing.Load() {
+		return ix.lease, 0, true
+	}
+	conf := a.confirmed.Load()
+	if conf == nil {
+		return Lease{}, 0, false
+	}
+	now := s.cfg.Now()
+	age = max(now.Sub(*conf), 0)
+	if age > refreshAfter {
+		a.refresh(now)
+	}
+	if age > maxCachedAge {
+		return Lease{}, 0, false
+	}
+	return ix.lease, age, true
 }
 
 func (s *Service) unindex(ids []string) {
@@ -411,6 +470,12 @@ func (s *Service) handler(op string) nats.MsgHandler {
 		case "get":
 			var r getRequest
 			err = decode(m.Data, &r)
+			if err == nil && r.Cached {
+				if l, age, ok := s.cachedLease(r.LeaseID); ok {
+					c.respond(reply{Lease: &l, Age: Duration(age)})
+					return
+				}
+			}
 			c.req, leaseID, hint = &r, r.LeaseID, r.Repo
 		case "list":
 			var r listRequest
@@ -568,8 +633,27 @@ func (s *Service) meetPeers() error {
 	if err := s.nc.PublishMsg(hi); err != nil {
 		return fmt.Errorf("announce on %s: %w", peersSubject, err)
 	}
+	// Again now and then while alone: an instance that started across a
+	// partition, or whose announcement was lost, is met once it heals
+	// (until then this one answers heartbeats as the log's only writer).
+	s.goBackground(func() {
+		t := time.NewTicker(reannounce)
+		defer t.Stop()
+		for !s.tailing.Load() {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-t.C:
+				_ = s.nc.PublishMsg(hi)
+			}
+		}
+	})
 	return nil
 }
+
+// reannounce is how often an instance that has met no other announces
+// itself again.
+const reannounce = 2 * time.Second
 
 // peerMsg is this instance's announcement (or answer to one) on subj.
 func (s *Service) peerMsg(subj string) *nats.Msg {
