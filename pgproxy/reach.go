@@ -500,7 +500,15 @@ func callsOtherConnection(st *Statement) bool {
 // text) where that can write — in a writable transaction, or dblink's
 // anywhere — is an opaque write, naming the call.
 func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
-	if st == nil || len(st.Calls) == 0 || st.Forbidden != "" || st.Unsure != "" {
+	if st == nil || st.Forbidden != "" || st.Unsure != "" {
+		return st
+	}
+	if len(st.Signals) > 0 {
+		if cp := s.judgeSignals(st); cp != nil {
+			return cp
+		}
+	}
+	if len(st.Calls) == 0 {
 		return st
 	}
 	for _, c := range st.Calls {
@@ -537,6 +545,28 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 		}
 	}
 	return st
+}
+
+// signalTag is the Tag of a statement judgeSignals refused.
+const signalTag = "Signal"
+
+// judgeSignals refuses a statement that signals (cancels, terminates) a
+// backend other than the session's own: a pid that is not the one
+// Postgres gave this connection (BackendKeyData) may be another agent's
+// session, of the same database role, which Postgres lets it signal. nil:
+// every pid is the session's own.
+func (s *session) judgeSignals(st *Statement) *Statement {
+	for _, pid := range st.Signals {
+		if pid > 0 && uint32(pid) == s.key.pid {
+			continue
+		}
+		cp := *st
+		cp.Class = ClassWrite
+		cp.Forbidden = fmt.Sprintf("it signals backend %d, which is not this session's own (%d): it may be another agent's session", pid, s.key.pid)
+		cp.Tag = signalTag
+		return &cp
+	}
+	return nil
 }
 
 // onSearchPath: c names a sequence without its schema, which the search

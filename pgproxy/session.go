@@ -787,6 +787,7 @@ const (
 	ReasonOutsideLease = leasebus.ReasonOutsideLease // a table outside the lease's table scope
 	ReasonReadOnlyTxn  = "read-only-transaction"     // the transaction was not made writable under the lease
 	ReasonUnsureParse  = "unsure-parse"              // Postgres may parse the text otherwise than the classifier
+	ReasonOtherSession = "other-session"             // a statement that signals a backend not the session's own
 )
 
 // authorize decides one write statement against the lease.
@@ -796,7 +797,11 @@ func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *r
 			hint: "fenceline refuses it whatever the lease: send it with standard_conforming_strings on and client_encoding UTF8, or after a Sync"}
 	}
 	if st.Forbidden != "" {
-		return &refusal{code: ReasonFenceTamper, reason: "statement switches off the fence: " + st.Forbidden,
+		code := ReasonFenceTamper
+		if st.Tag == signalTag {
+			code = ReasonOtherSession
+		}
+		return &refusal{code: code, reason: "statement refused whatever the lease: " + st.Forbidden,
 			hint: "fenceline refuses this statement whatever the lease"}
 	}
 	if !li.live() {
@@ -1328,7 +1333,7 @@ func fastPathOK(cls *Classification, sim txSim) bool {
 	}
 	for i := range cls.Stmts {
 		st := &cls.Stmts[i]
-		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.Prepare != "" || st.Deallocate != "" ||
+		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.Prepare != "" || st.Deallocate != "" || len(st.Signals) > 0 ||
 			st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt" {
 			return false
 		}
