@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/leasebus"
@@ -246,6 +247,38 @@ func TestSignalAnotherLeaseRefused(t *testing.T) {
 			}
 		})
 	}
+	// The fast-path FunctionCall, in a block B's lease made writable (where
+	// a fast-path call passes): A's pid, and A's gate by oid, as data.
+	t.Run("fast-path", func(t *testing.T) {
+		b := plpgsql.via(t, r.pb, "agent")
+		var gateOID uint32
+		if err := plpgsql.admin(t).QueryRow(ctx, "SELECT $1::regclass::oid", r.gateRace).Scan(&gateOID); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			name string
+			oid  uint32
+			arg  []byte
+		}{
+			{"pg_terminate_backend", 2096, binary.BigEndian.AppendUint32(nil, apid)},
+			{"pg_cancel_backend", 2171, binary.BigEndian.AppendUint32(nil, apid)},
+			{"pg_sequence_last_value", 4032, binary.BigEndian.AppendUint32(nil, gateOID)},
+		} {
+			if _, err := b.Exec(ctx, "BEGIN"); err != nil {
+				t.Fatal(err)
+			}
+			if e := fastPathCall(t, b, c.oid, c.arg); e == nil || e.Code != "42501" || !strings.Contains(e.Message, r.bl.Record.LeaseID) {
+				t.Errorf("fast-path %s: %v; want the proxy's 42501 naming lease %s", c.name, e, r.bl.Record.LeaseID)
+			}
+			if _, err := b.Exec(ctx, "ROLLBACK"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var one int
+		if err := a.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+			t.Fatalf("A's session after B's fast-path calls: %v", err)
+		}
+	})
 	// A CancelRequest for A's backend on a new connection through B's
 	// proxy, while A runs a statement: dropped.
 	done := make(chan error, 1)
@@ -284,4 +317,29 @@ func refusedFor(err error, l *bustest.Lease) bool {
 	}
 	return pe.Code == "42501" && strings.Contains(pe.Message, fmt.Sprintf("write refused for lease %s (fence %d)", l.Record.LeaseID, l.Record.Fence)) &&
 		strings.Contains(pe.Detail, l.Record.Owner.String())
+}
+
+// fastPathCall sends a FunctionCall of function oid with one binary
+// argument on c and returns the error it got (nil: none).
+func fastPathCall(t *testing.T, c *pgx.Conn, oid uint32, arg []byte) *pgproto3.ErrorResponse {
+	t.Helper()
+	fe := c.PgConn().Frontend()
+	fe.Send(&pgproto3.FunctionCall{Function: oid, ArgFormatCodes: []uint16{1}, Arguments: [][]byte{arg}, ResultFormatCode: 1})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var got *pgproto3.ErrorResponse
+	for {
+		m, err := fe.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch m := m.(type) {
+		case *pgproto3.ErrorResponse:
+			cp := *m
+			got = &cp
+		case *pgproto3.ReadyForQuery:
+			return got
+		}
+	}
 }

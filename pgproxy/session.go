@@ -1363,12 +1363,20 @@ func (s *session) callsToJudge(cls *Classification) bool {
 func (s *session) handleFunctionCall(raw []byte) error {
 	st := &Statement{Class: ClassWrite, Opaque: true, Tag: "FunctionCall"}
 	li := s.lease()
+	var oid uint32
+	if len(raw) >= 9 {
+		oid = binary.BigEndian.Uint32(raw[5:9])
+	}
 	var r *refusal
-	if s.sim.inBlock && s.sim.blockRW {
+	switch {
+	case fastPathRefused[oid] != "":
+		st.Forbidden = fastPathRefused[oid]
+		r = s.authorize(st, li, s.searchPath)
+	case s.sim.inBlock && s.sim.blockRW:
 		if !li.live() {
 			r = s.authorize(st, li, s.searchPath)
 		}
-	} else {
+	default:
 		r = s.authorize(st, li, s.searchPath)
 		if r == nil {
 			r = &refusal{code: ReasonReadOnlyTxn, reason: "a fast-path function call runs outside any transaction the proxy made writable",
@@ -1386,6 +1394,16 @@ func (s *session) handleFunctionCall(raw []byte) error {
 	s.push(&expect{kind: expQuery})
 	_, err := s.sw.Write(w.b)
 	return err
+}
+
+// fastPathRefused are the builtin functions (by their fixed oids) a
+// fast-path FunctionCall may not call, why: the calls fenceGuard refuses in
+// a query, whose arguments a FunctionCall carries as data.
+var fastPathRefused = map[uint32]string{
+	2096: "a fast-path call of pg_terminate_backend may end another agent's session",
+	2171: "a fast-path call of pg_cancel_backend may cancel another agent's statement",
+	4543: "a fast-path call of pg_log_backend_memory_contexts signals a backend it names by data",
+	4032: "a fast-path call of pg_sequence_last_value may read (and hold) a fence gate, which stalls another lease's epoch raise",
 }
 
 // flushSegment decides the pending extended-protocol messages (up to a Sync
