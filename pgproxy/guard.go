@@ -102,6 +102,18 @@ func fenceGuard(n *pgq.Node) (forbidden string, signals []int32, constDependent 
 			if names := strs(v.Fields); len(names) >= 3 && names[len(names)-3] == Schema {
 				why(fmt.Sprintf("it names %s, %s", strings.Join(names, "."), fenceObjects))
 			}
+		case *pgq.ObjectWithArgs:
+			if names := strs(v.Objname); qualifiedBy(names, Schema) {
+				why(fmt.Sprintf("it names %s, %s", strings.Join(names, "."), fenceObjects))
+			}
+		case *pgq.CreateTrigStmt:
+			if names := strs(v.Funcname); qualifiedBy(names, Schema) {
+				why(fmt.Sprintf("it names %s, %s", strings.Join(names, "."), fenceObjects))
+			}
+		case *pgq.CreateEventTrigStmt:
+			if names := strs(v.Funcname); qualifiedBy(names, Schema) {
+				why(fmt.Sprintf("it names %s, %s", strings.Join(names, "."), fenceObjects))
+			}
 		case *pgq.List:
 			if names := strs(v.Items); len(names) == len(v.Items) && qualifiedBy(names, Schema) {
 				why(fmt.Sprintf("it names %s, %s", strings.Join(names, "."), fenceObjects))

@@ -178,6 +178,17 @@ func TestFenceSchemaRefused(t *testing.T) {
 			tx.Exec(ctx, "SELECT pg_sequence_last_value('"+gate+"')", mode) //nolint:errcheck // refused, above
 		})
 	}
+	// search_path set at startup, where unqualified names would resolve to
+	// the fence's objects: refused.
+	for _, param := range []string{"search_path=fenceline", "options=-c%20search_path%3Dpublic,fenceline"} {
+		c, err := pgx.Connect(ctx, plpgsql.dsnVia(r.pb, "agent")+"&"+param)
+		if err == nil {
+			c.Close(ctx)
+		}
+		if !refusedFor(err, r.bl) {
+			t.Errorf("connect with %s: %v; want the proxy's 42501 naming lease %s and owner %s", param, err, r.bl.Record.LeaseID, owner)
+		}
+	}
 	// A's first write: the raise, with B's blocks as they were.
 	a := plpgsql.via(t, r.pa, "agent")
 	start := time.Now()
@@ -197,7 +208,7 @@ func TestFenceSchemaRefused(t *testing.T) {
 			tampers++
 		}
 	}
-	if want := 2 * len(refused); tampers < want {
+	if want := 2*len(refused) + 2; tampers < want {
 		t.Errorf("%d fence-tamper audit events of lease B, want %d", tampers, want)
 	}
 }
