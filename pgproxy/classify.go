@@ -121,6 +121,9 @@ type Statement struct {
 	// (pg_cancel_backend, pg_terminate_backend, ...): the session refuses
 	// any but its own backend's (see fenceGuard, session.judgeSignals).
 	Signals []int32
+	// SignalParams are the parameters ($n) that carry pids the statement
+	// signals: judged at Bind, refused where no Bind carries them.
+	SignalParams []int
 	// constDependent: the classification depends on a constant's value
 	// (see fenceGuard); it is not shared by texts of the same shape.
 	constDependent bool
@@ -300,8 +303,8 @@ func classifyNode(n *pgq.Node) Statement {
 		st.Opaque = true
 	}
 	st.ChangesReach = st.Class == ClassWrite && changesReach(&st, n)
-	why, signals, constDep := fenceGuard(n)
-	st.Signals, st.constDependent = signals, constDep
+	why, signals, params, constDep := fenceGuard(n)
+	st.Signals, st.SignalParams, st.constDependent = signals, params, constDep
 	if why != "" && st.Forbidden == "" {
 		st.Class, st.Forbidden = ClassWrite, why
 	}

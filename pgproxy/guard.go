@@ -1,6 +1,7 @@
 package pgproxy
 
 import (
+	"encoding/binary"
 	"fmt"
 	"strconv"
 	"strings"
@@ -40,11 +41,12 @@ var signalFuncs = map[string]bool{"pg_cancel_backend": true, "pg_terminate_backe
 var hiddenWords = []string{Schema, "pg_sequence_last_value", "pg_sequences", "pg_cancel_backend", "pg_terminate_backend", "pg_log_backend_memory_contexts"}
 
 // fenceGuard walks statement n for what the proxy refuses whatever the
-// lease (forbidden: why), and collects the constant pids n signals.
+// lease (forbidden: why), and collects the constant pids n signals and the
+// parameters ($n) that carry the pids it signals.
 // constDependent: the verdict depends on a constant's value or kind (n
 // names a sequence to pg_sequence_last_value, or signals a pid), so the
 // classification is not shared by texts of the same literal shape.
-func fenceGuard(n *pgq.Node) (forbidden string, signals []int32, constDependent bool) {
+func fenceGuard(n *pgq.Node) (forbidden string, signals []int32, params []int, constDependent bool) {
 	why := func(s string) {
 		if forbidden == "" {
 			forbidden = s
@@ -79,10 +81,12 @@ func fenceGuard(n *pgq.Node) (forbidden string, signals []int32, constDependent 
 				}
 			case signalFuncs[name]:
 				constDependent = true
-				pid, own, ok := pidArg(v.Args)
+				pid, param, own, ok := pidArg(v.Args)
 				switch {
 				case !ok:
-					why(fmt.Sprintf("it calls %s on a backend it does not name by a constant: it may signal another agent's session", name))
+					why(fmt.Sprintf("it calls %s on a backend it does not name by a constant or a parameter: it may signal another agent's session", name))
+				case param > 0:
+					params = append(params, param)
 				case !own:
 					signals = append(signals, pid)
 				}
@@ -150,7 +154,7 @@ func fenceGuard(n *pgq.Node) (forbidden string, signals []int32, constDependent 
 			})
 		}
 	})
-	return forbidden, signals, constDependent
+	return forbidden, signals, params, constDependent
 }
 
 // fenceObjects ends every refusal of a name of the fence.
@@ -198,10 +202,11 @@ func seqConst(args []*pgq.Node) string {
 }
 
 // pidArg reads the pid a signalling call's first argument names: a
-// constant (integer or string, cast or not), or pg_backend_pid() (own).
-func pidArg(args []*pgq.Node) (pid int32, own, ok bool) {
+// constant (integer or string, cast or not), a parameter ($n, cast or not:
+// param is n), or pg_backend_pid() (own).
+func pidArg(args []*pgq.Node) (pid int32, param int, own, ok bool) {
 	if len(args) == 0 {
-		return 0, false, false
+		return 0, 0, false, false
 	}
 	a := args[0]
 	if tc := a.GetTypeCast(); tc != nil {
@@ -210,22 +215,83 @@ func pidArg(args []*pgq.Node) (pid int32, own, ok bool) {
 	if f := a.GetFuncCall(); f != nil && len(f.Args) == 0 {
 		names := strs(f.Funcname)
 		if len(names) == len(f.Funcname) && names[len(names)-1] == "pg_backend_pid" && (len(names) == 1 || len(names) == 2 && names[0] == "pg_catalog") {
-			return 0, true, true
+			return 0, 0, true, true
 		}
+	}
+	if p := a.GetParamRef(); p != nil && p.Number > 0 {
+		return 0, int(p.Number), false, true
 	}
 	c := a.GetAConst()
 	if c == nil {
-		return 0, false, false
+		return 0, 0, false, false
 	}
 	if iv := c.GetIval(); iv != nil {
-		return iv.Ival, false, true
+		return iv.Ival, 0, false, true
 	}
 	if sv := c.GetSval(); sv != nil {
 		if n, err := strconv.ParseInt(strings.TrimSpace(sv.Sval), 10, 32); err == nil {
-			return int32(n), false, true
+			return int32(n), 0, false, true
 		}
 	}
-	return 0, false, false
+	return 0, 0, false, false
+}
+
+// bindPID is the pid parameter n (1-based) of a Bind carries, from the
+// rest of its body after the portal and statement names: text digits, or
+// a binary int4 or int8. ok is false when it carries none that reads so.
+func bindPID(rest []byte, n int) (pid int64, ok bool) {
+	u16 := func() (int, bool) {
+		if len(rest) < 2 {
+			return 0, false
+		}
+		v := int(int16(binary.BigEndian.Uint16(rest)))
+		rest = rest[2:]
+		return v, true
+	}
+	nf, ok := u16()
+	if !ok || nf < 0 || len(rest) < 2*nf {
+		return 0, false
+	}
+	formats := rest[:2*nf]
+	rest = rest[2*nf:]
+	np, ok := u16()
+	if !ok || n > np {
+		return 0, false
+	}
+	for i := 1; i <= np; i++ {
+		if len(rest) < 4 {
+			return 0, false
+		}
+		l := int(int32(binary.BigEndian.Uint32(rest)))
+		rest = rest[4:]
+		if l < 0 || l > len(rest) {
+			return 0, false // NULL, or short
+		}
+		if i < n {
+			rest = rest[l:]
+			continue
+		}
+		v := rest[:l]
+		format := 0
+		switch {
+		case nf == 1:
+			format = int(binary.BigEndian.Uint16(formats))
+		case nf >= i:
+			format = int(binary.BigEndian.Uint16(formats[2*(i-1):]))
+		}
+		if format == 0 {
+			p, err := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
+			return p, err == nil
+		}
+		switch len(v) {
+		case 4:
+			return int64(int32(binary.BigEndian.Uint32(v))), true
+		case 8:
+			return int64(binary.BigEndian.Uint64(v)), true
+		}
+		return 0, false
+	}
+	return 0, false
 }
 
 // namesFence reports whether s, read as regclass, regproc, to_regclass or a

@@ -45,6 +45,8 @@ func TestFenceGuard(t *testing.T) {
 		{"SELECT pg_cancel_backend(pg_backend_pid())", false, nil},
 		{"SELECT pg_cancel_backend(pid) FROM pg_stat_activity", true, nil},
 		{"SELECT pg_terminate_backend(41 + 1)", true, nil},
+		{"SELECT pg_terminate_backend($1::int)", false, nil},
+		{"SELECT pg_terminate_backend(n) FROM unnest($1::int[]) n", true, nil},
 	} {
 		t.Run(tc.sql, func(t *testing.T) {
 			cls := Classify(tc.sql)

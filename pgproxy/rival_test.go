@@ -249,11 +249,39 @@ func TestSignalAnotherLeaseRefused(t *testing.T) {
 					t.Fatalf("A's session after B sent %s: %v", q, err)
 				}
 			}
-			// Its own backend: Postgres's to answer, not a refusal.
-			own := b.PgConn().PID()
-			for _, q := range []string{"SELECT pg_cancel_backend(pg_backend_pid()) AND false", fmt.Sprintf("SELECT pg_cancel_backend(%d) AND false", own)} {
+			// A's pid as a parameter (a Bind's, in the extended protocol;
+			// PREPARE/EXECUTE's in the simple one).
+			for _, q := range []string{"SELECT pg_terminate_backend($1)", "SELECT pg_cancel_backend($1::int4)"} {
+				var err error
+				if mode == pgx.QueryExecModeSimpleProtocol {
+					if _, err = b.Exec(ctx, "PREPARE sig AS "+q, mode); err == nil {
+						_, err = b.Exec(ctx, fmt.Sprintf("EXECUTE sig(%d)", apid), mode)
+						b.Exec(ctx, "DEALLOCATE sig", mode) //nolint:errcheck
+					}
+				} else {
+					_, err = b.Exec(ctx, q, mode, apid)
+				}
+				if !refusedFor(err, r.bl) {
+					t.Errorf("%s: %v; want the proxy's 42501 naming lease %s and owner %s", q, err, r.bl.Record.LeaseID, owner)
+				}
+				var one int
+				if err := a.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+					t.Fatalf("A's session after B sent %s: %v", q, err)
+				}
+			}
+			// Its own backends (this session's, or another of B's through
+			// the same proxy): Postgres's to answer, not a refusal.
+			b2 := plpgsql.via(t, r.pb, "agent")
+			for _, q := range []string{"SELECT pg_cancel_backend(pg_backend_pid()) AND false",
+				fmt.Sprintf("SELECT pg_cancel_backend(%d) AND false", b.PgConn().PID()),
+				fmt.Sprintf("SELECT pg_cancel_backend(%d) AND false", b2.PgConn().PID())} {
 				if _, err := b.Exec(ctx, q, mode); pgCode(err) == "42501" {
 					t.Errorf("%s (its own backend): %v", q, err)
+				}
+			}
+			if mode != pgx.QueryExecModeSimpleProtocol {
+				if _, err := b.Exec(ctx, "SELECT pg_cancel_backend($1) AND false", mode, b2.PgConn().PID()); pgCode(err) == "42501" {
+					t.Errorf("pg_cancel_backend($1) of B's other session: %v", err)
 				}
 			}
 		})

@@ -1333,7 +1333,7 @@ func fastPathOK(cls *Classification, sim txSim) bool {
 	}
 	for i := range cls.Stmts {
 		st := &cls.Stmts[i]
-		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.Prepare != "" || st.Deallocate != "" || len(st.Signals) > 0 ||
+		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.Prepare != "" || st.Deallocate != "" || len(st.Signals) > 0 || len(st.SignalParams) > 0 ||
 			st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt" {
 			return false
 		}
@@ -1465,13 +1465,23 @@ func (s *session) flushSegment() error {
 			}
 			s.stmts[name] = st
 		case 'B':
-			portal, stmt, _, err := twoCStrings(body)
+			portal, stmt, bindRest, err := twoCStrings(body)
 			if err != nil {
 				return s.fatal(err)
 			}
 			st := s.stmts[stmt]
 			if st == nil {
 				st = &Statement{Class: ClassWrite, Opaque: true, Tag: "UnknownStatement"}
+			}
+			if len(st.SignalParams) > 0 {
+				// The pids it signals are this Bind's parameters.
+				if cp := s.judgeSignals(st, bindRest); cp != nil {
+					st = cp
+				} else {
+					cp := *st
+					cp.SignalParams = nil
+					st = &cp
+				}
 			}
 			s.portals[portal] = st
 		case 'E':
