@@ -328,9 +328,10 @@
 //	  read (and hold) the fence's gates
 //	pg_cancel_backend, pg_terminate_backend,   TestSignalAnotherLeaseRefused, TestFenceGuard
 //	  pg_log_backend_memory_contexts of any
-//	  backend but the session's own (a
-//	  constant pid equal to the one
-//	  BackendKeyData gave, or pg_backend_pid())
+//	  backend but the agent's own: a pid (a
+//	  constant, or a Bind's parameter) that
+//	  BackendKeyData gave a session of this
+//	  proxy, or pg_backend_pid()
 //	the same functions, and                    TestSignalAnotherLeaseRefused/fast-path
 //	  pg_sequence_last_value, by fast-path
 //	  FunctionCall
@@ -570,4 +571,6 @@
 // result both ways:
 //
 //   - TestLoadTypeSameNameInDifferentSchemas: creates schemas pgx_a and pgx_b, outside the lease's claim (public.*): policy.
+//   - TestCheckIdleConn: terminates the pool's connections with pg_terminate_backend(n) FROM unnest($1::int[]): a pid the fence cannot read may be another agent's session (see What no lease allows): policy.
+//   - TestPoolAcquireChecksIdleConns: the same statement: policy.
 package pgproxy

@@ -304,9 +304,9 @@ const tokenHashSQL = `(pg_catalog.textcat('x', pg_catalog.encode(` + tokenHashBy
 //     fenceline.verified, plus the session setting fenceline.verified that
 //     says currval is defined), and raises a table's epoch under ALTER
 //     SEQUENCE's SHARE ROW EXCLUSIVE lock on the gate, which waits for every
-//     transaction that passed the gate and keeps new ones out until the
-//     raise commits. It runs once per session and token, and once per
-//     lease and table.
+//     transaction that passed the gate (at most lock_timeout, see
+//     raiseLockTimeout) and keeps new ones out until the raise commits. It
+//     runs once per session and token, and once per lease and table.
 //
 // Why a gate sequence: a relation lock in ROW EXCLUSIVE mode takes
 // Postgres's per-backend fast path; the shared advisory lock it replaced
