@@ -76,8 +76,11 @@ func fenceGuard(n *pgq.Node) (forbidden string, signals []int32, params []int, c
 			switch {
 			case name == "pg_sequence_last_value":
 				constDependent = true
-				if seqConst(v.Args) == "" {
+				switch c := seqConst(v.Args); {
+				case c == "":
 					why("it calls pg_sequence_last_value on a sequence it does not name by a constant: it may read (and hold to the transaction's end) a fence gate, which stalls another lease's epoch raise")
+				case fenceSequenceName(c):
+					why(fmt.Sprintf("it calls pg_sequence_last_value on %q, unqualified, a name of the fence's sequences: with a search_path set at run time it reads (and holds) a fence gate, which stalls another lease's epoch raise", c))
 				}
 			case signalFuncs[name]:
 				constDependent = true
@@ -302,6 +305,25 @@ func bindPID(rest []byte, n int) (pid int64, ok bool) {
 func namesFence(s string) bool {
 	parts := splitQualified(s)
 	return len(parts) >= 2 && (parts[0] == Schema || len(parts) >= 3 && parts[1] == Schema)
+}
+
+// fenceSequenceName: s is an unqualified name the fence gives its
+// sequences (gate_<oid>, epoch_<oid>, verified, session).
+func fenceSequenceName(s string) bool {
+	parts := splitQualified(s)
+	if len(parts) != 1 {
+		return false
+	}
+	n := parts[0]
+	if n == "verified" || n == "session" {
+		return true
+	}
+	for _, p := range []string{"gate_", "epoch_"} {
+		if d, ok := strings.CutPrefix(n, p); ok && d != "" && strings.Trim(d, "0123456789") == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // pathHasFence reports whether a search_path value (a list of schema

@@ -22,6 +22,8 @@ func TestFenceGuard(t *testing.T) {
 		{"SELECT pg_sequence_last_value(16400)", true, nil},
 		{"SELECT pg_sequence_last_value('public.s')", false, nil},
 		{"SELECT pg_sequence_last_value('s')", false, nil},
+		{"SELECT pg_sequence_last_value('GATE_16400')", true, nil},
+		{"SELECT pg_sequence_last_value('gate_x')", false, nil},
 		{"SELECT * FROM pg_sequences", true, nil},
 		{"SELECT * FROM public.pg_sequences", false, nil},
 		{"SELECT fenceline.fence_fast('a', 'b', 'c', 'd')", true, nil},
