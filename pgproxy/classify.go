@@ -117,6 +117,16 @@ type Statement struct {
 	// ChangesReach: DDL that may change what a later write to an existing
 	// table reaches (see changesReach).
 	ChangesReach bool
+	// Signals are the constant pids the statement signals
+	// (pg_cancel_backend, pg_terminate_backend, ...): the session refuses
+	// any but its own backend's (see fenceGuard, session.judgeSignals).
+	Signals []int32
+	// SignalParams are the parameters ($n) that carry pids the statement
+	// signals: judged at Bind, refused where no Bind carries them.
+	SignalParams []int
+	// constDependent: the classification depends on a constant's value
+	// (see fenceGuard); it is not shared by texts of the same shape.
+	constDependent bool
 	// Start and End are byte offsets of the statement in the query text.
 	Start, End int
 	// Tag is the statement's node type, for logs and the corpus test.
@@ -170,6 +180,9 @@ func (c *Classifier) Classify(sql string) *Classification {
 	var kbuf [512]byte
 	kbuf[0] = 0
 	kb, keyed := appendLiteralKey(kbuf[:1], sql)
+	// A text that mentions the fence's schema, in a string constant say,
+	// is judged by its constants (fenceGuard): never by its shape.
+	keyed = keyed && !containsFold(sql, Schema)
 	if keyed {
 		c.mu.RLock()
 		r, ok = c.cache[string(kb)] // no allocation for a lookup
@@ -186,7 +199,7 @@ func (c *Classifier) Classify(sql string) *Classification {
 		}
 	}
 	r = classify(sql)
-	if keyed && len(r.Stmts) == 1 && r.ParseError == "" && r.Stmts[0].Start == 0 && !namesSequence(&r.Stmts[0]) {
+	if keyed && len(r.Stmts) == 1 && r.ParseError == "" && r.Stmts[0].Start == 0 && !namesSequence(&r.Stmts[0]) && !r.Stmts[0].constDependent {
 		sql = string(kb) // remember it for every text with this shape
 	}
 	if len(sql) <= maxCachedText {
@@ -290,6 +303,11 @@ func classifyNode(n *pgq.Node) Statement {
 		st.Opaque = true
 	}
 	st.ChangesReach = st.Class == ClassWrite && changesReach(&st, n)
+	why, signals, params, constDep := fenceGuard(n)
+	st.Signals, st.SignalParams, st.constDependent = signals, params, constDep
+	if why != "" && st.Forbidden == "" {
+		st.Class, st.Forbidden = ClassWrite, why
+	}
 	return st
 }
 

@@ -140,7 +140,13 @@
 // lease's first write to a table, every refusal — goes to fence_slow_gate. A
 // new lease's first write locks the gate in SHARE ROW EXCLUSIVE mode (ALTER
 // SEQUENCE), so it waits for every open transaction that wrote the table
-// under an older fence, and keeps new ones out, then raises the epoch. Epochs
+// under an older fence, and keeps new ones out, then raises the epoch. It
+// waits at most the session's lock_timeout (raiseLockTimeout, 2 s, when the
+// session set none): a transaction that holds the gate and stays open would
+// otherwise stall the new lease, and every writer queued behind its raise,
+// for as long as it liked. The raise is then refused with SQLSTATE 55P03
+// (lock_not_available), naming the lease, its fence, the table and the
+// gate; the client retries (TestGateHolderCannotStallAnotherLease). Epochs
 // are read with pg_sequence_last_value, not through a snapshot, so the check
 // is the same under every isolation level; an epoch never goes down, not even
 // when the raising transaction rolls back. A zombie whose proxy still
@@ -156,7 +162,9 @@
 // SEQUENCE ... OWNED BY NONE, which changes nothing): event triggers on
 // ddl_command_start/end fire for it, once per lease and table. Anything that
 // reads the gate, such as a query on pg_sequences, holds it until its
-// transaction ends and so delays a raise as a writer would.
+// transaction ends and so delays a raise as a writer would: through the
+// proxy such reads are refused (see What no lease allows); straight to
+// Postgres (a role no proxy stands before) they delay a raise by its bound.
 //
 // The trigger comes in two kinds with one slow path. TriggerC is
 // fenceline.fence_check_c from pgproxy/cfence: the fast-path checks in C
@@ -297,6 +305,48 @@
 //	publications, COMMENT, SECURITY LABEL  proxy: named targets or    (classifier corpus)
 //	                                         opaque
 //	pg_advisory_*, LISTEN/NOTIFY           not writes: pass           (classifier corpus)
+//
+// # What no lease allows
+//
+// Some statements act on the fence or on other agents' sessions rather than
+// on tables; the proxy refuses them whatever the lease, reads included, with
+// SQLSTATE 42501 naming the lease, its owner, its fence and the reason, and
+// audits each (reason fence-tamper, or other-session for a signal):
+//
+//	what                                       test
+//	a name in schema fenceline, in any         TestFenceSchemaRefused, TestFenceGuard
+//	  spelling the parser or a regclass,
+//	  regproc or setting name reads (quoted,
+//	  any case, Unicode escapes, 'fenceline.x',
+//	  to_regclass, current_setting, SHOW);
+//	  search_path holding it (SET, set_config,
+//	  ALTER ROLE/DATABASE SET, startup
+//	  parameters)
+//	pg_sequence_last_value of anything but a   TestFenceSchemaRefused, TestFenceGuard
+//	  sequence named by a constant (an oid,
+//	  an expression), and pg_sequences: they
+//	  read (and hold) the fence's gates
+//	pg_cancel_backend, pg_terminate_backend,   TestSignalAnotherLeaseRefused, TestFenceGuard
+//	  pg_log_backend_memory_contexts of any
+//	  backend but the agent's own: a pid (a
+//	  constant, or a Bind's parameter) that
+//	  BackendKeyData gave a session of this
+//	  proxy, or pg_backend_pid()
+//	the same functions, and                    TestSignalAnotherLeaseRefused/fast-path
+//	  pg_sequence_last_value, by fast-path
+//	  FunctionCall
+//	a DO block or function body (code the      TestFenceGuard
+//	  proxy does not parse) that mentions any
+//	  of the above
+//	a CancelRequest for a backend this proxy   TestSignalAnotherLeaseRefused
+//	  did not open (dropped)
+//
+// A string constant naming fenceline.x is refused wherever it stands (an
+// inserted text 'fenceline.x ...' too): the proxy cannot tell where a string
+// becomes a name. Texts that mention the schema are never classified by
+// their literal shape. Code that builds the names at run time (EXECUTE of a
+// string made by a function) is past the proxy's sight: it runs only with
+// Config.AllowOpaque, and the storage-side bound on the raise still holds.
 //
 // # Sequence
 //
@@ -521,4 +571,6 @@
 // result both ways:
 //
 //   - TestLoadTypeSameNameInDifferentSchemas: creates schemas pgx_a and pgx_b, outside the lease's claim (public.*): policy.
+//   - TestCheckIdleConn: terminates the pool's connections with pg_terminate_backend(n) FROM unnest($1::int[]): a pid the fence cannot read may be another agent's session (see What no lease allows): policy.
+//   - TestPoolAcquireChecksIdleConns: the same statement: policy.
 package pgproxy

@@ -32,6 +32,12 @@ const (
 	tokenSetting = "fenceline.token"
 )
 
+// raiseLockTimeout bounds how long an epoch raise waits for the
+// transactions that hold the table's gate (fence_slow_gate), unless the
+// writing session set a lock_timeout of its own: then a raise is refused
+// with SQLSTATE 55P03, naming the lease, the fence and the gate.
+const raiseLockTimeout = "2s"
+
 // tokenVersion starts every token; the trigger refuses anything else. v4
 // binds the token to the connection it was made for (its session number).
 const tokenVersion = "v4"
@@ -298,9 +304,9 @@ const tokenHashSQL = `(pg_catalog.textcat('x', pg_catalog.encode(` + tokenHashBy
 //     fenceline.verified, plus the session setting fenceline.verified that
 //     says currval is defined), and raises a table's epoch under ALTER
 //     SEQUENCE's SHARE ROW EXCLUSIVE lock on the gate, which waits for every
-//     transaction that passed the gate and keeps new ones out until the
-//     raise commits. It runs once per session and token, and once per
-//     lease and table.
+//     transaction that passed the gate (at most lock_timeout, see
+//     raiseLockTimeout) and keeps new ones out until the raise commits. It
+//     runs once per session and token, and once per lease and table.
 //
 // Why a gate sequence: a relation lock in ROW EXCLUSIVE mode takes
 // Postgres's per-backend fast path; the shared advisory lock it replaced
@@ -394,6 +400,7 @@ DECLARE
 	curl    text;
 	bound   bigint;
 	mine    bigint;
+	wait    text;
 BEGIN
 	SELECT ns.nspname, c.relname, ep.seq, ep.gate INTO sch, tab, seq, gate
 		FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace
@@ -450,8 +457,26 @@ BEGIN
 		-- A newer lease's first write: wait for every writer of an older
 		-- fence to finish (each holds the gate in ROW EXCLUSIVE mode, which
 		-- ALTER SEQUENCE's SHARE ROW EXCLUSIVE waits for, and keeps new ones
-		-- out), then raise the epoch.
-		EXECUTE format('ALTER SEQUENCE %s OWNED BY NONE', gate);
+		-- out), then raise the epoch. The wait is bounded (lock_timeout,
+		-- ` + raiseLockTimeout + ` unless the session set one): a transaction that
+		-- holds the gate and never ends (a reader of the gate sequence,
+		-- anyone's) would otherwise stall this lease and queue every later
+		-- writer of the table behind it. The raise is then refused,
+		-- retryably, naming what blocked it.
+		wait := current_setting('lock_timeout');
+		BEGIN
+			IF wait = '0' THEN
+				PERFORM set_config('lock_timeout', '` + raiseLockTimeout + `', true);
+			END IF;
+			EXECUTE format('ALTER SEQUENCE %s OWNED BY NONE', gate);
+			PERFORM set_config('lock_timeout', wait, true);
+		EXCEPTION WHEN lock_not_available THEN
+			RAISE EXCEPTION 'fenceline: lease % (fence %) cannot raise the epoch of %.%: a transaction holding its gate % blocked the raise for %',
+				lease, f, quote_ident(sch), quote_ident(tab), gate, CASE WHEN wait = '0' THEN '` + raiseLockTimeout + `' ELSE wait END
+				USING ERRCODE = '55P03',
+				DETAIL = 'every transaction that read the gate sequence (a write of the table, or anyone reading it) holds it until it ends; an epoch raise waits for all of them',
+				HINT = 'retry the transaction; if it keeps failing, end the transaction that holds the gate (pg_locks shows who holds ' || gate::text || ')';
+		END;
 		cur := coalesce(pg_sequence_last_value(seq), 0);
 		IF f > cur THEN
 			PERFORM setval(seq, f, true);

@@ -320,6 +320,11 @@ func testEpochRaise(t *testing.T, f *fenceDB) {
 			if err := n.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&npid); err != nil {
 				t.Fatal(err)
 			}
+			// The raise waits as long as the session's lock_timeout says
+			// (raiseLockTimeout when it sets none).
+			if _, err := n.Exec(ctx, "SET lock_timeout = '20s'"); err != nil {
+				t.Fatal(err)
+			}
 			done := make(chan error, 1)
 			go func() { done <- writeWithToken(ctx, n, newTok, "INSERT INTO public.race VALUES (3, 'new')") }()
 			// The new lease's write waits for the table's gate.
@@ -389,6 +394,9 @@ func testGateSavepoint(t *testing.T, f *fenceDB) {
 	}
 	var npid int
 	if err := n.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&npid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Exec(ctx, "SET lock_timeout = '20s'"); err != nil { // (see testEpochRaise)
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)

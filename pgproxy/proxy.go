@@ -208,6 +208,18 @@ func (p *Proxy) registerKey(k backendKey) {
 	p.mu.Unlock()
 }
 
+// ownPID: a live session of this proxy has backend pid.
+func (p *Proxy) ownPID(pid uint32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k := range p.keys {
+		if k.pid == pid {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *Proxy) knownKey(k backendKey) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()

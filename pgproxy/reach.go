@@ -500,7 +500,15 @@ func callsOtherConnection(st *Statement) bool {
 // text) where that can write — in a writable transaction, or dblink's
 // anywhere — is an opaque write, naming the call.
 func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
-	if st == nil || len(st.Calls) == 0 || st.Forbidden != "" || st.Unsure != "" {
+	if st == nil || st.Forbidden != "" || st.Unsure != "" {
+		return st
+	}
+	if len(st.Signals) > 0 || len(st.SignalParams) > 0 {
+		if cp := s.judgeSignals(st, nil); cp != nil {
+			return cp
+		}
+	}
+	if len(st.Calls) == 0 {
 		return st
 	}
 	for _, c := range st.Calls {
@@ -537,6 +545,47 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 		}
 	}
 	return st
+}
+
+// signalTag is the Tag of a statement judgeSignals refused.
+const signalTag = "Signal"
+
+// judgeSignals refuses a statement that signals (cancels, terminates) a
+// backend other than the agent's own: a pid that is not one Postgres gave
+// a connection of this proxy (BackendKeyData) may be another agent's
+// session, of the same database role, which Postgres lets it signal.
+// bind is the rest of the Bind that carries the statement's parameters
+// (after its two names), nil where none does: then a pid in a parameter
+// is refused. nil: every pid is the agent's own.
+func (s *session) judgeSignals(st *Statement, bind []byte) *Statement {
+	refuse := func(why string) *Statement {
+		cp := *st
+		cp.Class = ClassWrite
+		cp.Forbidden = why
+		cp.Tag = signalTag
+		return &cp
+	}
+	for _, pid := range st.Signals {
+		if pid <= 0 || !s.ownBackend(uint32(pid)) {
+			return refuse(fmt.Sprintf("it signals backend %d, which is not one of this agent's sessions (this one is %d): it may be another agent's session", pid, s.key.pid))
+		}
+	}
+	for _, n := range st.SignalParams {
+		pid, ok := bindPID(bind, n)
+		switch {
+		case bind == nil:
+			return refuse(fmt.Sprintf("it signals the backend parameter $%d names, which the proxy does not see here: it may be another agent's session", n))
+		case !ok || pid <= 0 || pid > 1<<31-1 || !s.ownBackend(uint32(pid)):
+			return refuse(fmt.Sprintf("it signals backend %d (parameter $%d), which is not one of this agent's sessions (this one is %d): it may be another agent's session", pid, n, s.key.pid))
+		}
+	}
+	return nil
+}
+
+// ownBackend: pid is this session's backend or another's of this proxy
+// (the same agent: one proxy serves one agent).
+func (s *session) ownBackend(pid uint32) bool {
+	return pid == s.key.pid || s.p.ownPID(pid)
 }
 
 // onSearchPath: c names a sequence without its schema, which the search

@@ -787,6 +787,7 @@ const (
 	ReasonOutsideLease = leasebus.ReasonOutsideLease // a table outside the lease's table scope
 	ReasonReadOnlyTxn  = "read-only-transaction"     // the transaction was not made writable under the lease
 	ReasonUnsureParse  = "unsure-parse"              // Postgres may parse the text otherwise than the classifier
+	ReasonOtherSession = "other-session"             // a statement that signals a backend not the session's own
 )
 
 // authorize decides one write statement against the lease.
@@ -796,7 +797,11 @@ func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *r
 			hint: "fenceline refuses it whatever the lease: send it with standard_conforming_strings on and client_encoding UTF8, or after a Sync"}
 	}
 	if st.Forbidden != "" {
-		return &refusal{code: ReasonFenceTamper, reason: "statement switches off the fence: " + st.Forbidden,
+		code := ReasonFenceTamper
+		if st.Tag == signalTag {
+			code = ReasonOtherSession
+		}
+		return &refusal{code: code, reason: "statement refused whatever the lease: " + st.Forbidden,
 			hint: "fenceline refuses this statement whatever the lease"}
 	}
 	if !li.live() {
@@ -1328,7 +1333,7 @@ func fastPathOK(cls *Classification, sim txSim) bool {
 	}
 	for i := range cls.Stmts {
 		st := &cls.Stmts[i]
-		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.Prepare != "" || st.Deallocate != "" ||
+		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.Prepare != "" || st.Deallocate != "" || len(st.Signals) > 0 || len(st.SignalParams) > 0 ||
 			st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt" {
 			return false
 		}
@@ -1358,12 +1363,20 @@ func (s *session) callsToJudge(cls *Classification) bool {
 func (s *session) handleFunctionCall(raw []byte) error {
 	st := &Statement{Class: ClassWrite, Opaque: true, Tag: "FunctionCall"}
 	li := s.lease()
+	var oid uint32
+	if len(raw) >= 9 {
+		oid = binary.BigEndian.Uint32(raw[5:9])
+	}
 	var r *refusal
-	if s.sim.inBlock && s.sim.blockRW {
+	switch {
+	case fastPathRefused[oid] != "":
+		st.Forbidden = fastPathRefused[oid]
+		r = s.authorize(st, li, s.searchPath)
+	case s.sim.inBlock && s.sim.blockRW:
 		if !li.live() {
 			r = s.authorize(st, li, s.searchPath)
 		}
-	} else {
+	default:
 		r = s.authorize(st, li, s.searchPath)
 		if r == nil {
 			r = &refusal{code: ReasonReadOnlyTxn, reason: "a fast-path function call runs outside any transaction the proxy made writable",
@@ -1381,6 +1394,16 @@ func (s *session) handleFunctionCall(raw []byte) error {
 	s.push(&expect{kind: expQuery})
 	_, err := s.sw.Write(w.b)
 	return err
+}
+
+// fastPathRefused are the builtin functions (by their fixed oids) a
+// fast-path FunctionCall may not call, why: the calls fenceGuard refuses in
+// a query, whose arguments a FunctionCall carries as data.
+var fastPathRefused = map[uint32]string{
+	2096: "a fast-path call of pg_terminate_backend may end another agent's session",
+	2171: "a fast-path call of pg_cancel_backend may cancel another agent's statement",
+	4543: "a fast-path call of pg_log_backend_memory_contexts signals a backend it names by data",
+	4032: "a fast-path call of pg_sequence_last_value may read (and hold) a fence gate, which stalls another lease's epoch raise",
 }
 
 // flushSegment decides the pending extended-protocol messages (up to a Sync
@@ -1442,13 +1465,23 @@ func (s *session) flushSegment() error {
 			}
 			s.stmts[name] = st
 		case 'B':
-			portal, stmt, _, err := twoCStrings(body)
+			portal, stmt, bindRest, err := twoCStrings(body)
 			if err != nil {
 				return s.fatal(err)
 			}
 			st := s.stmts[stmt]
 			if st == nil {
 				st = &Statement{Class: ClassWrite, Opaque: true, Tag: "UnknownStatement"}
+			}
+			if len(st.SignalParams) > 0 {
+				// The pids it signals are this Bind's parameters.
+				if cp := s.judgeSignals(st, bindRest); cp != nil {
+					st = cp
+				} else {
+					cp := *st
+					cp.SignalParams = nil
+					st = &cp
+				}
 			}
 			s.portals[portal] = st
 		case 'E':

@@ -91,6 +91,12 @@ func (s *session) startup() (bool, error) {
 	if s.user == "" {
 		return false, s.fatalStartup(errors.New("no user in the startup message"))
 	}
+	if r := startupNamesFence(params); r != nil {
+		li := s.lease()
+		msg, detail := s.record(r, &Statement{Tag: "StartupMessage"}, li, "startup parameters")
+		s.client.Write(errorResponse('E', "FATAL", "42501", msg, detail, r.hint))
+		return false, errors.New(msg)
+	}
 
 	dctx, cancel := context.WithDeadline(s.p.ctx, deadline)
 	up, err := s.p.cfg.Dial(dctx, upstreamNetwork(s.p.cfg.Upstream), s.p.cfg.Upstream)
@@ -315,4 +321,23 @@ func (p *Proxy) cancelUpstream(k backendKey) error {
 func (s *session) fatalStartup(err error) error {
 	s.client.Write(errorResponse('E', "FATAL", "08P01", "fenceline: "+err.Error(), "", ""))
 	return err
+}
+
+// startupNamesFence refuses startup parameters that name the fence's
+// schema (search_path=fenceline, options=-c search_path=fenceline, a
+// fenceline.* setting): unqualified names would then resolve to the
+// fence's objects, past fenceGuard.
+func startupNamesFence(params map[string]string) *refusal {
+	for k, v := range params {
+		switch k {
+		case "user", "database", "application_name":
+			continue
+		}
+		if containsFold(k, Schema) || containsFold(v, Schema) {
+			return &refusal{code: ReasonFenceTamper,
+				reason: fmt.Sprintf("startup parameter %s names the fenceline schema, which holds the storage fence and which no agent reads or writes", k),
+				hint:   "connect without it"}
+		}
+	}
+	return nil
 }
