@@ -141,14 +141,14 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 	}
 	if pr.guarded {
 		rules := &landlockRules{ABI: abi, Devices: writableDevices, Hidden: cleanAll(p.Hidden),
-			RestrictNet: !p.AllowAnyConnect, Ports: p.ConnectPorts}
+			RestrictNet: !p.AllowAnyConnect, Ports: p.ConnectPorts, BindPorts: p.BindPorts}
 		rules.Writable = append(cleanAll(p.writable()), pr.tmpDir)
 		if rules.Hidden, err = realPaths(rules.Hidden); err != nil {
 			return nil, err
 		}
 		cfg.Landlock = rules
-		if abi < 4 && !p.AllowAnyConnect {
-			log.Info("landlock ABI < 4: TCP connects are judged by the supervisor alone (no kernel port rule behind it)", "abi", abi)
+		if abi < 4 {
+			log.Info("landlock ABI < 4: TCP connects, binds and listens are judged by the supervisor alone (no kernel port rule behind it); a reserved port is still refused at listen", "abi", abi)
 		}
 	}
 	setup, err := json.Marshal(cfg)
