@@ -283,6 +283,16 @@ func TestInputs(t *testing.T) {
 	if got := ConnectPorts([]uint16{443, 80}, []uint16{80, 9000}); !slices.Equal(got, []uint16{80, 443, 9000}) {
 		t.Errorf("ConnectPorts = %v", got)
 	}
+	// The ports of local services the agent must not take: loopback hosts
+	// of host:port addresses, URLs and NATS URL lists; remote ones and
+	// Unix socket paths are not this host's ports.
+	if got := LocalPorts("127.0.0.1:5432", "http://localhost:8080/repo.git", "nats://127.0.0.1:4222,nats://[::1]:4223",
+		"db.internal:5432", "/run/postgresql", "", "https://git.example.com/x.git"); !slices.Equal(got, []uint16{4222, 4223, 5432, 8080}) {
+		t.Errorf("LocalPorts = %v, want [4222 4223 5432 8080]", got)
+	}
+	if got := sidecarPorts("http://127.0.0.1:9090"); !slices.Equal(got, []uint16{9090}) {
+		t.Errorf("sidecarPorts = %v, want [9090]", got)
+	}
 	dir := t.TempDir()
 	if ps, err := RealPaths("--allow-write", []string{dir}); err != nil || len(ps) != 1 {
 		t.Errorf("RealPaths = %v, %v", ps, err)

@@ -4,11 +4,15 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -73,6 +77,34 @@ func ConnectPorts(lists ...[]uint16) []uint16 {
 	}
 	slices.Sort(ports)
 	return slices.Compact(ports)
+}
+
+// LocalPorts are the ports of the addresses (host:port or URLs, a NATS
+// URL list) that name this host's loopback: a local service the sidecar
+// or this process connects to, whose port the agent must not take while
+// the service restarts (Policy.ReservedPorts). Others are skipped.
+func LocalPorts(addrs ...string) []uint16 {
+	var ports []uint16
+	for _, list := range addrs {
+		for _, a := range strings.Split(list, ",") {
+			a = strings.TrimSpace(a)
+			if u, err := url.Parse(a); err == nil && u.Host != "" {
+				a = u.Host
+			}
+			host, port, err := net.SplitHostPort(a)
+			if err != nil {
+				continue
+			}
+			n, err := strconv.ParseUint(port, 10, 16)
+			if err != nil || n == 0 {
+				continue
+			}
+			if ip, err := netip.ParseAddr(host); host == "localhost" || (err == nil && ip.Unmap().IsLoopback()) {
+				ports = append(ports, uint16(n))
+			}
+		}
+	}
+	return ConnectPorts(ports)
 }
 
 // Command is the agent's command, run in the checkout co: in the caller's

@@ -37,6 +37,11 @@ type Spec struct {
 	// (PrivateHome), discarded at settle.
 	State      StateSpec
 	AllowPorts []uint16 // TCP ports it may connect to besides the fences'
+	AllowBind  []uint16 // fixed TCP ports it may listen on (a dev server's); kernel-chosen ones always
+	// Reserve are ports of local services the agent may not take (bind or
+	// listen on) besides the fences' and their loopback upstreams': the
+	// lease bus's when it is local (LocalPorts).
+	Reserve []uint16
 	// Hide names secrets the agent may not read besides fenceline's state
 	// dir and the sidecar's (HiddenPaths).
 	Hide []string
@@ -165,6 +170,8 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	}
 	pol.Hidden = HiddenPaths(env, secrets[1:]...)
 	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, sc.Ports())
+	pol.ReservedPorts = ConnectPorts(spec.Reserve, LocalPorts(cfg.PGUpstream, cfg.GitUpstream))
+	pol.BindPorts = spec.AllowBind
 	pol.KillGrace = spec.KillGrace
 	pol.AllowUnguarded = spec.AllowUnguarded
 	pol.Logger = slog.New(slog.NewTextHandler(spec.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
