@@ -476,3 +476,28 @@ func TestRunRefusalsSayTheirCause(t *testing.T) {
 		}
 	})
 }
+
+// TestRunRefusesUpstreamSocketAgentCanWrite: a Postgres upstream reached
+// through a Unix socket in a directory the agent may write is one the
+// agent can stand in for (remove the socket, bind its own while the server
+// restarts): the fence would then send the agent's session, and what the
+// fence adds to it, to the agent. Run refuses before the agent starts.
+func TestRunRefusesUpstreamSocketAgentCanWrite(t *testing.T) {
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	b := bustest.Start(t)
+	repo := newRepo(t, "")
+	co, err := FindCheckout(context.Background(), repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared, TTL: leasebus.Duration(10 * time.Second)}, leasebus.HoldOptions{})
+	spec, _ := runSpec(t, b, co, l, "sh", "-c", "echo started > in/started")
+	spec.Sidecar.PGUpstream = filepath.Join(repo, "in", ".s.PGSQL.5432")
+	res, err := Run(context.Background(), spec)
+	if err == nil || !strings.Contains(err.Error(), "--pg-upstream") || !strings.Contains(err.Error(), "may write") {
+		t.Errorf("Run = %v, want a refusal naming --pg-upstream and the agent's writable path", err)
+	}
+	if res.Started {
+		t.Error("the agent started")
+	}
+}

@@ -107,6 +107,40 @@ func LocalPorts(addrs ...string) []uint16 {
 	return ConnectPorts(ports)
 }
 
+// socketOutsideWrites refuses a Unix socket path (a fence's upstream)
+// that lies beneath a path the agent may write: the agent could remove
+// the socket and bind its own there while the server restarts, and the
+// fence would hand it what it sends the server. A host:port is not a path.
+func socketOutsideWrites(flag, sock string, pol fsguard.Policy) error {
+	if !filepath.IsAbs(sock) {
+		return nil
+	}
+	real := filepath.Clean(sock)
+	// The deepest existing ancestor, resolved: the socket may not exist yet.
+	for dir, rest := real, ""; ; dir, rest = filepath.Dir(dir), filepath.Join(filepath.Base(dir), rest) {
+		if r, err := filepath.EvalSymlinks(dir); err == nil {
+			real = filepath.Join(r, rest)
+			break
+		}
+		if dir == "/" {
+			break
+		}
+	}
+	writable := slices.Clone(pol.Writable)
+	if pol.GitDirWritable {
+		writable = append(writable, pol.GitDirs...)
+		if len(pol.GitDirs) == 0 && pol.Root != "" {
+			writable = append(writable, filepath.Join(pol.Root, ".git"))
+		}
+	}
+	for _, w := range writable {
+		if rel, err := filepath.Rel(w, real); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			return invalidf("%s %s lies beneath %s, which the agent may write: it could bind its own server there while the real one restarts; put the socket outside the agent's claim and --allow-write paths", flag, sock, w)
+		}
+	}
+	return nil
+}
+
 // Command is the agent's command, run in the checkout co: in the caller's
 // directory when it lies in co (or, for a shard, the same directory of the
 // shard when it lies in home, the checkout the shard was made from), else

@@ -163,6 +163,9 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	for _, c := range created {
 		r.say("created %s: the claim did not exist in the checkout, and writes are confined to existing paths", c)
 	}
+	if err := socketOutsideWrites("--pg-upstream", cfg.PGUpstream, pol); err != nil {
+		return res, err
+	}
 	env := Env(os.Environ(), nil, sc.AgentEnv, l.LeaseID)
 	secrets := append([]string{leasebus.StateDir(), cfg.StateDir}, spec.Hide...)
 	if r.priv, env, err = openPrivateState(spec.State, secrets, &pol, env, func(s string) { r.say("%s", s) }); err != nil {
