@@ -139,3 +139,32 @@ func TestBindRaceCannotTakeSidecarPort(t *testing.T) {
 		t.Errorf("the raced bind: %q, want reached=0 listened=0", r.out)
 	}
 }
+
+// TestBindWithoutLandlockNet: on a kernel whose Landlock cannot judge
+// binds (ABI < 4), the supervisor's checks stand alone: a bind to the
+// sidecar's port is still refused, and a bind that races its check may
+// reach the port but cannot listen on it, so no client of the sidecar
+// reaches the agent.
+func TestBindWithoutLandlockNet(t *testing.T) {
+	abiLimit = 3
+	t.Cleanup(func() { abiLimit = 0 })
+	helper := guardHelper(t)
+	admin := freePort(t)
+	w := newWorktree(t)
+	p := w.policy()
+	p.ReservedPorts = []uint16{admin}
+	ps := strconv.Itoa(int(admin))
+	audit := &memAuditor{}
+	if r := runAudited(t, p, &testGate{}, audit, w.root, helper, "listen", "127.0.0.1:"+ps); r.out != "bind: EACCES" {
+		t.Errorf("ABI 3: the agent listening on the sidecar's port: %q, want bind: EACCES", r.out)
+	}
+	wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "bind to 127.0.0.1:"+ps, "sidecar")
+	r := runAudited(t, p, &testGate{}, audit, w.root, helper, "bindrace", filepath.Join(w.leased, "race.sock"), ps, "3000")
+	if !strings.HasPrefix(r.out, "reached=") || !strings.HasSuffix(r.out, " listened=0") {
+		t.Errorf("ABI 3: the raced bind: %q, want listened=0", r.out)
+	}
+	if r.out != "reached=0 listened=0" {
+		wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "listen on port "+ps, "sidecar")
+	}
+	t.Logf("ABI 3, raced bind: %s", r.out)
+}

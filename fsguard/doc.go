@@ -254,7 +254,9 @@
 // the sidecar's ports after it is gone, on any address, TCP or UDP, lease
 // held or lost (TestAgentCannotListenOnSidecarPorts), also with a Unix bind
 // whose descriptor and address are swapped for TCP and the sidecar's port
-// under the call (TestBindRaceCannotTakeSidecarPort); fixed ports not
+// under the call (TestBindRaceCannotTakeSidecarPort; with Landlock ABI < 4
+// such a bind reaches the port but cannot listen on it,
+// TestBindWithoutLandlockNet); fixed ports not
 // allowed, while kernel-chosen ones work
 // (TestAgentListensOnEphemeralAndAllowedPorts); abstract Unix names
 // (TestAbstractUnixBindRefused). System V IPC objects

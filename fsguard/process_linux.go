@@ -71,6 +71,10 @@ type Process struct {
 	waitErr   error
 }
 
+// abiLimit caps the Landlock ABI Start uses (0: the kernel's), so that a
+// test can run the guard as on an older kernel.
+var abiLimit int
+
 // Start runs cmd under the guard described by p: Landlock confines its
 // writes (and TCP connects), a seccomp supervisor refuses every write-class
 // call while gate is closed and records each refusal with audit. Canceling
@@ -92,6 +96,9 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 	}
 	log := p.logger()
 	abi, abiErr := Available()
+	if abiLimit > 0 && abi > abiLimit {
+		abi = abiLimit
+	}
 	if abiErr != nil {
 		if !p.AllowUnguarded {
 			return nil, fmt.Errorf("refusing to run %s unguarded: %w (pass --allow-unguarded to run without a file-write guard)", cmd.Path, abiErr)
