@@ -138,8 +138,9 @@ func (s *syncBuf) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b
 
 // podAgent is the agent of TestPodAgentCannotTakeSidecarPort: it writes
 // its claim, waits for the sidecar to be gone, tries to listen on its admin
-// port on two addresses, says how each went, and waits to be told to exit
-// (so that a port it took would still be held).
+// port on two addresses, says how each went, writes until the guard
+// refuses (the wrapper no longer hears the sidecar), and waits to be told
+// to exit (so that a port it took would still be held).
 const podAgent = `
 import errno, os, socket, sys, time
 port, gone, done = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -157,6 +158,14 @@ for host in ("127.0.0.1", "0.0.0.0"):
     except OSError as e:
         said.append(errno.errorcode[e.errno])
 print(" ".join(said), flush=True)
+deadline = time.time() + 20
+while time.time() < deadline:  # the wrapper's gate closes within --grace of the sidecar's last word
+    try:
+        open("in/after", "w").write("x")
+    except PermissionError:
+        print("write refused", flush=True)
+        break
+    time.sleep(0.05)
 while not os.path.exists(done):
     time.sleep(0.01)
 `
@@ -166,7 +175,8 @@ while not os.path.exists(done):
 // sidecar's admin port, where the agent wrapper asks for the lease, so the
 // restarted sidecar fails with "address already in use" (and, before the
 // wrapper authenticated its sidecar, the agent answered "held" there).
-// Under the guard the agent's binds are refused with EACCES, the restarted
+// Under the guard the agent's binds are refused with EACCES, its writes
+// are refused once the wrapper no longer hears the sidecar, the restarted
 // sidecar listens on its port again, and the wrapper's settle report
 // reaches it.
 func TestPodAgentCannotTakeSidecarPort(t *testing.T) {
@@ -225,13 +235,13 @@ func TestPodAgentCannotTakeSidecarPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
-		if !strings.Contains(out.String(), "\n") {
-			return fmt.Errorf("the agent has not tried the sidecar's port yet (%q)", out.String())
+		if !strings.Contains(out.String(), "write refused") {
+			return fmt.Errorf("the agent has not been refused a write yet (%q)", out.String())
 		}
 		return nil
 	})
-	if got := strings.TrimSpace(out.String()); got != "EACCES EACCES" {
-		t.Errorf("the agent listening on the sidecar's admin port %s: %q, want EACCES EACCES", u.Port(), got)
+	if got := strings.TrimSpace(out.String()); got != "EACCES EACCES\nwrite refused" {
+		t.Errorf("the agent listening on the sidecar's admin port %s, then writing: %q, want EACCES EACCES, then the write refused", u.Port(), got)
 	}
 	restarted, err := startSidecar(u.Host)
 	if err != nil {
@@ -246,8 +256,8 @@ func TestPodAgentCannotTakeSidecarPort(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	if r.res.Code != 0 || r.res.Refused.Confined < 2 {
-		t.Errorf("RunInPod = %+v, want exit 0 and the two binds refused", r.res)
+	if r.res.Code != 0 || r.res.Refused.Confined < 2 || r.res.Refused.AfterLoss < 1 {
+		t.Errorf("RunInPod = %+v, want exit 0, the two binds refused and a write after the sidecar was gone", r.res)
 	}
 	if restarted != nil && restarted.WaitSettled(10*time.Second) != sidecar.SettleReported {
 		t.Error("the restarted sidecar heard no settle report from the wrapper")
