@@ -60,7 +60,10 @@ agent changed there named). TCP connects: the sidecar's fences (its git and
 Postgres fences, whose addresses the agent's git and libpq are pointed at),
 its egress proxy (HTTPS_PROXY/HTTP_PROXY; it tunnels the hosts the sidecar
 allows with its --allow-host and refuses the rest) and --allow-connect
-ports; never the admin port. --allow-host here names hosts CMD needs: the
+ports; never the admin port. CMD listens only on ports the kernel chooses
+(port 0) and --allow-bind ports, never on the admin port or a fence's: the
+agent shares the pod's network namespace, and after a sidecar restart the
+wrapper would ask whoever listens there. --allow-host here names hosts CMD needs: the
 wrapper refuses to start when the sidecar's proxy does not allow one of
 them, rather than leaving CMD to fail on it later.
 

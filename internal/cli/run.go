@@ -83,7 +83,8 @@ the bus ("fenceline shard list") and settled before its lease is released.
 The guard (Landlock, and a seccomp supervisor for what changes at run time)
 also hides fenceline's state dir (lease credentials) and the sidecar's
 files from the agent, and lets it open TCP connections only to the
-sidecar's fences, its egress proxy and --allow-connect ports. With
+sidecar's fences, its egress proxy and --allow-connect ports, and listen
+only on ports the kernel chooses (port 0) and --allow-bind ports. With
 --git-upstream, the agent's unmodified git reaches that server only through
 the git fence, which serves only that repository's smart-HTTP endpoints
 (the upstream header goes nowhere else; anything else on the host is 403).
