@@ -283,6 +283,16 @@ func TestInputs(t *testing.T) {
 	if got := ConnectPorts([]uint16{443, 80}, []uint16{80, 9000}); !slices.Equal(got, []uint16{80, 443, 9000}) {
 		t.Errorf("ConnectPorts = %v", got)
 	}
+	// The ports of local services the agent must not take: loopback hosts
+	// of host:port addresses, URLs and NATS URL lists; remote ones and
+	// Unix socket paths are not this host's ports.
+	if got := LocalPorts("127.0.0.1:5432", "http://localhost:8080/repo.git", "nats://127.0.0.1:4222,nats://[::1]:4223",
+		"db.internal:5432", "/run/postgresql", "", "https://git.example.com/x.git"); !slices.Equal(got, []uint16{4222, 4223, 5432, 8080}) {
+		t.Errorf("LocalPorts = %v, want [4222 4223 5432 8080]", got)
+	}
+	if got := sidecarPorts("http://127.0.0.1:9090"); !slices.Equal(got, []uint16{9090}) {
+		t.Errorf("sidecarPorts = %v, want [9090]", got)
+	}
 	dir := t.TempDir()
 	if ps, err := RealPaths("--allow-write", []string{dir}); err != nil || len(ps) != 1 {
 		t.Errorf("RealPaths = %v, %v", ps, err)
@@ -465,4 +475,29 @@ func TestRunRefusalsSayTheirCause(t *testing.T) {
 			t.Errorf("Run said:\n%s", said.text())
 		}
 	})
+}
+
+// TestRunRefusesUpstreamSocketAgentCanWrite: a Postgres upstream reached
+// through a Unix socket in a directory the agent may write is one the
+// agent can stand in for (remove the socket, bind its own while the server
+// restarts): the fence would then send the agent's session, and what the
+// fence adds to it, to the agent. Run refuses before the agent starts.
+func TestRunRefusesUpstreamSocketAgentCanWrite(t *testing.T) {
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	b := bustest.Start(t)
+	repo := newRepo(t, "")
+	co, err := FindCheckout(context.Background(), repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared, TTL: leasebus.Duration(10 * time.Second)}, leasebus.HoldOptions{})
+	spec, _ := runSpec(t, b, co, l, "sh", "-c", "echo started > in/started")
+	spec.Sidecar.PGUpstream = filepath.Join(repo, "in", ".s.PGSQL.5432")
+	res, err := Run(context.Background(), spec)
+	if err == nil || !strings.Contains(err.Error(), "--pg-upstream") || !strings.Contains(err.Error(), "may write") {
+		t.Errorf("Run = %v, want a refusal naming --pg-upstream and the agent's writable path", err)
+	}
+	if res.Started {
+		t.Error("the agent started")
+	}
 }

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -42,6 +44,7 @@ type PodSpec struct {
 	AllowWrite []string  // real paths the agent may write besides its claim
 	State      StateSpec // CLI state the agent gets a private copy of (PrivateHome)
 	AllowPorts []uint16  // TCP ports it may connect to besides the fences'
+	AllowBind  []uint16  // fixed TCP ports it may listen on (a dev server's); kernel-chosen ones always
 	Hide       []string  // secrets it may not read besides fenceline's state dir
 
 	KillGrace      time.Duration
@@ -107,6 +110,10 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 	defer settlePrivateState(priv, say) // after every process is gone: Start's failure, or Wait
 	pol.Hidden = HiddenPaths(env, spec.Hide...)
 	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, fences.Ports())
+	// The sidecar's admin port: once the sidecar is gone, whoever listens
+	// there is asked for the lease (and its restart would fail).
+	pol.ReservedPorts = sidecarPorts(spec.SidecarURL)
+	pol.BindPorts = spec.AllowBind
 	pol.KillGrace = spec.KillGrace
 	pol.AllowUnguarded = spec.AllowUnguarded
 	pol.Logger = log
@@ -139,6 +146,24 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 		return res, fmt.Errorf("supervise %s: %w", spec.Argv[0], werr)
 	}
 	return res, nil
+}
+
+// sidecarPorts is the port of the sidecar's admin URL, on whatever host:
+// the agent shares its network namespace with the sidecar.
+func sidecarPorts(adminURL string) []uint16 {
+	u, err := url.Parse(adminURL)
+	if err != nil {
+		return nil
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || n == 0 {
+		return nil
+	}
+	return []uint16{uint16(n)}
 }
 
 // Narrow is the lease a pod's guard is built from: l, the sidecar's

@@ -3,17 +3,23 @@ package attempt
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
 )
 
@@ -113,5 +119,147 @@ func TestRunInPodFailsClosed(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(repo, "in", "x")); err == nil {
 		t.Error("the agent wrote with no sidecar's word on a lease")
+	}
+}
+
+// syncBuf is an io.Writer the test reads while the agent writes it.
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// podAgent is the agent of TestPodAgentCannotTakeSidecarPort: it writes
+// its claim, waits for the sidecar to be gone, tries to listen on its admin
+// port on two addresses, says how each went, writes until the guard
+// refuses (the wrapper no longer hears the sidecar), and waits to be told
+// to exit (so that a port it took would still be held).
+const podAgent = `
+import errno, os, socket, sys, time
+port, gone, done = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+open("in/started", "w").write("x")
+while not os.path.exists(gone):
+    time.sleep(0.01)
+said = []
+for host in ("127.0.0.1", "0.0.0.0"):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the sidecar's TIME_WAIT connections
+    try:
+        s.bind((host, port))
+        s.listen()
+        said.append("listening")
+    except OSError as e:
+        said.append(errno.errorcode[e.errno])
+print(" ".join(said), flush=True)
+deadline = time.time() + 20
+while time.time() < deadline:  # the wrapper's gate closes within --grace of the sidecar's last word
+    try:
+        open("in/after", "w").write("x")
+    except PermissionError:
+        print("write refused", flush=True)
+        break
+    time.sleep(0.05)
+while not os.path.exists(done):
+    time.sleep(0.01)
+`
+
+// TestPodAgentCannotTakeSidecarPort is issue 28's pod-mode attack: the
+// sidecar is killed while its agent runs; the agent listens on the
+// sidecar's admin port, where the agent wrapper asks for the lease, so the
+// restarted sidecar fails with "address already in use" (and, before the
+// wrapper authenticated its sidecar, the agent answered "held" there).
+// Under the guard the agent's binds are refused with EACCES, its writes
+// are refused once the wrapper no longer hears the sidecar, the restarted
+// sidecar listens on its port again, and the wrapper's settle report
+// reaches it.
+func TestPodAgentCannotTakeSidecarPort(t *testing.T) {
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	b := bustest.Start(t)
+	repo := newRepo(t, "")
+	co, err := FindCheckout(context.Background(), repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared,
+		TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+	const token = "0123456789abcdef0123"
+	startSidecar := func(listen string) (*sidecar.Admin, error) {
+		a, err := sidecar.StartAdmin(sidecar.AdminConfig{Listen: listen, Token: token, Audit: b.Auditor,
+			KeepAlive: 50 * time.Millisecond, Poll: 20 * time.Millisecond})
+		if err == nil {
+			a.SetLease(l.Holder, sidecar.Fences{})
+		}
+		return a, err
+	}
+	first, err := startSidecar("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(first.URL())
+	signals := t.TempDir()
+	gone, done := filepath.Join(signals, "gone"), filepath.Join(signals, "done")
+	out := &syncBuf{}
+	type ran struct {
+		res Result
+		err error
+	}
+	finished := make(chan ran, 1)
+	go func() {
+		res, err := RunInPod(context.Background(), PodSpec{
+			Argv: []string{"/usr/bin/python3", "-c", podAgent, u.Port(), gone, done}, Checkout: co,
+			SidecarURL: first.URL(), Token: token, Grace: time.Second, Wait: 10 * time.Second,
+			KillGrace: 5 * time.Second, Stdout: out, Stderr: out,
+			Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		})
+		finished <- ran{res, err}
+	}()
+	testutil.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if _, err := os.Stat(filepath.Join(repo, "in", "started")); err != nil {
+			return fmt.Errorf("the agent has not written its claim yet (%q)", out.String())
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := first.Close(ctx); err != nil { // the sidecar is killed
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gone, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testutil.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if !strings.Contains(out.String(), "write refused") {
+			return fmt.Errorf("the agent has not been refused a write yet (%q)", out.String())
+		}
+		return nil
+	})
+	if got := strings.TrimSpace(out.String()); got != "EACCES EACCES\nwrite refused" {
+		t.Errorf("the agent listening on the sidecar's admin port %s, then writing: %q, want EACCES EACCES, then the write refused", u.Port(), got)
+	}
+	restarted, err := startSidecar(u.Host)
+	if err != nil {
+		t.Errorf("the restarted sidecar: %v", err)
+	} else {
+		t.Cleanup(func() { restarted.Close(context.Background()) })
+	}
+	if err := os.WriteFile(done, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := <-finished
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.res.Code != 0 || r.res.Refused.Confined < 2 || r.res.Refused.AfterLoss < 1 {
+		t.Errorf("RunInPod = %+v, want exit 0, the two binds refused and a write after the sidecar was gone", r.res)
+	}
+	if restarted != nil && restarted.WaitSettled(10*time.Second) != sidecar.SettleReported {
+		t.Error("the restarted sidecar heard no settle report from the wrapper")
 	}
 }

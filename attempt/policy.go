@@ -245,18 +245,20 @@ func Summary(co *Checkout, p fsguard.Policy, guarded bool) string {
 	if p.GitDirWritable {
 		gitDir = "writable"
 	}
-	ports := "none"
-	if len(p.ConnectPorts) > 0 {
+	portList := func(ps []uint16, none string) string {
+		if len(ps) == 0 {
+			return none
+		}
 		var ss []string
-		for _, n := range p.ConnectPorts {
+		for _, n := range ps {
 			ss = append(ss, strconv.Itoa(int(n)))
 		}
-		ports = strings.Join(ss, ", ")
+		return strings.Join(ss, ", ")
 	}
 	what := strings.Join(ws, ", ")
 	if what == "" {
 		what = "no files" // commit capacity: the git dirs only
 	}
-	return fmt.Sprintf("file guard: the agent writes %s in %s (git dir %s) and its own temp dir; TCP connects to ports: %s",
-		what, co.Root, gitDir, ports)
+	return fmt.Sprintf("file guard: the agent writes %s in %s (git dir %s) and its own temp dir; TCP connects to ports: %s; listens on kernel-chosen ports and: %s",
+		what, co.Root, gitDir, portList(p.ConnectPorts, "none"), portList(p.BindPorts, "none"))
 }

@@ -4,11 +4,15 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -73,6 +77,68 @@ func ConnectPorts(lists ...[]uint16) []uint16 {
 	}
 	slices.Sort(ports)
 	return slices.Compact(ports)
+}
+
+// LocalPorts are the ports of the addresses (host:port or URLs, a NATS
+// URL list) that name this host's loopback: a local service the sidecar
+// or this process connects to, whose port the agent must not take while
+// the service restarts (Policy.ReservedPorts). Others are skipped.
+func LocalPorts(addrs ...string) []uint16 {
+	var ports []uint16
+	for _, list := range addrs {
+		for _, a := range strings.Split(list, ",") {
+			a = strings.TrimSpace(a)
+			if u, err := url.Parse(a); err == nil && u.Host != "" {
+				a = u.Host
+			}
+			host, port, err := net.SplitHostPort(a)
+			if err != nil {
+				continue
+			}
+			n, err := strconv.ParseUint(port, 10, 16)
+			if err != nil || n == 0 {
+				continue
+			}
+			if ip, err := netip.ParseAddr(host); host == "localhost" || (err == nil && ip.Unmap().IsLoopback()) {
+				ports = append(ports, uint16(n))
+			}
+		}
+	}
+	return ConnectPorts(ports)
+}
+
+// socketOutsideWrites refuses a Unix socket path (a fence's upstream)
+// that lies beneath a path the agent may write: the agent could remove
+// the socket and bind its own there while the server restarts, and the
+// fence would hand it what it sends the server. A host:port is not a path.
+func socketOutsideWrites(flag, sock string, pol fsguard.Policy) error {
+	if !filepath.IsAbs(sock) {
+		return nil
+	}
+	real := filepath.Clean(sock)
+	// The deepest existing ancestor, resolved: the socket may not exist yet.
+	for dir, rest := real, ""; ; dir, rest = filepath.Dir(dir), filepath.Join(filepath.Base(dir), rest) {
+		if r, err := filepath.EvalSymlinks(dir); err == nil {
+			real = filepath.Join(r, rest)
+			break
+		}
+		if dir == "/" {
+			break
+		}
+	}
+	writable := slices.Clone(pol.Writable)
+	if pol.GitDirWritable {
+		writable = append(writable, pol.GitDirs...)
+		if len(pol.GitDirs) == 0 && pol.Root != "" {
+			writable = append(writable, filepath.Join(pol.Root, ".git"))
+		}
+	}
+	for _, w := range writable {
+		if rel, err := filepath.Rel(w, real); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			return invalidf("%s %s lies beneath %s, which the agent may write: it could bind its own server there while the real one restarts; put the socket outside the agent's claim and --allow-write paths", flag, sock, w)
+		}
+	}
+	return nil
 }
 
 // Command is the agent's command, run in the checkout co: in the caller's

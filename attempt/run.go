@@ -37,6 +37,11 @@ type Spec struct {
 	// (PrivateHome), discarded at settle.
 	State      StateSpec
 	AllowPorts []uint16 // TCP ports it may connect to besides the fences'
+	AllowBind  []uint16 // fixed TCP ports it may listen on (a dev server's); kernel-chosen ones always
+	// Reserve are ports of local services the agent may not take (bind or
+	// listen on) besides the fences' and their loopback upstreams': the
+	// lease bus's when it is local (LocalPorts).
+	Reserve []uint16
 	// Hide names secrets the agent may not read besides fenceline's state
 	// dir and the sidecar's (HiddenPaths).
 	Hide []string
@@ -158,6 +163,9 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	for _, c := range created {
 		r.say("created %s: the claim did not exist in the checkout, and writes are confined to existing paths", c)
 	}
+	if err := socketOutsideWrites("--pg-upstream", cfg.PGUpstream, pol); err != nil {
+		return res, err
+	}
 	env := Env(os.Environ(), nil, sc.AgentEnv, l.LeaseID)
 	secrets := append([]string{leasebus.StateDir(), cfg.StateDir}, spec.Hide...)
 	if r.priv, env, err = openPrivateState(spec.State, secrets, &pol, env, func(s string) { r.say("%s", s) }); err != nil {
@@ -165,6 +173,8 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	}
 	pol.Hidden = HiddenPaths(env, secrets[1:]...)
 	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, sc.Ports())
+	pol.ReservedPorts = ConnectPorts(spec.Reserve, LocalPorts(cfg.PGUpstream, cfg.GitUpstream))
+	pol.BindPorts = spec.AllowBind
 	pol.KillGrace = spec.KillGrace
 	pol.AllowUnguarded = spec.AllowUnguarded
 	pol.Logger = slog.New(slog.NewTextHandler(spec.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))

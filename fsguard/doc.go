@@ -10,7 +10,8 @@
 // the worktree, the extras of the policy, the git dirs of an exclusive
 // workspace), a private temp dir (TMPDIR) and a few devices (/dev/null,
 // ttys); reads and execution everywhere except Policy.Hidden; and, with
-// ABI >= 4, TCP connect only to Policy.ConnectPorts (the sidecar's ports).
+// ABI >= 4, TCP connect only to Policy.ConnectPorts (the sidecar's ports)
+// and TCP bind only to a port the kernel chooses or Policy.BindPorts.
 // With ABI >= 6 the agent cannot signal processes outside its domain (the
 // sidecar) nor reach abstract Unix sockets made outside it. The kernel checks every open, create, rename, link, unlink and
 // truncate itself, after resolving symlinks, "..", /proc/self/fd magic links
@@ -88,8 +89,8 @@
 //
 // # Network
 //
-// Landlock judges TCP connect by port only, and only in connect(2); the
-// filter and the supervisor do the rest (net_linux.go):
+// Landlock judges TCP connect and bind by port only, and only in connect(2)
+// and bind(2); the filter and the supervisor do the rest (net_linux.go):
 //
 //   - socket() and socketpair() make only TCP, Unix stream and seqpacket
 //     and netlink route sockets (decided in the filter). UDP, raw, MPTCP,
@@ -114,10 +115,32 @@
 //     or swapping a symlink after the check reaches nothing. The filter is
 //     installed with WAIT_KILLABLE_RECV, so a signal cannot make the kernel
 //     restart a connect the supervisor already made.
-//   - bind() always traps: while the lease holds it continues to Landlock,
-//     which judges a socket file like any new file; after a loss a
-//     pathname bind is refused (boundary "file") and any other bind (a
-//     port, an abstract name) is performed on the supervisor's copy.
+//   - bind() and listen() always trap. The agent shares its network
+//     namespace with the sidecar (in a pod, with every container): a port
+//     or an abstract Unix name it holds is what the sidecar's clients (the
+//     agent wrapper asking for the lease, a metrics scraper) reach once the
+//     sidecar is gone, and the restarted sidecar then fails with "address
+//     already in use". So an IP bind is judged on the supervisor's copy and
+//     performed there: port 0 (the kernel chooses from ip_local_port_range:
+//     test servers) is allowed, a fixed port only when Policy.BindPorts
+//     lists it (a dev server's, --allow-bind), and never a reserved port
+//     (Policy.ReservedPorts and ConnectPorts: the sidecar's admin and
+//     fence ports), lease held or not; refusals are EACCES (what Landlock
+//     answers) audited on boundary "net". listen() is performed on the
+//     supervisor's duplicate after the port is judged (an unbound socket is
+//     bound to a kernel-chosen port first), so a reserved port is refused
+//     however the socket got it — a kernel-chosen one when the sidecar's
+//     ports lie in the ephemeral range, or a bind that raced its check.
+//     An abstract Unix name is refused (an autobind is allowed). A
+//     pathname Unix bind continues to Landlock while the lease holds (its
+//     MAKE_SOCK right judges the socket file, its BIND_TCP right refuses a
+//     TCP socket and port swapped in meanwhile); after a loss it is
+//     refused (boundary "file"). With Landlock ABI < 4 the supervisor's
+//     checks stand alone and the listen check is what keeps a raced bind
+//     off a reserved port. Left open: a TCP socket bound (not listening) to
+//     a kernel-chosen port that is reserved blocks the restarted sidecar's
+//     bind (keep the sidecar's ports out of ip_local_port_range, as the
+//     example pod does); UDP (AllowAnyConnect only) is judged at bind only.
 //
 // # System V IPC and keyrings
 //
@@ -227,7 +250,16 @@
 // (TestTCPFastOpenRefused); Unix-socket connects only to listed sockets
 // (TestUnixConnectLimited, TestUnixConnectSymlinkRace); UDP and every other
 // datagram or raw socket (TestDatagramSocketsRefused); binding a Unix socket
-// file after the lease is lost (TestBindAfterLoss). System V IPC objects
+// file after the lease is lost (TestBindAfterLoss); binding or listening on
+// the sidecar's ports after it is gone, on any address, TCP or UDP, lease
+// held or lost (TestAgentCannotListenOnSidecarPorts), also with a Unix bind
+// whose descriptor and address are swapped for TCP and the sidecar's port
+// under the call (TestBindRaceCannotTakeSidecarPort; with Landlock ABI < 4
+// such a bind reaches the port but cannot listen on it,
+// TestBindWithoutLandlockNet); fixed ports not
+// allowed, while kernel-chosen ones work
+// (TestAgentListensOnEphemeralAndAllowedPorts); abstract Unix names
+// (TestAbstractUnixBindRefused). System V IPC objects
 // of other processes (TestSysVIPCConfined); POSIX message queues of other
 // processes, by name or through an inherited descriptor, also swapped in
 // with dup2 under a send, and any queue made, unlinked, sent to or set

@@ -27,6 +27,7 @@ const (
 	llFileRights = llExecute | llWriteFile | llReadFile | llTruncate | llIoctlDev
 
 	llConnectTCP = unix.LANDLOCK_ACCESS_NET_CONNECT_TCP
+	llBindTCP    = unix.LANDLOCK_ACCESS_NET_BIND_TCP
 	llScopeSig   = unix.LANDLOCK_SCOPE_SIGNAL
 	// llScopeAbstract keeps abstract Unix sockets made outside the
 	// domain unreachable (ABI >= 6).
@@ -75,6 +76,9 @@ type landlockRules struct {
 	Hidden      []string `json:"hidden"`
 	Ports       []uint16 `json:"ports"`
 	RestrictNet bool     `json:"restrictNet"`
+	// BindPorts are the fixed TCP ports the child may bind besides a port
+	// the kernel chooses (port 0); every other TCP bind is refused (ABI >= 4).
+	BindPorts []uint16 `json:"bindPorts"`
 }
 
 // writableDevices may always be written: shells redirect to /dev/null and
@@ -101,8 +105,13 @@ func restrictSelf(r landlockRules) error {
 	attr := rulesetAttr{fs: fs}
 	size := unsafe.Sizeof(attr.fs)
 	if r.ABI >= 4 {
+		// Binds are always handled: the supervisor binds an address it
+		// judged itself, so a TCP bind that reaches the kernel from the
+		// agent is one that raced a check (a socket and an address
+		// swapped in while a Unix bind waited).
+		attr.net = llBindTCP
 		if r.RestrictNet {
-			attr.net = llConnectTCP
+			attr.net |= llConnectTCP
 		}
 		size += unsafe.Sizeof(attr.net)
 	}
@@ -141,11 +150,18 @@ func restrictSelf(r landlockRules) error {
 			return err
 		}
 	}
-	if attr.net != 0 {
+	if attr.net&llConnectTCP != 0 {
 		for _, port := range r.Ports {
-			na := netPortAttr{allowed: llConnectTCP, port: uint64(port)}
-			if _, _, errno := unix.Syscall6(unix.SYS_LANDLOCK_ADD_RULE, rfd, llRuleNetPort, uintptr(unsafe.Pointer(&na)), 0, 0, 0); errno != 0 {
-				return fmt.Errorf("landlock rule for tcp port %d: %w", port, errno)
+			if err := addPortRule(int(rfd), llConnectTCP, port); err != nil {
+				return err
+			}
+		}
+	}
+	if attr.net&llBindTCP != 0 {
+		// Port 0 asks the kernel for a port of ip_local_port_range.
+		for _, port := range append([]uint16{0}, r.BindPorts...) {
+			if err := addPortRule(int(rfd), llBindTCP, port); err != nil {
+				return err
 			}
 		}
 	}
@@ -155,6 +171,15 @@ func restrictSelf(r landlockRules) error {
 	}
 	if _, _, errno := unix.Syscall(unix.SYS_LANDLOCK_RESTRICT_SELF, rfd, flags, 0); errno != 0 {
 		return fmt.Errorf("landlock_restrict_self: %w", errno)
+	}
+	return nil
+}
+
+// addPortRule allows access (connect or bind) on TCP port.
+func addPortRule(rfd int, access uint64, port uint16) error {
+	na := netPortAttr{allowed: access, port: uint64(port)}
+	if _, _, errno := unix.Syscall6(unix.SYS_LANDLOCK_ADD_RULE, uintptr(rfd), llRuleNetPort, uintptr(unsafe.Pointer(&na)), 0, 0, 0); errno != 0 {
+		return fmt.Errorf("landlock rule for tcp port %d: %w", port, errno)
 	}
 	return nil
 }

@@ -66,19 +66,21 @@ var netCalls = map[uint32]sysSpec{
 	unix.SYS_SOCKETPAIR: spec("socketpair").handledBy(netSocket),
 	unix.SYS_CONNECT:    spec("connect").f(0).handledBy(netConnect),
 	unix.SYS_BIND:       spec("bind").f(0).handledBy(netBind),
+	unix.SYS_LISTEN:     spec("listen").f(0).handledBy(netListen),
 	unix.SYS_SENDTO:     spec("sendto").f(0).handledBy(netFastOpen),
 	unix.SYS_SENDMSG:    spec("sendmsg").f(0).handledBy(netFastOpen),
 	unix.SYS_SENDMMSG:   spec("sendmmsg").f(0).handledBy(netFastOpen),
 	unix.SYS_SETSOCKOPT: spec("setsockopt").f(0).handledBy(netFastOpen),
 }
 
-// netJumps sends each network call to its block (connect and bind always
-// trap).
+// netJumps sends each network call to its block (connect, bind and
+// listen always trap).
 func netJumps(a *asm) {
 	a.jump(bpfJeqK, unix.SYS_SOCKET, "net_socket", "")
 	a.jump(bpfJeqK, unix.SYS_SOCKETPAIR, "net_socketpair", "")
 	a.jump(bpfJeqK, unix.SYS_CONNECT, "notify", "")
 	a.jump(bpfJeqK, unix.SYS_BIND, "notify", "")
+	a.jump(bpfJeqK, unix.SYS_LISTEN, "notify", "")
 	a.jump(bpfJeqK, unix.SYS_SENDTO, "net_flags3", "")
 	a.jump(bpfJeqK, unix.SYS_SENDMMSG, "net_flags3", "")
 	a.jump(bpfJeqK, unix.SYS_SENDMSG, "net_flags2", "")
@@ -432,32 +434,53 @@ func (t *trap) replyErr(err error) {
 	t.failErr(err)
 }
 
-// netBind lets a bind continue to Landlock while the lease holds. After a
-// loss a pathname bind would create a file: refused; any other bind
-// (a TCP port, an abstract name) is performed on the supervisor's copy.
+// netBind judges a bind by its copy of the address. The agent shares its
+// network namespace with the sidecar (and, in a pod, every container): a
+// port or an abstract name it holds is one their clients reach once the
+// sidecar is gone, so it may take only what no one else will be asked
+// for.
+//
+//   - An IP address (TCP, and UDP under AllowAnyConnect) is bound by the
+//     supervisor on its copy when the port is 0 (the kernel chooses) or in
+//     Policy.BindPorts and not reserved; anything else is refused, lease
+//     held or not (a bind writes nothing).
+//   - An abstract Unix name is refused; an autobind (the kernel picks the
+//     name) is performed.
+//   - A pathname Unix bind continues to the kernel while the lease holds,
+//     where Landlock's MAKE_SOCK right judges the socket file (and its
+//     BIND_TCP right refuses a TCP socket and port swapped in meanwhile);
+//     once the lease is lost or unknown it is refused (it creates a file).
+//   - Any other family (netlink) is bound on the supervisor's copy.
 func netBind(t *trap) {
-	gateErr := t.gate()
-	if gateErr == nil {
-		t.proceed() // Landlock's MAKE_SOCK right judges the socket file
-		return
-	}
 	sa, ok := sockaddrArg(t)
 	if !ok {
 		return
 	}
-	if binary.LittleEndian.Uint16(sa) == unix.AF_UNIX && len(sa) > sunPathOffset && sa[sunPathOffset] != 0 {
-		path := sa[sunPathOffset:]
-		if i := slices.Index(path, 0); i >= 0 {
-			path = path[:i]
+	switch binary.LittleEndian.Uint16(sa) {
+	case unix.AF_INET, unix.AF_INET6:
+		ap, err := inetAddr(sa)
+		if err != nil {
+			t.failErr(err)
+			return
 		}
-		name := string(path)
-		if !filepath.IsAbs(name) {
-			if cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", t.pid())); err == nil {
-				name = filepath.Join(cwd, name)
+		if why := t.pr.bindRefusal(ap.Port()); why != "" {
+			t.deny(unix.EACCES, lease.BoundaryNet, lease.ReasonNotAllowed, fmt.Sprintf("bind to %s: %s", ap, why), nil)
+			return
+		}
+	case unix.AF_UNIX:
+		if len(sa) == sunPathOffset {
+			break // autobind: a name the kernel picks
+		}
+		if sa[sunPathOffset] == 0 {
+			name := sa[sunPathOffset+1:]
+			if i := slices.Index(name, 0); i >= 0 {
+				name = name[:i]
 			}
+			t.deny(unix.EACCES, lease.BoundaryNet, lease.ReasonNotAllowed,
+				fmt.Sprintf("bind to the abstract Unix socket @%s: not allowed (anyone in the network namespace, the sidecar's container included, reaches it by name); bind a socket file in a writable directory", name), nil)
+			return
 		}
-		t.deny(unix.EACCES, lease.BoundaryFile, lease.LeaseReason(gateErr),
-			fmt.Sprintf("bind of the Unix socket %s (creates a file; reads continue)", name), gateErr)
+		bindUnixPath(t, sa)
 		return
 	}
 	sock, err := t.getFD(int32(t.arg(0)))
@@ -474,6 +497,106 @@ func netBind(t *trap) {
 		return
 	}
 	t.reply(0)
+}
+
+// bindRefusal says why the agent may not bind port ("" when it may).
+func (pr *Process) bindRefusal(port uint16) string {
+	switch {
+	case port == 0:
+		return ""
+	case pr.policy.reserved(port):
+		return fmt.Sprintf("port %d is the sidecar's or a service's the agent is pointed at: whoever listens there is trusted (after a restart the sidecar listens there again)", port)
+	case !slices.Contains(pr.policy.BindPorts, port):
+		return fmt.Sprintf("fixed port %d is not allowed (a port the kernel chooses, port 0, is); allow a dev server's port with --allow-bind %d", port, port)
+	}
+	return ""
+}
+
+// bindUnixPath lets a pathname bind continue to Landlock while the lease
+// holds; after a loss it is refused (it would create a file).
+func bindUnixPath(t *trap, sa []byte) {
+	gateErr := t.gate()
+	if gateErr == nil {
+		t.proceed() // Landlock's MAKE_SOCK right judges the socket file
+		return
+	}
+	path := sa[sunPathOffset:]
+	if i := slices.Index(path, 0); i >= 0 {
+		path = path[:i]
+	}
+	name := string(path)
+	if !filepath.IsAbs(name) {
+		if cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", t.pid())); err == nil {
+			name = filepath.Join(cwd, name)
+		}
+	}
+	t.deny(unix.EACCES, lease.BoundaryFile, lease.LeaseReason(gateErr),
+		fmt.Sprintf("bind of the Unix socket %s (creates a file; reads continue)", name), gateErr)
+}
+
+// netListen performs the agent's listen on its own duplicate of the socket
+// once the port it listens on is judged: only a listening TCP socket
+// accepts the connections meant for a sidecar. An unbound socket is bound
+// first to a port the kernel chooses (what listen would do), so that port
+// is judged too; a reserved port is refused however the socket got it (a
+// kernel-chosen port, a bind that raced its check).
+func netListen(t *trap) {
+	sock, err := t.getFD(int32(t.arg(0)))
+	if err != nil {
+		if !errors.Is(err, errTaskGone) {
+			t.failErr(err)
+		}
+		return
+	}
+	defer unix.Close(sock)
+	backlog := int(int32(t.arg(1)))
+	typ, err := unix.GetsockoptInt(sock, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil {
+		t.failErr(err) // ENOTSOCK
+		return
+	}
+	local, err := unix.Getsockname(sock)
+	if err != nil {
+		t.failErr(err)
+		return
+	}
+	var any unix.Sockaddr
+	switch local.(type) {
+	case *unix.SockaddrInet4:
+		any = &unix.SockaddrInet4{}
+	case *unix.SockaddrInet6:
+		any = &unix.SockaddrInet6{}
+	}
+	if any != nil && typ == unix.SOCK_STREAM {
+		port := localPort(local)
+		if port == 0 {
+			if err := unix.Bind(sock, any); err != nil {
+				t.failErr(err)
+				return
+			}
+			if local, err = unix.Getsockname(sock); err != nil {
+				t.failErr(err)
+				return
+			}
+			port = localPort(local)
+		}
+		if t.pr.policy.reserved(uint16(port)) {
+			t.deny(unix.EACCES, lease.BoundaryNet, lease.ReasonNotAllowed,
+				fmt.Sprintf("listen on port %d: it is the sidecar's or a service's the agent is pointed at (whoever listens there is trusted)", port), nil)
+			return
+		}
+	}
+	t.replyErr(unix.Listen(sock, backlog))
+}
+
+func localPort(sa unix.Sockaddr) int {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return a.Port
+	case *unix.SockaddrInet6:
+		return a.Port
+	}
+	return 0
 }
 
 func familyName(f int) string {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -60,6 +61,21 @@ type Policy struct {
 	// any address and UDP sockets; it does not open Unix sockets.
 	ConnectPorts    []uint16
 	AllowAnyConnect bool
+	// BindPorts are the fixed TCP ports the attempt may bind and listen
+	// on (a dev server's). A port the kernel chooses (bind to port 0, or
+	// listen with no bind: test servers) is always allowed; every other
+	// fixed port is refused, because the attempt shares its network
+	// namespace with the sidecar and every other container of a pod, and
+	// a port it holds is one their clients would reach after a restart.
+	BindPorts []uint16
+	// ReservedPorts are ports of trusted local services the attempt may
+	// not connect to but must never take either: the sidecar's admin
+	// port, which the agent wrapper asks for the lease, a local upstream.
+	// ConnectPorts are reserved too: whoever listens there is trusted by
+	// the attempt. A reserved port is refused to bind and to listen on,
+	// by the supervisor and by Landlock (ABI >= 4), even when the kernel
+	// chose it.
+	ReservedPorts []uint16
 	// UnixSockets are the absolute paths of the Unix sockets the attempt
 	// may connect to (a local Postgres, the sidecar's). A socket is judged
 	// by the file the path names when the agent connects (device and
@@ -144,10 +160,24 @@ func (p *Policy) Validate() error {
 			return fmt.Errorf("policy unix socket %q: must be an absolute path", u)
 		}
 	}
+	for _, b := range p.BindPorts {
+		switch {
+		case b == 0:
+			return fmt.Errorf("policy bind port 0: a port the kernel chooses is always allowed; list fixed ports only")
+		case p.reserved(b):
+			return fmt.Errorf("policy bind port %d: it is a port of the sidecar or of a service the attempt connects to (reserved); choose another port for the agent's server", b)
+		}
+	}
 	if p.KillGrace < 0 {
 		return fmt.Errorf("policy kill grace %v: must not be negative", p.KillGrace)
 	}
 	return nil
+}
+
+// reserved reports whether port belongs to a trusted local service
+// (ReservedPorts or ConnectPorts).
+func (p *Policy) reserved(port uint16) bool {
+	return slices.Contains(p.ReservedPorts, port) || slices.Contains(p.ConnectPorts, port)
 }
 
 func (p *Policy) gitDirs() []string {

@@ -71,6 +71,10 @@ type Process struct {
 	waitErr   error
 }
 
+// abiLimit caps the Landlock ABI Start uses (0: the kernel's), so that a
+// test can run the guard as on an older kernel.
+var abiLimit int
+
 // Start runs cmd under the guard described by p: Landlock confines its
 // writes (and TCP connects), a seccomp supervisor refuses every write-class
 // call while gate is closed and records each refusal with audit. Canceling
@@ -92,6 +96,9 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 	}
 	log := p.logger()
 	abi, abiErr := Available()
+	if abiLimit > 0 && abi > abiLimit {
+		abi = abiLimit
+	}
 	if abiErr != nil {
 		if !p.AllowUnguarded {
 			return nil, fmt.Errorf("refusing to run %s unguarded: %w (pass --allow-unguarded to run without a file-write guard)", cmd.Path, abiErr)
@@ -141,14 +148,14 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 	}
 	if pr.guarded {
 		rules := &landlockRules{ABI: abi, Devices: writableDevices, Hidden: cleanAll(p.Hidden),
-			RestrictNet: !p.AllowAnyConnect, Ports: p.ConnectPorts}
+			RestrictNet: !p.AllowAnyConnect, Ports: p.ConnectPorts, BindPorts: p.BindPorts}
 		rules.Writable = append(cleanAll(p.writable()), pr.tmpDir)
 		if rules.Hidden, err = realPaths(rules.Hidden); err != nil {
 			return nil, err
 		}
 		cfg.Landlock = rules
-		if abi < 4 && !p.AllowAnyConnect {
-			log.Info("landlock ABI < 4: TCP connects are judged by the supervisor alone (no kernel port rule behind it)", "abi", abi)
+		if abi < 4 {
+			log.Info("landlock ABI < 4: TCP connects, binds and listens are judged by the supervisor alone (no kernel port rule behind it); a reserved port is still refused at listen", "abi", abi)
 		}
 	}
 	setup, err := json.Marshal(cfg)

@@ -25,6 +25,8 @@ type agentFlags struct {
 	allowWrite, allowConnect     []string
 	privateState                 []string
 	ports                        []uint16 // --allow-connect, parsed by check
+	allowBind                    []string
+	bindPorts                    []uint16 // --allow-bind, parsed by check
 	allowHosts                   []string
 	grace, wait, killGrace       time.Duration
 	allowUnguarded               bool
@@ -58,7 +60,10 @@ agent changed there named). TCP connects: the sidecar's fences (its git and
 Postgres fences, whose addresses the agent's git and libpq are pointed at),
 its egress proxy (HTTPS_PROXY/HTTP_PROXY; it tunnels the hosts the sidecar
 allows with its --allow-host and refuses the rest) and --allow-connect
-ports; never the admin port. --allow-host here names hosts CMD needs: the
+ports; never the admin port. CMD listens only on ports the kernel chooses
+(port 0) and --allow-bind ports, never on the admin port or a fence's: the
+agent shares the pod's network namespace, and after a sidecar restart the
+wrapper would ask whoever listens there. --allow-host here names hosts CMD needs: the
 wrapper refuses to start when the sidecar's proxy does not allow one of
 them, rather than leaving CMD to fail on it later.
 
@@ -94,6 +99,7 @@ The exit status is CMD's (128+N when signal N killed it).`,
 	f.StringArrayVar(&af.allowWrite, "allow-write", nil, "existing path CMD may write besides its claim, e.g. a build cache (repeatable)")
 	registerPrivateState(f, &af.privateState)
 	f.StringArrayVar(&af.allowConnect, "allow-connect", nil, "TCP port CMD may connect to directly besides the sidecar's fences (repeatable); for HTTP(S) hosts use the sidecar's --allow-host: a port opens every host on it")
+	f.StringArrayVar(&af.allowBind, "allow-bind", nil, "fixed TCP port the agent may listen on, e.g. a dev server's (repeatable); a port the kernel chooses (port 0, test servers) needs none; the sidecar's ports cannot be allowed")
 	f.StringArrayVar(&af.allowHosts, "allow-host", nil, "host CMD needs through the sidecar's egress proxy (as the sidecar's --allow-host); the wrapper checks the sidecar allows it (repeatable)")
 	f.DurationVar(&af.grace, "grace", 2*time.Second, "how long writes go on after the sidecar's last word that the lease is held (keep it well below the lease ttl's margin)")
 	f.DurationVar(&af.wait, "wait", 30*time.Second, "how long to wait for the sidecar before starting CMD with writes denied")
@@ -125,6 +131,9 @@ func (af *agentFlags) check() error {
 		return usagef("--grace and --kill-grace must be positive, --wait not negative")
 	}
 	if af.ports, err = attempt.Ports("--allow-connect", af.allowConnect); err != nil {
+		return err
+	}
+	if af.bindPorts, err = attempt.Ports("--allow-bind", af.allowBind); err != nil {
 		return err
 	}
 	if _, err := egress.ParseRules(af.allowHosts); err != nil {
@@ -172,7 +181,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 		Argv: argv, Checkout: co,
 		SidecarURL: af.sidecar, Token: token, Grace: af.grace, Wait: af.wait,
 		Paths: af.paths, Workspace: leasebus.WorkspaceMode(af.workspace), AllowHosts: af.allowHosts,
-		AllowWrite: extra, AllowPorts: af.ports, State: state,
+		AllowWrite: extra, AllowPorts: af.ports, AllowBind: af.bindPorts, State: state,
 		Hide:      append([]string{af.tokenFile}, a.credsToHide()...),
 		KillGrace: af.killGrace, AllowUnguarded: af.allowUnguarded,
 		Stdout: out, Stderr: errw, Log: log,

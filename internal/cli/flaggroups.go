@@ -22,7 +22,7 @@ var runFlagGroups = []flagGroup{
 	{"Workspace", []string{"checkout", "workspace", "workspace-id"}},
 	{"Fences", []string{"git-upstream", "git-listen", "git-forward", "git-objects", "git-upstream-header", "git-upstream-ca",
 		"git-hook-secret", "pg-upstream", "pg-listen", "pg-secret-file", "pg-tls-cert", "pg-tls-key", "egress-resolve", "state-dir"}},
-	{"Guard", []string{"allow-write", "private-state", "allow-connect", "on-lost", "kill-grace", "allow-unguarded"}},
+	{"Guard", []string{"allow-write", "private-state", "allow-connect", "allow-bind", "on-lost", "kill-grace", "allow-unguarded"}},
 	{"Policy", []string{"allow-host", "allow-force-push", "allow-ref-delete", "pg-allow-opaque"}},
 }
 

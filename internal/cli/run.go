@@ -34,6 +34,8 @@ type runFlags struct {
 	allowUnguarded bool
 	allowConnect   []string
 	ports          []uint16 // --allow-connect, parsed by check
+	allowBind      []string
+	bindPorts      []uint16 // --allow-bind, parsed by check
 	allowWrite     []string
 	privateState   []string // --private-state
 	onLost         string
@@ -81,7 +83,8 @@ the bus ("fenceline shard list") and settled before its lease is released.
 The guard (Landlock, and a seccomp supervisor for what changes at run time)
 also hides fenceline's state dir (lease credentials) and the sidecar's
 files from the agent, and lets it open TCP connections only to the
-sidecar's fences, its egress proxy and --allow-connect ports. With
+sidecar's fences, its egress proxy and --allow-connect ports, and listen
+only on ports the kernel chooses (port 0) and --allow-bind ports. With
 --git-upstream, the agent's unmodified git reaches that server only through
 the git fence, which serves only that repository's smart-HTTP endpoints
 (the upstream header goes nowhere else; anything else on the host is 403).
@@ -136,6 +139,7 @@ Without Landlock (Linux < 5.13, or disabled) run refuses to start unless
 	f.StringVar(&rf.cred, "credential", "", "owner credential of --lease (default: this machine's credential file)")
 	f.BoolVar(&rf.allowUnguarded, "allow-unguarded", false, "run even when the kernel cannot confine file writes (no Landlock): only the fences protect anything then")
 	f.StringArrayVar(&rf.allowConnect, "allow-connect", nil, "TCP port the agent may connect to directly besides the sidecar's (repeatable); for HTTP(S) hosts use --allow-host: a port opens every host on it, past the git fence")
+	f.StringArrayVar(&rf.allowBind, "allow-bind", nil, "fixed TCP port the agent may listen on, e.g. a dev server's (repeatable); a port the kernel chooses (port 0, test servers) needs none; the sidecar's ports cannot be allowed")
 	f.StringArrayVar(&rf.allowWrite, "allow-write", nil, "existing path the agent may write besides its claim, e.g. a build cache (repeatable)")
 	registerPrivateState(f, &rf.privateState)
 	f.StringVar(&rf.onLost, "on-lost", onLostKeep, "when the lease is lost: keep (the agent runs on, its writes refused) or signal (SIGTERM its processes; exit 4)")
@@ -166,7 +170,11 @@ func (rf *runFlags) check() error {
 		}
 	}
 	ports, err := attempt.Ports("--allow-connect", rf.allowConnect)
+	if err != nil {
+		return err
+	}
 	rf.ports = ports
+	rf.bindPorts, err = attempt.Ports("--allow-bind", rf.allowBind)
 	return err
 }
 
@@ -286,7 +294,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 
 	spec := attempt.Spec{
 		Argv: argv, Checkout: co, Pool: pool, Holder: held.holder,
-		AllowWrite: extra, AllowPorts: rf.ports, State: state,
+		AllowWrite: extra, AllowPorts: rf.ports, AllowBind: rf.bindPorts, State: state,
 		StopOnLost: rf.onLost == onLostSignal, KillGrace: rf.killGrace, AllowUnguarded: rf.allowUnguarded,
 		Stdout: out, Stderr: errw, Say: say,
 	}
@@ -330,6 +338,8 @@ func (a *app) prepareAttempt(rf *runFlags, s *session, held *heldLease, spec *at
 	}
 	spec.Audit, spec.Sidecar = audit, cfg
 	spec.Hide = append(rf.ff.secretFiles(), a.credsToHide()...) // after config: it may read a default secret file
+	// A local bus that restarts must not find the agent on its port.
+	spec.Reserve = attempt.LocalPorts(strings.Join(s.nc.Servers(), ","))
 	return nil
 }
 

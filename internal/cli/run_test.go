@@ -785,6 +785,7 @@ func TestRunUsage(t *testing.T) {
 		{[]string{"--checkout", sub, "--", "true"}, "pass its top directory"},
 		{[]string{"--checkout", co, "--on-lost", "pray", "--", "true"}, "--on-lost"},
 		{[]string{"--checkout", co, "--allow-connect", "http", "--", "true"}, "--allow-connect"},
+		{[]string{"--checkout", co, "--allow-bind", "0", "--", "true"}, "--allow-bind"},
 		{[]string{"--checkout", co, "--lease", "lease_abc", "--scope", "in", "--", "true"}, "drop --scope"},
 		{[]string{"--checkout", co, "--scope", "../x", "--", "true"}, "../x"},
 		{[]string{"--checkout", co, "--workspace", "shared", "--", "true"}, "nothing claimed"},
