@@ -317,3 +317,122 @@ func TestEphemeralEnrolment(t *testing.T) {
 	}
 	nc2.Close()
 }
+
+// TestIdentitiesOnACluster: on a 3-node embedded cluster whose nodes share
+// one credentials directory, each node answers identity requests and
+// reloads its own users. A run's identity enrolled through one node is
+// admitted by every node; an identity the operator revokes is closed on
+// the node it is connected to and refused by every node, while another
+// identity's connection, on a third node, is not touched; and no node
+// lets one identity subscribe to another's inbox.
+func TestIdentitiesOnACluster(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "creds")
+	if _, err := leasebus.EnsureCreds(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"runner-a", "runner-b"} {
+		if _, _, err := leasebus.EnrollIdentity(dir, n, leasebus.RoleHolder, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addrs := make([]string, 6)
+	for i := range addrs {
+		addrs[i] = testutil.FreeAddr(t)
+	}
+	nodes := make([]*idBus, 3)
+	for i := range 3 {
+		var peers []string
+		for j := range 3 {
+			if j != i {
+				peers = append(peers, "nats://"+addrs[3+j])
+			}
+		}
+		cfg := leasebus.ServerConfig{Listen: addrs[i], StoreDir: t.TempDir(), CredsDir: dir, Name: fmt.Sprintf("fenceline-%d", i),
+			ClusterName: "fenceline-ids", ClusterListen: addrs[3+i], Routes: peers}
+		srv, err := StartServer(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+		nodes[i] = &idBus{srv: srv, cfg: cfg}
+	}
+	for _, n := range nodes {
+		n.svc = n.connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleService)))
+		ids, err := ServeIdentities(n.svc, n.srv, n.cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(ids.Stop)
+	}
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		for i, n := range nodes {
+			if r := n.srv.NumRoutes(); r < 2 {
+				return fmt.Errorf("node %d has %d routes", i, r)
+			}
+		}
+		return nil
+	})
+	// An ephemeral identity enrolled through node 0 is admitted by all.
+	enc := nodes[0].connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleEnroller)))
+	var run *leasebus.EphemeralIdentity
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		var err error
+		run, err = leasebus.EnrollEphemeral(enc, "run-att_cluster")
+		return err
+	})
+	for i, n := range nodes {
+		testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+			nc, err := nats.Connect(n.srv.ClientURL(), run.Options()...)
+			if err != nil {
+				return fmt.Errorf("node %d: %w", i, err)
+			}
+			nc.Close()
+			return nil
+		})
+	}
+
+	// A on node 1, B on node 2.
+	var va violations
+	a := nodes[1].connectFile(t, nodes[1].holderFile("runner-a"), nats.ErrorHandler(va.handler), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	bc := nodes[2].connectFile(t, nodes[2].holderFile("runner-b"))
+	if _, err := a.Subscribe("_INBOX."+leasebus.IdentityOf(bc)+".>", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	va.wait(t, "subscribing to another identity's inbox on a cluster")
+
+	kept := filepath.Join(t.TempDir(), "runner-a.nk")
+	if data, err := os.ReadFile(nodes[1].holderFile("runner-a")); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(kept, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	id, _, err := leasebus.FindIdentity(dir, "runner-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leasebus.RemoveIdentity(dir, id); err != nil {
+		t.Fatal(err)
+	}
+	// What `bus revoke-identity` does: an operator asks; every node reloads.
+	op := nodes[0].connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleOperator)))
+	if err := leasebus.ReloadIdentities(op); err != nil {
+		t.Fatal(err)
+	}
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if a.IsConnected() {
+			return errors.New("the revoked identity is still connected to node 1")
+		}
+		for i, n := range nodes {
+			if _, err := leasebus.Dial(n.srv.ClientURL(), "test", leasebus.BusCreds{Path: kept, Source: "test", Role: leasebus.RoleHolder}); !errors.As(err, new(*leasebus.CredsRefusedError)) {
+				return fmt.Errorf("node %d: a connection of the revoked identity: %v, want it refused", i, err)
+			}
+		}
+		return nil
+	})
+	if !bc.IsConnected() {
+		t.Fatal("runner B, on node 2, lost its connection to another identity's revoke")
+	}
+	if err := bc.Flush(); err != nil {
+		t.Fatalf("runner B: %v", err)
+	}
+}
