@@ -87,11 +87,14 @@ serve until SIGINT or SIGTERM.
 With --nats URL, run only the lease service against that existing NATS
 server or cluster; several services may run against one bus.
 
-The embedded server admits only its own identities, one per role (service,
-operator, holder, viewer: see docs/trust.md). It writes their credentials on
-first start to <store>/creds (or the directory --creds names), files of mode
-0600 in a 0700 directory, and reuses them after; fenceline commands on this
-machine find the default bus's without any flag. The nodes of a cluster
+The embedded server admits only its own identities: one per role (service,
+operator, holder, viewer, enroller: see docs/trust.md) and those enrolled with
+"bus enroll". It writes the roles' credentials on first start to <store>/creds
+(or the directory --creds names), files of mode 0600 in a 0700 directory, and
+reuses them after; fenceline commands on this machine find the default bus's
+without any flag. Each run and sidecar on this machine gets an identity of its
+own (enrolled with enroller.nk, removed when it ends); "bus enroll" and "bus
+revoke-identity" take effect without a restart. The nodes of a cluster
 share one credentials directory: copy it to each and pass --creds DIR.
 
 --replicas sets the replication of the lease log and audit streams: by
@@ -180,7 +183,7 @@ func (a *app) serveEmbedded(ctx context.Context, f *serveFlags, cfg busserve.Ser
 	defer node.Stop()
 	fmt.Fprintf(a.stdout, "fenceline bus listening on %s\n", node.URL())
 	fmt.Fprintf(a.stdout, "store: %s\n", node.Config.StoreDir)
-	fmt.Fprintf(a.stdout, "credentials: %s (one per role; keep them from agents)\n", node.Config.CredsDir)
+	fmt.Fprintf(a.stdout, "credentials: %s (one per role and per enrolled identity; keep them from agents)\n", node.Config.CredsDir)
 	cfg.Node = node
 	return a.serveService(ctx, cfg)
 }

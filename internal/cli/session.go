@@ -60,6 +60,9 @@ func (a *app) dialEphemeral(url, source, name string) (*session, error) {
 	if err != nil || bc.Path == "" {
 		return nil, err
 	}
+	if !leasebus.ValidIdentityName("eph-" + name) { // an --attempt of odd characters
+		name = "holder-" + leasebus.NewAttemptID()
+	}
 	enc, err := a.connectWith(bc, url, source)
 	if err != nil {
 		return nil, err
