@@ -63,9 +63,16 @@ func (a *app) dialEphemeral(url, source, name string) (*session, error) {
 	if !leasebus.ValidIdentityName("eph-" + name) { // an --attempt of odd characters
 		name = "holder-" + leasebus.NewAttemptID()
 	}
-	enc, err := a.connectWith(bc, url, source)
+	enc, err := leasebus.Dial(url, source, bc, nats.Name("fenceline-enroll"))
+	var refused *leasebus.CredsRefusedError
+	if errors.As(err, &refused) {
+		// A bus started before it had an enroller (restart it to give
+		// each run its own identity).
+		fmt.Fprintf(a.stderr, "fenceline: the bus at %s does not know this machine's enroller credentials (restart it: fenceline bus serve); connecting with the shared holder credentials\n", url)
+		return nil, nil
+	}
 	if err != nil {
-		return nil, err
+		return nil, a.dialError(err)
 	}
 	id, err := leasebus.EnrollEphemeral(enc, name)
 	enc.Close()
