@@ -17,7 +17,21 @@ import (
 type identityBus struct {
 	url, dir string
 	svc      *nats.Conn // the lease service's connection
+	service  *Service
 	holders  map[string]*nats.Conn
+}
+
+// restartService stops the lease service and starts another instance on a
+// connection of its own: it knows the leases from the log alone.
+func (b *identityBus) restartService(t *testing.T) {
+	t.Helper()
+	b.service.Stop()
+	b.svc = connectFile(t, b.url, filepath.Join(b.dir, CredsFile(RoleService)))
+	svc, err := StartService(context.Background(), b.svc, ServiceConfig{Names: NamesIn(b.dir)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.service = svc // stopped by startIdentityBus's cleanup
 }
 
 func startIdentityBus(t *testing.T, names ...string) *identityBus {
@@ -45,7 +59,8 @@ func startIdentityBus(t *testing.T, names ...string) *identityBus {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(svc.Stop)
+	t.Cleanup(func() { b.service.Stop() })
+	b.service = svc
 	for _, n := range names {
 		b.holders[n] = connectFile(t, b.url, filepath.Join(HoldersDir(dir), n+".nk"))
 	}
@@ -123,6 +138,13 @@ func TestLeaseBoundToItsIdentity(t *testing.T) {
 		}
 		return nil
 	})
+
+	// The binding is in the lease log: a service that loads the lease
+	// afresh refuses the other identity too.
+	b.restartService(t)
+	if _, err := thief.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: l.Version}); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("renew by another identity after a service restart: %v, want %v", err, ErrNotOwner)
+	}
 
 	// The acquiring identity goes on as before.
 	r, err := a.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: l.Version})
