@@ -92,3 +92,40 @@ func TestBusEnrollAndRevokeIdentity(t *testing.T) {
 	fl(t, "--nats", url, "lease", "renew", other.LeaseID).want(t, ExitOK)
 	fl(t, "--nats", url, "bus", "revoke-identity", "runner-ci-4").want(t, ExitError)
 }
+
+// TestSidecarsHaveTheirOwnIdentities: two sidecars on the embedded default
+// bus, with no flag, each hold their lease as an identity of its own,
+// enrolled while they run and gone when they stop.
+func TestSidecarsHaveTheirOwnIdentities(t *testing.T) {
+	isolate(t)
+	url, _, _, _ := serveInProcess(t, "--listen", "127.0.0.1:0")
+	gs, _ := seededGitServer(t)
+	var scs []*aSidecar
+	for _, p := range []string{"a", "b"} {
+		scs = append(scs, startSidecar(t, url, "--repo", testRepo, "--scope", p, "--git-upstream", gs.URL+"/payments.git",
+			"--admin", "127.0.0.1:0", "--state-dir", t.TempDir()))
+	}
+	ls := listJSON(t, url, "--repo", testRepo)
+	if len(ls) != 2 {
+		t.Fatalf("leases: %+v, want the two sidecars'", ls)
+	}
+	by := grantedBy(t, url, ls[0].LeaseID, ls[1].LeaseID)
+	if by[ls[0].LeaseID] == by[ls[1].LeaseID] || by[ls[0].LeaseID] == string(leasebus.RoleHolder) {
+		t.Fatalf("the two sidecars were granted their leases as %q and %q: want two identities of their own", by[ls[0].LeaseID], by[ls[1].LeaseID])
+	}
+	var ids []leasebus.Identity
+	r := fl(t, "bus", "identities", "--json").want(t, ExitOK)
+	if err := json.Unmarshal([]byte(r.stdout), &ids); err != nil || len(ids) != 2 || !ids[0].Ephemeral || !ids[1].Ephemeral {
+		t.Fatalf("identities while the sidecars run: %s %v, want their two ephemeral ones", r.stdout, err)
+	}
+	for _, sc := range scs {
+		sc.cancel()
+		if code := sc.wait(t); code != ExitOK {
+			t.Fatalf("sidecar exited %d\n%s", code, sc.errOut)
+		}
+	}
+	r = fl(t, "bus", "identities", "--json").want(t, ExitOK)
+	if err := json.Unmarshal([]byte(r.stdout), &ids); err != nil || len(ids) != 0 {
+		t.Fatalf("identities after the sidecars stopped: %s %v, want none", r.stdout, err)
+	}
+}
