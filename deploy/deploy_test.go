@@ -208,10 +208,17 @@ func strs(t *testing.T, n node) []string {
 func TestKubernetesExample(t *testing.T) {
 	docs := parseDocs(t, "kubernetes/agent-pod.yaml")
 	byKind := map[string]map[string]any{}
+	secrets := map[string]map[string]any{} // by name
 	for _, d := range docs {
 		for _, k := range []string{"apiVersion", "kind", "metadata"} {
 			if d[k] == nil {
 				t.Fatalf("a document without %s: %v", k, keys(d))
+			}
+		}
+		if d["kind"] == "Secret" {
+			secrets[at(t, d, "metadata", "name").(string)] = d
+			if byKind["Secret"] != nil {
+				continue // the first is the agent's configuration
 			}
 		}
 		byKind[d["kind"].(string)] = d
@@ -221,7 +228,6 @@ func TestKubernetesExample(t *testing.T) {
 		t.Fatalf("want a ConfigMap, a Secret and a Pod, got %v", keys(map[string]any{"cm": cm, "secret": secret, "pod": pod}))
 	}
 	cmName := at(t, cm, "metadata", "name").(string)
-	secretName := at(t, secret, "metadata", "name").(string)
 	cmData := at(t, cm, "data").(map[string]any)
 
 	spec := at(t, pod, "spec")
@@ -275,13 +281,30 @@ func TestKubernetesExample(t *testing.T) {
 	// Secrets named by volumes exist; the agent container does not mount
 	// the sidecar's secrets.
 	for _, v := range at(t, spec, "volumes").([]any) {
-		if s, ok := v.(map[string]any)["secret"].(map[string]any); ok && s["secretName"] != secretName {
-			t.Errorf("volume %v names secret %v, want %s", v.(map[string]any)["name"], s["secretName"], secretName)
+		if s, ok := v.(map[string]any)["secret"].(map[string]any); ok && secrets[s["secretName"].(string)] == nil {
+			t.Errorf("volume %v names secret %v, which the example does not declare", v.(map[string]any)["name"], s["secretName"])
 		}
 	}
 	for _, m := range at(t, agent, "volumeMounts").([]any) {
-		if m.(map[string]any)["name"] == "fenceline-secrets" {
-			t.Error("the agent container mounts the sidecar's secrets (Postgres key, git credential)")
+		if n := m.(map[string]any)["name"]; n == "fenceline-secrets" || n == "fenceline-bus-identity" {
+			t.Errorf("the agent container mounts the sidecar's secrets (%v)", n)
+		}
+	}
+	// The sidecar's bus identity is the pod's own (bus enroll POD), from
+	// a Secret of that pod alone: no holder key shared by every pod.
+	podName := at(t, pod, "metadata", "name").(string)
+	idSecret := secrets["fenceline-bus-"+podName]
+	if idSecret == nil || at(t, idSecret, "stringData", "bus-identity.nk") == nil {
+		t.Fatalf("no Secret fenceline-bus-%s with the pod's own bus-identity.nk (fenceline bus enroll %s)", podName, podName)
+	}
+	if got := at(t, sc, "env", "name=FENCELINE_CREDS", "value"); got != "/var/run/fenceline-bus/bus-identity.nk" {
+		t.Errorf("the sidecar's FENCELINE_CREDS is %v, want the pod's own identity", got)
+	}
+	for name, sec := range secrets {
+		for k := range at(t, sec, "stringData").(map[string]any) {
+			if strings.Contains(k, "holder") {
+				t.Errorf("Secret %s holds %s: a holder key shared by every pod", name, k)
+			}
 		}
 	}
 

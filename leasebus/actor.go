@@ -700,7 +700,7 @@ func queuedConflict(claim claimRequest, queue []*waiter) []Conflict {
 // is released (the caller gave up on it).
 func (a *actor) cancel(t *txn, r *cancelRequest, queue []*waiter) error {
 	for _, w := range queue { // queued before, or earlier in this batch
-		if w.req.RequestID == r.RequestID && r.Credential.matches(w.req.CredentialHash) && !w.cancelled {
+		if w.req.RequestID == r.RequestID && r.Credential.matches(w.req.CredentialHash) && w.req.by == r.by && !w.cancelled {
 			w.cancelled = true // serve drops it
 			w.c.respond(reply{Error: toWire(fmt.Errorf("%w: acquire cancelled by its client", ErrInvalid))})
 			return nil
@@ -712,6 +712,6 @@ func (a *actor) cancel(t *txn, r *cancelRequest, queue []*waiter) error {
 	if e == nil {
 		return nil
 	}
-	_, err := t.release(&ReleaseRequest{LeaseID: e.LeaseID, Credential: r.Credential})
+	_, err := t.release(&ReleaseRequest{LeaseID: e.LeaseID, Credential: r.Credential, by: r.by})
 	return err
 }

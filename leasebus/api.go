@@ -64,6 +64,12 @@ type AcquireRequest struct {
 	// CredentialHash is the SHA-256 of the owner's credential; the secret
 	// itself never travels on acquire.
 	CredentialHash string `json:"credentialHash"`
+
+	// by is the asking identity and byName what the audit calls it: set
+	// by the service from the request subject, never from the body. The
+	// lease is bound to it (renew, release and cancel from another
+	// identity are refused).
+	by, byName string
 }
 
 // RenewRequest extends a lease. Version is the version the holder last saw;
@@ -87,6 +93,8 @@ type RenewRequest struct {
 	// RenewID names the renewal: a retry with the same id is recognised.
 	// The client makes one when it is empty.
 	RenewID string `json:"renewId,omitempty"`
+
+	by string // the asking identity, from the request subject
 }
 
 // ReleaseRequest ends a lease; only its owner can.
@@ -94,6 +102,8 @@ type ReleaseRequest struct {
 	LeaseID    string     `json:"leaseId"`
 	Repo       string     `json:"repo,omitempty"` // optional routing hint
 	Credential Credential `json:"credential"`
+
+	by string // the asking identity, from the request subject
 }
 
 // RevokeRequest ends a lease as an operator, with a reason.
@@ -111,6 +121,8 @@ type cancelRequest struct {
 	Repo       string     `json:"repo"`
 	RequestID  string     `json:"requestId"`
 	Credential Credential `json:"credential"`
+
+	by string // the asking identity, from the request subject
 }
 
 type getRequest struct {

@@ -6,15 +6,19 @@ import (
 	"time"
 )
 
-// TestAttachAndHold: a lease acquired elsewhere is held by whoever has its
-// credential (proved by a renewal, then renewed on), refused to anyone
-// else with ErrNotOwner, and refused once released with ErrLeaseLost.
+// TestAttachAndHold: a lease acquired elsewhere (another process of the
+// same bus identity: `lease acquire`, then `run --lease`) is held by whoever
+// has its credential (proved by a renewal, then renewed on), refused to
+// anyone else with ErrNotOwner, and refused once released with
+// ErrLeaseLost. (Another identity is refused even with the credential:
+// TestLeaseBoundToItsIdentity.)
 func TestAttachAndHold(t *testing.T) {
 	t.Parallel() // waits on a renewal: runs beside the others (own server)
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()
-	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "attached"), Owner: owner(1), TTL: Duration(1500 * time.Millisecond)}, cred)
+	acquirer := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder))
+	l, err := acquirer.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "attached"), Owner: owner(1), TTL: Duration(1500 * time.Millisecond)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +73,7 @@ func TestAttachAndHold(t *testing.T) {
 	})
 
 	t.Run("released lease", func(t *testing.T) {
-		if _, err := b.c.Release(ctx, l.LeaseID, cred); err != nil {
+		if _, err := acquirer.Release(ctx, l.LeaseID, cred); err != nil {
 			t.Fatal(err)
 		}
 		h, err := other.AttachAndHold(ctx, l.LeaseID, cred, HoldOptions{})

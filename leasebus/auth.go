@@ -56,8 +56,9 @@ const (
 	RoleViewer Role = "viewer"
 )
 
-// Roles are the bus's roles, least to most privileged.
-var Roles = []Role{RoleViewer, RoleHolder, RoleOperator, RoleService}
+// Roles are the bus's roles, least to most privileged (RoleEnroller, in
+// identities.go, enrols ephemeral holders and does nothing else).
+var Roles = []Role{RoleEnroller, RoleViewer, RoleHolder, RoleOperator, RoleService}
 
 // IdentityToken stands for the asking identity in Grant subjects: the
 // user's public nkey (see IdentityOf).
@@ -139,14 +140,22 @@ func grants(id string) map[Role]Grant {
 		// list: the git fence judges a push against every active lease
 		// of the repo; shard recovery looks at attempts' leases.
 		// audit: boundary events go through the service (see Auditor).
-		Publish:   slices.Concat(ops(id, "acquire", "renew", "release", "cancel", "get", "list", "audit"), shardWrite),
+		// leave: an ephemeral identity removes itself when its run ends.
+		Publish:   slices.Concat(ops(id, "acquire", "renew", "release", "cancel", "get", "list", "audit"), shardWrite, []string{identitySubject("leave", id)}),
 		Subscribe: []string{inbox, changed},
+	}
+	// The enroller (a machine's shared key) asks for an identity of its
+	// own for each run and hears only its own inbox: it reaches no lease,
+	// no stream and nobody else's answers.
+	enroller := Grant{
+		Publish:   []string{identitySubject("enroll", id)},
+		Subscribe: []string{inbox},
 	}
 	// The operator creates no stream: the lease service makes the shard
 	// store's buckets (a stream's creator picks its subjects, the lease
 	// requests' included, and could capture them).
 	operator := Grant{
-		Publish:   slices.Concat(ops(id, "revoke", "sweep"), holder.Publish, viewer.Publish),
+		Publish:   slices.Concat(ops(id, "revoke", "sweep"), []string{identitySubject("reload", id)}, holder.Publish, viewer.Publish),
 		Subscribe: []string{inbox, changed},
 	}
 	operator.Publish = dedupe(operator.Publish)
@@ -158,9 +167,9 @@ func grants(id string) map[Role]Grant {
 			"$JS.ACK." + LogStream + ".>", "$JS.ACK." + AuditStream + ".>",
 			"$JS.FC.>",
 		},
-		Subscribe: []string{apiPrefix + ".>", inbox},
+		Subscribe: []string{apiPrefix + ".>", identityPrefix + ".>", inbox},
 	}
-	return map[Role]Grant{RoleService: service, RoleHolder: holder, RoleOperator: operator, RoleViewer: viewer}
+	return map[Role]Grant{RoleService: service, RoleHolder: holder, RoleOperator: operator, RoleViewer: viewer, RoleEnroller: enroller}
 }
 
 func dedupe(s []string) []string {
@@ -347,33 +356,7 @@ func writeCreds(path string, role Role) error {
 		return fmt.Errorf("make bus credentials: %w", err)
 	}
 	defer clear(seed)
-	var b bytes.Buffer
-	fmt.Fprintf(&b, "# fenceline lease bus credentials (an nkey user seed; see docs/trust.md)\n")
-	fmt.Fprintf(&b, "# role: %s\n# name: %s\n", role, role)
-	fmt.Fprintf(&b, "# Whoever reads this file acts as %s on the bus: keep it mode 0600.\n", role)
-	b.WriteString("-----BEGIN USER NKEY SEED-----\n")
-	b.Write(seed)
-	b.WriteString("\n------END USER NKEY SEED------\n")
-	defer clear(b.Bytes())
-	// Written whole to a temporary file, then linked into place: a reader
-	// never sees half a file, and an existing file is never replaced.
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp") // mode 0600
-	if err != nil {
-		return fmt.Errorf("write bus credentials: %w", err)
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(b.Bytes()); err != nil {
-		f.Close()
-		return fmt.Errorf("write bus credentials %s: %w", f.Name(), err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("write bus credentials %s: %w", f.Name(), err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write bus credentials %s: %w", f.Name(), err)
-	}
-	if err := os.Link(f.Name(), path); err != nil {
+	if err := writeSeed(path, role, string(role), seed); err != nil {
 		return fmt.Errorf("write bus credentials: %w", err)
 	}
 	return nil
@@ -390,14 +373,18 @@ func RoleOptions(dir string, role Role) ([]nats.Option, error) {
 }
 
 // NamesIn maps the identities of the credentials in dir to their names,
-// for ServiceConfig.Names (files that are missing or unreadable are left
-// out).
+// for ServiceConfig.Names: the roles' files and the enrolled identities
+// (files that are missing or unreadable are left out).
 func NamesIn(dir string) map[string]string {
 	names := map[string]string{}
 	for _, r := range Roles {
 		if c, err := LoadCreds(filepath.Join(dir, CredsFile(r))); err == nil {
 			names[c.Nkey] = cmp.Or(c.Name, string(r))
 		}
+	}
+	ids, _ := Identities(dir)
+	for _, i := range ids {
+		names[i.Nkey] = i.Name
 	}
 	return names
 }
@@ -408,8 +395,9 @@ func NamesIn(dir string) map[string]string {
 // docs/trust.md). A cluster's nodes all need it.
 func AuthConfig(users []ServerUser) (string, error) {
 	var b strings.Builder
-	b.WriteString("# fenceline lease bus identities, one per role (see docs/trust.md).\n")
-	b.WriteString("# Generated by `fenceline bus creds`; every permission not listed is denied.\n")
+	b.WriteString("# fenceline lease bus identities: one per role and one per enrolled runner (see docs/trust.md).\n")
+	b.WriteString("# Generated by `fenceline bus creds` (again after each `bus enroll` or `bus revoke-identity`,\n")
+	b.WriteString("# then reload every server); every permission not listed is denied.\n")
 	b.WriteString("authorization {\n  users = [\n")
 	for _, u := range users {
 		if !nkeys.IsValidPublicUserKey(u.Nkey) {

@@ -83,7 +83,8 @@ func credsFiles(roles []Role) string {
 // setting names the bus credentials (a file or a directory): setting
 // itself and, when it is a file (usually one role's file in a bus's
 // credentials directory), every other credential beside it (each role's
-// <role>.nk, any other *.nk or *.creds), or the agent could read the
+// <role>.nk, the enrolled identities' seeds, any other *.nk or *.creds),
+// or the agent could read the
 // service's seed. An empty setting hides nothing.
 func CredsToHide(setting string) []string {
 	if setting == "" {
@@ -94,6 +95,7 @@ func CredsToHide(setting string) []string {
 		return out
 	}
 	dir := filepath.Dir(setting)
+	out = append(out, HoldersDir(dir)) // the seeds `bus enroll` keeps
 	for _, r := range Roles {
 		out = append(out, filepath.Join(dir, CredsFile(r)))
 	}

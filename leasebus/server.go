@@ -36,7 +36,9 @@ type ServerConfig struct {
 	Debug bool
 	// Users are the identities the server admits, each with its role's
 	// permissions. Empty: the credentials in CredsDir, made on first start
-	// (EnsureCreds). Nobody connects without credentials.
+	// (EnsureCreds), and the identities enrolled there (ServerUsers), read
+	// again on every reload (embedded.ReloadUsers). Nobody connects without
+	// credentials.
 	Users []ServerUser
 	// CredsDir holds the server's credentials when Users is empty (default
 	// CredsDirOf(StoreDir)). The nodes of a cluster share one.

@@ -443,6 +443,7 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			if err == nil {
 				err = r.normalize()
 			}
+			r.by, r.byName = id, s.name(id)
 			c.req, repo = &r, r.Repo
 		case "renew":
 			var r RenewRequest
@@ -450,10 +451,12 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			if err == nil && r.Version == 0 {
 				err = fmt.Errorf("%w: renew needs the version the holder last saw (a renewal is a compare-and-swap on it)", ErrInvalid)
 			}
+			r.by = id
 			c.req, leaseID, hint = &r, r.LeaseID, r.Repo
 		case "release":
 			var r ReleaseRequest
 			err = decode(m.Data, &r)
+			r.by = id
 			c.req, leaseID, hint = &r, r.LeaseID, r.Repo
 		case "revoke":
 			var r RevokeRequest
@@ -466,6 +469,7 @@ func (s *Service) handler(op string) nats.MsgHandler {
 		case "cancel":
 			var r cancelRequest
 			err = decode(m.Data, &r)
+			r.by = id
 			c.req, repo = &r, r.Repo
 		case "get":
 			var r getRequest

@@ -27,6 +27,10 @@ type entry struct {
 	SecretHash string `json:"secretHash"`
 	RequestID  string `json:"requestId"`
 	RenewID    string `json:"renewId,omitempty"`
+	// Holder is the bus identity that acquired the lease (its public
+	// nkey): only it may renew, release or cancel it (operators revoke).
+	// Empty in records written before leases were bound to identities.
+	Holder string `json:"holder,omitempty"`
 
 	// deadline is when this service may consider the lease expired, read
 	// from its own monotonic clock: the moment it observed the current
@@ -62,6 +66,9 @@ func (e *entry) storedJSON() []byte {
 		b = appendField(b, "requestId", e.RequestID)
 		if e.RenewID != "" {
 			b = appendField(b, "renewId", e.RenewID)
+		}
+		if e.Holder != "" {
+			b = appendField(b, "holder", e.Holder)
 		}
 		e.stored = append(b, '}')
 	}
@@ -428,17 +435,19 @@ func (t *txn) grant(r *AcquireRequest, claim claimRequest) *entry {
 		},
 		SecretHash: r.CredentialHash,
 		RequestID:  r.RequestID,
+		Holder:     r.by,
 		deadline:   t.now.Add(time.Duration(r.TTL)),
 	}
 	t.write(e)
 	t.audit(EventGrant, e, "", fmt.Sprintf("granted: %s %s owner=%s fence=%d ttl=%s", e.LeaseID, e.Scope, e.Owner, e.Fence, e.TTL))
+	t.events[len(t.events)-1].RequestedBy = r.byName
 	return e
 }
 
 // granted returns the lease already granted for this request id, if any:
 // acquire is idempotent, so a retry after a lost reply gets the same lease.
 func (t *txn) granted(r *AcquireRequest) *entry {
-	if e := t.byRequest(r.RequestID); e != nil && e.SecretHash == r.CredentialHash {
+	if e := t.byRequest(r.RequestID); e != nil && e.SecretHash == r.CredentialHash && e.Holder == r.by {
 		return e
 	}
 	return nil
@@ -462,11 +471,26 @@ func (t *txn) byRequest(requestID string) *entry {
 	return nil
 }
 
-// owned finds the lease and checks the credential, auditing refusals.
-func (t *txn) owned(op, id string, cred Credential) (*entry, error) {
+// otherIdentity refuses op on e by identity by when another identity
+// acquired it, auditing the refusal: a lease is bound to the identity
+// that acquired it, whatever credential or proof comes with the request.
+func (t *txn) otherIdentity(op string, e *entry, by string) error {
+	if e.Holder == "" || e.Holder == by {
+		return nil
+	}
+	t.audit(EventRefused, e, "other-identity", fmt.Sprintf("refused %s of %s: asked by bus identity %s, acquired by %s (owner=%s fence=%d)", op, e.LeaseID, by, e.Holder, e.Owner, e.Fence))
+	return fmt.Errorf("%s %s: %w: the lease belongs to the bus identity that acquired it, and this is another (each runner has its own; an operator may revoke it)", op, e.LeaseID, ErrNotOwner)
+}
+
+// owned finds the lease and checks the identity and the credential,
+// auditing refusals.
+func (t *txn) owned(op, id, by string, cred Credential) (*entry, error) {
 	e := t.lookup(id)
 	if e == nil {
 		return nil, fmt.Errorf("%s %s: %w in %s", op, id, ErrNotFound, t.base.repo)
+	}
+	if err := t.otherIdentity(op, e, by); err != nil {
+		return nil, err
 	}
 	if !cred.matches(e.SecretHash) {
 		t.audit(EventRefused, e, "not-owner", fmt.Sprintf("refused %s of %s: credential does not match (owner=%s)", op, id, e.Owner))
@@ -479,6 +503,9 @@ func (t *txn) renew(r *RenewRequest) (*entry, error) {
 	e := t.lookup(r.LeaseID)
 	if e == nil {
 		return nil, fmt.Errorf("renew %s: %w in %s", r.LeaseID, ErrNotFound, t.base.repo)
+	}
+	if err := t.otherIdentity("renew", e, r.by); err != nil {
+		return nil, err
 	}
 	if !r.proves(e.SecretHash) {
 		t.audit(EventRefused, e, "not-owner", fmt.Sprintf("refused renew of %s: its proof does not match (owner=%s)", r.LeaseID, e.Owner))
@@ -512,7 +539,7 @@ func (t *txn) renew(r *RenewRequest) (*entry, error) {
 }
 
 func (t *txn) release(r *ReleaseRequest) (*entry, error) {
-	e, err := t.owned("release", r.LeaseID, r.Credential)
+	e, err := t.owned("release", r.LeaseID, r.by, r.Credential)
 	if err != nil {
 		return nil, err
 	}

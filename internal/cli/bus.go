@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -24,7 +25,7 @@ func (a *app) busCommand() *cobra.Command {
 		Args:  groupArgs,
 		RunE:  showHelp,
 	}
-	c.AddCommand(a.serveCommand(), a.credsCommand())
+	c.AddCommand(a.serveCommand(), a.credsCommand(), a.enrollCommand(), a.revokeIdentityCommand(), a.identitiesCommand())
 	return c
 }
 
@@ -34,9 +35,10 @@ func (a *app) credsCommand() *cobra.Command {
 		Use:   "creds [--dir DIR]",
 		Short: "Make the bus identities' credentials and print the nats-server configuration that admits them",
 		Long: `Make (or reuse) one credentials file per role — service, operator, holder,
-viewer: an nkey user seed each, mode 0600 in a 0700 directory — and print the
-authorization block a nats-server configuration needs to admit them with
-exactly their roles' permissions. For a bus on an existing NATS server or
+viewer, enroller: an nkey user seed each, mode 0600 in a 0700 directory — and
+print the authorization block a nats-server configuration needs to admit them,
+and every identity enrolled with "bus enroll", with exactly their roles'
+permissions. For a bus on an existing NATS server or
 cluster: include the block in every node's configuration, then give each
 machine the files its commands need (--creds DIR or ` + EnvCreds + `).
 See docs/trust.md.
@@ -46,31 +48,16 @@ the embedded default bus's own (` + defaultCredsDir() + `).`,
 		Args:    cobra.NoArgs,
 		Example: `  fenceline bus creds --dir /etc/fenceline/creds > /etc/nats/fenceline-auth.conf`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if dir == "" {
-				p, source := a.credsSetting()
-				switch fi, err := os.Stat(p); {
-				case p == "":
-					dir = defaultCredsDir()
-				case err == nil && !fi.IsDir():
-					return usagef("%s %s is a file; bus creds makes a directory of them (--dir)", source, p)
-				default:
-					dir = p
-				}
-			}
-			creds, err := leasebus.EnsureCreds(dir)
+			d, err := a.identitiesDir(dir)
 			if err != nil {
 				return err
 			}
-			var users []leasebus.ServerUser
-			for _, r := range leasebus.Roles {
-				users = append(users, creds[r].User())
-			}
-			conf, err := leasebus.AuthConfig(users)
+			conf, err := authConfigOf(d)
 			if err != nil {
 				return err
 			}
 			fmt.Fprint(a.stdout, conf)
-			fmt.Fprintf(a.stderr, "credentials: %s (keep them from agents; run the lease service with --creds %s)\n", dir, dir)
+			fmt.Fprintf(a.stderr, "credentials: %s (keep them from agents; run the lease service with --creds %s)\n", d, d)
 			return nil
 		},
 	}
@@ -100,11 +87,14 @@ serve until SIGINT or SIGTERM.
 With --nats URL, run only the lease service against that existing NATS
 server or cluster; several services may run against one bus.
 
-The embedded server admits only its own identities, one per role (service,
-operator, holder, viewer: see docs/trust.md). It writes their credentials on
-first start to <store>/creds (or the directory --creds names), files of mode
-0600 in a 0700 directory, and reuses them after; fenceline commands on this
-machine find the default bus's without any flag. The nodes of a cluster
+The embedded server admits only its own identities: one per role (service,
+operator, holder, viewer, enroller: see docs/trust.md) and those enrolled with
+"bus enroll". It writes the roles' credentials on first start to <store>/creds
+(or the directory --creds names), files of mode 0600 in a 0700 directory, and
+reuses them after; fenceline commands on this machine find the default bus's
+without any flag. Each run and sidecar on this machine gets an identity of its
+own (enrolled with enroller.nk, removed when it ends); "bus enroll" and "bus
+revoke-identity" take effect without a restart. The nodes of a cluster
 share one credentials directory: copy it to each and pass --creds DIR.
 
 --replicas sets the replication of the lease log and audit streams: by
@@ -193,7 +183,7 @@ func (a *app) serveEmbedded(ctx context.Context, f *serveFlags, cfg busserve.Ser
 	defer node.Stop()
 	fmt.Fprintf(a.stdout, "fenceline bus listening on %s\n", node.URL())
 	fmt.Fprintf(a.stdout, "store: %s\n", node.Config.StoreDir)
-	fmt.Fprintf(a.stdout, "credentials: %s (one per role; keep them from agents)\n", node.Config.CredsDir)
+	fmt.Fprintf(a.stdout, "credentials: %s (one per role and per enrolled identity; keep them from agents)\n", node.Config.CredsDir)
 	cfg.Node = node
 	return a.serveService(ctx, cfg)
 }
@@ -265,4 +255,203 @@ func (a *app) serviceCreds(cfg *busserve.ServiceConfig) (err error) {
 		}
 	}
 	return nil
+}
+
+// identitiesDir is the credentials directory the identity commands work
+// on: dir, else --creds (or $FENCELINE_CREDS) when it names a directory,
+// else the embedded default bus's own.
+func (a *app) identitiesDir(dir string) (string, error) {
+	if dir != "" {
+		return dir, nil
+	}
+	p, source := a.credsSetting()
+	switch fi, err := os.Stat(p); {
+	case p == "":
+		return defaultCredsDir(), nil
+	case err == nil && !fi.IsDir():
+		return "", usagef("%s %s is a file; the bus's identities live in a credentials directory (--dir)", source, p)
+	}
+	return p, nil
+}
+
+// authConfigOf is the nats-server authorization block that admits every
+// identity of the credentials directory dir (its roles' files made when
+// missing).
+func authConfigOf(dir string) (string, error) {
+	users, err := leasebus.ServerUsers(dir)
+	if err != nil {
+		return "", err
+	}
+	return leasebus.AuthConfig(users)
+}
+
+// applyIdentities makes a change to dir's identities take effect: it
+// rewrites authConfig (when set) for an external NATS server, and asks the
+// running embedded bus to reload its users (as dir's operator). It says on
+// stderr what happened and what is left to do.
+func (a *app) applyIdentities(dir, authConfig string) error {
+	if authConfig != "" {
+		conf, err := authConfigOf(dir)
+		if err != nil {
+			return err
+		}
+		tmp := authConfig + ".tmp"
+		if err := os.WriteFile(tmp, []byte(conf), 0o600); err != nil {
+			return fmt.Errorf("write --auth-config: %w", err)
+		}
+		if err := os.Rename(tmp, authConfig); err != nil {
+			return fmt.Errorf("write --auth-config: %w", err)
+		}
+		fmt.Fprintf(a.stderr, "wrote %s: reload every NATS server that includes it (nats-server --signal reload)\n", authConfig)
+	}
+	url, source := a.busURL()
+	bc, err := leasebus.ChooseCreds(dir, "--dir", "", leasebus.RoleOperator)
+	if err != nil {
+		fmt.Fprintf(a.stderr, "no running bus was asked to reload (%v); the embedded bus reads its identities when it starts\n", err)
+		return nil
+	}
+	nc, err := a.connectWith(bc, url, source)
+	if err != nil {
+		fmt.Fprintf(a.stderr, "no running bus took the change (%v); the embedded bus reads its identities when it starts\n", err)
+		return nil
+	}
+	defer nc.Close()
+	if err := leasebus.ReloadIdentities(nc); errors.Is(err, leasebus.ErrNoEnrolment) {
+		fmt.Fprintf(a.stderr, "the bus at %s is not an embedded one: regenerate its servers' configuration (fenceline bus creds --dir %s, or --auth-config) and reload them\n", url, dir)
+		return nil
+	} else if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stderr, "the bus at %s reloaded its identities\n", url)
+	return nil
+}
+
+func (a *app) enrollCommand() *cobra.Command {
+	var dir, out, role, authConfig string
+	c := &cobra.Command{
+		Use:   "enroll NAME [--role holder] [--out FILE] [--dir DIR] [--auth-config FILE]",
+		Short: "Give one runner, sidecar or pod a bus identity of its own",
+		Long: `Make a fresh nkey for NAME (one runner, sidecar or pod), record its public key
+among the bus's identities (DIR/identities/NAME.id) and write its seed to FILE
+(default DIR/holders/NAME.nk), mode 0600: the credentials that machine or pod
+passes with --creds FILE or $` + EnvCreds + `. It hears only its own answers, and the
+leases it acquires are its own: no other holder renews or releases them.
+
+A running embedded bus admits NAME at once (it reloads its users when asked,
+without a restart). For a bus on an existing NATS server or cluster, pass
+--auth-config with the file every node's configuration includes (or run
+"fenceline bus creds --dir DIR" again), then reload the servers.
+
+Runs and sidecars on the embedded default bus need no enrolment: each gets an
+identity of its own automatically, for as long as it runs.
+
+DIR defaults to --creds (or $` + EnvCreds + `) when it names a directory, else the
+embedded default bus's own (` + defaultCredsDir() + `).`,
+		Args: cobra.ExactArgs(1),
+		Example: `  fenceline bus enroll pod-agent-billing-17 --out /tmp/bus-identity.nk
+  fenceline bus enroll runner-ci-4 --dir /etc/fenceline/creds --auth-config /etc/nats/fenceline-auth.conf`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if !leasebus.ValidIdentityName(name) || strings.HasPrefix(name, "eph-") {
+				return usagef("identity name %q: use 1 to 64 letters, digits, '-', '_' or '.' (names starting eph- are the ephemeral identities runs enrol)", name)
+			}
+			d, err := a.identitiesDir(dir)
+			if err != nil {
+				return err
+			}
+			if _, err := leasebus.EnsureCreds(d); err != nil {
+				return err
+			}
+			id, seedPath, err := leasebus.EnrollIdentity(d, name, leasebus.Role(role), out)
+			if errors.Is(err, leasebus.ErrInvalid) {
+				return &usageError{err: err}
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "identity enrolled: %s\nrole: %s\nnkey: %s\ncredentials: %s\n", id.Name, id.Role, id.Nkey, seedPath)
+			return a.applyIdentities(d, authConfig)
+		},
+	}
+	c.Flags().StringVar(&dir, "dir", "", "the bus's credentials directory")
+	c.Flags().StringVar(&out, "out", "", "write the identity's credentials (its nkey seed) to this file, which must not exist (default DIR/holders/NAME.nk)")
+	c.Flags().StringVar(&role, "role", string(leasebus.RoleHolder), "the identity's role: holder, viewer or operator")
+	c.Flags().StringVar(&authConfig, "auth-config", "", "also rewrite this nats-server authorization include (for a bus on an existing NATS server)")
+	return c
+}
+
+func (a *app) revokeIdentityCommand() *cobra.Command {
+	var dir, authConfig string
+	c := &cobra.Command{
+		Use:   "revoke-identity NAME [--dir DIR] [--auth-config FILE]",
+		Short: "Remove one bus identity: its connections close and it is refused from then on",
+		Long: `Remove the enrolled identity NAME (or the identity whose public key is NAME)
+from the bus's identities, and its seed if "bus enroll" kept it in DIR. A
+running embedded bus reloads its users at once: NATS closes the identity's
+connections and refuses it when it reconnects; no other identity is touched.
+Its leases stay until they expire or an operator revokes them (lease revoke).
+
+For a bus on an existing NATS server or cluster, pass --auth-config (or run
+"fenceline bus creds --dir DIR" again) and reload the servers.`,
+		Args:    cobra.ExactArgs(1),
+		Example: `  fenceline bus revoke-identity pod-agent-billing-17`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			d, err := a.identitiesDir(dir)
+			if err != nil {
+				return err
+			}
+			id, ok, err := leasebus.FindIdentity(d, args[0])
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return &exitError{code: ExitError, err: fmt.Errorf("no identity %s in %s (fenceline bus identities lists them)", args[0], d)}
+			}
+			if err := leasebus.RemoveIdentity(d, id); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "identity revoked: %s (%s)\n", id.Name, id.Nkey)
+			return a.applyIdentities(d, authConfig)
+		},
+	}
+	c.Flags().StringVar(&dir, "dir", "", "the bus's credentials directory")
+	c.Flags().StringVar(&authConfig, "auth-config", "", "also rewrite this nats-server authorization include (for a bus on an existing NATS server)")
+	return c
+}
+
+func (a *app) identitiesCommand() *cobra.Command {
+	var dir string
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "identities [--dir DIR] [--json]",
+		Short: "List the enrolled bus identities",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			d, err := a.identitiesDir(dir)
+			if err != nil {
+				return err
+			}
+			ids, err := leasebus.Identities(d)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if ids == nil {
+					ids = []leasebus.Identity{}
+				}
+				return writeJSON(a.stdout, ids)
+			}
+			for _, i := range ids {
+				kind := ""
+				if i.Ephemeral {
+					kind = " (ephemeral: a run's own)"
+				}
+				fmt.Fprintf(a.stdout, "%s\t%s\t%s%s\n", i.Name, i.Role, i.Nkey, kind)
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&dir, "dir", "", "the bus's credentials directory")
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
 }

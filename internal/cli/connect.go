@@ -103,9 +103,18 @@ type session struct {
 	nc     *nats.Conn
 	client *leasebus.Client
 	url    string
+	// leave, when set, removes the identity enrolled for this session
+	// (dialEphemeral); Close calls it.
+	leave func()
 }
 
-func (s *session) Close() { s.nc.Close() }
+func (s *session) Close() {
+	if s.leave != nil {
+		s.leave()
+		s.leave = nil
+	}
+	s.nc.Close()
+}
 
 // dial connects to the bus chosen by the global flags as role.
 func (a *app) dial(role leasebus.Role) (*session, error) {

@@ -266,7 +266,11 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 
 	out, errw := a.outputs()
 	say := func(line string) { fmt.Fprintf(errw, "fenceline: %s\n", line) }
-	s, err := a.dialHolder()
+	identity := "" // attached: the lease's acquirer's credentials (the lease is bound to its identity)
+	if rf.attachID == "" {
+		identity = "run-" + rf.lf.attempt
+	}
+	s, err := a.dialHolder(identity)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -18,15 +20,90 @@ type heldLease struct {
 }
 
 // dialHolder connects to the bus for a long-lived holder: it reconnects
-// forever, and the holder reports "unknown" meanwhile.
-func (a *app) dialHolder() (*session, error) {
+// forever, and the holder reports "unknown" meanwhile. With name set and
+// no --creds or $FENCELINE_CREDS, on the default bus's machine, the holder
+// gets an identity of its own, enrolled for it under name and removed when
+// the session closes (see dialEphemeral); else it connects with the
+// holder credentials credsFor chooses.
+func (a *app) dialHolder(name string) (*session, error) {
 	url, source := a.busURL()
+	if name != "" {
+		s, err := a.dialEphemeral(url, source, name)
+		if s != nil || err != nil {
+			return s, err
+		}
+	}
 	nc, err := a.connect(leasebus.RoleHolder, url, source, holderConnOptions()...)
 	if err != nil {
 		return nil, err
 	}
 	c := leasebus.NewClient(nc)
 	return &session{nc: nc, client: c, url: url}, nil
+}
+
+// enrolTimeout bounds waiting for the bus to admit a freshly enrolled
+// identity (each node of a cluster reloads its own users).
+const enrolTimeout = 5 * time.Second
+
+// dialEphemeral connects as a holder identity of this session's own: a
+// key pair made here, enrolled as name by the embedded bus with this
+// machine's enroller credentials (which may do nothing else), and removed
+// when the session closes. No holder shares its answers or its leases
+// with another. It returns nil and no error when that is not how this
+// command connects: --creds or $FENCELINE_CREDS given, no enroller
+// credentials on this machine, or a bus that enrols nobody.
+func (a *app) dialEphemeral(url, source, name string) (*session, error) {
+	if p, _ := a.credsSetting(); p != "" {
+		return nil, nil
+	}
+	bc, err := leasebus.ChooseCreds("", "", defaultCredsDir(), leasebus.RoleEnroller)
+	if err != nil || bc.Path == "" {
+		return nil, err
+	}
+	if !leasebus.ValidIdentityName("eph-" + name) { // an --attempt of odd characters
+		name = "holder-" + leasebus.NewAttemptID()
+	}
+	enc, err := leasebus.Dial(url, source, bc, nats.Name("fenceline-enroll"))
+	var refused *leasebus.CredsRefusedError
+	if errors.As(err, &refused) {
+		// A bus started before it had an enroller (restart it to give
+		// each run its own identity).
+		fmt.Fprintf(a.stderr, "fenceline: the bus at %s does not know this machine's enroller credentials (restart it: fenceline bus serve); connecting with the shared holder credentials\n", url)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, a.dialError(err)
+	}
+	id, err := leasebus.EnrollEphemeral(enc, name)
+	enc.Close()
+	if errors.Is(err, leasebus.ErrNoEnrolment) {
+		fmt.Fprintf(a.stderr, "fenceline: the bus at %s enrols no identities; connecting with this machine's shared holder credentials\n", url)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w (the embedded bus enrols an identity for each run; is it this machine's? or pass --creds)", err)
+	}
+	opts := append(id.Options(), holderConnOptions()...)
+	deadline := time.Now().Add(enrolTimeout)
+	for {
+		nc, err := leasebus.Dial(url, source, busCreds{Source: "an identity enrolled for this run", Role: leasebus.RoleHolder}, append([]nats.Option{nats.Name("fenceline-" + id.Name)}, opts...)...)
+		var refused *leasebus.CredsRefusedError
+		if errors.As(err, &refused) && time.Now().Before(deadline) {
+			// A cluster node that has not reloaded its users yet.
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			return nil, a.dialError(err)
+		}
+		s := &session{nc: nc, client: leasebus.NewClient(nc), url: url}
+		s.leave = func() {
+			if err := id.Leave(nc); err != nil {
+				fmt.Fprintf(a.stderr, "fenceline: warning: %v (remove it with: fenceline bus revoke-identity %s)\n", err, id.Name)
+			}
+		}
+		return s, nil
+	}
 }
 
 // holdLease acquires the lease the flags describe, or, with attachID,

@@ -298,7 +298,11 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 		return err
 	}
 	// Every flag is checked: from here on things are dialed and acquired.
-	s, err := a.dialHolder()
+	identity := "" // attached: the lease's acquirer's credentials (the lease is bound to its identity)
+	if sf.attachID == "" {
+		identity = "sidecar-" + leasebus.NewAttemptID()
+	}
+	s, err := a.dialHolder(identity)
 	if err != nil {
 		return err
 	}

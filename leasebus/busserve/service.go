@@ -143,6 +143,16 @@ func StartService(ctx context.Context, cfg ServiceConfig) (_ *Service, err error
 	}
 	stopRefusals := func() {}
 	if cfg.Node != nil {
+		// Runs enrol an identity of their own here, and the operator's
+		// enrolments and revocations take effect without a restart.
+		ids, err := embedded.ServeIdentities(nc, cfg.Node.Server, cfg.Node.Config, log)
+		if err != nil {
+			svc.Stop()
+			return nil, err
+		}
+		s.closers = append(s.closers, ids.Stop)
+	}
+	if cfg.Node != nil {
 		// What the embedded server itself refuses (credentials,
 		// permissions) goes to the audit stream too.
 		stopRefusals = embedded.AuditRefusals(svc, cfg.Node.Server, cfg.Debug, false)

@@ -23,15 +23,7 @@ func StartServer(cfg leasebus.ServerConfig) (*server.Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("bus config: %w", err)
 	}
-	if cfg.Listen == "" {
-		cfg.Listen = leasebus.DefaultListen
-	}
-	if cfg.StoreDir == "" {
-		cfg.StoreDir = leasebus.DefaultStoreDir()
-	}
-	if cfg.Name == "" {
-		cfg.Name = "fenceline"
-	}
+	withDefaults(&cfg)
 	if err := os.MkdirAll(cfg.StoreDir, 0o700); err != nil {
 		if errors.Is(err, syscall.EROFS) {
 			return nil, fmt.Errorf("%w: cannot create %s: remount it read-write or give the bus a writable --store", leasebus.ErrStoreReadOnly, cfg.StoreDir)
@@ -43,17 +35,65 @@ func StartServer(cfg leasebus.ServerConfig) (*server.Server, error) {
 	if err := leasebus.CheckStoreDir(cfg.StoreDir); err != nil {
 		return nil, fmt.Errorf("start bus: %w", err)
 	}
+	opts, err := serverOptions(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("start bus: %w", err)
+	}
+	if cfg.Debug {
+		s.ConfigureLogger()
+	}
+	go s.Start()
+	if !s.ReadyForConnections(15 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("start bus on %s: not ready after 15s (port in use? another `fenceline bus serve` running?)", cfg.Listen)
+	}
+	return s, nil
+}
+
+func withDefaults(cfg *leasebus.ServerConfig) {
+	if cfg.Listen == "" {
+		cfg.Listen = leasebus.DefaultListen
+	}
+	if cfg.StoreDir == "" {
+		cfg.StoreDir = leasebus.DefaultStoreDir()
+	}
+	if cfg.Name == "" {
+		cfg.Name = "fenceline"
+	}
+}
+
+// ReloadUsers has srv, started by StartServer(cfg), read its users again
+// (the identities enrolled in or removed from cfg.CredsDir since): a user
+// no longer there is disconnected at once and refused from then on; the
+// others keep their connections. cfg.Users, when set, stays as it is.
+func ReloadUsers(srv *server.Server, cfg leasebus.ServerConfig) error {
+	withDefaults(&cfg)
+	opts, err := serverOptions(&cfg)
+	if err != nil {
+		return err
+	}
+	if err := srv.ReloadOptions(opts); err != nil {
+		return fmt.Errorf("reload the bus's users: %w", err)
+	}
+	return nil
+}
+
+// serverOptions are the server options cfg (defaults filled in) describes,
+// its users read now: cfg.Users, else every identity of cfg.CredsDir
+// (leasebus.ServerUsers).
+func serverOptions(cfg *leasebus.ServerConfig) (*server.Options, error) {
 	users := cfg.Users
 	if len(users) == 0 {
 		if cfg.CredsDir == "" {
 			cfg.CredsDir = leasebus.CredsDirOf(cfg.StoreDir)
 		}
-		creds, err := leasebus.EnsureCreds(cfg.CredsDir)
-		if err != nil {
+		var err error
+		if users, err = leasebus.ServerUsers(cfg.CredsDir); err != nil {
 			return nil, err
-		}
-		for _, r := range leasebus.Roles {
-			users = append(users, creds[r].User())
 		}
 	}
 	nkeyUsers, err := serverUsers(users)
@@ -85,19 +125,7 @@ func StartServer(cfg leasebus.ServerConfig) (*server.Server, error) {
 			opts.Routes = append(opts.Routes, u)
 		}
 	}
-	s, err := server.NewServer(opts)
-	if err != nil {
-		return nil, fmt.Errorf("start bus: %w", err)
-	}
-	if cfg.Debug {
-		s.ConfigureLogger()
-	}
-	go s.Start()
-	if !s.ReadyForConnections(15 * time.Second) {
-		s.Shutdown()
-		return nil, fmt.Errorf("start bus on %s: not ready after 15s (port in use? another `fenceline bus serve` running?)", cfg.Listen)
-	}
-	return s, nil
+	return opts, nil
 }
 
 // splitHostPort splits a host:port the config validated; port 0 becomes

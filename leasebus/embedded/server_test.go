@@ -13,15 +13,19 @@ import (
 )
 
 // The configuration for an external nats-server parses, with the real
-// parser, into exactly the permissions the embedded server gets.
+// parser, into exactly the permissions the embedded server gets: every
+// role's identity and every enrolled one.
 func TestAuthConfigParses(t *testing.T) {
-	creds, err := leasebus.EnsureCreds(t.TempDir())
+	dir := t.TempDir()
+	if _, _, err := leasebus.EnrollIdentity(dir, "runner-1", leasebus.RoleHolder, ""); err != nil {
+		t.Fatal(err)
+	}
+	users, err := leasebus.ServerUsers(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var users []leasebus.ServerUser
-	for _, r := range leasebus.Roles {
-		users = append(users, creds[r].User())
+	if len(users) != len(leasebus.Roles)+1 {
+		t.Fatalf("%d users, want the %d roles and the enrolled runner", len(users), len(leasebus.Roles))
 	}
 	conf, err := leasebus.AuthConfig(users)
 	if err != nil {

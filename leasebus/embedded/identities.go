@@ -1,0 +1,166 @@
+package embedded
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// ephemeralPrefix starts the name of every identity a run enrolled for
+// itself: an enroller cannot take a name the operator gives.
+const ephemeralPrefix = "eph-"
+
+// errAnswered: the handler answered the request itself.
+var errAnswered = errors.New("answered")
+
+// Identities answers the bus's identity requests for an embedded server:
+// enrol an ephemeral holder (an enroller's request), remove one (its own
+// request when its run ends) and read the identities again (an operator's,
+// after `bus enroll` or `bus revoke-identity`). Each ends in a reload of
+// the server's users (ReloadUsers), so a new identity is admitted and a
+// removed one disconnected without a restart.
+type Identities struct {
+	srv *server.Server
+	cfg leasebus.ServerConfig
+	log *slog.Logger
+
+	mu   sync.Mutex // serializes changes and reloads
+	subs []*nats.Subscription
+}
+
+// ServeIdentities answers identity requests on nc (a connection with the
+// service role to srv, which StartServer(cfg) started) until Stop. Every
+// node of a cluster answers (each reloads its own server), so the
+// subscriptions are not a queue group.
+func ServeIdentities(nc *nats.Conn, srv *server.Server, cfg leasebus.ServerConfig, log *slog.Logger) (*Identities, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	withDefaults(&cfg)
+	if cfg.CredsDir == "" {
+		cfg.CredsDir = leasebus.CredsDirOf(cfg.StoreDir)
+	}
+	ids := &Identities{srv: srv, cfg: cfg, log: log}
+	for op, h := range map[string]func(id string, m *nats.Msg) (string, error){
+		"enroll": ids.enroll,
+		"leave":  ids.leave,
+		"reload": func(string, *nats.Msg) (string, error) { return "", ids.Reload() },
+	} {
+		sub, err := nc.Subscribe(leasebus.IdentitySubjects(op), func(m *nats.Msg) {
+			id, ok := leasebus.IdentityOfSubject(m.Subject, m.Reply)
+			if !ok {
+				log.Warn("ignored an identity request not answered to its sender's inbox", "subject", m.Subject, "reply", m.Reply)
+				return
+			}
+			name, err := h(id, m)
+			if errors.Is(err, errAnswered) {
+				return
+			}
+			r := leasebus.IdentityReply{Name: name}
+			if err != nil {
+				r.Error = err.Error()
+				log.Warn("identity request refused", "op", op, "by", id, "err", err)
+			}
+			data, _ := json.Marshal(r)
+			_ = m.Respond(data)
+		})
+		if err != nil {
+			ids.Stop()
+			return nil, fmt.Errorf("subscribe %s: %w", leasebus.IdentitySubjects(op), err)
+		}
+		ids.subs = append(ids.subs, sub)
+	}
+	if err := nc.Flush(); err != nil {
+		ids.Stop()
+		return nil, fmt.Errorf("subscribe to identity requests: %w", err)
+	}
+	return ids, nil
+}
+
+// Stop stops answering.
+func (ids *Identities) Stop() {
+	for _, s := range ids.subs {
+		_ = s.Unsubscribe()
+	}
+	ids.subs = nil
+}
+
+// Reload has the server read its identities again.
+func (ids *Identities) Reload() error {
+	ids.mu.Lock()
+	defer ids.mu.Unlock()
+	return ReloadUsers(ids.srv, ids.cfg)
+}
+
+// enroll records the public key an enroller sent as an ephemeral holder
+// and has the server admit it before answering.
+func (ids *Identities) enroll(by string, m *nats.Msg) (string, error) {
+	var r leasebus.EnrollRequest
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return "", fmt.Errorf("%w: decode enrol request: %v", leasebus.ErrInvalid, err)
+	}
+	name := r.Name
+	if !strings.HasPrefix(name, ephemeralPrefix) {
+		name = ephemeralPrefix + name
+	}
+	ids.mu.Lock()
+	defer ids.mu.Unlock()
+	all, err := leasebus.Identities(ids.cfg.CredsDir)
+	if err != nil {
+		return "", err
+	}
+	n := 0
+	for _, i := range all {
+		if i.Ephemeral {
+			n++
+		}
+	}
+	if n >= leasebus.MaxEphemeral {
+		return "", fmt.Errorf("%d ephemeral identities are enrolled, the most the bus keeps: remove those of runs that ended (fenceline bus identities; fenceline bus revoke-identity NAME)", n)
+	}
+	id := leasebus.Identity{Name: name, Role: leasebus.RoleHolder, Nkey: r.Nkey, Ephemeral: true}
+	if err := leasebus.AddIdentity(ids.cfg.CredsDir, id); err != nil {
+		return "", err
+	}
+	if err := ReloadUsers(ids.srv, ids.cfg); err != nil {
+		_ = leasebus.RemoveIdentity(ids.cfg.CredsDir, id)
+		return "", err
+	}
+	ids.log.Info("enrolled an ephemeral bus identity", "name", name, "nkey", r.Nkey, "by", by)
+	return name, nil
+}
+
+// leave removes the asker's own ephemeral identity; an identity the
+// operator enrolled stays until the operator revokes it. The answer goes
+// out before the reload closes the asker's connection.
+func (ids *Identities) leave(by string, m *nats.Msg) (string, error) {
+	ids.mu.Lock()
+	defer ids.mu.Unlock()
+	i, ok, err := leasebus.FindIdentity(ids.cfg.CredsDir, by)
+	switch {
+	case err != nil:
+		return "", err
+	case !ok || i.Nkey != by:
+		return "", fmt.Errorf("%w: %s is no enrolled identity", leasebus.ErrNotFound, by)
+	case !i.Ephemeral:
+		return "", fmt.Errorf("%w: %s was enrolled by the operator, who revokes it (fenceline bus revoke-identity %s)", leasebus.ErrInvalid, i.Name, i.Name)
+	}
+	if err := leasebus.RemoveIdentity(ids.cfg.CredsDir, i); err != nil {
+		return "", err
+	}
+	data, _ := json.Marshal(leasebus.IdentityReply{Name: i.Name})
+	_ = m.Respond(data)
+	if err := ReloadUsers(ids.srv, ids.cfg); err != nil {
+		ids.log.Warn("reload after an identity left", "name", i.Name, "err", err)
+	}
+	ids.log.Info("an ephemeral bus identity left", "name", i.Name)
+	return i.Name, errAnswered
+}

@@ -1,0 +1,438 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+const testRepo = "github.com/acme/payments"
+
+// idBus is an embedded bus whose credentials directory enrols holders.
+type idBus struct {
+	srv *server.Server
+	cfg leasebus.ServerConfig
+	svc *nats.Conn
+}
+
+func startIDBus(t *testing.T, holders ...string) *idBus {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "creds")
+	if _, err := leasebus.EnsureCreds(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range holders {
+		if _, _, err := leasebus.EnrollIdentity(dir, n, leasebus.RoleHolder, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), CredsDir: dir}
+	srv, err := StartServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	b := &idBus{srv: srv, cfg: cfg}
+	b.svc = b.connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleService)))
+	svc, err := leasebus.StartService(context.Background(), b.svc, leasebus.ServiceConfig{Names: leasebus.NamesIn(dir)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Stop)
+	return b
+}
+
+func (b *idBus) connectFile(t *testing.T, path string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	c, err := leasebus.LoadCreds(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copts, err := c.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(b.srv.ClientURL(), append(copts, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func (b *idBus) holderFile(name string) string {
+	return filepath.Join(leasebus.HoldersDir(b.cfg.CredsDir), name+".nk")
+}
+
+// violations collects the permission violations the server reports to a
+// connection.
+type violations struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (v *violations) handler(_ *nats.Conn, _ *nats.Subscription, err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.errs = append(v.errs, err)
+}
+
+func (v *violations) wait(t *testing.T, what string) {
+	t.Helper()
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		for _, err := range v.errs {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no permission violation for %s yet (%v)", what, v.errs)
+	})
+}
+
+func claimOf(t *testing.T, p string) scope.Claim {
+	t.Helper()
+	c, err := scope.New([]string{p}, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func ctxOf(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestHolderHearsOnlyItsOwnAnswers: two runners, each with its own
+// enrolled identity. A cannot subscribe to B's inbox (NATS refuses it: a
+// permission violation), so it neither sees B's answers nor learns their
+// subjects, and it cannot publish into B's inbox either; B's requests are
+// answered as usual. (With the one shared holder.nk of before, A's
+// subscription was B's own and was allowed.)
+func TestHolderHearsOnlyItsOwnAnswers(t *testing.T) {
+	b := startIDBus(t, "runner-a", "runner-b")
+	ctx := ctxOf(t)
+	var va violations
+	a := b.connectFile(t, b.holderFile("runner-a"), nats.ErrorHandler(va.handler))
+	bc := b.connectFile(t, b.holderFile("runner-b"))
+	if leasebus.IdentityOf(a) == leasebus.IdentityOf(bc) {
+		t.Fatal("two enrolled runners share one identity")
+	}
+	var seen atomic.Int32
+	if _, err := a.Subscribe("_INBOX."+leasebus.IdentityOf(bc)+".>", func(*nats.Msg) { seen.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	va.wait(t, "subscribing to another identity's inbox")
+
+	var vp violations
+	a2 := b.connectFile(t, b.holderFile("runner-a"), nats.ErrorHandler(vp.handler))
+	if err := a2.Publish("_INBOX."+leasebus.IdentityOf(bc)+".forged", []byte(`{"lease":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	vp.wait(t, "publishing into another identity's inbox")
+
+	cred := leasebus.NewCredential()
+	victim := leasebus.NewClient(bc)
+	l, err := victim.Acquire(ctx, leasebus.AcquireRequest{Repo: testRepo, Scope: claimOf(t, "services/billing"), Owner: leasebus.Owner{TaskID: "t", AgentID: "b", AttemptID: "att_b"}, TTL: leasebus.Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := victim.Renew(ctx, leasebus.RenewRequest{LeaseID: l.LeaseID, Repo: testRepo, Credential: cred, Version: l.Version}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := seen.Load(); n != 0 {
+		t.Fatalf("runner A heard %d of runner B's answers", n)
+	}
+}
+
+// TestRevokeOneIdentity: the operator revokes runner A's identity (bus
+// revoke-identity: its record removed, the server's users reloaded
+// without a restart). NATS closes A's connection at once and refuses it
+// on every reconnect; runner B, connected all along, keeps renewing.
+func TestRevokeOneIdentity(t *testing.T) {
+	b := startIDBus(t, "runner-a", "runner-b")
+	ctx := ctxOf(t)
+	fast := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(20 * time.Millisecond)}
+	a := b.connectFile(t, b.holderFile("runner-a"), fast...)
+	bc := b.connectFile(t, b.holderFile("runner-b"), fast...)
+
+	hold := func(nc *nats.Conn, path string, renewals *atomic.Int32, failures *atomic.Int32) *leasebus.Holder {
+		h, err := leasebus.NewClient(nc).AcquireAndHold(ctx, leasebus.AcquireRequest{Repo: testRepo, Scope: claimOf(t, path),
+			Owner: leasebus.Owner{TaskID: "t", AgentID: path, AttemptID: "att_" + path}, TTL: leasebus.Duration(1500 * time.Millisecond)},
+			leasebus.NewCredential(), leasebus.HoldOptions{OnRenew: func(_ time.Duration, err error) {
+				if err != nil {
+					failures.Add(1)
+				} else {
+					renewals.Add(1)
+				}
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(h.Stop)
+		return h
+	}
+	var aRenewed, aFailed, bRenewed, bFailed atomic.Int32
+	hold(a, "a", &aRenewed, &aFailed)
+	hb := hold(bc, "b", &bRenewed, &bFailed)
+
+	// Runner A's machine keeps its copy of the seed.
+	kept := filepath.Join(t.TempDir(), "runner-a.nk")
+	if data, err := os.ReadFile(b.holderFile("runner-a")); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(kept, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	id, ok, err := leasebus.FindIdentity(b.cfg.CredsDir, "runner-a")
+	if err != nil || !ok {
+		t.Fatalf("runner-a: %v %v", ok, err)
+	}
+	if err := leasebus.RemoveIdentity(b.cfg.CredsDir, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := ReloadUsers(b.srv, b.cfg); err != nil {
+		t.Fatal(err)
+	}
+	// Closed by the server at the reload (no waiting for a ping).
+	testutil.CheckFor(t, time.Second, 5*time.Millisecond, func() error {
+		if a.IsConnected() {
+			return errors.New("the revoked identity is still connected")
+		}
+		return nil
+	})
+	// And refused when it comes back, whatever it tries.
+	if _, err := leasebus.Dial(b.srv.ClientURL(), "test", leasebus.BusCreds{Path: kept, Source: "test", Role: leasebus.RoleHolder}); !errors.As(err, new(*leasebus.CredsRefusedError)) {
+		t.Fatalf("a new connection of the revoked identity: %v, want it refused", err)
+	}
+	if a.IsConnected() {
+		t.Fatal("the revoked identity reconnected")
+	}
+	// B was not touched: connected throughout, and renewing on.
+	from := bRenewed.Load()
+	testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if n := bRenewed.Load() - from; n < 3 {
+			return fmt.Errorf("runner B renewed %d times since the revoke, want 3", n)
+		}
+		return nil
+	})
+	if n := bFailed.Load(); n != 0 {
+		t.Fatalf("runner B's renewals failed %d times", n)
+	}
+	if st, err := hb.State(); st != leasebus.Held {
+		t.Fatalf("runner B's lease: %v %v, want held", st, err)
+	}
+	if a.IsConnected() {
+		t.Fatal("the revoked identity reconnected")
+	}
+}
+
+// TestEphemeralEnrolment: a run enrols an identity of its own with the
+// machine's enroller key. The enroller itself may do nothing else: no
+// lease request, no other inbox. Two enrolments are two identities; one
+// that leaves is disconnected and removed.
+func TestEphemeralEnrolment(t *testing.T) {
+	b := startIDBus(t)
+	ctx := ctxOf(t)
+	ids, err := ServeIdentities(b.svc, b.srv, b.cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ids.Stop)
+	var ve violations
+	enc := b.connectFile(t, filepath.Join(b.cfg.CredsDir, leasebus.CredsFile(leasebus.RoleEnroller)), nats.ErrorHandler(ve.handler))
+
+	one, err := leasebus.EnrollEphemeral(enc, "run-att_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, err := leasebus.EnrollEphemeral(enc, "run-att_2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if one.Nkey() == two.Nkey() || one.Name == two.Name {
+		t.Fatalf("two enrolments gave %s %s and %s %s", one.Name, one.Nkey(), two.Name, two.Nkey())
+	}
+	nc1, err := nats.Connect(b.srv.ClientURL(), one.Options()...)
+	if err != nil {
+		t.Fatalf("connect as the enrolled identity: %v", err)
+	}
+	defer nc1.Close()
+	if _, err := leasebus.NewClient(nc1).Acquire(ctx, leasebus.AcquireRequest{Repo: testRepo, Scope: claimOf(t, "x"),
+		Owner: leasebus.Owner{TaskID: "t", AgentID: "a", AttemptID: "att_1"}, TTL: leasebus.Duration(time.Minute)}, leasebus.NewCredential()); err != nil {
+		t.Fatalf("acquire as the enrolled identity: %v", err)
+	}
+
+	// The enroller key acts on no lease and hears nobody's answers.
+	if _, err := leasebus.NewClient(enc).Acquire(ctx, leasebus.AcquireRequest{Repo: testRepo, Scope: claimOf(t, "y"),
+		Owner: leasebus.Owner{TaskID: "t", AgentID: "e", AttemptID: "att_e"}, TTL: leasebus.Duration(time.Minute)}, leasebus.NewCredential()); !errors.Is(err, leasebus.ErrForbidden) {
+		t.Fatalf("acquire with the enroller key: %v, want %v", err, leasebus.ErrForbidden)
+	}
+	if _, err := enc.Subscribe("_INBOX."+one.Nkey()+".>", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	ve.wait(t, "the enroller subscribing to a run's inbox")
+
+	// Leaving removes the identity and closes its connection.
+	if err := one.Leave(nc1); err != nil {
+		t.Fatal(err)
+	}
+	testutil.CheckFor(t, time.Second, 5*time.Millisecond, func() error {
+		if nc1.IsConnected() {
+			return errors.New("the identity that left is still connected")
+		}
+		return nil
+	})
+	if _, ok, err := leasebus.FindIdentity(b.cfg.CredsDir, one.Nkey()); ok || err != nil {
+		t.Fatalf("the identity that left is still enrolled (%v)", err)
+	}
+	if _, err := nats.Connect(b.srv.ClientURL(), one.Options()...); !errors.Is(err, nats.ErrAuthorization) {
+		t.Fatalf("reconnect of the identity that left: %v, want %v", err, nats.ErrAuthorization)
+	}
+	// The other one is still there.
+	nc2, err := nats.Connect(b.srv.ClientURL(), two.Options()...)
+	if err != nil {
+		t.Fatalf("the other enrolled identity: %v", err)
+	}
+	nc2.Close()
+}
+
+// TestIdentitiesOnACluster: on a 3-node embedded cluster whose nodes share
+// one credentials directory, each node answers identity requests and
+// reloads its own users. A run's identity enrolled through one node is
+// admitted by every node; an identity the operator revokes is closed on
+// the node it is connected to and refused by every node, while another
+// identity's connection, on a third node, is not touched; and no node
+// lets one identity subscribe to another's inbox.
+func TestIdentitiesOnACluster(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "creds")
+	if _, err := leasebus.EnsureCreds(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"runner-a", "runner-b"} {
+		if _, _, err := leasebus.EnrollIdentity(dir, n, leasebus.RoleHolder, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addrs := make([]string, 6)
+	for i := range addrs {
+		addrs[i] = testutil.FreeAddr(t)
+	}
+	nodes := make([]*idBus, 3)
+	for i := range 3 {
+		var peers []string
+		for j := range 3 {
+			if j != i {
+				peers = append(peers, "nats://"+addrs[3+j])
+			}
+		}
+		cfg := leasebus.ServerConfig{Listen: addrs[i], StoreDir: t.TempDir(), CredsDir: dir, Name: fmt.Sprintf("fenceline-%d", i),
+			ClusterName: "fenceline-ids", ClusterListen: addrs[3+i], Routes: peers}
+		srv, err := StartServer(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+		nodes[i] = &idBus{srv: srv, cfg: cfg}
+	}
+	for _, n := range nodes {
+		n.svc = n.connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleService)))
+		ids, err := ServeIdentities(n.svc, n.srv, n.cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(ids.Stop)
+	}
+	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		for i, n := range nodes {
+			if r := n.srv.NumRoutes(); r < 2 {
+				return fmt.Errorf("node %d has %d routes", i, r)
+			}
+		}
+		return nil
+	})
+	// An ephemeral identity enrolled through node 0 is admitted by all.
+	enc := nodes[0].connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleEnroller)))
+	var run *leasebus.EphemeralIdentity
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		var err error
+		run, err = leasebus.EnrollEphemeral(enc, "run-att_cluster")
+		return err
+	})
+	for i, n := range nodes {
+		testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+			nc, err := nats.Connect(n.srv.ClientURL(), run.Options()...)
+			if err != nil {
+				return fmt.Errorf("node %d: %w", i, err)
+			}
+			nc.Close()
+			return nil
+		})
+	}
+
+	// A on node 1, B on node 2.
+	var va violations
+	a := nodes[1].connectFile(t, nodes[1].holderFile("runner-a"), nats.ErrorHandler(va.handler), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	bc := nodes[2].connectFile(t, nodes[2].holderFile("runner-b"))
+	if _, err := a.Subscribe("_INBOX."+leasebus.IdentityOf(bc)+".>", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	va.wait(t, "subscribing to another identity's inbox on a cluster")
+
+	kept := filepath.Join(t.TempDir(), "runner-a.nk")
+	if data, err := os.ReadFile(nodes[1].holderFile("runner-a")); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(kept, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	id, _, err := leasebus.FindIdentity(dir, "runner-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leasebus.RemoveIdentity(dir, id); err != nil {
+		t.Fatal(err)
+	}
+	// What `bus revoke-identity` does: an operator asks; every node reloads.
+	op := nodes[0].connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleOperator)))
+	if err := leasebus.ReloadIdentities(op); err != nil {
+		t.Fatal(err)
+	}
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if a.IsConnected() {
+			return errors.New("the revoked identity is still connected to node 1")
+		}
+		for i, n := range nodes {
+			if _, err := leasebus.Dial(n.srv.ClientURL(), "test", leasebus.BusCreds{Path: kept, Source: "test", Role: leasebus.RoleHolder}); !errors.As(err, new(*leasebus.CredsRefusedError)) {
+				return fmt.Errorf("node %d: a connection of the revoked identity: %v, want it refused", i, err)
+			}
+		}
+		return nil
+	})
+	if !bc.IsConnected() {
+		t.Fatal("runner B, on node 2, lost its connection to another identity's revoke")
+	}
+	if err := bc.Flush(); err != nil {
+		t.Fatalf("runner B: %v", err)
+	}
+}
