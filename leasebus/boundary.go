@@ -159,7 +159,7 @@ func (s *Service) recordBoundary(ctx context.Context, id string, ev AuditEvent) 
 	if ev.Time.IsZero() {
 		ev.Time = s.cfg.Now().UTC()
 	}
-	if err := s.writeEvent(ctx, auditSubjectFor(ev.Repo)+"."+ev.Boundary, ev); err != nil {
+	if err := s.writeEvent(ctx, eventsSubjectFor(ev.Repo, ev.Boundary, id), ev); err != nil {
 		return reply{Error: toWire(fmt.Errorf("%w: write audit event %s for %s: %v", ErrUnavailable, ev.Type, ev.Repo, err))}
 	}
 	return reply{}
@@ -171,7 +171,7 @@ func (s *Service) auditDropped(ctx context.Context) {
 	for id, d := range s.boundary.takeDropped() {
 		ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: EventRefused, Boundary: BoundaryBus, Repo: d.repo, Reason: ReasonRateLimited,
 			RequestedBy: s.name(id), Message: fmt.Sprintf("%s sent %d boundary events more than its %d a second: counted, not written one by one", s.name(id), d.n, boundaryRate)}
-		if err := s.writeBusEvent(ctx, ev); err != nil {
+		if err := s.writeBusEvent(ctx, id, ev); err != nil {
 			s.log.Warn("audit event of dropped boundary events not written", "identity", id, "dropped", d.n, "err", err)
 		}
 	}
