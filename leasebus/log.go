@@ -244,6 +244,7 @@ func (s *store) append(ctx context.Context, key string, expect uint64, rec *logR
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
 	start := time.Now()
 	seq, err := s.publish(ctx, msg)
+	err = streamFull(LogStream, err)
 	if s.metrics != nil {
 		s.metrics.appended(time.Since(start), casOr(err))
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -83,6 +84,30 @@ const (
 	// writer.
 	eventsPerWriter = 1024
 )
+
+// ErrLogFull: the lease log is at its size limit (streamBudgets), so
+// appends are refused (it drops nothing); it also matches ErrUnavailable.
+var ErrLogFull error = &storeError{"the lease log is at its size limit"}
+
+// errStreamStoreFailed is JetStream's "stream store failed", which it
+// answers (as "maximum bytes exceeded" or "maximum messages exceeded") to a
+// write past a DiscardNew stream's limits.
+const errStreamStoreFailed jetstream.ErrorCode = 10077
+
+// streamFull names err when it is stream's refusal of a write past its
+// limits (only the lease log's is ErrLogFull); else it returns err.
+func streamFull(stream string, err error) error {
+	var apiErr *jetstream.APIError
+	if err == nil || !errors.As(err, &apiErr) || apiErr.ErrorCode != errStreamStoreFailed || !strings.Contains(apiErr.Description, "maximum") {
+		return err
+	}
+	b := streamBudgets[stream]
+	if stream == LogStream {
+		return fmt.Errorf("%w (%s, about %d%% of what the store could reserve, at most %d MiB): lease writes are refused until snapshots purge it; give the bus a larger store: %v",
+			ErrLogFull, stream, b.share, b.max>>20, err)
+	}
+	return fmt.Errorf("%w: stream %s is at its size limit: %v", ErrUnavailable, stream, err)
+}
 
 // errStorageExceeded is JetStream's "insufficient storage resources
 // available": the server cannot reserve what a stream asks for.
@@ -321,7 +346,7 @@ func (s *Service) storeFault() error {
 // diagnose turns a failed write to the bus into what is wrong with the
 // store, when the probe or JetStream can tell; otherwise it returns err.
 func (s *Service) diagnose(ctx context.Context, err error) error {
-	if err == nil || errors.Is(err, errCAS) {
+	if err == nil || errors.Is(err, errCAS) || errors.Is(err, ErrLogFull) {
 		return err
 	}
 	if s.cfg.StoreProbe != nil {

@@ -172,3 +172,120 @@ func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 		_ = st
 	}
 }
+
+// A lease's refusals are rate-limited by the lease, not only by who sends
+// them: past its burst, one lease's events are counted, while the same
+// sender's events of another lease are still written one by one.
+func TestBoundaryEventsRateLimitedPerLease(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	aud, err := NewAuditor(connectAs(t, b.srv.ClientURL(), RoleHolder))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	written, limited := 0, 0
+	for i := range 3 * leaseBurst {
+		err := aud.Record(ctx, AuditEvent{Type: EventDenied, Boundary: BoundaryFile, Repo: repo, LeaseID: "lease_loud", Message: fmt.Sprintf("refusal %d", i)})
+		switch {
+		case err == nil:
+			written++
+		case errors.Is(err, ErrUnavailable) && strings.Contains(err.Error(), "faster than"):
+			limited++
+		default:
+			t.Fatal(err)
+		}
+	}
+	took := time.Since(start)
+	if most := leaseBurst + int(took.Seconds()*leaseRate) + 1; written > most || limited == 0 {
+		t.Fatalf("%d events of one lease written one by one in %s (at most %d), %d refused over its rate", written, took.Round(time.Millisecond), most, limited)
+	}
+	if err := aud.Record(ctx, AuditEvent{Type: EventDenied, Boundary: BoundaryFile, Repo: repo, LeaseID: "lease_quiet", Message: "another lease's refusal"}); err != nil {
+		t.Fatalf("another lease's event from the same sender: %v", err)
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.nc, repo, 0)
+		if err != nil {
+			return err
+		}
+		counted, quiet := false, false
+		for _, ev := range evs {
+			counted = counted || (ev.Reason == ReasonRateLimited && strings.Contains(ev.Message, fmt.Sprintf("sent %d boundary events more", limited)))
+			quiet = quiet || ev.LeaseID == "lease_quiet"
+		}
+		if !counted || !quiet {
+			return fmt.Errorf("the count of the %d dropped: %v; the other lease's event: %v", limited, counted, quiet)
+		}
+		return nil
+	})
+}
+
+// A lease log at its size limit refuses appends (it drops nothing) and
+// says so by name, in the answer and in the metrics. (What fills it here
+// is the server's answers to a holder's direct gets, sent onto the log's
+// subject as their reply: the log's subjects are not yet under "$JS.".)
+func TestLogAtItsLimitRefusesByName(t *testing.T) {
+	dir := testutil.Tmpfs(t, "32m")
+	b := &storeBus{bus: &bus{t: t, dir: filepath.Join(dir, "bus")}}
+	b.cfg.Metrics = NewServiceMetrics()
+	b.start()
+	t.Cleanup(b.stop)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, LogStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := st.CachedInfo().Config.MaxBytes
+	if size <= 0 || st.CachedInfo().Config.Discard != jetstream.DiscardNew {
+		t.Fatalf("lease log MaxBytes %d, discard %v: want a size, and new writes refused past it", size, st.CachedInfo().Config.Discard)
+	}
+	injector := connectAs(t, url, RoleHolder)
+	for _, n := range []int{60 << 10, 512} { // large answers, then small ones for what room is left
+		_, key := storeAt(t, url, make([]byte, n))
+		req, _ := json.Marshal(map[string]any{"last_by_subj": "$KV.FENCELINE_ATTEMPTS." + key})
+		for range int(size/int64(n))/4 + 200 {
+			if err := injector.PublishRequest("$JS.API.DIRECT.GET.KV_FENCELINE_ATTEMPTS", logSubjectFor("junk"), req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := injector.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+			info, err := st.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if info.State.Bytes+uint64(2*n) < uint64(size) {
+				return fmt.Errorf("the log holds %d of %d bytes", info.State.Bytes, size)
+			}
+			return nil
+		})
+	}
+	_, err = acquirePath(t, b.c, "a")
+	if !errors.Is(err, ErrLogFull) || !strings.Contains(err.Error(), "size limit") {
+		t.Fatalf("a grant on a full lease log: %v, want ErrLogFull", err)
+	}
+	fams, err := b.cfg.Metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := 0.0
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if f.GetName() == "fenceline_bus_appends_total" && l.GetName() == "result" && l.GetValue() == "full" {
+					full += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if full < 1 {
+		t.Fatalf("fenceline_bus_appends_total{result=\"full\"} = %v, want at least 1", full)
+	}
+}
