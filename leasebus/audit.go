@@ -70,7 +70,7 @@ const maxAuditEvents = 512
 const auditCatchUpEvery = 2 * time.Second
 
 // auditWriter writes the lease service's audit events: per repo, a chain
-// of messages on fenceline.audit.<repoKey>.lease, each covering the lease
+// of messages on AuditSubject.<repoKey>.lease, each covering the lease
 // log records after the previous message's up to its own LogSeq, each
 // appended with compare-and-swap on the subject's last sequence. See
 // "Audit" in the package documentation for why this is complete and

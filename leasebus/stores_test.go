@@ -289,3 +289,45 @@ func TestLogAtItsLimitRefusesByName(t *testing.T) {
 		t.Fatalf("fenceline_bus_appends_total{result=\"full\"} = %v, want at least 1", full)
 	}
 }
+
+// Events are kept per repo, boundary and writer: a viewer's reads once
+// shared one stream with everyone's events and the lease audit, which
+// dropped its oldest (3,000 lists made 3,000 events). Now a writer past
+// eventsPerWriter drops its own oldest, and another's stays.
+func TestOneWritersFloodDropsOnlyItsOwnEvents(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	opNC := connectAs(t, url, RoleOperator)
+	op := IdentityOf(opNC)
+	if _, err := NewClient(opNC).List(ctx, repo, false); err != nil {
+		t.Fatal(err)
+	}
+	viewer := NewClient(connectAs(t, url, RoleViewer))
+	for range eventsPerWriter + 100 {
+		if _, err := viewer.List(ctx, repo, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.nc, repo, 0)
+		if err != nil {
+			return err
+		}
+		mine, theirs := 0, 0
+		for _, ev := range evs {
+			switch {
+			case ev.Type != EventList:
+			case ev.RequestedBy == b.svc.name(op):
+				mine++
+			default:
+				theirs++
+			}
+		}
+		if mine != 1 || theirs != eventsPerWriter {
+			return fmt.Errorf("the operator's list: %d events (want 1); the viewer's %d lists: %d events (want the last %d)",
+				mine, eventsPerWriter+100, theirs, eventsPerWriter)
+		}
+		return nil
+	})
+}
