@@ -113,6 +113,21 @@ func streamFull(stream string, err error) error {
 // available": the server cannot reserve what a stream asks for.
 const errStorageExceeded jetstream.ErrorCode = 10047
 
+// noRoom reports whether err is JetStream's refusal of a stream it cannot
+// reserve the bytes of: on one server, insufficient storage; on a
+// cluster, no peers for placement because of it.
+func noRoom(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == errStorageExceeded ||
+		(apiErr.ErrorCode == errNoPeers && strings.Contains(apiErr.Description, "insufficient storage"))
+}
+
+// errNoPeers is JetStream's "no suitable peers for placement".
+const errNoPeers jetstream.ErrorCode = 10005
+
 // bound applies the stream's budget to cfg, with MaxBytes its share of
 // reservable (within its min and max).
 func bound(cfg jetstream.StreamConfig, reservable int64) jetstream.StreamConfig {
@@ -159,8 +174,7 @@ func ensureBounded(ctx context.Context, js jetstream.JetStream, cfgs []jetstream
 				return ensureBounded(ctx, js, cfgs)
 			}
 		}
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode == errStorageExceeded {
+		if noRoom(err) {
 			return fmt.Errorf("the bus's store cannot reserve %d MiB for stream %s (its least; %d MiB were reservable): give the store a larger volume (or JetStream a larger max_file): %w",
 				cfg.MaxBytes>>20, cfg.Name, reservable>>20, err)
 		}
@@ -180,19 +194,23 @@ func measureReservable(ctx context.Context, js jetstream.JetStream, replicas int
 	fits := func(n int64) (bool, error) {
 		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{"$JS.EVENT.FENCELINE.measure." + name},
 			Storage: jetstream.FileStorage, Replicas: replicas, MaxBytes: n})
-		var apiErr *jetstream.APIError
 		switch {
 		case err == nil:
 			if err := js.DeleteStream(ctx, name); err != nil {
 				return true, fmt.Errorf("delete stream %s: %w", name, err)
 			}
 			return true, nil
-		case errors.As(err, &apiErr) && apiErr.ErrorCode == errStorageExceeded:
+		case noRoom(err):
 			return false, nil
 		}
 		return false, fmt.Errorf("measure the bus's store: %w", err)
 	}
-	const most = 64 << 30 // more than every budget's max together
+	// Enough for every stream's max: no need to know more.
+	var most int64
+	for _, b := range streamBudgets {
+		most += b.max
+	}
+	most = most / 9 * 10
 	if ok, err := fits(most); ok || err != nil {
 		return most, err
 	}
