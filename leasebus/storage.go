@@ -125,6 +125,9 @@ func noRoom(err error) bool {
 		(apiErr.ErrorCode == errNoPeers && strings.Contains(apiErr.Description, "insufficient storage"))
 }
 
+// measurePrefix names the streams measureReservable makes.
+const measurePrefix = "FENCELINE_MEASURE_"
+
 // errNoPeers is JetStream's "no suitable peers for placement".
 const errNoPeers jetstream.ErrorCode = 10005
 
@@ -190,7 +193,20 @@ func ensureBounded(ctx context.Context, js jetstream.JetStream, cfgs []jetstream
 // (and at once deleting) a stream of that size: JetStream tells no client
 // its store limit, only whether a stream fits.
 func measureReservable(ctx context.Context, js jetstream.JetStream, replicas int) (int64, error) {
-	name := "FENCELINE_MEASURE_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	// A measuring stream an earlier try made and could not delete (its
+	// deadline passed) would hold its reservation for ever.
+	names := js.StreamNames(ctx)
+	for n := range names.Name() {
+		if strings.HasPrefix(n, measurePrefix) {
+			if err := js.DeleteStream(ctx, n); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				return 0, fmt.Errorf("delete stream %s: %w", n, err)
+			}
+		}
+	}
+	if err := names.Err(); err != nil {
+		return 0, fmt.Errorf("list streams: %w", err)
+	}
+	name := measurePrefix + strconv.FormatInt(time.Now().UnixNano(), 36)
 	fits := func(n int64) (bool, error) {
 		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{"$JS.EVENT.FENCELINE.measure." + name},
 			Storage: jetstream.FileStorage, Replicas: replicas, MaxBytes: n})

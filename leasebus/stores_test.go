@@ -51,7 +51,8 @@ func wantLeaseEvents(t *testing.T, nc *nats.Conn, repo string, l *Lease, types .
 func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 	dir := testutil.Tmpfs(t, "64m")
 	b := startStoreBus(t, filepath.Join(dir, "bus"))
-	ctx := ctxT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a flood takes its time on a busy machine
+	defer cancel()
 	url := b.srv.ClientURL()
 	const victimRepo = "github.com/acme/victim"
 	victim, err := b.c.Acquire(ctx, AcquireRequest{Repo: victimRepo, Scope: claim(t, "billing"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
@@ -336,4 +337,50 @@ func TestOneWritersFloodDropsOnlyItsOwnEvents(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A store made before the budget (streams without a size) gets its
+// budget when the service starts on it, and keeps its leases.
+func TestStreamsWithoutASizeGetTheirBudget(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	l, err := acquirePath(t, b.c, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{LogStream, shardPoolStream, shardAttemptStream} {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := st.CachedInfo().Config
+		cfg.MaxBytes, cfg.MaxMsgSize, cfg.Discard = -1, -1, jetstream.DiscardOld
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatalf("unbound %s: %v", name, err)
+		}
+	}
+	b.stop()
+	b.start("127.0.0.1:0")
+	if js, err = jetstream.New(b.nc); err != nil {
+		t.Fatal(err)
+	}
+	for name, budget := range streamBudgets {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := st.CachedInfo().Config
+		if cfg.MaxBytes < budget.min || cfg.MaxBytes > budget.max || cfg.MaxMsgSize != budget.maxMsgSize || cfg.Discard != budget.discard {
+			t.Errorf("%s: MaxBytes %d (want %d to %d), MaxMsgSize %d (want %d), discard %v (want %v)",
+				name, cfg.MaxBytes, budget.min, budget.max, cfg.MaxMsgSize, budget.maxMsgSize, cfg.Discard, budget.discard)
+		}
+	}
+	got, err := b.c.Get(ctx, l.LeaseID)
+	if err != nil || got.Status != StatusActive {
+		t.Fatalf("the lease after the restart: %v %v", got, err)
+	}
 }
