@@ -384,3 +384,87 @@ func TestStreamsWithoutASizeGetTheirBudget(t *testing.T) {
 		t.Fatalf("the lease after the restart: %v %v", got, err)
 	}
 }
+
+// On a 3-node cluster (R3 streams): every stream the service makes is
+// bounded, answers aimed at the audit's subjects are refused, and a
+// flood of a viewer's reads and a holder's boundary events leaves the
+// grant and the revoke of another lease in the audit.
+func TestClusterStoresBoundedAndLeaseAuditKept(t *testing.T) {
+	t.Parallel() // waits on elections: runs beside the others (own servers)
+	cl := startCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	svcNC := cl.connect(t)
+	sctx, scancel := context.WithTimeout(ctx, 60*time.Second)
+	svc, err := StartService(sctx, svcNC, ServiceConfig{Replicas: 3})
+	scancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Stop)
+	js, err := jetstream.New(svcNC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, budget := range streamBudgets {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := st.CachedInfo().Config
+		if cfg.Replicas != 3 || cfg.MaxBytes < budget.min || cfg.MaxBytes > budget.max || cfg.MaxMsgSize != budget.maxMsgSize {
+			t.Errorf("%s: replicas %d, MaxBytes %d (want %d to %d), MaxMsgSize %d", name, cfg.Replicas, cfg.MaxBytes, budget.min, budget.max, cfg.MaxMsgSize)
+		}
+	}
+	url := strings.Join(cl.urls, ",")
+	c := NewClient(svcNC)
+	victim, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewClient(connectAs(t, url, RoleOperator)).Revoke(ctx, victim.LeaseID, "before the flood"); err != nil {
+		t.Fatal(err)
+	}
+
+	_, key := storeAt(t, url, make([]byte, 60<<10))
+	refused := make(chan struct{}, 1)
+	injector := connectAs(t, url, RoleHolder, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if strings.Contains(err.Error(), "Permissions Violation for Publish with Reply") {
+			select {
+			case refused <- struct{}{}:
+			default:
+			}
+		}
+	}))
+	req, _ := json.Marshal(map[string]any{"last_by_subj": "$KV.FENCELINE_ATTEMPTS." + key})
+	for range 100 {
+		if err := injector.PublishRequest("$JS.API.DIRECT.GET.KV_FENCELINE_ATTEMPTS", serviceAuditSubject(RepoKey(repo)), req); err != nil {
+			break
+		}
+	}
+	_ = injector.Flush()
+	select {
+	case <-refused:
+	case <-ctx.Done():
+		t.Fatal("the cluster did not refuse a request whose reply is the lease audit's subject")
+	}
+	aud, err := NewAuditor(connectAs(t, url, RoleHolder))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+		_ = aud.Record(rctx, AuditEvent{Type: EventDenied, Boundary: BoundaryNet, Repo: repo, Message: fmt.Sprintf("flood %d %s", i, strings.Repeat("m", maxEventMessage))})
+		rcancel()
+	}
+	viewer := NewClient(connectAs(t, url, RoleViewer))
+	for range 200 {
+		if _, err := viewer.List(ctx, repo, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantLeaseEvents(t, svcNC, repo, victim, EventGrant, EventRevoked)
+	if _, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatalf("a grant after the flood: %v", err)
+	}
+}
