@@ -28,7 +28,7 @@ const (
 	BoundaryPostgres = "postgres"
 	BoundaryFile     = "file"
 	// BoundaryBus marks reads and sweeps asked of the lease service (on
-	// fenceline.audit.<repoKey>.bus; RepoKey("") for every repo).
+	// the events stream, boundary bus; RepoKey("") for every repo).
 	BoundaryBus = "bus"
 	// BoundaryNet marks a guarded agent's network reach refused: a connect,
 	// socket or proxy request outside what its policy allows.

@@ -31,9 +31,23 @@ const (
 	LogStream  = "FENCELINE_LOG"
 	logSubject = "fenceline.log"
 
-	// AuditStream holds audit events on fenceline.audit.<repoKey>.<boundary>.
-	AuditStream  = "FENCELINE_AUDIT"
-	AuditSubject = "fenceline.audit"
+	// AuditStream holds the lease service's own audit (grants, renewals'
+	// ends, releases, expiries, reclaims, revokes) on
+	// AuditSubject.<repoKey>.lease; EventsStream holds every other event
+	// (the boundaries' refusals, the bus's reads, sweeps and refusals) on
+	// EventsSubject.<repoKey>.<boundary>.<writer>, the writer being the
+	// identity that sent the event or caused it. Two streams, so that no
+	// volume of events evicts a grant or a revoke; both under "$JS.", which
+	// the server takes from no client as a reply subject (nor as a
+	// consumer's delivery subject), so that no one can have the server
+	// store its answers there. Only the lease service writes either. (Up
+	// to this layout every event was on FENCELINE_AUDIT,
+	// fenceline.audit.<repoKey>.<boundary>; a store made before keeps that
+	// stream, unread.)
+	AuditStream   = "FENCELINE_LEASE_AUDIT"
+	AuditSubject  = "$JS.EVENT.FENCELINE.audit"
+	EventsStream  = "FENCELINE_EVENTS"
+	EventsSubject = "$JS.EVENT.FENCELINE.events"
 )
 
 // AcquireRequest asks for a lease.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,11 +16,42 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-func auditSubjectFor(repo string) string { return AuditSubject + "." + RepoKey(repo) }
-
-// serviceAuditSubject carries the lease service's own events of a repo;
-// boundaries write to fenceline.audit.<repoKey>.<boundary>.
+// serviceAuditSubject carries the lease service's own events of a repo
+// (see AuditStream).
 func serviceAuditSubject(key string) string { return AuditSubject + "." + key + "." + BoundaryLease }
+
+// serviceWriter is the writer token of events no identity caused.
+const serviceWriter = "service"
+
+// eventsSubjectFor carries the events of repo at boundary that identity
+// writer sent or caused (see EventsStream): the events stream keeps at
+// most eventsPerWriter of each, so one writer's flood drops its own.
+func eventsSubjectFor(repo, boundary, writer string) string {
+	if !validIdentity(writer) {
+		writer = serviceWriter
+	}
+	return EventsSubject + "." + RepoKey(repo) + "." + boundary + "." + writer
+}
+
+// AuditSource is one stream of the audit and the subjects of it that
+// hold a repo's events.
+type AuditSource struct {
+	Stream, Filter string
+}
+
+// AuditSources are where the audit of repo (every repo when empty) is:
+// the lease service's lease events, then every other event. Readers merge
+// them by the time each message was stored.
+func AuditSources(repo string) []AuditSource {
+	key := "*"
+	if repo != "" {
+		key = RepoKey(repo)
+	}
+	return []AuditSource{
+		{Stream: AuditStream, Filter: AuditSubject + "." + key + "." + BoundaryLease},
+		{Stream: EventsStream, Filter: EventsSubject + "." + key + ".*.*"},
+	}
+}
 
 // auditDelay is how long the service gathers audit events before writing
 // them: one fsync for every event of that window. The events are already
@@ -38,7 +70,7 @@ const maxAuditEvents = 512
 const auditCatchUpEvery = 2 * time.Second
 
 // auditWriter writes the lease service's audit events: per repo, a chain
-// of messages on fenceline.audit.<repoKey>.lease, each covering the lease
+// of messages on AuditSubject.<repoKey>.lease, each covering the lease
 // log records after the previous message's up to its own LogSeq, each
 // appended with compare-and-swap on the subject's last sequence. See
 // "Audit" in the package documentation for why this is complete and
@@ -371,6 +403,7 @@ type msgGetRequest struct {
 type storedMessage struct {
 	Subject string
 	Seq     uint64
+	Time    time.Time // when the stream stored it
 	Data    []byte
 	Header  nats.Header
 }
@@ -395,10 +428,11 @@ func storedMsg(ctx context.Context, nc *nats.Conn, stream string, get msgGetRequ
 	var r struct {
 		Error   *jetstream.APIError `json:"error"`
 		Message *struct {
-			Subject string `json:"subject"`
-			Seq     uint64 `json:"seq"`
-			Hdrs    []byte `json:"hdrs"`
-			Data    []byte `json:"data"`
+			Subject string    `json:"subject"`
+			Seq     uint64    `json:"seq"`
+			Time    time.Time `json:"time"`
+			Hdrs    []byte    `json:"hdrs"`
+			Data    []byte    `json:"data"`
 		} `json:"message"`
 	}
 	if err := json.Unmarshal(resp.Data, &r); err != nil {
@@ -413,7 +447,7 @@ func storedMsg(ctx context.Context, nc *nats.Conn, stream string, get msgGetRequ
 	if r.Message == nil {
 		return nil, errors.New("the answer carries no message")
 	}
-	m := &storedMessage{Subject: r.Message.Subject, Seq: r.Message.Seq, Data: r.Message.Data, Header: nats.Header{}}
+	m := &storedMessage{Subject: r.Message.Subject, Seq: r.Message.Seq, Time: r.Message.Time, Data: r.Message.Data, Header: nats.Header{}}
 	if len(r.Message.Hdrs) > 0 {
 		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Hdrs); err != nil {
 			return nil, fmt.Errorf("decode headers of message %d: %w", m.Seq, err)
@@ -503,39 +537,53 @@ func (s *Service) syncAll(ctx context.Context) {
 }
 
 // ReadAudit returns the audit events of one repo (every repo when repo is
-// empty) in the order they were written, starting at stream sequence from.
-// It reads the stream's leader. Only the lease service writes the audit
-// stream (boundaries' events reach it through the service, see Auditor),
-// so only messages it wrote count, and an event on a boundary's subject
-// counts only as that boundary's: whoever has the server answer onto an
-// audit subject cannot make anything read as an event.
+// empty) in the order they were stored, starting at sequence from of each
+// of its streams (AuditSources: the lease audit and the events). It reads
+// the streams' leaders. Only the lease service writes them (boundaries'
+// events reach them through the service, see Auditor), so only messages
+// it wrote count, and an event on a boundary's subject counts only as
+// that boundary's.
 func ReadAudit(ctx context.Context, nc *nats.Conn, repo string, from uint64) ([]AuditEvent, error) {
-	filter := AuditSubject + ".>"
-	if repo != "" {
-		filter = auditSubjectFor(repo) + ".*"
+	type batch struct {
+		at  time.Time
+		evs []AuditEvent
 	}
-	var out []AuditEvent
-	for seq := max(from, 1); ; {
-		m, err := storedMsg(ctx, nc, AuditStream, msgGetRequest{Seq: seq, NextBySubject: filter})
-		if err != nil {
-			return out, fmt.Errorf("read audit stream %s at %d: %w", AuditStream, seq, err)
-		}
-		if m == nil {
-			return out, nil
-		}
-		seq = m.Seq + 1
-		boundary := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
-		if !serviceWrote(m.Header) {
-			continue // not the service's (see serviceWrote)
-		}
-		var b auditBatch
-		if err := json.Unmarshal(m.Data, &b); err != nil {
-			return out, fmt.Errorf("decode audit message %d: %w", m.Seq, err)
-		}
-		for _, ev := range b.Events {
-			if ev.Boundary == boundary || (boundary == BoundaryLease && ev.Boundary == "") {
-				out = append(out, ev)
+	var all []batch
+	for _, src := range AuditSources(repo) {
+		for seq := max(from, 1); ; {
+			m, err := storedMsg(ctx, nc, src.Stream, msgGetRequest{Seq: seq, NextBySubject: src.Filter})
+			if err != nil {
+				return nil, fmt.Errorf("read audit stream %s at %d: %w", src.Stream, seq, err)
 			}
+			if m == nil {
+				break
+			}
+			seq = m.Seq + 1
+			if !serviceWrote(m.Header) {
+				continue // not the service's (see serviceWrote)
+			}
+			boundary := BoundaryLease
+			if src.Stream == EventsStream {
+				toks := strings.Split(m.Subject, ".")
+				boundary = toks[len(toks)-2]
+			}
+			var b auditBatch
+			if err := json.Unmarshal(m.Data, &b); err != nil {
+				return nil, fmt.Errorf("decode audit message %d of %s: %w", m.Seq, src.Stream, err)
+			}
+			kept := b.Events[:0]
+			for _, ev := range b.Events {
+				if ev.Boundary == boundary || (boundary == BoundaryLease && ev.Boundary == "") {
+					kept = append(kept, ev)
+				}
+			}
+			all = append(all, batch{at: m.Time, evs: kept})
 		}
 	}
+	slices.SortStableFunc(all, func(a, b batch) int { return a.at.Compare(b.at) })
+	var out []AuditEvent
+	for _, b := range all {
+		out = append(out, b.evs...)
+	}
+	return out, nil
 }

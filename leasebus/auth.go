@@ -132,6 +132,7 @@ func grants(id string) map[Role]Grant {
 	viewer := Grant{
 		Publish: slices.Concat(ops(id, "get", "list"),
 			jsRead(AuditStream), jsConsume(AuditStream),
+			jsRead(EventsStream), jsConsume(EventsStream),
 			jsRead(shardPoolStream), jsRead(shardAttemptStream),
 			jsConsume(shardPoolStream), jsConsume(shardAttemptStream)),
 		Subscribe: []string{inbox, changed},
@@ -161,10 +162,11 @@ func grants(id string) map[Role]Grant {
 	operator.Publish = dedupe(operator.Publish)
 	service := Grant{
 		Publish: []string{
-			"fenceline.>", // lease requests and replies' announcements, the lease log, every audit subject
-			"_INBOX.>",    // answers to every identity's requests
-			"$JS.API.>",   // creates and reads its streams
-			"$JS.ACK." + LogStream + ".>", "$JS.ACK." + AuditStream + ".>",
+			"fenceline.>",           // lease requests and replies' announcements, the lease log
+			"$JS.EVENT.FENCELINE.>", // the lease audit and the events (see AuditStream)
+			"_INBOX.>",              // answers to every identity's requests
+			"$JS.API.>",             // creates and reads its streams
+			"$JS.ACK." + LogStream + ".>", "$JS.ACK." + AuditStream + ".>", "$JS.ACK." + EventsStream + ".>",
 			"$JS.FC.>",
 		},
 		Subscribe: []string{apiPrefix + ".>", identityPrefix + ".>", inbox},

@@ -42,6 +42,12 @@ const (
 	// counted and said in one event a second.
 	boundaryRate  = 20
 	boundaryBurst = 200
+	// leaseRate and leaseBurst bound the boundary events of one lease
+	// (its refusals, whoever sends them): an agent looping on a refused
+	// write is said once a second, its count in the event of the
+	// identity that sent them.
+	leaseRate  = 5
+	leaseBurst = 50
 )
 
 // boundaries are the boundaries whose events a writer may send.
@@ -104,44 +110,73 @@ func checkBoundaryEvent(ev *AuditEvent) error {
 	return nil
 }
 
-// boundaryLimits keeps each identity's rate of boundary events, and
-// counts what it drops.
+// boundaryLimits keeps the rate of boundary events of each identity and
+// of each lease, and counts what it drops.
 type boundaryLimits struct {
 	mu      sync.Mutex
-	limits  map[string]*rate.Limiter // by identity; guarded by mu
-	dropped map[string]dropped       // by identity; guarded by mu
+	limits  map[string]*rate.Limiter   // by identity; guarded by mu
+	leases  map[leaseKey]*rate.Limiter // guarded by mu
+	dropped map[string]dropped         // by identity; guarded by mu
 }
+
+// leaseKey names a lease in the limits: a lease id is unique only within
+// its repo as far as a writer says.
+type leaseKey struct{ repo, lease string }
 
 type dropped struct {
 	n    int
 	repo string // of the last event dropped
 }
 
-// allow reports whether identity id may write an event of repo now, and
-// counts it when it may not.
-func (b *boundaryLimits) allow(id, repo string) bool {
+// allow reports whether identity id may write an event of lease leaseID
+// (none: the event names no lease) of repo now, and counts it when it may
+// not. The identity's rate is asked first: the leases an identity names
+// are its choice, so only an identity within its rate adds one.
+func (b *boundaryLimits) allow(id, repo, leaseID string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.limits == nil {
-		b.limits, b.dropped = map[string]*rate.Limiter{}, map[string]dropped{}
+		b.limits, b.leases, b.dropped = map[string]*rate.Limiter{}, map[leaseKey]*rate.Limiter{}, map[string]dropped{}
 	}
 	l := b.limits[id]
 	if l == nil {
 		l = rate.NewLimiter(boundaryRate, boundaryBurst)
 		b.limits[id] = l
 	}
-	if l.Allow() {
-		return true
+	ok := l.Allow()
+	if ok && leaseID != "" {
+		k := leaseKey{repo, leaseID}
+		ll := b.leases[k]
+		if ll == nil {
+			ll = rate.NewLimiter(leaseRate, leaseBurst)
+			b.leases[k] = ll
+		}
+		ok = ll.Allow()
 	}
-	d := b.dropped[id]
-	b.dropped[id] = dropped{n: d.n + 1, repo: repo}
-	return false
+	if !ok {
+		d := b.dropped[id]
+		b.dropped[id] = dropped{n: d.n + 1, repo: repo}
+	}
+	return ok
 }
 
-// takeDropped returns and forgets what was dropped since the last call.
+// takeDropped returns and forgets what was dropped since the last call,
+// and forgets the limits that are full again (a limiter at its burst is a
+// new limiter).
 func (b *boundaryLimits) takeDropped() map[string]dropped {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	now := time.Now()
+	for id, l := range b.limits {
+		if l.TokensAt(now) >= boundaryBurst {
+			delete(b.limits, id)
+		}
+	}
+	for k, l := range b.leases {
+		if l.TokensAt(now) >= leaseBurst {
+			delete(b.leases, k)
+		}
+	}
 	out := b.dropped
 	b.dropped = map[string]dropped{}
 	return out
@@ -150,16 +185,16 @@ func (b *boundaryLimits) takeDropped() map[string]dropped {
 // recordBoundary writes a boundary event sent by identity id, once it is
 // within id's rate, and answers once the stream has acknowledged it.
 func (s *Service) recordBoundary(ctx context.Context, id string, ev AuditEvent) reply {
-	if !s.boundary.allow(id, ev.Repo) {
-		return reply{Error: toWire(fmt.Errorf("%w: %s writes boundary events faster than %d a second (bursts of %d): this one is counted, not written",
-			ErrUnavailable, s.name(id), boundaryRate, boundaryBurst))}
+	if !s.boundary.allow(id, ev.Repo, ev.LeaseID) {
+		return reply{Error: toWire(fmt.Errorf("%w: %s writes boundary events faster than %d a second (bursts of %d), or of lease %q faster than %d a second (bursts of %d): this one is counted, not written",
+			ErrUnavailable, s.name(id), boundaryRate, boundaryBurst, clip(ev.LeaseID, maxEventField), leaseRate, leaseBurst))}
 	}
 	boundEvent(&ev)
 	ev.RequestedBy = s.name(id)
 	if ev.Time.IsZero() {
 		ev.Time = s.cfg.Now().UTC()
 	}
-	if err := s.writeEvent(ctx, auditSubjectFor(ev.Repo)+"."+ev.Boundary, ev); err != nil {
+	if err := s.writeEvent(ctx, eventsSubjectFor(ev.Repo, ev.Boundary, id), ev); err != nil {
 		return reply{Error: toWire(fmt.Errorf("%w: write audit event %s for %s: %v", ErrUnavailable, ev.Type, ev.Repo, err))}
 	}
 	return reply{}
@@ -170,8 +205,8 @@ func (s *Service) recordBoundary(ctx context.Context, id string, ev AuditEvent) 
 func (s *Service) auditDropped(ctx context.Context) {
 	for id, d := range s.boundary.takeDropped() {
 		ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: EventRefused, Boundary: BoundaryBus, Repo: d.repo, Reason: ReasonRateLimited,
-			RequestedBy: s.name(id), Message: fmt.Sprintf("%s sent %d boundary events more than its %d a second: counted, not written one by one", s.name(id), d.n, boundaryRate)}
-		if err := s.writeBusEvent(ctx, ev); err != nil {
+			RequestedBy: s.name(id), Message: fmt.Sprintf("%s sent %d boundary events more than its %d a second (or a lease's %d a second): counted, not written one by one", s.name(id), d.n, boundaryRate, leaseRate)}
+		if err := s.writeBusEvent(ctx, id, ev); err != nil {
 			s.log.Warn("audit event of dropped boundary events not written", "identity", id, "dropped", d.n, "err", err)
 		}
 	}

@@ -32,7 +32,7 @@ func TestBoundaryEventsAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	big := strings.Repeat("x", 7<<20)
-	m := nats.NewMsg(auditSubjectFor(repo) + "." + BoundaryGit)
+	m := nats.NewMsg(eventsSubjectFor(repo, BoundaryGit, "forged"))
 	m.Header.Set(writerHeader, "forged")
 	m.Data = []byte(`{"events":[{"type":"denied","boundary":"git","repo":"` + repo + `","message":"` + big[:1<<20] + `"}]}`)
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)

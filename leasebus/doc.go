@@ -54,8 +54,9 @@
 // Every grant, release, expiry, reclaim, revoke and refusal the service
 // decides is an audit event inside the very log record that commits it: an
 // acknowledged operation's event is as durable as the operation. From
-// there, each repo's events go to the audit stream as a chain of messages
-// on fenceline.audit.<repoKey>.lease. A message carries the events of the
+// there, each repo's events go to the lease audit stream (AuditStream,
+// which holds nothing else) as a chain of messages on
+// $JS.EVENT.FENCELINE.audit.<repoKey>.lease. A message carries the events of the
 // log records (From, LogSeq] and is appended with
 // Nats-Expected-Last-Subject-Sequence set to the stream sequence of the
 // chain's previous message (whose LogSeq is From): it lands only directly
@@ -93,7 +94,8 @@
 //
 // The cost is what it was: one audit message per repo per 20 ms window, and
 // a read of the chain only after a lost race or an unknown outcome. One
-// limit: should the audit stream's retention (MaxAge, MaxBytes) drop a
+// limit: should the audit stream's retention (MaxAge, MaxBytes: only the
+// service's own lease events count against it, see streamBudgets) drop a
 // repo's newest chain message, the chain restarts from the records still
 // in the lease log, whose events are written again.
 //

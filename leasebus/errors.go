@@ -21,6 +21,7 @@ var codes = []struct {
 	{"not_found", ErrNotFound},
 	{"invalid", ErrInvalid},
 	{"store_full", ErrStoreFull}, // before unavailable: they wrap it
+	{"log_full", ErrLogFull},
 	{"store_read_only", ErrStoreReadOnly},
 	{"jetstream_down", ErrJetStreamDown},
 	{"unavailable", ErrUnavailable},

@@ -135,12 +135,14 @@ func ServiceWrote(h nats.Header) bool {
 	return h.Get(writerHeader) != "" && h.Get(jetstream.StreamHeader) == "" && h.Get(jetstream.SequenceHeader) == ""
 }
 
-// ensureStreams creates (or updates) the log and audit streams.
+// ensureStreams creates (or updates) the bus's streams: the lease log,
+// the lease audit, the events, and the shard store's buckets, each within
+// its budget (streamBudgets), the log first.
 func ensureStreams(ctx context.Context, js jetstream.JetStream, replicas int) error {
 	if replicas < 1 {
 		replicas = 1
 	}
-	cfgs := []jetstream.StreamConfig{{
+	return ensureBounded(ctx, js, []jetstream.StreamConfig{{
 		Name:              LogStream,
 		Description:       "fenceline lease log: per-repo deltas and snapshots, written with compare-and-swap",
 		Subjects:          []string{logSubject + ".>"},
@@ -154,42 +156,37 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, replicas int) er
 		AllowDirect: false,
 	}, {
 		Name:        AuditStream,
-		Description: "fenceline audit events: grants, releases, expiries, reclaims, refusals and denied writes",
-		Subjects:    []string{AuditSubject + ".>"},
+		Description: "fenceline lease audit: grants, releases, expiries, reclaims and revokes, written by the lease service alone",
+		Subjects:    []string{AuditSubject + ".*." + BoundaryLease},
 		Storage:     jetstream.FileStorage,
 		Replicas:    replicas,
 		Retention:   jetstream.LimitsPolicy,
 		MaxAge:      30 * 24 * time.Hour,
-		MaxBytes:    auditMaxBytes, // or what the store can reserve: ensureAuditStream
-		Discard:     jetstream.DiscardOld,
+		DenyDelete:  true,
+		DenyPurge:   true,
+		AllowDirect: true,
+	}, {
+		Name:        EventsStream,
+		Description: "fenceline events: the boundaries' refusals and denied writes, the bus's reads, sweeps and refusals; per repo, boundary and writer",
+		Subjects:    []string{EventsSubject + ".*.*.*"},
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      30 * 24 * time.Hour,
 		DenyDelete:  true,
 		DenyPurge:   true,
 		AllowDirect: true,
 	},
 		shardBucket(shardPoolStream, "fenceline shard pools, one record per repo", replicas),
 		shardBucket(shardAttemptStream, "fenceline attempts, one record per attempt", replicas),
-	}
-	for _, cfg := range cfgs {
-		var err error
-		if cfg.Name == AuditStream {
-			_, err = ensureAuditStream(ctx, js, cfg)
-		} else {
-			_, err = js.CreateOrUpdateStream(ctx, cfg)
-		}
-		if err != nil {
-			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
-		}
-	}
-	return nil
+	})
 }
 
 // Bounds of the shard store's buckets: a record's size, and how many
-// records each keeps (counts, not bytes: JetStream reserves a file
-// stream's MaxBytes against the store when it is made, which a small
-// volume cannot give every stream). Pools refuse a new repo past
-// shardMaxPools; attempts drop their oldest record past
-// shardMaxAttempts (each attempt's record is rewritten as it moves on,
-// so the oldest are settled ones).
+// records each keeps (and, in streamBudgets, their bytes). Pools refuse a
+// new repo past shardMaxPools or their size; attempts drop their oldest
+// record past shardMaxAttempts or their size (each attempt's record is
+// rewritten as it moves on, so the oldest are settled ones).
 const (
 	shardMaxValue    = 64 << 10
 	shardMaxPools    = 4096
@@ -201,12 +198,12 @@ const (
 // the right to create streams: an operator who may create a stream may
 // give it any subjects, the lease requests' included. Unlike a bucket
 // nats.go would make, it takes no rollups and no purges (a holder's one
-// Nats-Rollup: all publish once wiped a whole bucket), and its values and
-// its record count are bounded.
+// Nats-Rollup: all publish once wiped a whole bucket), and its values, its
+// record count and its bytes are bounded.
 func shardBucket(stream, desc string, replicas int) jetstream.StreamConfig {
-	maxMsgs, discard := int64(shardMaxPools), jetstream.DiscardNew
+	maxMsgs := int64(shardMaxPools)
 	if stream == shardAttemptStream {
-		maxMsgs, discard = shardMaxAttempts, jetstream.DiscardOld
+		maxMsgs = shardMaxAttempts
 	}
 	return jetstream.StreamConfig{
 		Name:              stream,
@@ -217,8 +214,6 @@ func shardBucket(stream, desc string, replicas int) jetstream.StreamConfig {
 		Retention:         jetstream.LimitsPolicy,
 		MaxMsgsPerSubject: 1,
 		MaxMsgs:           maxMsgs,
-		MaxMsgSize:        shardMaxValue,
-		Discard:           discard,
 		Duplicates:        2 * time.Minute,
 		DenyDelete:        true,
 		DenyPurge:         true,
@@ -249,6 +244,7 @@ func (s *store) append(ctx context.Context, key string, expect uint64, rec *logR
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
 	start := time.Now()
 	seq, err := s.publish(ctx, msg)
+	err = streamFull(LogStream, err)
 	if s.metrics != nil {
 		s.metrics.appended(time.Since(start), casOr(err))
 	}

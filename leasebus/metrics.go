@@ -1,6 +1,7 @@
 package leasebus
 
 import (
+	"errors"
 	"net/http"
 	"time"
 
@@ -20,7 +21,8 @@ import (
 //	fenceline_bus_request_seconds{op}        histogram: receipt to answer
 //	fenceline_bus_appends_total{result}      counter: lease-log appends (ok,
 //	                                         cas: another writer was first,
-//	                                         error)
+//	                                         full: the log is at its size
+//	                                         limit, error)
 //	fenceline_bus_append_seconds             histogram: one append, until the
 //	                                         store acknowledged it (fsync)
 //	fenceline_bus_active_leases              gauge: active leases, every repo
@@ -52,7 +54,7 @@ func NewServiceMetrics() *ServiceMetrics {
 		}, []string{"op"}),
 		appends: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fenceline_bus_appends_total",
-			Help: "Appends to a repo's lease log: ok, cas (another writer appended first), error.",
+			Help: "Appends to a repo's lease log: ok, cas (another writer appended first), full (the log is at its size limit), error.",
 		}, []string{"result"}),
 		appendT: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "fenceline_bus_append_seconds",
@@ -124,6 +126,8 @@ func (m *ServiceMetrics) appended(took time.Duration, err error) {
 		m.appendT.Observe(took.Seconds())
 	case err == errCAS:
 		m.appends.WithLabelValues("cas").Inc()
+	case errors.Is(err, ErrLogFull):
+		m.appends.WithLabelValues("full").Inc()
 	default:
 		m.appends.WithLabelValues("error").Inc()
 	}

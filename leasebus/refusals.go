@@ -117,7 +117,7 @@ func (s *Service) auditRefusal(ctx context.Context, r busRefusal, skipped int) {
 	if r.id != "" {
 		ev.RequestedBy = s.name(r.id)
 	}
-	if err := s.writeBusEvent(ctx, ev); err != nil {
+	if err := s.writeBusEvent(ctx, r.id, ev); err != nil {
 		s.log.Warn("audit event of a refusal by the bus not written", "refusal", r.what, "skipped", skipped, "err", err)
 	}
 }

@@ -808,7 +808,7 @@ func (s *Service) name(id string) string {
 const accessAuditTimeout = 2 * time.Second
 
 // auditAccess writes who asked for a list or a sweep of repo (every repo
-// when empty) to the audit stream, on fenceline.audit.<repoKey>.bus, after
+// when empty) to the events stream (boundary bus, writer id), after
 // the answer went out: a failed write is logged (reads fail open; what a
 // sweep reclaims is audited with the lease log's events anyway).
 func (s *Service) auditAccess(typ, repo, id string, swept []*Lease) {
@@ -828,16 +828,16 @@ func (s *Service) auditAccess(typ, repo, id string, swept []*Lease) {
 		}
 		ev.Message = fmt.Sprintf("sweep: %s swept %s; reclaimed %d %v", who, what, len(ids), ids)
 	}
-	if err := s.writeBusEvent(s.ctx, ev); err != nil {
+	if err := s.writeBusEvent(s.ctx, id, ev); err != nil {
 		s.log.Warn("audit event of a "+typ+" not written", "repo", repo, "requested_by", who, "err", err)
 	}
 }
 
 // writeBusEvent writes one event of the bus itself (a read, a sweep, a
-// refusal by NATS) to fenceline.audit.<repoKey>.bus, stamped as the
-// service's (see serviceWrote).
-func (s *Service) writeBusEvent(ctx context.Context, ev AuditEvent) error {
-	return s.writeEvent(ctx, auditSubjectFor(ev.Repo)+"."+BoundaryBus, ev)
+// refusal by NATS) that identity writer (none: the bus's own) caused, on
+// the events stream, stamped as the service's (see serviceWrote).
+func (s *Service) writeBusEvent(ctx context.Context, writer string, ev AuditEvent) error {
+	return s.writeEvent(ctx, eventsSubjectFor(ev.Repo, BoundaryBus, writer), ev)
 }
 
 // writeEvent writes one event to subject, stamped as the service's.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -16,55 +18,232 @@ import (
 
 // What the bus's store can hold, and what to say when it cannot.
 //
-// JetStream reserves a stream's MaxBytes against the server's store limit
-// when the stream is created, so a fixed 1 GiB audit stream cannot start
-// on a small volume at all. The audit stream asks for auditMaxBytes and
-// halves the request while the server says it has no room for it, down to
-// auditMinBytes; a stream that exists keeps the size it was created with
-// (shrinking it would drop old audit events).
+// Every stream the bus makes is bounded in bytes, in messages and in the
+// size of one message, here (streamBudgets) and nowhere else. JetStream
+// reserves a stream's MaxBytes against the server's store limit (its
+// max_file, by default three quarters of the volume's free space when the
+// server starts) when the stream is made, and refuses a stream it cannot
+// reserve for. So once every stream has a MaxBytes within that limit, no
+// stream can take another's room: the lease log's appends never fail
+// because boundary events, a viewer's reads or a holder's bucket values
+// filled the store. The lease service makes every stream (no other role
+// may), so there is no stream without a reservation.
 //
-// When a write finds the disk full, nats-server shuts JetStream down (it
-// stays down until the server restarts) and every later append goes
-// unanswered. The lease service then asks a StoreProbe what is wrong, so
-// that the client's refusal and the service's log name the store and the
-// fault instead of a timeout.
+// A stream the service makes gets its share of what the server can still
+// reserve, measured once at start (reservable), capped at the stream's
+// max and at least its min; a stream that exists keeps the size it was
+// made with (shrinking it would drop what it holds), except one made
+// before it had a size, which gets its share now.
+//
+// When a write finds the disk full anyway (something outside JetStream
+// filled the volume), nats-server shuts JetStream down (it stays down
+// until the server restarts) and every later append goes unanswered. The
+// lease service then asks a StoreProbe what is wrong, so that the
+// client's refusal and the service's log name the store and the fault
+// instead of a timeout.
+
+// streamBudget bounds one stream: share is its part (in percent) of what
+// the server can reserve, between min and max bytes; maxMsgSize bounds
+// one message, perSubject the messages of one subject (0: no bound).
+type streamBudget struct {
+	share      int64
+	min, max   int64
+	maxMsgSize int32
+	perSubject int64
+	discard    jetstream.DiscardPolicy
+}
+
+// streamBudgets are the bounds of every stream the bus makes. The shares
+// add up to 90: a tenth of what the server can reserve stays free (the
+// file store needs room beyond its messages to compact).
+//
+//   - the lease log refuses an append past its size (DiscardNew: a
+//     record is never dropped); snapshots purge what they cover, so it
+//     holds about one snapshot and the deltas since, per repo. A record
+//     is at most the server's payload limit (8 MiB embedded).
+//   - the lease audit keeps 30 days and drops its oldest past its size;
+//     only the service's own lease events are on it.
+//   - events (boundaries' refusals, the bus's reads and refusals) keep
+//     30 days, at most eventsPerWriter per repo, boundary and writer
+//     (so a writer's flood drops its own oldest events first), and drop
+//     their oldest past the stream's size.
+//   - the shard buckets hold one record per key of at most shardMaxValue
+//     (see shardBucket).
+var streamBudgets = map[string]streamBudget{
+	LogStream:          {share: 30, min: 2 << 20, max: 1 << 30, maxMsgSize: 8 << 20, discard: jetstream.DiscardNew},
+	AuditStream:        {share: 25, min: auditMinBytes, max: auditMaxBytes, maxMsgSize: 8 << 20, discard: jetstream.DiscardOld},
+	EventsStream:       {share: 20, min: 1 << 20, max: 512 << 20, maxMsgSize: maxEventRequest, perSubject: eventsPerWriter, discard: jetstream.DiscardOld},
+	shardPoolStream:    {share: 5, min: 1 << 20, max: 256 << 20, maxMsgSize: shardMaxValue, perSubject: 1, discard: jetstream.DiscardNew},
+	shardAttemptStream: {share: 10, min: 1 << 20, max: 1 << 30, maxMsgSize: shardMaxValue, perSubject: 1, discard: jetstream.DiscardOld},
+}
 
 const (
 	auditMaxBytes = 1 << 30
-	auditMinBytes = 4 << 20
+	auditMinBytes = 2 << 20
+	// eventsPerWriter bounds the events kept of one repo, boundary and
+	// writer.
+	eventsPerWriter = 1024
 )
+
+// ErrLogFull: the lease log is at its size limit (streamBudgets), so
+// appends are refused (it drops nothing); it also matches ErrUnavailable.
+var ErrLogFull error = &storeError{"the lease log is at its size limit"}
+
+// errStreamStoreFailed is JetStream's "stream store failed", which it
+// answers (as "maximum bytes exceeded" or "maximum messages exceeded") to a
+// write past a DiscardNew stream's limits.
+const errStreamStoreFailed jetstream.ErrorCode = 10077
+
+// streamFull names err when it is stream's refusal of a write past its
+// limits (only the lease log's is ErrLogFull); else it returns err.
+func streamFull(stream string, err error) error {
+	var apiErr *jetstream.APIError
+	if err == nil || !errors.As(err, &apiErr) || apiErr.ErrorCode != errStreamStoreFailed || !strings.Contains(apiErr.Description, "maximum") {
+		return err
+	}
+	b := streamBudgets[stream]
+	if stream == LogStream {
+		return fmt.Errorf("%w (%s, about %d%% of what the store could reserve, at most %d MiB): lease writes are refused until snapshots purge it; give the bus a larger store: %v",
+			ErrLogFull, stream, b.share, b.max>>20, err)
+	}
+	return fmt.Errorf("%w: stream %s is at its size limit: %v", ErrUnavailable, stream, err)
+}
 
 // errStorageExceeded is JetStream's "insufficient storage resources
 // available": the server cannot reserve what a stream asks for.
 const errStorageExceeded jetstream.ErrorCode = 10047
 
-// ensureAuditStream creates the audit stream with the largest MaxBytes the
-// server can reserve (at most cfg.MaxBytes), or updates an existing one
-// keeping its size.
-func ensureAuditStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
-	if s, err := js.Stream(ctx, cfg.Name); err == nil {
-		cfg.MaxBytes = s.CachedInfo().Config.MaxBytes
-		return js.UpdateStream(ctx, cfg)
-	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, err
+// noRoom reports whether err is JetStream's refusal of a stream it cannot
+// reserve the bytes of: on one server, insufficient storage; on a
+// cluster, no peers for placement because of it.
+func noRoom(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
 	}
-	want := cfg.MaxBytes
-	for {
-		s, err := js.CreateStream(ctx, cfg)
-		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			// Another service instance made it meanwhile, maybe with
-			// another size: keep that.
-			return ensureAuditStream(ctx, js, cfg)
-		}
-		var apiErr *jetstream.APIError
-		if err == nil || !errors.As(err, &apiErr) || apiErr.ErrorCode != errStorageExceeded {
-			return s, err
-		}
-		if cfg.MaxBytes/2 < auditMinBytes {
-			return nil, fmt.Errorf("the bus's store cannot hold even %d MiB of audit events (asked %d MiB first): give the store a larger volume: %w", cfg.MaxBytes>>20, want>>20, err)
-		}
-		cfg.MaxBytes /= 2
+	return apiErr.ErrorCode == errStorageExceeded ||
+		(apiErr.ErrorCode == errNoPeers && strings.Contains(apiErr.Description, "insufficient storage"))
+}
+
+// measurePrefix names the streams measureReservable makes.
+const measurePrefix = "FENCELINE_MEASURE_"
+
+// errNoPeers is JetStream's "no suitable peers for placement".
+const errNoPeers jetstream.ErrorCode = 10005
+
+// bound applies the stream's budget to cfg, with MaxBytes its share of
+// reservable (within its min and max).
+func bound(cfg jetstream.StreamConfig, reservable int64) jetstream.StreamConfig {
+	b := streamBudgets[cfg.Name]
+	cfg.MaxBytes = min(max(reservable/100*b.share, b.min), b.max)
+	cfg.MaxMsgSize = b.maxMsgSize
+	cfg.Discard = b.discard
+	if b.perSubject > 0 {
+		cfg.MaxMsgsPerSubject = b.perSubject
 	}
+	return cfg
+}
+
+// ensureBounded creates or updates the streams cfgs (in order) within
+// their budgets: a new stream, or one without a MaxBytes, gets its share
+// of what the server can reserve; an existing one keeps its size.
+func ensureBounded(ctx context.Context, js jetstream.JetStream, cfgs []jetstream.StreamConfig) error {
+	var reservable int64 = -1
+	for _, cfg := range cfgs {
+		s, err := js.Stream(ctx, cfg.Name)
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("look up stream %s: %w", cfg.Name, err)
+		}
+		if err == nil && s.CachedInfo().Config.MaxBytes > 0 {
+			cfg = bound(cfg, 0)
+			cfg.MaxBytes = s.CachedInfo().Config.MaxBytes
+			if _, err := js.UpdateStream(ctx, cfg); err != nil {
+				return fmt.Errorf("update stream %s: %w", cfg.Name, err)
+			}
+			continue
+		}
+		if reservable < 0 {
+			if reservable, err = measureReservable(ctx, js, cfg.Replicas); err != nil {
+				return err
+			}
+		}
+		cfg = bound(cfg, reservable)
+		if s != nil {
+			_, err = js.UpdateStream(ctx, cfg)
+		} else {
+			_, err = js.CreateStream(ctx, cfg)
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+				// Another service instance made it meanwhile: keep its size.
+				return ensureBounded(ctx, js, cfgs)
+			}
+		}
+		if noRoom(err) {
+			return fmt.Errorf("the bus's store cannot reserve %d MiB for stream %s (its least; %d MiB were reservable): give the store a larger volume (or JetStream a larger max_file): %w",
+				cfg.MaxBytes>>20, cfg.Name, reservable>>20, err)
+		}
+		if err != nil {
+			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
+		}
+	}
+	return nil
+}
+
+// measureReservable finds about how many bytes (within 1/32) the server
+// can still reserve for a file stream of replicas, by asking it to make
+// (and at once deleting) a stream of that size: JetStream tells no client
+// its store limit, only whether a stream fits.
+func measureReservable(ctx context.Context, js jetstream.JetStream, replicas int) (int64, error) {
+	// A measuring stream an earlier try made and could not delete (its
+	// deadline passed) would hold its reservation for ever.
+	names := js.StreamNames(ctx)
+	for n := range names.Name() {
+		if strings.HasPrefix(n, measurePrefix) {
+			if err := js.DeleteStream(ctx, n); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				return 0, fmt.Errorf("delete stream %s: %w", n, err)
+			}
+		}
+	}
+	if err := names.Err(); err != nil {
+		return 0, fmt.Errorf("list streams: %w", err)
+	}
+	name := measurePrefix + strconv.FormatInt(time.Now().UnixNano(), 36)
+	fits := func(n int64) (bool, error) {
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{"$JS.EVENT.FENCELINE.measure." + name},
+			Storage: jetstream.FileStorage, Replicas: replicas, MaxBytes: n})
+		switch {
+		case err == nil:
+			if err := js.DeleteStream(ctx, name); err != nil {
+				return true, fmt.Errorf("delete stream %s: %w", name, err)
+			}
+			return true, nil
+		case noRoom(err):
+			return false, nil
+		}
+		return false, fmt.Errorf("measure the bus's store: %w", err)
+	}
+	// Enough for every stream's max: no need to know more.
+	var most int64
+	for _, b := range streamBudgets {
+		most += b.max
+	}
+	most = most / 9 * 10
+	if ok, err := fits(most); ok || err != nil {
+		return most, err
+	}
+	lo, hi := int64(0), int64(most)
+	for hi-lo > max(hi>>5, 1<<20) {
+		mid := lo + (hi-lo)/2
+		ok, err := fits(mid)
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo, nil
 }
 
 // StoreProbe tells what is wrong with the bus's store, or nil when it finds
@@ -201,7 +380,7 @@ func (s *Service) storeFault() error {
 // diagnose turns a failed write to the bus into what is wrong with the
 // store, when the probe or JetStream can tell; otherwise it returns err.
 func (s *Service) diagnose(ctx context.Context, err error) error {
-	if err == nil || errors.Is(err, errCAS) {
+	if err == nil || errors.Is(err, errCAS) || errors.Is(err, ErrLogFull) {
 		return err
 	}
 	if s.cfg.StoreProbe != nil {

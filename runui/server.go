@@ -322,14 +322,18 @@ func ownRead(ev *leasebus.AuditEvent) bool {
 	return ev.Boundary == leasebus.BoundaryBus && ev.Type == leasebus.EventList
 }
 
-// auditStart is the stream sequence a backlog of about n events starts at
-// (a message may carry several events; a repo filter may thin it out).
+// auditStart is the sequence a backlog of about n events starts at in
+// each of the audit's streams (a message may carry several events; a repo
+// filter may thin it out): n before the end of the longer one.
 func (s *Server) auditStart(ctx context.Context, n int) (uint64, error) {
-	stream, err := s.js.Stream(ctx, leasebus.AuditStream)
-	if err != nil {
-		return 0, fmt.Errorf("open stream %s: %w", leasebus.AuditStream, err)
+	var last uint64
+	for _, src := range leasebus.AuditSources("") {
+		stream, err := s.js.Stream(ctx, src.Stream)
+		if err != nil {
+			return 0, fmt.Errorf("open stream %s: %w", src.Stream, err)
+		}
+		last = max(last, stream.CachedInfo().State.LastSeq)
 	}
-	last := stream.CachedInfo().State.LastSeq
 	if last <= uint64(n) {
 		return 1, nil
 	}
@@ -536,42 +540,60 @@ func (s *Server) snapshot(ctx context.Context, repo string) (*snapshot, error) {
 	return snap, nil
 }
 
-// followAudit pushes the audit events of repo to st in stream order: the
-// recent backlog, then every new one.
-func (s *Server) followAudit(ctx context.Context, repo string, st *stream) (jetstream.ConsumeContext, error) {
-	filter := leasebus.AuditSubject + ".>"
-	if repo != "" {
-		filter = leasebus.AuditSubject + "." + leasebus.RepoKey(repo) + ".*"
-	}
+// followAudit pushes the audit events of repo to st in stream order (of
+// each of the audit's streams): the recent backlog, then every new one.
+func (s *Server) followAudit(ctx context.Context, repo string, st *stream) (consumeAll, error) {
 	from, err := s.auditStart(ctx, s.cfg.AuditBacklog)
 	if err != nil {
 		return nil, err
 	}
-	cons, err := s.js.OrderedConsumer(ctx, leasebus.AuditStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{filter},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    from,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("audit consumer: %w", err)
-	}
-	return cons.Consume(func(m jetstream.Msg) {
-		if !leasebus.ServiceWrote(m.Headers()) {
-			return // only the lease service writes events (see leasebus.Auditor)
-		}
-		var b struct {
-			Events []leasebus.AuditEvent `json:"events"`
-		}
-		if err := json.Unmarshal(m.Data(), &b); err != nil {
-			s.log.Warn("run UI: undecodable audit message", "subject", m.Subject(), "err", err)
-			return
-		}
-		for i := range b.Events {
-			if !ownRead(&b.Events[i]) {
-				st.push("audit", &b.Events[i])
+	var all consumeAll
+	for _, src := range leasebus.AuditSources(repo) {
+		cons, err := s.js.OrderedConsumer(ctx, src.Stream, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{src.Filter},
+			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+			OptStartSeq:    from,
+		})
+		if err == nil {
+			var cc jetstream.ConsumeContext
+			if cc, err = cons.Consume(func(m jetstream.Msg) { s.pushAudit(m, st) }); err == nil {
+				all = append(all, cc)
 			}
 		}
-	})
+		if err != nil {
+			all.Stop()
+			return nil, fmt.Errorf("audit consumer of %s: %w", src.Stream, err)
+		}
+	}
+	return all, nil
+}
+
+// consumeAll are the consumers of the audit's streams.
+type consumeAll []jetstream.ConsumeContext
+
+func (c consumeAll) Stop() {
+	for _, cc := range c {
+		cc.Stop()
+	}
+}
+
+// pushAudit pushes the events of one audit message to st.
+func (s *Server) pushAudit(m jetstream.Msg, st *stream) {
+	if !leasebus.ServiceWrote(m.Headers()) {
+		return // only the lease service writes events (see leasebus.Auditor)
+	}
+	var b struct {
+		Events []leasebus.AuditEvent `json:"events"`
+	}
+	if err := json.Unmarshal(m.Data(), &b); err != nil {
+		s.log.Warn("run UI: undecodable audit message", "subject", m.Subject(), "err", err)
+		return
+	}
+	for i := range b.Events {
+		if !ownRead(&b.Events[i]) {
+			st.push("audit", &b.Events[i])
+		}
+	}
 }
 
 // stream buffers a client's pending events between the bus callbacks and
