@@ -25,6 +25,7 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -101,11 +102,11 @@ type Config struct {
 	// Transport for upstream requests (default: http.DefaultTransport's
 	// settings with large buffers).
 	Transport http.RoundTripper
-	// HookSecret signs the fence for the git server's pre-receive hook
-	// (fenceline hook install makes it). Without it the fence still
-	// travels, unsigned, and a hook that checks fences refuses the push
-	// saying the MAC is missing.
-	HookSecret []byte
+	// The fence sent to the git server's pre-receive hook is signed with
+	// the lease's git grant key, which Lease gives when it is a
+	// lease.Granter (a *leasebus.Holder is: the lease service hands the key
+	// to the acquirer). Without one the fence still travels, unsigned, and
+	// a hook that checks fences refuses the push saying the MAC is missing.
 	// BusTimeout bounds the bus reads of one decision (default 5 s).
 	BusTimeout time.Duration
 	// Git is the git binary (default "git" from PATH).
@@ -770,6 +771,17 @@ func (p *Proxy) refreshMirror(ctx context.Context, ps *push) error {
 	return err
 }
 
+// gitGrantKey is the git grant key of the proxy's lease, nil when its
+// source holds none.
+func (p *Proxy) gitGrantKey() []byte {
+	if g, ok := p.cfg.Lease.(lease.Granter); ok {
+		if k := g.GrantKeys(); k != nil {
+			return k.Git
+		}
+	}
+	return nil
+}
+
 // forward sends the push upstream: the client's commands and push
 // options plus the fence (as push options when the upstream takes them,
 // and as headers), then the pack exactly as received. The upstream's
@@ -782,7 +794,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ps *push, change
 			updates[i] = RefUpdate(c)
 		}
 		var err error
-		extra, err = FenceOptions(p.cfg.HookSecret, ps.lease, ps.fence, updates)
+		extra, err = FenceOptions(p.gitGrantKey(), ps.lease, ps.fence, updates)
 		if err != nil {
 			p.refuseAll(r.Context(), w, ps, refuse(ReasonBadPush, "cannot sign the fence: %v", err), "ok")
 			return

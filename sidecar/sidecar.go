@@ -53,9 +53,9 @@ type Config struct {
 	GitUpstreamHeader http.Header
 	// GitUpstreamCAFile is the CA bundle for an https upstream (default: system).
 	GitUpstreamCAFile string
-	// GitHookSecret signs the fence for the git server's pre-receive hook
-	// (from "fenceline hook install"); nil: pushes go out unsigned.
-	GitHookSecret []byte
+	// The git fence signs pushes for the git server's pre-receive hook
+	// with the lease's git grant key (Lease.GrantKeys, from the lease
+	// service); without one they go out unsigned.
 
 	// PGUpstream is the Postgres server (host:port, or the path of its Unix
 	// socket) the agent's database connections go to. Empty: no Postgres
@@ -291,7 +291,6 @@ func (s *Sidecar) startGit() error {
 		TempDir:        filepath.Join(s.cfg.StateDir, "tmp"),
 		UpstreamHeader: s.cfg.GitUpstreamHeader,
 		UpstreamCAFile: s.cfg.GitUpstreamCAFile,
-		HookSecret:     s.cfg.GitHookSecret,
 		Transport:      transport,
 		Logger:         s.log.With("boundary", "git"),
 	})
