@@ -360,7 +360,9 @@ func (h *Holder) State() (HolderState, error) {
 func (h *Holder) Lease() Lease {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.lease
+	l := h.lease
+	l.Grants = h.grants
+	return l
 }
 
 // Lost is closed once the lease is lost.

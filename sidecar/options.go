@@ -54,9 +54,9 @@ type FenceOptions struct {
 	PGUpstream string
 	// PGListen is where the Postgres fence listens. Option "pg-listen".
 	PGListen string
-	// PGSecretFile holds the fence-signing secret (pgproxy.LoadSecret);
-	// empty: pgproxy.DefaultSecretFile when that exists. Option
-	// "pg-secret-file".
+	// PGSecretFile is refused (ErrPGSecretGone): the Postgres fence signs
+	// with the grant key the lease service gives the lease's acquirer.
+	// Option "pg-secret-file".
 	PGSecretFile string
 	// PGAllowOpaque is Config.PGAllowOpaque (policy).
 	PGAllowOpaque bool
@@ -80,7 +80,6 @@ type FenceOptions struct {
 	// What Check parsed and read.
 	checked   bool
 	gitHeader http.Header
-	pgSecret  []byte
 	pgTLS     *tls.Config
 }
 
@@ -117,6 +116,11 @@ func (e *OptionError) Unwrap() error { return e.Err }
 // hold it; the lease service does, and gives each lease's acquirer a
 // grant key for that lease alone.
 var ErrHookSecretGone = errors.New("the sidecar no longer takes the repository's git hook secret (whoever holds it can mint any fence): register it with the lease bus instead, fenceline bus fence-secret set --repo REPO --git HOOK-SECRET-FILE, and the sidecar signs each push with the grant key the service gives its lease")
+
+// ErrPGSecretGone is the OptionError of "pg-secret-file": whoever holds the
+// database's fence secret can mint any fence for any table, so runners no
+// longer hold it.
+var ErrPGSecretGone = errors.New("the sidecar no longer takes the database's fence secret (whoever holds it can mint any fence): register it with the lease bus instead, fenceline bus fence-secret set --repo REPO --postgres SECRET-FILE, and the sidecar signs with the grant key the service gives its lease")
 
 // ErrPGTLSPair is the OptionError of "pg-tls-cert" given without
 // "pg-tls-key", or of "pg-tls-key" without "pg-tls-cert".
@@ -184,7 +188,10 @@ func (o *FenceOptions) checkGit() error {
 // checkPG checks the Postgres fence's options and reads its secret and
 // TLS files (or makes its self-signed certificate).
 func (o *FenceOptions) checkPG() error {
-	o.pgSecret, o.pgTLS = nil, nil
+	o.pgTLS = nil
+	if o.PGSecretFile != "" {
+		return &OptionError{Option: "pg-secret-file", Err: ErrPGSecretGone}
+	}
 	if o.PGUpstream == "" {
 		return nil
 	}
@@ -194,10 +201,7 @@ func (o *FenceOptions) checkPG() error {
 	if err := (&pgproxy.Config{Listen: o.PGListen}).Validate(); err != nil {
 		return &OptionError{Option: "pg-listen", Value: o.PGListen, Err: err}
 	}
-	secret, file, err := pgproxy.LoadSecret(o.PGSecretFile)
-	if err != nil {
-		return &OptionError{Option: "pg-secret-file", Value: file, Default: o.PGSecretFile == "", Err: err}
-	}
+	var err error
 	switch {
 	case o.PGTLSCertFile != "" && o.PGTLSKeyFile == "":
 		return &OptionError{Option: "pg-tls-key", Err: ErrPGTLSPair}
@@ -212,16 +216,14 @@ func (o *FenceOptions) checkPG() error {
 			return err
 		}
 	}
-	o.pgSecret = secret
 	return nil
 }
 
 // Config is the configuration of Start under the held lease, from what
 // Check read (Check runs first, with the lease's repository, when it has
-// not). The git fence signs pushes with the lease's git grant key
-// (lease.GrantKeys); without one they go out unsigned, and without a
-// Postgres secret, Postgres refuses writes to fenced tables: the caller
-// may want to warn.
+// not). The git and Postgres fences sign with the lease's grant keys
+// (lease.GrantKeys); without one pushes go out unsigned and Postgres
+// refuses writes to fenced tables: the caller may want to warn.
 func (o *FenceOptions) Config(lease *leasebus.Holder, bus *leasebus.Client, audit *leasebus.Auditor, log *slog.Logger) (Config, error) {
 	l := lease.Lease()
 	if !o.checked {
@@ -246,7 +248,6 @@ func (o *FenceOptions) Config(lease *leasebus.Holder, bus *leasebus.Client, audi
 		GitUpstreamCAFile: o.GitUpstreamCAFile,
 		PGUpstream:        o.PGUpstream,
 		PGListen:          o.PGListen,
-		PGSecret:          o.pgSecret,
 		PGAllowOpaque:     o.PGAllowOpaque,
 		PGTLS:             o.pgTLS,
 		AllowHosts:        o.AllowHosts,

@@ -139,21 +139,14 @@ func TestFenceOptionsCheckErrors(t *testing.T) {
 			option: "pg-upstream", value: "db.example.test", message: "host:port"},
 		{name: "pg-listen", opts: pg(FenceOptions{PGListen: "nope"}),
 			option: "pg-listen", value: "nope", message: "host:port"},
-		{name: "pg-secret-file-missing", opts: pg(FenceOptions{PGSecretFile: f.missing}),
-			option: "pg-secret-file", value: f.missing, is: os.ErrNotExist},
-		{name: "pg-secret-file-junk", opts: pg(FenceOptions{PGSecretFile: f.junk}),
-			option: "pg-secret-file", value: f.junk},
-		{name: "pg-secret-file-default", opts: pg(FenceOptions{}),
-			setup: func(t *testing.T) string {
-				write(t, pgproxy.DefaultSecretFile(), "abcd\n")
-				return pgproxy.DefaultSecretFile()
-			},
-			option: "pg-secret-file", def: true, message: "2 bytes"},
-		{name: "pg-tls-cert-alone", opts: pg(FenceOptions{PGSecretFile: f.pgSecretFile, PGTLSCertFile: f.tlsCert}),
+		// The database's secret mints any fence: runners no longer take it.
+		{name: "pg-secret-file-refused", opts: pg(FenceOptions{PGSecretFile: f.pgSecretFile}),
+			option: "pg-secret-file", is: ErrPGSecretGone},
+		{name: "pg-tls-cert-alone", opts: pg(FenceOptions{PGTLSCertFile: f.tlsCert}),
 			option: "pg-tls-key", is: ErrPGTLSPair},
-		{name: "pg-tls-key-alone", opts: pg(FenceOptions{PGSecretFile: f.pgSecretFile, PGTLSKeyFile: f.tlsKey}),
+		{name: "pg-tls-key-alone", opts: pg(FenceOptions{PGTLSKeyFile: f.tlsKey}),
 			option: "pg-tls-cert", is: ErrPGTLSPair},
-		{name: "pg-tls-junk", opts: pg(FenceOptions{PGSecretFile: f.pgSecretFile, PGTLSCertFile: f.junk, PGTLSKeyFile: f.tlsKey}),
+		{name: "pg-tls-junk", opts: pg(FenceOptions{PGTLSCertFile: f.junk, PGTLSKeyFile: f.tlsKey}),
 			option: "pg-tls-cert", value: f.junk},
 		// The hook secret mints any fence: runners no longer take it.
 		{name: "git-hook-secret-refused", opts: git(FenceOptions{GitHookSecretFile: f.hookFile}),
@@ -202,7 +195,7 @@ func TestFenceOptionsUnusedIgnored(t *testing.T) {
 	f := newOptionFiles(t)
 	write(t, pgproxy.DefaultSecretFile(), "junk\n")
 	opts := FenceOptions{AllowHosts: []string{"api.example.test"}, GitListen: "nope", PGListen: "nope",
-		PGSecretFile: f.missing, PGTLSCertFile: f.junk}
+		PGTLSCertFile: f.junk}
 	if err := opts.Check("github.com/acme/payments"); err != nil {
 		t.Fatalf("Check: %v", err)
 	}
@@ -232,7 +225,7 @@ func TestFenceOptionsConfig(t *testing.T) {
 		GitUpstreamCAFile:  f.ca.File,
 		AllowForcePush:     true,
 		PGUpstream:         "db.example.test:5432", PGListen: "127.0.0.1:0",
-		PGSecretFile: f.pgSecretFile, PGAllowOpaque: true,
+		PGAllowOpaque: true,
 		PGTLSCertFile: f.tlsCert, PGTLSKeyFile: f.tlsKey,
 		AllowHosts:    []string{"api.example.test"},
 		EgressResolve: []string{"api.example.test:443=127.0.0.1:8443"},
@@ -261,8 +254,8 @@ func TestFenceOptionsConfig(t *testing.T) {
 	if got := cfg.GitUpstreamHeader.Get("X-Env"); got != "from-env" {
 		t.Errorf("Config.GitUpstreamHeader X-Env = %q, want the environment's", got)
 	}
-	if cfg.PGUpstream != opts.PGUpstream || cfg.PGListen != "127.0.0.1:0" || !cfg.PGAllowOpaque || !bytes.Equal(cfg.PGSecret, f.pgSecret) {
-		t.Errorf("Config pg: upstream %q listen %q opaque %v secret %x", cfg.PGUpstream, cfg.PGListen, cfg.PGAllowOpaque, cfg.PGSecret)
+	if cfg.PGUpstream != opts.PGUpstream || cfg.PGListen != "127.0.0.1:0" || !cfg.PGAllowOpaque {
+		t.Errorf("Config pg: upstream %q listen %q opaque %v", cfg.PGUpstream, cfg.PGListen, cfg.PGAllowOpaque)
 	}
 	if cfg.PGTLS == nil || len(cfg.PGTLS.Certificates) != 1 || !bytes.Equal(cfg.PGTLS.Certificates[0].Certificate[0], f.certDER) {
 		t.Error("Config.PGTLS: not the certificate of the TLS files")
@@ -317,9 +310,6 @@ func TestFenceOptionsDefaults(t *testing.T) {
 	cfg, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if !bytes.Equal(cfg.PGSecret, secret) {
-		t.Errorf("Config: pg secret %x; want the default file's", cfg.PGSecret)
 	}
 	if cfg.PGTLS == nil || len(cfg.PGTLS.Certificates) != 1 {
 		t.Error("Config.PGTLS: want a self-signed certificate")

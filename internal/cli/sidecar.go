@@ -54,7 +54,8 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 	f.BoolVar(&ff.allowDelete, "allow-ref-delete", false, "let path leases delete refs (policy)")
 	f.StringVar(&ff.pgUpstream, "pg-upstream", "", "host:port of the agent's Postgres (or the absolute path of its Unix socket, e.g. /var/run/postgresql/.s.PGSQL.5432, on this machine); its connections go through the Postgres fence")
 	f.StringVar(&ff.pgListen, "pg-listen", "127.0.0.1:0", "address of the Postgres fence")
-	f.StringVar(&ff.pgSecretFile, "pg-secret-file", "", "fence-signing secret from \"fenceline pg install\" (default $XDG_STATE_HOME/fenceline/pg-secret.key when it exists)")
+	f.StringVar(&ff.pgSecretFile, "pg-secret-file", "", "refused: the database's fence secret goes to the lease bus (fenceline bus fence-secret set), which gives each lease a grant key")
+	_ = f.MarkHidden("pg-secret-file")
 	f.BoolVar(&ff.pgAllowOpaque, "pg-allow-opaque", false, "let writes whose tables cannot be named (DO, CALL, GRANT…) through under a live lease (policy)")
 	f.StringVar(&ff.pgTLSCert, "pg-tls-cert", "", "PEM certificate (chain) the Postgres fence offers clients that ask for TLS, with --pg-tls-key (default: a self-signed one made at start, so sslmode=require works; verify-ca/verify-full need yours)")
 	f.StringVar(&ff.pgTLSKey, "pg-tls-key", "", "PEM private key of --pg-tls-cert")
@@ -125,6 +126,8 @@ func (ff *fenceFlags) flagError(err error) error {
 		return usagef("--git-upstream-header (number %d): %v", he.N, he.Err)
 	case errors.Is(err, sidecar.ErrHookSecretGone):
 		return usagef("--git-hook-secret: %v", sidecar.ErrHookSecretGone)
+	case errors.Is(err, sidecar.ErrPGSecretGone):
+		return usagef("--pg-secret-file: %v", sidecar.ErrPGSecretGone)
 	case errors.Is(err, sidecar.ErrPGTLSPair):
 		return usagef("--pg-tls-cert and --pg-tls-key go together: give both, or neither for a self-signed certificate")
 	case oe.Option == "pg-tls-cert":
@@ -149,8 +152,9 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 		log.Warn("the lease service gave this lease no git grant key: pushes go out unsigned, and a git server with fenceline's pre-receive hook refuses them (register the repository's hook secret with the bus: fenceline bus fence-secret set --repo REPO --git HOOK-SECRET-FILE)",
 			"lease", held.holder.Lease().LeaseID, "repo", held.holder.Lease().Repo)
 	}
-	if cfg.PGUpstream != "" && cfg.PGSecret == nil {
-		log.Warn("no Postgres fence secret: writes to fenced tables will be rejected by Postgres (run fenceline pg install, or pass --pg-secret-file)")
+	if g := held.holder.GrantKeys(); cfg.PGUpstream != "" && (g == nil || g.Postgres == nil) {
+		log.Warn("the lease service gave this lease no Postgres grant key: writes to fenced tables will be rejected by Postgres (register the database's fence secret with the bus: fenceline bus fence-secret set --repo REPO --postgres SECRET-FILE)",
+			"lease", held.holder.Lease().LeaseID, "repo", held.holder.Lease().Repo)
 	}
 	return cfg, nil
 }
