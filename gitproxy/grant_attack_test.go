@@ -121,3 +121,31 @@ func (e *env) busView(id string) []*leasebus.Lease {
 	}
 	return append(all, got)
 }
+
+// TestProxyRefusesPushItCannotFence: when the lease has a git grant key
+// (the repository's hook checks fences) and the upstream does not
+// advertise push-options, the fence cannot travel: the proxy refuses the
+// push, naming why, instead of sending it without its fence.
+func TestProxyRefusesPushItCannotFence(t *testing.T) {
+	e := newEnv(t)
+	e.installHook(true) // a hook that lets unfenced pushes through: the worst case
+	mustGit(t, e.bare, "config", "receive.advertisePushOptions", "false")
+	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	dir := e.clone(e.proxy(l).URL)
+	before := e.upstreamRef("refs/heads/main")
+	e.commit(dir, "x", "services/billing/x.go", "x\n")
+	out := mustRefuse(t, dir, "does not advertise push-options", "origin", "main")
+	if !strings.Contains(out, l.Record.LeaseID) {
+		t.Fatalf("refusal does not name the lease:\n%s", out)
+	}
+	if e.upstreamRef("refs/heads/main") != before {
+		t.Fatal("a push the proxy could not fence landed")
+	}
+	var found bool
+	for _, ev := range e.audit() {
+		found = found || ev.Reason == ReasonBadPush && ev.LeaseID == l.Record.LeaseID && strings.Contains(ev.Message, "push-options")
+	}
+	if !found {
+		t.Fatal("the refusal is not audited")
+	}
+}

@@ -771,6 +771,33 @@ func (p *Proxy) refreshMirror(ctx context.Context, ps *push) error {
 	return err
 }
 
+// takesPushOptions reports whether the upstream's receive-pack
+// advertisement for repo offers push-options: as last relayed to a client,
+// else fetched now by the proxy itself (a client may push without the
+// advertisement passing through here first).
+func (p *Proxy) takesPushOptions(r *http.Request, repo string) bool {
+	if v, ok := p.pushOptions.Load(repo); ok {
+		return v == true
+	}
+	out, err := p.upstreamRequest(r, endpoint{repo: repo, service: serviceReceive, refs: true}, http.MethodGet, nil)
+	if err != nil {
+		return false
+	}
+	out.Header.Del("Content-Type")
+	resp, err := p.client.Do(out)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" {
+		return false
+	}
+	takes := advertisesPushOptions(body)
+	p.pushOptions.Store(repo, takes)
+	return takes
+}
+
 // gitGrantKey is the git grant key of the proxy's lease, nil when its
 // source holds none.
 func (p *Proxy) gitGrantKey() []byte {
@@ -788,7 +815,15 @@ func (p *Proxy) gitGrantKey() []byte {
 // answer goes back to the client unchanged.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ps *push, changes []refChange) {
 	var extra []string
-	if v, _ := p.pushOptions.Load(ps.repoPath); v == true || ps.req.has("push-options") {
+	takes := ps.req.has("push-options") || p.takesPushOptions(r, ps.repoPath)
+	if !takes && p.gitGrantKey() != nil {
+		// The lease has a git grant key: the repository's hook checks
+		// fences, and a push without one would be refused there or, worse,
+		// land unfenced past a hook that lets unfenced pushes through.
+		p.refuseAll(r.Context(), w, ps, refuse(ReasonBadPush, "cannot fence this push: the git server does not advertise push-options for %s, so the fence (lease %s, fence %d) cannot reach its pre-receive hook; set receive.advertisePushOptions=true on the server (fenceline hook install does)", ps.repoPath, ps.lease.LeaseID, ps.fence), "ok")
+		return
+	}
+	if takes {
 		updates := make([]RefUpdate, len(ps.req.Commands))
 		for i, c := range ps.req.Commands {
 			updates[i] = RefUpdate(c)
