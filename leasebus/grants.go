@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/fenceline/fenceline/lease"
 )
@@ -100,13 +102,48 @@ func (s *Service) grantKeys(l *Lease) *GrantKeys {
 	if dir == "" || !l.Active() {
 		return nil
 	}
-	git, gerr := readFenceSecret(dir, l.Repo, lease.StorageGit)
-	pg, perr := readFenceSecret(dir, l.Repo, lease.StoragePostgres)
-	keys, err := lease.GrantKeysFor(l, git, pg)
-	if err = errors.Join(gerr, perr, err); err != nil {
+	git, pg, err := s.secrets.get(dir, l.Repo)
+	var keys *GrantKeys
+	if err == nil {
+		keys, err = lease.GrantKeysFor(l, git, pg)
+	}
+	if err != nil {
 		s.log.Error("grant keys not made; the lease's storage will refuse its writes", "lease", l.LeaseID, "repo", l.Repo, "err", err)
 	}
 	return keys
+}
+
+// secretCache keeps what FenceSecretDir held when its modification time
+// was last seen, so an acquire or renewal reads the directory's inode, not
+// its files (WriteFenceSecret renames into it, which changes the time).
+type secretCache struct {
+	mu     sync.Mutex
+	mod    time.Time            // the directory's, when read; guarded by mu
+	byRepo map[string][2][]byte // repo -> git, postgres; guarded by mu
+	errs   map[string]error     // repo -> why its secrets cannot be read; guarded by mu
+}
+
+func (c *secretCache) get(dir, repo string) (git, pg []byte, err error) {
+	fi, err := os.Stat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !fi.ModTime().Equal(c.mod) || c.byRepo == nil {
+		c.mod, c.byRepo, c.errs = fi.ModTime(), map[string][2][]byte{}, map[string]error{}
+	}
+	if v, ok := c.byRepo[repo]; ok {
+		return v[0], v[1], c.errs[repo]
+	}
+	git, gerr := readFenceSecret(dir, repo, lease.StorageGit)
+	pg, perr := readFenceSecret(dir, repo, lease.StoragePostgres)
+	err = errors.Join(gerr, perr)
+	c.byRepo[repo], c.errs[repo] = [2][]byte{git, pg}, err
+	return git, pg, err
 }
 
 // answersWithGrants reports whether an answer of op goes to the lease's

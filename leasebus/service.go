@@ -95,6 +95,8 @@ type Service struct {
 	refusalsDropped atomic.Int64
 	// boundary bounds each identity's rate of boundary events.
 	boundary boundaryLimits
+	// secrets caches the storages' secrets of FenceSecretDir (grants.go).
+	secrets secretCache
 }
 
 // StartService creates the streams if needed, loads every repo's lease log
