@@ -151,17 +151,24 @@
 //
 // # Signed fences
 //
-// The hook believes a fence only when fenceline's side made it: the
-// options carry an HMAC-SHA256 under a per-repository secret that
-// InstallHook (fenceline hook install) creates in
-// <git-dir>/fenceline/hook.key (mode 0600, owned by the git server's user)
-// and that the sidecars hold (Config.HookSecret, --git-hook-secret);
-// agents never read it. The option is
+// The hook believes a fence only when the lease service granted it. A
+// per-repository secret, which InstallHook (fenceline hook install) creates
+// in <git-dir>/fenceline/hook.key (mode 0600, owned by the git server's
+// user), is held by the hook and the lease service alone (fenceline bus
+// fence-secret set); no sidecar, runner or agent holds it. For each grant
+// the service derives the lease's git grant key,
 //
-//	fenceline-mac=v1:<64 lowercase hex digits>
+//	grant key = lease.MAC(secret, lease.GitGrantMessage(repo, lease, owner, fence, claim))
 //
-// and the MAC (FenceOptions makes it) is over these bytes, every line
-// ending in "\n", values exactly as the other options carry them:
+// and gives it to the lease's acquirer alone; the sidecar signs with it
+// (FenceOptions), and the hook derives the same key from its secret and
+// the options. A runner's key signs only its own lease's fence, owner and
+// claim in its repository. The option is
+//
+//	fenceline-mac=v2:<64 lowercase hex digits>
+//
+// and the MAC, HMAC-SHA256 under the grant key, is over these bytes, every
+// line ending in "\n", values exactly as the other options carry them:
 //
 //	fenceline-git-fence v1
 //	repo <fenceline-repo>

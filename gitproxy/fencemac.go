@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -16,13 +15,18 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
 // A fence reaches the pre-receive hook as push options, and the hook
-// believes it only when it carries a MAC that only fenceline's side can
-// make: HMAC-SHA256 under a per-repository secret that the hook and the
-// sidecars hold and agents never see (doc.go has the exact bytes).
+// believes it only when the lease service granted it: the options carry
+// an HMAC-SHA256 under the lease's git grant key, which the service
+// derives from the repository's storage secret for that grant alone and
+// hands only to the lease's acquirer (lease.GitGrantKey). The hook holds
+// the storage secret, derives the grant key of the fence the options name
+// and verifies; runners and sidecars never hold the storage secret, so
+// they can sign only the fence they were granted (doc.go has the bytes).
 
 // Push options of a signed fence (besides OptionLease, OptionFence,
 // OptionRepo and OptionClaim).
@@ -35,8 +39,10 @@ const (
 
 // MACVersion is the version of the signed message this package makes and
 // the only one the hook accepts; a future format gets a new tag, and a
-// hook refuses a tag it does not know, naming it.
-const MACVersion = "v1"
+// hook refuses a tag it does not know, naming it. v2: the MAC's key is the
+// lease's git grant key (v1 signed with the repository's secret itself,
+// which every runner held).
+const MACVersion = "v2"
 
 // macDomain opens every v1 message, so a MAC made for something else under
 // the same key never verifies as a fence.
@@ -53,24 +59,26 @@ const minHookKeySize = 16
 type RefUpdate struct{ Old, New, Ref string }
 
 // FenceOptions returns the push options that carry lease l's fence to the
-// hook, signed with key: lease, fence, owner, repo, claim (when it fits in
-// one pkt-line) and the MAC over them and updates. Without a key there is
-// no MAC, and a hook refuses the push naming what is missing.
-func FenceOptions(key []byte, l leasebus.Lease, fence uint64, updates []RefUpdate) ([]string, error) {
+// hook, signed with grantKey, the lease's git grant key from the lease
+// service (lease.GrantKeys.Git): lease, fence, owner, repo, claim (when it
+// fits in one pkt-line, lease.GitClaim) and the MAC over them and updates.
+// Without a key there is no MAC, and a hook refuses the push naming what
+// is missing.
+func FenceOptions(grantKey []byte, l leasebus.Lease, fence uint64, updates []RefUpdate) ([]string, error) {
 	f := fenceFields{Repo: l.Repo, Lease: l.LeaseID, Owner: l.Owner.String(), Fence: strconv.FormatUint(fence, 10)}
 	opts := []string{OptionLease + "=" + f.Lease, OptionFence + "=" + f.Fence, OptionOwner + "=" + f.Owner, OptionRepo + "=" + f.Repo}
-	if b, err := json.Marshal(l.Scope); err == nil && len(b) < maxPktPayload-len(OptionClaim)-1 {
-		f.Claim = string(b)
+	if c := lease.GitClaim(l.Scope); c != "" {
+		f.Claim = c
 		opts = append(opts, OptionClaim+"="+f.Claim)
 	}
-	if len(key) == 0 {
+	if len(grantKey) == 0 {
 		return opts, nil
 	}
 	msg, err := fenceMessage(f, updates)
 	if err != nil {
 		return nil, err
 	}
-	return append(opts, OptionMAC+"="+MACVersion+":"+hex.EncodeToString(fenceMAC(key, msg))), nil
+	return append(opts, OptionMAC+"="+MACVersion+":"+hex.EncodeToString(fenceMAC(grantKey, msg))), nil
 }
 
 // fenceFields are the signed values, exactly as the options carry them
@@ -112,13 +120,23 @@ func fenceMAC(key, msg []byte) []byte {
 	return m.Sum(nil)
 }
 
-// verifyFenceMAC checks an OptionMAC value against msg in constant time.
-// A refusal says why: an unknown version, a malformed value, or a MAC that
-// does not match.
+// grantKeyOf derives, from the hook's storage secret, the git grant key of
+// the fence f names: the key the lease service gave that fence's acquirer.
+func grantKeyOf(secret []byte, f fenceFields) ([]byte, error) {
+	return lease.GitGrantKey(secret, f.Repo, f.Lease, f.Owner, f.Fence, f.Claim)
+}
+
+// verifyFenceMAC checks an OptionMAC value against msg in constant time,
+// under key, the grant key of the fence the options name. A refusal says
+// why: an unknown version, a malformed value, or a MAC that does not
+// match.
 func verifyFenceMAC(key, msg []byte, value string) error {
 	version, sum, ok := strings.Cut(value, ":")
 	if !ok {
 		return fmt.Errorf("malformed %s %q: want %s:<hex>", OptionMAC, clip(value), MACVersion)
+	}
+	if version == "v1" {
+		return fmt.Errorf("%s version v1 was signed with the repository's hook secret itself, which this hook no longer accepts from anyone: it takes only fences signed with a grant key from the lease service (%s); upgrade the sidecar, and register the hook secret with the bus (fenceline bus fence-secret set)", OptionMAC, MACVersion)
 	}
 	if version != MACVersion {
 		return fmt.Errorf("%s version %q is not one this hook knows (it knows %s): upgrade fenceline on the git server", OptionMAC, clip(version), MACVersion)
@@ -128,7 +146,7 @@ func verifyFenceMAC(key, msg []byte, value string) error {
 		return fmt.Errorf("malformed %s: want %d hex-encoded bytes", OptionMAC, sha256.Size)
 	}
 	if !hmac.Equal(got, fenceMAC(key, msg)) {
-		return errors.New("its MAC does not verify: it was not made with this repository's hook secret over this push's ref updates, repo, lease, fence and claim (forged, replayed from another push, or signed with another repository's secret)")
+		return errors.New("its MAC does not verify: it was not made with the grant key the lease service gave this lease for this fence, owner, claim and repo, over this push's ref updates (a fence the service never granted, a grant key used for another fence or claim, a replay from another push, or another repository's grant)")
 	}
 	return nil
 }

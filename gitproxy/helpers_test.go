@@ -84,8 +84,8 @@ type env struct {
 	bus  *bustest.Bus
 	gs   *gitServer
 	bare string // upstream bare repository
-	// hookKey, once installHook ran, is the repository's hook secret:
-	// proxies sign their fences with it.
+	// hookKey, once installHook ran, is the repository's hook secret (the
+	// storage secret: the hook's and the lease service's, no runner's).
 	hookKey []byte
 }
 
@@ -141,14 +141,13 @@ func (e *env) lease(claim []string, mode leasebus.WorkspaceMode) *bustest.Lease 
 func (e *env) proxy(lease LeaseSource, mutate ...func(*Config)) *httptest.Server {
 	e.t.Helper()
 	cfg := Config{
-		Upstream:   e.gs.url("payments.git"),
-		Lease:      lease,
-		Repo:       testRepo,
-		Bus:        e.bus.Client,
-		Audit:      e.bus.Auditor,
-		MirrorDir:  e.t.TempDir(),
-		TempDir:    e.t.TempDir(),
-		HookSecret: e.hookKey,
+		Upstream:  e.gs.url("payments.git"),
+		Lease:     lease,
+		Repo:      testRepo,
+		Bus:       e.bus.Client,
+		Audit:     e.bus.Auditor,
+		MirrorDir: e.t.TempDir(),
+		TempDir:   e.t.TempDir(),
 	}
 	for _, m := range mutate {
 		m(&cfg)

@@ -32,9 +32,10 @@ import (
 // higher fence on an overlapping path means the pusher's lease ended before
 // that push's lease was granted.
 //
-// The hook believes a fence only when its MAC verifies (fencemac.go, and
-// doc.go for the exact bytes): fences are minted by fenceline's side,
-// never by whoever can reach the server. A push with bad fence options is
+// The hook believes a fence only when its MAC verifies under the fence's
+// grant key, which the hook derives from its secret (fencemac.go, and
+// doc.go for the exact bytes): fences are granted by the lease service,
+// never minted by a runner or whoever can reach the server. A push with bad fence options is
 // refused before the table is read, so nothing it says is ever recorded.
 
 // HookConfig configures PreReceive.
@@ -180,7 +181,7 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 	}
 	mac, signed := opts[OptionMAC]
 	if !signed {
-		return deny(&HookError{Reason: HookUnsigned, Msg: fmt.Sprintf("it is not signed (no %s option): this server accepts fences only from a fenceline sidecar that holds this repository's hook secret (fenceline hook install prints where it is; give it to the sidecar with --git-hook-secret)", OptionMAC)})
+		return deny(&HookError{Reason: HookUnsigned, Msg: fmt.Sprintf("it is not signed (no %s option): this server accepts only fences the lease service granted, signed by the lease's fenceline sidecar with the grant key the service gave it (register this repository's hook secret with the bus: fenceline bus fence-secret set --repo REPO --git HOOK-SECRET-FILE)", OptionMAC)})
 	}
 	key := cfg.Key
 	if len(key) == 0 {
@@ -197,9 +198,14 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 	for i, c := range cmds {
 		updates[i] = RefUpdate(c)
 	}
-	msg, err := fenceMessage(fenceFields{Repo: repo, Lease: leaseID, Owner: owner, Fence: fenceStr, Claim: claimStr}, updates)
+	fields := fenceFields{Repo: repo, Lease: leaseID, Owner: owner, Fence: fenceStr, Claim: claimStr}
+	msg, err := fenceMessage(fields, updates)
+	var grant []byte
 	if err == nil {
-		err = verifyFenceMAC(key, msg, mac)
+		grant, err = grantKeyOf(key, fields)
+	}
+	if err == nil {
+		err = verifyFenceMAC(grant, msg, mac)
 	}
 	if err != nil {
 		return deny(&HookError{Reason: HookBadMAC, Msg: err.Error()})

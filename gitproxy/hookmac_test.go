@@ -13,17 +13,23 @@ import (
 	"testing"
 
 	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
 // installHook installs fenceline's pre-receive hook (the real binary) and
-// its secret in the test repository, the way "fenceline hook install" does;
-// the env's proxies sign with the secret from then on.
+// its secret in the test repository, the way "fenceline hook install" does,
+// and registers the secret with the lease service ("fenceline bus
+// fence-secret set"): leases acquired from then on get a git grant key,
+// which the env's proxies sign with.
 func (e *env) installHook(allowUnfenced bool) *Installed {
 	e.t.Helper()
 	bin := buildFenceline(e.t) // first: the build must not eat the install's 30 s
 	in, err := InstallHook(ctxT(e.t), HookInstall{GitDir: e.bare, Repo: testRepo, Fenceline: bin, AllowUnfenced: allowUnfenced})
 	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := leasebus.WriteFenceSecret(e.bus.FenceSecrets, testRepo, lease.StorageGit, in.Key); err != nil {
 		e.t.Fatal(err)
 	}
 	e.hookKey = in.Key
@@ -94,12 +100,25 @@ func (e *env) updateOf(dir string) RefUpdate {
 	return RefUpdate{Old: e.upstreamRef("refs/heads/main"), New: strings.TrimSpace(mustGit(e.t, dir, "rev-parse", "HEAD")), Ref: "refs/heads/main"}
 }
 
-// signed is what a sidecar holding key would send for l and updates.
-func signed(t *testing.T, key []byte, repo string, l *leasebus.Lease, updates ...RefUpdate) []string {
+// signed is what a sidecar would send for l and updates had the lease
+// service granted l in repo under the storage secret secret (the service
+// derives the grant key; the sidecar signs with it).
+func signed(t *testing.T, secret []byte, repo string, l *leasebus.Lease, updates ...RefUpdate) []string {
 	t.Helper()
 	signedFor := *l
 	signedFor.Repo = repo
-	opts, err := FenceOptions(key, signedFor, l.Fence, updates)
+	keys, err := lease.GrantKeysFor(&signedFor, secret, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return signedWith(t, keys.Git, &signedFor, l.Fence, updates...)
+}
+
+// signedWith is what a sidecar holding grantKey would send for l at fence
+// and updates.
+func signedWith(t *testing.T, grantKey []byte, l *leasebus.Lease, fence uint64, updates ...RefUpdate) []string {
+	t.Helper()
+	opts, err := FenceOptions(grantKey, *l, fence, updates)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +148,7 @@ func TestHookRefusesForgedFence(t *testing.T) {
 	before := e.upstreamRef("refs/heads/main")
 
 	out := mustRefuse(t, dir, "not signed", "-o", OptionLease+"=x", "-o", OptionFence+"=999999", server, "HEAD:main")
-	for _, want := range []string{`fence "999999" of lease "x"`, "[" + HookUnsigned + "]", "--git-hook-secret"} {
+	for _, want := range []string{`fence "999999" of lease "x"`, "[" + HookUnsigned + "]", "fence-secret set"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("refusal lacks %q:\n%s", want, out)
 		}
@@ -252,17 +271,20 @@ func TestHookAllowUnfenced(t *testing.T) {
 	}
 }
 
-// TestSidecarWithoutHookSecret: a sidecar that was not given the
-// repository's hook secret still fences pushes, and the hook refuses them
-// saying what is missing.
-func TestSidecarWithoutHookSecret(t *testing.T) {
+// TestSidecarWithoutGrantKey: a lease granted while the lease service held
+// no secret of the repository has no grant key; its sidecar still fences
+// pushes, and the hook refuses them saying what is missing.
+func TestSidecarWithoutGrantKey(t *testing.T) {
 	e := newEnv(t)
-	e.installHook(false)
 	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
-	dir := e.clone(e.proxy(l, func(c *Config) { c.HookSecret = nil }).URL)
+	e.installHook(false)
+	if l.GrantKeys() != nil {
+		t.Fatalf("a lease granted before the secret was registered has grant keys")
+	}
+	dir := e.clone(e.proxy(l).URL)
 	e.commit(dir, "x", "services/billing/x.go", "x\n")
 	out := mustRefuse(t, dir, "not signed (no "+OptionMAC+" option)", "origin", "main")
-	if !strings.Contains(out, l.Record.LeaseID) || !strings.Contains(out, "--git-hook-secret") {
+	if !strings.Contains(out, l.Record.LeaseID) || !strings.Contains(out, "fence-secret set") {
 		t.Fatalf("refusal does not name the lease and the missing secret:\n%s", out)
 	}
 	// The sidecar's own checks still run first.

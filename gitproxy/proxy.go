@@ -25,6 +25,7 @@ import (
 
 	"github.com/go-git/go-git/v5/plumbing"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -101,11 +102,11 @@ type Config struct {
 	// Transport for upstream requests (default: http.DefaultTransport's
 	// settings with large buffers).
 	Transport http.RoundTripper
-	// HookSecret signs the fence for the git server's pre-receive hook
-	// (fenceline hook install makes it). Without it the fence still
-	// travels, unsigned, and a hook that checks fences refuses the push
-	// saying the MAC is missing.
-	HookSecret []byte
+	// The fence sent to the git server's pre-receive hook is signed with
+	// the lease's git grant key, which Lease gives when it is a
+	// lease.Granter (a *leasebus.Holder is: the lease service hands the key
+	// to the acquirer). Without one the fence still travels, unsigned, and
+	// a hook that checks fences refuses the push saying the MAC is missing.
 	// BusTimeout bounds the bus reads of one decision (default 5 s).
 	BusTimeout time.Duration
 	// Git is the git binary (default "git" from PATH).
@@ -770,19 +771,65 @@ func (p *Proxy) refreshMirror(ctx context.Context, ps *push) error {
 	return err
 }
 
+// takesPushOptions reports whether the upstream's receive-pack
+// advertisement for repo offers push-options: as last relayed to a client,
+// else fetched now by the proxy itself (a client may push without the
+// advertisement passing through here first).
+func (p *Proxy) takesPushOptions(r *http.Request, repo string) bool {
+	if v, ok := p.pushOptions.Load(repo); ok {
+		return v == true
+	}
+	out, err := p.upstreamRequest(r, endpoint{repo: repo, service: serviceReceive, refs: true}, http.MethodGet, nil)
+	if err != nil {
+		return false
+	}
+	out.Header.Del("Content-Type")
+	resp, err := p.client.Do(out)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil || resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" {
+		return false
+	}
+	takes := advertisesPushOptions(body)
+	p.pushOptions.Store(repo, takes)
+	return takes
+}
+
+// gitGrantKey is the git grant key of the proxy's lease, nil when its
+// source holds none.
+func (p *Proxy) gitGrantKey() []byte {
+	if g, ok := p.cfg.Lease.(lease.Granter); ok {
+		if k := g.GrantKeys(); k != nil {
+			return k.Git
+		}
+	}
+	return nil
+}
+
 // forward sends the push upstream: the client's commands and push
 // options plus the fence (as push options when the upstream takes them,
 // and as headers), then the pack exactly as received. The upstream's
 // answer goes back to the client unchanged.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ps *push, changes []refChange) {
 	var extra []string
-	if v, _ := p.pushOptions.Load(ps.repoPath); v == true || ps.req.has("push-options") {
+	takes := ps.req.has("push-options") || p.takesPushOptions(r, ps.repoPath)
+	if !takes && p.gitGrantKey() != nil {
+		// The lease has a git grant key: the repository's hook checks
+		// fences, and a push without one would be refused there or, worse,
+		// land unfenced past a hook that lets unfenced pushes through.
+		p.refuseAll(r.Context(), w, ps, refuse(ReasonBadPush, "cannot fence this push: the git server does not advertise push-options for %s, so the fence (lease %s, fence %d) cannot reach its pre-receive hook; set receive.advertisePushOptions=true on the server (fenceline hook install does)", ps.repoPath, ps.lease.LeaseID, ps.fence), "ok")
+		return
+	}
+	if takes {
 		updates := make([]RefUpdate, len(ps.req.Commands))
 		for i, c := range ps.req.Commands {
 			updates[i] = RefUpdate(c)
 		}
 		var err error
-		extra, err = FenceOptions(p.cfg.HookSecret, ps.lease, ps.fence, updates)
+		extra, err = FenceOptions(p.gitGrantKey(), ps.lease, ps.fence, updates)
 		if err != nil {
 			p.refuseAll(r.Context(), w, ps, refuse(ReasonBadPush, "cannot sign the fence: %v", err), "ok")
 			return

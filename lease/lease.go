@@ -93,6 +93,10 @@ type Lease struct {
 	// EndedAt and Reason are set once the lease is no longer active.
 	EndedAt time.Time `json:"endedAt,omitzero"`
 	Reason  string    `json:"reason,omitempty"`
+	// Grants are the lease's grant keys (grant.go), set only on the answer
+	// to its acquirer's acquire or renewal: never stored, shown or sent
+	// anywhere else.
+	Grants *GrantKeys `json:"-"`
 }
 
 // Active reports whether the record grants anything.

@@ -483,7 +483,11 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 		if o.park != nil {
 			continue
 		}
-		if o.err == nil && o.leases == nil && o.lease != nil && o.c.msg != nil && o.c.reply == nil {
+		var grants *GrantKeys
+		if o.err == nil && o.lease != nil && answersWithGrants(o.c.op) {
+			grants = a.svc.grantKeys(&o.lease.Lease)
+		}
+		if grants == nil && o.err == nil && o.leases == nil && o.lease != nil && o.c.msg != nil && o.c.reply == nil {
 			// The common answer, from the record's cached JSON.
 			pub := o.lease.publicJSON()
 			data := make([]byte, 0, len(pub)+10)
@@ -492,7 +496,7 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 			answer(o.c.msg, data)
 			continue
 		}
-		r := reply{Error: toWire(o.err), Leases: o.leases}
+		r := reply{Error: toWire(o.err), Leases: o.leases, Grants: grants}
 		if o.lease != nil {
 			l := o.lease.Lease
 			r.Lease = &l

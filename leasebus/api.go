@@ -167,7 +167,10 @@ type sweepRequest struct {
 // asked without trusting anything in the request.
 
 type reply struct {
-	Lease  *Lease     `json:"lease,omitempty"`
+	Lease *Lease `json:"lease,omitempty"`
+	// Grants are the lease's grant keys, only in the answer to its
+	// acquirer's acquire or renewal (grants.go).
+	Grants *GrantKeys `json:"grants,omitempty"`
 	Leases []*Lease   `json:"leases,omitempty"`
 	Error  *wireError `json:"error,omitempty"`
 	// Age is how old the view a cached get answered from is (0: read now).

@@ -153,6 +153,7 @@ func (c *Client) leaseOp(ctx context.Context, op string, req any) (*Lease, error
 	if r.Lease == nil {
 		return nil, fmt.Errorf("%s: reply carries no lease", op)
 	}
+	r.Lease.Grants = r.Grants
 	return r.Lease, nil
 }
 
@@ -181,6 +182,7 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credentia
 			}
 		}
 		if err == nil {
+			r.Lease.Grants = r.Grants
 			return r.Lease, nil
 		}
 		if errors.Is(err, errNoService) {

@@ -97,9 +97,10 @@ type HoldOptions struct {
 // after missed pings, or never): that is a doubt like the others, settled
 // by a renewal.
 type Holder struct {
-	c    *Client
-	cred Credential
-	opts HoldOptions
+	c      *Client
+	cred   Credential
+	opts   HoldOptions
+	grants *GrantKeys // from the acquire or attach; never changes
 
 	mu         sync.Mutex
 	lease      Lease       // guarded by mu
@@ -228,7 +229,7 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 	if opts.Silence <= opts.Heartbeat {
 		return nil, fmt.Errorf("hold %s: %w: silence %s must be longer than the heartbeat %s", lease.LeaseID, ErrInvalid, opts.Silence, opts.Heartbeat)
 	}
-	h := &Holder{c: c, cred: cred, opts: opts, lease: *lease, state: Held,
+	h := &Holder{c: c, cred: cred, opts: opts, lease: *lease, grants: lease.Grants, state: Held,
 		validUntil: sent.Add(ttl - opts.Margin), lost: make(chan struct{}), heardAt: sent,
 		done: make(chan struct{}), beatDone: make(chan struct{}), kick: make(chan struct{}, 1), statusDone: make(chan struct{})}
 	if !lease.Active() {
@@ -400,7 +401,9 @@ func (h *Holder) State() (HolderState, error) {
 func (h *Holder) Lease() Lease {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.lease
+	l := h.lease
+	l.Grants = h.grants
+	return l
 }
 
 // Lost is closed once the lease is lost.

@@ -43,6 +43,11 @@ type ServiceConfig struct {
 	// Metrics, when set, counts requests, appends and queues (one Service
 	// per ServiceMetrics).
 	Metrics *ServiceMetrics
+	// FenceSecretDir holds the repositories' storage secrets
+	// (WriteFenceSecret), from which the service derives each lease's
+	// grant keys for its acquirer (grants.go); empty: it grants no keys,
+	// and storages that check fences refuse every fenced write.
+	FenceSecretDir string
 }
 
 // Validate reports a configuration that cannot work.
@@ -90,6 +95,8 @@ type Service struct {
 	refusalsDropped atomic.Int64
 	// boundary bounds each identity's rate of boundary events.
 	boundary boundaryLimits
+	// secrets caches the storages' secrets of FenceSecretDir (grants.go).
+	secrets secretCache
 }
 
 // StartService creates the streams if needed, loads every repo's lease log

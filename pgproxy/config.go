@@ -48,11 +48,12 @@ type Config struct {
 	Lease LeaseSource
 	// Audit records every refused write; nil records nothing.
 	Audit Auditor
-	// Secret is the fence-signing key that "fenceline pg install" created
-	// (Install returns it). Without it the proxy still refuses writes the
-	// lease does not allow, but Postgres rejects every write to a fenced
-	// table (the token cannot be signed).
-	Secret []byte
+	// Fence tokens are signed with the lease's Postgres grant key, which
+	// Lease gives when it is a lease.Granter (a *leasebus.Holder is: the
+	// lease service derives it from the database's secret, which the proxy
+	// never holds, and gives it to the lease's acquirer). Without one the
+	// proxy still refuses writes the lease does not allow, but Postgres
+	// rejects every write to a fenced table (the token cannot be signed).
 	// TLS terminates TLS for clients that send SSLRequest; nil answers 'N'
 	// (clients with sslmode=prefer then continue in plaintext).
 	TLS *tls.Config
@@ -104,9 +105,6 @@ func (c *Config) Validate() error {
 	}
 	if c.StartupTimeout < 0 || c.DialTimeout < 0 || c.AuditTimeout < 0 || c.LeaseCheckInterval < 0 {
 		return errors.New("pgproxy config: timeouts must not be negative")
-	}
-	if c.Secret != nil && len(c.Secret) < 16 {
-		return fmt.Errorf("pgproxy config: Secret has %d bytes: want the key from \"fenceline pg install\" (32 bytes)", len(c.Secret))
 	}
 	return nil
 }

@@ -120,11 +120,16 @@
 // sequence, fenceline.epoch_<relid>, listed in table fenceline.epoch) and a
 // statement trigger on each table (INSERT, UPDATE, DELETE, TRUNCATE; COPY
 // FROM and MERGE fire them too). The token is
-// "v4:" fence ":" hex(lease) ":" session ":," (hex(schema) "." (hex(table) |
+// "v5:" fence ":" hex(lease) ":" session ":," (hex(schema) "." (hex(table) |
 // "*") ",")+ ":" hex(sha256(k || sha256(k || payload))) (see MakeToken),
 // where session is the number of the server connection it was made for (see
-// Trust). A write is refused with SQLSTATE 40001 when the token is missing,
-// malformed or forged, 40001 when it is bound to another connection, 42501
+// Trust) and k is the lease's grant key: the lease service derives it from
+// the database's secret for that lease, fence and tables and gives it to the
+// lease's acquirer alone; the trigger derives it again from the token and
+// compares in constant time. The proxy never holds the secret, so a runner
+// can sign only the fence and tables it was granted. A write is refused
+// with SQLSTATE 40001 when the token is missing, malformed or forged (also:
+// not granted), 40001 when it is bound to another connection, 42501
 // when its tables do not cover the table, and 40001 when its fence is below
 // the table's epoch; a higher fence raises the epoch.
 //

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Names of what "fenceline pg install" creates.
@@ -40,13 +40,23 @@ const raiseLockTimeout = "2s"
 
 // tokenVersion starts every token; the trigger refuses anything else. v4
 // binds the token to the connection it was made for (its session number).
-const tokenVersion = "v4"
+const tokenVersion = "v5" // v5: the MAC's key is the lease's grant key, the tables sorted
 
-// MakeToken signs a fence token for a lease, bound to one server connection:
+// MakeToken signs a fence token for a lease, bound to one server connection,
+// with grantKey, the lease's Postgres grant key from the lease service
+// (lease.GrantKeys.Postgres):
 //
-//	payload = "v4:" fence ":" hex(lease) ":" session ":," (table ",")+
+//	payload = "v5:" fence ":" hex(lease) ":" session ":" tables
+//	tables  = "," (table ",")+, sorted, no repeats (lease.PostgresTables)
 //	table   = hex(schema) "." (hex(name) | "*")
-//	token   = payload ":" hex(sha256(secret || sha256(secret || payload)))
+//	token   = payload ":" hex(sha256(k || sha256(k || payload)))
+//	k       = sha256(secret || sha256(secret || grant message))
+//
+// where secret is the database's fenceline.secret and the grant message is
+// lease.PostgresGrantMessage of the token's lease, fence and tables fields:
+// the trigger derives k from the token itself and its secret, so a token
+// verifies only for the lease, fence and tables the lease service granted.
+// The proxy never holds the secret, only k.
 //
 // session is the connection's session number, what fenceline.bind_session()
 // returned on it (see BindSession): Postgres accepts the token only on the
@@ -57,7 +67,7 @@ const tokenVersion = "v4"
 // table with one strpos of ",schema.name," over the whole token (no other
 // field holds a comma or a dot). Postgres verifies the MAC with its built-in
 // sha256().
-func MakeToken(secret []byte, leaseID string, fence uint64, session int64, tables []string) (string, error) {
+func MakeToken(grantKey []byte, leaseID string, fence uint64, session int64, tables []string) (string, error) {
 	if fence > math.MaxInt64 {
 		return "", fmt.Errorf("fence token %d does not fit a Postgres bigint", fence)
 	}
@@ -72,23 +82,14 @@ func MakeToken(secret []byte, leaseID string, fence uint64, session int64, table
 	b = hex.AppendEncode(b, []byte(leaseID))
 	b = append(b, ':')
 	b = strconv.AppendInt(b, session, 10)
-	b = append(b, ':', ',')
-	for _, t := range tables {
-		s, n, err := SplitTable(t)
-		if err != nil {
-			return "", err
-		}
-		b = hex.AppendEncode(b, []byte(s))
-		b = append(b, '.')
-		if n == "*" {
-			b = append(b, '*')
-		} else {
-			b = hex.AppendEncode(b, []byte(n))
-		}
-		b = append(b, ',')
+	b = append(b, ':')
+	field, err := lease.PostgresTables(tables)
+	if err != nil {
+		return "", err
 	}
+	b = append(b, field...)
 	payload := string(b)
-	return payload + ":" + tokenMAC(secret, payload), nil
+	return payload + ":" + tokenMAC(grantKey, payload), nil
 }
 
 // bindSessionSQL gives the connection it runs on a session number: a new
@@ -117,25 +118,7 @@ func tokenMAC(secret []byte, payload string) string {
 // SplitTable splits a normalized table claim ("schema.table", "schema.*",
 // quoted identifiers allowed) into its raw schema and table names; the table
 // is "*" for a wildcard.
-func SplitTable(t string) (schemaName, table string, err error) {
-	norm, err := scope.NormalizeTable(t)
-	if err != nil {
-		return "", "", err
-	}
-	s, rest, err := readIdent(norm)
-	if err != nil || !strings.HasPrefix(rest, ".") {
-		return "", "", fmt.Errorf("table %q: want schema.table", t)
-	}
-	rest = rest[1:]
-	if rest == "*" {
-		return s, "*", nil
-	}
-	n, rest, err := readIdent(rest)
-	if err != nil || rest != "" {
-		return "", "", fmt.Errorf("table %q: want schema.table", t)
-	}
-	return s, n, nil
-}
+func SplitTable(t string) (schemaName, table string, err error) { return lease.SplitTable(t) }
 
 // fenceTable attaches the fence to one table (a quoted schema.table): its
 // epoch row and sequence (carrying over an epoch recorded by an earlier
@@ -240,31 +223,6 @@ func upgradeFenced(ctx context.Context, tx pgx.Tx, owner string) error {
 
 // quoteLiteral quotes s as an SQL string literal.
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-
-// readIdent reads one identifier of a normalized name: bare (as is) or
-// double-quoted with "" for a quote.
-func readIdent(s string) (ident, rest string, err error) {
-	if !strings.HasPrefix(s, `"`) {
-		i := strings.IndexByte(s, '.')
-		if i < 0 {
-			return s, "", nil
-		}
-		return s[:i], s[i:], nil
-	}
-	var b strings.Builder
-	for i := 1; i < len(s); i++ {
-		if s[i] == '"' {
-			if i+1 < len(s) && s[i+1] == '"' {
-				b.WriteByte('"')
-				i++
-				continue
-			}
-			return b.String(), s[i+1:], nil
-		}
-		b.WriteByte(s[i])
-	}
-	return "", "", errors.New("unterminated quoted identifier")
-}
 
 // tokenHashBytesSQL is the SQL expression for the session mark of token tok:
 // the first eight bytes of sha256(tok), every name qualified, because the
@@ -394,6 +352,7 @@ DECLARE
 	tabs    text;
 	hsch    text;
 	k       bytea;
+	gk      bytea; -- the grant key of the token's lease, fence and tables
 	f       bigint;
 	lease   text;
 	cur     bigint;
@@ -413,15 +372,25 @@ BEGIN
 			USING ERRCODE = '40001',
 			HINT = 'fenced tables accept writes only through a fenceline proxy that holds a live lease claiming them';
 	END IF;
-	IF n < 73 OR left(tok, 3) <> 'v4:' OR substr(tok, n - 64, 1) <> ':' THEN
+	IF n < 73 OR left(tok, 3) <> 'v5:' OR substr(tok, n - 64, 1) <> ':' OR right(tok, 64) !~ '^[0-9a-f]{64}$' THEN
 		RAISE EXCEPTION 'fenceline: malformed fence token on %.%', quote_ident(sch), quote_ident(tab)
 			USING ERRCODE = '40001', HINT = 'the proxy and "fenceline pg install" must be the same version';
 	END IF;
 	payload := left(tok, n - 65);
 	SELECT s.key INTO k FROM fenceline.secret s WHERE s.id = 1;
-	IF k IS NULL OR right(tok, 64) <> encode(sha256(k || sha256(k || convert_to(payload, 'UTF8'))), 'hex') THEN
-		RAISE EXCEPTION 'fenceline: forged or foreign fence token on %.%', quote_ident(sch), quote_ident(tab)
-			USING ERRCODE = '40001';
+	-- The grant key the lease service derived for this lease, fence and
+	-- tables (lease.PostgresGrantMessage), then the token's MAC under it,
+	-- compared in constant time: hashes under the secret of both sides, so
+	-- where they first differ says nothing of the MAC.
+	gk := sha256(k || sha256(k || convert_to('fenceline-grant v1' || chr(10) || 'storage postgres' || chr(10) ||
+		'lease ' || split_part(payload, ':', 3) || chr(10) || 'fence ' || split_part(payload, ':', 2) || chr(10) ||
+		'tables ' || split_part(payload, ':', 5) || chr(10), 'UTF8')));
+	IF k IS NULL OR sha256(k || decode(right(tok, 64), 'hex')) <> sha256(k || sha256(gk || sha256(gk || convert_to(payload, 'UTF8')))) THEN
+		RAISE EXCEPTION 'fenceline: forged fence token of lease % (fence %) on %.%: the lease service did not grant it (its MAC does not verify under the grant key of that lease, fence and tables)',
+			CASE WHEN split_part(payload, ':', 3) ~ '^([0-9a-f]{2})+$' THEN convert_from(decode(split_part(payload, ':', 3), 'hex'), 'UTF8') ELSE '?' END,
+			split_part(payload, ':', 2), quote_ident(sch), quote_ident(tab)
+			USING ERRCODE = '40001',
+			HINT = 'a fence token is good only for the lease, fence and tables it was granted for; forged, or signed with another lease''s grant key';
 	END IF;
 	f := split_part(payload, ':', 2)::bigint;
 	lease := convert_from(decode(split_part(payload, ':', 3), 'hex'), 'UTF8');

@@ -17,6 +17,8 @@ import (
 	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
+	leasepkg "github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -204,10 +206,52 @@ func (f *fenceDB) agent(t testing.TB) *pgx.Conn { return connect(t, pg.DSN("agen
 // admin connects to the database as the superuser.
 func (f *fenceDB) admin(t testing.TB) *pgx.Conn { return connect(t, pg.AdminDSN(f.db)) }
 
-// proxy starts a proxy that signs with this database's secret.
+// proxy starts a proxy whose lease holds a grant key for this database
+// (see granted).
 func (f *fenceDB) proxy(t testing.TB, cfg Config) *Proxy {
-	cfg.Secret = f.secret
+	granted(t, &cfg, f.secret)
 	return startProxy(t, cfg)
+}
+
+// granted gives cfg's lease a Postgres grant key derived from secret, as
+// the lease service does when the database's secret is registered with
+// it, unless it has one: a static lease derives it from its record, a
+// frozen record gets it, and a holder from a bus that has no secret
+// registered is wrapped (heldWithGrant).
+func granted(t testing.TB, cfg *Config, secret []byte) {
+	t.Helper()
+	if g, ok := cfg.Lease.(lease.Granter); ok && g.GrantKeys() != nil && g.GrantKeys().Postgres != nil {
+		return
+	}
+	switch l := cfg.Lease.(type) {
+	case *staticLease:
+		l.mu.Lock()
+		l.secret = secret
+		l.mu.Unlock()
+	case leasebus.Frozen:
+		keys, err := lease.GrantKeysFor(&l.Record, nil, secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Record.Grants = keys
+		cfg.Lease = l
+	case *leasebus.Holder:
+		cfg.Lease = heldWithGrant{l, secret}
+	}
+}
+
+// heldWithGrant is a holder whose grant keys are derived from the
+// database's secret here, as the lease service would have had the secret
+// been registered with it.
+type heldWithGrant struct {
+	*leasebus.Holder
+	secret []byte
+}
+
+func (h heldWithGrant) GrantKeys() *lease.GrantKeys {
+	l := h.Holder.Lease()
+	keys, _ := lease.GrantKeysFor(&l, nil, h.secret)
+	return keys
 }
 
 // via connects to the database through p as user.
@@ -243,9 +287,22 @@ func (f *fenceDB) resetEpoch(t testing.TB, table string) {
 
 // staticLease is a lease whose state the test sets.
 type staticLease struct {
-	mu    sync.Mutex
-	lease leasebus.Lease
-	err   error
+	mu     sync.Mutex
+	lease  leasebus.Lease
+	err    error
+	secret []byte // the database's: GrantKeys derives the lease's grant key
+}
+
+// GrantKeys are the grant keys the lease service would give the lease as
+// it is now.
+func (l *staticLease) GrantKeys() *lease.GrantKeys {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.secret == nil {
+		return nil
+	}
+	keys, _ := lease.GrantKeysFor(&l.lease, nil, l.secret)
+	return keys
 }
 
 // fences makes every static lease's fence higher than all before it: the
@@ -311,9 +368,7 @@ func startProxy(t testing.TB, cfg Config) *Proxy {
 	if cfg.Upstream == "" {
 		cfg.Upstream = pg.Addr()
 	}
-	if cfg.Secret == nil {
-		cfg.Secret = plpgsql.secret
-	}
+	granted(t, &cfg, plpgsql.secret)
 	p, err := Listen(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -330,7 +385,11 @@ func mustToken(t testing.TB, key []byte, c *pgx.Conn, lease string, fence uint64
 	if c != nil {
 		session = sessionOf(t, c)
 	}
-	tok, err := MakeToken(key, lease, fence, session, tables)
+	gk, err := leasepkg.PostgresGrantKey(key, lease, fence, tables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := MakeToken(gk, lease, fence, session, tables)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Proxy is a running Postgres wire fence. Close stops it.
@@ -40,7 +42,7 @@ type Proxy struct {
 
 type backendKey struct{ pid, secret uint32 }
 
-var errNoSecret = errors.New(`no fence secret configured: the proxy needs the key "fenceline pg install" wrote`)
+var errNoSecret = errors.New(`the lease service gave this lease no Postgres grant key: register the database's fence secret (from "fenceline pg install") with the bus, fenceline bus fence-secret set --repo REPO --postgres FILE`)
 
 // Listen starts a proxy on cfg.Listen in front of cfg.Upstream. It returns
 // once the listener is open; connections are served until Close or until
@@ -226,6 +228,17 @@ func (p *Proxy) knownKey(k backendKey) bool {
 	return p.keys[k]
 }
 
+// grantKey is the Postgres grant key of the proxy's lease, nil when its
+// source holds none.
+func (p *Proxy) grantKey() []byte {
+	if g, ok := p.cfg.Lease.(lease.Granter); ok {
+		if k := g.GrantKeys(); k != nil {
+			return k.Postgres
+		}
+	}
+	return nil
+}
+
 // token returns the fence token for the lease at fence, bound to session
 // number session. Tokens are made per session (each connection has its
 // own); a token that cannot be made is logged once per lease and fence.
@@ -237,8 +250,8 @@ func (p *Proxy) token(l leaseInfo, session int64) (string, error) {
 		return "", p.tokErr
 	}
 	t, err := "", errNoSecret
-	if len(p.cfg.Secret) > 0 {
-		t, err = MakeToken(p.cfg.Secret, l.id, l.fence, session, l.tables)
+	if key := p.grantKey(); len(key) > 0 {
+		t, err = MakeToken(key, l.id, l.fence, session, l.tables)
 	}
 	if err != nil && !known {
 		p.log.Warn("no fence token: writes to fenced tables will fail", "lease", l.id, "fence", l.fence, "err", err)

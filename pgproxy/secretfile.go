@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -44,10 +45,10 @@ func WriteSecretFile(path string, secret []byte) error {
 	return nil
 }
 
-// LoadSecret reads the fence-signing secret a sidecar's Postgres fence
-// signs with (Config.Secret) from file or, when file is "", from
-// DefaultSecretFile when that exists, and checks it as Config.Validate
-// does. It returns the file it read, also with an error; with file "" and
+// LoadSecret reads the database's fence secret (what "fenceline pg
+// install" wrote, for "fenceline bus fence-secret set --postgres") from
+// file or, when file is "", from DefaultSecretFile when that exists, and
+// checks its length. It returns the file it read, also with an error; with file "" and
 // no default file it returns no secret, no file and no error.
 func LoadSecret(file string) (secret []byte, path string, err error) {
 	path = file
@@ -60,8 +61,8 @@ func LoadSecret(file string) (secret []byte, path string, err error) {
 	if secret, err = ReadSecretFile(path); err != nil {
 		return nil, path, err
 	}
-	if err := (&Config{Secret: secret}).Validate(); err != nil {
-		return nil, path, err
+	if len(secret) < lease.MinStorageSecret {
+		return nil, path, fmt.Errorf("postgres fence secret %s has %d bytes: want the key from \"fenceline pg install\" (32 bytes)", path, len(secret))
 	}
 	return secret, path, nil
 }

@@ -77,7 +77,7 @@ func TestLoadSecret(t *testing.T) {
 	if err := WriteSecretFile(short, []byte("too short")); err != nil {
 		t.Fatal(err)
 	}
-	if s, path, err := LoadSecret(short); s != nil || path != short || err == nil || !strings.Contains(err.Error(), "Secret has 9 bytes") {
+	if s, path, err := LoadSecret(short); s != nil || path != short || err == nil || !strings.Contains(err.Error(), "has 9 bytes") {
 		t.Fatalf("short secret: %x, %q, %v", s, path, err)
 	}
 	missing := filepath.Join(t.TempDir(), "missing.key")

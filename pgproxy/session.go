@@ -335,7 +335,7 @@ func (s *session) rwLost() bool {
 // an older one) has no fenceline.bind_session(): the session stays unbound,
 // and Postgres refuses its writes to fenced tables, if it has any.
 func (s *session) bindFence() error {
-	if s.fenceSession != 0 || len(s.p.cfg.Secret) == 0 {
+	if s.fenceSession != 0 || len(s.p.grantKey()) == 0 {
 		return nil
 	}
 	rows, err := s.internalQuery(rwSQL, bindSessionSQL)

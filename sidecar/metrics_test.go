@@ -10,6 +10,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -36,11 +37,14 @@ func TestSidecarMetricsPostgres(t *testing.T) {
 	defer cancel()
 	_, secret, claim := fencedPair(ctx, t, "mt")
 	bus := bustest.Start(t)
+	if err := leasebus.WriteFenceSecret(bus.FenceSecrets, "github.com/acme/metrics", lease.StoragePostgres, secret); err != nil {
+		t.Fatal(err)
+	}
 	m := NewMetrics()
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/metrics", Scope: claim,
 		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, m.HoldOptions(leasebus.HoldOptions{}))
 	sc, err := Start(ctx, Config{Lease: l.Holder, Bus: bus.Client, Audit: bus.Auditor, Metrics: m,
-		PGUpstream: pg.Addr(), PGSecret: secret, StateDir: t.TempDir()})
+		PGUpstream: pg.Addr(), StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

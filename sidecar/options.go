@@ -40,9 +40,10 @@ type FenceOptions struct {
 	// GitUpstreamCAFile is a PEM CA bundle for an https upstream (default:
 	// the system's). Option "git-upstream-ca".
 	GitUpstreamCAFile string
-	// GitHookSecretFile holds the repository's git hook secret
-	// (gitproxy.ReadKeyFile); empty: gitproxy.SidecarKeyFile of the repo
-	// when that exists. It needs GitUpstream. Option "git-hook-secret".
+	// GitHookSecretFile is refused (ErrHookSecretGone): the git fence signs
+	// pushes with the grant key the lease service gives the lease's
+	// acquirer, and no runner holds the repository's hook secret. Option
+	// "git-hook-secret".
 	GitHookSecretFile string
 	// AllowForcePush and AllowRefDelete are the git fence's policy
 	// (gitproxy.Policy).
@@ -53,9 +54,9 @@ type FenceOptions struct {
 	PGUpstream string
 	// PGListen is where the Postgres fence listens. Option "pg-listen".
 	PGListen string
-	// PGSecretFile holds the fence-signing secret (pgproxy.LoadSecret);
-	// empty: pgproxy.DefaultSecretFile when that exists. Option
-	// "pg-secret-file".
+	// PGSecretFile is refused (ErrPGSecretGone): the Postgres fence signs
+	// with the grant key the lease service gives the lease's acquirer.
+	// Option "pg-secret-file".
 	PGSecretFile string
 	// PGAllowOpaque is Config.PGAllowOpaque (policy).
 	PGAllowOpaque bool
@@ -79,9 +80,6 @@ type FenceOptions struct {
 	// What Check parsed and read.
 	checked   bool
 	gitHeader http.Header
-	hookKey   []byte
-	hookFile  string // the file hookKey was read from
-	pgSecret  []byte
 	pgTLS     *tls.Config
 }
 
@@ -113,19 +111,26 @@ func (e *OptionError) Error() string {
 
 func (e *OptionError) Unwrap() error { return e.Err }
 
-// ErrHookSecretNeedsGit is the OptionError of "git-hook-secret" given
-// without "git-upstream": the secret signs the git fence's pushes.
-var ErrHookSecretNeedsGit = errors.New("the git hook secret signs pushes of the git fence: give a git upstream too, or drop it")
+// ErrHookSecretGone is the OptionError of "git-hook-secret": whoever holds
+// the repository's hook secret can mint any fence, so runners no longer
+// hold it; the lease service does, and gives each lease's acquirer a
+// grant key for that lease alone.
+var ErrHookSecretGone = errors.New("the sidecar no longer takes the repository's git hook secret (whoever holds it can mint any fence): register it with the lease bus instead, fenceline bus fence-secret set --repo REPO --git HOOK-SECRET-FILE, and the sidecar signs each push with the grant key the service gives its lease")
+
+// ErrPGSecretGone is the OptionError of "pg-secret-file": whoever holds the
+// database's fence secret can mint any fence for any table, so runners no
+// longer hold it.
+var ErrPGSecretGone = errors.New("the sidecar no longer takes the database's fence secret (whoever holds it can mint any fence): register it with the lease bus instead, fenceline bus fence-secret set --repo REPO --postgres SECRET-FILE, and the sidecar signs with the grant key the service gives its lease")
 
 // ErrPGTLSPair is the OptionError of "pg-tls-cert" given without
 // "pg-tls-key", or of "pg-tls-key" without "pg-tls-cert".
 var ErrPGTLSPair = errors.New("the Postgres fence's TLS certificate and key go together: give both, or neither for a self-signed certificate")
 
 // Check parses every option and reads the files they name (the git
-// upstream's CA, the Postgres fence's secret and TLS files, the git hook
-// secret), keeping what it read for Config; nothing is dialed or listened
-// on. repo is the lease's repository when known, whose default git hook
-// secret file is read when GitHookSecretFile is empty ("" looks for none).
+// upstream's CA, the Postgres fence's secret and TLS files), keeping what
+// it read for Config; nothing is dialed or listened on. repo is the
+// lease's repository when known (unused since the git hook secret left
+// the runners; kept for callers).
 // An option that is wrong is an *OptionError naming it.
 func (o *FenceOptions) Check(repo string) error {
 	o.checked = false
@@ -141,9 +146,8 @@ func (o *FenceOptions) Check(repo string) error {
 	if err := o.checkPG(); err != nil {
 		return err
 	}
-	o.hookKey, o.hookFile = nil, ""
-	if err := o.readHookSecret(repo); err != nil {
-		return err
+	if o.GitHookSecretFile != "" {
+		return &OptionError{Option: "git-hook-secret", Err: ErrHookSecretGone}
 	}
 	o.checked = true
 	return nil
@@ -184,7 +188,10 @@ func (o *FenceOptions) checkGit() error {
 // checkPG checks the Postgres fence's options and reads its secret and
 // TLS files (or makes its self-signed certificate).
 func (o *FenceOptions) checkPG() error {
-	o.pgSecret, o.pgTLS = nil, nil
+	o.pgTLS = nil
+	if o.PGSecretFile != "" {
+		return &OptionError{Option: "pg-secret-file", Err: ErrPGSecretGone}
+	}
 	if o.PGUpstream == "" {
 		return nil
 	}
@@ -194,10 +201,7 @@ func (o *FenceOptions) checkPG() error {
 	if err := (&pgproxy.Config{Listen: o.PGListen}).Validate(); err != nil {
 		return &OptionError{Option: "pg-listen", Value: o.PGListen, Err: err}
 	}
-	secret, file, err := pgproxy.LoadSecret(o.PGSecretFile)
-	if err != nil {
-		return &OptionError{Option: "pg-secret-file", Value: file, Default: o.PGSecretFile == "", Err: err}
-	}
+	var err error
 	switch {
 	case o.PGTLSCertFile != "" && o.PGTLSKeyFile == "":
 		return &OptionError{Option: "pg-tls-key", Err: ErrPGTLSPair}
@@ -212,57 +216,18 @@ func (o *FenceOptions) checkPG() error {
 			return err
 		}
 	}
-	o.pgSecret = secret
 	return nil
 }
-
-// readHookSecret reads the git hook secret: GitHookSecretFile, else
-// repo's default file when it exists (repo "" looks for none).
-func (o *FenceOptions) readHookSecret(repo string) error {
-	if o.GitHookSecretFile != "" {
-		if o.GitUpstream == "" {
-			return &OptionError{Option: "git-hook-secret", Err: ErrHookSecretNeedsGit}
-		}
-		key, err := gitproxy.ReadKeyFile(o.GitHookSecretFile)
-		if err != nil {
-			return &OptionError{Option: "git-hook-secret", Value: o.GitHookSecretFile, Err: err}
-		}
-		o.hookKey, o.hookFile = key, o.GitHookSecretFile
-		return nil
-	}
-	if o.GitUpstream == "" {
-		return nil
-	}
-	key, file, err := gitproxy.FindSidecarKey(repo)
-	if err != nil {
-		return &OptionError{Option: "git-hook-secret", Value: file, Default: true, Err: err}
-	}
-	if key != nil {
-		o.hookKey, o.hookFile = key, file
-	}
-	return nil
-}
-
-// HookSecretFile is the file Check read the git hook secret from:
-// GitHookSecretFile, or the repository's default file; "" when none.
-func (o *FenceOptions) HookSecretFile() string { return o.hookFile }
 
 // Config is the configuration of Start under the held lease, from what
 // Check read (Check runs first, with the lease's repository, when it has
-// not). With a git upstream and no hook secret yet, the default secret
-// file of the lease's repository is read (an attached lease names its
-// repository only now). Without a git hook secret (Config.GitHookSecret
-// nil) pushes go out unsigned; without a Postgres secret, Postgres refuses
-// writes to fenced tables: the caller may want to warn.
+// not). The git and Postgres fences sign with the lease's grant keys
+// (lease.GrantKeys); without one pushes go out unsigned and Postgres
+// refuses writes to fenced tables: the caller may want to warn.
 func (o *FenceOptions) Config(lease *leasebus.Holder, bus *leasebus.Client, audit *leasebus.Auditor, log *slog.Logger) (Config, error) {
 	l := lease.Lease()
 	if !o.checked {
 		if err := o.Check(l.Repo); err != nil {
-			return Config{}, err
-		}
-	}
-	if o.GitUpstream != "" && o.hookKey == nil {
-		if err := o.readHookSecret(l.Repo); err != nil {
 			return Config{}, err
 		}
 	}
@@ -281,10 +246,8 @@ func (o *FenceOptions) Config(lease *leasebus.Holder, bus *leasebus.Client, audi
 		GitObjectDirs:     o.GitObjectDirs,
 		GitUpstreamHeader: o.gitHeader,
 		GitUpstreamCAFile: o.GitUpstreamCAFile,
-		GitHookSecret:     o.hookKey,
 		PGUpstream:        o.PGUpstream,
 		PGListen:          o.PGListen,
-		PGSecret:          o.pgSecret,
 		PGAllowOpaque:     o.PGAllowOpaque,
 		PGTLS:             o.pgTLS,
 		AllowHosts:        o.AllowHosts,

@@ -139,36 +139,20 @@ func TestFenceOptionsCheckErrors(t *testing.T) {
 			option: "pg-upstream", value: "db.example.test", message: "host:port"},
 		{name: "pg-listen", opts: pg(FenceOptions{PGListen: "nope"}),
 			option: "pg-listen", value: "nope", message: "host:port"},
-		{name: "pg-secret-file-missing", opts: pg(FenceOptions{PGSecretFile: f.missing}),
-			option: "pg-secret-file", value: f.missing, is: os.ErrNotExist},
-		{name: "pg-secret-file-junk", opts: pg(FenceOptions{PGSecretFile: f.junk}),
-			option: "pg-secret-file", value: f.junk},
-		{name: "pg-secret-file-default", opts: pg(FenceOptions{}),
-			setup: func(t *testing.T) string {
-				write(t, pgproxy.DefaultSecretFile(), "abcd\n")
-				return pgproxy.DefaultSecretFile()
-			},
-			option: "pg-secret-file", def: true, message: "2 bytes"},
-		{name: "pg-tls-cert-alone", opts: pg(FenceOptions{PGSecretFile: f.pgSecretFile, PGTLSCertFile: f.tlsCert}),
+		// The database's secret mints any fence: runners no longer take it.
+		{name: "pg-secret-file-refused", opts: pg(FenceOptions{PGSecretFile: f.pgSecretFile}),
+			option: "pg-secret-file", is: ErrPGSecretGone},
+		{name: "pg-tls-cert-alone", opts: pg(FenceOptions{PGTLSCertFile: f.tlsCert}),
 			option: "pg-tls-key", is: ErrPGTLSPair},
-		{name: "pg-tls-key-alone", opts: pg(FenceOptions{PGSecretFile: f.pgSecretFile, PGTLSKeyFile: f.tlsKey}),
+		{name: "pg-tls-key-alone", opts: pg(FenceOptions{PGTLSKeyFile: f.tlsKey}),
 			option: "pg-tls-cert", is: ErrPGTLSPair},
-		{name: "pg-tls-junk", opts: pg(FenceOptions{PGSecretFile: f.pgSecretFile, PGTLSCertFile: f.junk, PGTLSKeyFile: f.tlsKey}),
+		{name: "pg-tls-junk", opts: pg(FenceOptions{PGTLSCertFile: f.junk, PGTLSKeyFile: f.tlsKey}),
 			option: "pg-tls-cert", value: f.junk},
-		{name: "git-hook-secret-without-git", opts: FenceOptions{GitHookSecretFile: f.hookFile, AllowHosts: []string{"api.example.test"}},
-			option: "git-hook-secret", is: ErrHookSecretNeedsGit},
-		{name: "git-hook-secret-missing", opts: git(FenceOptions{GitHookSecretFile: f.missing}),
-			option: "git-hook-secret", value: f.missing, is: os.ErrNotExist},
-		{name: "git-hook-secret-short", opts: git(FenceOptions{GitHookSecretFile: f.shortKey}),
-			option: "git-hook-secret", value: f.shortKey, message: "at least 16"},
-		{name: "git-hook-secret-not-hex", opts: git(FenceOptions{GitHookSecretFile: f.hexBad}),
-			option: "git-hook-secret", value: f.hexBad, message: "not hex"},
-		{name: "git-hook-secret-default", opts: git(FenceOptions{}),
-			setup: func(t *testing.T) string {
-				write(t, gitproxy.SidecarKeyFile(repo), "zz\n")
-				return gitproxy.SidecarKeyFile(repo)
-			},
-			option: "git-hook-secret", def: true, message: "not hex"},
+		// The hook secret mints any fence: runners no longer take it.
+		{name: "git-hook-secret-refused", opts: git(FenceOptions{GitHookSecretFile: f.hookFile}),
+			option: "git-hook-secret", is: ErrHookSecretGone},
+		{name: "git-hook-secret-refused-without-git", opts: FenceOptions{GitHookSecretFile: f.hookFile, AllowHosts: []string{"api.example.test"}},
+			option: "git-hook-secret", is: ErrHookSecretGone},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			isolateOptions(t)
@@ -211,7 +195,7 @@ func TestFenceOptionsUnusedIgnored(t *testing.T) {
 	f := newOptionFiles(t)
 	write(t, pgproxy.DefaultSecretFile(), "junk\n")
 	opts := FenceOptions{AllowHosts: []string{"api.example.test"}, GitListen: "nope", PGListen: "nope",
-		PGSecretFile: f.missing, PGTLSCertFile: f.junk}
+		PGTLSCertFile: f.junk}
 	if err := opts.Check("github.com/acme/payments"); err != nil {
 		t.Fatalf("Check: %v", err)
 	}
@@ -239,19 +223,15 @@ func TestFenceOptionsConfig(t *testing.T) {
 		GitObjectDirs:      []string{"/src/.git"},
 		GitUpstreamHeaders: []string{"Authorization: Bearer t0ken"},
 		GitUpstreamCAFile:  f.ca.File,
-		GitHookSecretFile:  f.hookFile,
 		AllowForcePush:     true,
 		PGUpstream:         "db.example.test:5432", PGListen: "127.0.0.1:0",
-		PGSecretFile: f.pgSecretFile, PGAllowOpaque: true,
+		PGAllowOpaque: true,
 		PGTLSCertFile: f.tlsCert, PGTLSKeyFile: f.tlsKey,
 		AllowHosts:    []string{"api.example.test"},
 		EgressResolve: []string{"api.example.test:443=127.0.0.1:8443"},
 	}
 	if err := opts.Check(repo); err != nil {
 		t.Fatalf("Check: %v", err)
-	}
-	if got := opts.HookSecretFile(); got != f.hookFile {
-		t.Errorf("HookSecretFile = %q, want %q", got, f.hookFile)
 	}
 	bus, l := acquireFor(t, repo)
 	cfg, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil)
@@ -274,11 +254,8 @@ func TestFenceOptionsConfig(t *testing.T) {
 	if got := cfg.GitUpstreamHeader.Get("X-Env"); got != "from-env" {
 		t.Errorf("Config.GitUpstreamHeader X-Env = %q, want the environment's", got)
 	}
-	if !bytes.Equal(cfg.GitHookSecret, f.hookKey) {
-		t.Errorf("Config.GitHookSecret = %x, want %x", cfg.GitHookSecret, f.hookKey)
-	}
-	if cfg.PGUpstream != opts.PGUpstream || cfg.PGListen != "127.0.0.1:0" || !cfg.PGAllowOpaque || !bytes.Equal(cfg.PGSecret, f.pgSecret) {
-		t.Errorf("Config pg: upstream %q listen %q opaque %v secret %x", cfg.PGUpstream, cfg.PGListen, cfg.PGAllowOpaque, cfg.PGSecret)
+	if cfg.PGUpstream != opts.PGUpstream || cfg.PGListen != "127.0.0.1:0" || !cfg.PGAllowOpaque {
+		t.Errorf("Config pg: upstream %q listen %q opaque %v", cfg.PGUpstream, cfg.PGListen, cfg.PGAllowOpaque)
 	}
 	if cfg.PGTLS == nil || len(cfg.PGTLS.Certificates) != 1 || !bytes.Equal(cfg.PGTLS.Certificates[0].Certificate[0], f.certDER) {
 		t.Error("Config.PGTLS: not the certificate of the TLS files")
@@ -311,11 +288,12 @@ func TestFenceOptionsDefaults(t *testing.T) {
 	if err := opts.Check(repo); err != nil {
 		t.Fatalf("Check: %v", err)
 	}
-	cfg, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil)
-	if err != nil || cfg.GitHookSecret != nil || opts.HookSecretFile() != "" {
-		t.Errorf("Config without a hook secret: %x from %q, %v; want none", cfg.GitHookSecret, opts.HookSecretFile(), err)
+	if _, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil); err != nil {
+		t.Errorf("Config: %v", err)
 	}
 
+	// A hook secret in the repo's old default file is never read: the
+	// sidecar signs with its lease's grant key.
 	key := bytes.Repeat([]byte{0x11}, 32)
 	if err := gitproxy.WriteSidecarKey(gitproxy.SidecarKeyFile(repo), key); err != nil {
 		t.Fatal(err)
@@ -329,28 +307,21 @@ func TestFenceOptionsDefaults(t *testing.T) {
 	if err := opts.Check(repo); err != nil {
 		t.Fatalf("Check: %v", err)
 	}
-	if got := opts.HookSecretFile(); got != gitproxy.SidecarKeyFile(repo) {
-		t.Errorf("HookSecretFile = %q, want the repo's default file", got)
-	}
-	cfg, err = opts.Config(l.Holder, bus.Client, bus.Auditor, nil)
+	cfg, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if !bytes.Equal(cfg.GitHookSecret, key) || !bytes.Equal(cfg.PGSecret, secret) {
-		t.Errorf("Config: hook secret %x, pg secret %x; want the default files'", cfg.GitHookSecret, cfg.PGSecret)
 	}
 	if cfg.PGTLS == nil || len(cfg.PGTLS.Certificates) != 1 {
 		t.Error("Config.PGTLS: want a self-signed certificate")
 	}
 
-	// Attached: no repo before the lease; the lease's names the file.
+	// Attached: no repo before the lease.
 	opts = git
-	if err := opts.Check(""); err != nil || opts.HookSecretFile() != "" {
-		t.Fatalf("Check(\"\") = %v, read %q; want no hook secret looked for", err, opts.HookSecretFile())
+	if err := opts.Check(""); err != nil {
+		t.Fatalf("Check(\"\") = %v", err)
 	}
-	cfg, err = opts.Config(l.Holder, bus.Client, bus.Auditor, nil)
-	if err != nil || !bytes.Equal(cfg.GitHookSecret, key) || opts.HookSecretFile() != gitproxy.SidecarKeyFile(repo) {
-		t.Errorf("Config attached: %x from %q, %v; want the lease repo's default secret", cfg.GitHookSecret, opts.HookSecretFile(), err)
+	if _, err = opts.Config(l.Holder, bus.Client, bus.Auditor, nil); err != nil {
+		t.Errorf("Config attached: %v", err)
 	}
 
 	// Not checked: Config checks.

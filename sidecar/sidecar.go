@@ -53,9 +53,9 @@ type Config struct {
 	GitUpstreamHeader http.Header
 	// GitUpstreamCAFile is the CA bundle for an https upstream (default: system).
 	GitUpstreamCAFile string
-	// GitHookSecret signs the fence for the git server's pre-receive hook
-	// (from "fenceline hook install"); nil: pushes go out unsigned.
-	GitHookSecret []byte
+	// The git fence signs pushes for the git server's pre-receive hook
+	// with the lease's git grant key (Lease.GrantKeys, from the lease
+	// service); without one they go out unsigned.
 
 	// PGUpstream is the Postgres server (host:port, or the path of its Unix
 	// socket) the agent's database connections go to. Empty: no Postgres
@@ -63,8 +63,9 @@ type Config struct {
 	PGUpstream string
 	// PGListen is where the Postgres fence listens (default 127.0.0.1:0).
 	PGListen string
-	// PGSecret is the fence-signing key from "fenceline pg install".
-	PGSecret []byte
+	// The Postgres fence signs its tokens with the lease's Postgres grant
+	// key (Lease.GrantKeys, from the lease service); the database's secret
+	// stays with the database and the service.
 	// PGTLS terminates TLS for agents that ask for it (nil: refused).
 	PGTLS *tls.Config
 	// PGAllowOpaque lets writes whose tables cannot be named (DO, CALL…)
@@ -167,7 +168,6 @@ func (s *Sidecar) startPG() error {
 		Upstream:    s.cfg.PGUpstream,
 		Lease:       s.cfg.Lease,
 		Audit:       s.auditor(),
-		Secret:      s.cfg.PGSecret,
 		TLS:         s.cfg.PGTLS,
 		AllowOpaque: s.cfg.PGAllowOpaque,
 		Logger:      s.log.With("boundary", "postgres"),
@@ -291,7 +291,6 @@ func (s *Sidecar) startGit() error {
 		TempDir:        filepath.Join(s.cfg.StateDir, "tmp"),
 		UpstreamHeader: s.cfg.GitUpstreamHeader,
 		UpstreamCAFile: s.cfg.GitUpstreamCAFile,
-		HookSecret:     s.cfg.GitHookSecret,
 		Transport:      transport,
 		Logger:         s.log.With("boundary", "git"),
 	})

@@ -17,6 +17,7 @@ import (
 	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
 )
@@ -70,10 +71,15 @@ func TestSidecarPostgresEnv(t *testing.T) {
 	defer cancel()
 	admin, secret, claim := fencedPair(ctx, t, "sc")
 	bus := bustest.Start(t)
+	// The database's secret goes to the lease service; the sidecar gets
+	// only its lease's grant key.
+	if err := leasebus.WriteFenceSecret(bus.FenceSecrets, "github.com/acme/payments", lease.StoragePostgres, secret); err != nil {
+		t.Fatal(err)
+	}
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: claim,
 		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 	sc, err := Start(ctx, Config{Lease: l.Holder, Bus: bus.Client, Audit: bus.Auditor,
-		PGUpstream: pg.Addr(), PGSecret: secret, StateDir: t.TempDir()})
+		PGUpstream: pg.Addr(), StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

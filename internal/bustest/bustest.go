@@ -88,16 +88,20 @@ type Bus struct {
 	Auditor *leasebus.Auditor
 	// Operator revokes and sweeps (the operator role).
 	Operator *leasebus.Client
+	// FenceSecrets is the service's FenceSecretDir: a test registers a
+	// storage's secret there (leasebus.WriteFenceSecret) and later leases
+	// of its repository get grant keys.
+	FenceSecrets string
 }
 
 // Start starts a bus for t with its store in a temporary directory.
 func Start(t testing.TB) *Bus {
 	t.Helper()
 	srv := StartServer(t, leasebus.ServerConfig{})
-	b := &Bus{Server: srv}
+	b := &Bus{Server: srv, FenceSecrets: t.TempDir()}
 	b.Conn = Connect(t, srv.ClientURL())
 	var err error
-	b.Service, err = leasebus.StartService(context.Background(), b.Conn, leasebus.ServiceConfig{Names: Names(t)})
+	b.Service, err = leasebus.StartService(context.Background(), b.Conn, leasebus.ServiceConfig{Names: Names(t), FenceSecretDir: b.FenceSecrets})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,16 +71,17 @@ echo probed`
 	t.Logf("agent: %s", r.stdout)
 }
 
-// TestRunHidesFenceSecretFiles: the Postgres fence's signing secret and
-// TLS key, which flags may keep outside fenceline's state dir, are
-// unreadable to the agent, each by name (reads elsewhere go on: the
-// certificate beside the key stays readable).
+// TestRunHidesFenceSecretFiles: the Postgres fence's TLS key, which a
+// flag may keep outside fenceline's state dir, is unreadable to the agent
+// by name (reads elsewhere go on: the certificate beside the key stays
+// readable); so is the state dir, where pg install keeps the database's
+// secret. run takes no fence secret at all (--pg-secret-file is refused).
 func TestRunHidesFenceSecretFiles(t *testing.T) {
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "")
 	dir := t.TempDir()
-	secretFile := filepath.Join(dir, "pg-secret.key")
+	secretFile := pgproxy.DefaultSecretFile()
 	if err := pgproxy.WriteSecretFile(secretFile, bytes.Repeat([]byte{7}, 32)); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,9 @@ func TestRunHidesFenceSecretFiles(t *testing.T) {
 		return fmt.Sprintf("if cat %s >/dev/null 2>&1; then echo %s=read; else echo %s=hidden; fi", file, name, name)
 	}
 	script := strings.Join([]string{probe("secret", secretFile), probe("key", keyFile), probe("cert", certFile)}, "; ")
-	r := runFL(t, url, "--checkout", co, "--scope", "in", "--pg-upstream", "127.0.0.1:1", "--pg-secret-file", secretFile,
+	runFL(t, url, "--checkout", co, "--scope", "in", "--pg-upstream", "127.0.0.1:1", "--pg-secret-file", secretFile,
+		"--", "true").want(t, ExitUsage)
+	r := runFL(t, url, "--checkout", co, "--scope", "in", "--pg-upstream", "127.0.0.1:1",
 		"--pg-tls-cert", certFile, "--pg-tls-key", keyFile, "--", "sh", "-c", script).want(t, ExitOK)
 	if got := strings.Join(strings.Fields(r.stdout), " "); got != "secret=hidden key=hidden cert=read" {
 		t.Errorf("the agent: %s, want the secret and the TLS key hidden, the certificate readable\n%s", got, r.stderr)

@@ -25,7 +25,7 @@ func (a *app) busCommand() *cobra.Command {
 		Args:  groupArgs,
 		RunE:  showHelp,
 	}
-	c.AddCommand(a.serveCommand(), a.credsCommand(), a.enrollCommand(), a.revokeIdentityCommand(), a.identitiesCommand())
+	c.AddCommand(a.serveCommand(), a.credsCommand(), a.enrollCommand(), a.revokeIdentityCommand(), a.identitiesCommand(), a.fenceSecretCommand())
 	return c
 }
 
@@ -67,6 +67,7 @@ the embedded default bus's own (` + defaultCredsDir() + `).`,
 
 type serveFlags struct {
 	listen, store, name        string
+	fenceSecrets               string
 	clusterName, clusterListen string
 	routes                     []string
 	replicas                   int
@@ -125,6 +126,7 @@ server it connects to belongs to one, else 1.`,
 	fl.StringVar(&f.ui, "ui", "", "serve the run UI and its JSON API on this host:port (off loopback a token is required: $"+EnvUIToken+", or a random one printed in the URL)")
 	fl.StringVar(&f.metrics, "metrics", "", "serve the lease service's Prometheus metrics at http://host:port/metrics (grants, conflicts, queue depth, append latency, active leases)")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format on stderr: text or json")
+	fl.StringVar(&f.fenceSecrets, "fence-secrets", leasebus.DefaultFenceSecretDir(), "directory of the storages' secrets (fenceline bus fence-secret set), from which each lease's acquirer gets its grant keys; only the service may read it")
 	fl.BoolVar(&f.debug, "debug", false, "also log the embedded NATS server's own messages")
 	return c
 }
@@ -147,7 +149,7 @@ func (a *app) serve(ctx context.Context, f *serveFlags) error {
 			return usagef("--metrics %q: want host:port (127.0.0.1:9480; port 0 picks a free one)", f.metrics)
 		}
 	}
-	cfg := busserve.ServiceConfig{Replicas: f.replicas, Metrics: f.metrics, UI: f.ui, UIToken: os.Getenv(EnvUIToken), Debug: f.debug, Logger: logger}
+	cfg := busserve.ServiceConfig{Replicas: f.replicas, Metrics: f.metrics, UI: f.ui, UIToken: os.Getenv(EnvUIToken), Debug: f.debug, Logger: logger, FenceSecretDir: f.fenceSecrets}
 	if url, source := a.busURL(); source != "" {
 		if len(f.embeddedOnly) > 0 {
 			return usagef("%v only apply to the embedded server, but %s selects an existing bus (%s); drop one or the other", f.embeddedOnly, source, url)

@@ -69,6 +69,9 @@ type demo struct {
 	c       *leasebus.Client
 	auditor *leasebus.Auditor
 	grants  []demoGrant // in the order this program learned of them
+	// secrets is the lease service's FenceSecretDir: the storages'
+	// secrets, which only the service and the storage hold.
+	secrets string
 }
 
 type demoGrant struct {
@@ -111,7 +114,8 @@ func runDemo(parent context.Context, out io.Writer, keep bool, ui string) error 
 		return fmt.Errorf("demo bus: connect: %w", err)
 	}
 	defer nc.Close()
-	svc, err := leasebus.StartService(ctx, nc, leasebus.ServiceConfig{Names: leasebus.NamesIn(credsDir)})
+	secrets := filepath.Join(dir, "fence-secrets")
+	svc, err := leasebus.StartService(ctx, nc, leasebus.ServiceConfig{Names: leasebus.NamesIn(credsDir), FenceSecretDir: secrets})
 	if err != nil {
 		return fmt.Errorf("demo lease service: %w", err)
 	}
@@ -132,7 +136,7 @@ func runDemo(parent context.Context, out io.Writer, keep bool, ui string) error 
 		return fmt.Errorf("demo bus: connect the operator: %w", err)
 	}
 	defer onc.Close()
-	d := &demo{out: out, nc: nc, c: leasebus.NewClient(nc), op: leasebus.NewClient(onc), auditor: auditor, creds: credsDir}
+	d := &demo{out: out, nc: nc, c: leasebus.NewClient(nc), op: leasebus.NewClient(onc), auditor: auditor, creds: credsDir, secrets: secrets}
 	fmt.Fprintf(out, "fenceline demo: %s\n", demoRepo)
 	fmt.Fprintf(out, "bus: %s (embedded, its own store in %s; the default bus is untouched)\n", srv.ClientURL(), dir)
 	var page *runui.Running

@@ -15,6 +15,7 @@ import (
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
 )
@@ -27,7 +28,7 @@ type demoGit struct {
 	dir  string // scratch space
 	srv  *gitserver.Server
 	bare string
-	key  []byte // the repository's hook secret, which the sidecars sign with
+	key  []byte // the repository's hook secret: the hook's and the lease service's alone
 }
 
 // git runs the real git for an agent with env and returns its output.
@@ -116,11 +117,15 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 		return err
 	}
 	g.key = in.Key
+	// What "fenceline bus fence-secret set --repo R --git KEYFILE" does.
+	if err := leasebus.WriteFenceSecret(d.secrets, demoRepo, lease.StorageGit, in.Key); err != nil {
+		return err
+	}
 	upstream := g.srv.URL + "/payments.git"
 
 	d.section("7. The git fence")
 	fmt.Fprintf(d.out, "a real git server (git http-backend) at %s, with \"fenceline hook pre-receive\" installed\n", upstream)
-	fmt.Fprintf(d.out, "by \"fenceline hook install\": it accepts a fence only when it is signed with the repository's secret\n(%s, mode 0600), which the sidecars hold and the agents never see.\n", in.KeyFile)
+	fmt.Fprintf(d.out, "by \"fenceline hook install\": it accepts only fences the lease service granted. The repository's secret\n(%s, mode 0600) is registered with the lease service (\"fenceline bus fence-secret set\"); no sidecar\nholds it. Each acquirer gets a grant key for its own lease, fence and claim, and its sidecar signs pushes with it.\n", in.KeyFile)
 	f, err := g.agent(ctx, "agent-f", "services/billing", 30*time.Second)
 	if err != nil {
 		return err
@@ -163,7 +168,7 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 	zombie := z.lease
 	frozen, err := gitproxy.New(gitproxy.Config{
 		Upstream: g.srv.URL, Lease: leasebus.Frozen{Record: *zombie}, Repo: demoRepo, Bus: d.c, Audit: d.auditor,
-		MirrorDir: filepath.Join(dir, "mirror-g"), TempDir: dir, HookSecret: g.key,
+		MirrorDir: filepath.Join(dir, "mirror-g"), TempDir: dir,
 	})
 	if err != nil {
 		return err
@@ -256,7 +261,7 @@ func (g *demoGit) lateSignedPush(ctx context.Context, work string, l *leasebus.L
 	if err != nil {
 		return nil, fmt.Errorf("read agent-g's HEAD: %w\n%s", err, head)
 	}
-	opts, err := gitproxy.FenceOptions(g.key, *l, l.Fence,
+	opts, err := gitproxy.FenceOptions(l.Grants.Git, *l, l.Fence,
 		[]gitproxy.RefUpdate{{Old: strings.TrimSpace(old), New: strings.TrimSpace(head), Ref: "refs/heads/main"}})
 	if err != nil {
 		return nil, err
@@ -292,7 +297,7 @@ func (g *demoGit) agentWait(ctx context.Context, name, path string, ttl, wait ti
 	if err != nil {
 		return nil, err
 	}
-	return g.startAgent(ctx, name, claim, ttl, wait, sidecar.Config{GitUpstream: g.srv.URL, GitHookSecret: g.key, StateDir: filepath.Join(g.dir, "sidecar-"+name)})
+	return g.startAgent(ctx, name, claim, ttl, wait, sidecar.Config{GitUpstream: g.srv.URL, StateDir: filepath.Join(g.dir, "sidecar-"+name)})
 }
 
 // startAgent acquires claim for agent name in an exclusive workspace,
@@ -307,6 +312,7 @@ func (d *demo) startAgent(ctx context.Context, name string, claim scope.Claim, t
 		return nil, demoFail("%s should get %s: %v", name, claim, err)
 	}
 	rec := h.Lease()
+	rec.Grants = h.GrantKeys()
 	l := &rec
 	d.grants = append(d.grants, demoGrant{agent: name, lease: l})
 	a := &demoAgent{lease: l, holder: h}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
 	"github.com/fenceline/fenceline/sidecar"
@@ -52,6 +53,11 @@ func (d *demo) pgStory(ctx context.Context, dir string) error {
 		return err
 	}
 	secret := in.Secret
+	// What "fenceline bus fence-secret set --repo R --postgres FILE" does:
+	// the database's secret goes to the lease service, never to a sidecar.
+	if err := leasebus.WriteFenceSecret(d.secrets, demoRepo, lease.StoragePostgres, secret); err != nil {
+		return err
+	}
 	d.section("8. The Postgres fence")
 	fmt.Fprintf(d.out, "a throwaway Postgres at %s; fenceline pg install fenced public.invoices and public.rates (%s trigger).\n", pg.Addr(), in.Trigger)
 
@@ -91,7 +97,7 @@ func (d *demo) pgStory(ctx context.Context, dir string) error {
 	}
 	q.holder.Stop()
 	q.sc.Close(ctx)
-	zombie, err := pgproxy.Listen(ctx, pgproxy.Config{Upstream: pg.Addr(), Lease: leasebus.Frozen{Record: *q.lease}, Audit: d.auditor, Secret: secret})
+	zombie, err := pgproxy.Listen(ctx, pgproxy.Config{Upstream: pg.Addr(), Lease: leasebus.Frozen{Record: *q.lease}, Audit: d.auditor})
 	if err != nil {
 		return err
 	}
@@ -134,7 +140,7 @@ func (d *demo) pgAgent(ctx context.Context, dir, name, table string, ttl, wait t
 	if err != nil {
 		return nil, err
 	}
-	return d.startAgent(ctx, name, claim, ttl, wait, sidecar.Config{PGUpstream: upstream, PGSecret: secret, StateDir: filepath.Join(dir, "sidecar-"+name)})
+	return d.startAgent(ctx, name, claim, ttl, wait, sidecar.Config{PGUpstream: upstream, StateDir: filepath.Join(dir, "sidecar-"+name)})
 }
 
 // dsnVia points dsn at addr.

@@ -22,7 +22,9 @@ func startBus(t testing.TB) string {
 	t.Helper()
 	srv := bustest.StartServer(t, leasebus.ServerConfig{})
 	nc := bustest.Connect(t, srv.ClientURL())
-	svc, err := leasebus.StartService(context.Background(), nc, leasebus.ServiceConfig{Names: bustest.Names(t)})
+	// The service reads the storages' secrets where "bus fence-secret set"
+	// writes them by default (the test's state dir, after isolate).
+	svc, err := leasebus.StartService(context.Background(), nc, leasebus.ServiceConfig{Names: bustest.Names(t), FenceSecretDir: leasebus.DefaultFenceSecretDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,11 +36,14 @@ func (a *app) hookPreReceiveCommand() *cobra.Command {
 		Short: "Refuse pushes whose fence is missing, forged or stale (the repository's pre-receive hook)",
 		Long: `Run as a git server's pre-receive hook (fenceline hook install sets it up),
 it reads the fence that the fenceline sidecar sends as push options and
-accepts it only when its MAC verifies: HMAC-SHA256 under this repository's
-hook secret, over the repo, lease, owner, fence, claim and this push's ref
-updates. A push whose fenceline options are unsigned, forged, replayed from
-another push, signed for another repository or malformed is refused, and
-nothing is recorded. A signed fence is refused when a newer fence was already
+accepts it only when the lease service granted it: its MAC (HMAC-SHA256
+over the repo, lease, owner, fence, claim and this push's ref updates) must
+verify under the fence's grant key, which the hook derives from this
+repository's hook secret and which the lease service gave that lease's
+acquirer alone. A push whose fenceline options are unsigned, forged (a fence,
+lease, claim or owner the service did not grant), replayed from another
+push, signed for another repository or malformed is refused, and nothing is
+recorded. A signed fence is refused when a newer fence was already
 accepted for a path the push claims or touches; otherwise it is recorded
 in <git-dir>/fenceline/fences.json. Every refusal names the lease, owner,
 fence and reason, goes to the pusher and is appended to
@@ -78,7 +81,7 @@ func (a *app) hookInstallCommand() *cobra.Command {
 		allowUnfenced, asJSON          bool
 	)
 	c := &cobra.Command{
-		Use:   "install --git-dir DIR --repo R [--sidecar-secret-file FILE] [--allow-unfenced]",
+		Use:   "install --git-dir DIR --repo R [--bus-secret-file FILE] [--allow-unfenced]",
 		Short: "Install the fence's pre-receive hook and its secret in a repository on the git server",
 		Long: `Install the storage-side git fence in the repository DIR (on the git
 server, usually a bare repository):
@@ -100,19 +103,18 @@ mint fences). R is the repository's identity exactly as the leases name it
 (fenceline lease list shows it), e.g. github.com/acme/payments; a remote URL
 is normalized to it.
 
-The sidecars sign their fences with the same secret: a copy is written to
---sidecar-secret-file (mode 0600; default $XDG_STATE_HOME/fenceline/git-hook/
-<R, escaped>.key, where "fenceline run" and "fenceline sidecar" look for it
-on this machine). Give it to a sidecar elsewhere with --git-hook-secret FILE.
-A sidecar without it still fences pushes, but this hook refuses them and
-says the MAC is missing. On a machine where agents run, "fenceline run"
-hides the state dir and a --git-hook-secret file from them; any other copy
-must be unreadable to the agents' user (the git server's copy belongs to
-the git server's user).`,
+The lease service holds the same secret and derives from it a grant key per
+lease, which it gives the lease's acquirer alone; sidecars sign with that
+and never hold the secret. A copy for the service is written to
+--bus-secret-file (mode 0600; default $XDG_STATE_HOME/fenceline/git-hook/
+<R, escaped>.key): register it where the lease service runs with
+"fenceline bus fence-secret set --repo R --git FILE", then delete the copy.
+Until it is registered, leases get no git grant key, and this hook refuses
+their pushes saying the MAC is missing.`,
 		Args: cobra.NoArgs,
 		Example: `  sudo -u git fenceline hook install --git-dir /srv/git/payments.git --repo github.com/acme/payments \
-    --sidecar-secret-file /srv/git/payments.sidecar.key
-  fenceline sidecar --repo github.com/acme/payments ... --git-hook-secret /run/secrets/git-hook.key`,
+    --bus-secret-file /srv/git/payments.bus.key
+  fenceline bus fence-secret set --repo github.com/acme/payments --git /srv/git/payments.bus.key   # where the lease service runs`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if gitDir == "" {
 				return usagef("--git-dir is required: the repository on the git server, e.g. /srv/git/payments.git")
@@ -146,12 +148,12 @@ the git server's user).`,
 			}
 			if asJSON {
 				return writeJSON(a.stdout, struct {
-					GitDir            string `json:"gitDir"`
-					Repo              string `json:"repo"`
-					Hook              string `json:"hook"`
-					HookSecretFile    string `json:"hookSecretFile"`
-					NewSecret         bool   `json:"newSecret"`
-					SidecarSecretFile string `json:"sidecarSecretFile"`
+					GitDir         string `json:"gitDir"`
+					Repo           string `json:"repo"`
+					Hook           string `json:"hook"`
+					HookSecretFile string `json:"hookSecretFile"`
+					NewSecret      bool   `json:"newSecret"`
+					BusSecretFile  string `json:"busSecretFile"`
 				}{in.GitDir, r, in.Hook, in.KeyFile, in.NewKey, sidecarFile})
 			}
 			kept := "new"
@@ -160,14 +162,16 @@ the git server's user).`,
 			}
 			fmt.Fprintf(a.stdout, "hook installed: %s (repo %s)\n", in.Hook, r)
 			fmt.Fprintf(a.stdout, "hook secret: %s (%s, mode 0600: keep it readable only by the git server's user)\n", in.KeyFile, kept)
-			fmt.Fprintf(a.stdout, "sidecar secret: %s (give it to the sidecars: --git-hook-secret %s)\n", sidecarFile, sidecarFile)
+			fmt.Fprintf(a.stdout, "bus secret: %s (register it with the lease service, then delete this copy: fenceline bus fence-secret set --repo %s --git %s; no sidecar may hold it)\n", sidecarFile, r, sidecarFile)
 			return nil
 		},
 	}
 	f := c.Flags()
 	f.StringVar(&gitDir, "git-dir", "", "the repository on the git server (required)")
 	f.StringVar(&repo, "repo", "", "the repository's identity as the leases name it, e.g. github.com/acme/payments (required)")
-	f.StringVar(&sidecarFile, "sidecar-secret-file", "", "where to write the sidecars' copy of the secret (default $XDG_STATE_HOME/fenceline/git-hook/<repo>.key)")
+	f.StringVar(&sidecarFile, "bus-secret-file", "", "where to write the lease service's copy of the secret, for fenceline bus fence-secret set (default $XDG_STATE_HOME/fenceline/git-hook/<repo>.key)")
+	f.StringVar(&sidecarFile, "sidecar-secret-file", "", "old name of --bus-secret-file")
+	_ = f.MarkDeprecated("sidecar-secret-file", "sidecars no longer hold the hook secret; use --bus-secret-file and register it with fenceline bus fence-secret set")
 	f.StringVar(&exe, "fenceline", "", "the fenceline binary the hook runs (default: this one)")
 	f.BoolVar(&allowUnfenced, "allow-unfenced", false, "let pushes with no fenceline options at all through (people pushing directly)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")

@@ -20,12 +20,12 @@ import (
 
 // hookInstalled is what "hook install --json" prints.
 type hookInstalled struct {
-	GitDir            string `json:"gitDir"`
-	Repo              string `json:"repo"`
-	Hook              string `json:"hook"`
-	HookSecretFile    string `json:"hookSecretFile"`
-	NewSecret         bool   `json:"newSecret"`
-	SidecarSecretFile string `json:"sidecarSecretFile"`
+	GitDir         string `json:"gitDir"`
+	Repo           string `json:"repo"`
+	Hook           string `json:"hook"`
+	HookSecretFile string `json:"hookSecretFile"`
+	NewSecret      bool   `json:"newSecret"`
+	BusSecretFile  string `json:"busSecretFile"`
 }
 
 func installHookJSON(t *testing.T, args ...string) hookInstalled {
@@ -57,17 +57,17 @@ func TestHookInstall(t *testing.T) {
 	if in.Repo != testRepo || !in.NewSecret {
 		t.Fatalf("install = %+v, want repo %s and a new secret", in, testRepo)
 	}
-	if in.HookSecretFile != filepath.Join(in.GitDir, "fenceline", "hook.key") || in.SidecarSecretFile != gitproxy.SidecarKeyFile(testRepo) {
-		t.Fatalf("secret files %s, %s", in.HookSecretFile, in.SidecarSecretFile)
+	if in.HookSecretFile != filepath.Join(in.GitDir, "fenceline", "hook.key") || in.BusSecretFile != gitproxy.SidecarKeyFile(testRepo) {
+		t.Fatalf("secret files %s, %s", in.HookSecretFile, in.BusSecretFile)
 	}
 	testutil.WantPerm(t, in.HookSecretFile, 0o600)
 	testutil.WantPerm(t, filepath.Dir(in.HookSecretFile), 0o700)
-	testutil.WantPerm(t, in.SidecarSecretFile, 0o600)
+	testutil.WantPerm(t, in.BusSecretFile, 0o600)
 	key, err := gitproxy.ReadKeyFile(in.HookSecretFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sk, err := gitproxy.ReadKeyFile(in.SidecarSecretFile); err != nil || !bytes.Equal(sk, key) || len(key) != gitproxy.HookKeySize {
+	if sk, err := gitproxy.ReadKeyFile(in.BusSecretFile); err != nil || !bytes.Equal(sk, key) || len(key) != gitproxy.HookKeySize {
 		t.Fatalf("sidecar secret %x (%v), hook secret %x", sk, err, key)
 	}
 	script, err := os.ReadFile(in.Hook)
@@ -90,7 +90,7 @@ func TestHookInstall(t *testing.T) {
 	// Another repository gets another secret.
 	other, _ := gitserver.NewBare(filepath.Join(t.TempDir(), "infra.git"))
 	oi := installHookJSON(t, "--git-dir", other, "--repo", "github.com/acme/infra")
-	if ok, _ := gitproxy.ReadKeyFile(oi.HookSecretFile); bytes.Equal(ok, key) || oi.SidecarSecretFile == in.SidecarSecretFile {
+	if ok, _ := gitproxy.ReadKeyFile(oi.HookSecretFile); bytes.Equal(ok, key) || oi.BusSecretFile == in.BusSecretFile {
 		t.Fatal("two repositories share a secret")
 	}
 
@@ -103,31 +103,30 @@ func TestHookInstall(t *testing.T) {
 	mustContain(t, "stderr", r.stderr, "exists and is not fenceline's")
 }
 
-// TestSidecarSignsForTheHook: a sidecar without the repository's hook
-// secret still fences pushes, and the server's hook refuses them saying
-// exactly what is missing; with --git-hook-secret the same push lands and
-// its fence is recorded. A bad --git-hook-secret is a usage error before
-// any lease is taken.
+// TestSidecarSignsForTheHook: a sidecar takes no hook secret (a usage
+// error before any lease is taken: whoever holds it mints any fence). Its
+// lease gets a git grant key only once the secret is registered with the
+// lease service (bus fence-secret set): before, the hook refuses its
+// pushes saying exactly what is missing; after, the same push lands and
+// its fence is recorded.
 func TestSidecarSignsForTheHook(t *testing.T) {
 	isolate(t)
 	url := startBus(t)
 	gs, bare := seededGitServer(t)
-	secret := filepath.Join(t.TempDir(), "sidecar.key")
-	installHookJSON(t, "--git-dir", bare, "--repo", testRepo, "--sidecar-secret-file", secret)
+	secret := filepath.Join(t.TempDir(), "bus.key")
+	installHookJSON(t, "--git-dir", bare, "--repo", testRepo, "--bus-secret-file", secret)
 
 	r := fl(t, "--nats", url, "sidecar", "--repo", testRepo, "--scope", "services/billing", "--workspace", "exclusive",
-		"--git-upstream", gs.URL+"/payments.git", "--git-hook-secret", filepath.Join(t.TempDir(), "missing.key")).want(t, ExitUsage)
-	mustContain(t, "stderr", r.stderr, "--git-hook-secret", "missing.key")
-	fl(t, "--nats", url, "sidecar", "--repo", testRepo, "--scope", "services/billing", "--workspace", "exclusive",
-		"--pg-upstream", "127.0.0.1:1", "--git-hook-secret", secret).want(t, ExitUsage)
+		"--git-upstream", gs.URL+"/payments.git", "--git-hook-secret", secret).want(t, ExitUsage)
+	mustContain(t, "stderr", r.stderr, "--git-hook-secret", "fence-secret set")
 	if l := listJSON(t, url, "--repo", testRepo); len(l) != 0 {
-		t.Fatalf("a sidecar with a bad --git-hook-secret took a lease: %+v", l)
+		t.Fatalf("a sidecar given --git-hook-secret took a lease: %+v", l)
 	}
 
-	push := func(sidecarArgs ...string) (string, error) {
+	push := func(registered bool) (string, error) {
 		envFile := filepath.Join(t.TempDir(), "agent.env")
-		sc := startSidecar(t, url, append([]string{"--repo", testRepo, "--scope", "services/billing", "--workspace", "exclusive",
-			"--git-upstream", gs.URL + "/payments.git", "--env-file", envFile, "--state-dir", t.TempDir()}, sidecarArgs...)...)
+		sc := startSidecar(t, url, "--repo", testRepo, "--scope", "services/billing", "--workspace", "exclusive",
+			"--git-upstream", gs.URL+"/payments.git", "--env-file", envFile, "--state-dir", t.TempDir())
 		defer func() { sc.cancel(); sc.wait(t) }()
 		env, err := readEnvFile(envFile)
 		if err != nil {
@@ -138,23 +137,25 @@ func TestSidecarSignsForTheHook(t *testing.T) {
 		os.WriteFile(filepath.Join(work, "services/billing/invoice.go"), []byte("package billing // "+work+"\n"), 0o644)
 		mustGitRun(t, work, env, "commit", "--quiet", "-am", "in scope")
 		out, err := gitRun(t, work, env, "push", "origin", "main")
-		if len(sidecarArgs) == 0 {
-			mustContain(t, "sidecar log", sc.errOut.String(), "no git hook secret")
+		if !registered {
+			mustContain(t, "sidecar log", sc.errOut.String(), "no git grant key")
 		}
 		return out, err
 	}
-	out, err := push()
+	out, err := push(false)
 	if err == nil {
-		t.Fatalf("the hook accepted a push from a sidecar without its secret:\n%s", out)
+		t.Fatalf("the hook accepted a push from a lease without a grant key:\n%s", out)
 	}
-	mustContain(t, "push output", out, "not signed (no fenceline-mac option)", "--git-hook-secret", "[unsigned]", "of lease \"lease_")
+	mustContain(t, "push output", out, "not signed (no fenceline-mac option)", "fence-secret set", "[unsigned]", "of lease \"lease_")
 	if _, err := os.Stat(filepath.Join(bare, "fenceline", "fences.json")); err == nil {
 		t.Fatal("an unsigned push recorded a fence")
 	}
 
-	out, err = push("--git-hook-secret", secret)
+	r = fl(t, "bus", "fence-secret", "set", "--repo", testRepo, "--git", secret).want(t, ExitOK)
+	mustContain(t, "stdout", r.stdout, "git secret of "+testRepo+" registered")
+	out, err = push(true)
 	if err != nil {
-		t.Fatalf("a signed push was refused: %v\n%s", err, out)
+		t.Fatalf("a push signed with the lease's grant key was refused: %v\n%s", err, out)
 	}
 	data, err := os.ReadFile(filepath.Join(bare, "fenceline", "fences.json"))
 	if err != nil || !strings.Contains(string(data), `"services/billing"`) {
@@ -162,10 +163,10 @@ func TestSidecarSignsForTheHook(t *testing.T) {
 	}
 }
 
-// TestRunSignsForTheHookAndHidesItsSecret: run finds the repository's hook
-// secret where hook install left it (or takes --git-hook-secret), the
-// agent's push through the git fence lands past the hook, and the guarded
-// agent can read neither copy of the secret.
+// TestRunSignsForTheHookAndHidesItsSecret: with the repository's hook
+// secret registered with the lease service, run's git fence signs with the
+// lease's grant key and the agent's push lands past the hook; the agent
+// can read neither the state dir's copy of the secret nor the service's.
 func TestRunSignsForTheHookAndHidesItsSecret(t *testing.T) {
 	isolate(t)
 	busURL := startBus(t)
@@ -173,34 +174,24 @@ func TestRunSignsForTheHookAndHidesItsSecret(t *testing.T) {
 	co := filepath.Join(t.TempDir(), "payments")
 	mustGitRun(t, "", nil, "clone", "--quiet", gs.URL+"/payments.git", co)
 	repo := repoid.FromRemote(gs.URL+"/payments.git", "")
-	in := installHookJSON(t, "--git-dir", bare, "--repo", repo) // the sidecars' copy in the state dir
-	elsewhere := filepath.Join(t.TempDir(), "git-hook.key")
-	installHookJSON(t, "--git-dir", bare, "--repo", repo, "--sidecar-secret-file", elsewhere)
-	key, err := os.ReadFile(in.SidecarSecretFile)
+	in := installHookJSON(t, "--git-dir", bare, "--repo", repo) // the service's copy in the state dir
+	fl(t, "bus", "fence-secret", "set", "--repo", repo, "--git", in.BusSecretFile).want(t, ExitOK)
+	key, err := os.ReadFile(in.BusSecretFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The first run knows only the default copy; the second hides the one
-	// it was given too. (A copy a run is not told of is as readable as any
-	// other file: keep it in the state dir, or under another user.)
-	for i, flags := range [][]string{nil, {"--git-hook-secret", elsewhere}} {
-		script := `cat ` + in.SidecarSecretFile + ` 2>/dev/null || echo default=hidden
-test $# = 0 || cat ` + elsewhere + ` 2>/dev/null || echo flag=hidden
-echo '// v` + string(rune('2'+i)) + `' >> services/billing/invoice.go
+	registered := leasebus.FenceSecretFile(leasebus.DefaultFenceSecretDir(), repo, "git")
+	script := `cat ` + in.BusSecretFile + ` 2>/dev/null || echo copy=hidden
+cat ` + registered + ` 2>/dev/null || echo registered=hidden
+echo '// v2' >> services/billing/invoice.go
 git -c user.name=agent -c user.email=agent@example.com commit -qam "signed push" && git push -q origin main && echo push=ok`
-		args := append([]string{"--checkout", co, "--git-upstream", gs.URL + "/payments.git"}, flags...)
-		want, argv := "default=hidden push=ok", []string{"--", "bash", "-c", script, "agent"}
-		if flags != nil {
-			want, argv = "default=hidden flag=hidden push=ok", append(argv, "check-flag")
-		}
-		r := runFL(t, busURL, append(args, argv...)...).want(t, ExitOK)
-		if got := strings.Join(strings.Fields(r.stdout), " "); got != want || strings.Contains(r.stdout, strings.TrimSpace(string(key))) {
-			t.Errorf("run %v: agent: %s\nwant   %s\nstderr:\n%s", flags, got, want, r.stderr)
-		}
+	r := runFL(t, busURL, "--checkout", co, "--git-upstream", gs.URL+"/payments.git", "--", "bash", "-c", script).want(t, ExitOK)
+	if got, want := strings.Join(strings.Fields(r.stdout), " "), "copy=hidden registered=hidden push=ok"; got != want || strings.Contains(r.stdout, strings.TrimSpace(string(key))) {
+		t.Errorf("run: agent: %s\nwant   %s\nstderr:\n%s", got, want, r.stderr)
 	}
 	data, err := os.ReadFile(filepath.Join(bare, "fenceline", "fences.json"))
 	if err != nil || !strings.Contains(string(data), "services/billing/invoice.go") {
-		t.Fatalf("the signed pushes' fences are not recorded (%v):\n%s", err, data)
+		t.Fatalf("the signed push's fence is not recorded (%v):\n%s", err, data)
 	}
 }
 

@@ -41,7 +41,10 @@ whose fence token is missing, forged or stale (SQLSTATE 40001).
 
 Run it as a role that owns the tables and that agents' roles are not.
 Running it again is safe: the secret is kept and new tables are attached.
-The secret is written to --secret-file (mode 0600); give it to the sidecar.
+The secret is written to --secret-file (mode 0600); register it with the
+lease service where it runs (fenceline bus fence-secret set --repo R
+--postgres FILE), then delete the copy. No sidecar holds it: the service
+gives each lease a grant key for its own fence and tables.
 
 --trigger chooses the trigger function. c is the C one of pgproxy/cfence:
 the same checks for a fraction of the CPU per write; it needs a superuser
@@ -120,7 +123,7 @@ switches the named tables to the trigger chosen then.`,
 			if in.NoGuard != nil {
 				fmt.Fprintf(a.stdout, "not guarded: %s\n  (install as a superuser for the guard)\n", noGuard)
 			}
-			fmt.Fprintf(a.stdout, "secret: %s\n", secretFile)
+			fmt.Fprintf(a.stdout, "secret: %s (register it with the lease service: fenceline bus fence-secret set --repo REPO --postgres %s; no sidecar may hold it)\n", secretFile, secretFile)
 			return nil
 		},
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
 )
@@ -29,21 +28,16 @@ type fenceFlags struct {
 	pgAllowOpaque                 bool
 	pgTLSCert, pgTLSKey           string
 	stateDir                      string
-	gitHookSecret                 string // --git-hook-secret; check sets the default file it read
+	gitHookSecret                 string // --git-hook-secret: refused (sidecar.ErrHookSecretGone)
 	allowHosts, egressResolve     []string
 
 	opts *sidecar.FenceOptions // what check parsed and read, before the lease is taken
 }
 
 // secretFiles are the fences' secret files an agent beside them may not
-// read: the Postgres fence's signing secret and TLS key, and the git hook
-// secret, also when check or config found it by default.
+// read: the Postgres fence's signing secret and TLS key.
 func (ff *fenceFlags) secretFiles() []string {
-	files := []string{ff.pgSecretFile, ff.pgTLSKey, ff.gitHookSecret}
-	if ff.opts != nil {
-		files = append(files, ff.opts.HookSecretFile())
-	}
-	return files
+	return []string{ff.pgSecretFile, ff.pgTLSKey}
 }
 
 func (ff *fenceFlags) register(c *cobra.Command) {
@@ -53,13 +47,15 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 	f.BoolVar(&ff.gitForward, "git-forward", false, "serve an https upstream as a forward proxy with a local CA (git http.proxy) instead of a reverse proxy")
 	f.StringArrayVar(&ff.gitObjects, "git-objects", nil, "git dir whose objects resolve pushed packs, e.g. the agent's repo/.git (repeatable)")
 	f.StringArrayVar(&ff.gitHeaders, "git-upstream-header", nil, `header added to upstream git requests, "Name: value" (repeatable; env `+envGitUpstreamHeader+`)`)
-	f.StringVar(&ff.gitHookSecret, "git-hook-secret", "", "the repository's git hook secret from \"fenceline hook install\", to sign fences for its pre-receive hook (default $XDG_STATE_HOME/fenceline/git-hook/<repo>.key when it exists)")
+	f.StringVar(&ff.gitHookSecret, "git-hook-secret", "", "refused: the repository's hook secret goes to the lease bus (fenceline bus fence-secret set), which gives each lease a grant key")
+	_ = f.MarkHidden("git-hook-secret")
 	f.StringVar(&ff.gitCA, "git-upstream-ca", "", "CA bundle for an https git upstream (default: the system's)")
 	f.BoolVar(&ff.allowForcePush, "allow-force-push", false, "let path leases push non-fast-forward updates (policy)")
 	f.BoolVar(&ff.allowDelete, "allow-ref-delete", false, "let path leases delete refs (policy)")
 	f.StringVar(&ff.pgUpstream, "pg-upstream", "", "host:port of the agent's Postgres (or the absolute path of its Unix socket, e.g. /var/run/postgresql/.s.PGSQL.5432, on this machine); its connections go through the Postgres fence")
 	f.StringVar(&ff.pgListen, "pg-listen", "127.0.0.1:0", "address of the Postgres fence")
-	f.StringVar(&ff.pgSecretFile, "pg-secret-file", "", "fence-signing secret from \"fenceline pg install\" (default $XDG_STATE_HOME/fenceline/pg-secret.key when it exists)")
+	f.StringVar(&ff.pgSecretFile, "pg-secret-file", "", "refused: the database's fence secret goes to the lease bus (fenceline bus fence-secret set), which gives each lease a grant key")
+	_ = f.MarkHidden("pg-secret-file")
 	f.BoolVar(&ff.pgAllowOpaque, "pg-allow-opaque", false, "let writes whose tables cannot be named (DO, CALL, GRANT…) through under a live lease (policy)")
 	f.StringVar(&ff.pgTLSCert, "pg-tls-cert", "", "PEM certificate (chain) the Postgres fence offers clients that ask for TLS, with --pg-tls-key (default: a self-signed one made at start, so sslmode=require works; verify-ca/verify-full need yours)")
 	f.StringVar(&ff.pgTLSKey, "pg-tls-key", "", "PEM private key of --pg-tls-cert")
@@ -106,9 +102,6 @@ func (ff *fenceFlags) check(repo string) error {
 	if err := opts.Check(repo); err != nil {
 		return ff.flagError(err)
 	}
-	if f := opts.HookSecretFile(); f != "" {
-		ff.gitHookSecret = f // hidden from the agent
-	}
 	ff.opts = opts
 	return nil
 }
@@ -131,8 +124,10 @@ func (ff *fenceFlags) flagError(err error) error {
 		return usagef("$%s (the --git-upstream-header kept off the command line): %v", envGitUpstreamHeader, he.Err)
 	case errors.As(err, &he):
 		return usagef("--git-upstream-header (number %d): %v", he.N, he.Err)
-	case errors.Is(err, sidecar.ErrHookSecretNeedsGit):
-		return usagef("--git-hook-secret signs pushes of the git fence: give --git-upstream too, or drop it")
+	case errors.Is(err, sidecar.ErrHookSecretGone):
+		return usagef("--git-hook-secret: %v", sidecar.ErrHookSecretGone)
+	case errors.Is(err, sidecar.ErrPGSecretGone):
+		return usagef("--pg-secret-file: %v", sidecar.ErrPGSecretGone)
 	case errors.Is(err, sidecar.ErrPGTLSPair):
 		return usagef("--pg-tls-cert and --pg-tls-key go together: give both, or neither for a self-signed certificate")
 	case oe.Option == "pg-tls-cert":
@@ -153,12 +148,13 @@ func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Audito
 	if err != nil {
 		return sidecar.Config{}, ff.flagError(err)
 	}
-	if cfg.GitUpstream != "" && cfg.GitHookSecret == nil {
-		log.Warn("no git hook secret: pushes go out unsigned, and a git server with fenceline's pre-receive hook refuses them (run fenceline hook install on the server, and pass its secret with --git-hook-secret)",
-			"looked-for", gitproxy.SidecarKeyFile(held.holder.Lease().Repo))
+	if g := held.holder.GrantKeys(); cfg.GitUpstream != "" && (g == nil || g.Git == nil) {
+		log.Warn("the lease service gave this lease no git grant key: pushes go out unsigned, and a git server with fenceline's pre-receive hook refuses them (register the repository's hook secret with the bus: fenceline bus fence-secret set --repo REPO --git HOOK-SECRET-FILE)",
+			"lease", held.holder.Lease().LeaseID, "repo", held.holder.Lease().Repo)
 	}
-	if cfg.PGUpstream != "" && cfg.PGSecret == nil {
-		log.Warn("no Postgres fence secret: writes to fenced tables will be rejected by Postgres (run fenceline pg install, or pass --pg-secret-file)")
+	if g := held.holder.GrantKeys(); cfg.PGUpstream != "" && (g == nil || g.Postgres == nil) {
+		log.Warn("the lease service gave this lease no Postgres grant key: writes to fenced tables will be rejected by Postgres (register the database's fence secret with the bus: fenceline bus fence-secret set --repo REPO --postgres SECRET-FILE)",
+			"lease", held.holder.Lease().LeaseID, "repo", held.holder.Lease().Repo)
 	}
 	return cfg, nil
 }

@@ -51,8 +51,11 @@ type ServiceConfig struct {
 	UI, UIToken string
 	// Debug keeps the embedded server's debug log on while its refusals
 	// are audited.
-	Debug  bool
-	Logger *slog.Logger
+	// FenceSecretDir is leasebus.ServiceConfig.FenceSecretDir: the
+	// storages' secrets, from which each acquirer gets grant keys.
+	FenceSecretDir string
+	Debug          bool
+	Logger         *slog.Logger
 }
 
 // Service is a running lease service, with its metrics and run UI.
@@ -120,7 +123,7 @@ func StartService(ctx context.Context, cfg ServiceConfig) (_ *Service, err error
 			s.Replicas = 3
 		}
 	}
-	scfg := leasebus.ServiceConfig{Replicas: s.Replicas, Logger: log, Names: cfg.Names}
+	scfg := leasebus.ServiceConfig{Replicas: s.Replicas, Logger: log, Names: cfg.Names, FenceSecretDir: cfg.FenceSecretDir}
 	if cfg.Node != nil {
 		scfg.StoreProbe = embedded.StoreProbe(cfg.Node.Server, cfg.Node.Config.StoreDir)
 	}

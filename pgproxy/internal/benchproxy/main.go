@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
 )
@@ -77,9 +78,16 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	// Play the lease service: the proxy holds only the lease's grant key.
+	rec := leasebus.Lease{LeaseID: "lease_bench", Fence: 1, Scope: claim, Status: leasebus.StatusActive}
+	if secret != nil {
+		if rec.Grants, err = lease.GrantKeysFor(&rec, nil, secret); err != nil {
+			return err
+		}
+	}
 	p, err := pgproxy.Listen(ctx, pgproxy.Config{
-		Listen: *listen, Upstream: *upstream, Secret: secret, AllowOpaque: *allowOpaque,
-		Lease:  leasebus.Frozen{Record: leasebus.Lease{LeaseID: "lease_bench", Fence: 1, Scope: claim, Status: leasebus.StatusActive}},
+		Listen: *listen, Upstream: *upstream, AllowOpaque: *allowOpaque,
+		Lease:  leasebus.Frozen{Record: rec},
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
