@@ -13,6 +13,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -155,6 +156,11 @@ func TestPushOptionsAndFenceReachUpstream(t *testing.T) {
 	writeHook(t, e.bare, "pre-receive", hook)
 	var err error
 	if e.hookKey, err = GenerateHookKey(); err != nil {
+		t.Fatal(err)
+	}
+	// Registered with the lease service, so the lease comes with a git
+	// grant key for the proxy to sign with.
+	if err := leasebus.WriteFenceSecret(e.bus.FenceSecrets, testRepo, lease.StorageGit, e.hookKey); err != nil {
 		t.Fatal(err)
 	}
 	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)

@@ -194,10 +194,13 @@ func ensureBounded(ctx context.Context, js jetstream.JetStream, cfgs []jetstream
 // its store limit, only whether a stream fits.
 func measureReservable(ctx context.Context, js jetstream.JetStream, replicas int) (int64, error) {
 	// A measuring stream an earlier try made and could not delete (its
-	// deadline passed) would hold its reservation for ever.
+	// deadline passed) would hold its reservation for ever. One made in the
+	// last minute may be another instance's, measuring now (every node of
+	// a cluster starts a service): left alone.
 	names := js.StreamNames(ctx)
 	for n := range names.Name() {
-		if strings.HasPrefix(n, measurePrefix) {
+		made, err := strconv.ParseInt(strings.TrimPrefix(n, measurePrefix), 36, 64)
+		if strings.HasPrefix(n, measurePrefix) && (err != nil || time.Since(time.Unix(0, made)) > time.Minute) {
 			if err := js.DeleteStream(ctx, n); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 				return 0, fmt.Errorf("delete stream %s: %w", n, err)
 			}
@@ -212,7 +215,7 @@ func measureReservable(ctx context.Context, js jetstream.JetStream, replicas int
 			Storage: jetstream.FileStorage, Replicas: replicas, MaxBytes: n})
 		switch {
 		case err == nil:
-			if err := js.DeleteStream(ctx, name); err != nil {
+			if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 				return true, fmt.Errorf("delete stream %s: %w", name, err)
 			}
 			return true, nil

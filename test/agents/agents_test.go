@@ -112,7 +112,7 @@ func runStory(t *testing.T, agent string, md mode) *story {
 	// test the status the CLI exited with, to compare with fenceline's.
 	argv := append([]string{"/bin/sh", "-c", `"$0" "$@"; s=$?; echo "agents-e2e: the agent exited $s" >&2; exit $s`}, w.agentArgv(t, agent)...)
 	fences := []string{"--git-upstream", w.upstream,
-		"--pg-upstream", w.pg.Addr(), "--table", "billing.invoices", "--pg-secret-file", w.pgSecret,
+		"--pg-upstream", w.pg.Addr(), "--table", "billing.invoices",
 		"--allow-host", w.modelHost(),
 		"--egress-resolve", w.modelHost() + "=127.0.0.1:" + w.modelPt,
 		"--egress-resolve", forbidden + ":443=127.0.0.1:" + w.modelPt}

@@ -189,6 +189,9 @@ type world struct {
 	upstream string
 	pg       *pgtest.Server
 	pgSecret string
+	// fenceSecrets is the lease service's fence-secret directory: the
+	// database's secret is registered there, never given to a runner.
+	fenceSecrets string
 	model    *Model
 	modelSrv *httptest.Server
 	modelPt  string
@@ -207,7 +210,8 @@ func newWorld(t *testing.T) *world {
 
 	srv := bustest.StartServer(t, leasebus.ServerConfig{})
 	nc := bustest.Connect(t, srv.ClientURL())
-	svc, err := leasebus.StartService(context.Background(), nc, leasebus.ServiceConfig{Names: bustest.Names(t)})
+	w.fenceSecrets = t.TempDir()
+	svc, err := leasebus.StartService(context.Background(), nc, leasebus.ServiceConfig{Names: bustest.Names(t), FenceSecretDir: w.fenceSecrets})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,6 +294,7 @@ func newWorld(t *testing.T) *world {
 	w.pgSecret = filepath.Join(base, "pg.key")
 	w.flRoot("pg", "install", "--dsn", w.pg.AdminDSN(""), "--table", "billing.invoices", "--table", "ledger.entries",
 		"--secret-file", w.pgSecret)
+	w.flRoot("bus", "fence-secret", "set", "--repo", w.repoKey(), "--postgres", w.pgSecret, "--dir", w.fenceSecrets)
 
 	// The scripted model, on loopback, over TLS with a test CA's
 	// certificate for its made-up name: the agents reach it by that name

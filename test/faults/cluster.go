@@ -87,6 +87,9 @@ type Cluster struct {
 	Services []*Node // lease services without a server of their own
 	urls     []string
 	creds    string // the credentials every node admits and every process uses
+	// FenceSecrets is the fence-secret directory of every node's and
+	// service's lease service ("bus fence-secret set --dir").
+	FenceSecrets string
 	// routes[i][j] carries node i's route connections to node j, through
 	// a bridge that can blackhole them (Isolate).
 	routes [][]*testutil.Bridge
@@ -99,7 +102,7 @@ func StartCluster(t testing.TB, bin string, n int) *Cluster {
 	t.Helper()
 	// One set of credentials for the whole cluster (a node would otherwise
 	// make its own), the one the test's own connections use.
-	c := &Cluster{t: t, bin: bin, creds: bustest.CredsDir(t)}
+	c := &Cluster{t: t, bin: bin, creds: bustest.CredsDir(t), FenceSecrets: t.TempDir()}
 	ports := freePorts(t, 2*n)
 	c.routes = make([][]*testutil.Bridge, n)
 	for i := range n {
@@ -121,7 +124,7 @@ func StartCluster(t testing.TB, bin string, n int) *Cluster {
 		}
 		name := fmt.Sprintf("n%d", i)
 		p := &Node{Name: name, state: filepath.Join(dir, name, "state"), args: []string{
-			"bus", "serve", "--name", name, "--cluster-name", "faults",
+			"bus", "serve", "--name", name, "--cluster-name", "faults", "--fence-secrets", c.FenceSecrets,
 			"--cluster-listen", fmt.Sprintf("127.0.0.1:%d", ports[n+i]),
 			"--routes", strings.Join(peers, ","),
 			"--listen", fmt.Sprintf("127.0.0.1:%d", ports[i]),
@@ -144,7 +147,7 @@ func StartCluster(t testing.TB, bin string, n int) *Cluster {
 func (c *Cluster) AddService(name string) *Node {
 	c.t.Helper()
 	p := &Node{Name: name, state: filepath.Join(c.t.TempDir(), "state"),
-		args: []string{"--nats", c.URLs(), "bus", "serve", "--replicas", "3"}}
+		args: []string{"--nats", c.URLs(), "bus", "serve", "--replicas", "3", "--fence-secrets", c.FenceSecrets}}
 	c.Services = append(c.Services, p)
 	c.start(p)
 	c.WaitReady(p, 60*time.Second)
@@ -153,6 +156,17 @@ func (c *Cluster) AddService(name string) *Node {
 
 // URLs is every node's client URL, comma-separated, for nats.Connect.
 func (c *Cluster) URLs() string { return strings.Join(c.urls, ",") }
+
+// URLsBut is URLs without p's: the majority side of a partition of p.
+func (c *Cluster) URLsBut(p *Node) string {
+	var out []string
+	for i, n := range c.Nodes {
+		if n != p {
+			out = append(out, c.urls[i])
+		}
+	}
+	return strings.Join(out, ",")
+}
 
 func (c *Cluster) start(p *Node) {
 	c.t.Helper()

@@ -347,7 +347,7 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 	// The guarded agents: "fenceline run" on the cluster (every node's
 	// URL, the cluster's credentials), a child appending to a file through
 	// the file guard and inserting rows through the Postgres fence.
-	env := &Env{Bin: bin, StateHome: t.TempDir(), BusURL: cl.URLs(), Extra: []string{"FENCELINE_CREDS=" + cl.creds}}
+	env := &Env{Bin: bin, StateHome: t.TempDir(), BusURL: cl.URLs(), Extra: []string{"FENCELINE_CREDS=" + cl.creds}, FenceSecrets: cl.FenceSecrets}
 	secret := preparePG(ctx, t, env, pg, runTable)
 	crew := newCrew(ctx, t, env, h, runLineage(ctx, t, env, h, pg, secret, newCheckout(t, "data"), "run", "data", runTable),
 		gitLineage(ctx, t, env, h))
@@ -441,7 +441,13 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 			cl.Isolate(p, true)
 			cut := time.Now()
 			h.Fault("partition-holder-node")
+			// The operator revokes on the other side (a CLI that dialled the
+			// cut-off node would wait there for a service that cannot write).
+			majority := *env
+			majority.BusURL = cl.URLsBut(p)
+			crew.env = &majority
 			crew.revoke("partition-holder-node", fmt.Sprintf("round %d, right after %s (%s's node) was cut off", round, p.Name, run.Name), cut)
+			crew.env = env
 			hold(3*time.Second - time.Since(cut))
 			cl.Isolate(p, false)
 			t.Logf("round %d: healed %s after %s", round, p.Name, time.Since(cut).Round(time.Millisecond))

@@ -57,6 +57,9 @@ type Env struct {
 	BusURL    string
 	// Extra is added to every process's environment.
 	Extra []string
+	// FenceSecrets is the lease service's fence-secret directory when it
+	// is not the default of StateHome (a cluster's nodes share one).
+	FenceSecrets string
 }
 
 // NewEnv returns an Env with its own state directory and a bus address.

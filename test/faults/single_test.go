@@ -113,6 +113,7 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 	defer bus.Stop()
 	secret := preparePG(ctx, t, env, pg, runTable, podTable)
 	co := newCheckout(t, "data", "pod")
+	registerPG(ctx, t, env, co, secret)
 	h := NewHistory()
 	psql := filepath.Join(pg.BinDir, "psql")
 
@@ -120,7 +121,7 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 	pod := fileAndPG(ctx, t, pg, "pod", filepath.Join(co, "pod", "log"), podTable)
 	pod.start = func(i int) *agent {
 		sc := env.Start(t, fmt.Sprintf("sidecar-%d", i), "sidecar", "--repo", co, "--scope", "pod",
-			"--table", podTable, "--pg-upstream", pg.Addr(), "--pg-secret-file", secret,
+			"--table", podTable, "--pg-upstream", pg.Addr(),
 			"--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("pod-%d", i), "--task", "faults")
 		id := waitOutput(ctx, t, sc, sc.Stdout, sidecarLease)
 		admin := waitOutput(ctx, t, sc, sc.Stdout, adminLine)
@@ -178,11 +179,12 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 // appended to co/dir/log through the file guard, rows inserted into table
 // through the run's Postgres fence.
 func runLineage(ctx context.Context, t *testing.T, env *Env, h *History, pg *pgtest.Server, secret, co, name, dir, table string) *lineage {
+	registerPG(ctx, t, env, co, secret)
 	l := fileAndPG(ctx, t, pg, name, filepath.Join(co, dir, "log"), table)
 	psql := filepath.Join(pg.BinDir, "psql")
 	l.start = func(i int) *agent {
 		p, id := startRun(ctx, t, env, h, fmt.Sprintf("%s-%d", name, i), "run", "--checkout", co, "--scope", dir,
-			"--table", table, "--pg-upstream", pg.Addr(), "--pg-secret-file", secret,
+			"--table", table, "--pg-upstream", pg.Addr(),
 			"--ttl", "30s", "--wait", "20s", "--agent", fmt.Sprintf("%s-%d", name, i), "--task", "faults",
 			"--", "sh", "-c", writerScript(psql, pg.Admin, dir, table))
 		return &agent{procs: []*Proc{p}, lease: recordGrant(ctx, t, env, h, id)}
@@ -402,6 +404,20 @@ func preparePG(ctx context.Context, t *testing.T, env *Env, pg *pgtest.Server, t
 		t.Fatalf("pg install: %v\n%s", err, stderr)
 	}
 	return secret
+}
+
+// registerPG registers the database's fence secret for repo with the lease
+// service ("bus fence-secret set"): only the service and the database
+// hold it, and each lease's acquirer gets a grant key derived from it.
+func registerPG(ctx context.Context, t *testing.T, env *Env, repo, secret string) {
+	t.Helper()
+	args := []string{"bus", "fence-secret", "set", "--repo", repo, "--postgres", secret}
+	if env.FenceSecrets != "" {
+		args = append(args, "--dir", env.FenceSecrets)
+	}
+	if _, stderr, err := env.CLI(ctx, args...); err != nil {
+		t.Fatalf("bus fence-secret set: %v\n%s", err, stderr)
+	}
 }
 
 // newCheckout makes a git checkout with the directories dirs.
