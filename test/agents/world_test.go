@@ -192,10 +192,10 @@ type world struct {
 	// fenceSecrets is the lease service's fence-secret directory: the
 	// database's secret is registered there, never given to a runner.
 	fenceSecrets string
-	model    *Model
-	modelSrv *httptest.Server
-	modelPt  string
-	caFile   string // the CA the model's certificate chains to
+	model        *Model
+	modelSrv     *httptest.Server
+	modelPt      string
+	caFile       string // the CA the model's certificate chains to
 }
 
 // repoKey is the lease's repo: the checkout's origin, normalized.
