@@ -352,6 +352,12 @@ func EnrollEphemeral(enroller *nats.Conn, name string) (*EphemeralIdentity, erro
 // closes nc once it has.
 func (e *EphemeralIdentity) Leave(nc *nats.Conn) error {
 	m, err := nc.Request(identitySubject("leave", e.pub), nil, 2*ConnectTimeout)
+	if err != nil && !nc.IsConnected() {
+		// The bus closed this identity's connection: it reloaded its users
+		// without this one (the answer, sent first, can be lost with the
+		// connection).
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("remove bus identity %s: %w", e.Name, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -28,6 +29,7 @@ var errAnswered = errors.New("answered")
 // the server's users (ReloadUsers), so a new identity is admitted and a
 // removed one disconnected without a restart.
 type Identities struct {
+	nc  *nats.Conn
 	srv *server.Server
 	cfg leasebus.ServerConfig
 	log *slog.Logger
@@ -48,7 +50,7 @@ func ServeIdentities(nc *nats.Conn, srv *server.Server, cfg leasebus.ServerConfi
 	if cfg.CredsDir == "" {
 		cfg.CredsDir = leasebus.CredsDirOf(cfg.StoreDir)
 	}
-	ids := &Identities{srv: srv, cfg: cfg, log: log}
+	ids := &Identities{nc: nc, srv: srv, cfg: cfg, log: log}
 	for op, h := range map[string]func(id string, m *nats.Msg) (string, error){
 		"enroll": ids.enroll,
 		"leave":  ids.leave,
@@ -158,6 +160,7 @@ func (ids *Identities) leave(by string, m *nats.Msg) (string, error) {
 	}
 	data, _ := json.Marshal(leasebus.IdentityReply{Name: i.Name})
 	_ = m.Respond(data)
+	_ = ids.nc.FlushTimeout(time.Second) // the answer is with the server before the reload closes the asker
 	if err := ReloadUsers(ids.srv, ids.cfg); err != nil {
 		ids.log.Warn("reload after an identity left", "name", i.Name, "err", err)
 	}
