@@ -29,6 +29,7 @@ import (
 	"github.com/fenceline/fenceline/internal/testutil"
 
 	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/leasebus"
 )
 
 // BuildBinary builds ./cmd/fenceline of this module into a temporary
@@ -255,6 +256,29 @@ func (c *Cluster) Isolate(p *Node, cut bool) {
 			c.routes[n][i].Partition(cut)
 		}
 	}
+}
+
+// WaitStreams waits until node p reaches the lease log's stream leader
+// again (after a partition healed, its JetStream first catches up and
+// answers "temporarily unavailable"), so a run that dials it is served.
+func (c *Cluster) WaitStreams(p *Node, timeout time.Duration) {
+	c.t.Helper()
+	nc := bustest.Connect(c.t, c.urls[slices.Index(c.Nodes, p)])
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	testutil.CheckFor(c.t, timeout, 100*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		s, err := js.Stream(ctx, leasebus.LogStream)
+		if err != nil {
+			return fmt.Errorf("%s: lease log: %w", p.Name, err)
+		}
+		_, err = s.Info(ctx)
+		return err
+	})
 }
 
 // Kill kills p with SIGKILL and waits until it is gone.

@@ -451,6 +451,7 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 			hold(3*time.Second - time.Since(cut))
 			cl.Isolate(p, false)
 			t.Logf("round %d: healed %s after %s", round, p.Name, time.Since(cut).Round(time.Millisecond))
+			cl.WaitStreams(p, 60*time.Second)
 			crew.regrant()
 			progress(20, 45*time.Second)
 		}

@@ -503,6 +503,10 @@ func startRun(ctx context.Context, t *testing.T, env *Env, h *History, name stri
 		if errors.Is(err, errExited) {
 			h.Incident("agent-start-failed")
 			t.Logf("incident: %s exited before its lease was granted (try %d), starting it again: %s", name, try, strings.TrimSpace(p.Stderr()))
+			select { // retries spaced out, as a client backs off: the bus may need seconds after a fault
+			case <-ctx.Done():
+			case <-time.After(time.Duration(try) * 500 * time.Millisecond):
+			}
 			continue
 		}
 		p.KillTree()
