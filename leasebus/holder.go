@@ -336,7 +336,7 @@ func (h *Holder) beat(ctx context.Context) {
 	case err == nil && (r.Lease.LeaseID != held.LeaseID || r.Lease.Repo != held.Repo || r.Lease.Fence != held.Fence):
 		// Not the service's answer about this lease: nothing heard.
 	case err == nil:
-		h.heard(sent.Add(-time.Duration(r.Age)))
+		h.heard(sent.Add(-max(time.Duration(r.Age), 0))) // never later than sent
 		h.observe(r.Lease)
 	case errors.Is(err, ErrNotFound):
 		// The service read the log, and it has no such lease.
