@@ -78,14 +78,12 @@ func (c *testCluster) streamLeader(stream string) int {
 	return -1
 }
 
-func TestClusterLeaderFailover(t *testing.T) {
-	t.Parallel() // waits on TTLs and elections: runs beside the others (own servers, no shared state)
-	cl := startCluster(t)
-	seed := testSeed(t)
-	ctx := ctxT(t)
-
-	svcNC := cl.connect(t)
-	js, err := jetstream.New(svcNC)
+// startClusterService starts a lease service (replicas 3) on nc, a
+// connection to a new cluster, once its JetStream answers; the service
+// itself waits while the cluster elects its leaders.
+func startClusterService(ctx context.Context, t *testing.T, nc *nats.Conn) (*Service, jetstream.JetStream) {
+	t.Helper()
+	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,14 +93,23 @@ func TestClusterLeaderFailover(t *testing.T) {
 		_, err := js.AccountInfo(actx)
 		return err
 	})
-	// StartService itself waits while the new cluster elects its leaders.
 	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	svc, err := StartService(sctx, svcNC, ServiceConfig{Replicas: 3})
-	cancel()
+	defer cancel()
+	svc, err := StartService(sctx, nc, ServiceConfig{Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(svc.Stop)
+	return svc, js
+}
+
+func TestClusterLeaderFailover(t *testing.T) {
+	t.Parallel() // waits on TTLs and elections: runs beside the others (own servers, no shared state)
+	cl := startCluster(t)
+	seed := testSeed(t)
+	ctx := ctxT(t)
+
+	_, js := startClusterService(ctx, t, cl.connect(t))
 	st, err := js.Stream(ctx, LogStream)
 	if err != nil {
 		t.Fatal(err)

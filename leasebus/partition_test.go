@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fenceline/fenceline/internal/testutil"
 )
@@ -77,24 +76,7 @@ func TestRevokeReachesHolderThroughPartition(t *testing.T) {
 	ctx := ctxT(t)
 
 	// The service and the operator on node 0; the holder on node 2 only.
-	svcNC := connect(t, cl.urls[0])
-	js, err := jetstream.New(svcNC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkFor(t, 30*time.Second, 100*time.Millisecond, func() error {
-		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		_, err := js.AccountInfo(actx)
-		return err
-	})
-	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	svc, err := StartService(sctx, svcNC, ServiceConfig{Replicas: 3})
-	cancel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Stop)
+	startClusterService(ctx, t, connect(t, cl.urls[0]))
 	op := NewClient(connectAs(t, strings.Join(cl.urls[:2], ","), RoleOperator))
 	hc := NewClient(connectAs(t, cl.urls[2], RoleHolder))
 
