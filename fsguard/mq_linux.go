@@ -343,13 +343,7 @@ func (t *trap) mqWhat() string {
 // the agent's own; otherwise it answers the call (refused, or failed) and
 // returns ok false. The caller closes fd.
 func (t *trap) mqOwnQueue() (fd int, a mqAttr, ok bool) {
-	fd, own, ok := t.mqFD()
-	if !ok {
-		return -1, a, false
-	}
-	if !own {
-		unix.Close(fd)
-		t.mqDenyForeign(t.mqWhat())
+	if fd, ok = t.mqOwnFD(); !ok {
 		return -1, a, false
 	}
 	if err := mqGetSetAttr(fd, nil, &a); err != nil {
@@ -358,6 +352,22 @@ func (t *trap) mqOwnQueue() (fd int, a mqAttr, ok bool) {
 		return -1, a, false
 	}
 	return fd, a, true
+}
+
+// mqOwnFD is the supervisor's duplicate of the call's queue descriptor
+// when the queue is the agent's own; a foreign queue is refused (the
+// duplicate closed) and ok is false, as it is when the call was answered.
+func (t *trap) mqOwnFD() (fd int, ok bool) {
+	fd, own, ok := t.mqFD()
+	if !ok {
+		return -1, false
+	}
+	if !own {
+		unix.Close(fd)
+		t.mqDenyForeign(t.mqWhat())
+		return -1, false
+	}
+	return fd, true
 }
 
 // mqSendCall is mq_timedsend(fd, msg, len, prio, abs_timeout).
@@ -456,15 +466,11 @@ func mqNotifyCall(t *trap) {
 		t.mqDenyLost(t.mqWhat(), gateErr)
 		return
 	}
-	fd, own, ok := t.mqFD()
+	fd, ok := t.mqOwnFD()
 	if !ok {
 		return
 	}
 	unix.Close(fd)
-	if !own {
-		t.mqDenyForeign(t.mqWhat())
-		return
-	}
 	t.proceed()
 }
 
@@ -480,15 +486,11 @@ func mqSetattrCall(t *trap) {
 		t.mqDenyLost(t.mqWhat(), gateErr)
 		return
 	}
-	fd, own, ok := t.mqFD()
+	fd, ok := t.mqOwnFD()
 	if !ok {
 		return
 	}
 	defer unix.Close(fd)
-	if !own {
-		t.mqDenyForeign(t.mqWhat())
-		return
-	}
 	b, err := t.mem(t.arg(1), int(unsafe.Sizeof(mqAttr{})))
 	if err != nil {
 		if !errors.Is(err, errTaskGone) {

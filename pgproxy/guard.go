@@ -52,6 +52,12 @@ func fenceGuard(n *pgq.Node) (forbidden string, signals []int32, params []int, c
 			forbidden = s
 		}
 	}
+	// named refuses a qualified name in the fence's schema: "it <verb> <name>".
+	named := func(verb string, names []string) {
+		if qualifiedBy(names, Schema) {
+			why(fmt.Sprintf("it %s %s, %s", verb, strings.Join(names, "."), fenceObjects))
+		}
+	}
 	walk(n.ProtoReflect(), func(m protoreflect.Message) {
 		switch v := m.Interface().(type) {
 		case *pgq.RangeVar:
@@ -98,29 +104,19 @@ func fenceGuard(n *pgq.Node) (forbidden string, signals []int32, params []int, c
 				why("it puts the fenceline schema on search_path, " + fenceObjects)
 			}
 		case *pgq.TypeName:
-			if names := strs(v.Names); qualifiedBy(names, Schema) {
-				why(fmt.Sprintf("it names type %s, %s", strings.Join(names, "."), fenceObjects))
-			}
+			named("names type", strs(v.Names))
 		case *pgq.A_Expr:
-			if names := strs(v.Name); qualifiedBy(names, Schema) {
-				why(fmt.Sprintf("it calls operator %s, %s", strings.Join(names, "."), fenceObjects))
-			}
+			named("calls operator", strs(v.Name))
 		case *pgq.ColumnRef:
 			if names := strs(v.Fields); len(names) >= 3 && names[len(names)-3] == Schema {
 				why(fmt.Sprintf("it names %s, %s", strings.Join(names, "."), fenceObjects))
 			}
 		case *pgq.ObjectWithArgs:
-			if names := strs(v.Objname); qualifiedBy(names, Schema) {
-				why(fmt.Sprintf("it names %s, %s", strings.Join(names, "."), fenceObjects))
-			}
+			named("names", strs(v.Objname))
 		case *pgq.CreateTrigStmt:
-			if names := strs(v.Funcname); qualifiedBy(names, Schema) {
-				why(fmt.Sprintf("it names %s, %s", strings.Join(names, "."), fenceObjects))
-			}
+			named("names", strs(v.Funcname))
 		case *pgq.CreateEventTrigStmt:
-			if names := strs(v.Funcname); qualifiedBy(names, Schema) {
-				why(fmt.Sprintf("it names %s, %s", strings.Join(names, "."), fenceObjects))
-			}
+			named("names", strs(v.Funcname))
 		case *pgq.List:
 			if names := strs(v.Items); len(names) == len(v.Items) && qualifiedBy(names, Schema) {
 				why(fmt.Sprintf("it names %s, %s", strings.Join(names, "."), fenceObjects))
