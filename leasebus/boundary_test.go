@@ -19,6 +19,25 @@ import (
 // holder's own writes to the audit stream, and what it sends through the
 // service is clipped, named after its sender, and rate-limited per
 // identity.
+// flood records n events (ev(i)) one by one and counts those written and
+// those the service refused over a rate limit, and how long it took.
+func flood(ctx context.Context, t *testing.T, aud *Auditor, n int, ev func(int) AuditEvent) (written, limited int, took time.Duration) {
+	t.Helper()
+	start := time.Now()
+	for i := range n {
+		err := aud.Record(ctx, ev(i))
+		switch {
+		case err == nil:
+			written++
+		case errors.Is(err, ErrUnavailable) && strings.Contains(err.Error(), "faster than"):
+			limited++
+		default:
+			t.Fatal(err)
+		}
+	}
+	return written, limited, time.Since(start)
+}
+
 func TestBoundaryEventsAreBounded(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
@@ -101,20 +120,9 @@ func TestBoundaryEventsRateLimitedPerIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
-	written, limited := 0, 0
-	for i := range 3 * boundaryBurst {
-		err := flooder.Record(ctx, AuditEvent{Type: EventDenied, Boundary: BoundaryFile, Repo: repo, Message: fmt.Sprintf("flood %d", i)})
-		switch {
-		case err == nil:
-			written++
-		case errors.Is(err, ErrUnavailable) && strings.Contains(err.Error(), "faster than"):
-			limited++
-		default:
-			t.Fatal(err)
-		}
-	}
-	took := time.Since(start)
+	written, limited, took := flood(ctx, t, flooder, 3*boundaryBurst, func(i int) AuditEvent {
+		return AuditEvent{Type: EventDenied, Boundary: BoundaryFile, Repo: repo, Message: fmt.Sprintf("flood %d", i)}
+	})
 	if most := boundaryBurst + int(took.Seconds()*boundaryRate) + 1; written > most || limited == 0 {
 		t.Fatalf("%d events written one by one in %s (at most %d), %d refused over the rate", written, took.Round(time.Millisecond), most, limited)
 	}

@@ -184,20 +184,9 @@ func TestBoundaryEventsRateLimitedPerLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
-	written, limited := 0, 0
-	for i := range 3 * leaseBurst {
-		err := aud.Record(ctx, AuditEvent{Type: EventDenied, Boundary: BoundaryFile, Repo: repo, LeaseID: "lease_loud", Message: fmt.Sprintf("refusal %d", i)})
-		switch {
-		case err == nil:
-			written++
-		case errors.Is(err, ErrUnavailable) && strings.Contains(err.Error(), "faster than"):
-			limited++
-		default:
-			t.Fatal(err)
-		}
-	}
-	took := time.Since(start)
+	written, limited, took := flood(ctx, t, aud, 3*leaseBurst, func(i int) AuditEvent {
+		return AuditEvent{Type: EventDenied, Boundary: BoundaryFile, Repo: repo, LeaseID: "lease_loud", Message: fmt.Sprintf("refusal %d", i)}
+	})
 	if most := leaseBurst + int(took.Seconds()*leaseRate) + 1; written > most || limited == 0 {
 		t.Fatalf("%d events of one lease written one by one in %s (at most %d), %d refused over its rate", written, took.Round(time.Millisecond), most, limited)
 	}
