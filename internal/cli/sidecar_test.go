@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -98,9 +99,17 @@ func TestSidecarFencesAnUnmodifiedGit(t *testing.T) {
 			t.Fatalf("sidecar exited %d:\n%s\n%s", code, out.String(), errOut.String())
 		default:
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		// The env file may be written a moment before the lines are printed.
+		for _, want := range []string{"sidecar: lease lease_", "git fence: http://127.0.0.1:", "GIT_CONFIG_COUNT=2", "admin: http://127.0.0.1:"} {
+			if !strings.Contains(out.String(), want) {
+				return fmt.Errorf("sidecar output does not contain %q yet:\n%s", want, out.String())
+			}
+		}
+		return nil
 	})
-	mustContain(t, "sidecar output", out.String(), "sidecar: lease lease_", "git fence: http://127.0.0.1:", "GIT_CONFIG_COUNT=2", "admin: http://127.0.0.1:")
 	admin := adminURL(t, out.String())
 	if code, body := testutil.HTTPGet(t, admin+"/readyz", ""); code != 200 || !strings.Contains(body, "ready: lease lease_") {
 		t.Fatalf("readyz of a sidecar holding its lease: %d %q", code, body)
