@@ -115,6 +115,7 @@ type actor struct {
 	// Guarded by busy (and owned by StartService before the actor serves).
 	state   *repoState
 	stale   bool      // must reload the log before the next write
+	counted int       // active leases last added to the service's count (count)
 	waiters []*waiter // queued acquires, oldest first
 
 	armed   time.Time // when the actor's timer fires
@@ -205,6 +206,18 @@ func (a *actor) ask(ctx context.Context, c *call) reply {
 // events reach the audit stream once, through whichever instance extends
 // the chain past it first.
 func (a *actor) reload(ctx context.Context) error {
+	if err := a.readLog(ctx); err != nil {
+		return err
+	}
+	a.svc.indexLeases(a.key, a.entries())
+	a.count()
+	return nil
+}
+
+// readLog reads the log records this actor has not seen into its state and
+// hands each to the audit chain (see reload), without touching the
+// service's lease index.
+func (a *actor) readLog(ctx context.Context) error {
 	err := a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, func(seq uint64, evs []AuditEvent) {
 		a.svc.audit.record(a.key, seq, evs)
 	})
@@ -212,6 +225,11 @@ func (a *actor) reload(ctx context.Context) error {
 		return err
 	}
 	a.stale = false
+	return nil
+}
+
+// entries are the repo's leases, active and recently ended.
+func (a *actor) entries() []*entry {
 	all := make([]*entry, 0, len(a.state.leases)+len(a.state.ended))
 	for _, e := range a.state.leases {
 		all = append(all, e)
@@ -219,8 +237,16 @@ func (a *actor) reload(ctx context.Context) error {
 	for _, e := range a.state.ended {
 		all = append(all, e)
 	}
-	a.svc.indexLeases(a.key, all)
-	return nil
+	return all
+}
+
+// count brings the service's count of active leases up to date with this
+// repo's committed state (the metrics read it, never the log). Called
+// under busy, or before the actor is shared.
+func (a *actor) count() {
+	n := len(a.state.leases)
+	a.svc.activeLeases.Add(int64(n - a.counted))
+	a.counted = n
 }
 
 func (a *actor) run(ctx context.Context) {
@@ -427,6 +453,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 			a.confirmed.Store(&began)
 		}
 		t.commit(seq)
+		a.count()
 		a.finish(t, outs, served, remaining, seq, size)
 		return
 	}

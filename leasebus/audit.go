@@ -476,6 +476,23 @@ func (w *auditWriter) unseen(last uint64) bool {
 	return missing
 }
 
+// accountedTo accounts for every log sequence up to last (loadEvery read
+// every repo's log to beyond it; records purged before were covered by
+// the audit chain before they were purged).
+func (w *auditWriter) accountedTo(last uint64) {
+	w.seenMu.Lock()
+	defer w.seenMu.Unlock()
+	if last <= w.floor {
+		return
+	}
+	for seq := range w.seen {
+		if seq <= last {
+			delete(w.seen, seq)
+		}
+	}
+	w.floor = last
+}
+
 // catchUp makes sure no lease log record escapes the audit: an instance
 // killed after its append was acknowledged, but before it wrote the
 // record's events and before it announced the record, leaves a record no
@@ -483,9 +500,10 @@ func (w *auditWriter) unseen(last uint64) bool {
 // record, so every auditCatchUpEvery it reads the stream's last sequence
 // (one request) and checks that this instance has seen every record up to
 // the last sequence of the period before; if one escaped it, every repo's
-// actor reloads its log, which hands the record to the audit chain. (The
-// first period accounts for the records purged before this instance
-// started, and costs one reload of every repo.)
+// actor reloads its log, which hands the record to the audit chain. It
+// runs after loadEvery, which accounts for every record up to the stream's
+// last sequence when it began (when a repo's log could not be read then,
+// the first period accounts for the rest, at one reload of every repo).
 func (s *Service) catchUp(ctx context.Context) {
 	var prevLast uint64
 	for {

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -77,6 +78,29 @@ func newID(prefix string, now time.Time) string {
 		panic(fmt.Sprintf("crypto/rand: %v", err))
 	}
 	return prefix + idEncoding.EncodeToString(b[:])
+}
+
+// newLeaseID returns a lease id that names its repo: "lease_", 16
+// characters of newID (time, then random), then the repo's key (RepoKey,
+// 24 hex digits) — 46 characters in all. Any service instance routes a
+// request by such an id straight to the repo it names (LeaseRepoKey).
+func newLeaseID(key string, now time.Time) string { return newID("lease_", now) + key }
+
+// LeaseRepoKey returns the key (RepoKey) of the repo a lease id names, and
+// false for an id of the old form, which names none ("lease_" and 16
+// characters: ids granted before ids named their repo).
+func LeaseRepoKey(id string) (string, bool) {
+	const idLen, keyLen = len("lease_") + 16, 24
+	if len(id) != idLen+keyLen || !strings.HasPrefix(id, "lease_") {
+		return "", false
+	}
+	key := id[idLen:]
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return "", false
+		}
+	}
+	return key, true
 }
 
 // NewRequestID returns a fresh id for an idempotent request.

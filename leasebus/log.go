@@ -352,6 +352,7 @@ func (s *store) load(ctx context.Context, key string, st *repoState, now func() 
 	subj := logSubjectFor(key)
 	for next := st.seq + 1; ; {
 		m, err := stream.GetMsg(ctx, next, jetstream.WithGetMsgSubject(subj))
+		s.metrics.read("record")
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}
@@ -400,6 +401,7 @@ func (s *store) hasLog(ctx context.Context, key string) (bool, error) {
 		return false, err
 	}
 	_, err = stream.GetLastMsgForSubject(ctx, logSubjectFor(key))
+	s.metrics.read("record")
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return false, nil
@@ -416,6 +418,7 @@ func (s *store) repoKeys(ctx context.Context) ([]string, error) {
 		return nil, err
 	}
 	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(logSubject+".>"))
+	s.metrics.read("subjects")
 	if err != nil {
 		return nil, fmt.Errorf("list lease logs: %w", err)
 	}

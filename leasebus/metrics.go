@@ -26,8 +26,21 @@ import (
 //	fenceline_bus_append_seconds             histogram: one append, until the
 //	                                         store acknowledged it (fsync)
 //	fenceline_bus_active_leases              gauge: active leases, every repo
+//	                                         this instance has loaded (each
+//	                                         repo's actor keeps its count as it
+//	                                         commits and loads: a scrape reads
+//	                                         no log)
+//	fenceline_bus_repos                      gauge: repos this instance serves
+//	                                         (their logs loaded)
 //	fenceline_bus_queue_depth                gauge: requests waiting for their
 //	                                         repo's actor
+//	fenceline_bus_log_reads_total{kind}      counter: reads of the lease log:
+//	                                         record (one record of one repo),
+//	                                         subjects (the list of every repo's
+//	                                         log)
+//	fenceline_bus_id_scans_total             counter: scans of every repo's
+//	                                         log for a lease id of the old form
+//	                                         (one that names no repo)
 //
 // plus the Go runtime and process collectors. Grants and conflicts are
 // requests_total{op="acquire"} with result ok and conflict.
@@ -37,6 +50,8 @@ type ServiceMetrics struct {
 	latency  *prometheus.HistogramVec
 	appends  *prometheus.CounterVec
 	appendT  prometheus.Histogram
+	reads    *prometheus.CounterVec
+	scans    prometheus.Counter
 }
 
 // NewServiceMetrics returns the metrics on a new private registry.
@@ -62,7 +77,15 @@ func NewServiceMetrics() *ServiceMetrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}),
 	}
-	m.reg.MustRegister(m.requests, m.latency, m.appends, m.appendT,
+	m.reads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fenceline_bus_log_reads_total",
+		Help: "Reads of the lease log: record (one record of one repo's log), subjects (the list of every repo's log).",
+	}, []string{"kind"})
+	m.scans = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fenceline_bus_id_scans_total",
+		Help: "Scans of every repo's lease log for a lease id of the old form, which names no repo.",
+	})
+	m.reg.MustRegister(m.requests, m.latency, m.appends, m.appendT, m.reads, m.scans,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -75,14 +98,20 @@ func (m *ServiceMetrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 }
 
-// attach registers the gauges read from s at scrape time.
+// attach registers the gauges read from s at scrape time: from what s
+// keeps in memory, never from the log.
 func (m *ServiceMetrics) attach(s *Service) error {
 	active := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "fenceline_bus_active_leases",
-		Help: "Active leases in every repo, as this lease service knows them.",
+		Help: "Active leases in every repo this lease service has loaded, as it knows them.",
+	}, func() float64 { return float64(s.activeLeases.Load()) })
+	repos := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fenceline_bus_repos",
+		Help: "Repos this lease service serves (their logs loaded).",
 	}, func() float64 {
-		rep := s.fanOut(&call{op: "list"}, "", &listRequest{})
-		return float64(len(rep.Leases))
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return float64(len(s.actors))
 	})
 	queued := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "fenceline_bus_queue_depth",
@@ -94,7 +123,7 @@ func (m *ServiceMetrics) attach(s *Service) error {
 		}
 		return float64(n)
 	})
-	for _, c := range []prometheus.Collector{active, queued} {
+	for _, c := range []prometheus.Collector{active, repos, queued} {
 		if err := m.reg.Register(c); err != nil {
 			return err
 		}
@@ -113,6 +142,20 @@ func (m *ServiceMetrics) answered(op string, took time.Duration, err *wireError)
 	}
 	m.requests.WithLabelValues(op, result).Inc()
 	m.latency.WithLabelValues(op).Observe(took.Seconds())
+}
+
+// read counts one read of the lease log of a kind (see reads).
+func (m *ServiceMetrics) read(kind string) {
+	if m != nil {
+		m.reads.WithLabelValues(kind).Inc()
+	}
+}
+
+// scanned counts one scan of every repo's log for an old-form lease id.
+func (m *ServiceMetrics) scanned() {
+	if m != nil {
+		m.scans.Inc()
+	}
 }
 
 // appended counts one lease-log append.

@@ -43,6 +43,9 @@ type ServiceConfig struct {
 	// Metrics, when set, counts requests, appends and queues (one Service
 	// per ServiceMetrics).
 	Metrics *ServiceMetrics
+	// holdLoads, when set, holds the background load of every repo's log
+	// until it is closed (tests: what a request costs before it).
+	holdLoads <-chan struct{}
 	// FenceSecretDir holds the repositories' storage secrets
 	// (WriteFenceSecret), from which the service derives each lease's
 	// grant keys for its acquirer (grants.go); empty: it grants no keys,
@@ -97,10 +100,21 @@ type Service struct {
 	boundary boundaryLimits
 	// secrets caches the storages' secrets of FenceSecretDir (grants.go).
 	secrets secretCache
+
+	// activeLeases counts the active leases of every actor's committed
+	// state (actor.count), for the metrics.
+	activeLeases atomic.Int64
+	// loading holds the loads of repos' logs under way (loadedActor), so
+	// concurrent requests for one repo share one; guarded by mu.
+	loading map[string]*repoLoad
+	// scans coalesces the scans for old-form lease ids (route.go).
+	scans idScans
 }
 
-// StartService creates the streams if needed, loads every repo's lease log
-// and starts answering requests. Stop it with Stop.
+// StartService creates the streams if needed and starts answering
+// requests; it reads no repo's lease log before it serves. A repo's log is
+// read when a request first needs it, and a background pass loads every
+// other repo's, a few at a time (loadEvery). Stop it with Stop.
 func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("lease service config: %w", err)
@@ -127,7 +141,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		return nil, err
 	}
 	s := &Service{nc: nc, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 8}, metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger,
-		actors: map[string]*actor{}, index: map[string]indexed{}}
+		actors: map[string]*actor{}, index: map[string]indexed{}, loading: map[string]*repoLoad{}}
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.attach(s); err != nil {
 			return nil, fmt.Errorf("lease service metrics: %w (one service per ServiceMetrics)", err)
@@ -142,42 +156,6 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.wg.Go(func() { s.watchStore(s.ctx) })
 	}
 
-	keys, err := s.store.repoKeys(ctx)
-	if err != nil {
-		s.Stop()
-		return nil, err
-	}
-	for _, key := range keys {
-		// Load before the actor's goroutine starts: the goroutine owns the
-		// state from then on (and arms its sweep timer from the loaded
-		// deadlines). Nothing else can reach the actor yet: the request
-		// subscriptions start below.
-		a := s.newActor(key, "")
-		if err := a.reload(ctx); err != nil {
-			if ctx.Err() != nil || !errors.Is(err, errDamaged) {
-				s.Stop()
-				return nil, fmt.Errorf("load lease log %s: %w", key, err)
-			}
-			// One damaged log must not take every other repo down: this
-			// repo answers with the damage until an operator repairs it.
-			s.log.Error("lease log damaged; its repo is not served", "repo_key", key, "err", err)
-			a.dead, a.deadErr = true, err
-			s.mu.Lock()
-			s.actors[key] = a
-			s.mu.Unlock()
-			continue
-		}
-		if a.state.repo == "" {
-			// Nothing the service wrote: answers someone had the server
-			// send onto the log (see serviceWrote). No repo, no actor.
-			s.audit.forget(key)
-			continue
-		}
-		s.mu.Lock()
-		s.actors[key] = a
-		s.mu.Unlock()
-		s.wg.Go(func() { a.run(s.ctx) })
-	}
 	if err := s.meetPeers(); err != nil {
 		s.Stop()
 		return nil, err
@@ -196,8 +174,15 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.Stop()
 		return nil, fmt.Errorf("flush subscriptions: %w", err)
 	}
-	s.goBackground(func() { s.catchUp(s.ctx) }) // after loading: it starts actors of its own
-	s.log.Info("lease service started", "repos", len(keys), "replicas", max(cfg.Replicas, 1))
+	// Serving already: each repo's log is read when a request first needs
+	// it, and by this background pass, which loads the rest a few at a
+	// time, so leases nobody asks about still expire. The audit catch-up
+	// follows it: it accounts for the records the pass saw.
+	s.goBackground(func() {
+		s.loadEvery(s.ctx)
+		s.catchUp(s.ctx)
+	})
+	s.log.Info("lease service started", "replicas", max(cfg.Replicas, 1))
 	return s, nil
 }
 
@@ -551,47 +536,8 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			c.fail(fmt.Errorf("%w: %q is not a lease id (want lease_…)", ErrInvalid, leaseID))
 			return
 		}
-		if a, ok := s.existing(RepoKey(hint)); ok && hint != "" {
-			// A hint only routes to a repo this instance knows; it never
-			// starts an actor (anyone could name any repo).
-			a.submit(c)
-			return
-		}
-		if a, ok := s.actorForLease(leaseID); ok {
-			a.submit(c)
-			return
-		}
-		// Not a lease this instance has seen: another instance may have
-		// granted it. Read every repo's log before saying not found.
-		s.goTracked(c, func() {
-			err := s.discover(s.ctx)
-			if a, ok := s.actorForLease(leaseID); ok {
-				a.enqueue(c)
-				return
-			}
-			if err != nil { // not knowing is not "not found"
-				c.fail(fmt.Errorf("%w: looking for %s in the lease logs: %v", ErrUnavailable, leaseID, err))
-				return
-			}
-			c.fail(fmt.Errorf("%s: %w", leaseID, ErrNotFound))
-		})
+		s.route(c, leaseID, hint) // reads at most the log of the repo the id names (route.go)
 	}
-}
-
-// discover starts an actor for every repo with a lease log and has each
-// read its log to the end, so the lease index covers what other instances
-// granted.
-func (s *Service) discover(ctx context.Context) error {
-	keys, err := s.store.repoKeys(ctx)
-	if err != nil {
-		return err
-	}
-	for _, key := range keys {
-		if r := s.actor(key, "").ask(ctx, &call{op: "sync", req: &syncRequest{}}); r.Error != nil {
-			return r.Error.err()
-		}
-	}
-	return nil
 }
 
 // track records a subscription for Stop; one made while stopping is
@@ -867,18 +813,11 @@ func (s *Service) writeEvent(ctx context.Context, subject string, ev AuditEvent)
 // leased in starts nothing. Without this, a viewer listing made-up repos
 // left a permanent actor, goroutine and state behind for each.
 func (s *Service) actorIfLogged(ctx context.Context, repo string) (*actor, error) {
-	key := RepoKey(repo)
-	if a, ok := s.existing(key); ok {
-		return a, nil
-	}
-	logged, err := s.store.hasLog(ctx, key)
+	a, err := s.loadedActor(ctx, RepoKey(repo))
 	if err != nil {
-		return nil, fmt.Errorf("%w: looking for the lease log of %s: %v", ErrUnavailable, repo, err)
+		return nil, fmt.Errorf("looking for the lease log of %s: %w", repo, err)
 	}
-	if !logged {
-		return nil, nil
-	}
-	return s.actor(key, repo), nil
+	return a, nil
 }
 
 // fanOut runs req through the actor of repo, or of every repo with a lease

@@ -419,7 +419,7 @@ func (t *txn) grant(r *AcquireRequest, claim claimRequest) *entry {
 	t.fence++
 	e := &entry{
 		Lease: Lease{
-			LeaseID:       newID("lease_", t.wall),
+			LeaseID:       newLeaseID(RepoKey(t.base.repo), t.wall),
 			Repo:          t.base.repo,
 			Scope:         claim.scope,
 			WorkspaceID:   claim.workspaceID,
