@@ -124,7 +124,7 @@ server it connects to belongs to one, else 1.`,
 	fl.StringSliceVar(&f.routes, "routes", nil, "cluster peers: nats://host:port,... (comma-separated or repeated)")
 	fl.IntVar(&f.replicas, "replicas", 0, "replicas of the lease log and audit streams (default 1; 3 on a cluster)")
 	fl.StringVar(&f.ui, "ui", "", "serve the run UI and its JSON API on this host:port (off loopback a token is required: $"+EnvUIToken+", or a random one printed in the URL)")
-	fl.StringVar(&f.metrics, "metrics", "", "serve the lease service's Prometheus metrics at http://host:port/metrics (grants, conflicts, queue depth, append latency, active leases)")
+	fl.StringVar(&f.metrics, "metrics", "", "serve the lease service's Prometheus metrics at http://host:port/metrics (grants, conflicts, queue depth, append latency, active leases) and Go profiles at http://host:port/debug/pprof/ (operators only: bind it where agents cannot reach)")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format on stderr: text or json")
 	fl.StringVar(&f.fenceSecrets, "fence-secrets", leasebus.DefaultFenceSecretDir(), "directory of the storages' secrets (fenceline bus fence-secret set), from which each lease's acquirer gets its grant keys; only the service may read it")
 	fl.BoolVar(&f.debug, "debug", false, "also log the embedded NATS server's own messages")

@@ -101,6 +101,17 @@ func TestNodeAndService(t *testing.T) {
 	if code, body := testutil.HTTPGet(t, s.UIURL, ""); code != http.StatusOK {
 		t.Errorf("run UI: %d %.200q", code, body)
 	}
+	// Profiles on demand, on the metrics address.
+	base := strings.TrimSuffix(s.MetricsURL, "/metrics")
+	if code, body := testutil.HTTPGet(t, base+"/debug/pprof/", ""); code != http.StatusOK || !strings.Contains(body, "goroutine") || !strings.Contains(body, "heap") {
+		t.Errorf("pprof index: %d %.300q", code, body)
+	}
+	if code, body := testutil.HTTPGet(t, base+"/debug/pprof/goroutine?debug=1", ""); code != http.StatusOK || !strings.Contains(body, "goroutine profile:") {
+		t.Errorf("goroutine profile: %d %.300q", code, body)
+	}
+	if code, body := testutil.HTTPGet(t, base+"/debug/pprof/profile?seconds=1", ""); code != http.StatusOK || len(body) == 0 {
+		t.Errorf("cpu profile: %d, %d bytes", code, len(body))
+	}
 
 	metricsURL := s.MetricsURL
 	s.Stop()

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -44,7 +45,9 @@ type ServiceConfig struct {
 	// the bus belongs to a cluster, else 1.
 	Replicas int
 	// Metrics, when set, is the host:port to serve Prometheus metrics on
-	// (http://Metrics/metrics).
+	// (http://Metrics/metrics), and Go's profiles (net/http/pprof, under
+	// http://Metrics/debug/pprof/): an operator's address, never an
+	// agent's.
 	Metrics string
 	// UI, when set, is the host:port of the run UI, which requires
 	// UIToken off loopback (empty: a random one).
@@ -181,10 +184,16 @@ func startService(ctx context.Context, nc *nats.Conn, cfg leasebus.ServiceConfig
 	return leasebus.StartService(ctx, nc, cfg)
 }
 
-// serveMetrics serves m at http://ln/metrics until Stop.
+// serveMetrics serves m at http://ln/metrics, and the profiles of
+// net/http/pprof under http://ln/debug/pprof/, until Stop.
 func (s *Service) serveMetrics(ln net.Listener, m *leasebus.ServiceMetrics) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", m.Handler())
+	mux.HandleFunc("/debug/pprof/", pprof.Index) // and every named profile: heap, goroutine, block, mutex...
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	served := make(chan struct{})
 	go func() {
