@@ -38,6 +38,22 @@
 // repo (overlapping or not), are never reissued, and survive restarts with
 // the log.
 //
+// # Routing
+//
+// A lease id names its repo: lease_<16 characters of time and
+// randomness><RepoKey> (LeaseRepoKey). A get, renew, release or revoke by
+// id goes to the actor of that repo on whichever instance receives it,
+// which reads that repo's log alone if it has not loaded it; the log says
+// whether the lease exists, so a made-up id costs one read and, naming a
+// repo with no log, starts no actor. Ids of the old form (no repo key,
+// granted before) are found through the lease index, a repo hint, or a
+// scan of every log that concurrent requests share (at most one a second).
+// An instance reads no log before it serves: each repo's is read when a
+// request first needs it, and a background pass loads the rest a few at a
+// time, so leases nobody asks about are still swept (their TTL counted
+// from that load, as at any start). The metrics read counts the actors
+// keep, never a log.
+//
 // # Protocol
 //
 //	holder/client              lease service (actor per repo)              JetStream
