@@ -22,7 +22,7 @@ import (
 
 // manyRepos grants one lease in each of n repos (github.com/many/rN)
 // through b's service, a few at a time.
-func manyRepos(t *testing.T, b *bus, n int, ttl time.Duration) []ackedLease {
+func manyRepos(t testing.TB, b *bus, n int, ttl time.Duration) []ackedLease {
 	t.Helper()
 	ctx := ctxT(t)
 	out := make([]ackedLease, n)
@@ -360,5 +360,50 @@ func TestDiscoverOldFormID(t *testing.T) {
 	t.Logf("%d gets of made-up old-form ids at once: %v scans", asks, more)
 	if more > 3 {
 		t.Fatalf("%d gets of made-up old-form ids at once made %v scans of every log, want them to share a few", asks, more)
+	}
+}
+
+// BenchmarkRestartFirstAnswer: a lease service starting on a bus of 1,000
+// repos (a lease in each) until it has answered a get by id of one of
+// them — what a restarted node costs before it serves. (Uses only what
+// services before ids named their repo had, to compare.)
+func BenchmarkRestartFirstAnswer(b *testing.B) {
+	bb := startBus(b)
+	const n = 1000
+	leases := manyRepos(b, bb, n, time.Hour)
+	bb.svc.Stop()
+	bb.svc = nil
+	ctx := ctxT(b)
+	i := 0
+	for b.Loop() {
+		svc, err := StartService(ctx, bb.nc, ServiceConfig{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		l := leases[i%n].l
+		if got, err := bb.c.Get(ctx, l.LeaseID); err != nil || got.Fence != l.Fence {
+			b.Fatalf("get %s: %+v %v", l.LeaseID, got, err)
+		}
+		svc.Stop()
+		i++
+	}
+}
+
+// BenchmarkMetricsScrape: one scrape of the lease service's metrics with
+// 1,000 repos served (a lease in each).
+func BenchmarkMetricsScrape(b *testing.B) {
+	m := NewServiceMetrics()
+	bb := &bus{t: b, dir: b.TempDir(), cfg: ServiceConfig{Metrics: m}}
+	bb.start("127.0.0.1:0")
+	b.Cleanup(bb.stop)
+	const n = 1000
+	manyRepos(b, bb, n, time.Hour)
+	want := fmt.Sprintf("fenceline_bus_active_leases %d\n", n)
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		if !strings.Contains(rec.Body.String(), want) {
+			b.Fatalf("scrape lacks %q", want)
+		}
 	}
 }
