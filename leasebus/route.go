@@ -201,7 +201,9 @@ func (s *Service) loadEvery(ctx context.Context) {
 		case <-time.After(wait):
 		}
 	}
-	failed := s.loadKeys(ctx, keys, nil)
+	// An actor a request started meanwhile reads its log too (to be sure
+	// that every record up to last was seen before accountedTo says so).
+	failed := s.loadKeys(ctx, keys, s.syncActor)
 	if ctx.Err() != nil {
 		return
 	}
@@ -228,10 +230,11 @@ func (s *Service) logExtent(ctx context.Context) (uint64, []string, error) {
 	return info.State.LastSeq, keys, err
 }
 
-// loadKeys loads the repos of keys, loadAhead at a time, calls then (if
-// set) with each that has a log and that this instance served before,
-// and returns how many could not be loaded (or then failed for).
-func (s *Service) loadKeys(ctx context.Context, keys []string, then func(*actor) error) int {
+// loadKeys loads the repos of keys, loadAhead at a time, calls then with
+// each that this instance served before (its actor read the log earlier,
+// or is about to), and returns how many could not be loaded (or then
+// failed for).
+func (s *Service) loadKeys(ctx context.Context, keys []string, then func(context.Context, *actor) error) int {
 	var mu sync.Mutex
 	next, failed := 0, 0
 	var wg sync.WaitGroup
@@ -249,7 +252,7 @@ func (s *Service) loadKeys(ctx context.Context, keys []string, then func(*actor)
 				_, had := s.existing(key)
 				a, err := s.loadedActor(ctx, key)
 				if err == nil && a != nil && had && then != nil {
-					err = then(a)
+					err = then(ctx, a)
 				}
 				if err != nil {
 					if ctx.Err() == nil {
@@ -337,17 +340,20 @@ func (s *Service) scanOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	reload := func(a *actor) error {
-		if a.dead {
-			return nil // a damaged log answers for itself
-		}
-		if r := a.ask(ctx, &call{op: "sync", req: &syncRequest{}}); r.Error != nil {
-			return r.Error.err()
-		}
+	if failed := s.loadKeys(ctx, keys, s.syncActor); failed > 0 {
+		return fmt.Errorf("%d of %d lease logs could not be read", failed, len(keys))
+	}
+	return nil
+}
+
+// syncActor has a reload its repo's log to the end (a damaged log, which
+// answers for itself, excepted).
+func (s *Service) syncActor(ctx context.Context, a *actor) error {
+	if a.dead {
 		return nil
 	}
-	if failed := s.loadKeys(ctx, keys, reload); failed > 0 {
-		return fmt.Errorf("%d of %d lease logs could not be read", failed, len(keys))
+	if r := a.ask(ctx, &call{op: "sync", req: &syncRequest{}}); r.Error != nil {
+		return r.Error.err()
 	}
 	return nil
 }
