@@ -48,6 +48,10 @@ type ServiceConfig struct {
 	// grant keys for its acquirer (grants.go); empty: it grants no keys,
 	// and storages that check fences refuse every fenced write.
 	FenceSecretDir string
+	// SessionGrace is how long a client's session may send no keepalive
+	// before its leases are reclaimed (default DefaultSessionGrace; see
+	// liveness.go).
+	SessionGrace time.Duration
 }
 
 // Validate reports a configuration that cannot work.
@@ -57,6 +61,9 @@ func (c *ServiceConfig) Validate() error {
 	}
 	if c.MaxBatch < 0 {
 		return fmt.Errorf("max batch %d: must not be negative", c.MaxBatch)
+	}
+	if c.SessionGrace != 0 && c.SessionGrace < 2*DefaultSilence {
+		return fmt.Errorf("session grace %s: at least %s (a holder must have stopped writing long before its lease is reclaimed)", c.SessionGrace, 2*DefaultSilence)
 	}
 	return nil
 }
@@ -97,6 +104,8 @@ type Service struct {
 	boundary boundaryLimits
 	// secrets caches the storages' secrets of FenceSecretDir (grants.go).
 	secrets secretCache
+	// live is what this instance knows of sessions' keepalives.
+	live *liveness
 }
 
 // StartService creates the streams if needed, loads every repo's lease log
@@ -113,6 +122,9 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.SessionGrace == 0 {
+		cfg.SessionGrace = DefaultSessionGrace
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -134,6 +146,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		}
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.live = newLiveness(cfg.SessionGrace, cfg.Now())
 	s.audit = newAuditWriter(js, s.log, s.store.writer)
 	s.wg.Go(func() { s.audit.run(s.ctx) })
 	s.refusals = make(chan busRefusal, 256)
@@ -182,7 +195,11 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.Stop()
 		return nil, err
 	}
-	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit"} {
+	if err := s.shareLiveness(); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit", "keepalive"} {
 		// <op>.<identity>: the bus lets each identity publish only under
 		// its own, so the last token says who asked (see Grant).
 		sub, err := nc.QueueSubscribe(requestSubject(op, "*"), serviceQueue, s.handler(op))
@@ -327,6 +344,9 @@ func (s *Service) existing(key string) (*actor, bool) {
 type indexed struct {
 	key   string
 	lease Lease
+	// holder and session bind the lease to a session (entry.Session), for
+	// the session reaper (liveness.go).
+	holder, session string
 }
 
 func (s *Service) actorForLease(id string) (*actor, bool) {
@@ -346,7 +366,7 @@ func (s *Service) indexLeases(key string, es []*entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range es {
-		s.index[e.LeaseID] = indexed{key: key, lease: e.Lease}
+		s.index[e.LeaseID] = indexed{key: key, lease: e.Lease, holder: e.Holder, session: e.Session}
 	}
 }
 
@@ -478,6 +498,15 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			err = decode(m.Data, &r)
 			r.by = id
 			c.req, repo = &r, r.Repo
+		case "keepalive":
+			var r keepaliveRequest
+			if err = decode(m.Data, &r); err == nil {
+				err = checkKeepalive(&r)
+			}
+			if err == nil {
+				s.keepalive(c, id, &r)
+				return
+			}
 		case "get":
 			var r getRequest
 			err = decode(m.Data, &r)
@@ -793,6 +822,9 @@ func (r *AcquireRequest) normalize() error {
 	}
 	if len(r.CredentialHash) != 64 {
 		return bad("credential hash missing: the client must send the SHA-256 of its credential")
+	}
+	if r.Session != "" && !validSession(r.Session) {
+		return bad("session %q: want %s followed by 32 hex digits (a client's session id)", clip(r.Session, 80), sessionPrefix)
 	}
 	return nil
 }
