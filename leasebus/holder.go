@@ -135,7 +135,7 @@ type Holder struct {
 	// once left, none applies. It is taken before mu.
 	sessionMu sync.Mutex
 	left      bool // guarded by sessionMu
-	unwatch  func() error
+	unwatch   func() error
 	// renewID is reused until a renewal gets an answer, so a retry of a
 	// renewal whose reply was lost is recognised, not refused. Owned by run.
 	renewID string
