@@ -369,7 +369,9 @@ func (h *Holder) Lease() Lease {
 // Lost is closed once the lease is lost.
 func (h *Holder) Lost() <-chan struct{} { return h.lost }
 
-// Stop stops renewing without releasing (the lease then expires by TTL).
+// Stop stops renewing without releasing: the lease then expires by its
+// TTL, or is reclaimed sooner once the session it was acquired in falls
+// silent (when this was its last holder, or its process exits).
 func (h *Holder) Stop() {
 	h.stopOnce.Do(func() {
 		h.cancel()
