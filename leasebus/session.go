@@ -28,6 +28,11 @@ const sessionPrefix = "sess_"
 // more sends several.
 const maxKept = 1024
 
+// maxKeepaliveEvery bounds a session's keepalive interval whatever its
+// holders' heartbeats: a session must be heard well within the service's
+// grace (DefaultSessionGrace) or its leases are reclaimed.
+const maxKeepaliveEvery = 2 * time.Second
+
 // validSession reports whether id is a session id as a client makes them.
 func validSession(id string) bool {
 	if len(id) != len(sessionPrefix)+32 || id[:len(sessionPrefix)] != sessionPrefix {
@@ -141,7 +146,7 @@ func (s *session) run(ctx context.Context, done chan struct{}) {
 			s.keepalive(ctx, hs[:n], silence)
 			hs = hs[n:]
 		}
-		t.Reset(every)
+		t.Reset(min(every, maxKeepaliveEvery))
 	}
 }
 
