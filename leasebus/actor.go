@@ -37,7 +37,7 @@ func (c *call) answered(err *wireError) {
 // appended.
 func (c *call) fresh() bool {
 	switch c.req.(type) {
-	case *getRequest, *listRequest, *syncRequest:
+	case *getRequest, *listRequest, *syncRequest, *reapRequest:
 		return true
 	}
 	return false
@@ -635,6 +635,8 @@ func (a *actor) apply(t *txn, c *call, queue []*waiter) outcome {
 		slices.SortFunc(o.leases, func(x, y *Lease) int { return strings.Compare(x.LeaseID, y.LeaseID) })
 	case *syncRequest:
 		// nothing: the reload before the batch was the point
+	case *reapRequest:
+		t.reap(a.svc.silentSession)
 	case *sweepRequest:
 		o.leases = []*Lease{}
 		for _, id := range t.order {

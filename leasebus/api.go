@@ -78,6 +78,12 @@ type AcquireRequest struct {
 	// CredentialHash is the SHA-256 of the owner's credential; the secret
 	// itself never travels on acquire.
 	CredentialHash string `json:"credentialHash"`
+	// Session binds the lease to the asking client's session (set by
+	// AcquireAndHold): once that session sends no keepalive for the
+	// service's SessionGrace, the lease is reclaimed — its process is gone
+	// — instead of lasting out its TTL. Empty: the lease ends only by its
+	// TTL, a release or a revoke (a lease acquired to be handed over).
+	Session string `json:"session,omitempty"`
 
 	// by is the asking identity and byName what the audit calls it: set
 	// by the service from the request subject, never from the body. The
@@ -151,6 +157,41 @@ type getRequest struct {
 // appended to it).
 type syncRequest struct{}
 
+// reapRequest makes an actor reclaim the leases of its repo whose
+// sessions have gone silent (an internal call of the session reaper).
+type reapRequest struct{}
+
+// keepaliveRequest keeps a client's session alive and asks, in one
+// request, after every lease the session's holders hold: the heartbeat of
+// all of them (see session.go).
+type keepaliveRequest struct {
+	Session string      `json:"session"`
+	Leases  []keptLease `json:"leases"`
+}
+
+// keptLease is one lease a keepalive asks after, as its holder last saw it.
+type keptLease struct {
+	LeaseID string `json:"leaseId"`
+	Repo    string `json:"repo"`
+	Fence   uint64 `json:"fence"`
+	Version uint64 `json:"version"`
+}
+
+// keptAnswer is the service's word on one lease of a keepalive.
+type keptAnswer struct {
+	LeaseID string `json:"leaseId"`
+	// Lease is the record, when its version or status is not what the
+	// holder sent (else the holder's copy stands).
+	Lease *Lease `json:"lease,omitempty"`
+	// Age is how old the view the answer came from is (0: read now).
+	Age Duration `json:"age,omitempty"`
+	// Missing: the service read the log, and it has no such lease.
+	Missing bool `json:"missing,omitempty"`
+	// Unknown: this instance could not vouch for the lease now (the
+	// holder counts nothing heard for it).
+	Unknown bool `json:"unknown,omitempty"`
+}
+
 type listRequest struct {
 	Repo string `json:"repo,omitempty"`
 	// All includes recently ended leases.
@@ -175,6 +216,8 @@ type reply struct {
 	Error  *wireError `json:"error,omitempty"`
 	// Age is how old the view a cached get answered from is (0: read now).
 	Age Duration `json:"age,omitempty"`
+	// Kept answers a keepalive, one per lease it asked after.
+	Kept []keptAnswer `json:"kept,omitempty"`
 }
 
 // ChangedSubject is where the lease service announces each committed

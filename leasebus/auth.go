@@ -142,7 +142,7 @@ func grants(id string) map[Role]Grant {
 		// of the repo; shard recovery looks at attempts' leases.
 		// audit: boundary events go through the service (see Auditor).
 		// leave: an ephemeral identity removes itself when its run ends.
-		Publish:   slices.Concat(ops(id, "acquire", "renew", "release", "cancel", "get", "list", "audit"), shardWrite, []string{identitySubject("leave", id)}),
+		Publish:   slices.Concat(ops(id, "acquire", "renew", "release", "cancel", "get", "list", "audit", "keepalive"), shardWrite, []string{identitySubject("leave", id)}),
 		Subscribe: []string{inbox, changed},
 	}
 	// The enroller (a machine's shared key) asks for an identity of its

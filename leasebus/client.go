@@ -27,6 +27,9 @@ type Client struct {
 	// Tries is how often an idempotent request is sent before giving up
 	// when the service does not answer.
 	Tries int
+
+	sessOnce sync.Once
+	sess     *session // the client's session (session.go), made on first use
 }
 
 // NewClient returns a client on nc with a 5 s timeout and 3 tries. It

@@ -83,6 +83,13 @@ func (c *testCluster) streamLeader(stream string) int {
 // itself waits while the cluster elects its leaders.
 func startClusterService(ctx context.Context, t *testing.T, nc *nats.Conn) (*Service, jetstream.JetStream) {
 	t.Helper()
+	return startClusterServiceWith(ctx, t, nc, ServiceConfig{})
+}
+
+// startClusterServiceWith is startClusterService with cfg (its Replicas
+// set to 3).
+func startClusterServiceWith(ctx context.Context, t *testing.T, nc *nats.Conn, cfg ServiceConfig) (*Service, jetstream.JetStream) {
+	t.Helper()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +102,8 @@ func startClusterService(ctx context.Context, t *testing.T, nc *nats.Conn) (*Ser
 	})
 	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	svc, err := StartService(sctx, nc, ServiceConfig{Replicas: 3})
+	cfg.Replicas = 3
+	svc, err := StartService(sctx, nc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

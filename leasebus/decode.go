@@ -327,6 +327,8 @@ func (r *AcquireRequest) decodeField(d *fastDec, key []byte) (uint32, bool) {
 		bit, ok = 1<<9, d.str(&r.CredentialHash)
 	case "workspaces":
 		bit, ok = 1<<10, d.strings(&r.Workspaces)
+	case "session":
+		bit, ok = 1<<11, d.str(&r.Session)
 	}
 	return bit, ok
 }

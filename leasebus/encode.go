@@ -287,6 +287,10 @@ func (r *AcquireRequest) encode() []byte {
 	b = appendString(b, r.RequestID)
 	b = append(b, `,"credentialHash":`...)
 	b = appendString(b, r.CredentialHash)
+	if r.Session != "" {
+		b = append(b, `,"session":`...)
+		b = appendString(b, r.Session)
+	}
 	return append(b, '}')
 }
 

@@ -52,8 +52,10 @@ type HoldOptions struct {
 	// error (nil when renewed), for metrics. The holder sends nothing while
 	// it runs: it must return promptly.
 	OnRenew func(took time.Duration, err error)
-	// Heartbeat is how often the holder asks the lease service for its
-	// lease (a get, answered from the service's recent view; default 200 ms).
+	// Heartbeat is how often the holder's session asks the lease service
+	// after its leases (one keepalive for all the holders of a client,
+	// answered from the service's recent view; default 200 ms; the
+	// session goes at its holders' shortest). See session.go.
 	Heartbeat time.Duration
 	// Silence is how long without an answer from the lease service the
 	// holder still vouches for the lease (default 800 ms, at least 3 ×
@@ -128,9 +130,12 @@ type Holder struct {
 
 	cancel   context.CancelFunc
 	done     chan struct{}
-	beatDone chan struct{} // closed when heartbeat returns
 	stopOnce sync.Once
-	unwatch  func() error
+	// sessionMu orders the session's answers (kept) against leaving it:
+	// once left, none applies. It is taken before mu.
+	sessionMu sync.Mutex
+	left      bool // guarded by sessionMu
+	unwatch   func() error
 	// renewID is reused until a renewal gets an answer, so a retry of a
 	// renewal whose reply was lost is recognised, not refused. Owned by run.
 	renewID string
@@ -148,7 +153,15 @@ type Holder struct {
 // *ConflictError on a conflict); a lease granted but not held (Hold
 // refused the options) is released before the error returns. Stop or
 // Release the holder when done.
+//
+// The lease is bound to the client's session (AcquireRequest.Session, if
+// req names none): should this process die, the lease service reclaims it
+// once the session has been silent for its grace, not at the end of its
+// TTL.
 func (c *Client) AcquireAndHold(ctx context.Context, req AcquireRequest, cred Credential, opts HoldOptions) (*Holder, error) {
+	if req.Session == "" {
+		req.Session = c.SessionID()
+	}
 	now := opts.Now
 	if now == nil {
 		now = time.Now
@@ -231,7 +244,7 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 	}
 	h := &Holder{c: c, cred: cred, opts: opts, lease: *lease, grants: lease.Grants, state: Held,
 		validUntil: sent.Add(ttl - opts.Margin), lost: make(chan struct{}), heardAt: sent,
-		done: make(chan struct{}), beatDone: make(chan struct{}), kick: make(chan struct{}, 1), statusDone: make(chan struct{})}
+		done: make(chan struct{}), kick: make(chan struct{}, 1), statusDone: make(chan struct{})}
 	if !lease.Active() {
 		h.setLost(fmt.Errorf("%w: lease %s is %s", ErrLeaseLost, lease.LeaseID, lease.Status))
 	}
@@ -275,7 +288,7 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	go h.run(ctx)
-	go h.heartbeat(ctx)
+	c.session().join(h)
 	return h, nil
 }
 
@@ -289,59 +302,6 @@ func (h *Holder) heard(sent time.Time) {
 func (h *Holder) heardLocked(sent time.Time) {
 	if sent.After(h.heardAt) {
 		h.heardAt = sent
-	}
-}
-
-// heartbeat asks the lease service for the lease every Heartbeat until ctx
-// ends, and notes when an answered ask was sent (heardAt); Fence stops
-// vouching for the lease once the service has been silent longer than
-// Silence. The service's answer, not the holder's own NATS server's: a
-// server cut off from the service's keeps answering pings while a revoke
-// it cannot relay stands (a partition), so a PONG proves nothing about the
-// lease. An answer that says the lease ended is a doubt settled by a
-// renewal, as a change notice is.
-func (h *Holder) heartbeat(ctx context.Context) {
-	defer close(h.beatDone)
-	t := time.NewTicker(h.opts.Heartbeat)
-	defer t.Stop()
-	for {
-		h.beat(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-h.lost:
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// beat is one heartbeat: a get of the lease, answered by the service from
-// its view in memory when that view is recent (getRequest.Cached; most
-// heartbeats cost it a map lookup, not a read of the log), else from a
-// read of the log. A view confirmed age before the answer counts as heard
-// age before the beat was sent: the service cannot have confirmed it
-// earlier than that on any clock.
-func (h *Holder) beat(ctx context.Context) {
-	held := h.Lease()
-	sent := h.opts.Now()
-	bctx, cancel := context.WithTimeout(ctx, h.opts.Silence)
-	defer cancel()
-	r, err := h.c.request(bctx, "get", getRequest{LeaseID: held.LeaseID, Repo: held.Repo, Cached: true}, 0)
-	if err == nil {
-		err = r.Error.err()
-	}
-	switch {
-	case err == nil && r.Lease == nil:
-	case err == nil && (r.Lease.LeaseID != held.LeaseID || r.Lease.Repo != held.Repo || r.Lease.Fence != held.Fence):
-		// Not the service's answer about this lease: nothing heard.
-	case err == nil:
-		h.heard(sent.Add(-max(time.Duration(r.Age), 0))) // never later than sent
-		h.observe(r.Lease)
-	case errors.Is(err, ErrNotFound):
-		// The service read the log, and it has no such lease.
-		h.heard(sent)
-		h.doubt(fmt.Errorf("%w: %s (fence %d): the lease service does not know the lease; writes stop until it answers a renewal", ErrLeaseUnknown, held.LeaseID, held.Fence), true)
 	}
 }
 
@@ -409,12 +369,14 @@ func (h *Holder) Lease() Lease {
 // Lost is closed once the lease is lost.
 func (h *Holder) Lost() <-chan struct{} { return h.lost }
 
-// Stop stops renewing without releasing (the lease then expires by TTL).
+// Stop stops renewing without releasing: the lease then expires by its
+// TTL, or is reclaimed sooner once the session it was acquired in falls
+// silent (when this was its last holder, or its process exits).
 func (h *Holder) Stop() {
 	h.stopOnce.Do(func() {
 		h.cancel()
 		<-h.done
-		<-h.beatDone
+		h.c.session().leave(h)
 		_ = h.unwatch()
 		h.c.nc.RemoveStatusListener(h.status)
 		<-h.statusDone

@@ -51,6 +51,10 @@ type ServiceConfig struct {
 	// grant keys for its acquirer (grants.go); empty: it grants no keys,
 	// and storages that check fences refuse every fenced write.
 	FenceSecretDir string
+	// SessionGrace is how long a client's session may send no keepalive
+	// before its leases are reclaimed (default DefaultSessionGrace; see
+	// liveness.go).
+	SessionGrace time.Duration
 }
 
 // Validate reports a configuration that cannot work.
@@ -60,6 +64,9 @@ func (c *ServiceConfig) Validate() error {
 	}
 	if c.MaxBatch < 0 {
 		return fmt.Errorf("max batch %d: must not be negative", c.MaxBatch)
+	}
+	if c.SessionGrace != 0 && c.SessionGrace < 2*DefaultSilence {
+		return fmt.Errorf("session grace %s: at least %s (a holder must have stopped writing long before its lease is reclaimed)", c.SessionGrace, 2*DefaultSilence)
 	}
 	return nil
 }
@@ -109,6 +116,8 @@ type Service struct {
 	loading map[string]*repoLoad
 	// scans coalesces the scans for old-form lease ids (route.go).
 	scans idScans
+	// live is what this instance knows of sessions' keepalives.
+	live *liveness
 }
 
 // StartService creates the streams if needed and starts answering
@@ -127,6 +136,9 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.SessionGrace == 0 {
+		cfg.SessionGrace = DefaultSessionGrace
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -148,6 +160,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		}
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.live = newLiveness(cfg.SessionGrace, cfg.Now())
 	s.audit = newAuditWriter(js, s.log, s.store.writer)
 	s.wg.Go(func() { s.audit.run(s.ctx) })
 	s.refusals = make(chan busRefusal, 256)
@@ -160,7 +173,11 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.Stop()
 		return nil, err
 	}
-	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit"} {
+	if err := s.shareLiveness(); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit", "keepalive"} {
 		// <op>.<identity>: the bus lets each identity publish only under
 		// its own, so the last token says who asked (see Grant).
 		sub, err := nc.QueueSubscribe(requestSubject(op, "*"), serviceQueue, s.handler(op))
@@ -312,6 +329,9 @@ func (s *Service) existing(key string) (*actor, bool) {
 type indexed struct {
 	key   string
 	lease Lease
+	// holder and session bind the lease to a session (entry.Session), for
+	// the session reaper (liveness.go).
+	holder, session string
 }
 
 func (s *Service) actorForLease(id string) (*actor, bool) {
@@ -331,7 +351,7 @@ func (s *Service) indexLeases(key string, es []*entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range es {
-		s.index[e.LeaseID] = indexed{key: key, lease: e.Lease}
+		s.index[e.LeaseID] = indexed{key: key, lease: e.Lease, holder: e.Holder, session: e.Session}
 	}
 }
 
@@ -463,6 +483,15 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			err = decode(m.Data, &r)
 			r.by = id
 			c.req, repo = &r, r.Repo
+		case "keepalive":
+			var r keepaliveRequest
+			if err = decode(m.Data, &r); err == nil {
+				err = checkKeepalive(&r)
+			}
+			if err == nil {
+				s.keepalive(c, id, &r)
+				return
+			}
 		case "get":
 			var r getRequest
 			err = decode(m.Data, &r)
@@ -739,6 +768,9 @@ func (r *AcquireRequest) normalize() error {
 	}
 	if len(r.CredentialHash) != 64 {
 		return bad("credential hash missing: the client must send the SHA-256 of its credential")
+	}
+	if r.Session != "" && !validSession(r.Session) {
+		return bad("session %q: want %s followed by 32 hex digits (a client's session id)", clip(r.Session, 80), sessionPrefix)
 	}
 	return nil
 }

@@ -31,6 +31,9 @@ type entry struct {
 	// nkey): only it may renew, release or cancel it (operators revoke).
 	// Empty in records written before leases were bound to identities.
 	Holder string `json:"holder,omitempty"`
+	// Session is the holder's session the lease is bound to (see
+	// AcquireRequest.Session); empty when none.
+	Session string `json:"session,omitempty"`
 
 	// deadline is when this service may consider the lease expired, read
 	// from its own monotonic clock: the moment it observed the current
@@ -69,6 +72,9 @@ func (e *entry) storedJSON() []byte {
 		}
 		if e.Holder != "" {
 			b = appendField(b, "holder", e.Holder)
+		}
+		if e.Session != "" {
+			b = appendField(b, "session", e.Session)
 		}
 		e.stored = append(b, '}')
 	}
@@ -436,6 +442,7 @@ func (t *txn) grant(r *AcquireRequest, claim claimRequest) *entry {
 		SecretHash: r.CredentialHash,
 		RequestID:  r.RequestID,
 		Holder:     r.by,
+		Session:    r.Session,
 		deadline:   t.now.Add(time.Duration(r.TTL)),
 	}
 	t.write(e)
@@ -587,6 +594,26 @@ func (t *txn) sweep() []*entry {
 		out = append(out, n)
 	}
 	return out
+}
+
+// reap reclaims every active lease whose session silent says has been
+// silent past its grace (its process died, or has been cut off for far
+// longer than it may write: a holder stops after its Silence).
+func (t *txn) reap(silent func(e *entry, now time.Time) (time.Duration, bool)) {
+	var dead []*entry
+	t.active(func(e *entry) bool {
+		if _, due := silent(e, t.now); due {
+			dead = append(dead, e)
+		}
+		return true
+	})
+	slices.SortFunc(dead, func(a, b *entry) int { return strings.Compare(a.LeaseID, b.LeaseID) })
+	for _, e := range dead {
+		quiet, _ := silent(e, t.now)
+		quiet = quiet.Round(100 * time.Millisecond)
+		n := t.end(e, StatusReclaimed, fmt.Sprintf("session %s sent no keepalive for %s", e.Session, quiet))
+		t.audit(EventReclaimed, n, "session-lost", fmt.Sprintf("reclaimed: %s owner=%s fence=%d: its holder's session %s sent no keepalive for %s (the process holding it exited, or lost the bus)", n.LeaseID, n.Owner, n.Fence, e.Session, quiet))
+	}
 }
 
 // commit installs the batch into the base state after its record landed at seq.

@@ -207,11 +207,13 @@ func TestAdminMetricsCountRenewals(t *testing.T) {
 	m := NewMetrics()
 	a := startAdmin(t, AdminConfig{Metrics: m})
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: bustest.Claim(t, "a"),
-		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Second)},
-		m.HoldOptions(leasebus.HoldOptions{Interval: 100 * time.Millisecond}))
+		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(6 * time.Second)},
+		// A renewal waits up to its interval: a second holds on a loaded
+		// machine (100 ms did not, with other builds on both cores).
+		m.HoldOptions(leasebus.HoldOptions{Interval: time.Second}))
 	m.TrackLease(l.Holder)
 	a.SetLease(l.Holder, Fences{})
-	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+	testutil.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
 		_, body := testutil.HTTPGet(t, a.URL()+PathMetrics, "")
 		n := metricValue(body, "fenceline_lease_renew_seconds_count")
 		if n < 3 {

@@ -98,8 +98,10 @@ const (
 	// lease was released.
 	LeaseReleased
 	// LeaseLeftToExpire: an agent wrapper connected but did not report its
-	// attempt settled in time; the lease is no longer renewed and expires
-	// by its ttl.
+	// attempt settled in time; the lease is no longer renewed, and the
+	// lease service reclaims it once the sidecar's session falls silent
+	// (leasebus.DefaultSessionGrace after the sidecar exits), at the latest
+	// at the end of its ttl.
 	LeaseLeftToExpire
 	// LeaseNotReleased: the release failed (Ending.Err); the lease expires
 	// by its ttl.

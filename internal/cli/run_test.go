@@ -427,15 +427,19 @@ func releasedAfterChild(t *testing.T, client *leasebus.Client, id, co string) {
 }
 
 // TestRunnerKilledLeaseReclaimed: a runner killed with SIGKILL cannot
-// release its lease; the lease expires after its ttl and the lease service
-// reclaims it, with an audit event.
+// release its lease, and its lease's TTL is the default 5 minutes: the
+// lease service reclaims it once the runner's session has sent no
+// keepalive for its grace — within 15 s — with an audit event naming the
+// session, and the next lease's fence is higher. The agent it leaves
+// behind writes nothing from the moment its runner died: the kernel guard
+// fails its writes closed without its supervisor.
 func TestRunnerKilledLeaseReclaimed(t *testing.T) {
 	isolate(t)
 	url := startBus(t)
 	client, nc := busClient(t, url)
 	co := newCheckout(t, "")
-	cmd, logPath := startRunnerProcess(t, "--nats", url, "run", "--checkout", co, "--scope", "in", "--ttl", "2s", "--",
-		"sh", "-c", `echo $$ > in/agent.pid; while [ ! -e stop ]; do sleep 0.05; done`)
+	cmd, logPath := startRunnerProcess(t, "--nats", url, "run", "--checkout", co, "--scope", "in", "--",
+		"sh", "-c", `echo $$ > in/agent.pid; while [ ! -e stop ]; do if (echo x >> in/ticks) 2>/dev/null; then echo write=ok; else echo write=refused; fi; sleep 0.05; done`)
 	var agent int
 	t.Cleanup(func() {
 		cmd.Process.Kill()
@@ -454,6 +458,7 @@ func TestRunnerKilledLeaseReclaimed(t *testing.T) {
 		}
 	})
 	var id string
+	var fence uint64
 	checkFor(t, 15*time.Second, 10*time.Millisecond, func() error {
 		b, _ := os.ReadFile(filepath.Join(co, "in", "agent.pid"))
 		if _, err := fmt.Sscan(string(b), &agent); err != nil {
@@ -465,10 +470,15 @@ func TestRunnerKilledLeaseReclaimed(t *testing.T) {
 		}
 		log, _ := os.ReadFile(logPath)
 		m := leaseIDRE.FindSubmatch(log)
-		if m == nil {
-			return errors.New("no lease announced")
+		if m == nil || !strings.Contains(string(log), "write=ok") {
+			return errors.New("no lease announced, or no write yet")
 		}
 		id = string(m[1])
+		l, err := client.Get(context.Background(), id)
+		if err != nil {
+			return err
+		}
+		fence = l.Fence
 		return nil
 	})
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -476,34 +486,48 @@ func TestRunnerKilledLeaseReclaimed(t *testing.T) {
 	}
 	cmd.Wait()
 	killed := time.Now()
-	checkFor(t, 15*time.Second, 50*time.Millisecond, func() error {
-		l, err := client.Get(context.Background(), id)
-		if err != nil {
-			return err
-		}
-		if l.Active() {
-			return fmt.Errorf("lease %s still active (expires %s)", id, l.ExpiresAt.Format(time.StampMilli))
-		}
-		if l.Status != leasebus.StatusReclaimed {
-			t.Fatalf("lease %s is %s (%s), want reclaimed", id, l.Status, l.Reason)
-		}
-		return nil
-	})
-	t.Logf("lease reclaimed %v after the runner was killed (ttl 2s)", time.Since(killed))
+	log, _ := os.ReadFile(logPath)
+	mark := len(log)
+	next, err := client.Acquire(context.Background(), leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "in"), WorkspaceID: "checkout",
+		Owner: leasebus.Owner{TaskID: "next", AgentID: "next", AttemptID: "next"}, Wait: leasebus.Duration(time.Minute)}, leasebus.NewCredential())
+	if err != nil {
+		t.Fatalf("the killed runner's scope: %v", err)
+	}
+	took := time.Since(killed)
+	t.Logf("scope back %v after the runner was killed (ttl 5m)", took)
+	if took > 15*time.Second {
+		t.Errorf("scope back %v after the runner was killed: want within 15 s", took)
+	}
+	if next.Fence <= fence {
+		t.Errorf("next fence %d, not above the killed runner's %d", next.Fence, fence)
+	}
+	if l, err := client.Get(context.Background(), id); err != nil || l.Status != leasebus.StatusReclaimed {
+		t.Fatalf("lease %s: %v %v, want reclaimed", id, l, err)
+	}
 	checkFor(t, 5*time.Second, 50*time.Millisecond, func() error {
 		evs, err := leasebus.ReadAudit(context.Background(), nc, co, 0)
 		if err != nil {
 			return err
 		}
 		for _, ev := range evs {
-			if ev.Type == leasebus.EventReclaimed && ev.LeaseID == id {
+			if ev.Type == leasebus.EventReclaimed && ev.LeaseID == id && ev.Reason == "session-lost" {
 				return nil
 			}
 		}
-		return fmt.Errorf("no reclaimed event for %s among %d", id, len(evs))
+		return fmt.Errorf("no reclaimed (session-lost) event for %s among %d", id, len(evs))
 	})
-	if ls := listJSON(t, url, "--repo", co); len(ls) != 0 {
-		t.Fatalf("active leases after the reclaim: %+v", ls)
+	// The orphaned agent tried to write all along: each try since its
+	// runner died was refused.
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		log, _ := os.ReadFile(logPath)
+		if !strings.Contains(string(log[mark:]), "write=refused") {
+			return errors.New("no write tried since the kill")
+		}
+		return nil
+	})
+	log, _ = os.ReadFile(logPath)
+	if after := string(log[mark:]); strings.Contains(after, "write=ok") {
+		t.Errorf("the agent wrote after its runner was killed:\n%s", after)
 	}
 }
 

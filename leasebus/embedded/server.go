@@ -6,7 +6,9 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -124,6 +126,12 @@ func serverOptions(cfg *leasebus.ServerConfig) (*server.Options, error) {
 			u, _ := url.Parse(r)
 			opts.Routes = append(opts.Routes, u)
 		}
+		// In the order a reload imposes on them: nats-server's
+		// ReloadOptions sorts the running options' routes in place while
+		// its route-soliciting goroutines read them (a data race the race
+		// detector shows on a reload of users), unless they are sorted
+		// already.
+		slices.SortFunc(opts.Routes, func(a, b *url.URL) int { return strings.Compare(a.String(), b.String()) })
 	}
 	return opts, nil
 }

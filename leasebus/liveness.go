@@ -1,0 +1,302 @@
+package leasebus
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// The lease service's side of sessions (see session.go): it answers each
+// keepalive with its word on every lease asked after, notes that the
+// session lives, and reclaims the leases of a session that has gone
+// silent. Instances share what they heard: each publishes, every
+// digestEvery, the sessions that kept alive through it, so any of them
+// may reclaim, and none reclaims while it is not hearing every other.
+
+// DefaultSessionGrace is how long a session may send no keepalive before
+// the service reclaims its leases: many heartbeats (a holder stops writing
+// after DefaultSilence without an answer), well above a reconnect or a
+// leader election, and short enough that a killed runner's scope is back
+// in seconds, not at the end of its TTL.
+const DefaultSessionGrace = 10 * time.Second
+
+const (
+	// sessionsSubject carries the instances' digests of the sessions they
+	// heard (core NATS, between instances; not a request subject).
+	sessionsSubject = apiPrefix + ".sessions"
+	// digestEvery is how often an instance publishes its digest, and
+	// reapEvery how often it looks for sessions gone silent.
+	digestEvery = time.Second
+	reapEvery   = time.Second
+	// peerLate is how long after another instance's last digest this one
+	// stops reclaiming (it may be missing what that one heard); peerGone,
+	// how long before it counts that instance as gone.
+	peerLate = 3 * digestEvery
+)
+
+// liveness is what one instance knows of sessions' keepalives.
+type liveness struct {
+	grace time.Duration
+	since time.Time // when this instance started listening: the grace of a session never heard runs from here
+
+	mu    sync.Mutex
+	seen  map[string]time.Time // session key (identity.session) -> last keepalive heard; guarded by mu
+	fresh map[string]struct{}  // heard since the last digest; guarded by mu
+	peers map[string]time.Time // other instance -> its last digest; guarded by mu
+}
+
+func newLiveness(grace time.Duration, now time.Time) *liveness {
+	return &liveness{grace: grace, since: now, seen: map[string]time.Time{}, fresh: map[string]struct{}{}, peers: map[string]time.Time{}}
+}
+
+// sessionKey names a session: its id within the identity that keeps it
+// alive (no identity keeps another's session alive).
+func sessionKey(identity, session string) string { return identity + "." + session }
+
+func (l *liveness) heard(key string, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seen[key] = now
+	l.fresh[key] = struct{}{}
+}
+
+// silent is how long the session has sent nothing this instance knows of.
+func (l *liveness) silent(key string, now time.Time) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	last := l.seen[key]
+	if last.Before(l.since) {
+		last = l.since
+	}
+	return now.Sub(last)
+}
+
+// current reports whether this instance hears every other instance's
+// digests: reclaiming on its own view is safe only then. An instance
+// silent for the grace is counted gone (it no longer answers keepalives
+// either).
+func (l *liveness) current(now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ok := true
+	for p, last := range l.peers {
+		switch age := now.Sub(last); {
+		case age > l.grace:
+			delete(l.peers, p)
+		case age > peerLate:
+			ok = false
+		}
+	}
+	return ok
+}
+
+// digest takes the sessions heard since the last digest, and forgets
+// those silent for twice the grace (their leases are reclaimed by then).
+func (l *liveness) digest(now time.Time) []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b bytes.Buffer
+	for k := range l.fresh {
+		b.WriteString(k)
+		b.WriteByte('\n')
+	}
+	clear(l.fresh)
+	for k, t := range l.seen {
+		if now.Sub(t) > 2*l.grace {
+			delete(l.seen, k)
+		}
+	}
+	return b.Bytes()
+}
+
+// learn applies another instance's digest.
+func (l *liveness) learn(peer string, data []byte, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.peers[peer] = now
+	for line := range strings.Lines(string(data)) {
+		if k := strings.TrimSuffix(line, "\n"); k != "" && len(k) <= 128 {
+			l.seen[k] = now
+		}
+	}
+}
+
+// keepalive answers a session's keepalive from identity id: from this
+// instance's recent view of each lease (cachedLease) where it has one,
+// else from its repo's actor, which reads the log.
+func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
+	now := s.cfg.Now()
+	s.live.heard(sessionKey(id, r.Session), now)
+	answers := make([]keptAnswer, len(r.Leases))
+	var ask []int
+	for i, k := range r.Leases {
+		answers[i].LeaseID = k.LeaseID
+		l, age, ok := s.cachedLease(k.LeaseID)
+		if !ok {
+			ask = append(ask, i)
+			continue
+		}
+		answers[i].Age = Duration(age)
+		if l.Version != k.Version || l.Status != StatusActive {
+			answers[i].Lease = &l
+		}
+	}
+	if len(ask) == 0 {
+		c.respond(reply{Kept: answers})
+		return
+	}
+	s.goTracked(c, func() {
+		for _, i := range ask {
+			answers[i] = s.keptFromLog(r.Leases[i])
+		}
+		c.respond(reply{Kept: answers})
+	})
+}
+
+// keptFromLog answers for one lease from a read of its repo's log: the
+// repo its id names (loading it if this instance has not yet), else one
+// this instance already has an actor for. A lease no log is found for is
+// Unknown, not Missing: an old-form id may be in a repo not loaded yet.
+func (s *Service) keptFromLog(k keptLease) keptAnswer {
+	out := keptAnswer{LeaseID: k.LeaseID, Unknown: true}
+	ctx, cancel := context.WithTimeout(s.ctx, maxKeptWait)
+	defer cancel()
+	var a *actor
+	if key, ok := LeaseRepoKey(k.LeaseID); ok {
+		a, _ = s.loadedActor(ctx, key)
+	} else if a, ok = s.existing(RepoKey(k.Repo)); !ok || k.Repo == "" {
+		a, _ = s.actorForLease(k.LeaseID)
+	}
+	if a == nil {
+		return out
+	}
+	r := a.ask(ctx, &call{op: "get", req: &getRequest{LeaseID: k.LeaseID, Repo: k.Repo}})
+	switch err := r.Error.err(); {
+	case errors.Is(err, ErrNotFound):
+		out.Unknown, out.Missing = false, true
+	case err != nil || r.Lease == nil:
+	default:
+		out.Unknown = false
+		if r.Lease.Version != k.Version || r.Lease.Status != StatusActive {
+			out.Lease = r.Lease
+		}
+	}
+	return out
+}
+
+// maxKeptWait bounds a keepalive's read of one lease's log: its holder
+// stops waiting after its silence anyway.
+const maxKeptWait = 500 * time.Millisecond
+
+// checkKeepalive validates a keepalive request.
+func checkKeepalive(r *keepaliveRequest) error {
+	if !validSession(r.Session) {
+		return fmt.Errorf("%w: keepalive of session %q: want %s followed by 32 hex digits", ErrInvalid, clip(r.Session, 80), sessionPrefix)
+	}
+	if len(r.Leases) > maxKept {
+		return fmt.Errorf("%w: keepalive asks after %d leases: at most %d per request (send several)", ErrInvalid, len(r.Leases), maxKept)
+	}
+	for _, k := range r.Leases {
+		if !ValidLeaseID(k.LeaseID) {
+			return fmt.Errorf("%w: keepalive asks after %q, which is not a lease id", ErrInvalid, clip(k.LeaseID, 80))
+		}
+	}
+	return nil
+}
+
+// shareLiveness publishes this instance's digest every digestEvery and
+// learns the others'. Alone on the bus it only listens: it hears every
+// keepalive itself.
+func (s *Service) shareLiveness() error {
+	sub, err := s.nc.Subscribe(sessionsSubject, func(m *nats.Msg) {
+		w := m.Header.Get(writerHeader)
+		if !serviceWrote(m.Header) || w == s.store.writer {
+			return // not an instance's (see serviceWrote), or our own
+		}
+		s.live.learn(w, m.Data, s.cfg.Now())
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", sessionsSubject, err)
+	}
+	s.track(sub)
+	s.goBackground(func() {
+		t := time.NewTicker(digestEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-t.C:
+			}
+			data := s.live.digest(s.cfg.Now())
+			if !s.tailing.Load() {
+				continue
+			}
+			m := nats.NewMsg(sessionsSubject)
+			m.Header.Set(writerHeader, s.store.writer)
+			m.Data = data
+			_ = s.nc.PublishMsg(m)
+		}
+	})
+	s.goBackground(func() {
+		t := time.NewTicker(reapEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-t.C:
+				s.reapSilent()
+			}
+		}
+	})
+	return nil
+}
+
+// reapSilent has the actor of every repo with a lease whose session has
+// been silent for the grace reclaim it (reapRequest): the actor decides on
+// the log's latest word, and its compare-and-swap append settles a race
+// with a renewal or another instance's reclaim.
+func (s *Service) reapSilent() {
+	now := s.cfg.Now()
+	if !s.live.current(now) {
+		return
+	}
+	keys := map[string]bool{}
+	s.mu.Lock()
+	for _, ix := range s.index {
+		if ix.session != "" && ix.lease.Status == StatusActive && !keys[ix.key] {
+			keys[ix.key] = s.live.silent(sessionKey(ix.holder, ix.session), now) >= s.live.grace
+		}
+	}
+	s.mu.Unlock()
+	for key, due := range keys {
+		if !due {
+			continue
+		}
+		if a, ok := s.existing(key); ok {
+			a.enqueue(&call{op: "reap", req: &reapRequest{}, at: now})
+		}
+	}
+}
+
+// silentSession is, for an active lease bound to a session, how long that
+// session has been silent and whether it is past the grace — counted from
+// no earlier than this instance last saw the lease renewed or granted, so
+// a renewal also proves life.
+func (s *Service) silentSession(e *entry, now time.Time) (time.Duration, bool) {
+	if e.Session == "" || e.Holder == "" {
+		return 0, false
+	}
+	silent := s.live.silent(sessionKey(e.Holder, e.Session), now)
+	if seen := now.Sub(e.deadline.Add(-time.Duration(e.TTL))); seen < silent {
+		silent = seen
+	}
+	return silent, silent >= s.live.grace
+}

@@ -1,0 +1,219 @@
+package leasebus
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// A client's session is what one process holding leases keeps alive on
+// the bus, Chubby's way: one keepalive for all the leases its holders
+// hold, not a heartbeat per lease. The keepalive is answered by the lease
+// service (never by the client's own NATS server, which keeps answering
+// while cut off from the service), with its word on each lease; a holder
+// counts the service heard only through those answers, and stops vouching
+// for its lease once they fall silent (HoldOptions.Silence).
+//
+// The service, for its part, learns from the keepalives that the process
+// lives: a lease acquired in a session (AcquireRequest.Session) is
+// reclaimed once the session has sent none for the service's SessionGrace
+// — its process was killed, or cut off for longer than it can write
+// anyway — instead of blocking its scope for the rest of its TTL.
+
+// sessionPrefix starts every session id; 32 hex digits follow.
+const sessionPrefix = "sess_"
+
+// maxKept bounds the leases one keepalive asks after; a session holding
+// more sends several.
+const maxKept = 1024
+
+// maxKeepaliveEvery bounds a session's keepalive interval whatever its
+// holders' heartbeats: a session must be heard well within the service's
+// grace (DefaultSessionGrace) or its leases are reclaimed.
+const maxKeepaliveEvery = 2 * time.Second
+
+// validSession reports whether id is a session id as a client makes them.
+func validSession(id string) bool {
+	if len(id) != len(sessionPrefix)+32 || id[:len(sessionPrefix)] != sessionPrefix {
+		return false
+	}
+	for _, c := range id[len(sessionPrefix):] {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// session keeps one client's holders alive with one keepalive loop, which
+// runs while the session has holders.
+type session struct {
+	c  *Client
+	id string
+
+	mu      sync.Mutex
+	holders map[*Holder]struct{} // guarded by mu
+	cancel  context.CancelFunc   // stops the running loop; nil when none. Guarded by mu
+	done    chan struct{}        // closed when the running loop returns. Guarded by mu
+}
+
+// session returns the client's session, made on first use.
+func (c *Client) session() *session {
+	c.sessOnce.Do(func() {
+		c.sess = &session{c: c, id: sessionPrefix + randomToken(), holders: map[*Holder]struct{}{}}
+	})
+	return c.sess
+}
+
+// SessionID is the id of the client's session: the one its AcquireAndHold
+// binds leases to.
+func (c *Client) SessionID() string { return c.session().id }
+
+// join adds h to the session and starts the keepalive loop if it is not
+// running.
+func (s *session) join(h *Holder) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.holders[h] = struct{}{}
+	if s.cancel != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	s.cancel, s.done = cancel, done
+	go s.run(ctx, done)
+}
+
+// leave removes h from the session; the last holder to leave stops the
+// loop and waits for it. h hears nothing from the session once leave
+// returns.
+func (s *session) leave(h *Holder) {
+	s.mu.Lock()
+	delete(s.holders, h)
+	var done chan struct{}
+	if len(s.holders) == 0 && s.cancel != nil {
+		s.cancel()
+		done = s.done
+		s.cancel, s.done = nil, nil
+	}
+	s.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+	// Should the loop go on for others, a keepalive in flight may still
+	// answer h: kept applies nothing once h left.
+	h.sessionMu.Lock()
+	h.left = true
+	h.sessionMu.Unlock()
+}
+
+// members returns the session's holders and the shortest heartbeat and
+// silence among them.
+func (s *session) members() (hs []*Holder, every, silence time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	hs = make([]*Holder, 0, len(s.holders))
+	for h := range s.holders {
+		hs = append(hs, h)
+		if every == 0 || h.opts.Heartbeat < every {
+			every = h.opts.Heartbeat
+		}
+		if silence == 0 || h.opts.Silence < silence {
+			silence = h.opts.Silence
+		}
+	}
+	return hs, every, silence
+}
+
+// run sends a keepalive every heartbeat until ctx ends.
+func (s *session) run(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		hs, every, silence := s.members()
+		if len(hs) == 0 {
+			return
+		}
+		for len(hs) > 0 {
+			n := min(len(hs), maxKept)
+			s.keepalive(ctx, hs[:n], silence)
+			hs = hs[n:]
+		}
+		t.Reset(min(every, maxKeepaliveEvery))
+	}
+}
+
+// keepalive is one keepalive for hs: each holder whose lease the service
+// vouched for counts it heard as of the view the answer came from.
+func (s *session) keepalive(ctx context.Context, hs []*Holder, silence time.Duration) {
+	req := keepaliveRequest{Session: s.id, Leases: make([]keptLease, 0, len(hs))}
+	byID := make(map[string]*Holder, len(hs))
+	held := make(map[string]Lease, len(hs))
+	sent := make(map[string]time.Time, len(hs))
+	for _, h := range hs {
+		l := h.Lease()
+		if !l.Active() {
+			continue
+		}
+		if _, dup := byID[l.LeaseID]; dup {
+			continue // two holders of one lease: the first asks for both
+		}
+		byID[l.LeaseID], held[l.LeaseID] = h, l
+		sent[l.LeaseID] = h.opts.Now()
+		req.Leases = append(req.Leases, keptLease{LeaseID: l.LeaseID, Repo: l.Repo, Fence: l.Fence, Version: l.Version})
+	}
+	if len(req.Leases) == 0 {
+		return
+	}
+	kctx, cancel := context.WithTimeout(ctx, silence)
+	defer cancel()
+	r, err := s.c.request(kctx, "keepalive", req, 0)
+	if err == nil {
+		err = r.Error.err()
+	}
+	if err != nil {
+		return // nothing heard: each holder's silence runs on
+	}
+	for _, k := range r.Kept {
+		h, ok := byID[k.LeaseID]
+		if !ok {
+			continue // not asked for: not the service's word on anything we hold
+		}
+		delete(byID, k.LeaseID) // one answer per lease
+		h.kept(held[k.LeaseID], k, sent[k.LeaseID])
+	}
+}
+
+// kept applies the service's word on the holder's lease held, from a
+// keepalive sent at sent. A view confirmed Age before the answer counts as
+// heard Age before the keepalive was sent: the service cannot have
+// confirmed it earlier than that on any clock.
+func (h *Holder) kept(held Lease, k keptAnswer, sent time.Time) {
+	h.sessionMu.Lock()
+	defer h.sessionMu.Unlock()
+	if h.left {
+		return
+	}
+	switch {
+	case k.Unknown:
+		// The instance that answered could not vouch for it now.
+	case k.Missing:
+		// The service read the log, and it has no such lease.
+		h.heard(sent)
+		h.doubt(fmt.Errorf("%w: %s (fence %d): the lease service does not know the lease; writes stop until it answers a renewal", ErrLeaseUnknown, held.LeaseID, held.Fence), true)
+	case k.Lease != nil && (k.Lease.LeaseID != held.LeaseID || k.Lease.Repo != held.Repo || k.Lease.Fence != held.Fence):
+		// Not the service's answer about this lease: nothing heard.
+	default:
+		h.heard(sent.Add(-max(time.Duration(k.Age), 0))) // never later than sent
+		if k.Lease != nil {
+			h.observe(k.Lease)
+		}
+	}
+}
