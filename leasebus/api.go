@@ -1,9 +1,7 @@
 package leasebus
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-
+	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/internal/scope"
 )
 
@@ -155,6 +153,9 @@ type listRequest struct {
 	Repo string `json:"repo,omitempty"`
 	// All includes recently ended leases.
 	All bool `json:"all,omitempty"`
+	// holder keeps only the leases this identity acquired (the service's
+	// own asks: shards.go).
+	holder string
 }
 
 type sweepRequest struct {
@@ -175,6 +176,8 @@ type reply struct {
 	Error  *wireError `json:"error,omitempty"`
 	// Age is how old the view a cached get answered from is (0: read now).
 	Age Duration `json:"age,omitempty"`
+	// Revision is a shard record's revision after a write (shards.go).
+	Revision uint64 `json:"revision,omitempty"`
 }
 
 // ChangedSubject is where the lease service announces each committed
@@ -186,7 +189,4 @@ func ChangedSubject(repo, leaseID string) string {
 // RepoKey is the subject token for a repo: the first 12 bytes of the
 // SHA-256 of its identity, in hex. Repo identities contain dots and
 // slashes, which NATS subjects reserve.
-func RepoKey(repo string) string {
-	h := sha256.Sum256([]byte(repo))
-	return hex.EncodeToString(h[:12])
-}
+func RepoKey(repo string) string { return repoid.Key(repo) }

@@ -97,6 +97,8 @@ type Service struct {
 	boundary boundaryLimits
 	// secrets caches the storages' secrets of FenceSecretDir (grants.go).
 	secrets secretCache
+	// shards writes the shard store's records (shards.go).
+	shards shardStore
 }
 
 // StartService creates the streams if needed, loads every repo's lease log
@@ -182,7 +184,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.Stop()
 		return nil, err
 	}
-	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit"} {
+	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit", opShard, opShardAdmin} {
 		// <op>.<identity>: the bus lets each identity publish only under
 		// its own, so the last token says who asked (see Grant).
 		sub, err := nc.QueueSubscribe(requestSubject(op, "*"), serviceQueue, s.handler(op))
@@ -508,6 +510,16 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			}
 			if err == nil {
 				s.goTracked(c, func() { c.respond(s.recordBoundary(s.ctx, id, ev)) })
+				return
+			}
+		case opShard, opShardAdmin:
+			if len(m.Data) > maxShardRequest {
+				c.fail(fmt.Errorf("%w: a shard write of %d bytes: at most %d", ErrInvalid, len(m.Data), maxShardRequest))
+				return
+			}
+			var w ShardWrite
+			if err = decode(m.Data, &w); err == nil {
+				s.goTracked(c, func() { c.respond(s.writeShard(s.ctx, id, op == opShardAdmin, w)) })
 				return
 			}
 		case "sweep":
