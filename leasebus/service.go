@@ -99,6 +99,9 @@ type Service struct {
 	secrets secretCache
 	// shards writes the shard store's records (shards.go).
 	shards shardStore
+	// names are the names of identities enrolled since the service
+	// started (IdentityChanged), by public nkey; cfg.Names has the rest.
+	names sync.Map
 }
 
 // StartService creates the streams if needed, loads every repo's lease log
@@ -819,6 +822,9 @@ const DefaultTTL = 300 * time.Second
 func (s *Service) name(id string) string {
 	if n := s.cfg.Names[id]; n != "" {
 		return n
+	}
+	if n, ok := s.names.Load(id); ok {
+		return n.(string)
 	}
 	return id
 }
