@@ -616,6 +616,9 @@ func (a *actor) apply(t *txn, c *call, queue []*waiter) outcome {
 	case *listRequest:
 		o.leases = []*Lease{}
 		add := func(e *entry) {
+			if r.holder != "" && e.Holder != r.holder {
+				return
+			}
 			l := e.Lease
 			o.leases = append(o.leases, &l)
 		}

@@ -1,9 +1,7 @@
 package leasebus
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-
+	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/internal/scope"
 )
 
@@ -196,6 +194,9 @@ type listRequest struct {
 	Repo string `json:"repo,omitempty"`
 	// All includes recently ended leases.
 	All bool `json:"all,omitempty"`
+	// holder keeps only the leases this identity acquired (the service's
+	// own asks: shards.go).
+	holder string
 }
 
 type sweepRequest struct {
@@ -218,6 +219,8 @@ type reply struct {
 	Age Duration `json:"age,omitempty"`
 	// Kept answers a keepalive, one per lease it asked after.
 	Kept []keptAnswer `json:"kept,omitempty"`
+	// Revision is a shard record's revision after a write (shards.go).
+	Revision uint64 `json:"revision,omitempty"`
 }
 
 // ChangedSubject is where the lease service announces each committed
@@ -229,7 +232,4 @@ func ChangedSubject(repo, leaseID string) string {
 // RepoKey is the subject token for a repo: the first 12 bytes of the
 // SHA-256 of its identity, in hex. Repo identities contain dots and
 // slashes, which NATS subjects reserve.
-func RepoKey(repo string) string {
-	h := sha256.Sum256([]byte(repo))
-	return hex.EncodeToString(h[:12])
-}
+func RepoKey(repo string) string { return repoid.Key(repo) }

@@ -14,10 +14,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// injectViaConsumer has a holder-role connection write data into the shard
-// attempts bucket it may write (storeAt), then create a push consumer on
-// that bucket whose deliver subject is subj: the server itself publishes
-// the record there. It returns the consumer create's answer.
+// injectViaConsumer plants data in the shard attempts bucket (storeAt),
+// then has a holder-role connection create a push consumer on that bucket
+// whose deliver subject is subj: the server itself publishes the record
+// there. It returns the consumer create's answer.
 func injectViaConsumer(t *testing.T, url, subj string, data []byte) string {
 	t.Helper()
 	attacker, key := storeAt(t, url, data)
@@ -111,13 +111,18 @@ func TestHolderCannotWriteLeaseLogThroughJetStream(t *testing.T) {
 	_ = nats.ErrTimeout
 }
 
-// storeAt has a holder-role connection write data into the shard attempts
-// bucket it may write, and returns the connection and the record's key.
+// storeAt plants data in the shard attempts bucket and returns a
+// holder-role connection (the attacker, which may read the bucket and make
+// consumers on it) and the record's key. The lease service alone writes
+// the bucket (TestShardRecordsOnlyTheServiceWrites: a holder has it store
+// attempt records it checked, of up to 64 KiB), so data is planted with a
+// service connection: whatever a stored message holds, having the server
+// hand it on to another subject must not make it believed.
 func storeAt(t *testing.T, url string, data []byte) (*nats.Conn, string) {
 	t.Helper()
 	ctx := ctxT(t)
-	attacker := connectAs(t, url, RoleHolder) // the lease service made the bucket
-	ajs, err := jetstream.New(attacker)
+	attacker := connectAs(t, url, RoleHolder)
+	ajs, err := jetstream.New(connectAs(t, url, RoleService))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +131,7 @@ func storeAt(t *testing.T, url string, data []byte) (*nats.Conn, string) {
 	m.Header.Set(writerHeader, "forged") // as if a service wrote it
 	m.Data = data
 	if _, err := ajs.PublishMsg(ctx, m); err != nil {
-		t.Fatalf("holder writes an attempt record: %v", err)
+		t.Fatalf("plant an attempt record: %v", err)
 	}
 	return attacker, key
 }
@@ -192,14 +197,14 @@ func logLastSeq(t *testing.T, b *bus) uint64 {
 // A holder names the repo's lease log subject as the reply subject of a
 // JetStream API request it may make: the server sends its answer there,
 // and the log stream stores whatever is published on its subjects. A
-// publish acknowledgement so stored damages the log (the service refuses
+// JetStream API answer so stored damages the log (the service refuses
 // the repo); a direct get's answer carries the holder's own bytes (a
 // forged snapshot, here even with the service's writer header). The
 // server stores them (nothing keeps it from it), but the service reads
 // only what a service wrote: the victim's lease stays, the repo is served
 // and fences keep rising.
 func TestHolderCannotWriteLeaseLogThroughReplies(t *testing.T) {
-	for _, how := range []string{"puback", "directget", "msgget", "pullnext", "servicereply"} {
+	for _, how := range []string{"apianswer", "directget", "msgget", "pullnext", "servicereply"} {
 		t.Run(how, func(t *testing.T) {
 			b := startBus(t)
 			ctx := ctxT(t)
@@ -213,8 +218,8 @@ func TestHolderCannotWriteLeaseLogThroughReplies(t *testing.T) {
 			attacker, key := storeAt(t, url, forged)
 			logSubj := logSubjectFor(RepoKey(repo))
 			switch how {
-			case "puback":
-				err = attacker.PublishRequest("$KV.FENCELINE_ATTEMPTS."+key, logSubj, []byte("x"))
+			case "apianswer":
+				err = attacker.PublishRequest("$JS.API.STREAM.INFO.KV_FENCELINE_ATTEMPTS", logSubj, nil) // a JetStream API answer
 			case "directget":
 				req, _ := json.Marshal(map[string]any{"last_by_subj": "$KV.FENCELINE_ATTEMPTS." + key})
 				err = attacker.PublishRequest("$JS.API.DIRECT.GET.KV_FENCELINE_ATTEMPTS", logSubj, req)
@@ -326,8 +331,8 @@ func TestHolderCannotForgeTheAuditChain(t *testing.T) {
 }
 
 // A holder may not sweep, but it may make the server (or the lease
-// service itself) answer onto the operator's sweep subject: a publish to a
-// bucket it writes, with the operator's request subject as its reply. The
+// service itself) answer onto the operator's sweep subject: a JetStream
+// API request, with the operator's request subject as its reply. The
 // answer carries no reply of its own and no JetStream header, and decodes
 // as a sweep request. The service takes requests only as their identity
 // sends them, with a reply to that identity's own inbox: no sweep runs in
@@ -342,10 +347,10 @@ func TestHolderCannotAskThroughReplies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	attacker, key := storeAt(t, url, []byte(`{}`))
+	attacker := connectAs(t, url, RoleHolder)
 	for _, subj := range []string{requestSubject("sweep", op), requestSubject("list", viewer)} {
-		// A publish ack, and the lease service's own answer.
-		if err := attacker.PublishRequest("$KV.FENCELINE_ATTEMPTS."+key, subj, []byte(`{}`)); err != nil {
+		// A JetStream API answer, and the lease service's own answer.
+		if err := attacker.PublishRequest("$JS.API.STREAM.INFO.KV_FENCELINE_ATTEMPTS", subj, nil); err != nil {
 			t.Fatal(err)
 		}
 		req, _ := json.Marshal(getRequest{LeaseID: l.LeaseID, Repo: repo})
@@ -406,7 +411,7 @@ func TestHolderCannotAskThroughReplies(t *testing.T) {
 }
 
 // The same answers aimed at the change subjects a watcher (the run UI)
-// hears: a publish ack and the lease service's own answer to a get, sent
+// hears: a JetStream API answer and the lease service's own answer to a get, sent
 // onto a lease's change subject. Neither is a record of that lease: the
 // watcher sees only the real grant that follows.
 func TestWatcherIgnoresAnswersOnChangeSubjects(t *testing.T) {
@@ -428,9 +433,9 @@ func TestWatcherIgnoresAnswersOnChangeSubjects(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	attacker, key := storeAt(t, url, []byte(`{}`))
+	attacker := connectAs(t, url, RoleHolder)
 	subj := ChangedSubject(repo, l.LeaseID)
-	if err := attacker.PublishRequest("$KV.FENCELINE_ATTEMPTS."+key, subj, []byte(`{}`)); err != nil {
+	if err := attacker.PublishRequest("$JS.API.STREAM.INFO.KV_FENCELINE_ATTEMPTS", subj, nil); err != nil {
 		t.Fatal(err)
 	}
 	req, _ := json.Marshal(getRequest{LeaseID: l.LeaseID, Repo: repo})
@@ -479,9 +484,9 @@ func TestHolderCannotStartActorsThroughReplies(t *testing.T) {
 	if err := b.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	attacker, key := storeAt(t, url, []byte(`{}`))
+	attacker := connectAs(t, url, RoleHolder)
 	for i := range 20 {
-		if err := attacker.PublishRequest("$KV.FENCELINE_ATTEMPTS."+key, fmt.Sprintf("%s.junk%d", appendedPrefix, i), []byte(`{}`)); err != nil {
+		if err := attacker.PublishRequest("$JS.API.STREAM.INFO.KV_FENCELINE_ATTEMPTS", fmt.Sprintf("%s.junk%d", appendedPrefix, i), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -531,9 +536,9 @@ func TestJunkLogsStartNoActors(t *testing.T) {
 		}
 		return false
 	}
-	attacker, key := storeAt(t, url, []byte(`{}`))
+	attacker := connectAs(t, url, RoleHolder)
 	for i := range 10 {
-		if err := attacker.PublishRequest("$KV.FENCELINE_ATTEMPTS."+key, logSubjectFor(fmt.Sprintf("junk%d", i)), []byte(`{}`)); err != nil {
+		if err := attacker.PublishRequest("$JS.API.STREAM.INFO.KV_FENCELINE_ATTEMPTS", logSubjectFor(fmt.Sprintf("junk%d", i)), nil); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -45,8 +45,8 @@ const (
 	// cancels leases (proving ownership with the lease credential), reads
 	// leases (get, and list: the git fence judges a push against every
 	// active lease of the repo), hears change notices, sends boundary
-	// audit events to the service and writes the shard store's pool and
-	// attempt records.
+	// audit events to the service and asks it to write the shard store's
+	// pool and attempt records (shards.go).
 	RoleHolder Role = "holder"
 	// RoleOperator is a person running the bus: what a holder and a viewer
 	// may do, plus revoke and sweep.
@@ -124,17 +124,17 @@ func inboxPrefix(id string) string { return "_INBOX." + id }
 func grants(id string) map[Role]Grant {
 	inbox := inboxPrefix(id) + ".>"
 	changed := changedPrefix + ".>"
-	shardWrite := slices.Concat(
+	// Shard records: read by runners and viewers, written by the lease
+	// service alone (a runner asks it: op shard; shards.go).
+	shardRead := slices.Concat(
 		jsRead(shardPoolStream), jsRead(shardAttemptStream),
 		jsConsume(shardPoolStream), jsConsume(shardAttemptStream), // listing pools, attempts
-		[]string{"$KV.FENCELINE_SHARDS.>", "$KV.FENCELINE_ATTEMPTS.>"},
 	)
 	viewer := Grant{
 		Publish: slices.Concat(ops(id, "get", "list"),
 			jsRead(AuditStream), jsConsume(AuditStream),
 			jsRead(EventsStream), jsConsume(EventsStream),
-			jsRead(shardPoolStream), jsRead(shardAttemptStream),
-			jsConsume(shardPoolStream), jsConsume(shardAttemptStream)),
+			shardRead),
 		Subscribe: []string{inbox, changed},
 	}
 	holder := Grant{
@@ -142,7 +142,8 @@ func grants(id string) map[Role]Grant {
 		// of the repo; shard recovery looks at attempts' leases.
 		// audit: boundary events go through the service (see Auditor).
 		// leave: an ephemeral identity removes itself when its run ends.
-		Publish:   slices.Concat(ops(id, "acquire", "renew", "release", "cancel", "get", "list", "audit", "keepalive"), shardWrite, []string{identitySubject("leave", id)}),
+		// shard: shard records go through the service (shards.go).
+		Publish:   slices.Concat(ops(id, "acquire", "renew", "release", "cancel", "get", "list", "audit", "keepalive", opShard), shardRead, []string{identitySubject("leave", id)}),
 		Subscribe: []string{inbox, changed},
 	}
 	// The enroller (a machine's shared key) asks for an identity of its
@@ -156,16 +157,17 @@ func grants(id string) map[Role]Grant {
 	// store's buckets (a stream's creator picks its subjects, the lease
 	// requests' included, and could capture them).
 	operator := Grant{
-		Publish:   slices.Concat(ops(id, "revoke", "sweep"), []string{identitySubject("reload", id)}, holder.Publish, viewer.Publish),
+		Publish:   slices.Concat(ops(id, "revoke", "sweep", opShardAdmin), []string{identitySubject("reload", id)}, holder.Publish, viewer.Publish),
 		Subscribe: []string{inbox, changed},
 	}
 	operator.Publish = dedupe(operator.Publish)
 	service := Grant{
 		Publish: []string{
-			"fenceline.>",           // lease requests and replies' announcements, the lease log
-			"$JS.EVENT.FENCELINE.>", // the lease audit and the events (see AuditStream)
-			"_INBOX.>",              // answers to every identity's requests
-			"$JS.API.>",             // creates and reads its streams
+			"fenceline.>",                                                       // lease requests and replies' announcements, the lease log
+			"$JS.EVENT.FENCELINE.>",                                             // the lease audit and the events (see AuditStream)
+			"$KV." + ShardPoolBucket + ".>", "$KV." + ShardAttemptBucket + ".>", // the shard records (shards.go)
+			"_INBOX.>",  // answers to every identity's requests
+			"$JS.API.>", // creates and reads its streams
 			"$JS.ACK." + LogStream + ".>", "$JS.ACK." + AuditStream + ".>", "$JS.ACK." + EventsStream + ".>",
 			"$JS.FC.>",
 		},

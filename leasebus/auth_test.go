@@ -316,9 +316,10 @@ func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
 	}
 	defer stop()
 
-	// The attempts bucket the lease service made.
+	// The attempts bucket the lease service made (and alone writes: the
+	// record is planted as the service; the consumer is the holder's).
 	attacker := connectAs(t, url, RoleHolder)
-	ajs, err := jetstream.New(attacker)
+	ajs, err := jetstream.New(connectAs(t, url, RoleService))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +327,7 @@ func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
 	forged.Status, forged.Version = StatusRevoked, l.Version+100
 	data, _ := json.Marshal(&forged)
 	if _, err := ajs.Publish(ctx, "$KV.FENCELINE_ATTEMPTS.forged", data); err != nil {
-		t.Fatalf("holder writes an attempt record: %v", err)
+		t.Fatalf("plant an attempt record: %v", err)
 	}
 	create, _ := json.Marshal(map[string]any{"stream_name": "KV_FENCELINE_ATTEMPTS", "config": map[string]any{
 		"name": "forge", "deliver_subject": ChangedSubject(repo, l.LeaseID), "ack_policy": "none",
@@ -374,7 +375,7 @@ func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
 	}
 	opNC := connectAs(t, url, RoleOperator)
 	attacker := connectAs(t, url, RoleHolder)
-	ajs, err := jetstream.New(attacker)
+	ajs, err := jetstream.New(connectAs(t, url, RoleService)) // plants the record (see storeAt)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -149,8 +149,8 @@ func TestBoundaryEventsRateLimitedPerIdentity(t *testing.T) {
 
 // The shard store's buckets are the lease service's: an operator can no
 // longer create a stream (whose subjects it would choose: the renewals',
-// say), a holder's Nats-Rollup: all no longer wipes a bucket, and a record
-// of megabytes is refused.
+// say), a Nats-Rollup: all no longer wipes a bucket, and a record of
+// megabytes is refused; a holder no longer writes the buckets at all.
 func TestShardBucketsAreTheServices(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
@@ -170,9 +170,24 @@ func TestShardBucketsAreTheServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := holder.KeyValue(ctx, "FENCELINE_SHARDS")
+	hkv, err := holder.KeyValue(ctx, "FENCELINE_SHARDS")
 	if err != nil {
 		t.Fatalf("the service made no shard pool bucket: %v", err)
+	}
+	hctx, hcancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = hkv.Put(hctx, "pool-h", []byte(`{"repo":"h"}`))
+	hcancel()
+	if err == nil {
+		t.Error("a holder wrote the shard pool bucket")
+	}
+	// Even the service's own connection: no rollup, no record of megabytes.
+	svc, err := jetstream.New(b.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := svc.KeyValue(ctx, "FENCELINE_SHARDS")
+	if err != nil {
+		t.Fatal(err)
 	}
 	if _, err := kv.Put(ctx, "pool-a", []byte(`{"repo":"a"}`)); err != nil {
 		t.Fatal(err)
@@ -180,11 +195,11 @@ func TestShardBucketsAreTheServices(t *testing.T) {
 	wipe := nats.NewMsg("$KV.FENCELINE_SHARDS.pool-b")
 	wipe.Header.Set("Nats-Rollup", "all")
 	wipe.Data = []byte(`{}`)
-	if _, err := holder.PublishMsg(ctx, wipe); err == nil {
-		t.Error("a holder's Nats-Rollup: all was stored")
+	if _, err := svc.PublishMsg(ctx, wipe); err == nil {
+		t.Error("a Nats-Rollup: all was stored")
 	}
 	if e, err := kv.Get(ctx, "pool-a"); err != nil || string(e.Value()) != `{"repo":"a"}` {
-		t.Fatalf("after a holder's rollup, pool-a: %v %v", e, err)
+		t.Fatalf("after a rollup, pool-a: %v %v", e, err)
 	}
 	if _, err := kv.Put(ctx, "pool-c", make([]byte, 7<<20)); err == nil {
 		t.Error("a 7 MiB shard record was stored")

@@ -2,6 +2,8 @@ package leasebus
 
 import (
 	"errors"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // wireError is an error as it travels in a service reply.
@@ -16,6 +18,7 @@ var codes = []struct {
 	err  error
 }{
 	{"conflict", ErrConflict},
+	{"revision_mismatch", jetstream.ErrKeyRevisionMismatch}, // a shard record's compare-and-swap
 	{"lost", ErrLeaseLost},
 	{"not_owner", ErrNotOwner},
 	{"not_found", ErrNotFound},

@@ -2,6 +2,7 @@ package leasebus
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -433,4 +434,34 @@ func linkNew(path string, data []byte) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// Audit event types of identity changes (boundary bus).
+const (
+	EventIdentityEnrolled = "identity-enrolled"
+	EventIdentityRevoked  = "identity-revoked" // by the operator, or an ephemeral identity's own leave
+)
+
+// IdentityChanged records that identity by asked for i to be enrolled or
+// revoked (typ: EventIdentityEnrolled, EventIdentityRevoked), as an audit
+// event of the bus naming both, and names i by its name from now on in
+// every event (RequestedBy). The bus's identity service calls it
+// (embedded.Identities.Audit).
+func (s *Service) IdentityChanged(ctx context.Context, typ, by string, i Identity) {
+	if typ == EventIdentityEnrolled {
+		s.names.Store(i.Nkey, i.Name)
+	}
+	who := s.name(by)
+	kind := "enrolled"
+	if typ == EventIdentityRevoked {
+		kind = "revoked"
+		if by == i.Nkey {
+			kind = "left (its run ended)"
+		}
+	}
+	ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: typ, Boundary: BoundaryBus, RequestedBy: who,
+		Message: clip(fmt.Sprintf("%s (%s): %s as %s by %s", i.Name, i.Nkey, kind, i.Role, who), maxEventMessage)}
+	if err := s.writeBusEvent(ctx, by, ev); err != nil {
+		s.log.Warn("audit event of an identity change not written", "type", typ, "identity", i.Name, "requested_by", who, "err", err)
+	}
 }

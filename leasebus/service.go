@@ -118,6 +118,11 @@ type Service struct {
 	scans idScans
 	// live is what this instance knows of sessions' keepalives.
 	live *liveness
+	// shards writes the shard store's records (shards.go).
+	shards shardStore
+	// names are the names of identities enrolled since the service
+	// started (IdentityChanged), by public nkey; cfg.Names has the rest.
+	names sync.Map
 }
 
 // StartService creates the streams if needed and starts answering
@@ -177,7 +182,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.Stop()
 		return nil, err
 	}
-	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit", "keepalive"} {
+	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit", "keepalive", opShard, opShardAdmin} {
 		// <op>.<identity>: the bus lets each identity publish only under
 		// its own, so the last token says who asked (see Grant).
 		sub, err := nc.QueueSubscribe(requestSubject(op, "*"), serviceQueue, s.handler(op))
@@ -524,6 +529,16 @@ func (s *Service) handler(op string) nats.MsgHandler {
 				s.goTracked(c, func() { c.respond(s.recordBoundary(s.ctx, id, ev)) })
 				return
 			}
+		case opShard, opShardAdmin:
+			if len(m.Data) > maxShardRequest {
+				c.fail(fmt.Errorf("%w: a shard write of %d bytes: at most %d", ErrInvalid, len(m.Data), maxShardRequest))
+				return
+			}
+			var w ShardWrite
+			if err = decode(m.Data, &w); err == nil {
+				s.goTracked(c, func() { c.respond(s.writeShard(s.ctx, id, op == opShardAdmin, w)) })
+				return
+			}
 		case "sweep":
 			var r sweepRequest
 			if err = decode(m.Data, &r); err == nil {
@@ -785,6 +800,9 @@ const DefaultTTL = 300 * time.Second
 func (s *Service) name(id string) string {
 	if n := s.cfg.Names[id]; n != "" {
 		return n
+	}
+	if n, ok := s.names.Load(id); ok {
+		return n.(string)
 	}
 	return id
 }

@@ -135,9 +135,16 @@
 //
 // # Storage
 //
-// Two JetStream KV buckets, every change a compare-and-swap on the key's
-// last revision (conflicts detected with jetstream.ErrKeyRevisionMismatch,
-// which R1 and R3 buckets both report), History 1, replicas configurable:
+// Two JetStream KV buckets, History 1, replicas configurable, written by
+// the lease service alone: a store reads a record, changes it and asks the
+// service to write it (leasebus.Client.WriteShard), a compare-and-swap on
+// the revision it read (a conflict is jetstream.ErrKeyRevisionMismatch).
+// The service checks the record as every reader does (package record)
+// and whose it is: a pool's shape is an operator's (Declare), a shard's
+// state the holder's of a lease placed in it, an attempt its writer's
+// (record.Attempt.By); anyone may mark a shard dirty and take settled
+// attempts off it, or mark an attempt whose leases all ended unknown
+// (Recover). See leasebus/shards.go.
 //
 //	FENCELINE_SHARDS    key <repoKey>               the Pool record
 //	FENCELINE_ATTEMPTS  key <repoKey>.<attemptId>   one Attempt record

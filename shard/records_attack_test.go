@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -34,7 +36,7 @@ func TestRewrittenPoolRecordSendsNoRunnerElsewhere(t *testing.T) {
 
 	// Another checkout with a pool of its own: its directory has a marker.
 	other := newRepo(t, 1)
-	otherPool := declare(t, st, other, 1, 0)
+	otherPool := declare(t, openStore(t, b), other, 1, 0)
 
 	victimDir := t.TempDir()
 	victim := filepath.Join(victimDir, "shard-1")
@@ -46,8 +48,10 @@ func TestRewrittenPoolRecordSendsNoRunnerElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The attacker: a holder identity writing the pool bucket directly.
-	js, err := jetstream.New(b.ConnectAs(t, leasebus.RoleHolder))
+	// The rewrite: straight into the bucket (only the lease service may
+	// write there, and it writes only records that pass these checks:
+	// TestShardRecordsOnlyTheServiceWrites; readers check anyway).
+	js, err := jetstream.New(b.Conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +142,7 @@ func TestRewrittenPoolRecordSendsNoRunnerElsewhere(t *testing.T) {
 	}
 
 	// Declaring again (on the checkout's host) replaces the record.
-	declare(t, st, co, 2, 0)
+	declare(t, openStore(t, b), co, 2, 0)
 	if p, err := st.Pool(ctx, co); err != nil || p.Owns(co) != nil || p.Dir != DefaultDir(co) {
 		t.Fatalf("after declaring again: %+v, %v", p, err)
 	}
@@ -161,7 +165,7 @@ func TestPoolRecordRewrittenDuringAnAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	elsewhere := t.TempDir()
-	if _, err := st.UpdatePool(ctx, co, false, func(p *Pool) error {
+	if _, err := openStore(t, b).UpdatePool(ctx, co, false, func(p *Pool) error { // an operator's
 		p.Dir = elsewhere
 		for i := range p.Shards {
 			p.Shards[i].Path = filepath.Join(elsewhere, p.Shards[i].ID)
@@ -176,4 +180,114 @@ func TestPoolRecordRewrittenDuringAnAttempt(t *testing.T) {
 	if pl.Pool.Dir != pool.Dir {
 		t.Fatalf("the placement took the rewritten pool dir %s", pl.Pool.Dir)
 	}
+}
+
+// TestShardRecordsOnlyTheServiceWrites (issue 28): shard records are
+// written by the lease service alone. A holder publishing a rewritten pool
+// record straight to the bucket is refused by NATS and the record stays
+// as it was; a holder asking the service to change a shard another
+// identity's lease occupies, or another identity's attempt, is refused
+// (ErrNotOwner) and audited; the holder that holds the shard's lease still
+// changes it.
+func TestShardRecordsOnlyTheServiceWrites(t *testing.T) {
+	t.Parallel()
+	b, _, co, _ := poolFixture(t, 3, 2, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key := leasebus.RepoKey(co)
+
+	// The victim: an operator's lease in shard-1, with an attempt of its own.
+	victim := openStore(t, b)
+	vcred := leasebus.NewCredential()
+	vl, err := b.Operator.Acquire(ctx, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive,
+		Owner: leasebus.Owner{TaskID: "t", AgentID: "victim", AttemptID: "att_victim"}, TTL: leasebus.Duration(time.Minute)}, vcred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := victim.Begin(ctx, Attempt{AttemptID: "att_victim", Repo: co, TaskID: "t", AgentID: "victim", Command: []string{"true"}, Shard: "shard-1", Mode: ModeExclusive, Leases: []string{vl.LeaseID}}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := victim.Pool(ctx, co)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// 1. Straight to the bucket, as a holder: NATS refuses the publish.
+	hnc := b.ConnectAs(t, leasebus.RoleHolder)
+	js, err := jetstream.New(hnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, PoolBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rewritten := *before
+	rewritten.Shards = append([]Shard(nil), before.Shards...)
+	rewritten.Shards[0].State, rewritten.Shards[0].Running = StateClean, nil
+	data, err := json.Marshal(rewritten)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = kv.Put(pctx, key, data)
+	pcancel()
+	if err == nil {
+		t.Fatal("a holder's direct write of the pool record landed")
+	}
+	t.Logf("direct write refused: %v", err)
+	if p, err := victim.Pool(ctx, co); err != nil || p.Revision != before.Revision {
+		t.Fatalf("pool record after the direct write: %+v, %v; want revision %d unchanged", p, err, before.Revision)
+	}
+
+	// 2. Through the service, as a holder that holds no lease in shard-1.
+	attacker, err := Open(hnc, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = attacker.SetShard(ctx, co, "shard-1", func(sh *Shard) { sh.State, sh.Running = StateClean, nil })
+	if !errors.Is(err, leasebus.ErrNotOwner) {
+		t.Fatalf("a holder changing a shard another identity's lease occupies: %v, want %v", err, leasebus.ErrNotOwner)
+	}
+	_, err = attacker.UpdateAttempt(ctx, co, "att_victim", func(a *Attempt) bool { a.Status = StatusSucceeded; return true })
+	if !errors.Is(err, leasebus.ErrNotOwner) {
+		t.Fatalf("a holder settling another identity's attempt: %v, want %v", err, leasebus.ErrNotOwner)
+	}
+	_, err = attacker.UpdatePool(ctx, co, false, func(p *Pool) error { p.MaxSharers = 9; return nil })
+	if !errors.Is(err, leasebus.ErrNotOwner) {
+		t.Fatalf("a holder changing a pool's shape: %v, want %v", err, leasebus.ErrNotOwner)
+	}
+	if p, err := victim.Pool(ctx, co); err != nil || p.Revision != before.Revision {
+		t.Fatalf("pool record after the refused writes: %+v, %v; want revision %d unchanged", p, err, before.Revision)
+	}
+	if a, err := victim.Attempt(ctx, co, "att_victim"); err != nil || a.Status != StatusRunning {
+		t.Fatalf("victim's attempt: %+v, %v", a, err)
+	}
+	testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		evs, err := leasebus.ReadAudit(ctx, b.Conn, co, 0)
+		if err != nil {
+			return err
+		}
+		n := 0
+		for _, ev := range evs {
+			if ev.Type == leasebus.EventRefused && ev.Boundary == BoundaryShard && ev.RequestedBy == "holder" {
+				n++
+			}
+		}
+		if n < 3 {
+			return fmt.Errorf("%d refused shard events by the holder, want 3", n)
+		}
+		return nil
+	})
+
+	// 3. The holder of shard-2's lease changes shard-2.
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-2", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	holderStore, err := Open(b.Client.Conn(), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holderStore.SetShard(ctx, co, "shard-2", func(sh *Shard) { sh.State = StateDirty; sh.LastAttempt = "att_2" }); err != nil {
+		t.Fatalf("the lease's holder changing its own shard: %v", err)
+	}
+	_ = l
 }

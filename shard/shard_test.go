@@ -69,7 +69,18 @@ func openStore(t testing.TB, b *bustest.Bus) *Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := Open(nc, Config{Audit: audit})
+	st, err := Open(nc, Config{Audit: audit, Admin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// holderStore opens a store as the runner b.Acquire's leases belong to
+// (b.Client's identity): its writes are bound to those leases.
+func holderStore(t testing.TB, b *bustest.Bus) *Store {
+	t.Helper()
+	st, err := Open(b.Client.Conn(), Config{Audit: b.Auditor})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,22 +498,26 @@ func TestCleanMovesAsideAWorktreeWithoutGit(t *testing.T) {
 func poolFixture(t *testing.T, files, size, maxSharers int) (*bustest.Bus, *Store, string, *Pool) {
 	t.Helper()
 	b := bustest.Start(t)
-	st := openStore(t, b)
 	co := newRepo(t, files)
-	return b, st, co, declare(t, st, co, size, maxSharers)
+	pool := declare(t, openStore(t, b), co, size, maxSharers)
+	return b, holderStore(t, b), co, pool
 }
 
 // The bus's permission table names this package's buckets: a renamed
-// bucket would lock runners out of it.
+// bucket would lock runners out of reading it, or the service out of
+// writing it; and no role but the service writes it.
 func TestBucketsInThePermissionTable(t *testing.T) {
-	g, err := leasebus.GrantOf(leasebus.RoleHolder, leasebus.IdentityToken)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, b := range []string{PoolBucket, AttemptBucket} {
-		for _, subj := range []string{"$KV." + b + ".>", "$JS.API.STREAM.INFO.KV_" + b} {
-			if !slices.Contains(g.Publish, subj) {
-				t.Errorf("holder may not publish %s", subj)
+	for _, role := range []leasebus.Role{leasebus.RoleHolder, leasebus.RoleOperator, leasebus.RoleViewer, leasebus.RoleService} {
+		g, err := leasebus.GrantOf(role, leasebus.IdentityToken)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range []string{PoolBucket, AttemptBucket} {
+			if role != leasebus.RoleService && !slices.Contains(g.Publish, "$JS.API.STREAM.INFO.KV_"+b) {
+				t.Errorf("%s may not read %s", role, b)
+			}
+			if w := slices.Contains(g.Publish, "$KV."+b+".>"); w != (role == leasebus.RoleService) {
+				t.Errorf("%s may write %s: %v, want %v", role, b, w, role == leasebus.RoleService)
 			}
 		}
 	}

@@ -9,20 +9,21 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/shard/record"
 )
 
 // Buckets on the bus.
 const (
-	PoolBucket    = "FENCELINE_SHARDS"
-	AttemptBucket = "FENCELINE_ATTEMPTS"
+	PoolBucket    = leasebus.ShardPoolBucket
+	AttemptBucket = leasebus.ShardAttemptBucket
 )
 
 // BoundaryShard is the audit boundary of shard cleaning and recovery.
@@ -36,51 +37,31 @@ const (
 )
 
 // State is what is known of a shard's files.
-type State string
+type State = record.State
 
 const (
-	StateAbsent State = "absent" // no worktree yet
-	StateClean  State = "clean"  // at Base, nothing else in it, nobody in it
-	StateDirty  State = "dirty"  // anything else
+	StateAbsent = record.StateAbsent // no worktree yet
+	StateClean  = record.StateClean  // at Base, nothing else in it, nobody in it
+	StateDirty  = record.StateDirty  // anything else
 )
 
 // Status is where an attempt is in its life.
-type Status string
+type Status = record.Status
 
 const (
-	StatusRunning   Status = "running"
-	StatusSucceeded Status = "succeeded"
-	StatusFailed    Status = "failed"
-	StatusCancelled Status = "cancelled"
-	StatusUnknown   Status = "unknown" // its runner vanished; its leases ended
+	StatusRunning   = record.StatusRunning
+	StatusSucceeded = record.StatusSucceeded
+	StatusFailed    = record.StatusFailed
+	StatusCancelled = record.StatusCancelled
+	StatusUnknown   = record.StatusUnknown // its runner vanished; its leases ended
 )
 
 // Shard is one worktree of a pool.
-type Shard struct {
-	ID     string `json:"id"`
-	Path   string `json:"path"`
-	Branch string `json:"branch"`
-	State  State  `json:"state"`
-	// Base is the commit the shard was last cleaned (or created) at.
-	Base        string    `json:"base,omitempty"`
-	CleanedAt   time.Time `json:"cleanedAt,omitzero"`
-	LastAttempt string    `json:"lastAttempt,omitempty"`
-	// Running are the attempts placed in the shard and not settled yet:
-	// what Recover looks at.
-	Running []string `json:"running,omitempty"`
-}
+type Shard = record.Shard
 
-// Pool is a repo's bounded set of shards, as stored.
-type Pool struct {
-	Repo       string  `json:"repo"`
-	Checkout   string  `json:"checkout"`
-	Dir        string  `json:"dir"`
-	Size       int     `json:"size"`
-	MaxSharers int     `json:"maxSharers"`
-	Shards     []Shard `json:"shards"`
-	// Revision is the KV revision the record was read at.
-	Revision uint64 `json:"-"`
-}
+// Pool is a repo's bounded set of shards, as stored (record.Pool, with
+// what a runner does with it).
+type Pool record.Pool
 
 // ShardIDs are the workspace ids of the pool's shards, in order.
 func (p *Pool) ShardIDs() []string {
@@ -111,31 +92,13 @@ func (p *Pool) Worktree(id string) (*Worktree, error) {
 }
 
 // Attempt is one run of one command, as stored.
-type Attempt struct {
-	AttemptID string    `json:"attemptId"`
-	Repo      string    `json:"repo"`
-	TaskID    string    `json:"taskId"`
-	AgentID   string    `json:"agentId"`
-	HostID    string    `json:"hostId,omitempty"`
-	Command   []string  `json:"command"`
-	Shard     string    `json:"shard"`
-	Mode      string    `json:"mode"` // exclusive, shared, commit-serialized, commit-exclusive
-	Leases    []string  `json:"leases"`
-	Status    Status    `json:"status"`
-	StartedAt time.Time `json:"startedAt"`
-	SettledAt time.Time `json:"settledAt,omitzero"`
-	ExitCode  *int      `json:"exitCode,omitempty"`
-	// Note says why a status was set by someone else than the runner.
-	Note string `json:"note,omitempty"`
-	// Revision is the KV revision the record was read at.
-	Revision uint64 `json:"-"`
-}
+type Attempt = record.Attempt
 
 // ShardID is the workspace id of the pool's shard number n (1-based).
-func ShardID(n int) string { return "shard-" + strconv.Itoa(n) }
+func ShardID(n int) string { return record.ShardID(n) }
 
 // BranchOf is the branch of shard id.
-func BranchOf(id string) string { return "fenceline/" + id }
+func BranchOf(id string) string { return record.BranchOf(id) }
 
 // DefaultDir is where a checkout's shards live by default:
 // <parent>/<name>.shards.
@@ -175,6 +138,11 @@ type Config struct {
 	Audit Auditor
 	// Logger receives operational logs (nil: discard).
 	Logger *slog.Logger
+	// Admin asks for every write as an operator (the lease service's
+	// shardadmin op, which the bus lets only operators publish): writes
+	// bound to no lease or attempt of the store's identity. Declare always
+	// asks so; a runner's store leaves it false.
+	Admin bool
 }
 
 // Validate reports a configuration that cannot work.
@@ -183,9 +151,11 @@ func (c *Config) Validate() error { return nil }
 // Store reads and writes pool and attempt records.
 type Store struct {
 	js       jetstream.JetStream
+	c        *leasebus.Client // writes go through the lease service
 	cfg      Config
 	log      *slog.Logger
-	pools    jetstream.KeyValue // nil until the buckets exist
+	mu       sync.Mutex
+	pools    jetstream.KeyValue // nil until the buckets exist; set under mu, once
 	attempts jetstream.KeyValue
 }
 
@@ -203,11 +173,19 @@ func Open(nc *nats.Conn, cfg Config) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Store{js: js, cfg: cfg, log: log}, nil
+	return &Store{js: js, c: leasebus.NewClient(nc), cfg: cfg, log: log}, nil
+}
+
+// write asks the lease service to write key's record in bucket over
+// revision rev (0: none yet), as an operator when admin or Config.Admin.
+func (s *Store) write(ctx context.Context, bucket, key string, b []byte, rev uint64, admin bool) (uint64, error) {
+	return s.c.WriteShard(ctx, leasebus.ShardWrite{Bucket: bucket, Key: key, Revision: rev, Value: b}, admin || s.cfg.Admin)
 }
 
 // buckets binds the buckets, creating them when create is set.
 func (s *Store) buckets(ctx context.Context, create bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.pools != nil && s.attempts != nil {
 		return nil
 	}
@@ -257,7 +235,7 @@ func (sp *Spec) Validate() error {
 		return fmt.Errorf("pool: checkout %q is not an absolute path", sp.Checkout)
 	case sp.Dir != "" && !filepath.IsAbs(sp.Dir):
 		return fmt.Errorf("pool: dir %q is not an absolute path", sp.Dir)
-	case sp.Dir != "" && (within(filepath.Clean(sp.Dir), filepath.Clean(sp.Checkout)) || within(filepath.Clean(sp.Checkout), filepath.Clean(sp.Dir))):
+	case sp.Dir != "" && (record.Within(filepath.Clean(sp.Dir), filepath.Clean(sp.Checkout)) || record.Within(filepath.Clean(sp.Checkout), filepath.Clean(sp.Dir))):
 		return fmt.Errorf("pool: dir %s and checkout %s overlap: put the shards beside the checkout", sp.Dir, sp.Checkout)
 	case sp.Size < 1 || sp.Size > maxPoolSize:
 		return fmt.Errorf("pool: size %d: want 1 to %d shards", sp.Size, maxPoolSize)
@@ -408,7 +386,10 @@ func (s *Store) UpdatePool(ctx context.Context, repo string, create bool, fn fun
 	valid := func(p *Pool) error { return validPool(p, key) }
 	// Declaring replaces a record refused on reading (see records.go); any
 	// other change refuses to build on it.
-	p, rev, err := casJSON(ctx, s.pools, key, "pool of "+repo, valid, create, func(p *Pool, found bool) (bool, error) {
+	write := func(ctx context.Context, b []byte, rev uint64) (uint64, error) {
+		return s.write(ctx, PoolBucket, key, b, rev, create) // only operators declare
+	}
+	p, rev, err := casJSON(ctx, s.pools, key, "pool of "+repo, valid, create, write, func(p *Pool, found bool) (bool, error) {
 		if !found && !create {
 			return false, ErrNoPool
 		}
@@ -428,7 +409,8 @@ func (s *Store) UpdatePool(ctx context.Context, repo string, create bool, fn fun
 // decode or is not valid is refused, or with replace handed to fn as a
 // zero T that was not found (the write then replaces it, still on its
 // revision).
-func casJSON[T any](ctx context.Context, kv jetstream.KeyValue, key, what string, valid func(*T) error, replace bool, fn func(v *T, found bool) (write bool, err error)) (*T, uint64, error) {
+func casJSON[T any](ctx context.Context, kv jetstream.KeyValue, key, what string, valid func(*T) error, replace bool,
+	put func(ctx context.Context, b []byte, rev uint64) (uint64, error), fn func(v *T, found bool) (write bool, err error)) (*T, uint64, error) {
 	for range casTries {
 		v := new(T)
 		var rev uint64
@@ -461,7 +443,7 @@ func casJSON[T any](ctx context.Context, kv jetstream.KeyValue, key, what string
 		if err != nil {
 			return nil, 0, fmt.Errorf("encode %s: %w", what, err)
 		}
-		nrev, err := kv.Update(ctx, key, b, rev)
+		nrev, err := put(ctx, b, rev)
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			continue
 		}
@@ -485,7 +467,7 @@ func (s *Store) SetShard(ctx context.Context, repo, id string, fn func(*Shard)) 
 	})
 }
 
-func attemptKey(repo, id string) string { return leasebus.RepoKey(repo) + "." + id }
+func attemptKey(repo, id string) string { return record.AttemptKey(repo, id) }
 
 // Begin writes a new attempt record; its status is running.
 func (s *Store) Begin(ctx context.Context, a Attempt) (*Attempt, error) {
@@ -506,7 +488,7 @@ func (s *Store) Begin(ctx context.Context, a Attempt) (*Attempt, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode attempt %s: %w", a.AttemptID, err)
 	}
-	rev, err := s.attempts.Update(ctx, attemptKey(a.Repo, a.AttemptID), b, 0)
+	rev, err := s.write(ctx, AttemptBucket, attemptKey(a.Repo, a.AttemptID), b, 0, false)
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return nil, fmt.Errorf("attempt %s exists already: attempt ids are never reused", a.AttemptID)
 	}
@@ -525,7 +507,10 @@ func (s *Store) UpdateAttempt(ctx context.Context, repo, id string, fn func(*Att
 	}
 	key := attemptKey(repo, id)
 	valid := func(a *Attempt) error { return validAttempt(a, key) }
-	a, rev, err := casJSON(ctx, s.attempts, key, "attempt "+id, valid, false, func(a *Attempt, found bool) (bool, error) {
+	write := func(ctx context.Context, b []byte, rev uint64) (uint64, error) {
+		return s.write(ctx, AttemptBucket, key, b, rev, false)
+	}
+	a, rev, err := casJSON(ctx, s.attempts, key, "attempt "+id, valid, false, write, func(a *Attempt, found bool) (bool, error) {
 		if !found {
 			return false, fmt.Errorf("read attempt %s: %w", id, jetstream.ErrKeyNotFound)
 		}

@@ -22,6 +22,8 @@ package repoid
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/url"
 	"os"
@@ -141,4 +143,12 @@ func FromDir(ctx context.Context, dir string) (string, error) {
 		return abs, nil
 	}
 	return FromRemote(origin, abs), nil
+}
+
+// Key is the subject token for a repo: the first 12 bytes of the SHA-256
+// of its identity, in hex. Repo identities contain dots and slashes, which
+// NATS subjects reserve. (leasebus.RepoKey; the shard records' keys.)
+func Key(repo string) string {
+	h := sha256.Sum256([]byte(repo))
+	return hex.EncodeToString(h[:12])
 }

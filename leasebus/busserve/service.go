@@ -156,6 +156,7 @@ func StartService(ctx context.Context, cfg ServiceConfig) (_ *Service, err error
 			svc.Stop()
 			return nil, err
 		}
+		ids.Audit(svc) // enrolments and revocations are audited, new identities named
 		s.closers = append(s.closers, ids.Stop)
 	}
 	if cfg.Node != nil {

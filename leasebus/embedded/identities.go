@@ -1,10 +1,12 @@
 package embedded
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -34,8 +36,27 @@ type Identities struct {
 	cfg leasebus.ServerConfig
 	log *slog.Logger
 
-	mu   sync.Mutex // serializes changes and reloads
-	subs []*nats.Subscription
+	mu    sync.Mutex // serializes changes and reloads
+	subs  []*nats.Subscription
+	audit *leasebus.Service // records identity changes (Audit); guarded by mu
+	// known are the identities as of the last change or reload, to tell
+	// what an operator's reload changed; guarded by mu.
+	known []leasebus.Identity
+}
+
+// Audit has svc record every identity change made from now on (who asked,
+// which identity) and name new identities by their names.
+func (ids *Identities) Audit(svc *leasebus.Service) {
+	ids.mu.Lock()
+	defer ids.mu.Unlock()
+	ids.audit = svc
+}
+
+// changed records an identity change that by asked for; ids.mu is held.
+func (ids *Identities) changed(typ, by string, i leasebus.Identity) {
+	if ids.audit != nil {
+		ids.audit.IdentityChanged(context.Background(), typ, by, i)
+	}
 }
 
 // ServeIdentities answers identity requests on nc (a connection with the
@@ -50,11 +71,15 @@ func ServeIdentities(nc *nats.Conn, srv *server.Server, cfg leasebus.ServerConfi
 	if cfg.CredsDir == "" {
 		cfg.CredsDir = leasebus.CredsDirOf(cfg.StoreDir)
 	}
-	ids := &Identities{nc: nc, srv: srv, cfg: cfg, log: log}
+	known, err := leasebus.Identities(cfg.CredsDir)
+	if err != nil {
+		return nil, err
+	}
+	ids := &Identities{nc: nc, srv: srv, cfg: cfg, log: log, known: known}
 	for op, h := range map[string]func(id string, m *nats.Msg) (string, error){
 		"enroll": ids.enroll,
 		"leave":  ids.leave,
-		"reload": func(string, *nats.Msg) (string, error) { return "", ids.Reload() },
+		"reload": func(by string, _ *nats.Msg) (string, error) { return "", ids.reload(by) },
 	} {
 		sub, err := nc.Subscribe(leasebus.IdentitySubjects(op), func(m *nats.Msg) {
 			id, ok := leasebus.IdentityOfSubject(m.Subject, m.Reply)
@@ -95,11 +120,35 @@ func (ids *Identities) Stop() {
 	ids.subs = nil
 }
 
-// Reload has the server read its identities again.
-func (ids *Identities) Reload() error {
+// Reload has the server read its identities again (what changed is
+// recorded as asked by nobody: the bus itself).
+func (ids *Identities) Reload() error { return ids.reload("") }
+
+// reload reads the identities again for identity by (an operator, after
+// `bus enroll` or `bus revoke-identity`), and records what changed.
+func (ids *Identities) reload(by string) error {
 	ids.mu.Lock()
 	defer ids.mu.Unlock()
-	return ReloadUsers(ids.srv, ids.cfg)
+	before := ids.known
+	if err := ReloadUsers(ids.srv, ids.cfg); err != nil {
+		return err
+	}
+	after, err := leasebus.Identities(ids.cfg.CredsDir)
+	if err != nil {
+		return err
+	}
+	ids.known = after
+	for _, i := range after {
+		if !slices.Contains(before, i) {
+			ids.changed(leasebus.EventIdentityEnrolled, by, i)
+		}
+	}
+	for _, i := range before {
+		if !slices.Contains(after, i) {
+			ids.changed(leasebus.EventIdentityRevoked, by, i)
+		}
+	}
+	return nil
 }
 
 // enroll records the public key an enroller sent as an ephemeral holder
@@ -136,6 +185,8 @@ func (ids *Identities) enroll(by string, m *nats.Msg) (string, error) {
 		_ = leasebus.RemoveIdentity(ids.cfg.CredsDir, id)
 		return "", err
 	}
+	ids.known = append(ids.known, id)
+	ids.changed(leasebus.EventIdentityEnrolled, by, id)
 	ids.log.Info("enrolled an ephemeral bus identity", "name", name, "nkey", r.Nkey, "by", by)
 	return name, nil
 }
@@ -164,6 +215,8 @@ func (ids *Identities) leave(by string, m *nats.Msg) (string, error) {
 	if err := ReloadUsers(ids.srv, ids.cfg); err != nil {
 		ids.log.Warn("reload after an identity left", "name", i.Name, "err", err)
 	}
+	ids.known = slices.DeleteFunc(ids.known, func(k leasebus.Identity) bool { return k == i })
+	ids.changed(leasebus.EventIdentityRevoked, by, i)
 	ids.log.Info("an ephemeral bus identity left", "name", i.Name)
 	return i.Name, errAnswered
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,9 +25,10 @@ const testRepo = "github.com/acme/payments"
 
 // idBus is an embedded bus whose credentials directory enrols holders.
 type idBus struct {
-	srv *server.Server
-	cfg leasebus.ServerConfig
-	svc *nats.Conn
+	srv     *server.Server
+	cfg     leasebus.ServerConfig
+	svc     *nats.Conn
+	service *leasebus.Service
 }
 
 func startIDBus(t *testing.T, holders ...string) *idBus {
@@ -55,6 +58,7 @@ func startIDBus(t *testing.T, holders ...string) *idBus {
 		t.Fatal(err)
 	}
 	t.Cleanup(svc.Stop)
+	b.service = svc
 	return b
 }
 
@@ -435,4 +439,83 @@ func TestIdentitiesOnACluster(t *testing.T) {
 	if err := bc.Flush(); err != nil {
 		t.Fatalf("runner B: %v", err)
 	}
+}
+
+// TestIdentityChangesAudited (issue 28): enrolling and revoking an
+// identity are audit events naming who asked and which identity, and an
+// identity enrolled after the service started is named by its name, not
+// its key, in later events.
+func TestIdentityChangesAudited(t *testing.T) {
+	b := startIDBus(t)
+	ctx := ctxOf(t)
+	ids, err := ServeIdentities(b.svc, b.srv, b.cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ids.Stop)
+	ids.Audit(b.service)
+	enc := b.connectFile(t, filepath.Join(b.cfg.CredsDir, leasebus.CredsFile(leasebus.RoleEnroller)))
+	run, err := leasebus.EnrollEphemeral(enc, "run-att_audit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(b.srv.ClientURL(), run.Options()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := leasebus.NewClient(nc).List(ctx, testRepo, false); err != nil {
+		t.Fatal(err)
+	}
+	// The operator's: bus enroll, then bus revoke-identity (files, then a reload).
+	opNC := b.connectFile(t, filepath.Join(b.cfg.CredsDir, leasebus.CredsFile(leasebus.RoleOperator)))
+	pod, _, err := leasebus.EnrollIdentity(b.cfg.CredsDir, "pod-billing", leasebus.RoleHolder, filepath.Join(t.TempDir(), "pod.nk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leasebus.ReloadIdentities(opNC); err != nil {
+		t.Fatal(err)
+	}
+	if err := leasebus.RemoveIdentity(b.cfg.CredsDir, pod); err != nil {
+		t.Fatal(err)
+	}
+	if err := leasebus.ReloadIdentities(opNC); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		leasebus.EventIdentityEnrolled + " " + run.Name + " (" + run.Nkey() + ") by enroller",
+		leasebus.EventIdentityEnrolled + " pod-billing (" + pod.Nkey + ") by operator",
+		leasebus.EventIdentityRevoked + " pod-billing (" + pod.Nkey + ") by operator",
+	}
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		evs, err := leasebus.ReadAudit(ctx, b.svc, "", 0)
+		if err != nil {
+			return err
+		}
+		var got []string
+		for _, ev := range evs {
+			if ev.Boundary == leasebus.BoundaryBus && (ev.Type == leasebus.EventIdentityEnrolled || ev.Type == leasebus.EventIdentityRevoked) {
+				name, _, _ := strings.Cut(ev.Message, ":")
+				got = append(got, ev.Type+" "+name+" by "+ev.RequestedBy)
+			}
+		}
+		for _, w := range want {
+			if !slices.Contains(got, w) {
+				return fmt.Errorf("no %q among %q", w, got)
+			}
+		}
+		return nil
+	})
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		evs, err := leasebus.ReadAudit(ctx, b.svc, testRepo, 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Type == leasebus.EventList && ev.RequestedBy == run.Name {
+				return nil
+			}
+		}
+		return fmt.Errorf("no list event by %s in %+v", run.Name, evs)
+	})
 }
