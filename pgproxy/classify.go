@@ -620,6 +620,12 @@ func classifySet(v *pgq.VariableSetStmt) Statement {
 		}
 		return s
 	}
+	if ownRole(name, v) {
+		// Back to the session's own role: what it connected as, which the
+		// proxy let in (a role's reset value comes only from the startup).
+		s.Session = true // names may resolve otherwise ($user in search_path)
+		return s
+	}
 	if why, ok := guardedSettings[name]; ok {
 		if (name == "transaction_read_only" || name == "default_transaction_read_only") &&
 			v.Kind == pgq.VariableSetKind_VAR_SET_VALUE && len(v.Args) == 1 && setValueTrue(v.Args[0]) {
@@ -637,6 +643,27 @@ func classifySet(v *pgq.VariableSetStmt) Statement {
 		s.Class, s.Forbidden = ClassWrite, why
 	}
 	return s
+}
+
+// ownRole: RESET ROLE, SET ROLE NONE (Postgres takes the value none in any
+// quoting as NONE), RESET SESSION AUTHORIZATION or SET SESSION
+// AUTHORIZATION DEFAULT, and their generic spellings (SET role TO
+// DEFAULT): each only returns to the session's own role.
+func ownRole(name string, v *pgq.VariableSetStmt) bool {
+	if name != "role" && name != "session_authorization" {
+		return false
+	}
+	switch v.Kind {
+	case pgq.VariableSetKind_VAR_RESET, pgq.VariableSetKind_VAR_SET_DEFAULT:
+		return true
+	case pgq.VariableSetKind_VAR_SET_VALUE:
+		if name != "role" || len(v.Args) != 1 {
+			return false
+		}
+		c := v.Args[0].GetAConst()
+		return c != nil && c.GetSval() != nil && c.GetSval().Sval == "none"
+	}
+	return false
 }
 
 func setValueTrue(n *pgq.Node) bool {

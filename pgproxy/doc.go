@@ -27,7 +27,9 @@
 // proxy owns that default: SET of default_transaction_read_only,
 // transaction_read_only (to off), session characteristics, role,
 // session_replication_role or fenceline.*, and any direct set_config() call,
-// are refused; a change made behind its back (a function calling set_config)
+// are refused (not RESET ROLE, SET ROLE NONE or RESET SESSION
+// AUTHORIZATION: they only return to the role the session connected as);
+// a change made behind its back (a function calling set_config)
 // shows up as a ParameterStatus, which the proxy answers by setting the
 // default again before the next unit. Units are serialized: the proxy
 // forwards a unit (a Query, a FunctionCall, or extended-protocol messages up
