@@ -38,3 +38,59 @@ func TestResetRoleAsDirect(t *testing.T) {
 		}
 	}
 }
+
+// The client's own read-write default is the client's to set, as direct:
+// SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE and SET
+// default_transaction_read_only = off switch off the read-only default the
+// client set itself (writes then run as they would direct, still only under
+// the lease), while Postgres's own default, the proxy's, stays on.
+func TestClientReadWriteDefaultAsDirect(t *testing.T) {
+	lease := newStaticLease(t, "lease_rw35", 0, "public.*", "app.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	for _, set := range []string{
+		"SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE",
+		"SET default_transaction_read_only = off",
+		"SET default_transaction_read_only TO false",
+	} {
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+			c := connect(t, proxyDSN(p, "agent"))
+			if err := simple(ctx, c, "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Exec(ctx, "INSERT INTO app.log (msg) VALUES ('read-only')"); pgCode(err) != "25006" {
+				t.Fatalf("write with the client's default read-only: %v, want 25006", err)
+			}
+			tag, err := c.Exec(ctx, set, mode)
+			if err != nil || tag.String() != "SET" {
+				t.Errorf("%s (%v): tag %q, %v; want SET as direct", set, mode, tag.String(), err)
+				continue
+			}
+			if _, err := c.Exec(ctx, "INSERT INTO app.log (msg) VALUES ($1)", set); err != nil {
+				t.Errorf("write after %s (%v): %v", set, mode, err)
+			}
+			var show, own string
+			if err := c.QueryRow(ctx, "SHOW default_transaction_read_only", pgx.QueryExecModeSimpleProtocol).Scan(&show); err != nil || show != "off" {
+				t.Errorf("after %s (%v): SHOW default_transaction_read_only = %q (%v), want off", set, mode, show, err)
+			}
+			if err := c.QueryRow(ctx, "SELECT current_setting('default_transaction_read_only')").Scan(&own); err != nil || own != "on" {
+				t.Errorf("after %s (%v): Postgres's own default %q (%v), want on (the proxy's)", set, mode, own, err)
+			}
+			// Inside a block that rolls back, the change is gone, as direct.
+			if err := simple(ctx, c, "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY; BEGIN; "+set+"; ROLLBACK"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Exec(ctx, "INSERT INTO app.log (msg) VALUES ('rolled back')"); pgCode(err) != "25006" {
+				t.Errorf("write after %s rolled back (%v): %v, want 25006", set, mode, err)
+			}
+			c.Close(ctx)
+		}
+	}
+	c := connect(t, proxyDSN(p, "agent"))
+	for _, q := range []string{"SET LOCAL default_transaction_read_only = off", "SET transaction_read_only = off",
+		"SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE, READ WRITE"} {
+		if _, err := c.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); pgCode(err) != "42501" {
+			t.Errorf("%s: %v, want the fence's refusal (42501)", q, err)
+		}
+	}
+}

@@ -55,8 +55,12 @@
 //
 //   - The client's own read-only default (SET default_transaction_read_only
 //     = on, SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY; undone by
-//     RESET, RESET ALL, DISCARD ALL, and by the ROLLBACK of the block that
-//     set it): while on, the proxy makes no transaction writable unless the
+//     RESET, RESET ALL, DISCARD ALL, SET default_transaction_read_only =
+//     off, SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE, and by
+//     the ROLLBACK of the block that set it; for the two that switch it off
+//     Postgres gets "SET default_transaction_read_only = on" instead, so its
+//     own default, the proxy's, stays on and the client gets the tag SET,
+//     as direct): while on, the proxy makes no transaction writable unless the
 //     client asks (BEGIN READ WRITE), so Postgres refuses a write with
 //     25006 as it would direct. BEGIN READ ONLY and SET TRANSACTION READ
 //     ONLY need nothing: Postgres keeps them.

@@ -1182,11 +1182,11 @@ func (s *session) handleQuery(raw []byte) error {
 		}
 		s.passedDDL(st)
 		items = append(items, &expect{kind: expStmt})
-		if st.ShowDefaultRO {
+		if show := s.replacement(st); show != "" {
 			// The client's own value, as a one-row SELECT of the same
-			// column (the tag says SELECT 1, not SHOW).
+			// column (the tag says SELECT 1, not SHOW); or the client's
+			// own default set, Postgres's kept (see Statement.ClientRW).
 			out.WriteString(sql[pos:st.Start])
-			show := s.showDefaultRO()
 			if d := len(show) - (st.End - st.Start); d > 0 {
 				inserts = append(inserts, insertion{at: out.Len(), n: d})
 			}
@@ -1224,6 +1224,23 @@ func (s *session) handleQuery(raw []byte) error {
 	w.query(out.String())
 	_, err = s.sw.Write(w.b)
 	return err
+}
+
+// clientRWSQL is what Postgres gets for a statement that switches the
+// client's own read-only default off: Postgres's default, the proxy's,
+// stays on, and the client gets the tag SET as direct.
+const clientRWSQL = "SET default_transaction_read_only = on"
+
+// replacement is the text the proxy sends Postgres instead of st's, or ""
+// when st goes as the client wrote it.
+func (s *session) replacement(st *Statement) string {
+	switch {
+	case st.ShowDefaultRO:
+		return s.showDefaultRO()
+	case st.ClientRW:
+		return clientRWSQL
+	}
+	return ""
 }
 
 // showDefaultRO is the query that answers SHOW default_transaction_read_only
@@ -1333,7 +1350,7 @@ func fastPathOK(cls *Classification, sim txSim) bool {
 	}
 	for i := range cls.Stmts {
 		st := &cls.Stmts[i]
-		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.Prepare != "" || st.Deallocate != "" || len(st.Signals) > 0 || len(st.SignalParams) > 0 ||
+		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.ClientRW || st.Prepare != "" || st.Deallocate != "" || len(st.Signals) > 0 || len(st.SignalParams) > 0 ||
 			st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt" {
 			return false
 		}
@@ -1452,12 +1469,12 @@ func (s *session) flushSegment() error {
 				return s.fatal(err)
 			}
 			st := extStatement(s.classify(q, changed))
-			if st.ShowDefaultRO {
-				// Prepare the proxy's answer instead (see showDefaultRO).
+			if rep := s.replacement(st); rep != "" {
+				// Prepare the proxy's answer instead (see replacement).
 				var pw msgBuilder
 				at := pw.begin('P')
 				pw.str(name)
-				pw.str(s.showDefaultRO())
+				pw.str(rep)
 				pw.b = append(pw.b, paramTypes...) // the client's
 				pw.end(at)
 				m.off, m.n = len(buf), len(pw.b)
