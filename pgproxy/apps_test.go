@@ -1,6 +1,8 @@
 package pgproxy
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -92,5 +94,46 @@ func TestClientReadWriteDefaultAsDirect(t *testing.T) {
 		if _, err := c.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); pgCode(err) != "42501" {
 			t.Errorf("%s: %v, want the fence's refusal (42501)", q, err)
 		}
+	}
+}
+
+// A read that advances or sets a sequence of claimed tables (how ORMs fetch
+// ids) runs under the lease, as direct; one of another table's sequence is
+// refused naming that table; without a live lease it fails read-only, as
+// before.
+func TestSequenceFromReadAsDirect(t *testing.T) {
+	lease := newStaticLease(t, "lease_seq35", 0, "app.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec, pgx.QueryExecModeDescribeExec} {
+		c := connect(t, proxyDSN(p, "agent"))
+		var a, b int64
+		if err := c.QueryRow(ctx, "SELECT nextval('app.items_id_seq')", mode).Scan(&a); err != nil {
+			t.Errorf("nextval of a claimed table's sequence (%v): %v", mode, err)
+		}
+		if err := c.QueryRow(ctx, "SELECT setval('app.log_id_seq', 1000 + $1::int)", mode, a).Scan(&b); err != nil || b != 1000+a {
+			t.Errorf("setval of a claimed table's sequence (%v): %d, %v", mode, b, err)
+		}
+		if err := c.QueryRow(ctx, "SELECT nextval('app.items_id_seq')", mode).Scan(&b); err != nil || b != a+1 {
+			t.Errorf("second nextval (%v): %d, %v; want %d", mode, b, err, a+1)
+		}
+		// Reads still run read-only around it: a user function's write fails.
+		if _, err := c.Exec(ctx, "SELECT public.f_writes()", mode); pgCode(err) != "25006" {
+			t.Errorf("user function from a read (%v): %v, want Postgres's 25006", mode, err)
+		}
+		_, err := c.Exec(ctx, "SELECT nextval('public.seq'), public.f_writes()", mode)
+		if pgCode(err) != "42501" || !strings.Contains(err.Error(), "lease_seq35") {
+			t.Errorf("nextval beside a user function (%v): %v, want the fence's refusal naming the lease", mode, err)
+		}
+		c.Close(ctx)
+	}
+	var n int
+	if err := adminConn(t).QueryRow(ctx, "SELECT count(*) FROM public.sink WHERE v = 'written by a read'").Scan(&n); err != nil || n != 0 {
+		t.Errorf("public.sink written by a read: %d rows (%v)", n, err)
+	}
+	lease.lose(errors.New("lost for the test"))
+	c := connect(t, proxyDSN(p, "agent"))
+	if _, err := c.Exec(ctx, "SELECT nextval('app.items_id_seq')"); pgCode(err) != "25006" {
+		t.Errorf("nextval without a live lease: %v, want Postgres's 25006 (read-only)", err)
 	}
 }

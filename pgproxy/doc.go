@@ -23,7 +23,11 @@
 //
 // Every session is read-only by default, so every implicit transaction is
 // READ ONLY in Postgres itself: a SELECT that calls a function that writes
-// (nextval, a user function, a view over one) fails with SQLSTATE 25006. The
+// (a user function, a view over one) fails with SQLSTATE 25006. A read that
+// calls nextval or setval on sequences it names by constants (how ORMs
+// fetch ids) is the exception: under a live lease, outside a transaction
+// block, it is a write of those sequences, judged as nextval in a writable
+// transaction is (below), and the proxy makes its transaction writable. The
 // proxy owns that default: SET of default_transaction_read_only,
 // transaction_read_only (to off), session characteristics, role,
 // session_replication_role or fenceline.*, and any direct set_config() call,

@@ -1075,7 +1075,7 @@ func (s *session) handleQuery(raw []byte) error {
 	}
 	stmts := make([]*Statement, len(cls.Stmts))
 	for i := range cls.Stmts {
-		stmts[i] = s.resolveSQLPrepared(&cls.Stmts[i])
+		stmts[i] = s.sequenceWrite(s.resolveSQLPrepared(&cls.Stmts[i]))
 	}
 	if err := s.needSearchPath(stmts); err != nil {
 		return err
@@ -1350,12 +1350,50 @@ func fastPathOK(cls *Classification, sim txSim) bool {
 	}
 	for i := range cls.Stmts {
 		st := &cls.Stmts[i]
+		if advancesSequence(st) {
+			return false // see sequenceWrite
+		}
 		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.ClientRW || st.Prepare != "" || st.Deallocate != "" || len(st.Signals) > 0 || len(st.SignalParams) > 0 ||
 			st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt" {
 			return false
 		}
 	}
 	return true
+}
+
+// sequenceWrite: a read that advances or sets sequences it names by
+// constants (SELECT nextval('s'), how ORMs fetch ids) writes them. Outside
+// a transaction block and under a live lease it is a write, so the proxy
+// makes its transaction writable and it runs as direct, judged by what it
+// writes: each sequence's tables, and every function it calls, as in a
+// writable block (judgeCalls, judgeSequence). Without a live lease, or in
+// a block (writable or not, the block decided), it stays a read: Postgres
+// refuses its write in a read-only transaction, as before.
+func (s *session) sequenceWrite(st *Statement) *Statement {
+	if st == nil || st.Class != ClassRead || s.sim.inBlock || s.pendingSync || !advancesSequence(st) {
+		return st
+	}
+	if !s.lease().live() {
+		return st
+	}
+	cp := *st
+	cp.Class = ClassWrite
+	return &cp
+}
+
+// advancesSequence: st calls nextval or setval on a sequence it names by a
+// constant (one it does not name, "?", judgeSequence refuses: left a read).
+func advancesSequence(st *Statement) bool {
+	named := false
+	for _, c := range st.Calls {
+		if c.Kind == 'q' {
+			if c.Name == "?" {
+				return false
+			}
+			named = true
+		}
+	}
+	return named
 }
 
 // callsToJudge: a query the fast path would forward calls functions or
@@ -1510,7 +1548,7 @@ func (s *session) flushSegment() error {
 			if st == nil {
 				st = &Statement{Class: ClassWrite, Opaque: true, Tag: "UnknownPortal"}
 			}
-			st = s.resolveSQLPrepared(st)
+			st = s.sequenceWrite(s.resolveSQLPrepared(st))
 			m.st = st
 			execs = append(execs, st)
 			changed = true
