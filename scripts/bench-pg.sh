@@ -11,7 +11,8 @@
 # same proxy on an unfenced copy of the tables: what the trigger costs. The
 # go-relay row is
 # pgproxy/internal/barerelay, io.Copy both ways and nothing else: what a
-# relay written in Go costs here before it parses a single message.
+# relay written in Go costs here before it parses a single message (through
+# net.Conn: fenceline's sessions use raw reads and writes, rawio_linux.go).
 #
 # Needs: Postgres server binaries (/usr/lib/postgresql/*/bin), pgbench,
 # pgbouncer (Debian: apt-get install postgresql pgbouncer), Go; for the
