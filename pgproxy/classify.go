@@ -92,6 +92,12 @@ type Statement struct {
 	// SESSION CHARACTERISTICS AS TRANSACTION READ ONLY), -1 resets it
 	// (RESET, SET ... TO DEFAULT, RESET ALL, DISCARD ALL).
 	ClientRO int8
+	// ClientRW: the statement switches the client's own read-only default
+	// off (SET default_transaction_read_only = off, SET SESSION
+	// CHARACTERISTICS AS TRANSACTION READ WRITE); ClientRO is -1. Postgres's
+	// default is the proxy's: it gets clientRWSQL instead, which keeps it on
+	// and answers with the same tag.
+	ClientRW bool
 	// ShowDefaultRO: SHOW default_transaction_read_only, whose answer the
 	// proxy gives (Postgres's own is always on: the proxy's).
 	ShowDefaultRO bool
@@ -611,13 +617,22 @@ func classifySet(v *pgq.VariableSetStmt) Statement {
 		// read-only and isolation levels are fine, READ WRITE is not ours to give.
 		for _, a := range v.Args {
 			if d := a.GetDefElem(); d != nil && d.Defname == "transaction_read_only" {
-				if !defBool(d, true) {
+				switch {
+				case !defBool(d, true) && name == "session characteristics" && len(v.Args) == 1:
+					s.ClientRO, s.ClientRW = -1, true // the client's own default, as below
+				case !defBool(d, true):
 					s.Class, s.Forbidden = ClassWrite, guardedSettings["transaction_read_only"]
-				} else if name == "session characteristics" {
+				case name == "session characteristics":
 					s.ClientRO = 1
 				}
 			}
 		}
+		return s
+	}
+	if ownRole(name, v) {
+		// Back to the session's own role: what it connected as, which the
+		// proxy let in (a role's reset value comes only from the startup).
+		s.Session = true // names may resolve otherwise ($user in search_path)
 		return s
 	}
 	if why, ok := guardedSettings[name]; ok {
@@ -628,6 +643,11 @@ func classifySet(v *pgq.VariableSetStmt) Statement {
 			}
 			return s // switching read-only on is always fine
 		}
+		if name == "default_transaction_read_only" && !v.IsLocal && v.Kind == pgq.VariableSetKind_VAR_SET_VALUE &&
+			len(v.Args) == 1 && setValueFalse(v.Args[0]) {
+			s.ClientRO, s.ClientRW = -1, true // the client's own default, off as it is at startup
+			return s
+		}
 		if name == "default_transaction_read_only" && (v.Kind == pgq.VariableSetKind_VAR_RESET || v.Kind == pgq.VariableSetKind_VAR_SET_DEFAULT) {
 			if !v.IsLocal {
 				s.ClientRO = -1
@@ -637,6 +657,49 @@ func classifySet(v *pgq.VariableSetStmt) Statement {
 		s.Class, s.Forbidden = ClassWrite, why
 	}
 	return s
+}
+
+// ownRole: RESET ROLE, SET ROLE NONE (Postgres takes the value none in any
+// quoting as NONE), RESET SESSION AUTHORIZATION or SET SESSION
+// AUTHORIZATION DEFAULT, and their generic spellings (SET role TO
+// DEFAULT): each only returns to the session's own role.
+func ownRole(name string, v *pgq.VariableSetStmt) bool {
+	if name != "role" && name != "session_authorization" {
+		return false
+	}
+	switch v.Kind {
+	case pgq.VariableSetKind_VAR_RESET, pgq.VariableSetKind_VAR_SET_DEFAULT:
+		return true
+	case pgq.VariableSetKind_VAR_SET_VALUE:
+		if name != "role" || len(v.Args) != 1 {
+			return false
+		}
+		c := v.Args[0].GetAConst()
+		return c != nil && c.GetSval() != nil && c.GetSval().Sval == "none"
+	}
+	return false
+}
+
+// setValueFalse: n is false in one of Postgres's usual spellings (not
+// every prefix Postgres takes: anything else stays refused).
+func setValueFalse(n *pgq.Node) bool {
+	c := n.GetAConst()
+	if c == nil {
+		return false
+	}
+	if sv := c.GetSval(); sv != nil {
+		switch strings.ToLower(sv.Sval) {
+		case "off", "false", "no", "0", "f", "n":
+			return true
+		}
+	}
+	if iv := c.GetIval(); iv != nil {
+		return iv.Ival == 0
+	}
+	if bv := c.GetBoolval(); bv != nil {
+		return !bv.Boolval
+	}
+	return false
 }
 
 func setValueTrue(n *pgq.Node) bool {

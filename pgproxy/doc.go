@@ -23,11 +23,17 @@
 //
 // Every session is read-only by default, so every implicit transaction is
 // READ ONLY in Postgres itself: a SELECT that calls a function that writes
-// (nextval, a user function, a view over one) fails with SQLSTATE 25006. The
+// (a user function, a view over one) fails with SQLSTATE 25006. A read that
+// calls nextval or setval on sequences it names by constants (how ORMs
+// fetch ids) is the exception: under a live lease, outside a transaction
+// block, it is a write of those sequences, judged as nextval in a writable
+// transaction is (below), and the proxy makes its transaction writable. The
 // proxy owns that default: SET of default_transaction_read_only,
 // transaction_read_only (to off), session characteristics, role,
 // session_replication_role or fenceline.*, and any direct set_config() call,
-// are refused; a change made behind its back (a function calling set_config)
+// are refused (not RESET ROLE, SET ROLE NONE or RESET SESSION
+// AUTHORIZATION: they only return to the role the session connected as);
+// a change made behind its back (a function calling set_config)
 // shows up as a ParameterStatus, which the proxy answers by setting the
 // default again before the next unit. Units are serialized: the proxy
 // forwards a unit (a Query, a FunctionCall, or extended-protocol messages up
@@ -53,8 +59,12 @@
 //
 //   - The client's own read-only default (SET default_transaction_read_only
 //     = on, SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY; undone by
-//     RESET, RESET ALL, DISCARD ALL, and by the ROLLBACK of the block that
-//     set it): while on, the proxy makes no transaction writable unless the
+//     RESET, RESET ALL, DISCARD ALL, SET default_transaction_read_only =
+//     off, SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE, and by
+//     the ROLLBACK of the block that set it; for the two that switch it off
+//     Postgres gets "SET default_transaction_read_only = on" instead, so its
+//     own default, the proxy's, stays on and the client gets the tag SET,
+//     as direct): while on, the proxy makes no transaction writable unless the
 //     client asks (BEGIN READ WRITE), so Postgres refuses a write with
 //     25006 as it would direct. BEGIN READ ONLY and SET TRANSACTION READ
 //     ONLY need nothing: Postgres keeps them.

@@ -141,8 +141,11 @@ func TestMultiStatementAndForbidden(t *testing.T) {
 		t.Fatalf("explicit block in one query: %v %v", res, err)
 	}
 	for _, q := range []string{
-		"SET default_transaction_read_only = off",
-		"SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE",
+		// (SET default_transaction_read_only = off and SET SESSION
+		// CHARACTERISTICS AS TRANSACTION READ WRITE set the client's own
+		// default, Postgres's kept: TestClientReadWriteDefaultAsDirect.)
+		"SET LOCAL default_transaction_read_only = off",
+		"SET transaction_read_only = off",
 		"SELECT set_config('default_transaction_read_only', 'off', false)",
 		"SET LOCAL fenceline.token = 'x'",
 		"ALTER TABLE public.accounts DISABLE TRIGGER ALL",

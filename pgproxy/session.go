@@ -1075,7 +1075,7 @@ func (s *session) handleQuery(raw []byte) error {
 	}
 	stmts := make([]*Statement, len(cls.Stmts))
 	for i := range cls.Stmts {
-		stmts[i] = s.resolveSQLPrepared(&cls.Stmts[i])
+		stmts[i] = s.sequenceWrite(s.resolveSQLPrepared(&cls.Stmts[i]))
 	}
 	if err := s.needSearchPath(stmts); err != nil {
 		return err
@@ -1182,11 +1182,11 @@ func (s *session) handleQuery(raw []byte) error {
 		}
 		s.passedDDL(st)
 		items = append(items, &expect{kind: expStmt})
-		if st.ShowDefaultRO {
+		if show := s.replacement(st); show != "" {
 			// The client's own value, as a one-row SELECT of the same
-			// column (the tag says SELECT 1, not SHOW).
+			// column (the tag says SELECT 1, not SHOW); or the client's
+			// own default set, Postgres's kept (see Statement.ClientRW).
 			out.WriteString(sql[pos:st.Start])
-			show := s.showDefaultRO()
 			if d := len(show) - (st.End - st.Start); d > 0 {
 				inserts = append(inserts, insertion{at: out.Len(), n: d})
 			}
@@ -1224,6 +1224,23 @@ func (s *session) handleQuery(raw []byte) error {
 	w.query(out.String())
 	_, err = s.sw.Write(w.b)
 	return err
+}
+
+// clientRWSQL is what Postgres gets for a statement that switches the
+// client's own read-only default off: Postgres's default, the proxy's,
+// stays on, and the client gets the tag SET as direct.
+const clientRWSQL = "SET default_transaction_read_only = on"
+
+// replacement is the text the proxy sends Postgres instead of st's, or ""
+// when st goes as the client wrote it.
+func (s *session) replacement(st *Statement) string {
+	switch {
+	case st.ShowDefaultRO:
+		return s.showDefaultRO()
+	case st.ClientRW:
+		return clientRWSQL
+	}
+	return ""
 }
 
 // showDefaultRO is the query that answers SHOW default_transaction_read_only
@@ -1333,12 +1350,50 @@ func fastPathOK(cls *Classification, sim txSim) bool {
 	}
 	for i := range cls.Stmts {
 		st := &cls.Stmts[i]
-		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.Prepare != "" || st.Deallocate != "" || len(st.Signals) > 0 || len(st.SignalParams) > 0 ||
+		if advancesSequence(st) {
+			return false // see sequenceWrite
+		}
+		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.ClientRW || st.Prepare != "" || st.Deallocate != "" || len(st.Signals) > 0 || len(st.SignalParams) > 0 ||
 			st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt" {
 			return false
 		}
 	}
 	return true
+}
+
+// sequenceWrite: a read that advances or sets sequences it names by
+// constants (SELECT nextval('s'), how ORMs fetch ids) writes them. Outside
+// a transaction block and under a live lease it is a write, so the proxy
+// makes its transaction writable and it runs as direct, judged by what it
+// writes: each sequence's tables, and every function it calls, as in a
+// writable block (judgeCalls, judgeSequence). Without a live lease, or in
+// a block (writable or not, the block decided), it stays a read: Postgres
+// refuses its write in a read-only transaction, as before.
+func (s *session) sequenceWrite(st *Statement) *Statement {
+	if st == nil || st.Class != ClassRead || s.sim.inBlock || s.pendingSync || !advancesSequence(st) {
+		return st
+	}
+	if !s.lease().live() {
+		return st
+	}
+	cp := *st
+	cp.Class = ClassWrite
+	return &cp
+}
+
+// advancesSequence: st calls nextval or setval on a sequence it names by a
+// constant (one it does not name, "?", judgeSequence refuses: left a read).
+func advancesSequence(st *Statement) bool {
+	named := false
+	for _, c := range st.Calls {
+		if c.Kind == 'q' {
+			if c.Name == "?" {
+				return false
+			}
+			named = true
+		}
+	}
+	return named
 }
 
 // callsToJudge: a query the fast path would forward calls functions or
@@ -1452,12 +1507,12 @@ func (s *session) flushSegment() error {
 				return s.fatal(err)
 			}
 			st := extStatement(s.classify(q, changed))
-			if st.ShowDefaultRO {
-				// Prepare the proxy's answer instead (see showDefaultRO).
+			if rep := s.replacement(st); rep != "" {
+				// Prepare the proxy's answer instead (see replacement).
 				var pw msgBuilder
 				at := pw.begin('P')
 				pw.str(name)
-				pw.str(s.showDefaultRO())
+				pw.str(rep)
 				pw.b = append(pw.b, paramTypes...) // the client's
 				pw.end(at)
 				m.off, m.n = len(buf), len(pw.b)
@@ -1493,7 +1548,7 @@ func (s *session) flushSegment() error {
 			if st == nil {
 				st = &Statement{Class: ClassWrite, Opaque: true, Tag: "UnknownPortal"}
 			}
-			st = s.resolveSQLPrepared(st)
+			st = s.sequenceWrite(s.resolveSQLPrepared(st))
 			m.st = st
 			execs = append(execs, st)
 			changed = true

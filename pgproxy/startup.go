@@ -111,10 +111,11 @@ func (s *session) startup() (bool, error) {
 	}
 	s.server = up
 	s.server.SetDeadline(deadline)
-	s.sr = newMsgReader(s.server, s.p.cfg.MaxMessageSize)
-	s.sw = bufio.NewWriterSize(s.server, 32<<10)
-	s.cr = newMsgReader(s.client, s.p.cfg.MaxMessageSize)
-	s.cw = bufio.NewWriterSize(s.client, 32<<10)
+	srv, cli := newRawIO(s.server), newRawIO(s.client)
+	s.sr = newMsgReader(srv, s.p.cfg.MaxMessageSize)
+	s.sw = bufio.NewWriterSize(srv, 32<<10)
+	s.cr = newMsgReader(cli, s.p.cfg.MaxMessageSize)
+	s.cw = bufio.NewWriterSize(cli, 32<<10)
 
 	if _, err := s.sw.Write(buildStartup(code(pkt), params)); err != nil {
 		return false, err

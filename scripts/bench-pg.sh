@@ -11,7 +11,8 @@
 # same proxy on an unfenced copy of the tables: what the trigger costs. The
 # go-relay row is
 # pgproxy/internal/barerelay, io.Copy both ways and nothing else: what a
-# relay written in Go costs here before it parses a single message.
+# relay written in Go costs here before it parses a single message (through
+# net.Conn: fenceline's sessions use raw reads and writes, rawio_linux.go).
 #
 # Needs: Postgres server binaries (/usr/lib/postgresql/*/bin), pgbench,
 # pgbouncer (Debian: apt-get install postgresql pgbouncer), Go; for the
@@ -22,6 +23,12 @@
 # CPU columns: proxy_us is the proxy process's CPU per transaction,
 # pg_us is every Postgres process's (backends, and the background ones).
 # They come from /proc and say where the time goes; tps says how much.
+# LATENCY=1 measures added latency instead: for 1, 4 and 8 clients
+# (LAT_CLIENTS), a simple select, a prepared select and a single-row
+# update (prepared; fenced through fenceline: the C trigger checks its
+# token), direct, through fenceline and through PgBouncer (and fl-base),
+# interleaved; prints each target's p50 and p99 per transaction and what it
+# adds to direct's (add_p50, add_p99, in ms).
 # FL_CPUPROFILE=FILE writes a CPU profile of the fenceline proxy over the
 # whole run (go tool pprof FILE).
 # FL_BASELINE=REV adds target fl-base: the same fence built from git
@@ -44,7 +51,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-15}
 SCALE=${2:-10}
-CLIENTS=8
+CLIENTS=${CLIENTS:-8}
 # The newest installed server (a client-only version has a bin directory too).
 BIN=$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | sort -V | tail -1)")
 PGBENCH=${PGBENCH:-$(command -v pgbench || echo "$BIN/pgbench")}
@@ -224,7 +231,7 @@ run() {
 	settle
 	local p0 g0 p1 g1 out
 	p0=$(pidticks "$pid"); g0=$(pgticks)
-	out=$(cd "$WORK" && "${CLCPU[@]}" "$PGBENCH" -h 127.0.0.1 -p "$port" -U postgres -c $CLIENTS -j 2 -T "$DUR" -n -l "$@" "$db" 2>&1) || { echo "$out" >&2; return 1; }
+	out=$(cd "$WORK" && "${CLCPU[@]}" "$PGBENCH" -h 127.0.0.1 -p "$port" -U postgres -c $CLIENTS -j "$(( CLIENTS < 2 ? 1 : 2 ))" -T "$DUR" -n -l "$@" "$db" 2>&1) || { echo "$out" >&2; return 1; }
 	if [ "$pid" = "$BOUNCER_PID" ]; then
 		# PgBouncer keeps its server connections: drop them so their
 		# backends exit and their CPU is counted now.
@@ -245,6 +252,43 @@ median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2
 ROUNDS=${ROUNDS:-3}
 BOUNCER_PID=$(cat "$WORK/pgbouncer.pid")
 echo "== $("${CLCPU[@]}" "$WORK/wakecost")"
+if [ "${LATENCY:-}" = 1 ]; then
+	cat >"$WORK/update-one.sql" <<'SQL'
+\set aid random(1, 100000 * :scale)
+\set delta random(-5000, 5000)
+UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
+SQL
+	[ "$(id -u)" = 0 ] && chown nobody:nogroup "$WORK/update-one.sql"
+	echo "== latency: $ROUNDS rounds of ${DUR}s per target, workload and client count, interleaved"
+	printf '\n%-7s %-22s %-10s %9s %8s %8s %8s %8s %9s\n' clients workload target tps p50_ms p99_ms add_p50 add_p99 proxy_us
+	for CLIENTS in ${LAT_CLIENTS:-1 4 8}; do
+		for wl in "select simple:-S -M simple" "select prepared:-S -M prepared" "update-one prepared:-f $WORK/update-one.sql -s $SCALE -M prepared"; do
+			name=${wl%%:*}; args=${wl#*:}; w=c$CLIENTS.${name// /_}
+			targets="direct:$PGPORT_DIRECT:0 fenceline:$FLPORT:$FL_PID${FLB_PID:+ fl-base:$FLBPORT:$FLB_PID} pgbouncer:$BOUNCEPORT:$BOUNCER_PID"
+			for t in $targets; do rm -f "$WORK/lat.$w.${t%%:*}" "$WORK/res.$w.${t%%:*}"; done
+			for _ in $(seq "$ROUNDS"); do
+				for t in $targets; do
+					IFS=: read -r tn tp tpid <<<"$t"
+					# shellcheck disable=SC2086 # args are pgbench's, split
+					run "$w.$tn" "$tp" "$tpid" $args >>"$WORK/res.$w.$tn"
+				done
+			done
+			read -r d50 d99 < <(sort -n "$WORK/lat.$w.direct" | awk '{a[NR]=$1} END {printf "%.3f %.3f\n", a[int(NR*0.5)]/1000, a[int(NR*0.99)]/1000}')
+			first=$name
+			for t in $targets; do
+				tn=${t%%:*}
+				tps=$(awk '{print $1}' "$WORK/res.$w.$tn" | median)
+				read -r p50 p99 < <(sort -n "$WORK/lat.$w.$tn" | awk '{a[NR]=$1} END {printf "%.3f %.3f\n", a[int(NR*0.5)]/1000, a[int(NR*0.99)]/1000}')
+				pus=$(awk -v tick="$TICK" '{tx+=$2; p+=$3} END {printf "%.1f", p*1e6/tick/tx}' "$WORK/res.$w.$tn")
+				[ "$tn" = direct ] && pus=-
+				printf '%-7s %-22s %-10s %9.0f %8s %8s %8s %8s %9s\n' "$CLIENTS" "$first" "$tn" "$tps" "$p50" "$p99" \
+					"$(awk -v a="$p50" -v b="$d50" 'BEGIN{printf "%+.3f", a-b}')" "$(awk -v a="$p99" -v b="$d99" 'BEGIN{printf "%+.3f", a-b}')" "$pus"
+				first=
+			done
+		done
+	done
+	exit 0
+fi
 echo "== $ROUNDS rounds of ${DUR}s per target and workload, interleaved"
 printf '\n%-22s %-12s %9s %10s %12s %8s %8s %9s %7s\n' workload target tps vs_direct vs_pgbouncer p50_ms p99_ms proxy_us pg_us
 for wl in "select-only simple:-S -M simple" "select-only prepared:-S -M prepared" "tpcb-like simple:-M simple" "tpcb-like prepared:-M prepared"; do

@@ -1,0 +1,139 @@
+package pgproxy
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Issue 35: what real applications do, and a lease allows, works through
+// the fence as it does direct.
+
+// RESET ROLE, SET ROLE NONE (Postgres takes 'none' in any quoting as NONE) and RESET SESSION AUTHORIZATION only return to
+// the session's own role (the one it connected as, which the proxy let in):
+// they run, in either protocol. SET ROLE to another role stays refused.
+func TestResetRoleAsDirect(t *testing.T) {
+	lease := newStaticLease(t, "lease_role35", 0, "public.*", "app.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	c := connect(t, proxyDSN(p, "agent"))
+	for _, q := range []string{"RESET ROLE", "SET ROLE NONE", "SET ROLE 'none'", "SET role TO DEFAULT", "RESET SESSION AUTHORIZATION",
+		"SET SESSION AUTHORIZATION DEFAULT", "RESET session_authorization"} {
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+			if _, err := c.Exec(ctx, q, mode); err != nil {
+				t.Errorf("%s (%v): %v, want it to run as direct", q, mode, err)
+			}
+		}
+		var user string
+		if err := c.QueryRow(ctx, "SELECT current_user").Scan(&user); err != nil || user != "agent" {
+			t.Errorf("after %s: current_user %q (%v), want agent", q, user, err)
+		}
+		if _, err := c.Exec(ctx, "INSERT INTO app.log (msg) VALUES ($1)", "after "+q); err != nil {
+			t.Errorf("write after %s: %v", q, err)
+		}
+	}
+	for _, q := range []string{"SET ROLE postgres", `SET ROLE "None"`, "SET SESSION AUTHORIZATION postgres", "SET role = postgres", "SET LOCAL role = postgres"} {
+		if _, err := c.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); pgCode(err) != "42501" {
+			t.Errorf("%s: %v, want the fence's refusal (42501)", q, err)
+		}
+	}
+}
+
+// The client's own read-write default is the client's to set, as direct:
+// SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE and SET
+// default_transaction_read_only = off switch off the read-only default the
+// client set itself (writes then run as they would direct, still only under
+// the lease), while Postgres's own default, the proxy's, stays on.
+func TestClientReadWriteDefaultAsDirect(t *testing.T) {
+	lease := newStaticLease(t, "lease_rw35", 0, "public.*", "app.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	for _, set := range []string{
+		"SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE",
+		"SET default_transaction_read_only = off",
+		"SET default_transaction_read_only TO false",
+	} {
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+			c := connect(t, proxyDSN(p, "agent"))
+			if err := simple(ctx, c, "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Exec(ctx, "INSERT INTO app.log (msg) VALUES ('read-only')"); pgCode(err) != "25006" {
+				t.Fatalf("write with the client's default read-only: %v, want 25006", err)
+			}
+			tag, err := c.Exec(ctx, set, mode)
+			if err != nil || tag.String() != "SET" {
+				t.Errorf("%s (%v): tag %q, %v; want SET as direct", set, mode, tag.String(), err)
+				continue
+			}
+			if _, err := c.Exec(ctx, "INSERT INTO app.log (msg) VALUES ($1)", set); err != nil {
+				t.Errorf("write after %s (%v): %v", set, mode, err)
+			}
+			var show, own string
+			if err := c.QueryRow(ctx, "SHOW default_transaction_read_only", pgx.QueryExecModeSimpleProtocol).Scan(&show); err != nil || show != "off" {
+				t.Errorf("after %s (%v): SHOW default_transaction_read_only = %q (%v), want off", set, mode, show, err)
+			}
+			if err := c.QueryRow(ctx, "SELECT current_setting('default_transaction_read_only')").Scan(&own); err != nil || own != "on" {
+				t.Errorf("after %s (%v): Postgres's own default %q (%v), want on (the proxy's)", set, mode, own, err)
+			}
+			// Inside a block that rolls back, the change is gone, as direct.
+			if err := simple(ctx, c, "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY; BEGIN; "+set+"; ROLLBACK"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Exec(ctx, "INSERT INTO app.log (msg) VALUES ('rolled back')"); pgCode(err) != "25006" {
+				t.Errorf("write after %s rolled back (%v): %v, want 25006", set, mode, err)
+			}
+			c.Close(ctx)
+		}
+	}
+	c := connect(t, proxyDSN(p, "agent"))
+	for _, q := range []string{"SET LOCAL default_transaction_read_only = off", "SET transaction_read_only = off",
+		"SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE, READ WRITE"} {
+		if _, err := c.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); pgCode(err) != "42501" {
+			t.Errorf("%s: %v, want the fence's refusal (42501)", q, err)
+		}
+	}
+}
+
+// A read that advances or sets a sequence of claimed tables (how ORMs fetch
+// ids) runs under the lease, as direct; one of another table's sequence is
+// refused naming that table; without a live lease it fails read-only, as
+// before.
+func TestSequenceFromReadAsDirect(t *testing.T) {
+	lease := newStaticLease(t, "lease_seq35", 0, "app.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec, pgx.QueryExecModeDescribeExec} {
+		c := connect(t, proxyDSN(p, "agent"))
+		var a, b int64
+		if err := c.QueryRow(ctx, "SELECT nextval('app.items_id_seq')", mode).Scan(&a); err != nil {
+			t.Errorf("nextval of a claimed table's sequence (%v): %v", mode, err)
+		}
+		if err := c.QueryRow(ctx, "SELECT setval('app.log_id_seq', 1000 + $1::int)", mode, a).Scan(&b); err != nil || b != 1000+a {
+			t.Errorf("setval of a claimed table's sequence (%v): %d, %v", mode, b, err)
+		}
+		if err := c.QueryRow(ctx, "SELECT nextval('app.items_id_seq')", mode).Scan(&b); err != nil || b != a+1 {
+			t.Errorf("second nextval (%v): %d, %v; want %d", mode, b, err, a+1)
+		}
+		// Reads still run read-only around it: a user function's write fails.
+		if _, err := c.Exec(ctx, "SELECT public.f_writes()", mode); pgCode(err) != "25006" {
+			t.Errorf("user function from a read (%v): %v, want Postgres's 25006", mode, err)
+		}
+		_, err := c.Exec(ctx, "SELECT nextval('public.seq'), public.f_writes()", mode)
+		if pgCode(err) != "42501" || !strings.Contains(err.Error(), "lease_seq35") {
+			t.Errorf("nextval beside a user function (%v): %v, want the fence's refusal naming the lease", mode, err)
+		}
+		c.Close(ctx)
+	}
+	var n int
+	if err := adminConn(t).QueryRow(ctx, "SELECT count(*) FROM public.sink WHERE v = 'written by a read'").Scan(&n); err != nil || n != 0 {
+		t.Errorf("public.sink written by a read: %d rows (%v)", n, err)
+	}
+	lease.lose(errors.New("lost for the test"))
+	c := connect(t, proxyDSN(p, "agent"))
+	if _, err := c.Exec(ctx, "SELECT nextval('app.items_id_seq')"); pgCode(err) != "25006" {
+		t.Errorf("nextval without a live lease: %v, want Postgres's 25006 (read-only)", err)
+	}
+}
