@@ -10,7 +10,7 @@
 # AcquireAndHold) during the steady window.
 #
 #   scripts/bench-bus-cluster.sh [-l 1000,10000,50000] [-r 1000] [-d 120s]
-#       [-t 30s] [-c 50] [-p 10] [-i 8] [-m 180s] [-R 500] [-f]
+#       [-t 30s] [-c 50] [-p 10] [-i 8] [-m DURATION] [-R 250] [-f]
 #
 #   -l  levels: active leases, comma-separated (default 1000,10000,50000)
 #   -r  repos (default 1000)
@@ -19,8 +19,10 @@
 #   -c  churn: acquire+release cycles per second (default 50)
 #   -p  holders per NATS connection (default 10)
 #   -i  enrolled holder identities the connections are spread over (default 8)
-#   -m  longest ramp: give up taking the rest of a level's leases after this (default 180s)
-#   -R  acquires per second during the ramp (default 500)
+#   -m  longest ramp: give up taking the rest of a level's leases after this
+#       (default twice the level at -R a second, plus 1 min: 1,000 -> 68 s,
+#       10,000 -> 140 s, 50,000 -> 460 s)
+#   -R  acquires per second during the ramp (default 250)
 #   -f  go on to the next level even when this one did not hold (by default a
 #       level that lost leases or did not hold them all is the last)
 #
@@ -36,7 +38,7 @@
 # request, answer, heartbeat and notice of the holders).
 #
 # Everything listens on 127.0.0.1; every level is bounded in time (the
-# driver by -m + -d + 3 min, the cluster's start by 3 min), and every process
+# driver by its ramp bound + -d + 3 min, the cluster's start by 3 min), and every process
 # this script starts is stopped on exit, by its process id.
 set -euo pipefail
 
@@ -47,8 +49,8 @@ ttl=30s
 churn=50
 perconn=10
 idents=8
-rampmax=180s
-ramprate=500
+rampmax=
+ramprate=250
 force=0
 while getopts "l:r:d:t:c:p:i:m:R:f" opt; do
   case $opt in
@@ -65,7 +67,7 @@ while getopts "l:r:d:t:c:p:i:m:R:f" opt; do
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 done
-case $levels$repos$churn$perconn$idents$ramprate in *[!0-9,.]*) echo "-l, -r, -c, -p, -i and -R take numbers" >&2; exit 2 ;; esac
+case $levels$repos$churn$perconn$idents${ramprate%.*} in *[!0-9,]*) echo "-l, -r, -c, -p, -i and -R take numbers" >&2; exit 2 ;; esac
 
 # seconds of a Go-style duration (90s, 2m, 1m30s): for the time bounds.
 secs() {
@@ -82,7 +84,6 @@ secs() {
   done
   echo "$total"
 }
-bound=$(( $(secs "$rampmax") + $(secs "$dur") + 180 ))
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
@@ -159,9 +160,11 @@ for n in ${levels//,/ }; do
     break
   fi
   echo "== level $n: cluster ready after $((SECONDS - t0)) s"
+  if [ -n "$rampmax" ]; then ramp=$(secs "$rampmax"); else ramp=$(( 2 * n / ${ramprate%.*} + 60 )); fi
+  bound=$(( ramp + $(secs "$dur") + 180 ))
   timeout -k 15 "$bound" "$work/fleetbench" -urls "$urls" -creds "$creds" -identities "$ids" -nodes "$nodes" \
     -leases "$n" -repos "$repos" -ttl "$ttl" -churn "$churn" -d "$dur" -per-conn "$perconn" \
-    -ramp-max "$rampmax" -ramp-rate "$ramprate" >"$lvl/driver.log" 2>&1 &
+    -ramp-max "${ramp}s" -ramp-rate "$ramprate" >"$lvl/driver.log" 2>&1 &
   driver=$!
   tail -f --pid="$driver" "$lvl/driver.log" &
   tailer=$!
@@ -176,7 +179,8 @@ for n in ${levels//,/ }; do
   fi
   echo "$line" >>"$results"
   for i in 0 1 2; do
-    grep -ciE 'level=(ERROR|WARN)' "$lvl/n$i.log" | sed "s/^/node n$i warnings+errors logged: /"
+    echo "node n$i: $(grep -cE 'level=(ERROR|WARN)' "$lvl/n$i.log" || true) warnings and errors logged; most frequent:"
+    grep -E 'level=(ERROR|WARN)' "$lvl/n$i.log" | grep -oE 'msg=("[^"]*"|[^ ]*)' | sort | uniq -c | sort -rn | head -4 || true
   done
   stop_all
   rm -rf "$lvl"

@@ -77,8 +77,8 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&c.ttl, "ttl", 30*time.Second, "lease TTL (holders renew every TTL/3)")
 	fs.Float64Var(&c.churn, "churn", 50, "acquire+release cycles per second during the steady window")
 	fs.DurationVar(&c.dur, "d", 60*time.Second, "steady window: all leases held (or as many as the ramp got), churn on")
-	fs.Float64Var(&c.rampRate, "ramp-rate", 500, "acquires per second while taking the leases")
-	fs.DurationVar(&c.rampMax, "ramp-max", 3*time.Minute, "give up taking the rest of the leases after this long")
+	fs.Float64Var(&c.rampRate, "ramp-rate", 250, "acquires per second while taking the leases")
+	fs.DurationVar(&c.rampMax, "ramp-max", 0, "give up taking the rest of the leases after this long (default: twice -leases at -ramp-rate, plus 1 min)")
 	fs.IntVar(&c.perConn, "per-conn", 10, "holders per NATS connection")
 	fs.IntVar(&c.inflight, "inflight", 200, "acquires (ramp) and churn cycles in flight at most")
 	fs.DurationVar(&c.sample, "sample", 5*time.Second, "how often to sample the nodes and the holders")
@@ -92,6 +92,9 @@ func run(ctx context.Context, args []string) error {
 	if c.leases <= 0 || c.repos <= 0 || c.perConn <= 0 || c.inflight <= 0 || c.rampRate <= 0 {
 		return errors.New("-leases, -repos, -per-conn, -inflight and -ramp-rate must be positive")
 	}
+	if c.rampMax <= 0 {
+		c.rampMax = rampMaxFor(c.leases, c.rampRate)
+	}
 	c.identities = strings.Split(ids, ",")
 	var err error
 	if c.nodes, err = parseNodes(nodes); err != nil {
@@ -101,6 +104,12 @@ func run(ctx context.Context, args []string) error {
 	ctx, cancel := context.WithTimeout(ctx, c.rampMax+c.dur+2*time.Minute)
 	defer cancel()
 	return level(ctx, c)
+}
+
+// rampMaxFor is the default bound on taking n leases at rate a second:
+// twice the time it should take, plus a minute.
+func rampMaxFor(n int, rate float64) time.Duration {
+	return 2*time.Duration(float64(n)/rate*float64(time.Second)) + time.Minute
 }
 
 func printPorts(arg string) error {
@@ -253,6 +262,12 @@ func level(ctx context.Context, cfg config) error {
 		fmt.Fprintln(os.Stderr, "fleetbench: stream info:", streamErr)
 	}
 	l.stopHolders()
+	for _, e := range l.errs.Examples() {
+		fmt.Println("EXAMPLE error", e)
+	}
+	for _, e := range l.losses.Examples() {
+		fmt.Println("EXAMPLE loss", e)
+	}
 	fmt.Println(r.Line())
 	return nil
 }
@@ -328,7 +343,7 @@ func (l *load) acquire(ctx context.Context, s *slot, into *Hist) bool {
 		OnRenew: func(took time.Duration, err error) {
 			l.renew[min(l.phase.Load(), phaseSteady)].Add(took)
 			if err != nil && !ours.Load() {
-				l.errs.Add("renew:" + kindOf(err))
+				l.errs.AddErr("renew:"+kindOf(err), err)
 			}
 		},
 		OnChange: func(st leasebus.HolderState, _ error) {
@@ -351,7 +366,7 @@ func (l *load) acquire(ctx context.Context, s *slot, into *Hist) bool {
 	t0 := time.Now()
 	h, err := s.c.AcquireAndHold(actx, req, leasebus.NewCredential(), opts)
 	if err != nil {
-		l.errs.Add("acquire:" + kindOf(err))
+		l.errs.AddErr("acquire:"+kindOf(err), err)
 		return false
 	}
 	into.Add(time.Since(t0))
@@ -478,7 +493,7 @@ func (l *load) cycle(ctx context.Context, s *slot) {
 		err := h.Release(rctx)
 		cancel()
 		if err != nil {
-			l.errs.Add("release:" + kindOf(err))
+			l.errs.AddErr("release:"+kindOf(err), err)
 		} else {
 			l.release.Add(time.Since(t0))
 		}
@@ -516,9 +531,17 @@ func (l *load) scanLosses() {
 		if err != nil {
 			kind = kindOf(err)
 		}
-		l.losses.Add(kind)
+		l.losses.AddErr(kind, cmpErr(err))
 		h.Stop()
 	}
+}
+
+// cmpErr is err, or a placeholder for a loss without one.
+func cmpErr(err error) error {
+	if err == nil {
+		return errors.New("(no error given)")
+	}
+	return err
 }
 
 // held counts the slots whose holder says held now.

@@ -98,8 +98,35 @@ func (h *Hist) Quantile(q float64) float64 {
 
 // Kinds counts events by kind ("renew:timeout"). Safe for concurrent use.
 type Kinds struct {
-	mu sync.Mutex
-	m  map[string]int64 // guarded by mu
+	mu      sync.Mutex
+	m       map[string]int64  // guarded by mu
+	example map[string]string // the first error of each kind; guarded by mu
+}
+
+// AddErr counts one error of kind and keeps the first one of each kind as
+// its example.
+func (k *Kinds) AddErr(kind string, err error) {
+	k.Add(kind)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.example == nil {
+		k.example = map[string]string{}
+	}
+	if _, ok := k.example[kind]; !ok {
+		k.example[kind] = err.Error()
+	}
+}
+
+// Examples is "kind: first error" for each kind that has one, sorted.
+func (k *Kinds) Examples() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []string
+	for kind, msg := range k.example {
+		out = append(out, kind+": "+msg)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Add counts one event of kind.
