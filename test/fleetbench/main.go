@@ -8,7 +8,11 @@
 // it keeps them held while -churn acquire+release cycles a second replace
 // random ones (Holder.Release, then AcquireAndHold). It prints a SAMPLE
 // line every -sample (held leases, each node's RSS and CPU from /proc) and
-// one RESULT line at the end (see Result.Line). Everything is bounded: the
+// one RESULT line at the end (see Result.Line). The driver only listens to
+// its holders (HoldOptions.OnChange and OnRenew, Holder.Lost): it never asks
+// them for a fence, which would make a holder that heard nothing for a
+// while renew at once, a load idle holders do not make. Everything is
+// bounded: the
 // ramp by -ramp-max, the steady window by -d, each request by its
 // timeout; at the end the holders stop (the leases are left to expire
 // with the cluster) and the process exits.
@@ -136,6 +140,13 @@ func printPorts(arg string) error {
 	return nil
 }
 
+// A holder's state as its OnChange reported it (slot.state).
+const (
+	stateHeld = iota
+	stateUnknown
+	stateLost
+)
+
 // Phases of a level, for the renewals' histograms.
 const (
 	phaseRamp = iota
@@ -155,7 +166,13 @@ type slot struct {
 	mu   sync.Mutex
 	h    *leasebus.Holder // nil when none is held; guarded by mu
 	ours *atomic.Bool     // set before the driver itself ends h; guarded by mu
-	busy bool             // an acquire or a churn cycle is under way; guarded by mu
+	// state is h's last state as its OnChange said (a HolderState index:
+	// held, unknown, lost), read without asking h: Holder.State and Fence
+	// act (a silent service makes them doubt and renew at once), and the
+	// driver must not add renewals a holder that is not writing would not
+	// send. Guarded by mu.
+	state *atomic.Int32
+	busy  bool // an acquire or a churn cycle is under way; guarded by mu
 }
 
 // load is one level's state and counts.
@@ -339,6 +356,7 @@ func (l *load) msgs() nats.Statistics {
 // latency goes.
 func (l *load) acquire(ctx context.Context, s *slot, into *Hist) bool {
 	ours := &atomic.Bool{}
+	state := &atomic.Int32{}
 	opts := leasebus.HoldOptions{
 		OnRenew: func(took time.Duration, err error) {
 			l.renew[min(l.phase.Load(), phaseSteady)].Add(took)
@@ -347,8 +365,14 @@ func (l *load) acquire(ctx context.Context, s *slot, into *Hist) bool {
 			}
 		},
 		OnChange: func(st leasebus.HolderState, _ error) {
-			if st == leasebus.Unknown {
+			switch st {
+			case leasebus.Held:
+				state.Store(stateHeld)
+			case leasebus.Unknown:
+				state.Store(stateUnknown)
 				l.unknowns.Add(1)
+			default:
+				state.Store(stateLost)
 			}
 		},
 	}
@@ -371,7 +395,7 @@ func (l *load) acquire(ctx context.Context, s *slot, into *Hist) bool {
 	}
 	into.Add(time.Since(t0))
 	s.mu.Lock()
-	s.h, s.ours = h, ours
+	s.h, s.ours, s.state = h, ours, state
 	s.mu.Unlock()
 	return true
 }
@@ -484,7 +508,7 @@ func (l *load) steady(ctx context.Context, end time.Time) {
 func (l *load) cycle(ctx context.Context, s *slot) {
 	s.mu.Lock()
 	h, ours := s.h, s.ours
-	s.h, s.ours = nil, nil
+	s.h, s.ours, s.state = nil, nil, nil
 	s.mu.Unlock()
 	if h != nil {
 		ours.Store(true)
@@ -520,7 +544,7 @@ func (l *load) scanLosses() {
 			s.mu.Unlock()
 			continue
 		}
-		s.h, s.ours = nil, nil
+		s.h, s.ours, s.state = nil, nil, nil
 		s.mu.Unlock()
 		if ours.Load() {
 			continue
@@ -544,36 +568,20 @@ func cmpErr(err error) error {
 	return err
 }
 
-// held counts the slots whose holder says held now.
-func (l *load) held() int {
-	n := 0
-	for _, s := range l.slots {
-		s.mu.Lock()
-		h := s.h
-		s.mu.Unlock()
-		if h == nil {
-			continue
-		}
-		if st, _ := h.State(); st == leasebus.Held {
-			n++
-		}
-	}
-	return n
-}
+// held counts the slots whose holder last said held.
+func (l *load) held() int { return l.countState(stateHeld) }
 
-// unknown counts the slots whose holder is Unknown now.
-func (l *load) unknownNow() int {
+// unknownNow counts the slots whose holder last said unknown.
+func (l *load) unknownNow() int { return l.countState(stateUnknown) }
+
+func (l *load) countState(want int32) int {
 	n := 0
 	for _, s := range l.slots {
 		s.mu.Lock()
-		h := s.h
-		s.mu.Unlock()
-		if h == nil {
-			continue
-		}
-		if st, _ := h.State(); st == leasebus.Unknown {
+		if s.h != nil && s.state.Load() == want {
 			n++
 		}
+		s.mu.Unlock()
 	}
 	return n
 }
@@ -586,13 +594,14 @@ func (l *load) sampleLoop(ctx context.Context, start time.Time) {
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-t.C:
+		case <-t.C:
+			now := time.Now() // the tick may be late; CPU is over the real interval
 			var b strings.Builder
 			fmt.Fprintf(&b, "SAMPLE t=%.0fs phase=%s held=%d unknown=%d spurious=%d errors=%d acquires=%d renewals=%d",
 				now.Sub(start).Seconds(), [...]string{"ramp", "steady", "done"}[l.phase.Load()], l.held(), l.unknownNow(),
 				l.spurious.Load(), l.errs.Total(), l.rampAcq.Count()+l.steadyAcq.Count(), l.renew[phaseRamp].Count()+l.renew[phaseSteady].Count())
 			for _, n := range l.cfg.nodes {
-				n.sample(now)
+				n.sample(time.Now())
 				if n.gone {
 					fmt.Fprintf(&b, " %s=gone", n.name)
 					continue
