@@ -25,6 +25,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -223,11 +224,13 @@ func level(ctx context.Context, cfg config) error {
 		n.markSteady(now)
 	}
 	msgs0 := l.msgs()
+	_, self0, _ := readProc(os.Getpid())
 	l.phase.Store(phaseSteady)
 	steadyStart := time.Now()
 	l.steady(ctx, steadyStart.Add(cfg.dur))
 	steadyTook := time.Since(steadyStart)
 	msgs1 := l.msgs()
+	_, self1, _ := readProc(os.Getpid())
 	l.phase.Store(phaseDone)
 	stopSampling()
 	sampling.Wait()
@@ -241,8 +244,11 @@ func level(ctx context.Context, cfg config) error {
 
 	r := &Result{Leases: cfg.leases, Repos: cfg.repos, Acquire: &l.steadyAcq, Renew: &l.renew[phaseSteady],
 		Errors: l.errs.Total(), Spurious: l.spurious.Load()}
-	if held > 0 {
-		r.BytesPerLease = float64(logBytes) / float64(held)
+	// Per lease the holders still vouch for or doubt (not lost): what the
+	// log keeps for them.
+	r.BytesPerLease = math.NaN()
+	if live := held + l.unknownNow(); live > 0 {
+		r.BytesPerLease = float64(logBytes) / float64(live)
 	}
 	var cpu []string
 	for _, n := range cfg.nodes {
@@ -268,6 +274,7 @@ func level(ctx context.Context, cfg config) error {
 	add("errors_by_kind", "%s", l.errs.String())
 	add("losses_by_kind", "%s", l.losses.String())
 	add("cpu_pct_nodes", "%s", strings.Join(cpu, "/"))
+	add("cpu_pct_driver", "%.0f", cpuPct(self1-self0, steadyTook))
 	for _, n := range cfg.nodes {
 		add("rss_mb_"+n.name, "%.0f->%.0f", n.rssFirst, n.rssLast)
 	}
