@@ -51,20 +51,21 @@ func main() {
 
 // config is one level's load.
 type config struct {
-	urls       string
-	credsDir   string
-	identities []string
-	leases     int
-	repos      int
-	ttl        time.Duration
-	churn      float64
-	dur        time.Duration
-	rampRate   float64
-	rampMax    time.Duration
-	perConn    int
-	inflight   int
-	sample     time.Duration
-	nodes      []*node
+	urls         string
+	credsDir     string
+	identities   []string
+	leases       int
+	repos        int
+	ttl          time.Duration
+	churn        float64
+	dur          time.Duration
+	rampRate     float64
+	rampMax      time.Duration
+	perConn      int
+	rampInflight int
+	inflight     int
+	sample       time.Duration
+	nodes        []*node
 }
 
 func run(ctx context.Context, args []string) error {
@@ -85,7 +86,8 @@ func run(ctx context.Context, args []string) error {
 	fs.Float64Var(&c.rampRate, "ramp-rate", 250, "acquires per second while taking the leases")
 	fs.DurationVar(&c.rampMax, "ramp-max", 0, "give up taking the rest of the leases after this long (default: twice -leases at -ramp-rate, plus 1 min)")
 	fs.IntVar(&c.perConn, "per-conn", 10, "holders per NATS connection")
-	fs.IntVar(&c.inflight, "inflight", 200, "acquires (ramp) and churn cycles in flight at most")
+	fs.IntVar(&c.rampInflight, "ramp-inflight", 32, "acquires in flight at most while taking the leases (a closed loop: the ramp goes no faster than the bus answers)")
+	fs.IntVar(&c.inflight, "inflight", 200, "churn cycles in flight at most (past that a cycle is skipped and counted)")
 	fs.DurationVar(&c.sample, "sample", 5*time.Second, "how often to sample the nodes and the holders")
 	fs.StringVar(&nodes, "nodes", "", "the node processes to watch: name=pid,name=pid")
 	if err := fs.Parse(args); err != nil {
@@ -94,8 +96,8 @@ func run(ctx context.Context, args []string) error {
 	if c.urls == "" || c.credsDir == "" || ids == "" {
 		return errors.New("-urls, -creds and -identities are required (scripts/bench-bus-cluster.sh sets them)")
 	}
-	if c.leases <= 0 || c.repos <= 0 || c.perConn <= 0 || c.inflight <= 0 || c.rampRate <= 0 {
-		return errors.New("-leases, -repos, -per-conn, -inflight and -ramp-rate must be positive")
+	if c.leases <= 0 || c.repos <= 0 || c.perConn <= 0 || c.inflight <= 0 || c.rampInflight <= 0 || c.rampRate <= 0 {
+		return errors.New("-leases, -repos, -per-conn, -inflight, -ramp-inflight and -ramp-rate must be positive")
 	}
 	if c.rampMax <= 0 {
 		c.rampMax = rampMaxFor(c.leases, c.rampRate)
@@ -408,10 +410,10 @@ func (l *load) acquire(ctx context.Context, s *slot, into *Hist) bool {
 }
 
 // ramp acquires every slot without a holder, -ramp-rate a second and
-// -inflight at a time, pass after pass, until all are held or until end.
+// -ramp-inflight at a time, pass after pass, until all are held or until end.
 func (l *load) ramp(ctx context.Context, end time.Time) {
 	gap := time.Duration(float64(time.Second) / l.cfg.rampRate)
-	sem := make(chan struct{}, l.cfg.inflight)
+	sem := make(chan struct{}, l.cfg.rampInflight)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	next := time.Now()
