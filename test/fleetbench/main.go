@@ -193,8 +193,11 @@ type load struct {
 	losses     Kinds // spurious losses, by the kind of the holder's error
 	unknowns   atomic.Int64
 	churnSkips atomic.Int64
-	churned    atomic.Int64
-	spurious   atomic.Int64
+	// disconnects counts the driver's connections dropped (a stale
+	// connection: the server's answers to PINGs came too late).
+	disconnects atomic.Int64
+	churned     atomic.Int64
+	spurious    atomic.Int64
 }
 
 func level(ctx context.Context, cfg config) error {
@@ -273,6 +276,7 @@ func level(ctx context.Context, cfg config) error {
 	add("client_msgs_per_s", "%.0f", float64(msgs1.InMsgs+msgs1.OutMsgs-msgs0.InMsgs-msgs0.OutMsgs)/steadyTook.Seconds())
 	add("client_kb_per_s", "%.0f", float64(msgs1.InBytes+msgs1.OutBytes-msgs0.InBytes-msgs0.OutBytes)/1024/steadyTook.Seconds())
 	add("unknown_events", "%d", l.unknowns.Load())
+	add("disconnects", "%d", l.disconnects.Load())
 	add("errors_by_kind", "%s", l.errs.String())
 	add("losses_by_kind", "%s", l.losses.String())
 	add("cpu_pct_nodes", "%s", strings.Join(cpu, "/"))
@@ -317,7 +321,14 @@ func (l *load) dial(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return
 			}
-			nc, err := leasebus.Dial(l.cfg.urls, "-urls", creds, leasebus.HolderConnOptions()...)
+			opts := append(leasebus.HolderConnOptions(),
+				// Counted, not printed: nats.go's default handler writes
+				// each one to stderr.
+				nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { l.errs.AddErr("conn_async:"+kindOf(err), err) }),
+				nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+					l.disconnects.Add(1)
+				}))
+			nc, err := leasebus.Dial(l.cfg.urls, "-urls", creds, opts...)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

@@ -186,7 +186,9 @@ func kindOf(err error) string {
 		return "not_found"
 	case errors.Is(err, leasebus.ErrStoreFull), errors.Is(err, leasebus.ErrLogFull):
 		return "full"
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout), strings.Contains(msg, "no answer"):
+	case errors.Is(err, context.Canceled):
+		return "canceled" // the holder gave up the request (its connection changed, or it stopped)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout), strings.Contains(msg, "no answer"), strings.Contains(msg, "i/o timeout"):
 		return "timeout"
 	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrNoResponders):
 		return "conn"

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -86,15 +87,16 @@ func TestKinds(t *testing.T) {
 		fmt.Errorf("writing the lease log: lease log moved on: %w", leasebus.ErrUnavailable),
 		fmt.Errorf("x: %w", leasebus.ErrLeaseLost),
 		errors.New("strange"),
+		fmt.Errorf("renew: %w", context.Canceled),
 	} {
 		k.Add("renew:" + kindOf(err))
 	}
 	k.Add("renew:timeout")
-	if got, want := k.String(), "renew:cas:1,renew:lost:1,renew:other:1,renew:timeout:2"; got != want {
+	if got, want := k.String(), "renew:canceled:1,renew:cas:1,renew:lost:1,renew:other:1,renew:timeout:2"; got != want {
 		t.Errorf("Kinds = %q, want %q", got, want)
 	}
-	if k.Total() != 5 {
-		t.Errorf("Total = %d, want 5", k.Total())
+	if k.Total() != 6 {
+		t.Errorf("Total = %d, want 6", k.Total())
 	}
 }
 
