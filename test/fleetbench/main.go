@@ -616,6 +616,7 @@ func (l *load) sampleLoop(ctx context.Context, start time.Time) {
 			return
 		case <-t.C:
 			now := time.Now() // the tick may be late; CPU is over the real interval
+			l.scanLosses()    // so the line's count is current during a long ramp pass
 			var b strings.Builder
 			fmt.Fprintf(&b, "SAMPLE t=%.0fs phase=%s held=%d unknown=%d spurious=%d errors=%d acquires=%d renewals=%d",
 				now.Sub(start).Seconds(), [...]string{"ramp", "steady", "done"}[l.phase.Load()], l.held(), l.unknownNow(),
