@@ -6,8 +6,12 @@
 #
 #   scripts/bench-leases.sh [-d 10s] [-c 32]
 #
-# Everything listens on 127.0.0.1, every phase is bounded by -d, and the etcd
-# server it starts is stopped by its process id on exit.
+# etcd: $ETCD, else `etcd` on PATH, else /usr/bin/etcd or /usr/local/bin/etcd.
+# On Debian: apt-get install -y etcd-server (etcd 3.4, /usr/bin/etcd; the
+# package's own service is not needed, this script starts etcd itself).
+#
+# Everything listens on 127.0.0.1 (free ports), every phase is bounded by -d,
+# and the etcd server it starts is stopped by its process id on exit.
 set -euo pipefail
 
 dur=10s
@@ -21,7 +25,10 @@ while getopts "d:c:" opt; do
 done
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shared/ sits beside the main checkout (../shared) or beside a worktree's
+# parent (../../shared).
 shared=${FENCELINE_SHARED:-$root/../shared}
+[ -n "${FENCELINE_SHARED:-}" ] || [ -d "$shared/anchor-bench" ] || shared=$root/../../shared
 anchors=$shared/anchor-bench
 [ -d "$anchors/nats" ] || { echo "no anchor benchmarks at $anchors (set FENCELINE_SHARED to the shared/ folder)" >&2; exit 1; }
 
@@ -34,8 +41,13 @@ cleanup() {
 trap cleanup EXIT
 results=$work/results.txt
 
+etcd_bin=${ETCD:-$(command -v etcd || true)}
+for p in /usr/bin/etcd /usr/local/bin/etcd; do
+  [ -n "$etcd_bin" ] || { [ -x "$p" ] && etcd_bin=$p; }
+done
+
 # Build everything first, so no compile runs beside a measurement.
-(cd "$root" && go build -o "$work/leasebench" ./test/leasebench)
+(cd "$root" && go build -o "$work/leasebench" ./test/leasebench && go build -o "$work/fleetbench" ./test/fleetbench)
 # The anchors are their own modules; build them outside the read-only copy of shared/.
 cp -r "$anchors/nats" "$work/natsanchor"
 (cd "$work/natsanchor" && go build -o "$work/natsbench" .)
@@ -50,15 +62,16 @@ echo "== $clients clients: fenceline, then raw JetStream KV CAS on $clients keys
 "$work/leasebench" -d "$dur" -c "$clients" -dir "$work" -phases disjoint,contended,active | tee -a "$results"
 "$work/natsbench" -d "$dur" -w "$clients" -dir "$work" -label raw -phases C | tee -a "$results"
 
-if command -v etcd >/dev/null; then
-  echo "== etcd concurrency.Mutex (anchor-bench/etcd, $(etcd --version | head -1)), $dur per mode"
-  etcd --name bench --data-dir "$work/etcd" \
-    --listen-client-urls http://127.0.0.1:23790 --advertise-client-urls http://127.0.0.1:23790 \
-    --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
-    --initial-cluster bench=http://127.0.0.1:23800 >"$work/etcd.log" 2>&1 &
+if [ -n "$etcd_bin" ]; then
+  echo "== etcd concurrency.Mutex (anchor-bench/etcd, $("$etcd_bin" --version | head -1)), $dur per mode"
+  read -r client_port peer_port <<<"$("$work/fleetbench" ports 2)"
+  "$etcd_bin" --name bench --data-dir "$work/etcd" \
+    --listen-client-urls "http://127.0.0.1:$client_port" --advertise-client-urls "http://127.0.0.1:$client_port" \
+    --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+    --initial-cluster "bench=http://127.0.0.1:$peer_port" >"$work/etcd.log" 2>&1 &
   etcd_pid=$!
   for _ in $(seq 100); do
-    curl -sf http://127.0.0.1:23790/health >/dev/null 2>&1 && break
+    curl -sf "http://127.0.0.1:$client_port/health" >/dev/null 2>&1 && break
     sleep 0.1
   done
   cp -r "$anchors/etcd" "$work/etcdanchor"
@@ -67,10 +80,11 @@ if command -v etcd >/dev/null; then
   # non-zero for them; keep its numbers and go on.
   for args in "-c 1 -label etcd1" "-c $clients -label etcddisjoint" "-c $clients -shared -label etcdshared"; do
     # shellcheck disable=SC2086
-    "$work/etcdbench" -d "$dur" $args | tee -a "$results" || echo "(etcd yardstick $args exited non-zero)"
+    "$work/etcdbench" -endpoints "http://127.0.0.1:$client_port" -d "$dur" $args | tee -a "$results" || echo "(etcd yardstick $args exited non-zero)"
   done
 else
-  echo "== etcd not installed (apt-get install etcd-server): etcd columns left empty"
+  echo "== etcd not found (\$ETCD, PATH, /usr/bin/etcd, /usr/local/bin/etcd): etcd columns left empty."
+  echo "   Install it: apt-get install -y etcd-server (Debian), or set ETCD=/path/to/etcd."
 fi
 
 echo
