@@ -225,38 +225,34 @@ func (s *Service) shareLiveness() error {
 		return fmt.Errorf("subscribe %s: %w", sessionsSubject, err)
 	}
 	s.track(sub)
-	s.goBackground(func() {
-		t := time.NewTicker(digestEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.ctx.Done():
-				return
-			case <-t.C:
-			}
-			data := s.live.digest(s.cfg.Now())
-			if !s.tailing.Load() {
-				continue
-			}
-			m := nats.NewMsg(sessionsSubject)
-			m.Header.Set(writerHeader, s.store.writer)
-			m.Data = data
-			_ = s.nc.PublishMsg(m)
+	s.every(digestEvery, func() {
+		data := s.live.digest(s.cfg.Now())
+		if !s.tailing.Load() {
+			return
 		}
+		m := nats.NewMsg(sessionsSubject)
+		m.Header.Set(writerHeader, s.store.writer)
+		m.Data = data
+		_ = s.nc.PublishMsg(m)
 	})
-	s.goBackground(func() {
-		t := time.NewTicker(reapEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.ctx.Done():
-				return
-			case <-t.C:
-				s.reapSilent()
-			}
-		}
-	})
+	s.every(reapEvery, s.reapSilent)
 	return nil
+}
+
+// every runs f every d until the service stops.
+func (s *Service) every(d time.Duration, f func()) {
+	s.goBackground(func() {
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-t.C:
+				f()
+			}
+		}
+	})
 }
 
 // reapSilent has the actor of every repo with a lease whose session has

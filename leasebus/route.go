@@ -155,7 +155,7 @@ func (s *Service) load(ctx context.Context, key string) (*actor, error) {
 	a.confirmed.Store(&began)
 	s.actors[key] = a
 	for _, e := range a.entries() {
-		s.index[e.LeaseID] = indexed{key: key, lease: e.Lease}
+		s.index[e.LeaseID] = indexOf(key, e)
 	}
 	a.count()
 	if s.stopping {

@@ -339,6 +339,11 @@ type indexed struct {
 	holder, session string
 }
 
+// indexOf is what the index keeps of e, a lease of repo key.
+func indexOf(key string, e *entry) indexed {
+	return indexed{key: key, lease: e.Lease, holder: e.Holder, session: e.Session}
+}
+
 func (s *Service) actorForLease(id string) (*actor, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -356,7 +361,7 @@ func (s *Service) indexLeases(key string, es []*entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range es {
-		s.index[e.LeaseID] = indexed{key: key, lease: e.Lease, holder: e.Holder, session: e.Session}
+		s.index[e.LeaseID] = indexOf(key, e)
 	}
 }
 

@@ -432,3 +432,33 @@ func TestSessionsOnACluster(t *testing.T) {
 		return nil
 	})
 }
+
+// TestSessionReclaimAfterServiceRestart: a lease service that starts
+// after a holder's process died (a restart, a failover) still reclaims
+// the lease for its silent session, its grace counted from its own start.
+func TestSessionReclaimAfterServiceRestart(t *testing.T) {
+	const grace = 2 * time.Second
+	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{SessionGrace: grace}}
+	b.start("127.0.0.1:0")
+	t.Cleanup(b.stop)
+	ctx := ctxT(t)
+	const repo = "github.com/acme/session-restart"
+	hc := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder))
+	h, err := hc.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(1), TTL: Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := h.Lease()
+	b.svc.Stop()
+	h.Stop() // the process is gone while no service runs
+	b.svc, err = StartService(context.Background(), b.nc, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Watched through the audit stream alone: a request about the lease
+	// would have the service read its repo's log (and index it afresh).
+	checkAudited(t, b, repo, held.LeaseID, EventReclaimed, "session-lost")
+	if l, err := b.c.Get(ctx, held.LeaseID); err != nil || l.Status != StatusReclaimed {
+		t.Fatalf("%s: %v %v, want reclaimed", held.LeaseID, l, err)
+	}
+}
