@@ -139,6 +139,7 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 		answers[i].LeaseID = k.LeaseID
 		l, age, ok := s.cachedLease(k.LeaseID)
 		if !ok {
+			answers[i].Unknown = true
 			ask = append(ask, i)
 			continue
 		}
@@ -152,12 +153,20 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 		return
 	}
 	s.goTracked(c, func() {
-		for _, i := range ask {
+		for n, i := range ask {
+			if n == maxKeptReads {
+				break // the rest stay Unknown: their views are being refreshed meanwhile
+			}
 			answers[i] = s.keptFromLog(r.Leases[i])
 		}
 		c.respond(reply{Kept: answers})
 	})
 }
+
+// maxKeptReads bounds the log reads one keepalive may cause: a request
+// naming a thousand leases no view covers must not cost a thousand reads.
+// A lease left Unknown is answered from its refreshed view a beat later.
+const maxKeptReads = 16
 
 // keptFromLog answers for one lease from a read of its repo's log: the
 // repo its id names (loading it if this instance has not yet), else one
