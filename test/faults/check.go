@@ -89,11 +89,19 @@ func (h *History) Grant(g Grant) {
 // Revoked records that the revoke of leaseID returned at at (the service
 // said: revoked), and the service's endedAt when known.
 func (h *History) Revoked(leaseID string, at, endedAt time.Time) {
+	h.EndedBy(leaseID, leasebus.EventRevoked, at, endedAt)
+}
+
+// EndedBy records that the service ended leaseID with an end of type typ
+// (its audit event), ended at endedAt, and that writes under it must stop
+// within the bound of at: a revoke's return, or the service's own end
+// (a reclaim the revoke found done).
+func (h *History) EndedBy(leaseID, typ string, at, endedAt time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if g, ok := h.grants[leaseID]; ok {
 		g.RevokedAt = at
-		g.End = leasebus.EventRevoked
+		g.End = typ
 		if !endedAt.IsZero() {
 			g.EndedAt = endedAt
 		}

@@ -97,8 +97,8 @@ func (c *crew) revoke(fault, why string, faultAt time.Time) {
 				c.t.Fatalf("%s agent under %s exited before its revoke (%s):\nstdout:\n%s\nstderr:\n%s", c.lines[k].name, cur.lease.LeaseID, why, p.Stdout(), p.Stderr())
 			}
 		}
-		revokeAt, endedAt := revokeNow(c.ctx, c.t, c.env, c.h, cur.lease.LeaseID, "faults: "+why)
-		c.h.Revoked(cur.lease.LeaseID, revokeAt, endedAt)
+		revokeAt, endedAt, ended := revokeNow(c.ctx, c.t, c.env, c.h, cur.lease.LeaseID, "faults: "+why)
+		c.h.EndedBy(cur.lease.LeaseID, ended, revokeAt, endedAt)
 		c.revokes[fault]++
 		c.pending = append(c.pending, revokedAgent{cur, revokeAt})
 		c.t.Logf("%s: %s: revoked %s (fence %d) %s after the fault", why, c.lines[k].name, cur.lease.LeaseID, cur.lease.Fence, revokeAt.Sub(faultAt).Round(time.Millisecond))
