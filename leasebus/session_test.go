@@ -100,18 +100,7 @@ func TestSessionReclaim(t *testing.T) {
 	held := h.Lease()
 	h.Stop() // its session's only holder: the session falls silent
 	stopped := time.Now()
-	var ended *Lease
-	checkFor(t, 30*time.Second, 50*time.Millisecond, func() error {
-		l, err := b.c.Get(ctx, held.LeaseID)
-		if err != nil {
-			return err
-		}
-		if l.Active() {
-			return fmt.Errorf("%s still active %s after its session fell silent", l.LeaseID, time.Since(stopped).Round(time.Millisecond))
-		}
-		ended = l
-		return nil
-	})
+	ended := waitEnded(t, b.c, held.LeaseID, 30*time.Second)
 	if ended.Status != StatusReclaimed || !strings.Contains(ended.Reason, "keepalive") {
 		t.Errorf("ended as %s (%s), want reclaimed for its silent session", ended.Status, ended.Reason)
 	}
@@ -196,18 +185,8 @@ func TestPartitionedHolderStopsBeforeReclaim(t *testing.T) {
 		stopped = time.Since(cut)
 		return nil
 	})
-	var reclaimed time.Duration
-	checkFor(t, 30*time.Second, 50*time.Millisecond, func() error {
-		l, err := b.c.Get(ctx, held.LeaseID)
-		if err != nil {
-			return err
-		}
-		if l.Active() {
-			return errors.New("still active")
-		}
-		reclaimed = time.Since(cut)
-		return nil
-	})
+	waitEnded(t, b.c, held.LeaseID, 30*time.Second)
+	reclaimed := time.Since(cut)
 	if stopped > 2*DefaultSilence || reclaimed < grace {
 		t.Errorf("holder stopped %s after the cut, lease reclaimed after %s: want ≤ %s and ≥ %s", stopped, reclaimed, 2*DefaultSilence, grace)
 	}
@@ -329,6 +308,25 @@ func TestKilledRunnerScopeReclaimed(t *testing.T) {
 	checkAudited(t, b, repo, id, EventReclaimed, "session-lost")
 }
 
+// waitEnded waits until c's lease service says lease id is no longer
+// active, and returns its record.
+func waitEnded(t *testing.T, c *Client, id string, within time.Duration) *Lease {
+	t.Helper()
+	var ended *Lease
+	checkFor(t, within, 50*time.Millisecond, func() error {
+		l, err := c.Get(ctxT(t), id)
+		if err != nil {
+			return err
+		}
+		if l.Active() {
+			return fmt.Errorf("%s still active", id)
+		}
+		ended = l
+		return nil
+	})
+	return ended
+}
+
 // checkAudited waits until the repo's audit holds exactly one event of
 // type typ with reason for the lease.
 func checkAudited(t *testing.T, b *bus, repo, leaseID, typ, reason string) {
@@ -405,16 +403,9 @@ func TestSessionsOnACluster(t *testing.T) {
 		t.Fatalf("holder: %v", err)
 	}
 	h.Stop()
-	checkFor(t, time.Minute, 50*time.Millisecond, func() error {
-		l, err := c.Get(ctx, held.LeaseID)
-		if err != nil {
-			return err
-		}
-		if l.Status != StatusReclaimed {
-			return fmt.Errorf("%s is %s", l.LeaseID, l.Status)
-		}
-		return nil
-	})
+	if l := waitEnded(t, c, held.LeaseID, time.Minute); l.Status != StatusReclaimed {
+		t.Fatalf("%s ended as %s (%s), want reclaimed", l.LeaseID, l.Status, l.Reason)
+	}
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		evs, err := ReadAudit(ctx, c.Conn(), repo, 0)
 		if err != nil {
