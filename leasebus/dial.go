@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -179,6 +180,15 @@ func Dial(url, source string, creds BusCreds, opts ...nats.Option) (*nats.Conn, 
 		base = append(base, copts...)
 	}
 	nc, err := nats.Connect(url, append(base, opts...)...)
+	if err != nil && caughtByReload(err) {
+		// The embedded bus reloads its users when an identity comes or
+		// leaves, and nats-server then fails every connection still in
+		// its handshake (refused, or its socket closed mid-write). Once
+		// more after the reload; credentials it really refuses are
+		// refused again.
+		time.Sleep(reloadRetry)
+		nc, err = nats.Connect(url, append(base, opts...)...)
+	}
 	if err == nil {
 		return nc, nil
 	}
@@ -186,6 +196,16 @@ func Dial(url, source string, creds BusCreds, opts ...nats.Option) (*nats.Conn, 
 		return nil, &CredsRefusedError{URL: url, Creds: creds, Err: err}
 	}
 	return nil, &NoBusError{URL: url, Source: source, Err: err}
+}
+
+// reloadRetry is how long Dial waits before its second try.
+const reloadRetry = 250 * time.Millisecond
+
+// caughtByReload reports whether a connect failed as one caught by a
+// reload of the bus's users does: refused, or its socket closed during
+// the handshake.
+func caughtByReload(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // Reconnect settings of a holder's connection (HolderConnOptions). While

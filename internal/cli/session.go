@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -53,11 +52,6 @@ const enrolTimeout = 5 * time.Second
 // with another. It returns nil and no error when that is not how this
 // command connects: --creds or $FENCELINE_CREDS given, no enroller
 // credentials on this machine, or a bus that enrols nobody.
-//
-// Both dials are tried again for a moment when the bus closes the socket
-// during the handshake (closedMidHandshake): a reload of the bus's users
-// (another run's identity coming or leaving) closes every connection not
-// yet authenticated.
 func (a *app) dialEphemeral(url, source, name string) (*session, error) {
 	if p, _ := a.credsSetting(); p != "" {
 		return nil, nil
@@ -69,14 +63,7 @@ func (a *app) dialEphemeral(url, source, name string) (*session, error) {
 	if !leasebus.ValidIdentityName("eph-" + name) { // an --attempt of odd characters
 		name = "holder-" + leasebus.NewAttemptID()
 	}
-	var enc *nats.Conn
-	for deadline := time.Now().Add(enrolTimeout); ; {
-		enc, err = leasebus.Dial(url, source, bc, nats.Name("fenceline-enroll"))
-		if !closedMidHandshake(err) || !time.Now().Before(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	enc, err := leasebus.Dial(url, source, bc, nats.Name("fenceline-enroll"))
 	var refused *leasebus.CredsRefusedError
 	if errors.As(err, &refused) {
 		// A bus started before it had an enroller (restart it to give
@@ -101,7 +88,7 @@ func (a *app) dialEphemeral(url, source, name string) (*session, error) {
 	for {
 		nc, err := leasebus.Dial(url, source, busCreds{Source: "an identity enrolled for this run", Role: leasebus.RoleHolder}, append([]nats.Option{nats.Name("fenceline-" + id.Name)}, opts...)...)
 		var refused *leasebus.CredsRefusedError
-		if (errors.As(err, &refused) || closedMidHandshake(err)) && time.Now().Before(deadline) {
+		if errors.As(err, &refused) && time.Now().Before(deadline) {
 			// A cluster node that has not reloaded its users yet.
 			time.Sleep(100 * time.Millisecond)
 			continue
@@ -172,14 +159,4 @@ func (a *app) attach(ctx context.Context, s *session, id string, cred leasebus.C
 // is only no longer renewed (its owner decides).
 func (h *heldLease) finish(ctx context.Context) error {
 	return h.holder.End(ctx, h.acquired)
-}
-
-// closedMidHandshake reports whether a dial failed because the bus closed
-// the socket while the client was still writing its handshake: what a
-// connection caught by a reload of the bus's users sees (the server
-// re-checks every client, and one that has not sent CONNECT yet fails;
-// seen in CI as "write: broken pipe"), and a refusal whose -ERR the close
-// outran.
-func closedMidHandshake(err error) bool {
-	return errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
 }
