@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -463,5 +464,16 @@ func (s *Service) IdentityChanged(ctx context.Context, typ, by string, i Identit
 		Message: clip(fmt.Sprintf("%s (%s): %s as %s by %s", i.Name, i.Nkey, kind, i.Role, who), maxEventMessage)}
 	if err := s.writeBusEvent(ctx, by, ev); err != nil {
 		s.log.Warn("audit event of an identity change not written", "type", typ, "identity", i.Name, "requested_by", who, "err", err)
+	}
+}
+
+// IdentityCollected records that the embedded bus removed i, an ephemeral
+// identity none of whose sessions had been heard for idle: its run ended
+// without leaving (killed).
+func (s *Service) IdentityCollected(ctx context.Context, i Identity, idle time.Duration) {
+	ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: EventIdentityRevoked, Boundary: BoundaryBus, RequestedBy: s.name(""),
+		Message: clip(fmt.Sprintf("%s (%s): collected as %s: none of its sessions heard for %s (its run ended without leaving)", i.Name, i.Nkey, i.Role, idle.Round(time.Second)), maxEventMessage)}
+	if err := s.writeBusEvent(ctx, "", ev); err != nil {
+		s.log.Warn("audit event of a collected identity not written", "identity", i.Name, "err", err)
 	}
 }

@@ -77,6 +77,21 @@ func (l *liveness) silent(key string, now time.Time) time.Duration {
 	return now.Sub(last)
 }
 
+// idle is how long no session of identity has sent anything this instance
+// knows of.
+func (l *liveness) idle(identity string, now time.Time) time.Duration {
+	prefix := identity + "."
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	last := l.since
+	for k, t := range l.seen {
+		if t.After(last) && strings.HasPrefix(k, prefix) {
+			last = t
+		}
+	}
+	return now.Sub(last)
+}
+
 // current reports whether this instance hears every other instance's
 // digests: reclaiming on its own view is safe only then. An instance
 // silent for the grace is counted gone (it no longer answers keepalives
@@ -289,6 +304,28 @@ func (s *Service) reapSilent() {
 			a.enqueue(&call{op: "reap", req: &reapRequest{}, at: now})
 		}
 	}
+}
+
+// IdentityIdle is how long no session of identity (a public nkey) has
+// kept alive through any instance this one hears, and whether that is
+// sure: not while this instance misses another's digests, nor while the
+// identity holds an active lease in its view (the lease's session grace
+// reclaims that first). The embedded bus collects an ephemeral identity
+// idle for long enough: its run was killed before it could leave.
+func (s *Service) IdentityIdle(identity string) (time.Duration, bool) {
+	now := s.cfg.Now()
+	if !s.live.current(now) {
+		return 0, false
+	}
+	s.mu.Lock()
+	for _, ix := range s.index {
+		if ix.holder == identity && ix.lease.Status == StatusActive {
+			s.mu.Unlock()
+			return 0, false
+		}
+	}
+	s.mu.Unlock()
+	return s.live.idle(identity, now), true
 }
 
 // silentSession is, for an active lease bound to a session, how long that

@@ -70,6 +70,38 @@ func (c *Client) session() *session {
 // binds leases to.
 func (c *Client) SessionID() string { return c.session().id }
 
+// KeepIdentity keeps the client's session heard by the lease service even
+// while it holds no lease, until stop is called: the embedded bus collects
+// an identity enrolled for one run (EnrollEphemeral) once none of its
+// sessions has been heard for a while (the run was killed before it could
+// leave), and a run waiting for its lease, or between two, must not look
+// killed. One empty keepalive every maxKeepaliveEvery.
+func (c *Client) KeepIdentity() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req := keepaliveRequest{Session: c.SessionID()}
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			kctx, kcancel := context.WithTimeout(ctx, maxKeepaliveEvery)
+			_, _ = c.request(kctx, "keepalive", req, 0) // unanswered: the next one tries again
+			kcancel()
+			t.Reset(maxKeepaliveEvery)
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
 // join adds h to the session and starts the keepalive loop if it is not
 // running.
 func (s *session) join(h *Holder) {

@@ -104,11 +104,16 @@ type session struct {
 	client *leasebus.Client
 	url    string
 	// leave, when set, removes the identity enrolled for this session
-	// (dialEphemeral); Close calls it.
-	leave func()
+	// (dialEphemeral), and keeping stops keeping it heard; Close calls
+	// them.
+	leave, keeping func()
 }
 
 func (s *session) Close() {
+	if s.keeping != nil {
+		s.keeping()
+		s.keeping = nil
+	}
 	if s.leave != nil {
 		s.leave()
 		s.leave = nil

@@ -97,6 +97,10 @@ func (a *app) dialEphemeral(url, source, name string) (*session, error) {
 			return nil, a.dialError(err)
 		}
 		s := &session{nc: nc, client: leasebus.NewClient(nc), url: url}
+		// Heard while it holds nothing (waiting for a lease, between
+		// two): the bus collects an identity none hears from (a run
+		// killed before it could leave).
+		s.keeping = s.client.KeepIdentity()
 		s.leave = func() {
 			if err := id.Leave(nc); err != nil {
 				fmt.Fprintf(a.stderr, "fenceline: warning: %v (remove it with: fenceline bus revoke-identity %s)\n", err, id.Name)

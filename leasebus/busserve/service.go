@@ -1,6 +1,7 @@
 package busserve
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -52,13 +53,17 @@ type ServiceConfig struct {
 	// UI, when set, is the host:port of the run UI, which requires
 	// UIToken off loopback (empty: a random one).
 	UI, UIToken string
-	// Debug keeps the embedded server's debug log on while its refusals
-	// are audited.
 	// FenceSecretDir is leasebus.ServiceConfig.FenceSecretDir: the
 	// storages' secrets, from which each acquirer gets grant keys.
 	FenceSecretDir string
-	Debug          bool
-	Logger         *slog.Logger
+	// SessionGrace is leasebus.ServiceConfig.SessionGrace (0: the
+	// default); on a node, an ephemeral identity is collected after
+	// embedded.CollectAfter of it.
+	SessionGrace time.Duration
+	// Debug keeps the embedded server's debug log on while its refusals
+	// are audited.
+	Debug  bool
+	Logger *slog.Logger
 }
 
 // Service is a running lease service, with its metrics and run UI.
@@ -126,7 +131,7 @@ func StartService(ctx context.Context, cfg ServiceConfig) (_ *Service, err error
 			s.Replicas = 3
 		}
 	}
-	scfg := leasebus.ServiceConfig{Replicas: s.Replicas, Logger: log, Names: cfg.Names, FenceSecretDir: cfg.FenceSecretDir}
+	scfg := leasebus.ServiceConfig{Replicas: s.Replicas, Logger: log, Names: cfg.Names, FenceSecretDir: cfg.FenceSecretDir, SessionGrace: cfg.SessionGrace}
 	if cfg.Node != nil {
 		scfg.StoreProbe = embedded.StoreProbe(cfg.Node.Server, cfg.Node.Config.StoreDir)
 	}
@@ -157,6 +162,9 @@ func StartService(ctx context.Context, cfg ServiceConfig) (_ *Service, err error
 			return nil, err
 		}
 		ids.Audit(svc) // enrolments and revocations are audited, new identities named
+		// A run killed before it could leave leaves its identity behind:
+		// collected once none of its sessions has been heard for long.
+		ids.Collect(svc, embedded.CollectAfter(cmp.Or(scfg.SessionGrace, leasebus.DefaultSessionGrace)))
 		s.closers = append(s.closers, ids.Stop)
 	}
 	if cfg.Node != nil {

@@ -42,6 +42,12 @@ type Identities struct {
 	// known are the identities as of the last change or reload, to tell
 	// what an operator's reload changed; guarded by mu.
 	known []leasebus.Identity
+	// enrolled is when each ephemeral identity was enrolled here (since
+	// started for those enrolled before); guarded by mu.
+	enrolled map[string]time.Time
+	started  time.Time
+
+	stopCollect func() // ends Collect's loop; nil when none. Guarded by mu
 }
 
 // Audit has svc record every identity change made from now on (who asked,
@@ -75,7 +81,7 @@ func ServeIdentities(nc *nats.Conn, srv *server.Server, cfg leasebus.ServerConfi
 	if err != nil {
 		return nil, err
 	}
-	ids := &Identities{nc: nc, srv: srv, cfg: cfg, log: log, known: known}
+	ids := &Identities{nc: nc, srv: srv, cfg: cfg, log: log, known: known, enrolled: map[string]time.Time{}, started: time.Now()}
 	for op, h := range map[string]func(id string, m *nats.Msg) (string, error){
 		"enroll": ids.enroll,
 		"leave":  ids.leave,
@@ -112,12 +118,107 @@ func ServeIdentities(nc *nats.Conn, srv *server.Server, cfg leasebus.ServerConfi
 	return ids, nil
 }
 
-// Stop stops answering.
+// Stop stops answering and collecting.
 func (ids *Identities) Stop() {
 	for _, s := range ids.subs {
 		_ = s.Unsubscribe()
 	}
 	ids.subs = nil
+	ids.mu.Lock()
+	stop := ids.stopCollect
+	ids.stopCollect = nil
+	ids.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// CollectAfter is how long an ephemeral identity must have been enrolled,
+// and its sessions unheard, before Collect removes it, for a lease service
+// whose session grace is grace: its leases are reclaimed long before.
+func CollectAfter(grace time.Duration) time.Duration { return 3 * grace }
+
+// Collect removes, until Stop, every ephemeral identity whose run ended
+// without leaving (killed): enrolled at least after ago, with no session
+// svc (the lease service beside this server) or any instance it hears has
+// heard from for after, no active lease, and no connection to this
+// server. It looks every after/4. Each removal is audited.
+func (ids *Identities) Collect(svc *leasebus.Service, after time.Duration) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	ids.mu.Lock()
+	if ids.stopCollect != nil {
+		ids.mu.Unlock()
+		cancel()
+		return
+	}
+	ids.stopCollect = func() { cancel(); <-done }
+	ids.mu.Unlock()
+	go func() {
+		defer close(done)
+		t := time.NewTicker(after / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				ids.collect(svc, after, time.Now())
+			}
+		}
+	}()
+}
+
+// collect removes the ephemeral identities Collect describes, as of now.
+func (ids *Identities) collect(svc *leasebus.Service, after time.Duration, now time.Time) {
+	ids.mu.Lock()
+	defer ids.mu.Unlock()
+	type idle struct {
+		i leasebus.Identity
+		d time.Duration
+	}
+	var gone []idle
+	for _, i := range ids.known {
+		since, ok := ids.enrolled[i.Nkey]
+		if !ok {
+			since = ids.started
+		}
+		if !i.Ephemeral || now.Sub(since) < after {
+			continue
+		}
+		d, sure := svc.IdentityIdle(i.Nkey)
+		if !sure || d < after || ids.connected(i.Nkey) {
+			continue
+		}
+		gone = append(gone, idle{i, d})
+	}
+	if len(gone) == 0 {
+		return
+	}
+	for _, g := range gone {
+		if err := leasebus.RemoveIdentity(ids.cfg.CredsDir, g.i); err != nil {
+			ids.log.Warn("collect an ephemeral bus identity", "name", g.i.Name, "err", err)
+			return
+		}
+	}
+	if err := ReloadUsers(ids.srv, ids.cfg); err != nil {
+		ids.log.Warn("reload after collecting ephemeral identities", "err", err)
+	}
+	for _, g := range gone {
+		ids.known = slices.DeleteFunc(ids.known, func(k leasebus.Identity) bool { return k == g.i })
+		delete(ids.enrolled, g.i.Nkey)
+		if ids.audit != nil {
+			ids.audit.IdentityCollected(context.Background(), g.i, g.d)
+		}
+		ids.log.Info("collected an ephemeral bus identity whose run ended without leaving", "name", g.i.Name, "idle", g.d.Round(time.Second))
+	}
+}
+
+// connected reports whether nkey has a connection to this server (a run
+// connected here is alive whatever the lease service heard).
+func (ids *Identities) connected(nkey string) bool {
+	cz, err := ids.srv.Connz(&server.ConnzOptions{User: nkey, State: server.ConnOpen, Limit: 1})
+	return err != nil || cz.NumConns > 0
 }
 
 // Reload has the server read its identities again (what changed is
@@ -186,6 +287,7 @@ func (ids *Identities) enroll(by string, m *nats.Msg) (string, error) {
 		return "", err
 	}
 	ids.known = append(ids.known, id)
+	ids.enrolled[id.Nkey] = time.Now()
 	ids.changed(leasebus.EventIdentityEnrolled, by, id)
 	ids.log.Info("enrolled an ephemeral bus identity", "name", name, "nkey", r.Nkey, "by", by)
 	return name, nil
@@ -216,6 +318,7 @@ func (ids *Identities) leave(by string, m *nats.Msg) (string, error) {
 		ids.log.Warn("reload after an identity left", "name", i.Name, "err", err)
 	}
 	ids.known = slices.DeleteFunc(ids.known, func(k leasebus.Identity) bool { return k == i })
+	delete(ids.enrolled, i.Nkey)
 	ids.changed(leasebus.EventIdentityRevoked, by, i)
 	ids.log.Info("an ephemeral bus identity left", "name", i.Name)
 	return i.Name, errAnswered

@@ -29,9 +29,16 @@ type idBus struct {
 	cfg     leasebus.ServerConfig
 	svc     *nats.Conn
 	service *leasebus.Service
+	ids     *Identities // startIDCluster's, with a service
 }
 
 func startIDBus(t *testing.T, holders ...string) *idBus {
+	t.Helper()
+	return startIDBusWith(t, leasebus.ServiceConfig{}, holders...)
+}
+
+// startIDBusWith is startIDBus with the lease service configured as scfg.
+func startIDBusWith(t *testing.T, scfg leasebus.ServiceConfig, holders ...string) *idBus {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "creds")
 	if _, err := leasebus.EnsureCreds(dir); err != nil {
@@ -53,7 +60,8 @@ func startIDBus(t *testing.T, holders ...string) *idBus {
 	})
 	b := &idBus{srv: srv, cfg: cfg}
 	b.svc = b.connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleService)))
-	svc, err := leasebus.StartService(context.Background(), b.svc, leasebus.ServiceConfig{Names: leasebus.NamesIn(dir)})
+	scfg.Names = leasebus.NamesIn(dir)
+	svc, err := leasebus.StartService(context.Background(), b.svc, scfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,14 +330,12 @@ func TestEphemeralEnrolment(t *testing.T) {
 	nc2.Close()
 }
 
-// TestIdentitiesOnACluster: on a 3-node embedded cluster whose nodes share
-// one credentials directory, each node answers identity requests and
-// reloads its own users. A run's identity enrolled through one node is
-// admitted by every node; an identity the operator revokes is closed on
-// the node it is connected to and refused by every node, while another
-// identity's connection, on a third node, is not touched; and no node
-// lets one identity subscribe to another's inbox.
-func TestIdentitiesOnACluster(t *testing.T) {
+// startIDCluster starts a 3-node embedded cluster whose nodes share one
+// credentials directory (returned), each answering identity requests;
+// with service set, each also runs a lease service (service gives its
+// config) that audits and collects identities.
+func startIDCluster(t *testing.T, service *leasebus.ServiceConfig) ([]*idBus, string) {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "creds")
 	if _, err := leasebus.EnsureCreds(dir); err != nil {
 		t.Fatal(err)
@@ -367,6 +373,9 @@ func TestIdentitiesOnACluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(ids.Stop)
+		if service != nil {
+			n.ids = ids
+		}
 	}
 	testutil.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		for i, n := range nodes {
@@ -376,6 +385,34 @@ func TestIdentitiesOnACluster(t *testing.T) {
 		}
 		return nil
 	})
+	if service != nil {
+		for _, n := range nodes {
+			scfg := *service
+			scfg.Replicas, scfg.Names = 3, leasebus.NamesIn(dir)
+			var svc *leasebus.Service
+			testutil.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+				var err error
+				svc, err = leasebus.StartService(context.Background(), n.svc, scfg)
+				return err
+			})
+			t.Cleanup(svc.Stop)
+			n.service = svc
+			n.ids.Audit(svc)
+			n.ids.Collect(svc, CollectAfter(scfg.SessionGrace))
+		}
+	}
+	return nodes, dir
+}
+
+// TestIdentitiesOnACluster: on a 3-node embedded cluster whose nodes share
+// one credentials directory, each node answers identity requests and
+// reloads its own users. A run's identity enrolled through one node is
+// admitted by every node; an identity the operator revokes is closed on
+// the node it is connected to and refused by every node, while another
+// identity's connection, on a third node, is not touched; and no node
+// lets one identity subscribe to another's inbox.
+func TestIdentitiesOnACluster(t *testing.T) {
+	nodes, dir := startIDCluster(t, nil)
 	// An ephemeral identity enrolled through node 0 is admitted by all.
 	enc := nodes[0].connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleEnroller)))
 	var run *leasebus.EphemeralIdentity
@@ -517,5 +554,149 @@ func TestIdentityChangesAudited(t *testing.T) {
 			}
 		}
 		return fmt.Errorf("no list event by %s in %+v", run.Name, evs)
+	})
+}
+
+// TestKilledRunsIdentityCollected (issue 28): a run killed before it could
+// leave leaves its ephemeral identity enrolled. The bus collects it once
+// none of its sessions has been heard for CollectAfter(grace) and it has
+// no connection and no active lease (its lease is reclaimed first, when
+// its session's grace runs out), and audits that; a run that is still
+// connected, or keeps its session heard while it holds nothing (waiting
+// for a lease), keeps its identity.
+func TestKilledRunsIdentityCollected(t *testing.T) {
+	const grace = 2 * time.Second
+	b := startIDBusWith(t, leasebus.ServiceConfig{SessionGrace: grace})
+	ctx := ctxOf(t)
+	ids, err := ServeIdentities(b.svc, b.srv, b.cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ids.Stop)
+	ids.Audit(b.service)
+	after := CollectAfter(grace)
+	ids.Collect(b.service, after)
+	enc := b.connectFile(t, filepath.Join(b.cfg.CredsDir, leasebus.CredsFile(leasebus.RoleEnroller)))
+	enrol := func(name string) (*leasebus.EphemeralIdentity, *nats.Conn) {
+		t.Helper()
+		id, err := leasebus.EnrollEphemeral(enc, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(b.srv.ClientURL(), id.Options()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return id, nc
+	}
+	killed, knc := enrol("run-killed")
+	idle, inc := enrol("run-idle")
+	waiting, wnc := enrol("run-waiting")
+	stop := leasebus.NewClient(wnc).KeepIdentity()
+	t.Cleanup(stop)
+
+	h, err := leasebus.NewClient(knc).AcquireAndHold(ctx, leasebus.AcquireRequest{Repo: testRepo, Scope: claimOf(t, "x"),
+		Owner: leasebus.Owner{TaskID: "t", AgentID: "killed", AttemptID: "att_k"}, TTL: leasebus.Duration(time.Hour)}, leasebus.NewCredential(), leasebus.HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaseID := h.Lease().LeaseID
+	// Killed: its connection drops, it never leaves. (The holder stays
+	// unstopped, as in a process that died.)
+	knc.Close()
+	enrolled := func(id *leasebus.EphemeralIdentity) bool {
+		_, ok, err := leasebus.FindIdentity(b.cfg.CredsDir, id.Nkey())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	viewer := leasebus.NewClient(b.connectFile(t, filepath.Join(b.cfg.CredsDir, leasebus.CredsFile(leasebus.RoleViewer))))
+	testutil.CheckFor(t, after+5*grace, 100*time.Millisecond, func() error {
+		if enrolled(killed) {
+			return errors.New("the killed run's identity is still enrolled")
+		}
+		return nil
+	})
+	// Its lease was reclaimed before: the identity went with nothing held.
+	l, err := viewer.Get(ctx, leaseID)
+	if err != nil || l.Status != leasebus.StatusReclaimed {
+		t.Fatalf("the killed run's lease: %+v %v, want reclaimed", l, err)
+	}
+	if _, err := nats.Connect(b.srv.ClientURL(), killed.Options()...); !errors.Is(err, nats.ErrAuthorization) {
+		t.Fatalf("a connection as the collected identity: %v, want %v", err, nats.ErrAuthorization)
+	}
+	// The live ones stay, connected.
+	for _, c := range []struct {
+		id *leasebus.EphemeralIdentity
+		nc *nats.Conn
+	}{{idle, inc}, {waiting, wnc}} {
+		if !enrolled(c.id) || !c.nc.IsConnected() {
+			t.Fatalf("%s: enrolled %v, connected %v: a live run lost its identity", c.id.Name, enrolled(c.id), c.nc.IsConnected())
+		}
+	}
+	// The collection is audited, as the bus's own act.
+	testutil.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+		evs, err := leasebus.ReadAudit(ctx, b.svc, "", 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Type == leasebus.EventIdentityRevoked && strings.Contains(ev.Message, killed.Nkey()) && strings.Contains(ev.Message, "collected") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no audit event of %s collected among %d", killed.Name, len(evs))
+	})
+}
+
+// TestIdentityCollectionOnACluster (issue 28): on a 3-node cluster whose
+// nodes share their credentials, a run connected to one node, holding
+// nothing, is connected to none of the others: only its keepalives,
+// answered by any instance and shared in their digests, keep the other
+// nodes from collecting its identity. Once the run is killed, its identity
+// is collected.
+func TestIdentityCollectionOnACluster(t *testing.T) {
+	const grace = 2 * time.Second
+	nodes, dir := startIDCluster(t, &leasebus.ServiceConfig{SessionGrace: grace})
+	after := CollectAfter(grace)
+	enc := nodes[0].connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleEnroller)))
+	var run *leasebus.EphemeralIdentity
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		var err error
+		run, err = leasebus.EnrollEphemeral(enc, "run-att_waiting")
+		return err
+	})
+	var nc *nats.Conn
+	testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		var err error
+		nc, err = nats.Connect(nodes[2].srv.ClientURL(), run.Options()...)
+		return err
+	})
+	t.Cleanup(nc.Close)
+	stop := leasebus.NewClient(nc).KeepIdentity()
+	// Twice the time after which a silent identity goes, and a beat.
+	deadline := time.Now().Add(2*after + grace)
+	for time.Now().Before(deadline) {
+		if _, ok, err := leasebus.FindIdentity(dir, run.Nkey()); err != nil || !ok {
+			t.Fatalf("a live run's identity was collected (enrolled %v, %v)", ok, err)
+		}
+		if !nc.IsConnected() {
+			t.Fatal("a live run was disconnected")
+		}
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-t.Context().Done():
+			t.Fatal(t.Context().Err())
+		}
+	}
+	stop()
+	nc.Close()
+	testutil.CheckFor(t, after+5*grace, 100*time.Millisecond, func() error {
+		if _, ok, err := leasebus.FindIdentity(dir, run.Nkey()); ok || err != nil {
+			return fmt.Errorf("the killed run's identity is still enrolled (%v)", err)
+		}
+		return nil
 	})
 }
