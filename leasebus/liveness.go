@@ -47,12 +47,15 @@ type liveness struct {
 
 	mu    sync.Mutex
 	seen  map[string]time.Time // session key (identity.session) -> last keepalive heard; guarded by mu
+	// byIdentity is the last keepalive heard of any session of each
+	// identity (idle); guarded by mu.
+	byIdentity map[string]time.Time
 	fresh map[string]struct{}  // heard since the last digest; guarded by mu
 	peers map[string]time.Time // other instance -> its last digest; guarded by mu
 }
 
 func newLiveness(grace time.Duration, now time.Time) *liveness {
-	return &liveness{grace: grace, since: now, seen: map[string]time.Time{}, fresh: map[string]struct{}{}, peers: map[string]time.Time{}}
+	return &liveness{grace: grace, since: now, seen: map[string]time.Time{}, byIdentity: map[string]time.Time{}, fresh: map[string]struct{}{}, peers: map[string]time.Time{}}
 }
 
 // sessionKey names a session: its id within the identity that keeps it
@@ -64,6 +67,16 @@ func (l *liveness) heard(key string, now time.Time) {
 	defer l.mu.Unlock()
 	l.seen[key] = now
 	l.fresh[key] = struct{}{}
+	l.heardIdentity(key, now)
+}
+
+// heardIdentity notes that the identity of session key was heard at t;
+// l.mu is held.
+func (l *liveness) heardIdentity(key string, t time.Time) {
+	id, _, _ := strings.Cut(key, ".")
+	if t.After(l.byIdentity[id]) {
+		l.byIdentity[id] = t
+	}
 }
 
 // silent is how long the session has sent nothing this instance knows of.
@@ -80,14 +93,11 @@ func (l *liveness) silent(key string, now time.Time) time.Duration {
 // idle is how long no session of identity has sent anything this instance
 // knows of.
 func (l *liveness) idle(identity string, now time.Time) time.Duration {
-	prefix := identity + "."
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	last := l.since
-	for k, t := range l.seen {
-		if t.After(last) && strings.HasPrefix(k, prefix) {
-			last = t
-		}
+	if t := l.byIdentity[identity]; t.After(last) {
+		last = t
 	}
 	return now.Sub(last)
 }
@@ -127,6 +137,11 @@ func (l *liveness) digest(now time.Time) []byte {
 			delete(l.seen, k)
 		}
 	}
+	for id, t := range l.byIdentity {
+		if now.Sub(t) > maxIdleKept*l.grace {
+			delete(l.byIdentity, id) // idle counts from since after that: no shorter
+		}
+	}
 	return b.Bytes()
 }
 
@@ -138,6 +153,7 @@ func (l *liveness) learn(peer string, data []byte, now time.Time) {
 	for line := range strings.Lines(string(data)) {
 		if k := strings.TrimSuffix(line, "\n"); k != "" && len(k) <= 128 {
 			l.seen[k] = now
+			l.heardIdentity(k, now)
 		}
 	}
 }
@@ -306,16 +322,25 @@ func (s *Service) reapSilent() {
 	}
 }
 
-// IdentityIdle is how long no session of identity (a public nkey) has
-// kept alive through any instance this one hears, and whether that is
-// sure: not while this instance misses another's digests, nor while the
-// identity holds an active lease in its view (the lease's session grace
-// reclaims that first). The embedded bus collects an ephemeral identity
-// idle for long enough: its run was killed before it could leave.
-func (s *Service) IdentityIdle(identity string) (time.Duration, bool) {
+// maxIdleKept bounds, in session graces, how long an instance remembers
+// when it last heard an identity: idle is exact up to that.
+const maxIdleKept = 10
+
+// IdentityIdle reports whether no session of identity (a public nkey) has
+// kept alive through any instance this one hears for at least atLeast
+// (at most maxIdleKept session graces), and for how long: sure only while
+// this instance hears every other's digests, and never while the identity
+// holds an active lease in its view (the lease's session grace reclaims
+// that first). The embedded bus collects an ephemeral identity idle for
+// long enough: its run was killed before it could leave.
+func (s *Service) IdentityIdle(identity string, atLeast time.Duration) (time.Duration, bool) {
 	now := s.cfg.Now()
 	if !s.live.current(now) {
 		return 0, false
+	}
+	idle := s.live.idle(identity, now)
+	if idle < atLeast || atLeast > maxIdleKept*s.live.grace {
+		return idle, false
 	}
 	s.mu.Lock()
 	for _, ix := range s.index {
@@ -325,7 +350,7 @@ func (s *Service) IdentityIdle(identity string) (time.Duration, bool) {
 		}
 	}
 	s.mu.Unlock()
-	return s.live.idle(identity, now), true
+	return idle, true
 }
 
 // silentSession is, for an active lease bound to a session, how long that

@@ -186,8 +186,8 @@ func (ids *Identities) collect(svc *leasebus.Service, after time.Duration, now t
 		if !i.Ephemeral || now.Sub(since) < after {
 			continue
 		}
-		d, sure := svc.IdentityIdle(i.Nkey)
-		if !sure || d < after || ids.connected(i.Nkey) {
+		d, sure := svc.IdentityIdle(i.Nkey, after)
+		if !sure || ids.connected(i.Nkey) {
 			continue
 		}
 		gone = append(gone, idle{i, d})
