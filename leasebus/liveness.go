@@ -45,13 +45,13 @@ type liveness struct {
 	grace time.Duration
 	since time.Time // when this instance started listening: the grace of a session never heard runs from here
 
-	mu    sync.Mutex
-	seen  map[string]time.Time // session key (identity.session) -> last keepalive heard; guarded by mu
+	mu   sync.Mutex
+	seen map[string]time.Time // session key (identity.session) -> last keepalive heard; guarded by mu
 	// byIdentity is the last keepalive heard of any session of each
 	// identity (idle); guarded by mu.
 	byIdentity map[string]time.Time
-	fresh map[string]struct{}  // heard since the last digest; guarded by mu
-	peers map[string]time.Time // other instance -> its last digest; guarded by mu
+	fresh      map[string]struct{}  // heard since the last digest; guarded by mu
+	peers      map[string]time.Time // other instance -> its last digest; guarded by mu
 }
 
 func newLiveness(grace time.Duration, now time.Time) *liveness {
