@@ -44,6 +44,10 @@ type Config struct {
 	// answered by the proxy itself: TLS terminated with a certificate
 	// minted by CA when the client starts TLS, plain HTTP otherwise.
 	Intercept map[string]http.Handler
+	// Inject maps "host:port" to the credentials the proxy adds to that
+	// host's requests and the API rules it judges them by (Injection):
+	// intercepted like the git upstream, so the CA is needed.
+	Inject map[string]Injection
 	// CA signs the certificates of intercepted hosts (needed for https).
 	CA *tls.Certificate
 	// Lease and Audit: every refusal names the lease and is recorded.
@@ -71,6 +75,7 @@ type Proxy struct {
 	tr        *http.Transport
 	mint      func(host string, ctx *goproxy.ProxyCtx) (*tls.Config, error)
 	certs     sync.Map // host -> *tls.Config
+	injectors []*injector
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{} // guarded by mu: hijacked client and upstream connections
@@ -106,6 +111,21 @@ func New(cfg Config) (*Proxy, error) {
 			return nil, fmt.Errorf("egress: intercepted host %q: %w", hp, err)
 		}
 		p.intercept[hostPort(host, port)] = h
+	}
+	for hp, inj := range cfg.Inject {
+		t, err := newTarget(hp, DefaultPort)
+		if err != nil {
+			return nil, fmt.Errorf("egress: injected host %q: %w", hp, err)
+		}
+		if _, dup := p.intercept[t.String()]; dup {
+			return nil, fmt.Errorf("egress: %s is served by another fence already (the git upstream?): give its credentials to that fence", t)
+		}
+		if cfg.CA == nil {
+			return nil, fmt.Errorf("egress: credentials injected for %s need a CA to terminate its TLS", t)
+		}
+		in := p.newInjector(t, inj)
+		p.intercept[t.String()] = in
+		p.injectors = append(p.injectors, in)
 	}
 	if cfg.CA != nil {
 		if cfg.CA.PrivateKey == nil {
@@ -237,10 +257,14 @@ func (p *Proxy) resolve(ctx context.Context, t target) (netip.AddrPort, error) {
 // push around the git fence. When an intercepted host cannot be resolved
 // now, the name is refused too (fail closed).
 func (p *Proxy) notTheGitUpstream(ctx context.Context, t target, addrs []netip.Addr) *refusal {
-	for hp := range p.intercept {
+	for hp, h := range p.intercept {
 		it, err := newTarget(hp, 0)
-		if err != nil {
-			continue
+		if err != nil || it.String() == t.String() {
+			continue // itself: an injected host is dialled by its injector
+		}
+		what := "the git upstream"
+		if _, ok := h.(*injector); ok {
+			what = "the injected host"
 		}
 		var theirs []netip.Addr
 		switch pin, ok := p.cfg.Resolve[it.String()]; {
@@ -250,15 +274,15 @@ func (p *Proxy) notTheGitUpstream(ctx context.Context, t target, addrs []netip.A
 			theirs = []netip.Addr{it.addr}
 		default:
 			if theirs, err = p.cfg.LookupIP(ctx, it.host); err != nil {
-				return &refusal{target: t, why: fmt.Sprintf("the git upstream %s cannot be resolved now to tell it apart (%v)", it.host, err),
+				return &refusal{target: t, why: fmt.Sprintf("%s %s cannot be resolved now to tell it apart (%v)", what, it.host, err),
 					hint: "retry, or pin the name with --egress-resolve"}
 			}
 		}
 		for _, a := range addrs {
 			for _, g := range theirs {
 				if a.Unmap() == g.Unmap() {
-					return &refusal{target: t, why: fmt.Sprintf("it resolves to %s, an address of the git upstream %s, which is reached only through the git fence", a.Unmap(), it.host),
-						hint: "push and fetch through " + it.String()}
+					return &refusal{target: t, why: fmt.Sprintf("it resolves to %s, an address of %s %s, which is reached only through its fence", a.Unmap(), what, it.host),
+						hint: map[bool]string{true: "push and fetch through ", false: "reach it by its own name, "}[what == "the git upstream"] + it.String()}
 				}
 			}
 		}
@@ -542,6 +566,9 @@ func (p *Proxy) Close() error {
 	}
 	p.wg.Wait()
 	p.tr.CloseIdleConnections()
+	for _, in := range p.injectors {
+		in.tr.CloseIdleConnections()
+	}
 	return nil
 }
 
@@ -607,4 +634,12 @@ func (p *Proxy) Rules() []string {
 		out = append(out, r.String())
 	}
 	return out
+}
+
+// lease is the lease refusals are recorded under (zero without one).
+func (p *Proxy) lease() leasebus.Lease {
+	if p.cfg.Lease == nil {
+		return leasebus.Lease{}
+	}
+	return p.cfg.Lease.Lease()
 }

@@ -1,0 +1,310 @@
+package egress
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// APIRule refuses calls of a forge's HTTP API that move refs or write
+// repository content: writes that would reach the repository past the git
+// fence and the lease. It is data; GitHubRules and GitLabRules are the
+// rules fenceline ships.
+type APIRule struct {
+	// Name names the rule in refusals ("github-contents").
+	Name string
+	// What says what it refuses, for a person.
+	What string
+	// Methods are the HTTP methods it judges (none: every method).
+	Methods []string
+	// Path matches the request's path (cleaned, decoded). Its named group
+	// "repo" is the repository the call writes (owner/name, or a GitLab
+	// project's path or id).
+	Path *regexp.Regexp
+	// Mutations, when set, make the rule a GraphQL endpoint's: a document
+	// holding a mutation that names any of these fields is refused.
+	Mutations []string
+}
+
+// matches reports whether the rule judges a request of method to path.
+func (r *APIRule) matches(method, path string) bool {
+	return (len(r.Methods) == 0 || slices.Contains(r.Methods, method)) && r.Path.MatchString(path)
+}
+
+var writes = []string{http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// githubRepo matches /repos/OWNER/NAME, under GitHub Enterprise Server's
+// /api/v3 too.
+const githubRepo = `(?i)^(?:/api/v3)?/repos/(?P<repo>[^/]+/[^/]+)`
+
+// GitHubRules refuse the GitHub REST and GraphQL calls that create or move
+// refs, write contents or merge (github.com and Enterprise Server):
+// reading, issues, comments, reviews and opening a pull request stay
+// allowed.
+var GitHubRules = []APIRule{
+	{Name: "github-git-data", What: "git data API writes: refs, commits, trees, blobs, tags", Methods: writes,
+		Path: regexp.MustCompile(githubRepo + `/git/(?:refs|commits|trees|blobs|tags)(?:/.*)?$`)},
+	{Name: "github-contents", What: "contents API writes", Methods: writes,
+		Path: regexp.MustCompile(githubRepo + `/contents(?:/.*)?$`)},
+	{Name: "github-merge", What: "merging a pull request or a branch, updating a pull request's branch", Methods: writes,
+		Path: regexp.MustCompile(githubRepo + `/(?:pulls/[0-9]+/(?:merge|update-branch)|merges|merge-upstream)$`)},
+	{Name: "github-branches", What: "renaming branches, branch protection and rulesets", Methods: writes,
+		Path: regexp.MustCompile(githubRepo + `/(?:branches/.+/(?:rename|protection(?:/.*)?)|rulesets(?:/.*)?)$`)},
+	{Name: "github-releases", What: "creating or changing a release (it creates or moves a tag)", Methods: writes,
+		Path: regexp.MustCompile(githubRepo + `/releases(?:/[0-9]+)?$`)},
+	{Name: "github-repository", What: "changing the repository itself (default branch, deletion, transfer)", Methods: []string{http.MethodPatch, http.MethodDelete, http.MethodPost},
+		Path: regexp.MustCompile(githubRepo + `(?:/transfer)?$`)},
+	{Name: "github-workflows", What: "dispatching workflows (they run with the repository's write token)", Methods: writes,
+		Path: regexp.MustCompile(githubRepo + `/(?:dispatches|actions/workflows/[^/]+/dispatches)$`)},
+	{Name: "github-graphql", What: "GraphQL mutations that move refs, commit or merge",
+		Path: regexp.MustCompile(`(?i)^(?:/api)?/graphql$`),
+		Mutations: []string{"createCommitOnBranch", "createRef", "updateRef", "updateRefs", "deleteRef",
+			"mergePullRequest", "mergeBranch", "enablePullRequestAutoMerge", "enqueuePullRequest",
+			"updatePullRequestBranch", "revertPullRequest", "createBranchProtectionRule",
+			"updateBranchProtectionRule", "deleteBranchProtectionRule", "updateRepository", "deleteRepository"}},
+}
+
+// gitlabProject matches /api/v4/projects/ID-OR-PATH (a path's slashes come
+// decoded).
+const gitlabProject = `(?i)^/api/v4/projects/(?P<repo>.+?)`
+
+// GitLabRules refuse the GitLab REST and GraphQL calls that create or
+// move refs, write files or merge.
+var GitLabRules = []APIRule{
+	{Name: "gitlab-commits", What: "creating, cherry-picking or reverting commits", Methods: writes,
+		Path: regexp.MustCompile(gitlabProject + `/repository/commits(?:/[^/]+/(?:cherry_pick|revert))?$`)},
+	{Name: "gitlab-files", What: "repository files API writes", Methods: writes,
+		Path: regexp.MustCompile(gitlabProject + `/repository/files/.+$`)},
+	{Name: "gitlab-refs", What: "creating or deleting branches and tags, protected branches", Methods: writes,
+		Path: regexp.MustCompile(gitlabProject + `/(?:repository/(?:branches|tags)(?:/.*)?|repository/merged_branches|protected_(?:branches|tags)(?:/.*)?)$`)},
+	{Name: "gitlab-merge", What: "merging or rebasing a merge request", Methods: writes,
+		Path: regexp.MustCompile(gitlabProject + `/merge_requests/[0-9]+/(?:merge|rebase|merge_when_pipeline_succeeds)$`)},
+	{Name: "gitlab-project", What: "changing or deleting the project", Methods: []string{http.MethodPut, http.MethodDelete},
+		Path: regexp.MustCompile(`(?i)^/api/v4/projects/(?P<repo>[^/]+)$`)},
+	{Name: "gitlab-graphql", What: "GraphQL mutations that commit, move refs or merge",
+		Path: regexp.MustCompile(`(?i)^/api/graphql$`),
+		Mutations: []string{"commitCreate", "createBranch", "mergeRequestAccept", "mergeRequestSetAutoMerge",
+			"mergeRequestRebase", "projectUpdate", "projectDelete"}},
+}
+
+// RulesFor are the API rules fenceline ships for a host: GitHub's for
+// api.github.com and hosts named github.*, GitLab's for gitlab.com and
+// gitlab.*; none for others.
+func RulesFor(host string) []APIRule {
+	h := strings.ToLower(host)
+	switch {
+	case h == "api.github.com" || strings.HasPrefix(h, "github.") || strings.Contains(h, ".github."):
+		return GitHubRules
+	case h == "gitlab.com" || strings.HasPrefix(h, "gitlab.") || strings.Contains(h, ".gitlab."):
+		return GitLabRules
+	}
+	return nil
+}
+
+// methodOverrides are the headers some APIs read as the request's real
+// method.
+var methodOverrides = []string{"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"}
+
+// judgeAPI judges r by rules for lease l: the rule that refuses it and the
+// call as it names it, or an error when it cannot be judged (it is
+// refused then too). A ref-moving REST call to the lease's own repository
+// is allowed to a whole-repo lease: nothing of the repository lies
+// outside its claim.
+func judgeAPI(rules []APIRule, r *http.Request, l leasebus.Lease) (*APIRule, string, error) {
+	path := r.URL.Path
+	if !cleanPath(path) {
+		return nil, "", fmt.Errorf("the path %q has empty, '.' or '..' segments: the API might read it otherwise than the proxy", r.URL.EscapedPath())
+	}
+	for _, h := range methodOverrides {
+		if r.Header.Get(h) != "" {
+			return nil, "", fmt.Errorf("a request carrying %s: the API might take another method than the proxy judged", h)
+		}
+	}
+	if r.URL.Query().Has("_method") {
+		return nil, "", errors.New("a request with a _method parameter: the API might take another method than the proxy judged")
+	}
+	call := r.Method + " " + path
+	for i := range rules {
+		rule := &rules[i]
+		if !rule.matches(r.Method, path) {
+			continue
+		}
+		if len(rule.Mutations) > 0 {
+			field, err := graphQLMutation(r, rule.Mutations)
+			if err != nil {
+				return nil, "", err
+			}
+			if field != "" {
+				return rule, "GraphQL mutation " + field, nil
+			}
+			continue
+		}
+		if i := rule.Path.SubexpIndex("repo"); i >= 0 && leaseAllowsRefs(l, rule.Path.FindStringSubmatch(path)[i]) {
+			continue
+		}
+		return rule, call, nil
+	}
+	return nil, call, nil
+}
+
+// cleanPath reports whether p is absolute with no empty, "." or ".."
+// segment.
+func cleanPath(p string) bool {
+	if !strings.HasPrefix(p, "/") {
+		return false
+	}
+	segs := strings.Split(p[1:], "/")
+	for i, s := range segs {
+		if s == "." || s == ".." || (s == "" && i != len(segs)-1) {
+			return false
+		}
+	}
+	return true
+}
+
+// leaseAllowsRefs reports whether l may move the refs of repo: an active
+// whole-repo lease of that same repository.
+func leaseAllowsRefs(l leasebus.Lease, repo string) bool {
+	if !l.Active() || l.Scope.Kind != scope.KindWholeRepo || repo == "" {
+		return false
+	}
+	return strings.HasSuffix(strings.ToLower(l.Repo), "/"+strings.ToLower(repo))
+}
+
+// graphQLMutation reads the GraphQL documents of r (its body is put back)
+// and returns the first field of forbid a mutation in them names ("" for
+// none). A body it cannot read as GraphQL is an error.
+func graphQLMutation(r *http.Request, forbid []string) (string, error) {
+	var docs []string
+	if q := r.URL.Query().Get("query"); q != "" {
+		docs = append(docs, q)
+	}
+	body, err := judgedBody(r)
+	if err != nil {
+		return "", err
+	}
+	if len(strings.TrimSpace(string(body))) > 0 {
+		ct := r.Header.Get("Content-Type")
+		if strings.HasPrefix(ct, "application/graphql") {
+			docs = append(docs, string(body))
+		} else {
+			ds, err := graphQLDocuments(body)
+			if err != nil {
+				return "", err
+			}
+			docs = append(docs, ds...)
+		}
+	}
+	for _, d := range docs {
+		f, err := mutationField(d, forbid)
+		if f != "" || err != nil {
+			return f, err
+		}
+	}
+	return "", nil
+}
+
+// graphQLDocuments are the queries of a GraphQL-over-HTTP JSON body: one
+// request or a batch.
+func graphQLDocuments(body []byte) ([]string, error) {
+	type request struct {
+		Query      *string         `json:"query"`
+		Extensions json.RawMessage `json:"extensions"`
+	}
+	var reqs []request
+	if err := json.Unmarshal(body, &reqs); err != nil {
+		var one request
+		if err := json.Unmarshal(body, &one); err != nil {
+			return nil, fmt.Errorf("a GraphQL request body that is not JSON: %v", err)
+		}
+		reqs = []request{one}
+	}
+	var out []string
+	for _, q := range reqs {
+		if q.Query == nil {
+			return nil, errors.New("a GraphQL request without its query (a persisted query cannot be judged)")
+		}
+		out = append(out, *q.Query)
+	}
+	return out, nil
+}
+
+// mutationField returns the first name in forbid that doc uses, when doc
+// holds a mutation operation ("" otherwise). Names are GraphQL's tokens
+// outside strings and comments, so an alias or a fragment does not hide
+// a field.
+func mutationField(doc string, forbid []string) (string, error) {
+	names, mutation, err := graphQLNames(doc)
+	if err != nil || !mutation {
+		return "", err
+	}
+	for _, n := range names {
+		if slices.Contains(forbid, n) {
+			return n, nil
+		}
+	}
+	return "", nil
+}
+
+// graphQLNames lexes doc: its names, and whether an operation at the top
+// level is a mutation.
+func graphQLNames(doc string) (names []string, mutation bool, err error) {
+	depth := 0
+	for i := 0; i < len(doc); {
+		c := doc[i]
+		switch {
+		case c == '#':
+			for i < len(doc) && doc[i] != '\n' && doc[i] != '\r' {
+				i++
+			}
+		case strings.HasPrefix(doc[i:], `"""`):
+			end := strings.Index(strings.ReplaceAll(doc[i+3:], `\"""`, "xxxx"), `"""`)
+			if end < 0 {
+				return nil, false, errors.New("a GraphQL document with an unterminated block string")
+			}
+			i += 3 + end + 3
+		case c == '"':
+			i++
+			for i < len(doc) && doc[i] != '"' {
+				if doc[i] == '\\' {
+					i++
+				}
+				if i < len(doc) && (doc[i] == '\n' || doc[i] == '\r') {
+					return nil, false, errors.New("a GraphQL document with a line break in a string")
+				}
+				i++
+			}
+			if i >= len(doc) {
+				return nil, false, errors.New("a GraphQL document with an unterminated string")
+			}
+			i++
+		case c == '{' || c == '(' || c == '[':
+			depth++
+			i++
+		case c == '}' || c == ')' || c == ']':
+			depth--
+			i++
+		case c == '_' || ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z'):
+			j := i + 1
+			for j < len(doc) && (doc[j] == '_' || ('a' <= doc[j] && doc[j] <= 'z') || ('A' <= doc[j] && doc[j] <= 'Z') || ('0' <= doc[j] && doc[j] <= '9')) {
+				j++
+			}
+			name := doc[i:j]
+			if depth == 0 && (name == "mutation" || name == "subscription") {
+				mutation = mutation || name == "mutation"
+			}
+			names = append(names, name)
+			i = j
+		default:
+			i++
+		}
+	}
+	return names, mutation, nil
+}

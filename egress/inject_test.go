@@ -1,0 +1,317 @@
+package egress
+
+import (
+	"bufio"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fenceline/fenceline/gitproxy"
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/internal/testca"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+const realToken = "ghp_real-secret-token-0123456789"
+
+// forge is a GitHub-shaped HTTPS API on 127.0.0.1 (a certificate for
+// api.github.com from its own CA): it answers 401 unless a request
+// carries the real token, records every call it serves, and echoes the
+// Authorization it got in a response header (an upstream that reflects
+// its request).
+type forge struct {
+	addr string
+	ca   *testca.CA
+
+	mu    sync.Mutex
+	calls []string // "METHOD path"
+	auth  []string // the Authorization of each call
+}
+
+func startForge(t *testing.T) *forge {
+	t.Helper()
+	f := &forge{ca: testca.New(t)}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		f.mu.Lock()
+		f.calls = append(f.calls, r.Method+" "+r.URL.Path)
+		f.auth = append(f.auth, r.Header.Get("Authorization"))
+		f.mu.Unlock()
+		w.Header().Set("X-Echo-Auth", r.Header.Get("Authorization"))
+		if r.Header.Get("Authorization") != "Bearer "+realToken {
+			http.Error(w, `{"message":"Bad credentials"}`, http.StatusUnauthorized)
+			return
+		}
+		fmt.Fprintf(w, `{"ok":true,"call":%q,"body":%q}`, r.Method+" "+r.URL.Path, body)
+	}))
+	srv.TLS = f.ca.ServerTLS(t, "api.github.com")
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	f.addr = srv.Listener.Addr().String()
+	return f
+}
+
+func (f *forge) served(call string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.calls {
+		if c == call {
+			return true
+		}
+	}
+	return false
+}
+
+// injectProxy serves a proxy that injects the real token for
+// api.github.com (pinned to the forge) and judges its calls by
+// GitHubRules; it returns the proxy's URL and a client that trusts the
+// proxy's CA (the agent's view).
+func injectProxy(t *testing.T, f *forge, lease fixedLease, audit *memAuditor) (string, *http.Client) {
+	t.Helper()
+	local, localFile, err := gitproxy.LoadOrCreateCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startProxy(t, Config{
+		Inject: map[string]Injection{"api.github.com": {
+			Header:  http.Header{"Authorization": {"Bearer " + realToken}},
+			RootCAs: f.ca.Pool,
+			API:     GitHubRules,
+		}},
+		Resolve: mustPins(t, "api.github.com:443="+f.addr),
+		CA:      &local, Lease: lease, Audit: audit,
+	})
+	pool, err := os.ReadFile(localFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pool) {
+		t.Fatal("the proxy's CA certificate does not parse")
+	}
+	pu, _ := url.Parse(proxy)
+	tr := &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: roots}}
+	t.Cleanup(tr.CloseIdleConnections)
+	return proxy, &http.Client{Transport: tr, Timeout: 20 * time.Second}
+}
+
+// call makes one request as the agent would, with a placeholder key.
+func call(t *testing.T, c *http.Client, method, path, contentType, body string, hdr ...string) (int, string, http.Header) {
+	t.Helper()
+	req, err := http.NewRequest(method, "https://api.github.com"+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer placeholder")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp.Header
+}
+
+func gql(q string) string {
+	b, _ := json.Marshal(map[string]any{"query": q})
+	return string(b)
+}
+
+// TestInjectedCredential (issue 31): the agent holds a placeholder; the
+// proxy terminates its TLS with the run's CA, replaces the placeholder
+// with the real key, and forwards over TLS verified against the host's
+// own CA. The real key never comes back to the agent, not even from an
+// upstream that echoes its request.
+func TestInjectedCredential(t *testing.T) {
+	t.Parallel()
+	f := startForge(t)
+	_, c := injectProxy(t, f, testLease, &memAuditor{})
+	code, body, hdr := call(t, c, "GET", "/user", "", "")
+	if code != http.StatusOK {
+		t.Fatalf("GET /user with the injected key: %d %s", code, body)
+	}
+	if strings.Contains(body, realToken) || strings.Contains(fmt.Sprint(hdr), realToken) {
+		t.Fatalf("the real key reached the agent: %v %s", hdr, body)
+	}
+	f.mu.Lock()
+	got := f.auth[len(f.auth)-1]
+	f.mu.Unlock()
+	if got != "Bearer "+realToken {
+		t.Fatalf("the forge got Authorization %q, want the real key (the placeholder replaced)", got)
+	}
+	// Without the proxy's CA the agent's client refuses the minted
+	// certificate: the proxy does not pass the forge's own through.
+	if _, err := (&http.Client{Transport: &http.Transport{Proxy: c.Transport.(*http.Transport).Proxy}}).Get("https://api.github.com/user"); err == nil {
+		t.Fatal("a client without the run's CA accepted the intercepted host")
+	}
+}
+
+// TestAPIWritesJudgedLikePushes (issue 31): through an injected GitHub
+// host, calls that move refs, write contents or merge are refused (403
+// naming the rule, the lease and the call; audited at the net boundary)
+// and never reach the forge, whatever their spelling (GHES prefix, case,
+// dot segments, method override, GraphQL aliases, fragments, batches,
+// persisted queries); reading, issues, comments and opening a pull
+// request go through.
+func TestAPIWritesJudgedLikePushes(t *testing.T) {
+	t.Parallel()
+	f := startForge(t)
+	audit := &memAuditor{}
+	_, c := injectProxy(t, f, testLease, audit)
+	const ctJSON = "application/json"
+	allowed := []struct{ method, path, ct, body string }{
+		{"GET", "/repos/acme/payments", "", ""},
+		{"GET", "/repos/acme/payments/contents/libs/tax/rates.go", "", ""},
+		{"POST", "/repos/acme/payments/pulls", ctJSON, `{"title":"t","head":"agent/x","base":"main"}`},
+		{"POST", "/repos/acme/payments/issues/3/comments", ctJSON, `{"body":"done"}`},
+		{"POST", "/graphql", ctJSON, gql(`query { viewer { login } }`)},
+		{"POST", "/graphql", ctJSON, gql(`query { repository(owner:"acme", name:"payments") { ref(qualifiedName:"main") { name } } }`)},
+		{"POST", "/graphql", ctJSON, gql(`mutation { addComment(input:{subjectId:"x", body:"mergePullRequest please"}) { clientMutationId } }`)},
+	}
+	for _, a := range allowed {
+		if code, body, _ := call(t, c, a.method, a.path, a.ct, a.body); code != http.StatusOK {
+			t.Errorf("%s %s %s: %d %s, want it through", a.method, a.path, a.body, code, body)
+		}
+	}
+	refused := []struct {
+		method, path, ct, body, rule string
+		hdr                          []string
+	}{
+		{"PUT", "/repos/acme/payments/contents/libs/tax/rates.go", ctJSON, `{"message":"x","content":"eA=="}`, "github-contents", nil},
+		{"DELETE", "/repos/acme/payments/contents/README.md", ctJSON, `{}`, "github-contents", nil},
+		{"POST", "/repos/acme/payments/git/refs", ctJSON, `{"ref":"refs/heads/x","sha":"a"}`, "github-git-data", nil},
+		{"PATCH", "/repos/acme/payments/git/refs/heads/main", ctJSON, `{"sha":"a","force":true}`, "github-git-data", nil},
+		{"POST", "/repos/acme/payments/git/commits", ctJSON, `{}`, "github-git-data", nil},
+		{"PUT", "/repos/acme/payments/pulls/12/merge", ctJSON, `{}`, "github-merge", nil},
+		{"POST", "/repos/acme/payments/merges", ctJSON, `{}`, "github-merge", nil},
+		{"PATCH", "/repos/acme/payments", ctJSON, `{"default_branch":"evil"}`, "github-repository", nil},
+		{"POST", "/repos/acme/payments/releases", ctJSON, `{"tag_name":"v9"}`, "github-releases", nil},
+		{"POST", "/repos/acme/payments/actions/workflows/deploy.yml/dispatches", ctJSON, `{"ref":"main"}`, "github-workflows", nil},
+		{"PUT", "/api/v3/repos/acme/payments/contents/x", ctJSON, `{}`, "github-contents", nil},
+		{"PUT", "/REPOS/acme/payments/Contents/x", ctJSON, `{}`, "github-contents", nil},
+		{"POST", "/graphql", ctJSON, gql(`mutation { updateRef(input:{refId:"r", oid:"a", force:true}) { ref { name } } }`), "github-graphql", nil},
+		{"POST", "/graphql", ctJSON, gql(`mutation M { ok: addComment(input:{}) { x } sneaky: mergePullRequest(input:{pullRequestId:"p"}) { x } }`), "github-graphql", nil},
+		{"POST", "/graphql", ctJSON, gql(`mutation { ...F } fragment F on Mutation { createCommitOnBranch(input:{}) { commit { oid } } }`), "github-graphql", nil},
+		{"POST", "/graphql", ctJSON, `[` + gql(`query { viewer { login } }`) + `,` + gql(`mutation { deleteRef(input:{refId:"r"}) { x } }`) + `]`, "github-graphql", nil},
+		{"POST", "/graphql", "application/graphql", `mutation { mergeBranch(input:{}) { x } }`, "github-graphql", nil},
+		{"POST", "/graphql", ctJSON, `{"extensions":{"persistedQuery":{"version":1,"sha256Hash":"abc"}}}`, "", nil},
+		{"POST", "/graphql", ctJSON, `not json`, "", nil},
+		{"POST", "/repos/acme/payments/./contents/x", ctJSON, `{}`, "", nil},
+		{"POST", "/repos/acme/payments/issues", ctJSON, `{}`, "", []string{"X-HTTP-Method-Override", "PUT"}},
+	}
+	for _, r := range refused {
+		code, body, _ := call(t, c, r.method, r.path, r.ct, r.body, r.hdr...)
+		if code != http.StatusForbidden {
+			t.Errorf("%s %s %s: %d %s, want it refused", r.method, r.path, r.body, code, body)
+			continue
+		}
+		for _, want := range []string{"lease_egress1", "fence 7", "refused", r.rule} {
+			if !strings.Contains(body, want) {
+				t.Errorf("%s %s: refusal lacks %q:\n%s", r.method, r.path, want, body)
+			}
+		}
+	}
+	f.mu.Lock()
+	for _, served := range f.calls {
+		for _, r := range refused {
+			if strings.EqualFold(served, r.method+" "+r.path) && !strings.HasPrefix(r.path, "/graphql") {
+				t.Errorf("the forge served a refused call: %s", served)
+			}
+		}
+	}
+	graphql := 0
+	for _, served := range f.calls {
+		if served == "POST /graphql" {
+			graphql++
+		}
+	}
+	f.mu.Unlock()
+	if graphql != 3 {
+		t.Errorf("the forge served %d GraphQL calls, want the 3 allowed ones", graphql)
+	}
+	if n := len(audit.events()); n != len(refused) {
+		t.Errorf("%d refusals audited, want %d", n, len(refused))
+	}
+	for _, ev := range audit.events() {
+		if ev.Boundary != leasebus.BoundaryNet || ev.LeaseID != "lease_egress1" || ev.Type != leasebus.EventDenied {
+			t.Errorf("audit event: %+v", ev)
+		}
+	}
+}
+
+// TestWholeRepoLeaseMovesItsOwnRefs: a whole-repo lease may write its own
+// repository through the API (nothing of it lies outside its claim), not
+// another one.
+func TestWholeRepoLeaseMovesItsOwnRefs(t *testing.T) {
+	t.Parallel()
+	f := startForge(t)
+	whole := testLease
+	whole.Status = leasebus.StatusActive
+	whole.Scope = scope.Claim{Kind: scope.KindWholeRepo, Paths: []string{}, Tables: []string{}}
+	_, c := injectProxy(t, f, whole, &memAuditor{})
+	if code, body, _ := call(t, c, "PUT", "/repos/acme/payments/contents/x", "application/json", `{}`); code != http.StatusOK {
+		t.Fatalf("whole-repo lease writing its own repository: %d %s", code, body)
+	}
+	if code, body, _ := call(t, c, "PUT", "/repos/acme/other/contents/x", "application/json", `{}`); code != http.StatusForbidden {
+		t.Fatalf("whole-repo lease writing another repository: %d %s", code, body)
+	}
+}
+
+// TestInjectedHostSmugglingAndUpgrades: requests are parsed by the proxy
+// and forwarded one by one, so a request hidden in another's body by
+// disagreeing Content-Length and Transfer-Encoding is judged like any
+// (never forwarded raw), and a protocol upgrade is refused.
+func TestInjectedHostSmugglingAndUpgrades(t *testing.T) {
+	t.Parallel()
+	f := startForge(t)
+	proxy, c := injectProxy(t, f, testLease, &memAuditor{})
+	// A raw TLS connection through CONNECT, as a hostile client writes it.
+	pu, _ := url.Parse(proxy)
+	raw, err := net.Dial("tcp", pu.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	raw.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(raw, "CONNECT api.github.com:443 HTTP/1.1\r\nHost: api.github.com:443\r\n\r\n")
+	br := bufio.NewReader(raw)
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	tc := tls.Client(raw, &tls.Config{ServerName: "api.github.com", RootCAs: c.Transport.(*http.Transport).TLSClientConfig.RootCAs, NextProtos: []string{"http/1.1"}})
+	hidden := "PUT /repos/acme/payments/contents/smuggled HTTP/1.1\r\nHost: api.github.com\r\nContent-Length: 2\r\n\r\n{}"
+	fmt.Fprintf(tc, "POST /repos/acme/payments/issues HTTP/1.1\r\nHost: api.github.com\r\nContent-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n%s", 5+len(hidden), hidden)
+	tr := bufio.NewReader(tc)
+	for range 2 {
+		resp, err := http.ReadResponse(tr, nil)
+		if err != nil {
+			break
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	if f.served("PUT /repos/acme/payments/contents/smuggled") {
+		t.Fatal("a smuggled contents write reached the forge")
+	}
+	code, body, _ := call(t, c, "GET", "/repos/acme/payments", "", "", "Upgrade", "websocket", "Connection", "Upgrade")
+	if code != http.StatusForbidden || !strings.Contains(body, "upgrade") {
+		t.Fatalf("a websocket upgrade to an injected host: %d %s", code, body)
+	}
+}
