@@ -14,6 +14,7 @@ import (
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/sidecar"
 )
 
 // Policy is the file-write guard a lease gives the agent in its checkout:
@@ -142,12 +143,13 @@ func RealPaths(flag string, ps []string) ([]string, error) {
 // the Postgres fence secret, the sidecar's CA key and spooled packs) and
 // the caller's other secrets (a sidecar's state dir, a fence secret file
 // kept elsewhere, bus credentials) — except files the agent's env points
-// git at (the local CA certificate of the forward proxy).
+// git and the agent's HTTP clients at (the local CA certificate, the CA
+// bundle with it).
 func HiddenPaths(env []string, secrets ...string) []string {
 	var keep []string
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "GIT_CONFIG_VALUE_") && filepath.IsAbs(v) {
+		if (strings.HasPrefix(k, "GIT_CONFIG_VALUE_") || slices.Contains(sidecar.CABundleVars, k)) && filepath.IsAbs(v) {
 			keep = append(keep, filepath.Clean(v))
 		}
 	}

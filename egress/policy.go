@@ -230,3 +230,13 @@ func validName(s string) bool {
 	}
 	return true
 }
+
+// HostPort normalizes "host[:port]" (port DefaultPort when absent) to the
+// "host:port" Config.Inject and Config.Resolve are keyed by.
+func HostPort(hp string) (string, error) {
+	t, err := newTarget(hp, DefaultPort)
+	if err != nil {
+		return "", err
+	}
+	return t.String(), nil
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -72,6 +73,14 @@ type FenceOptions struct {
 	// EgressResolve pins HOST:PORT=ADDR:PORT (egress.ParseResolve). Option
 	// "egress-resolve".
 	EgressResolve []string
+	// InjectHeaderFiles are HOST[:PORT]=FILE: the egress proxy adds FILE's
+	// "Name: value" headers to that host's requests, which it opens (the
+	// agent holds a placeholder, never the credential) and judges by the
+	// API rules fenceline ships for the host. Option "inject-header-file".
+	InjectHeaderFiles []string
+	// EgressCAFile is the PEM CA bundle that verifies injected hosts
+	// (default: the system's). Option "egress-ca".
+	EgressCAFile string
 
 	// StateDir keeps the sidecar's files; empty: DefaultStateDir of the
 	// lease.
@@ -80,6 +89,7 @@ type FenceOptions struct {
 	// What Check parsed and read.
 	checked   bool
 	gitHeader http.Header
+	inject    map[string]egress.Injection
 	pgTLS     *tls.Config
 }
 
@@ -146,6 +156,20 @@ func (o *FenceOptions) Check(repo string) error {
 	if err := o.checkPG(); err != nil {
 		return err
 	}
+	inject, err := injections(o.InjectHeaderFiles, o.EgressCAFile)
+	if err != nil {
+		return err
+	}
+	if u, err := url.Parse(o.GitUpstream); err == nil && o.GitUpstream != "" {
+		port := u.Port()
+		if port == "" {
+			port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+		}
+		if _, clash := inject[net.JoinHostPort(strings.ToLower(u.Hostname()), port)]; clash {
+			return &OptionError{Option: "inject-header-file", Err: fmt.Errorf("%s is the git upstream's host, served by the git fence: give its credential with --git-upstream-header", u.Host)}
+		}
+	}
+	o.inject = inject
 	if o.GitHookSecretFile != "" {
 		return &OptionError{Option: "git-hook-secret", Err: ErrHookSecretGone}
 	}
@@ -252,6 +276,7 @@ func (o *FenceOptions) Config(lease *leasebus.Holder, bus *leasebus.Client, audi
 		PGTLS:             o.pgTLS,
 		AllowHosts:        o.AllowHosts,
 		EgressResolve:     o.EgressResolve,
+		Inject:            o.inject,
 		StateDir:          state,
 		Logger:            log,
 	}, nil

@@ -84,6 +84,11 @@ type Config struct {
 	// EgressListen is where the egress proxy listens (default GitListen
 	// with GitForward, else 127.0.0.1:0).
 	EgressListen string
+	// Inject are the hosts whose requests the egress proxy opens to add
+	// credentials the agent never holds (egress.Config.Inject); their TLS
+	// is terminated with the sidecar's CA, which the agent's clients trust
+	// (Fences.CABundle).
+	Inject map[string]egress.Injection
 
 	// StateDir keeps the sidecar's files: mirrors, the local CA, temp packs.
 	StateDir string
@@ -103,7 +108,8 @@ type Sidecar struct {
 	gitHost    string       // its host:port, which the egress proxy serves with the fence
 	gitFence   http.Handler // the git fence (counted when Metrics is set)
 	ca         *tls.Certificate
-	caFile     string // local CA certificate, for an https upstream
+	caFile     string // local CA certificate, for an https upstream or injected hosts
+	caBundle   string // the system's roots and the CA, for the agent's clients (with Inject)
 	pins       map[string]netip.AddrPort
 	egress     *egress.Proxy
 	egressSrv  *http.Server
@@ -213,7 +219,18 @@ func (s *Sidecar) EgressURL() string {
 // startEgress serves the agent's forward proxy: rules tunnelled, the git
 // upstream's host into the git fence, everything else refused.
 func (s *Sidecar) startEgress(rules []egress.Rule) error {
+	if len(s.cfg.Inject) > 0 {
+		if err := s.ensureCA(); err != nil {
+			return err
+		}
+		bundle, err := writeCABundle(s.caFile)
+		if err != nil {
+			return fmt.Errorf("egress proxy: the agent's CA bundle: %w", err)
+		}
+		s.caBundle = bundle
+	}
 	cfg := egress.Config{
+		Inject:  s.cfg.Inject,
 		Allow:   rules,
 		Resolve: s.pins,
 		CA:      s.ca,
@@ -307,11 +324,9 @@ func (s *Sidecar) startGit() error {
 	if base.Scheme == "https" {
 		// The egress proxy serves the upstream's host with the fence,
 		// behind certificates this CA mints.
-		ca, caFile, err := gitproxy.LoadOrCreateCA(filepath.Join(s.cfg.StateDir, "ca"))
-		if err != nil {
+		if err := s.ensureCA(); err != nil {
 			return err
 		}
-		s.ca, s.caFile = &ca, caFile
 	}
 	if s.cfg.GitForward {
 		return nil // reached through the egress proxy (startEgress)
@@ -332,6 +347,20 @@ func (s *Sidecar) startGit() error {
 		}
 	})
 	s.log.Info("git fence serving", "listen", s.gitAddr.String(), "upstream", s.gitBase)
+	return nil
+}
+
+// ensureCA loads or makes the sidecar's CA, in its state dir (hidden from
+// the agent, which may read only the certificate).
+func (s *Sidecar) ensureCA() error {
+	if s.ca != nil {
+		return nil
+	}
+	ca, caFile, err := gitproxy.LoadOrCreateCA(filepath.Join(s.cfg.StateDir, "ca"))
+	if err != nil {
+		return err
+	}
+	s.ca, s.caFile = &ca, caFile
 	return nil
 }
 
@@ -361,6 +390,13 @@ type Fences struct {
 	// HTTP_PROXY ("" without one); EgressAllow the hosts it tunnels.
 	Egress      string   `json:"egress,omitempty"`
 	EgressAllow []string `json:"egressAllow,omitempty"`
+	// EgressInject are the hosts whose requests the egress proxy opens to
+	// add credentials; CAFile is then the certificate of the CA it mints
+	// their certificates with, and CABundle the system's roots with it,
+	// for the agent's clients (Env sets SSL_CERT_FILE and the like).
+	EgressInject []string `json:"egressInject,omitempty"`
+	CAFile       string   `json:"caFile,omitempty"`
+	CABundle     string   `json:"caBundle,omitempty"`
 }
 
 // EgressSummary says what the egress proxy lets through, for a person.
@@ -370,6 +406,9 @@ func (f Fences) EgressSummary() string {
 		allowed = strings.Join(f.EgressAllow, ", ")
 	}
 	s := "tunnels " + allowed
+	if len(f.EgressInject) > 0 {
+		s += "; opens " + strings.Join(f.EgressInject, ", ") + " to add their credentials (the agent holds placeholders)"
+	}
 	if f.GitUpstream != "" {
 		s += "; " + f.GitUpstream + " goes to the git fence"
 	}
@@ -387,6 +426,13 @@ func (s *Sidecar) Fences() Fences {
 	}
 	if s.egress != nil {
 		f.EgressAllow = s.egress.Rules()
+	}
+	if s.caBundle != "" {
+		for hp := range s.cfg.Inject {
+			f.EgressInject = append(f.EgressInject, hp)
+		}
+		slices.Sort(f.EgressInject)
+		f.CAFile, f.CABundle = s.caFile, s.caBundle
 	}
 	if a := s.PGAddr(); a != nil {
 		f.Postgres = a.String()
@@ -428,6 +474,9 @@ func (f Fences) Env(base []string) []string {
 	}
 	if f.Egress != "" {
 		env = withProxy(env, f.Egress)
+	}
+	if f.CABundle != "" {
+		env = withCABundle(env, f.CABundle, f.CAFile)
 	}
 	return env
 }

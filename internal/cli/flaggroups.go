@@ -21,7 +21,7 @@ var runFlagGroups = []flagGroup{
 	{"Lease", []string{"repo", "scope", "whole-repo", "table", "ttl", "wait", "task", "agent", "attempt", "lease", "credential"}},
 	{"Workspace", []string{"checkout", "workspace", "workspace-id"}},
 	{"Fences", []string{"git-upstream", "git-listen", "git-forward", "git-objects", "git-upstream-header", "git-upstream-ca",
-		"pg-upstream", "pg-listen", "pg-tls-cert", "pg-tls-key", "egress-resolve", "state-dir"}},
+		"pg-upstream", "pg-listen", "pg-tls-cert", "pg-tls-key", "egress-resolve", "inject-header-file", "egress-ca", "state-dir"}},
 	{"Guard", []string{"allow-write", "private-state", "allow-connect", "allow-bind", "on-lost", "kill-grace", "allow-unguarded"}},
 	{"Policy", []string{"allow-host", "allow-force-push", "allow-ref-delete", "pg-allow-opaque"}},
 }

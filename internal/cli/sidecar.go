@@ -30,14 +30,17 @@ type fenceFlags struct {
 	stateDir                      string
 	gitHookSecret                 string // --git-hook-secret: refused (sidecar.ErrHookSecretGone)
 	allowHosts, egressResolve     []string
+	injectFiles                   []string // --inject-header-file HOST[:PORT]=FILE
+	egressCA                      string
 
 	opts *sidecar.FenceOptions // what check parsed and read, before the lease is taken
 }
 
 // secretFiles are the fences' secret files an agent beside them may not
-// read: the Postgres fence's signing secret and TLS key.
+// read: the Postgres fence's signing secret and TLS key, the injected
+// credentials.
 func (ff *fenceFlags) secretFiles() []string {
-	return []string{ff.pgSecretFile, ff.pgTLSKey}
+	return append([]string{ff.pgSecretFile, ff.pgTLSKey}, sidecar.InjectFiles(ff.injectFiles)...)
 }
 
 func (ff *fenceFlags) register(c *cobra.Command) {
@@ -61,6 +64,8 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 	f.StringVar(&ff.pgTLSKey, "pg-tls-key", "", "PEM private key of --pg-tls-cert")
 	f.StringArrayVar(&ff.allowHosts, "allow-host", nil, `host the agent may reach through the egress proxy, tunnelled untouched: api.openai.com, *.anthropic.com (not the apex), host:8443 (port 443 unless named; repeatable). The git upstream's host goes to the git fence; every other host is refused`)
 	f.StringArrayVar(&ff.egressResolve, "egress-resolve", nil, "HOST:PORT=ADDR:PORT: the egress proxy and the git fence connect to ADDR:PORT for HOST:PORT, whatever DNS says (like curl --resolve; a pinned loopback address is allowed; repeatable)")
+	f.StringArrayVar(&ff.injectFiles, "inject-header-file", nil, `HOST[:PORT]=FILE: the egress proxy adds FILE's "Name: value" lines (e.g. "Authorization: Bearer sk-…") to every request to HOST, which it opens with the sidecar's CA (the agent's clients trust it) and judges by the API rules fenceline ships for it (GitHub, GitLab: no ref moves or content writes past the git fence); give the agent a placeholder key. FILE is hidden from the agent (repeatable)`)
+	f.StringVar(&ff.egressCA, "egress-ca", "", "PEM CA bundle that verifies the hosts of --inject-header-file (default: the system's)")
 	f.StringVar(&ff.stateDir, "state-dir", "", "where the sidecar keeps mirrors, its CA and spooled packs (default <state dir>/sidecar/<lease>)")
 }
 
@@ -88,6 +93,8 @@ func (ff *fenceFlags) options() *sidecar.FenceOptions {
 		PGTLSKeyFile:       ff.pgTLSKey,
 		AllowHosts:         ff.allowHosts,
 		EgressResolve:      ff.egressResolve,
+		InjectHeaderFiles:  ff.injectFiles,
+		EgressCAFile:       ff.egressCA,
 		StateDir:           ff.stateDir,
 	}
 }
@@ -241,7 +248,7 @@ released at once.`,
 // one is a usage error naming the flag. It returns the logger on stderr
 // and the admin token.
 func (sf *sidecarFlags) check(ctx context.Context, stderr io.Writer) (*slog.Logger, string, error) {
-	if sf.ff.gitUpstream == "" && sf.ff.pgUpstream == "" && len(sf.ff.allowHosts) == 0 {
+	if sf.ff.gitUpstream == "" && sf.ff.pgUpstream == "" && len(sf.ff.allowHosts) == 0 && len(sf.ff.injectFiles) == 0 {
 		return nil, "", usagef("nothing to fence: give --git-upstream URL, --pg-upstream HOST:PORT and/or --allow-host HOST")
 	}
 	if sf.settleTimeout < 0 {
