@@ -101,6 +101,18 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 	if err := egressAllows(fences, spec.AllowHosts); err != nil {
 		return res, err
 	}
+	if fences.CAPEM != "" {
+		// The sidecar's CA, for hosts whose credentials it adds: its
+		// files are in the sidecar's container.
+		dir, err := os.MkdirTemp("", "fenceline-ca-")
+		if err != nil {
+			return res, fmt.Errorf("the sidecar's CA: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		if err := sidecar.LocalCA(&fences, dir); err != nil {
+			return res, err
+		}
+	}
 	env := Env(os.Environ(), nil, fences.Env, l.LeaseID)
 	say := func(s string) { log.Info(s) }
 	priv, env, err := openPrivateState(spec.State, append([]string{leasebus.StateDir()}, spec.Hide...), &pol, env, say)

@@ -177,3 +177,23 @@ func withCABundle(env []string, bundle, caFile string) []string {
 	}
 	return append(out, "NODE_EXTRA_CA_CERTS="+caFile)
 }
+
+// LocalCA writes f's CA certificate (CAPEM) and a bundle of the system's
+// roots with it into dir, and points f's CAFile and CABundle there: an
+// agent beside the sidecar in another container cannot read the
+// sidecar's own files. It does nothing without injected hosts.
+func LocalCA(f *Fences, dir string) error {
+	if f.CAPEM == "" {
+		return nil
+	}
+	caFile := filepath.Join(dir, "fenceline-ca.pem")
+	if err := os.WriteFile(caFile, []byte(f.CAPEM), 0o644); err != nil {
+		return fmt.Errorf("write the sidecar's CA certificate: %w", err)
+	}
+	bundle, err := writeCABundle(caFile)
+	if err != nil {
+		return fmt.Errorf("write the agent's CA bundle: %w", err)
+	}
+	f.CAFile, f.CABundle = caFile, bundle
+	return nil
+}

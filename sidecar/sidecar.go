@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"net/url"
 	"path/filepath"
 	"slices"
@@ -397,6 +398,9 @@ type Fences struct {
 	EgressInject []string `json:"egressInject,omitempty"`
 	CAFile       string   `json:"caFile,omitempty"`
 	CABundle     string   `json:"caBundle,omitempty"`
+	// CAPEM is CAFile's certificate, for an agent in another container
+	// (LocalCA writes it where that agent can read it).
+	CAPEM string `json:"caPEM,omitempty"`
 }
 
 // EgressSummary says what the egress proxy lets through, for a person.
@@ -433,6 +437,9 @@ func (s *Sidecar) Fences() Fences {
 		}
 		slices.Sort(f.EgressInject)
 		f.CAFile, f.CABundle = s.caFile, s.caBundle
+		if pem, err := os.ReadFile(s.caFile); err == nil {
+			f.CAPEM = string(pem)
+		}
 	}
 	if a := s.PGAddr(); a != nil {
 		f.Postgres = a.String()
