@@ -224,7 +224,8 @@ func egressAllows(f sidecar.Fences, hosts []string) error {
 		if err != nil {
 			return invalidf("--allow-host %s: %v", h, err)
 		}
-		if !slices.ContainsFunc(f.EgressAllow, func(s string) bool {
+		hp, _ := egress.HostPort(h)
+		if !slices.Contains(f.EgressInject, hp) && !slices.ContainsFunc(f.EgressAllow, func(s string) bool {
 			r, err := egress.ParseRule(s)
 			return err == nil && r.Covers(want)
 		}) {

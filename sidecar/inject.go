@@ -154,9 +154,9 @@ func writeCABundle(caFile string) (string, error) {
 }
 
 // caBundleVars are the variables common clients read their CA bundle
-// from: OpenSSL and Go (SSL_CERT_FILE), curl, Python requests; Node adds
-// NODE_EXTRA_CA_CERTS to its own.
-var caBundleVars = []string{"SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE"}
+// from: OpenSSL and Go (SSL_CERT_FILE), curl, Python requests, Codex;
+// Node adds NODE_EXTRA_CA_CERTS to its own.
+var caBundleVars = []string{"SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "CODEX_CA_CERTIFICATE"}
 
 // CABundleVars are the variables withCABundle sets (AgentEnv): files the
 // agent must be able to read.

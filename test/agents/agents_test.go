@@ -111,13 +111,16 @@ func runStory(t *testing.T, agent string, md mode) *story {
 	// The agent is the CLI itself; a shell in front of it only tells the
 	// test the status the CLI exited with, to compare with fenceline's.
 	argv := append([]string{"/bin/sh", "-c", `"$0" "$@"; s=$?; echo "agents-e2e: the agent exited $s" >&2; exit $s`}, w.agentArgv(t, agent)...)
+	// The model's API key is the sidecar's alone: the agent holds a
+	// placeholder, the egress proxy adds the key (issue 31).
+	w.model.Key = modelKey
 	fences := []string{"--git-upstream", w.upstream,
 		"--pg-upstream", w.pg.Addr(), "--table", "billing.invoices",
-		"--allow-host", w.modelHost(),
+		"--inject-header-file", w.modelHost() + "=" + w.keyFile(t), "--egress-ca", w.caFile,
 		"--egress-resolve", w.modelHost() + "=127.0.0.1:" + w.modelPt,
 		"--egress-resolve", forbidden + ":443=127.0.0.1:" + w.modelPt}
 	claim := []string{"--scope", "services/billing", "--workspace", "exclusive"}
-	env := w.agentEnv()
+	env := w.agentEnv("OPENAI_API_KEY=placeholder", "ANTHROPIC_API_KEY=placeholder")
 	s := &story{w: w, agent: agent, mode: md}
 	const bound = 4 * time.Minute
 	start := time.Now()
@@ -260,6 +263,10 @@ func (s *story) judge(t *testing.T) []verdict {
 	add("6 curl to a host off the allowlist refused and audited",
 		want(marker(res(6), "curl") == "refused" && strings.Contains(res(6), "403"), "the agent saw %q", res(6)),
 		want(n >= 1, "%d audited net refusals of %s for lease %s", n, forbidden, id))
+	seen := strings.Contains(s.stdout+s.logs+strings.Join(r, "\n"), modelKey)
+	add("7 the model's API key is the sidecar's: every request carried it, the agent never saw it",
+		want(w.model.Requests() > 0 && w.model.BadKeys() == 0, "%d of %d model requests came without the key", w.model.BadKeys(), w.model.Requests()),
+		want(!seen, "the key appears in the agent's output, a tool result or fenceline's logs"))
 	return vs
 }
 

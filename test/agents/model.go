@@ -49,12 +49,45 @@ type Model struct {
 	// then fail on what follows).
 	Hooks map[string]func(context.Context) error
 	Log   *slog.Logger
+	// Key, when set, is the API key every request must carry (OpenAI's
+	// Authorization: Bearer or Anthropic's x-api-key): one the agent never
+	// held, added by fenceline's egress proxy. Others get 401.
+	Key string
 
 	mu      sync.Mutex
 	results map[int]string // step index -> the tool output the agent sent back
 	hooked  map[string]bool
 	reqs    int
+	badKeys int  // requests refused for their key
 	done    bool // the final answer was served
+}
+
+// BadKeys is how many requests came without Key.
+func (m *Model) BadKeys() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.badKeys
+}
+
+// keyed refuses a request without m.Key (when set).
+func (m *Model) keyed(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		m.mu.Lock()
+		key := m.Key
+		bad := key != "" && r.Header.Get("Authorization") != "Bearer "+key && r.Header.Get("X-Api-Key") != key
+		if bad {
+			m.badKeys++
+		}
+		m.mu.Unlock()
+		if bad {
+			m.logger().Info("model: request without the API key", "url", r.URL.String())
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, `{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}`)
+			return
+		}
+		h(w, r)
+	}
 }
 
 // SetSteps replaces the script, for a model that serves more than one run
@@ -96,8 +129,8 @@ func (m *Model) Requests() int {
 // (Claude Code); anything else is 404.
 func (m *Model) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/responses", m.responses)
-	mux.HandleFunc("POST /v1/messages", m.messages)
+	mux.HandleFunc("POST /v1/responses", m.keyed(m.responses))
+	mux.HandleFunc("POST /v1/messages", m.keyed(m.messages))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		m.logger().Info("model: unscripted request", "method", r.Method, "url", r.URL.String())
 		http.NotFound(w, r)

@@ -201,6 +201,26 @@ type world struct {
 // repoKey is the lease's repo: the checkout's origin, normalized.
 func (w *world) repoKey() string { return "127.0.0.1:" + w.gitPort + "/payments" }
 
+// modelKey is the scripted model's API key in the story runs: only in the
+// header file fenceline's egress proxy reads (keyFile).
+const modelKey = "sk-fenceline-e2e-real-key-5150"
+
+// keyFile writes the header file of --inject-header-file for the model:
+// both CLIs' spellings of the key, readable by the user fenceline runs as.
+func (w *world) keyFile(t *testing.T) string {
+	t.Helper()
+	f := filepath.Join(w.base, "model.headers")
+	if err := os.WriteFile(f, []byte("Authorization: Bearer "+modelKey+"\nx-api-key: "+modelKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if w.user.cred != nil {
+		if err := os.Chown(f, w.user.uid, w.user.gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
 // modelHost is the model's name and port as the agents address it.
 func (w *world) modelHost() string { return "model.example.test:" + w.modelPt }
 
