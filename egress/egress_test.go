@@ -67,7 +67,7 @@ func apiServer(t *testing.T, ca *testca.CA) string {
 }
 
 // startProxy serves a Proxy for cfg on 127.0.0.1 and returns its URL.
-func startProxy(t *testing.T, cfg Config) string {
+func startProxy(t testing.TB, cfg Config) string {
 	t.Helper()
 	p, err := New(cfg)
 	if err != nil {
@@ -78,7 +78,7 @@ func startProxy(t *testing.T, cfg Config) string {
 	return srv.URL
 }
 
-func mustRules(t *testing.T, ss ...string) []Rule {
+func mustRules(t testing.TB, ss ...string) []Rule {
 	t.Helper()
 	rs, err := ParseRules(ss)
 	if err != nil {
@@ -87,7 +87,7 @@ func mustRules(t *testing.T, ss ...string) []Rule {
 	return rs
 }
 
-func mustPins(t *testing.T, ss ...string) map[string]netip.AddrPort {
+func mustPins(t testing.TB, ss ...string) map[string]netip.AddrPort {
 	t.Helper()
 	pins, err := ParseResolve(ss)
 	if err != nil {

@@ -39,7 +39,7 @@ type forge struct {
 	auth  []string // the Authorization of each call
 }
 
-func startForge(t *testing.T) *forge {
+func startForge(t testing.TB) *forge {
 	t.Helper()
 	f := &forge{ca: testca.New(t)}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
