@@ -229,7 +229,12 @@ func ensureStreamsPatiently(ctx context.Context, js jetstream.JetStream, replica
 		if err == nil || ctx.Err() != nil || !transient(err) {
 			return err
 		}
-		log.Info("JetStream not ready yet; trying again (a new cluster elects its leaders first)", "try", try, "err", err)
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == 10005 {
+			log.Info("waiting for the cluster to form: JetStream knows too few servers to place the lease streams yet; start the others (or check their routes)",
+				"replicas", replicas, "waited", time.Since(start).Round(time.Second), "gives_up_after", clusterFormWait)
+		} else {
+			log.Info("waiting for JetStream: a new cluster elects its leaders first, which needs a majority of its servers up", "try", try, "err", err)
+		}
 		per = min(2*per, 30*time.Second)
 		select {
 		case <-ctx.Done():
