@@ -53,6 +53,10 @@ var errNoAnswer = errors.New("")
 // known (nothing happened). Empty text, like errNoAnswer.
 var errNoService = errors.New("")
 
+// NoService reports whether err is a request no lease service received
+// (nothing happened).
+func NoService(err error) bool { return errors.Is(err, errNoService) }
+
 // replyGrace is how much longer than its wait a client waits for a queued
 // acquire's answer; the service answers at the wait's end.
 const replyGrace = 5 * time.Second

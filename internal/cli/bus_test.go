@@ -223,10 +223,31 @@ func TestBusServeCluster(t *testing.T) {
 		}
 		last = b.Fence
 	}
-	for i, n := range nodes {
+	// Two nodes gone: the cluster has no quorum, so no revoke can be
+	// written. The operator's revoke says, within 2 s, what it waits for,
+	// and ends (refused or not) instead of hanging.
+	for i, n := range nodes[1:] {
 		if code := n.stop(); code != ExitOK {
-			t.Errorf("node %d exited %d", i, code)
+			t.Errorf("node %d exited %d", i+1, code)
 		}
+	}
+	start := time.Now()
+	r := fl(t, "--nats", nodes[0].url, "lease", "revoke", a.LeaseID, "--reason", "cluster fault drill")
+	took := time.Since(start)
+	switch {
+	case r.code == ExitOK:
+		t.Errorf("a revoke without a quorum succeeded after %s:\n%s", took, r.stderr)
+	case took <= revokePatience && !strings.Contains(r.stderr, "lease log"):
+		t.Errorf("a revoke refused after %s does not say why:\n%s", took, r.stderr)
+	case took > revokePatience && !strings.Contains(r.stderr, "no answer to the revoke of "+a.LeaseID+" after 2s: "):
+		t.Errorf("a revoke that took %s did not say what it waited for:\n%s", took, r.stderr)
+	}
+	if took > 30*time.Second {
+		t.Errorf("revoke without a quorum took %s", took)
+	}
+	t.Logf("revoke without a quorum: exit %d after %s\n%s", r.code, took.Round(time.Millisecond), r.stderr)
+	if code := nodes[0].stop(); code != ExitOK {
+		t.Errorf("node 0 exited %d", code)
 	}
 }
 

@@ -585,7 +585,7 @@ func (a *app) revokeCommand() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			l, err := s.client.Revoke(cmd.Context(), id, reason)
+			l, err := a.revokeSaying(cmd.Context(), s, id, reason)
 			if err != nil {
 				return err
 			}
@@ -604,6 +604,50 @@ func (a *app) revokeCommand() *cobra.Command {
 	c.Flags().StringVar(&reason, "reason", "", "why the lease is revoked (required; audited)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the final lease record as JSON")
 	return c
+}
+
+// revokePatience is how long `lease revoke` waits for the service's answer
+// before it says what it is waiting for (a cluster fault can hold a
+// revoke for seconds).
+const revokePatience = 2 * time.Second
+
+// revokeSaying revokes lease id; when the answer takes longer than
+// revokePatience it says why on stderr — the service's view of the lease,
+// asked separately — and keeps waiting.
+func (a *app) revokeSaying(ctx context.Context, s *session, id, reason string) (*leasebus.Lease, error) {
+	type answer struct {
+		l   *leasebus.Lease
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		l, err := s.client.Revoke(ctx, id, reason)
+		done <- answer{l, err}
+	}()
+	select {
+	case r := <-done:
+		return r.l, r.err
+	case <-time.After(revokePatience):
+	}
+	fmt.Fprintf(a.stderr, "fenceline: no answer to the revoke of %s after %s: %s; still trying (revoking again is safe)\n", id, revokePatience, revokeDelay(ctx, s, id))
+	r := <-done
+	return r.l, r.err
+}
+
+// revokeDelay says why a revoke may be slow, from a quick get of the lease.
+func revokeDelay(ctx context.Context, s *session, id string) string {
+	c := leasebus.NewClient(s.nc)
+	c.Timeout, c.Tries = time.Second, 1
+	l, err := c.Get(ctx, id)
+	switch {
+	case leasebus.NoService(err):
+		return "no lease service answers at all (is its node down, or cut off from this one?)"
+	case err != nil:
+		return fmt.Sprintf("the lease service does not answer a get of the lease either (%v): its node may be cut off from the cluster or the lease log has no leader", err)
+	case l.Active():
+		return "the lease service answers and still counts the lease active: the revoke is waiting for the lease log to take it (a cluster without a quorum, or electing the log's leader)"
+	}
+	return fmt.Sprintf("the lease has meanwhile ended (%s): its answer is on its way", l.Status)
 }
 
 func (a *app) auditCommand() *cobra.Command {
