@@ -398,22 +398,37 @@ func testRestoreClaimsRepos(t *testing.T, how string) {
 	mustGit(t, claim, "--git-dir="+elsewhere, "config", "core.bare", "false")
 	os.MkdirAll(filepath.Join(claim, "gen"), 0o755)
 	os.WriteFile(filepath.Join(claim, "gen", ".git"), []byte("gitdir: "+elsewhere+"\n"), 0o644)
-	for _, gd := range []string{filepath.Join(lib, ".git"), bare, elsewhere} {
+	// A repository whose objects/ and refs/ are links to directories: git
+	// takes it for a git dir (it follows them), a walk of directories alone
+	// does not.
+	linked := filepath.Join(claim, "linked")
+	mustGit(t, claim, "init", "-q", "--bare", linked)
+	mustGit(t, claim, "--git-dir="+linked, "config", "core.bare", "false")
+	mustGit(t, claim, "--git-dir="+linked, "config", "core.worktree", ".")
+	for _, d := range []string{"objects", "refs"} {
+		os.Rename(filepath.Join(linked, d), filepath.Join(claim, "linked-"+d))
+		if err := os.Symlink("../linked-"+d, filepath.Join(linked, d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, gd := range []string{filepath.Join(lib, ".git"), bare, elsewhere, linked} {
 		if err := gittrap.Plant(gd, "", scripts, marker); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if out, _ := plainGit(t, bare, "status"); gittrap.Ran(marker) == "" {
-		t.Fatalf("the planted bare repository runs nothing (%s): the test proves nothing", out)
+	for _, d := range []string{bare, linked} {
+		if out, _ := plainGit(t, d, "status"); gittrap.Ran(marker) == "" {
+			t.Fatalf("the planted repository %s runs nothing (%s): the test proves nothing", d, out)
+		}
+		os.Remove(marker)
 	}
-	os.Remove(marker)
 
 	undone, err := snap.Restore()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("undone: %v", undone)
-	for _, want := range []string{"claim/lib/.git/config (changed)", "claim/lib/.git/hooks/post-checkout (added)", "claim/bare (a repository the attempt made: its HEAD moved to HEAD.fenceline-undone-", "claim/gen/.git (added; moved to claim/gen/.git.fenceline-undone-"} {
+	for _, want := range []string{"claim/lib/.git/config (changed)", "claim/lib/.git/hooks/post-checkout (added)", "claim/bare (a repository the attempt made: its HEAD moved to HEAD.fenceline-undone-", "claim/gen/.git (added; moved to claim/gen/.git.fenceline-undone-", "claim/linked (a repository the attempt made: its HEAD moved to HEAD.fenceline-undone-"} {
 		if !strings.Contains(strings.Join(undone, "\n"), want) {
 			t.Errorf("undone %v lacks %q", undone, want)
 		}
@@ -421,7 +436,7 @@ func testRestoreClaimsRepos(t *testing.T, how string) {
 	if b, _ := os.ReadFile(filepath.Join(lib, ".git", "config")); string(b) != string(libCfg) {
 		t.Errorf("claim/lib's config after restore:\n%s", b)
 	}
-	for _, d := range []string{lib, bare, filepath.Join(claim, "gen"), claim} {
+	for _, d := range []string{lib, bare, filepath.Join(claim, "gen"), linked, claim} {
 		plainGit(t, d, "status")
 	}
 	if ran := gittrap.Ran(marker); ran != "" {

@@ -391,7 +391,7 @@ func findRepos(workTree string, roots, gitDirs []string) (map[string]snapEntry, 
 			}
 			return err
 		}
-		if dir != workTree && looksLikeGitDir(ents) {
+		if dir != workTree && looksLikeGitDir(dir, ents) {
 			found[dir] = snapEntry{mode: fs.ModeDir | 0o755}
 			if !slices.Contains(gitDirs, dir) {
 				nested = append(nested, dir)
@@ -430,20 +430,28 @@ func findRepos(workTree string, roots, gitDirs []string) (map[string]snapEntry, 
 	return found, nested, nil
 }
 
-// looksLikeGitDir reports whether a directory holding ents is one git
-// takes for a git dir when it finds no .git in it (is_git_directory): a
-// HEAD that is not a directory, and objects/ and refs/, or a commondir
-// naming where they are.
-func looksLikeGitDir(ents []fs.DirEntry) bool {
+// looksLikeGitDir reports whether dir, holding ents, is one git takes for
+// a git dir when it finds no .git in it (is_git_directory): a HEAD that is
+// not a directory, and objects/ and refs/, or a commondir naming where
+// they are. git follows links there: objects or refs may be a link to a
+// directory anywhere.
+func looksLikeGitDir(dir string, ents []fs.DirEntry) bool {
 	var head, objects, refs, common bool
+	isDir := func(e fs.DirEntry) bool {
+		if e.Type()&fs.ModeSymlink != 0 {
+			fi, err := os.Stat(filepath.Join(dir, e.Name()))
+			return err == nil && fi.IsDir()
+		}
+		return e.IsDir()
+	}
 	for _, e := range ents {
 		switch e.Name() {
 		case "HEAD":
 			head = !e.IsDir()
 		case "objects":
-			objects = e.IsDir()
+			objects = isDir(e)
 		case "refs":
-			refs = e.IsDir()
+			refs = isDir(e)
 		case "commondir":
 			common = !e.IsDir()
 		case ".git":

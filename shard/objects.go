@@ -171,7 +171,7 @@ func withModules(gitDirs []string) []string {
 			if err != nil || !d.IsDir() {
 				return nil
 			}
-			if ents, err := os.ReadDir(p); err == nil && looksLikeGitDir(ents) {
+			if ents, err := os.ReadDir(p); err == nil && looksLikeGitDir(p, ents) {
 				add(p)
 				return filepath.SkipDir
 			}
