@@ -45,7 +45,8 @@
 //     (shard.SnapshotObjects: files compared by inode, size, mtime and
 //     ctime, not read): a loose object must hash to its name, a rewritten
 //     one is put back from a copy kept in fenceline's hidden state dir; a
-//     written pack must pass git index-pack --verify or is moved aside;
+//     written pack must pass git index-pack --verify or is moved aside (an
+//     index written beside the user's unchanged pack is made anew from it);
 //     commit-graphs, multi-pack-indexes, bitmaps and reverse indexes it
 //     wrote are removed (the user's written anew), alternates put back.
 //     Objects that hash to their names, its commits, stay.
@@ -58,6 +59,11 @@
 //     directory finds no repository and runs none of its config. One the
 //     user had gets its config and hooks back and its object store
 //     checked as above.
+//   - A run without a pool names, at settle, each setting that runs a
+//     program which the attempt added or changed in the agent CLIs'
+//     project settings where it could write (.claude/, .codex/,
+//     .mcp.json, CLAUDE.md, AGENTS.md: ProjectState); they are its work
+//     and stay, for the user to review before starting a CLI there.
 //
 // A pooled exclusive attempt's shard is cleaned instead; a commit
 // capacity's shard gets its git dir restored (see package shard,
