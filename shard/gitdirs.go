@@ -42,6 +42,10 @@ type GitDirSnapshot struct {
 	workTree string
 	roots    []string
 	dotGits  map[string]snapEntry // by absolute path
+	// taken is a moment before the snapshot: a directory of the roots
+	// unreadable at Restore whose ctime is later was made so by the
+	// attempt (findRepos makes it searchable).
+	taken time.Time
 	// replace are each git dir's refs/replace/ refs (ref -> object): they
 	// make git show another object in an object's place.
 	replace map[string]map[string]string
@@ -241,7 +245,8 @@ func SnapshotClaims(workTree string, claims []string) (*GitDirSnapshot, error) {
 }
 
 func snapshotRepos(workTree string, roots, gitDirs []string) (*GitDirSnapshot, error) {
-	dotGits, nested, err := findRepos(workTree, roots, gitDirs)
+	taken := time.Now().Add(-time.Second) // ctime comes from a coarser clock
+	dotGits, nested, _, err := findRepos(workTree, roots, gitDirs, time.Time{})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
 	}
@@ -249,7 +254,7 @@ func snapshotRepos(workTree string, roots, gitDirs []string) (*GitDirSnapshot, e
 	if err != nil {
 		return nil, err
 	}
-	s.workTree, s.roots, s.dotGits = workTree, roots, dotGits
+	s.workTree, s.roots, s.dotGits, s.taken = workTree, roots, dotGits, taken
 	if err := s.snapshotOthers(gitDirs); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
@@ -379,12 +384,22 @@ func (s *GitDirSnapshot) restoreOthers() (undone []string, errs []error) {
 // directories git takes for a git dir themselves (looksLikeGitDir; the
 // work tree's top, whose .git git finds first, is not one). It returns
 // them, and the git dirs among them that are not gitDirs.
-func findRepos(workTree string, roots, gitDirs []string) (map[string]snapEntry, []string, error) {
-	found := map[string]snapEntry{}
-	var nested []string
+//
+// A directory it cannot read is skipped, unless its ctime is after
+// openSince (not zero): the attempt made it unreadable, and a repository
+// inside it would still be found by whoever cds there by name. Such a
+// directory is made searchable (u+rx) and walked; opened says so.
+func findRepos(workTree string, roots, gitDirs []string, openSince time.Time) (found map[string]snapEntry, nested, opened []string, err error) {
+	found = map[string]snapEntry{}
 	var walk func(dir string) error
 	walk = func(dir string) error {
 		ents, err := os.ReadDir(dir)
+		if errors.Is(err, fs.ErrPermission) && !openSince.IsZero() {
+			if note := openDir(dir, openSince); note != "" {
+				opened = append(opened, dir+" ("+note+")")
+				ents, err = os.ReadDir(dir)
+			}
+		}
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) || errors.Is(err, unix.ENOTDIR) {
 				return nil
@@ -424,10 +439,24 @@ func findRepos(workTree string, roots, gitDirs []string) (map[string]snapEntry, 
 			continue
 		}
 		if err := walk(r); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 	}
-	return found, nested, nil
+	return found, nested, opened, nil
+}
+
+// openDir makes dir, which cannot be read, searchable (u+rx) when its
+// ctime is after since, and says what it did ("" when it did nothing).
+func openDir(dir string, since time.Time) string {
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR || time.Unix(st.Ctim.Unix()).Before(since) {
+		return ""
+	}
+	mode := st.Mode & 0o7777
+	if err := unix.Chmod(dir, mode|0o500); err != nil {
+		return ""
+	}
+	return fmt.Sprintf("unreadable since the snapshot, mode %#o: made searchable, %#o, to look for repositories in it", mode, mode|0o500)
 }
 
 // looksLikeGitDir reports whether dir, holding ents, is one git takes for
@@ -466,10 +495,11 @@ func looksLikeGitDir(dir string, ents []fs.DirEntry) bool {
 // attempt left there must not run in the git of whoever looks into it).
 // It says what it did, by path.
 func disarmTree(root string) (undone []string) {
-	found, _, err := findRepos("", []string{root}, nil)
+	found, _, opened, err := findRepos("", []string{root}, nil, time.Unix(1, 0)) // all of it was the attempt's
 	if err != nil {
 		return []string{fmt.Sprintf("%s (not searched for repositories: %v)", root, err)}
 	}
+	undone = opened
 	paths := make([]string, 0, len(found))
 	for p := range found {
 		paths = append(paths, p)
@@ -651,9 +681,12 @@ func (s *GitDirSnapshot) restoreDotGits() (undone []string, errs []error) {
 	if s.workTree == "" {
 		return nil, nil
 	}
-	now, _, err := findRepos(s.workTree, s.roots, s.dirs)
+	now, _, opened, err := findRepos(s.workTree, s.roots, s.dirs, s.taken)
 	if err != nil {
 		return nil, []error{err}
+	}
+	for _, o := range opened {
+		undone = append(undone, s.name(o))
 	}
 	paths := make([]string, 0, len(now))
 	for p := range now {
