@@ -495,3 +495,41 @@ func TestMovedAsideShardDisarmed(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestRestoreCheckoutDropsALeftRebase: an exclusive attempt without a
+// pool stops an interactive rebase (a break) with an exec line next in
+// its todo list, and leaves. The user's git rebase --continue in the
+// checkout then ran the attempt's command, unconfined. Restore removes
+// the rebase state the attempt left and says so.
+func TestRestoreCheckoutDropsALeftRebase(t *testing.T) {
+	t.Parallel()
+	co := newRepo(t, 2)
+	os.WriteFile(filepath.Join(co, "d000", "f00000.txt"), []byte("one\n"), 0o644)
+	mustGit(t, co, "commit", "-q", "-am", "one")
+	gd := filepath.Join(co, ".git")
+	snap, err := SnapshotCheckout(co, []string{gd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Close()
+	marker := filepath.Join(t.TempDir(), "ran")
+	editor := "sed -i '1i break\\nexec touch " + marker + "'"
+	if out, err := plainGit(t, co, "-c", "sequence.editor="+editor, "rebase", "-i", "HEAD~1"); err != nil {
+		t.Fatalf("git rebase -i: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(gd, "rebase-merge")); err != nil {
+		t.Fatalf("no rebase in progress: the test proves nothing (%v)", err)
+	}
+	undone, err := snap.Restore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("undone: %v", undone)
+	if !strings.Contains(strings.Join(undone, "\n"), ".git/rebase-merge (added)") {
+		t.Errorf("undone %v lacks the rebase the attempt left", undone)
+	}
+	plainGit(t, co, "rebase", "--continue")
+	if _, err := os.Stat(marker); err == nil {
+		t.Errorf("the user's git rebase --continue ran the attempt's exec line")
+	}
+}

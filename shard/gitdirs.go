@@ -21,7 +21,8 @@ import (
 // GitDirSnapshot is what of a checkout's git dirs can make git run a
 // program, as it was before an exclusive attempt without a pool worked in
 // the checkout (its git dir writable): every config, config.worktree,
-// commondir and gitdir file, everything under a hooks directory, and
+// commondir and gitdir file, everything under a hooks directory and in a
+// rebase or cherry-pick left in progress (programDirs), and
 // info/attributes — in the git dir itself and in the git dirs of its
 // submodules and worktrees (modules/, worktrees/), info/grafts, shallow,
 // info/exclude and the refs/replace/ refs (which change what git shows).
@@ -70,9 +71,9 @@ type snapEntry struct {
 }
 
 // executable reports whether rel (a path in a git dir) is one of the
-// places git takes programs from, or one that makes git show something
-// else than the repository holds (info/grafts and shallow hide parents,
-// info/exclude hides files from git status).
+// places git takes programs from (programDirs), or one that makes git
+// show something else than the repository holds (info/grafts and shallow
+// hide parents, info/exclude hides files from git status).
 func executable(rel string) bool {
 	base := filepath.Base(rel)
 	switch base {
@@ -86,12 +87,17 @@ func executable(rel string) bool {
 		return true // like grafts: git shows a commit without its parents
 	}
 	for d := filepath.Dir(rel); d != "." && d != "/"; d = filepath.Dir(d) {
-		if filepath.Base(d) == "hooks" {
+		if slices.Contains(programDirs, filepath.Base(d)) {
 			return true
 		}
 	}
-	return base == "hooks"
+	return slices.Contains(programDirs, base)
 }
+
+// programDirs are the git dir's directories whose files name programs git
+// runs: hooks, and the todo lists of a rebase or cherry-pick left in
+// progress (an exec line runs at the user's git rebase --continue).
+var programDirs = []string{"hooks", "rebase-merge", "rebase-apply", "sequencer"}
 
 // skipped are the git dir entries a snapshot does not walk: history and
 // refs, the attempt's to change.
@@ -116,7 +122,7 @@ func walkExecutable(dir string, fn func(path string, d fs.DirEntry) error) error
 			if rel != "." && skipped(rel) {
 				return filepath.SkipDir
 			}
-			if filepath.Base(rel) != "hooks" {
+			if !slices.Contains(programDirs, filepath.Base(rel)) {
 				return nil
 			}
 		}
