@@ -128,14 +128,7 @@ func (c StateChanges) ProjectLines(maxFiles int) []string {
 	if len(c.Files) == 0 {
 		return nil
 	}
-	var ls []string
-	for _, s := range c.Settings {
-		l := fmt.Sprintf("project settings: REVIEW %s %s in %s", s.Change, s.Key, s.File)
-		if s.Value != "" {
-			l += " = " + s.Value
-		}
-		ls = append(ls, l+" (claude or codex started there runs it, unguarded)")
-	}
+	ls := c.settingLines("project settings: REVIEW", "claude or codex started there runs it, unguarded")
 	for _, f := range c.Programs {
 		ls = append(ls, fmt.Sprintf("project settings: REVIEW %s %s (a program or instructions claude or codex started there may run or follow)", f.Change, f.Path))
 	}

@@ -68,9 +68,8 @@ func TestRunNamesProjectSettings(t *testing.T) {
 			t.Logf("run said:\n%s", text)
 			p := func(rel string) string { return filepath.ToSlash(filepath.Join(tc.dir, rel)) }
 			for _, want := range []string{
-				"project settings: REVIEW added hooks.SessionStart[0].hooks[0].command in " + p(".claude/settings.local.json") + ` = "touch /tmp/x"`,
-				"project settings: REVIEW added mcpServers.helper.command in " + p(".mcp.json"),
-				"project settings: REVIEW added mcpServers.helper.args in " + p(".mcp.json"),
+				"project settings: REVIEW added hooks.SessionStart[0].hooks[0] in " + p(".claude/settings.local.json") + `: command = "touch /tmp/x", type = "command"`,
+				"project settings: REVIEW added mcpServers.helper in " + p(".mcp.json") + `: args = ["-c","touch /tmp/y"], command = "sh"`,
 				"project settings: REVIEW added notify in " + p(".codex/config.toml"),
 				"project settings: REVIEW changed hooks.Stop[0].hooks[0].command in " + p(".claude/settings.json") + ` = "touch /tmp/w"`,
 				"project settings: REVIEW added " + p("CLAUDE.md"),

@@ -420,34 +420,7 @@ func (c StateChanges) Lines(maxFiles int) []string {
 	if len(c.Files) == 0 {
 		return []string{"private state: the agent changed nothing in its copy"}
 	}
-	var ls []string
-	for i := 0; i < len(c.Settings); {
-		s := c.Settings[i]
-		parent, leaf := splitKey(s.Key)
-		j := i + 1
-		if parent != "" {
-			for j < len(c.Settings) {
-				n := c.Settings[j]
-				if p, _ := splitKey(n.Key); p != parent || n.File != s.File || n.Change != s.Change {
-					break
-				}
-				j++
-			}
-		}
-		l := fmt.Sprintf("private state: DISCARDED %s %s in %s", s.Change, s.Key, s.File)
-		if j > i+1 {
-			var vs []string
-			for _, n := range c.Settings[i:j] {
-				_, leaf = splitKey(n.Key)
-				vs = append(vs, leaf+" = "+n.Value)
-			}
-			l = fmt.Sprintf("private state: DISCARDED %s %s in %s: %s", s.Change, parent, s.File, strings.Join(vs, ", "))
-		} else if s.Value != "" {
-			l += " = " + s.Value
-		}
-		ls = append(ls, l+" (it would run a program or widen what runs at the CLI's next start)")
-		i = j
-	}
+	ls := c.settingLines("private state: DISCARDED", "it would run a program or widen what runs at the CLI's next start")
 	for _, f := range c.Programs {
 		ls = append(ls, fmt.Sprintf("private state: DISCARDED %s %s (a program or instructions the CLI may run or follow)", f.Change, f.Path))
 	}
@@ -464,6 +437,41 @@ func (c StateChanges) Lines(maxFiles int) []string {
 		other = fmt.Sprintf(" (and %d other settings in them)", c.Other)
 	}
 	return append(ls, fmt.Sprintf("private state: the agent changed %d paths of its copy%s, all discarded: %s", len(c.Files), other, strings.Join(fs, ", ")))
+}
+
+// settingLines are the settings that run a program or widen what runs,
+// one line each (the leaves of one entry in one line): head, the change,
+// the key and file, the value, and why in parentheses.
+func (c StateChanges) settingLines(head, why string) []string {
+	var ls []string
+	for i := 0; i < len(c.Settings); {
+		s := c.Settings[i]
+		parent, leaf := splitKey(s.Key)
+		j := i + 1
+		if parent != "" {
+			for j < len(c.Settings) {
+				n := c.Settings[j]
+				if p, _ := splitKey(n.Key); p != parent || n.File != s.File || n.Change != s.Change {
+					break
+				}
+				j++
+			}
+		}
+		l := fmt.Sprintf("%s %s %s in %s", head, s.Change, s.Key, s.File)
+		if j > i+1 {
+			var vs []string
+			for _, n := range c.Settings[i:j] {
+				_, leaf = splitKey(n.Key)
+				vs = append(vs, leaf+" = "+n.Value)
+			}
+			l = fmt.Sprintf("%s %s %s in %s: %s", head, s.Change, parent, s.File, strings.Join(vs, ", "))
+		} else if s.Value != "" {
+			l += " = " + s.Value
+		}
+		ls = append(ls, l+" ("+why+")")
+		i = j
+	}
+	return ls
 }
 
 // splitKey splits a setting's key into its parent and its last segment:
