@@ -25,6 +25,9 @@ type ProjectState struct {
 	top   string
 	roots []string // slash paths relative to top ("." for all of it)
 	seed  map[string]seedEntry
+	// unreadable are the directories the snapshot could not read (the
+	// user's: a build's root-owned cache).
+	unreadable map[string]bool
 }
 
 // projectFile reports whether rel (a slash path in a checkout) is one of
@@ -56,7 +59,7 @@ func projectPath(rel string, d fs.DirEntry) (part, walk bool) {
 // SnapshotProjectState records the project settings under roots
 // (absolute paths inside top, the checkout's work tree).
 func SnapshotProjectState(top string, roots []string) (*ProjectState, error) {
-	ps := &ProjectState{top: top, seed: map[string]seedEntry{}}
+	ps := &ProjectState{top: top, seed: map[string]seedEntry{}, unreadable: map[string]bool{}}
 	for _, r := range roots {
 		rel, err := filepath.Rel(top, r)
 		if err != nil || !Within(r, top) {
@@ -75,7 +78,8 @@ func SnapshotProjectState(top string, roots []string) (*ProjectState, error) {
 			case err != nil && p == start && os.IsNotExist(err):
 				return nil
 			case err != nil && d != nil && d.IsDir() && p != start:
-				return fs.SkipDir // the user's unreadable dir: what the agent makes readable there is added
+				ps.unreadable[p] = true // the user's: what the agent makes readable there is added
+				return fs.SkipDir
 			case err != nil:
 				return err
 			case p == ".":
@@ -108,7 +112,7 @@ func (ps *ProjectState) Changes() (StateChanges, error) {
 		return all, fmt.Errorf("project settings: %w", err)
 	}
 	defer root.Close()
-	t := stateTree{seed: ps.seed, shown: func(rel string) string { return rel }, filter: projectPath}
+	t := stateTree{seed: ps.seed, shown: func(rel string) string { return rel }, filter: projectPath, unreadable: ps.unreadable}
 	for _, start := range ps.roots {
 		c, err := t.changes(root, start)
 		if err != nil {

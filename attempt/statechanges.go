@@ -144,6 +144,9 @@ type stateTree struct {
 	// for a directory, whether to walk into it (nil: every path is, and
 	// every directory is walked).
 	filter func(rel string, d fs.DirEntry) (part, walk bool)
+	// unreadable are the directories that could not be read before the
+	// attempt either: not named again.
+	unreadable map[string]bool
 }
 
 // changes walks root from start and says what differs from the seed.
@@ -153,7 +156,9 @@ func (t stateTree) changes(root *os.Root, start string) (StateChanges, error) {
 	err := fs.WalkDir(root.FS(), start, func(p string, d fs.DirEntry, err error) error {
 		if err != nil && p != start && d != nil {
 			// A dir the agent made unreadable: named, not examined.
-			c.Files = append(c.Files, FileChange{Path: t.shown(p), Change: "unreadable"})
+			if !t.unreadable[p] {
+				c.Files = append(c.Files, FileChange{Path: t.shown(p), Change: "unreadable"})
+			}
 			return fs.SkipDir
 		}
 		if err != nil {
