@@ -49,7 +49,8 @@
 //     written pack must pass git index-pack --verify or is moved aside (an
 //     index written beside the user's unchanged pack is made anew from it);
 //     commit-graphs, multi-pack-indexes, bitmaps and reverse indexes it
-//     wrote are removed (the user's written anew), alternates put back.
+//     wrote are removed (the user's written anew), alternates put back,
+//     Git LFS objects it wrote must hash to their names.
 //     Objects that hash to their names, its commits, stay.
 //   - In every mode, a repository the attempt made where it could write
 //     (the whole checkout, or its claims: shard.SnapshotClaims) — a .git

@@ -42,6 +42,7 @@ type ObjectSnapshot struct {
 	keep   string
 	copies *os.File // the loose objects' copies, one after another
 	stores []*objectStore
+	lfs    []*lfsStore // each git dir's LFS objects
 }
 
 // objectStore is one git dir's objects/ as it was.
@@ -106,6 +107,11 @@ func SnapshotObjects(top string, gitDirs []string, keep string) (o *ObjectSnapsh
 	var off int64
 	budget := int64(LooseCopyBudget)
 	for _, gd := range withModules(gitDirs) {
+		ls, err := snapshotLFS(gd, top)
+		if err != nil {
+			return nil, err
+		}
+		o.lfs = append(o.lfs, ls)
 		dir := filepath.Join(gd, "objects")
 		fi, err := os.Lstat(dir)
 		if err != nil || !fi.IsDir() {
@@ -211,13 +217,19 @@ func (o *ObjectSnapshot) Close() {
 //     written anew from the checked objects;
 //   - info/alternates, http-alternates and packs are put back as they
 //     were, and anything under objects/ that is neither a directory nor a
-//     regular file (a link elsewhere) is removed.
+//     regular file (a link elsewhere) is removed;
+//   - an LFS object (lfs/objects) added or written must hash to its name,
+//     else it is removed (git lfs fetch brings it back).
 //
 // Objects the attempt added that hash to their names (its commits) stay.
 func (o *ObjectSnapshot) Restore(ctx context.Context) (undone []string, err error) {
 	var errs []error
 	for _, st := range o.stores {
 		u, e := st.restore(ctx, o.copies)
+		undone, errs = append(undone, u...), append(errs, e...)
+	}
+	for _, ls := range o.lfs {
+		u, e := ls.restore()
 		undone, errs = append(undone, u...), append(errs, e...)
 	}
 	return undone, errors.Join(errs...)

@@ -314,3 +314,74 @@ func forgeIdx(t *testing.T, co, a, b string) {
 		t.Fatal(err)
 	}
 }
+
+// TestRestoreLFSObjects: the user's repository keeps a file in Git LFS.
+// An exclusive attempt without a pool rewrites its LFS object in place
+// (same size, its own bytes): git-lfs checks only the size, so the
+// user's git checkout -- a.bin wrote the attempt's bytes. Restore removes
+// an LFS object that does not hash to its name (git lfs fetch brings it
+// back) and keeps the ones the attempt added honestly.
+func TestRestoreLFSObjects(t *testing.T) {
+	t.Parallel()
+	co := newRepo(t, 2)
+	for _, args := range [][]string{{"lfs", "install", "--local"}, {"lfs", "track", "*.bin"}} {
+		if out, err := plainGit(t, co, args...); err != nil {
+			t.Fatalf("git %s (Git LFS is one of the test's tools): %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	os.WriteFile(filepath.Join(co, "a.bin"), []byte("original\n"), 0o644)
+	userGit := func(args ...string) { // with the repository's own config: the LFS filter
+		t.Helper()
+		if out, err := plainGit(t, co, args...); err != nil {
+			t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	userGit("add", "-A")
+	userGit("commit", "-qm", "lfs")
+	snap, err := SnapshotObjects(co, []string{filepath.Join(co, ".git")}, filepath.Join(t.TempDir(), "keep"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Close()
+
+	objs, _ := filepath.Glob(filepath.Join(co, ".git", "lfs", "objects", "*", "*", "*"))
+	if len(objs) != 1 {
+		t.Fatalf("want a.bin's one LFS object, have %v", objs)
+	}
+	os.Chmod(objs[0], 0o644)
+	if err := os.WriteFile(objs[0], []byte("EVILEVIL\n"), 0o444); err != nil { // same size
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(co, "b.bin"), []byte("the attempt's\n"), 0o644) // honest
+	userGit("add", "b.bin")
+	userGit("commit", "-qm", "attempt")
+	checkout := func() string {
+		os.WriteFile(filepath.Join(co, "a.bin"), []byte("user edit\n"), 0o644)
+		plainGit(t, co, "checkout", "--", "a.bin")
+		b, _ := os.ReadFile(filepath.Join(co, "a.bin"))
+		return string(b)
+	}
+	if got := checkout(); got != "EVILEVIL\n" {
+		t.Fatalf("the rewritten LFS object is not believed (checkout wrote %q): the test proves nothing", got)
+	}
+
+	undone, err := snap.Restore(context.Background())
+	if err != nil {
+		t.Errorf("restore: %v", err)
+	}
+	t.Logf("undone: %v", undone)
+	rel, _ := filepath.Rel(co, objs[0])
+	want := rel + " (written by the attempt, its content does not hash to its name: removed; git lfs fetch brings it back)"
+	if len(undone) != 1 || undone[0] != want {
+		t.Errorf("undone %q, want only %q", undone, want)
+	}
+	if got := checkout(); got == "EVILEVIL\n" {
+		t.Errorf("after restore the user's git checkout -- a.bin still writes the attempt's bytes")
+	}
+	if out, err := plainGit(t, co, "show", "HEAD:b.bin"); err != nil || !strings.Contains(out, "oid sha256:") {
+		t.Errorf("the attempt's honest LFS file: %q, %v", out, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(co, "b.bin")); err != nil || string(b) != "the attempt's\n" {
+		t.Errorf("the attempt's honest LFS object is gone: %q, %v", b, err)
+	}
+}
