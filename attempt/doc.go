@@ -40,7 +40,8 @@
 //
 //   - An exclusive attempt without a pool writes the checkout's git dir:
 //     its config files, hooks, info/attributes, grafts, shallow,
-//     info/exclude and replace refs are put back and a rebase or
+//     info/exclude and replace refs (and a core.hooksPath directory in
+//     the work tree) are put back and a rebase or
 //     cherry-pick it left in progress removed (shard.SnapshotCheckout),
 //     and its object stores are checked where the attempt wrote them
 //     (shard.SnapshotObjects: files compared by inode, size, mtime and

@@ -533,3 +533,68 @@ func TestRestoreCheckoutDropsALeftRebase(t *testing.T) {
 		t.Errorf("the user's git rebase --continue ran the attempt's exec line")
 	}
 }
+
+// TestRestoreHooksPathInTheWorkTree: the user's repository takes its
+// hooks from the work tree (core.hooksPath = .husky/_, as husky sets it;
+// that directory is generated and git-ignored, so no diff shows it). An
+// attempt that may write it — an exclusive one without a pool, or a
+// path-leased one claiming .husky — rewrites the pre-commit hook there,
+// and the user's next git commit ran it, unconfined. Restore puts the
+// hooks directory back as it was and names what it undid.
+func TestRestoreHooksPathInTheWorkTree(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"checkout", "claims"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			co := newRepo(t, 2)
+			hooks := filepath.Join(co, ".husky", "_")
+			os.MkdirAll(hooks, 0o755)
+			os.WriteFile(filepath.Join(hooks, ".gitignore"), []byte("*\n"), 0o644)
+			os.WriteFile(filepath.Join(hooks, "pre-commit"), []byte("#!/bin/sh\nexit 0\n"), 0o755)
+			mustGit(t, co, "config", "core.hooksPath", ".husky/_")
+			var snap *GitDirSnapshot
+			var err error
+			if how == "checkout" {
+				snap, err = SnapshotCheckout(co, []string{filepath.Join(co, ".git")})
+			} else {
+				snap, err = SnapshotClaims(co, []string{filepath.Join(co, ".husky")})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer snap.Close()
+			marker := filepath.Join(t.TempDir(), "ran")
+			os.WriteFile(filepath.Join(hooks, "pre-commit"), []byte("#!/bin/sh\ntouch "+marker+"\n"), 0o755)
+			os.WriteFile(filepath.Join(hooks, "post-checkout"), []byte("#!/bin/sh\ntouch "+marker+"\n"), 0o755)
+			probe := t.TempDir()
+			mustGit(t, probe, "clone", "-q", "--no-local", co, "c")
+			pc := filepath.Join(probe, "c")
+			mustGit(t, pc, "config", "core.hooksPath", hooks)
+			os.WriteFile(filepath.Join(pc, "x"), []byte("x\n"), 0o644)
+			plainGit(t, pc, "add", "x")
+			plainGit(t, pc, "commit", "-qm", "x")
+			if _, err := os.Stat(marker); err != nil {
+				t.Fatalf("the planted hook does not run: the test proves nothing")
+			}
+			os.Remove(marker)
+
+			undone, err := snap.Restore()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("undone: %v", undone)
+			all := strings.Join(undone, "\n")
+			for _, want := range []string{".husky/_/pre-commit (changed)", ".husky/_/post-checkout (added)"} {
+				if !strings.Contains(all, want) {
+					t.Errorf("undone lacks %q", want)
+				}
+			}
+			os.WriteFile(filepath.Join(co, "y"), []byte("y\n"), 0o644)
+			plainGit(t, co, "add", "y")
+			plainGit(t, co, "commit", "-qm", "y")
+			if _, err := os.Stat(marker); err == nil {
+				t.Errorf("the user's git commit ran the attempt's hook")
+			}
+		})
+	}
+}

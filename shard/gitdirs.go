@@ -43,6 +43,10 @@ type GitDirSnapshot struct {
 	workTree string
 	roots    []string
 	dotGits  map[string]snapEntry // by absolute path
+	// hookDirs are the directories core.hooksPath names where the attempt
+	// may write (husky's .husky/_ in the work tree): every file in them is
+	// restored like a git dir's hooks.
+	hookDirs []string
 	// taken is a moment before the snapshot: a directory of the roots
 	// unreadable at Restore whose ctime is later was made so by the
 	// attempt (findRepos makes it searchable).
@@ -261,6 +265,10 @@ func snapshotRepos(workTree string, roots, gitDirs []string) (*GitDirSnapshot, e
 		return nil, err
 	}
 	s.workTree, s.roots, s.dotGits, s.taken = workTree, roots, dotGits, taken
+	if err := s.snapshotHooksPath(); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
+	}
 	if err := s.snapshotOthers(gitDirs); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
@@ -383,6 +391,64 @@ func (s *GitDirSnapshot) restoreOthers() (undone []string, errs []error) {
 		undone = append(undone, msg+"; put back: another worktree has it checked out)")
 	}
 	return undone, errs
+}
+
+// snapshotHooksPath records the hooks directory the checkout's
+// core.hooksPath names when the attempt may write it (it lies in the
+// roots or in a git dir, and is not a git dir's own hooks/, recorded
+// anyway).
+func (s *GitDirSnapshot) snapshotHooksPath() error {
+	ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+	defer cancel()
+	// fenceline's own git sets core.hooksPath (to /dev/null) on its
+	// command line: the repository's is the last value of another scope.
+	out, err := git(ctx, s.workTree, nil, "config", "--show-scope", "--get-all", "core.hooksPath")
+	var v string
+	for _, l := range strings.Split(out, "\n") {
+		if scope, val, ok := strings.Cut(l, "\t"); ok && scope != "command" {
+			v = strings.TrimSpace(val)
+		}
+	}
+	if err != nil || v == "" || strings.HasPrefix(v, "~") {
+		return nil // none set (git config exits 1), or in a HOME the attempt cannot write
+	}
+	if !filepath.IsAbs(v) {
+		v = filepath.Join(s.workTree, v) // hooks run at the work tree's top
+	}
+	v = filepath.Clean(v)
+	if real, err := filepath.EvalSymlinks(v); err == nil {
+		v = real
+	}
+	writable := slices.ContainsFunc(s.roots, func(r string) bool { return pathIn(v, r) }) ||
+		slices.ContainsFunc(s.dirs, func(d string) bool { return pathIn(v, d) })
+	if !writable || filepath.Base(v) == "hooks" && slices.ContainsFunc(s.dirs, func(d string) bool { return pathIn(v, d) }) {
+		return nil
+	}
+	s.hookDirs = append(s.hookDirs, v)
+	return walkAll(v, func(p string, d fs.DirEntry) error {
+		e, err := readEntry(p, d)
+		if err != nil {
+			return err
+		}
+		s.files[p] = e
+		return nil
+	})
+}
+
+// walkAll calls fn for every path beneath dir (a hooks directory).
+func walkAll(dir string, fn func(path string, d fs.DirEntry) error) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if p == dir {
+			return nil
+		}
+		return fn(p, d)
+	})
 }
 
 // findRepos walks roots (in workTree) for repositories, not descending
@@ -790,13 +856,32 @@ func (s *GitDirSnapshot) Restore() (undone []string, err error) {
 	undone, errs = append(undone, u...), append(errs, e...)
 	seen := map[string]bool{}
 	var gone []string // git dirs not in their place: nothing is written there
-	for _, dir := range s.dirs {
+	for _, dir := range append(slices.Clone(s.dirs), s.hookDirs...) {
 		if h, ok := s.held[dir]; ok && !h.isAt(dir) {
 			gone = append(gone, dir)
 			continue
 		}
+		walk := walkExecutable
+		if slices.Contains(s.hookDirs, dir) {
+			walk = walkAll
+			if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
+				// A link or file in its place: moved aside, the hooks written back.
+				to, err := aside(dir)
+				if err != nil {
+					errs = append(errs, err)
+					gone = append(gone, dir)
+					continue
+				}
+				undone = append(undone, s.name(dir)+" (replaced; moved to "+s.name(to)+")")
+			}
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				errs = append(errs, err)
+				gone = append(gone, dir)
+				continue
+			}
+		}
 		var extra []string
-		werr := walkExecutable(dir, func(p string, d fs.DirEntry) error {
+		werr := walk(dir, func(p string, d fs.DirEntry) error {
 			seen[p] = true
 			was, ok := s.files[p]
 			if !ok {
