@@ -409,7 +409,7 @@ func TestRunStopsOnLost(t *testing.T) {
 }
 
 // TestRunRefusalsSayTheirCause: a call refused while the lease holds (a
-// chmod outside the claim) is reported as refused for what it was, never
+// chmod outside the claim, a connect to a host not allowed) is reported as refused for what it was, never
 // as a write refused after a loss (issue 33); a write refused after an
 // operator's revoke is.
 func TestRunRefusalsSayTheirCause(t *testing.T) {
@@ -426,13 +426,14 @@ func TestRunRefusalsSayTheirCause(t *testing.T) {
 	t.Run("held", func(t *testing.T) {
 		l := acquire()
 		defer l.Holder.Release(context.Background())
-		spec, said := runSpec(t, b, co, l, "sh", "-c", "chmod 600 out/seed; echo ok > in/mine")
+		spec, said := runSpec(t, b, co, l, "sh", "-c", "chmod 600 out/seed; "+
+			`python3 -c 'import socket; socket.create_connection(("192.0.2.1", 80), timeout=2)' 2>/dev/null; echo ok > in/mine`)
 		res, err := Run(context.Background(), spec)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Refused.Confined == 0 || res.Refused.AfterLoss != 0 || res.Denials != res.Refused.Total() {
-			t.Errorf("Run = %+v, want the chmod refused while the lease held and nothing after a loss", res)
+		if res.Refused.Confined < 2 || res.Refused.AfterLoss != 0 || res.Denials != res.Refused.Total() {
+			t.Errorf("Run = %+v, want the chmod and the connect refused while the lease held and nothing after a loss", res)
 		}
 		if text := said.text(); strings.Contains(text, "lost") || !strings.Contains(text, "outside its claim or its allowed connections were refused") {
 			t.Errorf("Run said:\n%s\nwant the refusal outside the claim and no word of a loss", text)

@@ -40,14 +40,18 @@
 //
 //   - An exclusive attempt without a pool writes the checkout's git dir:
 //     its config files, hooks, info/attributes, grafts, shallow,
-//     info/exclude and replace refs are put back (shard.SnapshotCheckout),
+//     info/exclude and replace refs (and a core.hooksPath directory in
+//     the work tree) are put back and a rebase or
+//     cherry-pick it left in progress removed (shard.SnapshotCheckout),
 //     and its object stores are checked where the attempt wrote them
 //     (shard.SnapshotObjects: files compared by inode, size, mtime and
 //     ctime, not read): a loose object must hash to its name, a rewritten
 //     one is put back from a copy kept in fenceline's hidden state dir; a
-//     written pack must pass git index-pack --verify or is moved aside;
+//     written pack must pass git index-pack --verify or is moved aside (an
+//     index written beside the user's unchanged pack is made anew from it);
 //     commit-graphs, multi-pack-indexes, bitmaps and reverse indexes it
-//     wrote are removed (the user's written anew), alternates put back.
+//     wrote are removed (the user's written anew), alternates put back,
+//     Git LFS objects it wrote must hash to their names.
 //     Objects that hash to their names, its commits, stay.
 //   - In every mode, a repository the attempt made where it could write
 //     (the whole checkout, or its claims: shard.SnapshotClaims) — a .git
@@ -58,6 +62,11 @@
 //     directory finds no repository and runs none of its config. One the
 //     user had gets its config and hooks back and its object store
 //     checked as above.
+//   - A run without a pool names, at settle, each setting that runs a
+//     program which the attempt added or changed in the agent CLIs'
+//     project settings where it could write (.claude/, .codex/,
+//     .mcp.json, CLAUDE.md, AGENTS.md: ProjectState); they are its work
+//     and stay, for the user to review before starting a CLI there.
 //
 // A pooled exclusive attempt's shard is cleaned instead; a commit
 // capacity's shard gets its git dir restored (see package shard,

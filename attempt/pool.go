@@ -217,6 +217,51 @@ func (r *run) snapshotGitDirs() error {
 	return r.snapshotObjects(snap.Dirs())
 }
 
+// snapshotProject records the agent CLIs' project settings where an
+// attempt without a pool may write the user's checkout: its claims, or
+// the whole checkout for an exclusive attempt (ProjectState).
+func (r *run) snapshotProject() error {
+	if r.spec.Pool != nil {
+		return nil
+	}
+	l := r.spec.Holder.Lease()
+	roots := []string{r.co.Root}
+	if l.WorkspaceMode == leasebus.WorkspaceShared {
+		roots = nil
+		for _, rel := range l.Scope.Paths {
+			p, err := ClaimPath(r.co.Root, rel)
+			if err != nil {
+				return err
+			}
+			roots = append(roots, p)
+		}
+	}
+	ps, err := SnapshotProjectState(r.co.Root, roots)
+	if err != nil {
+		return fmt.Errorf("before the attempt: %w", err)
+	}
+	r.project = ps
+	return nil
+}
+
+// settleProject names what the attempt changed in the CLIs' project
+// settings of the user's checkout.
+func (r *run) settleProject() {
+	ps := r.project
+	if ps == nil {
+		return
+	}
+	r.project = nil
+	c, err := ps.Changes()
+	if err != nil {
+		r.say("%v: review the .claude, .codex and .mcp.json files there before you run claude or codex in the checkout", err)
+		return
+	}
+	for _, l := range c.ProjectLines(10) {
+		r.say("%s", l)
+	}
+}
+
 // snapshotObjects records the object stores of gitDirs. The copies of
 // loose objects go where the agent can neither read nor write:
 // fenceline's state dir is hidden from it (HiddenPaths).
@@ -273,6 +318,7 @@ func (r *run) restoreGitDirs(ctx context.Context) {
 // the lease is released) and returns an exclusive attempt's shard clean.
 func (r *run) settle(ctx context.Context, code int, cancelled bool) {
 	r.restoreGitDirs(ctx)
+	r.settleProject()
 	settlePrivateState(r.priv, func(s string) { r.say("%s", s) })
 	r.priv = nil
 	pr := r.spec.Pool

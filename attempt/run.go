@@ -89,6 +89,10 @@ type run struct {
 	objSnap   *shard.ObjectSnapshot
 	// priv is the agent's private HOME (Spec.State); settle discards it.
 	priv *PrivateHome
+	// project is the agent CLIs' project settings where an attempt
+	// without a pool may write the user's checkout; settle names what it
+	// changed there (snapshotProject).
+	project *ProjectState
 }
 
 func (r *run) say(format string, args ...any) {
@@ -133,6 +137,9 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 		}
 	}
 	if err := r.snapshotGitDirs(); err != nil {
+		return res, err
+	}
+	if err := r.snapshotProject(); err != nil {
 		return res, err
 	}
 	cfg := spec.Sidecar

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -122,45 +123,71 @@ func instructionFile(name string) bool {
 // there is never followed out of it. Call it only once the agent's
 // processes are gone.
 func (h *PrivateHome) Changes() (StateChanges, error) {
-	var c StateChanges
 	root, err := os.OpenRoot(h.Dir)
 	if err != nil {
-		return c, fmt.Errorf("private state: %w", err)
+		return StateChanges{}, fmt.Errorf("private state: %w", err)
 	}
 	defer root.Close()
+	c, err := stateTree{seed: h.seed, shown: h.shownRel}.changes(root, ".")
+	if err != nil {
+		return c, fmt.Errorf("private state: read %s: %w", h.Dir, err)
+	}
+	return c, nil
+}
+
+// stateTree is a tree of CLI state as it was (seed, by slash path
+// relative to a root) and how to walk it again.
+type stateTree struct {
+	seed  map[string]seedEntry
+	shown func(rel string) string // rel as a person reads it
+	// filter, when set, says whether a path is part of the state and,
+	// for a directory, whether to walk into it (nil: every path is, and
+	// every directory is walked).
+	filter func(rel string, d fs.DirEntry) (part, walk bool)
+	// unreadable are the directories that could not be read before the
+	// attempt either: not named again.
+	unreadable map[string]bool
+}
+
+// changes walks root from start and says what differs from the seed.
+func (t stateTree) changes(root *os.Root, start string) (StateChanges, error) {
+	var c StateChanges
 	seen := map[string]bool{}
-	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil && p != "." && d != nil {
+	err := fs.WalkDir(root.FS(), start, func(p string, d fs.DirEntry, err error) error {
+		if err != nil && p != start && d != nil {
 			// A dir the agent made unreadable: named, not examined.
-			c.Files = append(c.Files, FileChange{Path: h.shownRel(p), Change: "unreadable"})
+			if !t.unreadable[p] {
+				c.Files = append(c.Files, FileChange{Path: t.shown(p), Change: "unreadable"})
+			}
 			return fs.SkipDir
 		}
 		if err != nil {
+			if p == start && errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
 			return err
 		}
 		if p == "." {
 			return nil
 		}
-		seen[p] = true
-		old, had := h.seed[p]
-		now := seedEntry{mode: d.Type() & fs.ModeType}
-		switch {
-		case d.IsDir():
-			now.mode = fs.ModeDir
-		case d.Type()&fs.ModeSymlink != 0:
-			if now.link, err = root.Readlink(p); err != nil {
-				return err
+		if t.filter != nil {
+			part, walk := t.filter(p, d)
+			if d.IsDir() && !walk {
+				return fs.SkipDir
 			}
-		case d.Type().IsRegular():
-			if now, err = readEntry(root, p); err != nil {
-				c.Files = append(c.Files, FileChange{Path: h.shownRel(p), Change: "unreadable"})
+			if !part {
 				return nil
 			}
-			info, err := d.Info()
-			if err != nil {
-				return err
+		}
+		seen[p] = true
+		old, had := t.seed[p]
+		now, err := entryAt(root, p, d)
+		if err != nil {
+			if errors.Is(err, errUnreadable) {
+				c.Files = append(c.Files, FileChange{Path: t.shown(p), Change: "unreadable"})
+				return nil
 			}
-			now.exec = info.Mode().Perm()&0o111 != 0
+			return err
 		}
 		change := "changed"
 		switch {
@@ -169,36 +196,67 @@ func (h *PrivateHome) Changes() (StateChanges, error) {
 		case old.mode == now.mode && old.sum == now.sum && old.link == now.link && old.exec == now.exec:
 			return nil
 		}
-		c.Files = append(c.Files, FileChange{Path: h.shownRel(p), Change: change})
+		c.Files = append(c.Files, FileChange{Path: t.shown(p), Change: change})
 		switch {
 		case !now.mode.IsRegular():
 		case settingsFile(p) && (now.big || old.big):
-			c.Settings = append(c.Settings, SettingChange{File: h.shownRel(p), Key: "(whole file)", Change: change,
+			c.Settings = append(c.Settings, SettingChange{File: t.shown(p), Key: "(whole file)", Change: change,
 				Value: fmt.Sprintf("over %s: not examined", sizeString(maxSettingsFile))})
 		case settingsFile(p):
-			c.diffSettings(h.shownRel(p), old.data, now.data)
+			c.diffSettings(t.shown(p), old.data, now.data)
 		case now.exec || instructionFile(p):
-			c.Programs = append(c.Programs, FileChange{Path: h.shownRel(p), Change: change})
+			c.Programs = append(c.Programs, FileChange{Path: t.shown(p), Change: change})
 		}
 		return nil
 	})
 	if err != nil {
-		return c, fmt.Errorf("private state: read %s: %w", h.Dir, err)
+		return c, err
 	}
 	var gone []string
-	for p := range h.seed {
-		if !seen[p] {
+	for p := range t.seed {
+		if !seen[p] && (start == "." || p == start || strings.HasPrefix(p, start+"/")) {
 			gone = append(gone, p)
 		}
 	}
 	slices.Sort(gone)
 	for _, p := range gone {
-		c.Files = append(c.Files, FileChange{Path: h.shownRel(p), Change: "removed"})
-		if e := h.seed[p]; e.mode.IsRegular() && settingsFile(p) && !e.big {
-			c.diffSettings(h.shownRel(p), e.data, nil)
+		c.Files = append(c.Files, FileChange{Path: t.shown(p), Change: "removed"})
+		if e := t.seed[p]; e.mode.IsRegular() && settingsFile(p) && !e.big {
+			c.diffSettings(t.shown(p), e.data, nil)
 		}
 	}
 	return c, nil
+}
+
+// errUnreadable is a regular file of the state that could not be read.
+var errUnreadable = errors.New("unreadable")
+
+// entryAt is what is at p (d) in root now: its type, and a file's hash,
+// execute bit and (a settings file's) content, or a symlink's target.
+func entryAt(root *os.Root, p string, d fs.DirEntry) (seedEntry, error) {
+	now := seedEntry{mode: d.Type() & fs.ModeType}
+	switch {
+	case d.IsDir():
+		now.mode = fs.ModeDir
+	case d.Type()&fs.ModeSymlink != 0:
+		link, err := root.Readlink(p)
+		if err != nil {
+			return now, err
+		}
+		now.link = link
+	case d.Type().IsRegular():
+		e, err := readEntry(root, p)
+		if err != nil {
+			return now, fmt.Errorf("%s: %w", p, errUnreadable)
+		}
+		info, err := d.Info()
+		if err != nil {
+			return now, err
+		}
+		now = e
+		now.exec = info.Mode().Perm()&0o111 != 0
+	}
+	return now, nil
 }
 
 // shownRel is the path rel of the private HOME as the user's ~/rel.
@@ -367,34 +425,7 @@ func (c StateChanges) Lines(maxFiles int) []string {
 	if len(c.Files) == 0 {
 		return []string{"private state: the agent changed nothing in its copy"}
 	}
-	var ls []string
-	for i := 0; i < len(c.Settings); {
-		s := c.Settings[i]
-		parent, leaf := splitKey(s.Key)
-		j := i + 1
-		if parent != "" {
-			for j < len(c.Settings) {
-				n := c.Settings[j]
-				if p, _ := splitKey(n.Key); p != parent || n.File != s.File || n.Change != s.Change {
-					break
-				}
-				j++
-			}
-		}
-		l := fmt.Sprintf("private state: DISCARDED %s %s in %s", s.Change, s.Key, s.File)
-		if j > i+1 {
-			var vs []string
-			for _, n := range c.Settings[i:j] {
-				_, leaf = splitKey(n.Key)
-				vs = append(vs, leaf+" = "+n.Value)
-			}
-			l = fmt.Sprintf("private state: DISCARDED %s %s in %s: %s", s.Change, parent, s.File, strings.Join(vs, ", "))
-		} else if s.Value != "" {
-			l += " = " + s.Value
-		}
-		ls = append(ls, l+" (it would run a program or widen what runs at the CLI's next start)")
-		i = j
-	}
+	ls := c.settingLines("private state: DISCARDED", "it would run a program or widen what runs at the CLI's next start")
 	for _, f := range c.Programs {
 		ls = append(ls, fmt.Sprintf("private state: DISCARDED %s %s (a program or instructions the CLI may run or follow)", f.Change, f.Path))
 	}
@@ -411,6 +442,41 @@ func (c StateChanges) Lines(maxFiles int) []string {
 		other = fmt.Sprintf(" (and %d other settings in them)", c.Other)
 	}
 	return append(ls, fmt.Sprintf("private state: the agent changed %d paths of its copy%s, all discarded: %s", len(c.Files), other, strings.Join(fs, ", ")))
+}
+
+// settingLines are the settings that run a program or widen what runs,
+// one line each (the leaves of one entry in one line): head, the change,
+// the key and file, the value, and why in parentheses.
+func (c StateChanges) settingLines(head, why string) []string {
+	var ls []string
+	for i := 0; i < len(c.Settings); {
+		s := c.Settings[i]
+		parent, leaf := splitKey(s.Key)
+		j := i + 1
+		if parent != "" {
+			for j < len(c.Settings) {
+				n := c.Settings[j]
+				if p, _ := splitKey(n.Key); p != parent || n.File != s.File || n.Change != s.Change {
+					break
+				}
+				j++
+			}
+		}
+		l := fmt.Sprintf("%s %s %s in %s", head, s.Change, s.Key, s.File)
+		if j > i+1 {
+			var vs []string
+			for _, n := range c.Settings[i:j] {
+				_, leaf = splitKey(n.Key)
+				vs = append(vs, leaf+" = "+n.Value)
+			}
+			l = fmt.Sprintf("%s %s %s in %s: %s", head, s.Change, parent, s.File, strings.Join(vs, ", "))
+		} else if s.Value != "" {
+			l += " = " + s.Value
+		}
+		ls = append(ls, l+" ("+why+")")
+		i = j
+	}
+	return ls
 }
 
 // splitKey splits a setting's key into its parent and its last segment:

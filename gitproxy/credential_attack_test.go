@@ -209,7 +209,8 @@ func (fe *forgeEnv) checkForgeSawOnlyGit(t *testing.T) {
 // resolves elsewhere — is refused with 403 naming the path, audited, and
 // the credential never reaches the forge with it; directly, through the
 // egress proxy's plain-HTTP interception and through its CONNECT tunnel.
-// git clone, fetch and push through the fence keep working.
+// git clone (shallow too), fetch, pull, push and ls-remote through the
+// fence keep working, on protocol v0 and v2.
 func TestAttackUpstreamCredentialBeyondGit(t *testing.T) {
 	fe := newForgeEnv(t)
 	api := "/api/v3/repos/acme/payments/contents/libs/tax/git-upload-pack"
@@ -306,9 +307,17 @@ func TestAttackUpstreamCredentialBeyondGit(t *testing.T) {
 		"ls-remote", fe.upstream+"/acme/payments"); err != nil {
 		t.Fatalf("ls-remote through the egress proxy: %v\n%s", err, out)
 	}
+	// Both wire protocols, a shallow clone and its deepening.
+	v0 := filepath.Join(t.TempDir(), "v0")
+	mustGit(t, "", "-c", "protocol.version=0", "clone", "--quiet", fe.fence+"/acme/payments.git", v0)
+	mustGit(t, v0, "-c", "protocol.version=0", "fetch", "--quiet", "origin")
+	shallow := filepath.Join(t.TempDir(), "shallow")
+	mustGit(t, "", "-c", "protocol.version=2", "clone", "--quiet", "--depth=1", fe.fence+"/acme/payments", shallow)
+	mustGit(t, shallow, "-c", "protocol.version=2", "fetch", "--quiet", "--unshallow", "origin")
 	head := fe.commit(dir, "in scope", "services/billing/x.go", "x\n")
-	mustPush(t, dir, "origin", "main")
-	mustGit(t, dir, "fetch", "--quiet", "origin")
+	mustGit(t, dir, "-c", "protocol.version=2", "push", "--quiet", "origin", "main")
+	mustGit(t, dir, "-c", "protocol.version=2", "fetch", "--quiet", "origin")
+	mustGit(t, v0, "-c", "protocol.version=0", "pull", "--quiet", "--ff-only", "origin", "main")
 	if got := strings.TrimSpace(mustGit(t, fe.bare, "rev-parse", "main")); got != head {
 		t.Fatalf("the push through the fence did not land: %s, want %s", got, head)
 	}

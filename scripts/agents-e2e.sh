@@ -6,7 +6,9 @@
 # fenceline's file guard off, which must fail; then each CLI plants code in
 # its own state (a SessionStart hook, a notify command) under the README's
 # recipe (--private-state: it never reaches the user's next plain run) and
-# under the old one (--allow-write ~/.claude: it does). Prints one line per
+# under the old one (--allow-write ~/.claude: it does), and Claude Code
+# plants a hook in its claim's .claude/settings.local.json, which run names
+# for review at settle. Prints one line per
 # step and agent:
 #
 #   PASS codex  run       1 in-claim edit lands
@@ -21,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-run='TestCodexUnderRun|TestClaudeUnderRun|TestCodexInPod|TestGuardOffFails|TestClaudeStateStaysPrivate|TestCodexStateStaysPrivate|TestClaudeStateAttackAllowWrite|TestCodexStateAttackAllowWrite'
+run='TestCodexUnderRun|TestClaudeUnderRun|TestCodexInPod|TestGuardOffFails|TestClaudeStateStaysPrivate|TestCodexStateStaysPrivate|TestClaudeStateAttackAllowWrite|TestCodexStateAttackAllowWrite|TestClaudeProjectHookNamed'
 if [ "${1:-}" = "-run" ] && [ -n "${2:-}" ]; then run=$2; fi
 
 if [ ! -x test/agents/node_modules/.bin/codex ] || [ ! -x test/agents/node_modules/.bin/claude ]; then

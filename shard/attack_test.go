@@ -398,22 +398,37 @@ func testRestoreClaimsRepos(t *testing.T, how string) {
 	mustGit(t, claim, "--git-dir="+elsewhere, "config", "core.bare", "false")
 	os.MkdirAll(filepath.Join(claim, "gen"), 0o755)
 	os.WriteFile(filepath.Join(claim, "gen", ".git"), []byte("gitdir: "+elsewhere+"\n"), 0o644)
-	for _, gd := range []string{filepath.Join(lib, ".git"), bare, elsewhere} {
+	// A repository whose objects/ and refs/ are links to directories: git
+	// takes it for a git dir (it follows them), a walk of directories alone
+	// does not.
+	linked := filepath.Join(claim, "linked")
+	mustGit(t, claim, "init", "-q", "--bare", linked)
+	mustGit(t, claim, "--git-dir="+linked, "config", "core.bare", "false")
+	mustGit(t, claim, "--git-dir="+linked, "config", "core.worktree", ".")
+	for _, d := range []string{"objects", "refs"} {
+		os.Rename(filepath.Join(linked, d), filepath.Join(claim, "linked-"+d))
+		if err := os.Symlink("../linked-"+d, filepath.Join(linked, d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, gd := range []string{filepath.Join(lib, ".git"), bare, elsewhere, linked} {
 		if err := gittrap.Plant(gd, "", scripts, marker); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if out, _ := plainGit(t, bare, "status"); gittrap.Ran(marker) == "" {
-		t.Fatalf("the planted bare repository runs nothing (%s): the test proves nothing", out)
+	for _, d := range []string{bare, linked} {
+		if out, _ := plainGit(t, d, "status"); gittrap.Ran(marker) == "" {
+			t.Fatalf("the planted repository %s runs nothing (%s): the test proves nothing", d, out)
+		}
+		os.Remove(marker)
 	}
-	os.Remove(marker)
 
 	undone, err := snap.Restore()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("undone: %v", undone)
-	for _, want := range []string{"claim/lib/.git/config (changed)", "claim/lib/.git/hooks/post-checkout (added)", "claim/bare (a repository the attempt made: its HEAD moved to HEAD.fenceline-undone-", "claim/gen/.git (added; moved to claim/gen/.git.fenceline-undone-"} {
+	for _, want := range []string{"claim/lib/.git/config (changed)", "claim/lib/.git/hooks/post-checkout (added)", "claim/bare (a repository the attempt made: its HEAD moved to HEAD.fenceline-undone-", "claim/gen/.git (added; moved to claim/gen/.git.fenceline-undone-", "claim/linked (a repository the attempt made: its HEAD moved to HEAD.fenceline-undone-"} {
 		if !strings.Contains(strings.Join(undone, "\n"), want) {
 			t.Errorf("undone %v lacks %q", undone, want)
 		}
@@ -421,7 +436,7 @@ func testRestoreClaimsRepos(t *testing.T, how string) {
 	if b, _ := os.ReadFile(filepath.Join(lib, ".git", "config")); string(b) != string(libCfg) {
 		t.Errorf("claim/lib's config after restore:\n%s", b)
 	}
-	for _, d := range []string{lib, bare, filepath.Join(claim, "gen"), claim} {
+	for _, d := range []string{lib, bare, filepath.Join(claim, "gen"), linked, claim} {
 		plainGit(t, d, "status")
 	}
 	if ran := gittrap.Ran(marker); ran != "" {
@@ -478,5 +493,108 @@ func TestMovedAsideShardDisarmed(t *testing.T) {
 	}
 	if err := w.Ready(ctx, base); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestRestoreCheckoutDropsALeftRebase: an exclusive attempt without a
+// pool stops an interactive rebase (a break) with an exec line next in
+// its todo list, and leaves. The user's git rebase --continue in the
+// checkout then ran the attempt's command, unconfined. Restore removes
+// the rebase state the attempt left and says so.
+func TestRestoreCheckoutDropsALeftRebase(t *testing.T) {
+	t.Parallel()
+	co := newRepo(t, 2)
+	os.WriteFile(filepath.Join(co, "d000", "f00000.txt"), []byte("one\n"), 0o644)
+	mustGit(t, co, "commit", "-q", "-am", "one")
+	gd := filepath.Join(co, ".git")
+	snap, err := SnapshotCheckout(co, []string{gd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Close()
+	marker := filepath.Join(t.TempDir(), "ran")
+	editor := "sed -i '1i break\\nexec touch " + marker + "'"
+	if out, err := plainGit(t, co, "-c", "sequence.editor="+editor, "rebase", "-i", "HEAD~1"); err != nil {
+		t.Fatalf("git rebase -i: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(gd, "rebase-merge")); err != nil {
+		t.Fatalf("no rebase in progress: the test proves nothing (%v)", err)
+	}
+	undone, err := snap.Restore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("undone: %v", undone)
+	if !strings.Contains(strings.Join(undone, "\n"), ".git/rebase-merge (added)") {
+		t.Errorf("undone %v lacks the rebase the attempt left", undone)
+	}
+	plainGit(t, co, "rebase", "--continue")
+	if _, err := os.Stat(marker); err == nil {
+		t.Errorf("the user's git rebase --continue ran the attempt's exec line")
+	}
+}
+
+// TestRestoreHooksPathInTheWorkTree: the user's repository takes its
+// hooks from the work tree (core.hooksPath = .husky/_, as husky sets it;
+// that directory is generated and git-ignored, so no diff shows it). An
+// attempt that may write it — an exclusive one without a pool, or a
+// path-leased one claiming .husky — rewrites the pre-commit hook there,
+// and the user's next git commit ran it, unconfined. Restore puts the
+// hooks directory back as it was and names what it undid.
+func TestRestoreHooksPathInTheWorkTree(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"checkout", "claims"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			co := newRepo(t, 2)
+			hooks := filepath.Join(co, ".husky", "_")
+			os.MkdirAll(hooks, 0o755)
+			os.WriteFile(filepath.Join(hooks, ".gitignore"), []byte("*\n"), 0o644)
+			os.WriteFile(filepath.Join(hooks, "pre-commit"), []byte("#!/bin/sh\nexit 0\n"), 0o755)
+			mustGit(t, co, "config", "core.hooksPath", ".husky/_")
+			var snap *GitDirSnapshot
+			var err error
+			if how == "checkout" {
+				snap, err = SnapshotCheckout(co, []string{filepath.Join(co, ".git")})
+			} else {
+				snap, err = SnapshotClaims(co, []string{filepath.Join(co, ".husky")})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer snap.Close()
+			marker := filepath.Join(t.TempDir(), "ran")
+			os.WriteFile(filepath.Join(hooks, "pre-commit"), []byte("#!/bin/sh\ntouch "+marker+"\n"), 0o755)
+			os.WriteFile(filepath.Join(hooks, "post-checkout"), []byte("#!/bin/sh\ntouch "+marker+"\n"), 0o755)
+			probe := t.TempDir()
+			mustGit(t, probe, "clone", "-q", "--no-local", co, "c")
+			pc := filepath.Join(probe, "c")
+			mustGit(t, pc, "config", "core.hooksPath", hooks)
+			os.WriteFile(filepath.Join(pc, "x"), []byte("x\n"), 0o644)
+			plainGit(t, pc, "add", "x")
+			plainGit(t, pc, "commit", "-qm", "x")
+			if _, err := os.Stat(marker); err != nil {
+				t.Fatalf("the planted hook does not run: the test proves nothing")
+			}
+			os.Remove(marker)
+
+			undone, err := snap.Restore()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("undone: %v", undone)
+			all := strings.Join(undone, "\n")
+			for _, want := range []string{".husky/_/pre-commit (changed)", ".husky/_/post-checkout (added)"} {
+				if !strings.Contains(all, want) {
+					t.Errorf("undone lacks %q", want)
+				}
+			}
+			os.WriteFile(filepath.Join(co, "y"), []byte("y\n"), 0o644)
+			plainGit(t, co, "add", "y")
+			plainGit(t, co, "commit", "-qm", "y")
+			if _, err := os.Stat(marker); err == nil {
+				t.Errorf("the user's git commit ran the attempt's hook")
+			}
+		})
 	}
 }

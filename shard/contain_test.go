@@ -80,6 +80,11 @@ func TestExclusiveAttemptLeavesNothingBehind(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(sh, "d000", "f00001.txt"), []byte("uncommitted\n"), 0o644)
 	os.WriteFile(filepath.Join(sh, "new.inc"), []byte("untracked\n"), 0o644)
+	// An LFS object under another's name, for a later attempt's git lfs
+	// checkout in the shard (git-lfs checks only its size).
+	lfsObj := filepath.Join(shardGitDirs(t, sh)[0], "lfs", "objects", "ab", "cd", "abcd"+strings.Repeat("0", 60))
+	os.MkdirAll(filepath.Dir(lfsObj), 0o755)
+	os.WriteFile(lfsObj, []byte("forged\n"), 0o644)
 
 	if err := pl.Settle(ctx, StatusSucceeded, 0); err != nil {
 		t.Fatal(err)
@@ -92,6 +97,9 @@ func TestExclusiveAttemptLeavesNothingBehind(t *testing.T) {
 		t.Errorf("fenceline's cleaning ran the attempt's programs:\n%s", ran)
 	}
 	os.Remove(marker)
+	if _, err := os.Lstat(lfsObj); err == nil {
+		t.Errorf("the attempt's LFS object %s outlived the cleaning, for the shard's next attempt", lfsObj)
+	}
 	if got := mustGit(t, co, "rev-parse", "refs/heads/main"); got != mainTip {
 		t.Errorf("the main checkout's branch moved to %s (was %s)", got, mainTip)
 	}

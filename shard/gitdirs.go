@@ -21,7 +21,8 @@ import (
 // GitDirSnapshot is what of a checkout's git dirs can make git run a
 // program, as it was before an exclusive attempt without a pool worked in
 // the checkout (its git dir writable): every config, config.worktree,
-// commondir and gitdir file, everything under a hooks directory, and
+// commondir and gitdir file, everything under a hooks directory and in a
+// rebase or cherry-pick left in progress (programDirs), and
 // info/attributes — in the git dir itself and in the git dirs of its
 // submodules and worktrees (modules/, worktrees/), info/grafts, shallow,
 // info/exclude and the refs/replace/ refs (which change what git shows).
@@ -42,6 +43,14 @@ type GitDirSnapshot struct {
 	workTree string
 	roots    []string
 	dotGits  map[string]snapEntry // by absolute path
+	// hookDirs are the directories core.hooksPath names where the attempt
+	// may write (husky's .husky/_ in the work tree): every file in them is
+	// restored like a git dir's hooks.
+	hookDirs []string
+	// taken is a moment before the snapshot: a directory of the roots
+	// unreadable at Restore whose ctime is later was made so by the
+	// attempt (findRepos makes it searchable).
+	taken time.Time
 	// replace are each git dir's refs/replace/ refs (ref -> object): they
 	// make git show another object in an object's place.
 	replace map[string]map[string]string
@@ -66,9 +75,9 @@ type snapEntry struct {
 }
 
 // executable reports whether rel (a path in a git dir) is one of the
-// places git takes programs from, or one that makes git show something
-// else than the repository holds (info/grafts and shallow hide parents,
-// info/exclude hides files from git status).
+// places git takes programs from (programDirs), or one that makes git
+// show something else than the repository holds (info/grafts and shallow
+// hide parents, info/exclude hides files from git status).
 func executable(rel string) bool {
 	base := filepath.Base(rel)
 	switch base {
@@ -82,12 +91,17 @@ func executable(rel string) bool {
 		return true // like grafts: git shows a commit without its parents
 	}
 	for d := filepath.Dir(rel); d != "." && d != "/"; d = filepath.Dir(d) {
-		if filepath.Base(d) == "hooks" {
+		if slices.Contains(programDirs, filepath.Base(d)) {
 			return true
 		}
 	}
-	return base == "hooks"
+	return slices.Contains(programDirs, base)
 }
+
+// programDirs are the git dir's directories whose files name programs git
+// runs: hooks, and the todo lists of a rebase or cherry-pick left in
+// progress (an exec line runs at the user's git rebase --continue).
+var programDirs = []string{"hooks", "rebase-merge", "rebase-apply", "sequencer"}
 
 // skipped are the git dir entries a snapshot does not walk: history and
 // refs, the attempt's to change.
@@ -112,7 +126,7 @@ func walkExecutable(dir string, fn func(path string, d fs.DirEntry) error) error
 			if rel != "." && skipped(rel) {
 				return filepath.SkipDir
 			}
-			if filepath.Base(rel) != "hooks" {
+			if !slices.Contains(programDirs, filepath.Base(rel)) {
 				return nil
 			}
 		}
@@ -241,7 +255,8 @@ func SnapshotClaims(workTree string, claims []string) (*GitDirSnapshot, error) {
 }
 
 func snapshotRepos(workTree string, roots, gitDirs []string) (*GitDirSnapshot, error) {
-	dotGits, nested, err := findRepos(workTree, roots, gitDirs)
+	taken := time.Now().Add(-time.Second) // ctime comes from a coarser clock
+	dotGits, nested, _, err := findRepos(workTree, roots, gitDirs, time.Time{})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
 	}
@@ -249,7 +264,11 @@ func snapshotRepos(workTree string, roots, gitDirs []string) (*GitDirSnapshot, e
 	if err != nil {
 		return nil, err
 	}
-	s.workTree, s.roots, s.dotGits = workTree, roots, dotGits
+	s.workTree, s.roots, s.dotGits, s.taken = workTree, roots, dotGits, taken
+	if err := s.snapshotHooksPath(); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
+	}
 	if err := s.snapshotOthers(gitDirs); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
@@ -374,24 +393,92 @@ func (s *GitDirSnapshot) restoreOthers() (undone []string, errs []error) {
 	return undone, errs
 }
 
+// snapshotHooksPath records the hooks directory the checkout's
+// core.hooksPath names when the attempt may write it (it lies in the
+// roots or in a git dir, and is not a git dir's own hooks/, recorded
+// anyway).
+func (s *GitDirSnapshot) snapshotHooksPath() error {
+	ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+	defer cancel()
+	// fenceline's own git sets core.hooksPath (to /dev/null) on its
+	// command line: the repository's is the last value of another scope.
+	out, err := git(ctx, s.workTree, nil, "config", "--show-scope", "--get-all", "core.hooksPath")
+	var v string
+	for _, l := range strings.Split(out, "\n") {
+		if scope, val, ok := strings.Cut(l, "\t"); ok && scope != "command" {
+			v = strings.TrimSpace(val)
+		}
+	}
+	if err != nil || v == "" || strings.HasPrefix(v, "~") {
+		return nil // none set (git config exits 1), or in a HOME the attempt cannot write
+	}
+	if !filepath.IsAbs(v) {
+		v = filepath.Join(s.workTree, v) // hooks run at the work tree's top
+	}
+	v = filepath.Clean(v)
+	if real, err := filepath.EvalSymlinks(v); err == nil {
+		v = real
+	}
+	writable := slices.ContainsFunc(s.roots, func(r string) bool { return pathIn(v, r) }) ||
+		slices.ContainsFunc(s.dirs, func(d string) bool { return pathIn(v, d) })
+	if !writable || filepath.Base(v) == "hooks" && slices.ContainsFunc(s.dirs, func(d string) bool { return pathIn(v, d) }) {
+		return nil
+	}
+	s.hookDirs = append(s.hookDirs, v)
+	return walkAll(v, func(p string, d fs.DirEntry) error {
+		e, err := readEntry(p, d)
+		if err != nil {
+			return err
+		}
+		s.files[p] = e
+		return nil
+	})
+}
+
+// walkAll calls fn for every path beneath dir (a hooks directory).
+func walkAll(dir string, fn func(path string, d fs.DirEntry) error) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if p == dir {
+			return nil
+		}
+		return fn(p, d)
+	})
+}
+
 // findRepos walks roots (in workTree) for repositories, not descending
 // into git dirs: entries named .git (directories, files, links), and
 // directories git takes for a git dir themselves (looksLikeGitDir; the
 // work tree's top, whose .git git finds first, is not one). It returns
 // them, and the git dirs among them that are not gitDirs.
-func findRepos(workTree string, roots, gitDirs []string) (map[string]snapEntry, []string, error) {
-	found := map[string]snapEntry{}
-	var nested []string
+//
+// A directory it cannot read is skipped, unless its ctime is after
+// openSince (not zero): the attempt made it unreadable, and a repository
+// inside it would still be found by whoever cds there by name. Such a
+// directory is made searchable (u+rx) and walked; opened says so.
+func findRepos(workTree string, roots, gitDirs []string, openSince time.Time) (found map[string]snapEntry, nested, opened []string, err error) {
+	found = map[string]snapEntry{}
 	var walk func(dir string) error
 	walk = func(dir string) error {
 		ents, err := os.ReadDir(dir)
+		if errors.Is(err, fs.ErrPermission) && !openSince.IsZero() {
+			if note := openDir(dir, openSince); note != "" {
+				opened = append(opened, dir+" ("+note+")")
+				ents, err = os.ReadDir(dir)
+			}
+		}
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) || errors.Is(err, unix.ENOTDIR) {
 				return nil
 			}
 			return err
 		}
-		if dir != workTree && looksLikeGitDir(ents) {
+		if dir != workTree && looksLikeGitDir(dir, ents) {
 			found[dir] = snapEntry{mode: fs.ModeDir | 0o755}
 			if !slices.Contains(gitDirs, dir) {
 				nested = append(nested, dir)
@@ -424,26 +511,48 @@ func findRepos(workTree string, roots, gitDirs []string) (map[string]snapEntry, 
 			continue
 		}
 		if err := walk(r); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 	}
-	return found, nested, nil
+	return found, nested, opened, nil
 }
 
-// looksLikeGitDir reports whether a directory holding ents is one git
-// takes for a git dir when it finds no .git in it (is_git_directory): a
-// HEAD that is not a directory, and objects/ and refs/, or a commondir
-// naming where they are.
-func looksLikeGitDir(ents []fs.DirEntry) bool {
+// openDir makes dir, which cannot be read, searchable (u+rx) when its
+// ctime is after since, and says what it did ("" when it did nothing).
+func openDir(dir string, since time.Time) string {
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR || time.Unix(st.Ctim.Unix()).Before(since) {
+		return ""
+	}
+	mode := st.Mode & 0o7777
+	if err := unix.Chmod(dir, mode|0o500); err != nil {
+		return ""
+	}
+	return fmt.Sprintf("unreadable since the snapshot, mode %#o: made searchable, %#o, to look for repositories in it", mode, mode|0o500)
+}
+
+// looksLikeGitDir reports whether dir, holding ents, is one git takes for
+// a git dir when it finds no .git in it (is_git_directory): a HEAD that is
+// not a directory, and objects/ and refs/, or a commondir naming where
+// they are. git follows links there: objects or refs may be a link to a
+// directory anywhere.
+func looksLikeGitDir(dir string, ents []fs.DirEntry) bool {
 	var head, objects, refs, common bool
+	isDir := func(e fs.DirEntry) bool {
+		if e.Type()&fs.ModeSymlink != 0 {
+			fi, err := os.Stat(filepath.Join(dir, e.Name()))
+			return err == nil && fi.IsDir()
+		}
+		return e.IsDir()
+	}
 	for _, e := range ents {
 		switch e.Name() {
 		case "HEAD":
 			head = !e.IsDir()
 		case "objects":
-			objects = e.IsDir()
+			objects = isDir(e)
 		case "refs":
-			refs = e.IsDir()
+			refs = isDir(e)
 		case "commondir":
 			common = !e.IsDir()
 		case ".git":
@@ -458,10 +567,11 @@ func looksLikeGitDir(ents []fs.DirEntry) bool {
 // attempt left there must not run in the git of whoever looks into it).
 // It says what it did, by path.
 func disarmTree(root string) (undone []string) {
-	found, _, err := findRepos("", []string{root}, nil)
+	found, _, opened, err := findRepos("", []string{root}, nil, time.Unix(1, 0)) // all of it was the attempt's
 	if err != nil {
 		return []string{fmt.Sprintf("%s (not searched for repositories: %v)", root, err)}
 	}
+	undone = opened
 	paths := make([]string, 0, len(found))
 	for p := range found {
 		paths = append(paths, p)
@@ -643,9 +753,12 @@ func (s *GitDirSnapshot) restoreDotGits() (undone []string, errs []error) {
 	if s.workTree == "" {
 		return nil, nil
 	}
-	now, _, err := findRepos(s.workTree, s.roots, s.dirs)
+	now, _, opened, err := findRepos(s.workTree, s.roots, s.dirs, s.taken)
 	if err != nil {
 		return nil, []error{err}
+	}
+	for _, o := range opened {
+		undone = append(undone, s.name(o))
 	}
 	paths := make([]string, 0, len(now))
 	for p := range now {
@@ -743,13 +856,32 @@ func (s *GitDirSnapshot) Restore() (undone []string, err error) {
 	undone, errs = append(undone, u...), append(errs, e...)
 	seen := map[string]bool{}
 	var gone []string // git dirs not in their place: nothing is written there
-	for _, dir := range s.dirs {
+	for _, dir := range append(slices.Clone(s.dirs), s.hookDirs...) {
 		if h, ok := s.held[dir]; ok && !h.isAt(dir) {
 			gone = append(gone, dir)
 			continue
 		}
+		walk := walkExecutable
+		if slices.Contains(s.hookDirs, dir) {
+			walk = walkAll
+			if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
+				// A link or file in its place: moved aside, the hooks written back.
+				to, err := aside(dir)
+				if err != nil {
+					errs = append(errs, err)
+					gone = append(gone, dir)
+					continue
+				}
+				undone = append(undone, s.name(dir)+" (replaced; moved to "+s.name(to)+")")
+			}
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				errs = append(errs, err)
+				gone = append(gone, dir)
+				continue
+			}
+		}
 		var extra []string
-		werr := walkExecutable(dir, func(p string, d fs.DirEntry) error {
+		werr := walk(dir, func(p string, d fs.DirEntry) error {
 			seen[p] = true
 			was, ok := s.files[p]
 			if !ok {

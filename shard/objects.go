@@ -42,6 +42,7 @@ type ObjectSnapshot struct {
 	keep   string
 	copies *os.File // the loose objects' copies, one after another
 	stores []*objectStore
+	lfs    []*lfsStore // each git dir's LFS objects
 }
 
 // objectStore is one git dir's objects/ as it was.
@@ -106,6 +107,11 @@ func SnapshotObjects(top string, gitDirs []string, keep string) (o *ObjectSnapsh
 	var off int64
 	budget := int64(LooseCopyBudget)
 	for _, gd := range withModules(gitDirs) {
+		ls, err := snapshotLFS(gd, top)
+		if err != nil {
+			return nil, err
+		}
+		o.lfs = append(o.lfs, ls)
 		dir := filepath.Join(gd, "objects")
 		fi, err := os.Lstat(dir)
 		if err != nil || !fi.IsDir() {
@@ -171,7 +177,7 @@ func withModules(gitDirs []string) []string {
 			if err != nil || !d.IsDir() {
 				return nil
 			}
-			if ents, err := os.ReadDir(p); err == nil && looksLikeGitDir(ents) {
+			if ents, err := os.ReadDir(p); err == nil && looksLikeGitDir(p, ents) {
 				add(p)
 				return filepath.SkipDir
 			}
@@ -201,7 +207,9 @@ func (o *ObjectSnapshot) Close() {
 //     name; one that does not is put back from its copy, else removed;
 //   - a pack or pack index written is verified (git index-pack --verify:
 //     every object hashed, the index made anew and compared); one that
-//     fails is moved aside with its companion files;
+//     fails is moved aside with its companion files, but an index that
+//     fails beside the repository's own pack (unchanged) is written anew
+//     from that pack;
 //   - derived files written (commit-graph, commit-graphs/,
 //     multi-pack-index and its bitmap and reverse index, pack bitmaps,
 //     reverse indexes, mtimes, promisor marks) are removed; git needs none
@@ -209,13 +217,19 @@ func (o *ObjectSnapshot) Close() {
 //     written anew from the checked objects;
 //   - info/alternates, http-alternates and packs are put back as they
 //     were, and anything under objects/ that is neither a directory nor a
-//     regular file (a link elsewhere) is removed.
+//     regular file (a link elsewhere) is removed;
+//   - an LFS object (lfs/objects) added or written must hash to its name,
+//     else it is removed (git lfs fetch brings it back).
 //
 // Objects the attempt added that hash to their names (its commits) stay.
 func (o *ObjectSnapshot) Restore(ctx context.Context) (undone []string, err error) {
 	var errs []error
 	for _, st := range o.stores {
 		u, e := st.restore(ctx, o.copies)
+		undone, errs = append(undone, u...), append(errs, e...)
+	}
+	for _, ls := range o.lfs {
+		u, e := ls.restore()
 		undone, errs = append(undone, u...), append(errs, e...)
 	}
 	return undone, errors.Join(errs...)
@@ -412,6 +426,9 @@ func (st *objectStore) verifyPack(ctx context.Context, base string) (undone stri
 	} else if perr == nil {
 		return "", nil // a pack without its index: git does not read it
 	}
+	if was, ok := st.files[filepath.Join("pack", base+".pack")]; ok && sameFile(pack+".pack", was) {
+		return st.reindex(ctx, base)
+	}
 	var moved []string
 	ents, _ := os.ReadDir(filepath.Dir(pack))
 	for _, e := range ents {
@@ -429,6 +446,32 @@ func (st *objectStore) verifyPack(ctx context.Context, base string) (undone stri
 		msg += "; it was the repository's: run git fsck, and fetch what it lacks"
 	}
 	return msg, err
+}
+
+// reindex writes anew, from the repository's own pack pack/base.pack
+// (unchanged since the snapshot), the index the attempt wrote or forged:
+// the attempt's index and the files derived from it are moved aside.
+func (st *objectStore) reindex(ctx context.Context, base string) (undone string, err error) {
+	dir := filepath.Join(st.dir, "pack")
+	var moved []string
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		n := e.Name()
+		if n == base+".pack" || !strings.HasPrefix(n, base+".") || strings.Contains(n, ".fenceline-undone-") {
+			continue
+		}
+		to, err := aside(filepath.Join(dir, n))
+		if err != nil {
+			return "", err
+		}
+		moved = append(moved, filepath.Base(to))
+	}
+	if _, err := git(ctx, st.gitDir, []string{"GIT_DIR=" + st.gitDir}, "index-pack", filepath.Join(dir, base+".pack")); err != nil {
+		return "", fmt.Errorf("write the index of %s anew: %w", filepath.Join(dir, base+".pack"), err)
+	}
+	st.record(filepath.Join("pack", base+"."))
+	return "its index written by the attempt does not match the repository's pack: moved aside to " +
+		strings.Join(moved, ", ") + ", the index written anew from the pack", nil
 }
 
 // looseObjectOK reports whether the loose object at p is what its name

@@ -521,12 +521,12 @@ func writeReplace(path, content string) error {
 	return nil
 }
 
-// wipe removes the shard's own refs, reflogs, objects, index and
-// in-progress operations once its work is kept: what remains is borrowed
-// from the checkout, whose objects the attempt could not write.
+// wipe removes the shard's own refs, reflogs, objects, LFS objects, index
+// and in-progress operations once its work is kept: what remains is
+// borrowed from the checkout, whose objects the attempt could not write.
 func (w *Worktree) wipe() error {
 	gd := w.gitDir()
-	for _, rel := range []string{"refs", "logs", "packed-refs", "index", "ORIG_HEAD", "FETCH_HEAD", "MERGE_HEAD", "CHERRY_PICK_HEAD", "REVERT_HEAD", "rebase-merge", "rebase-apply", "sequencer", "shallow"} {
+	for _, rel := range []string{"refs", "logs", "packed-refs", "index", "ORIG_HEAD", "FETCH_HEAD", "MERGE_HEAD", "CHERRY_PICK_HEAD", "REVERT_HEAD", "rebase-merge", "rebase-apply", "sequencer", "shallow", "lfs"} {
 		if err := os.RemoveAll(filepath.Join(gd, rel)); err != nil {
 			return err
 		}
