@@ -97,7 +97,7 @@ func TestAgentWritesFollowTheSidecar(t *testing.T) {
 		}
 		return nil
 	})
-	mark := revokeAndSeeRefused(t, url, id, r.out)
+	mark := revokeAndSeeRefused(t, url, id, r.out, filepath.Join(co, "in", "probe"))
 	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		after := r.out.String()[mark:]
 		if n := strings.Count(after[strings.Index(after, "write=refused"):], "\n"); n < 3 {

@@ -252,7 +252,7 @@ func TestRunLostLeaseStopsWrites(t *testing.T) {
 	})
 	id := leaseOf(t, r.errOut.String())
 	// The operator's command, as a person would type it.
-	mark := revokeAndSeeRefused(t, url, id, r.out)
+	mark := revokeAndSeeRefused(t, url, id, r.out, filepath.Join(co, "in", "probe"))
 	// Later rounds stay refused, and reads keep working.
 	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		after := r.out.String()[mark:]
@@ -389,22 +389,30 @@ func startRunnerProcess(t *testing.T, args ...string) (cmd *exec.Cmd, logPath st
 // revokeAndSeeRefused revokes lease id as an operator would and waits for
 // the agent's output (out) to report a refused write after it, within a
 // second; it returns where out stood at the revoke.
-func revokeAndSeeRefused(t *testing.T, url, id string, out *syncBuffer) (mark int) {
+func revokeAndSeeRefused(t *testing.T, url, id string, out *syncBuffer, probe string) (mark int) {
 	t.Helper()
 	mark = len(out.String())
 	fl(t, "--nats", url, "lease", "revoke", id, "--reason", "runaway agent").want(t, ExitOK)
 	revoked := time.Now()
 	var refusedAfter time.Duration
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if strings.Contains(out.String()[mark:], "write=refused") {
 			refusedAfter = time.Since(revoked)
 			return nil
 		}
 		return errors.New("no refused write yet")
 	})
-	t.Logf("the agent's writes refused %v after the revoke", refusedAfter)
-	if refusedAfter > time.Second {
-		t.Errorf("writes refused %v after the revoke, want within a second", refusedAfter)
+	// The bound is on what landed: the agent's last write to probe (each
+	// round writes it) is at most a second after the revoke returned. How
+	// soon the agent reports a refusal also counts its own rounds, slow on
+	// a busy machine.
+	fi, err := os.Stat(probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the agent saw its writes refused %v after the revoke; its last write landed %v after it", refusedAfter, fi.ModTime().Sub(revoked))
+	if late := fi.ModTime().Sub(revoked); late > time.Second {
+		t.Errorf("a write landed %v after the revoke, want within a second", late)
 	}
 	return mark
 }
@@ -909,7 +917,7 @@ func TestRunReadsGoOnAfterRevoke(t *testing.T) {
 		return nil
 	})
 	id := leaseOf(t, r.errOut.String())
-	mark := revokeAndSeeRefused(t, url, id, r.out)
+	mark := revokeAndSeeRefused(t, url, id, r.out, filepath.Join(co, "in", "probe"))
 	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 		after := r.out.String()[mark:]
 		first := strings.Index(after, "write=refused")
