@@ -416,9 +416,20 @@ func classifyNode1(n *pgq.Node) Statement {
 		}
 		return s
 	case *pgq.Node_AlterTableStmt:
+		// Every relation a command names is changed too: a table attached
+		// or detached as a partition, a parent inherited or left, a table
+		// a foreign key references (it gets the key's triggers).
 		s := write(target(x.AlterTableStmt.Relation))
+		s.Targets = dedup(append(s.Targets, rangeVars(&pgq.Node{Node: &pgq.Node_List{List: &pgq.List{Items: x.AlterTableStmt.Cmds}}})...))
 		for _, c := range x.AlterTableStmt.Cmds {
 			if ac := c.GetAlterTableCmd(); ac != nil {
+				if ac.Behavior == pgq.DropBehavior_DROP_CASCADE {
+					// CASCADE changes what depends on it, whoever's it is:
+					// other tables' foreign keys and views (DROP COLUMN,
+					// DROP CONSTRAINT), the tables typed by a type (ALTER
+					// TYPE ... CASCADE, CREATE TABLE ... OF).
+					s.Opaque, s.OpaqueWhy = true, cascadeWhy
+				}
 				if ac.Subtype >= pgq.AlterTableType_AT_EnableTrig && ac.Subtype <= pgq.AlterTableType_AT_DisableTrigUser {
 					s.Forbidden = "it changes when triggers fire, and the storage-side fence is a trigger"
 				}
@@ -430,6 +441,26 @@ func classifyNode1(n *pgq.Node) Statement {
 		return s
 	case *pgq.Node_DropStmt:
 		return classifyDrop(x.DropStmt)
+	case *pgq.Node_RenameStmt:
+		s := write(rangeVars(n)...)
+		if len(s.Targets) == 0 {
+			s.Opaque = true
+		}
+		if x.RenameStmt.Behavior == pgq.DropBehavior_DROP_CASCADE {
+			s.Opaque, s.OpaqueWhy = true, cascadeWhy // (ALTER TYPE ... RENAME ATTRIBUTE ... CASCADE)
+		}
+		return s
+	case *pgq.Node_AlterObjectSchemaStmt:
+		s := write(rangeVars(n)...)
+		if len(s.Targets) == 0 {
+			s.Opaque = true
+		}
+		if rv := x.AlterObjectSchemaStmt.Relation; rv != nil {
+			// The relation is written into its new schema, as if created
+			// there.
+			s.Targets = append(s.Targets, target(&pgq.RangeVar{Schemaname: x.AlterObjectSchemaStmt.Newschema, Relname: rv.Relname, Inh: true}))
+		}
+		return s
 	case *pgq.Node_ReindexStmt:
 		r := x.ReindexStmt
 		s := write(rangeVars(n)...)
@@ -484,6 +515,9 @@ func classifyNode1(n *pgq.Node) Statement {
 	}
 	return s
 }
+
+// cascadeWhy is why a change with CASCADE is opaque.
+const cascadeWhy = "with CASCADE it also changes what depends on it (other tables' foreign keys, views, tables typed by it), whoever's they are"
 
 // hasOption reports whether options (DefElems) set name, true.
 func hasOption(options []*pgq.Node, name string) bool {

@@ -85,6 +85,42 @@ CREATE TABLE ia.lp1 PARTITION OF ia.lp FOR VALUES IN (1);
 CREATE TABLE ia.lparent (id int PRIMARY KEY);
 CREATE TABLE ia.lchild (pid int REFERENCES ia.lparent ON DELETE CASCADE);
 GRANT ALL ON ALL TABLES IN SCHEMA ia, ib, inone TO PUBLIC;
+-- DDL on A's objects that changes B's tables (agents share a role: the
+-- agent owns both): a table attached as a partition of A's, inherited
+-- by A's, referenced by A's foreign key, typed by A's type, defaulting
+-- from A's sequence
+CREATE TABLE ib.free (id int, v text);
+CREATE TABLE ib.base (id int, v text);
+CREATE TABLE ia.orphan (id int, v text);
+INSERT INTO ia.orphan VALUES (9, 'a');
+CREATE TABLE ib.ref (id int PRIMARY KEY);
+CREATE TABLE ia.fkc (id int);
+CREATE TYPE ia.comp AS (a int);
+CREATE TABLE ib.typed OF ia.comp;
+CREATE SEQUENCE ia.bseq;
+CREATE TABLE ib.usesa (id bigint DEFAULT nextval('ia.bseq'));
+ALTER TABLE ib.free OWNER TO agent; ALTER TABLE ib.base OWNER TO agent; ALTER TABLE ia.orphan OWNER TO agent;
+ALTER TABLE ib.ref OWNER TO agent; ALTER TABLE ia.fkc OWNER TO agent; ALTER TYPE ia.comp OWNER TO agent;
+ALTER TABLE ib.typed OWNER TO agent; ALTER SEQUENCE ia.bseq OWNER TO agent; ALTER TABLE ia.lp OWNER TO agent;
+CREATE TABLE ia.pk2 (id int PRIMARY KEY);
+CREATE TABLE ib.fk2 (pid int REFERENCES ia.pk2);
+ALTER TABLE ia.pk2 OWNER TO agent; ALTER TABLE ib.fk2 OWNER TO agent;
+ALTER TABLE ib.usesa OWNER TO agent; ALTER TABLE ia.part OWNER TO agent; ALTER TABLE ib.part_hi OWNER TO agent;
+-- user code that maintenance runs: an expression index rebuilt, extended
+-- statistics on an expression, a materialized view refreshed, a
+-- generated column; and a foreign table over a view that writes
+CREATE TABLE ia.rix (id int);
+INSERT INTO ia.rix VALUES (1);
+CREATE INDEX rix_expr ON ia.rix (inone.f_imm(id));
+CREATE TABLE ia.st (id int);
+INSERT INTO ia.st VALUES (1), (2);
+CREATE STATISTICS ia.st_expr ON (inone.f_imm(id)) FROM ia.st;
+CREATE MATERIALIZED VIEW ia.mv AS SELECT inone.f_write(4) AS x WITH NO DATA;
+CREATE TABLE ia.gen (id int, g int GENERATED ALWAYS AS (inone.f_imm(id)) STORED);
+CREATE FOREIGN TABLE ia.ftv (x int) SERVER loopback OPTIONS (schema_name 'inone', table_name 'vf');
+ALTER TABLE ia.rix OWNER TO agent; ALTER TABLE ia.st OWNER TO agent; ALTER MATERIALIZED VIEW ia.mv OWNER TO agent;
+GRANT ALL ON ALL TABLES IN SCHEMA ia, ib, inone TO PUBLIC;
+GRANT ALL ON ALL SEQUENCES IN SCHEMA ia, ib, inone TO PUBLIC;
 `
 
 // indirectRows puts the rows every case starts from, as the admin with the
@@ -104,17 +140,31 @@ INSERT INTO inone.child3 VALUES (1);
 INSERT INTO ia.lp VALUES (1, 'a');
 INSERT INTO ia.lparent VALUES (1);
 INSERT INTO ia.lchild VALUES (1);
-SELECT setval('ib.ser_id_seq', 1, false), setval('inone.shared', 1, false);
+SELECT setval('ib.ser_id_seq', 1, false), setval('inone.shared', 1, false), setval('ia.bseq', 1, false);
+DO $$ BEGIN
+  IF to_regclass('ib.orphan') IS NOT NULL THEN ALTER TABLE ib.orphan SET SCHEMA ia; END IF;
+  IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'ia.comp'::regclass AND attname = 'z') THEN ALTER TYPE ia.comp RENAME ATTRIBUTE z TO a CASCADE; END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = 'ia.pk2'::regclass AND contype = 'p') THEN ALTER TABLE ia.pk2 ADD PRIMARY KEY (id); END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = 'ib.fk2'::regclass AND contype = 'f') THEN ALTER TABLE ib.fk2 ADD FOREIGN KEY (pid) REFERENCES ia.pk2; END IF;
+  IF EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = 'ib.free'::regclass) THEN ALTER TABLE ia.lp DETACH PARTITION ib.free; END IF;
+  IF EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = 'ia.orphan'::regclass) THEN ALTER TABLE ia.orphan NO INHERIT ib.base; END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = 'ib.part_hi'::regclass) THEN ALTER TABLE ia.part ATTACH PARTITION ib.part_hi FOR VALUES FROM (100) TO (200); END IF;
+END $$;
+ALTER TABLE ia.fkc DROP CONSTRAINT IF EXISTS fkc_id_fkey;
+ALTER TYPE ia.comp DROP ATTRIBUTE IF EXISTS b CASCADE;
 `
 
 // bState is what B's and nobody's tables hold: unchanged after a refusal.
-const bState = `SELECT concat_ws('|', (SELECT last_value || is_called::text FROM ib.ser_id_seq), (SELECT last_value || is_called::text FROM inone.shared), (SELECT string_agg(id || v, ',' ORDER BY id) FROM ib.part_hi),
+const bState = `SELECT concat_ws('|', (SELECT count(*) FROM ib.base), (SELECT count(*) FROM pg_inherits WHERE inhrelid IN ('ib.free'::regclass, 'ib.part_hi'::regclass)),
+ (SELECT count(*) FROM pg_trigger WHERE tgrelid = 'ib.ref'::regclass), (SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute WHERE attrelid = 'ib.typed'::regclass AND attnum > 0 AND NOT attisdropped),
+ (SELECT count(*) FROM pg_constraint WHERE conrelid = 'ib.fk2'::regclass), (SELECT count(*) FROM pg_class WHERE relnamespace = 'ib'::regnamespace AND relname = 'orphan'),
+ (SELECT last_value || is_called::text FROM ia.bseq), (SELECT last_value || is_called::text FROM ib.ser_id_seq), (SELECT last_value || is_called::text FROM inone.shared), (SELECT string_agg(id || v, ',' ORDER BY id) FROM ib.part_hi),
  (SELECT string_agg(id || v, ',' ORDER BY id) FROM ib.inh_child),
  (SELECT string_agg(id || ':' || pid, ',') FROM ib.child),
  (SELECT string_agg(coalesce(pid::text, 'null'), ',') FROM ib.child_null),
  (SELECT count(*) FROM inone.t), (SELECT count(*) FROM inone.child3))`
 
-const bStateWant = "1false|1false|150b|2b|1:1|1|0|1"
+const bStateWant = "0|1|1|a|1|0|1false|1false|1false|150b|2b|1:1|1|0|1"
 
 func setupIndirect(t *testing.T) {
 	t.Helper()
@@ -204,6 +254,21 @@ func TestWritesByIndirection(t *testing.T) {
 		{"cursor over a user function", true, "DECLARE c CURSOR FOR SELECT inone.f_write(7)", "inone.f_write"},
 		{"temp table as a user function", false, "CREATE TEMP TABLE tt AS SELECT inone.f_write(7)", "inone.f_write"},
 		{"copy from program", false, "COPY ia.ruled FROM PROGRAM 'true'", "CopyStmt"},
+		{"attach B's table as a partition", false, "ALTER TABLE ia.lp ATTACH PARTITION ib.free FOR VALUES IN (5)", "ib.free"},
+		{"detach B's partition, only", false, "ALTER TABLE ONLY ia.part DETACH PARTITION ib.part_hi", "ib.part_hi"},
+		{"inherit from B's table", false, "ALTER TABLE ia.orphan INHERIT ib.base", "ib.base"},
+		{"foreign key onto B's table", false, "ALTER TABLE ia.fkc ADD FOREIGN KEY (id) REFERENCES ib.ref ON DELETE CASCADE", "ib.ref"},
+		{"alter a type B's table is typed by", false, "ALTER TYPE ia.comp ADD ATTRIBUTE b int CASCADE", "CASCADE"},
+		{"rename an attribute of a type B's table is typed by", false, "ALTER TYPE ia.comp RENAME ATTRIBUTE a TO z CASCADE", "CASCADE"},
+		{"drop a constraint B's foreign key needs", false, "ALTER TABLE ia.pk2 DROP CONSTRAINT pk2_pkey CASCADE", "CASCADE"},
+		{"move a table into B's schema", false, "ALTER TABLE ia.orphan SET SCHEMA ib", "ib.orphan"},
+		{"alter a sequence B's default takes", false, "ALTER SEQUENCE ia.bseq RESTART WITH 100", "ib.usesa"},
+		{"setval of a sequence B's default takes", false, "SELECT setval('ia.bseq', 100)", "ib.usesa"},
+		{"reindex an expression index", false, "REINDEX INDEX ia.rix_expr", "rix_expr"},
+		{"analyze statistics on an expression", true, "ANALYZE ia.st", "statistics"},
+		{"refresh a materialized view", false, "REFRESH MATERIALIZED VIEW ia.mv", "ia.mv"},
+		{"generated column", false, "INSERT INTO ia.gen (id) VALUES (1)", "ia.gen"},
+		{"foreign table read", false, "SELECT * FROM ia.ftv", "foreign table"},
 		{"dblink from a read in a block", true, "SELECT dblink_exec('" + dblinkConn() + "', 'INSERT INTO inone.t VALUES (7)')", "dblink_exec"},
 	} {
 		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {

@@ -46,7 +46,37 @@ type catalog struct {
 	mu    sync.Mutex
 	rels  map[relKey]*reach // guarded by mu
 	calls map[callKey]callInfo
+	// foreign holds, by database, a *foreignSet: what a read may not
+	// name. Read without the lock on every read (see readsForeign).
+	foreign sync.Map
 }
+
+// foreignSet is the names (pg_class.relname) of the relations whose read
+// runs a query on a server of its own: foreign tables (of any wrapper but
+// file_fdw, which reads files), and the views, materialized views and
+// partitioned or inherited tables over them. A foreign table's remote
+// query runs on a connection of the wrapper's, past the proxy and outside
+// the read-only transaction (postgres_fdw in Postgres 15 opens its remote
+// transactions read-write): a foreign table over a view that calls a
+// writing function writes, from a plain SELECT.
+type foreignSet struct {
+	names map[string]bool
+	at    time.Time
+}
+
+// foreignSQL finds the relations of a foreignSet.
+const foreignSQL = `WITH RECURSIVE f(oid) AS (
+  SELECT ft.ftrelid FROM pg_catalog.pg_foreign_table ft
+    JOIN pg_catalog.pg_foreign_server sv ON sv.oid = ft.ftserver
+    JOIN pg_catalog.pg_foreign_data_wrapper w ON w.oid = sv.srvfdw
+    WHERE w.fdwname <> 'file_fdw'
+  UNION SELECT x.oid FROM f, LATERAL (
+    SELECT rw.ev_class FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_rewrite rw ON rw.oid = d.objid
+      WHERE d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = f.oid
+        AND d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass
+    UNION ALL SELECT i.inhparent FROM pg_catalog.pg_inherits i WHERE i.inhrelid = f.oid) x(oid)
+)
+SELECT DISTINCT c.relname FROM f JOIN pg_catalog.pg_class c ON c.oid = f.oid`
 
 func newCatalog() *catalog {
 	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}}
@@ -90,6 +120,97 @@ func (c *catalog) invalidate() {
 	clear(c.rels)
 	clear(c.calls)
 	c.mu.Unlock()
+	c.foreign.Clear()
+}
+
+// readsRelations: st reads relations by name (a foreign one may be among
+// them).
+func readsRelations(st *Statement) bool {
+	for _, c := range st.Calls {
+		if c.Kind == 'r' {
+			return true
+		}
+	}
+	return false
+}
+
+// foreignSetFor is the foreignSet to judge with, and whether it is fresh
+// (learned within catalogTTL). In a transaction that ran DDL it is the
+// unit's own, never fresh: learned again for every unit.
+func (s *session) foreignSetFor() (fs *foreignSet, fresh bool) {
+	if s.ddlPending {
+		return s.unit.foreign, false
+	}
+	v, ok := s.p.catalog.foreign.Load(s.database)
+	if !ok {
+		return nil, false
+	}
+	fs = v.(*foreignSet)
+	return fs, time.Since(fs.at) < catalogTTL
+}
+
+// readsForeign: st names a relation of the foreignSet (nil: none known).
+func readsForeign(st *Statement, fs *foreignSet) string {
+	if fs == nil || len(fs.names) == 0 {
+		return ""
+	}
+	for _, c := range st.Calls {
+		if c.Kind == 'r' && fs.names[c.Name] {
+			return c.Shown
+		}
+	}
+	return ""
+}
+
+// foreignToJudge: the fast path may not forward st as it is: it reads
+// relations and the foreignSet is stale, or names one of them. A read
+// that names no relation costs nothing here; one that does, a load and a
+// lookup in a map of usually no names.
+func (s *session) foreignToJudge(st *Statement) bool {
+	if !readsRelations(st) {
+		return false
+	}
+	fs, fresh := s.foreignSetFor()
+	return !fresh || readsForeign(st, fs) != ""
+}
+
+// learnForeign learns the database's foreignSet when a statement of the
+// unit reads relations and the set is missing or stale. Without a lookup
+// (see learnCatalog) the set stays as it is: a relation that became
+// foreign since is read unjudged, until the next unit that may look up.
+func (s *session) learnForeign(stmts []*Statement, lookup bool) error {
+	if !lookup {
+		return nil
+	}
+	if _, fresh := s.foreignSetFor(); fresh {
+		return nil
+	}
+	need := false
+	for _, st := range stmts {
+		if st != nil && readsRelations(st) {
+			need = true
+			break
+		}
+	}
+	if !need {
+		return nil
+	}
+	rows, err := s.internalQuery(foreignSQL)
+	if err != nil {
+		return s.lookupFailed(err)
+	}
+	fs := &foreignSet{names: map[string]bool{}, at: time.Now()}
+	for _, row := range rows {
+		if len(row) == 1 {
+			fs.names[row[0]] = true
+		}
+	}
+	if !s.ddlPending {
+		s.p.catalog.foreign.Store(s.database, fs)
+	} else {
+		s.unit.foreign = fs
+	}
+	return nil
 }
 
 // unitCatalog is what the proxy knows for the unit being decided: filled by
@@ -101,6 +222,9 @@ type unitCatalog struct {
 	// ddl: a statement of the unit before this one is DDL, which may change
 	// what a later one reaches (the lookups ran before the unit).
 	ddl bool
+	// foreign: the foreignSet learned for this unit in a transaction that
+	// ran DDL (its own, not cached).
+	foreign *foreignSet
 }
 
 // quoteRel is "schema"."name".
@@ -181,15 +305,30 @@ func reachSQL(rels []string, truncCascade, only bool) string {
     JOIN pg_catalog.pg_depend d2 ON d2.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d2.objid = d.refobjid
       AND d2.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d2.refobjsubid > 0 AND d2.deptype IN ('a', 'i')
     WHERE d2.refobjid <> ad.adrelid
+  UNION ALL SELECT d.objid, d.refobjid, 'sequence user' FROM pg_catalog.pg_depend d
+    JOIN pg_catalog.pg_class sq ON sq.oid = d.objid AND sq.relkind = 'S'
+    WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
+      AND d.refobjsubid > 0 AND d.deptype IN ('a', 'i')
+  UNION ALL SELECT d.refobjid, ad.adrelid, 'sequence user' FROM pg_catalog.pg_depend d
+    JOIN pg_catalog.pg_attrdef ad ON ad.oid = d.objid
+    JOIN pg_catalog.pg_class sq ON sq.oid = d.refobjid AND sq.relkind = 'S'
+    WHERE d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
 ), w(root, oid, via, src) AS (
   SELECT r.n, pg_catalog.to_regclass(r.n)::pg_catalog.oid, '', 0::pg_catalog.oid
     FROM pg_catalog.unnest(ARRAY[` + strings.Join(arr, ", ") + `]::pg_catalog.text[]) AS r(n)
     WHERE pg_catalog.to_regclass(r.n) IS NOT NULL
-  UNION SELECT w.root, e.dst, e.via, w.oid FROM w JOIN e ON e.src = w.oid WHERE (` + notOnly + `) AND w.via <> 'sequence owner'
+  UNION SELECT w.root, e.dst, e.via, w.oid FROM w JOIN e ON e.src = w.oid WHERE (` + notOnly + `) AND w.via NOT IN ('sequence owner', 'sequence user')
 ), ` + userTypesSQL() + `
 SELECT w.root, n.nspname, c.relname, w.via, COALESCE(sn.nspname || '.' || s.relname, ''),
-  CASE WHEN w.via = 'sequence owner' THEN '' ELSE COALESCE(pg_catalog.concat_ws('; ',
+  CASE WHEN w.via IN ('sequence owner', 'sequence user') THEN '' ELSE COALESCE(pg_catalog.concat_ws('; ',
     CASE WHEN c.relkind = 'f' THEN 'it is a foreign table, written on another server' END,
+    CASE WHEN c.relkind IN ('i', 'I') AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+         WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = c.oid AND ` + userCode + `)
+      THEN 'it is an index whose expressions or predicate call user functions or operators, which may write other tables' END,
+    (SELECT 'its extended statistics (' || pg_catalog.string_agg(x.stxname::pg_catalog.text, ', ') || ') call user functions or operators in their expressions, which ANALYZE runs and which may write other tables'
+       FROM pg_catalog.pg_statistic_ext x WHERE x.stxrelid = c.oid AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+         WHERE d.classid = 'pg_catalog.pg_statistic_ext'::pg_catalog.regclass AND d.objid = x.oid AND ` + userCode + `)
+       HAVING pg_catalog.count(*) > 0),
     (SELECT 'its rules (' || pg_catalog.string_agg(r.rulename::pg_catalog.text, ', ') || ') may write other tables'
        FROM pg_catalog.pg_rewrite r WHERE r.ev_class = c.oid AND r.rulename <> '_RETURN' HAVING pg_catalog.count(*) > 0),
     (SELECT 'its triggers (' || pg_catalog.string_agg(t.tgname::pg_catalog.text, ', ') || ') may write other tables'
@@ -318,6 +457,10 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 	clear(u.calls)
 	clear(u.owners)
 	u.ddl = false
+	u.foreign = nil
+	if err := s.learnForeign(stmts, lookup); err != nil {
+		return err
+	}
 	cat, db, now := s.p.catalog, s.database, time.Now()
 	private := s.ddlPending  // the transaction ran DDL: what it sees is its own (temp schemas are the session's)
 	var needRels [4][]string // by group: TRUNCATE ... CASCADE (2), ONLY (1)
@@ -392,6 +535,8 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 				via = "base table of view " + row[4]
 			case "sequence owner":
 				via = "it owns a sequence a default of " + row[4] + " advances"
+			case "sequence user":
+				via = "it owns sequence " + row[4] + " or a default of it takes values from it"
 			default:
 				via = row[3] + " of " + row[4]
 			}
@@ -510,6 +655,14 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 	}
 	if len(st.Calls) == 0 {
 		return st
+	}
+	if readsRelations(st) {
+		fs, _ := s.foreignSetFor()
+		if name := readsForeign(st, fs); name != "" {
+			cp := *st
+			cp.Class, cp.Opaque, cp.OpaqueWhy = ClassWrite, true, "it reads "+name+", a foreign table (or a view or parent of one), whose server runs the query over a connection of its own, past the proxy and writable"
+			return &cp
+		}
 	}
 	for _, c := range st.Calls {
 		other := c.Kind == 'f' && otherConnection(c.Name)

@@ -1405,7 +1405,7 @@ func (s *session) callsToJudge(cls *Classification) bool {
 		if len(st.Calls) == 0 {
 			continue
 		}
-		if callsOtherConnection(st) || (s.sim.blockRW || s.sim.groupRW) && !s.callsKnownHarmless(st) {
+		if s.foreignToJudge(st) || callsOtherConnection(st) || (s.sim.blockRW || s.sim.groupRW) && !s.callsKnownHarmless(st) {
 			return true
 		}
 	}
