@@ -118,6 +118,10 @@ CREATE STATISTICS ia.st_expr ON (inone.f_imm(id)) FROM ia.st;
 CREATE MATERIALIZED VIEW ia.mv AS SELECT inone.f_write(4) AS x WITH NO DATA;
 CREATE TABLE ia.gen (id int, g int GENERATED ALWAYS AS (inone.f_imm(id)) STORED);
 CREATE FOREIGN TABLE ia.ftv (x int) SERVER loopback OPTIONS (schema_name 'inone', table_name 'vf');
+-- user functions that write through another connection, called from a
+-- read-only transaction: dblink, and a foreign table's server
+CREATE FUNCTION inone.f_dbl(text) RETURNS text LANGUAGE sql AS $$ SELECT dblink_exec($1, 'INSERT INTO inone.t VALUES (8)') $$;
+CREATE FUNCTION inone.f_ft() RETURNS bigint LANGUAGE sql AS $$ SELECT count(*) FROM ia.ftv $$;
 ALTER TABLE ia.rix OWNER TO agent; ALTER TABLE ia.st OWNER TO agent; ALTER MATERIALIZED VIEW ia.mv OWNER TO agent;
 GRANT ALL ON ALL TABLES IN SCHEMA ia, ib, inone TO PUBLIC;
 GRANT ALL ON ALL SEQUENCES IN SCHEMA ia, ib, inone TO PUBLIC;
@@ -180,6 +184,44 @@ func setupIndirect(t *testing.T) {
 	}
 	if _, err := Install(ctx, admin, []string{"ib.*"}, InstallOptions{Trigger: TriggerPLpgSQL}); err != nil {
 		t.Fatalf("fence ib.*: %v", err)
+	}
+	// Other tests judge reads in a database with no route to a connection
+	// of its own.
+	t.Cleanup(func() { dropIndirect(t) })
+}
+
+// dropIndirect removes what setupIndirect made, the extensions too.
+func dropIndirect(t *testing.T) {
+	t.Helper()
+	if _, err := plpgsql.admin(t).Exec(ctxT(t), `DROP SCHEMA IF EXISTS ia, ib, inone CASCADE;
+DROP SERVER IF EXISTS loopback CASCADE; DROP EXTENSION IF EXISTS postgres_fdw CASCADE; DROP EXTENSION IF EXISTS dblink CASCADE`); err != nil {
+		t.Errorf("drop the indirect schema: %v", err)
+	}
+}
+
+// TestUserFunctionReadOnly: in a database where code has no way to open a
+// connection of its own (no dblink, no foreign server with tables), a user
+// function called from a read outside a writable transaction runs in
+// Postgres's read-only transaction, which refuses its write (25006), as
+// direct; the proxy sends it through.
+func TestUserFunctionReadOnly(t *testing.T) {
+	dropIndirect(t)
+	t.Cleanup(func() { dropIndirect(t) })
+	ctx := ctxT(t)
+	admin := plpgsql.admin(t)
+	if _, err := admin.Exec(ctx, `CREATE SCHEMA inone; GRANT USAGE, CREATE ON SCHEMA inone TO PUBLIC; CREATE TABLE inone.t (v int);
+GRANT ALL ON inone.t TO PUBLIC;
+CREATE FUNCTION inone.f_write(int) RETURNS int LANGUAGE sql AS $$ INSERT INTO inone.t VALUES ($1) RETURNING $1 $$`); err != nil {
+		t.Fatal(err)
+	}
+	lease := newStaticLease(t, "lease_A_ro", 0, "ia.*")
+	p := startProxy(t, Config{Lease: lease})
+	c := plpgsql.via(t, p, "agent")
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
+		_, err := c.Exec(ctx, "SELECT inone.f_write(9)", mode)
+		if pgCode(err) != "25006" {
+			t.Errorf("%v: user function from a read outside a block: %v, want Postgres's 25006", mode, err)
+		}
 	}
 }
 
@@ -269,6 +311,8 @@ func TestWritesByIndirection(t *testing.T) {
 		{"refresh a materialized view", false, "REFRESH MATERIALIZED VIEW ia.mv", "ia.mv"},
 		{"generated column", false, "INSERT INTO ia.gen (id) VALUES (1)", "ia.gen"},
 		{"foreign table read", false, "SELECT * FROM ia.ftv", "foreign table"},
+		{"a function calling dblink, from a read", false, "SELECT inone.f_dbl('" + dblinkConn() + "')", "extension dblink"},
+		{"a function reading a foreign table, from a read", false, "SELECT inone.f_ft()", "inone.f_ft"},
 		{"dblink from a read in a block", true, "SELECT dblink_exec('" + dblinkConn() + "', 'INSERT INTO inone.t VALUES (7)')", "dblink_exec"},
 	} {
 		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
@@ -357,11 +401,14 @@ func TestIndirectWritesInsideTheClaim(t *testing.T) {
 			if err := tx.Commit(ctx); err != nil {
 				t.Error(err)
 			}
-			// Outside a writable transaction a user function runs read-only:
-			// Postgres refuses its write (25006), as it would direct.
+			// Outside a writable transaction a user function runs read-only,
+			// but this database has dblink and a foreign server: the
+			// function may write through another connection, so the proxy
+			// judges it as in a writable one (TestUserFunctionReadOnly: a
+			// database without is Postgres's to refuse).
 			_, err = c.Exec(ctx, "SELECT inone.f_write(9)", mode)
-			if pgCode(err) != "25006" {
-				t.Errorf("user function from a read outside a block: %v, want Postgres's 25006", err)
+			if pgCode(err) != "42501" || !strings.Contains(err.Error(), "connection of its own") {
+				t.Errorf("user function from a read outside a block, dblink installed: %v, want the proxy's refusal", err)
 			}
 		})
 	}

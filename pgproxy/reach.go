@@ -61,7 +61,13 @@ type catalog struct {
 // writing function writes, from a plain SELECT.
 type foreignSet struct {
 	names map[string]bool
-	at    time.Time
+	// connects: the database has a way for code to open a connection of
+	// its own (the dblink extension, or a foreign table of a wrapper that
+	// connects): a read-only transaction then binds only the agent's own
+	// connection, and a user function called from any read may write
+	// through another. (The names, for refusals.)
+	connects string
+	at       time.Time
 }
 
 // foreignSQL finds the relations of a foreignSet.
@@ -76,7 +82,11 @@ const foreignSQL = `WITH RECURSIVE f(oid) AS (
         AND d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass
     UNION ALL SELECT i.inhparent FROM pg_catalog.pg_inherits i WHERE i.inhrelid = f.oid) x(oid)
 )
-SELECT DISTINCT c.relname FROM f JOIN pg_catalog.pg_class c ON c.oid = f.oid`
+SELECT DISTINCT 'r', c.relname::pg_catalog.text FROM f JOIN pg_catalog.pg_class c ON c.oid = f.oid
+UNION ALL SELECT 'c', 'extension ' || e.extname FROM pg_catalog.pg_extension e WHERE e.extname = 'dblink'
+UNION ALL SELECT 'c', 'foreign server ' || sv.srvname FROM pg_catalog.pg_foreign_server sv
+  JOIN pg_catalog.pg_foreign_data_wrapper w ON w.oid = sv.srvfdw
+  WHERE w.fdwname <> 'file_fdw' AND EXISTS (SELECT 1 FROM pg_catalog.pg_foreign_table ft WHERE ft.ftserver = sv.oid)`
 
 func newCatalog() *catalog {
 	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}}
@@ -162,16 +172,27 @@ func readsForeign(st *Statement, fs *foreignSet) string {
 	return ""
 }
 
-// foreignToJudge: the fast path may not forward st as it is: it reads
-// relations and the foreignSet is stale, or names one of them. A read
-// that names no relation costs nothing here; one that does, a load and a
-// lookup in a map of usually no names.
+// foreignToJudge: the fast path may not forward st as it is: it calls or
+// reads something and the foreignSet is stale, or st reads one of its
+// relations, or the database has a connection route and st calls what
+// the cache does not know as builtin. A read that calls and names nothing
+// costs nothing here; one that does, a load and a lookup in a map of
+// usually no names.
 func (s *session) foreignToJudge(st *Statement) bool {
-	if !readsRelations(st) {
+	if len(st.Calls) == 0 {
 		return false
 	}
 	fs, fresh := s.foreignSetFor()
-	return !fresh || readsForeign(st, fs) != ""
+	return !fresh || readsForeign(st, fs) != "" || fs.connects != "" && !s.callsKnownHarmless(st)
+}
+
+// connectsVia is the database's route to a connection of its own (see
+// foreignSet), "" when it has none or the proxy does not know.
+func (s *session) connectsVia() string {
+	if fs, _ := s.foreignSetFor(); fs != nil {
+		return fs.connects
+	}
+	return ""
 }
 
 // learnForeign learns the database's foreignSet when a statement of the
@@ -187,7 +208,7 @@ func (s *session) learnForeign(stmts []*Statement, lookup bool) error {
 	}
 	need := false
 	for _, st := range stmts {
-		if st != nil && readsRelations(st) {
+		if st != nil && len(st.Calls) > 0 {
 			need = true
 			break
 		}
@@ -200,11 +221,17 @@ func (s *session) learnForeign(stmts []*Statement, lookup bool) error {
 		return s.lookupFailed(err)
 	}
 	fs := &foreignSet{names: map[string]bool{}, at: time.Now()}
+	var via []string
 	for _, row := range rows {
-		if len(row) == 1 {
-			fs.names[row[0]] = true
+		switch {
+		case len(row) != 2:
+		case row[0] == "r":
+			fs.names[row[1]] = true
+		case row[0] == "c":
+			via = append(via, row[1])
 		}
 	}
+	fs.connects = strings.Join(via, ", ")
 	if !s.ddlPending {
 		s.p.catalog.foreign.Store(s.database, fs)
 	} else {
@@ -487,7 +514,7 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 				}
 			}
 		}
-		if !writable && st.Class != ClassWrite && !callsOtherConnection(st) {
+		if !writable && s.connectsVia() == "" && st.Class != ClassWrite && !callsOtherConnection(st) {
 			continue
 		}
 		for _, c := range st.Calls {
@@ -664,9 +691,16 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 			return &cp
 		}
 	}
+	// Where code may open a connection of its own, a read-only
+	// transaction does not stop user code from writing: it is judged as
+	// in a writable one.
+	connects := ""
+	if !writable {
+		connects = s.connectsVia()
+	}
 	for _, c := range st.Calls {
 		other := c.Kind == 'f' && otherConnection(c.Name)
-		if !writable && !other {
+		if !writable && !other && connects == "" {
 			continue
 		}
 		user, known := s.unit.calls[callKeyOf(s.database, c)]
@@ -691,6 +725,9 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 				why = "it reads " + c.Shown + ", a view (or a table with policies, or columns of types) that calls functions a user defined, which may write any table"
 			case c.Kind == 't':
 				why = "it names " + c.Shown + ", whose input, output, casts or domain checks call functions a user defined, which may write any table"
+			}
+			if connects != "" && !other {
+				why += ", through a connection of its own (the database has " + connects + "), past the read-only transaction"
 			}
 			cp := *st
 			cp.Class, cp.Opaque, cp.OpaqueWhy = ClassWrite, true, why
