@@ -89,7 +89,7 @@ func TestClientReadWriteDefaultAsDirect(t *testing.T) {
 		}
 	}
 	c := connect(t, proxyDSN(p, "agent"))
-	for _, q := range []string{"SET LOCAL default_transaction_read_only = off", "SET transaction_read_only = off",
+	for _, q := range []string{"SET LOCAL default_transaction_read_only = off",
 		"SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE, READ WRITE"} {
 		if _, err := c.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); pgCode(err) != "42501" {
 			t.Errorf("%s: %v, want the fence's refusal (42501)", q, err)
@@ -135,5 +135,57 @@ func TestSequenceFromReadAsDirect(t *testing.T) {
 	c := connect(t, proxyDSN(p, "agent"))
 	if _, err := c.Exec(ctx, "SELECT nextval('app.items_id_seq')"); pgCode(err) != "25006" {
 		t.Errorf("nextval without a live lease: %v, want Postgres's 25006 (read-only)", err)
+	}
+}
+
+// SET TRANSACTION READ WRITE (and SET transaction_read_only = off) in a
+// transaction the proxy made writable under the lease changes nothing and
+// runs as direct, in either protocol: after BEGIN, with an isolation level
+// beside it, and alone outside a block (where Postgres only warns). In a
+// block begun READ ONLY, or without a live lease, it stays refused: the
+// proxy does not make a read-only block writable halfway (begin it READ
+// WRITE).
+func TestSetTransactionReadWriteAsDirect(t *testing.T) {
+	lease := newStaticLease(t, "lease_txrw35", 0, "public.*", "app.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	c := connect(t, proxyDSN(p, "agent"))
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+		for _, set := range []string{"SET TRANSACTION READ WRITE", "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ WRITE",
+			"SET transaction_read_only = off", "SET LOCAL transaction_read_only TO false"} {
+			tx, err := c.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tag, err := tx.Exec(ctx, set, mode); err != nil || tag.String() != "SET" {
+				t.Errorf("BEGIN; %s (%v): tag %q, %v; want SET as direct", set, mode, tag.String(), err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO app.log (msg) VALUES ($1)", mode, set); err != nil {
+				t.Errorf("write after BEGIN; %s (%v): %v", set, mode, err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Errorf("COMMIT after %s (%v): %v", set, mode, err)
+			}
+		}
+		if tag, err := c.Exec(ctx, "SET transaction_read_only = off", mode); err != nil || tag.String() != "SET" {
+			t.Errorf("SET transaction_read_only = off outside a block (%v): tag %q, %v; want SET as direct", mode, tag.String(), err)
+		}
+		tx, err := c.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "SET TRANSACTION READ WRITE", mode); pgCode(err) != "42501" || !strings.Contains(err.Error(), "lease_txrw35") {
+			t.Errorf("BEGIN READ ONLY; SET TRANSACTION READ WRITE (%v): %v, want the fence's refusal naming the lease", mode, err)
+		}
+		tx.Rollback(ctx)
+	}
+	lease.lose(errors.New("lost for the test"))
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SET TRANSACTION READ WRITE"); pgCode(err) != "42501" {
+		t.Errorf("SET TRANSACTION READ WRITE without a live lease: %v, want the fence's refusal", err)
 	}
 }

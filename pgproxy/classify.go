@@ -98,6 +98,10 @@ type Statement struct {
 	// default is the proxy's: it gets clientRWSQL instead, which keeps it on
 	// and answers with the same tag.
 	ClientRW bool
+	// TxRW: SET TRANSACTION READ WRITE (or SET transaction_read_only =
+	// off), refused (Forbidden) unless the transaction it runs in is one
+	// the proxy made writable, where it changes nothing.
+	TxRW bool
 	// ShowDefaultRO: SHOW default_transaction_read_only, whose answer the
 	// proxy gives (Postgres's own is always on: the proxy's).
 	ShowDefaultRO bool
@@ -656,6 +660,7 @@ func classifySet(v *pgq.VariableSetStmt) Statement {
 					s.ClientRO, s.ClientRW = -1, true // the client's own default, as below
 				case !defBool(d, true):
 					s.Class, s.Forbidden = ClassWrite, guardedSettings["transaction_read_only"]
+					s.TxRW = name == "transaction"
 				case name == "session characteristics":
 					s.ClientRO = 1
 				}
@@ -689,6 +694,7 @@ func classifySet(v *pgq.VariableSetStmt) Statement {
 			return s // resets to the proxy's startup value (on)
 		}
 		s.Class, s.Forbidden = ClassWrite, why
+		s.TxRW = name == "transaction_read_only" && v.Kind == pgq.VariableSetKind_VAR_SET_VALUE && len(v.Args) == 1 && setValueFalse(v.Args[0])
 	}
 	return s
 }

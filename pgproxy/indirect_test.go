@@ -41,6 +41,8 @@ CREATE FUNCTION inone.trig_fn() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INS
 CREATE TABLE ia.trig (id int);
 CREATE TRIGGER also_none AFTER INSERT ON ia.trig FOR EACH ROW EXECUTE FUNCTION inone.trig_fn();
 CREATE VIEW ia.v AS SELECT v FROM inone.t;
+CREATE VIEW ia.iv AS SELECT 1 AS id;
+CREATE TRIGGER instead_none INSTEAD OF INSERT ON ia.iv FOR EACH ROW EXECUTE FUNCTION inone.trig_fn();
 -- a foreign table of A's that is nobody's table, through postgres_fdw
 CREATE EXTENSION IF NOT EXISTS postgres_fdw;
 DROP SERVER IF EXISTS loopback CASCADE;
@@ -271,6 +273,7 @@ func TestWritesByIndirection(t *testing.T) {
 		{"rule", false, "INSERT INTO ia.ruled VALUES (7)", "rule"},
 		{"user trigger", false, "INSERT INTO ia.trig VALUES (7)", "trigger"},
 		{"default calling a function", false, "INSERT INTO ia.deflt (id) VALUES (1)", "defaults"},
+		{"instead of trigger on a view", false, "INSERT INTO ia.iv VALUES (7)", "instead_none"},
 		{"updatable view", false, "INSERT INTO ia.v VALUES (7)", "inone.t"},
 		{"function from a read", true, "SELECT inone.f_write(7)", "inone.f_write"},
 		{"view calling a function, from a read", true, "SELECT * FROM inone.vvf", "inone.vvf"},

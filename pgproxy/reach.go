@@ -17,17 +17,23 @@ import (
 // table (their statement triggers do not fire), the referencing tables of
 // foreign keys with ON DELETE/UPDATE CASCADE, SET NULL or SET DEFAULT
 // (and, for TRUNCATE ... CASCADE, of every foreign key), the base tables of
-// an updatable view, the owner of a sequence a default advances. Those the proxy learns from the catalogs and judges as
-// if named. What it cannot follow — rules, user triggers, defaults, checks
-// and policies calling user functions or operators, indexes whose
-// expressions or predicates call them, columns of types that run user
-// code, foreign tables — makes the write opaque. A function or operator a user defined, called by a statement
-// that runs in a writable transaction, may write any table: that statement
-// is opaque too, as is one that names a type that runs user code (a cast,
-// a typed literal) or reads a column of one; nextval and setval are
-// judged by the tables that own or default from the sequence. A call of
-// dblink's functions is opaque anywhere: they write over a connection of
-// their own, past the proxy.
+// an updatable view, the owner of a sequence a default advances, the
+// tables that own or take defaults from a sequence written (ALTER
+// SEQUENCE). Those the proxy learns from the catalogs and judges as if
+// named. What it cannot follow — rules, user triggers, defaults, checks
+// and policies calling user functions or operators, indexes (and an index
+// itself) whose expressions or predicates call them, extended statistics
+// that call them, columns of types that run user code, foreign tables —
+// makes the write opaque. A function or operator a user defined, called by
+// a statement that runs in a writable transaction, may write any table:
+// that statement is opaque too, as is one that names a type that runs
+// user code (a cast, a typed literal) or reads a column of one; nextval
+// and setval are judged by the tables that own or default from the
+// sequence. A call of dblink's functions, and a read of a foreign table,
+// is opaque anywhere: they write over a connection of their own, past the
+// proxy; where the database has such a connection route (foreignSet), a
+// user function called from any read is judged as in a writable
+// transaction.
 //
 // Lookups are cached per database for catalogTTL, and forgotten whenever
 // DDL passes the proxy (and again when the transaction that ran it ends).

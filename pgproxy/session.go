@@ -796,6 +796,9 @@ func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *r
 		return &refusal{code: ReasonUnsureParse, reason: "Postgres may parse this text otherwise than fenceline did: " + st.Unsure,
 			hint: "fenceline refuses it whatever the lease: send it with standard_conforming_strings on and client_encoding UTF8, or after a Sync"}
 	}
+	if st.TxRW && (s.sim.blockRW || s.sim.groupRW) && li.live() {
+		return nil // READ WRITE in a transaction the proxy made writable: as it is
+	}
 	if st.Forbidden != "" {
 		code := ReasonFenceTamper
 		if st.Tag == signalTag {
