@@ -189,3 +189,39 @@ func TestSetTransactionReadWriteAsDirect(t *testing.T) {
 		t.Errorf("SET TRANSACTION READ WRITE without a live lease: %v, want the fence's refusal", err)
 	}
 }
+
+// Identifiers of any spelling Postgres accepts can be claimed and written:
+// a quoted upper-case schema ("CURRENT_SCHEMA") and a quoted table name
+// with a space (schema_one."table two"), both fenced at storage, written
+// through the fence in either protocol; a table of the same schema the
+// claim does not name stays refused.
+func TestQuotedIdentifiersAsDirect(t *testing.T) {
+	ctx := ctxT(t)
+	admin := adminConn(t)
+	if _, err := admin.Exec(ctx, `DROP SCHEMA IF EXISTS "CURRENT_SCHEMA" CASCADE; DROP SCHEMA IF EXISTS schema_one CASCADE;
+CREATE SCHEMA "CURRENT_SCHEMA"; CREATE SCHEMA schema_one; GRANT USAGE, CREATE ON SCHEMA "CURRENT_SCHEMA", schema_one TO PUBLIC;
+CREATE TABLE "CURRENT_SCHEMA"."Tab" (i int); CREATE TABLE schema_one."table two" (i int); CREATE TABLE schema_one.other (i int);
+GRANT ALL ON ALL TABLES IN SCHEMA "CURRENT_SCHEMA", schema_one TO PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		adminConn(t).Exec(ctxT(t), `DROP SCHEMA IF EXISTS "CURRENT_SCHEMA" CASCADE; DROP SCHEMA IF EXISTS schema_one CASCADE`)
+	})
+	if _, err := Install(ctx, admin, []string{`"CURRENT_SCHEMA".*`, `schema_one."table two"`, "schema_one.other"}, InstallOptions{Trigger: TriggerPLpgSQL}); err != nil {
+		t.Fatalf("fence the quoted tables: %v", err)
+	}
+	lease := newStaticLease(t, "lease_quoted35", 0, `"CURRENT_SCHEMA".*`, `schema_one."table two"`)
+	p := startProxy(t, Config{Lease: lease})
+	c := connect(t, proxyDSN(p, "agent"))
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+		for _, q := range []string{`INSERT INTO "CURRENT_SCHEMA"."Tab" VALUES (1)`, `UPDATE schema_one."table two" SET i = 2`,
+			`INSERT INTO schema_one."table two" VALUES (1)`, `CREATE TABLE IF NOT EXISTS "CURRENT_SCHEMA".made (i int)`} {
+			if _, err := c.Exec(ctx, q, mode); err != nil {
+				t.Errorf("%s (%v): %v, want it to run as direct", q, mode, err)
+			}
+		}
+		if _, err := c.Exec(ctx, "INSERT INTO schema_one.other VALUES (1)", mode); pgCode(err) != "42501" || !strings.Contains(err.Error(), "lease_quoted35") {
+			t.Errorf("a table of the schema outside the claim (%v): %v, want the fence's refusal", mode, err)
+		}
+	}
+}
