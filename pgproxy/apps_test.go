@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Issue 35: what real applications do, and a lease allows, works through
@@ -223,5 +224,37 @@ GRANT ALL ON ALL TABLES IN SCHEMA "CURRENT_SCHEMA", schema_one TO PUBLIC`); err 
 		if _, err := c.Exec(ctx, "INSERT INTO schema_one.other VALUES (1)", mode); pgCode(err) != "42501" || !strings.Contains(err.Error(), "lease_quoted35") {
 			t.Errorf("a table of the schema outside the claim (%v): %v, want the fence's refusal", mode, err)
 		}
+	}
+}
+
+// A refusal reads as Postgres's own error would: message, detail and hint,
+// and no CONTEXT line of the DO block that raises it, in either protocol;
+// it is audited. An agent's own DO block keeps its context, as direct.
+func TestRefusalWithoutContext(t *testing.T) {
+	lease := newStaticLease(t, "lease_ctx35", 0, "app.*")
+	rec := &recorder{}
+	p := startProxy(t, Config{Lease: lease, Audit: rec, AllowOpaque: true})
+	ctx := ctxT(t)
+	c := connect(t, proxyDSN(p, "agent"))
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+		_, err := c.Exec(ctx, "INSERT INTO public.sink VALUES ('outside the claim')", mode)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "42501" || !strings.Contains(pe.Message, "lease_ctx35") {
+			t.Fatalf("write outside the claim (%v): %v, want the fence's refusal", mode, err)
+		}
+		if pe.Where != "" {
+			t.Errorf("refusal (%v) carries CONTEXT %q, want none", mode, pe.Where)
+		}
+		if pe.Detail == "" || pe.Hint == "" {
+			t.Errorf("refusal (%v): detail %q, hint %q; want both", mode, pe.Detail, pe.Hint)
+		}
+	}
+	_, err := c.Exec(ctx, "DO $$BEGIN RAISE EXCEPTION 'refused by the agent itself'; END$$")
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Where == "" {
+		t.Errorf("the agent's own DO block: %v, want its error with its CONTEXT", err)
+	}
+	if n := len(rec.events()); n != 2 {
+		t.Errorf("%d refusals audited, want 2", n)
 	}
 }
