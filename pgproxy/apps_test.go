@@ -258,3 +258,67 @@ func TestRefusalWithoutContext(t *testing.T) {
 		t.Errorf("%d refusals audited, want 2", n)
 	}
 }
+
+// DROP ... IF EXISTS of schemas and tables outside the claim that do not
+// exist runs as direct (a notice each, tag DROP ...), in a Query of its
+// own; one that names an existing one is refused naming the lease, the
+// table is kept (the guard in the same transaction sees the DROP wrote,
+// and Postgres rolls it back), and the refusal is audited. In a block it
+// stays refused.
+func TestDropIfExistsAsDirect(t *testing.T) {
+	lease := newStaticLease(t, "lease_drop35", 0, "app.*")
+	rec := &recorder{}
+	p := startProxy(t, Config{Lease: lease, Audit: rec})
+	ctx := ctxT(t)
+	cfg, err := pgx.ParseConfig(proxyDSN(p, "agent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var notices []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Message) }
+	c, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	for _, q := range []struct{ sql, tag string }{
+		{"DROP SCHEMA IF EXISTS nosuch_schema35", "DROP SCHEMA"},
+		{"DROP TABLE IF EXISTS public.nosuch35, other.nosuch35 -- gone", "DROP TABLE"},
+		{"DROP SEQUENCE IF EXISTS public.nosuch_seq35;", "DROP SEQUENCE"},
+	} {
+		tag, err := c.Exec(ctx, q.sql, pgx.QueryExecModeSimpleProtocol)
+		if err != nil || tag.String() != q.tag {
+			t.Errorf("%s: tag %q, %v; want %s as direct", q.sql, tag.String(), err, q.tag)
+		}
+	}
+	if len(notices) != 4 || !strings.Contains(notices[0], "does not exist, skipping") {
+		t.Errorf("notices %q, want Postgres's four \"does not exist, skipping\"", notices)
+	}
+	if len(rec.events()) != 0 {
+		t.Errorf("audited %d refusals of drops of nothing", len(rec.events()))
+	}
+	if _, err := adminConn(t).Exec(ctx, "DROP TABLE IF EXISTS public.drop35; CREATE TABLE public.drop35 (i int); ALTER TABLE public.drop35 OWNER TO agent"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { adminConn(t).Exec(ctxT(t), "DROP TABLE IF EXISTS public.drop35") })
+	_, err = c.Exec(ctx, "DROP TABLE IF EXISTS public.drop35", pgx.QueryExecModeSimpleProtocol)
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "42501" || !strings.Contains(pe.Message, "lease_drop35") || pe.Where != "" {
+		t.Errorf("DROP TABLE IF EXISTS of an existing table outside the claim: %v, want the fence's refusal", err)
+	}
+	var n int
+	if err := adminConn(t).QueryRow(ctx, "SELECT count(*) FROM pg_class WHERE oid = 'public.drop35'::regclass").Scan(&n); err != nil || n != 1 {
+		t.Errorf("public.drop35 after the refused drop: %d, %v; want it kept", n, err)
+	}
+	if evs := rec.events(); len(evs) != 1 || evs[0].Reason != ReasonOutsideLease {
+		t.Errorf("audit: %+v, want one outside-lease refusal", evs)
+	}
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "DROP SCHEMA IF EXISTS nosuch_schema35", pgx.QueryExecModeSimpleProtocol); pgCode(err) != "42501" {
+		t.Errorf("DROP SCHEMA IF EXISTS in a block: %v, want the fence's refusal", err)
+	}
+}

@@ -113,6 +113,9 @@ type Statement struct {
 	// PrepareTx: PREPARE TRANSACTION, which keeps the transaction's writes
 	// past its connection.
 	PrepareTx bool
+	// MissingOK: DROP ... IF EXISTS (of tables, views, sequences,
+	// indexes, foreign tables or schemas).
+	MissingOK bool
 	// Prepare/Execute/Deallocate name SQL-level prepared statements.
 	Prepare, Execute, Deallocate string
 	// Inner is the prepared statement's classification (PREPARE only).
@@ -790,9 +793,10 @@ func classifyDrop(d *pgq.DropStmt) Statement {
 		if d.Concurrent {
 			s.Tx = TxOutside
 		}
+		s.MissingOK = d.MissingOk
 		return s
 	case pgq.ObjectType_OBJECT_SCHEMA:
-		s := Statement{Class: ClassWrite}
+		s := Statement{Class: ClassWrite, MissingOK: d.MissingOk}
 		for _, o := range d.Objects {
 			s.Targets = append(s.Targets, Target{Schema: o.GetString_().GetSval(), Name: "*"})
 		}

@@ -32,7 +32,8 @@
 // transaction_read_only (to off), session characteristics, role,
 // session_replication_role or fenceline.*, and any direct set_config() call,
 // are refused (not RESET ROLE, SET ROLE NONE or RESET SESSION
-// AUTHORIZATION: they only return to the role the session connected as);
+// AUTHORIZATION: they only return to the role the session connected as;
+// nor SET TRANSACTION READ WRITE in a transaction the proxy made writable);
 // a change made behind its back (a function calling set_config)
 // shows up as a ParameterStatus, which the proxy answers by setting the
 // default again before the next unit. Units are serialized: the proxy
@@ -118,10 +119,22 @@
 // for its own (error positions are mapped back to the client's text).
 //
 // A refused write is replaced by a DO block that raises SQLSTATE 42501 naming
-// the lease, its fence and the reason, so Postgres itself fails the statement:
+// the lease, its fence and the reason (the CONTEXT line Postgres adds for the
+// block is dropped from the ErrorResponse), so Postgres itself fails the statement:
 // a refused write inside a block leaves it failed; an implicit transaction
 // rolls back; in the extended protocol the rest up to Sync is skipped. Each
 // refusal is logged and recorded with Config.Audit.
+//
+// DROP ... IF EXISTS whose every target is outside the claim, alone in a
+// Query outside a block under a live lease, is forwarded in the
+// transaction the proxy made writable, followed by a guard of the proxy's
+// in the same transaction: a DO block that raises the refusal when
+// txid_current_if_assigned() is not null, i.e. the DROP wrote (it found
+// what it names). A DROP of nothing gets Postgres's notices and tag, as
+// direct; one that finds something is rolled back by Postgres and audited
+// when the proxy sees the guard's error. No lookup, so no race with a
+// concurrent CREATE. SET TRANSACTION READ WRITE in a transaction the proxy
+// made writable changes nothing and passes; elsewhere it is refused.
 //
 // # The storage-side fence
 //

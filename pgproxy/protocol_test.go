@@ -143,9 +143,10 @@ func TestMultiStatementAndForbidden(t *testing.T) {
 	for _, q := range []string{
 		// (SET default_transaction_read_only = off and SET SESSION
 		// CHARACTERISTICS AS TRANSACTION READ WRITE set the client's own
-		// default, Postgres's kept: TestClientReadWriteDefaultAsDirect.)
+		// default, Postgres's kept: TestClientReadWriteDefaultAsDirect.
+		// SET transaction_read_only = off in a transaction the proxy made
+		// writable changes nothing: TestSetTransactionReadWriteAsDirect.)
 		"SET LOCAL default_transaction_read_only = off",
-		"SET transaction_read_only = off",
 		"SELECT set_config('default_transaction_read_only', 'off', false)",
 		"SET LOCAL fenceline.token = 'x'",
 		"ALTER TABLE public.accounts DISABLE TRIGGER ALL",

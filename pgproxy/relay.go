@@ -36,6 +36,9 @@ type expect struct {
 	inserts   []insertion // expQueryEnd: to map error positions back
 	// failed, on a ReadyForQuery item, is set when an error came before it.
 	failed *atomic.Bool
+	// onError, when set, is called when the request fails (a guard of the
+	// proxy's raised: it audits the refusal).
+	onError func()
 }
 
 func (e *expect) endsWithZ() bool {
@@ -199,6 +202,9 @@ func (s *session) relayOne(t byte, raw []byte) error {
 		}
 		if s.copyIn.Load() {
 			s.copyIn.Store(false)
+		}
+		if h.onError != nil {
+			h.onError()
 		}
 		if h.internal != nil {
 			f := errorFields(raw)
