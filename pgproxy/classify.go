@@ -472,7 +472,11 @@ func classifyNode1(n *pgq.Node) Statement {
 		r := x.ReindexStmt
 		s := write(rangeVars(n)...)
 		if r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_SCHEMA && r.Name != "" {
+			// Every index of the schema is rebuilt, running the user code
+			// of its expressions and predicates, which the proxy does not
+			// look up for a whole schema.
 			s.Targets = []Target{{Schema: r.Name, Name: "*"}}
+			s.Opaque, s.OpaqueWhy = true, "REINDEX SCHEMA rebuilds every index of the schema, running whatever user code their expressions call; reindex the tables by name"
 		}
 		if len(s.Targets) == 0 {
 			s.Opaque = true
@@ -494,10 +498,25 @@ func classifyNode1(n *pgq.Node) Statement {
 		s.Tx = TxOutside // (some forms may run in a block; alone they all work)
 		return s
 	case *pgq.Node_CreateSchemaStmt:
-		s := write(Target{Schema: x.CreateSchemaStmt.Schemaname, Name: "*"})
-		if x.CreateSchemaStmt.Schemaname == "" {
+		cs := x.CreateSchemaStmt
+		s := write(Target{Schema: cs.Schemaname, Name: "*"})
+		if cs.Schemaname == "" {
 			s.Opaque = true
 		}
+		// Its elements create objects in the new schema (Postgres checks),
+		// but may name relations of others: a foreign key's referenced
+		// table gets its triggers. A GRANT element is opaque as GRANT is.
+		for _, e := range cs.SchemaElts {
+			if e.GetGrantStmt() != nil {
+				s.Opaque = true
+			}
+			for _, t := range rangeVars(e) {
+				if t.Schema != "" && t.Schema != cs.Schemaname {
+					s.Targets = append(s.Targets, t)
+				}
+			}
+		}
+		s.Targets = dedup(s.Targets)
 		return s
 	case *pgq.Node_DoStmt, *pgq.Node_CallStmt, *pgq.Node_LoadStmt, *pgq.Node_CheckPointStmt,
 		*pgq.Node_GrantStmt, *pgq.Node_GrantRoleStmt, *pgq.Node_CreateRoleStmt, *pgq.Node_AlterRoleStmt,

@@ -379,7 +379,10 @@
 //	ALTER ... SET SCHEMA                   proxy: the new name        W/move a table into B's schema
 //	ALTER SEQUENCE                         proxy: owners and default  W/alter a sequence B's default takes,
 //	                                         takers (pg_depend)         W/setval of a sequence B's default takes
-//	REINDEX INDEX of an expression index   proxy: opaque              W/reindex an expression index
+//	REINDEX INDEX of an expression index;  proxy: opaque              W/reindex an expression index,
+//	  REINDEX SCHEMA                                                    W/reindex a schema with an expression index
+//	CREATE SCHEMA elements naming another  proxy: targets; GRANT      W/create a schema with a foreign key onto
+//	  schema's tables                        elements opaque            B's table
 //	ANALYZE of extended statistics on      proxy: opaque              W/analyze statistics on an expression
 //	  user code
 //	REFRESH MATERIALIZED VIEW, generated   proxy: opaque              W/refresh a materialized view,

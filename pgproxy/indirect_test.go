@@ -16,6 +16,7 @@ const indirectSchema = `
 DROP SCHEMA IF EXISTS ia CASCADE;
 DROP SCHEMA IF EXISTS ib CASCADE;
 DROP SCHEMA IF EXISTS inone CASCADE;
+DROP SCHEMA IF EXISTS ia2 CASCADE;
 CREATE EXTENSION IF NOT EXISTS dblink;
 CREATE SCHEMA ia; CREATE SCHEMA ib; CREATE SCHEMA inone;
 GRANT USAGE, CREATE ON SCHEMA ia, ib, inone TO PUBLIC;
@@ -124,7 +125,7 @@ CREATE FOREIGN TABLE ia.ftv (x int) SERVER loopback OPTIONS (schema_name 'inone'
 -- read-only transaction: dblink, and a foreign table's server
 CREATE FUNCTION inone.f_dbl(text) RETURNS text LANGUAGE sql AS $$ SELECT dblink_exec($1, 'INSERT INTO inone.t VALUES (8)') $$;
 CREATE FUNCTION inone.f_ft() RETURNS bigint LANGUAGE sql AS $$ SELECT count(*) FROM ia.ftv $$;
-ALTER TABLE ia.rix OWNER TO agent; ALTER TABLE ia.st OWNER TO agent; ALTER MATERIALIZED VIEW ia.mv OWNER TO agent;
+ALTER SCHEMA ia OWNER TO agent; ALTER TABLE ia.rix OWNER TO agent; ALTER TABLE ia.st OWNER TO agent; ALTER MATERIALIZED VIEW ia.mv OWNER TO agent;
 GRANT ALL ON ALL TABLES IN SCHEMA ia, ib, inone TO PUBLIC;
 GRANT ALL ON ALL SEQUENCES IN SCHEMA ia, ib, inone TO PUBLIC;
 `
@@ -195,7 +196,7 @@ func setupIndirect(t *testing.T) {
 // dropIndirect removes what setupIndirect made, the extensions too.
 func dropIndirect(t *testing.T) {
 	t.Helper()
-	if _, err := plpgsql.admin(t).Exec(ctxT(t), `DROP SCHEMA IF EXISTS ia, ib, inone CASCADE;
+	if _, err := plpgsql.admin(t).Exec(ctxT(t), `DROP SCHEMA IF EXISTS ia, ia2, ib, inone CASCADE;
 DROP SERVER IF EXISTS loopback CASCADE; DROP EXTENSION IF EXISTS postgres_fdw CASCADE; DROP EXTENSION IF EXISTS dblink CASCADE`); err != nil {
 		t.Errorf("drop the indirect schema: %v", err)
 	}
@@ -251,7 +252,7 @@ func dblinkConn() string {
 // the simple and the extended protocol.
 func TestWritesByIndirection(t *testing.T) {
 	setupIndirect(t)
-	lease := newStaticLease(t, "lease_A", 0, "ia.*")
+	lease := newStaticLease(t, "lease_A", 0, "ia.*", "ia2.*")
 	p := startProxy(t, Config{Lease: lease})
 	for _, tc := range []struct {
 		name  string
@@ -309,6 +310,8 @@ func TestWritesByIndirection(t *testing.T) {
 		{"move a table into B's schema", false, "ALTER TABLE ia.orphan SET SCHEMA ib", "ib.orphan"},
 		{"alter a sequence B's default takes", false, "ALTER SEQUENCE ia.bseq RESTART WITH 100", "ib.usesa"},
 		{"setval of a sequence B's default takes", false, "SELECT setval('ia.bseq', 100)", "ib.usesa"},
+		{"reindex a schema with an expression index", false, "REINDEX SCHEMA ia", "REINDEX SCHEMA"},
+		{"create a schema with a foreign key onto B's table", false, "CREATE SCHEMA ia2 CREATE TABLE t (id int REFERENCES ib.ref ON DELETE CASCADE)", "ib.ref"},
 		{"reindex an expression index", false, "REINDEX INDEX ia.rix_expr", "rix_expr"},
 		{"analyze statistics on an expression", true, "ANALYZE ia.st", "statistics"},
 		{"refresh a materialized view", false, "REFRESH MATERIALIZED VIEW ia.mv", "ia.mv"},
