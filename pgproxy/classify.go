@@ -913,6 +913,8 @@ type Call struct {
 	Shown string
 	// Key is Kind and Name, the catalog cache's key (made once, here).
 	Key string
+	// Schema is a relation's schema as written ('r'; "" when unqualified).
+	Schema string
 }
 
 // calledNames returns the functions and operators n calls by name, and
@@ -922,7 +924,7 @@ func calledNames(n *pgq.Node) []Call {
 	var cs []Call
 	seen := map[Call]bool{}
 	add := func(c Call) {
-		k := Call{Name: c.Name, Kind: c.Kind}
+		k := Call{Name: c.Name, Kind: c.Kind, Schema: c.Schema}
 		if c.Name != "" && !seen[k] {
 			seen[k] = true
 			c.Key = string(c.Kind) + c.Name
@@ -951,7 +953,7 @@ func calledNames(n *pgq.Node) []Call {
 			name, shown := qualified(v.Name)
 			add(Call{Name: name, Kind: 'o', Shown: "operator " + shown})
 		case *pgq.RangeVar:
-			add(Call{Name: v.Relname, Kind: 'r', Shown: Target{Schema: v.Schemaname, Name: v.Relname}.String()})
+			add(Call{Name: v.Relname, Kind: 'r', Shown: Target{Schema: v.Schemaname, Name: v.Relname}.String(), Schema: v.Schemaname})
 		case *pgq.TypeName:
 			if v.PctType {
 				break // (%TYPE names a column, in DDL)

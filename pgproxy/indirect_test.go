@@ -124,6 +124,7 @@ CREATE FOREIGN TABLE ia.ftv (x int) SERVER loopback OPTIONS (schema_name 'inone'
 -- user functions that write through another connection, called from a
 -- read-only transaction: dblink, and a foreign table's server
 CREATE FUNCTION inone.f_dbl(text) RETURNS text LANGUAGE sql AS $$ SELECT dblink_exec($1, 'INSERT INTO inone.t VALUES (8)') $$;
+CREATE TABLE inone.ftv (x int); -- named as A's foreign table, not one
 CREATE FUNCTION inone.f_ft() RETURNS bigint LANGUAGE sql AS $$ SELECT count(*) FROM ia.ftv $$;
 ALTER SCHEMA ia OWNER TO agent; ALTER TABLE ia.rix OWNER TO agent; ALTER TABLE ia.st OWNER TO agent; ALTER MATERIALIZED VIEW ia.mv OWNER TO agent;
 GRANT ALL ON ALL TABLES IN SCHEMA ia, ib, inone TO PUBLIC;
@@ -415,6 +416,11 @@ func TestIndirectWritesInsideTheClaim(t *testing.T) {
 			_, err = c.Exec(ctx, "SELECT inone.f_write(9)", mode)
 			if pgCode(err) != "42501" || !strings.Contains(err.Error(), "connection of its own") {
 				t.Errorf("user function from a read outside a block, dblink installed: %v, want the proxy's refusal", err)
+			}
+			// A table named as a foreign table of another schema is read as
+			// any table, by its qualified name.
+			if err := c.QueryRow(ctx, "SELECT count(*) FROM inone.ftv", mode).Scan(&n); err != nil {
+				t.Errorf("a plain table named as a foreign one: %v", err)
 			}
 		})
 	}

@@ -66,7 +66,8 @@ type catalog struct {
 // transactions read-write): a foreign table over a view that calls a
 // writing function writes, from a plain SELECT.
 type foreignSet struct {
-	names map[string]bool
+	names map[string]bool // by relname: what an unqualified name may be
+	qual  map[string]bool // by quoteRel(schema, relname)
 	// connects: the database has a way for code to open a connection of
 	// its own (the dblink extension, or a foreign table of a wrapper that
 	// connects): a read-only transaction then binds only the agent's own
@@ -89,6 +90,8 @@ const foreignSQL = `WITH RECURSIVE f(oid) AS (
     UNION ALL SELECT i.inhparent FROM pg_catalog.pg_inherits i WHERE i.inhrelid = f.oid) x(oid)
 )
 SELECT DISTINCT 'r', c.relname::pg_catalog.text FROM f JOIN pg_catalog.pg_class c ON c.oid = f.oid
+UNION ALL SELECT DISTINCT 'q', '"' || pg_catalog.replace(n.nspname, '"', '""') || '"."' || pg_catalog.replace(c.relname, '"', '""') || '"'
+  FROM f JOIN pg_catalog.pg_class c ON c.oid = f.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 UNION ALL SELECT 'c', 'extension ' || e.extname FROM pg_catalog.pg_extension e WHERE e.extname = 'dblink'
 UNION ALL SELECT 'c', 'foreign server ' || sv.srvname FROM pg_catalog.pg_foreign_server sv
   JOIN pg_catalog.pg_foreign_data_wrapper w ON w.oid = sv.srvfdw
@@ -171,8 +174,11 @@ func readsForeign(st *Statement, fs *foreignSet) string {
 		return ""
 	}
 	for _, c := range st.Calls {
-		if c.Kind == 'r' && fs.names[c.Name] {
-			return c.Shown
+		if c.Kind != 'r' || !fs.names[c.Name] {
+			continue
+		}
+		if c.Schema == "" || c.Schema == "pg_temp" || fs.qual[quoteRel(c.Schema, c.Name)] {
+			return c.Shown // (an unqualified name may resolve to it)
 		}
 	}
 	return ""
@@ -226,13 +232,15 @@ func (s *session) learnForeign(stmts []*Statement, lookup bool) error {
 	if err != nil {
 		return s.lookupFailed(err)
 	}
-	fs := &foreignSet{names: map[string]bool{}, at: time.Now()}
+	fs := &foreignSet{names: map[string]bool{}, qual: map[string]bool{}, at: time.Now()}
 	var via []string
 	for _, row := range rows {
 		switch {
 		case len(row) != 2:
 		case row[0] == "r":
 			fs.names[row[1]] = true
+		case row[0] == "q":
+			fs.qual[row[1]] = true
 		case row[0] == "c":
 			via = append(via, row[1])
 		}
