@@ -393,8 +393,8 @@
 //	a user function from a read where      proxy: opaque anywhere     W/a function calling dblink, from a read,
 //	  dblink or a foreign server exists                                 W/a function reading a foreign table,
 //	                                                                      from a read; TestUserFunctionReadOnly
-//	autovacuum running index and           proxy, at CREATE INDEX /   W/index expression (classifier corpus)
-//	  statistics expressions                 CREATE STATISTICS
+//	autovacuum running index and           proxy, at CREATE INDEX /   W/create an index on a user function ...,
+//	  statistics expressions                 CREATE STATISTICS          W/create statistics on a user function ...
 //	subscriptions (logical apply)          proxy: opaque (superuser)  —
 //	pg_advisory_*, LISTEN/NOTIFY           not writes: pass           (classifier corpus)
 //

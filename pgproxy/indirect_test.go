@@ -313,6 +313,8 @@ func TestWritesByIndirection(t *testing.T) {
 		{"setval of a sequence B's default takes", false, "SELECT setval('ia.bseq', 100)", "ib.usesa"},
 		{"reindex a schema with an expression index", false, "REINDEX SCHEMA ia", "REINDEX SCHEMA"},
 		{"create a schema with a foreign key onto B's table", false, "CREATE SCHEMA ia2 CREATE TABLE t (id int REFERENCES ib.ref ON DELETE CASCADE)", "ib.ref"},
+		{"create an index on a user function (autovacuum runs it later)", false, "CREATE INDEX ON ia.icol (inone.f_imm(v))", "inone.f_imm"},
+		{"create statistics on a user function (autovacuum runs it later)", false, "CREATE STATISTICS ia.s2 ON (inone.f_imm(v)) FROM ia.icol", "inone.f_imm"},
 		{"reindex an expression index", false, "REINDEX INDEX ia.rix_expr", "rix_expr"},
 		{"analyze statistics on an expression", true, "ANALYZE ia.st", "statistics"},
 		{"refresh a materialized view", false, "REFRESH MATERIALIZED VIEW ia.mv", "ia.mv"},
