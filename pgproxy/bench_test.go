@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -236,4 +237,20 @@ func BenchmarkBindSession(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkForeignToJudge is what the read fast path spends per statement
+// to know that a read names no foreign table (issue 33: the set is learned
+// once per catalogTTL; in between, a load and a map lookup).
+func BenchmarkForeignToJudge(b *testing.B) {
+	s := &session{p: &Proxy{catalog: newCatalog()}, database: "bench"}
+	s.p.catalog.foreign.Store("bench", &foreignSet{names: map[string]bool{}, at: time.Now().Add(time.Hour)})
+	cls := Classify("SELECT abalance FROM pgbench_accounts WHERE aid = $1")
+	st := &cls.Stmts[0]
+	b.ReportAllocs()
+	for b.Loop() {
+		if s.foreignToJudge(st) {
+			b.Fatal("judged")
+		}
+	}
 }

@@ -98,6 +98,10 @@ type Statement struct {
 	// default is the proxy's: it gets clientRWSQL instead, which keeps it on
 	// and answers with the same tag.
 	ClientRW bool
+	// TxRW: SET TRANSACTION READ WRITE (or SET transaction_read_only =
+	// off), refused (Forbidden) unless the transaction it runs in is one
+	// the proxy made writable, where it changes nothing.
+	TxRW bool
 	// ShowDefaultRO: SHOW default_transaction_read_only, whose answer the
 	// proxy gives (Postgres's own is always on: the proxy's).
 	ShowDefaultRO bool
@@ -109,6 +113,9 @@ type Statement struct {
 	// PrepareTx: PREPARE TRANSACTION, which keeps the transaction's writes
 	// past its connection.
 	PrepareTx bool
+	// MissingOK: DROP ... IF EXISTS (of tables, views, sequences,
+	// indexes, foreign tables or schemas).
+	MissingOK bool
 	// Prepare/Execute/Deallocate name SQL-level prepared statements.
 	Prepare, Execute, Deallocate string
 	// Inner is the prepared statement's classification (PREPARE only).
@@ -416,9 +423,20 @@ func classifyNode1(n *pgq.Node) Statement {
 		}
 		return s
 	case *pgq.Node_AlterTableStmt:
+		// Every relation a command names is changed too: a table attached
+		// or detached as a partition, a parent inherited or left, a table
+		// a foreign key references (it gets the key's triggers).
 		s := write(target(x.AlterTableStmt.Relation))
+		s.Targets = dedup(append(s.Targets, rangeVars(&pgq.Node{Node: &pgq.Node_List{List: &pgq.List{Items: x.AlterTableStmt.Cmds}}})...))
 		for _, c := range x.AlterTableStmt.Cmds {
 			if ac := c.GetAlterTableCmd(); ac != nil {
+				if ac.Behavior == pgq.DropBehavior_DROP_CASCADE {
+					// CASCADE changes what depends on it, whoever's it is:
+					// other tables' foreign keys and views (DROP COLUMN,
+					// DROP CONSTRAINT), the tables typed by a type (ALTER
+					// TYPE ... CASCADE, CREATE TABLE ... OF).
+					s.Opaque, s.OpaqueWhy = true, cascadeWhy
+				}
 				if ac.Subtype >= pgq.AlterTableType_AT_EnableTrig && ac.Subtype <= pgq.AlterTableType_AT_DisableTrigUser {
 					s.Forbidden = "it changes when triggers fire, and the storage-side fence is a trigger"
 				}
@@ -430,11 +448,35 @@ func classifyNode1(n *pgq.Node) Statement {
 		return s
 	case *pgq.Node_DropStmt:
 		return classifyDrop(x.DropStmt)
+	case *pgq.Node_RenameStmt:
+		s := write(rangeVars(n)...)
+		if len(s.Targets) == 0 {
+			s.Opaque = true
+		}
+		if x.RenameStmt.Behavior == pgq.DropBehavior_DROP_CASCADE {
+			s.Opaque, s.OpaqueWhy = true, cascadeWhy // (ALTER TYPE ... RENAME ATTRIBUTE ... CASCADE)
+		}
+		return s
+	case *pgq.Node_AlterObjectSchemaStmt:
+		s := write(rangeVars(n)...)
+		if len(s.Targets) == 0 {
+			s.Opaque = true
+		}
+		if rv := x.AlterObjectSchemaStmt.Relation; rv != nil {
+			// The relation is written into its new schema, as if created
+			// there.
+			s.Targets = append(s.Targets, target(&pgq.RangeVar{Schemaname: x.AlterObjectSchemaStmt.Newschema, Relname: rv.Relname, Inh: true}))
+		}
+		return s
 	case *pgq.Node_ReindexStmt:
 		r := x.ReindexStmt
 		s := write(rangeVars(n)...)
 		if r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_SCHEMA && r.Name != "" {
+			// Every index of the schema is rebuilt, running the user code
+			// of its expressions and predicates, which the proxy does not
+			// look up for a whole schema.
 			s.Targets = []Target{{Schema: r.Name, Name: "*"}}
+			s.Opaque, s.OpaqueWhy = true, "REINDEX SCHEMA rebuilds every index of the schema, running whatever user code their expressions call; reindex the tables by name"
 		}
 		if len(s.Targets) == 0 {
 			s.Opaque = true
@@ -456,10 +498,25 @@ func classifyNode1(n *pgq.Node) Statement {
 		s.Tx = TxOutside // (some forms may run in a block; alone they all work)
 		return s
 	case *pgq.Node_CreateSchemaStmt:
-		s := write(Target{Schema: x.CreateSchemaStmt.Schemaname, Name: "*"})
-		if x.CreateSchemaStmt.Schemaname == "" {
+		cs := x.CreateSchemaStmt
+		s := write(Target{Schema: cs.Schemaname, Name: "*"})
+		if cs.Schemaname == "" {
 			s.Opaque = true
 		}
+		// Its elements create objects in the new schema (Postgres checks),
+		// but may name relations of others: a foreign key's referenced
+		// table gets its triggers. A GRANT element is opaque as GRANT is.
+		for _, e := range cs.SchemaElts {
+			if e.GetGrantStmt() != nil {
+				s.Opaque = true
+			}
+			for _, t := range rangeVars(e) {
+				if t.Schema != "" && t.Schema != cs.Schemaname {
+					s.Targets = append(s.Targets, t)
+				}
+			}
+		}
+		s.Targets = dedup(s.Targets)
 		return s
 	case *pgq.Node_DoStmt, *pgq.Node_CallStmt, *pgq.Node_LoadStmt, *pgq.Node_CheckPointStmt,
 		*pgq.Node_GrantStmt, *pgq.Node_GrantRoleStmt, *pgq.Node_CreateRoleStmt, *pgq.Node_AlterRoleStmt,
@@ -484,6 +541,9 @@ func classifyNode1(n *pgq.Node) Statement {
 	}
 	return s
 }
+
+// cascadeWhy is why a change with CASCADE is opaque.
+const cascadeWhy = "with CASCADE it also changes what depends on it (other tables' foreign keys, views, tables typed by it), whoever's they are"
 
 // hasOption reports whether options (DefElems) set name, true.
 func hasOption(options []*pgq.Node, name string) bool {
@@ -622,6 +682,7 @@ func classifySet(v *pgq.VariableSetStmt) Statement {
 					s.ClientRO, s.ClientRW = -1, true // the client's own default, as below
 				case !defBool(d, true):
 					s.Class, s.Forbidden = ClassWrite, guardedSettings["transaction_read_only"]
+					s.TxRW = name == "transaction"
 				case name == "session characteristics":
 					s.ClientRO = 1
 				}
@@ -655,6 +716,7 @@ func classifySet(v *pgq.VariableSetStmt) Statement {
 			return s // resets to the proxy's startup value (on)
 		}
 		s.Class, s.Forbidden = ClassWrite, why
+		s.TxRW = name == "transaction_read_only" && v.Kind == pgq.VariableSetKind_VAR_SET_VALUE && len(v.Args) == 1 && setValueFalse(v.Args[0])
 	}
 	return s
 }
@@ -750,9 +812,10 @@ func classifyDrop(d *pgq.DropStmt) Statement {
 		if d.Concurrent {
 			s.Tx = TxOutside
 		}
+		s.MissingOK = d.MissingOk
 		return s
 	case pgq.ObjectType_OBJECT_SCHEMA:
-		s := Statement{Class: ClassWrite}
+		s := Statement{Class: ClassWrite, MissingOK: d.MissingOk}
 		for _, o := range d.Objects {
 			s.Targets = append(s.Targets, Target{Schema: o.GetString_().GetSval(), Name: "*"})
 		}
@@ -850,6 +913,8 @@ type Call struct {
 	Shown string
 	// Key is Kind and Name, the catalog cache's key (made once, here).
 	Key string
+	// Schema is a relation's schema as written ('r'; "" when unqualified).
+	Schema string
 }
 
 // calledNames returns the functions and operators n calls by name, and
@@ -859,7 +924,7 @@ func calledNames(n *pgq.Node) []Call {
 	var cs []Call
 	seen := map[Call]bool{}
 	add := func(c Call) {
-		k := Call{Name: c.Name, Kind: c.Kind}
+		k := Call{Name: c.Name, Kind: c.Kind, Schema: c.Schema}
 		if c.Name != "" && !seen[k] {
 			seen[k] = true
 			c.Key = string(c.Kind) + c.Name
@@ -888,7 +953,7 @@ func calledNames(n *pgq.Node) []Call {
 			name, shown := qualified(v.Name)
 			add(Call{Name: name, Kind: 'o', Shown: "operator " + shown})
 		case *pgq.RangeVar:
-			add(Call{Name: v.Relname, Kind: 'r', Shown: Target{Schema: v.Schemaname, Name: v.Relname}.String()})
+			add(Call{Name: v.Relname, Kind: 'r', Shown: Target{Schema: v.Schemaname, Name: v.Relname}.String(), Schema: v.Schemaname})
 		case *pgq.TypeName:
 			if v.PctType {
 				break // (%TYPE names a column, in DDL)

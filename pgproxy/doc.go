@@ -32,7 +32,8 @@
 // transaction_read_only (to off), session characteristics, role,
 // session_replication_role or fenceline.*, and any direct set_config() call,
 // are refused (not RESET ROLE, SET ROLE NONE or RESET SESSION
-// AUTHORIZATION: they only return to the role the session connected as);
+// AUTHORIZATION: they only return to the role the session connected as;
+// nor SET TRANSACTION READ WRITE in a transaction the proxy made writable);
 // a change made behind its back (a function calling set_config)
 // shows up as a ParameterStatus, which the proxy answers by setting the
 // default again before the next unit. Units are serialized: the proxy
@@ -118,10 +119,22 @@
 // for its own (error positions are mapped back to the client's text).
 //
 // A refused write is replaced by a DO block that raises SQLSTATE 42501 naming
-// the lease, its fence and the reason, so Postgres itself fails the statement:
+// the lease, its fence and the reason (the CONTEXT line Postgres adds for the
+// block is dropped from the ErrorResponse), so Postgres itself fails the statement:
 // a refused write inside a block leaves it failed; an implicit transaction
 // rolls back; in the extended protocol the rest up to Sync is skipped. Each
 // refusal is logged and recorded with Config.Audit.
+//
+// DROP ... IF EXISTS whose every target is outside the claim, alone in a
+// Query outside a block under a live lease, is forwarded in the
+// transaction the proxy made writable, followed by a guard of the proxy's
+// in the same transaction: a DO block that raises the refusal when
+// txid_current_if_assigned() is not null, i.e. the DROP wrote (it found
+// what it names). A DROP of nothing gets Postgres's notices and tag, as
+// direct; one that finds something is rolled back by Postgres and audited
+// when the proxy sees the guard's error. No lookup, so no race with a
+// concurrent CREATE. SET TRANSACTION READ WRITE in a transaction the proxy
+// made writable changes nothing and passes; elsewhere it is refused.
 //
 // # The storage-side fence
 //
@@ -223,7 +236,43 @@
 // outside one Postgres refuses the function's writes (25006), as direct. A
 // call of dblink's functions is an opaque write anywhere: it writes over a
 // connection of its own, which neither passes the proxy nor inherits the
-// read-only transaction.
+// read-only transaction. So does a read of a foreign table (of any wrapper
+// but file_fdw) or of a view, materialized view or parent over one: its
+// server runs the query over a connection of the wrapper's, writable
+// (postgres_fdw in Postgres 15 does not pass READ ONLY on), and a foreign
+// table over a view that calls a writing function writes. And in a
+// database where code has such a way out (the dblink extension, or a
+// foreign server with tables), a user function, view or type called from
+// any read is judged as in a writable transaction. The proxy learns both
+// per database (foreignSQL: one query, cached for catalogTTL, forgotten
+// with DDL); a read that names no relation and calls nothing never asks.
+//
+// DDL is judged by every relation it changes, not only the one it names
+// first: an ALTER TABLE command's relations (ATTACH/DETACH PARTITION,
+// INHERIT, NO INHERIT, a foreign key's referenced table, which gets the
+// key's triggers) are targets as CREATE TABLE's INHERITS, PARTITION OF and
+// REFERENCES are; SET SCHEMA writes the relation into its new schema;
+// CASCADE on ALTER TABLE, ALTER TYPE or RENAME ATTRIBUTE changes what
+// depends on it (other tables' foreign keys and views, tables typed by the
+// type) and is opaque; ALTER SEQUENCE reaches the tables that own the
+// sequence or take defaults from it. An index whose expressions or
+// predicate call user code, and extended statistics whose expressions do,
+// make a write of them (REINDEX INDEX; ANALYZE of the table) opaque.
+// Autovacuum runs the same expressions later, as the table's owner: they
+// are judged where they are made (CREATE INDEX or CREATE STATISTICS naming
+// a user function is opaque).
+//
+// Which side judges: the proxy judges every route above before the write
+// runs, fenced tables or not. The storage trigger is the second line, on
+// fenced tables: it fires for foreign-key actions (Postgres runs them as
+// statements on the referencing table), for every table TRUNCATE
+// truncates, and for whatever user code writes in a transaction the
+// proxy made writable (with AllowOpaque). It does not fire for a child's
+// rows written through its partitioned or inherited parent (Postgres
+// fires only the named table's statement triggers): those are the proxy's
+// to judge alone. Nor for a subscription's apply, which runs with
+// session_replication_role = replica (CREATE SUBSCRIPTION is opaque, and
+// superuser-only in Postgres 15).
 //
 // A type created after initdb runs user code when its input, output, send,
 // receive or typmod functions, a range's canonical or subtype_diff, a
@@ -319,6 +368,34 @@
 //	  a user function                        writable transaction       W/temp table as a user function
 //	publications, COMMENT, SECURITY LABEL  proxy: named targets or    (classifier corpus)
 //	                                         opaque
+//	ALTER TABLE ... ATTACH/DETACH          proxy: every relation      W/attach B's table as a partition,
+//	  PARTITION, INHERIT, NO INHERIT,        named is a target          W/detach B's partition only,
+//	  ADD FOREIGN KEY ... REFERENCES                                    W/inherit from B's table,
+//	                                                                    W/foreign key onto B's table
+//	CASCADE on ALTER TABLE, ALTER TYPE,    proxy: opaque              W/drop a constraint B's foreign key needs,
+//	  RENAME ATTRIBUTE                                                  W/alter a type B's table is typed by,
+//	                                                                    W/rename an attribute of a type B's
+//	                                                                      table is typed by
+//	ALTER ... SET SCHEMA                   proxy: the new name        W/move a table into B's schema
+//	ALTER SEQUENCE                         proxy: owners and default  W/alter a sequence B's default takes,
+//	                                         takers (pg_depend)         W/setval of a sequence B's default takes
+//	REINDEX INDEX of an expression index;  proxy: opaque              W/reindex an expression index,
+//	  REINDEX SCHEMA                                                    W/reindex a schema with an expression index
+//	CREATE SCHEMA elements naming another  proxy: targets; GRANT      W/create a schema with a foreign key onto
+//	  schema's tables                        elements opaque            B's table
+//	ANALYZE of extended statistics on      proxy: opaque              W/analyze statistics on an expression
+//	  user code
+//	REFRESH MATERIALIZED VIEW, generated   proxy: opaque              W/refresh a materialized view,
+//	  columns calling user code                                         W/generated column
+//	INSTEAD OF triggers                    proxy: opaque              W/instead of trigger on a view
+//	a read of a foreign table (or a view   proxy: opaque anywhere     W/foreign table read
+//	  or parent over one)
+//	a user function from a read where      proxy: opaque anywhere     W/a function calling dblink, from a read,
+//	  dblink or a foreign server exists                                 W/a function reading a foreign table,
+//	                                                                      from a read; TestUserFunctionReadOnly
+//	autovacuum running index and           proxy, at CREATE INDEX /   W/create an index on a user function ...,
+//	  statistics expressions                 CREATE STATISTICS          W/create statistics on a user function ...
+//	subscriptions (logical apply)          proxy: opaque (superuser)  —
 //	pg_advisory_*, LISTEN/NOTIFY           not writes: pass           (classifier corpus)
 //
 // # What no lease allows
@@ -517,9 +594,10 @@
 // an inheritance parent (which writes the parent alone) and SELECT ... FOR
 // UPDATE on a parent are judged with the parent's children all the same.
 // Fenced tables check the token there (fence and table scope), unfenced
-// tables do not. Outside a writable transaction, a user function
-// that itself calls dblink (or writes large objects) is a read to the
-// proxy. Functions are judged by name, whatever their schema and
+// tables do not. Outside a writable transaction, a user function that
+// writes large objects, or opens a connection by a route the proxy does
+// not know (an untrusted language, a third-party extension), is a read to
+// the proxy. Functions are judged by name, whatever their schema and
 // signature: a user function named like a builtin (count, lower) makes
 // every call of that name opaque in writable transactions. A write that
 // reaches tables by a route the proxy follows is judged whole: a claim

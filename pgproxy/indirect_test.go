@@ -16,6 +16,7 @@ const indirectSchema = `
 DROP SCHEMA IF EXISTS ia CASCADE;
 DROP SCHEMA IF EXISTS ib CASCADE;
 DROP SCHEMA IF EXISTS inone CASCADE;
+DROP SCHEMA IF EXISTS ia2 CASCADE;
 CREATE EXTENSION IF NOT EXISTS dblink;
 CREATE SCHEMA ia; CREATE SCHEMA ib; CREATE SCHEMA inone;
 GRANT USAGE, CREATE ON SCHEMA ia, ib, inone TO PUBLIC;
@@ -41,6 +42,8 @@ CREATE FUNCTION inone.trig_fn() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INS
 CREATE TABLE ia.trig (id int);
 CREATE TRIGGER also_none AFTER INSERT ON ia.trig FOR EACH ROW EXECUTE FUNCTION inone.trig_fn();
 CREATE VIEW ia.v AS SELECT v FROM inone.t;
+CREATE VIEW ia.iv AS SELECT 1 AS id;
+CREATE TRIGGER instead_none INSTEAD OF INSERT ON ia.iv FOR EACH ROW EXECUTE FUNCTION inone.trig_fn();
 -- a foreign table of A's that is nobody's table, through postgres_fdw
 CREATE EXTENSION IF NOT EXISTS postgres_fdw;
 DROP SERVER IF EXISTS loopback CASCADE;
@@ -85,6 +88,47 @@ CREATE TABLE ia.lp1 PARTITION OF ia.lp FOR VALUES IN (1);
 CREATE TABLE ia.lparent (id int PRIMARY KEY);
 CREATE TABLE ia.lchild (pid int REFERENCES ia.lparent ON DELETE CASCADE);
 GRANT ALL ON ALL TABLES IN SCHEMA ia, ib, inone TO PUBLIC;
+-- DDL on A's objects that changes B's tables (agents share a role: the
+-- agent owns both): a table attached as a partition of A's, inherited
+-- by A's, referenced by A's foreign key, typed by A's type, defaulting
+-- from A's sequence
+CREATE TABLE ib.free (id int, v text);
+CREATE TABLE ib.base (id int, v text);
+CREATE TABLE ia.orphan (id int, v text);
+INSERT INTO ia.orphan VALUES (9, 'a');
+CREATE TABLE ib.ref (id int PRIMARY KEY);
+CREATE TABLE ia.fkc (id int);
+CREATE TYPE ia.comp AS (a int);
+CREATE TABLE ib.typed OF ia.comp;
+CREATE SEQUENCE ia.bseq;
+CREATE TABLE ib.usesa (id bigint DEFAULT nextval('ia.bseq'));
+ALTER TABLE ib.free OWNER TO agent; ALTER TABLE ib.base OWNER TO agent; ALTER TABLE ia.orphan OWNER TO agent;
+ALTER TABLE ib.ref OWNER TO agent; ALTER TABLE ia.fkc OWNER TO agent; ALTER TYPE ia.comp OWNER TO agent;
+ALTER TABLE ib.typed OWNER TO agent; ALTER SEQUENCE ia.bseq OWNER TO agent; ALTER TABLE ia.lp OWNER TO agent;
+CREATE TABLE ia.pk2 (id int PRIMARY KEY);
+CREATE TABLE ib.fk2 (pid int REFERENCES ia.pk2);
+ALTER TABLE ia.pk2 OWNER TO agent; ALTER TABLE ib.fk2 OWNER TO agent;
+ALTER TABLE ib.usesa OWNER TO agent; ALTER TABLE ia.part OWNER TO agent; ALTER TABLE ib.part_hi OWNER TO agent;
+-- user code that maintenance runs: an expression index rebuilt, extended
+-- statistics on an expression, a materialized view refreshed, a
+-- generated column; and a foreign table over a view that writes
+CREATE TABLE ia.rix (id int);
+INSERT INTO ia.rix VALUES (1);
+CREATE INDEX rix_expr ON ia.rix (inone.f_imm(id));
+CREATE TABLE ia.st (id int);
+INSERT INTO ia.st VALUES (1), (2);
+CREATE STATISTICS ia.st_expr ON (inone.f_imm(id)) FROM ia.st;
+CREATE MATERIALIZED VIEW ia.mv AS SELECT inone.f_write(4) AS x WITH NO DATA;
+CREATE TABLE ia.gen (id int, g int GENERATED ALWAYS AS (inone.f_imm(id)) STORED);
+CREATE FOREIGN TABLE ia.ftv (x int) SERVER loopback OPTIONS (schema_name 'inone', table_name 'vf');
+-- user functions that write through another connection, called from a
+-- read-only transaction: dblink, and a foreign table's server
+CREATE FUNCTION inone.f_dbl(text) RETURNS text LANGUAGE sql AS $$ SELECT dblink_exec($1, 'INSERT INTO inone.t VALUES (8)') $$;
+CREATE TABLE inone.ftv (x int); -- named as A's foreign table, not one
+CREATE FUNCTION inone.f_ft() RETURNS bigint LANGUAGE sql AS $$ SELECT count(*) FROM ia.ftv $$;
+ALTER SCHEMA ia OWNER TO agent; ALTER TABLE ia.rix OWNER TO agent; ALTER TABLE ia.st OWNER TO agent; ALTER MATERIALIZED VIEW ia.mv OWNER TO agent;
+GRANT ALL ON ALL TABLES IN SCHEMA ia, ib, inone TO PUBLIC;
+GRANT ALL ON ALL SEQUENCES IN SCHEMA ia, ib, inone TO PUBLIC;
 `
 
 // indirectRows puts the rows every case starts from, as the admin with the
@@ -104,17 +148,31 @@ INSERT INTO inone.child3 VALUES (1);
 INSERT INTO ia.lp VALUES (1, 'a');
 INSERT INTO ia.lparent VALUES (1);
 INSERT INTO ia.lchild VALUES (1);
-SELECT setval('ib.ser_id_seq', 1, false), setval('inone.shared', 1, false);
+SELECT setval('ib.ser_id_seq', 1, false), setval('inone.shared', 1, false), setval('ia.bseq', 1, false);
+DO $$ BEGIN
+  IF to_regclass('ib.orphan') IS NOT NULL THEN ALTER TABLE ib.orphan SET SCHEMA ia; END IF;
+  IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'ia.comp'::regclass AND attname = 'z') THEN ALTER TYPE ia.comp RENAME ATTRIBUTE z TO a CASCADE; END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = 'ia.pk2'::regclass AND contype = 'p') THEN ALTER TABLE ia.pk2 ADD PRIMARY KEY (id); END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = 'ib.fk2'::regclass AND contype = 'f') THEN ALTER TABLE ib.fk2 ADD FOREIGN KEY (pid) REFERENCES ia.pk2; END IF;
+  IF EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = 'ib.free'::regclass) THEN ALTER TABLE ia.lp DETACH PARTITION ib.free; END IF;
+  IF EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = 'ia.orphan'::regclass) THEN ALTER TABLE ia.orphan NO INHERIT ib.base; END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = 'ib.part_hi'::regclass) THEN ALTER TABLE ia.part ATTACH PARTITION ib.part_hi FOR VALUES FROM (100) TO (200); END IF;
+END $$;
+ALTER TABLE ia.fkc DROP CONSTRAINT IF EXISTS fkc_id_fkey;
+ALTER TYPE ia.comp DROP ATTRIBUTE IF EXISTS b CASCADE;
 `
 
 // bState is what B's and nobody's tables hold: unchanged after a refusal.
-const bState = `SELECT concat_ws('|', (SELECT last_value || is_called::text FROM ib.ser_id_seq), (SELECT last_value || is_called::text FROM inone.shared), (SELECT string_agg(id || v, ',' ORDER BY id) FROM ib.part_hi),
+const bState = `SELECT concat_ws('|', (SELECT count(*) FROM ib.base), (SELECT count(*) FROM pg_inherits WHERE inhrelid IN ('ib.free'::regclass, 'ib.part_hi'::regclass)),
+ (SELECT count(*) FROM pg_trigger WHERE tgrelid = 'ib.ref'::regclass), (SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute WHERE attrelid = 'ib.typed'::regclass AND attnum > 0 AND NOT attisdropped),
+ (SELECT count(*) FROM pg_constraint WHERE conrelid = 'ib.fk2'::regclass), (SELECT count(*) FROM pg_class WHERE relnamespace = 'ib'::regnamespace AND relname = 'orphan'),
+ (SELECT last_value || is_called::text FROM ia.bseq), (SELECT last_value || is_called::text FROM ib.ser_id_seq), (SELECT last_value || is_called::text FROM inone.shared), (SELECT string_agg(id || v, ',' ORDER BY id) FROM ib.part_hi),
  (SELECT string_agg(id || v, ',' ORDER BY id) FROM ib.inh_child),
  (SELECT string_agg(id || ':' || pid, ',') FROM ib.child),
  (SELECT string_agg(coalesce(pid::text, 'null'), ',') FROM ib.child_null),
  (SELECT count(*) FROM inone.t), (SELECT count(*) FROM inone.child3))`
 
-const bStateWant = "1false|1false|150b|2b|1:1|1|0|1"
+const bStateWant = "0|1|1|a|1|0|1false|1false|1false|150b|2b|1:1|1|0|1"
 
 func setupIndirect(t *testing.T) {
 	t.Helper()
@@ -130,6 +188,44 @@ func setupIndirect(t *testing.T) {
 	}
 	if _, err := Install(ctx, admin, []string{"ib.*"}, InstallOptions{Trigger: TriggerPLpgSQL}); err != nil {
 		t.Fatalf("fence ib.*: %v", err)
+	}
+	// Other tests judge reads in a database with no route to a connection
+	// of its own.
+	t.Cleanup(func() { dropIndirect(t) })
+}
+
+// dropIndirect removes what setupIndirect made, the extensions too.
+func dropIndirect(t *testing.T) {
+	t.Helper()
+	if _, err := plpgsql.admin(t).Exec(ctxT(t), `DROP SCHEMA IF EXISTS ia, ia2, ib, inone CASCADE;
+DROP SERVER IF EXISTS loopback CASCADE; DROP EXTENSION IF EXISTS postgres_fdw CASCADE; DROP EXTENSION IF EXISTS dblink CASCADE`); err != nil {
+		t.Errorf("drop the indirect schema: %v", err)
+	}
+}
+
+// TestUserFunctionReadOnly: in a database where code has no way to open a
+// connection of its own (no dblink, no foreign server with tables), a user
+// function called from a read outside a writable transaction runs in
+// Postgres's read-only transaction, which refuses its write (25006), as
+// direct; the proxy sends it through.
+func TestUserFunctionReadOnly(t *testing.T) {
+	dropIndirect(t)
+	t.Cleanup(func() { dropIndirect(t) })
+	ctx := ctxT(t)
+	admin := plpgsql.admin(t)
+	if _, err := admin.Exec(ctx, `CREATE SCHEMA inone; GRANT USAGE, CREATE ON SCHEMA inone TO PUBLIC; CREATE TABLE inone.t (v int);
+GRANT ALL ON inone.t TO PUBLIC;
+CREATE FUNCTION inone.f_write(int) RETURNS int LANGUAGE sql AS $$ INSERT INTO inone.t VALUES ($1) RETURNING $1 $$`); err != nil {
+		t.Fatal(err)
+	}
+	lease := newStaticLease(t, "lease_A_ro", 0, "ia.*")
+	p := startProxy(t, Config{Lease: lease})
+	c := plpgsql.via(t, p, "agent")
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
+		_, err := c.Exec(ctx, "SELECT inone.f_write(9)", mode)
+		if pgCode(err) != "25006" {
+			t.Errorf("%v: user function from a read outside a block: %v, want Postgres's 25006", mode, err)
+		}
 	}
 }
 
@@ -157,7 +253,7 @@ func dblinkConn() string {
 // the simple and the extended protocol.
 func TestWritesByIndirection(t *testing.T) {
 	setupIndirect(t)
-	lease := newStaticLease(t, "lease_A", 0, "ia.*")
+	lease := newStaticLease(t, "lease_A", 0, "ia.*", "ia2.*")
 	p := startProxy(t, Config{Lease: lease})
 	for _, tc := range []struct {
 		name  string
@@ -179,6 +275,7 @@ func TestWritesByIndirection(t *testing.T) {
 		{"rule", false, "INSERT INTO ia.ruled VALUES (7)", "rule"},
 		{"user trigger", false, "INSERT INTO ia.trig VALUES (7)", "trigger"},
 		{"default calling a function", false, "INSERT INTO ia.deflt (id) VALUES (1)", "defaults"},
+		{"instead of trigger on a view", false, "INSERT INTO ia.iv VALUES (7)", "instead_none"},
 		{"updatable view", false, "INSERT INTO ia.v VALUES (7)", "inone.t"},
 		{"function from a read", true, "SELECT inone.f_write(7)", "inone.f_write"},
 		{"view calling a function, from a read", true, "SELECT * FROM inone.vvf", "inone.vvf"},
@@ -204,6 +301,27 @@ func TestWritesByIndirection(t *testing.T) {
 		{"cursor over a user function", true, "DECLARE c CURSOR FOR SELECT inone.f_write(7)", "inone.f_write"},
 		{"temp table as a user function", false, "CREATE TEMP TABLE tt AS SELECT inone.f_write(7)", "inone.f_write"},
 		{"copy from program", false, "COPY ia.ruled FROM PROGRAM 'true'", "CopyStmt"},
+		{"attach B's table as a partition", false, "ALTER TABLE ia.lp ATTACH PARTITION ib.free FOR VALUES IN (5)", "ib.free"},
+		{"detach B's partition, only", false, "ALTER TABLE ONLY ia.part DETACH PARTITION ib.part_hi", "ib.part_hi"},
+		{"inherit from B's table", false, "ALTER TABLE ia.orphan INHERIT ib.base", "ib.base"},
+		{"foreign key onto B's table", false, "ALTER TABLE ia.fkc ADD FOREIGN KEY (id) REFERENCES ib.ref ON DELETE CASCADE", "ib.ref"},
+		{"alter a type B's table is typed by", false, "ALTER TYPE ia.comp ADD ATTRIBUTE b int CASCADE", "CASCADE"},
+		{"rename an attribute of a type B's table is typed by", false, "ALTER TYPE ia.comp RENAME ATTRIBUTE a TO z CASCADE", "CASCADE"},
+		{"drop a constraint B's foreign key needs", false, "ALTER TABLE ia.pk2 DROP CONSTRAINT pk2_pkey CASCADE", "CASCADE"},
+		{"move a table into B's schema", false, "ALTER TABLE ia.orphan SET SCHEMA ib", "ib.orphan"},
+		{"alter a sequence B's default takes", false, "ALTER SEQUENCE ia.bseq RESTART WITH 100", "ib.usesa"},
+		{"setval of a sequence B's default takes", false, "SELECT setval('ia.bseq', 100)", "ib.usesa"},
+		{"reindex a schema with an expression index", false, "REINDEX SCHEMA ia", "REINDEX SCHEMA"},
+		{"create a schema with a foreign key onto B's table", false, "CREATE SCHEMA ia2 CREATE TABLE t (id int REFERENCES ib.ref ON DELETE CASCADE)", "ib.ref"},
+		{"create an index on a user function (autovacuum runs it later)", false, "CREATE INDEX ON ia.icol (inone.f_imm(v))", "inone.f_imm"},
+		{"create statistics on a user function (autovacuum runs it later)", false, "CREATE STATISTICS ia.s2 ON (inone.f_imm(v)) FROM ia.icol", "inone.f_imm"},
+		{"reindex an expression index", false, "REINDEX INDEX ia.rix_expr", "rix_expr"},
+		{"analyze statistics on an expression", true, "ANALYZE ia.st", "statistics"},
+		{"refresh a materialized view", false, "REFRESH MATERIALIZED VIEW ia.mv", "ia.mv"},
+		{"generated column", false, "INSERT INTO ia.gen (id) VALUES (1)", "ia.gen"},
+		{"foreign table read", false, "SELECT * FROM ia.ftv", "foreign table"},
+		{"a function calling dblink, from a read", false, "SELECT inone.f_dbl('" + dblinkConn() + "')", "extension dblink"},
+		{"a function reading a foreign table, from a read", false, "SELECT inone.f_ft()", "inone.f_ft"},
 		{"dblink from a read in a block", true, "SELECT dblink_exec('" + dblinkConn() + "', 'INSERT INTO inone.t VALUES (7)')", "dblink_exec"},
 	} {
 		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
@@ -292,11 +410,19 @@ func TestIndirectWritesInsideTheClaim(t *testing.T) {
 			if err := tx.Commit(ctx); err != nil {
 				t.Error(err)
 			}
-			// Outside a writable transaction a user function runs read-only:
-			// Postgres refuses its write (25006), as it would direct.
+			// Outside a writable transaction a user function runs read-only,
+			// but this database has dblink and a foreign server: the
+			// function may write through another connection, so the proxy
+			// judges it as in a writable one (TestUserFunctionReadOnly: a
+			// database without is Postgres's to refuse).
 			_, err = c.Exec(ctx, "SELECT inone.f_write(9)", mode)
-			if pgCode(err) != "25006" {
-				t.Errorf("user function from a read outside a block: %v, want Postgres's 25006", err)
+			if pgCode(err) != "42501" || !strings.Contains(err.Error(), "connection of its own") {
+				t.Errorf("user function from a read outside a block, dblink installed: %v, want the proxy's refusal", err)
+			}
+			// A table named as a foreign table of another schema is read as
+			// any table, by its qualified name.
+			if err := c.QueryRow(ctx, "SELECT count(*) FROM inone.ftv", mode).Scan(&n); err != nil {
+				t.Errorf("a plain table named as a foreign one: %v", err)
 			}
 		})
 	}

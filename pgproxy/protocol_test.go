@@ -143,9 +143,10 @@ func TestMultiStatementAndForbidden(t *testing.T) {
 	for _, q := range []string{
 		// (SET default_transaction_read_only = off and SET SESSION
 		// CHARACTERISTICS AS TRANSACTION READ WRITE set the client's own
-		// default, Postgres's kept: TestClientReadWriteDefaultAsDirect.)
+		// default, Postgres's kept: TestClientReadWriteDefaultAsDirect.
+		// SET transaction_read_only = off in a transaction the proxy made
+		// writable changes nothing: TestSetTransactionReadWriteAsDirect.)
 		"SET LOCAL default_transaction_read_only = off",
-		"SET transaction_read_only = off",
 		"SELECT set_config('default_transaction_read_only', 'off', false)",
 		"SET LOCAL fenceline.token = 'x'",
 		"ALTER TABLE public.accounts DISABLE TRIGGER ALL",
@@ -284,7 +285,7 @@ func TestClientVanishesMidCopy(t *testing.T) {
 	at := w.begin('d')
 	w.b = append(w.b, "half\n"...)
 	w.end(at)
-	vanish(t, p, "vanisher", w.b)
+	vanish(t, p, "vanisher", "COPY app.log", w.b)
 	var n int
 	if err := adminConn(t).QueryRow(ctx, "SELECT count(*) FROM app.log WHERE msg IN ('vanish-begin', 'half')").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("rows of the vanished transaction: %d %v", n, err)
@@ -292,9 +293,10 @@ func TestClientVanishesMidCopy(t *testing.T) {
 }
 
 // vanish connects through p as application app, sends msgs on the raw
-// socket, waits until the backend is busy with them, then drops the socket
-// (no Terminate) and waits until the backend is gone.
-func vanish(t *testing.T, p *Proxy, app string, msgs []byte) {
+// socket, waits until the backend is busy with them (a statement whose text
+// holds marker: not a lookup of the proxy's own before it), then drops the
+// socket (no Terminate) and waits until the backend is gone.
+func vanish(t *testing.T, p *Proxy, app, marker string, msgs []byte) {
 	t.Helper()
 	c, err := pgconn.Connect(ctxT(t), proxyDSN(p, "agent")+"&application_name="+app)
 	if err != nil {
@@ -304,7 +306,7 @@ func vanish(t *testing.T, p *Proxy, app string, msgs []byte) {
 	if _, err := conn.Write(msgs); err != nil {
 		t.Fatal(err)
 	}
-	waitBackends(t, true, "application_name = $1 AND state = 'active'", app)
+	waitBackends(t, true, "application_name = $1 AND state = 'active' AND strpos(query, $2) > 0", app, marker)
 	conn.Close()
 	waitBackends(t, false, "application_name = $1", app)
 }
@@ -318,7 +320,7 @@ func TestClientVanishesMidQuery(t *testing.T) {
 	w.query("SELECT pg_sleep(30)")
 	// The backend must be gone within waitBackends' 10 s: only a cancel
 	// ends the 30 s sleep that soon.
-	vanish(t, p, "vanisher_q", w.b)
+	vanish(t, p, "vanisher_q", "pg_sleep(30)", w.b)
 }
 
 // TestClientVanishesMidExecute: the same for an extended-protocol Execute
@@ -331,7 +333,7 @@ func TestClientVanishesMidExecute(t *testing.T) {
 	w.bind("", "")
 	w.execute("")
 	w.end(w.begin('H'))
-	vanish(t, p, "vanisher_x", w.b)
+	vanish(t, p, "vanisher_x", "pg_sleep(30)", w.b)
 }
 
 func TestListenNotifyAndCancel(t *testing.T) {

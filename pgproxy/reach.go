@@ -17,17 +17,23 @@ import (
 // table (their statement triggers do not fire), the referencing tables of
 // foreign keys with ON DELETE/UPDATE CASCADE, SET NULL or SET DEFAULT
 // (and, for TRUNCATE ... CASCADE, of every foreign key), the base tables of
-// an updatable view, the owner of a sequence a default advances. Those the proxy learns from the catalogs and judges as
-// if named. What it cannot follow — rules, user triggers, defaults, checks
-// and policies calling user functions or operators, indexes whose
-// expressions or predicates call them, columns of types that run user
-// code, foreign tables — makes the write opaque. A function or operator a user defined, called by a statement
-// that runs in a writable transaction, may write any table: that statement
-// is opaque too, as is one that names a type that runs user code (a cast,
-// a typed literal) or reads a column of one; nextval and setval are
-// judged by the tables that own or default from the sequence. A call of
-// dblink's functions is opaque anywhere: they write over a connection of
-// their own, past the proxy.
+// an updatable view, the owner of a sequence a default advances, the
+// tables that own or take defaults from a sequence written (ALTER
+// SEQUENCE). Those the proxy learns from the catalogs and judges as if
+// named. What it cannot follow — rules, user triggers, defaults, checks
+// and policies calling user functions or operators, indexes (and an index
+// itself) whose expressions or predicates call them, extended statistics
+// that call them, columns of types that run user code, foreign tables —
+// makes the write opaque. A function or operator a user defined, called by
+// a statement that runs in a writable transaction, may write any table:
+// that statement is opaque too, as is one that names a type that runs
+// user code (a cast, a typed literal) or reads a column of one; nextval
+// and setval are judged by the tables that own or default from the
+// sequence. A call of dblink's functions, and a read of a foreign table,
+// is opaque anywhere: they write over a connection of their own, past the
+// proxy; where the database has such a connection route (foreignSet), a
+// user function called from any read is judged as in a writable
+// transaction.
 //
 // Lookups are cached per database for catalogTTL, and forgotten whenever
 // DDL passes the proxy (and again when the transaction that ran it ends).
@@ -46,7 +52,50 @@ type catalog struct {
 	mu    sync.Mutex
 	rels  map[relKey]*reach // guarded by mu
 	calls map[callKey]callInfo
+	// foreign holds, by database, a *foreignSet: what a read may not
+	// name. Read without the lock on every read (see readsForeign).
+	foreign sync.Map
 }
+
+// foreignSet is the names (pg_class.relname) of the relations whose read
+// runs a query on a server of its own: foreign tables (of any wrapper but
+// file_fdw, which reads files), and the views, materialized views and
+// partitioned or inherited tables over them. A foreign table's remote
+// query runs on a connection of the wrapper's, past the proxy and outside
+// the read-only transaction (postgres_fdw in Postgres 15 opens its remote
+// transactions read-write): a foreign table over a view that calls a
+// writing function writes, from a plain SELECT.
+type foreignSet struct {
+	names map[string]bool // by relname: what an unqualified name may be
+	qual  map[string]bool // by quoteRel(schema, relname)
+	// connects: the database has a way for code to open a connection of
+	// its own (the dblink extension, or a foreign table of a wrapper that
+	// connects): a read-only transaction then binds only the agent's own
+	// connection, and a user function called from any read may write
+	// through another. (The names, for refusals.)
+	connects string
+	at       time.Time
+}
+
+// foreignSQL finds the relations of a foreignSet.
+const foreignSQL = `WITH RECURSIVE f(oid) AS (
+  SELECT ft.ftrelid FROM pg_catalog.pg_foreign_table ft
+    JOIN pg_catalog.pg_foreign_server sv ON sv.oid = ft.ftserver
+    JOIN pg_catalog.pg_foreign_data_wrapper w ON w.oid = sv.srvfdw
+    WHERE w.fdwname <> 'file_fdw'
+  UNION SELECT x.oid FROM f, LATERAL (
+    SELECT rw.ev_class FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_rewrite rw ON rw.oid = d.objid
+      WHERE d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = f.oid
+        AND d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass
+    UNION ALL SELECT i.inhparent FROM pg_catalog.pg_inherits i WHERE i.inhrelid = f.oid) x(oid)
+)
+SELECT DISTINCT 'r', c.relname::pg_catalog.text FROM f JOIN pg_catalog.pg_class c ON c.oid = f.oid
+UNION ALL SELECT DISTINCT 'q', '"' || pg_catalog.replace(n.nspname, '"', '""') || '"."' || pg_catalog.replace(c.relname, '"', '""') || '"'
+  FROM f JOIN pg_catalog.pg_class c ON c.oid = f.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+UNION ALL SELECT 'c', 'extension ' || e.extname FROM pg_catalog.pg_extension e WHERE e.extname = 'dblink'
+UNION ALL SELECT 'c', 'foreign server ' || sv.srvname FROM pg_catalog.pg_foreign_server sv
+  JOIN pg_catalog.pg_foreign_data_wrapper w ON w.oid = sv.srvfdw
+  WHERE w.fdwname <> 'file_fdw' AND EXISTS (SELECT 1 FROM pg_catalog.pg_foreign_table ft WHERE ft.ftserver = sv.oid)`
 
 func newCatalog() *catalog {
 	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}}
@@ -90,6 +139,119 @@ func (c *catalog) invalidate() {
 	clear(c.rels)
 	clear(c.calls)
 	c.mu.Unlock()
+	c.foreign.Clear()
+}
+
+// readsRelations: st reads relations by name (a foreign one may be among
+// them).
+func readsRelations(st *Statement) bool {
+	for _, c := range st.Calls {
+		if c.Kind == 'r' {
+			return true
+		}
+	}
+	return false
+}
+
+// foreignSetFor is the foreignSet to judge with, and whether it is fresh
+// (learned within catalogTTL). In a transaction that ran DDL it is the
+// unit's own, never fresh: learned again for every unit.
+func (s *session) foreignSetFor() (fs *foreignSet, fresh bool) {
+	if s.ddlPending {
+		return s.unit.foreign, false
+	}
+	v, ok := s.p.catalog.foreign.Load(s.database)
+	if !ok {
+		return nil, false
+	}
+	fs = v.(*foreignSet)
+	return fs, time.Since(fs.at) < catalogTTL
+}
+
+// readsForeign: st names a relation of the foreignSet (nil: none known).
+func readsForeign(st *Statement, fs *foreignSet) string {
+	if fs == nil || len(fs.names) == 0 {
+		return ""
+	}
+	for _, c := range st.Calls {
+		if c.Kind != 'r' || !fs.names[c.Name] {
+			continue
+		}
+		if c.Schema == "" || c.Schema == "pg_temp" || fs.qual[quoteRel(c.Schema, c.Name)] {
+			return c.Shown // (an unqualified name may resolve to it)
+		}
+	}
+	return ""
+}
+
+// foreignToJudge: the fast path may not forward st as it is: it calls or
+// reads something and the foreignSet is stale, or st reads one of its
+// relations, or the database has a connection route and st calls what
+// the cache does not know as builtin. A read that calls and names nothing
+// costs nothing here; one that does, a load and a lookup in a map of
+// usually no names.
+func (s *session) foreignToJudge(st *Statement) bool {
+	if len(st.Calls) == 0 {
+		return false
+	}
+	fs, fresh := s.foreignSetFor()
+	return !fresh || readsForeign(st, fs) != "" || fs.connects != "" && !s.callsKnownHarmless(st)
+}
+
+// connectsVia is the database's route to a connection of its own (see
+// foreignSet), "" when it has none or the proxy does not know.
+func (s *session) connectsVia() string {
+	if fs, _ := s.foreignSetFor(); fs != nil {
+		return fs.connects
+	}
+	return ""
+}
+
+// learnForeign learns the database's foreignSet when a statement of the
+// unit reads relations and the set is missing or stale. Without a lookup
+// (see learnCatalog) the set stays as it is: a relation that became
+// foreign since is read unjudged, until the next unit that may look up.
+func (s *session) learnForeign(stmts []*Statement, lookup bool) error {
+	if !lookup {
+		return nil
+	}
+	if _, fresh := s.foreignSetFor(); fresh {
+		return nil
+	}
+	need := false
+	for _, st := range stmts {
+		if st != nil && len(st.Calls) > 0 {
+			need = true
+			break
+		}
+	}
+	if !need {
+		return nil
+	}
+	rows, err := s.internalQuery(foreignSQL)
+	if err != nil {
+		return s.lookupFailed(err)
+	}
+	fs := &foreignSet{names: map[string]bool{}, qual: map[string]bool{}, at: time.Now()}
+	var via []string
+	for _, row := range rows {
+		switch {
+		case len(row) != 2:
+		case row[0] == "r":
+			fs.names[row[1]] = true
+		case row[0] == "q":
+			fs.qual[row[1]] = true
+		case row[0] == "c":
+			via = append(via, row[1])
+		}
+	}
+	fs.connects = strings.Join(via, ", ")
+	if !s.ddlPending {
+		s.p.catalog.foreign.Store(s.database, fs)
+	} else {
+		s.unit.foreign = fs
+	}
+	return nil
 }
 
 // unitCatalog is what the proxy knows for the unit being decided: filled by
@@ -101,6 +263,9 @@ type unitCatalog struct {
 	// ddl: a statement of the unit before this one is DDL, which may change
 	// what a later one reaches (the lookups ran before the unit).
 	ddl bool
+	// foreign: the foreignSet learned for this unit in a transaction that
+	// ran DDL (its own, not cached).
+	foreign *foreignSet
 }
 
 // quoteRel is "schema"."name".
@@ -181,15 +346,30 @@ func reachSQL(rels []string, truncCascade, only bool) string {
     JOIN pg_catalog.pg_depend d2 ON d2.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d2.objid = d.refobjid
       AND d2.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d2.refobjsubid > 0 AND d2.deptype IN ('a', 'i')
     WHERE d2.refobjid <> ad.adrelid
+  UNION ALL SELECT d.objid, d.refobjid, 'sequence user' FROM pg_catalog.pg_depend d
+    JOIN pg_catalog.pg_class sq ON sq.oid = d.objid AND sq.relkind = 'S'
+    WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
+      AND d.refobjsubid > 0 AND d.deptype IN ('a', 'i')
+  UNION ALL SELECT d.refobjid, ad.adrelid, 'sequence user' FROM pg_catalog.pg_depend d
+    JOIN pg_catalog.pg_attrdef ad ON ad.oid = d.objid
+    JOIN pg_catalog.pg_class sq ON sq.oid = d.refobjid AND sq.relkind = 'S'
+    WHERE d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
 ), w(root, oid, via, src) AS (
   SELECT r.n, pg_catalog.to_regclass(r.n)::pg_catalog.oid, '', 0::pg_catalog.oid
     FROM pg_catalog.unnest(ARRAY[` + strings.Join(arr, ", ") + `]::pg_catalog.text[]) AS r(n)
     WHERE pg_catalog.to_regclass(r.n) IS NOT NULL
-  UNION SELECT w.root, e.dst, e.via, w.oid FROM w JOIN e ON e.src = w.oid WHERE (` + notOnly + `) AND w.via <> 'sequence owner'
+  UNION SELECT w.root, e.dst, e.via, w.oid FROM w JOIN e ON e.src = w.oid WHERE (` + notOnly + `) AND w.via NOT IN ('sequence owner', 'sequence user')
 ), ` + userTypesSQL() + `
 SELECT w.root, n.nspname, c.relname, w.via, COALESCE(sn.nspname || '.' || s.relname, ''),
-  CASE WHEN w.via = 'sequence owner' THEN '' ELSE COALESCE(pg_catalog.concat_ws('; ',
+  CASE WHEN w.via IN ('sequence owner', 'sequence user') THEN '' ELSE COALESCE(pg_catalog.concat_ws('; ',
     CASE WHEN c.relkind = 'f' THEN 'it is a foreign table, written on another server' END,
+    CASE WHEN c.relkind IN ('i', 'I') AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+         WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = c.oid AND ` + userCode + `)
+      THEN 'it is an index whose expressions or predicate call user functions or operators, which may write other tables' END,
+    (SELECT 'its extended statistics (' || pg_catalog.string_agg(x.stxname::pg_catalog.text, ', ') || ') call user functions or operators in their expressions, which ANALYZE runs and which may write other tables'
+       FROM pg_catalog.pg_statistic_ext x WHERE x.stxrelid = c.oid AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+         WHERE d.classid = 'pg_catalog.pg_statistic_ext'::pg_catalog.regclass AND d.objid = x.oid AND ` + userCode + `)
+       HAVING pg_catalog.count(*) > 0),
     (SELECT 'its rules (' || pg_catalog.string_agg(r.rulename::pg_catalog.text, ', ') || ') may write other tables'
        FROM pg_catalog.pg_rewrite r WHERE r.ev_class = c.oid AND r.rulename <> '_RETURN' HAVING pg_catalog.count(*) > 0),
     (SELECT 'its triggers (' || pg_catalog.string_agg(t.tgname::pg_catalog.text, ', ') || ') may write other tables'
@@ -318,6 +498,10 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 	clear(u.calls)
 	clear(u.owners)
 	u.ddl = false
+	u.foreign = nil
+	if err := s.learnForeign(stmts, lookup); err != nil {
+		return err
+	}
 	cat, db, now := s.p.catalog, s.database, time.Now()
 	private := s.ddlPending  // the transaction ran DDL: what it sees is its own (temp schemas are the session's)
 	var needRels [4][]string // by group: TRUNCATE ... CASCADE (2), ONLY (1)
@@ -344,7 +528,7 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 				}
 			}
 		}
-		if !writable && st.Class != ClassWrite && !callsOtherConnection(st) {
+		if !writable && s.connectsVia() == "" && st.Class != ClassWrite && !callsOtherConnection(st) {
 			continue
 		}
 		for _, c := range st.Calls {
@@ -392,6 +576,8 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 				via = "base table of view " + row[4]
 			case "sequence owner":
 				via = "it owns a sequence a default of " + row[4] + " advances"
+			case "sequence user":
+				via = "it owns sequence " + row[4] + " or a default of it takes values from it"
 			default:
 				via = row[3] + " of " + row[4]
 			}
@@ -511,9 +697,24 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 	if len(st.Calls) == 0 {
 		return st
 	}
+	if readsRelations(st) {
+		fs, _ := s.foreignSetFor()
+		if name := readsForeign(st, fs); name != "" {
+			cp := *st
+			cp.Class, cp.Opaque, cp.OpaqueWhy = ClassWrite, true, "it reads "+name+", a foreign table (or a view or parent of one), whose server runs the query over a connection of its own, past the proxy and writable"
+			return &cp
+		}
+	}
+	// Where code may open a connection of its own, a read-only
+	// transaction does not stop user code from writing: it is judged as
+	// in a writable one.
+	connects := ""
+	if !writable {
+		connects = s.connectsVia()
+	}
 	for _, c := range st.Calls {
 		other := c.Kind == 'f' && otherConnection(c.Name)
-		if !writable && !other {
+		if !writable && !other && connects == "" {
 			continue
 		}
 		user, known := s.unit.calls[callKeyOf(s.database, c)]
@@ -538,6 +739,9 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 				why = "it reads " + c.Shown + ", a view (or a table with policies, or columns of types) that calls functions a user defined, which may write any table"
 			case c.Kind == 't':
 				why = "it names " + c.Shown + ", whose input, output, casts or domain checks call functions a user defined, which may write any table"
+			}
+			if connects != "" && !other {
+				why += ", through a connection of its own (the database has " + connects + "), past the read-only transaction"
 			}
 			cp := *st
 			cp.Class, cp.Opaque, cp.OpaqueWhy = ClassWrite, true, why

@@ -1,9 +1,11 @@
 package pgproxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 )
 
@@ -34,6 +36,9 @@ type expect struct {
 	inserts   []insertion // expQueryEnd: to map error positions back
 	// failed, on a ReadyForQuery item, is set when an error came before it.
 	failed *atomic.Bool
+	// onError, when set, is called when the request fails (a guard of the
+	// proxy's raised: it audits the refusal).
+	onError func()
 }
 
 func (e *expect) endsWithZ() bool {
@@ -198,6 +203,9 @@ func (s *session) relayOne(t byte, raw []byte) error {
 		if s.copyIn.Load() {
 			s.copyIn.Store(false)
 		}
+		if h.onError != nil {
+			h.onError()
+		}
 		if h.internal != nil {
 			f := errorFields(raw)
 			h.internal.err = fmt.Errorf("%s (SQLSTATE %s)", f['M'], f['C'])
@@ -205,6 +213,7 @@ func (s *session) relayOne(t byte, raw []byte) error {
 			if q := s.queryEnd(); q != nil && len(q.inserts) > 0 {
 				raw = mapErrorPosition(raw, q.inserts)
 			}
+			raw = dropRefusalContext(raw)
 			if err := s.toClient(raw); err != nil {
 				return err
 			}
@@ -294,6 +303,42 @@ func (s *session) queryEnd() *expect {
 		}
 	}
 	return nil
+}
+
+// refusalContext is the CONTEXT Postgres adds to the error of a refusal
+// (refuseSQL's DO block), which direct would not show.
+const refusalContext = "PL/pgSQL function inline_code_block line 1 at RAISE"
+
+// dropRefusalContext drops the W (where) field of an ErrorResponse that is
+// a refusal of the proxy's (its message starts "fenceline: write refused"
+// and its context is refusalContext): the client sees the refusal alone.
+// Other errors go as they are.
+func dropRefusalContext(raw []byte) []byte {
+	if !bytes.Contains(raw, []byte(refusalContext)) {
+		return raw
+	}
+	f := errorFields(raw)
+	if f['W'] != refusalContext || !strings.HasPrefix(f['M'], "fenceline: write refused") {
+		return raw
+	}
+	var w msgBuilder
+	at := w.begin(raw[0])
+	b := raw[5:]
+	for len(b) > 0 && b[0] != 0 {
+		code := b[0]
+		v, rest, err := cstring(b[1:])
+		if err != nil {
+			return raw
+		}
+		if code != 'W' {
+			w.b = append(w.b, code)
+			w.str(v)
+		}
+		b = rest
+	}
+	w.b = append(w.b, 0)
+	w.end(at)
+	return w.b
 }
 
 // mapErrorPosition rewrites the P (position) field of an ErrorResponse so it

@@ -796,6 +796,9 @@ func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *r
 		return &refusal{code: ReasonUnsureParse, reason: "Postgres may parse this text otherwise than fenceline did: " + st.Unsure,
 			hint: "fenceline refuses it whatever the lease: send it with standard_conforming_strings on and client_encoding UTF8, or after a Sync"}
 	}
+	if st.TxRW && (s.sim.blockRW || s.sim.groupRW) && li.live() {
+		return nil // READ WRITE in a transaction the proxy made writable: as it is
+	}
 	if st.Forbidden != "" {
 		code := ReasonFenceTamper
 		if st.Tag == signalTag {
@@ -910,8 +913,7 @@ func (s *session) refuse(r *refusal, st *Statement, li leaseInfo, text string) s
 // client is told.
 func (s *session) record(r *refusal, st *Statement, li leaseInfo, text string) (msg, detail string) {
 	owner := li.owner.String()
-	msg = fmt.Sprintf("fenceline: write refused for lease %s (fence %d): %s", orNone(li.id), li.fence, r.reason)
-	detail = fmt.Sprintf("lease %s, owner %s, fence %d; statement %s", orNone(li.id), orNone(owner), li.fence, st.Tag)
+	msg, detail = refusalText(r, st, li)
 	s.p.log.Warn("write refused", "lease", li.id, "owner", owner, "fence", li.fence, "reason", r.reason,
 		"statement", st.Tag, "user", s.user)
 	if s.p.cfg.Audit != nil {
@@ -927,6 +929,46 @@ func (s *session) record(r *refusal, st *Statement, li leaseInfo, text string) (
 		cancel()
 	}
 	return msg, detail
+}
+
+// refusalText is the message and detail a refusal tells the client.
+func refusalText(r *refusal, st *Statement, li leaseInfo) (msg, detail string) {
+	msg = fmt.Sprintf("fenceline: write refused for lease %s (fence %d): %s", orNone(li.id), li.fence, r.reason)
+	detail = fmt.Sprintf("lease %s, owner %s, fence %d; statement %s", orNone(li.id), orNone(li.owner.String()), li.fence, st.Tag)
+	return msg, detail
+}
+
+// dropGuard decides a DROP ... IF EXISTS whose targets are all outside the
+// claim (r says so): direct, Postgres answers a notice for each that does
+// not exist, and so does the proxy — it forwards the DROP in a transaction
+// it made writable, followed by a guard in the same transaction that
+// raises r when the DROP wrote anything (the transaction got an xid: it
+// dropped something that existed, or came to exist after any look the
+// proxy could take), so Postgres rolls it back. No race: the guard sees
+// what the DROP did. Only a Query of this one statement outside a block,
+// under a live lease, where the proxy made the transaction writable
+// (groupRW); everywhere else the refusal stands.
+func (s *session) dropGuard(st *Statement, r *refusal, li leaseInfo, n int) bool {
+	if r == nil || r.code != ReasonOutsideLease || !st.MissingOK || n != 1 || s.sim.inBlock || !s.sim.groupRW || !li.live() {
+		return false
+	}
+	if st.Opaque && !s.p.cfg.AllowOpaque {
+		return false
+	}
+	for _, t := range st.Targets {
+		if s.checkTarget(t, li, s.searchPath) == nil {
+			return false // a claimed target would write: the guard would refuse it
+		}
+	}
+	return true
+}
+
+// dropGuardSQL is the guard dropGuard puts after the DROP, on one line (a
+// refusal's CONTEXT, dropped like refuseSQL's).
+func dropGuardSQL(msg, detail, hint string) string {
+	q := func(s string) string { return "$fl_m$" + strings.ReplaceAll(s, "$", "") + "$fl_m$" }
+	return "DO $fl_do$BEGIN IF pg_catalog.txid_current_if_assigned() IS NOT NULL THEN RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = " +
+		q(msg) + ", DETAIL = " + q(detail) + ", HINT = " + q(hint) + "; END IF; END$fl_do$"
 }
 
 func orNone(s string) string {
@@ -1161,6 +1203,10 @@ func (s *session) handleQuery(raw []byte) error {
 		if r == nil {
 			r = s.authorizeWrite(st, li, spIfKnown(sp, s.searchPath), "send the write in its own query or start the transaction with BEGIN")
 		}
+		var guard *refusal
+		if s.dropGuard(st, r, li, len(stmts)) {
+			guard, r = r, nil
+		}
 		if r != nil {
 			out.WriteString(sql[pos:st.Start])
 			out.WriteString(s.refuse(r, st, li, sql[st.Start:st.End]))
@@ -1182,6 +1228,17 @@ func (s *session) handleQuery(raw []byte) error {
 		}
 		s.passedDDL(st)
 		items = append(items, &expect{kind: expStmt})
+		if guard != nil {
+			// The client's text, then the guard (after a newline: the
+			// text may end in a comment).
+			out.WriteString(sql[pos:])
+			pos = len(sql)
+			msg, detail := refusalText(guard, st, li)
+			gst, text := st, sql[st.Start:st.End]
+			inject("\n;" + dropGuardSQL(msg, detail, "the tables and schemas a DROP ... IF EXISTS names outside the lease's claim must not exist: acquire a lease that claims them"))
+			items[len(items)-1].onError = func() { s.record(guard, gst, li, text) }
+			changed = true
+		}
 		if show := s.replacement(st); show != "" {
 			// The client's own value, as a one-row SELECT of the same
 			// column (the tag says SELECT 1, not SHOW); or the client's
@@ -1405,7 +1462,7 @@ func (s *session) callsToJudge(cls *Classification) bool {
 		if len(st.Calls) == 0 {
 			continue
 		}
-		if callsOtherConnection(st) || (s.sim.blockRW || s.sim.groupRW) && !s.callsKnownHarmless(st) {
+		if s.foreignToJudge(st) || callsOtherConnection(st) || (s.sim.blockRW || s.sim.groupRW) && !s.callsKnownHarmless(st) {
 			return true
 		}
 	}

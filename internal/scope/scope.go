@@ -45,7 +45,8 @@
 // identifier is folded to lower case (ASCII letters only, as Postgres does
 // for UTF-8 databases) and may contain letters, digits, '_' and '$' (not
 // first); a double-quoted identifier keeps its case and may contain any
-// character but whitespace and NUL, with "" standing for one quote.
+// character but NUL (whitespace too, as in Postgres), with "" standing
+// for one quote.
 // Identifiers longer than 63 bytes (Postgres truncates them) are rejected.
 //
 // The normal form spells each identifier the one way that denotes it: bare

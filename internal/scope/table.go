@@ -16,7 +16,9 @@ const maxIdentLen = 63
 // keep their case and stay quoted only when they need quotes (see the
 // package comment). It rejects, with an error naming t, a name without a
 // schema, with empty or more than two parts, a "*" schema, NUL bytes,
-// whitespace, and malformed or over-long identifiers.
+// whitespace outside double quotes, and malformed or over-long
+// identifiers. A quoted identifier may hold whitespace, as in Postgres
+// (schema_one."table two").
 func NormalizeTable(t string) (string, error) {
 	switch {
 	case t == "":
@@ -25,8 +27,6 @@ func NormalizeTable(t string) (string, error) {
 		return "", fmt.Errorf("table %q contains a NUL byte; remove it", t)
 	case !utf8.ValidString(t):
 		return "", fmt.Errorf("table %q is not valid UTF-8; name it in UTF-8", t)
-	case strings.IndexFunc(t, unicode.IsSpace) >= 0:
-		return "", fmt.Errorf("table %q contains whitespace; write schema.table without spaces, e.g. public.users", t)
 	}
 	var parts []ident
 	for i := 0; ; {
@@ -64,6 +64,9 @@ func NormalizeTable(t string) (string, error) {
 			}
 			continue
 		}
+		if !id.quoted && strings.IndexFunc(id.name, unicode.IsSpace) >= 0 {
+			return "", fmt.Errorf("table %q contains whitespace outside quotes; write schema.table without spaces, e.g. public.users, or double-quote a name that has them", t)
+		}
 		if !id.quoted && !validUnquoted(id.name) {
 			return "", fmt.Errorf("table %q: %q is not a valid unquoted identifier; use letters, digits, _ and $, or double-quote it", t, id.name)
 		}
@@ -91,13 +94,12 @@ func JoinTable(schema, relation string) (string, error) {
 }
 
 // plainIdent reports whether NormalizeTable takes the raw name spelled by
-// quoteIdent as it is: not empty, not too long, valid UTF-8 without NUL or
-// whitespace.
+// quoteIdent as it is: not empty, not too long, valid UTF-8 without NUL.
 func plainIdent(name string) bool {
 	if name == "" || len(name) > maxIdentLen || !utf8.ValidString(name) {
 		return false
 	}
-	return strings.IndexByte(name, 0) < 0 && strings.IndexFunc(name, unicode.IsSpace) < 0
+	return strings.IndexByte(name, 0) < 0
 }
 
 // TablesOverlap reports whether two normalized tables overlap: they are
@@ -162,6 +164,9 @@ func foldASCII(s string) string {
 // (any case): it starts with a letter, '_' or a non-ASCII character and
 // continues with those, digits and '$'.
 func validUnquoted(s string) bool {
+	if strings.IndexFunc(s, unicode.IsSpace) >= 0 {
+		return false // (non-ASCII whitespace: quoted, so it shows)
+	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {

@@ -25,6 +25,9 @@ func TestNormalizeTable(t *testing.T) {
 		{"sch.Étoile", "sch.Étoile"},
 		{`sch."Étoile"`, "sch.Étoile"},
 		{"public." + long, "public." + long},
+		{`schema_one."table two"`, `schema_one."table two"`},
+		{`"CURRENT_SCHEMA".*`, `"CURRENT_SCHEMA".*`},
+		{"sch.\"a\u00a0b\"", "sch.\"a\u00a0b\""},
 	}
 	for _, tc := range good {
 		t.Run("ok "+tc.in, func(t *testing.T) {
@@ -56,7 +59,7 @@ func TestNormalizeTable(t *testing.T) {
 		{"public.us\x00ers", "NUL"},
 		{"public. users", "whitespace"},
 		{"public.users\n", "whitespace"},
-		{`public."my table"`, "whitespace"},
+		{"sch.a\u00a0b", "whitespace"},
 		{`public."users`, "unterminated"},
 		{`public.us"ers"`, "quote inside"},
 		{`public."users"x`, "after a closing quote"},
@@ -94,7 +97,8 @@ func TestJoinTable(t *testing.T) {
 		{"public", "*", `public."*"`, true},
 		{"my.schema", `a"b`, `"my.schema"."a""b"`, true},
 		{"public", "", "", false},
-		{"public", "my table", "", false},
+		{"public", "my table", `public."my table"`, true},
+		{"public", "a\u00a0b", "public.\"a\u00a0b\"", true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.schema+"/"+tc.rel, func(t *testing.T) {
