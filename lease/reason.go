@@ -9,6 +9,9 @@ const (
 	ReasonLeaseUnknown = "lease-unknown" // the bus cannot say whether it is held: fail closed
 	ReasonOutsideLease = "outside-lease" // the write is outside the lease's scope
 	ReasonNotAllowed   = "not-allowed"   // the guard's policy forbids the call whatever the lease (a host, port, socket or ioctl)
+	// ReasonPolicy: the security team's Cedar policy forbids it (the
+	// event's message names the rule's @id and the policy's version).
+	ReasonPolicy = "policy"
 )
 
 // LeaseReason is the reason code of a write refused because the lease is

@@ -182,7 +182,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.Stop()
 		return nil, err
 	}
-	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit", "keepalive", opShard, opShardAdmin} {
+	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit", "keepalive", opShard, opShardAdmin, opPolicy} {
 		// <op>.<identity>: the bus lets each identity publish only under
 		// its own, so the last token says who asked (see Grant).
 		sub, err := nc.QueueSubscribe(requestSubject(op, "*"), serviceQueue, s.handler(op))
@@ -542,6 +542,16 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			var w ShardWrite
 			if err = decode(m.Data, &w); err == nil {
 				s.goTracked(c, func() { c.respond(s.writeShard(s.ctx, id, op == opShardAdmin, w)) })
+				return
+			}
+		case opPolicy:
+			if len(m.Data) > maxPolicyRequest {
+				c.fail(fmt.Errorf("%w: a policy write of %d bytes: at most %d", ErrInvalid, len(m.Data), maxPolicyRequest))
+				return
+			}
+			var w PolicyWrite
+			if err = decode(m.Data, &w); err == nil {
+				s.goTracked(c, func() { c.respond(s.writePolicy(s.ctx, id, w)) })
 				return
 			}
 		case "sweep":
