@@ -3,6 +3,7 @@ package leasebus
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/policy"
 )
 
@@ -193,4 +196,100 @@ func TestPolicyWatchScopes(t *testing.T) {
 	if dec.Refused != nil || dec.Shadow == nil || dec.Shadow.Rule != "no-workflows" {
 		t.Errorf("decision %+v: want allowed with a shadow refusal", dec)
 	}
+}
+
+const wholeRepoReleaseOnly = `@id("whole-repo-release-only")
+forbid (principal, action == Fenceline::Action::"claim", resource)
+when { context.whole_repo } unless { principal.task == "release" };
+
+@id("max-ttl")
+forbid (principal, action == Fenceline::Action::"claim", resource)
+when { context.ttl_seconds > 3600 };
+`
+
+// The lease service judges claims by the policy in force: a protected
+// path, a whole-repo claim by a task the policy does not name and a TTL
+// above the maximum are refused naming the rule and version, and
+// audited; a lease a new policy forbids is revoked, and its holder stops
+// writing, within a second.
+func TestPolicyRefusesClaims(t *testing.T) {
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	oc := NewClient(connectAs(t, url, RoleOperator))
+	hc := NewClient(connectAs(t, url, RoleHolder))
+
+	// Held before the policy: a whole-repo lease of a task that is not
+	// the release.
+	cred := NewCredential()
+	sent := time.Now()
+	whole, err := scope.New(nil, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := hc.Acquire(ctx, AcquireRequest{Repo: repo, Scope: whole, Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := hc.Hold(l, cred, sent, HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Stop)
+	if _, err := h.Fence(); err != nil {
+		t.Fatalf("holder before the policy: %v", err)
+	}
+
+	set := time.Now()
+	if _, err := oc.SetPolicy(ctx, PolicyWrite{Default: true, Text: noWorkflows + wholeRepoReleaseOnly}); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, time.Second-time.Since(set), 5*time.Millisecond, func() error {
+		if _, err := h.Fence(); !errors.Is(err, ErrLeaseLost) {
+			return fmt.Errorf("holder's fence: %v, want lost", err)
+		}
+		return nil
+	})
+	t.Logf("the whole-repo lease stopped writing %s after the policy was set", time.Since(set))
+	got, err := hc.Get(ctx, l.LeaseID)
+	if err != nil || got.Status != StatusRevoked || !strings.Contains(got.Reason, `"whole-repo-release-only"`) || !strings.Contains(got.Reason, "version 1") {
+		t.Fatalf("lease after the policy: %+v (%v), want revoked naming the rule and version", got, err)
+	}
+
+	refuse := []struct {
+		name string
+		req  AcquireRequest
+		rule string
+	}{
+		{"whole repo", AcquireRequest{Repo: repo, Scope: whole, Owner: owner(2), TTL: Duration(time.Minute)}, "whole-repo-release-only"},
+		{"protected path", AcquireRequest{Repo: repo, Scope: claim(t, "src", ".github/workflows"), Owner: owner(3), TTL: Duration(time.Minute)}, "no-workflows"},
+		{"ttl", AcquireRequest{Repo: repo, Scope: claim(t, "docs"), Owner: owner(4), TTL: Duration(2 * time.Hour)}, "max-ttl"},
+	}
+	for _, c := range refuse {
+		_, err := hc.Acquire(ctx, c.req, NewCredential())
+		if !errors.Is(err, policy.ErrRefused) || !strings.Contains(err.Error(), `"`+c.rule+`"`) || !strings.Contains(err.Error(), "version 1") {
+			t.Errorf("%s: acquire got %v, want refused by %s at version 1", c.name, err, c.rule)
+		}
+	}
+	rel := owner(5)
+	rel.TaskID = "release"
+	if _, err := hc.Acquire(ctx, AcquireRequest{Repo: repo, Scope: whole, Owner: rel, TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Errorf("the release task's whole-repo claim: %v", err)
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.nc, repo, 1)
+		if err != nil {
+			return err
+		}
+		n := 0
+		for _, ev := range evs {
+			if ev.Type == EventRefused && ev.Reason == lease.ReasonPolicy && ev.Boundary == BoundaryLease && strings.Contains(ev.Message, "policy rule") {
+				n++
+			}
+		}
+		if n != len(refuse) {
+			return fmt.Errorf("%d policy refusals audited, want %d", n, len(refuse))
+		}
+		return nil
+	})
 }
