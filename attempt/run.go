@@ -13,6 +13,7 @@ import (
 
 	"github.com/fenceline/fenceline/fsguard"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/policy"
 	"github.com/fenceline/fenceline/shard"
 	"github.com/fenceline/fenceline/sidecar"
 )
@@ -55,6 +56,10 @@ type Spec struct {
 	Stdout, Stderr io.Writer // the agent's; Stderr also gets the guard's errors
 	// Say reports what the attempt does, one line each, for a person.
 	Say func(line string)
+	// Policy is the security team's policy in force (nil: none): the file
+	// guard keeps the paths it forbids unwritable, and the fences ask it
+	// (Sidecar.Policy).
+	Policy *policy.Store
 }
 
 // Result is how an attempt ended.

@@ -321,7 +321,7 @@ type PolicyWatch struct {
 }
 
 // WatchPolicies reads the policies of repos (the default always; every
-// repo when repos is empty) into store, returns once what was on the bus
+// repo when repos is empty; an empty repo adds none) into store, returns once what was on the bus
 // when it was called is in the store, and follows every change after it
 // until ctx ends or Stop. Log says why a reading failed (the consumer
 // restarts itself while the bus reconnects).
@@ -331,7 +331,9 @@ func WatchPolicies(ctx context.Context, js jetstream.JetStream, store *policy.St
 		subjects = []string{policySubjectPrefix + ".>"}
 	}
 	for _, r := range repos {
-		subjects = append(subjects, policySubjectPrefix+".*."+policyKey(repoid.Normalize(r)))
+		if r = repoid.Normalize(r); r != "" { // "": the default alone
+			subjects = append(subjects, policySubjectPrefix+".*."+policyKey(r))
+		}
 	}
 	// What is there now, read in full first (so a fence never starts
 	// before the policy in force is in the store).
@@ -408,4 +410,20 @@ func (w *PolicyWatch) Err() error {
 	default:
 		return nil
 	}
+}
+
+// FollowPolicy reads the policies repo follows (the default and its own)
+// from the bus into a new store and keeps them in step until ctx ends or
+// the watch is stopped: what a runner or a sidecar gives its fences.
+func FollowPolicy(ctx context.Context, nc *nats.Conn, repo string) (*policy.Store, *PolicyWatch, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy: %w", err)
+	}
+	st := new(policy.Store)
+	w, err := WatchPolicies(ctx, js, st, repo)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, w, nil
 }

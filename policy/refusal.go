@@ -4,7 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/fenceline/fenceline/lease"
 )
+
+// ReasonPolicy is the audit reason code of a policy refusal
+// (lease.ReasonPolicy).
+const ReasonPolicy = lease.ReasonPolicy
 
 // ErrRefused: the policy in force refuses the request. Refusal carries
 // the request and the rule.
@@ -82,6 +88,10 @@ type Flags struct {
 	AllowHosts []Resource
 	// --allow-force-push, --allow-ref-delete, --pg-allow-opaque.
 	AllowForcePush, AllowRefDelete, PGAllowOpaque bool
+	// Attached: the lease exists already (its claim was judged when it
+	// was granted, and is judged again at every policy change); only the
+	// fence flags are asked about.
+	Attached bool
 }
 
 // CheckFlags asks the enforced policy about everything f would allow and
@@ -102,7 +112,11 @@ func (s *Store) CheckFlags(f Flags) error {
 			out = append(out, FlagRefusal{Flag: flag, Request: r, Verdict: *d.Refused})
 		}
 	}
-	for _, r := range ClaimRequests(base, f.Paths, f.Tables, f.WholeRepo) {
+	var claims []Request
+	if !f.Attached {
+		claims = ClaimRequests(base, f.Paths, f.Tables, f.WholeRepo)
+	}
+	for _, r := range claims {
 		flag := "--scope " + r.Resource.Name
 		switch {
 		case r.Resource.Kind == KindTable:

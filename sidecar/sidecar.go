@@ -21,6 +21,7 @@ import (
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
+	"github.com/fenceline/fenceline/policy"
 )
 
 // Config configures a Sidecar.
@@ -84,6 +85,10 @@ type Config struct {
 	// EgressListen is where the egress proxy listens (default GitListen
 	// with GitForward, else 127.0.0.1:0).
 	EgressListen string
+
+	// Policy is the security team's policy in force (nil: none), which
+	// every fence asks before what it allows: it only narrows.
+	Policy *policy.Store
 
 	// StateDir keeps the sidecar's files: mirrors, the local CA, temp packs.
 	StateDir string
@@ -218,6 +223,7 @@ func (s *Sidecar) startEgress(rules []egress.Rule) error {
 		Resolve: s.pins,
 		CA:      s.ca,
 		Lease:   s.cfg.Lease,
+		Policy:  s.cfg.Policy,
 		Logger:  s.log.With("boundary", leasebus.BoundaryNet),
 	}
 	if a := s.auditor(); a != nil {

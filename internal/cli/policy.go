@@ -1,13 +1,19 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/internal/repoid"
+	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/policy"
 )
@@ -285,4 +291,42 @@ func (a *app) policyHistoryCommand() *cobra.Command {
 	}
 	f.add(c)
 	return c
+}
+
+// followPolicy reads the policies of repo from the bus into a store the
+// fences ask, kept in step until stop, and refuses (exit 2, naming the
+// rule) flags that would allow what the policy forbids: before any lease
+// is taken.
+func (a *app) followPolicy(ctx context.Context, s *session, repo string, f policy.Flags) (st *policy.Store, stop func(), err error) {
+	st, w, err := leasebus.FollowPolicy(ctx, s.nc, repo)
+	if err != nil {
+		return nil, nil, err
+	}
+	f.Repo = repo
+	if err := st.CheckFlags(f); err != nil {
+		w.Stop()
+		return nil, nil, err
+	}
+	return st, w.Stop, nil
+}
+
+// policyFlags are what the claim and fence flags would allow, for
+// policy.Store.CheckFlags. allowWrite are real absolute paths; those in
+// root are asked about as repo-relative paths.
+func policyFlags(req leasebus.AcquireRequest, ff *fenceFlags, root string, allowWrite []string) policy.Flags {
+	f := policy.Flags{Agent: req.Owner.AgentID, Task: req.Owner.TaskID,
+		Paths: req.Scope.Paths, Tables: req.Scope.Tables, WholeRepo: req.Scope.Kind == scope.KindWholeRepo,
+		TTLSeconds: int64(time.Duration(req.TTL) / time.Second), WorkspaceMode: string(req.WorkspaceMode),
+		AllowForcePush: ff.allowForcePush, AllowRefDelete: ff.allowDelete, PGAllowOpaque: ff.pgAllowOpaque}
+	for _, p := range allowWrite {
+		if rel, err := filepath.Rel(root, p); err == nil && root != "" && rel != ".." && !strings.HasPrefix(rel, "../") {
+			f.AllowWrite = append(f.AllowWrite, filepath.ToSlash(rel))
+		}
+	}
+	if rules, err := egress.ParseRules(ff.allowHosts); err == nil {
+		for _, r := range rules {
+			f.AllowHosts = append(f.AllowHosts, policy.Resource{Kind: policy.KindHost, Name: r.Host, Port: r.Port})
+		}
+	}
+	return f
 }

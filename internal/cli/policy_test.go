@@ -1,10 +1,13 @@
 package cli
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/leasebus"
@@ -85,4 +88,78 @@ func TestPolicySetGetHistory(t *testing.T) {
 		t.Errorf("history:\n%s\nwant versions 1 and 2, the second a removal", h)
 	}
 	fl(t, "--nats", url, "policy", "get").want(t, ExitUsage)
+}
+
+const noExampleAPI = `@id("no-example-api")
+forbid (principal, action == Fenceline::Action::"connect", resource is Fenceline::Host)
+when { resource.name == "api.example.test" };
+`
+
+// A runner's flag cannot loosen the policy: --allow-host of a host the
+// policy forbids exits 2 naming the rule, before any lease is taken.
+func TestRunFlagCannotLoosenPolicy(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	w := newEgressWorld(t)
+	fl(t, "--nats", url, "policy", "set", "--default", "-f", writeFile(t, "p.cedar", noExampleAPI+issuePolicy)).want(t, ExitOK)
+	r := runFL(t, url, append(w.args(), "--", "true")...).want(t, ExitUsage)
+	mustContain(t, "run's refusal", r.stderr, "--allow-host api.example.test:443", `policy rule "no-example-api" (default policy, version 1)`, "flags only narrow")
+	r = runFL(t, url, "--checkout", w.co, "--whole-repo", "--", "true").want(t, ExitUsage)
+	mustContain(t, "run's refusal", r.stderr, "--whole-repo", `"whole-repo-release-only"`)
+	r = runFL(t, url, "--checkout", w.co, "--scope", ".github/workflows", "--", "true").want(t, ExitUsage)
+	mustContain(t, "run's refusal", r.stderr, "--scope .github/workflows", `"no-workflows"`)
+	if ls := listJSON(t, url, "--repo", "git.example.test:"+w.gitPort+"/payments", "--all"); len(ls) != 0 {
+		t.Fatalf("a lease was taken: %+v", ls)
+	}
+	// The release task may claim the whole repo.
+	runFL(t, url, "--checkout", w.co, "--whole-repo", "--task", "release", "--", "true").want(t, ExitOK)
+}
+
+// A policy change reaches a running `fenceline run` without a restart:
+// the egress proxy refuses a host the new version forbids, naming the
+// rule and version in the agent's own output and in the audit.
+func TestRunFollowsPolicyChange(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	w := newEgressWorld(t)
+	goFile := filepath.Join(t.TempDir(), "go")
+	script := `curl -sS --max-time 10 --cacert ` + w.ca.File + ` https://api.example.test/one && echo one=ok || echo one=failed
+for i in $(seq 600); do [ -e ` + goFile + ` ] && break; sleep 0.05; done
+curl -sS --max-time 10 --cacert ` + w.ca.File + ` https://api.example.test/two && echo two=reached || echo two=refused`
+	run := startRun(t, url, append(w.args(), "--", "bash", "-c", script)...)
+	checkFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if !strings.Contains(run.out.String(), "one=ok") {
+			return fmt.Errorf("the agent has not reached the api yet:\n%s\n%s", run.out, run.errOut)
+		}
+		return nil
+	})
+	fl(t, "--nats", url, "policy", "set", "--repo", "git.example.test:"+w.gitPort+"/payments", "-f", writeFile(t, "p.cedar", noExampleAPI)).want(t, ExitOK)
+	set := time.Now()
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := run.wait(t); code != ExitOK {
+		t.Fatalf("run exited %d:\n%s", code, run.errOut)
+	}
+	got := strings.Join(strings.Fields(run.out.String()), " ")
+	if !strings.HasSuffix(got, "one=ok two=refused") {
+		t.Fatalf("agent: %s\nwant the second call refused\nstderr:\n%s", got, run.errOut)
+	}
+	t.Logf("policy in force at the running egress proxy within %s of being set (the agent's next connect)", time.Since(set).Round(time.Millisecond))
+	mustContain(t, "run stderr", run.errOut.String(), "api.example.test:443 refused for lease", `policy rule \"no-example-api\" (git.example.test:`+w.gitPort+`/payments policy, version 1)`)
+	_, nc := busClient(t, url)
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		evs, err := leasebus.ReadAudit(ctx, nc, "git.example.test:"+w.gitPort+"/payments", 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Boundary == leasebus.BoundaryNet && ev.Type == leasebus.EventDenied && ev.Reason == "policy" && strings.Contains(ev.Message, `"no-example-api"`) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no net refusal by the policy in the audit: %+v", evs)
+	})
 }
