@@ -292,6 +292,7 @@ func (s *Sidecar) startGit() error {
 		Bus:            s.cfg.Bus,
 		Audit:          s.auditor(),
 		Policy:         s.cfg.GitPolicy,
+		Cedar:          s.cfg.Policy,
 		ObjectDirs:     s.cfg.GitObjectDirs,
 		MirrorDir:      filepath.Join(s.cfg.StateDir, "git-mirrors"),
 		TempDir:        filepath.Join(s.cfg.StateDir, "tmp"),

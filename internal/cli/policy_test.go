@@ -163,3 +163,40 @@ curl -sS --max-time 10 --cacert ` + w.ca.File + ` https://api.example.test/two &
 		return fmt.Errorf("no net refusal by the policy in the audit: %+v", evs)
 	})
 }
+
+// The git fence judges every ref update as push and every touched path as
+// write: a commit touching a protected path is refused naming the rule
+// (in git push's own output), a push elsewhere lands.
+func TestRunGitPushFollowsPolicy(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	w := newEgressWorld(t)
+	fl(t, "--nats", url, "policy", "set", "--default", "-f", writeFile(t, "p.cedar", issuePolicy+`
+@id("no-force-main") forbid (principal, action == Fenceline::Action::"push", resource is Fenceline::Ref)
+when { resource.name == "refs/heads/main" && context.force };
+`)).want(t, ExitOK)
+	script := `set -e
+blob=$(echo 'on: push' | git hash-object -w --stdin)
+git update-index --add --cacheinfo 100644,$blob,.github/workflows/ci.yml
+git -c user.name=agent -c user.email=agent@example.com commit -qm "workflow"
+git push origin HEAD:refs/heads/wf 2>&1 | grep -m1 -o 'refused by policy rule "no-workflows" (default policy, version 1)' || echo wf=landed
+git reset -q --soft HEAD~1 && git rm -q --cached .github/workflows/ci.yml
+echo '// v2' >> services/billing/invoice.go
+git -c user.name=agent -c user.email=agent@example.com commit -qam "billing"
+git push -q origin HEAD:refs/heads/main && echo main=ok
+git -c user.name=agent -c user.email=agent@example.com commit -q --amend -m "rewritten"
+git push -f origin HEAD:refs/heads/main 2>&1 | grep -m1 -o 'refused by policy rule "no-force-main"' || echo force=landed`
+	r := runFL(t, url, "--checkout", w.co, "--workspace", "exclusive", "--git-upstream", w.upstream, "--git-upstream-ca", w.ca.File,
+		"--allow-force-push", "--egress-resolve", "git.example.test:"+w.gitPort+"="+w.gitAddr, "--", "bash", "-c", script).want(t, ExitOK)
+	got := strings.Join(strings.Fields(r.stdout), " ")
+	want := `refused by policy rule "no-workflows" (default policy, version 1) main=ok refused by policy rule "no-force-main"`
+	if got != want {
+		t.Fatalf("agent: %s\nwant   %s\nstderr:\n%s", got, want, r.stderr)
+	}
+	if m := w.upstreamMain(t); m != "billing" {
+		t.Errorf("upstream main: %q, want the billing commit", m)
+	}
+	if out, err := gitRun(t, "", nil, "--git-dir", w.bare, "rev-parse", "--verify", "--quiet", "refs/heads/wf"); err == nil {
+		t.Errorf("the workflow push landed: %s", out)
+	}
+}
