@@ -175,6 +175,7 @@ func (s *Sidecar) startPG() error {
 		Audit:       s.auditor(),
 		TLS:         s.cfg.PGTLS,
 		AllowOpaque: s.cfg.PGAllowOpaque,
+		Policy:      s.cfg.Policy,
 		Logger:      s.log.With("boundary", "postgres"),
 		Dial:        dial,
 	})
