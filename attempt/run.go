@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"sync/atomic"
+	"strings"
 	"syscall"
 	"time"
 
@@ -167,6 +168,13 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	}
 	for _, c := range created {
 		r.say("created %s: the claim did not exist in the checkout, and writes are confined to existing paths", c)
+	}
+	var protected []string
+	if pol.Writable, protected, err = ProtectPaths(r.co, l, pol.Writable, spec.Policy); err != nil {
+		return res, err
+	}
+	if len(protected) > 0 {
+		r.say("policy: the file guard keeps %s unwritable (protected by the security team's policy)", strings.Join(protected, ", "))
 	}
 	if err := socketOutsideWrites("--pg-upstream", cfg.PGUpstream, pol); err != nil {
 		return res, err

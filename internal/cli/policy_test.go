@@ -200,3 +200,37 @@ git push -f origin HEAD:refs/heads/main 2>&1 | grep -m1 -o 'refused by policy ru
 		t.Errorf("the workflow push landed: %s", out)
 	}
 }
+
+// A protected path is not writable even under a whole-repo lease: the
+// kernel guard (Landlock) never grants it, so an existing workflow cannot
+// be changed and no new one created, while the rest of the checkout is
+// written and committed as before.
+func TestRunWholeRepoKeepsProtectedPathsUnwritable(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "https://github.com/acme/guarded.git")
+	if err := os.MkdirAll(filepath.Join(co, ".github/workflows"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(co, ".github/workflows/ci.yml"), []byte("on: push\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustGitRun(t, co, nil, "add", "-A")
+	mustGitRun(t, co, nil, "commit", "--quiet", "-m", "workflow")
+	fl(t, "--nats", url, "policy", "set", "--default", "-f", writeFile(t, "p.cedar", issuePolicy)).want(t, ExitOK)
+	script := `echo pwned >> .github/workflows/ci.yml 2>/dev/null && echo edit=landed || echo edit=refused
+echo pwned > .github/workflows/new.yml 2>/dev/null && echo create=landed || echo create=refused
+mv .github/workflows/ci.yml in/ 2>/dev/null && echo move=landed || echo move=refused
+echo v2 >> in/seed && echo in=ok
+echo v2 >> README.md && echo readme=ok
+git -c user.name=a -c user.email=a@example.com commit -qam "agent" && echo commit=ok`
+	r := runFL(t, url, "--checkout", co, "--whole-repo", "--task", "release", "--", "bash", "-c", script).want(t, ExitOK)
+	got := strings.Join(strings.Fields(r.stdout), " ")
+	if want := "edit=refused create=refused move=refused in=ok readme=ok commit=ok"; got != want {
+		t.Fatalf("agent: %s\nwant   %s\nstderr:\n%s", got, want, r.stderr)
+	}
+	mustContain(t, "run stderr", r.stderr, "policy: the file guard keeps .github/workflows unwritable")
+	if data, err := os.ReadFile(filepath.Join(co, ".github/workflows/ci.yml")); err != nil || string(data) != "on: push\n" {
+		t.Fatalf("the workflow changed: %q %v", data, err)
+	}
+}

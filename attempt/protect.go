@@ -1,0 +1,122 @@
+package attempt
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/policy"
+)
+
+// maxProtectWalk bounds the entries ProtectPaths reads under the
+// writable paths of one attempt.
+const maxProtectWalk = 1 << 20
+
+// ProtectPaths narrows writable (the guard's writable paths for lease l in
+// checkout co) by the security team's policy: every writable directory in
+// the checkout that holds a path the policy refuses to l (action write)
+// is replaced by its parts that hold none, down to single files, so that
+// Landlock — the kernel — keeps a protected path unwritable even under a
+// claim that covers it, whole-repo included. A refused directory is not
+// granted at all, so nothing can be created in it. It returns writable
+// itself when the policy refuses nothing in it, and the repo-relative
+// paths it kept out.
+//
+// The kernel's rules are paths that exist at the start: a name a rule
+// protects that is created later, in a directory that holds nothing
+// protected, is refused at the git fence and hook (every touched path is
+// asked as write), not by the file guard. Symlinks in a split directory
+// are not granted (Landlock would grant their targets).
+func ProtectPaths(co *Checkout, l lease.Lease, writable []string, st *policy.Store) (out, protected []string, err error) {
+	if st == nil || st.Empty() {
+		return writable, nil, nil
+	}
+	w := &protectWalk{co: co, l: l, st: st}
+	for _, p := range writable {
+		rel, err := filepath.Rel(co.Root, p)
+		if err != nil || !Within(p, co.Root) {
+			out = append(out, p) // outside the checkout: the policy names repo paths only
+			continue
+		}
+		if rel == "." {
+			rel = ""
+		}
+		grants, err := w.grants(p, filepath.ToSlash(rel))
+		if err != nil {
+			return nil, nil, err
+		}
+		out = append(out, grants...)
+	}
+	return out, w.protected, nil
+}
+
+type protectWalk struct {
+	co        *Checkout
+	l         lease.Lease
+	st        *policy.Store
+	seen      int
+	protected []string
+}
+
+func (w *protectWalk) refused(rel string) bool {
+	if rel == "" {
+		return false // the root: refusing it would refuse everything, say so per path
+	}
+	return !w.st.Decide(policy.LeaseRequest(w.l, policy.ActionWrite, policy.Resource{Kind: policy.KindPath, Name: rel})).Allowed()
+}
+
+// grants returns what of path (repo-relative rel) may be granted: path
+// itself when nothing in it is refused, else its parts.
+func (w *protectWalk) grants(path, rel string) ([]string, error) {
+	if w.refused(rel) {
+		w.protected = append(w.protected, rel)
+		return nil, nil
+	}
+	if slices.Contains(w.co.GitDirs, path) {
+		return []string{path}, nil // the git dir: granted as the workspace mode says (GitDirWritable)
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: protect paths under %s: %w", path, err)
+	}
+	if !fi.IsDir() {
+		return []string{path}, nil
+	}
+	ents, err := os.ReadDir(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: protect paths under %s: %w", path, err)
+	}
+	w.seen += len(ents)
+	if w.seen > maxProtectWalk {
+		return nil, fmt.Errorf("policy: more than %d entries under the writable paths of %s: too many to check against the policy's protected paths; claim narrower paths", maxProtectWalk, w.co.Root)
+	}
+	var parts []string
+	split := false
+	for _, e := range ents {
+		cp, crel := filepath.Join(path, e.Name()), e.Name()
+		if rel != "" {
+			crel = rel + "/" + e.Name()
+		}
+		if slices.Contains(w.co.GitDirs, cp) {
+			continue // in a split directory, granted (or not) by the workspace mode alone (GitDirWritable)
+		}
+		if e.Type()&os.ModeSymlink != 0 {
+			parts = append(parts, "") // kept out if the directory is split
+			continue
+		}
+		g, err := w.grants(cp, crel)
+		if err != nil {
+			return nil, err
+		}
+		if len(g) != 1 || g[0] != cp {
+			split = true
+		}
+		parts = append(parts, g...)
+	}
+	if !split {
+		return []string{path}, nil
+	}
+	return slices.DeleteFunc(parts, func(s string) bool { return s == "" }), nil
+}
