@@ -7,8 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"sync/atomic"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
