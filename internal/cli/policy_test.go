@@ -234,3 +234,63 @@ git -c user.name=a -c user.email=a@example.com commit -qam "agent" && echo commi
 		t.Fatalf("the workflow changed: %q %v", data, err)
 	}
 }
+
+// A policy change reaches a running sidecar without a restart: its egress
+// proxy refuses, at the agent's next connect, a host the new version
+// forbids, naming the rule. A shadow policy set before that refuses
+// nothing and is audited as shadow-refused.
+func TestSidecarFollowsPolicyChange(t *testing.T) {
+	isolate(t)
+	busURL := startBus(t)
+	w := newEgressWorld(t)
+	co := newCheckout(t, "")
+	sc := startSidecar(t, busURL, "--repo", testRepo, "--scope", "in", "--state-dir", t.TempDir(),
+		"--allow-host", "api.example.test", "--egress-resolve", "api.example.test:443="+w.api)
+	fl(t, "--nats", busURL, "policy", "set", "--repo", testRepo, "--mode", "shadow", "-f", writeFile(t, "s.cedar", noExampleAPI)).want(t, ExitOK)
+	goFile := filepath.Join(t.TempDir(), "go")
+	script := `sleep 0.3
+curl -sS --max-time 10 --cacert ` + w.ca.File + ` https://api.example.test/one && echo one=ok || echo one=failed
+for i in $(seq 600); do [ -e ` + goFile + ` ] && break; sleep 0.05; done
+curl -sS --max-time 10 --cacert ` + w.ca.File + ` https://api.example.test/two 2>/dev/null && echo two=reached || echo two=refused`
+	r := startAgent(t, "--sidecar", sc.admin, "--checkout", co, "--allow-host", "api.example.test", "--", "bash", "-c", script)
+	checkFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if !strings.Contains(r.out.String(), "one=ok") {
+			return fmt.Errorf("the agent has not reached the api yet:\n%s\n%s", r.out, r.errOut)
+		}
+		return nil
+	})
+	fl(t, "--nats", busURL, "policy", "set", "--repo", testRepo, "-f", writeFile(t, "p.cedar", noExampleAPI)).want(t, ExitOK)
+	set := time.Now()
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t); code != 0 {
+		t.Fatalf("agent exited %d\n%s", code, r.errOut)
+	}
+	if got := strings.Join(strings.Fields(r.out.String()), " "); !strings.HasSuffix(got, "one=ok two=refused") {
+		t.Fatalf("agent: %s\nwant the second call refused\nsidecar:\n%s", got, sc.errOut)
+	}
+	t.Logf("the running sidecar refused %s after the policy was set", time.Since(set).Round(time.Millisecond))
+	_, nc := busClient(t, busURL)
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		evs, err := leasebus.ReadAudit(ctx, nc, testRepo, 0)
+		if err != nil {
+			return err
+		}
+		var shadow, denied int
+		for _, ev := range evs {
+			switch {
+			case ev.Type == leasebus.EventShadowRefused && ev.Boundary == leasebus.BoundaryNet && strings.Contains(ev.Message, `"no-example-api"`):
+				shadow++
+			case ev.Type == leasebus.EventDenied && ev.Reason == "policy" && strings.Contains(ev.Message, `"no-example-api"`):
+				denied++
+			}
+		}
+		if shadow == 0 || denied == 0 {
+			return fmt.Errorf("%d shadow-refused and %d policy refusals audited, want some of each", shadow, denied)
+		}
+		return nil
+	})
+}
