@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 )
@@ -284,5 +285,27 @@ func TestChangedFiresOnPut(t *testing.T) {
 	}
 	if s.Changed() == ch {
 		t.Fatal("Changed returned the closed channel again")
+	}
+}
+
+// Every Cedar block of docs/policy.md validates against the schema, and
+// the first is the issue's example verbatim.
+func TestDocRecipesValidate(t *testing.T) {
+	data, err := os.ReadFile("../docs/policy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := strings.Split(string(data), "```cedar\n")[1:]
+	if len(blocks) < 6 {
+		t.Fatalf("%d cedar blocks in docs/policy.md, want the recipes", len(blocks))
+	}
+	for i, b := range blocks {
+		text, _, _ := strings.Cut(b, "```")
+		if i == 0 && text != issueExample {
+			t.Errorf("the first block is not the issue's example verbatim:\n%s", text)
+		}
+		if _, err := Parse(fmt.Sprintf("docs/policy.md block %d", i+1), text); err != nil {
+			t.Errorf("%v", err)
+		}
 	}
 }
