@@ -337,23 +337,20 @@ func WatchPolicies(ctx context.Context, js jetstream.JetStream, store *policy.St
 	}
 	// What is there now, read in full first (so a fence never starts
 	// before the policy in force is in the store).
-	vs, _, err := readPolicies(ctx, js, subjects...)
+	vs, last, err := readPolicies(ctx, js, subjects...)
 	if err != nil {
 		return nil, fmt.Errorf("read the policies in force: %w", err)
 	}
-	var from uint64
 	for _, v := range vs {
 		if err := store.Put(v.doc); err != nil {
 			return nil, fmt.Errorf("policy %s version %d: %w", v.doc.Scope(), v.doc.Version, err)
 		}
-		from = max(from, v.seq)
 	}
-	stream, err := js.Stream(ctx, PolicyStream)
-	if err != nil {
-		return nil, fmt.Errorf("%w: policy stream: %w", ErrUnavailable, err)
-	}
-	if info, err := stream.Info(ctx); err == nil {
-		from = max(from, info.State.LastSeq)
+	// Follow from the first message after the last one read (of these
+	// subjects): a version written meanwhile is delivered, none twice.
+	var from uint64
+	for _, seq := range last {
+		from = max(from, seq)
 	}
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from + 1}
 	cons, err := js.OrderedConsumer(ctx, PolicyStream, cfg)
