@@ -21,17 +21,18 @@ const maxProtectWalk = 1 << 20
 // Landlock — the kernel — keeps a protected path unwritable even under a
 // claim that covers it, whole-repo included. A refused directory is not
 // granted at all, so nothing can be created in it. It returns writable
-// itself when the policy refuses nothing in it, and the repo-relative
-// paths it kept out.
+// itself when the policy refuses nothing in it, the repo-relative paths
+// it kept out, and (at most maxShadowed) those a shadow policy would keep
+// out, for the audit (shadow-refused).
 //
 // The kernel's rules are paths that exist at the start: a name a rule
 // protects that is created later, in a directory that holds nothing
 // protected, is refused at the git fence and hook (every touched path is
 // asked as write), not by the file guard. Symlinks in a split directory
 // are not granted (Landlock would grant their targets).
-func ProtectPaths(co *Checkout, l lease.Lease, writable []string, st *policy.Store) (out, protected []string, err error) {
+func ProtectPaths(co *Checkout, l lease.Lease, writable []string, st *policy.Store) (out, protected, shadowed []string, err error) {
 	if st == nil || st.Empty() {
-		return writable, nil, nil
+		return writable, nil, nil, nil
 	}
 	w := &protectWalk{co: co, l: l, st: st}
 	for _, p := range writable {
@@ -45,12 +46,15 @@ func ProtectPaths(co *Checkout, l lease.Lease, writable []string, st *policy.Sto
 		}
 		grants, err := w.grants(p, filepath.ToSlash(rel))
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		out = append(out, grants...)
 	}
-	return out, w.protected, nil
+	return out, w.protected, w.shadowed, nil
 }
+
+// maxShadowed bounds the shadow-refused paths ProtectPaths reports.
+const maxShadowed = 64
 
 type protectWalk struct {
 	co        *Checkout
@@ -58,13 +62,18 @@ type protectWalk struct {
 	st        *policy.Store
 	seen      int
 	protected []string
+	shadowed  []string
 }
 
 func (w *protectWalk) refused(rel string) bool {
 	if rel == "" {
 		return false // the root: refusing it would refuse everything, say so per path
 	}
-	return !w.st.Decide(policy.LeaseRequest(w.l, policy.ActionWrite, policy.Resource{Kind: policy.KindPath, Name: rel})).Allowed()
+	d := w.st.Decide(policy.LeaseRequest(w.l, policy.ActionWrite, policy.Resource{Kind: policy.KindPath, Name: rel}))
+	if d.Shadow != nil && len(w.shadowed) < maxShadowed {
+		w.shadowed = append(w.shadowed, rel+": "+d.Shadow.String())
+	}
+	return !d.Allowed()
 }
 
 // grants returns what of path (repo-relative rel) may be granted: path

@@ -78,6 +78,24 @@ type Result struct {
 	StateDir string // the sidecar's state dir
 }
 
+// auditShadowed records the paths a shadow policy would keep unwritable
+// (shadow-refused, boundary file): nothing is refused.
+func (r *run) auditShadowed(ctx context.Context, audit *leasebus.Auditor, l leasebus.Lease, shadowed []string) {
+	if audit == nil {
+		return
+	}
+	for _, s := range shadowed {
+		ev := leasebus.AuditEvent{Time: time.Now().UTC(), Type: leasebus.EventShadowRefused, Boundary: leasebus.BoundaryFile,
+			Repo: l.Repo, LeaseID: l.LeaseID, Owner: l.Owner, Scope: l.Scope, Fence: l.Fence, Reason: leasebus.ReasonPolicy,
+			Message: "shadow policy: the file guard would keep " + s + " unwritable; nothing was refused"}
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := audit.Record(actx, ev); err != nil {
+			r.say("policy: a shadow refusal was not audited: %v", err) // and refuses nothing either
+		}
+		cancel()
+	}
+}
+
 // run is one attempt between Run's start and its settling.
 type run struct {
 	spec Spec
@@ -169,13 +187,14 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	for _, c := range created {
 		r.say("created %s: the claim did not exist in the checkout, and writes are confined to existing paths", c)
 	}
-	var protected []string
-	if pol.Writable, protected, err = ProtectPaths(r.co, l, pol.Writable, spec.Policy); err != nil {
+	var protected, shadowed []string
+	if pol.Writable, protected, shadowed, err = ProtectPaths(r.co, l, pol.Writable, spec.Policy); err != nil {
 		return res, err
 	}
 	if len(protected) > 0 {
 		r.say("policy: the file guard keeps %s unwritable (protected by the security team's policy)", strings.Join(protected, ", "))
 	}
+	r.auditShadowed(ctx, spec.Audit, l, shadowed)
 	if err := socketOutsideWrites("--pg-upstream", cfg.PGUpstream, pol); err != nil {
 		return res, err
 	}

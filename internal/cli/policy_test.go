@@ -294,3 +294,32 @@ curl -sS --max-time 10 --cacert ` + w.ca.File + ` https://api.example.test/two 2
 		return nil
 	})
 }
+
+// A shadow policy protecting a path refuses nothing at the file guard and
+// is audited as shadow-refused (boundary file).
+func TestRunShadowPolicyAuditsWithoutRefusing(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "https://github.com/acme/shadowed.git")
+	fl(t, "--nats", url, "policy", "set", "--repo", "github.com/acme/shadowed", "--mode", "shadow", "-f", writeFile(t, "p.cedar", `@id("no-readme")
+forbid (principal, action == Fenceline::Action::"write", resource is Fenceline::Path) when { resource.path == "README.md" };`)).want(t, ExitOK)
+	r := runFL(t, url, "--checkout", co, "--whole-repo", "--", "bash", "-c", "echo v2 >> README.md && echo readme=ok").want(t, ExitOK)
+	if got := strings.TrimSpace(r.stdout); got != "readme=ok" {
+		t.Fatalf("agent: %s\nstderr:\n%s", got, r.stderr)
+	}
+	_, nc := busClient(t, url)
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		evs, err := leasebus.ReadAudit(ctx, nc, "github.com/acme/shadowed", 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Type == leasebus.EventShadowRefused && ev.Boundary == leasebus.BoundaryFile && strings.Contains(ev.Message, `README.md: policy rule "no-readme"`) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no shadow-refused file event: %+v", evs)
+	})
+}
