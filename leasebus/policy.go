@@ -338,8 +338,20 @@ func WatchPolicies(ctx context.Context, js jetstream.JetStream, store *policy.St
 	// What is there now, read in full first (so a fence never starts
 	// before the policy in force is in the store).
 	vs, last, err := readPolicies(ctx, js, subjects...)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// A lease service older than policies: it made no policy stream,
+		// and nobody else can (only the service creates streams), so no
+		// policy exists. Nothing to follow until it is upgraded.
+		ctx, cancel := context.WithCancel(ctx)
+		w := &PolicyWatch{cancel: cancel, done: make(chan struct{})}
+		w.wg.Go(func() {
+			<-ctx.Done()
+			close(w.done)
+		})
+		return w, nil
+	}
 	if err != nil {
-		return nil, fmt.Errorf("read the policies in force: %w", err)
+		return nil, fmt.Errorf("read the policies in force: %w (a bus whose NATS authorization predates policies refuses the read: regenerate it with `fenceline bus creds` and reload the servers)", err)
 	}
 	for _, v := range vs {
 		if err := store.Put(v.doc); err != nil {
