@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	cedar "github.com/cedar-policy/cedar-go"
 	"github.com/cedar-policy/cedar-go/types"
@@ -118,6 +119,38 @@ var (
 	actionTyp = types.EntityType(Namespace + "::Action")
 )
 
+// recordCacheMax bounds the principals and contexts a recordCache keeps.
+const recordCacheMax = 4096
+
+// recordCache keeps the records requests repeat — a principal's
+// attributes, a lease's context — so a decision builds (sorts, hashes)
+// only its resource's. Safe for concurrent use.
+type recordCache struct {
+	mu sync.Mutex
+	m  map[string]types.Record // guarded by mu
+}
+
+func (c *recordCache) get(key string, make func() types.Record) types.Record {
+	c.mu.Lock()
+	rec, ok := c.m[key]
+	c.mu.Unlock()
+	if ok {
+		return rec
+	}
+	rec = make()
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = map[string]types.Record{}
+	}
+	if len(c.m) < recordCacheMax {
+		c.m[key] = rec
+	}
+	c.mu.Unlock()
+	return rec
+}
+
+var principals, contexts recordCache
+
 // cedarRequest is r as Cedar's request and entities.
 func cedarRequest(r Request) (cedar.Request, *entities) {
 	principal := types.NewEntityUID(agentType, types.String(r.Agent))
@@ -131,17 +164,23 @@ func cedarRequest(r Request) (cedar.Request, *entities) {
 	default:
 		attrs = types.RecordMap{"name": types.String(r.Resource.Name)}
 	}
+	pattrs := principals.get(r.Task+"\x00"+r.Repo, func() types.Record {
+		return types.NewRecord(types.RecordMap{"task": types.String(r.Task), "repo": types.String(r.Repo)})
+	})
 	ents := &entities{
-		principal: types.Entity{UID: principal, Attributes: types.NewRecord(types.RecordMap{
-			"task": types.String(r.Task), "repo": types.String(r.Repo)})},
-		resource: types.Entity{UID: resource, Attributes: types.NewRecord(attrs)},
+		principal: types.Entity{UID: principal, Attributes: pattrs},
+		resource:  types.Entity{UID: resource, Attributes: types.NewRecord(attrs)},
 	}
 	c := r.Context
-	return cedar.Request{
-		Principal: principal,
-		Action:    types.NewEntityUID(actionTyp, types.String(r.Action)),
-		Resource:  resource,
-		Context: types.NewRecord(types.RecordMap{
+	flags := [4]byte{'0', '0', '0', '0'}
+	for i, f := range []bool{c.WholeRepo, c.Force, c.Delete, c.Create} {
+		if f {
+			flags[i] = '1'
+		}
+	}
+	ckey := r.Repo + "\x00" + c.LeaseID + "\x00" + c.WorkspaceMode + "\x00" + strconv.FormatInt(c.TTLSeconds, 10) + "\x00" + string(flags[:])
+	ctx := contexts.get(ckey, func() types.Record {
+		return types.NewRecord(types.RecordMap{
 			"repo":           types.String(r.Repo),
 			"lease_id":       types.String(c.LeaseID),
 			"workspace_mode": types.String(c.WorkspaceMode),
@@ -150,7 +189,13 @@ func cedarRequest(r Request) (cedar.Request, *entities) {
 			"force":          types.Boolean(c.Force),
 			"delete":         types.Boolean(c.Delete),
 			"create":         types.Boolean(c.Create),
-		}),
+		})
+	})
+	return cedar.Request{
+		Principal: principal,
+		Action:    types.NewEntityUID(actionTyp, types.String(r.Action)),
+		Resource:  resource,
+		Context:   ctx,
 	}, ents
 }
 
