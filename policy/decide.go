@@ -139,12 +139,10 @@ func (c *recordCache) get(key string, make func() types.Record) types.Record {
 	}
 	rec = make()
 	c.mu.Lock()
-	if c.m == nil {
-		c.m = map[string]types.Record{}
+	if c.m == nil || len(c.m) >= recordCacheMax {
+		c.m = map[string]types.Record{} // start again: old leases' contexts go
 	}
-	if len(c.m) < recordCacheMax {
-		c.m[key] = rec
-	}
+	c.m[key] = rec
 	c.mu.Unlock()
 	return rec
 }
