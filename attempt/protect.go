@@ -1,11 +1,16 @@
 package attempt
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 
+	"github.com/fenceline/fenceline/fsguard"
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/policy"
 )
@@ -128,4 +133,70 @@ func (w *protectWalk) grants(path, rel string) ([]string, error) {
 		return []string{path}, nil
 	}
 	return slices.DeleteFunc(parts, func(s string) bool { return s == "" }), nil
+}
+
+// policyGate is the file guard's gate of an attempt under a policy: its
+// lease's gate, and refused from the moment the policy comes to protect a
+// path the attempt's guard was started granting. Landlock cannot take a
+// right back from a running process, so the supervisor then refuses every
+// write (as after a loss): the write rights the policy removed go within
+// the bus's delivery time, and the others with them, until a new attempt
+// starts under the new policy.
+type policyGate struct {
+	Gate
+	refused atomic.Pointer[error]
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// Gate is fsguard.Gate: whether the lease allows writes now.
+type Gate = fsguard.Gate
+
+// watchPolicy returns gate wrapped so that writes are refused once st
+// protects a path of writable (the guard's paths before ProtectPaths
+// split them) beyond protected (those it protected at the start). stop
+// ends the watch.
+func watchPolicy(ctx context.Context, gate Gate, st *policy.Store, co *Checkout, l lease.Lease, writable, protected []string, say func(string)) (g Gate, stop func()) {
+	if st == nil {
+		return gate, func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	pg := &policyGate{Gate: gate, cancel: cancel}
+	pg.wg.Go(func() {
+		for {
+			changed := st.Changed()
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			}
+			_, now, _, err := ProtectPaths(co, l, writable, st)
+			var added []string
+			for _, p := range now {
+				if !slices.Contains(protected, p) {
+					added = append(added, p)
+				}
+			}
+			if err == nil && len(added) == 0 {
+				continue
+			}
+			if err == nil {
+				err = fmt.Errorf("the policy now protects %s, which this attempt's file guard was started granting", strings.Join(added, ", "))
+			}
+			refusal := fmt.Errorf("%w: %w: its writes are refused from now on; start a new attempt to work under the new policy", lease.ErrPolicyForbids, err)
+			pg.refused.Store(&refusal)
+			say("policy: " + refusal.Error())
+			return
+		}
+	})
+	return pg, func() { cancel(); pg.wg.Wait() }
+}
+
+// Fence refuses once the policy protects a path the guard grants, else
+// asks the lease's gate.
+func (g *policyGate) Fence() (uint64, error) {
+	if err := g.refused.Load(); err != nil {
+		return 0, *err
+	}
+	return g.Gate.Fence()
 }

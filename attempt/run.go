@@ -188,6 +188,7 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 		r.say("created %s: the claim did not exist in the checkout, and writes are confined to existing paths", c)
 	}
 	var protected, shadowed []string
+	baseWritable := pol.Writable
 	if pol.Writable, protected, shadowed, err = ProtectPaths(r.co, l, pol.Writable, spec.Policy); err != nil {
 		return res, err
 	}
@@ -217,7 +218,9 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	}
 	agentCtx, stopAgent := context.WithCancel(ctx)
 	defer stopAgent()
-	pr, err := Start(agentCtx, pol, spec.Holder, spec.Audit, cmd)
+	gate, stopPolicy := watchPolicy(agentCtx, spec.Holder, spec.Policy, r.co, l, baseWritable, protected, func(s string) { r.say("%s", s) })
+	defer stopPolicy()
+	pr, err := Start(agentCtx, pol, gate, spec.Audit, cmd)
 	if err != nil {
 		return res, err
 	}

@@ -323,3 +323,38 @@ forbid (principal, action == Fenceline::Action::"write", resource is Fenceline::
 		return fmt.Errorf("no shadow-refused file event: %+v", evs)
 	})
 }
+
+// A running attempt whose guard grants a path a new policy protects loses
+// its writes within a second, without a restart (Landlock cannot take a
+// right back, so the supervisor refuses every write from then on). The
+// agent tries every 50 ms from the moment the policy is set, for at most
+// a second.
+func TestRunLosesWritesANewPolicyRemoves(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "https://github.com/acme/live.git")
+	goFile := filepath.Join(t.TempDir(), "go")
+	script := `echo v1 >> README.md && echo one=ok
+for i in $(seq 600); do [ -e ` + goFile + ` ] && break; sleep 0.05; done
+for i in $(seq 20); do echo v2 >> in/seed 2>/dev/null || { echo two=refused; exit 0; }; sleep 0.05; done
+echo two=still-writing-after-1s`
+	run := startRun(t, url, "--checkout", co, "--whole-repo", "--", "bash", "-c", script)
+	checkFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if !strings.Contains(run.out.String(), "one=ok") {
+			return fmt.Errorf("the agent has not written yet:\n%s\n%s", run.out, run.errOut)
+		}
+		return nil
+	})
+	fl(t, "--nats", url, "policy", "set", "--repo", "github.com/acme/live", "-f", writeFile(t, "p.cedar", `@id("readme-frozen")
+forbid (principal, action == Fenceline::Action::"write", resource is Fenceline::Path) when { resource.path == "README.md" };`)).want(t, ExitOK)
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := run.wait(t); code != ExitOK {
+		t.Fatalf("run exited %d:\n%s", code, run.errOut)
+	}
+	if got := strings.Join(strings.Fields(run.out.String()), " "); got != "one=ok two=refused" {
+		t.Fatalf("agent: %s\nwant its writes refused within a second of the policy\nstderr:\n%s", got, run.errOut)
+	}
+	mustContain(t, "run stderr", run.errOut.String(), "the policy now protects README.md")
+}
