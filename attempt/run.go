@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/fenceline/fenceline/fsguard"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/policy"
 	"github.com/fenceline/fenceline/shard"
 	"github.com/fenceline/fenceline/sidecar"
 )
@@ -55,6 +57,10 @@ type Spec struct {
 	Stdout, Stderr io.Writer // the agent's; Stderr also gets the guard's errors
 	// Say reports what the attempt does, one line each, for a person.
 	Say func(line string)
+	// Policy is the security team's policy in force (nil: none): the file
+	// guard keeps the paths it forbids unwritable, and the fences ask it
+	// (Sidecar.Policy).
+	Policy *policy.Store
 }
 
 // Result is how an attempt ended.
@@ -70,6 +76,24 @@ type Result struct {
 	Denials  uint64
 	Refused  fsguard.Refusals
 	StateDir string // the sidecar's state dir
+}
+
+// auditShadowed records the paths a shadow policy would keep unwritable
+// (shadow-refused, boundary file): nothing is refused.
+func (r *run) auditShadowed(ctx context.Context, audit *leasebus.Auditor, l leasebus.Lease, shadowed []string) {
+	if audit == nil {
+		return
+	}
+	for _, s := range shadowed {
+		ev := leasebus.AuditEvent{Time: time.Now().UTC(), Type: leasebus.EventShadowRefused, Boundary: leasebus.BoundaryFile,
+			Repo: l.Repo, LeaseID: l.LeaseID, Owner: l.Owner, Scope: l.Scope, Fence: l.Fence, Reason: leasebus.ReasonPolicy,
+			Message: "shadow policy: the file guard would keep " + s + " unwritable; nothing was refused"}
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := audit.Record(actx, ev); err != nil {
+			r.say("policy: a shadow refusal was not audited: %v", err) // and refuses nothing either
+		}
+		cancel()
+	}
 }
 
 // run is one attempt between Run's start and its settling.
@@ -170,6 +194,15 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	for _, c := range created {
 		r.say("created %s: the claim did not exist in the checkout, and writes are confined to existing paths", c)
 	}
+	var protected, shadowed []string
+	baseWritable := pol.Writable
+	if pol.Writable, protected, shadowed, err = ProtectPaths(r.co, l, pol.Writable, spec.Policy); err != nil {
+		return res, err
+	}
+	if len(protected) > 0 {
+		r.say("policy: the file guard keeps %s unwritable (protected by the security team's policy)", strings.Join(protected, ", "))
+	}
+	r.auditShadowed(ctx, spec.Audit, l, shadowed)
 	if err := socketOutsideWrites("--pg-upstream", cfg.PGUpstream, pol); err != nil {
 		return res, err
 	}
@@ -192,7 +225,9 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	}
 	agentCtx, stopAgent := context.WithCancel(ctx)
 	defer stopAgent()
-	pr, err := Start(agentCtx, pol, spec.Holder, spec.Audit, cmd)
+	gate, stopPolicy := watchPolicy(agentCtx, spec.Holder, spec.Policy, r.co, l, baseWritable, protected, func(s string) { r.say("%s", s) })
+	defer stopPolicy()
+	pr, err := Start(agentCtx, pol, gate, spec.Audit, cmd)
 	if err != nil {
 		return res, err
 	}

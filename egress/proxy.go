@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -19,6 +20,7 @@ import (
 	"github.com/elazarl/goproxy"
 
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/policy"
 )
 
 // LeaseSource names the lease a refusal is recorded under;
@@ -56,6 +58,10 @@ type Config struct {
 	// Hint is the flag a refusal tells the user to add (default
 	// "--allow-host").
 	Hint string
+	// Policy, when set, is the security team's policy (action connect on
+	// the host and port), asked after the allowlist allows a host: it
+	// only narrows it. Nil: no policy.
+	Policy *policy.Store
 	// Dial connects to a judged address (default a net.Dialer).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// LookupIP resolves a name (default net.DefaultResolver).
@@ -196,6 +202,7 @@ type refusal struct {
 	target target
 	why    string
 	hint   string
+	reason string // the audit's reason code (default not-allowed)
 }
 
 func (r *refusal) Error() string { return r.target.String() + ": " + r.why }
@@ -204,7 +211,7 @@ func (r *refusal) Error() string { return r.target.String() + ": " + r.why }
 func (p *Proxy) allowed(t target) *refusal {
 	for _, r := range p.cfg.Allow {
 		if r.matches(t.host, t.addr, t.port) {
-			return nil
+			return p.policyAllows(t)
 		}
 	}
 	flag := p.cfg.Hint + " " + t.host
@@ -354,6 +361,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.refuse(w, r, rf)
 		return
 	}
+	p.shadow(r, t)
 	// Judge the address now, for a clear answer; the transport's dialer
 	// judges again what it actually dials.
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.DialTimeout)
@@ -396,6 +404,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "fenceline egress proxy: "+err.Error(), http.StatusBadGateway)
 		return
 	}
+	p.shadow(r, t)
 	if !p.track(up) {
 		up.Close()
 		http.Error(w, "fenceline egress proxy: shutting down", http.StatusServiceUnavailable)
@@ -502,13 +511,14 @@ func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, rf *refusal) {
 	}
 	msg := fmt.Sprintf("fenceline egress: %s refused for lease %s (%s, fence %d): %s; %s",
 		what, orNone(l.LeaseID), l.Owner, l.Fence, rf.why, rf.hint)
-	p.log.Warn(msg, "target", rf.target.String(), "reason", leasebus.ReasonNotAllowed)
+	reason := cmp.Or(rf.reason, leasebus.ReasonNotAllowed)
+	p.log.Warn(msg, "target", rf.target.String(), "reason", reason)
 	if p.cfg.Audit != nil {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
 		ev := leasebus.AuditEvent{
 			Time: time.Now().UTC(), Type: leasebus.EventDenied, Boundary: leasebus.BoundaryNet,
 			Repo: l.Repo, LeaseID: l.LeaseID, Owner: l.Owner, Scope: l.Scope, Fence: l.Fence,
-			Reason: leasebus.ReasonNotAllowed, Message: msg,
+			Reason: reason, Message: msg,
 		}
 		if err := p.cfg.Audit.Record(ctx, ev); err != nil {
 			p.log.Error("fenceline egress: refusal not recorded in the audit", "err", err)

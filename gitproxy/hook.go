@@ -17,6 +17,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/policy"
 )
 
 // The pre-receive hook is the storage-side half of the git fence (DESIGN.md
@@ -60,6 +61,10 @@ type HookConfig struct {
 	AllowUnfenced bool
 	// Git is the git binary (default "git").
 	Git string
+	// Policy, when set, is the security team's policy: a verified push is
+	// asked as push on each ref and write on each touched path
+	// (policyhook.go). Nil: none.
+	Policy *policy.Store
 }
 
 // Reasons of the hook's refusals (HookError.Reason).
@@ -248,6 +253,9 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 		if len(outside) > 0 {
 			return deny(&HookError{Reason: HookOutsideClaim, Msg: fmt.Sprintf("%s is outside its claim %s", andMore(outside), strings.Join(claim.Paths, " "))})
 		}
+	}
+	if he := hookPolicy(ctx, g, cfg.Policy, repo, leaseID, owner, claim, cmds, touched); he != nil {
+		return deny(he)
 	}
 	// The push's resources: its claim, and the touched paths the claim
 	// does not cover (all of them for a lease that claims nothing).

@@ -27,6 +27,7 @@ import (
 
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/policy"
 )
 
 // LeaseSource is the lease the proxy pushes under; *leasebus.Holder is one.
@@ -82,6 +83,10 @@ type Config struct {
 	Audit Auditor
 	// Policy for history rewrites and ref deletions.
 	Policy Policy
+	// Cedar, when set, is the security team's policy: every ref update
+	// is asked as push on its ref and as write on every path it touches
+	// (policyhook.go). It only narrows what Policy allows. Nil: none.
+	Cedar *policy.Store
 	// ObjectDirs are git directories whose objects resolve thin-pack bases
 	// and the parents of pushed commits — normally the agent's repository
 	// (for a linked worktree, its common git dir).
@@ -500,6 +505,9 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request, e endpoint) 
 	for i, rc := range changes {
 		if refused[i] == nil {
 			refused[i] = judge(ps.lease, others, rc, p.cfg.Policy)
+		}
+		if refused[i] == nil {
+			refused[i] = judgePolicy(ctx, p.cfg.Cedar, ps.lease, rc, p.cfg.Audit, p.log)
 		}
 		anyRefused = anyRefused || refused[i] != nil
 	}

@@ -19,6 +19,12 @@ const (
 	EventDenied       = "denied"  // a write denied at a boundary (git, postgres, file)
 	EventList         = "list"    // leases read (lease list, the run UI), naming who asked
 	EventSweep        = "sweep"   // a sweep asked for, naming who asked and what it reclaimed
+	// EventPolicySet is a policy change: the operator, the version, the
+	// digest (boundary policy).
+	EventPolicySet = "policy-set"
+	// EventShadowRefused is what a shadow policy would have refused (at
+	// the boundary that judged it); nothing was refused.
+	EventShadowRefused = "shadow-refused"
 )
 
 // Boundaries that produce audit events.
@@ -33,6 +39,8 @@ const (
 	// BoundaryNet marks a guarded agent's network reach refused: a connect,
 	// socket or proxy request outside what its policy allows.
 	BoundaryNet = "net"
+	// BoundaryPolicy marks a policy change (who set which version).
+	BoundaryPolicy = "policy"
 )
 
 // AuditEvent is one entry of the audit stream. Every grant, release,

@@ -3,6 +3,7 @@ package leasebus
 import (
 	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/policy"
 )
 
 // Subjects and stream names on the bus. Everything fenceline puts on NATS
@@ -221,6 +222,8 @@ type reply struct {
 	Kept []keptAnswer `json:"kept,omitempty"`
 	// Revision is a shard record's revision after a write (shards.go).
 	Revision uint64 `json:"revision,omitempty"`
+	// Policy is the version a policy write stored (policy.go).
+	Policy *policy.Document `json:"policy,omitempty"`
 }
 
 // ChangedSubject is where the lease service announces each committed

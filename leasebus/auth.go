@@ -49,7 +49,8 @@ const (
 	// pool and attempt records (shards.go).
 	RoleHolder Role = "holder"
 	// RoleOperator is a person running the bus: what a holder and a viewer
-	// may do, plus revoke and sweep.
+	// may do, plus revoke, sweep, declaring shard pools and setting
+	// policies (policy.go).
 	RoleOperator Role = "operator"
 	// RoleViewer reads: lease list and get, change notices, the audit
 	// stream and the shard records (the run UI, `lease list`).
@@ -129,6 +130,10 @@ func grants(id string) map[Role]Grant {
 	shardRead := slices.Concat(
 		jsRead(shardPoolStream), jsRead(shardAttemptStream),
 		jsConsume(shardPoolStream), jsConsume(shardAttemptStream), // listing pools, attempts
+		// Policies: read and followed by every fence and the run UI,
+		// written by the lease service alone (an operator asks it: op
+		// policy; policy.go).
+		jsRead(PolicyStream), jsConsume(PolicyStream),
 	)
 	viewer := Grant{
 		Publish: slices.Concat(ops(id, "get", "list"),
@@ -157,7 +162,7 @@ func grants(id string) map[Role]Grant {
 	// store's buckets (a stream's creator picks its subjects, the lease
 	// requests' included, and could capture them).
 	operator := Grant{
-		Publish:   slices.Concat(ops(id, "revoke", "sweep", opShardAdmin), []string{identitySubject("reload", id)}, holder.Publish, viewer.Publish),
+		Publish:   slices.Concat(ops(id, "revoke", "sweep", opShardAdmin, opPolicy), []string{identitySubject("reload", id)}, holder.Publish, viewer.Publish),
 		Subscribe: []string{inbox, changed},
 	}
 	operator.Publish = dedupe(operator.Publish)

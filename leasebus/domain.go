@@ -51,6 +51,7 @@ const (
 	ReasonLeaseUnknown = lease.ReasonLeaseUnknown
 	ReasonOutsideLease = lease.ReasonOutsideLease
 	ReasonNotAllowed   = lease.ReasonNotAllowed
+	ReasonPolicy       = lease.ReasonPolicy
 )
 
 var (

@@ -4,6 +4,8 @@ import (
 	"errors"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fenceline/fenceline/policy"
 )
 
 // wireError is an error as it travels in a service reply.
@@ -17,6 +19,7 @@ var codes = []struct {
 	code string
 	err  error
 }{
+	{"policy", policy.ErrRefused}, // the security team's policy refuses it
 	{"conflict", ErrConflict},
 	{"revision_mismatch", jetstream.ErrKeyRevisionMismatch}, // a shard record's compare-and-swap
 	{"lost", ErrLeaseLost},

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/policy"
 )
 
 // ServiceConfig configures a lease service. The zero value works.
@@ -120,6 +121,9 @@ type Service struct {
 	live *liveness
 	// shards writes the shard store's records (shards.go).
 	shards shardStore
+	// policies are the policies in force, followed from the bus
+	// (policy.go); acquires are judged by them (policyclaims.go).
+	policies policy.Store
 	// names are the names of identities enrolled since the service
 	// started (IdentityChanged), by public nkey; cfg.Names has the rest.
 	names sync.Map
@@ -182,7 +186,15 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.Stop()
 		return nil, err
 	}
-	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit", "keepalive", opShard, opShardAdmin} {
+	// The policies in force are read before the first request is served:
+	// no claim is judged without them.
+	pw, err := WatchPolicies(s.ctx, js, &s.policies)
+	if err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("lease service: %w", err)
+	}
+	s.wg.Go(func() { s.followPolicies(s.ctx, pw) })
+	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit", "keepalive", opShard, opShardAdmin, opPolicy} {
 		// <op>.<identity>: the bus lets each identity publish only under
 		// its own, so the last token says who asked (see Grant).
 		sub, err := nc.QueueSubscribe(requestSubject(op, "*"), serviceQueue, s.handler(op))
@@ -470,6 +482,9 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			if err == nil {
 				err = r.normalize()
 			}
+			if err == nil {
+				err = s.checkAcquirePolicy(id, &r)
+			}
 			r.by, r.byName = id, s.name(id)
 			c.req, repo = &r, r.Repo
 		case "renew":
@@ -547,6 +562,16 @@ func (s *Service) handler(op string) nats.MsgHandler {
 			var w ShardWrite
 			if err = decode(m.Data, &w); err == nil {
 				s.goTracked(c, func() { c.respond(s.writeShard(s.ctx, id, op == opShardAdmin, w)) })
+				return
+			}
+		case opPolicy:
+			if len(m.Data) > maxPolicyRequest {
+				c.fail(fmt.Errorf("%w: a policy write of %d bytes: at most %d", ErrInvalid, len(m.Data), maxPolicyRequest))
+				return
+			}
+			var w PolicyWrite
+			if err = decode(m.Data, &w); err == nil {
+				s.goTracked(c, func() { c.respond(s.writePolicy(s.ctx, id, w)) })
 				return
 			}
 		case "sweep":

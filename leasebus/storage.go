@@ -69,12 +69,15 @@ type streamBudget struct {
 //     their oldest past the stream's size.
 //   - the shard buckets hold one record per key of at most shardMaxValue
 //     (see shardBucket).
+//   - policies keep every version (a version is never pushed out) and
+//     refuse a write past their size (policy.go).
 var streamBudgets = map[string]streamBudget{
 	LogStream:          {share: 30, min: 2 << 20, max: 1 << 30, maxMsgSize: 8 << 20, discard: jetstream.DiscardNew},
 	AuditStream:        {share: 25, min: auditMinBytes, max: auditMaxBytes, maxMsgSize: 8 << 20, discard: jetstream.DiscardOld},
 	EventsStream:       {share: 20, min: 1 << 20, max: 512 << 20, maxMsgSize: maxEventRequest, perSubject: eventsPerWriter, discard: jetstream.DiscardOld},
 	shardPoolStream:    {share: 5, min: 1 << 20, max: 256 << 20, maxMsgSize: shardMaxValue, perSubject: 1, discard: jetstream.DiscardNew},
-	shardAttemptStream: {share: 10, min: 1 << 20, max: 1 << 30, maxMsgSize: shardMaxValue, perSubject: 1, discard: jetstream.DiscardOld},
+	shardAttemptStream: {share: 9, min: 1 << 20, max: 1 << 30, maxMsgSize: shardMaxValue, perSubject: 1, discard: jetstream.DiscardOld},
+	PolicyStream:       {share: 1, min: 1 << 20, max: 256 << 20, maxMsgSize: policyMaxValue, discard: jetstream.DiscardNew},
 }
 
 const (

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/policy"
 )
 
 // LeaseSource is the lease the proxy fences writes with. Fence is called for
@@ -62,6 +63,10 @@ type Config struct {
 	// live lease; the storage-side fence then is the only check. Off by
 	// default: when in doubt, refuse.
 	AllowOpaque bool
+	// Policy, when set, is the security team's policy: every write is
+	// asked as sql_write on each table it names, or sql_opaque when its
+	// tables cannot be named (policyhook.go); it only narrows. Nil: none.
+	Policy *policy.Store
 	// MaxMessageSize bounds one protocol message (default 64 MiB).
 	MaxMessageSize int
 	// StartupTimeout bounds the startup and authentication phase (default 30 s).

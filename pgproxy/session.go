@@ -17,6 +17,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/policy"
 )
 
 // session is one client connection and its backend.
@@ -815,6 +816,11 @@ func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *r
 		return &refusal{code: leasebus.LeaseReason(li.err), reason: "lease not held: " + why,
 			hint: "reads still work; writes need a live lease: acquire a new lease and reconnect through its sidecar"}
 	}
+	if st.Opaque {
+		if r := s.policyRefusal(policy.ActionSQLOpaque, ""); r != nil {
+			return r
+		}
+	}
 	if st.Opaque && !s.p.cfg.AllowOpaque {
 		what := st.Tag
 		if st.Tag == "ParseError" {
@@ -879,6 +885,9 @@ func (s *session) checkTarget(t Target, li leaseInfo, searchPath []string) *refu
 					t.Name, name, strings.Join(searchPath, ", "), li.tables)
 			}
 			return &refusal{code: ReasonOutsideLease, reason: why, hint: "acquire a lease that claims the table (--table schema.table or schema.*)"}
+		}
+		if r := s.policyRefusal(policy.ActionSQLWrite, name); r != nil {
+			return r
 		}
 	}
 	return nil

@@ -129,6 +129,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("GET /api/v1/audit", s.audit)
 	s.mux.HandleFunc("GET /api/v1/shards", s.shards)
 	s.mux.HandleFunc("GET /api/v1/events", s.events)
+	s.mux.HandleFunc("GET /api/v1/policy", s.policy)
 	return s, nil
 }
 

@@ -435,3 +435,55 @@ func TestAuditSkipsOwnReadsBackwards(t *testing.T) {
 		t.Fatalf("last 2 audit events: %+v, want the grant and the release of %s", evs, l.LeaseID)
 	}
 }
+
+// The policy view lists the policies in force for a repository (the
+// default's and its own), every version, and shadow refusals.
+func TestPolicyView(t *testing.T) {
+	b, hs := startUI(t, Config{})
+	ctx := context.Background()
+	oc := leasebus.NewClient(b.ConnectAs(t, leasebus.RoleOperator))
+	text := `@id("no-workflows") forbid (principal, action, resource is Fenceline::Path) when { resource.path like ".github/workflows*" };`
+	for _, w := range []leasebus.PolicyWrite{
+		{Default: true, Text: text},
+		{Default: true, Text: text + "\n", Version: 1},
+		{Repo: repo, Mode: "shadow", Text: text},
+	} {
+		if _, err := oc.SetPolicy(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	aud, err := leasebus.NewAuditor(b.ConnectAs(t, leasebus.RoleHolder))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := aud.Record(ctx, leasebus.AuditEvent{Time: time.Now().UTC(), Type: leasebus.EventShadowRefused, Boundary: leasebus.BoundaryFile,
+		Repo: repo, LeaseID: "lease_x", Message: `shadow policy: write .github/workflows/ci.yml would be refused by policy rule "no-workflows"`}); err != nil {
+		t.Fatal(err)
+	}
+	checkFor := func(f func() error) {
+		t.Helper()
+		testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, f)
+	}
+	checkFor(func() error {
+		var v struct {
+			InForce []struct {
+				Repo    string
+				Mode    string
+				Version uint64
+			}
+			History       map[string][]json.RawMessage
+			ShadowRefused []leasebus.AuditEvent
+		}
+		getJSON(t, hs.URL+"/api/v1/policy?repo="+repo, &v)
+		if len(v.InForce) != 2 || v.InForce[0].Repo != "" || v.InForce[0].Version != 2 || v.InForce[1].Repo != repo || v.InForce[1].Mode != "shadow" {
+			return fmt.Errorf("in force: %+v", v.InForce)
+		}
+		if len(v.History["default enforce"]) != 2 || len(v.History[repo+" shadow"]) != 1 {
+			return fmt.Errorf("history: %v", v.History)
+		}
+		if len(v.ShadowRefused) != 1 || !strings.Contains(v.ShadowRefused[0].Message, "no-workflows") {
+			return fmt.Errorf("shadow refusals: %+v", v.ShadowRefused)
+		}
+		return nil
+	})
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
+	"github.com/fenceline/fenceline/policy"
 )
 
 // Config configures a Sidecar.
@@ -90,6 +91,10 @@ type Config struct {
 	// is terminated with the sidecar's CA, which the agent's clients trust
 	// (Fences.CABundle).
 	Inject map[string]egress.Injection
+
+	// Policy is the security team's policy in force (nil: none), which
+	// every fence asks before what it allows: it only narrows.
+	Policy *policy.Store
 
 	// StateDir keeps the sidecar's files: mirrors, the local CA, temp packs.
 	StateDir string
@@ -177,6 +182,7 @@ func (s *Sidecar) startPG() error {
 		Audit:       s.auditor(),
 		TLS:         s.cfg.PGTLS,
 		AllowOpaque: s.cfg.PGAllowOpaque,
+		Policy:      s.cfg.Policy,
 		Logger:      s.log.With("boundary", "postgres"),
 		Dial:        dial,
 	})
@@ -236,6 +242,7 @@ func (s *Sidecar) startEgress(rules []egress.Rule) error {
 		Resolve: s.pins,
 		CA:      s.ca,
 		Lease:   s.cfg.Lease,
+		Policy:  s.cfg.Policy,
 		Logger:  s.log.With("boundary", leasebus.BoundaryNet),
 	}
 	if a := s.auditor(); a != nil {
@@ -304,6 +311,7 @@ func (s *Sidecar) startGit() error {
 		Bus:            s.cfg.Bus,
 		Audit:          s.auditor(),
 		Policy:         s.cfg.GitPolicy,
+		Cedar:          s.cfg.Policy,
 		ObjectDirs:     s.cfg.GitObjectDirs,
 		MirrorDir:      filepath.Join(s.cfg.StateDir, "git-mirrors"),
 		TempDir:        filepath.Join(s.cfg.StateDir, "tmp"),

@@ -10,7 +10,8 @@ import (
 // the fences (and the lease bus's client side) never link the NATS
 // server, which only `fenceline bus serve` and the tests embed (package
 // leasebus/embedded); the file guard and the lease domain link no NATS
-// at all. A fence that needs a lease type imports package lease.
+// at all, nor does the policy they ask (package policy). A fence that
+// needs a lease type imports package lease.
 func TestFencesDoNotLinkTheBusServer(t *testing.T) {
 	const mod = "github.com/fenceline/fenceline/"
 	rules := []struct {
@@ -18,7 +19,7 @@ func TestFencesDoNotLinkTheBusServer(t *testing.T) {
 		banned string
 	}{
 		{[]string{"fsguard", "gitproxy", "pgproxy", "egress", "sidecar", "leasebus"}, "github.com/nats-io/nats-server"},
-		{[]string{"fsguard", "lease"}, "github.com/nats-io/"},
+		{[]string{"fsguard", "lease", "policy"}, "github.com/nats-io/"}, // the policy every fence asks: no bus
 	}
 	for _, r := range rules {
 		for _, pkg := range r.pkgs {

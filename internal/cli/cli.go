@@ -19,6 +19,7 @@ import (
 
 	"github.com/fenceline/fenceline/attempt"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/policy"
 )
 
 // Exit statuses (CLI contract).
@@ -35,9 +36,10 @@ const exitHelp = `Exit status:
   1  error (no bus, I/O, unexpected answer)
   2  usage: unknown command or flag, missing argument, or an invalid value
      (a --scope that escapes the repo or is absolute, a bad --table, a --ttl
-     that is not a duration or out of range, an unknown --workspace mode)
-  3  conflict or denied: the claim overlaps an active lease, or the credential
-     does not own the lease
+     that is not a duration or out of range, an unknown --workspace mode,
+     an invalid policy, or a flag that would allow what the policy forbids)
+  3  conflict or denied: the claim overlaps an active lease, the credential
+     does not own the lease, or the policy refuses it
   4  lease lost: it was released, revoked, expired or reclaimed`
 
 // EnvNATS names the environment variable that selects the bus, like --nats.
@@ -119,6 +121,7 @@ least role it needs: viewer.nk, holder.nk, operator.nk, service.nk) or one
 	root.AddCommand(a.busCommand(), a.leaseCommand(), a.sidecarCommand(), a.runCommand(), a.pgCommand(), a.hookCommand(), a.demoCommand())
 	root.AddCommand(a.shardCommand())
 	root.AddCommand(a.agentCommand())
+	root.AddCommand(a.policyCommand())
 	markRunErrors(root)
 	return root
 }
@@ -189,9 +192,10 @@ func exitCode(err error) int {
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
-	case errors.As(err, &ue), errors.Is(err, leasebus.ErrInvalid), errors.Is(err, attempt.ErrInvalid):
+	case errors.As(err, &ue), errors.Is(err, leasebus.ErrInvalid), errors.Is(err, attempt.ErrInvalid),
+		errors.Is(err, policy.ErrInvalid), errors.Is(err, policy.ErrFlagForbidden):
 		return ExitUsage
-	case errors.Is(err, leasebus.ErrConflict), errors.Is(err, leasebus.ErrNotOwner), errors.Is(err, leasebus.ErrForbidden):
+	case errors.Is(err, leasebus.ErrConflict), errors.Is(err, leasebus.ErrNotOwner), errors.Is(err, leasebus.ErrForbidden), errors.Is(err, policy.ErrRefused):
 		return ExitConflict
 	case errors.Is(err, leasebus.ErrLeaseLost):
 		return ExitLost

@@ -13,6 +13,7 @@ import (
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/policy"
 )
 
 func (a *app) hookCommand() *cobra.Command {
@@ -55,7 +56,14 @@ full either way.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			repo = repoid.Normalize(repo)
-			err := gitproxy.PreReceive(cmd.Context(), gitproxy.HookConfig{Repo: repo, KeyFile: keyFile, AllowUnfenced: allowUnfenced}, os.Stdin)
+			pol, err := a.hookPolicy(cmd.Context(), repo)
+			if err != nil {
+				// A bus is named but its policy cannot be read: writes
+				// fail closed.
+				fmt.Fprintf(a.stderr, "fenceline: push refused: the policy in force cannot be read from the bus: %v\n", err)
+				return &exitError{code: ExitConflict, err: errReported}
+			}
+			err = gitproxy.PreReceive(cmd.Context(), gitproxy.HookConfig{Repo: repo, KeyFile: keyFile, AllowUnfenced: allowUnfenced, Policy: pol}, os.Stdin)
 			var he *gitproxy.HookError
 			if errors.As(err, &he) {
 				// git shows the hook's output to the pusher as "remote: …".
@@ -190,6 +198,27 @@ func hookRepo(repo string) (string, error) {
 		return "", usagef("--repo %q contains a newline or NUL", repo)
 	}
 	return r, nil
+}
+
+// hookPolicy reads the policy in force for repo (the default's and its
+// own) from the bus named by --nats or FENCELINE_NATS, once; with no bus
+// named there is none (a git server need not reach one).
+func (a *app) hookPolicy(ctx context.Context, repo string) (*policy.Store, error) {
+	u, source := a.busURL()
+	if source == "" {
+		return nil, nil
+	}
+	nc, err := a.connect(leasebus.RoleHolder, u, source)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	st, w, err := leasebus.FollowPolicy(ctx, nc, repo)
+	if err != nil {
+		return nil, err
+	}
+	w.Stop() // one push, one reading
+	return st, nil
 }
 
 // auditHookRefusal writes a refusal of the pre-receive hook to the audit

@@ -242,6 +242,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 	} else if warn != nil {
 		fmt.Fprintf(a.stderr, "fenceline: WARNING: %v\nfenceline: WARNING: running %s UNGUARDED (--allow-unguarded): its file writes are NOT confined to the lease and it may connect anywhere\n", warn, argv[0])
 	}
+	var req leasebus.AcquireRequest
 	if rf.attachID == "" {
 		rf.lf.repo = co.Repo
 		if rf.lf.attempt == "" {
@@ -250,8 +251,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 		if len(rf.lf.paths) == 0 && !rf.lf.wholeRepo && rf.lf.workspace == "" {
 			rf.lf.workspace = string(leasebus.WorkspaceExclusive) // no claim: the checkout to itself
 		}
-		req, err := rf.lf.request()
-		if err != nil {
+		if req, err = rf.lf.request(); err != nil {
 			return err // a usage error, before the bus is dialed
 		}
 		for _, rel := range req.Scope.Paths {
@@ -275,6 +275,13 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 		return err
 	}
 	defer s.Close()
+	pf := policyFlags(req, &rf.ff, co.Root, extra)
+	pf.Attached = rf.attachID != ""
+	pol, stopPolicy, err := a.followPolicy(ctx, s, co.Repo, pf)
+	if err != nil {
+		return err // a flag the policy forbids: before any lease
+	}
+	defer stopPolicy()
 	pool, err := a.findPool(ctx, s, rf, co)
 	if err != nil {
 		return err
@@ -300,7 +307,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 		Argv: argv, Checkout: co, Pool: pool, Holder: held.holder,
 		AllowWrite: extra, AllowPorts: rf.ports, AllowBind: rf.bindPorts, State: state,
 		StopOnLost: rf.onLost == onLostSignal, KillGrace: rf.killGrace, AllowUnguarded: rf.allowUnguarded,
-		Stdout: out, Stderr: errw, Say: say,
+		Stdout: out, Stderr: errw, Say: say, Policy: pol,
 	}
 	var res attempt.Result
 	if err = a.prepareAttempt(rf, s, held, &spec); err == nil {
@@ -340,6 +347,7 @@ func (a *app) prepareAttempt(rf *runFlags, s *session, held *heldLease, spec *at
 	if err != nil {
 		return err
 	}
+	cfg.Policy = spec.Policy
 	spec.Audit, spec.Sidecar = audit, cfg
 	spec.Hide = append(rf.ff.secretFiles(), a.credsToHide()...) // after config: it may read a default secret file
 	// A local bus that restarts must not find the agent on its port.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
 )
@@ -310,6 +311,19 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 		return err
 	}
 	defer s.Close()
+	var req leasebus.AcquireRequest
+	if sf.attachID == "" {
+		if req, err = sf.lf.request(); err != nil {
+			return err
+		}
+	}
+	pf := policyFlags(req, &sf.ff, "", nil)
+	pf.Attached = sf.attachID != ""
+	pol, stopPolicy, err := a.followPolicy(ctx, s, repoid.Normalize(sf.lf.repo), pf)
+	if err != nil {
+		return err // a flag the policy forbids: before any lease
+	}
+	defer stopPolicy()
 	var base []string
 	if v, ok := os.LookupEnv("DATABASE_URL"); ok {
 		base = append(base, "DATABASE_URL="+v)
@@ -325,7 +339,9 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 			return held.holder, !held.acquired, nil
 		},
 		Fences: func(h *leasebus.Holder, audit *leasebus.Auditor) (sidecar.Config, error) {
-			return sf.ff.config(&heldLease{holder: h}, s, audit, log)
+			cfg, err := sf.ff.config(&heldLease{holder: h}, s, audit, log)
+			cfg.Policy = pol
+			return cfg, err
 		},
 		BaseEnv:       base,
 		EnvFile:       sf.envFile,

@@ -132,4 +132,13 @@ func TestRunUIInBrowser(t *testing.T) {
 	if text = within(t, tab, 2*time.Second, "read the attempt", chromedp.Text(chromedp.CSS(row))); !strings.Contains(text, "succeeded") || !strings.Contains(text, "ui-pooled") {
 		t.Errorf("attempt row %q: want ui-pooled's attempt, succeeded", text)
 	}
+
+	// A policy set from the CLI shows, with its version, within the
+	// page's refresh.
+	fl(t, "--nats", busURL, "policy", "set", "--default", "-f", writeFile(t, "p.cedar", issuePolicy)).want(t, ExitOK)
+	pol := `#policy .policy[data-scope="default"][data-mode="enforce"]`
+	within(t, tab, 5*time.Second, "policy shown", chromedp.WaitVisible(chromedp.CSS(pol)))
+	if text = within(t, tab, 2*time.Second, "read the policy", chromedp.Text(chromedp.CSS(pol))); !strings.Contains(text, "version 1") || !strings.Contains(text, "whole-repo-release-only") {
+		t.Errorf("policy shown as %q: want version 1 and its text", text)
+	}
 }

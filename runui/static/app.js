@@ -131,6 +131,32 @@ function addAudit(ev, front) {
   while (list.children.length > 500) list.lastElementChild.remove();
 }
 
+// loadPolicy shows the policies in force for the chosen repository (the
+// default's and its own), their versions and the latest shadow refusals.
+async function loadPolicy() {
+  try {
+    const res = await fetch("api/v1/policy" + (state.repo ? "?repo=" + encodeURIComponent(state.repo) : ""));
+    if (!res.ok) return;
+    const v = await res.json();
+    const time = (t) => (t ? new Date(t).toLocaleString() : "");
+    const box = $("#policy");
+    if (!v.inForce.length) box.replaceChildren(el("p", { class: "empty" }, "No policy: every fence behaves as without one."));
+    else box.replaceChildren(...v.inForce.map((d) => el("div", { class: "policy", "data-scope": d.repo || "default", "data-mode": d.mode },
+      el("h3", {}, `${d.repo || "default"} policy (${d.mode}), version ${d.version}`),
+      el("p", { class: "mono" }, `${d.digest} · set by ${d.setBy} at ${time(d.setAt)}`),
+      el("pre", {}, d.text))));
+    const hist = Object.entries(v.history).flatMap(([k, vs]) => vs.map((d) => ({ ...d, key: k })));
+    $("#policy-history").replaceChildren(hist.length ? table(hist.reverse(), [
+      ["key", "policy"], ["version", "version"], ["setBy", "set by"], ["setAt", "set at", (d) => time(d.setAt)],
+      ["digest", "digest", (d) => (d.text ? d.digest : "removed")],
+    ]) : el("p", { class: "empty" }, "No versions."));
+    $("#shadow").replaceChildren(v.shadowRefused.length ? table(v.shadowRefused.slice().reverse(), [
+      ["time", "time", (e) => new Date(e.time).toLocaleTimeString()], ["boundary", "boundary"], ["leaseId", "lease"],
+      ["message", "would refuse"],
+    ]) : el("p", { class: "empty" }, "No shadow refusals."));
+  } catch (e) { /* the stream shows the connection state */ }
+}
+
 async function loadRepos() {
   try {
     const res = await fetch("api/v1/repos");
@@ -181,9 +207,12 @@ $("#repo").addEventListener("change", (e) => {
   history.replaceState(null, "", u);
   document.body.classList.toggle("one-repo", !!state.repo);
   connect();
+  loadPolicy();
 });
 
 document.body.classList.toggle("one-repo", !!state.repo);
 loadRepos();
 connect();
+loadPolicy();
 setInterval(tick, 1000);
+setInterval(loadPolicy, 2000);

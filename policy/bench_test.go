@@ -1,0 +1,70 @@
+package policy
+
+import (
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// benchPolicy is the issue's example plus the recipes of docs/policy.md.
+const benchPolicy = issueExample + `
+@id("max-ttl") forbid (principal, action == Fenceline::Action::"claim", resource) when { context.ttl_seconds > 3600 };
+@id("model-hosts-only") forbid (principal, action == Fenceline::Action::"connect", resource is Fenceline::Host)
+unless { resource.name == "api.openai.com" || resource.name == "api.anthropic.com" };
+@id("no-force-main") forbid (principal, action == Fenceline::Action::"push", resource is Fenceline::Ref)
+when { resource.name == "refs/heads/main" && (context.force || context.delete) };
+`
+
+func benchStore(b *testing.B) *Store {
+	var s Store
+	if err := s.Put(Document{Mode: ModeEnforce, Version: 1, Text: benchPolicy}); err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Put(Document{Repo: repo, Mode: ModeEnforce, Version: 1, Text: `@id("no-migrations") forbid (principal, action, resource is Fenceline::Path) when { resource.path like "db/migrations/*" };`}); err != nil {
+		b.Fatal(err)
+	}
+	return &s
+}
+
+// reportQuantiles times each call of f and reports p50 and p99 (µs).
+func reportQuantiles(b *testing.B, f func(i int)) {
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		f(i)
+		lat = append(lat, time.Since(t0))
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Nanoseconds()) / 1e3 }
+	b.ReportMetric(q(0.50), "p50-µs")
+	b.ReportMetric(q(0.99), "p99-µs")
+}
+
+// BenchmarkDecideUncached is a decision evaluated by Cedar (a request
+// never asked before: a new path each time), against two policies of
+// eight rules.
+func BenchmarkDecideUncached(b *testing.B) {
+	s := benchStore(b)
+	reportQuantiles(b, func(i int) {
+		s.Decide(req(ActionWrite, KindPath, "services/billing/f"+strconv.Itoa(i)+".go"))
+	})
+}
+
+// BenchmarkDecideCached is a decision asked again in the same policy
+// version (a lease's claim, a connect to the same host).
+func BenchmarkDecideCached(b *testing.B) {
+	s := benchStore(b)
+	r := Request{Agent: "a", Repo: repo, Action: ActionConnect, Resource: Resource{Kind: KindHost, Name: "api.openai.com", Port: 443}}
+	s.Decide(r)
+	reportQuantiles(b, func(int) { s.Decide(r) })
+}
+
+// BenchmarkDecideNoPolicy is what a fence pays with no policy set.
+func BenchmarkDecideNoPolicy(b *testing.B) {
+	var s Store
+	r := req(ActionWrite, KindPath, "services/billing/a.go")
+	reportQuantiles(b, func(int) { s.Decide(r) })
+}

@@ -1,0 +1,271 @@
+package policy
+
+import (
+	"fmt"
+	cedar "github.com/cedar-policy/cedar-go"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Mode says whether a policy is enforced or only shadowed.
+type Mode string
+
+const (
+	// ModeEnforce: the policy refuses what it forbids.
+	ModeEnforce Mode = "enforce"
+	// ModeShadow: the policy is evaluated beside the enforced one and
+	// what it would refuse is audited (shadow-refused); it refuses
+	// nothing.
+	ModeShadow Mode = "shadow"
+)
+
+// DefaultScope is what decisions call the default policy (the one every
+// repository follows besides its own).
+const DefaultScope = "default"
+
+// Document is one stored policy: the default's or a repository's, in one
+// mode, at one version. The lease bus stores it; a Store compiles it.
+type Document struct {
+	Repo    string    `json:"repo"` // "" for the default policy
+	Mode    Mode      `json:"mode"`
+	Version uint64    `json:"version"` // 1 for the first, +1 for each change
+	Text    string    `json:"text"`    // the Cedar text ("" removes the policy)
+	Digest  string    `json:"digest"`  // Digest(Text)
+	SetBy   string    `json:"setBy"`   // the operator identity that set it
+	SetAt   time.Time `json:"setAt"`
+}
+
+// Scope is what decisions call the document's policy: the repository, or
+// DefaultScope.
+func (d Document) Scope() string {
+	if d.Repo == "" {
+		return DefaultScope
+	}
+	return d.Repo
+}
+
+// Check parses and validates d's text (see Parse) and checks its mode and
+// digest.
+func (d Document) Check() (*Policy, error) {
+	if d.Mode != ModeEnforce && d.Mode != ModeShadow {
+		return nil, fmt.Errorf("%w: mode %q (want %s or %s)", ErrInvalid, d.Mode, ModeEnforce, ModeShadow)
+	}
+	if d.Digest != "" && d.Digest != Digest(d.Text) {
+		return nil, fmt.Errorf("%w: %s policy version %d: its digest %s is not its text's", ErrInvalid, d.Scope(), d.Version, d.Digest)
+	}
+	return Parse(d.Scope()+".cedar", d.Text)
+}
+
+type docKey struct {
+	repo string
+	mode Mode
+}
+
+type layer struct {
+	doc Document
+	pol *Policy
+}
+
+// snapshot is one generation of a Store: immutable but for its cache.
+type snapshot struct {
+	docs  map[docKey]layer
+	cache decisionCache
+}
+
+// Store holds the policies in force — the default and those of any
+// number of repositories, each enforced and shadowed — and answers
+// decisions from them. Put replaces one document; every decision after
+// Put returns sees it. The zero Store holds no policy: every request is
+// allowed, as without fenceline policies. A Store is safe for concurrent
+// use.
+type Store struct {
+	mu      sync.Mutex // serializes Put
+	current atomic.Pointer[snapshot]
+	changed atomic.Pointer[chan struct{}]
+}
+
+// Put installs d (replacing the document of its repo and mode; an empty
+// text removes it). A document that does not check is refused and the
+// one before stays in force.
+func (s *Store) Put(d Document) error {
+	var pol *Policy
+	if d.Text != "" {
+		var err error
+		if pol, err = d.Check(); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := &snapshot{docs: map[docKey]layer{}}
+	if cur := s.current.Load(); cur != nil {
+		for k, l := range cur.docs {
+			next.docs[k] = l
+		}
+	}
+	k := docKey{d.Repo, d.Mode}
+	if old, ok := next.docs[k]; ok && old.doc.Version > d.Version {
+		return nil // an older version arriving late
+	}
+	// A removed policy stays as a tombstone (pol nil) so that an older
+	// version arriving late cannot bring it back.
+	next.docs[k] = layer{doc: d, pol: pol}
+	s.current.Store(next)
+	s.notify()
+	return nil
+}
+
+// Changed returns a channel closed at the next Put: a fence that judged
+// something once (a lease's claim, an open file) judges it again.
+func (s *Store) Changed() <-chan struct{} {
+	for {
+		if ch := s.changed.Load(); ch != nil {
+			return *ch
+		}
+		ch := make(chan struct{})
+		if s.changed.CompareAndSwap(nil, &ch) {
+			return ch
+		}
+	}
+}
+
+func (s *Store) notify() {
+	if ch := s.changed.Swap(nil); ch != nil {
+		close(*ch)
+	}
+}
+
+// Documents returns the documents in force for repo: the default's and
+// (repo not empty) the repository's, enforced and shadowed, those that
+// exist.
+func (s *Store) Documents(repo string) []Document {
+	cur := s.current.Load()
+	if cur == nil {
+		return nil
+	}
+	keys := []docKey{{"", ModeEnforce}, {"", ModeShadow}}
+	if repo != "" {
+		keys = append(keys, docKey{repo, ModeEnforce}, docKey{repo, ModeShadow})
+	}
+	var out []Document
+	for _, k := range keys {
+		if l, ok := cur.get(k.repo, k.mode); ok {
+			out = append(out, l.doc)
+		}
+	}
+	return out
+}
+
+// Empty reports whether the store holds no policy at all.
+func (s *Store) Empty() bool {
+	cur := s.current.Load()
+	if cur == nil {
+		return true
+	}
+	for _, l := range cur.docs {
+		if l.pol != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// Decide answers r from the policies in force for r.Repo: the default's
+// and the repository's. Any enforced forbid rule that matches refuses;
+// the shadow policies (each scope's shadow document, or its enforced one
+// where it has none) are asked only when the enforced ones allow.
+func (s *Store) Decide(r Request) Decision {
+	cur := s.current.Load()
+	if cur == nil || len(cur.docs) == 0 {
+		return Decision{}
+	}
+	key := r.key()
+	if d, ok := cur.cache.get(key); ok {
+		return d
+	}
+	d := cur.decide(r)
+	cur.cache.put(key, d)
+	return d
+}
+
+// get returns the policy in force of repo in mode, if any.
+func (cur *snapshot) get(repo string, m Mode) (layer, bool) {
+	l, ok := cur.docs[docKey{repo, m}]
+	return l, ok && l.pol != nil
+}
+
+func (cur *snapshot) decide(r Request) Decision {
+	def, hasDef := cur.get("", ModeEnforce)
+	own, hasOwn := cur.get(r.Repo, ModeEnforce)
+	defShadow, hasDefShadow := cur.get("", ModeShadow)
+	ownShadow, hasOwnShadow := cur.get(r.Repo, ModeShadow)
+	if r.Repo == "" {
+		hasOwn, hasOwnShadow = false, false
+	}
+	if !hasDef && !hasOwn && !hasDefShadow && !hasOwnShadow {
+		return Decision{}
+	}
+	req, ents := cedarRequest(r)
+	var enforced []layer
+	if hasDef {
+		enforced = append(enforced, def)
+	}
+	if hasOwn {
+		enforced = append(enforced, own)
+	}
+	var d Decision
+	if d.Refused = firstRefusal(enforced, req, ents); d.Refused != nil || (!hasDefShadow && !hasOwnShadow) {
+		return d
+	}
+	var shadow []layer
+	switch {
+	case hasDefShadow:
+		shadow = append(shadow, defShadow)
+	case hasDef:
+		shadow = append(shadow, def)
+	}
+	switch {
+	case hasOwnShadow:
+		shadow = append(shadow, ownShadow)
+	case hasOwn:
+		shadow = append(shadow, own)
+	}
+	d.Shadow = firstRefusal(shadow, req, ents)
+	return d
+}
+
+func firstRefusal(ls []layer, req cedar.Request, ents *entities) *Verdict {
+	for _, l := range ls {
+		if rule, errMsg, refused := judge(l.pol, req, ents); refused {
+			return &Verdict{Rule: rule.ID, Policy: l.doc.Scope(), Version: l.doc.Version, Error: errMsg}
+		}
+	}
+	return nil
+}
+
+// decisionCacheMax bounds the decisions a generation keeps; past it the
+// cache starts again (a new generation starts one anyway).
+const decisionCacheMax = 1 << 14
+
+// decisionCache keeps one generation's decisions by request.
+type decisionCache struct {
+	mu sync.RWMutex
+	m  map[string]Decision // guarded by mu
+}
+
+func (c *decisionCache) get(k string) (Decision, bool) {
+	c.mu.RLock()
+	d, ok := c.m[k]
+	c.mu.RUnlock()
+	return d, ok
+}
+
+func (c *decisionCache) put(k string, d Decision) {
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= decisionCacheMax {
+		c.m = make(map[string]Decision, 64)
+	}
+	c.m[k] = d
+	c.mu.Unlock()
+}
