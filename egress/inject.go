@@ -129,6 +129,12 @@ func (in *injector) scrub(resp *http.Response) error {
 }
 
 func (in *injector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// The security team's policy judges the host like any connect.
+	if rf := in.p.policyAllows(in.t); rf != nil {
+		in.p.refuse(w, r, rf)
+		return
+	}
+	in.p.shadow(r, in.t)
 	if r.Header.Get("Upgrade") != "" {
 		// A protocol switch (websocket) would carry requests the rules
 		// never see.

@@ -21,6 +21,7 @@ import (
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testca"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/policy"
 )
 
 const realToken = "ghp_real-secret-token-0123456789"
@@ -313,5 +314,51 @@ func TestInjectedHostSmugglingAndUpgrades(t *testing.T) {
 	code, body, _ := call(t, c, "GET", "/repos/acme/payments", "", "", "Upgrade", "websocket", "Connection", "Upgrade")
 	if code != http.StatusForbidden || !strings.Contains(body, "upgrade") {
 		t.Fatalf("a websocket upgrade to an injected host: %d %s", code, body)
+	}
+}
+
+// TestInjectedHostFollowsThePolicy: an injected host is opened by the
+// proxy, not tunnelled, and still a connect the security team's policy
+// judges: a rule forbidding it refuses every request to it, naming the
+// rule and the version, from the policy's next version on.
+func TestInjectedHostFollowsThePolicy(t *testing.T) {
+	t.Parallel()
+	f := startForge(t)
+	local, _, err := gitproxy.LoadOrCreateCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st policy.Store
+	audit := &memAuditor{}
+	p, err := New(Config{
+		Inject:  map[string]Injection{"api.github.com": {Header: http.Header{"Authorization": {"Bearer " + realToken}}, RootCAs: f.ca.Pool}},
+		Resolve: mustPins(t, "api.github.com:443="+f.addr),
+		CA:      &local, Lease: testLease, Audit: audit, Policy: &st,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	t.Cleanup(func() { srv.Close(); p.Close() })
+	roots := x509.NewCertPool()
+	roots.AddCert(local.Leaf)
+	pu, _ := url.Parse(srv.URL)
+	tr := &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: roots}, DisableKeepAlives: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	c := &http.Client{Transport: tr, Timeout: 20 * time.Second}
+	if code, body, _ := call(t, c, "GET", "/user", "", ""); code != http.StatusOK {
+		t.Fatalf("before any policy: %d %s", code, body)
+	}
+	if err := st.Put(policy.Document{Mode: policy.ModeEnforce, Version: 3, Text: `@id("no-github-api")
+forbid (principal, action == Fenceline::Action::"connect", resource is Fenceline::Host)
+when { resource.name == "api.github.com" };`}); err != nil {
+		t.Fatal(err)
+	}
+	code, body, _ := call(t, c, "GET", "/user", "", "")
+	if code != http.StatusForbidden || !strings.Contains(body, "no-github-api") || !strings.Contains(body, "version 3") {
+		t.Fatalf("after the policy: %d %s, want 403 naming the rule and version", code, body)
+	}
+	if evs := audit.events(); len(evs) != 1 || evs[0].Reason != policy.ReasonPolicy {
+		t.Fatalf("audit: %+v, want one refusal with reason policy", evs)
 	}
 }

@@ -84,8 +84,9 @@ type Flags struct {
 	// Paths --allow-write makes writable, repo-relative (those inside the
 	// repository).
 	AllowWrite []string
-	// Hosts --allow-host lets the agent reach.
-	AllowHosts []Resource
+	// Hosts --allow-host lets the agent reach, and those
+	// --inject-header-file opens for it.
+	AllowHosts, InjectHosts []Resource
 	// --allow-force-push, --allow-ref-delete, --pg-allow-opaque.
 	AllowForcePush, AllowRefDelete, PGAllowOpaque bool
 	// Attached: the lease exists already (its claim was judged when it
@@ -133,6 +134,9 @@ func (s *Store) CheckFlags(f Flags) error {
 	}
 	for _, h := range f.AllowHosts {
 		ask(fmt.Sprintf("--allow-host %s:%d", h.Name, h.Port), ActionConnect, h, nil)
+	}
+	for _, h := range f.InjectHosts {
+		ask(fmt.Sprintf("--inject-header-file %s:%d", h.Name, h.Port), ActionConnect, h, nil)
 	}
 	if f.AllowForcePush {
 		ask("--allow-force-push", ActionPush, Resource{Kind: KindRef}, func(c *Context) { c.Force = true })

@@ -3,8 +3,10 @@ package cli
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/policy"
+	"github.com/fenceline/fenceline/sidecar"
 )
 
 func (a *app) policyCommand() *cobra.Command {
@@ -326,6 +329,13 @@ func policyFlags(req leasebus.AcquireRequest, ff *fenceFlags, root string, allow
 	if rules, err := egress.ParseRules(ff.allowHosts); err == nil {
 		for _, r := range rules {
 			f.AllowHosts = append(f.AllowHosts, policy.Resource{Kind: policy.KindHost, Name: r.Host, Port: r.Port})
+		}
+	}
+	for _, s := range ff.injectFiles {
+		if spec, err := sidecar.ParseInjectSpec(s); err == nil {
+			host, port, _ := net.SplitHostPort(spec.HostPort)
+			n, _ := strconv.Atoi(port)
+			f.InjectHosts = append(f.InjectHosts, policy.Resource{Kind: policy.KindHost, Name: host, Port: n})
 		}
 	}
 	return f
