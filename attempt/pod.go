@@ -49,6 +49,11 @@ type PodSpec struct {
 
 	KillGrace      time.Duration
 	AllowUnguarded bool
+	// Operator marks an operator's shell beside the agent (kubectl exec):
+	// guarded like the agent, but it reports no settle, which is the
+	// agent's own wrapper's to report (the sidecar releases the lease on
+	// the first report).
+	Operator       bool
 	Stdout, Stderr io.Writer
 	Log            *slog.Logger // what the attempt does, structured
 }
@@ -133,6 +138,13 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 	res.Code, res.Refused = code, pr.Refusals()
 	res.Denials = res.Refused.Total()
 	rep := sidecar.SettledReport{ExitCode: code, Denials: res.Denials, DeniedAfterLoss: res.Refused.AfterLoss}
+	if spec.Operator {
+		llog.Info("operator shell ended (no settle report: the agent's wrapper reports its attempt)", "exitCode", code, "denials", rep.Denials)
+		if werr != nil {
+			return res, fmt.Errorf("supervise %s: %w", spec.Argv[0], werr)
+		}
+		return res, nil
+	}
 	tries := 10 * time.Second
 	if !gate.EverHeard() {
 		tries = 0 // one try: a sidecar never reached is not waited for again
