@@ -121,14 +121,14 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 	pol.BindPorts = spec.AllowBind
 	pol.KillGrace = spec.KillGrace
 	pol.AllowUnguarded = spec.AllowUnguarded
-	pol.Logger = log
+	pol.Logger = sidecar.LeaseLogger(log, l) // its denials name the lease
 
 	cmd, err := Command(spec.Checkout, nil, spec.Argv, env, spec.Stdout, spec.Stderr)
 	if err != nil {
 		return res, err
 	}
 	llog := sidecar.LeaseLogger(log, l)
-	pr, err := Start(ctx, pol, gate, sc.Auditor(llog), cmd)
+	pr, err := Start(ctx, pol, gate, sc.Auditor(), cmd)
 	if err != nil {
 		return res, err
 	}
