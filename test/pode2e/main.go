@@ -261,7 +261,7 @@ func (e *env) storyChecks(ctx context.Context, p *pod, ag *agent) {
 	b, _ := os.ReadFile(filepath.Join(co, "services/billing/e2e.txt"))
 	e.check("in-scope-write", rc == 0 && string(b) == "in-scope\n", "services/billing/e2e.txt: exit %d, file holds %q %s", rc, b, out)
 
-	rc, out = ag.do(ctx, `echo out-of-scope > libs/tax/e2e.txt 2>&1`)
+	rc, out = ag.do(ctx, `{ echo out-of-scope > libs/tax/e2e.txt; } 2>&1`)
 	_, serr := os.Stat(filepath.Join(co, "libs/tax/e2e.txt"))
 	e.check("out-of-scope-refused", rc != 0 && errors.Is(serr, os.ErrNotExist), "libs/tax/e2e.txt: exit %d, %s", rc, strings.TrimSpace(out))
 
@@ -309,7 +309,7 @@ func (e *env) revokeCheck(ctx context.Context, p *pod, ag *agent) {
 	rc, out := ag.wait(ctx)
 	ns, _ := strconv.ParseInt(lastLine(out), 10, 64)
 	took := time.Unix(0, ns).Sub(t0)
-	e.check("revoke-stops-writes", rc == 0 && ns > 0 && took < time.Second, "first refused write %d ms after the revoke returned", took.Milliseconds())
+	e.check("revoke-stops-writes", rc == 0 && ns > 0 && took < time.Second, "first refused write %d ms after \"fenceline lease revoke\" started", took.Milliseconds())
 
 	// The sidecar stopped after a revoke says so (not "released").
 	ag.stop(ctx)
