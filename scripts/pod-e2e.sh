@@ -107,6 +107,14 @@ $rt build -q "${build_args[@]}" "${vols[@]}" -f deploy/Dockerfile --target sidec
 $rt build -q "${build_args[@]}" "${vols[@]}" -f deploy/Dockerfile --target static -t localhost/fenceline:e2e . >/dev/null
 size() { $rt image inspect -f '{{.Size}}' "$1" | awk '{printf "%.0f MB", $1/1e6}'; }
 echo "== images built in $((SECONDS - b0)) s: fenceline-sidecar $(size localhost/fenceline-sidecar:e2e), fenceline (static) $(size localhost/fenceline:e2e)"
+# The sidecar image's user: fenceline, uid and gid 65532 (not an unnamed
+# group), owning its state directory.
+who=$($rt run --rm --entrypoint sh localhost/fenceline-sidecar:e2e -c 'id; stat -c %U:%G /var/lib/fenceline' | tr '\n' ' ')
+image_status=0
+case "$who" in
+  "uid=65532(fenceline) gid=65532(fenceline) groups=65532(fenceline) fenceline:fenceline ") echo "PASS image-user                   sidecar image: $who" ;;
+  *) echo "FAIL image-user                   sidecar image: $who(want uid and gid 65532, both named fenceline)"; image_status=1 ;;
+esac
 # The agent's own image: any image with a shell; this one has git and psql.
 $rt tag "$base" localhost/fenceline-e2e-agent:e2e
 
@@ -130,5 +138,6 @@ go build -o "$bin/pode2e" ./test/pode2e
 status=0
 "$bin/pode2e" -fenceline "$bin/fenceline" -sidecar-image localhost/fenceline-sidecar:e2e \
   -agent-image localhost/fenceline-e2e-agent:e2e "${codex[@]}" "${verbose[@]}" || status=$?
+[ $status = 0 ] && status=$image_status
 echo "== pod-e2e $([ $status = 0 ] && echo passed || echo FAILED) in $((SECONDS - t0)) s of wall time"
 exit $status
