@@ -60,7 +60,9 @@ else
   echo "== base images from Debian's archive (mmdebstrap; cached in $cache)"
   command -v mmdebstrap >/dev/null || { echo "pod-e2e: no registry and no mmdebstrap: apt-get install mmdebstrap" >&2; exit 1; }
   mirror=${FENCELINE_POD_E2E_MIRROR:-http://deb.debian.org/debian}
-  mm=(mmdebstrap --quiet --format=tar --variant=minbase --dpkgopt='path-exclude=/usr/share/{doc,man,locale,info}/*')
+  # force-unsafe-io: a throwaway chroot needs no fsync per file (here
+  # 3.5 min instead of about 10 for the minbase one).
+  mm=(mmdebstrap --quiet --format=tar --variant=minbase --dpkgopt=force-unsafe-io --dpkgopt='path-exclude=/usr/share/{doc,man,locale,info}/*')
   pids=()
   # debian:bookworm-slim's stand-in.
   [ -f "$cache/slim.tar" ] || { "${mm[@]}" bookworm "$cache/slim.tar.part" "$mirror" && mv "$cache/slim.tar.part" "$cache/slim.tar"; } &
