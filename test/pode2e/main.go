@@ -122,7 +122,11 @@ func (e *env) run(ctx context.Context) error {
 	bus := exec.Command(e.fl, "bus", "serve", "--listen", "127.0.0.1:"+busPort, "--store", filepath.Join(dir, "bus"),
 		"--creds", e.creds, "--fence-secrets", filepath.Join(dir, "fence-secrets"))
 	bus.Env = append(os.Environ(), "XDG_STATE_HOME="+filepath.Join(dir, "state"))
-	busLog, _ := os.Create(filepath.Join(dir, "bus.log"))
+	busLog, err := os.Create(filepath.Join(dir, "bus.log"))
+	if err != nil {
+		return err
+	}
+	defer busLog.Close()
 	bus.Stdout, bus.Stderr = busLog, busLog
 	if err := bus.Start(); err != nil {
 		return fmt.Errorf("start the bus: %w", err)
