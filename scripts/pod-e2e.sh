@@ -54,7 +54,7 @@ echo "== $($rt --version), $(runc --version 2>/dev/null | head -1), kernel $(una
 goroot=$(go env GOROOT); gover=$(go env GOVERSION)
 build_args=()
 if [ "${FENCELINE_POD_E2E_BASE:-}" != mmdebstrap ] && timeout 60 $rt pull -q docker.io/library/debian:bookworm-slim >/dev/null 2>&1; then
-  echo "== base images from the registry"
+  echo "== base images from the registry (this branch is not run on the build machine, which reaches none)"
   base=debian:bookworm-slim
 else
   echo "== base images from Debian's archive (mmdebstrap; cached in $cache)"
@@ -118,7 +118,12 @@ case "$who" in
   *) echo "FAIL image-user                   sidecar image: $who(want uid and gid 65532, both named fenceline)"; image_status=1 ;;
 esac
 # The agent's own image: any image with a shell; this one has git and psql.
-$rt tag "$base" localhost/fenceline-e2e-agent:e2e
+if [ "$base" = debian:bookworm-slim ]; then
+  printf 'FROM docker.io/library/debian:bookworm-slim\nRUN apt-get update && apt-get install -y --no-install-recommends git postgresql-client ca-certificates && apt-get clean && rm -rf /var/lib/apt/lists/*\n' |
+    $rt build -q -t localhost/fenceline-e2e-agent:e2e -f - "$(mktemp -d)" >/dev/null
+else
+  $rt tag "$base" localhost/fenceline-e2e-agent:e2e
+fi
 
 # The real Codex CLI (pinned by test/agents/package-lock.json; .ci/run
 # installs it): its native binary is static, so any agent image runs it.
