@@ -49,6 +49,11 @@ type PodSpec struct {
 
 	KillGrace      time.Duration
 	AllowUnguarded bool
+	// Operator marks an operator's shell beside the agent (kubectl exec):
+	// guarded like the agent, but it reports no settle, which is the
+	// agent's own wrapper's to report (the sidecar releases the lease on
+	// the first report).
+	Operator       bool
 	Stdout, Stderr io.Writer
 	Log            *slog.Logger // what the attempt does, structured
 }
@@ -128,14 +133,14 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 	pol.BindPorts = spec.AllowBind
 	pol.KillGrace = spec.KillGrace
 	pol.AllowUnguarded = spec.AllowUnguarded
-	pol.Logger = log
+	pol.Logger = sidecar.LeaseLogger(log, l) // its denials name the lease
 
 	cmd, err := Command(spec.Checkout, nil, spec.Argv, env, spec.Stdout, spec.Stderr)
 	if err != nil {
 		return res, err
 	}
 	llog := sidecar.LeaseLogger(log, l)
-	pr, err := Start(ctx, pol, gate, sc.Auditor(llog), cmd)
+	pr, err := Start(ctx, pol, gate, sc.Auditor(), cmd)
 	if err != nil {
 		return res, err
 	}
@@ -145,6 +150,13 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 	res.Code, res.Refused = code, pr.Refusals()
 	res.Denials = res.Refused.Total()
 	rep := sidecar.SettledReport{ExitCode: code, Denials: res.Denials, DeniedAfterLoss: res.Refused.AfterLoss}
+	if spec.Operator {
+		llog.Info("operator shell ended (no settle report: the agent's wrapper reports its attempt)", "exitCode", code, "denials", rep.Denials)
+		if werr != nil {
+			return res, fmt.Errorf("supervise %s: %w", spec.Argv[0], werr)
+		}
+		return res, nil
+	}
 	tries := 10 * time.Second
 	if !gate.EverHeard() {
 		tries = 0 // one try: a sidecar never reached is not waited for again

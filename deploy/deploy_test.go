@@ -1,3 +1,6 @@
+// Package deploy holds the container images' build (Dockerfile) and the
+// Kubernetes example (kubernetes/); its tests check them against the
+// Kubernetes API types and fenceline's real command tree.
 package deploy
 
 import (
@@ -5,303 +8,272 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/fenceline/fenceline/internal/cli"
 )
 
-// No YAML library is in the module's graph (go.mod may not grow for a
-// test), so the example is read with a small parser for the subset it
-// uses: block maps and lists, plain and quoted scalars, {} and comments.
-
-type node = any // map[string]any, []any or string
-
-type line struct {
-	indent int
-	text   string
+// manifest is every document of a manifest file, each decoded strictly
+// into its Kubernetes API type.
+type manifest struct {
+	configMaps map[string]*corev1.ConfigMap
+	secrets    map[string]*corev1.Secret
+	pods       []*corev1.Pod
+	jobs       []*batchv1.Job
 }
 
-func lines(doc string) ([]line, error) {
-	var out []line
-	for i, l := range strings.Split(doc, "\n") {
-		if strings.Contains(l, "\t") {
-			return nil, fmt.Errorf("line %d: tab (YAML indents with spaces)", i+1)
+// decode splits data into YAML documents and decodes each strictly into
+// the k8s.io/api type of its kind: an unknown or misspelt field, a
+// duplicate key or a value of the wrong type is an error, as it is for
+// "kubectl apply --validate=strict".
+func decode(data []byte) (*manifest, error) {
+	m := &manifest{configMaps: map[string]*corev1.ConfigMap{}, secrets: map[string]*corev1.Secret{}}
+	for i, doc := range regexp.MustCompile(`(?m)^---[ \t]*$`).Split(string(data), -1) {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+			return nil, fmt.Errorf("document %d: %w", i+1, err)
 		}
-		t := strings.TrimRight(l, " ")
-		trim := strings.TrimLeft(t, " ")
-		if trim == "" || strings.HasPrefix(trim, "#") {
-			continue
+		if tm.Kind == "" && strings.TrimSpace(stripComments(doc)) == "" {
+			continue // comments only
 		}
-		out = append(out, line{indent: len(t) - len(trim), text: trim})
+		var obj any
+		switch tm.APIVersion + " " + tm.Kind {
+		case "v1 ConfigMap":
+			obj = &corev1.ConfigMap{}
+		case "v1 Secret":
+			obj = &corev1.Secret{}
+		case "v1 Pod":
+			obj = &corev1.Pod{}
+		case "batch/v1 Job":
+			obj = &batchv1.Job{}
+		default:
+			return nil, fmt.Errorf("document %d: apiVersion %q kind %q: not a kind this test decodes (add it)", i+1, tm.APIVersion, tm.Kind)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+			return nil, fmt.Errorf("document %d (%s): %w", i+1, tm.Kind, err)
+		}
+		switch o := obj.(type) {
+		case *corev1.ConfigMap:
+			m.configMaps[o.Name] = o
+		case *corev1.Secret:
+			m.secrets[o.Name] = o
+		case *corev1.Pod:
+			m.pods = append(m.pods, o)
+		case *batchv1.Job:
+			m.jobs = append(m.jobs, o)
+		}
 	}
-	return out, nil
+	return m, nil
 }
 
-func scalar(s string) node {
-	switch {
-	case s == "{}":
-		return map[string]any{}
-	case len(s) >= 2 && (s[0] == '"' && s[len(s)-1] == '"' || s[0] == '\'' && s[len(s)-1] == '\''):
-		return s[1 : len(s)-1]
+func stripComments(doc string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(doc, "\n") {
+		if t := strings.TrimSpace(l); t != "" && !strings.HasPrefix(t, "#") {
+			b.WriteString(l + "\n")
+		}
 	}
-	return s
+	return b.String()
 }
 
-// parse reads the block starting at ls[i] with the given indent.
-func parse(ls []line, i, indent int) (node, int, error) {
-	if i >= len(ls) {
-		return nil, i, fmt.Errorf("empty block")
-	}
-	if strings.HasPrefix(ls[i].text, "- ") || ls[i].text == "-" {
-		var list []any
-		for i < len(ls) && ls[i].indent == indent && strings.HasPrefix(ls[i].text, "-") {
-			item := strings.TrimSpace(strings.TrimPrefix(ls[i].text, "-"))
-			if k, _, ok := splitKV(item); ok && !strings.ContainsAny(k, " \"'") {
-				// A map item: its first key on the dash line, the rest at indent+2.
-				sub := append([]line{{indent: indent + 2, text: item}}, ls[i+1:]...)
-				n, j, err := parseMap(sub, 0, indent+2)
-				if err != nil {
-					return nil, i, err
-				}
-				list = append(list, n)
-				i += j
-				continue
-			}
-			list = append(list, scalar(item))
-			i++
+// TestStrictDecodeRejects: the decoder the example is checked with is
+// strict; a misspelt security field (which Kubernetes would drop with a
+// warning, leaving the container unhardened) fails it.
+func TestStrictDecodeRejects(t *testing.T) {
+	for name, doc := range map[string]string{
+		"misspelt field": `apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  containers:
+    - name: agent
+      image: x
+      securityContext:
+        allowPrivilegeEscalaton: false
+`,
+		"field at the wrong level": `apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  readOnlyRootFilesystem: true
+  containers: [{name: agent, image: x}]
+`,
+		"duplicate key": `apiVersion: v1
+kind: ConfigMap
+metadata: {name: c}
+data:
+  A: "1"
+  A: "2"
+`,
+		"wrong type": `apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  automountServiceAccountToken: "no"
+  containers: [{name: agent, image: x}]
+`,
+		"unknown kind": `apiVersion: v1
+kind: Podd
+metadata: {name: p}
+`,
+	} {
+		if _, err := decode([]byte(doc)); err == nil {
+			t.Errorf("%s: decoded without an error", name)
 		}
-		return list, i, nil
 	}
-	return parseMap(ls, i, indent)
 }
 
-// splitKV splits "key: value" or "key:" (a colon needs a space after it
-// to end a key, as in YAML: "127.0.0.1:7070" is a scalar).
-func splitKV(s string) (k, v string, ok bool) {
-	if k, v, ok := strings.Cut(s, ": "); ok {
-		return k, v, true
-	}
-	if k, ok := strings.CutSuffix(s, ":"); ok {
-		return k, "", true
-	}
-	return "", "", false
-}
-
-func parseMap(ls []line, i, indent int) (map[string]any, int, error) {
-	m := map[string]any{}
-	for i < len(ls) && ls[i].indent == indent && !strings.HasPrefix(ls[i].text, "- ") {
-		k, v, ok := splitKV(ls[i].text)
-		if !ok {
-			return nil, i, fmt.Errorf("%q: want key: value", ls[i].text)
-		}
-		if _, dup := m[k]; dup {
-			return nil, i, fmt.Errorf("duplicate key %q", k)
-		}
-		v = strings.TrimSpace(v)
-		i++
-		if v != "" {
-			m[k] = scalar(v)
-			continue
-		}
-		if i < len(ls) && (ls[i].indent > indent || ls[i].indent == indent && strings.HasPrefix(ls[i].text, "- ")) {
-			n, j, err := parse(ls, i, ls[i].indent)
-			if err != nil {
-				return nil, i, fmt.Errorf("%s: %w", k, err)
-			}
-			m[k], i = n, j
-		} else {
-			m[k] = nil
-		}
-	}
-	if i < len(ls) && ls[i].indent > indent {
-		return nil, i, fmt.Errorf("%q: unexpected indentation", ls[i].text)
-	}
-	return m, i, nil
-}
-
-func parseDocs(t *testing.T, path string) []map[string]any {
-	t.Helper()
-	data, err := os.ReadFile(path)
+// TestKubernetesExample: every document of the example decodes strictly
+// into its API type; the pod is hardened (no rerun of a finished agent, no
+// service-account token, no privilege escalation, no capabilities, a
+// read-only root in every container), runs fenceline as a native sidecar
+// with probes on the admin port and its own bus identity, queues a
+// replacement behind its predecessor's lease (--wait) within its
+// startupProbe, wraps the agent's command in fenceline agent pointed at
+// that port with egress through the proxy, and every fenceline flag it
+// passes (the operator's guarded shell's too) exists.
+func TestKubernetesExample(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("kubernetes", "agent-pod.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var docs []map[string]any
-	for _, d := range regexp.MustCompile(`(?m)^---$`).Split(string(data), -1) {
-		ls, err := lines(d)
-		if err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		if len(ls) == 0 {
+	m, err := decode(data)
+	if err != nil {
+		t.Fatalf("kubernetes/agent-pod.yaml: %v", err)
+	}
+	if len(m.pods) != 1 || len(m.configMaps) != 1 {
+		t.Fatalf("want one Pod and one ConfigMap, got %d and %d", len(m.pods), len(m.configMaps))
+	}
+	pod := m.pods[0]
+	spec := pod.Spec
+	var cm *corev1.ConfigMap
+	for _, c := range m.configMaps {
+		cm = c
+	}
+
+	// Hardening.
+	if spec.RestartPolicy != corev1.RestartPolicyNever {
+		t.Errorf("pod restartPolicy %q, want Never: Always (the default) or OnFailure runs a finished agent's command again on the same checkout", spec.RestartPolicy)
+	}
+	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+		t.Error("automountServiceAccountToken is not false: the agent needs no Kubernetes API credentials")
+	}
+	if psc := spec.SecurityContext; psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot ||
+		psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Error("the pod's securityContext lacks runAsNonRoot: true and seccompProfile RuntimeDefault")
+	}
+	all := append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...)
+	for _, c := range all {
+		sc := c.SecurityContext
+		switch {
+		case sc == nil:
+			t.Errorf("container %s: no securityContext", c.Name)
 			continue
+		case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+			t.Errorf("container %s: allowPrivilegeEscalation is not false", c.Name)
+		case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+			t.Errorf("container %s: readOnlyRootFilesystem is not true", c.Name)
+		case sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" || len(sc.Capabilities.Add) != 0:
+			t.Errorf("container %s: capabilities are not drop [ALL] with none added", c.Name)
+		case sc.Privileged != nil && *sc.Privileged:
+			t.Errorf("container %s: privileged", c.Name)
 		}
-		m, n, err := parseMap(ls, 0, 0)
-		if err != nil || n != len(ls) {
-			t.Fatalf("%s: document %d: %v (read %d of %d lines)", path, len(docs)+1, err, n, len(ls))
-		}
-		docs = append(docs, m)
 	}
-	return docs
-}
 
-// at walks a path of map keys and "name=X" list selectors.
-func at(t *testing.T, n node, path ...string) node {
-	t.Helper()
-	for _, p := range path {
-		switch v := n.(type) {
-		case map[string]any:
-			var ok bool
-			if n, ok = v[p]; !ok {
-				t.Fatalf("no %q in %v", p, keys(v))
-			}
-		case []any:
-			want, ok := strings.CutPrefix(p, "name=")
-			if !ok {
-				t.Fatalf("list step %q: want name=X", p)
-			}
-			n = nil
-			for _, item := range v {
-				if m, ok := item.(map[string]any); ok && m["name"] == want {
-					n = m
-				}
-			}
-			if n == nil {
-				t.Fatalf("no item named %q", want)
-			}
-		default:
-			t.Fatalf("%q under a scalar %v", p, n)
+	// The native sidecar.
+	sc := container(t, spec.InitContainers, "fenceline")
+	if sc.RestartPolicy == nil || *sc.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Error("the fenceline init container's restartPolicy is not Always: not a native sidecar")
+	}
+	for name, p := range map[string]*corev1.Probe{"startupProbe": sc.StartupProbe, "readinessProbe": sc.ReadinessProbe, "livenessProbe": sc.LivenessProbe} {
+		want := "/readyz"
+		if name == "livenessProbe" {
+			want = "/healthz"
+		}
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != want || p.HTTPGet.Port.String() != "admin" {
+			t.Errorf("sidecar %s: want httpGet %s on the admin port, got %+v", name, want, p)
 		}
 	}
-	return n
-}
-
-func keys(m map[string]any) []string {
-	var ks []string
-	for k := range m {
-		ks = append(ks, k)
+	if len(sc.Ports) != 1 || sc.Ports[0].Name != "admin" || sc.Ports[0].ContainerPort != 9090 {
+		t.Errorf("sidecar ports %+v, want admin 9090", sc.Ports)
 	}
-	return ks
-}
-
-func strs(t *testing.T, n node) []string {
-	t.Helper()
-	l, ok := n.([]any)
-	if !ok {
-		t.Fatalf("want a list, got %v", n)
+	if len(sc.EnvFrom) != 1 || sc.EnvFrom[0].ConfigMapRef == nil || sc.EnvFrom[0].ConfigMapRef.Name != cm.Name {
+		t.Errorf("sidecar envFrom %+v, want the ConfigMap %s", sc.EnvFrom, cm.Name)
 	}
-	var out []string
-	for _, x := range l {
-		s, ok := x.(string)
-		if !ok {
-			t.Fatalf("want a list of strings, got %v", x)
-		}
-		out = append(out, s)
-	}
-	return out
-}
-
-// TestKubernetesExample: the pod runs fenceline as a native sidecar with
-// probes on the admin port, wraps the agent's command in fenceline agent
-// pointed at that port, takes its settings from the ConfigMap and Secret
-// it declares, and every fenceline flag it passes exists.
-func TestKubernetesExample(t *testing.T) {
-	docs := parseDocs(t, "kubernetes/agent-pod.yaml")
-	byKind := map[string]map[string]any{}
-	secrets := map[string]map[string]any{} // by name
-	for _, d := range docs {
-		for _, k := range []string{"apiVersion", "kind", "metadata"} {
-			if d[k] == nil {
-				t.Fatalf("a document without %s: %v", k, keys(d))
-			}
-		}
-		if d["kind"] == "Secret" {
-			secrets[at(t, d, "metadata", "name").(string)] = d
-			if byKind["Secret"] != nil {
-				continue // the first is the agent's configuration
-			}
-		}
-		byKind[d["kind"].(string)] = d
-	}
-	cm, secret, pod := byKind["ConfigMap"], byKind["Secret"], byKind["Pod"]
-	if cm == nil || secret == nil || pod == nil {
-		t.Fatalf("want a ConfigMap, a Secret and a Pod, got %v", keys(map[string]any{"cm": cm, "secret": secret, "pod": pod}))
-	}
-	cmName := at(t, cm, "metadata", "name").(string)
-	cmData := at(t, cm, "data").(map[string]any)
-
-	spec := at(t, pod, "spec")
-	sc := at(t, spec, "initContainers", "name=fenceline")
-	if got := at(t, sc, "restartPolicy"); got != "Always" {
-		t.Errorf("fenceline init container restartPolicy %v, want Always (a native sidecar)", got)
-	}
-	for _, probe := range []string{"startupProbe", "readinessProbe"} {
-		if got := at(t, sc, probe, "httpGet", "path"); got != "/readyz" {
-			t.Errorf("%s path %v, want /readyz", probe, got)
-		}
-		if got := at(t, sc, probe, "httpGet", "port"); got != "admin" {
-			t.Errorf("%s port %v, want the admin port", probe, got)
-		}
-	}
-	if got := at(t, sc, "livenessProbe", "httpGet", "path"); got != "/healthz" {
-		t.Errorf("livenessProbe path %v, want /healthz", got)
-	}
-	if got := at(t, sc, "ports", "name=admin", "containerPort"); got != "9090" {
-		t.Errorf("admin port %v", got)
-	}
-	if got := at(t, sc, "envFrom").([]any)[0].(map[string]any)["configMapRef"].(map[string]any)["name"]; got != cmName {
-		t.Errorf("sidecar envFrom %v, want the ConfigMap %s", got, cmName)
-	}
-	scArgs := strs(t, at(t, sc, "args"))
-	env := map[string]bool{"POD_NAME": true}
-	for k := range cmData {
+	env := map[string]bool{}
+	for k := range cm.Data {
 		env[k] = true
 	}
-	for _, a := range scArgs {
-		for _, m := range regexp.MustCompile(`\$\((\w+)\)`).FindAllStringSubmatch(a, -1) {
-			if !env[m[1]] {
-				t.Errorf("sidecar arg %s names $(%s), which neither the ConfigMap nor the env defines", a, m[1])
+	for _, e := range sc.Env {
+		env[e.Name] = true
+	}
+	expand := regexp.MustCompile(`\$\((\w+)\)`)
+	for _, a := range sc.Args {
+		for _, mm := range expand.FindAllStringSubmatch(a, -1) {
+			if !env[mm[1]] {
+				t.Errorf("sidecar arg %s names $(%s), which neither the ConfigMap nor the env defines", a, mm[1])
 			}
 		}
 	}
-	if got := at(t, spec, "automountServiceAccountToken"); got != "false" {
-		t.Errorf("automountServiceAccountToken %v, want false: the agent needs no Kubernetes API credentials", got)
-	}
-	if indexOf(scArgs, "--allow-host") < 0 {
+	if indexOf(sc.Args, "--allow-host") < 0 {
 		t.Error("the sidecar allows no host: the agent's egress proxy is missing from the example")
 	}
-	agent := at(t, spec, "containers", "name=agent")
-	cmd := strs(t, at(t, agent, "command"))
-	if i := indexOf(cmd, "--"); indexOf(cmd[:max(i, 0)], "--allow-connect") >= 0 {
-		t.Error("the agent opens a port with --allow-connect: any host on it (the kube-apiserver's) is then reachable around the egress proxy")
+	// A replacement pod waits for its predecessor's lease, and the
+	// startupProbe gives it that long.
+	if i := indexOf(sc.Args, "--wait"); i < 0 || i+1 >= len(sc.Args) {
+		t.Error("the sidecar has no --wait: a replacement pod whose predecessor's lease has not ended fails (exit 3) instead of queueing")
+	} else if w, err := time.ParseDuration(sc.Args[i+1]); err != nil {
+		t.Errorf("--wait %q: %v", sc.Args[i+1], err)
+	} else if p := sc.StartupProbe; p != nil && time.Duration(p.PeriodSeconds*p.FailureThreshold)*time.Second <= w {
+		t.Errorf("startupProbe gives %d s, not more than --wait %s: the kubelet restarts a sidecar still queueing", p.PeriodSeconds*p.FailureThreshold, w)
 	}
+
+	// The agent.
+	agent := container(t, spec.Containers, "agent")
+	cmd := agent.Command
 	if len(cmd) < 4 || !strings.HasSuffix(cmd[0], "/fenceline") || cmd[1] != "agent" || cmd[2] != "--sidecar" || cmd[3] != "http://127.0.0.1:9090" {
 		t.Errorf("agent command %v, want it wrapped in fenceline agent --sidecar http://127.0.0.1:9090", cmd)
 	}
-	// Secrets named by volumes exist; the agent container does not mount
-	// the sidecar's secrets.
-	for _, v := range at(t, spec, "volumes").([]any) {
-		if s, ok := v.(map[string]any)["secret"].(map[string]any); ok && secrets[s["secretName"].(string)] == nil {
-			t.Errorf("volume %v names secret %v, which the example does not declare", v.(map[string]any)["name"], s["secretName"])
+	if i := indexOf(cmd, "--"); indexOf(cmd[:max(i, 0)], "--allow-connect") >= 0 {
+		t.Error("the agent opens a port with --allow-connect: any host on it (the kube-apiserver's) is then reachable around the egress proxy")
+	}
+	for _, vm := range agent.VolumeMounts {
+		if vm.Name == "fenceline-secrets" || vm.Name == "fenceline-bus-identity" {
+			t.Errorf("the agent container mounts the sidecar's secrets (%s)", vm.Name)
 		}
 	}
-	for _, m := range at(t, agent, "volumeMounts").([]any) {
-		if n := m.(map[string]any)["name"]; n == "fenceline-secrets" || n == "fenceline-bus-identity" {
-			t.Errorf("the agent container mounts the sidecar's secrets (%v)", n)
+	for _, v := range spec.Volumes {
+		if v.Secret != nil && m.secrets[v.Secret.SecretName] == nil {
+			t.Errorf("volume %s names secret %s, which the example does not declare", v.Name, v.Secret.SecretName)
 		}
 	}
-	// The sidecar's bus identity is the pod's own (bus enroll POD), from
-	// a Secret of that pod alone: no holder key shared by every pod.
-	podName := at(t, pod, "metadata", "name").(string)
-	idSecret := secrets["fenceline-bus-"+podName]
-	if idSecret == nil || at(t, idSecret, "stringData", "bus-identity.nk") == nil {
-		t.Fatalf("no Secret fenceline-bus-%s with the pod's own bus-identity.nk (fenceline bus enroll %s)", podName, podName)
+
+	// The pod's own bus identity (bus enroll POD), from a Secret of that
+	// pod alone: no holder key shared by every pod.
+	id := m.secrets["fenceline-bus-"+pod.Name]
+	if id == nil || id.StringData["bus-identity.nk"] == "" {
+		t.Fatalf("no Secret fenceline-bus-%s with the pod's own bus-identity.nk (fenceline bus enroll %s)", pod.Name, pod.Name)
 	}
-	if got := at(t, sc, "env", "name=FENCELINE_CREDS", "value"); got != "/var/run/fenceline-bus/bus-identity.nk" {
-		t.Errorf("the sidecar's FENCELINE_CREDS is %v, want the pod's own identity", got)
+	creds := ""
+	for _, e := range sc.Env {
+		if e.Name == "FENCELINE_CREDS" {
+			creds = e.Value
+		}
 	}
-	for name, sec := range secrets {
-		for k := range at(t, sec, "stringData").(map[string]any) {
+	if creds != "/var/run/fenceline-bus/bus-identity.nk" {
+		t.Errorf("the sidecar's FENCELINE_CREDS is %q, want the pod's own identity", creds)
+	}
+	for name, s := range m.secrets {
+		for k := range s.StringData {
 			if strings.Contains(k, "holder") {
 				t.Errorf("Secret %s holds %s: a holder key shared by every pod", name, k)
 			}
@@ -310,17 +282,17 @@ func TestKubernetesExample(t *testing.T) {
 
 	// The flags are real: the command tree parses them, with $(VAR)
 	// expanded as the kubelet does (--help stops before anything runs).
-	expand := regexp.MustCompile(`\$\((\w+)\)`)
 	var expanded []string
-	for _, a := range scArgs {
-		expanded = append(expanded, expand.ReplaceAllStringFunc(a, func(m string) string {
-			if v, ok := cmData[m[2:len(m)-1]].(string); ok {
+	for _, a := range sc.Args {
+		expanded = append(expanded, expand.ReplaceAllStringFunc(a, func(s string) string {
+			if v, ok := cm.Data[s[2:len(s)-1]]; ok {
 				return v
 			}
-			return "agent-billing-17" // POD_NAME
+			return pod.Name // POD_NAME
 		}))
 	}
-	for _, args := range [][]string{expanded, cmd[1:]} {
+	shell := operatorShell(t, string(data))
+	for _, args := range [][]string{expanded, cmd[1:], shell} {
 		if i := indexOf(args, "--"); i >= 0 {
 			args = args[:i]
 		}
@@ -329,6 +301,49 @@ func TestKubernetesExample(t *testing.T) {
 			t.Errorf("fenceline %s: exit %d: %s", strings.Join(args, " "), code, errOut.String())
 		}
 	}
+	if indexOf(shell, "--operator") < 0 {
+		t.Errorf("the operator's shell %v is not run with --operator (it would report the attempt settled)", shell)
+	}
+}
+
+// operatorShell is the fenceline command of the manifest's comment on a
+// guarded shell for operators (kubectl exec ... -- /fenceline-bin/fenceline
+// agent ...), continuation lines joined.
+func operatorShell(t *testing.T, manifest string) []string {
+	t.Helper()
+	var joined strings.Builder
+	in := false
+	for _, l := range strings.Split(manifest, "\n") {
+		l = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(l), "#"))
+		if strings.HasPrefix(l, "kubectl exec") {
+			in = true
+		}
+		if !in {
+			continue
+		}
+		cont := strings.HasSuffix(l, "\\")
+		joined.WriteString(strings.TrimSuffix(l, "\\") + " ")
+		if !cont {
+			break
+		}
+	}
+	f := strings.Fields(joined.String())
+	i := indexOf(f, "/fenceline-bin/fenceline")
+	if i < 0 {
+		t.Fatalf("the manifest's comments show no guarded shell for operators (kubectl exec ... -- /fenceline-bin/fenceline agent ... -- sh); got %q", joined.String())
+	}
+	return f[i+1:]
+}
+
+func container(t *testing.T, cs []corev1.Container, name string) corev1.Container {
+	t.Helper()
+	for _, c := range cs {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no container %s", name)
+	return corev1.Container{}
 }
 
 func indexOf(s []string, x string) int {
@@ -340,8 +355,10 @@ func indexOf(s []string, x string) int {
 	return -1
 }
 
-// TestDockerfile: the build is static with CGO (pg_query) and the images
-// are the ones the example and README name.
+// TestDockerfile: the build is static with CGO (pg_query), the images are
+// the ones the example and README name, their bases can be replaced (a
+// machine without a registry), and the sidecar image's user and group are
+// both 65532 (useradd --user-group would give the group 1000).
 func TestDockerfile(t *testing.T) {
 	data, err := os.ReadFile("Dockerfile")
 	if err != nil {
@@ -349,12 +366,15 @@ func TestDockerfile(t *testing.T) {
 	}
 	s := string(data)
 	for _, want := range []string{"CGO_ENABLED=1", "-tags netgo,osusergo", "-linkmode external -extldflags -static", "AS sidecar", "AS static",
-		"distroless/static", "apt-get install -y --no-install-recommends git", "./cmd/fenceline"} {
+		"ARG GO_IMAGE=golang:${GO_VERSION}-bookworm", "FROM ${GO_IMAGE} AS build",
+		"ARG STATIC_IMAGE=gcr.io/distroless/static-debian12:nonroot", "ARG DEBIAN_IMAGE=debian:bookworm-slim",
+		"apt-get install -y --no-install-recommends git", "apt-get clean", "./cmd/fenceline",
+		"groupadd --gid 65532 fenceline", "useradd --uid 65532 --gid 65532", "USER 65532:65532"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("Dockerfile lacks %q", want)
 		}
 	}
-	if !strings.Contains(s, "FROM golang:${GO_VERSION}-bookworm AS build") {
-		t.Error("Dockerfile does not build on the Debian golang image")
+	if strings.Contains(s, "--user-group") {
+		t.Error("Dockerfile uses useradd --user-group: the group gets the next free GID, not 65532")
 	}
 }

@@ -547,7 +547,7 @@ func (pr *Process) auditLoop() {
 	var last lease.AuditEvent
 	for ev := range pr.auditQ {
 		last = ev
-		log.Warn("file write denied", "msg", ev.Message)
+		log.Warn("file write denied", "reason", ev.Reason, "detail", ev.Message)
 		if pr.audit == nil {
 			continue
 		}

@@ -973,7 +973,7 @@ func (p *Proxy) auditRefusal(ctx context.Context, l leasebus.Lease, fence uint64
 	if refs != "" {
 		msg = "push to " + refs + " refused: " + strings.TrimPrefix(msg, "fenceline: ")
 	}
-	p.log.Warn("refused", "lease", l.LeaseID, "fence", fence, "reason", ref.code, "refs", refs, "msg", ref.msg)
+	p.log.Warn("refused", "lease", l.LeaseID, "fence", fence, "reason", ref.code, "refs", refs, "detail", ref.msg)
 	if p.cfg.Audit == nil || l.Repo == "" {
 		return
 	}

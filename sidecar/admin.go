@@ -539,7 +539,7 @@ func (a *Admin) audit(w http.ResponseWriter, r *http.Request) {
 		ev.Time = time.Now().UTC()
 	}
 	ev.Message = strings.ToValidUTF8(ev.Message, "?")
-	a.logger().Warn("file write denied in the agent container", "reason", ev.Reason, "msg", ev.Message)
+	a.logger().Warn("file write denied in the agent container", "reason", ev.Reason, "detail", ev.Message)
 	if err := a.metrics.Auditor(a.cfg.Audit).Record(r.Context(), ev); err != nil {
 		a.logger().Error("audit of a file denial not recorded", "err", err)
 		http.Error(w, "fenceline: audit not recorded: "+err.Error(), http.StatusBadGateway)

@@ -306,21 +306,19 @@ func (c *Client) stream(ctx context.Context, g *Gate) (heard bool, err error) {
 }
 
 // Auditor returns the file guard's Auditor (it implements fsguard.Auditor)
-// that logs each denial to log and records it through the sidecar (POST
-// /api/v1/audit), which names its lease in it and writes it to the audit
-// stream.
-func (c *Client) Auditor(log *slog.Logger) Auditor {
-	return &clientAuditor{c: c, log: log}
+// that records each denial through the sidecar (POST /api/v1/audit), which
+// names its lease in it and writes it to the audit stream. It logs
+// nothing: the guard logs each denial once, as it queues it.
+func (c *Client) Auditor() Auditor {
+	return &clientAuditor{c: c}
 }
 
 // clientAuditor is Client.Auditor.
 type clientAuditor struct {
-	c   *Client
-	log *slog.Logger
+	c *Client
 }
 
 func (s *clientAuditor) Record(ctx context.Context, ev leasebus.AuditEvent) error {
-	s.log.Warn("file write denied", "reason", ev.Reason, "msg", ev.Message)
 	if err := s.c.post(ctx, PathAudit, ev); err != nil {
 		return fmt.Errorf("record denial through the sidecar: %w", err)
 	}

@@ -138,7 +138,7 @@ func TestClientFollowsTheAdminServer(t *testing.T) {
 
 	ev := leasebus.AuditEvent{Type: leasebus.EventDenied, Boundary: leasebus.BoundaryFile,
 		Reason: "lease-lost", Message: "file write denied: openat /w/in/client-probe"}
-	if err := c.Auditor(slog.New(slog.DiscardHandler)).Record(ctx, ev); err != nil {
+	if err := c.Auditor().Record(ctx, ev); err != nil {
 		t.Fatalf("record a denial through the sidecar: %v", err)
 	}
 	evs, err := leasebus.ReadAudit(ctx, bus.Conn, "github.com/acme/client", 0)

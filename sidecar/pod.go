@@ -106,6 +106,10 @@ const (
 	// LeaseNotReleased: the release failed (Ending.Err); the lease expires
 	// by its ttl.
 	LeaseNotReleased
+	// LeaseEnded: the lease had ended before the shutdown (revoked,
+	// expired or reclaimed: Ending.Err says which); there was nothing to
+	// release.
+	LeaseEnded
 )
 
 // Ending is how Shutdown ended the pod's lease, and why.
@@ -117,7 +121,8 @@ type Ending struct {
 	// Why says why the lease was, or was not, released (the settle
 	// outcome).
 	Why string
-	// Err is why the release failed (LeaseNotReleased).
+	// Err is why the release failed (LeaseNotReleased), or how the lease
+	// had ended (LeaseEnded).
 	Err error
 }
 
@@ -232,10 +237,16 @@ func (p *Pod) Shutdown(ctx context.Context) (*Ending, error) {
 	err := p.sc.Close(dctx)
 	settled, why := p.waitSettled()
 	end := &Ending{Lease: p.lease, Why: why}
+	st, lostErr := p.holder.State()
 	switch {
 	case p.attached:
 		p.finish(ctx, p.holder)
 		end.End = LeaseLeftToOwner
+	case st == leasebus.Lost:
+		// A release would answer with the ended record: no release.
+		p.holder.Stop()
+		p.llog.Warn("lease had already ended: nothing to release", "err", lostErr, "settle", why)
+		end.End, end.Err = LeaseEnded, lostErr
 	case !settled:
 		p.holder.Stop()
 		p.llog.Warn("lease left to expire: the agent did not report its attempt settled", "why", why, "ttl", p.lease.TTL.String())

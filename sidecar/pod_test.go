@@ -271,3 +271,51 @@ func TestPodStartFails(t *testing.T) {
 		}
 	})
 }
+
+// TestPodShutdownAfterRevoke: a pod whose lease an operator revoked says
+// so at shutdown (the lease had ended: revoked), not that it released it,
+// even though the agent reported its attempt settled.
+func TestPodShutdownAfterRevoke(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bus := bustest.Start(t)
+	var logs bytes.Buffer // read once the pod is closed
+	var held *leasebus.Holder
+	p := newPod(t, bus, PodConfig{
+		Hold:          acquiring(bus, podRequest(t), leasebus.NewCredential(), &held),
+		Fences:        egressOnly(t, bus),
+		SettleTimeout: time.Hour,
+		Logger:        slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	r, err := p.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.Lease.LeaseID
+	if _, err := bus.Operator.Revoke(ctx, id, "runaway agent"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held.Lost():
+	case <-ctx.Done():
+		t.Fatal("the holder never heard of the revoke")
+	}
+	postSettled(t, p.admin)
+	end, err := p.Shutdown(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if end.End != LeaseEnded || end.Err == nil || !strings.Contains(end.Err.Error(), "revoked") {
+		t.Fatalf("ending %+v (err %v), want the lease ended before shutdown: revoked", end, end.Err)
+	}
+	if st := leaseStatus(ctx, t, bus, id); st != leasebus.StatusRevoked {
+		t.Fatalf("lease %s after shutdown, want revoked", st)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), `msg="lease released"`) || !strings.Contains(logs.String(), `msg="lease had already ended: nothing to release"`) {
+		t.Errorf("log says the lease was released, or not that it had ended:\n%s", logs.String())
+	}
+}

@@ -662,7 +662,41 @@ func (s *Sidecar) auditor() Auditor {
 }
 
 // LeaseLogger is log with the ids every line about the lease carries:
-// lease, attempt, fence.
+// lease, attempt, fence. A line that names one of them itself (a fence's
+// refusal names the lease and fence it judged) carries its own value
+// alone: no key twice in a line.
 func LeaseLogger(log *slog.Logger, l leasebus.Lease) *slog.Logger {
-	return log.With("lease", l.LeaseID, "attempt", l.Owner.AttemptID, "fence", l.Fence)
+	return slog.New(&leaseHandler{h: log.Handler(), attrs: []slog.Attr{
+		slog.String("lease", l.LeaseID), slog.String("attempt", l.Owner.AttemptID), slog.Uint64("fence", l.Fence)}})
+}
+
+// leaseHandler adds attrs (the lease's ids and what was added with With)
+// to each record but those the record names itself.
+type leaseHandler struct {
+	h     slog.Handler
+	attrs []slog.Attr
+}
+
+func (d *leaseHandler) Enabled(ctx context.Context, l slog.Level) bool { return d.h.Enabled(ctx, l) }
+
+func (d *leaseHandler) Handle(ctx context.Context, r slog.Record) error {
+	own := map[string]bool{}
+	r.Attrs(func(a slog.Attr) bool { own[a.Key] = true; return true })
+	nr := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
+	for _, a := range d.attrs {
+		if !own[a.Key] {
+			nr.AddAttrs(a)
+		}
+	}
+	r.Attrs(func(a slog.Attr) bool { nr.AddAttrs(a); return true })
+	return d.h.Handle(ctx, nr)
+}
+
+func (d *leaseHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &leaseHandler{h: d.h, attrs: append(slices.Clip(d.attrs), as...)}
+}
+
+// WithGroup: the attrs so far go outside the group, as with any handler.
+func (d *leaseHandler) WithGroup(name string) slog.Handler {
+	return d.h.WithAttrs(d.attrs).WithGroup(name)
 }

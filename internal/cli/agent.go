@@ -29,7 +29,7 @@ type agentFlags struct {
 	bindPorts                    []uint16 // --allow-bind, parsed by check
 	allowHosts                   []string
 	grace, wait, killGrace       time.Duration
-	allowUnguarded               bool
+	allowUnguarded, operator     bool
 	logFormat                    string
 }
 
@@ -104,6 +104,7 @@ The exit status is CMD's (128+N when signal N killed it).`,
 	f.DurationVar(&af.grace, "grace", 2*time.Second, "how long writes go on after the sidecar's last word that the lease is held (keep it well below the lease ttl's margin)")
 	f.DurationVar(&af.wait, "wait", 30*time.Second, "how long to wait for the sidecar before starting CMD with writes denied")
 	f.DurationVar(&af.killGrace, "kill-grace", 10*time.Second, "how long CMD's processes have between SIGTERM and SIGKILL when it is stopped")
+	f.BoolVar(&af.operator, "operator", false, "an operator's shell beside the agent (kubectl exec ... -- fenceline agent --operator ... -- sh): guarded like the agent, but it reports no settle to the sidecar (the agent's own wrapper does)")
 	f.BoolVar(&af.allowUnguarded, "allow-unguarded", false, "run even when the kernel cannot confine file writes (no Landlock)")
 	f.StringVar(&af.logFormat, "log-format", "json", "log format on stderr: json or text")
 	f.SetInterspersed(false)
@@ -183,7 +184,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 		Paths: af.paths, Workspace: leasebus.WorkspaceMode(af.workspace), AllowHosts: af.allowHosts,
 		AllowWrite: extra, AllowPorts: af.ports, AllowBind: af.bindPorts, State: state,
 		Hide:      append([]string{af.tokenFile}, a.credsToHide()...),
-		KillGrace: af.killGrace, AllowUnguarded: af.allowUnguarded,
+		KillGrace: af.killGrace, AllowUnguarded: af.allowUnguarded, Operator: af.operator,
 		Stdout: out, Stderr: errw, Log: log,
 	})
 	switch {

@@ -374,6 +374,8 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 		fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s left to its owner\n", l.LeaseID)
 	case sidecar.LeaseLeftToExpire:
 		fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s NOT released (%s): the lease service reclaims it once this sidecar's session has been silent for its grace (10 s by default), at the latest within its ttl (%s)\n", l.LeaseID, end.Why, l.TTL)
+	case sidecar.LeaseEnded:
+		fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s had already ended (%v): nothing to release\n", l.LeaseID, end.Err)
 	case sidecar.LeaseNotReleased:
 		fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s not released: %v; it expires within its ttl (%s)\n", l.LeaseID, end.Err, l.TTL)
 	default: // sidecar.LeaseReleased
