@@ -1,10 +1,12 @@
 package egress
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -131,9 +133,16 @@ func judgeAPI(rules []APIRule, r *http.Request, l leasebus.Lease) (*APIRule, str
 		return nil, "", errors.New("a request with a _method parameter: the API might take another method than the proxy judged")
 	}
 	call := r.Method + " " + path
+	// The forge routes /merges/ as /merges and may take a method in any
+	// case: judge the path without its trailing slash, the method upper
+	// case.
+	method, judged := strings.ToUpper(r.Method), path
+	if len(judged) > 1 {
+		judged = strings.TrimSuffix(judged, "/")
+	}
 	for i := range rules {
 		rule := &rules[i]
-		if !rule.matches(r.Method, path) {
+		if !rule.matches(method, judged) {
 			continue
 		}
 		if len(rule.Mutations) > 0 {
@@ -146,7 +155,7 @@ func judgeAPI(rules []APIRule, r *http.Request, l leasebus.Lease) (*APIRule, str
 			}
 			continue
 		}
-		if i := rule.Path.SubexpIndex("repo"); i >= 0 && leaseAllowsRefs(l, rule.Path.FindStringSubmatch(path)[i]) {
+		if i := rule.Path.SubexpIndex("repo"); i >= 0 && leaseAllowsRefs(l, rule.Path.FindStringSubmatch(judged)[i]) {
 			continue
 		}
 		return rule, call, nil
@@ -180,26 +189,33 @@ func leaseAllowsRefs(l leasebus.Lease, repo string) bool {
 
 // graphQLMutation reads the GraphQL documents of r (its body is put back)
 // and returns the first field of forbid a mutation in them names ("" for
-// none). A body it cannot read as GraphQL is an error.
+// none). Every reading a server might take is judged: each "query"
+// parameter (split at '&' and ';'), the body as JSON whenever it is JSON
+// (GitHub reads it so whatever its type), and as a document when its type
+// says GraphQL. A body it cannot read as GraphQL is an error.
 func graphQLMutation(r *http.Request, forbid []string) (string, error) {
-	var docs []string
-	if q := r.URL.Query().Get("query"); q != "" {
-		docs = append(docs, q)
+	docs, err := queryParams(r.URL.RawQuery)
+	if err != nil {
+		return "", err
 	}
 	body, err := judgedBody(r)
 	if err != nil {
 		return "", err
 	}
-	if len(strings.TrimSpace(string(body))) > 0 {
-		ct := r.Header.Get("Content-Type")
-		if strings.HasPrefix(ct, "application/graphql") {
-			docs = append(docs, string(body))
-		} else {
+	if len(bytes.TrimSpace(body)) > 0 {
+		raw := strings.HasPrefix(strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Type"))), "application/graphql")
+		switch {
+		case json.Valid(body):
 			ds, err := graphQLDocuments(body)
 			if err != nil {
 				return "", err
 			}
 			docs = append(docs, ds...)
+		case !raw:
+			return "", errors.New("a GraphQL request body that is not JSON (send application/json, or application/graphql for a bare document)")
+		}
+		if raw {
+			docs = append(docs, string(body))
 		}
 	}
 	for _, d := range docs {
@@ -211,27 +227,89 @@ func graphQLMutation(r *http.Request, forbid []string) (string, error) {
 	return "", nil
 }
 
-// graphQLDocuments are the queries of a GraphQL-over-HTTP JSON body: one
-// request or a batch.
-func graphQLDocuments(body []byte) ([]string, error) {
-	type request struct {
-		Query      *string         `json:"query"`
-		Extensions json.RawMessage `json:"extensions"`
-	}
-	var reqs []request
-	if err := json.Unmarshal(body, &reqs); err != nil {
-		var one request
-		if err := json.Unmarshal(body, &one); err != nil {
-			return nil, fmt.Errorf("a GraphQL request body that is not JSON: %v", err)
+// queryParams are the values of every "query" parameter of a raw query
+// string, split at '&' and at ';' (Go's parser drops a pair holding ';',
+// older Rack splits there).
+func queryParams(raw string) ([]string, error) {
+	var out []string
+	for _, kv := range strings.FieldsFunc(raw, func(c rune) bool { return c == '&' || c == ';' }) {
+		k, v, _ := strings.Cut(kv, "=")
+		k, err := url.QueryUnescape(k)
+		if err != nil {
+			return nil, fmt.Errorf("a query string the proxy cannot read: %w", err)
 		}
-		reqs = []request{one}
+		if !strings.EqualFold(strings.TrimSpace(k), "query") {
+			continue
+		}
+		if v, err = url.QueryUnescape(v); err != nil {
+			return nil, fmt.Errorf("a query string the proxy cannot read: %w", err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// graphQLDocuments are the queries of a GraphQL-over-HTTP JSON body: one
+// request or a batch. Every key a server might take for "query" counts
+// (a parser that keeps the first of two, one that keeps the last, one
+// that folds case), so none hides another.
+func graphQLDocuments(body []byte) ([]string, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, fmt.Errorf("a GraphQL request body that is not JSON: %v", err)
 	}
 	var out []string
-	for _, q := range reqs {
-		if q.Query == nil {
-			return nil, errors.New("a GraphQL request without its query (a persisted query cannot be judged)")
+	switch tok {
+	case json.Delim('{'):
+		if out, err = graphQLRequest(dec); err != nil {
+			return nil, err
 		}
-		out = append(out, *q.Query)
+	case json.Delim('['):
+		for dec.More() {
+			if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+				return nil, errors.New("a GraphQL batch holding something other than requests")
+			}
+			qs, err := graphQLRequest(dec)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, qs...)
+		}
+	default:
+		return nil, errors.New("a GraphQL request body that is neither a request nor a batch")
+	}
+	return out, nil
+}
+
+// graphQLRequest reads the rest of one request object (its '{' read):
+// the values of its query keys.
+func graphQLRequest(dec *json.Decoder) ([]string, error) {
+	var out []string
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("a GraphQL request body that is not JSON: %v", err)
+		}
+		key, _ := tok.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, fmt.Errorf("a GraphQL request body that is not JSON: %v", err)
+		}
+		if !strings.EqualFold(key, "query") || string(v) == "null" {
+			continue
+		}
+		var q string
+		if err := json.Unmarshal(v, &q); err != nil {
+			return nil, errors.New("a GraphQL request whose query is not a string")
+		}
+		out = append(out, q)
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return nil, fmt.Errorf("a GraphQL request body that is not JSON: %v", err)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("a GraphQL request without its query (a persisted query cannot be judged)")
 	}
 	return out, nil
 }

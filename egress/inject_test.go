@@ -315,3 +315,47 @@ func TestInjectedHostSmugglingAndUpgrades(t *testing.T) {
 		t.Fatalf("a websocket upgrade to an injected host: %d %s", code, body)
 	}
 }
+
+// TestAPIRulesReadAsTheForgeReads (issue 31, attack): a call the forge
+// reads as a ref-moving write is refused however the agent spells it: a
+// trailing slash (Rails and Grape route /merges/ as /merges), a
+// lower-case method, a GraphQL body that is JSON under a GraphQL content
+// type (GitHub reads JSON whatever the type), a "Query" key beside
+// "query" (encoding/json folds case; the forge does not), a second
+// "query" key (a parser that takes the first) or parameter (Rack takes
+// the last), a parameter
+// after a ';' (Go's URL parser drops it; Rack 2 splits there).
+func TestAPIRulesReadAsTheForgeReads(t *testing.T) {
+	t.Parallel()
+	f := startForge(t)
+	audit := &memAuditor{}
+	_, c := injectProxy(t, f, testLease, audit)
+	const ctJSON = "application/json"
+	mut := `mutation { createRef(input:{repositoryId:"r", name:"refs/heads/x", oid:"a"}) { ref { name } } }`
+	q := url.QueryEscape
+	attacks := []struct{ method, path, ct, body string }{
+		{"POST", "/repos/acme/payments/merges/", ctJSON, `{"base":"main","head":"evil"}`},
+		{"PUT", "/repos/acme/payments/pulls/12/merge/", ctJSON, `{}`},
+		{"PATCH", "/repos/acme/payments/", ctJSON, `{"default_branch":"evil"}`},
+		{"POST", "/repos/acme/payments/releases/", ctJSON, `{"tag_name":"v9"}`},
+		{"put", "/repos/acme/payments/contents/x", ctJSON, `{}`},
+		{"Post", "/repos/acme/payments/git/refs", ctJSON, `{}`},
+		{"POST", "/graphql/", ctJSON, gql(mut)},
+		{"POST", "/graphql", "application/graphql", gql(mut)},
+		{"POST", "/graphql", ctJSON, strings.TrimSuffix(gql(mut), "}") + `,"Query":"{ viewer { login } }"}`},
+		{"POST", "/graphql", ctJSON, strings.TrimSuffix(gql(mut), "}") + `,"query":"{ viewer { login } }"}`},
+		{"POST", "/graphql?query=" + q("{ viewer { login } }") + "&query=" + q(mut), "", ""},
+		{"POST", "/graphql?x=1;query=" + q(mut), "", ""},
+	}
+	for _, a := range attacks {
+		code, body, _ := call(t, c, a.method, a.path, a.ct, a.body)
+		if code != http.StatusForbidden || !strings.Contains(body, "lease_egress1") {
+			t.Errorf("%s %s %s: %d %s, want it refused", a.method, a.path, a.body, code, body)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.calls) != 0 {
+		t.Errorf("the forge served refused calls: %q", f.calls)
+	}
+}
