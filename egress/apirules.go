@@ -42,9 +42,11 @@ func (r *APIRule) matches(method, path string) bool {
 
 var writes = []string{http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
 
-// githubRepo matches /repos/OWNER/NAME, under GitHub Enterprise Server's
-// /api/v3 too.
-const githubRepo = `(?i)^(?:/api/v3)?/repos/(?P<repo>[^/]+/[^/]+)`
+// githubRepo matches /repos/OWNER/NAME and /repositories/ID (GitHub
+// serves every repository call under both), under GitHub Enterprise
+// Server's /api/v3 too. A repository named by its ID is never the
+// lease's: the proxy cannot tell which one it is.
+const githubRepo = `(?i)^(?:/api/v3)?/(?:repos/(?P<repo>[^/]+/[^/]+)|repositories/[^/]+)`
 
 // GitHubRules refuse the GitHub REST and GraphQL calls that create or move
 // refs, write contents or merge (github.com and Enterprise Server):
@@ -55,8 +57,8 @@ var GitHubRules = []APIRule{
 		Path: regexp.MustCompile(githubRepo + `/git/(?:refs|commits|trees|blobs|tags)(?:/.*)?$`)},
 	{Name: "github-contents", What: "contents API writes", Methods: writes,
 		Path: regexp.MustCompile(githubRepo + `/contents(?:/.*)?$`)},
-	{Name: "github-merge", What: "merging a pull request or a branch, updating a pull request's branch", Methods: writes,
-		Path: regexp.MustCompile(githubRepo + `/(?:pulls/[0-9]+/(?:merge|update-branch)|merges|merge-upstream)$`)},
+	{Name: "github-merge", What: "merging a pull request or a branch, updating a pull request's branch, a deployment (auto_merge merges the default branch into its ref)", Methods: writes,
+		Path: regexp.MustCompile(githubRepo + `/(?:pulls/[0-9]+/(?:merge|update-branch)|merges|merge-upstream|deployments)$`)},
 	{Name: "github-branches", What: "renaming branches, branch protection and rulesets", Methods: writes,
 		Path: regexp.MustCompile(githubRepo + `/(?:branches/.+/(?:rename|protection(?:/.*)?)|rulesets(?:/.*)?)$`)},
 	{Name: "github-releases", What: "creating or changing a release (it creates or moves a tag)", Methods: writes,
@@ -67,7 +69,7 @@ var GitHubRules = []APIRule{
 		Path: regexp.MustCompile(githubRepo + `/(?:dispatches|actions/workflows/[^/]+/dispatches)$`)},
 	{Name: "github-graphql", What: "GraphQL mutations that move refs, commit or merge",
 		Path: regexp.MustCompile(`(?i)^(?:/api)?/graphql$`),
-		Mutations: []string{"createCommitOnBranch", "createRef", "updateRef", "updateRefs", "deleteRef",
+		Mutations: []string{"createCommitOnBranch", "createRef", "updateRef", "updateRefs", "deleteRef", "createLinkedBranch", "createDeployment",
 			"mergePullRequest", "mergeBranch", "enablePullRequestAutoMerge", "enqueuePullRequest",
 			"updatePullRequestBranch", "revertPullRequest", "createBranchProtectionRule",
 			"updateBranchProtectionRule", "deleteBranchProtectionRule", "updateRepository", "deleteRepository"}},

@@ -359,3 +359,42 @@ func TestAPIRulesReadAsTheForgeReads(t *testing.T) {
 		t.Errorf("the forge served refused calls: %q", f.calls)
 	}
 }
+
+// TestAPIRulesCoverEveryRoute (issue 31, attack): GitHub serves every
+// repository call under /repositories/ID too (its own pagination links
+// use that form), a deployment with auto_merge (the default) merges the
+// default branch into its ref, and createLinkedBranch creates a branch:
+// each is refused like the /repos/OWNER/NAME call it equals.
+func TestAPIRulesCoverEveryRoute(t *testing.T) {
+	t.Parallel()
+	f := startForge(t)
+	whole := testLease
+	whole.Status = leasebus.StatusActive
+	whole.Scope = scope.Claim{Kind: scope.KindWholeRepo, Paths: []string{}, Tables: []string{}}
+	_, c := injectProxy(t, f, whole, &memAuditor{})
+	const ctJSON = "application/json"
+	attacks := []struct{ method, path, body string }{
+		{"PUT", "/repositories/1296269/contents/libs/tax/rates.go", `{"message":"x","content":"eA=="}`},
+		{"PATCH", "/repositories/1296269/git/refs/heads/main", `{"sha":"a","force":true}`},
+		{"PUT", "/repositories/1296269/pulls/12/merge", `{}`},
+		{"PATCH", "/repositories/1296269", `{"default_branch":"evil"}`},
+		{"PUT", "/api/v3/repositories/1296269/contents/x", `{}`},
+		{"POST", "/repos/acme/other/deployments", `{"ref":"evil","auto_merge":true}`},
+		{"POST", "/graphql", gql(`mutation { createLinkedBranch(input:{issueId:"i", oid:"a", name:"evil", repositoryId:"r"}) { linkedBranch { id } } }`)},
+		{"POST", "/graphql", gql(`mutation { createDeployment(input:{repositoryId:"r", refId:"x", autoMerge:true}) { deployment { id } } }`)},
+	}
+	for _, a := range attacks {
+		code, body, _ := call(t, c, a.method, a.path, ctJSON, a.body)
+		if code != http.StatusForbidden || !strings.Contains(body, "lease_egress1") {
+			t.Errorf("%s %s %s: %d %s, want it refused", a.method, a.path, a.body, code, body)
+		}
+	}
+	if code, body, _ := call(t, c, "GET", "/repositories/1296269/contents/x", "", ""); code != http.StatusOK {
+		t.Errorf("reading under /repositories/ID: %d %s, want it through", code, body)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.calls) != 1 {
+		t.Errorf("the forge served refused calls: %q", f.calls)
+	}
+}
