@@ -181,12 +181,16 @@ func cleanPath(p string) bool {
 }
 
 // leaseAllowsRefs reports whether l may move the refs of repo: an active
-// whole-repo lease of that same repository.
+// whole-repo lease of that same repository, its identity's path (host/
+// path, see repoid) the whole of repo: a path merely ending in repo is
+// another namespace's project (GitLab's sub/payments beside
+// group/sub/payments).
 func leaseAllowsRefs(l leasebus.Lease, repo string) bool {
 	if !l.Active() || l.Scope.Kind != scope.KindWholeRepo || repo == "" {
 		return false
 	}
-	return strings.HasSuffix(strings.ToLower(l.Repo), "/"+strings.ToLower(repo))
+	_, path, ok := strings.Cut(l.Repo, "/")
+	return ok && strings.EqualFold(path, repo)
 }
 
 // graphQLMutation reads the GraphQL documents of r (its body is put back)

@@ -41,6 +41,12 @@ type forge struct {
 
 func startForge(t testing.TB) *forge {
 	t.Helper()
+	return startForgeFor(t, "api.github.com")
+}
+
+// startForgeFor is startForge with a certificate for name.
+func startForgeFor(t testing.TB, name string) *forge {
+	t.Helper()
 	f := &forge{ca: testca.New(t)}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -55,7 +61,7 @@ func startForge(t testing.TB) *forge {
 		}
 		fmt.Fprintf(w, `{"ok":true,"call":%q,"body":%q}`, r.Method+" "+r.URL.Path, body)
 	}))
-	srv.TLS = f.ca.ServerTLS(t, "api.github.com")
+	srv.TLS = f.ca.ServerTLS(t, name)
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	f.addr = srv.Listener.Addr().String()
@@ -396,5 +402,56 @@ func TestAPIRulesCoverEveryRoute(t *testing.T) {
 	defer f.mu.Unlock()
 	if len(f.calls) != 1 {
 		t.Errorf("the forge served refused calls: %q", f.calls)
+	}
+}
+
+// TestWholeRepoLeaseIsThatRepoOnly (issue 31, attack): a whole-repo
+// lease of gitlab.com/group/sub/payments may write that project through
+// the API, not sub/payments (another namespace's project whose path its
+// own ends with).
+func TestWholeRepoLeaseIsThatRepoOnly(t *testing.T) {
+	t.Parallel()
+	f := startForgeFor(t, "gitlab.com")
+	whole := testLease
+	whole.Repo = "gitlab.com/group/sub/payments"
+	whole.Status = leasebus.StatusActive
+	whole.Scope = scope.Claim{Kind: scope.KindWholeRepo, Paths: []string{}, Tables: []string{}}
+	local, localFile, err := gitproxy.LoadOrCreateCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startProxy(t, Config{
+		Inject: map[string]Injection{"gitlab.com": {
+			Header: http.Header{"Authorization": {"Bearer " + realToken}}, RootCAs: f.ca.Pool, API: GitLabRules,
+		}},
+		Resolve: mustPins(t, "gitlab.com:443="+f.addr),
+		CA:      &local, Lease: whole, Audit: &memAuditor{},
+	})
+	pem, err := os.ReadFile(localFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	pu, _ := url.Parse(proxy)
+	tr := &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: roots}}
+	t.Cleanup(tr.CloseIdleConnections)
+	c := &http.Client{Transport: tr, Timeout: 20 * time.Second}
+	put := func(project string) int {
+		req, _ := http.NewRequest("PUT", "https://gitlab.com/api/v4/projects/"+project+"/repository/files/x", strings.NewReader(`{}`))
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := put("group%2Fsub%2Fpayments"); code != http.StatusOK {
+		t.Errorf("the lease's own project: %d, want it through", code)
+	}
+	for _, other := range []string{"sub%2Fpayments", "payments"} {
+		if code := put(other); code != http.StatusForbidden {
+			t.Errorf("project %s under a lease of group/sub/payments: %d, want it refused", other, code)
+		}
 	}
 }
