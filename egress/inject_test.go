@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"net/textproto"
 	"net/url"
 	"os"
 	"strings"
@@ -54,6 +56,13 @@ func startForgeFor(t testing.TB, name string) *forge {
 		f.calls = append(f.calls, r.Method+" "+r.URL.Path)
 		f.auth = append(f.auth, r.Header.Get("Authorization"))
 		f.mu.Unlock()
+		if r.URL.Path == "/echo/early-and-late" {
+			// A 103 and a trailer carrying the request's credential.
+			w.Header().Set("X-Echo-Early", r.Header.Get("Authorization"))
+			w.WriteHeader(http.StatusEarlyHints)
+			w.Header().Del("X-Echo-Early")
+			w.Header().Set(http.TrailerPrefix+"X-Echo-Late", r.Header.Get("Authorization"))
+		}
 		w.Header().Set("X-Echo-Auth", r.Header.Get("Authorization"))
 		if r.Header.Get("Authorization") != "Bearer "+realToken {
 			http.Error(w, `{"message":"Bad credentials"}`, http.StatusUnauthorized)
@@ -452,6 +461,50 @@ func TestWholeRepoLeaseIsThatRepoOnly(t *testing.T) {
 	for _, other := range []string{"sub%2Fpayments", "payments"} {
 		if code := put(other); code != http.StatusForbidden {
 			t.Errorf("project %s under a lease of group/sub/payments: %d, want it refused", other, code)
+		}
+	}
+}
+
+// TestInjectedCredentialNotInEarlyHintsOrTrailers (issue 31, attack): an
+// upstream that echoes its request's credential in a 103 Early Hints
+// response or in a trailer does not show it to the agent either: both
+// are response headers, sent before and after the one the proxy scrubbed.
+func TestInjectedCredentialNotInEarlyHintsOrTrailers(t *testing.T) {
+	t.Parallel()
+	f := startForge(t)
+	_, c := injectProxy(t, f, testLease, &memAuditor{})
+	var early []string
+	trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+		for k, vs := range h {
+			early = append(early, fmt.Sprintf("%d %s: %q", code, k, vs))
+		}
+		return nil
+	}}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(t.Context(), trace), "GET", "https://api.github.com/echo/early-and-late", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer placeholder")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if !f.served("GET /echo/early-and-late") {
+		t.Fatal("the forge did not serve the call")
+	}
+	for _, e := range early {
+		if strings.Contains(e, realToken) {
+			t.Errorf("the real key came back in an informational response: %s", e)
+		}
+	}
+	for k, vs := range resp.Trailer {
+		if strings.Contains(strings.Join(vs, " "), realToken) {
+			t.Errorf("the real key came back in trailer %s", k)
 		}
 	}
 }
