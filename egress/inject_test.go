@@ -425,27 +425,7 @@ func TestWholeRepoLeaseIsThatRepoOnly(t *testing.T) {
 	whole.Repo = "gitlab.com/group/sub/payments"
 	whole.Status = leasebus.StatusActive
 	whole.Scope = scope.Claim{Kind: scope.KindWholeRepo, Paths: []string{}, Tables: []string{}}
-	local, localFile, err := gitproxy.LoadOrCreateCA(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := startProxy(t, Config{
-		Inject: map[string]Injection{"gitlab.com": {
-			Header: http.Header{"Authorization": {"Bearer " + realToken}}, RootCAs: f.ca.Pool, API: GitLabRules,
-		}},
-		Resolve: mustPins(t, "gitlab.com:443="+f.addr),
-		CA:      &local, Lease: whole, Audit: &memAuditor{},
-	})
-	pem, err := os.ReadFile(localFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
-	pu, _ := url.Parse(proxy)
-	tr := &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: roots}}
-	t.Cleanup(tr.CloseIdleConnections)
-	c := &http.Client{Transport: tr, Timeout: 20 * time.Second}
+	c := gitlabClient(t, f, whole)
 	put := func(project string) int {
 		req, _ := http.NewRequest("PUT", "https://gitlab.com/api/v4/projects/"+project+"/repository/files/x", strings.NewReader(`{}`))
 		resp, err := c.Do(req)
@@ -507,4 +487,90 @@ func TestInjectedCredentialNotInEarlyHintsOrTrailers(t *testing.T) {
 			t.Errorf("the real key came back in trailer %s", k)
 		}
 	}
+}
+
+// TestAPIRulesRefuseMintingCredentials (issue 31, attack): an agent that
+// cannot read the injected key must not be able to make the forge give
+// it (or whoever prompted it) another: GitLab's token rotation answers
+// with a fresh token, project and deploy tokens are answered likewise,
+// and an SSH or deploy key or a collaborator added through the API
+// pushes past the lease from anywhere. Refused even under a whole-repo
+// lease of that repository.
+func TestAPIRulesRefuseMintingCredentials(t *testing.T) {
+	t.Parallel()
+	whole := testLease
+	whole.Status = leasebus.StatusActive
+	whole.Scope = scope.Claim{Kind: scope.KindWholeRepo, Paths: []string{}, Tables: []string{}}
+	gh := startForge(t)
+	_, c := injectProxy(t, gh, whole, &memAuditor{})
+	for _, a := range []struct{ method, path string }{
+		{"POST", "/user/keys"},
+		{"POST", "/user/ssh_signing_keys"},
+		{"POST", "/repos/acme/payments/keys"},
+		{"PUT", "/repos/acme/payments/collaborators/outsider"},
+		{"POST", "/api/v3/user/keys"},
+	} {
+		code, body, _ := call(t, c, a.method, a.path, "application/json", `{"key":"ssh-ed25519 AAAA","read_only":false}`)
+		if code != http.StatusForbidden || !strings.Contains(body, "lease_egress1") {
+			t.Errorf("%s %s: %d %s, want it refused", a.method, a.path, code, body)
+		}
+	}
+	gl := startForgeFor(t, "gitlab.com")
+	whole.Repo = "gitlab.com/acme/payments"
+	glc := gitlabClient(t, gl, whole)
+	for _, a := range []struct{ method, path string }{
+		{"POST", "/api/v4/personal_access_tokens/self/rotate"},
+		{"POST", "/api/v4/user/personal_access_tokens"},
+		{"POST", "/api/v4/projects/acme%2Fpayments/access_tokens"},
+		{"POST", "/api/v4/projects/acme%2Fpayments/access_tokens/7/rotate"},
+		{"POST", "/api/v4/projects/acme%2Fpayments/deploy_tokens"},
+		{"POST", "/api/v4/projects/acme%2Fpayments/deploy_keys"},
+		{"POST", "/api/v4/projects/acme%2Fpayments/members"},
+		{"POST", "/api/v4/user/keys"},
+	} {
+		req, _ := http.NewRequest(a.method, "https://gitlab.com"+a.path, strings.NewReader(`{}`))
+		resp, err := glc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("%s %s: %d, want it refused", a.method, a.path, resp.StatusCode)
+		}
+	}
+	for _, f := range []*forge{gh, gl} {
+		f.mu.Lock()
+		if len(f.calls) != 0 {
+			t.Errorf("the forge served refused calls: %q", f.calls)
+		}
+		f.mu.Unlock()
+	}
+}
+
+// gitlabClient is the agent's client through a proxy that injects the
+// real token for gitlab.com (pinned to f) and judges its calls by
+// GitLabRules under lease.
+func gitlabClient(t *testing.T, f *forge, lease fixedLease) *http.Client {
+	t.Helper()
+	local, localFile, err := gitproxy.LoadOrCreateCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startProxy(t, Config{
+		Inject: map[string]Injection{"gitlab.com": {
+			Header: http.Header{"Authorization": {"Bearer " + realToken}}, RootCAs: f.ca.Pool, API: GitLabRules,
+		}},
+		Resolve: mustPins(t, "gitlab.com:443="+f.addr),
+		CA:      &local, Lease: lease, Audit: &memAuditor{},
+	})
+	pem, err := os.ReadFile(localFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	pu, _ := url.Parse(proxy)
+	tr := &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: roots}}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 20 * time.Second}
 }
