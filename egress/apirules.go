@@ -84,12 +84,12 @@ const gitlabProject = `(?i)^/api/v4/projects/(?P<repo>.+?)`
 // GitLabRules refuse the GitLab REST and GraphQL calls that create or
 // move refs, write files or merge.
 var GitLabRules = []APIRule{
-	{Name: "gitlab-commits", What: "creating, cherry-picking or reverting commits", Methods: writes,
-		Path: regexp.MustCompile(gitlabProject + `/repository/commits(?:/[^/]+/(?:cherry_pick|revert))?$`)},
+	{Name: "gitlab-commits", What: "creating, cherry-picking or reverting commits, committing a changelog or a submodule update", Methods: writes,
+		Path: regexp.MustCompile(gitlabProject + `/repository/(?:commits(?:/[^/]+/(?:cherry_pick|revert))?|changelog|submodules/.+)$`)},
 	{Name: "gitlab-files", What: "repository files API writes", Methods: writes,
 		Path: regexp.MustCompile(gitlabProject + `/repository/files/.+$`)},
-	{Name: "gitlab-refs", What: "creating or deleting branches and tags, protected branches", Methods: writes,
-		Path: regexp.MustCompile(gitlabProject + `/(?:repository/(?:branches|tags)(?:/.*)?|repository/merged_branches|protected_(?:branches|tags)(?:/.*)?)$`)},
+	{Name: "gitlab-refs", What: "creating or deleting branches and tags (a release creates its tag), protected branches, mirroring", Methods: writes,
+		Path: regexp.MustCompile(gitlabProject + `/(?:repository/(?:branches|tags)(?:/.*)?|repository/merged_branches|protected_(?:branches|tags)(?:/.*)?|releases(?:/.*)?|mirror/pull|remote_mirrors(?:/.*)?)$`)},
 	{Name: "gitlab-merge", What: "merging or rebasing a merge request", Methods: writes,
 		Path: regexp.MustCompile(gitlabProject + `/merge_requests/[0-9]+/(?:merge|rebase|merge_when_pipeline_succeeds)$`)},
 	{Name: "gitlab-project", What: "changing or deleting the project", Methods: []string{http.MethodPut, http.MethodDelete},

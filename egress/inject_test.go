@@ -574,3 +574,36 @@ func gitlabClient(t *testing.T, f *forge, lease fixedLease) *http.Client {
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr, Timeout: 20 * time.Second}
 }
+
+// TestGitLabRulesCoverEveryCommitRoute (issue 31, attack): GitLab commits
+// through more than its commits and files APIs: a changelog is committed,
+// a submodule update is a commit, a release creates its tag, a pull
+// mirror moves refs to another repository's and a push mirror sends the
+// repository elsewhere. Each is refused.
+func TestGitLabRulesCoverEveryCommitRoute(t *testing.T) {
+	t.Parallel()
+	gl := startForgeFor(t, "gitlab.com")
+	c := gitlabClient(t, gl, testLease)
+	for _, a := range []struct{ method, path string }{
+		{"POST", "/api/v4/projects/acme%2Fpayments/repository/changelog"},
+		{"PUT", "/api/v4/projects/acme%2Fpayments/repository/submodules/libs%2Fvendor"},
+		{"POST", "/api/v4/projects/acme%2Fpayments/releases"},
+		{"POST", "/api/v4/projects/acme%2Fpayments/mirror/pull"},
+		{"POST", "/api/v4/projects/acme%2Fpayments/remote_mirrors"},
+	} {
+		req, _ := http.NewRequest(a.method, "https://gitlab.com"+a.path, strings.NewReader(`{"ref":"evil","tag_name":"v9","version":"1.0.0"}`))
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("%s %s: %d, want it refused", a.method, a.path, resp.StatusCode)
+		}
+	}
+	gl.mu.Lock()
+	defer gl.mu.Unlock()
+	if len(gl.calls) != 0 {
+		t.Errorf("the forge served refused calls: %q", gl.calls)
+	}
+}
