@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -135,38 +136,65 @@ func judgeAPI(rules []APIRule, r *http.Request, l leasebus.Lease) (*APIRule, str
 			return nil, "", fmt.Errorf("a request carrying %s: the API might take another method than the proxy judged", h)
 		}
 	}
-	if r.URL.Query().Has("_method") {
+	if ms, err := queryParams(r.URL.RawQuery, "_method"); err != nil || len(ms) > 0 {
 		return nil, "", errors.New("a request with a _method parameter: the API might take another method than the proxy judged")
 	}
 	call := r.Method + " " + path
 	// The forge routes /merges/ as /merges and may take a method in any
 	// case: judge the path without its trailing slash, the method upper
-	// case.
-	method, judged := strings.ToUpper(r.Method), path
-	if len(judged) > 1 {
-		judged = strings.TrimSuffix(judged, "/")
+	// case. And judge the path as the forge may split it: decoded (a
+	// GitHub contents path with %2F) and as sent (a GitLab project named
+	// by its path is one escaped segment, acme%2Fpayments).
+	method := strings.ToUpper(r.Method)
+	var paths []string
+	for _, p := range []string{path, r.URL.EscapedPath()} {
+		if len(p) > 1 {
+			p = strings.TrimSuffix(p, "/")
+		}
+		if !slices.Contains(paths, p) {
+			paths = append(paths, p)
+		}
+	}
+	// Rack::MethodOverride (Rails, so GitLab's API too) takes a POST whose
+	// form body holds _method=PUT for a PUT: a POST with a body that is not
+	// JSON is judged as any write.
+	as := []string{method}
+	if method == http.MethodPost && !jsonType(r.Header.Get("Content-Type")) {
+		as = writes
 	}
 	for i := range rules {
 		rule := &rules[i]
-		if !rule.matches(method, judged) {
-			continue
-		}
-		if len(rule.Mutations) > 0 {
-			field, err := graphQLMutation(r, rule.Mutations)
-			if err != nil {
-				return nil, "", err
+		for _, p := range paths {
+			if !slices.ContainsFunc(as, func(m string) bool { return rule.matches(m, p) }) {
+				continue
 			}
-			if field != "" {
-				return rule, "GraphQL mutation " + field, nil
+			if len(rule.Mutations) > 0 {
+				field, err := graphQLMutation(r, rule.Mutations)
+				if err != nil {
+					return nil, "", err
+				}
+				if field != "" {
+					return rule, "GraphQL mutation " + field, nil
+				}
+				break
 			}
-			continue
+			if i := rule.Path.SubexpIndex("repo"); i >= 0 {
+				repo, err := url.PathUnescape(rule.Path.FindStringSubmatch(p)[i])
+				if err == nil && leaseAllowsRefs(l, repo) {
+					continue
+				}
+			}
+			return rule, call, nil
 		}
-		if i := rule.Path.SubexpIndex("repo"); i >= 0 && leaseAllowsRefs(l, rule.Path.FindStringSubmatch(judged)[i]) {
-			continue
-		}
-		return rule, call, nil
 	}
 	return nil, call, nil
+}
+
+// jsonType reports whether a Content-Type names JSON (a body no form
+// parser reads).
+func jsonType(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
 }
 
 // cleanPath reports whether p is absolute with no empty, "." or ".."
@@ -204,7 +232,7 @@ func leaseAllowsRefs(l leasebus.Lease, repo string) bool {
 // (GitHub reads it so whatever its type), and as a document when its type
 // says GraphQL. A body it cannot read as GraphQL is an error.
 func graphQLMutation(r *http.Request, forbid []string) (string, error) {
-	docs, err := queryParams(r.URL.RawQuery)
+	docs, err := queryParams(r.URL.RawQuery, "query")
 	if err != nil {
 		return "", err
 	}
@@ -237,10 +265,10 @@ func graphQLMutation(r *http.Request, forbid []string) (string, error) {
 	return "", nil
 }
 
-// queryParams are the values of every "query" parameter of a raw query
-// string, split at '&' and at ';' (Go's parser drops a pair holding ';',
-// older Rack splits there).
-func queryParams(raw string) ([]string, error) {
+// queryParams are the values of every parameter name (any case) of a
+// raw query string, split at '&' and at ';' (Go's parser drops a pair
+// holding ';', older Rack splits there).
+func queryParams(raw, name string) ([]string, error) {
 	var out []string
 	for _, kv := range strings.FieldsFunc(raw, func(c rune) bool { return c == '&' || c == ';' }) {
 		k, v, _ := strings.Cut(kv, "=")
@@ -248,7 +276,7 @@ func queryParams(raw string) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("a query string the proxy cannot read: %w", err)
 		}
-		if !strings.EqualFold(strings.TrimSpace(k), "query") {
+		if !strings.EqualFold(strings.TrimSpace(k), name) {
 			continue
 		}
 		if v, err = url.QueryUnescape(v); err != nil {

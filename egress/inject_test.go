@@ -607,3 +607,54 @@ func TestGitLabRulesCoverEveryCommitRoute(t *testing.T) {
 		t.Errorf("the forge served refused calls: %q", gl.calls)
 	}
 }
+
+// TestMethodOverrideInAFormBody (issue 31, attack): GitLab names a
+// project by its path as one escaped segment (acme%2Fpayments), which the
+// decoded path split in two, so the rule on PUT /projects/ID never
+// matched one; and Rails (GitLab's API
+// is mounted in it) runs Rack::MethodOverride, which turns a POST whose
+// form body holds _method=PUT into a PUT: a rule judging PUT only (the
+// project's settings: its default branch) saw a POST. A POST whose body
+// is not JSON is judged as any write; a JSON body that merely mentions
+// _method is not read as one.
+func TestMethodOverrideInAFormBody(t *testing.T) {
+	t.Parallel()
+	gl := startForgeFor(t, "gitlab.com")
+	c := gitlabClient(t, gl, testLease)
+	send := func(method, path, ct, body string) int {
+		req, _ := http.NewRequest(method, "https://gitlab.com"+path, strings.NewReader(body))
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, a := range []struct{ method, ct, body string }{
+		{"PUT", "application/json", `{"default_branch":"evil"}`}, // the project named by its path, one escaped segment
+		{"POST", "application/x-www-form-urlencoded", "_method=PUT&default_branch=evil"},
+		{"POST", "", "default_branch=evil&%5Fmethod=put"},
+		{"POST", "multipart/form-data; boundary=b", "--b\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nPUT\r\n--b--\r\n"},
+	} {
+		if code := send(a.method, "/api/v4/projects/acme%2Fpayments", a.ct, a.body); code != http.StatusForbidden {
+			t.Errorf("%s %q %q: %d, want it refused", a.method, a.ct, a.body, code)
+		}
+	}
+	if code := send("POST", "/api/v4/projects/acme%2Fpayments/issues?x=1;_method=PUT", "application/json", `{}`); code != http.StatusForbidden {
+		t.Errorf("a _method parameter after ';': %d, want it refused", code)
+	}
+	if code := send("PUT", "/api/v4/projects/acme%2Fpayments/issues/3", "application/json", `{"title":"x"}`); code != http.StatusOK {
+		t.Errorf("updating an issue: %d, want it through", code)
+	}
+	if code := send("POST", "/api/v4/projects/acme%2Fpayments/issues", "application/json", `{"title":"rename _method"}`); code != http.StatusOK {
+		t.Errorf("a JSON issue mentioning _method: %d, want it through", code)
+	}
+	gl.mu.Lock()
+	defer gl.mu.Unlock()
+	if len(gl.calls) != 2 {
+		t.Errorf("the forge served refused calls: %q", gl.calls)
+	}
+}
