@@ -242,9 +242,10 @@ func graphQLMutation(r *http.Request, forbid []string) (string, error) {
 	}
 	if len(bytes.TrimSpace(body)) > 0 {
 		raw := strings.HasPrefix(strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Type"))), "application/graphql")
-		switch {
-		case json.Valid(body):
-			ds, err := graphQLDocuments(body)
+		// A parser that skips a byte-order mark reads JSON behind one.
+		switch jb := bytes.TrimPrefix(body, []byte("\ufeff")); {
+		case json.Valid(jb):
+			ds, err := graphQLDocuments(jb)
 			if err != nil {
 				return "", err
 			}

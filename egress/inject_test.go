@@ -357,6 +357,7 @@ func TestAPIRulesReadAsTheForgeReads(t *testing.T) {
 		{"Post", "/repos/acme/payments/git/refs", ctJSON, `{}`},
 		{"POST", "/graphql/", ctJSON, gql(mut)},
 		{"POST", "/graphql", "application/graphql", gql(mut)},
+		{"POST", "/graphql", "application/graphql", "\ufeff" + gql(mut)},
 		{"POST", "/graphql", ctJSON, strings.TrimSuffix(gql(mut), "}") + `,"Query":"{ viewer { login } }"}`},
 		{"POST", "/graphql", ctJSON, strings.TrimSuffix(gql(mut), "}") + `,"query":"{ viewer { login } }"}`},
 		{"POST", "/graphql?query=" + q("{ viewer { login } }") + "&query=" + q(mut), "", ""},
