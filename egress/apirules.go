@@ -75,7 +75,8 @@ var GitHubRules = []APIRule{
 		Mutations: []string{"createCommitOnBranch", "createRef", "updateRef", "updateRefs", "deleteRef", "createLinkedBranch", "createDeployment",
 			"mergePullRequest", "mergeBranch", "enablePullRequestAutoMerge", "enqueuePullRequest",
 			"updatePullRequestBranch", "revertPullRequest", "createBranchProtectionRule",
-			"updateBranchProtectionRule", "deleteBranchProtectionRule", "updateRepository", "deleteRepository"}},
+			"updateBranchProtectionRule", "deleteBranchProtectionRule", "createRepositoryRuleset", "updateRepositoryRuleset",
+			"deleteRepositoryRuleset", "updateRepository", "deleteRepository"}},
 }
 
 // gitlabProject matches /api/v4/projects/ID-OR-PATH (a path's slashes come
@@ -100,7 +101,7 @@ var GitLabRules = []APIRule{
 	{Name: "gitlab-graphql", What: "GraphQL mutations that commit, move refs or merge",
 		Path: regexp.MustCompile(`(?i)^/api/graphql$`),
 		Mutations: []string{"commitCreate", "createBranch", "mergeRequestAccept", "mergeRequestSetAutoMerge",
-			"mergeRequestRebase", "projectUpdate", "projectDelete"}},
+			"mergeRequestRebase", "branchRuleCreate", "branchRuleUpdate", "branchRuleDelete", "projectUpdate", "projectDelete"}},
 }
 
 // RulesFor are the API rules fenceline ships for a host: GitHub's for

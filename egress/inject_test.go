@@ -379,8 +379,8 @@ func TestAPIRulesReadAsTheForgeReads(t *testing.T) {
 // TestAPIRulesCoverEveryRoute (issue 31, attack): GitHub serves every
 // repository call under /repositories/ID too (its own pagination links
 // use that form), a deployment with auto_merge (the default) merges the
-// default branch into its ref, and createLinkedBranch creates a branch:
-// each is refused like the /repos/OWNER/NAME call it equals.
+// default branch into its ref, createLinkedBranch creates a branch and
+// a ruleset changed through GraphQL lifts a protection: each is refused like the /repos/OWNER/NAME call it equals.
 func TestAPIRulesCoverEveryRoute(t *testing.T) {
 	t.Parallel()
 	f := startForge(t)
@@ -397,6 +397,7 @@ func TestAPIRulesCoverEveryRoute(t *testing.T) {
 		{"PUT", "/api/v3/repositories/1296269/contents/x", `{}`},
 		{"POST", "/repos/acme/other/deployments", `{"ref":"evil","auto_merge":true}`},
 		{"POST", "/graphql", gql(`mutation { createLinkedBranch(input:{issueId:"i", oid:"a", name:"evil", repositoryId:"r"}) { linkedBranch { id } } }`)},
+		{"POST", "/graphql", gql(`mutation { updateRepositoryRuleset(input:{repositoryRulesetId:"x", enforcement:DISABLED}) { ruleset { id } } }`)},
 		{"POST", "/graphql", gql(`mutation { createDeployment(input:{repositoryId:"r", refId:"x", autoMerge:true}) { deployment { id } } }`)},
 	}
 	for _, a := range attacks {
@@ -580,7 +581,8 @@ func gitlabClient(t *testing.T, f *forge, lease fixedLease) *http.Client {
 // through more than its commits and files APIs: a changelog is committed,
 // a submodule update is a commit, a release creates its tag, a pull
 // mirror moves refs to another repository's and a push mirror sends the
-// repository elsewhere. Each is refused.
+// repository elsewhere, and a branch rule changed through GraphQL lifts
+// a protection. Each is refused.
 func TestGitLabRulesCoverEveryCommitRoute(t *testing.T) {
 	t.Parallel()
 	gl := startForgeFor(t, "gitlab.com")
@@ -591,8 +593,14 @@ func TestGitLabRulesCoverEveryCommitRoute(t *testing.T) {
 		{"POST", "/api/v4/projects/acme%2Fpayments/releases"},
 		{"POST", "/api/v4/projects/acme%2Fpayments/mirror/pull"},
 		{"POST", "/api/v4/projects/acme%2Fpayments/remote_mirrors"},
+		{"POST", "/api/graphql"},
 	} {
-		req, _ := http.NewRequest(a.method, "https://gitlab.com"+a.path, strings.NewReader(`{"ref":"evil","tag_name":"v9","version":"1.0.0"}`))
+		body := `{"ref":"evil","tag_name":"v9","version":"1.0.0"}`
+		if a.path == "/api/graphql" {
+			body = gql(`mutation { branchRuleUpdate(input:{id:"gid://gitlab/Projects::BranchRule/1", name:"main"}) { errors } }`)
+		}
+		req, _ := http.NewRequest(a.method, "https://gitlab.com"+a.path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := c.Do(req)
 		if err != nil {
 			t.Fatal(err)
