@@ -43,8 +43,8 @@ type injector struct {
 	inj   Injection
 	tr    *http.Transport
 	proxy *httputil.ReverseProxy
-	// secrets are the injected values: never echoed back to the agent in
-	// a response header.
+	// secrets are the injected values (and their credentials without a
+	// scheme): never echoed back to the agent in a response header.
 	secrets []string
 }
 
@@ -52,8 +52,13 @@ func (p *Proxy) newInjector(t target, inj Injection) *injector {
 	in := &injector{p: p, t: t, inj: inj}
 	for _, vs := range inj.Header {
 		for _, v := range vs {
-			if len(v) >= 8 {
-				in.secrets = append(in.secrets, v)
+			// The value, and its credential without an auth scheme
+			// ("Bearer ", "token ", "Basic ") an upstream may echo alone.
+			_, cred, _ := strings.Cut(v, " ")
+			for _, s := range []string{v, strings.TrimSpace(cred)} {
+				if len(s) >= 8 {
+					in.secrets = append(in.secrets, s)
+				}
 			}
 		}
 	}

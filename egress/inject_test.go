@@ -62,6 +62,7 @@ func startForgeFor(t testing.TB, name string) *forge {
 			w.WriteHeader(http.StatusEarlyHints)
 			w.Header().Del("X-Echo-Early")
 			w.Header().Set(http.TrailerPrefix+"X-Echo-Late", r.Header.Get("Authorization"))
+			w.Header().Set("X-Echo-Bare", strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
 		}
 		w.Header().Set("X-Echo-Auth", r.Header.Get("Authorization"))
 		if r.Header.Get("Authorization") != "Bearer "+realToken {
@@ -450,7 +451,8 @@ func TestWholeRepoLeaseIsThatRepoOnly(t *testing.T) {
 // TestInjectedCredentialNotInEarlyHintsOrTrailers (issue 31, attack): an
 // upstream that echoes its request's credential in a 103 Early Hints
 // response or in a trailer does not show it to the agent either: both
-// are response headers, sent before and after the one the proxy scrubbed.
+// are response headers, sent before and after the one the proxy scrubbed;
+// nor does the token echoed without its "Bearer " scheme.
 func TestInjectedCredentialNotInEarlyHintsOrTrailers(t *testing.T) {
 	t.Parallel()
 	f := startForge(t)
@@ -487,6 +489,11 @@ func TestInjectedCredentialNotInEarlyHintsOrTrailers(t *testing.T) {
 	for k, vs := range resp.Trailer {
 		if strings.Contains(strings.Join(vs, " "), realToken) {
 			t.Errorf("the real key came back in trailer %s", k)
+		}
+	}
+	for k, vs := range resp.Header {
+		if strings.Contains(strings.Join(vs, " "), realToken) {
+			t.Errorf("the real key came back without its scheme in header %s", k)
 		}
 	}
 }
