@@ -242,6 +242,17 @@ func graphQLMutation(r *http.Request, forbid []string) (string, error) {
 		return "", err
 	}
 	if len(bytes.TrimSpace(body)) > 0 {
+		// The bytes judged must be the text the forge reads.
+		for _, ce := range strings.Split(strings.Join(r.Header.Values("Content-Encoding"), ","), ",") {
+			if ce = strings.TrimSpace(ce); ce != "" && !strings.EqualFold(ce, "identity") {
+				return "", fmt.Errorf("a GraphQL request body in Content-Encoding %s: the proxy judges plain bodies only", ce)
+			}
+		}
+		if _, params, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil {
+			if cs := strings.ToLower(params["charset"]); cs != "" && cs != "utf-8" && cs != "us-ascii" {
+				return "", fmt.Errorf("a GraphQL request body in charset %s: the proxy judges UTF-8 only", cs)
+			}
+		}
 		raw := strings.HasPrefix(strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Type"))), "application/graphql")
 		// A parser that skips a byte-order mark reads JSON behind one.
 		switch jb := bytes.TrimPrefix(body, []byte("\ufeff")); {

@@ -2,6 +2,8 @@ package egress
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -340,7 +342,9 @@ func TestInjectedHostSmugglingAndUpgrades(t *testing.T) {
 // "query" (encoding/json folds case; the forge does not), a second
 // "query" key (a parser that takes the first) or parameter (Rack takes
 // the last), a parameter
-// after a ';' (Go's URL parser drops it; Rack 2 splits there).
+// after a ';' (Go's URL parser drops it; Rack 2 splits there), a body in
+// another charset or compressed (the proxy would judge bytes the forge
+// decodes).
 func TestAPIRulesReadAsTheForgeReads(t *testing.T) {
 	t.Parallel()
 	f := startForge(t)
@@ -357,6 +361,7 @@ func TestAPIRulesReadAsTheForgeReads(t *testing.T) {
 		{"put", "/repos/acme/payments/contents/x", ctJSON, `{}`},
 		{"Post", "/repos/acme/payments/git/refs", ctJSON, `{}`},
 		{"POST", "/graphql/", ctJSON, gql(mut)},
+		{"POST", "/graphql", "application/graphql; charset=utf-16le", utf16le(mut)},
 		{"POST", "/graphql", "application/graphql", gql(mut)},
 		{"POST", "/graphql", "application/graphql", "\ufeff" + gql(mut)},
 		{"POST", "/graphql", ctJSON, strings.TrimSuffix(gql(mut), "}") + `,"Query":"{ viewer { login } }"}`},
@@ -370,11 +375,30 @@ func TestAPIRulesReadAsTheForgeReads(t *testing.T) {
 			t.Errorf("%s %s %s: %d %s, want it refused", a.method, a.path, a.body, code, body)
 		}
 	}
+	// A compressed body: the proxy would judge the compressed bytes (and
+	// might refuse them by chance: the refusal must name the encoding).
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write([]byte(mut))
+	zw.Close()
+	if code, body, _ := call(t, c, "POST", "/graphql", "application/graphql", gz.String(), "Content-Encoding", "gzip"); code != http.StatusForbidden || !strings.Contains(body, "gzip") {
+		t.Errorf("a gzipped GraphQL document: %d %s, want it refused", code, body)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.calls) != 0 {
 		t.Errorf("the forge served refused calls: %q", f.calls)
 	}
+}
+
+// utf16le is s in UTF-16, little-endian (s is ASCII).
+func utf16le(s string) string {
+	var b strings.Builder
+	for _, c := range []byte(s) {
+		b.WriteByte(c)
+		b.WriteByte(0)
+	}
+	return b.String()
 }
 
 // TestAPIRulesCoverEveryRoute (issue 31, attack): GitHub serves every
