@@ -105,12 +105,12 @@ var GitLabRules = []APIRule{
 }
 
 // RulesFor are the API rules fenceline ships for a host: GitHub's for
-// api.github.com and hosts named github.*, GitLab's for gitlab.com and
-// gitlab.*; none for others.
+// api.github.com, hosts named github.* and GitHub Enterprise Cloud's
+// *.ghe.com, GitLab's for gitlab.com and gitlab.*; none for others.
 func RulesFor(host string) []APIRule {
-	h := strings.ToLower(host)
+	h := strings.TrimSuffix(strings.ToLower(host), ".")
 	switch {
-	case h == "api.github.com" || strings.HasPrefix(h, "github.") || strings.Contains(h, ".github."):
+	case h == "api.github.com" || strings.HasPrefix(h, "github.") || strings.Contains(h, ".github.") || strings.HasSuffix(h, ".ghe.com"):
 		return GitHubRules
 	case h == "gitlab.com" || strings.HasPrefix(h, "gitlab.") || strings.Contains(h, ".gitlab."):
 		return GitLabRules

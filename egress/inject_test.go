@@ -698,3 +698,17 @@ func TestMethodOverrideInAFormBody(t *testing.T) {
 		t.Errorf("the forge served refused calls: %q", gl.calls)
 	}
 }
+
+// TestRulesForGitHubHosts: GitHub Enterprise Cloud with data residency
+// serves its API at api.SUBDOMAIN.ghe.com; a key injected for it gets
+// GitHub's rules like api.github.com's, not none.
+func TestRulesForGitHubHosts(t *testing.T) {
+	for _, h := range []string{"api.github.com", "github.example.com", "api.acme.ghe.com", "API.ACME.GHE.COM"} {
+		if got := RulesFor(h); len(got) == 0 || got[0].Name != GitHubRules[0].Name {
+			t.Errorf("RulesFor(%q): %d rules, want GitHub's", h, len(got))
+		}
+	}
+	if got := RulesFor("api.openai.com"); got != nil {
+		t.Errorf("RulesFor(api.openai.com): %d rules, want none", len(got))
+	}
+}
