@@ -612,8 +612,9 @@ func gitlabClient(t *testing.T, f *forge, lease fixedLease) *http.Client {
 // through more than its commits and files APIs: a changelog is committed,
 // a submodule update is a commit, a release creates its tag, a pull
 // mirror moves refs to another repository's and a push mirror sends the
-// repository elsewhere, and a branch rule changed through GraphQL lifts
-// a protection. Each is refused.
+// repository elsewhere, a merge request added to a merge train is
+// merged, and a branch rule changed through GraphQL lifts a protection.
+// Each is refused.
 func TestGitLabRulesCoverEveryCommitRoute(t *testing.T) {
 	t.Parallel()
 	gl := startForgeFor(t, "gitlab.com")
@@ -624,6 +625,7 @@ func TestGitLabRulesCoverEveryCommitRoute(t *testing.T) {
 		{"POST", "/api/v4/projects/acme%2Fpayments/releases"},
 		{"POST", "/api/v4/projects/acme%2Fpayments/mirror/pull"},
 		{"POST", "/api/v4/projects/acme%2Fpayments/remote_mirrors"},
+		{"POST", "/api/v4/projects/acme%2Fpayments/merge_trains/merge_requests/12"},
 		{"POST", "/api/graphql"},
 	} {
 		body := `{"ref":"evil","tag_name":"v9","version":"1.0.0"}`
