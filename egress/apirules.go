@@ -49,6 +49,13 @@ var writes = []string{http.MethodPost, http.MethodPut, http.MethodPatch, http.Me
 // lease's: the proxy cannot tell which one it is.
 const githubRepo = `(?i)^(?:/api/v3)?/(?:repos/(?P<repo>[^/]+/[^/]+)|repositories/[^/]+)`
 
+// gitPush refuses a git push over smart HTTP to an injected host (one
+// that serves git too, as gitlab.com and github.com do): it would carry
+// the injected credential to any repository it may write. Pushes go
+// through the git fence, with its own credential.
+var gitPush = APIRule{Name: "git-push", What: "a git push over smart HTTP",
+	Path: regexp.MustCompile(`(?i)/git-receive-pack$`)}
+
 // GitHubRules refuse the GitHub REST and GraphQL calls that create or move
 // refs, write contents or merge (github.com and Enterprise Server):
 // reading, issues, comments, reviews and opening a pull request stay
@@ -77,6 +84,7 @@ var GitHubRules = []APIRule{
 			"updatePullRequestBranch", "revertPullRequest", "createBranchProtectionRule",
 			"updateBranchProtectionRule", "deleteBranchProtectionRule", "createRepositoryRuleset", "updateRepositoryRuleset",
 			"deleteRepositoryRuleset", "updateRepository", "deleteRepository"}},
+	gitPush,
 }
 
 // gitlabProject matches /api/v4/projects/ID-OR-PATH (a path's slashes come
@@ -102,6 +110,7 @@ var GitLabRules = []APIRule{
 		Path: regexp.MustCompile(`(?i)^/api/graphql$`),
 		Mutations: []string{"commitCreate", "createBranch", "mergeRequestAccept", "mergeRequestSetAutoMerge",
 			"mergeRequestRebase", "branchRuleCreate", "branchRuleUpdate", "branchRuleDelete", "projectUpdate", "projectDelete"}},
+	gitPush,
 }
 
 // RulesFor are the API rules fenceline ships for a host: GitHub's for

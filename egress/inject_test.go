@@ -614,7 +614,9 @@ func gitlabClient(t *testing.T, f *forge, lease fixedLease) *http.Client {
 // mirror moves refs to another repository's and a push mirror sends the
 // repository elsewhere, a merge request added to a merge train is
 // merged, and a branch rule changed through GraphQL lifts a protection.
-// Each is refused.
+// And gitlab.com serves git too: a push over smart HTTP to the injected
+// host would carry the real token to any repository it may write. Each
+// is refused.
 func TestGitLabRulesCoverEveryCommitRoute(t *testing.T) {
 	t.Parallel()
 	gl := startForgeFor(t, "gitlab.com")
@@ -626,6 +628,8 @@ func TestGitLabRulesCoverEveryCommitRoute(t *testing.T) {
 		{"POST", "/api/v4/projects/acme%2Fpayments/mirror/pull"},
 		{"POST", "/api/v4/projects/acme%2Fpayments/remote_mirrors"},
 		{"POST", "/api/v4/projects/acme%2Fpayments/merge_trains/merge_requests/12"},
+		{"POST", "/acme/other.git/git-receive-pack"},
+		{"POST", "/acme/other/git-receive-pack"},
 		{"POST", "/api/graphql"},
 	} {
 		body := `{"ref":"evil","tag_name":"v9","version":"1.0.0"}`
