@@ -169,7 +169,7 @@ func judgeAPI(rules []APIRule, r *http.Request, l leasebus.Lease) (*APIRule, str
 	// form body holds _method=PUT for a PUT: a POST with a body that is not
 	// JSON is judged as any write.
 	as := []string{method}
-	if method == http.MethodPost && !jsonType(r.Header.Get("Content-Type")) {
+	if method == http.MethodPost && !jsonType(r.Header.Values("Content-Type")) {
 		as = writes
 	}
 	for i := range rules {
@@ -200,10 +200,13 @@ func judgeAPI(rules []APIRule, r *http.Request, l leasebus.Lease) (*APIRule, str
 	return nil, call, nil
 }
 
-// jsonType reports whether a Content-Type names JSON (a body no form
-// parser reads).
-func jsonType(ct string) bool {
-	mt, _, err := mime.ParseMediaType(ct)
+// jsonType reports whether the Content-Type names JSON (a body no form
+// parser reads): one header, one type (a second might be the one read).
+func jsonType(cts []string) bool {
+	if len(cts) != 1 {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(cts[0])
 	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
 }
 

@@ -670,7 +670,8 @@ func TestMethodOverrideInAFormBody(t *testing.T) {
 	send := func(method, path, ct, body string) int {
 		req, _ := http.NewRequest(method, "https://gitlab.com"+path, strings.NewReader(body))
 		if ct != "" {
-			req.Header.Set("Content-Type", ct)
+			// "A|B" sends two Content-Type headers.
+			req.Header["Content-Type"] = strings.Split(ct, "|")
 		}
 		resp, err := c.Do(req)
 		if err != nil {
@@ -682,6 +683,7 @@ func TestMethodOverrideInAFormBody(t *testing.T) {
 	for _, a := range []struct{ method, ct, body string }{
 		{"PUT", "application/json", `{"default_branch":"evil"}`}, // the project named by its path, one escaped segment
 		{"POST", "application/x-www-form-urlencoded", "_method=PUT&default_branch=evil"},
+		{"POST", "application/json|application/x-www-form-urlencoded", "_method=PUT&default_branch=evil"},
 		{"POST", "", "default_branch=evil&%5Fmethod=put"},
 		{"POST", "multipart/form-data; boundary=b", "--b\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nPUT\r\n--b--\r\n"},
 	} {
