@@ -1,10 +1,13 @@
 package egress
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -40,9 +43,18 @@ func (r *APIRule) matches(method, path string) bool {
 
 var writes = []string{http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
 
-// githubRepo matches /repos/OWNER/NAME, under GitHub Enterprise Server's
-// /api/v3 too.
-const githubRepo = `(?i)^(?:/api/v3)?/repos/(?P<repo>[^/]+/[^/]+)`
+// githubRepo matches /repos/OWNER/NAME and /repositories/ID (GitHub
+// serves every repository call under both), under GitHub Enterprise
+// Server's /api/v3 too. A repository named by its ID is never the
+// lease's: the proxy cannot tell which one it is.
+const githubRepo = `(?i)^(?:/api/v3)?/(?:repos/(?P<repo>[^/]+/[^/]+)|repositories/[^/]+)`
+
+// gitPush refuses a git push over smart HTTP to an injected host (one
+// that serves git too, as gitlab.com and github.com do): it would carry
+// the injected credential to any repository it may write. Pushes go
+// through the git fence, with its own credential.
+var gitPush = APIRule{Name: "git-push", What: "a git push over smart HTTP",
+	Path: regexp.MustCompile(`(?i)/git-receive-pack$`)}
 
 // GitHubRules refuse the GitHub REST and GraphQL calls that create or move
 // refs, write contents or merge (github.com and Enterprise Server):
@@ -53,8 +65,8 @@ var GitHubRules = []APIRule{
 		Path: regexp.MustCompile(githubRepo + `/git/(?:refs|commits|trees|blobs|tags)(?:/.*)?$`)},
 	{Name: "github-contents", What: "contents API writes", Methods: writes,
 		Path: regexp.MustCompile(githubRepo + `/contents(?:/.*)?$`)},
-	{Name: "github-merge", What: "merging a pull request or a branch, updating a pull request's branch", Methods: writes,
-		Path: regexp.MustCompile(githubRepo + `/(?:pulls/[0-9]+/(?:merge|update-branch)|merges|merge-upstream)$`)},
+	{Name: "github-merge", What: "merging a pull request or a branch, updating a pull request's branch, a deployment (auto_merge merges the default branch into its ref)", Methods: writes,
+		Path: regexp.MustCompile(githubRepo + `/(?:pulls/[0-9]+/(?:merge|update-branch)|merges|merge-upstream|deployments)$`)},
 	{Name: "github-branches", What: "renaming branches, branch protection and rulesets", Methods: writes,
 		Path: regexp.MustCompile(githubRepo + `/(?:branches/.+/(?:rename|protection(?:/.*)?)|rulesets(?:/.*)?)$`)},
 	{Name: "github-releases", What: "creating or changing a release (it creates or moves a tag)", Methods: writes,
@@ -63,12 +75,16 @@ var GitHubRules = []APIRule{
 		Path: regexp.MustCompile(githubRepo + `(?:/transfer)?$`)},
 	{Name: "github-workflows", What: "dispatching workflows (they run with the repository's write token)", Methods: writes,
 		Path: regexp.MustCompile(githubRepo + `/(?:dispatches|actions/workflows/[^/]+/dispatches)$`)},
+	{Name: "github-credentials", What: "adding an SSH, signing or deploy key or a collaborator (a credential that pushes past the lease)", Methods: writes,
+		Path: regexp.MustCompile(`(?i)^(?:/api/v3)?/(?:user/(?:keys|gpg_keys|ssh_signing_keys)|(?:repos/[^/]+/[^/]+|repositories/[^/]+)/(?:keys|collaborators|invitations)|orgs/[^/]+/(?:invitations|memberships|outside_collaborators))(?:/.*)?$`)},
 	{Name: "github-graphql", What: "GraphQL mutations that move refs, commit or merge",
 		Path: regexp.MustCompile(`(?i)^(?:/api)?/graphql$`),
-		Mutations: []string{"createCommitOnBranch", "createRef", "updateRef", "updateRefs", "deleteRef",
+		Mutations: []string{"createCommitOnBranch", "createRef", "updateRef", "updateRefs", "deleteRef", "createLinkedBranch", "createDeployment",
 			"mergePullRequest", "mergeBranch", "enablePullRequestAutoMerge", "enqueuePullRequest",
 			"updatePullRequestBranch", "revertPullRequest", "createBranchProtectionRule",
-			"updateBranchProtectionRule", "deleteBranchProtectionRule", "updateRepository", "deleteRepository"}},
+			"updateBranchProtectionRule", "deleteBranchProtectionRule", "createRepositoryRuleset", "updateRepositoryRuleset",
+			"deleteRepositoryRuleset", "updateRepository", "deleteRepository"}},
+	gitPush,
 }
 
 // gitlabProject matches /api/v4/projects/ID-OR-PATH (a path's slashes come
@@ -78,29 +94,32 @@ const gitlabProject = `(?i)^/api/v4/projects/(?P<repo>.+?)`
 // GitLabRules refuse the GitLab REST and GraphQL calls that create or
 // move refs, write files or merge.
 var GitLabRules = []APIRule{
-	{Name: "gitlab-commits", What: "creating, cherry-picking or reverting commits", Methods: writes,
-		Path: regexp.MustCompile(gitlabProject + `/repository/commits(?:/[^/]+/(?:cherry_pick|revert))?$`)},
+	{Name: "gitlab-commits", What: "creating, cherry-picking or reverting commits, committing a changelog or a submodule update", Methods: writes,
+		Path: regexp.MustCompile(gitlabProject + `/repository/(?:commits(?:/[^/]+/(?:cherry_pick|revert))?|changelog|submodules/.+)$`)},
 	{Name: "gitlab-files", What: "repository files API writes", Methods: writes,
 		Path: regexp.MustCompile(gitlabProject + `/repository/files/.+$`)},
-	{Name: "gitlab-refs", What: "creating or deleting branches and tags, protected branches", Methods: writes,
-		Path: regexp.MustCompile(gitlabProject + `/(?:repository/(?:branches|tags)(?:/.*)?|repository/merged_branches|protected_(?:branches|tags)(?:/.*)?)$`)},
-	{Name: "gitlab-merge", What: "merging or rebasing a merge request", Methods: writes,
-		Path: regexp.MustCompile(gitlabProject + `/merge_requests/[0-9]+/(?:merge|rebase|merge_when_pipeline_succeeds)$`)},
+	{Name: "gitlab-refs", What: "creating or deleting branches and tags (a release creates its tag), protected branches, mirroring", Methods: writes,
+		Path: regexp.MustCompile(gitlabProject + `/(?:repository/(?:branches|tags)(?:/.*)?|repository/merged_branches|protected_(?:branches|tags)(?:/.*)?|releases(?:/.*)?|mirror/pull|remote_mirrors(?:/.*)?)$`)},
+	{Name: "gitlab-merge", What: "merging or rebasing a merge request, adding it to a merge train", Methods: writes,
+		Path: regexp.MustCompile(gitlabProject + `/(?:merge_requests/[0-9]+/(?:merge|rebase|merge_when_pipeline_succeeds)|merge_trains/merge_requests/[0-9]+)$`)},
 	{Name: "gitlab-project", What: "changing or deleting the project", Methods: []string{http.MethodPut, http.MethodDelete},
 		Path: regexp.MustCompile(`(?i)^/api/v4/projects/(?P<repo>[^/]+)$`)},
+	{Name: "gitlab-credentials", What: "creating or rotating a token, adding a key or a member (a credential the agent would hold, or one that pushes past the lease)", Methods: writes,
+		Path: regexp.MustCompile(`(?i)^/api/v4/(?:personal_access_tokens|deploy_keys|user/(?:personal_access_tokens|keys|gpg_keys)|users/[^/]+/(?:personal_access_tokens|impersonation_tokens|keys|gpg_keys)|(?:projects|groups)/.+/(?:access_tokens|deploy_tokens|deploy_keys|members|invitations))(?:/.*)?$`)},
 	{Name: "gitlab-graphql", What: "GraphQL mutations that commit, move refs or merge",
 		Path: regexp.MustCompile(`(?i)^/api/graphql$`),
 		Mutations: []string{"commitCreate", "createBranch", "mergeRequestAccept", "mergeRequestSetAutoMerge",
-			"mergeRequestRebase", "projectUpdate", "projectDelete"}},
+			"mergeRequestRebase", "branchRuleCreate", "branchRuleUpdate", "branchRuleDelete", "projectUpdate", "projectDelete"}},
+	gitPush,
 }
 
 // RulesFor are the API rules fenceline ships for a host: GitHub's for
-// api.github.com and hosts named github.*, GitLab's for gitlab.com and
-// gitlab.*; none for others.
+// api.github.com, hosts named github.* and GitHub Enterprise Cloud's
+// *.ghe.com, GitLab's for gitlab.com and gitlab.*; none for others.
 func RulesFor(host string) []APIRule {
-	h := strings.ToLower(host)
+	h := strings.TrimSuffix(strings.ToLower(host), ".")
 	switch {
-	case h == "api.github.com" || strings.HasPrefix(h, "github.") || strings.Contains(h, ".github."):
+	case h == "api.github.com" || strings.HasPrefix(h, "github.") || strings.Contains(h, ".github.") || strings.HasSuffix(h, ".ghe.com"):
 		return GitHubRules
 	case h == "gitlab.com" || strings.HasPrefix(h, "gitlab.") || strings.Contains(h, ".gitlab."):
 		return GitLabRules
@@ -127,31 +146,68 @@ func judgeAPI(rules []APIRule, r *http.Request, l leasebus.Lease) (*APIRule, str
 			return nil, "", fmt.Errorf("a request carrying %s: the API might take another method than the proxy judged", h)
 		}
 	}
-	if r.URL.Query().Has("_method") {
+	if ms, err := queryParams(r.URL.RawQuery, "_method"); err != nil || len(ms) > 0 {
 		return nil, "", errors.New("a request with a _method parameter: the API might take another method than the proxy judged")
 	}
 	call := r.Method + " " + path
+	// The forge routes /merges/ as /merges and may take a method in any
+	// case: judge the path without its trailing slash, the method upper
+	// case. And judge the path as the forge may split it: decoded (a
+	// GitHub contents path with %2F) and as sent (a GitLab project named
+	// by its path is one escaped segment, acme%2Fpayments).
+	method := strings.ToUpper(r.Method)
+	var paths []string
+	for _, p := range []string{path, r.URL.EscapedPath()} {
+		if len(p) > 1 {
+			p = strings.TrimSuffix(p, "/")
+		}
+		if !slices.Contains(paths, p) {
+			paths = append(paths, p)
+		}
+	}
+	// Rack::MethodOverride (Rails, so GitLab's API too) takes a POST whose
+	// form body holds _method=PUT for a PUT: a POST with a body that is not
+	// JSON is judged as any write.
+	as := []string{method}
+	if method == http.MethodPost && !jsonType(r.Header.Values("Content-Type")) {
+		as = writes
+	}
 	for i := range rules {
 		rule := &rules[i]
-		if !rule.matches(r.Method, path) {
-			continue
-		}
-		if len(rule.Mutations) > 0 {
-			field, err := graphQLMutation(r, rule.Mutations)
-			if err != nil {
-				return nil, "", err
+		for _, p := range paths {
+			if !slices.ContainsFunc(as, func(m string) bool { return rule.matches(m, p) }) {
+				continue
 			}
-			if field != "" {
-				return rule, "GraphQL mutation " + field, nil
+			if len(rule.Mutations) > 0 {
+				field, err := graphQLMutation(r, rule.Mutations)
+				if err != nil {
+					return nil, "", err
+				}
+				if field != "" {
+					return rule, "GraphQL mutation " + field, nil
+				}
+				break
 			}
-			continue
+			if i := rule.Path.SubexpIndex("repo"); i >= 0 {
+				repo, err := url.PathUnescape(rule.Path.FindStringSubmatch(p)[i])
+				if err == nil && leaseAllowsRefs(l, repo) {
+					continue
+				}
+			}
+			return rule, call, nil
 		}
-		if i := rule.Path.SubexpIndex("repo"); i >= 0 && leaseAllowsRefs(l, rule.Path.FindStringSubmatch(path)[i]) {
-			continue
-		}
-		return rule, call, nil
 	}
 	return nil, call, nil
+}
+
+// jsonType reports whether the Content-Type names JSON (a body no form
+// parser reads): one header, one type (a second might be the one read).
+func jsonType(cts []string) bool {
+	if len(cts) != 1 {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(cts[0])
+	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
 }
 
 // cleanPath reports whether p is absolute with no empty, "." or ".."
@@ -170,36 +226,59 @@ func cleanPath(p string) bool {
 }
 
 // leaseAllowsRefs reports whether l may move the refs of repo: an active
-// whole-repo lease of that same repository.
+// whole-repo lease of that same repository, its identity's path (host/
+// path, see repoid) the whole of repo: a path merely ending in repo is
+// another namespace's project (GitLab's sub/payments beside
+// group/sub/payments).
 func leaseAllowsRefs(l leasebus.Lease, repo string) bool {
 	if !l.Active() || l.Scope.Kind != scope.KindWholeRepo || repo == "" {
 		return false
 	}
-	return strings.HasSuffix(strings.ToLower(l.Repo), "/"+strings.ToLower(repo))
+	_, path, ok := strings.Cut(l.Repo, "/")
+	return ok && strings.EqualFold(path, repo)
 }
 
 // graphQLMutation reads the GraphQL documents of r (its body is put back)
 // and returns the first field of forbid a mutation in them names ("" for
-// none). A body it cannot read as GraphQL is an error.
+// none). Every reading a server might take is judged: each "query"
+// parameter (split at '&' and ';'), the body as JSON whenever it is JSON
+// (GitHub reads it so whatever its type), and as a document when its type
+// says GraphQL. A body it cannot read as GraphQL is an error.
 func graphQLMutation(r *http.Request, forbid []string) (string, error) {
-	var docs []string
-	if q := r.URL.Query().Get("query"); q != "" {
-		docs = append(docs, q)
+	docs, err := queryParams(r.URL.RawQuery, "query")
+	if err != nil {
+		return "", err
 	}
 	body, err := judgedBody(r)
 	if err != nil {
 		return "", err
 	}
-	if len(strings.TrimSpace(string(body))) > 0 {
-		ct := r.Header.Get("Content-Type")
-		if strings.HasPrefix(ct, "application/graphql") {
-			docs = append(docs, string(body))
-		} else {
-			ds, err := graphQLDocuments(body)
+	if len(bytes.TrimSpace(body)) > 0 {
+		// The bytes judged must be the text the forge reads.
+		for _, ce := range strings.Split(strings.Join(r.Header.Values("Content-Encoding"), ","), ",") {
+			if ce = strings.TrimSpace(ce); ce != "" && !strings.EqualFold(ce, "identity") {
+				return "", fmt.Errorf("a GraphQL request body in Content-Encoding %s: the proxy judges plain bodies only", ce)
+			}
+		}
+		if _, params, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil {
+			if cs := strings.ToLower(params["charset"]); cs != "" && cs != "utf-8" && cs != "us-ascii" {
+				return "", fmt.Errorf("a GraphQL request body in charset %s: the proxy judges UTF-8 only", cs)
+			}
+		}
+		raw := strings.HasPrefix(strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Type"))), "application/graphql")
+		// A parser that skips a byte-order mark reads JSON behind one.
+		switch jb := bytes.TrimPrefix(body, []byte("\ufeff")); {
+		case json.Valid(jb):
+			ds, err := graphQLDocuments(jb)
 			if err != nil {
 				return "", err
 			}
 			docs = append(docs, ds...)
+		case !raw:
+			return "", errors.New("a GraphQL request body that is not JSON (send application/json, or application/graphql for a bare document)")
+		}
+		if raw {
+			docs = append(docs, string(body))
 		}
 	}
 	for _, d := range docs {
@@ -211,27 +290,89 @@ func graphQLMutation(r *http.Request, forbid []string) (string, error) {
 	return "", nil
 }
 
-// graphQLDocuments are the queries of a GraphQL-over-HTTP JSON body: one
-// request or a batch.
-func graphQLDocuments(body []byte) ([]string, error) {
-	type request struct {
-		Query      *string         `json:"query"`
-		Extensions json.RawMessage `json:"extensions"`
-	}
-	var reqs []request
-	if err := json.Unmarshal(body, &reqs); err != nil {
-		var one request
-		if err := json.Unmarshal(body, &one); err != nil {
-			return nil, fmt.Errorf("a GraphQL request body that is not JSON: %v", err)
+// queryParams are the values of every parameter name (any case) of a
+// raw query string, split at '&' and at ';' (Go's parser drops a pair
+// holding ';', older Rack splits there).
+func queryParams(raw, name string) ([]string, error) {
+	var out []string
+	for _, kv := range strings.FieldsFunc(raw, func(c rune) bool { return c == '&' || c == ';' }) {
+		k, v, _ := strings.Cut(kv, "=")
+		k, err := url.QueryUnescape(k)
+		if err != nil {
+			return nil, fmt.Errorf("a query string the proxy cannot read: %w", err)
 		}
-		reqs = []request{one}
+		if !strings.EqualFold(strings.TrimSpace(k), name) {
+			continue
+		}
+		if v, err = url.QueryUnescape(v); err != nil {
+			return nil, fmt.Errorf("a query string the proxy cannot read: %w", err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// graphQLDocuments are the queries of a GraphQL-over-HTTP JSON body: one
+// request or a batch. Every key a server might take for "query" counts
+// (a parser that keeps the first of two, one that keeps the last, one
+// that folds case), so none hides another.
+func graphQLDocuments(body []byte) ([]string, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, fmt.Errorf("a GraphQL request body that is not JSON: %v", err)
 	}
 	var out []string
-	for _, q := range reqs {
-		if q.Query == nil {
-			return nil, errors.New("a GraphQL request without its query (a persisted query cannot be judged)")
+	switch tok {
+	case json.Delim('{'):
+		if out, err = graphQLRequest(dec); err != nil {
+			return nil, err
 		}
-		out = append(out, *q.Query)
+	case json.Delim('['):
+		for dec.More() {
+			if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+				return nil, errors.New("a GraphQL batch holding something other than requests")
+			}
+			qs, err := graphQLRequest(dec)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, qs...)
+		}
+	default:
+		return nil, errors.New("a GraphQL request body that is neither a request nor a batch")
+	}
+	return out, nil
+}
+
+// graphQLRequest reads the rest of one request object (its '{' read):
+// the values of its query keys.
+func graphQLRequest(dec *json.Decoder) ([]string, error) {
+	var out []string
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("a GraphQL request body that is not JSON: %v", err)
+		}
+		key, _ := tok.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, fmt.Errorf("a GraphQL request body that is not JSON: %v", err)
+		}
+		if !strings.EqualFold(key, "query") || string(v) == "null" {
+			continue
+		}
+		var q string
+		if err := json.Unmarshal(v, &q); err != nil {
+			return nil, errors.New("a GraphQL request whose query is not a string")
+		}
+		out = append(out, q)
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return nil, fmt.Errorf("a GraphQL request body that is not JSON: %v", err)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("a GraphQL request without its query (a persisted query cannot be judged)")
 	}
 	return out, nil
 }

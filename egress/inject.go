@@ -43,8 +43,8 @@ type injector struct {
 	inj   Injection
 	tr    *http.Transport
 	proxy *httputil.ReverseProxy
-	// secrets are the injected values: never echoed back to the agent in
-	// a response header.
+	// secrets are the injected values (and their credentials without a
+	// scheme): never echoed back to the agent in a response header.
 	secrets []string
 }
 
@@ -52,8 +52,13 @@ func (p *Proxy) newInjector(t target, inj Injection) *injector {
 	in := &injector{p: p, t: t, inj: inj}
 	for _, vs := range inj.Header {
 		for _, v := range vs {
-			if len(v) >= 8 {
-				in.secrets = append(in.secrets, v)
+			// The value, and its credential without an auth scheme
+			// ("Bearer ", "token ", "Basic ") an upstream may echo alone.
+			_, cred, _ := strings.Cut(v, " ")
+			for _, s := range []string{v, strings.TrimSpace(cred)} {
+				if len(s) >= 8 {
+					in.secrets = append(in.secrets, s)
+				}
 			}
 		}
 	}
@@ -117,16 +122,36 @@ func (in *injector) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 // scrub drops response headers that carry an injected value back (an
 // upstream echoing its request): the agent never sees the credential.
 func (in *injector) scrub(resp *http.Response) error {
-	for k, vs := range resp.Header {
+	in.scrubHeader(resp.Header)
+	return nil
+}
+
+func (in *injector) scrubHeader(h http.Header) {
+	for k, vs := range h {
 		for _, v := range vs {
 			if slices.ContainsFunc(in.secrets, func(s string) bool { return strings.Contains(v, s) }) {
-				resp.Header.Del(k)
+				delete(h, k)
 				break
 			}
 		}
 	}
-	return nil
 }
+
+// scrubWriter scrubs every header block written to the agent: the
+// informational (1xx) ones the reverse proxy relays before the response
+// (ModifyResponse never sees them) as well as the response's own.
+type scrubWriter struct {
+	http.ResponseWriter
+	in *injector
+}
+
+func (w *scrubWriter) WriteHeader(code int) {
+	w.in.scrubHeader(w.Header())
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController flush the writer underneath.
+func (w *scrubWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (in *injector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The security team's policy judges the host like any connect.
@@ -155,7 +180,10 @@ func (in *injector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	in.proxy.ServeHTTP(w, r)
+	in.proxy.ServeHTTP(&scrubWriter{ResponseWriter: w, in: in}, r)
+	// Trailers are set in the header map after the body and sent once the
+	// handler returns: scrub them too.
+	in.scrubHeader(w.Header())
 }
 
 // judgedBody reads r's body for judging (up to maxJudgedBody) and puts it
