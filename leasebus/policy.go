@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -430,9 +431,28 @@ func FollowPolicy(ctx context.Context, nc *nats.Conn, repo string) (*policy.Stor
 		return nil, nil, fmt.Errorf("policy: %w", err)
 	}
 	st := new(policy.Store)
-	w, err := WatchPolicies(ctx, js, st, repo)
-	if err != nil {
-		return nil, nil, err
+	// JetStream answers "temporarily unavailable" for a while after a
+	// node rejoins or a stream leader moves: a run starting then waits for
+	// the policy (it must not start without it) instead of failing.
+	deadline := time.Now().Add(policyFollowPatience)
+	wait := 250 * time.Millisecond
+	for {
+		w, err := WatchPolicies(ctx, js, st, repo)
+		if err == nil {
+			return st, w, nil
+		}
+		if !transient(err) || time.Now().Add(wait).After(deadline) {
+			return nil, nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
 	}
-	return st, w, nil
 }
+
+// policyFollowPatience bounds how long FollowPolicy waits out a JetStream
+// that is temporarily unavailable.
+const policyFollowPatience = 15 * time.Second
