@@ -213,6 +213,23 @@ func (a *app) policySetCommand() *cobra.Command {
 	return c
 }
 
+// readPolicies resolves f and connects as a viewer to read policies; done
+// closes the connection.
+func (a *app) readPolicies(f policyScope) (repo string, mode policy.Mode, js jetstream.JetStream, done func(), err error) {
+	if repo, mode, err = f.resolve(); err != nil {
+		return "", "", nil, nil, err
+	}
+	s, err := a.dial(leasebus.RoleViewer)
+	if err != nil {
+		return "", "", nil, nil, err
+	}
+	if js, err = jetstream.New(s.nc); err != nil {
+		s.Close()
+		return "", "", nil, nil, err
+	}
+	return repo, mode, js, s.Close, nil
+}
+
 func (a *app) policyGetCommand() *cobra.Command {
 	var f policyScope
 	c := &cobra.Command{
@@ -220,19 +237,11 @@ func (a *app) policyGetCommand() *cobra.Command {
 		Short: "Print the policy in force",
 		Args:  exactArgs(0, ""),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			repo, mode, err := f.resolve()
+			repo, mode, js, done, err := a.readPolicies(f)
 			if err != nil {
 				return err
 			}
-			s, err := a.dial(leasebus.RoleViewer)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			js, err := jetstream.New(s.nc)
-			if err != nil {
-				return err
-			}
+			defer done()
 			d, ok, err := leasebus.GetPolicy(cmd.Context(), js, repo, mode)
 			if err != nil {
 				return err
@@ -259,19 +268,11 @@ func (a *app) policyHistoryCommand() *cobra.Command {
 		Short: "List every version of a policy: who set it, when, its digest",
 		Args:  exactArgs(0, ""),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			repo, mode, err := f.resolve()
+			repo, mode, js, done, err := a.readPolicies(f)
 			if err != nil {
 				return err
 			}
-			s, err := a.dial(leasebus.RoleViewer)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			js, err := jetstream.New(s.nc)
-			if err != nil {
-				return err
-			}
+			defer done()
 			h, err := leasebus.PolicyHistory(cmd.Context(), js, repo, mode)
 			if err != nil {
 				return err
