@@ -431,22 +431,36 @@ func FollowPolicy(ctx context.Context, nc *nats.Conn, repo string) (*policy.Stor
 		return nil, nil, fmt.Errorf("policy: %w", err)
 	}
 	st := new(policy.Store)
-	// JetStream answers "temporarily unavailable" for a while after a
-	// node rejoins or a stream leader moves: a run starting then waits for
-	// the policy (it must not start without it) instead of failing.
-	deadline := time.Now().Add(policyFollowPatience)
+	w, err := watchPoliciesPatiently(ctx, js, st, policyFollowPatience, nil, repo)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, w, nil
+}
+
+// watchPoliciesPatiently is WatchPolicies tried again while JetStream
+// answers "temporarily unavailable" or not at all, for up to patience: it
+// does for a while after a node rejoins, a stream leader moves, or a new
+// cluster elects the policy stream's leader. A run, a sidecar or a lease
+// service starting then waits for the policy (none may start without it)
+// instead of failing. waiting, when set, hears each failed try.
+func watchPoliciesPatiently(ctx context.Context, js jetstream.JetStream, st *policy.Store, patience time.Duration, waiting func(try int, err error), repos ...string) (*PolicyWatch, error) {
+	deadline := time.Now().Add(patience)
 	wait := 250 * time.Millisecond
-	for {
-		w, err := WatchPolicies(ctx, js, st, repo)
+	for try := 1; ; try++ {
+		w, err := WatchPolicies(ctx, js, st, repos...)
 		if err == nil {
-			return st, w, nil
+			return w, nil
 		}
 		if !transient(err) || time.Now().Add(wait).After(deadline) {
-			return nil, nil, err
+			return nil, err
+		}
+		if waiting != nil {
+			waiting(try, err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, nil, err
+			return nil, err
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 2*time.Second)

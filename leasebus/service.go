@@ -188,7 +188,18 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	}
 	// The policies in force are read before the first request is served:
 	// no claim is judged without them.
-	pw, err := WatchPolicies(s.ctx, js, &s.policies)
+	// On a new cluster the policy stream may still be electing its leader
+	// when the others are ready (the streams' elections run one by one).
+	// The watch lives as long as the service; the caller's ctx bounds only
+	// the wait.
+	detach := context.AfterFunc(ctx, s.cancel)
+	pw, err := watchPoliciesPatiently(s.ctx, js, &s.policies, serviceStartPatience, func(try int, err error) {
+		s.log.Info("waiting for JetStream: the policy stream has no leader yet", "try", try, "err", err)
+	})
+	if !detach() && err == nil {
+		pw.Stop()
+		err = ctx.Err()
+	}
 	if err != nil {
 		s.Stop()
 		return nil, fmt.Errorf("lease service: %w", err)
@@ -255,6 +266,10 @@ func ensureStreamsPatiently(ctx context.Context, js jetstream.JetStream, replica
 		}
 	}
 }
+
+// serviceStartPatience bounds how long a starting service waits for the
+// policy stream to answer once every stream exists.
+const serviceStartPatience = 60 * time.Second
 
 // clusterFormWait bounds how long stream creation waits for a cluster's
 // servers to meet (JetStream: no suitable peers for placement).
