@@ -75,7 +75,8 @@ func (c *Client) SessionID() string { return c.session().id }
 // an identity enrolled for one run (EnrollEphemeral) once none of its
 // sessions has been heard for a while (the run was killed before it could
 // leave), and a run waiting for its lease, or between two, must not look
-// killed. One empty keepalive every maxKeepaliveEvery.
+// killed. One empty keepalive every maxKeepaliveEvery while the session's
+// own loop is not running (it has no holders).
 func (c *Client) KeepIdentity() (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -90,9 +91,11 @@ func (c *Client) KeepIdentity() (stop func()) {
 				return
 			case <-t.C:
 			}
-			kctx, kcancel := context.WithTimeout(ctx, maxKeepaliveEvery)
-			_, _ = c.request(kctx, "keepalive", req, 0) // unanswered: the next one tries again
-			kcancel()
+			if !c.session().running() { // while holders keep it, their loop is heard
+				kctx, kcancel := context.WithTimeout(ctx, maxKeepaliveEvery)
+				_, _ = c.request(kctx, "keepalive", req, 0) // unanswered: the next one tries again
+				kcancel()
+			}
 			t.Reset(maxKeepaliveEvery)
 		}
 	}()
@@ -100,6 +103,14 @@ func (c *Client) KeepIdentity() (stop func()) {
 		cancel()
 		<-done
 	}
+}
+
+// running reports whether the session's keepalive loop runs (it has
+// holders).
+func (s *session) running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cancel != nil
 }
 
 // join adds h to the session and starts the keepalive loop if it is not
