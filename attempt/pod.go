@@ -100,9 +100,21 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 	if err != nil {
 		return res, err
 	}
+	say := func(s string) { log.Info(s) }
 	for _, c := range created {
 		log.Info("created the claimed directory: writes are confined to existing paths", "path", c)
 	}
+	// The security team's policy, as the sidecar's views carry it: the
+	// kernel keeps what it protects unwritable, as under run.
+	baseWritable := pol.Writable
+	var protected, shadowed []string
+	if pol.Writable, protected, shadowed, err = ProtectPaths(spec.Checkout, l, pol.Writable, gate.Policy()); err != nil {
+		return res, err
+	}
+	if len(protected) > 0 {
+		log.Info("policy: the file guard keeps these paths unwritable (protected by the security team's policy)", "paths", strings.Join(protected, ", "))
+	}
+	auditShadowed(ctx, sc.Auditor(), l, shadowed, say)
 	if err := egressAllows(fences, spec.AllowHosts); err != nil {
 		return res, err
 	}
@@ -119,7 +131,6 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 		}
 	}
 	env := Env(os.Environ(), nil, fences.Env, l.LeaseID)
-	say := func(s string) { log.Info(s) }
 	priv, env, err := openPrivateState(spec.State, append([]string{leasebus.StateDir()}, spec.Hide...), &pol, env, say)
 	if err != nil {
 		return res, err
@@ -140,7 +151,11 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 		return res, err
 	}
 	llog := sidecar.LeaseLogger(log, l)
-	pr, err := Start(ctx, pol, gate, sc.Auditor(), cmd)
+	agentCtx, stopAgent := context.WithCancel(ctx)
+	defer stopAgent()
+	pgate, stopPolicy := watchPolicy(agentCtx, gate, gate.Policy(), spec.Checkout, l, baseWritable, protected, say)
+	defer stopPolicy()
+	pr, err := Start(agentCtx, pol, pgate, sc.Auditor(), cmd)
 	if err != nil {
 		return res, err
 	}

@@ -80,7 +80,7 @@ type Result struct {
 
 // auditShadowed records the paths a shadow policy would keep unwritable
 // (shadow-refused, boundary file): nothing is refused.
-func (r *run) auditShadowed(ctx context.Context, audit *leasebus.Auditor, l leasebus.Lease, shadowed []string) {
+func auditShadowed(ctx context.Context, audit fsguard.Auditor, l leasebus.Lease, shadowed []string, say func(string)) {
 	if audit == nil {
 		return
 	}
@@ -90,7 +90,7 @@ func (r *run) auditShadowed(ctx context.Context, audit *leasebus.Auditor, l leas
 			Message: "shadow policy: the file guard would keep " + s + " unwritable; nothing was refused"}
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		if err := audit.Record(actx, ev); err != nil {
-			r.say("policy: a shadow refusal was not audited: %v", err) // and refuses nothing either
+			say("policy: a shadow refusal was not audited: " + err.Error()) // and refuses nothing either
 		}
 		cancel()
 	}
@@ -202,7 +202,9 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	if len(protected) > 0 {
 		r.say("policy: the file guard keeps %s unwritable (protected by the security team's policy)", strings.Join(protected, ", "))
 	}
-	r.auditShadowed(ctx, spec.Audit, l, shadowed)
+	if spec.Audit != nil {
+		auditShadowed(ctx, spec.Audit, l, shadowed, func(s string) { r.say("%s", s) })
+	}
 	if err := socketOutsideWrites("--pg-upstream", cfg.PGUpstream, pol); err != nil {
 		return res, err
 	}

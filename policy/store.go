@@ -157,6 +157,29 @@ func (s *Store) Documents(repo string) []Document {
 	return out
 }
 
+// Copy returns what another Store needs to answer as this one does for
+// repo: the documents of Documents plus the removals (Text empty) at their
+// versions, so that Put of each, in any order and again after any later
+// Copy, brings the other store to this one's state for repo.
+func (s *Store) Copy(repo string) []Document {
+	cur := s.current.Load()
+	if cur == nil {
+		return nil
+	}
+	var out []Document
+	for _, r := range []string{"", repo} {
+		for _, m := range []Mode{ModeEnforce, ModeShadow} {
+			if l, ok := cur.docs[docKey{r, m}]; ok {
+				out = append(out, l.doc)
+			}
+		}
+		if repo == "" {
+			break
+		}
+	}
+	return out
+}
+
 // Empty reports whether the store holds no policy at all.
 func (s *Store) Empty() bool {
 	cur := s.current.Load()

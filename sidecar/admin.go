@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/policy"
 )
 
 // Admin API paths.
@@ -61,6 +62,11 @@ type AdminConfig struct {
 	// UI. It checks its own token — a browser cannot send a bearer header —
 	// so give it the same one.
 	UI http.Handler
+	// Policy is the security team's policy the sidecar follows (nil:
+	// none): every view carries the documents in force for the lease's
+	// repo, so that the agent wrapper's file guard protects what it
+	// protects (attempt.RunInPod) and follows its changes.
+	Policy *policy.Store
 	// Logger receives operational logs (nil: discard).
 	Logger *slog.Logger
 }
@@ -104,6 +110,10 @@ type LeaseView struct {
 	Seq uint64 `json:"seq"`
 	// Settled: the agent wrapper reported its attempt settled.
 	Settled bool `json:"settled,omitempty"`
+	// Policies are the security team's policy documents in force for the
+	// lease's repo (the default's before a lease), removals included
+	// (policy.Store.Copy): the agent wrapper's file guard follows them.
+	Policies []policy.Document `json:"policies,omitempty"`
 	// ValidFor is how much longer, from when this view was sent, the
 	// sidecar's holder considers the lease valid without a renewal (set on
 	// each event; 0 unless held). A reader must not trust "held" longer.
@@ -310,6 +320,13 @@ func (a *Admin) compute() LeaseView {
 		if err != nil {
 			v.Reason = err.Error()
 		}
+	}
+	if a.cfg.Policy != nil {
+		repo := ""
+		if v.Lease != nil {
+			repo = v.Lease.Repo
+		}
+		v.Policies = a.cfg.Policy.Copy(repo)
 	}
 	select {
 	case <-a.settled:
@@ -523,8 +540,8 @@ func (a *Admin) audit(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "fenceline: want one audit event as JSON: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	if ev.Boundary != leasebus.BoundaryFile || ev.Type != leasebus.EventDenied {
-		http.Error(w, fmt.Sprintf("fenceline: only file denials are taken here, not %s %s", ev.Boundary, ev.Type), http.StatusBadRequest)
+	if ev.Boundary != leasebus.BoundaryFile || (ev.Type != leasebus.EventDenied && ev.Type != leasebus.EventShadowRefused) {
+		http.Error(w, fmt.Sprintf("fenceline: only file denials and shadow refusals are taken here, not %s %s", ev.Boundary, ev.Type), http.StatusBadRequest)
 		return
 	}
 	a.mu.Lock()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/policy"
 )
 
 // The agent wrapper's side of the admin API (fenceline agent): a Client
@@ -40,6 +41,8 @@ type Gate struct {
 	bound   LeaseView     // guarded by mu: the view that named the gate's lease (no Lease before)
 	lost    error         // guarded by mu: terminal
 	first   chan struct{} // closed when the first lease is named
+
+	policy policy.Store // the sidecar's policy documents, as its views carry them
 }
 
 var _ lease.Gate = (*Gate)(nil) // fsguard.Gate is lease.Gate
@@ -99,10 +102,21 @@ func (g *Gate) Heard(v *LeaseView) {
 			g.lost = fmt.Errorf("%w: the sidecar says lease %s is lost: %s", leasebus.ErrLeaseLost, id, v.Reason)
 		}
 	}
+	for _, d := range v.Policies {
+		if err := g.policy.Put(d); err != nil && g.lost == nil {
+			// The sidecar compiled it; this build cannot: the file guard
+			// cannot keep what it protects unwritable.
+			g.lost = fmt.Errorf("%w: the sidecar's %s policy version %d does not compile here: %v", lease.ErrPolicyForbids, d.Scope(), d.Version, err)
+		}
+	}
 	g.view = v // a view without a lease (a restarted sidecar) is not "held"
 	g.heardAt = g.now()
 	g.validTo = g.heardAt.Add(time.Duration(v.ValidFor))
 }
+
+// Policy is the security team's policy as the sidecar's views carry it,
+// kept in step with every view heard.
+func (g *Gate) Policy() *policy.Store { return &g.policy }
 
 // Unbound closes the gate for good when the guard's policy had to be made
 // without the sidecar naming a lease (why says so): no lease that arrives

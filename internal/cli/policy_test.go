@@ -358,3 +358,73 @@ forbid (principal, action == Fenceline::Action::"write", resource is Fenceline::
 	}
 	mustContain(t, "run stderr", run.errOut.String(), "the policy now protects README.md")
 }
+
+// In a pod's layout (the sidecar follows the policy, the agent's wrapper
+// has no bus) the file guard keeps what the policy protects unwritable
+// inside the claim, as under run, and follows a change: once a new
+// version protects a path the guard was started granting, every write is
+// refused within a second. The shadow version before it is audited from
+// the wrapper as shadow-refused.
+func TestAgentKeepsProtectedPathsUnwritable(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "")
+	if err := os.MkdirAll(filepath.Join(co, "in", "locked"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(co, "in", "locked", "keys"), []byte("v1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fl(t, "--nats", url, "policy", "set", "--repo", testRepo, "-f", writeFile(t, "p.cedar", `@id("locked")
+forbid (principal, action == Fenceline::Action::"write", resource is Fenceline::Path) when { resource.path like "in/locked*" };`)).want(t, ExitOK)
+	fl(t, "--nats", url, "policy", "set", "--repo", testRepo, "--mode", "shadow", "-f", writeFile(t, "s.cedar", `@id("seed-watched")
+forbid (principal, action == Fenceline::Action::"write", resource is Fenceline::Path) when { resource.path == "in/seed" };`)).want(t, ExitOK)
+	gs, _ := seededGitServer(t)
+	sc := startSidecar(t, url, "--repo", testRepo, "--scope", "in", "--git-upstream", gs.URL+"/payments.git", "--state-dir", t.TempDir())
+	goFile := filepath.Join(t.TempDir(), "go")
+	script := `echo v2 >> in/locked/keys 2>/dev/null && echo edit=landed || echo edit=refused
+echo x > in/locked/new 2>/dev/null && echo create=landed || echo create=refused
+echo v2 >> in/seed && echo seed=ok
+for i in $(seq 600); do [ -e ` + goFile + ` ] && break; sleep 0.05; done
+for i in $(seq 20); do echo v3 >> in/seed 2>/dev/null || { echo later=refused; exit 0; }; sleep 0.05; done
+echo later=still-writing-after-1s`
+	r := startAgent(t, "--sidecar", sc.admin, "--checkout", co, "--", "bash", "-c", script)
+	checkFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		r.running(t)
+		if !strings.Contains(r.out.String(), "seed=") {
+			return fmt.Errorf("the agent has not written yet:\n%s\n%s", r.out, r.errOut)
+		}
+		return nil
+	})
+	fl(t, "--nats", url, "policy", "set", "--repo", testRepo, "-f", writeFile(t, "p2.cedar", `@id("locked")
+forbid (principal, action == Fenceline::Action::"write", resource is Fenceline::Path) when { resource.path like "in/locked*" || resource.path == "in/seed" };`)).want(t, ExitOK)
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t); code != 0 {
+		t.Fatalf("agent exited %d\n%s", code, r.errOut)
+	}
+	if got, want := strings.Join(strings.Fields(r.out.String()), " "), "edit=refused create=refused seed=ok later=refused"; got != want {
+		t.Fatalf("agent: %s\nwant   %s\nstderr:\n%s", got, want, r.errOut)
+	}
+	mustContain(t, "agent stderr", r.errOut.String(), "in/locked")
+	mustContain(t, "agent stderr", r.errOut.String(), "the policy now protects in/seed")
+	if data, err := os.ReadFile(filepath.Join(co, "in", "locked", "keys")); err != nil || string(data) != "v1\n" {
+		t.Fatalf("the protected file changed: %q %v", data, err)
+	}
+	_, nc := busClient(t, url)
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		evs, err := leasebus.ReadAudit(ctx, nc, testRepo, 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Type == leasebus.EventShadowRefused && ev.Boundary == leasebus.BoundaryFile && strings.Contains(ev.Message, `in/seed: policy rule "seed-watched"`) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no shadow-refused file event among %d", len(evs))
+	})
+}

@@ -330,7 +330,7 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	}
 	pod, err := sidecar.NewPod(sidecar.PodConfig{
 		Bus:   s.client,
-		Admin: sidecar.AdminConfig{Listen: sf.admin, Token: token},
+		Admin: sidecar.AdminConfig{Listen: sf.admin, Token: token, Policy: pol},
 		Hold: func(ctx context.Context, opts leasebus.HoldOptions) (*leasebus.Holder, bool, error) {
 			held, err := a.holdWith(ctx, s, &sf.lf, sf.attachID, leasebus.Credential(sf.cred), opts)
 			if err != nil {
