@@ -230,7 +230,8 @@ func (cur *snapshot) decide(r Request) Decision {
 		return Decision{}
 	}
 	req, ents := cedarRequest(r)
-	var enforced []layer
+	var enforcedBuf, shadowBuf [2]layer // on the stack: a decision allocates only what Cedar needs
+	enforced, shadow := enforcedBuf[:0], shadowBuf[:0]
 	if hasDef {
 		enforced = append(enforced, def)
 	}
@@ -241,7 +242,6 @@ func (cur *snapshot) decide(r Request) Decision {
 	if d.Refused = firstRefusal(enforced, req, ents); d.Refused != nil || (!hasDefShadow && !hasOwnShadow) {
 		return d
 	}
-	var shadow []layer
 	switch {
 	case hasDefShadow:
 		shadow = append(shadow, defShadow)
@@ -287,7 +287,7 @@ func (c *decisionCache) get(k string) (Decision, bool) {
 func (c *decisionCache) put(k string, d Decision) {
 	c.mu.Lock()
 	if c.m == nil || len(c.m) >= decisionCacheMax {
-		c.m = make(map[string]Decision, 64)
+		c.m = make(map[string]Decision, decisionCacheMax)
 	}
 	c.m[k] = d
 	c.mu.Unlock()
