@@ -350,4 +350,18 @@
 // A metadata call or inode ioctl costs that round trip plus the
 // supervisor's resolution and the call itself.
 // scripts/bench-fsguard.sh measures it side by side.
+//
+// # Why not go-landlock
+//
+// The Landlock maintainers' Go library (github.com/landlock-lsm/go-landlock,
+// v0.11.2 weighed) covers every right, scope and logging flag the guard
+// asks for, but its rules are paths it opens itself by name: there is no
+// way to check that what it opened is the real path the supervisor
+// resolved, so a symlink swapped in along a writable path between the
+// check and the open would grant its target. The guard adds each rule on
+// an O_PATH descriptor it has checked against the path (addWritableRule).
+// The library's descriptor-level layer (its syscall package) is
+// documented as unstable and liable to disappear; golang.org/x/sys/unix
+// already defines every constant, so what remains here is three structs
+// and three system calls (landlock_linux.go).
 package fsguard
