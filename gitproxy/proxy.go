@@ -486,7 +486,8 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request, e endpoint) 
 		p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "cannot read the pushed history: %v", err), "ok")
 		return
 	}
-	// The decision is taken now, against the bus, right before forwarding.
+	// The decision is taken now, against the bus; the lease itself is
+	// confirmed last (confirm).
 	if ref := p.leaseGate(ps); ref != nil {
 		p.refuseAll(ctx, w, ps, ref, "ok")
 		return
@@ -515,7 +516,51 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request, e endpoint) 
 		p.refuseRefs(ctx, w, ps, refused)
 		return
 	}
+	// Judging took bus reads and upstream reads: the lease is confirmed
+	// once more, last, so that what goes upstream was vouched for by the
+	// service moments ago, not before all that.
+	if ref := p.confirm(ctx, ps); ref != nil {
+		p.refuseAll(ctx, w, ps, ref, "ok")
+		return
+	}
 	p.forward(w, r, ps, changes)
+}
+
+// freshAnswer bounds the round trip of the confirmation a push is
+// forwarded on: an answer that took longer may describe the lease as it
+// was well before it arrived (a paused node, a slow link), so it is asked
+// again rather than believed.
+const freshAnswer = 250 * time.Millisecond
+
+// confirm asks the bus, right before a push is forwarded, whether its lease
+// is still active with the same fence, trusting only an answer that came
+// back within freshAnswer of the question (asked again until
+// BusTimeout). Fail closed.
+func (p *Proxy) confirm(ctx context.Context, ps *push) *refusal {
+	if ref := p.leaseGate(ps); ref != nil {
+		return ref
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.BusTimeout)
+	defer cancel()
+	var slow time.Duration
+	for {
+		asked := time.Now()
+		cur, err := p.cfg.Bus.Get(ctx, ps.lease.LeaseID)
+		took := time.Since(asked)
+		switch {
+		case err != nil && slow > 0:
+			return refuse(ReasonLeaseUnknown, "cannot confirm lease %s (fence %d) with the bus: its answers took %s, more than the %s a push is forwarded on (then: %v)", ps.lease.LeaseID, ps.fence, slow.Round(time.Millisecond), freshAnswer, err)
+		case err != nil:
+			return refuse(ReasonLeaseUnknown, "cannot confirm lease %s (fence %d) with the bus: %v", ps.lease.LeaseID, ps.fence, err)
+		}
+		if ref := p.stillHeld(ps, cur); ref != nil {
+			return ref
+		}
+		if took <= freshAnswer {
+			return p.leaseGate(ps) // and the holder has not heard otherwise meanwhile
+		}
+		slow = took
+	}
 }
 
 // blindDeletes looks up, on the upstream, the refs that commands delete
@@ -592,7 +637,8 @@ func (p *Proxy) leaseGate(ps *push) *refusal {
 }
 
 // busCheck asks the bus whether the lease is still active with the same
-// fence and returns the repo's other active leases. Fail closed: no answer
+// fence (a lost lease is the first thing to say) and returns the repo's
+// other active leases; confirm asks again, last. Fail closed: no answer
 // means no push.
 func (p *Proxy) busCheck(ctx context.Context, ps *push) ([]*leasebus.Lease, *refusal) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.BusTimeout)
@@ -601,17 +647,26 @@ func (p *Proxy) busCheck(ctx context.Context, ps *push) ([]*leasebus.Lease, *ref
 	if err != nil {
 		return nil, refuse(ReasonLeaseUnknown, "cannot confirm lease %s (fence %d) with the bus: %v", ps.lease.LeaseID, ps.fence, err)
 	}
-	if !cur.Active() {
-		return nil, refuse(ReasonLeaseLost, "lease %s (fence %d) is %s: %s", cur.LeaseID, ps.fence, cur.Status, cur.Reason)
-	}
-	if cur.Fence != ps.fence {
-		return nil, refuse(ReasonStaleFence, "lease %s carries fence %d but the bus says %d", cur.LeaseID, ps.fence, cur.Fence)
+	if ref := p.stillHeld(ps, cur); ref != nil {
+		return nil, ref
 	}
 	others, err := p.cfg.Bus.List(ctx, ps.lease.Repo, false)
 	if err != nil {
 		return nil, refuse(ReasonLeaseUnknown, "cannot list the leases of %s: %v", ps.lease.Repo, err)
 	}
 	return others, nil
+}
+
+// stillHeld refuses unless cur, the bus's record of the push's lease, is
+// active with the push's fence.
+func (p *Proxy) stillHeld(ps *push, cur *leasebus.Lease) *refusal {
+	if !cur.Active() {
+		return refuse(ReasonLeaseLost, "lease %s (fence %d) is %s: %s", cur.LeaseID, ps.fence, cur.Status, cur.Reason)
+	}
+	if cur.Fence != ps.fence {
+		return refuse(ReasonStaleFence, "lease %s carries fence %d but the bus says %d", cur.LeaseID, ps.fence, cur.Fence)
+	}
+	return nil
 }
 
 func (p *Proxy) baseGitDirs(ps *push) []string {

@@ -467,13 +467,18 @@ func (s *Service) IdentityChanged(ctx context.Context, typ, by string, i Identit
 	}
 }
 
-// IdentityCollected records that the embedded bus removed i, an ephemeral
+// IdentityCollected records that the embedded bus removes i, an ephemeral
 // identity none of whose sessions had been heard for idle: its run ended
-// without leaving (killed).
-func (s *Service) IdentityCollected(ctx context.Context, i Identity, idle time.Duration) {
+// without leaving (killed). It is the collection's confirmation, written
+// before the identity is removed: on a cluster the audit is replicated, so
+// an instance cut off from the majority — which stops hearing the
+// sessions on the other side, and after a grace stops counting the
+// instances there — cannot write it and removes nothing.
+func (s *Service) IdentityCollected(ctx context.Context, i Identity, idle time.Duration) error {
 	ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: EventIdentityRevoked, Boundary: BoundaryBus, RequestedBy: s.name(""),
 		Message: clip(fmt.Sprintf("%s (%s): collected as %s: none of its sessions heard for %s (its run ended without leaving)", i.Name, i.Nkey, i.Role, idle.Round(time.Second)), maxEventMessage)}
 	if err := s.writeBusEvent(ctx, "", ev); err != nil {
-		s.log.Warn("audit event of a collected identity not written", "identity", i.Name, "err", err)
+		return fmt.Errorf("audit the collection of %s: %w", i.Name, err)
 	}
+	return nil
 }

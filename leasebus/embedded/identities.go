@@ -195,22 +195,29 @@ func (ids *Identities) collect(svc *leasebus.Service, after time.Duration, now t
 	if len(gone) == 0 {
 		return
 	}
+	// Each removal is confirmed by its audit event, which only an instance
+	// on the majority's side of a cluster can write (Service.IdentityCollected):
+	// a node cut off from the others hears none of the sessions there.
+	removed := 0
 	for _, g := range gone {
-		if err := leasebus.RemoveIdentity(ids.cfg.CredsDir, g.i); err != nil {
-			ids.log.Warn("collect an ephemeral bus identity", "name", g.i.Name, "err", err)
-			return
+		if err := svc.IdentityCollected(context.Background(), g.i, g.d); err != nil {
+			ids.log.Warn("ephemeral bus identity not collected: its collection could not be recorded (is this node cut off from the cluster's majority?)", "name", g.i.Name, "err", err)
+			continue
 		}
+		if err := leasebus.RemoveIdentity(ids.cfg.CredsDir, g.i); err != nil {
+			ids.log.Error("collect an ephemeral bus identity: recorded as collected but not removed; the next pass tries again", "name", g.i.Name, "err", err)
+			continue
+		}
+		removed++
+		ids.known = slices.DeleteFunc(ids.known, func(k leasebus.Identity) bool { return k == g.i })
+		delete(ids.enrolled, g.i.Nkey)
+		ids.log.Info("collected an ephemeral bus identity whose run ended without leaving", "name", g.i.Name, "idle", g.d.Round(time.Second))
+	}
+	if removed == 0 {
+		return
 	}
 	if err := ReloadUsers(ids.srv, ids.cfg); err != nil {
 		ids.log.Warn("reload after collecting ephemeral identities", "err", err)
-	}
-	for _, g := range gone {
-		ids.known = slices.DeleteFunc(ids.known, func(k leasebus.Identity) bool { return k == g.i })
-		delete(ids.enrolled, g.i.Nkey)
-		if ids.audit != nil {
-			ids.audit.IdentityCollected(context.Background(), g.i, g.d)
-		}
-		ids.log.Info("collected an ephemeral bus identity whose run ended without leaving", "name", g.i.Name, "idle", g.d.Round(time.Second))
 	}
 }
 

@@ -30,6 +30,20 @@ type idBus struct {
 	svc     *nats.Conn
 	service *leasebus.Service
 	ids     *Identities // startIDCluster's, with a service
+	// routes[j] carries this node's route connections to node j
+	// (startIDCluster's; Partition cuts them).
+	routes map[int]*testutil.Bridge
+}
+
+// isolateNode cuts node n of a startIDCluster cluster off from the others
+// (cut) or heals it.
+func isolateNode(nodes []*idBus, n int, cut bool) {
+	for i, b := range nodes {
+		if i != n {
+			b.routes[n].Partition(cut)
+			nodes[n].routes[i].Partition(cut)
+		}
+	}
 }
 
 func startIDBus(t *testing.T, holders ...string) *idBus {
@@ -331,7 +345,8 @@ func TestEphemeralEnrolment(t *testing.T) {
 }
 
 // startIDCluster starts a 3-node embedded cluster whose nodes share one
-// credentials directory (returned), each answering identity requests;
+// credentials directory (returned), each answering identity requests, its
+// routes through bridges (isolateNode);
 // with service set, each also runs a lease service (service gives its
 // config) that audits and collects identities.
 func startIDCluster(t *testing.T, service *leasebus.ServiceConfig) ([]*idBus, string) {
@@ -352,9 +367,11 @@ func startIDCluster(t *testing.T, service *leasebus.ServiceConfig) ([]*idBus, st
 	nodes := make([]*idBus, 3)
 	for i := range 3 {
 		var peers []string
+		routes := map[int]*testutil.Bridge{}
 		for j := range 3 {
 			if j != i {
-				peers = append(peers, "nats://"+addrs[3+j])
+				routes[j] = testutil.NewBridge(t, addrs[3+j])
+				peers = append(peers, "nats://"+routes[j].Addr())
 			}
 		}
 		cfg := leasebus.ServerConfig{Listen: addrs[i], StoreDir: t.TempDir(), CredsDir: dir, Name: fmt.Sprintf("fenceline-%d", i),
@@ -364,7 +381,7 @@ func startIDCluster(t *testing.T, service *leasebus.ServiceConfig) ([]*idBus, st
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-		nodes[i] = &idBus{srv: srv, cfg: cfg}
+		nodes[i] = &idBus{srv: srv, cfg: cfg, routes: routes}
 	}
 	for _, n := range nodes {
 		n.svc = n.connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleService)))
@@ -699,4 +716,63 @@ func TestIdentityCollectionOnACluster(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestPartitionedNodeCollectsNoLiveIdentity (issue 28): a node cut off
+// from the other two stops hearing the sessions kept alive through them,
+// and after a grace stops counting the instances there, so to its lease
+// service a live run connected elsewhere looks killed. It must not
+// collect that run's identity (the nodes share their credentials, so a
+// removal there would lock the run out everywhere): a collection is
+// confirmed by its audit event, which a node without the majority cannot
+// commit. After the partition heals the run is still enrolled and
+// connected.
+func TestPartitionedNodeCollectsNoLiveIdentity(t *testing.T) {
+	const grace = 2 * time.Second
+	nodes, dir := startIDCluster(t, &leasebus.ServiceConfig{SessionGrace: grace})
+	after := CollectAfter(grace)
+	enc := nodes[0].connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleEnroller)))
+	var run *leasebus.EphemeralIdentity
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		var err error
+		run, err = leasebus.EnrollEphemeral(enc, "run-att_partitioned")
+		return err
+	})
+	var nc *nats.Conn
+	testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		var err error
+		nc, err = nats.Connect(nodes[0].srv.ClientURL(), run.Options()...)
+		return err
+	})
+	t.Cleanup(nc.Close)
+	stop := leasebus.NewClient(nc).KeepIdentity()
+	t.Cleanup(stop)
+
+	isolateNode(nodes, 2, true)
+	// Long enough for node 2 to forget its peers (a grace), find the run
+	// idle for the collection's wait, and try more than once.
+	deadline := time.Now().Add(2*after + 3*grace)
+	for time.Now().Before(deadline) {
+		if _, ok, err := leasebus.FindIdentity(dir, run.Nkey()); err != nil || !ok {
+			t.Fatalf("a live run's identity was collected during a partition (enrolled %v, %v)", ok, err)
+		}
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-t.Context().Done():
+			t.Fatal(t.Context().Err())
+		}
+	}
+	isolateNode(nodes, 2, false)
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if r := nodes[2].srv.NumRoutes(); r < 2 {
+			return fmt.Errorf("node 2 has %d routes after the heal", r)
+		}
+		return nil
+	})
+	if _, ok, err := leasebus.FindIdentity(dir, run.Nkey()); err != nil || !ok {
+		t.Fatalf("the live run's identity is gone after the partition (enrolled %v, %v)", ok, err)
+	}
+	if !nc.IsConnected() {
+		t.Fatal("the live run was disconnected")
+	}
 }
