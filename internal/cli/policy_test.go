@@ -307,20 +307,27 @@ forbid (principal, action == Fenceline::Action::"write", resource is Fenceline::
 	if got := strings.TrimSpace(r.stdout); got != "readme=ok" {
 		t.Fatalf("agent: %s\nstderr:\n%s", got, r.stderr)
 	}
+	awaitShadowFileEvent(t, url, "github.com/acme/shadowed", `README.md: policy rule "no-readme"`)
+}
+
+// awaitShadowFileEvent waits for a shadow-refused file event of repo whose
+// message holds what.
+func awaitShadowFileEvent(t *testing.T, url, repo, what string) {
+	t.Helper()
 	_, nc := busClient(t, url)
 	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		evs, err := leasebus.ReadAudit(ctx, nc, "github.com/acme/shadowed", 0)
+		evs, err := leasebus.ReadAudit(ctx, nc, repo, 0)
 		if err != nil {
 			return err
 		}
 		for _, ev := range evs {
-			if ev.Type == leasebus.EventShadowRefused && ev.Boundary == leasebus.BoundaryFile && strings.Contains(ev.Message, `README.md: policy rule "no-readme"`) {
+			if ev.Type == leasebus.EventShadowRefused && ev.Boundary == leasebus.BoundaryFile && strings.Contains(ev.Message, what) {
 				return nil
 			}
 		}
-		return fmt.Errorf("no shadow-refused file event: %+v", evs)
+		return fmt.Errorf("no shadow-refused file event with %q among %d", what, len(evs))
 	})
 }
 
@@ -412,19 +419,5 @@ forbid (principal, action == Fenceline::Action::"write", resource is Fenceline::
 	if data, err := os.ReadFile(filepath.Join(co, "in", "locked", "keys")); err != nil || string(data) != "v1\n" {
 		t.Fatalf("the protected file changed: %q %v", data, err)
 	}
-	_, nc := busClient(t, url)
-	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		evs, err := leasebus.ReadAudit(ctx, nc, testRepo, 0)
-		if err != nil {
-			return err
-		}
-		for _, ev := range evs {
-			if ev.Type == leasebus.EventShadowRefused && ev.Boundary == leasebus.BoundaryFile && strings.Contains(ev.Message, `in/seed: policy rule "seed-watched"`) {
-				return nil
-			}
-		}
-		return fmt.Errorf("no shadow-refused file event among %d", len(evs))
-	})
+	awaitShadowFileEvent(t, url, testRepo, `in/seed: policy rule "seed-watched"`)
 }

@@ -678,21 +678,7 @@ func TestIdentityCollectionOnACluster(t *testing.T) {
 	const grace = 2 * time.Second
 	nodes, dir := startIDCluster(t, &leasebus.ServiceConfig{SessionGrace: grace})
 	after := CollectAfter(grace)
-	enc := nodes[0].connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleEnroller)))
-	var run *leasebus.EphemeralIdentity
-	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
-		var err error
-		run, err = leasebus.EnrollEphemeral(enc, "run-att_waiting")
-		return err
-	})
-	var nc *nats.Conn
-	testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		var err error
-		nc, err = nats.Connect(nodes[2].srv.ClientURL(), run.Options()...)
-		return err
-	})
-	t.Cleanup(nc.Close)
-	stop := leasebus.NewClient(nc).KeepIdentity()
+	run, nc, stop := liveRun(t, nodes, dir, "run-att_waiting", 2)
 	// Twice the time after which a silent identity goes, and a beat.
 	deadline := time.Now().Add(2*after + grace)
 	for time.Now().Before(deadline) {
@@ -718,6 +704,28 @@ func TestIdentityCollectionOnACluster(t *testing.T) {
 	})
 }
 
+// liveRun enrols an ephemeral identity name through node 0 of a
+// startIDCluster cluster, connects it to node n and keeps its session
+// heard (stop ends that).
+func liveRun(t *testing.T, nodes []*idBus, dir, name string, n int) (*leasebus.EphemeralIdentity, *nats.Conn, func()) {
+	t.Helper()
+	enc := nodes[0].connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleEnroller)))
+	var run *leasebus.EphemeralIdentity
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		var err error
+		run, err = leasebus.EnrollEphemeral(enc, name)
+		return err
+	})
+	var nc *nats.Conn
+	testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		var err error
+		nc, err = nats.Connect(nodes[n].srv.ClientURL(), run.Options()...)
+		return err
+	})
+	t.Cleanup(nc.Close)
+	return run, nc, leasebus.NewClient(nc).KeepIdentity()
+}
+
 // TestPartitionedNodeCollectsNoLiveIdentity (issue 28): a node cut off
 // from the other two stops hearing the sessions kept alive through them,
 // and after a grace stops counting the instances there, so to its lease
@@ -731,21 +739,7 @@ func TestPartitionedNodeCollectsNoLiveIdentity(t *testing.T) {
 	const grace = 2 * time.Second
 	nodes, dir := startIDCluster(t, &leasebus.ServiceConfig{SessionGrace: grace})
 	after := CollectAfter(grace)
-	enc := nodes[0].connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleEnroller)))
-	var run *leasebus.EphemeralIdentity
-	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
-		var err error
-		run, err = leasebus.EnrollEphemeral(enc, "run-att_partitioned")
-		return err
-	})
-	var nc *nats.Conn
-	testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		var err error
-		nc, err = nats.Connect(nodes[0].srv.ClientURL(), run.Options()...)
-		return err
-	})
-	t.Cleanup(nc.Close)
-	stop := leasebus.NewClient(nc).KeepIdentity()
+	run, nc, stop := liveRun(t, nodes, dir, "run-att_partitioned", 0)
 	t.Cleanup(stop)
 
 	isolateNode(nodes, 2, true)
