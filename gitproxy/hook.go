@@ -17,6 +17,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/policy"
 )
 
@@ -65,7 +66,27 @@ type HookConfig struct {
 	// asked as push on each ref and write on each touched path
 	// (policyhook.go). Nil: none.
 	Policy *policy.Store
+	// Leases, when set, is the lease bus: a verified push lands only if
+	// its lease is still active with its fence when the hook decides, so
+	// a push forwarded before a revoke and delayed (a paused sidecar, a
+	// slow server) is refused by the storage itself. No answer refuses.
+	// Nil: fences are checked against each other only.
+	Leases LeaseGetter
 }
+
+// LeaseGetter reads one lease by id: the bus, for the hook.
+type LeaseGetter interface {
+	Get(ctx context.Context, leaseID string) (*leasebus.Lease, error)
+}
+
+// Hook refusals of a lease the bus no longer vouches for.
+const (
+	HookLeaseLost    = ReasonLeaseLost    // the bus says the lease ended, or carries another fence
+	HookLeaseUnknown = ReasonLeaseUnknown // the bus did not answer
+)
+
+// hookLeaseTimeout bounds the hook's read of the lease.
+const hookLeaseTimeout = 5 * time.Second
 
 // Reasons of the hook's refusals (HookError.Reason).
 const (
@@ -274,6 +295,12 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 		resources = touched
 	}
 
+	// Last before recording: the lease must still be active, with this
+	// fence (the proxy confirmed it before forwarding; a revoke since then
+	// is the storage's to enforce).
+	if he := hookLeaseActive(ctx, cfg.Leases, leaseID, fence); he != nil {
+		return deny(he)
+	}
 	return withFenceFile(gitDir, func(fences map[string]fenceEntry) (bool, error) {
 		idx := newFenceIndex(fences)
 		for _, r := range resources {
@@ -297,6 +324,26 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 		}
 		return true, nil
 	})
+}
+
+// hookLeaseActive refuses unless leases (nil: not asked) says leaseID is
+// active with fence.
+func hookLeaseActive(ctx context.Context, leases LeaseGetter, leaseID string, fence uint64) *HookError {
+	if leases == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, hookLeaseTimeout)
+	defer cancel()
+	cur, err := leases.Get(ctx, leaseID)
+	switch {
+	case err != nil:
+		return &HookError{Reason: HookLeaseUnknown, Msg: fmt.Sprintf("the lease bus did not confirm the lease: %v", err)}
+	case !cur.Active():
+		return &HookError{Reason: HookLeaseLost, Msg: fmt.Sprintf("the lease is %s (%s)", cur.Status, cur.Reason)}
+	case cur.Fence != fence:
+		return &HookError{Reason: HookLeaseLost, Msg: fmt.Sprintf("the bus says the lease carries fence %d", cur.Fence)}
+	}
+	return nil
 }
 
 // hookRefusal is one line of the repository's refusal log.

@@ -45,8 +45,9 @@ acquirer alone. A push whose fenceline options are unsigned, forged (a fence,
 lease, claim or owner the service did not grant), replayed from another
 push, signed for another repository or malformed is refused, and nothing is
 recorded. A signed fence is refused when a newer fence was already
-accepted for a path the push claims or touches; otherwise it is recorded
-in <git-dir>/fenceline/fences.json. Every refusal names the lease, owner,
+accepted for a path the push claims or touches, and (with a bus) when the
+bus says its lease has ended; otherwise it is recorded in
+<git-dir>/fenceline/fences.json. Every refusal names the lease, owner,
 fence and reason, goes to the pusher and is appended to
 <git-dir>/fenceline/refusals.jsonl.
 
@@ -56,14 +57,15 @@ full either way.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			repo = repoid.Normalize(repo)
-			pol, err := a.hookPolicy(cmd.Context(), repo)
+			bus, err := a.hookBus(cmd.Context(), repo)
 			if err != nil {
 				// A bus is named but its policy cannot be read: writes
 				// fail closed.
 				fmt.Fprintf(a.stderr, "fenceline: push refused: the policy in force cannot be read from the bus: %v\n", err)
 				return &exitError{code: ExitConflict, err: errReported}
 			}
-			err = gitproxy.PreReceive(cmd.Context(), gitproxy.HookConfig{Repo: repo, KeyFile: keyFile, AllowUnfenced: allowUnfenced, Policy: pol}, os.Stdin)
+			defer bus.close()
+			err = gitproxy.PreReceive(cmd.Context(), gitproxy.HookConfig{Repo: repo, KeyFile: keyFile, AllowUnfenced: allowUnfenced, Policy: bus.policy, Leases: bus.leases}, os.Stdin)
 			var he *gitproxy.HookError
 			if errors.As(err, &he) {
 				// git shows the hook's output to the pusher as "remote: …".
@@ -101,8 +103,12 @@ server, usually a bare repository):
   - receive.advertisePushOptions = true, so the fence can travel.
 
 With --nats (and --creds: a holder's credentials suffice), the hook also
-writes each refusal to that bus's audit stream (boundary git), as every
-other fence does; without, refusals go only to
+lands a push only while its lease is active with its fence (a push
+delivered after its lease was revoked — a paused sidecar, a slow server —
+is refused by the storage itself; no answer from the bus refuses), follows
+the security team's policy, and writes each refusal to that bus's audit
+stream (boundary git), as every other fence does; without, fences are
+checked against each other only and refusals go only to
 <git-dir>/fenceline/refusals.jsonl.
 
 Run it as the user the git server runs hooks as: that user must own the
@@ -203,22 +209,32 @@ func hookRepo(repo string) (string, error) {
 // hookPolicy reads the policy in force for repo (the default's and its
 // own) from the bus named by --nats or FENCELINE_NATS, once; with no bus
 // named there is none (a git server need not reach one).
-func (a *app) hookPolicy(ctx context.Context, repo string) (*policy.Store, error) {
+// hookBus is what the pre-receive hook reads from the bus named by --nats
+// or FENCELINE_NATS: the policy in force and the leases (the zero value,
+// with no bus named: a git server need not reach one).
+type hookBusView struct {
+	policy *policy.Store
+	leases gitproxy.LeaseGetter
+	close  func()
+}
+
+func (a *app) hookBus(ctx context.Context, repo string) (hookBusView, error) {
+	none := hookBusView{close: func() {}}
 	u, source := a.busURL()
 	if source == "" {
-		return nil, nil
+		return none, nil
 	}
 	nc, err := a.connect(leasebus.RoleHolder, u, source)
 	if err != nil {
-		return nil, err
+		return none, err
 	}
-	defer nc.Close()
 	st, w, err := leasebus.FollowPolicy(ctx, nc, repo)
 	if err != nil {
-		return nil, err
+		nc.Close()
+		return none, err
 	}
 	w.Stop() // one push, one reading
-	return st, nil
+	return hookBusView{policy: st, leases: leasebus.NewClient(nc), close: nc.Close}, nil
 }
 
 // auditHookRefusal writes a refusal of the pre-receive hook to the audit

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -244,4 +245,74 @@ func TestHookAuditsRefusals(t *testing.T) {
 		}
 		return fmt.Errorf("no audit event of the hook's refusal in %d events", len(evs))
 	})
+}
+
+// TestHookRefusesAPushOfARevokedLease: a hook installed with a bus lands
+// a push only while its lease is active with its fence. A push signed for
+// a lease (as its sidecar signs, with the grant key the service gave) and
+// delivered after an operator revoked that lease — a sidecar paused after
+// its last check, a git server slow to take it — is refused by the
+// storage itself and nothing is recorded; the same push under an active
+// lease lands.
+func TestHookRefusesAPushOfARevokedLease(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	gs, bare := seededGitServer(t)
+	holder := bustest.CredsFile(t, leasebus.RoleHolder)
+	in := installHookJSON(t, "--nats", url, "--creds", holder, "--git-dir", bare, "--repo", testRepo)
+	fl(t, "bus", "fence-secret", "set", "--repo", testRepo, "--git", in.BusSecretFile).want(t, ExitOK)
+	nc := bustest.ConnectRole(t, url, leasebus.RoleHolder)
+	c := leasebus.NewClient(nc)
+	work := filepath.Join(t.TempDir(), "work")
+	mustGitRun(t, "", nil, "clone", "--quiet", gs.URL+"/payments.git", work)
+
+	// push signs a commit's update of main for l, as the lease's sidecar
+	// would, and pushes it straight to the server.
+	push := func(l *leasebus.Lease, n int) (string, error) {
+		t.Helper()
+		os.WriteFile(filepath.Join(work, "libs/tax/rates.go"), []byte(fmt.Sprintf("package tax // %d\n", n)), 0o644)
+		mustGitRun(t, work, nil, "commit", "--quiet", "-am", fmt.Sprintf("push %d", n))
+		old := strings.TrimSpace(mustGitRun(t, work, nil, "rev-parse", "origin/main"))
+		head := strings.TrimSpace(mustGitRun(t, work, nil, "rev-parse", "HEAD"))
+		if l.Grants == nil || l.Grants.Git == nil {
+			t.Fatalf("lease %s came with no git grant key", l.LeaseID)
+		}
+		opts, err := gitproxy.FenceOptions(l.Grants.Git, *l, l.Fence, []gitproxy.RefUpdate{{Old: old, New: head, Ref: "refs/heads/main"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"push"}
+		for _, o := range opts {
+			args = append(args, "-o", o)
+		}
+		return gitRun(t, work, nil, append(args, "origin", "main")...)
+	}
+	acquire := func(agent string) *leasebus.Lease {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		l, err := c.Acquire(ctx, leasebus.AcquireRequest{Repo: testRepo, Scope: bustest.Claim(t, "libs/tax"), WorkspaceMode: leasebus.WorkspaceExclusive,
+			Owner: leasebus.Owner{TaskID: "t", AgentID: agent, AttemptID: "att_" + agent}, TTL: leasebus.Duration(time.Minute)}, leasebus.NewCredential())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+
+	revoked := acquire("paused")
+	fl(t, "--nats", url, "lease", "revoke", revoked.LeaseID, "--reason", "the agent ran over its turn").want(t, ExitOK)
+	out, err := push(revoked, 1)
+	if err == nil {
+		t.Fatalf("a push signed for a revoked lease landed:\n%s", out)
+	}
+	mustContain(t, "push output", out, revoked.LeaseID, "is revoked", "["+gitproxy.HookLeaseLost+"]")
+	if data, err := os.ReadFile(filepath.Join(bare, "fenceline", "fences.json")); err == nil && strings.Contains(string(data), revoked.LeaseID) {
+		t.Fatalf("the revoked lease's fence was recorded:\n%s", data)
+	}
+	mustGitRun(t, work, nil, "reset", "--quiet", "--hard", "origin/main")
+
+	active := acquire("next")
+	if out, err := push(active, 2); err != nil {
+		t.Fatalf("a push signed for an active lease was refused: %v\n%s", err, out)
+	}
 }
