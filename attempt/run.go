@@ -213,6 +213,7 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	}
 	pol.Hidden = HiddenPaths(env, secrets[1:]...)
 	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, sc.Ports())
+	pol.Capture = sc.Fences().Capture() // connects that skip the proxy are handed to it
 	pol.ReservedPorts = ConnectPorts(spec.Reserve, LocalPorts(cfg.PGUpstream, cfg.GitUpstream))
 	pol.BindPorts = spec.AllowBind
 	pol.KillGrace = spec.KillGrace

@@ -1,0 +1,161 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+)
+
+// CaptureHeader marks a CONNECT as a captured connection: the file
+// guard's supervisor connected the agent's socket to the proxy instead of
+// the address the agent chose (the CONNECT's authority, kept for the
+// audit) and wrote this request before any byte of the agent's. The proxy
+// answers nothing and judges what follows by its own content: the TLS
+// server name or the HTTP Host header, dialled by that name. The request
+// grants nothing a CONNECT would not: whoever sends it (the agent can
+// reach the proxy's port) still reaches only names the allowlist allows.
+const CaptureHeader = "Fenceline-Capture"
+
+// sniffTimeout bounds how long a captured connection may take to show its
+// first request or ClientHello.
+const sniffTimeout = 30 * time.Second
+
+// serveCaptured serves a captured connection: DNS over TCP for port 53,
+// otherwise judged by the TLS ClientHello's server name or, for plain
+// HTTP, each request's Host header.
+func (p *Proxy) serveCaptured(w http.ResponseWriter, r *http.Request) {
+	dst, err := netip.ParseAddrPort(r.Host)
+	if err != nil {
+		http.Error(w, "fenceline egress proxy: captured connection to "+r.Host+": want ADDR:PORT", http.StatusBadRequest)
+		return
+	}
+	client, br, ok := p.hijack(w)
+	if !ok {
+		return
+	}
+	defer p.untrack(client)
+	c := &bufConn{Conn: client, r: br}
+	if dst.Port() == 53 {
+		p.serveDNS(r.Context(), c)
+		return
+	}
+	c.SetReadDeadline(time.Now().Add(sniffTimeout))
+	first, err := c.r.Peek(1)
+	if err != nil {
+		return // the agent closed without a byte: nothing to judge
+	}
+	if first[0] != 0x16 { // not a TLS handshake record: HTTP, judged per request
+		c.SetReadDeadline(time.Time{})
+		p.serveCapturedHTTP(r, c, dst)
+		return
+	}
+	var rec bytes.Buffer
+	name, err := clientHelloName(io.TeeReader(c.r, &rec))
+	c.SetReadDeadline(time.Time{})
+	replay := &bufConn{Conn: client, r: bufio.NewReader(io.MultiReader(&rec, c.r))}
+	if err != nil {
+		p.recordRefusal(r.Context(), "captured connection to "+dst.String(),
+			&refusal{target: targetOf(dst), why: "it is neither TLS with a server name nor HTTP (" + err.Error() + ")",
+				hint: "point the client at the egress proxy (HTTPS_PROXY) if it speaks another protocol"})
+		return
+	}
+	t := targetOf(dst)
+	if name != "" {
+		if t, err = newTarget(hostPort(name, int(dst.Port())), 0); err != nil {
+			p.recordRefusal(r.Context(), "captured connection to "+dst.String(),
+				&refusal{target: targetOf(dst), why: fmt.Sprintf("TLS server name %q: %v", name, err)})
+			return
+		}
+	}
+	what := fmt.Sprintf("captured connection to %s (TLS server name %q)", dst, name)
+	if h, ok := p.intercept[t.String()]; ok {
+		p.serveIntercepted(r, t, replay, h)
+		return
+	}
+	up, err := p.dial(r.Context(), t)
+	var rf *refusal
+	switch {
+	case errors.As(err, &rf):
+		p.recordRefusal(r.Context(), what, rf)
+		return
+	case err != nil:
+		p.log.Warn("fenceline egress: cannot reach an allowed host", "target", t.String(), "captured", dst.String(), "err", err)
+		return
+	}
+	p.shadow(r, t)
+	if !p.track(up) {
+		up.Close()
+		return
+	}
+	defer p.untrack(up)
+	p.pipe(client, replay.r, up)
+}
+
+// targetOf is the target an address names by itself (judged by address).
+func targetOf(ap netip.AddrPort) target {
+	a := ap.Addr().Unmap()
+	return target{host: a.String(), addr: a, port: int(ap.Port())}
+}
+
+// serveCapturedHTTP serves plain HTTP on a captured connection as if the
+// agent had sent each request to the proxy (HTTP_PROXY): each request is
+// judged by its Host header, at the port the agent connected to.
+func (p *Proxy) serveCapturedHTTP(r *http.Request, c *bufConn, dst netip.AddrPort) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		host := req.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		if host == "" {
+			host = dst.Addr().Unmap().String()
+		}
+		req.URL.Scheme, req.URL.Host = "http", hostPort(strings.Trim(host, "[]"), int(dst.Port()))
+		p.ServeHTTP(w, req)
+	})
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: sniffTimeout, ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+		BaseContext: func(net.Listener) context.Context { return r.Context() }}
+	srv.Serve(newConnListener(c)) // returns once the connection is done
+}
+
+// errHelloRead ends the handshake once the ClientHello was read.
+var errHelloRead = errors.New("client hello read")
+
+// clientHelloName reads a TLS ClientHello from r and returns its server
+// name ("" when it sends none). Nothing is written back.
+func clientHelloName(r io.Reader) (string, error) {
+	var name string
+	var seen bool
+	err := tls.Server(readOnlyConn{r: r}, &tls.Config{
+		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			name, seen = h.ServerName, true
+			return nil, errHelloRead
+		},
+	}).Handshake()
+	if seen {
+		return strings.ToLower(strings.TrimSuffix(name, ".")), nil
+	}
+	return "", fmt.Errorf("no TLS ClientHello: %w", err)
+}
+
+// readOnlyConn is a net.Conn that reads from r and discards writes (the
+// alert a failed handshake sends).
+type readOnlyConn struct{ r io.Reader }
+
+func (c readOnlyConn) Read(b []byte) (int, error)       { return c.r.Read(b) }
+func (c readOnlyConn) Write(b []byte) (int, error)      { return len(b), nil }
+func (c readOnlyConn) Close() error                     { return nil }
+func (c readOnlyConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (c readOnlyConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (c readOnlyConn) SetDeadline(time.Time) error      { return nil }
+func (c readOnlyConn) SetReadDeadline(time.Time) error  { return nil }
+func (c readOnlyConn) SetWriteDeadline(time.Time) error { return nil }
