@@ -54,15 +54,19 @@ func (p *Proxy) serveCaptured(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // the agent closed without a byte: nothing to judge
 	}
-	if first[0] != 0x16 { // not a TLS handshake record: HTTP, judged per request
-		c.SetReadDeadline(time.Time{})
-		p.serveCapturedHTTP(r, c, dst)
-		return
-	}
 	var rec bytes.Buffer
-	name, err := clientHelloName(io.TeeReader(c.r, &rec))
+	var name string
+	if first[0] == 0x16 { // a TLS handshake record
+		name, err = clientHelloName(io.TeeReader(c.r, &rec))
+	} else {
+		err = requestLine(io.TeeReader(c.r, &rec))
+	}
 	c.SetReadDeadline(time.Time{})
 	replay := &bufConn{Conn: client, r: bufio.NewReader(io.MultiReader(&rec, c.r))}
+	if err == nil && first[0] != 0x16 {
+		p.serveCapturedHTTP(r, replay, dst) // judged per request
+		return
+	}
 	if err != nil {
 		p.recordRefusal(r.Context(), "captured connection to "+dst.String(),
 			&refusal{target: targetOf(dst), why: "it is neither TLS with a server name nor HTTP (" + err.Error() + ")",
@@ -125,6 +129,20 @@ func (p *Proxy) serveCapturedHTTP(r *http.Request, c *bufConn, dst netip.AddrPor
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: sniffTimeout, ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 		BaseContext: func(net.Listener) context.Context { return r.Context() }}
 	srv.Serve(newConnListener(c)) // returns once the connection is done
+}
+
+// requestLine reads an HTTP/1 request line from r ("METHOD TARGET
+// HTTP/1.x"), at most 8 KiB.
+func requestLine(r io.Reader) error {
+	line, err := bufio.NewReaderSize(io.LimitReader(r, 8<<10), 8<<10).ReadSlice('\n')
+	if err != nil {
+		return fmt.Errorf("no HTTP request line: %w", err)
+	}
+	f := strings.Fields(string(line))
+	if len(f) != 3 || !strings.HasPrefix(f[2], "HTTP/1.") || strings.ToUpper(f[0]) != f[0] {
+		return errors.New("no HTTP request line")
+	}
+	return nil
 }
 
 // errHelloRead ends the handshake once the ClientHello was read.
