@@ -341,6 +341,12 @@ func captureConnect(t *trap, sock int, fam uint16, dst netip.AddrPort) {
 		sa = &unix.SockaddrInet4{Port: int(c.Port()), Addr: c.Addr().Unmap().As4()}
 	} else {
 		sa = &unix.SockaddrInet6{Port: int(c.Port()), Addr: c.Addr().As16()} // v4-mapped for an IPv4 proxy
+		if c.Addr().Unmap().Is4() {
+			// A v6-only socket (Go's "tcp6") cannot reach a v4-mapped
+			// address; it is connected to the proxy alone, so the option
+			// guards nothing here.
+			unix.SetsockoptInt(sock, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0)
+		}
 	}
 	err := t.pr.abortable(sock, func() error { return unix.Connect(sock, sa) })
 	if errors.Is(err, unix.EINPROGRESS) || errors.Is(err, unix.EAGAIN) {
