@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -18,10 +20,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testca"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/sidecar"
 )
 
 // loAddrs puts two addresses of a 10.211.N.0/24 the test picks on the
@@ -216,4 +220,71 @@ func TestCaptureUnderRun(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestCaptureInPod: in a pod the agent's wrapper (RunInPod) hands the
+// connects that skip the proxy to the sidecar's egress proxy it learnt
+// from the sidecar, and points glibc's resolver at TCP: curl with the
+// proxy variables ignored reaches the allowed host by name and is refused
+// another.
+func TestCaptureInPod(t *testing.T) {
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	addrA, addrB := loAddrs(t)
+	ca := testca.New(t)
+	hostA := serveHost(t, ca, netip.AddrPortFrom(addrA, 0), "served by A", "allowed.test")
+	port := hostA.addr.Port()
+	hostB := serveHost(t, ca, netip.AddrPortFrom(addrB, port), "served by B", "other.test")
+	b := bustest.Start(t)
+	repo := newRepo(t, "")
+	co, err := FindCheckout(context.Background(), repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared,
+		TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+	p := strconv.Itoa(int(port))
+	rules, err := egress.ParseRules([]string{"allowed.test:" + p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pins, err := egress.ParseResolve([]string{"allowed.test:" + p + "=" + hostA.addr.String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := egress.New(egress.Config{Allow: rules, Resolve: pins, Lease: l.Holder, Audit: b.Auditor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	psrv := httptest.NewServer(proxy)
+	t.Cleanup(func() { psrv.Close(); proxy.Close() })
+
+	const token = "0123456789abcdef0123"
+	admin, err := sidecar.StartAdmin(sidecar.AdminConfig{Token: token, Audit: b.Auditor, KeepAlive: 50 * time.Millisecond, Poll: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	admin.SetLease(l.Holder, sidecar.Fences{Egress: psrv.URL, EgressAllow: proxy.Rules()})
+
+	curl := "curl -sS --max-time 20 --noproxy '*' --cacert " + ca.File + " "
+	script := "echo \"== $RES_OPTIONS\"; " + curl + "https://allowed.test:" + p + "/ 2>&1; echo \"== $?\"; " +
+		curl + "--resolve other.test:" + p + ":" + addrB.String() + " https://other.test:" + p + "/ 2>&1; echo \"== $?\""
+	out := &syncBuf{}
+	res, err := RunInPod(context.Background(), PodSpec{
+		Argv: []string{"sh", "-c", script}, Checkout: co,
+		SidecarURL: admin.URL(), Token: token, Grace: time.Second, Wait: 10 * time.Second,
+		KillGrace: 5 * time.Second, Stdout: out, Stderr: out,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	t.Logf("the agent's output:\n%s", got)
+	if res.Code != 0 || !strings.Contains(got, "== use-vc\nserved by A (Host allowed.test:"+p+")\n== 0\n") || strings.HasSuffix(got, "== 0\n") {
+		t.Errorf("in a pod: exit %d, output:\n%s\nwant RES_OPTIONS=use-vc, A reached by name and the other host refused", res.Code, got)
+	}
+	if n := hostB.conns.Load(); n != 0 {
+		t.Errorf("the other host accepted %d connections", n)
+	}
 }
