@@ -398,7 +398,7 @@ func waitWritable(sock int, timeout time.Duration) error {
 func writeAll(sock int, b []byte, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for len(b) > 0 {
-		n, err := unix.Write(sock, b)
+		n, err := unix.SendmsgN(sock, b, nil, nil, unix.MSG_NOSIGNAL)
 		switch {
 		case errors.Is(err, unix.EAGAIN):
 			if err := waitWritable(sock, time.Until(deadline)); err != nil {
