@@ -148,6 +148,8 @@ func TestCaptureUnderRun(t *testing.T) {
 		{"go-static-allowed-sni-to-other-address", capclient + " get " + allowed + " " + hostB.addr.String(), true, "200 served by A"},
 		{"getent-allowed", "getent ahostsv4 allowed.test", true, addrA.String()},
 		{"getent-other", "getent ahostsv4 other.test", false, ""},
+		{"python-getaddrinfo", `python3 -c 'import socket; print(socket.getaddrinfo("allowed.test", 443, socket.AF_INET)[0][4][0])'`, true, addrA.String()},
+		{"node-cares-resolve4", `node -e 'require("dns").resolve4("allowed.test", (e, a) => { console.log(e ? "error: " + e.code : a.join(",")); process.exit(e ? 1 : 0) })'`, true, addrA.String()},
 		// Go's own resolver asks over UDP, which stays refused: a static
 		// Go binary reaches allowed hosts by address (or through
 		// HTTPS_PROXY), not by a name it resolves itself.
@@ -163,6 +165,8 @@ func TestCaptureUnderRun(t *testing.T) {
 	spec.Sidecar.EgressResolve = []string{"allowed.test:" + p + "=" + hostA.addr.String()}
 	var out bytes.Buffer
 	spec.Stdout, spec.Stderr = &out, &out
+	var proxyLog syncBuf // the egress proxy's log, shown when a check fails
+	spec.Sidecar.Logger = slog.New(slog.NewTextHandler(&proxyLog, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	res, err := Run(context.Background(), spec)
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, said.text())
@@ -191,6 +195,9 @@ func TestCaptureUnderRun(t *testing.T) {
 	}
 	if n := hostB.conns.Load(); n != 0 {
 		t.Errorf("the other host's server accepted %d connections: a captured connect reached the address the agent chose", n)
+	}
+	if t.Failed() {
+		t.Logf("the sidecar's log:\n%s", proxyLog.String())
 	}
 
 	viewer := b.ConnectAs(t, leasebus.RoleViewer)

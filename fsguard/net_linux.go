@@ -349,7 +349,9 @@ func captureConnect(t *trap, sock int, fam uint16, dst netip.AddrPort) {
 		}
 	}
 	err := t.pr.abortable(sock, func() error { return unix.Connect(sock, sa) })
-	if errors.Is(err, unix.EINPROGRESS) || errors.Is(err, unix.EAGAIN) {
+	// EINTR: a signal to the supervisor's thread cut a blocking connect
+	// short; the connection goes on (EALREADY when restarted).
+	if errors.Is(err, unix.EINPROGRESS) || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) || errors.Is(err, unix.EALREADY) {
 		err = waitWritable(sock, captureTimeout)
 	}
 	if err == nil {

@@ -507,8 +507,8 @@ var noProxy = []string{"127.0.0.1", "localhost", "::1"}
 // HTTPS_PROXY and HTTP_PROXY in both cases (curl and git, Go, Python,
 // the agent CLIs), NO_PROXY with the loopback names added, and
 // NODE_USE_ENV_PROXY=1 for Node's built-in fetch (Node 24, late 22.x;
-// older Node ignores it, and its fetch then goes nowhere: the guard
-// refuses a direct connection). ALL_PROXY is dropped: it would name a
+// older Node ignores it, and the guard then captures its direct
+// connection into the proxy). ALL_PROXY is dropped: it would name a
 // proxy the guard does not let the agent reach.
 func withProxy(env []string, proxyURL string) []string {
 	var noProxyVals []string
