@@ -54,16 +54,19 @@ func (p *Proxy) serveCaptured(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // the agent closed without a byte: nothing to judge
 	}
+	// Copied: Peek's slice is the reader's buffer, which the reads below
+	// refill (a ClientHello arriving after its first byte made it HTTP).
+	isTLS := first[0] == 0x16 // a TLS handshake record
 	var rec bytes.Buffer
 	var name string
-	if first[0] == 0x16 { // a TLS handshake record
+	if isTLS {
 		name, err = clientHelloName(io.TeeReader(c.r, &rec))
 	} else {
 		err = requestLine(io.TeeReader(c.r, &rec))
 	}
 	c.SetReadDeadline(time.Time{})
 	replay := &bufConn{Conn: client, r: bufio.NewReader(io.MultiReader(&rec, c.r))}
-	if err == nil && first[0] != 0x16 {
+	if err == nil && !isTLS {
 		p.serveCapturedHTTP(r, replay, dst) // judged per request
 		return
 	}

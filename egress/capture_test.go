@@ -306,3 +306,42 @@ func TestCaptureDNS(t *testing.T) {
 		t.Errorf("the refused name was audited %d times on one connection, want once", n)
 	}
 }
+
+// splitConn sends its first write's first byte alone, then the rest.
+type splitConn struct {
+	net.Conn
+	split bool
+}
+
+func (c *splitConn) Write(b []byte) (int, error) {
+	if c.split || len(b) < 2 {
+		return c.Conn.Write(b)
+	}
+	c.split = true
+	if _, err := c.Conn.Write(b[:1]); err != nil {
+		return 0, err
+	}
+	n, err := c.Conn.Write(b[1:])
+	return n + 1, err
+}
+
+// TestCaptureClientHelloInPieces: a ClientHello whose first byte arrives
+// alone is still judged as TLS. (The proxy once kept the slice Peek gave
+// for that byte; reading the rest refilled the buffer under it, and the
+// stream was served as HTTP: "server gave HTTP response to HTTPS
+// client", Node's ERR_SSL_WRONG_VERSION_NUMBER.)
+func TestCaptureClientHelloInPieces(t *testing.T) {
+	t.Parallel()
+	ca := testca.New(t)
+	api := apiServer(t, ca)
+	proxy := startProxy(t, Config{Allow: mustRules(t, "api.example.test"), Resolve: mustPins(t, "api.example.test:443="+api)})
+	for i := range 200 {
+		raw := captured(t, proxy, "203.0.113.9:443")
+		raw.(*net.TCPConn).SetNoDelay(true)
+		c := tls.Client(&splitConn{Conn: raw}, &tls.Config{ServerName: "api.example.test", RootCAs: ca.Pool})
+		if err := c.Handshake(); err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		c.Close()
+	}
+}
