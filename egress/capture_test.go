@@ -262,7 +262,9 @@ func dnsQuery(t *testing.T, c net.Conn, name string, typ dnsmessage.Type) (dnsme
 // to port 53: allowed names (exact, under a wildcard, injected or
 // intercepted) with the addresses the proxy resolved, without the ones it
 // would never dial; any other name NXDOMAIN, audited once per connection.
-// Nothing is forwarded: other record types get no data.
+// Nothing is forwarded: other record types get no data. An allowed name
+// under a search domain (a pod's resolver tries those first) is NXDOMAIN
+// without an audit event.
 func TestCaptureDNS(t *testing.T) {
 	t.Parallel()
 	audit := &memAuditor{}
@@ -272,7 +274,8 @@ func TestCaptureDNS(t *testing.T) {
 		LookupIP: func(_ context.Context, host string) ([]netip.Addr, error) {
 			return []netip.Addr{netip.MustParseAddr("198.51.100.10"), netip.MustParseAddr("2001:db8::10"), netip.MustParseAddr("127.0.0.1")}, nil
 		},
-		Lease: testLease, Audit: audit,
+		DNSSearch: []string{"default.svc.cluster.local", "svc.cluster.local"},
+		Lease:     testLease, Audit: audit,
 	})
 	c := captured(t, proxy, "10.255.255.53:53")
 	for _, tc := range []struct {
@@ -289,6 +292,9 @@ func TestCaptureDNS(t *testing.T) {
 		{"cdn.example.test", dnsmessage.TypeA, dnsmessage.RCodeNameError, "[]"},
 		{"exfil-c2VjcmV0.attacker.test", dnsmessage.TypeA, dnsmessage.RCodeNameError, "[]"},
 		{"exfil-c2VjcmV0.attacker.test", dnsmessage.TypeAAAA, dnsmessage.RCodeNameError, "[]"},
+		// What a pod's resolver (ndots:5) asks before the name itself.
+		{"api.example.test.default.svc.cluster.local", dnsmessage.TypeA, dnsmessage.RCodeNameError, "[]"},
+		{"api.example.test.svc.cluster.local", dnsmessage.TypeA, dnsmessage.RCodeNameError, "[]"},
 	} {
 		code, addrs := dnsQuery(t, c, tc.name, tc.typ)
 		if code != tc.code || fmt.Sprint(addrs) != tc.addrs {
@@ -304,6 +310,14 @@ func TestCaptureDNS(t *testing.T) {
 	}
 	if n != 1 {
 		t.Errorf("the refused name was audited %d times on one connection, want once", n)
+	}
+	for _, ev := range audit.events() {
+		if strings.Contains(ev.Message, "cluster.local") {
+			t.Errorf("an allowed name under a search domain was audited: %s", ev.Message)
+		}
+	}
+	if got := resolvConfSearch("testdata/resolv.conf"); fmt.Sprint(got) != "[default.svc.cluster.local svc.cluster.local cluster.local]" {
+		t.Errorf("search domains of testdata/resolv.conf: %v", got)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -73,7 +74,9 @@ func (p *Proxy) answerDNS(ctx context.Context, msg []byte, refused map[string]bo
 		rh.RCode = dnsmessage.RCodeNotImplemented
 	case !p.nameAllowed(name):
 		rh.RCode = dnsmessage.RCodeNameError
-		if !refused[name] {
+		if p.searchExpansion(name) {
+			p.log.Debug("fenceline egress: DNS lookup of an allowed name under a search domain answered NXDOMAIN", "name", name)
+		} else if !refused[name] {
 			refused[name] = true
 			flag := p.cfg.Hint + " " + name
 			p.recordRefusal(ctx, "DNS lookup of "+name, &refusal{target: target{host: name, port: 53},
@@ -162,4 +165,36 @@ func (p *Proxy) lookupName(ctx context.Context, name string) ([]netip.Addr, erro
 		}
 	}
 	return out, nil
+}
+
+// searchExpansion reports whether name is an allowed name with one of the
+// resolver's search domains appended.
+func (p *Proxy) searchExpansion(name string) bool {
+	for _, d := range p.cfg.DNSSearch {
+		if base, ok := strings.CutSuffix(name, "."+d); ok && p.nameAllowed(base) {
+			return true
+		}
+	}
+	return false
+}
+
+// resolvConfSearch reads the search domains of a resolv.conf (none when
+// it cannot be read).
+func resolvConfSearch(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return []string{}
+	}
+	out := []string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 && (f[0] == "search" || f[0] == "domain") {
+			for _, d := range f[1:] {
+				if d = strings.ToLower(strings.Trim(d, ".")); d != "" && !slices.Contains(out, d) {
+					out = append(out, d)
+				}
+			}
+		}
+	}
+	return out
 }

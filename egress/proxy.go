@@ -66,6 +66,11 @@ type Config struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// LookupIP resolves a name (default net.DefaultResolver).
 	LookupIP func(ctx context.Context, host string) ([]netip.Addr, error)
+	// DNSSearch are the stub resolver's search domains (nil: those of
+	// /etc/resolv.conf, which the agent shares in a pod and under run).
+	// A lookup of an allowed name with one appended is what a resolver
+	// tries first (ndots): it is answered NXDOMAIN without an audit event.
+	DNSSearch []string
 	// DialTimeout bounds resolving and connecting (default 10 s).
 	DialTimeout time.Duration
 	Logger      *slog.Logger
@@ -109,6 +114,9 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.LookupIP = func(ctx context.Context, host string) ([]netip.Addr, error) {
 			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 		}
+	}
+	if cfg.DNSSearch == nil {
+		cfg.DNSSearch = resolvConfSearch("/etc/resolv.conf")
 	}
 	p := &Proxy{cfg: cfg, log: log, intercept: map[string]http.Handler{}, conns: map[net.Conn]struct{}{}}
 	for hp, h := range cfg.Intercept {
