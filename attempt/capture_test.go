@@ -97,8 +97,26 @@ func buildCapClient(t *testing.T) string {
 	return bin
 }
 
+// buildJavaFetch compiles testdata/Fetch.java (the JDK's HttpClient,
+// which ignores the proxy variables) and returns the command that runs
+// it trusting caFile.
+func buildJavaFetch(t *testing.T, caFile string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if out, err := exec.Command("javac", "-d", dir, "testdata/Fetch.java").CombinedOutput(); err != nil {
+		t.Fatalf("javac: %v\n%s", err, out)
+	}
+	store := filepath.Join(dir, "trust.p12")
+	if out, err := exec.Command("keytool", "-importcert", "-noprompt", "-alias", "testca", "-file", caFile,
+		"-keystore", store, "-storetype", "PKCS12", "-storepass", "changeit").CombinedOutput(); err != nil {
+		t.Fatalf("keytool: %v\n%s", err, out)
+	}
+	return "java -Djavax.net.ssl.trustStore=" + store + " -Djavax.net.ssl.trustStorePassword=changeit -cp " + dir + " Fetch"
+}
+
 // TestCaptureUnderRun (issue 31): under `fenceline run`, with the proxy
-// variables unset, curl, Node's fetch and a static Go binary reach an
+// variables unset, curl, Node's fetch, the JDK's HttpClient and a static
+// Go binary reach an
 // allowed host through transparent capture and are refused for another;
 // an allowed name's TLS server name on a connect to another address
 // reaches only the allowed host; glibc's resolver (getent, curl, Node)
@@ -126,6 +144,7 @@ func TestCaptureUnderRun(t *testing.T) {
 	}
 	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared, TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 
+	java := buildJavaFetch(t, ca.File)
 	p := strconv.Itoa(int(port))
 	allowed, other := "https://allowed.test:"+p+"/", "https://other.test:"+p+"/"
 	curl := "curl -sS --max-time 20 --noproxy '*' --cacert " + ca.File + " "
@@ -146,6 +165,8 @@ func TestCaptureUnderRun(t *testing.T) {
 		{"go-static", capclient + " get " + allowed + " " + hostA.addr.String(), true, "200 served by A"},
 		{"go-static-other", capclient + " get " + other + " " + hostB.addr.String(), false, "error:"},
 		{"go-static-allowed-sni-to-other-address", capclient + " get " + allowed + " " + hostB.addr.String(), true, "200 served by A"},
+		{"java-httpclient", java + " " + allowed, true, "200 served by A"},
+		{"java-httpclient-other", java + " " + other, false, "error: java.net.ConnectException"},
 		{"getent-allowed", "getent ahostsv4 allowed.test", true, addrA.String()},
 		{"getent-other", "getent ahostsv4 other.test", false, ""},
 		{"python-getaddrinfo", `python3 -c 'import socket; print(socket.getaddrinfo("allowed.test", 443, socket.AF_INET)[0][4][0])'`, true, addrA.String()},
