@@ -49,51 +49,67 @@ func (p *Proxy) serveCaptured(w http.ResponseWriter, r *http.Request) {
 		p.serveDNS(r.Context(), c)
 		return
 	}
+	isTLS, name, replay, err := sniff(c)
+	switch {
+	case errors.Is(err, io.EOF):
+		return // the agent closed without a byte: nothing to judge
+	case err != nil:
+		p.recordRefusal(r.Context(), "captured connection to "+dst.String(),
+			&refusal{target: targetOf(dst), why: "it is neither TLS nor HTTP (" + err.Error() + ")",
+				hint: "point the client at the egress proxy (HTTPS_PROXY) if it speaks another protocol"})
+	case isTLS:
+		p.serveCapturedTLS(r, replay, dst, name)
+	default:
+		p.serveCapturedHTTP(r, replay, dst) // judged per request
+	}
+}
+
+// sniff reads the start of a captured stream: a TLS ClientHello (its
+// server name, "" when it sends none) or an HTTP request line. What it
+// read is replayed by the returned connection.
+func sniff(c *bufConn) (isTLS bool, name string, replay *bufConn, err error) {
 	c.SetReadDeadline(time.Now().Add(sniffTimeout))
+	defer c.SetReadDeadline(time.Time{})
 	first, err := c.r.Peek(1)
 	if err != nil {
-		return // the agent closed without a byte: nothing to judge
+		return false, "", nil, io.EOF
 	}
 	// Copied: Peek's slice is the reader's buffer, which the reads below
 	// refill (a ClientHello arriving after its first byte made it HTTP).
-	isTLS := first[0] == 0x16 // a TLS handshake record
+	isTLS = first[0] == 0x16 // a TLS handshake record
 	var rec bytes.Buffer
-	var name string
 	if isTLS {
 		name, err = clientHelloName(io.TeeReader(c.r, &rec))
 	} else {
 		err = requestLine(io.TeeReader(c.r, &rec))
 	}
-	c.SetReadDeadline(time.Time{})
-	replay := &bufConn{Conn: client, r: bufio.NewReader(io.MultiReader(&rec, c.r))}
-	if err == nil && !isTLS {
-		p.serveCapturedHTTP(r, replay, dst) // judged per request
-		return
-	}
-	if err != nil {
-		p.recordRefusal(r.Context(), "captured connection to "+dst.String(),
-			&refusal{target: targetOf(dst), why: "it is neither TLS with a server name nor HTTP (" + err.Error() + ")",
-				hint: "point the client at the egress proxy (HTTPS_PROXY) if it speaks another protocol"})
-		return
-	}
+	replay = &bufConn{Conn: c.Conn, r: bufio.NewReader(io.MultiReader(&rec, c.r))}
+	return isTLS, name, replay, err
+}
+
+// serveCapturedTLS reaches the host a captured ClientHello names (by
+// address when it names none), judged like a CONNECT to it at the port
+// the agent chose, and pipes the stream there untouched; an intercepted
+// or injected host is served by its handler.
+func (p *Proxy) serveCapturedTLS(r *http.Request, c *bufConn, dst netip.AddrPort, name string) {
 	t := targetOf(dst)
 	if name != "" {
+		var err error
 		if t, err = newTarget(hostPort(name, int(dst.Port())), 0); err != nil {
 			p.recordRefusal(r.Context(), "captured connection to "+dst.String(),
 				&refusal{target: targetOf(dst), why: fmt.Sprintf("TLS server name %q: %v", name, err)})
 			return
 		}
 	}
-	what := fmt.Sprintf("captured connection to %s (TLS server name %q)", dst, name)
 	if h, ok := p.intercept[t.String()]; ok {
-		p.serveIntercepted(r, t, replay, h)
+		p.serveIntercepted(r, t, c, h)
 		return
 	}
 	up, err := p.dial(r.Context(), t)
 	var rf *refusal
 	switch {
 	case errors.As(err, &rf):
-		p.recordRefusal(r.Context(), what, rf)
+		p.recordRefusal(r.Context(), fmt.Sprintf("captured connection to %s (TLS server name %q)", dst, name), rf)
 		return
 	case err != nil:
 		p.log.Warn("fenceline egress: cannot reach an allowed host", "target", t.String(), "captured", dst.String(), "err", err)
@@ -105,7 +121,7 @@ func (p *Proxy) serveCaptured(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer p.untrack(up)
-	p.pipe(client, replay.r, up)
+	p.pipe(c.Conn, c.r, up)
 }
 
 // targetOf is the target an address names by itself (judged by address).
