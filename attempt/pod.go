@@ -138,6 +138,7 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 	defer settlePrivateState(priv, say) // after every process is gone: Start's failure, or Wait
 	pol.Hidden = HiddenPaths(env, spec.Hide...)
 	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, fences.Ports())
+	pol.Capture = fences.Capture() // connects that skip the proxy are handed to it
 	// The sidecar's admin port: once the sidecar is gone, whoever listens
 	// there is asked for the lease (and its restart would fail).
 	pol.ReservedPorts = sidecarPorts(spec.SidecarURL)

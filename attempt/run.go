@@ -181,7 +181,7 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	if pa := sc.PGAddr(); pa != nil {
 		r.say("postgres fence %s -> %s (PGHOST/PGPORT and DATABASE_URL point the agent at it)", pa, cfg.PGUpstream)
 	}
-	r.say("egress proxy %s (HTTPS_PROXY/HTTP_PROXY): %s", sc.EgressURL(), sc.Fences().EgressSummary())
+	r.say("egress proxy %s (HTTPS_PROXY/HTTP_PROXY; connects that skip it are captured into it): %s", sc.EgressURL(), sc.Fences().EgressSummary())
 
 	pol, created, err := Policy(r.co, l, spec.AllowWrite)
 	if err != nil {
@@ -215,6 +215,7 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	}
 	pol.Hidden = HiddenPaths(env, secrets[1:]...)
 	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, sc.Ports())
+	pol.Capture = sc.Fences().Capture() // connects that skip the proxy are handed to it
 	pol.ReservedPorts = ConnectPorts(spec.Reserve, LocalPorts(cfg.PGUpstream, cfg.GitUpstream))
 	pol.BindPorts = spec.AllowBind
 	pol.KillGrace = spec.KillGrace

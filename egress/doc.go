@@ -50,6 +50,38 @@
 // that writes repositories with the agent's token, e.g. api.github.com:
 // allowing it lets the agent change refs past the git fence).
 //
+// # Transparent capture
+//
+// A client that ignores HTTPS_PROXY (Node 20's fetch, a static binary,
+// a raw socket) connects to an address itself. The file guard's
+// supervisor performs every connect: one it would refuse (any address but
+// the loopback's, or port 53) is connected to this proxy instead and
+// announced with a CONNECT carrying CaptureHeader (the address the agent
+// chose as its authority), written before any byte of the agent's. The
+// proxy answers nothing and judges the stream itself:
+//
+//	agent (no proxy)        supervisor              egress proxy            host
+//	  | connect(A:443) ------->| connect(proxy)          |                    |
+//	  |                        | CONNECT A:443 + header ->|                    |
+//	  |<-- 0 (connected) ------|                          |                    |
+//	  | ClientHello (SNI api) ---------------------------->| allowed? resolve api, judge
+//	  |                                                    |------ TCP -------->| (api's address,
+//	  |<================== TLS, end to end ==================================> |  never A)
+//
+// TLS is judged by the ClientHello's server name (none: by the address,
+// which must be allowed as one) and dialled by that name, resolved and
+// judged like a CONNECT: a server name of an allowed host on a connect to
+// another address reaches the allowed host only. An intercepted or
+// injected host is served as through CONNECT (its TLS terminated with the
+// run's CA, the credential added). Plain HTTP is served as HTTP_PROXY
+// requests, each judged by its Host header at the port the agent chose.
+// Anything else is refused and audited (boundary net). Port 53 is DNS over
+// TCP (RFC 7766): the proxy answers A and AAAA queries for names the
+// agent may reach (allowlist entries, names under a wildcard, intercepted
+// and injected hosts) with the addresses it resolves (a pin wins;
+// loopback, link-local and the like left out), other names NXDOMAIN
+// (audited once per connection); nothing is forwarded to a DNS server.
+//
 // The proxy does not look at the lease's state: egress is not a write to
 // anything fenceline fences (pushes still go through the git fence, which
 // does).

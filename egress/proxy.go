@@ -66,6 +66,11 @@ type Config struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// LookupIP resolves a name (default net.DefaultResolver).
 	LookupIP func(ctx context.Context, host string) ([]netip.Addr, error)
+	// DNSSearch are the stub resolver's search domains (nil: those of
+	// /etc/resolv.conf, which the agent shares in a pod and under run).
+	// A lookup of an allowed name with one appended is what a resolver
+	// tries first (ndots): it is answered NXDOMAIN without an audit event.
+	DNSSearch []string
 	// DialTimeout bounds resolving and connecting (default 10 s).
 	DialTimeout time.Duration
 	Logger      *slog.Logger
@@ -109,6 +114,9 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.LookupIP = func(ctx context.Context, host string) ([]netip.Addr, error) {
 			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 		}
+	}
+	if cfg.DNSSearch == nil {
+		cfg.DNSSearch = resolvConfSearch("/etc/resolv.conf")
 	}
 	p := &Proxy{cfg: cfg, log: log, intercept: map[string]http.Handler{}, conns: map[net.Conn]struct{}{}}
 	for hp, h := range cfg.Intercept {
@@ -331,6 +339,10 @@ func (p *Proxy) dialJudged(ctx context.Context, network, addr string) (net.Conn,
 
 // ServeHTTP serves one proxy request: CONNECT or an absolute-URI request.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodConnect && r.Header.Get(CaptureHeader) != "" {
+		p.serveCaptured(w, r)
+		return
+	}
 	if r.Method == http.MethodConnect {
 		p.serveConnect(w, r)
 		return
@@ -501,20 +513,31 @@ func (p *Proxy) tlsConfig(r *http.Request, t target) (*tls.Config, error) {
 // refuse answers 403 naming the host, the lease and what to do, logs it
 // and records it in the audit.
 func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, rf *refusal) {
-	var l leasebus.Lease
-	if p.cfg.Lease != nil {
-		l = p.cfg.Lease.Lease()
-	}
 	what := rf.target.String()
 	if r.Method != http.MethodConnect {
 		what = r.Method + " " + r.URL.Redacted()
 	}
-	msg := fmt.Sprintf("fenceline egress: %s refused for lease %s (%s, fence %d): %s; %s",
-		what, orNone(l.LeaseID), l.Owner, l.Fence, rf.why, rf.hint)
+	msg := p.recordRefusal(r.Context(), what, rf)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Proxy-Status", fmt.Sprintf("fenceline; error=http_request_denied; details=%q", rf.why))
+	w.Header().Set("Connection", "close")
+	w.WriteHeader(http.StatusForbidden)
+	io.WriteString(w, msg+"\n")
+}
+
+// recordRefusal logs the refusal of what and records it in the audit
+// (boundary net, naming the lease, owner and fence); it returns the
+// message.
+func (p *Proxy) recordRefusal(ctx context.Context, what string, rf *refusal) string {
+	l := p.lease()
+	msg := fmt.Sprintf("fenceline egress: %s refused for lease %s (%s, fence %d): %s", what, orNone(l.LeaseID), l.Owner, l.Fence, rf.why)
+	if rf.hint != "" {
+		msg += "; " + rf.hint
+	}
 	reason := cmp.Or(rf.reason, leasebus.ReasonNotAllowed)
 	p.log.Warn(msg, "target", rf.target.String(), "reason", reason)
 	if p.cfg.Audit != nil {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		ev := leasebus.AuditEvent{
 			Time: time.Now().UTC(), Type: leasebus.EventDenied, Boundary: leasebus.BoundaryNet,
 			Repo: l.Repo, LeaseID: l.LeaseID, Owner: l.Owner, Scope: l.Scope, Fence: l.Fence,
@@ -525,11 +548,7 @@ func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, rf *refusal) {
 		}
 		cancel()
 	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("Proxy-Status", fmt.Sprintf("fenceline; error=http_request_denied; details=%q", rf.why))
-	w.Header().Set("Connection", "close")
-	w.WriteHeader(http.StatusForbidden)
-	io.WriteString(w, msg+"\n")
+	return msg
 }
 
 func orNone(s string) string {

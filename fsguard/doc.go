@@ -97,8 +97,11 @@
 //     SCTP, Unix datagram, packet and vsock sockets are refused (EACCES,
 //     audited on boundary "net"), so an address passed to sendto/sendmsg
 //     reaches nobody; Policy.AllowAnyConnect allows UDP. Names resolve
-//     through the egress proxy: glibc finds localhost in /etc/hosts, a DNS
-//     query fails.
+//     through the egress proxy: over CONNECT, or, for a client that
+//     resolves before connecting, by DNS over TCP to port 53, which is
+//     captured (below) and answered by the proxy (the agent's
+//     RES_OPTIONS=use-vc makes glibc's resolver ask over TCP). A UDP
+//     query fails at socket().
 //   - A send with MSG_FASTOPEN and setsockopt TCP_FASTOPEN_CONNECT get
 //     EOPNOTSUPP (what a kernel with client Fast Open off answers, so
 //     clients fall back to connect) and are audited: TCP Fast Open
@@ -115,6 +118,20 @@
 //     or swapping a symlink after the check reaches nothing. The filter is
 //     installed with WAIT_KILLABLE_RECV, so a signal cannot make the kernel
 //     restart a connect the supervisor already made.
+//   - Transparent capture (Policy.Capture, the egress proxy's address): a
+//     TCP connect not allowed as it is, to any address but the loopback's
+//     or to port 53 anywhere, is connected to the proxy instead. The
+//     supervisor connects its duplicate of the agent's socket there (a
+//     v4-mapped address for an IPv6 socket, its v6-only option cleared),
+//     waits for a non-blocking connect to complete, writes
+//     CapturePreamble naming the address it copied, and answers the
+//     connect as done: the agent's first byte follows the preamble, and
+//     the proxy judges the stream by its TLS server name or HTTP Host
+//     (DNS for port 53) and dials that name, never the address. Tools
+//     that ignore HTTPS_PROXY (Node 20's fetch, static binaries, raw
+//     sockets) reach allowed hosts this way; the rest is refused by the
+//     proxy and audited there. The loopback's other ports stay refused
+//     here (TestTCPConnectCaptured, TestTCPConnectCaptureAddressRace).
 //   - bind() and listen() always trap. The agent shares its network
 //     namespace with the sidecar (in a pod, with every container): a port
 //     or an abstract Unix name it holds is what the sidecar's clients (the
@@ -272,6 +289,10 @@
 //   - A descriptor opened for writing while the lease was held stays
 //     writable after it is lost: write(2), mmap and friends on it are not
 //     trapped (trapping every write would cost a round trip per write).
+//   - A captured socket is connected to the egress proxy: getpeername
+//     answers the proxy's address, not the one the agent chose. UDP
+//     (Go's own resolver, musl's, QUIC) stays refused: only DNS over
+//     TCP is answered.
 //   - The supervisor makes the agent's connects: a Unix-socket server sees
 //     the supervisor's credentials (SO_PEERCRED), not the agent's. A TCP
 //     connect still pending when the attempt ends is shut down; a connect
@@ -345,7 +366,8 @@
 // kernel has it); reads, writes to open descriptors and read-only opens
 // cost nothing extra. A connect costs more than a plain loopback connect
 // (the supervisor copies the address, duplicates the socket, connects it
-// from a goroutine of its own and answers; BenchmarkConnect). socket(), sends and
+// from a goroutine of its own and answers; BenchmarkConnect); a captured
+// connect adds the preamble's write (BenchmarkConnectCaptured). socket(), sends and
 // setsockopt are decided in the filter.
 // A metadata call or inode ioctl costs that round trip plus the
 // supervisor's resolution and the call itself.

@@ -265,6 +265,10 @@ func emulateConnect(t *trap) {
 			return
 		}
 		if !t.pr.policy.AllowAnyConnect && (!ap.Addr().Unmap().IsLoopback() || !slices.Contains(t.pr.policy.ConnectPorts, ap.Port())) {
+			if t.pr.policy.captures(ap) && isTCP(sock) {
+				captureConnect(t, sock, fam, ap)
+				return
+			}
 			t.deny(unix.EACCES, lease.BoundaryNet, lease.ReasonNotAllowed,
 				fmt.Sprintf("connect to %s: only the sidecar's loopback ports are allowed; %s", ap, egressHint), nil)
 			return
@@ -287,6 +291,130 @@ func emulateConnect(t *trap) {
 		return
 	}
 	t.replyErr(t.pr.doConnect(sock, sa))
+}
+
+// captures reports whether a TCP connect to dst, not allowed as it is,
+// goes to the egress proxy instead: any address but the loopback's, and
+// DNS (port 53) anywhere.
+func (p *Policy) captures(dst netip.AddrPort) bool {
+	return p.Capture.IsValid() && (!dst.Addr().Unmap().IsLoopback() || dst.Port() == 53)
+}
+
+// isTCP reports whether sock is a TCP socket (MPTCP and the rest are
+// refused at socket()).
+func isTCP(sock int) bool {
+	typ, err := unix.GetsockoptInt(sock, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil || typ != unix.SOCK_STREAM {
+		return false
+	}
+	proto, err := unix.GetsockoptInt(sock, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	return err == nil && proto == unix.IPPROTO_TCP
+}
+
+// CapturePreamble is what the supervisor writes on a captured connection
+// before any byte of the agent's: a CONNECT to the address the agent
+// chose, marked with the egress proxy's capture header. The proxy answers
+// nothing and judges the bytes that follow by name.
+func CapturePreamble(dst netip.AddrPort) []byte {
+	d := netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port()).String()
+	return []byte("CONNECT " + d + " HTTP/1.1\r\nHost: " + d + "\r\nFenceline-Capture: 1\r\n\r\n")
+}
+
+// captureTimeout bounds connecting to the egress proxy and writing the
+// preamble.
+const captureTimeout = 10 * time.Second
+
+// captureConnect connects the supervisor's duplicate of the agent's TCP
+// socket to the egress proxy (Policy.Capture) instead of dst, writes the
+// capture preamble naming dst and answers the connect as done: the
+// agent's first byte follows the preamble. Nothing is read from the
+// agent after the address was copied.
+func captureConnect(t *trap, sock int, fam uint16, dst netip.AddrPort) {
+	c := t.pr.policy.Capture
+	var sa unix.Sockaddr
+	if fam == unix.AF_INET {
+		if !c.Addr().Unmap().Is4() {
+			t.deny(unix.ENETUNREACH, lease.BoundaryNet, lease.ReasonNotAllowed,
+				fmt.Sprintf("connect to %s: the egress proxy (%s) cannot be reached from an IPv4 socket", dst, c), nil)
+			return
+		}
+		sa = &unix.SockaddrInet4{Port: int(c.Port()), Addr: c.Addr().Unmap().As4()}
+	} else {
+		sa = &unix.SockaddrInet6{Port: int(c.Port()), Addr: c.Addr().As16()} // v4-mapped for an IPv4 proxy
+		if c.Addr().Unmap().Is4() {
+			// A v6-only socket (Go's "tcp6") cannot reach a v4-mapped
+			// address; it is connected to the proxy alone, so the option
+			// guards nothing here.
+			unix.SetsockoptInt(sock, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0)
+		}
+	}
+	err := t.pr.abortable(sock, func() error { return unix.Connect(sock, sa) })
+	// EINTR: a signal to the supervisor's thread cut a blocking connect
+	// short; the connection goes on (EALREADY when restarted).
+	if errors.Is(err, unix.EINPROGRESS) || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) || errors.Is(err, unix.EALREADY) {
+		err = waitWritable(sock, captureTimeout)
+	}
+	if err == nil {
+		err = writeAll(sock, CapturePreamble(dst), captureTimeout)
+	}
+	if err != nil {
+		t.pr.policy.logger().Warn("fenceline guard: a captured connect did not reach the egress proxy", "dst", dst.String(), "proxy", c.String(), "err", err)
+		t.failErr(err)
+		return
+	}
+	t.reply(0)
+}
+
+// waitWritable waits until a connecting non-blocking socket is
+// connected, and returns its error.
+func waitWritable(sock int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		fds := []unix.PollFd{{Fd: int32(sock), Events: unix.POLLOUT}}
+		ms := int(time.Until(deadline).Milliseconds())
+		if ms <= 0 {
+			return unix.ETIMEDOUT
+		}
+		n, err := unix.Poll(fds, ms)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return unix.ETIMEDOUT
+		}
+		soErr, err := unix.GetsockoptInt(sock, unix.SOL_SOCKET, unix.SO_ERROR)
+		if err != nil {
+			return err
+		}
+		if soErr != 0 {
+			return unix.Errno(soErr)
+		}
+		return nil
+	}
+}
+
+// writeAll writes b on sock, waiting while a non-blocking socket is full.
+func writeAll(sock int, b []byte, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for len(b) > 0 {
+		n, err := unix.SendmsgN(sock, b, nil, nil, unix.MSG_NOSIGNAL)
+		switch {
+		case errors.Is(err, unix.EAGAIN):
+			if err := waitWritable(sock, time.Until(deadline)); err != nil {
+				return err
+			}
+			continue
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
 }
 
 // inetAddr decodes an AF_INET or AF_INET6 address, with the length checks

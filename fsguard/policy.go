@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -61,6 +62,13 @@ type Policy struct {
 	// any address and UDP sockets; it does not open Unix sockets.
 	ConnectPorts    []uint16
 	AllowAnyConnect bool
+	// Capture is the egress proxy's address (loopback). When set, a TCP
+	// connect to any address but the loopback's, or to port 53 anywhere,
+	// is connected to the proxy instead, announced with CapturePreamble
+	// naming the address the agent chose; the proxy judges the stream by
+	// its TLS server name or HTTP Host header (DNS over TCP for port 53)
+	// and dials that name. Zero: such connects are refused.
+	Capture netip.AddrPort
 	// BindPorts are the fixed TCP ports the attempt may bind and listen
 	// on (a dev server's). A port the kernel chooses (bind to port 0, or
 	// listen with no bind: test servers) is always allowed; every other

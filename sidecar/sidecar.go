@@ -489,6 +489,7 @@ func (f Fences) Env(base []string) []string {
 	}
 	if f.Egress != "" {
 		env = withProxy(env, f.Egress)
+		env = withResolverTCP(env)
 	}
 	if f.CABundle != "" {
 		env = withCABundle(env, f.CABundle, f.CAFile)
@@ -506,8 +507,8 @@ var noProxy = []string{"127.0.0.1", "localhost", "::1"}
 // HTTPS_PROXY and HTTP_PROXY in both cases (curl and git, Go, Python,
 // the agent CLIs), NO_PROXY with the loopback names added, and
 // NODE_USE_ENV_PROXY=1 for Node's built-in fetch (Node 24, late 22.x;
-// older Node ignores it, and its fetch then goes nowhere: the guard
-// refuses a direct connection). ALL_PROXY is dropped: it would name a
+// older Node ignores it, and the guard then captures its direct
+// connection into the proxy). ALL_PROXY is dropped: it would name a
 // proxy the guard does not let the agent reach.
 func withProxy(env []string, proxyURL string) []string {
 	var noProxyVals []string
@@ -535,6 +536,46 @@ func withProxy(env []string, proxyURL string) []string {
 	np := strings.Join(noProxyVals, ",")
 	return append(out, "HTTPS_PROXY="+proxyURL, "https_proxy="+proxyURL, "HTTP_PROXY="+proxyURL, "http_proxy="+proxyURL,
 		"NO_PROXY="+np, "no_proxy="+np, "NODE_USE_ENV_PROXY=1")
+}
+
+// withResolverTCP adds use-vc to RES_OPTIONS: glibc's resolver (curl,
+// Node's dns.lookup and fetch, Python, cgo Go programs) then asks its
+// name server over TCP, which the file guard captures and the egress
+// proxy answers (names the agent may reach only). UDP never leaves the
+// sandbox: the guard refuses datagram sockets.
+func withResolverTCP(env []string) []string {
+	out := make([]string, 0, len(env)+1)
+	opts := "use-vc"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "RES_OPTIONS="); ok {
+			if !slices.Contains(strings.Fields(v), "use-vc") {
+				opts = strings.TrimSpace(v + " use-vc")
+			} else {
+				opts = v
+			}
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, "RES_OPTIONS="+opts)
+}
+
+// Capture is where the file guard hands the agent's TCP connects that
+// skip the egress proxy (fsguard.Policy.Capture): the proxy's address,
+// on the loopback when it listens on every address. Zero without a proxy.
+func (f Fences) Capture() netip.AddrPort {
+	u, err := url.Parse(f.Egress)
+	if err != nil || f.Egress == "" {
+		return netip.AddrPort{}
+	}
+	ap, err := netip.ParseAddrPort(u.Host)
+	if err != nil {
+		return netip.AddrPort{}
+	}
+	if ap.Addr().IsUnspecified() {
+		ap = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), ap.Port())
+	}
+	return ap
 }
 
 // Ports are the TCP ports of the fences and the egress proxy.

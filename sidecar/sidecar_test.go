@@ -156,6 +156,19 @@ func TestFencesEnvProxy(t *testing.T) {
 	if got := f.Ports(); !slices.Equal(got, []uint16{7001, 7002}) {
 		t.Errorf("ports %v, want [7001 7002]", got)
 	}
+	// glibc's resolver asks over TCP, which the guard captures.
+	if !slices.Contains(env, "RES_OPTIONS=use-vc") {
+		t.Errorf("env lacks RES_OPTIONS=use-vc:\n%s", strings.Join(env, "\n"))
+	}
+	if env := f.Env([]string{"RES_OPTIONS=ndots:2"}); !slices.Contains(env, "RES_OPTIONS=ndots:2 use-vc") {
+		t.Errorf("RES_OPTIONS=ndots:2 not kept with use-vc:\n%s", strings.Join(env, "\n"))
+	}
+	if got, want := f.Capture().String(), "127.0.0.1:7002"; got != want {
+		t.Errorf("capture %s, want %s", got, want)
+	}
+	if got, want := (Fences{Egress: "http://0.0.0.0:7002"}).Capture().String(), "127.0.0.1:7002"; got != want {
+		t.Errorf("capture of a proxy on every address %s, want %s", got, want)
+	}
 	// A sidecar that predates the egress proxy: nothing about proxies.
 	if env := (Fences{Postgres: "127.0.0.1:7003"}).Env(nil); slices.ContainsFunc(env, func(kv string) bool { return strings.Contains(kv, "PROXY") }) {
 		t.Errorf("proxy env without an egress proxy: %v", env)

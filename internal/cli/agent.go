@@ -59,7 +59,8 @@ plus --allow-write paths, and a private HOME holding a copy of each
 agent changed there named). TCP connects: the sidecar's fences (its git and
 Postgres fences, whose addresses the agent's git and libpq are pointed at),
 its egress proxy (HTTPS_PROXY/HTTP_PROXY; it tunnels the hosts the sidecar
-allows with its --allow-host and refuses the rest) and --allow-connect
+allows with its --allow-host and refuses the rest; a connect elsewhere is
+handed to it and judged by the name the stream carries) and --allow-connect
 ports; never the admin port. CMD listens only on ports the kernel chooses
 (port 0) and --allow-bind ports, never on the admin port or a fence's: the
 agent shares the pod's network namespace, and after a sidecar restart the

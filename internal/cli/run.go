@@ -103,7 +103,11 @@ the agent's HTTPS_PROXY/HTTP_PROXY point at (loopback stays direct through
 NO_PROXY): hosts named by --allow-host are tunnelled untouched (TLS end to
 end), the git upstream's host goes to the git fence, and every other host
 is refused with 403 naming it, the lease and the flag to add, in the audit
-trail and on stderr.
+trail and on stderr. A tool that ignores the proxy variables (Node 20's
+fetch, a static binary) has its connects handed to the same proxy by the
+guard, judged by the TLS server name or HTTP Host it sends; names resolve
+over TCP DNS the proxy answers for allowed hosts only (RES_OPTIONS=use-vc:
+glibc's resolver; Go's own and musl's ask over UDP and get no answer).
 
 If the lease is lost (revoked, expired, bus unreachable past its margin),
 every file write and push of the agent is refused from then on while reads

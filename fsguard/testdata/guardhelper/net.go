@@ -5,6 +5,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -26,6 +27,8 @@ var netModes = map[string]func(args []string){
 	"unixconnect": unixConnect, // unixconnect PATH (@name: abstract)
 	"unixrace":    unixRace,    // unixrace PATH N
 	"connectrace": connectRace, // connectrace ALLOWED-PORT FORBIDDEN-PORT N
+	"capturerace": captureRace, // capturerace ADDR:PORT ADDR:PORT N (IPv4): the address flips under the call
+	"connectsend": connectSend, // connectsend NETWORK ADDR: connect, write "hello\n"
 	"udp":         udpSend,     // udp ADDR
 	"socket":      socketMode,  // socket DOMAIN TYPE PROTO [pair]
 	"bindunix":    bindUnix,    // bindunix PATH
@@ -259,6 +262,65 @@ func connectSig(args []string) {
 	for range n {
 		fd := tcpSocket(sa, 0)
 		counts[res(unix.Connect(fd, sa))]++
+		unix.Close(fd)
+	}
+	stop.Store(true)
+	<-done
+	fmt.Println(counts)
+}
+
+// connectSend connects (Go's non-blocking connect) and writes a line.
+func connectSend(args []string) {
+	c, err := net.DialTimeout(args[0], args[1], 5*time.Second)
+	if err == nil {
+		_, err = c.Write([]byte("hello\n"))
+		c.Close()
+	}
+	fmt.Println(res(err))
+}
+
+// captureRace connects N times to an address a second thread flips
+// between two whole IPv4 socket addresses under the call.
+func captureRace(args []string) {
+	word := func(s string) (uint32, uint32) { // family+port, address, little endian
+		ap := netip.MustParseAddrPort(s)
+		a := ap.Addr().As4()
+		return uint32(unix.AF_INET) | uint32(ap.Port()>>8)<<16 | uint32(ap.Port()&0xff)<<24,
+			uint32(a[0]) | uint32(a[1])<<8 | uint32(a[2])<<16 | uint32(a[3])<<24
+	}
+	p1, a1 := word(args[0])
+	p2, a2 := word(args[1])
+	n, _ := strconv.Atoi(args[2])
+	var sa [4]uint32 // struct sockaddr_in, 16 bytes
+	sa[0], sa[1] = p1, a1
+	var stop atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		for i := 0; !stop.Load(); i++ {
+			if i%2 == 0 {
+				atomic.StoreUint32(&sa[0], p2)
+				atomic.StoreUint32(&sa[1], a2)
+			} else {
+				atomic.StoreUint32(&sa[0], p1)
+				atomic.StoreUint32(&sa[1], a1)
+			}
+		}
+	}()
+	counts := map[string]int{}
+	for range n {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			fmt.Println("socket:", res(err))
+			os.Exit(1)
+		}
+		_, _, errno := unix.Syscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&sa[0])), 16)
+		var err2 error
+		if errno != 0 {
+			err2 = errno
+		}
+		counts[res(err2)]++
 		unix.Close(fd)
 	}
 	stop.Store(true)
