@@ -103,7 +103,9 @@ const writeCheckHint = "acquire a lease that claims every table the functions wr
 // writeCheckSQL is the check that follows a checked write in its
 // transaction: a DO block (one line) that raises the lease's refusal when
 // the transaction wrote a table outside the claim, or the catalogs (unless
-// opaque writes are allowed). It pins search_path to pg_catalog for the
+// opaque writes are allowed). It first fires what the statement deferred
+// to COMMIT (SET CONSTRAINTS ALL IMMEDIATE: deferred constraint triggers
+// and foreign-key actions), so their writes are counted too. It pins search_path to pg_catalog for the
 // rest of the transaction (it is its last statement), so what the checked
 // statement did to the path or the session's objects does not change what
 // the check reads.
@@ -131,6 +133,7 @@ func (s *session) writeCheckSQL(st *Statement, li leaseInfo) string {
 	msgT, detail := refusalText(&refusal{reason: fmt.Sprintf("a function it calls wrote table @T@, outside the lease's table scope %v", li.tables)}, st, li)
 	msgO, _ := refusalText(&refusal{reason: "cannot tell which tables a function it calls wrote: @T@"}, st, li)
 	return "DO $fl_do$DECLARE t pg_catalog.text; unnamed pg_catalog.bool; BEGIN " +
+		"SET CONSTRAINTS ALL IMMEDIATE; " +
 		"IF pg_catalog.txid_current_if_assigned() IS NULL THEN RETURN; END IF; " +
 		"PERFORM pg_catalog.set_config('search_path', 'pg_catalog', true); " + counts +
 		"SELECT CASE WHEN s.schemaname = 'pg_catalog' THEN pg_catalog.format('it changed the catalogs (%s: DDL, TRUNCATE, large objects or temporary tables)', s.relname) " +

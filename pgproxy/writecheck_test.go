@@ -17,7 +17,7 @@ import (
 func writeCheckFixture(t *testing.T) {
 	t.Helper()
 	_, err := adminConn(t).Exec(ctxT(t), `
-DROP TABLE IF EXISTS app.wc35, app.wc35_trig, public.wc35_out CASCADE;
+DROP TABLE IF EXISTS app.wc35, app.wc35_trig, app.wc35_def, public.wc35_out CASCADE;
 CREATE TABLE app.wc35 (id serial PRIMARY KEY, v text);
 CREATE TABLE app.wc35_trig (v text);
 CREATE TABLE public.wc35_out (v text);
@@ -36,9 +36,13 @@ BEGIN INSERT INTO public.wc35_out VALUES (NEW.v); RETURN NEW; END $$;
 CREATE TRIGGER wc35_t AFTER INSERT ON app.wc35_trig FOR EACH ROW EXECUTE FUNCTION app.wc35_tf();
 CREATE OR REPLACE FUNCTION app.wc35_via_trigger(x text) RETURNS int LANGUAGE sql AS
   $$ INSERT INTO app.wc35_trig VALUES (x); SELECT 1 $$;
+CREATE TABLE app.wc35_def (v text);
+CREATE CONSTRAINT TRIGGER wc35_d AFTER INSERT ON app.wc35_def DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION app.wc35_tf();
+CREATE OR REPLACE FUNCTION app.wc35_deferred(x text) RETURNS int LANGUAGE sql AS
+  $$ INSERT INTO app.wc35_def VALUES (x); SELECT 1 $$;
 CREATE OR REPLACE FUNCTION app.wc35_path(x text) RETURNS int LANGUAGE plpgsql AS $$
 BEGIN PERFORM pg_catalog.set_config('search_path', 'app', false); INSERT INTO public.wc35_out VALUES (x); RETURN 1; END $$;
-ALTER TABLE app.wc35 OWNER TO agent; ALTER TABLE app.wc35_trig OWNER TO agent; ALTER TABLE public.wc35_out OWNER TO agent;
+ALTER TABLE app.wc35 OWNER TO agent; ALTER TABLE app.wc35_trig OWNER TO agent; ALTER TABLE app.wc35_def OWNER TO agent; ALTER TABLE public.wc35_out OWNER TO agent;
 ALTER SEQUENCE app.wc35_id_seq OWNER TO agent;
 GRANT CREATE ON SCHEMA app TO agent;`)
 	if err != nil {
@@ -58,8 +62,9 @@ func countRows(t *testing.T, table, v string) int {
 // A read that calls a function writing only claimed tables runs under the
 // lease as direct, in either protocol (SQL and plpgsql functions, a
 // function's serial nextval); one whose function writes a table outside
-// the claim — in its own text, by dynamic SQL, through a trigger, after
-// switching search_path — is refused naming the lease and the table, and
+// the claim — in its own text, by dynamic SQL, through a trigger, through
+// a constraint trigger deferred to COMMIT, after switching search_path —
+// is refused naming the lease and the table, and
 // everything it wrote, claimed tables' too, is rolled back; DDL from a
 // function is refused as opaque. Each refusal is audited. Without a live
 // lease the read stays read-only (Postgres's 25006), as before.
@@ -90,6 +95,7 @@ func TestFunctionFromReadAsDirect(t *testing.T) {
 			{"SELECT app.wc35_dyn('public.wc35_out', $1)", "public.wc35_out"},
 			{"SELECT app.wc35_via_trigger($1)", "public.wc35_out"},
 			{"SELECT app.wc35_path($1)", "public.wc35_out"},
+			{"SELECT app.wc35_deferred($1)", "public.wc35_out"},
 			{"SELECT v FROM app.wc35 WHERE app.wc35_both($1) = 1", "public.wc35_out"},
 		} {
 			args := []any{mode}
@@ -109,7 +115,7 @@ func TestFunctionFromReadAsDirect(t *testing.T) {
 				}
 			}
 		}
-		for _, table := range []string{"app.wc35", "app.wc35_trig", "public.wc35_out"} {
+		for _, table := range []string{"app.wc35", "app.wc35_trig", "app.wc35_def", "public.wc35_out"} {
 			if got := countRows(t, table, bad); got != 0 {
 				t.Errorf("%s has %d rows of a refused read (%v), want 0 (rolled back)", table, got, mode)
 			}
