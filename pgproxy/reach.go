@@ -98,13 +98,15 @@ UNION ALL SELECT 'c', 'foreign server ' || sv.srvname FROM pg_catalog.pg_foreign
   WHERE w.fdwname <> 'file_fdw' AND EXISTS (SELECT 1 FROM pg_catalog.pg_foreign_table ft WHERE ft.ftserver = sv.oid)`
 
 // plannerDefaultsSQL sets the planner's settings (Query Tuning: the
-// enable_* switches, costs, plan_cache_mode, jit, ...) back to the
-// session's defaults for the rest of the transaction, and returns no row.
+// enable_* switches, costs, plan_cache_mode, jit, ...; and parallel
+// query, forced or per gather) back to the session's defaults for the rest
+// of the transaction, and returns no row. Only settings any user may set.
 // The proxy's catalog queries run in the client's session: a client that
 // switched enable_seqscan off (Postgres's own regression tests do) made
 // each take seconds instead of milliseconds.
 const plannerDefaultsSQL = `SELECT 1 FROM (SELECT pg_catalog.count(pg_catalog.set_config(s.name, s.reset_val, true)) AS n
-  FROM pg_catalog.pg_settings s WHERE pg_catalog.starts_with(s.category, 'Query Tuning') AND s.setting IS DISTINCT FROM s.reset_val) x WHERE x.n < 0`
+  FROM pg_catalog.pg_settings s WHERE s.context = 'user' AND s.setting IS DISTINCT FROM s.reset_val
+    AND (pg_catalog.starts_with(s.category, 'Query Tuning') OR s.name IN ('force_parallel_mode', 'max_parallel_workers_per_gather'))) x WHERE x.n < 0`
 
 // catalogQuery runs q, a catalog lookup of the proxy's own, with the
 // planner's default settings (plannerDefaultsSQL) when it runs in a
