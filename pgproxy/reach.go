@@ -52,6 +52,11 @@ type catalog struct {
 	mu    sync.Mutex
 	rels  map[relKey]*reach // guarded by mu
 	calls map[callKey]callInfo
+	// seenBuiltin holds the calls a lookup found no user code behind,
+	// kept across invalidate and TTL (guarded by mu): a read whose calls
+	// are all here is not made a checked write (see mayCheckWrites), so it
+	// needs no lookup. Stale is safe: such a read runs read-only.
+	seenBuiltin map[callKey]bool
 	// foreign holds, by database, a *foreignSet: what a read may not
 	// name. Read without the lock on every read (see readsForeign).
 	foreign sync.Map
@@ -120,7 +125,7 @@ func (s *session) catalogQuery(q string) ([][]string, error) {
 }
 
 func newCatalog() *catalog {
-	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}}
+	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}, seenBuiltin: map[callKey]bool{}}
 }
 
 type relKey struct {
@@ -644,6 +649,12 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 			}
 			if !private {
 				cat.calls[k] = callInfo{user: user[c] || c == "q?", owners: owners[c], at: now}
+				if !user[c] && c[0] != 'q' {
+					if len(cat.seenBuiltin) >= 1<<16 {
+						clear(cat.seenBuiltin)
+					}
+					cat.seenBuiltin[k] = true
+				}
 			}
 		}
 		cat.mu.Unlock()

@@ -40,11 +40,26 @@ import (
 // mayCheckWrites: st, the one statement of a unit about to start a new
 // implicit transaction (between), is a read that calls something, under a
 // live lease, so it may be run as a checked write (checkedWrite decides,
-// once the calls are known).
+// once the calls are known). A read whose calls lookups have found builtin
+// before is not: it needs no lookup, and takes the fast path as before.
 func (s *session) mayCheckWrites(st *Statement, n int, between bool) bool {
 	return n == 1 && between && !s.sim.inBlock && !s.clientRO && st != nil &&
 		st.Class == ClassRead && len(st.Calls) > 0 && st.Tx == TxNone && !st.Session &&
-		st.Forbidden == "" && st.Unsure == "" && st.Prepare == "" && s.lease().live()
+		st.Forbidden == "" && st.Unsure == "" && st.Prepare == "" && !s.seenBuiltin(st) && s.lease().live()
+}
+
+// seenBuiltin: every call of st (but sequences') was found builtin by a
+// lookup at some time (catalog.seenBuiltin).
+func (s *session) seenBuiltin(st *Statement) bool {
+	cat := s.p.catalog
+	cat.mu.Lock()
+	defer cat.mu.Unlock()
+	for _, c := range st.Calls {
+		if c.Kind != 'q' && !cat.seenBuiltin[callKeyOf(s.database, c)] {
+			return false
+		}
+	}
+	return true
 }
 
 // checkedWrite returns st as a write judged by what it writes (WriteCheck)
