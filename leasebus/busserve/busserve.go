@@ -82,8 +82,13 @@ func StartNode(ctx context.Context, cfg leasebus.ServerConfig, log *slog.Logger)
 		_, port, _ := net.SplitHostPort(cfg.ClusterListen)
 		cfg.Name = "fenceline-" + hostname() + "-" + port
 	}
-	if err := checkListen(cfg.Listen); err != nil {
+	if err := checkListen(cfg.Listen, "clients"); err != nil {
 		return nil, err
+	}
+	if clustered {
+		if err := checkListen(cfg.ClusterListen, "cluster routes"); err != nil {
+			return nil, err
+		}
 	}
 	switch {
 	case cfg.CredsDir == "" && len(cfg.Users) == 0:
@@ -130,15 +135,15 @@ func (n *Node) Stop() {
 }
 
 // checkListen fails fast and plainly when the listen address is taken: the
-// embedded server would only report "not ready after 15s".
-func checkListen(listen string) error {
+// embedded server would only report that it never became ready.
+func checkListen(listen, what string) error {
 	host, port, err := net.SplitHostPort(listen)
 	if err != nil || port == "0" || port == "-1" {
 		return nil // Validate names a bad address; any free port is free
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
 	if err != nil {
-		return &ListenError{For: "clients", Addr: listen, Err: err}
+		return &ListenError{For: what, Addr: listen, Err: err}
 	}
 	return ln.Close()
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -45,16 +46,54 @@ func StartServer(cfg leasebus.ServerConfig) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start bus: %w", err)
 	}
+	var last lastError
 	if cfg.Debug {
 		s.ConfigureLogger()
+	} else {
+		s.SetLoggerV2(&last, false, false, false) // kept quiet, but its last error says why a start failed
 	}
 	go s.Start()
-	if !s.ReadyForConnections(15 * time.Second) {
+	if !s.ReadyForConnections(readyWait) {
 		s.Shutdown()
-		return nil, fmt.Errorf("start bus on %s: not ready after 15s (port in use? another `fenceline bus serve` running?)", cfg.Listen)
+		why := "port in use? another `fenceline bus serve` running?"
+		if e := last.get(); e != "" {
+			why = "the server said: " + e
+		}
+		return nil, fmt.Errorf("start bus on %s: not ready after %s (%s)", cfg.Listen, readyWait, why)
 	}
 	return s, nil
 }
+
+// readyWait bounds how long a starting server may take to listen: a
+// clustered one recovering its JetStream store on a busy machine takes
+// seconds.
+const readyWait = 45 * time.Second
+
+// lastError is a NATS server logger that keeps only the last error or
+// warning it was given.
+type lastError struct {
+	mu  sync.Mutex
+	msg string
+}
+
+func (l *lastError) set(format string, v ...any) {
+	l.mu.Lock()
+	l.msg = fmt.Sprintf(format, v...)
+	l.mu.Unlock()
+}
+
+func (l *lastError) get() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.msg
+}
+
+func (l *lastError) Noticef(string, ...any)         {}
+func (l *lastError) Debugf(string, ...any)          {}
+func (l *lastError) Tracef(string, ...any)          {}
+func (l *lastError) Warnf(format string, v ...any)  { l.set(format, v...) }
+func (l *lastError) Errorf(format string, v ...any) { l.set(format, v...) }
+func (l *lastError) Fatalf(format string, v ...any) { l.set(format, v...) }
 
 func withDefaults(cfg *leasebus.ServerConfig) {
 	if cfg.Listen == "" {

@@ -1,0 +1,77 @@
+//go:build partitioncollect
+
+package embedded
+
+// Out of CI until it holds: it fails about one run in four (2026-12-03).
+// What it checks held in every failing run that was looked at from the
+// isolated node's side — a collection there is confirmed by its audit
+// event, which a node without the majority cannot commit — but the
+// identity was collected anyway, by an instance whose audit write did
+// commit, after "none of its sessions heard for 7s" while the run kept
+// sending keepalives through node 0. Which instance, and why it did not
+// hear them, is open (issue 28):
+//
+//	go test -race -tags partitioncollect -count=4 -run TestPartitionedNodeCollectsNoLiveIdentity ./leasebus/embedded
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/leasebus"
+)
+
+// TestPartitionedNodeCollectsNoLiveIdentity (issue 28): a node cut off
+// from the other two stops hearing the sessions kept alive through them,
+// and after a grace stops counting the instances there, so to its lease
+// service a live run connected elsewhere looks killed. It must not
+// collect that run's identity (the nodes share their credentials, so a
+// removal there would lock the run out everywhere): a collection is
+// confirmed by its audit event, which a node without the majority cannot
+// commit. After the partition heals the run is still enrolled and
+// connected.
+func TestPartitionedNodeCollectsNoLiveIdentity(t *testing.T) {
+	const grace = 2 * time.Second
+	nodes, dir := startIDCluster(t, &leasebus.ServiceConfig{SessionGrace: grace})
+	after := CollectAfter(grace)
+	run, nc, stop := liveRun(t, nodes, dir, "run-att_partitioned", 0)
+	t.Cleanup(stop)
+
+	isolateNode(nodes, 2, true)
+	// Long enough for node 2 to forget its peers (a grace), find the run
+	// idle for the collection's wait, and try more than once.
+	deadline := time.Now().Add(2*after + 3*grace)
+	for time.Now().Before(deadline) {
+		if _, ok, err := leasebus.FindIdentity(dir, run.Nkey()); err != nil || !ok {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			evs, _ := leasebus.ReadAudit(ctx, nodes[0].svc, "", 0)
+			for _, ev := range evs {
+				if ev.Type == leasebus.EventIdentityRevoked {
+					t.Logf("audit: %s by %s: %s", ev.Time.Format(time.RFC3339Nano), ev.RequestedBy, ev.Message)
+				}
+			}
+			t.Fatalf("a live run's identity was collected during a partition (enrolled %v, %v)", ok, err)
+		}
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-t.Context().Done():
+			t.Fatal(t.Context().Err())
+		}
+	}
+	isolateNode(nodes, 2, false)
+	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if r := nodes[2].srv.NumRoutes(); r < 2 {
+			return fmt.Errorf("node 2 has %d routes after the heal", r)
+		}
+		return nil
+	})
+	if _, ok, err := leasebus.FindIdentity(dir, run.Nkey()); err != nil || !ok {
+		t.Fatalf("the live run's identity is gone after the partition (enrolled %v, %v)", ok, err)
+	}
+	if !nc.IsConnected() {
+		t.Fatal("the live run was disconnected")
+	}
+}
