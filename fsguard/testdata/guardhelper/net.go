@@ -157,21 +157,7 @@ func connectRace(args []string) {
 			}
 		}
 	}()
-	counts := map[string]int{}
-	for range n {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			fmt.Println("socket:", res(err))
-			os.Exit(1)
-		}
-		_, _, errno := unix.Syscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&sa[0])), 16)
-		var err2 error
-		if errno != 0 {
-			err2 = errno
-		}
-		counts[res(err2)]++
-		unix.Close(fd)
-	}
+	counts := rawConnects(n, &sa)
 	stop.Store(true)
 	<-done
 	fmt.Println(counts)
@@ -308,6 +294,16 @@ func captureRace(args []string) {
 			}
 		}
 	}()
+	counts := rawConnects(n, &sa)
+	stop.Store(true)
+	<-done
+	fmt.Println(counts)
+}
+
+// rawConnects connects n new TCP sockets to the sockaddr_in at sa, passed
+// to the kernel as it is at each call (another goroutine may be flipping
+// it), and counts the results.
+func rawConnects(n int, sa *[4]uint32) map[string]int {
 	counts := map[string]int{}
 	for range n {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
@@ -323,7 +319,5 @@ func captureRace(args []string) {
 		counts[res(err2)]++
 		unix.Close(fd)
 	}
-	stop.Store(true)
-	<-done
-	fmt.Println(counts)
+	return counts
 }
