@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -97,6 +98,17 @@ func buildCapClient(t *testing.T) string {
 	return bin
 }
 
+// buildMuslResolve builds testdata/muslresolve statically with musl-gcc:
+// musl's resolver asks over UDP only.
+func buildMuslResolve(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "muslresolve")
+	if out, err := exec.Command("musl-gcc", "-static", "-O2", "-o", bin, "testdata/muslresolve/resolve.c").CombinedOutput(); err != nil {
+		t.Fatalf("musl-gcc (apt-get install musl-tools; .ci/run does): %v\n%s", err, out)
+	}
+	return bin
+}
+
 // buildJavaFetch compiles testdata/Fetch.java (the JDK's HttpClient,
 // which ignores the proxy variables) and returns the command that runs
 // it trusting caFile.
@@ -121,7 +133,8 @@ func buildJavaFetch(t *testing.T, caFile string) string {
 // an allowed name's TLS server name on a connect to another address
 // reaches only the allowed host; glibc's resolver (getent, curl, Node)
 // gets answers for allowed names over captured TCP and NXDOMAIN for
-// others. Every refusal is audited naming the lease.
+// others, and so do Go's own resolver and a static musl program over UDP
+// (the sealed network). Every refusal is audited naming the lease.
 //
 // The attacks first: a client that ignores HTTPS_PROXY and connects to
 // the other host's address directly (by name or with --resolve), or
@@ -135,6 +148,7 @@ func TestCaptureUnderRun(t *testing.T) {
 	port := hostA.addr.Port()
 	hostB := serveHost(t, ca, netip.AddrPortFrom(addrB, port), "served by B", "other.test", "allowed.test")
 	capclient := "SSL_CERT_FILE=" + ca.File + " " + buildCapClient(t)
+	musl := buildMuslResolve(t)
 
 	b := bustest.Start(t)
 	repo := newRepo(t, "")
@@ -171,10 +185,14 @@ func TestCaptureUnderRun(t *testing.T) {
 		{"getent-other", "getent ahostsv4 other.test", false, ""},
 		{"python-getaddrinfo", `python3 -c 'import socket; print(socket.getaddrinfo("allowed.test", 443, socket.AF_INET)[0][4][0])'`, true, addrA.String()},
 		{"node-cares-resolve4", `node -e 'require("dns").resolve4("allowed.test", (e, a) => { console.log(e ? "error: " + e.code : a.join(",")); process.exit(e ? 1 : 0) })'`, true, addrA.String()},
-		// Go's own resolver asks over UDP, which stays refused: a static
-		// Go binary reaches allowed hosts by address (or through
-		// HTTPS_PROXY), not by a name it resolves itself.
-		{"go-resolver", capclient + " lookup allowed.test", false, "permission denied"},
+		// Go's own resolver and musl's ask over UDP: their socket is made
+		// in the sealed network, whose port 53 the egress proxy answers.
+		{"go-resolver", capclient + " lookup allowed.test", true, "[" + addrA.String() + "]"},
+		{"go-resolver-other", capclient + " lookup other.test", false, "no such host"},
+		{"go-static-by-name", capclient + " fetch " + allowed, true, "200 served by A"},
+		{"go-static-other-by-name", capclient + " fetch " + other, false, "no such host"},
+		{"musl-getaddrinfo", musl + " allowed.test", true, addrA.String()},
+		{"musl-getaddrinfo-other", musl + " other.test", false, "error:"},
 	}
 	var script strings.Builder
 	script.WriteString("unset HTTPS_PROXY https_proxy HTTP_PROXY http_proxy NODE_USE_ENV_PROXY\nexport NODE_EXTRA_CA_CERTS=" + ca.File + "\n")
@@ -254,7 +272,7 @@ func TestCaptureUnderRun(t *testing.T) {
 // connects that skip the proxy to the sidecar's egress proxy it learnt
 // from the sidecar, and points glibc's resolver at TCP: curl with the
 // proxy variables ignored reaches the allowed host by name and is refused
-// another.
+// another; Go's own resolver gets its answer over UDP (the sealed network).
 func TestCaptureInPod(t *testing.T) {
 	t.Setenv("XDG_STATE_HOME", t.TempDir())
 	addrA, addrB := loAddrs(t)
@@ -296,7 +314,8 @@ func TestCaptureInPod(t *testing.T) {
 
 	curl := "curl -sS --max-time 20 --noproxy '*' --cacert " + ca.File + " "
 	script := "echo \"== $RES_OPTIONS\"; " + curl + "https://allowed.test:" + p + "/ 2>&1; echo \"== $?\"; " +
-		curl + "--resolve other.test:" + p + ":" + addrB.String() + " https://other.test:" + p + "/ 2>&1; echo \"== $?\""
+		curl + "--resolve other.test:" + p + ":" + addrB.String() + " https://other.test:" + p + "/ 2>&1; echo \"== $?\"; " +
+		buildCapClient(t) + " lookup allowed.test 2>&1; echo \"== $?\""
 	out := &syncBuf{}
 	res, err := RunInPod(context.Background(), PodSpec{
 		Argv: []string{"sh", "-c", script}, Checkout: co,
@@ -309,8 +328,10 @@ func TestCaptureInPod(t *testing.T) {
 	}
 	got := out.String()
 	t.Logf("the agent's output:\n%s", got)
-	if res.Code != 0 || !strings.Contains(got, "== use-vc\nserved by A (Host allowed.test:"+p+")\n== 0\n") || strings.HasSuffix(got, "== 0\n") {
-		t.Errorf("in a pod: exit %d, output:\n%s\nwant RES_OPTIONS=use-vc, A reached by name and the other host refused", res.Code, got)
+	want := regexp.MustCompile(`^== use-vc\nserved by A \(Host allowed\.test:` + p + `\)\n== 0\n(?s:.*)== [1-9][0-9]*\n\[` +
+		regexp.QuoteMeta(addrA.String()) + `\]\n== 0\n$`)
+	if res.Code != 0 || !want.MatchString(got) {
+		t.Errorf("in a pod: exit %d, output:\n%s\nwant RES_OPTIONS=use-vc, A reached by name, the other host refused and Go's resolver (UDP) answered %s", res.Code, got, addrA)
 	}
 	if n := hostB.conns.Load(); n != 0 {
 		t.Errorf("the other host accepted %d connections", n)

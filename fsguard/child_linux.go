@@ -54,6 +54,14 @@ func Init() {
 		}
 		os.Exit(runChild(fd))
 	}
+	if v, ok := os.LookupEnv(sealedEnv); ok {
+		fd, err := strconv.Atoi(v)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "fenceline guard: bad %s=%q\n", sealedEnv, v)
+			os.Exit(126)
+		}
+		os.Exit(runSealedNet(fd))
+	}
 	if cfg, ok := os.LookupEnv(shimEnv); ok && filepath.Base(os.Args[0]) == "git" {
 		os.Exit(runShim(cfg, os.Args[1:], os.Stderr))
 	}

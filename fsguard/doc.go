@@ -100,8 +100,12 @@
 //     through the egress proxy: over CONNECT, or, for a client that
 //     resolves before connecting, by DNS over TCP to port 53, which is
 //     captured (below) and answered by the proxy (the agent's
-//     RES_OPTIONS=use-vc makes glibc's resolver ask over TCP). A UDP
-//     query fails at socket().
+//     RES_OPTIONS=use-vc makes glibc's resolver ask over TCP). With
+//     capture on, a UDP socket() is answered with a socket of the sealed
+//     network (sealednet_linux.go): a network namespace of its own where
+//     port 53 of every address is a relay to the proxy's DNS over TCP
+//     and nothing else is reachable, so Go's and musl's resolvers work
+//     and no datagram leaves (TestSealedUDP).
 //   - A send with MSG_FASTOPEN and setsockopt TCP_FASTOPEN_CONNECT get
 //     EOPNOTSUPP (what a kernel with client Fast Open off answers, so
 //     clients fall back to connect) and are audited: TCP Fast Open
@@ -290,9 +294,9 @@
 //     writable after it is lost: write(2), mmap and friends on it are not
 //     trapped (trapping every write would cost a round trip per write).
 //   - A captured socket is connected to the egress proxy: getpeername
-//     answers the proxy's address, not the one the agent chose. UDP
-//     (Go's own resolver, musl's, QUIC) stays refused: only DNS over
-//     TCP is answered.
+//     answers the proxy's address, not the one the agent chose. UDP but
+//     DNS (QUIC, a resolver asking another port) reaches nobody; without
+//     a user namespace for the sealed network UDP stays refused.
 //   - The supervisor makes the agent's connects: a Unix-socket server sees
 //     the supervisor's credentials (SO_PEERCRED), not the agent's. A TCP
 //     connect still pending when the attempt ends is shut down; a connect

@@ -27,7 +27,9 @@ import (
 //     Unix stream and seqpacket sockets and netlink route sockets (libc's
 //     getifaddrs), decided in the filter without a round trip. Every other
 //     kind (UDP, raw, MPTCP, SCTP, Unix datagram, packet, vsock...) is
-//     refused and audited; Policy.AllowAnyConnect allows UDP. Without a
+//     refused and audited; Policy.AllowAnyConnect allows UDP, and with
+//     Policy.Capture a UDP socket is made in the sealed network
+//     (sealednet_linux.go), where whatever it sends stays. Without a
 //     datagram socket an address given to sendto/sendmsg reaches nobody:
 //     TCP ignores it unless Fast Open is asked for, Unix stream and
 //     seqpacket sockets refuse or ignore it.
@@ -165,9 +167,36 @@ func netSocket(t *trap) {
 		t.proceed()
 		return
 	}
+	if udp && t.spec.name == "socket" && t.pr.policy.Capture.IsValid() {
+		t.pr.goTrap(t, func(t *trap) { sealedSocket(t, domain, typ) })
+		return
+	}
 	what := fmt.Sprintf("%s(%s, %s, %d): only TCP and Unix stream sockets are allowed (names resolve through the egress proxy); %s",
 		t.spec.name, familyName(domain), typeName(typ), proto, egressHint)
 	t.deny(unix.EACCES, lease.BoundaryNet, lease.ReasonNotAllowed, what, nil)
+}
+
+// sealedSocket answers a UDP socket() with a socket of the sealed network
+// (sealednet_linux.go): DNS to any address is answered by the egress
+// proxy, and nothing sent from it leaves the namespace it was made in.
+func sealedSocket(t *trap, domain, typ int) {
+	fd, err := t.pr.sealed.udpSocket(domain)
+	if err != nil {
+		what := fmt.Sprintf("socket(%s, %s): a UDP socket is only given in a sealed network, and there is none: %v; %s",
+			familyName(domain), typeName(typ), err, egressHint)
+		t.deny(unix.EACCES, lease.BoundaryNet, lease.ReasonNotAllowed, what, nil)
+		return
+	}
+	defer unix.Close(fd)
+	if typ&unix.SOCK_NONBLOCK != 0 {
+		if err := unix.SetNonblock(fd, true); err != nil {
+			t.failErr(err)
+			return
+		}
+	}
+	if err := t.addFD(fd, typ&unix.SOCK_CLOEXEC != 0); err != nil && !t.sent {
+		t.failErr(err)
+	}
 }
 
 // netFastOpen refuses TCP Fast Open: a send with MSG_FASTOPEN (or on a
@@ -264,7 +293,9 @@ func emulateConnect(t *trap) {
 			t.failErr(err)
 			return
 		}
-		if !t.pr.policy.AllowAnyConnect && (!ap.Addr().Unmap().IsLoopback() || !slices.Contains(t.pr.policy.ConnectPorts, ap.Port())) {
+		if !t.pr.policy.AllowAnyConnect && (!ap.Addr().Unmap().IsLoopback() || !slices.Contains(t.pr.policy.ConnectPorts, ap.Port())) &&
+			!t.pr.sealed.owns(sock) { // a sealed socket reaches its own namespace alone
+
 			if t.pr.policy.captures(ap) && isTCP(sock) {
 				captureConnect(t, sock, fam, ap)
 				return

@@ -67,7 +67,9 @@ type Policy struct {
 	// is connected to the proxy instead, announced with CapturePreamble
 	// naming the address the agent chose; the proxy judges the stream by
 	// its TLS server name or HTTP Host header (DNS over TCP for port 53)
-	// and dials that name. Zero: such connects are refused.
+	// and dials that name. A UDP socket is then made in a sealed network
+	// whose port 53 (any address) the proxy answers as DNS and where
+	// nothing else is reached. Zero: such connects and UDP are refused.
 	Capture netip.AddrPort
 	// BindPorts are the fixed TCP ports the attempt may bind and listen
 	// on (a dev server's). A port the kernel chooses (bind to port 0, or

@@ -37,6 +37,7 @@ type Process struct {
 	guarded bool
 
 	listener int // seccomp user-notification fd, -1 without seccomp
+	sealed   *sealedNet
 	stopR    int // closing stopW ends the notification loop
 	stopW    int
 	tmpDir   string
@@ -110,6 +111,7 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 	pr := &Process{policy: p, gate: gate, audit: audit, abi: abi, guarded: abiErr == nil, listener: -1, stopR: -1, stopW: -1, tmpFD: -1,
 		auditQ: make(chan lease.AuditEvent, 1024), killReq: make(chan struct{}, 1),
 		notifDone: make(chan struct{}), auditDone: make(chan struct{}), done: make(chan struct{})}
+	pr.sealed = &sealedNet{pr: pr}
 	pr.auditCtx, pr.auditStop = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
@@ -381,6 +383,7 @@ func (pr *Process) superviseTree(ctx context.Context) {
 	unix.Close(pr.stopW) // ends the notification loop if the filter outlived the tree
 	<-pr.notifDone
 	pr.netOps.Wait() // they answer on the listener and audit: both stay open until they end
+	pr.sealed.stop()
 	unix.Close(pr.stopR)
 	unix.Close(pr.listener)
 	drain := time.AfterFunc(auditDrain, pr.auditStop)

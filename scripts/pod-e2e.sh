@@ -142,9 +142,10 @@ bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
 go build -o "$bin/fenceline" ./cmd/fenceline
 go build -o "$bin/pode2e" ./test/pode2e
+CGO_ENABLED=0 go build -o "$bin/go-resolver" ./attempt/testdata/capclient
 status=0
 "$bin/pode2e" -fenceline "$bin/fenceline" -sidecar-image localhost/fenceline-sidecar:e2e \
-  -agent-image localhost/fenceline-e2e-agent:e2e "${codex[@]}" "${verbose[@]}" || status=$?
+  -agent-image localhost/fenceline-e2e-agent:e2e -go-resolver "$bin/go-resolver" "${codex[@]}" "${verbose[@]}" || status=$?
 [ $status = 0 ] && status=$image_status
 echo "== pod-e2e $([ $status = 0 ] && echo passed || echo FAILED) in $((SECONDS - t0)) s of wall time"
 exit $status

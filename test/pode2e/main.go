@@ -45,6 +45,10 @@ import (
 // (slirp4netns with allow_host_loopback).
 const hostGW = "10.0.2.2"
 
+// dnsCheckName is allowed in the pods and pinned to hostGW: only the
+// sidecar's egress proxy can answer it.
+const dnsCheckName = "dns-e2e.test"
+
 // The pod's ports, as in the manifest.
 const (
 	adminPort = "9090"
@@ -57,6 +61,7 @@ var hardened = []string{"--user", "65532:65532", "--cap-drop", "ALL", "--securit
 
 type env struct {
 	rt, fl, scImage, agImage string
+	goResolver               string
 	dir                      string
 	busURL, creds            string // the operator's bus (on this machine) and credentials
 	gitURL                   string // the upstream as the pod reaches it
@@ -79,6 +84,7 @@ func main() {
 	flag.StringVar(&e.agImage, "agent-image", "localhost/fenceline-e2e-agent:e2e", "the agent's image (a shell, git, psql)")
 	flag.BoolVar(&e.verbose, "v", false, "print the containers' logs")
 	flag.StringVar(&e.codex, "codex", "", "the Codex CLI's native binary (static, from @openai/codex): run it in pod 2 against a scripted model")
+	flag.StringVar(&e.goResolver, "go-resolver", "", "a static Go program with Go's own resolver (attempt/testdata/capclient): looks names up over UDP in the agent's container")
 	flag.Parse()
 	if e.fl == "" {
 		fmt.Fprintln(os.Stderr, "pode2e: -fenceline is required")
@@ -281,6 +287,14 @@ func (e *env) storyChecks(ctx context.Context, p *pod, ag *agent) {
 	e.check("postgres-through-fence", rc == 0 && n == "1" && rc2 != 0 && m == "0",
 		"billing.invoices insert: exit %d, rows %s; ledger.entries (unclaimed): exit %d, rows %s (%s)", rc, n, rc2, m, firstLine(out+out2))
 
+	if e.goResolver != "" {
+		// Go's own resolver asks over UDP: the guard gives it a socket in
+		// a sealed network, where the egress proxy answers DNS.
+		rc, out = ag.do(ctx, `/opt/codex/go-resolver lookup `+dnsCheckName+` 2>&1; /opt/codex/go-resolver lookup exfil.example 2>&1`)
+		e.check("udp-dns-sealed", strings.Contains(out, "["+hostGW+"]") && strings.Contains(out, "no such host"),
+			"Go's resolver over UDP in the agent's container: %s answered %s by the egress proxy, exfil.example NXDOMAIN (%s)", dnsCheckName, hostGW, strings.TrimSpace(out))
+	}
+
 	// kubectl exec runs outside the guard (documented); the operator's
 	// guarded shell does not.
 	_, err := e.rtOut(ctx, "exec", p.name+"-agent", "sh", "-c", "echo exec > /workspace/payments/libs/tax/exec.txt")
@@ -360,6 +374,15 @@ func (e *env) startPod(ctx context.Context, name string) (*pod, error) {
 	if err := e.codexFiles(filepath.Join(p.dir, "codex"), filepath.Join(p.dir, "agent-home")); err != nil {
 		return nil, err
 	}
+	if e.goResolver != "" {
+		b, err := os.ReadFile(e.goResolver)
+		if err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(p.dir, "codex", "go-resolver"), b, 0o755); err != nil {
+			return nil, err
+		}
+	}
 	for _, v := range vols {
 		if err := chownR(filepath.Join(p.dir, v), 65532, 65532); err != nil {
 			return nil, err
@@ -393,6 +416,9 @@ func (e *env) startPod(ctx context.Context, name string) (*pod, error) {
 		"--agent", name, "--git-upstream", e.gitURL, "--git-listen", gitListen,
 		"--pg-upstream", hostGW+":"+strconv.Itoa(e.pg.Port), "--pg-listen", pgListen,
 		"--allow-host", "api.openai.com",
+		// A name only the egress proxy knows: the agent's Go resolver
+		// asks over UDP (udp-dns-sealed).
+		"--allow-host", dnsCheckName+":443", "--egress-resolve", dnsCheckName+":443="+hostGW+":443",
 		"--admin", "0.0.0.0:"+adminPort, "--admin-token-file", "/var/run/fenceline/admin-token",
 		"--state-dir", "/var/lib/fenceline/sidecar", "--settle-timeout", "90s", "--wait", "5m", "--log-format", "json")
 	if e.model != nil {

@@ -4,6 +4,7 @@
 // own resolver. The capture tests run it under the file guard.
 //
 //	capclient get URL ADDR:PORT
+//	capclient fetch URL        (by name: Go's own resolver, then the address it found)
 //	capclient lookup NAME
 package main
 
@@ -19,17 +20,20 @@ import (
 
 func main() {
 	if len(os.Args) < 3 {
-		fmt.Fprintln(os.Stderr, "usage: capclient get URL ADDR:PORT | lookup NAME")
+		fmt.Fprintln(os.Stderr, "usage: capclient get URL ADDR:PORT | fetch URL | lookup NAME")
 		os.Exit(2)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	switch os.Args[1] {
-	case "get":
-		addr := os.Args[3]
-		tr := &http.Transport{Proxy: nil, DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, network, addr)
-		}}
+	case "get", "fetch":
+		tr := &http.Transport{Proxy: nil}
+		if os.Args[1] == "get" {
+			addr := os.Args[3]
+			tr.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, network, addr)
+			}
+		}
 		req, _ := http.NewRequestWithContext(ctx, "GET", os.Args[2], nil)
 		resp, err := (&http.Client{Transport: tr}).Do(req)
 		if err != nil {

@@ -4,6 +4,8 @@ package main
 // system calls itself so that the guard, not a library, decides.
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -11,6 +13,7 @@ import (
 	"os/signal"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -30,6 +33,9 @@ var netModes = map[string]func(args []string){
 	"capturerace": captureRace, // capturerace ADDR:PORT ADDR:PORT N (IPv4): the address flips under the call
 	"connectsend": connectSend, // connectsend NETWORK ADDR: connect, write "hello\n"
 	"udp":         udpSend,     // udp ADDR
+	"udpconnect":  udpConnect,  // udpconnect ADDR: connect, send, read an answer (1 s)
+	"udpbind":     udpBind,     // udpbind PORT
+	"resolve":     resolve,     // resolve NAMESERVER NAME: Go's own resolver over UDP to NAMESERVER
 	"socket":      socketMode,  // socket DOMAIN TYPE PROTO [pair]
 	"bindunix":    bindUnix,    // bindunix PATH
 	"bindtcp":     bindTCP,     // bindtcp
@@ -171,6 +177,58 @@ func udpSend(args []string) {
 		return
 	}
 	fmt.Println(res(unix.Sendto(fd, []byte("leak"), 0, sa)))
+}
+
+func udpConnect(args []string) {
+	sa := sockaddr(args[0])
+	fd, err := unix.Socket(family(sa), unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		fmt.Println(res(err))
+		return
+	}
+	if err := unix.Connect(fd, sa); err != nil {
+		fmt.Println("connect:", res(err))
+		return
+	}
+	if _, err := unix.Write(fd, []byte("leak")); err != nil {
+		fmt.Println("write:", res(err))
+		return
+	}
+	tv := unix.NsecToTimeval(int64(time.Second))
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	_, err = unix.Read(fd, make([]byte, 64))
+	fmt.Println("read:", res(err))
+}
+
+func udpBind(args []string) {
+	port, _ := strconv.Atoi(args[0])
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err == nil {
+		err = unix.Bind(fd, &unix.SockaddrInet4{Port: port})
+	}
+	fmt.Println(res(err))
+}
+
+// resolve looks NAME up with Go's own resolver (UDP first, as static
+// binaries do) asking NAMESERVER, and prints the addresses or the error.
+func resolve(args []string) {
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, args[0])
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	addrs, err := r.LookupHost(ctx, args[1])
+	if err != nil {
+		var de *net.DNSError
+		if errors.As(err, &de) && de.IsNotFound {
+			fmt.Println("NXDOMAIN")
+			return
+		}
+		fmt.Println("error:", err)
+		return
+	}
+	fmt.Println(strings.Join(addrs, ","))
 }
 
 func socketMode(args []string) {

@@ -1,0 +1,190 @@
+//go:build linux && (amd64 || arm64)
+
+package fsguard
+
+import (
+	"bufio"
+	"encoding/binary"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
+
+	"github.com/fenceline/fenceline/lease"
+)
+
+// dnsCapture stands for the egress proxy's DNS over captured TCP: it
+// answers allowed.test. with 192.0.2.7 and every other name with
+// NXDOMAIN, and records the address each captured connection named.
+type dnsCapture struct {
+	net.Listener
+	mu      sync.Mutex
+	targets []string
+	wg      sync.WaitGroup
+}
+
+func listenDNSCapture(t *testing.T) *dnsCapture {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &dnsCapture{Listener: ln}
+	c.wg.Go(func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.wg.Go(func() { c.serve(t, conn) })
+		}
+	})
+	t.Cleanup(func() { ln.Close(); c.wg.Wait() })
+	return c
+}
+
+func (c *dnsCapture) serve(t *testing.T, conn net.Conn) {
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(conn)
+	req, err := http.ReadRequest(br)
+	if err != nil || req.Method != http.MethodConnect || req.Header.Get("Fenceline-Capture") != "1" {
+		t.Errorf("captured connection without the capture preamble: %v", err)
+		return
+	}
+	c.mu.Lock()
+	c.targets = append(c.targets, req.Host)
+	c.mu.Unlock()
+	for {
+		var n [2]byte
+		if _, err := io.ReadFull(br, n[:]); err != nil {
+			return
+		}
+		q := make([]byte, binary.BigEndian.Uint16(n[:]))
+		if _, err := io.ReadFull(br, q); err != nil {
+			return
+		}
+		ans := answerTestDNS(t, q)
+		conn.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(ans))), ans...))
+	}
+}
+
+func answerTestDNS(t *testing.T, q []byte) []byte {
+	var p dnsmessage.Parser
+	h, err := p.Start(q)
+	if err != nil {
+		t.Errorf("bad DNS query: %v", err)
+		return nil
+	}
+	qq, err := p.Question()
+	if err != nil {
+		t.Errorf("bad DNS question: %v", err)
+		return nil
+	}
+	rh := dnsmessage.Header{ID: h.ID, Response: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true}
+	allowed := strings.EqualFold(qq.Name.String(), "allowed.test.")
+	if !allowed {
+		rh.RCode = dnsmessage.RCodeNameError
+	}
+	b := dnsmessage.NewBuilder(nil, rh)
+	b.StartQuestions()
+	b.Question(qq)
+	b.StartAnswers()
+	if allowed && qq.Type == dnsmessage.TypeA {
+		b.AResource(dnsmessage.ResourceHeader{Name: qq.Name, Class: dnsmessage.ClassINET, TTL: 30}, dnsmessage.AResource{A: [4]byte{192, 0, 2, 7}})
+	}
+	out, err := b.Finish()
+	if err != nil {
+		t.Errorf("build DNS answer: %v", err)
+	}
+	return out
+}
+
+func (c *dnsCapture) got() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.targets)
+}
+
+// TestSealedUDP (issue 31): with transparent capture, the agent's UDP
+// socket is made in a sealed network. Go's own resolver (UDP only, as
+// static binaries and musl resolve) gets answers for any name server
+// address from the egress proxy over captured TCP, naming the address
+// asked; and nothing the agent sends leaves: a datagram to a UDP port of
+// this machine, sent with sendto or on a connected socket, never arrives,
+// and port 53 of the sealed network cannot be taken from the relay.
+func TestSealedUDP(t *testing.T) {
+	helper := guardHelper(t)
+	dns := listenDNSCapture(t)
+	leak, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leak.Close()
+	w := newWorktree(t)
+	p := w.policy()
+	p.Capture = netip.MustParseAddrPort(dns.Addr().String())
+	audit := &memAuditor{}
+	run := func(args ...string) string {
+		t.Helper()
+		return runAudited(t, p, &testGate{}, audit, w.root, helper, args...).out
+	}
+
+	for _, tc := range []struct{ server, name, want string }{
+		{"10.255.255.53:53", "allowed.test", "192.0.2.7"},
+		{"192.0.2.53:53", "allowed.test", "192.0.2.7"},
+		{"127.0.0.53:53", "allowed.test", "192.0.2.7"},
+		{"10.255.255.53:53", "exfil.attacker.test", "NXDOMAIN"},
+	} {
+		if got := run("resolve", tc.server, tc.name); got != tc.want {
+			t.Errorf("Go's resolver asking %s for %s: %q, want %s", tc.server, tc.name, got, tc.want)
+		}
+	}
+	targets := dns.got()
+	for _, want := range []string{"10.255.255.53:53", "192.0.2.53:53", "127.0.0.53:53"} {
+		if !slices.Contains(targets, want) {
+			t.Errorf("the egress proxy was never asked as %s (it saw %q)", want, targets)
+		}
+	}
+	if r := run("resolve", "[2001:db8::53]:53", "allowed.test"); r != "192.0.2.7" && !strings.Contains(r, "network is unreachable") {
+		t.Errorf("Go's resolver over IPv6: %q", r)
+	}
+
+	// The attacks: datagrams to a UDP port of this machine.
+	if got := run("udp", leak.LocalAddr().String()); got != "ok" {
+		t.Errorf("sendto from a sealed socket: %q, want ok (delivered inside the sealed network)", got)
+	}
+	if got := run("udpconnect", leak.LocalAddr().String()); got != "read: ECONNREFUSED" {
+		t.Errorf("connected sealed socket: %q, want read: ECONNREFUSED (no one listens there inside)", got)
+	}
+	if got := run("udpbind", "53"); got != "EACCES" {
+		t.Errorf("bind port 53 of a sealed socket: %q, want EACCES (a fixed port not in BindPorts)", got)
+	}
+	wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, "bind to 0.0.0.0:53")
+	p.BindPorts = []uint16{53}
+	if got := run("udpbind", "53"); got != "address already in use" {
+		t.Errorf("bind port 53 of a sealed socket, allowed by the policy: %q, want EADDRINUSE (the relay holds it)", got)
+	}
+	if _, err := leak.WriteTo([]byte("sentinel"), leak.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	leak.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 64)
+	if n, _, err := leak.ReadFrom(buf); err != nil || string(buf[:n]) != "sentinel" {
+		t.Errorf("the machine's UDP port received %q (%v), want only the test's sentinel", buf[:n], err)
+	}
+
+	// Without capture there is no sealed network: UDP stays refused.
+	p.Capture = netip.AddrPort{}
+	if got := run("resolve", "10.255.255.53:53", "allowed.test"); !strings.Contains(got, "permission denied") {
+		t.Errorf("Go's resolver without capture: %q, want a refused socket", got)
+	}
+	wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, "SOCK_DGRAM")
+}
