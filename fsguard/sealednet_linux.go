@@ -56,6 +56,9 @@ const sealedEnv = "_FENCELINE_FSGUARD_SEALEDNET"
 // namespace.
 const sealedStartTimeout = 10 * time.Second
 
+// sealedBatch is how many sockets the helper makes per request.
+const sealedBatch = 8
+
 // maxDNSRelays bounds the queries relayed at once; more are dropped (the
 // agent's resolver asks again).
 const maxDNSRelays = 16
@@ -71,12 +74,15 @@ type sealedNet struct {
 	once sync.Once
 	err  error // why the network could not be made (sticky)
 
-	mu   sync.Mutex // one request at a time on sock
-	sock int        // the supervisor's end of the helper's socket
+	mu   sync.Mutex    // one request at a time on sock, and pool
+	pool map[int][]int // unused sockets made in the namespace, by family
+	sock int           // the supervisor's end of the helper's socket
 	cmd  *exec.Cmd
 	ns   atomic.Uint64 // inode of the namespace: sockets made there are the agent's sealed ones
 
 	dns    []net.PacketConn
+	connMu sync.Mutex
+	idle   map[netip.AddrPort][]net.Conn // connections to the proxy kept for the next query
 	relays sync.WaitGroup
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -91,20 +97,41 @@ func (s *sealedNet) udpSocket(family int) (int, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := unix.Sendmsg(s.sock, []byte(strconv.Itoa(family)), nil, nil, 0); err != nil {
-		return -1, fmt.Errorf("sealed network helper: %w", err)
+	if len(s.pool[family]) == 0 {
+		if err := s.refill(family); err != nil {
+			return -1, err
+		}
 	}
-	fd, err := recvFD(s.sock)
-	if err != nil {
-		return -1, err
-	}
-	// What goes to the agent must be what was asked for, whatever the
-	// helper sent.
-	if typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err != nil || typ != unix.SOCK_DGRAM || !s.owns(fd) {
-		unix.Close(fd)
-		return -1, errors.New("sealed network helper: its answer is not a UDP socket of the sealed network")
-	}
+	fds := s.pool[family]
+	fd := fds[len(fds)-1]
+	s.pool[family] = fds[:len(fds)-1]
 	return fd, nil
+}
+
+// refill asks the helper for sealedBatch sockets of family (one round
+// trip: resolvers make two sockets per lookup) and checks each: what goes
+// to the agent must be what was asked for, whatever the helper sent.
+func (s *sealedNet) refill(family int) error {
+	if err := unix.Sendmsg(s.sock, []byte(strconv.Itoa(family)), nil, nil, 0); err != nil {
+		return fmt.Errorf("sealed network helper: %w", err)
+	}
+	fds, err := recvFDs(s.sock, sealedBatch)
+	if err != nil {
+		return err
+	}
+	for _, fd := range fds {
+		typ, terr := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+		dom, derr := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+		if terr != nil || derr != nil || typ != unix.SOCK_DGRAM || dom != family || !s.owns(fd) {
+			closeAll(fds)
+			return errors.New("sealed network helper: its answer is not a UDP socket of the sealed network")
+		}
+	}
+	if s.pool == nil {
+		s.pool = map[int][]int{}
+	}
+	s.pool[family] = fds
+	return nil
 }
 
 // owns reports whether sock was made in the sealed network.
@@ -224,7 +251,21 @@ func (s *sealedNet) stop() {
 	}
 	s.closeDNS()
 	s.relays.Wait()
+	s.connMu.Lock()
+	for _, conns := range s.idle {
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	s.idle = nil
+	s.connMu.Unlock()
 	s.stopHelper()
+	s.mu.Lock()
+	for _, fds := range s.pool {
+		closeAll(fds)
+	}
+	s.pool = nil
+	s.mu.Unlock()
 }
 
 func (s *sealedNet) closeDNS() {
@@ -283,20 +324,79 @@ func (s *sealedNet) serveDNS(c net.PacketConn) {
 }
 
 // relayDNS asks the egress proxy over captured TCP, as if the agent had
-// asked dst over TCP, and returns the answer fit for UDP.
+// asked dst over TCP, and returns the answer fit for UDP. Connections are
+// kept for the next query to the same address (the proxy answers many
+// on one); one the proxy closed meanwhile is replaced once.
 func (s *sealedNet) relayDNS(q []byte, dst netip.AddrPort) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, captureTimeout)
 	defer cancel()
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", s.pr.policy.Capture.String())
-	if err != nil {
-		return nil, err
+	for retried := false; ; retried = true {
+		conn, reused, err := s.dnsConn(ctx, dst)
+		if err != nil {
+			return nil, err
+		}
+		ans, err := exchangeDNS(ctx, conn, q)
+		if err != nil {
+			conn.Close()
+			if reused && !retried && ctx.Err() == nil {
+				continue
+			}
+			return nil, err
+		}
+		s.putDNSConn(dst, conn)
+		if len(ans) > udpDNSMax {
+			return truncated(ans)
+		}
+		return ans, nil
 	}
-	defer conn.Close()
+}
+
+// maxIdleDNSConns bounds the connections kept per address asked.
+const maxIdleDNSConns = 4
+
+// dnsConn is an idle connection to the proxy for dst, or a new one
+// announced with the capture preamble.
+func (s *sealedNet) dnsConn(ctx context.Context, dst netip.AddrPort) (conn net.Conn, reused bool, err error) {
+	s.connMu.Lock()
+	if idle := s.idle[dst]; len(idle) > 0 {
+		conn = idle[len(idle)-1]
+		s.idle[dst] = idle[:len(idle)-1]
+	}
+	s.connMu.Unlock()
+	if conn != nil {
+		return conn, true, nil
+	}
+	var d net.Dialer
+	if conn, err = d.DialContext(ctx, "tcp", s.pr.policy.Capture.String()); err != nil {
+		return nil, false, err
+	}
+	deadline, _ := ctx.Deadline()
+	conn.SetWriteDeadline(deadline)
+	if _, err := conn.Write(CapturePreamble(dst)); err != nil {
+		conn.Close()
+		return nil, false, err
+	}
+	return conn, false, nil
+}
+
+func (s *sealedNet) putDNSConn(dst netip.AddrPort, conn net.Conn) {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if s.idle == nil {
+		s.idle = map[netip.AddrPort][]net.Conn{}
+	}
+	if len(s.idle[dst]) >= maxIdleDNSConns || s.ctx.Err() != nil {
+		conn.Close()
+		return
+	}
+	s.idle[dst] = append(s.idle[dst], conn)
+}
+
+// exchangeDNS sends q as DNS over TCP (RFC 7766) and reads the answer.
+func exchangeDNS(ctx context.Context, conn net.Conn, q []byte) ([]byte, error) {
 	deadline, _ := ctx.Deadline()
 	conn.SetDeadline(deadline)
-	msg := append(CapturePreamble(dst), byte(len(q)>>8), byte(len(q)))
-	if _, err := conn.Write(append(msg, q...)); err != nil {
+	if _, err := conn.Write(append([]byte{byte(len(q) >> 8), byte(len(q))}, q...)); err != nil {
 		return nil, err
 	}
 	var n [2]byte
@@ -306,9 +406,6 @@ func (s *sealedNet) relayDNS(q []byte, dst netip.AddrPort) ([]byte, error) {
 	ans := make([]byte, binary.BigEndian.Uint16(n[:]))
 	if _, err := io.ReadFull(conn, ans); err != nil {
 		return nil, err
-	}
-	if len(ans) > udpDNSMax {
-		return truncated(ans)
 	}
 	return ans, nil
 }
@@ -368,22 +465,24 @@ func dnsPacketIO(c net.PacketConn) (read func([]byte) (int, netip.Addr, net.Addr
 		}
 }
 
-func recvFD(sock int) (int, error) {
+// recvFDs receives one answer of the helper: up to max descriptors, or
+// its error.
+func recvFDs(sock, max int) ([]int, error) {
 	buf := make([]byte, 256)
-	oob := make([]byte, unix.CmsgSpace(4))
+	oob := make([]byte, unix.CmsgSpace(4*max))
 	n, oobn, _, _, err := unix.Recvmsg(sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
-		return -1, fmt.Errorf("sealed network helper: %w", err)
+		return nil, fmt.Errorf("sealed network helper: %w", err)
 	}
 	fds, err := parseRights(oob[:oobn])
-	if err != nil || len(fds) != 1 {
+	if err != nil || len(fds) == 0 {
 		closeAll(fds)
 		if n > 0 {
-			return -1, fmt.Errorf("sealed network helper: %s", buf[:n])
+			return nil, fmt.Errorf("sealed network helper: %s", buf[:n])
 		}
-		return -1, errors.New("sealed network helper: no socket in its answer (it exited?)")
+		return nil, errors.New("sealed network helper: no socket in its answer (it exited?)")
 	}
-	return fds[0], nil
+	return fds, nil
 }
 
 func parseRights(oob []byte) ([]int, error) {
@@ -448,13 +547,20 @@ func runSealedNet(sock int) int {
 			unix.Sendmsg(sock, []byte("bad family "+string(buf[:n])), nil, nil, 0)
 			continue
 		}
-		fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
-		if err != nil {
-			unix.Sendmsg(sock, []byte("socket: "+err.Error()), nil, nil, 0)
+		var fds []int
+		for range sealedBatch {
+			fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+			if err != nil {
+				break
+			}
+			fds = append(fds, fd)
+		}
+		if len(fds) == 0 {
+			unix.Sendmsg(sock, []byte("socket: cannot make a UDP socket"), nil, nil, 0)
 			continue
 		}
-		err = unix.Sendmsg(sock, []byte{0}, unix.UnixRights(fd), nil, 0)
-		unix.Close(fd)
+		err = unix.Sendmsg(sock, []byte{0}, unix.UnixRights(fds...), nil, 0)
+		closeAll(fds)
 		if err != nil {
 			return 0
 		}

@@ -36,6 +36,7 @@ var netModes = map[string]func(args []string){
 	"udpconnect":  udpConnect,  // udpconnect ADDR: connect, send, read an answer (1 s)
 	"udpbind":     udpBind,     // udpbind PORT
 	"resolve":     resolve,     // resolve NAMESERVER NAME: Go's own resolver over UDP to NAMESERVER
+	"resolveloop": resolveLoop, // resolveloop udp|tcp NAMESERVER NAME N: ns for N lookups
 	"socket":      socketMode,  // socket DOMAIN TYPE PROTO [pair]
 	"bindunix":    bindUnix,    // bindunix PATH
 	"bindtcp":     bindTCP,     // bindtcp
@@ -207,6 +208,27 @@ func udpBind(args []string) {
 		err = unix.Bind(fd, &unix.SockaddrInet4{Port: port})
 	}
 	fmt.Println(res(err))
+}
+
+// resolveLoop looks NAME up N times with Go's resolver asking NAMESERVER
+// over NETWORK alone, and prints the nanoseconds the loop took.
+func resolveLoop(args []string) {
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, args[0], args[1])
+	}}
+	n, _ := strconv.Atoi(args[3])
+	start := time.Now()
+	for range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		_, err := r.LookupHost(ctx, args[2])
+		cancel()
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+	}
+	fmt.Println(time.Since(start).Nanoseconds())
 }
 
 // resolve looks NAME up with Go's own resolver (UDP first, as static
