@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -82,7 +83,7 @@ type sealedNet struct {
 
 	dns    []net.PacketConn
 	connMu sync.Mutex
-	idle   map[netip.AddrPort][]net.Conn // connections to the proxy kept for the next query
+	idle   []idleConn // connections to the proxy kept for the next query, oldest first
 	relays sync.WaitGroup
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -252,10 +253,8 @@ func (s *sealedNet) stop() {
 	s.closeDNS()
 	s.relays.Wait()
 	s.connMu.Lock()
-	for _, conns := range s.idle {
-		for _, c := range conns {
-			c.Close()
-		}
+	for _, ic := range s.idle {
+		ic.conn.Close()
 	}
 	s.idle = nil
 	s.connMu.Unlock()
@@ -351,16 +350,27 @@ func (s *sealedNet) relayDNS(q []byte, dst netip.AddrPort) ([]byte, error) {
 	}
 }
 
-// maxIdleDNSConns bounds the connections kept per address asked.
-const maxIdleDNSConns = 4
+// maxIdleDNSConns bounds the connections kept in all: the agent picks
+// the address it asks (any address reaches the relay), so a bound per
+// address would be none.
+const maxIdleDNSConns = 8
+
+// idleConn is a connection to the proxy announced for dst.
+type idleConn struct {
+	dst  netip.AddrPort
+	conn net.Conn
+}
 
 // dnsConn is an idle connection to the proxy for dst, or a new one
 // announced with the capture preamble.
 func (s *sealedNet) dnsConn(ctx context.Context, dst netip.AddrPort) (conn net.Conn, reused bool, err error) {
 	s.connMu.Lock()
-	if idle := s.idle[dst]; len(idle) > 0 {
-		conn = idle[len(idle)-1]
-		s.idle[dst] = idle[:len(idle)-1]
+	for i, ic := range s.idle {
+		if ic.dst == dst {
+			conn = ic.conn
+			s.idle = slices.Delete(s.idle, i, i+1)
+			break
+		}
 	}
 	s.connMu.Unlock()
 	if conn != nil {
@@ -379,17 +389,20 @@ func (s *sealedNet) dnsConn(ctx context.Context, dst netip.AddrPort) (conn net.C
 	return conn, false, nil
 }
 
+// putDNSConn keeps conn for the next query to dst; past the bound the
+// oldest kept connection is closed.
 func (s *sealedNet) putDNSConn(dst netip.AddrPort, conn net.Conn) {
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
-	if s.idle == nil {
-		s.idle = map[netip.AddrPort][]net.Conn{}
-	}
-	if len(s.idle[dst]) >= maxIdleDNSConns || s.ctx.Err() != nil {
+	if s.ctx.Err() != nil {
 		conn.Close()
 		return
 	}
-	s.idle[dst] = append(s.idle[dst], conn)
+	if len(s.idle) >= maxIdleDNSConns {
+		s.idle[0].conn.Close()
+		s.idle = s.idle[1:]
+	}
+	s.idle = append(s.idle, idleConn{dst, conn})
 }
 
 // exchangeDNS sends q as DNS over TCP (RFC 7766) and reads the answer.

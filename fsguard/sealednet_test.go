@@ -29,6 +29,8 @@ type dnsCapture struct {
 	net.Listener
 	mu      sync.Mutex
 	targets []string
+	open    int // connections open now, and the most at once
+	maxOpen int
 	wg      sync.WaitGroup
 }
 
@@ -53,7 +55,16 @@ func listenDNSCapture(t testing.TB) *dnsCapture {
 }
 
 func (c *dnsCapture) serve(t testing.TB, conn net.Conn) {
-	defer conn.Close()
+	c.mu.Lock()
+	c.open++
+	c.maxOpen = max(c.maxOpen, c.open)
+	c.mu.Unlock()
+	defer func() {
+		conn.Close()
+		c.mu.Lock()
+		c.open--
+		c.mu.Unlock()
+	}()
 	conn.SetDeadline(time.Now().Add(30 * time.Second))
 	br := bufio.NewReader(conn)
 	req, err := http.ReadRequest(br)
@@ -157,6 +168,18 @@ func TestSealedUDP(t *testing.T) {
 	}
 	if r := run("resolve", "[2001:db8::53]:53", "allowed.test"); r != "192.0.2.7" && !strings.Contains(r, "network is unreachable") {
 		t.Errorf("Go's resolver over IPv6: %q", r)
+	}
+
+	// The agent picks the address it asks: 300 name servers one after
+	// another keep no more connections to the proxy than the bound.
+	if got := run("resolvemany", "allowed.test", "300"); got != "300" {
+		t.Errorf("300 lookups, each of another name server: %q answered, want 300", got)
+	}
+	dns.mu.Lock()
+	most := dns.maxOpen
+	dns.mu.Unlock()
+	if most > maxIdleDNSConns+maxDNSRelays {
+		t.Errorf("the relay held %d connections to the proxy at once, want at most %d", most, maxIdleDNSConns+maxDNSRelays)
 	}
 
 	// The attacks: datagrams to a UDP port of this machine.

@@ -37,6 +37,7 @@ var netModes = map[string]func(args []string){
 	"udpbind":     udpBind,     // udpbind PORT
 	"resolve":     resolve,     // resolve NAMESERVER NAME: Go's own resolver over UDP to NAMESERVER
 	"resolveloop": resolveLoop, // resolveloop udp|tcp NAMESERVER NAME N: ns for N lookups
+	"resolvemany": resolveMany, // resolvemany NAME N: NAME asked of N name servers 10.9.x.y:53 in turn
 	"socket":      socketMode,  // socket DOMAIN TYPE PROTO [pair]
 	"bindunix":    bindUnix,    // bindunix PATH
 	"bindtcp":     bindTCP,     // bindtcp
@@ -229,6 +230,26 @@ func resolveLoop(args []string) {
 		}
 	}
 	fmt.Println(time.Since(start).Nanoseconds())
+}
+
+// resolveMany asks N different name server addresses for NAME over UDP,
+// one after another, and prints how many answered.
+func resolveMany(args []string) {
+	n, _ := strconv.Atoi(args[1])
+	answered := 0
+	for i := range n {
+		server := fmt.Sprintf("10.9.%d.%d:53", i/250, i%250+1)
+		r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "udp", server)
+		}}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		if _, err := r.LookupHost(ctx, args[0]); err == nil {
+			answered++
+		}
+		cancel()
+	}
+	fmt.Println(answered)
 }
 
 // resolve looks NAME up with Go's own resolver (UDP first, as static
