@@ -13,7 +13,7 @@ import (
 	"strings"
 
 	"github.com/fenceline/fenceline/internal/scope"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // APIRule refuses calls of a forge's HTTP API that move refs or write
@@ -136,7 +136,7 @@ var methodOverrides = []string{"X-HTTP-Method-Override", "X-HTTP-Method", "X-Met
 // refused then too). A ref-moving REST call to the lease's own repository
 // is allowed to a whole-repo lease: nothing of the repository lies
 // outside its claim.
-func judgeAPI(rules []APIRule, r *http.Request, l leasebus.Lease) (*APIRule, string, error) {
+func judgeAPI(rules []APIRule, r *http.Request, l lease.Lease) (*APIRule, string, error) {
 	path := r.URL.Path
 	if !cleanPath(path) {
 		return nil, "", fmt.Errorf("the path %q has empty, '.' or '..' segments: the API might read it otherwise than the proxy", r.URL.EscapedPath())
@@ -230,7 +230,7 @@ func cleanPath(p string) bool {
 // path, see repoid) the whole of repo: a path merely ending in repo is
 // another namespace's project (GitLab's sub/payments beside
 // group/sub/payments).
-func leaseAllowsRefs(l leasebus.Lease, repo string) bool {
+func leaseAllowsRefs(l lease.Lease, repo string) bool {
 	if !l.Active() || l.Scope.Kind != scope.KindWholeRepo || repo == "" {
 		return false
 	}

@@ -5,13 +5,13 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/policy"
 )
 
 // connectRequest is the policy request of a connection to t.
-func (p *Proxy) connectRequest(t target) (leasebus.Lease, policy.Request) {
-	var l leasebus.Lease
+func (p *Proxy) connectRequest(t target) (lease.Lease, policy.Request) {
+	var l lease.Lease
 	if p.cfg.Lease != nil {
 		l = p.cfg.Lease.Lease()
 	}
@@ -40,8 +40,8 @@ func (p *Proxy) shadow(r *http.Request, t target) {
 		return
 	}
 	l, req := p.connectRequest(t)
-	ev, ok := policy.Event(l, leasebus.BoundaryNet, req, p.cfg.Policy.Decide(req))
-	if !ok || ev.Type != leasebus.EventShadowRefused {
+	ev, ok := policy.Event(l, lease.BoundaryNet, req, p.cfg.Policy.Decide(req))
+	if !ok || ev.Type != lease.EventShadowRefused {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)

@@ -19,19 +19,14 @@ import (
 
 	"github.com/elazarl/goproxy"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/policy"
 )
 
-// LeaseSource names the lease a refusal is recorded under;
-// *leasebus.Holder is one.
+// LeaseSource names the lease a refusal is recorded under (a
+// lease.Source without the gate: the proxy judges hosts, not writes).
 type LeaseSource interface {
-	Lease() leasebus.Lease
-}
-
-// Auditor records refusals; *leasebus.Auditor is one.
-type Auditor interface {
-	Record(ctx context.Context, ev leasebus.AuditEvent) error
+	Lease() lease.Lease
 }
 
 // Config configures a Proxy. The zero value refuses everything.
@@ -52,9 +47,11 @@ type Config struct {
 	Inject map[string]Injection
 	// CA signs the certificates of intercepted hosts (needed for https).
 	CA *tls.Certificate
-	// Lease and Audit: every refusal names the lease and is recorded.
+	// Lease and Audit: every refusal names the lease and is recorded
+	// (*leasebus.Holder and *leasebus.Auditor are both; egress links no
+	// NATS: it knows only the lease domain).
 	Lease LeaseSource
-	Audit Auditor
+	Audit lease.Auditor
 	// Hint is the flag a refusal tells the user to add (default
 	// "--allow-host").
 	Hint string
@@ -534,12 +531,12 @@ func (p *Proxy) recordRefusal(ctx context.Context, what string, rf *refusal) str
 	if rf.hint != "" {
 		msg += "; " + rf.hint
 	}
-	reason := cmp.Or(rf.reason, leasebus.ReasonNotAllowed)
+	reason := cmp.Or(rf.reason, lease.ReasonNotAllowed)
 	p.log.Warn(msg, "target", rf.target.String(), "reason", reason)
 	if p.cfg.Audit != nil {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		ev := leasebus.AuditEvent{
-			Time: time.Now().UTC(), Type: leasebus.EventDenied, Boundary: leasebus.BoundaryNet,
+		ev := lease.AuditEvent{
+			Time: time.Now().UTC(), Type: lease.EventDenied, Boundary: lease.BoundaryNet,
 			Repo: l.Repo, LeaseID: l.LeaseID, Owner: l.Owner, Scope: l.Scope, Fence: l.Fence,
 			Reason: reason, Message: msg,
 		}
@@ -666,9 +663,9 @@ func (p *Proxy) Rules() []string {
 }
 
 // lease is the lease refusals are recorded under (zero without one).
-func (p *Proxy) lease() leasebus.Lease {
+func (p *Proxy) lease() lease.Lease {
 	if p.cfg.Lease == nil {
-		return leasebus.Lease{}
+		return lease.Lease{}
 	}
 	return p.cfg.Lease.Lease()
 }
