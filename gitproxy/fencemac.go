@@ -16,7 +16,6 @@ import (
 	"strings"
 
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 )
 
 // A fence reaches the pre-receive hook as push options, and the hook
@@ -64,7 +63,7 @@ type RefUpdate struct{ Old, New, Ref string }
 // fits in one pkt-line, lease.GitClaim) and the MAC over them and updates.
 // Without a key there is no MAC, and a hook refuses the push naming what
 // is missing.
-func FenceOptions(grantKey []byte, l leasebus.Lease, fence uint64, updates []RefUpdate) ([]string, error) {
+func FenceOptions(grantKey []byte, l lease.Lease, fence uint64, updates []RefUpdate) ([]string, error) {
 	f := fenceFields{Repo: l.Repo, Lease: l.LeaseID, Owner: l.Owner.String(), Fence: strconv.FormatUint(fence, 10)}
 	opts := []string{OptionLease + "=" + f.Lease, OptionFence + "=" + f.Fence, OptionOwner + "=" + f.Owner, OptionRepo + "=" + f.Repo}
 	if c := lease.GitClaim(l.Scope); c != "" {

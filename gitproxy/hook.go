@@ -17,7 +17,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/internal/scope"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/policy"
 )
 
@@ -76,7 +76,7 @@ type HookConfig struct {
 
 // LeaseGetter reads one lease by id: the bus, for the hook.
 type LeaseGetter interface {
-	Get(ctx context.Context, leaseID string) (*leasebus.Lease, error)
+	Get(ctx context.Context, leaseID string) (*lease.Lease, error)
 }
 
 // Hook refusals of a lease the bus no longer vouches for.

@@ -2,6 +2,7 @@ package gitproxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -9,15 +10,16 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // SidecarKeyFile is where "fenceline hook install" leaves the sidecars'
 // copy of repo's hook secret on this machine, and where "fenceline run"
 // and "fenceline sidecar" look for it: inside fenceline's state dir
-// (leasebus.StateDir), which the file guard hides from agents.
-func SidecarKeyFile(repo string) string {
-	return filepath.Join(leasebus.StateDir(), "git-hook", url.PathEscape(repo)+".key")
+// stateDir (the CLI passes leasebus.StateDir()), which the file guard
+// hides from agents.
+func SidecarKeyFile(stateDir, repo string) string {
+	return filepath.Join(stateDir, "git-hook", url.PathEscape(repo)+".key")
 }
 
 // WriteSidecarKey writes the sidecars' copy of a hook secret to path (hex,
@@ -41,14 +43,14 @@ func WriteSidecarKey(path string, key []byte) error {
 	return nil
 }
 
-// FindSidecarKey reads repo's hook secret from SidecarKeyFile(repo) when
-// that file exists. It returns a nil key and no file when there is none
+// FindSidecarKey reads repo's hook secret from SidecarKeyFile(stateDir,
+// repo) when that file exists. It returns a nil key and no file when there is none
 // (or repo is ""), and the file with the error when it cannot be read.
-func FindSidecarKey(repo string) (key []byte, file string, err error) {
+func FindSidecarKey(stateDir, repo string) (key []byte, file string, err error) {
 	if repo == "" {
 		return nil, "", nil
 	}
-	file = SidecarKeyFile(repo)
+	file = SidecarKeyFile(stateDir, repo)
 	if _, err := os.Stat(file); err != nil {
 		return nil, "", nil
 	}
@@ -60,10 +62,10 @@ func FindSidecarKey(repo string) (key []byte, file string, err error) {
 
 // InstallHookForSidecars is InstallHook followed by WriteSidecarKey: the
 // hook and its secret in the server's repository, and the sidecars' copy
-// of the secret in sidecarFile (SidecarKeyFile(in.Repo) when "").
+// of the secret in sidecarFile (SidecarKeyFile's, usually).
 func InstallHookForSidecars(ctx context.Context, in HookInstall, sidecarFile string) (*Installed, string, error) {
 	if sidecarFile == "" {
-		sidecarFile = SidecarKeyFile(in.Repo)
+		return nil, "", errors.New("install hook: no file for the sidecars' copy of its secret")
 	}
 	res, err := InstallHook(ctx, in)
 	if err != nil {
@@ -82,11 +84,11 @@ const HookAuditTimeout = 3 * time.Second
 // AuditEvent is the audit event of this refusal of the pre-receive hook
 // on repo at t. The lease, owner and fence are as the push claimed them:
 // a refused fence may be forged.
-func (e *HookError) AuditEvent(repo string, t time.Time) leasebus.AuditEvent {
+func (e *HookError) AuditEvent(repo string, t time.Time) lease.AuditEvent {
 	fence, _ := strconv.ParseUint(e.Fence, 10, 64)
-	return leasebus.AuditEvent{
-		Time: t.UTC(), Type: leasebus.EventDenied, Boundary: leasebus.BoundaryGit,
-		Repo: repo, LeaseID: e.Lease, Owner: leasebus.ParseOwner(e.Owner), Fence: fence,
+	return lease.AuditEvent{
+		Time: t.UTC(), Type: lease.EventDenied, Boundary: lease.BoundaryGit,
+		Repo: repo, LeaseID: e.Lease, Owner: lease.ParseOwner(e.Owner), Fence: fence,
 		Reason: e.Reason, Message: "pre-receive hook: " + e.Msg,
 	}
 }

@@ -21,10 +21,10 @@ import (
 func TestSidecarKeyFile(t *testing.T) {
 	state := t.TempDir()
 	t.Setenv("XDG_STATE_HOME", state)
-	if got, want := SidecarKeyFile(testRepo), filepath.Join(state, "fenceline", "git-hook", "github.com%2Facme%2Fpayments.key"); got != want {
-		t.Fatalf("SidecarKeyFile(%q) = %s, want %s", testRepo, got, want)
+	if got, want := SidecarKeyFile(leasebus.StateDir(), testRepo), filepath.Join(state, "fenceline", "git-hook", "github.com%2Facme%2Fpayments.key"); got != want {
+		t.Fatalf("SidecarKeyFile(leasebus.StateDir(), %q) = %s, want %s", testRepo, got, want)
 	}
-	if SidecarKeyFile("github.com/acme/infra") == SidecarKeyFile(testRepo) {
+	if SidecarKeyFile(leasebus.StateDir(), "github.com/acme/infra") == SidecarKeyFile(leasebus.StateDir(), testRepo) {
 		t.Fatal("two repositories share a sidecar key file")
 	}
 }
@@ -77,37 +77,38 @@ func TestWriteSidecarKey(t *testing.T) {
 func TestFindSidecarKey(t *testing.T) {
 	t.Setenv("XDG_STATE_HOME", t.TempDir())
 	for _, repo := range []string{"", testRepo} {
-		if key, file, err := FindSidecarKey(repo); key != nil || file != "" || err != nil {
-			t.Fatalf("FindSidecarKey(%q) with no file = %x, %q, %v", repo, key, file, err)
+		if key, file, err := FindSidecarKey(leasebus.StateDir(), repo); key != nil || file != "" || err != nil {
+			t.Fatalf("FindSidecarKey(leasebus.StateDir(), %q) with no file = %x, %q, %v", repo, key, file, err)
 		}
 	}
 	key, err := GenerateHookKey()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteSidecarKey(SidecarKeyFile(testRepo), key); err != nil {
+	if err := WriteSidecarKey(SidecarKeyFile(leasebus.StateDir(), testRepo), key); err != nil {
 		t.Fatal(err)
 	}
-	if got, file, err := FindSidecarKey(testRepo); !bytes.Equal(got, key) || file != SidecarKeyFile(testRepo) || err != nil {
-		t.Fatalf("FindSidecarKey = %x, %q, %v; want %x from %s", got, file, err, key, SidecarKeyFile(testRepo))
+	if got, file, err := FindSidecarKey(leasebus.StateDir(), testRepo); !bytes.Equal(got, key) || file != SidecarKeyFile(leasebus.StateDir(), testRepo) || err != nil {
+		t.Fatalf("FindSidecarKey = %x, %q, %v; want %x from %s", got, file, err, key, SidecarKeyFile(leasebus.StateDir(), testRepo))
 	}
-	if got, _, _ := FindSidecarKey("github.com/acme/infra"); got != nil {
+	if got, _, _ := FindSidecarKey(leasebus.StateDir(), "github.com/acme/infra"); got != nil {
 		t.Fatal("another repository found this one's key")
 	}
 
-	bad := SidecarKeyFile("github.com/acme/bad")
+	bad := SidecarKeyFile(leasebus.StateDir(), "github.com/acme/bad")
 	if err := os.WriteFile(bad, []byte("zz\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if got, file, err := FindSidecarKey("github.com/acme/bad"); got != nil || file != bad || err == nil || !strings.Contains(err.Error(), "not hex") {
+	if got, file, err := FindSidecarKey(leasebus.StateDir(), "github.com/acme/bad"); got != nil || file != bad || err == nil || !strings.Contains(err.Error(), "not hex") {
 		t.Fatalf("a bad key file: %x, %q, %v", got, file, err)
 	}
 }
 
 // TestInstallHookForSidecars: in a real bare repository, the hook and
 // its secret are installed and the sidecars' copy written (to the state
-// dir by default, or where told), the same secret on a second install;
-// someone else's hook is left alone and no copy is written.
+// dir the CLI names, or where told), the same secret on a second install;
+// someone else's hook is left alone and no copy is written; no file for
+// the copy is an error before anything is installed.
 func TestInstallHookForSidecars(t *testing.T) {
 	t.Setenv("XDG_STATE_HOME", t.TempDir())
 	ctx := ctxT(t)
@@ -116,11 +117,17 @@ func TestInstallHookForSidecars(t *testing.T) {
 		t.Fatal(err)
 	}
 	hi := HookInstall{GitDir: bare, Repo: testRepo, Fenceline: "/usr/local/bin/fenceline"}
-	in, file, err := InstallHookForSidecars(ctx, hi, "")
+	if _, _, err := InstallHookForSidecars(ctx, hi, ""); err == nil || !strings.Contains(err.Error(), "no file for the sidecars' copy") {
+		t.Fatalf("install with no sidecar file: %v, want an error naming it", err)
+	}
+	if _, err := os.Stat(HookKeyFile(bare)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("install with no sidecar file left a hook secret behind: %v", err)
+	}
+	in, file, err := InstallHookForSidecars(ctx, hi, SidecarKeyFile(leasebus.StateDir(), testRepo))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if file != SidecarKeyFile(testRepo) || !in.NewKey {
+	if file != SidecarKeyFile(leasebus.StateDir(), testRepo) || !in.NewKey {
 		t.Fatalf("installed %+v, sidecar copy %s", in, file)
 	}
 	testutil.WantPerm(t, in.KeyFile, 0o600)

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/scope"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Policy is what a security team decides about pushes that rewrite or
@@ -21,23 +21,23 @@ type Policy struct {
 
 // Audit reason codes of refused pushes and requests.
 const (
-	ReasonNoLease         = "no-lease"                  // the proxy holds no lease
-	ReasonLeaseLost       = leasebus.ReasonLeaseLost    // lost, revoked, expired, or the bus says it is not active
-	ReasonLeaseUnknown    = leasebus.ReasonLeaseUnknown // the bus cannot be reached: fail closed
-	ReasonStaleFence      = "stale-fence"               // the bus has a newer fence for this lease than the proxy
-	ReasonSharedWorkspace = "shared-workspace"          // pushing is a repository-wide mutation
-	ReasonOutsideLease    = leasebus.ReasonOutsideLease // a touched path is outside the pusher's claim
-	ReasonOtherLease      = "other-lease"               // a touched path is inside another active lease's claim
-	ReasonForcePush       = "force-push"                // non-fast-forward update by a path lease
-	ReasonRefDelete       = "ref-delete"                // ref deletion by a path lease
-	ReasonNotCommit       = "not-commit"                // a ref would point at a tree or blob
-	ReasonBadPush         = "bad-push"                  // malformed request or pack
-	ReasonWholePush       = "whole-push"                // another ref of the same push was refused
-	ReasonNotGitEndpoint  = "not-git-endpoint"          // a request that is none of git's smart-HTTP endpoints of the repository
-	ReasonSignedPush      = "signed-push"               // a push certificate: not advertised, not accepted
-	ReasonStaleDelete     = "stale-delete"              // a delete naming no value, of a ref the upstream has
-	ReasonUpstream        = "upstream-unreachable"      // the upstream did not answer the forwarded push
-	ReasonFenceError      = "fence-error"               // the fence itself failed; nothing was forwarded
+	ReasonNoLease         = "no-lease"               // the proxy holds no lease
+	ReasonLeaseLost       = lease.ReasonLeaseLost    // lost, revoked, expired, or the bus says it is not active
+	ReasonLeaseUnknown    = lease.ReasonLeaseUnknown // the bus cannot be reached: fail closed
+	ReasonStaleFence      = "stale-fence"            // the bus has a newer fence for this lease than the proxy
+	ReasonSharedWorkspace = "shared-workspace"       // pushing is a repository-wide mutation
+	ReasonOutsideLease    = lease.ReasonOutsideLease // a touched path is outside the pusher's claim
+	ReasonOtherLease      = "other-lease"            // a touched path is inside another active lease's claim
+	ReasonForcePush       = "force-push"             // non-fast-forward update by a path lease
+	ReasonRefDelete       = "ref-delete"             // ref deletion by a path lease
+	ReasonNotCommit       = "not-commit"             // a ref would point at a tree or blob
+	ReasonBadPush         = "bad-push"               // malformed request or pack
+	ReasonWholePush       = "whole-push"             // another ref of the same push was refused
+	ReasonNotGitEndpoint  = "not-git-endpoint"       // a request that is none of git's smart-HTTP endpoints of the repository
+	ReasonSignedPush      = "signed-push"            // a push certificate: not advertised, not accepted
+	ReasonStaleDelete     = "stale-delete"           // a delete naming no value, of a ref the upstream has
+	ReasonUpstream        = "upstream-unreachable"   // the upstream did not answer the forwarded push
+	ReasonFenceError      = "fence-error"            // the fence itself failed; nothing was forwarded
 )
 
 // refusal is why a push or one of its ref updates is refused.
@@ -54,7 +54,7 @@ func refuse(code, format string, args ...any) *refusal {
 // own (an active, exclusive-workspace lease): every touched path inside
 // own's claim when it claims paths, and inside no other active lease's
 // claim — declared claims win.
-func judge(own leasebus.Lease, others []*leasebus.Lease, rc refChange, pol Policy) *refusal {
+func judge(own lease.Lease, others []*lease.Lease, rc refChange, pol Policy) *refusal {
 	pathLease := own.Scope.Kind == scope.KindPaths
 	switch {
 	case rc.kind == kindDelete && rc.absent:

@@ -26,7 +26,6 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/policy"
 )
 
@@ -35,18 +34,18 @@ import (
 // held.
 type LeaseSource interface {
 	Fence() (uint64, error)
-	Lease() leasebus.Lease
+	Lease() lease.Lease
 }
 
 // LeaseView reads the bus at decision time; *leasebus.Client is one.
 type LeaseView interface {
-	Get(ctx context.Context, leaseID string) (*leasebus.Lease, error)
-	List(ctx context.Context, repo string, all bool) ([]*leasebus.Lease, error)
+	Get(ctx context.Context, leaseID string) (*lease.Lease, error)
+	List(ctx context.Context, repo string, all bool) ([]*lease.Lease, error)
 }
 
 // Auditor records refusals; *leasebus.Auditor is one.
 type Auditor interface {
-	Record(ctx context.Context, ev leasebus.AuditEvent) error
+	Record(ctx context.Context, ev lease.AuditEvent) error
 }
 
 // Push options and HTTP headers that carry the fence to the upstream.
@@ -385,7 +384,7 @@ type push struct {
 	start              time.Time
 	received, analyzed time.Duration // since start: pack received and scanned; paths computed
 	req                *pushRequest
-	lease              leasebus.Lease
+	lease              lease.Lease
 	fence              uint64
 	pack               *pushPack // nil for a delete-only push
 	bases              layered   // see Proxy.bases
@@ -611,9 +610,9 @@ func (p *Proxy) probe(w http.ResponseWriter, r *http.Request, e endpoint) {
 }
 
 // currentLease is the proxy's lease record, or a zero one without a lease.
-func (p *Proxy) currentLease() leasebus.Lease {
+func (p *Proxy) currentLease() lease.Lease {
 	if p.cfg.Lease == nil {
-		return leasebus.Lease{}
+		return lease.Lease{}
 	}
 	return p.cfg.Lease.Lease()
 }
@@ -627,10 +626,10 @@ func (p *Proxy) leaseGate(ps *push) *refusal {
 	ps.lease = p.cfg.Lease.Lease()
 	fence, err := p.cfg.Lease.Fence()
 	if err != nil {
-		return refuse(leasebus.LeaseReason(err), "lease %s %s (fence %d) is not held: %v", ps.lease.LeaseID, ps.lease.Scope, ps.lease.Fence, err)
+		return refuse(lease.LeaseReason(err), "lease %s %s (fence %d) is not held: %v", ps.lease.LeaseID, ps.lease.Scope, ps.lease.Fence, err)
 	}
 	ps.fence = fence
-	if ps.lease.WorkspaceMode != leasebus.WorkspaceExclusive {
+	if ps.lease.WorkspaceMode != lease.WorkspaceExclusive {
 		return refuse(ReasonSharedWorkspace, "lease %s %s works in a shared workspace and may not push: pushing is a repository-wide mutation (ask the coordinator, or take an exclusive workspace)", ps.lease.LeaseID, ps.lease.Scope)
 	}
 	return nil
@@ -640,7 +639,7 @@ func (p *Proxy) leaseGate(ps *push) *refusal {
 // fence (a lost lease is the first thing to say) and returns the repo's
 // other active leases; confirm asks again, last. Fail closed: no answer
 // means no push.
-func (p *Proxy) busCheck(ctx context.Context, ps *push) ([]*leasebus.Lease, *refusal) {
+func (p *Proxy) busCheck(ctx context.Context, ps *push) ([]*lease.Lease, *refusal) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.BusTimeout)
 	defer cancel()
 	cur, err := p.cfg.Bus.Get(ctx, ps.lease.LeaseID)
@@ -659,7 +658,7 @@ func (p *Proxy) busCheck(ctx context.Context, ps *push) ([]*leasebus.Lease, *ref
 
 // stillHeld refuses unless cur, the bus's record of the push's lease, is
 // active with the push's fence.
-func (p *Proxy) stillHeld(ps *push, cur *leasebus.Lease) *refusal {
+func (p *Proxy) stillHeld(ps *push, cur *lease.Lease) *refusal {
 	if !cur.Active() {
 		return refuse(ReasonLeaseLost, "lease %s (fence %d) is %s: %s", cur.LeaseID, ps.fence, cur.Status, cur.Reason)
 	}
@@ -1017,7 +1016,7 @@ func refsOf(cmds []command, refused []*refusal, c *refusal) string {
 
 // auditRefusal records a refused request, push or ref with lease, owner, fence and
 // reason. Recording failures are logged; the push stays refused.
-func (p *Proxy) auditRefusal(ctx context.Context, l leasebus.Lease, fence uint64, ref *refusal, refs string) {
+func (p *Proxy) auditRefusal(ctx context.Context, l lease.Lease, fence uint64, ref *refusal, refs string) {
 	if fence == 0 {
 		fence = l.Fence
 	}
@@ -1032,10 +1031,10 @@ func (p *Proxy) auditRefusal(ctx context.Context, l leasebus.Lease, fence uint64
 	if p.cfg.Audit == nil || l.Repo == "" {
 		return
 	}
-	ev := leasebus.AuditEvent{
+	ev := lease.AuditEvent{
 		Time:     time.Now().UTC(),
-		Type:     leasebus.EventDenied,
-		Boundary: leasebus.BoundaryGit,
+		Type:     lease.EventDenied,
+		Boundary: lease.BoundaryGit,
 		Repo:     l.Repo,
 		LeaseID:  l.LeaseID,
 		Owner:    l.Owner,

@@ -295,7 +295,7 @@ func TestFenceOptionsDefaults(t *testing.T) {
 	// A hook secret in the repo's old default file is never read: the
 	// sidecar signs with its lease's grant key.
 	key := bytes.Repeat([]byte{0x11}, 32)
-	if err := gitproxy.WriteSidecarKey(gitproxy.SidecarKeyFile(repo), key); err != nil {
+	if err := gitproxy.WriteSidecarKey(gitproxy.SidecarKeyFile(leasebus.StateDir(), repo), key); err != nil {
 		t.Fatal(err)
 	}
 	secret := bytes.Repeat([]byte{0x22}, 32)

@@ -155,6 +155,9 @@ their pushes saying the MAC is missing.`,
 				}
 				busArgs = append(busArgs, "--creds", p)
 			}
+			if sidecarFile == "" {
+				sidecarFile = gitproxy.SidecarKeyFile(leasebus.StateDir(), r)
+			}
 			in, sidecarFile, err := gitproxy.InstallHookForSidecars(cmd.Context(),
 				gitproxy.HookInstall{GitDir: gitDir, Repo: r, Fenceline: exe, AllowUnfenced: allowUnfenced, BusArgs: busArgs}, sidecarFile)
 			if err != nil {

@@ -58,7 +58,7 @@ func TestHookInstall(t *testing.T) {
 	if in.Repo != testRepo || !in.NewSecret {
 		t.Fatalf("install = %+v, want repo %s and a new secret", in, testRepo)
 	}
-	if in.HookSecretFile != filepath.Join(in.GitDir, "fenceline", "hook.key") || in.BusSecretFile != gitproxy.SidecarKeyFile(testRepo) {
+	if in.HookSecretFile != filepath.Join(in.GitDir, "fenceline", "hook.key") || in.BusSecretFile != gitproxy.SidecarKeyFile(leasebus.StateDir(), testRepo) {
 		t.Fatalf("secret files %s, %s", in.HookSecretFile, in.BusSecretFile)
 	}
 	testutil.WantPerm(t, in.HookSecretFile, 0o600)
