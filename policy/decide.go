@@ -1,9 +1,10 @@
 package policy
 
 import (
+	"encoding/binary"
 	"fmt"
+	"iter"
 	"strconv"
-	"strings"
 	"sync"
 
 	cedar "github.com/cedar-policy/cedar-go"
@@ -50,25 +51,23 @@ func (r Request) String() string {
 	return fmt.Sprintf("%s on %s by agent %q (task %q)", r.Action, r.Resource, r.Agent, r.Task)
 }
 
-// key is the request as a cache key (every field that decides).
-func (r Request) key() string {
-	var b strings.Builder
-	b.Grow(64 + len(r.Agent) + len(r.Task) + len(r.Repo) + len(r.Resource.Name) + len(r.Context.LeaseID))
-	for _, s := range []string{r.Agent, r.Task, r.Repo, string(r.Action), string(r.Resource.Kind), r.Resource.Name, r.Context.LeaseID, r.Context.WorkspaceMode} {
-		b.WriteString(s)
-		b.WriteByte(0)
+// appendKey appends the request as a cache key (every field that
+// decides) to b: each string preceded by its length, so that no two
+// requests share a key whatever bytes their fields hold.
+func (r Request) appendKey(b []byte) []byte {
+	for _, s := range [...]string{r.Agent, r.Task, r.Repo, string(r.Action), string(r.Resource.Kind), r.Resource.Name, r.Context.LeaseID, r.Context.WorkspaceMode} {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
 	}
-	b.WriteString(strconv.Itoa(r.Resource.Port))
-	b.WriteByte(0)
-	b.WriteString(strconv.FormatInt(r.Context.TTLSeconds, 10))
-	for _, f := range []bool{r.Context.WholeRepo, r.Context.Force, r.Context.Delete, r.Context.Create} {
+	b = binary.AppendVarint(b, int64(r.Resource.Port))
+	b = binary.AppendVarint(b, r.Context.TTLSeconds)
+	var flags byte
+	for i, f := range [...]bool{r.Context.WholeRepo, r.Context.Force, r.Context.Delete, r.Context.Create} {
 		if f {
-			b.WriteByte('1')
-		} else {
-			b.WriteByte('0')
+			flags |= 1 << i
 		}
 	}
-	return b.String()
+	return append(b, flags)
 }
 
 // Verdict names the rule that refuses a request and the policy it is in.
@@ -101,8 +100,42 @@ type Decision struct {
 func (d Decision) Allowed() bool { return d.Refused == nil }
 
 // entities is the two entities a request names: a cedar.EntityGetter
-// without a map.
-type entities struct{ principal, resource types.Entity }
+// without a map. Decisions take one from entitiesPool and return it
+// (release).
+type entities struct {
+	principal, resource types.Entity
+	// attrs is the scratch map types.NewRecord copies a resource's
+	// attributes from (by kind): a decision fills it rather than build a
+	// map of its own.
+	attrs map[Kind]types.RecordMap
+}
+
+// resourceRecord is the attribute record of r.
+func (e *entities) resourceRecord(r Resource) types.Record {
+	m := e.attrs[r.Kind]
+	if m == nil {
+		m = types.RecordMap{}
+		e.attrs[r.Kind] = m
+	}
+	switch r.Kind {
+	case KindPath:
+		m["path"] = types.String(r.Name)
+	case KindHost:
+		m["name"], m["port"] = types.String(r.Name), types.Long(r.Port)
+	default:
+		m["name"] = types.String(r.Name)
+	}
+	rec := types.NewRecord(m) // a copy
+	for k := range m {
+		m[k] = types.String("") // hold no request's values
+	}
+	return rec
+}
+
+func (e *entities) release() {
+	e.principal, e.resource = types.Entity{}, types.Entity{}
+	entitiesPool.Put(e)
+}
 
 func (e *entities) Get(uid types.EntityUID) (types.Entity, bool) {
 	switch uid {
@@ -114,10 +147,28 @@ func (e *entities) Get(uid types.EntityUID) (types.Entity, bool) {
 	return types.Entity{}, false
 }
 
+var entitiesPool = sync.Pool{New: func() any { return &entities{attrs: map[Kind]types.RecordMap{}} }}
+
 var (
 	agentType = types.EntityType(Namespace + "::Agent")
 	actionTyp = types.EntityType(Namespace + "::Action")
 )
+
+// kindType is k's entity type (built without a concatenation for the
+// schema's kinds).
+func kindType(k Kind) types.EntityType {
+	switch k {
+	case KindPath:
+		return Namespace + "::" + types.EntityType(KindPath)
+	case KindRef:
+		return Namespace + "::" + types.EntityType(KindRef)
+	case KindTable:
+		return Namespace + "::" + types.EntityType(KindTable)
+	case KindHost:
+		return Namespace + "::" + types.EntityType(KindHost)
+	}
+	return types.EntityType(Namespace + "::" + string(k))
+}
 
 // recordCacheMax bounds the principals and contexts a recordCache keeps.
 const recordCacheMax = 4096
@@ -130,53 +181,58 @@ type recordCache struct {
 	m  map[string]types.Record // guarded by mu
 }
 
-func (c *recordCache) get(key string, make func() types.Record) types.Record {
+// get returns the record of key, built by build the first time.
+func (c *recordCache) get(key []byte, build func() types.Record) types.Record {
 	c.mu.Lock()
-	rec, ok := c.m[key]
+	rec, ok := c.m[string(key)] // no allocation: the conversion is only looked up
 	c.mu.Unlock()
 	if ok {
 		return rec
 	}
-	rec = make()
+	rec = build()
 	c.mu.Lock()
 	if c.m == nil || len(c.m) >= recordCacheMax {
 		c.m = map[string]types.Record{} // start again: old leases' contexts go
 	}
-	c.m[key] = rec
+	c.m[string(key)] = rec
 	c.mu.Unlock()
 	return rec
 }
 
 var principals, contexts recordCache
 
-// cedarRequest is r as Cedar's request and entities.
-func cedarRequest(r Request) (cedar.Request, *entities) {
-	principal := types.NewEntityUID(agentType, types.String(r.Agent))
-	resource := types.NewEntityUID(types.EntityType(Namespace+"::"+string(r.Resource.Kind)), types.String(r.Resource.Name))
-	var attrs types.RecordMap
-	switch r.Resource.Kind {
-	case KindPath:
-		attrs = types.RecordMap{"path": types.String(r.Resource.Name)}
-	case KindHost:
-		attrs = types.RecordMap{"name": types.String(r.Resource.Name), "port": types.Long(r.Resource.Port)}
-	default:
-		attrs = types.RecordMap{"name": types.String(r.Resource.Name)}
+// appendStrings appends each of ss preceded by its length (a key no two
+// lists share).
+func appendStrings(b []byte, ss ...string) []byte {
+	for _, s := range ss {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
 	}
-	pattrs := principals.get(r.Task+"\x00"+r.Repo, func() types.Record {
+	return b
+}
+
+// cedarRequest is r as Cedar's request and entities; the caller releases
+// ents when Cedar is done with them.
+func cedarRequest(r Request) (req cedar.Request, ents *entities) {
+	principal := types.NewEntityUID(agentType, types.String(r.Agent))
+	resource := types.NewEntityUID(kindType(r.Resource.Kind), types.String(r.Resource.Name))
+	var buf [128]byte
+	pattrs := principals.get(appendStrings(buf[:0], r.Task, r.Repo), func() types.Record {
 		return types.NewRecord(types.RecordMap{"task": types.String(r.Task), "repo": types.String(r.Repo)})
 	})
-	ents := &entities{
-		principal: types.Entity{UID: principal, Attributes: pattrs},
-		resource:  types.Entity{UID: resource, Attributes: types.NewRecord(attrs)},
-	}
+	ents = entitiesPool.Get().(*entities)
+	ents.principal = types.Entity{UID: principal, Attributes: pattrs}
+	ents.resource = types.Entity{UID: resource, Attributes: ents.resourceRecord(r.Resource)}
 	c := r.Context
-	flags := [4]byte{'0', '0', '0', '0'}
-	for i, f := range []bool{c.WholeRepo, c.Force, c.Delete, c.Create} {
+	ckey := appendStrings(buf[:0], r.Repo, c.LeaseID, c.WorkspaceMode)
+	ckey = binary.AppendVarint(ckey, c.TTLSeconds)
+	for _, f := range [...]bool{c.WholeRepo, c.Force, c.Delete, c.Create} {
 		if f {
-			flags[i] = '1'
+			ckey = append(ckey, 1)
+		} else {
+			ckey = append(ckey, 0)
 		}
 	}
-	ckey := r.Repo + "\x00" + c.LeaseID + "\x00" + c.WorkspaceMode + "\x00" + strconv.FormatInt(c.TTLSeconds, 10) + "\x00" + string(flags[:])
 	ctx := contexts.get(ckey, func() types.Record {
 		return types.NewRecord(types.RecordMap{
 			"repo":           types.String(r.Repo),
@@ -197,11 +253,49 @@ func cedarRequest(r Request) (cedar.Request, *entities) {
 	}, ents
 }
 
-// judge evaluates one policy's rules: the first (in the text's order)
-// that matches, or that fails to evaluate, refuses.
-func judge(p *Policy, req cedar.Request, ents *entities) (rule Rule, errMsg string, refused bool) {
-	_, diag := cedar.Authorize(p, ents, req)
-	first := -1
+// ruleset is the rules of one or two policies — the default's, then the
+// repository's — as one Cedar PolicyIterator, so that a decision asks
+// Cedar once per mode rather than once per policy. Rule i's PolicyID is
+// its index, so the lowest id that refuses is the first refusing rule of
+// the first policy (the order separate evaluations would give).
+type ruleset struct {
+	rules []*cedar.Policy
+	ids   []cedar.PolicyID
+	from  []*Verdict                               // rule i's verdict, built once per policy version
+	all   iter.Seq2[cedar.PolicyID, *cedar.Policy] // built once: All allocates nothing
+}
+
+// newRuleset joins the rules of ls, in order.
+func newRuleset(ls ...layer) *ruleset {
+	rs := &ruleset{}
+	for _, l := range ls {
+		for _, r := range l.pol.Rules {
+			rs.ids = append(rs.ids, cedar.PolicyID(strconv.Itoa(len(rs.rules))))
+			rs.rules = append(rs.rules, r.policy)
+			rs.from = append(rs.from, &Verdict{Rule: r.ID, Policy: l.doc.Scope(), Version: l.doc.Version})
+		}
+	}
+	rs.all = func(yield func(cedar.PolicyID, *cedar.Policy) bool) {
+		for i, p := range rs.rules {
+			if !yield(rs.ids[i], p) {
+				return
+			}
+		}
+	}
+	return rs
+}
+
+// All yields the rules in order (a cedar.PolicyIterator).
+func (rs *ruleset) All() iter.Seq2[cedar.PolicyID, *cedar.Policy] { return rs.all }
+
+// judge evaluates rs: the first rule (in the texts' order) that matches,
+// or that fails to evaluate, refuses. nil: allowed.
+func (rs *ruleset) judge(req cedar.Request, ents *entities) *Verdict {
+	if rs == nil || len(rs.rules) == 0 {
+		return nil
+	}
+	_, diag := cedar.Authorize(rs, ents, req)
+	first, errMsg := -1, ""
 	for _, r := range diag.Reasons {
 		if i, err := strconv.Atoi(string(r.PolicyID)); err == nil && (first < 0 || i < first) {
 			first, errMsg = i, ""
@@ -212,8 +306,15 @@ func judge(p *Policy, req cedar.Request, ents *entities) (rule Rule, errMsg stri
 			first, errMsg = i, e.Message
 		}
 	}
-	if first < 0 {
-		return Rule{}, "", false
+	switch {
+	case first < 0:
+		return nil
+	case first >= len(rs.from): // not an id of ours: refuse all the same
+		return &Verdict{Rule: strconv.Itoa(first), Error: errMsg}
+	case errMsg == "":
+		return rs.from[first]
 	}
-	return p.rule(cedar.PolicyID(strconv.Itoa(first))), errMsg, true
+	v := *rs.from[first]
+	v.Error = errMsg
+	return &v
 }

@@ -88,15 +88,6 @@ func (p *Policy) All() iter.Seq2[cedar.PolicyID, *cedar.Policy] {
 	}
 }
 
-// rule returns the rule Authorize names id.
-func (p *Policy) rule(id cedar.PolicyID) Rule {
-	i, err := strconv.Atoi(string(id))
-	if err != nil || i < 0 || i >= len(p.Rules) {
-		return Rule{ID: string(id)}
-	}
-	return p.Rules[i]
-}
-
 // Digest returns the digest a stored policy carries: "sha256:<hex>".
 func Digest(text string) string {
 	sum := sha256.Sum256([]byte(text))

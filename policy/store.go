@@ -2,7 +2,6 @@ package policy
 
 import (
 	"fmt"
-	cedar "github.com/cedar-policy/cedar-go"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,10 +66,81 @@ type layer struct {
 	pol *Policy
 }
 
-// snapshot is one generation of a Store: immutable but for its cache.
+// snapshot is one generation of a Store: immutable.
 type snapshot struct {
-	docs  map[docKey]layer
-	cache decisionCache
+	docs map[docKey]layer
+	// sets are the rules each repository's decisions evaluate, by repo;
+	// "" holds the default's (for a repository with no policy of its
+	// own). Built by Put.
+	sets map[string]modeSets
+	// cache is the Store's; it answers this generation's lookups only.
+	cache *decisionCache
+	gen   uint64
+}
+
+// modeSets is what a decision evaluates: the enforced rules, then (when a
+// shadow policy exists) the rules the shadow side is judged by.
+type modeSets struct {
+	enforced, shadow *ruleset // shadow nil: no shadow policy
+}
+
+// newSnapshot builds docs' rulesets.
+func newSnapshot(docs map[docKey]layer) *snapshot {
+	cur := &snapshot{docs: docs, sets: map[string]modeSets{}}
+	repos := map[string]bool{"": true}
+	for k, l := range docs {
+		if l.pol != nil {
+			repos[k.repo] = true
+		}
+	}
+	for repo := range repos {
+		if ms, ok := cur.buildSets(repo); ok {
+			cur.sets[repo] = ms
+		}
+	}
+	return cur
+}
+
+// buildSets joins the policies in force for repo as decide evaluates
+// them: enforced, the default's then the repository's; shadow, each
+// scope's shadow policy or, where it has none, its enforced one. ok is
+// false when no policy applies to repo.
+func (cur *snapshot) buildSets(repo string) (ms modeSets, ok bool) {
+	def, hasDef := cur.get("", ModeEnforce)
+	own, hasOwn := cur.get(repo, ModeEnforce)
+	defShadow, hasDefShadow := cur.get("", ModeShadow)
+	ownShadow, hasOwnShadow := cur.get(repo, ModeShadow)
+	if repo == "" {
+		hasOwn, hasOwnShadow = false, false
+	}
+	if !hasDef && !hasOwn && !hasDefShadow && !hasOwnShadow {
+		return modeSets{}, false
+	}
+	var enforced, shadow []layer
+	if hasDef {
+		enforced = append(enforced, def)
+	}
+	if hasOwn {
+		enforced = append(enforced, own)
+	}
+	ms.enforced = newRuleset(enforced...)
+	if !hasDefShadow && !hasOwnShadow {
+		return ms, true
+	}
+	switch {
+	case hasDefShadow:
+		shadow = append(shadow, defShadow)
+	case hasDef:
+		shadow = append(shadow, def)
+	}
+	switch {
+	case hasOwnShadow:
+		shadow = append(shadow, ownShadow)
+	case hasOwn:
+		shadow = append(shadow, own)
+	}
+	ms.shadow = newRuleset(shadow...)
+	return ms, true
 }
 
 // Store holds the policies in force — the default and those of any
@@ -83,6 +153,11 @@ type Store struct {
 	mu      sync.Mutex // serializes Put
 	current atomic.Pointer[snapshot]
 	changed atomic.Pointer[chan struct{}]
+	// cache is allocated by the first Put that brings a policy and kept
+	// for every generation after (each starts it empty), so that a
+	// policy change allocates no new one. guarded by mu (the pointer).
+	cache *decisionCache
+	gen   uint64 // guarded by mu
 }
 
 // Put installs d (replacing the document of its repo and mode; an empty
@@ -98,19 +173,28 @@ func (s *Store) Put(d Document) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	next := &snapshot{docs: map[docKey]layer{}}
+	docs := map[docKey]layer{}
 	if cur := s.current.Load(); cur != nil {
 		for k, l := range cur.docs {
-			next.docs[k] = l
+			docs[k] = l
 		}
 	}
 	k := docKey{d.Repo, d.Mode}
-	if old, ok := next.docs[k]; ok && old.doc.Version > d.Version {
+	if old, ok := docs[k]; ok && old.doc.Version > d.Version {
 		return nil // an older version arriving late
 	}
 	// A removed policy stays as a tombstone (pol nil) so that an older
 	// version arriving late cannot bring it back.
-	next.docs[k] = layer{doc: d, pol: pol}
+	docs[k] = layer{doc: d, pol: pol}
+	next := newSnapshot(docs)
+	if len(next.sets) > 0 {
+		if s.cache == nil {
+			s.cache = newDecisionCache()
+		}
+		s.gen++
+		next.cache, next.gen = s.cache, s.gen
+		s.cache.start(next.gen)
+	}
 	s.current.Store(next)
 	s.notify()
 	return nil
@@ -200,15 +284,22 @@ func (s *Store) Empty() bool {
 // where it has none) are asked only when the enforced ones allow.
 func (s *Store) Decide(r Request) Decision {
 	cur := s.current.Load()
-	if cur == nil || len(cur.docs) == 0 {
+	if cur == nil || cur.cache == nil {
 		return Decision{}
 	}
-	key := r.key()
-	if d, ok := cur.cache.get(key); ok {
+	ms, ok := cur.sets[r.Repo]
+	if !ok {
+		if ms, ok = cur.sets[""]; !ok {
+			return Decision{} // no policy applies to r.Repo
+		}
+	}
+	var buf [256]byte // the key on the stack unless the request is long
+	key := r.appendKey(buf[:0])
+	if d, ok := cur.cache.get(cur.gen, key); ok {
 		return d
 	}
-	d := cur.decide(r)
-	cur.cache.put(key, d)
+	d := ms.decide(r)
+	cur.cache.put(cur.gen, key, d)
 	return d
 }
 
@@ -218,77 +309,12 @@ func (cur *snapshot) get(repo string, m Mode) (layer, bool) {
 	return l, ok && l.pol != nil
 }
 
-func (cur *snapshot) decide(r Request) Decision {
-	def, hasDef := cur.get("", ModeEnforce)
-	own, hasOwn := cur.get(r.Repo, ModeEnforce)
-	defShadow, hasDefShadow := cur.get("", ModeShadow)
-	ownShadow, hasOwnShadow := cur.get(r.Repo, ModeShadow)
-	if r.Repo == "" {
-		hasOwn, hasOwnShadow = false, false
-	}
-	if !hasDef && !hasOwn && !hasDefShadow && !hasOwnShadow {
-		return Decision{}
-	}
+func (ms modeSets) decide(r Request) Decision {
 	req, ents := cedarRequest(r)
-	var enforcedBuf, shadowBuf [2]layer // on the stack: a decision allocates only what Cedar needs
-	enforced, shadow := enforcedBuf[:0], shadowBuf[:0]
-	if hasDef {
-		enforced = append(enforced, def)
-	}
-	if hasOwn {
-		enforced = append(enforced, own)
-	}
+	defer ents.release()
 	var d Decision
-	if d.Refused = firstRefusal(enforced, req, ents); d.Refused != nil || (!hasDefShadow && !hasOwnShadow) {
-		return d
+	if d.Refused = ms.enforced.judge(req, ents); d.Refused == nil {
+		d.Shadow = ms.shadow.judge(req, ents)
 	}
-	switch {
-	case hasDefShadow:
-		shadow = append(shadow, defShadow)
-	case hasDef:
-		shadow = append(shadow, def)
-	}
-	switch {
-	case hasOwnShadow:
-		shadow = append(shadow, ownShadow)
-	case hasOwn:
-		shadow = append(shadow, own)
-	}
-	d.Shadow = firstRefusal(shadow, req, ents)
 	return d
-}
-
-func firstRefusal(ls []layer, req cedar.Request, ents *entities) *Verdict {
-	for _, l := range ls {
-		if rule, errMsg, refused := judge(l.pol, req, ents); refused {
-			return &Verdict{Rule: rule.ID, Policy: l.doc.Scope(), Version: l.doc.Version, Error: errMsg}
-		}
-	}
-	return nil
-}
-
-// decisionCacheMax bounds the decisions a generation keeps; past it the
-// cache starts again (a new generation starts one anyway).
-const decisionCacheMax = 1 << 14
-
-// decisionCache keeps one generation's decisions by request.
-type decisionCache struct {
-	mu sync.RWMutex
-	m  map[string]Decision // guarded by mu
-}
-
-func (c *decisionCache) get(k string) (Decision, bool) {
-	c.mu.RLock()
-	d, ok := c.m[k]
-	c.mu.RUnlock()
-	return d, ok
-}
-
-func (c *decisionCache) put(k string, d Decision) {
-	c.mu.Lock()
-	if c.m == nil || len(c.m) >= decisionCacheMax {
-		c.m = make(map[string]Decision, decisionCacheMax)
-	}
-	c.m[k] = d
-	c.mu.Unlock()
 }
