@@ -2,6 +2,7 @@ package leasebus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -93,7 +94,7 @@ func (c *Client) KeepIdentity() (stop func()) {
 			}
 			if !c.session().running() { // while holders keep it, their loop is heard
 				kctx, kcancel := context.WithTimeout(ctx, maxKeepaliveEvery)
-				_, _ = c.request(kctx, "keepalive", req, 0) // unanswered: the next one tries again
+				_, _ = c.keepalive(kctx, req) // unanswered: the next one tries again
 				kcancel()
 			}
 			t.Reset(maxKeepaliveEvery)
@@ -104,6 +105,77 @@ func (c *Client) KeepIdentity() (stop func()) {
 		<-done
 	}
 }
+
+// keepalive is KeepIdentity's: it sends req, and sends it again each
+// quarter of ctx's time (at least minKeepaliveTry, at most the client's
+// timeout) while no instance has answered, up to maxKeepaliveTries at once; the first
+// answer to any of them is the answer. A keepalive is asked of any
+// instance of the service, and one sent to an instance that cannot
+// answer — cut off behind a route the server still counts up, which it
+// may for a while after a partition — is lost: waiting out the whole
+// budget on it would leave the session unheard long enough for its
+// run's identity to be collected while it is alive. A new try goes to an
+// instance picked again; an earlier one merely slow is still heard. (The
+// holders' session loop keeps one try per beat: it beats every 200 ms,
+// so a lost keepalive costs its holders a doubt, never their lease, and
+// re-sending there would multiply the load on a slow service.)
+func (c *Client) keepalive(ctx context.Context, req keepaliveRequest) (*reply, error) {
+	every := c.Timeout
+	if d, ok := ctx.Deadline(); ok {
+		every = min(every, max(time.Until(d)/4, minKeepaliveTry))
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // the tries still waiting end with it
+	type answer struct {
+		r   *reply
+		err error
+	}
+	answers := make(chan answer, maxKeepaliveTries)
+	send := func() {
+		go func() {
+			r, err := c.request(ctx, "keepalive", req, 0)
+			answers <- answer{r, err}
+		}()
+	}
+	send()
+	sent, waiting := 1, 1
+	again := time.NewTicker(every)
+	defer again.Stop()
+	var lastErr error
+	for {
+		select {
+		case a := <-answers:
+			waiting--
+			if a.err == nil {
+				return a.r, nil
+			}
+			lastErr = a.err
+			if errors.Is(a.err, ErrForbidden) || ctx.Err() != nil && waiting == 0 {
+				return nil, a.err
+			}
+		case <-again.C:
+			if sent < maxKeepaliveTries {
+				send()
+				sent++
+				waiting++
+			} else if waiting == 0 {
+				return nil, lastErr
+			}
+		case <-ctx.Done():
+			if lastErr == nil {
+				lastErr = fmt.Errorf("keepalive: %w%w", ctx.Err(), errNoAnswer)
+			}
+			return nil, lastErr
+		}
+	}
+}
+
+// minKeepaliveTry is the shortest a keepalive waits for an answer before
+// it is sent again; maxKeepaliveTries bounds how often.
+const (
+	minKeepaliveTry   = 250 * time.Millisecond
+	maxKeepaliveTries = 4
+)
 
 // running reports whether the session's keepalive loop runs (it has
 // holders).
