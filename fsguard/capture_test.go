@@ -4,6 +4,7 @@ package fsguard
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -150,6 +151,32 @@ func TestTCPConnectCaptureAddressRace(t *testing.T) {
 	for _, g := range got {
 		if !preamble.MatchString(g) {
 			t.Errorf("captured connection announced %q", g)
+		}
+	}
+}
+
+// TestCapturedPeerName: getpeername on a captured socket answers the
+// address the agent connected to (not the egress proxy's), in the
+// socket's family, and cuts a short buffer as the kernel does (saying
+// the full length); on a socket that was not captured it is the kernel's
+// answer.
+func TestCapturedPeerName(t *testing.T) {
+	helper := guardHelper(t)
+	capt := listenCapture(t)
+	allowed := countingListener(t, "tcp", "127.0.0.1:0")
+	w := newWorktree(t)
+	p := w.policy()
+	p.Capture = capt.addr()
+	p.ConnectPorts = []uint16{netip.MustParseAddrPort(allowed.Addr().String()).Port()}
+	lport := netip.MustParseAddrPort(allowed.Addr().String()).Port()
+	for _, tc := range []struct{ network, addr, want string }{
+		{"tcp", "192.0.2.1:443", "192.0.2.1:443 16 020001bb errno 0"},
+		{"tcp", "[2001:db8::1]:80", "[2001:db8::1]:80 28 0a000050 errno 0"},
+		{"tcp6", "[2001:db8::2]:8443", "[2001:db8::2]:8443 28 0a0020fb errno 0"},
+		{"tcp", allowed.Addr().String(), fmt.Sprintf("%s 16 0200%04x errno 0", allowed.Addr(), lport)},
+	} {
+		if r := runAudited(t, p, &testGate{}, nil, w.root, helper, "peername", tc.network, tc.addr); r.out != tc.want {
+			t.Errorf("getpeername after connecting to %s: %q, want %q", tc.addr, r.out, tc.want)
 		}
 	}
 }

@@ -294,7 +294,9 @@
 //     writable after it is lost: write(2), mmap and friends on it are not
 //     trapped (trapping every write would cost a round trip per write).
 //   - A captured socket is connected to the egress proxy: getpeername
-//     answers the proxy's address, not the one the agent chose. UDP but
+//     answers the address the agent chose (peername_linux.go) for the
+//     last 4,096 captures, the proxy's for older ones; getsockname
+//     answers the loopback end of the connection to the proxy. UDP but
 //     DNS (QUIC, a resolver asking another port) reaches nobody; without
 //     a user namespace for the sealed network UDP stays refused.
 //   - The supervisor makes the agent's connects: a Unix-socket server sees

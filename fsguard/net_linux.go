@@ -393,6 +393,7 @@ func captureConnect(t *trap, sock int, fam uint16, dst netip.AddrPort) {
 		t.failErr(err)
 		return
 	}
+	t.pr.peers.record(sock, dst)
 	t.reply(0)
 }
 

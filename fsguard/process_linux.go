@@ -38,7 +38,8 @@ type Process struct {
 
 	listener int // seccomp user-notification fd, -1 without seccomp
 	sealed   *sealedNet
-	stopR    int // closing stopW ends the notification loop
+	peers    capturedPeers // where the agent's captured sockets were headed (getpeername)
+	stopR    int           // closing stopW ends the notification loop
 	stopW    int
 	tmpDir   string
 	shimDir  string

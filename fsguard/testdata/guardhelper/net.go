@@ -32,6 +32,7 @@ var netModes = map[string]func(args []string){
 	"connectrace": connectRace, // connectrace ALLOWED-PORT FORBIDDEN-PORT N
 	"capturerace": captureRace, // capturerace ADDR:PORT ADDR:PORT N (IPv4): the address flips under the call
 	"connectsend": connectSend, // connectsend NETWORK ADDR: connect, write "hello\n"
+	"peername":    peerName,    // peername NETWORK ADDR: connect, print getpeername's answer (and with a short buffer)
 	"udp":         udpSend,     // udp ADDR
 	"udpconnect":  udpConnect,  // udpconnect ADDR: connect, send, read an answer (1 s)
 	"udpbind":     udpBind,     // udpbind PORT
@@ -179,6 +180,37 @@ func udpSend(args []string) {
 		return
 	}
 	fmt.Println(res(unix.Sendto(fd, []byte("leak"), 0, sa)))
+}
+
+func peerName(args []string) {
+	c, err := net.Dial(args[0], args[1])
+	if err != nil {
+		fmt.Println(res(err))
+		return
+	}
+	f, err := c.(*net.TCPConn).File()
+	if err != nil {
+		fmt.Println("file:", err)
+		return
+	}
+	sa, err := unix.Getpeername(int(f.Fd()))
+	if err != nil {
+		fmt.Println("getpeername:", res(err))
+		return
+	}
+	var out string
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		out = netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)).String()
+	case *unix.SockaddrInet6:
+		out = netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port)).String()
+	}
+	// A buffer shorter than the address: the kernel's rule is to cut it
+	// and say how long it is.
+	var buf [4]byte
+	n := uint32(len(buf))
+	_, _, e := unix.Syscall(unix.SYS_GETPEERNAME, f.Fd(), uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&n)))
+	fmt.Printf("%s %d %x %v\n", out, n, buf, e)
 }
 
 func udpConnect(args []string) {
