@@ -37,8 +37,8 @@ type expect struct {
 	// failed, on a ReadyForQuery item, is set when an error came before it.
 	failed *atomic.Bool
 	// onError, when set, is called when the request fails (a guard of the
-	// proxy's raised: it audits the refusal).
-	onError func()
+	// proxy's raised: it audits the refusal), with the error's fields.
+	onError func(fields map[byte]string)
 }
 
 func (e *expect) endsWithZ() bool {
@@ -204,7 +204,7 @@ func (s *session) relayOne(t byte, raw []byte) error {
 			s.copyIn.Store(false)
 		}
 		if h.onError != nil {
-			h.onError()
+			h.onError(errorFields(raw))
 		}
 		if h.internal != nil {
 			f := errorFields(raw)
