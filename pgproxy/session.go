@@ -726,6 +726,10 @@ func (s *session) internalQuery(stmts ...string) ([][]string, error) {
 		return nil, err
 	}
 	<-res.done
+	var ended *sessionEndedError
+	if errors.As(res.err, &ended) {
+		return nil, ended
+	}
 	if res.err != nil {
 		return nil, &queryError{sql: sql, err: res.err}
 	}
