@@ -18,8 +18,8 @@
 # psql, gcc, Go, python3, and the source: PG_REGRESS_SRC (a directory with
 # parallel_schedule, sql/, data/), else the cache
 # ~/.cache/fenceline-pg-regress, else `apt-get source --download-only` of
-# the installed postgresql-N's version (needs a deb-src line; .ci/run
-# adds one).
+# the installed postgresql-N's version (needs a deb-src line: for each
+# deb822 source of a Debian mirror, a copy with Types: deb-src).
 # Usage: scripts/pg-regress.sh. KEEP=1 keeps the work directory (each
 # side's results/ and regression.diffs).
 set -euo pipefail
