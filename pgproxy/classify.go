@@ -116,6 +116,12 @@ type Statement struct {
 	// MissingOK: DROP ... IF EXISTS (of tables, views, sequences,
 	// indexes, foreign tables or schemas).
 	MissingOK bool
+	// WriteCheck: a read that calls user code (functions, operators,
+	// views or types that call them) the proxy runs as a write, judged by
+	// what it wrote: a check after it, in the same transaction, refuses
+	// (and so rolls back) any write to a table outside the lease's claim
+	// (see session.checkedWrite). Set by the session, never the classifier.
+	WriteCheck bool
 	// Prepare/Execute/Deallocate name SQL-level prepared statements.
 	Prepare, Execute, Deallocate string
 	// Inner is the prepared statement's classification (PREPARE only).

@@ -205,9 +205,11 @@ DROP SERVER IF EXISTS loopback CASCADE; DROP EXTENSION IF EXISTS postgres_fdw CA
 
 // TestUserFunctionReadOnly: in a database where code has no way to open a
 // connection of its own (no dblink, no foreign server with tables), a user
-// function called from a read outside a writable transaction runs in
-// Postgres's read-only transaction, which refuses its write (25006), as
-// direct; the proxy sends it through.
+// function called from a read outside a transaction block runs as direct,
+// judged by what it wrote (see TestFunctionFromReadAsDirect): its write
+// outside the claim is refused naming the table and rolled back. In a
+// read-only block it runs in Postgres's read-only transaction, which
+// refuses its write (25006), as direct.
 func TestUserFunctionReadOnly(t *testing.T) {
 	dropIndirect(t)
 	t.Cleanup(func() { dropIndirect(t) })
@@ -223,9 +225,21 @@ CREATE FUNCTION inone.f_write(int) RETURNS int LANGUAGE sql AS $$ INSERT INTO in
 	c := plpgsql.via(t, p, "agent")
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
 		_, err := c.Exec(ctx, "SELECT inone.f_write(9)", mode)
-		if pgCode(err) != "25006" {
-			t.Errorf("%v: user function from a read outside a block: %v, want Postgres's 25006", mode, err)
+		if pgCode(err) != "42501" || !strings.Contains(err.Error(), "inone.t") {
+			t.Errorf("%v: user function from a read outside a block: %v, want the fence's refusal naming inone.t", mode, err)
 		}
+		tx, err := c.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "SELECT inone.f_write(9)", mode); pgCode(err) != "25006" {
+			t.Errorf("%v: user function from a read in a read-only block: %v, want Postgres's 25006", mode, err)
+		}
+		tx.Rollback(ctx)
+	}
+	var n int
+	if err := admin.QueryRow(ctx, "SELECT count(*) FROM inone.t").Scan(&n); err != nil || n != 0 {
+		t.Errorf("inone.t has %d rows (%v), want 0", n, err)
 	}
 }
 

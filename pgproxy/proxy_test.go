@@ -36,8 +36,8 @@ func TestReadsAndFencedWrites(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "outside the lease") || pgCode(err) != "42501" {
 				t.Fatalf("out-of-scope write: got %v", err)
 			}
-			if _, err := c.Exec(ctx, "SELECT public.f_writes()", mode); pgCode(err) != "25006" {
-				t.Fatalf("read calling a writing function: want 25006 read_only_sql_transaction, got %v", err)
+			if _, err := c.Exec(ctx, "SELECT public.f_writes()", mode); pgCode(err) != "42501" || !strings.Contains(err.Error(), "lease_rw1") {
+				t.Fatalf("read calling a function writing outside the lease: want the refusal (42501) naming the lease, got %v", err)
 			}
 			// The connection still works after refusals.
 			if err := c.QueryRow(ctx, "SELECT 1", mode).Scan(&n); err != nil {

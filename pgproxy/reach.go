@@ -52,6 +52,11 @@ type catalog struct {
 	mu    sync.Mutex
 	rels  map[relKey]*reach // guarded by mu
 	calls map[callKey]callInfo
+	// seenBuiltin holds the calls a lookup found no user code behind,
+	// kept across invalidate and TTL (guarded by mu): a read whose calls
+	// are all here is not made a checked write (see mayCheckWrites), so it
+	// needs no lookup. Stale is safe: such a read runs read-only.
+	seenBuiltin map[callKey]bool
 	// foreign holds, by database, a *foreignSet: what a read may not
 	// name. Read without the lock on every read (see readsForeign).
 	foreign sync.Map
@@ -97,8 +102,30 @@ UNION ALL SELECT 'c', 'foreign server ' || sv.srvname FROM pg_catalog.pg_foreign
   JOIN pg_catalog.pg_foreign_data_wrapper w ON w.oid = sv.srvfdw
   WHERE w.fdwname <> 'file_fdw' AND EXISTS (SELECT 1 FROM pg_catalog.pg_foreign_table ft WHERE ft.ftserver = sv.oid)`
 
+// plannerDefaultsSQL sets the planner's settings (Query Tuning: the
+// enable_* switches, costs, plan_cache_mode, jit, ...; and parallel
+// query, forced or per gather) back to the session's defaults for the rest
+// of the transaction, and returns no row. Only settings any user may set.
+// The proxy's catalog queries run in the client's session: a client that
+// switched enable_seqscan off (Postgres's own regression tests do) made
+// each take seconds instead of milliseconds.
+const plannerDefaultsSQL = `SELECT 1 FROM (SELECT pg_catalog.count(pg_catalog.set_config(s.name, s.reset_val, true)) AS n
+  FROM pg_catalog.pg_settings s WHERE s.context = 'user' AND s.setting IS DISTINCT FROM s.reset_val
+    AND (pg_catalog.starts_with(s.category, 'Query Tuning') OR s.name IN ('force_parallel_mode', 'max_parallel_workers_per_gather'))) x WHERE x.n < 0`
+
+// catalogQuery runs q, a catalog lookup of the proxy's own, with the
+// planner's default settings (plannerDefaultsSQL) when it runs in a
+// transaction of its own. In the client's transaction block it runs with
+// the client's settings: a local setting would outlive the lookup there.
+func (s *session) catalogQuery(q string) ([][]string, error) {
+	if s.txStatus != 'I' {
+		return s.internalQuery(q)
+	}
+	return s.internalQuery(plannerDefaultsSQL, q)
+}
+
 func newCatalog() *catalog {
-	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}}
+	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}, seenBuiltin: map[callKey]bool{}}
 }
 
 type relKey struct {
@@ -228,7 +255,7 @@ func (s *session) learnForeign(stmts []*Statement, lookup bool) error {
 	if !need {
 		return nil
 	}
-	rows, err := s.internalQuery(foreignSQL)
+	rows, err := s.catalogQuery(foreignSQL)
 	if err != nil {
 		return s.lookupFailed(err)
 	}
@@ -555,7 +582,7 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 		if len(rels) == 0 {
 			continue
 		}
-		rows, err := s.internalQuery(reachSQL(rels, i&2 != 0, i&1 != 0))
+		rows, err := s.catalogQuery(reachSQL(rels, i&2 != 0, i&1 != 0))
 		if err != nil {
 			return s.lookupFailed(err)
 		}
@@ -599,7 +626,7 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 		cat.mu.Unlock()
 	}
 	if len(needCalls) > 0 {
-		rows, err := s.internalQuery(callsSQL(needCalls))
+		rows, err := s.catalogQuery(callsSQL(needCalls))
 		if err != nil {
 			return s.lookupFailed(err)
 		}
@@ -622,6 +649,12 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 			}
 			if !private {
 				cat.calls[k] = callInfo{user: user[c] || c == "q?", owners: owners[c], at: now}
+				if !user[c] && c[0] != 'q' {
+					if len(cat.seenBuiltin) >= 1<<16 {
+						clear(cat.seenBuiltin)
+					}
+					cat.seenBuiltin[k] = true
+				}
 			}
 		}
 		cat.mu.Unlock()
@@ -716,6 +749,9 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 		other := c.Kind == 'f' && otherConnection(c.Name)
 		if !writable && !other && connects == "" {
 			continue
+		}
+		if st.WriteCheck && c.Kind != 'q' && !other && !(c.Kind == 'f' && runsSQL[c.Name]) {
+			continue // judged by what it writes (checkedWrite)
 		}
 		user, known := s.unit.calls[callKeyOf(s.database, c)]
 		if c.Kind == 'q' && writable {

@@ -37,8 +37,8 @@ type expect struct {
 	// failed, on a ReadyForQuery item, is set when an error came before it.
 	failed *atomic.Bool
 	// onError, when set, is called when the request fails (a guard of the
-	// proxy's raised: it audits the refusal).
-	onError func()
+	// proxy's raised: it audits the refusal), with the error's fields.
+	onError func(fields map[byte]string)
 }
 
 func (e *expect) endsWithZ() bool {
@@ -173,9 +173,15 @@ func (s *session) relayOne(t byte, raw []byte) error {
 		// the proxy's: a notice while a statement the proxy put into the
 		// client's message is at the head comes from parsing the client's
 		// text (Postgres parses a whole Query first), so it goes on, its
-		// position mapped back as an error's is.
+		// position mapped back as an error's is. A notice of class 57
+		// (operator intervention: the server shutting down or crashing,
+		// its warning before it closes the connection) is about the
+		// client's session, whatever query it came during.
 		if h != nil && h.internal != nil {
-			return nil
+			if !strings.HasPrefix(errorFields(raw)['C'], "57") {
+				return nil
+			}
+			return s.toClient(dropFields(raw, ownQueryFields))
 		}
 		if q := s.queryEnd(); q != nil && len(q.inserts) > 0 {
 			raw = mapErrorPosition(raw, q.inserts)
@@ -203,13 +209,31 @@ func (s *session) relayOne(t byte, raw []byte) error {
 		if s.copyIn.Load() {
 			s.copyIn.Store(false)
 		}
+		f := errorFields(raw)
 		if h.onError != nil {
-			h.onError()
+			h.onError(f)
 		}
-		if h.internal != nil {
-			f := errorFields(raw)
+		ended := endsSession(f)
+		switch {
+		case h.internal != nil && !ended:
 			h.internal.err = fmt.Errorf("%s (SQLSTATE %s)", f['M'], f['C'])
-		} else {
+		case ended && (h.internal != nil || h.swallow):
+			// The server ends the client's session (pg_terminate_backend,
+			// a shutdown, an idle-session timeout) during a query or a
+			// statement of the proxy's own: the error is the client's, as
+			// it would be direct, every field as the server sent it but
+			// those that place it in the proxy's text (position, context,
+			// internal query), which the client never sent. The server
+			// then closes the connection, and the relay ends the client's;
+			// the query of the proxy's own fails with sessionEndedError,
+			// which ends the client loop.
+			if h.internal != nil {
+				h.internal.err = &sessionEndedError{code: f['C'], msg: f['M']}
+			}
+			if err := s.toClient(dropFields(raw, ownQueryFields)); err != nil {
+				return err
+			}
+		default:
 			if q := s.queryEnd(); q != nil && len(q.inserts) > 0 {
 				raw = mapErrorPosition(raw, q.inserts)
 			}
@@ -290,6 +314,30 @@ func (s *session) relayOne(t byte, raw []byte) error {
 	return nil
 }
 
+// ownQueryFields are the fields of an ErrorResponse or NoticeResponse that
+// place it in the query that ran (position, internal position and query,
+// context): of a query of the proxy's own, they mean nothing to the client.
+const ownQueryFields = "PpqW"
+
+// endsSession: an ErrorResponse's fields f say the server ends the session
+// after it (severity FATAL or PANIC).
+func endsSession(f map[byte]string) bool {
+	sev, ok := f['V'] // not localized (Postgres 9.6 and later)
+	if !ok {
+		sev = f['S']
+	}
+	return sev == "FATAL" || sev == "PANIC"
+}
+
+// sessionEndedError: the server ended the session during a query of the
+// proxy's own (its FATAL went on to the client). Never a *queryError: the
+// session ends, whatever the query was for.
+type sessionEndedError struct{ code, msg string }
+
+func (e *sessionEndedError) Error() string {
+	return fmt.Sprintf("the server ended the session: %s (SQLSTATE %s)", e.msg, e.code)
+}
+
 // queryEnd returns the expQueryEnd item of the rewritten query in flight.
 func (s *session) queryEnd() *expect {
 	s.qmu.Lock()
@@ -321,6 +369,12 @@ func dropRefusalContext(raw []byte) []byte {
 	if f['W'] != refusalContext || !strings.HasPrefix(f['M'], "fenceline: write refused") {
 		return raw
 	}
+	return dropFields(raw, "W")
+}
+
+// dropFields returns the ErrorResponse or NoticeResponse raw without the
+// fields whose codes are in codes.
+func dropFields(raw []byte, codes string) []byte {
 	var w msgBuilder
 	at := w.begin(raw[0])
 	b := raw[5:]
@@ -330,7 +384,7 @@ func dropRefusalContext(raw []byte) []byte {
 		if err != nil {
 			return raw
 		}
-		if code != 'W' {
+		if strings.IndexByte(codes, code) < 0 {
 			w.b = append(w.b, code)
 			w.str(v)
 		}

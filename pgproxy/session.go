@@ -151,6 +151,7 @@ const (
 	tokStmtName      = "fenceline_tok"
 	spStmtName       = "fenceline_sp"
 	refuseName       = "fenceline_refuse"
+	checkName        = "fenceline_check"
 	rwSQL            = "SET transaction_read_only = off"
 	roSQL            = "SET transaction_read_only = on"
 	tokSQL           = "SELECT pg_catalog.set_config('fenceline.token', $1, true)"
@@ -725,6 +726,10 @@ func (s *session) internalQuery(stmts ...string) ([][]string, error) {
 		return nil, err
 	}
 	<-res.done
+	var ended *sessionEndedError
+	if errors.As(res.err, &ended) {
+		return nil, ended
+	}
 	if res.err != nil {
 		return nil, &queryError{sql: sql, err: res.err}
 	}
@@ -816,7 +821,9 @@ func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *r
 		return &refusal{code: leasebus.LeaseReason(li.err), reason: "lease not held: " + why,
 			hint: "reads still work; writes need a live lease: acquire a new lease and reconnect through its sidecar"}
 	}
-	if st.Opaque {
+	if st.Opaque || st.WriteCheck {
+		// (A checked write's tables are known only after it ran: a
+		// policy on opaque writes decides it.)
 		if r := s.policyRefusal(policy.ActionSQLOpaque, ""); r != nil {
 			return r
 		}
@@ -1116,7 +1123,8 @@ func (s *session) handleQuery(raw []byte) error {
 	lookup := !s.pendingSync && s.txStatus != 'E'  // queries of the proxy's own disturb nothing
 	cls := s.classify(sql, s.pendingSync)
 	s.pendingSync = false
-	if fastPathOK(cls, s.sim) && !s.rwLost() && !s.callsToJudge(cls) {
+	check := len(cls.Stmts) == 1 && s.mayCheckWrites(&cls.Stmts[0], 1, between) // see checkedWrite
+	if fastPathOK(cls, s.sim) && !s.rwLost() && !s.callsToJudge(cls) && !(check && !s.callsKnownHarmless(&cls.Stmts[0])) {
 		if s.sim.blockRW || s.sim.groupRW {
 			s.rw.Store(true) // a read that calls a function may write
 		}
@@ -1132,8 +1140,14 @@ func (s *session) handleQuery(raw []byte) error {
 		return err
 	}
 	writable := s.unitWritable(stmts)
-	if err := s.learnCatalog(stmts, writable, lookup); err != nil {
+	if err := s.learnCatalog(stmts, writable || check, lookup); err != nil {
 		return err
+	}
+	if check {
+		if stmts[0], err = s.checkedWrite(stmts[0]); err != nil {
+			return err
+		}
+		writable = s.unitWritable(stmts)
 	}
 	for i := range stmts {
 		stmts[i] = s.judgeCalls(stmts[i], writable)
@@ -1245,8 +1259,17 @@ func (s *session) handleQuery(raw []byte) error {
 			msg, detail := refusalText(guard, st, li)
 			gst, text := st, sql[st.Start:st.End]
 			inject("\n;" + dropGuardSQL(msg, detail, "the tables and schemas a DROP ... IF EXISTS names outside the lease's claim must not exist: acquire a lease that claims them"))
-			items[len(items)-1].onError = func() { s.record(guard, gst, li, text) }
+			items[len(items)-1].onError = func(map[byte]string) { s.record(guard, gst, li, text) }
 			changed = true
+		}
+		if st.WriteCheck && s.sim.groupRW {
+			// The check, last in the transaction (after a newline: the
+			// text may end in a comment).
+			out.WriteString(sql[pos:])
+			pos = len(sql)
+			cst, text := st, sql[st.Start:st.End]
+			inject("\n;" + s.writeCheckSQL(st, li))
+			items[len(items)-1].onError = func(f map[byte]string) { s.auditCheck(f, cst, li, text) }
 		}
 		if show := s.replacement(st); show != "" {
 			// The client's own value, as a one-row SELECT of the same
@@ -1562,7 +1585,8 @@ func (s *session) flushSegment() error {
 	// Pass 1: what each Execute runs; track statements and portals as the
 	// server will.
 	var execs []*Statement
-	changed := !fresh // statements ran since Postgres last reported its settings
+	var read *Statement // the last Execute's statement, as classified (before sequenceWrite)
+	changed := !fresh   // statements ran since Postgres last reported its settings
 	for i := range seg {
 		m := &seg[i]
 		body := buf[m.off+5 : m.off+m.n]
@@ -1614,7 +1638,9 @@ func (s *session) flushSegment() error {
 			if st == nil {
 				st = &Statement{Class: ClassWrite, Opaque: true, Tag: "UnknownPortal"}
 			}
-			st = s.sequenceWrite(s.resolveSQLPrepared(st))
+			st = s.resolveSQLPrepared(st)
+			read = st
+			st = s.sequenceWrite(st)
 			m.st = st
 			execs = append(execs, st)
 			changed = true
@@ -1662,9 +1688,29 @@ func (s *session) flushSegment() error {
 	if err := s.needSearchPath(execs); err != nil {
 		return err
 	}
+	check := false // see checkedWrite
+	if len(execs) == 1 && !s.pendingSync && !s.stalled && fresh && s.mayCheckWrites(read, 1, s.txStatus == 'I') {
+		for i := range seg {
+			if seg[i].typ == 'E' {
+				check = executeAll(buf[seg[i].off+5 : seg[i].off+seg[i].n])
+			}
+		}
+	}
 	writable := s.unitWritable(execs)
-	if err := s.learnCatalog(execs, writable, fresh && !s.stalled && s.txStatus != 'E'); err != nil {
+	if err := s.learnCatalog(execs, writable || check, fresh && !s.stalled && s.txStatus != 'E'); err != nil {
 		return err
+	}
+	if check {
+		var err error
+		if execs[0], err = s.checkedWrite(execs[0]); err != nil {
+			return err
+		}
+		for i := range seg {
+			if seg[i].st != nil {
+				seg[i].st = execs[0]
+			}
+		}
+		writable = s.unitWritable(execs)
 	}
 	for i := range seg {
 		if seg[i].st != nil {
@@ -1842,6 +1888,22 @@ func (s *session) flushSegment() error {
 			s.passedDDL(st)
 			items = append(items, &expect{kind: expExecute})
 			s.trackTx(st)
+			if st.WriteCheck && s.sim.groupRW {
+				// The check, in the same transaction, before the Sync
+				// that ends it (in a portal of its own: the client's
+				// unnamed one stays).
+				w.b = append(w.b, raw...)
+				w.close('S', checkName)
+				w.parse(checkName, s.writeCheckSQL(st, li))
+				w.bind(checkName, checkName)
+				w.execute(checkName)
+				w.close('P', checkName)
+				cst := st
+				items = append(items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true},
+					&expect{kind: expExecute, swallow: true, onError: func(f map[byte]string) { s.auditCheck(f, cst, li, cst.Tag) }},
+					&expect{kind: expSingle, swallow: true})
+				continue
+			}
 			if st.Tx == TxChain {
 				if s.sim.blockRW && li.live() {
 					w.b = append(w.b, raw...)

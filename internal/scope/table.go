@@ -81,6 +81,26 @@ func NormalizeTable(t string) (string, error) {
 	return quoteIdent(schema) + "." + rel, nil
 }
 
+// SplitTable splits a table claim into its raw (unquoted, case-exact)
+// schema and relation names, as Postgres's catalogs spell them; wildcard
+// says the claim is "schema.*" (rel is then "*"), not a table literally
+// named *. It errors as NormalizeTable does.
+func SplitTable(t string) (schema, rel string, wildcard bool, err error) {
+	n, err := NormalizeTable(t)
+	if err != nil {
+		return "", "", false, err
+	}
+	s, next, err := parseIdent(n, 0)
+	if err != nil {
+		return "", "", false, err
+	}
+	r, _, err := parseIdent(n, next+1)
+	if err != nil {
+		return "", "", false, err
+	}
+	return s.name, r.name, !r.quoted && r.name == "*", nil
+}
+
 // JoinTable returns the normal form of the table with the raw (unquoted,
 // case-exact) schema and relation names, as a SQL parser reports them. It
 // errors when the result would not be a valid normalized table, for example

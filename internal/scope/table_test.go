@@ -138,3 +138,24 @@ func TestTablesOverlap(t *testing.T) {
 		})
 	}
 }
+
+func TestSplitTable(t *testing.T) {
+	for _, c := range []struct {
+		in, schema, rel string
+		wildcard        bool
+	}{
+		{"public.users", "public", "users", false},
+		{"Public.*", "public", "*", true},
+		{`"CURRENT_SCHEMA"."table two"`, "CURRENT_SCHEMA", "table two", false},
+		{`public."*"`, "public", "*", false},
+		{`"a""b".c`, `a"b`, "c", false},
+	} {
+		s, r, w, err := SplitTable(c.in)
+		if err != nil || s != c.schema || r != c.rel || w != c.wildcard {
+			t.Errorf("SplitTable(%q) = %q, %q, %v, %v; want %q, %q, %v", c.in, s, r, w, err, c.schema, c.rel, c.wildcard)
+		}
+	}
+	if _, _, _, err := SplitTable("users"); err == nil {
+		t.Error("SplitTable(users): no error for a name without a schema")
+	}
+}

@@ -36,6 +36,7 @@ func run() error {
 	install := flag.String("install", "", "admin DSN: install the fence on the claimed tables first")
 	trigger := flag.String("trigger", "auto", "with -install: the trigger, auto, c or plpgsql")
 	clib := flag.String("c-library", "", "with -install: the C trigger's shared library (default "+pgproxy.CTriggerLibrary+")")
+	wholeRepo := flag.Bool("whole-repo", false, "the lease claims the whole repository besides its tables")
 	allowOpaque := flag.Bool("allow-opaque", false, "allow writes whose tables cannot be named (DO, CALL, CREATE FUNCTION...), as --pg-allow-opaque")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (stopped on SIGINT/SIGTERM)")
 	flag.Parse()
@@ -74,7 +75,7 @@ func run() error {
 			fmt.Printf("not the C trigger: %v\n", in.NoC)
 		}
 	}
-	claim, err := scope.New(nil, false, claims)
+	claim, err := scope.New(nil, *wholeRepo, claims)
 	if err != nil {
 		return err
 	}
