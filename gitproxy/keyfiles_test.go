@@ -20,11 +20,10 @@ import (
 // one file per repository, the identity escaped into one path element.
 func TestSidecarKeyFile(t *testing.T) {
 	state := t.TempDir()
-	t.Setenv("XDG_STATE_HOME", state)
-	if got, want := SidecarKeyFile(leasebus.StateDir(), testRepo), filepath.Join(state, "fenceline", "git-hook", "github.com%2Facme%2Fpayments.key"); got != want {
-		t.Fatalf("SidecarKeyFile(leasebus.StateDir(), %q) = %s, want %s", testRepo, got, want)
+	if got, want := SidecarKeyFile(state, testRepo), filepath.Join(state, "git-hook", "github.com%2Facme%2Fpayments.key"); got != want {
+		t.Fatalf("SidecarKeyFile(state, %q) = %s, want %s", testRepo, got, want)
 	}
-	if SidecarKeyFile(leasebus.StateDir(), "github.com/acme/infra") == SidecarKeyFile(leasebus.StateDir(), testRepo) {
+	if SidecarKeyFile(state, "github.com/acme/infra") == SidecarKeyFile(state, testRepo) {
 		t.Fatal("two repositories share a sidecar key file")
 	}
 }
@@ -75,31 +74,31 @@ func TestWriteSidecarKey(t *testing.T) {
 // TestFindSidecarKey: no repo or no file is no key and no error; a file
 // that is there is read; one that is not a key is an error naming it.
 func TestFindSidecarKey(t *testing.T) {
-	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	state := t.TempDir()
 	for _, repo := range []string{"", testRepo} {
-		if key, file, err := FindSidecarKey(leasebus.StateDir(), repo); key != nil || file != "" || err != nil {
-			t.Fatalf("FindSidecarKey(leasebus.StateDir(), %q) with no file = %x, %q, %v", repo, key, file, err)
+		if key, file, err := FindSidecarKey(state, repo); key != nil || file != "" || err != nil {
+			t.Fatalf("FindSidecarKey(state, %q) with no file = %x, %q, %v", repo, key, file, err)
 		}
 	}
 	key, err := GenerateHookKey()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteSidecarKey(SidecarKeyFile(leasebus.StateDir(), testRepo), key); err != nil {
+	if err := WriteSidecarKey(SidecarKeyFile(state, testRepo), key); err != nil {
 		t.Fatal(err)
 	}
-	if got, file, err := FindSidecarKey(leasebus.StateDir(), testRepo); !bytes.Equal(got, key) || file != SidecarKeyFile(leasebus.StateDir(), testRepo) || err != nil {
-		t.Fatalf("FindSidecarKey = %x, %q, %v; want %x from %s", got, file, err, key, SidecarKeyFile(leasebus.StateDir(), testRepo))
+	if got, file, err := FindSidecarKey(state, testRepo); !bytes.Equal(got, key) || file != SidecarKeyFile(state, testRepo) || err != nil {
+		t.Fatalf("FindSidecarKey = %x, %q, %v; want %x from %s", got, file, err, key, SidecarKeyFile(state, testRepo))
 	}
-	if got, _, _ := FindSidecarKey(leasebus.StateDir(), "github.com/acme/infra"); got != nil {
+	if got, _, _ := FindSidecarKey(state, "github.com/acme/infra"); got != nil {
 		t.Fatal("another repository found this one's key")
 	}
 
-	bad := SidecarKeyFile(leasebus.StateDir(), "github.com/acme/bad")
+	bad := SidecarKeyFile(state, "github.com/acme/bad")
 	if err := os.WriteFile(bad, []byte("zz\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if got, file, err := FindSidecarKey(leasebus.StateDir(), "github.com/acme/bad"); got != nil || file != bad || err == nil || !strings.Contains(err.Error(), "not hex") {
+	if got, file, err := FindSidecarKey(state, "github.com/acme/bad"); got != nil || file != bad || err == nil || !strings.Contains(err.Error(), "not hex") {
 		t.Fatalf("a bad key file: %x, %q, %v", got, file, err)
 	}
 }
@@ -110,7 +109,7 @@ func TestFindSidecarKey(t *testing.T) {
 // someone else's hook is left alone and no copy is written; no file for
 // the copy is an error before anything is installed.
 func TestInstallHookForSidecars(t *testing.T) {
-	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	state := t.TempDir()
 	ctx := ctxT(t)
 	bare, err := gitserver.NewBare(filepath.Join(t.TempDir(), "payments.git"))
 	if err != nil {
@@ -123,11 +122,11 @@ func TestInstallHookForSidecars(t *testing.T) {
 	if _, err := os.Stat(HookKeyFile(bare)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("install with no sidecar file left a hook secret behind: %v", err)
 	}
-	in, file, err := InstallHookForSidecars(ctx, hi, SidecarKeyFile(leasebus.StateDir(), testRepo))
+	in, file, err := InstallHookForSidecars(ctx, hi, SidecarKeyFile(state, testRepo))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if file != SidecarKeyFile(leasebus.StateDir(), testRepo) || !in.NewKey {
+	if file != SidecarKeyFile(state, testRepo) || !in.NewKey {
 		t.Fatalf("installed %+v, sidecar copy %s", in, file)
 	}
 	testutil.WantPerm(t, in.KeyFile, 0o600)

@@ -12,26 +12,18 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/policy"
 )
 
-// LeaseSource is the lease the proxy fences writes with. Fence is called for
-// every write and must fail once the lease is lost or unknown.
-// *leasebus.Holder satisfies it.
-type LeaseSource interface {
-	Fence() (uint64, error)
-	Lease() leasebus.Lease
-}
-
-// Auditor records denied writes. *leasebus.Auditor satisfies it.
-type Auditor interface {
-	Record(ctx context.Context, ev leasebus.AuditEvent) error
-}
-
-var (
-	_ LeaseSource = (*leasebus.Holder)(nil)
-	_ Auditor     = (*leasebus.Auditor)(nil)
+// LeaseSource is the lease the proxy fences writes with: Fence is called
+// for every write and fails once the lease is lost or unknown
+// (*leasebus.Holder is one). Auditor records denied writes
+// (*leasebus.Auditor is one). pgproxy links no NATS: it knows only the
+// lease domain.
+type (
+	LeaseSource = lease.Source
+	Auditor     = lease.Auditor
 )
 
 // Config configures a Proxy. The zero value listens on 127.0.0.1 (a free

@@ -11,13 +11,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 )
 
 // DefaultSecretFile is where "fenceline pg install" keeps the
 // fence-signing secret on this machine, and where the sidecars look for
-// it: inside fenceline's state dir (leasebus.StateDir).
-func DefaultSecretFile() string { return filepath.Join(leasebus.StateDir(), "pg-secret.key") }
+// it: inside fenceline's state dir stateDir (the CLI passes
+// leasebus.StateDir()), which the file guard hides from agents.
+func DefaultSecretFile(stateDir string) string { return filepath.Join(stateDir, "pg-secret.key") }
 
 // ReadSecretFile reads a secret file written by WriteSecretFile (hex, one
 // line).
@@ -47,16 +47,16 @@ func WriteSecretFile(path string, secret []byte) error {
 
 // LoadSecret reads the database's fence secret (what "fenceline pg
 // install" wrote, for "fenceline bus fence-secret set --postgres") from
-// file or, when file is "", from DefaultSecretFile when that exists, and
+// file or, when file is "", from DefaultSecretFile(stateDir) when that exists, and
 // checks its length. It returns the file it read, also with an error; with file "" and
 // no default file it returns no secret, no file and no error.
-func LoadSecret(file string) (secret []byte, path string, err error) {
+func LoadSecret(stateDir, file string) (secret []byte, path string, err error) {
 	path = file
 	if path == "" {
-		if _, err := os.Stat(DefaultSecretFile()); err != nil {
+		if _, err := os.Stat(DefaultSecretFile(stateDir)); err != nil {
 			return nil, "", nil
 		}
-		path = DefaultSecretFile()
+		path = DefaultSecretFile(stateDir)
 	}
 	if secret, err = ReadSecretFile(path); err != nil {
 		return nil, path, err

@@ -53,15 +53,15 @@ func TestSecretFileRoundTrip(t *testing.T) {
 // when it exists and returns nothing when it does not; a named file is
 // read and checked as Config.Validate does, and errors name the file.
 func TestLoadSecret(t *testing.T) {
-	t.Setenv("XDG_STATE_HOME", t.TempDir())
-	if s, path, err := LoadSecret(""); s != nil || path != "" || err != nil {
+	state := t.TempDir()
+	if s, path, err := LoadSecret(state, ""); s != nil || path != "" || err != nil {
 		t.Fatalf("no default file: %x, %q, %v", s, path, err)
 	}
 	secret := bytes.Repeat([]byte{7}, 32)
-	if err := WriteSecretFile(DefaultSecretFile(), secret); err != nil {
+	if err := WriteSecretFile(DefaultSecretFile(state), secret); err != nil {
 		t.Fatal(err)
 	}
-	if s, path, err := LoadSecret(""); !bytes.Equal(s, secret) || path != DefaultSecretFile() || err != nil {
+	if s, path, err := LoadSecret(state, ""); !bytes.Equal(s, secret) || path != DefaultSecretFile(state) || err != nil {
 		t.Fatalf("default file: %x, %q, %v", s, path, err)
 	}
 
@@ -70,18 +70,18 @@ func TestLoadSecret(t *testing.T) {
 	if err := WriteSecretFile(named, other); err != nil {
 		t.Fatal(err)
 	}
-	if s, path, err := LoadSecret(named); !bytes.Equal(s, other) || path != named || err != nil {
+	if s, path, err := LoadSecret("", named); !bytes.Equal(s, other) || path != named || err != nil {
 		t.Fatalf("named file: %x, %q, %v", s, path, err)
 	}
 	short := filepath.Join(t.TempDir(), "short.key")
 	if err := WriteSecretFile(short, []byte("too short")); err != nil {
 		t.Fatal(err)
 	}
-	if s, path, err := LoadSecret(short); s != nil || path != short || err == nil || !strings.Contains(err.Error(), "has 9 bytes") {
+	if s, path, err := LoadSecret("", short); s != nil || path != short || err == nil || !strings.Contains(err.Error(), "has 9 bytes") {
 		t.Fatalf("short secret: %x, %q, %v", s, path, err)
 	}
 	missing := filepath.Join(t.TempDir(), "missing.key")
-	if _, path, err := LoadSecret(missing); path != missing || !errors.Is(err, fs.ErrNotExist) {
+	if _, path, err := LoadSecret("", missing); path != missing || !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("missing named file: %q, %v", path, err)
 	}
 }

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/scope"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/policy"
 )
 
@@ -321,7 +321,7 @@ func (s *session) authorizeInTxn(st *Statement, li leaseInfo) *refusal {
 	if li.err != nil {
 		why = li.err.Error()
 	}
-	return &refusal{code: leasebus.LeaseReason(li.err), reason: "lease lost while this transaction was writable: " + why,
+	return &refusal{code: lease.LeaseReason(li.err), reason: "lease lost while this transaction was writable: " + why,
 		hint: "ROLLBACK: nothing this transaction wrote may commit; reads work outside it"}
 }
 
@@ -491,7 +491,7 @@ func (s *session) copyFail(li leaseInfo) []byte {
 	if li.err != nil {
 		why = li.err.Error()
 	}
-	r := &refusal{code: leasebus.LeaseReason(li.err), reason: "lease lost while this transaction was writable: " + why,
+	r := &refusal{code: lease.LeaseReason(li.err), reason: "lease lost while this transaction was writable: " + why,
 		hint: "nothing this COPY sent lands; ROLLBACK, and copy again under a live lease"}
 	msg, _ := s.record(r, st, li, "COPY FROM STDIN")
 	var w msgBuilder
@@ -749,7 +749,7 @@ func (e *queryError) Unwrap() error { return e.err }
 type leaseInfo struct {
 	id     string
 	repo   string
-	owner  leasebus.Owner
+	owner  lease.Owner
 	claim  scope.Claim
 	tables []string
 	fence  uint64 // 0 when not live
@@ -786,14 +786,14 @@ type refusal struct {
 // Audit reason codes of refused writes (the git fence's vocabulary where
 // the two meet).
 const (
-	ReasonFenceTamper  = "fence-tamper"              // a statement that would switch the fence off, or writes its schema
-	ReasonLeaseLost    = leasebus.ReasonLeaseLost    // the lease is lost or was never held
-	ReasonLeaseUnknown = leasebus.ReasonLeaseUnknown // the bus cannot be reached: fail closed
-	ReasonUnnamedTable = "unnamed-table"             // the tables a write touches cannot be named
-	ReasonOutsideLease = leasebus.ReasonOutsideLease // a table outside the lease's table scope
-	ReasonReadOnlyTxn  = "read-only-transaction"     // the transaction was not made writable under the lease
-	ReasonUnsureParse  = "unsure-parse"              // Postgres may parse the text otherwise than the classifier
-	ReasonOtherSession = "other-session"             // a statement that signals a backend not the session's own
+	ReasonFenceTamper  = "fence-tamper"           // a statement that would switch the fence off, or writes its schema
+	ReasonLeaseLost    = lease.ReasonLeaseLost    // the lease is lost or was never held
+	ReasonLeaseUnknown = lease.ReasonLeaseUnknown // the bus cannot be reached: fail closed
+	ReasonUnnamedTable = "unnamed-table"          // the tables a write touches cannot be named
+	ReasonOutsideLease = lease.ReasonOutsideLease // a table outside the lease's table scope
+	ReasonReadOnlyTxn  = "read-only-transaction"  // the transaction was not made writable under the lease
+	ReasonUnsureParse  = "unsure-parse"           // Postgres may parse the text otherwise than the classifier
+	ReasonOtherSession = "other-session"          // a statement that signals a backend not the session's own
 )
 
 // authorize decides one write statement against the lease.
@@ -818,7 +818,7 @@ func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *r
 		if li.err != nil {
 			why = li.err.Error()
 		}
-		return &refusal{code: leasebus.LeaseReason(li.err), reason: "lease not held: " + why,
+		return &refusal{code: lease.LeaseReason(li.err), reason: "lease not held: " + why,
 			hint: "reads still work; writes need a live lease: acquire a new lease and reconnect through its sidecar"}
 	}
 	if st.Opaque || st.WriteCheck {
@@ -933,8 +933,8 @@ func (s *session) record(r *refusal, st *Statement, li leaseInfo, text string) (
 	s.p.log.Warn("write refused", "lease", li.id, "owner", owner, "fence", li.fence, "reason", r.reason,
 		"statement", st.Tag, "user", s.user)
 	if s.p.cfg.Audit != nil {
-		ev := leasebus.AuditEvent{
-			Time: time.Now().UTC(), Type: leasebus.EventDenied, Boundary: leasebus.BoundaryPostgres,
+		ev := lease.AuditEvent{
+			Time: time.Now().UTC(), Type: lease.EventDenied, Boundary: lease.BoundaryPostgres,
 			Repo: li.repo, LeaseID: li.id, Owner: li.owner, Scope: li.claim, Fence: li.fence,
 			Reason: r.code, Message: fmt.Sprintf("postgres %s refused: %s; statement: %s", st.Tag, r.reason, truncate(text, 200)),
 		}

@@ -193,7 +193,7 @@ func TestFenceOptionsCheckErrors(t *testing.T) {
 func TestFenceOptionsUnusedIgnored(t *testing.T) {
 	isolateOptions(t)
 	f := newOptionFiles(t)
-	write(t, pgproxy.DefaultSecretFile(), "junk\n")
+	write(t, pgproxy.DefaultSecretFile(leasebus.StateDir()), "junk\n")
 	opts := FenceOptions{AllowHosts: []string{"api.example.test"}, GitListen: "nope", PGListen: "nope",
 		PGTLSCertFile: f.junk}
 	if err := opts.Check("github.com/acme/payments"); err != nil {
@@ -299,7 +299,7 @@ func TestFenceOptionsDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	secret := bytes.Repeat([]byte{0x22}, 32)
-	if err := pgproxy.WriteSecretFile(pgproxy.DefaultSecretFile(), secret); err != nil {
+	if err := pgproxy.WriteSecretFile(pgproxy.DefaultSecretFile(leasebus.StateDir()), secret); err != nil {
 		t.Fatal(err)
 	}
 	opts = git

@@ -9,8 +9,8 @@ import (
 // TestFencesDoNotLinkTheBusServer checks the layering of the lease bus:
 // the fences (and the lease bus's client side) never link the NATS
 // server, which only `fenceline bus serve` and the tests embed (package
-// leasebus/embedded); the file guard, the egress proxy, the git fence and
-// the lease domain link no NATS at all, nor does the policy they ask (package
+// leasebus/embedded); the file guard, the egress proxy, the git and
+// Postgres fences and the lease domain link no NATS at all, nor does the policy they ask (package
 // policy). A fence that needs a lease type imports package lease.
 func TestFencesDoNotLinkTheBusServer(t *testing.T) {
 	const mod = "github.com/fenceline/fenceline/"
@@ -19,8 +19,8 @@ func TestFencesDoNotLinkTheBusServer(t *testing.T) {
 		banned string
 	}{
 		{[]string{"fsguard", "gitproxy", "pgproxy", "egress", "sidecar", "leasebus"}, "github.com/nats-io/nats-server"},
-		{[]string{"fsguard", "lease", "policy"}, "github.com/nats-io/"}, // the policy every fence asks: no bus
-		{[]string{"egress", "gitproxy"}, "github.com/nats-io/"},         // fences that know only the lease domain (issue 29)
+		{[]string{"fsguard", "lease", "policy"}, "github.com/nats-io/"},    // the policy every fence asks: no bus
+		{[]string{"egress", "gitproxy", "pgproxy"}, "github.com/nats-io/"}, // fences that know only the lease domain (issue 29)
 	}
 	for _, r := range rules {
 		for _, pkg := range r.pkgs {

@@ -111,7 +111,7 @@ func TestRunHidesFenceSecretFiles(t *testing.T) {
 	url := startBus(t)
 	co := newCheckout(t, "")
 	dir := t.TempDir()
-	secretFile := pgproxy.DefaultSecretFile()
+	secretFile := pgproxy.DefaultSecretFile(leasebus.StateDir())
 	if err := pgproxy.WriteSecretFile(secretFile, bytes.Repeat([]byte{7}, 32)); err != nil {
 		t.Fatal(err)
 	}
