@@ -222,11 +222,12 @@ func (s *sealedNet) start() error {
 	}
 	s.ns.Store(ns)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	for _, fd := range resolvers {
+	for i, fd := range resolvers {
 		f := os.NewFile(uintptr(fd), "fsguard-sealed-dns")
 		c, err := net.FilePacketConn(f)
 		f.Close()
 		if err != nil {
+			closeAll(resolvers[i+1:])
 			s.closeDNS()
 			return fail(fmt.Errorf("sealed network DNS socket: %w", err))
 		}
