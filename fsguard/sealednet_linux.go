@@ -169,7 +169,15 @@ func (s *sealedNet) start() error {
 	}
 	child := os.NewFile(uintptr(fds[1]), "fsguard-sealednet")
 	defer child.Close()
-	uid, gid := os.Getuid(), os.Getgid()
+	// The helper's user namespace maps no uid: the agent, of the
+	// supervisor's uid, owns it and can setns into it (its sealed
+	// socket's SIOCGSKNS and NS_GET_USERNS give the descriptors), where it
+	// holds every capability. Had the namespace mapped that uid, those
+	// capabilities (CAP_DAC_OVERRIDE, CAP_FOWNER...) would reach every
+	// file of the uid, a mode 000 file outside the lease read
+	// (TestSealedUDPEscape); with no mapping they reach the sealed
+	// network alone, as in a namespace the agent unshares itself. The
+	// helper keeps what it needs across exec as ambient capabilities.
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
 		Args:       []string{"fenceline-sealednet"},
@@ -178,8 +186,7 @@ func (s *sealedNet) start() error {
 		Stderr:     os.Stderr,
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWNET,
-			UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: uid, Size: 1}},
-			GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: gid, Size: 1}},
+			AmbientCaps: []uintptr{unix.CAP_NET_ADMIN, unix.CAP_NET_BIND_SERVICE},
 			Setpgid:     true,
 		},
 	}

@@ -9,11 +9,14 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -272,4 +275,124 @@ func BenchmarkSealedLookup(b *testing.B) {
 	b.ReportMetric(per(plain), "direct-udp-µs/lookup")
 	b.ReportMetric(per(sealed), "sealed-udp-µs/lookup")
 	b.ReportMetric(per(tcp), "captured-tcp-µs/lookup")
+}
+
+// sealedHelpers lists the sealed network helpers this process started
+// that are still there (zombies included).
+func sealedHelpers(t *testing.T) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if pi, ok := readStat(pid); ok && pi.ppid == os.Getpid() && strings.HasPrefix(string(cmd), "fenceline-sealednet\x00") {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// buildSealedEnter builds testdata/sealedenter (C: setns into a user
+// namespace wants a single-threaded process).
+func buildSealedEnter(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "sealedenter")
+	if out, err := exec.Command("gcc", "-O2", "-o", bin, "testdata/sealedenter/enter.c").CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestSealedUDPEscape: the agent (the supervisor's uid, no capability:
+// what it holds when that uid is not root) attacks the sealed network.
+// Landlock's scopes keep it from the helper process (signals, ptrace,
+// its memory, its descriptors, SIGIO from a socket it owns). As the
+// owner of the helper's user namespace it gets that namespace's
+// descriptors (SIOCGSKNS, NS_GET_USERNS on its sealed socket), holds
+// CAP_NET_ADMIN over the sealed network and can setns into both; there a
+// TCP connect reaches nothing of this machine, a veth pair or a device
+// cannot be put in the machine's network namespace (that takes
+// CAP_NET_ADMIN there) and Landlock refuses mounts. Entering must not
+// give it power over its own uid's files either (a mode 000 file stays
+// unreadable): the namespace maps no uid.
+func TestSealedUDPEscape(t *testing.T) {
+	helper := guardHelper(t)
+	enter := buildSealedEnter(t)
+	dns := listenDNSCapture(t)
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := tcp.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	w := newWorktree(t)
+	locked := filepath.Join(w.outside, "locked.txt")
+	if err := os.WriteFile(locked, []byte("locked"), 0o000); err != nil {
+		t.Fatal(err)
+	}
+	p := w.policy()
+	p.Capture = netip.MustParseAddrPort(dns.Addr().String())
+	audit := &memAuditor{}
+	out := runAudited(t, p, &testGate{}, audit, w.root, helper, "nocaps", "sealedescape", enter, locked, tcp.Addr().String()).out
+	t.Logf("attack:\n%s", out)
+	got := map[string]string{}
+	for line := range strings.SplitSeq(out, "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			got[k] = v
+		}
+	}
+	for k, want := range map[string]string{
+		"capeff":          "0000000000000000",
+		"helper":          "found",
+		"kill":            "EPERM", // Landlock signal scope
+		"kill-supervisor": "EPERM",
+		"ptrace":          "EPERM", // Landlock: no ptrace outside the domain
+		"mem":             "EACCES",
+		"nsfile":          "EACCES",
+		"getfd":           "EPERM",
+		"sigio":           "ok", // sent, but Landlock's scope drops the SIGKILL to the helper
+		"after-sigio":     "ok", // the helper still answers: 20 new sockets
+		"setns-net":       "ok",
+		"tcp":             "Connection refused", // this machine's listener is not in the sealed network
+		"insealed-tcp":    "ECONNREFUSED",
+		"mount":           "EPERM",
+	} {
+		if got[k] != want {
+			t.Errorf("%s: %q, want %q", k, got[k], want)
+		}
+	}
+	if got["read"] != "Permission denied" {
+		t.Errorf("in the sealed network's user namespace the agent read a mode 000 file of its uid (%s): %q, want Permission denied", locked, got["read"])
+	}
+	if c := got["insealed-capeff"]; c == "" || c == "0000000000000000" {
+		t.Errorf("inside the sealed network the agent holds no capability (%q): the attacks there prove nothing", c)
+	}
+	for _, k := range []string{"veth", "move"} {
+		if !strings.Contains(got[k], "Operation not permitted") {
+			t.Errorf("%s into the machine's network namespace from inside: %q, want Operation not permitted", k, got[k])
+		}
+	}
+	if n := accepted.Load(); n != 0 {
+		t.Errorf("this machine's TCP listener accepted %d connections from inside the sealed network", n)
+	}
+	if h := sealedHelpers(t); len(h) != 0 {
+		t.Errorf("sealed network helpers left after the attempt settled: %v", h)
+	}
 }

@@ -1,0 +1,221 @@
+package main
+
+// Attacks on the sealed network (fsguard/sealednet_linux.go) from an
+// agent of the supervisor's uid without capabilities: its helper process
+// and the namespaces a sealed UDP socket lives in.
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+func init() {
+	netModes["nocaps"] = noCaps          // nocaps MODE ARGS...: MODE with no capability left (same uid)
+	netModes["sealedescape"] = sealedEsc // sealedescape ENTER FILE HOST:PORT: the helper, then the namespaces
+	netModes["insealed"] = inSealed      // insealed HOST:PORT: run inside the sealed namespaces
+}
+
+// noCaps drops every capability (bounding set, securebits NOROOT: exec as
+// uid 0 grants none) and runs MODE: what an agent of the supervisor's uid
+// holds when that uid is not root.
+func noCaps(args []string) {
+	runtime.LockOSThread()                   // capabilities are per thread: drop them on the one that execs
+	const secure = 1<<0 | 1<<1 | 1<<2 | 1<<3 // SECBIT_NOROOT(_LOCKED), SECBIT_NO_SETUID_FIXUP(_LOCKED)
+	if err := unix.Prctl(unix.PR_SET_SECUREBITS, secure, 0, 0, 0); err != nil {
+		fmt.Println("securebits:", res(err))
+		os.Exit(1)
+	}
+	for c := 0; c <= 63; c++ {
+		unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0)
+	}
+	unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		fmt.Println("capset:", res(err))
+		os.Exit(1)
+	}
+	self, _ := os.Executable()
+	err := syscall.Exec(self, append([]string{os.Args[0]}, args...), os.Environ())
+	fmt.Println("exec:", res(err))
+	os.Exit(1)
+}
+
+func capEff() string {
+	b, _ := os.ReadFile("/proc/self/status")
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "?"
+}
+
+// sealedHelper is the sealed network helper started by this process's
+// supervisor (its parent).
+func sealedHelper() int {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		st, _ := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if bytes.HasPrefix(cmd, []byte("fenceline-sealednet\x00")) {
+			if f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:])); len(f) > 1 && f[1] == strconv.Itoa(os.Getppid()) {
+				return pid
+			}
+		}
+	}
+	return 0
+}
+
+func udpSock() int {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		fmt.Println("socket:", res(err))
+		os.Exit(1)
+	}
+	return fd
+}
+
+// sealedEsc attacks the helper (signals, ptrace, its memory and
+// descriptors, SIGIO on a sealed socket owned by it), then enters the
+// sealed namespaces with ENTER (testdata/sealedenter) and runs insealed
+// there.
+func sealedEsc(args []string) {
+	fmt.Println("capeff=" + capEff())
+	sock := udpSock()
+	helper := sealedHelper()
+	if helper == 0 {
+		fmt.Println("helper=none")
+		os.Exit(1)
+	}
+	fmt.Println("helper=found")
+	fmt.Println("kill=" + res(unix.Kill(helper, unix.SIGKILL)))
+	fmt.Println("kill-supervisor=" + res(unix.Kill(os.Getppid(), 0)))
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(helper), 0, 0, 0, 0)
+	fmt.Println("ptrace=" + res(errnoErr(e)))
+	_, err := os.Open(fmt.Sprintf("/proc/%d/mem", helper))
+	fmt.Println("mem=" + res(pathErr(err)))
+	_, err = os.Open(fmt.Sprintf("/proc/%d/ns/user", helper))
+	fmt.Println("nsfile=" + res(pathErr(err)))
+	pidfd, err := unix.PidfdOpen(helper, 0)
+	if err == nil {
+		_, err = unix.PidfdGetfd(pidfd, 3, 0)
+	}
+	fmt.Println("getfd=" + res(err))
+	var lim unix.Rlimit
+	unix.Prlimit(helper, unix.RLIMIT_NOFILE, nil, &lim)
+	fmt.Println("prlimit=" + res(unix.Prlimit(helper, unix.RLIMIT_NOFILE, &lim, nil))) // the same limit: harmless if allowed
+
+	// SIGIO: the kernel signals a socket's owner when data arrives.
+	err = unix.Bind(sock, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}})
+	if err == nil {
+		_, err = unix.FcntlInt(uintptr(sock), unix.F_SETOWN, helper)
+	}
+	if err == nil {
+		_, err = unix.FcntlInt(uintptr(sock), unix.F_SETSIG, int(unix.SIGKILL))
+	}
+	if err == nil {
+		_, err = unix.FcntlInt(uintptr(sock), unix.F_SETFL, unix.O_ASYNC)
+	}
+	if err == nil {
+		var la unix.Sockaddr
+		if la, err = unix.Getsockname(sock); err == nil {
+			err = unix.Sendto(sock, []byte("sigio"), 0, la)
+		}
+	}
+	fmt.Println("sigio=" + res(err))
+	// The helper answers for new sockets past the pool: it is alive.
+	var fds []int
+	for range 20 {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			fmt.Println("after-sigio=" + res(err))
+			break
+		}
+		fds = append(fds, fd)
+	}
+	if len(fds) == 20 {
+		fmt.Println("after-sigio=ok")
+	}
+
+	// The namespaces the sealed socket lives in.
+	ns, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(sock), unix.SIOCGSKNS, 0)
+	fmt.Println("skns=" + res(errnoErr(e)))
+	if e != 0 {
+		return
+	}
+	userns, _, e := unix.Syscall(unix.SYS_IOCTL, ns, unix.NS_GET_USERNS, 0)
+	fmt.Println("userns=" + res(errnoErr(e)))
+	if e != 0 {
+		return
+	}
+	// CAP_NET_ADMIN in the sealed network: the agent is its user
+	// namespace's owner.
+	fmt.Println("somark=" + res(unix.SetsockoptInt(sock, unix.SOL_SOCKET, unix.SO_MARK, 1)))
+	self, _ := os.Executable()
+	cmd := exec.Command(args[0], "3", "4", args[1], args[2], self, "insealed", args[2])
+	cmd.ExtraFiles = []*os.File{os.NewFile(userns, "userns"), os.NewFile(ns, "netns")}
+	out, err := cmd.CombinedOutput()
+	os.Stdout.Write(out)
+	if err != nil {
+		fmt.Println("enter:", err)
+	}
+}
+
+func errnoErr(e syscall.Errno) error {
+	if e == 0 {
+		return nil
+	}
+	return e
+}
+
+func pathErr(err error) error {
+	if pe, ok := err.(*os.PathError); ok {
+		return pe.Err
+	}
+	return err
+}
+
+// inSealed runs inside the sealed namespaces: a TCP connect to this
+// machine's listener, a veth pair whose peer is put in the machine's
+// network namespace (pid 1's), a device made inside moved there, a
+// mount.
+func inSealed(args []string) {
+	fmt.Println("insealed-capeff=" + capEff())
+	c, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err == nil {
+		err = unix.Connect(c, sockaddr(args[0]))
+	}
+	fmt.Println("insealed-tcp=" + res(err))
+	ip := func(a ...string) string {
+		out, err := exec.Command("ip", a...).CombinedOutput()
+		if err != nil {
+			return strings.ReplaceAll(strings.TrimSpace(string(out)), "\n", " ")
+		}
+		return "ok"
+	}
+	fmt.Println("veth=" + ip("link", "add", "flx0", "type", "veth", "peer", "name", "flx1", "netns", "1"))
+	if r := ip("link", "add", "flx2", "type", "veth", "peer", "name", "flx3"); r != "ok" {
+		fmt.Println("move=veth inside: " + r)
+	} else {
+		fmt.Println("move=" + ip("link", "set", "flx2", "netns", "1"))
+	}
+	runtime.LockOSThread()
+	err = unix.Unshare(unix.CLONE_NEWNS)
+	if err == nil {
+		err = unix.Mount("none", "/tmp", "tmpfs", 0, "")
+	}
+	fmt.Println("mount=" + res(err))
+}
