@@ -396,3 +396,211 @@ func TestSealedUDPEscape(t *testing.T) {
 		t.Errorf("sealed network helpers left after the attempt settled: %v", h)
 	}
 }
+
+// garbageProxy stands for an egress proxy answering each framed DNS
+// query with garbage: 20 bytes (relayed to the agent as they are) or 600
+// (too long for UDP and no DNS message: dropped). It records the capture
+// targets, the size of every frame and the most connections at once.
+type garbageProxy struct {
+	net.Listener
+	mu      sync.Mutex
+	targets map[string]int
+	sizes   map[int]int
+	open    int
+	maxOpen int
+	closed  chan struct{}
+	wg      sync.WaitGroup
+}
+
+func listenGarbageProxy(t *testing.T) *garbageProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &garbageProxy{Listener: ln, targets: map[string]int{}, sizes: map[int]int{}, closed: make(chan struct{}, 1)}
+	g.wg.Go(func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			g.wg.Go(func() { g.serve(t, conn) })
+		}
+	})
+	t.Cleanup(func() { ln.Close(); g.wg.Wait() })
+	return g
+}
+
+func (g *garbageProxy) serve(t *testing.T, conn net.Conn) {
+	g.mu.Lock()
+	g.open++
+	g.maxOpen = max(g.maxOpen, g.open)
+	g.mu.Unlock()
+	defer func() {
+		conn.Close()
+		g.mu.Lock()
+		g.open--
+		g.mu.Unlock()
+		select {
+		case g.closed <- struct{}{}:
+		default:
+		}
+	}()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(conn)
+	req, err := http.ReadRequest(br)
+	if err != nil || req.Method != http.MethodConnect || req.Header.Get("Fenceline-Capture") != "1" {
+		t.Errorf("captured connection without the capture preamble: %v", err)
+		return
+	}
+	g.mu.Lock()
+	g.targets[req.Host]++
+	g.mu.Unlock()
+	for i := 0; ; i++ {
+		var n [2]byte
+		if _, err := io.ReadFull(br, n[:]); err != nil {
+			return
+		}
+		q := make([]byte, binary.BigEndian.Uint16(n[:]))
+		if _, err := io.ReadFull(br, q); err != nil {
+			t.Errorf("a frame cut short: %v", err)
+			return
+		}
+		g.mu.Lock()
+		g.sizes[len(q)]++
+		g.mu.Unlock()
+		ans := make([]byte, 20+580*(i%2))
+		conn.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(ans))), ans...))
+	}
+}
+
+// waitIdle waits until no connection to the proxy is open.
+func (g *garbageProxy) waitIdle(t *testing.T) {
+	deadline := time.After(30 * time.Second)
+	for {
+		g.mu.Lock()
+		open := g.open
+		g.mu.Unlock()
+		if open == 0 {
+			return
+		}
+		select {
+		case <-g.closed:
+		case <-deadline:
+			t.Fatalf("%d connections to the proxy still open after the attempt settled", open)
+		}
+	}
+}
+
+func openFDs(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// TestSealedUDPFlood: the agent floods the relay with datagrams that are
+// no DNS (empty, one byte, a header's worth, 512 bytes, the largest UDP
+// carries) to port 53 of 3000 addresses, and makes 600 UDP sockets from
+// 8 threads at once. The relay passes each datagram to the proxy as one
+// whole frame (the agent cannot write past the framing), holds no more
+// connections than its bounds, and once the attempt settled the
+// supervisor holds no descriptor more than before, the helper is gone
+// and no connection to the proxy is left.
+func TestSealedUDPFlood(t *testing.T) {
+	helper := guardHelper(t)
+	proxy := listenGarbageProxy(t)
+	w := newWorktree(t)
+	p := w.policy()
+	p.Capture = netip.MustParseAddrPort(proxy.Addr().String())
+	run := func(args ...string) string {
+		t.Helper()
+		return runGuarded(t, p, &testGate{}, w.root, helper, args...).out
+	}
+	if got := run("sealedsockets", "1", "1"); got != "1" { // the first sealed network: lazily made runtime state
+		t.Fatalf("one UDP socket: %q", got)
+	}
+	proxy.waitIdle(t)
+	before := openFDs(t)
+
+	if got := run("sealedflood", "3000"); got != "ok" {
+		t.Errorf("sealedflood: %q", got)
+	}
+	if got := run("sealedsockets", "600", "8"); got != "600" {
+		t.Errorf("600 UDP sockets from 8 threads: %q, want 600 distinct non-blocking UDP sockets", got)
+	}
+	proxy.waitIdle(t)
+	if after := openFDs(t); after != before {
+		t.Errorf("the supervisor holds %d descriptors after the attempts, %d before", after, before)
+	}
+	if h := sealedHelpers(t); len(h) != 0 {
+		t.Errorf("sealed network helpers left after the attempts settled: %v", h)
+	}
+	proxy.mu.Lock()
+	defer proxy.mu.Unlock()
+	if proxy.maxOpen > maxDNSRelays+maxIdleDNSConns {
+		t.Errorf("the relay held %d connections to the proxy at once, want at most %d", proxy.maxOpen, maxDNSRelays+maxIdleDNSConns)
+	}
+	for size := range proxy.sizes {
+		if !slices.Contains([]int{0, 1, 12, 512, 65507}, size) {
+			t.Errorf("the proxy read a frame of %d bytes, which the agent never sent", size)
+		}
+	}
+	for target := range proxy.targets {
+		if !strings.HasPrefix(target, "10.77.") || !strings.HasSuffix(target, ":53") {
+			t.Errorf("the relay announced %s to the proxy", target)
+		}
+	}
+	if len(proxy.sizes) == 0 {
+		t.Error("no datagram reached the proxy")
+	}
+	t.Logf("frames by size %v, %d targets, at most %d connections", proxy.sizes, len(proxy.targets), proxy.maxOpen)
+}
+
+// TestSealedUDPDup2Race: the agent connects a descriptor that another
+// thread keeps flipping (dup2) between a TCP socket and a sealed UDP
+// socket to a TCP port of this machine's loopback that the policy does
+// not allow. The supervisor judges the socket it duplicated (pidfd_getfd)
+// and connects that same one: a UDP socket of the sealed network
+// connects there (inside it), a TCP socket is refused; the machine's
+// listener is never reached.
+func TestSealedUDPDup2Race(t *testing.T) {
+	helper := guardHelper(t)
+	dns := listenDNSCapture(t)
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := tcp.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	w := newWorktree(t)
+	p := w.policy()
+	p.Capture = netip.MustParseAddrPort(dns.Addr().String())
+	out := runGuarded(t, p, &testGate{}, w.root, helper, "sealeddup", tcp.Addr().String(), "300").out
+	t.Logf("connects: %s", out)
+	if !strings.HasPrefix(out, "map[") || strings.Contains(out, "ECONNREFUSED") {
+		t.Errorf("connects: %s, want only ok (a sealed socket) and EACCES (a TCP one)", out)
+	}
+	for _, s := range strings.Fields(strings.Trim(out, "map[]")) {
+		if k, _, _ := strings.Cut(s, ":"); k != "ok" && k != "EACCES" {
+			t.Errorf("connect answered %s", s)
+		}
+	}
+	if n := accepted.Load(); n != 0 {
+		t.Errorf("the machine's listener accepted %d connections", n)
+	}
+	if got := dns.got(); len(got) != 0 {
+		t.Errorf("the proxy was asked for %v", got)
+	}
+}

@@ -219,3 +219,98 @@ func inSealed(args []string) {
 	}
 	fmt.Println("mount=" + res(err))
 }
+
+func init() {
+	netModes["sealedsockets"] = sealedSockets // sealedsockets N THREADS: N UDP sockets made by THREADS threads at once
+	netModes["sealedflood"] = sealedFlood     // sealedflood N: N datagrams of odd sizes to port 53 of N addresses
+	netModes["sealeddup"] = sealedDup         // sealeddup ADDR N: connect a descriptor flipped between TCP and sealed UDP
+}
+
+// sealedSockets makes N UDP sockets from THREADS threads at once, keeps
+// them, checks each is a distinct UDP socket and prints ok.
+func sealedSockets(args []string) {
+	n, _ := strconv.Atoi(args[0])
+	threads, _ := strconv.Atoi(args[1])
+	errs := make(chan string, threads)
+	fds := make(chan int, n)
+	for t := range threads {
+		go func() {
+			runtime.LockOSThread()
+			for i := t; i < n; i += threads {
+				fd, err := unix.Socket(unix.AF_INET+(i%2)*(unix.AF_INET6-unix.AF_INET), unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+				if err != nil {
+					errs <- fmt.Sprintf("socket %d: %s", i, res(err))
+					return
+				}
+				fds <- fd
+			}
+			errs <- ""
+		}()
+	}
+	for range threads {
+		if e := <-errs; e != "" {
+			fmt.Println(e)
+			return
+		}
+	}
+	close(fds)
+	seen := map[int]bool{}
+	for fd := range fds {
+		typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+		fl, _ := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+		if err != nil || typ != unix.SOCK_DGRAM || seen[fd] || fl&unix.O_NONBLOCK == 0 {
+			fmt.Println("bad socket", fd, typ, err)
+			return
+		}
+		seen[fd] = true
+	}
+	fmt.Println(len(seen))
+}
+
+// sealedFlood sends N datagrams (sizes 0, 1, 12, 512, 65507 in turn,
+// none a DNS query) to port 53 of N addresses without reading answers.
+func sealedFlood(args []string) {
+	n, _ := strconv.Atoi(args[0])
+	fd := udpSock()
+	sizes := []int{0, 1, 12, 512, 65507}
+	q := bytes.Repeat([]byte{0xff}, 65507)
+	for i := range n {
+		sa := &unix.SockaddrInet4{Port: 53, Addr: [4]byte{10, 77, byte(i / 250), byte(i%250 + 1)}}
+		if err := unix.Sendto(fd, q[:sizes[i%len(sizes)]], 0, sa); err != nil {
+			fmt.Println("sendto:", res(err))
+			return
+		}
+	}
+	fmt.Println("ok")
+}
+
+// sealedDup connects N times a descriptor another thread keeps flipping
+// (dup2) between a TCP socket and a sealed UDP socket, to ADDR, and
+// counts the results.
+func sealedDup(args []string) {
+	sa := sockaddr(args[0])
+	n, _ := strconv.Atoi(args[1])
+	counts := map[string]int{}
+	for range n {
+		tcp := tcpSocket(sa, 0)
+		udp := udpSock()
+		target := tcpSocket(sa, 0)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := range 200 {
+				src := tcp
+				if i%2 == 1 {
+					src = udp
+				}
+				unix.Dup3(src, target, unix.O_CLOEXEC)
+			}
+		}()
+		counts[res(unix.Connect(target, sa))]++
+		<-done
+		unix.Close(tcp)
+		unix.Close(udp)
+		unix.Close(target)
+	}
+	fmt.Println(counts)
+}
