@@ -113,7 +113,7 @@ func (s *sealedNet) udpSocket(family int) (int, error) {
 // trip: resolvers make two sockets per lookup) and checks each: what goes
 // to the agent must be what was asked for, whatever the helper sent.
 func (s *sealedNet) refill(family int) error {
-	if err := unix.Sendmsg(s.sock, []byte(strconv.Itoa(family)), nil, nil, 0); err != nil {
+	if err := sendmsg(s.sock, []byte(strconv.Itoa(family))); err != nil {
 		return fmt.Errorf("sealed network helper: %w", err)
 	}
 	fds, err := recvFDs(s.sock, sealedBatch)
@@ -208,7 +208,7 @@ func (s *sealedNet) start() error {
 	unix.SetsockoptTimeval(s.sock, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
 	buf := make([]byte, 512)
 	oob := make([]byte, unix.CmsgSpace(2*4))
-	n, oobn, _, _, err := unix.Recvmsg(s.sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	n, oobn, err := recvmsg(s.sock, buf, oob)
 	if err != nil {
 		return fail(fmt.Errorf("sealed network helper: %w", err))
 	}
@@ -490,7 +490,7 @@ func dnsPacketIO(c net.PacketConn) (read func([]byte) (int, netip.Addr, net.Addr
 func recvFDs(sock, max int) ([]int, error) {
 	buf := make([]byte, 256)
 	oob := make([]byte, unix.CmsgSpace(4*max))
-	n, oobn, _, _, err := unix.Recvmsg(sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	n, oobn, err := recvmsg(sock, buf, oob)
 	if err != nil {
 		return nil, fmt.Errorf("sealed network helper: %w", err)
 	}
@@ -503,6 +503,29 @@ func recvFDs(sock, max int) ([]int, error) {
 		return nil, errors.New("sealed network helper: no socket in its answer (it exited?)")
 	}
 	return fds, nil
+}
+
+// recvmsg and sendmsg talk to the helper over its socket, whose
+// timeouts make a signal to the waiting thread end the call with EINTR
+// whatever SA_RESTART says (signal(7)); the supervisor gets a SIGCHLD for
+// each orphan of the attempt it reaps. Nothing was taken or sent then, so
+// the call is made again: a socket() failed for it, and an answer left
+// unread put every later request one answer behind (TestSealedUDPSignals).
+func recvmsg(sock int, buf, oob []byte) (n, oobn int, err error) {
+	for {
+		n, oobn, _, _, err = unix.Recvmsg(sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if !errors.Is(err, unix.EINTR) {
+			return n, oobn, err
+		}
+	}
+}
+
+func sendmsg(sock int, b []byte) error {
+	for {
+		if err := unix.Sendmsg(sock, b, nil, nil, 0); !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
 }
 
 func parseRights(oob []byte) ([]int, error) {

@@ -604,3 +604,25 @@ func TestSealedUDPDup2Race(t *testing.T) {
 		t.Errorf("the proxy was asked for %v", got)
 	}
 }
+
+// TestSealedUDPSignals: the supervisor's thread asking the helper for
+// sockets waits in recvmsg with a timeout, which a signal interrupts
+// (EINTR, SA_RESTART or not). The agent makes 4000 UDP sockets (a
+// request to the helper every 8) while making orphans that die at once,
+// a SIGCHLD to the supervisor (their subreaper) each: every socket() is
+// answered with a socket.
+func TestSealedUDPSignals(t *testing.T) {
+	helper := guardHelper(t)
+	dns := listenDNSCapture(t)
+	w := newWorktree(t)
+	p := w.policy()
+	p.Capture = netip.MustParseAddrPort(dns.Addr().String())
+	audit := &memAuditor{}
+	if got := runAudited(t, p, &testGate{}, audit, w.root, helper, "sealedsigchld", "4000").out; got != "map[ok:4000]" {
+		why := ""
+		if evs := audit.all(); len(evs) > 0 {
+			why = evs[0].Message
+		}
+		t.Errorf("4000 UDP sockets under SIGCHLD: %s, want map[ok:4000]; first refusal: %s", got, why)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -312,5 +313,41 @@ func sealedDup(args []string) {
 		unix.Close(udp)
 		unix.Close(target)
 	}
+	fmt.Println(counts)
+}
+
+func init() {
+	netModes["sealedsigchld"] = sealedSigchld // sealedsigchld N: N UDP sockets while orphans die (SIGCHLD to the supervisor)
+}
+
+// sealedSigchld makes and closes N UDP sockets (a refill of the helper
+// every 8) while other threads keep making orphans that die at once: the
+// supervisor, their subreaper, gets a SIGCHLD for each. It prints the
+// socket() results.
+func sealedSigchld(args []string) {
+	n, _ := strconv.Atoi(args[0])
+	var stop atomic.Bool
+	done := make(chan struct{})
+	for range 2 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for !stop.Load() {
+				// sh forks a child and exits: the child is an orphan
+				// reparented to the supervisor, which reaps it.
+				exec.Command("/bin/sh", "-c", "/bin/true & exit 0").Run()
+			}
+		}()
+	}
+	counts := map[string]int{}
+	for i := range n {
+		fd, err := unix.Socket(unix.AF_INET+(i/8%2)*(unix.AF_INET6-unix.AF_INET), unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		counts[res(err)]++
+		if err == nil {
+			unix.Close(fd)
+		}
+	}
+	stop.Store(true)
+	<-done
+	<-done
 	fmt.Println(counts)
 }
