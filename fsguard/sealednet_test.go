@@ -626,3 +626,39 @@ func TestSealedUDPSignals(t *testing.T) {
 		t.Errorf("4000 UDP sockets under SIGCHLD: %s, want map[ok:4000]; first refusal: %s", got, why)
 	}
 }
+
+// TestSealedUDPAfterLoss: once the lease is lost the agent's lookups go
+// on (they are reads) and its sealed sockets still reach nothing: a
+// datagram to this machine's UDP port stays in the sealed network, a bind
+// to a port the kernel chooses is made there.
+func TestSealedUDPAfterLoss(t *testing.T) {
+	helper := guardHelper(t)
+	dns := listenDNSCapture(t)
+	leak, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leak.Close()
+	w := newWorktree(t)
+	p := w.policy()
+	p.Capture = netip.MustParseAddrPort(dns.Addr().String())
+	gate := &testGate{}
+	gate.lost.Store(true)
+	for _, tc := range []struct{ args, want string }{
+		{"resolve 10.255.255.53:53 allowed.test", "192.0.2.7"},
+		{"udp " + leak.LocalAddr().String(), "ok"},
+		{"udpbind 0", "ok"},
+	} {
+		if got := runGuarded(t, p, gate, w.root, helper, strings.Fields(tc.args)...).out; got != tc.want {
+			t.Errorf("%s after the loss: %q, want %q", tc.args, got, tc.want)
+		}
+	}
+	if _, err := leak.WriteTo([]byte("sentinel"), leak.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	leak.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 64)
+	if n, _, err := leak.ReadFrom(buf); err != nil || string(buf[:n]) != "sentinel" {
+		t.Errorf("the machine's UDP port received %q (%v), want only the test's sentinel", buf[:n], err)
+	}
+}
