@@ -319,7 +319,8 @@ func buildSealedEnter(t *testing.T) string {
 // CAP_NET_ADMIN over the sealed network and can setns into both; there a
 // TCP connect reaches nothing of this machine, a veth pair or a device
 // cannot be put in the machine's network namespace (that takes
-// CAP_NET_ADMIN there) and Landlock refuses mounts. Entering must not
+// CAP_NET_ADMIN there) and Landlock refuses mounts; a datagram sent with
+// IP_PKTINFO, SO_BINDTODEVICE, IP_TRANSPARENT or SO_MARK stays inside. Entering must not
 // give it power over its own uid's files either (a mode 000 file stays
 // unreadable): the namespace maps no uid.
 func TestSealedUDPEscape(t *testing.T) {
@@ -392,8 +393,29 @@ func TestSealedUDPEscape(t *testing.T) {
 	if n := accepted.Load(); n != 0 {
 		t.Errorf("this machine's TCP listener accepted %d connections from inside the sealed network", n)
 	}
+
+	// Options that pick a route, an interface or a source: the sealed
+	// network's owner may set them all (CAP_NET_ADMIN there), and there
+	// is only its loopback to pick.
+	leak, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leak.Close()
+	out = runGuarded(t, p, &testGate{}, w.root, helper, "nocaps", "sealedsend", leak.LocalAddr().String()).out
+	if want := "pktinfo=ok\nbindtodevice=ok\ntransparent=ok\nmark=ok"; out != want {
+		t.Errorf("sends with routing options: %q, want %q (each sent, inside)", out, want)
+	}
+	if _, err := leak.WriteTo([]byte("sentinel"), leak.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	leak.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 64)
+	if n, _, err := leak.ReadFrom(buf); err != nil || string(buf[:n]) != "sentinel" {
+		t.Errorf("the machine's UDP port received %q (%v), want only the test's sentinel", buf[:n], err)
+	}
 	if h := sealedHelpers(t); len(h) != 0 {
-		t.Errorf("sealed network helpers left after the attempt settled: %v", h)
+		t.Errorf("sealed network helpers left after the attempts settled: %v", h)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -350,4 +351,47 @@ func sealedSigchld(args []string) {
 	<-done
 	<-done
 	fmt.Println(counts)
+}
+
+func init() {
+	netModes["sealedsend"] = sealedSend // sealedsend ADDR: datagrams to ADDR with every option that picks a route or source
+}
+
+// sealedSend sends a datagram to ADDR (IPv4) from sealed sockets with
+// IP_PKTINFO naming interface 1 and a source, SO_BINDTODEVICE lo,
+// IP_TRANSPARENT with a foreign source bound, SO_MARK and a raised
+// priority, and prints each result.
+func sealedSend(args []string) {
+	sa := sockaddr(args[0]).(*unix.SockaddrInet4)
+	try := func(name string, setup func(fd int) error, oob []byte) {
+		fd := udpSock()
+		defer unix.Close(fd)
+		err := setup(fd)
+		if err == nil {
+			_, err = unix.SendmsgN(fd, []byte("leak "+name), oob, sa, 0)
+		}
+		fmt.Printf("%s=%s\n", name, res(err))
+	}
+	none := func(int) error { return nil }
+	pi := unix.Inet4Pktinfo{Ifindex: 1, Spec_dst: [4]byte{192, 0, 2, 1}}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&pi)), unix.SizeofInet4Pktinfo)
+	oob := make([]byte, unix.CmsgSpace(len(b)))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+	h.Level, h.Type = unix.IPPROTO_IP, unix.IP_PKTINFO
+	h.SetLen(unix.CmsgLen(len(b)))
+	copy(oob[unix.CmsgLen(0):], b)
+	try("pktinfo", none, oob)
+	try("bindtodevice", func(fd int) error { return unix.BindToDevice(fd, "lo") }, nil)
+	try("transparent", func(fd int) error {
+		if err := unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_TRANSPARENT, 1); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{203, 0, 113, 9}})
+	}, nil)
+	try("mark", func(fd int) error {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, 0x1234); err != nil {
+			return err
+		}
+		return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PRIORITY, 7)
+	}, nil)
 }
