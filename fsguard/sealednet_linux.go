@@ -413,9 +413,13 @@ func (s *sealedNet) putDNSConn(dst netip.AddrPort, conn net.Conn) {
 }
 
 // exchangeDNS sends q as DNS over TCP (RFC 7766) and reads the answer.
+// The attempt's end (stop cancels ctx) cuts it short: a query the proxy
+// had not answered held settling for captureTimeout
+// (TestSealedUDPSettlesWithQueriesPending).
 func exchangeDNS(ctx context.Context, conn net.Conn, q []byte) ([]byte, error) {
 	deadline, _ := ctx.Deadline()
 	conn.SetDeadline(deadline)
+	defer context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })()
 	if _, err := conn.Write(append([]byte{byte(len(q) >> 8), byte(len(q))}, q...)); err != nil {
 		return nil, err
 	}

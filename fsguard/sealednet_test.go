@@ -684,3 +684,57 @@ func TestSealedUDPAfterLoss(t *testing.T) {
 		t.Errorf("the machine's UDP port received %q (%v), want only the test's sentinel", buf[:n], err)
 	}
 }
+
+// TestSealedUDPSettlesWithQueriesPending: the agent sends queries to port
+// 53 and exits at once, while the egress proxy has not answered them (a
+// slow upstream): the attempt settles without waiting out the relay's
+// timeout (captureTimeout), and the supervisor's connections to the
+// proxy are closed.
+func TestSealedUDPSettlesWithQueriesPending(t *testing.T) {
+	helper := guardHelper(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan struct{}, 64)
+	closed := make(chan struct{}, 64)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer ln.Close()
+	wg.Go(func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer conn.Close()
+				got <- struct{}{}
+				conn.SetDeadline(time.Now().Add(60 * time.Second))
+				io.Copy(io.Discard, conn) // reads the queries, answers none
+				closed <- struct{}{}
+			})
+		}
+	})
+	w := newWorktree(t)
+	p := w.policy()
+	p.Capture = netip.MustParseAddrPort(ln.Addr().String())
+	start := time.Now()
+	if out := runGuarded(t, p, &testGate{}, w.root, helper, "sealedflood", "5").out; out != "ok" {
+		t.Fatalf("sealedflood: %q", out)
+	}
+	took := time.Since(start)
+	if n := len(got); n == 0 {
+		t.Fatal("no query reached the proxy")
+	}
+	if took >= captureTimeout {
+		t.Errorf("the attempt took %v to settle: it waited for the proxy's answers (captureTimeout %v)", took, captureTimeout)
+	}
+	for range len(got) {
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a connection to the proxy is still open after the attempt settled")
+		}
+	}
+}
