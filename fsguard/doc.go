@@ -109,7 +109,9 @@
 //     namespace (same uid) and can enter it, but it maps no uid: entering
 //     gives power over the sealed network alone, from where nothing of
 //     the machine is reached (TestSealedUDPEscape, TestSealedUDPFlood,
-//     TestSealedUDPDup2Race).
+//     TestSealedUDPDup2Race, TestSealedUDPAfterLoss); signals to the
+//     supervisor and queries the proxy leaves unanswered hold nothing up
+//     (TestSealedUDPSignals, TestSealedUDPSettlesWithQueriesPending).
 //   - A send with MSG_FASTOPEN and setsockopt TCP_FASTOPEN_CONNECT get
 //     EOPNOTSUPP (what a kernel with client Fast Open off answers, so
 //     clients fall back to connect) and are audited: TCP Fast Open
