@@ -105,7 +105,13 @@
 //     network (sealednet_linux.go): a network namespace of its own where
 //     port 53 of every address is a relay to the proxy's DNS over TCP
 //     and nothing else is reachable, so Go's and musl's resolvers work
-//     and no datagram leaves (TestSealedUDP).
+//     and no datagram leaves (TestSealedUDP). The agent owns that user
+//     namespace (same uid) and can enter it, but it maps no uid: entering
+//     gives power over the sealed network alone, from where nothing of
+//     the machine is reached (TestSealedUDPEscape, TestSealedUDPFlood,
+//     TestSealedUDPDup2Race, TestSealedUDPAfterLoss); signals to the
+//     supervisor and queries the proxy leaves unanswered hold nothing up
+//     (TestSealedUDPSignals, TestSealedUDPSettlesWithQueriesPending).
 //   - A send with MSG_FASTOPEN and setsockopt TCP_FASTOPEN_CONNECT get
 //     EOPNOTSUPP (what a kernel with client Fast Open off answers, so
 //     clients fall back to connect) and are audited: TCP Fast Open

@@ -113,7 +113,7 @@ func (s *sealedNet) udpSocket(family int) (int, error) {
 // trip: resolvers make two sockets per lookup) and checks each: what goes
 // to the agent must be what was asked for, whatever the helper sent.
 func (s *sealedNet) refill(family int) error {
-	if err := unix.Sendmsg(s.sock, []byte(strconv.Itoa(family)), nil, nil, 0); err != nil {
+	if err := sendmsg(s.sock, []byte(strconv.Itoa(family))); err != nil {
 		return fmt.Errorf("sealed network helper: %w", err)
 	}
 	fds, err := recvFDs(s.sock, sealedBatch)
@@ -169,7 +169,15 @@ func (s *sealedNet) start() error {
 	}
 	child := os.NewFile(uintptr(fds[1]), "fsguard-sealednet")
 	defer child.Close()
-	uid, gid := os.Getuid(), os.Getgid()
+	// The helper's user namespace maps no uid: the agent, of the
+	// supervisor's uid, owns it and can setns into it (its sealed
+	// socket's SIOCGSKNS and NS_GET_USERNS give the descriptors), where it
+	// holds every capability. Had the namespace mapped that uid, those
+	// capabilities (CAP_DAC_OVERRIDE, CAP_FOWNER...) would reach every
+	// file of the uid, a mode 000 file outside the lease read
+	// (TestSealedUDPEscape); with no mapping they reach the sealed
+	// network alone, as in a namespace the agent unshares itself. The
+	// helper keeps what it needs across exec as ambient capabilities.
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
 		Args:       []string{"fenceline-sealednet"},
@@ -178,8 +186,7 @@ func (s *sealedNet) start() error {
 		Stderr:     os.Stderr,
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWNET,
-			UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: uid, Size: 1}},
-			GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: gid, Size: 1}},
+			AmbientCaps: []uintptr{unix.CAP_NET_ADMIN, unix.CAP_NET_BIND_SERVICE},
 			Setpgid:     true,
 		},
 	}
@@ -201,7 +208,7 @@ func (s *sealedNet) start() error {
 	unix.SetsockoptTimeval(s.sock, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
 	buf := make([]byte, 512)
 	oob := make([]byte, unix.CmsgSpace(2*4))
-	n, oobn, _, _, err := unix.Recvmsg(s.sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	n, oobn, err := recvmsg(s.sock, buf, oob)
 	if err != nil {
 		return fail(fmt.Errorf("sealed network helper: %w", err))
 	}
@@ -407,9 +414,13 @@ func (s *sealedNet) putDNSConn(dst netip.AddrPort, conn net.Conn) {
 }
 
 // exchangeDNS sends q as DNS over TCP (RFC 7766) and reads the answer.
+// The attempt's end (stop cancels ctx) cuts it short: a query the proxy
+// had not answered held settling for captureTimeout
+// (TestSealedUDPSettlesWithQueriesPending).
 func exchangeDNS(ctx context.Context, conn net.Conn, q []byte) ([]byte, error) {
 	deadline, _ := ctx.Deadline()
 	conn.SetDeadline(deadline)
+	defer context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })()
 	if _, err := conn.Write(append([]byte{byte(len(q) >> 8), byte(len(q))}, q...)); err != nil {
 		return nil, err
 	}
@@ -484,7 +495,7 @@ func dnsPacketIO(c net.PacketConn) (read func([]byte) (int, netip.Addr, net.Addr
 func recvFDs(sock, max int) ([]int, error) {
 	buf := make([]byte, 256)
 	oob := make([]byte, unix.CmsgSpace(4*max))
-	n, oobn, _, _, err := unix.Recvmsg(sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	n, oobn, err := recvmsg(sock, buf, oob)
 	if err != nil {
 		return nil, fmt.Errorf("sealed network helper: %w", err)
 	}
@@ -497,6 +508,29 @@ func recvFDs(sock, max int) ([]int, error) {
 		return nil, errors.New("sealed network helper: no socket in its answer (it exited?)")
 	}
 	return fds, nil
+}
+
+// recvmsg and sendmsg talk to the helper over its socket, whose
+// timeouts make a signal to the waiting thread end the call with EINTR
+// whatever SA_RESTART says (signal(7)); the supervisor gets a SIGCHLD for
+// each orphan of the attempt it reaps. Nothing was taken or sent then, so
+// the call is made again: a socket() failed for it, and an answer left
+// unread put every later request one answer behind (TestSealedUDPSignals).
+func recvmsg(sock int, buf, oob []byte) (n, oobn int, err error) {
+	for {
+		n, oobn, _, _, err = unix.Recvmsg(sock, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if !errors.Is(err, unix.EINTR) {
+			return n, oobn, err
+		}
+	}
+}
+
+func sendmsg(sock int, b []byte) error {
+	for {
+		if err := unix.Sendmsg(sock, b, nil, nil, 0); !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
 }
 
 func parseRights(oob []byte) ([]int, error) {

@@ -9,11 +9,14 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -272,4 +275,466 @@ func BenchmarkSealedLookup(b *testing.B) {
 	b.ReportMetric(per(plain), "direct-udp-µs/lookup")
 	b.ReportMetric(per(sealed), "sealed-udp-µs/lookup")
 	b.ReportMetric(per(tcp), "captured-tcp-µs/lookup")
+}
+
+// sealedHelpers lists the sealed network helpers this process started
+// that are still there (zombies included).
+func sealedHelpers(t *testing.T) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if pi, ok := readStat(pid); ok && pi.ppid == os.Getpid() && strings.HasPrefix(string(cmd), "fenceline-sealednet\x00") {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// buildSealedEnter builds testdata/sealedenter (C: setns into a user
+// namespace wants a single-threaded process).
+func buildSealedEnter(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "sealedenter")
+	if out, err := exec.Command("gcc", "-O2", "-o", bin, "testdata/sealedenter/enter.c").CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestSealedUDPEscape: the agent (the supervisor's uid, no capability:
+// what it holds when that uid is not root) attacks the sealed network.
+// Landlock's scopes keep it from the helper process (signals, ptrace,
+// its memory, its descriptors, SIGIO from a socket it owns). As the
+// owner of the helper's user namespace it gets that namespace's
+// descriptors (SIOCGSKNS, NS_GET_USERNS on its sealed socket), holds
+// CAP_NET_ADMIN over the sealed network and can setns into both; there a
+// TCP connect reaches nothing of this machine, a veth pair or a device
+// cannot be put in the machine's network namespace (that takes
+// CAP_NET_ADMIN there) and Landlock refuses mounts; a datagram sent with
+// IP_PKTINFO, SO_BINDTODEVICE, IP_TRANSPARENT or SO_MARK stays inside. Entering must not
+// give it power over its own uid's files either (a mode 000 file stays
+// unreadable): the namespace maps no uid.
+func TestSealedUDPEscape(t *testing.T) {
+	helper := guardHelper(t)
+	enter := buildSealedEnter(t)
+	dns := listenDNSCapture(t)
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := tcp.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	w := newWorktree(t)
+	locked := filepath.Join(w.outside, "locked.txt")
+	if err := os.WriteFile(locked, []byte("locked"), 0o000); err != nil {
+		t.Fatal(err)
+	}
+	p := w.policy()
+	p.Capture = netip.MustParseAddrPort(dns.Addr().String())
+	audit := &memAuditor{}
+	out := runAudited(t, p, &testGate{}, audit, w.root, helper, "nocaps", "sealedescape", enter, locked, tcp.Addr().String()).out
+	t.Logf("attack:\n%s", out)
+	got := map[string]string{}
+	for line := range strings.SplitSeq(out, "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			got[k] = v
+		}
+	}
+	for k, want := range map[string]string{
+		"capeff":          "0000000000000000",
+		"helper":          "found",
+		"kill":            "EPERM", // Landlock signal scope
+		"kill-supervisor": "EPERM",
+		"ptrace":          "EPERM", // Landlock: no ptrace outside the domain
+		"mem":             "EACCES",
+		"nsfile":          "EACCES",
+		"getfd":           "EPERM",
+		"sigio":           "ok", // sent, but Landlock's scope drops the SIGKILL to the helper
+		"after-sigio":     "ok", // the helper still answers: 20 new sockets
+		"setns-net":       "ok",
+		"tcp":             "Connection refused", // this machine's listener is not in the sealed network
+		"insealed-tcp":    "ECONNREFUSED",
+		"mount":           "EPERM",
+	} {
+		if got[k] != want {
+			t.Errorf("%s: %q, want %q", k, got[k], want)
+		}
+	}
+	if got["read"] != "Permission denied" {
+		t.Errorf("in the sealed network's user namespace the agent read a mode 000 file of its uid (%s): %q, want Permission denied", locked, got["read"])
+	}
+	if c := got["insealed-capeff"]; c == "" || c == "0000000000000000" {
+		t.Errorf("inside the sealed network the agent holds no capability (%q): the attacks there prove nothing", c)
+	}
+	for _, k := range []string{"veth", "move"} {
+		if !strings.Contains(got[k], "Operation not permitted") {
+			t.Errorf("%s into the machine's network namespace from inside: %q, want Operation not permitted", k, got[k])
+		}
+	}
+	if n := accepted.Load(); n != 0 {
+		t.Errorf("this machine's TCP listener accepted %d connections from inside the sealed network", n)
+	}
+
+	// Options that pick a route, an interface or a source: the sealed
+	// network's owner may set them all (CAP_NET_ADMIN there), and there
+	// is only its loopback to pick.
+	leak, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leak.Close()
+	out = runGuarded(t, p, &testGate{}, w.root, helper, "nocaps", "sealedsend", leak.LocalAddr().String()).out
+	if want := "pktinfo=ok\nbindtodevice=ok\ntransparent=ok\nmark=ok"; out != want {
+		t.Errorf("sends with routing options: %q, want %q (each sent, inside)", out, want)
+	}
+	if _, err := leak.WriteTo([]byte("sentinel"), leak.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	leak.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 64)
+	if n, _, err := leak.ReadFrom(buf); err != nil || string(buf[:n]) != "sentinel" {
+		t.Errorf("the machine's UDP port received %q (%v), want only the test's sentinel", buf[:n], err)
+	}
+	if h := sealedHelpers(t); len(h) != 0 {
+		t.Errorf("sealed network helpers left after the attempts settled: %v", h)
+	}
+}
+
+// garbageProxy stands for an egress proxy answering each framed DNS
+// query with garbage: 20 bytes (relayed to the agent as they are) or 600
+// (too long for UDP and no DNS message: dropped). It records the capture
+// targets, the size of every frame and the most connections at once.
+type garbageProxy struct {
+	net.Listener
+	mu      sync.Mutex
+	targets map[string]int
+	sizes   map[int]int
+	open    int
+	maxOpen int
+	closed  chan struct{}
+	wg      sync.WaitGroup
+}
+
+func listenGarbageProxy(t *testing.T) *garbageProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &garbageProxy{Listener: ln, targets: map[string]int{}, sizes: map[int]int{}, closed: make(chan struct{}, 1)}
+	g.wg.Go(func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			g.wg.Go(func() { g.serve(t, conn) })
+		}
+	})
+	t.Cleanup(func() { ln.Close(); g.wg.Wait() })
+	return g
+}
+
+func (g *garbageProxy) serve(t *testing.T, conn net.Conn) {
+	g.mu.Lock()
+	g.open++
+	g.maxOpen = max(g.maxOpen, g.open)
+	g.mu.Unlock()
+	defer func() {
+		conn.Close()
+		g.mu.Lock()
+		g.open--
+		g.mu.Unlock()
+		select {
+		case g.closed <- struct{}{}:
+		default:
+		}
+	}()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(conn)
+	req, err := http.ReadRequest(br)
+	if err != nil || req.Method != http.MethodConnect || req.Header.Get("Fenceline-Capture") != "1" {
+		t.Errorf("captured connection without the capture preamble: %v", err)
+		return
+	}
+	g.mu.Lock()
+	g.targets[req.Host]++
+	g.mu.Unlock()
+	for i := 0; ; i++ {
+		var n [2]byte
+		if _, err := io.ReadFull(br, n[:]); err != nil {
+			return
+		}
+		q := make([]byte, binary.BigEndian.Uint16(n[:]))
+		if _, err := io.ReadFull(br, q); err != nil {
+			t.Errorf("a frame cut short: %v", err)
+			return
+		}
+		g.mu.Lock()
+		g.sizes[len(q)]++
+		g.mu.Unlock()
+		ans := make([]byte, 20+580*(i%2))
+		conn.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(ans))), ans...))
+	}
+}
+
+// waitIdle waits until no connection to the proxy is open.
+func (g *garbageProxy) waitIdle(t *testing.T) {
+	deadline := time.After(30 * time.Second)
+	for {
+		g.mu.Lock()
+		open := g.open
+		g.mu.Unlock()
+		if open == 0 {
+			return
+		}
+		select {
+		case <-g.closed:
+		case <-deadline:
+			t.Fatalf("%d connections to the proxy still open after the attempt settled", open)
+		}
+	}
+}
+
+func openFDs(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// TestSealedUDPFlood: the agent floods the relay with datagrams that are
+// no DNS (empty, one byte, a header's worth, 512 bytes, the largest UDP
+// carries) to port 53 of 3000 addresses, and makes 600 UDP sockets from
+// 8 threads at once. The relay passes each datagram to the proxy as one
+// whole frame (the agent cannot write past the framing), holds no more
+// connections than its bounds, and once the attempt settled the
+// supervisor holds no descriptor more than before, the helper is gone
+// and no connection to the proxy is left.
+func TestSealedUDPFlood(t *testing.T) {
+	helper := guardHelper(t)
+	proxy := listenGarbageProxy(t)
+	w := newWorktree(t)
+	p := w.policy()
+	p.Capture = netip.MustParseAddrPort(proxy.Addr().String())
+	run := func(args ...string) string {
+		t.Helper()
+		return runGuarded(t, p, &testGate{}, w.root, helper, args...).out
+	}
+	if got := run("sealedsockets", "1", "1"); got != "1" { // the first sealed network: lazily made runtime state
+		t.Fatalf("one UDP socket: %q", got)
+	}
+	proxy.waitIdle(t)
+	before := openFDs(t)
+
+	if got := run("sealedflood", "3000"); got != "ok" {
+		t.Errorf("sealedflood: %q", got)
+	}
+	if got := run("sealedsockets", "600", "8"); got != "600" {
+		t.Errorf("600 UDP sockets from 8 threads: %q, want 600 distinct non-blocking UDP sockets", got)
+	}
+	proxy.waitIdle(t)
+	if after := openFDs(t); after != before {
+		t.Errorf("the supervisor holds %d descriptors after the attempts, %d before", after, before)
+	}
+	if h := sealedHelpers(t); len(h) != 0 {
+		t.Errorf("sealed network helpers left after the attempts settled: %v", h)
+	}
+	proxy.mu.Lock()
+	defer proxy.mu.Unlock()
+	if proxy.maxOpen > maxDNSRelays+maxIdleDNSConns {
+		t.Errorf("the relay held %d connections to the proxy at once, want at most %d", proxy.maxOpen, maxDNSRelays+maxIdleDNSConns)
+	}
+	for size := range proxy.sizes {
+		if !slices.Contains([]int{0, 1, 12, 512, 65507}, size) {
+			t.Errorf("the proxy read a frame of %d bytes, which the agent never sent", size)
+		}
+	}
+	for target := range proxy.targets {
+		if !strings.HasPrefix(target, "10.77.") || !strings.HasSuffix(target, ":53") {
+			t.Errorf("the relay announced %s to the proxy", target)
+		}
+	}
+	if len(proxy.sizes) == 0 {
+		t.Error("no datagram reached the proxy")
+	}
+	t.Logf("frames by size %v, %d targets, at most %d connections", proxy.sizes, len(proxy.targets), proxy.maxOpen)
+}
+
+// TestSealedUDPDup2Race: the agent connects a descriptor that another
+// thread keeps flipping (dup2) between a TCP socket and a sealed UDP
+// socket to a TCP port of this machine's loopback that the policy does
+// not allow. The supervisor judges the socket it duplicated (pidfd_getfd)
+// and connects that same one: a UDP socket of the sealed network
+// connects there (inside it), a TCP socket is refused; the machine's
+// listener is never reached.
+func TestSealedUDPDup2Race(t *testing.T) {
+	helper := guardHelper(t)
+	dns := listenDNSCapture(t)
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := tcp.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	w := newWorktree(t)
+	p := w.policy()
+	p.Capture = netip.MustParseAddrPort(dns.Addr().String())
+	out := runGuarded(t, p, &testGate{}, w.root, helper, "sealeddup", tcp.Addr().String(), "300").out
+	t.Logf("connects: %s", out)
+	if !strings.HasPrefix(out, "map[") || strings.Contains(out, "ECONNREFUSED") {
+		t.Errorf("connects: %s, want only ok (a sealed socket) and EACCES (a TCP one)", out)
+	}
+	for _, s := range strings.Fields(strings.Trim(out, "map[]")) {
+		if k, _, _ := strings.Cut(s, ":"); k != "ok" && k != "EACCES" {
+			t.Errorf("connect answered %s", s)
+		}
+	}
+	if n := accepted.Load(); n != 0 {
+		t.Errorf("the machine's listener accepted %d connections", n)
+	}
+	if got := dns.got(); len(got) != 0 {
+		t.Errorf("the proxy was asked for %v", got)
+	}
+}
+
+// TestSealedUDPSignals: the supervisor's thread asking the helper for
+// sockets waits in recvmsg with a timeout, which a signal interrupts
+// (EINTR, SA_RESTART or not). The agent makes 4000 UDP sockets (a
+// request to the helper every 8) while making orphans that die at once,
+// a SIGCHLD to the supervisor (their subreaper) each: every socket() is
+// answered with a socket.
+func TestSealedUDPSignals(t *testing.T) {
+	helper := guardHelper(t)
+	dns := listenDNSCapture(t)
+	w := newWorktree(t)
+	p := w.policy()
+	p.Capture = netip.MustParseAddrPort(dns.Addr().String())
+	audit := &memAuditor{}
+	if got := runAudited(t, p, &testGate{}, audit, w.root, helper, "sealedsigchld", "4000").out; got != "map[ok:4000]" {
+		why := ""
+		if evs := audit.all(); len(evs) > 0 {
+			why = evs[0].Message
+		}
+		t.Errorf("4000 UDP sockets under SIGCHLD: %s, want map[ok:4000]; first refusal: %s", got, why)
+	}
+}
+
+// TestSealedUDPAfterLoss: once the lease is lost the agent's lookups go
+// on (they are reads) and its sealed sockets still reach nothing: a
+// datagram to this machine's UDP port stays in the sealed network, a bind
+// to a port the kernel chooses is made there.
+func TestSealedUDPAfterLoss(t *testing.T) {
+	helper := guardHelper(t)
+	dns := listenDNSCapture(t)
+	leak, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leak.Close()
+	w := newWorktree(t)
+	p := w.policy()
+	p.Capture = netip.MustParseAddrPort(dns.Addr().String())
+	gate := &testGate{}
+	gate.lost.Store(true)
+	for _, tc := range []struct{ args, want string }{
+		{"resolve 10.255.255.53:53 allowed.test", "192.0.2.7"},
+		{"udp " + leak.LocalAddr().String(), "ok"},
+		{"udpbind 0", "ok"},
+	} {
+		if got := runGuarded(t, p, gate, w.root, helper, strings.Fields(tc.args)...).out; got != tc.want {
+			t.Errorf("%s after the loss: %q, want %q", tc.args, got, tc.want)
+		}
+	}
+	if _, err := leak.WriteTo([]byte("sentinel"), leak.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	leak.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 64)
+	if n, _, err := leak.ReadFrom(buf); err != nil || string(buf[:n]) != "sentinel" {
+		t.Errorf("the machine's UDP port received %q (%v), want only the test's sentinel", buf[:n], err)
+	}
+}
+
+// TestSealedUDPSettlesWithQueriesPending: the agent sends queries to port
+// 53 and exits at once, while the egress proxy has not answered them (a
+// slow upstream): the attempt settles without waiting out the relay's
+// timeout (captureTimeout), and the supervisor's connections to the
+// proxy are closed.
+func TestSealedUDPSettlesWithQueriesPending(t *testing.T) {
+	helper := guardHelper(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan struct{}, 64)
+	closed := make(chan struct{}, 64)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer ln.Close()
+	wg.Go(func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer conn.Close()
+				got <- struct{}{}
+				conn.SetDeadline(time.Now().Add(60 * time.Second))
+				io.Copy(io.Discard, conn) // reads the queries, answers none
+				closed <- struct{}{}
+			})
+		}
+	})
+	w := newWorktree(t)
+	p := w.policy()
+	p.Capture = netip.MustParseAddrPort(ln.Addr().String())
+	start := time.Now()
+	if out := runGuarded(t, p, &testGate{}, w.root, helper, "sealedflood", "5").out; out != "ok" {
+		t.Fatalf("sealedflood: %q", out)
+	}
+	took := time.Since(start)
+	if n := len(got); n == 0 {
+		t.Fatal("no query reached the proxy")
+	}
+	if took >= captureTimeout {
+		t.Errorf("the attempt took %v to settle: it waited for the proxy's answers (captureTimeout %v)", took, captureTimeout)
+	}
+	for range len(got) {
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a connection to the proxy is still open after the attempt settled")
+		}
+	}
 }
