@@ -169,6 +169,18 @@
 //     bind (keep the sidecar's ports out of ip_local_port_range, as the
 //     example pod does); UDP (AllowAnyConnect only) is judged at bind only.
 //
+// # Other processes of the user
+//
+// The agent runs as the supervisor's uid. Landlock keeps ptrace, signals
+// (ABI >= 6) and abstract Unix sockets within the attempt; prlimit64,
+// setpriority, sched_setparam, sched_setscheduler, sched_setattr,
+// sched_setaffinity and ioprio_set are not ptrace-checked, so they trap
+// when they name another process (proc_linux.go): allowed on a process of
+// the attempt, refused (EPERM, audited) on any other — the supervisor,
+// whose RLIMIT_NOFILE or RLIMIT_CPU the agent could otherwise lower, the
+// sealed network's helper — and on a process group or every process of
+// the user (TestCallsOnOtherProcessesConfined).
+//
 // # System V IPC and keyrings
 //
 // Shared memory segments, message queues and semaphore sets live outside

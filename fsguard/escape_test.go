@@ -7,8 +7,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // TestStaticBinaryConfined: a CGO_ENABLED=0 Go binary makes its system
@@ -177,4 +180,29 @@ func TestCannotSignalSupervisor(t *testing.T) {
 	if r := sh(t, w.policy(), w.root, "sleep 10 & kill $!"); r.code != 0 {
 		t.Errorf("the agent could not signal its own child: exit %d %s", r.code, r.out)
 	}
+}
+
+// TestCallsOnOtherProcessesConfined: calls that act on a process by pid
+// without a ptrace check (prlimit64, setpriority, sched_setaffinity) are
+// the agent's on its own processes and refused on any other of its uid —
+// here the supervisor, whose limits and priority the agent could
+// otherwise lower (RLIMIT_NOFILE to nothing) — and so is setpriority on a
+// process group (or user-wide); reading another process's limits stays allowed. Each
+// refusal is audited.
+func TestCallsOnOtherProcessesConfined(t *testing.T) {
+	helper := guardHelper(t)
+	w := newWorktree(t)
+	audit := &memAuditor{}
+	const own = "prlimit-read=ok prlimit=ok setpriority=ok affinity=ok setpriority-pgrp=EPERM"
+	for _, tc := range []struct{ target, want string }{
+		{"self", own},
+		{"child", own},
+		{strconv.Itoa(os.Getpid()), "prlimit-read=ok prlimit=EPERM setpriority=EPERM affinity=EPERM setpriority-pgrp=EPERM"},
+	} {
+		if r := runAudited(t, w.policy(), &testGate{}, audit, w.root, helper, "proc", tc.target); r.out != tc.want {
+			t.Errorf("calls on %s: %q, want %q", tc.target, r.out, tc.want)
+		}
+	}
+	wantDenial(t, audit, lease.BoundaryFile, lease.ReasonNotAllowed, fmt.Sprintf("prlimit64 on process %d: not a process of the attempt", os.Getpid()))
+	wantDenial(t, audit, lease.BoundaryFile, lease.ReasonNotAllowed, "setpriority on a process group or every process of the user")
 }
