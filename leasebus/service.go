@@ -192,6 +192,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	// when the others are ready (the streams' elections run one by one).
 	// The watch lives as long as the service; the caller's ctx bounds only
 	// the wait.
+	policy.Prefault() // it judges claims for as long as it runs
 	detach := context.AfterFunc(ctx, s.cancel)
 	pw, err := watchPoliciesPatiently(s.ctx, js, &s.policies, serviceStartPatience, func(try int, err error) {
 		s.log.Info("waiting for JetStream: the policy stream has no leader yet", "try", try, "err", err)

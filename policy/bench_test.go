@@ -17,6 +17,7 @@ when { resource.name == "refs/heads/main" && (context.force || context.delete) }
 `
 
 func benchStore(b *testing.B) *Store {
+	Prefault() // as a run, a sidecar and the lease service do when they start
 	var s Store
 	if err := s.Put(Document{Mode: ModeEnforce, Version: 1, Text: benchPolicy}); err != nil {
 		b.Fatal(err)

@@ -3,6 +3,7 @@ package policy
 import (
 	"bytes"
 	"hash/maphash"
+	"runtime"
 	"sync"
 )
 
@@ -53,6 +54,33 @@ func newDecisionCache() *decisionCache {
 	clear(c.entries[:cap(c.entries)])
 	clear(c.keys[:cap(c.keys)])
 	return c
+}
+
+// heapPrefault is how much heap Prefault makes the process's own: about
+// what a deciding process's heap grows to.
+const heapPrefault = 8 << 20
+
+var prefaultOnce sync.Once
+
+// Prefault touches, once per process, the heap that decisions will grow
+// into, and gives it back to the runtime (one collection). A fresh
+// process's first decisions otherwise fault its pages in one by one (13 µs
+// at the median and 50 µs and more at p99 on a virtual machine, 0.04 per
+// evaluated decision over the first 20,000): the tail of an evaluated
+// decision's latency until the heap reached its size. It costs about 40 ms
+// of a 2-core virtual machine, so processes that decide for long (a run,
+// a sidecar, the lease service) call it when they start, and a pre-receive
+// hook does not.
+func Prefault() {
+	prefaultOnce.Do(func() {
+		b := make([]byte, heapPrefault)
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1
+		}
+		runtime.KeepAlive(b)
+		runtime.GC() // b is garbage now: its pages go back to the heap, faulted in
+
+	})
 }
 
 // start empties the cache for generation gen: lookups and insertions of

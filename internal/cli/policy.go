@@ -311,6 +311,7 @@ func (a *app) followPolicy(ctx context.Context, s *session, repo string, f polic
 		w.Stop()
 		return nil, nil, err
 	}
+	policy.Prefault() // the fences decide for the whole run
 	return st, w.Stop, nil
 }
 
