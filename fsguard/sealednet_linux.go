@@ -106,7 +106,21 @@ func (s *sealedNet) udpSocket(family int) (int, error) {
 	fds := s.pool[family]
 	fd := fds[len(fds)-1]
 	s.pool[family] = fds[:len(fds)-1]
+	// Checked again as it leaves the pool: only a UDP socket of the
+	// sealed network may ever be handed to the agent.
+	if !s.sealedUDP(fd, family) {
+		s.pr.policy.logger().Error("fenceline guard: a pooled sealed socket is no longer one; refusing the agent's socket()", "fd", fd)
+		return -1, errors.New("sealed network: internal error: a pooled socket changed")
+	}
 	return fd, nil
+}
+
+// sealedUDP reports whether fd is a UDP socket of family made in the
+// sealed network.
+func (s *sealedNet) sealedUDP(fd, family int) bool {
+	typ, terr := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	dom, derr := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	return terr == nil && derr == nil && typ == unix.SOCK_DGRAM && dom == family && s.owns(fd)
 }
 
 // refill asks the helper for sealedBatch sockets of family (one round
@@ -121,9 +135,7 @@ func (s *sealedNet) refill(family int) error {
 		return err
 	}
 	for _, fd := range fds {
-		typ, terr := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
-		dom, derr := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
-		if terr != nil || derr != nil || typ != unix.SOCK_DGRAM || dom != family || !s.owns(fd) {
+		if !s.sealedUDP(fd, family) {
 			closeAll(fds)
 			return errors.New("sealed network helper: its answer is not a UDP socket of the sealed network")
 		}
@@ -144,14 +156,22 @@ func (s *sealedNet) owns(sock int) bool {
 	return err == nil && ino == s.ns.Load()
 }
 
-// socketNetns is the inode of the network namespace sock lives in.
+// socketNetns is the inode of the network namespace sock lives in. sock
+// may be any descriptor the agent passed (connect): only a socket is
+// asked, as another file's driver may read the request as its own.
 func socketNetns(sock int) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(sock, &st); err != nil {
+		return 0, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return 0, unix.ENOTSOCK
+	}
 	nsfd, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(sock), unix.SIOCGSKNS, 0)
 	if errno != 0 {
 		return 0, fmt.Errorf("SIOCGSKNS: %w", errno)
 	}
 	defer unix.Close(int(nsfd))
-	var st unix.Stat_t
 	if err := unix.Fstat(int(nsfd), &st); err != nil {
 		return 0, err
 	}
