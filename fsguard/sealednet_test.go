@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -327,22 +326,7 @@ func TestSealedUDPEscape(t *testing.T) {
 	helper := guardHelper(t)
 	enter := buildSealedEnter(t)
 	dns := listenDNSCapture(t)
-	tcp, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tcp.Close()
-	var accepted atomic.Int32
-	go func() {
-		for {
-			c, err := tcp.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			c.Close()
-		}
-	}()
+	tcp := countingListener(t, "tcp", "127.0.0.1:0")
 	w := newWorktree(t)
 	locked := filepath.Join(w.outside, "locked.txt")
 	if err := os.WriteFile(locked, []byte("locked"), 0o000); err != nil {
@@ -390,7 +374,7 @@ func TestSealedUDPEscape(t *testing.T) {
 			t.Errorf("%s into the machine's network namespace from inside: %q, want Operation not permitted", k, got[k])
 		}
 	}
-	if n := accepted.Load(); n != 0 {
+	if n := tcp.reached(t); n != 0 {
 		t.Errorf("this machine's TCP listener accepted %d connections from inside the sealed network", n)
 	}
 
@@ -590,22 +574,7 @@ func TestSealedUDPFlood(t *testing.T) {
 func TestSealedUDPDup2Race(t *testing.T) {
 	helper := guardHelper(t)
 	dns := listenDNSCapture(t)
-	tcp, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tcp.Close()
-	var accepted atomic.Int32
-	go func() {
-		for {
-			c, err := tcp.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			c.Close()
-		}
-	}()
+	tcp := countingListener(t, "tcp", "127.0.0.1:0")
 	w := newWorktree(t)
 	p := w.policy()
 	p.Capture = netip.MustParseAddrPort(dns.Addr().String())
@@ -619,7 +588,7 @@ func TestSealedUDPDup2Race(t *testing.T) {
 			t.Errorf("connect answered %s", s)
 		}
 	}
-	if n := accepted.Load(); n != 0 {
+	if n := tcp.reached(t); n != 0 {
 		t.Errorf("the machine's listener accepted %d connections", n)
 	}
 	if got := dns.got(); len(got) != 0 {
