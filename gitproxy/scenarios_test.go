@@ -4,10 +4,8 @@ import (
 	"crypto/rand"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -338,32 +336,11 @@ func TestZombiePush(t *testing.T) {
 	mustPush(t, ndir, "origin", "main")
 }
 
-var (
-	fencelineOnce sync.Once
-	fencelineBin  string
-	fencelineErr  error
-)
-
-// buildFenceline builds the fenceline binary once per test run, for the
-// git server's hook.
+// buildFenceline returns the fenceline binary (testutil.FencelineBinary:
+// built once per run), for the git server's hook.
 func buildFenceline(t *testing.T) string {
 	t.Helper()
-	fencelineOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "fenceline-bin-")
-		if err != nil {
-			fencelineErr = err
-			return
-		}
-		fencelineBin = filepath.Join(dir, "fenceline")
-		out, err := exec.Command("go", "build", "-o", fencelineBin, "github.com/fenceline/fenceline/cmd/fenceline").CombinedOutput()
-		if err != nil {
-			fencelineErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if fencelineErr != nil {
-		t.Fatal(fencelineErr)
-	}
-	return fencelineBin
+	return testutil.FencelineBinary(t)
 }
 
 func TestPushOnlyToTheLeasedRepository(t *testing.T) {

@@ -41,6 +41,14 @@ func runAtExit() {
 	}
 }
 
+// Run runs the tests and then what AtExit registered, without Main's leak
+// check, and returns the exit code.
+func Run(m *testing.M) int {
+	code := m.Run()
+	runAtExit()
+	return code
+}
+
 // Main runs the tests, then waits up to 5 s for every goroutine running
 // fenceline or NATS code to end; any that remain are printed and fail the
 // run.

@@ -14,6 +14,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/fenceline/fenceline/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -26,7 +27,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(noLandlockEnv) == "1" && len(os.Args) > 1 {
 		execWithoutLandlock(os.Args[1:])
 	}
-	code := m.Run()
+	code := testutil.Run(m)
 	if flBin != "" {
 		os.RemoveAll(filepath.Dir(flBin)) // the built fenceline, the wrapper, copied CLIs
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/internal/testca"
+	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -65,7 +66,8 @@ func wrapperBin(t *testing.T) string {
 	return dst
 }
 
-// fenceline builds the fenceline command once per test binary.
+// fenceline returns the fenceline command (testutil.FencelineBinary),
+// copied once per test binary into a directory of its own.
 func fenceline(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -76,10 +78,14 @@ func fenceline(t *testing.T) string {
 		}
 		os.Chmod(dir, 0o755)
 		flBin = filepath.Join(dir, "fenceline")
-		cmd := exec.Command("go", "build", "-o", flBin, "./cmd/fenceline")
-		cmd.Dir = filepath.Join("..", "..")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/fenceline: %w\n%s", err, out)
+		// A copy in a directory of its own: the wrapper and the copied
+		// CLIs go beside it, never beside a binary the run shares.
+		b, err := os.ReadFile(testutil.FencelineBinary(t))
+		if err == nil {
+			err = os.WriteFile(flBin, b, 0o755)
+		}
+		if err != nil {
+			buildErr = fmt.Errorf("copy the fenceline binary: %w", err)
 		}
 	})
 	if buildErr != nil {

@@ -32,22 +32,10 @@ import (
 	"github.com/fenceline/fenceline/leasebus"
 )
 
-// BuildBinary builds ./cmd/fenceline of this module into a temporary
-// directory and returns its path.
+// BuildBinary returns the fenceline command, as Binary does.
 func BuildBinary(t testing.TB) string {
 	t.Helper()
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		t.Fatalf("go env GOMOD: %v", err)
-	}
-	root := filepath.Dir(strings.TrimSpace(string(out)))
-	bin := filepath.Join(t.TempDir(), "fenceline")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/fenceline")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/fenceline: %v\n%s", err, out)
-	}
-	return bin
+	return Binary(t)
 }
 
 // Node is one process of the fenceline binary: a cluster node or a lease

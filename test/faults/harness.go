@@ -9,31 +9,21 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fenceline/fenceline/internal/testutil"
 )
 
-// Binary builds cmd/fenceline into a temporary directory of t and returns
-// its path.
+// Binary returns the fenceline command: $FENCELINE_BIN, or cmd/fenceline
+// built once per test binary (testutil.FencelineBinary).
 func Binary(t testing.TB) string {
 	t.Helper()
-	_, here, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("faults: cannot locate the module")
-	}
-	root := filepath.Join(filepath.Dir(here), "..", "..")
-	bin := filepath.Join(t.TempDir(), "fenceline")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/fenceline")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/fenceline: %v\n%s", err, out)
-	}
-	return bin
+	return testutil.FencelineBinary(t)
 }
 
 // FreeAddr returns a 127.0.0.1 address with a port nothing listens on now.
