@@ -1,3 +1,5 @@
+//go:build integration
+
 package leasebus
 
 // The lease bus on a 3-node JetStream cluster (R3 streams), with the node

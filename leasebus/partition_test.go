@@ -1,3 +1,5 @@
+//go:build integration
+
 package leasebus
 
 // A holder whose NATS server is cut off from the lease service's server

@@ -25,7 +25,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"testing"
 	"time"
 
 	"pgregory.net/rapid"
@@ -776,27 +775,5 @@ func (s *pureSim) batch() {
 		s.replica.observe(recordRoundTrip(t, s.st.snapshot()), s.seq, s.now)
 		compareStates(t, "replica after snapshot", s.st, s.replica)
 		s.stats["snapshot"]++
-	}
-}
-
-func TestStateMachineProperties(t *testing.T) {
-	total := map[string]int{}
-	rapid.Check(t, func(rt *rapid.T) {
-		s := newPureSim(rt)
-		for range rapid.IntRange(1, 60).Draw(rt, "batches") {
-			s.batch()
-		}
-		for k, v := range s.stats {
-			total[k] += v
-		}
-	})
-	t.Logf("outcomes over all runs: %v", total)
-	if testing.Short() {
-		return
-	}
-	for _, k := range []string{"grant", "conflict", "renew", "release", "swept", "parked", "served", "wait-expired", "acquire-retry", "renew-retry", "forged", "failed-append", "snapshot"} {
-		if total[k] == 0 {
-			t.Errorf("no run exercised %q", k)
-		}
 	}
 }

@@ -1,3 +1,5 @@
+//go:build integration
+
 package embedded
 
 // Before keepalives were sent again after a quarter of their time (not

@@ -1,0 +1,294 @@
+//go:build integration
+
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/internal/pgtest"
+	"github.com/fenceline/fenceline/leasebus"
+	"golang.org/x/sys/unix"
+)
+
+// TestRunSettlesBeforeRelease: an agent that ignores SIGTERM and has a
+// background child keeps its lease renewed past its ttl after run is
+// cancelled, until every one of its processes is gone; then the lease is
+// released (invariant 6).
+func TestRunSettlesBeforeRelease(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	client, _ := busClient(t, url)
+	co := newCheckout(t, "")
+	script := `trap '' TERM
+(while [ ! -e stop ]; do sleep 0.05; done; echo done > in/child-done) &
+echo started > in/ready
+wait`
+	const ttl = 3 * time.Second
+	r := startRun(t, url, "--checkout", co, "--scope", "in", "--ttl", ttl.String(), "--kill-grace", "1m", "--", "sh", "-c", script)
+	t.Cleanup(func() { os.WriteFile(filepath.Join(co, "stop"), nil, 0o644) }) // before startRun's cleanup waits
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		r.running(t)
+		return exists(filepath.Join(co, "in", "ready"))
+	})
+	id := leaseOf(t, r.errOut.String())
+	r.cancel()
+	canceled := time.Now()
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		r.running(t)
+		l, err := client.Get(context.Background(), id)
+		if err != nil {
+			return err
+		}
+		if !l.Active() {
+			t.Fatalf("lease %s is %s (%s) while the agent's processes live", id, l.Status, l.Reason)
+		}
+		if !l.RenewedAt.After(canceled.Add(ttl)) {
+			return fmt.Errorf("last renewed %s, cancelled %s", l.RenewedAt.Format(time.StampMilli), canceled.Format(time.StampMilli))
+		}
+		return nil
+	})
+	mustContain(t, "run stderr", r.errOut.String(), "stopping: SIGTERM to the agent's processes")
+
+	if err := os.WriteFile(filepath.Join(co, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t); code != 0 {
+		t.Fatalf("run exited %d, want the agent's 0\n%s", code, r.errOut)
+	}
+	releasedAfterChild(t, client, id, co)
+	mustContain(t, "run stderr", r.errOut.String(), "lease "+id+" released")
+}
+
+// TestRunnerKilledLeaseReclaimed: a runner killed with SIGKILL cannot
+// release its lease, and its lease's TTL is the default 5 minutes: the
+// lease service reclaims it once the runner's session has sent no
+// keepalive for its grace — within 15 s — with an audit event naming the
+// session, and the next lease's fence is higher. The agent it leaves
+// behind writes nothing from the moment its runner died: the kernel guard
+// fails its writes closed without its supervisor.
+func TestRunnerKilledLeaseReclaimed(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	client, nc := busClient(t, url)
+	co := newCheckout(t, "")
+	cmd, logPath := startRunnerProcess(t, "--nats", url, "run", "--checkout", co, "--scope", "in", "--",
+		"sh", "-c", `echo $$ > in/agent.pid; while [ ! -e stop ]; do if (echo x >> in/ticks) 2>/dev/null; then echo write=ok; else echo write=refused; fi; sleep 0.05; done`)
+	var agent int
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		os.WriteFile(filepath.Join(co, "stop"), nil, 0o644)
+		if agent > 0 {
+			unix.Kill(-agent, unix.SIGKILL)
+			// After the runner died this process may have adopted the
+			// agent (it is a subreaper once it ran a guarded attempt).
+			checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+				if pid, err := unix.Wait4(agent, nil, unix.WNOHANG, nil); pid == 0 && err == nil {
+					return errors.New("the agent has not exited")
+				}
+				return nil
+			})
+		}
+	})
+	var id string
+	var fence uint64
+	checkFor(t, 15*time.Second, 10*time.Millisecond, func() error {
+		b, _ := os.ReadFile(filepath.Join(co, "in", "agent.pid"))
+		if _, err := fmt.Sscan(string(b), &agent); err != nil {
+			log, _ := os.ReadFile(logPath)
+			if cmd.ProcessState != nil {
+				t.Fatalf("runner ended:\n%s", log)
+			}
+			return fmt.Errorf("agent not started: %s", log)
+		}
+		log, _ := os.ReadFile(logPath)
+		m := leaseIDRE.FindSubmatch(log)
+		if m == nil || !strings.Contains(string(log), "write=ok") {
+			return errors.New("no lease announced, or no write yet")
+		}
+		id = string(m[1])
+		l, err := client.Get(context.Background(), id)
+		if err != nil {
+			return err
+		}
+		fence = l.Fence
+		return nil
+	})
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	killed := time.Now()
+	log, _ := os.ReadFile(logPath)
+	mark := len(log)
+	next, err := client.Acquire(context.Background(), leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "in"), WorkspaceID: "checkout",
+		Owner: leasebus.Owner{TaskID: "next", AgentID: "next", AttemptID: "next"}, Wait: leasebus.Duration(time.Minute)}, leasebus.NewCredential())
+	if err != nil {
+		t.Fatalf("the killed runner's scope: %v", err)
+	}
+	took := time.Since(killed)
+	t.Logf("scope back %v after the runner was killed (ttl 5m)", took)
+	if took > 15*time.Second {
+		t.Errorf("scope back %v after the runner was killed: want within 15 s", took)
+	}
+	if next.Fence <= fence {
+		t.Errorf("next fence %d, not above the killed runner's %d", next.Fence, fence)
+	}
+	if l, err := client.Get(context.Background(), id); err != nil || l.Status != leasebus.StatusReclaimed {
+		t.Fatalf("lease %s: %v %v, want reclaimed", id, l, err)
+	}
+	checkFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+		evs, err := leasebus.ReadAudit(context.Background(), nc, co, 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Type == leasebus.EventReclaimed && ev.LeaseID == id && ev.Reason == "session-lost" {
+				return nil
+			}
+		}
+		return fmt.Errorf("no reclaimed (session-lost) event for %s among %d", id, len(evs))
+	})
+	// The orphaned agent tried to write all along: each try since its
+	// runner died was refused.
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		log, _ := os.ReadFile(logPath)
+		if !strings.Contains(string(log[mark:]), "write=refused") {
+			return errors.New("no write tried since the kill")
+		}
+		return nil
+	})
+	log, _ = os.ReadFile(logPath)
+	if after := string(log[mark:]); strings.Contains(after, "write=ok") {
+		t.Errorf("the agent wrote after its runner was killed:\n%s", after)
+	}
+}
+
+// TestRunInteractiveAgent: run started on a terminal hands it to the
+// agent: an interactive agent reads its input (instead of stopping on
+// SIGTTIN in a background process group) and gets the terminal's Ctrl-C.
+func TestRunInteractiveAgent(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "")
+	master, slave := openPty(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "--nats", url, "run", "--checkout", co, "--", "sh", "-c", `read x; echo "got $x"; sleep 100`)
+	cmd.Env = append(os.Environ(), runAsCLIEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0} // the terminal's foreground group
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	var out syncBuffer
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		io.Copy(&out, master) // ends with EIO once no process has the terminal
+	}()
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		master.Close()
+		<-copied
+	})
+	if _, err := master.Write([]byte("hello\n")); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if !strings.Contains(out.String(), "got hello") {
+			return fmt.Errorf("the agent has not read its terminal:\n%s", out.String())
+		}
+		return nil
+	})
+	// Ctrl-C, again while the agent lives: one typed while its shell
+	// forks sleep can be lost, as in any terminal. Had it reached run
+	// rather than the agent, run would have sent SIGTERM (exit 143).
+	checkFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		select {
+		case <-exited:
+			return nil
+		default:
+		}
+		if _, err := master.Write([]byte{3}); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Errorf("Ctrl-C did not end the agent:\n%s", out.String())
+	})
+	if code := cmd.ProcessState.ExitCode(); code != 128+int(syscall.SIGINT) {
+		t.Fatalf("run exited %d, want %d (the agent's SIGINT)\n%s", code, 128+int(syscall.SIGINT), out.String())
+	}
+	<-copied
+	mustContain(t, "terminal", out.String(), "released (the agent exited 130")
+}
+
+// TestRunReadsGoOnAfterRevoke is finding 8 of issue 17 end to end: after
+// a revoke, "cat f >/dev/null", git status and psql through the Postgres
+// fence keep working, and so does the private temp dir, while every write
+// to the workspace is refused.
+func TestRunReadsGoOnAfterRevoke(t *testing.T) {
+	isolate(t)
+	ctx := context.Background()
+	pg, err := pgtest.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Stop() })
+	t.Setenv("PGUSER", pg.Admin)
+	t.Setenv("PGDATABASE", "postgres")
+	url := startBus(t)
+	co := newCheckout(t, "")
+	r := startRun(t, url, "--checkout", co, "--scope", "in", "--pg-upstream", pg.Addr(), "--", "sh", "-c", readsProbe)
+	const allOK = "cat=ok git=ok psql=ok tmp=ok"
+	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		r.running(t)
+		if !strings.Contains(r.out.String(), "write=ok "+allOK) {
+			return errors.New("no full round under the live lease yet")
+		}
+		return nil
+	})
+	id := leaseOf(t, r.errOut.String())
+	mark := revokeAndSeeRefused(t, url, id, r.out, filepath.Join(co, "in", "probe"))
+	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		after := r.out.String()[mark:]
+		first := strings.Index(after, "write=refused")
+		if n := strings.Count(after[first:], "\n"); n < 3 {
+			return fmt.Errorf("%d rounds since the first refusal", n)
+		}
+		return nil
+	})
+	after := r.out.String()[mark:]
+	rest := after[strings.Index(after, "write=refused"):]
+	lines := strings.Split(strings.TrimSpace(rest), "\n")
+	for _, l := range lines[1:] { // the first may have begun before the revoke
+		if !strings.Contains(l, "write=refused") || !strings.HasSuffix(l, allOK) {
+			t.Errorf("after the revoke: %q; want the write refused and %s", l, allOK)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(co, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t); code != 0 {
+		t.Fatalf("run exited %d, want the agent's 0\n%s", code, r.errOut)
+	}
+}
