@@ -11,7 +11,6 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
-	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -34,31 +33,6 @@ func mustRefuse(t *testing.T, dir, want string, args ...string) string {
 		t.Fatalf("git push %s output lacks %q:\n%s", strings.Join(args, " "), want, out)
 	}
 	return out
-}
-
-func TestDeleteAndForcePushPolicy(t *testing.T) {
-	e := newEnv(t)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
-	dir := e.clone(e.proxy(l).URL)
-	mustPush(t, dir, "origin", "main:refs/heads/topic")
-
-	mustRefuse(t, dir, "deleting refs/heads/topic is not allowed for path lease", "origin", "--delete", "topic")
-	if e.upstreamRef("refs/heads/topic") == "" {
-		t.Fatal("refused delete removed the branch")
-	}
-	e.commit(dir, "one", "services/billing/a.go", "a\n")
-	mustPush(t, dir, "origin", "main")
-	mustGit(t, dir, "commit", "--quiet", "--amend", "-m", "rewritten")
-	mustRefuse(t, dir, "non-fast-forward update of refs/heads/main is not allowed for path lease", "origin", "+main")
-
-	// The policy can allow both for path leases.
-	dir2 := e.clone(e.proxy(l, func(c *Config) { c.Policy = Policy{AllowForcePush: true, AllowRefDelete: true} }).URL)
-	mustPush(t, dir2, "origin", "--delete", "topic")
-	if e.upstreamRef("refs/heads/topic") != "" {
-		t.Fatal("allowed delete did not land")
-	}
-	mustGit(t, dir2, "commit", "--quiet", "--amend", "-m", "rewritten")
-	mustPush(t, dir2, "origin", "+main")
 }
 
 func TestAtomicAndMultiRefPushGoAsAWhole(t *testing.T) {
@@ -85,46 +59,6 @@ func TestAtomicAndMultiRefPushGoAsAWhole(t *testing.T) {
 	mustPush(t, dir, "--atomic", "origin", "good")
 	if e.upstreamRef("refs/heads/good") != good {
 		t.Fatal("good ref did not land")
-	}
-}
-
-func TestPushOptionsAndFenceReachUpstream(t *testing.T) {
-	e := newEnv(t)
-	// A hook upstream writes the push options it sees.
-	seen := filepath.Join(t.TempDir(), "options")
-	hook := fmt.Sprintf("#!/bin/sh\ni=0\nwhile [ $i -lt ${GIT_PUSH_OPTION_COUNT:-0} ]; do eval echo \\$GIT_PUSH_OPTION_$i >> %s; i=$((i+1)); done\ncat >/dev/null\n", seen)
-	writeHook(t, e.bare, "pre-receive", hook)
-	var err error
-	if e.hookKey, err = GenerateHookKey(); err != nil {
-		t.Fatal(err)
-	}
-	// Registered with the lease service, so the lease comes with a git
-	// grant key for the proxy to sign with.
-	if err := leasebus.WriteFenceSecret(e.bus.FenceSecrets, testRepo, lease.StorageGit, e.hookKey); err != nil {
-		t.Fatal(err)
-	}
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
-	dir := e.clone(e.proxy(l).URL)
-	e.commit(dir, "x", "services/billing/x.go", "x\n")
-	mustPush(t, dir, "-o", "ci.skip", "-o", "reviewer=alice", "origin", "main")
-	data, err := os.ReadFile(seen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := string(data)
-	for _, want := range []string{"ci.skip\n", "reviewer=alice\n", OptionLease + "=" + l.Record.LeaseID + "\n",
-		fmt.Sprintf("%s=%d\n", OptionFence, l.Record.Fence), OptionRepo + "=" + testRepo + "\n", OptionClaim + "=", OptionMAC + "=" + MACVersion + ":"} {
-		if !strings.Contains(got, want) {
-			t.Errorf("upstream push options lack %q:\n%s", want, got)
-		}
-	}
-	// Without client options, the fence still travels as options.
-	os.Remove(seen)
-	e.commit(dir, "y", "services/billing/y.go", "y\n")
-	mustPush(t, dir, "origin", "main")
-	data, _ = os.ReadFile(seen)
-	if !strings.Contains(string(data), OptionLease+"="+l.Record.LeaseID) {
-		t.Fatalf("fence options missing without client options:\n%s", data)
 	}
 }
 
@@ -288,21 +222,4 @@ func TestPushOnlyToTheLeasedRepository(t *testing.T) {
 		t.Fatalf("push to another repository landed: %s", out)
 	}
 	mustPush(t, dir, "origin", "main")
-}
-
-// TestFastForwardToAnUpstreamCommit: moving a ref to a commit the upstream
-// already has sends no new commits. The proxy, which has none of the
-// upstream's objects yet, must fetch its mirror to read the new tip and the
-// old value, and then let the fast-forward through.
-func TestFastForwardToAnUpstreamCommit(t *testing.T) {
-	e := newEnv(t)
-	seed := e.clone(e.gs.srv.URL)
-	e.commit(seed, "topic", "services/billing/topic.go", "t\n")
-	mustGit(t, seed, "push", "--quiet", "origin", "HEAD:refs/heads/topic")
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
-	dir := e.clone(e.proxy(l).URL) // a fresh proxy: empty mirror, no local objects
-	mustPush(t, dir, "origin", "origin/topic:refs/heads/main")
-	if e.upstreamRef("refs/heads/main") != e.upstreamRef("refs/heads/topic") {
-		t.Fatal("fast-forward did not land")
-	}
 }

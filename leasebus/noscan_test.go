@@ -8,7 +8,6 @@ package leasebus
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http/httptest"
 	"strings"
@@ -147,45 +146,6 @@ func writeOldLease(t *testing.T, ctx context.Context, nc *nats.Conn, repo string
 		t.Fatal(err)
 	}
 	return &e.Lease
-}
-
-// TestDiscoverOldFormID: a lease whose id names no repo (written before
-// ids did) is still found and released by id on an instance that has not
-// loaded it; made-up ids of that form, asked for at once, share a few
-// scans rather than one each.
-func TestDiscoverOldFormID(t *testing.T) {
-	b := startBus(t)
-	manyRepos(t, b, 50, time.Minute)
-	cred := NewCredential()
-	old := writeOldLease(t, ctxT(t), b.nc, "github.com/acme/old", cred)
-	b.svc.Stop()
-	_, m, _ := startHeld(t, b)
-	ctx := ctxT(t)
-
-	got, err := b.c.Get(ctx, old.LeaseID)
-	if err != nil || !got.Active() || got.Fence != old.Fence {
-		t.Fatalf("get of an old-form id: %+v %v", got, err)
-	}
-	rel, err := b.c.Release(ctx, old.LeaseID, cred)
-	if err != nil || rel.Status != StatusReleased {
-		t.Fatalf("release of an old-form id: %+v %v", rel, err)
-	}
-	scans := metric(t, m, "fenceline_bus_id_scans_total")
-	var wg sync.WaitGroup
-	const asks = 20
-	for range asks {
-		wg.Go(func() {
-			if _, err := b.c.Get(ctx, newID("lease_", time.Now())); !errors.Is(err, ErrNotFound) {
-				t.Errorf("get of a made-up old-form id: %v, want not found", err)
-			}
-		})
-	}
-	wg.Wait()
-	more := metric(t, m, "fenceline_bus_id_scans_total") - scans
-	t.Logf("%d gets of made-up old-form ids at once: %v scans", asks, more)
-	if more > 3 {
-		t.Fatalf("%d gets of made-up old-form ids at once made %v scans of every log, want them to share a few", asks, more)
-	}
 }
 
 // BenchmarkRestartFirstAnswer: a lease service starting on a bus of 1,000

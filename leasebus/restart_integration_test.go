@@ -4,6 +4,7 @@ package leasebus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -103,4 +104,92 @@ func TestRestartSweepsLeasesOfDeadHolders(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+func TestRestartKeepsAcknowledgedState(t *testing.T) {
+	for _, how := range []string{restartClean, restartCrash, restartCopy} {
+		t.Run(how, func(t *testing.T) {
+			b := startBus(t)
+			ctx := ctxT(t)
+			repos := []string{"github.com/acme/restart-1", "github.com/acme/restart-2"}
+			var active, released []ackedLease
+			maxFence := map[string]uint64{}
+			for i := range 12 {
+				repo := repos[i%2]
+				cred := NewCredential()
+				l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, fmt.Sprintf("p%d", i)), Owner: owner(i), TTL: Duration(time.Minute)}, cred)
+				if err != nil {
+					t.Fatal(err)
+				}
+				maxFence[repo] = max(maxFence[repo], l.Fence)
+				switch i % 3 {
+				case 0: // renewed twice
+					for range 2 {
+						if l, err = b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version}); err != nil {
+							t.Fatal(err)
+						}
+					}
+					active = append(active, ackedLease{l, cred})
+				case 1:
+					if l, err = b.c.Release(ctx, l.LeaseID, cred); err != nil {
+						t.Fatal(err)
+					}
+					released = append(released, ackedLease{l, cred})
+				default:
+					active = append(active, ackedLease{l, cred})
+				}
+			}
+
+			b.restart(how)
+
+			for _, a := range active {
+				got, err := b.c.Get(ctx, a.l.LeaseID)
+				if err != nil {
+					t.Fatalf("acknowledged lease %s lost in the restart: %v", a.l.LeaseID, err)
+				}
+				if !got.Active() || got.Fence != a.l.Fence || got.Version != a.l.Version || got.Scope.String() != a.l.Scope.String() || got.Owner != a.l.Owner {
+					t.Fatalf("after restart %s is %+v, acknowledged %+v", a.l.LeaseID, got, a.l)
+				}
+			}
+			for _, r := range released {
+				got, err := b.c.Get(ctx, r.l.LeaseID)
+				if err != nil || got.Status != StatusReleased || got.Version != r.l.Version {
+					t.Fatalf("released lease %s after restart: %+v %v", r.l.LeaseID, got, err)
+				}
+				// Releasing again stays idempotent for the owner, and
+				// forged calls stay refused.
+				if got, err := b.c.Release(ctx, r.l.LeaseID, r.cred); err != nil || got.Status != StatusReleased {
+					t.Fatalf("repeated release after restart: %+v %v", got, err)
+				}
+				if _, err := b.c.Release(ctx, r.l.LeaseID, NewCredential()); !errors.Is(err, ErrNotOwner) {
+					t.Fatalf("forged release after restart: %v", err)
+				}
+			}
+			// Owners keep renewing with compare-and-swap on the version
+			// they had; the claims are still held.
+			for _, a := range active {
+				if _, err := b.c.Renew(ctx, RenewRequest{LeaseID: a.l.LeaseID, Credential: a.cred, Version: a.l.Version + 1}); !errors.Is(err, ErrLeaseLost) {
+					t.Fatalf("stale renew after restart: %v", err)
+				}
+				got, err := b.c.Renew(ctx, RenewRequest{LeaseID: a.l.LeaseID, Credential: a.cred, Version: a.l.Version})
+				if err != nil || got.Version != a.l.Version+1 {
+					t.Fatalf("owner renew after restart: %+v %v", got, err)
+				}
+				_, err = b.c.Acquire(ctx, AcquireRequest{Repo: a.l.Repo, Scope: a.l.Scope, Owner: owner(99), TTL: Duration(time.Minute)}, NewCredential())
+				if !errors.Is(err, ErrConflict) {
+					t.Fatalf("claim of %s granted again after restart: %v", a.l.LeaseID, err)
+				}
+			}
+			// Fences continue above every fence issued before.
+			for _, repo := range repos {
+				l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "after-restart"), Owner: owner(100), TTL: Duration(time.Minute)}, NewCredential())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if l.Fence != maxFence[repo]+1 {
+					t.Fatalf("first fence after restart in %s is %d, want %d", repo, l.Fence, maxFence[repo]+1)
+				}
+			}
+		})
+	}
 }

@@ -280,12 +280,6 @@ func testStorageFenceSessionMark(t *testing.T, f *fenceDB) {
 	}
 }
 
-// TestEpochRaiseWaitsForOlderWriters: a newer lease's first write to a table
-// waits until every open transaction that wrote it under an older fence has
-// ended, then raises the epoch; from then on the older fence is refused,
-// under every isolation level.
-func TestEpochRaiseWaitsForOlderWriters(t *testing.T) { forEachTrigger(t, testEpochRaise) }
-
 func testEpochRaise(t *testing.T, f *fenceDB) {
 	for _, iso := range []string{"read committed", "repeatable read", "serializable"} {
 		t.Run(strings.ReplaceAll(iso, " ", "_"), func(t *testing.T) {

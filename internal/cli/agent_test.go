@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -175,36 +174,6 @@ func TestAgentRootIsCheckout(t *testing.T) {
 	mustContain(t, "agent stderr", u.stderr, "--root is the old name of --checkout, and they differ")
 }
 
-// TestSidecarLeavesLeaseWithoutSettle: a wrapper is connected but never
-// reports its attempt settled: on SIGTERM the sidecar waits
-// --settle-timeout, then leaves the lease to expire instead of releasing
-// it under processes that may still write.
-func TestSidecarLeavesLeaseWithoutSettle(t *testing.T) {
-	isolate(t)
-	url := startBus(t)
-	gs, _ := seededGitServer(t)
-	sc := startSidecar(t, url, "--repo", testRepo, "--scope", "in", "--settle-timeout", "300ms",
-		"--git-upstream", gs.URL+"/payments.git", "--state-dir", t.TempDir())
-	id := leaseOfSidecar(t, sc.out.String())
-	// A wrapper's stream (a real SSE client), left open.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, sc.admin+"/api/v1/lease/events", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc.cancel()
-	if code := sc.wait(t); code != 0 {
-		t.Fatalf("sidecar exited %d\n%s", code, sc.errOut)
-	}
-	mustContain(t, "sidecar stdout", sc.out.String(), "lease "+id+" NOT released (no settle report from the agent wrapper within --settle-timeout 300ms)")
-	if l := listJSON(t, url, "--repo", testRepo); len(l) != 1 || l[0].LeaseID != id {
-		t.Fatalf("active leases %+v, want %s left to expire", l, id)
-	}
-}
-
 // leaseOfSidecar is the lease id a sidecar announced.
 func leaseOfSidecar(t *testing.T, stdout string) string {
 	t.Helper()
@@ -214,84 +183,4 @@ func leaseOfSidecar(t *testing.T, stdout string) string {
 	}
 	id, _, _ := strings.Cut(rest, " ")
 	return id
-}
-
-// TestAgentOperatorShell: an operator's shell beside the agent ("fenceline
-// agent --operator", what kubectl exec should run) is guarded like the
-// agent, and its exit is no settle report: the sidecar still waits for the
-// agent's own (the first report releases the lease on SIGTERM). Its one
-// refused write is logged once, in JSON without a key twice.
-func TestAgentOperatorShell(t *testing.T) {
-	isolate(t)
-	url := startBus(t)
-	gs, _ := seededGitServer(t)
-	co := newCheckout(t, "")
-	sc := startSidecar(t, url, "--repo", testRepo, "--scope", "in", "--git-upstream", gs.URL+"/payments.git", "--state-dir", t.TempDir())
-	id := leaseOfSidecar(t, sc.out.String())
-	agent := startAgent(t, "--sidecar", sc.admin, "--checkout", co, "--", "sh", "-c", "echo up > in/agent-up; while [ ! -e stop ]; do sleep 0.05; done")
-	t.Cleanup(func() { os.WriteFile(filepath.Join(co, "stop"), nil, 0o644) })
-	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		agent.running(t)
-		return exists(filepath.Join(co, "in", "agent-up"))
-	})
-
-	op := startAgent(t, "--operator", "--log-format", "json", "--sidecar", sc.admin, "--checkout", co, "--",
-		"sh", "-c", "echo ok > in/operator; echo bad > out/operator")
-	if code := op.wait(t); code == 0 {
-		t.Fatalf("the operator's shell exited 0: its out-of-scope write was not refused\n%s", op.errOut)
-	}
-	if err := exists(filepath.Join(co, "in", "operator")); err != nil {
-		t.Errorf("the operator's in-scope write: %v", err)
-	}
-	if exists(filepath.Join(co, "out", "operator")) == nil {
-		t.Error("the operator's out-of-scope write landed")
-	}
-	mustContain(t, "operator stderr", op.errOut.String(), "no settle report")
-	code, body := testutil.HTTPGet(t, sc.admin+"/api/v1/lease", "")
-	if code != http.StatusOK || strings.Contains(body, `"settled":true`) {
-		t.Fatalf("after the operator's shell ended the sidecar says %d %s: want the attempt not settled", code, body)
-	}
-
-	// Revoked, the operator's in-scope write is refused by the guard's
-	// gate (Landlock refused the other one silently): logged once.
-	fl(t, "--nats", url, "lease", "revoke", id, "--reason", "runaway agent").want(t, ExitOK)
-	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if code, body := testutil.HTTPGet(t, sc.admin+"/readyz", ""); code != http.StatusServiceUnavailable {
-			return fmt.Errorf("readyz %d %s after the revoke", code, body)
-		}
-		return nil
-	})
-	op = startAgent(t, "--operator", "--log-format", "json", "--sidecar", sc.admin, "--checkout", co, "--",
-		"sh", "-c", "echo late > in/operator-late")
-	if code := op.wait(t); code == 0 {
-		t.Fatalf("the operator's shell wrote after the revoke\n%s", op.errOut)
-	}
-	var denials int
-	for _, l := range strings.Split(strings.TrimSpace(op.errOut.String()), "\n") {
-		if !strings.HasPrefix(l, "{") {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("log line %q: %v", l, err)
-		}
-		if m["msg"] == "file write denied" {
-			denials++
-		}
-		for _, k := range []string{`"msg":`, `"lease":`, `"fence":`} {
-			if strings.Count(l, k) > 1 {
-				t.Errorf("%s twice in %s", k, l)
-			}
-		}
-	}
-	if denials != 1 {
-		t.Errorf("%d log lines for the one refused write, want 1:\n%s", denials, op.errOut)
-	}
-
-	agent.cancel() // the kubelet's SIGTERM
-	agent.wait(t)
-	mustContain(t, "agent stderr", agent.errOut.String(), "attempt settled and reported to the sidecar")
-	if _, body := testutil.HTTPGet(t, sc.admin+"/api/v1/lease", ""); !strings.Contains(body, `"settled":true`) {
-		t.Errorf("after the agent settled the sidecar says %s", body)
-	}
 }

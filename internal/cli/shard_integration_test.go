@@ -278,3 +278,149 @@ rmdir ` + m + `/$sh.x`
 		t.Errorf("%d attempts recorded, want %d", len(v.Attempts), len(claims))
 	}
 }
+
+// TestShardExclusiveTakesEmptyShard: an exclusive run goes to an empty
+// shard beside a path lease, writes everything there and commits; its
+// commit is kept as a ref and the shard is clean after it.
+func TestShardExclusiveTakesEmptyShard(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newPool(t, url, 2, 0)
+	ctl := newCtl(t)
+	shared := startRun(t, url, "--checkout", co, "--scope", "in", "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("s", ""))
+	ctl.awaitReady(t, shared, "s")
+	script := `echo x > out/new && echo y > top && git add -A && git -c user.name=a -c user.email=a@a commit -qm excl && echo committed`
+	r := runFL(t, url, "--checkout", co, "--", "sh", "-c", script).want(t, ExitOK)
+	att, sh := placed(t, r.stderr)
+	if _, s1 := placed(t, shared.errOut.String()); s1 != "shard-1" || sh != "shard-2" {
+		t.Fatalf("shared in %s, exclusive in %s; want shard-1 and shard-2", s1, sh)
+	}
+	mustContain(t, "exclusive run", r.stdout, "committed")
+	mustContain(t, "exclusive run", r.stderr, "created (a repository of its own", "shard-2 cleaned for the next attempt", "refs/fenceline/attempts/"+att)
+	if out := mustGitRun(t, co, nil, "log", "-1", "--format=%s", "refs/fenceline/attempts/"+att); strings.TrimSpace(out) != "excl" {
+		t.Errorf("kept ref: %q", out)
+	}
+	v := poolJSON(t, url, co)
+	if v.Shards[1].State != shard.StateClean {
+		t.Errorf("shard-2 after the exclusive attempt: %s, want clean", v.Shards[1].State)
+	}
+	for _, f := range []string{"top", "out/new"} {
+		if exists(filepath.Join(v.Shards[1].Path, f)) == nil {
+			t.Errorf("%s left in shard-2", f)
+		}
+	}
+	ctl.stop(t, "s")
+	shared.wait(t)
+}
+
+// TestShardCleanupBetweenAttempts: the next exclusive attempt sees no
+// leftovers of the previous one, nor of a path lease before it; their
+// work is kept as refs/fenceline/attempts/..., each cleaning audited.
+func TestShardCleanupBetweenAttempts(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newPool(t, url, 1, 0)
+	base := strings.TrimSpace(mustGitRun(t, co, nil, "rev-parse", "HEAD"))
+	dirty := `echo junk > junk; echo edit >> README.md; mkdir -p build; echo o > build/x.o
+git -c user.name=a -c user.email=a@a commit -qm c1 --allow-empty; echo more > later`
+	r1 := runFL(t, url, "--checkout", co, "--", "sh", "-c", dirty).want(t, ExitOK)
+	att1, _ := placed(t, r1.stderr)
+	look := `git status --porcelain --ignored; ls; git rev-parse HEAD`
+	r2 := runFL(t, url, "--checkout", co, "--", "sh", "-c", look).want(t, ExitOK)
+	if got, want := strings.Fields(r2.stdout), []string{"README.md", "in", "out", base}; strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("the second attempt sees %v, want a clean shard: %v", got, want)
+	}
+	if out := mustGitRun(t, co, nil, "show", "refs/fenceline/attempts/"+att1+"-worktree:later"); strings.TrimSpace(out) != "more" {
+		t.Errorf("kept worktree of %s: %q", att1, out)
+	}
+	if out := mustGitRun(t, co, nil, "log", "-1", "--format=%s", "refs/fenceline/attempts/"+att1); strings.TrimSpace(out) != "c1" {
+		t.Errorf("kept commit of %s: %q", att1, out)
+	}
+	// A path lease leaves its claim for the coordinator; the next
+	// exclusive attempt cleans the shard first, keeping it.
+	r3 := runFL(t, url, "--checkout", co, "--scope", "in", "--", "sh", "-c", "echo draft > in/draft").want(t, ExitOK)
+	att3, _ := placed(t, r3.stderr)
+	mustContain(t, "path lease", r3.stderr, "stay as they are for the coordinator")
+	r4 := runFL(t, url, "--checkout", co, "--", "sh", "-c", "ls in").want(t, ExitOK)
+	mustContain(t, "exclusive after a path lease", r4.stderr, "cleaned first", "refs/fenceline/attempts/"+att3+"-worktree")
+	if strings.Contains(r4.stdout, "draft") {
+		t.Errorf("the exclusive attempt sees the path lease's draft: %s", r4.stdout)
+	}
+	awaitShardEvent(t, url, co, func(ev leasebus.AuditEvent) bool {
+		return ev.Type == shard.EventCleaned && strings.Contains(ev.Message, "refs/fenceline/attempts/"+att3+"-worktree")
+	})
+}
+
+// TestShardExhaustionWait: with the one shard busy, a run without --wait
+// exits 3 at once naming the pool size and the holder; one with --wait
+// queues and runs once the shard is free.
+func TestShardExhaustionWait(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newPool(t, url, 1, 0)
+	ctl := newCtl(t)
+	first := startRun(t, url, "--checkout", co, "--agent", "first-agent", "--allow-write", string(ctl), "--", "sh", "-c", ctl.waiter("a", ""))
+	ctl.awaitReady(t, first, "a")
+	start := time.Now()
+	r := runFL(t, url, "--checkout", co, "--", "touch", "ran").want(t, ExitConflict)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("fail-fast took %s", took)
+	}
+	mustContain(t, "fail-fast", r.stderr, "pool size 1", "shard-1:", leaseOf(t, first.errOut.String()), "first-agent", "expires ")
+	waiting := startRun(t, url, "--checkout", co, "--wait", "30s", "--", "sh", "-c", "echo ran")
+	awaitWaiting(t, waiting)
+	if strings.Contains(waiting.errOut.String(), "acquired") {
+		t.Fatalf("the waiting run got a lease while the shard was busy:\n%s", waiting.errOut)
+	}
+	ctl.stop(t, "a")
+	first.wait(t)
+	if code := waiting.wait(t); code != 0 {
+		t.Fatalf("waiting run exited %d\n%s", code, waiting.errOut)
+	}
+	mustContain(t, "waiting run", waiting.out.String(), "ran")
+	mustContain(t, "waiting run", waiting.errOut.String(), "in shard-1 (exclusive, ready)")
+	grantedAfter(t, url, leaseOf(t, first.errOut.String()), leaseOf(t, waiting.errOut.String()))
+}
+
+// TestShardCancelSettlesFirst: SIGTERM to run (its context cancelled)
+// stops the agent; while its processes live the attempt stays running and
+// the lease active; once they are gone the attempt is settled cancelled,
+// before the lease is released.
+func TestShardCancelSettlesFirst(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	client, _ := busClient(t, url)
+	co := newPool(t, url, 1, 0)
+	ctl := newCtl(t)
+	script := `trap '' TERM
+(while [ ! -e ` + ctl.path("stop-a") + ` ]; do sleep 0.02; done) &
+touch ` + ctl.path("ready-a") + `
+wait`
+	r := startRun(t, url, "--checkout", co, "--kill-grace", "1m", "--allow-write", string(ctl), "--", "sh", "-c", script)
+	ctl.awaitReady(t, r, "a")
+	att, _ := placed(t, r.errOut.String())
+	id := leaseOf(t, r.errOut.String())
+	r.cancel()
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if !strings.Contains(r.errOut.String(), "stopping: SIGTERM") {
+			return errors.New("not stopping yet")
+		}
+		return nil
+	})
+	if a := attemptIn(poolJSON(t, url, co), att); a == nil || a.Status != shard.StatusRunning {
+		t.Fatalf("attempt while its processes live: %+v, want running", a)
+	}
+	if l, err := client.Get(context.Background(), id); err != nil || !l.Active() {
+		t.Fatalf("lease while the agent's processes live: %+v, %v", l, err)
+	}
+	ctl.stop(t, "a")
+	r.wait(t)
+	a := attemptIn(poolJSON(t, url, co), att)
+	l, err := client.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a == nil || a.Status != shard.StatusCancelled || a.SettledAt.IsZero() || l.Status != leasebus.StatusReleased || l.EndedAt.Before(a.SettledAt) {
+		t.Fatalf("attempt %+v, lease %s ended %s: want cancelled, settled before the release", a, l.Status, l.EndedAt)
+	}
+}
