@@ -35,7 +35,7 @@ echo "== $(test/agents/node_modules/.bin/codex --version 2>/dev/null), claude $(
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-go test -count=1 -v -timeout 15m -run "^($run)\$" ./test/agents >"$log" 2>&1 || status=$?
+go test -tags integration -count=1 -v -timeout 15m -run "^($run)\$" ./test/agents >"$log" 2>&1 || status=$?
 grep -a '^AGENT-E2E ' "$log" | sed 's/^AGENT-E2E //' || true
 grep -a -E '^(--- (PASS|FAIL|SKIP)|.*SKIPPING REAL-AGENT TEST)' "$log" || true
 if [ "$status" -ne 0 ]; then

@@ -34,7 +34,7 @@
 #
 # Every process listens on 127.0.0.1 and is killed by the test when it ends.
 # The CI form is the same test with 1 round:
-#   go test -run TestClusterAuditThroughFaults ./test/faults
+#   go test -tags integration -run TestClusterAuditThroughFaults ./test/faults
 set -euo pipefail
 
 rounds=${FENCELINE_FAULTS_CLUSTER_ROUNDS:-5}
@@ -55,7 +55,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # Build once: the test binary, and the fenceline binary every run uses.
-(cd "$root" && go build -o "$work/fenceline" ./cmd/fenceline && go test -c -o "$work/faults.test" ./test/faults)
+(cd "$root" && go build -o "$work/fenceline" ./cmd/fenceline && go test -tags integration -c -o "$work/faults.test" ./test/faults)
 
 # Each run may take about a minute to start plus up to two minutes a round.
 timeout=$(( 180 + 150 * rounds ))s

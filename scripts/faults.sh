@@ -23,7 +23,7 @@
 # ROUNDS (default $FENCELINE_FAULTS_ROUNDS or 20) faults per run; RUNS
 # (default 1) runs one after another. Exits non-zero if any run failed. The
 # CI form is the same test with 2 rounds:
-#   go test -run TestSingleBusKillRestartRevoke ./test/faults
+#   go test -tags integration -run TestSingleBusKillRestartRevoke ./test/faults
 set -euo pipefail
 
 rounds=${FENCELINE_FAULTS_ROUNDS:-20}
@@ -42,7 +42,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # Build first, so no compile runs beside a fault.
-(cd "$root" && go test -c -o "$work/faults.test" ./test/faults)
+(cd "$root" && go test -tags integration -c -o "$work/faults.test" ./test/faults)
 
 timeout=$((rounds * 40 + 180))s
 failed=0
