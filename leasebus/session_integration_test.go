@@ -16,8 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/nats-io/nats.go"
+
+	"github.com/fenceline/fenceline/internal/testutil"
 )
 
 // TestSessionReclaim: a lease acquired in a session lives while the

@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fenceline/fenceline/internal/testutil"
 )
 
 // Any holder could once fill the bus's store and evict the lease audit:

@@ -9,10 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/pgtest"
-	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fenceline/fenceline/internal/pgtest"
+	"github.com/fenceline/fenceline/internal/testutil"
 )
 
 // TestShutdownDuringLookupReachesClient: a Postgres of its own stopped in

@@ -10,9 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // TestShardRecordsOnlyTheServiceWrites (issue 28): shard records are

@@ -15,10 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/leasebus"
-	"golang.org/x/sys/unix"
 )
 
 // TestRunSettlesBeforeRelease: an agent that ignores SIGTERM and has a

@@ -15,9 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/shard"
-	"golang.org/x/sys/unix"
 )
 
 // TestRunInAnotherCheckoutsPool: a run from a second checkout of a repo
