@@ -6,8 +6,8 @@
 #   scripts/tiers.sh list [TAGS]     every test, fuzz target, benchmark and
 #                                    example as "package name", built with TAGS
 #   scripts/tiers.sh integration     those only the integration build has
-#   scripts/tiers.sh check [REF]     the two tiers together hold exactly what
-#                                    REF (default main) held: nothing lost
+#   scripts/tiers.sh check [REF]     the two tiers together hold every test REF
+#                                    held (default: where this branch left main)
 #
 # Names are read from the test files go list selects for the build, so no
 # test binary is compiled.
@@ -29,14 +29,14 @@ case "${1:-}" in
 list) list . "${2:-}" ;;
 integration) comm -13 <(list .) <(list . integration) ;;
 check)
-  ref=${2:-main}
+  ref=${2:-$(git merge-base main HEAD)}
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
   git archive "$ref" | tar -x -C "$tmp"
   list "$tmp" >"$tmp/ref.list"
   list . >"$tmp/fast.list"
   list . integration >"$tmp/all.list"
   comm -13 "$tmp/fast.list" "$tmp/all.list" >"$tmp/integration.list"
-  echo "$ref: $(wc -l <"$tmp/ref.list") tests; fast tier $(wc -l <"$tmp/fast.list"), integration tier $(wc -l <"$tmp/integration.list"), together $(wc -l <"$tmp/all.list")"
+  echo "$ref: $(wc -l <"$tmp/ref.list") tests, fuzz targets and benchmarks; fast tier $(wc -l <"$tmp/fast.list"), integration tier $(wc -l <"$tmp/integration.list"), together $(wc -l <"$tmp/all.list")"
   # Every name in the integration build but not the fast one lives only
   # behind the tag; the union of the tiers is the integration build.
   lost=$(comm -23 "$tmp/ref.list" "$tmp/all.list")
