@@ -124,7 +124,8 @@
 //
 // # Running
 //
-// The short form is the package's tests (go test ./test/faults): 2 bus
+// The short form is the package's tests (go test -tags integration
+// ./test/faults, the integration tier): 2 bus
 // restarts and 1 cluster round, about 75 s on 2 cores. The long forms run
 // more rounds and print the counts: scripts/faults.sh
 // (FENCELINE_FAULTS_ROUNDS, default 20) and scripts/faults-cluster.sh
