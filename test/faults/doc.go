@@ -125,8 +125,8 @@
 // # Running
 //
 // The short form is the package's tests (go test -tags integration
-// ./test/faults, the integration tier): 2 bus
-// restarts and 1 cluster round, about 75 s on 2 cores. The long forms run
+// ./test/faults, the integration tier): 2 bus restarts and 1 cluster
+// round, about 75 s on 2 cores. The long forms run
 // more rounds and print the counts: scripts/faults.sh
 // (FENCELINE_FAULTS_ROUNDS, default 20) and scripts/faults-cluster.sh
 // (FENCELINE_FAULTS_CLUSTER_ROUNDS, default 5). Every process the harness
