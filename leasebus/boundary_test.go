@@ -46,7 +46,7 @@ func TestBoundaryEventsAreBounded(t *testing.T) {
 	holder := IdentityOf(holderNC)
 
 	// Straight into the stream: refused by the bus.
-	js, err := jetstream.New(holderNC)
+	js, err := JetStream(context.Background(), holderNC)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestShardBucketsAreTheServices(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
-	op, err := jetstream.New(connectAs(t, url, RoleOperator))
+	op, err := JetStream(context.Background(), connectAs(t, url, RoleOperator))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestShardBucketsAreTheServices(t *testing.T) {
 		t.Fatal("an operator created a stream over the renewals' subjects")
 	}
 
-	holder, err := jetstream.New(connectAs(t, url, RoleHolder))
+	holder, err := JetStream(context.Background(), connectAs(t, url, RoleHolder))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func TestShardBucketsAreTheServices(t *testing.T) {
 		t.Error("a holder wrote the shard pool bucket")
 	}
 	// Even the service's own connection: no rollup, no record of megabytes.
-	svc, err := jetstream.New(b.nc)
+	svc, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}

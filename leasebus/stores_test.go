@@ -66,7 +66,7 @@ func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 	wantLeaseEvents(t, b.nc, victimRepo, victim, EventGrant, EventRevoked)
 
 	holderNC := connectAs(t, url, RoleHolder)
-	hjs, err := jetstream.New(holderNC)
+	hjs, err := JetStream(context.Background(), holderNC)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 	injector := connectAs(t, url, RoleHolder, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 	targets := []string{serviceAuditSubject(RepoKey(victimRepo)), eventsSubjectFor(victimRepo, BoundaryGit, IdentityOf(holderNC))}
 	for i := range 600 { // 35 MiB
-		if err := injector.PublishRequest("$JS.API.DIRECT.GET.KV_FENCELINE_ATTEMPTS", targets[i%len(targets)], req); err != nil {
+		if err := injector.PublishRequest(FleetJSAPI+".DIRECT.GET.KV_FENCELINE_ATTEMPTS", targets[i%len(targets)], req); err != nil {
 			break // the bus may close the connection of a client that breaks its rules
 		}
 	}
@@ -148,7 +148,7 @@ func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 	wantLeaseEvents(t, b.nc, victimRepo, victim, EventGrant, EventRevoked)
 
 	// No message someone had the server send was stored on the audit.
-	js, err := jetstream.New(b.nc)
+	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 			t.Fatal(err)
 		}
 		for seq := uint64(1); ; seq++ {
-			m, err := storedMsg(ctx, b.nc, stream, msgGetRequest{Seq: seq, NextBySubject: ">"})
+			m, err := storedMsg(ctx, b.nc, "$JS.API", stream, msgGetRequest{Seq: seq, NextBySubject: ">"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -218,8 +218,10 @@ func TestBoundaryEventsRateLimitedPerLease(t *testing.T) {
 
 // A lease log at its size limit refuses appends (it drops nothing) and
 // says so by name, in the answer and in the metrics. (What fills it here
-// is the server's answers to a holder's direct gets, sent onto the log's
-// subject as their reply: the log's subjects are not yet under "$JS.".)
+// is the server's answers to direct gets, sent onto the log's subject as
+// their reply, by an identity of the service account: since the bus has
+// accounts, no other can (replytrick_attack_test.go), so this stands in
+// for any fault that fills the store.)
 func TestLogAtItsLimitRefusesByName(t *testing.T) {
 	dir := testutil.Tmpfs(t, "32m")
 	b := &storeBus{bus: &bus{t: t, dir: filepath.Join(dir, "bus")}}
@@ -228,7 +230,7 @@ func TestLogAtItsLimitRefusesByName(t *testing.T) {
 	t.Cleanup(b.stop)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
-	js, err := jetstream.New(b.nc)
+	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +242,7 @@ func TestLogAtItsLimitRefusesByName(t *testing.T) {
 	if size <= 0 || st.CachedInfo().Config.Discard != jetstream.DiscardNew {
 		t.Fatalf("lease log MaxBytes %d, discard %v: want a size, and new writes refused past it", size, st.CachedInfo().Config.Discard)
 	}
-	injector := connectAs(t, url, RoleHolder)
+	injector := connectAs(t, url, RoleService)
 	for _, n := range []int{60 << 10, 512} { // large answers, then small ones for what room is left
 		_, key := storeAt(t, url, make([]byte, n))
 		req, _ := json.Marshal(map[string]any{"last_by_subj": "$KV.FENCELINE_ATTEMPTS." + key})
@@ -337,7 +339,7 @@ func TestStreamsWithoutASizeGetTheirBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, err := jetstream.New(b.nc)
+	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +356,7 @@ func TestStreamsWithoutASizeGetTheirBudget(t *testing.T) {
 	}
 	b.stop()
 	b.start("127.0.0.1:0")
-	if js, err = jetstream.New(b.nc); err != nil {
+	if js, err = JetStream(context.Background(), b.nc); err != nil {
 		t.Fatal(err)
 	}
 	for name, budget := range streamBudgets {
@@ -391,7 +393,7 @@ func TestClusterStoresBoundedAndLeaseAuditKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(svc.Stop)
-	js, err := jetstream.New(svcNC)
+	js, err := JetStream(context.Background(), svcNC)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +429,7 @@ func TestClusterStoresBoundedAndLeaseAuditKept(t *testing.T) {
 	}))
 	req, _ := json.Marshal(map[string]any{"last_by_subj": "$KV.FENCELINE_ATTEMPTS." + key})
 	for range 100 {
-		if err := injector.PublishRequest("$JS.API.DIRECT.GET.KV_FENCELINE_ATTEMPTS", serviceAuditSubject(RepoKey(repo)), req); err != nil {
+		if err := injector.PublishRequest(FleetJSAPI+".DIRECT.GET.KV_FENCELINE_ATTEMPTS", serviceAuditSubject(RepoKey(repo)), req); err != nil {
 			break
 		}
 	}

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
@@ -51,7 +49,7 @@ func TestRewrittenPoolRecordSendsNoRunnerElsewhere(t *testing.T) {
 	// The rewrite: straight into the bucket (only the lease service may
 	// write there, and it writes only records that pass these checks:
 	// TestShardRecordsOnlyTheServiceWrites; readers check anyway).
-	js, err := jetstream.New(b.Conn)
+	js, err := leasebus.JetStream(context.Background(), b.Conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +212,7 @@ func TestShardRecordsOnlyTheServiceWrites(t *testing.T) {
 
 	// 1. Straight to the bucket, as a holder: NATS refuses the publish.
 	hnc := b.ConnectAs(t, leasebus.RoleHolder)
-	js, err := jetstream.New(hnc)
+	js, err := leasebus.JetStream(context.Background(), hnc)
 	if err != nil {
 		t.Fatal(err)
 	}

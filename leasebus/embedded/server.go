@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +15,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nkeys"
 
 	"github.com/fenceline/fenceline/leasebus"
 )
@@ -36,6 +36,9 @@ func StartServer(cfg leasebus.ServerConfig) (*server.Server, error) {
 	// JetStream fails on a store it cannot write only deep in its start,
 	// and the server then just never becomes ready: say what is wrong.
 	if err := leasebus.CheckStoreDir(cfg.StoreDir); err != nil {
+		return nil, fmt.Errorf("start bus: %w", err)
+	}
+	if err := moveToServiceAccount(cfg.StoreDir, cfg.ClusterName != ""); err != nil {
 		return nil, fmt.Errorf("start bus: %w", err)
 	}
 	opts, err := serverOptions(&cfg)
@@ -137,25 +140,28 @@ func serverOptions(cfg *leasebus.ServerConfig) (*server.Options, error) {
 			return nil, err
 		}
 	}
-	nkeyUsers, err := serverUsers(users)
+	// The accounts and users are the configuration `bus creds` prints
+	// for any other server, parsed by nats-server's own parser: one
+	// source for both.
+	conf, err := leasebus.AuthConfig(users)
 	if err != nil {
 		return nil, fmt.Errorf("bus users: %w", err)
 	}
-	host, port, _ := splitHostPort(cfg.Listen)
-	opts := &server.Options{
-		Nkeys:      nkeyUsers,
-		ServerName: cfg.Name,
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   cfg.StoreDir,
-		SyncAlways: true,
-		MaxPayload: 8 << 20, // room for large repo snapshots
-		NoSigs:     true,
-		NoLog:      !cfg.Debug,
-		// A client should notice a dead bus quickly.
-		PingInterval: 10 * time.Second,
+	opts := &server.Options{}
+	if err := opts.ProcessConfigString(conf); err != nil {
+		return nil, fmt.Errorf("bus users: the accounts configuration does not parse: %w", err)
 	}
+	host, port, _ := splitHostPort(cfg.Listen)
+	opts.ServerName = cfg.Name
+	opts.Host, opts.Port = host, port
+	opts.JetStream = true
+	opts.StoreDir = cfg.StoreDir
+	opts.SyncAlways = true
+	opts.MaxPayload = 8 << 20 // room for large repo snapshots
+	opts.NoSigs = true
+	opts.NoLog = !cfg.Debug
+	// A client should notice a dead bus quickly.
+	opts.PingInterval = 10 * time.Second
 	if cfg.ClusterName != "" {
 		chost, cport, _ := splitHostPort(cfg.ClusterListen)
 		opts.Cluster.Name = cfg.ClusterName
@@ -192,31 +198,26 @@ func splitHostPort(hp string) (string, int, error) {
 	return host, port, nil
 }
 
-// Permissions are the NATS server permissions of role for identity id:
-// everything not granted is denied.
-func Permissions(role leasebus.Role, id string) (*server.Permissions, error) {
-	g, err := leasebus.GrantOf(role, id)
-	if err != nil {
-		return nil, err
+// moveToServiceAccount moves the streams of a store made before the bus
+// had accounts (everything in NATS's global account, "$G") into the
+// service account, where the lease service now finds them. A single
+// server's file store keeps each account's streams in a directory of its
+// own, so the move is a rename; a cluster's nodes also name the account in
+// their replicated assignments, which a rename cannot change.
+func moveToServiceAccount(storeDir string, clustered bool) error {
+	old := filepath.Join(storeDir, "jetstream", "$G")
+	if _, err := os.Stat(filepath.Join(old, "streams")); err != nil {
+		return nil // nothing there (or unreadable: the server says so)
 	}
-	return &server.Permissions{
-		Publish:   &server.SubjectPermission{Allow: g.Publish},
-		Subscribe: &server.SubjectPermission{Allow: g.Subscribe},
-	}, nil
-}
-
-// serverUsers turns users into the embedded server's nkey users.
-func serverUsers(users []leasebus.ServerUser) ([]*server.NkeyUser, error) {
-	out := make([]*server.NkeyUser, 0, len(users))
-	for _, u := range users {
-		if !nkeys.IsValidPublicUserKey(u.Nkey) {
-			return nil, fmt.Errorf("bus user %q: %q is not a public user nkey", u.Name, u.Nkey)
-		}
-		p, err := Permissions(u.Role, u.Nkey)
-		if err != nil {
-			return nil, fmt.Errorf("bus user %q: %w", u.Name, err)
-		}
-		out = append(out, &server.NkeyUser{Nkey: u.Nkey, Permissions: p})
+	dst := filepath.Join(storeDir, "jetstream", leasebus.ServiceAccount)
+	if _, err := os.Stat(dst); err == nil {
+		return nil // moved already; what is left in $G is not read
 	}
-	return out, nil
+	if clustered {
+		return fmt.Errorf("store %s holds the lease streams in NATS's global account, from a fenceline before the bus had accounts: a cluster cannot move them; start the cluster on a new --store (leases held then are taken again; keep the old store for its audit)", storeDir)
+	}
+	if err := os.Rename(old, dst); err != nil {
+		return fmt.Errorf("move the lease streams of %s into the service account: %w", storeDir, err)
+	}
+	return nil
 }

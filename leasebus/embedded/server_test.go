@@ -39,13 +39,34 @@ func TestAuthConfigParses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("nats-server rejects the generated config: %v\n%s", err, conf)
 	}
-	if len(opts.Nkeys) != len(users) {
-		t.Fatalf("%d nkey users parsed, want %d", len(opts.Nkeys), len(users))
+	// Every user, and the lease service's fleet connection beside it,
+	// each in its account with its grant.
+	type want struct {
+		role    leasebus.Role
+		account string
 	}
-	for i, u := range opts.Nkeys {
-		want, _ := Permissions(users[i].Role, users[i].Nkey)
-		if u.Nkey != users[i].Nkey || !slices.Equal(u.Permissions.Publish.Allow, want.Publish.Allow) || !slices.Equal(u.Permissions.Subscribe.Allow, want.Subscribe.Allow) {
-			t.Errorf("user %d parsed as %+v %+v, want %s %+v %+v", i, u.Permissions.Publish, u.Permissions.Subscribe, users[i].Role, want.Publish, want.Subscribe)
+	wants := map[string]want{}
+	for _, u := range users {
+		wants[u.Nkey] = want{u.Role, leasebus.AccountOf(u.Role)}
+		if u.Role == leasebus.RoleService {
+			wants[u.FleetNkey] = want{leasebus.RoleServiceFleet, leasebus.FleetAccount}
+		}
+	}
+	if len(opts.Nkeys) != len(wants) {
+		t.Fatalf("%d nkey users parsed, want %d", len(opts.Nkeys), len(wants))
+	}
+	for _, u := range opts.Nkeys {
+		w, ok := wants[u.Nkey]
+		if !ok {
+			t.Errorf("parsed a user %s nobody asked for", u.Nkey)
+			continue
+		}
+		g, _ := leasebus.GrantOf(w.role, u.Nkey)
+		if u.Account == nil || u.Account.Name != w.account {
+			t.Errorf("user %s (%s) is in account %v, want %s", u.Nkey, w.role, u.Account, w.account)
+		}
+		if !slices.Equal(u.Permissions.Publish.Allow, g.Publish) || !slices.Equal(u.Permissions.Subscribe.Allow, g.Subscribe) {
+			t.Errorf("user %s parsed as %+v %+v, want %s %+v %+v", u.Nkey, u.Permissions.Publish, u.Permissions.Subscribe, w.role, g.Publish, g.Subscribe)
 		}
 	}
 }
