@@ -408,6 +408,7 @@ func (s *sealedNet) dnsConn(ctx context.Context, dst netip.AddrPort) (conn net.C
 	if conn, err = d.DialContext(ctx, "tcp", s.pr.policy.Capture.String()); err != nil {
 		return nil, false, err
 	}
+	conn = countDNSConn(conn)
 	deadline, _ := ctx.Deadline()
 	conn.SetWriteDeadline(deadline)
 	if _, err := conn.Write(CapturePreamble(dst)); err != nil {
@@ -415,6 +416,34 @@ func (s *sealedNet) dnsConn(ctx context.Context, dst netip.AddrPort) (conn net.C
 		return nil, false, err
 	}
 	return conn, false, nil
+}
+
+// dnsConnsOpen counts the relays' connections to the proxy in this
+// process, and dnsConnsHigh is the most it has counted at once (what
+// TestSealedUDPFlood bounds: the proxy itself sees a connection end only
+// when it next reads, later).
+var dnsConnsOpen, dnsConnsHigh atomic.Int64
+
+// countedConn is a relay's connection to the proxy, counted while open.
+type countedConn struct {
+	net.Conn
+	once sync.Once
+}
+
+func countDNSConn(c net.Conn) net.Conn {
+	n := dnsConnsOpen.Add(1)
+	for {
+		high := dnsConnsHigh.Load()
+		if n <= high || dnsConnsHigh.CompareAndSwap(high, n) {
+			break
+		}
+	}
+	return &countedConn{Conn: c}
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { dnsConnsOpen.Add(-1) })
+	return c.Conn.Close()
 }
 
 // putDNSConn keeps conn for the next query to dst; past the bound the

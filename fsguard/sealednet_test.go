@@ -173,14 +173,14 @@ func TestSealedUDP(t *testing.T) {
 	}
 
 	// The agent picks the address it asks: 300 name servers one after
-	// another keep no more connections to the proxy than the bound.
+	// another keep no more connections to the proxy than the bound
+	// (counted where the relay opens and closes them: the proxy sees an
+	// end only when it next reads).
+	dnsConnsHigh.Store(dnsConnsOpen.Load())
 	if got := run("resolvemany", "allowed.test", "300"); got != "300" {
 		t.Errorf("300 lookups, each of another name server: %q answered, want 300", got)
 	}
-	dns.mu.Lock()
-	most := dns.maxOpen
-	dns.mu.Unlock()
-	if most > maxIdleDNSConns+maxDNSRelays {
+	if most := dnsConnsHigh.Load(); most > maxIdleDNSConns+maxDNSRelays {
 		t.Errorf("the relay held %d connections to the proxy at once, want at most %d", most, maxIdleDNSConns+maxDNSRelays)
 	}
 
@@ -529,6 +529,7 @@ func TestSealedUDPFlood(t *testing.T) {
 	}
 	proxy.waitIdle(t)
 	before := openFDs(t)
+	dnsConnsHigh.Store(dnsConnsOpen.Load())
 
 	if got := run("sealedflood", "3000"); got != "ok" {
 		t.Errorf("sealedflood: %q", got)
@@ -543,11 +544,17 @@ func TestSealedUDPFlood(t *testing.T) {
 	if h := sealedHelpers(t); len(h) != 0 {
 		t.Errorf("sealed network helpers left after the attempts settled: %v", h)
 	}
+	// Counted where they are opened and closed: the proxy sees one end
+	// only when it next reads, so its own count runs ahead on a busy
+	// machine (25-28 seen).
+	if high := dnsConnsHigh.Load(); high > maxDNSRelays+maxIdleDNSConns {
+		t.Errorf("the relay held %d connections to the proxy at once, want at most %d", high, maxDNSRelays+maxIdleDNSConns)
+	}
+	if open := dnsConnsOpen.Load(); open != 0 {
+		t.Errorf("the relay holds %d connections to the proxy after the attempts settled", open)
+	}
 	proxy.mu.Lock()
 	defer proxy.mu.Unlock()
-	if proxy.maxOpen > maxDNSRelays+maxIdleDNSConns {
-		t.Errorf("the relay held %d connections to the proxy at once, want at most %d", proxy.maxOpen, maxDNSRelays+maxIdleDNSConns)
-	}
 	for size := range proxy.sizes {
 		if !slices.Contains([]int{0, 1, 12, 512, 65507}, size) {
 			t.Errorf("the proxy read a frame of %d bytes, which the agent never sent", size)

@@ -707,7 +707,7 @@ func (s *Service) meetPeers() error {
 	// Announcements and answers carry the writer header: a server's answer
 	// that a client sent here (see serviceWrote) is not an instance.
 	hello, err := s.nc.Subscribe(peersSubject, func(m *nats.Msg) {
-		if !serviceWrote(m.Header) || string(m.Data) == s.store.writer {
+		if !fromInstance(m) || string(m.Data) == s.store.writer {
 			return
 		}
 		s.followOthers()
@@ -721,7 +721,7 @@ func (s *Service) meetPeers() error {
 	s.track(hello)
 	inbox := s.nc.NewRespInbox()
 	answers, err := s.nc.Subscribe(inbox, func(m *nats.Msg) {
-		if serviceWrote(m.Header) && string(m.Data) != s.store.writer {
+		if fromInstance(m) && string(m.Data) != s.store.writer {
 			s.followOthers()
 		}
 	})
@@ -789,11 +789,19 @@ func (s *Service) followOthers() {
 // this instance's view (and its queued waiters) follow within a round trip.
 // Announcements carry their writer's id; an instance ignores its own.
 func (s *Service) tail(m *nats.Msg) {
-	if !serviceWrote(m.Header) || m.Header.Get(writerHeader) == s.store.writer {
-		return // not another instance's (see serviceWrote), or our own
+	if !fromInstance(m) || m.Header.Get(writerHeader) == s.store.writer {
+		return // not another instance's (see fromInstance), or our own
 	}
 	s.actor(strings.TrimPrefix(m.Subject, appendedPrefix+"."), "").nudge()
 }
+
+// fromInstance reports whether m, on a subject between lease service
+// instances, can be another instance's: it carries a writer stamp
+// (serviceWrote) and is no JetStream delivery. A push consumer's
+// creator names its delivery subject unchecked, and a record the service
+// stored (a shard record) carries the service's stamp: delivered here, it
+// would pass for an instance's word.
+func fromInstance(m *nats.Msg) bool { return serviceWrote(m.Header) && !jetStreamDelivery(m) }
 
 // announceAppend tells the other instances, once there are any, that the
 // repo's log has a record at seq. It is sent only after the stream
