@@ -41,7 +41,7 @@ func StartServer(cfg leasebus.ServerConfig) (*server.Server, error) {
 	if err := moveToServiceAccount(cfg.StoreDir, cfg.ClusterName != ""); err != nil {
 		return nil, fmt.Errorf("start bus: %w", err)
 	}
-	opts, err := serverOptions(&cfg)
+	opts, auth, err := serverOptions(&cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -49,6 +49,8 @@ func StartServer(cfg leasebus.ServerConfig) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start bus: %w", err)
 	}
+	auth.srv.Store(s)
+	auths.Store(s, auth)
 	var last lastError
 	if cfg.Debug {
 		s.ConfigureLogger()
@@ -113,44 +115,61 @@ func withDefaults(cfg *leasebus.ServerConfig) {
 // ReloadUsers has srv, started by StartServer(cfg), read its users again
 // (the identities enrolled in or removed from cfg.CredsDir since): a user
 // no longer there is disconnected at once and refused from then on; the
-// others keep their connections. cfg.Users, when set, stays as it is.
+// others keep their connections. cfg.Users, when set, stays as it is. The
+// server's configuration is not reloaded (identityAuth says why).
 func ReloadUsers(srv *server.Server, cfg leasebus.ServerConfig) error {
 	withDefaults(&cfg)
-	opts, err := serverOptions(&cfg)
+	a, ok := auths.Load(srv)
+	if !ok {
+		return fmt.Errorf("reload the bus's users: not a server StartServer started")
+	}
+	users, err := serverUsers(&cfg)
 	if err != nil {
 		return err
 	}
-	if err := srv.ReloadOptions(opts); err != nil {
+	if err := a.(*identityAuth).set(users); err != nil {
 		return fmt.Errorf("reload the bus's users: %w", err)
 	}
 	return nil
 }
 
-// serverOptions are the server options cfg (defaults filled in) describes,
-// its users read now: cfg.Users, else every identity of cfg.CredsDir
-// (leasebus.ServerUsers).
-func serverOptions(cfg *leasebus.ServerConfig) (*server.Options, error) {
-	users := cfg.Users
-	if len(users) == 0 {
-		if cfg.CredsDir == "" {
-			cfg.CredsDir = leasebus.CredsDirOf(cfg.StoreDir)
-		}
-		var err error
-		if users, err = leasebus.ServerUsers(cfg.CredsDir); err != nil {
-			return nil, err
-		}
+// serverUsers are cfg's users, read now: cfg.Users, else every identity of
+// cfg.CredsDir (leasebus.ServerUsers).
+func serverUsers(cfg *leasebus.ServerConfig) ([]leasebus.ServerUser, error) {
+	if len(cfg.Users) > 0 {
+		return cfg.Users, nil
 	}
-	// The accounts and users are the configuration `bus creds` prints
-	// for any other server, parsed by nats-server's own parser: one
-	// source for both.
-	conf, err := leasebus.AuthConfig(users)
+	if cfg.CredsDir == "" {
+		cfg.CredsDir = leasebus.CredsDirOf(cfg.StoreDir)
+	}
+	return leasebus.ServerUsers(cfg.CredsDir)
+}
+
+// serverOptions are the server options cfg (defaults filled in) describes:
+// the bus's accounts, and its identities (read now) admitted by an
+// identityAuth.
+func serverOptions(cfg *leasebus.ServerConfig) (*server.Options, *identityAuth, error) {
+	users, err := serverUsers(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("bus users: %w", err)
+		return nil, nil, err
+	}
+	auth := &identityAuth{}
+	if err := auth.set(users); err != nil {
+		return nil, nil, fmt.Errorf("bus users: %w", err)
+	}
+	// The accounts are the configuration `bus creds` prints for any other
+	// server (there with the users in them), parsed by nats-server's own
+	// parser: one source for both.
+	conf, err := leasebus.AuthConfig(nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bus accounts: %w", err)
 	}
 	opts := &server.Options{}
 	if err := opts.ProcessConfigString(conf); err != nil {
-		return nil, fmt.Errorf("bus users: the accounts configuration does not parse: %w", err)
+		return nil, nil, fmt.Errorf("bus accounts: the configuration does not parse: %w", err)
 	}
+	opts.CustomClientAuthentication = auth
+	opts.AlwaysEnableNonce = true // the clients sign it with their nkeys
 	host, port, _ := splitHostPort(cfg.Listen)
 	opts.ServerName = cfg.Name
 	opts.Host, opts.Port = host, port
@@ -171,14 +190,13 @@ func serverOptions(cfg *leasebus.ServerConfig) (*server.Options, error) {
 			u, _ := url.Parse(r)
 			opts.Routes = append(opts.Routes, u)
 		}
-		// In the order a reload imposes on them: nats-server's
+		// Sorted, as a reload would sort them (nats-server's
 		// ReloadOptions sorts the running options' routes in place while
-		// its route-soliciting goroutines read them (a data race the race
-		// detector shows on a reload of users), unless they are sorted
-		// already.
+		// its route-soliciting goroutines read them); the bus no longer
+		// reloads for its users (identityAuth), but keeps them so.
 		slices.SortFunc(opts.Routes, func(a, b *url.URL) int { return strings.Compare(a.String(), b.String()) })
 	}
-	return opts, nil
+	return opts, auth, nil
 }
 
 // splitHostPort splits a host:port the config validated; port 0 becomes
