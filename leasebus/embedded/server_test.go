@@ -1,13 +1,18 @@
 package embedded
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fenceline/fenceline/leasebus"
 )
@@ -68,5 +73,69 @@ func TestAuthConfigParses(t *testing.T) {
 		if !slices.Equal(u.Permissions.Publish.Allow, g.Publish) || !slices.Equal(u.Permissions.Subscribe.Allow, g.Subscribe) {
 			t.Errorf("user %s parsed as %+v %+v, want %s %+v %+v", u.Nkey, u.Permissions.Publish, u.Permissions.Subscribe, w.role, g.Publish, g.Subscribe)
 		}
+	}
+}
+
+// A store made before the bus had accounts (every stream in NATS's global
+// account) is moved into the service account on a single server's start,
+// so the lease log survives the upgrade; a cluster's is refused by name.
+func TestStoreBeforeAccountsMoves(t *testing.T) {
+	dir := t.TempDir()
+	old, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go old.Start()
+	if !old.ReadyForConnections(10 * time.Second) {
+		t.Fatal("old-layout server not ready")
+	}
+	nc, err := nats.Connect(old.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: leasebus.LogStream, Subjects: []string{"fenceline.log.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "fenceline.log.k", []byte("a record of before")); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	old.Shutdown()
+	old.WaitForShutdown()
+
+	if err := moveToServiceAccount(dir, true); err == nil || !strings.Contains(err.Error(), "new --store") {
+		t.Fatalf("a cluster node on an old store: %v, want a refusal naming what to do", err)
+	}
+	srv, err := StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	opts, err := leasebus.RoleOptions(leasebus.CredsDirOf(dir), leasebus.RoleService)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := nats.Connect(srv.ClientURL(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	sjs, err := jetstream.New(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sjs.Stream(ctx, leasebus.LogStream)
+	if err != nil {
+		t.Fatalf("the lease log after the move: %v", err)
+	}
+	m, err := st.GetLastMsgForSubject(ctx, "fenceline.log.k")
+	if err != nil || string(m.Data) != "a record of before" {
+		t.Fatalf("the record of before: %v %v", m, err)
 	}
 }
