@@ -48,28 +48,55 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request, e endpoint) 
 		body = zr
 	}
 	br := bufio.NewReaderSize(body, 64<<10)
+	ps := p.readPush(w, r, e, br)
+	if ps == nil {
+		return // answered
+	}
+	// A push whose lease is already gone is refused before its pack is
+	// scanned; the pack is still read, so the client gets the report.
+	if ref := p.leaseGate(ps); ref != nil {
+		io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
+		p.refuseAll(ctx, w, ps, ref, "ok")
+		return
+	}
+	if ps.req.hasPack() {
+		pp, err := newPushPack(p.cfg.TempDir)
+		if err != nil {
+			io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
+			p.fail(ctx, w, ps, err)
+			return
+		}
+		defer pp.remove()
+		ps.pack = pp
+		if ref, unpack := p.scanPack(ctx, ps, br); ref != nil {
+			p.refuseAll(ctx, w, ps, ref, unpack)
+			return
+		}
+	} else if n, _ := io.Copy(io.Discard, io.LimitReader(br, 1)); n > 0 {
+		p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "a delete-only push must not carry a pack"), "ok")
+		return
+	}
+	ps.received = time.Since(ps.start)
+	p.judgePush(ctx, w, r, ps)
+}
+
+// readPush reads a push request's commands and options, and answers what
+// is not a push to judge: git's pre-flight probe (relayed), a malformed or
+// signed request, fence options of the client's own (refused). It returns
+// nil when it answered.
+func (p *Proxy) readPush(w http.ResponseWriter, r *http.Request, e endpoint, br *bufio.Reader) *push {
+	ctx := r.Context()
 	req, err := readPushRequest(br)
 	if errors.Is(err, errProbe) {
 		if n, _ := io.Copy(io.Discard, io.LimitReader(br, 1)); n == 0 {
 			p.probe(w, r, e)
-			return
+			return nil
 		}
 		err = errors.New("a push request without ref updates must end at its flush packet")
 	}
 	if err != nil {
-		ref := refuse(ReasonBadPush, "bad push request: %v", err)
-		if errors.Is(err, errSigned) {
-			ref = refuse(ReasonSignedPush, "%v", err)
-		}
-		if req != nil && len(req.Commands) > 0 && (req.has("report-status") || req.has("report-status-v2")) {
-			// git reads the reason from its report-status.
-			io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
-			p.refuseAll(ctx, w, &push{req: req, lease: p.currentLease(), r: r}, ref, "ok")
-			return
-		}
-		p.auditRefusal(ctx, p.currentLease(), 0, ref, "")
-		http.Error(w, ref.msg, http.StatusBadRequest)
-		return
+		p.badPush(w, r, br, req, err)
+		return nil
 	}
 	ps := &push{req: req, repoPath: e.repo, start: time.Now(), r: r}
 
@@ -80,46 +107,55 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request, e endpoint) 
 			io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
 			ps.lease = p.currentLease()
 			p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "push option %s is reserved: the fence sets the fenceline-* options itself", clip(k)), "ok")
-			return
+			return nil
 		}
 	}
+	return ps
+}
 
-	// A push whose lease is already gone is refused before its pack is
-	// scanned; the pack is still read, so the client gets the report.
-	if ref := p.leaseGate(ps); ref != nil {
+// badPush refuses a push request that could not be read (err; req is
+// what was read of it): in its report-status when git reads one, else as
+// an HTTP error.
+func (p *Proxy) badPush(w http.ResponseWriter, r *http.Request, br *bufio.Reader, req *pushRequest, err error) {
+	ctx := r.Context()
+	ref := refuse(ReasonBadPush, "bad push request: %v", err)
+	if errors.Is(err, errSigned) {
+		ref = refuse(ReasonSignedPush, "%v", err)
+	}
+	if req != nil && len(req.Commands) > 0 && (req.has("report-status") || req.has("report-status-v2")) {
+		// git reads the reason from its report-status.
 		io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
-		p.refuseAll(ctx, w, ps, ref, "ok")
+		p.refuseAll(ctx, w, &push{req: req, lease: p.currentLease(), r: r}, ref, "ok")
 		return
 	}
-	if req.hasPack() {
-		pp, err := newPushPack(p.cfg.TempDir)
-		if err != nil {
-			io.Copy(io.Discard, io.LimitReader(br, p.cfg.MaxPushBytes))
-			p.fail(ctx, w, ps, err)
-			return
-		}
-		defer pp.remove()
-		ps.pack = pp
-		scanErr, err := pp.receive(br, p.cfg.MaxPushBytes, p.bases(ps))
-		if err != nil {
-			p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "pack not accepted: %v", err), "fenceline: "+oneLine(err.Error(), 200))
-			return
-		}
-		if errors.Is(scanErr, errUnresolved) {
-			if err := p.refreshMirror(ctx, ps); err == nil {
-				scanErr = pp.rescan(p.bases(ps))
-			}
-		}
-		if scanErr != nil {
-			p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "pack not accepted: %v", scanErr), "fenceline: "+oneLine(scanErr.Error(), 200))
-			return
-		}
-	} else if n, _ := io.Copy(io.Discard, io.LimitReader(br, 1)); n > 0 {
-		p.refuseAll(ctx, w, ps, refuse(ReasonBadPush, "a delete-only push must not carry a pack"), "ok")
-		return
-	}
+	p.auditRefusal(ctx, p.currentLease(), 0, ref, "")
+	http.Error(w, ref.msg, http.StatusBadRequest)
+}
 
-	ps.received = time.Since(ps.start)
+// scanPack receives the push's pack into ps.pack and scans it against the
+// bases, fetching the mirror once when the pack reaches objects they
+// lack. A pack not accepted is refused with the unpack status git shows.
+func (p *Proxy) scanPack(ctx context.Context, ps *push, br *bufio.Reader) (*refusal, string) {
+	scanErr, err := ps.pack.receive(br, p.cfg.MaxPushBytes, p.bases(ps))
+	if err != nil {
+		return refuse(ReasonBadPush, "pack not accepted: %v", err), "fenceline: " + oneLine(err.Error(), 200)
+	}
+	if errors.Is(scanErr, errUnresolved) {
+		if err := p.refreshMirror(ctx, ps); err == nil {
+			scanErr = ps.pack.rescan(p.bases(ps))
+		}
+	}
+	if scanErr != nil {
+		return refuse(ReasonBadPush, "pack not accepted: %v", scanErr), "fenceline: " + oneLine(scanErr.Error(), 200)
+	}
+	return nil, ""
+}
+
+// judgePush decides a received push: its history analyzed, the lease
+// checked with the bus, each ref update judged against the other leases
+// and the policies, the lease confirmed last. Any refusal refuses the
+// whole push; otherwise it is forwarded.
+func (p *Proxy) judgePush(ctx context.Context, w http.ResponseWriter, r *http.Request, ps *push) {
 	changes, err := p.analyze(ctx, ps)
 	ps.analyzed = time.Since(ps.start)
 	if err != nil {
@@ -142,17 +178,7 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request, e endpoint) 
 		p.refuseAll(ctx, w, ps, ref, "ok")
 		return
 	}
-	anyRefused := false
-	for i, rc := range changes {
-		if refused[i] == nil {
-			refused[i] = judge(ps.lease, others, rc, p.cfg.Policy)
-		}
-		if refused[i] == nil {
-			refused[i] = judgePolicy(ctx, p.cfg.Cedar, ps.lease, rc, p.cfg.Audit, p.log)
-		}
-		anyRefused = anyRefused || refused[i] != nil
-	}
-	if anyRefused {
+	if p.judgeChanges(ctx, ps, others, changes, refused) {
 		p.refuseRefs(ctx, w, ps, refused)
 		return
 	}
@@ -164,6 +190,23 @@ func (p *Proxy) receivePack(w http.ResponseWriter, r *http.Request, e endpoint) 
 		return
 	}
 	p.forward(w, r, ps, changes)
+}
+
+// judgeChanges judges each ref update not already refused (refused[i])
+// against the lease, the other leases (others) and the policy, then the
+// security team's policy, and reports whether any was refused.
+func (p *Proxy) judgeChanges(ctx context.Context, ps *push, others []*lease.Lease, changes []refChange, refused []*refusal) bool {
+	anyRefused := false
+	for i, rc := range changes {
+		if refused[i] == nil {
+			refused[i] = judge(ps.lease, others, rc, p.cfg.Policy)
+		}
+		if refused[i] == nil {
+			refused[i] = judgePolicy(ctx, p.cfg.Cedar, ps.lease, rc, p.cfg.Audit, p.log)
+		}
+		anyRefused = anyRefused || refused[i] != nil
+	}
+	return anyRefused
 }
 
 // blindDeletes looks up, on the upstream, the refs that commands delete
