@@ -270,16 +270,8 @@ func (s *session) flushServer() error { return s.sw.Flush() }
 // clientLoop reads client messages and forwards them, fenced.
 func (s *session) clientLoop() error {
 	for {
-		if len(s.seg) > 0 && !s.segExec && s.cr.buffered() == 0 && !s.copyIn.Load() && s.stallable() {
-			stalled, err := s.awaitClient()
-			if err != nil {
-				return err
-			}
-			if stalled {
-				if err := s.forwardStalled(); err != nil {
-					return err
-				}
-			}
+		if err := s.forwardIfStalled(); err != nil {
+			return err
 		}
 		t, raw, err := s.cr.next()
 		if err != nil {
@@ -290,76 +282,22 @@ func (s *session) clientLoop() error {
 		}
 		switch t {
 		case 'd', 'c', 'f': // COPY sub-protocol: straight through
-			if t == 'c' && (s.sim.blockRW || s.sim.groupRW) {
-				// The lease was lost during COPY FROM STDIN into a
-				// writable transaction: fail it rather than let it land.
-				// (Not only when the relay has seen CopyInResponse: a
-				// client may send its data and CopyDone before that.
-				// Postgres ignores CopyFail outside COPY.)
-				if li := s.lease(); !li.live() {
-					raw = s.copyFail(li)
-				}
-			}
-			if t != 'd' {
-				s.copyIn.Store(false)
-			}
-			if _, err := s.sw.Write(raw); err != nil {
-				return err
-			}
+			err = s.copyMessage(t, raw)
 		case 'Q':
-			if err := s.flushSegment(); err != nil {
-				return err
-			}
-			if err := s.endStalledFor("Query"); err != nil {
-				return err
-			}
-			if err := s.beginUnit(); err != nil {
-				return err
-			}
-			if err := s.handleQuery(raw); err != nil {
-				return err
-			}
+			err = s.unitMessage("Query", raw, s.handleQuery)
 		case 'F':
-			if err := s.flushSegment(); err != nil {
-				return err
-			}
-			if err := s.endStalledFor("FunctionCall"); err != nil {
-				return err
-			}
-			if err := s.beginUnit(); err != nil {
-				return err
-			}
-			if err := s.handleFunctionCall(raw); err != nil {
-				return err
-			}
+			err = s.unitMessage("FunctionCall", raw, s.handleFunctionCall)
 		case 'P', 'B', 'E', 'D', 'C':
-			if len(s.seg) > 4096 || len(s.segBuf) > s.p.cfg.MaxMessageSize {
-				// A pipeline this long without Sync or Flush: decide what we have.
-				if err := s.flushSegment(); err != nil {
-					return err
-				}
-			}
-			s.seg = append(s.seg, segMsg{typ: t, off: len(s.segBuf), n: len(raw)})
-			s.segBuf = append(s.segBuf, raw...)
-			s.segExec = s.segExec || t == 'E'
-			s.segBind = s.segBind || t == 'B'
+			err = s.holdMessage(t, raw)
 		case 'S', 'H':
-			if t == 'S' && s.copyIn.Load() && len(s.seg) == 0 {
-				// Postgres ignores Sync during COPY FROM STDIN.
-				if _, err := s.sw.Write(raw); err != nil {
-					return err
-				}
-				break
-			}
-			s.seg = append(s.seg, segMsg{typ: t, off: len(s.segBuf), n: len(raw)})
-			s.segBuf = append(s.segBuf, raw...)
-			if err := s.flushSegment(); err != nil {
-				return err
-			}
+			err = s.syncMessage(t, raw)
 		case 'X':
 			return nil
 		default:
 			return s.fatal(fmt.Errorf("%w: unknown message type %q", ErrProtocol, t))
+		}
+		if err != nil {
+			return err
 		}
 		if s.cr.buffered() == 0 {
 			if err := s.flushServer(); err != nil {
@@ -367,6 +305,86 @@ func (s *session) clientLoop() error {
 			}
 		}
 	}
+}
+
+// forwardIfStalled forwards a held prefix that runs nothing when the
+// client pauses after it (see awaitClient, forwardStalled).
+func (s *session) forwardIfStalled() error {
+	if len(s.seg) > 0 && !s.segExec && s.cr.buffered() == 0 && !s.copyIn.Load() && s.stallable() {
+		stalled, err := s.awaitClient()
+		if err != nil {
+			return err
+		}
+		if stalled {
+			return s.forwardStalled()
+		}
+	}
+	return nil
+}
+
+// copyMessage forwards a message of the COPY sub-protocol (CopyData,
+// CopyDone, CopyFail).
+func (s *session) copyMessage(t byte, raw []byte) error {
+	if t == 'c' && (s.sim.blockRW || s.sim.groupRW) {
+		// The lease was lost during COPY FROM STDIN into a
+		// writable transaction: fail it rather than let it land.
+		// (Not only when the relay has seen CopyInResponse: a
+		// client may send its data and CopyDone before that.
+		// Postgres ignores CopyFail outside COPY.)
+		if li := s.lease(); !li.live() {
+			raw = s.copyFail(li)
+		}
+	}
+	if t != 'd' {
+		s.copyIn.Store(false)
+	}
+	_, err := s.sw.Write(raw)
+	return err
+}
+
+// unitMessage decides a message that is a unit of its own (what: a Query
+// or a FunctionCall) with handle, once the held segment is decided, a
+// stalled prefix's transaction ended, and the server has answered every
+// earlier unit.
+func (s *session) unitMessage(what string, raw []byte, handle func([]byte) error) error {
+	if err := s.flushSegment(); err != nil {
+		return err
+	}
+	if err := s.endStalledFor(what); err != nil {
+		return err
+	}
+	if err := s.beginUnit(); err != nil {
+		return err
+	}
+	return handle(raw)
+}
+
+// holdMessage holds an extended-protocol message (Parse, Bind, Execute,
+// Describe, Close) until its Sync or Flush.
+func (s *session) holdMessage(t byte, raw []byte) error {
+	if len(s.seg) > 4096 || len(s.segBuf) > s.p.cfg.MaxMessageSize {
+		// A pipeline this long without Sync or Flush: decide what we have.
+		if err := s.flushSegment(); err != nil {
+			return err
+		}
+	}
+	s.seg = append(s.seg, segMsg{typ: t, off: len(s.segBuf), n: len(raw)})
+	s.segBuf = append(s.segBuf, raw...)
+	s.segExec = s.segExec || t == 'E'
+	s.segBind = s.segBind || t == 'B'
+	return nil
+}
+
+// syncMessage ends the held segment with a Sync or Flush and decides it.
+func (s *session) syncMessage(t byte, raw []byte) error {
+	if t == 'S' && s.copyIn.Load() && len(s.seg) == 0 {
+		// Postgres ignores Sync during COPY FROM STDIN.
+		_, err := s.sw.Write(raw)
+		return err
+	}
+	s.seg = append(s.seg, segMsg{typ: t, off: len(s.segBuf), n: len(raw)})
+	s.segBuf = append(s.segBuf, raw...)
+	return s.flushSegment()
 }
 
 // busy: the server has not answered everything sent to it (a statement may
