@@ -495,8 +495,8 @@ func (fw *segWriter) execsFrom(i int) []*Statement {
 }
 
 // pin sets search_path for the transaction to the path the proxy checks
-// unqualified names with (see handleQuery), before the messages from
-// message from on whose statements Postgres resolves with it.
+// unqualified names with (see queryRewriter.pinPath for why), before the
+// messages from message from on, whose statements Postgres resolves with it.
 func (fw *segWriter) pin(from int) {
 	s := fw.s
 	if s.sim.spPinned || s.searchPath == nil {
