@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 )
 
+// segMsg is one held extended-protocol message, at buf[off:off+n] of its
+// segment.
 type segMsg struct {
 	typ      byte
 	replay   bool // sent again by the proxy (stallReplay): the answer is not the client's
