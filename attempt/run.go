@@ -160,7 +160,7 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 			return res, err
 		}
 	}
-	if err := r.snapshotGitDirs(); err != nil {
+	if err := r.snapshotGitDirs(ctx); err != nil {
 		return res, err
 	}
 	if err := r.snapshotProject(); err != nil {

@@ -1,6 +1,6 @@
 // Package cli is the fenceline command tree: it parses the command line
 // with cobra, talks to the lease bus (package leasebus) and maps every
-// outcome to the exit statuses of the CLI contract in DESIGN.md.
+// outcome to the exit statuses of the CLI contract in docs/design.md.
 //
 // Main is the whole program; cmd/fenceline only wires it to the process
 // (arguments, standard streams, signals, os.Exit), so tests drive the real
