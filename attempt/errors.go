@@ -20,3 +20,9 @@ func (e *invalidError) Is(target error) bool { return target == ErrInvalid }
 func invalidf(format string, args ...any) error {
 	return &invalidError{msg: fmt.Sprintf(format, args...)}
 }
+
+// errNoStateDir is Run's and RunInPod's error for a spec without
+// FencelineStateDir: the caller's mistake, not the user's.
+func errNoStateDir(spec string) error {
+	return fmt.Errorf("attempt: %s.FencelineStateDir is empty: fenceline's state dir must be hidden from the agent", spec)
+}

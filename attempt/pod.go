@@ -15,7 +15,6 @@ import (
 	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
 )
 
@@ -45,7 +44,11 @@ type PodSpec struct {
 	State      StateSpec // CLI state the agent gets a private copy of (PrivateHome)
 	AllowPorts []uint16  // TCP ports it may connect to besides the fences'
 	AllowBind  []uint16  // fixed TCP ports it may listen on (a dev server's); kernel-chosen ones always
-	Hide       []string  // secrets it may not read besides fenceline's state dir
+	Hide       []string  // secrets it may not read besides FencelineStateDir
+	// FencelineStateDir is fenceline's state dir in the agent's
+	// container: hidden from the agent. Required; the caller decides it
+	// (the CLI: $XDG_STATE_HOME/fenceline).
+	FencelineStateDir string
 
 	KillGrace      time.Duration
 	AllowUnguarded bool
@@ -65,6 +68,9 @@ type PodSpec struct {
 // nothing within Wait leaves the attempt running with every write refused.
 func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 	res.Code = -1
+	if spec.FencelineStateDir == "" {
+		return res, errNoStateDir("PodSpec")
+	}
 	log := spec.Log
 	sc := sidecar.NewClient(spec.SidecarURL, spec.Token)
 	gate := sidecar.NewGate(spec.SidecarURL, spec.Grace)
@@ -131,12 +137,13 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 		}
 	}
 	env := Env(os.Environ(), nil, fences.Env, l.LeaseID)
-	priv, env, err := openPrivateState(spec.State, append([]string{leasebus.StateDir()}, spec.Hide...), &pol, env, say)
+	secrets := append([]string{spec.FencelineStateDir}, spec.Hide...)
+	priv, env, err := openPrivateState(spec.State, secrets, &pol, env, say)
 	if err != nil {
 		return res, err
 	}
 	defer settlePrivateState(priv, say) // after every process is gone: Start's failure, or Wait
-	pol.Hidden = HiddenPaths(env, spec.Hide...)
+	pol.Hidden = HiddenPaths(env, secrets...)
 	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, fences.Ports())
 	pol.Capture = fences.Capture() // connects that skip the proxy are handed to it
 	// The sidecar's admin port: once the sidecar is gone, whoever listens

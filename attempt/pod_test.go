@@ -108,7 +108,7 @@ func TestRunInPodFailsClosed(t *testing.T) {
 	res, err := RunInPod(context.Background(), PodSpec{
 		Argv: []string{"sh", "-c", "echo no > in/x 2>/dev/null && echo wrote || echo refused; exit 5"}, Checkout: co,
 		SidecarURL: nowhere, Grace: time.Second, Wait: 100 * time.Millisecond, Paths: []string{"in"},
-		KillGrace: 5 * time.Second, Stdout: &out, Stderr: io.Discard,
+		KillGrace: 5 * time.Second, Stdout: &out, Stderr: io.Discard, FencelineStateDir: t.TempDir(),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -215,7 +215,7 @@ func TestPodAgentCannotTakeSidecarPort(t *testing.T) {
 		res, err := RunInPod(context.Background(), PodSpec{
 			Argv: []string{"/usr/bin/python3", "-c", podAgent, u.Port(), gone, done}, Checkout: co,
 			SidecarURL: first.URL(), Token: token, Grace: time.Second, Wait: 10 * time.Second,
-			KillGrace: 5 * time.Second, Stdout: out, Stderr: out,
+			KillGrace: 5 * time.Second, Stdout: out, Stderr: out, FencelineStateDir: t.TempDir(),
 			Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		})
 		finished <- ran{res, err}

@@ -266,7 +266,7 @@ func (r *run) settleProject() {
 // loose objects go where the agent can neither read nor write:
 // fenceline's state dir is hidden from it (HiddenPaths).
 func (r *run) snapshotObjects(gitDirs []string) error {
-	state := filepath.Join(leasebus.StateDir(), "settle")
+	state := filepath.Join(r.spec.FencelineStateDir, "settle")
 	keep, err := os.MkdirTemp(state, "objects-")
 	if errors.Is(err, fs.ErrNotExist) {
 		if err = os.MkdirAll(state, 0o700); err == nil {

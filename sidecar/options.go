@@ -34,10 +34,15 @@ type FenceOptions struct {
 	// GitObjectDirs are git dirs whose objects resolve pushed packs.
 	GitObjectDirs []string
 	// GitUpstreamHeaders are "Name: value" lines added to upstream git
-	// requests, with the one in $EnvGitUpstreamHeader (UpstreamHeaders).
-	// Option "git-upstream-header"; its error is a *HeaderError, which
-	// never holds a header's value.
+	// requests, then GitUpstreamSecretHeader (UpstreamHeaders). Option
+	// "git-upstream-header"; its error is a *HeaderError, which never
+	// holds a header's value.
 	GitUpstreamHeaders []string
+	// GitUpstreamSecretHeader is one more such line, kept off the command
+	// line, which the agent can read (the CLI takes it from
+	// $EnvGitUpstreamHeader). Its HeaderError has N 0; the option is
+	// "git-upstream-header".
+	GitUpstreamSecretHeader string
 	// GitUpstreamCAFile is a PEM CA bundle for an https upstream (default:
 	// the system's). Option "git-upstream-ca".
 	GitUpstreamCAFile string
@@ -82,9 +87,13 @@ type FenceOptions struct {
 	// (default: the system's). Option "egress-ca".
 	EgressCAFile string
 
-	// StateDir keeps the sidecar's files; empty: DefaultStateDir of the
-	// lease.
+	// StateDir keeps the sidecar's files; empty: DefaultStateDir of
+	// FencelineStateDir and the lease.
 	StateDir string
+	// FencelineStateDir is fenceline's state dir, which the caller
+	// decides (the CLI: $XDG_STATE_HOME/fenceline). Config needs it, or
+	// StateDir.
+	FencelineStateDir string
 
 	// What Check parsed and read.
 	checked   bool
@@ -190,7 +199,7 @@ func (o *FenceOptions) checkGit() error {
 		}
 	}
 	// Header values are credentials: the error names the header at most.
-	h, err := UpstreamHeaders(o.GitUpstreamHeaders)
+	h, err := UpstreamHeaders(o.GitUpstreamHeaders, o.GitUpstreamSecretHeader)
 	if err != nil {
 		return &OptionError{Option: "git-upstream-header", Err: err}
 	}
@@ -257,7 +266,10 @@ func (o *FenceOptions) Config(lease *leasebus.Holder, bus *leasebus.Client, audi
 	}
 	state := o.StateDir
 	if state == "" {
-		state = DefaultStateDir(l.LeaseID)
+		if o.FencelineStateDir == "" {
+			return Config{}, errors.New("sidecar: FenceOptions.StateDir and FenceOptions.FencelineStateDir are both empty: the sidecar's files need a place")
+		}
+		state = DefaultStateDir(o.FencelineStateDir, l.LeaseID)
 	}
 	return Config{
 		Lease:             lease,

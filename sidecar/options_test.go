@@ -34,12 +34,11 @@ type optionFiles struct {
 	shortKey, hexBad string
 }
 
-// isolateOptions points fenceline's state dir (the default secret files)
-// at a temp dir and clears $EnvGitUpstreamHeader.
+// isolateOptions points fenceline's state dir of the environment at a
+// temp dir: the options never look there.
 func isolateOptions(t *testing.T) {
 	t.Helper()
 	t.Setenv("XDG_STATE_HOME", t.TempDir())
-	t.Setenv(EnvGitUpstreamHeader, "")
 }
 
 func newOptionFiles(t *testing.T) *optionFiles {
@@ -106,7 +105,7 @@ func TestFenceOptionsCheckErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		opts    FenceOptions
-		env     string                    // $EnvGitUpstreamHeader
+		env     string                    // GitUpstreamSecretHeader
 		setup   func(t *testing.T) string // writes a default file, returns it (the value)
 		option  string
 		value   string
@@ -156,11 +155,11 @@ func TestFenceOptionsCheckErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			isolateOptions(t)
-			t.Setenv(EnvGitUpstreamHeader, tc.env)
 			if tc.setup != nil {
 				tc.value = tc.setup(t)
 			}
 			opts := tc.opts
+			opts.GitUpstreamSecretHeader = tc.env
 			err := opts.Check(repo)
 			var oe *OptionError
 			if !errors.As(err, &oe) {
@@ -215,11 +214,13 @@ func acquireFor(t *testing.T, repo string) (*bustest.Bus, *bustest.Lease) {
 // values passed through, the lease's default state dir.
 func TestFenceOptionsConfig(t *testing.T) {
 	isolateOptions(t)
-	t.Setenv(EnvGitUpstreamHeader, "X-Env: from-env")
 	f := newOptionFiles(t)
 	const repo = "github.com/acme/payments"
+	state := t.TempDir()
 	opts := FenceOptions{
-		GitUpstream: "https://git.example.test/acme/payments.git", GitListen: "127.0.0.1:0", GitForward: true,
+		GitUpstreamSecretHeader: "X-Env: from-env",
+		FencelineStateDir:       state,
+		GitUpstream:             "https://git.example.test/acme/payments.git", GitListen: "127.0.0.1:0", GitForward: true,
 		GitObjectDirs:      []string{"/src/.git"},
 		GitUpstreamHeaders: []string{"Authorization: Bearer t0ken"},
 		GitUpstreamCAFile:  f.ca.File,
@@ -252,7 +253,7 @@ func TestFenceOptionsConfig(t *testing.T) {
 		t.Errorf("Config.GitUpstreamHeader Authorization = %q", got)
 	}
 	if got := cfg.GitUpstreamHeader.Get("X-Env"); got != "from-env" {
-		t.Errorf("Config.GitUpstreamHeader X-Env = %q, want the environment's", got)
+		t.Errorf("Config.GitUpstreamHeader X-Env = %q, want the secret header's", got)
 	}
 	if cfg.PGUpstream != opts.PGUpstream || cfg.PGListen != "127.0.0.1:0" || !cfg.PGAllowOpaque {
 		t.Errorf("Config pg: upstream %q listen %q opaque %v", cfg.PGUpstream, cfg.PGListen, cfg.PGAllowOpaque)
@@ -263,12 +264,16 @@ func TestFenceOptionsConfig(t *testing.T) {
 	if len(cfg.AllowHosts) != 1 || len(cfg.EgressResolve) != 1 {
 		t.Errorf("Config egress: %v %v", cfg.AllowHosts, cfg.EgressResolve)
 	}
-	if want := DefaultStateDir(l.Holder.Lease().LeaseID); cfg.StateDir != want {
+	if want := DefaultStateDir(state, l.Holder.Lease().LeaseID); cfg.StateDir != want {
 		t.Errorf("Config.StateDir = %q, want %q", cfg.StateDir, want)
 	}
 	opts.StateDir = f.dir
 	if cfg, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil); err != nil || cfg.StateDir != f.dir {
 		t.Errorf("Config.StateDir = %q, %v; want %q", cfg.StateDir, err, f.dir)
+	}
+	opts.StateDir, opts.FencelineStateDir = "", ""
+	if _, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil); err == nil || !strings.Contains(err.Error(), "FencelineStateDir") {
+		t.Errorf("Config with no state dir = %v, want an error naming FencelineStateDir", err)
 	}
 }
 
@@ -281,7 +286,8 @@ func TestFenceOptionsDefaults(t *testing.T) {
 	isolateOptions(t)
 	const repo = "github.com/acme/payments"
 	bus, l := acquireFor(t, repo)
-	git := FenceOptions{GitUpstream: "http://git.example.test/acme/payments.git", GitListen: "127.0.0.1:0"}
+	state := t.TempDir()
+	git := FenceOptions{GitUpstream: "http://git.example.test/acme/payments.git", GitListen: "127.0.0.1:0", FencelineStateDir: state}
 
 	// No default files: nothing read, nothing refused.
 	opts := git
@@ -295,11 +301,11 @@ func TestFenceOptionsDefaults(t *testing.T) {
 	// A hook secret in the repo's old default file is never read: the
 	// sidecar signs with its lease's grant key.
 	key := bytes.Repeat([]byte{0x11}, 32)
-	if err := gitproxy.WriteSidecarKey(gitproxy.SidecarKeyFile(leasebus.StateDir(), repo), key); err != nil {
+	if err := gitproxy.WriteSidecarKey(gitproxy.SidecarKeyFile(state, repo), key); err != nil {
 		t.Fatal(err)
 	}
 	secret := bytes.Repeat([]byte{0x22}, 32)
-	if err := pgproxy.WriteSecretFile(pgproxy.DefaultSecretFile(leasebus.StateDir()), secret); err != nil {
+	if err := pgproxy.WriteSecretFile(pgproxy.DefaultSecretFile(state), secret); err != nil {
 		t.Fatal(err)
 	}
 	opts = git

@@ -186,7 +186,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 		AllowWrite: extra, AllowPorts: af.ports, AllowBind: af.bindPorts, State: state,
 		Hide:      append([]string{af.tokenFile}, a.credsToHide()...),
 		KillGrace: af.killGrace, AllowUnguarded: af.allowUnguarded, Operator: af.operator,
-		Stdout: out, Stderr: errw, Log: log,
+		Stdout: out, Stderr: errw, Log: log, FencelineStateDir: a.stateDir,
 	})
 	switch {
 	case err != nil:

@@ -264,7 +264,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 			}
 		}
 	}
-	if err := rf.ff.check(co.Repo); err != nil { // every fence flag, before the bus is dialed
+	if err := rf.ff.check(co.Repo, a.fenceEnv()); err != nil { // every fence flag, before the bus is dialed
 		return err
 	}
 
@@ -308,7 +308,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 		l.LeaseID, verb, l.Repo, l.Scope, l.WorkspaceID, l.WorkspaceMode, l.Fence, l.TTL))
 
 	spec := attempt.Spec{
-		Argv: argv, Checkout: co, Pool: pool, Holder: held.holder,
+		Argv: argv, Checkout: co, Pool: pool, Holder: held.holder, FencelineStateDir: a.stateDir,
 		AllowWrite: extra, AllowPorts: rf.ports, AllowBind: rf.bindPorts, State: state,
 		StopOnLost: rf.onLost == onLostSignal, KillGrace: rf.killGrace, AllowUnguarded: rf.allowUnguarded,
 		Stdout: out, Stderr: errw, Say: say, Policy: pol,

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -74,29 +75,42 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 // the command line (the agent can read that).
 const envGitUpstreamHeader = sidecar.EnvGitUpstreamHeader
 
+// fenceEnv is what the fences take from the environment, read once by
+// the command.
+type fenceEnv struct {
+	stateDir     string // fenceline's state dir
+	secretHeader string // $FENCELINE_GIT_UPSTREAM_HEADER
+}
+
+func (a *app) fenceEnv() fenceEnv {
+	return fenceEnv{stateDir: a.stateDir, secretHeader: os.Getenv(envGitUpstreamHeader)}
+}
+
 // options are the fence flags as sidecar.FenceOptions.
-func (ff *fenceFlags) options() *sidecar.FenceOptions {
+func (ff *fenceFlags) options(env fenceEnv) *sidecar.FenceOptions {
 	return &sidecar.FenceOptions{
-		GitUpstream:        ff.gitUpstream,
-		GitListen:          ff.gitListen,
-		GitForward:         ff.gitForward,
-		GitObjectDirs:      ff.gitObjects,
-		GitUpstreamHeaders: ff.gitHeaders,
-		GitUpstreamCAFile:  ff.gitCA,
-		GitHookSecretFile:  ff.gitHookSecret,
-		AllowForcePush:     ff.allowForcePush,
-		AllowRefDelete:     ff.allowDelete,
-		PGUpstream:         ff.pgUpstream,
-		PGListen:           ff.pgListen,
-		PGSecretFile:       ff.pgSecretFile,
-		PGAllowOpaque:      ff.pgAllowOpaque,
-		PGTLSCertFile:      ff.pgTLSCert,
-		PGTLSKeyFile:       ff.pgTLSKey,
-		AllowHosts:         ff.allowHosts,
-		EgressResolve:      ff.egressResolve,
-		InjectHeaderFiles:  ff.injectFiles,
-		EgressCAFile:       ff.egressCA,
-		StateDir:           ff.stateDir,
+		GitUpstreamSecretHeader: env.secretHeader,
+		FencelineStateDir:       env.stateDir,
+		GitUpstream:             ff.gitUpstream,
+		GitListen:               ff.gitListen,
+		GitForward:              ff.gitForward,
+		GitObjectDirs:           ff.gitObjects,
+		GitUpstreamHeaders:      ff.gitHeaders,
+		GitUpstreamCAFile:       ff.gitCA,
+		GitHookSecretFile:       ff.gitHookSecret,
+		AllowForcePush:          ff.allowForcePush,
+		AllowRefDelete:          ff.allowDelete,
+		PGUpstream:              ff.pgUpstream,
+		PGListen:                ff.pgListen,
+		PGSecretFile:            ff.pgSecretFile,
+		PGAllowOpaque:           ff.pgAllowOpaque,
+		PGTLSCertFile:           ff.pgTLSCert,
+		PGTLSKeyFile:            ff.pgTLSKey,
+		AllowHosts:              ff.allowHosts,
+		EgressResolve:           ff.egressResolve,
+		InjectHeaderFiles:       ff.injectFiles,
+		EgressCAFile:            ff.egressCA,
+		StateDir:                ff.stateDir,
 	}
 }
 
@@ -105,8 +119,8 @@ func (ff *fenceFlags) options() *sidecar.FenceOptions {
 // is dialed, listened on or acquired before it passed. repo is the
 // lease's repo when known ("" when attaching). A bad flag, or a file it
 // names that cannot be read, is a usage error naming the flag.
-func (ff *fenceFlags) check(repo string) error {
-	opts := ff.options()
+func (ff *fenceFlags) check(repo string, env fenceEnv) error {
+	opts := ff.options(env)
 	if err := opts.Check(repo); err != nil {
 		return ff.flagError(err)
 	}
@@ -248,7 +262,7 @@ released at once.`,
 // they name, before anything is dialed, listened on or acquired: a bad
 // one is a usage error naming the flag. It returns the logger on stderr
 // and the admin token.
-func (sf *sidecarFlags) check(ctx context.Context, stderr io.Writer) (*slog.Logger, string, error) {
+func (sf *sidecarFlags) check(ctx context.Context, stderr io.Writer, env fenceEnv) (*slog.Logger, string, error) {
 	if sf.ff.gitUpstream == "" && sf.ff.pgUpstream == "" && len(sf.ff.allowHosts) == 0 && len(sf.ff.injectFiles) == 0 {
 		return nil, "", usagef("nothing to fence: give --git-upstream URL, --pg-upstream HOST:PORT and/or --allow-host HOST")
 	}
@@ -268,7 +282,7 @@ func (sf *sidecarFlags) check(ctx context.Context, stderr io.Writer) (*slog.Logg
 			return nil, "", err // the claim flags
 		}
 	}
-	if err := sf.ff.check(sf.lf.repo); err != nil {
+	if err := sf.ff.check(sf.lf.repo, env); err != nil {
 		return nil, "", err
 	}
 	log, err := newLogger(stderr, sf.logFormat)
@@ -297,7 +311,7 @@ func (sf *sidecarFlags) check(ctx context.Context, stderr io.Writer) (*slog.Logg
 // (admin server, lease, fences; on SIGTERM not ready, fences drained,
 // settle awaited, lease released), and what it serves printed.
 func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
-	log, token, err := sf.check(ctx, a.stderr)
+	log, token, err := sf.check(ctx, a.stderr, a.fenceEnv())
 	if err != nil {
 		return err
 	}
@@ -417,10 +431,13 @@ func newLogger(w io.Writer, format string) (*slog.Logger, error) {
 	return nil, usagef("--log-format %q: want json or text", format)
 }
 
-// readToken reads the admin bearer token from file, else from the
-// environment (sidecar.ReadAdminToken). A file that cannot be read, or
-// holds none, is a usage error.
+// readToken reads the admin bearer token from file
+// (sidecar.ReadAdminToken), else from $FENCELINE_ADMIN_TOKEN ("" when
+// unset). A file that cannot be read, or holds none, is a usage error.
 func readToken(file string) (string, error) {
+	if file == "" {
+		return strings.TrimSpace(os.Getenv(sidecar.EnvAdminToken)), nil
+	}
 	tok, err := sidecar.ReadAdminToken(file)
 	switch {
 	case errors.Is(err, sidecar.ErrEmptyAdminToken):
