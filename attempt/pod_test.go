@@ -39,9 +39,9 @@ func TestNarrow(t *testing.T) {
 	}{
 		{"the lease as it is", held, true, nil, "", "[services] tables=[public.invoices]", lease.WorkspaceShared},
 		{"a path inside the claim", held, true, []string{"services/billing"}, "", "[services/billing] tables=[public.invoices]", lease.WorkspaceShared},
-		{"a path outside the claim", held, true, []string{"libs"}, "", "--scope libs is outside lease lease_s's claim", ""},
+		{"a path outside the claim", held, true, []string{"libs"}, "", "Paths libs: is outside lease lease_s's claim", ""},
 		{"shared never widens to exclusive", held, true, nil, lease.WorkspaceExclusive, "has a shared workspace", ""},
-		{"a bad path", held, true, []string{"../x"}, "", "--scope: ", ""},
+		{"a bad path", held, true, []string{"../x"}, "", "Paths: ", ""},
 		{"unknown lease: paths make it shared", unknown, false, []string{"in"}, "", "[in]", lease.WorkspaceShared},
 		{"unknown lease: exclusive stays", unknown, false, nil, "", "none", lease.WorkspaceExclusive},
 		{"unknown lease: a mode is taken", unknown, false, []string{"in"}, lease.WorkspaceExclusive, "[in]", lease.WorkspaceExclusive},
@@ -49,8 +49,9 @@ func TestNarrow(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Narrow(tc.l, tc.known, tc.paths, tc.mode)
 			if tc.ws == "" {
-				if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
-					t.Fatalf("Narrow = %v, want an ErrInvalid saying %q", err, tc.want)
+				var fe *FieldError
+				if !errors.Is(err, ErrInvalid) || !errors.As(err, &fe) || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("Narrow = %v, want an ErrInvalid FieldError saying %q", err, tc.want)
 				}
 				return
 			}

@@ -213,7 +213,7 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	if spec.Audit != nil {
 		auditShadowed(ctx, spec.Audit, l, shadowed, func(s string) { r.say("%s", s) })
 	}
-	if err := socketOutsideWrites("--pg-upstream", cfg.PGUpstream, pol); err != nil {
+	if err := socketOutsideWrites("Sidecar.PGUpstream", cfg.PGUpstream, pol); err != nil {
 		return res, err
 	}
 	env := Env(os.Environ(), nil, sc.AgentEnv, l.LeaseID)
@@ -306,10 +306,10 @@ func (w *watch) watch(ctx context.Context) {
 			_, why := h.State()
 			if r.spec.StopOnLost {
 				w.lostStop.Store(true)
-				r.say("LEASE LOST: %v; every file write and push of the agent is refused from now on; stopping the agent (--on-lost signal): SIGTERM now, SIGKILL after %s", why, r.spec.KillGrace)
+				r.say("LEASE LOST: %v; every file write and push of the agent is refused from now on; stopping the agent as asked: SIGTERM now, SIGKILL after %s", why, r.spec.KillGrace)
 				w.stopAgent()
 			} else {
-				r.say("LEASE LOST: %v; every file write and push of the agent is refused from now on, reads go on; the agent keeps running (--on-lost keep)", why)
+				r.say("LEASE LOST: %v; every file write and push of the agent is refused from now on, reads go on; the agent keeps running, as asked", why)
 			}
 		case <-ctxDone:
 			ctxDone = nil

@@ -111,47 +111,47 @@ func TestFenceOptionsCheckErrors(t *testing.T) {
 		value   string
 		def     bool
 		is      error
-		header  int // HeaderError.N, for git-upstream-header
+		header  int // HeaderError.N, for the header options
 		message string
 	}{
 		{name: "allow-host", opts: FenceOptions{AllowHosts: []string{"api.example.test", "https://x/"}},
-			option: "allow-host", message: `"https://x/"`},
+			option: "AllowHosts", message: `"https://x/"`},
 		{name: "egress-resolve", opts: FenceOptions{EgressResolve: []string{"nope"}},
-			option: "egress-resolve", message: "HOST:PORT=ADDR:PORT"},
+			option: "EgressResolve", message: "HOST:PORT=ADDR:PORT"},
 		{name: "git-upstream", opts: FenceOptions{GitUpstream: "ftp://x", GitListen: "127.0.0.1:0"},
-			option: "git-upstream", message: "http:// or https://"},
+			option: "GitUpstream", message: "http:// or https://"},
 		{name: "git-forward-http", opts: FenceOptions{GitUpstream: "http://git.example.test/p.git", GitListen: "127.0.0.1:0", GitForward: true},
-			option: "git-upstream", message: "forward mode"},
+			option: "GitUpstream", message: "forward mode"},
 		{name: "git-listen", opts: git(FenceOptions{GitListen: "nope"}),
-			option: "git-listen", value: "nope", message: "host:port"},
+			option: "GitListen", value: "nope", message: "host:port"},
 		{name: "git-upstream-header", opts: git(FenceOptions{GitUpstreamHeaders: []string{"A: b", "NoColon secret"}}),
-			option: "git-upstream-header", header: 2, message: "Name: value"},
+			option: "GitUpstreamHeaders", header: 2, message: "Name: value"},
 		{name: "git-upstream-header-no-repo", opts: FenceOptions{GitUpstream: "https://git.example.test/", GitListen: "127.0.0.1:0",
-			GitUpstreamHeaders: []string{"Authorization: Bearer secret"}}, option: "git-upstream", message: "names no repository"},
+			GitUpstreamHeaders: []string{"Authorization: Bearer secret"}}, option: "GitUpstream", message: "names no repository"},
 		{name: "git-upstream-header-env", opts: git(FenceOptions{}), env: "Bad Name: secret",
-			option: "git-upstream-header", header: 0, message: "Name: value"},
+			option: "GitUpstreamSecretHeader", header: 0, message: "Name: value"},
 		{name: "git-upstream-ca-missing", opts: git(FenceOptions{GitUpstreamCAFile: f.missing}),
-			option: "git-upstream-ca", value: f.missing, is: os.ErrNotExist, message: "want the PEM CA bundle"},
+			option: "GitUpstreamCAFile", value: f.missing, is: os.ErrNotExist, message: "want the PEM CA bundle"},
 		{name: "git-upstream-ca-junk", opts: git(FenceOptions{GitUpstreamCAFile: f.junk}),
-			option: "git-upstream-ca", value: f.junk, message: "no PEM certificate"},
+			option: "GitUpstreamCAFile", value: f.junk, message: "no PEM certificate"},
 		{name: "pg-upstream", opts: FenceOptions{PGUpstream: "db.example.test", PGListen: "127.0.0.1:0"},
-			option: "pg-upstream", value: "db.example.test", message: "host:port"},
+			option: "PGUpstream", value: "db.example.test", message: "host:port"},
 		{name: "pg-listen", opts: pg(FenceOptions{PGListen: "nope"}),
-			option: "pg-listen", value: "nope", message: "host:port"},
+			option: "PGListen", value: "nope", message: "host:port"},
 		// The database's secret mints any fence: runners no longer take it.
 		{name: "pg-secret-file-refused", opts: pg(FenceOptions{PGSecretFile: f.pgSecretFile}),
-			option: "pg-secret-file", is: ErrPGSecretGone},
+			option: "PGSecretFile", is: ErrPGSecretGone},
 		{name: "pg-tls-cert-alone", opts: pg(FenceOptions{PGTLSCertFile: f.tlsCert}),
-			option: "pg-tls-key", is: ErrPGTLSPair},
+			option: "PGTLSKeyFile", is: ErrPGTLSPair},
 		{name: "pg-tls-key-alone", opts: pg(FenceOptions{PGTLSKeyFile: f.tlsKey}),
-			option: "pg-tls-cert", is: ErrPGTLSPair},
+			option: "PGTLSCertFile", is: ErrPGTLSPair},
 		{name: "pg-tls-junk", opts: pg(FenceOptions{PGTLSCertFile: f.junk, PGTLSKeyFile: f.tlsKey}),
-			option: "pg-tls-cert", value: f.junk},
+			option: "PGTLSCertFile", value: f.junk},
 		// The hook secret mints any fence: runners no longer take it.
 		{name: "git-hook-secret-refused", opts: git(FenceOptions{GitHookSecretFile: f.hookFile}),
-			option: "git-hook-secret", is: ErrHookSecretGone},
+			option: "GitHookSecretFile", is: ErrHookSecretGone},
 		{name: "git-hook-secret-refused-without-git", opts: FenceOptions{GitHookSecretFile: f.hookFile, AllowHosts: []string{"api.example.test"}},
-			option: "git-hook-secret", is: ErrHookSecretGone},
+			option: "GitHookSecretFile", is: ErrHookSecretGone},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			isolateOptions(t)
@@ -171,7 +171,7 @@ func TestFenceOptionsCheckErrors(t *testing.T) {
 			if tc.is != nil && !errors.Is(err, tc.is) {
 				t.Errorf("Check = %v, want it to wrap %v", err, tc.is)
 			}
-			if tc.option == "git-upstream-header" {
+			if tc.option == "GitUpstreamHeaders" || tc.option == "GitUpstreamSecretHeader" {
 				var he *HeaderError
 				if !errors.As(err, &he) || he.N != tc.header {
 					t.Errorf("Check = %v, want a *HeaderError number %d", err, tc.header)
@@ -334,7 +334,7 @@ func TestFenceOptionsDefaults(t *testing.T) {
 	opts = git
 	opts.GitListen = "nope"
 	var oe *OptionError
-	if _, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil); !errors.As(err, &oe) || oe.Option != "git-listen" {
+	if _, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil); !errors.As(err, &oe) || oe.Option != "GitListen" {
 		t.Errorf("Config unchecked = %v, want the git-listen OptionError", err)
 	}
 }
@@ -347,9 +347,9 @@ func TestOptionErrorMessage(t *testing.T) {
 		e    OptionError
 		want string
 	}{
-		{OptionError{Option: "git-upstream", Err: err}, "git-upstream: boom"},
-		{OptionError{Option: "git-listen", Value: "nope", Err: err}, "git-listen nope: boom"},
-		{OptionError{Option: "pg-secret-file", Value: "/s/pg.key", Default: true, Err: err}, "pg-secret-file (default /s/pg.key): boom"},
+		{OptionError{Option: "GitUpstream", Err: err}, "GitUpstream: boom"},
+		{OptionError{Option: "GitListen", Value: "nope", Err: err}, "GitListen nope: boom"},
+		{OptionError{Option: "PGSecretFile", Value: "/s/pg.key", Default: true, Err: err}, "PGSecretFile (default /s/pg.key): boom"},
 	} {
 		if got := tc.e.Error(); got != tc.want {
 			t.Errorf("Error() = %q, want %q", got, tc.want)

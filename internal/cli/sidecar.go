@@ -128,6 +128,25 @@ func (ff *fenceFlags) check(repo string, env fenceEnv) error {
 	return nil
 }
 
+// fenceFlag is the flag (without dashes) that fills each field of
+// sidecar.FenceOptions an OptionError may name.
+var fenceFlag = map[string]string{
+	"GitUpstream":        "git-upstream",
+	"GitListen":          "git-listen",
+	"GitUpstreamHeaders": "git-upstream-header",
+	"GitUpstreamCAFile":  "git-upstream-ca",
+	"GitHookSecretFile":  "git-hook-secret",
+	"PGUpstream":         "pg-upstream",
+	"PGListen":           "pg-listen",
+	"PGSecretFile":       "pg-secret-file",
+	"PGTLSCertFile":      "pg-tls-cert",
+	"PGTLSKeyFile":       "pg-tls-key",
+	"AllowHosts":         "allow-host",
+	"EgressResolve":      "egress-resolve",
+	"InjectHeaderFiles":  "inject-header-file",
+	"EgressCAFile":       "egress-ca",
+}
+
 // flagError words an error of sidecar.FenceOptions: an option that is
 // wrong is a usage error naming its flag; a default file that cannot be
 // read is not.
@@ -136,9 +155,13 @@ func (ff *fenceFlags) flagError(err error) error {
 	if !errors.As(err, &oe) {
 		return err
 	}
+	flag, ok := fenceFlag[oe.Option]
+	if !ok {
+		flag = oe.Option // GitUpstreamSecretHeader: worded below
+	}
 	var he *sidecar.HeaderError // header values are credentials: named at most
 	switch {
-	case oe.Default && oe.Option == "pg-secret-file":
+	case oe.Default && flag == "pg-secret-file":
 		return fmt.Errorf("%w (the default of --pg-secret-file: run fenceline pg install again, or pass --pg-secret-file)", oe.Err)
 	case oe.Default:
 		return oe.Err // the git hook secret's default file names itself
@@ -152,12 +175,18 @@ func (ff *fenceFlags) flagError(err error) error {
 		return usagef("--pg-secret-file: %v", sidecar.ErrPGSecretGone)
 	case errors.Is(err, sidecar.ErrPGTLSPair):
 		return usagef("--pg-tls-cert and --pg-tls-key go together: give both, or neither for a self-signed certificate")
-	case oe.Option == "pg-tls-cert":
+	case flag == "pg-tls-cert":
 		return usagef("--pg-tls-cert %s, --pg-tls-key %s: %v", ff.pgTLSCert, ff.pgTLSKey, oe.Err)
+	case errors.Is(err, sidecar.ErrForwardHTTP):
+		return usagef("--git-upstream %s: forward mode (--git-forward) is for https remotes; an http remote goes through the reverse proxy", ff.gitUpstream)
+	case errors.Is(err, sidecar.ErrGitHostInjected):
+		return usagef("--inject-header-file: %s is the git upstream's host, served by the git fence: give its credential with --git-upstream-header", oe.Value)
+	case flag == "egress-ca" && errors.Is(err, sidecar.ErrEgressCAUnused):
+		return usagef("--egress-ca %s: only the hosts of --inject-header-file are verified with it", oe.Value)
 	case oe.Value != "":
-		return usagef("--%s %s: %v", oe.Option, oe.Value, oe.Err)
+		return usagef("--%s %s: %v", flag, oe.Value, oe.Err)
 	}
-	return usagef("--%s: %v", oe.Option, oe.Err)
+	return usagef("--%s: %v", flag, oe.Err)
 }
 
 // config is the sidecar's configuration under the held lease, from what
@@ -296,8 +325,10 @@ func (sf *sidecarFlags) check(ctx context.Context, stderr io.Writer, env fenceEn
 	if err := sidecar.CheckListen(sf.admin); err != nil {
 		return nil, "", usagef("--admin %s: %v", sf.admin, err)
 	}
-	if err := (&sidecar.AdminConfig{Listen: sf.admin, Token: token}).Validate(); err != nil {
-		return nil, "", usagef("%v", err) // names --admin-token-file
+	if err := (&sidecar.AdminConfig{Listen: sf.admin, Token: token}).Validate(); errors.Is(err, sidecar.ErrNeedsToken) {
+		return nil, "", usagef("--admin %s: the admin API needs a bearer token off loopback: pass --admin-token-file or set %s, or listen on loopback (--admin 127.0.0.1:PORT)", sf.admin, sidecar.EnvAdminToken)
+	} else if err != nil {
+		return nil, "", usagef("%v", err) // the token's length: it names no flag
 	}
 	if sf.envFile != "" {
 		if fi, err := os.Stat(filepath.Dir(sf.envFile)); err != nil || !fi.IsDir() {
@@ -363,7 +394,10 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 		Logger:        log,
 	})
 	var ae *sidecar.AdminError
-	if errors.As(err, &ae) {
+	switch {
+	case errors.As(err, &ae) && errors.Is(err, sidecar.ErrNeedsToken):
+		return usagef("--admin %s resolves off loopback: the admin API needs a bearer token there: pass --admin-token-file or set %s, or listen on loopback (--admin 127.0.0.1:PORT)", sf.admin, sidecar.EnvAdminToken)
+	case errors.As(err, &ae):
 		return usagef("--admin %s: %v", sf.admin, ae.Err)
 	}
 	if err != nil {
