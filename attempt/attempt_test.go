@@ -495,8 +495,9 @@ func TestRunRefusesUpstreamSocketAgentCanWrite(t *testing.T) {
 	spec, _ := runSpec(t, b, co, l, "sh", "-c", "echo started > in/started")
 	spec.Sidecar.PGUpstream = filepath.Join(repo, "in", ".s.PGSQL.5432")
 	res, err := Run(context.Background(), spec)
-	if err == nil || !strings.Contains(err.Error(), "--pg-upstream") || !strings.Contains(err.Error(), "may write") {
-		t.Errorf("Run = %v, want a refusal naming --pg-upstream and the agent's writable path", err)
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "Sidecar.PGUpstream" || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "may write") {
+		t.Errorf("Run = %v, want an invalid Sidecar.PGUpstream FieldError naming the agent's writable path", err)
 	}
 	if res.Started {
 		t.Error("the agent started")
