@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/internal/demo"
 	"github.com/fenceline/fenceline/internal/testutil"
-	"github.com/fenceline/fenceline/leasebus"
 )
 
 // TestDemo runs the whole demo with its run UI, checks the story's
@@ -43,7 +42,7 @@ func TestDemo(t *testing.T) {
 	t.Logf("demo took %s:\n%s", time.Since(start), out.String())
 	mustContain(t, "demo", out.String(),
 		"run UI: http://127.0.0.1:",
-		"== 1. Two agents race", "winner: agent-", "loser:  agent-", "conflict in "+demoRepo,
+		"== 1. Two agents race", "winner: agent-", "loser:  agent-", "conflict in "+demo.Repo,
 		"== 2. A disjoint scope", "agent-c got lease_",
 		"== 3. A crashed holder", "reclaimed: lease_",
 		"== 4. Fence tokens rise", "strictly increasing",
@@ -58,10 +57,10 @@ func TestDemo(t *testing.T) {
 	}
 
 	// The run UI serves what the demo did.
-	if code, body := testutil.HTTPGet(t, uiURL+"api/v1/leases?repo="+demoRepo+"&all=1", ""); code != 200 || !strings.Contains(body, `"agentId":"agent-c"`) {
+	if code, body := testutil.HTTPGet(t, uiURL+"api/v1/leases?repo="+demo.Repo+"&all=1", ""); code != 200 || !strings.Contains(body, `"agentId":"agent-c"`) {
 		t.Errorf("run UI leases: %d %.300q", code, body)
 	}
-	if code, body := testutil.HTTPGet(t, uiURL+"api/v1/audit?repo="+demoRepo+"&limit=1000", ""); code != 200 || !strings.Contains(body, `"type":"reclaimed"`) {
+	if code, body := testutil.HTTPGet(t, uiURL+"api/v1/audit?repo="+demo.Repo+"&limit=1000", ""); code != 200 || !strings.Contains(body, `"type":"reclaimed"`) {
 		t.Errorf("run UI audit: %d %.300q", code, body)
 	}
 	cancel()
@@ -75,30 +74,5 @@ func TestDemo(t *testing.T) {
 	}
 	if errOut.String() != "" {
 		t.Errorf("stderr: %s", errOut.String())
-	}
-}
-
-func TestCheckFences(t *testing.T) {
-	g := func(fence uint64, paths ...string) demoGrant {
-		c, err := scope.New(paths, false, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return demoGrant{agent: "x", lease: &leasebus.Lease{LeaseID: "lease_" + string(rune('a'+fence)), Scope: c, Fence: fence}}
-	}
-	for _, tc := range []struct {
-		name   string
-		grants []demoGrant
-		ok     bool
-	}{
-		{"rising", []demoGrant{g(1, "a"), g(2, "a/b"), g(3, "a")}, true},
-		{"disjoint may interleave", []demoGrant{g(2, "a"), g(1, "b"), g(3, "a")}, true},
-		{"overlap falls", []demoGrant{g(2, "a"), g(1, "a/b")}, false},
-		{"reused", []demoGrant{g(1, "a"), g(1, "b")}, false},
-		{"zero", []demoGrant{g(0, "a")}, false},
-	} {
-		if err := checkFences(tc.grants); (err == nil) != tc.ok {
-			t.Errorf("%s: checkFences = %v, want ok=%v", tc.name, err, tc.ok)
-		}
 	}
 }
