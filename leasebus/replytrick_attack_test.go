@@ -165,7 +165,9 @@ var replyTrickVectors = []replyTrickVector{
 	}},
 	{"pull-next", func(t *testing.T, attacker *nats.Conn, planted, target string) func(*nats.Conn, string) error {
 		name := fmt.Sprintf("replytrickpull%d", time.Now().UnixNano())
-		if !createAttemptConsumer(t, attacker, name, planted, map[string]any{}) {
+		// It lives until the barrier, however slow the machine (an
+		// ephemeral consumer idle for 5 s is gone).
+		if !createAttemptConsumer(t, attacker, name, planted, map[string]any{"inactive_threshold": int64(2 * time.Minute)}) {
 			t.Fatal("the holder may create a pull consumer on the attempts bucket")
 		}
 		next := fleetJSAPI + ".CONSUMER.MSG.NEXT." + shardAttemptStream + "." + name
