@@ -213,20 +213,19 @@ func TestPolicy(t *testing.T) {
 // fenceline's state dir; a state dir that does not exist yet is hidden by
 // its topmost missing ancestor.
 func TestHiddenPaths(t *testing.T) {
-	missing := filepath.Join(t.TempDir(), "no", "state")
-	t.Setenv("XDG_STATE_HOME", missing)
-	if got, want := HiddenPaths(nil), []string{filepath.Dir(missing)}; !slices.Equal(got, want) {
+	missing := filepath.Join(t.TempDir(), "no", "state", "fenceline")
+	if got, want := HiddenPaths(nil, missing), []string{filepath.Dir(filepath.Dir(missing))}; !slices.Equal(got, want) {
 		t.Errorf("hidden with no state dir: %v, want %v", got, want)
 	}
 
-	t.Setenv("XDG_STATE_HOME", t.TempDir())
-	sc := filepath.Join(leasebus.StateDir(), "sidecar", "lease_mine")
+	state := filepath.Join(t.TempDir(), "fenceline")
+	sc := filepath.Join(state, "sidecar", "lease_mine")
 	files := map[string]string{
-		filepath.Join(leasebus.StateDir(), "leases", "lease_other.json"): "credential",
-		filepath.Join(sc, "ca", "ca.pem"):                                "certificate",
-		filepath.Join(sc, "ca", "ca-key.pem"):                            "key",
-		filepath.Join(sc, "tmp", "pack"):                                 "pack",
-		filepath.Join(leasebus.StateDir(), "sidecar", "lease_b", "x"):    "other sidecar",
+		filepath.Join(state, "leases", "lease_other.json"): "credential",
+		filepath.Join(sc, "ca", "ca.pem"):                  "certificate",
+		filepath.Join(sc, "ca", "ca-key.pem"):              "key",
+		filepath.Join(sc, "tmp", "pack"):                   "pack",
+		filepath.Join(state, "sidecar", "lease_b", "x"):    "other sidecar",
 	}
 	var script []string
 	for p, c := range files {
@@ -240,7 +239,7 @@ func TestHiddenPaths(t *testing.T) {
 	cmd := exec.Command("sh", "-c", strings.Join(script, "\n"))
 	var out strings.Builder
 	cmd.Stdout = &out
-	pr, err := fsguard.Start(context.Background(), fsguard.Policy{Hidden: HiddenPaths(env, sc)}, nil, nil, cmd)
+	pr, err := fsguard.Start(context.Background(), fsguard.Policy{Hidden: HiddenPaths(env, state, sc)}, nil, nil, cmd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +317,7 @@ func runSpec(t *testing.T, b *bustest.Bus, co *Checkout, l *bustest.Lease, argv 
 	t.Helper()
 	said := &lines{}
 	return Spec{
-		Argv: argv, Checkout: co, Holder: l.Holder, Audit: b.Auditor,
+		Argv: argv, Checkout: co, Holder: l.Holder, Audit: b.Auditor, FencelineStateDir: t.TempDir(),
 		Sidecar:   sidecar.Config{Lease: l.Holder, Bus: b.Client, Audit: b.Auditor, StateDir: filepath.Join(t.TempDir(), "sidecar")},
 		KillGrace: 5 * time.Second, Stdout: io.Discard, Stderr: io.Discard, Say: said.say,
 	}, said
@@ -496,8 +495,9 @@ func TestRunRefusesUpstreamSocketAgentCanWrite(t *testing.T) {
 	spec, _ := runSpec(t, b, co, l, "sh", "-c", "echo started > in/started")
 	spec.Sidecar.PGUpstream = filepath.Join(repo, "in", ".s.PGSQL.5432")
 	res, err := Run(context.Background(), spec)
-	if err == nil || !strings.Contains(err.Error(), "--pg-upstream") || !strings.Contains(err.Error(), "may write") {
-		t.Errorf("Run = %v, want a refusal naming --pg-upstream and the agent's writable path", err)
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "Sidecar.PGUpstream" || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "may write") {
+		t.Errorf("Run = %v, want an invalid Sidecar.PGUpstream FieldError naming the agent's writable path", err)
 	}
 	if res.Started {
 		t.Error("the agent started")

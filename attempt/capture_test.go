@@ -175,7 +175,7 @@ func TestCaptureInPod(t *testing.T) {
 	res, err := RunInPod(context.Background(), PodSpec{
 		Argv: []string{"sh", "-c", script}, Checkout: co,
 		SidecarURL: admin.URL(), Token: token, Grace: time.Second, Wait: 10 * time.Second,
-		KillGrace: 5 * time.Second, Stdout: out, Stderr: out,
+		KillGrace: 5 * time.Second, Stdout: out, Stderr: out, FencelineStateDir: t.TempDir(),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {

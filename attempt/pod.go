@@ -2,6 +2,7 @@ package attempt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,7 +16,6 @@ import (
 	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
 )
 
@@ -45,7 +45,11 @@ type PodSpec struct {
 	State      StateSpec // CLI state the agent gets a private copy of (PrivateHome)
 	AllowPorts []uint16  // TCP ports it may connect to besides the fences'
 	AllowBind  []uint16  // fixed TCP ports it may listen on (a dev server's); kernel-chosen ones always
-	Hide       []string  // secrets it may not read besides fenceline's state dir
+	Hide       []string  // secrets it may not read besides FencelineStateDir
+	// FencelineStateDir is fenceline's state dir in the agent's
+	// container: hidden from the agent. Required; the caller decides it
+	// (the CLI: $XDG_STATE_HOME/fenceline).
+	FencelineStateDir string
 
 	KillGrace      time.Duration
 	AllowUnguarded bool
@@ -65,6 +69,9 @@ type PodSpec struct {
 // nothing within Wait leaves the attempt running with every write refused.
 func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 	res.Code = -1
+	if spec.FencelineStateDir == "" {
+		return res, errNoStateDir("PodSpec")
+	}
 	log := spec.Log
 	sc := sidecar.NewClient(spec.SidecarURL, spec.Token)
 	gate := sidecar.NewGate(spec.SidecarURL, spec.Grace)
@@ -81,7 +88,7 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 
 	view := gate.WaitFirst(ctx, spec.Wait)
 	if view == nil {
-		why := fmt.Sprintf("the sidecar at %s named no lease within --wait %s", spec.SidecarURL, spec.Wait)
+		why := fmt.Sprintf("the sidecar at %s named no lease within %s", spec.SidecarURL, spec.Wait)
 		gate.Unbound(why)
 		log.Warn("no word from the sidecar: starting the agent with every write denied for this run", "why", why)
 	}
@@ -131,12 +138,13 @@ func RunInPod(ctx context.Context, spec PodSpec) (res Result, err error) {
 		}
 	}
 	env := Env(os.Environ(), nil, fences.Env, l.LeaseID)
-	priv, env, err := openPrivateState(spec.State, append([]string{leasebus.StateDir()}, spec.Hide...), &pol, env, say)
+	secrets := append([]string{spec.FencelineStateDir}, spec.Hide...)
+	priv, env, err := openPrivateState(spec.State, secrets, &pol, env, say)
 	if err != nil {
 		return res, err
 	}
 	defer settlePrivateState(priv, say) // after every process is gone: Start's failure, or Wait
-	pol.Hidden = HiddenPaths(env, spec.Hide...)
+	pol.Hidden = HiddenPaths(env, secrets...)
 	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, fences.Ports())
 	pol.Capture = fences.Capture() // connects that skip the proxy are handed to it
 	// The sidecar's admin port: once the sidecar is gone, whoever listens
@@ -213,7 +221,7 @@ func sidecarPorts(adminURL string) []uint16 {
 func Narrow(l lease.Lease, known bool, paths []string, mode lease.WorkspaceMode) (lease.Lease, error) {
 	if mode != "" {
 		if known && l.WorkspaceMode == lease.WorkspaceShared && mode == lease.WorkspaceExclusive {
-			return l, invalidf("--workspace exclusive: lease %s has a shared workspace; its agent never writes the git dir", l.LeaseID)
+			return l, fieldInvalid("Workspace", string(mode), fmt.Errorf("lease %s has a shared workspace; its agent never writes the git dir", l.LeaseID))
 		}
 		l.WorkspaceMode = mode
 	} else if !known && len(paths) > 0 {
@@ -224,12 +232,12 @@ func Narrow(l lease.Lease, known bool, paths []string, mode lease.WorkspaceMode)
 	}
 	claim, err := scope.New(paths, false, nil)
 	if err != nil {
-		return l, invalidf("--scope: %v", err)
+		return l, fieldInvalid("Paths", "", err)
 	}
 	if known && l.Scope.Kind != scope.KindNone {
 		for _, p := range claim.Paths {
 			if !l.Scope.ContainsPath(p) {
-				return l, invalidf("--scope %s is outside lease %s's claim %s: the agent may only write what its lease claims", p, l.LeaseID, l.Scope)
+				return l, fieldInvalid("Paths", p, fmt.Errorf("is outside lease %s's claim %s: the agent may only write what its lease claims", l.LeaseID, l.Scope))
 			}
 		}
 	}
@@ -245,19 +253,19 @@ func egressAllows(f sidecar.Fences, hosts []string) error {
 		return nil
 	}
 	if f.Egress == "" {
-		return fmt.Errorf("--allow-host %s: the sidecar serves no egress proxy (it predates it, or never answered): CMD could reach no host", strings.Join(hosts, ", "))
+		return &FieldError{Field: "AllowHosts", Value: strings.Join(hosts, ", "), Err: errors.New("the sidecar serves no egress proxy (it predates it, or never answered): the command could reach no host")}
 	}
 	for _, h := range hosts {
 		want, err := egress.ParseRule(h)
 		if err != nil {
-			return invalidf("--allow-host %s: %v", h, err)
+			return fieldInvalid("AllowHosts", h, err)
 		}
 		hp, _ := egress.HostPort(h)
 		if !slices.Contains(f.EgressInject, hp) && !slices.ContainsFunc(f.EgressAllow, func(s string) bool {
 			r, err := egress.ParseRule(s)
 			return err == nil && r.Covers(want)
 		}) {
-			return invalidf("--allow-host %s: the sidecar's egress proxy does not allow it (it allows: %s); start the sidecar with --allow-host %s", h, strings.Join(f.EgressAllow, ", "), h)
+			return fieldInvalid("AllowHosts", h, fmt.Errorf("%w (it allows: %s)", ErrHostNotAllowed, strings.Join(f.EgressAllow, ", ")))
 		}
 	}
 	return nil

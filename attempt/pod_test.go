@@ -39,9 +39,9 @@ func TestNarrow(t *testing.T) {
 	}{
 		{"the lease as it is", held, true, nil, "", "[services] tables=[public.invoices]", lease.WorkspaceShared},
 		{"a path inside the claim", held, true, []string{"services/billing"}, "", "[services/billing] tables=[public.invoices]", lease.WorkspaceShared},
-		{"a path outside the claim", held, true, []string{"libs"}, "", "--scope libs is outside lease lease_s's claim", ""},
+		{"a path outside the claim", held, true, []string{"libs"}, "", "Paths libs: is outside lease lease_s's claim", ""},
 		{"shared never widens to exclusive", held, true, nil, lease.WorkspaceExclusive, "has a shared workspace", ""},
-		{"a bad path", held, true, []string{"../x"}, "", "--scope: ", ""},
+		{"a bad path", held, true, []string{"../x"}, "", "Paths: ", ""},
 		{"unknown lease: paths make it shared", unknown, false, []string{"in"}, "", "[in]", lease.WorkspaceShared},
 		{"unknown lease: exclusive stays", unknown, false, nil, "", "none", lease.WorkspaceExclusive},
 		{"unknown lease: a mode is taken", unknown, false, []string{"in"}, lease.WorkspaceExclusive, "[in]", lease.WorkspaceExclusive},
@@ -49,8 +49,9 @@ func TestNarrow(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Narrow(tc.l, tc.known, tc.paths, tc.mode)
 			if tc.ws == "" {
-				if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
-					t.Fatalf("Narrow = %v, want an ErrInvalid saying %q", err, tc.want)
+				var fe *FieldError
+				if !errors.Is(err, ErrInvalid) || !errors.As(err, &fe) || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("Narrow = %v, want an ErrInvalid FieldError saying %q", err, tc.want)
 				}
 				return
 			}
@@ -108,7 +109,7 @@ func TestRunInPodFailsClosed(t *testing.T) {
 	res, err := RunInPod(context.Background(), PodSpec{
 		Argv: []string{"sh", "-c", "echo no > in/x 2>/dev/null && echo wrote || echo refused; exit 5"}, Checkout: co,
 		SidecarURL: nowhere, Grace: time.Second, Wait: 100 * time.Millisecond, Paths: []string{"in"},
-		KillGrace: 5 * time.Second, Stdout: &out, Stderr: io.Discard,
+		KillGrace: 5 * time.Second, Stdout: &out, Stderr: io.Discard, FencelineStateDir: t.TempDir(),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -215,7 +216,7 @@ func TestPodAgentCannotTakeSidecarPort(t *testing.T) {
 		res, err := RunInPod(context.Background(), PodSpec{
 			Argv: []string{"/usr/bin/python3", "-c", podAgent, u.Port(), gone, done}, Checkout: co,
 			SidecarURL: first.URL(), Token: token, Grace: time.Second, Wait: 10 * time.Second,
-			KillGrace: 5 * time.Second, Stdout: out, Stderr: out,
+			KillGrace: 5 * time.Second, Stdout: out, Stderr: out, FencelineStateDir: t.TempDir(),
 			Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		})
 		finished <- ran{res, err}

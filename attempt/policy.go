@@ -13,7 +13,6 @@ import (
 	"github.com/fenceline/fenceline/fsguard"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
 )
 
@@ -138,13 +137,13 @@ func RealPaths(flag string, ps []string) ([]string, error) {
 	return out, nil
 }
 
-// HiddenPaths are what the agent may not read: fenceline's state dir
-// (lease credentials, the embedded bus's store and its bus credentials,
-// the Postgres fence secret, the sidecar's CA key and spooled packs) and
-// the caller's other secrets (a sidecar's state dir, a fence secret file
-// kept elsewhere, bus credentials) — except files the agent's env points
-// git and the agent's HTTP clients at (the local CA certificate, the CA
-// bundle with it).
+// HiddenPaths are what the agent may not read: the secrets the caller
+// names — fenceline's state dir (lease credentials, the embedded bus's
+// store and its bus credentials, the Postgres fence secret, the sidecar's
+// CA key and spooled packs) and any other (a sidecar's state dir, a fence
+// secret file kept elsewhere, bus credentials) — except files the agent's
+// env points git and the agent's HTTP clients at (the local CA
+// certificate, the CA bundle with it). Empty names are skipped.
 func HiddenPaths(env []string, secrets ...string) []string {
 	var keep []string
 	for _, kv := range env {
@@ -154,7 +153,7 @@ func HiddenPaths(env []string, secrets ...string) []string {
 		}
 	}
 	var roots []string
-	for _, p := range append([]string{leasebus.StateDir()}, secrets...) {
+	for _, p := range secrets {
 		if p == "" {
 			continue
 		}

@@ -179,7 +179,7 @@ func (r *run) place(ctx context.Context) error {
 //     after it (its git dir is restored by Placement.CleanAfter).
 //
 // An exclusive attempt in a shard has its shard cleaned instead.
-func (r *run) snapshotGitDirs() error {
+func (r *run) snapshotGitDirs(ctx context.Context) error {
 	l := r.spec.Holder.Lease()
 	if pr := r.spec.Pool; pr != nil && pr.Commits() {
 		return r.snapshotObjects(r.co.GitDirs)
@@ -196,7 +196,7 @@ func (r *run) snapshotGitDirs() error {
 			}
 			claims = append(claims, p)
 		}
-		snap, err := shard.SnapshotClaims(r.co.Root, claims)
+		snap, err := shard.SnapshotClaims(ctx, r.co.Root, claims)
 		if err != nil {
 			return fmt.Errorf("before the attempt: %w", err)
 		}
@@ -209,7 +209,7 @@ func (r *run) snapshotGitDirs() error {
 	if r.spec.Pool != nil || len(r.co.GitDirs) == 0 {
 		return nil
 	}
-	snap, err := shard.SnapshotCheckout(r.co.Root, r.co.GitDirs)
+	snap, err := shard.SnapshotCheckout(ctx, r.co.Root, r.co.GitDirs)
 	if err != nil {
 		return fmt.Errorf("before the attempt: %w", err)
 	}
@@ -266,7 +266,7 @@ func (r *run) settleProject() {
 // loose objects go where the agent can neither read nor write:
 // fenceline's state dir is hidden from it (HiddenPaths).
 func (r *run) snapshotObjects(gitDirs []string) error {
-	state := filepath.Join(leasebus.StateDir(), "settle")
+	state := filepath.Join(r.spec.FencelineStateDir, "settle")
 	keep, err := os.MkdirTemp(state, "objects-")
 	if errors.Is(err, fs.ErrNotExist) {
 		if err = os.MkdirAll(state, 0o700); err == nil {
@@ -290,7 +290,8 @@ func (r *run) snapshotObjects(gitDirs []string) error {
 func (r *run) restoreGitDirs(ctx context.Context) {
 	if snap := r.gitSnap; snap != nil {
 		r.gitSnap = nil
-		undone, err := snap.Restore()
+		// A cancelled run is restored all the same: the agent is gone.
+		undone, err := snap.Restore(context.WithoutCancel(ctx))
 		snap.Close()
 		if len(undone) > 0 {
 			r.say("restored %s; undone: %s", r.gitSnapOf, strings.Join(undone, ", "))

@@ -309,7 +309,7 @@ func (h *PrivateHome) Env(env []string) (out []string, notes []string) {
 		}
 		i := slices.IndexFunc(h.paths, func(p string) bool { return Within(abs, p) })
 		if i < 0 {
-			notes = append(notes, fmt.Sprintf("%s=%s is no --private-state path: the agent's CLI reads your own state there, read-only to it", k, v))
+			notes = append(notes, fmt.Sprintf("%s=%s is outside the agent's private state: the agent's CLI reads your own state there, read-only to it", k, v))
 			continue
 		}
 		rel, _ := filepath.Rel(h.home, abs)

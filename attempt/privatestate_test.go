@@ -99,7 +99,7 @@ func TestPrivateHomeCopy(t *testing.T) {
 			t.Errorf("Env lacks %s: %q", want, env)
 		}
 	}
-	if len(notes) != 1 || !strings.Contains(notes[0], "CODEX_HOME=/opt/codex is no --private-state path") {
+	if len(notes) != 1 || !strings.Contains(notes[0], "CODEX_HOME=/opt/codex is outside the agent's private state") {
 		t.Errorf("notes = %q", notes)
 	}
 

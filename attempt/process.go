@@ -33,7 +33,7 @@ const ExitUnknown = 1
 func CheckGuard(name string, allowUnguarded bool) (warning, err error) {
 	if _, err := fsguard.Available(); err != nil {
 		if !allowUnguarded {
-			return nil, fmt.Errorf("refusing to run %s: %w; pass --allow-unguarded to run it without a file-write guard (the agent could then write anywhere it may)", name, err)
+			return nil, fmt.Errorf("refusing to run %s without a file-write guard: %w", name, err)
 		}
 		return err, nil
 	}
@@ -111,7 +111,8 @@ func LocalPorts(addrs ...string) []uint16 {
 // that lies beneath a path the agent may write: the agent could remove
 // the socket and bind its own there while the server restarts, and the
 // fence would hand it what it sends the server. A host:port is not a path.
-func socketOutsideWrites(flag, sock string, pol fsguard.Policy) error {
+// field names the spec's field that gave sock.
+func socketOutsideWrites(field, sock string, pol fsguard.Policy) error {
 	if !filepath.IsAbs(sock) {
 		return nil
 	}
@@ -135,7 +136,7 @@ func socketOutsideWrites(flag, sock string, pol fsguard.Policy) error {
 	}
 	for _, w := range writable {
 		if rel, err := filepath.Rel(w, real); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
-			return invalidf("%s %s lies beneath %s, which the agent may write: it could bind its own server there while the real one restarts; put the socket outside the agent's claim and --allow-write paths", flag, sock, w)
+			return fieldInvalid(field, sock, fmt.Errorf("lies beneath %s, which the agent may write: it could bind its own server there while the real one restarts; put the socket outside what the agent may write (its claim and the other paths it may write)", w))
 		}
 	}
 	return nil

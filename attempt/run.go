@@ -30,6 +30,11 @@ type Spec struct {
 
 	Holder *leasebus.Holder
 	Audit  *leasebus.Auditor
+	// FencelineStateDir is fenceline's state dir (credentials, fence
+	// secrets, the sidecars' files): hidden from the agent, and where
+	// settle keeps its copies of the checkout's objects ("settle/").
+	// Required; the caller decides it (the CLI: $XDG_STATE_HOME/fenceline).
+	FencelineStateDir string
 	// Sidecar is the fences' configuration under Holder's lease. Its
 	// git object dirs default to the attempt's checkout's.
 	Sidecar sidecar.Config
@@ -44,8 +49,8 @@ type Spec struct {
 	// listen on) besides the fences' and their loopback upstreams': the
 	// lease bus's when it is local (LocalPorts).
 	Reserve []uint16
-	// Hide names secrets the agent may not read besides fenceline's state
-	// dir and the sidecar's (HiddenPaths).
+	// Hide names secrets the agent may not read besides FencelineStateDir
+	// and the sidecar's state dir (HiddenPaths).
 	Hide []string
 
 	// StopOnLost stops the agent when the lease is lost; otherwise it runs
@@ -136,6 +141,9 @@ func (r *run) say(format string, args ...any) {
 func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	r := &run{spec: spec, co: spec.Checkout}
 	res.Code = -1
+	if spec.FencelineStateDir == "" {
+		return res, errNoStateDir("Spec")
+	}
 	l := spec.Holder.Lease()
 
 	// Until the agent starts, a failure settles at once.
@@ -160,7 +168,7 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 			return res, err
 		}
 	}
-	if err := r.snapshotGitDirs(); err != nil {
+	if err := r.snapshotGitDirs(ctx); err != nil {
 		return res, err
 	}
 	if err := r.snapshotProject(); err != nil {
@@ -205,15 +213,15 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	if spec.Audit != nil {
 		auditShadowed(ctx, spec.Audit, l, shadowed, func(s string) { r.say("%s", s) })
 	}
-	if err := socketOutsideWrites("--pg-upstream", cfg.PGUpstream, pol); err != nil {
+	if err := socketOutsideWrites("Sidecar.PGUpstream", cfg.PGUpstream, pol); err != nil {
 		return res, err
 	}
 	env := Env(os.Environ(), nil, sc.AgentEnv, l.LeaseID)
-	secrets := append([]string{leasebus.StateDir(), cfg.StateDir}, spec.Hide...)
+	secrets := append([]string{spec.FencelineStateDir, cfg.StateDir}, spec.Hide...)
 	if r.priv, env, err = openPrivateState(spec.State, secrets, &pol, env, func(s string) { r.say("%s", s) }); err != nil {
 		return res, err
 	}
-	pol.Hidden = HiddenPaths(env, secrets[1:]...)
+	pol.Hidden = HiddenPaths(env, secrets...)
 	pol.ConnectPorts = ConnectPorts(spec.AllowPorts, sc.Ports())
 	pol.Capture = sc.Fences().Capture() // connects that skip the proxy are handed to it
 	pol.ReservedPorts = ConnectPorts(spec.Reserve, LocalPorts(cfg.PGUpstream, cfg.GitUpstream))
@@ -298,10 +306,10 @@ func (w *watch) watch(ctx context.Context) {
 			_, why := h.State()
 			if r.spec.StopOnLost {
 				w.lostStop.Store(true)
-				r.say("LEASE LOST: %v; every file write and push of the agent is refused from now on; stopping the agent (--on-lost signal): SIGTERM now, SIGKILL after %s", why, r.spec.KillGrace)
+				r.say("LEASE LOST: %v; every file write and push of the agent is refused from now on; stopping the agent as asked: SIGTERM now, SIGKILL after %s", why, r.spec.KillGrace)
 				w.stopAgent()
 			} else {
-				r.say("LEASE LOST: %v; every file write and push of the agent is refused from now on, reads go on; the agent keeps running (--on-lost keep)", why)
+				r.say("LEASE LOST: %v; every file write and push of the agent is refused from now on, reads go on; the agent keeps running, as asked", why)
 			}
 		case <-ctxDone:
 			ctxDone = nil

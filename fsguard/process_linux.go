@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -121,6 +122,31 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 			pr.cleanupDirs()
 		}
 	}()
+	env, err := pr.privateEnv(&p, cmd.Env)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pr.childSetup(&p, log, cmd, env)
+	if err != nil {
+		return nil, err
+	}
+	if err := pr.spawn(log, cmd, cfg, env); err != nil {
+		return nil, err
+	}
+	ok = true
+
+	go pr.notifyLoop()
+	go pr.auditLoop()
+	go pr.superviseTree(ctx)
+	log.Info("guarded attempt started", "pid", pr.pid, "landlock_abi", abi, "guarded", pr.guarded, "lease", p.Lease.LeaseID)
+	return pr, nil
+}
+
+// privateEnv makes the attempt's private temp dir, resolves the writable
+// set, and returns the environment the command runs with (env, or this
+// process's): TMPDIR the private dir, git's optional locks off, and the git
+// shim first in PATH when p asks for it.
+func (pr *Process) privateEnv(p *Policy, env []string) ([]string, error) {
 	var err error
 	if pr.tmpDir, err = os.MkdirTemp(p.TempRoot, "fenceline-tmp-"); err != nil {
 		return nil, fmt.Errorf("private temp dir: %w", err)
@@ -133,7 +159,6 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 	if err := pr.resolveWritable(); err != nil {
 		return nil, err
 	}
-	env := cmd.Env
 	if env == nil {
 		env = os.Environ()
 	}
@@ -144,31 +169,47 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 			return nil, err
 		}
 	}
+	return env, nil
+}
 
+// childSetup is what the re-executed child applies before it runs cmd:
+// the seccomp filter, and when guarded the Landlock rules that confine its
+// writes (p's writable set and the private temp dir), hidden paths and
+// ports.
+func (pr *Process) childSetup(p *Policy, log *slog.Logger, cmd *exec.Cmd, env []string) (childConfig, error) {
 	cfg := childConfig{Path: cmd.Path, Args: cmd.Args, Env: env, Seccomp: true}
 	if len(cfg.Args) == 0 {
 		cfg.Args = []string{cmd.Path}
 	}
-	if pr.guarded {
-		rules := &landlockRules{ABI: abi, Devices: writableDevices, Hidden: cleanAll(p.Hidden),
-			RestrictNet: !p.AllowAnyConnect, Ports: p.ConnectPorts, BindPorts: p.BindPorts}
-		rules.Writable = append(cleanAll(p.writable()), pr.tmpDir)
-		if rules.Hidden, err = realPaths(rules.Hidden); err != nil {
-			return nil, err
-		}
-		cfg.Landlock = rules
-		if abi < 4 {
-			log.Info("landlock ABI < 4: TCP connects, binds and listens are judged by the supervisor alone (no kernel port rule behind it); a reserved port is still refused at listen", "abi", abi)
-		}
+	if !pr.guarded {
+		return cfg, nil
 	}
+	rules := &landlockRules{ABI: pr.abi, Devices: writableDevices, Hidden: cleanAll(p.Hidden),
+		RestrictNet: !p.AllowAnyConnect, Ports: p.ConnectPorts, BindPorts: p.BindPorts}
+	rules.Writable = append(cleanAll(p.writable()), pr.tmpDir)
+	var err error
+	if rules.Hidden, err = realPaths(rules.Hidden); err != nil {
+		return cfg, err
+	}
+	cfg.Landlock = rules
+	if pr.abi < 4 {
+		log.Info("landlock ABI < 4: TCP connects, binds and listens are judged by the supervisor alone (no kernel port rule behind it); a reserved port is still refused at listen", "abi", pr.abi)
+	}
+	return cfg, nil
+}
+
+// spawn starts the guarded child (this binary again, see Init) with cfg
+// on a setup socket, and completes the setup handshake; a child whose
+// setup failed is killed and reaped.
+func (pr *Process) spawn(log *slog.Logger, cmd *exec.Cmd, cfg childConfig, env []string) error {
 	setup, err := json.Marshal(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("encode guard setup: %w", err)
+		return fmt.Errorf("encode guard setup: %w", err)
 	}
 
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("guard setup socket: %w", err)
+		return fmt.Errorf("guard setup socket: %w", err)
 	}
 	parentSock := fds[0]
 	childSock := os.NewFile(uintptr(fds[1]), "fsguard-setup")
@@ -188,34 +229,40 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 	err = c.Start()
 	childSock.Close()
 	if err != nil {
-		return nil, fmt.Errorf("start guarded %s: %w", cmd.Path, err)
+		return fmt.Errorf("start guarded %s: %w", cmd.Path, err)
 	}
 	pr.cmd, pr.pid = c, c.Process.Pid
 	registerDirect(pr.pid)
-	abort := func(err error) (*Process, error) {
+	if err := pr.handshake(log, parentSock, setup, cmd.Path); err != nil {
 		c.Process.Kill()
 		c.Wait()
 		unregisterDirect(pr.pid)
 		if pr.listener >= 0 {
 			unix.Close(pr.listener)
 		}
-		return nil, err
+		return err
 	}
+	return nil
+}
 
+// handshake sends the child its setup, takes the seccomp listener it
+// sends back once its filter is in place, lets it exec the command and
+// hears that it did; then makes the supervisor's stop pipe.
+func (pr *Process) handshake(log *slog.Logger, parentSock int, setup []byte, path string) error {
 	if err := unix.Sendmsg(parentSock, setup, nil, nil, 0); err != nil {
-		return abort(fmt.Errorf("send guard setup: %w", err))
+		return fmt.Errorf("send guard setup: %w", err)
 	}
 	buf := make([]byte, 4096)
 	oob := make([]byte, unix.CmsgSpace(4))
 	n, oobn, _, _, err := unix.Recvmsg(parentSock, buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
-		return abort(fmt.Errorf("guarded child setup: %w", err))
+		return fmt.Errorf("guarded child setup: %w", err)
 	}
 	if msg := string(buf[:n]); msg != msgOK {
 		if msg == "" {
 			msg = "guarded child exited during setup"
 		}
-		return abort(fmt.Errorf("guard %s: %s", cmd.Path, msg))
+		return fmt.Errorf("guard %s: %s", path, msg)
 	}
 	if oobn > 0 {
 		scms, err := unix.ParseSocketControlMessage(oob[:oobn])
@@ -226,33 +273,27 @@ func Start(ctx context.Context, p Policy, gate Gate, audit Auditor, cmd *exec.Cm
 		}
 	}
 	if pr.listener < 0 {
-		return abort(errors.New("guarded child sent no seccomp listener"))
+		return errors.New("guarded child sent no seccomp listener")
 	}
 	if err := setSyncWakeup(pr.listener); err != nil {
 		log.Debug("seccomp sync wake-up unavailable (Linux < 6.6): each trapped call costs a little more", "err", err)
 	}
 	if err := unix.Sendmsg(parentSock, []byte(msgGo), nil, nil, 0); err != nil {
-		return abort(fmt.Errorf("start guarded command: %w", err))
+		return fmt.Errorf("start guarded command: %w", err)
 	}
 	n, _, _, _, err = unix.Recvmsg(parentSock, buf, nil, 0)
 	if err != nil {
-		return abort(fmt.Errorf("guarded child exec: %w", err))
+		return fmt.Errorf("guarded child exec: %w", err)
 	}
 	if n > 0 {
-		return abort(fmt.Errorf("guard %s", buf[:n]))
+		return fmt.Errorf("guard %s", buf[:n])
 	}
 	var pipe [2]int
 	if err := unix.Pipe2(pipe[:], unix.O_CLOEXEC); err != nil {
-		return abort(fmt.Errorf("supervisor pipe: %w", err))
+		return fmt.Errorf("supervisor pipe: %w", err)
 	}
 	pr.stopR, pr.stopW = pipe[0], pipe[1]
-	ok = true
-
-	go pr.notifyLoop()
-	go pr.auditLoop()
-	go pr.superviseTree(ctx)
-	log.Info("guarded attempt started", "pid", pr.pid, "landlock_abi", abi, "guarded", pr.guarded, "lease", p.Lease.LeaseID)
-	return pr, nil
+	return nil
 }
 
 // Pid is the guarded command's process id (and its process group id).
@@ -311,21 +352,25 @@ func (pr *Process) Wait() (*os.ProcessState, error) {
 	return pr.state, pr.waitErr
 }
 
+// waitCommand waits for the command and records its exit state (an exit
+// status is not an error of supervision), then closes exited.
+func (pr *Process) waitCommand(exited chan<- struct{}) {
+	err := pr.cmd.Wait()
+	pr.state = pr.cmd.ProcessState
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		err = nil
+	}
+	pr.waitErr = err
+	close(exited)
+}
+
 // superviseTree waits for the command, reaps and (on cancel) kills the
 // processes it leaves behind, and closes done once none is left.
 func (pr *Process) superviseTree(ctx context.Context) {
 	log := pr.policy.logger()
 	exited := make(chan struct{})
-	go func() {
-		err := pr.cmd.Wait()
-		pr.state = pr.cmd.ProcessState
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			err = nil
-		}
-		pr.waitErr = err
-		close(exited)
-	}()
+	go pr.waitCommand(exited)
 	sigch := make(chan os.Signal, 1)
 	signal.Notify(sigch, unix.SIGCHLD)
 	// While the command runs, the tree is scanned on SIGCHLD (to reap
@@ -380,6 +425,15 @@ func (pr *Process) superviseTree(ctx context.Context) {
 	if killTimer != nil {
 		killTimer.Stop()
 	}
+	pr.settle(log)
+}
+
+// settle releases what the attempt held once none of its processes is
+// left: the notification loop and the network operations end first (they
+// answer on the listener and audit), then the listener, the audit queue
+// (drained for up to auditDrain), the private dirs and the IPC objects the
+// attempt left; done is closed last.
+func (pr *Process) settle(log *slog.Logger) {
 	unregisterDirect(pr.pid)
 	unix.Close(pr.stopW) // ends the notification loop if the filter outlived the tree
 	<-pr.notifDone

@@ -32,6 +32,7 @@ func TestSealedUDPFlood(t *testing.T) {
 	}
 	proxy.waitIdle(t)
 	before := openFDs(t)
+	dnsConnsHigh.Store(dnsConnsOpen.Load())
 
 	if got := run("sealedflood", "3000"); got != "ok" {
 		t.Errorf("sealedflood: %q", got)
@@ -46,11 +47,17 @@ func TestSealedUDPFlood(t *testing.T) {
 	if h := sealedHelpers(t); len(h) != 0 {
 		t.Errorf("sealed network helpers left after the attempts settled: %v", h)
 	}
+	// Counted where they are opened and closed: the proxy sees one end
+	// only when it next reads, so its own count runs ahead on a busy
+	// machine (25-28 seen).
+	if high := dnsConnsHigh.Load(); high > maxDNSRelays+maxIdleDNSConns {
+		t.Errorf("the relay held %d connections to the proxy at once, want at most %d", high, maxDNSRelays+maxIdleDNSConns)
+	}
+	if open := dnsConnsOpen.Load(); open != 0 {
+		t.Errorf("the relay holds %d connections to the proxy after the attempts settled", open)
+	}
 	proxy.mu.Lock()
 	defer proxy.mu.Unlock()
-	if proxy.maxOpen > maxDNSRelays+maxIdleDNSConns {
-		t.Errorf("the relay held %d connections to the proxy at once, want at most %d", proxy.maxOpen, maxDNSRelays+maxIdleDNSConns)
-	}
 	for size := range proxy.sizes {
 		if !slices.Contains([]int{0, 1, 12, 512, 65507}, size) {
 			t.Errorf("the proxy read a frame of %d bytes, which the agent never sent", size)

@@ -183,6 +183,24 @@ func (s *sealedNet) start() error {
 	if !s.pr.policy.Capture.IsValid() {
 		return errors.New("no egress proxy to answer its DNS (transparent capture is off)")
 	}
+	if err := s.startHelper(); err != nil {
+		return err
+	}
+	if err := s.openDNS(); err != nil {
+		s.stopHelper()
+		return err
+	}
+	for _, c := range s.dns {
+		s.relays.Add(1)
+		go s.serveDNS(c)
+	}
+	s.pr.policy.logger().Info("sealed network for the agent's UDP started: DNS is answered by the egress proxy, nothing else leaves", "helper_pid", s.cmd.Process.Pid)
+	return nil
+}
+
+// startHelper starts the helper in a user and network namespace of its
+// own, with a setup socket to it (s.sock).
+func (s *sealedNet) startHelper() error {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("sealed network: %w", err)
@@ -216,10 +234,13 @@ func (s *sealedNet) start() error {
 	}
 	registerDirect(cmd.Process.Pid)
 	s.sock, s.cmd = fds[0], cmd
-	fail := func(err error) error {
-		s.stopHelper()
-		return err
-	}
+	return nil
+}
+
+// openDNS hears the helper's setup and takes the DNS sockets it sends (in
+// the sealed namespace, whose inode it records). The caller stops the
+// helper when this fails.
+func (s *sealedNet) openDNS() error {
 	// Every answer of the helper is bounded: a helper stopped or killed
 	// (on a kernel without Landlock's signal scope the agent can signal
 	// it) fails the agent's socket() instead of holding the supervisor.
@@ -230,22 +251,22 @@ func (s *sealedNet) start() error {
 	oob := make([]byte, unix.CmsgSpace(2*4))
 	n, oobn, err := recvmsg(s.sock, buf, oob)
 	if err != nil {
-		return fail(fmt.Errorf("sealed network helper: %w", err))
+		return fmt.Errorf("sealed network helper: %w", err)
 	}
 	if msg := string(buf[:n]); msg != msgOK {
 		if msg == "" {
 			msg = "exited during setup"
 		}
-		return fail(fmt.Errorf("sealed network helper: %s; UDP stays refused", msg))
+		return fmt.Errorf("sealed network helper: %s; UDP stays refused", msg)
 	}
 	resolvers, err := parseRights(oob[:oobn])
 	if err != nil || len(resolvers) == 0 {
-		return fail(fmt.Errorf("sealed network helper sent no DNS socket: %v", err))
+		return fmt.Errorf("sealed network helper sent no DNS socket: %v", err)
 	}
 	ns, err := socketNetns(resolvers[0])
 	if err != nil {
 		closeAll(resolvers)
-		return fail(fmt.Errorf("sealed network: %w", err))
+		return fmt.Errorf("sealed network: %w", err)
 	}
 	s.ns.Store(ns)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -256,15 +277,10 @@ func (s *sealedNet) start() error {
 		if err != nil {
 			closeAll(resolvers[i+1:])
 			s.closeDNS()
-			return fail(fmt.Errorf("sealed network DNS socket: %w", err))
+			return fmt.Errorf("sealed network DNS socket: %w", err)
 		}
 		s.dns = append(s.dns, c)
 	}
-	for _, c := range s.dns {
-		s.relays.Add(1)
-		go s.serveDNS(c)
-	}
-	s.pr.policy.logger().Info("sealed network for the agent's UDP started: DNS is answered by the egress proxy, nothing else leaves", "helper_pid", cmd.Process.Pid)
 	return nil
 }
 
@@ -408,6 +424,7 @@ func (s *sealedNet) dnsConn(ctx context.Context, dst netip.AddrPort) (conn net.C
 	if conn, err = d.DialContext(ctx, "tcp", s.pr.policy.Capture.String()); err != nil {
 		return nil, false, err
 	}
+	conn = countDNSConn(conn)
 	deadline, _ := ctx.Deadline()
 	conn.SetWriteDeadline(deadline)
 	if _, err := conn.Write(CapturePreamble(dst)); err != nil {
@@ -415,6 +432,34 @@ func (s *sealedNet) dnsConn(ctx context.Context, dst netip.AddrPort) (conn net.C
 		return nil, false, err
 	}
 	return conn, false, nil
+}
+
+// dnsConnsOpen counts the relays' connections to the proxy in this
+// process, and dnsConnsHigh is the most it has counted at once (what
+// TestSealedUDPFlood bounds: the proxy itself sees a connection end only
+// when it next reads, later).
+var dnsConnsOpen, dnsConnsHigh atomic.Int64
+
+// countedConn is a relay's connection to the proxy, counted while open.
+type countedConn struct {
+	net.Conn
+	once sync.Once
+}
+
+func countDNSConn(c net.Conn) net.Conn {
+	n := dnsConnsOpen.Add(1)
+	for {
+		high := dnsConnsHigh.Load()
+		if n <= high || dnsConnsHigh.CompareAndSwap(high, n) {
+			break
+		}
+	}
+	return &countedConn{Conn: c}
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { dnsConnsOpen.Add(-1) })
+	return c.Conn.Close()
 }
 
 // putDNSConn keeps conn for the next query to dst; past the bound the

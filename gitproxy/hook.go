@@ -170,10 +170,59 @@ func PreReceive(ctx context.Context, cfg HookConfig, stdin io.Reader) error {
 	return err
 }
 
+// preReceive decides a push at the git server: a fence in its options,
+// signed for this repository and these ref updates, whose touched paths
+// stay in its claim and pass the policy, of a lease still active, and no
+// older than the fence last recorded for anything it touches.
 func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string, cmds []command) error {
+	opts, bad := hookOptions(cfg.Options)
+	if len(opts) == 0 {
+		if cfg.AllowUnfenced {
+			return nil
+		}
+		return &HookError{Reason: HookUnfenced, Msg: "fenceline: push refused: it carries no fence (push through the fenceline sidecar, or install the hook with --allow-unfenced)"}
+	}
+	f := &hookFence{leaseID: opts[OptionLease], fenceStr: opts[OptionFence], owner: opts[OptionOwner], repo: opts[OptionRepo]}
+	if bad != nil {
+		return f.deny(bad)
+	}
+	if he := f.verify(cfg, gitDir, opts, cmds); he != nil {
+		return f.deny(he)
+	}
+	if he := hookBlindDeletes(ctx, g, cmds); he != nil {
+		return f.deny(he)
+	}
+	touched, err := hookTouched(ctx, g, cmds)
+	if err != nil {
+		return err
+	}
+	// The paths come from the server's own objects: a push whose paths the
+	// proxy misjudged (from objects the agent forged, say) is refused here
+	// when they leave the claim the fence was signed with.
+	if outside := f.outsideClaim(touched); len(outside) > 0 {
+		return f.deny(&HookError{Reason: HookOutsideClaim, Msg: fmt.Sprintf("%s is outside its claim %s", andMore(outside), strings.Join(f.claim.Paths, " "))})
+	}
+	if he := hookPolicy(ctx, g, cfg.Policy, f.repo, f.leaseID, f.owner, f.claim, cmds, touched); he != nil {
+		return f.deny(he)
+	}
+	resources := f.resources(touched)
+
+	// Last before recording: the lease must still be active, with this
+	// fence (the proxy confirmed it before forwarding; a revoke since then
+	// is the storage's to enforce).
+	if he := hookLeaseActive(ctx, cfg.Leases, f.leaseID, f.fence); he != nil {
+		return f.deny(he)
+	}
+	return f.record(gitDir, resources)
+}
+
+// hookOptions are the fenceline-* push options, by name, and the first
+// thing wrong with them (an option given twice, or one the hook does not
+// know), nil when nothing is.
+func hookOptions(options []string) (map[string]string, *HookError) {
 	opts := map[string]string{}
 	var bad *HookError
-	for _, o := range cfg.Options {
+	for _, o := range options {
 		k, v, _ := strings.Cut(o, "=")
 		if !strings.HasPrefix(k, "fenceline-") {
 			continue
@@ -186,28 +235,37 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 		}
 		opts[k] = v
 	}
-	if len(opts) == 0 {
-		if cfg.AllowUnfenced {
-			return nil
-		}
-		return &HookError{Reason: HookUnfenced, Msg: "fenceline: push refused: it carries no fence (push through the fenceline sidecar, or install the hook with --allow-unfenced)"}
+	return opts, bad
+}
+
+// hookFence is the fence a push's options carry, as the hook reads it.
+type hookFence struct {
+	leaseID, fenceStr, owner string // as the push names them
+	repo                     string // the repository it was signed for
+	fence                    uint64 // set by verify
+	claim                    scope.Claim
+}
+
+// deny makes e the refusal of a push under f, naming the fence.
+func (f *hookFence) deny(e *HookError) *HookError {
+	e.Lease, e.Fence, e.Owner = f.leaseID, f.fenceStr, f.owner
+	e.Msg = fmt.Sprintf("fenceline: push refused: fence %q of lease %q (owner %q): %s [%s]", f.fenceStr, f.leaseID, f.owner, e.Msg, e.Reason)
+	return e
+}
+
+// verify checks the fence options (opts): a lease and a positive fence,
+// signed with the lease's grant key (derived from the hook's secret) over
+// the push's ref updates (cmds), for this repository; and reads the claim
+// the fence was signed with.
+func (f *hookFence) verify(cfg HookConfig, gitDir string, opts map[string]string, cmds []command) *HookError {
+	fence, err := strconv.ParseUint(f.fenceStr, 10, 64)
+	if err != nil || fence == 0 || f.leaseID == "" {
+		return &HookError{Reason: HookMalformed, Msg: fmt.Sprintf("malformed fence options: want %s=<lease id> and %s=<positive integer>", OptionLease, OptionFence)}
 	}
-	leaseID, fenceStr, owner := opts[OptionLease], opts[OptionFence], opts[OptionOwner]
-	deny := func(e *HookError) *HookError {
-		e.Lease, e.Fence, e.Owner = leaseID, fenceStr, owner
-		e.Msg = fmt.Sprintf("fenceline: push refused: fence %q of lease %q (owner %q): %s [%s]", fenceStr, leaseID, owner, e.Msg, e.Reason)
-		return e
-	}
-	if bad != nil {
-		return deny(bad)
-	}
-	fence, err := strconv.ParseUint(fenceStr, 10, 64)
-	if err != nil || fence == 0 || leaseID == "" {
-		return deny(&HookError{Reason: HookMalformed, Msg: fmt.Sprintf("malformed fence options: want %s=<lease id> and %s=<positive integer>", OptionLease, OptionFence)})
-	}
+	f.fence = fence
 	mac, signed := opts[OptionMAC]
 	if !signed {
-		return deny(&HookError{Reason: HookUnsigned, Msg: fmt.Sprintf("it is not signed (no %s option): this server accepts only fences the lease service granted, signed by the lease's fenceline sidecar with the grant key the service gave it (register this repository's hook secret with the bus: fenceline bus fence-secret set --repo REPO --git HOOK-SECRET-FILE)", OptionMAC)})
+		return &HookError{Reason: HookUnsigned, Msg: fmt.Sprintf("it is not signed (no %s option): this server accepts only fences the lease service granted, signed by the lease's fenceline sidecar with the grant key the service gave it (register this repository's hook secret with the bus: fenceline bus fence-secret set --repo REPO --git HOOK-SECRET-FILE)", OptionMAC)}
 	}
 	key := cfg.Key
 	if len(key) == 0 {
@@ -216,15 +274,15 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 			file = HookKeyFile(gitDir)
 		}
 		if key, err = readHookKey(file); err != nil {
-			return deny(&HookError{Reason: HookNoSecret, Msg: fmt.Sprintf("this hook cannot verify fences: %v (run fenceline hook install --git-dir %s --repo REPO as the git server's user)", err, gitDir)})
+			return &HookError{Reason: HookNoSecret, Msg: fmt.Sprintf("this hook cannot verify fences: %v (run fenceline hook install --git-dir %s --repo REPO as the git server's user)", err, gitDir)}
 		}
 	}
-	repo, claimStr := opts[OptionRepo], opts[OptionClaim]
+	claimStr := opts[OptionClaim]
 	updates := make([]RefUpdate, len(cmds))
 	for i, c := range cmds {
 		updates[i] = RefUpdate(c)
 	}
-	fields := fenceFields{Repo: repo, Lease: leaseID, Owner: owner, Fence: fenceStr, Claim: claimStr}
+	fields := fenceFields{Repo: f.repo, Lease: f.leaseID, Owner: f.owner, Fence: f.fenceStr, Claim: claimStr}
 	msg, err := fenceMessage(fields, updates)
 	var grant []byte
 	if err == nil {
@@ -234,77 +292,77 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 		err = verifyFenceMAC(grant, msg, mac)
 	}
 	if err != nil {
-		return deny(&HookError{Reason: HookBadMAC, Msg: err.Error()})
+		return &HookError{Reason: HookBadMAC, Msg: err.Error()}
 	}
-	if cfg.Repo != "" && repoid.Normalize(repo) != repoid.Normalize(cfg.Repo) {
-		return deny(&HookError{Reason: HookOtherRepo, Msg: fmt.Sprintf("it was signed for repository %q; this repository is %q", repo, cfg.Repo)})
+	if cfg.Repo != "" && repoid.Normalize(f.repo) != repoid.Normalize(cfg.Repo) {
+		return &HookError{Reason: HookOtherRepo, Msg: fmt.Sprintf("it was signed for repository %q; this repository is %q", f.repo, cfg.Repo)}
 	}
-	var claim scope.Claim
 	if claimStr != "" {
-		if err := json.Unmarshal([]byte(claimStr), &claim); err != nil {
-			return deny(&HookError{Reason: HookMalformed, Msg: fmt.Sprintf("malformed %s option: %v", OptionClaim, err)})
+		if err := json.Unmarshal([]byte(claimStr), &f.claim); err != nil {
+			return &HookError{Reason: HookMalformed, Msg: fmt.Sprintf("malformed %s option: %v", OptionClaim, err)}
 		}
 	}
+	return nil
+}
 
-	// A delete that names no value goes whatever the ref holds: the proxy
-	// lets one through only for a ref the server lacked when it looked.
+// hookBlindDeletes refuses a delete that names no value of a ref the
+// server has: such a delete goes whatever the ref holds, and the proxy
+// lets one through only for a ref the server lacked when it looked.
+func hookBlindDeletes(ctx context.Context, g gitRunner, cmds []command) *HookError {
 	for _, c := range cmds {
 		if !c.isBlindDelete() {
 			continue
 		}
 		if out, err := g.runHere(ctx, "show-ref", "--verify", "--hash", c.Ref); err == nil {
-			return deny(&HookError{Reason: HookBlindDelete, Msg: fmt.Sprintf("%s exists (at %s), but the push deletes it without naming its value: fetch, then delete it again", c.Ref, strings.TrimSpace(string(out)))})
+			return &HookError{Reason: HookBlindDelete, Msg: fmt.Sprintf("%s exists (at %s), but the push deletes it without naming its value: fetch, then delete it again", c.Ref, strings.TrimSpace(string(out)))}
 		}
 	}
+	return nil
+}
 
-	touched, err := hookTouched(ctx, g, cmds)
-	if err != nil {
-		return err
+// outsideClaim are the touched paths a claim of paths does not contain
+// (none for any other claim).
+func (f *hookFence) outsideClaim(touched []string) []string {
+	if f.claim.Kind != scope.KindPaths {
+		return nil
 	}
-	// The paths come from the server's own objects: a push whose paths the
-	// proxy misjudged (from objects the agent forged, say) is refused here
-	// when they leave the claim the fence was signed with.
-	if claim.Kind == scope.KindPaths {
-		var outside []string
-		for _, p := range touched {
-			if !claim.ContainsPath(p) {
-				outside = append(outside, p)
-			}
-		}
-		if len(outside) > 0 {
-			return deny(&HookError{Reason: HookOutsideClaim, Msg: fmt.Sprintf("%s is outside its claim %s", andMore(outside), strings.Join(claim.Paths, " "))})
+	var outside []string
+	for _, p := range touched {
+		if !f.claim.ContainsPath(p) {
+			outside = append(outside, p)
 		}
 	}
-	if he := hookPolicy(ctx, g, cfg.Policy, repo, leaseID, owner, claim, cmds, touched); he != nil {
-		return deny(he)
-	}
-	// The push's resources: its claim, and the touched paths the claim
-	// does not cover (all of them for a lease that claims nothing).
+	return outside
+}
+
+// resources are the push's resources: its claim, and the touched paths
+// the claim does not cover (all of them for a lease that claims nothing).
+func (f *hookFence) resources(touched []string) []string {
 	var resources []string
-	switch claim.Kind {
+	switch f.claim.Kind {
 	case scope.KindWholeRepo:
 		resources = []string{""}
 	case scope.KindPaths:
-		resources = append(resources, claim.Paths...)
+		resources = append(resources, f.claim.Paths...)
 		for _, p := range touched {
-			if !claim.ContainsPath(p) {
+			if !f.claim.ContainsPath(p) {
 				resources = append(resources, p)
 			}
 		}
 	default:
 		resources = touched
 	}
+	return resources
+}
 
-	// Last before recording: the lease must still be active, with this
-	// fence (the proxy confirmed it before forwarding; a revoke since then
-	// is the storage's to enforce).
-	if he := hookLeaseActive(ctx, cfg.Leases, leaseID, fence); he != nil {
-		return deny(he)
-	}
+// record refuses the push when a newer fence was recorded for anything
+// overlapping its resources, and otherwise records its fence for each (in
+// the repository's fence file, under its lock).
+func (f *hookFence) record(gitDir string, resources []string) error {
 	return withFenceFile(gitDir, func(fences map[string]fenceEntry) (bool, error) {
 		idx := newFenceIndex(fences)
 		for _, r := range resources {
-			if path, e, ok := idx.newerOverlapping(r, fence); ok {
+			if path, e, ok := idx.newerOverlapping(r, f.fence); ok {
 				what := r
 				if what == "" {
 					what = "the whole repository"
@@ -312,14 +370,14 @@ func preReceive(ctx context.Context, g gitRunner, cfg HookConfig, gitDir string,
 				if path != r && path != "" {
 					what += " (" + path + ")"
 				}
-				return false, &HookError{Reason: HookStaleFence, Lease: leaseID, Fence: fenceStr, Owner: owner, Msg: fmt.Sprintf(
+				return false, &HookError{Reason: HookStaleFence, Lease: f.leaseID, Fence: f.fenceStr, Owner: f.owner, Msg: fmt.Sprintf(
 					"fenceline: push refused: fence %d of lease %s (%s) is stale: %s was pushed under fence %d (lease %s%s) [%s]",
-					fence, leaseID, owner, what, e.Fence, e.Lease, ownerSuffix(e.Owner), HookStaleFence)}
+					f.fence, f.leaseID, f.owner, what, e.Fence, e.Lease, ownerSuffix(e.Owner), HookStaleFence)}
 			}
 		}
 		for _, r := range resources {
-			if e, ok := fences[r]; !ok || e.Fence < fence {
-				fences[r] = fenceEntry{Fence: fence, Lease: leaseID, Owner: owner}
+			if e, ok := fences[r]; !ok || e.Fence < f.fence {
+				fences[r] = fenceEntry{Fence: f.fence, Lease: f.leaseID, Owner: f.owner}
 			}
 		}
 		return true, nil

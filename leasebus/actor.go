@@ -543,7 +543,10 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 // notify publishes a lease's committed record for watchers (best effort:
 // holders also learn of loss at their next renewal).
 func (a *actor) notify(e *entry) {
-	_ = a.svc.nc.Publish(changedPrefix+"."+a.key+"."+e.LeaseID, e.publicJSON())
+	subj, data := changedPrefix+"."+a.key+"."+e.LeaseID, e.publicJSON()
+	for _, nc := range a.svc.conns() {
+		_ = nc.Publish(subj, data)
+	}
 }
 
 // maybeSnapshot writes the whole state once the deltas since the last

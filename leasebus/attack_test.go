@@ -1,6 +1,7 @@
 package leasebus
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,14 +26,14 @@ func injectViaConsumer(t *testing.T, url, subj string, data []byte) string {
 		"name": key, "deliver_subject": subj, "ack_policy": "none",
 		"filter_subject": "$KV.FENCELINE_ATTEMPTS." + key, "deliver_policy": "all",
 	}})
-	resp, err := attacker.Request("$JS.API.CONSUMER.CREATE.KV_FENCELINE_ATTEMPTS."+key+".$KV.FENCELINE_ATTEMPTS."+key, create, 5*time.Second)
+	resp, err := attacker.Request(FleetJSAPI+".CONSUMER.CREATE.KV_FENCELINE_ATTEMPTS."+key+".$KV.FENCELINE_ATTEMPTS."+key, create, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Wait until the consumer has handed the record on (or 2 s).
 	deadline := time.Now().Add(2 * time.Second)
 	for time.Now().Before(deadline) {
-		info, err := attacker.Request("$JS.API.CONSUMER.INFO.KV_FENCELINE_ATTEMPTS."+key, nil, 2*time.Second)
+		info, err := attacker.Request(FleetJSAPI+".CONSUMER.INFO.KV_FENCELINE_ATTEMPTS."+key, nil, 2*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -64,7 +65,7 @@ func TestHolderCannotWriteLeaseLogThroughJetStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, err := jetstream.New(b.nc)
+	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +123,7 @@ func storeAt(t *testing.T, url string, data []byte) (*nats.Conn, string) {
 	t.Helper()
 	ctx := ctxT(t)
 	attacker := connectAs(t, url, RoleHolder)
-	ajs, err := jetstream.New(connectAs(t, url, RoleService))
+	ajs, err := JetStream(context.Background(), connectAs(t, url, RoleService))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +143,7 @@ func storeAt(t *testing.T, url string, data []byte) (*nats.Conn, string) {
 func foreignLogRecords(t *testing.T, b *bus, after uint64) int {
 	t.Helper()
 	ctx := ctxT(t)
-	js, err := jetstream.New(b.nc)
+	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +180,7 @@ func foreignLogRecords(t *testing.T, b *bus, after uint64) int {
 
 func logLastSeq(t *testing.T, b *bus) uint64 {
 	t.Helper()
-	js, err := jetstream.New(b.nc)
+	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,13 +220,13 @@ func TestHolderCannotWriteLeaseLogThroughReplies(t *testing.T) {
 			logSubj := logSubjectFor(RepoKey(repo))
 			switch how {
 			case "apianswer":
-				err = attacker.PublishRequest("$JS.API.STREAM.INFO.KV_FENCELINE_ATTEMPTS", logSubj, nil) // a JetStream API answer
+				err = attacker.PublishRequest(FleetJSAPI+".STREAM.INFO.KV_FENCELINE_ATTEMPTS", logSubj, nil) // a JetStream API answer
 			case "directget":
 				req, _ := json.Marshal(map[string]any{"last_by_subj": "$KV.FENCELINE_ATTEMPTS." + key})
-				err = attacker.PublishRequest("$JS.API.DIRECT.GET.KV_FENCELINE_ATTEMPTS", logSubj, req)
+				err = attacker.PublishRequest(FleetJSAPI+".DIRECT.GET.KV_FENCELINE_ATTEMPTS", logSubj, req)
 			case "msgget":
 				req, _ := json.Marshal(map[string]any{"last_by_subj": "$KV.FENCELINE_ATTEMPTS." + key})
-				err = attacker.PublishRequest("$JS.API.STREAM.MSG.GET.KV_FENCELINE_ATTEMPTS", logSubj, req)
+				err = attacker.PublishRequest(FleetJSAPI+".STREAM.MSG.GET.KV_FENCELINE_ATTEMPTS", logSubj, req)
 			case "servicereply":
 				// The lease service's own answer (it may publish on every
 				// fenceline subject).
@@ -236,10 +237,10 @@ func TestHolderCannotWriteLeaseLogThroughReplies(t *testing.T) {
 					"name": key, "ack_policy": "none", "filter_subject": "$KV.FENCELINE_ATTEMPTS." + key, "deliver_policy": "last",
 				}})
 				var resp *nats.Msg
-				resp, err = attacker.Request("$JS.API.CONSUMER.CREATE.KV_FENCELINE_ATTEMPTS."+key+".$KV.FENCELINE_ATTEMPTS."+key, create, 5*time.Second)
+				resp, err = attacker.Request(FleetJSAPI+".CONSUMER.CREATE.KV_FENCELINE_ATTEMPTS."+key+".$KV.FENCELINE_ATTEMPTS."+key, create, 5*time.Second)
 				if err == nil {
 					t.Logf("pull consumer: %s", resp.Data)
-					err = attacker.PublishRequest("$JS.API.CONSUMER.MSG.NEXT.KV_FENCELINE_ATTEMPTS."+key, logSubj, []byte(`{"batch":1}`))
+					err = attacker.PublishRequest(FleetJSAPI+".CONSUMER.MSG.NEXT.KV_FENCELINE_ATTEMPTS."+key, logSubj, []byte(`{"batch":1}`))
 				}
 			}
 			if err != nil {
@@ -296,7 +297,7 @@ func TestHolderCannotForgeTheAuditChain(t *testing.T) {
 		}
 	}))
 	req, _ := json.Marshal(map[string]any{"last_by_subj": "$KV.FENCELINE_ATTEMPTS." + key})
-	if err := attacker.PublishRequest("$JS.API.DIRECT.GET.KV_FENCELINE_ATTEMPTS", serviceAuditSubject(RepoKey(repo)), req); err != nil {
+	if err := attacker.PublishRequest(FleetJSAPI+".DIRECT.GET.KV_FENCELINE_ATTEMPTS", serviceAuditSubject(RepoKey(repo)), req); err != nil {
 		t.Fatal(err)
 	}
 	if err := attacker.Flush(); err != nil {
@@ -350,7 +351,7 @@ func TestHolderCannotAskThroughReplies(t *testing.T) {
 	attacker := connectAs(t, url, RoleHolder)
 	for _, subj := range []string{requestSubject("sweep", op), requestSubject("list", viewer)} {
 		// A JetStream API answer, and the lease service's own answer.
-		if err := attacker.PublishRequest("$JS.API.STREAM.INFO.KV_FENCELINE_ATTEMPTS", subj, nil); err != nil {
+		if err := attacker.PublishRequest(FleetJSAPI+".STREAM.INFO.KV_FENCELINE_ATTEMPTS", subj, nil); err != nil {
 			t.Fatal(err)
 		}
 		req, _ := json.Marshal(getRequest{LeaseID: l.LeaseID, Repo: repo})
@@ -435,7 +436,7 @@ func TestWatcherIgnoresAnswersOnChangeSubjects(t *testing.T) {
 	defer stop()
 	attacker := connectAs(t, url, RoleHolder)
 	subj := ChangedSubject(repo, l.LeaseID)
-	if err := attacker.PublishRequest("$JS.API.STREAM.INFO.KV_FENCELINE_ATTEMPTS", subj, nil); err != nil {
+	if err := attacker.PublishRequest(FleetJSAPI+".STREAM.INFO.KV_FENCELINE_ATTEMPTS", subj, nil); err != nil {
 		t.Fatal(err)
 	}
 	req, _ := json.Marshal(getRequest{LeaseID: l.LeaseID, Repo: repo})
@@ -486,7 +487,7 @@ func TestHolderCannotStartActorsThroughReplies(t *testing.T) {
 	}
 	attacker := connectAs(t, url, RoleHolder)
 	for i := range 20 {
-		if err := attacker.PublishRequest("$JS.API.STREAM.INFO.KV_FENCELINE_ATTEMPTS", fmt.Sprintf("%s.junk%d", appendedPrefix, i), nil); err != nil {
+		if err := attacker.PublishRequest(FleetJSAPI+".STREAM.INFO.KV_FENCELINE_ATTEMPTS", fmt.Sprintf("%s.junk%d", appendedPrefix, i), nil); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -354,7 +354,7 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 // writer knew, 0 for the whole chain).
 func (w *auditWriter) readMark(ctx context.Context, key string, from uint64) (mark, last uint64, err error) {
 	subj := serviceAuditSubject(key)
-	m, err := storedMsg(ctx, w.js.Conn(), AuditStream, msgGetRequest{LastBySubject: subj})
+	m, err := storedMsg(ctx, w.js.Conn(), "$JS.API", AuditStream, msgGetRequest{LastBySubject: subj})
 	if err != nil {
 		return 0, 0, fmt.Errorf("read the audit chain of %s: %w", key, err)
 	}
@@ -374,7 +374,7 @@ func (w *auditWriter) readMark(ctx context.Context, key string, from uint64) (ma
 		return mark, last, err
 	}
 	for seq := from + 1; seq < last; {
-		m, err = storedMsg(ctx, w.js.Conn(), AuditStream, msgGetRequest{Seq: seq, NextBySubject: subj})
+		m, err = storedMsg(ctx, w.js.Conn(), "$JS.API", AuditStream, msgGetRequest{Seq: seq, NextBySubject: subj})
 		if err != nil {
 			return 0, 0, fmt.Errorf("read the audit chain of %s: %w", key, err)
 		}
@@ -411,7 +411,7 @@ type storedMessage struct {
 // storedMsg reads one message of stream from its leader with the
 // JetStream API (never a direct get, whose answer mixes the server's
 // headers with the stored ones); nil when there is none.
-func storedMsg(ctx context.Context, nc *nats.Conn, stream string, get msgGetRequest) (*storedMessage, error) {
+func storedMsg(ctx context.Context, nc *nats.Conn, api, stream string, get msgGetRequest) (*storedMessage, error) {
 	req, err := json.Marshal(get)
 	if err != nil {
 		return nil, fmt.Errorf("encode request: %w", err)
@@ -421,7 +421,7 @@ func storedMsg(ctx context.Context, nc *nats.Conn, stream string, get msgGetRequ
 		ctx, cancel = context.WithTimeout(ctx, publishTimeout)
 		defer cancel()
 	}
-	resp, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	resp, err := nc.RequestWithContext(ctx, api+".STREAM.MSG.GET."+stream, req)
 	if err != nil {
 		return nil, err
 	}
@@ -567,9 +567,13 @@ func ReadAudit(ctx context.Context, nc *nats.Conn, repo string, from uint64) ([]
 		evs []AuditEvent
 	}
 	var all []batch
+	api, err := jsAPI(ctx, nc)
+	if err != nil {
+		return nil, fmt.Errorf("read audit: %w", err)
+	}
 	for _, src := range AuditSources(repo) {
 		for seq := max(from, 1); ; {
-			m, err := storedMsg(ctx, nc, src.Stream, msgGetRequest{Seq: seq, NextBySubject: src.Filter})
+			m, err := storedMsg(ctx, nc, api, src.Stream, msgGetRequest{Seq: seq, NextBySubject: src.Filter})
 			if err != nil {
 				return nil, fmt.Errorf("read audit stream %s at %d: %w", src.Stream, seq, err)
 			}

@@ -74,7 +74,7 @@ func wantOnce(t *testing.T, ctx context.Context, nc *nats.Conn, repo string, ls 
 // form one chain: each covers the log records after the previous one's.
 func checkChain(t *testing.T, ctx context.Context, nc *nats.Conn, repo string) int {
 	t.Helper()
-	js, err := jetstream.New(nc)
+	js, err := JetStream(context.Background(), nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestAuditLostAckWritesOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, err := jetstream.New(b.nc)
+	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func TestPurgeWaitsForTheAuditChain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	js, err := jetstream.New(b.nc)
+	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}

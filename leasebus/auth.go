@@ -73,26 +73,26 @@ type Grant struct {
 	Subscribe []string
 }
 
-// JetStream API subjects, by stream.
-func jsRead(stream string) []string {
+// JetStream API subjects under api ("$JS.API", or FleetJSAPI), by stream.
+func jsRead(api, stream string) []string {
 	return []string{
-		"$JS.API.STREAM.INFO." + stream,
-		"$JS.API.STREAM.MSG.GET." + stream,
-		"$JS.API.DIRECT.GET." + stream,
-		"$JS.API.DIRECT.GET." + stream + ".>",
+		api + ".STREAM.INFO." + stream,
+		api + ".STREAM.MSG.GET." + stream,
+		api + ".DIRECT.GET." + stream,
+		api + ".DIRECT.GET." + stream + ".>",
 	}
 }
 
-// jsConsume lets a user read a stream through its own (ordered)
-// consumers: create, pull, delete, and answer flow control.
-func jsConsume(stream string) []string {
+// jsConsume lets a user read a stream through its own ordered pull
+// consumers: create, pull, look at and delete them. (No push consumer:
+// its deliveries would stay in the service account.)
+func jsConsume(api, stream string) []string {
 	return []string{
-		"$JS.API.CONSUMER.CREATE." + stream,
-		"$JS.API.CONSUMER.CREATE." + stream + ".>",
-		"$JS.API.CONSUMER.MSG.NEXT." + stream + ".>",
-		"$JS.API.CONSUMER.INFO." + stream + ".>",
-		"$JS.API.CONSUMER.DELETE." + stream + ".>",
-		"$JS.FC." + stream + ".>",
+		api + ".CONSUMER.CREATE." + stream,
+		api + ".CONSUMER.CREATE." + stream + ".>",
+		api + ".CONSUMER.MSG.NEXT." + stream + ".>",
+		api + ".CONSUMER.INFO." + stream + ".>",
+		api + ".CONSUMER.DELETE." + stream + ".>",
 	}
 }
 
@@ -127,18 +127,22 @@ func grants(id string) map[Role]Grant {
 	changed := changedPrefix + ".>"
 	// Shard records: read by runners and viewers, written by the lease
 	// service alone (a runner asks it: op shard; shards.go).
+	// Every identity but the service's store connection is in the
+	// fleet account, which has no JetStream of its own: it reads the
+	// service account's streams through the API imported under
+	// FleetJSAPI (accounts.go).
 	shardRead := slices.Concat(
-		jsRead(shardPoolStream), jsRead(shardAttemptStream),
-		jsConsume(shardPoolStream), jsConsume(shardAttemptStream), // listing pools, attempts
+		jsRead(FleetJSAPI, shardPoolStream), jsRead(FleetJSAPI, shardAttemptStream),
+		jsConsume(FleetJSAPI, shardPoolStream), jsConsume(FleetJSAPI, shardAttemptStream), // listing pools, attempts
 		// Policies: read and followed by every fence and the run UI,
 		// written by the lease service alone (an operator asks it: op
 		// policy; policy.go).
-		jsRead(PolicyStream), jsConsume(PolicyStream),
+		jsRead(FleetJSAPI, PolicyStream), jsConsume(FleetJSAPI, PolicyStream),
 	)
 	viewer := Grant{
 		Publish: slices.Concat(ops(id, "get", "list"),
-			jsRead(AuditStream), jsConsume(AuditStream),
-			jsRead(EventsStream), jsConsume(EventsStream),
+			jsRead(FleetJSAPI, AuditStream), jsConsume(FleetJSAPI, AuditStream),
+			jsRead(FleetJSAPI, EventsStream), jsConsume(FleetJSAPI, EventsStream),
 			shardRead),
 		Subscribe: []string{inbox, changed},
 	}
@@ -175,10 +179,18 @@ func grants(id string) map[Role]Grant {
 			"$JS.API.>", // creates and reads its streams
 			"$JS.ACK." + LogStream + ".>", "$JS.ACK." + AuditStream + ".>", "$JS.ACK." + EventsStream + ".>",
 			"$JS.FC.>",
+			jsProbe,
 		},
 		Subscribe: []string{apiPrefix + ".>", identityPrefix + ".>", inbox},
 	}
-	return map[Role]Grant{RoleService: service, RoleHolder: holder, RoleOperator: operator, RoleViewer: viewer, RoleEnroller: enroller}
+	// The service's connection in the fleet account (FleetUser): it
+	// takes the fleet's requests, answers them in their askers' inboxes
+	// and announces changes there; it reaches no stream.
+	fleetService := Grant{
+		Publish:   []string{"_INBOX.>", changed},
+		Subscribe: []string{apiPrefix + ".*.*", identityPrefix + ".>", inbox},
+	}
+	return map[Role]Grant{RoleService: service, RoleServiceFleet: fleetService, RoleHolder: holder, RoleOperator: operator, RoleViewer: viewer, RoleEnroller: enroller}
 }
 
 func dedupe(s []string) []string {
@@ -208,6 +220,9 @@ type ServerUser struct {
 	Name string
 	// Nkey is the user's public nkey (U…); it is the identity.
 	Nkey string
+	// FleetNkey, for the lease service, is its fleet connection's key
+	// (Creds.FleetNkey): the server admits that too, in the fleet account.
+	FleetNkey string
 }
 
 // Anonymous is the identity of a connection without an nkey (a bus that
@@ -246,6 +261,9 @@ type Creds struct {
 	Role Role   // "" when the file does not say
 	Name string // "" when the file does not say
 	Nkey string // the public key: the identity
+	// FleetNkey is the public key of the lease service's connection in
+	// the fleet account (FleetKey), for the service's credentials.
+	FleetNkey string
 }
 
 // CredsFile is the file name of role's credentials in a credentials
@@ -276,7 +294,11 @@ func LoadCreds(path string) (*Creds, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bus credentials %s: %w", path, err)
 	}
-	c := &Creds{Path: path, Nkey: pub}
+	fpub, err := fleetPublicKey(kp)
+	if err != nil {
+		return nil, fmt.Errorf("bus credentials %s: %w", path, err)
+	}
+	c := &Creds{Path: path, Nkey: pub, FleetNkey: fpub}
 	for line := range bytes.Lines(data) {
 		k, v, ok := strings.Cut(strings.TrimSpace(strings.TrimPrefix(string(line), "#")), ":")
 		if !ok || !strings.HasPrefix(string(line), "#") {
@@ -304,7 +326,13 @@ func (c *Creds) Options() ([]nats.Option, error) {
 }
 
 // User is c as a server user.
-func (c *Creds) User() ServerUser { return ServerUser{Role: c.Role, Name: c.Name, Nkey: c.Nkey} }
+func (c *Creds) User() ServerUser {
+	u := ServerUser{Role: c.Role, Name: c.Name, Nkey: c.Nkey}
+	if c.Role == RoleService {
+		u.FleetNkey = c.FleetNkey
+	}
+	return u
+}
 
 // EnsureCreds returns the credentials of every role in dir, creating the
 // missing ones (a fresh nkey each, mode 0600 in a 0700 directory) and
@@ -396,39 +424,4 @@ func NamesIn(dir string) map[string]string {
 		names[i.Nkey] = i.Name
 	}
 	return names
-}
-
-// AuthConfig renders the nats-server configuration that admits users with
-// their roles' permissions (the same table the embedded server uses):
-// an authorization block to include in an existing server's config (see
-// docs/trust.md). A cluster's nodes all need it.
-func AuthConfig(users []ServerUser) (string, error) {
-	var b strings.Builder
-	b.WriteString("# fenceline lease bus identities: one per role and one per enrolled runner (see docs/trust.md).\n")
-	b.WriteString("# Generated by `fenceline bus creds` (again after each `bus enroll` or `bus revoke-identity`,\n")
-	b.WriteString("# then reload every server); every permission not listed is denied.\n")
-	b.WriteString("authorization {\n  users = [\n")
-	for _, u := range users {
-		if !nkeys.IsValidPublicUserKey(u.Nkey) {
-			return "", fmt.Errorf("bus user %q: %q is not a public user nkey", u.Name, u.Nkey)
-		}
-		g, err := GrantOf(u.Role, u.Nkey)
-		if err != nil {
-			return "", fmt.Errorf("bus user %q: %w", u.Name, err)
-		}
-		fmt.Fprintf(&b, "    # %s (role %s)\n", cmp.Or(u.Name, u.Nkey), u.Role)
-		fmt.Fprintf(&b, "    { nkey: %q\n      permissions: {\n", u.Nkey)
-		writeList := func(what string, subjects []string) {
-			fmt.Fprintf(&b, "        %s: { allow: [\n", what)
-			for _, s := range subjects {
-				fmt.Fprintf(&b, "          %q\n", s)
-			}
-			b.WriteString("        ] }\n")
-		}
-		writeList("publish", g.Publish)
-		writeList("subscribe", g.Subscribe)
-		b.WriteString("      }\n    }\n")
-	}
-	b.WriteString("  ]\n}\n")
-	return b.String(), nil
 }

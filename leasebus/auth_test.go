@@ -1,6 +1,7 @@
 package leasebus
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,7 +14,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
 
@@ -319,7 +319,7 @@ func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
 	// The attempts bucket the lease service made (and alone writes: the
 	// record is planted as the service; the consumer is the holder's).
 	attacker := connectAs(t, url, RoleHolder)
-	ajs, err := jetstream.New(connectAs(t, url, RoleService))
+	ajs, err := JetStream(context.Background(), connectAs(t, url, RoleService))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +333,7 @@ func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
 		"name": "forge", "deliver_subject": ChangedSubject(repo, l.LeaseID), "ack_policy": "none",
 		"filter_subject": "$KV.FENCELINE_ATTEMPTS.forged", "deliver_policy": "all",
 	}})
-	resp, err := attacker.Request("$JS.API.CONSUMER.CREATE.KV_FENCELINE_ATTEMPTS.forge.$KV.FENCELINE_ATTEMPTS.forged", create, 5*time.Second)
+	resp, err := attacker.Request(FleetJSAPI+".CONSUMER.CREATE.KV_FENCELINE_ATTEMPTS.forge.$KV.FENCELINE_ATTEMPTS.forged", create, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,7 +375,7 @@ func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
 	}
 	opNC := connectAs(t, url, RoleOperator)
 	attacker := connectAs(t, url, RoleHolder)
-	ajs, err := jetstream.New(connectAs(t, url, RoleService)) // plants the record (see storeAt)
+	ajs, err := JetStream(context.Background(), connectAs(t, url, RoleService)) // plants the record (see storeAt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,7 +389,7 @@ func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
 			"deliver_group":  serviceQueue, // the service's queue group
 			"filter_subject": "$KV.FENCELINE_ATTEMPTS.forged", "deliver_policy": "all",
 		}})
-		resp, err := attacker.Request(fmt.Sprintf("$JS.API.CONSUMER.CREATE.KV_FENCELINE_ATTEMPTS.forge%d.$KV.FENCELINE_ATTEMPTS.forged", i), create, 5*time.Second)
+		resp, err := attacker.Request(fmt.Sprintf(FleetJSAPI+".CONSUMER.CREATE.KV_FENCELINE_ATTEMPTS.forge%d.$KV.FENCELINE_ATTEMPTS.forged", i), create, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -21,7 +21,7 @@ func TestBoundaryEventsAreBounded(t *testing.T) {
 	holder := IdentityOf(holderNC)
 
 	// Straight into the stream: refused by the bus.
-	js, err := jetstream.New(holderNC)
+	js, err := JetStream(context.Background(), holderNC)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestShardBucketsAreTheServices(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
-	op, err := jetstream.New(connectAs(t, url, RoleOperator))
+	op, err := JetStream(context.Background(), connectAs(t, url, RoleOperator))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestShardBucketsAreTheServices(t *testing.T) {
 		t.Fatal("an operator created a stream over the renewals' subjects")
 	}
 
-	holder, err := jetstream.New(connectAs(t, url, RoleHolder))
+	holder, err := JetStream(context.Background(), connectAs(t, url, RoleHolder))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestShardBucketsAreTheServices(t *testing.T) {
 		t.Error("a holder wrote the shard pool bucket")
 	}
 	// Even the service's own connection: no rollup, no record of megabytes.
-	svc, err := jetstream.New(b.nc)
+	svc, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}

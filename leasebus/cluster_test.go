@@ -73,7 +73,7 @@ func (c *testCluster) connect(t *testing.T) *nats.Conn {
 // streamLeader returns the index of the server leading stream, or -1.
 func (c *testCluster) streamLeader(stream string) int {
 	for i, s := range c.srvs {
-		if s != nil && s.Running() && s.JetStreamIsStreamLeader(server.DEFAULT_GLOBAL_ACCOUNT, stream) {
+		if s != nil && s.Running() && s.JetStreamIsStreamLeader(ServiceAccount, stream) {
 			return i
 		}
 	}
@@ -92,7 +92,7 @@ func startClusterService(ctx context.Context, t *testing.T, nc *nats.Conn) (*Ser
 // set to 3).
 func startClusterServiceWith(ctx context.Context, t *testing.T, nc *nats.Conn, cfg ServiceConfig) (*Service, jetstream.JetStream) {
 	t.Helper()
-	js, err := jetstream.New(nc)
+	js, err := JetStream(context.Background(), nc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -137,9 +137,10 @@
 //
 // The bus admits only nkey users, each with a role (service, holder,
 // operator, viewer) whose publish and subscribe permissions NATS enforces;
-// one table (auth.go) makes the embedded server's users
-// (embedded.Permissions) and the configuration for any other server
-// (AuthConfig, docs/trust.md). The
+// one table (auth.go) makes the embedded server's admission table and the
+// configuration for any other server (AuthConfig, docs/trust.md). The
+// streams and the service's store connection are in one NATS account,
+// every other identity in another with no JetStream (accounts.go). The
 // embedded server makes one credentials file per role on first start
 // (EnsureCreds) and reuses them.
 //
@@ -172,6 +173,7 @@
 // announcements count only messages stamped with the writer header and
 // free of the server's Nats-Stream/Nats-Sequence headers (serviceWrote:
 // a direct get's answer carries its stored message's headers behind
-// those). Such answers are still stored, and take room: keeping them out
-// altogether needs the service's streams in an account of their own.
+// those). Such answers are no longer stored at all: the streams are in an
+// account of their own, and the fleet reaches their API only by import, so
+// an answer it has aimed anywhere lands in its own account (accounts.go).
 package leasebus

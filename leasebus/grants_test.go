@@ -5,12 +5,12 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fenceline/fenceline/lease"
 )
@@ -113,6 +113,19 @@ func TestGrantKeysOnlyToTheAcquirer(t *testing.T) {
 	if len(seen) == 0 {
 		t.Fatal("no change notice heard")
 	}
+	// The grant's audit event is written after the answer.
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.nc, repo, 0)
+		if err != nil {
+			return err
+		}
+		for _, e := range evs {
+			if e.Type == EventGrant {
+				return nil
+			}
+		}
+		return errors.New("no audit event of the grant yet")
+	})
 	stored := append(seen, streamData(t, b.nc, LogStream)...)
 	stored = append(stored, streamData(t, b.nc, AuditStream)...)
 	for _, k := range [][]byte{want.Git, want.Postgres, gitSecret, pgSecret} {
@@ -129,7 +142,7 @@ func TestGrantKeysOnlyToTheAcquirer(t *testing.T) {
 // streamData is every message of stream.
 func streamData(t *testing.T, nc *nats.Conn, stream string) [][]byte {
 	t.Helper()
-	js, err := jetstream.New(nc)
+	js, err := JetStream(context.Background(), nc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -303,7 +303,7 @@ type logFollower struct {
 
 func followLog(t testing.TB, nc *nats.Conn, chk *commitChecker) *logFollower {
 	t.Helper()
-	js, err := jetstream.New(nc)
+	js, err := JetStream(context.Background(), nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +393,7 @@ func (f *logFollower) apply(subj string, seq uint64, data []byte) {
 // resumes at once when a stream leader fails over.
 func followLogPolling(t testing.TB, nc *nats.Conn, chk *commitChecker, repos ...string) *logFollower {
 	t.Helper()
-	js, err := jetstream.New(nc)
+	js, err := JetStream(context.Background(), nc)
 	if err != nil {
 		t.Fatal(err)
 	}

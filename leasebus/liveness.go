@@ -256,8 +256,8 @@ func checkKeepalive(r *keepaliveRequest) error {
 func (s *Service) shareLiveness() error {
 	sub, err := s.nc.Subscribe(sessionsSubject, func(m *nats.Msg) {
 		w := m.Header.Get(writerHeader)
-		if !serviceWrote(m.Header) || w == s.store.writer {
-			return // not an instance's (see serviceWrote), or our own
+		if !fromInstance(m) || w == s.store.writer {
+			return // not an instance's (see fromInstance), or our own
 		}
 		s.live.learn(w, m.Data, s.cfg.Now())
 	})

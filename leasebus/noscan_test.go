@@ -122,7 +122,7 @@ func startHeld(t *testing.T, b *bus) (svc *Service, m *ServiceMetrics, release f
 // into repo's log as a service before ids named their repo would have.
 func writeOldLease(t *testing.T, ctx context.Context, nc *nats.Conn, repo string, cred Credential) *Lease {
 	t.Helper()
-	js, err := jetstream.New(nc)
+	js, err := JetStream(context.Background(), nc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -426,7 +426,7 @@ func (w *PolicyWatch) Err() error {
 // from the bus into a new store and keeps them in step until ctx ends or
 // the watch is stopped: what a runner or a sidecar gives its fences.
 func FollowPolicy(ctx context.Context, nc *nats.Conn, repo string) (*policy.Store, *PolicyWatch, error) {
-	js, err := jetstream.New(nc)
+	js, err := JetStream(ctx, nc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("policy: %w", err)
 	}

@@ -24,7 +24,7 @@ when { resource.path like ".github/workflows*" };
 
 func jsOf(t testing.TB, nc *nats.Conn) jetstream.JetStream {
 	t.Helper()
-	js, err := jetstream.New(nc)
+	js, err := JetStream(context.Background(), nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestPolicyVersionsAuditAndWatch(t *testing.T) {
 	// An answer someone has the server send onto the subject (a JetStream
 	// API reply) is no version: readers skip it and the next write still
 	// works on version 1.
-	if err := hnc.PublishRequest("$JS.API.STREAM.INFO."+PolicyStream, PolicySubject("", policy.ModeEnforce), nil); err != nil {
+	if err := hnc.PublishRequest(FleetJSAPI+".STREAM.INFO."+PolicyStream, PolicySubject("", policy.ModeEnforce), nil); err != nil {
 		t.Fatal(err)
 	}
 	_ = hnc.Flush()

@@ -142,7 +142,7 @@ func TestSnapshotRollupAndReload(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	js, err := jetstream.New(b.nc)
+	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +219,7 @@ func TestDamagedLogTakesOnlyItsRepoOut(t *testing.T) {
 	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
 		t.Fatal(err)
 	}
-	js, err := jetstream.New(b.nc)
+	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,13 @@ import (
 
 // ServiceConfig configures a lease service. The zero value works.
 type ServiceConfig struct {
+	// Fleet is the service's connection in the fleet account (the
+	// service's credentials, Creds.FleetOptions), on which it takes
+	// requests, answers them and announces changes; the connection
+	// StartService is given (in the service account) reads and writes
+	// the streams. Nil on a bus without accounts: that one connection
+	// does both.
+	Fleet *nats.Conn
 	// Replicas of the log and audit streams: 1 on a single server, 3 on a
 	// cluster.
 	Replicas int
@@ -82,12 +89,15 @@ func (c *ServiceConfig) Validate() error {
 // fails its write, reloads and retries; it can never grant over a lease it
 // has not seen.
 type Service struct {
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	store *store
-	cfg   ServiceConfig
-	log   *slog.Logger
-	audit *auditWriter
+	nc    *nats.Conn // in the service account: the streams, the other instances
+	fleet *nats.Conn // in the fleet account: requests, answers, change notices
+	// ownFleet: fleet was connected by StartService (closed by Stop).
+	ownFleet bool
+	js       jetstream.JetStream
+	store    *store
+	cfg      ServiceConfig
+	log      *slog.Logger
+	audit    *auditWriter
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -161,10 +171,24 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		}
 		return nil, err
 	}
-	s := &Service{nc: nc, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 8}, metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger,
+	fleet, ownFleet := cfg.Fleet, false
+	if fleet == nil {
+		var why string
+		if fleet, why, err = fleetConn(nc); err != nil {
+			return nil, err
+		}
+		ownFleet = fleet != nc
+		if why != "" {
+			cfg.Logger.Warn("the lease service answers on its one connection: the bus has no fleet account, so a holder can have JetStream's answers stored in the lease streams (docs/trust.md)", "why", why)
+		}
+	}
+	s := &Service{nc: nc, fleet: fleet, ownFleet: ownFleet, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 8}, metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger,
 		actors: map[string]*actor{}, index: map[string]indexed{}, loading: map[string]*repoLoad{}}
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.attach(s); err != nil {
+			if ownFleet {
+				fleet.Close()
+			}
 			return nil, fmt.Errorf("lease service metrics: %w (one service per ServiceMetrics)", err)
 		}
 	}
@@ -209,16 +233,23 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit", "keepalive", opShard, opShardAdmin, opPolicy} {
 		// <op>.<identity>: the bus lets each identity publish only under
 		// its own, so the last token says who asked (see Grant).
-		sub, err := nc.QueueSubscribe(requestSubject(op, "*"), serviceQueue, s.handler(op))
-		if err != nil {
-			s.Stop()
-			return nil, fmt.Errorf("subscribe %s: %w", requestSubject(op, "*"), err)
+		// Asked in the fleet account, and in the service account by
+		// the service's own identities (tools and tests that act as
+		// one).
+		for _, conn := range s.conns() {
+			sub, err := conn.QueueSubscribe(requestSubject(op, "*"), serviceQueue, s.handler(op))
+			if err != nil {
+				s.Stop()
+				return nil, fmt.Errorf("subscribe %s: %w", requestSubject(op, "*"), err)
+			}
+			s.track(sub)
 		}
-		s.track(sub)
 	}
-	if err := nc.FlushTimeout(10 * time.Second); err != nil {
-		s.Stop()
-		return nil, fmt.Errorf("flush subscriptions: %w", err)
+	for _, conn := range s.conns() {
+		if err := conn.FlushTimeout(10 * time.Second); err != nil {
+			s.Stop()
+			return nil, fmt.Errorf("flush subscriptions: %w", err)
+		}
 	}
 	// Serving already: each repo's log is read when a request first needs
 	// it, and by this background pass, which loads the rest a few at a
@@ -304,6 +335,24 @@ func (s *Service) Stop() {
 	s.cancel()
 	s.wg.Wait()
 	s.store.boxes.close()
+	if s.ownFleet {
+		s.fleet.Close()
+	}
+}
+
+// FleetConn is the service's connection in the fleet account (its one
+// connection on a bus without accounts): where identity requests are
+// taken too (embedded.ServeIdentities).
+func (s *Service) FleetConn() *nats.Conn { return s.fleet }
+
+// conns are the connections the service takes requests on and announces
+// changes on: the fleet account's, and the service account's when that
+// is another.
+func (s *Service) conns() []*nats.Conn {
+	if s.fleet == s.nc {
+		return []*nats.Conn{s.nc}
+	}
+	return []*nats.Conn{s.fleet, s.nc}
 }
 
 // actor returns the actor of a repo, starting it if needed. A new actor
@@ -658,7 +707,7 @@ func (s *Service) meetPeers() error {
 	// Announcements and answers carry the writer header: a server's answer
 	// that a client sent here (see serviceWrote) is not an instance.
 	hello, err := s.nc.Subscribe(peersSubject, func(m *nats.Msg) {
-		if !serviceWrote(m.Header) || string(m.Data) == s.store.writer {
+		if !fromInstance(m) || string(m.Data) == s.store.writer {
 			return
 		}
 		s.followOthers()
@@ -672,7 +721,7 @@ func (s *Service) meetPeers() error {
 	s.track(hello)
 	inbox := s.nc.NewRespInbox()
 	answers, err := s.nc.Subscribe(inbox, func(m *nats.Msg) {
-		if serviceWrote(m.Header) && string(m.Data) != s.store.writer {
+		if fromInstance(m) && string(m.Data) != s.store.writer {
 			s.followOthers()
 		}
 	})
@@ -740,11 +789,19 @@ func (s *Service) followOthers() {
 // this instance's view (and its queued waiters) follow within a round trip.
 // Announcements carry their writer's id; an instance ignores its own.
 func (s *Service) tail(m *nats.Msg) {
-	if !serviceWrote(m.Header) || m.Header.Get(writerHeader) == s.store.writer {
-		return // not another instance's (see serviceWrote), or our own
+	if !fromInstance(m) || m.Header.Get(writerHeader) == s.store.writer {
+		return // not another instance's (see fromInstance), or our own
 	}
 	s.actor(strings.TrimPrefix(m.Subject, appendedPrefix+"."), "").nudge()
 }
+
+// fromInstance reports whether m, on a subject between lease service
+// instances, can be another instance's: it carries a writer stamp
+// (serviceWrote) and is no JetStream delivery. A push consumer's
+// creator names its delivery subject unchecked, and a record the service
+// stored (a shard record) carries the service's stamp: delivered here, it
+// would pass for an instance's word.
+func fromInstance(m *nats.Msg) bool { return serviceWrote(m.Header) && !jetStreamDelivery(m) }
 
 // announceAppend tells the other instances, once there are any, that the
 // repo's log has a record at seq. It is sent only after the stream

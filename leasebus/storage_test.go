@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/fenceline/fenceline/internal/testutil"
 )
 
@@ -83,7 +81,7 @@ func acquirePath(t *testing.T, c *Client, path string) (*Lease, error) {
 func TestAuditStreamFitsSmallVolume(t *testing.T) {
 	dir := testutil.Tmpfs(t, "32m")
 	b := startStoreBus(t, filepath.Join(dir, "bus"))
-	js, err := jetstream.New(b.nc)
+	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +100,7 @@ func TestAuditStreamFitsSmallVolume(t *testing.T) {
 	// A restart keeps the size the stream was made with.
 	b.stop()
 	b.start()
-	if js, err = jetstream.New(b.nc); err != nil {
+	if js, err = JetStream(context.Background(), b.nc); err != nil {
 		t.Fatal(err)
 	}
 	st, err := js.Stream(ctxT(t), AuditStream)

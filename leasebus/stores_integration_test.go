@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fenceline/fenceline/internal/testutil"
 )
@@ -45,7 +44,7 @@ func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 	wantLeaseEvents(t, b.nc, victimRepo, victim, EventGrant, EventRevoked)
 
 	holderNC := connectAs(t, url, RoleHolder)
-	hjs, err := jetstream.New(holderNC)
+	hjs, err := JetStream(context.Background(), holderNC)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +82,7 @@ func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 	injector := connectAs(t, url, RoleHolder, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 	targets := []string{serviceAuditSubject(RepoKey(victimRepo)), eventsSubjectFor(victimRepo, BoundaryGit, IdentityOf(holderNC))}
 	for i := range 600 { // 35 MiB
-		if err := injector.PublishRequest("$JS.API.DIRECT.GET.KV_FENCELINE_ATTEMPTS", targets[i%len(targets)], req); err != nil {
+		if err := injector.PublishRequest(FleetJSAPI+".DIRECT.GET.KV_FENCELINE_ATTEMPTS", targets[i%len(targets)], req); err != nil {
 			break // the bus may close the connection of a client that breaks its rules
 		}
 	}
@@ -127,7 +126,7 @@ func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 	wantLeaseEvents(t, b.nc, victimRepo, victim, EventGrant, EventRevoked)
 
 	// No message someone had the server send was stored on the audit.
-	js, err := jetstream.New(b.nc)
+	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +136,7 @@ func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 			t.Fatal(err)
 		}
 		for seq := uint64(1); ; seq++ {
-			m, err := storedMsg(ctx, b.nc, stream, msgGetRequest{Seq: seq, NextBySubject: ">"})
+			m, err := storedMsg(ctx, b.nc, "$JS.API", stream, msgGetRequest{Seq: seq, NextBySubject: ">"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -212,7 +211,7 @@ func TestClusterStoresBoundedAndLeaseAuditKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(svc.Stop)
-	js, err := jetstream.New(svcNC)
+	js, err := JetStream(context.Background(), svcNC)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +247,7 @@ func TestClusterStoresBoundedAndLeaseAuditKept(t *testing.T) {
 	}))
 	req, _ := json.Marshal(map[string]any{"last_by_subj": "$KV.FENCELINE_ATTEMPTS." + key})
 	for range 100 {
-		if err := injector.PublishRequest("$JS.API.DIRECT.GET.KV_FENCELINE_ATTEMPTS", serviceAuditSubject(RepoKey(repo)), req); err != nil {
+		if err := injector.PublishRequest(FleetJSAPI+".DIRECT.GET.KV_FENCELINE_ATTEMPTS", serviceAuditSubject(RepoKey(repo)), req); err != nil {
 			break
 		}
 	}

@@ -1,6 +1,7 @@
 package leasebus
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -81,8 +82,10 @@ func TestBoundaryEventsRateLimitedPerLease(t *testing.T) {
 
 // A lease log at its size limit refuses appends (it drops nothing) and
 // says so by name, in the answer and in the metrics. (What fills it here
-// is the server's answers to a holder's direct gets, sent onto the log's
-// subject as their reply: the log's subjects are not yet under "$JS.".)
+// is the server's answers to direct gets, sent onto the log's subject as
+// their reply, by an identity of the service account: since the bus has
+// accounts, no other can (replytrick_attack_test.go), so this stands in
+// for any fault that fills the store.)
 func TestLogAtItsLimitRefusesByName(t *testing.T) {
 	dir := testutil.Tmpfs(t, "32m")
 	b := &storeBus{bus: &bus{t: t, dir: filepath.Join(dir, "bus")}}
@@ -91,7 +94,7 @@ func TestLogAtItsLimitRefusesByName(t *testing.T) {
 	t.Cleanup(b.stop)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
-	js, err := jetstream.New(b.nc)
+	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +106,7 @@ func TestLogAtItsLimitRefusesByName(t *testing.T) {
 	if size <= 0 || st.CachedInfo().Config.Discard != jetstream.DiscardNew {
 		t.Fatalf("lease log MaxBytes %d, discard %v: want a size, and new writes refused past it", size, st.CachedInfo().Config.Discard)
 	}
-	injector := connectAs(t, url, RoleHolder)
+	injector := connectAs(t, url, RoleService)
 	for _, n := range []int{60 << 10, 512} { // large answers, then small ones for what room is left
 		_, key := storeAt(t, url, make([]byte, n))
 		req, _ := json.Marshal(map[string]any{"last_by_subj": "$KV.FENCELINE_ATTEMPTS." + key})
@@ -158,7 +161,7 @@ func TestStreamsWithoutASizeGetTheirBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, err := jetstream.New(b.nc)
+	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +178,7 @@ func TestStreamsWithoutASizeGetTheirBudget(t *testing.T) {
 	}
 	b.stop()
 	b.start("127.0.0.1:0")
-	if js, err = jetstream.New(b.nc); err != nil {
+	if js, err = JetStream(context.Background(), b.nc); err != nil {
 		t.Fatal(err)
 	}
 	for name, budget := range streamBudgets {

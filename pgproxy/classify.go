@@ -365,32 +365,9 @@ func classifyNode1(n *pgq.Node) Statement {
 		inner.Tx = TxNone
 		return inner
 	case *pgq.Node_ExplainStmt:
-		for _, o := range x.ExplainStmt.Options {
-			if d := o.GetDefElem(); d != nil && d.Defname == "analyze" && defBool(d, true) {
-				inner := classifyNode(x.ExplainStmt.Query)
-				inner.Tx = TxNone
-				return inner
-			}
-		}
-		return Statement{Class: ClassRead}
+		return classifyExplain(x.ExplainStmt)
 	case *pgq.Node_CopyStmt:
-		c := x.CopyStmt
-		if c.IsFrom {
-			s := write(target(c.Relation))
-			if c.IsProgram {
-				s.Opaque = true
-			}
-			return s
-		}
-		if c.Filename != "" || c.IsProgram {
-			return opaque() // writes a file on the server
-		}
-		if c.Query != nil {
-			inner := classifyNode(c.Query)
-			inner.Tx = TxNone
-			return inner
-		}
-		return Statement{Class: ClassRead}
+		return classifyCopy(x.CopyStmt)
 	case *pgq.Node_TransactionStmt:
 		return classifyTx(x.TransactionStmt)
 	case *pgq.Node_VariableSetStmt:
@@ -411,13 +388,53 @@ func classifyNode1(n *pgq.Node) Statement {
 		return Statement{Class: ClassControl, Prepare: x.PrepareStmt.Name, Inner: &inner}
 	case *pgq.Node_ExecuteStmt:
 		return Statement{Class: ClassWrite, Opaque: true, Execute: x.ExecuteStmt.Name}
+	}
+	return classifyDDL(n)
+}
+
+// classifyExplain: EXPLAIN runs its statement only with ANALYZE.
+func classifyExplain(e *pgq.ExplainStmt) Statement {
+	for _, o := range e.Options {
+		if d := o.GetDefElem(); d != nil && d.Defname == "analyze" && defBool(d, true) {
+			inner := classifyNode(e.Query)
+			inner.Tx = TxNone
+			return inner
+		}
+	}
+	return Statement{Class: ClassRead}
+}
+
+// classifyCopy: COPY FROM writes its table (a PROGRAM runs opaque code),
+// COPY TO a file writes on the server, COPY (query) TO runs the query.
+func classifyCopy(c *pgq.CopyStmt) Statement {
+	if c.IsFrom {
+		s := write(target(c.Relation))
+		if c.IsProgram {
+			s.Opaque = true
+		}
+		return s
+	}
+	if c.Filename != "" || c.IsProgram {
+		return opaque() // writes a file on the server
+	}
+	if c.Query != nil {
+		inner := classifyNode(c.Query)
+		inner.Tx = TxNone
+		return inner
+	}
+	return Statement{Class: ClassRead}
+}
+
+// classifyDDL classifies what classifyNode1 does not: statements that
+// change the schema, roles, databases and the server. Every relation one
+// names is a target; one that names none, or whose effect reaches past
+// what it names, is opaque.
+func classifyDDL(n *pgq.Node) Statement {
+	switch x := n.Node.(type) {
 	case *pgq.Node_CreateTableAsStmt:
 		return write(target(x.CreateTableAsStmt.Into.GetRel()))
 	case *pgq.Node_VacuumStmt:
-		s := write(rangeVars(n)...)
-		if len(s.Targets) == 0 {
-			s.Opaque = true
-		}
+		s := writeNamed(n)
 		if x.VacuumStmt.IsVacuumcmd {
 			s.Tx = TxOutside
 		}
@@ -429,45 +446,17 @@ func classifyNode1(n *pgq.Node) Statement {
 		}
 		return s
 	case *pgq.Node_AlterTableStmt:
-		// Every relation a command names is changed too: a table attached
-		// or detached as a partition, a parent inherited or left, a table
-		// a foreign key references (it gets the key's triggers).
-		s := write(target(x.AlterTableStmt.Relation))
-		s.Targets = dedup(append(s.Targets, rangeVars(&pgq.Node{Node: &pgq.Node_List{List: &pgq.List{Items: x.AlterTableStmt.Cmds}}})...))
-		for _, c := range x.AlterTableStmt.Cmds {
-			if ac := c.GetAlterTableCmd(); ac != nil {
-				if ac.Behavior == pgq.DropBehavior_DROP_CASCADE {
-					// CASCADE changes what depends on it, whoever's it is:
-					// other tables' foreign keys and views (DROP COLUMN,
-					// DROP CONSTRAINT), the tables typed by a type (ALTER
-					// TYPE ... CASCADE, CREATE TABLE ... OF).
-					s.Opaque, s.OpaqueWhy = true, cascadeWhy
-				}
-				if ac.Subtype >= pgq.AlterTableType_AT_EnableTrig && ac.Subtype <= pgq.AlterTableType_AT_DisableTrigUser {
-					s.Forbidden = "it changes when triggers fire, and the storage-side fence is a trigger"
-				}
-				if ac.Subtype == pgq.AlterTableType_AT_DetachPartition && ac.Def.GetPartitionCmd().GetConcurrent() {
-					s.Tx = TxOutside
-				}
-			}
-		}
-		return s
+		return classifyAlterTable(x.AlterTableStmt)
 	case *pgq.Node_DropStmt:
 		return classifyDrop(x.DropStmt)
 	case *pgq.Node_RenameStmt:
-		s := write(rangeVars(n)...)
-		if len(s.Targets) == 0 {
-			s.Opaque = true
-		}
+		s := writeNamed(n)
 		if x.RenameStmt.Behavior == pgq.DropBehavior_DROP_CASCADE {
 			s.Opaque, s.OpaqueWhy = true, cascadeWhy // (ALTER TYPE ... RENAME ATTRIBUTE ... CASCADE)
 		}
 		return s
 	case *pgq.Node_AlterObjectSchemaStmt:
-		s := write(rangeVars(n)...)
-		if len(s.Targets) == 0 {
-			s.Opaque = true
-		}
+		s := writeNamed(n)
 		if rv := x.AlterObjectSchemaStmt.Relation; rv != nil {
 			// The relation is written into its new schema, as if created
 			// there.
@@ -475,23 +464,7 @@ func classifyNode1(n *pgq.Node) Statement {
 		}
 		return s
 	case *pgq.Node_ReindexStmt:
-		r := x.ReindexStmt
-		s := write(rangeVars(n)...)
-		if r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_SCHEMA && r.Name != "" {
-			// Every index of the schema is rebuilt, running the user code
-			// of its expressions and predicates, which the proxy does not
-			// look up for a whole schema.
-			s.Targets = []Target{{Schema: r.Name, Name: "*"}}
-			s.Opaque, s.OpaqueWhy = true, "REINDEX SCHEMA rebuilds every index of the schema, running whatever user code their expressions call; reindex the tables by name"
-		}
-		if len(s.Targets) == 0 {
-			s.Opaque = true
-		}
-		if hasOption(r.Params, "concurrently") || r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_SCHEMA ||
-			r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_SYSTEM || r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_DATABASE {
-			s.Tx = TxOutside
-		}
-		return s
+		return classifyReindex(n, x.ReindexStmt)
 	case *pgq.Node_ClusterStmt:
 		s := write(rangeVars(n)...)
 		if x.ClusterStmt.Relation == nil {
@@ -504,26 +477,7 @@ func classifyNode1(n *pgq.Node) Statement {
 		s.Tx = TxOutside // (some forms may run in a block; alone they all work)
 		return s
 	case *pgq.Node_CreateSchemaStmt:
-		cs := x.CreateSchemaStmt
-		s := write(Target{Schema: cs.Schemaname, Name: "*"})
-		if cs.Schemaname == "" {
-			s.Opaque = true
-		}
-		// Its elements create objects in the new schema (Postgres checks),
-		// but may name relations of others: a foreign key's referenced
-		// table gets its triggers. A GRANT element is opaque as GRANT is.
-		for _, e := range cs.SchemaElts {
-			if e.GetGrantStmt() != nil {
-				s.Opaque = true
-			}
-			for _, t := range rangeVars(e) {
-				if t.Schema != "" && t.Schema != cs.Schemaname {
-					s.Targets = append(s.Targets, t)
-				}
-			}
-		}
-		s.Targets = dedup(s.Targets)
-		return s
+		return classifyCreateSchema(x.CreateSchemaStmt)
 	case *pgq.Node_DoStmt, *pgq.Node_CallStmt, *pgq.Node_LoadStmt, *pgq.Node_CheckPointStmt,
 		*pgq.Node_GrantStmt, *pgq.Node_GrantRoleStmt, *pgq.Node_CreateRoleStmt, *pgq.Node_AlterRoleStmt,
 		*pgq.Node_AlterRoleSetStmt, *pgq.Node_DropRoleStmt, *pgq.Node_CreateExtensionStmt,
@@ -541,10 +495,90 @@ func classifyNode1(n *pgq.Node) Statement {
 	}
 	// Other DDL: every relation it names is a target; none named means we
 	// cannot tell what it changes.
+	return writeNamed(n)
+}
+
+// writeNamed is a write of every relation n names, opaque when it names
+// none.
+func writeNamed(n *pgq.Node) Statement {
 	s := write(rangeVars(n)...)
 	if len(s.Targets) == 0 {
 		s.Opaque = true
 	}
+	return s
+}
+
+// classifyAlterTable: ALTER TABLE writes the table and every relation its
+// commands name; CASCADE makes it opaque, and a change of when triggers
+// fire is forbidden.
+func classifyAlterTable(a *pgq.AlterTableStmt) Statement {
+	// Every relation a command names is changed too: a table attached
+	// or detached as a partition, a parent inherited or left, a table
+	// a foreign key references (it gets the key's triggers).
+	s := write(target(a.Relation))
+	s.Targets = dedup(append(s.Targets, rangeVars(&pgq.Node{Node: &pgq.Node_List{List: &pgq.List{Items: a.Cmds}}})...))
+	for _, c := range a.Cmds {
+		if ac := c.GetAlterTableCmd(); ac != nil {
+			if ac.Behavior == pgq.DropBehavior_DROP_CASCADE {
+				// CASCADE changes what depends on it, whoever's it is:
+				// other tables' foreign keys and views (DROP COLUMN,
+				// DROP CONSTRAINT), the tables typed by a type (ALTER
+				// TYPE ... CASCADE, CREATE TABLE ... OF).
+				s.Opaque, s.OpaqueWhy = true, cascadeWhy
+			}
+			if ac.Subtype >= pgq.AlterTableType_AT_EnableTrig && ac.Subtype <= pgq.AlterTableType_AT_DisableTrigUser {
+				s.Forbidden = "it changes when triggers fire, and the storage-side fence is a trigger"
+			}
+			if ac.Subtype == pgq.AlterTableType_AT_DetachPartition && ac.Def.GetPartitionCmd().GetConcurrent() {
+				s.Tx = TxOutside
+			}
+		}
+	}
+	return s
+}
+
+// classifyReindex: REINDEX writes what it names; a schema's is opaque, and
+// CONCURRENTLY, SCHEMA, SYSTEM and DATABASE run outside a transaction.
+func classifyReindex(n *pgq.Node, r *pgq.ReindexStmt) Statement {
+	s := write(rangeVars(n)...)
+	if r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_SCHEMA && r.Name != "" {
+		// Every index of the schema is rebuilt, running the user code
+		// of its expressions and predicates, which the proxy does not
+		// look up for a whole schema.
+		s.Targets = []Target{{Schema: r.Name, Name: "*"}}
+		s.Opaque, s.OpaqueWhy = true, "REINDEX SCHEMA rebuilds every index of the schema, running whatever user code their expressions call; reindex the tables by name"
+	}
+	if len(s.Targets) == 0 {
+		s.Opaque = true
+	}
+	if hasOption(r.Params, "concurrently") || r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_SCHEMA ||
+		r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_SYSTEM || r.Kind == pgq.ReindexObjectType_REINDEX_OBJECT_DATABASE {
+		s.Tx = TxOutside
+	}
+	return s
+}
+
+// classifyCreateSchema: CREATE SCHEMA writes the whole new schema, and the
+// relations of other schemas its elements name.
+func classifyCreateSchema(cs *pgq.CreateSchemaStmt) Statement {
+	s := write(Target{Schema: cs.Schemaname, Name: "*"})
+	if cs.Schemaname == "" {
+		s.Opaque = true
+	}
+	// Its elements create objects in the new schema (Postgres checks),
+	// but may name relations of others: a foreign key's referenced
+	// table gets its triggers. A GRANT element is opaque as GRANT is.
+	for _, e := range cs.SchemaElts {
+		if e.GetGrantStmt() != nil {
+			s.Opaque = true
+		}
+		for _, t := range rangeVars(e) {
+			if t.Schema != "" && t.Schema != cs.Schemaname {
+				s.Targets = append(s.Targets, t)
+			}
+		}
+	}
+	s.Targets = dedup(s.Targets)
 	return s
 }
 

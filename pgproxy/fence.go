@@ -613,21 +613,66 @@ func Install(ctx context.Context, conn *pgx.Conn, tables []string, opts InstallO
 		return nil, fmt.Errorf("pg install: create schema fenceline: %w", err)
 	}
 	res := &Installed{Trigger: TriggerPLpgSQL}
-	fn := "fenceline.fence_check"
-	if opts.Trigger != TriggerPLpgSQL {
-		err := createCTrigger(ctx, tx, lib, opts.Trigger == TriggerAuto)
-		switch {
-		case errors.Is(err, errUndo):
-			return nil, fmt.Errorf("pg install: C trigger from %s: %w", lib, err)
-		case err == nil:
-			fn = "fenceline.fence_check_c"
-			res.Trigger, res.CLibrary = TriggerC, lib
-		case opts.Trigger == TriggerAuto && cUnavailable(err):
-			res.NoC = err
-		default:
-			return nil, fmt.Errorf("pg install: C trigger from %s: %w (build and install it with \"make -C pgproxy/cfence install\" as a superuser, or use the plpgsql trigger)", lib, err)
+	fn, err := installTrigger(ctx, tx, lib, opts.Trigger, res)
+	if err != nil {
+		return nil, err
+	}
+	key, err := installSecret(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	rels, err := installRels(ctx, tx, tables)
+	if err != nil {
+		return nil, err
+	}
+	var owner string
+	if err := tx.QueryRow(ctx, "SELECT proowner::regrole::text FROM pg_proc WHERE oid = 'fenceline.fence_slow_gate(oid, text)'::regprocedure").Scan(&owner); err != nil {
+		return nil, fmt.Errorf("pg install: owner of fence_slow_gate: %w", err)
+	}
+	for _, rel := range rels {
+		if err := fenceTable(ctx, tx, rel, fn, owner); err != nil {
+			return nil, fmt.Errorf("pg install: fence %s: %w", rel, err)
 		}
 	}
+	if err := upgradeFenced(ctx, tx, owner); err != nil {
+		return nil, fmt.Errorf("pg install: %w", err)
+	}
+	if err := installGuard(ctx, tx, owner, res); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("pg install: commit: %w", err)
+	}
+	res.Secret = key
+	return res, nil
+}
+
+// installTrigger creates the C trigger function from lib unless trigger
+// asks for plpgsql, and returns the trigger function the tables get; res
+// says which (and, for TriggerAuto, why not the C one).
+func installTrigger(ctx context.Context, tx pgx.Tx, lib string, trigger Trigger, res *Installed) (string, error) {
+	fn := "fenceline.fence_check"
+	if trigger == TriggerPLpgSQL {
+		return fn, nil
+	}
+	err := createCTrigger(ctx, tx, lib, trigger == TriggerAuto)
+	switch {
+	case errors.Is(err, errUndo):
+		return "", fmt.Errorf("pg install: C trigger from %s: %w", lib, err)
+	case err == nil:
+		fn = "fenceline.fence_check_c"
+		res.Trigger, res.CLibrary = TriggerC, lib
+	case trigger == TriggerAuto && cUnavailable(err):
+		res.NoC = err
+	default:
+		return "", fmt.Errorf("pg install: C trigger from %s: %w (build and install it with \"make -C pgproxy/cfence install\" as a superuser, or use the plpgsql trigger)", lib, err)
+	}
+	return fn, nil
+}
+
+// installSecret stores a new random signing secret unless the database
+// has one, and returns the one it has.
+func installSecret(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
 		return nil, fmt.Errorf("pg install: random secret: %w", err)
@@ -638,7 +683,13 @@ func Install(ctx context.Context, conn *pgx.Conn, tables []string, opts InstallO
 	if err := tx.QueryRow(ctx, `SELECT key FROM fenceline.secret WHERE id = 1`).Scan(&key); err != nil {
 		return nil, fmt.Errorf("pg install: read secret: %w", err)
 	}
-	var rels []string // quoted schema.table
+	return key, nil
+}
+
+// installRels are the tables to fence, quoted schema.table: each named
+// one, and for "schema.*" every table of the schema that exists now.
+func installRels(ctx context.Context, tx pgx.Tx, tables []string) ([]string, error) {
+	var rels []string
 	for _, t := range tables {
 		s, n, err := SplitTable(t)
 		if err != nil {
@@ -664,39 +715,30 @@ func Install(ctx context.Context, conn *pgx.Conn, tables []string, opts InstallO
 			rels = append(rels, pgx.Identifier{s, name}.Sanitize())
 		}
 	}
-	var owner string
-	if err := tx.QueryRow(ctx, "SELECT proowner::regrole::text FROM pg_proc WHERE oid = 'fenceline.fence_slow_gate(oid, text)'::regprocedure").Scan(&owner); err != nil {
-		return nil, fmt.Errorf("pg install: owner of fence_slow_gate: %w", err)
-	}
-	for _, rel := range rels {
-		if err := fenceTable(ctx, tx, rel, fn, owner); err != nil {
-			return nil, fmt.Errorf("pg install: fence %s: %w", rel, err)
-		}
-	}
-	if err := upgradeFenced(ctx, tx, owner); err != nil {
-		return nil, fmt.Errorf("pg install: %w", err)
-	}
+	return rels, nil
+}
+
+// installGuard installs the event trigger that keeps the fence triggers on
+// (guardSQL) when the installing role is a superuser, the only kind that
+// may; otherwise res.NoGuard says what that leaves open.
+func installGuard(ctx context.Context, tx pgx.Tx, owner string, res *Installed) error {
 	var super bool
 	if err := tx.QueryRow(ctx, "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user").Scan(&super); err != nil {
-		return nil, fmt.Errorf("pg install: is the installing role a superuser: %w", err)
+		return fmt.Errorf("pg install: is the installing role a superuser: %w", err)
 	}
-	if super {
-		// The owner by oid: a role name may need quoting.
-		var ownerOID uint32
-		if err := tx.QueryRow(ctx, "SELECT proowner FROM pg_proc WHERE oid = 'fenceline.fence_slow_gate(oid, text)'::regprocedure").Scan(&ownerOID); err != nil {
-			return nil, fmt.Errorf("pg install: owner of fence_slow_gate: %w", err)
-		}
-		if _, err := tx.Exec(ctx, strings.ReplaceAll(guardSQL, "{{owner}}", strconv.FormatUint(uint64(ownerOID), 10)+"::pg_catalog.oid")); err != nil {
-			return nil, fmt.Errorf("pg install: guard the fence triggers: %w", err)
-		}
-	} else {
+	if !super {
 		res.NoGuard = fmt.Errorf("the installing role %s is not a superuser, and only a superuser makes event triggers: a fenced table's owner can switch its fence off (ALTER TABLE ... DISABLE TRIGGER, even inside a function an agent calls), so no agent's role may own a fenced table", owner)
+		return nil
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("pg install: commit: %w", err)
+	// The owner by oid: a role name may need quoting.
+	var ownerOID uint32
+	if err := tx.QueryRow(ctx, "SELECT proowner FROM pg_proc WHERE oid = 'fenceline.fence_slow_gate(oid, text)'::regprocedure").Scan(&ownerOID); err != nil {
+		return fmt.Errorf("pg install: owner of fence_slow_gate: %w", err)
 	}
-	res.Secret = key
-	return res, nil
+	if _, err := tx.Exec(ctx, strings.ReplaceAll(guardSQL, "{{owner}}", strconv.FormatUint(uint64(ownerOID), 10)+"::pg_catalog.oid")); err != nil {
+		return fmt.Errorf("pg install: guard the fence triggers: %w", err)
+	}
+	return nil
 }
 
 // guardSQL ({{owner}}: the oid of the role that installs) keeps the fence triggers

@@ -47,113 +47,140 @@ var hiddenWords = []string{Schema, "pg_sequence_last_value", "pg_sequences", "pg
 // names a sequence to pg_sequence_last_value, or signals a pid), so the
 // classification is not shared by texts of the same literal shape.
 func fenceGuard(n *pgq.Node) (forbidden string, signals []int32, params []int, constDependent bool) {
-	why := func(s string) {
-		if forbidden == "" {
-			forbidden = s
+	var g guardWalk
+	walk(n.ProtoReflect(), g.node)
+	return g.forbidden, g.signals, g.params, g.constDependent
+}
+
+// guardWalk is what fenceGuard found so far (see fenceGuard).
+type guardWalk struct {
+	forbidden      string
+	signals        []int32
+	params         []int
+	constDependent bool
+}
+
+// why records the first reason to refuse.
+func (g *guardWalk) why(s string) {
+	if g.forbidden == "" {
+		g.forbidden = s
+	}
+}
+
+// named refuses a qualified name in the fence's schema: "it <verb> <name>".
+func (g *guardWalk) named(verb string, names []string) {
+	if qualifiedBy(names, Schema) {
+		g.why(fmt.Sprintf("it %s %s, %s", verb, strings.Join(names, "."), fenceObjects))
+	}
+}
+
+// node judges one node of the statement's parse tree.
+func (g *guardWalk) node(m protoreflect.Message) {
+	switch v := m.Interface().(type) {
+	case *pgq.RangeVar:
+		if v.Schemaname == Schema {
+			g.why(fmt.Sprintf("it names %s.%s, %s", Schema, v.Relname, fenceObjects))
+		}
+		if v.Schemaname == "" || v.Schemaname == "pg_catalog" {
+			if v.Relname == "pg_sequences" {
+				g.why("it reads pg_sequences, which reads every sequence the role may see and holds each to the transaction's end, the fence's gates included: that stalls every other lease's epoch raise (name the sequence instead: pg_sequence_last_value('schema.seq'))")
+			}
+		}
+	case *pgq.FuncCall:
+		g.funcCall(v)
+	case *pgq.TypeName:
+		g.named("names type", strs(v.Names))
+	case *pgq.A_Expr:
+		g.named("calls operator", strs(v.Name))
+	case *pgq.ColumnRef:
+		if names := strs(v.Fields); len(names) >= 3 && names[len(names)-3] == Schema {
+			g.why(fmt.Sprintf("it names %s, %s", strings.Join(names, "."), fenceObjects))
+		}
+	case *pgq.ObjectWithArgs:
+		g.named("names", strs(v.Objname))
+	case *pgq.CreateTrigStmt:
+		g.named("names", strs(v.Funcname))
+	case *pgq.CreateEventTrigStmt:
+		g.named("names", strs(v.Funcname))
+	case *pgq.List:
+		if names := strs(v.Items); len(names) == len(v.Items) && qualifiedBy(names, Schema) {
+			g.why(fmt.Sprintf("it names %s, %s", strings.Join(names, "."), fenceObjects))
+		}
+	case *pgq.A_Const:
+		if sv := v.GetSval(); sv != nil && namesFence(sv.Sval) {
+			g.why(fmt.Sprintf("it names %q, %s", truncate(sv.Sval, 80), fenceObjects))
+		}
+	case *pgq.VariableSetStmt:
+		if strings.EqualFold(v.Name, "search_path") {
+			for _, a := range v.Args {
+				if pathHasFence(constString(a)) {
+					g.why("it puts the fenceline schema on search_path, " + fenceObjects)
+				}
+			}
+		}
+	case *pgq.VariableShowStmt:
+		if strings.HasPrefix(strings.ToLower(v.Name), Schema+".") {
+			g.why(fmt.Sprintf("it shows %s, a setting that carries the fence", v.Name))
+		}
+	case *pgq.DefElem:
+		if v.Defname == "as" {
+			g.body(v)
 		}
 	}
-	// named refuses a qualified name in the fence's schema: "it <verb> <name>".
-	named := func(verb string, names []string) {
-		if qualifiedBy(names, Schema) {
-			why(fmt.Sprintf("it %s %s, %s", verb, strings.Join(names, "."), fenceObjects))
-		}
+}
+
+// funcCall judges a function call: one of the fence's functions, a read
+// of a sequence not named by a constant, a signal to a backend, or a
+// search_path set to hold the fence's schema.
+func (g *guardWalk) funcCall(v *pgq.FuncCall) {
+	names := strs(v.Funcname)
+	if len(names) == 0 {
+		return
 	}
-	walk(n.ProtoReflect(), func(m protoreflect.Message) {
-		switch v := m.Interface().(type) {
-		case *pgq.RangeVar:
-			if v.Schemaname == Schema {
-				why(fmt.Sprintf("it names %s.%s, %s", Schema, v.Relname, fenceObjects))
-			}
-			if v.Schemaname == "" || v.Schemaname == "pg_catalog" {
-				if v.Relname == "pg_sequences" {
-					why("it reads pg_sequences, which reads every sequence the role may see and holds each to the transaction's end, the fence's gates included: that stalls every other lease's epoch raise (name the sequence instead: pg_sequence_last_value('schema.seq'))")
+	if qualifiedBy(names, Schema) {
+		g.why(fmt.Sprintf("it calls %s, %s", strings.Join(names, "."), fenceObjects))
+		return
+	}
+	name := names[len(names)-1]
+	switch {
+	case name == "pg_sequence_last_value":
+		g.constDependent = true
+		switch c := seqConst(v.Args); {
+		case c == "":
+			g.why("it calls pg_sequence_last_value on a sequence it does not name by a constant: it may read (and hold to the transaction's end) a fence gate, which stalls another lease's epoch raise")
+		case fenceSequenceName(c):
+			g.why(fmt.Sprintf("it calls pg_sequence_last_value on %q, unqualified, a name of the fence's sequences: with a search_path set at run time it reads (and holds) a fence gate, which stalls another lease's epoch raise", c))
+		}
+	case signalFuncs[name]:
+		g.constDependent = true
+		pid, param, own, ok := pidArg(v.Args)
+		switch {
+		case !ok:
+			g.why(fmt.Sprintf("it calls %s on a backend it does not name by a constant or a parameter: it may signal another agent's session", name))
+		case param > 0:
+			g.params = append(g.params, param)
+		case !own:
+			g.signals = append(g.signals, pid)
+		}
+	case name == "set_config" && len(v.Args) >= 2 && strings.EqualFold(constString(v.Args[0]), "search_path") &&
+		pathHasFence(constString(v.Args[1])):
+		g.why("it puts the fenceline schema on search_path, " + fenceObjects)
+	}
+}
+
+// body refuses the body of a DO block or a function (the AS of v), code
+// the proxy does not parse, when it mentions one of hiddenWords.
+func (g *guardWalk) body(v *pgq.DefElem) {
+	walk(v.ProtoReflect(), func(m protoreflect.Message) {
+		if s, ok := m.Interface().(*pgq.String); ok {
+			for _, w := range hiddenWords {
+				if containsFold(s.Sval, w) {
+					g.why(fmt.Sprintf("its body, code the proxy does not parse, mentions %s, which the proxy refuses in statements it reads (the fence's schema, unnamed sequences, signals to other backends)", w))
+					return
 				}
 			}
-		case *pgq.FuncCall:
-			names := strs(v.Funcname)
-			if len(names) == 0 {
-				break
-			}
-			if qualifiedBy(names, Schema) {
-				why(fmt.Sprintf("it calls %s, %s", strings.Join(names, "."), fenceObjects))
-				break
-			}
-			name := names[len(names)-1]
-			switch {
-			case name == "pg_sequence_last_value":
-				constDependent = true
-				switch c := seqConst(v.Args); {
-				case c == "":
-					why("it calls pg_sequence_last_value on a sequence it does not name by a constant: it may read (and hold to the transaction's end) a fence gate, which stalls another lease's epoch raise")
-				case fenceSequenceName(c):
-					why(fmt.Sprintf("it calls pg_sequence_last_value on %q, unqualified, a name of the fence's sequences: with a search_path set at run time it reads (and holds) a fence gate, which stalls another lease's epoch raise", c))
-				}
-			case signalFuncs[name]:
-				constDependent = true
-				pid, param, own, ok := pidArg(v.Args)
-				switch {
-				case !ok:
-					why(fmt.Sprintf("it calls %s on a backend it does not name by a constant or a parameter: it may signal another agent's session", name))
-				case param > 0:
-					params = append(params, param)
-				case !own:
-					signals = append(signals, pid)
-				}
-			case name == "set_config" && len(v.Args) >= 2 && strings.EqualFold(constString(v.Args[0]), "search_path") &&
-				pathHasFence(constString(v.Args[1])):
-				why("it puts the fenceline schema on search_path, " + fenceObjects)
-			}
-		case *pgq.TypeName:
-			named("names type", strs(v.Names))
-		case *pgq.A_Expr:
-			named("calls operator", strs(v.Name))
-		case *pgq.ColumnRef:
-			if names := strs(v.Fields); len(names) >= 3 && names[len(names)-3] == Schema {
-				why(fmt.Sprintf("it names %s, %s", strings.Join(names, "."), fenceObjects))
-			}
-		case *pgq.ObjectWithArgs:
-			named("names", strs(v.Objname))
-		case *pgq.CreateTrigStmt:
-			named("names", strs(v.Funcname))
-		case *pgq.CreateEventTrigStmt:
-			named("names", strs(v.Funcname))
-		case *pgq.List:
-			if names := strs(v.Items); len(names) == len(v.Items) && qualifiedBy(names, Schema) {
-				why(fmt.Sprintf("it names %s, %s", strings.Join(names, "."), fenceObjects))
-			}
-		case *pgq.A_Const:
-			if sv := v.GetSval(); sv != nil && namesFence(sv.Sval) {
-				why(fmt.Sprintf("it names %q, %s", truncate(sv.Sval, 80), fenceObjects))
-			}
-		case *pgq.VariableSetStmt:
-			if strings.EqualFold(v.Name, "search_path") {
-				for _, a := range v.Args {
-					if pathHasFence(constString(a)) {
-						why("it puts the fenceline schema on search_path, " + fenceObjects)
-					}
-				}
-			}
-		case *pgq.VariableShowStmt:
-			if strings.HasPrefix(strings.ToLower(v.Name), Schema+".") {
-				why(fmt.Sprintf("it shows %s, a setting that carries the fence", v.Name))
-			}
-		case *pgq.DefElem:
-			if v.Defname != "as" {
-				break
-			}
-			walk(v.ProtoReflect(), func(m protoreflect.Message) {
-				if s, ok := m.Interface().(*pgq.String); ok {
-					for _, w := range hiddenWords {
-						if containsFold(s.Sval, w) {
-							why(fmt.Sprintf("its body, code the proxy does not parse, mentions %s, which the proxy refuses in statements it reads (the fence's schema, unnamed sequences, signals to other backends)", w))
-							return
-						}
-					}
-				}
-			})
 		}
 	})
-	return forbidden, signals, params, constDependent
 }
 
 // fenceObjects ends every refusal of a name of the fence.

@@ -27,74 +27,25 @@ func appendLiteralKey(b []byte, sql string) (_ []byte, ok bool) {
 	for i < len(sql) {
 		c := sql[i]
 		switch {
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
-			// A run with a newline keeps it: two string constants with
-			// only a newline between them are one constant.
-			ws := byte(' ')
-			for i < len(sql) && (sql[i] == ' ' || sql[i] == '\t' || sql[i] == '\n' || sql[i] == '\r' || sql[i] == '\f' || sql[i] == '\v') {
-				if sql[i] == '\n' || sql[i] == '\r' {
-					ws = '\n'
-				}
-				i++
-			}
+		case isSpace(c):
+			var ws byte
+			ws, i = spaceRun(sql, i)
 			b = append(b, ws)
 		case c == '\'':
-			j := i + 1
-			for {
-				if j >= len(sql) {
-					return b, false
-				}
-				if sql[j] == '\\' || sql[j] >= 0x80 || sql[j] < ' ' && sql[j] != '\t' && sql[j] != '\n' && sql[j] != '\r' {
-					// A backslash (an escape when standard_conforming_strings
-					// is off), a byte of a multibyte character (which may be
-					// invalid) or a control byte: the exact text decides.
-					return b, false
-				}
-				if sql[j] == '\'' {
-					if j+1 < len(sql) && sql[j+1] == '\'' {
-						j += 2
-						continue
-					}
-					break
-				}
-				j++
-			}
-			if i > 0 && isWordByte(sql[i-1]) {
-				return b, false // E'...', U&'...', B'...', X'...'
+			j, ok := stringEnd(sql, i)
+			if !ok {
+				return b, false
 			}
 			b = append(b, '?')
-			i = j + 1
+			i = j
 		case c >= '0' && c <= '9':
 			if i > 0 && isWordByte(sql[i-1]) {
 				b = append(b, c) // part of an identifier or $1
 				i++
 				continue
 			}
-			// A plain decimal constant: digits, a fraction, an exponent.
-			// Anything else glued to it (1into, 0x1F, 1_000, 1.2.3) may
-			// change how the statement parses: the exact text decides.
-			j := i
-			digits := func() {
-				for j < len(sql) && sql[j] >= '0' && sql[j] <= '9' {
-					j++
-				}
-			}
-			digits()
-			if j < len(sql) && sql[j] == '.' {
-				j++
-				digits()
-			}
-			if j < len(sql) && (sql[j] == 'e' || sql[j] == 'E') {
-				j++
-				if j < len(sql) && (sql[j] == '+' || sql[j] == '-') {
-					j++
-				}
-				if j >= len(sql) || sql[j] < '0' || sql[j] > '9' {
-					return b, false
-				}
-				digits()
-			}
-			if j < len(sql) && (isWordByte(sql[j]) || sql[j] == '.' || sql[j] >= 0x80) {
+			j, ok := numberEnd(sql, i)
+			if !ok {
 				return b, false
 			}
 			b = append(b, '?')
@@ -125,9 +76,7 @@ func appendLiteralKey(b []byte, sql string) (_ []byte, ok bool) {
 			w := sql[i:j]
 			if first == "" {
 				first = strings.ToLower(w)
-				switch first {
-				case "select", "insert", "update", "delete", "with", "values", "table":
-				default:
+				if !keyedStatement(first) {
 					return b, false
 				}
 			}
@@ -145,6 +94,92 @@ func appendLiteralKey(b []byte, sql string) (_ []byte, ok bool) {
 		return b, false
 	}
 	return b, true
+}
+
+// keyedStatement: statements beginning with word (lower case) share a
+// classification with texts of the same literal shape.
+func keyedStatement(word string) bool {
+	switch word {
+	case "select", "insert", "update", "delete", "with", "values", "table":
+		return true
+	}
+	return false
+}
+
+// spaceRun is the whitespace run at sql[i] as one byte of the key, and
+// where it ends. A run with a newline keeps it: two string constants with
+// only a newline between them are one constant.
+func spaceRun(sql string, i int) (byte, int) {
+	ws := byte(' ')
+	for i < len(sql) && isSpace(sql[i]) {
+		if sql[i] == '\n' || sql[i] == '\r' {
+			ws = '\n'
+		}
+		i++
+	}
+	return ws, i
+}
+
+// stringEnd is where the string constant at sql[i] (its opening quote)
+// ends, after its closing quote; ok is false where the exact text must
+// decide.
+func stringEnd(sql string, i int) (_ int, ok bool) {
+	j := i + 1
+	for {
+		if j >= len(sql) {
+			return j, false
+		}
+		if sql[j] == '\\' || sql[j] >= 0x80 || sql[j] < ' ' && sql[j] != '\t' && sql[j] != '\n' && sql[j] != '\r' {
+			// A backslash (an escape when standard_conforming_strings
+			// is off), a byte of a multibyte character (which may be
+			// invalid) or a control byte: the exact text decides.
+			return j, false
+		}
+		if sql[j] == '\'' {
+			if j+1 < len(sql) && sql[j+1] == '\'' {
+				j += 2
+				continue
+			}
+			break
+		}
+		j++
+	}
+	if i > 0 && isWordByte(sql[i-1]) {
+		return j, false // E'...', U&'...', B'...', X'...'
+	}
+	return j + 1, true
+}
+
+// numberEnd is where the plain decimal constant at sql[i] ends: digits, a
+// fraction, an exponent. Anything else glued to it (1into, 0x1F, 1_000,
+// 1.2.3) may change how the statement parses: ok is false, the exact text
+// decides.
+func numberEnd(sql string, i int) (_ int, ok bool) {
+	j := skipDigits(sql, i)
+	if j < len(sql) && sql[j] == '.' {
+		j = skipDigits(sql, j+1)
+	}
+	if j < len(sql) && (sql[j] == 'e' || sql[j] == 'E') {
+		j++
+		if j < len(sql) && (sql[j] == '+' || sql[j] == '-') {
+			j++
+		}
+		if j >= len(sql) || sql[j] < '0' || sql[j] > '9' {
+			return j, false
+		}
+		j = skipDigits(sql, j)
+	}
+	if j < len(sql) && (isWordByte(sql[j]) || sql[j] == '.' || sql[j] >= 0x80) {
+		return j, false
+	}
+	return j, true
+}
+
+func skipDigits(sql string, j int) int {
+	for j < len(sql) && sql[j] >= '0' && sql[j] <= '9' {
+		j++
+	}
+	return j
 }
 
 func isWordByte(c byte) bool {

@@ -517,7 +517,34 @@ func relCandidates(buf []string, t Target, searchPath []string) []string {
 // disturbed): without, what is not cached stays unknown, and authorize
 // refuses it.
 func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error {
-	u := &s.unit
+	s.unit.reset()
+	if err := s.learnForeign(stmts, lookup); err != nil {
+		return err
+	}
+	now := time.Now()
+	private := s.ddlPending // the transaction ran DDL: what it sees is its own (temp schemas are the session's)
+	needRels, needCalls := s.cachedCatalog(stmts, writable, lookup, private, now)
+	if !lookup || len(needRels[0])+len(needRels[1])+len(needRels[2])+len(needRels[3])+len(needCalls) == 0 {
+		return nil
+	}
+	for i, rels := range needRels {
+		if len(rels) == 0 {
+			continue
+		}
+		if err := s.learnRels(rels, i, private, now); err != nil {
+			return s.lookupFailed(err)
+		}
+	}
+	if len(needCalls) > 0 {
+		if err := s.learnCalls(needCalls, private, now); err != nil {
+			return s.lookupFailed(err)
+		}
+	}
+	return nil
+}
+
+// reset forgets what the unit before learned.
+func (u *unitCatalog) reset() {
 	if u.rels == nil {
 		u.rels, u.calls, u.owners = map[relKey]*reach{}, map[callKey]bool{}, map[callKey][][2]string{}
 	}
@@ -526,139 +553,173 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 	clear(u.owners)
 	u.ddl = false
 	u.foreign = nil
-	if err := s.learnForeign(stmts, lookup); err != nil {
-		return err
-	}
-	cat, db, now := s.p.catalog, s.database, time.Now()
-	private := s.ddlPending  // the transaction ran DDL: what it sees is its own (temp schemas are the session's)
-	var needRels [4][]string // by group: TRUNCATE ... CASCADE (2), ONLY (1)
-	var needCalls []string
+}
+
+// cachedCatalog fills the unit's view (s.unit) with what the cache knows of
+// the tables stmts write and the functions they call (the calls only where
+// they may write: in a writable transaction, through another connection,
+// or in a write), and returns what it lacks: the relations by lookup group
+// (TRUNCATE ... CASCADE: 2, ONLY: 1) and the calls. private: the
+// transaction ran DDL, so the cache is not for it; lookup: the proxy may
+// look up now, so a cache entry older than catalogTTL is not used.
+func (s *session) cachedCatalog(stmts []*Statement, writable, lookup, private bool, now time.Time) (needRels [4][]string, needCalls []string) {
+	cat := s.p.catalog
 	cat.mu.Lock()
+	defer cat.mu.Unlock()
 	for _, st := range stmts {
 		if st == nil {
 			continue
 		}
 		if st.Class == ClassWrite && !st.Opaque {
-			for _, t := range st.Targets {
-				var buf [1]string
-				for _, r := range relCandidates(buf[:0], t, s.searchPath) {
-					k := relKey{db: db, rel: r, truncCascade: st.TruncCascade, only: t.Only}
-					if _, ok := u.rels[k]; ok {
-						continue
-					}
-					if c, ok := cat.rels[k]; ok && !private && (!lookup || now.Sub(c.at) < catalogTTL) && !strings.HasPrefix(r, `"pg_temp`) {
-						u.rels[k] = c
-						continue
-					}
-					u.rels[k] = nil
-					needRels[relGroup(k)] = append(needRels[relGroup(k)], r)
-				}
-			}
+			s.cachedRels(st, lookup, private, now, &needRels)
 		}
 		if !writable && s.connectsVia() == "" && st.Class != ClassWrite && !callsOtherConnection(st) {
 			continue
 		}
-		for _, c := range st.Calls {
-			k := callKeyOf(db, c)
-			if _, ok := u.calls[k]; ok {
+		needCalls = s.cachedCalls(st, lookup, private, now, needCalls)
+	}
+	return needRels, needCalls
+}
+
+// cachedRels is cachedCatalog's look at the relations st writes (each
+// candidate of an unqualified name on the search path); what the cache
+// lacks is added to need. The caller holds the catalog's lock.
+func (s *session) cachedRels(st *Statement, lookup, private bool, now time.Time, need *[4][]string) {
+	u, cat, db := &s.unit, s.p.catalog, s.database
+	for _, t := range st.Targets {
+		var buf [1]string
+		for _, r := range relCandidates(buf[:0], t, s.searchPath) {
+			k := relKey{db: db, rel: r, truncCascade: st.TruncCascade, only: t.Only}
+			if _, ok := u.rels[k]; ok {
 				continue
 			}
-			if ci, ok := cat.calls[k]; ok && !private && (!lookup || now.Sub(ci.at) < catalogTTL && !onSearchPath(c)) {
-				u.calls[k] = ci.user
-				if ci.owners != nil {
-					u.owners[k] = ci.owners
-				}
+			if c, ok := cat.rels[k]; ok && !private && (!lookup || now.Sub(c.at) < catalogTTL) && !strings.HasPrefix(r, `"pg_temp`) {
+				u.rels[k] = c
 				continue
 			}
-			u.calls[k] = true // unknown until learned: as if user-defined
-			needCalls = append(needCalls, k.call)
+			u.rels[k] = nil
+			need[relGroup(k)] = append(need[relGroup(k)], r)
+		}
+	}
+}
+
+// cachedCalls is cachedCatalog's look at the calls of st: one the cache
+// lacks (or, when the proxy may look up, one resolved on the search path)
+// counts as user-defined until learned, and is returned appended to need.
+// The caller holds the catalog's lock.
+func (s *session) cachedCalls(st *Statement, lookup, private bool, now time.Time, need []string) []string {
+	u, cat, db := &s.unit, s.p.catalog, s.database
+	for _, c := range st.Calls {
+		k := callKeyOf(db, c)
+		if _, ok := u.calls[k]; ok {
+			continue
+		}
+		if ci, ok := cat.calls[k]; ok && !private && (!lookup || now.Sub(ci.at) < catalogTTL && !onSearchPath(c)) {
+			u.calls[k] = ci.user
+			if ci.owners != nil {
+				u.owners[k] = ci.owners
+			}
+			continue
+		}
+		u.calls[k] = true // unknown until learned: as if user-defined
+		need = append(need, k.call)
+	}
+	return need
+}
+
+// learnRels looks up what the relations of lookup group i reach (see
+// cachedCatalog) and records it for the unit and, unless private, in the
+// cache. The error is the lookup's (see lookupFailed).
+func (s *session) learnRels(rels []string, i int, private bool, now time.Time) error {
+	u, cat, db := &s.unit, s.p.catalog, s.database
+	rows, err := s.catalogQuery(reachSQL(rels, i&2 != 0, i&1 != 0))
+	if err != nil {
+		return err
+	}
+	got := map[string]*reach{}
+	for _, r := range rels {
+		got[r] = &reach{at: now}
+	}
+	for _, row := range rows {
+		if len(row) != 6 || got[row[0]] == nil {
+			continue
+		}
+		rc := reachedOf(row)
+		if rc.via == "" {
+			got[row[0]].rels = append([]reached{rc}, got[row[0]].rels...)
+		} else {
+			got[row[0]].rels = append(got[row[0]].rels, rc)
+		}
+	}
+	cat.mu.Lock()
+	for r, rc := range got {
+		k := relKey{db: db, rel: r, truncCascade: i&2 != 0, only: i&1 != 0}
+		u.rels[k] = rc
+		if !private && !strings.HasPrefix(r, `"pg_temp`) {
+			cat.rels[k] = rc
 		}
 	}
 	cat.mu.Unlock()
-	if !lookup || len(needRels[0])+len(needRels[1])+len(needRels[2])+len(needRels[3])+len(needCalls) == 0 {
-		return nil
+	return nil
+}
+
+// reachedOf reads a row of reachSQL's answer: the relation reached, and
+// how (none for the relation itself).
+func reachedOf(row []string) reached {
+	via := ""
+	switch row[3] {
+	case "":
+	case "foreign key action":
+		via = "its foreign key acts on writes to " + row[4]
+	case "base of view":
+		via = "base table of view " + row[4]
+	case "sequence owner":
+		via = "it owns a sequence a default of " + row[4] + " advances"
+	case "sequence user":
+		via = "it owns sequence " + row[4] + " or a default of it takes values from it"
+	default:
+		via = row[3] + " of " + row[4]
 	}
-	for i, rels := range needRels {
-		if len(rels) == 0 {
-			continue
-		}
-		rows, err := s.catalogQuery(reachSQL(rels, i&2 != 0, i&1 != 0))
-		if err != nil {
-			return s.lookupFailed(err)
-		}
-		got := map[string]*reach{}
-		for _, r := range rels {
-			got[r] = &reach{at: now}
-		}
-		for _, row := range rows {
-			if len(row) != 6 || got[row[0]] == nil {
-				continue
-			}
-			via := ""
-			switch row[3] {
-			case "":
-			case "foreign key action":
-				via = "its foreign key acts on writes to " + row[4]
-			case "base of view":
-				via = "base table of view " + row[4]
-			case "sequence owner":
-				via = "it owns a sequence a default of " + row[4] + " advances"
-			case "sequence user":
-				via = "it owns sequence " + row[4] + " or a default of it takes values from it"
-			default:
-				via = row[3] + " of " + row[4]
-			}
-			rc := reached{schema: row[1], name: row[2], via: via, opaque: row[5]}
-			if via == "" {
-				got[row[0]].rels = append([]reached{rc}, got[row[0]].rels...)
-			} else {
-				got[row[0]].rels = append(got[row[0]].rels, rc)
-			}
-		}
-		cat.mu.Lock()
-		for r, rc := range got {
-			k := relKey{db: db, rel: r, truncCascade: i&2 != 0, only: i&1 != 0}
-			u.rels[k] = rc
-			if !private && !strings.HasPrefix(r, `"pg_temp`) {
-				cat.rels[k] = rc
-			}
-		}
-		cat.mu.Unlock()
+	return reached{schema: row[1], name: row[2], via: via, opaque: row[5]}
+}
+
+// learnCalls looks up whether the calls are user-defined (and a
+// sequence's tables) and records it for the unit and, unless private, in
+// the cache. The error is the lookup's (see lookupFailed).
+func (s *session) learnCalls(needCalls []string, private bool, now time.Time) error {
+	u, cat, db := &s.unit, s.p.catalog, s.database
+	rows, err := s.catalogQuery(callsSQL(needCalls))
+	if err != nil {
+		return err
 	}
-	if len(needCalls) > 0 {
-		rows, err := s.catalogQuery(callsSQL(needCalls))
-		if err != nil {
-			return s.lookupFailed(err)
+	user, owners := map[string]bool{}, map[string][][2]string{}
+	for _, row := range rows {
+		switch {
+		case len(row) != 3:
+		case row[2] != "":
+			owners[row[0]] = append(owners[row[0]], [2]string{row[1], row[2]})
+		default:
+			user[row[0]] = true
 		}
-		user, owners := map[string]bool{}, map[string][][2]string{}
-		for _, row := range rows {
-			switch {
-			case len(row) != 3:
-			case row[2] != "":
-				owners[row[0]] = append(owners[row[0]], [2]string{row[1], row[2]})
-			default:
-				user[row[0]] = true
-			}
+	}
+	cat.mu.Lock()
+	for _, c := range needCalls {
+		k := callKey{db: db, call: c}
+		u.calls[k] = user[c] || c == "q?"
+		if owners[c] != nil {
+			u.owners[k] = owners[c]
 		}
-		cat.mu.Lock()
-		for _, c := range needCalls {
-			k := callKey{db: db, call: c}
-			u.calls[k] = user[c] || c == "q?"
-			if owners[c] != nil {
-				u.owners[k] = owners[c]
-			}
-			if !private {
-				cat.calls[k] = callInfo{user: user[c] || c == "q?", owners: owners[c], at: now}
-				if !user[c] && c[0] != 'q' {
-					if len(cat.seenBuiltin) >= 1<<16 {
-						clear(cat.seenBuiltin)
-					}
-					cat.seenBuiltin[k] = true
+		if !private {
+			cat.calls[k] = callInfo{user: user[c] || c == "q?", owners: owners[c], at: now}
+			if !user[c] && c[0] != 'q' {
+				if len(cat.seenBuiltin) >= 1<<16 {
+					clear(cat.seenBuiltin)
 				}
+				cat.seenBuiltin[k] = true
 			}
 		}
-		cat.mu.Unlock()
 	}
+	cat.mu.Unlock()
 	return nil
 }
 

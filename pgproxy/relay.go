@@ -164,120 +164,156 @@ func (s *session) toClient(raw []byte) error {
 	return err
 }
 
+// relayOne relays one server message (type t) to the client, or keeps it
+// when it answers a request of the proxy's own, and pops the expectation
+// it completes.
 func (s *session) relayOne(t byte, raw []byte) error {
 	h := s.head()
-	hidden := h != nil && (h.swallow || h.internal != nil)
 	switch t {
 	case 'N': // NoticeResponse
-		// Only the answers to the proxy's own queries between units are
-		// the proxy's: a notice while a statement the proxy put into the
-		// client's message is at the head comes from parsing the client's
-		// text (Postgres parses a whole Query first), so it goes on, its
-		// position mapped back as an error's is. A notice of class 57
-		// (operator intervention: the server shutting down or crashing,
-		// its warning before it closes the connection) is about the
-		// client's session, whatever query it came during.
-		if h != nil && h.internal != nil {
-			if !strings.HasPrefix(errorFields(raw)['C'], "57") {
-				return nil
-			}
-			return s.toClient(dropFields(raw, ownQueryFields))
-		}
-		if q := s.queryEnd(); q != nil && len(q.inserts) > 0 {
-			raw = mapErrorPosition(raw, q.inserts)
-		}
-		return s.toClient(raw)
+		return s.relayNotice(h, raw)
 	case 'A': // NotificationResponse
 		return s.toClient(raw)
 	case 'S': // ParameterStatus
-		name, rest, err := cstring(raw[5:])
-		if err != nil {
-			return fmt.Errorf("%w: ParameterStatus", ErrProtocol)
-		}
-		if name == "default_transaction_read_only" {
-			if v, _, _ := cstring(rest); v != "on" {
-				s.tainted.Store(true)
-			}
-			return nil // the client was told "off" at startup; the proxy owns it
-		}
-		s.parserSetting(name, rest)
-		return s.toClient(raw)
+		return s.relayParameterStatus(raw)
 	case 'E': // ErrorResponse
-		if h == nil {
-			return s.toClient(raw) // FATAL from the server (shutdown, terminate)
-		}
-		if s.copyIn.Load() {
-			s.copyIn.Store(false)
-		}
-		f := errorFields(raw)
-		if h.onError != nil {
-			h.onError(f)
-		}
-		ended := endsSession(f)
-		switch {
-		case h.internal != nil && !ended:
-			h.internal.err = fmt.Errorf("%s (SQLSTATE %s)", f['M'], f['C'])
-		case ended && (h.internal != nil || h.swallow):
-			// The server ends the client's session (pg_terminate_backend,
-			// a shutdown, an idle-session timeout) during a query or a
-			// statement of the proxy's own: the error is the client's, as
-			// it would be direct, every field as the server sent it but
-			// those that place it in the proxy's text (position, context,
-			// internal query), which the client never sent. The server
-			// then closes the connection, and the relay ends the client's;
-			// the query of the proxy's own fails with sessionEndedError,
-			// which ends the client loop.
-			if h.internal != nil {
-				h.internal.err = &sessionEndedError{code: f['C'], msg: f['M']}
-			}
-			if err := s.toClient(dropFields(raw, ownQueryFields)); err != nil {
-				return err
-			}
-		default:
-			if q := s.queryEnd(); q != nil && len(q.inserts) > 0 {
-				raw = mapErrorPosition(raw, q.inserts)
-			}
-			raw = dropRefusalContext(raw)
-			if err := s.toClient(raw); err != nil {
-				return err
-			}
-		}
-		if !h.endsWithZ() {
-			s.pop(false)
-			s.skipToZ()
-		}
-		s.errSinceZ = true
-		return nil
+		return s.relayError(h, raw)
 	case 'Z': // ReadyForQuery
-		if len(raw) >= 6 {
-			s.status.Store(uint32(raw[5]))
-		}
-		for h := s.head(); h != nil; h = s.head() {
-			if !h.endsWithZ() {
-				s.pop(false) // skipped by the server
-				continue
-			}
-			hide := h.internal != nil || h.swallow
-			if h.failed != nil && s.errSinceZ {
-				h.failed.Store(true)
-			}
-			s.errSinceZ = false
-			s.pop(true)
-			if hide {
-				return nil
-			}
-			break
-		}
-		return s.toClient(raw)
+		return s.relayReady(raw)
 	}
 	if h == nil {
 		// Nothing expected: pass it on rather than lose it.
 		return s.toClient(raw)
 	}
+	return s.relayAnswer(h, t, raw)
+}
+
+// relayNotice relays a NoticeResponse (h: the expectation at the head).
+func (s *session) relayNotice(h *expect, raw []byte) error {
+	// Only the answers to the proxy's own queries between units are
+	// the proxy's: a notice while a statement the proxy put into the
+	// client's message is at the head comes from parsing the client's
+	// text (Postgres parses a whole Query first), so it goes on, its
+	// position mapped back as an error's is. A notice of class 57
+	// (operator intervention: the server shutting down or crashing,
+	// its warning before it closes the connection) is about the
+	// client's session, whatever query it came during.
+	if h != nil && h.internal != nil {
+		if !strings.HasPrefix(errorFields(raw)['C'], "57") {
+			return nil
+		}
+		return s.toClient(dropFields(raw, ownQueryFields))
+	}
+	if q := s.queryEnd(); q != nil && len(q.inserts) > 0 {
+		raw = mapErrorPosition(raw, q.inserts)
+	}
+	return s.toClient(raw)
+}
+
+// relayParameterStatus relays a ParameterStatus, but for
+// default_transaction_read_only, which the proxy owns, and notes the
+// parser settings (see classify).
+func (s *session) relayParameterStatus(raw []byte) error {
+	name, rest, err := cstring(raw[5:])
+	if err != nil {
+		return fmt.Errorf("%w: ParameterStatus", ErrProtocol)
+	}
+	if name == "default_transaction_read_only" {
+		if v, _, _ := cstring(rest); v != "on" {
+			s.tainted.Store(true)
+		}
+		return nil // the client was told "off" at startup; the proxy owns it
+	}
+	s.parserSetting(name, rest)
+	return s.toClient(raw)
+}
+
+// relayError relays an ErrorResponse (h: the expectation at the head): to
+// a query of the proxy's own it is that query's error, unless it ends the
+// session; the server skips what follows up to its ReadyForQuery.
+func (s *session) relayError(h *expect, raw []byte) error {
+	if h == nil {
+		return s.toClient(raw) // FATAL from the server (shutdown, terminate)
+	}
+	if s.copyIn.Load() {
+		s.copyIn.Store(false)
+	}
+	f := errorFields(raw)
+	if h.onError != nil {
+		h.onError(f)
+	}
+	ended := endsSession(f)
+	switch {
+	case h.internal != nil && !ended:
+		h.internal.err = fmt.Errorf("%s (SQLSTATE %s)", f['M'], f['C'])
+	case ended && (h.internal != nil || h.swallow):
+		// The server ends the client's session (pg_terminate_backend,
+		// a shutdown, an idle-session timeout) during a query or a
+		// statement of the proxy's own: the error is the client's, as
+		// it would be direct, every field as the server sent it but
+		// those that place it in the proxy's text (position, context,
+		// internal query), which the client never sent. The server
+		// then closes the connection, and the relay ends the client's;
+		// the query of the proxy's own fails with sessionEndedError,
+		// which ends the client loop.
+		if h.internal != nil {
+			h.internal.err = &sessionEndedError{code: f['C'], msg: f['M']}
+		}
+		if err := s.toClient(dropFields(raw, ownQueryFields)); err != nil {
+			return err
+		}
+	default:
+		if q := s.queryEnd(); q != nil && len(q.inserts) > 0 {
+			raw = mapErrorPosition(raw, q.inserts)
+		}
+		raw = dropRefusalContext(raw)
+		if err := s.toClient(raw); err != nil {
+			return err
+		}
+	}
+	if !h.endsWithZ() {
+		s.pop(false)
+		s.skipToZ()
+	}
+	s.errSinceZ = true
+	return nil
+}
+
+// relayReady takes a ReadyForQuery's transaction status and pops what it
+// ends (and what the server skipped); it reaches the client unless it
+// answers the proxy's own.
+func (s *session) relayReady(raw []byte) error {
+	if len(raw) >= 6 {
+		s.status.Store(uint32(raw[5]))
+	}
+	for h := s.head(); h != nil; h = s.head() {
+		if !h.endsWithZ() {
+			s.pop(false) // skipped by the server
+			continue
+		}
+		hide := h.internal != nil || h.swallow
+		if h.failed != nil && s.errSinceZ {
+			h.failed.Store(true)
+		}
+		s.errSinceZ = false
+		s.pop(true)
+		if hide {
+			return nil
+		}
+		break
+	}
+	return s.toClient(raw)
+}
+
+// relayAnswer relays a message (type t) of the answer h expects, keeping
+// the rows of a query of the proxy's own and hiding what answers the
+// proxy's requests; it pops h once the answer is complete, and follows
+// COPY FROM STDIN.
+func (s *session) relayAnswer(h *expect, t byte, raw []byte) error {
 	if h.internal != nil && t == 'D' {
 		h.internal.rows = append(h.internal.rows, dataRow(raw))
 	}
-	if !hidden {
+	if hidden := h.swallow || h.internal != nil; !hidden {
 		if err := s.toClient(raw); err != nil {
 			return err
 		}

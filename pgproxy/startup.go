@@ -21,102 +21,17 @@ import (
 func (s *session) startup() (bool, error) {
 	deadline := time.Now().Add(s.p.cfg.StartupTimeout)
 	s.client.SetDeadline(deadline)
-	var pkt []byte
-	tlsDone, gssDone := false, false
-	for {
-		var err error
-		pkt, err = readStartup(s.client)
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return false, nil // a port probe
-			}
-			return false, s.fatalStartup(fmt.Errorf("read startup packet: %w", err))
-		}
-		code := binary.BigEndian.Uint32(pkt[4:8])
-		switch code {
-		case sslRequest:
-			if tlsDone || len(pkt) != 8 {
-				return false, s.fatalStartup(fmt.Errorf("%w: SSLRequest out of place", ErrProtocol))
-			}
-			tlsDone = true
-			if s.p.cfg.TLS == nil {
-				if _, err := s.client.Write([]byte{'N'}); err != nil {
-					return false, err
-				}
-				continue
-			}
-			if _, err := s.client.Write([]byte{'S'}); err != nil {
-				return false, err
-			}
-			tc := tls.Server(s.client, s.p.cfg.TLS)
-			hctx, cancel := context.WithDeadline(s.p.ctx, deadline)
-			err := tc.HandshakeContext(hctx)
-			cancel()
-			if err != nil {
-				return false, fmt.Errorf("tls handshake with %s: %w", s.client.RemoteAddr(), err)
-			}
-			s.client = tc
-			s.tls = true
-			continue
-		case gssEncRequest:
-			if gssDone || len(pkt) != 8 {
-				return false, s.fatalStartup(fmt.Errorf("%w: GSSENCRequest out of place", ErrProtocol))
-			}
-			gssDone = true
-			if _, err := s.client.Write([]byte{'N'}); err != nil {
-				return false, err
-			}
-			continue
-		case cancelRequest:
-			if len(pkt) != 16 {
-				return false, fmt.Errorf("%w: CancelRequest of %d bytes", ErrProtocol, len(pkt))
-			}
-			s.forwardCancel(pkt)
-			return false, nil
-		}
-		if code>>16 != 3 {
-			return false, s.fatalStartup(fmt.Errorf("unsupported frontend protocol %d.%d: fenceline speaks protocol 3", code>>16, code&0xffff))
-		}
-		break
+	pkt, ok, err := s.negotiate(deadline)
+	if !ok {
+		return false, err
 	}
-	params, err := parseStartupParams(pkt[8:])
+	params, err := s.startupParams(pkt)
 	if err != nil {
-		return false, s.fatalStartup(err)
+		return false, err
 	}
-	if _, ok := params["replication"]; ok {
-		return false, s.fatalStartup(errors.New("replication connections cannot pass the fenceline proxy"))
+	if err := s.dialUpstream(deadline); err != nil {
+		return false, err
 	}
-	s.user = params["user"]
-	s.database = params["database"]
-	if s.user == "" {
-		return false, s.fatalStartup(errors.New("no user in the startup message"))
-	}
-	if r := startupNamesFence(params); r != nil {
-		li := s.lease()
-		msg, detail := s.record(r, &Statement{Tag: "StartupMessage"}, li, "startup parameters")
-		s.client.Write(errorResponse('E', "FATAL", "42501", msg, detail, r.hint))
-		return false, errors.New(msg)
-	}
-
-	dctx, cancel := context.WithDeadline(s.p.ctx, deadline)
-	up, err := s.p.cfg.Dial(dctx, upstreamNetwork(s.p.cfg.Upstream), s.p.cfg.Upstream)
-	cancel()
-	if err != nil {
-		s.writeClientRaw(errorResponse('E', "FATAL", "08006",
-			fmt.Sprintf("fenceline: cannot reach the Postgres server at %s", s.p.cfg.Upstream), err.Error(), ""))
-		return false, fmt.Errorf("dial upstream %s: %w", s.p.cfg.Upstream, err)
-	}
-	if tc, ok := up.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
-	s.server = up
-	s.server.SetDeadline(deadline)
-	srv, cli := newRawIO(s.server), newRawIO(s.client)
-	s.sr = newMsgReader(srv, s.p.cfg.MaxMessageSize)
-	s.sw = bufio.NewWriterSize(srv, 32<<10)
-	s.cr = newMsgReader(cli, s.p.cfg.MaxMessageSize)
-	s.cw = bufio.NewWriterSize(cli, 32<<10)
-
 	if _, err := s.sw.Write(buildStartup(code(pkt), params)); err != nil {
 		return false, err
 	}
@@ -129,6 +44,124 @@ func (s *session) startup() (bool, error) {
 	s.client.SetDeadline(time.Time{})
 	s.server.SetDeadline(time.Time{})
 	return true, nil
+}
+
+// negotiate reads startup packets until the StartupMessage, answering TLS
+// and GSS encryption requests and forwarding a CancelRequest. ok is false
+// when the connection is done (a cancel request, a port probe, an error).
+func (s *session) negotiate(deadline time.Time) (pkt []byte, ok bool, err error) {
+	tlsDone, gssDone := false, false
+	for {
+		pkt, err = readStartup(s.client)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil, false, nil // a port probe
+			}
+			return nil, false, s.fatalStartup(fmt.Errorf("read startup packet: %w", err))
+		}
+		code := binary.BigEndian.Uint32(pkt[4:8])
+		switch code {
+		case sslRequest:
+			if tlsDone || len(pkt) != 8 {
+				return nil, false, s.fatalStartup(fmt.Errorf("%w: SSLRequest out of place", ErrProtocol))
+			}
+			tlsDone = true
+			if err := s.startTLS(deadline); err != nil {
+				return nil, false, err
+			}
+			continue
+		case gssEncRequest:
+			if gssDone || len(pkt) != 8 {
+				return nil, false, s.fatalStartup(fmt.Errorf("%w: GSSENCRequest out of place", ErrProtocol))
+			}
+			gssDone = true
+			if _, err := s.client.Write([]byte{'N'}); err != nil {
+				return nil, false, err
+			}
+			continue
+		case cancelRequest:
+			if len(pkt) != 16 {
+				return nil, false, fmt.Errorf("%w: CancelRequest of %d bytes", ErrProtocol, len(pkt))
+			}
+			s.forwardCancel(pkt)
+			return nil, false, nil
+		}
+		if code>>16 != 3 {
+			return nil, false, s.fatalStartup(fmt.Errorf("unsupported frontend protocol %d.%d: fenceline speaks protocol 3", code>>16, code&0xffff))
+		}
+		return pkt, true, nil
+	}
+}
+
+// startTLS answers an SSLRequest: 'N' without a TLS configuration, else
+// 'S' and the handshake, after which the client speaks TLS.
+func (s *session) startTLS(deadline time.Time) error {
+	if s.p.cfg.TLS == nil {
+		_, err := s.client.Write([]byte{'N'})
+		return err
+	}
+	if _, err := s.client.Write([]byte{'S'}); err != nil {
+		return err
+	}
+	tc := tls.Server(s.client, s.p.cfg.TLS)
+	hctx, cancel := context.WithDeadline(s.p.ctx, deadline)
+	err := tc.HandshakeContext(hctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("tls handshake with %s: %w", s.client.RemoteAddr(), err)
+	}
+	s.client = tc
+	s.tls = true
+	return nil
+}
+
+// startupParams reads the StartupMessage's parameters and refuses what
+// may not pass: a replication connection, no user, a parameter that names
+// the fence (recorded as a refused write).
+func (s *session) startupParams(pkt []byte) (map[string]string, error) {
+	params, err := parseStartupParams(pkt[8:])
+	if err != nil {
+		return nil, s.fatalStartup(err)
+	}
+	if _, ok := params["replication"]; ok {
+		return nil, s.fatalStartup(errors.New("replication connections cannot pass the fenceline proxy"))
+	}
+	s.user = params["user"]
+	s.database = params["database"]
+	if s.user == "" {
+		return nil, s.fatalStartup(errors.New("no user in the startup message"))
+	}
+	if r := startupNamesFence(params); r != nil {
+		li := s.lease()
+		msg, detail := s.record(r, &Statement{Tag: "StartupMessage"}, li, "startup parameters")
+		s.client.Write(errorResponse('E', "FATAL", "42501", msg, detail, r.hint))
+		return nil, errors.New(msg)
+	}
+	return params, nil
+}
+
+// dialUpstream connects to the Postgres server (the client is told when it
+// cannot) and sets up the session's readers and writers on both sides.
+func (s *session) dialUpstream(deadline time.Time) error {
+	dctx, cancel := context.WithDeadline(s.p.ctx, deadline)
+	up, err := s.p.cfg.Dial(dctx, upstreamNetwork(s.p.cfg.Upstream), s.p.cfg.Upstream)
+	cancel()
+	if err != nil {
+		s.writeClientRaw(errorResponse('E', "FATAL", "08006",
+			fmt.Sprintf("fenceline: cannot reach the Postgres server at %s", s.p.cfg.Upstream), err.Error(), ""))
+		return fmt.Errorf("dial upstream %s: %w", s.p.cfg.Upstream, err)
+	}
+	if tc, ok := up.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	s.server = up
+	s.server.SetDeadline(deadline)
+	srv, cli := newRawIO(s.server), newRawIO(s.client)
+	s.sr = newMsgReader(srv, s.p.cfg.MaxMessageSize)
+	s.sw = bufio.NewWriterSize(srv, 32<<10)
+	s.cr = newMsgReader(cli, s.p.cfg.MaxMessageSize)
+	s.cw = bufio.NewWriterSize(cli, 32<<10)
+	return nil
 }
 
 func code(pkt []byte) uint32 { return binary.BigEndian.Uint32(pkt[4:8]) }

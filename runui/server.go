@@ -109,9 +109,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.AuditBacklog == 0 {
 		cfg.AuditBacklog = 100
 	}
-	js, err := jetstream.New(cfg.NC)
+	js, err := leasebus.JetStream(context.Background(), cfg.NC)
 	if err != nil {
-		return nil, fmt.Errorf("run UI: jetstream: %w", err)
+		return nil, fmt.Errorf("run UI: %w", err)
 	}
 	log := cfg.Logger
 	if log == nil {

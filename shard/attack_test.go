@@ -41,7 +41,7 @@ func TestRestoreCheckoutNestedRepos(t *testing.T) {
 	}
 	libCfg, _ := os.ReadFile(filepath.Join(lib, ".git", "config"))
 
-	snap, err := SnapshotCheckout(co, []string{gd})
+	snap, err := SnapshotCheckout(t.Context(), co, []string{gd})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestRestoreCheckoutNestedRepos(t *testing.T) {
 		t.Fatal(out)
 	}
 
-	undone, err := snap.Restore()
+	undone, err := snap.Restore(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +314,7 @@ func TestRestoreCheckoutDropsReplaceRefsAndGrafts(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			co := newRepo(t, 2)
 			gd := filepath.Join(co, ".git")
-			snap, err := SnapshotCheckout(co, []string{gd})
+			snap, err := SnapshotCheckout(t.Context(), co, []string{gd})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -338,7 +338,7 @@ func TestRestoreCheckoutDropsReplaceRefsAndGrafts(t *testing.T) {
 			if out := show(); strings.Contains(out, "f00000") {
 				t.Fatalf("the lie is not believed (%q): the test proves nothing", out)
 			}
-			undone, err := snap.Restore()
+			undone, err := snap.Restore(t.Context())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -379,9 +379,9 @@ func testRestoreClaimsRepos(t *testing.T, how string) {
 		mustGit(t, d, "init", "-q")
 	}
 	libCfg, _ := os.ReadFile(filepath.Join(lib, ".git", "config"))
-	snap, err := SnapshotClaims(co, []string{claim})
+	snap, err := SnapshotClaims(t.Context(), co, []string{claim})
 	if how == "checkout" {
-		snap, err = SnapshotCheckout(co, []string{filepath.Join(co, ".git")})
+		snap, err = SnapshotCheckout(t.Context(), co, []string{filepath.Join(co, ".git")})
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -423,7 +423,7 @@ func testRestoreClaimsRepos(t *testing.T, how string) {
 		os.Remove(marker)
 	}
 
-	undone, err := snap.Restore()
+	undone, err := snap.Restore(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,7 +442,7 @@ func testRestoreClaimsRepos(t *testing.T, how string) {
 	if ran := gittrap.Ran(marker); ran != "" {
 		t.Errorf("the user's git in the claim ran the attempt's programs:\n%s", ran)
 	}
-	if again, err := snap.Restore(); err != nil || len(again) != 0 {
+	if again, err := snap.Restore(t.Context()); err != nil || len(again) != 0 {
 		t.Errorf("a second restore undid %v, %v; want nothing", again, err)
 	}
 }
@@ -507,7 +507,7 @@ func TestRestoreCheckoutDropsALeftRebase(t *testing.T) {
 	os.WriteFile(filepath.Join(co, "d000", "f00000.txt"), []byte("one\n"), 0o644)
 	mustGit(t, co, "commit", "-q", "-am", "one")
 	gd := filepath.Join(co, ".git")
-	snap, err := SnapshotCheckout(co, []string{gd})
+	snap, err := SnapshotCheckout(t.Context(), co, []string{gd})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -520,7 +520,7 @@ func TestRestoreCheckoutDropsALeftRebase(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(gd, "rebase-merge")); err != nil {
 		t.Fatalf("no rebase in progress: the test proves nothing (%v)", err)
 	}
-	undone, err := snap.Restore()
+	undone, err := snap.Restore(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -555,9 +555,9 @@ func TestRestoreHooksPathInTheWorkTree(t *testing.T) {
 			var snap *GitDirSnapshot
 			var err error
 			if how == "checkout" {
-				snap, err = SnapshotCheckout(co, []string{filepath.Join(co, ".git")})
+				snap, err = SnapshotCheckout(t.Context(), co, []string{filepath.Join(co, ".git")})
 			} else {
-				snap, err = SnapshotClaims(co, []string{filepath.Join(co, ".husky")})
+				snap, err = SnapshotClaims(t.Context(), co, []string{filepath.Join(co, ".husky")})
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -578,7 +578,7 @@ func TestRestoreHooksPathInTheWorkTree(t *testing.T) {
 			}
 			os.Remove(marker)
 
-			undone, err := snap.Restore()
+			undone, err := snap.Restore(t.Context())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -139,7 +139,7 @@ func TestRestoreGitDirs(t *testing.T) {
 	os.WriteFile(filepath.Join(gd, "modules", "sub", "config"), []byte("[core]\n\tbare = false\n"), 0o644)
 	userConfig, _ := os.ReadFile(filepath.Join(gd, "config"))
 
-	snap, err := SnapshotGitDirs([]string{gd})
+	snap, err := SnapshotGitDirs(t.Context(), []string{gd})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestRestoreGitDirs(t *testing.T) {
 	os.WriteFile(filepath.Join(gd, "modules", "sub", "hooks", "post-checkout"), []byte("#!/bin/sh\necho sub >> "+marker+"\n"), 0o755)
 	os.WriteFile(filepath.Join(gd, "config.worktree"), []byte("[core]\n\tfsmonitor = /x\n"), 0o644)
 
-	undone, err := snap.Restore()
+	undone, err := snap.Restore(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestRestoreGitDirs(t *testing.T) {
 	if ran := gittrap.Ran(marker); ran != "" {
 		t.Errorf("the user's git ran the attempt's programs after restore:\n%s", ran)
 	}
-	if again, err := snap.Restore(); err != nil || len(again) != 0 {
+	if again, err := snap.Restore(t.Context()); err != nil || len(again) != 0 {
 		t.Errorf("a second restore undid %v, %v; want nothing", again, err)
 	}
 }

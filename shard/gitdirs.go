@@ -138,7 +138,7 @@ func walkExecutable(dir string, fn func(path string, d fs.DirEntry) error) error
 }
 
 // SnapshotGitDirs records the executable configuration of gitDirs.
-func SnapshotGitDirs(gitDirs []string) (*GitDirSnapshot, error) {
+func SnapshotGitDirs(ctx context.Context, gitDirs []string) (*GitDirSnapshot, error) {
 	s := &GitDirSnapshot{dirs: slices.Clone(gitDirs), files: map[string]snapEntry{}, held: map[string]heldDir{}}
 	for _, dir := range gitDirs {
 		if err := s.hold(dir); err != nil {
@@ -154,7 +154,7 @@ func SnapshotGitDirs(gitDirs []string) (*GitDirSnapshot, error) {
 	for _, dir := range gitDirs {
 		// A git dir git cannot read refs from (a nested .git that is no
 		// repository) has none to replace objects with.
-		if refs, err := replaceRefs(dir); err == nil {
+		if refs, err := replaceRefs(ctx, dir); err == nil {
 			s.replace[dir] = refs
 		}
 	}
@@ -165,8 +165,8 @@ func SnapshotGitDirs(gitDirs []string) (*GitDirSnapshot, error) {
 const gitTimeout = 30 * time.Second
 
 // replaceRefs lists the refs/replace/ refs of git dir dir.
-func replaceRefs(dir string) (map[string]string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+func replaceRefs(ctx context.Context, dir string) (map[string]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, gitTimeout)
 	defer cancel()
 	out, err := git(ctx, dir, []string{"GIT_DIR=" + dir}, "for-each-ref", "--format=%(refname) %(objectname)", "refs/replace/")
 	if err != nil {
@@ -182,7 +182,7 @@ func replaceRefs(dir string) (map[string]string, error) {
 }
 
 // restoreReplaceRefs puts each git dir's refs/replace/ back as it was.
-func (s *GitDirSnapshot) restoreReplaceRefs() (undone []string, errs []error) {
+func (s *GitDirSnapshot) restoreReplaceRefs(ctx context.Context) (undone []string, errs []error) {
 	for _, dir := range s.dirs {
 		was, ok := s.replace[dir]
 		if !ok {
@@ -191,7 +191,7 @@ func (s *GitDirSnapshot) restoreReplaceRefs() (undone []string, errs []error) {
 		if h, held := s.held[dir]; held && !h.isAt(dir) {
 			continue
 		}
-		now, err := replaceRefs(dir)
+		now, err := replaceRefs(ctx, dir)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -215,7 +215,7 @@ func (s *GitDirSnapshot) restoreReplaceRefs() (undone []string, errs []error) {
 		if in.Len() == 0 {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+		ctx, cancel := context.WithTimeout(ctx, gitTimeout)
 		cmd, err := gitsafe.Git{Dir: dir, Env: []string{"GIT_DIR=" + dir}}.Command(ctx, "update-ref", "--stdin")
 		if err == nil {
 			cmd.Stdin = strings.NewReader(in.String())
@@ -241,8 +241,8 @@ func (s *GitDirSnapshot) restoreReplaceRefs() (undone []string, errs []error) {
 // repository's config and hooks: one the attempt made, or whose .git it
 // pointed elsewhere, is disarmed by Restore; the git dirs of nested
 // repositories that were there are restored like the checkout's.
-func SnapshotCheckout(workTree string, gitDirs []string) (*GitDirSnapshot, error) {
-	return snapshotRepos(workTree, []string{workTree}, gitDirs)
+func SnapshotCheckout(ctx context.Context, workTree string, gitDirs []string) (*GitDirSnapshot, error) {
+	return snapshotRepos(ctx, workTree, []string{workTree}, gitDirs)
 }
 
 // SnapshotClaims records the repositories under the claims (real paths
@@ -250,26 +250,26 @@ func SnapshotCheckout(workTree string, gitDirs []string) (*GitDirSnapshot, error
 // but whose claims are: a repository it makes there, or the config of
 // one the user had there, would run in the user's git in that directory.
 // Restore disarms and restores them as SnapshotCheckout's.
-func SnapshotClaims(workTree string, claims []string) (*GitDirSnapshot, error) {
-	return snapshotRepos(workTree, claims, nil)
+func SnapshotClaims(ctx context.Context, workTree string, claims []string) (*GitDirSnapshot, error) {
+	return snapshotRepos(ctx, workTree, claims, nil)
 }
 
-func snapshotRepos(workTree string, roots, gitDirs []string) (*GitDirSnapshot, error) {
+func snapshotRepos(ctx context.Context, workTree string, roots, gitDirs []string) (*GitDirSnapshot, error) {
 	taken := time.Now().Add(-time.Second) // ctime comes from a coarser clock
 	dotGits, nested, _, err := findRepos(workTree, roots, gitDirs, time.Time{})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
 	}
-	s, err := SnapshotGitDirs(append(slices.Clone(gitDirs), nested...))
+	s, err := SnapshotGitDirs(ctx, append(slices.Clone(gitDirs), nested...))
 	if err != nil {
 		return nil, err
 	}
 	s.workTree, s.roots, s.dotGits, s.taken = workTree, roots, dotGits, taken
-	if err := s.snapshotHooksPath(); err != nil {
+	if err := s.snapshotHooksPath(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
 	}
-	if err := s.snapshotOthers(gitDirs); err != nil {
+	if err := s.snapshotOthers(ctx, gitDirs); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("snapshot %s: %w", workTree, err)
 	}
@@ -283,7 +283,7 @@ func (s *GitDirSnapshot) Dirs() []string { return slices.Clone(s.dirs) }
 // snapshotOthers records the other worktrees of the repository (the main
 // one when gitDirs are a linked worktree's, and every linked one but
 // this): their HEAD and index, and the branch each has checked out.
-func (s *GitDirSnapshot) snapshotOthers(gitDirs []string) error {
+func (s *GitDirSnapshot) snapshotOthers(ctx context.Context, gitDirs []string) error {
 	if len(gitDirs) == 0 {
 		return nil
 	}
@@ -312,7 +312,7 @@ func (s *GitDirSnapshot) snapshotOthers(gitDirs []string) error {
 			}
 			s.others[p] = snapEntry{mode: fi.Mode(), content: b}
 			if ref, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "ref: "); ok && f == "HEAD" && strings.HasPrefix(ref, "refs/") {
-				id, _ := s.revParse(ref)
+				id, _ := s.revParse(ctx, ref)
 				s.otherBranches[ref] = id
 			}
 		}
@@ -321,8 +321,8 @@ func (s *GitDirSnapshot) snapshotOthers(gitDirs []string) error {
 }
 
 // revParse is ref's commit in the common git dir, "" when it has none.
-func (s *GitDirSnapshot) revParse(ref string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+func (s *GitDirSnapshot) revParse(ctx context.Context, ref string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, gitTimeout)
 	defer cancel()
 	out, err := git(ctx, s.common, []string{"GIT_DIR=" + s.common}, "rev-parse", "--verify", "-q", ref)
 	return strings.TrimSpace(out), err
@@ -331,7 +331,7 @@ func (s *GitDirSnapshot) revParse(ref string) (string, error) {
 // restoreOthers puts the other worktrees' HEAD, index and checked-out
 // branches back; a branch the attempt moved is kept at
 // refs/fenceline/undone/<its name under refs/>.
-func (s *GitDirSnapshot) restoreOthers() (undone []string, errs []error) {
+func (s *GitDirSnapshot) restoreOthers(ctx context.Context) (undone []string, errs []error) {
 	if s.common == "" {
 		return nil, nil
 	}
@@ -362,11 +362,11 @@ func (s *GitDirSnapshot) restoreOthers() (undone []string, errs []error) {
 	slices.Sort(refs)
 	for _, ref := range refs {
 		was := s.otherBranches[ref]
-		now, _ := s.revParse(ref)
+		now, _ := s.revParse(ctx, ref)
 		if now == was {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+		ctx, cancel := context.WithTimeout(ctx, gitTimeout)
 		env := []string{"GIT_DIR=" + s.common}
 		msg := ref + " (moved"
 		if now != "" {
@@ -397,8 +397,8 @@ func (s *GitDirSnapshot) restoreOthers() (undone []string, errs []error) {
 // core.hooksPath names when the attempt may write it (it lies in the
 // roots or in a git dir, and is not a git dir's own hooks/, recorded
 // anyway).
-func (s *GitDirSnapshot) snapshotHooksPath() error {
-	ctx, cancel := context.WithTimeout(context.Background(), gitTimeout)
+func (s *GitDirSnapshot) snapshotHooksPath(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, gitTimeout)
 	defer cancel()
 	// fenceline's own git sets core.hooksPath (to /dev/null) on its
 	// command line: the repository's is the last value of another scope.
@@ -846,13 +846,13 @@ func readEntry(p string, d fs.DirEntry) (snapEntry, error) {
 // symlink) is removed, what was changed is rewritten (by renaming a new
 // file over it, never through a link), what was removed is written back.
 // It returns what it undid, relative to the git dirs.
-func (s *GitDirSnapshot) Restore() (undone []string, err error) {
+func (s *GitDirSnapshot) Restore(ctx context.Context) (undone []string, err error) {
 	undone, errs := s.putBack()
 	u, e := s.restoreDotGits()
 	undone, errs = append(undone, u...), append(errs, e...)
-	u, e = s.restoreReplaceRefs()
+	u, e = s.restoreReplaceRefs(ctx)
 	undone, errs = append(undone, u...), append(errs, e...)
-	u, e = s.restoreOthers()
+	u, e = s.restoreOthers(ctx)
 	undone, errs = append(undone, u...), append(errs, e...)
 	seen := map[string]bool{}
 	var gone []string // git dirs not in their place: nothing is written there

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/leasebus"
 )
@@ -48,7 +46,7 @@ func TestShardRecordsOnlyTheServiceWrites(t *testing.T) {
 
 	// 1. Straight to the bucket, as a holder: NATS refuses the publish.
 	hnc := b.ConnectAs(t, leasebus.RoleHolder)
-	js, err := jetstream.New(hnc)
+	js, err := leasebus.JetStream(context.Background(), hnc)
 	if err != nil {
 		t.Fatal(err)
 	}

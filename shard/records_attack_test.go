@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/leasebus"
 )
@@ -49,7 +47,7 @@ func TestRewrittenPoolRecordSendsNoRunnerElsewhere(t *testing.T) {
 	// The rewrite: straight into the bucket (only the lease service may
 	// write there, and it writes only records that pass these checks:
 	// TestShardRecordsOnlyTheServiceWrites; readers check anyway).
-	js, err := jetstream.New(b.Conn)
+	js, err := leasebus.JetStream(context.Background(), b.Conn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -513,7 +513,7 @@ func TestBucketsInThePermissionTable(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, b := range []string{PoolBucket, AttemptBucket} {
-			if role != leasebus.RoleService && !slices.Contains(g.Publish, "$JS.API.STREAM.INFO.KV_"+b) {
+			if role != leasebus.RoleService && !slices.Contains(g.Publish, leasebus.FleetJSAPI+".STREAM.INFO.KV_"+b) {
 				t.Errorf("%s may not read %s", role, b)
 			}
 			if w := slices.Contains(g.Publish, "$KV."+b+".>"); w != (role == leasebus.RoleService) {

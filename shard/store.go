@@ -165,9 +165,9 @@ func Open(nc *nats.Conn, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
+	js, err := leasebus.JetStream(context.Background(), nc)
 	if err != nil {
-		return nil, fmt.Errorf("shard store: jetstream: %w", err)
+		return nil, fmt.Errorf("shard store: %w", err)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -343,21 +343,22 @@ func (s *Store) Pools(ctx context.Context) ([]*Pool, error) {
 		}
 		return nil, err
 	}
-	keys, err := s.pools.ListKeys(ctx)
-	if err != nil {
+	type rec struct {
+		key   string
+		rev   uint64
+		value []byte
+	}
+	var recs []rec
+	if err := s.latest(ctx, PoolBucket, "*", func(key string, rev uint64, value []byte) {
+		recs = append(recs, rec{key, rev, value})
+	}); err != nil {
 		return nil, fmt.Errorf("list pools: %w", err)
 	}
 	var out []*Pool
-	for k := range keys.Keys() {
-		e, err := s.pools.Get(ctx, k)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read pool %s: %w", k, err)
-		}
+	for _, r := range recs {
+		k := r.key
 		var p Pool
-		err = json.Unmarshal(e.Value(), &p)
+		err := json.Unmarshal(r.value, &p)
 		if err == nil {
 			err = validPool(&p, k)
 		}
@@ -365,7 +366,7 @@ func (s *Store) Pools(ctx context.Context) ([]*Pool, error) {
 			s.log.Warn("pool record refused", "key", k, "err", err)
 			continue
 		}
-		p.Revision = e.Revision()
+		p.Revision = r.rev
 		out = append(out, &p)
 	}
 	slices.SortFunc(out, func(a, b *Pool) int { return cmp.Compare(a.Repo, b.Repo) })
@@ -566,35 +567,87 @@ func (s *Store) Attempts(ctx context.Context, repo string) ([]*Attempt, error) {
 	if err := s.buckets(ctx, false); err != nil {
 		return nil, err
 	}
-	w, err := s.attempts.WatchFiltered(ctx, []string{leasebus.RepoKey(repo) + ".*"}, jetstream.IgnoreDeletes())
+	var out []*Attempt
+	err := s.latest(ctx, AttemptBucket, leasebus.RepoKey(repo)+".*", func(key string, rev uint64, value []byte) {
+		var a Attempt
+		err := json.Unmarshal(value, &a)
+		if err == nil {
+			err = validAttempt(&a, key)
+		}
+		if err != nil {
+			s.log.Warn("attempt record refused", "key", key, "err", err)
+			return
+		}
+		a.Revision = rev
+		out = append(out, &a)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list attempts of %s: %w", repo, err)
 	}
-	defer w.Stop()
-	var out []*Attempt
-	for {
-		select {
-		case e := <-w.Updates():
-			if e == nil { // every current value delivered
-				slices.SortFunc(out, func(a, b *Attempt) int { return a.StartedAt.Compare(b.StartedAt) })
-				return out, nil
-			}
-			var a Attempt
-			err := json.Unmarshal(e.Value(), &a)
-			if err == nil {
-				err = validAttempt(&a, e.Key())
-			}
+	slices.SortFunc(out, func(a, b *Attempt) int { return a.StartedAt.Compare(b.StartedAt) })
+	return out, nil
+}
+
+// latest calls fn with the newest record of each key of bucket under
+// keyFilter, in key order, deleted and purged keys left out. It reads them
+// with one ephemeral pull consumer: a KV watch or key listing is a push
+// consumer, whose deliveries the bus's fleet account cannot receive (the
+// streams are in the service account, leasebus/accounts.go).
+func (s *Store) latest(ctx context.Context, bucket, keyFilter string, fn func(key string, rev uint64, value []byte)) error {
+	stream, err := s.js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return err
+	}
+	prefix := "$KV." + bucket + "."
+	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		FilterSubject:     prefix + keyFilter,
+		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		MemoryStorage:     true,
+		InactiveThreshold: time.Minute, // gone by itself if this process dies before deleting it
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = stream.DeleteConsumer(dctx, cons.CachedInfo().Name)
+	}()
+	for pending := cons.CachedInfo().NumPending; pending > 0; {
+		batch, err := cons.Fetch(int(min(pending, 256)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return err
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
 			if err != nil {
-				s.log.Warn("attempt record refused", "key", e.Key(), "err", err)
+				return err
+			}
+			pending = md.NumPending
+			switch m.Headers().Get(kvOperation) {
+			case "DEL", "PURGE":
 				continue
 			}
-			a.Revision = e.Revision()
-			out = append(out, &a)
-		case <-ctx.Done():
-			return nil, fmt.Errorf("list attempts of %s: %w", repo, ctx.Err())
+			fn(strings.TrimPrefix(m.Subject(), prefix), md.Sequence.Stream, m.Data())
+		}
+		if err := batch.Error(); err != nil {
+			return err
+		}
+		if got == 0 {
+			return fmt.Errorf("bucket %s: %d records pending, none delivered within 5s", bucket, pending)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
 		}
 	}
+	return nil
 }
+
+// kvOperation is the header a KV delete or purge marker carries.
+const kvOperation = "KV-Operation"
 
 // Recover finds the repo's attempts still "running" whose leases are all
 // no longer active — their runner is gone — and marks each "unknown" and

@@ -92,7 +92,7 @@ func copyExecutable(src, dst string) error {
 func unreadableDirAttack(t *testing.T, dir string) {
 	claim := filepath.Join(dir, "claim")
 	os.MkdirAll(claim, 0o755)
-	snap, err := SnapshotClaims(dir, []string{claim})
+	snap, err := SnapshotClaims(t.Context(), dir, []string{claim})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func unreadableDirAttack(t *testing.T, dir string) {
 	}
 	os.Remove(marker)
 
-	undone, err := snap.Restore()
+	undone, err := snap.Restore(t.Context())
 	if err != nil {
 		t.Errorf("restore: %v", err)
 	}

@@ -85,7 +85,7 @@ func (c *AdminConfig) Validate() error {
 			return fmt.Errorf("admin: listen address %q: %w", c.Listen, err)
 		}
 		if c.Token == "" && offLoopback(host) {
-			return fmt.Errorf("admin: %s: %w", c.Listen, errNeedsToken)
+			return fmt.Errorf("admin: %s: %w", c.Listen, ErrNeedsToken)
 		}
 	}
 	return nil
@@ -189,7 +189,7 @@ func StartAdmin(cfg AdminConfig) (*Admin, error) {
 	}
 	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() && cfg.Token == "" {
 		ln.Close()
-		return nil, fmt.Errorf("admin: %s is not a loopback address: %w", ln.Addr(), errNeedsToken)
+		return nil, fmt.Errorf("admin: %s is not a loopback address: %w", ln.Addr(), ErrNeedsToken)
 	}
 	a := &Admin{cfg: cfg, log: log, metrics: m, ln: ln,
 		changed: make(chan struct{}), settled: make(chan struct{}),
@@ -392,7 +392,7 @@ func (a *Admin) auth(h http.Handler) http.Handler {
 		}
 		if subtle.ConstantTimeCompare([]byte(got), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="fenceline"`)
-			http.Error(w, "fenceline: the admin API needs \"Authorization: Bearer <token>\" (the sidecar's --admin-token-file)", http.StatusUnauthorized)
+			http.Error(w, "fenceline: the admin API needs \"Authorization: Bearer <token>\" (the sidecar's admin token)", http.StatusUnauthorized)
 			return
 		}
 		h.ServeHTTP(w, r)

@@ -31,7 +31,7 @@ func splitUpstream(raw string, forward bool) (*url.URL, error) {
 	}
 	base := &url.URL{Scheme: u.Scheme, Host: u.Host, User: u.User, Path: strings.TrimSuffix(u.Path, "/")}
 	if forward && base.Scheme != "https" {
-		return nil, fmt.Errorf("upstream %q: forward mode (--git-forward) is for https remotes; an http remote goes through the reverse proxy", raw)
+		return nil, fmt.Errorf("upstream %q: %w", raw, ErrForwardHTTP)
 	}
 	return base, nil
 }
@@ -63,9 +63,12 @@ func CheckListen(addr string) error {
 	return nil
 }
 
-// errNeedsToken is why an admin server off loopback will not start
-// without a token.
-var errNeedsToken = errors.New("the admin API needs a bearer token off loopback: pass --admin-token-file or set " + EnvAdminToken + ", or listen on loopback (--admin 127.0.0.1:PORT)")
+// ErrForwardHTTP is the error of an http upstream with GitForward.
+var ErrForwardHTTP = errors.New("forward mode (GitForward) is for https remotes; an http remote goes through the reverse proxy")
+
+// ErrNeedsToken is why an admin server off loopback will not start
+// without a token (AdminConfig.Token).
+var ErrNeedsToken = errors.New("the admin API needs a bearer token off loopback: set AdminConfig.Token, or listen on loopback (AdminConfig.Listen 127.0.0.1:PORT)")
 
 // offLoopback reports whether a listen host is known, without resolving
 // it, to be no loopback address: every interface, or an IP literal.

@@ -6,14 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-
-	"github.com/fenceline/fenceline/leasebus"
 )
 
 // DefaultStateDir is where a sidecar keeps its files (Config.StateDir)
-// for the lease leaseID when not told: <state dir>/sidecar/<lease>.
-func DefaultStateDir(leaseID string) string {
-	return filepath.Join(leasebus.StateDir(), "sidecar", leaseID)
+// for the lease leaseID when not told: <fenceline's state dir>/sidecar/<lease>.
+func DefaultStateDir(fencelineStateDir, leaseID string) string {
+	return filepath.Join(fencelineStateDir, "sidecar", leaseID)
 }
 
 // ErrEmptyAdminToken is ReadAdminToken's error for a token file that
@@ -21,14 +19,11 @@ func DefaultStateDir(leaseID string) string {
 var ErrEmptyAdminToken = errors.New("the admin token file is empty")
 
 // ReadAdminToken reads the admin API's bearer token (AdminConfig.Token)
-// from file, trimmed of surrounding space, or, when file is "", from
-// $EnvAdminToken ("" when that is unset). A file that cannot be read is
+// from file, trimmed of surrounding space. A file that cannot be read is
 // os.ReadFile's error (it names the file); one that holds no token is
-// ErrEmptyAdminToken.
+// ErrEmptyAdminToken. (The token may also come from the environment,
+// $EnvAdminToken: the caller reads it.)
 func ReadAdminToken(file string) (string, error) {
-	if file == "" {
-		return strings.TrimSpace(os.Getenv(EnvAdminToken)), nil
-	}
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return "", err

@@ -6,12 +6,10 @@ import (
 	"testing"
 )
 
-// TestUpstreamHeaders: the lines and the environment's header are all
-// added, in order; a bad one is a HeaderError naming its place and not
-// its value.
+// TestUpstreamHeaders: the lines and the secret header are all added, in
+// order; a bad one is a HeaderError naming its place and not its value.
 func TestUpstreamHeaders(t *testing.T) {
-	t.Setenv(EnvGitUpstreamHeader, "Authorization: Bearer from-env")
-	h, err := UpstreamHeaders([]string{"X-Tenant: acme", "x-tenant:  billing "})
+	h, err := UpstreamHeaders([]string{"X-Tenant: acme", "x-tenant:  billing "}, "Authorization: Bearer from-env")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,22 +21,20 @@ func TestUpstreamHeaders(t *testing.T) {
 	}
 
 	var he *HeaderError
-	_, err = UpstreamHeaders([]string{"X-Ok: 1", "Bad Name: secret-value"})
+	_, err = UpstreamHeaders([]string{"X-Ok: 1", "Bad Name: secret-value"}, "")
 	if !errors.As(err, &he) || he.N != 2 || strings.Contains(err.Error(), "secret-value") {
 		t.Fatalf("a bad second line: %v", err)
 	}
-	_, err = UpstreamHeaders([]string{"X-Smuggle: a\r\nHost: evil"})
+	_, err = UpstreamHeaders([]string{"X-Smuggle: a\r\nHost: evil"}, "")
 	if !errors.As(err, &he) || he.N != 1 || !strings.Contains(he.Err.Error(), "control character") {
 		t.Fatalf("a line break in a value: %v", err)
 	}
 
-	t.Setenv(EnvGitUpstreamHeader, "no colon here")
-	_, err = UpstreamHeaders(nil)
-	if !errors.As(err, &he) || he.N != 0 || !strings.Contains(err.Error(), "$"+EnvGitUpstreamHeader) {
-		t.Fatalf("a bad environment header: %v", err)
+	_, err = UpstreamHeaders(nil, "no colon here")
+	if !errors.As(err, &he) || he.N != 0 || !strings.Contains(err.Error(), "GitUpstreamSecretHeader") || strings.Contains(err.Error(), "no colon") {
+		t.Fatalf("a bad secret header: %v", err)
 	}
-	t.Setenv(EnvGitUpstreamHeader, "")
-	if h, err := UpstreamHeaders(nil); err != nil || len(h) != 0 {
+	if h, err := UpstreamHeaders(nil, ""); err != nil || len(h) != 0 {
 		t.Fatalf("no headers: %v, %v", h, err)
 	}
 }

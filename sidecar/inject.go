@@ -30,6 +30,10 @@ type InjectSpec struct {
 	File     string
 }
 
+// ErrEgressCAUnused is the OptionError of EgressCAFile given without
+// InjectHeaderFiles.
+var ErrEgressCAUnused = errors.New("only the hosts of InjectHeaderFiles are verified with it")
+
 // ParseInjectSpec reads one --inject-header-file value.
 func ParseInjectSpec(s string) (InjectSpec, error) {
 	host, file, ok := strings.Cut(s, "=")
@@ -69,13 +73,13 @@ func ReadInjectHeaders(file string) (http.Header, error) {
 	return h, nil
 }
 
-// injections reads the --inject-header-file values and --egress-ca into
+// injections reads InjectHeaderFiles and EgressCAFile into
 // the egress proxy's injections, with the API rules fenceline ships for
 // each host (egress.RulesFor).
 func injections(specs []string, caFile string) (map[string]egress.Injection, error) {
 	if len(specs) == 0 {
 		if caFile != "" {
-			return nil, &OptionError{Option: "egress-ca", Value: caFile, Err: errors.New("only hosts given to --inject-header-file are verified with it")}
+			return nil, &OptionError{Option: "EgressCAFile", Value: caFile, Err: ErrEgressCAUnused}
 		}
 		return nil, nil
 	}
@@ -83,21 +87,21 @@ func injections(specs []string, caFile string) (map[string]egress.Injection, err
 	if caFile != "" {
 		var err error
 		if roots, err = ReadCAFile(caFile); err != nil {
-			return nil, &OptionError{Option: "egress-ca", Value: caFile, Err: err}
+			return nil, &OptionError{Option: "EgressCAFile", Value: caFile, Err: err}
 		}
 	}
 	out := map[string]egress.Injection{}
 	for _, s := range specs {
 		spec, err := ParseInjectSpec(s)
 		if err != nil {
-			return nil, &OptionError{Option: "inject-header-file", Err: err}
+			return nil, &OptionError{Option: "InjectHeaderFiles", Err: err}
 		}
 		if _, dup := out[spec.HostPort]; dup {
-			return nil, &OptionError{Option: "inject-header-file", Err: fmt.Errorf("%s is given twice: put all its headers in one file", spec.HostPort)}
+			return nil, &OptionError{Option: "InjectHeaderFiles", Err: fmt.Errorf("%s is given twice: put all its headers in one file", spec.HostPort)}
 		}
 		h, err := ReadInjectHeaders(spec.File)
 		if err != nil {
-			return nil, &OptionError{Option: "inject-header-file", Err: err}
+			return nil, &OptionError{Option: "InjectHeaderFiles", Err: err}
 		}
 		host, _, _ := net.SplitHostPort(spec.HostPort)
 		out[spec.HostPort] = egress.Injection{Header: h, RootCAs: roots, API: egress.RulesFor(host)}

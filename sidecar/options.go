@@ -23,10 +23,10 @@ import (
 // run and fenceline sidecar fill it from their flags.
 type FenceOptions struct {
 	// GitUpstream is the agent's git remote (Config.GitUpstream); empty:
-	// no git fence. Option "git-upstream".
+	// no git fence.
 	GitUpstream string
 	// GitListen is where the git fence listens, host:port (checked with
-	// GitUpstream). Option "git-listen".
+	// GitUpstream).
 	GitListen string
 	// GitForward serves an https upstream as a forward proxy
 	// (Config.GitForward).
@@ -34,57 +34,59 @@ type FenceOptions struct {
 	// GitObjectDirs are git dirs whose objects resolve pushed packs.
 	GitObjectDirs []string
 	// GitUpstreamHeaders are "Name: value" lines added to upstream git
-	// requests, with the one in $EnvGitUpstreamHeader (UpstreamHeaders).
-	// Option "git-upstream-header"; its error is a *HeaderError, which
-	// never holds a header's value.
+	// requests, then GitUpstreamSecretHeader (UpstreamHeaders). Its
+	// error is a *HeaderError, which never holds a header's value.
 	GitUpstreamHeaders []string
+	// GitUpstreamSecretHeader is one more such line, kept off the command
+	// line, which the agent can read (the CLI takes it from
+	// $EnvGitUpstreamHeader). Its HeaderError has N 0.
+	GitUpstreamSecretHeader string
 	// GitUpstreamCAFile is a PEM CA bundle for an https upstream (default:
-	// the system's). Option "git-upstream-ca".
+	// the system's).
 	GitUpstreamCAFile string
 	// GitHookSecretFile is refused (ErrHookSecretGone): the git fence signs
 	// pushes with the grant key the lease service gives the lease's
-	// acquirer, and no runner holds the repository's hook secret. Option
-	// "git-hook-secret".
+	// acquirer, and no runner holds the repository's hook secret.
 	GitHookSecretFile string
 	// AllowForcePush and AllowRefDelete are the git fence's policy
 	// (gitproxy.Policy).
 	AllowForcePush, AllowRefDelete bool
 
 	// PGUpstream is the agent's Postgres, host:port or the path of its
-	// Unix socket; empty: no Postgres fence. Option "pg-upstream".
+	// Unix socket; empty: no Postgres fence.
 	PGUpstream string
-	// PGListen is where the Postgres fence listens. Option "pg-listen".
+	// PGListen is where the Postgres fence listens.
 	PGListen string
 	// PGSecretFile is refused (ErrPGSecretGone): the Postgres fence signs
 	// with the grant key the lease service gives the lease's acquirer.
-	// Option "pg-secret-file".
 	PGSecretFile string
 	// PGAllowOpaque is Config.PGAllowOpaque (policy).
 	PGAllowOpaque bool
 	// PGTLSCertFile and PGTLSKeyFile are the PEM certificate (chain) and
 	// key the Postgres fence offers clients asking for TLS: both or
-	// neither (then a self-signed certificate is made). Options
-	// "pg-tls-cert" and "pg-tls-key".
+	// neither (then a self-signed certificate is made).
 	PGTLSCertFile, PGTLSKeyFile string
 
 	// AllowHosts are the hosts the egress proxy tunnels (egress.ParseRules).
-	// Option "allow-host".
 	AllowHosts []string
-	// EgressResolve pins HOST:PORT=ADDR:PORT (egress.ParseResolve). Option
-	// "egress-resolve".
+	// EgressResolve pins HOST:PORT=ADDR:PORT (egress.ParseResolve).
 	EgressResolve []string
 	// InjectHeaderFiles are HOST[:PORT]=FILE: the egress proxy adds FILE's
 	// "Name: value" headers to that host's requests, which it opens (the
 	// agent holds a placeholder, never the credential) and judges by the
-	// API rules fenceline ships for the host. Option "inject-header-file".
+	// API rules fenceline ships for the host.
 	InjectHeaderFiles []string
 	// EgressCAFile is the PEM CA bundle that verifies injected hosts
-	// (default: the system's). Option "egress-ca".
+	// (default: the system's).
 	EgressCAFile string
 
-	// StateDir keeps the sidecar's files; empty: DefaultStateDir of the
-	// lease.
+	// StateDir keeps the sidecar's files; empty: DefaultStateDir of
+	// FencelineStateDir and the lease.
 	StateDir string
+	// FencelineStateDir is fenceline's state dir, which the caller
+	// decides (the CLI: $XDG_STATE_HOME/fenceline). Config needs it, or
+	// StateDir.
+	FencelineStateDir string
 
 	// What Check parsed and read.
 	checked   bool
@@ -96,9 +98,8 @@ type FenceOptions struct {
 // OptionError is the error of FenceOptions.Check and FenceOptions.Config
 // for an option that is wrong, or names a file that cannot be read.
 type OptionError struct {
-	// Option names the option as fenceline's flags do, without dashes:
-	// "git-upstream", "pg-secret-file"… (each FenceOptions field says its
-	// own).
+	// Option names the FenceOptions field at fault: "GitUpstream",
+	// "PGSecretFile"… (a CLI reports it under the flag that filled it).
 	Option string
 	// Value is the value given (an address, a file) when Err does not
 	// name it already; empty for credentials (header lines).
@@ -121,19 +122,23 @@ func (e *OptionError) Error() string {
 
 func (e *OptionError) Unwrap() error { return e.Err }
 
-// ErrHookSecretGone is the OptionError of "git-hook-secret": whoever holds
+// ErrHookSecretGone is the OptionError of GitHookSecretFile: whoever holds
 // the repository's hook secret can mint any fence, so runners no longer
 // hold it; the lease service does, and gives each lease's acquirer a
 // grant key for that lease alone.
 var ErrHookSecretGone = errors.New("the sidecar no longer takes the repository's git hook secret (whoever holds it can mint any fence): register it with the lease bus instead, fenceline bus fence-secret set --repo REPO --git HOOK-SECRET-FILE, and the sidecar signs each push with the grant key the service gives its lease")
 
-// ErrPGSecretGone is the OptionError of "pg-secret-file": whoever holds the
+// ErrPGSecretGone is the OptionError of PGSecretFile: whoever holds the
 // database's fence secret can mint any fence for any table, so runners no
 // longer hold it.
 var ErrPGSecretGone = errors.New("the sidecar no longer takes the database's fence secret (whoever holds it can mint any fence): register it with the lease bus instead, fenceline bus fence-secret set --repo REPO --postgres SECRET-FILE, and the sidecar signs with the grant key the service gives its lease")
 
-// ErrPGTLSPair is the OptionError of "pg-tls-cert" given without
-// "pg-tls-key", or of "pg-tls-key" without "pg-tls-cert".
+// ErrGitHostInjected is the OptionError of InjectHeaderFiles naming the
+// git upstream's host (its Value).
+var ErrGitHostInjected = errors.New("the git upstream's host is served by the git fence: give its credential as a git upstream header (GitUpstreamHeaders)")
+
+// ErrPGTLSPair is the OptionError of PGTLSCertFile given without
+// PGTLSKeyFile, or of PGTLSKeyFile without PGTLSCertFile.
 var ErrPGTLSPair = errors.New("the Postgres fence's TLS certificate and key go together: give both, or neither for a self-signed certificate")
 
 // Check parses every option and reads the files they name (the git
@@ -145,10 +150,10 @@ var ErrPGTLSPair = errors.New("the Postgres fence's TLS certificate and key go t
 func (o *FenceOptions) Check(repo string) error {
 	o.checked = false
 	if _, err := egress.ParseRules(o.AllowHosts); err != nil {
-		return &OptionError{Option: "allow-host", Err: err}
+		return &OptionError{Option: "AllowHosts", Err: err}
 	}
 	if _, err := egress.ParseResolve(o.EgressResolve); err != nil {
-		return &OptionError{Option: "egress-resolve", Err: err}
+		return &OptionError{Option: "EgressResolve", Err: err}
 	}
 	if err := o.checkGit(); err != nil {
 		return err
@@ -166,12 +171,12 @@ func (o *FenceOptions) Check(repo string) error {
 			port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
 		}
 		if _, clash := inject[net.JoinHostPort(strings.ToLower(u.Hostname()), port)]; clash {
-			return &OptionError{Option: "inject-header-file", Err: fmt.Errorf("%s is the git upstream's host, served by the git fence: give its credential with --git-upstream-header", u.Host)}
+			return &OptionError{Option: "InjectHeaderFiles", Value: u.Host, Err: ErrGitHostInjected}
 		}
 	}
 	o.inject = inject
 	if o.GitHookSecretFile != "" {
-		return &OptionError{Option: "git-hook-secret", Err: ErrHookSecretGone}
+		return &OptionError{Option: "GitHookSecretFile", Err: ErrHookSecretGone}
 	}
 	o.checked = true
 	return nil
@@ -183,26 +188,30 @@ func (o *FenceOptions) Check(repo string) error {
 func (o *FenceOptions) checkGit() error {
 	if o.GitUpstream != "" {
 		if err := CheckGitUpstream(o.GitUpstream, o.GitForward); err != nil {
-			return &OptionError{Option: "git-upstream", Err: err}
+			return &OptionError{Option: "GitUpstream", Err: err}
 		}
 		if err := CheckListen(o.GitListen); err != nil {
-			return &OptionError{Option: "git-listen", Value: o.GitListen, Err: err}
+			return &OptionError{Option: "GitListen", Value: o.GitListen, Err: err}
 		}
 	}
 	// Header values are credentials: the error names the header at most.
-	h, err := UpstreamHeaders(o.GitUpstreamHeaders)
+	h, err := UpstreamHeaders(o.GitUpstreamHeaders, o.GitUpstreamSecretHeader)
 	if err != nil {
-		return &OptionError{Option: "git-upstream-header", Err: err}
+		option := "GitUpstreamHeaders"
+		if he := (*HeaderError)(nil); errors.As(err, &he) && he.N == 0 {
+			option = "GitUpstreamSecretHeader"
+		}
+		return &OptionError{Option: option, Err: err}
 	}
 	o.gitHeader = h
 	if o.GitUpstream != "" && len(h) > 0 {
 		if u, err := url.Parse(o.GitUpstream); err != nil || strings.Trim(u.Path, "/") == "" {
-			return &OptionError{Option: "git-upstream", Err: errors.New("the URL names no repository, and the git fence adds the upstream header only to one repository's git requests: give the repository's URL, e.g. https://git.example.com/acme/payments.git")}
+			return &OptionError{Option: "GitUpstream", Err: errors.New("the URL names no repository, and the git fence adds the upstream header only to one repository's git requests: give the repository's URL, e.g. https://git.example.com/acme/payments.git")}
 		}
 	}
 	if o.GitUpstreamCAFile != "" {
 		if _, err := ReadCAFile(o.GitUpstreamCAFile); err != nil {
-			return &OptionError{Option: "git-upstream-ca", Value: o.GitUpstreamCAFile,
+			return &OptionError{Option: "GitUpstreamCAFile", Value: o.GitUpstreamCAFile,
 				Err: fmt.Errorf("%w (want the PEM CA bundle that signed the git server's certificate)", err)}
 		}
 	}
@@ -214,26 +223,26 @@ func (o *FenceOptions) checkGit() error {
 func (o *FenceOptions) checkPG() error {
 	o.pgTLS = nil
 	if o.PGSecretFile != "" {
-		return &OptionError{Option: "pg-secret-file", Err: ErrPGSecretGone}
+		return &OptionError{Option: "PGSecretFile", Err: ErrPGSecretGone}
 	}
 	if o.PGUpstream == "" {
 		return nil
 	}
 	if err := (&pgproxy.Config{Upstream: o.PGUpstream}).Validate(); err != nil {
-		return &OptionError{Option: "pg-upstream", Value: o.PGUpstream, Err: err}
+		return &OptionError{Option: "PGUpstream", Value: o.PGUpstream, Err: err}
 	}
 	if err := (&pgproxy.Config{Listen: o.PGListen}).Validate(); err != nil {
-		return &OptionError{Option: "pg-listen", Value: o.PGListen, Err: err}
+		return &OptionError{Option: "PGListen", Value: o.PGListen, Err: err}
 	}
 	var err error
 	switch {
 	case o.PGTLSCertFile != "" && o.PGTLSKeyFile == "":
-		return &OptionError{Option: "pg-tls-key", Err: ErrPGTLSPair}
+		return &OptionError{Option: "PGTLSKeyFile", Err: ErrPGTLSPair}
 	case o.PGTLSCertFile == "" && o.PGTLSKeyFile != "":
-		return &OptionError{Option: "pg-tls-cert", Err: ErrPGTLSPair}
+		return &OptionError{Option: "PGTLSCertFile", Err: ErrPGTLSPair}
 	case o.PGTLSCertFile != "":
 		if o.pgTLS, err = pgproxy.LoadTLS(o.PGTLSCertFile, o.PGTLSKeyFile); err != nil {
-			return &OptionError{Option: "pg-tls-cert", Value: o.PGTLSCertFile, Err: err}
+			return &OptionError{Option: "PGTLSCertFile", Value: o.PGTLSCertFile, Err: err}
 		}
 	default:
 		if o.pgTLS, err = pgproxy.SelfSignedTLS(); err != nil {
@@ -257,7 +266,10 @@ func (o *FenceOptions) Config(lease *leasebus.Holder, bus *leasebus.Client, audi
 	}
 	state := o.StateDir
 	if state == "" {
-		state = DefaultStateDir(l.LeaseID)
+		if o.FencelineStateDir == "" {
+			return Config{}, errors.New("sidecar: FenceOptions.StateDir and FenceOptions.FencelineStateDir are both empty: the sidecar's files need a place")
+		}
+		state = DefaultStateDir(o.FencelineStateDir, l.LeaseID)
 	}
 	return Config{
 		Lease:             lease,

@@ -34,12 +34,11 @@ type optionFiles struct {
 	shortKey, hexBad string
 }
 
-// isolateOptions points fenceline's state dir (the default secret files)
-// at a temp dir and clears $EnvGitUpstreamHeader.
+// isolateOptions points fenceline's state dir of the environment at a
+// temp dir: the options never look there.
 func isolateOptions(t *testing.T) {
 	t.Helper()
 	t.Setenv("XDG_STATE_HOME", t.TempDir())
-	t.Setenv(EnvGitUpstreamHeader, "")
 }
 
 func newOptionFiles(t *testing.T) *optionFiles {
@@ -106,61 +105,61 @@ func TestFenceOptionsCheckErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		opts    FenceOptions
-		env     string                    // $EnvGitUpstreamHeader
+		env     string                    // GitUpstreamSecretHeader
 		setup   func(t *testing.T) string // writes a default file, returns it (the value)
 		option  string
 		value   string
 		def     bool
 		is      error
-		header  int // HeaderError.N, for git-upstream-header
+		header  int // HeaderError.N, for the header options
 		message string
 	}{
 		{name: "allow-host", opts: FenceOptions{AllowHosts: []string{"api.example.test", "https://x/"}},
-			option: "allow-host", message: `"https://x/"`},
+			option: "AllowHosts", message: `"https://x/"`},
 		{name: "egress-resolve", opts: FenceOptions{EgressResolve: []string{"nope"}},
-			option: "egress-resolve", message: "HOST:PORT=ADDR:PORT"},
+			option: "EgressResolve", message: "HOST:PORT=ADDR:PORT"},
 		{name: "git-upstream", opts: FenceOptions{GitUpstream: "ftp://x", GitListen: "127.0.0.1:0"},
-			option: "git-upstream", message: "http:// or https://"},
+			option: "GitUpstream", message: "http:// or https://"},
 		{name: "git-forward-http", opts: FenceOptions{GitUpstream: "http://git.example.test/p.git", GitListen: "127.0.0.1:0", GitForward: true},
-			option: "git-upstream", message: "forward mode"},
+			option: "GitUpstream", message: "forward mode"},
 		{name: "git-listen", opts: git(FenceOptions{GitListen: "nope"}),
-			option: "git-listen", value: "nope", message: "host:port"},
+			option: "GitListen", value: "nope", message: "host:port"},
 		{name: "git-upstream-header", opts: git(FenceOptions{GitUpstreamHeaders: []string{"A: b", "NoColon secret"}}),
-			option: "git-upstream-header", header: 2, message: "Name: value"},
+			option: "GitUpstreamHeaders", header: 2, message: "Name: value"},
 		{name: "git-upstream-header-no-repo", opts: FenceOptions{GitUpstream: "https://git.example.test/", GitListen: "127.0.0.1:0",
-			GitUpstreamHeaders: []string{"Authorization: Bearer secret"}}, option: "git-upstream", message: "names no repository"},
+			GitUpstreamHeaders: []string{"Authorization: Bearer secret"}}, option: "GitUpstream", message: "names no repository"},
 		{name: "git-upstream-header-env", opts: git(FenceOptions{}), env: "Bad Name: secret",
-			option: "git-upstream-header", header: 0, message: "Name: value"},
+			option: "GitUpstreamSecretHeader", header: 0, message: "Name: value"},
 		{name: "git-upstream-ca-missing", opts: git(FenceOptions{GitUpstreamCAFile: f.missing}),
-			option: "git-upstream-ca", value: f.missing, is: os.ErrNotExist, message: "want the PEM CA bundle"},
+			option: "GitUpstreamCAFile", value: f.missing, is: os.ErrNotExist, message: "want the PEM CA bundle"},
 		{name: "git-upstream-ca-junk", opts: git(FenceOptions{GitUpstreamCAFile: f.junk}),
-			option: "git-upstream-ca", value: f.junk, message: "no PEM certificate"},
+			option: "GitUpstreamCAFile", value: f.junk, message: "no PEM certificate"},
 		{name: "pg-upstream", opts: FenceOptions{PGUpstream: "db.example.test", PGListen: "127.0.0.1:0"},
-			option: "pg-upstream", value: "db.example.test", message: "host:port"},
+			option: "PGUpstream", value: "db.example.test", message: "host:port"},
 		{name: "pg-listen", opts: pg(FenceOptions{PGListen: "nope"}),
-			option: "pg-listen", value: "nope", message: "host:port"},
+			option: "PGListen", value: "nope", message: "host:port"},
 		// The database's secret mints any fence: runners no longer take it.
 		{name: "pg-secret-file-refused", opts: pg(FenceOptions{PGSecretFile: f.pgSecretFile}),
-			option: "pg-secret-file", is: ErrPGSecretGone},
+			option: "PGSecretFile", is: ErrPGSecretGone},
 		{name: "pg-tls-cert-alone", opts: pg(FenceOptions{PGTLSCertFile: f.tlsCert}),
-			option: "pg-tls-key", is: ErrPGTLSPair},
+			option: "PGTLSKeyFile", is: ErrPGTLSPair},
 		{name: "pg-tls-key-alone", opts: pg(FenceOptions{PGTLSKeyFile: f.tlsKey}),
-			option: "pg-tls-cert", is: ErrPGTLSPair},
+			option: "PGTLSCertFile", is: ErrPGTLSPair},
 		{name: "pg-tls-junk", opts: pg(FenceOptions{PGTLSCertFile: f.junk, PGTLSKeyFile: f.tlsKey}),
-			option: "pg-tls-cert", value: f.junk},
+			option: "PGTLSCertFile", value: f.junk},
 		// The hook secret mints any fence: runners no longer take it.
 		{name: "git-hook-secret-refused", opts: git(FenceOptions{GitHookSecretFile: f.hookFile}),
-			option: "git-hook-secret", is: ErrHookSecretGone},
+			option: "GitHookSecretFile", is: ErrHookSecretGone},
 		{name: "git-hook-secret-refused-without-git", opts: FenceOptions{GitHookSecretFile: f.hookFile, AllowHosts: []string{"api.example.test"}},
-			option: "git-hook-secret", is: ErrHookSecretGone},
+			option: "GitHookSecretFile", is: ErrHookSecretGone},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			isolateOptions(t)
-			t.Setenv(EnvGitUpstreamHeader, tc.env)
 			if tc.setup != nil {
 				tc.value = tc.setup(t)
 			}
 			opts := tc.opts
+			opts.GitUpstreamSecretHeader = tc.env
 			err := opts.Check(repo)
 			var oe *OptionError
 			if !errors.As(err, &oe) {
@@ -172,7 +171,7 @@ func TestFenceOptionsCheckErrors(t *testing.T) {
 			if tc.is != nil && !errors.Is(err, tc.is) {
 				t.Errorf("Check = %v, want it to wrap %v", err, tc.is)
 			}
-			if tc.option == "git-upstream-header" {
+			if tc.option == "GitUpstreamHeaders" || tc.option == "GitUpstreamSecretHeader" {
 				var he *HeaderError
 				if !errors.As(err, &he) || he.N != tc.header {
 					t.Errorf("Check = %v, want a *HeaderError number %d", err, tc.header)
@@ -215,11 +214,13 @@ func acquireFor(t *testing.T, repo string) (*bustest.Bus, *bustest.Lease) {
 // values passed through, the lease's default state dir.
 func TestFenceOptionsConfig(t *testing.T) {
 	isolateOptions(t)
-	t.Setenv(EnvGitUpstreamHeader, "X-Env: from-env")
 	f := newOptionFiles(t)
 	const repo = "github.com/acme/payments"
+	state := t.TempDir()
 	opts := FenceOptions{
-		GitUpstream: "https://git.example.test/acme/payments.git", GitListen: "127.0.0.1:0", GitForward: true,
+		GitUpstreamSecretHeader: "X-Env: from-env",
+		FencelineStateDir:       state,
+		GitUpstream:             "https://git.example.test/acme/payments.git", GitListen: "127.0.0.1:0", GitForward: true,
 		GitObjectDirs:      []string{"/src/.git"},
 		GitUpstreamHeaders: []string{"Authorization: Bearer t0ken"},
 		GitUpstreamCAFile:  f.ca.File,
@@ -252,7 +253,7 @@ func TestFenceOptionsConfig(t *testing.T) {
 		t.Errorf("Config.GitUpstreamHeader Authorization = %q", got)
 	}
 	if got := cfg.GitUpstreamHeader.Get("X-Env"); got != "from-env" {
-		t.Errorf("Config.GitUpstreamHeader X-Env = %q, want the environment's", got)
+		t.Errorf("Config.GitUpstreamHeader X-Env = %q, want the secret header's", got)
 	}
 	if cfg.PGUpstream != opts.PGUpstream || cfg.PGListen != "127.0.0.1:0" || !cfg.PGAllowOpaque {
 		t.Errorf("Config pg: upstream %q listen %q opaque %v", cfg.PGUpstream, cfg.PGListen, cfg.PGAllowOpaque)
@@ -263,12 +264,16 @@ func TestFenceOptionsConfig(t *testing.T) {
 	if len(cfg.AllowHosts) != 1 || len(cfg.EgressResolve) != 1 {
 		t.Errorf("Config egress: %v %v", cfg.AllowHosts, cfg.EgressResolve)
 	}
-	if want := DefaultStateDir(l.Holder.Lease().LeaseID); cfg.StateDir != want {
+	if want := DefaultStateDir(state, l.Holder.Lease().LeaseID); cfg.StateDir != want {
 		t.Errorf("Config.StateDir = %q, want %q", cfg.StateDir, want)
 	}
 	opts.StateDir = f.dir
 	if cfg, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil); err != nil || cfg.StateDir != f.dir {
 		t.Errorf("Config.StateDir = %q, %v; want %q", cfg.StateDir, err, f.dir)
+	}
+	opts.StateDir, opts.FencelineStateDir = "", ""
+	if _, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil); err == nil || !strings.Contains(err.Error(), "FencelineStateDir") {
+		t.Errorf("Config with no state dir = %v, want an error naming FencelineStateDir", err)
 	}
 }
 
@@ -281,7 +286,8 @@ func TestFenceOptionsDefaults(t *testing.T) {
 	isolateOptions(t)
 	const repo = "github.com/acme/payments"
 	bus, l := acquireFor(t, repo)
-	git := FenceOptions{GitUpstream: "http://git.example.test/acme/payments.git", GitListen: "127.0.0.1:0"}
+	state := t.TempDir()
+	git := FenceOptions{GitUpstream: "http://git.example.test/acme/payments.git", GitListen: "127.0.0.1:0", FencelineStateDir: state}
 
 	// No default files: nothing read, nothing refused.
 	opts := git
@@ -295,11 +301,11 @@ func TestFenceOptionsDefaults(t *testing.T) {
 	// A hook secret in the repo's old default file is never read: the
 	// sidecar signs with its lease's grant key.
 	key := bytes.Repeat([]byte{0x11}, 32)
-	if err := gitproxy.WriteSidecarKey(gitproxy.SidecarKeyFile(leasebus.StateDir(), repo), key); err != nil {
+	if err := gitproxy.WriteSidecarKey(gitproxy.SidecarKeyFile(state, repo), key); err != nil {
 		t.Fatal(err)
 	}
 	secret := bytes.Repeat([]byte{0x22}, 32)
-	if err := pgproxy.WriteSecretFile(pgproxy.DefaultSecretFile(leasebus.StateDir()), secret); err != nil {
+	if err := pgproxy.WriteSecretFile(pgproxy.DefaultSecretFile(state), secret); err != nil {
 		t.Fatal(err)
 	}
 	opts = git
@@ -328,7 +334,7 @@ func TestFenceOptionsDefaults(t *testing.T) {
 	opts = git
 	opts.GitListen = "nope"
 	var oe *OptionError
-	if _, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil); !errors.As(err, &oe) || oe.Option != "git-listen" {
+	if _, err := opts.Config(l.Holder, bus.Client, bus.Auditor, nil); !errors.As(err, &oe) || oe.Option != "GitListen" {
 		t.Errorf("Config unchecked = %v, want the git-listen OptionError", err)
 	}
 }
@@ -341,9 +347,9 @@ func TestOptionErrorMessage(t *testing.T) {
 		e    OptionError
 		want string
 	}{
-		{OptionError{Option: "git-upstream", Err: err}, "git-upstream: boom"},
-		{OptionError{Option: "git-listen", Value: "nope", Err: err}, "git-listen nope: boom"},
-		{OptionError{Option: "pg-secret-file", Value: "/s/pg.key", Default: true, Err: err}, "pg-secret-file (default /s/pg.key): boom"},
+		{OptionError{Option: "GitUpstream", Err: err}, "GitUpstream: boom"},
+		{OptionError{Option: "GitListen", Value: "nope", Err: err}, "GitListen nope: boom"},
+		{OptionError{Option: "PGSecretFile", Value: "/s/pg.key", Default: true, Err: err}, "PGSecretFile (default /s/pg.key): boom"},
 	} {
 		if got := tc.e.Error(); got != tc.want {
 			t.Errorf("Error() = %q, want %q", got, tc.want)

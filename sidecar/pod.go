@@ -290,6 +290,6 @@ func (p *Pod) waitSettled() (bool, string) {
 	case SettleNoAgent:
 		return true, "no agent wrapper ever connected; the fences are drained"
 	default:
-		return s.Settled(), fmt.Sprintf("no settle report from the agent wrapper within --settle-timeout %s", timeout)
+		return s.Settled(), fmt.Sprintf("no settle report from the agent wrapper within the settle timeout, %s", timeout)
 	}
 }

@@ -173,7 +173,7 @@ func TestPodLeavesTheLease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if end.End != LeaseLeftToExpire || end.Why != "no settle report from the agent wrapper within --settle-timeout 50ms" {
+		if end.End != LeaseLeftToExpire || end.Why != "no settle report from the agent wrapper within the settle timeout, 50ms" {
 			t.Fatalf("ending %+v, want left to expire for want of a settle report", end)
 		}
 		if st := leaseStatus(ctx, t, bus, r.Lease.LeaseID); st != leasebus.StatusActive {

@@ -413,7 +413,7 @@ type Fences struct {
 
 // EgressSummary says what the egress proxy lets through, for a person.
 func (f Fences) EgressSummary() string {
-	allowed := "no host (add --allow-host HOST)"
+	allowed := "no host (none is allowed)"
 	if len(f.EgressAllow) > 0 {
 		allowed = strings.Join(f.EgressAllow, ", ")
 	}

@@ -45,3 +45,53 @@ func TestFencesDoNotLinkTheBusServer(t *testing.T) {
 		}
 	}
 }
+
+// TestBinaryLinksNoTestFixture checks that the shipped binary links no test
+// fixture: no package of cmd/fenceline's dependencies imports "testing",
+// and none outside the standard library is named as a test helper (a path
+// element testing, *test, test*, *fixture*, as pgtest, bustest, testutil,
+// testca are). The demo's real servers are production packages named for
+// what they are (gitserver, pgserver).
+func TestBinaryLinksNoTestFixture(t *testing.T) {
+	const cmd = "github.com/fenceline/fenceline/cmd/fenceline"
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}\t{{.Standard}}\t{{join .Imports \" \"}}", "../cmd/fenceline").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps cmd/fenceline: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) < 2 || !strings.HasPrefix(lines[len(lines)-1], cmd+"\t") {
+		t.Fatalf("go list -deps cmd/fenceline listed %d packages, the last not %s: want its dependencies then itself", len(lines), cmd)
+	}
+	fixture := func(path string) bool {
+		for _, el := range strings.Split(path, "/") {
+			el = strings.ToLower(el)
+			if el == "testing" || strings.HasSuffix(el, "test") || strings.HasPrefix(el, "test") || strings.Contains(el, "fixture") {
+				return true
+			}
+		}
+		return false
+	}
+	for _, l := range lines {
+		f := strings.SplitN(l, "\t", 3)
+		if len(f) != 3 {
+			t.Fatalf("go list line %q: want path, standard, imports", l)
+		}
+		path, std, imports := f[0], f[1] == "true", strings.Fields(f[2])
+		if path == "testing" {
+			t.Errorf("cmd/fenceline links package testing")
+		}
+		if !std && fixture(path) {
+			t.Errorf("cmd/fenceline links %s, named as a test fixture: find who imports it with `go list -deps -f '{{.ImportPath}}: {{.Imports}}' ./cmd/fenceline`", path)
+		}
+		for _, imp := range imports {
+			if imp == "testing" {
+				t.Errorf("cmd/fenceline links %s, which imports testing", path)
+			}
+		}
+	}
+	// The check above must see the fixtures: the tests' own Postgres
+	// helper is one by its name.
+	if !fixture("github.com/fenceline/fenceline/internal/pgtest") || fixture("github.com/fenceline/fenceline/internal/pgserver") {
+		t.Fatal("the fixture rule misjudges pgtest or pgserver")
+	}
+}

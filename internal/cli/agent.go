@@ -174,7 +174,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 		return err
 	}
 	if warn, err := attempt.CheckGuard(argv[0], af.allowUnguarded); err != nil {
-		return err
+		return unguardedHint(err)
 	} else if warn != nil {
 		log.Warn("running UNGUARDED (--allow-unguarded): file writes are not confined", "err", warn)
 	}
@@ -186,11 +186,11 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 		AllowWrite: extra, AllowPorts: af.ports, AllowBind: af.bindPorts, State: state,
 		Hide:      append([]string{af.tokenFile}, a.credsToHide()...),
 		KillGrace: af.killGrace, AllowUnguarded: af.allowUnguarded, Operator: af.operator,
-		Stdout: out, Stderr: errw, Log: log,
+		Stdout: out, Stderr: errw, Log: log, FencelineStateDir: a.stateDir,
 	})
 	switch {
 	case err != nil:
-		return err
+		return attemptError(err)
 	case res.Code != 0:
 		return &exitError{code: res.Code, err: errReported}
 	}

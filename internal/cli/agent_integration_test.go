@@ -99,7 +99,7 @@ func TestSidecarLeavesLeaseWithoutSettle(t *testing.T) {
 	if code := sc.wait(t); code != 0 {
 		t.Fatalf("sidecar exited %d\n%s", code, sc.errOut)
 	}
-	mustContain(t, "sidecar stdout", sc.out.String(), "lease "+id+" NOT released (no settle report from the agent wrapper within --settle-timeout 300ms)")
+	mustContain(t, "sidecar stdout", sc.out.String(), "lease "+id+" NOT released (no settle report from the agent wrapper within the settle timeout, 300ms)")
 	if l := listJSON(t, url, "--repo", testRepo); len(l) != 1 || l[0].LeaseID != id {
 		t.Fatalf("active leases %+v, want %s left to expire", l, id)
 	}

@@ -1,6 +1,6 @@
 // Package cli is the fenceline command tree: it parses the command line
 // with cobra, talks to the lease bus (package leasebus) and maps every
-// outcome to the exit statuses of the CLI contract in DESIGN.md.
+// outcome to the exit statuses of the CLI contract in docs/design.md.
 //
 // Main is the whole program; cmd/fenceline only wires it to the process
 // (arguments, standard streams, signals, os.Exit), so tests drive the real
@@ -56,7 +56,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // run is Main with the default bus URL as a parameter, so tests can exercise
 // the "no bus at the default address" path without touching the real one.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, defaultURL string) int {
-	a := &app{stdout: stdout, stderr: stderr, defaultURL: defaultURL}
+	a := &app{stdout: stdout, stderr: stderr, defaultURL: defaultURL, stateDir: leasebus.StateDir()}
 	root := a.rootCommand()
 	if args == nil {
 		args = []string{} // nil makes cobra read os.Args
@@ -90,6 +90,9 @@ type app struct {
 	defaultURL     string
 	natsFlag       string // --nats
 	credsFlag      string // --creds
+	// stateDir is fenceline's state dir ($XDG_STATE_HOME/fenceline),
+	// read from the environment once and handed to the packages.
+	stateDir string
 }
 
 func (a *app) rootCommand() *cobra.Command {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/internal/demo"
 	"github.com/fenceline/fenceline/internal/testutil"
 )
 
@@ -43,7 +44,7 @@ func TestDemo(t *testing.T) {
 	t.Logf("demo took %s:\n%s", time.Since(start), out.String())
 	mustContain(t, "demo", out.String(),
 		"run UI: http://127.0.0.1:",
-		"== 1. Two agents race", "winner: agent-", "loser:  agent-", "conflict in "+demoRepo,
+		"== 1. Two agents race", "winner: agent-", "loser:  agent-", "conflict in "+demo.Repo,
 		"== 2. A disjoint scope", "agent-c got lease_",
 		"== 3. A crashed holder", "reclaimed: lease_",
 		"== 4. Fence tokens rise", "strictly increasing",
@@ -58,10 +59,10 @@ func TestDemo(t *testing.T) {
 	}
 
 	// The run UI serves what the demo did.
-	if code, body := testutil.HTTPGet(t, uiURL+"api/v1/leases?repo="+demoRepo+"&all=1", ""); code != 200 || !strings.Contains(body, `"agentId":"agent-c"`) {
+	if code, body := testutil.HTTPGet(t, uiURL+"api/v1/leases?repo="+demo.Repo+"&all=1", ""); code != 200 || !strings.Contains(body, `"agentId":"agent-c"`) {
 		t.Errorf("run UI leases: %d %.300q", code, body)
 	}
-	if code, body := testutil.HTTPGet(t, uiURL+"api/v1/audit?repo="+demoRepo+"&limit=1000", ""); code != 200 || !strings.Contains(body, `"type":"reclaimed"`) {
+	if code, body := testutil.HTTPGet(t, uiURL+"api/v1/audit?repo="+demo.Repo+"&limit=1000", ""); code != 200 || !strings.Contains(body, `"type":"reclaimed"`) {
 		t.Errorf("run UI audit: %d %.300q", code, body)
 	}
 	cancel()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -125,4 +126,23 @@ func mustContain(t *testing.T, what, s string, subs ...string) {
 			t.Errorf("%s does not contain %q:\n%s", what, sub, s)
 		}
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a poller: a command
+// writes it while a test reads it.
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

@@ -156,7 +156,7 @@ their pushes saying the MAC is missing.`,
 				busArgs = append(busArgs, "--creds", p)
 			}
 			if sidecarFile == "" {
-				sidecarFile = gitproxy.SidecarKeyFile(leasebus.StateDir(), r)
+				sidecarFile = gitproxy.SidecarKeyFile(a.stateDir, r)
 			}
 			in, sidecarFile, err := gitproxy.InstallHookForSidecars(cmd.Context(),
 				gitproxy.HookInstall{GitDir: gitDir, Repo: r, Fenceline: exe, AllowUnfenced: allowUnfenced, BusArgs: busArgs}, sidecarFile)

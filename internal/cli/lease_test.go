@@ -102,7 +102,7 @@ func TestAcquireJSON(t *testing.T) {
 	if string(f.Credential) != a.Credential {
 		t.Errorf("credential file holds another credential than --json printed")
 	}
-	// Field names of the lease record (DESIGN.md) are all present.
+	// Field names of the lease record (docs/design.md) are all present.
 	var raw map[string]any
 	r := fl(t, "--nats", url, "lease", "show", a.LeaseID, "--json").want(t, ExitOK)
 	if err := json.Unmarshal([]byte(r.stdout), &raw); err != nil {

@@ -7,7 +7,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenceline/fenceline/internal/scope"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
 )
 
@@ -90,7 +89,7 @@ switches the named tables to the trigger chosen then.`,
 				return usagef("--c-library names the C trigger's library, and --trigger plpgsql does not use one; drop one of them")
 			}
 			if secretFile == "" {
-				secretFile = pgproxy.DefaultSecretFile(leasebus.StateDir())
+				secretFile = pgproxy.DefaultSecretFile(a.stateDir)
 			}
 			in, err := pgproxy.InstallDSN(cmd.Context(), dsn, norm, pgproxy.InstallOptions{Trigger: trig, CLibrary: cLibrary}, secretFile)
 			if err != nil {

@@ -186,7 +186,7 @@ func (a *app) policySetCommand() *cobra.Command {
 			if version >= 0 {
 				w.Version = uint64(version)
 			} else {
-				js, err := jetstream.New(s.nc)
+				js, err := leasebus.JetStream(cmd.Context(), s.nc)
 				if err != nil {
 					return err
 				}
@@ -215,7 +215,7 @@ func (a *app) policySetCommand() *cobra.Command {
 
 // readPolicies resolves f and connects as a viewer to read policies; done
 // closes the connection.
-func (a *app) readPolicies(f policyScope) (repo string, mode policy.Mode, js jetstream.JetStream, done func(), err error) {
+func (a *app) readPolicies(ctx context.Context, f policyScope) (repo string, mode policy.Mode, js jetstream.JetStream, done func(), err error) {
 	if repo, mode, err = f.resolve(); err != nil {
 		return "", "", nil, nil, err
 	}
@@ -223,7 +223,7 @@ func (a *app) readPolicies(f policyScope) (repo string, mode policy.Mode, js jet
 	if err != nil {
 		return "", "", nil, nil, err
 	}
-	if js, err = jetstream.New(s.nc); err != nil {
+	if js, err = leasebus.JetStream(ctx, s.nc); err != nil {
 		s.Close()
 		return "", "", nil, nil, err
 	}
@@ -237,7 +237,7 @@ func (a *app) policyGetCommand() *cobra.Command {
 		Short: "Print the policy in force",
 		Args:  exactArgs(0, ""),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			repo, mode, js, done, err := a.readPolicies(f)
+			repo, mode, js, done, err := a.readPolicies(cmd.Context(), f)
 			if err != nil {
 				return err
 			}
@@ -268,7 +268,7 @@ func (a *app) policyHistoryCommand() *cobra.Command {
 		Short: "List every version of a policy: who set it, when, its digest",
 		Args:  exactArgs(0, ""),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			repo, mode, js, done, err := a.readPolicies(f)
+			repo, mode, js, done, err := a.readPolicies(cmd.Context(), f)
 			if err != nil {
 				return err
 			}

@@ -242,7 +242,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 		fmt.Fprintf(a.stderr, "fenceline: warning: the agent can read this process's command line, --git-upstream-header included; pass upstream credentials in FENCELINE_GIT_UPSTREAM_HEADER instead\n")
 	}
 	if warn, err := attempt.CheckGuard(argv[0], rf.allowUnguarded); err != nil {
-		return err
+		return unguardedHint(err)
 	} else if warn != nil {
 		fmt.Fprintf(a.stderr, "fenceline: WARNING: %v\nfenceline: WARNING: running %s UNGUARDED (--allow-unguarded): its file writes are NOT confined to the lease and it may connect anywhere\n", warn, argv[0])
 	}
@@ -264,7 +264,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 			}
 		}
 	}
-	if err := rf.ff.check(co.Repo); err != nil { // every fence flag, before the bus is dialed
+	if err := rf.ff.check(co.Repo, a.fenceEnv()); err != nil { // every fence flag, before the bus is dialed
 		return err
 	}
 
@@ -308,7 +308,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 		l.LeaseID, verb, l.Repo, l.Scope, l.WorkspaceID, l.WorkspaceMode, l.Fence, l.TTL))
 
 	spec := attempt.Spec{
-		Argv: argv, Checkout: co, Pool: pool, Holder: held.holder,
+		Argv: argv, Checkout: co, Pool: pool, Holder: held.holder, FencelineStateDir: a.stateDir,
 		AllowWrite: extra, AllowPorts: rf.ports, AllowBind: rf.bindPorts, State: state,
 		StopOnLost: rf.onLost == onLostSignal, KillGrace: rf.killGrace, AllowUnguarded: rf.allowUnguarded,
 		Stdout: out, Stderr: errw, Say: say, Policy: pol,
@@ -316,6 +316,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 	var res attempt.Result
 	if err = a.prepareAttempt(rf, s, held, &spec); err == nil {
 		res, err = attempt.Run(ctx, spec)
+		err = attemptError(err)
 	}
 	why := "the agent never started"
 	if res.Started {
@@ -403,4 +404,48 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// attemptFlag is the flag (without dashes) that fills each field of
+// attempt.Spec and attempt.PodSpec an attempt.FieldError may name.
+var attemptFlag = map[string]string{
+	"Paths":              "scope",
+	"Workspace":          "workspace",
+	"AllowHosts":         "allow-host",
+	"Sidecar.PGUpstream": "pg-upstream",
+}
+
+// attemptError reports an attempt's FieldError under the flag that
+// filled its field; whether it is a usage error stays the attempt's to
+// say (attempt.ErrInvalid).
+func attemptError(err error) error {
+	var fe *attempt.FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	flag, ok := attemptFlag[fe.Field]
+	if !ok {
+		return err
+	}
+	name := "--" + flag
+	if fe.Value != "" {
+		name += " " + fe.Value
+	}
+	if errors.Is(fe.Err, attempt.ErrHostNotAllowed) {
+		return fmt.Errorf("%s: %w; start the sidecar with --allow-host %s", name, fieldOnly{fe}, fe.Value)
+	}
+	return fmt.Errorf("%s: %w", name, fieldOnly{fe})
+}
+
+// fieldOnly is a FieldError that reads as its error alone (the flag that
+// names its field is said before it) and still matches what it matches.
+type fieldOnly struct{ fe *attempt.FieldError }
+
+func (f fieldOnly) Error() string { return f.fe.Err.Error() }
+func (f fieldOnly) Unwrap() error { return f.fe }
+
+// unguardedHint says which flag runs an agent without the file-write
+// guard when attempt.CheckGuard refuses.
+func unguardedHint(err error) error {
+	return fmt.Errorf("%w; pass --allow-unguarded to run it without a file-write guard (the agent could then write anywhere it may)", err)
 }

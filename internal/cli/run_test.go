@@ -266,7 +266,7 @@ func TestRunLostLeaseStopsWrites(t *testing.T) {
 		t.Errorf("after the revoke, want every write refused with EACCES and every read ok:\n%s", rest)
 	}
 	r.running(t) // --on-lost keep
-	mustContain(t, "run stderr", r.errOut.String(), "LEASE LOST: ", id, "revoked", "runaway agent", "--on-lost keep")
+	mustContain(t, "run stderr", r.errOut.String(), "LEASE LOST: ", id, "revoked", "runaway agent", "the agent keeps running, as asked")
 
 	if err := os.WriteFile(filepath.Join(co, "stop"), nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -308,7 +308,7 @@ func TestRunOnLostSignal(t *testing.T) {
 	if code := r.wait(t); code != ExitLost {
 		t.Fatalf("run exited %d, want %d\n%s", code, ExitLost, r.errOut)
 	}
-	mustContain(t, "run stderr", r.errOut.String(), "LEASE LOST: ", "stopping the agent (--on-lost signal): SIGTERM now", "the agent was stopped (--on-lost signal) and exited 143")
+	mustContain(t, "run stderr", r.errOut.String(), "LEASE LOST: ", "stopping the agent as asked: SIGTERM now", "the agent was stopped (--on-lost signal) and exited 143")
 }
 
 // startRunnerProcess runs "fenceline ARGS" as a real child process (this

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -74,29 +75,42 @@ func (ff *fenceFlags) register(c *cobra.Command) {
 // the command line (the agent can read that).
 const envGitUpstreamHeader = sidecar.EnvGitUpstreamHeader
 
+// fenceEnv is what the fences take from the environment, read once by
+// the command.
+type fenceEnv struct {
+	stateDir     string // fenceline's state dir
+	secretHeader string // $FENCELINE_GIT_UPSTREAM_HEADER
+}
+
+func (a *app) fenceEnv() fenceEnv {
+	return fenceEnv{stateDir: a.stateDir, secretHeader: os.Getenv(envGitUpstreamHeader)}
+}
+
 // options are the fence flags as sidecar.FenceOptions.
-func (ff *fenceFlags) options() *sidecar.FenceOptions {
+func (ff *fenceFlags) options(env fenceEnv) *sidecar.FenceOptions {
 	return &sidecar.FenceOptions{
-		GitUpstream:        ff.gitUpstream,
-		GitListen:          ff.gitListen,
-		GitForward:         ff.gitForward,
-		GitObjectDirs:      ff.gitObjects,
-		GitUpstreamHeaders: ff.gitHeaders,
-		GitUpstreamCAFile:  ff.gitCA,
-		GitHookSecretFile:  ff.gitHookSecret,
-		AllowForcePush:     ff.allowForcePush,
-		AllowRefDelete:     ff.allowDelete,
-		PGUpstream:         ff.pgUpstream,
-		PGListen:           ff.pgListen,
-		PGSecretFile:       ff.pgSecretFile,
-		PGAllowOpaque:      ff.pgAllowOpaque,
-		PGTLSCertFile:      ff.pgTLSCert,
-		PGTLSKeyFile:       ff.pgTLSKey,
-		AllowHosts:         ff.allowHosts,
-		EgressResolve:      ff.egressResolve,
-		InjectHeaderFiles:  ff.injectFiles,
-		EgressCAFile:       ff.egressCA,
-		StateDir:           ff.stateDir,
+		GitUpstreamSecretHeader: env.secretHeader,
+		FencelineStateDir:       env.stateDir,
+		GitUpstream:             ff.gitUpstream,
+		GitListen:               ff.gitListen,
+		GitForward:              ff.gitForward,
+		GitObjectDirs:           ff.gitObjects,
+		GitUpstreamHeaders:      ff.gitHeaders,
+		GitUpstreamCAFile:       ff.gitCA,
+		GitHookSecretFile:       ff.gitHookSecret,
+		AllowForcePush:          ff.allowForcePush,
+		AllowRefDelete:          ff.allowDelete,
+		PGUpstream:              ff.pgUpstream,
+		PGListen:                ff.pgListen,
+		PGSecretFile:            ff.pgSecretFile,
+		PGAllowOpaque:           ff.pgAllowOpaque,
+		PGTLSCertFile:           ff.pgTLSCert,
+		PGTLSKeyFile:            ff.pgTLSKey,
+		AllowHosts:              ff.allowHosts,
+		EgressResolve:           ff.egressResolve,
+		InjectHeaderFiles:       ff.injectFiles,
+		EgressCAFile:            ff.egressCA,
+		StateDir:                ff.stateDir,
 	}
 }
 
@@ -105,13 +119,32 @@ func (ff *fenceFlags) options() *sidecar.FenceOptions {
 // is dialed, listened on or acquired before it passed. repo is the
 // lease's repo when known ("" when attaching). A bad flag, or a file it
 // names that cannot be read, is a usage error naming the flag.
-func (ff *fenceFlags) check(repo string) error {
-	opts := ff.options()
+func (ff *fenceFlags) check(repo string, env fenceEnv) error {
+	opts := ff.options(env)
 	if err := opts.Check(repo); err != nil {
 		return ff.flagError(err)
 	}
 	ff.opts = opts
 	return nil
+}
+
+// fenceFlag is the flag (without dashes) that fills each field of
+// sidecar.FenceOptions an OptionError may name.
+var fenceFlag = map[string]string{
+	"GitUpstream":        "git-upstream",
+	"GitListen":          "git-listen",
+	"GitUpstreamHeaders": "git-upstream-header",
+	"GitUpstreamCAFile":  "git-upstream-ca",
+	"GitHookSecretFile":  "git-hook-secret",
+	"PGUpstream":         "pg-upstream",
+	"PGListen":           "pg-listen",
+	"PGSecretFile":       "pg-secret-file",
+	"PGTLSCertFile":      "pg-tls-cert",
+	"PGTLSKeyFile":       "pg-tls-key",
+	"AllowHosts":         "allow-host",
+	"EgressResolve":      "egress-resolve",
+	"InjectHeaderFiles":  "inject-header-file",
+	"EgressCAFile":       "egress-ca",
 }
 
 // flagError words an error of sidecar.FenceOptions: an option that is
@@ -122,9 +155,13 @@ func (ff *fenceFlags) flagError(err error) error {
 	if !errors.As(err, &oe) {
 		return err
 	}
+	flag, ok := fenceFlag[oe.Option]
+	if !ok {
+		flag = oe.Option // GitUpstreamSecretHeader: worded below
+	}
 	var he *sidecar.HeaderError // header values are credentials: named at most
 	switch {
-	case oe.Default && oe.Option == "pg-secret-file":
+	case oe.Default && flag == "pg-secret-file":
 		return fmt.Errorf("%w (the default of --pg-secret-file: run fenceline pg install again, or pass --pg-secret-file)", oe.Err)
 	case oe.Default:
 		return oe.Err // the git hook secret's default file names itself
@@ -138,12 +175,18 @@ func (ff *fenceFlags) flagError(err error) error {
 		return usagef("--pg-secret-file: %v", sidecar.ErrPGSecretGone)
 	case errors.Is(err, sidecar.ErrPGTLSPair):
 		return usagef("--pg-tls-cert and --pg-tls-key go together: give both, or neither for a self-signed certificate")
-	case oe.Option == "pg-tls-cert":
+	case flag == "pg-tls-cert":
 		return usagef("--pg-tls-cert %s, --pg-tls-key %s: %v", ff.pgTLSCert, ff.pgTLSKey, oe.Err)
+	case errors.Is(err, sidecar.ErrForwardHTTP):
+		return usagef("--git-upstream %s: forward mode (--git-forward) is for https remotes; an http remote goes through the reverse proxy", ff.gitUpstream)
+	case errors.Is(err, sidecar.ErrGitHostInjected):
+		return usagef("--inject-header-file: %s is the git upstream's host, served by the git fence: give its credential with --git-upstream-header", oe.Value)
+	case flag == "egress-ca" && errors.Is(err, sidecar.ErrEgressCAUnused):
+		return usagef("--egress-ca %s: only the hosts of --inject-header-file are verified with it", oe.Value)
 	case oe.Value != "":
-		return usagef("--%s %s: %v", oe.Option, oe.Value, oe.Err)
+		return usagef("--%s %s: %v", flag, oe.Value, oe.Err)
 	}
-	return usagef("--%s: %v", oe.Option, oe.Err)
+	return usagef("--%s: %v", flag, oe.Err)
 }
 
 // config is the sidecar's configuration under the held lease, from what
@@ -248,7 +291,7 @@ released at once.`,
 // they name, before anything is dialed, listened on or acquired: a bad
 // one is a usage error naming the flag. It returns the logger on stderr
 // and the admin token.
-func (sf *sidecarFlags) check(ctx context.Context, stderr io.Writer) (*slog.Logger, string, error) {
+func (sf *sidecarFlags) check(ctx context.Context, stderr io.Writer, env fenceEnv) (*slog.Logger, string, error) {
 	if sf.ff.gitUpstream == "" && sf.ff.pgUpstream == "" && len(sf.ff.allowHosts) == 0 && len(sf.ff.injectFiles) == 0 {
 		return nil, "", usagef("nothing to fence: give --git-upstream URL, --pg-upstream HOST:PORT and/or --allow-host HOST")
 	}
@@ -268,7 +311,7 @@ func (sf *sidecarFlags) check(ctx context.Context, stderr io.Writer) (*slog.Logg
 			return nil, "", err // the claim flags
 		}
 	}
-	if err := sf.ff.check(sf.lf.repo); err != nil {
+	if err := sf.ff.check(sf.lf.repo, env); err != nil {
 		return nil, "", err
 	}
 	log, err := newLogger(stderr, sf.logFormat)
@@ -282,8 +325,10 @@ func (sf *sidecarFlags) check(ctx context.Context, stderr io.Writer) (*slog.Logg
 	if err := sidecar.CheckListen(sf.admin); err != nil {
 		return nil, "", usagef("--admin %s: %v", sf.admin, err)
 	}
-	if err := (&sidecar.AdminConfig{Listen: sf.admin, Token: token}).Validate(); err != nil {
-		return nil, "", usagef("%v", err) // names --admin-token-file
+	if err := (&sidecar.AdminConfig{Listen: sf.admin, Token: token}).Validate(); errors.Is(err, sidecar.ErrNeedsToken) {
+		return nil, "", usagef("--admin %s: the admin API needs a bearer token off loopback: pass --admin-token-file or set %s, or listen on loopback (--admin 127.0.0.1:PORT)", sf.admin, sidecar.EnvAdminToken)
+	} else if err != nil {
+		return nil, "", usagef("%v", err) // the token's length: it names no flag
 	}
 	if sf.envFile != "" {
 		if fi, err := os.Stat(filepath.Dir(sf.envFile)); err != nil || !fi.IsDir() {
@@ -297,7 +342,7 @@ func (sf *sidecarFlags) check(ctx context.Context, stderr io.Writer) (*slog.Logg
 // (admin server, lease, fences; on SIGTERM not ready, fences drained,
 // settle awaited, lease released), and what it serves printed.
 func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
-	log, token, err := sf.check(ctx, a.stderr)
+	log, token, err := sf.check(ctx, a.stderr, a.fenceEnv())
 	if err != nil {
 		return err
 	}
@@ -349,7 +394,10 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 		Logger:        log,
 	})
 	var ae *sidecar.AdminError
-	if errors.As(err, &ae) {
+	switch {
+	case errors.As(err, &ae) && errors.Is(err, sidecar.ErrNeedsToken):
+		return usagef("--admin %s resolves off loopback: the admin API needs a bearer token there: pass --admin-token-file or set %s, or listen on loopback (--admin 127.0.0.1:PORT)", sf.admin, sidecar.EnvAdminToken)
+	case errors.As(err, &ae):
 		return usagef("--admin %s: %v", sf.admin, ae.Err)
 	}
 	if err != nil {
@@ -417,10 +465,13 @@ func newLogger(w io.Writer, format string) (*slog.Logger, error) {
 	return nil, usagef("--log-format %q: want json or text", format)
 }
 
-// readToken reads the admin bearer token from file, else from the
-// environment (sidecar.ReadAdminToken). A file that cannot be read, or
-// holds none, is a usage error.
+// readToken reads the admin bearer token from file
+// (sidecar.ReadAdminToken), else from $FENCELINE_ADMIN_TOKEN ("" when
+// unset). A file that cannot be read, or holds none, is a usage error.
 func readToken(file string) (string, error) {
+	if file == "" {
+		return strings.TrimSpace(os.Getenv(sidecar.EnvAdminToken)), nil
+	}
 	tok, err := sidecar.ReadAdminToken(file)
 	switch {
 	case errors.Is(err, sidecar.ErrEmptyAdminToken):

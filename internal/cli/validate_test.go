@@ -4,14 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fenceline/fenceline/attempt"
+	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/sidecar"
 )
 
 // TestFenceFlagsCheckedBeforeTheLease: a bad fence flag or file is a usage
@@ -132,5 +137,62 @@ func TestRunMissingCommandBeforeTheBus(t *testing.T) {
 	r := flDefault(t, closedURL(t), "run", "--checkout", co, "--scope", "in", "--", "no-such-agent-command")
 	if r.code != ExitError || !strings.Contains(r.stderr, "no-such-agent-command") || strings.Contains(r.stderr, "no bus") {
 		t.Errorf("exit %d %q, want %d naming the command, before dialing the bus", r.code, r.stderr, ExitError)
+	}
+}
+
+// TestFenceFlagNamesFields: every sidecar.FenceOptions field an
+// OptionError may name maps to a flag that fenceline sidecar and
+// fenceline run both have.
+func TestFenceFlagNamesFields(t *testing.T) {
+	root := (&app{stdout: io.Discard, stderr: io.Discard, defaultURL: "nats://127.0.0.1:1"}).rootCommand()
+	opts := reflect.TypeOf(sidecar.FenceOptions{})
+	for field, flag := range fenceFlag {
+		if _, ok := opts.FieldByName(field); !ok {
+			t.Errorf("fenceFlag names %s, which sidecar.FenceOptions has not", field)
+		}
+		for _, cmd := range []string{"sidecar", "run"} {
+			c, _, err := root.Find([]string{cmd})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Flags().Lookup(flag) == nil {
+				t.Errorf("fenceFlag maps %s to --%s, which fenceline %s has not", field, flag, cmd)
+			}
+		}
+	}
+}
+
+// TestAttemptErrorNamesTheFlag: an attempt's FieldError is reported under
+// the flag that filled its field, and stays a usage error; every field
+// mapped has its flag on fenceline agent or fenceline run.
+func TestAttemptErrorNamesTheFlag(t *testing.T) {
+	claim, err := scope.New([]string{"services"}, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := leasebus.Lease{LeaseID: "lease_s", Scope: claim, WorkspaceMode: leasebus.WorkspaceShared}
+	_, err = attempt.Narrow(l, true, []string{"libs"}, "")
+	got := attemptError(err)
+	if want := "--scope libs: is outside lease lease_s's claim"; !strings.HasPrefix(got.Error(), want) || !errors.Is(got, attempt.ErrInvalid) {
+		t.Errorf("attemptError(%v) = %v, want a usage error starting %q", err, got, want)
+	}
+	_, err = attempt.Narrow(l, true, nil, leasebus.WorkspaceExclusive)
+	if got := attemptError(err); !strings.HasPrefix(got.Error(), "--workspace exclusive: lease lease_s has a shared workspace") {
+		t.Errorf("attemptError(%v) = %v, want it to name --workspace exclusive", err, got)
+	}
+
+	root := (&app{stdout: io.Discard, stderr: io.Discard, defaultURL: "nats://127.0.0.1:1"}).rootCommand()
+	for field, flag := range attemptFlag {
+		found := false
+		for _, cmd := range []string{"agent", "run"} {
+			c, _, err := root.Find([]string{cmd})
+			if err != nil {
+				t.Fatal(err)
+			}
+			found = found || c.Flags().Lookup(flag) != nil
+		}
+		if !found {
+			t.Errorf("attemptFlag maps %s to --%s, which neither fenceline agent nor fenceline run has", field, flag)
+		}
 	}
 }

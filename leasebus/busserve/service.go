@@ -156,7 +156,7 @@ func StartService(ctx context.Context, cfg ServiceConfig) (_ *Service, err error
 	if cfg.Node != nil {
 		// Runs enrol an identity of their own here, and the operator's
 		// enrolments and revocations take effect without a restart.
-		ids, err := embedded.ServeIdentities(nc, cfg.Node.Server, cfg.Node.Config, log)
+		ids, err := embedded.ServeIdentities(svc.FleetConn(), cfg.Node.Server, cfg.Node.Config, log)
 		if err != nil {
 			svc.Stop()
 			return nil, err

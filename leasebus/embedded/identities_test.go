@@ -283,7 +283,7 @@ func TestRevokeOneIdentity(t *testing.T) {
 func TestEphemeralEnrolment(t *testing.T) {
 	b := startIDBus(t)
 	ctx := ctxOf(t)
-	ids, err := ServeIdentities(b.svc, b.srv, b.cfg, nil)
+	ids, err := ServeIdentities(b.service.FleetConn(), b.srv, b.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +387,12 @@ func startIDCluster(t *testing.T, service *leasebus.ServiceConfig) ([]*idBus, st
 	}
 	for _, n := range nodes {
 		n.svc = n.connectFile(t, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleService)))
-		ids, err := ServeIdentities(n.svc, n.srv, n.cfg, nil)
+		fleet, err := leasebus.ConnectFleet(n.svc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(fleet.Close)
+		ids, err := ServeIdentities(fleet, n.srv, n.cfg, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -504,7 +509,7 @@ func TestIdentitiesOnACluster(t *testing.T) {
 func TestIdentityChangesAudited(t *testing.T) {
 	b := startIDBus(t)
 	ctx := ctxOf(t)
-	ids, err := ServeIdentities(b.svc, b.srv, b.cfg, nil)
+	ids, err := ServeIdentities(b.service.FleetConn(), b.srv, b.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -587,7 +592,7 @@ func TestKilledRunsIdentityCollected(t *testing.T) {
 	const grace = 2 * time.Second
 	b := startIDBusWith(t, leasebus.ServiceConfig{SessionGrace: grace})
 	ctx := ctxOf(t)
-	ids, err := ServeIdentities(b.svc, b.srv, b.cfg, nil)
+	ids, err := ServeIdentities(b.service.FleetConn(), b.srv, b.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +15,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nkeys"
 
 	"github.com/fenceline/fenceline/leasebus"
 )
@@ -38,7 +38,10 @@ func StartServer(cfg leasebus.ServerConfig) (*server.Server, error) {
 	if err := leasebus.CheckStoreDir(cfg.StoreDir); err != nil {
 		return nil, fmt.Errorf("start bus: %w", err)
 	}
-	opts, err := serverOptions(&cfg)
+	if err := moveToServiceAccount(cfg.StoreDir, cfg.ClusterName != ""); err != nil {
+		return nil, fmt.Errorf("start bus: %w", err)
+	}
+	opts, auth, err := serverOptions(&cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -46,6 +49,8 @@ func StartServer(cfg leasebus.ServerConfig) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start bus: %w", err)
 	}
+	auth.srv.Store(s)
+	auths.Store(s, auth)
 	var last lastError
 	if cfg.Debug {
 		s.ConfigureLogger()
@@ -110,52 +115,72 @@ func withDefaults(cfg *leasebus.ServerConfig) {
 // ReloadUsers has srv, started by StartServer(cfg), read its users again
 // (the identities enrolled in or removed from cfg.CredsDir since): a user
 // no longer there is disconnected at once and refused from then on; the
-// others keep their connections. cfg.Users, when set, stays as it is.
+// others keep their connections. cfg.Users, when set, stays as it is. The
+// server's configuration is not reloaded (identityAuth says why).
 func ReloadUsers(srv *server.Server, cfg leasebus.ServerConfig) error {
 	withDefaults(&cfg)
-	opts, err := serverOptions(&cfg)
+	a, ok := auths.Load(srv)
+	if !ok {
+		return fmt.Errorf("reload the bus's users: not a server StartServer started")
+	}
+	users, err := serverUsers(&cfg)
 	if err != nil {
 		return err
 	}
-	if err := srv.ReloadOptions(opts); err != nil {
+	if err := a.(*identityAuth).set(users); err != nil {
 		return fmt.Errorf("reload the bus's users: %w", err)
 	}
 	return nil
 }
 
-// serverOptions are the server options cfg (defaults filled in) describes,
-// its users read now: cfg.Users, else every identity of cfg.CredsDir
-// (leasebus.ServerUsers).
-func serverOptions(cfg *leasebus.ServerConfig) (*server.Options, error) {
-	users := cfg.Users
-	if len(users) == 0 {
-		if cfg.CredsDir == "" {
-			cfg.CredsDir = leasebus.CredsDirOf(cfg.StoreDir)
-		}
-		var err error
-		if users, err = leasebus.ServerUsers(cfg.CredsDir); err != nil {
-			return nil, err
-		}
+// serverUsers are cfg's users, read now: cfg.Users, else every identity of
+// cfg.CredsDir (leasebus.ServerUsers).
+func serverUsers(cfg *leasebus.ServerConfig) ([]leasebus.ServerUser, error) {
+	if len(cfg.Users) > 0 {
+		return cfg.Users, nil
 	}
-	nkeyUsers, err := serverUsers(users)
+	if cfg.CredsDir == "" {
+		cfg.CredsDir = leasebus.CredsDirOf(cfg.StoreDir)
+	}
+	return leasebus.ServerUsers(cfg.CredsDir)
+}
+
+// serverOptions are the server options cfg (defaults filled in) describes:
+// the bus's accounts, and its identities (read now) admitted by an
+// identityAuth.
+func serverOptions(cfg *leasebus.ServerConfig) (*server.Options, *identityAuth, error) {
+	users, err := serverUsers(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("bus users: %w", err)
+		return nil, nil, err
 	}
+	auth := &identityAuth{}
+	if err := auth.set(users); err != nil {
+		return nil, nil, fmt.Errorf("bus users: %w", err)
+	}
+	// The accounts are the configuration `bus creds` prints for any other
+	// server (there with the users in them), parsed by nats-server's own
+	// parser: one source for both.
+	conf, err := leasebus.AuthConfig(nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bus accounts: %w", err)
+	}
+	opts := &server.Options{}
+	if err := opts.ProcessConfigString(conf); err != nil {
+		return nil, nil, fmt.Errorf("bus accounts: the configuration does not parse: %w", err)
+	}
+	opts.CustomClientAuthentication = auth
+	opts.AlwaysEnableNonce = true // the clients sign it with their nkeys
 	host, port, _ := splitHostPort(cfg.Listen)
-	opts := &server.Options{
-		Nkeys:      nkeyUsers,
-		ServerName: cfg.Name,
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   cfg.StoreDir,
-		SyncAlways: true,
-		MaxPayload: 8 << 20, // room for large repo snapshots
-		NoSigs:     true,
-		NoLog:      !cfg.Debug,
-		// A client should notice a dead bus quickly.
-		PingInterval: 10 * time.Second,
-	}
+	opts.ServerName = cfg.Name
+	opts.Host, opts.Port = host, port
+	opts.JetStream = true
+	opts.StoreDir = cfg.StoreDir
+	opts.SyncAlways = true
+	opts.MaxPayload = 8 << 20 // room for large repo snapshots
+	opts.NoSigs = true
+	opts.NoLog = !cfg.Debug
+	// A client should notice a dead bus quickly.
+	opts.PingInterval = 10 * time.Second
 	if cfg.ClusterName != "" {
 		chost, cport, _ := splitHostPort(cfg.ClusterListen)
 		opts.Cluster.Name = cfg.ClusterName
@@ -165,14 +190,13 @@ func serverOptions(cfg *leasebus.ServerConfig) (*server.Options, error) {
 			u, _ := url.Parse(r)
 			opts.Routes = append(opts.Routes, u)
 		}
-		// In the order a reload imposes on them: nats-server's
+		// Sorted, as a reload would sort them (nats-server's
 		// ReloadOptions sorts the running options' routes in place while
-		// its route-soliciting goroutines read them (a data race the race
-		// detector shows on a reload of users), unless they are sorted
-		// already.
+		// its route-soliciting goroutines read them); the bus no longer
+		// reloads for its users (identityAuth), but keeps them so.
 		slices.SortFunc(opts.Routes, func(a, b *url.URL) int { return strings.Compare(a.String(), b.String()) })
 	}
-	return opts, nil
+	return opts, auth, nil
 }
 
 // splitHostPort splits a host:port the config validated; port 0 becomes
@@ -192,31 +216,26 @@ func splitHostPort(hp string) (string, int, error) {
 	return host, port, nil
 }
 
-// Permissions are the NATS server permissions of role for identity id:
-// everything not granted is denied.
-func Permissions(role leasebus.Role, id string) (*server.Permissions, error) {
-	g, err := leasebus.GrantOf(role, id)
-	if err != nil {
-		return nil, err
+// moveToServiceAccount moves the streams of a store made before the bus
+// had accounts (everything in NATS's global account, "$G") into the
+// service account, where the lease service now finds them. A single
+// server's file store keeps each account's streams in a directory of its
+// own, so the move is a rename; a cluster's nodes also name the account in
+// their replicated assignments, which a rename cannot change.
+func moveToServiceAccount(storeDir string, clustered bool) error {
+	old := filepath.Join(storeDir, "jetstream", "$G")
+	if _, err := os.Stat(filepath.Join(old, "streams")); err != nil {
+		return nil // nothing there (or unreadable: the server says so)
 	}
-	return &server.Permissions{
-		Publish:   &server.SubjectPermission{Allow: g.Publish},
-		Subscribe: &server.SubjectPermission{Allow: g.Subscribe},
-	}, nil
-}
-
-// serverUsers turns users into the embedded server's nkey users.
-func serverUsers(users []leasebus.ServerUser) ([]*server.NkeyUser, error) {
-	out := make([]*server.NkeyUser, 0, len(users))
-	for _, u := range users {
-		if !nkeys.IsValidPublicUserKey(u.Nkey) {
-			return nil, fmt.Errorf("bus user %q: %q is not a public user nkey", u.Name, u.Nkey)
-		}
-		p, err := Permissions(u.Role, u.Nkey)
-		if err != nil {
-			return nil, fmt.Errorf("bus user %q: %w", u.Name, err)
-		}
-		out = append(out, &server.NkeyUser{Nkey: u.Nkey, Permissions: p})
+	dst := filepath.Join(storeDir, "jetstream", leasebus.ServiceAccount)
+	if _, err := os.Stat(dst); err == nil {
+		return nil // moved already; what is left in $G is not read
 	}
-	return out, nil
+	if clustered {
+		return fmt.Errorf("store %s holds the lease streams in NATS's global account, from a fenceline before the bus had accounts: a cluster cannot move them; start the cluster on a new --store (leases held then are taken again; keep the old store for its audit)", storeDir)
+	}
+	if err := os.Rename(old, dst); err != nil {
+		return fmt.Errorf("move the lease streams of %s into the service account: %w", storeDir, err)
+	}
+	return nil
 }

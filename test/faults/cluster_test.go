@@ -164,7 +164,7 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 	ready := time.Since(started)
 	t.Logf("binary built, cluster and services ready after %s", ready.Round(time.Millisecond))
 	opNC := bustest.Connect(t, cl.URLs())
-	js, err := jetstream.New(opNC)
+	js, err := leasebus.JetStream(context.Background(), opNC)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package cli
+package demo
 
 import (
 	"bytes"
@@ -67,7 +67,7 @@ func (s *demoShards) start(ctx context.Context, name string, args ...string) *de
 	}
 	s.runs = append(s.runs, r)
 	s.wg.Go(func() {
-		r.done <- run(ctx, full, &r.out, &r.errOut, s.url)
+		r.done <- s.cfg.Command(ctx, full, &r.out, &r.errOut)
 	})
 	return r
 }
@@ -104,9 +104,9 @@ func (s *demoShards) awaitFile(ctx context.Context, r *demoRun, name string) err
 		select {
 		case code := <-r.done:
 			r.done <- code
-			return demoFail("%s ended (exit %d) before %s:\n%s", r.name, code, name, r.errOut.String())
+			return fail("%s ended (exit %d) before %s:\n%s", r.name, code, name, r.errOut.String())
 		case <-ctx.Done():
-			return demoFail("%s: no %s: %v\n%s", r.name, name, ctx.Err(), r.errOut.String())
+			return fail("%s: no %s: %v\n%s", r.name, name, ctx.Err(), r.errOut.String())
 		case <-tick.C:
 		}
 	}
@@ -119,7 +119,7 @@ func (s *demoShards) awaitText(ctx context.Context, r *demoRun, want string) err
 	for !strings.Contains(r.errOut.String(), want) {
 		select {
 		case <-ctx.Done():
-			return demoFail("%s should say %q: %v\n%s", r.name, want, ctx.Err(), r.errOut.String())
+			return fail("%s should say %q: %v\n%s", r.name, want, ctx.Err(), r.errOut.String())
 		case <-tick.C:
 		}
 	}
@@ -182,8 +182,8 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 		}
 	}
 	var out syncBuffer
-	if code := run(ctx, []string{"--nats", url, "--creds", d.creds, "shard", "pool", "--checkout", s.co, "--size", "2", "--max-sharers", "3"}, &out, &out, url); code != 0 {
-		return demoFail("shard pool should be declared: exit %d\n%s", code, out.String())
+	if code := d.cfg.Command(ctx, []string{"--nats", url, "--creds", d.creds, "shard", "pool", "--checkout", s.co, "--size", "2", "--max-sharers", "3"}, &out, &out); code != 0 {
+		return fail("shard pool should be declared: exit %d\n%s", code, out.String())
 	}
 	fmt.Fprintf(d.out, "fenceline shard pool --checkout %s --size 2 --max-sharers 3\n", s.co)
 	fmt.Fprintln(d.out, "  (shards are repositories of their own in payments.shards/, borrowing the checkout's objects, made by the first attempt placed in each)")
@@ -208,7 +208,7 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 		fmt.Fprintf(d.out, "  %-13s [%s] -> %s (%s), attempt %s\n", n, sharers[n], sh, how, att)
 	}
 	if len(seen) != 1 {
-		return demoFail("the three disjoint path leases should share one shard, got %v", seen)
+		return fail("the three disjoint path leases should share one shard, got %v", seen)
 	}
 	fmt.Fprintln(d.out, "  disjoint claims share one shard; the other stays empty for exclusive work.")
 
@@ -227,15 +227,15 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 		return err
 	}
 	if strings.Contains(refactor.errOut.String(), "acquired") {
-		return demoFail("agent-refactor should wait while every shard is busy:\n%s", refactor.errOut.String())
+		return fail("agent-refactor should wait while every shard is busy:\n%s", refactor.errOut.String())
 	}
 	t0 := time.Now()
 	s.stop("agent-build")
 	if code, err := build.wait(ctx); err != nil || code != 0 {
-		return demoFail("agent-build should succeed: exit %d, %v\n%s", code, err, build.errOut.String())
+		return fail("agent-build should succeed: exit %d, %v\n%s", code, err, build.errOut.String())
 	}
 	if code, err := refactor.wait(ctx); err != nil || code != 0 {
-		return demoFail("agent-refactor should run once agent-build is done: exit %d, %v\n%s", code, err, refactor.errOut.String())
+		return fail("agent-refactor should run once agent-build is done: exit %d, %v\n%s", code, err, refactor.errOut.String())
 	}
 	kept := regexp.MustCompile(`refs/fenceline/attempts/att_[a-z0-9]+`).FindString(build.errOut.String())
 	_, refShard, refHow := placement(refactor)
@@ -243,7 +243,7 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 	fmt.Fprintf(d.out, "  agent-build ends; %s is cleaned (its commit kept as %s) and released\n", buildShard, kept)
 	fmt.Fprintf(d.out, "  agent-refactor -> %s (%s) %.1fs later; it sees only the base: %s\n", refShard, refHow, time.Since(t0).Seconds(), strings.TrimSpace(string(saw)))
 	if refShard != buildShard || kept == "" || strings.Contains(string(saw), "build.log") {
-		return demoFail("agent-refactor should get agent-build's shard cleaned (saw %q, kept %q)", saw, kept)
+		return fail("agent-refactor should get agent-build's shard cleaned (saw %q, kept %q)", saw, kept)
 	}
 
 	sharedShard := ""
@@ -255,28 +255,28 @@ func (d *demo) shardStory(ctx context.Context, dir, url string) (err error) {
 	commit := s.start(runCtx, "coordinator", "shard", "commit", "--checkout", s.co, "--shard", sharedShard, "--serialized", "--",
 		"sh", "-c", "git add -A && git -c user.name=coordinator -c user.email=c@localhost commit -qm 'agents work' && git show --stat --format=%s HEAD | grep -c new.go")
 	if code, err := commit.wait(ctx); err != nil || code != 0 {
-		return demoFail("the coordinator's serialized commit should succeed: exit %d, %v\n%s", code, err, commit.errOut.String())
+		return fail("the coordinator's serialized commit should succeed: exit %d, %v\n%s", code, err, commit.errOut.String())
 	}
 	if n := strings.TrimSpace(commit.out.String()); n != "3" {
-		return demoFail("the coordinator's commit should hold the three agents' files, holds %s", n)
+		return fail("the coordinator's commit should hold the three agents' files, holds %s", n)
 	}
 	fmt.Fprintf(d.out, "  committed the 3 agents' files on fenceline/%s (git dir writable, worktree files read-only to it)\n", sharedShard)
 	for _, n := range names {
 		s.stop(n)
 		if code, err := byName[n].wait(ctx); err != nil || code != 0 {
-			return demoFail("%s should succeed: exit %d, %v", n, code, err)
+			return fail("%s should succeed: exit %d, %v", n, code, err)
 		}
 	}
 	out = syncBuffer{}
-	if code := run(ctx, []string{"--nats", url, "--creds", d.creds, "shard", "list", "--repo", s.co}, &out, &out, url); code != 0 {
-		return demoFail("shard list: exit %d\n%s", code, out.String())
+	if code := d.cfg.Command(ctx, []string{"--nats", url, "--creds", d.creds, "shard", "list", "--repo", s.co}, &out, &out); code != 0 {
+		return fail("shard list: exit %d\n%s", code, out.String())
 	}
 	fmt.Fprintln(d.out, "fenceline shard list:")
 	for _, l := range strings.Split(strings.TrimRight(out.String(), "\n"), "\n") {
 		fmt.Fprintln(d.out, "  "+l)
 	}
 	if c := strings.Count(out.String(), string(shard.StatusSucceeded)); c != 6 {
-		return demoFail("six attempts should have succeeded, shard list shows %d", c)
+		return fail("six attempts should have succeeded, shard list shows %d", c)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package cli
+package demo
 
 import (
 	"bytes"
@@ -83,15 +83,13 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 	if _, err := exec.LookPath("git"); err != nil {
 		return fmt.Errorf("the demo's git part needs git on PATH: %w", err)
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("find the fenceline binary for the hook: %w", err)
-	}
+	exe := d.cfg.Fenceline
 	g := &demoGit{demo: d, dir: dir}
 	root := filepath.Join(dir, "git")
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return err
 	}
+	var err error
 	if g.srv, err = gitserver.Start(root); err != nil {
 		return err
 	}
@@ -112,13 +110,13 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 		return err
 	}
 	// What "fenceline hook install --git-dir DIR --repo R" does.
-	in, err := gitproxy.InstallHook(ctx, gitproxy.HookInstall{GitDir: g.bare, Repo: demoRepo, Fenceline: exe})
+	in, err := gitproxy.InstallHook(ctx, gitproxy.HookInstall{GitDir: g.bare, Repo: Repo, Fenceline: exe})
 	if err != nil {
 		return err
 	}
 	g.key = in.Key
 	// What "fenceline bus fence-secret set --repo R --git KEYFILE" does.
-	if err := leasebus.WriteFenceSecret(d.secrets, demoRepo, lease.StorageGit, in.Key); err != nil {
+	if err := leasebus.WriteFenceSecret(d.secrets, Repo, lease.StorageGit, in.Key); err != nil {
 		return err
 	}
 	upstream := g.srv.URL + "/payments.git"
@@ -142,7 +140,7 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 		return err
 	}
 	if out, err := g.git(ctx, work, f.env, "push", "origin", "main"); err != nil {
-		return demoFail("agent-f's in-scope push should land: %v\n%s", err, out)
+		return fail("agent-f's in-scope push should land: %v\n%s", err, out)
 	}
 	fmt.Fprintln(d.out, "  git push (services/billing/invoice.go): landed")
 	if err := g.commit(ctx, work, "libs/tax/rates.go", "// agent-f was here\n"); err != nil {
@@ -150,7 +148,7 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 	}
 	out, err := g.git(ctx, work, f.env, "push", "origin", "main")
 	if err == nil || !strings.Contains(out, "libs/tax/rates.go is outside lease "+f.lease.LeaseID) {
-		return demoFail("agent-f's push touching libs/tax should be refused naming the path and lease: %v\n%s", err, out)
+		return fail("agent-f's push touching libs/tax should be refused naming the path and lease: %v\n%s", err, out)
 	}
 	fmt.Fprintf(d.out, "  git push (libs/tax/rates.go):\n    %s\n", rejected(out))
 	if err := g.mustGit(ctx, work, nil, "reset", "--quiet", "--hard", "origin/main"); err != nil {
@@ -167,7 +165,7 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 	z.sc.Close(ctx)
 	zombie := z.lease
 	frozen, err := gitproxy.New(gitproxy.Config{
-		Upstream: g.srv.URL, Lease: leasebus.Frozen{Record: *zombie}, Repo: demoRepo, Bus: d.c, Audit: d.auditor,
+		Upstream: g.srv.URL, Lease: leasebus.Frozen{Record: *zombie}, Repo: Repo, Bus: d.c, Audit: d.auditor,
 		MirrorDir: filepath.Join(dir, "mirror-g"), TempDir: dir,
 	})
 	if err != nil {
@@ -201,7 +199,7 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 		return err
 	}
 	if out, err := g.git(ctx, hwork, h.env, "push", "origin", "main"); err != nil {
-		return demoFail("agent-h's push should land: %v\n%s", err, out)
+		return fail("agent-h's push should land: %v\n%s", err, out)
 	}
 	fmt.Fprintln(d.out, "landed")
 
@@ -211,13 +209,13 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 	}
 	out, err = g.git(ctx, zwork, zenv, "push", "origin", "main")
 	if err == nil || !strings.Contains(out, "fenceline: lease "+zombie.LeaseID) {
-		return demoFail("the zombie's push should be refused at its git fence: %v\n%s", err, out)
+		return fail("the zombie's push should be refused at its git fence: %v\n%s", err, out)
 	}
 	fmt.Fprintf(d.out, "  at its git fence (the bus says the lease is gone):\n    %s\n", rejected(out))
 	out, err = g.git(ctx, zwork, nil, "push",
 		"-o", gitproxy.OptionLease+"="+zombie.LeaseID, "-o", gitproxy.OptionFence+"=999999", upstream, "HEAD:main")
 	if err == nil || !strings.Contains(out, "not signed") {
-		return demoFail("the zombie's direct push with a made-up fence should be refused by the server's hook: %v\n%s", err, out)
+		return fail("the zombie's direct push with a made-up fence should be refused by the server's hook: %v\n%s", err, out)
 	}
 	fmt.Fprintf(d.out, "  straight at the server, past any fence, with a made-up fence 999999: the pre-receive hook refuses it:\n    %s\n", rejected(out))
 	// A sidecar that signed its push just before it froze, and delivers it
@@ -228,11 +226,11 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 	}
 	out, err = g.git(ctx, zwork, nil, append(late, upstream, "HEAD:main")...)
 	if err == nil || !strings.Contains(out, "is stale") {
-		return demoFail("the zombie sidecar's late, signed push should be refused by the server's hook: %v\n%s", err, out)
+		return fail("the zombie sidecar's late, signed push should be refused by the server's hook: %v\n%s", err, out)
 	}
 	fmt.Fprintf(d.out, "  its sidecar's push, signed just before it froze and delivered on waking, carries fence %d: the hook refuses it:\n    %s\n", zombie.Fence, rejected(out))
 
-	evs, err := leasebus.ReadAudit(ctx, d.nc, demoRepo, 0)
+	evs, err := leasebus.ReadAudit(ctx, d.nc, Repo, 0)
 	if err != nil {
 		return err
 	}
@@ -245,7 +243,7 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 		}
 	}
 	if n < 2 {
-		return demoFail("both git refusals should be audited, found %d", n)
+		return fail("both git refusals should be audited, found %d", n)
 	}
 	return nil
 }
@@ -304,17 +302,17 @@ func (g *demoGit) agentWait(ctx context.Context, name, path string, ttl, wait ti
 // holds it, and starts its sidecar with the fences cfg names.
 func (d *demo) startAgent(ctx context.Context, name string, claim scope.Claim, ttl, wait time.Duration, cfg sidecar.Config) (*demoAgent, error) {
 	h, err := d.c.AcquireAndHold(ctx, leasebus.AcquireRequest{
-		Repo: demoRepo, Scope: claim, WorkspaceMode: leasebus.WorkspaceExclusive, WorkspaceID: "ws-" + name,
+		Repo: Repo, Scope: claim, WorkspaceMode: leasebus.WorkspaceExclusive, WorkspaceID: "ws-" + name,
 		Owner: leasebus.Owner{TaskID: "demo", AgentID: name, AttemptID: leasebus.NewAttemptID()},
 		TTL:   leasebus.Duration(ttl), Wait: leasebus.Duration(wait),
 	}, leasebus.NewCredential(), leasebus.HoldOptions{})
 	if err != nil {
-		return nil, demoFail("%s should get %s: %v", name, claim, err)
+		return nil, fail("%s should get %s: %v", name, claim, err)
 	}
 	rec := h.Lease()
 	rec.Grants = h.GrantKeys()
 	l := &rec
-	d.grants = append(d.grants, demoGrant{agent: name, lease: l})
+	d.grants = append(d.grants, grant{agent: name, lease: l})
 	a := &demoAgent{lease: l, holder: h}
 	cfg.Lease, cfg.Bus, cfg.Audit = h, d.c, d.auditor
 	if a.sc, err = sidecar.Start(ctx, cfg); err != nil {

@@ -1,10 +1,9 @@
-package cli
+package demo
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -12,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/fenceline/fenceline/internal/pgtest"
+	"github.com/fenceline/fenceline/internal/pgserver"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
@@ -21,16 +20,24 @@ import (
 )
 
 // pgStory is the Postgres part of the demo, told when a Postgres can be
-// started from the machine's binaries (or FENCELINE_TEST_PG names one).
+// started from the machine's binaries (or Config.PostgresDSN names one).
 func (d *demo) pgStory(ctx context.Context, dir string) error {
-	if _, err := pgtest.BinDir(); err != nil && os.Getenv(pgtest.EnvDSN) == "" {
-		d.section("8. The Postgres fence")
-		fmt.Fprintf(d.out, "skipped: no Postgres server binaries on this machine (%v)\n", err)
-		return nil
-	}
-	pg, err := pgtest.Start(ctx)
-	if err != nil {
-		return fmt.Errorf("the demo's Postgres: %w", err)
+	var pg *pgserver.Server
+	if dsn := d.cfg.PostgresDSN; dsn != "" {
+		var err error
+		if pg, err = pgserver.Attach(dsn); err != nil {
+			return fmt.Errorf("the demo's Postgres (Config.PostgresDSN): %w", err)
+		}
+	} else {
+		if _, err := pgserver.BinDir(); err != nil {
+			d.section("8. The Postgres fence")
+			fmt.Fprintf(d.out, "skipped: no Postgres server binaries on this machine (%v)\n", err)
+			return nil
+		}
+		var err error
+		if pg, err = pgserver.Start(ctx, pgserver.Config{}); err != nil {
+			return fmt.Errorf("the demo's Postgres: %w", err)
+		}
 	}
 	defer pg.Stop()
 	admin, err := pgx.Connect(ctx, pg.AdminDSN(""))
@@ -55,7 +62,7 @@ func (d *demo) pgStory(ctx context.Context, dir string) error {
 	secret := in.Secret
 	// What "fenceline bus fence-secret set --repo R --postgres FILE" does:
 	// the database's secret goes to the lease service, never to a sidecar.
-	if err := leasebus.WriteFenceSecret(d.secrets, demoRepo, lease.StoragePostgres, secret); err != nil {
+	if err := leasebus.WriteFenceSecret(d.secrets, Repo, lease.StoragePostgres, secret); err != nil {
 		return err
 	}
 	d.section("8. The Postgres fence")
@@ -76,16 +83,16 @@ func (d *demo) pgStory(ctx context.Context, dir string) error {
 	defer conn.Close(context.WithoutCancel(ctx))
 	var rate float64
 	if err := conn.QueryRow(ctx, "SELECT rate FROM public.rates WHERE region = 'eu'").Scan(&rate); err != nil {
-		return demoFail("agent-p's read of public.rates should flow: %v", err)
+		return fail("agent-p's read of public.rates should flow: %v", err)
 	}
 	fmt.Fprintf(d.out, "  SELECT rate FROM rates: %.2f (reads always flow)\n", rate)
 	if _, err := conn.Exec(ctx, "INSERT INTO public.invoices (amount) VALUES (120)"); err != nil {
-		return demoFail("agent-p's in-scope INSERT should land: %v", err)
+		return fail("agent-p's in-scope INSERT should land: %v", err)
 	}
 	fmt.Fprintln(d.out, "  INSERT INTO invoices: landed, with its fence checked by Postgres in the same transaction")
 	_, err = conn.Exec(ctx, "UPDATE public.rates SET rate = 0.25 WHERE region = 'eu'")
 	if err == nil || !strings.Contains(err.Error(), p.lease.LeaseID) {
-		return demoFail("agent-p's UPDATE of public.rates should be refused naming its lease: %v", err)
+		return fail("agent-p's UPDATE of public.rates should be refused naming its lease: %v", err)
 	}
 	fmt.Fprintf(d.out, "  UPDATE rates: refused: %v\n", pgMessage(err))
 
@@ -118,18 +125,18 @@ func (d *demo) pgStory(ctx context.Context, dir string) error {
 	}
 	defer rconn.Close(context.WithoutCancel(ctx))
 	if _, err := rconn.Exec(ctx, "UPDATE public.rates SET rate = 0.21 WHERE region = 'eu'"); err != nil {
-		return demoFail("agent-r's UPDATE should land: %v", err)
+		return fail("agent-r's UPDATE should land: %v", err)
 	}
 	fmt.Fprintf(d.out, "  agent-r got %s tables=[public.rates] (fence %d > %d) after the reclaim and updated the rate\n",
 		r.lease.LeaseID, r.lease.Fence, q.lease.Fence)
 	_, err = zconn.Exec(ctx, "UPDATE public.rates SET rate = 0.99 WHERE region = 'eu'")
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) || pe.Code != "40001" {
-		return demoFail("the zombie's UPDATE should be rejected by Postgres with 40001: %v", err)
+		return fail("the zombie's UPDATE should be rejected by Postgres with 40001: %v", err)
 	}
 	fmt.Fprintf(d.out, "  agent-q wakes up and writes with fence %d: Postgres itself rejects it: %s (SQLSTATE %s)\n", q.lease.Fence, pe.Message, pe.Code)
 	if err := admin.QueryRow(ctx, "SELECT rate FROM public.rates WHERE region = 'eu'").Scan(&rate); err != nil || rate != 0.21 {
-		return demoFail("the rate should be agent-r's 0.21, is %v (%v)", rate, err)
+		return fail("the rate should be agent-r's 0.21, is %v (%v)", rate, err)
 	}
 	fmt.Fprintf(d.out, "  the rate is %.2f: agent-r's\n", rate)
 	return nil

@@ -1,4 +1,4 @@
-package cli
+package demo
 
 import (
 	"context"
@@ -63,12 +63,12 @@ echo "read=$(grep -c . notes/todo.md)"`, s.ctl) // after the loss it reports on 
 	}
 	m := demoAcquiredRE.FindStringSubmatch(z.errOut.String())
 	if m == nil {
-		return demoFail("agent-zombie's run should name its lease:\n%s", z.errOut.String())
+		return fail("agent-zombie's run should name its lease:\n%s", z.errOut.String())
 	}
 	id := m[1]
 	fmt.Fprintf(d.out, "  agent-zombie holds %s and has written its draft; then it stalls (a paused VM, a long GC) ...\n", id)
 	if _, err := d.op.Revoke(ctx, id, "demo: the agent stopped answering"); err != nil {
-		return demoFail("revoke %s: %v", id, err)
+		return fail("revoke %s: %v", id, err)
 	}
 	if err := s.awaitText(ctx, z, "LEASE LOST"); err != nil {
 		return err
@@ -76,10 +76,10 @@ echo "read=$(grep -c . notes/todo.md)"`, s.ctl) // after the loss it reports on 
 	fmt.Fprintf(d.out, "  the operator revokes %s; fenceline run sees it at once: every file write of the agent is refused from now on\n", id)
 	s.stop("agent-zombie") // the zombie wakes up and writes
 	if code, err := z.wait(ctx); err != nil || code != 0 {
-		return demoFail("agent-zombie should exit 0 (it keeps running; --on-lost keep): exit %d, %v\n%s", code, err, z.errOut.String())
+		return fail("agent-zombie should exit 0 (it keeps running; --on-lost keep): exit %d, %v\n%s", code, err, z.errOut.String())
 	}
 	if got := strings.Fields(z.out.String()); strings.Join(got, " ") != "write=refused read=2" {
-		return demoFail("agent-zombie's late write should be refused and its read of notes/todo.md (2 lines) go on; it said %q", got)
+		return fail("agent-zombie's late write should be refused and its read of notes/todo.md (2 lines) go on; it said %q", got)
 	}
 	fmt.Fprintln(d.out, `  it wakes up: echo "late" >> notes/todo.md -> Permission denied (refused at the system call); reading the file still works`)
 	deadline := time.Now().Add(5 * time.Second)
@@ -95,7 +95,7 @@ echo "read=$(grep -c . notes/todo.md)"`, s.ctl) // after the loss it reports on 
 			}
 		}
 		if time.Now().After(deadline) {
-			return demoFail("no audit event for agent-zombie's refused write")
+			return fail("no audit event for agent-zombie's refused write")
 		}
 		select {
 		case <-ctx.Done():

@@ -1,0 +1,17 @@
+//go:build integration
+
+package leasebus
+
+import (
+	"strings"
+	"testing"
+)
+
+// The reply trick on the 3-node cluster (replytrick_attack_test.go).
+func TestFleetCannotStoreThroughRepliesOnACluster(t *testing.T) {
+	c := startCluster(t)
+	nc := c.connect(t)
+	ctx := ctxT(t)
+	svc, _ := startClusterService(ctx, t, nc)
+	fleetCannotStore(t, strings.Join(c.urls, ","), svc, nc, NewClient(nc))
+}

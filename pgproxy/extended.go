@@ -1,0 +1,534 @@
+// The extended protocol: the messages of a segment (up to Sync or Flush)
+// held, decided together, and forwarded with the fence's own messages.
+
+package pgproxy
+
+import (
+	"fmt"
+	"maps"
+	"sync/atomic"
+)
+
+// segMsg is one held extended-protocol message, at buf[off:off+n] of its
+// segment.
+type segMsg struct {
+	typ      byte
+	replay   bool // sent again by the proxy (stallReplay): the answer is not the client's
+	off, n   int
+	st       *Statement // Execute: the statement it runs
+	describe byte       // Describe: 'S' or 'P'
+}
+
+// flushSegment decides the pending extended-protocol messages (up to a Sync
+// or Flush) and forwards them, with the fence's own messages added.
+func (s *session) flushSegment() error {
+	if len(s.seg) == 0 {
+		return nil
+	}
+	seg, buf := s.seg, s.segBuf
+	defer s.resetSegment()
+	if s.skipping {
+		return s.skipToSync(seg, buf)
+	}
+	fresh := !s.pendingSync
+	if fresh {
+		// A new transaction may start here: know its state first.
+		if err := s.beginUnit(); err != nil {
+			return err
+		}
+	}
+	// After a stalled prefix, the statements and portals as they were, in
+	// case Postgres refused the prefix and so skips this segment.
+	var keptStmts, keptPortals map[string]*Statement
+	stalled := s.stalled && !s.sim.inBlock
+	if stalled {
+		keptStmts, keptPortals = maps.Clone(s.stmts), maps.Clone(s.portals)
+	}
+	buf, execs, read, err := s.trackSegment(seg, buf, !fresh)
+	if err != nil {
+		return err
+	}
+	if stalled && decidesTxn(execs) {
+		// The stalled prefix's implicit transaction started read-only; this
+		// segment needs one the proxy decides (a write, or transaction
+		// control): end that one first.
+		replay := append([]byte(nil), s.stallReplay...)
+		ok, err := s.endStalled()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			s.stmts, s.portals = keptStmts, keptPortals
+			return s.skipToSync(seg, buf)
+		}
+		if err := s.beginUnit(); err != nil {
+			return err
+		}
+		fresh = true
+		seg, buf = withReplay(replay, seg, buf)
+	}
+	s.pendingSync = seg[len(seg)-1].typ != 'S'
+	if !s.pendingSync {
+		s.stalled, s.stallReplay = false, s.stallReplay[:0]
+	}
+	li, err := s.judgeSegment(seg, buf, execs, read, fresh)
+	if err != nil {
+		return err
+	}
+	return s.forwardSegment(seg, buf, li)
+}
+
+// resetSegment empties the held segment once flushSegment is done with it.
+func (s *session) resetSegment() {
+	s.seg, s.segExec, s.segBind = s.seg[:0], false, false
+	if cap(s.segBuf) > 1<<20 {
+		s.segBuf = nil
+	} else {
+		s.segBuf = s.segBuf[:0]
+	}
+}
+
+// trackSegment is flushSegment's first pass: what each Execute runs (set
+// on its message, and returned in order), with statements and portals
+// tracked as the server will. read is the last Execute's statement as
+// classified (before sequenceWrite). A Parse the proxy answers itself is
+// replaced by its own, appended to buf (returned). changed: statements ran
+// since Postgres last reported its settings. A malformed message is fatal.
+func (s *session) trackSegment(seg []segMsg, buf []byte, changed bool) (_ []byte, execs []*Statement, read *Statement, err error) {
+	for i := range seg {
+		m := &seg[i]
+		body := buf[m.off+5 : m.off+m.n]
+		switch m.typ {
+		case 'P':
+			buf, err = s.trackParse(m, body, buf, changed)
+		case 'B':
+			err = s.trackBind(body)
+		case 'E':
+			if read, err = s.trackExecute(m, body); err == nil {
+				execs = append(execs, m.st)
+				changed = true
+			}
+		case 'C':
+			err = s.trackClose(body)
+		case 'D':
+			if len(body) < 2 {
+				err = fmt.Errorf("%w: short Describe", ErrProtocol)
+			} else {
+				m.describe = body[0]
+			}
+		}
+		if err != nil {
+			return nil, nil, nil, s.fatal(err)
+		}
+	}
+	return buf, execs, read, nil
+}
+
+// trackParse classifies the statement a Parse (m, its body) prepares and
+// names it; a statement the proxy answers itself (see replacement) is
+// prepared in its place, a Parse of the proxy's appended to buf.
+func (s *session) trackParse(m *segMsg, body, buf []byte, changed bool) ([]byte, error) {
+	name, q, paramTypes, err := twoCStrings(body)
+	if err != nil {
+		return buf, err
+	}
+	st := extStatement(s.classify(q, changed))
+	if rep := s.replacement(st); rep != "" {
+		// Prepare the proxy's answer instead (see replacement).
+		var pw msgBuilder
+		at := pw.begin('P')
+		pw.str(name)
+		pw.str(rep)
+		pw.b = append(pw.b, paramTypes...) // the client's
+		pw.end(at)
+		m.off, m.n = len(buf), len(pw.b)
+		buf = append(buf, pw.b...)
+	}
+	s.stmts[name] = st
+	return buf, nil
+}
+
+// trackBind binds a portal to its statement (an unknown statement is an
+// opaque write), judging the pids a signalling statement takes from this
+// Bind's parameters.
+func (s *session) trackBind(body []byte) error {
+	portal, stmt, bindRest, err := twoCStrings(body)
+	if err != nil {
+		return err
+	}
+	st := s.stmts[stmt]
+	if st == nil {
+		st = &Statement{Class: ClassWrite, Opaque: true, Tag: "UnknownStatement"}
+	}
+	if len(st.SignalParams) > 0 {
+		// The pids it signals are this Bind's parameters.
+		if cp := s.judgeSignals(st, bindRest); cp != nil {
+			st = cp
+		} else {
+			cp := *st
+			cp.SignalParams = nil
+			st = &cp
+		}
+	}
+	s.portals[portal] = st
+	return nil
+}
+
+// trackExecute sets on m the statement its portal runs (an unknown portal
+// is an opaque write; an EXECUTE, the SQL-level statement it runs; a read
+// that advances sequences, a write) and returns it as classified.
+func (s *session) trackExecute(m *segMsg, body []byte) (read *Statement, err error) {
+	portal, _, err := cstring(body)
+	if err != nil {
+		return nil, err
+	}
+	st := s.portals[portal]
+	if st == nil {
+		st = &Statement{Class: ClassWrite, Opaque: true, Tag: "UnknownPortal"}
+	}
+	st = s.resolveSQLPrepared(st)
+	m.st = s.sequenceWrite(st)
+	return st, nil
+}
+
+// trackClose forgets the statement or portal a Close names.
+func (s *session) trackClose(body []byte) error {
+	if len(body) < 2 {
+		return fmt.Errorf("%w: short Close", ErrProtocol)
+	}
+	name, _, _ := cstring(body[1:])
+	if body[0] == 'S' {
+		delete(s.stmts, name)
+		s.forgetOwnStatements(name)
+	} else {
+		delete(s.portals, name)
+	}
+	return nil
+}
+
+// judgeSegment decides what the segment's statements (execs, also set on
+// their Execute messages) are before any of it goes out: the search path
+// and catalogs they need, whether a lone write is checked (checkedWrite),
+// the functions they call. It takes the lease when the segment may need it
+// and, between transactions, prepares a statement that must run outside
+// one and binds the fence's session.
+func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, read *Statement, fresh bool) (leaseInfo, error) {
+	if err := s.needSearchPath(execs); err != nil {
+		return leaseInfo{}, err
+	}
+	check := s.segmentChecked(seg, buf, execs, read, fresh) // see checkedWrite
+	writable := s.unitWritable(execs)
+	if err := s.learnCatalog(execs, writable || check, fresh && !s.stalled && s.txStatus != 'E'); err != nil {
+		return leaseInfo{}, err
+	}
+	if check {
+		var err error
+		if execs[0], err = s.checkedWrite(execs[0]); err != nil {
+			return leaseInfo{}, err
+		}
+		for i := range seg {
+			if seg[i].st != nil {
+				seg[i].st = execs[0]
+			}
+		}
+		writable = s.unitWritable(execs)
+	}
+	for i := range seg {
+		if seg[i].st != nil {
+			seg[i].st = s.judgeCalls(seg[i].st, writable)
+		}
+	}
+	for i := range execs {
+		execs[i] = s.judgeCalls(execs[i], writable)
+	}
+	li := s.segmentLease(execs)
+	if fresh && s.txStatus == 'I' && len(execs) == 1 && seg[len(seg)-1].typ == 'S' {
+		if err := s.unwrapOutside(execs[0], li); err != nil {
+			return leaseInfo{}, err
+		}
+	}
+	if li.live() && fresh && s.txStatus == 'I' {
+		if err := s.bindFence(); err != nil {
+			return leaseInfo{}, err
+		}
+	}
+	return li, nil
+}
+
+// segmentChecked: the segment is a unit of its own whose one Execute (of
+// all its rows) runs a read the proxy may check for writes (see
+// mayCheckWrites and checkedWrite).
+func (s *session) segmentChecked(seg []segMsg, buf []byte, execs []*Statement, read *Statement, fresh bool) bool {
+	check := false
+	if len(execs) == 1 && !s.pendingSync && !s.stalled && fresh && s.mayCheckWrites(read, 1, s.txStatus == 'I') {
+		for i := range seg {
+			if seg[i].typ == 'E' {
+				check = executeAll(buf[seg[i].off+5 : seg[i].off+seg[i].n])
+			}
+		}
+	}
+	return check
+}
+
+// segmentLease is the lease as the segment sees it, taken only when the
+// segment may need it: it writes or begins a block, or it may have to end
+// a writable transaction. Reads alone never need the lease.
+func (s *session) segmentLease(execs []*Statement) leaseInfo {
+	needLease := s.sim.blockRW || s.sim.groupRW // may have to end a writable transaction
+	for _, st := range execs {
+		if st.Class == ClassWrite || st.Tx == TxBegin || st.Tx == TxChain {
+			needLease = true // reads alone never need the lease
+			break
+		}
+	}
+	if !needLease {
+		return leaseInfo{}
+	}
+	return s.lease()
+}
+
+// segWriter builds what a decided segment sends Postgres: the client's
+// messages with the fence's own among them, and what the relay is to
+// expect back for each (items).
+type segWriter struct {
+	s       *session
+	seg     []segMsg
+	li      leaseInfo
+	w       msgBuilder
+	items   []*expect
+	refused bool // a statement was refused: the server skips to Sync
+	rwSeen  bool // an Execute runs in a transaction made writable
+}
+
+// forwardSegment writes the decided segment (seg, its messages in buf) to
+// the server under li, and queues what the relay is to expect.
+func (s *session) forwardSegment(seg []segMsg, buf []byte, li leaseInfo) error {
+	fw := &segWriter{s: s, seg: seg, li: li}
+	fw.w.b = s.segOut[:0]
+	if s.sim.inBlock && len(seg) > 0 && seg[0].typ != 'S' && seg[0].typ != 'H' {
+		fw.pin(0)
+	}
+	for i := range seg {
+		fw.message(i, buf[seg[i].off:seg[i].off+seg[i].n])
+	}
+	if fw.rwSeen && li.live() {
+		s.rw.Store(true)
+	}
+	if s.pendingSync && (s.stalled || s.forwarding) {
+		s.keepForReplay(seg, buf)
+	}
+	s.push(fw.items...)
+	_, err := s.sw.Write(fw.w.b)
+	if cap(fw.w.b) <= 1<<20 {
+		s.segOut = fw.w.b[:0]
+	}
+	return err
+}
+
+// message forwards the segment's message i (raw): it decides the implicit
+// transaction the message starts and, for an Execute, its statement.
+func (fw *segWriter) message(i int, raw []byte) {
+	s, m := fw.s, &fw.seg[i]
+	if fw.refused {
+		// The server skips everything up to Sync after the error.
+		fw.w.b = append(fw.w.b, raw...)
+		if m.typ == 'S' {
+			fw.items = append(fw.items, &expect{kind: expSync})
+			s.sim = txSim{}
+		}
+		return
+	}
+	if m.typ != 'S' && m.typ != 'H' && !s.sim.inBlock && !s.sim.decided {
+		fw.startTxn(i)
+	}
+	switch m.typ {
+	case 'P', 'B', 'C':
+		fw.items = append(fw.items, &expect{kind: expSingle, swallow: m.replay})
+	case 'D':
+		if m.describe == 'S' {
+			fw.items = append(fw.items, &expect{kind: expDescribeS})
+		} else {
+			fw.items = append(fw.items, &expect{kind: expDescribeP})
+		}
+	case 'S':
+		fw.items = append(fw.items, &expect{kind: expSync})
+		// After Sync an implicit transaction is over; a block goes on.
+		if !s.sim.inBlock {
+			s.sim.decided, s.sim.groupRW, s.sim.spPinned = false, false, false
+		}
+	case 'E':
+		if fw.execute(m.st, raw) {
+			return
+		}
+	}
+	fw.w.b = append(fw.w.b, raw...)
+}
+
+// startTxn decides the implicit transaction message i starts: writable,
+// with the token, when what runs in it writes (groupWrites) under a live
+// lease, unless it is one statement that must run outside a transaction;
+// else read-only asserted again after a COMMIT or ROLLBACK in this unit.
+// Its search path is pinned for the unqualified names it writes.
+func (fw *segWriter) startTxn(i int) {
+	s := fw.s
+	s.sim.decided = true
+	rest := fw.execsFrom(i)
+	if groupWrites(rest, s.clientRO) && fw.li.live() && !(len(rest) == 1 && rest[0].Tx == TxOutside) {
+		fw.injectRW()
+		s.sim.groupRW = true
+	} else if s.txEnded {
+		fw.injectRO() // a new transaction after COMMIT/ROLLBACK in this unit
+	}
+	fw.pin(i)
+}
+
+// execute decides the statement st an Execute (raw) runs, in the
+// transaction it runs in, and reports whether it wrote the message itself:
+// refused (the refusal in its place), followed by its write check, or
+// followed by a chained block's new token. Otherwise the caller forwards it.
+func (fw *segWriter) execute(st *Statement, raw []byte) bool {
+	s, li := fw.s, fw.li
+	if st.Session {
+		s.sessionChanged(st)
+	}
+	fw.rwSeen = fw.rwSeen || s.sim.blockRW || s.sim.groupRW
+	r := s.authorizeInTxn(st, li)
+	if r == nil {
+		r = s.authorizeWrite(st, li, s.searchPath, "Sync before the write, or start the transaction with BEGIN")
+	}
+	if r != nil {
+		fw.refuse(r, st)
+		return true
+	}
+	s.passedDDL(st)
+	fw.items = append(fw.items, &expect{kind: expExecute})
+	s.trackTx(st)
+	if st.WriteCheck && s.sim.groupRW {
+		// The check, in the same transaction, before the Sync that ends
+		// it (in a portal of its own: the client's unnamed one stays).
+		fw.w.b = append(fw.w.b, raw...)
+		fw.writeCheck(st)
+		return true
+	}
+	if st.Tx == TxChain && s.sim.blockRW && li.live() {
+		fw.w.b = append(fw.w.b, raw...)
+		fw.setToken(s.token(li))
+		return true
+	}
+	return false
+}
+
+// refuse puts the refusal of st (r) where its Execute would have gone: a
+// statement of the proxy's own that makes Postgres raise the error.
+func (fw *segWriter) refuse(r *refusal, st *Statement) {
+	sql := fw.s.refuse(r, st, fw.li, st.Tag)
+	fw.w.close('S', refuseName)
+	fw.w.parse(refuseName, sql)
+	fw.w.bind("", refuseName)
+	fw.w.execute("")
+	fw.items = append(fw.items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true},
+		&expect{kind: expSingle, swallow: true}, &expect{kind: expExecute})
+	fw.refused = true
+}
+
+// writeCheck runs the write check of st (see writeCheckSQL) after it, in a
+// portal of the proxy's own; a check that fails is audited.
+func (fw *segWriter) writeCheck(st *Statement) {
+	s, li := fw.s, fw.li
+	fw.w.close('S', checkName)
+	fw.w.parse(checkName, s.writeCheckSQL(st, li))
+	fw.w.bind(checkName, checkName)
+	fw.w.execute(checkName)
+	fw.w.close('P', checkName)
+	fw.items = append(fw.items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true},
+		&expect{kind: expExecute, swallow: true, onError: func(f map[byte]string) { s.auditCheck(f, st, li, st.Tag) }},
+		&expect{kind: expSingle, swallow: true})
+}
+
+// prepareOwn prepares the proxy's statement name (sql) on this connection
+// unless it is prepared already (state says).
+func (fw *segWriter) prepareOwn(state *atomic.Int32, name, sql string) {
+	if state.Load() == stmtNone {
+		fw.w.close('S', name)
+		fw.w.parse(name, sql)
+		fw.items = append(fw.items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true, stmtState: state})
+		state.Store(stmtPending)
+	}
+}
+
+// runOwn runs the proxy's prepared statement name (sql) with params in the
+// unnamed portal, preparing it first if needed; its answers are swallowed.
+func (fw *segWriter) runOwn(state *atomic.Int32, name, sql string, params ...string) {
+	fw.prepareOwn(state, name, sql)
+	fw.w.bind("", name, params...)
+	fw.w.execute("")
+	fw.items = append(fw.items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
+}
+
+// setToken sets the transaction's fence token with our prepared
+// set_config, preparing it first on this connection.
+func (fw *segWriter) setToken(tok string) {
+	fw.runOwn(&fw.s.tokStmt, tokStmtName, tokSQL, tok)
+}
+
+// injectRO makes the transaction read-only.
+func (fw *segWriter) injectRO() {
+	fw.runOwn(&fw.s.roStmt, roStmtName, roSQL)
+}
+
+// injectRW makes the transaction writable and sets its token.
+func (fw *segWriter) injectRW() {
+	tok := fw.s.token(fw.li) // "" without one: Postgres refuses fenced writes
+	// "SET transaction_read_only = off" must come before anything that
+	// takes a snapshot, including the Parse of a SELECT.
+	fw.runOwn(&fw.s.rwStmt, rwStmtName, rwSQL)
+	fw.setToken(tok)
+}
+
+// execsFrom returns the statements Executes run from message i on.
+func (fw *segWriter) execsFrom(i int) []*Statement {
+	var out []*Statement
+	for j := i; j < len(fw.seg); j++ {
+		if fw.seg[j].st != nil {
+			out = append(out, fw.seg[j].st)
+		}
+	}
+	return out
+}
+
+// pin sets search_path for the transaction to the path the proxy checks
+// unqualified names with (see queryRewriter.pinPath for why), before the
+// messages from message from on, whose statements Postgres resolves with it.
+func (fw *segWriter) pin(from int) {
+	s := fw.s
+	if s.sim.spPinned || s.searchPath == nil {
+		return
+	}
+	need := false
+	for _, st := range fw.execsFrom(from) {
+		need = need || unqualified(st)
+	}
+	if !need {
+		return
+	}
+	fw.prepareOwn(&s.spStmt, spStmtName, spSQL)
+	fw.w.bind(spStmtName, spStmtName, s.pinnedPath())
+	fw.w.execute(spStmtName)
+	fw.w.close('P', spStmtName)
+	fw.items = append(fw.items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true}, &expect{kind: expSingle, swallow: true})
+	s.sim.spPinned = true
+}
+
+// extStatement is what a Parse'd statement runs: one statement, or an opaque
+// write when the text is not exactly one statement the parser accepts.
+func extStatement(cls *Classification) *Statement {
+	switch {
+	case cls.ParseError != "":
+		return &cls.Stmts[0]
+	case len(cls.Stmts) == 0:
+		return &Statement{Class: ClassControl, Tag: "Empty"}
+	case len(cls.Stmts) == 1:
+		return &cls.Stmts[0]
+	}
+	return &Statement{Class: ClassWrite, Opaque: true, Tag: "MultipleStatements"}
+}
