@@ -514,3 +514,60 @@ func TestHolderCannotStartActorsThroughReplies(t *testing.T) {
 		}
 	}
 }
+
+// A holder has the server deliver a record the service stored (so it
+// carries a service's writer stamp) onto the subject on which instances
+// share the sessions they heard: the push consumer's creator names its
+// delivery subject unchecked, and the service subscribes there. Taken for
+// another instance's digest, it would make a made-up instance a peer
+// (while it is not heard, no instance reclaims a dead runner's lease) and
+// its lines sessions heard (kept alive). The service takes no JetStream
+// delivery on the subjects between instances (fromInstance).
+func TestHolderCannotShareSessionsThroughJetStream(t *testing.T) {
+	b := startBus(t)
+	// The delivery happens: a subscriber of the test's own sees it.
+	delivered := make(chan struct{}, 1)
+	sub, err := b.nc.Subscribe(sessionsSubject, func(m *nats.Msg) {
+		if m.Header.Get(writerHeader) == "forged" {
+			select {
+			case delivered <- struct{}{}:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := b.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	resp := injectViaConsumer(t, b.srv.ClientURL(), sessionsSubject, []byte("holder.session-of-a-dead-runner\n"))
+	select {
+	case <-delivered:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the holder's push consumer delivered nothing onto %s (%s): the attack never ran", sessionsSubject, resp)
+	}
+	// Then a real digest of another instance: once the service has learned
+	// it, the delivery (handled in order before it) had its chance.
+	witness := nats.NewMsg(sessionsSubject)
+	witness.Header.Set(writerHeader, "another-instance")
+	if err := b.nc.PublishMsg(witness); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		b.svc.live.mu.Lock()
+		defer b.svc.live.mu.Unlock()
+		if _, ok := b.svc.live.peers["another-instance"]; !ok {
+			return errors.New("the real digest was not learned yet")
+		}
+		return nil
+	})
+	b.svc.live.mu.Lock()
+	_, peer := b.svc.live.peers["forged"]
+	_, seen := b.svc.live.seen["holder.session-of-a-dead-runner"]
+	b.svc.live.mu.Unlock()
+	if peer || seen {
+		t.Fatalf("a JetStream delivery on %s was taken as an instance's digest: peer %v, session heard %v", sessionsSubject, peer, seen)
+	}
+}
