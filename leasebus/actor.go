@@ -543,10 +543,7 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 // notify publishes a lease's committed record for watchers (best effort:
 // holders also learn of loss at their next renewal).
 func (a *actor) notify(e *entry) {
-	subj, data := changedPrefix+"."+a.key+"."+e.LeaseID, e.publicJSON()
-	for _, nc := range a.svc.conns() {
-		_ = nc.Publish(subj, data)
-	}
+	a.svc.announce(changedPrefix+"."+a.key+"."+e.LeaseID, e.publicJSON())
 }
 
 // maybeSnapshot writes the whole state once the deltas since the last

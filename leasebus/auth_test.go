@@ -399,7 +399,7 @@ func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
 	// here, and refuses a client's publish with a $JS reply.) Were such a
 	// delivery to reach the service — the ack subject as its reply — the
 	// service ignores it, whoever it seems to come from:
-	b.svc.handler("revoke")(&nats.Msg{Subject: requestSubject("revoke", IdentityOf(opNC)),
+	b.svc.handler("revoke", false)(&nats.Msg{Subject: requestSubject("revoke", IdentityOf(opNC)),
 		Reply: "$JS.ACK.KV_FENCELINE_ATTEMPTS.forge1.1.1.1.1700000000000000000.0", Data: data})
 	// A revoke the operator does send, after: once it is done, the forged
 	// ones (delivered first) had their chance.

@@ -145,7 +145,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 		}
 		fences[l.Fence] = l.LeaseID
 	}
-	watchChecker(t, NewClient(cl.connect(t)), clusterRepo, watchChk, func(l *Lease, _ time.Time) { sawFence("watch", l) })
+	watchChecker(t, NewClient(connectAs(t, strings.Join(cl.urls, ","), RoleViewer)), clusterRepo, watchChk, func(l *Lease, _ time.Time) { sawFence("watch", l) })
 
 	var (
 		stop        atomic.Bool

@@ -103,7 +103,7 @@ func TestPropertyConcurrentLeases(t *testing.T) {
 	var evMu sync.Mutex
 	endedAt := map[string]time.Time{} // lease id -> when the watch saw it reclaimed/expired
 	endStatus := map[string]Status{}
-	watchChecker(t, NewClient(connect(t, b.srv.ClientURL())), "", watchChk, func(l *Lease, at time.Time) {
+	watchChecker(t, NewClient(connectAs(t, b.srv.ClientURL(), RoleViewer)), "", watchChk, func(l *Lease, at time.Time) {
 		if !l.Active() {
 			evMu.Lock()
 			endedAt[l.LeaseID] = at

@@ -7,7 +7,6 @@ import (
 	"testing"
 )
 
-// The reply trick on the 3-node cluster (replytrick_attack_test.go).
 func TestFleetCannotStoreThroughRepliesOnACluster(t *testing.T) {
 	c := startCluster(t)
 	nc := c.connect(t)

@@ -40,7 +40,7 @@ func TestRestartSweepsLeasesOfDeadHolders(t *testing.T) {
 	var mu sync.Mutex
 	ended := map[string]time.Time{}
 	status := map[string]Status{}
-	stop, err := NewClient(connect(t, srv.ClientURL())).Watch(repo, func(l *Lease) {
+	stop, err := NewClient(connectAs(t, srv.ClientURL(), RoleViewer)).Watch(repo, func(l *Lease) { // a viewer, as the run UI
 		mu.Lock()
 		defer mu.Unlock()
 		if !l.Active() {

@@ -93,11 +93,14 @@ type Service struct {
 	fleet *nats.Conn // in the fleet account: requests, answers, change notices
 	// ownFleet: fleet was connected by StartService (closed by Stop).
 	ownFleet bool
-	js       jetstream.JetStream
-	store    *store
-	cfg      ServiceConfig
-	log      *slog.Logger
-	audit    *auditWriter
+	// asked: an identity of the service account (a tool or test acting
+	// as a client) has made a request, so changes are announced there too.
+	asked atomic.Bool
+	js    jetstream.JetStream
+	store *store
+	cfg   ServiceConfig
+	log   *slog.Logger
+	audit *auditWriter
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -237,7 +240,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		// the service's own identities (tools and tests that act as
 		// one).
 		for _, conn := range s.conns() {
-			sub, err := conn.QueueSubscribe(requestSubject(op, "*"), serviceQueue, s.handler(op))
+			sub, err := conn.QueueSubscribe(requestSubject(op, "*"), serviceQueue, s.handler(op, conn != s.fleet))
 			if err != nil {
 				s.Stop()
 				return nil, fmt.Errorf("subscribe %s: %w", requestSubject(op, "*"), err)
@@ -345,14 +348,24 @@ func (s *Service) Stop() {
 // taken too (embedded.ServeIdentities).
 func (s *Service) FleetConn() *nats.Conn { return s.fleet }
 
-// conns are the connections the service takes requests on and announces
-// changes on: the fleet account's, and the service account's when that
-// is another.
+// conns are the connections the service takes requests on: the fleet
+// account's, and the service account's when that is another.
 func (s *Service) conns() []*nats.Conn {
 	if s.fleet == s.nc {
 		return []*nats.Conn{s.nc}
 	}
 	return []*nats.Conn{s.fleet, s.nc}
+}
+
+// announce publishes a change notice in the fleet account, and in the
+// service account once anything there has asked the service (only tools
+// and tests act as clients there: every notice twice would cost the fleet
+// a publish per change for no one).
+func (s *Service) announce(subj string, data []byte) {
+	_ = s.fleet.Publish(subj, data)
+	if s.fleet != s.nc && s.asked.Load() {
+		_ = s.nc.Publish(subj, data)
+	}
 }
 
 // actor returns the actor of a repo, starting it if needed. A new actor
@@ -515,8 +528,11 @@ func (s *Service) allActors() []*actor {
 }
 
 // handler decodes a request and hands it to the actor of its repo.
-func (s *Service) handler(op string) nats.MsgHandler {
+func (s *Service) handler(op string, serviceAccount bool) nats.MsgHandler {
 	return func(m *nats.Msg) {
+		if serviceAccount && !s.asked.Load() {
+			s.asked.Store(true) // announce changes there too from now on
+		}
 		c := &call{op: op, msg: m, at: s.cfg.Now(), svc: s}
 		var repo, leaseID, hint string
 		var err error
