@@ -2,11 +2,14 @@ package leasebus
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -93,37 +96,61 @@ func AccountOf(role Role) string {
 	return FleetAccount
 }
 
-// fleetKeyContext is what the service's key signs to derive its fleet
-// key (ed25519 signatures are deterministic): whoever holds the service's
-// seed can make it, nobody else. The bus never asks anyone to sign it (a
-// server's nonces are its own random bytes).
+// fleetKeyContext keys the derivation of the fleet key from the
+// service's seed, so the seed is used for nothing else that way.
 const fleetKeyContext = "fenceline lease service: the key of its connection in the fleet account, v1"
 
 // fleetKey derives the key pair of the lease service's fleet-account
-// connection with sign, the service key's signer (nats.go's SignatureCB).
-func fleetKey(sign func([]byte) ([]byte, error)) (nkeys.KeyPair, error) {
-	sig, err := sign([]byte(fleetKeyContext))
+// connection from the service's seed: an HMAC of the context under the
+// raw seed. Whoever holds the service's credentials can make it, nobody
+// else, and nothing the service signs for anyone (a server's nonce) gives
+// it away.
+func fleetKey(seed []byte) (nkeys.KeyPair, error) {
+	_, raw, err := nkeys.DecodeSeed(seed)
 	if err != nil {
 		return nil, fmt.Errorf("derive the service's fleet key: %w", err)
 	}
-	derived := sha256.Sum256(sig)
-	defer clear(derived[:])
-	kp, err := nkeys.FromRawSeed(nkeys.PrefixByteUser, derived[:])
+	defer clear(raw)
+	mac := hmac.New(sha256.New, raw)
+	mac.Write([]byte(fleetKeyContext))
+	derived := mac.Sum(nil)
+	defer clear(derived)
+	kp, err := nkeys.FromRawSeed(nkeys.PrefixByteUser, derived)
 	if err != nil {
 		return nil, fmt.Errorf("derive the service's fleet key: %w", err)
 	}
 	return kp, nil
 }
 
-// fleetPublicKey is the public fleet key of the service key kp.
-func fleetPublicKey(kp nkeys.KeyPair) (string, error) {
-	fk, err := fleetKey(kp.Sign)
+// fleetKeyOfFile is fleetKey of the seed in a credential file's contents.
+func fleetKeyOfFile(data []byte) (nkeys.KeyPair, error) {
+	kp, err := nkeys.ParseDecoratedUserNKey(data)
+	if err != nil {
+		return nil, fmt.Errorf("bus credentials hold no nkey user seed: %w", err)
+	}
+	defer kp.Wipe()
+	seed, err := kp.Seed()
+	if err != nil {
+		return nil, err
+	}
+	defer clear(seed)
+	return fleetKey(seed)
+}
+
+// fleetPublicKey is the public fleet key of the credential file data.
+func fleetPublicKey(data []byte) (string, error) {
+	fk, err := fleetKeyOfFile(data)
 	if err != nil {
 		return "", err
 	}
 	defer fk.Wipe()
 	return fk.PublicKey()
 }
+
+// connectedCreds maps the public key of every credential file this process
+// connected with (Creds.Options) to its path: where fleetConn finds the
+// service's seed.
+var connectedCreds sync.Map // string -> string
 
 // ConnectFleet connects a fleet-account connection of the lease service
 // beside nc, its service-account connection (for what answers the fleet
@@ -146,22 +173,42 @@ func ConnectFleet(nc *nats.Conn) (*nats.Conn, error) {
 // server admits no fleet key: configured before the bus had accounts)
 // nc serves as both, and the reason is returned for the log.
 func fleetConn(nc *nats.Conn) (*nats.Conn, string, error) {
-	if nc.Opts.Nkey == "" || nc.Opts.SignatureCB == nil {
+	if nc.Opts.Nkey == "" {
 		return nc, "the service connects without an nkey", nil
 	}
-	fk, err := fleetKey(nc.Opts.SignatureCB)
-	if err != nil {
-		return nil, "", err
+	p, ok := connectedCreds.Load(nc.Opts.Nkey)
+	if !ok {
+		return nc, "the service's connection was not made from a credential file (Creds.Options)", nil
 	}
-	pub, err := fk.PublicKey()
+	path := p.(string)
+	data, err := os.ReadFile(path)
 	if err != nil {
-		fk.Wipe()
-		return nil, "", err
+		return nil, "", fmt.Errorf("read bus credentials: %w", err)
+	}
+	pub, err := fleetPublicKey(data)
+	clear(data)
+	if err != nil {
+		return nil, "", fmt.Errorf("bus credentials %s: %w", path, err)
+	}
+	// Signs with the key read again from the file each time, as nats.go's
+	// NkeyOptionFromSeed does: the seed is not kept in memory.
+	sign := func(nonce []byte) ([]byte, error) {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("read bus credentials: %w", err)
+		}
+		defer clear(data)
+		fk, err := fleetKeyOfFile(data)
+		if err != nil {
+			return nil, err
+		}
+		defer fk.Wipe()
+		return fk.Sign(nonce)
 	}
 	o := nc.Opts
 	o.Name = strings.TrimSpace(o.Name + " (fleet)")
 	o.Nkey = pub
-	o.SignatureCB = fk.Sign
+	o.SignatureCB = sign
 	o.InboxPrefix = inboxPrefix(pub)
 	o.Servers = slices.Clone(o.Servers)
 	if u := nc.ConnectedUrl(); u != "" && len(o.Servers) == 0 && o.Url == "" {
@@ -169,7 +216,6 @@ func fleetConn(nc *nats.Conn) (*nats.Conn, string, error) {
 	}
 	fleet, err := o.Connect()
 	if err != nil {
-		fk.Wipe()
 		if errors.Is(err, nats.ErrAuthorization) {
 			return nc, "the bus does not admit the service's fleet key: it was configured before the bus had accounts; print its configuration again with `fenceline bus creds` and reload the servers", nil
 		}

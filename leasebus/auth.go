@@ -294,7 +294,7 @@ func LoadCreds(path string) (*Creds, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bus credentials %s: %w", path, err)
 	}
-	fpub, err := fleetPublicKey(kp)
+	fpub, err := fleetPublicKey(data)
 	if err != nil {
 		return nil, fmt.Errorf("bus credentials %s: %w", path, err)
 	}
@@ -322,6 +322,7 @@ func (c *Creds) Options() ([]nats.Option, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bus credentials %s: %w", c.Path, err)
 	}
+	connectedCreds.Store(c.Nkey, c.Path) // the lease service's fleet key is derived from it (fleetConn)
 	return []nats.Option{nk, nats.CustomInboxPrefix(inboxPrefix(c.Nkey))}, nil
 }
 
