@@ -90,7 +90,7 @@
 // A push is forwarded whole or not at all: when one ref is refused, the
 // others are refused with a pointer to it.
 //
-// # The push rule (DESIGN.md)
+// # The push rule (docs/design.md)
 //
 // Only a lease with an exclusive workspace may push; a shared-workspace
 // path lease may not (pushing is a repository-wide mutation). Every touched

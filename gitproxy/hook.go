@@ -21,7 +21,7 @@ import (
 	"github.com/fenceline/fenceline/policy"
 )
 
-// The pre-receive hook is the storage-side half of the git fence (DESIGN.md
+// The pre-receive hook is the storage-side half of the git fence (docs/design.md
 // invariant 5): the git server itself rejects a push whose fence is stale,
 // so a zombie sidecar that passed its own checks before pausing cannot land
 // a push after its lease was regranted.

@@ -50,7 +50,7 @@ func refuse(code, format string, args ...any) *refusal {
 	return &refusal{code: code, msg: "fenceline: " + fmt.Sprintf(format, args...)}
 }
 
-// judge applies the push rule of DESIGN.md to one ref update of a push by
+// judge applies the push rule of docs/design.md to one ref update of a push by
 // own (an active, exclusive-workspace lease): every touched path inside
 // own's claim when it claims paths, and inside no other active lease's
 // claim — declared claims win.

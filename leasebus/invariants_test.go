@@ -4,7 +4,7 @@ package leasebus
 // restart tests. They restate the design's invariants independently of the
 // service's own conflict code: claim overlap comes from scope.Claim.Overlaps
 // (not the Overlap the service uses) and workspace occupancy is written out
-// here from DESIGN.md, invariant 1.
+// here from docs/design.md, invariant 1.
 
 import (
 	"context"
