@@ -240,14 +240,17 @@ func JetStream(ctx context.Context, nc *nats.Conn) (jetstream.JetStream, error) 
 	return jetstream.New(nc)
 }
 
-// jsAPI is the JetStream API prefix nc reaches: FleetJSAPI when anything
-// answers there, else "$JS.API".
+// jsAPI is the JetStream API prefix nc reaches: "$JS.API" when nothing
+// subscribes to the fleet's prefix (the server answers no responders at
+// once: the service account, or a bus without accounts), else FleetJSAPI.
+// An import that does not answer in time is still an import: JetStream is
+// slow (a leader election), and the caller's own reads wait for it.
 func jsAPI(ctx context.Context, nc *nats.Conn) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, ConnectTimeout)
+	ctx, cancel := context.WithTimeout(ctx, jsProbeWait)
 	defer cancel()
 	_, err := nc.RequestWithContext(ctx, jsProbe, nil)
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
 		return FleetJSAPI, nil
 	case errors.Is(err, nats.ErrNoResponders):
 		return "$JS.API", nil
@@ -255,6 +258,9 @@ func jsAPI(ctx context.Context, nc *nats.Conn) (string, error) {
 		return "", fmt.Errorf("reach JetStream: %w", err)
 	}
 }
+
+// jsProbeWait bounds the probe (jsAPI).
+const jsProbeWait = 2 * time.Second
 
 // AuthConfig renders the nats-server configuration of the bus's two
 // accounts with users (their roles' permissions, the service's fleet
