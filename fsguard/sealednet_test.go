@@ -70,6 +70,12 @@ func (c *dnsCapture) serve(t testing.TB, conn net.Conn) {
 	conn.SetDeadline(time.Now().Add(30 * time.Second))
 	br := bufio.NewReader(conn)
 	req, err := http.ReadRequest(br)
+	if err == io.EOF {
+		// Closed before a byte was sent: a dial the attempt's end cut
+		// short (stop cancels it; the kernel had completed the
+		// handshake already).
+		return
+	}
 	if err != nil || req.Method != http.MethodConnect || req.Header.Get("Fenceline-Capture") != "1" {
 		t.Errorf("captured connection without the capture preamble: %v", err)
 		return
@@ -455,6 +461,12 @@ func (g *garbageProxy) serve(t *testing.T, conn net.Conn) {
 	conn.SetDeadline(time.Now().Add(30 * time.Second))
 	br := bufio.NewReader(conn)
 	req, err := http.ReadRequest(br)
+	if err == io.EOF {
+		// Closed before a byte was sent: a dial the attempt's end cut
+		// short (stop cancels it; the kernel had completed the
+		// handshake already).
+		return
+	}
 	if err != nil || req.Method != http.MethodConnect || req.Header.Get("Fenceline-Capture") != "1" {
 		t.Errorf("captured connection without the capture preamble: %v", err)
 		return
