@@ -22,12 +22,13 @@ import (
 
 // ServiceConfig configures a lease service. The zero value works.
 type ServiceConfig struct {
-	// Fleet is the service's connection in the fleet account (the
-	// service's credentials, Creds.FleetOptions), on which it takes
-	// requests, answers them and announces changes; the connection
-	// StartService is given (in the service account) reads and writes
-	// the streams. Nil on a bus without accounts: that one connection
-	// does both.
+	// Fleet is the service's connection in the fleet account, on which
+	// it takes requests, answers them and announces changes; the
+	// connection StartService is given (in the service account) reads
+	// and writes the streams. Nil: StartService connects it itself with
+	// the key derived from that connection's credential file
+	// (ConnectFleet), or, on a bus without accounts, uses the one
+	// connection for both.
 	Fleet *nats.Conn
 	// Replicas of the log and audit streams: 1 on a single server, 3 on a
 	// cluster.
