@@ -1,7 +1,22 @@
-//go:build integration
+//go:build integration && partitioncollect
 
 package embedded
 
+// Out of CI (build tag partitioncollect), because the harness's partition
+// leaks: run under load (three processes of this test at once, -race),
+// 3 of 9 runs failed, on this stop's head and on the base before it alike,
+// and every failure was node 2 — the node cut off — collecting the run's
+// identity: its audit event, which needs the stream's majority, was
+// committed, so node 2 still reached the others. The likely way past the
+// bridges, not yet shown: they carry the routes each node solicits, but
+// the nodes gossip their real cluster addresses, and a node that hears of
+// a peer before its own bridged route is up connects to it directly
+// (nats-server's implicit routes). Until the harness makes every route go
+// through a bridge (and checks that it does), a failure here says nothing
+// about the product:
+//
+//	go test -race -tags 'integration partitioncollect' -run TestPartitionedNodeCollectsNoLiveIdentity ./leasebus/embedded
+//
 // Before keepalives were sent again after a quarter of their time (not
 // after all of it), this failed about one run in three: the server kept
 // counting the cut-off instance's route up and gave it a third of the
