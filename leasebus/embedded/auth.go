@@ -104,24 +104,32 @@ func (a *identityAuth) set(users []leasebus.ServerUser) error {
 		}
 	}
 	a.mu.Lock()
+	old := a.users
 	a.users = table
 	a.mu.Unlock()
-	return a.disconnectGone(table)
+	var gone []string
+	for key := range old {
+		if _, ok := table[key]; !ok {
+			gone = append(gone, key)
+		}
+	}
+	return a.disconnect(gone)
 }
 
-// disconnectGone closes the connections of keys not in table: a revoked
-// identity loses its connection at once, as a reload would.
-func (a *identityAuth) disconnectGone(table map[string]admitted) error {
+// disconnect closes the connections of keys no longer admitted: a revoked
+// identity loses its connection at once, as a reload would. An enrolment
+// removes no key and costs nothing here, however many are connected.
+func (a *identityAuth) disconnect(keys []string) error {
 	srv := a.srv.Load()
-	if srv == nil || !srv.Running() {
+	if srv == nil || !srv.Running() || len(keys) == 0 {
 		return nil
 	}
-	cz, err := srv.Connz(&server.ConnzOptions{Username: true, Limit: 1 << 30})
-	if err != nil {
-		return fmt.Errorf("list the bus's connections: %w", err)
-	}
-	for _, ci := range cz.Conns {
-		if _, ok := table[ci.AuthorizedUser]; !ok && ci.AuthorizedUser != "" {
+	for _, key := range keys {
+		cz, err := srv.Connz(&server.ConnzOptions{User: key, State: server.ConnOpen, Limit: 1 << 16})
+		if err != nil {
+			return fmt.Errorf("list the bus's connections of %s: %w", key, err)
+		}
+		for _, ci := range cz.Conns {
 			_ = srv.DisconnectClientByID(ci.Cid)
 		}
 	}
