@@ -22,14 +22,6 @@ import (
 
 // ServiceConfig configures a lease service. The zero value works.
 type ServiceConfig struct {
-	// Fleet is the service's connection in the fleet account, on which
-	// it takes requests, answers them and announces changes; the
-	// connection StartService is given (in the service account) reads
-	// and writes the streams. Nil: StartService connects it itself with
-	// the key derived from that connection's credential file
-	// (ConnectFleet), or, on a bus without accounts, uses the one
-	// connection for both.
-	Fleet *nats.Conn
 	// Replicas of the log and audit streams: 1 on a single server, 3 on a
 	// cluster.
 	Replicas int
@@ -175,16 +167,15 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		}
 		return nil, err
 	}
-	fleet, ownFleet := cfg.Fleet, false
-	if fleet == nil {
-		var why string
-		if fleet, why, err = fleetConn(nc); err != nil {
-			return nil, err
-		}
-		ownFleet = fleet != nc
-		if why != "" {
-			cfg.Logger.Warn("the lease service answers on its one connection: the bus has no fleet account, so a holder can have JetStream's answers stored in the lease streams (docs/trust.md)", "why", why)
-		}
+	// Requests, answers and change notices go through a connection in the
+	// fleet account (ConnectFleet), or through nc on a bus without one.
+	fleet, why, err := fleetConn(nc)
+	if err != nil {
+		return nil, err
+	}
+	ownFleet := fleet != nc
+	if why != "" {
+		cfg.Logger.Warn("the lease service answers on its one connection: the bus has no fleet account, so a holder can have JetStream's answers stored in the lease streams (docs/trust.md)", "why", why)
 	}
 	s := &Service{nc: nc, fleet: fleet, ownFleet: ownFleet, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 8}, metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger,
 		actors: map[string]*actor{}, index: map[string]indexed{}, loading: map[string]*repoLoad{}}

@@ -343,31 +343,22 @@ func (s *Store) Pools(ctx context.Context) ([]*Pool, error) {
 		}
 		return nil, err
 	}
-	type rec struct {
-		key   string
-		rev   uint64
-		value []byte
-	}
-	var recs []rec
-	if err := s.latest(ctx, PoolBucket, "*", func(key string, rev uint64, value []byte) {
-		recs = append(recs, rec{key, rev, value})
-	}); err != nil {
-		return nil, fmt.Errorf("list pools: %w", err)
-	}
 	var out []*Pool
-	for _, r := range recs {
-		k := r.key
+	err := s.latest(ctx, PoolBucket, "*", func(key string, rev uint64, value []byte) {
 		var p Pool
-		err := json.Unmarshal(r.value, &p)
+		err := json.Unmarshal(value, &p)
 		if err == nil {
-			err = validPool(&p, k)
+			err = validPool(&p, key)
 		}
 		if err != nil {
-			s.log.Warn("pool record refused", "key", k, "err", err)
-			continue
+			s.log.Warn("pool record refused", "key", key, "err", err)
+			return
 		}
-		p.Revision = r.rev
+		p.Revision = rev
 		out = append(out, &p)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list pools: %w", err)
 	}
 	slices.SortFunc(out, func(a, b *Pool) int { return cmp.Compare(a.Repo, b.Repo) })
 	return out, nil
