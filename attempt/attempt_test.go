@@ -335,7 +335,7 @@ func TestRunConfines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared, TTL: leasebus.Duration(10 * time.Second)}, leasebus.HoldOptions{})
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: lease.WorkspaceShared, TTL: lease.Duration(10 * time.Second)}, leasebus.HoldOptions{})
 	t.Setenv("GIT_OPTIONAL_LOCKS", "1") // the guard's 0 wins: read-only git never refreshes the index
 	script := `echo "locks=$GIT_OPTIONAL_LOCKS" > in/mine; echo no > out/theirs; echo no > .git/planted; exit 3`
 	spec, said := runSpec(t, b, co, l, "sh", "-c", script)
@@ -371,7 +371,7 @@ func TestRunStopsOnLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared, TTL: leasebus.Duration(10 * time.Second)}, leasebus.HoldOptions{})
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: lease.WorkspaceShared, TTL: lease.Duration(10 * time.Second)}, leasebus.HoldOptions{})
 	spec, said := runSpec(t, b, co, l, "sh", "-c", "echo ready; exec sleep 60")
 	spec.StopOnLost = true
 	out, w := io.Pipe()
@@ -420,7 +420,7 @@ func TestRunRefusalsSayTheirCause(t *testing.T) {
 		t.Fatal(err)
 	}
 	acquire := func() *bustest.Lease {
-		return b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared, TTL: leasebus.Duration(10 * time.Second)}, leasebus.HoldOptions{})
+		return b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: lease.WorkspaceShared, TTL: lease.Duration(10 * time.Second)}, leasebus.HoldOptions{})
 	}
 
 	t.Run("held", func(t *testing.T) {
@@ -491,7 +491,7 @@ func TestRunRefusesUpstreamSocketAgentCanWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared, TTL: leasebus.Duration(10 * time.Second)}, leasebus.HoldOptions{})
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: lease.WorkspaceShared, TTL: lease.Duration(10 * time.Second)}, leasebus.HoldOptions{})
 	spec, _ := runSpec(t, b, co, l, "sh", "-c", "echo started > in/started")
 	spec.Sidecar.PGUpstream = filepath.Join(repo, "in", ".s.PGSQL.5432")
 	res, err := Run(context.Background(), spec)

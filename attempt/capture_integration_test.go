@@ -16,6 +16,7 @@ import (
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testca"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -49,7 +50,7 @@ func TestCaptureUnderRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared, TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: lease.WorkspaceShared, TTL: lease.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 
 	java := buildJavaFetch(t, ca.File)
 	p := strconv.Itoa(int(port))
@@ -145,8 +146,8 @@ func TestCaptureUnderRun(t *testing.T) {
 		} {
 			found := false
 			for _, ev := range evs {
-				if ev.Type == leasebus.EventDenied && ev.Boundary == leasebus.BoundaryNet && ev.LeaseID == l.Holder.Lease().LeaseID &&
-					strings.Contains(ev.Message, want) && strings.Contains(ev.Message, "fence ") && ev.Reason == leasebus.ReasonNotAllowed {
+				if ev.Type == lease.EventDenied && ev.Boundary == lease.BoundaryNet && ev.LeaseID == l.Holder.Lease().LeaseID &&
+					strings.Contains(ev.Message, want) && strings.Contains(ev.Message, "fence ") && ev.Reason == lease.ReasonNotAllowed {
 					found = true
 				}
 			}

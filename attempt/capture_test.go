@@ -22,6 +22,7 @@ import (
 	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testca"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
 )
@@ -141,8 +142,8 @@ func TestCaptureInPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared,
-		TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: lease.WorkspaceShared,
+		TTL: lease.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 	p := strconv.Itoa(int(port))
 	rules, err := egress.ParseRules([]string{"allowed.test:" + p})
 	if err != nil {

@@ -188,8 +188,8 @@ func TestPodAgentCannotTakeSidecarPort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared,
-		TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: lease.WorkspaceShared,
+		TTL: lease.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 	const token = "0123456789abcdef0123"
 	startSidecar := func(listen string) (*sidecar.Admin, error) {
 		a, err := sidecar.StartAdmin(sidecar.AdminConfig{Listen: listen, Token: token, Audit: b.Auditor,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/shard"
 )
@@ -126,7 +127,7 @@ func (r *run) place(ctx context.Context) error {
 	l := r.spec.Holder.Lease()
 	if pr.Mode == "" {
 		pr.Mode = shard.ModeExclusive
-		if l.WorkspaceMode == leasebus.WorkspaceShared {
+		if l.WorkspaceMode == lease.WorkspaceShared {
 			pr.Mode = shard.ModeShared
 		}
 	}
@@ -184,7 +185,7 @@ func (r *run) snapshotGitDirs(ctx context.Context) error {
 	if pr := r.spec.Pool; pr != nil && pr.Commits() {
 		return r.snapshotObjects(r.co.GitDirs)
 	}
-	if l.WorkspaceMode == leasebus.WorkspaceShared {
+	if l.WorkspaceMode == lease.WorkspaceShared {
 		if pr := r.spec.Pool; pr != nil && pr.Mode != shard.ModeShared {
 			return nil
 		}
@@ -226,7 +227,7 @@ func (r *run) snapshotProject() error {
 	}
 	l := r.spec.Holder.Lease()
 	roots := []string{r.co.Root}
-	if l.WorkspaceMode == leasebus.WorkspaceShared {
+	if l.WorkspaceMode == lease.WorkspaceShared {
 		roots = nil
 		for _, rel := range l.Scope.Paths {
 			p, err := ClaimPath(r.co.Root, rel)

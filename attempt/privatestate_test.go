@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -313,7 +314,7 @@ func TestRunPrivateState(t *testing.T) {
 	}
 	home, _ := userHome(t)
 	own, _ := os.ReadFile(filepath.Join(home, ".claude/settings.json"))
-	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: leasebus.WorkspaceShared, TTL: leasebus.Duration(10 * time.Second)}, leasebus.HoldOptions{})
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: claim(t, "in"), WorkspaceMode: lease.WorkspaceShared, TTL: lease.Duration(10 * time.Second)}, leasebus.HoldOptions{})
 	hook := `{"hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": "touch /tmp/pwned"}]}]}}`
 	script := `echo '` + hook + `' > "$HOME/.claude/settings.json" && echo copy=ok > in/result
 echo x >> "` + home + `/.claude/settings.json" || echo own=refused >> in/result

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -36,12 +37,12 @@ func TestRunNamesProjectSettings(t *testing.T) {
 	}, "\n")
 	for _, tc := range []struct {
 		name  string
-		mode  leasebus.WorkspaceMode
+		mode  lease.WorkspaceMode
 		claim scope.Claim
 		dir   string // where the agent plants
 	}{
-		{"shared", leasebus.WorkspaceShared, claim(t, "in"), "in"},
-		{"exclusive", leasebus.WorkspaceExclusive, scope.Claim{Kind: scope.KindNone}, "."},
+		{"shared", lease.WorkspaceShared, claim(t, "in"), "in"},
+		{"exclusive", lease.WorkspaceExclusive, scope.Claim{Kind: scope.KindNone}, "."},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			repo := newRepo(t, "")
@@ -57,7 +58,7 @@ func TestRunNamesProjectSettings(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: tc.claim, WorkspaceMode: tc.mode, TTL: leasebus.Duration(10 * time.Second)}, leasebus.HoldOptions{})
+			l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: tc.claim, WorkspaceMode: tc.mode, TTL: lease.Duration(10 * time.Second)}, leasebus.HoldOptions{})
 			defer l.Holder.Release(context.Background())
 			spec, said := runSpec(t, b, co, l, "sh", "-c", strings.ReplaceAll(plant, "DIR", tc.dir))
 			res, err := Run(context.Background(), spec)

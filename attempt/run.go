@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/fsguard"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/policy"
 	"github.com/fenceline/fenceline/shard"
@@ -85,13 +86,13 @@ type Result struct {
 
 // auditShadowed records the paths a shadow policy would keep unwritable
 // (shadow-refused, boundary file): nothing is refused.
-func auditShadowed(ctx context.Context, audit fsguard.Auditor, l leasebus.Lease, shadowed []string, say func(string)) {
+func auditShadowed(ctx context.Context, audit fsguard.Auditor, l lease.Lease, shadowed []string, say func(string)) {
 	if audit == nil {
 		return
 	}
 	for _, s := range shadowed {
-		ev := leasebus.AuditEvent{Time: time.Now().UTC(), Type: leasebus.EventShadowRefused, Boundary: leasebus.BoundaryFile,
-			Repo: l.Repo, LeaseID: l.LeaseID, Owner: l.Owner, Scope: l.Scope, Fence: l.Fence, Reason: leasebus.ReasonPolicy,
+		ev := lease.AuditEvent{Time: time.Now().UTC(), Type: leasebus.EventShadowRefused, Boundary: lease.BoundaryFile,
+			Repo: l.Repo, LeaseID: l.LeaseID, Owner: l.Owner, Scope: l.Scope, Fence: l.Fence, Reason: lease.ReasonPolicy,
 			Message: "shadow policy: the file guard would keep " + s + " unwritable; nothing was refused"}
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		if err := audit.Record(actx, ev); err != nil {
@@ -161,7 +162,7 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	}()
 
 	if !l.Active() {
-		return res, fmt.Errorf("lease %s: %w: it is %s (%s)", l.LeaseID, leasebus.ErrLeaseLost, l.Status, l.Reason)
+		return res, fmt.Errorf("lease %s: %w: it is %s (%s)", l.LeaseID, lease.ErrLeaseLost, l.Status, l.Reason)
 	}
 	if spec.Pool != nil {
 		if err := r.place(ctx); err != nil {

@@ -21,7 +21,7 @@ import (
 
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/internal/testca"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // captured opens a captured connection to the proxy as the file guard's
@@ -103,7 +103,7 @@ func wantAudited(t *testing.T, audit *memAuditor, msgs ...string) {
 	for _, m := range msgs {
 		found := false
 		for _, ev := range evs {
-			if ev.Type == leasebus.EventDenied && ev.Boundary == leasebus.BoundaryNet && ev.LeaseID == "lease_egress1" && ev.Fence == 7 &&
+			if ev.Type == lease.EventDenied && ev.Boundary == lease.BoundaryNet && ev.LeaseID == "lease_egress1" && ev.Fence == 7 &&
 				strings.Contains(ev.Message, m) && strings.Contains(ev.Message, "fence 7") {
 				found = true
 			}

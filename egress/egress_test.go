@@ -21,6 +21,7 @@ import (
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/testca"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -29,29 +30,29 @@ func TestMain(m *testing.M) { testutil.Main(m) }
 // memAuditor keeps the events it is given.
 type memAuditor struct {
 	mu  sync.Mutex
-	evs []leasebus.AuditEvent
+	evs []lease.AuditEvent
 }
 
-func (a *memAuditor) Record(_ context.Context, ev leasebus.AuditEvent) error {
+func (a *memAuditor) Record(_ context.Context, ev lease.AuditEvent) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.evs = append(a.evs, ev)
 	return nil
 }
 
-func (a *memAuditor) events() []leasebus.AuditEvent {
+func (a *memAuditor) events() []lease.AuditEvent {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return append([]leasebus.AuditEvent(nil), a.evs...)
+	return append([]lease.AuditEvent(nil), a.evs...)
 }
 
 // fixedLease is a lease record for refusals to name.
-type fixedLease leasebus.Lease
+type fixedLease lease.Lease
 
-func (f fixedLease) Lease() leasebus.Lease { return leasebus.Lease(f) }
+func (f fixedLease) Lease() lease.Lease { return lease.Lease(f) }
 
 var testLease = fixedLease{LeaseID: "lease_egress1", Repo: "github.com/acme/payments", Fence: 7,
-	Owner: leasebus.Owner{TaskID: "task-1", AgentID: "agent-1", AttemptID: "att_1"}}
+	Owner: lease.Owner{TaskID: "task-1", AgentID: "agent-1", AttemptID: "att_1"}}
 
 // apiServer is a real TLS server on 127.0.0.1 with a certificate for
 // api.example.test issued by ca; it answers "hello from api".
@@ -153,7 +154,7 @@ func TestTunnelAllowedRefuseOthers(t *testing.T) {
 		t.Fatalf("audit: %d events, want 2: %+v", len(evs), evs)
 	}
 	for _, ev := range evs {
-		if ev.Type != leasebus.EventDenied || ev.Boundary != leasebus.BoundaryNet || ev.Reason != leasebus.ReasonNotAllowed ||
+		if ev.Type != lease.EventDenied || ev.Boundary != lease.BoundaryNet || ev.Reason != lease.ReasonNotAllowed ||
 			ev.LeaseID != "lease_egress1" || ev.Fence != 7 || ev.Owner.AgentID != "agent-1" || !strings.Contains(ev.Message, "other.example.test") {
 			t.Errorf("audit event: %+v", ev)
 		}
@@ -417,7 +418,7 @@ func TestGitHostIntoTheFence(t *testing.T) {
 	git(t, seed, nil, "push", "--quiet", bare, "main")
 
 	lease := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: bustest.Claim(t, "services/billing"),
-		WorkspaceMode: leasebus.WorkspaceExclusive, WorkspaceID: "ws-egress", TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+		WorkspaceMode: lease.WorkspaceExclusive, WorkspaceID: "ws-egress", TTL: lease.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 	// The fence reaches the host through the same pin the proxy has.
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig.RootCAs = ca.Pool

@@ -24,7 +24,7 @@ import (
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testca"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/policy"
 )
 
@@ -269,7 +269,7 @@ func TestAPIWritesJudgedLikePushes(t *testing.T) {
 		t.Errorf("%d refusals audited, want %d", n, len(refused))
 	}
 	for _, ev := range audit.events() {
-		if ev.Boundary != leasebus.BoundaryNet || ev.LeaseID != "lease_egress1" || ev.Type != leasebus.EventDenied {
+		if ev.Boundary != lease.BoundaryNet || ev.LeaseID != "lease_egress1" || ev.Type != lease.EventDenied {
 			t.Errorf("audit event: %+v", ev)
 		}
 	}
@@ -282,7 +282,7 @@ func TestWholeRepoLeaseMovesItsOwnRefs(t *testing.T) {
 	t.Parallel()
 	f := startForge(t)
 	whole := testLease
-	whole.Status = leasebus.StatusActive
+	whole.Status = lease.StatusActive
 	whole.Scope = scope.Claim{Kind: scope.KindWholeRepo, Paths: []string{}, Tables: []string{}}
 	_, c := injectProxy(t, f, whole, &memAuditor{})
 	if code, body, _ := call(t, c, "PUT", "/repos/acme/payments/contents/x", "application/json", `{}`); code != http.StatusOK {
@@ -457,7 +457,7 @@ func TestAPIRulesCoverEveryRoute(t *testing.T) {
 	t.Parallel()
 	f := startForge(t)
 	whole := testLease
-	whole.Status = leasebus.StatusActive
+	whole.Status = lease.StatusActive
 	whole.Scope = scope.Claim{Kind: scope.KindWholeRepo, Paths: []string{}, Tables: []string{}}
 	_, c := injectProxy(t, f, whole, &memAuditor{})
 	const ctJSON = "application/json"
@@ -497,7 +497,7 @@ func TestWholeRepoLeaseIsThatRepoOnly(t *testing.T) {
 	f := startForgeFor(t, "gitlab.com")
 	whole := testLease
 	whole.Repo = "gitlab.com/group/sub/payments"
-	whole.Status = leasebus.StatusActive
+	whole.Status = lease.StatusActive
 	whole.Scope = scope.Claim{Kind: scope.KindWholeRepo, Paths: []string{}, Tables: []string{}}
 	c := gitlabClient(t, f, whole)
 	put := func(project string) int {
@@ -579,7 +579,7 @@ func TestInjectedCredentialNotInEarlyHintsOrTrailers(t *testing.T) {
 func TestAPIRulesRefuseMintingCredentials(t *testing.T) {
 	t.Parallel()
 	whole := testLease
-	whole.Status = leasebus.StatusActive
+	whole.Status = lease.StatusActive
 	whole.Scope = scope.Claim{Kind: scope.KindWholeRepo, Paths: []string{}, Tables: []string{}}
 	gh := startForge(t)
 	_, c := injectProxy(t, gh, whole, &memAuditor{})

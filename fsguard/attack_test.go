@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fenceline/fenceline/internal/testutil"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Attacks of the second pass on issue 17: calls and paths the first
@@ -40,8 +40,8 @@ func TestFileSetattrConfined(t *testing.T) {
 	if inodeFlags(t, secret)&fsNodumpFl != 0 {
 		t.Errorf("%s outside the lease got FS_NODUMP_FL through file_setattr", secret)
 	}
-	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
-		return ev.Boundary == leasebus.BoundaryFile && ev.Reason == leasebus.ReasonOutsideLease && strings.Contains(ev.Message, secret)
+	if _, ok := findEvent(audit.all(), func(ev lease.AuditEvent) bool {
+		return ev.Boundary == lease.BoundaryFile && ev.Reason == lease.ReasonOutsideLease && strings.Contains(ev.Message, secret)
 	}); !ok {
 		t.Errorf("no outside-lease audit event naming %s among %+v", secret, audit.all())
 	}
@@ -128,8 +128,8 @@ echo done`
 	if strings.Contains(vout.String(), "owned") {
 		t.Errorf("the victim's stdin pipe got %q", vout.String())
 	}
-	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
-		return ev.Reason == leasebus.ReasonLeaseLost && strings.Contains(ev.Message, fifo)
+	if _, ok := findEvent(audit.all(), func(ev lease.AuditEvent) bool {
+		return ev.Reason == lease.ReasonLeaseLost && strings.Contains(ev.Message, fifo)
 	}); !ok {
 		t.Errorf("no lease-lost audit event naming %s among %+v", fifo, audit.all())
 	}
@@ -159,8 +159,8 @@ func TestSysVIPCConfined(t *testing.T) {
 	if r.out != "shmat=EACCES" || string(mem[:5]) != "clean" {
 		t.Errorf("attach of another process's segment: %q, segment %q; want EACCES and it untouched", r.out, mem[:5])
 	}
-	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
-		return ev.Reason == leasebus.ReasonNotAllowed && strings.Contains(ev.Message, "shmat on System V IPC object "+strconv.Itoa(id))
+	if _, ok := findEvent(audit.all(), func(ev lease.AuditEvent) bool {
+		return ev.Reason == lease.ReasonNotAllowed && strings.Contains(ev.Message, "shmat on System V IPC object "+strconv.Itoa(id))
 	}); !ok {
 		t.Errorf("no not-allowed audit event for the shmat among %+v", audit.all())
 	}
@@ -222,8 +222,8 @@ func TestKeyringsRefused(t *testing.T) {
 	if _, err := unix.KeyctlSearch(unix.KEY_SPEC_USER_KEYRING, "user", desc+"-planted", 0); err == nil {
 		t.Errorf("the agent planted a key in the user keyring")
 	}
-	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
-		return ev.Reason == leasebus.ReasonNotAllowed && strings.Contains(ev.Message, "keyring")
+	if _, ok := findEvent(audit.all(), func(ev lease.AuditEvent) bool {
+		return ev.Reason == lease.ReasonNotAllowed && strings.Contains(ev.Message, "keyring")
 	}); !ok {
 		t.Errorf("no not-allowed audit event for the keyring among %+v", audit.all())
 	}
@@ -319,8 +319,8 @@ func TestOpenNotStretchedPastLoss(t *testing.T) {
 	if b, _ := os.ReadFile(mine); string(b) != "data" {
 		t.Errorf("leased file = %q: written after the loss", b)
 	}
-	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
-		return ev.Reason == leasebus.ReasonNotAllowed && strings.Contains(ev.Message, "F_SETLEASE")
+	if _, ok := findEvent(audit.all(), func(ev lease.AuditEvent) bool {
+		return ev.Reason == lease.ReasonNotAllowed && strings.Contains(ev.Message, "F_SETLEASE")
 	}); !ok {
 		t.Errorf("no not-allowed audit event for F_SETLEASE among %+v", audit.all())
 	}

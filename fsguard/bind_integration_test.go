@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // TestBindRaceCannotTakeSidecarPort: a Unix socket bind in the agent's
@@ -53,7 +53,7 @@ func TestAgentCannotListenOnSidecarPorts(t *testing.T) {
 					t.Errorf("lost=%v: the agent listening on the sidecar's %s: %q, want bind: EACCES", lost, addr, r.out)
 				}
 			}
-			wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "bind to 127.0.0.1:"+ps, "sidecar")
+			wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, "bind to 127.0.0.1:"+ps, "sidecar")
 		}
 	}
 	p.AllowAnyConnect = true // UDP sockets allowed

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // freePort returns a loopback TCP port that was just listened on and is
@@ -48,7 +48,7 @@ func TestAgentListensOnEphemeralAndAllowedPorts(t *testing.T) {
 	if r := runAudited(t, p, &testGate{}, audit, w.root, helper, "listen", devAddr); r.out != "bind: EACCES" {
 		t.Errorf("a dev server on %s with no allowed port: %q, want bind: EACCES", devAddr, r.out)
 	}
-	wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "bind to "+devAddr, "--allow-bind")
+	wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, "bind to "+devAddr, "--allow-bind")
 	p.BindPorts = []uint16{dev}
 	if r := runAudited(t, p, &testGate{}, nil, w.root, helper, "listen", devAddr); r.out != fmt.Sprintf("ok:%d", dev) {
 		t.Errorf("a dev server on the allowed %s: %q, want ok:%d", devAddr, r.out, dev)
@@ -76,7 +76,7 @@ func TestAbstractUnixBindRefused(t *testing.T) {
 	if r := runAudited(t, p, &testGate{}, audit, w.root, helper, "bindabstract", name); r.out != "EACCES" {
 		t.Errorf("abstract bind @%s: %q, want EACCES", name, r.out)
 	}
-	wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "abstract Unix socket", name)
+	wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, "abstract Unix socket", name)
 	if r := runAudited(t, p, &testGate{}, nil, w.root, helper, "bindabstract", ""); r.out != "ok" {
 		t.Errorf("abstract autobind: %q, want ok", r.out)
 	}
@@ -100,13 +100,13 @@ func TestBindWithoutLandlockNet(t *testing.T) {
 	if r := runAudited(t, p, &testGate{}, audit, w.root, helper, "listen", "127.0.0.1:"+ps); r.out != "bind: EACCES" {
 		t.Errorf("ABI 3: the agent listening on the sidecar's port: %q, want bind: EACCES", r.out)
 	}
-	wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "bind to 127.0.0.1:"+ps, "sidecar")
+	wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, "bind to 127.0.0.1:"+ps, "sidecar")
 	r := runAudited(t, p, &testGate{}, audit, w.root, helper, "bindrace", filepath.Join(w.leased, "race.sock"), ps, "3000")
 	if !strings.HasPrefix(r.out, "reached=") || !strings.HasSuffix(r.out, " listened=0") {
 		t.Errorf("ABI 3: the raced bind: %q, want listened=0", r.out)
 	}
 	if r.out != "reached=0 listened=0" {
-		wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "listen on port "+ps, "sidecar")
+		wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, "listen on port "+ps, "sidecar")
 	}
 	t.Logf("ABI 3, raced bind: %s", r.out)
 }

@@ -15,8 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fenceline/fenceline/internal/testutil"
-
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // markerGate holds until marker exists: a guarded script loses its lease
@@ -25,7 +24,7 @@ type markerGate struct{ marker string }
 
 func (g markerGate) Fence() (uint64, error) {
 	if _, err := os.Lstat(g.marker); err == nil {
-		return 0, leasebus.ErrLeaseLost
+		return 0, lease.ErrLeaseLost
 	}
 	return 7, nil
 }
@@ -122,8 +121,8 @@ func TestMetadataConfined(t *testing.T) {
 	if got := metaOf(t, secret); !equalMeta(got, before) {
 		t.Errorf("outside file changed: %+v, was %+v", got, before)
 	}
-	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
-		return ev.Boundary == leasebus.BoundaryFile && ev.Reason == leasebus.ReasonOutsideLease &&
+	if _, ok := findEvent(audit.all(), func(ev lease.AuditEvent) bool {
+		return ev.Boundary == lease.BoundaryFile && ev.Reason == lease.ReasonOutsideLease &&
 			strings.Contains(ev.Message, "setxattr") && strings.Contains(ev.Message, secret) && ev.LeaseID == "lease_test1"
 	}); !ok {
 		t.Errorf("no outside-lease audit event for setxattr on %s among %d events", secret, len(audit.all()))
@@ -228,8 +227,8 @@ echo done`
 		return nil
 	})
 	for _, p := range []string{filepath.Join(w.leased, "new.txt"), mine} {
-		if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
-			return ev.Reason == leasebus.ReasonLeaseLost && strings.Contains(ev.Message, p)
+		if _, ok := findEvent(audit.all(), func(ev lease.AuditEvent) bool {
+			return ev.Reason == lease.ReasonLeaseLost && strings.Contains(ev.Message, p)
 		}); !ok {
 			t.Errorf("no lease-lost audit event naming %s among %+v", p, audit.all())
 		}

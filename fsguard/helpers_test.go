@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // testGate is a gate the test flips; the kernel guard under it is real.
@@ -20,7 +20,7 @@ type testGate struct{ lost atomic.Bool }
 
 func (g *testGate) Fence() (uint64, error) {
 	if g.lost.Load() {
-		return 0, leasebus.ErrLeaseLost
+		return 0, lease.ErrLeaseLost
 	}
 	return 7, nil
 }
@@ -28,20 +28,20 @@ func (g *testGate) Fence() (uint64, error) {
 // memAuditor keeps the events a Process records.
 type memAuditor struct {
 	mu     sync.Mutex
-	events []leasebus.AuditEvent
+	events []lease.AuditEvent
 }
 
-func (a *memAuditor) Record(_ context.Context, ev leasebus.AuditEvent) error {
+func (a *memAuditor) Record(_ context.Context, ev lease.AuditEvent) error {
 	a.mu.Lock()
 	a.events = append(a.events, ev)
 	a.mu.Unlock()
 	return nil
 }
 
-func (a *memAuditor) all() []leasebus.AuditEvent {
+func (a *memAuditor) all() []lease.AuditEvent {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return append([]leasebus.AuditEvent(nil), a.events...)
+	return append([]lease.AuditEvent(nil), a.events...)
 }
 
 // worktree is a directory with a leased part, an unleased part and a file
@@ -80,8 +80,8 @@ func newWorktree(t testing.TB) worktree {
 
 func (w worktree) policy() Policy {
 	return Policy{Root: w.root, Writable: []string{w.leased}, KillGrace: 2 * time.Second,
-		Lease: leasebus.Lease{LeaseID: "lease_test1", Repo: "github.com/acme/payments", Fence: 7,
-			Owner: leasebus.Owner{TaskID: "task-1", AgentID: "agent-1", AttemptID: "att-1"}, WorkspaceMode: leasebus.WorkspaceShared, WorkspaceID: "checkout"}}
+		Lease: lease.Lease{LeaseID: "lease_test1", Repo: "github.com/acme/payments", Fence: 7,
+			Owner: lease.Owner{TaskID: "task-1", AgentID: "agent-1", AttemptID: "att-1"}, WorkspaceMode: lease.WorkspaceShared, WorkspaceID: "checkout"}}
 }
 
 type result struct {

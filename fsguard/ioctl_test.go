@@ -12,9 +12,8 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/fenceline/fenceline/lease"
 	"golang.org/x/sys/unix"
-
-	"github.com/fenceline/fenceline/leasebus"
 )
 
 // openPty makes a pseudo-terminal: the master and the slave.
@@ -41,13 +40,13 @@ func openPty(t *testing.T) (master, slave *os.File) {
 }
 
 // findEvent returns the first audit event matching f.
-func findEvent(evs []leasebus.AuditEvent, f func(leasebus.AuditEvent) bool) (leasebus.AuditEvent, bool) {
+func findEvent(evs []lease.AuditEvent, f func(lease.AuditEvent) bool) (lease.AuditEvent, bool) {
 	for _, ev := range evs {
 		if f(ev) {
 			return ev, true
 		}
 	}
-	return leasebus.AuditEvent{}, false
+	return lease.AuditEvent{}, false
 }
 
 // TestTerminalInjectionRefused: TIOCSTI on the terminal the agent was
@@ -77,8 +76,8 @@ func TestTerminalInjectionRefused(t *testing.T) {
 	if n > 0 && bytes.Contains(buf[:n], []byte("INJECTED")) {
 		t.Errorf("the master saw the injected bytes: %q", buf[:n])
 	}
-	ev, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
-		return ev.Boundary == leasebus.BoundaryFile && ev.Reason == leasebus.ReasonNotAllowed &&
+	ev, ok := findEvent(audit.all(), func(ev lease.AuditEvent) bool {
+		return ev.Boundary == lease.BoundaryFile && ev.Reason == lease.ReasonNotAllowed &&
 			strings.Contains(ev.Message, "TIOCSTI") && strings.Contains(ev.Message, "terminal input injection")
 	})
 	if !ok {
@@ -129,8 +128,8 @@ func TestSetFlagsConfined(t *testing.T) {
 			t.Errorf("%s outside the lease got FS_NODUMP_FL", f)
 		}
 	}
-	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
-		return ev.Boundary == leasebus.BoundaryFile && ev.Reason == leasebus.ReasonOutsideLease && strings.Contains(ev.Message, secret)
+	if _, ok := findEvent(audit.all(), func(ev lease.AuditEvent) bool {
+		return ev.Boundary == lease.BoundaryFile && ev.Reason == lease.ReasonOutsideLease && strings.Contains(ev.Message, secret)
 	}); !ok {
 		t.Errorf("no outside-lease audit event naming %s among %+v", secret, audit.all())
 	}
@@ -148,8 +147,8 @@ func TestSetFlagsConfined(t *testing.T) {
 	if r.out != "setflags=EACCES" || inodeFlags(t, mine2)&fsNodumpFl != 0 {
 		t.Errorf("chattr of the leased %s after the loss: %q, want EACCES and no flag", mine2, r.out)
 	}
-	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
-		return ev.Reason == leasebus.ReasonLeaseLost && strings.Contains(ev.Message, mine2)
+	if _, ok := findEvent(audit.all(), func(ev lease.AuditEvent) bool {
+		return ev.Reason == lease.ReasonLeaseLost && strings.Contains(ev.Message, mine2)
 	}); !ok {
 		t.Errorf("no lease-lost audit event naming %s", mine2)
 	}

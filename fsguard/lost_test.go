@@ -17,6 +17,7 @@ import (
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -111,7 +112,7 @@ func TestLostGateStopsWrites(t *testing.T) {
 		t.Fatal("no audit events")
 	}
 	ev := evs[0]
-	if ev.Boundary != leasebus.BoundaryFile || ev.Type != leasebus.EventDenied || ev.LeaseID != "lease_test1" || ev.Fence != 7 ||
+	if ev.Boundary != lease.BoundaryFile || ev.Type != lease.EventDenied || ev.LeaseID != "lease_test1" || ev.Fence != 7 ||
 		!strings.Contains(ev.Message, w.leased) || ev.Reason != ReasonLeaseLost || !strings.Contains(ev.Message, "lease lost") {
 		t.Errorf("audit event %+v: want a file denial naming the lease, fence, path and reason", ev)
 	}
@@ -142,9 +143,9 @@ func TestHolderRevokedStopsWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	cred := leasebus.NewCredential()
-	holder, err := client.AcquireAndHold(ctx, leasebus.AcquireRequest{Repo: repo, Scope: claim, WorkspaceMode: leasebus.WorkspaceShared,
-		Owner: leasebus.Owner{TaskID: "task-1", AgentID: "agent-1", AttemptID: leasebus.NewAttemptID()},
-		TTL:   leasebus.Duration(30 * time.Second), RequestID: leasebus.NewRequestID()}, cred, leasebus.HoldOptions{})
+	holder, err := client.AcquireAndHold(ctx, leasebus.AcquireRequest{Repo: repo, Scope: claim, WorkspaceMode: lease.WorkspaceShared,
+		Owner: lease.Owner{TaskID: "task-1", AgentID: "agent-1", AttemptID: leasebus.NewAttemptID()},
+		TTL:   lease.Duration(30 * time.Second), RequestID: leasebus.NewRequestID()}, cred, leasebus.HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +171,7 @@ func TestHolderRevokedStopsWrites(t *testing.T) {
 			return err
 		}
 		for _, ev := range evs {
-			if ev.Boundary == leasebus.BoundaryFile && ev.Type == leasebus.EventDenied && ev.LeaseID == p.Lease.LeaseID &&
+			if ev.Boundary == lease.BoundaryFile && ev.Type == lease.EventDenied && ev.LeaseID == p.Lease.LeaseID &&
 				strings.Contains(ev.Message, w.leased) {
 				return nil
 			}
@@ -183,7 +184,7 @@ func TestHolderRevokedStopsWrites(t *testing.T) {
 // its context ends.
 type stuckAuditor struct{ calls atomic.Int64 }
 
-func (a *stuckAuditor) Record(ctx context.Context, _ leasebus.AuditEvent) error {
+func (a *stuckAuditor) Record(ctx context.Context, _ lease.AuditEvent) error {
 	a.calls.Add(1)
 	<-ctx.Done()
 	return ctx.Err()

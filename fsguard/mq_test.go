@@ -18,9 +18,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/fenceline/fenceline/lease"
 	"golang.org/x/sys/unix"
-
-	"github.com/fenceline/fenceline/leasebus"
 )
 
 // mqTestSeq makes the test's queue names unique within the process.
@@ -161,12 +160,12 @@ func TestPosixMQConfined(t *testing.T) {
 			v.untouched(t)
 			mqGone(t, fresh)
 			mqGone(t, fresh+"-2")
-			reason := leasebus.ReasonNotAllowed
+			reason := lease.ReasonNotAllowed
 			if tc.lost {
-				reason = leasebus.ReasonLeaseLost
+				reason = lease.ReasonLeaseLost
 			}
-			if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
-				return ev.Boundary == leasebus.BoundaryFile && ev.Reason == reason && ev.LeaseID == "lease_test1" &&
+			if _, ok := findEvent(audit.all(), func(ev lease.AuditEvent) bool {
+				return ev.Boundary == lease.BoundaryFile && ev.Reason == reason && ev.LeaseID == "lease_test1" &&
 					strings.Contains(ev.Message, "mq_unlink") && strings.Contains(ev.Message, v.name)
 			}); !ok {
 				t.Errorf("no %s audit event for the mq_unlink of %s among %+v", reason, v.name, audit.all())
@@ -313,8 +312,8 @@ func TestPosixMQBlockedSendStopsAtLoss(t *testing.T) {
 	pr.Wait()
 	outW.Close()
 	mqGone(t, name)
-	if _, ok := findEvent(audit.all(), func(ev leasebus.AuditEvent) bool {
-		return ev.Reason == leasebus.ReasonLeaseLost && strings.Contains(ev.Message, "mq_timedsend")
+	if _, ok := findEvent(audit.all(), func(ev lease.AuditEvent) bool {
+		return ev.Reason == lease.ReasonLeaseLost && strings.Contains(ev.Message, "mq_timedsend")
 	}); !ok {
 		t.Errorf("no lease-lost audit event for the send among %+v", audit.all())
 	}

@@ -21,7 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fenceline/fenceline/internal/testutil"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // wantDenial fails unless audit holds a denial on boundary with reason
@@ -30,7 +30,7 @@ func wantDenial(t *testing.T, audit *memAuditor, boundary, reason string, parts 
 	t.Helper()
 	evs := audit.all()
 	for _, ev := range evs {
-		if ev.Type != leasebus.EventDenied || ev.Boundary != boundary || ev.Reason != reason ||
+		if ev.Type != lease.EventDenied || ev.Boundary != boundary || ev.Reason != reason ||
 			ev.LeaseID != "lease_test1" || ev.Fence != 7 {
 			continue
 		}
@@ -127,10 +127,10 @@ func TestTCPFastOpenRefused(t *testing.T) {
 	if n := forbidden.reached(t); n != 0 {
 		t.Errorf("the forbidden listener accepted %d connections from the guarded agent", n)
 	}
-	wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "sendto with MSG_FASTOPEN")
-	wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "sendmsg with MSG_FASTOPEN")
-	wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "TCP_FASTOPEN_CONNECT")
-	wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "connect", forbidden.Addr().String())
+	wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, "sendto with MSG_FASTOPEN")
+	wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, "sendmsg with MSG_FASTOPEN")
+	wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, "TCP_FASTOPEN_CONNECT")
+	wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, "connect", forbidden.Addr().String())
 }
 
 // TestTCPConnectAllowedLoopback: a connect to a ConnectPorts port on the
@@ -156,7 +156,7 @@ func TestTCPConnectAllowedLoopback(t *testing.T) {
 	if r := runAudited(t, p, &testGate{}, audit, w.root, helper, "rawconnect", remote, "nonblock"); r.out != "EACCES" {
 		t.Errorf("connect to %s (allowed port, not loopback): %q, want EACCES", remote, r.out)
 	}
-	wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, remote, "--allow-host")
+	wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, remote, "--allow-host")
 }
 
 // TestTCPConnectAddressRace: another thread rewrites the sockaddr between
@@ -224,8 +224,8 @@ func TestUnixConnectLimited(t *testing.T) {
 	if n := allowed.reached(t); n != 3 {
 		t.Errorf("the listed socket accepted %d connections, want 3", n)
 	}
-	wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, forbiddenPath)
-	wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "abstract")
+	wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, forbiddenPath)
+	wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, "abstract")
 }
 
 // TestUnixConnectSymlinkRace: the test swaps a symlink between the listed
@@ -304,7 +304,7 @@ func TestDatagramSocketsRefused(t *testing.T) {
 	if n, _, err := pc.ReadFrom(buf); err != nil || string(buf[:n]) != "sentinel" {
 		t.Errorf("UDP listener received %q (%v), want only the test's sentinel", buf[:n], err)
 	}
-	wantDenial(t, audit, leasebus.BoundaryNet, leasebus.ReasonNotAllowed, "SOCK_DGRAM")
+	wantDenial(t, audit, lease.BoundaryNet, lease.ReasonNotAllowed, "SOCK_DGRAM")
 
 	for _, tc := range []struct {
 		name string
@@ -371,8 +371,8 @@ func TestBindAfterLoss(t *testing.T) {
 			t.Errorf("%s was created after the lease was lost", f)
 		}
 	}
-	wantDenial(t, audit, leasebus.BoundaryFile, leasebus.ReasonLeaseLost, filepath.Join(w.leased, "lost.sock"))
-	wantDenial(t, audit, leasebus.BoundaryFile, leasebus.ReasonLeaseLost, filepath.Join(w.leased, "rel.sock"))
+	wantDenial(t, audit, lease.BoundaryFile, lease.ReasonLeaseLost, filepath.Join(w.leased, "lost.sock"))
+	wantDenial(t, audit, lease.BoundaryFile, lease.ReasonLeaseLost, filepath.Join(w.leased, "rel.sock"))
 	if r := runAudited(t, p, gate, audit, w.root, helper, "bindtcp"); r.out != "ok" {
 		t.Errorf("TCP bind after the loss: %q, want ok", r.out)
 	}

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/testutil"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // objectFiles lists every file of the upstream's object store: a refused
@@ -33,7 +33,7 @@ func objectFiles(t *testing.T, bare string) []string {
 
 func TestBadInputIsRefusedAndNothingForwarded(t *testing.T) {
 	e := newEnv(t)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	srv := e.proxy(l, func(c *Config) { c.MaxPushBytes = 1 << 20 })
 	// A real pack to truncate: what git would send for one in-scope commit.
 	dir := e.clone(srv.URL)
@@ -122,7 +122,7 @@ func flipLast(b []byte) []byte {
 func TestClientVanishesMidPack(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	tmp := t.TempDir()
 	srv := e.proxy(l, func(c *Config) { c.TempDir = tmp })
 	dir := e.clone(srv.URL)

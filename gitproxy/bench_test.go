@@ -7,6 +7,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/gitserver"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -21,7 +22,7 @@ func BenchmarkPush(b *testing.B) {
 	}
 	b.Cleanup(func() { srv.Close() })
 	l := bus.Acquire(b, leasebus.AcquireRequest{Repo: testRepo, Scope: bustest.Claim(b, "*"),
-		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(300e9)}, leasebus.HoldOptions{})
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(300e9)}, leasebus.HoldOptions{})
 	work := filepath.Join(b.TempDir(), "work")
 	mustGit(b, "", "init", "--quiet", "--initial-branch=main", work)
 	files := make([]string, 0, 4000)

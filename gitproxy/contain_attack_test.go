@@ -14,7 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // atkUnpackAll makes every object of dir's repository loose.
@@ -101,7 +101,7 @@ var atkPackTypes = map[string]int{"commit": 1, "tree": 2, "blob": 3, "tag": 4}
 // proxy's own verdict is what is tested.)
 func TestRefDeltaAgainstForgedBlobTypeCannotHideACommit(t *testing.T) {
 	e := newEnv(t)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	checkout := e.clone(e.gs.srv.URL) // the agent's repository: the fence's ObjectDirs
 	srv := e.proxy(l, func(c *Config) { c.ObjectDirs = []string{filepath.Join(checkout, ".git")} })
 	base := e.upstreamRef("refs/heads/main")

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // TestForgedLooseObjectCannotChangeTheVerdict: a services/billing lease
@@ -18,7 +18,7 @@ import (
 func TestForgedLooseObjectCannotChangeTheVerdict(t *testing.T) {
 	e := newEnv(t)
 	e.installHook(false)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	checkout := e.clone(e.gs.srv.URL) // the agent's repository: the fence's ObjectDirs
 	px := e.proxy(l, func(c *Config) { c.ObjectDirs = []string{filepath.Join(checkout, ".git")} })
 	work := e.clone(px.URL) // the agent pushes from another clone, free of the forgery
@@ -44,7 +44,7 @@ func TestForgedLooseObjectCannotChangeTheVerdict(t *testing.T) {
 func TestHookChecksTouchedPathsAgainstTheClaim(t *testing.T) {
 	e := newEnv(t)
 	e.installHook(false)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := e.clone(e.gs.srv.URL)
 	e.commit(dir, "both", "services/billing/invoice.go", "billing\n", "libs/tax/rates.go", "tax\n")
 	before := e.upstreamRef("refs/heads/main")

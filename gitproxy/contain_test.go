@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/fenceline/fenceline/internal/gitsafe/gittrap"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // forgeRootTree is the attack of issue 22 (4) on the agent's repository
@@ -96,7 +96,7 @@ func TestHookRunsNoTrap(t *testing.T) {
 	os.MkdirAll(filepath.Join(e.bare, "info"), 0o755)
 	os.WriteFile(filepath.Join(e.bare, "info", "attributes"), []byte("* filter=trap diff=trap\n"), 0o644)
 
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := e.clone(e.gs.srv.URL)
 	e.commit(dir, "billing", "services/billing/invoice.go", "billing\n")
 	opts := signed(t, e.hookKey, testRepo, l.Record, e.updateOf(dir))

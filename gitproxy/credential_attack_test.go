@@ -19,7 +19,7 @@ import (
 
 	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/internal/gitserver"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // forgeToken is the credential the sidecar holds for the forge: the bot
@@ -118,7 +118,7 @@ func newForgeEnv(t *testing.T) *forgeEnv {
 	host := httptest.NewServer(f)
 	t.Cleanup(host.Close)
 
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	fence, err := New(Config{
 		Upstream:       host.URL + "/acme/payments.git",
 		Lease:          l,

@@ -13,7 +13,7 @@ import (
 
 	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/internal/gitserver"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // TestForwardProxyHTTPS: an agent with an https:// remote reaches the git
@@ -38,7 +38,7 @@ func TestForwardProxyHTTPS(t *testing.T) {
 	hostCA := filepath.Join(t.TempDir(), "host-ca.pem")
 	os.WriteFile(hostCA, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: host.Certificate().Raw}), 0o644)
 
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	fence, err := New(Config{
 		Upstream:       host.URL + "/payments.git",
 		Lease:          l,

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/fenceline/fenceline/internal/bustest"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // TestStolenRunnerKeysMintNothing is issue 28 item 2: the hook accepted
@@ -28,8 +28,8 @@ func TestStolenRunnerKeysMintNothing(t *testing.T) {
 
 	// The victim runner holds libs/tax; the attacker runner holds
 	// services/billing, with its grant key.
-	victim := e.lease([]string{"libs/tax"}, leasebus.WorkspaceExclusive)
-	mine := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	victim := e.lease([]string{"libs/tax"}, lease.WorkspaceExclusive)
+	mine := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	keys := mine.GrantKeys()
 	if keys == nil || len(keys.Git) == 0 {
 		t.Fatal("the lease service gave the acquirer no git grant key")
@@ -63,7 +63,7 @@ func TestStolenRunnerKeysMintNothing(t *testing.T) {
 
 	for _, tc := range []struct {
 		name  string
-		as    leasebus.Lease
+		as    lease.Lease
 		fence uint64
 	}{
 		{"fence 2^63-1 of a lease that does not exist, whole repo", ghost, ghost.Fence},
@@ -111,7 +111,7 @@ func TestStolenRunnerKeysMintNothing(t *testing.T) {
 
 // busView is what a holder's credentials read of lease id: its get
 // answer and its record in the repository's list.
-func (e *env) busView(id string) []*leasebus.Lease {
+func (e *env) busView(id string) []*lease.Lease {
 	e.t.Helper()
 	got, err := e.bus.Client.Get(ctxT(e.t), id)
 	if err != nil {
@@ -132,7 +132,7 @@ func TestProxyRefusesPushItCannotFence(t *testing.T) {
 	e := newEnv(t)
 	e.installHook(true) // a hook that lets unfenced pushes through: the worst case
 	mustGit(t, e.bare, "config", "receive.advertisePushOptions", "false")
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := e.clone(e.proxy(l).URL)
 	before := e.upstreamRef("refs/heads/main")
 	e.commit(dir, "x", "services/billing/x.go", "x\n")

@@ -15,6 +15,7 @@ import (
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -127,12 +128,12 @@ func serve(t testing.TB, h http.Handler) string {
 }
 
 // lease acquires and holds a lease on the test repository.
-func (e *env) lease(claim []string, mode leasebus.WorkspaceMode) *bustest.Lease {
+func (e *env) lease(claim []string, mode lease.WorkspaceMode) *bustest.Lease {
 	e.t.Helper()
 	c := bustest.Claim(e.t, claim...)
 	return e.bus.Acquire(e.t, leasebus.AcquireRequest{
 		Repo: testRepo, Scope: c, WorkspaceMode: mode, WorkspaceID: "ws-" + leasebus.NewRequestID(),
-		TTL: leasebus.Duration(30e9),
+		TTL: lease.Duration(30e9),
 	}, leasebus.HoldOptions{})
 }
 
@@ -191,15 +192,15 @@ func (e *env) upstreamRef(ref string) string {
 }
 
 // audit returns the git-boundary audit events recorded for the test repo.
-func (e *env) audit() []leasebus.AuditEvent {
+func (e *env) audit() []lease.AuditEvent {
 	e.t.Helper()
 	evs, err := leasebus.ReadAudit(ctxT(e.t), e.bus.Conn, testRepo, 0)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	var out []leasebus.AuditEvent
+	var out []lease.AuditEvent
 	for _, ev := range evs {
-		if ev.Boundary == leasebus.BoundaryGit {
+		if ev.Boundary == lease.BoundaryGit {
 			out = append(out, ev)
 		}
 	}

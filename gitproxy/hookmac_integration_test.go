@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/fenceline/fenceline/internal/bustest"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // TestHookRefusesBadMACs: a MAC under another key, for other ref updates
@@ -19,7 +19,7 @@ func TestHookRefusesBadMACs(t *testing.T) {
 	e := newEnv(t)
 	in := e.installHook(false)
 	server := e.gs.url("payments.git")
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive).Record
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive).Record
 	dir := e.clone(e.gs.srv.URL)
 	e.commit(dir, "one", "services/billing/a.go", "a\n")
 	up := e.updateOf(dir)
@@ -107,7 +107,7 @@ func TestHookAllowUnfenced(t *testing.T) {
 // pushes, and the hook refuses them saying what is missing.
 func TestSidecarWithoutGrantKey(t *testing.T) {
 	e := newEnv(t)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	e.installHook(false)
 	if l.GrantKeys() != nil {
 		t.Fatalf("a lease granted before the secret was registered has grant keys")
@@ -131,7 +131,7 @@ func TestSidecarWithoutGrantKey(t *testing.T) {
 func TestProxyRefusesAgentFenceOptions(t *testing.T) {
 	e := newEnv(t)
 	e.installHook(false)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := e.clone(e.proxy(l).URL)
 	before := e.upstreamRef("refs/heads/main")
 	e.commit(dir, "x", "services/billing/x.go", "x\n")

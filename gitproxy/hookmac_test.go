@@ -102,7 +102,7 @@ func (e *env) updateOf(dir string) RefUpdate {
 // signed is what a sidecar would send for l and updates had the lease
 // service granted l in repo under the storage secret secret (the service
 // derives the grant key; the sidecar signs with it).
-func signed(t *testing.T, secret []byte, repo string, l *leasebus.Lease, updates ...RefUpdate) []string {
+func signed(t *testing.T, secret []byte, repo string, l *lease.Lease, updates ...RefUpdate) []string {
 	t.Helper()
 	signedFor := *l
 	signedFor.Repo = repo
@@ -115,7 +115,7 @@ func signed(t *testing.T, secret []byte, repo string, l *leasebus.Lease, updates
 
 // signedWith is what a sidecar holding grantKey would send for l at fence
 // and updates.
-func signedWith(t *testing.T, grantKey []byte, l *leasebus.Lease, fence uint64, updates ...RefUpdate) []string {
+func signedWith(t *testing.T, grantKey []byte, l *lease.Lease, fence uint64, updates ...RefUpdate) []string {
 	t.Helper()
 	opts, err := FenceOptions(grantKey, *l, fence, updates)
 	if err != nil {
@@ -167,7 +167,7 @@ func TestHookRefusesForgedFence(t *testing.T) {
 
 	// A genuine lease, with whatever low fence the bus gives it, pushes
 	// through its sidecar: the push lands and its fence is recorded.
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	work := e.clone(e.proxy(l).URL)
 	head := e.commit(work, "genuine", "services/billing/invoice.go", "genuine\n")
 	mustPush(t, work, "origin", "main")

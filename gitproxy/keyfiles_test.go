@@ -13,6 +13,7 @@ import (
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -189,9 +190,9 @@ func TestRecordRefusal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []leasebus.AuditEvent
+	var got []lease.AuditEvent
 	for _, ev := range evs {
-		if ev.Boundary == leasebus.BoundaryGit {
+		if ev.Boundary == lease.BoundaryGit {
 			got = append(got, ev)
 		}
 	}
@@ -199,12 +200,12 @@ func TestRecordRefusal(t *testing.T) {
 		t.Fatalf("git audit events %+v, want the one refusal", got)
 	}
 	ev := got[0]
-	if ev.Type != leasebus.EventDenied || ev.Repo != testRepo || ev.LeaseID != "lease_forged" || ev.Fence != 999999 ||
+	if ev.Type != lease.EventDenied || ev.Repo != testRepo || ev.LeaseID != "lease_forged" || ev.Fence != 999999 ||
 		ev.Owner.AgentID != "mallory" || ev.Reason != HookUnsigned || ev.Message != "pre-receive hook: "+he.Msg || ev.Time.IsZero() {
 		t.Fatalf("audit event %+v", ev)
 	}
 	// The repo is the audit's key: a refusal without one is not recorded.
-	if err := RecordRefusal(ctxT(t), bus.Auditor, "", he); !errors.Is(err, leasebus.ErrInvalid) {
+	if err := RecordRefusal(ctxT(t), bus.Auditor, "", he); !errors.Is(err, lease.ErrInvalid) {
 		t.Fatalf("a refusal without a repo: %v", err)
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/policy"
 )
 
@@ -22,7 +22,7 @@ func TestHookRefusesWhatThePolicyForbids(t *testing.T) {
 	head := e.commit(dir, "workflow", ".github/workflows/ci.yml", "on: push\n")
 	mustGit(t, dir, "push", "--quiet", "origin", "HEAD:refs/heads/staging") // the objects, onto the server (no hook installed)
 	upd := RefUpdate{Old: e.upstreamRef("refs/heads/main"), New: head, Ref: "refs/heads/main"}
-	l := e.lease(nil, leasebus.WorkspaceExclusive)
+	l := e.lease(nil, lease.WorkspaceExclusive)
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	opts := signed(t, secret, testRepo, l.Record, upd)
 	t.Setenv("GIT_DIR", e.bare)

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // pushOut runs git push and returns its output and whether it succeeded.
@@ -16,7 +16,7 @@ func pushOut(t *testing.T, dir string, args ...string) (string, bool) {
 
 func TestInScopePushLands(t *testing.T) {
 	e := newEnv(t)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	srv := e.proxy(l)
 	dir := e.clone(srv.URL)
 	head := e.commit(dir, "bill", "services/billing/invoice.go", "package billing // v2\n", "services/billing/new.go", "package billing\n")
@@ -36,7 +36,7 @@ func TestRefusals(t *testing.T) {
 	cases := []struct {
 		name    string
 		claim   []string
-		mode    leasebus.WorkspaceMode
+		mode    lease.WorkspaceMode
 		commits [][]string
 		want    string // in git push's output
 		reason  string
@@ -75,7 +75,7 @@ func TestRefusals(t *testing.T) {
 		{
 			name:    "shared workspace may not push",
 			claim:   []string{"services/billing"},
-			mode:    leasebus.WorkspaceShared,
+			mode:    lease.WorkspaceShared,
 			commits: [][]string{{"services/billing/invoice.go", "x\n"}},
 			want:    "works in a shared workspace and may not push",
 			reason:  ReasonSharedWorkspace,
@@ -86,7 +86,7 @@ func TestRefusals(t *testing.T) {
 			e := newEnv(t)
 			mode := tc.mode
 			if mode == "" {
-				mode = leasebus.WorkspaceExclusive
+				mode = lease.WorkspaceExclusive
 			}
 			l := e.lease(tc.claim, mode)
 			srv := e.proxy(l)
@@ -110,7 +110,7 @@ func TestRefusals(t *testing.T) {
 				t.Fatalf("want 1 audit event, got %+v", evs)
 			}
 			ev := evs[0]
-			if ev.Type != leasebus.EventDenied || ev.Reason != tc.reason || ev.LeaseID != l.Record.LeaseID ||
+			if ev.Type != lease.EventDenied || ev.Reason != tc.reason || ev.LeaseID != l.Record.LeaseID ||
 				ev.Fence != l.Record.Fence || ev.Owner != l.Record.Owner || !strings.Contains(ev.Message, "refs/heads/main") {
 				t.Fatalf("audit event = %+v, want denied/%s for lease %s fence %d", ev, tc.reason, l.Record.LeaseID, l.Record.Fence)
 			}

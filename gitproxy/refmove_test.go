@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // uploadOther puts a branch "other" on the upstream, straight to the git
@@ -29,7 +29,7 @@ func TestRefMovedOntoUploadedCommit(t *testing.T) {
 	t.Run("outside the claim", func(t *testing.T) {
 		e := newEnv(t)
 		x := e.uploadOther()
-		l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+		l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 		dir := e.clone(e.proxy(l).URL)
 		mustGit(t, dir, "fetch", "--quiet", "origin")
 		main := e.upstreamRef("refs/heads/main")
@@ -56,8 +56,8 @@ func TestRefMovedOntoUploadedCommit(t *testing.T) {
 	t.Run("inside another lease", func(t *testing.T) {
 		e := newEnv(t)
 		x := e.uploadOther()
-		other := e.lease([]string{"libs/tax"}, leasebus.WorkspaceShared)
-		l := e.lease(nil, leasebus.WorkspaceExclusive) // claims nothing: yields to declared claims
+		other := e.lease([]string{"libs/tax"}, lease.WorkspaceShared)
+		l := e.lease(nil, lease.WorkspaceExclusive) // claims nothing: yields to declared claims
 		dir := e.clone(e.proxy(l).URL)
 		mustGit(t, dir, "fetch", "--quiet", "origin")
 
@@ -79,7 +79,7 @@ func TestRefMovedOntoUploadedCommit(t *testing.T) {
 	t.Run("inside the claim", func(t *testing.T) {
 		e := newEnv(t)
 		x := e.uploadOther()
-		l := e.lease([]string{"libs/tax"}, leasebus.WorkspaceExclusive)
+		l := e.lease([]string{"libs/tax"}, lease.WorkspaceExclusive)
 		dir := e.clone(e.proxy(l).URL)
 		mustGit(t, dir, "fetch", "--quiet", "origin")
 		mustPush(t, dir, "origin", "origin/other:refs/heads/main", "origin/other:refs/heads/copy")
@@ -99,7 +99,7 @@ func TestHookJudgesMovedRefs(t *testing.T) {
 	e := newEnv(t)
 	x := e.uploadOther()
 	e.installHook(false)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := e.clone(e.gs.srv.URL)
 	mustGit(t, dir, "fetch", "--quiet", "origin")
 	main := e.upstreamRef("refs/heads/main")
@@ -131,8 +131,8 @@ func TestRewriteOverUnseenHistory(t *testing.T) {
 	for _, mirror := range []bool{true, false} {
 		t.Run(map[bool]string{true: "mirror", false: "no mirror"}[mirror], func(t *testing.T) {
 			e := newEnv(t)
-			other := e.lease([]string{"libs/tax"}, leasebus.WorkspaceShared)
-			l := e.lease(nil, leasebus.WorkspaceExclusive) // may force-push, yields to claims
+			other := e.lease([]string{"libs/tax"}, lease.WorkspaceShared)
+			l := e.lease(nil, lease.WorkspaceExclusive) // may force-push, yields to claims
 			dir := e.clone(e.gs.srv.URL)
 			srv := e.proxy(l, func(c *Config) {
 				c.ObjectDirs = []string{dir + "/.git"}

@@ -15,7 +15,7 @@ import (
 
 func TestBranchCreateAndTags(t *testing.T) {
 	e := newEnv(t)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := e.clone(e.proxy(l).URL)
 
 	// A new branch at a commit the upstream has: nothing new, nothing touched.
@@ -47,8 +47,8 @@ func TestBranchCreateAndTags(t *testing.T) {
 
 func TestExclusiveWithoutClaimYieldsToDeclaredClaims(t *testing.T) {
 	e := newEnv(t)
-	other := e.lease([]string{"libs/tax"}, leasebus.WorkspaceShared)
-	l := e.lease(nil, leasebus.WorkspaceExclusive) // claims nothing repo-wide
+	other := e.lease([]string{"libs/tax"}, lease.WorkspaceShared)
+	l := e.lease(nil, lease.WorkspaceExclusive) // claims nothing repo-wide
 	dir := e.clone(e.proxy(l).URL)
 
 	e.commit(dir, "readme", "README.md", "mine\n")
@@ -82,7 +82,7 @@ func TestThinAndLargePushes(t *testing.T) {
 
 func TestDeleteAndForcePushPolicy(t *testing.T) {
 	e := newEnv(t)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := e.clone(e.proxy(l).URL)
 	mustPush(t, dir, "origin", "main:refs/heads/topic")
 
@@ -120,7 +120,7 @@ func TestPushOptionsAndFenceReachUpstream(t *testing.T) {
 	if err := leasebus.WriteFenceSecret(e.bus.FenceSecrets, testRepo, lease.StorageGit, e.hookKey); err != nil {
 		t.Fatal(err)
 	}
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := e.clone(e.proxy(l).URL)
 	e.commit(dir, "x", "services/billing/x.go", "x\n")
 	mustPush(t, dir, "-o", "ci.skip", "-o", "reviewer=alice", "origin", "main")
@@ -154,7 +154,7 @@ func TestFastForwardToAnUpstreamCommit(t *testing.T) {
 	seed := e.clone(e.gs.srv.URL)
 	e.commit(seed, "topic", "services/billing/topic.go", "t\n")
 	mustGit(t, seed, "push", "--quiet", "origin", "HEAD:refs/heads/topic")
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := e.clone(e.proxy(l).URL) // a fresh proxy: empty mirror, no local objects
 	mustPush(t, dir, "origin", "origin/topic:refs/heads/main")
 	if e.upstreamRef("refs/heads/main") != e.upstreamRef("refs/heads/topic") {

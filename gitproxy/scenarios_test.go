@@ -11,6 +11,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -37,7 +38,7 @@ func mustRefuse(t *testing.T, dir, want string, args ...string) string {
 
 func TestAtomicAndMultiRefPushGoAsAWhole(t *testing.T) {
 	e := newEnv(t)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := e.clone(e.proxy(l).URL)
 	good := e.commit(dir, "good", "services/billing/a.go", "a\n")
 	mustGit(t, dir, "branch", "good")
@@ -72,7 +73,7 @@ func writeHook(t *testing.T, bare, name, script string) {
 
 func testThinAndLarge(t *testing.T, local bool) {
 	e := newEnv(t)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := filepath.Join(t.TempDir(), "work")
 	srv := e.proxy(l, func(c *Config) {
 		if local {
@@ -112,7 +113,7 @@ func testThinAndLarge(t *testing.T, local bool) {
 
 func TestPushAfterReleaseRevokeAndWithoutLease(t *testing.T) {
 	e := newEnv(t)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	srv := e.proxy(l)
 	dir := e.clone(srv.URL)
 	e.commit(dir, "x", "services/billing/x.go", "x\n")
@@ -121,7 +122,7 @@ func TestPushAfterReleaseRevokeAndWithoutLease(t *testing.T) {
 	}
 	mustRefuse(t, dir, "is not held", "origin", "main")
 
-	l2 := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l2 := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir2 := e.clone(e.proxy(l2).URL)
 	e.commit(dir2, "x", "services/billing/x.go", "x\n")
 	if _, err := e.bus.Operator.Revoke(ctxT(t), l2.Record.LeaseID, "operator says stop"); err != nil {
@@ -154,8 +155,8 @@ func TestZombiePush(t *testing.T) {
 	claim := bustest.Claim(t, "services/billing")
 	cred := leasebus.NewCredential()
 	zombie, err := e.bus.Client.Acquire(ctxT(t), leasebus.AcquireRequest{
-		Repo: testRepo, Scope: claim, WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Second),
-		Owner: leasebus.Owner{TaskID: "t", AgentID: "zombie", AttemptID: leasebus.NewAttemptID()},
+		Repo: testRepo, Scope: claim, WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Second),
+		Owner: lease.Owner{TaskID: "t", AgentID: "zombie", AttemptID: leasebus.NewAttemptID()},
 	}, cred)
 	if err != nil {
 		t.Fatal(err)
@@ -166,11 +167,11 @@ func TestZombiePush(t *testing.T) {
 	e.commit(zdir, "zombie", "services/billing/invoice.go", "zombie\n")
 
 	// The lease expires; another agent takes the same claim and pushes.
-	var next *leasebus.Lease
+	var next *lease.Lease
 	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		next, err = e.bus.Client.Acquire(ctxT(t), leasebus.AcquireRequest{
-			Repo: testRepo, Scope: claim, WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second),
-			Owner: leasebus.Owner{TaskID: "t", AgentID: "successor", AttemptID: leasebus.NewAttemptID()},
+			Repo: testRepo, Scope: claim, WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second),
+			Owner: lease.Owner{TaskID: "t", AgentID: "successor", AttemptID: leasebus.NewAttemptID()},
 		}, leasebus.NewCredential())
 		return err
 	})
@@ -213,7 +214,7 @@ func buildFenceline(t *testing.T) string {
 func TestPushOnlyToTheLeasedRepository(t *testing.T) {
 	e := newEnv(t)
 	other := e.gs.newRepo(t, "infra.git")
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	srv := e.proxy(l)
 	dir := e.clone(srv.URL)
 	e.commit(dir, "x", "services/billing/x.go", "x\n")

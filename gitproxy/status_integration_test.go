@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // TestDeleteOfMissingRefAsDirect is issue 19's third finding: deleting a
@@ -24,7 +24,7 @@ func TestDeleteOfMissingRefAsDirect(t *testing.T) {
 
 	e.installHook(false)
 	// A path lease may not delete refs (policy), but this deletes none.
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := e.clone(e.proxy(l).URL)
 	out = mustPush(t, dir, "origin", ":refs/heads/nope")
 	if !strings.Contains(out, "deleting a non-existent ref") {
@@ -41,7 +41,7 @@ func TestDeleteOfMissingRefAsDirect(t *testing.T) {
 func TestBlindDeleteOfExistingRef(t *testing.T) {
 	e := newEnv(t)
 	e.installHook(false)
-	l := e.lease(nil, leasebus.WorkspaceExclusive) // may delete refs
+	l := e.lease(nil, lease.WorkspaceExclusive) // may delete refs
 	srv := e.proxy(l)
 	main := e.upstreamRef("refs/heads/main")
 
@@ -76,7 +76,7 @@ func TestBlindDeleteOfExistingRef(t *testing.T) {
 func TestSignedPushes(t *testing.T) {
 	e := newEnv(t)
 	mustGit(t, e.bare, "config", "receive.certNonceSeed", "seed")
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	srv := e.proxy(l)
 
 	adv := func(base string) string {

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // post sends a hand-made receive-pack request through the proxy at base
@@ -28,7 +28,7 @@ func post(t *testing.T, base string, body []byte) (int, string) {
 // head was read go back in report-status, like its refusals.
 func TestErrorsReachGitInReport(t *testing.T) {
 	e := newEnv(t)
-	l := e.lease([]string{"services/billing"}, leasebus.WorkspaceExclusive)
+	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := e.clone(e.gs.srv.URL)
 	srv := e.proxy(l, func(c *Config) { c.ObjectDirs = []string{filepath.Join(dir, ".git")} })
 	base := e.upstreamRef("refs/heads/main")

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 )
 
@@ -173,9 +174,9 @@ func (a *actor) submit(c *call) {
 
 func (a *actor) enqueue(c *call) {
 	if a.dead {
-		why := error(fmt.Errorf("%w: lease service stopping", ErrUnavailable))
+		why := error(fmt.Errorf("%w: lease service stopping", lease.ErrUnavailable))
 		if a.deadErr != nil {
-			why = fmt.Errorf("%w: %v", ErrUnavailable, a.deadErr)
+			why = fmt.Errorf("%w: %v", lease.ErrUnavailable, a.deadErr)
 		}
 		c.respond(reply{Error: toWire(why)})
 		return
@@ -183,7 +184,7 @@ func (a *actor) enqueue(c *call) {
 	select {
 	case a.calls <- c:
 	default:
-		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service overloaded for this repo; retry", ErrUnavailable))})
+		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service overloaded for this repo; retry", lease.ErrUnavailable))})
 	}
 }
 
@@ -196,7 +197,7 @@ func (a *actor) ask(ctx context.Context, c *call) reply {
 	case r := <-c.reply:
 		return r
 	case <-ctx.Done():
-		return reply{Error: toWire(fmt.Errorf("%w: service stopping", ErrUnavailable))}
+		return reply{Error: toWire(fmt.Errorf("%w: service stopping", lease.ErrUnavailable))}
 	}
 }
 
@@ -218,7 +219,7 @@ func (a *actor) reload(ctx context.Context) error {
 // hands each to the audit chain (see reload), without touching the
 // service's lease index.
 func (a *actor) readLog(ctx context.Context) error {
-	err := a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, func(seq uint64, evs []AuditEvent) {
+	err := a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, func(seq uint64, evs []lease.AuditEvent) {
 		a.svc.audit.record(a.key, seq, evs)
 	})
 	if err != nil {
@@ -361,7 +362,7 @@ func minTime(a, b time.Time) time.Time {
 }
 
 func (a *actor) shutdown() {
-	err := toWire(fmt.Errorf("%w: lease service stopping", ErrUnavailable))
+	err := toWire(fmt.Errorf("%w: lease service stopping", lease.ErrUnavailable))
 	for _, w := range a.waiters {
 		w.c.respond(reply{Error: err})
 	}
@@ -380,7 +381,7 @@ func (a *actor) shutdown() {
 type outcome struct {
 	c      *call
 	lease  *entry
-	leases []*Lease
+	leases []*lease.Lease
 	err    error
 	park   *waiter // queue it
 }
@@ -402,7 +403,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 			began := a.svc.cfg.Now()
 			if err := a.reload(ctx); err != nil {
 				a.svc.log.Warn("reload lease log", "repo", a.state.repo, "err", err)
-				a.failAll(batch, fmt.Errorf("%w: reading the lease log: %v", ErrUnavailable, err))
+				a.failAll(batch, fmt.Errorf("%w: reading the lease log: %v", lease.ErrUnavailable, err))
 				return
 			}
 			a.confirmed.Store(&began)
@@ -444,7 +445,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 				}
 				err = a.svc.diagnoseSoon(ctx, err)
 				a.svc.log.Warn("append lease log", "repo", a.state.repo, "err", err)
-				a.failAll(batch, fmt.Errorf("%w: writing the lease log: %w", ErrUnavailable, err))
+				a.failAll(batch, fmt.Errorf("%w: writing the lease log: %w", lease.ErrUnavailable, err))
 				return
 			}
 			a.svc.announceAppend(a.key, seq)
@@ -464,7 +465,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 func refusesOnState(lists ...[]outcome) bool {
 	for _, outs := range lists {
 		for _, o := range outs {
-			if o.err != nil && (errors.Is(o.err, ErrConflict) || IsFenced(o.err)) {
+			if o.err != nil && (errors.Is(o.err, lease.ErrConflict) || lease.IsFenced(o.err)) {
 				return true
 			}
 		}
@@ -484,7 +485,7 @@ func (a *actor) failAll(batch []*call, err error) {
 	kept := a.waiters[:0]
 	for _, w := range a.waiters {
 		if !now.Before(w.deadline) && !w.cancelled {
-			w.c.respond(reply{Error: toWire(fmt.Errorf("%w: wait ended while the lease log could not be written: %v", ErrUnavailable, err))})
+			w.c.respond(reply{Error: toWire(fmt.Errorf("%w: wait ended while the lease log could not be written: %v", lease.ErrUnavailable, err))})
 			continue
 		}
 		kept = append(kept, w)
@@ -611,10 +612,10 @@ func (a *actor) apply(t *txn, c *call, queue []*waiter) outcome {
 		o.err = a.cancel(t, r, queue)
 	case *getRequest:
 		if o.lease = t.lookup(r.LeaseID); o.lease == nil {
-			o.err = fmt.Errorf("%s: %w", r.LeaseID, ErrNotFound)
+			o.err = fmt.Errorf("%s: %w", r.LeaseID, lease.ErrNotFound)
 		}
 	case *listRequest:
-		o.leases = []*Lease{}
+		o.leases = []*lease.Lease{}
 		add := func(e *entry) {
 			if r.holder != "" && e.Holder != r.holder {
 				return
@@ -635,21 +636,21 @@ func (a *actor) apply(t *txn, c *call, queue []*waiter) outcome {
 				}
 			}
 		}
-		slices.SortFunc(o.leases, func(x, y *Lease) int { return strings.Compare(x.LeaseID, y.LeaseID) })
+		slices.SortFunc(o.leases, func(x, y *lease.Lease) int { return strings.Compare(x.LeaseID, y.LeaseID) })
 	case *syncRequest:
 		// nothing: the reload before the batch was the point
 	case *reapRequest:
 		t.reap(a.svc.silentSession)
 	case *sweepRequest:
-		o.leases = []*Lease{}
+		o.leases = []*lease.Lease{}
 		for _, id := range t.order {
-			if e := t.changed[id]; e.Status == StatusReclaimed {
+			if e := t.changed[id]; e.Status == lease.StatusReclaimed {
 				l := e.Lease
 				o.leases = append(o.leases, &l)
 			}
 		}
 	default:
-		o.err = fmt.Errorf("%w: unknown request %T", ErrInvalid, c.req)
+		o.err = fmt.Errorf("%w: unknown request %T", lease.ErrInvalid, c.req)
 	}
 	return o
 }
@@ -672,7 +673,7 @@ func (a *actor) acquire(t *txn, c *call, r *AcquireRequest, queue []*waiter) out
 		o.park = &waiter{c: c, req: r, claim: claim, deadline: c.at.Add(time.Duration(r.Wait))}
 		return o
 	}
-	ce := &ConflictError{Repo: t.base.repo, Conflicts: conflicts}
+	ce := &lease.ConflictError{Repo: t.base.repo, Conflicts: conflicts}
 	t.refusal(r.Owner, r.Scope, "conflict", fmt.Sprintf("refused acquire of %s by %s: %s", r.Scope, r.Owner, ce.Error()))
 	o.err = ce
 	return o
@@ -695,7 +696,7 @@ func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*w
 		case len(conflicts) == 0:
 			served = append(served, outcome{c: w.c, lease: t.grant(w.req, placed)})
 		case !t.now.Before(w.deadline):
-			ce := &ConflictError{Repo: t.base.repo, Conflicts: conflicts, Waited: true}
+			ce := &lease.ConflictError{Repo: t.base.repo, Conflicts: conflicts, Waited: true}
 			t.refusal(w.req.Owner, w.claim.scope, "wait-expired", fmt.Sprintf("refused acquire of %s by %s after waiting %s: %s", w.claim.scope, w.req.Owner, time.Duration(w.req.Wait), ce.Error()))
 			served = append(served, outcome{c: w.c, err: ce})
 		default:
@@ -710,7 +711,7 @@ func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*w
 // requests over common candidates, first come is first placed; a request
 // for one workspace never waits for a pool request's placement (it would
 // only guess which candidate the pool request will get).
-func queuedConflict(claim claimRequest, queue []*waiter) []Conflict {
+func queuedConflict(claim claimRequest, queue []*waiter) []lease.Conflict {
 	for _, w := range queue {
 		if w.cancelled {
 			continue
@@ -725,7 +726,7 @@ func queuedConflict(claim claimRequest, queue []*waiter) []Conflict {
 			why = "it waits for the same workspaces " + strings.Join(w.claim.pool, ", ")
 		}
 		if why != "" {
-			return []Conflict{{RequestID: w.req.RequestID, Owner: w.req.Owner, Scope: w.claim.scope,
+			return []lease.Conflict{{RequestID: w.req.RequestID, Owner: w.req.Owner, Scope: w.claim.scope,
 				WorkspaceID: w.claim.workspaceID, Why: "queued earlier: " + why}}
 		}
 	}
@@ -738,7 +739,7 @@ func (a *actor) cancel(t *txn, r *cancelRequest, queue []*waiter) error {
 	for _, w := range queue { // queued before, or earlier in this batch
 		if w.req.RequestID == r.RequestID && r.Credential.matches(w.req.CredentialHash) && w.req.by == r.by && !w.cancelled {
 			w.cancelled = true // serve drops it
-			w.c.respond(reply{Error: toWire(fmt.Errorf("%w: acquire cancelled by its client", ErrInvalid))})
+			w.c.respond(reply{Error: toWire(fmt.Errorf("%w: acquire cancelled by its client", lease.ErrInvalid))})
 			return nil
 		}
 	}

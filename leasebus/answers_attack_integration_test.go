@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // One holder identity shared by two runners: the attacker hears the
@@ -42,7 +43,7 @@ func TestHolderIgnoresAnswersItDidNotAskFor(t *testing.T) {
 		for i, subj := range spy.next(8) {
 			cred := NewCredential()
 			inject(t, attacker, "acquire", AcquireRequest{Repo: fmt.Sprintf("github.com/evil/r%d", i), Scope: whole, Owner: owner(9),
-				TTL: Duration(MaxTTL), RequestID: NewRequestID(), CredentialHash: cred.hash()}, []string{subj})
+				TTL: lease.Duration(MaxTTL), RequestID: NewRequestID(), CredentialHash: cred.hash()}, []string{subj})
 		}
 		stays(t, h, l, 2*time.Second)
 	})

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 )
 
@@ -104,7 +105,7 @@ func victimHolder(t *testing.T, b *bus, interval time.Duration) (*Holder, *mailb
 	attacker := connectAs(t, url, RoleHolder)
 	victimNC := connectAs(t, url, RoleHolder)
 	spy := spyOnInbox(t, attacker, IdentityOf(victimNC))
-	h, err := NewClient(victimNC).AcquireAndHold(ctxT(t), AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: Duration(10 * time.Second)},
+	h, err := NewClient(victimNC).AcquireAndHold(ctxT(t), AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: lease.Duration(10 * time.Second)},
 		NewCredential(), HoldOptions{Interval: interval})
 	if err != nil {
 		t.Fatal(err)
@@ -121,7 +122,7 @@ func victimHolder(t *testing.T, b *bus, interval time.Duration) (*Holder, *mailb
 
 // stays fails the test if the victim's holder, for d, is ever not Held or
 // changes what it holds.
-func stays(t *testing.T, h *Holder, want Lease, d time.Duration) {
+func stays(t *testing.T, h *Holder, want lease.Lease, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
@@ -140,25 +141,25 @@ func stays(t *testing.T, h *Holder, want Lease, d time.Duration) {
 
 // notOurs refuses every answer a renewal cannot get from the service.
 func TestNotOurs(t *testing.T) {
-	held := Lease{LeaseID: "lease_a", Repo: repo, Scope: claim(t, "a"), WorkspaceID: "w", WorkspaceMode: WorkspaceShared,
-		Owner: owner(1), Status: StatusActive, Version: 4, Fence: 7, TTL: Duration(time.Minute)}
+	held := lease.Lease{LeaseID: "lease_a", Repo: repo, Scope: claim(t, "a"), WorkspaceID: "w", WorkspaceMode: lease.WorkspaceShared,
+		Owner: owner(1), Status: lease.StatusActive, Version: 4, Fence: 7, TTL: lease.Duration(time.Minute)}
 	sent := RenewRequest{LeaseID: held.LeaseID, Version: 4}
 	ok := held
 	ok.Version = 5
 	if why := notOurs(held, sent, &ok); why != "" {
 		t.Fatalf("the service's own answer refused: %s", why)
 	}
-	for name, change := range map[string]func(*Lease){
-		"lease":     func(l *Lease) { l.LeaseID = "lease_b" },
-		"repo":      func(l *Lease) { l.Repo = "github.com/evil/r" },
-		"fence":     func(l *Lease) { l.Fence = 999999 },
-		"owner":     func(l *Lease) { l.Owner = owner(2) },
-		"claim":     func(l *Lease) { l.Scope = claim(t, "a", "b") },
-		"workspace": func(l *Lease) { l.WorkspaceMode = WorkspaceExclusive },
-		"ttl":       func(l *Lease) { l.TTL = Duration(MaxTTL) },
-		"same":      func(l *Lease) { l.Version = 4 },
-		"far":       func(l *Lease) { l.Version = 1 << 40 },
-		"ended":     func(l *Lease) { l.Status = StatusRevoked },
+	for name, change := range map[string]func(*lease.Lease){
+		"lease":     func(l *lease.Lease) { l.LeaseID = "lease_b" },
+		"repo":      func(l *lease.Lease) { l.Repo = "github.com/evil/r" },
+		"fence":     func(l *lease.Lease) { l.Fence = 999999 },
+		"owner":     func(l *lease.Lease) { l.Owner = owner(2) },
+		"claim":     func(l *lease.Lease) { l.Scope = claim(t, "a", "b") },
+		"workspace": func(l *lease.Lease) { l.WorkspaceMode = lease.WorkspaceExclusive },
+		"ttl":       func(l *lease.Lease) { l.TTL = lease.Duration(MaxTTL) },
+		"same":      func(l *lease.Lease) { l.Version = 4 },
+		"far":       func(l *lease.Lease) { l.Version = 1 << 40 },
+		"ended":     func(l *lease.Lease) { l.Status = lease.StatusRevoked },
 	} {
 		got := ok
 		got.Scope = claim(t, "a")
@@ -176,7 +177,7 @@ func TestListOfUnknownReposStartsNothing(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
-	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
 		t.Fatal(err)
 	}
 	before := len(b.svc.allActors())
@@ -208,7 +209,7 @@ func TestRenewalCarriesNoCredential(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()
-	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,11 +240,11 @@ func TestRenewalCarriesNoCredential(t *testing.T) {
 	// Replayed for the next version: refused as not the owner's.
 	r.Version = renewed.Version
 	attacker := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder))
-	if _, err := attacker.leaseOp(ctx, "renew", &r); !errors.Is(err, ErrNotOwner) {
+	if _, err := attacker.leaseOp(ctx, "renew", &r); !errors.Is(err, lease.ErrNotOwner) {
 		t.Fatalf("a captured proof replayed for version %d: %v, want not the owner", r.Version, err)
 	}
 	// And it releases nothing: a release needs the credential itself.
-	if _, err := attacker.Release(ctx, l.LeaseID, Credential(r.Proof)); !errors.Is(err, ErrNotOwner) {
+	if _, err := attacker.Release(ctx, l.LeaseID, Credential(r.Proof)); !errors.Is(err, lease.ErrNotOwner) {
 		t.Fatalf("release with the captured proof: %v", err)
 	}
 	if got, err := b.c.Get(ctx, l.LeaseID); err != nil || !got.Active() || got.Version != renewed.Version {

@@ -3,6 +3,7 @@ package leasebus
 import (
 	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/policy"
 )
 
@@ -63,14 +64,14 @@ type AcquireRequest struct {
 	// one named workspace (a shard's commit capacity) does not wait behind
 	// them, so a steady stream of those can delay a queued pool request
 	// until its wait ends.
-	Workspaces    []string      `json:"workspaces,omitempty"`
-	WorkspaceMode WorkspaceMode `json:"workspaceMode,omitempty"`
+	Workspaces    []string            `json:"workspaces,omitempty"`
+	WorkspaceMode lease.WorkspaceMode `json:"workspaceMode,omitempty"`
 	// MaxSharers bounds the shared leases of the workspace (0: no bound).
-	MaxSharers int      `json:"maxSharers,omitempty"`
-	Owner      Owner    `json:"owner"`
-	TTL        Duration `json:"ttl"`
+	MaxSharers int            `json:"maxSharers,omitempty"`
+	Owner      lease.Owner    `json:"owner"`
+	TTL        lease.Duration `json:"ttl"`
 	// Wait is how long to queue behind conflicting leases (0: fail at once).
-	Wait Duration `json:"wait,omitempty"`
+	Wait lease.Duration `json:"wait,omitempty"`
 	// RequestID makes the acquire idempotent: a retry with the same id and
 	// credential gets the lease the first try was granted.
 	RequestID string `json:"requestId"`
@@ -181,9 +182,9 @@ type keptAnswer struct {
 	LeaseID string `json:"leaseId"`
 	// Lease is the record, when its version or status is not what the
 	// holder sent (else the holder's copy stands).
-	Lease *Lease `json:"lease,omitempty"`
+	Lease *lease.Lease `json:"lease,omitempty"`
 	// Age is how old the view the answer came from is (0: read now).
-	Age Duration `json:"age,omitempty"`
+	Age lease.Duration `json:"age,omitempty"`
 	// Missing: the service read the log, and it has no such lease.
 	Missing bool `json:"missing,omitempty"`
 	// Unknown: this instance could not vouch for the lease now (the
@@ -210,14 +211,14 @@ type sweepRequest struct {
 // asked without trusting anything in the request.
 
 type reply struct {
-	Lease *Lease `json:"lease,omitempty"`
+	Lease *lease.Lease `json:"lease,omitempty"`
 	// Grants are the lease's grant keys, only in the answer to its
 	// acquirer's acquire or renewal (grants.go).
-	Grants *GrantKeys `json:"grants,omitempty"`
-	Leases []*Lease   `json:"leases,omitempty"`
-	Error  *wireError `json:"error,omitempty"`
+	Grants *GrantKeys     `json:"grants,omitempty"`
+	Leases []*lease.Lease `json:"leases,omitempty"`
+	Error  *wireError     `json:"error,omitempty"`
 	// Age is how old the view a cached get answered from is (0: read now).
-	Age Duration `json:"age,omitempty"`
+	Age lease.Duration `json:"age,omitempty"`
 	// Kept answers a keepalive, one per lease it asked after.
 	Kept []keptAnswer `json:"kept,omitempty"`
 	// Revision is a shard record's revision after a write (shards.go).

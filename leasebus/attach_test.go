@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // TestAttachAndHold: a lease acquired elsewhere (another process of the
@@ -18,7 +20,7 @@ func TestAttachAndHold(t *testing.T) {
 	ctx := ctxT(t)
 	cred := NewCredential()
 	acquirer := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder))
-	l, err := acquirer.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "attached"), Owner: owner(1), TTL: Duration(1500 * time.Millisecond)}, cred)
+	l, err := acquirer.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "attached"), Owner: owner(1), TTL: lease.Duration(1500 * time.Millisecond)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,11 +28,11 @@ func TestAttachAndHold(t *testing.T) {
 
 	t.Run("wrong credential", func(t *testing.T) {
 		h, err := other.AttachAndHold(ctx, l.LeaseID, NewCredential(), HoldOptions{})
-		if !errors.Is(err, ErrNotOwner) {
+		if !errors.Is(err, lease.ErrNotOwner) {
 			if h != nil {
 				h.Stop()
 			}
-			t.Fatalf("attach with another credential: %v, want %v", err, ErrNotOwner)
+			t.Fatalf("attach with another credential: %v, want %v", err, lease.ErrNotOwner)
 		}
 		if got, err := b.c.Get(ctx, l.LeaseID); err != nil || got.Version != l.Version || !got.Active() {
 			t.Fatalf("the refused attach changed the lease: %+v %v", got, err)
@@ -77,11 +79,11 @@ func TestAttachAndHold(t *testing.T) {
 			t.Fatal(err)
 		}
 		h, err := other.AttachAndHold(ctx, l.LeaseID, cred, HoldOptions{})
-		if !errors.Is(err, ErrLeaseLost) {
+		if !errors.Is(err, lease.ErrLeaseLost) {
 			if h != nil {
 				h.Stop()
 			}
-			t.Fatalf("attach to a released lease: %v, want %v", err, ErrLeaseLost)
+			t.Fatalf("attach to a released lease: %v, want %v", err, lease.ErrLeaseLost)
 		}
 	})
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Answers sent onto log subjects of made-up repos: the audit catch-up,
@@ -20,7 +22,7 @@ func TestJunkLogsStartNoActors(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
-	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
 		t.Fatal(err)
 	}
 	hasJunk := func() bool {
@@ -70,7 +72,7 @@ func TestJunkLogsStartNoActors(t *testing.T) {
 	if hasJunk() {
 		t.Fatal("a restarted service started actors for logs of made-up repos")
 	}
-	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "b"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "b"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -61,7 +62,7 @@ func TestHolderCannotWriteLeaseLogThroughJetStream(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
-	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +83,7 @@ func TestHolderCannotWriteLeaseLogThroughJetStream(t *testing.T) {
 	t.Logf("consumer create: %s", resp)
 	// Let the delivery happen (or not): a later service append on the
 	// repo is the witness.
-	l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +211,7 @@ func TestHolderCannotWriteLeaseLogThroughReplies(t *testing.T) {
 			b := startBus(t)
 			ctx := ctxT(t)
 			url := b.srv.ClientURL()
-			l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+			l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -251,7 +252,7 @@ func TestHolderCannotWriteLeaseLogThroughReplies(t *testing.T) {
 			}
 			// A later grant on the repo makes the service append (and, on a
 			// foreign record, reload).
-			l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+			l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
 			if err != nil {
 				t.Errorf("a grant after the attack: %v", err)
 			}
@@ -278,13 +279,13 @@ func TestHolderCannotForgeTheAuditChain(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
-	l1, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	l1, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantOnce(t, ctx, b.nc, repo, l1)
-	forged, _ := json.Marshal(auditBatch{From: 0, LogSeq: 1 << 40, Events: []AuditEvent{{
-		Type: EventRevoked, Repo: repo, LeaseID: "lease_forged", Boundary: BoundaryLease, Reason: "forged", Time: time.Now().UTC(),
+	forged, _ := json.Marshal(auditBatch{From: 0, LogSeq: 1 << 40, Events: []lease.AuditEvent{{
+		Type: lease.EventRevoked, Repo: repo, LeaseID: "lease_forged", Boundary: lease.BoundaryLease, Reason: "forged", Time: time.Now().UTC(),
 	}}})
 	_, key := storeAt(t, url, forged)
 	// The bus refuses the request: the audit's subjects are under "$JS.",
@@ -311,9 +312,9 @@ func TestHolderCannotForgeTheAuditChain(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the bus did not refuse a request whose reply is the audit chain's subject")
 	}
-	var later []*Lease
+	var later []*lease.Lease
 	for i := range 3 {
-		l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, fmt.Sprintf("b%d", i)), Owner: owner(2 + i), TTL: Duration(time.Minute)}, NewCredential())
+		l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, fmt.Sprintf("b%d", i)), Owner: owner(2 + i), TTL: lease.Duration(time.Minute)}, NewCredential())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -344,7 +345,7 @@ func TestHolderCannotAskThroughReplies(t *testing.T) {
 	url := b.srv.ClientURL()
 	opNC := connectAs(t, url, RoleOperator)
 	op, viewer := IdentityOf(opNC), IdentityOf(connectAs(t, url, RoleViewer))
-	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -373,7 +374,7 @@ func TestHolderCannotAskThroughReplies(t *testing.T) {
 			return err
 		}
 		for _, ev := range evs {
-			if ev.Type == EventList && ev.RequestedBy == b.svc.name(op) {
+			if ev.Type == lease.EventList && ev.RequestedBy == b.svc.name(op) {
 				return nil
 			}
 		}
@@ -384,7 +385,7 @@ func TestHolderCannotAskThroughReplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ev := range evs {
-		if ev.Type == EventSweep || (ev.Type == EventList && ev.RequestedBy != b.svc.name(op)) {
+		if ev.Type == lease.EventSweep || (ev.Type == lease.EventList && ev.RequestedBy != b.svc.name(op)) {
 			t.Errorf("the service acted on an answer as a request: %s by %q (%s)", ev.Type, ev.RequestedBy, ev.Message)
 		}
 	}
@@ -397,7 +398,7 @@ func TestHolderCannotAskThroughReplies(t *testing.T) {
 		}
 		forged := 0
 		for _, ev := range evs {
-			if ev.Type == EventRefused && ev.Reason == ReasonBusForged {
+			if ev.Type == lease.EventRefused && ev.Reason == ReasonBusForged {
 				if ev.RequestedBy != "" || !strings.Contains(ev.Message, "not that identity's inbox") {
 					t.Fatalf("the forged request's audit event: %+v", ev)
 				}
@@ -419,13 +420,13 @@ func TestWatcherIgnoresAnswersOnChangeSubjects(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
-	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	var seen []string
-	stop, err := NewClient(connectAs(t, url, RoleViewer)).Watch(repo, func(got *Lease) {
+	stop, err := NewClient(connectAs(t, url, RoleViewer)).Watch(repo, func(got *lease.Lease) {
 		mu.Lock()
 		seen = append(seen, got.LeaseID)
 		mu.Unlock()
@@ -446,7 +447,7 @@ func TestWatcherIgnoresAnswersOnChangeSubjects(t *testing.T) {
 	if err := attacker.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "b"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "b"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -472,7 +473,7 @@ func TestHolderCannotStartActorsThroughReplies(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
-	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
 		t.Fatal(err)
 	}
 	hasActor := func(key string) bool {

@@ -12,13 +12,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // serviceAuditSubject carries the lease service's own events of a repo
 // (see AuditStream).
-func serviceAuditSubject(key string) string { return AuditSubject + "." + key + "." + BoundaryLease }
+func serviceAuditSubject(key string) string {
+	return AuditSubject + "." + key + "." + lease.BoundaryLease
+}
 
 // serviceWriter is the writer token of events no identity caused.
 const serviceWriter = "service"
@@ -48,7 +51,7 @@ func AuditSources(repo string) []AuditSource {
 		key = RepoKey(repo)
 	}
 	return []AuditSource{
-		{Stream: AuditStream, Filter: AuditSubject + "." + key + "." + BoundaryLease},
+		{Stream: AuditStream, Filter: AuditSubject + "." + key + "." + lease.BoundaryLease},
 		{Stream: EventsStream, Filter: EventsSubject + "." + key + ".*.*"},
 	}
 }
@@ -119,12 +122,12 @@ type auditChain struct {
 
 type auditRec struct {
 	seq    uint64
-	events []AuditEvent
+	events []lease.AuditEvent
 }
 
 // auditBatch is one message on the audit stream.
 type auditBatch struct {
-	Events []AuditEvent `json:"events"`
+	Events []lease.AuditEvent `json:"events"`
 	// LogSeq: the events of every lease-log record of this repo up to
 	// this sequence are in the audit stream, in this message or an
 	// earlier one (absent on boundary events).
@@ -151,7 +154,7 @@ func (w *auditWriter) chain(key string) *auditChain {
 // (none for renewals and snapshots). Records must come in log order and
 // without gaps, from the start of the log as loaded: records at or before
 // what is already known are ignored.
-func (w *auditWriter) record(key string, seq uint64, evs []AuditEvent) {
+func (w *auditWriter) record(key string, seq uint64, evs []lease.AuditEvent) {
 	w.seenMu.Lock()
 	if seq > w.floor {
 		w.seen[seq] = struct{}{}
@@ -543,7 +546,7 @@ func (s *Service) syncAll(ctx context.Context) {
 			// made, or only answers someone had the server send onto the
 			// log (see serviceWrote), which start no actor.
 			st := newRepoState("")
-			err := s.store.load(ctx, key, st, s.cfg.Now, func(seq uint64, _ []AuditEvent) { s.audit.markSeen(seq) })
+			err := s.store.load(ctx, key, st, s.cfg.Now, func(seq uint64, _ []lease.AuditEvent) { s.audit.markSeen(seq) })
 			if err == nil && st.repo == "" {
 				continue
 			}
@@ -561,10 +564,10 @@ func (s *Service) syncAll(ctx context.Context) {
 // events reach them through the service, see Auditor), so only messages
 // it wrote count, and an event on a boundary's subject counts only as
 // that boundary's.
-func ReadAudit(ctx context.Context, nc *nats.Conn, repo string, from uint64) ([]AuditEvent, error) {
+func ReadAudit(ctx context.Context, nc *nats.Conn, repo string, from uint64) ([]lease.AuditEvent, error) {
 	type batch struct {
 		at  time.Time
-		evs []AuditEvent
+		evs []lease.AuditEvent
 	}
 	var all []batch
 	api, err := jsAPI(ctx, nc)
@@ -584,7 +587,7 @@ func ReadAudit(ctx context.Context, nc *nats.Conn, repo string, from uint64) ([]
 			if !serviceWrote(m.Header) {
 				continue // not the service's (see serviceWrote)
 			}
-			boundary := BoundaryLease
+			boundary := lease.BoundaryLease
 			if src.Stream == EventsStream {
 				toks := strings.Split(m.Subject, ".")
 				boundary = toks[len(toks)-2]
@@ -595,7 +598,7 @@ func ReadAudit(ctx context.Context, nc *nats.Conn, repo string, from uint64) ([]
 			}
 			kept := b.Events[:0]
 			for _, ev := range b.Events {
-				if ev.Boundary == boundary || (boundary == BoundaryLease && ev.Boundary == "") {
+				if ev.Boundary == boundary || (boundary == lease.BoundaryLease && ev.Boundary == "") {
 					kept = append(kept, ev)
 				}
 			}
@@ -603,7 +606,7 @@ func ReadAudit(ctx context.Context, nc *nats.Conn, repo string, from uint64) ([]
 		}
 	}
 	slices.SortStableFunc(all, func(a, b batch) int { return a.at.Compare(b.at) })
-	var out []AuditEvent
+	var out []lease.AuditEvent
 	for _, b := range all {
 		out = append(out, b.evs...)
 	}

@@ -5,6 +5,8 @@ package leasebus
 import (
 	"testing"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // An instance appends a record and is killed before it writes the
@@ -27,12 +29,12 @@ func TestAuditCatchUpFindsUnannouncedRecord(t *testing.T) {
 	seq, fence := a.state.seq, a.state.fence
 	a.busy.Unlock()
 	now := time.Now().UTC().Round(time.Millisecond)
-	e := &entry{Lease: Lease{LeaseID: newID("lease_", now), Repo: auditRepo, Scope: claim(t, "y"),
-		WorkspaceID: DefaultWorkspace, WorkspaceMode: WorkspaceShared, Owner: owner(2), Status: StatusActive,
-		Version: 1, Fence: fence + 1, AcquiredAt: now, RenewedAt: now, ExpiresAt: now.Add(time.Minute), TTL: Duration(time.Minute)},
+	e := &entry{Lease: lease.Lease{LeaseID: newID("lease_", now), Repo: auditRepo, Scope: claim(t, "y"),
+		WorkspaceID: lease.DefaultWorkspace, WorkspaceMode: lease.WorkspaceShared, Owner: owner(2), Status: lease.StatusActive,
+		Version: 1, Fence: fence + 1, AcquiredAt: now, RenewedAt: now, ExpiresAt: now.Add(time.Minute), TTL: lease.Duration(time.Minute)},
 		SecretHash: NewCredential().hash(), RequestID: NewRequestID()}
 	rec := &logRecord{Kind: recordDelta, Repo: auditRepo, Fence: e.Fence, Leases: []*entry{e},
-		Events: []AuditEvent{{Time: now, Type: EventGrant, Boundary: BoundaryLease, Repo: auditRepo, LeaseID: e.LeaseID,
+		Events: []lease.AuditEvent{{Time: now, Type: lease.EventGrant, Boundary: lease.BoundaryLease, Repo: auditRepo, LeaseID: e.LeaseID,
 			Owner: e.Owner, Scope: e.Scope, Fence: e.Fence, Message: "granted by an instance killed since"}}}
 	if _, _, err := b.svc.store.append(ctx, key, seq, rec); err != nil {
 		t.Fatal(err)

@@ -12,13 +12,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // acquireVia grants a lease through one given service instance's actor (a
 // queue group would pick any instance).
-func acquireVia(t *testing.T, ctx context.Context, svc *Service, repo string, c scope.Claim, o Owner) *Lease {
+func acquireVia(t *testing.T, ctx context.Context, svc *Service, repo string, c scope.Claim, o lease.Owner) *lease.Lease {
 	t.Helper()
-	r := &AcquireRequest{Repo: repo, Scope: c, Owner: o, TTL: Duration(time.Minute),
+	r := &AcquireRequest{Repo: repo, Scope: c, Owner: o, TTL: lease.Duration(time.Minute),
 		RequestID: NewRequestID(), CredentialHash: NewCredential().hash()}
 	if err := r.normalize(); err != nil {
 		t.Fatal(err)
@@ -45,7 +46,7 @@ func auditCounts(ctx context.Context, nc *nats.Conn, repo string) (map[string]in
 
 // wantOnce waits until each lease has exactly one grant event, and fails
 // the test if one has none after a while or more than one.
-func wantOnce(t *testing.T, ctx context.Context, nc *nats.Conn, repo string, ls ...*Lease) {
+func wantOnce(t *testing.T, ctx context.Context, nc *nats.Conn, repo string, ls ...*lease.Lease) {
 	t.Helper()
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		n, err := auditCounts(ctx, nc, repo)
@@ -53,7 +54,7 @@ func wantOnce(t *testing.T, ctx context.Context, nc *nats.Conn, repo string, ls 
 			return err
 		}
 		for _, l := range ls {
-			if n[EventGrant+" "+l.LeaseID] == 0 {
+			if n[lease.EventGrant+" "+l.LeaseID] == 0 {
 				return fmt.Errorf("grant of %s (fence %d) is not in the audit stream", l.LeaseID, l.Fence)
 			}
 		}
@@ -64,7 +65,7 @@ func wantOnce(t *testing.T, ctx context.Context, nc *nats.Conn, repo string, ls 
 		t.Fatal(err)
 	}
 	for _, l := range ls {
-		if got := n[EventGrant+" "+l.LeaseID]; got != 1 {
+		if got := n[lease.EventGrant+" "+l.LeaseID]; got != 1 {
 			t.Errorf("grant of %s is in the audit stream %d times, want once", l.LeaseID, got)
 		}
 	}
@@ -207,7 +208,7 @@ func TestPurgeWaitsForTheAuditChain(t *testing.T) {
 	key := RepoKey(auditRepo)
 	b.svc.audit.killed.Store(true) // the audit stream is out of reach
 	cred := NewCredential()
-	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: auditRepo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: auditRepo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
@@ -208,7 +209,7 @@ func dedupe(s []string) []string {
 func GrantOf(role Role, id string) (Grant, error) {
 	g, ok := grants(id)[role]
 	if !ok {
-		return Grant{}, fmt.Errorf("%w: unknown role %q (want one of %v)", ErrInvalid, role, Roles)
+		return Grant{}, fmt.Errorf("%w: unknown role %q (want one of %v)", lease.ErrInvalid, role, Roles)
 	}
 	return g, nil
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
@@ -117,7 +118,7 @@ func TestHolderCannotRevokeOrForge(t *testing.T) {
 
 	cred := NewCredential()
 	sent := time.Now()
-	l, err := hc.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "held"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	l, err := hc.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "held"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
 	if err != nil {
 		t.Fatalf("holder acquire: %v", err)
 	}
@@ -145,7 +146,7 @@ func TestHolderCannotRevokeOrForge(t *testing.T) {
 
 	// A forged change notice: revoked, a high version.
 	forged := *l
-	forged.Status, forged.Version = StatusRevoked, l.Version+100
+	forged.Status, forged.Version = lease.StatusRevoked, l.Version+100
 	data, _ := json.Marshal(&forged)
 	wantRefused(t, hnc, ref, ChangedSubject(repo, l.LeaseID), data)
 	for _, subj := range []string{
@@ -186,7 +187,7 @@ func TestViewerCannotAcquire(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	vc := NewClient(connectAs(t, b.srv.ClientURL(), RoleViewer))
-	if _, err := vc.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "v"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential()); !errors.Is(err, ErrForbidden) {
+	if _, err := vc.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "v"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); !errors.Is(err, ErrForbidden) {
 		t.Fatalf("viewer acquire: got %v, want ErrForbidden", err)
 	}
 	if _, err := vc.List(ctx, "", false); err != nil {
@@ -207,7 +208,7 @@ func TestAuditNamesWhoAsked(t *testing.T) {
 	viewNC := connectAs(t, url, RoleViewer)
 	op, view := NewClient(opNC), NewClient(viewNC)
 
-	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "r"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "r"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,11 +233,11 @@ func TestAuditNamesWhoAsked(t *testing.T) {
 		var revoked, swept, listed bool
 		for _, ev := range evs {
 			switch {
-			case ev.Type == EventRevoked && ev.LeaseID == l.LeaseID:
+			case ev.Type == lease.EventRevoked && ev.LeaseID == l.LeaseID:
 				revoked = ev.RequestedBy == opID && ev.Reason == "audit test"
-			case ev.Type == EventSweep:
+			case ev.Type == lease.EventSweep:
 				swept = ev.RequestedBy == opID
-			case ev.Type == EventList:
+			case ev.Type == lease.EventList:
 				listed = ev.RequestedBy == viewID
 			}
 		}
@@ -300,7 +301,7 @@ func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
 	victimC := NewClient(connectAs(t, url, RoleHolder))
 	cred := NewCredential()
 	sent := time.Now()
-	l, err := victimC.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	l, err := victimC.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +311,7 @@ func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
 	}
 	t.Cleanup(h.Stop)
 	var seen atomic.Int32
-	stop, err := NewClient(connectAs(t, url, RoleViewer)).Watch(repo, func(*Lease) { seen.Add(1) })
+	stop, err := NewClient(connectAs(t, url, RoleViewer)).Watch(repo, func(*lease.Lease) { seen.Add(1) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +325,7 @@ func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	forged := *l
-	forged.Status, forged.Version = StatusRevoked, l.Version+100
+	forged.Status, forged.Version = lease.StatusRevoked, l.Version+100
 	data, _ := json.Marshal(&forged)
 	if _, err := ajs.Publish(ctx, "$KV.FENCELINE_ATTEMPTS.forged", data); err != nil {
 		t.Fatalf("plant an attempt record: %v", err)
@@ -343,7 +344,7 @@ func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
 	if _, err := b.c.Get(ctx, l.LeaseID); err != nil {
 		t.Fatal(err)
 	}
-	other, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	other, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +370,7 @@ func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
-	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +404,7 @@ func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
 		Reply: "$JS.ACK.KV_FENCELINE_ATTEMPTS.forge1.1.1.1.1700000000000000000.0", Data: data})
 	// A revoke the operator does send, after: once it is done, the forged
 	// ones (delivered first) had their chance.
-	l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,7 +442,7 @@ func TestBusRefusalsAudited(t *testing.T) {
 		t.Fatal("a client without credentials connected")
 	}
 
-	var perm, auth []AuditEvent
+	var perm, auth []lease.AuditEvent
 	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		evs, err := ReadAudit(ctxT(t), b.nc, "", 0)
 		if err != nil {
@@ -449,7 +450,7 @@ func TestBusRefusalsAudited(t *testing.T) {
 		}
 		perm, auth = nil, nil
 		for _, e := range evs {
-			if e.Type != EventRefused || e.Boundary != BoundaryBus {
+			if e.Type != lease.EventRefused || e.Boundary != lease.BoundaryBus {
 				continue
 			}
 			switch e.Reason {

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 	"golang.org/x/time/rate"
 )
@@ -51,7 +52,7 @@ const (
 )
 
 // boundaries are the boundaries whose events a writer may send.
-var boundaries = []string{BoundaryGit, BoundaryPostgres, BoundaryFile, BoundaryNet, boundaryShard}
+var boundaries = []string{lease.BoundaryGit, lease.BoundaryPostgres, lease.BoundaryFile, lease.BoundaryNet, boundaryShard}
 
 // clip returns s cut to at most n bytes at a character boundary, saying
 // how much was cut.
@@ -67,7 +68,7 @@ func clip(s string, n int) string {
 }
 
 // boundEvent clips ev's free-text fields and its claim to their bounds.
-func boundEvent(ev *AuditEvent) {
+func boundEvent(ev *lease.AuditEvent) {
 	ev.Message = clip(ev.Message, maxEventMessage)
 	for _, f := range []*string{&ev.Type, &ev.Boundary, &ev.Repo, &ev.LeaseID, &ev.Reason, &ev.RequestedBy,
 		&ev.Owner.TaskID, &ev.Owner.AgentID, &ev.Owner.AttemptID, &ev.Owner.HostID, (*string)(&ev.Scope.Kind)} {
@@ -99,13 +100,13 @@ func clipItems(items []string) []string {
 
 // checkBoundaryEvent refuses an event no boundary writes: one naming no
 // repo, or the lease's or the bus's own boundary.
-func checkBoundaryEvent(ev *AuditEvent) error {
+func checkBoundaryEvent(ev *lease.AuditEvent) error {
 	if strings.TrimSpace(ev.Repo) == "" {
-		return fmt.Errorf("audit event %q: %w: repo is empty", clip(ev.Type, maxEventField), ErrInvalid)
+		return fmt.Errorf("audit event %q: %w: repo is empty", clip(ev.Type, maxEventField), lease.ErrInvalid)
 	}
 	if !slices.Contains(boundaries, ev.Boundary) {
 		return fmt.Errorf("audit event %q: %w: boundary %q is not one a fence writes (want one of %s)",
-			clip(ev.Type, maxEventField), ErrInvalid, clip(ev.Boundary, maxEventField), strings.Join(boundaries, ", "))
+			clip(ev.Type, maxEventField), lease.ErrInvalid, clip(ev.Boundary, maxEventField), strings.Join(boundaries, ", "))
 	}
 	return nil
 }
@@ -184,10 +185,10 @@ func (b *boundaryLimits) takeDropped() map[string]dropped {
 
 // recordBoundary writes a boundary event sent by identity id, once it is
 // within id's rate, and answers once the stream has acknowledged it.
-func (s *Service) recordBoundary(ctx context.Context, id string, ev AuditEvent) reply {
+func (s *Service) recordBoundary(ctx context.Context, id string, ev lease.AuditEvent) reply {
 	if !s.boundary.allow(id, ev.Repo, ev.LeaseID) {
 		return reply{Error: toWire(fmt.Errorf("%w: %s writes boundary events faster than %d a second (bursts of %d), or of lease %q faster than %d a second (bursts of %d): this one is counted, not written",
-			ErrUnavailable, s.name(id), boundaryRate, boundaryBurst, clip(ev.LeaseID, maxEventField), leaseRate, leaseBurst))}
+			lease.ErrUnavailable, s.name(id), boundaryRate, boundaryBurst, clip(ev.LeaseID, maxEventField), leaseRate, leaseBurst))}
 	}
 	boundEvent(&ev)
 	ev.RequestedBy = s.name(id)
@@ -195,7 +196,7 @@ func (s *Service) recordBoundary(ctx context.Context, id string, ev AuditEvent) 
 		ev.Time = s.cfg.Now().UTC()
 	}
 	if err := s.writeEvent(ctx, eventsSubjectFor(ev.Repo, ev.Boundary, id), ev); err != nil {
-		return reply{Error: toWire(fmt.Errorf("%w: write audit event %s for %s: %v", ErrUnavailable, ev.Type, ev.Repo, err))}
+		return reply{Error: toWire(fmt.Errorf("%w: write audit event %s for %s: %v", lease.ErrUnavailable, ev.Type, ev.Repo, err))}
 	}
 	return reply{}
 }
@@ -204,7 +205,7 @@ func (s *Service) recordBoundary(ctx context.Context, id string, ev AuditEvent) 
 // dropped over its rate since the last call, one event saying how many.
 func (s *Service) auditDropped(ctx context.Context) {
 	for id, d := range s.boundary.takeDropped() {
-		ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: EventRefused, Boundary: BoundaryBus, Repo: d.repo, Reason: ReasonRateLimited,
+		ev := lease.AuditEvent{Time: s.cfg.Now().UTC(), Type: lease.EventRefused, Boundary: lease.BoundaryBus, Repo: d.repo, Reason: ReasonRateLimited,
 			RequestedBy: s.name(id), Message: fmt.Sprintf("%s sent %d boundary events more than its %d a second (or a lease's %d a second): counted, not written one by one", s.name(id), d.n, boundaryRate, leaseRate)}
 		if err := s.writeBusEvent(ctx, id, ev); err != nil {
 			s.log.Warn("audit event of dropped boundary events not written", "identity", id, "dropped", d.n, "err", err)
@@ -231,7 +232,7 @@ func NewAuditor(nc *nats.Conn) (*Auditor, error) {
 // Record durably writes one event: it returns once the audit stream
 // acknowledged it. Free-text fields are clipped to an excerpt first (see
 // boundEvent); the service names the identity that sent it.
-func (a *Auditor) Record(ctx context.Context, ev AuditEvent) error {
+func (a *Auditor) Record(ctx context.Context, ev lease.AuditEvent) error {
 	if ev.Time.IsZero() {
 		ev.Time = time.Now().UTC()
 	}

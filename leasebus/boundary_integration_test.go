@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -26,7 +27,7 @@ func TestBoundaryEventsAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	big := strings.Repeat("x", 7<<20)
-	m := nats.NewMsg(eventsSubjectFor(repo, BoundaryGit, "forged"))
+	m := nats.NewMsg(eventsSubjectFor(repo, lease.BoundaryGit, "forged"))
 	m.Header.Set(writerHeader, "forged")
 	m.Data = []byte(`{"events":[{"type":"denied","boundary":"git","repo":"` + repo + `","message":"` + big[:1<<20] + `"}]}`)
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -41,26 +42,26 @@ func TestBoundaryEventsAreBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := aud.c.request(ctx, "audit", &AuditEvent{Type: EventDenied, Boundary: BoundaryGit, Repo: repo, Message: big}, 0)
+	r, err := aud.c.request(ctx, "audit", &lease.AuditEvent{Type: lease.EventDenied, Boundary: lease.BoundaryGit, Repo: repo, Message: big}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Error.err(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "at most") {
+	if err := r.Error.err(); !errors.Is(err, lease.ErrInvalid) || !strings.Contains(err.Error(), "at most") {
 		t.Fatalf("a 7 MiB event: %v, want refused as too large", err)
 	}
 	// Neither the lease's own boundary nor the bus's.
-	for _, boundary := range []string{BoundaryLease, BoundaryBus, "nonsense"} {
-		r, err := aud.c.request(ctx, "audit", &AuditEvent{Type: EventGrant, Boundary: boundary, Repo: repo, Message: "forged grant"}, 0)
+	for _, boundary := range []string{lease.BoundaryLease, lease.BoundaryBus, "nonsense"} {
+		r, err := aud.c.request(ctx, "audit", &lease.AuditEvent{Type: lease.EventGrant, Boundary: boundary, Repo: repo, Message: "forged grant"}, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := r.Error.err(); !errors.Is(err, ErrInvalid) {
+		if err := r.Error.err(); !errors.Is(err, lease.ErrInvalid) {
 			t.Fatalf("an event of boundary %q: %v, want refused", boundary, err)
 		}
 	}
 	// A long message is kept as an excerpt, and the event names who sent
 	// it, whatever it says.
-	if err := aud.Record(ctx, AuditEvent{Type: EventDenied, Boundary: BoundaryNet, Repo: repo, RequestedBy: "operator",
+	if err := aud.Record(ctx, lease.AuditEvent{Type: lease.EventDenied, Boundary: lease.BoundaryNet, Repo: repo, RequestedBy: "operator",
 		Reason: "not-allowed", Message: "CONNECT https://exfil.example/" + strings.Repeat("a", 900<<10)}); err != nil {
 		t.Fatal(err)
 	}
@@ -68,9 +69,9 @@ func TestBoundaryEventsAreBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got *AuditEvent
+	var got *lease.AuditEvent
 	for i := range evs {
-		if evs[i].Boundary == BoundaryNet {
+		if evs[i].Boundary == lease.BoundaryNet {
 			got = &evs[i]
 		}
 	}

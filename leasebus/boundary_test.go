@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // A runner's credentials once let it write the audit stream itself: a
@@ -18,7 +20,7 @@ import (
 // identity.
 // flood records n events (ev(i)) one by one and counts those written and
 // those the service refused over a rate limit, and how long it took.
-func flood(ctx context.Context, t *testing.T, aud *Auditor, n int, ev func(int) AuditEvent) (written, limited int, took time.Duration) {
+func flood(ctx context.Context, t *testing.T, aud *Auditor, n int, ev func(int) lease.AuditEvent) (written, limited int, took time.Duration) {
 	t.Helper()
 	start := time.Now()
 	for i := range n {
@@ -26,7 +28,7 @@ func flood(ctx context.Context, t *testing.T, aud *Auditor, n int, ev func(int) 
 		switch {
 		case err == nil:
 			written++
-		case errors.Is(err, ErrUnavailable) && strings.Contains(err.Error(), "faster than"):
+		case errors.Is(err, lease.ErrUnavailable) && strings.Contains(err.Error(), "faster than"):
 			limited++
 		default:
 			t.Fatal(err)
@@ -46,8 +48,8 @@ func TestBoundaryEventsRateLimitedPerIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	written, limited, took := flood(ctx, t, flooder, 3*boundaryBurst, func(i int) AuditEvent {
-		return AuditEvent{Type: EventDenied, Boundary: BoundaryFile, Repo: repo, Message: fmt.Sprintf("flood %d", i)}
+	written, limited, took := flood(ctx, t, flooder, 3*boundaryBurst, func(i int) lease.AuditEvent {
+		return lease.AuditEvent{Type: lease.EventDenied, Boundary: lease.BoundaryFile, Repo: repo, Message: fmt.Sprintf("flood %d", i)}
 	})
 	if most := boundaryBurst + int(took.Seconds()*boundaryRate) + 1; written > most || limited == 0 {
 		t.Fatalf("%d events written one by one in %s (at most %d), %d refused over the rate", written, took.Round(time.Millisecond), most, limited)
@@ -56,7 +58,7 @@ func TestBoundaryEventsRateLimitedPerIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := other.Record(ctx, AuditEvent{Type: EventDenied, Boundary: BoundaryGit, Repo: repo, Message: "another runner's refusal"}); err != nil {
+	if err := other.Record(ctx, lease.AuditEvent{Type: lease.EventDenied, Boundary: lease.BoundaryGit, Repo: repo, Message: "another runner's refusal"}); err != nil {
 		t.Fatalf("another identity's event, during the flood: %v", err)
 	}
 	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -124,15 +125,15 @@ func (c *Client) request(ctx context.Context, op string, req any, wait time.Dura
 			}
 			return &r, nil
 		case errors.Is(err, nats.ErrNoResponders):
-			lastErr = fmt.Errorf("%w: no lease service answers on %s; start one with `fenceline bus serve` or point --nats/FENCELINE_NATS at a bus that runs it%w", ErrUnavailable, subj, errNoService)
+			lastErr = fmt.Errorf("%w: no lease service answers on %s; start one with `fenceline bus serve` or point --nats/FENCELINE_NATS at a bus that runs it%w", lease.ErrUnavailable, subj, errNoService)
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("%s: %w%w", op, ctx.Err(), errNoAnswer)
 		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
-			lastErr = fmt.Errorf("%w: %s got no answer within %s%w", ErrUnavailable, op, c.Timeout+wait, errNoAnswer)
+			lastErr = fmt.Errorf("%w: %s got no answer within %s%w", lease.ErrUnavailable, op, c.Timeout+wait, errNoAnswer)
 		case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionDraining):
-			return nil, fmt.Errorf("%w: %s: %v", ErrUnavailable, op, err)
+			return nil, fmt.Errorf("%w: %s: %v", lease.ErrUnavailable, op, err)
 		default:
-			lastErr = fmt.Errorf("%w: %s: %v", ErrUnavailable, op, err)
+			lastErr = fmt.Errorf("%w: %s: %v", lease.ErrUnavailable, op, err)
 		}
 	}
 	return nil, lastErr
@@ -149,7 +150,7 @@ func (c *Client) forbidden(op, subj string) error {
 	return fmt.Errorf("%s: %w: the bus refused identity %s permission to %s (%v); use credentials of a role that may (%s), e.g. --creds or %s", op, ErrForbidden, c.identity, op, err, rolesFor(op), "FENCELINE_CREDS")
 }
 
-func (c *Client) leaseOp(ctx context.Context, op string, req any) (*Lease, error) {
+func (c *Client) leaseOp(ctx context.Context, op string, req any) (*lease.Lease, error) {
 	r, err := c.request(ctx, op, req, 0)
 	if err != nil {
 		return nil, err
@@ -168,9 +169,9 @@ func (c *Client) leaseOp(ctx context.Context, op string, req any) (*Lease, error
 // conflicting leases until they are gone or the wait ends; a conflict is a
 // *ConflictError naming each blocking lease, its owner and its expiry. A
 // retry after a lost reply gets the same lease (req.RequestID).
-func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credential) (*Lease, error) {
+func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credential) (*lease.Lease, error) {
 	if cred == "" {
-		return nil, fmt.Errorf("acquire: %w: empty credential", ErrInvalid)
+		return nil, fmt.Errorf("acquire: %w: empty credential", lease.ErrInvalid)
 	}
 	if req.RequestID == "" {
 		req.RequestID = NewRequestID()
@@ -195,7 +196,7 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credentia
 		if errors.Is(err, errNoService) {
 			return nil, err // nothing reached a service: nothing to retry or withdraw
 		}
-		unknown := errors.Is(err, errNoAnswer) || errors.Is(err, ErrUnavailable)
+		unknown := errors.Is(err, errNoAnswer) || errors.Is(err, lease.ErrUnavailable)
 		if unknown && try < tries && ctx.Err() == nil && !errors.Is(err, errNoAnswer) {
 			// The service could not write its log: the same request id
 			// makes the retry return the first try's lease if it landed.
@@ -218,9 +219,9 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credentia
 
 // Renew extends a lease. It is a compare-and-swap on req.Version; a
 // refusal (ErrLeaseLost, ErrNotOwner) means stop writing.
-func (c *Client) Renew(ctx context.Context, req RenewRequest) (*Lease, error) {
+func (c *Client) Renew(ctx context.Context, req RenewRequest) (*lease.Lease, error) {
 	if req.Credential == "" {
-		return nil, fmt.Errorf("renew %s: %w: empty credential", req.LeaseID, ErrInvalid)
+		return nil, fmt.Errorf("renew %s: %w: empty credential", req.LeaseID, lease.ErrInvalid)
 	}
 	if req.RenewID == "" {
 		req.RenewID = NewRequestID()
@@ -231,23 +232,23 @@ func (c *Client) Renew(ctx context.Context, req RenewRequest) (*Lease, error) {
 }
 
 // Release ends a lease. Releasing an already ended lease is not an error.
-func (c *Client) Release(ctx context.Context, leaseID string, cred Credential) (*Lease, error) {
+func (c *Client) Release(ctx context.Context, leaseID string, cred Credential) (*lease.Lease, error) {
 	return c.leaseOp(ctx, "release", &ReleaseRequest{LeaseID: leaseID, Credential: cred})
 }
 
 // Revoke ends a lease now as an operator; reason is required and audited.
-func (c *Client) Revoke(ctx context.Context, leaseID, reason string) (*Lease, error) {
+func (c *Client) Revoke(ctx context.Context, leaseID, reason string) (*lease.Lease, error) {
 	return c.leaseOp(ctx, "revoke", RevokeRequest{LeaseID: leaseID, Reason: reason})
 }
 
 // Get returns a lease record, active or recently ended.
-func (c *Client) Get(ctx context.Context, leaseID string) (*Lease, error) {
+func (c *Client) Get(ctx context.Context, leaseID string) (*lease.Lease, error) {
 	return c.leaseOp(ctx, "get", getRequest{LeaseID: leaseID})
 }
 
 // List returns the active leases of repo (every repo when empty); with all,
 // recently ended ones too.
-func (c *Client) List(ctx context.Context, repo string, all bool) ([]*Lease, error) {
+func (c *Client) List(ctx context.Context, repo string, all bool) ([]*lease.Lease, error) {
 	r, err := c.request(ctx, "list", listRequest{Repo: repo, All: all}, 0)
 	if err != nil {
 		return nil, err
@@ -256,14 +257,14 @@ func (c *Client) List(ctx context.Context, repo string, all bool) ([]*Lease, err
 		return nil, err
 	}
 	if r.Leases == nil {
-		r.Leases = []*Lease{}
+		r.Leases = []*lease.Lease{}
 	}
 	return r.Leases, nil
 }
 
 // Sweep reclaims the expired leases of repo (every repo when empty) now and
 // returns them. The service also sweeps on its own at each deadline.
-func (c *Client) Sweep(ctx context.Context, repo string) ([]*Lease, error) {
+func (c *Client) Sweep(ctx context.Context, repo string) ([]*lease.Lease, error) {
 	r, err := c.request(ctx, "sweep", sweepRequest{Repo: repo}, 0)
 	if err != nil {
 		return nil, err
@@ -272,7 +273,7 @@ func (c *Client) Sweep(ctx context.Context, repo string) ([]*Lease, error) {
 		return nil, err
 	}
 	if r.Leases == nil {
-		r.Leases = []*Lease{}
+		r.Leases = []*lease.Lease{}
 	}
 	return r.Leases, nil
 }
@@ -280,7 +281,7 @@ func (c *Client) Sweep(ctx context.Context, repo string) ([]*Lease, error) {
 // Watch calls fn with every lease record the service commits for repo
 // (every repo when empty) until the returned stop is called. Delivery is
 // best effort; act on what a record says, and reconcile with List.
-func (c *Client) Watch(repo string, fn func(*Lease)) (stop func() error, err error) {
+func (c *Client) Watch(repo string, fn func(*lease.Lease)) (stop func() error, err error) {
 	subj := changedPrefix + ".*.*"
 	if repo != "" {
 		subj = changedPrefix + "." + RepoKey(repo) + ".*"
@@ -313,12 +314,12 @@ func jetStreamReply(m *nats.Msg) bool {
 	return m.Header.Get(jetstream.StreamHeader) != "" || m.Header.Get(jetstream.SequenceHeader) != ""
 }
 
-func (c *Client) watch(subj string, fn func(*Lease)) (func() error, error) {
+func (c *Client) watch(subj string, fn func(*lease.Lease)) (func() error, error) {
 	sub, err := c.nc.Subscribe(subj, func(m *nats.Msg) {
 		if !fromService(m) {
 			return
 		}
-		var l Lease
+		var l lease.Lease
 		// A record of the lease its subject names, or not a notice at all
 		// (an answer someone had the server send here as its reply).
 		if json.Unmarshal(m.Data, &l) == nil && l.LeaseID != "" && m.Subject == ChangedSubject(l.Repo, l.LeaseID) {

@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -135,9 +136,9 @@ func TestClusterLeaderFailover(t *testing.T) {
 	watchChk := newCommitChecker(3) // best effort: a watch may miss records while a node dies
 	var fmu sync.Mutex
 	fences := map[uint64]string{} // fence -> lease id, from every source
-	results := map[string]*Lease{}
+	results := map[string]*lease.Lease{}
 	var fenceErrs []string
-	sawFence := func(src string, l *Lease) {
+	sawFence := func(src string, l *lease.Lease) {
 		fmu.Lock()
 		defer fmu.Unlock()
 		if id, ok := fences[l.Fence]; ok && id != l.LeaseID {
@@ -145,7 +146,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 		}
 		fences[l.Fence] = l.LeaseID
 	}
-	watchChecker(t, NewClient(connectAs(t, strings.Join(cl.urls, ","), RoleViewer)), clusterRepo, watchChk, func(l *Lease, _ time.Time) { sawFence("watch", l) })
+	watchChecker(t, NewClient(connectAs(t, strings.Join(cl.urls, ","), RoleViewer)), clusterRepo, watchChk, func(l *lease.Lease, _ time.Time) { sawFence("watch", l) })
 
 	var (
 		stop        atomic.Bool
@@ -167,7 +168,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			err := op()
-			if !errors.Is(err, ErrUnavailable) || time.Now().After(deadline) {
+			if !errors.Is(err, lease.ErrUnavailable) || time.Now().After(deadline) {
 				return err
 			}
 			unavailable.Add(1)
@@ -183,17 +184,17 @@ func TestClusterLeaderFailover(t *testing.T) {
 			c := newClient()
 			for op := 0; op < 5000 && !stop.Load(); op++ {
 				req := claims[rng.IntN(len(claims))]
-				req.Repo, req.Owner, req.TTL = clusterRepo, owner(w), Duration(20*time.Second)
+				req.Repo, req.Owner, req.TTL = clusterRepo, owner(w), lease.Duration(20*time.Second)
 				req.RequestID = NewRequestID() // retries of this acquire are the same request
 				cred := NewCredential()
-				var l *Lease
+				var l *lease.Lease
 				started := time.Now().UnixNano()
 				err := retry("acquire", func() (err error) {
 					l, err = c.Acquire(ctx, req, cred)
 					return err
 				})
 				switch {
-				case errors.Is(err, ErrConflict):
+				case errors.Is(err, lease.ErrConflict):
 					count("conflict")
 					continue
 				case err != nil:
@@ -217,7 +218,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 						}
 						return err
 					})
-					if err != nil && !errors.Is(err, ErrLeaseLost) {
+					if err != nil && !errors.Is(err, lease.ErrLeaseLost) {
 						t.Errorf("renew: %v", err)
 						return
 					}
@@ -244,7 +245,7 @@ func TestClusterLeaderFailover(t *testing.T) {
 					t.Errorf("list: %v", err)
 				}
 				listChecks.Add(1)
-			} else if !errors.Is(err, ErrUnavailable) {
+			} else if !errors.Is(err, lease.ErrUnavailable) {
 				t.Errorf("list: %v", err)
 			}
 			time.Sleep(10 * time.Millisecond) // spacing the probes

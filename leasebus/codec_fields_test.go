@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // fillAll sets every exported field reachable from v (nested structs,
@@ -67,7 +69,7 @@ func fillAll(t *testing.T, v reflect.Value, n *int) {
 // without teaching encode.go and decode.go fails here.
 func TestCodecsKnowEveryField(t *testing.T) {
 	n := 0
-	var l Lease
+	var l lease.Lease
 	fillAll(t, reflect.ValueOf(&l).Elem(), &n)
 	got, ok := appendLease(&l, nil)
 	sameAsMarshal(t, "lease", got, ok, &l)

@@ -10,6 +10,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // The hand-written encoders and fast decoders (encode.go, decode.go) must
@@ -63,28 +64,28 @@ func drawClaimAny(t *rapid.T) scope.Claim {
 	return c
 }
 
-func drawOwner(t *rapid.T) Owner {
+func drawOwner(t *rapid.T) lease.Owner {
 	if rapid.IntRange(0, 4).Draw(t, "ownerZero") == 0 {
-		return Owner{}
+		return lease.Owner{}
 	}
-	return Owner{TaskID: awkward(t, "task"), AgentID: awkward(t, "agent"), AttemptID: awkward(t, "attempt"), HostID: awkward(t, "host")}
+	return lease.Owner{TaskID: awkward(t, "task"), AgentID: awkward(t, "agent"), AttemptID: awkward(t, "attempt"), HostID: awkward(t, "host")}
 }
 
-func drawDuration(t *rapid.T, label string) Duration {
-	return Duration(rapid.SampledFrom([]time.Duration{0, time.Nanosecond, 1500 * time.Nanosecond, 2 * time.Millisecond,
+func drawDuration(t *rapid.T, label string) lease.Duration {
+	return lease.Duration(rapid.SampledFrom([]time.Duration{0, time.Nanosecond, 1500 * time.Nanosecond, 2 * time.Millisecond,
 		30 * time.Second, 300 * time.Second, 24 * time.Hour, -time.Second}).Draw(t, label))
 }
 
-func drawLease(t *rapid.T) Lease {
-	return Lease{LeaseID: awkward(t, "id"), Repo: awkward(t, "repo"), Scope: drawClaimAny(t), WorkspaceID: awkward(t, "ws"),
-		WorkspaceMode: WorkspaceMode(awkward(t, "mode")), Owner: drawOwner(t), Status: Status(awkward(t, "status")),
+func drawLease(t *rapid.T) lease.Lease {
+	return lease.Lease{LeaseID: awkward(t, "id"), Repo: awkward(t, "repo"), Scope: drawClaimAny(t), WorkspaceID: awkward(t, "ws"),
+		WorkspaceMode: lease.WorkspaceMode(awkward(t, "mode")), Owner: drawOwner(t), Status: lease.Status(awkward(t, "status")),
 		Version: rapid.Uint64().Draw(t, "version"), Fence: rapid.Uint64().Draw(t, "fence"),
 		AcquiredAt: drawTime(t, "acq"), RenewedAt: drawTime(t, "ren"), ExpiresAt: drawTime(t, "exp"),
 		TTL: drawDuration(t, "ttl"), EndedAt: drawTime(t, "end"), Reason: awkward(t, "reason")}
 }
 
-func drawEvent(t *rapid.T) AuditEvent {
-	return AuditEvent{Time: drawTime(t, "evTime"), Type: awkward(t, "evType"), Boundary: awkward(t, "boundary"), Repo: awkward(t, "evRepo"),
+func drawEvent(t *rapid.T) lease.AuditEvent {
+	return lease.AuditEvent{Time: drawTime(t, "evTime"), Type: awkward(t, "evType"), Boundary: awkward(t, "boundary"), Repo: awkward(t, "evRepo"),
 		LeaseID: awkward(t, "evLease"), Owner: drawOwner(t), Scope: drawClaimAny(t),
 		Fence: rapid.SampledFrom([]uint64{0, 1, 1 << 63}).Draw(t, "evFence"), Reason: awkward(t, "evReason"), Message: awkward(t, "msg")}
 }
@@ -123,9 +124,9 @@ func TestEncodersMatchMarshal(t *testing.T) {
 			sameAsMarshal(t, "stored entry", e.storedJSON(), true, e)
 		}
 
-		var evs []AuditEvent
+		var evs []lease.AuditEvent
 		if rapid.IntRange(0, 4).Draw(t, "eventsNil") > 0 {
-			evs = []AuditEvent{}
+			evs = []lease.AuditEvent{}
 			for range rapid.IntRange(0, 3).Draw(t, "nEvents") {
 				evs = append(evs, drawEvent(t))
 			}
@@ -135,7 +136,7 @@ func TestEncodersMatchMarshal(t *testing.T) {
 		sameAsMarshal(t, "audit batch", data, err == nil, &ab)
 
 		acq := AcquireRequest{Repo: awkward(t, "aRepo"), Scope: drawClaimAny(t), WorkspaceID: awkward(t, "aWs"),
-			WorkspaceMode: WorkspaceMode(awkward(t, "aMode")), MaxSharers: rapid.IntRange(-2, 3).Draw(t, "maxSharers"),
+			WorkspaceMode: lease.WorkspaceMode(awkward(t, "aMode")), MaxSharers: rapid.IntRange(-2, 3).Draw(t, "maxSharers"),
 			Owner: drawOwner(t), TTL: drawDuration(t, "aTTL"), Wait: drawDuration(t, "aWait"),
 			RequestID: awkward(t, "aReq"), CredentialHash: awkward(t, "aHash")}
 		for range rapid.IntRange(0, 2).Draw(t, "nWorkspaces") {
@@ -202,15 +203,15 @@ func checkReplyDecode(t tb, data []byte) {
 func codecSeeds() [][]byte {
 	now := time.Date(2026, 11, 29, 10, 0, 0, 123000000, time.UTC)
 	c, _ := scope.New([]string{"svc/a", "z"}, false, []string{"public.*"})
-	l := Lease{LeaseID: "lease_0abc", Repo: "github.com/a/b", Scope: c, WorkspaceID: "checkout", WorkspaceMode: WorkspaceShared,
-		Owner: Owner{TaskID: "t", AgentID: "a"}, Status: StatusActive, Version: 1, Fence: 9,
-		AcquiredAt: now, RenewedAt: now, ExpiresAt: now.Add(time.Minute), TTL: Duration(time.Minute)}
+	l := lease.Lease{LeaseID: "lease_0abc", Repo: "github.com/a/b", Scope: c, WorkspaceID: "checkout", WorkspaceMode: lease.WorkspaceShared,
+		Owner: lease.Owner{TaskID: "t", AgentID: "a"}, Status: lease.StatusActive, Version: 1, Fence: 9,
+		AcquiredAt: now, RenewedAt: now, ExpiresAt: now.Add(time.Minute), TTL: lease.Duration(time.Minute)}
 	pub, _ := appendLease(&l, nil)
 	ended := l
-	ended.Status, ended.EndedAt, ended.Reason = StatusReleased, now, "released by owner"
+	ended.Status, ended.EndedAt, ended.Reason = lease.StatusReleased, now, "released by owner"
 	endedPub, _ := appendLease(&ended, nil)
-	acq := AcquireRequest{Repo: "github.com/a/b", Scope: c, Owner: Owner{TaskID: "t"}, TTL: Duration(30 * time.Second),
-		Wait: Duration(time.Second), MaxSharers: 2, RequestID: "req_1", CredentialHash: NewCredential().hash()}
+	acq := AcquireRequest{Repo: "github.com/a/b", Scope: c, Owner: lease.Owner{TaskID: "t"}, TTL: lease.Duration(30 * time.Second),
+		Wait: lease.Duration(time.Second), MaxSharers: 2, RequestID: "req_1", CredentialHash: NewCredential().hash()}
 	rel := ReleaseRequest{LeaseID: "lease_0abc", Credential: "secret"}
 	ren := RenewRequest{LeaseID: "lease_0abc", Repo: "r", Credential: "secret", Version: 3, RenewID: "req_2"}
 	return [][]byte{
@@ -246,7 +247,7 @@ func TestFastDecodersMatchUnmarshal(t *testing.T) {
 	}
 	// The shapes the bus writes take the fast path (else it is no faster).
 	seeds := codecSeeds()
-	var l Lease
+	var l lease.Lease
 	var acq AcquireRequest
 	var rel ReleaseRequest
 	var ren RenewRequest

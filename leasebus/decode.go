@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Fast decoders for the hot request and reply shapes. They read only the
@@ -49,7 +50,7 @@ func unmarshalRequest(data []byte, v any) error {
 // unmarshalReply decodes a service reply like json.Unmarshal into a zero r.
 func unmarshalReply(data []byte, r *reply) error {
 	if bytes.HasPrefix(data, []byte(`{"lease":`)) {
-		l := new(Lease)
+		l := new(lease.Lease)
 		if fastDecode(data, func(d *fastDec, key []byte) (uint32, bool) {
 			return 1, string(key) == "lease" && d.object(leaseFields(l))
 		}) {
@@ -196,7 +197,7 @@ func (d *fastDec) time(dst *time.Time) bool {
 	return ok && dst.UnmarshalJSON(s) == nil
 }
 
-func (d *fastDec) duration(dst *Duration) bool {
+func (d *fastDec) duration(dst *lease.Duration) bool {
 	s, ok := d.rawString()
 	return ok && dst.UnmarshalText(s[1:len(s)-1]) == nil
 }
@@ -242,7 +243,7 @@ func (d *fastDec) claim(c *scope.Claim) bool {
 	})
 }
 
-func (d *fastDec) owner(o *Owner) bool {
+func (d *fastDec) owner(o *lease.Owner) bool {
 	return d.object(func(d *fastDec, key []byte) (uint32, bool) {
 		switch string(key) {
 		case "taskId":
@@ -259,11 +260,11 @@ func (d *fastDec) owner(o *Owner) bool {
 }
 
 // leaseFields reads the fields of a lease record into l; each at most once.
-func leaseFields(l *Lease) fieldFunc {
+func leaseFields(l *lease.Lease) fieldFunc {
 	return func(d *fastDec, key []byte) (uint32, bool) { return decodeLeaseField(l, d, key) }
 }
 
-func decodeLeaseField(l *Lease, d *fastDec, key []byte) (uint32, bool) {
+func decodeLeaseField(l *lease.Lease, d *fastDec, key []byte) (uint32, bool) {
 	var bit uint32
 	var ok bool
 	switch string(key) {

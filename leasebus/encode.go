@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Hand-written JSON encoders for the records on the request path: the
@@ -108,7 +110,7 @@ func appendTime(b []byte, t time.Time) ([]byte, bool) {
 	return append(b, '"'), true
 }
 
-func appendOwner(b []byte, o Owner) []byte {
+func appendOwner(b []byte, o lease.Owner) []byte {
 	b = append(b, `{"taskId":`...)
 	b = appendString(b, o.TaskID)
 	b = append(b, `,"agentId":`...)
@@ -120,12 +122,12 @@ func appendOwner(b []byte, o Owner) []byte {
 	return append(b, '}')
 }
 
-func appendDuration(b []byte, d Duration) []byte {
+func appendDuration(b []byte, d lease.Duration) []byte {
 	return appendString(b, time.Duration(d).String())
 }
 
 // appendLease appends the lease record as json.Marshal(l) writes it.
-func appendLease(l *Lease, b []byte) ([]byte, bool) {
+func appendLease(l *lease.Lease, b []byte) ([]byte, bool) {
 	ok := true
 	b = append(b, `{"leaseId":`...)
 	b = appendString(b, l.LeaseID)
@@ -168,7 +170,7 @@ func appendLease(l *Lease, b []byte) ([]byte, bool) {
 }
 
 // appendEvent appends an audit event as json.Marshal(ev) writes it.
-func appendEvent(b []byte, ev *AuditEvent) ([]byte, bool) {
+func appendEvent(b []byte, ev *lease.AuditEvent) ([]byte, bool) {
 	b = append(b, `{"time":`...)
 	b, ok := appendTime(b, ev.Time)
 	b = append(b, `,"type":`...)
@@ -181,7 +183,7 @@ func appendEvent(b []byte, ev *AuditEvent) ([]byte, bool) {
 		b = append(b, `,"leaseId":`...)
 		b = appendString(b, ev.LeaseID)
 	}
-	if ev.Owner != (Owner{}) {
+	if ev.Owner != (lease.Owner{}) {
 		b = append(b, `,"owner":`...)
 		b = appendOwner(b, ev.Owner)
 	}
@@ -205,7 +207,7 @@ func appendEvent(b []byte, ev *AuditEvent) ([]byte, bool) {
 }
 
 // appendEvents appends a list of audit events as json.Marshal writes it.
-func appendEvents(b []byte, evs []AuditEvent) ([]byte, error) {
+func appendEvents(b []byte, evs []lease.AuditEvent) ([]byte, error) {
 	if evs == nil {
 		return append(b, "null"...), nil
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // TestRecordEncodeMatchesMarshal checks the hand-assembled log record
@@ -17,20 +18,20 @@ func TestRecordEncodeMatchesMarshal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mk := func(id string, st Status, renew string) *entry {
-		e := &entry{Lease: Lease{LeaseID: id, Repo: "github.com/a/<b>", Scope: c, WorkspaceID: "wt-1", WorkspaceMode: WorkspaceShared,
-			Owner: Owner{TaskID: "t\n1", AgentID: "a\"1", AttemptID: "att", HostID: "h"}, Status: st, Version: 3, Fence: 9,
-			AcquiredAt: now, RenewedAt: now, ExpiresAt: now.Add(time.Minute), TTL: Duration(time.Minute)},
+	mk := func(id string, st lease.Status, renew string) *entry {
+		e := &entry{Lease: lease.Lease{LeaseID: id, Repo: "github.com/a/<b>", Scope: c, WorkspaceID: "wt-1", WorkspaceMode: lease.WorkspaceShared,
+			Owner: lease.Owner{TaskID: "t\n1", AgentID: "a\"1", AttemptID: "att", HostID: "h"}, Status: st, Version: 3, Fence: 9,
+			AcquiredAt: now, RenewedAt: now, ExpiresAt: now.Add(time.Minute), TTL: lease.Duration(time.Minute)},
 			SecretHash: NewCredential().hash(), RequestID: "req_<&>", RenewID: renew}
-		if st != StatusActive {
+		if st != lease.StatusActive {
 			e.EndedAt, e.Reason = now, "released by owner"
 		}
 		return e
 	}
 	for _, rec := range []*logRecord{
-		{Kind: recordDelta, Repo: "github.com/a/<b>", Fence: 9, Prev: 4, Leases: []*entry{mk("lease_a", StatusActive, "")},
-			Events: []AuditEvent{{Time: now, Type: EventGrant, Boundary: BoundaryLease, Repo: "r", LeaseID: "lease_a", Message: "granted <x>"}}},
-		{Kind: recordSnapshot, Repo: "r", Fence: 12, Prev: 7, Leases: []*entry{mk("lease_a", StatusReleased, "req_r"), mk("lease_b", StatusActive, "req_s")}},
+		{Kind: recordDelta, Repo: "github.com/a/<b>", Fence: 9, Prev: 4, Leases: []*entry{mk("lease_a", lease.StatusActive, "")},
+			Events: []lease.AuditEvent{{Time: now, Type: lease.EventGrant, Boundary: lease.BoundaryLease, Repo: "r", LeaseID: "lease_a", Message: "granted <x>"}}},
+		{Kind: recordSnapshot, Repo: "r", Fence: 12, Prev: 7, Leases: []*entry{mk("lease_a", lease.StatusReleased, "req_r"), mk("lease_b", lease.StatusActive, "req_s")}},
 		{Kind: recordDelta, Repo: "r", Fence: 1},
 	} {
 		got, err := rec.encode()

@@ -5,14 +5,15 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/policy"
 )
 
 // wireError is an error as it travels in a service reply.
 type wireError struct {
-	Code     string         `json:"code"`
-	Message  string         `json:"message"`
-	Conflict *ConflictError `json:"conflict,omitempty"`
+	Code     string               `json:"code"`
+	Message  string               `json:"message"`
+	Conflict *lease.ConflictError `json:"conflict,omitempty"`
 }
 
 var codes = []struct {
@@ -20,17 +21,17 @@ var codes = []struct {
 	err  error
 }{
 	{"policy", policy.ErrRefused}, // the security team's policy refuses it
-	{"conflict", ErrConflict},
+	{"conflict", lease.ErrConflict},
 	{"revision_mismatch", jetstream.ErrKeyRevisionMismatch}, // a shard record's compare-and-swap
-	{"lost", ErrLeaseLost},
-	{"not_owner", ErrNotOwner},
-	{"not_found", ErrNotFound},
-	{"invalid", ErrInvalid},
+	{"lost", lease.ErrLeaseLost},
+	{"not_owner", lease.ErrNotOwner},
+	{"not_found", lease.ErrNotFound},
+	{"invalid", lease.ErrInvalid},
 	{"store_full", ErrStoreFull}, // before unavailable: they wrap it
 	{"log_full", ErrLogFull},
 	{"store_read_only", ErrStoreReadOnly},
 	{"jetstream_down", ErrJetStreamDown},
-	{"unavailable", ErrUnavailable},
+	{"unavailable", lease.ErrUnavailable},
 }
 
 func toWire(err error) *wireError {
@@ -38,7 +39,7 @@ func toWire(err error) *wireError {
 		return nil
 	}
 	w := &wireError{Code: "internal", Message: err.Error()}
-	var ce *ConflictError
+	var ce *lease.ConflictError
 	if errors.As(err, &ce) {
 		w.Conflict = ce
 	}

@@ -97,7 +97,7 @@ func readFenceSecret(dir, repo, storage string) ([]byte, error) {
 // active. A secret that cannot be read is logged, and the lease is
 // answered without the key (its storage then refuses its writes, naming
 // the missing signature).
-func (s *Service) grantKeys(l *Lease) *GrantKeys {
+func (s *Service) grantKeys(l *lease.Lease) *GrantKeys {
 	dir := s.cfg.FenceSecretDir
 	if dir == "" || !l.Active() {
 		return nil

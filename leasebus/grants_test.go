@@ -56,7 +56,7 @@ func TestGrantKeysOnlyToTheAcquirer(t *testing.T) {
 	cred := NewCredential()
 	c := claim(t, "services/billing")
 	c.Tables = []string{"billing.*", "public.invoices"}
-	l, err := acquirer.Acquire(ctx, AcquireRequest{Repo: repo, Scope: c, Owner: owner(1), TTL: Duration(30 * time.Second)}, cred)
+	l, err := acquirer.Acquire(ctx, AcquireRequest{Repo: repo, Scope: c, Owner: owner(1), TTL: lease.Duration(30 * time.Second)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestGrantKeysOnlyToTheAcquirer(t *testing.T) {
 			return err
 		}
 		for _, e := range evs {
-			if e.Type == EventGrant {
+			if e.Type == lease.EventGrant {
 				return nil
 			}
 		}

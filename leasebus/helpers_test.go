@@ -14,6 +14,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // bus is one in-process server with a lease service, for tests.
@@ -139,8 +140,8 @@ func claim(t testing.TB, paths ...string) scope.Claim {
 	return c
 }
 
-func owner(i int) Owner {
-	return Owner{TaskID: fmt.Sprintf("task-%d", i), AgentID: fmt.Sprintf("agent-%d", i), AttemptID: fmt.Sprintf("att-%d", i)}
+func owner(i int) lease.Owner {
+	return lease.Owner{TaskID: fmt.Sprintf("task-%d", i), AgentID: fmt.Sprintf("agent-%d", i), AttemptID: fmt.Sprintf("att-%d", i)}
 }
 
 func ctxT(t testing.TB) context.Context {

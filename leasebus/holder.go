@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 )
 
@@ -105,7 +106,7 @@ type Holder struct {
 	grants *GrantKeys // from the acquire or attach; never changes
 
 	mu         sync.Mutex
-	lease      Lease       // guarded by mu
+	lease      lease.Lease // guarded by mu
 	state      HolderState // guarded by mu
 	err        error       // why not held; guarded by mu
 	validUntil time.Time   // monotonic; guarded by mu
@@ -194,7 +195,7 @@ func (c *Client) AcquireAndHold(ctx context.Context, req AcquireRequest, cred Cr
 // end the lease for its owner).
 func (c *Client) AttachAndHold(ctx context.Context, leaseID string, cred Credential, opts HoldOptions) (*Holder, error) {
 	if cred == "" {
-		return nil, fmt.Errorf("attach to %s: %w: empty credential", leaseID, ErrInvalid)
+		return nil, fmt.Errorf("attach to %s: %w: empty credential", leaseID, lease.ErrInvalid)
 	}
 	cur, err := c.Get(ctx, leaseID)
 	if err != nil {
@@ -211,7 +212,7 @@ func (c *Client) AttachAndHold(ctx context.Context, leaseID string, cred Credent
 		return nil, fmt.Errorf("attach to %s: %w", leaseID, err)
 	}
 	if why := notOurs(*cur, req, l); why != "" {
-		return nil, fmt.Errorf("attach to %s: %w: the answer to the renewal is not one the lease service makes for it: %s", leaseID, ErrUnavailable, why)
+		return nil, fmt.Errorf("attach to %s: %w: the answer to the renewal is not one the lease service makes for it: %s", leaseID, lease.ErrUnavailable, why)
 	}
 	return c.Hold(l, cred, sent, opts)
 }
@@ -219,8 +220,8 @@ func (c *Client) AttachAndHold(ctx context.Context, leaseID string, cred Credent
 // Hold starts keeping lease alive. The lease must have just been acquired
 // or renewed by this process: validity starts from sent, the moment the
 // acquire or last renewal was sent. Stop or Release it when done.
-func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOptions) (*Holder, error) {
-	ttl := time.Duration(lease.TTL)
+func (c *Client) Hold(granted *lease.Lease, cred Credential, sent time.Time, opts HoldOptions) (*Holder, error) {
+	ttl := time.Duration(granted.TTL)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -231,7 +232,7 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 		opts.Margin = max(ttl/10, 50*time.Millisecond)
 	}
 	if opts.Interval+opts.Margin >= ttl {
-		return nil, fmt.Errorf("hold %s: %w: renew interval %s plus margin %s must be below the ttl %s", lease.LeaseID, ErrInvalid, opts.Interval, opts.Margin, ttl)
+		return nil, fmt.Errorf("hold %s: %w: renew interval %s plus margin %s must be below the ttl %s", granted.LeaseID, lease.ErrInvalid, opts.Interval, opts.Margin, ttl)
 	}
 	if opts.Heartbeat <= 0 {
 		opts.Heartbeat = DefaultHeartbeat
@@ -240,44 +241,44 @@ func (c *Client) Hold(lease *Lease, cred Credential, sent time.Time, opts HoldOp
 		opts.Silence = max(DefaultSilence, 3*opts.Heartbeat)
 	}
 	if opts.Silence <= opts.Heartbeat {
-		return nil, fmt.Errorf("hold %s: %w: silence %s must be longer than the heartbeat %s", lease.LeaseID, ErrInvalid, opts.Silence, opts.Heartbeat)
+		return nil, fmt.Errorf("hold %s: %w: silence %s must be longer than the heartbeat %s", granted.LeaseID, lease.ErrInvalid, opts.Silence, opts.Heartbeat)
 	}
-	h := &Holder{c: c, cred: cred, opts: opts, lease: *lease, grants: lease.Grants, state: Held,
+	h := &Holder{c: c, cred: cred, opts: opts, lease: *granted, grants: granted.Grants, state: Held,
 		validUntil: sent.Add(ttl - opts.Margin), lost: make(chan struct{}), heardAt: sent,
 		done: make(chan struct{}), kick: make(chan struct{}, 1), statusDone: make(chan struct{})}
-	if !lease.Active() {
-		h.setLost(fmt.Errorf("%w: lease %s is %s", ErrLeaseLost, lease.LeaseID, lease.Status))
+	if !granted.Active() {
+		h.setLost(fmt.Errorf("%w: lease %s is %s", lease.ErrLeaseLost, granted.LeaseID, granted.Status))
 	}
 	// Listen to the connection before the watch: a drop between the two
 	// must not go unseen.
 	h.status = c.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CONNECTED, nats.CLOSED)
 	go h.watchConn()
-	unwatch, err := c.watch(ChangedSubject(lease.Repo, lease.LeaseID), h.observe)
+	unwatch, err := c.watch(ChangedSubject(granted.Repo, granted.LeaseID), h.observe)
 	if err != nil {
 		c.nc.RemoveStatusListener(h.status)
 		<-h.statusDone
 		return nil, err
 	}
 	h.unwatch = unwatch
-	if lease.Active() {
+	if granted.Active() {
 		// A change committed between the acquire's reply and the watch
 		// above announced itself to nobody: ask the service once, now that
 		// later notices reach us.
 		gctx, cancel := context.WithTimeout(context.Background(), max(min(opts.Interval, 2*time.Second), 100*time.Millisecond))
 		asked := opts.Now()
-		l, err := c.Get(gctx, lease.LeaseID)
+		l, err := c.Get(gctx, granted.LeaseID)
 		cancel()
 		if err != nil {
-			h.doubt(fmt.Errorf("%w: %s (fence %d): could not confirm the lease after starting to watch it: %w", ErrLeaseUnknown, lease.LeaseID, lease.Fence, err), true)
+			h.doubt(fmt.Errorf("%w: %s (fence %d): could not confirm the lease after starting to watch it: %w", lease.ErrLeaseUnknown, granted.LeaseID, granted.Fence, err), true)
 		} else {
 			h.heard(asked)
 			h.observe(l)
 		}
 	}
 	if !c.nc.IsConnected() {
-		h.doubt(fmt.Errorf("%w: %s: not connected to the bus; writes wait for a re-check once it is back", ErrLeaseUnknown, lease.LeaseID), true)
+		h.doubt(fmt.Errorf("%w: %s: not connected to the bus; writes wait for a re-check once it is back", lease.ErrLeaseUnknown, granted.LeaseID), true)
 	}
-	if lease.Active() && opts.Now().Sub(sent) >= opts.Interval {
+	if granted.Active() && opts.Now().Sub(sent) >= opts.Interval {
 		// The acquire waited (in a queue, or on a slow bus): its validity,
 		// counted from when it was sent, is partly or wholly spent. Renew
 		// once now; a renewal counts from its own send.
@@ -317,14 +318,14 @@ func (h *Holder) Fence() (uint64, error) {
 	// Unknown too: a holder that cannot reach the bus past its margin may
 	// already have been reclaimed.
 	if h.state != Lost && !h.opts.Now().Before(h.validUntil) {
-		h.setLostLocked(fmt.Errorf("%w: %s not renewed within its ttl minus margin", ErrLeaseLost, h.lease.LeaseID))
+		h.setLostLocked(fmt.Errorf("%w: %s not renewed within its ttl minus margin", lease.ErrLeaseLost, h.lease.LeaseID))
 	}
 	if h.state == Held {
 		if silent := h.opts.Now().Sub(h.heardAt); silent > h.opts.Silence {
 			// The server may be paused or cut off: a revoke's notice
 			// could not reach us. Stop, and re-check once it answers.
 			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): no answer from the lease service for %s; writes wait until the lease is re-checked",
-				ErrLeaseUnknown, h.lease.LeaseID, h.lease.Fence, silent.Round(time.Millisecond)))
+				lease.ErrLeaseUnknown, h.lease.LeaseID, h.lease.Fence, silent.Round(time.Millisecond)))
 			h.poke()
 		}
 	}
@@ -332,7 +333,7 @@ func (h *Holder) Fence() (uint64, error) {
 		return 0, h.err
 	}
 	if !connected {
-		return 0, fmt.Errorf("%w: %s (fence %d): the connection to the bus is down; writes wait until the lease is re-checked", ErrLeaseUnknown, h.lease.LeaseID, h.lease.Fence)
+		return 0, fmt.Errorf("%w: %s (fence %d): the connection to the bus is down; writes wait until the lease is re-checked", lease.ErrLeaseUnknown, h.lease.LeaseID, h.lease.Fence)
 	}
 	return h.lease.Fence, nil
 }
@@ -358,7 +359,7 @@ func (h *Holder) State() (HolderState, error) {
 }
 
 // Lease returns the holder's latest copy of the lease record.
-func (h *Holder) Lease() Lease {
+func (h *Holder) Lease() lease.Lease {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	l := h.lease
@@ -411,7 +412,7 @@ func (h *Holder) Release(ctx context.Context) error {
 	}
 	h.mu.Lock()
 	h.lease = *l
-	h.setLostLocked(fmt.Errorf("%w: %s released", ErrLeaseLost, id))
+	h.setLostLocked(fmt.Errorf("%w: %s released", lease.ErrLeaseLost, id))
 	h.mu.Unlock()
 	return nil
 }
@@ -482,14 +483,14 @@ func (h *Holder) poke() {
 // not the service's word to this holder — it may be late, or forged by
 // whoever can publish on the subject — so one saying the lease ended stops
 // writes and asks the service; only its answer makes the lease Lost.
-func (h *Holder) observe(l *Lease) {
+func (h *Holder) observe(l *lease.Lease) {
 	h.mu.Lock()
 	if h.state == Lost || l.Version <= h.lease.Version || l.Active() || l.LeaseID != h.lease.LeaseID || l.Fence != h.lease.Fence || l.Repo != h.lease.Repo {
 		h.mu.Unlock()
 		return // stale, already known, or nothing to act on
 	}
 	h.doubtLocked(fmt.Errorf("%w: %s (fence %d): announced %s (version %d: %s); writes stop until the lease service confirms",
-		ErrLeaseUnknown, h.lease.LeaseID, h.lease.Fence, l.Status, l.Version, l.Reason))
+		lease.ErrLeaseUnknown, h.lease.LeaseID, h.lease.Fence, l.Status, l.Version, l.Reason))
 	h.mu.Unlock()
 	h.poke()
 }
@@ -509,11 +510,11 @@ func (h *Holder) watchConn() {
 		}
 		switch st {
 		case nats.CONNECTED:
-			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): reconnected to the bus; re-checking the lease before the next write", ErrLeaseUnknown, id, fence))
+			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): reconnected to the bus; re-checking the lease before the next write", lease.ErrLeaseUnknown, id, fence))
 		case nats.CLOSED:
-			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): the connection to the bus is closed", ErrLeaseUnknown, id, fence))
+			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): the connection to the bus is closed", lease.ErrLeaseUnknown, id, fence))
 		default:
-			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): disconnected from the bus (%s); writes wait until it is back and the lease is re-checked", ErrLeaseUnknown, id, fence, st))
+			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): disconnected from the bus (%s); writes wait until it is back and the lease is re-checked", lease.ErrLeaseUnknown, id, fence, st))
 		}
 		h.mu.Unlock()
 		if st == nats.CONNECTED {
@@ -544,7 +545,7 @@ func (h *Holder) run(ctx context.Context) {
 		case <-timer.C:
 		case <-h.kick:
 		}
-		if _, err := h.Fence(); err != nil && errors.Is(err, ErrLeaseLost) {
+		if _, err := h.Fence(); err != nil && errors.Is(err, lease.ErrLeaseLost) {
 			return
 		}
 		next = h.renew(ctx)
@@ -598,11 +599,11 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 		if why := notOurs(held, req, l); why != "" {
 			// Not applied, and the renewal's id kept: a retry is still
 			// recognised if the service did renew.
-			err = fmt.Errorf("%w: the answer to the renewal is not one the lease service makes for it: %s", ErrUnavailable, why)
+			err = fmt.Errorf("%w: the answer to the renewal is not one the lease service makes for it: %s", lease.ErrUnavailable, why)
 			l = nil
 		}
 	}
-	if err == nil || IsFenced(err) {
+	if err == nil || lease.IsFenced(err) {
 		h.renewID = ""
 	}
 	switch {
@@ -624,15 +625,15 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 		return h.opts.Interval
 	case ctx.Err() != nil:
 		return h.opts.Interval
-	case IsFenced(err):
-		h.setLost(fmt.Errorf("%w: renew refused: %w", ErrLeaseLost, err))
+	case lease.IsFenced(err):
+		h.setLost(fmt.Errorf("%w: renew refused: %w", lease.ErrLeaseLost, err))
 		return h.opts.Interval
 	case errors.Is(err, context.Canceled):
 		// Cancelled by a connection change, which made the holder Unknown
 		// and pokes run once the connection is back.
 		return min(h.opts.Interval, 250*time.Millisecond)
 	default:
-		h.setState(Unknown, fmt.Errorf("%w: %s (fence %d): the lease service did not answer the renewal: %v", ErrLeaseUnknown, req.LeaseID, h.Lease().Fence, err))
+		h.setState(Unknown, fmt.Errorf("%w: %s (fence %d): the lease service did not answer the renewal: %v", lease.ErrLeaseUnknown, req.LeaseID, h.Lease().Fence, err))
 		return min(h.opts.Interval, 250*time.Millisecond)
 	}
 }
@@ -644,7 +645,7 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 // request's nonce already keeps others' answers out (see nonceHeader);
 // this keeps a holder from ever taking an answer as what it holds
 // without checking that it is.
-func notOurs(held Lease, sent RenewRequest, got *Lease) string {
+func notOurs(held lease.Lease, sent RenewRequest, got *lease.Lease) string {
 	switch {
 	case got.LeaseID != held.LeaseID:
 		return fmt.Sprintf("it is lease %q, not %s", got.LeaseID, held.LeaseID)
@@ -672,10 +673,10 @@ func notOurs(held Lease, sent RenewRequest, got *Lease) string {
 // the fence it had and never learns that the lease ended. It stands for a
 // zombie writer in the fences' demos, benchmarks and tests: the storage
 // must refuse what it writes.
-type Frozen struct{ Record Lease }
+type Frozen struct{ Record lease.Lease }
 
 // Fence returns the remembered fence, always.
 func (f Frozen) Fence() (uint64, error) { return f.Record.Fence, nil }
 
 // Lease returns the remembered record.
-func (f Frozen) Lease() Lease { return f.Record }
+func (f Frozen) Lease() lease.Lease { return f.Record }

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // When the bus is gone the holder refuses fences at once (Unknown), and
@@ -19,7 +21,7 @@ func TestHolderUnknownThenLostWhenBusUnreachable(t *testing.T) {
 	cred := NewCredential()
 	const ttl = 5 * time.Second
 	sent := time.Now()
-	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "offline"), Owner: owner(1), TTL: Duration(ttl)}, cred)
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "offline"), Owner: owner(1), TTL: lease.Duration(ttl)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +53,7 @@ func TestHolderUnknownThenLostWhenBusUnreachable(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := h.Fence(); !errors.Is(err, ErrLeaseUnknown) || errors.Is(err, ErrLeaseLost) {
+	if _, err := h.Fence(); !errors.Is(err, lease.ErrLeaseUnknown) || errors.Is(err, lease.ErrLeaseLost) {
 		t.Fatalf("fence while the bus is unreachable: want ErrLeaseUnknown, got %v", err)
 	}
 	var lostAt time.Time
@@ -82,7 +84,7 @@ func TestHolderUnknownThenLostWhenBusUnreachable(t *testing.T) {
 	if lostAt.After(last.ExpiresAt) {
 		t.Errorf("holder reported Lost at %s, after the service's deadline %s", lostAt.Format(time.StampMicro), last.ExpiresAt.Format(time.StampMicro))
 	}
-	if _, err := h.Fence(); !errors.Is(err, ErrLeaseLost) {
+	if _, err := h.Fence(); !errors.Is(err, lease.ErrLeaseLost) {
 		t.Fatalf("fence after the margin: %v", err)
 	}
 }
@@ -100,7 +102,7 @@ func TestHolderRetriedRenewalDoesNotOutliveServiceDeadline(t *testing.T) {
 	cred := NewCredential()
 	const ttl = 3 * time.Second
 	sent := time.Now()
-	l, err := hc.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "retry"), Owner: owner(1), TTL: Duration(ttl)}, cred)
+	l, err := hc.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "retry"), Owner: owner(1), TTL: lease.Duration(ttl)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,8 +110,8 @@ func TestHolderRetriedRenewalDoesNotOutliveServiceDeadline(t *testing.T) {
 	var reclaimedAt time.Time
 	var fenceAtReclaim error
 	var holder atomic.Pointer[Holder]
-	stop, err := b.c.Watch(repo, func(r *Lease) {
-		if r.LeaseID == l.LeaseID && r.Status == StatusReclaimed {
+	stop, err := b.c.Watch(repo, func(r *lease.Lease) {
+		if r.LeaseID == l.LeaseID && r.Status == lease.StatusReclaimed {
 			_, ferr := holder.Load().Fence()
 			mu.Lock()
 			reclaimedAt, fenceAtReclaim = time.Now(), ferr

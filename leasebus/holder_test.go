@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 )
 
@@ -35,7 +36,7 @@ func TestHolderRenewsAndFences(t *testing.T) {
 	ctx := ctxT(t)
 	cred := NewCredential()
 	sent := time.Now()
-	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "held"), Owner: owner(1), TTL: Duration(1500 * time.Millisecond)}, cred)
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "held"), Owner: owner(1), TTL: lease.Duration(1500 * time.Millisecond)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,10 +75,10 @@ func TestHolderRenewsAndFences(t *testing.T) {
 	default:
 		t.Fatal("released holder not lost")
 	}
-	if _, err := h.Fence(); !errors.Is(err, ErrLeaseLost) {
+	if _, err := h.Fence(); !errors.Is(err, lease.ErrLeaseLost) {
 		t.Fatalf("fence after release: %v", err)
 	}
-	if got, _ := b.c.Get(ctx, l.LeaseID); got.Status != StatusReleased {
+	if got, _ := b.c.Get(ctx, l.LeaseID); got.Status != lease.StatusReleased {
 		t.Fatalf("service has %s after release", got.Status)
 	}
 }
@@ -87,7 +88,7 @@ func TestHolderLostWithinASecondOfRevoke(t *testing.T) {
 	ctx := ctxT(t)
 	cred := NewCredential()
 	sent := time.Now()
-	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "revoked"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "revoked"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,10 +108,10 @@ func TestHolderLostWithinASecondOfRevoke(t *testing.T) {
 		t.Fatal("holder not lost within 1s of the revoke (its next renewal is 20s away)")
 	}
 	t.Logf("holder lost %s after the revoke was sent", time.Since(start))
-	if _, err := h.Fence(); !errors.Is(err, ErrLeaseLost) {
+	if _, err := h.Fence(); !errors.Is(err, lease.ErrLeaseLost) {
 		t.Fatalf("fence after revoke: %v", err)
 	}
-	if st, err := h.State(); st != Lost || !errors.Is(err, ErrLeaseLost) {
+	if st, err := h.State(); st != Lost || !errors.Is(err, lease.ErrLeaseLost) {
 		t.Fatalf("state after revoke: %s %v", st, err)
 	}
 	// The notice makes it Unknown at once; the service's refusal of the
@@ -234,7 +235,7 @@ func TestHoldAfterLongWaitRenewsAtOnce(t *testing.T) {
 	ctx := ctxT(t)
 	cred := NewCredential()
 	const ttl = 2 * time.Second
-	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "waited"), Owner: owner(1), TTL: Duration(ttl)}, cred)
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "waited"), Owner: owner(1), TTL: lease.Duration(ttl)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,11 +255,11 @@ func TestHoldAfterLongWaitRenewsAtOnce(t *testing.T) {
 }
 
 // heldLeaseFor acquires a lease with ttl on the bus and holds it over nc.
-func heldLeaseFor(t *testing.T, b *bus, nc *nats.Conn, path string, ttl time.Duration, opts HoldOptions) (*Holder, *Lease) {
+func heldLeaseFor(t *testing.T, b *bus, nc *nats.Conn, path string, ttl time.Duration, opts HoldOptions) (*Holder, *lease.Lease) {
 	t.Helper()
 	cred := NewCredential()
 	sent := time.Now()
-	l, err := b.c.Acquire(ctxT(t), AcquireRequest{Repo: repo, Scope: claim(t, path), Owner: owner(1), TTL: Duration(ttl)}, cred)
+	l, err := b.c.Acquire(ctxT(t), AcquireRequest{Repo: repo, Scope: claim(t, path), Owner: owner(1), TTL: lease.Duration(ttl)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +317,7 @@ func TestHolderNoticeContradictedByServiceStaysHeld(t *testing.T) {
 	h, l := heldLeaseFor(t, b, connect(t, b.srv.ClientURL()), "forged", time.Minute,
 		HoldOptions{OnChange: func(s HolderState, _ error) { changes <- s }})
 	forged := *l
-	forged.Status, forged.Version, forged.Reason = StatusRevoked, l.Version+1000, "forged by a test"
+	forged.Status, forged.Version, forged.Reason = lease.StatusRevoked, l.Version+1000, "forged by a test"
 	data, err := json.Marshal(forged)
 	if err != nil {
 		t.Fatal(err)
@@ -375,7 +376,7 @@ func TestHolderDisconnectFailsFenceAtOnce(t *testing.T) {
 		}
 		return nil
 	})
-	if f, err := h.Fence(); !errors.Is(err, ErrLeaseUnknown) {
+	if f, err := h.Fence(); !errors.Is(err, lease.ErrLeaseUnknown) {
 		t.Fatalf("fence with the connection down: %d %v, want ErrLeaseUnknown", f, err)
 	}
 	select {
@@ -387,7 +388,7 @@ func TestHolderDisconnectFailsFenceAtOnce(t *testing.T) {
 		t.Fatal("holder not unknown within 1s of the disconnect")
 	}
 	t.Logf("holder unknown %s after the cut", time.Since(cut))
-	if st, err := h.State(); st != Unknown || !errors.Is(err, ErrLeaseUnknown) {
+	if st, err := h.State(); st != Unknown || !errors.Is(err, lease.ErrLeaseUnknown) {
 		t.Fatalf("state with the connection down: %s %v", st, err)
 	}
 	if got, _ := b.c.Get(ctxT(t), l.LeaseID); !got.Active() {
@@ -475,7 +476,7 @@ func TestHolderSeesRevokeMadeWhileDisconnected(t *testing.T) {
 	if at := w.end(); at != nil {
 		t.Fatalf("a fence succeeded at %s, after the lease was revoked while the holder was away", at.Format(time.StampMicro))
 	}
-	if _, err := h.Fence(); !errors.Is(err, ErrLeaseLost) {
+	if _, err := h.Fence(); !errors.Is(err, lease.ErrLeaseLost) {
 		t.Fatalf("fence after the re-check: %v", err)
 	}
 }
@@ -522,7 +523,7 @@ func TestHolderClosedConnectionFailsClosed(t *testing.T) {
 	nc := connect(t, b.srv.ClientURL())
 	h, _ := heldLeaseFor(t, b, nc, "closed", 2*time.Second, HoldOptions{})
 	nc.Close()
-	if _, err := h.Fence(); !errors.Is(err, ErrLeaseUnknown) {
+	if _, err := h.Fence(); !errors.Is(err, lease.ErrLeaseUnknown) {
 		t.Fatalf("fence right after the connection was closed: %v, want ErrLeaseUnknown", err)
 	}
 	select {
@@ -541,7 +542,7 @@ func TestHolderSeesRevokeBeforeItsWatch(t *testing.T) {
 	ctx := ctxT(t)
 	cred := NewCredential()
 	sent := time.Now()
-	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "early"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "early"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -583,7 +584,7 @@ func TestHolderStopsWhenItsServerFallsSilent(t *testing.T) {
 	}
 	revoked := time.Now()
 	checkFor(t, 2*time.Second, time.Millisecond, func() error {
-		if _, err := h.Fence(); !errors.Is(err, ErrLeaseUnknown) {
+		if _, err := h.Fence(); !errors.Is(err, lease.ErrLeaseUnknown) {
 			return fmt.Errorf("fence while the server is silent: %v", err)
 		}
 		return nil
@@ -609,7 +610,7 @@ func TestAcquireAndHold(t *testing.T) {
 	ctx := ctxT(t)
 	const ttl = 2 * time.Second
 	before := time.Now()
-	h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "mine"), Owner: owner(1), TTL: Duration(ttl)}, NewCredential(), HoldOptions{})
+	h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "mine"), Owner: owner(1), TTL: lease.Duration(ttl)}, NewCredential(), HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -621,14 +622,14 @@ func TestAcquireAndHold(t *testing.T) {
 		t.Fatalf("holder valid until %s: want after %s (the acquire's sending) and before the service's expiry %s", vu, before, h.Lease().ExpiresAt)
 	}
 
-	_, err = b.c.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "mine/sub"), Owner: owner(2), TTL: Duration(ttl)}, NewCredential(), HoldOptions{})
-	var ce *ConflictError
+	_, err = b.c.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "mine/sub"), Owner: owner(2), TTL: lease.Duration(ttl)}, NewCredential(), HoldOptions{})
+	var ce *lease.ConflictError
 	if !errors.As(err, &ce) || len(ce.Conflicts) != 1 || ce.Conflicts[0].LeaseID != h.Lease().LeaseID {
 		t.Fatalf("overlapping AcquireAndHold: %v, want a *ConflictError naming %s", err, h.Lease().LeaseID)
 	}
 
-	_, err = b.c.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(3), TTL: Duration(ttl)}, NewCredential(), HoldOptions{Interval: ttl})
-	if !errors.Is(err, ErrInvalid) {
+	_, err = b.c.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(3), TTL: lease.Duration(ttl)}, NewCredential(), HoldOptions{Interval: ttl})
+	if !errors.Is(err, lease.ErrInvalid) {
 		t.Fatalf("AcquireAndHold with a renew interval of the whole ttl: %v, want ErrInvalid", err)
 	}
 	ls, err := b.c.List(ctx, repo, false)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
@@ -110,15 +111,15 @@ func ValidIdentityName(name string) bool {
 
 func checkIdentity(i Identity) error {
 	if !ValidIdentityName(i.Name) {
-		return fmt.Errorf("%w: identity name %q: use 1 to 64 letters, digits, '-', '_' or '.'", ErrInvalid, i.Name)
+		return fmt.Errorf("%w: identity name %q: use 1 to 64 letters, digits, '-', '_' or '.'", lease.ErrInvalid, i.Name)
 	}
 	if !nkeys.IsValidPublicUserKey(i.Nkey) {
-		return fmt.Errorf("%w: identity %s: %q is not a public user nkey", ErrInvalid, i.Name, i.Nkey)
+		return fmt.Errorf("%w: identity %s: %q is not a public user nkey", lease.ErrInvalid, i.Name, i.Nkey)
 	}
 	switch i.Role {
 	case RoleHolder, RoleViewer, RoleOperator:
 	default:
-		return fmt.Errorf("%w: identity %s: role %q cannot be enrolled (holder, viewer or operator)", ErrInvalid, i.Name, i.Role)
+		return fmt.Errorf("%w: identity %s: role %q cannot be enrolled (holder, viewer or operator)", lease.ErrInvalid, i.Name, i.Role)
 	}
 	return nil
 }
@@ -460,7 +461,7 @@ func (s *Service) IdentityChanged(ctx context.Context, typ, by string, i Identit
 			kind = "left (its run ended)"
 		}
 	}
-	ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: typ, Boundary: BoundaryBus, RequestedBy: who,
+	ev := lease.AuditEvent{Time: s.cfg.Now().UTC(), Type: typ, Boundary: lease.BoundaryBus, RequestedBy: who,
 		Message: clip(fmt.Sprintf("%s (%s): %s as %s by %s", i.Name, i.Nkey, kind, i.Role, who), maxEventMessage)}
 	if err := s.writeBusEvent(ctx, by, ev); err != nil {
 		s.log.Warn("audit event of an identity change not written", "type", typ, "identity", i.Name, "requested_by", who, "err", err)
@@ -475,7 +476,7 @@ func (s *Service) IdentityChanged(ctx context.Context, typ, by string, i Identit
 // sessions on the other side, and after a grace stops counting the
 // instances there — cannot write it and removes nothing.
 func (s *Service) IdentityCollected(ctx context.Context, i Identity, idle time.Duration) error {
-	ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: EventIdentityRevoked, Boundary: BoundaryBus, RequestedBy: s.name(""),
+	ev := lease.AuditEvent{Time: s.cfg.Now().UTC(), Type: EventIdentityRevoked, Boundary: lease.BoundaryBus, RequestedBy: s.name(""),
 		Message: clip(fmt.Sprintf("%s (%s): collected as %s: none of its sessions heard for %s (its run ended without leaving)", i.Name, i.Nkey, i.Role, idle.Round(time.Second)), maxEventMessage)}
 	if err := s.writeBusEvent(ctx, "", ev); err != nil {
 		return fmt.Errorf("audit the collection of %s: %w", i.Name, err)

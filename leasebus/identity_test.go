@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 )
 
@@ -97,24 +98,24 @@ func TestLeaseBoundToItsIdentity(t *testing.T) {
 	ctx := ctxT(t)
 	a, thief := NewClient(b.holders["runner-a"]), NewClient(b.holders["runner-b"])
 	cred := NewCredential()
-	l, err := a.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services/billing"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	l, err := a.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services/billing"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	// A renewal proves the credential over (lease, version, renewal id):
 	// the thief makes a perfectly valid proof with the stolen credential.
-	if _, err := thief.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: l.Version}); !errors.Is(err, ErrNotOwner) {
-		t.Fatalf("renew by another identity with the stolen credential: %v, want %v", err, ErrNotOwner)
+	if _, err := thief.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: l.Version}); !errors.Is(err, lease.ErrNotOwner) {
+		t.Fatalf("renew by another identity with the stolen credential: %v, want %v", err, lease.ErrNotOwner)
 	}
-	if _, err := thief.Release(ctx, l.LeaseID, cred); !errors.Is(err, ErrNotOwner) {
-		t.Fatalf("release by another identity with the stolen credential: %v, want %v", err, ErrNotOwner)
+	if _, err := thief.Release(ctx, l.LeaseID, cred); !errors.Is(err, lease.ErrNotOwner) {
+		t.Fatalf("release by another identity with the stolen credential: %v, want %v", err, lease.ErrNotOwner)
 	}
-	if h, err := thief.AttachAndHold(ctx, l.LeaseID, cred, HoldOptions{}); !errors.Is(err, ErrNotOwner) {
+	if h, err := thief.AttachAndHold(ctx, l.LeaseID, cred, HoldOptions{}); !errors.Is(err, lease.ErrNotOwner) {
 		if h != nil {
 			h.Stop()
 		}
-		t.Fatalf("attach by another identity with the stolen credential: %v, want %v", err, ErrNotOwner)
+		t.Fatalf("attach by another identity with the stolen credential: %v, want %v", err, lease.ErrNotOwner)
 	}
 	if got, err := a.Get(ctx, l.LeaseID); err != nil || !got.Active() || got.Version != l.Version {
 		t.Fatalf("the refused requests changed the lease: %+v %v", got, err)
@@ -126,7 +127,7 @@ func TestLeaseBoundToItsIdentity(t *testing.T) {
 		}
 		n := 0
 		for _, ev := range evs {
-			if ev.Type == EventRefused && ev.Reason == "other-identity" && ev.LeaseID == l.LeaseID && ev.Owner == owner(1) && ev.Fence == l.Fence {
+			if ev.Type == lease.EventRefused && ev.Reason == "other-identity" && ev.LeaseID == l.LeaseID && ev.Owner == owner(1) && ev.Fence == l.Fence {
 				n++
 				if !strings.Contains(ev.Message, b.holders["runner-b"].Opts.Nkey) {
 					return fmt.Errorf("the refusal does not name the asking identity: %q", ev.Message)
@@ -142,8 +143,8 @@ func TestLeaseBoundToItsIdentity(t *testing.T) {
 	// The binding is in the lease log: a service that loads the lease
 	// afresh refuses the other identity too.
 	b.restartService(t)
-	if _, err := thief.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: l.Version}); !errors.Is(err, ErrNotOwner) {
-		t.Fatalf("renew by another identity after a service restart: %v, want %v", err, ErrNotOwner)
+	if _, err := thief.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: l.Version}); !errors.Is(err, lease.ErrNotOwner) {
+		t.Fatalf("renew by another identity after a service restart: %v, want %v", err, lease.ErrNotOwner)
 	}
 
 	// The acquiring identity goes on as before.
@@ -153,7 +154,7 @@ func TestLeaseBoundToItsIdentity(t *testing.T) {
 	}
 	// An operator revokes whatever identity holds it.
 	op := NewClient(connectFile(t, b.url, filepath.Join(b.dir, CredsFile(RoleOperator))))
-	if rv, err := op.Revoke(ctx, l.LeaseID, "identity test"); err != nil || rv.Status != StatusRevoked {
+	if rv, err := op.Revoke(ctx, l.LeaseID, "identity test"); err != nil || rv.Status != lease.StatusRevoked {
 		t.Fatalf("operator revoke: %+v %v", rv, err)
 	}
 }
@@ -165,7 +166,7 @@ func TestCancelBoundToItsIdentity(t *testing.T) {
 	ctx := ctxT(t)
 	a, thief := NewClient(b.holders["runner-a"]), NewClient(b.holders["runner-b"])
 	cred := NewCredential()
-	req := AcquireRequest{Repo: repo, Scope: claim(t, "libs"), Owner: owner(1), TTL: Duration(time.Minute), RequestID: NewRequestID()}
+	req := AcquireRequest{Repo: repo, Scope: claim(t, "libs"), Owner: owner(1), TTL: lease.Duration(time.Minute), RequestID: NewRequestID()}
 	l, err := a.Acquire(ctx, req, cred)
 	if err != nil {
 		t.Fatal(err)
@@ -175,8 +176,8 @@ func TestCancelBoundToItsIdentity(t *testing.T) {
 	if err == nil && rep.Error != nil {
 		err = rep.Error.err()
 	}
-	if !errors.Is(err, ErrNotOwner) {
-		t.Fatalf("cancel by another identity: %v, want %v", err, ErrNotOwner)
+	if !errors.Is(err, lease.ErrNotOwner) {
+		t.Fatalf("cancel by another identity: %v, want %v", err, lease.ErrNotOwner)
 	}
 	if got, err := a.Get(ctx, l.LeaseID); err != nil || !got.Active() {
 		t.Fatalf("another identity's cancel ended the lease: %+v %v", got, err)

@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // claimIndex finds the active leases that could conflict with a claim
@@ -68,8 +69,8 @@ func (ix *claimIndex) add(e *entry) {
 	ancestors(e.WorkspaceID, func(a string) { addTo(ix.inside, a, e) })
 }
 
-func (ix *claimIndex) occupants(mode WorkspaceMode) map[string]map[string]*entry {
-	if mode == WorkspaceExclusive {
+func (ix *claimIndex) occupants(mode lease.WorkspaceMode) map[string]map[string]*entry {
+	if mode == lease.WorkspaceExclusive {
 		return ix.exclusive
 	}
 	return ix.shared
@@ -117,7 +118,7 @@ func (ix *claimIndex) candidates(req claimRequest, f func(*entry)) {
 	}
 	visit(ix.exclusive[req.workspaceID])
 	ancestors(req.workspaceID, func(a string) { visit(ix.exclusive[a]) })
-	if req.mode == WorkspaceExclusive {
+	if req.mode == lease.WorkspaceExclusive {
 		visit(ix.shared[req.workspaceID])
 		visit(ix.inside[req.workspaceID])
 	}

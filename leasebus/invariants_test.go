@@ -22,27 +22,28 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // clash reports why two active leases of one repo may not coexist, or "".
 // Invariant 1: claims never overlap; a workspace holds one exclusive lease,
 // or shared leases only.
-func clash(aScope scope.Claim, aWS string, aMode WorkspaceMode, bScope scope.Claim, bWS string, bMode WorkspaceMode) string {
+func clash(aScope scope.Claim, aWS string, aMode lease.WorkspaceMode, bScope scope.Claim, bWS string, bMode lease.WorkspaceMode) string {
 	if aScope.Overlaps(bScope) {
 		return fmt.Sprintf("claims %s and %s overlap", aScope, bScope)
 	}
-	if aWS == bWS && (aMode == WorkspaceExclusive || bMode == WorkspaceExclusive) {
+	if aWS == bWS && (aMode == lease.WorkspaceExclusive || bMode == lease.WorkspaceExclusive) {
 		return fmt.Sprintf("workspace %s holds an exclusive lease and another lease", aWS)
 	}
 	// A workspace named parent/x lies in parent: an exclusive lease on
 	// parent and any lease in parent/x never coexist.
-	if strings.HasPrefix(bWS, aWS+"/") && aMode == WorkspaceExclusive || strings.HasPrefix(aWS, bWS+"/") && bMode == WorkspaceExclusive {
+	if strings.HasPrefix(bWS, aWS+"/") && aMode == lease.WorkspaceExclusive || strings.HasPrefix(aWS, bWS+"/") && bMode == lease.WorkspaceExclusive {
 		return fmt.Sprintf("workspaces %s and %s nest, and the outer one is held exclusively", aWS, bWS)
 	}
 	return ""
 }
 
-func leaseClash(a, b *Lease) string {
+func leaseClash(a, b *lease.Lease) string {
 	return clash(a.Scope, a.WorkspaceID, a.WorkspaceMode, b.Scope, b.WorkspaceID, b.WorkspaceMode)
 }
 
@@ -50,7 +51,7 @@ func leaseClash(a, b *Lease) string {
 // answer of the service reports active together (a List reply). maxSharers
 // > 0 bounds the shared leases of each workspace (all requests of the test
 // must use that bound).
-func checkActiveSet(ls []*Lease, maxSharers int) error {
+func checkActiveSet(ls []*lease.Lease, maxSharers int) error {
 	sharers := map[string]int{}
 	seen := map[string]bool{}
 	for i, a := range ls {
@@ -61,7 +62,7 @@ func checkActiveSet(ls []*Lease, maxSharers int) error {
 			return fmt.Errorf("lease %s listed twice", a.LeaseID)
 		}
 		seen[a.LeaseID] = true
-		if a.WorkspaceMode == WorkspaceShared {
+		if a.WorkspaceMode == lease.WorkspaceShared {
 			sharers[a.Repo+"\x00"+a.WorkspaceID]++
 		}
 		for _, b := range ls[i+1:] {
@@ -96,25 +97,25 @@ type commitChecker struct {
 	mu     sync.Mutex
 	repos  map[string]*repoCheck
 	errs   []string
-	grants map[string]*Lease // every lease seen granted, by id
+	grants map[string]*lease.Lease // every lease seen granted, by id
 }
 
 type repoCheck struct {
-	active    map[string]*Lease
-	ended     map[string]*Lease
+	active    map[string]*lease.Lease
+	ended     map[string]*lease.Lease
 	lastFence uint64
 	fences    map[uint64]string // fence -> lease id
 	records   int
 }
 
 func newCommitChecker(maxSharers int) *commitChecker {
-	return &commitChecker{maxSharers: maxSharers, repos: map[string]*repoCheck{}, grants: map[string]*Lease{}}
+	return &commitChecker{maxSharers: maxSharers, repos: map[string]*repoCheck{}, grants: map[string]*lease.Lease{}}
 }
 
 func (c *commitChecker) repo(r string) *repoCheck {
 	rc := c.repos[r]
 	if rc == nil {
-		rc = &repoCheck{active: map[string]*Lease{}, ended: map[string]*Lease{}, fences: map[uint64]string{}}
+		rc = &repoCheck{active: map[string]*lease.Lease{}, ended: map[string]*lease.Lease{}, fences: map[uint64]string{}}
 		c.repos[r] = rc
 	}
 	return rc
@@ -127,13 +128,13 @@ func (c *commitChecker) failf(format string, args ...any) {
 }
 
 // record applies one committed lease record.
-func (c *commitChecker) record(l *Lease) {
+func (c *commitChecker) record(l *lease.Lease) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.recordLocked(l)
 }
 
-func (c *commitChecker) recordLocked(l *Lease) {
+func (c *commitChecker) recordLocked(l *lease.Lease) {
 	l = cloneLease(l)
 	rc := c.repo(l.Repo)
 	rc.records++
@@ -162,11 +163,11 @@ func (c *commitChecker) recordLocked(l *Lease) {
 				c.failf("granted %s (fence %d, %s, %s %s) while %s (fence %d, %s, %s %s) is active: %s",
 					l.LeaseID, l.Fence, l.Scope, l.WorkspaceID, l.WorkspaceMode, a.LeaseID, a.Fence, a.Scope, a.WorkspaceID, a.WorkspaceMode, why)
 			}
-			if a.WorkspaceID == l.WorkspaceID && a.WorkspaceMode == WorkspaceShared {
+			if a.WorkspaceID == l.WorkspaceID && a.WorkspaceMode == lease.WorkspaceShared {
 				sharers++
 			}
 		}
-		if l.WorkspaceMode == WorkspaceShared && c.maxSharers > 0 && sharers+1 > c.maxSharers {
+		if l.WorkspaceMode == lease.WorkspaceShared && c.maxSharers > 0 && sharers+1 > c.maxSharers {
 			c.failf("granted %s as sharer %d of workspace %s, max-sharers %d", l.LeaseID, sharers+1, l.WorkspaceID, c.maxSharers)
 		}
 		rc.active[l.LeaseID] = l
@@ -196,14 +197,14 @@ func (c *commitChecker) recordLocked(l *Lease) {
 
 // resync replaces a repo's active set with a snapshot record's, after a
 // gap in the source. Fences it already knows must not have moved.
-func (c *commitChecker) resync(repo string, fence uint64, leases []*Lease) {
+func (c *commitChecker) resync(repo string, fence uint64, leases []*lease.Lease) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rc := c.repo(repo)
 	if fence < rc.lastFence {
 		c.failf("snapshot of %s has fence counter %d below fence %d already issued", repo, fence, rc.lastFence)
 	}
-	rc.active = map[string]*Lease{}
+	rc.active = map[string]*lease.Lease{}
 	for _, l := range leases {
 		l = cloneLease(l)
 		if id, ok := rc.fences[l.Fence]; ok && id != l.LeaseID {
@@ -225,7 +226,7 @@ func (c *commitChecker) resync(repo string, fence uint64, leases []*Lease) {
 			rc.ended[l.LeaseID] = l
 		}
 	}
-	var act []*Lease
+	var act []*lease.Lease
 	for _, l := range rc.active {
 		act = append(act, l)
 	}
@@ -236,7 +237,7 @@ func (c *commitChecker) resync(repo string, fence uint64, leases []*Lease) {
 }
 
 // compareActive checks that a snapshot's active set equals the folded one.
-func (c *commitChecker) compareActive(repo string, leases []*Lease) {
+func (c *commitChecker) compareActive(repo string, leases []*lease.Lease) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rc := c.repo(repo)
@@ -270,14 +271,14 @@ func (c *commitChecker) grantCount() int {
 	return len(c.grants)
 }
 
-func (c *commitChecker) granted(id string) (*Lease, bool) {
+func (c *commitChecker) granted(id string) (*lease.Lease, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l, ok := c.grants[id]
 	return l, ok
 }
 
-func cloneLease(l *Lease) *Lease {
+func cloneLease(l *lease.Lease) *lease.Lease {
 	c := *l
 	c.Scope.Paths = slices.Clone(l.Scope.Paths)
 	c.Scope.Tables = slices.Clone(l.Scope.Tables)
@@ -347,7 +348,7 @@ func (f *logFollower) apply(subj string, seq uint64, data []byte) {
 	if seq <= f.last[subj] {
 		return // redelivery after a consumer reset
 	}
-	leases := make([]*Lease, len(rec.Leases))
+	leases := make([]*lease.Lease, len(rec.Leases))
 	for i, e := range rec.Leases {
 		leases[i] = &e.Lease
 	}
@@ -465,9 +466,9 @@ func (f *logFollower) stats() string {
 
 // watchChecker feeds a commitChecker from Client.Watch: per repo, the
 // service publishes records in commit order from one actor.
-func watchChecker(t testing.TB, c *Client, repo string, chk *commitChecker, onRecord func(*Lease, time.Time)) {
+func watchChecker(t testing.TB, c *Client, repo string, chk *commitChecker, onRecord func(*lease.Lease, time.Time)) {
 	t.Helper()
-	stop, err := c.Watch(repo, func(l *Lease) {
+	stop, err := c.Watch(repo, func(l *lease.Lease) {
 		at := time.Now()
 		chk.record(l)
 		if onRecord != nil {

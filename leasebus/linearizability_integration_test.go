@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/fenceline/fenceline/lease"
 )
 
 func TestLinearizableLeases(t *testing.T) {
@@ -60,7 +61,7 @@ func TestLinearizableLeases(t *testing.T) {
 					mu.Unlock()
 				}
 				fail := func(what string, err error) {
-					if errors.Is(err, ErrUnavailable) {
+					if errors.Is(err, lease.ErrUnavailable) {
 						t.Errorf("%s: the bus was unavailable (unknown outcome) in a test without faults: %v", what, err)
 					} else {
 						t.Errorf("%s: %v", what, err)
@@ -72,7 +73,7 @@ func TestLinearizableLeases(t *testing.T) {
 					case k < 8 && len(held) < 2:
 						cl := rng.IntN(len(rc))
 						req := rc[cl].req
-						req.TTL = Duration(5 * time.Minute)
+						req.TTL = lease.Duration(5 * time.Minute)
 						req.Owner = owner(ci)
 						cred := NewCredential()
 						in := linInput{op: "acquire", claim: cl}
@@ -107,7 +108,7 @@ func TestLinearizableLeases(t *testing.T) {
 						case err == nil:
 							out = linOutput{version: l.Version}
 							h.version = l.Version
-						case errors.Is(err, ErrLeaseLost):
+						case errors.Is(err, lease.ErrLeaseLost):
 							out = linOutput{lost: true}
 						default:
 							fail("renew", err)

@@ -24,6 +24,7 @@ import (
 	"testing"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/fenceline/fenceline/lease"
 )
 
 type linClaim struct {
@@ -44,7 +45,7 @@ type linOutput struct {
 	fence     uint64
 	conflicts []string // sorted
 	version   uint64
-	status    Status
+	status    lease.Status
 	lost      bool
 	list      []string // "id@version", sorted
 }
@@ -53,7 +54,7 @@ type linLease struct {
 	id      string
 	claim   int
 	version uint64
-	status  Status
+	status  lease.Status
 }
 
 type linState struct {
@@ -87,7 +88,7 @@ func linModel(claims []linClaim, base uint64) porcupine.Model {
 				c := claims[in.claim].req
 				for _, l := range st.leases {
 					h := claims[l.claim].req
-					if l.status == StatusActive && clash(c.Scope, c.WorkspaceID, c.WorkspaceMode, h.Scope, h.WorkspaceID, h.WorkspaceMode) != "" {
+					if l.status == lease.StatusActive && clash(c.Scope, c.WorkspaceID, c.WorkspaceMode, h.Scope, h.WorkspaceID, h.WorkspaceMode) != "" {
 						blockers = append(blockers, l.id)
 					}
 				}
@@ -95,7 +96,7 @@ func linModel(claims []linClaim, base uint64) porcupine.Model {
 					if _, dup := st.find(out.id); dup || len(blockers) > 0 || out.fence != st.fence+1 {
 						return false, st
 					}
-					n := st.with(linLease{id: out.id, claim: in.claim, version: 1, status: StatusActive})
+					n := st.with(linLease{id: out.id, claim: in.claim, version: 1, status: lease.StatusActive})
 					n.fence = out.fence
 					return true, n
 				}
@@ -106,7 +107,7 @@ func linModel(claims []linClaim, base uint64) porcupine.Model {
 					return false, st
 				}
 				l := st.leases[i]
-				if l.status == StatusActive && l.version == in.version {
+				if l.status == lease.StatusActive && l.version == in.version {
 					if out.lost || out.version != l.version+1 {
 						return false, st
 					}
@@ -120,11 +121,11 @@ func linModel(claims []linClaim, base uint64) porcupine.Model {
 					return false, st
 				}
 				l := st.leases[i]
-				if l.status == StatusActive {
-					if out.status != StatusReleased || out.version != l.version+1 {
+				if l.status == lease.StatusActive {
+					if out.status != lease.StatusReleased || out.version != l.version+1 {
 						return false, st
 					}
-					l.status, l.version = StatusReleased, l.version+1
+					l.status, l.version = lease.StatusReleased, l.version+1
 					return true, st.with(l)
 				}
 				return out.status == l.status && out.version == l.version, st
@@ -137,7 +138,7 @@ func linModel(claims []linClaim, base uint64) porcupine.Model {
 			case "list":
 				var want []string
 				for _, l := range st.leases {
-					if l.status == StatusActive {
+					if l.status == lease.StatusActive {
 						want = append(want, fmt.Sprintf("%s@%d", l.id, l.version))
 					}
 				}
@@ -190,9 +191,9 @@ func linClaims(t testing.TB) []linClaim {
 		{"b/c", p("b/c")},
 		{"a/b/c+b/c", p("a/b/c", "b/c")},
 		{"c+public.x", AcquireRequest{Scope: mustClaim(t, []string{"c"}, false, []string{"public.x"})}},
-		{"none+public.*@wt-1", AcquireRequest{Scope: mustClaim(t, nil, false, []string{"public.*"}), WorkspaceID: "wt-1", WorkspaceMode: WorkspaceExclusive}},
-		{"d@wt-1 shared", AcquireRequest{Scope: claim(t, "d"), WorkspaceID: "wt-1", WorkspaceMode: WorkspaceShared}},
-		{"whole-repo@wt-2", AcquireRequest{Scope: mustClaim(t, nil, true, nil), WorkspaceID: "wt-2", WorkspaceMode: WorkspaceExclusive}},
+		{"none+public.*@wt-1", AcquireRequest{Scope: mustClaim(t, nil, false, []string{"public.*"}), WorkspaceID: "wt-1", WorkspaceMode: lease.WorkspaceExclusive}},
+		{"d@wt-1 shared", AcquireRequest{Scope: claim(t, "d"), WorkspaceID: "wt-1", WorkspaceMode: lease.WorkspaceShared}},
+		{"whole-repo@wt-2", AcquireRequest{Scope: mustClaim(t, nil, true, nil), WorkspaceID: "wt-2", WorkspaceMode: lease.WorkspaceExclusive}},
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 )
 
@@ -174,8 +175,8 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 			ask = append(ask, i)
 			continue
 		}
-		answers[i].Age = Duration(age)
-		if l.Version != k.Version || l.Status != StatusActive {
+		answers[i].Age = lease.Duration(age)
+		if l.Version != k.Version || l.Status != lease.StatusActive {
 			answers[i].Lease = &l
 		}
 	}
@@ -218,12 +219,12 @@ func (s *Service) keptFromLog(k keptLease) keptAnswer {
 	}
 	r := a.ask(ctx, &call{op: "get", req: &getRequest{LeaseID: k.LeaseID, Repo: k.Repo}})
 	switch err := r.Error.err(); {
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, lease.ErrNotFound):
 		out.Unknown, out.Missing = false, true
 	case err != nil || r.Lease == nil:
 	default:
 		out.Unknown = false
-		if r.Lease.Version != k.Version || r.Lease.Status != StatusActive {
+		if r.Lease.Version != k.Version || r.Lease.Status != lease.StatusActive {
 			out.Lease = r.Lease
 		}
 	}
@@ -237,14 +238,14 @@ const maxKeptWait = 500 * time.Millisecond
 // checkKeepalive validates a keepalive request.
 func checkKeepalive(r *keepaliveRequest) error {
 	if !validSession(r.Session) {
-		return fmt.Errorf("%w: keepalive of session %q: want %s followed by 32 hex digits", ErrInvalid, clip(r.Session, 80), sessionPrefix)
+		return fmt.Errorf("%w: keepalive of session %q: want %s followed by 32 hex digits", lease.ErrInvalid, clip(r.Session, 80), sessionPrefix)
 	}
 	if len(r.Leases) > maxKept {
-		return fmt.Errorf("%w: keepalive asks after %d leases: at most %d per request (send several)", ErrInvalid, len(r.Leases), maxKept)
+		return fmt.Errorf("%w: keepalive asks after %d leases: at most %d per request (send several)", lease.ErrInvalid, len(r.Leases), maxKept)
 	}
 	for _, k := range r.Leases {
-		if !ValidLeaseID(k.LeaseID) {
-			return fmt.Errorf("%w: keepalive asks after %q, which is not a lease id", ErrInvalid, clip(k.LeaseID, 80))
+		if !lease.ValidLeaseID(k.LeaseID) {
+			return fmt.Errorf("%w: keepalive asks after %q, which is not a lease id", lease.ErrInvalid, clip(k.LeaseID, 80))
 		}
 	}
 	return nil
@@ -307,7 +308,7 @@ func (s *Service) reapSilent() {
 	keys := map[string]bool{}
 	s.mu.Lock()
 	for _, ix := range s.index {
-		if ix.session != "" && ix.lease.Status == StatusActive && !keys[ix.key] {
+		if ix.session != "" && ix.lease.Status == lease.StatusActive && !keys[ix.key] {
 			keys[ix.key] = s.live.silent(sessionKey(ix.holder, ix.session), now) >= s.live.grace
 		}
 	}
@@ -344,7 +345,7 @@ func (s *Service) IdentityIdle(identity string, atLeast time.Duration) (time.Dur
 	}
 	s.mu.Lock()
 	for _, ix := range s.index {
-		if ix.holder == identity && ix.lease.Status == StatusActive {
+		if ix.holder == identity && ix.lease.Status == lease.StatusActive {
 			s.mu.Unlock()
 			return 0, false
 		}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -25,12 +26,12 @@ const (
 // snapshot carries the whole state, after which the earlier messages of
 // the repo are purged (once the audit chain covers them).
 type logRecord struct {
-	Kind   string       `json:"kind"`
-	Repo   string       `json:"repo"`
-	Fence  uint64       `json:"fence"`
-	Prev   uint64       `json:"prev"` // the subject sequence this record was written on top of
-	Leases []*entry     `json:"leases"`
-	Events []AuditEvent `json:"events,omitempty"`
+	Kind   string             `json:"kind"`
+	Repo   string             `json:"repo"`
+	Fence  uint64             `json:"fence"`
+	Prev   uint64             `json:"prev"` // the subject sequence this record was written on top of
+	Leases []*entry           `json:"leases"`
+	Events []lease.AuditEvent `json:"events,omitempty"`
 }
 
 // encode writes the record as json.Marshal would, but from each entry's
@@ -157,7 +158,7 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, replicas int) er
 	}, {
 		Name:        AuditStream,
 		Description: "fenceline lease audit: grants, releases, expiries, reclaims and revokes, written by the lease service alone",
-		Subjects:    []string{AuditSubject + ".*." + BoundaryLease},
+		Subjects:    []string{AuditSubject + ".*." + lease.BoundaryLease},
 		Storage:     jetstream.FileStorage,
 		Replicas:    replicas,
 		Retention:   jetstream.LimitsPolicy,
@@ -345,7 +346,7 @@ func (s *store) purgeBefore(ctx context.Context, key string, seq uint64) error {
 // load applies every record of the repo's log after st.seq to st, and hands
 // each record's sequence and audit events (none for most) to onRecord, in
 // log order.
-func (s *store) load(ctx context.Context, key string, st *repoState, now func() time.Time, onRecord func(seq uint64, evs []AuditEvent)) error {
+func (s *store) load(ctx context.Context, key string, st *repoState, now func() time.Time, onRecord func(seq uint64, evs []lease.AuditEvent)) error {
 	stream, err := s.logStream(ctx)
 	if err != nil {
 		return err

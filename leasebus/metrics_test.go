@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // TestServiceMetrics: the lease service counts what it answers (a grant,
@@ -20,11 +22,11 @@ func TestServiceMetrics(t *testing.T) {
 	t.Cleanup(b.stop)
 	ctx := ctxT(t)
 	const repo = "github.com/acme/metrics"
-	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services/billing"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services/billing"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
 		t.Fatal(err)
 	}
-	_, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
-	if !errors.Is(err, ErrConflict) {
+	_, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
+	if !errors.Is(err, lease.ErrConflict) {
 		t.Fatalf("overlapping acquire: %v, want a conflict", err)
 	}
 	if _, err := b.c.Get(ctx, "lease_nope"); err == nil {

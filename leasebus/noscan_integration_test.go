@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // TestDiscoverByIDReadsOneLog: on a bus of 500 repos, a fresh instance
@@ -42,7 +44,7 @@ func TestDiscoverByIDReadsOneLog(t *testing.T) {
 		t.Fatalf("renew by id on a fresh instance: %+v %v", renewed, err)
 	}
 	rel, err := b.c.Release(ctx, target.l.LeaseID, target.cred)
-	if err != nil || rel.Status != StatusReleased {
+	if err != nil || rel.Status != lease.StatusReleased {
 		t.Fatalf("release by id on a fresh instance: %+v %v", rel, err)
 	}
 	// One repo's log (a record and the end of it, read again by each
@@ -58,10 +60,10 @@ func TestDiscoverByIDReadsOneLog(t *testing.T) {
 
 	before := logReads(t, m)
 	forged := newLeaseID(RepoKey("github.com/nobody/forged"), time.Now())
-	if _, err := b.c.Get(ctx, forged); !errors.Is(err, ErrNotFound) {
+	if _, err := b.c.Get(ctx, forged); !errors.Is(err, lease.ErrNotFound) {
 		t.Fatalf("get of a made-up id naming a repo with no log: %v, want not found", err)
 	}
-	if _, err := b.c.Revoke(ctx, forged, "made up"); !errors.Is(err, ErrNotFound) {
+	if _, err := b.c.Revoke(ctx, forged, "made up"); !errors.Is(err, lease.ErrNotFound) {
 		t.Fatalf("revoke of a made-up id naming a repo with no log: %v, want not found", err)
 	}
 	if reads := logReads(t, m) - before; reads > 2 {
@@ -71,7 +73,7 @@ func TestDiscoverByIDReadsOneLog(t *testing.T) {
 		t.Fatalf("a made-up id started an actor: %d actors, want 1", a)
 	}
 	inLogged := newLeaseID(RepoKey(manyRepo(7)), time.Now())
-	if _, err := b.c.Get(ctx, inLogged); !errors.Is(err, ErrNotFound) {
+	if _, err := b.c.Get(ctx, inLogged); !errors.Is(err, lease.ErrNotFound) {
 		t.Fatalf("get of a made-up id naming a repo with a log: %v, want not found", err)
 	}
 
@@ -131,7 +133,7 @@ func TestRestartServesBeforeLoadingEveryRepo(t *testing.T) {
 	const n = 500
 	leases := manyRepos(t, b, n, time.Minute)
 	const deadRepo = "github.com/acme/dead-holder"
-	dead, err := b.c.Acquire(ctxT(t), AcquireRequest{Repo: deadRepo, Scope: claim(t, "x"), Owner: owner(1), TTL: Duration(MinTTL)}, NewCredential())
+	dead, err := b.c.Acquire(ctxT(t), AcquireRequest{Repo: deadRepo, Scope: claim(t, "x"), Owner: owner(1), TTL: lease.Duration(MinTTL)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +148,7 @@ func TestRestartServesBeforeLoadingEveryRepo(t *testing.T) {
 	if got := logReads(t, m); got != 0 {
 		t.Fatalf("starting read the lease log %d times, want 0", got)
 	}
-	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: "github.com/acme/new", Scope: claim(t, "a"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: "github.com/acme/new", Scope: claim(t, "a"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := b.c.Get(ctx, leases[3].l.LeaseID); err != nil || !got.Active() {
@@ -164,7 +166,7 @@ func TestRestartServesBeforeLoadingEveryRepo(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if l.Status != StatusReclaimed {
+		if l.Status != lease.StatusReclaimed {
 			return fmt.Errorf("lease of the dead holder is %s", l.Status)
 		}
 		return nil
@@ -176,7 +178,7 @@ func TestRestartServesBeforeLoadingEveryRepo(t *testing.T) {
 		}
 		reclaimed := 0
 		for _, ev := range evs {
-			if ev.Type == EventReclaimed && ev.LeaseID == dead.LeaseID {
+			if ev.Type == lease.EventReclaimed && ev.LeaseID == dead.LeaseID {
 				reclaimed++
 			}
 		}
@@ -205,7 +207,7 @@ func TestDiscoverOldFormID(t *testing.T) {
 		t.Fatalf("get of an old-form id: %+v %v", got, err)
 	}
 	rel, err := b.c.Release(ctx, old.LeaseID, cred)
-	if err != nil || rel.Status != StatusReleased {
+	if err != nil || rel.Status != lease.StatusReleased {
 		t.Fatalf("release of an old-form id: %+v %v", rel, err)
 	}
 	scans := metric(t, m, "fenceline_bus_id_scans_total")
@@ -213,7 +215,7 @@ func TestDiscoverOldFormID(t *testing.T) {
 	const asks = 20
 	for range asks {
 		wg.Go(func() {
-			if _, err := b.c.Get(ctx, newID("lease_", time.Now())); !errors.Is(err, ErrNotFound) {
+			if _, err := b.c.Get(ctx, newID("lease_", time.Now())); !errors.Is(err, lease.ErrNotFound) {
 				t.Errorf("get of a made-up old-form id: %v, want not found", err)
 			}
 		})

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -32,7 +33,7 @@ func manyRepos(t testing.TB, b *bus, n int, ttl time.Duration) []ackedLease {
 		wg.Go(func() {
 			for i := range next {
 				cred := NewCredential()
-				l, err := b.c.Acquire(ctx, AcquireRequest{Repo: manyRepo(i), Scope: claim(t, "a"), Owner: owner(i), TTL: Duration(ttl)}, cred)
+				l, err := b.c.Acquire(ctx, AcquireRequest{Repo: manyRepo(i), Scope: claim(t, "a"), Owner: owner(i), TTL: lease.Duration(ttl)}, cred)
 				if err != nil {
 					errs <- fmt.Errorf("acquire in %s: %w", manyRepo(i), err)
 					continue
@@ -120,16 +121,16 @@ func startHeld(t *testing.T, b *bus) (svc *Service, m *ServiceMetrics, release f
 
 // writeOldLease writes a lease with an id of the old form (no repo key)
 // into repo's log as a service before ids named their repo would have.
-func writeOldLease(t *testing.T, ctx context.Context, nc *nats.Conn, repo string, cred Credential) *Lease {
+func writeOldLease(t *testing.T, ctx context.Context, nc *nats.Conn, repo string, cred Credential) *lease.Lease {
 	t.Helper()
 	js, err := JetStream(context.Background(), nc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC().Round(time.Millisecond)
-	e := &entry{Lease: Lease{LeaseID: newID("lease_", now), Repo: repo, Scope: claim(t, "old"), WorkspaceID: DefaultWorkspace,
-		WorkspaceMode: WorkspaceShared, Owner: owner(1), Status: StatusActive, Version: 1, Fence: 1,
-		AcquiredAt: now, RenewedAt: now, ExpiresAt: now.Add(time.Minute), TTL: Duration(time.Minute)},
+	e := &entry{Lease: lease.Lease{LeaseID: newID("lease_", now), Repo: repo, Scope: claim(t, "old"), WorkspaceID: lease.DefaultWorkspace,
+		WorkspaceMode: lease.WorkspaceShared, Owner: owner(1), Status: lease.StatusActive, Version: 1, Fence: 1,
+		AcquiredAt: now, RenewedAt: now, ExpiresAt: now.Add(time.Minute), TTL: lease.Duration(time.Minute)},
 		SecretHash: cred.hash(), RequestID: NewRequestID()}
 	if _, ok := LeaseRepoKey(e.LeaseID); ok {
 		t.Fatalf("old-form id %s names a repo", e.LeaseID)

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // partitionCluster is three JetStream nodes whose routes all go through
@@ -90,7 +91,7 @@ func TestRevokeReachesHolderThroughPartition(t *testing.T) {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		var err error
-		h, err = hc.AcquireAndHold(actx, AcquireRequest{Repo: repo, Scope: claim(t, "src"), Owner: owner(1), TTL: Duration(60 * time.Second)},
+		h, err = hc.AcquireAndHold(actx, AcquireRequest{Repo: repo, Scope: claim(t, "src"), Owner: owner(1), TTL: lease.Duration(60 * time.Second)},
 			NewCredential(), HoldOptions{})
 		return err
 	})
@@ -119,7 +120,7 @@ func TestRevokeReachesHolderThroughPartition(t *testing.T) {
 	for {
 		_, err := h.Fence()
 		if err != nil {
-			if !errors.Is(err, ErrLeaseUnknown) && !errors.Is(err, ErrLeaseLost) {
+			if !errors.Is(err, lease.ErrLeaseUnknown) && !errors.Is(err, lease.ErrLeaseLost) {
 				t.Fatalf("fence after the revoke: %v (want unknown or lost)", err)
 			}
 			t.Logf("the holder stopped %s after the cut: %v", time.Since(cutAt).Round(time.Millisecond), err)
@@ -140,7 +141,7 @@ func TestRevokeReachesHolderThroughPartition(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := h.Fence(); !errors.Is(err, ErrLeaseLost) {
+	if _, err := h.Fence(); !errors.Is(err, lease.ErrLeaseLost) {
 		t.Fatalf("fence after the heal: %v, want lost", err)
 	}
 }

@@ -110,14 +110,14 @@ type PolicyWrite struct {
 func (w *PolicyWrite) check() error {
 	switch {
 	case w.Default && w.Repo != "":
-		return fmt.Errorf("%w: a policy is the default or a repo's (--default or --repo), not both", ErrInvalid)
+		return fmt.Errorf("%w: a policy is the default or a repo's (--default or --repo), not both", lease.ErrInvalid)
 	case !w.Default && strings.TrimSpace(w.Repo) == "":
-		return fmt.Errorf("%w: say whose policy this is: --repo R or --default", ErrInvalid)
+		return fmt.Errorf("%w: say whose policy this is: --repo R or --default", lease.ErrInvalid)
 	case w.Mode == "":
 		w.Mode = policy.ModeEnforce
 	}
 	if w.Mode != policy.ModeEnforce && w.Mode != policy.ModeShadow {
-		return fmt.Errorf("%w: mode %q (want %s or %s)", ErrInvalid, w.Mode, policy.ModeEnforce, policy.ModeShadow)
+		return fmt.Errorf("%w: mode %q (want %s or %s)", lease.ErrInvalid, w.Mode, policy.ModeEnforce, policy.ModeShadow)
 	}
 	return nil
 }
@@ -176,7 +176,7 @@ func readPolicies(ctx context.Context, js jetstream.JetStream, subjects ...strin
 	last := map[string]uint64{}
 	stream, err := js.Stream(ctx, PolicyStream)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: policy stream: %w", ErrUnavailable, err)
+		return nil, nil, fmt.Errorf("%w: policy stream: %w", lease.ErrUnavailable, err)
 	}
 	var any bool
 	for _, s := range subjects {
@@ -184,7 +184,7 @@ func readPolicies(ctx context.Context, js jetstream.JetStream, subjects ...strin
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 		case err != nil:
-			return nil, nil, fmt.Errorf("%w: read policy stream: %w", ErrUnavailable, err)
+			return nil, nil, fmt.Errorf("%w: read policy stream: %w", lease.ErrUnavailable, err)
 		default:
 			any = true
 		}
@@ -194,18 +194,18 @@ func readPolicies(ctx context.Context, js jetstream.JetStream, subjects ...strin
 	}
 	cons, err := js.OrderedConsumer(ctx, PolicyStream, jetstream.OrderedConsumerConfig{FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverAllPolicy})
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: read policy stream: %w", ErrUnavailable, err)
+		return nil, nil, fmt.Errorf("%w: read policy stream: %w", lease.ErrUnavailable, err)
 	}
 	it, err := cons.Messages()
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: read policy stream: %w", ErrUnavailable, err)
+		return nil, nil, fmt.Errorf("%w: read policy stream: %w", lease.ErrUnavailable, err)
 	}
 	defer it.Stop()
 	var out []policyVersion
 	for {
 		m, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			return nil, nil, fmt.Errorf("%w: read policy stream: %w", ErrUnavailable, err)
+			return nil, nil, fmt.Errorf("%w: read policy stream: %w", lease.ErrUnavailable, err)
 		}
 		md, err := m.Metadata()
 		if err != nil {
@@ -267,7 +267,7 @@ func (s *Service) checkAndWritePolicy(ctx context.Context, id string, w PolicyWr
 	d := policy.Document{Repo: w.Repo, Mode: w.Mode, Text: w.Text, Digest: policy.Digest(w.Text), SetBy: s.name(id), SetAt: s.cfg.Now().UTC()}
 	if w.Text != "" {
 		if _, err := d.Check(); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+			return nil, fmt.Errorf("%w: %w", lease.ErrInvalid, err)
 		}
 	}
 	subj := PolicySubject(w.Repo, w.Mode)
@@ -301,7 +301,7 @@ func (s *Service) checkAndWritePolicy(ctx context.Context, id string, w PolicyWr
 	if w.Text == "" {
 		what = "removed"
 	}
-	ev := AuditEvent{Time: d.SetAt, Type: EventPolicySet, Boundary: BoundaryPolicy, Repo: w.Repo, RequestedBy: d.SetBy,
+	ev := lease.AuditEvent{Time: d.SetAt, Type: EventPolicySet, Boundary: BoundaryPolicy, Repo: w.Repo, RequestedBy: d.SetBy,
 		Message: fmt.Sprintf("policy %s: %s %s the %s policy (%s) at version %d, digest %s", what, d.SetBy, what, d.Scope(), d.Mode, d.Version, d.Digest)}
 	if err := s.writeEvent(ctx, eventsSubjectFor(w.Repo, BoundaryPolicy, id), ev); err != nil {
 		// The version is stored and carries its operator and digest; the
@@ -368,11 +368,11 @@ func WatchPolicies(ctx context.Context, js jetstream.JetStream, store *policy.St
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from + 1}
 	cons, err := js.OrderedConsumer(ctx, PolicyStream, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: follow the policy stream: %w", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: follow the policy stream: %w", lease.ErrUnavailable, err)
 	}
 	it, err := cons.Messages()
 	if err != nil {
-		return nil, fmt.Errorf("%w: follow the policy stream: %w", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: follow the policy stream: %w", lease.ErrUnavailable, err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	w := &PolicyWatch{cancel: cancel, done: make(chan struct{})}

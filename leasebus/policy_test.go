@@ -105,7 +105,7 @@ func TestPolicyVersionsAuditAndWatch(t *testing.T) {
 	}
 	r := policy.Request{Agent: "a", Repo: repo, Action: policy.ActionWrite, Resource: policy.Resource{Kind: policy.KindPath, Name: ".github/workflows/ci.yml"}}
 
-	if _, err := oc.SetPolicy(ctx, PolicyWrite{Default: true, Text: "forbid (principal, action, resource)\nwhen { resource.nope };"}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "1:1") {
+	if _, err := oc.SetPolicy(ctx, PolicyWrite{Default: true, Text: "forbid (principal, action, resource)\nwhen { resource.nope };"}); !errors.Is(err, lease.ErrInvalid) || !strings.Contains(err.Error(), "1:1") {
 		t.Fatalf("an invalid policy: got %v, want ErrInvalid naming 1:1", err)
 	}
 	set := time.Now()
@@ -227,7 +227,7 @@ func TestPolicyRefusesClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := hc.Acquire(ctx, AcquireRequest{Repo: repo, Scope: whole, Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	l, err := hc.Acquire(ctx, AcquireRequest{Repo: repo, Scope: whole, Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,14 +245,14 @@ func TestPolicyRefusesClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkFor(t, time.Second-time.Since(set), 5*time.Millisecond, func() error {
-		if _, err := h.Fence(); !errors.Is(err, ErrLeaseLost) {
+		if _, err := h.Fence(); !errors.Is(err, lease.ErrLeaseLost) {
 			return fmt.Errorf("holder's fence: %v, want lost", err)
 		}
 		return nil
 	})
 	t.Logf("the whole-repo lease stopped writing %s after the policy was set", time.Since(set))
 	got, err := hc.Get(ctx, l.LeaseID)
-	if err != nil || got.Status != StatusRevoked || !strings.Contains(got.Reason, `"whole-repo-release-only"`) || !strings.Contains(got.Reason, "version 1") {
+	if err != nil || got.Status != lease.StatusRevoked || !strings.Contains(got.Reason, `"whole-repo-release-only"`) || !strings.Contains(got.Reason, "version 1") {
 		t.Fatalf("lease after the policy: %+v (%v), want revoked naming the rule and version", got, err)
 	}
 
@@ -261,9 +261,9 @@ func TestPolicyRefusesClaims(t *testing.T) {
 		req  AcquireRequest
 		rule string
 	}{
-		{"whole repo", AcquireRequest{Repo: repo, Scope: whole, Owner: owner(2), TTL: Duration(time.Minute)}, "whole-repo-release-only"},
-		{"protected path", AcquireRequest{Repo: repo, Scope: claim(t, "src", ".github/workflows"), Owner: owner(3), TTL: Duration(time.Minute)}, "no-workflows"},
-		{"ttl", AcquireRequest{Repo: repo, Scope: claim(t, "docs"), Owner: owner(4), TTL: Duration(2 * time.Hour)}, "max-ttl"},
+		{"whole repo", AcquireRequest{Repo: repo, Scope: whole, Owner: owner(2), TTL: lease.Duration(time.Minute)}, "whole-repo-release-only"},
+		{"protected path", AcquireRequest{Repo: repo, Scope: claim(t, "src", ".github/workflows"), Owner: owner(3), TTL: lease.Duration(time.Minute)}, "no-workflows"},
+		{"ttl", AcquireRequest{Repo: repo, Scope: claim(t, "docs"), Owner: owner(4), TTL: lease.Duration(2 * time.Hour)}, "max-ttl"},
 	}
 	for _, c := range refuse {
 		_, err := hc.Acquire(ctx, c.req, NewCredential())
@@ -273,7 +273,7 @@ func TestPolicyRefusesClaims(t *testing.T) {
 	}
 	rel := owner(5)
 	rel.TaskID = "release"
-	if _, err := hc.Acquire(ctx, AcquireRequest{Repo: repo, Scope: whole, Owner: rel, TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+	if _, err := hc.Acquire(ctx, AcquireRequest{Repo: repo, Scope: whole, Owner: rel, TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
 		t.Errorf("the release task's whole-repo claim: %v", err)
 	}
 	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
@@ -283,7 +283,7 @@ func TestPolicyRefusesClaims(t *testing.T) {
 		}
 		n := 0
 		for _, ev := range evs {
-			if ev.Type == EventRefused && ev.Reason == lease.ReasonPolicy && ev.Boundary == BoundaryLease && strings.Contains(ev.Message, "policy rule") {
+			if ev.Type == lease.EventRefused && ev.Reason == lease.ReasonPolicy && ev.Boundary == lease.BoundaryLease && strings.Contains(ev.Message, "policy rule") {
 				n++
 			}
 		}

@@ -25,7 +25,7 @@ const policyRevoker = "policy"
 
 // claimRequests are the policy requests of an acquire's (or a lease's)
 // claim.
-func claimRequests(repo string, o Owner, c scope.Claim, mode WorkspaceMode, ttl time.Duration, leaseID string) []policy.Request {
+func claimRequests(repo string, o lease.Owner, c scope.Claim, mode lease.WorkspaceMode, ttl time.Duration, leaseID string) []policy.Request {
 	base := policy.Request{Agent: o.AgentID, Task: o.TaskID, Repo: repo, Context: policy.Context{
 		LeaseID: leaseID, WorkspaceMode: string(mode), TTLSeconds: int64(ttl / time.Second)}}
 	return policy.ClaimRequests(base, c.Paths, c.Tables, c.Kind == scope.KindWholeRepo)
@@ -61,18 +61,18 @@ func (s *Service) checkAcquirePolicy(id string, r *AcquireRequest) error {
 		return nil
 	}
 	err := fmt.Errorf("acquire of %s by %s: %w (the policy is the security team's: `fenceline policy get`)", r.Scope, r.Owner, refused)
-	s.auditPolicyClaim(id, r.Repo, r.Owner, r.Scope, EventRefused, "refused "+err.Error())
+	s.auditPolicyClaim(id, r.Repo, r.Owner, r.Scope, lease.EventRefused, "refused "+err.Error())
 	return err
 }
 
 // auditPolicyClaim writes a claim the policy refused (or would refuse) to
 // the events stream, boundary lease, in the asker's name.
-func (s *Service) auditPolicyClaim(id, repo string, o Owner, c scope.Claim, typ, msg string) {
-	ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: typ, Boundary: BoundaryLease, Repo: repo, Owner: o, Scope: c,
+func (s *Service) auditPolicyClaim(id, repo string, o lease.Owner, c scope.Claim, typ, msg string) {
+	ev := lease.AuditEvent{Time: s.cfg.Now().UTC(), Type: typ, Boundary: lease.BoundaryLease, Repo: repo, Owner: o, Scope: c,
 		Reason: lease.ReasonPolicy, RequestedBy: s.name(id), Message: clip(msg, maxEventMessage)}
 	boundEvent(&ev)
 	s.goBackground(func() {
-		if err := s.writeEvent(s.ctx, eventsSubjectFor(repo, BoundaryLease, id), ev); err != nil {
+		if err := s.writeEvent(s.ctx, eventsSubjectFor(repo, lease.BoundaryLease, id), ev); err != nil {
 			s.log.Warn("audit event of a claim the policy refused not written", "repo", repo, "type", typ, "err", err)
 		}
 	})
@@ -125,7 +125,7 @@ func (s *Service) revokeForbidden(ctx context.Context) {
 			}
 			reason := fmt.Sprintf("the policy now forbids its claim: %s", refused)
 			rr := a.ask(ctx, &call{op: "revoke", req: &RevokeRequest{LeaseID: l.LeaseID, Repo: l.Repo, Reason: reason, by: policyRevoker}})
-			if err := rr.Error.err(); err != nil && !errors.Is(err, ErrNotFound) {
+			if err := rr.Error.err(); err != nil && !errors.Is(err, lease.ErrNotFound) {
 				s.log.Warn("revoke a lease the policy forbids", "lease", l.LeaseID, "err", err)
 				continue
 			}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Two lease service instances on one bus (the queue group splits requests
@@ -42,10 +44,10 @@ func TestPropertyTwoServiceInstances(t *testing.T) {
 			ctx := ctxT(t)
 			for op := 0; op < 150 && time.Now().Before(until); op++ {
 				req := claims[rng.IntN(len(claims))]
-				req.Repo, req.Owner, req.TTL = multiRepo, owner(w), Duration(time.Second)
+				req.Repo, req.Owner, req.TTL = multiRepo, owner(w), lease.Duration(time.Second)
 				cred := NewCredential()
 				l, err := c.Acquire(ctx, req, cred)
-				var ce *ConflictError
+				var ce *lease.ConflictError
 				switch {
 				case errors.As(err, &ce):
 					mu.Lock()

@@ -28,6 +28,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 func testSeed(t testing.TB) uint64 {
@@ -48,7 +50,7 @@ func testSeed(t testing.TB) uint64 {
 // (in its own workspace), and tables.
 func propClaims(t testing.TB) []AcquireRequest {
 	t.Helper()
-	mk := func(paths []string, whole bool, tables []string, ws string, mode WorkspaceMode) AcquireRequest {
+	mk := func(paths []string, whole bool, tables []string, ws string, mode lease.WorkspaceMode) AcquireRequest {
 		return AcquireRequest{Scope: mustClaim(t, paths, whole, tables), WorkspaceID: ws, WorkspaceMode: mode, MaxSharers: 3}
 	}
 	return []AcquireRequest{
@@ -60,21 +62,21 @@ func propClaims(t testing.TB) []AcquireRequest {
 		mk([]string{"a/b/c", "b/c"}, false, nil, "", ""),
 		mk([]string{"c"}, false, []string{"public.x"}, "", ""),
 		mk([]string{"d"}, false, []string{"public.*"}, "", ""),
-		mk([]string{"e"}, false, nil, "wt-1", WorkspaceExclusive),
-		mk([]string{"f"}, false, nil, "wt-1", WorkspaceShared),
-		mk(nil, true, nil, "wt-2", WorkspaceExclusive),
-		mk(nil, false, nil, "wt-3", WorkspaceExclusive),
-		mk(nil, false, []string{"public.y"}, "wt-4", WorkspaceExclusive),
-		mk(nil, false, []string{"public.x"}, "wt-5", WorkspaceExclusive),
+		mk([]string{"e"}, false, nil, "wt-1", lease.WorkspaceExclusive),
+		mk([]string{"f"}, false, nil, "wt-1", lease.WorkspaceShared),
+		mk(nil, true, nil, "wt-2", lease.WorkspaceExclusive),
+		mk(nil, false, nil, "wt-3", lease.WorkspaceExclusive),
+		mk(nil, false, []string{"public.y"}, "wt-4", lease.WorkspaceExclusive),
+		mk(nil, false, []string{"public.x"}, "wt-5", lease.WorkspaceExclusive),
 		// Pool requests: placed in the first candidate that fits; their
 		// candidates meet the fixed workspaces above.
-		pool(mk([]string{"g"}, false, nil, "", WorkspaceShared), "wt-1", "wt-6"),
-		pool(mk([]string{"h"}, false, nil, "", WorkspaceShared), "wt-6", "wt-7"),
-		pool(mk([]string{"a/x"}, false, nil, "", WorkspaceShared), "wt-6", "wt-7"),
-		pool(mk(nil, false, nil, "", WorkspaceExclusive), "wt-3", "wt-6", "wt-7"),
-		pool(mk([]string{"i"}, false, nil, "", WorkspaceExclusive), "wt-6", "wt-7"),
+		pool(mk([]string{"g"}, false, nil, "", lease.WorkspaceShared), "wt-1", "wt-6"),
+		pool(mk([]string{"h"}, false, nil, "", lease.WorkspaceShared), "wt-6", "wt-7"),
+		pool(mk([]string{"a/x"}, false, nil, "", lease.WorkspaceShared), "wt-6", "wt-7"),
+		pool(mk(nil, false, nil, "", lease.WorkspaceExclusive), "wt-3", "wt-6", "wt-7"),
+		pool(mk([]string{"i"}, false, nil, "", lease.WorkspaceExclusive), "wt-6", "wt-7"),
 		// Commit capacity inside a pooled shard: nests in wt-6.
-		mk(nil, false, nil, "wt-6/commit", WorkspaceExclusive),
+		mk(nil, false, nil, "wt-6/commit", lease.WorkspaceExclusive),
 	}
 }
 
@@ -84,7 +86,7 @@ func pool(r AcquireRequest, candidates ...string) AcquireRequest {
 }
 
 type heldLease struct {
-	l          *Lease
+	l          *lease.Lease
 	cred       Credential
 	sent       time.Time // when the last successful acquire/renew was sent
 	validUntil time.Time // holder-side: sent + TTL - margin
@@ -102,8 +104,8 @@ func TestPropertyConcurrentLeases(t *testing.T) {
 	watchChk := newCommitChecker(3)
 	var evMu sync.Mutex
 	endedAt := map[string]time.Time{} // lease id -> when the watch saw it reclaimed/expired
-	endStatus := map[string]Status{}
-	watchChecker(t, NewClient(connectAs(t, b.srv.ClientURL(), RoleViewer)), "", watchChk, func(l *Lease, at time.Time) {
+	endStatus := map[string]lease.Status{}
+	watchChecker(t, NewClient(connectAs(t, b.srv.ClientURL(), RoleViewer)), "", watchChk, func(l *lease.Lease, at time.Time) {
 		if !l.Active() {
 			evMu.Lock()
 			endedAt[l.LeaseID] = at
@@ -116,9 +118,9 @@ func TestPropertyConcurrentLeases(t *testing.T) {
 
 	var (
 		mu         sync.Mutex
-		validUntil = map[string]time.Time{} // holder-side validity per lease
-		results    = map[string]*Lease{}    // every grant a client received
-		crashed    = map[string]time.Time{} // leases whose holder stopped renewing, and since when
+		validUntil = map[string]time.Time{}    // holder-side validity per lease
+		results    = map[string]*lease.Lease{} // every grant a client received
+		crashed    = map[string]time.Time{}    // leases whose holder stopped renewing, and since when
 		stats      = map[string]int{}
 	)
 	count := func(k string) { mu.Lock(); stats[k]++; mu.Unlock() }
@@ -150,7 +152,7 @@ func TestPropertyConcurrentLeases(t *testing.T) {
 					h.l, h.sent, h.validUntil = l, sent, sent.Add(time.Duration(l.TTL)-holderMargin)
 					note(h)
 					count("renew")
-				case errors.Is(err, ErrLeaseLost):
+				case errors.Is(err, lease.ErrLeaseLost):
 					// Only acceptable once the holder's own validity ran out.
 					if time.Now().Before(h.validUntil) && sent.Before(h.validUntil) {
 						t.Errorf("renew of %s sent %s before its validity ended was refused: %v", h.l.LeaseID, h.validUntil.Sub(sent), err)
@@ -175,14 +177,14 @@ func TestPropertyConcurrentLeases(t *testing.T) {
 					req := claims[rng.IntN(len(claims))]
 					req.Repo = repo
 					req.Owner = owner(w)
-					req.TTL = Duration(time.Second + time.Duration(rng.IntN(1000))*time.Millisecond)
+					req.TTL = lease.Duration(time.Second + time.Duration(rng.IntN(1000))*time.Millisecond)
 					if rng.IntN(4) == 0 {
-						req.Wait = Duration(time.Duration(100+rng.IntN(600)) * time.Millisecond)
+						req.Wait = lease.Duration(time.Duration(100+rng.IntN(600)) * time.Millisecond)
 					}
 					cred := NewCredential()
 					sent := time.Now()
 					l, err := c.Acquire(ctx, req, cred)
-					var ce *ConflictError
+					var ce *lease.ConflictError
 					switch {
 					case err == nil:
 						if len(req.Workspaces) > 0 && !slices.Contains(req.Workspaces, l.WorkspaceID) {
@@ -215,9 +217,9 @@ func TestPropertyConcurrentLeases(t *testing.T) {
 					switch {
 					case err != nil:
 						t.Errorf("release %s: %v", h.l.LeaseID, err)
-					case l.Status == StatusReleased:
+					case l.Status == lease.StatusReleased:
 						count("release")
-					case l.Status == StatusReclaimed && time.Now().After(h.validUntil):
+					case l.Status == lease.StatusReclaimed && time.Now().After(h.validUntil):
 						count("release-after-reclaim")
 					default:
 						t.Errorf("release of %s answered %s (holder valid for %s more)", h.l.LeaseID, l.Status, time.Until(h.validUntil))
@@ -303,7 +305,7 @@ func TestPropertyConcurrentLeases(t *testing.T) {
 	// Invariant 4: nobody considers a lease expired before its holder stops.
 	for id, at := range endedAt {
 		st := endStatus[id]
-		if st != StatusReclaimed && st != StatusExpired {
+		if st != lease.StatusReclaimed && st != lease.StatusExpired {
 			continue
 		}
 		if vu, ok := validUntil[id]; ok && at.Before(vu) {
@@ -316,7 +318,7 @@ func TestPropertyConcurrentLeases(t *testing.T) {
 			t.Errorf("crashed holder's lease %s never reclaimed", id)
 			continue
 		}
-		if st := endStatus[id]; st != StatusReclaimed {
+		if st := endStatus[id]; st != lease.StatusReclaimed {
 			t.Errorf("crashed holder's lease %s ended %s, want reclaimed", id, st)
 		}
 		if ttl := time.Duration(results[id].TTL); at.Sub(since) > ttl+2*time.Second {

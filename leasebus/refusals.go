@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // The bus's own refusals. The service ignores messages on its request
@@ -110,7 +112,7 @@ func (s *Service) AuditServerLog(line string) {
 // auditRefusal writes one refusal by the bus, or (skipped > 0) the count of
 // those of its reason not written one by one.
 func (s *Service) auditRefusal(ctx context.Context, r busRefusal, skipped int) {
-	ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: EventRefused, Boundary: BoundaryBus, Reason: r.reason, Message: r.what}
+	ev := lease.AuditEvent{Time: s.cfg.Now().UTC(), Type: lease.EventRefused, Boundary: lease.BoundaryBus, Reason: r.reason, Message: r.what}
 	if skipped > 0 {
 		ev.Message = fmt.Sprintf("the bus refused %d more (%s) in the last second, over the %d a second written one by one (the bus's log has each)", skipped, r.reason, refusalRate)
 	}

@@ -31,6 +31,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -255,7 +256,7 @@ func foreignAfter(ctx context.Context, t *testing.T, js jetstream.JetStream, wri
 func fleetCannotStore(t *testing.T, url string, svc *Service, svcNC *nats.Conn, c *Client) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if _, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+	if _, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
 		t.Fatal(err)
 	}
 	js, err := JetStream(context.Background(), svcNC)

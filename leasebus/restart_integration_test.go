@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 func TestRestartSweepsLeasesOfDeadHolders(t *testing.T) {
@@ -16,9 +18,9 @@ func TestRestartSweepsLeasesOfDeadHolders(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	const ttl = 2 * time.Second
-	var dead []*Lease
+	var dead []*lease.Lease
 	for i := range 3 {
-		l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, fmt.Sprintf("dead%d", i)), Owner: owner(i), TTL: Duration(ttl)}, NewCredential())
+		l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, fmt.Sprintf("dead%d", i)), Owner: owner(i), TTL: lease.Duration(ttl)}, NewCredential())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,8 +41,8 @@ func TestRestartSweepsLeasesOfDeadHolders(t *testing.T) {
 	b.nc = connect(t, srv.ClientURL())
 	var mu sync.Mutex
 	ended := map[string]time.Time{}
-	status := map[string]Status{}
-	stop, err := NewClient(connectAs(t, srv.ClientURL(), RoleViewer)).Watch(repo, func(l *Lease) { // a viewer, as the run UI
+	status := map[string]lease.Status{}
+	stop, err := NewClient(connectAs(t, srv.ClientURL(), RoleViewer)).Watch(repo, func(l *lease.Lease) { // a viewer, as the run UI
 		mu.Lock()
 		defer mu.Unlock()
 		if !l.Active() {
@@ -74,7 +76,7 @@ func TestRestartSweepsLeasesOfDeadHolders(t *testing.T) {
 	mu.Lock()
 	for _, l := range dead {
 		at := ended[l.LeaseID]
-		if status[l.LeaseID] != StatusReclaimed {
+		if status[l.LeaseID] != lease.StatusReclaimed {
 			t.Errorf("%s ended %s, want reclaimed", l.LeaseID, status[l.LeaseID])
 		}
 		if at.Before(loadStart.Add(ttl)) {
@@ -83,7 +85,7 @@ func TestRestartSweepsLeasesOfDeadHolders(t *testing.T) {
 	}
 	mu.Unlock()
 	for _, l := range dead {
-		n, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: l.Scope, Owner: owner(9), TTL: Duration(time.Minute)}, NewCredential())
+		n, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: l.Scope, Owner: owner(9), TTL: lease.Duration(time.Minute)}, NewCredential())
 		if err != nil || n.Fence <= dead[len(dead)-1].Fence {
 			t.Fatalf("reacquire of a reclaimed claim: %+v %v", n, err)
 		}
@@ -95,7 +97,7 @@ func TestRestartSweepsLeasesOfDeadHolders(t *testing.T) {
 		}
 		reclaimed := 0
 		for _, ev := range evs {
-			if ev.Type == EventReclaimed {
+			if ev.Type == lease.EventReclaimed {
 				reclaimed++
 			}
 		}
@@ -117,7 +119,7 @@ func TestRestartKeepsAcknowledgedState(t *testing.T) {
 			for i := range 12 {
 				repo := repos[i%2]
 				cred := NewCredential()
-				l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, fmt.Sprintf("p%d", i)), Owner: owner(i), TTL: Duration(time.Minute)}, cred)
+				l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, fmt.Sprintf("p%d", i)), Owner: owner(i), TTL: lease.Duration(time.Minute)}, cred)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -153,36 +155,36 @@ func TestRestartKeepsAcknowledgedState(t *testing.T) {
 			}
 			for _, r := range released {
 				got, err := b.c.Get(ctx, r.l.LeaseID)
-				if err != nil || got.Status != StatusReleased || got.Version != r.l.Version {
+				if err != nil || got.Status != lease.StatusReleased || got.Version != r.l.Version {
 					t.Fatalf("released lease %s after restart: %+v %v", r.l.LeaseID, got, err)
 				}
 				// Releasing again stays idempotent for the owner, and
 				// forged calls stay refused.
-				if got, err := b.c.Release(ctx, r.l.LeaseID, r.cred); err != nil || got.Status != StatusReleased {
+				if got, err := b.c.Release(ctx, r.l.LeaseID, r.cred); err != nil || got.Status != lease.StatusReleased {
 					t.Fatalf("repeated release after restart: %+v %v", got, err)
 				}
-				if _, err := b.c.Release(ctx, r.l.LeaseID, NewCredential()); !errors.Is(err, ErrNotOwner) {
+				if _, err := b.c.Release(ctx, r.l.LeaseID, NewCredential()); !errors.Is(err, lease.ErrNotOwner) {
 					t.Fatalf("forged release after restart: %v", err)
 				}
 			}
 			// Owners keep renewing with compare-and-swap on the version
 			// they had; the claims are still held.
 			for _, a := range active {
-				if _, err := b.c.Renew(ctx, RenewRequest{LeaseID: a.l.LeaseID, Credential: a.cred, Version: a.l.Version + 1}); !errors.Is(err, ErrLeaseLost) {
+				if _, err := b.c.Renew(ctx, RenewRequest{LeaseID: a.l.LeaseID, Credential: a.cred, Version: a.l.Version + 1}); !errors.Is(err, lease.ErrLeaseLost) {
 					t.Fatalf("stale renew after restart: %v", err)
 				}
 				got, err := b.c.Renew(ctx, RenewRequest{LeaseID: a.l.LeaseID, Credential: a.cred, Version: a.l.Version})
 				if err != nil || got.Version != a.l.Version+1 {
 					t.Fatalf("owner renew after restart: %+v %v", got, err)
 				}
-				_, err = b.c.Acquire(ctx, AcquireRequest{Repo: a.l.Repo, Scope: a.l.Scope, Owner: owner(99), TTL: Duration(time.Minute)}, NewCredential())
-				if !errors.Is(err, ErrConflict) {
+				_, err = b.c.Acquire(ctx, AcquireRequest{Repo: a.l.Repo, Scope: a.l.Scope, Owner: owner(99), TTL: lease.Duration(time.Minute)}, NewCredential())
+				if !errors.Is(err, lease.ErrConflict) {
 					t.Fatalf("claim of %s granted again after restart: %v", a.l.LeaseID, err)
 				}
 			}
 			// Fences continue above every fence issued before.
 			for _, repo := range repos {
-				l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "after-restart"), Owner: owner(100), TTL: Duration(time.Minute)}, NewCredential())
+				l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "after-restart"), Owner: owner(100), TTL: lease.Duration(time.Minute)}, NewCredential())
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -17,12 +17,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 type ackedLease struct {
-	l    *Lease
+	l    *lease.Lease
 	cred Credential
 }
 
@@ -64,7 +65,7 @@ func TestServiceSurvivesBusRestart(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()
-	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "svc"), Owner: owner(1), TTL: Duration(time.Minute)}, cred)
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "svc"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +85,7 @@ func TestServiceSurvivesBusRestart(t *testing.T) {
 	if err != nil || r.Version != l.Version+1 {
 		t.Fatalf("renew after the bus restarted: %+v %v", r, err)
 	}
-	n, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	n, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil || n.Fence != l.Fence+1 {
 		t.Fatalf("acquire after the bus restarted: %+v %v", n, err)
 	}
@@ -125,11 +126,11 @@ func TestSnapshotRollupAndReload(t *testing.T) {
 	ctx := ctxT(t)
 	const snapRepo = "github.com/acme/snapshot"
 	credA, credB := NewCredential(), NewCredential()
-	a, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, credA)
+	a, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, credA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bl, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "b"), Owner: owner(2), TTL: Duration(time.Minute)}, credB)
+	bl, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "b"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, credB)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,16 +165,16 @@ func TestSnapshotRollupAndReload(t *testing.T) {
 			t.Fatalf("%s: active lease %+v %v, want v%d fence %d", stage, got, err, a.Version, a.Fence)
 		}
 		got, err = b.c.Get(ctx, bl.LeaseID)
-		if err != nil || got.Status != StatusReleased {
+		if err != nil || got.Status != lease.StatusReleased {
 			t.Fatalf("%s: ended lease %+v %v", stage, got, err)
 		}
-		if got, err := b.c.Release(ctx, bl.LeaseID, credB); err != nil || got.Status != StatusReleased || got.Version != bl.Version {
+		if got, err := b.c.Release(ctx, bl.LeaseID, credB); err != nil || got.Status != lease.StatusReleased || got.Version != bl.Version {
 			t.Fatalf("%s: repeated release by its owner: %+v %v", stage, got, err)
 		}
-		if _, err := b.c.Release(ctx, bl.LeaseID, credA); !errors.Is(err, ErrNotOwner) {
+		if _, err := b.c.Release(ctx, bl.LeaseID, credA); !errors.Is(err, lease.ErrNotOwner) {
 			t.Fatalf("%s: release by another owner: %v", stage, err)
 		}
-		if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "a/x"), Owner: owner(3), TTL: Duration(time.Minute)}, NewCredential()); !errors.Is(err, ErrConflict) {
+		if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "a/x"), Owner: owner(3), TTL: lease.Duration(time.Minute)}, NewCredential()); !errors.Is(err, lease.ErrConflict) {
 			t.Fatalf("%s: claim under the active lease granted: %v", stage, err)
 		}
 	}
@@ -188,7 +189,7 @@ func TestSnapshotRollupAndReload(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "c"), Owner: owner(4), TTL: Duration(time.Minute)}, NewCredential())
+	c, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "c"), Owner: owner(4), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +198,7 @@ func TestSnapshotRollupAndReload(t *testing.T) {
 	}
 	b.restart(restartCopy)
 	check("after restart onto snapshot + deltas")
-	d, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "d"), Owner: owner(5), TTL: Duration(time.Minute)}, NewCredential())
+	d, err := b.c.Acquire(ctx, AcquireRequest{Repo: snapRepo, Scope: claim(t, "d"), Owner: owner(5), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil || d.Fence != c.Fence+1 {
 		t.Fatalf("fence after the second restart: %+v %v, want %d", d, err, c.Fence+1)
 	}
@@ -212,11 +213,11 @@ func TestDamagedLogTakesOnlyItsRepoOut(t *testing.T) {
 	b := startBus(t)
 	ctx := ctxT(t)
 	const other = "github.com/acme/other"
-	kept, err := b.c.Acquire(ctx, AcquireRequest{Repo: other, Scope: claim(t, "a"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	kept, err := b.c.Acquire(ctx, AcquireRequest{Repo: other, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
 		t.Fatal(err)
 	}
 	js, err := JetStream(context.Background(), b.nc)
@@ -235,15 +236,15 @@ func TestDamagedLogTakesOnlyItsRepoOut(t *testing.T) {
 	if err != nil {
 		t.Fatalf("one damaged log stopped the service: %v", err)
 	}
-	_, err = b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "b"), Owner: owner(3), TTL: Duration(time.Minute)}, NewCredential())
-	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "damaged") {
+	_, err = b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "b"), Owner: owner(3), TTL: lease.Duration(time.Minute)}, NewCredential())
+	if !errors.Is(err, lease.ErrUnavailable) || !strings.Contains(err.Error(), "damaged") {
 		t.Fatalf("acquire in the damaged repo: want ErrUnavailable naming the damage, got %v", err)
 	}
 	got, err := b.c.Get(ctx, kept.LeaseID)
 	if err != nil || !got.Active() || got.Fence != kept.Fence {
 		t.Fatalf("lease of the healthy repo after restart: %+v %v", got, err)
 	}
-	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: other, Scope: claim(t, "b"), Owner: owner(4), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: other, Scope: claim(t, "b"), Owner: owner(4), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
 		t.Fatalf("healthy repo not served: %v", err)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // What a request costs in log reads: a request by repo, or by a lease id
@@ -33,7 +35,7 @@ func (s *Service) route(c *call, id, hint string) {
 			case err != nil:
 				c.fail(fmt.Errorf("looking for %s: %w", id, err))
 			case a == nil:
-				c.fail(fmt.Errorf("%s: %w (no lease was ever granted in the repo it names)", id, ErrNotFound))
+				c.fail(fmt.Errorf("%s: %w (no lease was ever granted in the repo it names)", id, lease.ErrNotFound))
 			default:
 				a.enqueue(c)
 			}
@@ -69,10 +71,10 @@ func (s *Service) route(c *call, id, hint string) {
 			return
 		}
 		if err != nil { // not knowing is not "not found"
-			c.fail(fmt.Errorf("%w: looking for %s in the lease logs: %w", ErrUnavailable, id, err))
+			c.fail(fmt.Errorf("%w: looking for %s in the lease logs: %w", lease.ErrUnavailable, id, err))
 			return
 		}
-		c.fail(fmt.Errorf("%s: %w", id, ErrNotFound))
+		c.fail(fmt.Errorf("%s: %w", id, lease.ErrNotFound))
 	})
 }
 
@@ -96,7 +98,7 @@ func (s *Service) loadedActor(ctx context.Context, key string) (*actor, error) {
 	}
 	if s.stopping {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("%w: lease service stopping", ErrUnavailable)
+		return nil, fmt.Errorf("%w: lease service stopping", lease.ErrUnavailable)
 	}
 	if l, ok := s.loading[key]; ok {
 		s.mu.Unlock()
@@ -104,7 +106,7 @@ func (s *Service) loadedActor(ctx context.Context, key string) (*actor, error) {
 		case <-l.done:
 			return l.a, l.err
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: lease service stopping", ErrUnavailable)
+			return nil, fmt.Errorf("%w: lease service stopping", lease.ErrUnavailable)
 		}
 	}
 	l := &repoLoad{done: make(chan struct{})}
@@ -133,7 +135,7 @@ func (s *Service) load(ctx context.Context, key string) (*actor, error) {
 	switch {
 	case err != nil && (ctx.Err() != nil || !errors.Is(err, errDamaged)):
 		a.timer.Stop()
-		return nil, fmt.Errorf("%w: reading lease log %s: %w", ErrUnavailable, key, err)
+		return nil, fmt.Errorf("%w: reading lease log %s: %w", lease.ErrUnavailable, key, err)
 	case err != nil:
 		// One damaged log must not take every other repo down: this repo
 		// answers with the damage until an operator repairs it.
@@ -307,7 +309,7 @@ func (s *Service) scanForIDs(ctx context.Context) error {
 	case <-sc.done:
 		return sc.err
 	case <-ctx.Done():
-		return fmt.Errorf("%w: lease service stopping", ErrUnavailable)
+		return fmt.Errorf("%w: lease service stopping", lease.ErrUnavailable)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/policy"
 )
 
@@ -384,7 +385,7 @@ func (s *Service) goTracked(c *call, f func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopping {
-		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service stopping", ErrUnavailable))})
+		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service stopping", lease.ErrUnavailable))})
 		return
 	}
 	s.wg.Go(f)
@@ -420,7 +421,7 @@ func (s *Service) existing(key string) (*actor, bool) {
 // changed it or reload that read it (for cached gets).
 type indexed struct {
 	key   string
-	lease Lease
+	lease lease.Lease
 	// holder and session bind the lease to a session (entry.Session), for
 	// the session reaper (liveness.go).
 	holder, session string
@@ -474,20 +475,20 @@ const (
 // whose appends reach it only by a reload, it has none (ok false) when
 // its view is older than maxCachedAge: it must not vouch for a lease from
 // a view the other may have changed since.
-func (s *Service) cachedLease(id string) (l Lease, age time.Duration, ok bool) {
+func (s *Service) cachedLease(id string) (l lease.Lease, age time.Duration, ok bool) {
 	s.mu.Lock()
 	ix, found := s.index[id]
 	a := s.actors[ix.key]
 	s.mu.Unlock()
 	if !found || a == nil {
-		return Lease{}, 0, false
+		return lease.Lease{}, 0, false
 	}
 	if !s.tailing.Load() {
 		return ix.lease, 0, true
 	}
 	conf := a.confirmed.Load()
 	if conf == nil {
-		return Lease{}, 0, false
+		return lease.Lease{}, 0, false
 	}
 	now := s.cfg.Now()
 	age = max(now.Sub(*conf), 0)
@@ -495,7 +496,7 @@ func (s *Service) cachedLease(id string) (l Lease, age time.Duration, ok bool) {
 		a.refresh(now)
 	}
 	if age > maxCachedAge {
-		return Lease{}, 0, false
+		return lease.Lease{}, 0, false
 	}
 	return ix.lease, age, true
 }
@@ -537,7 +538,7 @@ func (s *Service) handler(op string, serviceAccount bool) nats.MsgHandler {
 		}
 		id := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 		if !validIdentity(id) {
-			c.fail(fmt.Errorf("%w: request subject %q names no identity (want %s)", ErrInvalid, m.Subject, requestSubject(op, "<identity>")))
+			c.fail(fmt.Errorf("%w: request subject %q names no identity (want %s)", lease.ErrInvalid, m.Subject, requestSubject(op, "<identity>")))
 			return
 		}
 		if id != Anonymous && !strings.HasPrefix(m.Reply, inboxPrefix(id)+".") {
@@ -564,7 +565,7 @@ func (s *Service) handler(op string, serviceAccount bool) nats.MsgHandler {
 			var r RenewRequest
 			err = decode(m.Data, &r)
 			if err == nil && r.Version == 0 {
-				err = fmt.Errorf("%w: renew needs the version the holder last saw (a renewal is a compare-and-swap on it)", ErrInvalid)
+				err = fmt.Errorf("%w: renew needs the version the holder last saw (a renewal is a compare-and-swap on it)", lease.ErrInvalid)
 			}
 			r.by = id
 			c.req, leaseID, hint = &r, r.LeaseID, r.Repo
@@ -577,7 +578,7 @@ func (s *Service) handler(op string, serviceAccount bool) nats.MsgHandler {
 			var r RevokeRequest
 			err = decode(m.Data, &r)
 			if err == nil && strings.TrimSpace(r.Reason) == "" {
-				err = fmt.Errorf("%w: revoke needs a reason (--reason)", ErrInvalid)
+				err = fmt.Errorf("%w: revoke needs a reason (--reason)", lease.ErrInvalid)
 			}
 			r.by = s.name(id)
 			c.req, leaseID, hint = &r, r.LeaseID, r.Repo
@@ -600,7 +601,7 @@ func (s *Service) handler(op string, serviceAccount bool) nats.MsgHandler {
 			err = decode(m.Data, &r)
 			if err == nil && r.Cached {
 				if l, age, ok := s.cachedLease(r.LeaseID); ok {
-					c.respond(reply{Lease: &l, Age: Duration(age)})
+					c.respond(reply{Lease: &l, Age: lease.Duration(age)})
 					return
 				}
 			}
@@ -610,16 +611,16 @@ func (s *Service) handler(op string, serviceAccount bool) nats.MsgHandler {
 			if err = decode(m.Data, &r); err == nil {
 				s.goTracked(c, func() { // fans out to actors; must not block the subscription
 					c.respond(s.fanOut(c, r.Repo, &r))
-					s.auditAccess(EventList, r.Repo, id, nil) // after the answer: reads fail open, and wait for no fsync
+					s.auditAccess(lease.EventList, r.Repo, id, nil) // after the answer: reads fail open, and wait for no fsync
 				})
 				return
 			}
 		case "audit":
 			if len(m.Data) > maxEventRequest {
-				c.fail(fmt.Errorf("%w: an audit event of %d bytes: at most %d (clip what the agent sent to an excerpt)", ErrInvalid, len(m.Data), maxEventRequest))
+				c.fail(fmt.Errorf("%w: an audit event of %d bytes: at most %d (clip what the agent sent to an excerpt)", lease.ErrInvalid, len(m.Data), maxEventRequest))
 				return
 			}
-			var ev AuditEvent
+			var ev lease.AuditEvent
 			if err = decode(m.Data, &ev); err == nil {
 				err = checkBoundaryEvent(&ev)
 			}
@@ -629,7 +630,7 @@ func (s *Service) handler(op string, serviceAccount bool) nats.MsgHandler {
 			}
 		case opShard, opShardAdmin:
 			if len(m.Data) > maxShardRequest {
-				c.fail(fmt.Errorf("%w: a shard write of %d bytes: at most %d", ErrInvalid, len(m.Data), maxShardRequest))
+				c.fail(fmt.Errorf("%w: a shard write of %d bytes: at most %d", lease.ErrInvalid, len(m.Data), maxShardRequest))
 				return
 			}
 			var w ShardWrite
@@ -639,7 +640,7 @@ func (s *Service) handler(op string, serviceAccount bool) nats.MsgHandler {
 			}
 		case opPolicy:
 			if len(m.Data) > maxPolicyRequest {
-				c.fail(fmt.Errorf("%w: a policy write of %d bytes: at most %d", ErrInvalid, len(m.Data), maxPolicyRequest))
+				c.fail(fmt.Errorf("%w: a policy write of %d bytes: at most %d", lease.ErrInvalid, len(m.Data), maxPolicyRequest))
 				return
 			}
 			var w PolicyWrite
@@ -654,7 +655,7 @@ func (s *Service) handler(op string, serviceAccount bool) nats.MsgHandler {
 					rep := s.fanOut(c, r.Repo, &r)
 					c.respond(rep)
 					if rep.Error == nil {
-						s.auditAccess(EventSweep, r.Repo, id, rep.Leases)
+						s.auditAccess(lease.EventSweep, r.Repo, id, rep.Leases)
 					}
 				})
 				return
@@ -684,8 +685,8 @@ func (s *Service) handler(op string, serviceAccount bool) nats.MsgHandler {
 			s.actor(RepoKey(repo), repo).submit(c)
 			return
 		}
-		if !ValidLeaseID(leaseID) {
-			c.fail(fmt.Errorf("%w: %q is not a lease id (want lease_…)", ErrInvalid, leaseID))
+		if !lease.ValidLeaseID(leaseID) {
+			c.fail(fmt.Errorf("%w: %q is not a lease id (want lease_…)", lease.ErrInvalid, leaseID))
 			return
 		}
 		s.route(c, leaseID, hint) // reads at most the log of the repo the id names (route.go)
@@ -827,7 +828,7 @@ func (s *Service) announceAppend(key string, seq uint64) {
 
 func decode(data []byte, v any) error {
 	if err := unmarshalRequest(data, v); err != nil {
-		return fmt.Errorf("%w: decode request: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: decode request: %v", lease.ErrInvalid, err)
 	}
 	return nil
 }
@@ -835,7 +836,7 @@ func decode(data []byte, v any) error {
 // normalize validates an acquire request and fills in its defaults.
 func (r *AcquireRequest) normalize() error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w: %s", lease.ErrInvalid, fmt.Sprintf(format, args...))
 	}
 	if strings.TrimSpace(r.Repo) == "" {
 		return bad("repo is empty: name the repository (--repo)")
@@ -867,26 +868,26 @@ func (r *AcquireRequest) normalize() error {
 			seen[w] = true
 		}
 	} else if r.WorkspaceID == "" {
-		r.WorkspaceID = DefaultWorkspace
+		r.WorkspaceID = lease.DefaultWorkspace
 	}
 	switch r.WorkspaceMode {
 	case "":
-		r.WorkspaceMode = WorkspaceShared
+		r.WorkspaceMode = lease.WorkspaceShared
 		if r.Scope.Kind != scope.KindPaths {
-			r.WorkspaceMode = WorkspaceExclusive
+			r.WorkspaceMode = lease.WorkspaceExclusive
 		}
-	case WorkspaceShared, WorkspaceExclusive:
+	case lease.WorkspaceShared, lease.WorkspaceExclusive:
 	default:
 		return bad("workspace mode %q: want shared or exclusive", r.WorkspaceMode)
 	}
-	if r.WorkspaceMode == WorkspaceShared && r.Scope.Kind != scope.KindPaths {
+	if r.WorkspaceMode == lease.WorkspaceShared && r.Scope.Kind != scope.KindPaths {
 		return bad("a shared-workspace lease must claim paths (--scope); claim none only with --workspace exclusive")
 	}
-	if r.Scope.Kind == scope.KindWholeRepo && r.WorkspaceMode != WorkspaceExclusive {
+	if r.Scope.Kind == scope.KindWholeRepo && r.WorkspaceMode != lease.WorkspaceExclusive {
 		return bad("a whole-repo lease needs an exclusive workspace")
 	}
 	if r.TTL == 0 {
-		r.TTL = Duration(DefaultTTL)
+		r.TTL = lease.Duration(DefaultTTL)
 	}
 	if d := time.Duration(r.TTL); d < MinTTL || d > MaxTTL {
 		return bad("ttl %s out of range: want %s to %s", d, MinTTL, MaxTTL)
@@ -930,17 +931,17 @@ const accessAuditTimeout = 2 * time.Second
 // when empty) to the events stream (boundary bus, writer id), after
 // the answer went out: a failed write is logged (reads fail open; what a
 // sweep reclaims is audited with the lease log's events anyway).
-func (s *Service) auditAccess(typ, repo, id string, swept []*Lease) {
+func (s *Service) auditAccess(typ, repo, id string, swept []*lease.Lease) {
 	who := s.name(id)
-	ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: typ, Boundary: BoundaryBus, Repo: repo, RequestedBy: who}
+	ev := lease.AuditEvent{Time: s.cfg.Now().UTC(), Type: typ, Boundary: lease.BoundaryBus, Repo: repo, RequestedBy: who}
 	what := repo
 	if what == "" {
 		what = "every repo"
 	}
 	switch typ {
-	case EventList:
+	case lease.EventList:
 		ev.Message = fmt.Sprintf("list: %s read the leases of %s", who, what)
-	case EventSweep:
+	case lease.EventSweep:
 		ids := make([]string, len(swept))
 		for i, l := range swept {
 			ids[i] = l.LeaseID
@@ -955,13 +956,13 @@ func (s *Service) auditAccess(typ, repo, id string, swept []*Lease) {
 // writeBusEvent writes one event of the bus itself (a read, a sweep, a
 // refusal by NATS) that identity writer (none: the bus's own) caused, on
 // the events stream, stamped as the service's (see serviceWrote).
-func (s *Service) writeBusEvent(ctx context.Context, writer string, ev AuditEvent) error {
-	return s.writeEvent(ctx, eventsSubjectFor(ev.Repo, BoundaryBus, writer), ev)
+func (s *Service) writeBusEvent(ctx context.Context, writer string, ev lease.AuditEvent) error {
+	return s.writeEvent(ctx, eventsSubjectFor(ev.Repo, lease.BoundaryBus, writer), ev)
 }
 
 // writeEvent writes one event to subject, stamped as the service's.
-func (s *Service) writeEvent(ctx context.Context, subject string, ev AuditEvent) error {
-	data, err := (&auditBatch{Events: []AuditEvent{ev}}).encode()
+func (s *Service) writeEvent(ctx context.Context, subject string, ev lease.AuditEvent) error {
+	data, err := (&auditBatch{Events: []lease.AuditEvent{ev}}).encode()
 	if err != nil {
 		return err
 	}
@@ -996,7 +997,7 @@ func (s *Service) fanOut(c *call, repo string, req any) reply {
 			return reply{Error: toWire(err)}
 		}
 		if a == nil {
-			return reply{Leases: []*Lease{}} // nobody ever leased in it
+			return reply{Leases: []*lease.Lease{}} // nobody ever leased in it
 		}
 		actors = []*actor{a}
 	} else {
@@ -1007,7 +1008,7 @@ func (s *Service) fanOut(c *call, repo string, req any) reply {
 		}
 		actors = s.allActors()
 	}
-	out := reply{Leases: []*Lease{}}
+	out := reply{Leases: []*lease.Lease{}}
 	for _, a := range actors {
 		rep := a.ask(s.ctx, &call{op: c.op, req: req})
 		if rep.Error != nil {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // A client's session is what one process holding leases keeps alive on
@@ -270,7 +272,7 @@ func (s *session) run(ctx context.Context, done chan struct{}) {
 func (s *session) keepalive(ctx context.Context, hs []*Holder, silence time.Duration) {
 	req := keepaliveRequest{Session: s.id, Leases: make([]keptLease, 0, len(hs))}
 	byID := make(map[string]*Holder, len(hs))
-	held := make(map[string]Lease, len(hs))
+	held := make(map[string]lease.Lease, len(hs))
 	sent := make(map[string]time.Time, len(hs))
 	for _, h := range hs {
 		l := h.Lease()
@@ -310,7 +312,7 @@ func (s *session) keepalive(ctx context.Context, hs []*Holder, silence time.Dura
 // keepalive sent at sent. A view confirmed Age before the answer counts as
 // heard Age before the keepalive was sent: the service cannot have
 // confirmed it earlier than that on any clock.
-func (h *Holder) kept(held Lease, k keptAnswer, sent time.Time) {
+func (h *Holder) kept(held lease.Lease, k keptAnswer, sent time.Time) {
 	h.sessionMu.Lock()
 	defer h.sessionMu.Unlock()
 	if h.left {
@@ -322,7 +324,7 @@ func (h *Holder) kept(held Lease, k keptAnswer, sent time.Time) {
 	case k.Missing:
 		// The service read the log, and it has no such lease.
 		h.heard(sent)
-		h.doubt(fmt.Errorf("%w: %s (fence %d): the lease service does not know the lease; writes stop until it answers a renewal", ErrLeaseUnknown, held.LeaseID, held.Fence), true)
+		h.doubt(fmt.Errorf("%w: %s (fence %d): the lease service does not know the lease; writes stop until it answers a renewal", lease.ErrLeaseUnknown, held.LeaseID, held.Fence), true)
 	case k.Lease != nil && (k.Lease.LeaseID != held.LeaseID || k.Lease.Repo != held.Repo || k.Lease.Fence != held.Fence):
 		// Not the service's answer about this lease: nothing heard.
 	default:

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // TestSessionReclaim: a lease acquired in a session lives while the
@@ -34,11 +35,11 @@ func TestSessionReclaim(t *testing.T) {
 	t.Cleanup(b.stop)
 	ctx := ctxT(t)
 	const repo = "github.com/acme/session"
-	h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(1), TTL: Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
+	h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	loose, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "ledger"), Owner: owner(2), TTL: Duration(5 * time.Minute)}, NewCredential())
+	loose, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "ledger"), Owner: owner(2), TTL: lease.Duration(5 * time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,14 +59,14 @@ func TestSessionReclaim(t *testing.T) {
 	h.Stop() // its session's only holder: the session falls silent
 	stopped := time.Now()
 	ended := waitEnded(t, b.c, held.LeaseID, 30*time.Second)
-	if ended.Status != StatusReclaimed || !strings.Contains(ended.Reason, "keepalive") {
+	if ended.Status != lease.StatusReclaimed || !strings.Contains(ended.Reason, "keepalive") {
 		t.Errorf("ended as %s (%s), want reclaimed for its silent session", ended.Status, ended.Reason)
 	}
 	if took := time.Since(stopped); took < grace {
 		t.Errorf("reclaimed %s after the session fell silent: before its grace of %s", took, grace)
 	}
-	checkAudited(t, b, repo, held.LeaseID, EventReclaimed, "session-lost")
-	next, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(3), TTL: Duration(time.Minute)}, NewCredential())
+	checkAudited(t, b, repo, held.LeaseID, lease.EventReclaimed, "session-lost")
+	next, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(3), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatalf("scope of the reclaimed lease: %v", err)
 	}
@@ -88,7 +89,7 @@ func TestForeignKeepaliveKeepsNothingAlive(t *testing.T) {
 	ctx := ctxT(t)
 	const repo = "github.com/acme/foreign-keepalive"
 	hc := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder))
-	h, err := hc.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(1), TTL: Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
+	h, err := hc.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func TestPartitionedHolderStopsBeforeReclaim(t *testing.T) {
 	const repo = "github.com/acme/partitioned-session"
 	bridge := testutil.NewBridge(t, strings.TrimPrefix(b.srv.ClientURL(), "nats://"))
 	hc := NewClient(connectAs(t, "nats://"+bridge.Addr(), RoleHolder, nats.PingInterval(time.Hour)))
-	h, err := hc.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(1), TTL: Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
+	h, err := hc.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +148,7 @@ func TestPartitionedHolderStopsBeforeReclaim(t *testing.T) {
 	if stopped > 2*DefaultSilence || reclaimed < grace {
 		t.Errorf("holder stopped %s after the cut, lease reclaimed after %s: want ≤ %s and ≥ %s", stopped, reclaimed, 2*DefaultSilence, grace)
 	}
-	next, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	next, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil || next.Fence <= held.Fence {
 		t.Fatalf("next holder: %v %v, want a fence above %d", next, err, held.Fence)
 	}
@@ -175,7 +176,7 @@ func TestHeldByAKilledProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewClient(nc).AcquireAndHold(context.Background(), AcquireRequest{Repo: os.Getenv(envHoldRepo), Scope: claim(t, "billing"), Owner: owner(1), TTL: Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
+	h, err := NewClient(nc).AcquireAndHold(context.Background(), AcquireRequest{Repo: os.Getenv(envHoldRepo), Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +237,7 @@ func TestKilledRunnerScopeReclaimed(t *testing.T) {
 	_ = cmd.Wait()
 	waited = true
 
-	next, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(2), TTL: Duration(time.Minute), Wait: Duration(60 * time.Second)}, NewCredential())
+	next, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(2), TTL: lease.Duration(time.Minute), Wait: lease.Duration(60 * time.Second)}, NewCredential())
 	if err != nil {
 		t.Fatalf("scope of the killed runner's lease: %v", err)
 	}
@@ -249,10 +250,10 @@ func TestKilledRunnerScopeReclaimed(t *testing.T) {
 		t.Errorf("next fence %d not above the killed runner's %d", next.Fence, fence)
 	}
 	l, err := b.c.Get(ctx, id)
-	if err != nil || l.Status != StatusReclaimed {
+	if err != nil || l.Status != lease.StatusReclaimed {
 		t.Fatalf("killed runner's lease: %v %v, want reclaimed", l, err)
 	}
-	checkAudited(t, b, repo, id, EventReclaimed, "session-lost")
+	checkAudited(t, b, repo, id, lease.EventReclaimed, "session-lost")
 }
 
 // TestSessionsOnACluster: with a lease service instance on each of three
@@ -283,7 +284,7 @@ func TestSessionsOnACluster(t *testing.T) {
 	}
 	const repo = "github.com/acme/cluster-session"
 	hc := NewClient(connectAs(t, cl.urls[0], RoleHolder))
-	h, err := hc.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(1), TTL: Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
+	h, err := hc.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,7 +306,7 @@ func TestSessionsOnACluster(t *testing.T) {
 		t.Fatalf("holder: %v", err)
 	}
 	h.Stop()
-	if l := waitEnded(t, c, held.LeaseID, time.Minute); l.Status != StatusReclaimed {
+	if l := waitEnded(t, c, held.LeaseID, time.Minute); l.Status != lease.StatusReclaimed {
 		t.Fatalf("%s ended as %s (%s), want reclaimed", l.LeaseID, l.Status, l.Reason)
 	}
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
@@ -315,7 +316,7 @@ func TestSessionsOnACluster(t *testing.T) {
 		}
 		n := 0
 		for _, ev := range evs {
-			if ev.LeaseID == held.LeaseID && ev.Type == EventReclaimed {
+			if ev.LeaseID == held.LeaseID && ev.Type == lease.EventReclaimed {
 				n++
 			}
 		}
@@ -337,7 +338,7 @@ func TestSessionReclaimAfterServiceRestart(t *testing.T) {
 	ctx := ctxT(t)
 	const repo = "github.com/acme/session-restart"
 	hc := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder))
-	h, err := hc.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(1), TTL: Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
+	h, err := hc.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,8 +351,8 @@ func TestSessionReclaimAfterServiceRestart(t *testing.T) {
 	}
 	// Watched through the audit stream alone: a request about the lease
 	// would have the service read its repo's log (and index it afresh).
-	checkAudited(t, b, repo, held.LeaseID, EventReclaimed, "session-lost")
-	if l, err := b.c.Get(ctx, held.LeaseID); err != nil || l.Status != StatusReclaimed {
+	checkAudited(t, b, repo, held.LeaseID, lease.EventReclaimed, "session-lost")
+	if l, err := b.c.Get(ctx, held.LeaseID); err != nil || l.Status != lease.StatusReclaimed {
 		t.Fatalf("%s: %v %v, want reclaimed", held.LeaseID, l, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -26,7 +27,7 @@ func TestOneKeepalivePerSession(t *testing.T) {
 	const holders = 20
 	hs := make([]*Holder, holders)
 	for i := range hs {
-		h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: fmt.Sprintf("github.com/acme/keep-%d", i%4), Scope: claim(t, fmt.Sprintf("svc/%d", i)), Owner: owner(i), TTL: Duration(time.Minute)}, NewCredential(), HoldOptions{})
+		h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: fmt.Sprintf("github.com/acme/keep-%d", i%4), Scope: claim(t, fmt.Sprintf("svc/%d", i)), Owner: owner(i), TTL: lease.Duration(time.Minute)}, NewCredential(), HoldOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -64,9 +65,9 @@ const (
 
 // waitEnded waits until c's lease service says lease id is no longer
 // active, and returns its record.
-func waitEnded(t *testing.T, c *Client, id string, within time.Duration) *Lease {
+func waitEnded(t *testing.T, c *Client, id string, within time.Duration) *lease.Lease {
 	t.Helper()
-	var ended *Lease
+	var ended *lease.Lease
 	checkFor(t, within, 50*time.Millisecond, func() error {
 		l, err := c.Get(ctxT(t), id)
 		if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/time/rate"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/shard/record"
 )
 
@@ -123,7 +124,7 @@ func (s *Service) shardKV(ctx context.Context, bucket string) (jetstream.KeyValu
 	}
 	kv, err := s.js.KeyValue(ctx, bucket)
 	if err != nil {
-		return nil, fmt.Errorf("%w: shard bucket %s: %v", ErrUnavailable, bucket, err)
+		return nil, fmt.Errorf("%w: shard bucket %s: %v", lease.ErrUnavailable, bucket, err)
 	}
 	if s.shards.kvs == nil {
 		s.shards.kvs = map[string]jetstream.KeyValue{}
@@ -152,7 +153,7 @@ type shardRefusal struct {
 }
 
 func (e *shardRefusal) Error() string { return e.msg }
-func (e *shardRefusal) Unwrap() error { return ErrNotOwner }
+func (e *shardRefusal) Unwrap() error { return lease.ErrNotOwner }
 
 func refuseShard(reason, repo, format string, args ...any) error {
 	return &shardRefusal{reason: reason, repo: repo, msg: fmt.Sprintf(format, args...)}
@@ -173,10 +174,10 @@ func (s *Service) writeShard(ctx context.Context, id string, admin bool, w Shard
 
 func (s *Service) checkAndWriteShard(ctx context.Context, id string, admin bool, w ShardWrite) (uint64, error) {
 	if len(w.Value) > shardMaxValue {
-		return 0, fmt.Errorf("%w: a shard record of %d bytes: at most %d", ErrInvalid, len(w.Value), shardMaxValue)
+		return 0, fmt.Errorf("%w: a shard record of %d bytes: at most %d", lease.ErrInvalid, len(w.Value), shardMaxValue)
 	}
 	if w.Bucket != ShardPoolBucket && w.Bucket != ShardAttemptBucket {
-		return 0, fmt.Errorf("%w: bucket %q is not a shard bucket (want %s or %s)", ErrInvalid, w.Bucket, ShardPoolBucket, ShardAttemptBucket)
+		return 0, fmt.Errorf("%w: bucket %q is not a shard bucket (want %s or %s)", lease.ErrInvalid, w.Bucket, ShardPoolBucket, ShardAttemptBucket)
 	}
 	kv, err := s.shardKV(ctx, w.Bucket)
 	if err != nil {
@@ -189,7 +190,7 @@ func (s *Service) checkAndWriteShard(ctx context.Context, id string, admin bool,
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 			return 0, fmt.Errorf("%w: %s has no record at revision %d any more", jetstream.ErrKeyRevisionMismatch, w.Key, w.Revision)
 		case err != nil:
-			return 0, fmt.Errorf("%w: read shard record %s: %v", ErrUnavailable, w.Key, err)
+			return 0, fmt.Errorf("%w: read shard record %s: %v", lease.ErrUnavailable, w.Key, err)
 		}
 		old = e.Value()
 	}
@@ -211,7 +212,7 @@ func (s *Service) checkAndWriteShard(ctx context.Context, id string, admin bool,
 	case err != nil && isCASMismatch(err):
 		return 0, fmt.Errorf("%w: %s changed since revision %d", jetstream.ErrKeyRevisionMismatch, w.Key, w.Revision)
 	case err != nil:
-		return 0, fmt.Errorf("%w: write shard record %s: %w", ErrUnavailable, w.Key, streamFull("KV_"+w.Bucket, err))
+		return 0, fmt.Errorf("%w: write shard record %s: %w", lease.ErrUnavailable, w.Key, streamFull("KV_"+w.Bucket, err))
 	}
 	return ack.Sequence, nil
 }
@@ -232,10 +233,10 @@ func decodeOld[T any](old []byte, valid func(*T) error) *T {
 func (s *Service) checkPool(ctx context.Context, id string, admin bool, w ShardWrite, old []byte) ([]byte, error) {
 	var p record.Pool
 	if err := json.Unmarshal(w.Value, &p); err != nil {
-		return nil, fmt.Errorf("%w: decode pool record %s: %v", ErrInvalid, w.Key, err)
+		return nil, fmt.Errorf("%w: decode pool record %s: %v", lease.ErrInvalid, w.Key, err)
 	}
 	if err := record.ValidPool(&p, w.Key); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", lease.ErrInvalid, err)
 	}
 	if admin {
 		return json.Marshal(&p)
@@ -248,7 +249,7 @@ func (s *Service) checkPool(ctx context.Context, id string, admin bool, w ShardW
 		return nil, refuseShard(ReasonPoolShape, p.Repo, "the pool of %s (checkout %s, dir %s, %d shards, %d sharers) is an operator's to change: %s asked for checkout %s, dir %s, %d shards, %d sharers",
 			p.Repo, prev.Checkout, prev.Dir, prev.Size, prev.MaxSharers, s.name(id), p.Checkout, p.Dir, p.Size, p.MaxSharers)
 	}
-	var mine []*Lease // the asker's active leases of the repo, read once
+	var mine []*lease.Lease // the asker's active leases of the repo, read once
 	read := false
 	for i := range p.Shards {
 		was, is := &prev.Shards[i], &p.Shards[i]
@@ -262,7 +263,9 @@ func (s *Service) checkPool(ctx context.Context, id string, admin bool, w ShardW
 			}
 			read = true
 		}
-		if slices.ContainsFunc(mine, func(l *Lease) bool { return l.WorkspaceID == is.ID || strings.HasPrefix(l.WorkspaceID, is.ID+"/") }) {
+		if slices.ContainsFunc(mine, func(l *lease.Lease) bool {
+			return l.WorkspaceID == is.ID || strings.HasPrefix(l.WorkspaceID, is.ID+"/")
+		}) {
 			continue
 		}
 		ok, err := s.recovery(ctx, p.Repo, was, is)
@@ -306,7 +309,7 @@ func (s *Service) recovery(ctx context.Context, repo string, was, is *record.Sha
 			continue
 		}
 		if err != nil {
-			return false, fmt.Errorf("%w: read attempt %s: %v", ErrUnavailable, aid, err)
+			return false, fmt.Errorf("%w: read attempt %s: %v", lease.ErrUnavailable, aid, err)
 		}
 		a := decodeOld(e.Value(), func(a *record.Attempt) error { return record.ValidAttempt(a, key) })
 		if a != nil && a.Status == record.StatusRunning {
@@ -319,10 +322,10 @@ func (s *Service) recovery(ctx context.Context, repo string, was, is *record.Sha
 func (s *Service) checkAttempt(ctx context.Context, kv jetstream.KeyValue, id string, admin bool, w ShardWrite, old []byte) ([]byte, error) {
 	var a record.Attempt
 	if err := json.Unmarshal(w.Value, &a); err != nil {
-		return nil, fmt.Errorf("%w: decode attempt record %s: %v", ErrInvalid, w.Key, err)
+		return nil, fmt.Errorf("%w: decode attempt record %s: %v", lease.ErrInvalid, w.Key, err)
 	}
 	if err := record.ValidAttempt(&a, w.Key); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", lease.ErrInvalid, err)
 	}
 	prev := decodeOld(old, func(o *record.Attempt) error { return record.ValidAttempt(o, w.Key) })
 	switch {
@@ -330,7 +333,7 @@ func (s *Service) checkAttempt(ctx context.Context, kv jetstream.KeyValue, id st
 		return nil, refuseShard(ReasonNotItsAttempt, a.Repo, "attempt %s of %s: its record is not one fenceline writes; only an operator replaces it", a.AttemptID, a.Repo)
 	case prev == nil:
 		if !s.allowCreate(id) {
-			return nil, fmt.Errorf("%w: %s creates attempt records faster than %d a second (bursts of %d)", ErrUnavailable, s.name(id), shardCreateRate, shardCreateBurst)
+			return nil, fmt.Errorf("%w: %s creates attempt records faster than %d a second (bursts of %d)", lease.ErrUnavailable, s.name(id), shardCreateRate, shardCreateBurst)
 		}
 		a.By = id
 	case admin || prev.By == id:
@@ -376,7 +379,7 @@ func (s *Service) recovers(ctx context.Context, was, is *record.Attempt) (bool, 
 // leasesOf returns the active leases of repo that identity holder
 // acquired (every active lease when holder is empty), from a fresh read
 // of the repo's log.
-func (s *Service) leasesOf(ctx context.Context, repo, holder string) ([]*Lease, error) {
+func (s *Service) leasesOf(ctx context.Context, repo, holder string) ([]*lease.Lease, error) {
 	a, err := s.actorIfLogged(ctx, repo)
 	if err != nil || a == nil {
 		return nil, err
@@ -395,7 +398,7 @@ func (s *Service) auditShardRefusal(id string, r *shardRefusal) {
 	if !s.boundary.allow(id, r.repo, "") {
 		return
 	}
-	ev := AuditEvent{Time: s.cfg.Now().UTC(), Type: EventRefused, Boundary: boundaryShard, Repo: r.repo, Reason: r.reason,
+	ev := lease.AuditEvent{Time: s.cfg.Now().UTC(), Type: lease.EventRefused, Boundary: boundaryShard, Repo: r.repo, Reason: r.reason,
 		RequestedBy: s.name(id), Message: clip("shard record write refused: "+r.msg, maxEventMessage)}
 	if err := s.writeEvent(s.ctx, eventsSubjectFor(r.repo, boundaryShard, id), ev); err != nil {
 		s.log.Warn("audit event of a refused shard write not written", "repo", r.repo, "requested_by", ev.RequestedBy, "err", err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // maxEnded bounds how many ended leases a repo remembers, so a repeated
@@ -23,7 +24,7 @@ const (
 // entry is a lease as the service keeps it: the public record plus what
 // proves and identifies its owner. Everything but deadline is persisted.
 type entry struct {
-	Lease
+	lease.Lease
 	SecretHash string `json:"secretHash"`
 	RequestID  string `json:"requestId"`
 	RenewID    string `json:"renewId,omitempty"`
@@ -93,8 +94,8 @@ func (e *entry) clone() *entry {
 	return &c
 }
 
-func (e *entry) conflict(why string) Conflict {
-	return Conflict{LeaseID: e.LeaseID, Owner: e.Owner, Scope: e.Scope,
+func (e *entry) conflict(why string) lease.Conflict {
+	return lease.Conflict{LeaseID: e.LeaseID, Owner: e.Owner, Scope: e.Scope,
 		WorkspaceID: e.WorkspaceID, ExpiresAt: e.ExpiresAt, Fence: e.Fence, Why: why}
 }
 
@@ -205,7 +206,7 @@ type txn struct {
 	fence   uint64
 	changed map[string]*entry
 	order   []string // ids in the order they first changed
-	events  []AuditEvent
+	events  []lease.AuditEvent
 	swept   bool      // sweep scanned the base: recompute earliest on commit
 	now     time.Time // monotonic: deadlines
 	wall    time.Time // wall clock: informational times only
@@ -254,7 +255,7 @@ func (t *txn) active(f func(*entry) bool) {
 }
 
 func (t *txn) audit(typ string, e *entry, reason, msg string) {
-	ev := AuditEvent{Time: t.wall, Type: typ, Boundary: BoundaryLease, Repo: t.base.repo, Reason: reason, Message: msg}
+	ev := lease.AuditEvent{Time: t.wall, Type: typ, Boundary: lease.BoundaryLease, Repo: t.base.repo, Reason: reason, Message: msg}
 	if e != nil {
 		ev.LeaseID, ev.Owner, ev.Scope, ev.Fence = e.LeaseID, e.Owner, e.Scope, e.Fence
 	}
@@ -262,13 +263,13 @@ func (t *txn) audit(typ string, e *entry, reason, msg string) {
 }
 
 // refusal audits a refused request that names no lease: who asked for what.
-func (t *txn) refusal(o Owner, c scope.Claim, reason, msg string) {
-	t.events = append(t.events, AuditEvent{Time: t.wall, Type: EventRefused, Boundary: BoundaryLease,
+func (t *txn) refusal(o lease.Owner, c scope.Claim, reason, msg string) {
+	t.events = append(t.events, lease.AuditEvent{Time: t.wall, Type: lease.EventRefused, Boundary: lease.BoundaryLease,
 		Repo: t.base.repo, Owner: o, Scope: c, Reason: reason, Message: msg})
 }
 
 // end moves a lease out of active with the given status.
-func (t *txn) end(e *entry, st Status, reason string) *entry {
+func (t *txn) end(e *entry, st lease.Status, reason string) *entry {
 	n := e.clone()
 	n.Status = st
 	n.Version++
@@ -283,24 +284,24 @@ type claimRequest struct {
 	scope       scope.Claim
 	workspaceID string   // where it is (to be) granted; "" for a pool request not yet placed
 	pool        []string // candidate workspaces of a pool request
-	mode        WorkspaceMode
+	mode        lease.WorkspaceMode
 	maxSharers  int
 }
 
 // blocks reports why holder (an active lease or a queued request) keeps req
 // from being granted, or "" when it does not.
-func blocks(req claimRequest, hScope scope.Claim, hWorkspace string, hMode WorkspaceMode) string {
+func blocks(req claimRequest, hScope scope.Claim, hWorkspace string, hMode lease.WorkspaceMode) string {
 	if req.scope.Overlaps(hScope) {
 		return "claims overlap: " + strings.Join(req.scope.Overlap(hScope), ", ")
 	}
 	switch {
-	case req.workspaceID == hWorkspace && hMode == WorkspaceExclusive:
+	case req.workspaceID == hWorkspace && hMode == lease.WorkspaceExclusive:
 		return fmt.Sprintf("workspace %s is held exclusively", hWorkspace)
-	case req.workspaceID == hWorkspace && req.mode == WorkspaceExclusive:
+	case req.workspaceID == hWorkspace && req.mode == lease.WorkspaceExclusive:
 		return fmt.Sprintf("workspace %s is occupied and an exclusive lease needs it empty", hWorkspace)
-	case within(req.workspaceID, hWorkspace) && hMode == WorkspaceExclusive:
+	case within(req.workspaceID, hWorkspace) && hMode == lease.WorkspaceExclusive:
 		return fmt.Sprintf("workspace %s is held exclusively, and %s lies in it", hWorkspace, req.workspaceID)
-	case within(hWorkspace, req.workspaceID) && req.mode == WorkspaceExclusive:
+	case within(hWorkspace, req.workspaceID) && req.mode == lease.WorkspaceExclusive:
 		return fmt.Sprintf("workspace %s is occupied (%s lies in it) and an exclusive lease needs it empty", req.workspaceID, hWorkspace)
 	}
 	return ""
@@ -323,8 +324,8 @@ func ancestors(ws string, f func(string)) {
 }
 
 // conflicts lists the active leases that keep req from being granted now.
-func (t *txn) conflicts(req claimRequest) []Conflict {
-	var out []Conflict
+func (t *txn) conflicts(req claimRequest) []lease.Conflict {
+	var out []lease.Conflict
 	check := func(e *entry) {
 		if why := blocks(req, e.Scope, e.WorkspaceID, e.WorkspaceMode); why != "" {
 			out = append(out, e.conflict(why))
@@ -342,14 +343,14 @@ func (t *txn) conflicts(req claimRequest) []Conflict {
 			check(e)
 		}
 	}
-	if len(out) == 0 && req.mode == WorkspaceShared && req.maxSharers > 0 {
+	if len(out) == 0 && req.mode == lease.WorkspaceShared && req.maxSharers > 0 {
 		if sharers := t.sharers(req.workspaceID); len(sharers) >= req.maxSharers {
 			for _, e := range sharers {
 				out = append(out, e.conflict(fmt.Sprintf("workspace %s already has max-sharers %d", req.workspaceID, req.maxSharers)))
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b Conflict) int { return strings.Compare(a.LeaseID, b.LeaseID) })
+	slices.SortFunc(out, func(a, b lease.Conflict) int { return strings.Compare(a.LeaseID, b.LeaseID) })
 	return out
 }
 
@@ -358,8 +359,8 @@ func (t *txn) conflicts(req claimRequest) []Conflict {
 // candidate that fits, shared leases trying candidates with sharers first.
 // It returns the claim with its workspace set, or the conflicts that keep
 // every candidate from fitting (each blocking lease once).
-func (t *txn) place(req claimRequest, queue []*waiter) (claimRequest, []Conflict) {
-	fits := func(c claimRequest) []Conflict {
+func (t *txn) place(req claimRequest, queue []*waiter) (claimRequest, []lease.Conflict) {
+	fits := func(c claimRequest) []lease.Conflict {
 		if out := t.conflicts(c); len(out) > 0 {
 			return out
 		}
@@ -369,7 +370,7 @@ func (t *txn) place(req claimRequest, queue []*waiter) (claimRequest, []Conflict
 		return req, fits(req)
 	}
 	order := req.pool
-	if req.mode == WorkspaceShared {
+	if req.mode == lease.WorkspaceShared {
 		shared := make(map[string]bool, len(order))
 		for _, ws := range order {
 			shared[ws] = len(t.sharers(ws)) > 0
@@ -385,7 +386,7 @@ func (t *txn) place(req claimRequest, queue []*waiter) (claimRequest, []Conflict
 			return 1
 		})
 	}
-	var all []Conflict
+	var all []lease.Conflict
 	seen := map[string]bool{}
 	for _, ws := range order {
 		c := req
@@ -413,7 +414,7 @@ func (t *txn) sharers(ws string) []*entry {
 		}
 	}
 	for _, id := range t.order {
-		if e := t.changed[id]; e.Active() && e.WorkspaceID == ws && e.WorkspaceMode == WorkspaceShared {
+		if e := t.changed[id]; e.Active() && e.WorkspaceID == ws && e.WorkspaceMode == lease.WorkspaceShared {
 			out = append(out, e)
 		}
 	}
@@ -424,14 +425,14 @@ func (t *txn) sharers(ws string) []*entry {
 func (t *txn) grant(r *AcquireRequest, claim claimRequest) *entry {
 	t.fence++
 	e := &entry{
-		Lease: Lease{
+		Lease: lease.Lease{
 			LeaseID:       newLeaseID(RepoKey(t.base.repo), t.wall),
 			Repo:          t.base.repo,
 			Scope:         claim.scope,
 			WorkspaceID:   claim.workspaceID,
 			WorkspaceMode: claim.mode,
 			Owner:         r.Owner,
-			Status:        StatusActive,
+			Status:        lease.StatusActive,
 			Version:       1,
 			Fence:         t.fence,
 			AcquiredAt:    t.wall,
@@ -446,7 +447,7 @@ func (t *txn) grant(r *AcquireRequest, claim claimRequest) *entry {
 		deadline:   t.now.Add(time.Duration(r.TTL)),
 	}
 	t.write(e)
-	t.audit(EventGrant, e, "", fmt.Sprintf("granted: %s %s owner=%s fence=%d ttl=%s", e.LeaseID, e.Scope, e.Owner, e.Fence, e.TTL))
+	t.audit(lease.EventGrant, e, "", fmt.Sprintf("granted: %s %s owner=%s fence=%d ttl=%s", e.LeaseID, e.Scope, e.Owner, e.Fence, e.TTL))
 	t.events[len(t.events)-1].RequestedBy = r.byName
 	return e
 }
@@ -485,8 +486,8 @@ func (t *txn) otherIdentity(op string, e *entry, by string) error {
 	if e.Holder == "" || e.Holder == by {
 		return nil
 	}
-	t.audit(EventRefused, e, "other-identity", fmt.Sprintf("refused %s of %s: asked by bus identity %s, acquired by %s (owner=%s fence=%d)", op, e.LeaseID, by, e.Holder, e.Owner, e.Fence))
-	return fmt.Errorf("%s %s: %w: the lease belongs to the bus identity that acquired it, and this is another (each runner has its own; an operator may revoke it)", op, e.LeaseID, ErrNotOwner)
+	t.audit(lease.EventRefused, e, "other-identity", fmt.Sprintf("refused %s of %s: asked by bus identity %s, acquired by %s (owner=%s fence=%d)", op, e.LeaseID, by, e.Holder, e.Owner, e.Fence))
+	return fmt.Errorf("%s %s: %w: the lease belongs to the bus identity that acquired it, and this is another (each runner has its own; an operator may revoke it)", op, e.LeaseID, lease.ErrNotOwner)
 }
 
 // owned finds the lease and checks the identity and the credential,
@@ -494,14 +495,14 @@ func (t *txn) otherIdentity(op string, e *entry, by string) error {
 func (t *txn) owned(op, id, by string, cred Credential) (*entry, error) {
 	e := t.lookup(id)
 	if e == nil {
-		return nil, fmt.Errorf("%s %s: %w in %s", op, id, ErrNotFound, t.base.repo)
+		return nil, fmt.Errorf("%s %s: %w in %s", op, id, lease.ErrNotFound, t.base.repo)
 	}
 	if err := t.otherIdentity(op, e, by); err != nil {
 		return nil, err
 	}
 	if !cred.matches(e.SecretHash) {
-		t.audit(EventRefused, e, "not-owner", fmt.Sprintf("refused %s of %s: credential does not match (owner=%s)", op, id, e.Owner))
-		return nil, fmt.Errorf("%s %s: %w (the lease id alone is not enough; use the credential its acquirer received)", op, id, ErrNotOwner)
+		t.audit(lease.EventRefused, e, "not-owner", fmt.Sprintf("refused %s of %s: credential does not match (owner=%s)", op, id, e.Owner))
+		return nil, fmt.Errorf("%s %s: %w (the lease id alone is not enough; use the credential its acquirer received)", op, id, lease.ErrNotOwner)
 	}
 	return e, nil
 }
@@ -509,31 +510,31 @@ func (t *txn) owned(op, id, by string, cred Credential) (*entry, error) {
 func (t *txn) renew(r *RenewRequest) (*entry, error) {
 	e := t.lookup(r.LeaseID)
 	if e == nil {
-		return nil, fmt.Errorf("renew %s: %w in %s", r.LeaseID, ErrNotFound, t.base.repo)
+		return nil, fmt.Errorf("renew %s: %w in %s", r.LeaseID, lease.ErrNotFound, t.base.repo)
 	}
 	if err := t.otherIdentity("renew", e, r.by); err != nil {
 		return nil, err
 	}
 	if !r.proves(e.SecretHash) {
-		t.audit(EventRefused, e, "not-owner", fmt.Sprintf("refused renew of %s: its proof does not match (owner=%s)", r.LeaseID, e.Owner))
-		return nil, fmt.Errorf("renew %s: %w (a renewal proves the credential its acquirer received, over this lease, version and renewal id)", r.LeaseID, ErrNotOwner)
+		t.audit(lease.EventRefused, e, "not-owner", fmt.Sprintf("refused renew of %s: its proof does not match (owner=%s)", r.LeaseID, e.Owner))
+		return nil, fmt.Errorf("renew %s: %w (a renewal proves the credential its acquirer received, over this lease, version and renewal id)", r.LeaseID, lease.ErrNotOwner)
 	}
 	if !e.Active() {
-		t.audit(EventRenewRefused, e, string(e.Status), fmt.Sprintf("renew refused: %s is %s (%s)", e.LeaseID, e.Status, e.Reason))
-		return nil, fmt.Errorf("renew %s: %w: it is %s (%s)", e.LeaseID, ErrLeaseLost, e.Status, e.Reason)
+		t.audit(lease.EventRenewRefused, e, string(e.Status), fmt.Sprintf("renew refused: %s is %s (%s)", e.LeaseID, e.Status, e.Reason))
+		return nil, fmt.Errorf("renew %s: %w: it is %s (%s)", e.LeaseID, lease.ErrLeaseLost, e.Status, e.Reason)
 	}
 	if r.RenewID != "" && r.RenewID == e.RenewID && r.Version+1 == e.Version {
 		return e, nil // a retry of the renewal that produced this version
 	}
 	if r.Version != e.Version {
-		t.audit(EventRenewRefused, e, "version", fmt.Sprintf("renew refused: %s version %d, holder sent %d", e.LeaseID, e.Version, r.Version))
-		return nil, fmt.Errorf("renew %s: %w: version is %d, holder had %d", e.LeaseID, ErrLeaseLost, e.Version, r.Version)
+		t.audit(lease.EventRenewRefused, e, "version", fmt.Sprintf("renew refused: %s version %d, holder sent %d", e.LeaseID, e.Version, r.Version))
+		return nil, fmt.Errorf("renew %s: %w: version is %d, holder had %d", e.LeaseID, lease.ErrLeaseLost, e.Version, r.Version)
 	}
 	if !t.now.Before(e.deadline) {
 		late := t.now.Sub(e.deadline).Round(time.Second)
-		n := t.end(e, StatusExpired, "ttl lapsed before renewal")
-		t.audit(EventExpired, n, "ttl", fmt.Sprintf("expired: %s owner=%s renew arrived %s after its ttl", n.LeaseID, n.Owner, late))
-		return nil, fmt.Errorf("renew %s: %w: its ttl of %s lapsed %s ago", e.LeaseID, ErrLeaseLost, e.TTL, late)
+		n := t.end(e, lease.StatusExpired, "ttl lapsed before renewal")
+		t.audit(lease.EventExpired, n, "ttl", fmt.Sprintf("expired: %s owner=%s renew arrived %s after its ttl", n.LeaseID, n.Owner, late))
+		return nil, fmt.Errorf("renew %s: %w: its ttl of %s lapsed %s ago", e.LeaseID, lease.ErrLeaseLost, e.TTL, late)
 	}
 	n := e.clone()
 	n.Version++
@@ -553,21 +554,21 @@ func (t *txn) release(r *ReleaseRequest) (*entry, error) {
 	if !e.Active() {
 		return e, nil // idempotent for the owner
 	}
-	n := t.end(e, StatusReleased, "released by owner")
-	t.audit(EventRelease, n, "", fmt.Sprintf("released: %s owner=%s fence=%d", n.LeaseID, n.Owner, n.Fence))
+	n := t.end(e, lease.StatusReleased, "released by owner")
+	t.audit(lease.EventRelease, n, "", fmt.Sprintf("released: %s owner=%s fence=%d", n.LeaseID, n.Owner, n.Fence))
 	return n, nil
 }
 
 func (t *txn) revoke(r *RevokeRequest) (*entry, error) {
 	e := t.lookup(r.LeaseID)
 	if e == nil {
-		return nil, fmt.Errorf("revoke %s: %w", r.LeaseID, ErrNotFound)
+		return nil, fmt.Errorf("revoke %s: %w", r.LeaseID, lease.ErrNotFound)
 	}
 	if !e.Active() {
 		return e, nil
 	}
-	n := t.end(e, StatusRevoked, "revoked: "+r.Reason)
-	t.audit(EventRevoked, n, r.Reason, fmt.Sprintf("revoked: %s owner=%s fence=%d reason=%q by=%s", n.LeaseID, n.Owner, n.Fence, r.Reason, r.by))
+	n := t.end(e, lease.StatusRevoked, "revoked: "+r.Reason)
+	t.audit(lease.EventRevoked, n, r.Reason, fmt.Sprintf("revoked: %s owner=%s fence=%d reason=%q by=%s", n.LeaseID, n.Owner, n.Fence, r.Reason, r.by))
 	t.events[len(t.events)-1].RequestedBy = r.by
 	return n, nil
 }
@@ -589,8 +590,8 @@ func (t *txn) sweep() []*entry {
 	out := make([]*entry, 0, len(expired))
 	for _, e := range expired {
 		late := t.now.Sub(e.deadline).Round(time.Second)
-		n := t.end(e, StatusReclaimed, fmt.Sprintf("ttl %s lapsed without renewal", e.TTL))
-		t.audit(EventReclaimed, n, "expired", fmt.Sprintf("reclaimed: %s owner=%s expired=%ds", n.LeaseID, n.Owner, int(late.Seconds())))
+		n := t.end(e, lease.StatusReclaimed, fmt.Sprintf("ttl %s lapsed without renewal", e.TTL))
+		t.audit(lease.EventReclaimed, n, "expired", fmt.Sprintf("reclaimed: %s owner=%s expired=%ds", n.LeaseID, n.Owner, int(late.Seconds())))
 		out = append(out, n)
 	}
 	return out
@@ -611,8 +612,8 @@ func (t *txn) reap(silent func(e *entry, now time.Time) (time.Duration, bool)) {
 	for _, e := range dead {
 		quiet, _ := silent(e, t.now)
 		quiet = quiet.Round(100 * time.Millisecond)
-		n := t.end(e, StatusReclaimed, fmt.Sprintf("session %s sent no keepalive for %s", e.Session, quiet))
-		t.audit(EventReclaimed, n, "session-lost", fmt.Sprintf("reclaimed: %s owner=%s fence=%d: its holder's session %s sent no keepalive for %s (the process holding it exited, or lost the bus)", n.LeaseID, n.Owner, n.Fence, e.Session, quiet))
+		n := t.end(e, lease.StatusReclaimed, fmt.Sprintf("session %s sent no keepalive for %s", e.Session, quiet))
+		t.audit(lease.EventReclaimed, n, "session-lost", fmt.Sprintf("reclaimed: %s owner=%s fence=%d: its holder's session %s sent no keepalive for %s (the process holding it exited, or lost the bus)", n.LeaseID, n.Owner, n.Fence, e.Session, quiet))
 	}
 }
 
@@ -640,10 +641,10 @@ func (t *txn) record() *logRecord {
 	}
 	// An event about a lease in this record leaves out what the lease
 	// record says (owner, scope, fence); fillEvents puts it back on load.
-	rec.Events = make([]AuditEvent, len(t.events))
+	rec.Events = make([]lease.AuditEvent, len(t.events))
 	for i, ev := range t.events {
 		if e, ok := t.changed[ev.LeaseID]; ok && ev.Owner == e.Owner && ev.Fence == e.Fence {
-			ev.Owner, ev.Scope, ev.Fence = Owner{}, scope.Claim{}, 0
+			ev.Owner, ev.Scope, ev.Fence = lease.Owner{}, scope.Claim{}, 0
 		}
 		rec.Events[i] = ev
 	}

@@ -30,6 +30,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 )
 
 type mLease struct {
@@ -37,19 +38,19 @@ type mLease struct {
 	repo       string
 	scope      scope.Claim
 	ws         string
-	mode       WorkspaceMode
+	mode       lease.WorkspaceMode
 	fence      uint64
 	version    uint64
 	deadline   time.Time
 	credHash   string
 	requestID  string
 	renewID    string
-	status     Status
+	status     lease.Status
 	ttl        time.Duration
 	acquiredAt time.Time
 }
 
-func (m *mLease) active() bool { return m.status == StatusActive }
+func (m *mLease) active() bool { return m.status == lease.StatusActive }
 
 type model struct {
 	leases    map[string]*mLease // every lease ever granted
@@ -75,11 +76,11 @@ func (m *model) blockers(r *AcquireRequest) []string {
 		if clash(r.Scope, r.WorkspaceID, r.WorkspaceMode, l.scope, l.ws, l.mode) != "" {
 			out = append(out, l.id)
 		}
-		if l.ws == r.WorkspaceID && l.mode == WorkspaceShared {
+		if l.ws == r.WorkspaceID && l.mode == lease.WorkspaceShared {
 			sharers = append(sharers, l.id)
 		}
 	}
-	if len(out) == 0 && r.WorkspaceMode == WorkspaceShared && r.MaxSharers > 0 && len(sharers) >= r.MaxSharers {
+	if len(out) == 0 && r.WorkspaceMode == lease.WorkspaceShared && r.MaxSharers > 0 && len(sharers) >= r.MaxSharers {
 		out = sharers
 	}
 	slices.Sort(out)
@@ -137,14 +138,14 @@ var (
 	smTables = []string{"public.x", "public.*", "public.y", "other.x"}
 )
 
-func drawClaim(t *rapid.T) (scope.Claim, WorkspaceMode) {
+func drawClaim(t *rapid.T) (scope.Claim, lease.WorkspaceMode) {
 	var tables []string
 	if rapid.IntRange(0, 2).Draw(t, "withTables") == 0 {
 		tables = []string{rapid.SampledFrom(smTables).Draw(t, "table")}
 	}
 	var c scope.Claim
 	var err error
-	mode := WorkspaceExclusive
+	mode := lease.WorkspaceExclusive
 	switch k := rapid.IntRange(0, 9).Draw(t, "kind"); {
 	case k < 7:
 		paths := []string{rapid.SampledFrom(smPaths).Draw(t, "path")}
@@ -153,7 +154,7 @@ func drawClaim(t *rapid.T) (scope.Claim, WorkspaceMode) {
 		}
 		c, err = scope.New(paths, false, tables)
 		if rapid.IntRange(0, 3).Draw(t, "exclusive") != 0 {
-			mode = WorkspaceShared
+			mode = lease.WorkspaceShared
 		}
 	case k == 7:
 		c, err = scope.New(nil, true, tables)
@@ -179,16 +180,16 @@ func (s *pureSim) drawAcquire() *AcquireRequest {
 	r := &AcquireRequest{
 		Repo:           pureRepo,
 		Scope:          c,
-		WorkspaceID:    rapid.SampledFrom([]string{DefaultWorkspace, "wt-1", "wt-2"}).Draw(t, "ws"),
+		WorkspaceID:    rapid.SampledFrom([]string{lease.DefaultWorkspace, "wt-1", "wt-2"}).Draw(t, "ws"),
 		WorkspaceMode:  mode,
 		MaxSharers:     rapid.SampledFrom([]int{0, 0, 2}).Draw(t, "maxSharers"),
 		Owner:          owner(rapid.IntRange(1, 4).Draw(t, "owner")),
-		TTL:            Duration(time.Duration(rapid.IntRange(1000, 2000).Draw(t, "ttlMs")) * time.Millisecond),
+		TTL:            lease.Duration(time.Duration(rapid.IntRange(1000, 2000).Draw(t, "ttlMs")) * time.Millisecond),
 		RequestID:      NewRequestID(),
 		CredentialHash: rapid.SampledFrom(s.creds).Draw(t, "cred").hash(),
 	}
 	if rapid.IntRange(0, 3).Draw(t, "waits") == 0 {
-		r.Wait = Duration(time.Duration(rapid.IntRange(100, 3000).Draw(t, "waitMs")) * time.Millisecond)
+		r.Wait = lease.Duration(time.Duration(rapid.IntRange(100, 3000).Draw(t, "waitMs")) * time.Millisecond)
 	}
 	if err := r.normalize(); err != nil {
 		t.Fatalf("normalize %+v: %v", r, err)
@@ -287,7 +288,7 @@ func (s *pureSim) drawCall() *call {
 	return c
 }
 
-func leaseIDs(ls []*Lease) []string {
+func leaseIDs(ls []*lease.Lease) []string {
 	out := make([]string, len(ls))
 	for i, l := range ls {
 		out[i] = l.LeaseID
@@ -297,7 +298,7 @@ func leaseIDs(ls []*Lease) []string {
 }
 
 func conflictIDs(err error) ([]string, bool) {
-	var ce *ConflictError
+	var ce *lease.ConflictError
 	if !errors.As(err, &ce) {
 		return nil, false
 	}
@@ -328,13 +329,13 @@ func (s *pureSim) grantInModel(m *model, r *AcquireRequest, e *entry, how string
 	m.lastFence = e.Fence
 	m.leases[e.LeaseID] = &mLease{id: e.LeaseID, repo: e.Repo, scope: r.Scope, ws: r.WorkspaceID, mode: r.WorkspaceMode,
 		fence: e.Fence, version: 1, deadline: s.now.Add(time.Duration(r.TTL)), credHash: r.CredentialHash,
-		requestID: r.RequestID, status: StatusActive, ttl: time.Duration(r.TTL), acquiredAt: s.now}
+		requestID: r.RequestID, status: lease.StatusActive, ttl: time.Duration(r.TTL), acquiredAt: s.now}
 	s.ids = append(s.ids, e.LeaseID)
 	s.stats["grant"]++
 }
 
 // end marks a lease ended in the model.
-func endModel(l *mLease, st Status) {
+func endModel(l *mLease, st lease.Status) {
 	l.status = st
 	l.version++
 }
@@ -392,7 +393,7 @@ func (s *pureSim) check(m, committed *model, o outcome, queue []*waiter) {
 				t.Fatalf("acquire %s: want a grant or a conflict, got %v", r.Scope, o.err)
 			}
 			if len(b) == 0 && queuedFirst != "" {
-				var ce *ConflictError
+				var ce *lease.ConflictError
 				errors.As(o.err, &ce)
 				if len(ce.Conflicts) != 1 || ce.Conflicts[0].RequestID != queuedFirst || ce.Conflicts[0].LeaseID != "" {
 					t.Fatalf("acquire %s: want a conflict naming queued request %s, got %v", r.Scope, queuedFirst, o.err)
@@ -409,22 +410,22 @@ func (s *pureSim) check(m, committed *model, o outcome, queue []*waiter) {
 		l := m.leases[r.LeaseID]
 		switch {
 		case l == nil:
-			wantErr(t, "renew of unknown lease", o.err, ErrNotFound)
+			wantErr(t, "renew of unknown lease", o.err, lease.ErrNotFound)
 		case !r.Credential.matches(l.credHash):
-			wantErr(t, "forged renew", o.err, ErrNotOwner)
+			wantErr(t, "forged renew", o.err, lease.ErrNotOwner)
 			s.stats["forged"]++
 		case !l.active():
-			wantErr(t, "renew of an ended lease", o.err, ErrLeaseLost)
+			wantErr(t, "renew of an ended lease", o.err, lease.ErrLeaseLost)
 		case r.RenewID != "" && r.RenewID == l.renewID && r.Version+1 == l.version:
 			if o.err != nil || o.lease.Version != l.version {
 				t.Fatalf("retried renewal: want v%d back, got %+v %v", l.version, o.lease, o.err)
 			}
 			s.stats["renew-retry"]++
 		case r.Version != l.version:
-			wantErr(t, "renew with a stale or missing version", o.err, ErrLeaseLost)
+			wantErr(t, "renew with a stale or missing version", o.err, lease.ErrLeaseLost)
 		case !s.now.Before(l.deadline):
-			wantErr(t, "renew after the deadline", o.err, ErrLeaseLost)
-			endModel(l, StatusExpired)
+			wantErr(t, "renew after the deadline", o.err, lease.ErrLeaseLost)
+			endModel(l, lease.StatusExpired)
 		default:
 			if o.err != nil {
 				t.Fatalf("renew of %s v%d refused: %v", l.id, l.version, o.err)
@@ -441,34 +442,34 @@ func (s *pureSim) check(m, committed *model, o outcome, queue []*waiter) {
 		l := m.leases[r.LeaseID]
 		switch {
 		case l == nil:
-			wantErr(t, "release of unknown lease", o.err, ErrNotFound)
+			wantErr(t, "release of unknown lease", o.err, lease.ErrNotFound)
 		case !r.Credential.matches(l.credHash):
-			wantErr(t, "forged release", o.err, ErrNotOwner)
+			wantErr(t, "forged release", o.err, lease.ErrNotOwner)
 		case !l.active():
 			if o.err != nil || o.lease.Status != l.status {
 				t.Fatalf("repeated release: want %s, got %+v %v", l.status, o.lease, o.err)
 			}
 		default:
-			if o.err != nil || o.lease.Status != StatusReleased {
+			if o.err != nil || o.lease.Status != lease.StatusReleased {
 				t.Fatalf("release: %+v %v", o.lease, o.err)
 			}
-			endModel(l, StatusReleased)
+			endModel(l, lease.StatusReleased)
 			s.stats["release"]++
 		}
 	case *RevokeRequest:
 		l := m.leases[r.LeaseID]
 		switch {
 		case l == nil:
-			wantErr(t, "revoke of unknown lease", o.err, ErrNotFound)
+			wantErr(t, "revoke of unknown lease", o.err, lease.ErrNotFound)
 		case !l.active():
 			if o.err != nil || o.lease.Status != l.status {
 				t.Fatalf("repeated revoke: %+v %v", o.lease, o.err)
 			}
 		default:
-			if o.err != nil || o.lease.Status != StatusRevoked {
+			if o.err != nil || o.lease.Status != lease.StatusRevoked {
 				t.Fatalf("revoke: %+v %v", o.lease, o.err)
 			}
-			endModel(l, StatusRevoked)
+			endModel(l, lease.StatusRevoked)
 		}
 	case *cancelRequest:
 		if s.cancelHit != nil {
@@ -501,12 +502,12 @@ func (s *pureSim) check(m, committed *model, o outcome, queue []*waiter) {
 				t.Fatalf("cancel of nothing: %v", o.err)
 			}
 		case !r.Credential.matches(l.credHash):
-			wantErr(t, "forged cancel", o.err, ErrNotOwner)
+			wantErr(t, "forged cancel", o.err, lease.ErrNotOwner)
 		case l.active():
 			if o.err != nil {
 				t.Fatalf("cancel releasing %s: %v", id, o.err)
 			}
-			endModel(l, StatusReleased)
+			endModel(l, lease.StatusReleased)
 			s.stats["cancel-release"]++
 		default:
 			if o.err != nil {
@@ -516,7 +517,7 @@ func (s *pureSim) check(m, committed *model, o outcome, queue []*waiter) {
 	case *getRequest:
 		l := m.leases[r.LeaseID]
 		if l == nil {
-			wantErr(t, "get of unknown lease", o.err, ErrNotFound)
+			wantErr(t, "get of unknown lease", o.err, lease.ErrNotFound)
 			return
 		}
 		if o.err != nil || o.lease.Version != l.version || o.lease.Status != l.status || o.lease.Fence != l.fence {
@@ -627,14 +628,14 @@ func (s *pureSim) batch() {
 	for _, l := range m.leases {
 		if l.active() && !s.now.Before(l.deadline) {
 			wantSwept = append(wantSwept, l.id)
-			endModel(l, StatusReclaimed)
+			endModel(l, lease.StatusReclaimed)
 		}
 	}
 	slices.Sort(wantSwept)
 	var gotSwept []string
 	for _, e := range swept {
 		gotSwept = append(gotSwept, e.LeaseID)
-		if e.Status != StatusReclaimed {
+		if e.Status != lease.StatusReclaimed {
 			t.Fatalf("swept %s has status %s", e.LeaseID, e.Status)
 		}
 	}
@@ -660,7 +661,7 @@ func (s *pureSim) batch() {
 					t.Fatalf("one cancel withdrew two waiters")
 				}
 				s.cancelHit = w
-				if rep := <-w.c.reply; !errors.Is(rep.Error.err(), ErrInvalid) {
+				if rep := <-w.c.reply; !errors.Is(rep.Error.err(), lease.ErrInvalid) {
 					t.Fatalf("withdrawn waiter answered %+v", rep)
 				}
 			}
@@ -687,7 +688,7 @@ func (s *pureSim) batch() {
 			s.grantInModel(m, r, o.lease, "queued acquire")
 			s.stats["served"]++
 		default:
-			var ce *ConflictError
+			var ce *lease.ConflictError
 			if !errors.As(o.err, &ce) || !ce.Waited {
 				t.Fatalf("queued acquire answered with %v", o.err)
 			}
@@ -747,7 +748,7 @@ func (s *pureSim) batch() {
 	s.m = m
 
 	// The committed state against the model and the invariants.
-	act := make([]*Lease, 0, len(s.st.leases))
+	act := make([]*lease.Lease, 0, len(s.st.leases))
 	for _, e := range s.st.leases {
 		act = append(act, &e.Lease)
 		ml := m.leases[e.LeaseID]

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sys/unix"
@@ -109,7 +110,7 @@ func streamFull(stream string, err error) error {
 		return fmt.Errorf("%w (%s, about %d%% of what the store could reserve, at most %d MiB): lease writes are refused until snapshots purge it; give the bus a larger store: %v",
 			ErrLogFull, stream, b.share, b.max>>20, err)
 	}
-	return fmt.Errorf("%w: stream %s is at its size limit: %v", ErrUnavailable, stream, err)
+	return fmt.Errorf("%w: stream %s is at its size limit: %v", lease.ErrUnavailable, stream, err)
 }
 
 // errStorageExceeded is JetStream's "insufficient storage resources
@@ -271,7 +272,7 @@ var (
 type storeError struct{ msg string }
 
 func (e *storeError) Error() string        { return e.msg }
-func (e *storeError) Is(target error) bool { return target == ErrUnavailable }
+func (e *storeError) Is(target error) bool { return target == lease.ErrUnavailable }
 
 // minFreeBytes is how little free room a probe calls full: JetStream
 // writes in blocks, so a volume with a few KiB left already fails.
@@ -283,7 +284,7 @@ const minFreeBytes = 1 << 20
 func StatStore(dir string) error {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(dir, &st); err != nil {
-		return fmt.Errorf("%w: bus store %s: %w", ErrUnavailable, dir, err)
+		return fmt.Errorf("%w: bus store %s: %w", lease.ErrUnavailable, dir, err)
 	}
 	if st.Flags&unix.ST_RDONLY != 0 {
 		return readOnly(dir, syscall.EROFS)
@@ -396,13 +397,13 @@ func (s *Service) diagnose(ctx context.Context, err error) error {
 	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && (apiErr.ErrorCode == errStorageExceeded || apiErr.Code == 507) {
-		return fmt.Errorf("%w: the bus has no room for the write (%v): free space in its store or raise its JetStream limits", ErrUnavailable, err)
+		return fmt.Errorf("%w: the bus has no room for the write (%v): free space in its store or raise its JetStream limits", lease.ErrUnavailable, err)
 	}
 	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) {
 		// Is JetStream still there? A server that found its disk full has
 		// shut it down.
 		if _, jerr := s.js.AccountInfo(ctx); errors.Is(jerr, jetstream.ErrJetStreamNotEnabled) || errors.Is(jerr, jetstream.ErrJetStreamNotEnabledForAccount) {
-			return fmt.Errorf("%w: JetStream is disabled on the bus, which a server does when its store's disk fills or fails (see the bus's log); free space and restart it: %v", ErrUnavailable, err)
+			return fmt.Errorf("%w: JetStream is disabled on the bus, which a server does when its store's disk fills or fails (see the bus's log); free space and restart it: %v", lease.ErrUnavailable, err)
 		}
 	}
 	return err

@@ -11,13 +11,14 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 )
 
 func TestStoreFullIsNamedAndNothingAcknowledgedIsLost(t *testing.T) {
 	t.Parallel() // waits on TTLs and elections: runs beside the others (own servers, no shared state)
 	dir := testutil.Tmpfs(t, "32m")
 	b := startStoreBus(t, filepath.Join(dir, "bus"))
-	var held []*Lease
+	var held []*lease.Lease
 	for _, p := range []string{"a", "b", "c"} {
 		l, err := acquirePath(t, b.c, p)
 		if err != nil {
@@ -36,7 +37,7 @@ func TestStoreFullIsNamedAndNothingAcknowledgedIsLost(t *testing.T) {
 	var err error
 	for i := 0; ; i++ {
 		start := time.Now()
-		var l *Lease
+		var l *lease.Lease
 		if l, err = acquirePath(t, b.c, fmt.Sprintf("d%d", i)); err == nil {
 			held = append(held, l)
 			if i == 100 {
@@ -49,7 +50,7 @@ func TestStoreFullIsNamedAndNothingAcknowledgedIsLost(t *testing.T) {
 		}
 		break
 	}
-	if !errors.Is(err, ErrStoreFull) || !errors.Is(err, ErrUnavailable) {
+	if !errors.Is(err, ErrStoreFull) || !errors.Is(err, lease.ErrUnavailable) {
 		t.Fatalf("acquire on a full store: %v, want ErrStoreFull", err)
 	}
 	if !strings.Contains(err.Error(), dir) {
@@ -70,7 +71,7 @@ func TestStoreFullIsNamedAndNothingAcknowledgedIsLost(t *testing.T) {
 	}
 
 	free()
-	var got *Lease
+	var got *lease.Lease
 	checkFor(t, 15*time.Second, 100*time.Millisecond, func() error {
 		got, err = acquirePath(t, b.c, "f")
 		return err

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // fill writes a file on dir's volume until the volume is full, and returns
@@ -73,9 +74,9 @@ func (b *storeBus) stop() {
 	b.bus.stop()
 }
 
-func acquirePath(t *testing.T, c *Client, path string) (*Lease, error) {
+func acquirePath(t *testing.T, c *Client, path string) (*lease.Lease, error) {
 	t.Helper()
-	return c.Acquire(ctxT(t), AcquireRequest{Repo: "r", Scope: claim(t, path), Owner: owner(1), TTL: Duration(time.Minute)}, Credential("cred-"+path))
+	return c.Acquire(ctxT(t), AcquireRequest{Repo: "r", Scope: claim(t, path), Owner: owner(1), TTL: lease.Duration(time.Minute)}, Credential("cred-"+path))
 }
 
 func TestAuditStreamFitsSmallVolume(t *testing.T) {

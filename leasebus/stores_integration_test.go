@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Any holder could once fill the bus's store and evict the lease audit:
@@ -33,7 +34,7 @@ func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 	defer cancel()
 	url := b.srv.ClientURL()
 	const victimRepo = "github.com/acme/victim"
-	victim, err := b.c.Acquire(ctx, AcquireRequest{Repo: victimRepo, Scope: claim(t, "billing"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	victim, err := b.c.Acquire(ctx, AcquireRequest{Repo: victimRepo, Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +42,7 @@ func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 	if _, err := opC.Revoke(ctx, victim.LeaseID, "before the flood"); err != nil {
 		t.Fatal(err)
 	}
-	wantLeaseEvents(t, b.nc, victimRepo, victim, EventGrant, EventRevoked)
+	wantLeaseEvents(t, b.nc, victimRepo, victim, lease.EventGrant, lease.EventRevoked)
 
 	holderNC := connectAs(t, url, RoleHolder)
 	hjs, err := JetStream(context.Background(), holderNC)
@@ -80,7 +81,7 @@ func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 	key := "flood0"
 	req, _ := json.Marshal(map[string]any{"last_by_subj": "$KV.FENCELINE_ATTEMPTS." + key})
 	injector := connectAs(t, url, RoleHolder, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
-	targets := []string{serviceAuditSubject(RepoKey(victimRepo)), eventsSubjectFor(victimRepo, BoundaryGit, IdentityOf(holderNC))}
+	targets := []string{serviceAuditSubject(RepoKey(victimRepo)), eventsSubjectFor(victimRepo, lease.BoundaryGit, IdentityOf(holderNC))}
 	for i := range 600 { // 35 MiB
 		if err := injector.PublishRequest(FleetJSAPI+".DIRECT.GET.KV_FENCELINE_ATTEMPTS", targets[i%len(targets)], req); err != nil {
 			break // the bus may close the connection of a client that breaks its rules
@@ -99,7 +100,7 @@ func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 		paths[i] = fmt.Sprintf("%d/%s", i, strings.Repeat("p", maxEventField))
 	}
 	for i := range boundaryBurst + 20 {
-		ev := AuditEvent{Type: EventDenied, Boundary: BoundaryNet, Repo: victimRepo, LeaseID: fmt.Sprintf("lease_flood%d", i%3),
+		ev := lease.AuditEvent{Type: lease.EventDenied, Boundary: lease.BoundaryNet, Repo: victimRepo, LeaseID: fmt.Sprintf("lease_flood%d", i%3),
 			Message: strings.Repeat("m", maxEventMessage), Scope: claim(t, "x")}
 		ev.Scope.Paths = paths
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -114,16 +115,16 @@ func TestFloodEvictsNoLeaseAuditAndLeavesRoomForGrants(t *testing.T) {
 	}
 
 	// Nothing of the lease audit was evicted, and leases go on.
-	wantLeaseEvents(t, b.nc, victimRepo, victim, EventGrant, EventRevoked)
-	after, err := b.c.Acquire(ctx, AcquireRequest{Repo: victimRepo, Scope: claim(t, "billing"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential())
+	wantLeaseEvents(t, b.nc, victimRepo, victim, lease.EventGrant, lease.EventRevoked)
+	after, err := b.c.Acquire(ctx, AcquireRequest{Repo: victimRepo, Scope: claim(t, "billing"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatalf("a grant after the flood: %v", err)
 	}
 	if _, err := opC.Revoke(ctx, after.LeaseID, "after the flood"); err != nil {
 		t.Fatalf("a revoke after the flood: %v", err)
 	}
-	wantLeaseEvents(t, b.nc, victimRepo, after, EventGrant, EventRevoked)
-	wantLeaseEvents(t, b.nc, victimRepo, victim, EventGrant, EventRevoked)
+	wantLeaseEvents(t, b.nc, victimRepo, after, lease.EventGrant, lease.EventRevoked)
+	wantLeaseEvents(t, b.nc, victimRepo, victim, lease.EventGrant, lease.EventRevoked)
 
 	// No message someone had the server send was stored on the audit.
 	js, err := JetStream(context.Background(), b.nc)
@@ -179,7 +180,7 @@ func TestOneWritersFloodDropsOnlyItsOwnEvents(t *testing.T) {
 		mine, theirs := 0, 0
 		for _, ev := range evs {
 			switch {
-			case ev.Type != EventList:
+			case ev.Type != lease.EventList:
 			case ev.RequestedBy == b.svc.name(op):
 				mine++
 			default:
@@ -227,7 +228,7 @@ func TestClusterStoresBoundedAndLeaseAuditKept(t *testing.T) {
 	}
 	url := strings.Join(cl.urls, ",")
 	c := NewClient(svcNC)
-	victim, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(1), TTL: Duration(time.Minute)}, NewCredential())
+	victim, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +264,7 @@ func TestClusterStoresBoundedAndLeaseAuditKept(t *testing.T) {
 	}
 	for i := range 100 {
 		rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
-		_ = aud.Record(rctx, AuditEvent{Type: EventDenied, Boundary: BoundaryNet, Repo: repo, Message: fmt.Sprintf("flood %d %s", i, strings.Repeat("m", maxEventMessage))})
+		_ = aud.Record(rctx, lease.AuditEvent{Type: lease.EventDenied, Boundary: lease.BoundaryNet, Repo: repo, Message: fmt.Sprintf("flood %d %s", i, strings.Repeat("m", maxEventMessage))})
 		rcancel()
 	}
 	viewer := NewClient(connectAs(t, url, RoleViewer))
@@ -272,8 +273,8 @@ func TestClusterStoresBoundedAndLeaseAuditKept(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	wantLeaseEvents(t, svcNC, repo, victim, EventGrant, EventRevoked)
-	if _, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(2), TTL: Duration(time.Minute)}, NewCredential()); err != nil {
+	wantLeaseEvents(t, svcNC, repo, victim, lease.EventGrant, lease.EventRevoked)
+	if _, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "billing"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
 		t.Fatalf("a grant after the flood: %v", err)
 	}
 }

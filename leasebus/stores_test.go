@@ -14,11 +14,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // wantLeaseEvents fails unless the audit of repo holds an event of each
 // type in types for lease l.
-func wantLeaseEvents(t *testing.T, nc *nats.Conn, repo string, l *Lease, types ...string) {
+func wantLeaseEvents(t *testing.T, nc *nats.Conn, repo string, l *lease.Lease, types ...string) {
 	t.Helper()
 	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		evs, err := ReadAudit(ctxT(t), nc, repo, 0)
@@ -48,13 +49,13 @@ func TestBoundaryEventsRateLimitedPerLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	written, limited, took := flood(ctx, t, aud, 3*leaseBurst, func(i int) AuditEvent {
-		return AuditEvent{Type: EventDenied, Boundary: BoundaryFile, Repo: repo, LeaseID: "lease_loud", Message: fmt.Sprintf("refusal %d", i)}
+	written, limited, took := flood(ctx, t, aud, 3*leaseBurst, func(i int) lease.AuditEvent {
+		return lease.AuditEvent{Type: lease.EventDenied, Boundary: lease.BoundaryFile, Repo: repo, LeaseID: "lease_loud", Message: fmt.Sprintf("refusal %d", i)}
 	})
 	if most := leaseBurst + int(took.Seconds()*leaseRate) + 1; written > most || limited == 0 {
 		t.Fatalf("%d events of one lease written one by one in %s (at most %d), %d refused over its rate", written, took.Round(time.Millisecond), most, limited)
 	}
-	if err := aud.Record(ctx, AuditEvent{Type: EventDenied, Boundary: BoundaryFile, Repo: repo, LeaseID: "lease_quiet", Message: "another lease's refusal"}); err != nil {
+	if err := aud.Record(ctx, lease.AuditEvent{Type: lease.EventDenied, Boundary: lease.BoundaryFile, Repo: repo, LeaseID: "lease_quiet", Message: "another lease's refusal"}); err != nil {
 		t.Fatalf("another lease's event from the same sender: %v", err)
 	}
 	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
@@ -193,7 +194,7 @@ func TestStreamsWithoutASizeGetTheirBudget(t *testing.T) {
 		}
 	}
 	got, err := b.c.Get(ctx, l.LeaseID)
-	if err != nil || got.Status != StatusActive {
+	if err != nil || got.Status != lease.StatusActive {
 		t.Fatalf("the lease after the restart: %v %v", got, err)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -47,9 +48,9 @@ func (b *bus) hold(t *testing.T, ws string, ttl time.Duration, tables ...string)
 	}
 	cred := leasebus.NewCredential()
 	h, err := b.c.AcquireAndHold(ctxT(t), leasebus.AcquireRequest{
-		Repo: "github.com/acme/zombie", Scope: claim, WorkspaceID: ws, WorkspaceMode: leasebus.WorkspaceExclusive,
-		Owner: leasebus.Owner{TaskID: "task-" + ws, AgentID: "agent-" + ws, AttemptID: "att-" + ws},
-		TTL:   leasebus.Duration(ttl), Wait: leasebus.Duration(20 * time.Second),
+		Repo: "github.com/acme/zombie", Scope: claim, WorkspaceID: ws, WorkspaceMode: lease.WorkspaceExclusive,
+		Owner: lease.Owner{TaskID: "task-" + ws, AgentID: "agent-" + ws, AttemptID: "att-" + ws},
+		TTL:   lease.Duration(ttl), Wait: lease.Duration(20 * time.Second),
 	}, cred, leasebus.HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +124,7 @@ func testZombieWrite(t *testing.T, f *fenceDB) {
 			return err
 		}
 		for _, ev := range evs {
-			if ev.Type == leasebus.EventDenied && ev.Boundary == leasebus.BoundaryPostgres && ev.LeaseID == a.Lease().LeaseID {
+			if ev.Type == lease.EventDenied && ev.Boundary == lease.BoundaryPostgres && ev.LeaseID == a.Lease().LeaseID {
 				if ev.Fence != zombieSrc.Record.Fence || ev.Reason != ReasonLeaseLost || ev.Owner.AgentID != "agent-ws-a" {
 					return errString("denied event lacks fence/reason/owner")
 				}

@@ -288,7 +288,7 @@ func (f *fenceDB) resetEpoch(t testing.TB, table string) {
 // staticLease is a lease whose state the test sets.
 type staticLease struct {
 	mu     sync.Mutex
-	lease  leasebus.Lease
+	lease  lease.Lease
 	err    error
 	secret []byte // the database's: GrantKeys derives the lease's grant key
 }
@@ -318,8 +318,8 @@ func newStaticLease(t testing.TB, id string, _ uint64, tables ...string) *static
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &staticLease{lease: leasebus.Lease{LeaseID: id, Repo: "github.com/acme/test", Scope: c, Fence: fence,
-		Owner: leasebus.Owner{TaskID: "task-1", AgentID: "agent-1", AttemptID: "att-1"}, Status: leasebus.StatusActive}}
+	return &staticLease{lease: lease.Lease{LeaseID: id, Repo: "github.com/acme/test", Scope: c, Fence: fence,
+		Owner: lease.Owner{TaskID: "task-1", AgentID: "agent-1", AttemptID: "att-1"}, Status: lease.StatusActive}}
 }
 
 func (l *staticLease) Fence() (uint64, error) {
@@ -331,7 +331,7 @@ func (l *staticLease) Fence() (uint64, error) {
 	return l.lease.Fence, nil
 }
 
-func (l *staticLease) Lease() leasebus.Lease {
+func (l *staticLease) Lease() lease.Lease {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.lease
@@ -347,20 +347,20 @@ func (l *staticLease) lose(err error) {
 // exercised in the zombie test).
 type recorder struct {
 	mu  sync.Mutex
-	evs []leasebus.AuditEvent
+	evs []lease.AuditEvent
 }
 
-func (r *recorder) Record(_ context.Context, ev leasebus.AuditEvent) error {
+func (r *recorder) Record(_ context.Context, ev lease.AuditEvent) error {
 	r.mu.Lock()
 	r.evs = append(r.evs, ev)
 	r.mu.Unlock()
 	return nil
 }
 
-func (r *recorder) events() []leasebus.AuditEvent {
+func (r *recorder) events() []lease.AuditEvent {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]leasebus.AuditEvent(nil), r.evs...)
+	return append([]lease.AuditEvent(nil), r.evs...)
 }
 
 func startProxy(t testing.TB, cfg Config) *Proxy {

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceline/fenceline/internal/bustest"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // The attacks of issue 28, item 7: one agent, through its own fence and
@@ -191,7 +191,7 @@ func TestFenceSchemaRefused(t *testing.T) {
 	var tampers int
 	for _, ev := range r.recB.events() {
 		if ev.Reason == ReasonFenceTamper && ev.LeaseID == r.bl.Record.LeaseID && ev.Fence == r.bl.Record.Fence &&
-			ev.Type == leasebus.EventDenied && ev.Boundary == leasebus.BoundaryPostgres {
+			ev.Type == lease.EventDenied && ev.Boundary == lease.BoundaryPostgres {
 			tampers++
 		}
 	}

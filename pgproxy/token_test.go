@@ -14,6 +14,7 @@ import (
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -25,7 +26,7 @@ func holdTables(t *testing.T, b *bustest.Bus, ws string, ttl time.Duration, tabl
 		t.Fatal(err)
 	}
 	return b.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/tokens", Scope: claim, WorkspaceID: ws,
-		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(ttl)}, leasebus.HoldOptions{})
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(ttl)}, leasebus.HoldOptions{})
 }
 
 // revoke revokes l on the bus and returns once its holder knows.
@@ -236,7 +237,7 @@ func testRevokedLeaseStops(t *testing.T, f *fenceDB) {
 				return err
 			}
 			for _, ev := range evs {
-				if ev.Type == leasebus.EventDenied && ev.LeaseID == l.Record.LeaseID && ev.Reason == ReasonLeaseLost &&
+				if ev.Type == lease.EventDenied && ev.LeaseID == l.Record.LeaseID && ev.Reason == ReasonLeaseLost &&
 					strings.Contains(ev.Message, "lease lost while this transaction was writable") {
 					return nil
 				}
@@ -297,9 +298,9 @@ func testRevokedLeaseStops(t *testing.T, f *fenceDB) {
 	// A lease source without a Lost channel is polled: the bound is one
 	// LeaseCheckInterval. (Last: the static lease's fence is above the bus's.)
 	t.Run("statement in flight, polled", func(t *testing.T) {
-		lease := newStaticLease(t, "lease_polled", 0, "public.race")
+		src := newStaticLease(t, "lease_polled", 0, "public.race")
 		const every = 50 * time.Millisecond
-		p := f.proxy(t, Config{Lease: lease, LeaseCheckInterval: every})
+		p := f.proxy(t, Config{Lease: src, LeaseCheckInterval: every})
 		c := f.via(t, p, "agent")
 		var pid int
 		if err := c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
@@ -311,7 +312,7 @@ func testRevokedLeaseStops(t *testing.T, f *fenceDB) {
 			done <- err
 		}()
 		waitBackends(t, true, "pid = $1 AND wait_event = 'PgSleep'", pid)
-		lease.lose(leasebus.ErrLeaseLost)
+		src.lose(lease.ErrLeaseLost)
 		lost := time.Now()
 		var err error
 		select {

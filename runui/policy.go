@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/fenceline/fenceline/internal/repoid"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/policy"
 )
@@ -20,7 +21,7 @@ type PolicyView struct {
 	History map[string][]policy.Document `json:"history"`
 	// ShadowRefused are the latest shadow-refused audit events (of the
 	// repository, or every repository), newest last.
-	ShadowRefused []leasebus.AuditEvent `json:"shadowRefused"`
+	ShadowRefused []lease.AuditEvent `json:"shadowRefused"`
 }
 
 // maxShadowShown bounds the shadow refusals the view lists.
@@ -28,7 +29,7 @@ const maxShadowShown = 100
 
 func (s *Server) policy(w http.ResponseWriter, r *http.Request) {
 	repo := repoid.Normalize(r.URL.Query().Get("repo"))
-	v := PolicyView{Repo: repo, InForce: []policy.Document{}, History: map[string][]policy.Document{}, ShadowRefused: []leasebus.AuditEvent{}}
+	v := PolicyView{Repo: repo, InForce: []policy.Document{}, History: map[string][]policy.Document{}, ShadowRefused: []lease.AuditEvent{}}
 	scopes := []string{""}
 	if repo != "" {
 		scopes = append(scopes, repo)

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fenceline/fenceline/internal/repoid"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -213,7 +214,7 @@ func (s *Server) writeJSON(w http.ResponseWriter, v any) {
 func (s *Server) fail(w http.ResponseWriter, what string, err error) {
 	s.log.Warn("run UI: "+what, "err", err)
 	code := http.StatusBadGateway
-	if errors.Is(err, leasebus.ErrInvalid) {
+	if errors.Is(err, lease.ErrInvalid) {
 		code = http.StatusBadRequest
 	}
 	http.Error(w, fmt.Sprintf("%s: %v", what, err), code)
@@ -293,8 +294,8 @@ const maxAuditScan = 1 << 16
 // stream's last limit messages may be other repos' or the UI's own reads
 // (filtered out), so it reads further back, four times as far each time,
 // until it has limit events, the stream's start, or maxAuditScan messages.
-func (s *Server) recentAudit(ctx context.Context, repo string, limit int) ([]leasebus.AuditEvent, error) {
-	var evs []leasebus.AuditEvent
+func (s *Server) recentAudit(ctx context.Context, repo string, limit int) ([]lease.AuditEvent, error) {
+	var evs []lease.AuditEvent
 	for n := limit; ; n *= 4 {
 		from, err := s.auditStart(ctx, n)
 		if err != nil {
@@ -303,7 +304,7 @@ func (s *Server) recentAudit(ctx context.Context, repo string, limit int) ([]lea
 		if evs, err = leasebus.ReadAudit(ctx, s.cfg.NC, repo, from); err != nil {
 			return nil, err
 		}
-		evs = slices.DeleteFunc(evs, func(ev leasebus.AuditEvent) bool { return ownRead(&ev) })
+		evs = slices.DeleteFunc(evs, func(ev lease.AuditEvent) bool { return ownRead(&ev) })
 		if len(evs) >= limit || from == 1 || n >= maxAuditScan {
 			break
 		}
@@ -312,15 +313,15 @@ func (s *Server) recentAudit(ctx context.Context, repo string, limit int) ([]lea
 		evs = evs[len(evs)-limit:]
 	}
 	if evs == nil {
-		evs = []leasebus.AuditEvent{}
+		evs = []lease.AuditEvent{}
 	}
 	return evs, nil
 }
 
 // ownRead reports a list audit event: the UI's own reads (every page load
 // lists) would fill its feed; `fenceline lease audit` shows them.
-func ownRead(ev *leasebus.AuditEvent) bool {
-	return ev.Boundary == leasebus.BoundaryBus && ev.Type == leasebus.EventList
+func ownRead(ev *lease.AuditEvent) bool {
+	return ev.Boundary == lease.BoundaryBus && ev.Type == lease.EventList
 }
 
 // auditStart is the sequence a backlog of about n events starts at in
@@ -399,10 +400,10 @@ func (s *Server) shardsSince(ctx context.Context, repo string, since time.Time) 
 // client that fell behind. Audit events come separately: the recent
 // backlog, then each new one, in stream order.
 type snapshot struct {
-	ServerTime time.Time         `json:"serverTime"`
-	Repo       string            `json:"repo"`
-	Leases     []*leasebus.Lease `json:"leases"`
-	Shards     any               `json:"shards"`
+	ServerTime time.Time      `json:"serverTime"`
+	Repo       string         `json:"repo"`
+	Leases     []*lease.Lease `json:"leases"`
+	Shards     any            `json:"shards"`
 }
 
 // events streams the UI's data: a snapshot, then every lease record and
@@ -421,7 +422,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 
 	// Subscribe before the snapshot, so nothing committed in between is lost.
 	st := newStream(8192)
-	unwatch, err := s.client.Watch(repo, func(l *leasebus.Lease) { st.push("lease", l) })
+	unwatch, err := s.client.Watch(repo, func(l *lease.Lease) { st.push("lease", l) })
 	if err != nil {
 		s.fail(w, "watch leases", err)
 		return
@@ -494,7 +495,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			}
 			leases := false
 			for _, it := range items {
-				if l, ok := it.v.(*leasebus.Lease); ok {
+				if l, ok := it.v.(*lease.Lease); ok {
 					if l.Version <= newest[l.LeaseID] {
 						continue
 					}
@@ -584,7 +585,7 @@ func (s *Server) pushAudit(m jetstream.Msg, st *stream) {
 		return // only the lease service writes events (see leasebus.Auditor)
 	}
 	var b struct {
-		Events []leasebus.AuditEvent `json:"events"`
+		Events []lease.AuditEvent `json:"events"`
 	}
 	if err := json.Unmarshal(m.Data(), &b); err != nil {
 		s.log.Warn("run UI: undecodable audit message", "subject", m.Subject(), "err", err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/shard"
 )
@@ -48,11 +49,11 @@ func serveUI(t *testing.T, cfg Config) *httptest.Server {
 	return hs
 }
 
-func acquire(t *testing.T, b *bustest.Bus, paths ...string) (*leasebus.Lease, leasebus.Credential) {
+func acquire(t *testing.T, b *bustest.Bus, paths ...string) (*lease.Lease, leasebus.Credential) {
 	t.Helper()
 	cred := leasebus.NewCredential()
 	l, err := b.Client.Acquire(context.Background(), leasebus.AcquireRequest{Repo: repo, Scope: bustest.Claim(t, paths...),
-		Owner: leasebus.Owner{TaskID: "t", AgentID: "a", AttemptID: "att"}, TTL: leasebus.Duration(time.Minute)}, cred)
+		Owner: lease.Owner{TaskID: "t", AgentID: "a", AttemptID: "att"}, TTL: lease.Duration(time.Minute)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func TestAPI(t *testing.T) {
 	if len(repos) != 1 || repos[0].Repo != repo || repos[0].Active != 1 {
 		t.Errorf("repos: %+v, want %s with 1 active lease", repos, repo)
 	}
-	var active, all []leasebus.Lease
+	var active, all []lease.Lease
 	getJSON(t, hs.URL+"/api/v1/leases?repo="+repo, &active)
 	getJSON(t, hs.URL+"/api/v1/leases?repo="+repo+"&all=1", &all)
 	if len(active) != 1 || len(all) != 2 {
@@ -98,9 +99,9 @@ func TestAPI(t *testing.T) {
 	}
 	// The service writes audit events just after it answers.
 	testutil.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
-		var evs []leasebus.AuditEvent
+		var evs []lease.AuditEvent
 		getJSON(t, hs.URL+"/api/v1/audit?repo="+repo+"&limit=2", &evs)
-		if len(evs) != 2 || evs[1].Type != leasebus.EventRelease || evs[1].LeaseID != l.LeaseID {
+		if len(evs) != 2 || evs[1].Type != lease.EventRelease || evs[1].LeaseID != l.LeaseID {
 			return fmt.Errorf("last 2 audit events: %+v, want the release of %s last", evs, l.LeaseID)
 		}
 		return nil
@@ -247,7 +248,7 @@ func TestEventStream(t *testing.T) {
 	// Another repo's leases are not in this repo's stream.
 	other := leasebus.NewCredential()
 	if _, err := b.Client.Acquire(ctx, leasebus.AcquireRequest{Repo: "github.com/acme/other", Scope: bustest.Claim(t, "x"),
-		Owner: leasebus.Owner{TaskID: "t"}, TTL: leasebus.Duration(time.Minute)}, other); err != nil {
+		Owner: lease.Owner{TaskID: "t"}, TTL: lease.Duration(time.Minute)}, other); err != nil {
 		t.Fatal(err)
 	}
 	l3, _ := acquire(t, b, "docs")
@@ -423,15 +424,15 @@ func TestAuditSkipsOwnReadsBackwards(t *testing.T) {
 			return nil
 		})
 	}
-	audited(leasebus.EventRelease, 1)
+	audited(lease.EventRelease, 1)
 	for range 8 { // each list is audited, after the release
-		var ls []leasebus.Lease
+		var ls []lease.Lease
 		getJSON(t, hs.URL+"/api/v1/leases?repo="+repo, &ls)
 	}
-	audited(leasebus.EventList, 8)
-	var evs []leasebus.AuditEvent
+	audited(lease.EventList, 8)
+	var evs []lease.AuditEvent
 	getJSON(t, hs.URL+"/api/v1/audit?repo="+repo+"&limit=2", &evs)
-	if len(evs) != 2 || evs[1].Type != leasebus.EventRelease || evs[1].LeaseID != l.LeaseID {
+	if len(evs) != 2 || evs[1].Type != lease.EventRelease || evs[1].LeaseID != l.LeaseID {
 		t.Fatalf("last 2 audit events: %+v, want the grant and the release of %s", evs, l.LeaseID)
 	}
 }
@@ -456,7 +457,7 @@ func TestPolicyView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := aud.Record(ctx, leasebus.AuditEvent{Time: time.Now().UTC(), Type: leasebus.EventShadowRefused, Boundary: leasebus.BoundaryFile,
+	if err := aud.Record(ctx, lease.AuditEvent{Time: time.Now().UTC(), Type: leasebus.EventShadowRefused, Boundary: lease.BoundaryFile,
 		Repo: repo, LeaseID: "lease_x", Message: `shadow policy: write .github/workflows/ci.yml would be refused by policy rule "no-workflows"`}); err != nil {
 		t.Fatal(err)
 	}
@@ -472,7 +473,7 @@ func TestPolicyView(t *testing.T) {
 				Version uint64
 			}
 			History       map[string][]json.RawMessage
-			ShadowRefused []leasebus.AuditEvent
+			ShadowRefused []lease.AuditEvent
 		}
 		getJSON(t, hs.URL+"/api/v1/policy?repo="+repo, &v)
 		if len(v.InForce) != 2 || v.InForce[0].Repo != "" || v.InForce[0].Version != 2 || v.InForce[1].Repo != repo || v.InForce[1].Mode != "shadow" {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/gitsafe/gittrap"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -236,7 +237,7 @@ func TestCommitPlacementRestoresTheGitDir(t *testing.T) {
 	t.Parallel()
 	b, st, co, pool := poolFixture(t, 3, 1, 0)
 	ctx := context.Background()
-	ex := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	ex := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	pe, err := st.Place(ctx, pool, *ex.Record, ModeExclusive, Attempt{AttemptID: "att_lost", Command: []string{"x"}}, ex)
 	if err != nil {
 		t.Fatal(err)
@@ -250,7 +251,7 @@ func TestCommitPlacementRestoresTheGitDir(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cm := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	cm := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	pc, err := st.Place(ctx, pool, *cm.Record, ModeCommitExclusive, Attempt{AttemptID: "att_commit", Command: []string{"commit"}}, cm)
 	if err != nil {
 		t.Fatal(err)
@@ -276,7 +277,7 @@ func TestSharedPlacementOnADirtyShardRestoresTheGitDir(t *testing.T) {
 	t.Parallel()
 	b, st, co, pool := poolFixture(t, 3, 1, 0)
 	ctx := context.Background()
-	ex := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	ex := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	pe, err := st.Place(ctx, pool, *ex.Record, ModeExclusive, Attempt{AttemptID: "att_lost", Command: []string{"x"}}, ex)
 	if err != nil {
 		t.Fatal(err)
@@ -290,7 +291,7 @@ func TestSharedPlacementOnADirtyShardRestoresTheGitDir(t *testing.T) {
 	if err := ex.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	sh := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "d000"), WorkspaceID: "shard-1", TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	sh := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "d000"), WorkspaceID: "shard-1", TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	ps, err := st.Place(ctx, pool, *sh.Record, ModeShared, Attempt{AttemptID: "att_shared", Command: []string{"edit"}}, sh)
 	if err != nil {
 		t.Fatal(err)

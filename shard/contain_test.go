@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/gitsafe/gittrap"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -55,7 +56,7 @@ func TestExclusiveAttemptLeavesNothingBehind(t *testing.T) {
 	b, st, co, pool := poolFixture(t, 20, 1, 0)
 	ctx := context.Background()
 	mainTip := mustGit(t, co, "rev-parse", "refs/heads/main")
-	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	pl, err := st.Place(ctx, pool, *l.Record, ModeExclusive, Attempt{AttemptID: "att_evil", Command: []string{"evil"}}, l)
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Modes of an attempt in its shard.
@@ -37,7 +37,7 @@ type Placement struct {
 	Pool     *Pool
 	Worktree *Worktree
 	Attempt  *Attempt
-	Lease    leasebus.Lease
+	Lease    lease.Lease
 	Mode     string
 	// Base is the checkout's HEAD when the attempt was placed.
 	Base string
@@ -56,7 +56,7 @@ type Placement struct {
 // runner that stalled until its lease was lost must not clean a shard
 // another attempt has since been placed in. On an error after the attempt
 // was written, the attempt is settled failed.
-func (s *Store) Place(ctx context.Context, pool *Pool, l leasebus.Lease, mode string, att Attempt, held Held) (*Placement, error) {
+func (s *Store) Place(ctx context.Context, pool *Pool, l lease.Lease, mode string, att Attempt, held Held) (*Placement, error) {
 	if held == nil {
 		return nil, errors.New("shard: Place needs the lease's held check")
 	}
@@ -245,8 +245,8 @@ func (p *Placement) CleanAfter(ctx context.Context) (kept []string, err error) {
 	return kept, nil
 }
 
-func (p *Placement) event(typ, reason, msg string) leasebus.AuditEvent {
-	return leasebus.AuditEvent{
+func (p *Placement) event(typ, reason, msg string) lease.AuditEvent {
+	return lease.AuditEvent{
 		Type: typ, Repo: p.Pool.Repo, LeaseID: p.Lease.LeaseID, Owner: p.Lease.Owner,
 		Scope: p.Lease.Scope, Fence: p.Lease.Fence, Reason: reason, Message: msg,
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -31,8 +32,8 @@ func TestShardRecordsOnlyTheServiceWrites(t *testing.T) {
 	// The victim: an operator's lease in shard-1, with an attempt of its own.
 	victim := openStore(t, b)
 	vcred := leasebus.NewCredential()
-	vl, err := b.Operator.Acquire(ctx, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive,
-		Owner: leasebus.Owner{TaskID: "t", AgentID: "victim", AttemptID: "att_victim"}, TTL: leasebus.Duration(time.Minute)}, vcred)
+	vl, err := b.Operator.Acquire(ctx, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive,
+		Owner: lease.Owner{TaskID: "t", AgentID: "victim", AttemptID: "att_victim"}, TTL: lease.Duration(time.Minute)}, vcred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,16 +79,16 @@ func TestShardRecordsOnlyTheServiceWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = attacker.SetShard(ctx, co, "shard-1", func(sh *Shard) { sh.State, sh.Running = StateClean, nil })
-	if !errors.Is(err, leasebus.ErrNotOwner) {
-		t.Fatalf("a holder changing a shard another identity's lease occupies: %v, want %v", err, leasebus.ErrNotOwner)
+	if !errors.Is(err, lease.ErrNotOwner) {
+		t.Fatalf("a holder changing a shard another identity's lease occupies: %v, want %v", err, lease.ErrNotOwner)
 	}
 	_, err = attacker.UpdateAttempt(ctx, co, "att_victim", func(a *Attempt) bool { a.Status = StatusSucceeded; return true })
-	if !errors.Is(err, leasebus.ErrNotOwner) {
-		t.Fatalf("a holder settling another identity's attempt: %v, want %v", err, leasebus.ErrNotOwner)
+	if !errors.Is(err, lease.ErrNotOwner) {
+		t.Fatalf("a holder settling another identity's attempt: %v, want %v", err, lease.ErrNotOwner)
 	}
 	_, err = attacker.UpdatePool(ctx, co, false, func(p *Pool) error { p.MaxSharers = 9; return nil })
-	if !errors.Is(err, leasebus.ErrNotOwner) {
-		t.Fatalf("a holder changing a pool's shape: %v, want %v", err, leasebus.ErrNotOwner)
+	if !errors.Is(err, lease.ErrNotOwner) {
+		t.Fatalf("a holder changing a pool's shape: %v, want %v", err, lease.ErrNotOwner)
 	}
 	if p, err := victim.Pool(ctx, co); err != nil || p.Revision != before.Revision {
 		t.Fatalf("pool record after the refused writes: %+v, %v; want revision %d unchanged", p, err, before.Revision)
@@ -102,7 +103,7 @@ func TestShardRecordsOnlyTheServiceWrites(t *testing.T) {
 		}
 		n := 0
 		for _, ev := range evs {
-			if ev.Type == leasebus.EventRefused && ev.Boundary == BoundaryShard && ev.RequestedBy == "holder" {
+			if ev.Type == lease.EventRefused && ev.Boundary == BoundaryShard && ev.RequestedBy == "holder" {
 				n++
 			}
 		}
@@ -113,7 +114,7 @@ func TestShardRecordsOnlyTheServiceWrites(t *testing.T) {
 	})
 
 	// 3. The holder of shard-2's lease changes shard-2.
-	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-2", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-2", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	holderStore, err := Open(b.Client.Conn(), Config{})
 	if err != nil {
 		t.Fatal(err)

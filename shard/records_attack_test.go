@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -110,7 +111,7 @@ func TestRewrittenPoolRecordSendsNoRunnerElsewhere(t *testing.T) {
 					return err
 				}
 				l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "src"), WorkspaceID: "shard-1",
-					WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+					WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 				defer l.Release(ctx)
 				pl, err := st.Place(ctx, pool, *l.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: "victim", Command: []string{"true"}}, l)
 				if err == nil {
@@ -155,7 +156,7 @@ func TestPoolRecordRewrittenDuringAnAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "src"), WorkspaceID: "shard-1",
-		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	pl, err := st.Place(ctx, pool, *l.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: "a", Command: []string{"true"}}, l)
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -118,7 +119,7 @@ func TestPoolDeclareResize(t *testing.T) {
 	if len(p.Shards) != 4 || p.Size != 4 {
 		t.Fatalf("grown: %+v", p)
 	}
-	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "in"), WorkspaceID: "shard-3", TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "in"), WorkspaceID: "shard-3", TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	_, err := st.Declare(ctx, Spec{Repo: co, Checkout: co, Size: 2}, b.Client)
 	if !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), l.Record.LeaseID) || !strings.Contains(err.Error(), "shard-3") {
 		t.Fatalf("shrink below an occupied shard: %v, want ErrInUse naming %s in shard-3", err, l.Record.LeaseID)
@@ -243,7 +244,7 @@ func TestPlaceSharersCreateOnce(t *testing.T) {
 	places := make([]*Placement, n)
 	errs := make([]error, n)
 	for i := range n {
-		l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, fmt.Sprintf("d%03d", i)), WorkspaceID: "shard-1", TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+		l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, fmt.Sprintf("d%03d", i)), WorkspaceID: "shard-1", TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 		wg.Go(func() {
 			places[i], errs[i] = st.Place(ctx, pool, *l.Record, ModeShared, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: fmt.Sprint("agent-", i), Command: []string{"true"}}, l)
 		})
@@ -287,8 +288,8 @@ func TestRecoverCrashedAttempt(t *testing.T) {
 	t.Parallel()
 	b, st, co, pool := poolFixture(t, 3, 2, 0)
 	ctx := context.Background()
-	live := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
-	dead := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-2", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	live := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
+	dead := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-2", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	pl, err := st.Place(ctx, pool, *live.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), Command: []string{"live"}}, live)
 	if err != nil {
 		t.Fatal(err)
@@ -358,7 +359,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 	t.Parallel()
 	b, st, co, pool := poolFixture(t, 10, 1, 0)
 	ctx := context.Background()
-	shared := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "d000"), WorkspaceID: "shard-1", TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	shared := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "d000"), WorkspaceID: "shard-1", TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	ps, err := st.Place(ctx, pool, *shared.Record, ModeShared, Attempt{AttemptID: "att_shared1", Command: []string{"edit"}}, shared)
 	if err != nil {
 		t.Fatal(err)
@@ -368,7 +369,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 	if err := shared.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ex := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	ex := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	pe, err := st.Place(ctx, pool, *ex.Record, ModeExclusive, Attempt{AttemptID: "att_excl1", Command: []string{"build"}}, ex)
 	if err != nil {
 		t.Fatal(err)
@@ -393,7 +394,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 	if err := ex.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ex2 := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	ex2 := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	pw, err := st.Place(ctx, pool, *ex2.Record, ModeExclusive, Attempt{AttemptID: "att_excl2", Command: []string{"build"}}, ex2)
 	if err != nil || pw.Cleaned || pw.Created {
 		t.Fatalf("warm placement: %+v, %v", pw, err)
@@ -423,7 +424,7 @@ func TestPlaceRefusedWithoutLease(t *testing.T) {
 	t.Parallel()
 	b, st, co, pool := poolFixture(t, 3, 1, 0)
 	ctx := context.Background()
-	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	if _, err := b.Operator.Revoke(ctx, l.Record.LeaseID, "the runner stalled"); err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +457,7 @@ func TestCleanMovesAsideAWorktreeWithoutGit(t *testing.T) {
 	t.Parallel()
 	b, st, co, pool := poolFixture(t, 3, 1, 0)
 	ctx := context.Background()
-	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	pl, err := st.Place(ctx, pool, *l.Record, ModeExclusive, Attempt{AttemptID: "att_nogit", Command: []string{"rm .git"}}, l)
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/shard/record"
 )
@@ -108,13 +109,13 @@ func DefaultDir(checkout string) string {
 
 // Auditor records shard events. *leasebus.Auditor satisfies it.
 type Auditor interface {
-	Record(ctx context.Context, ev leasebus.AuditEvent) error
+	Record(ctx context.Context, ev lease.AuditEvent) error
 }
 
 // Leases tells which leases are active. *leasebus.Client satisfies it.
 type Leases interface {
-	Get(ctx context.Context, leaseID string) (*leasebus.Lease, error)
-	List(ctx context.Context, repo string, all bool) ([]*leasebus.Lease, error)
+	Get(ctx context.Context, leaseID string) (*lease.Lease, error)
+	List(ctx context.Context, repo string, all bool) ([]*lease.Lease, error)
 }
 
 var (
@@ -704,9 +705,9 @@ func (s *Store) Recover(ctx context.Context, repo string, leases Leases, all boo
 		if a.Shard != "" {
 			dirty[a.Shard] = true
 		}
-		s.audit(ctx, leasebus.AuditEvent{
+		s.audit(ctx, lease.AuditEvent{
 			Type: EventRecovered, Repo: repo, LeaseID: first(a.Leases),
-			Owner:   leasebus.Owner{TaskID: a.TaskID, AgentID: a.AgentID, AttemptID: a.AttemptID, HostID: a.HostID},
+			Owner:   lease.Owner{TaskID: a.TaskID, AgentID: a.AgentID, AttemptID: a.AttemptID, HostID: a.HostID},
 			Reason:  note,
 			Message: fmt.Sprintf("attempt %s (%s, %s) in %s is unknown: %s; %s marked dirty, cleaned before an exclusive attempt uses it", a.AttemptID, a.AgentID, strings.Join(a.Command, " "), a.Shard, why, a.Shard),
 		})
@@ -737,7 +738,7 @@ func ended(ctx context.Context, leases Leases, ids []string) (string, error) {
 	for _, id := range ids {
 		l, err := leases.Get(ctx, id)
 		switch {
-		case errors.Is(err, leasebus.ErrNotFound):
+		case errors.Is(err, lease.ErrNotFound):
 			whys = append(whys, "lease "+id+" is gone")
 		case err != nil:
 			return "", fmt.Errorf("check lease %s: %w", id, err)
@@ -757,7 +758,7 @@ func first(ss []string) string {
 	return ss[0]
 }
 
-func (s *Store) audit(ctx context.Context, ev leasebus.AuditEvent) {
+func (s *Store) audit(ctx context.Context, ev lease.AuditEvent) {
 	if s.cfg.Audit == nil {
 		return
 	}
@@ -768,4 +769,4 @@ func (s *Store) audit(ctx context.Context, ev leasebus.AuditEvent) {
 }
 
 // Audit records ev at the shard boundary (nothing without Config.Audit).
-func (s *Store) Audit(ctx context.Context, ev leasebus.AuditEvent) { s.audit(ctx, ev) }
+func (s *Store) Audit(ctx context.Context, ev lease.AuditEvent) { s.audit(ctx, ev) }

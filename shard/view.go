@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // View is one pool as an operator inspects it ("fenceline shard list"):
@@ -21,7 +21,7 @@ type View struct {
 	Attempts []*Attempt  `json:"attempts"`
 	// Other are the repo's active leases in no shard of the pool (the
 	// checkout, or a workspace the pool does not have).
-	Other []*leasebus.Lease `json:"otherLeases,omitempty"`
+	Other []*lease.Lease `json:"otherLeases,omitempty"`
 }
 
 // ShardView is one shard of a View with its occupants: the active leases
@@ -29,7 +29,7 @@ type View struct {
 // Occupants is empty, not nil, for a shard nobody is in.
 type ShardView struct {
 	Shard
-	Occupants []*leasebus.Lease `json:"occupants"`
+	Occupants []*lease.Lease `json:"occupants"`
 }
 
 // WorkspaceShard is the shard a lease workspace belongs to: id for both
@@ -64,7 +64,7 @@ func (s *Store) View(ctx context.Context, p *Pool, leases Leases, recent int) (*
 	v := &View{Pool: p, Attempts: recentAttempts(atts, recent)}
 	placed := map[string]bool{}
 	for _, sh := range p.Shards {
-		sv := ShardView{Shard: sh, Occupants: []*leasebus.Lease{}}
+		sv := ShardView{Shard: sh, Occupants: []*lease.Lease{}}
 		for _, l := range active {
 			if WorkspaceShard(l.WorkspaceID) == sh.ID {
 				sv.Occupants = append(sv.Occupants, l)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -16,7 +17,7 @@ func TestWorkspaceShard(t *testing.T) {
 	for ws, want := range map[string]string{
 		"shard-2":                  "shard-2",
 		CommitWorkspace("shard-2"): "shard-2",
-		leasebus.DefaultWorkspace:  leasebus.DefaultWorkspace,
+		lease.DefaultWorkspace:     lease.DefaultWorkspace,
 		"":                         "",
 	} {
 		if got := WorkspaceShard(ws); got != want {
@@ -44,7 +45,7 @@ func newViewFixture(t *testing.T) *viewFixture {
 	b, st, co, pool := poolFixture(t, 3, 3, 0)
 	ctx := context.Background()
 	f := &viewFixture{st: st, b: b, pool: pool}
-	ttl := leasebus.Duration(time.Minute)
+	ttl := lease.Duration(time.Minute)
 	acquire := func(req leasebus.AcquireRequest) string {
 		req.TTL = ttl
 		return b.Acquire(t, req, leasebus.HoldOptions{}).Record.LeaseID
@@ -53,13 +54,13 @@ func newViewFixture(t *testing.T) *viewFixture {
 		acquire(leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "d000"), WorkspaceID: "shard-1"}),
 		acquire(leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "other"), WorkspaceID: "shard-1"}),
 	}
-	f.commit = []string{acquire(leasebus.AcquireRequest{Repo: co, WorkspaceID: CommitWorkspace("shard-2"), WorkspaceMode: leasebus.WorkspaceExclusive})}
+	f.commit = []string{acquire(leasebus.AcquireRequest{Repo: co, WorkspaceID: CommitWorkspace("shard-2"), WorkspaceMode: lease.WorkspaceExclusive})}
 	f.outside = acquire(leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "outside")})
-	f.otherRepo = acquire(leasebus.AcquireRequest{Repo: co + "-other", WorkspaceID: "shard-1", WorkspaceMode: leasebus.WorkspaceExclusive})
+	f.otherRepo = acquire(leasebus.AcquireRequest{Repo: co + "-other", WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive})
 
 	cred := leasebus.NewCredential()
-	gone, err := b.Client.Acquire(ctx, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-3", WorkspaceMode: leasebus.WorkspaceExclusive, TTL: ttl,
-		Owner: leasebus.Owner{TaskID: "t", AgentID: "a", AttemptID: leasebus.NewAttemptID()}}, cred)
+	gone, err := b.Client.Acquire(ctx, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-3", WorkspaceMode: lease.WorkspaceExclusive, TTL: ttl,
+		Owner: lease.Owner{TaskID: "t", AgentID: "a", AttemptID: leasebus.NewAttemptID()}}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +92,7 @@ func newViewFixture(t *testing.T) *viewFixture {
 	return f
 }
 
-func leaseIDs(ls []*leasebus.Lease) []string {
+func leaseIDs(ls []*lease.Lease) []string {
 	var ids []string
 	for _, l := range ls {
 		ids = append(ids, l.LeaseID)
@@ -170,7 +171,7 @@ func TestViewJSON(t *testing.T) {
 	t.Parallel()
 	b, st, co, pool := poolFixture(t, 1, 2, 3)
 	ctx := context.Background()
-	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "d000"), WorkspaceID: "shard-2", TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "d000"), WorkspaceID: "shard-2", TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	v, err := st.View(ctx, pool, b.Client, 20)
 	if err != nil {
 		t.Fatal(err)
@@ -199,12 +200,12 @@ func TestViewJSON(t *testing.T) {
 	if s := string(shards[0]["occupants"]); s != "[]" {
 		t.Errorf("occupants of an empty shard: %s, want []", s)
 	}
-	var occ []leasebus.Lease
+	var occ []lease.Lease
 	if err := json.Unmarshal(shards[1]["occupants"], &occ); err != nil || len(occ) != 1 || occ[0].LeaseID != l.Record.LeaseID {
 		t.Errorf("occupants of shard-2: %s, %v; want %s", shards[1]["occupants"], err, l.Record.LeaseID)
 	}
 	// Other is shown only when there is one.
-	b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "outside"), TTL: leasebus.Duration(time.Minute)}, leasebus.HoldOptions{})
+	b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "outside"), TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	if v, err = st.View(ctx, pool, b.Client, 20); err != nil {
 		t.Fatal(err)
 	}

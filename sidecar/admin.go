@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/policy"
 )
@@ -101,7 +102,7 @@ type LeaseView struct {
 	// Ready is what /readyz answers: held and not shutting down.
 	Ready bool `json:"ready"`
 	// Lease is the holder's latest copy of the record (nil before one).
-	Lease *leasebus.Lease `json:"lease,omitempty"`
+	Lease *lease.Lease `json:"lease,omitempty"`
 	// Fence is the lease's fence token.
 	Fence uint64 `json:"fence,omitempty"`
 	// Fences are where the sidecar's fences listen.
@@ -117,7 +118,7 @@ type LeaseView struct {
 	// ValidFor is how much longer, from when this view was sent, the
 	// sidecar's holder considers the lease valid without a renewal (set on
 	// each event; 0 unless held). A reader must not trust "held" longer.
-	ValidFor leasebus.Duration `json:"validFor,omitempty"`
+	ValidFor lease.Duration `json:"validFor,omitempty"`
 }
 
 // Held reports whether the view allows writes.
@@ -437,7 +438,7 @@ func (a *Admin) viewNow() (LeaseView, <-chan struct{}) {
 	v, changed, h := a.view, a.changed, a.holder
 	a.mu.Unlock()
 	if h != nil && v.State == leasebus.Held {
-		v.ValidFor = leasebus.Duration(h.Remaining())
+		v.ValidFor = lease.Duration(h.Remaining())
 	}
 	return v, changed
 }
@@ -535,12 +536,12 @@ func (a *Admin) settle(w http.ResponseWriter, r *http.Request) {
 // lease in it (the wrapper's word is not trusted for that), counts it and
 // records it.
 func (a *Admin) audit(w http.ResponseWriter, r *http.Request) {
-	var ev leasebus.AuditEvent
+	var ev lease.AuditEvent
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&ev); err != nil {
 		http.Error(w, "fenceline: want one audit event as JSON: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	if ev.Boundary != leasebus.BoundaryFile || (ev.Type != leasebus.EventDenied && ev.Type != leasebus.EventShadowRefused) {
+	if ev.Boundary != lease.BoundaryFile || (ev.Type != lease.EventDenied && ev.Type != leasebus.EventShadowRefused) {
 		http.Error(w, fmt.Sprintf("fenceline: only file denials and shadow refusals are taken here, not %s %s", ev.Boundary, ev.Type), http.StatusBadRequest)
 		return
 	}

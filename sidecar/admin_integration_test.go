@@ -9,6 +9,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -20,7 +21,7 @@ func TestAdminMetricsCountRenewals(t *testing.T) {
 	m := NewMetrics()
 	a := startAdmin(t, AdminConfig{Metrics: m})
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: bustest.Claim(t, "a"),
-		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(6 * time.Second)},
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(6 * time.Second)},
 		// A renewal waits up to its interval: a second holds on a loaded
 		// machine (100 ms did not, with other builds on both cores).
 		m.HoldOptions(leasebus.HoldOptions{Interval: time.Second}))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -112,7 +113,7 @@ func TestAdminReadinessFollowsTheLease(t *testing.T) {
 	}
 
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: bustest.Claim(t, "services/billing"),
-		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, m.HoldOptions(leasebus.HoldOptions{}))
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}, m.HoldOptions(leasebus.HoldOptions{}))
 	m.TrackLease(l.Holder)
 	a.SetLease(l.Holder, Fences{Git: "http://127.0.0.1:1", GitUpstream: "http://git.internal"})
 	code, body := testutil.HTTPGet(t, base+PathReadyz, "")
@@ -169,7 +170,7 @@ func TestAdminDrainingNotReady(t *testing.T) {
 	bus := bustest.Start(t)
 	a := startAdmin(t, AdminConfig{})
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: bustest.Claim(t, "a"),
-		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 	a.SetLease(l.Holder, Fences{})
 	if code, _ := testutil.HTTPGet(t, a.URL()+PathReadyz, ""); code != 200 {
 		t.Fatalf("readyz %d", code)
@@ -257,9 +258,9 @@ func TestAdminAuditForward(t *testing.T) {
 	m := NewMetrics()
 	a := startAdmin(t, AdminConfig{Metrics: m, Audit: bus.Auditor})
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/audit", Scope: bustest.Claim(t, "a"),
-		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 	a.SetLease(l.Holder, Fences{})
-	post := func(ev leasebus.AuditEvent) int {
+	post := func(ev lease.AuditEvent) int {
 		b, _ := json.Marshal(ev)
 		resp, err := http.Post(a.URL()+PathAudit, "application/json", strings.NewReader(string(b)))
 		if err != nil {
@@ -268,10 +269,10 @@ func TestAdminAuditForward(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	if code := post(leasebus.AuditEvent{Type: leasebus.EventDenied, Boundary: leasebus.BoundaryGit}); code != 400 {
+	if code := post(lease.AuditEvent{Type: lease.EventDenied, Boundary: lease.BoundaryGit}); code != 400 {
 		t.Fatalf("a git event from the wrapper: %d, want 400", code)
 	}
-	ev := leasebus.AuditEvent{Type: leasebus.EventDenied, Boundary: leasebus.BoundaryFile, LeaseID: "lease_forged",
+	ev := lease.AuditEvent{Type: lease.EventDenied, Boundary: lease.BoundaryFile, LeaseID: "lease_forged",
 		Reason: "lease-lost", Message: "file write denied: openat /w/in/probe: lease lost: revoked"}
 	if code := post(ev); code != 204 {
 		t.Fatalf("file denial: %d", code)
@@ -282,7 +283,7 @@ func TestAdminAuditForward(t *testing.T) {
 	}
 	found := false
 	for _, e := range evs {
-		if e.Boundary == leasebus.BoundaryFile && e.LeaseID == l.Record.LeaseID && e.Owner == l.Record.Owner && strings.Contains(e.Message, "/w/in/probe") {
+		if e.Boundary == lease.BoundaryFile && e.LeaseID == l.Record.LeaseID && e.Owner == l.Record.Owner && strings.Contains(e.Message, "/w/in/probe") {
 			found = true
 		}
 		if e.LeaseID == "lease_forged" {

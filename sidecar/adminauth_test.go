@@ -16,6 +16,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -31,7 +32,7 @@ func TestWrapperTrustsOnlyItsSidecar(t *testing.T) {
 	const token = "0123456789abcdef0123"
 	a := startAdmin(t, AdminConfig{Token: token, Audit: bus.Auditor, KeepAlive: 50 * time.Millisecond, Poll: 20 * time.Millisecond})
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/fake", Scope: bustest.Claim(t, "a"),
-		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 	a.SetLease(l.Holder, Fences{Git: "http://127.0.0.1:1"})
 
 	// The real sidecar's stream, as anyone who once heard it recorded it
@@ -60,7 +61,7 @@ func TestWrapperTrustsOnlyItsSidecar(t *testing.T) {
 		answer func(w http.ResponseWriter)
 	}{
 		{"own-events", func(w http.ResponseWriter) {
-			v := LeaseView{State: leasebus.Held, Lease: l.Record, Fence: l.Record.Fence, ValidFor: leasebus.Duration(time.Minute)}
+			v := LeaseView{State: leasebus.Held, Lease: l.Record, Fence: l.Record.Fence, ValidFor: lease.Duration(time.Minute)}
 			data, _ := json.Marshal(v)
 			fmt.Fprintf(w, "event: lease\nid: 1\nmac: %064d\ndata: %s\n\n", 0, data)
 		}},

@@ -65,15 +65,15 @@ func (g *Gate) Fence() (uint64, error) {
 	case g.lost != nil:
 		return 0, g.lost
 	case g.view == nil:
-		return 0, fmt.Errorf("%w: never heard from the sidecar at %s", leasebus.ErrLeaseUnknown, g.url)
+		return 0, fmt.Errorf("%w: never heard from the sidecar at %s", lease.ErrLeaseUnknown, g.url)
 	case g.now().Sub(g.heardAt) > g.grace:
-		return 0, fmt.Errorf("%w: no word from the sidecar at %s for %s (grace %s)", leasebus.ErrLeaseUnknown, g.url, g.now().Sub(g.heardAt).Round(time.Millisecond), g.grace)
+		return 0, fmt.Errorf("%w: no word from the sidecar at %s for %s (grace %s)", lease.ErrLeaseUnknown, g.url, g.now().Sub(g.heardAt).Round(time.Millisecond), g.grace)
 	case g.view.Lease == nil || g.view.State != leasebus.Held:
-		return 0, fmt.Errorf("%w: the sidecar says lease %s is %s: %s", leasebus.ErrLeaseUnknown, g.leaseIDLocked(), g.view.State, g.view.Reason)
+		return 0, fmt.Errorf("%w: the sidecar says lease %s is %s: %s", lease.ErrLeaseUnknown, g.leaseIDLocked(), g.view.State, g.view.Reason)
 	case !g.now().Before(g.validTo):
 		// Never trust the sidecar's "held" past its holder's own validity:
 		// the service may reclaim the lease a margin after that.
-		return 0, fmt.Errorf("%w: lease %s not renewed within the validity the sidecar last reported", leasebus.ErrLeaseUnknown, g.leaseIDLocked())
+		return 0, fmt.Errorf("%w: lease %s not renewed within the validity the sidecar last reported", lease.ErrLeaseUnknown, g.leaseIDLocked())
 	}
 	return g.view.Fence, nil
 }
@@ -97,9 +97,9 @@ func (g *Gate) Heard(v *LeaseView) {
 		}
 		switch id := g.bound.Lease.LeaseID; {
 		case v.Lease.LeaseID != id:
-			g.lost = fmt.Errorf("%w: the sidecar now holds lease %s, not %s", leasebus.ErrLeaseLost, v.Lease.LeaseID, id)
+			g.lost = fmt.Errorf("%w: the sidecar now holds lease %s, not %s", lease.ErrLeaseLost, v.Lease.LeaseID, id)
 		case v.State == leasebus.Lost:
-			g.lost = fmt.Errorf("%w: the sidecar says lease %s is lost: %s", leasebus.ErrLeaseLost, id, v.Reason)
+			g.lost = fmt.Errorf("%w: the sidecar says lease %s is lost: %s", lease.ErrLeaseLost, id, v.Reason)
 		}
 	}
 	for _, d := range v.Policies {
@@ -125,7 +125,7 @@ func (g *Gate) Unbound(why string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.lost == nil {
-		g.lost = fmt.Errorf("%w: %s; the file guard's policy was made without a lease, so writes stay refused for this run (restart the agent once the sidecar holds its lease)", leasebus.ErrLeaseUnknown, why)
+		g.lost = fmt.Errorf("%w: %s; the file guard's policy was made without a lease, so writes stay refused for this run (restart the agent once the sidecar holds its lease)", lease.ErrLeaseUnknown, why)
 	}
 }
 
@@ -332,7 +332,7 @@ type clientAuditor struct {
 	c *Client
 }
 
-func (s *clientAuditor) Record(ctx context.Context, ev leasebus.AuditEvent) error {
+func (s *clientAuditor) Record(ctx context.Context, ev lease.AuditEvent) error {
 	if err := s.c.post(ctx, PathAudit, ev); err != nil {
 		return fmt.Errorf("record denial through the sidecar: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -22,8 +23,8 @@ func TestGate(t *testing.T) {
 	now := time.Unix(1000, 0)
 	g := NewGate("http://sidecar", time.Second)
 	g.now = func() time.Time { return now }
-	lease := &leasebus.Lease{LeaseID: "lease_a", Fence: 7}
-	view := func(st leasebus.HolderState, l *leasebus.Lease) *LeaseView {
+	bound := &lease.Lease{LeaseID: "lease_a", Fence: 7}
+	view := func(st leasebus.HolderState, l *lease.Lease) *LeaseView {
 		return &LeaseView{State: st, Lease: l, Reason: "why"}
 	}
 	want := func(what string, ok bool, is error) {
@@ -36,16 +37,16 @@ func TestGate(t *testing.T) {
 			t.Errorf("%s: Fence() = %d, %v; want %v", what, fence, err, is)
 		}
 	}
-	want("never heard", false, leasebus.ErrLeaseUnknown)
+	want("never heard", false, lease.ErrLeaseUnknown)
 	g.Heard(view(leasebus.Unknown, nil)) // the sidecar is still acquiring
-	want("no lease yet", false, leasebus.ErrLeaseUnknown)
-	held := view(leasebus.Held, lease)
+	want("no lease yet", false, lease.ErrLeaseUnknown)
+	held := view(leasebus.Held, bound)
 	held.Fence = 7
-	held.ValidFor = leasebus.Duration(time.Minute)
+	held.ValidFor = lease.Duration(time.Minute)
 	// The sidecar's holder has 300 ms of validity left: past that, no
 	// grace makes its word good.
 	short := *held
-	short.ValidFor = leasebus.Duration(300 * time.Millisecond)
+	short.ValidFor = lease.Duration(300 * time.Millisecond)
 	g.Heard(&short)
 	want("held, short validity", true, nil)
 	// The first lease named binds the gate, even after lease-less views
@@ -59,38 +60,38 @@ func TestGate(t *testing.T) {
 		t.Fatalf("waitFirst = %+v, want the view that named lease_a", v)
 	}
 	now = now.Add(300 * time.Millisecond)
-	want("past the sidecar's validity, within the grace", false, leasebus.ErrLeaseUnknown)
+	want("past the sidecar's validity, within the grace", false, lease.ErrLeaseUnknown)
 	g.Heard(held)
 	want("held", true, nil)
 	now = now.Add(999 * time.Millisecond)
 	want("held, within the grace", true, nil)
 	now = now.Add(2 * time.Millisecond)
-	want("silent past the grace", false, leasebus.ErrLeaseUnknown)
+	want("silent past the grace", false, lease.ErrLeaseUnknown)
 	g.Heard(held)
 	want("heard again", true, nil)
-	g.Heard(view(leasebus.Unknown, lease))
-	want("sidecar unknown", false, leasebus.ErrLeaseUnknown)
+	g.Heard(view(leasebus.Unknown, bound))
+	want("sidecar unknown", false, lease.ErrLeaseUnknown)
 	g.Heard(held)
 	g.Heard(view(leasebus.Unknown, nil)) // a restarted sidecar, no lease yet
-	want("sidecar names no lease", false, leasebus.ErrLeaseUnknown)
+	want("sidecar names no lease", false, lease.ErrLeaseUnknown)
 	g.Heard(held)
 	want("held again", true, nil)
 	other := *held
-	other.Lease = &leasebus.Lease{LeaseID: "lease_b", Fence: 9}
+	other.Lease = &lease.Lease{LeaseID: "lease_b", Fence: 9}
 	g.Heard(&other)
-	want("another lease", false, leasebus.ErrLeaseLost)
+	want("another lease", false, lease.ErrLeaseLost)
 	g2 := NewGate("http://sidecar", time.Second)
 	g2.Heard(held)
-	g2.Heard(view(leasebus.Lost, lease))
+	g2.Heard(view(leasebus.Lost, bound))
 	g2.Heard(held)
-	if _, err := g2.Fence(); !errors.Is(err, leasebus.ErrLeaseLost) {
+	if _, err := g2.Fence(); !errors.Is(err, lease.ErrLeaseLost) {
 		t.Errorf("held after lost: %v, want lost for good", err)
 	}
 	// A policy made without a lease: no lease that arrives later opens it.
 	g3 := NewGate("http://sidecar", time.Second)
 	g3.Unbound("no lease within --wait")
 	g3.Heard(held)
-	if _, err := g3.Fence(); !errors.Is(err, leasebus.ErrLeaseUnknown) || !strings.Contains(err.Error(), "policy was made without a lease") {
+	if _, err := g3.Fence(); !errors.Is(err, lease.ErrLeaseUnknown) || !strings.Contains(err.Error(), "policy was made without a lease") {
 		t.Errorf("gate of a policy made without a lease, after a lease arrived: %v, want closed for good", err)
 	}
 }
@@ -121,12 +122,12 @@ func TestClientFollowsTheAdminServer(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := g.Fence(); !errors.Is(err, leasebus.ErrLeaseUnknown) {
+	if _, err := g.Fence(); !errors.Is(err, lease.ErrLeaseUnknown) {
 		t.Fatalf("Fence before the sidecar has a lease: %v, want unknown", err)
 	}
 
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/client", Scope: bustest.Claim(t, "a"),
-		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 	a.SetLease(l.Holder, Fences{Git: "http://127.0.0.1:1"})
 	v := g.WaitFirst(ctx, 10*time.Second)
 	if v == nil || v.Lease == nil || v.Lease.LeaseID != l.Record.LeaseID || v.Fences.Git != "http://127.0.0.1:1" {
@@ -136,7 +137,7 @@ func TestClientFollowsTheAdminServer(t *testing.T) {
 		t.Fatalf("Fence while held = %d, %v; want %d", fence, err, l.Record.Fence)
 	}
 
-	ev := leasebus.AuditEvent{Type: leasebus.EventDenied, Boundary: leasebus.BoundaryFile,
+	ev := lease.AuditEvent{Type: lease.EventDenied, Boundary: lease.BoundaryFile,
 		Reason: "lease-lost", Message: "file write denied: openat /w/in/client-probe"}
 	if err := c.Auditor().Record(ctx, ev); err != nil {
 		t.Fatalf("record a denial through the sidecar: %v", err)
@@ -147,7 +148,7 @@ func TestClientFollowsTheAdminServer(t *testing.T) {
 	}
 	found := false
 	for _, e := range evs {
-		if e.Boundary == leasebus.BoundaryFile && e.LeaseID == l.Record.LeaseID && strings.Contains(e.Message, "/w/in/client-probe") {
+		if e.Boundary == lease.BoundaryFile && e.LeaseID == l.Record.LeaseID && strings.Contains(e.Message, "/w/in/client-probe") {
 			found = true
 		}
 	}
@@ -159,7 +160,7 @@ func TestClientFollowsTheAdminServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		if _, err := g.Fence(); !errors.Is(err, leasebus.ErrLeaseLost) {
+		if _, err := g.Fence(); !errors.Is(err, lease.ErrLeaseLost) {
 			return fmt.Errorf("Fence after the revoke: %v, want lost", err)
 		}
 		return nil

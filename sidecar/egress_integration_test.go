@@ -15,6 +15,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testca"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -37,7 +38,7 @@ func TestEgressRealClients(t *testing.T) {
 	defer api.Close()
 	bus := bustest.Start(t)
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: bustest.Claim(t, "services/billing"),
-		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 	addr := api.Listener.Addr().String()
 	m := NewMetrics()
 	sc, err := Start(ctx, Config{Lease: l.Holder, Bus: bus.Client, Audit: bus.Auditor, StateDir: t.TempDir(), Metrics: m,

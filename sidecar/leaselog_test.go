@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // dupKeys returns the keys a JSON object line repeats at its top level.
@@ -45,7 +45,7 @@ func dupKeys(t *testing.T, line string) []string {
 // and "fence" twice.
 func TestLeaseLoggerNoDuplicateKeys(t *testing.T) {
 	var buf bytes.Buffer
-	l := leasebus.Lease{LeaseID: "lease_1", Fence: 7, Owner: leasebus.Owner{AttemptID: "att_1"}}
+	l := lease.Lease{LeaseID: "lease_1", Fence: 7, Owner: lease.Owner{AttemptID: "att_1"}}
 	log := LeaseLogger(slog.New(slog.NewJSONHandler(&buf, nil)), l).With("boundary", "git")
 	log.Warn("refused", "lease", "lease_1", "fence", uint64(8), "reason", "scope")
 	log.Info("git fence serving", "listen", "127.0.0.1:7070")

@@ -13,12 +13,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
 // Auditor records audit events. *leasebus.Auditor satisfies it.
 type Auditor interface {
-	Record(ctx context.Context, ev leasebus.AuditEvent) error
+	Record(ctx context.Context, ev lease.AuditEvent) error
 }
 
 var _ Auditor = (*leasebus.Auditor)(nil)
@@ -151,7 +152,7 @@ func (m *Metrics) heldCount() float64 {
 // Refused counts one refused write.
 func (m *Metrics) Refused(boundary, reason string) {
 	m.refusals.WithLabelValues(boundary, ReasonCode(reason)).Inc()
-	if boundary == leasebus.BoundaryFile {
+	if boundary == lease.BoundaryFile {
 		m.fsDenials.Inc()
 	}
 }
@@ -167,8 +168,8 @@ type countingAuditor struct {
 	next Auditor
 }
 
-func (c *countingAuditor) Record(ctx context.Context, ev leasebus.AuditEvent) error {
-	if ev.Type == leasebus.EventDenied {
+func (c *countingAuditor) Record(ctx context.Context, ev lease.AuditEvent) error {
+	if ev.Type == lease.EventDenied {
 		c.m.Refused(ev.Boundary, ev.Reason)
 	}
 	if c.next == nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testca"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
 )
@@ -205,7 +206,7 @@ func acquireFor(t *testing.T, repo string) (*bustest.Bus, *bustest.Lease) {
 	t.Helper()
 	bus := bustest.Start(t)
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: repo, Scope: bustest.Claim(t, "services/billing"),
-		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 	return bus, l
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/runui"
 	"github.com/fenceline/fenceline/shard"
@@ -69,9 +70,9 @@ type Pod struct {
 
 	// Set by Start.
 	holder   *leasebus.Holder
-	attached bool           // the lease is its owner's (PodConfig.Hold): never released here
-	lease    leasebus.Lease // as when the fences started
-	llog     *slog.Logger   // log with the lease's ids
+	attached bool         // the lease is its owner's (PodConfig.Hold): never released here
+	lease    lease.Lease  // as when the fences started
+	llog     *slog.Logger // log with the lease's ids
 	sc       *Sidecar
 }
 
@@ -79,7 +80,7 @@ type Pod struct {
 // environment the agent must run with.
 type Ready struct {
 	// Lease is the lease record as when the fences started.
-	Lease leasebus.Lease
+	Lease lease.Lease
 	// Fences says where the fences listen.
 	Fences Fences
 	// Env is the agent's environment: PodConfig.BaseEnv and the fences'
@@ -115,7 +116,7 @@ const (
 // Ending is how Shutdown ended the pod's lease, and why.
 type Ending struct {
 	// Lease is the lease record as when the fences started.
-	Lease leasebus.Lease
+	Lease lease.Lease
 	// End is what became of the lease.
 	End LeaseEnd
 	// Why says why the lease was, or was not, released (the settle

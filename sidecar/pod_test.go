@@ -15,14 +15,15 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
 // podRequest is the lease the pod tests acquire.
 func podRequest(t *testing.T) leasebus.AcquireRequest {
 	return leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: bustest.Claim(t, "services/"+strings.ReplaceAll(t.Name(), "/", "-")),
-		Owner:       leasebus.Owner{TaskID: "task-" + t.Name(), AgentID: "agent", AttemptID: leasebus.NewAttemptID()},
-		WorkspaceID: "ws-" + strings.ReplaceAll(t.Name(), "/", "-"), WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}
+		Owner:       lease.Owner{TaskID: "task-" + t.Name(), AgentID: "agent", AttemptID: leasebus.NewAttemptID()},
+		WorkspaceID: "ws-" + strings.ReplaceAll(t.Name(), "/", "-"), WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}
 }
 
 // acquiring is a PodConfig.Hold that acquires req with cred, and the
@@ -61,7 +62,7 @@ func newPod(t *testing.T, bus *bustest.Bus, cfg PodConfig) *Pod {
 }
 
 // leaseStatus is the lease's status on the bus.
-func leaseStatus(ctx context.Context, t *testing.T, bus *bustest.Bus, id string) leasebus.Status {
+func leaseStatus(ctx context.Context, t *testing.T, bus *bustest.Bus, id string) lease.Status {
 	t.Helper()
 	l, err := bus.Client.Get(ctx, id)
 	if err != nil {
@@ -102,7 +103,7 @@ func TestPodServesAndReleases(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := r.Lease.LeaseID
-	if id != held.Lease().LeaseID || leaseStatus(ctx, t, bus, id) != leasebus.StatusActive {
+	if id != held.Lease().LeaseID || leaseStatus(ctx, t, bus, id) != lease.StatusActive {
 		t.Fatalf("started on lease %s, held %s", id, held.Lease().LeaseID)
 	}
 	if r.Fences.Egress == "" || r.Fences.Git != "" || r.Fences.Postgres != "" || !slices.Equal(r.Fences.EgressAllow, []string{"api.example.test:443"}) {
@@ -132,7 +133,7 @@ func TestPodServesAndReleases(t *testing.T) {
 	if end.End != LeaseReleased || end.Why != "the agent reported its attempt settled" || end.Lease.LeaseID != id || end.Err != nil {
 		t.Fatalf("ending %+v, want released after the settle report", end)
 	}
-	if st := leaseStatus(ctx, t, bus, id); st != leasebus.StatusReleased {
+	if st := leaseStatus(ctx, t, bus, id); st != lease.StatusReleased {
 		t.Fatalf("lease %s after shutdown, want released", st)
 	}
 	if code, body := testutil.HTTPGet(t, p.AdminURL()+PathReadyz, ""); code != 503 {
@@ -176,7 +177,7 @@ func TestPodLeavesTheLease(t *testing.T) {
 		if end.End != LeaseLeftToExpire || end.Why != "no settle report from the agent wrapper within the settle timeout, 50ms" {
 			t.Fatalf("ending %+v, want left to expire for want of a settle report", end)
 		}
-		if st := leaseStatus(ctx, t, bus, r.Lease.LeaseID); st != leasebus.StatusActive {
+		if st := leaseStatus(ctx, t, bus, r.Lease.LeaseID); st != lease.StatusActive {
 			t.Fatalf("lease %s after shutdown, want still active (left to expire)", st)
 		}
 		if code, body := testutil.HTTPGet(t, p.AdminURL()+PathReadyz, ""); code != 503 {
@@ -209,7 +210,7 @@ func TestPodLeavesTheLease(t *testing.T) {
 		if end.End != LeaseLeftToOwner {
 			t.Fatalf("ending %+v, want left to its owner", end)
 		}
-		if st := leaseStatus(ctx, t, bus, l.LeaseID); st != leasebus.StatusActive {
+		if st := leaseStatus(ctx, t, bus, l.LeaseID); st != lease.StatusActive {
 			t.Fatalf("attached lease %s after shutdown, want still active", st)
 		}
 	})
@@ -231,7 +232,7 @@ func TestPodStartFails(t *testing.T) {
 		}
 		var held *leasebus.Holder
 		p := newPod(t, bus, PodConfig{Hold: acquiring(bus, req, leasebus.NewCredential(), &held), Fences: egressOnly(t, bus)})
-		var ce *leasebus.ConflictError
+		var ce *lease.ConflictError
 		if _, err := p.Start(ctx); !errors.As(err, &ce) {
 			t.Fatalf("start on a taken scope: %v, want a *ConflictError", err)
 		}
@@ -248,7 +249,7 @@ func TestPodStartFails(t *testing.T) {
 		if _, err := p.Start(ctx); !errors.Is(err, bad) {
 			t.Fatalf("start with failing fences: %v, want %v", err, bad)
 		}
-		if st := leaseStatus(ctx, t, bus, held.Lease().LeaseID); st != leasebus.StatusReleased {
+		if st := leaseStatus(ctx, t, bus, held.Lease().LeaseID); st != lease.StatusReleased {
 			t.Fatalf("lease %s after the fences failed, want released", st)
 		}
 	})
@@ -309,7 +310,7 @@ func TestPodShutdownAfterRevoke(t *testing.T) {
 	if end.End != LeaseEnded || end.Err == nil || !strings.Contains(end.Err.Error(), "revoked") {
 		t.Fatalf("ending %+v (err %v), want the lease ended before shutdown: revoked", end, end.Err)
 	}
-	if st := leaseStatus(ctx, t, bus, id); st != leasebus.StatusRevoked {
+	if st := leaseStatus(ctx, t, bus, id); st != lease.StatusRevoked {
 		t.Fatalf("lease %s after shutdown, want revoked", st)
 	}
 	if err := p.Close(ctx); err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/gitproxy"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
 	"github.com/fenceline/fenceline/policy"
@@ -172,7 +173,7 @@ func Start(ctx context.Context, cfg Config) (*Sidecar, error) {
 func (s *Sidecar) startPG() error {
 	var dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	if s.cfg.Metrics != nil {
-		dial = s.cfg.Metrics.countDial(leasebus.BoundaryPostgres, nil)
+		dial = s.cfg.Metrics.countDial(lease.BoundaryPostgres, nil)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	pg, err := pgproxy.Listen(ctx, pgproxy.Config{
@@ -243,7 +244,7 @@ func (s *Sidecar) startEgress(rules []egress.Rule) error {
 		CA:      s.ca,
 		Lease:   s.cfg.Lease,
 		Policy:  s.cfg.Policy,
-		Logger:  s.log.With("boundary", leasebus.BoundaryNet),
+		Logger:  s.log.With("boundary", lease.BoundaryNet),
 	}
 	if a := s.auditor(); a != nil {
 		cfg.Audit = a
@@ -252,7 +253,7 @@ func (s *Sidecar) startEgress(rules []egress.Rule) error {
 		cfg.Intercept = map[string]http.Handler{s.gitHost: s.gitFence}
 	}
 	if s.cfg.Metrics != nil {
-		cfg.Dial = s.cfg.Metrics.countDial(leasebus.BoundaryNet, nil)
+		cfg.Dial = s.cfg.Metrics.countDial(lease.BoundaryNet, nil)
 	}
 	p, err := egress.New(cfg)
 	if err != nil {
@@ -328,7 +329,7 @@ func (s *Sidecar) startGit() error {
 	}
 	s.gitFence = fence
 	if s.cfg.Metrics != nil {
-		s.gitFence = s.cfg.Metrics.countHTTP(leasebus.BoundaryGit, fence)
+		s.gitFence = s.cfg.Metrics.countHTTP(lease.BoundaryGit, fence)
 	}
 	if base.Scheme == "https" {
 		// The egress proxy serves the upstream's host with the fence,
@@ -706,7 +707,7 @@ func (s *Sidecar) auditor() Auditor {
 // lease, attempt, fence. A line that names one of them itself (a fence's
 // refusal names the lease and fence it judged) carries its own value
 // alone: no key twice in a line.
-func LeaseLogger(log *slog.Logger, l leasebus.Lease) *slog.Logger {
+func LeaseLogger(log *slog.Logger, l lease.Lease) *slog.Logger {
 	return slog.New(&leaseHandler{h: log.Handler(), attrs: []slog.Attr{
 		slog.String("lease", l.LeaseID), slog.String("attempt", l.Owner.AttemptID), slog.Uint64("fence", l.Fence)}})
 }

@@ -77,7 +77,7 @@ func TestSidecarPostgresEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: claim,
-		WorkspaceMode: leasebus.WorkspaceExclusive, TTL: leasebus.Duration(30 * time.Second)}, leasebus.HoldOptions{})
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}, leasebus.HoldOptions{})
 	sc, err := Start(ctx, Config{Lease: l.Holder, Bus: bus.Client, Audit: bus.Auditor,
 		PGUpstream: pg.Addr(), StateDir: t.TempDir()})
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/leasebus/embedded"
 )
@@ -176,7 +177,7 @@ func Options(t testing.TB, role leasebus.Role, opts ...nats.Option) []nats.Optio
 // Lease is a held lease: the record, its credential and its holder.
 type Lease struct {
 	*leasebus.Holder
-	Record *leasebus.Lease
+	Record *lease.Lease
 	Cred   leasebus.Credential
 }
 
@@ -185,7 +186,7 @@ type Lease struct {
 func (b *Bus) Acquire(t testing.TB, req leasebus.AcquireRequest, opts leasebus.HoldOptions) *Lease {
 	t.Helper()
 	if req.Owner.AgentID == "" {
-		req.Owner = leasebus.Owner{TaskID: "task-" + t.Name(), AgentID: "agent", AttemptID: leasebus.NewAttemptID()}
+		req.Owner = lease.Owner{TaskID: "task-" + t.Name(), AgentID: "agent", AttemptID: leasebus.NewAttemptID()}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -12,7 +12,7 @@ import (
 
 	"github.com/fenceline/fenceline/attempt"
 	"github.com/fenceline/fenceline/egress"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/sidecar"
 )
 
@@ -126,7 +126,7 @@ func (af *agentFlags) check() error {
 	if strings.TrimSpace(af.checkout) == "" {
 		return usagef("--checkout is required: name the checkout the agent works in")
 	}
-	if af.workspace != "" && af.workspace != string(leasebus.WorkspaceShared) && af.workspace != string(leasebus.WorkspaceExclusive) {
+	if af.workspace != "" && af.workspace != string(lease.WorkspaceShared) && af.workspace != string(lease.WorkspaceExclusive) {
 		return usagef("--workspace %q: want shared or exclusive", af.workspace)
 	}
 	if af.grace <= 0 || af.killGrace <= 0 || af.wait < 0 {
@@ -182,7 +182,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	res, err := attempt.RunInPod(ctx, attempt.PodSpec{
 		Argv: argv, Checkout: co,
 		SidecarURL: af.sidecar, Token: token, Grace: af.grace, Wait: af.wait,
-		Paths: af.paths, Workspace: leasebus.WorkspaceMode(af.workspace), AllowHosts: af.allowHosts,
+		Paths: af.paths, Workspace: lease.WorkspaceMode(af.workspace), AllowHosts: af.allowHosts,
 		AllowWrite: extra, AllowPorts: af.ports, AllowBind: af.bindPorts, State: state,
 		Hide:      append([]string{af.tokenFile}, a.credsToHide()...),
 		KillGrace: af.killGrace, AllowUnguarded: af.allowUnguarded, Operator: af.operator,

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -127,7 +128,7 @@ func TestAgentWritesFollowTheSidecar(t *testing.T) {
 	}
 	found := false
 	for _, ev := range evs {
-		if ev.Boundary == leasebus.BoundaryFile && ev.Type == leasebus.EventDenied && ev.LeaseID == id && strings.Contains(ev.Message, filepath.Join(co, "in", "probe")) {
+		if ev.Boundary == lease.BoundaryFile && ev.Type == lease.EventDenied && ev.LeaseID == id && strings.Contains(ev.Message, filepath.Join(co, "in", "probe")) {
 			found = true
 			break
 		}

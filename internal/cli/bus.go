@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/leasebus/busserve"
 	"github.com/fenceline/fenceline/runui"
@@ -365,7 +366,7 @@ embedded default bus's own (` + defaultCredsDir() + `).`,
 				return err
 			}
 			id, seedPath, err := leasebus.EnrollIdentity(d, name, leasebus.Role(role), out)
-			if errors.Is(err, leasebus.ErrInvalid) {
+			if errors.Is(err, lease.ErrInvalid) {
 				return &usageError{err: err}
 			}
 			if err != nil {

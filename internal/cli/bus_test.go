@@ -20,6 +20,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/leasebus/busserve"
 )
@@ -211,16 +212,16 @@ func TestBusCredentials(t *testing.T) {
 	fl(t, "--nats", url, "lease", "revoke", a.LeaseID, "--reason", "credentials test").want(t, ExitOK)
 	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error { // the service writes its audit events in the background
 		r := fl(t, "--nats", url, "lease", "audit", "--json").want(t, ExitOK)
-		var evs []leasebus.AuditEvent
+		var evs []lease.AuditEvent
 		if err := json.Unmarshal([]byte(r.stdout), &evs); err != nil {
 			t.Fatal(err)
 		}
 		var revokedBy, listedBy string
 		for _, ev := range evs {
 			switch ev.Type {
-			case leasebus.EventRevoked:
+			case lease.EventRevoked:
 				revokedBy = ev.RequestedBy
-			case leasebus.EventList:
+			case lease.EventList:
 				listedBy = ev.RequestedBy
 			}
 		}
@@ -256,13 +257,13 @@ func TestBusCredentials(t *testing.T) {
 	// the client without credentials.
 	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		r := fl(t, "--nats", url, "lease", "audit", "--json").want(t, ExitOK)
-		var evs []leasebus.AuditEvent
+		var evs []lease.AuditEvent
 		if err := json.Unmarshal([]byte(r.stdout), &evs); err != nil {
 			t.Fatal(err)
 		}
 		seen := map[string]bool{}
 		for _, ev := range evs {
-			if ev.Type == leasebus.EventRefused && ev.Boundary == leasebus.BoundaryBus {
+			if ev.Type == lease.EventRefused && ev.Boundary == lease.BoundaryBus {
 				seen[ev.Reason+" "+ev.RequestedBy] = true
 			}
 		}

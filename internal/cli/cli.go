@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenceline/fenceline/attempt"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/policy"
 )
@@ -195,12 +196,12 @@ func exitCode(err error) int {
 	switch {
 	case errors.As(err, &ee):
 		return ee.code
-	case errors.As(err, &ue), errors.Is(err, leasebus.ErrInvalid), errors.Is(err, attempt.ErrInvalid),
+	case errors.As(err, &ue), errors.Is(err, lease.ErrInvalid), errors.Is(err, attempt.ErrInvalid),
 		errors.Is(err, policy.ErrInvalid), errors.Is(err, policy.ErrFlagForbidden):
 		return ExitUsage
-	case errors.Is(err, leasebus.ErrConflict), errors.Is(err, leasebus.ErrNotOwner), errors.Is(err, leasebus.ErrForbidden), errors.Is(err, policy.ErrRefused):
+	case errors.Is(err, lease.ErrConflict), errors.Is(err, lease.ErrNotOwner), errors.Is(err, leasebus.ErrForbidden), errors.Is(err, policy.ErrRefused):
 		return ExitConflict
-	case errors.Is(err, leasebus.ErrLeaseLost):
+	case errors.Is(err, lease.ErrLeaseLost):
 		return ExitLost
 	default:
 		return ExitError

@@ -1,7 +1,7 @@
 package cli
 
 import (
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus/credfile"
 )
 
@@ -15,7 +15,7 @@ var errNoCredFile = credfile.ErrNoFile
 // checkLeaseID rejects anything that is not a lease id before it is used as
 // a file name or sent to the bus.
 func checkLeaseID(id string) error {
-	if !leasebus.ValidLeaseID(id) {
+	if !lease.ValidLeaseID(id) {
 		return usagef("%q is not a lease id (want lease_ followed by lower-case letters and digits, as printed by \"fenceline lease acquire\" or \"fenceline lease list\")", id)
 	}
 	return nil

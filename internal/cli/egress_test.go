@@ -14,6 +14,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/testca"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -143,9 +144,9 @@ GIT_SSL_NO_VERIFY=1 git push -q https://127.0.0.1:` + w.gitPort + `/payments.git
 	var net, git int
 	for _, ev := range evs {
 		switch {
-		case ev.Boundary == leasebus.BoundaryNet && ev.LeaseID == id && ev.Reason == leasebus.ReasonNotAllowed && strings.Contains(ev.Message, "other.example.test"):
+		case ev.Boundary == lease.BoundaryNet && ev.LeaseID == id && ev.Reason == lease.ReasonNotAllowed && strings.Contains(ev.Message, "other.example.test"):
 			net++
-		case ev.Boundary == leasebus.BoundaryGit && ev.LeaseID == id:
+		case ev.Boundary == lease.BoundaryGit && ev.LeaseID == id:
 			git++
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -88,7 +89,7 @@ func (r result) want(t *testing.T, code int) result {
 
 // acquired is what "lease acquire --json" prints.
 type acquired struct {
-	leasebus.Lease
+	lease.Lease
 	Credential     string `json:"credential"`
 	CredentialFile string `json:"credentialFile"`
 }
@@ -103,10 +104,10 @@ func acquireJSON(t *testing.T, url string, args ...string) acquired {
 	return a
 }
 
-func listJSON(t *testing.T, url string, args ...string) []leasebus.Lease {
+func listJSON(t *testing.T, url string, args ...string) []lease.Lease {
 	t.Helper()
 	r := fl(t, append([]string{"--nats", url, "lease", "list", "--json"}, args...)...).want(t, ExitOK)
-	var ls []leasebus.Lease
+	var ls []lease.Lease
 	if err := json.Unmarshal([]byte(r.stdout), &ls); err != nil {
 		t.Fatalf("decode list --json: %v\n%s", err, r.stdout)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/repoid"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -141,7 +142,7 @@ func TestHookAuditsRefusals(t *testing.T) {
 	type event struct {
 		Type, Boundary, Repo, LeaseID, Reason, Message string
 		Fence                                          uint64
-		Owner                                          leasebus.Owner
+		Owner                                          lease.Owner
 	}
 	checkFor(t, 5*time.Second, 50*time.Millisecond, func() error {
 		var evs []event
@@ -150,7 +151,7 @@ func TestHookAuditsRefusals(t *testing.T) {
 			return fmt.Errorf("decode audit: %w\n%s", err, r.stdout)
 		}
 		for _, e := range evs {
-			if e.Type == leasebus.EventDenied && e.Boundary == leasebus.BoundaryGit && e.LeaseID == "lease_forged" {
+			if e.Type == lease.EventDenied && e.Boundary == lease.BoundaryGit && e.LeaseID == "lease_forged" {
 				if e.Repo != testRepo || e.Fence != 999999 || e.Reason != gitproxy.HookUnsigned || e.Owner.AgentID != "mallory" || !strings.Contains(e.Message, "pre-receive hook") {
 					t.Fatalf("the hook's audit event is %+v", e)
 				}
@@ -182,7 +183,7 @@ func TestHookRefusesAPushOfARevokedLease(t *testing.T) {
 
 	// push signs a commit's update of main for l, as the lease's sidecar
 	// would, and pushes it straight to the server.
-	push := func(l *leasebus.Lease, n int) (string, error) {
+	push := func(l *lease.Lease, n int) (string, error) {
 		t.Helper()
 		os.WriteFile(filepath.Join(work, "libs/tax/rates.go"), []byte(fmt.Sprintf("package tax // %d\n", n)), 0o644)
 		mustGitRun(t, work, nil, "commit", "--quiet", "-am", fmt.Sprintf("push %d", n))
@@ -201,12 +202,12 @@ func TestHookRefusesAPushOfARevokedLease(t *testing.T) {
 		}
 		return gitRun(t, work, nil, append(args, "origin", "main")...)
 	}
-	acquire := func(agent string) *leasebus.Lease {
+	acquire := func(agent string) *lease.Lease {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		l, err := c.Acquire(ctx, leasebus.AcquireRequest{Repo: testRepo, Scope: bustest.Claim(t, "libs/tax"), WorkspaceMode: leasebus.WorkspaceExclusive,
-			Owner: leasebus.Owner{TaskID: "t", AgentID: agent, AttemptID: "att_" + agent}, TTL: leasebus.Duration(time.Minute)}, leasebus.NewCredential())
+		l, err := c.Acquire(ctx, leasebus.AcquireRequest{Repo: testRepo, Scope: bustest.Claim(t, "libs/tax"), WorkspaceMode: lease.WorkspaceExclusive,
+			Owner: lease.Owner{TaskID: "t", AgentID: agent, AttemptID: "att_" + agent}, TTL: lease.Duration(time.Minute)}, leasebus.NewCredential())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -17,12 +18,12 @@ func grantedBy(t *testing.T, url string, leases ...string) map[string]string {
 	by := map[string]string{}
 	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		r := fl(t, "--nats", url, "lease", "audit", "--json").want(t, ExitOK)
-		var evs []leasebus.AuditEvent
+		var evs []lease.AuditEvent
 		if err := json.Unmarshal([]byte(r.stdout), &evs); err != nil {
 			t.Fatal(err)
 		}
 		for _, ev := range evs {
-			if ev.Type == leasebus.EventGrant {
+			if ev.Type == lease.EventGrant {
 				by[ev.LeaseID] = ev.RequestedBy
 			}
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -73,7 +74,7 @@ bad --table, a --ttl out of range) are usage errors (exit 2).`,
 			ctx := cmd.Context()
 			l, err := s.client.Acquire(ctx, req, cred)
 			if err != nil {
-				var ce *leasebus.ConflictError
+				var ce *lease.ConflictError
 				if errors.As(err, &ce) {
 					return &conflictReport{ce: ce, claim: req.Scope, wait: time.Duration(req.Wait)}
 				}
@@ -92,7 +93,7 @@ bad --table, a --ttl out of range) are usage errors (exit 2).`,
 			}
 			if asJSON {
 				return writeJSON(a.stdout, struct {
-					*leasebus.Lease
+					*lease.Lease
 					Credential     leasebus.Credential `json:"credential"`
 					CredentialFile string              `json:"credentialFile"`
 				}{l, cred, path})
@@ -130,7 +131,7 @@ func (lf *leaseFlags) register(f *pflag.FlagSet) {
 	f.StringArrayVar(&lf.paths, "scope", nil, "repo-relative path to claim (repeatable)")
 	f.BoolVar(&lf.wholeRepo, "whole-repo", false, "claim every path of the repo (exclusive workspace)")
 	f.StringArrayVar(&lf.tables, "table", nil, "Postgres table to claim, schema.table or schema.* (repeatable)")
-	f.StringVar(&lf.workspaceID, "workspace-id", "", "workspace (shard) the lease works in (default \""+leasebus.DefaultWorkspace+"\")")
+	f.StringVar(&lf.workspaceID, "workspace-id", "", "workspace (shard) the lease works in (default \""+lease.DefaultWorkspace+"\")")
 	f.StringVar(&lf.workspace, "workspace", "", "workspace mode: shared or exclusive (default shared with --scope, else exclusive)")
 	f.DurationVar(&lf.ttl, "ttl", leasebus.DefaultTTL, "how long the lease lives without a renewal")
 	f.StringVar(&lf.task, "task", "", "owner task id (default \"cli\")")
@@ -179,13 +180,13 @@ func (lf *leaseFlags) request() (leasebus.AcquireRequest, error) {
 	if strings.TrimSpace(lf.repo) == "" {
 		return req, usagef("--repo is required: name the repository, e.g. --repo github.com/acme/payments")
 	}
-	mode := leasebus.WorkspaceMode(lf.workspace)
+	mode := lease.WorkspaceMode(lf.workspace)
 	switch mode {
-	case "", leasebus.WorkspaceShared, leasebus.WorkspaceExclusive:
+	case "", lease.WorkspaceShared, lease.WorkspaceExclusive:
 	default:
 		return req, usagef("--workspace %q: want shared or exclusive", lf.workspace)
 	}
-	if len(lf.paths) == 0 && !lf.wholeRepo && mode != leasebus.WorkspaceExclusive {
+	if len(lf.paths) == 0 && !lf.wholeRepo && mode != lease.WorkspaceExclusive {
 		return req, usagef("nothing claimed: give --scope PATH (repeatable) or --whole-repo, or --workspace exclusive to lease an exclusive workspace that claims no paths")
 	}
 	claim, err := scope.New(lf.paths, lf.wholeRepo, lf.tables)
@@ -213,16 +214,16 @@ func (lf *leaseFlags) request() (leasebus.AcquireRequest, error) {
 		Scope:         claim,
 		WorkspaceID:   lf.workspaceID,
 		WorkspaceMode: mode,
-		Owner:         leasebus.Owner{TaskID: task, AgentID: agent, AttemptID: attempt},
-		TTL:           leasebus.Duration(lf.ttl),
-		Wait:          leasebus.Duration(lf.wait),
+		Owner:         lease.Owner{TaskID: task, AgentID: agent, AttemptID: attempt},
+		TTL:           lease.Duration(lf.ttl),
+		Wait:          lease.Duration(lf.wait),
 	}, nil
 }
 
 // conflictReport explains a refused acquire: each conflicting lease, its
 // owner, its fence and when it expires, and what to do.
 type conflictReport struct {
-	ce    *leasebus.ConflictError
+	ce    *lease.ConflictError
 	claim scope.Claim
 	wait  time.Duration
 }
@@ -248,7 +249,7 @@ func (r *conflictReport) Error() string {
 
 // heldText says who holds conflict c, named id, and until when: "ID held
 // by OWNER[, fence N][, expires T (in Ns)]".
-func heldText(id string, c leasebus.Conflict) string {
+func heldText(id string, c lease.Conflict) string {
 	s := fmt.Sprintf("%s held by %s", id, c.Owner)
 	if c.Fence > 0 {
 		s += fmt.Sprintf(", fence %d", c.Fence)
@@ -293,7 +294,7 @@ renewal then compares against the version it reads first. A refused renewal mean
 				}
 				l, err := s.client.Renew(ctx, req)
 				if err != nil {
-					if errors.Is(err, leasebus.ErrLeaseLost) {
+					if errors.Is(err, lease.ErrLeaseLost) {
 						return fmt.Errorf("%w\n%s", err, stopWriting(id))
 					}
 					return err
@@ -345,7 +346,7 @@ ended is not an error. The credential file is removed afterwards.`,
 				if asJSON {
 					return writeJSON(a.stdout, l)
 				}
-				if l.Status == leasebus.StatusReleased {
+				if l.Status == lease.StatusReleased {
 					fmt.Fprintf(a.stdout, "lease released: %s\n", l.LeaseID)
 				} else {
 					fmt.Fprintln(a.stdout, alreadyEnded(l))
@@ -404,7 +405,7 @@ func (a *app) withoutCredential(ctx context.Context, op, id string, ferr error, 
 	defer s.Close()
 	l, err := s.client.Get(ctx, id)
 	if err != nil {
-		if errors.Is(err, leasebus.ErrNotFound) {
+		if errors.Is(err, lease.ErrNotFound) {
 			return fmt.Errorf("%s %s: the bus at %s does not know this lease, and there is %w", op, id, s.url, ferr)
 		}
 		return fmt.Errorf("%s %s: %w", op, id, err)
@@ -413,7 +414,7 @@ func (a *app) withoutCredential(ctx context.Context, op, id string, ferr error, 
 		return fmt.Errorf("%s %s: %w; renew or release it where it was acquired, or pass --credential SECRET", op, id, ferr)
 	}
 	if op == "renew" {
-		return fmt.Errorf("renew %s: %w: it is %s (%s)\n%s", id, leasebus.ErrLeaseLost, l.Status, l.Reason, stopWriting(id))
+		return fmt.Errorf("renew %s: %w: it is %s (%s)\n%s", id, lease.ErrLeaseLost, l.Status, l.Reason, stopWriting(id))
 	}
 	if asJSON {
 		return writeJSON(a.stdout, l)
@@ -424,7 +425,7 @@ func (a *app) withoutCredential(ctx context.Context, op, id string, ferr error, 
 
 // alreadyEnded says that l ended before the command came: "lease ID
 // already ended: STATUS (REASON)".
-func alreadyEnded(l *leasebus.Lease) string {
+func alreadyEnded(l *lease.Lease) string {
 	return fmt.Sprintf("lease %s already ended: %s (%s)", l.LeaseID, l.Status, l.Reason)
 }
 
@@ -461,7 +462,7 @@ func (a *app) listCommand() *cobra.Command {
 			if all {
 				none = "no leases"
 			}
-			return writeList(a.stdout, ls, asJSON, none, func(w io.Writer, ls []*leasebus.Lease) { printLeaseTable(w, ls, time.Now()) })
+			return writeList(a.stdout, ls, asJSON, none, func(w io.Writer, ls []*lease.Lease) { printLeaseTable(w, ls, time.Now()) })
 		},
 	}
 	c.Flags().StringVar(&repo, "repo", "", "only this repository")
@@ -472,7 +473,7 @@ func (a *app) listCommand() *cobra.Command {
 
 // printLeaseTable prints leases as a table; EXPIRES IN is display only
 // (the record's expiresAt against this machine's clock).
-func printLeaseTable(out io.Writer, ls []*leasebus.Lease, now time.Time) {
+func printLeaseTable(out io.Writer, ls []*lease.Lease, now time.Time) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "LEASE\tREPO\tSCOPE\tWORKSPACE\tOWNER\tFENCE\tSTATUS\tEXPIRES IN")
 	for _, l := range ls {
@@ -550,7 +551,7 @@ reclaim is audited.`,
 			if err != nil {
 				return fmt.Errorf("sweep stale leases: %w", err)
 			}
-			return writeList(a.stdout, ls, asJSON, "nothing to reclaim", func(w io.Writer, ls []*leasebus.Lease) {
+			return writeList(a.stdout, ls, asJSON, "nothing to reclaim", func(w io.Writer, ls []*lease.Lease) {
 				for _, l := range ls {
 					fmt.Fprintf(w, "reclaimed: %s owner=%s/%s repo=%s scope=%s fence=%d\n",
 						l.LeaseID, l.Owner.AgentID, l.Owner.TaskID, l.Repo, l.Scope, l.Fence)
@@ -593,7 +594,7 @@ func (a *app) revokeCommand() *cobra.Command {
 				return writeJSON(a.stdout, l)
 			}
 			// The service answers an ended lease with its record as is.
-			if l.Status == leasebus.StatusRevoked && strings.HasSuffix(l.Reason, reason) {
+			if l.Status == lease.StatusRevoked && strings.HasSuffix(l.Reason, reason) {
 				fmt.Fprintf(a.stdout, "lease revoked: %s\nowner: %s\n%s\n", l.LeaseID, l.Owner, l.Reason)
 			} else {
 				fmt.Fprintf(a.stdout, "%s; nothing to revoke\n", alreadyEnded(l))
@@ -614,9 +615,9 @@ const revokePatience = 2 * time.Second
 // revokeSaying revokes lease id; when the answer takes longer than
 // revokePatience it says why on stderr — the service's view of the lease,
 // asked separately — and keeps waiting.
-func (a *app) revokeSaying(ctx context.Context, s *session, id, reason string) (*leasebus.Lease, error) {
+func (a *app) revokeSaying(ctx context.Context, s *session, id, reason string) (*lease.Lease, error) {
 	type answer struct {
-		l   *leasebus.Lease
+		l   *lease.Lease
 		err error
 	}
 	done := make(chan answer, 1)
@@ -683,7 +684,7 @@ func (a *app) auditCommand() *cobra.Command {
 }
 
 // printAudit prints one line per event: time type lease owner fence message.
-func printAudit(out io.Writer, evs []leasebus.AuditEvent) {
+func printAudit(out io.Writer, evs []lease.AuditEvent) {
 	w := tabwriter.NewWriter(out, 0, 4, 1, ' ', 0)
 	for _, ev := range evs {
 		lease, owner, fence := ev.LeaseID, "-", "-"

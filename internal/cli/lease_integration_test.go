@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 func TestSweepStale(t *testing.T) {
@@ -29,7 +29,7 @@ func TestSweepStale(t *testing.T) {
 			reclaimedBySweep = true
 		}
 		for _, l := range listJSON(t, url, "--all") {
-			if l.LeaseID == a.LeaseID && l.Status == leasebus.StatusReclaimed {
+			if l.LeaseID == a.LeaseID && l.Status == lease.StatusReclaimed {
 				return nil
 			}
 		}

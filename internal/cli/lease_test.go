@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -86,7 +87,7 @@ func TestAcquireJSON(t *testing.T) {
 	url := startBus(t)
 	a := acquireJSON(t, url, "--scope", "services/billing", "--scope", "libs/tax", "--table", "public.users",
 		"--ttl", "90s", "--task", "job_4821", "--agent", "codex-worker-4", "--workspace-id", "wt-billing-17")
-	if a.Status != leasebus.StatusActive || a.Fence == 0 || a.Version != 1 {
+	if a.Status != lease.StatusActive || a.Fence == 0 || a.Version != 1 {
 		t.Errorf("lease = status %s fence %d version %d, want active, > 0, 1", a.Status, a.Fence, a.Version)
 	}
 	if got, want := a.Scope.String(), "[libs/tax services/billing] tables=[public.users]"; got != want {
@@ -95,7 +96,7 @@ func TestAcquireJSON(t *testing.T) {
 	if a.Owner.TaskID != "job_4821" || a.Owner.AgentID != "codex-worker-4" || !strings.HasPrefix(a.Owner.AttemptID, "att_") {
 		t.Errorf("owner %+v", a.Owner)
 	}
-	if a.WorkspaceID != "wt-billing-17" || a.WorkspaceMode != leasebus.WorkspaceShared || time.Duration(a.TTL) != 90*time.Second {
+	if a.WorkspaceID != "wt-billing-17" || a.WorkspaceMode != lease.WorkspaceShared || time.Duration(a.TTL) != 90*time.Second {
 		t.Errorf("workspace %s (%s), ttl %s", a.WorkspaceID, a.WorkspaceMode, a.TTL)
 	}
 	f := checkCredFile(t, a.CredentialFile, a.LeaseID, url)
@@ -119,11 +120,11 @@ func TestAcquireWholeRepoAndExclusiveNone(t *testing.T) {
 	isolate(t)
 	url := startBus(t)
 	a := acquireJSON(t, url, "--workspace", "exclusive", "--workspace-id", "wt-1")
-	if a.Scope.Kind != "none" || a.WorkspaceMode != leasebus.WorkspaceExclusive {
+	if a.Scope.Kind != "none" || a.WorkspaceMode != lease.WorkspaceExclusive {
 		t.Errorf("claim-nothing lease: scope %s, mode %s", a.Scope, a.WorkspaceMode)
 	}
 	w := acquireJSON(t, url, "--whole-repo", "--workspace-id", "wt-2")
-	if w.Scope.Kind != "whole-repo" || w.WorkspaceMode != leasebus.WorkspaceExclusive {
+	if w.Scope.Kind != "whole-repo" || w.WorkspaceMode != lease.WorkspaceExclusive {
 		t.Errorf("whole-repo lease: scope %s, mode %s", w.Scope, w.WorkspaceMode)
 	}
 	// Any path now conflicts with the whole-repo lease.
@@ -182,7 +183,7 @@ func TestRenewReleaseLifecycle(t *testing.T) {
 		t.Errorf("credential file version %d after renew, want 2", f.Version)
 	}
 	r = fl(t, "lease", "renew", a.LeaseID, "--json").want(t, ExitOK)
-	var l leasebus.Lease
+	var l lease.Lease
 	if err := json.Unmarshal([]byte(r.stdout), &l); err != nil || l.Version != 3 || !l.ExpiresAt.After(a.ExpiresAt) {
 		t.Errorf("renew --json: version %d expires %s (%v), want 3 and later than %s", l.Version, l.ExpiresAt, err, a.ExpiresAt)
 	}
@@ -250,7 +251,7 @@ func TestRevoke(t *testing.T) {
 	r = fl(t, "--nats", url, "lease", "revoke", a.LeaseID, "--reason", "runaway agent").want(t, ExitOK)
 	mustContain(t, "revoke", r.stdout, "lease revoked: "+a.LeaseID, "runaway agent")
 	ls := listJSON(t, url, "--all")
-	if len(ls) != 1 || ls[0].LeaseID != a.LeaseID || ls[0].Status != leasebus.StatusRevoked {
+	if len(ls) != 1 || ls[0].LeaseID != a.LeaseID || ls[0].Status != lease.StatusRevoked {
 		t.Errorf("list --all after revoke = %+v, want %s revoked", ls, a.LeaseID)
 	}
 	r = fl(t, "--nats", url, "lease", "list", "--all").want(t, ExitOK)
@@ -424,12 +425,12 @@ func TestExitCode(t *testing.T) {
 		{errors.New("cobra: unknown flag"), ExitUsage},
 		{&runError{errors.New("boom")}, ExitError},
 		{&runError{usagef("bad")}, ExitUsage},
-		{&runError{fmt.Errorf("x: %w", leasebus.ErrInvalid)}, ExitUsage},
-		{&runError{&leasebus.ConflictError{Repo: "r"}}, ExitConflict},
-		{&runError{fmt.Errorf("x: %w", leasebus.ErrNotOwner)}, ExitConflict},
-		{&runError{fmt.Errorf("x: %w", leasebus.ErrLeaseLost)}, ExitLost},
-		{&runError{fmt.Errorf("x: %w", leasebus.ErrNotFound)}, ExitError},
-		{&runError{fmt.Errorf("x: %w", leasebus.ErrUnavailable)}, ExitError},
+		{&runError{fmt.Errorf("x: %w", lease.ErrInvalid)}, ExitUsage},
+		{&runError{&lease.ConflictError{Repo: "r"}}, ExitConflict},
+		{&runError{fmt.Errorf("x: %w", lease.ErrNotOwner)}, ExitConflict},
+		{&runError{fmt.Errorf("x: %w", lease.ErrLeaseLost)}, ExitLost},
+		{&runError{fmt.Errorf("x: %w", lease.ErrNotFound)}, ExitError},
+		{&runError{fmt.Errorf("x: %w", lease.ErrUnavailable)}, ExitError},
 	} {
 		if got := exitCode(tc.err); got != tc.want {
 			t.Errorf("exitCode(%v) = %d, want %d", tc.err, got, tc.want)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -75,7 +76,7 @@ curl -sS --max-time 10 --cacert ` + w.ca.File + ` https://api.example.test/two &
 			return err
 		}
 		for _, ev := range evs {
-			if ev.Boundary == leasebus.BoundaryNet && ev.Type == leasebus.EventDenied && ev.Reason == "policy" && strings.Contains(ev.Message, `"no-example-api"`) {
+			if ev.Boundary == lease.BoundaryNet && ev.Type == lease.EventDenied && ev.Reason == "policy" && strings.Contains(ev.Message, `"no-example-api"`) {
 				return nil
 			}
 		}
@@ -167,9 +168,9 @@ curl -sS --max-time 10 --cacert ` + w.ca.File + ` https://api.example.test/two 2
 		var shadow, denied int
 		for _, ev := range evs {
 			switch {
-			case ev.Type == leasebus.EventShadowRefused && ev.Boundary == leasebus.BoundaryNet && strings.Contains(ev.Message, `"no-example-api"`):
+			case ev.Type == leasebus.EventShadowRefused && ev.Boundary == lease.BoundaryNet && strings.Contains(ev.Message, `"no-example-api"`):
 				shadow++
-			case ev.Type == leasebus.EventDenied && ev.Reason == "policy" && strings.Contains(ev.Message, `"no-example-api"`):
+			case ev.Type == lease.EventDenied && ev.Reason == "policy" && strings.Contains(ev.Message, `"no-example-api"`):
 				denied++
 			}
 		}

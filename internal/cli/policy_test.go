@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -108,7 +109,7 @@ func awaitShadowFileEvent(t *testing.T, url, repo, what string) {
 			return err
 		}
 		for _, ev := range evs {
-			if ev.Type == leasebus.EventShadowRefused && ev.Boundary == leasebus.BoundaryFile && strings.Contains(ev.Message, what) {
+			if ev.Type == leasebus.EventShadowRefused && ev.Boundary == lease.BoundaryFile && strings.Contains(ev.Message, what) {
 				return nil
 			}
 		}

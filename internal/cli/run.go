@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenceline/fenceline/attempt"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -253,7 +254,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 			rf.lf.attempt = leasebus.NewAttemptID() // the attempt record's id, when there is a pool
 		}
 		if len(rf.lf.paths) == 0 && !rf.lf.wholeRepo && rf.lf.workspace == "" {
-			rf.lf.workspace = string(leasebus.WorkspaceExclusive) // no claim: the checkout to itself
+			rf.lf.workspace = string(lease.WorkspaceExclusive) // no claim: the checkout to itself
 		}
 		if req, err = rf.lf.request(); err != nil {
 			return err // a usage error, before the bus is dialed

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/pgtest"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -134,7 +135,7 @@ func TestRunnerKilledLeaseReclaimed(t *testing.T) {
 	log, _ := os.ReadFile(logPath)
 	mark := len(log)
 	next, err := client.Acquire(context.Background(), leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "in"), WorkspaceID: "checkout",
-		Owner: leasebus.Owner{TaskID: "next", AgentID: "next", AttemptID: "next"}, Wait: leasebus.Duration(time.Minute)}, leasebus.NewCredential())
+		Owner: lease.Owner{TaskID: "next", AgentID: "next", AttemptID: "next"}, Wait: lease.Duration(time.Minute)}, leasebus.NewCredential())
 	if err != nil {
 		t.Fatalf("the killed runner's scope: %v", err)
 	}
@@ -146,7 +147,7 @@ func TestRunnerKilledLeaseReclaimed(t *testing.T) {
 	if next.Fence <= fence {
 		t.Errorf("next fence %d, not above the killed runner's %d", next.Fence, fence)
 	}
-	if l, err := client.Get(context.Background(), id); err != nil || l.Status != leasebus.StatusReclaimed {
+	if l, err := client.Get(context.Background(), id); err != nil || l.Status != lease.StatusReclaimed {
 		t.Fatalf("lease %s: %v %v, want reclaimed", id, l, err)
 	}
 	checkFor(t, 5*time.Second, 50*time.Millisecond, func() error {
@@ -155,7 +156,7 @@ func TestRunnerKilledLeaseReclaimed(t *testing.T) {
 			return err
 		}
 		for _, ev := range evs {
-			if ev.Type == leasebus.EventReclaimed && ev.LeaseID == id && ev.Reason == "session-lost" {
+			if ev.Type == lease.EventReclaimed && ev.LeaseID == id && ev.Reason == "session-lost" {
 				return nil
 			}
 		}

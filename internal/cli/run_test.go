@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -280,7 +281,7 @@ func TestRunLostLeaseStopsWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ev := range evs {
-		if ev.Boundary == leasebus.BoundaryFile && ev.Type == leasebus.EventDenied && ev.LeaseID == id && strings.Contains(ev.Message, filepath.Join(co, "in", "probe")) {
+		if ev.Boundary == lease.BoundaryFile && ev.Type == lease.EventDenied && ev.LeaseID == id && strings.Contains(ev.Message, filepath.Join(co, "in", "probe")) {
 			return
 		}
 	}
@@ -378,7 +379,7 @@ func releasedAfterChild(t *testing.T, client *leasebus.Client, id, co string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.Status != leasebus.StatusReleased || l.EndedAt.Before(fi.ModTime()) {
+	if l.Status != lease.StatusReleased || l.EndedAt.Before(fi.ModTime()) {
 		t.Fatalf("lease %s %s at %s, want released after the background child finished at %s", id, l.Status, l.EndedAt, fi.ModTime())
 	}
 }

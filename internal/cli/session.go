@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -129,7 +130,7 @@ func (a *app) holdWith(ctx context.Context, s *session, lf *leaseFlags, attachID
 	cred = leasebus.NewCredential()
 	h, err := s.client.AcquireAndHold(ctx, req, cred, opts)
 	if err != nil {
-		var ce *leasebus.ConflictError
+		var ce *lease.ConflictError
 		if errors.As(err, &ce) {
 			return nil, &conflictReport{ce: ce, claim: req.Scope, wait: time.Duration(req.Wait)}
 		}

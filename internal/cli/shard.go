@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenceline/fenceline/attempt"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/shard"
 )
@@ -239,7 +240,7 @@ func commandText(argv []string) string {
 	return s
 }
 
-func occupantText(l *leasebus.Lease) string {
+func occupantText(l *lease.Lease) string {
 	return fmt.Sprintf("%s %s %s by %s, fence %d, expires %s", l.LeaseID, l.WorkspaceMode, l.Scope, l.Owner.AgentID, l.Fence, l.ExpiresAt.UTC().Format(time.RFC3339))
 }
 
@@ -289,7 +290,7 @@ refs/fenceline/attempts/<attemptId>).`,
 			default:
 				rf.commit = "exclusive"
 			}
-			rf.lf.workspace = string(leasebus.WorkspaceExclusive)
+			rf.lf.workspace = string(lease.WorkspaceExclusive)
 			return a.runAgent(cmd.Context(), &rf, args)
 		},
 	}
@@ -346,7 +347,7 @@ func (a *app) holdPoolLease(ctx context.Context, s *session, rf *runFlags, pool 
 	cred := leasebus.NewCredential()
 	h, err := s.client.AcquireAndHold(ctx, req, cred, leasebus.HoldOptions{})
 	if err != nil {
-		var ce *leasebus.ConflictError
+		var ce *lease.ConflictError
 		if !errors.As(err, &ce) {
 			return nil, fmt.Errorf("acquire %s in a shard of %s: %w", req.Scope, req.Repo, err)
 		}
@@ -362,10 +363,10 @@ func (a *app) holdPoolLease(ctx context.Context, s *session, rf *runFlags, pool 
 // poolConflict explains an attempt no shard could take: the pool's size
 // and who holds each shard.
 type poolConflict struct {
-	ce     *leasebus.ConflictError
+	ce     *lease.ConflictError
 	pool   *shard.Pool
 	req    leasebus.AcquireRequest
-	active []*leasebus.Lease
+	active []*lease.Lease
 }
 
 func (e *poolConflict) Unwrap() error { return e.ce }
@@ -374,9 +375,9 @@ func (e *poolConflict) Error() string {
 	var b strings.Builder
 	mode := e.req.WorkspaceMode
 	if mode == "" {
-		mode = leasebus.WorkspaceShared
+		mode = lease.WorkspaceShared
 		if len(e.req.Scope.Paths) == 0 {
-			mode = leasebus.WorkspaceExclusive
+			mode = lease.WorkspaceExclusive
 		}
 	}
 	fmt.Fprintf(&b, "no shard of the pool of %s can take this attempt (%s, %s workspace): pool size %d, max sharers %s",
@@ -418,7 +419,7 @@ func (e *poolConflict) Error() string {
 
 // conflictText is one conflict on a line: who holds it until when, and
 // why it conflicts.
-func conflictText(c leasebus.Conflict) string {
+func conflictText(c lease.Conflict) string {
 	id := c.LeaseID
 	if id == "" {
 		id = "queued request " + c.RequestID

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/shard"
 )
@@ -109,7 +110,7 @@ git add -A && git ` + id + ` commit -qm "agents' work" && echo commit=ok`
 			return err
 		}
 		for _, ev := range evs {
-			if ev.Type == leasebus.EventRefused && strings.Contains(ev.Message, exclLease) && strings.Contains(ev.Message, "shard-1/commit") {
+			if ev.Type == lease.EventRefused && strings.Contains(ev.Message, exclLease) && strings.Contains(ev.Message, "shard-1/commit") {
 				return nil
 			}
 		}
@@ -188,7 +189,7 @@ func TestShardCrashRecovery(t *testing.T) {
 	if v.Shards[0].State != shard.StateDirty {
 		t.Fatalf("shard after the crash: %s, want dirty", v.Shards[0].State)
 	}
-	awaitShardEvent(t, url, co, func(ev leasebus.AuditEvent) bool {
+	awaitShardEvent(t, url, co, func(ev lease.AuditEvent) bool {
 		return ev.Type == shard.EventRecovered && ev.Owner.AttemptID == att && ev.LeaseID == id
 	})
 	endAgent()
@@ -347,7 +348,7 @@ git -c user.name=a -c user.email=a@a commit -qm c1 --allow-empty; echo more > la
 	if strings.Contains(r4.stdout, "draft") {
 		t.Errorf("the exclusive attempt sees the path lease's draft: %s", r4.stdout)
 	}
-	awaitShardEvent(t, url, co, func(ev leasebus.AuditEvent) bool {
+	awaitShardEvent(t, url, co, func(ev lease.AuditEvent) bool {
 		return ev.Type == shard.EventCleaned && strings.Contains(ev.Message, "refs/fenceline/attempts/"+att3+"-worktree")
 	})
 }
@@ -421,7 +422,7 @@ wait`
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a == nil || a.Status != shard.StatusCancelled || a.SettledAt.IsZero() || l.Status != leasebus.StatusReleased || l.EndedAt.Before(a.SettledAt) {
+	if a == nil || a.Status != shard.StatusCancelled || a.SettledAt.IsZero() || l.Status != lease.StatusReleased || l.EndedAt.Before(a.SettledAt) {
 		t.Fatalf("attempt %+v, lease %s ended %s: want cancelled, settled before the release", a, l.Status, l.EndedAt)
 	}
 }

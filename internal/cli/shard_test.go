@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/shard"
 )
@@ -93,10 +94,10 @@ func attemptIn(v shard.View, id string) *shard.Attempt {
 }
 
 // awaitShardEvent waits for an audit event at the shard boundary.
-func awaitShardEvent(t *testing.T, url, repo string, match func(leasebus.AuditEvent) bool) leasebus.AuditEvent {
+func awaitShardEvent(t *testing.T, url, repo string, match func(lease.AuditEvent) bool) lease.AuditEvent {
 	t.Helper()
 	_, nc := busClient(t, url)
-	var found leasebus.AuditEvent
+	var found lease.AuditEvent
 	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		evs, err := leasebus.ReadAudit(context.Background(), nc, repo, 0)
 		if err != nil {

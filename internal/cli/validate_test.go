@@ -15,6 +15,7 @@ import (
 
 	"github.com/fenceline/fenceline/attempt"
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
 )
@@ -79,21 +80,21 @@ func noGrantBefore(t *testing.T, url string, nc *nats.Conn, repo string) {
 	if err := json.Unmarshal([]byte(r.stdout), &mark); err != nil {
 		t.Fatalf("decode acquire --json: %v\n%s", err, r.stdout)
 	}
-	var evs []leasebus.AuditEvent
+	var evs []lease.AuditEvent
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		var err error
 		if evs, err = leasebus.ReadAudit(context.Background(), nc, repo, 0); err != nil {
 			return err
 		}
 		for _, ev := range evs {
-			if ev.Type == leasebus.EventGrant && ev.LeaseID == mark.LeaseID {
+			if ev.Type == lease.EventGrant && ev.LeaseID == mark.LeaseID {
 				return nil
 			}
 		}
 		return errors.New("the marker lease's grant is not audited yet")
 	})
 	for _, ev := range evs {
-		if ev.Type == leasebus.EventGrant && ev.LeaseID != mark.LeaseID {
+		if ev.Type == lease.EventGrant && ev.LeaseID != mark.LeaseID {
 			t.Errorf("repo %s: a lease was granted before the command failed: %s", repo, ev.Message)
 		}
 	}
@@ -170,13 +171,13 @@ func TestAttemptErrorNamesTheFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := leasebus.Lease{LeaseID: "lease_s", Scope: claim, WorkspaceMode: leasebus.WorkspaceShared}
+	l := lease.Lease{LeaseID: "lease_s", Scope: claim, WorkspaceMode: lease.WorkspaceShared}
 	_, err = attempt.Narrow(l, true, []string{"libs"}, "")
 	got := attemptError(err)
 	if want := "--scope libs: is outside lease lease_s's claim"; !strings.HasPrefix(got.Error(), want) || !errors.Is(got, attempt.ErrInvalid) {
 		t.Errorf("attemptError(%v) = %v, want a usage error starting %q", err, got, want)
 	}
-	_, err = attempt.Narrow(l, true, nil, leasebus.WorkspaceExclusive)
+	_, err = attempt.Narrow(l, true, nil, lease.WorkspaceExclusive)
 	if got := attemptError(err); !strings.HasPrefix(got.Error(), "--workspace exclusive: lease lease_s has a shared workspace") {
 		t.Errorf("attemptError(%v) = %v, want it to name --workspace exclusive", err, got)
 	}

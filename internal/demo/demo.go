@@ -26,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/leasebus/embedded"
 	"github.com/fenceline/fenceline/runui"
@@ -102,7 +103,7 @@ type demo struct {
 
 type grant struct {
 	agent string
-	lease *leasebus.Lease
+	lease *lease.Lease
 }
 
 // fail is an expectation of the story that did not hold.
@@ -241,7 +242,7 @@ func (d *demo) section(title string) {
 }
 
 // acquire asks for path as agent.
-func (d *demo) acquire(ctx context.Context, agent, path string, ttl, wait time.Duration) (*leasebus.Lease, leasebus.Credential, error) {
+func (d *demo) acquire(ctx context.Context, agent, path string, ttl, wait time.Duration) (*lease.Lease, leasebus.Credential, error) {
 	req, err := demoRequest(agent, path, ttl, wait)
 	if err != nil {
 		return nil, "", err
@@ -276,9 +277,9 @@ func demoRequest(agent, path string, ttl, wait time.Duration) (leasebus.AcquireR
 	return leasebus.AcquireRequest{
 		Repo:  Repo,
 		Scope: claim,
-		Owner: leasebus.Owner{TaskID: "demo", AgentID: agent, AttemptID: leasebus.NewAttemptID()},
-		TTL:   leasebus.Duration(ttl),
-		Wait:  leasebus.Duration(wait),
+		Owner: lease.Owner{TaskID: "demo", AgentID: agent, AttemptID: leasebus.NewAttemptID()},
+		TTL:   lease.Duration(ttl),
+		Wait:  lease.Duration(wait),
 	}, nil
 }
 
@@ -291,7 +292,7 @@ func (d *demo) story(ctx context.Context) error {
 	fmt.Fprintln(d.out, "agent-c asks for [libs/tax] in the same instant.")
 	type ask struct {
 		agent, path string
-		lease       *leasebus.Lease
+		lease       *lease.Lease
 		cred        leasebus.Credential
 		sent        time.Time
 		err         error
@@ -310,8 +311,8 @@ func (d *demo) story(ctx context.Context) error {
 			}
 			q.cred, q.sent = leasebus.NewCredential(), time.Now()
 			q.lease, q.err = d.c.Acquire(ctx, leasebus.AcquireRequest{
-				Repo: Repo, Scope: claim, TTL: leasebus.Duration(ttl),
-				Owner: leasebus.Owner{TaskID: "demo", AgentID: q.agent, AttemptID: leasebus.NewAttemptID()},
+				Repo: Repo, Scope: claim, TTL: lease.Duration(ttl),
+				Owner: lease.Owner{TaskID: "demo", AgentID: q.agent, AttemptID: leasebus.NewAttemptID()},
 			}, q.cred)
 			if q.err == nil {
 				mu.Lock()
@@ -335,11 +336,11 @@ func (d *demo) story(ctx context.Context) error {
 	default:
 		return fail("exactly one of agent-a and agent-b must win the race; agent-a: %v, agent-b: %v", errText(a.err), errText(b.err))
 	}
-	var ce *leasebus.ConflictError
+	var ce *lease.ConflictError
 	if !errors.As(loser.err, &ce) {
 		return fail("%s should be refused with a conflict, got: %v", loser.agent, loser.err)
 	}
-	if !slices.ContainsFunc(ce.Conflicts, func(x leasebus.Conflict) bool {
+	if !slices.ContainsFunc(ce.Conflicts, func(x lease.Conflict) bool {
 		return x.LeaseID == winner.lease.LeaseID && x.Owner.AgentID == winner.agent && !x.ExpiresAt.IsZero()
 	}) {
 		return fail("%s's refusal should name %s, its owner %s and its expiry: %v", loser.agent, winner.lease.LeaseID, winner.agent, ce)
@@ -377,8 +378,8 @@ func (d *demo) story(ctx context.Context) error {
 	}
 	fmt.Fprintf(d.out, "  agent-e got %s [docs] (fence %d) after %.1fs, once the sweeper reclaimed agent-d's lease:\n",
 		el.LeaseID, el.Fence, time.Since(t0).Seconds())
-	ev, err := d.awaitAudit(ctx, func(ev leasebus.AuditEvent) bool {
-		return ev.Type == leasebus.EventReclaimed && ev.LeaseID == dl.LeaseID
+	ev, err := d.awaitAudit(ctx, func(ev lease.AuditEvent) bool {
+		return ev.Type == lease.EventReclaimed && ev.LeaseID == dl.LeaseID
 	})
 	if err != nil {
 		return fail("the reclaim of %s should be audited: %v", dl.LeaseID, err)
@@ -430,7 +431,7 @@ func (d *demo) story(ctx context.Context) error {
 	}
 	took := time.Since(t1)
 	_, ferr := holdC.Fence()
-	if !errors.Is(ferr, leasebus.ErrLeaseLost) {
+	if !errors.Is(ferr, lease.ErrLeaseLost) {
 		return fail("agent-c's Fence() after the revoke should be lease lost, got %v", ferr)
 	}
 	fmt.Fprintf(d.out, "agent-c's holder saw it after %s (watch, not the next renewal)\n", took.Round(10*time.Microsecond))
@@ -443,8 +444,8 @@ func (d *demo) story(ctx context.Context) error {
 	if _, err := d.c.Release(ctx, el.LeaseID, ecred); err != nil {
 		return fmt.Errorf("release %s: %w", el.LeaseID, err)
 	}
-	if _, err := d.awaitAudit(ctx, func(ev leasebus.AuditEvent) bool {
-		return ev.LeaseID == el.LeaseID && ev.Type == leasebus.EventRelease
+	if _, err := d.awaitAudit(ctx, func(ev lease.AuditEvent) bool {
+		return ev.LeaseID == el.LeaseID && ev.Type == lease.EventRelease
 	}); err != nil {
 		return fail("the last release should be audited: %v", err)
 	}
@@ -453,11 +454,11 @@ func (d *demo) story(ctx context.Context) error {
 		return fmt.Errorf("read audit trail: %w", err)
 	}
 	for _, want := range []struct{ typ, lease string }{
-		{leasebus.EventRefused, ""}, {leasebus.EventReclaimed, dl.LeaseID},
-		{leasebus.EventRelease, winner.lease.LeaseID}, {leasebus.EventRelease, rl.LeaseID},
-		{leasebus.EventRevoked, c.lease.LeaseID},
+		{lease.EventRefused, ""}, {lease.EventReclaimed, dl.LeaseID},
+		{lease.EventRelease, winner.lease.LeaseID}, {lease.EventRelease, rl.LeaseID},
+		{lease.EventRevoked, c.lease.LeaseID},
 	} {
-		if !slices.ContainsFunc(evs, func(ev leasebus.AuditEvent) bool {
+		if !slices.ContainsFunc(evs, func(ev lease.AuditEvent) bool {
 			return ev.Type == want.typ && (want.lease == "" || ev.LeaseID == want.lease)
 		}) {
 			return fail("the audit trail should hold a %s event %s", want.typ, want.lease)
@@ -474,7 +475,7 @@ func (d *demo) story(ctx context.Context) error {
 
 // awaitAudit polls the repo's audit trail (written off the request path)
 // until an event matches.
-func (d *demo) awaitAudit(ctx context.Context, match func(leasebus.AuditEvent) bool) (leasebus.AuditEvent, error) {
+func (d *demo) awaitAudit(ctx context.Context, match func(lease.AuditEvent) bool) (lease.AuditEvent, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -493,7 +494,7 @@ func (d *demo) awaitAudit(ctx context.Context, match func(leasebus.AuditEvent) b
 			if err == nil {
 				err = errors.New("no such event within 5s")
 			}
-			return leasebus.AuditEvent{}, err
+			return lease.AuditEvent{}, err
 		case <-tick.C:
 		}
 	}

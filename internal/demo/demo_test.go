@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/fenceline/fenceline/internal/scope"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 func TestCheckFences(t *testing.T) {
@@ -13,7 +13,7 @@ func TestCheckFences(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return grant{agent: "x", lease: &leasebus.Lease{LeaseID: "lease_" + string(rune('a'+fence)), Scope: c, Fence: fence}}
+		return grant{agent: "x", lease: &lease.Lease{LeaseID: "lease_" + string(rune('a'+fence)), Scope: c, Fence: fence}}
 	}
 	for _, tc := range []struct {
 		name   string

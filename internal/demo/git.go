@@ -237,7 +237,7 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 	fmt.Fprintln(d.out, "git fence refusals in the audit stream:")
 	n := 0
 	for _, ev := range evs {
-		if ev.Boundary == leasebus.BoundaryGit {
+		if ev.Boundary == lease.BoundaryGit {
 			n++
 			fmt.Fprintf(d.out, "  %s %s fence %d %s: %s\n", ev.Type, ev.LeaseID, ev.Fence, ev.Reason, ev.Message)
 		}
@@ -250,7 +250,7 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 
 // lateSignedPush is the push options a zombie's sidecar signed for
 // pushing work's HEAD to main before it froze, as git push arguments.
-func (g *demoGit) lateSignedPush(ctx context.Context, work string, l *leasebus.Lease) ([]string, error) {
+func (g *demoGit) lateSignedPush(ctx context.Context, work string, l *lease.Lease) ([]string, error) {
 	old, err := g.git(ctx, g.bare, nil, "rev-parse", "refs/heads/main")
 	if err != nil {
 		return nil, fmt.Errorf("read the server's main: %w\n%s", err, old)
@@ -273,7 +273,7 @@ func (g *demoGit) lateSignedPush(ctx context.Context, work string, l *leasebus.L
 
 // demoAgent is an agent with a held lease and a sidecar serving its git fence.
 type demoAgent struct {
-	lease  *leasebus.Lease
+	lease  *lease.Lease
 	holder *leasebus.Holder
 	sc     *sidecar.Sidecar
 	env    []string
@@ -302,9 +302,9 @@ func (g *demoGit) agentWait(ctx context.Context, name, path string, ttl, wait ti
 // holds it, and starts its sidecar with the fences cfg names.
 func (d *demo) startAgent(ctx context.Context, name string, claim scope.Claim, ttl, wait time.Duration, cfg sidecar.Config) (*demoAgent, error) {
 	h, err := d.c.AcquireAndHold(ctx, leasebus.AcquireRequest{
-		Repo: Repo, Scope: claim, WorkspaceMode: leasebus.WorkspaceExclusive, WorkspaceID: "ws-" + name,
-		Owner: leasebus.Owner{TaskID: "demo", AgentID: name, AttemptID: leasebus.NewAttemptID()},
-		TTL:   leasebus.Duration(ttl), Wait: leasebus.Duration(wait),
+		Repo: Repo, Scope: claim, WorkspaceMode: lease.WorkspaceExclusive, WorkspaceID: "ws-" + name,
+		Owner: lease.Owner{TaskID: "demo", AgentID: name, AttemptID: leasebus.NewAttemptID()},
+		TTL:   lease.Duration(ttl), Wait: lease.Duration(wait),
 	}, leasebus.NewCredential(), leasebus.HoldOptions{})
 	if err != nil {
 		return nil, fail("%s should get %s: %v", name, claim, err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fenceline/fenceline/fsguard"
 	"github.com/fenceline/fenceline/internal/gitsafe"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -89,7 +90,7 @@ echo "read=$(grep -c . notes/todo.md)"`, s.ctl) // after the loss it reports on 
 			return err
 		}
 		for _, ev := range evs {
-			if ev.Boundary == leasebus.BoundaryFile && ev.LeaseID == id && ev.Type == leasebus.EventDenied {
+			if ev.Boundary == lease.BoundaryFile && ev.LeaseID == id && ev.Type == lease.EventDenied {
 				fmt.Fprintf(d.out, "  audit: %s %s %s fence=%d: %s\n", ev.Type, ev.Boundary, ev.LeaseID, ev.Fence, ev.Message)
 				return nil
 			}

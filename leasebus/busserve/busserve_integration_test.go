@@ -12,6 +12,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -83,8 +84,8 @@ func TestStaggeredClusterStart(t *testing.T) {
 		cred := leasebus.NewCredential()
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		l, err := c.Acquire(ctx, leasebus.AcquireRequest{Repo: "github.com/acme/billing", Scope: bustest.Claim(t, "services/billing"),
-			Owner: leasebus.Owner{TaskID: "task", AgentID: fmt.Sprint("agent-", i), AttemptID: leasebus.NewAttemptID()},
-			TTL:   leasebus.Duration(time.Minute), Wait: leasebus.Duration(10 * time.Second)}, cred)
+			Owner: lease.Owner{TaskID: "task", AgentID: fmt.Sprint("agent-", i), AttemptID: leasebus.NewAttemptID()},
+			TTL:   lease.Duration(time.Minute), Wait: lease.Duration(10 * time.Second)}, cred)
 		if err != nil {
 			cancel()
 			t.Fatalf("acquire through node %d: %v", i, err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -52,7 +53,7 @@ func startNode(t *testing.T, log *slog.Logger) *Node {
 	return n
 }
 
-func acquire(t *testing.T, url string) *leasebus.Lease {
+func acquire(t *testing.T, url string) *lease.Lease {
 	t.Helper()
 	c := leasebus.NewClient(bustest.ConnectRole(t, url, leasebus.RoleHolder))
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -60,8 +61,8 @@ func acquire(t *testing.T, url string) *leasebus.Lease {
 	l, err := c.Acquire(ctx, leasebus.AcquireRequest{
 		Repo:  "github.com/acme/billing",
 		Scope: bustest.Claim(t, "services/billing"),
-		Owner: leasebus.Owner{TaskID: "task", AgentID: "agent", AttemptID: leasebus.NewAttemptID()},
-		TTL:   leasebus.Duration(time.Minute),
+		Owner: lease.Owner{TaskID: "task", AgentID: "agent", AttemptID: leasebus.NewAttemptID()},
+		TTL:   lease.Duration(time.Minute),
 	}, leasebus.NewCredential())
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -43,7 +44,7 @@ func Default() Store { return Store{Dir: filepath.Join(leasebus.StateDir(), "lea
 func (s Store) Path(id string) string { return filepath.Join(s.Dir, id+".json") }
 
 func checkID(id string) error {
-	if !leasebus.ValidLeaseID(id) {
+	if !lease.ValidLeaseID(id) {
 		return fmt.Errorf("%q is not a lease id: no credential file is named after it", id)
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -264,7 +265,7 @@ func (ids *Identities) reload(by string) error {
 func (ids *Identities) enroll(by string, m *nats.Msg) (string, error) {
 	var r leasebus.EnrollRequest
 	if err := json.Unmarshal(m.Data, &r); err != nil {
-		return "", fmt.Errorf("%w: decode enrol request: %v", leasebus.ErrInvalid, err)
+		return "", fmt.Errorf("%w: decode enrol request: %v", lease.ErrInvalid, err)
 	}
 	name := r.Name
 	if !strings.HasPrefix(name, ephemeralPrefix) {
@@ -311,9 +312,9 @@ func (ids *Identities) leave(by string, m *nats.Msg) (string, error) {
 	case err != nil:
 		return "", err
 	case !ok || i.Nkey != by:
-		return "", fmt.Errorf("%w: %s is no enrolled identity", leasebus.ErrNotFound, by)
+		return "", fmt.Errorf("%w: %s is no enrolled identity", lease.ErrNotFound, by)
 	case !i.Ephemeral:
-		return "", fmt.Errorf("%w: %s was enrolled by the operator, who revokes it (fenceline bus revoke-identity %s)", leasebus.ErrInvalid, i.Name, i.Name)
+		return "", fmt.Errorf("%w: %s was enrolled by the operator, who revokes it (fenceline bus revoke-identity %s)", lease.ErrInvalid, i.Name, i.Name)
 	}
 	if err := leasebus.RemoveIdentity(ids.cfg.CredsDir, i); err != nil {
 		return "", err

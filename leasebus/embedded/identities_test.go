@@ -20,6 +20,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -180,7 +181,7 @@ func TestHolderHearsOnlyItsOwnAnswers(t *testing.T) {
 
 	cred := leasebus.NewCredential()
 	victim := leasebus.NewClient(bc)
-	l, err := victim.Acquire(ctx, leasebus.AcquireRequest{Repo: testRepo, Scope: claimOf(t, "services/billing"), Owner: leasebus.Owner{TaskID: "t", AgentID: "b", AttemptID: "att_b"}, TTL: leasebus.Duration(time.Minute)}, cred)
+	l, err := victim.Acquire(ctx, leasebus.AcquireRequest{Repo: testRepo, Scope: claimOf(t, "services/billing"), Owner: lease.Owner{TaskID: "t", AgentID: "b", AttemptID: "att_b"}, TTL: lease.Duration(time.Minute)}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +209,7 @@ func TestRevokeOneIdentity(t *testing.T) {
 
 	hold := func(nc *nats.Conn, path string, renewals *atomic.Int32, failures *atomic.Int32) *leasebus.Holder {
 		h, err := leasebus.NewClient(nc).AcquireAndHold(ctx, leasebus.AcquireRequest{Repo: testRepo, Scope: claimOf(t, path),
-			Owner: leasebus.Owner{TaskID: "t", AgentID: path, AttemptID: "att_" + path}, TTL: leasebus.Duration(1500 * time.Millisecond)},
+			Owner: lease.Owner{TaskID: "t", AgentID: path, AttemptID: "att_" + path}, TTL: lease.Duration(1500 * time.Millisecond)},
 			leasebus.NewCredential(), leasebus.HoldOptions{OnRenew: func(_ time.Duration, err error) {
 				if err != nil {
 					failures.Add(1)
@@ -308,13 +309,13 @@ func TestEphemeralEnrolment(t *testing.T) {
 	}
 	defer nc1.Close()
 	if _, err := leasebus.NewClient(nc1).Acquire(ctx, leasebus.AcquireRequest{Repo: testRepo, Scope: claimOf(t, "x"),
-		Owner: leasebus.Owner{TaskID: "t", AgentID: "a", AttemptID: "att_1"}, TTL: leasebus.Duration(time.Minute)}, leasebus.NewCredential()); err != nil {
+		Owner: lease.Owner{TaskID: "t", AgentID: "a", AttemptID: "att_1"}, TTL: lease.Duration(time.Minute)}, leasebus.NewCredential()); err != nil {
 		t.Fatalf("acquire as the enrolled identity: %v", err)
 	}
 
 	// The enroller key acts on no lease and hears nobody's answers.
 	if _, err := leasebus.NewClient(enc).Acquire(ctx, leasebus.AcquireRequest{Repo: testRepo, Scope: claimOf(t, "y"),
-		Owner: leasebus.Owner{TaskID: "t", AgentID: "e", AttemptID: "att_e"}, TTL: leasebus.Duration(time.Minute)}, leasebus.NewCredential()); !errors.Is(err, leasebus.ErrForbidden) {
+		Owner: lease.Owner{TaskID: "t", AgentID: "e", AttemptID: "att_e"}, TTL: lease.Duration(time.Minute)}, leasebus.NewCredential()); !errors.Is(err, leasebus.ErrForbidden) {
 		t.Fatalf("acquire with the enroller key: %v, want %v", err, leasebus.ErrForbidden)
 	}
 	if _, err := enc.Subscribe("_INBOX."+one.Nkey()+".>", func(*nats.Msg) {}); err != nil {
@@ -555,7 +556,7 @@ func TestIdentityChangesAudited(t *testing.T) {
 		}
 		var got []string
 		for _, ev := range evs {
-			if ev.Boundary == leasebus.BoundaryBus && (ev.Type == leasebus.EventIdentityEnrolled || ev.Type == leasebus.EventIdentityRevoked) {
+			if ev.Boundary == lease.BoundaryBus && (ev.Type == leasebus.EventIdentityEnrolled || ev.Type == leasebus.EventIdentityRevoked) {
 				name, _, _ := strings.Cut(ev.Message, ":")
 				got = append(got, ev.Type+" "+name+" by "+ev.RequestedBy)
 			}
@@ -573,7 +574,7 @@ func TestIdentityChangesAudited(t *testing.T) {
 			return err
 		}
 		for _, ev := range evs {
-			if ev.Type == leasebus.EventList && ev.RequestedBy == run.Name {
+			if ev.Type == lease.EventList && ev.RequestedBy == run.Name {
 				return nil
 			}
 		}
@@ -621,7 +622,7 @@ func TestKilledRunsIdentityCollected(t *testing.T) {
 	t.Cleanup(stop)
 
 	h, err := leasebus.NewClient(knc).AcquireAndHold(ctx, leasebus.AcquireRequest{Repo: testRepo, Scope: claimOf(t, "x"),
-		Owner: leasebus.Owner{TaskID: "t", AgentID: "killed", AttemptID: "att_k"}, TTL: leasebus.Duration(time.Hour)}, leasebus.NewCredential(), leasebus.HoldOptions{})
+		Owner: lease.Owner{TaskID: "t", AgentID: "killed", AttemptID: "att_k"}, TTL: lease.Duration(time.Hour)}, leasebus.NewCredential(), leasebus.HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -645,7 +646,7 @@ func TestKilledRunsIdentityCollected(t *testing.T) {
 	})
 	// Its lease was reclaimed before: the identity went with nothing held.
 	l, err := viewer.Get(ctx, leaseID)
-	if err != nil || l.Status != leasebus.StatusReclaimed {
+	if err != nil || l.Status != lease.StatusReclaimed {
 		t.Fatalf("the killed run's lease: %+v %v, want reclaimed", l, err)
 	}
 	if _, err := nats.Connect(b.srv.ClientURL(), killed.Options()...); !errors.Is(err, nats.ErrAuthorization) {

@@ -32,6 +32,7 @@ import (
 	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/internal/testca"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -658,7 +659,7 @@ func (w *world) netRefusals(t *testing.T, id, host string) int {
 	}
 	n := 0
 	for _, ev := range evs {
-		if ev.Boundary == leasebus.BoundaryNet && ev.LeaseID == id && ev.Reason == leasebus.ReasonNotAllowed && strings.Contains(ev.Message, host) {
+		if ev.Boundary == lease.BoundaryNet && ev.LeaseID == id && ev.Reason == lease.ReasonNotAllowed && strings.Contains(ev.Message, host) {
 			n++
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -27,7 +28,7 @@ import (
 func AuditCheck() Check { return Check{Name: "audit", Run: checkAuditComplete} }
 
 // endEvents are the audit event types that end a lease.
-var endEvents = []string{leasebus.EventRelease, leasebus.EventRevoked, leasebus.EventReclaimed, leasebus.EventExpired}
+var endEvents = []string{lease.EventRelease, lease.EventRevoked, lease.EventReclaimed, lease.EventExpired}
 
 func checkAuditComplete(h *History) []Violation {
 	h.mu.Lock()
@@ -45,15 +46,15 @@ func checkAuditComplete(h *History) []Violation {
 	ends := map[string][]string{}   // lease -> its end events' types
 	refused := map[string]int{}     // attempt id -> refusal events
 	for _, ev := range evs {
-		if ev.Boundary != leasebus.BoundaryLease {
+		if ev.Boundary != lease.BoundaryLease {
 			continue
 		}
 		switch {
-		case ev.Type == leasebus.EventGrant && ev.LeaseID != "":
+		case ev.Type == lease.EventGrant && ev.LeaseID != "":
 			grants[ev.LeaseID] = append(grants[ev.LeaseID], ev.Fence)
 		case slices.Contains(endEvents, ev.Type) && ev.LeaseID != "":
 			ends[ev.LeaseID] = append(ends[ev.LeaseID], ev.Type)
-		case ev.Type == leasebus.EventRefused && ev.LeaseID == "":
+		case ev.Type == lease.EventRefused && ev.LeaseID == "":
 			refused[ev.Owner.AttemptID]++
 		}
 	}
@@ -104,7 +105,7 @@ func (h *History) EndsFromAudit() {
 	defer h.mu.Unlock()
 	ends := map[string][]time.Time{}
 	for _, ev := range h.audit {
-		if ev.Boundary == leasebus.BoundaryLease && ev.LeaseID != "" && slices.Contains(endEvents, ev.Type) {
+		if ev.Boundary == lease.BoundaryLease && ev.LeaseID != "" && slices.Contains(endEvents, ev.Type) {
 			ends[ev.LeaseID] = append(ends[ev.LeaseID], ev.Time)
 		}
 	}
@@ -119,7 +120,7 @@ func (h *History) EndsFromAudit() {
 // AuditCheck finds nothing missing or within has passed (the audit writer
 // gathers events for a moment, a reclaim waits for its deadline), and
 // returns the last read's error, if the last read failed.
-func AwaitAudit(ctx context.Context, h *History, within time.Duration, read func(context.Context) ([]leasebus.AuditEvent, error)) error {
+func AwaitAudit(ctx context.Context, h *History, within time.Duration, read func(context.Context) ([]lease.AuditEvent, error)) error {
 	deadline := time.Now().Add(within)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -145,9 +146,9 @@ func AwaitAudit(ctx context.Context, h *History, within time.Duration, read func
 // does, but from the audit stream's leader: a direct get may be answered by
 // a follower still catching up (a node just restarted), which would show
 // only a prefix of the stream.
-func readAuditFromLeader(ctx context.Context, nc *nats.Conn, repo string) ([]leasebus.AuditEvent, error) {
+func readAuditFromLeader(ctx context.Context, nc *nats.Conn, repo string) ([]lease.AuditEvent, error) {
 	filter := leasebus.AuditSubject + "." + leasebus.RepoKey(repo) + ".*"
-	var out []leasebus.AuditEvent
+	var out []lease.AuditEvent
 	for seq := uint64(1); ; {
 		req, err := json.Marshal(map[string]any{"seq": seq, "next_by_subj": filter})
 		if err != nil {
@@ -181,7 +182,7 @@ func readAuditFromLeader(ctx context.Context, nc *nats.Conn, repo string) ([]lea
 			return out, fmt.Errorf("read audit stream at %d: no message in the answer", seq)
 		}
 		var b struct {
-			Events []leasebus.AuditEvent `json:"events"`
+			Events []lease.AuditEvent `json:"events"`
 		}
 		if err := json.Unmarshal(r.Message.Data, &b); err != nil {
 			return out, fmt.Errorf("decode audit message %d: %w", r.Message.Seq, err)

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/scope"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Grant is one acknowledged grant.
@@ -67,8 +67,8 @@ type History struct {
 	// (a conflict), as the client was told.
 	refused map[string]bool // guarded by mu
 	// audit is the audit stream as read after the run (auditRead: it was).
-	audit     []leasebus.AuditEvent // guarded by mu
-	auditRead bool                  // guarded by mu
+	audit     []lease.AuditEvent // guarded by mu
+	auditRead bool               // guarded by mu
 }
 
 // NewHistory returns an empty History.
@@ -89,7 +89,7 @@ func (h *History) Grant(g Grant) {
 // Revoked records that the revoke of leaseID returned at at (the service
 // said: revoked), and the service's endedAt when known.
 func (h *History) Revoked(leaseID string, at, endedAt time.Time) {
-	h.EndedBy(leaseID, leasebus.EventRevoked, at, endedAt)
+	h.EndedBy(leaseID, lease.EventRevoked, at, endedAt)
 }
 
 // EndedBy records that the service ended leaseID with an end of type typ
@@ -114,7 +114,7 @@ func (h *History) Released(leaseID string, endedAt time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if g, ok := h.grants[leaseID]; ok {
-		g.End = leasebus.EventRelease
+		g.End = lease.EventRelease
 		if !endedAt.IsZero() {
 			g.EndedAt = endedAt
 		}
@@ -139,7 +139,7 @@ func (h *History) Refused(attempt string) {
 
 // Audit records the audit events read from the audit stream after the run
 // (again: replaces them).
-func (h *History) Audit(evs []leasebus.AuditEvent) {
+func (h *History) Audit(evs []lease.AuditEvent) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.audit, h.auditRead = slices.Clone(evs), true

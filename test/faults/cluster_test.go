@@ -23,6 +23,7 @@ import (
 	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -35,10 +36,10 @@ const clusterRepo = "github.com/acme/faults"
 type ledger struct {
 	h         *History
 	mu        sync.Mutex
-	granted   map[string]*leasebus.Lease // by lease id
-	abandoned map[string]bool            // never renewed nor released: must be reclaimed
-	live      []string                   // granted, not yet ended by its client: revoke candidates
-	notFound  []notFound                 // revokes of acknowledged leases answered "not found"
+	granted   map[string]*lease.Lease // by lease id
+	abandoned map[string]bool         // never renewed nor released: must be reclaimed
+	live      []string                // granted, not yet ended by its client: revoke candidates
+	notFound  []notFound              // revokes of acknowledged leases answered "not found"
 	ops       map[string]int
 }
 
@@ -51,7 +52,7 @@ type notFound struct {
 }
 
 func newLedger(h *History) *ledger {
-	return &ledger{h: h, granted: map[string]*leasebus.Lease{}, abandoned: map[string]bool{}, ops: map[string]int{}}
+	return &ledger{h: h, granted: map[string]*lease.Lease{}, abandoned: map[string]bool{}, ops: map[string]int{}}
 }
 
 func (l *ledger) count(k string) {
@@ -73,7 +74,7 @@ func retryUnavailable(ctx context.Context, stats *atomic.Int64, op func() error)
 	deadline := time.Now().Add(45 * time.Second)
 	for {
 		err := op()
-		if !errors.Is(err, leasebus.ErrUnavailable) || time.Now().After(deadline) || ctx.Err() != nil {
+		if !errors.Is(err, lease.ErrUnavailable) || time.Now().After(deadline) || ctx.Err() != nil {
 			return err
 		}
 		stats.Add(1)
@@ -197,21 +198,21 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 					ttl = 2 * time.Second
 				}
 				att := fmt.Sprintf("att-%d-%d", w, op)
-				req := leasebus.AcquireRequest{Repo: clusterRepo, Scope: claim, TTL: leasebus.Duration(ttl),
-					Owner:     leasebus.Owner{TaskID: "faults", AgentID: fmt.Sprintf("agent-%d", w), AttemptID: att},
+				req := leasebus.AcquireRequest{Repo: clusterRepo, Scope: claim, TTL: lease.Duration(ttl),
+					Owner:     lease.Owner{TaskID: "faults", AgentID: fmt.Sprintf("agent-%d", w), AttemptID: att},
 					RequestID: leasebus.NewRequestID()}
 				cred := leasebus.NewCredential()
-				var l *leasebus.Lease
+				var l *lease.Lease
 				err = retryUnavailable(ctx, &unavailable, func() (err error) {
 					l, err = c.Acquire(ctx, req, cred)
 					return err
 				})
 				switch {
-				case errors.Is(err, leasebus.ErrConflict):
+				case errors.Is(err, lease.ErrConflict):
 					led.h.Refused(att)
 					led.count("refused")
 					continue
-				case errors.Is(err, leasebus.ErrUnavailable) || ctx.Err() != nil:
+				case errors.Is(err, lease.ErrUnavailable) || ctx.Err() != nil:
 					led.count("gave-up")
 					continue // its outcome is unknown: not acknowledged
 				case err != nil:
@@ -242,12 +243,12 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 					})
 					if err == nil {
 						led.count("renew")
-					} else if !errors.Is(err, leasebus.ErrLeaseLost) && !errors.Is(err, leasebus.ErrUnavailable) {
+					} else if !errors.Is(err, lease.ErrLeaseLost) && !errors.Is(err, lease.ErrUnavailable) {
 						t.Errorf("renew %s: %v", l.LeaseID, err)
 						return
 					}
 				}
-				var r *leasebus.Lease
+				var r *lease.Lease
 				err = retryUnavailable(ctx, &unavailable, func() (err error) {
 					r, err = c.Release(ctx, l.LeaseID, cred)
 					return err
@@ -258,14 +259,14 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 				}
 				led.mu.Unlock()
 				switch {
-				case err == nil && r.Status == leasebus.StatusReleased:
+				case err == nil && r.Status == lease.StatusReleased:
 					led.h.Released(l.LeaseID, r.EndedAt)
 				case err == nil:
 					led.h.Ended(l.LeaseID, r.EndedAt) // revoked meanwhile
 				}
 				if err == nil {
 					led.count("release")
-				} else if !errors.Is(err, leasebus.ErrUnavailable) {
+				} else if !errors.Is(err, lease.ErrUnavailable) {
 					t.Errorf("release %s: %v", l.LeaseID, err)
 					return
 				}
@@ -290,13 +291,13 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 			if id == "" {
 				continue
 			}
-			var r *leasebus.Lease
+			var r *lease.Lease
 			err := retryUnavailable(ctx, &unavailable, func() (err error) {
 				r, err = c.Revoke(ctx, id, "fault harness")
 				return err
 			})
 			switch {
-			case errors.Is(err, leasebus.ErrNotFound):
+			case errors.Is(err, lease.ErrNotFound):
 				// Judged against the audit at the end: was it live?
 				led.mu.Lock()
 				led.notFound = append(led.notFound, notFound{id, time.Now(), err})
@@ -305,12 +306,12 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 				t.Logf("incident: revoke %s: %v", id, err)
 				continue
 			case err != nil:
-				if !errors.Is(err, leasebus.ErrUnavailable) {
+				if !errors.Is(err, lease.ErrUnavailable) {
 					t.Errorf("revoke %s: %v", id, err)
 				}
 				continue
 			}
-			if r.Status == leasebus.StatusRevoked {
+			if r.Status == lease.StatusRevoked {
 				led.h.Revoked(id, time.Now(), r.EndedAt)
 				led.count("revoke")
 			}
@@ -472,8 +473,8 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 	for _, g := range h.Grants() {
 		repos[g.Repo] = true
 	}
-	readAll := func(ctx context.Context) ([]leasebus.AuditEvent, error) {
-		var all []leasebus.AuditEvent
+	readAll := func(ctx context.Context) ([]lease.AuditEvent, error) {
+		var all []lease.AuditEvent
 		for _, repo := range sortedKeys(repos) {
 			evs, err := readAuditFromLeader(ctx, opNC, repo)
 			if err != nil {
@@ -556,7 +557,7 @@ func checkChain(ctx context.Context, js jetstream.JetStream, repo string) (int, 
 	if err != nil {
 		return 0, err
 	}
-	subj := leasebus.AuditSubject + "." + leasebus.RepoKey(repo) + "." + leasebus.BoundaryLease
+	subj := leasebus.AuditSubject + "." + leasebus.RepoKey(repo) + "." + lease.BoundaryLease
 	var prev uint64
 	n := 0
 	for seq := uint64(1); ; {
@@ -585,16 +586,16 @@ func checkChain(ctx context.Context, js jetstream.JetStream, repo string) (int, 
 
 // checkReplay replays the service's events in audit order: fences of
 // grants strictly rise, and no grant overlaps a lease still active.
-func checkReplay(evs []leasebus.AuditEvent) error {
+func checkReplay(evs []lease.AuditEvent) error {
 	active := map[string]scope.Claim{}
 	var last uint64
 	var out []string
 	for _, ev := range evs {
-		if ev.Boundary != leasebus.BoundaryLease || ev.LeaseID == "" {
+		if ev.Boundary != lease.BoundaryLease || ev.LeaseID == "" {
 			continue
 		}
 		switch ev.Type {
-		case leasebus.EventGrant:
+		case lease.EventGrant:
 			if ev.Fence <= last {
 				out = append(out, fmt.Sprintf("grant %s fence %d after fence %d", ev.LeaseID, ev.Fence, last))
 			}
@@ -605,7 +606,7 @@ func checkReplay(evs []leasebus.AuditEvent) error {
 				}
 			}
 			active[ev.LeaseID] = ev.Scope
-		case leasebus.EventRelease, leasebus.EventRevoked, leasebus.EventReclaimed, leasebus.EventExpired:
+		case lease.EventRelease, lease.EventRevoked, lease.EventReclaimed, lease.EventExpired:
 			delete(active, ev.LeaseID)
 		}
 	}
@@ -626,11 +627,11 @@ func liveAt(h *History, id string, at time.Time) (string, bool) {
 	var granted, ended time.Time
 	var end string
 	for _, ev := range h.audit {
-		if ev.LeaseID != id || ev.Boundary != leasebus.BoundaryLease {
+		if ev.LeaseID != id || ev.Boundary != lease.BoundaryLease {
 			continue
 		}
 		switch {
-		case ev.Type == leasebus.EventGrant:
+		case ev.Type == lease.EventGrant:
 			granted = ev.Time
 		case slices.Contains(endEvents, ev.Type):
 			ended, end = ev.Time, ev.Type

@@ -24,7 +24,7 @@ import (
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/pgtest"
 	"github.com/fenceline/fenceline/internal/scope"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 // revokeTry bounds one try of "fenceline lease revoke" (see revokeNow).
@@ -152,7 +152,7 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 		crew.revokeAll("kill-9", fmt.Sprintf("round %d, right after a bus restart", r), up)
 	}
 	crew.finish()
-	if err := AwaitAudit(ctx, h, 15*time.Second, func(ctx context.Context) ([]leasebus.AuditEvent, error) {
+	if err := AwaitAudit(ctx, h, 15*time.Second, func(ctx context.Context) ([]lease.AuditEvent, error) {
 		return auditCLI(ctx, env)
 	}); err != nil {
 		t.Errorf("read the audit with lease audit: %v", err)
@@ -163,7 +163,7 @@ func TestSingleBusKillRestartRevoke(t *testing.T) {
 	if rep.Faults["kill-9"] != rounds || rep.Revokes != n*rounds || rep.Grants != n*(rounds+1) {
 		t.Errorf("want %d kills, %d revokes, %d grants: %s", rounds, n*rounds, n*(rounds+1), rep)
 	}
-	if rep.Audit[leasebus.EventGrant] < rep.Grants || rep.Audit[leasebus.EventRevoked] < rep.Revokes {
+	if rep.Audit[lease.EventGrant] < rep.Grants || rep.Audit[lease.EventRevoked] < rep.Revokes {
 		t.Errorf("want at least %d grant and %d revoked events in the audit: %s", rep.Grants, rep.Revokes, rep)
 	}
 	for _, b := range []string{"run/file", "run/postgres", "pod/file", "pod/postgres", "git/push"} {
@@ -533,8 +533,8 @@ func recordGrant(ctx context.Context, t *testing.T, env *Env, h *History, id str
 	return g
 }
 
-func showLease(ctx context.Context, env *Env, id string) (*leasebus.Lease, error) {
-	var l leasebus.Lease
+func showLease(ctx context.Context, env *Env, id string) (*lease.Lease, error) {
+	var l lease.Lease
 	err := Retry(ctx, 20*time.Millisecond, func() error {
 		out, stderr, err := env.CLI(ctx, "lease", "show", id, "--json")
 		if err != nil {
@@ -551,7 +551,7 @@ func recordEnd(ctx context.Context, env *Env, h *History, id string) {
 	l, err := showLease(ctx, env, id)
 	switch {
 	case err != nil || l.EndedAt.IsZero():
-	case l.Status == leasebus.StatusReleased:
+	case l.Status == lease.StatusReleased:
 		h.Released(id, l.EndedAt)
 	default:
 		h.Ended(id, l.EndedAt)
@@ -560,12 +560,12 @@ func recordEnd(ctx context.Context, env *Env, h *History, id string) {
 
 // auditCLI reads every audit event with "fenceline lease audit --json",
 // as an operator would (the viewer's credentials the CLI finds).
-func auditCLI(ctx context.Context, env *Env) ([]leasebus.AuditEvent, error) {
+func auditCLI(ctx context.Context, env *Env) ([]lease.AuditEvent, error) {
 	out, stderr, err := env.CLI(ctx, "lease", "audit", "--json")
 	if err != nil {
 		return nil, fmt.Errorf("lease audit: %w: %s", err, strings.TrimSpace(stderr))
 	}
-	var evs []leasebus.AuditEvent
+	var evs []lease.AuditEvent
 	if err := json.Unmarshal([]byte(out), &evs); err != nil {
 		return nil, fmt.Errorf("lease audit --json: %w", err)
 	}
@@ -587,7 +587,7 @@ func auditCLI(ctx context.Context, env *Env) ([]leasebus.AuditEvent, error) {
 // event of the end.
 func revokeNow(ctx context.Context, t *testing.T, env *Env, h *History, id, reason string) (returned, endedAt time.Time, ended string) {
 	t.Helper()
-	var l leasebus.Lease
+	var l lease.Lease
 	rctx, cancel := context.WithTimeout(ctx, 40*time.Second)
 	defer cancel()
 	err := Retry(rctx, 10*time.Millisecond, func() error {
@@ -609,12 +609,12 @@ func revokeNow(ctx context.Context, t *testing.T, env *Env, h *History, id, reas
 		t.Fatalf("lease revoke %s: %v", id, err)
 	}
 	switch l.Status {
-	case leasebus.StatusRevoked:
-		return returned, l.EndedAt, leasebus.EventRevoked
-	case leasebus.StatusReclaimed:
+	case lease.StatusRevoked:
+		return returned, l.EndedAt, lease.EventRevoked
+	case lease.StatusReclaimed:
 		h.Incident("reclaimed-before-revoke")
 		t.Logf("incident: lease revoke %s found it reclaimed at %s (%s)", id, l.EndedAt.Format(time.StampMilli), l.Reason)
-		return l.EndedAt, l.EndedAt, leasebus.EventReclaimed
+		return l.EndedAt, l.EndedAt, lease.EventReclaimed
 	}
 	t.Fatalf("lease revoke %s: the lease is %s (%s), not revoked", id, l.Status, l.Reason)
 	return
@@ -728,14 +728,14 @@ func TestChecksCatchViolations(t *testing.T) {
 		h.Write(Write{Boundary: "postgres", LeaseID: "b", Fence: 2, At: sec(11)})
 		h.Released("b", sec(20))
 		h.Refused("att-1")
-		h.Audit([]leasebus.AuditEvent{
-			{Type: leasebus.EventGrant, Boundary: leasebus.BoundaryLease, LeaseID: "a", Fence: 1},
-			{Type: leasebus.EventRevoked, Boundary: leasebus.BoundaryLease, LeaseID: "a", Fence: 1},
-			{Type: leasebus.EventGrant, Boundary: leasebus.BoundaryLease, LeaseID: "b", Fence: 2},
-			{Type: leasebus.EventGrant, Boundary: leasebus.BoundaryLease, LeaseID: "c", Fence: 3},
-			{Type: leasebus.EventRelease, Boundary: leasebus.BoundaryLease, LeaseID: "b", Fence: 2},
-			{Type: leasebus.EventRefused, Boundary: leasebus.BoundaryLease, Owner: leasebus.Owner{AttemptID: "att-1"}},
-			{Type: leasebus.EventDenied, Boundary: "postgres", LeaseID: "a", Fence: 1},
+		h.Audit([]lease.AuditEvent{
+			{Type: lease.EventGrant, Boundary: lease.BoundaryLease, LeaseID: "a", Fence: 1},
+			{Type: lease.EventRevoked, Boundary: lease.BoundaryLease, LeaseID: "a", Fence: 1},
+			{Type: lease.EventGrant, Boundary: lease.BoundaryLease, LeaseID: "b", Fence: 2},
+			{Type: lease.EventGrant, Boundary: lease.BoundaryLease, LeaseID: "c", Fence: 3},
+			{Type: lease.EventRelease, Boundary: lease.BoundaryLease, LeaseID: "b", Fence: 2},
+			{Type: lease.EventRefused, Boundary: lease.BoundaryLease, Owner: lease.Owner{AttemptID: "att-1"}},
+			{Type: lease.EventDenied, Boundary: "postgres", LeaseID: "a", Fence: 1},
 		})
 		return h
 	}
@@ -768,19 +768,19 @@ func TestChecksCatchViolations(t *testing.T) {
 			h.auditRead = false
 			h.mu.Unlock()
 		}, "audit"},
-		{"grant missing from the audit", func(h *History) { dropEvent(h, leasebus.EventGrant, "c") }, "audit"},
-		{"revoke missing from the audit", func(h *History) { dropEvent(h, leasebus.EventRevoked, "a") }, "audit"},
-		{"release missing from the audit", func(h *History) { dropEvent(h, leasebus.EventRelease, "b") }, "audit"},
+		{"grant missing from the audit", func(h *History) { dropEvent(h, lease.EventGrant, "c") }, "audit"},
+		{"revoke missing from the audit", func(h *History) { dropEvent(h, lease.EventRevoked, "a") }, "audit"},
+		{"release missing from the audit", func(h *History) { dropEvent(h, lease.EventRelease, "b") }, "audit"},
 		{"refusal missing from the audit", func(h *History) { h.Refused("att-2") }, "audit"},
 		{"abandoned lease never ends in the audit", func(h *History) { h.Abandoned("c") }, "audit"},
 		{"grant in the audit with another fence", func(h *History) {
 			h.Grant(Grant{LeaseID: "c", Repo: "r", Claim: claim("docs"), Fence: 4, GrantedAt: sec(10.2)})
 		}, "audit"},
 		{"grant twice in the audit", func(h *History) {
-			addEvent(h, leasebus.AuditEvent{Type: leasebus.EventGrant, Boundary: leasebus.BoundaryLease, LeaseID: "c", Fence: 3})
+			addEvent(h, lease.AuditEvent{Type: lease.EventGrant, Boundary: lease.BoundaryLease, LeaseID: "c", Fence: 3})
 		}, "audit"},
 		{"two ends in the audit", func(h *History) {
-			addEvent(h, leasebus.AuditEvent{Type: leasebus.EventReclaimed, Boundary: leasebus.BoundaryLease, LeaseID: "a", Fence: 1})
+			addEvent(h, lease.AuditEvent{Type: lease.EventReclaimed, Boundary: lease.BoundaryLease, LeaseID: "a", Fence: 1})
 		}, "audit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -798,11 +798,11 @@ func TestChecksCatchViolations(t *testing.T) {
 func dropEvent(h *History, typ, id string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.audit = slices.DeleteFunc(slices.Clone(h.audit), func(ev leasebus.AuditEvent) bool { return ev.Type == typ && ev.LeaseID == id })
+	h.audit = slices.DeleteFunc(slices.Clone(h.audit), func(ev lease.AuditEvent) bool { return ev.Type == typ && ev.LeaseID == id })
 }
 
 // addEvent appends ev to h's audit.
-func addEvent(h *History, ev leasebus.AuditEvent) {
+func addEvent(h *History, ev lease.AuditEvent) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.audit = append(slices.Clone(h.audit), ev)

@@ -39,6 +39,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -403,8 +404,8 @@ func (l *load) acquire(ctx context.Context, s *slot, into *Hist) bool {
 		l.errs.Add("acquire:claim")
 		return false
 	}
-	req := leasebus.AcquireRequest{Repo: s.repo, Scope: cl, TTL: leasebus.Duration(l.cfg.ttl),
-		Owner: leasebus.Owner{TaskID: "fleetbench", AgentID: fmt.Sprintf("slot-%d", s.i)}}
+	req := leasebus.AcquireRequest{Repo: s.repo, Scope: cl, TTL: lease.Duration(l.cfg.ttl),
+		Owner: lease.Owner{TaskID: "fleetbench", AgentID: fmt.Sprintf("slot-%d", s.i)}}
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	t0 := time.Now()

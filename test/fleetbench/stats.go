@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -171,18 +172,18 @@ func (k *Kinds) String() string {
 
 // kindOf names the kind of a lease operation's error for the counts.
 func kindOf(err error) string {
-	var ce *leasebus.ConflictError
+	var ce *lease.ConflictError
 	msg := err.Error()
 	switch {
 	case strings.Contains(msg, "moved on"):
 		return "cas" // the lease log moved on: another writer appended first
 	case errors.As(err, &ce):
 		return "conflict"
-	case errors.Is(err, leasebus.ErrLeaseLost):
+	case errors.Is(err, lease.ErrLeaseLost):
 		return "lost"
-	case errors.Is(err, leasebus.ErrNotOwner):
+	case errors.Is(err, lease.ErrNotOwner):
 		return "not_owner"
-	case errors.Is(err, leasebus.ErrNotFound):
+	case errors.Is(err, lease.ErrNotFound):
 		return "not_found"
 	case errors.Is(err, leasebus.ErrStoreFull), errors.Is(err, leasebus.ErrLogFull):
 		return "full"
@@ -192,7 +193,7 @@ func kindOf(err error) string {
 		return "timeout"
 	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrNoResponders):
 		return "conn"
-	case errors.Is(err, leasebus.ErrUnavailable):
+	case errors.Is(err, lease.ErrUnavailable):
 		return "unavailable"
 	}
 	return "other"

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 )
 
 func TestHistQuantiles(t *testing.T) {
@@ -83,9 +83,9 @@ func TestKinds(t *testing.T) {
 		t.Errorf("empty Kinds = %q", k.String())
 	}
 	for _, err := range []error{
-		fmt.Errorf("renew: %w: got no answer", leasebus.ErrUnavailable),
-		fmt.Errorf("writing the lease log: lease log moved on: %w", leasebus.ErrUnavailable),
-		fmt.Errorf("x: %w", leasebus.ErrLeaseLost),
+		fmt.Errorf("renew: %w: got no answer", lease.ErrUnavailable),
+		fmt.Errorf("writing the lease log: lease log moved on: %w", lease.ErrUnavailable),
+		fmt.Errorf("x: %w", lease.ErrLeaseLost),
 		errors.New("strange"),
 		fmt.Errorf("renew: %w", context.Canceled),
 	} {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -103,15 +104,15 @@ func Cycles(ctx context.Context, cs []*leasebus.Client, l Load) (*Result, error)
 			n := 0
 			for time.Now().Before(deadline) && (l.MaxCycles <= 0 || started.Add(1) <= l.MaxCycles) {
 				req := leasebus.AcquireRequest{Repo: Repo, Scope: cl,
-					Owner: leasebus.Owner{TaskID: "bench", AgentID: fmt.Sprintf("client-%d", i)},
-					TTL:   leasebus.Duration(30 * time.Second)}
+					Owner: lease.Owner{TaskID: "bench", AgentID: fmt.Sprintf("client-%d", i)},
+					TTL:   lease.Duration(30 * time.Second)}
 				if contended {
-					req.Wait = leasebus.Duration(time.Until(deadline) + time.Second)
+					req.Wait = lease.Duration(time.Until(deadline) + time.Second)
 				}
 				t0 := time.Now()
 				l, err := c.Acquire(ctx, req, cred)
 				if err != nil {
-					var ce *leasebus.ConflictError
+					var ce *lease.ConflictError
 					if errors.As(err, &ce) && ce.Waited {
 						break // the phase ended while we queued
 					}
@@ -163,7 +164,7 @@ func AcquireWithActive(ctx context.Context, c *leasebus.Client, background, n in
 	var held []string
 	for i := range background {
 		cl, _ := scope.New([]string{fmt.Sprintf("bg/%05d", i)}, false, nil)
-		l, err := c.Acquire(ctx, leasebus.AcquireRequest{Repo: Repo, Scope: cl, Owner: leasebus.Owner{TaskID: "bench-bg"}, TTL: leasebus.Duration(10 * time.Minute)}, cred)
+		l, err := c.Acquire(ctx, leasebus.AcquireRequest{Repo: Repo, Scope: cl, Owner: lease.Owner{TaskID: "bench-bg"}, TTL: lease.Duration(10 * time.Minute)}, cred)
 		if err != nil {
 			return nil, fmt.Errorf("background lease %d: %w", i, err)
 		}
@@ -179,7 +180,7 @@ func AcquireWithActive(ctx context.Context, c *leasebus.Client, background, n in
 	start := time.Now()
 	for range n {
 		t0 := time.Now()
-		l, err := c.Acquire(ctx, leasebus.AcquireRequest{Repo: Repo, Scope: cl, Owner: leasebus.Owner{TaskID: "bench-probe"}, TTL: leasebus.Duration(time.Minute)}, cred)
+		l, err := c.Acquire(ctx, leasebus.AcquireRequest{Repo: Repo, Scope: cl, Owner: lease.Owner{TaskID: "bench-probe"}, TTL: lease.Duration(time.Minute)}, cred)
 		if err != nil {
 			return nil, err
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/bustest"
 	"github.com/fenceline/fenceline/internal/testutil"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/shard"
 )
@@ -82,9 +83,9 @@ func BenchmarkShardHandOut(b *testing.B) {
 				b.Fatal(err)
 			}
 			h, err := bus.Client.AcquireAndHold(ctx, leasebus.AcquireRequest{
-				Repo: co, Workspaces: p.ShardIDs(), WorkspaceMode: leasebus.WorkspaceExclusive,
-				Owner: leasebus.Owner{TaskID: "bench", AgentID: "bench", AttemptID: leasebus.NewAttemptID()},
-				TTL:   leasebus.Duration(time.Minute),
+				Repo: co, Workspaces: p.ShardIDs(), WorkspaceMode: lease.WorkspaceExclusive,
+				Owner: lease.Owner{TaskID: "bench", AgentID: "bench", AttemptID: leasebus.NewAttemptID()},
+				TTL:   lease.Duration(time.Minute),
 			}, cred, leasebus.HoldOptions{})
 			if err != nil {
 				b.Fatal(err)

@@ -80,7 +80,7 @@ func run() error {
 		return err
 	}
 	// Play the lease service: the proxy holds only the lease's grant key.
-	rec := leasebus.Lease{LeaseID: "lease_bench", Fence: 1, Scope: claim, Status: leasebus.StatusActive}
+	rec := lease.Lease{LeaseID: "lease_bench", Fence: 1, Scope: claim, Status: lease.StatusActive}
 	if secret != nil {
 		if rec.Grants, err = lease.GrantKeysFor(&rec, nil, secret); err != nil {
 			return err
