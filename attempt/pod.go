@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/egress"
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 	"github.com/fenceline/fenceline/sidecar"
 )
 

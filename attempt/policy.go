@@ -11,8 +11,8 @@ import (
 	"strings"
 
 	"github.com/fenceline/fenceline/fsguard"
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 	"github.com/fenceline/fenceline/sidecar"
 )
 

@@ -12,8 +12,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // APIRule refuses calls of a forge's HTTP API that move refs or write

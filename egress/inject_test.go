@@ -22,9 +22,9 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/gitproxy"
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testca"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 	"github.com/fenceline/fenceline/policy"
 )
 

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/internal/repoid"
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 	"github.com/fenceline/fenceline/policy"
 )
 

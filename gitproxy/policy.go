@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // Policy is what a security team decides about pushes that rewrite or

@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 	"github.com/fenceline/fenceline/policy"
 )
 

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // Audit event types.

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // Sentinel errors callers branch on. Errors of the lease bus wrap one of

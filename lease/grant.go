@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // A storage (the git server's pre-receive hook, the Postgres trigger)

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // TestGrantKeysBindTheGrant: a grant key changes with every field the

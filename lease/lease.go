@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // Status is where a lease is in its life. Only StatusActive grants anything.

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // One holder identity shared by two runners: the attacker hears the

@@ -2,8 +2,8 @@ package leasebus
 
 import (
 	"github.com/fenceline/fenceline/internal/repoid"
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 	"github.com/fenceline/fenceline/policy"
 )
 

@@ -9,8 +9,8 @@ import (
 
 	"pgregory.net/rapid"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // The hand-written encoders and fast decoders (encode.go, decode.go) must

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // TestRecordEncodeMatchesMarshal checks the hand-assembled log record

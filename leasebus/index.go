@@ -3,8 +3,8 @@ package leasebus
 import (
 	"strings"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // claimIndex finds the active leases that could conflict with a claim

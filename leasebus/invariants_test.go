@@ -21,8 +21,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // clash reports why two active leases of one repo may not coexist, or "".

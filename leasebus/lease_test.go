@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 const repo = "github.com/acme/payments"

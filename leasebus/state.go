@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // maxEnded bounds how many ended leases a repo remembers, so a repeated

@@ -29,8 +29,8 @@ import (
 
 	"pgregory.net/rapid"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 type mLease struct {

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 	"github.com/fenceline/fenceline/policy"
 )
 

@@ -12,8 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // session is one client connection and its backend.

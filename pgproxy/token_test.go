@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/fenceline/fenceline/internal/bustest"
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 	"github.com/fenceline/fenceline/leasebus"
 )
 

@@ -3,8 +3,8 @@ package policy
 import (
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // LeaseRequest is the request of l's holder to do a on res: the agent and

@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease/scope"
 	"github.com/fenceline/fenceline/pgproxy"
 )
 

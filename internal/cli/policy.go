@@ -15,7 +15,7 @@ import (
 
 	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/internal/repoid"
-	"github.com/fenceline/fenceline/internal/scope"
+	"github.com/fenceline/fenceline/lease/scope"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/policy"
 	"github.com/fenceline/fenceline/sidecar"

@@ -3,8 +3,8 @@ package demo
 import (
 	"testing"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 func TestCheckFences(t *testing.T) {

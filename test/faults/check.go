@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // Grant is one acknowledged grant.

@@ -23,8 +23,8 @@ import (
 
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/pgtest"
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // revokeTry bounds one try of "fenceline lease revoke" (see revokeNow).

@@ -13,8 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fenceline/fenceline/internal/scope"
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
