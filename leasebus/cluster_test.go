@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -39,7 +40,7 @@ type testCluster struct {
 
 func startCluster(t *testing.T) *testCluster {
 	t.Helper()
-	ports := freePorts(t, 6)
+	ports := testutil.FreePorts(t, 6)
 	c := &testCluster{srvs: make([]*server.Server, 3)}
 	var routes []string
 	for i := range 3 {

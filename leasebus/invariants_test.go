@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -479,25 +478,6 @@ func watchChecker(t testing.TB, c *Client, repo string, chk *commitChecker, onRe
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = stop() })
-}
-
-// freePorts reserves n distinct free loopback ports and releases them.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	var ls []net.Listener
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		_ = l.Close()
-	}
-	return ports
 }
 
 func mustClaim(t testing.TB, paths []string, whole bool, tables []string) scope.Claim {

@@ -33,7 +33,7 @@ type partitionCluster struct {
 
 func startPartitionCluster(t *testing.T) *partitionCluster {
 	t.Helper()
-	ports := freePorts(t, 6)
+	ports := testutil.FreePorts(t, 6)
 	c := &partitionCluster{}
 	for i := range 3 {
 		c.urls = append(c.urls, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -129,21 +128,5 @@ func mustContain(t *testing.T, what, s string, subs ...string) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and a poller: a command
-// writes it while a test reads it.
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
+// syncBuffer is the shared buffer a command writes while a test reads.
+type syncBuffer = testutil.SyncBuffer

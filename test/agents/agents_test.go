@@ -140,7 +140,7 @@ func runStory(t *testing.T, agent string, md mode) *story {
 			args = append([]string{wrapperBin(t)}, args...)
 			env = append(env, noLandlockEnv+"=1")
 		}
-		logs := &syncBuffer{}
+		logs := &testutil.SyncBuffer{}
 		w.model.Hooks = map[string]func(context.Context) error{"revoke": w.revokeHook(logs, "LEASE LOST")}
 		p := w.start(w.co, env, logs, args...)
 		s.code = p.wait(t, bound)
@@ -149,7 +149,7 @@ func runStory(t *testing.T, agent string, md mode) *story {
 		sargs := append([]string{w.fl, "--nats", w.busURL, "sidecar", "--repo", w.repoKey(), "--ttl", "2m",
 			"--state-dir", filepath.Join(w.base, "sidecar")}, claim...)
 		sargs = append(sargs, fences...)
-		logs := &syncBuffer{}
+		logs := &testutil.SyncBuffer{}
 		sc := w.start(w.base, env, logs, sargs...)
 		if err := waitFor(t.Context(), 30*time.Second, func() error {
 			if !strings.Contains(sc.out.String(), "agent environment:") {

@@ -500,28 +500,10 @@ func (w *world) agentArgv(t *testing.T, agent string) []string {
 	return nil
 }
 
-// syncBuffer is a bytes.Buffer safe for a process's output and a test's reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // proc is a fenceline process the test started as nobody.
 type proc struct {
 	cmd         *exec.Cmd
-	out, errOut *syncBuffer
+	out, errOut *testutil.SyncBuffer
 	done        chan struct{}
 	code        int
 }
@@ -530,7 +512,7 @@ type proc struct {
 // ends first.
 func (w *world) start(dir string, env []string, tee io.Writer, argv ...string) *proc {
 	w.t.Helper()
-	p := &proc{out: &syncBuffer{}, errOut: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{out: &testutil.SyncBuffer{}, errOut: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.cmd.Dir = dir
 	p.cmd.Env = env
@@ -583,29 +565,18 @@ func (p *proc) wait(t *testing.T, d time.Duration) int {
 
 var leaseIDRE = regexp.MustCompile(`(lease_[a-z0-9]+)`)
 
-// waitFor polls f every 20ms until it returns nil or d passes.
+// waitFor polls f every 20ms until it returns nil or d passes (then it
+// returns f's last error, with why the wait ended).
 func waitFor(ctx context.Context, d time.Duration, f func() error) error {
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return testutil.Retry(ctx, 20*time.Millisecond, f)
 }
 
 // revokeHook is the script's "revoke" hook: the lease named on logs is
 // revoked as an operator would, and the hook returns once lost (a line
 // of the guard's side reporting the loss) appears there.
-func (w *world) revokeHook(logs *syncBuffer, lost string) func(context.Context) error {
+func (w *world) revokeHook(logs *testutil.SyncBuffer, lost string) func(context.Context) error {
 	return func(ctx context.Context) error {
 		m := leaseIDRE.FindStringSubmatch(logs.String())
 		if m == nil {

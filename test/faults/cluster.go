@@ -92,7 +92,7 @@ func StartCluster(t testing.TB, bin string, n int) *Cluster {
 	// One set of credentials for the whole cluster (a node would otherwise
 	// make its own), the one the test's own connections use.
 	c := &Cluster{t: t, bin: bin, creds: bustest.CredsDir(t), FenceSecrets: t.TempDir()}
-	ports := freePorts(t, 2*n)
+	ports := testutil.FreePorts(t, 2*n)
 	c.routes = make([][]*testutil.Bridge, n)
 	for i := range n {
 		c.urls = append(c.urls, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
@@ -344,25 +344,6 @@ func (c *Cluster) StreamLeader(ctx context.Context, js jetstream.JetStream, stre
 		return nil, fmt.Errorf("stream %s: leader %q is not one of the nodes", stream, info.Cluster.Leader)
 	}
 	return p, nil
-}
-
-// freePorts returns n distinct free TCP ports on 127.0.0.1.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	var lns []net.Listener
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		_ = ln.Close()
-	}
-	return ports
 }
 
 // NodeOf returns the node process that the process pid has a connection

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fenceline/fenceline/internal/testutil"
 )
 
 // watchFor is how long a revoked agent is left trying to write before it
@@ -56,10 +58,10 @@ func (c *crew) waitLanded(since time.Time) {
 	for k, l := range c.lines {
 		a := c.cur[k]
 		wctx, cancel := context.WithTimeout(c.ctx, 30*time.Second)
-		err := Retry(wctx, 20*time.Millisecond, func() error {
+		err := testutil.Retry(wctx, 20*time.Millisecond, func() error {
 			for _, p := range a.procs {
 				if p.Exited() {
-					return &permanent{fmt.Errorf("%s exited", p.Name)}
+					return testutil.Permanent(fmt.Errorf("%s exited", p.Name))
 				}
 			}
 			return l.landed(a, since)

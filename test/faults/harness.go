@@ -3,15 +3,12 @@ package faults
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,18 +21,6 @@ import (
 func Binary(t testing.TB) string {
 	t.Helper()
 	return testutil.FencelineBinary(t)
-}
-
-// FreeAddr returns a 127.0.0.1 address with a port nothing listens on now.
-func FreeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
 }
 
 // Env is what one test's fenceline processes share: the binary, the state
@@ -55,7 +40,7 @@ type Env struct {
 // NewEnv returns an Env with its own state directory and a bus address.
 func NewEnv(t testing.TB, bin string) *Env {
 	t.Helper()
-	return &Env{Bin: bin, StateHome: t.TempDir(), BusURL: "nats://" + FreeAddr(t)}
+	return &Env{Bin: bin, StateHome: t.TempDir(), BusURL: "nats://" + testutil.FreeAddr(t)}
 }
 
 // environ is the environment of a client process (with FENCELINE_NATS) or
@@ -91,8 +76,8 @@ func (e *Env) CLI(ctx context.Context, args ...string) (stdout, stderr string, e
 type Proc struct {
 	Name   string
 	cmd    *exec.Cmd
-	out    syncBuffer
-	errOut syncBuffer
+	out    testutil.SyncBuffer
+	errOut testutil.SyncBuffer
 	done   chan struct{}
 	state  *os.ProcessState // set before done is closed
 }
@@ -261,9 +246,9 @@ func (b *Bus) Start() {
 
 // WaitReady polls `fenceline lease list` until the lease service answers.
 func (b *Bus) WaitReady(ctx context.Context) error {
-	return Retry(ctx, 20*time.Millisecond, func() error {
+	return testutil.Retry(ctx, 20*time.Millisecond, func() error {
 		if b.proc.Exited() {
-			return &permanent{fmt.Errorf("the bus exited:\n%s", b.proc.Stderr())}
+			return testutil.Permanent(fmt.Errorf("the bus exited:\n%s", b.proc.Stderr()))
 		}
 		_, stderr, err := b.env.CLI(ctx, "lease", "list", "--json")
 		if err != nil {
@@ -296,50 +281,6 @@ func (b *Bus) Stop() {
 
 // Stderr is the current bus process's log.
 func (b *Bus) Stderr() string { return b.proc.Stderr() }
-
-// permanent stops Retry at once.
-type permanent struct{ err error }
-
-func (p *permanent) Error() string { return p.err.Error() }
-
-// Retry calls f every interval until it returns nil, returns a permanent
-// error, or ctx ends (then it returns f's last error).
-func Retry(ctx context.Context, interval time.Duration, f func() error) error {
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		var p *permanent
-		if errors.As(err, &p) {
-			return p.err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
-		case <-time.After(interval):
-		}
-	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a process writing and a test
-// reading.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // parseNanos reads a decimal count of nanoseconds since the Unix epoch.
 func parseNanos(s string) (time.Time, error) {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/pgtest"
+	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/lease/scope"
 )
@@ -470,13 +471,13 @@ func awaitOutput(ctx context.Context, p *Proc, out func() string, re *regexp.Reg
 	var got string
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	err := Retry(wctx, 10*time.Millisecond, func() error {
+	err := testutil.Retry(wctx, 10*time.Millisecond, func() error {
 		if m := re.FindStringSubmatch(out()); m != nil {
 			got = m[1]
 			return nil
 		}
 		if p.Exited() {
-			return &permanent{fmt.Errorf("%s %w", p.Name, errExited)}
+			return testutil.Permanent(fmt.Errorf("%s %w", p.Name, errExited))
 		}
 		return fmt.Errorf("nothing matches %s yet", re)
 	})
@@ -535,7 +536,7 @@ func recordGrant(ctx context.Context, t *testing.T, env *Env, h *History, id str
 
 func showLease(ctx context.Context, env *Env, id string) (*lease.Lease, error) {
 	var l lease.Lease
-	err := Retry(ctx, 20*time.Millisecond, func() error {
+	err := testutil.Retry(ctx, 20*time.Millisecond, func() error {
 		out, stderr, err := env.CLI(ctx, "lease", "show", id, "--json")
 		if err != nil {
 			return fmt.Errorf("%v: %s", err, strings.TrimSpace(stderr))
@@ -590,7 +591,7 @@ func revokeNow(ctx context.Context, t *testing.T, env *Env, h *History, id, reas
 	var l lease.Lease
 	rctx, cancel := context.WithTimeout(ctx, 40*time.Second)
 	defer cancel()
-	err := Retry(rctx, 10*time.Millisecond, func() error {
+	err := testutil.Retry(rctx, 10*time.Millisecond, func() error {
 		tctx, cancel := context.WithTimeout(rctx, revokeTry)
 		defer cancel()
 		start := time.Now()
