@@ -17,6 +17,9 @@ type segMsg struct {
 	off, n   int
 	st       *Statement // Execute: the statement it runs
 	describe byte       // Describe: 'S' or 'P'
+	// changes: what it changed in the named statements and portals,
+	// for its expectation (undone if the server refuses or skips it).
+	changes []nameChange
 }
 
 // flushSegment decides the pending extended-protocol messages (up to a Sync
@@ -120,6 +123,7 @@ func (s *session) trackSegment(seg []segMsg, buf []byte, changed bool) (_ []byte
 		if err != nil {
 			return nil, nil, nil, s.fatal(err)
 		}
+		m.changes = s.takeChanged()
 	}
 	return buf, execs, read, nil
 }
@@ -144,7 +148,7 @@ func (s *session) trackParse(m *segMsg, body, buf []byte, changed bool) ([]byte,
 		m.off, m.n = len(buf), len(pw.b)
 		buf = append(buf, pw.b...)
 	}
-	s.stmts[name] = st
+	s.setName(statementNames, name, st)
 	return buf, nil
 }
 
@@ -170,7 +174,7 @@ func (s *session) trackBind(body []byte) error {
 			st = &cp
 		}
 	}
-	s.portals[portal] = st
+	s.setName(portalNames, portal, st)
 	return nil
 }
 
@@ -198,10 +202,10 @@ func (s *session) trackClose(body []byte) error {
 	}
 	name, _, _ := cstring(body[1:])
 	if body[0] == 'S' {
-		delete(s.stmts, name)
+		s.setName(statementNames, name, nil)
 		s.forgetOwnStatements(name)
 	} else {
-		delete(s.portals, name)
+		s.setName(portalNames, name, nil)
 	}
 	return nil
 }
@@ -296,8 +300,9 @@ type segWriter struct {
 	li      leaseInfo
 	w       msgBuilder
 	items   []*expect
-	refused bool // a statement was refused: the server skips to Sync
-	rwSeen  bool // an Execute runs in a transaction made writable
+	refused bool    // a statement was refused: the server skips to Sync
+	refusal *expect // the refusal's Execute, which fails
+	rwSeen  bool    // an Execute runs in a transaction made writable
 }
 
 // forwardSegment writes the decided segment (seg, its messages in buf) to
@@ -330,7 +335,9 @@ func (s *session) forwardSegment(seg []segMsg, buf []byte, li leaseInfo) error {
 func (fw *segWriter) message(i int, raw []byte) {
 	s, m := fw.s, &fw.seg[i]
 	if fw.refused {
-		// The server skips everything up to Sync after the error.
+		// The server skips everything up to Sync after the error: what
+		// the message changed is undone with the refusal.
+		fw.refusal.changes = append(fw.refusal.changes, m.changes...)
 		fw.w.b = append(fw.w.b, raw...)
 		if m.typ == 'S' {
 			fw.items = append(fw.items, &expect{kind: expSync})
@@ -343,7 +350,7 @@ func (fw *segWriter) message(i int, raw []byte) {
 	}
 	switch m.typ {
 	case 'P', 'B', 'C':
-		fw.items = append(fw.items, &expect{kind: expSingle, swallow: m.replay})
+		fw.items = append(fw.items, &expect{kind: expSingle, swallow: m.replay, changes: m.changes})
 	case 'D':
 		if m.describe == 'S' {
 			fw.items = append(fw.items, &expect{kind: expDescribeS})
@@ -357,7 +364,7 @@ func (fw *segWriter) message(i int, raw []byte) {
 			s.sim.decided, s.sim.groupRW, s.sim.spPinned = false, false, false
 		}
 	case 'E':
-		if fw.execute(m.st, raw) {
+		if fw.execute(m.st, raw, m.changes) {
 			return
 		}
 	}
@@ -386,7 +393,7 @@ func (fw *segWriter) startTxn(i int) {
 // transaction it runs in, and reports whether it wrote the message itself:
 // refused (the refusal in its place), followed by its write check, or
 // followed by a chained block's new token. Otherwise the caller forwards it.
-func (fw *segWriter) execute(st *Statement, raw []byte) bool {
+func (fw *segWriter) execute(st *Statement, raw []byte, changes []nameChange) bool {
 	s, li := fw.s, fw.li
 	if st.Session {
 		s.sessionChanged(st)
@@ -398,10 +405,11 @@ func (fw *segWriter) execute(st *Statement, raw []byte) bool {
 	}
 	if r != nil {
 		fw.refuse(r, st)
+		fw.refusal.changes = changes
 		return true
 	}
 	s.passedDDL(st)
-	fw.items = append(fw.items, &expect{kind: expExecute})
+	fw.items = append(fw.items, &expect{kind: expExecute, changes: changes})
 	s.trackTx(st)
 	if st.WriteCheck && s.sim.groupRW {
 		// The check, in the same transaction, before the Sync that ends
@@ -426,8 +434,9 @@ func (fw *segWriter) refuse(r *refusal, st *Statement) {
 	fw.w.parse(refuseName, sql)
 	fw.w.bind("", refuseName)
 	fw.w.execute("")
+	fw.refusal = &expect{kind: expExecute}
 	fw.items = append(fw.items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true},
-		&expect{kind: expSingle, swallow: true}, &expect{kind: expExecute})
+		&expect{kind: expSingle, swallow: true}, fw.refusal)
 	fw.refused = true
 }
 

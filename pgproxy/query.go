@@ -28,7 +28,7 @@ func (s *session) handleQuery(raw []byte) error {
 		}
 		return s.forwardQuery(raw)
 	}
-	stmts, li, err := s.judgeQuery(cls, check, lookup)
+	stmts, changes, li, err := s.judgeQuery(cls, check, lookup)
 	if err != nil {
 		return err
 	}
@@ -54,7 +54,7 @@ func (s *session) handleQuery(raw []byte) error {
 			return err
 		}
 	}
-	return s.rewriteQuery(raw, sql, stmts, li)
+	return s.rewriteQuery(raw, sql, stmts, changes, li)
 }
 
 // forwardQuery forwards a Query as the client sent it.
@@ -68,30 +68,36 @@ func (s *session) forwardQuery(raw []byte) error {
 // statement it runs; a read that advances sequences, a write) and learns
 // what they need: the search path, the catalogs, a check of a lone write
 // (checkedWrite), the functions they call; then takes the lease. lookup:
-// the proxy may run queries of its own first.
-func (s *session) judgeQuery(cls *Classification, check, lookup bool) ([]*Statement, leaseInfo, error) {
-	stmts := make([]*Statement, len(cls.Stmts))
+// the proxy may run queries of its own first. changes[i] is what statement
+// i changed in the prepared statements and portals (nil when none did).
+func (s *session) judgeQuery(cls *Classification, check, lookup bool) (stmts []*Statement, changes [][]nameChange, li leaseInfo, err error) {
+	stmts = make([]*Statement, len(cls.Stmts))
 	for i := range cls.Stmts {
 		stmts[i] = s.sequenceWrite(s.resolveSQLPrepared(&cls.Stmts[i]))
+		if c := s.takeChanged(); c != nil {
+			if changes == nil {
+				changes = make([][]nameChange, len(stmts))
+			}
+			changes[i] = c
+		}
 	}
 	if err := s.needSearchPath(stmts); err != nil {
-		return nil, leaseInfo{}, err
+		return nil, nil, leaseInfo{}, err
 	}
 	writable := s.unitWritable(stmts)
 	if err := s.learnCatalog(stmts, writable || check, lookup); err != nil {
-		return nil, leaseInfo{}, err
+		return nil, nil, leaseInfo{}, err
 	}
 	if check {
-		var err error
 		if stmts[0], err = s.checkedWrite(stmts[0]); err != nil {
-			return nil, leaseInfo{}, err
+			return nil, nil, leaseInfo{}, err
 		}
 		writable = s.unitWritable(stmts)
 	}
 	for i := range stmts {
 		stmts[i] = s.judgeCalls(stmts[i], writable)
 	}
-	return stmts, s.lease(), nil
+	return stmts, changes, s.lease(), nil
 }
 
 // queryRewriter builds the text a decided Query sends Postgres: the
@@ -111,17 +117,34 @@ type queryRewriter struct {
 	pos     int         // next byte of sql not yet copied
 	changed bool        // out is not the client's text
 	rwSeen  bool        // a statement runs in a transaction made writable
+	own     *expect     // the answer of the statement last decided (or its refusal)
 }
 
 // rewriteQuery decides each of a Query's statements in the transaction it
 // runs in, up to the first refused, and forwards the Query: rewritten when
-// the fence put anything into it.
-func (s *session) rewriteQuery(raw []byte, sql string, stmts []*Statement, li leaseInfo) error {
+// the fence put anything into it, or when a statement changes the prepared
+// statements or portals (changes, see judgeQuery): each statement then has
+// an answer of its own, and what one the server refused or skipped changed
+// is undone.
+func (s *session) rewriteQuery(raw []byte, sql string, stmts []*Statement, changes [][]nameChange, li leaseInfo) error {
 	q := &queryRewriter{s: s, sql: sql, stmts: stmts, li: li, sp: s.searchPath}
 	for i := range stmts {
-		if !q.statement(i) {
-			break
+		ok := q.statement(i)
+		if changes == nil {
+			if !ok {
+				break
+			}
+			continue
 		}
+		q.changed = true
+		if ok {
+			q.own.changes = changes[i]
+			continue
+		}
+		for _, c := range changes[i:] { // refused: nothing from here on runs
+			q.own.changes = append(q.own.changes, c...)
+		}
+		break
 	}
 	if q.rwSeen && li.live() {
 		s.rw.Store(true)
@@ -186,7 +209,8 @@ func (q *queryRewriter) statement(i int) bool {
 	}
 	q.pinPath(st)
 	s.passedDDL(st)
-	q.items = append(q.items, &expect{kind: expStmt})
+	q.own = &expect{kind: expStmt}
+	q.items = append(q.items, q.own)
 	if guard != nil {
 		q.dropGuard(guard, st)
 	}
@@ -232,7 +256,8 @@ func (q *queryRewriter) authorizeGroup(i int) {
 func (q *queryRewriter) refuse(r *refusal, st *Statement) {
 	q.out.WriteString(q.sql[q.pos:st.Start])
 	q.out.WriteString(q.s.refuse(r, st, q.li, q.sql[st.Start:st.End]))
-	q.items = append(q.items, &expect{kind: expStmt})
+	q.own = &expect{kind: expStmt}
+	q.items = append(q.items, q.own)
 	q.pos = len(q.sql)
 	q.changed = true
 }

@@ -39,6 +39,10 @@ type expect struct {
 	// onError, when set, is called when the request fails (a guard of the
 	// proxy's raised: it audits the refusal), with the error's fields.
 	onError func(fields map[byte]string)
+	// changes: what the client's request changed in the named statements
+	// and portals the proxy tracks, undone if the server refuses or skips
+	// it (see names.go).
+	changes []nameChange
 }
 
 func (e *expect) endsWithZ() bool {
@@ -76,6 +80,9 @@ func (s *session) pop(ok bool) {
 	}
 	if e.endsWithZ() {
 		s.outstanding--
+	}
+	if !ok && len(e.changes) > 0 {
+		s.noteFailed(e)
 	}
 	s.qmu.Unlock()
 	if e.stmtState != nil {

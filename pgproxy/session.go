@@ -41,9 +41,9 @@ type session struct {
 	// Client-loop state.
 	txStatus    byte                  // from the last ReadyForQuery (set by the relay, read after waitIdle)
 	sim         txSim                 // what the proxy believes about the current transaction
-	stmts       map[string]*Statement // protocol-level prepared statements by name
+	stmts       map[string]*Statement // prepared statements by name (Parse and PREPARE: one namespace, see names.go)
 	portals     map[string]*Statement // portals by name
-	sqlPrep     map[string]*Statement // SQL-level PREPARE by name
+	changed     []nameChange          // changes to stmts and portals by the message being tracked (see setName)
 	searchPath  []string              // nil: unknown
 	seg         []segMsg              // pending extended-protocol messages
 	pendingSync bool                  // extended messages went out since the last Sync
@@ -98,6 +98,10 @@ type session struct {
 	idle        chan struct{}
 
 	status atomic.Uint32 // txStatus as seen by the relay
+	// failed: changes to the named statements and portals made by
+	// requests the server refused or skipped, to be undone (undoFailed);
+	// guarded by qmu.
+	failed []nameChange
 	// errSinceZ: the server sent an ErrorResponse since its last
 	// ReadyForQuery (relay only).
 	errSinceZ bool
@@ -160,7 +164,7 @@ func newSession(p *Proxy, c net.Conn) *session {
 	}
 	return &session{
 		p: p, client: c,
-		stmts: map[string]*Statement{}, portals: map[string]*Statement{}, sqlPrep: map[string]*Statement{},
+		stmts: map[string]*Statement{}, portals: map[string]*Statement{},
 		idle: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 }

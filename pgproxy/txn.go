@@ -163,6 +163,7 @@ func (s *session) beginUnit() error {
 	if s.pendingSync {
 		return nil // an extended-protocol transaction is still open
 	}
+	s.undoFailed()    // everything before is answered
 	s.rw.Store(false) // nothing in flight
 	s.txEnded = false // the next unit starts where Postgres reported
 	s.txStatus = byte(s.status.Load())
@@ -201,19 +202,29 @@ func (s *session) beginUnit() error {
 	return nil
 }
 
-// resolveSQLPrepared maps EXECUTE of a SQL-level prepared statement to the
-// statement it runs, and tracks PREPARE and DEALLOCATE.
+// resolveSQLPrepared maps EXECUTE of a prepared statement to the
+// statement it runs, and tracks PREPARE and DEALLOCATE in the namespace
+// Parse and Close use (the server has one: EXECUTE runs a statement a
+// Parse prepared, a Bind binds one PREPARE made, DEALLOCATE removes
+// either).
 func (s *session) resolveSQLPrepared(st *Statement) *Statement {
 	switch {
 	case st.Prepare != "":
-		s.sqlPrep[st.Prepare] = st.Inner
+		in := st.Inner
+		if in == nil {
+			in = &Statement{Class: ClassWrite, Opaque: true, Tag: "PrepareStmt"}
+		}
+		s.setName(statementNames, st.Prepare, in)
 	case st.Deallocate != "":
-		delete(s.sqlPrep, st.Deallocate)
+		s.setName(statementNames, st.Deallocate, nil)
 		s.forgetOwnStatements(st.Deallocate)
-	case st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt":
-		clear(s.sqlPrep)
+	case st.Tag == "DeallocateStmt": // DEALLOCATE ALL
+		s.clearNames(statementNames)
+	case st.Tag == "DiscardStmt" && st.ClientRO == -1: // DISCARD ALL: statements and portals
+		s.clearNames(statementNames)
+		s.clearNames(portalNames)
 	case st.Execute != "":
-		if in, ok := s.sqlPrep[st.Execute]; ok && in != nil {
+		if in, ok := s.stmts[st.Execute]; ok && in != nil {
 			c := *in
 			c.Start, c.End, c.Tag = st.Start, st.End, "ExecuteStmt("+in.Tag+")"
 			return &c

@@ -1,0 +1,207 @@
+package pgproxy
+
+import (
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// Prepared statements and portals are the server's: a name runs what the
+// server holds under it, whatever the client sent since. These attacks
+// each made the fence judge one statement while the server ran another (a
+// write outside the lease landed), before the fence followed the names as
+// the server does (names.go): PREPARE and Parse share one namespace; a
+// Parse, PREPARE or Bind of a name that exists fails and leaves the old
+// one; messages after an error are skipped up to Sync.
+
+const (
+	outsideWrite = "INSERT INTO other.t VALUES (41)"
+	insideWrite  = "INSERT INTO app.log (msg) VALUES ('names')"
+)
+
+// wantNoOutsideWrite: err is the fence's refusal naming the outside table,
+// and other.t is still empty.
+func wantNoOutsideWrite(t *testing.T, what string, err error) {
+	t.Helper()
+	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "other.t") {
+		t.Errorf("%s: %v, want the fence's refusal of the write to other.t (the statement the server holds)", what, err)
+	}
+	if n := otherRows(t); n != 0 {
+		t.Fatalf("%s: %d rows in other.t: the server ran a write the fence judged as another statement", what, n)
+	}
+}
+
+func TestNamesFollowTheServer(t *testing.T) {
+	smuggleSetup(t)
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_names", 0, "public.*", "app.*")})
+	ctx := ctxT(t)
+
+	t.Run("Parse over an existing name fails and keeps the old", func(t *testing.T) {
+		c := connect(t, proxyDSN(p, "agent")).PgConn()
+		if _, err := c.Prepare(ctx, "n1", outsideWrite, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Prepare(ctx, "n1", insideWrite, nil); pgCode(err) != "42P05" {
+			t.Fatalf("second Parse of n1: %v, want 42P05 as direct", err)
+		}
+		wantNoOutsideWrite(t, "Execute n1", c.ExecPrepared(ctx, "n1", nil, nil, nil).Read().Err)
+	})
+
+	t.Run("PREPARE over an existing name fails and keeps the old", func(t *testing.T) {
+		c := connect(t, proxyDSN(p, "agent"))
+		if err := simple(ctx, c, "PREPARE n2 AS "+outsideWrite); err != nil {
+			t.Fatal(err)
+		}
+		if err := simple(ctx, c, "PREPARE n2 AS "+insideWrite); pgCode(err) != "42P05" {
+			t.Fatalf("second PREPARE n2: %v, want 42P05 as direct", err)
+		}
+		wantNoOutsideWrite(t, "EXECUTE n2", simple(ctx, c, "EXECUTE n2"))
+	})
+
+	t.Run("a PREPARE later in a Query that failed earlier never ran", func(t *testing.T) {
+		c := connect(t, proxyDSN(p, "agent"))
+		if err := simple(ctx, c, "PREPARE n3 AS "+outsideWrite); err != nil {
+			t.Fatal(err)
+		}
+		err := simple(ctx, c, "SELECT 1/0; DEALLOCATE n3; PREPARE n3 AS "+insideWrite)
+		if pgCode(err) != "22012" {
+			t.Fatalf("the Query: %v, want 22012 from its first statement", err)
+		}
+		wantNoOutsideWrite(t, "EXECUTE n3", simple(ctx, c, "EXECUTE n3"))
+	})
+
+	t.Run("DEALLOCATE and PREPARE replace a statement Parse made", func(t *testing.T) {
+		c := connect(t, proxyDSN(p, "agent"))
+		if _, err := c.PgConn().Prepare(ctx, "n4", insideWrite, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := simple(ctx, c, "DEALLOCATE n4; PREPARE n4 AS "+outsideWrite); err != nil {
+			t.Fatal(err)
+		}
+		wantNoOutsideWrite(t, "Bind/Execute n4", c.PgConn().ExecPrepared(ctx, "n4", nil, nil, nil).Read().Err)
+	})
+
+	t.Run("Close and Parse skipped after an error in the pipeline", func(t *testing.T) {
+		c := connect(t, proxyDSN(p, "agent")).PgConn()
+		if _, err := c.Prepare(ctx, "n5", outsideWrite, nil); err != nil {
+			t.Fatal(err)
+		}
+		pl := c.StartPipeline(ctx)
+		pl.SendQueryParams("SELECT 1/0", nil, nil, nil, nil)
+		pl.SendDeallocate("n5")
+		pl.SendPrepare("n5", insideWrite, nil)
+		if err := pl.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		var first error
+		for {
+			r, err := pl.GetResults()
+			if err != nil {
+				if first == nil {
+					first = err
+				}
+				continue
+			}
+			if _, ok := r.(*pgconn.PipelineSync); ok {
+				break
+			}
+			if rr, ok := r.(*pgconn.ResultReader); ok {
+				if _, err := rr.Close(); err != nil && first == nil {
+					first = err
+				}
+			}
+		}
+		if err := pl.Close(); err != nil && first == nil {
+			first = err
+		}
+		if pgCode(first) != "22012" {
+			t.Fatalf("the pipeline: %v, want 22012 from its first statement", first)
+		}
+		wantNoOutsideWrite(t, "Execute n5", c.ExecPrepared(ctx, "n5", nil, nil, nil).Read().Err)
+	})
+
+	// (Inside a block, where named portals outlive a Sync; the failed Bind
+	// aborts it, and a ROLLBACK TO SAVEPOINT made before lets it go on.)
+	t.Run("Bind to a named portal that exists fails and keeps the old", func(t *testing.T) {
+		raw, err := net.Dial("tcp", p.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		raw.SetDeadline(time.Now().Add(20 * time.Second))
+		fe := pgproto3.NewFrontend(raw, raw)
+		fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersionNumber,
+			Parameters: map[string]string{"user": "agent", "database": testDB}})
+		step := func(what string, msgs ...pgproto3.FrontendMessage) string {
+			for _, m := range msgs {
+				fe.Send(m)
+			}
+			if err := fe.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			return what + ": " + answers(t, fe)
+		}
+		t.Log(step("startup"))
+		t.Log(step("begin", &pgproto3.Query{String: "BEGIN"}))
+		t.Log(step("portal p1 on the outside write",
+			&pgproto3.Parse{Name: "o", Query: outsideWrite}, &pgproto3.Bind{DestinationPortal: "p1", PreparedStatement: "o"}, &pgproto3.Sync{}))
+		t.Log(step("savepoint", &pgproto3.Query{String: "SAVEPOINT before_rebind"}))
+		if tr := step("portal p1 again, on the inside write",
+			&pgproto3.Parse{Name: "i", Query: insideWrite}, &pgproto3.Bind{DestinationPortal: "p1", PreparedStatement: "i"}, &pgproto3.Sync{}); !strings.Contains(tr, "42P03") {
+			t.Fatalf("%s: want 42P03 (portal exists) as direct", tr)
+		}
+		t.Log(step("rollback to the savepoint (p1, made before it, stays)", &pgproto3.Query{String: "ROLLBACK TO SAVEPOINT before_rebind"}))
+		tr := step("execute p1", &pgproto3.Execute{Portal: "p1"}, &pgproto3.Sync{})
+		if !strings.Contains(tr, "42501") {
+			t.Errorf("%s: want the fence's refusal (42501) of the write the portal holds", tr)
+		}
+		step("commit", &pgproto3.Query{String: "COMMIT"})
+		if n := otherRows(t); n != 0 {
+			t.Fatalf("%d rows in other.t: the server ran the portal's outside write", n)
+		}
+	})
+
+	t.Run("what direct allows still runs", func(t *testing.T) {
+		c := connect(t, proxyDSN(p, "agent"))
+		if err := simple(ctx, c, "PREPARE ok1 AS "+insideWrite); err != nil {
+			t.Fatal(err)
+		}
+		if res := c.PgConn().ExecPrepared(ctx, "ok1", nil, nil, nil).Read(); res.Err != nil || res.CommandTag.String() != "INSERT 0 1" {
+			t.Errorf("Bind/Execute of a PREPAREd in-lease write: %v %q, want INSERT 0 1 as direct", res.Err, res.CommandTag)
+		}
+		if _, err := c.PgConn().Prepare(ctx, "ok2", insideWrite, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := simple(ctx, c, "EXECUTE ok2"); err != nil {
+			t.Errorf("EXECUTE of a Parsed in-lease write: %v, want it to run as direct", err)
+		}
+		if err := simple(ctx, c, "DEALLOCATE ALL; PREPARE ok1 AS SELECT 1; EXECUTE ok1"); err != nil {
+			t.Errorf("DEALLOCATE ALL then PREPARE of a freed name: %v", err)
+		}
+	})
+}
+
+// answers reads the proxy's answers up to ReadyForQuery: their types, with
+// each error's SQLSTATE and command tag.
+func answers(t *testing.T, fe *pgproto3.Frontend) string {
+	t.Helper()
+	var out []string
+	for {
+		m, err := fe.Receive()
+		if err != nil {
+			t.Fatalf("after %v: %v", out, err)
+		}
+		switch m := m.(type) {
+		case *pgproto3.ErrorResponse:
+			out = append(out, "Error("+m.Code+": "+m.Message+")")
+		case *pgproto3.CommandComplete:
+			out = append(out, "Complete("+string(m.CommandTag)+")")
+		case *pgproto3.ReadyForQuery:
+			return strings.Join(append(out, "Ready("+string(m.TxStatus)+")"), " ")
+		}
+	}
+}
