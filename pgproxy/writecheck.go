@@ -42,9 +42,12 @@ import (
 // live lease, so it may be run as a checked write (checkedWrite decides,
 // once the calls are known). A read whose calls lookups have found builtin
 // before is not: it needs no lookup, and takes the fast path as before.
+// Nor is a DECLARE: a cursor WITH HOLD runs its query when the transaction
+// commits, after any check (a plain one needs a block, which is never
+// checked); it runs read-only, as the read it is.
 func (s *session) mayCheckWrites(st *Statement, n int, between bool) bool {
 	return n == 1 && between && !s.sim.inBlock && !s.clientRO && st != nil &&
-		st.Class == ClassRead && len(st.Calls) > 0 && st.Tx == TxNone && !st.Session &&
+		st.Class == ClassRead && len(st.Calls) > 0 && st.Tx == TxNone && !st.Session && st.Tag != "DeclareCursorStmt" &&
 		st.Forbidden == "" && st.Unsure == "" && st.Prepare == "" && !s.seenBuiltin(st) && s.lease().live()
 }
 

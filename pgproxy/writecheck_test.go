@@ -178,3 +178,31 @@ func TestFunctionFromReadInBlock(t *testing.T) {
 		t.Errorf("public.wc35_out written: %d rows", got)
 	}
 }
+
+// A read that calls user code is checked by what it wrote, after it and
+// in its transaction. DECLARE ... WITH HOLD runs its query later, when the
+// transaction commits (Postgres materializes the cursor then), after any
+// check: checked, the write landed outside the lease (other.t) while the
+// check saw nothing. It runs as the read it is instead, read-only, and
+// its write fails as it would in any read.
+func TestHoldCursorIsNotChecked(t *testing.T) {
+	smuggleSetup(t)
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_hold", 0, "public.*", "app.*")})
+	ctx := ctxT(t)
+	c := connect(t, proxyDSN(p, "agent"))
+	err := simple(ctx, c, "DECLARE hold1 CURSOR WITH HOLD FOR SELECT other.f_writes()")
+	if pgCode(err) != "25006" {
+		t.Errorf("DECLARE WITH HOLD over a writing function: %v, want 25006 (its write, at commit, in a read-only transaction)", err)
+	}
+	if n := otherRows(t); n != 0 {
+		t.Fatalf("%d rows in other.t: the cursor's query wrote outside the lease at commit, after the check", n)
+	}
+	// A cursor over a read that writes nothing still works, as direct.
+	if err := simple(ctx, c, "DECLARE hold2 CURSOR WITH HOLD FOR SELECT pg_catalog.lower('A')"); err != nil {
+		t.Fatalf("DECLARE WITH HOLD of a plain read: %v", err)
+	}
+	var v string
+	if err := c.QueryRow(ctx, "FETCH hold2").Scan(&v); err != nil || v != "a" {
+		t.Fatalf("FETCH hold2 = %q, %v; want a", v, err)
+	}
+}
