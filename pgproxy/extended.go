@@ -37,6 +37,9 @@ func (s *session) flushSegment() error {
 	if fresh {
 		// A new transaction may start here: know its state first.
 		if err := s.beginUnit(); err != nil {
+			if ce, ok := cancelled(err); ok {
+				return s.cancelSegment(ce, seg, buf)
+			}
 			return err
 		}
 	}
@@ -65,6 +68,9 @@ func (s *session) flushSegment() error {
 			return s.skipToSync(seg, buf)
 		}
 		if err := s.beginUnit(); err != nil {
+			if ce, ok := cancelled(err); ok {
+				return s.cancelSegment(ce, seg, buf)
+			}
 			return err
 		}
 		fresh = true
@@ -75,6 +81,9 @@ func (s *session) flushSegment() error {
 		s.stalled, s.stallReplay = false, s.stallReplay[:0]
 	}
 	li, err := s.judgeSegment(seg, buf, execs, read, fresh)
+	if ce, ok := cancelled(err); ok {
+		return s.cancelSegment(ce, seg, buf)
+	}
 	if err != nil {
 		return err
 	}

@@ -79,12 +79,5 @@ func (s *session) undoFailed() {
 	failed := s.failed
 	s.failed = nil
 	s.qmu.Unlock()
-	for i := len(failed) - 1; i >= 0; i-- {
-		c := failed[i]
-		if c.prev == nil {
-			delete(s.names(c.space), c.name)
-		} else {
-			s.names(c.space)[c.name] = c.prev
-		}
-	}
+	s.undo(failed)
 }

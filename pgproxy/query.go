@@ -29,6 +29,9 @@ func (s *session) handleQuery(raw []byte) error {
 		return s.forwardQuery(raw)
 	}
 	stmts, changes, li, err := s.judgeQuery(cls, check, lookup)
+	if ce, ok := cancelled(err); ok {
+		return s.cancelQuery(ce, changes)
+	}
 	if err != nil {
 		return err
 	}
@@ -46,12 +49,12 @@ func (s *session) handleQuery(raw []byte) error {
 	}
 	if between && len(stmts) == 1 {
 		if err := s.unwrapOutside(stmts[0], li); err != nil {
-			return err
+			return s.cancelOr(err, changes)
 		}
 	}
 	if li.live() && between {
 		if err := s.bindFence(); err != nil {
-			return err
+			return s.cancelOr(err, changes)
 		}
 	}
 	return s.rewriteQuery(raw, sql, stmts, changes, li)
@@ -69,7 +72,8 @@ func (s *session) forwardQuery(raw []byte) error {
 // what they need: the search path, the catalogs, a check of a lone write
 // (checkedWrite), the functions they call; then takes the lease. lookup:
 // the proxy may run queries of its own first. changes[i] is what statement
-// i changed in the prepared statements and portals (nil when none did).
+// i changed in the prepared statements and portals (nil when none did),
+// returned with an error too (a cancel undoes them).
 func (s *session) judgeQuery(cls *Classification, check, lookup bool) (stmts []*Statement, changes [][]nameChange, li leaseInfo, err error) {
 	stmts = make([]*Statement, len(cls.Stmts))
 	for i := range cls.Stmts {
@@ -82,15 +86,15 @@ func (s *session) judgeQuery(cls *Classification, check, lookup bool) (stmts []*
 		}
 	}
 	if err := s.needSearchPath(stmts); err != nil {
-		return nil, nil, leaseInfo{}, err
+		return nil, changes, leaseInfo{}, err
 	}
 	writable := s.unitWritable(stmts)
 	if err := s.learnCatalog(stmts, writable || check, lookup); err != nil {
-		return nil, nil, leaseInfo{}, err
+		return nil, changes, leaseInfo{}, err
 	}
 	if check {
 		if stmts[0], err = s.checkedWrite(stmts[0]); err != nil {
-			return nil, nil, leaseInfo{}, err
+			return nil, changes, leaseInfo{}, err
 		}
 		writable = s.unitWritable(stmts)
 	}

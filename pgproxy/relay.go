@@ -251,6 +251,10 @@ func (s *session) relayError(h *expect, raw []byte) error {
 	}
 	ended := endsSession(f)
 	switch {
+	case h.internal != nil && !ended && f['C'] == sqlstateCanceled:
+		// The client's cancel (or its statement_timeout) landed on the
+		// proxy's query: it is the client's (see cancel.go).
+		h.internal.err = &canceledError{raw: dropFields(raw, ownQueryFields), msg: f['M']}
 	case h.internal != nil && !ended:
 		h.internal.err = fmt.Errorf("%s (SQLSTATE %s)", f['M'], f['C'])
 	case ended && (h.internal != nil || h.swallow):

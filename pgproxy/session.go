@@ -358,7 +358,7 @@ func (s *session) unitMessage(what string, raw []byte, handle func([]byte) error
 		return err
 	}
 	if err := s.beginUnit(); err != nil {
-		return err
+		return s.cancelOr(err, nil)
 	}
 	return handle(raw)
 }
@@ -466,6 +466,9 @@ func (s *session) internalQuery(stmts ...string) ([][]string, error) {
 	var ended *sessionEndedError
 	if errors.As(res.err, &ended) {
 		return nil, ended
+	}
+	if ce, ok := cancelled(res.err); ok {
+		return nil, ce // the client's: never a *queryError, which callers may pass over
 	}
 	if res.err != nil {
 		return nil, &queryError{sql: sql, err: res.err}

@@ -183,21 +183,23 @@ func (s *session) beginUnit() error {
 		s.sim.decided = true
 	}
 	if s.tainted.Load() && s.txStatus != 'E' { // (in a failed block nothing runs; after it, again)
-		s.tainted.Store(false)
 		if !s.unwrapped {
 			s.p.log.Warn("default_transaction_read_only was switched off behind the proxy; switching it on again",
 				"user", s.user, "client", s.client.RemoteAddr().String())
 		}
-		s.unwrapped = false
+		// Marked done only once it is: a cancel landing on it leaves the
+		// default off, and the next unit tries again.
 		if _, err := s.internalQuery("SET default_transaction_read_only = on"); err != nil {
 			return err
 		}
+		s.tainted.Store(false)
+		s.unwrapped = false
 	}
 	if s.resetMark && s.txStatus == 'I' {
-		s.resetMark = false
 		if _, err := s.internalQuery("RESET fenceline.verified"); err != nil {
 			return err
 		}
+		s.resetMark = false
 	}
 	return nil
 }
