@@ -133,7 +133,7 @@ func (r *run) place(ctx context.Context) error {
 	}
 	att := shard.Attempt{AttemptID: l.Owner.AttemptID, TaskID: l.Owner.TaskID, AgentID: l.Owner.AgentID, HostID: l.Owner.HostID, Command: r.spec.Argv}
 	if att.AttemptID == "" {
-		att.AttemptID = leasebus.NewAttemptID()
+		att.AttemptID = lease.NewAttemptID()
 	}
 	pl, err := pr.Store.Place(ctx, pr.Pool, l, pr.Mode, att, r.spec.Holder)
 	if err != nil {

@@ -22,7 +22,7 @@ import (
 // podRequest is the lease the pod tests acquire.
 func podRequest(t *testing.T) leasebus.AcquireRequest {
 	return leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: bustest.Claim(t, "services/"+strings.ReplaceAll(t.Name(), "/", "-")),
-		Owner:       lease.Owner{TaskID: "task-" + t.Name(), AgentID: "agent", AttemptID: leasebus.NewAttemptID()},
+		Owner:       lease.Owner{TaskID: "task-" + t.Name(), AgentID: "agent", AttemptID: lease.NewAttemptID()},
 		WorkspaceID: "ws-" + strings.ReplaceAll(t.Name(), "/", "-"), WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}
 }
 

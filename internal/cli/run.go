@@ -251,7 +251,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 	if rf.attachID == "" {
 		rf.lf.repo = co.Repo
 		if rf.lf.attempt == "" {
-			rf.lf.attempt = leasebus.NewAttemptID() // the attempt record's id, when there is a pool
+			rf.lf.attempt = lease.NewAttemptID() // the attempt record's id, when there is a pool
 		}
 		if len(rf.lf.paths) == 0 && !rf.lf.wholeRepo && rf.lf.workspace == "" {
 			rf.lf.workspace = string(lease.WorkspaceExclusive) // no claim: the checkout to itself

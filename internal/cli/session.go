@@ -62,7 +62,7 @@ func (a *app) dialEphemeral(url, source, name string) (*session, error) {
 		return nil, err
 	}
 	if !leasebus.ValidIdentityName("eph-" + name) { // an --attempt of odd characters
-		name = "holder-" + leasebus.NewAttemptID()
+		name = "holder-" + lease.NewAttemptID()
 	}
 	enc, err := leasebus.Dial(url, source, bc, nats.Name("fenceline-enroll"))
 	var refused *leasebus.CredsRefusedError

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenceline/fenceline/internal/repoid"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
 )
@@ -349,7 +350,7 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	// Every flag is checked: from here on things are dialed and acquired.
 	identity := "" // attached: the lease's acquirer's credentials (the lease is bound to its identity)
 	if sf.attachID == "" {
-		identity = "sidecar-" + leasebus.NewAttemptID()
+		identity = "sidecar-" + lease.NewAttemptID()
 	}
 	s, err := a.dialHolder(identity)
 	if err != nil {

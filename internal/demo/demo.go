@@ -277,7 +277,7 @@ func demoRequest(agent, path string, ttl, wait time.Duration) (leasebus.AcquireR
 	return leasebus.AcquireRequest{
 		Repo:  Repo,
 		Scope: claim,
-		Owner: lease.Owner{TaskID: "demo", AgentID: agent, AttemptID: leasebus.NewAttemptID()},
+		Owner: lease.Owner{TaskID: "demo", AgentID: agent, AttemptID: lease.NewAttemptID()},
 		TTL:   lease.Duration(ttl),
 		Wait:  lease.Duration(wait),
 	}, nil
@@ -312,7 +312,7 @@ func (d *demo) story(ctx context.Context) error {
 			q.cred, q.sent = leasebus.NewCredential(), time.Now()
 			q.lease, q.err = d.c.Acquire(ctx, leasebus.AcquireRequest{
 				Repo: Repo, Scope: claim, TTL: lease.Duration(ttl),
-				Owner: lease.Owner{TaskID: "demo", AgentID: q.agent, AttemptID: leasebus.NewAttemptID()},
+				Owner: lease.Owner{TaskID: "demo", AgentID: q.agent, AttemptID: lease.NewAttemptID()},
 			}, q.cred)
 			if q.err == nil {
 				mu.Lock()

@@ -303,7 +303,7 @@ func (g *demoGit) agentWait(ctx context.Context, name, path string, ttl, wait ti
 func (d *demo) startAgent(ctx context.Context, name string, claim scope.Claim, ttl, wait time.Duration, cfg sidecar.Config) (*demoAgent, error) {
 	h, err := d.c.AcquireAndHold(ctx, leasebus.AcquireRequest{
 		Repo: Repo, Scope: claim, WorkspaceMode: lease.WorkspaceExclusive, WorkspaceID: "ws-" + name,
-		Owner: lease.Owner{TaskID: "demo", AgentID: name, AttemptID: leasebus.NewAttemptID()},
+		Owner: lease.Owner{TaskID: "demo", AgentID: name, AttemptID: lease.NewAttemptID()},
 		TTL:   lease.Duration(ttl), Wait: lease.Duration(wait),
 	}, leasebus.NewCredential(), leasebus.HoldOptions{})
 	if err != nil {
