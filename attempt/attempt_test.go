@@ -357,7 +357,7 @@ func TestRunConfines(t *testing.T) {
 	if !strings.Contains(said.text(), "file guard: the agent writes in in "+repo) {
 		t.Errorf("Run said:\n%s", said.text())
 	}
-	if st, _ := l.State(); st != leasebus.Held {
+	if st, _ := l.State(); st != lease.Held {
 		t.Errorf("after Run the lease is %s, want still held (releasing it is the caller's)", st)
 	}
 }

@@ -69,7 +69,7 @@ func TestAttachAndHold(t *testing.T) {
 		if v := h.Lease().Version; v <= attached.Version {
 			t.Fatalf("after a renewal the holder has v%d, attached at v%d", v, attached.Version)
 		}
-		if st, err := h.State(); st != Held {
+		if st, err := h.State(); st != lease.Held {
 			t.Fatalf("attached holder %s: %v", st, err)
 		}
 	})

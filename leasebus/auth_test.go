@@ -173,7 +173,7 @@ func TestHolderCannotRevokeOrForge(t *testing.T) {
 	}
 
 	// The holder still holds, and the service says so.
-	if st, err := h.State(); st != Held {
+	if st, err := h.State(); st != lease.Held {
 		t.Fatalf("after the forged notice the holder is %s (%v), want held", st, err)
 	}
 	got, err := b.c.Get(ctx, l.LeaseID)
@@ -354,7 +354,7 @@ func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
 		}
 		return nil
 	})
-	if st, err := h.State(); st != Held {
+	if st, err := h.State(); st != lease.Held {
 		t.Fatalf("after a forged notice through JetStream the holder is %s (%v), want held", st, err)
 	}
 	if n := seen.Load(); n != 1 {

@@ -11,23 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// HolderState is what a holder knows of its lease.
-type HolderState string
-
-const (
-	// Held: the last renewal succeeded and the holder's margin has not run out.
-	Held HolderState = "held"
-	// Unknown: the holder cannot vouch for the lease now — the bus did not
-	// answer the last renewal, the connection dropped (and the lease is not
-	// re-checked since), or a change notice said the lease ended and the
-	// service has not confirmed it yet. The lease may still be valid, but
-	// writes stop until the service answers a renewal sent after the doubt.
-	Unknown HolderState = "unknown"
-	// Lost: the service said the lease ended (released, revoked, expired,
-	// renewal refused) or the holder's own margin ran out. Terminal.
-	Lost HolderState = "lost"
-)
-
 // A holder's heartbeat defaults (HoldOptions): a service silent longer
 // than DefaultSilence (a pause, a partition, an overload) stops its writes,
 // below the one-second bound on a write after a revoke.
@@ -47,7 +30,7 @@ type HoldOptions struct {
 	// Now is the clock (default time.Now); its monotonic reading is used.
 	Now func() time.Time
 	// OnChange is called (from the holder's goroutine) on every state change.
-	OnChange func(HolderState, error)
+	OnChange func(lease.HolderState, error)
 	// OnRenew is called (from the holder's goroutine) after each renewal
 	// attempt, once its outcome is applied, with how long it took and its
 	// error (nil when renewed), for metrics. The holder sends nothing while
@@ -106,10 +89,10 @@ type Holder struct {
 	grants *GrantKeys // from the acquire or attach; never changes
 
 	mu         sync.Mutex
-	lease      lease.Lease // guarded by mu
-	state      HolderState // guarded by mu
-	err        error       // why not held; guarded by mu
-	validUntil time.Time   // monotonic; guarded by mu
+	lease      lease.Lease       // guarded by mu
+	state      lease.HolderState // guarded by mu
+	err        error             // why not held; guarded by mu
+	validUntil time.Time         // monotonic; guarded by mu
 	// epoch counts the doubts cast on the lease (notices that it ended,
 	// connection status changes); a renewal makes the holder Held only if
 	// no doubt arose since it was sent. Guarded by mu.
@@ -145,6 +128,9 @@ type Holder struct {
 	// counts from it even when a retry brings the answer. Owned by run.
 	renewSent time.Time
 }
+
+// A Holder is what a process acting under its lease sees of it.
+var _ lease.Holding = (*Holder)(nil)
 
 // AcquireAndHold acquires a lease proven by cred and starts holding it,
 // the holder's validity counting from the moment the acquire was sent: the
@@ -243,7 +229,7 @@ func (c *Client) Hold(granted *lease.Lease, cred Credential, sent time.Time, opt
 	if opts.Silence <= opts.Heartbeat {
 		return nil, fmt.Errorf("hold %s: %w: silence %s must be longer than the heartbeat %s", granted.LeaseID, lease.ErrInvalid, opts.Silence, opts.Heartbeat)
 	}
-	h := &Holder{c: c, cred: cred, opts: opts, lease: *granted, grants: granted.Grants, state: Held,
+	h := &Holder{c: c, cred: cred, opts: opts, lease: *granted, grants: granted.Grants, state: lease.Held,
 		validUntil: sent.Add(ttl - opts.Margin), lost: make(chan struct{}), heardAt: sent,
 		done: make(chan struct{}), kick: make(chan struct{}, 1), statusDone: make(chan struct{})}
 	if !granted.Active() {
@@ -317,10 +303,10 @@ func (h *Holder) Fence() (uint64, error) {
 	defer h.mu.Unlock()
 	// Unknown too: a holder that cannot reach the bus past its margin may
 	// already have been reclaimed.
-	if h.state != Lost && !h.opts.Now().Before(h.validUntil) {
+	if h.state != lease.Lost && !h.opts.Now().Before(h.validUntil) {
 		h.setLostLocked(fmt.Errorf("%w: %s not renewed within its ttl minus margin", lease.ErrLeaseLost, h.lease.LeaseID))
 	}
-	if h.state == Held {
+	if h.state == lease.Held {
 		if silent := h.opts.Now().Sub(h.heardAt); silent > h.opts.Silence {
 			// The server may be paused or cut off: a revoke's notice
 			// could not reach us. Stop, and re-check once it answers.
@@ -329,7 +315,7 @@ func (h *Holder) Fence() (uint64, error) {
 			h.poke()
 		}
 	}
-	if h.state != Held {
+	if h.state != lease.Held {
 		return 0, h.err
 	}
 	if !connected {
@@ -351,7 +337,7 @@ func (h *Holder) Remaining() time.Duration {
 }
 
 // State returns the holder's state and, unless held, why.
-func (h *Holder) State() (HolderState, error) {
+func (h *Holder) State() (lease.HolderState, error) {
 	_, _ = h.Fence() // applies the margin
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -424,24 +410,24 @@ func (h *Holder) setLost(err error) {
 }
 
 func (h *Holder) setLostLocked(err error) {
-	if h.state == Lost {
+	if h.state == lease.Lost {
 		return
 	}
-	h.state, h.err = Lost, err
+	h.state, h.err = lease.Lost, err
 	close(h.lost)
 	if h.opts.OnChange != nil {
-		go h.opts.OnChange(Lost, err) // never call out under mu
+		go h.opts.OnChange(lease.Lost, err) // never call out under mu
 	}
 }
 
-func (h *Holder) setState(st HolderState, err error) {
+func (h *Holder) setState(st lease.HolderState, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.setStateLocked(st, err)
 }
 
-func (h *Holder) setStateLocked(st HolderState, err error) {
-	if h.state == Lost {
+func (h *Holder) setStateLocked(st lease.HolderState, err error) {
+	if h.state == lease.Lost {
 		return
 	}
 	if h.state == st {
@@ -468,7 +454,7 @@ func (h *Holder) doubt(why error, recheck bool) {
 
 func (h *Holder) doubtLocked(why error) {
 	h.epoch++
-	h.setStateLocked(Unknown, why)
+	h.setStateLocked(lease.Unknown, why)
 }
 
 // poke asks run for a renewal now.
@@ -485,7 +471,7 @@ func (h *Holder) poke() {
 // writes and asks the service; only its answer makes the lease Lost.
 func (h *Holder) observe(l *lease.Lease) {
 	h.mu.Lock()
-	if h.state == Lost || l.Version <= h.lease.Version || l.Active() || l.LeaseID != h.lease.LeaseID || l.Fence != h.lease.Fence || l.Repo != h.lease.Repo {
+	if h.state == lease.Lost || l.Version <= h.lease.Version || l.Active() || l.LeaseID != h.lease.LeaseID || l.Fence != h.lease.Fence || l.Repo != h.lease.Repo {
 		h.mu.Unlock()
 		return // stale, already known, or nothing to act on
 	}
@@ -610,7 +596,7 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 	case err == nil:
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		if h.state == Lost {
+		if h.state == lease.Lost {
 			return h.opts.Interval
 		}
 		h.lease = *l
@@ -621,7 +607,7 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 			// may predate a revoke. Ask again (run was poked).
 			return h.opts.Interval
 		}
-		h.setStateLocked(Held, nil)
+		h.setStateLocked(lease.Held, nil)
 		return h.opts.Interval
 	case ctx.Err() != nil:
 		return h.opts.Interval
@@ -633,7 +619,7 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 		// and pokes run once the connection is back.
 		return min(h.opts.Interval, 250*time.Millisecond)
 	default:
-		h.setState(Unknown, fmt.Errorf("%w: %s (fence %d): the lease service did not answer the renewal: %v", lease.ErrLeaseUnknown, req.LeaseID, h.Lease().Fence, err))
+		h.setState(lease.Unknown, fmt.Errorf("%w: %s (fence %d): the lease service did not answer the renewal: %v", lease.ErrLeaseUnknown, req.LeaseID, h.Lease().Fence, err))
 		return min(h.opts.Interval, 250*time.Millisecond)
 	}
 }

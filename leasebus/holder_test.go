@@ -92,8 +92,8 @@ func TestHolderLostWithinASecondOfRevoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	changes := make(chan HolderState, 8)
-	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(l, cred, sent, HoldOptions{OnChange: func(s HolderState, _ error) { changes <- s }})
+	changes := make(chan lease.HolderState, 8)
+	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(l, cred, sent, HoldOptions{OnChange: func(s lease.HolderState, _ error) { changes <- s }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,12 +111,12 @@ func TestHolderLostWithinASecondOfRevoke(t *testing.T) {
 	if _, err := h.Fence(); !errors.Is(err, lease.ErrLeaseLost) {
 		t.Fatalf("fence after revoke: %v", err)
 	}
-	if st, err := h.State(); st != Lost || !errors.Is(err, lease.ErrLeaseLost) {
+	if st, err := h.State(); st != lease.Lost || !errors.Is(err, lease.ErrLeaseLost) {
 		t.Fatalf("state after revoke: %s %v", st, err)
 	}
 	// The notice makes it Unknown at once; the service's refusal of the
 	// re-check makes it Lost.
-	for _, want := range []HolderState{Unknown, Lost} {
+	for _, want := range []lease.HolderState{lease.Unknown, lease.Lost} {
 		select {
 		case s := <-changes:
 			if s != want {
@@ -313,9 +313,9 @@ func (w *fenceWatch) end() *time.Time {
 // and the holder is Held again with the same fence.
 func TestHolderNoticeContradictedByServiceStaysHeld(t *testing.T) {
 	b := startBus(t)
-	changes := make(chan HolderState, 8)
+	changes := make(chan lease.HolderState, 8)
 	h, l := heldLeaseFor(t, b, connect(t, b.srv.ClientURL()), "forged", time.Minute,
-		HoldOptions{OnChange: func(s HolderState, _ error) { changes <- s }})
+		HoldOptions{OnChange: func(s lease.HolderState, _ error) { changes <- s }})
 	forged := *l
 	forged.Status, forged.Version, forged.Reason = lease.StatusRevoked, l.Version+1000, "forged by a test"
 	data, err := json.Marshal(forged)
@@ -325,7 +325,7 @@ func TestHolderNoticeContradictedByServiceStaysHeld(t *testing.T) {
 	if err := b.nc.Publish(ChangedSubject(l.Repo, l.LeaseID), data); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []HolderState{Unknown, Held} {
+	for _, want := range []lease.HolderState{lease.Unknown, lease.Held} {
 		select {
 		case s := <-changes:
 			if s != want {
@@ -359,9 +359,9 @@ func TestHolderDisconnectFailsFenceAtOnce(t *testing.T) {
 	b := startBus(t)
 	proxy := startProxy(t, b.srv.Addr().String())
 	nc := connect(t, proxy.url())
-	changes := make(chan HolderState, 8)
+	changes := make(chan lease.HolderState, 8)
 	h, l := heldLeaseFor(t, b, nc, "dropped", time.Minute,
-		HoldOptions{OnChange: func(s HolderState, _ error) { changes <- s }})
+		HoldOptions{OnChange: func(s lease.HolderState, _ error) { changes <- s }})
 	if _, err := h.Fence(); err != nil {
 		t.Fatal(err)
 	}
@@ -381,14 +381,14 @@ func TestHolderDisconnectFailsFenceAtOnce(t *testing.T) {
 	}
 	select {
 	case s := <-changes:
-		if s != Unknown {
+		if s != lease.Unknown {
 			t.Fatalf("OnChange got %s, want unknown", s)
 		}
 	case <-time.After(time.Second):
 		t.Fatal("holder not unknown within 1s of the disconnect")
 	}
 	t.Logf("holder unknown %s after the cut", time.Since(cut))
-	if st, err := h.State(); st != Unknown || !errors.Is(err, lease.ErrLeaseUnknown) {
+	if st, err := h.State(); st != lease.Unknown || !errors.Is(err, lease.ErrLeaseUnknown) {
 		t.Fatalf("state with the connection down: %s %v", st, err)
 	}
 	if got, _ := b.c.Get(ctxT(t), l.LeaseID); !got.Active() {
@@ -414,7 +414,7 @@ func TestHolderRechecksAfterReconnect(t *testing.T) {
 	proxy.refuse(true)
 	proxy.cut()
 	checkFor(t, time.Second, time.Millisecond, func() error {
-		if st, _ := h.State(); st != Unknown {
+		if st, _ := h.State(); st != lease.Unknown {
 			return errors.New("not unknown yet")
 		}
 		return nil

@@ -136,7 +136,7 @@ func TestRevokeReachesHolderThroughPartition(t *testing.T) {
 	// Healed, the holder learns the revoke from the service.
 	cl.isolate(2, false)
 	checkFor(t, 60*time.Second, 50*time.Millisecond, func() error {
-		if st, err := h.State(); st != Lost {
+		if st, err := h.State(); st != lease.Lost {
 			return fmt.Errorf("holder %s, want lost after the partition healed: %v", st, err)
 		}
 		return nil

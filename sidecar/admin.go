@@ -97,8 +97,8 @@ func (c *AdminConfig) Validate() error {
 type LeaseView struct {
 	// State is held, unknown or lost; "unknown" too before the sidecar has
 	// a lease. Reason says why it is not held.
-	State  leasebus.HolderState `json:"state"`
-	Reason string               `json:"reason,omitempty"`
+	State  lease.HolderState `json:"state"`
+	Reason string            `json:"reason,omitempty"`
 	// Ready is what /readyz answers: held and not shutting down.
 	Ready bool `json:"ready"`
 	// Lease is the holder's latest copy of the record (nil before one).
@@ -122,7 +122,7 @@ type LeaseView struct {
 }
 
 // Held reports whether the view allows writes.
-func (v *LeaseView) Held() bool { return v.State == leasebus.Held }
+func (v *LeaseView) Held() bool { return v.State == lease.Held }
 
 // SettledReport is the body of POST /api/v1/settled.
 type SettledReport struct {
@@ -313,7 +313,7 @@ func (a *Admin) compute() LeaseView {
 	a.mu.Lock()
 	h, f, draining := a.holder, a.fences, a.draining
 	a.mu.Unlock()
-	v := LeaseView{State: leasebus.Unknown, Reason: "no lease yet: the sidecar is acquiring it", Fences: f}
+	v := LeaseView{State: lease.Unknown, Reason: "no lease yet: the sidecar is acquiring it", Fences: f}
 	if h != nil {
 		st, err := h.State()
 		l := h.Lease()
@@ -334,7 +334,7 @@ func (a *Admin) compute() LeaseView {
 		v.Settled = true
 	default:
 	}
-	v.Ready = v.State == leasebus.Held && draining == ""
+	v.Ready = v.State == lease.Held && draining == ""
 	if draining != "" && v.Reason == "" {
 		v.Reason = draining
 	}
@@ -437,7 +437,7 @@ func (a *Admin) viewNow() (LeaseView, <-chan struct{}) {
 	a.mu.Lock()
 	v, changed, h := a.view, a.changed, a.holder
 	a.mu.Unlock()
-	if h != nil && v.State == leasebus.Held {
+	if h != nil && v.State == lease.Held {
 		v.ValidFor = lease.Duration(h.Remaining())
 	}
 	return v, changed

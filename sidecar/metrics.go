@@ -142,7 +142,7 @@ func (m *Metrics) heldCount() float64 {
 	m.mu.Unlock()
 	n := 0
 	for _, h := range hs {
-		if st, _ := h.State(); st == leasebus.Held {
+		if st, _ := h.State(); st == lease.Held {
 			n++
 		}
 	}

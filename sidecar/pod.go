@@ -243,7 +243,7 @@ func (p *Pod) Shutdown(ctx context.Context) (*Ending, error) {
 	case p.attached:
 		p.finish(ctx, p.holder)
 		end.End = LeaseLeftToOwner
-	case st == leasebus.Lost:
+	case st == lease.Lost:
 		// A release would answer with the ended record: no release.
 		p.holder.Stop()
 		p.llog.Warn("lease had already ended: nothing to release", "err", lostErr, "settle", why)

@@ -373,7 +373,7 @@ func (a *app) finishLease(ctx context.Context, held *heldLease, say func(string)
 	switch {
 	case !held.acquired:
 		say(fmt.Sprintf("lease %s no longer renewed here (%s); its owner releases it", l.LeaseID, why))
-	case state == leasebus.Lost:
+	case state == lease.Lost:
 		say(fmt.Sprintf("lease %s ended before the agent did (%v); nothing to release", l.LeaseID, lostWhy))
 	case ferr != nil:
 		say(fmt.Sprintf("lease %s not released: %v; it expires within its ttl (%s) and is then reclaimed", l.LeaseID, ferr, l.TTL))

@@ -385,11 +385,11 @@ func (l *load) acquire(ctx context.Context, s *slot, into *Hist) bool {
 				l.errs.AddErr("renew:"+kindOf(err), err)
 			}
 		},
-		OnChange: func(st leasebus.HolderState, _ error) {
+		OnChange: func(st lease.HolderState, _ error) {
 			switch st {
-			case leasebus.Held:
+			case lease.Held:
 				state.Store(stateHeld)
-			case leasebus.Unknown:
+			case lease.Unknown:
 				state.Store(stateUnknown)
 				l.unknowns.Add(1)
 			default:
