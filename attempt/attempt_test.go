@@ -425,7 +425,7 @@ func TestRunRefusalsSayTheirCause(t *testing.T) {
 
 	t.Run("held", func(t *testing.T) {
 		l := acquire()
-		defer l.Holder.Release(context.Background())
+		defer l.Holder.Close(context.Background())
 		spec, said := runSpec(t, b, co, l, "sh", "-c", "chmod 600 out/seed; "+
 			`python3 -c 'import socket; socket.create_connection(("127.0.0.1", 9), timeout=2)' 2>/dev/null; echo ok > in/mine`)
 		res, err := Run(context.Background(), spec)

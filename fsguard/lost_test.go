@@ -149,7 +149,7 @@ func TestHolderRevokedStopsWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(holder.Stop)
+	t.Cleanup(holder.Orphan)
 
 	w := newWorktree(t)
 	p := w.policy()

@@ -117,7 +117,7 @@ func TestPushAfterReleaseRevokeAndWithoutLease(t *testing.T) {
 	srv := e.proxy(l)
 	dir := e.clone(srv.URL)
 	e.commit(dir, "x", "services/billing/x.go", "x\n")
-	if err := l.Release(ctxT(t)); err != nil {
+	if err := l.Close(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
 	mustRefuse(t, dir, "is not held", "origin", "main")

@@ -110,7 +110,7 @@ func victimHolder(t *testing.T, b *bus, interval time.Duration) (*Holder, *mailb
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(h.Stop)
+	t.Cleanup(h.Orphan)
 	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if spy.seen() == 0 {
 			return errors.New("the spy has seen none of the victim's replies yet")

@@ -122,11 +122,11 @@ func TestHolderCannotRevokeOrForge(t *testing.T) {
 	if err != nil {
 		t.Fatalf("holder acquire: %v", err)
 	}
-	h, err := hc.Hold(l, cred, sent, HoldOptions{})
+	h, err := hc.Hold(t.Context(), l, cred, sent, HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(h.Stop)
+	t.Cleanup(h.Orphan)
 	if _, err := hc.Get(ctx, l.LeaseID); err != nil {
 		t.Fatalf("holder get: %v", err)
 	}
@@ -305,11 +305,11 @@ func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := victimC.Hold(l, cred, sent, HoldOptions{})
+	h, err := victimC.Hold(t.Context(), l, cred, sent, HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(h.Stop)
+	t.Cleanup(h.Orphan)
 	var seen atomic.Int32
 	stop, err := NewClient(connectAs(t, url, RoleViewer)).Watch(repo, func(*lease.Lease) { seen.Add(1) })
 	if err != nil {

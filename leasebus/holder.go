@@ -87,6 +87,10 @@ type Holder struct {
 	cred   Credential
 	opts   HoldOptions
 	grants *GrantKeys // from the acquire or attach; never changes
+	// attached: the holder attached to a lease acquired elsewhere
+	// (AttachAndHold), which Close leaves to its owner; otherwise it
+	// acquired the lease, and Close releases it. Never changes.
+	attached bool
 
 	mu         sync.Mutex
 	lease      lease.Lease       // guarded by mu
@@ -115,6 +119,9 @@ type Holder struct {
 	cancel   context.CancelFunc
 	done     chan struct{}
 	stopOnce sync.Once
+	// closeOnce makes Close's ending happen once; closeErr is its error.
+	closeOnce sync.Once
+	closeErr  error
 	// sessionMu orders the session's answers (kept) against leaving it:
 	// once left, none applies. It is taken before mu.
 	sessionMu sync.Mutex
@@ -138,8 +145,9 @@ var _ lease.Holding = (*Holder)(nil)
 // valid. It is what Acquire then Hold does, for every caller that
 // acquires to hold. A refused acquire returns Acquire's error as is (a
 // *ConflictError on a conflict); a lease granted but not held (Hold
-// refused the options) is released before the error returns. Stop or
-// Release the holder when done.
+// refused the options) is released before the error returns. Close the
+// holder when done (it releases the lease), or Orphan it to leave the
+// lease to expire.
 //
 // The lease is bound to the client's session (AcquireRequest.Session, if
 // req names none): should this process die, the lease service reclaims it
@@ -158,7 +166,7 @@ func (c *Client) AcquireAndHold(ctx context.Context, req AcquireRequest, cred Cr
 	if err != nil {
 		return nil, err
 	}
-	h, err := c.Hold(l, cred, sent, opts)
+	h, err := c.Hold(ctx, l, cred, sent, opts)
 	if err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -177,8 +185,7 @@ func (c *Client) AcquireAndHold(ctx context.Context, req AcquireRequest, cred Cr
 // AcquireAndHold does. A refused renewal is returned wrapped: ErrNotOwner
 // for a wrong credential, ErrLeaseLost for a lease that is no longer
 // active. The lease stays its owner's: a holder that cannot start leaves
-// it as it is, and the caller Stops the holder when done (Release only to
-// end the lease for its owner).
+// it as it is, and the holder's Close only stops renewing it.
 func (c *Client) AttachAndHold(ctx context.Context, leaseID string, cred Credential, opts HoldOptions) (*Holder, error) {
 	if cred == "" {
 		return nil, fmt.Errorf("attach to %s: %w: empty credential", leaseID, lease.ErrInvalid)
@@ -200,13 +207,20 @@ func (c *Client) AttachAndHold(ctx context.Context, leaseID string, cred Credent
 	if why := notOurs(*cur, req, l); why != "" {
 		return nil, fmt.Errorf("attach to %s: %w: the answer to the renewal is not one the lease service makes for it: %s", leaseID, lease.ErrUnavailable, why)
 	}
-	return c.Hold(l, cred, sent, opts)
+	h, err := c.Hold(ctx, l, cred, sent, opts)
+	if err != nil {
+		return nil, err
+	}
+	h.attached = true
+	return h, nil
 }
 
-// Hold starts keeping lease alive. The lease must have just been acquired
-// or renewed by this process: validity starts from sent, the moment the
-// acquire or last renewal was sent. Stop or Release it when done.
-func (c *Client) Hold(granted *lease.Lease, cred Credential, sent time.Time, opts HoldOptions) (*Holder, error) {
+// Hold starts keeping granted alive, a lease this process acquired (with
+// cred): validity starts from sent, the moment the acquire (or the last
+// renewal) was sent. ctx bounds the checks Hold makes before it returns,
+// not the holding. Close the holder when done (it releases the lease), or
+// Orphan it to leave the lease to expire.
+func (c *Client) Hold(ctx context.Context, granted *lease.Lease, cred Credential, sent time.Time, opts HoldOptions) (*Holder, error) {
 	ttl := time.Duration(granted.TTL)
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -250,7 +264,7 @@ func (c *Client) Hold(granted *lease.Lease, cred Credential, sent time.Time, opt
 		// A change committed between the acquire's reply and the watch
 		// above announced itself to nobody: ask the service once, now that
 		// later notices reach us.
-		gctx, cancel := context.WithTimeout(context.Background(), max(min(opts.Interval, 2*time.Second), 100*time.Millisecond))
+		gctx, cancel := context.WithTimeout(ctx, max(min(opts.Interval, 2*time.Second), 100*time.Millisecond))
 		asked := opts.Now()
 		l, err := c.Get(gctx, granted.LeaseID)
 		cancel()
@@ -268,13 +282,14 @@ func (c *Client) Hold(granted *lease.Lease, cred Credential, sent time.Time, opt
 		// The acquire waited (in a queue, or on a slow bus): its validity,
 		// counted from when it was sent, is partly or wholly spent. Renew
 		// once now; a renewal counts from its own send.
-		rctx, cancel := context.WithTimeout(context.Background(), max(opts.Interval, time.Second))
+		rctx, cancel := context.WithTimeout(ctx, max(opts.Interval, time.Second))
 		h.renew(rctx)
 		cancel()
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	// The holding outlives the call: ctx's values, not its end.
+	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	h.cancel = cancel
-	go h.run(ctx)
+	go h.run(hctx)
 	c.session().join(h)
 	return h, nil
 }
@@ -356,10 +371,17 @@ func (h *Holder) Lease() lease.Lease {
 // Lost is closed once the lease is lost.
 func (h *Holder) Lost() <-chan struct{} { return h.lost }
 
-// Stop stops renewing without releasing: the lease then expires by its
-// TTL, or is reclaimed sooner once the session it was acquired in falls
-// silent (when this was its last holder, or its process exits).
-func (h *Holder) Stop() {
+// Attached reports whether the holder attached to a lease acquired
+// elsewhere (AttachAndHold): Close then leaves the lease to its owner.
+func (h *Holder) Attached() bool { return h.attached }
+
+// Orphan stops keeping the lease alive without releasing it: the lease
+// then expires by its TTL, or is reclaimed sooner once the session it was
+// acquired in falls silent (when this was its last holder, or its process
+// exits); Fence answers until the last renewal's validity runs out. It
+// ends a lease that must not be released yet: its agent may still write
+// (it did not report its attempt settled), or another process takes over.
+func (h *Holder) Orphan() {
 	h.stopOnce.Do(func() {
 		h.cancel()
 		<-h.done
@@ -370,25 +392,30 @@ func (h *Holder) Stop() {
 	})
 }
 
-// End ends holding the lease: its owner (owned) releases it, waiting up
-// to ReleaseTimeout even when ctx is done; a holder that attached to
-// another owner's lease only stops renewing it (its owner decides).
-func (h *Holder) End(ctx context.Context, owned bool) error {
-	if !owned {
-		h.Stop()
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeout)
-	defer cancel()
-	return h.Release(ctx)
+// Close ends holding the lease the way the holder came by it: a lease it
+// acquired is released, waiting up to ReleaseTimeout for the service's
+// answer even when ctx is done (a release that fails leaves the lease to
+// expire, and Close returns why); one it attached to (Attached) is only no
+// longer renewed, its owner decides. Either way the holder stops renewing
+// first. Only the first call ends anything; later ones return its error.
+func (h *Holder) Close(ctx context.Context) error {
+	h.closeOnce.Do(func() {
+		h.Orphan()
+		if h.attached {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeout)
+		defer cancel()
+		h.closeErr = h.release(rctx)
+	})
+	return h.closeErr
 }
 
-// ReleaseTimeout bounds End's release of a lease.
+// ReleaseTimeout bounds Close's release of a lease.
 const ReleaseTimeout = 5 * time.Second
 
-// Release stops renewing and releases the lease.
-func (h *Holder) Release(ctx context.Context) error {
-	h.Stop()
+// release releases the lease (its renewing stopped).
+func (h *Holder) release(ctx context.Context) error {
 	h.mu.Lock()
 	id, repo := h.lease.LeaseID, h.lease.Repo
 	h.mu.Unlock()

@@ -26,13 +26,13 @@ func TestHolderUnknownThenLostWhenBusUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	changes := make(chan lease.HolderState, 8)
-	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(l, cred, sent, HoldOptions{
+	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(t.Context(), l, cred, sent, HoldOptions{
 		Interval: 1500 * time.Millisecond, Margin: 1200 * time.Millisecond,
 		OnChange: func(s lease.HolderState, _ error) { changes <- s }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	// Wait for a renewal, then take the bus away right after it.
 	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if h.Lease().Version < 2 {
@@ -127,7 +127,7 @@ func TestHolderRetriedRenewalDoesNotOutliveServiceDeadline(t *testing.T) {
 	// it sends nothing more, and the service reclaims v2 at its deadline.
 	var armed atomic.Bool
 	answered, quiet := make(chan struct{}), make(chan struct{})
-	h, err := hc.Hold(l, cred, sent, HoldOptions{Interval: 400 * time.Millisecond, Margin: 300 * time.Millisecond,
+	h, err := hc.Hold(t.Context(), l, cred, sent, HoldOptions{Interval: 400 * time.Millisecond, Margin: 300 * time.Millisecond,
 		OnRenew: func(_ time.Duration, err error) {
 			if err == nil && armed.CompareAndSwap(true, false) {
 				close(answered)
@@ -137,7 +137,7 @@ func TestHolderRetriedRenewalDoesNotOutliveServiceDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	defer close(quiet)
 	holder.Store(h)
 	// The first renewal's reply is held back longer than the holder waits

@@ -40,11 +40,11 @@ func TestHolderRenewsAndFences(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(l, cred, sent, HoldOptions{})
+	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(t.Context(), l, cred, sent, HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	// For three TTLs the holder keeps the lease: every fence succeeds,
 	// the version rises, and the service's expiry is never before the
 	// holder's own validity.
@@ -67,7 +67,7 @@ func TestHolderRenewsAndFences(t *testing.T) {
 	if err != nil || !got.Active() || got.Version < h.Lease().Version {
 		t.Fatalf("service has %+v %v", got, err)
 	}
-	if err := h.Release(ctx); err != nil {
+	if err := h.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -93,11 +93,11 @@ func TestHolderLostWithinASecondOfRevoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	changes := make(chan lease.HolderState, 8)
-	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(l, cred, sent, HoldOptions{OnChange: func(s lease.HolderState, _ error) { changes <- s }})
+	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(t.Context(), l, cred, sent, HoldOptions{OnChange: func(s lease.HolderState, _ error) { changes <- s }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	start := time.Now()
 	if _, err := b.c.Revoke(ctx, l.LeaseID, "test: operator ends it"); err != nil {
 		t.Fatal(err)
@@ -241,11 +241,11 @@ func TestHoldAfterLongWaitRenewsAtOnce(t *testing.T) {
 	}
 	// As if the acquire had been sent 3 s ago and waited in the queue.
 	sent := time.Now().Add(-3 * time.Second)
-	h, err := b.c.Hold(l, cred, sent, HoldOptions{})
+	h, err := b.c.Hold(t.Context(), l, cred, sent, HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	if f, err := h.Fence(); err != nil || f != l.Fence {
 		t.Fatalf("fence right after Hold: %d, %v", f, err)
 	}
@@ -263,11 +263,11 @@ func heldLeaseFor(t *testing.T, b *bus, nc *nats.Conn, path string, ttl time.Dur
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewClient(nc).Hold(l, cred, sent, opts)
+	h, err := NewClient(nc).Hold(t.Context(), l, cred, sent, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(h.Stop)
+	t.Cleanup(h.Orphan)
 	return h, l
 }
 
@@ -549,11 +549,11 @@ func TestHolderSeesRevokeBeforeItsWatch(t *testing.T) {
 	if _, err := b.c.Revoke(ctx, l.LeaseID, "test: revoked before the holder watched"); err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(l, cred, sent, HoldOptions{})
+	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(t.Context(), l, cred, sent, HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	if _, err := h.Fence(); err == nil {
 		t.Fatal("Hold returned a holder that fences a lease revoked before it watched")
 	}
@@ -614,7 +614,7 @@ func TestAcquireAndHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	if f, err := h.Fence(); err != nil || f != h.Lease().Fence {
 		t.Fatalf("fence right after AcquireAndHold: %d, %v", f, err)
 	}

@@ -95,7 +95,7 @@ func TestRevokeReachesHolderThroughPartition(t *testing.T) {
 			NewCredential(), HoldOptions{})
 		return err
 	})
-	t.Cleanup(h.Stop)
+	t.Cleanup(h.Orphan)
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error { _, err := h.Fence(); return err })
 	id := h.Lease().LeaseID
 

@@ -366,7 +366,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(ps.Worktree.Path, "d000", "new.txt"), []byte("agent work\n"), 0o644)
 	ps.Settle(ctx, StatusSucceeded, 0)
-	if err := shared.Release(ctx); err != nil {
+	if err := shared.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
 	ex := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
@@ -391,7 +391,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 		t.Fatalf("shard after the exclusive attempt: %+v", sh)
 	}
 	// Warm: the next exclusive placement neither creates nor cleans.
-	if err := ex.Release(ctx); err != nil {
+	if err := ex.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
 	ex2 := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/policy"
 )
 
@@ -144,14 +143,14 @@ type Admin struct {
 	srv     *http.Server
 
 	mu       sync.Mutex
-	log      *slog.Logger     // guarded by mu
-	holder   *leasebus.Holder // guarded by mu
-	fences   Fences           // guarded by mu
-	draining string           // guarded by mu: why not ready though held
-	view     LeaseView        // guarded by mu: the last view published
-	changed  chan struct{}    // guarded by mu: closed and replaced on every change
-	streams  int              // guarded by mu: events streams open now
-	seen     bool             // guarded by mu: an agent wrapper connected once
+	log      *slog.Logger  // guarded by mu
+	holder   lease.Holding // guarded by mu
+	fences   Fences        // guarded by mu
+	draining string        // guarded by mu: why not ready though held
+	view     LeaseView     // guarded by mu: the last view published
+	changed  chan struct{} // guarded by mu: closed and replaced on every change
+	streams  int           // guarded by mu: events streams open now
+	seen     bool          // guarded by mu: an agent wrapper connected once
 
 	settled     chan struct{}
 	settledOnce sync.Once
@@ -235,7 +234,7 @@ func (a *Admin) URL() string { return "http://" + a.ln.Addr().String() }
 func (a *Admin) Metrics() *Metrics { return a.metrics }
 
 // SetLease makes h the lease the server reports and f the fences.
-func (a *Admin) SetLease(h *leasebus.Holder, f Fences) {
+func (a *Admin) SetLease(h lease.Holding, f Fences) {
 	a.mu.Lock()
 	a.holder, a.fences = h, f
 	a.log = LeaseLogger(a.log, h.Lease())
@@ -541,7 +540,7 @@ func (a *Admin) audit(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "fenceline: want one audit event as JSON: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	if ev.Boundary != lease.BoundaryFile || (ev.Type != lease.EventDenied && ev.Type != leasebus.EventShadowRefused) {
+	if ev.Boundary != lease.BoundaryFile || (ev.Type != lease.EventDenied && ev.Type != lease.EventShadowRefused) {
 		http.Error(w, fmt.Sprintf("fenceline: only file denials and shadow refusals are taken here, not %s %s", ev.Boundary, ev.Type), http.StatusBadRequest)
 		return
 	}

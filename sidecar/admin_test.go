@@ -113,7 +113,7 @@ func TestAdminReadinessFollowsTheLease(t *testing.T) {
 	}
 
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: bustest.Claim(t, "services/billing"),
-		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}, m.HoldOptions(leasebus.HoldOptions{}))
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}, leasebus.HoldOptions{OnRenew: m.ObserveRenew})
 	m.TrackLease(l.Holder)
 	a.SetLease(l.Holder, Fences{Git: "http://127.0.0.1:1", GitUpstream: "http://git.internal"})
 	code, body := testutil.HTTPGet(t, base+PathReadyz, "")

@@ -56,7 +56,7 @@ func NewGate(url string, grace time.Duration) *Gate {
 // Fence implements fsguard.Gate: the lease's fence while the sidecar's last
 // word says the gate's lease is held, arrived within the grace and is within
 // the validity it reported; otherwise an error wrapping
-// leasebus.ErrLeaseUnknown or leasebus.ErrLeaseLost.
+// lease.ErrLeaseUnknown or lease.ErrLeaseLost.
 func (g *Gate) Fence() (uint64, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -195,7 +195,7 @@ func (b *Bus) Acquire(t testing.TB, req leasebus.AcquireRequest, opts leasebus.H
 	if err != nil {
 		t.Fatalf("acquire and hold %s: %v", req.Scope, err)
 	}
-	t.Cleanup(h.Stop)
+	t.Cleanup(h.Orphan)
 	rec := h.Lease()
 	return &Lease{Holder: h, Record: &rec, Cred: cred}
 }

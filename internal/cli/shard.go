@@ -357,7 +357,7 @@ func (a *app) holdPoolLease(ctx context.Context, s *session, rf *runFlags, pool 
 		active, _ := s.client.List(context.WithoutCancel(ctx), req.Repo, false)
 		return nil, &poolConflict{ce: ce, pool: pool.Pool, req: req, active: active}
 	}
-	return &heldLease{holder: h, cred: cred, acquired: true}, nil
+	return &heldLease{holder: h, cred: cred}, nil
 }
 
 // poolConflict explains an attempt no shard could take: the pool's size

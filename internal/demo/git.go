@@ -161,7 +161,7 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
-	z.holder.Stop() // frozen: no more renewals
+	z.holder.Orphan() // frozen: no more renewals
 	z.sc.Close(ctx)
 	zombie := z.lease
 	frozen, err := gitproxy.New(gitproxy.Config{
@@ -283,7 +283,7 @@ func (a *demoAgent) close(ctx context.Context) {
 	if a.sc != nil {
 		a.sc.Close(ctx)
 	}
-	a.holder.Release(ctx)
+	a.holder.Close(ctx)
 }
 
 func (g *demoGit) agent(ctx context.Context, name, path string, ttl time.Duration) (*demoAgent, error) {

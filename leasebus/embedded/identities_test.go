@@ -220,7 +220,7 @@ func TestRevokeOneIdentity(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(h.Stop)
+		t.Cleanup(h.Orphan)
 		return h
 	}
 	var aRenewed, aFailed, bRenewed, bFailed atomic.Int32

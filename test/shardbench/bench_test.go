@@ -104,7 +104,7 @@ func BenchmarkShardHandOut(b *testing.B) {
 			if _, err := pl.CleanAfter(ctx); err != nil {
 				b.Fatal(err)
 			}
-			if err := h.Release(ctx); err != nil {
+			if err := h.Close(ctx); err != nil {
 				b.Fatal(err)
 			}
 		}
