@@ -357,7 +357,7 @@ func TestRunConfines(t *testing.T) {
 	if !strings.Contains(said.text(), "file guard: the agent writes in in "+repo) {
 		t.Errorf("Run said:\n%s", said.text())
 	}
-	if st, _ := l.State(); st != leasebus.Held {
+	if st, _ := l.State(); st != lease.Held {
 		t.Errorf("after Run the lease is %s, want still held (releasing it is the caller's)", st)
 	}
 }
@@ -425,7 +425,7 @@ func TestRunRefusalsSayTheirCause(t *testing.T) {
 
 	t.Run("held", func(t *testing.T) {
 		l := acquire()
-		defer l.Holder.Release(context.Background())
+		defer l.Holder.Close(context.Background())
 		spec, said := runSpec(t, b, co, l, "sh", "-c", "chmod 600 out/seed; "+
 			`python3 -c 'import socket; socket.create_connection(("127.0.0.1", 9), timeout=2)' 2>/dev/null; echo ok > in/mine`)
 		res, err := Run(context.Background(), spec)

@@ -76,6 +76,12 @@
 // it, so an attempt is settled (its record written, its shard cleaned)
 // before anyone else can be granted the workspace.
 //
+// The caller also connects to the bus: Run sees the lease as a
+// lease.Holding (Spec.Holder, a *leasebus.Holder) and the audit trail as a
+// lease.Auditor, OpenPool is handed the shard store and a lease reader,
+// and Pool.Request says in which Workspace to ask for the lease. The
+// package imports neither NATS nor package leasebus.
+//
 // # The guard's policy
 //
 // Policy turns a lease into what the kernel lets the agent write:

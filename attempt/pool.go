@@ -10,10 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/shard"
 )
 
@@ -49,19 +46,12 @@ type Pool struct {
 	settled   bool
 }
 
-// OpenPool returns the pool of repo the attempt works in, nil when the
-// repo has none (shard.ErrNoPool when use asks for commit capacity) or
-// the attempt names a workspace outside it. It first recovers the pool's
-// crashed attempts.
-func OpenPool(ctx context.Context, nc *nats.Conn, leases *leasebus.Client, repo string, use PoolUse) (*Pool, error) {
-	audit, err := leasebus.NewAuditor(nc)
-	if err != nil {
-		return nil, err
-	}
-	st, err := shard.Open(nc, shard.Config{Audit: audit})
-	if err != nil {
-		return nil, err
-	}
+// OpenPool returns the pool of repo in st, the shard store, that the
+// attempt works in: nil when the repo has none (shard.ErrNoPool when use
+// asks for commit capacity) or the attempt names a workspace outside it.
+// It first recovers the pool's crashed attempts, asking leases (the lease
+// bus) which of their leases are still active.
+func OpenPool(ctx context.Context, st *shard.Store, leases shard.Leases, repo string, use PoolUse) (*Pool, error) {
 	p, err := st.Pool(ctx, repo)
 	if errors.Is(err, shard.ErrNoPool) {
 		if use.Commit != "" {
@@ -101,22 +91,36 @@ func (p *Pool) Commits() bool {
 	return p.Mode == shard.ModeCommitSerialized || p.Mode == shard.ModeCommitExclusive
 }
 
-// Request is req aimed at the pool: the commit capacity of its shard, or
-// the first of the pool's shards that fits (the lease service picks it),
-// at most the pool's sharers to a shard.
-func (p *Pool) Request(req leasebus.AcquireRequest) leasebus.AcquireRequest {
+// Workspace is where a lease is asked for: the workspace fields of the
+// lease bus's acquire request (leasebus.AcquireRequest), which the caller
+// copies there.
+type Workspace struct {
+	// ID names one workspace.
+	ID string
+	// Candidates, instead of ID, are workspaces the lease service grants
+	// the lease in the first that fits of.
+	Candidates []string
+	// MaxSharers bounds the shared leases of the workspace (0: no bound).
+	MaxSharers int
+}
+
+// Request is w, where the attempt's lease would be asked for without the
+// pool, aimed at the pool: the commit capacity of its shard, or the first
+// of the pool's shards that fits (the lease service picks it), at most
+// the pool's sharers to a shard.
+func (p *Pool) Request(w Workspace) Workspace {
 	switch p.Mode {
 	case shard.ModeCommitSerialized:
-		req.WorkspaceID = shard.CommitWorkspace(p.commitOn)
+		w.ID = shard.CommitWorkspace(p.commitOn)
 	case shard.ModeCommitExclusive:
-		req.WorkspaceID = p.commitOn
+		w.ID = p.commitOn
 	default:
-		if req.WorkspaceID == "" {
-			req.Workspaces = p.Pool.ShardIDs()
+		if w.ID == "" {
+			w.Candidates = p.Pool.ShardIDs()
 		}
-		req.MaxSharers = p.Pool.MaxSharers
+		w.MaxSharers = p.Pool.MaxSharers
 	}
-	return req
+	return w
 }
 
 // place puts the attempt into the shard its lease was granted in: the
@@ -133,7 +137,7 @@ func (r *run) place(ctx context.Context) error {
 	}
 	att := shard.Attempt{AttemptID: l.Owner.AttemptID, TaskID: l.Owner.TaskID, AgentID: l.Owner.AgentID, HostID: l.Owner.HostID, Command: r.spec.Argv}
 	if att.AttemptID == "" {
-		att.AttemptID = leasebus.NewAttemptID()
+		att.AttemptID = lease.NewAttemptID()
 	}
 	pl, err := pr.Store.Place(ctx, pr.Pool, l, pr.Mode, att, r.spec.Holder)
 	if err != nil {

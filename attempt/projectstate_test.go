@@ -59,7 +59,7 @@ func TestRunNamesProjectSettings(t *testing.T) {
 				t.Fatal(err)
 			}
 			l := b.Acquire(t, leasebus.AcquireRequest{Repo: co.Repo, Scope: tc.claim, WorkspaceMode: tc.mode, TTL: lease.Duration(10 * time.Second)}, leasebus.HoldOptions{})
-			defer l.Holder.Release(context.Background())
+			defer l.Holder.Close(context.Background())
 			spec, said := runSpec(t, b, co, l, "sh", "-c", strings.ReplaceAll(plant, "DIR", tc.dir))
 			res, err := Run(context.Background(), spec)
 			if err != nil || res.Code != 0 {

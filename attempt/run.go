@@ -14,7 +14,6 @@ import (
 
 	"github.com/fenceline/fenceline/fsguard"
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/policy"
 	"github.com/fenceline/fenceline/shard"
 	"github.com/fenceline/fenceline/sidecar"
@@ -29,8 +28,12 @@ type Spec struct {
 	Checkout *Checkout
 	Pool     *Pool // nil: the attempt works in Checkout itself
 
-	Holder *leasebus.Holder
-	Audit  *leasebus.Auditor
+	// Holder is the lease the attempt runs under (a *leasebus.Holder),
+	// held by the caller, who ends it once Run returns.
+	Holder lease.Holding
+	// Audit records the guard's refusals and what a shadow policy would
+	// have refused (a *leasebus.Auditor; nil: none).
+	Audit lease.Auditor
 	// FencelineStateDir is fenceline's state dir (credentials, fence
 	// secrets, the sidecars' files): hidden from the agent, and where
 	// settle keeps its copies of the checkout's objects ("settle/").
@@ -91,7 +94,7 @@ func auditShadowed(ctx context.Context, audit fsguard.Auditor, l lease.Lease, sh
 		return
 	}
 	for _, s := range shadowed {
-		ev := lease.AuditEvent{Time: time.Now().UTC(), Type: leasebus.EventShadowRefused, Boundary: lease.BoundaryFile,
+		ev := lease.AuditEvent{Time: time.Now().UTC(), Type: lease.EventShadowRefused, Boundary: lease.BoundaryFile,
 			Repo: l.Repo, LeaseID: l.LeaseID, Owner: l.Owner, Scope: l.Scope, Fence: l.Fence, Reason: lease.ReasonPolicy,
 			Message: "shadow policy: the file guard would keep " + s + " unwritable; nothing was refused"}
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -144,12 +144,12 @@ func TestHolderRevokedStopsWrites(t *testing.T) {
 	}
 	cred := leasebus.NewCredential()
 	holder, err := client.AcquireAndHold(ctx, leasebus.AcquireRequest{Repo: repo, Scope: claim, WorkspaceMode: lease.WorkspaceShared,
-		Owner: lease.Owner{TaskID: "task-1", AgentID: "agent-1", AttemptID: leasebus.NewAttemptID()},
+		Owner: lease.Owner{TaskID: "task-1", AgentID: "agent-1", AttemptID: lease.NewAttemptID()},
 		TTL:   lease.Duration(30 * time.Second), RequestID: leasebus.NewRequestID()}, cred, leasebus.HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(holder.Stop)
+	t.Cleanup(holder.Orphan)
 
 	w := newWorktree(t)
 	p := w.policy()

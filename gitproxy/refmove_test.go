@@ -68,7 +68,7 @@ func TestRefMovedOntoUploadedCommit(t *testing.T) {
 			t.Fatal("a refused update landed")
 		}
 		// With the other lease gone, the same moves land.
-		if err := other.Release(ctxT(t)); err != nil {
+		if err := other.Close(ctxT(t)); err != nil {
 			t.Fatal(err)
 		}
 		mustPush(t, dir, "origin", "origin/other:refs/heads/main", "origin/other:refs/heads/copy")

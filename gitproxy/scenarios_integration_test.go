@@ -63,7 +63,7 @@ func TestExclusiveWithoutClaimYieldsToDeclaredClaims(t *testing.T) {
 	mustGit(t, dir, "reset", "--quiet", "--hard", "HEAD~1")
 	e.commit(dir, "more", "README.md", "mine again\n")
 	mustPush(t, dir, "origin", "main")
-	if err := other.Release(ctxT(t)); err != nil {
+	if err := other.Close(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
 	// With the claim gone, the same change may land.

@@ -117,7 +117,7 @@ func TestPushAfterReleaseRevokeAndWithoutLease(t *testing.T) {
 	srv := e.proxy(l)
 	dir := e.clone(srv.URL)
 	e.commit(dir, "x", "services/billing/x.go", "x\n")
-	if err := l.Release(ctxT(t)); err != nil {
+	if err := l.Close(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
 	mustRefuse(t, dir, "is not held", "origin", "main")
@@ -156,7 +156,7 @@ func TestZombiePush(t *testing.T) {
 	cred := leasebus.NewCredential()
 	zombie, err := e.bus.Client.Acquire(ctxT(t), leasebus.AcquireRequest{
 		Repo: testRepo, Scope: claim, WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Second),
-		Owner: lease.Owner{TaskID: "t", AgentID: "zombie", AttemptID: leasebus.NewAttemptID()},
+		Owner: lease.Owner{TaskID: "t", AgentID: "zombie", AttemptID: lease.NewAttemptID()},
 	}, cred)
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +171,7 @@ func TestZombiePush(t *testing.T) {
 	testutil.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		next, err = e.bus.Client.Acquire(ctxT(t), leasebus.AcquireRequest{
 			Repo: testRepo, Scope: claim, WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second),
-			Owner: lease.Owner{TaskID: "t", AgentID: "successor", AttemptID: leasebus.NewAttemptID()},
+			Owner: lease.Owner{TaskID: "t", AgentID: "successor", AttemptID: lease.NewAttemptID()},
 		}, leasebus.NewCredential())
 		return err
 	})

@@ -110,7 +110,7 @@ func victimHolder(t *testing.T, b *bus, interval time.Duration) (*Holder, *mailb
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(h.Stop)
+	t.Cleanup(h.Orphan)
 	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if spy.seen() == 0 {
 			return errors.New("the spy has seen none of the victim's replies yet")
@@ -128,7 +128,7 @@ func stays(t *testing.T, h *Holder, want lease.Lease, d time.Duration) {
 	for time.Now().Before(deadline) {
 		st, err := h.State()
 		got := h.Lease()
-		if st == Lost {
+		if st == lease.Lost {
 			t.Fatalf("the victim's holder is lost by an injected answer (the service says active): %v", err)
 		}
 		if got.LeaseID != want.LeaseID || got.Fence != want.Fence || got.Repo != want.Repo || got.Scope.String() != want.Scope.String() || got.TTL != want.TTL {

@@ -30,7 +30,7 @@ func TestAttachAndHold(t *testing.T) {
 		h, err := other.AttachAndHold(ctx, l.LeaseID, NewCredential(), HoldOptions{})
 		if !errors.Is(err, lease.ErrNotOwner) {
 			if h != nil {
-				h.Stop()
+				h.Orphan()
 			}
 			t.Fatalf("attach with another credential: %v, want %v", err, lease.ErrNotOwner)
 		}
@@ -50,7 +50,7 @@ func TestAttachAndHold(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer h.Stop()
+		defer h.Orphan()
 		attached := h.Lease()
 		if attached.LeaseID != l.LeaseID || attached.Version <= l.Version {
 			t.Fatalf("attached to %s v%d, want %s after v%d (the proving renewal)", attached.LeaseID, attached.Version, l.LeaseID, l.Version)
@@ -69,7 +69,7 @@ func TestAttachAndHold(t *testing.T) {
 		if v := h.Lease().Version; v <= attached.Version {
 			t.Fatalf("after a renewal the holder has v%d, attached at v%d", v, attached.Version)
 		}
-		if st, err := h.State(); st != Held {
+		if st, err := h.State(); st != lease.Held {
 			t.Fatalf("attached holder %s: %v", st, err)
 		}
 	})
@@ -81,7 +81,7 @@ func TestAttachAndHold(t *testing.T) {
 		h, err := other.AttachAndHold(ctx, l.LeaseID, cred, HoldOptions{})
 		if !errors.Is(err, lease.ErrLeaseLost) {
 			if h != nil {
-				h.Stop()
+				h.Orphan()
 			}
 			t.Fatalf("attach to a released lease: %v, want %v", err, lease.ErrLeaseLost)
 		}

@@ -122,11 +122,11 @@ func TestHolderCannotRevokeOrForge(t *testing.T) {
 	if err != nil {
 		t.Fatalf("holder acquire: %v", err)
 	}
-	h, err := hc.Hold(l, cred, sent, HoldOptions{})
+	h, err := hc.Hold(t.Context(), l, cred, sent, HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(h.Stop)
+	t.Cleanup(h.Orphan)
 	if _, err := hc.Get(ctx, l.LeaseID); err != nil {
 		t.Fatalf("holder get: %v", err)
 	}
@@ -173,7 +173,7 @@ func TestHolderCannotRevokeOrForge(t *testing.T) {
 	}
 
 	// The holder still holds, and the service says so.
-	if st, err := h.State(); st != Held {
+	if st, err := h.State(); st != lease.Held {
 		t.Fatalf("after the forged notice the holder is %s (%v), want held", st, err)
 	}
 	got, err := b.c.Get(ctx, l.LeaseID)
@@ -305,11 +305,11 @@ func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := victimC.Hold(l, cred, sent, HoldOptions{})
+	h, err := victimC.Hold(t.Context(), l, cred, sent, HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(h.Stop)
+	t.Cleanup(h.Orphan)
 	var seen atomic.Int32
 	stop, err := NewClient(connectAs(t, url, RoleViewer)).Watch(repo, func(*lease.Lease) { seen.Add(1) })
 	if err != nil {
@@ -354,7 +354,7 @@ func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
 		}
 		return nil
 	})
-	if st, err := h.State(); st != Held {
+	if st, err := h.State(); st != lease.Held {
 		t.Fatalf("after a forged notice through JetStream the holder is %s (%v), want held", st, err)
 	}
 	if n := seen.Load(); n != 1 {

@@ -67,11 +67,11 @@ func TestGrantKeysOnlyToTheAcquirer(t *testing.T) {
 	if l.Grants == nil || !bytes.Equal(l.Grants.Git, want.Git) || !bytes.Equal(l.Grants.Postgres, want.Postgres) {
 		t.Fatalf("acquire answered grant keys %+v, want %+v", l.Grants, want)
 	}
-	h, err := acquirer.Hold(l, cred, time.Now(), HoldOptions{})
+	h, err := acquirer.Hold(t.Context(), l, cred, time.Now(), HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	if g := h.GrantKeys(); g == nil || !bytes.Equal(g.Git, want.Git) {
 		t.Fatalf("the holder keeps grant keys %+v, want %+v", g, want)
 	}
@@ -81,7 +81,7 @@ func TestGrantKeysOnlyToTheAcquirer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ah.Stop()
+	defer ah.Orphan()
 	if g := ah.GrantKeys(); g == nil || !bytes.Equal(g.Git, want.Git) || !bytes.Equal(g.Postgres, want.Postgres) {
 		t.Fatalf("attach got grant keys %+v, want %+v", g, want)
 	}

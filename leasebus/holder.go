@@ -11,23 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// HolderState is what a holder knows of its lease.
-type HolderState string
-
-const (
-	// Held: the last renewal succeeded and the holder's margin has not run out.
-	Held HolderState = "held"
-	// Unknown: the holder cannot vouch for the lease now — the bus did not
-	// answer the last renewal, the connection dropped (and the lease is not
-	// re-checked since), or a change notice said the lease ended and the
-	// service has not confirmed it yet. The lease may still be valid, but
-	// writes stop until the service answers a renewal sent after the doubt.
-	Unknown HolderState = "unknown"
-	// Lost: the service said the lease ended (released, revoked, expired,
-	// renewal refused) or the holder's own margin ran out. Terminal.
-	Lost HolderState = "lost"
-)
-
 // A holder's heartbeat defaults (HoldOptions): a service silent longer
 // than DefaultSilence (a pause, a partition, an overload) stops its writes,
 // below the one-second bound on a write after a revoke.
@@ -47,7 +30,7 @@ type HoldOptions struct {
 	// Now is the clock (default time.Now); its monotonic reading is used.
 	Now func() time.Time
 	// OnChange is called (from the holder's goroutine) on every state change.
-	OnChange func(HolderState, error)
+	OnChange func(lease.HolderState, error)
 	// OnRenew is called (from the holder's goroutine) after each renewal
 	// attempt, once its outcome is applied, with how long it took and its
 	// error (nil when renewed), for metrics. The holder sends nothing while
@@ -104,12 +87,16 @@ type Holder struct {
 	cred   Credential
 	opts   HoldOptions
 	grants *GrantKeys // from the acquire or attach; never changes
+	// attached: the holder attached to a lease acquired elsewhere
+	// (AttachAndHold), which Close leaves to its owner; otherwise it
+	// acquired the lease, and Close releases it. Never changes.
+	attached bool
 
 	mu         sync.Mutex
-	lease      lease.Lease // guarded by mu
-	state      HolderState // guarded by mu
-	err        error       // why not held; guarded by mu
-	validUntil time.Time   // monotonic; guarded by mu
+	lease      lease.Lease       // guarded by mu
+	state      lease.HolderState // guarded by mu
+	err        error             // why not held; guarded by mu
+	validUntil time.Time         // monotonic; guarded by mu
 	// epoch counts the doubts cast on the lease (notices that it ended,
 	// connection status changes); a renewal makes the holder Held only if
 	// no doubt arose since it was sent. Guarded by mu.
@@ -132,6 +119,9 @@ type Holder struct {
 	cancel   context.CancelFunc
 	done     chan struct{}
 	stopOnce sync.Once
+	// closeOnce makes Close's ending happen once; closeErr is its error.
+	closeOnce sync.Once
+	closeErr  error
 	// sessionMu orders the session's answers (kept) against leaving it:
 	// once left, none applies. It is taken before mu.
 	sessionMu sync.Mutex
@@ -146,14 +136,18 @@ type Holder struct {
 	renewSent time.Time
 }
 
+// A Holder is what a process acting under its lease sees of it.
+var _ lease.Holding = (*Holder)(nil)
+
 // AcquireAndHold acquires a lease proven by cred and starts holding it,
 // the holder's validity counting from the moment the acquire was sent: the
 // only start that cannot overstate how long the lease is known to be
 // valid. It is what Acquire then Hold does, for every caller that
 // acquires to hold. A refused acquire returns Acquire's error as is (a
 // *ConflictError on a conflict); a lease granted but not held (Hold
-// refused the options) is released before the error returns. Stop or
-// Release the holder when done.
+// refused the options) is released before the error returns. Close the
+// holder when done (it releases the lease), or Orphan it to leave the
+// lease to expire.
 //
 // The lease is bound to the client's session (AcquireRequest.Session, if
 // req names none): should this process die, the lease service reclaims it
@@ -172,7 +166,7 @@ func (c *Client) AcquireAndHold(ctx context.Context, req AcquireRequest, cred Cr
 	if err != nil {
 		return nil, err
 	}
-	h, err := c.Hold(l, cred, sent, opts)
+	h, err := c.Hold(ctx, l, cred, sent, opts)
 	if err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -191,8 +185,7 @@ func (c *Client) AcquireAndHold(ctx context.Context, req AcquireRequest, cred Cr
 // AcquireAndHold does. A refused renewal is returned wrapped: ErrNotOwner
 // for a wrong credential, ErrLeaseLost for a lease that is no longer
 // active. The lease stays its owner's: a holder that cannot start leaves
-// it as it is, and the caller Stops the holder when done (Release only to
-// end the lease for its owner).
+// it as it is, and the holder's Close only stops renewing it.
 func (c *Client) AttachAndHold(ctx context.Context, leaseID string, cred Credential, opts HoldOptions) (*Holder, error) {
 	if cred == "" {
 		return nil, fmt.Errorf("attach to %s: %w: empty credential", leaseID, lease.ErrInvalid)
@@ -214,13 +207,20 @@ func (c *Client) AttachAndHold(ctx context.Context, leaseID string, cred Credent
 	if why := notOurs(*cur, req, l); why != "" {
 		return nil, fmt.Errorf("attach to %s: %w: the answer to the renewal is not one the lease service makes for it: %s", leaseID, lease.ErrUnavailable, why)
 	}
-	return c.Hold(l, cred, sent, opts)
+	h, err := c.Hold(ctx, l, cred, sent, opts)
+	if err != nil {
+		return nil, err
+	}
+	h.attached = true
+	return h, nil
 }
 
-// Hold starts keeping lease alive. The lease must have just been acquired
-// or renewed by this process: validity starts from sent, the moment the
-// acquire or last renewal was sent. Stop or Release it when done.
-func (c *Client) Hold(granted *lease.Lease, cred Credential, sent time.Time, opts HoldOptions) (*Holder, error) {
+// Hold starts keeping granted alive, a lease this process acquired (with
+// cred): validity starts from sent, the moment the acquire (or the last
+// renewal) was sent. ctx bounds the checks Hold makes before it returns,
+// not the holding. Close the holder when done (it releases the lease), or
+// Orphan it to leave the lease to expire.
+func (c *Client) Hold(ctx context.Context, granted *lease.Lease, cred Credential, sent time.Time, opts HoldOptions) (*Holder, error) {
 	ttl := time.Duration(granted.TTL)
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -243,7 +243,7 @@ func (c *Client) Hold(granted *lease.Lease, cred Credential, sent time.Time, opt
 	if opts.Silence <= opts.Heartbeat {
 		return nil, fmt.Errorf("hold %s: %w: silence %s must be longer than the heartbeat %s", granted.LeaseID, lease.ErrInvalid, opts.Silence, opts.Heartbeat)
 	}
-	h := &Holder{c: c, cred: cred, opts: opts, lease: *granted, grants: granted.Grants, state: Held,
+	h := &Holder{c: c, cred: cred, opts: opts, lease: *granted, grants: granted.Grants, state: lease.Held,
 		validUntil: sent.Add(ttl - opts.Margin), lost: make(chan struct{}), heardAt: sent,
 		done: make(chan struct{}), kick: make(chan struct{}, 1), statusDone: make(chan struct{})}
 	if !granted.Active() {
@@ -264,7 +264,7 @@ func (c *Client) Hold(granted *lease.Lease, cred Credential, sent time.Time, opt
 		// A change committed between the acquire's reply and the watch
 		// above announced itself to nobody: ask the service once, now that
 		// later notices reach us.
-		gctx, cancel := context.WithTimeout(context.Background(), max(min(opts.Interval, 2*time.Second), 100*time.Millisecond))
+		gctx, cancel := context.WithTimeout(ctx, max(min(opts.Interval, 2*time.Second), 100*time.Millisecond))
 		asked := opts.Now()
 		l, err := c.Get(gctx, granted.LeaseID)
 		cancel()
@@ -282,13 +282,14 @@ func (c *Client) Hold(granted *lease.Lease, cred Credential, sent time.Time, opt
 		// The acquire waited (in a queue, or on a slow bus): its validity,
 		// counted from when it was sent, is partly or wholly spent. Renew
 		// once now; a renewal counts from its own send.
-		rctx, cancel := context.WithTimeout(context.Background(), max(opts.Interval, time.Second))
+		rctx, cancel := context.WithTimeout(ctx, max(opts.Interval, time.Second))
 		h.renew(rctx)
 		cancel()
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	// The holding outlives the call: ctx's values, not its end.
+	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	h.cancel = cancel
-	go h.run(ctx)
+	go h.run(hctx)
 	c.session().join(h)
 	return h, nil
 }
@@ -317,10 +318,10 @@ func (h *Holder) Fence() (uint64, error) {
 	defer h.mu.Unlock()
 	// Unknown too: a holder that cannot reach the bus past its margin may
 	// already have been reclaimed.
-	if h.state != Lost && !h.opts.Now().Before(h.validUntil) {
+	if h.state != lease.Lost && !h.opts.Now().Before(h.validUntil) {
 		h.setLostLocked(fmt.Errorf("%w: %s not renewed within its ttl minus margin", lease.ErrLeaseLost, h.lease.LeaseID))
 	}
-	if h.state == Held {
+	if h.state == lease.Held {
 		if silent := h.opts.Now().Sub(h.heardAt); silent > h.opts.Silence {
 			// The server may be paused or cut off: a revoke's notice
 			// could not reach us. Stop, and re-check once it answers.
@@ -329,7 +330,7 @@ func (h *Holder) Fence() (uint64, error) {
 			h.poke()
 		}
 	}
-	if h.state != Held {
+	if h.state != lease.Held {
 		return 0, h.err
 	}
 	if !connected {
@@ -351,7 +352,7 @@ func (h *Holder) Remaining() time.Duration {
 }
 
 // State returns the holder's state and, unless held, why.
-func (h *Holder) State() (HolderState, error) {
+func (h *Holder) State() (lease.HolderState, error) {
 	_, _ = h.Fence() // applies the margin
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -370,10 +371,17 @@ func (h *Holder) Lease() lease.Lease {
 // Lost is closed once the lease is lost.
 func (h *Holder) Lost() <-chan struct{} { return h.lost }
 
-// Stop stops renewing without releasing: the lease then expires by its
-// TTL, or is reclaimed sooner once the session it was acquired in falls
-// silent (when this was its last holder, or its process exits).
-func (h *Holder) Stop() {
+// Attached reports whether the holder attached to a lease acquired
+// elsewhere (AttachAndHold): Close then leaves the lease to its owner.
+func (h *Holder) Attached() bool { return h.attached }
+
+// Orphan stops keeping the lease alive without releasing it: the lease
+// then expires by its TTL, or is reclaimed sooner once the session it was
+// acquired in falls silent (when this was its last holder, or its process
+// exits); Fence answers until the last renewal's validity runs out. It
+// ends a lease that must not be released yet: its agent may still write
+// (it did not report its attempt settled), or another process takes over.
+func (h *Holder) Orphan() {
 	h.stopOnce.Do(func() {
 		h.cancel()
 		<-h.done
@@ -384,25 +392,30 @@ func (h *Holder) Stop() {
 	})
 }
 
-// End ends holding the lease: its owner (owned) releases it, waiting up
-// to ReleaseTimeout even when ctx is done; a holder that attached to
-// another owner's lease only stops renewing it (its owner decides).
-func (h *Holder) End(ctx context.Context, owned bool) error {
-	if !owned {
-		h.Stop()
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeout)
-	defer cancel()
-	return h.Release(ctx)
+// Close ends holding the lease the way the holder came by it: a lease it
+// acquired is released, waiting up to ReleaseTimeout for the service's
+// answer even when ctx is done (a release that fails leaves the lease to
+// expire, and Close returns why); one it attached to (Attached) is only no
+// longer renewed, its owner decides. Either way the holder stops renewing
+// first. Only the first call ends anything; later ones return its error.
+func (h *Holder) Close(ctx context.Context) error {
+	h.closeOnce.Do(func() {
+		h.Orphan()
+		if h.attached {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeout)
+		defer cancel()
+		h.closeErr = h.release(rctx)
+	})
+	return h.closeErr
 }
 
-// ReleaseTimeout bounds End's release of a lease.
+// ReleaseTimeout bounds Close's release of a lease.
 const ReleaseTimeout = 5 * time.Second
 
-// Release stops renewing and releases the lease.
-func (h *Holder) Release(ctx context.Context) error {
-	h.Stop()
+// release releases the lease (its renewing stopped).
+func (h *Holder) release(ctx context.Context) error {
 	h.mu.Lock()
 	id, repo := h.lease.LeaseID, h.lease.Repo
 	h.mu.Unlock()
@@ -424,24 +437,24 @@ func (h *Holder) setLost(err error) {
 }
 
 func (h *Holder) setLostLocked(err error) {
-	if h.state == Lost {
+	if h.state == lease.Lost {
 		return
 	}
-	h.state, h.err = Lost, err
+	h.state, h.err = lease.Lost, err
 	close(h.lost)
 	if h.opts.OnChange != nil {
-		go h.opts.OnChange(Lost, err) // never call out under mu
+		go h.opts.OnChange(lease.Lost, err) // never call out under mu
 	}
 }
 
-func (h *Holder) setState(st HolderState, err error) {
+func (h *Holder) setState(st lease.HolderState, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.setStateLocked(st, err)
 }
 
-func (h *Holder) setStateLocked(st HolderState, err error) {
-	if h.state == Lost {
+func (h *Holder) setStateLocked(st lease.HolderState, err error) {
+	if h.state == lease.Lost {
 		return
 	}
 	if h.state == st {
@@ -468,7 +481,7 @@ func (h *Holder) doubt(why error, recheck bool) {
 
 func (h *Holder) doubtLocked(why error) {
 	h.epoch++
-	h.setStateLocked(Unknown, why)
+	h.setStateLocked(lease.Unknown, why)
 }
 
 // poke asks run for a renewal now.
@@ -485,7 +498,7 @@ func (h *Holder) poke() {
 // writes and asks the service; only its answer makes the lease Lost.
 func (h *Holder) observe(l *lease.Lease) {
 	h.mu.Lock()
-	if h.state == Lost || l.Version <= h.lease.Version || l.Active() || l.LeaseID != h.lease.LeaseID || l.Fence != h.lease.Fence || l.Repo != h.lease.Repo {
+	if h.state == lease.Lost || l.Version <= h.lease.Version || l.Active() || l.LeaseID != h.lease.LeaseID || l.Fence != h.lease.Fence || l.Repo != h.lease.Repo {
 		h.mu.Unlock()
 		return // stale, already known, or nothing to act on
 	}
@@ -610,7 +623,7 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 	case err == nil:
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		if h.state == Lost {
+		if h.state == lease.Lost {
 			return h.opts.Interval
 		}
 		h.lease = *l
@@ -621,7 +634,7 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 			// may predate a revoke. Ask again (run was poked).
 			return h.opts.Interval
 		}
-		h.setStateLocked(Held, nil)
+		h.setStateLocked(lease.Held, nil)
 		return h.opts.Interval
 	case ctx.Err() != nil:
 		return h.opts.Interval
@@ -633,7 +646,7 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 		// and pokes run once the connection is back.
 		return min(h.opts.Interval, 250*time.Millisecond)
 	default:
-		h.setState(Unknown, fmt.Errorf("%w: %s (fence %d): the lease service did not answer the renewal: %v", lease.ErrLeaseUnknown, req.LeaseID, h.Lease().Fence, err))
+		h.setState(lease.Unknown, fmt.Errorf("%w: %s (fence %d): the lease service did not answer the renewal: %v", lease.ErrLeaseUnknown, req.LeaseID, h.Lease().Fence, err))
 		return min(h.opts.Interval, 250*time.Millisecond)
 	}
 }

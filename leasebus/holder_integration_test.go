@@ -25,14 +25,14 @@ func TestHolderUnknownThenLostWhenBusUnreachable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	changes := make(chan HolderState, 8)
-	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(l, cred, sent, HoldOptions{
+	changes := make(chan lease.HolderState, 8)
+	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(t.Context(), l, cred, sent, HoldOptions{
 		Interval: 1500 * time.Millisecond, Margin: 1200 * time.Millisecond,
-		OnChange: func(s HolderState, _ error) { changes <- s }})
+		OnChange: func(s lease.HolderState, _ error) { changes <- s }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	// Wait for a renewal, then take the bus away right after it.
 	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if h.Lease().Version < 2 {
@@ -48,7 +48,7 @@ func TestHolderUnknownThenLostWhenBusUnreachable(t *testing.T) {
 	}
 	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		st, _ := h.State()
-		if st != Unknown {
+		if st != lease.Unknown {
 			return errors.New("state is " + string(st))
 		}
 		return nil
@@ -65,7 +65,7 @@ func TestHolderUnknownThenLostWhenBusUnreachable(t *testing.T) {
 	}
 	late := lostAt.Sub(validUntil)
 	t.Logf("lost %s after its validity ended", late)
-	for _, want := range []HolderState{Unknown, Lost} {
+	for _, want := range []lease.HolderState{lease.Unknown, lease.Lost} {
 		select {
 		case s := <-changes:
 			if s != want {
@@ -127,7 +127,7 @@ func TestHolderRetriedRenewalDoesNotOutliveServiceDeadline(t *testing.T) {
 	// it sends nothing more, and the service reclaims v2 at its deadline.
 	var armed atomic.Bool
 	answered, quiet := make(chan struct{}), make(chan struct{})
-	h, err := hc.Hold(l, cred, sent, HoldOptions{Interval: 400 * time.Millisecond, Margin: 300 * time.Millisecond,
+	h, err := hc.Hold(t.Context(), l, cred, sent, HoldOptions{Interval: 400 * time.Millisecond, Margin: 300 * time.Millisecond,
 		OnRenew: func(_ time.Duration, err error) {
 			if err == nil && armed.CompareAndSwap(true, false) {
 				close(answered)
@@ -137,14 +137,14 @@ func TestHolderRetriedRenewalDoesNotOutliveServiceDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	defer close(quiet)
 	holder.Store(h)
 	// The first renewal's reply is held back longer than the holder waits
 	// for it (its interval), then let through.
 	proxy.pause(true)
 	checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
-		if st, _ := h.State(); st != Unknown {
+		if st, _ := h.State(); st != lease.Unknown {
 			return errors.New("renewal not yet timed out")
 		}
 		return nil
@@ -160,7 +160,7 @@ func TestHolderRetriedRenewalDoesNotOutliveServiceDeadline(t *testing.T) {
 		st, err := h.State()
 		t.Fatalf("retry not answered 3s after the replies flowed again: %s %v", st, err)
 	}
-	if st, err := h.State(); st != Held || h.Lease().Version != 2 {
+	if st, err := h.State(); st != lease.Held || h.Lease().Version != 2 {
 		t.Fatalf("after the retry: %s %v v%d, want held v2 (the first try's version)", st, err, h.Lease().Version)
 	}
 	v2 := h.Lease()

@@ -40,11 +40,11 @@ func TestHolderRenewsAndFences(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(l, cred, sent, HoldOptions{})
+	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(t.Context(), l, cred, sent, HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	// For three TTLs the holder keeps the lease: every fence succeeds,
 	// the version rises, and the service's expiry is never before the
 	// holder's own validity.
@@ -67,7 +67,7 @@ func TestHolderRenewsAndFences(t *testing.T) {
 	if err != nil || !got.Active() || got.Version < h.Lease().Version {
 		t.Fatalf("service has %+v %v", got, err)
 	}
-	if err := h.Release(ctx); err != nil {
+	if err := h.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -92,12 +92,12 @@ func TestHolderLostWithinASecondOfRevoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	changes := make(chan HolderState, 8)
-	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(l, cred, sent, HoldOptions{OnChange: func(s HolderState, _ error) { changes <- s }})
+	changes := make(chan lease.HolderState, 8)
+	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(t.Context(), l, cred, sent, HoldOptions{OnChange: func(s lease.HolderState, _ error) { changes <- s }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	start := time.Now()
 	if _, err := b.c.Revoke(ctx, l.LeaseID, "test: operator ends it"); err != nil {
 		t.Fatal(err)
@@ -111,12 +111,12 @@ func TestHolderLostWithinASecondOfRevoke(t *testing.T) {
 	if _, err := h.Fence(); !errors.Is(err, lease.ErrLeaseLost) {
 		t.Fatalf("fence after revoke: %v", err)
 	}
-	if st, err := h.State(); st != Lost || !errors.Is(err, lease.ErrLeaseLost) {
+	if st, err := h.State(); st != lease.Lost || !errors.Is(err, lease.ErrLeaseLost) {
 		t.Fatalf("state after revoke: %s %v", st, err)
 	}
 	// The notice makes it Unknown at once; the service's refusal of the
 	// re-check makes it Lost.
-	for _, want := range []HolderState{Unknown, Lost} {
+	for _, want := range []lease.HolderState{lease.Unknown, lease.Lost} {
 		select {
 		case s := <-changes:
 			if s != want {
@@ -241,11 +241,11 @@ func TestHoldAfterLongWaitRenewsAtOnce(t *testing.T) {
 	}
 	// As if the acquire had been sent 3 s ago and waited in the queue.
 	sent := time.Now().Add(-3 * time.Second)
-	h, err := b.c.Hold(l, cred, sent, HoldOptions{})
+	h, err := b.c.Hold(t.Context(), l, cred, sent, HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	if f, err := h.Fence(); err != nil || f != l.Fence {
 		t.Fatalf("fence right after Hold: %d, %v", f, err)
 	}
@@ -263,11 +263,11 @@ func heldLeaseFor(t *testing.T, b *bus, nc *nats.Conn, path string, ttl time.Dur
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewClient(nc).Hold(l, cred, sent, opts)
+	h, err := NewClient(nc).Hold(t.Context(), l, cred, sent, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(h.Stop)
+	t.Cleanup(h.Orphan)
 	return h, l
 }
 
@@ -313,9 +313,9 @@ func (w *fenceWatch) end() *time.Time {
 // and the holder is Held again with the same fence.
 func TestHolderNoticeContradictedByServiceStaysHeld(t *testing.T) {
 	b := startBus(t)
-	changes := make(chan HolderState, 8)
+	changes := make(chan lease.HolderState, 8)
 	h, l := heldLeaseFor(t, b, connect(t, b.srv.ClientURL()), "forged", time.Minute,
-		HoldOptions{OnChange: func(s HolderState, _ error) { changes <- s }})
+		HoldOptions{OnChange: func(s lease.HolderState, _ error) { changes <- s }})
 	forged := *l
 	forged.Status, forged.Version, forged.Reason = lease.StatusRevoked, l.Version+1000, "forged by a test"
 	data, err := json.Marshal(forged)
@@ -325,7 +325,7 @@ func TestHolderNoticeContradictedByServiceStaysHeld(t *testing.T) {
 	if err := b.nc.Publish(ChangedSubject(l.Repo, l.LeaseID), data); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []HolderState{Unknown, Held} {
+	for _, want := range []lease.HolderState{lease.Unknown, lease.Held} {
 		select {
 		case s := <-changes:
 			if s != want {
@@ -359,9 +359,9 @@ func TestHolderDisconnectFailsFenceAtOnce(t *testing.T) {
 	b := startBus(t)
 	proxy := startProxy(t, b.srv.Addr().String())
 	nc := connect(t, proxy.url())
-	changes := make(chan HolderState, 8)
+	changes := make(chan lease.HolderState, 8)
 	h, l := heldLeaseFor(t, b, nc, "dropped", time.Minute,
-		HoldOptions{OnChange: func(s HolderState, _ error) { changes <- s }})
+		HoldOptions{OnChange: func(s lease.HolderState, _ error) { changes <- s }})
 	if _, err := h.Fence(); err != nil {
 		t.Fatal(err)
 	}
@@ -381,14 +381,14 @@ func TestHolderDisconnectFailsFenceAtOnce(t *testing.T) {
 	}
 	select {
 	case s := <-changes:
-		if s != Unknown {
+		if s != lease.Unknown {
 			t.Fatalf("OnChange got %s, want unknown", s)
 		}
 	case <-time.After(time.Second):
 		t.Fatal("holder not unknown within 1s of the disconnect")
 	}
 	t.Logf("holder unknown %s after the cut", time.Since(cut))
-	if st, err := h.State(); st != Unknown || !errors.Is(err, lease.ErrLeaseUnknown) {
+	if st, err := h.State(); st != lease.Unknown || !errors.Is(err, lease.ErrLeaseUnknown) {
 		t.Fatalf("state with the connection down: %s %v", st, err)
 	}
 	if got, _ := b.c.Get(ctxT(t), l.LeaseID); !got.Active() {
@@ -414,7 +414,7 @@ func TestHolderRechecksAfterReconnect(t *testing.T) {
 	proxy.refuse(true)
 	proxy.cut()
 	checkFor(t, time.Second, time.Millisecond, func() error {
-		if st, _ := h.State(); st != Unknown {
+		if st, _ := h.State(); st != lease.Unknown {
 			return errors.New("not unknown yet")
 		}
 		return nil
@@ -549,11 +549,11 @@ func TestHolderSeesRevokeBeforeItsWatch(t *testing.T) {
 	if _, err := b.c.Revoke(ctx, l.LeaseID, "test: revoked before the holder watched"); err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(l, cred, sent, HoldOptions{})
+	h, err := NewClient(connect(t, b.srv.ClientURL())).Hold(t.Context(), l, cred, sent, HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	if _, err := h.Fence(); err == nil {
 		t.Fatal("Hold returned a holder that fences a lease revoked before it watched")
 	}
@@ -614,7 +614,7 @@ func TestAcquireAndHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	if f, err := h.Fence(); err != nil || f != h.Lease().Fence {
 		t.Fatalf("fence right after AcquireAndHold: %d, %v", f, err)
 	}

@@ -113,7 +113,7 @@ func TestLeaseBoundToItsIdentity(t *testing.T) {
 	}
 	if h, err := thief.AttachAndHold(ctx, l.LeaseID, cred, HoldOptions{}); !errors.Is(err, lease.ErrNotOwner) {
 		if h != nil {
-			h.Stop()
+			h.Orphan()
 		}
 		t.Fatalf("attach by another identity with the stolen credential: %v, want %v", err, lease.ErrNotOwner)
 	}

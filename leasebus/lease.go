@@ -5,12 +5,13 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base32"
 	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fenceline/fenceline/lease"
 )
 
 // Credential is the owner's proof: a secret chosen by the acquirer. The bus
@@ -63,22 +64,9 @@ func (r *RenewRequest) proves(hash string) bool {
 	return want != "" && r.RenewID != "" && hmac.Equal([]byte(want), []byte(r.Proof))
 }
 
-var idEncoding = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
-
-// newID returns prefix + 16 characters of Crockford base32: 48 bits of
-// milliseconds then 32 random bits, so ids sort by creation time.
-func newID(prefix string, now time.Time) string {
-	var b [10]byte
-	ms := uint64(now.UnixMilli())
-	for i := 5; i >= 0; i-- {
-		b[i] = byte(ms)
-		ms >>= 8
-	}
-	if _, err := rand.Read(b[6:]); err != nil {
-		panic(fmt.Sprintf("crypto/rand: %v", err))
-	}
-	return prefix + idEncoding.EncodeToString(b[:])
-}
+// newID returns prefix + 16 characters of Crockford base32 (lease.NewID):
+// ids sort by creation time.
+func newID(prefix string, now time.Time) string { return lease.NewID(prefix, now) }
 
 // newLeaseID returns a lease id that names its repo: "lease_", 16
 // characters of newID (time, then random), then the repo's key (RepoKey,
@@ -105,6 +93,3 @@ func LeaseRepoKey(id string) (string, bool) {
 
 // NewRequestID returns a fresh id for an idempotent request.
 func NewRequestID() string { return newID("req_", time.Now()) }
-
-// NewAttemptID returns a fresh attempt id.
-func NewAttemptID() string { return newID("att_", time.Now()) }

@@ -95,7 +95,7 @@ func TestRevokeReachesHolderThroughPartition(t *testing.T) {
 			NewCredential(), HoldOptions{})
 		return err
 	})
-	t.Cleanup(h.Stop)
+	t.Cleanup(h.Orphan)
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error { _, err := h.Fence(); return err })
 	id := h.Lease().LeaseID
 
@@ -136,7 +136,7 @@ func TestRevokeReachesHolderThroughPartition(t *testing.T) {
 	// Healed, the holder learns the revoke from the service.
 	cl.isolate(2, false)
 	checkFor(t, 60*time.Second, 50*time.Millisecond, func() error {
-		if st, err := h.State(); st != Lost {
+		if st, err := h.State(); st != lease.Lost {
 			return fmt.Errorf("holder %s, want lost after the partition healed: %v", st, err)
 		}
 		return nil

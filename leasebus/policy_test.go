@@ -231,11 +231,11 @@ func TestPolicyRefusesClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := hc.Hold(l, cred, sent, HoldOptions{})
+	h, err := hc.Hold(t.Context(), l, cred, sent, HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(h.Stop)
+	t.Cleanup(h.Orphan)
 	if _, err := h.Fence(); err != nil {
 		t.Fatalf("holder before the policy: %v", err)
 	}

@@ -56,7 +56,7 @@ func TestSessionReclaim(t *testing.T) {
 		t.Fatalf("a holder whose session keeps alive lost its lease: %v", err)
 	}
 	held := h.Lease()
-	h.Stop() // its session's only holder: the session falls silent
+	h.Orphan() // its session's only holder: the session falls silent
 	stopped := time.Now()
 	ended := waitEnded(t, b.c, held.LeaseID, 30*time.Second)
 	if ended.Status != lease.StatusReclaimed || !strings.Contains(ended.Reason, "keepalive") {
@@ -94,7 +94,7 @@ func TestForeignKeepaliveKeepsNothingAlive(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := h.Lease()
-	h.Stop()
+	h.Orphan()
 	// The operator's identity (another key) keeps "that" session alive.
 	oc := NewClient(connectAs(t, b.srv.ClientURL(), RoleOperator))
 	forge := keepaliveRequest{Session: hc.SessionID(), Leases: []keptLease{{LeaseID: held.LeaseID, Repo: repo, Fence: held.Fence, Version: held.Version}}}
@@ -131,7 +131,7 @@ func TestPartitionedHolderStopsBeforeReclaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Stop()
+	defer h.Orphan()
 	held := h.Lease()
 	bridge.Partition(true)
 	cut := time.Now()
@@ -305,7 +305,7 @@ func TestSessionsOnACluster(t *testing.T) {
 	if _, err := h.Fence(); err != nil {
 		t.Fatalf("holder: %v", err)
 	}
-	h.Stop()
+	h.Orphan()
 	if l := waitEnded(t, c, held.LeaseID, time.Minute); l.Status != lease.StatusReclaimed {
 		t.Fatalf("%s ended as %s (%s), want reclaimed", l.LeaseID, l.Status, l.Reason)
 	}
@@ -344,7 +344,7 @@ func TestSessionReclaimAfterServiceRestart(t *testing.T) {
 	}
 	held := h.Lease()
 	b.svc.Stop()
-	h.Stop() // the process is gone while no service runs
+	h.Orphan() // the process is gone while no service runs
 	b.svc, err = StartService(context.Background(), b.nc, b.cfg)
 	if err != nil {
 		t.Fatal(err)

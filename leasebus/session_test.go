@@ -31,7 +31,7 @@ func TestOneKeepalivePerSession(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer h.Stop()
+		defer h.Orphan()
 		hs[i] = h
 	}
 	gets := requests(m, "get", "ok") // each holder's one confirming get

@@ -55,7 +55,7 @@ func (b *bus) hold(t *testing.T, ws string, ttl time.Duration, tables ...string)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(h.Stop)
+	t.Cleanup(h.Orphan)
 	return h
 }
 
@@ -78,7 +78,7 @@ func testZombieWrite(t *testing.T, f *fenceDB) {
 		t.Fatalf("A writes while its lease is live: %v", err)
 	}
 	// A pauses: no renewals; its lease expires and B gets the table.
-	a.Stop()
+	a.Orphan()
 	bh := b.hold(t, "ws-b", 5*time.Second, "public.zombie")
 	if bh.Lease().Fence <= zombieSrc.Record.Fence {
 		t.Fatalf("B's fence %d is not above A's %d", bh.Lease().Fence, zombieSrc.Record.Fence)

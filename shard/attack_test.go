@@ -247,7 +247,7 @@ func TestCommitPlacementRestoresTheGitDir(t *testing.T) {
 	os.MkdirAll(filepath.Join(gd, "hooks"), 0o755)
 	os.WriteFile(filepath.Join(gd, "hooks", "pre-commit"), []byte("#!/bin/sh\nexit 0\n"), 0o755)
 	pe.Settle(ctx, StatusFailed, 1) // no CleanAfter: the lease was lost
-	if err := ex.Release(ctx); err != nil {
+	if err := ex.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
 
@@ -288,7 +288,7 @@ func TestSharedPlacementOnADirtyShardRestoresTheGitDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	pe.Settle(ctx, StatusFailed, 1) // no CleanAfter: the lease was lost
-	if err := ex.Release(ctx); err != nil {
+	if err := ex.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
 	sh := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "d000"), WorkspaceID: "shard-1", TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})

@@ -112,8 +112,8 @@ func TestRewrittenPoolRecordSendsNoRunnerElsewhere(t *testing.T) {
 				}
 				l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "src"), WorkspaceID: "shard-1",
 					WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
-				defer l.Release(ctx)
-				pl, err := st.Place(ctx, pool, *l.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: "victim", Command: []string{"true"}}, l)
+				defer l.Close(ctx)
+				pl, err := st.Place(ctx, pool, *l.Record, ModeExclusive, Attempt{AttemptID: lease.NewAttemptID(), AgentID: "victim", Command: []string{"true"}}, l)
 				if err == nil {
 					_ = pl.Settle(ctx, StatusSucceeded, 0)
 				}
@@ -157,7 +157,7 @@ func TestPoolRecordRewrittenDuringAnAttempt(t *testing.T) {
 	}
 	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, "src"), WorkspaceID: "shard-1",
 		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
-	pl, err := st.Place(ctx, pool, *l.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: "a", Command: []string{"true"}}, l)
+	pl, err := st.Place(ctx, pool, *l.Record, ModeExclusive, Attempt{AttemptID: lease.NewAttemptID(), AgentID: "a", Command: []string{"true"}}, l)
 	if err != nil {
 		t.Fatal(err)
 	}

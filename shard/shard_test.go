@@ -246,7 +246,7 @@ func TestPlaceSharersCreateOnce(t *testing.T) {
 	for i := range n {
 		l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, Scope: bustest.Claim(t, fmt.Sprintf("d%03d", i)), WorkspaceID: "shard-1", TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 		wg.Go(func() {
-			places[i], errs[i] = st.Place(ctx, pool, *l.Record, ModeShared, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: fmt.Sprint("agent-", i), Command: []string{"true"}}, l)
+			places[i], errs[i] = st.Place(ctx, pool, *l.Record, ModeShared, Attempt{AttemptID: lease.NewAttemptID(), AgentID: fmt.Sprint("agent-", i), Command: []string{"true"}}, l)
 		})
 	}
 	wg.Wait()
@@ -290,11 +290,11 @@ func TestRecoverCrashedAttempt(t *testing.T) {
 	ctx := context.Background()
 	live := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
 	dead := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-2", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
-	pl, err := st.Place(ctx, pool, *live.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), Command: []string{"live"}}, live)
+	pl, err := st.Place(ctx, pool, *live.Record, ModeExclusive, Attempt{AttemptID: lease.NewAttemptID(), Command: []string{"live"}}, live)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pd, err := st.Place(ctx, pool, *dead.Record, ModeExclusive, Attempt{AttemptID: leasebus.NewAttemptID(), AgentID: "crasher", Command: []string{"crash"}}, dead)
+	pd, err := st.Place(ctx, pool, *dead.Record, ModeExclusive, Attempt{AttemptID: lease.NewAttemptID(), AgentID: "crasher", Command: []string{"crash"}}, dead)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +335,7 @@ func TestRecoverCrashedAttempt(t *testing.T) {
 	}
 	// A runner that died after writing its attempt but before placing it:
 	// only the full scan (shard list) sees it.
-	orphan, err := st.Begin(ctx, Attempt{AttemptID: leasebus.NewAttemptID(), Repo: co, Leases: []string{dead.Record.LeaseID}, Command: []string{"orphan"}})
+	orphan, err := st.Begin(ctx, Attempt{AttemptID: lease.NewAttemptID(), Repo: co, Leases: []string{dead.Record.LeaseID}, Command: []string{"orphan"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,7 +366,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(ps.Worktree.Path, "d000", "new.txt"), []byte("agent work\n"), 0o644)
 	ps.Settle(ctx, StatusSucceeded, 0)
-	if err := shared.Release(ctx); err != nil {
+	if err := shared.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
 	ex := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
@@ -391,7 +391,7 @@ func TestExclusivePlacementCleans(t *testing.T) {
 		t.Fatalf("shard after the exclusive attempt: %+v", sh)
 	}
 	// Warm: the next exclusive placement neither creates nor cleans.
-	if err := ex.Release(ctx); err != nil {
+	if err := ex.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
 	ex2 := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
@@ -434,7 +434,7 @@ func TestPlaceRefusedWithoutLease(t *testing.T) {
 		}
 		return nil
 	})
-	att := Attempt{AttemptID: leasebus.NewAttemptID(), Command: []string{"stalled"}}
+	att := Attempt{AttemptID: lease.NewAttemptID(), Command: []string{"stalled"}}
 	if _, err := st.Place(ctx, pool, *l.Record, ModeExclusive, att, l); err == nil || !strings.Contains(err.Error(), "not prepared: the lease is not held") {
 		t.Fatalf("Place with a lost lease: %v, want refused", err)
 	}

@@ -60,7 +60,7 @@ func newViewFixture(t *testing.T) *viewFixture {
 
 	cred := leasebus.NewCredential()
 	gone, err := b.Client.Acquire(ctx, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-3", WorkspaceMode: lease.WorkspaceExclusive, TTL: ttl,
-		Owner: lease.Owner{TaskID: "t", AgentID: "a", AttemptID: leasebus.NewAttemptID()}}, cred)
+		Owner: lease.Owner{TaskID: "t", AgentID: "a", AttemptID: lease.NewAttemptID()}}, cred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,8 +73,8 @@ func newViewFixture(t *testing.T) *viewFixture {
 	}
 
 	t0 := time.Now().UTC().Add(-time.Hour)
-	begin := func(i int, lease, shardID string) string {
-		a, err := st.Begin(ctx, Attempt{AttemptID: leasebus.NewAttemptID(), Repo: co, Leases: []string{lease}, Shard: shardID,
+	begin := func(i int, leaseID, shardID string) string {
+		a, err := st.Begin(ctx, Attempt{AttemptID: lease.NewAttemptID(), Repo: co, Leases: []string{leaseID}, Shard: shardID,
 			Command: []string{"cmd", string(rune('a' + i))}, StartedAt: t0.Add(time.Duration(i) * time.Minute)})
 		if err != nil {
 			t.Fatal(err)

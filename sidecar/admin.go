@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/policy"
 )
 
@@ -97,8 +96,8 @@ func (c *AdminConfig) Validate() error {
 type LeaseView struct {
 	// State is held, unknown or lost; "unknown" too before the sidecar has
 	// a lease. Reason says why it is not held.
-	State  leasebus.HolderState `json:"state"`
-	Reason string               `json:"reason,omitempty"`
+	State  lease.HolderState `json:"state"`
+	Reason string            `json:"reason,omitempty"`
 	// Ready is what /readyz answers: held and not shutting down.
 	Ready bool `json:"ready"`
 	// Lease is the holder's latest copy of the record (nil before one).
@@ -122,7 +121,7 @@ type LeaseView struct {
 }
 
 // Held reports whether the view allows writes.
-func (v *LeaseView) Held() bool { return v.State == leasebus.Held }
+func (v *LeaseView) Held() bool { return v.State == lease.Held }
 
 // SettledReport is the body of POST /api/v1/settled.
 type SettledReport struct {
@@ -144,14 +143,14 @@ type Admin struct {
 	srv     *http.Server
 
 	mu       sync.Mutex
-	log      *slog.Logger     // guarded by mu
-	holder   *leasebus.Holder // guarded by mu
-	fences   Fences           // guarded by mu
-	draining string           // guarded by mu: why not ready though held
-	view     LeaseView        // guarded by mu: the last view published
-	changed  chan struct{}    // guarded by mu: closed and replaced on every change
-	streams  int              // guarded by mu: events streams open now
-	seen     bool             // guarded by mu: an agent wrapper connected once
+	log      *slog.Logger  // guarded by mu
+	holder   lease.Holding // guarded by mu
+	fences   Fences        // guarded by mu
+	draining string        // guarded by mu: why not ready though held
+	view     LeaseView     // guarded by mu: the last view published
+	changed  chan struct{} // guarded by mu: closed and replaced on every change
+	streams  int           // guarded by mu: events streams open now
+	seen     bool          // guarded by mu: an agent wrapper connected once
 
 	settled     chan struct{}
 	settledOnce sync.Once
@@ -235,7 +234,7 @@ func (a *Admin) URL() string { return "http://" + a.ln.Addr().String() }
 func (a *Admin) Metrics() *Metrics { return a.metrics }
 
 // SetLease makes h the lease the server reports and f the fences.
-func (a *Admin) SetLease(h *leasebus.Holder, f Fences) {
+func (a *Admin) SetLease(h lease.Holding, f Fences) {
 	a.mu.Lock()
 	a.holder, a.fences = h, f
 	a.log = LeaseLogger(a.log, h.Lease())
@@ -313,7 +312,7 @@ func (a *Admin) compute() LeaseView {
 	a.mu.Lock()
 	h, f, draining := a.holder, a.fences, a.draining
 	a.mu.Unlock()
-	v := LeaseView{State: leasebus.Unknown, Reason: "no lease yet: the sidecar is acquiring it", Fences: f}
+	v := LeaseView{State: lease.Unknown, Reason: "no lease yet: the sidecar is acquiring it", Fences: f}
 	if h != nil {
 		st, err := h.State()
 		l := h.Lease()
@@ -334,7 +333,7 @@ func (a *Admin) compute() LeaseView {
 		v.Settled = true
 	default:
 	}
-	v.Ready = v.State == leasebus.Held && draining == ""
+	v.Ready = v.State == lease.Held && draining == ""
 	if draining != "" && v.Reason == "" {
 		v.Reason = draining
 	}
@@ -437,7 +436,7 @@ func (a *Admin) viewNow() (LeaseView, <-chan struct{}) {
 	a.mu.Lock()
 	v, changed, h := a.view, a.changed, a.holder
 	a.mu.Unlock()
-	if h != nil && v.State == leasebus.Held {
+	if h != nil && v.State == lease.Held {
 		v.ValidFor = lease.Duration(h.Remaining())
 	}
 	return v, changed
@@ -541,7 +540,7 @@ func (a *Admin) audit(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "fenceline: want one audit event as JSON: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	if ev.Boundary != lease.BoundaryFile || (ev.Type != lease.EventDenied && ev.Type != leasebus.EventShadowRefused) {
+	if ev.Boundary != lease.BoundaryFile || (ev.Type != lease.EventDenied && ev.Type != lease.EventShadowRefused) {
 		http.Error(w, fmt.Sprintf("fenceline: only file denials and shadow refusals are taken here, not %s %s", ev.Boundary, ev.Type), http.StatusBadRequest)
 		return
 	}

@@ -24,7 +24,7 @@ func TestAdminMetricsCountRenewals(t *testing.T) {
 		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(6 * time.Second)},
 		// A renewal waits up to its interval: a second holds on a loaded
 		// machine (100 ms did not, with other builds on both cores).
-		m.HoldOptions(leasebus.HoldOptions{Interval: time.Second}))
+		leasebus.HoldOptions{Interval: time.Second, OnRenew: m.ObserveRenew})
 	m.TrackLease(l.Holder)
 	a.SetLease(l.Holder, Fences{})
 	testutil.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {

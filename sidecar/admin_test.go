@@ -108,12 +108,12 @@ func TestAdminReadinessFollowsTheLease(t *testing.T) {
 		t.Fatalf("readyz before a lease: %d %q", code, body)
 	}
 	es := openEvents(t, base, "")
-	if v := es.next(t, 5*time.Second); v.State != leasebus.Unknown || v.Ready {
+	if v := es.next(t, 5*time.Second); v.State != lease.Unknown || v.Ready {
 		t.Fatalf("first event before a lease: %+v", v)
 	}
 
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: bustest.Claim(t, "services/billing"),
-		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}, m.HoldOptions(leasebus.HoldOptions{}))
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}, leasebus.HoldOptions{OnRenew: m.ObserveRenew})
 	m.TrackLease(l.Holder)
 	a.SetLease(l.Holder, Fences{Git: "http://127.0.0.1:1", GitUpstream: "http://git.internal"})
 	code, body := testutil.HTTPGet(t, base+PathReadyz, "")
@@ -127,7 +127,7 @@ func TestAdminReadinessFollowsTheLease(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &v); err != nil {
 		t.Fatal(err)
 	}
-	if v.State != leasebus.Held || v.Lease == nil || v.Lease.LeaseID != l.Record.LeaseID || v.Fence != l.Record.Fence || v.Fences.Git != "http://127.0.0.1:1" {
+	if v.State != lease.Held || v.Lease == nil || v.Lease.LeaseID != l.Record.LeaseID || v.Fence != l.Record.Fence || v.Fences.Git != "http://127.0.0.1:1" {
 		t.Fatalf("GET %s = %s", PathLease, body)
 	}
 	if _, body := testutil.HTTPGet(t, base+PathMetrics, ""); !strings.Contains(body, "fenceline_leases_held 1\n") {
@@ -139,7 +139,7 @@ func TestAdminReadinessFollowsTheLease(t *testing.T) {
 	}
 	revoked := time.Now()
 	var lost LeaseView
-	for lost = es.next(t, 5*time.Second); lost.State != leasebus.Lost; lost = es.next(t, 5*time.Second) {
+	for lost = es.next(t, 5*time.Second); lost.State != lease.Lost; lost = es.next(t, 5*time.Second) {
 	}
 	t.Logf("lost event %v after the revoke", time.Since(revoked))
 	if lost.Ready || !strings.Contains(lost.Reason, "revoked") || !strings.Contains(lost.Reason, "runaway agent") {
@@ -151,7 +151,7 @@ func TestAdminReadinessFollowsTheLease(t *testing.T) {
 	}
 	// Never back: the next keep-alives and probes still say lost.
 	for range 5 {
-		if v := es.next(t, 5*time.Second); v.State != leasebus.Lost || v.Ready || v.Seq != lost.Seq {
+		if v := es.next(t, 5*time.Second); v.State != lease.Lost || v.Ready || v.Seq != lost.Seq {
 			t.Fatalf("after lost: %+v", v)
 		}
 		if code, _ := testutil.HTTPGet(t, base+PathReadyz, ""); code != 503 {

@@ -61,7 +61,7 @@ func TestWrapperTrustsOnlyItsSidecar(t *testing.T) {
 		answer func(w http.ResponseWriter)
 	}{
 		{"own-events", func(w http.ResponseWriter) {
-			v := LeaseView{State: leasebus.Held, Lease: l.Record, Fence: l.Record.Fence, ValidFor: lease.Duration(time.Minute)}
+			v := LeaseView{State: lease.Held, Lease: l.Record, Fence: l.Record.Fence, ValidFor: lease.Duration(time.Minute)}
 			data, _ := json.Marshal(v)
 			fmt.Fprintf(w, "event: lease\nid: 1\nmac: %064d\ndata: %s\n\n", 0, data)
 		}},

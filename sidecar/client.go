@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/policy"
 )
 
@@ -57,7 +56,7 @@ func NewGate(url string, grace time.Duration) *Gate {
 // Fence implements fsguard.Gate: the lease's fence while the sidecar's last
 // word says the gate's lease is held, arrived within the grace and is within
 // the validity it reported; otherwise an error wrapping
-// leasebus.ErrLeaseUnknown or leasebus.ErrLeaseLost.
+// lease.ErrLeaseUnknown or lease.ErrLeaseLost.
 func (g *Gate) Fence() (uint64, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -68,7 +67,7 @@ func (g *Gate) Fence() (uint64, error) {
 		return 0, fmt.Errorf("%w: never heard from the sidecar at %s", lease.ErrLeaseUnknown, g.url)
 	case g.now().Sub(g.heardAt) > g.grace:
 		return 0, fmt.Errorf("%w: no word from the sidecar at %s for %s (grace %s)", lease.ErrLeaseUnknown, g.url, g.now().Sub(g.heardAt).Round(time.Millisecond), g.grace)
-	case g.view.Lease == nil || g.view.State != leasebus.Held:
+	case g.view.Lease == nil || g.view.State != lease.Held:
 		return 0, fmt.Errorf("%w: the sidecar says lease %s is %s: %s", lease.ErrLeaseUnknown, g.leaseIDLocked(), g.view.State, g.view.Reason)
 	case !g.now().Before(g.validTo):
 		// Never trust the sidecar's "held" past its holder's own validity:
@@ -98,7 +97,7 @@ func (g *Gate) Heard(v *LeaseView) {
 		switch id := g.bound.Lease.LeaseID; {
 		case v.Lease.LeaseID != id:
 			g.lost = fmt.Errorf("%w: the sidecar now holds lease %s, not %s", lease.ErrLeaseLost, v.Lease.LeaseID, id)
-		case v.State == leasebus.Lost:
+		case v.State == lease.Lost:
 			g.lost = fmt.Errorf("%w: the sidecar says lease %s is lost: %s", lease.ErrLeaseLost, id, v.Reason)
 		}
 	}

@@ -24,7 +24,7 @@ func TestGate(t *testing.T) {
 	g := NewGate("http://sidecar", time.Second)
 	g.now = func() time.Time { return now }
 	bound := &lease.Lease{LeaseID: "lease_a", Fence: 7}
-	view := func(st leasebus.HolderState, l *lease.Lease) *LeaseView {
+	view := func(st lease.HolderState, l *lease.Lease) *LeaseView {
 		return &LeaseView{State: st, Lease: l, Reason: "why"}
 	}
 	want := func(what string, ok bool, is error) {
@@ -38,9 +38,9 @@ func TestGate(t *testing.T) {
 		}
 	}
 	want("never heard", false, lease.ErrLeaseUnknown)
-	g.Heard(view(leasebus.Unknown, nil)) // the sidecar is still acquiring
+	g.Heard(view(lease.Unknown, nil)) // the sidecar is still acquiring
 	want("no lease yet", false, lease.ErrLeaseUnknown)
-	held := view(leasebus.Held, bound)
+	held := view(lease.Held, bound)
 	held.Fence = 7
 	held.ValidFor = lease.Duration(time.Minute)
 	// The sidecar's holder has 300 ms of validity left: past that, no
@@ -69,10 +69,10 @@ func TestGate(t *testing.T) {
 	want("silent past the grace", false, lease.ErrLeaseUnknown)
 	g.Heard(held)
 	want("heard again", true, nil)
-	g.Heard(view(leasebus.Unknown, bound))
+	g.Heard(view(lease.Unknown, bound))
 	want("sidecar unknown", false, lease.ErrLeaseUnknown)
 	g.Heard(held)
-	g.Heard(view(leasebus.Unknown, nil)) // a restarted sidecar, no lease yet
+	g.Heard(view(lease.Unknown, nil)) // a restarted sidecar, no lease yet
 	want("sidecar names no lease", false, lease.ErrLeaseUnknown)
 	g.Heard(held)
 	want("held again", true, nil)
@@ -82,7 +82,7 @@ func TestGate(t *testing.T) {
 	want("another lease", false, lease.ErrLeaseLost)
 	g2 := NewGate("http://sidecar", time.Second)
 	g2.Heard(held)
-	g2.Heard(view(leasebus.Lost, bound))
+	g2.Heard(view(lease.Lost, bound))
 	g2.Heard(held)
 	if _, err := g2.Fence(); !errors.Is(err, lease.ErrLeaseLost) {
 		t.Errorf("held after lost: %v, want lost for good", err)

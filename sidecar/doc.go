@@ -6,6 +6,13 @@
 // fenceline run and fenceline sidecar are built on it; Pod is the whole of
 // what fenceline sidecar runs (admin server, lease, fences, shutdown).
 //
+// The sidecar knows only the lease domain (package lease) and links no
+// NATS: it is handed the held lease (a lease.Holding; the pod's Holder
+// also ends it, Close or Orphan), the audit trail (a lease.Auditor), a
+// lease reader for the git fence (gitproxy.LeaseView) and the run UI
+// (RunUI). Its caller, fenceline's CLI, connects to the lease bus and
+// passes in package leasebus's implementations.
+//
 // # Admin server
 //
 //	GET  /healthz               200 while the process serves

@@ -14,15 +14,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 )
 
-// Auditor records audit events. *leasebus.Auditor satisfies it.
+// Auditor records audit events (lease.Auditor; *leasebus.Auditor is one).
 type Auditor interface {
 	Record(ctx context.Context, ev lease.AuditEvent) error
 }
-
-var _ Auditor = (*leasebus.Auditor)(nil)
 
 // Byte directions of fenceline_proxy_bytes_total.
 const (
@@ -58,7 +55,7 @@ type Metrics struct {
 	fsDenials     prometheus.Counter
 
 	mu      sync.Mutex
-	holders []*leasebus.Holder // guarded by mu
+	holders []lease.Holding // guarded by mu
 }
 
 // NewMetrics returns the sidecar's metrics on a new private registry.
@@ -108,20 +105,9 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }
 
-// HoldOptions returns opts with OnRenew feeding the renewal histogram and
-// failure counter (an OnRenew already in opts is still called).
-func (m *Metrics) HoldOptions(opts leasebus.HoldOptions) leasebus.HoldOptions {
-	next := opts.OnRenew
-	opts.OnRenew = func(took time.Duration, err error) {
-		m.ObserveRenew(took, err)
-		if next != nil {
-			next(took, err)
-		}
-	}
-	return opts
-}
-
-// ObserveRenew records one renewal attempt.
+// ObserveRenew records one renewal attempt: a holder's hook after each
+// renewal (leasebus.HoldOptions.OnRenew), feeding the renewal histogram
+// and failure counter.
 func (m *Metrics) ObserveRenew(took time.Duration, err error) {
 	m.renew.Observe(took.Seconds())
 	if err != nil {
@@ -130,7 +116,7 @@ func (m *Metrics) ObserveRenew(took time.Duration, err error) {
 }
 
 // TrackLease counts h in fenceline_leases_held while it is held.
-func (m *Metrics) TrackLease(h *leasebus.Holder) {
+func (m *Metrics) TrackLease(h lease.Holding) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.holders = append(m.holders, h)
@@ -138,11 +124,11 @@ func (m *Metrics) TrackLease(h *leasebus.Holder) {
 
 func (m *Metrics) heldCount() float64 {
 	m.mu.Lock()
-	hs := append([]*leasebus.Holder(nil), m.holders...)
+	hs := append([]lease.Holding(nil), m.holders...)
 	m.mu.Unlock()
 	n := 0
 	for _, h := range hs {
-		if st, _ := h.State(); st == leasebus.Held {
+		if st, _ := h.State(); st == lease.Held {
 			n++
 		}
 	}

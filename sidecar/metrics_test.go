@@ -42,7 +42,7 @@ func TestSidecarMetricsPostgres(t *testing.T) {
 	}
 	m := NewMetrics()
 	l := bus.Acquire(t, leasebus.AcquireRequest{Repo: "github.com/acme/metrics", Scope: claim,
-		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}, m.HoldOptions(leasebus.HoldOptions{}))
+		WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}, leasebus.HoldOptions{OnRenew: m.ObserveRenew})
 	sc, err := Start(ctx, Config{Lease: l.Holder, Bus: bus.Client, Audit: bus.Auditor, Metrics: m,
 		PGUpstream: pg.Addr(), StateDir: t.TempDir()})
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/gitproxy"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/pgproxy"
 )
 
@@ -257,8 +257,8 @@ func (o *FenceOptions) checkPG() error {
 // not). The git and Postgres fences sign with the lease's grant keys
 // (lease.GrantKeys); without one pushes go out unsigned and Postgres
 // refuses writes to fenced tables: the caller may want to warn.
-func (o *FenceOptions) Config(lease *leasebus.Holder, bus *leasebus.Client, audit *leasebus.Auditor, log *slog.Logger) (Config, error) {
-	l := lease.Lease()
+func (o *FenceOptions) Config(held lease.Source, bus gitproxy.LeaseView, audit lease.Auditor, log *slog.Logger) (Config, error) {
+	l := held.Lease()
 	if !o.checked {
 		if err := o.Check(l.Repo); err != nil {
 			return Config{}, err
@@ -272,7 +272,7 @@ func (o *FenceOptions) Config(lease *leasebus.Holder, bus *leasebus.Client, audi
 		state = DefaultStateDir(o.FencelineStateDir, l.LeaseID)
 	}
 	return Config{
-		Lease:             lease,
+		Lease:             held,
 		Bus:               bus,
 		Audit:             audit,
 		GitUpstream:       o.GitUpstream,

@@ -5,32 +5,61 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
-	"github.com/fenceline/fenceline/runui"
-	"github.com/fenceline/fenceline/shard"
 )
 
-// PodConfig configures a Pod. Bus, Hold and Fences are required.
+// Holder is the agent's lease as the pod holds it (a *leasebus.Holder):
+// what the fences and the admin server see of it (lease.Holding), whether
+// it was attached to rather than acquired, and its two endings.
+type Holder interface {
+	lease.Holding
+	// Attached reports whether the lease was acquired elsewhere (an
+	// attach): its owner's to release, never the pod's.
+	Attached() bool
+	// Close ends holding the way the lease was come by: an acquired lease
+	// is released (the wait bounded, even when ctx is done), an attached
+	// one is only no longer renewed.
+	Close(ctx context.Context) error
+	// Orphan stops renewing without releasing: the lease expires, or is
+	// reclaimed once the holder's session falls silent.
+	Orphan()
+}
+
+// RunUI is the run UI the admin server serves under /ui/ (a
+// *runui.Server).
+type RunUI interface {
+	Handler() http.Handler
+	// Close ends its event streams, which would hold the admin server open.
+	Close()
+}
+
+// PodConfig configures a Pod. Audit, Hold and Fences are required. The
+// caller connects to the lease bus and hands the pod what it made of the
+// connection (the auditor, the run UI, the holder): the pod itself knows
+// the lease domain only.
 type PodConfig struct {
-	// Bus is the lease bus client. Its connection (a holder's, one that
-	// reconnects forever) also carries the audit events, the shard store
-	// and the run UI.
-	Bus *leasebus.Client
+	// Audit records the admin API's audit events and is handed to Fences
+	// (a *leasebus.Auditor, the lease service's audit trail).
+	Audit lease.Auditor
+	// UI is the run UI (nil: none). The pod owns it from NewPod on: it
+	// closes it in Close, or when NewPod fails.
+	UI RunUI
 	// Admin configures the admin server: its address, token and timings.
 	// The pod sets its Metrics, Audit, UI and Logger.
 	Admin AdminConfig
-	// Hold takes the agent's lease, passing opts (the pod's metrics hook)
-	// to the holder: it acquires the lease, or attaches to one acquired
-	// elsewhere and says so (attached): the pod then never releases it,
-	// it only stops renewing it. Its error is Start's, as is.
-	Hold func(ctx context.Context, opts leasebus.HoldOptions) (h *leasebus.Holder, attached bool, err error)
+	// Hold takes the agent's lease, its holder calling onRenew (the pod's
+	// metrics hook) after each renewal: it acquires the lease, or
+	// attaches to one acquired elsewhere (Holder.Attached), which the pod
+	// then never releases, it only stops renewing it. Its error is
+	// Start's, as is.
+	Hold func(ctx context.Context, onRenew func(took time.Duration, err error)) (Holder, error)
 	// Fences is the fences' configuration under the held lease h, whose
 	// refusals audit records; the pod sets its Metrics. Its error is
 	// Start's, as is.
-	Fences func(h *leasebus.Holder, audit *leasebus.Auditor) (Config, error)
+	Fences func(h lease.Holding, audit lease.Auditor) (Config, error)
 	// BaseEnv is the agent's environment that the fences' entries are
 	// added to (Fences.Env), e.g. the DATABASE_URL it is to use.
 	BaseEnv []string
@@ -63,17 +92,14 @@ func (e *AdminError) Unwrap() error { return e.Err }
 type Pod struct {
 	cfg     PodConfig
 	log     *slog.Logger
-	audit   *leasebus.Auditor
 	metrics *Metrics
-	ui      *runui.Server
 	admin   *Admin
 
 	// Set by Start.
-	holder   *leasebus.Holder
-	attached bool         // the lease is its owner's (PodConfig.Hold): never released here
-	lease    lease.Lease  // as when the fences started
-	llog     *slog.Logger // log with the lease's ids
-	sc       *Sidecar
+	holder Holder
+	lease  lease.Lease  // as when the fences started
+	llog   *slog.Logger // log with the lease's ids
+	sc     *Sidecar
 }
 
 // Ready is what a started pod serves: the lease, the fences and the
@@ -127,40 +153,35 @@ type Ending struct {
 	Err error
 }
 
-// NewPod opens what the pod serves beside the lease (the auditor, the
-// metrics, the shard store, the run UI) and starts the admin server: it
-// answers /healthz at once, /readyz once Start holds the lease. An admin
-// server that cannot start is an *AdminError. Close the pod when done.
+// NewPod starts the admin server with the pod's metrics and the run UI:
+// it answers /healthz at once, /readyz once Start holds the lease. An
+// admin server that cannot start is an *AdminError. Close the pod when
+// done.
 func NewPod(cfg PodConfig) (*Pod, error) {
-	if cfg.Bus == nil || cfg.Hold == nil || cfg.Fences == nil {
-		return nil, errors.New("sidecar pod: a bus client, Hold and Fences are required")
+	if cfg.Audit == nil || cfg.Hold == nil || cfg.Fences == nil {
+		if cfg.UI != nil {
+			cfg.UI.Close()
+		}
+		return nil, errors.New("sidecar pod: Audit, Hold and Fences are required")
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	nc := cfg.Bus.Conn()
-	audit, err := leasebus.NewAuditor(nc)
-	if err != nil {
-		return nil, err
-	}
 	metrics := NewMetrics()
-	shards, err := shard.Open(nc, shard.Config{Logger: log})
-	if err != nil {
-		return nil, err
-	}
-	ui, err := runui.New(runui.Config{NC: nc, Token: cfg.Admin.Token, Shards: runui.StoreSource(shards), Logger: log})
-	if err != nil {
-		return nil, err
-	}
 	acfg := cfg.Admin
-	acfg.Metrics, acfg.Audit, acfg.UI, acfg.Logger = metrics, audit, ui.Handler(), log
+	acfg.Metrics, acfg.Audit, acfg.Logger = metrics, cfg.Audit, log
+	if cfg.UI != nil {
+		acfg.UI = cfg.UI.Handler()
+	}
 	admin, err := StartAdmin(acfg)
 	if err != nil {
-		ui.Close()
+		if cfg.UI != nil {
+			cfg.UI.Close()
+		}
 		return nil, &AdminError{Err: err}
 	}
-	return &Pod{cfg: cfg, log: log, audit: audit, metrics: metrics, ui: ui, admin: admin}, nil
+	return &Pod{cfg: cfg, log: log, metrics: metrics, admin: admin}, nil
 }
 
 // AdminURL is the admin server's base URL.
@@ -175,22 +196,21 @@ func (p *Pod) Start(ctx context.Context) (*Ready, error) {
 	if p.sc != nil {
 		return nil, errors.New("sidecar pod: started twice")
 	}
-	h, attached, err := p.cfg.Hold(ctx, p.metrics.HoldOptions(leasebus.HoldOptions{}))
+	h, err := p.cfg.Hold(ctx, p.metrics.ObserveRenew)
 	if err != nil {
 		return nil, err
 	}
-	p.attached = attached
 	p.metrics.TrackLease(h)
 	l := h.Lease()
-	cfg, err := p.cfg.Fences(h, p.audit)
+	cfg, err := p.cfg.Fences(h, p.cfg.Audit)
 	if err != nil {
-		p.finish(ctx, h)
+		h.Close(ctx)
 		return nil, err
 	}
 	cfg.Metrics = p.metrics
 	sc, err := Start(ctx, cfg)
 	if err != nil {
-		p.finish(ctx, h)
+		h.Close(ctx)
 		return nil, err
 	}
 	p.admin.SetLease(h, sc.Fences())
@@ -199,7 +219,7 @@ func (p *Pod) Start(ctx context.Context) (*Ready, error) {
 	if p.cfg.EnvFile != "" {
 		if err := WriteEnvFile(p.cfg.EnvFile, env); err != nil {
 			sc.Close(ctx)
-			p.finish(ctx, h)
+			h.Close(ctx)
 			return nil, err
 		}
 	}
@@ -240,20 +260,20 @@ func (p *Pod) Shutdown(ctx context.Context) (*Ending, error) {
 	end := &Ending{Lease: p.lease, Why: why}
 	st, lostErr := p.holder.State()
 	switch {
-	case p.attached:
-		p.finish(ctx, p.holder)
+	case p.holder.Attached():
+		p.holder.Close(ctx) // stops renewing; its owner releases it
 		end.End = LeaseLeftToOwner
-	case st == leasebus.Lost:
+	case st == lease.Lost:
 		// A release would answer with the ended record: no release.
-		p.holder.Stop()
+		p.holder.Orphan()
 		p.llog.Warn("lease had already ended: nothing to release", "err", lostErr, "settle", why)
 		end.End, end.Err = LeaseEnded, lostErr
 	case !settled:
-		p.holder.Stop()
+		p.holder.Orphan()
 		p.llog.Warn("lease left to expire: the agent did not report its attempt settled", "why", why, "ttl", p.lease.TTL.String())
 		end.End = LeaseLeftToExpire
 	default:
-		if ferr := p.finish(ctx, p.holder); ferr != nil {
+		if ferr := p.holder.Close(ctx); ferr != nil {
 			p.llog.Error("lease not released", "err", ferr)
 			end.End, end.Err = LeaseNotReleased, ferr
 		} else {
@@ -268,16 +288,12 @@ func (p *Pod) Shutdown(ctx context.Context) (*Ending, error) {
 // Close stops the run UI's event streams and the admin server (in-flight
 // requests get up to 5 s, even when ctx is done).
 func (p *Pod) Close(ctx context.Context) error {
-	p.ui.Close() // first: its event streams would hold the admin server open
+	if p.cfg.UI != nil {
+		p.cfg.UI.Close() // first: its event streams would hold the admin server open
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	return p.admin.Close(cctx)
-}
-
-// finish ends holding h: an acquired lease is released (up to 5 s, even
-// when ctx is done), an attached one only no longer renewed.
-func (p *Pod) finish(ctx context.Context, h *leasebus.Holder) error {
-	return h.End(ctx, !p.attached)
 }
 
 // waitSettled waits for the agent wrapper's settle report

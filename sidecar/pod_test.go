@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,32 +25,38 @@ import (
 // podRequest is the lease the pod tests acquire.
 func podRequest(t *testing.T) leasebus.AcquireRequest {
 	return leasebus.AcquireRequest{Repo: "github.com/acme/payments", Scope: bustest.Claim(t, "services/"+strings.ReplaceAll(t.Name(), "/", "-")),
-		Owner:       lease.Owner{TaskID: "task-" + t.Name(), AgentID: "agent", AttemptID: leasebus.NewAttemptID()},
+		Owner:       lease.Owner{TaskID: "task-" + t.Name(), AgentID: "agent", AttemptID: lease.NewAttemptID()},
 		WorkspaceID: "ws-" + strings.ReplaceAll(t.Name(), "/", "-"), WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(30 * time.Second)}
 }
 
+// A *leasebus.Holder is what the pod holds.
+var _ Holder = (*leasebus.Holder)(nil)
+
 // acquiring is a PodConfig.Hold that acquires req with cred, and the
 // holder it made (nil until then).
-func acquiring(bus *bustest.Bus, req leasebus.AcquireRequest, cred leasebus.Credential, held **leasebus.Holder) func(context.Context, leasebus.HoldOptions) (*leasebus.Holder, bool, error) {
-	return func(ctx context.Context, opts leasebus.HoldOptions) (*leasebus.Holder, bool, error) {
-		h, err := bus.Client.AcquireAndHold(ctx, req, cred, opts)
+func acquiring(bus *bustest.Bus, req leasebus.AcquireRequest, cred leasebus.Credential, held **leasebus.Holder) func(context.Context, func(time.Duration, error)) (Holder, error) {
+	return func(ctx context.Context, onRenew func(time.Duration, error)) (Holder, error) {
+		h, err := bus.Client.AcquireAndHold(ctx, req, cred, leasebus.HoldOptions{OnRenew: onRenew})
+		if err != nil {
+			return nil, err
+		}
 		*held = h
-		return h, false, err
+		return h, nil
 	}
 }
 
 // egressOnly is a PodConfig.Fences with the egress proxy alone.
-func egressOnly(t *testing.T, bus *bustest.Bus) func(*leasebus.Holder, *leasebus.Auditor) (Config, error) {
-	return func(h *leasebus.Holder, audit *leasebus.Auditor) (Config, error) {
+func egressOnly(t *testing.T, bus *bustest.Bus) func(lease.Holding, lease.Auditor) (Config, error) {
+	return func(h lease.Holding, audit lease.Auditor) (Config, error) {
 		return Config{Lease: h, Bus: bus.Client, Audit: audit, AllowHosts: []string{"api.example.test"}, StateDir: t.TempDir()}, nil
 	}
 }
 
-// newPod starts a pod with cfg on bus (Bus and quick admin timings
+// newPod starts a pod with cfg on bus (Audit and quick admin timings
 // filled in), closed when the test ends.
 func newPod(t *testing.T, bus *bustest.Bus, cfg PodConfig) *Pod {
 	t.Helper()
-	cfg.Bus = bus.Client
+	cfg.Audit = bus.Auditor
 	cfg.Admin.KeepAlive, cfg.Admin.Poll = 50*time.Millisecond, 20*time.Millisecond
 	p, err := NewPod(cfg)
 	if err != nil {
@@ -192,9 +201,12 @@ func TestPodLeavesTheLease(t *testing.T) {
 			t.Fatal(err)
 		}
 		p := newPod(t, bus, PodConfig{Fences: egressOnly(t, bus),
-			Hold: func(ctx context.Context, opts leasebus.HoldOptions) (*leasebus.Holder, bool, error) {
-				h, err := bus.Client.AttachAndHold(ctx, l.LeaseID, cred, opts)
-				return h, true, err
+			Hold: func(ctx context.Context, onRenew func(time.Duration, error)) (Holder, error) {
+				h, err := bus.Client.AttachAndHold(ctx, l.LeaseID, cred, leasebus.HoldOptions{OnRenew: onRenew})
+				if err != nil {
+					return nil, err
+				}
+				return h, nil
 			}})
 		r, err := p.Start(ctx)
 		if err != nil {
@@ -245,7 +257,7 @@ func TestPodStartFails(t *testing.T) {
 		var held *leasebus.Holder
 		bad := errors.New("no fences today")
 		p := newPod(t, bus, PodConfig{Hold: acquiring(bus, podRequest(t), leasebus.NewCredential(), &held),
-			Fences: func(*leasebus.Holder, *leasebus.Auditor) (Config, error) { return Config{}, bad }})
+			Fences: func(lease.Holding, lease.Auditor) (Config, error) { return Config{}, bad }})
 		if _, err := p.Start(ctx); !errors.Is(err, bad) {
 			t.Fatalf("start with failing fences: %v, want %v", err, bad)
 		}
@@ -261,7 +273,8 @@ func TestPodStartFails(t *testing.T) {
 		}
 		defer ln.Close()
 		var held *leasebus.Holder
-		_, err = NewPod(PodConfig{Bus: bus.Client, Admin: AdminConfig{Listen: ln.Addr().String()},
+		ui := &countedUI{}
+		_, err = NewPod(PodConfig{Audit: bus.Auditor, UI: ui, Admin: AdminConfig{Listen: ln.Addr().String()},
 			Hold: acquiring(bus, podRequest(t), leasebus.NewCredential(), &held), Fences: egressOnly(t, bus)})
 		var ae *AdminError
 		if !errors.As(err, &ae) || !strings.Contains(err.Error(), ln.Addr().String()) {
@@ -269,6 +282,9 @@ func TestPodStartFails(t *testing.T) {
 		}
 		if held != nil {
 			t.Fatal("the lease was taken although the admin server did not start")
+		}
+		if n := ui.closed.Load(); n != 1 {
+			t.Fatalf("run UI closed %d times after NewPod failed, want once (the pod owns it)", n)
 		}
 	})
 }
@@ -318,5 +334,38 @@ func TestPodShutdownAfterRevoke(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), `msg="lease released"`) || !strings.Contains(logs.String(), `msg="lease had already ended: nothing to release"`) {
 		t.Errorf("log says the lease was released, or not that it had ended:\n%s", logs.String())
+	}
+}
+
+// countedUI is a run UI that answers every request with its path and
+// counts its closes.
+type countedUI struct{ closed atomic.Int32 }
+
+func (u *countedUI) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "run ui at "+r.URL.Path) })
+}
+
+func (u *countedUI) Close() { u.closed.Add(1) }
+
+// TestPodServesItsUI: the run UI handed to the pod is served under /ui/
+// (/ redirects there) and closed with the pod, once.
+func TestPodServesItsUI(t *testing.T) {
+	t.Parallel()
+	bus := bustest.Start(t)
+	ui := &countedUI{}
+	var held *leasebus.Holder
+	p, err := NewPod(PodConfig{Audit: bus.Auditor, UI: ui, Admin: AdminConfig{Listen: "127.0.0.1:0"},
+		Hold: acquiring(bus, podRequest(t), leasebus.NewCredential(), &held), Fences: egressOnly(t, bus)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body := testutil.HTTPGet(t, p.AdminURL()+PathUI+"leases", ""); code != 200 || body != "run ui at /leases" {
+		t.Fatalf("GET %sleases: %d %q, want the run UI's answer", PathUI, code, body)
+	}
+	if err := p.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := ui.closed.Load(); n != 1 {
+		t.Fatalf("run UI closed %d times with the pod, want once", n)
 	}
 }

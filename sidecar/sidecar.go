@@ -21,18 +21,20 @@ import (
 	"github.com/fenceline/fenceline/egress"
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/pgproxy"
 	"github.com/fenceline/fenceline/policy"
 )
 
 // Config configures a Sidecar.
 type Config struct {
-	// Lease is the agent's held lease.
-	Lease *leasebus.Holder
-	// Bus is read when a write is decided; Audit records refusals.
-	Bus   *leasebus.Client
-	Audit *leasebus.Auditor
+	// Lease is the agent's held lease (a *leasebus.Holder): every fence
+	// asks it for the fence before each write.
+	Lease lease.Source
+	// Bus is read when a push is decided (a *leasebus.Client); Audit
+	// records refusals (a *leasebus.Auditor; nil: refusals are only
+	// logged).
+	Bus   gitproxy.LeaseView
+	Audit lease.Auditor
 
 	// GitUpstream is the URL of the agent's git remote, http or https: its
 	// repository (the git fence serves that repository's smart-HTTP

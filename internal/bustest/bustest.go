@@ -186,7 +186,7 @@ type Lease struct {
 func (b *Bus) Acquire(t testing.TB, req leasebus.AcquireRequest, opts leasebus.HoldOptions) *Lease {
 	t.Helper()
 	if req.Owner.AgentID == "" {
-		req.Owner = lease.Owner{TaskID: "task-" + t.Name(), AgentID: "agent", AttemptID: leasebus.NewAttemptID()}
+		req.Owner = lease.Owner{TaskID: "task-" + t.Name(), AgentID: "agent", AttemptID: lease.NewAttemptID()}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -195,7 +195,7 @@ func (b *Bus) Acquire(t testing.TB, req leasebus.AcquireRequest, opts leasebus.H
 	if err != nil {
 		t.Fatalf("acquire and hold %s: %v", req.Scope, err)
 	}
-	t.Cleanup(h.Stop)
+	t.Cleanup(h.Orphan)
 	rec := h.Lease()
 	return &Lease{Holder: h, Record: &rec, Cred: cred}
 }

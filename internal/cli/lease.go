@@ -207,7 +207,7 @@ func (lf *leaseFlags) request() (leasebus.AcquireRequest, error) {
 		agent = leasebus.DefaultAgentID()
 	}
 	if attempt == "" {
-		attempt = leasebus.NewAttemptID()
+		attempt = lease.NewAttemptID()
 	}
 	return leasebus.AcquireRequest{
 		Repo:          repoid.Normalize(lf.repo),

@@ -251,7 +251,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 	if rf.attachID == "" {
 		rf.lf.repo = co.Repo
 		if rf.lf.attempt == "" {
-			rf.lf.attempt = leasebus.NewAttemptID() // the attempt record's id, when there is a pool
+			rf.lf.attempt = lease.NewAttemptID() // the attempt record's id, when there is a pool
 		}
 		if len(rf.lf.paths) == 0 && !rf.lf.wholeRepo && rf.lf.workspace == "" {
 			rf.lf.workspace = string(lease.WorkspaceExclusive) // no claim: the checkout to itself
@@ -302,7 +302,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 	}
 	l := held.holder.Lease()
 	verb := "acquired"
-	if !held.acquired {
+	if held.holder.Attached() {
 		verb = "attached"
 	}
 	say(fmt.Sprintf("lease %s %s: repo %s, scope %s, workspace %s (%s), fence %d, ttl %s",
@@ -341,7 +341,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 // spec with the bus's auditor and the fences' configuration.
 func (a *app) prepareAttempt(rf *runFlags, s *session, held *heldLease, spec *attempt.Spec) error {
 	l, co := held.holder.Lease(), spec.Checkout
-	if !held.acquired && l.Repo != co.Repo {
+	if held.holder.Attached() && l.Repo != co.Repo {
 		return fmt.Errorf("lease %s is for repo %s, but the checkout %s is %s: attach to a lease of this checkout's repo", l.LeaseID, l.Repo, co.Root, co.Repo)
 	}
 	audit, err := leasebus.NewAuditor(s.nc)
@@ -371,9 +371,9 @@ func (a *app) finishLease(ctx context.Context, held *heldLease, say func(string)
 		os.RemoveAll(stateDir) // the default one is this lease's alone
 	}
 	switch {
-	case !held.acquired:
+	case held.holder.Attached():
 		say(fmt.Sprintf("lease %s no longer renewed here (%s); its owner releases it", l.LeaseID, why))
-	case state == leasebus.Lost:
+	case state == lease.Lost:
 		say(fmt.Sprintf("lease %s ended before the agent did (%v); nothing to release", l.LeaseID, lostWhy))
 	case ferr != nil:
 		say(fmt.Sprintf("lease %s not released: %v; it expires within its ttl (%s) and is then reclaimed", l.LeaseID, ferr, l.TTL))

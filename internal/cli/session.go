@@ -15,9 +15,8 @@ import (
 // heldLease is a lease this process holds: acquired from flags, or attached
 // to by id with its credential.
 type heldLease struct {
-	holder   *leasebus.Holder
-	cred     leasebus.Credential
-	acquired bool // taken here (so released here), not attached
+	holder *leasebus.Holder // Attached: not taken here, so not released here
+	cred   leasebus.Credential
 }
 
 // dialHolder connects to the bus for a long-lived holder: it reconnects
@@ -62,7 +61,7 @@ func (a *app) dialEphemeral(url, source, name string) (*session, error) {
 		return nil, err
 	}
 	if !leasebus.ValidIdentityName("eph-" + name) { // an --attempt of odd characters
-		name = "holder-" + leasebus.NewAttemptID()
+		name = "holder-" + lease.NewAttemptID()
 	}
 	enc, err := leasebus.Dial(url, source, bc, nats.Name("fenceline-enroll"))
 	var refused *leasebus.CredsRefusedError
@@ -136,7 +135,7 @@ func (a *app) holdWith(ctx context.Context, s *session, lf *leaseFlags, attachID
 		}
 		return nil, fmt.Errorf("acquire %s in %s: %w", req.Scope, req.Repo, err)
 	}
-	return &heldLease{holder: h, cred: cred, acquired: true}, nil
+	return &heldLease{holder: h, cred: cred}, nil
 }
 
 // attach attaches to lease id with its credential (cred, else this
@@ -160,8 +159,8 @@ func (a *app) attach(ctx context.Context, s *session, id string, cred leasebus.C
 	return &heldLease{holder: h, cred: cred}, nil
 }
 
-// finish ends holding: a lease acquired here is released, an attached one
-// is only no longer renewed (its owner decides).
+// finish ends holding (leasebus.Holder.Close): a lease acquired here is
+// released, an attached one is only no longer renewed (its owner decides).
 func (h *heldLease) finish(ctx context.Context) error {
-	return h.holder.End(ctx, h.acquired)
+	return h.holder.Close(ctx)
 }

@@ -322,7 +322,15 @@ func (a *app) findPool(ctx context.Context, s *session, rf *runFlags, co *attemp
 	if rf.attachID != "" {
 		return nil, nil
 	}
-	p, err := attempt.OpenPool(ctx, s.nc, s.client, co.Repo, attempt.PoolUse{Commit: rf.commit, Shard: rf.commitShard, WorkspaceID: rf.lf.workspaceID, Checkout: co.Root})
+	audit, err := leasebus.NewAuditor(s.nc)
+	if err != nil {
+		return nil, err
+	}
+	st, err := shard.Open(s.nc, shard.Config{Audit: audit})
+	if err != nil {
+		return nil, err
+	}
+	p, err := attempt.OpenPool(ctx, st, s.client, co.Repo, attempt.PoolUse{Commit: rf.commit, Shard: rf.commitShard, WorkspaceID: rf.lf.workspaceID, Checkout: co.Root})
 	if errors.Is(err, shard.ErrNoPool) {
 		return nil, usagef("no shard pool is declared for %s: declare one with \"fenceline shard pool --checkout %s --size N\"", co.Repo, co.Root)
 	}
@@ -336,7 +344,8 @@ func (a *app) holdPoolLease(ctx context.Context, s *session, rf *runFlags, pool 
 	if err != nil {
 		return nil, err
 	}
-	req = pool.Request(req)
+	w := pool.Request(attempt.Workspace{ID: req.WorkspaceID, Candidates: req.Workspaces, MaxSharers: req.MaxSharers})
+	req.WorkspaceID, req.Workspaces, req.MaxSharers = w.ID, w.Candidates, w.MaxSharers
 	if req.Wait > 0 {
 		what := fmt.Sprintf("a shard of the pool of %s (%d shards)", req.Repo, pool.Pool.Size)
 		if req.WorkspaceID != "" {
@@ -357,7 +366,7 @@ func (a *app) holdPoolLease(ctx context.Context, s *session, rf *runFlags, pool 
 		active, _ := s.client.List(context.WithoutCancel(ctx), req.Repo, false)
 		return nil, &poolConflict{ce: ce, pool: pool.Pool, req: req, active: active}
 	}
-	return &heldLease{holder: h, cred: cred, acquired: true}, nil
+	return &heldLease{holder: h, cred: cred}, nil
 }
 
 // poolConflict explains an attempt no shard could take: the pool's size

@@ -14,7 +14,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenceline/fenceline/internal/repoid"
+	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/runui"
+	"github.com/fenceline/fenceline/shard"
 	"github.com/fenceline/fenceline/sidecar"
 )
 
@@ -191,7 +194,7 @@ func (ff *fenceFlags) flagError(err error) error {
 
 // config is the sidecar's configuration under the held lease, from what
 // check read.
-func (ff *fenceFlags) config(held *heldLease, s *session, audit *leasebus.Auditor, log *slog.Logger) (sidecar.Config, error) {
+func (ff *fenceFlags) config(held *heldLease, s *session, audit lease.Auditor, log *slog.Logger) (sidecar.Config, error) {
 	if ff.opts == nil {
 		return sidecar.Config{}, errors.New("internal error: the fence flags were not checked before the lease was taken")
 	}
@@ -349,7 +352,7 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	// Every flag is checked: from here on things are dialed and acquired.
 	identity := "" // attached: the lease's acquirer's credentials (the lease is bound to its identity)
 	if sf.attachID == "" {
-		identity = "sidecar-" + leasebus.NewAttemptID()
+		identity = "sidecar-" + lease.NewAttemptID()
 	}
 	s, err := a.dialHolder(identity)
 	if err != nil {
@@ -373,18 +376,29 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 	if v, ok := os.LookupEnv("DATABASE_URL"); ok {
 		base = append(base, "DATABASE_URL="+v)
 	}
+	audit, err := leasebus.NewAuditor(s.nc)
+	if err != nil {
+		return err
+	}
+	ui, err := runUI(s, token, log)
+	if err != nil {
+		return err
+	}
+	var held *heldLease // set by Hold, before Fences
 	pod, err := sidecar.NewPod(sidecar.PodConfig{
-		Bus:   s.client,
+		Audit: audit,
+		UI:    ui,
 		Admin: sidecar.AdminConfig{Listen: sf.admin, Token: token, Policy: pol},
-		Hold: func(ctx context.Context, opts leasebus.HoldOptions) (*leasebus.Holder, bool, error) {
-			held, err := a.holdWith(ctx, s, &sf.lf, sf.attachID, leasebus.Credential(sf.cred), opts)
+		Hold: func(ctx context.Context, onRenew func(time.Duration, error)) (sidecar.Holder, error) {
+			h, err := a.holdWith(ctx, s, &sf.lf, sf.attachID, leasebus.Credential(sf.cred), leasebus.HoldOptions{OnRenew: onRenew})
 			if err != nil {
-				return nil, false, err
+				return nil, err
 			}
-			return held.holder, !held.acquired, nil
+			held = h
+			return h.holder, nil
 		},
-		Fences: func(h *leasebus.Holder, audit *leasebus.Auditor) (sidecar.Config, error) {
-			cfg, err := sf.ff.config(&heldLease{holder: h}, s, audit, log)
+		Fences: func(_ lease.Holding, audit lease.Auditor) (sidecar.Config, error) {
+			cfg, err := sf.ff.config(held, s, audit, log)
 			cfg.Policy = pol
 			return cfg, err
 		},
@@ -430,6 +444,17 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 		fmt.Fprintf(a.stdout, "sidecar stopping: fences drained, lease %s released (%s)\n", l.LeaseID, end.Why)
 	}
 	return err
+}
+
+// runUI is the run UI of a sidecar (runui.Server) on s's connection:
+// leases, the audit stream, and the shards and attempts of the shard
+// store.
+func runUI(s *session, token string, log *slog.Logger) (*runui.Server, error) {
+	shards, err := shard.Open(s.nc, shard.Config{Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	return runui.New(runui.Config{NC: s.nc, Token: token, Shards: runui.StoreSource(shards), Logger: log})
 }
 
 // printSidecarReady prints the lease, the fences and the agent's

@@ -277,7 +277,7 @@ func demoRequest(agent, path string, ttl, wait time.Duration) (leasebus.AcquireR
 	return leasebus.AcquireRequest{
 		Repo:  Repo,
 		Scope: claim,
-		Owner: lease.Owner{TaskID: "demo", AgentID: agent, AttemptID: leasebus.NewAttemptID()},
+		Owner: lease.Owner{TaskID: "demo", AgentID: agent, AttemptID: lease.NewAttemptID()},
 		TTL:   lease.Duration(ttl),
 		Wait:  lease.Duration(wait),
 	}, nil
@@ -312,7 +312,7 @@ func (d *demo) story(ctx context.Context) error {
 			q.cred, q.sent = leasebus.NewCredential(), time.Now()
 			q.lease, q.err = d.c.Acquire(ctx, leasebus.AcquireRequest{
 				Repo: Repo, Scope: claim, TTL: lease.Duration(ttl),
-				Owner: lease.Owner{TaskID: "demo", AgentID: q.agent, AttemptID: leasebus.NewAttemptID()},
+				Owner: lease.Owner{TaskID: "demo", AgentID: q.agent, AttemptID: lease.NewAttemptID()},
 			}, q.cred)
 			if q.err == nil {
 				mu.Lock()
@@ -353,11 +353,11 @@ func (d *demo) story(ctx context.Context) error {
 		return fail("agent-c's disjoint [libs/tax] should be granted, got: %v", c.err)
 	}
 	fmt.Fprintf(d.out, "agent-c got %s [libs/tax] (fence %d) while the race went on: disjoint claims share the workspace.\n", c.lease.LeaseID, c.lease.Fence)
-	holdC, err := d.c.Hold(c.lease, c.cred, c.sent, leasebus.HoldOptions{})
+	holdC, err := d.c.Hold(ctx, c.lease, c.cred, c.sent, leasebus.HoldOptions{})
 	if err != nil {
 		return fmt.Errorf("hold agent-c's lease: %w", err)
 	}
-	defer holdC.Stop()
+	defer holdC.Orphan()
 	fmt.Fprintln(d.out, "agent-c's holder renews it in the background and watches for its end.")
 
 	// 3: a crashed holder.
@@ -368,7 +368,7 @@ func (d *demo) story(ctx context.Context) error {
 	}
 	dl := holdD.Lease()
 	fmt.Fprintf(d.out, "agent-d got %s [docs] (fence %d) with ttl %s and a holder renewing it.\n", dl.LeaseID, dl.Fence, dl.TTL)
-	holdD.Stop()
+	holdD.Orphan()
 	fmt.Fprintln(d.out, "agent-d crashes: its holder stops renewing and nothing is released.")
 	fmt.Fprintln(d.out, "agent-e asks for [docs] and waits up to 5s ...")
 	t0 := time.Now()

@@ -161,7 +161,7 @@ func (d *demo) gitStory(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
-	z.holder.Stop() // frozen: no more renewals
+	z.holder.Orphan() // frozen: no more renewals
 	z.sc.Close(ctx)
 	zombie := z.lease
 	frozen, err := gitproxy.New(gitproxy.Config{
@@ -283,7 +283,7 @@ func (a *demoAgent) close(ctx context.Context) {
 	if a.sc != nil {
 		a.sc.Close(ctx)
 	}
-	a.holder.Release(ctx)
+	a.holder.Close(ctx)
 }
 
 func (g *demoGit) agent(ctx context.Context, name, path string, ttl time.Duration) (*demoAgent, error) {
@@ -303,7 +303,7 @@ func (g *demoGit) agentWait(ctx context.Context, name, path string, ttl, wait ti
 func (d *demo) startAgent(ctx context.Context, name string, claim scope.Claim, ttl, wait time.Duration, cfg sidecar.Config) (*demoAgent, error) {
 	h, err := d.c.AcquireAndHold(ctx, leasebus.AcquireRequest{
 		Repo: Repo, Scope: claim, WorkspaceMode: lease.WorkspaceExclusive, WorkspaceID: "ws-" + name,
-		Owner: lease.Owner{TaskID: "demo", AgentID: name, AttemptID: leasebus.NewAttemptID()},
+		Owner: lease.Owner{TaskID: "demo", AgentID: name, AttemptID: lease.NewAttemptID()},
 		TTL:   lease.Duration(ttl), Wait: lease.Duration(wait),
 	}, leasebus.NewCredential(), leasebus.HoldOptions{})
 	if err != nil {

@@ -102,7 +102,7 @@ func (d *demo) pgStory(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
-	q.holder.Stop()
+	q.holder.Orphan()
 	q.sc.Close(ctx)
 	zombie, err := pgproxy.Listen(ctx, pgproxy.Config{Upstream: pg.Addr(), Lease: leasebus.Frozen{Record: *q.lease}, Audit: d.auditor})
 	if err != nil {

@@ -84,7 +84,7 @@ func TestStaggeredClusterStart(t *testing.T) {
 		cred := leasebus.NewCredential()
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		l, err := c.Acquire(ctx, leasebus.AcquireRequest{Repo: "github.com/acme/billing", Scope: bustest.Claim(t, "services/billing"),
-			Owner: lease.Owner{TaskID: "task", AgentID: fmt.Sprint("agent-", i), AttemptID: leasebus.NewAttemptID()},
+			Owner: lease.Owner{TaskID: "task", AgentID: fmt.Sprint("agent-", i), AttemptID: lease.NewAttemptID()},
 			TTL:   lease.Duration(time.Minute), Wait: lease.Duration(10 * time.Second)}, cred)
 		if err != nil {
 			cancel()

@@ -61,7 +61,7 @@ func acquire(t *testing.T, url string) *lease.Lease {
 	l, err := c.Acquire(ctx, leasebus.AcquireRequest{
 		Repo:  "github.com/acme/billing",
 		Scope: bustest.Claim(t, "services/billing"),
-		Owner: lease.Owner{TaskID: "task", AgentID: "agent", AttemptID: leasebus.NewAttemptID()},
+		Owner: lease.Owner{TaskID: "task", AgentID: "agent", AttemptID: lease.NewAttemptID()},
 		TTL:   lease.Duration(time.Minute),
 	}, leasebus.NewCredential())
 	if err != nil {

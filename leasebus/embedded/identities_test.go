@@ -220,7 +220,7 @@ func TestRevokeOneIdentity(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(h.Stop)
+		t.Cleanup(h.Orphan)
 		return h
 	}
 	var aRenewed, aFailed, bRenewed, bFailed atomic.Int32
@@ -269,7 +269,7 @@ func TestRevokeOneIdentity(t *testing.T) {
 	if n := bFailed.Load(); n != 0 {
 		t.Fatalf("runner B's renewals failed %d times", n)
 	}
-	if st, err := hb.State(); st != leasebus.Held {
+	if st, err := hb.State(); st != lease.Held {
 		t.Fatalf("runner B's lease: %v %v, want held", st, err)
 	}
 	if a.IsConnected() {

@@ -6,7 +6,7 @@
 // cadence), -per-conn holders on each NATS connection, the connections
 // spread over the enrolled identities named by -identities; then, for -d,
 // it keeps them held while -churn acquire+release cycles a second replace
-// random ones (Holder.Release, then AcquireAndHold). It prints a SAMPLE
+// random ones (Holder.Close, then AcquireAndHold). It prints a SAMPLE
 // line every -sample (held leases, each node's RSS and CPU from /proc) and
 // one RESULT line at the end (see Result.Line). The driver only listens to
 // its holders (HoldOptions.OnChange and OnRenew, Holder.Lost): it never asks
@@ -385,11 +385,11 @@ func (l *load) acquire(ctx context.Context, s *slot, into *Hist) bool {
 				l.errs.AddErr("renew:"+kindOf(err), err)
 			}
 		},
-		OnChange: func(st leasebus.HolderState, _ error) {
+		OnChange: func(st lease.HolderState, _ error) {
 			switch st {
-			case leasebus.Held:
+			case lease.Held:
 				state.Store(stateHeld)
-			case leasebus.Unknown:
+			case lease.Unknown:
 				state.Store(stateUnknown)
 				l.unknowns.Add(1)
 			default:
@@ -533,10 +533,8 @@ func (l *load) cycle(ctx context.Context, s *slot) {
 	s.mu.Unlock()
 	if h != nil {
 		ours.Store(true)
-		rctx, cancel := context.WithTimeout(ctx, leasebus.ReleaseTimeout)
 		t0 := time.Now()
-		err := h.Release(rctx)
-		cancel()
+		err := h.Close(ctx) // bounded by leasebus.ReleaseTimeout
 		if err != nil {
 			l.errs.AddErr("release:"+kindOf(err), err)
 		} else {
@@ -577,7 +575,7 @@ func (l *load) scanLosses() {
 			kind = kindOf(err)
 		}
 		l.losses.AddErr(kind, cmpErr(err))
-		h.Stop()
+		h.Orphan()
 	}
 }
 
@@ -686,7 +684,7 @@ func (l *load) stopHolders() {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			h.Stop()
+			h.Orphan()
 		})
 	}
 	wg.Wait()

@@ -84,7 +84,7 @@ func BenchmarkShardHandOut(b *testing.B) {
 			}
 			h, err := bus.Client.AcquireAndHold(ctx, leasebus.AcquireRequest{
 				Repo: co, Workspaces: p.ShardIDs(), WorkspaceMode: lease.WorkspaceExclusive,
-				Owner: lease.Owner{TaskID: "bench", AgentID: "bench", AttemptID: leasebus.NewAttemptID()},
+				Owner: lease.Owner{TaskID: "bench", AgentID: "bench", AttemptID: lease.NewAttemptID()},
 				TTL:   lease.Duration(time.Minute),
 			}, cred, leasebus.HoldOptions{})
 			if err != nil {
@@ -104,7 +104,7 @@ func BenchmarkShardHandOut(b *testing.B) {
 			if _, err := pl.CleanAfter(ctx); err != nil {
 				b.Fatal(err)
 			}
-			if err := h.Release(ctx); err != nil {
+			if err := h.Close(ctx); err != nil {
 				b.Fatal(err)
 			}
 		}
