@@ -123,7 +123,9 @@ const writeCheckHint = "acquire a lease that claims every table the functions wr
 // the transaction wrote a table outside the claim, or the catalogs (unless
 // opaque writes are allowed). It first fires what the statement deferred
 // to COMMIT (SET CONSTRAINTS ALL IMMEDIATE: deferred constraint triggers
-// and foreign-key actions), so their writes are counted too. It pins search_path to pg_catalog for the
+// and foreign-key actions), so their writes are counted too, and refuses a
+// cursor WITH HOLD declared in the transaction (a function may declare
+// one: its query runs at COMMIT, after the check). It pins search_path to pg_catalog for the
 // rest of the transaction (it is its last statement), so what the checked
 // statement did to the path or the session's objects does not change what
 // the check reads.
@@ -153,8 +155,14 @@ func (s *session) writeCheckSQL(st *Statement, li leaseInfo) string {
 	q := func(s string) string { return "$fl_m$" + strings.ReplaceAll(s, "$", "") + "$fl_m$" }
 	msgT, detail := refusalText(&refusal{reason: fmt.Sprintf("a function it calls wrote table @T@, outside the lease's table scope %v", li.tables)}, st, li)
 	msgO, _ := refusalText(&refusal{reason: "cannot tell which tables a function it calls wrote: @T@"}, st, li)
+	msgH, _ := refusalText(&refusal{reason: "cannot tell which tables a function it calls writes: it declared a cursor WITH HOLD (@T@), whose query runs when the transaction commits, after this check"}, st, li)
 	return "DO $fl_do$DECLARE t pg_catalog.text; unnamed pg_catalog.bool; BEGIN " +
 		"SET CONSTRAINTS ALL IMMEDIATE; " +
+		// A cursor WITH HOLD runs its query at COMMIT, after the check: one
+		// declared in this transaction (by a function) is refused.
+		"SELECT c.name INTO t FROM pg_catalog.pg_cursors c WHERE c.is_holdable AND c.creation_time >= pg_catalog.transaction_timestamp() LIMIT 1; " +
+		"IF t IS NOT NULL THEN RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = pg_catalog.replace(" + q(msgH) + ", '@T@', pg_catalog.quote_ident(t)), DETAIL = " + q(detail) +
+		", HINT = " + q("declare the cursor yourself (DECLARE ... WITH HOLD of a query the lease allows), not from a function a read calls") + "; END IF; " +
 		"IF pg_catalog.txid_current_if_assigned() IS NULL THEN RETURN; END IF; " +
 		"PERFORM pg_catalog.set_config('search_path', 'pg_catalog', true); " + counts +
 		"SELECT CASE WHEN s.schemaname = 'pg_catalog' THEN pg_catalog.format('it changed the catalogs (%s: DDL, TRUNCATE, large objects or temporary tables)', s.relname) " +

@@ -206,3 +206,30 @@ func TestHoldCursorIsNotChecked(t *testing.T) {
 		t.Fatalf("FETCH hold2 = %q, %v; want a", v, err)
 	}
 }
+
+// The same through a function: a read calling a function that declares a
+// cursor WITH HOLD over a writing query (EXECUTE 'DECLARE ... WITH HOLD')
+// is checked, and the check ran before the commit that runs the cursor's
+// query: the write landed outside the lease. The check now refuses a
+// holdable cursor declared in its transaction.
+func TestHoldCursorFromFunctionRefused(t *testing.T) {
+	smuggleSetup(t)
+	if _, err := adminConn(t).Exec(ctxT(t), `CREATE OR REPLACE FUNCTION app.f_hold() RETURNS int LANGUAGE plpgsql AS
+  $$BEGIN EXECUTE 'DECLARE fhold CURSOR WITH HOLD FOR SELECT other.f_writes()'; RETURN 1; END$$`); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_fhold", 0, "public.*", "app.*")})
+	ctx := ctxT(t)
+	c := connect(t, proxyDSN(p, "agent"))
+	err := simple(ctx, c, "SELECT app.f_hold()")
+	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "WITH HOLD") || !strings.Contains(err.Error(), "fhold") {
+		t.Errorf("a read whose function declares a cursor WITH HOLD: %v, want the check's refusal naming the cursor", err)
+	}
+	if n := otherRows(t); n != 0 {
+		t.Fatalf("%d rows in other.t: the holdable cursor's query wrote at commit, after the check", n)
+	}
+	// The session goes on, the cursor gone with the rolled-back transaction.
+	if err := simple(ctx, c, "FETCH fhold"); pgCode(err) != "34000" {
+		t.Errorf("FETCH fhold after the refusal: %v, want 34000 (no such cursor)", err)
+	}
+}
