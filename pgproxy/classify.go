@@ -124,6 +124,12 @@ type Statement struct {
 	WriteCheck bool
 	// Prepare/Execute/Deallocate name SQL-level prepared statements.
 	Prepare, Execute, Deallocate string
+	// Declare names the cursor a DECLARE makes (the statement is its
+	// query's); Portal the portal a FETCH or MOVE runs, or a CLOSE
+	// (ClosePortal) closes ("": CLOSE ALL). Cursors and the protocol's
+	// portals share one namespace on the server.
+	Declare, Portal string
+	ClosePortal     bool
 	// Inner is the prepared statement's classification (PREPARE only).
 	Inner *Statement
 	// Calls are the functions and operators the statement calls by name
@@ -359,10 +365,11 @@ func classifyNode1(n *pgq.Node) Statement {
 	case *pgq.Node_VariableShowStmt:
 		return Statement{Class: ClassRead, ShowDefaultRO: strings.EqualFold(x.VariableShowStmt.Name, "default_transaction_read_only")}
 	case *pgq.Node_FetchStmt:
-		return Statement{Class: ClassRead}
+		return Statement{Class: ClassRead, Portal: x.FetchStmt.Portalname}
 	case *pgq.Node_DeclareCursorStmt:
 		inner := classifyNode(x.DeclareCursorStmt.Query)
 		inner.Tx = TxNone
+		inner.Declare = x.DeclareCursorStmt.Portalname
 		return inner
 	case *pgq.Node_ExplainStmt:
 		return classifyExplain(x.ExplainStmt)
@@ -372,8 +379,9 @@ func classifyNode1(n *pgq.Node) Statement {
 		return classifyTx(x.TransactionStmt)
 	case *pgq.Node_VariableSetStmt:
 		return classifySet(x.VariableSetStmt)
-	case *pgq.Node_ListenStmt, *pgq.Node_UnlistenStmt, *pgq.Node_NotifyStmt,
-		*pgq.Node_ClosePortalStmt, *pgq.Node_ConstraintsSetStmt:
+	case *pgq.Node_ClosePortalStmt:
+		return Statement{Class: ClassControl, ClosePortal: true, Portal: x.ClosePortalStmt.Portalname} // "": CLOSE ALL
+	case *pgq.Node_ListenStmt, *pgq.Node_UnlistenStmt, *pgq.Node_NotifyStmt, *pgq.Node_ConstraintsSetStmt:
 		return Statement{Class: ClassControl}
 	case *pgq.Node_DeallocateStmt:
 		return Statement{Class: ClassControl, Deallocate: x.DeallocateStmt.Name, Session: x.DeallocateStmt.Name == ""}

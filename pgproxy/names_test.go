@@ -165,6 +165,41 @@ func TestNamesFollowTheServer(t *testing.T) {
 		}
 	})
 
+	// FETCH and MOVE run a portal: a Bind's portal of an INSERT ...
+	// RETURNING wrote other.t under FETCH, which the fence took for a read.
+	t.Run("FETCH and MOVE run a Bind's portal", func(t *testing.T) {
+		for _, run := range []string{"FETCH ALL p2", "MOVE ALL p2", "FETCH ALL IN p2"} {
+			raw, err := net.Dial("tcp", p.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			raw.SetDeadline(time.Now().Add(20 * time.Second))
+			fe := pgproto3.NewFrontend(raw, raw)
+			fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersionNumber,
+				Parameters: map[string]string{"user": "agent", "database": testDB}})
+			step := func(msgs ...pgproto3.FrontendMessage) string {
+				for _, m := range msgs {
+					fe.Send(m)
+				}
+				if err := fe.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				return answers(t, fe)
+			}
+			step()
+			step(&pgproto3.Query{String: "BEGIN; " + insideWrite}) // a block the fence made writable
+			step(&pgproto3.Parse{Name: "o2", Query: outsideWrite + " RETURNING 1"}, &pgproto3.Bind{DestinationPortal: "p2", PreparedStatement: "o2"}, &pgproto3.Sync{})
+			if tr := step(&pgproto3.Query{String: run}); !strings.Contains(tr, "42501") {
+				t.Errorf("%s: %s, want the fence's refusal (42501) of the INSERT the portal runs", run, tr)
+			}
+			step(&pgproto3.Query{String: "COMMIT"})
+			if n := otherRows(t); n != 0 {
+				t.Fatalf("%s: %d rows in other.t: the portal's INSERT ran under a FETCH", run, n)
+			}
+		}
+	})
+
 	t.Run("what direct allows still runs", func(t *testing.T) {
 		c := connect(t, proxyDSN(p, "agent"))
 		if err := simple(ctx, c, "PREPARE ok1 AS "+insideWrite); err != nil {
@@ -181,6 +216,20 @@ func TestNamesFollowTheServer(t *testing.T) {
 		}
 		if err := simple(ctx, c, "DEALLOCATE ALL; PREPARE ok1 AS SELECT 1; EXECUTE ok1"); err != nil {
 			t.Errorf("DEALLOCATE ALL then PREPARE of a freed name: %v", err)
+		}
+		// Cursors: DECLARE, FETCH, MOVE, CLOSE, in a block and WITH HOLD.
+		if err := simple(ctx, c, "BEGIN; DECLARE cur1 CURSOR FOR SELECT g FROM pg_catalog.generate_series(1, 3) g; MOVE 1 cur1; FETCH 1 FROM cur1; CLOSE cur1; DECLARE cur1 CURSOR FOR SELECT 1; FETCH ALL cur1; CLOSE ALL; COMMIT"); err != nil {
+			t.Errorf("cursors in a block: %v", err)
+		}
+		if err := simple(ctx, c, "DECLARE cur2 CURSOR WITH HOLD FOR SELECT 2"); err != nil {
+			t.Fatal(err)
+		}
+		var two int
+		if err := c.QueryRow(ctx, "FETCH cur2").Scan(&two); err != nil || two != 2 {
+			t.Errorf("FETCH of a cursor WITH HOLD: %d, %v", two, err)
+		}
+		if err := simple(ctx, c, "CLOSE cur2"); err != nil {
+			t.Errorf("CLOSE cur2: %v", err)
 		}
 	})
 }

@@ -204,11 +204,12 @@ func (s *session) beginUnit() error {
 	return nil
 }
 
-// resolveSQLPrepared maps EXECUTE of a prepared statement to the
-// statement it runs, and tracks PREPARE and DEALLOCATE in the namespace
-// Parse and Close use (the server has one: EXECUTE runs a statement a
-// Parse prepared, a Bind binds one PREPARE made, DEALLOCATE removes
-// either).
+// resolveSQLPrepared maps EXECUTE of a prepared statement, and FETCH or
+// MOVE of a portal, to the statement it runs, and tracks PREPARE and
+// DEALLOCATE, DECLARE and CLOSE in the namespaces Parse, Bind and Close
+// use (the server has one of statements and one of portals: EXECUTE runs
+// a statement a Parse prepared, a Bind binds one PREPARE made, FETCH runs
+// a portal a Bind made).
 func (s *session) resolveSQLPrepared(st *Statement) *Statement {
 	switch {
 	case st.Prepare != "":
@@ -229,6 +230,21 @@ func (s *session) resolveSQLPrepared(st *Statement) *Statement {
 		if in, ok := s.stmts[st.Execute]; ok && in != nil {
 			c := *in
 			c.Start, c.End, c.Tag = st.Start, st.End, "ExecuteStmt("+in.Tag+")"
+			return &c
+		}
+	case st.Declare != "":
+		s.setName(portalNames, st.Declare, st)
+	case st.ClosePortal && st.Portal == "": // CLOSE ALL
+		s.clearNames(portalNames)
+	case st.ClosePortal:
+		s.setName(portalNames, st.Portal, nil)
+	case st.Portal != "":
+		// FETCH and MOVE run the portal's statement, a cursor's or one a
+		// Bind made (an INSERT ... RETURNING, say): judged as it. A portal
+		// the proxy does not know (a function opened it) stays a read.
+		if in, ok := s.portals[st.Portal]; ok && in != nil {
+			c := *in
+			c.Start, c.End, c.Tag, c.Declare = st.Start, st.End, "FetchStmt("+in.Tag+")", ""
 			return &c
 		}
 	}
