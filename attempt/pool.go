@@ -58,7 +58,7 @@ func OpenPool(ctx context.Context, nc *nats.Conn, leases *leasebus.Client, repo 
 	if err != nil {
 		return nil, err
 	}
-	st, err := shard.Open(nc, shard.Config{Audit: audit})
+	st, err := shard.Open(leasebus.NewShardRecords(nc), shard.Config{Audit: audit})
 	if err != nil {
 		return nil, err
 	}

@@ -145,7 +145,7 @@ func NewPod(cfg PodConfig) (*Pod, error) {
 		return nil, err
 	}
 	metrics := NewMetrics()
-	shards, err := shard.Open(nc, shard.Config{Logger: log})
+	shards, err := shard.Open(leasebus.NewShardRecords(nc), shard.Config{Logger: log})
 	if err != nil {
 		return nil, err
 	}

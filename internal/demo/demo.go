@@ -194,7 +194,7 @@ func Run(parent context.Context, cfg Config) error {
 			return fmt.Errorf("demo bus: connect the run UI: %w", err)
 		}
 		defer unc.Close()
-		shards, err := shard.Open(unc, shard.Config{})
+		shards, err := shard.Open(leasebus.NewShardRecords(unc), shard.Config{})
 		if err != nil {
 			return err
 		}

@@ -225,7 +225,7 @@ func (s *Service) startUI(ctx context.Context, cfg *ServiceConfig, url, source s
 		return err
 	}
 	s.closers = append(s.closers, unc.Close)
-	shards, err := shard.Open(unc, shard.Config{Logger: s.log})
+	shards, err := shard.Open(leasebus.NewShardRecords(unc), shard.Config{Logger: s.log})
 	if err != nil {
 		return err
 	}
