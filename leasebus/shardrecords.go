@@ -22,32 +22,40 @@ import (
 // (ErrNotFound, ErrRevisionMismatch, ErrNoBucket), each wrapping the
 // bus's own. Safe for concurrent use.
 type ShardRecords struct {
-	nc *nats.Conn
+	js lazyJetStream
 	c  *Client
 
 	mu      sync.Mutex
-	js      jetstream.JetStream           // guarded by mu; nil until the first read reaches JetStream
 	buckets map[string]jetstream.KeyValue // guarded by mu; bound once, never unbound
 }
 
 // NewShardRecords returns the shard records on nc's bus. It reaches
 // nothing yet: the first read learns where JetStream is (JetStream).
 func NewShardRecords(nc *nats.Conn) *ShardRecords {
-	return &ShardRecords{nc: nc, c: NewClient(nc), buckets: map[string]jetstream.KeyValue{}}
+	return &ShardRecords{js: lazyJetStream{nc: nc, what: "shard records"}, c: NewClient(nc), buckets: map[string]jetstream.KeyValue{}}
 }
 
-// jetStream is the JetStream handle of nc's account, learnt once.
-func (r *ShardRecords) jetStream(ctx context.Context) (jetstream.JetStream, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.js == nil {
-		js, err := JetStream(ctx, r.nc)
+// lazyJetStream is the JetStream handle of nc's account (JetStream),
+// learnt by the first call that needs it; a failed probe is tried again.
+type lazyJetStream struct {
+	nc   *nats.Conn
+	what string // who asks, for errors
+
+	mu sync.Mutex
+	js jetstream.JetStream // guarded by mu
+}
+
+func (l *lazyJetStream) get(ctx context.Context) (jetstream.JetStream, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.js == nil {
+		js, err := JetStream(ctx, l.nc)
 		if err != nil {
-			return nil, fmt.Errorf("shard records: %w", err)
+			return nil, fmt.Errorf("%s: %w", l.what, err)
 		}
-		r.js = js
+		l.js = js
 	}
-	return r.js, nil
+	return l.js, nil
 }
 
 // Bucket binds bucket: record.ErrNoBucket when the bus has none.
@@ -57,7 +65,7 @@ func (r *ShardRecords) Bucket(ctx context.Context, bucket string) error {
 }
 
 func (r *ShardRecords) kv(ctx context.Context, bucket string) (jetstream.KeyValue, error) {
-	js, err := r.jetStream(ctx)
+	js, err := r.js.get(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +121,7 @@ func (r *ShardRecords) Write(ctx context.Context, bucket, key string, rev uint64
 // deliveries the bus's fleet account cannot receive (the streams are in
 // the service account, accounts.go).
 func (r *ShardRecords) Latest(ctx context.Context, bucket, keyFilter string, fn func(key string, rev uint64, value []byte)) error {
-	js, err := r.jetStream(ctx)
+	js, err := r.js.get(ctx)
 	if err != nil {
 		return err
 	}

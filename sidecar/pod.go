@@ -149,7 +149,7 @@ func NewPod(cfg PodConfig) (*Pod, error) {
 	if err != nil {
 		return nil, err
 	}
-	ui, err := runui.New(runui.Config{NC: nc, Token: cfg.Admin.Token, Shards: runui.StoreSource(shards), Logger: log})
+	ui, err := runui.New(runui.Config{Source: leasebus.NewUIReader(nc), Token: cfg.Admin.Token, Shards: runui.StoreSource(shards), Logger: log})
 	if err != nil {
 		return nil, err
 	}

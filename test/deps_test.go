@@ -11,7 +11,9 @@ import (
 // server, which only `fenceline bus serve` and the tests embed (package
 // leasebus/embedded); the file guard, the egress proxy, the git and
 // Postgres fences and the lease domain link no NATS at all, nor does the policy they ask (package
-// policy). A fence that needs a lease type imports package lease.
+// policy), nor the shard store and the run UI, which consume interfaces
+// of their own (shard.Records, runui.Source) that package leasebus
+// implements. A fence that needs a lease type imports package lease.
 func TestFencesDoNotLinkTheBusServer(t *testing.T) {
 	const mod = "github.com/fenceline/fenceline/"
 	rules := []struct {
@@ -19,8 +21,8 @@ func TestFencesDoNotLinkTheBusServer(t *testing.T) {
 		banned string
 	}{
 		{[]string{"fsguard", "gitproxy", "pgproxy", "egress", "sidecar", "leasebus"}, "github.com/nats-io/nats-server"},
-		{[]string{"fsguard", "lease", "policy"}, "github.com/nats-io/"},    // the policy every fence asks: no bus
-		{[]string{"egress", "gitproxy", "pgproxy"}, "github.com/nats-io/"}, // fences that know only the lease domain (issue 29)
+		{[]string{"fsguard", "lease", "policy"}, "github.com/nats-io/"},                      // the policy every fence asks: no bus
+		{[]string{"egress", "gitproxy", "pgproxy", "shard", "runui"}, "github.com/nats-io/"}, // fences that know only the lease domain (issue 29)
 	}
 	for _, r := range rules {
 		for _, pkg := range r.pkgs {

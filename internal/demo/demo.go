@@ -198,7 +198,7 @@ func Run(parent context.Context, cfg Config) error {
 		if err != nil {
 			return err
 		}
-		if page, err = runui.Listen(ui, runui.Config{NC: unc, Shards: runui.StoreSource(shards)}); err != nil {
+		if page, err = runui.Listen(ui, runui.Config{Source: leasebus.NewUIReader(unc), Shards: runui.StoreSource(shards)}); err != nil {
 			return err
 		}
 		defer func() {

@@ -229,7 +229,7 @@ func (s *Service) startUI(ctx context.Context, cfg *ServiceConfig, url, source s
 	if err != nil {
 		return err
 	}
-	ui, err := runui.Listen(cfg.UI, runui.Config{NC: unc, Token: cfg.UIToken, Shards: runui.StoreSource(shards), Logger: s.log})
+	ui, err := runui.Listen(cfg.UI, runui.Config{Source: leasebus.NewUIReader(unc), Token: cfg.UIToken, Shards: runui.StoreSource(shards), Logger: s.log})
 	if err != nil {
 		return err
 	}
