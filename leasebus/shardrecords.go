@@ -49,7 +49,10 @@ func (l *lazyJetStream) get(ctx context.Context) (jetstream.JetStream, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.js == nil {
-		js, err := JetStream(ctx, l.nc)
+		// Not the caller's deadline: the probe takes a timeout for an
+		// import that does not answer yet (jsAPI), so a caller's deadline
+		// passing mid-probe would be learnt, for good, as the fleet's API.
+		js, err := JetStream(context.WithoutCancel(ctx), l.nc)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", l.what, err)
 		}
