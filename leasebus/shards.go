@@ -47,8 +47,8 @@ import (
 
 // Buckets of the shard store (shard.PoolBucket, shard.AttemptBucket).
 const (
-	ShardPoolBucket    = "FENCELINE_SHARDS"
-	ShardAttemptBucket = "FENCELINE_ATTEMPTS"
+	ShardPoolBucket    = record.PoolBucket
+	ShardAttemptBucket = record.AttemptBucket
 )
 
 // Ops of shard writes: a runner's, bound to its leases and attempts, and

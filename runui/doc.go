@@ -5,9 +5,11 @@
 // releases, reclaims and every write refused at a boundary.
 //
 // The page is embedded in the binary (no CDN) and is fed by server-sent
-// events built from the bus itself: the lease service's watch subject for
-// lease records, and an ordered consumer on the audit stream. Nothing is
-// polled, and the UI never writes to the bus.
+// events built from the bus itself, read through a Source
+// (leasebus.UIReader: the lease service's watch subject for lease
+// records, and an ordered consumer on each of the audit's streams; this
+// package links no NATS). Nothing is polled, and the UI never writes to
+// the bus.
 //
 //	browser                    runui.Server                      bus
 //	   | GET /api/v1/events?repo=R |                               |

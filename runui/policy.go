@@ -6,7 +6,6 @@ import (
 
 	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/policy"
 )
 
@@ -36,7 +35,7 @@ func (s *Server) policy(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, sc := range scopes {
 		for _, m := range []policy.Mode{policy.ModeEnforce, policy.ModeShadow} {
-			h, err := leasebus.PolicyHistory(r.Context(), s.js, sc, m)
+			h, err := s.src.PolicyHistory(r.Context(), sc, m)
 			if err != nil {
 				s.fail(w, "read the policies", err)
 				return
@@ -57,7 +56,7 @@ func (s *Server) policy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for _, ev := range evs {
-		if ev.Type == leasebus.EventShadowRefused {
+		if ev.Type == lease.EventShadowRefused {
 			v.ShadowRefused = append(v.ShadowRefused, ev)
 		}
 	}

@@ -16,12 +16,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
+	"github.com/fenceline/fenceline/policy"
 )
 
 //go:embed static
@@ -31,10 +28,35 @@ var static embed.FS
 // repo is empty), as JSON-encodable values. The shard package provides one.
 type ShardSource func(ctx context.Context, repo string) (any, error)
 
-// Config configures a Server. NC is required; the rest may be zero.
+// Source is what the UI shows, read from the lease bus:
+// *leasebus.UIReader is the bus's. The UI only reads.
+type Source interface {
+	// List lists the leases of repo (every repo when empty); all:
+	// recently ended ones too.
+	List(ctx context.Context, repo string, all bool) ([]*lease.Lease, error)
+	// Watch calls fn with every lease record of repo (every repo when
+	// empty) as it is committed, until stop.
+	Watch(repo string, fn func(*lease.Lease)) (stop func() error, err error)
+	// AuditEnd is the position of the audit's last message (0: none);
+	// ReadAudit and FollowAudit start at a position counted back from it.
+	AuditEnd(ctx context.Context) (uint64, error)
+	// ReadAudit returns the audit events of repo (every repo when empty)
+	// from position from on, in the order they were stored.
+	ReadAudit(ctx context.Context, repo string, from uint64) ([]lease.AuditEvent, error)
+	// FollowAudit calls fn with the events of each audit message of repo
+	// (every repo when empty) from position from on, then of each new one,
+	// until stop; a message that does not decode comes as an error.
+	FollowAudit(ctx context.Context, repo string, from uint64, fn func(evs []lease.AuditEvent, err error)) (stop func(), err error)
+	// PolicyHistory returns every version of repo's policy in mode ("":
+	// the default), oldest first.
+	PolicyHistory(ctx context.Context, repo string, mode policy.Mode) ([]policy.Document, error)
+}
+
+// Config configures a Server. Source is required; the rest may be zero.
 type Config struct {
-	// NC is the bus connection: the UI reads leases and the audit stream.
-	NC *nats.Conn
+	// Source is where the UI reads leases, the audit and the policies
+	// (leasebus.NewUIReader of a bus connection).
+	Source Source
 	// Token, when set, is required on every request (see the package doc).
 	Token string
 	// Shards lists shards and attempts (StoreSource); nil leaves that part
@@ -50,8 +72,8 @@ type Config struct {
 
 // Validate reports a config that cannot work.
 func (c *Config) Validate() error {
-	if c.NC == nil {
-		return errors.New("run UI: no bus connection")
+	if c.Source == nil {
+		return errors.New("run UI: no source to read the bus")
 	}
 	if c.AuditBacklog < 0 {
 		return fmt.Errorf("run UI: audit backlog %d is negative", c.AuditBacklog)
@@ -61,11 +83,10 @@ func (c *Config) Validate() error {
 
 // Server is the run UI and its API. Its handlers are safe for concurrent use.
 type Server struct {
-	cfg    Config
-	client *leasebus.Client
-	js     jetstream.JetStream
-	log    *slog.Logger
-	mux    *http.ServeMux
+	cfg Config
+	src Source
+	log *slog.Logger
+	mux *http.ServeMux
 
 	ctx    context.Context // ends every event stream on Close
 	cancel context.CancelFunc
@@ -110,15 +131,11 @@ func New(cfg Config) (*Server, error) {
 	if cfg.AuditBacklog == 0 {
 		cfg.AuditBacklog = 100
 	}
-	js, err := leasebus.JetStream(context.Background(), cfg.NC)
-	if err != nil {
-		return nil, fmt.Errorf("run UI: %w", err)
-	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, client: leasebus.NewClient(cfg.NC), js: js, log: log, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, src: cfg.Source, log: log, mux: http.NewServeMux()}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	page, err := fs.Sub(static, "static")
 	if err != nil {
@@ -227,7 +244,7 @@ type repoInfo struct {
 }
 
 func (s *Server) repos(w http.ResponseWriter, r *http.Request) {
-	ls, err := s.client.List(r.Context(), "", true)
+	ls, err := s.src.List(r.Context(), "", true)
 	if err != nil {
 		s.fail(w, "list leases", err)
 		return
@@ -261,7 +278,7 @@ func compareStrings(a, b string) int {
 
 func (s *Server) leases(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	ls, err := s.client.List(r.Context(), repoid.Normalize(q.Get("repo")), q.Get("all") != "")
+	ls, err := s.src.List(r.Context(), repoid.Normalize(q.Get("repo")), q.Get("all") != "")
 	if err != nil {
 		s.fail(w, "list leases", err)
 		return
@@ -301,7 +318,7 @@ func (s *Server) recentAudit(ctx context.Context, repo string, limit int) ([]lea
 		if err != nil {
 			return nil, err
 		}
-		if evs, err = leasebus.ReadAudit(ctx, s.cfg.NC, repo, from); err != nil {
+		if evs, err = s.src.ReadAudit(ctx, repo, from); err != nil {
 			return nil, err
 		}
 		evs = slices.DeleteFunc(evs, func(ev lease.AuditEvent) bool { return ownRead(&ev) })
@@ -324,17 +341,13 @@ func ownRead(ev *lease.AuditEvent) bool {
 	return ev.Boundary == lease.BoundaryBus && ev.Type == lease.EventList
 }
 
-// auditStart is the sequence a backlog of about n events starts at in
+// auditStart is the position a backlog of about n events starts at in
 // each of the audit's streams (a message may carry several events; a repo
 // filter may thin it out): n before the end of the longer one.
 func (s *Server) auditStart(ctx context.Context, n int) (uint64, error) {
-	var last uint64
-	for _, src := range leasebus.AuditSources("") {
-		stream, err := s.js.Stream(ctx, src.Stream)
-		if err != nil {
-			return 0, fmt.Errorf("open stream %s: %w", src.Stream, err)
-		}
-		last = max(last, stream.CachedInfo().State.LastSeq)
+	last, err := s.src.AuditEnd(ctx)
+	if err != nil {
+		return 0, err
 	}
 	if last <= uint64(n) {
 		return 1, nil
@@ -422,7 +435,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 
 	// Subscribe before the snapshot, so nothing committed in between is lost.
 	st := newStream(8192)
-	unwatch, err := s.client.Watch(repo, func(l *lease.Lease) { st.push("lease", l) })
+	unwatch, err := s.src.Watch(repo, func(l *lease.Lease) { st.push("lease", l) })
 	if err != nil {
 		s.fail(w, "watch leases", err)
 		return
@@ -433,12 +446,12 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, "read the bus", err)
 		return
 	}
-	consume, err := s.followAudit(ctx, repo, st)
+	stopAudit, err := s.followAudit(ctx, repo, st)
 	if err != nil {
 		s.fail(w, "follow the audit stream", err)
 		return
 	}
-	defer consume.Stop()
+	defer stopAudit()
 
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
@@ -529,7 +542,7 @@ func snapVersions(snap *snapshot) map[string]uint64 {
 }
 
 func (s *Server) snapshot(ctx context.Context, repo string) (*snapshot, error) {
-	ls, err := s.client.List(ctx, repo, true)
+	ls, err := s.src.List(ctx, repo, true)
 	if err != nil {
 		return nil, fmt.Errorf("list leases: %w", err)
 	}
@@ -544,58 +557,22 @@ func (s *Server) snapshot(ctx context.Context, repo string) (*snapshot, error) {
 
 // followAudit pushes the audit events of repo to st in stream order (of
 // each of the audit's streams): the recent backlog, then every new one.
-func (s *Server) followAudit(ctx context.Context, repo string, st *stream) (consumeAll, error) {
+func (s *Server) followAudit(ctx context.Context, repo string, st *stream) (stop func(), err error) {
 	from, err := s.auditStart(ctx, s.cfg.AuditBacklog)
 	if err != nil {
 		return nil, err
 	}
-	var all consumeAll
-	for _, src := range leasebus.AuditSources(repo) {
-		cons, err := s.js.OrderedConsumer(ctx, src.Stream, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{src.Filter},
-			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-			OptStartSeq:    from,
-		})
-		if err == nil {
-			var cc jetstream.ConsumeContext
-			if cc, err = cons.Consume(func(m jetstream.Msg) { s.pushAudit(m, st) }); err == nil {
-				all = append(all, cc)
+	return s.src.FollowAudit(ctx, repo, from, func(evs []lease.AuditEvent, err error) {
+		if err != nil {
+			s.log.Warn("run UI: audit message", "err", err)
+			return
+		}
+		for i := range evs {
+			if !ownRead(&evs[i]) {
+				st.push("audit", &evs[i])
 			}
 		}
-		if err != nil {
-			all.Stop()
-			return nil, fmt.Errorf("audit consumer of %s: %w", src.Stream, err)
-		}
-	}
-	return all, nil
-}
-
-// consumeAll are the consumers of the audit's streams.
-type consumeAll []jetstream.ConsumeContext
-
-func (c consumeAll) Stop() {
-	for _, cc := range c {
-		cc.Stop()
-	}
-}
-
-// pushAudit pushes the events of one audit message to st.
-func (s *Server) pushAudit(m jetstream.Msg, st *stream) {
-	if !leasebus.ServiceWrote(m.Headers()) {
-		return // only the lease service writes events (see leasebus.Auditor)
-	}
-	var b struct {
-		Events []lease.AuditEvent `json:"events"`
-	}
-	if err := json.Unmarshal(m.Data(), &b); err != nil {
-		s.log.Warn("run UI: undecodable audit message", "subject", m.Subject(), "err", err)
-		return
-	}
-	for i := range b.Events {
-		if !ownRead(&b.Events[i]) {
-			st.push("audit", &b.Events[i])
-		}
-	}
+	})
 }
 
 // stream buffers a client's pending events between the bus callbacks and

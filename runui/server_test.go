@@ -24,12 +24,15 @@ import (
 
 func TestMain(m *testing.M) { testutil.Main(m) }
 
+// The lease bus's implementation of what the UI reads.
+var _ Source = (*leasebus.UIReader)(nil)
+
 const repo = "github.com/acme/payments"
 
 func startUI(t *testing.T, cfg Config) (*bustest.Bus, *httptest.Server) {
 	t.Helper()
 	b := bustest.Start(t)
-	cfg.NC = b.ConnectAs(t, leasebus.RoleViewer) // as under bus serve --ui
+	cfg.Source = leasebus.NewUIReader(b.ConnectAs(t, leasebus.RoleViewer)) // as under bus serve --ui
 	return b, serveUI(t, cfg)
 }
 
@@ -283,17 +286,17 @@ func TestStreamOverflow(t *testing.T) {
 func TestShards(t *testing.T) {
 	t.Parallel()
 	b := bustest.Start(t)
-	st, err := shard.Open(b.ConnectAs(t, leasebus.RoleOperator), shard.Config{}) // declares pools
+	st, err := shard.Open(leasebus.NewShardRecords(b.ConnectAs(t, leasebus.RoleOperator)), shard.Config{}) // declares pools
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The UI reads as a viewer, as under bus serve --ui.
 	vnc := b.ConnectAs(t, leasebus.RoleViewer)
-	vst, err := shard.Open(vnc, shard.Config{})
+	vst, err := shard.Open(leasebus.NewShardRecords(vnc), shard.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := serveUI(t, Config{NC: vnc, Shards: StoreSource(vst)})
+	hs := serveUI(t, Config{Source: leasebus.NewUIReader(vnc), Shards: StoreSource(vst)})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -346,7 +349,7 @@ func TestShardsListingShared(t *testing.T) {
 	b := bustest.Start(t)
 	var calls atomic.Int32
 	release := make(chan struct{})
-	s, err := New(Config{NC: b.Conn, Shards: func(ctx context.Context, repo string) (any, error) {
+	s, err := New(Config{Source: leasebus.NewUIReader(b.Conn), Shards: func(ctx context.Context, repo string) (any, error) {
 		n := calls.Add(1)
 		<-release
 		return n, nil

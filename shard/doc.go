@@ -137,8 +137,13 @@
 //
 // Two JetStream KV buckets, History 1, replicas configurable, written by
 // the lease service alone: a store reads a record, changes it and asks the
-// service to write it (leasebus.Client.WriteShard), a compare-and-swap on
-// the revision it read (a conflict is jetstream.ErrKeyRevisionMismatch).
+// service to write it, a compare-and-swap on the revision it read (a
+// conflict is ErrRevisionMismatch). The store knows them only as Records,
+// the interface it consumes, with errors of its own (ErrNotFound,
+// ErrRevisionMismatch, ErrNoBucket): the bus's implementation is
+// leasebus.ShardRecords (reads through JetStream from either account, one
+// pull consumer listing the latest record per key, writes through
+// leasebus.Client.WriteShard), so this package links no NATS.
 // The service checks the record as every reader does (package record)
 // and whose it is: a pool's shape is an operator's (Declare), a shard's
 // state the holder's of a lease placed in it, an attempt its writer's

@@ -74,7 +74,7 @@ func TestShardRecordsOnlyTheServiceWrites(t *testing.T) {
 	}
 
 	// 2. Through the service, as a holder that holds no lease in shard-1.
-	attacker, err := Open(hnc, Config{})
+	attacker, err := Open(leasebus.NewShardRecords(hnc), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestShardRecordsOnlyTheServiceWrites(t *testing.T) {
 
 	// 3. The holder of shard-2's lease changes shard-2.
 	l := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-2", WorkspaceMode: lease.WorkspaceExclusive, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
-	holderStore, err := Open(b.Client.Conn(), Config{})
+	holderStore, err := Open(leasebus.NewShardRecords(b.Client.Conn()), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,6 +61,13 @@ func mustGit(t testing.TB, dir string, args ...string) string {
 	return strings.TrimSpace(out)
 }
 
+// The lease bus's implementations of what the store consumes.
+var (
+	_ Records = (*leasebus.ShardRecords)(nil)
+	_ Auditor = (*leasebus.Auditor)(nil)
+	_ Leases  = (*leasebus.Client)(nil)
+)
+
 // openStore opens a store as an operator: it declares pools, and places
 // and settles attempts as runners (holders) do.
 func openStore(t testing.TB, b *bustest.Bus) *Store {
@@ -70,7 +77,7 @@ func openStore(t testing.TB, b *bustest.Bus) *Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := Open(nc, Config{Audit: audit, Admin: true})
+	st, err := Open(leasebus.NewShardRecords(nc), Config{Audit: audit, Admin: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +88,7 @@ func openStore(t testing.TB, b *bustest.Bus) *Store {
 // (b.Client's identity): its writes are bound to those leases.
 func holderStore(t testing.TB, b *bustest.Bus) *Store {
 	t.Helper()
-	st, err := Open(b.Client.Conn(), Config{Audit: b.Auditor})
+	st, err := Open(leasebus.NewShardRecords(b.Client.Conn()), Config{Audit: b.Auditor})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,18 +13,15 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/lease"
-	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/shard/record"
 )
 
-// Buckets on the bus.
+// Buckets of the records (Records).
 const (
-	PoolBucket    = leasebus.ShardPoolBucket
-	AttemptBucket = leasebus.ShardAttemptBucket
+	PoolBucket    = record.PoolBucket
+	AttemptBucket = record.AttemptBucket
 )
 
 // BoundaryShard is the audit boundary of shard cleaning and recovery.
@@ -118,10 +115,27 @@ type Leases interface {
 	List(ctx context.Context, repo string, all bool) ([]*lease.Lease, error)
 }
 
-var (
-	_ Auditor = (*leasebus.Auditor)(nil)
-	_ Leases  = (*leasebus.Client)(nil)
-)
+// Records keeps the pool and attempt records: JSON values by key in two
+// buckets (PoolBucket, AttemptBucket), each with a revision that every
+// write changes. *leasebus.ShardRecords is the lease bus's: read from the
+// bus, written only through the lease service, which checks each write.
+type Records interface {
+	// Bucket checks that bucket exists: ErrNoBucket when it does not.
+	Bucket(ctx context.Context, bucket string) error
+	// Get reads key's record in bucket and its revision: ErrNotFound when
+	// the key has none.
+	Get(ctx context.Context, bucket, key string) (value []byte, rev uint64, err error)
+	// Write writes key's record in bucket over revision rev (0: the key
+	// must have none) and returns its new revision: ErrRevisionMismatch
+	// when rev is no longer the record's. admin asks as an operator, which
+	// declaring a pool needs (Config.Admin).
+	Write(ctx context.Context, bucket, key string, rev uint64, value []byte, admin bool) (uint64, error)
+	// Latest calls fn with the newest record of each key of bucket that
+	// keyFilter matches ("*" every key, "<repoKey>.*" one repo's
+	// attempts), in key order, deleted keys left out: ErrNoBucket when
+	// the bucket does not exist.
+	Latest(ctx context.Context, bucket, keyFilter string, fn func(key string, rev uint64, value []byte)) error
+}
 
 // Errors callers branch on.
 var (
@@ -130,6 +144,18 @@ var (
 	ErrNoPool = errors.New("no shard pool declared")
 	// ErrInUse: a change would drop a shard an attempt occupies.
 	ErrInUse = errors.New("shard in use")
+)
+
+// Errors of Records.
+var (
+	// ErrNotFound: the key has no record (Records.Get).
+	ErrNotFound = record.ErrNotFound
+	// ErrRevisionMismatch: a write's revision is no longer the record's
+	// (Records.Write): read again and retry.
+	ErrRevisionMismatch = record.ErrRevisionMismatch
+	// ErrNoBucket: the records have no such bucket (a bus whose lease
+	// service is older than the shard store).
+	ErrNoBucket = record.ErrNoBucket
 )
 
 // Config configures a Store. The zero value works: no audit, no logs. The
@@ -151,69 +177,60 @@ func (c *Config) Validate() error { return nil }
 
 // Store reads and writes pool and attempt records.
 type Store struct {
-	js       jetstream.JetStream
-	c        *leasebus.Client // writes go through the lease service
-	cfg      Config
-	log      *slog.Logger
-	mu       sync.Mutex
-	pools    jetstream.KeyValue // nil until the buckets exist; set under mu, once
-	attempts jetstream.KeyValue
+	rec   Records
+	cfg   Config
+	log   *slog.Logger
+	mu    sync.Mutex
+	bound bool // both buckets exist; guarded by mu, set once
 }
 
-// Open returns a store on nc. It creates nothing: the buckets are made by
-// the first Declare; until then Pool reports ErrNoPool.
-func Open(nc *nats.Conn, cfg Config) (*Store, error) {
+// Open returns a store of rec's records. It creates nothing: the buckets
+// are the lease service's; without them Pool reports ErrNoPool.
+func Open(rec Records, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	js, err := leasebus.JetStream(context.Background(), nc)
-	if err != nil {
-		return nil, fmt.Errorf("shard store: %w", err)
+	if rec == nil {
+		return nil, errors.New("shard store: no records")
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Store{js: js, c: leasebus.NewClient(nc), cfg: cfg, log: log}, nil
+	return &Store{rec: rec, cfg: cfg, log: log}, nil
 }
 
-// write asks the lease service to write key's record in bucket over
-// revision rev (0: none yet), as an operator when admin or Config.Admin.
+// write writes key's record in bucket over revision rev (0: none yet), as
+// an operator when admin or Config.Admin.
 func (s *Store) write(ctx context.Context, bucket, key string, b []byte, rev uint64, admin bool) (uint64, error) {
-	return s.c.WriteShard(ctx, leasebus.ShardWrite{Bucket: bucket, Key: key, Revision: rev, Value: b}, admin || s.cfg.Admin)
+	return s.rec.Write(ctx, bucket, key, rev, b, admin || s.cfg.Admin)
 }
 
-// buckets binds the buckets, creating them when create is set.
+// buckets checks that both buckets exist: ErrNoPool when one does not,
+// or, when create is set (declaring), an error saying why.
 func (s *Store) buckets(ctx context.Context, create bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.pools != nil && s.attempts != nil {
+	if s.bound {
 		return nil
 	}
 	// The lease service makes both buckets when it starts (with bounded
 	// records, no rollups and no purges): nobody else may create streams.
-	bind := func(name, desc string) (jetstream.KeyValue, error) {
-		kv, err := s.js.KeyValue(ctx, name)
-		if errors.Is(err, jetstream.ErrBucketNotFound) && create {
-			return nil, fmt.Errorf("the bus has no %s bucket (%s), which its lease service makes when it starts: is the bus's `fenceline bus serve` as new as this fenceline? %w", name, desc, err)
-		}
-		return kv, err
-	}
-	pools, err := bind(PoolBucket, "fenceline shard pools, one record per repo")
-	if err != nil {
-		if errors.Is(err, jetstream.ErrBucketNotFound) {
+	for _, b := range []struct{ name, desc string }{
+		{PoolBucket, "fenceline shard pools, one record per repo"},
+		{AttemptBucket, "fenceline attempts, one record per attempt"},
+	} {
+		err := s.rec.Bucket(ctx, b.name)
+		switch {
+		case errors.Is(err, ErrNoBucket) && create:
+			return fmt.Errorf("the bus has no %s bucket (%s), which its lease service makes when it starts: is the bus's `fenceline bus serve` as new as this fenceline? %w", b.name, b.desc, err)
+		case errors.Is(err, ErrNoBucket):
 			return ErrNoPool
+		case err != nil:
+			return fmt.Errorf("bucket %s: %w", b.name, err)
 		}
-		return fmt.Errorf("bucket %s: %w", PoolBucket, err)
 	}
-	attempts, err := bind(AttemptBucket, "fenceline attempts, one record per attempt")
-	if err != nil {
-		if errors.Is(err, jetstream.ErrBucketNotFound) {
-			return ErrNoPool
-		}
-		return fmt.Errorf("bucket %s: %w", AttemptBucket, err)
-	}
-	s.pools, s.attempts = pools, attempts
+	s.bound = true
 	return nil
 }
 
@@ -318,21 +335,22 @@ func (s *Store) Pool(ctx context.Context, repo string) (*Pool, error) {
 	if err := s.buckets(ctx, false); err != nil {
 		return nil, err
 	}
-	e, err := s.pools.Get(ctx, leasebus.RepoKey(repo))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
+	key := record.PoolKey(repo)
+	value, rev, err := s.rec.Get(ctx, PoolBucket, key)
+	if errors.Is(err, ErrNotFound) {
 		return nil, ErrNoPool
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read pool of %s: %w", repo, err)
 	}
 	var p Pool
-	if err := json.Unmarshal(e.Value(), &p); err != nil {
+	if err := json.Unmarshal(value, &p); err != nil {
 		return nil, fmt.Errorf("%w: decode pool of %s: %w", ErrBadRecord, repo, err)
 	}
-	if err := validPool(&p, e.Key()); err != nil {
+	if err := validPool(&p, key); err != nil {
 		return nil, err
 	}
-	p.Revision = e.Revision()
+	p.Revision = rev
 	return &p, nil
 }
 
@@ -345,7 +363,7 @@ func (s *Store) Pools(ctx context.Context) ([]*Pool, error) {
 		return nil, err
 	}
 	var out []*Pool
-	err := s.latest(ctx, PoolBucket, "*", func(key string, rev uint64, value []byte) {
+	err := s.rec.Latest(ctx, PoolBucket, "*", func(key string, rev uint64, value []byte) {
 		var p Pool
 		err := json.Unmarshal(value, &p)
 		if err == nil {
@@ -375,14 +393,14 @@ func (s *Store) UpdatePool(ctx context.Context, repo string, create bool, fn fun
 	if err := s.buckets(ctx, create); err != nil {
 		return nil, err
 	}
-	key := leasebus.RepoKey(repo)
+	key := record.PoolKey(repo)
 	valid := func(p *Pool) error { return validPool(p, key) }
 	// Declaring replaces a record refused on reading (see records.go); any
 	// other change refuses to build on it.
 	write := func(ctx context.Context, b []byte, rev uint64) (uint64, error) {
 		return s.write(ctx, PoolBucket, key, b, rev, create) // only operators declare
 	}
-	p, rev, err := casJSON(ctx, s.pools, key, "pool of "+repo, valid, create, write, func(p *Pool, found bool) (bool, error) {
+	p, rev, err := casJSON(ctx, s.rec, PoolBucket, key, "pool of "+repo, valid, create, write, func(p *Pool, found bool) (bool, error) {
 		if !found && !create {
 			return false, ErrNoPool
 		}
@@ -402,20 +420,20 @@ func (s *Store) UpdatePool(ctx context.Context, repo string, create bool, fn fun
 // decode or is not valid is refused, or with replace handed to fn as a
 // zero T that was not found (the write then replaces it, still on its
 // revision).
-func casJSON[T any](ctx context.Context, kv jetstream.KeyValue, key, what string, valid func(*T) error, replace bool,
+func casJSON[T any](ctx context.Context, rec Records, bucket, key, what string, valid func(*T) error, replace bool,
 	put func(ctx context.Context, b []byte, rev uint64) (uint64, error), fn func(v *T, found bool) (write bool, err error)) (*T, uint64, error) {
 	for range casTries {
 		v := new(T)
 		var rev uint64
 		found := false
-		e, err := kv.Get(ctx, key)
+		value, vrev, err := rec.Get(ctx, bucket, key)
 		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case errors.Is(err, ErrNotFound):
 		case err != nil:
 			return nil, 0, fmt.Errorf("read %s: %w", what, err)
 		default:
-			rev, found = e.Revision(), true
-			err := json.Unmarshal(e.Value(), v)
+			rev, found = vrev, true
+			err := json.Unmarshal(value, v)
 			if err != nil {
 				err = fmt.Errorf("%w: decode %s: %w", ErrBadRecord, what, err)
 			} else {
@@ -437,7 +455,7 @@ func casJSON[T any](ctx context.Context, kv jetstream.KeyValue, key, what string
 			return nil, 0, fmt.Errorf("encode %s: %w", what, err)
 		}
 		nrev, err := put(ctx, b, rev)
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		if errors.Is(err, ErrRevisionMismatch) {
 			continue
 		}
 		if err != nil {
@@ -482,7 +500,7 @@ func (s *Store) Begin(ctx context.Context, a Attempt) (*Attempt, error) {
 		return nil, fmt.Errorf("encode attempt %s: %w", a.AttemptID, err)
 	}
 	rev, err := s.write(ctx, AttemptBucket, attemptKey(a.Repo, a.AttemptID), b, 0, false)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+	if errors.Is(err, ErrRevisionMismatch) {
 		return nil, fmt.Errorf("attempt %s exists already: attempt ids are never reused", a.AttemptID)
 	}
 	if err != nil {
@@ -503,9 +521,9 @@ func (s *Store) UpdateAttempt(ctx context.Context, repo, id string, fn func(*Att
 	write := func(ctx context.Context, b []byte, rev uint64) (uint64, error) {
 		return s.write(ctx, AttemptBucket, key, b, rev, false)
 	}
-	a, rev, err := casJSON(ctx, s.attempts, key, "attempt "+id, valid, false, write, func(a *Attempt, found bool) (bool, error) {
+	a, rev, err := casJSON(ctx, s.rec, AttemptBucket, key, "attempt "+id, valid, false, write, func(a *Attempt, found bool) (bool, error) {
 		if !found {
-			return false, fmt.Errorf("read attempt %s: %w", id, jetstream.ErrKeyNotFound)
+			return false, fmt.Errorf("read attempt %s: %w", id, ErrNotFound)
 		}
 		return fn(a), nil
 	})
@@ -538,29 +556,30 @@ func (s *Store) Attempt(ctx context.Context, repo, id string) (*Attempt, error) 
 	if err := s.buckets(ctx, false); err != nil {
 		return nil, err
 	}
-	e, err := s.attempts.Get(ctx, attemptKey(repo, id))
+	key := attemptKey(repo, id)
+	value, rev, err := s.rec.Get(ctx, AttemptBucket, key)
 	if err != nil {
 		return nil, fmt.Errorf("read attempt %s: %w", id, err)
 	}
 	var a Attempt
-	if err := json.Unmarshal(e.Value(), &a); err != nil {
+	if err := json.Unmarshal(value, &a); err != nil {
 		return nil, fmt.Errorf("%w: decode attempt %s: %w", ErrBadRecord, id, err)
 	}
-	if err := validAttempt(&a, e.Key()); err != nil {
+	if err := validAttempt(&a, key); err != nil {
 		return nil, err
 	}
-	a.Revision = e.Revision()
+	a.Revision = rev
 	return &a, nil
 }
 
-// Attempts lists the repo's attempts, oldest first (one watch over the
+// Attempts lists the repo's attempts, oldest first (one listing of the
 // repo's keys, not a read per attempt).
 func (s *Store) Attempts(ctx context.Context, repo string) ([]*Attempt, error) {
 	if err := s.buckets(ctx, false); err != nil {
 		return nil, err
 	}
 	var out []*Attempt
-	err := s.latest(ctx, AttemptBucket, leasebus.RepoKey(repo)+".*", func(key string, rev uint64, value []byte) {
+	err := s.rec.Latest(ctx, AttemptBucket, repoid.Key(repo)+".*", func(key string, rev uint64, value []byte) {
 		var a Attempt
 		err := json.Unmarshal(value, &a)
 		if err == nil {
@@ -579,67 +598,6 @@ func (s *Store) Attempts(ctx context.Context, repo string) ([]*Attempt, error) {
 	slices.SortFunc(out, func(a, b *Attempt) int { return a.StartedAt.Compare(b.StartedAt) })
 	return out, nil
 }
-
-// latest calls fn with the newest record of each key of bucket under
-// keyFilter, in key order, deleted and purged keys left out. It reads them
-// with one ephemeral pull consumer: a KV watch or key listing is a push
-// consumer, whose deliveries the bus's fleet account cannot receive (the
-// streams are in the service account, leasebus/accounts.go).
-func (s *Store) latest(ctx context.Context, bucket, keyFilter string, fn func(key string, rev uint64, value []byte)) error {
-	stream, err := s.js.Stream(ctx, "KV_"+bucket)
-	if err != nil {
-		return err
-	}
-	prefix := "$KV." + bucket + "."
-	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
-		FilterSubject:     prefix + keyFilter,
-		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
-		AckPolicy:         jetstream.AckNonePolicy,
-		MemoryStorage:     true,
-		InactiveThreshold: time.Minute, // gone by itself if this process dies before deleting it
-	})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = stream.DeleteConsumer(dctx, cons.CachedInfo().Name)
-	}()
-	for pending := cons.CachedInfo().NumPending; pending > 0; {
-		batch, err := cons.Fetch(int(min(pending, 256)), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return err
-		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			md, err := m.Metadata()
-			if err != nil {
-				return err
-			}
-			pending = md.NumPending
-			switch m.Headers().Get(kvOperation) {
-			case "DEL", "PURGE":
-				continue
-			}
-			fn(strings.TrimPrefix(m.Subject(), prefix), md.Sequence.Stream, m.Data())
-		}
-		if err := batch.Error(); err != nil {
-			return err
-		}
-		if got == 0 {
-			return fmt.Errorf("bucket %s: %d records pending, none delivered within 5s", bucket, pending)
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// kvOperation is the header a KV delete or purge marker carries.
-const kvOperation = "KV-Operation"
 
 // Recover finds the repo's attempts still "running" whose leases are all
 // no longer active — their runner is gone — and marks each "unknown" and
@@ -663,7 +621,7 @@ func (s *Store) Recover(ctx context.Context, repo string, leases Leases, all boo
 		for _, sh := range pool.Shards {
 			for _, id := range sh.Running {
 				a, err := s.Attempt(ctx, repo, id)
-				if errors.Is(err, jetstream.ErrKeyNotFound) {
+				if errors.Is(err, ErrNotFound) {
 					a = &Attempt{AttemptID: id, Shard: sh.ID, Status: StatusUnknown}
 				} else if err != nil {
 					return nil, err

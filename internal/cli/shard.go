@@ -83,7 +83,7 @@ again adopts it (dirty: cleaned before an exclusive attempt uses it).`,
 				return err
 			}
 			defer s.Close()
-			st, err := shard.Open(s.nc, shard.Config{})
+			st, err := shard.Open(leasebus.NewShardRecords(s.nc), shard.Config{})
 			if err != nil {
 				return &usageError{err: err}
 			}
@@ -150,7 +150,7 @@ audit event.`,
 			if err != nil {
 				return err
 			}
-			st, err := shard.Open(s.nc, shard.Config{Audit: audit})
+			st, err := shard.Open(leasebus.NewShardRecords(s.nc), shard.Config{Audit: audit})
 			if err != nil {
 				return err
 			}
@@ -326,7 +326,7 @@ func (a *app) findPool(ctx context.Context, s *session, rf *runFlags, co *attemp
 	if err != nil {
 		return nil, err
 	}
-	st, err := shard.Open(s.nc, shard.Config{Audit: audit})
+	st, err := shard.Open(leasebus.NewShardRecords(s.nc), shard.Config{Audit: audit})
 	if err != nil {
 		return nil, err
 	}

@@ -450,11 +450,11 @@ func (a *app) runSidecar(ctx context.Context, sf *sidecarFlags) error {
 // leases, the audit stream, and the shards and attempts of the shard
 // store.
 func runUI(s *session, token string, log *slog.Logger) (*runui.Server, error) {
-	shards, err := shard.Open(s.nc, shard.Config{Logger: log})
+	shards, err := shard.Open(leasebus.NewShardRecords(s.nc), shard.Config{Logger: log})
 	if err != nil {
 		return nil, err
 	}
-	return runui.New(runui.Config{NC: s.nc, Token: token, Shards: runui.StoreSource(shards), Logger: log})
+	return runui.New(runui.Config{Source: leasebus.NewUIReader(s.nc), Token: token, Shards: runui.StoreSource(shards), Logger: log})
 }
 
 // printSidecarReady prints the lease, the fences and the agent's

@@ -194,11 +194,11 @@ func Run(parent context.Context, cfg Config) error {
 			return fmt.Errorf("demo bus: connect the run UI: %w", err)
 		}
 		defer unc.Close()
-		shards, err := shard.Open(unc, shard.Config{})
+		shards, err := shard.Open(leasebus.NewShardRecords(unc), shard.Config{})
 		if err != nil {
 			return err
 		}
-		if page, err = runui.Listen(ui, runui.Config{NC: unc, Shards: runui.StoreSource(shards)}); err != nil {
+		if page, err = runui.Listen(ui, runui.Config{Source: leasebus.NewUIReader(unc), Shards: runui.StoreSource(shards)}); err != nil {
 			return err
 		}
 		defer func() {

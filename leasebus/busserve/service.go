@@ -225,11 +225,11 @@ func (s *Service) startUI(ctx context.Context, cfg *ServiceConfig, url, source s
 		return err
 	}
 	s.closers = append(s.closers, unc.Close)
-	shards, err := shard.Open(unc, shard.Config{Logger: s.log})
+	shards, err := shard.Open(leasebus.NewShardRecords(unc), shard.Config{Logger: s.log})
 	if err != nil {
 		return err
 	}
-	ui, err := runui.Listen(cfg.UI, runui.Config{NC: unc, Token: cfg.UIToken, Shards: runui.StoreSource(shards), Logger: s.log})
+	ui, err := runui.Listen(cfg.UI, runui.Config{Source: leasebus.NewUIReader(unc), Token: cfg.UIToken, Shards: runui.StoreSource(shards), Logger: s.log})
 	if err != nil {
 		return err
 	}

@@ -106,6 +106,27 @@ func AttemptKey(repo, id string) string { return repoid.Key(repo) + "." + id }
 // or rewritten); it is refused, never acted on.
 var ErrBadRecord = errors.New("shard record refused")
 
+// Buckets of the shard store: one pool record per repo (key PoolKey), one
+// attempt record per attempt (key AttemptKey).
+const (
+	PoolBucket    = "FENCELINE_SHARDS"
+	AttemptBucket = "FENCELINE_ATTEMPTS"
+)
+
+// Errors of the shard store's records, whatever keeps them: the shard
+// package branches on them (as shard.ErrNotFound, shard.ErrRevisionMismatch,
+// shard.ErrNoBucket), and the lease bus's implementation returns them.
+var (
+	// ErrNotFound: the key has no record.
+	ErrNotFound = errors.New("no shard record")
+	// ErrRevisionMismatch: a compare-and-swap named a revision that is no
+	// longer the record's (read again and retry).
+	ErrRevisionMismatch = errors.New("shard record changed meanwhile")
+	// ErrNoBucket: the store has no such bucket (a bus whose lease service
+	// predates it: the service makes the buckets when it starts).
+	ErrNoBucket = errors.New("no shard bucket")
+)
+
 // MaxPoolSize bounds a pool's shards.
 const MaxPoolSize = 1000
 

@@ -64,7 +64,7 @@ func BenchmarkShardHandOut(b *testing.B) {
 
 	b.Run("warm", func(b *testing.B) {
 		bus := bustest.Start(b)
-		op, err := shard.Open(bus.ConnectAs(b, leasebus.RoleOperator), shard.Config{}) // declares the pool
+		op, err := shard.Open(leasebus.NewShardRecords(bus.ConnectAs(b, leasebus.RoleOperator)), shard.Config{}) // declares the pool
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -72,7 +72,7 @@ func BenchmarkShardHandOut(b *testing.B) {
 			b.Fatal(err)
 		}
 		// The runner: its records' writes are bound to the leases it holds.
-		st, err := shard.Open(bus.Client.Conn(), shard.Config{Audit: bus.Auditor})
+		st, err := shard.Open(leasebus.NewShardRecords(bus.Client.Conn()), shard.Config{Audit: bus.Auditor})
 		if err != nil {
 			b.Fatal(err)
 		}
