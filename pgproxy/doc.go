@@ -84,6 +84,16 @@
 //     (current_schemas) when a write names a table without a schema, and
 //     pinned for that write's transaction (Known limits).
 //
+//   - Prepared statements and portals, as the server holds them (names.go):
+//     PREPARE and Parse share one namespace, cursors (DECLARE, CLOSE) and
+//     Bind's portals another, as on the server; EXECUTE, Bind, Execute,
+//     FETCH and MOVE are judged as what the name holds. The client loop
+//     changes its copy as it forwards each message (a segment's later
+//     messages see its earlier ones); a change whose message the server
+//     refused (a Parse, PREPARE or Bind of a name that exists) or skipped
+//     (after an error, up to Sync) is undone when the next unit begins,
+//     everything before it answered (TestNamesFollowTheServer).
+//
 // The classifier's cache folds literals only where the exact text cannot
 // change the answer (plain decimal numbers with nothing glued to them;
 // strings of printable ASCII without backslashes; newlines between
