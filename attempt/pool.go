@@ -51,7 +51,7 @@ type Pool struct {
 // asks for commit capacity) or the attempt names a workspace outside it.
 // It first recovers the pool's crashed attempts, asking leases (the lease
 // bus) which of their leases are still active.
-func OpenPool(ctx context.Context, st *shard.Store, leases shard.Leases, repo string, use PoolUse) (*Pool, error) {
+func OpenPool(ctx context.Context, st *shard.Store, leases lease.View, repo string, use PoolUse) (*Pool, error) {
 	p, err := st.Pool(ctx, repo)
 	if errors.Is(err, shard.ErrNoPool) {
 		if use.Commit != "" {

@@ -138,12 +138,12 @@ func (e *env) lease(claim []string, mode lease.WorkspaceMode) *bustest.Lease {
 }
 
 // proxy starts a gitproxy in front of the git server's payments.git for
-// lease (nil: none).
-func (e *env) proxy(lease LeaseSource, mutate ...func(*Config)) *httptest.Server {
+// src (nil: no lease).
+func (e *env) proxy(src lease.Source, mutate ...func(*Config)) *httptest.Server {
 	e.t.Helper()
 	cfg := Config{
 		Upstream:  e.gs.url("payments.git"),
-		Lease:     lease,
+		Lease:     src,
 		Repo:      testRepo,
 		Bus:       e.bus.Client,
 		Audit:     e.bus.Auditor,

@@ -97,7 +97,7 @@ func (e *HookError) AuditEvent(repo string, t time.Time) lease.AuditEvent {
 // (*leasebus.Auditor writes the bus's audit stream, boundary git),
 // waiting at most HookAuditTimeout for it to be acknowledged; its error
 // is aud's.
-func RecordRefusal(ctx context.Context, aud Auditor, repo string, he *HookError) error {
+func RecordRefusal(ctx context.Context, aud lease.Auditor, repo string, he *HookError) error {
 	ctx, cancel := context.WithTimeout(ctx, HookAuditTimeout)
 	defer cancel()
 	return aud.Record(ctx, he.AuditEvent(repo, time.Now()))

@@ -19,7 +19,7 @@ const ReasonPolicy = lease.ReasonPolicy
 // on the ref (context force, delete, create), then write on every path it
 // touches. The first refusal is returned; what a shadow policy would
 // refuse is audited (nothing refused) through audit, which may be nil.
-func judgePolicy(ctx context.Context, st *policy.Store, l lease.Lease, rc refChange, audit Auditor, log *slog.Logger) *refusal {
+func judgePolicy(ctx context.Context, st *policy.Store, l lease.Lease, rc refChange, audit lease.Auditor, log *slog.Logger) *refusal {
 	if st == nil || st.Empty() {
 		return nil
 	}

@@ -2,7 +2,6 @@ package gitproxy
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -19,25 +18,6 @@ import (
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/policy"
 )
-
-// LeaseSource is the lease the proxy pushes under; *leasebus.Holder is one.
-// Fence returns an error once the holder no longer considers the lease
-// held.
-type LeaseSource interface {
-	Fence() (uint64, error)
-	Lease() lease.Lease
-}
-
-// LeaseView reads the bus at decision time; *leasebus.Client is one.
-type LeaseView interface {
-	Get(ctx context.Context, leaseID string) (*lease.Lease, error)
-	List(ctx context.Context, repo string, all bool) ([]*lease.Lease, error)
-}
-
-// Auditor records refusals; *leasebus.Auditor is one.
-type Auditor interface {
-	Record(ctx context.Context, ev lease.AuditEvent) error
-}
 
 // Push options and HTTP headers that carry the fence to the upstream.
 const (
@@ -62,15 +42,15 @@ type Config struct {
 	// credential (UpstreamHeader, user info).
 	Upstream string
 	// Lease is the lease pushes are made under.
-	Lease LeaseSource
+	Lease lease.Source
 	// Repo is the bus's name of the repository, for audit events of pushes
 	// refused before a lease is known (default: the lease's repo).
 	Repo string
 	// Bus is read when a push is decided: the lease must still be active
 	// with the same fence, and no other active lease may claim a touched path.
-	Bus LeaseView
+	Bus lease.View
 	// Audit receives every refusal (nil: refusals are only logged).
-	Audit Auditor
+	Audit lease.Auditor
 	// Policy for history rewrites and ref deletions.
 	Policy Policy
 	// Cedar, when set, is the security team's policy: every ref update

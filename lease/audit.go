@@ -81,6 +81,13 @@ type Source interface {
 	Lease() Lease
 }
 
+// View reads the lease bus when a decision needs it: a lease by id, the
+// leases of a repo (all: ended ones too). *leasebus.Client is one.
+type View interface {
+	Get(ctx context.Context, leaseID string) (*Lease, error)
+	List(ctx context.Context, repo string, all bool) ([]*Lease, error)
+}
+
 // Auditor durably records audit events; *leasebus.Auditor sends them to
 // the lease service, which writes them to the audit stream.
 type Auditor interface {

@@ -23,17 +23,11 @@ const (
 // capacity: one exclusive lease claiming nothing there at a time.
 func CommitWorkspace(id string) string { return id + "/commit" }
 
-// Held is the lease an attempt runs under, as a shard asks it before it
-// touches anything: its fence, or why it is not held (a *leasebus.Holder).
-type Held interface {
-	Fence() (uint64, error)
-}
-
 // Placement is one attempt in one shard, from before its command starts
 // until after it settled.
 type Placement struct {
 	store    *Store
-	held     Held
+	held     lease.Gate
 	Pool     *Pool
 	Worktree *Worktree
 	Attempt  *Attempt
@@ -56,7 +50,7 @@ type Placement struct {
 // runner that stalled until its lease was lost must not clean a shard
 // another attempt has since been placed in. On an error after the attempt
 // was written, the attempt is settled failed.
-func (s *Store) Place(ctx context.Context, pool *Pool, l lease.Lease, mode string, att Attempt, held Held) (*Placement, error) {
+func (s *Store) Place(ctx context.Context, pool *Pool, l lease.Lease, mode string, att Attempt, held lease.Gate) (*Placement, error) {
 	if held == nil {
 		return nil, errors.New("shard: Place needs the lease's held check")
 	}

@@ -63,9 +63,9 @@ func mustGit(t testing.TB, dir string, args ...string) string {
 
 // The lease bus's implementations of what the store consumes.
 var (
-	_ Records = (*leasebus.ShardRecords)(nil)
-	_ Auditor = (*leasebus.Auditor)(nil)
-	_ Leases  = (*leasebus.Client)(nil)
+	_ Records       = (*leasebus.ShardRecords)(nil)
+	_ lease.Auditor = (*leasebus.Auditor)(nil)
+	_ lease.View    = (*leasebus.Client)(nil)
 )
 
 // openStore opens a store as an operator: it declares pools, and places

@@ -104,17 +104,6 @@ func DefaultDir(checkout string) string {
 	return filepath.Join(filepath.Dir(checkout), filepath.Base(checkout)+".shards")
 }
 
-// Auditor records shard events. *leasebus.Auditor satisfies it.
-type Auditor interface {
-	Record(ctx context.Context, ev lease.AuditEvent) error
-}
-
-// Leases tells which leases are active. *leasebus.Client satisfies it.
-type Leases interface {
-	Get(ctx context.Context, leaseID string) (*lease.Lease, error)
-	List(ctx context.Context, repo string, all bool) ([]*lease.Lease, error)
-}
-
 // Records keeps the pool and attempt records: JSON values by key in two
 // buckets (PoolBucket, AttemptBucket), each with a revision that every
 // write changes. *leasebus.ShardRecords is the lease bus's: read from the
@@ -162,7 +151,7 @@ var (
 // buckets are the lease service's (it makes them when it starts).
 type Config struct {
 	// Audit receives cleaning and recovery events (nil: not recorded).
-	Audit Auditor
+	Audit lease.Auditor
 	// Logger receives operational logs (nil: discard).
 	Logger *slog.Logger
 	// Admin asks for every write as an operator (the lease service's
@@ -267,7 +256,7 @@ func (sp *Spec) Validate() error {
 // size are dropped from the record only when no active lease occupies
 // them (ErrInUse names who does); their worktrees stay on disk, and a
 // later grow adopts them as dirty. leases may be nil when nothing shrinks.
-func (s *Store) Declare(ctx context.Context, sp Spec, leases Leases) (*Pool, error) {
+func (s *Store) Declare(ctx context.Context, sp Spec, leases lease.View) (*Pool, error) {
 	if err := sp.Validate(); err != nil {
 		return nil, err
 	}
@@ -308,7 +297,7 @@ func (s *Store) Declare(ctx context.Context, sp Spec, leases Leases) (*Pool, err
 	})
 }
 
-func (s *Store) checkUnused(ctx context.Context, repo string, size int, drop []Shard, leases Leases) error {
+func (s *Store) checkUnused(ctx context.Context, repo string, size int, drop []Shard, leases lease.View) error {
 	if leases == nil {
 		return fmt.Errorf("shrink pool of %s: cannot tell which shards are in use", repo)
 	}
@@ -607,7 +596,7 @@ func (s *Store) Attempts(ctx context.Context, repo string) ([]*Attempt, error) {
 // all, at every attempt of the repo (shard list), which also catches a
 // runner that died between writing its attempt and placing it. It returns
 // the attempts it changed.
-func (s *Store) Recover(ctx context.Context, repo string, leases Leases, all bool) ([]*Attempt, error) {
+func (s *Store) Recover(ctx context.Context, repo string, leases lease.View, all bool) ([]*Attempt, error) {
 	pool, err := s.Pool(ctx, repo)
 	if err != nil {
 		return nil, err
@@ -688,7 +677,7 @@ func (s *Store) Recover(ctx context.Context, repo string, leases Leases, all boo
 }
 
 // ended says why every one of ids is no longer active, or "" when one is.
-func ended(ctx context.Context, leases Leases, ids []string) (string, error) {
+func ended(ctx context.Context, leases lease.View, ids []string) (string, error) {
 	if len(ids) == 0 {
 		return "", nil // placed before any lease: cannot judge
 	}

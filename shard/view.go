@@ -45,7 +45,7 @@ func WorkspaceShard(workspaceID string) string {
 // failed re-read keeps p). Attempts are oldest first: with recent > 0,
 // the recent most recent ones and every older one still running; with
 // recent 0, all of them.
-func (s *Store) View(ctx context.Context, p *Pool, leases Leases, recent int) (*View, error) {
+func (s *Store) View(ctx context.Context, p *Pool, leases lease.View, recent int) (*View, error) {
 	if rec, err := s.Recover(ctx, p.Repo, leases, true); err != nil {
 		return nil, err
 	} else if len(rec) > 0 {

@@ -50,7 +50,7 @@ type AdminConfig struct {
 	Metrics *Metrics
 	// Audit records the file denials the agent wrapper forwards (nil:
 	// they are only counted).
-	Audit Auditor
+	Audit lease.Auditor
 	// KeepAlive is how often the events stream repeats the current state
 	// when nothing changes (default 1 s): a wrapper that hears nothing for
 	// its grace treats the stream as broken.

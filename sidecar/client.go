@@ -322,7 +322,7 @@ func (c *Client) stream(ctx context.Context, g *Gate) (heard bool, err error) {
 // that records each denial through the sidecar (POST /api/v1/audit), which
 // names its lease in it and writes it to the audit stream. It logs
 // nothing: the guard logs each denial once, as it queues it.
-func (c *Client) Auditor() Auditor {
+func (c *Client) Auditor() lease.Auditor {
 	return &clientAuditor{c: c}
 }
 

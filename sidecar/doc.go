@@ -9,7 +9,7 @@
 // The sidecar knows only the lease domain (package lease) and links no
 // NATS: it is handed the held lease (a lease.Holding; the pod's Holder
 // also ends it, Close or Orphan), the audit trail (a lease.Auditor), a
-// lease reader for the git fence (gitproxy.LeaseView) and the run UI
+// lease reader for the git fence (lease.View) and the run UI
 // (RunUI). Its caller, fenceline's CLI, connects to the lease bus and
 // passes in package leasebus's implementations.
 //

@@ -16,11 +16,6 @@ import (
 	"github.com/fenceline/fenceline/lease"
 )
 
-// Auditor records audit events (lease.Auditor; *leasebus.Auditor is one).
-type Auditor interface {
-	Record(ctx context.Context, ev lease.AuditEvent) error
-}
-
 // Byte directions of fenceline_proxy_bytes_total.
 const (
 	DirToUpstream = "to_upstream" // from the agent, through the fence, to the server
@@ -145,13 +140,13 @@ func (m *Metrics) Refused(boundary, reason string) {
 
 // Auditor returns an Auditor that counts every denied-write event it is
 // given and passes it on to next (nil: count only).
-func (m *Metrics) Auditor(next Auditor) Auditor {
+func (m *Metrics) Auditor(next lease.Auditor) lease.Auditor {
 	return &countingAuditor{m: m, next: next}
 }
 
 type countingAuditor struct {
 	m    *Metrics
-	next Auditor
+	next lease.Auditor
 }
 
 func (c *countingAuditor) Record(ctx context.Context, ev lease.AuditEvent) error {

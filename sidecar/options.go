@@ -257,7 +257,7 @@ func (o *FenceOptions) checkPG() error {
 // not). The git and Postgres fences sign with the lease's grant keys
 // (lease.GrantKeys); without one pushes go out unsigned and Postgres
 // refuses writes to fenced tables: the caller may want to warn.
-func (o *FenceOptions) Config(held lease.Source, bus gitproxy.LeaseView, audit lease.Auditor, log *slog.Logger) (Config, error) {
+func (o *FenceOptions) Config(held lease.Source, bus lease.View, audit lease.Auditor, log *slog.Logger) (Config, error) {
 	l := held.Lease()
 	if !o.checked {
 		if err := o.Check(l.Repo); err != nil {

@@ -33,7 +33,7 @@ type Config struct {
 	// Bus is read when a push is decided (a *leasebus.Client); Audit
 	// records refusals (a *leasebus.Auditor; nil: refusals are only
 	// logged).
-	Bus   gitproxy.LeaseView
+	Bus   lease.View
 	Audit lease.Auditor
 
 	// GitUpstream is the URL of the agent's git remote, http or https: its
@@ -694,8 +694,8 @@ func (s *Sidecar) Close(ctx context.Context) error {
 
 // auditor is the fences' Auditor: Config.Audit (when set), counted by
 // Config.Metrics (when set); nil when neither is.
-func (s *Sidecar) auditor() Auditor {
-	var a Auditor
+func (s *Sidecar) auditor() lease.Auditor {
+	var a lease.Auditor
 	if s.cfg.Audit != nil {
 		a = s.cfg.Audit
 	}
