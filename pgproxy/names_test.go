@@ -127,25 +127,8 @@ func TestNamesFollowTheServer(t *testing.T) {
 	// (Inside a block, where named portals outlive a Sync; the failed Bind
 	// aborts it, and a ROLLBACK TO SAVEPOINT made before lets it go on.)
 	t.Run("Bind to a named portal that exists fails and keeps the old", func(t *testing.T) {
-		raw, err := net.Dial("tcp", p.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer raw.Close()
-		raw.SetDeadline(time.Now().Add(20 * time.Second))
-		fe := pgproto3.NewFrontend(raw, raw)
-		fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersionNumber,
-			Parameters: map[string]string{"user": "agent", "database": testDB}})
-		step := func(what string, msgs ...pgproto3.FrontendMessage) string {
-			for _, m := range msgs {
-				fe.Send(m)
-			}
-			if err := fe.Flush(); err != nil {
-				t.Fatal(err)
-			}
-			return what + ": " + answers(t, fe)
-		}
-		t.Log(step("startup"))
+		send := wireSession(t, p)
+		step := func(what string, msgs ...pgproto3.FrontendMessage) string { return what + ": " + send(msgs...) }
 		t.Log(step("begin", &pgproto3.Query{String: "BEGIN"}))
 		t.Log(step("portal p1 on the outside write",
 			&pgproto3.Parse{Name: "o", Query: outsideWrite}, &pgproto3.Bind{DestinationPortal: "p1", PreparedStatement: "o"}, &pgproto3.Sync{}))
@@ -169,25 +152,7 @@ func TestNamesFollowTheServer(t *testing.T) {
 	// RETURNING wrote other.t under FETCH, which the fence took for a read.
 	t.Run("FETCH and MOVE run a Bind's portal", func(t *testing.T) {
 		for _, run := range []string{"FETCH ALL p2", "MOVE ALL p2", "FETCH ALL IN p2"} {
-			raw, err := net.Dial("tcp", p.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer raw.Close()
-			raw.SetDeadline(time.Now().Add(20 * time.Second))
-			fe := pgproto3.NewFrontend(raw, raw)
-			fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersionNumber,
-				Parameters: map[string]string{"user": "agent", "database": testDB}})
-			step := func(msgs ...pgproto3.FrontendMessage) string {
-				for _, m := range msgs {
-					fe.Send(m)
-				}
-				if err := fe.Flush(); err != nil {
-					t.Fatal(err)
-				}
-				return answers(t, fe)
-			}
-			step()
+			step := wireSession(t, p)
 			step(&pgproto3.Query{String: "BEGIN; " + insideWrite}) // a block the fence made writable
 			step(&pgproto3.Parse{Name: "o2", Query: outsideWrite + " RETURNING 1"}, &pgproto3.Bind{DestinationPortal: "p2", PreparedStatement: "o2"}, &pgproto3.Sync{})
 			if tr := step(&pgproto3.Query{String: run}); !strings.Contains(tr, "42501") {
@@ -232,6 +197,35 @@ func TestNamesFollowTheServer(t *testing.T) {
 			t.Errorf("CLOSE cur2: %v", err)
 		}
 	})
+}
+
+// wireSession starts a session of the agent through p on the wire and
+// returns what sends messages on it: it flushes them and returns the
+// answers up to ReadyForQuery (see answers).
+func wireSession(t *testing.T, p *Proxy) func(msgs ...pgproto3.FrontendMessage) string {
+	t.Helper()
+	raw, err := net.Dial("tcp", p.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	raw.SetDeadline(time.Now().Add(20 * time.Second))
+	fe := pgproto3.NewFrontend(raw, raw)
+	fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersionNumber,
+		Parameters: map[string]string{"user": "agent", "database": testDB}})
+	send := func(msgs ...pgproto3.FrontendMessage) string {
+		for _, m := range msgs {
+			fe.Send(m)
+		}
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		return answers(t, fe)
+	}
+	if tr := send(); !strings.HasSuffix(tr, "Ready(I)") {
+		t.Fatalf("startup: %s", tr)
+	}
+	return send
 }
 
 // answers reads the proxy's answers up to ReadyForQuery: their types, with
