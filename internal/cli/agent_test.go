@@ -27,8 +27,9 @@ func startAgent(t *testing.T, args ...string) *anAgent {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &anAgent{cancel: cancel, done: make(chan int, 1), out: &syncBuffer{}, errOut: &syncBuffer{}}
+	cfg := cfgOf(t)
 	go func() {
-		r.done <- run(ctx, append([]string{"agent", "--log-format", "text"}, args...), r.out, r.errOut, closedURL(t))
+		r.done <- run(ctx, append([]string{"agent", "--log-format", "text"}, args...), r.out, r.errOut, closedURL(t), cfg)
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -25,7 +25,7 @@ func TestRunHidesSiblingBusCredentials(t *testing.T) {
 	isolate(t)
 	url := startBus(t)
 	dir := bustest.CredsDir(t)
-	t.Setenv(EnvCreds, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleHolder)))
+	setCfg(t, func(c *config) { c.Creds = filepath.Join(dir, leasebus.CredsFile(leasebus.RoleHolder)) })
 	co := newCheckout(t, "")
 	var script []string
 	for _, role := range leasebus.Roles {
@@ -53,7 +53,7 @@ func TestRunAgentCannotReadParentSecrets(t *testing.T) {
 	isolate(t)
 	url := startBus(t)
 	const secret = "fenceline-attack-upstream-secret-4242"
-	t.Setenv("FENCELINE_GIT_UPSTREAM_HEADER", "Authorization: Basic "+secret)
+	setCfg(t, func(c *config) { c.GitUpstreamHeader = "Authorization: Basic " + secret })
 	co := newCheckout(t, "")
 	// One process probes every other (a shell spawning cat, grep and dd
 	// per process took longer than the run's deadline on a busy machine):
@@ -111,7 +111,7 @@ func TestRunHidesFenceSecretFiles(t *testing.T) {
 	url := startBus(t)
 	co := newCheckout(t, "")
 	dir := t.TempDir()
-	secretFile := pgproxy.DefaultSecretFile(leasebus.StateDir())
+	secretFile := pgproxy.DefaultSecretFile(stateDir(t))
 	if err := pgproxy.WriteSecretFile(secretFile, bytes.Repeat([]byte{7}, 32)); err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/testutil"
-	"github.com/fenceline/fenceline/leasebus"
 )
 
 // hookInstalled is what "hook install --json" prints.
@@ -53,7 +52,7 @@ func TestHookInstall(t *testing.T) {
 	if in.Repo != testRepo || !in.NewSecret {
 		t.Fatalf("install = %+v, want repo %s and a new secret", in, testRepo)
 	}
-	if in.HookSecretFile != filepath.Join(in.GitDir, "fenceline", "hook.key") || in.BusSecretFile != gitproxy.SidecarKeyFile(leasebus.StateDir(), testRepo) {
+	if in.HookSecretFile != filepath.Join(in.GitDir, "fenceline", "hook.key") || in.BusSecretFile != gitproxy.SidecarKeyFile(stateDir(t), testRepo) {
 		t.Fatalf("secret files %s, %s", in.HookSecretFile, in.BusSecretFile)
 	}
 	testutil.WantPerm(t, in.HookSecretFile, 0o600)

@@ -80,7 +80,7 @@ bad --table, a --ttl out of range) are usage errors (exit 2).`,
 				}
 				return fmt.Errorf("acquire %s in %s: %w", req.Scope, req.Repo, err)
 			}
-			path, err := writeCredFile(&credFile{LeaseID: l.LeaseID, Repo: l.Repo, Credential: cred, Version: l.Version, NATS: s.url})
+			path, err := a.writeCredFile(&credFile{LeaseID: l.LeaseID, Repo: l.Repo, Credential: cred, Version: l.Version, NATS: s.url})
 			if err != nil {
 				// Nobody could renew or release it: give it back now.
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
@@ -301,7 +301,7 @@ renewal then compares against the version it reads first. A refused renewal mean
 				}
 				if f != nil {
 					f.Version = l.Version
-					if _, err := writeCredFile(f); err != nil {
+					if _, err := a.writeCredFile(f); err != nil {
 						return fmt.Errorf("lease %s renewed to version %d, but: %w", id, l.Version, err)
 					}
 				}
@@ -339,7 +339,7 @@ ended is not an error. The credential file is removed afterwards.`,
 					return err
 				}
 				if f != nil {
-					if err := removeCredFile(id); err != nil {
+					if err := a.removeCredFile(id); err != nil {
 						return fmt.Errorf("lease %s released, but: %w", id, err)
 					}
 				}
@@ -372,7 +372,7 @@ func (a *app) asOwner(ctx context.Context, op, id string, cred leasebus.Credenti
 		return err
 	}
 	url, source := a.busURL()
-	f, ferr := readCredFile(id)
+	f, ferr := a.readCredFile(id)
 	switch {
 	case ferr == nil && (cred == "" || cred == f.Credential):
 		cred = f.Credential

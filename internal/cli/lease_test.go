@@ -48,7 +48,7 @@ func TestAcquireText(t *testing.T) {
 	}
 
 	// The credential file: 0600 in a 0700 dir, naming the lease and bus.
-	path := filepath.Join(os.Getenv("XDG_STATE_HOME"), "fenceline", "leases", id+".json")
+	path := filepath.Join(stateDir(t), "leases", id+".json")
 	checkCredFile(t, path, id, url)
 }
 
@@ -217,10 +217,10 @@ func TestRenewStaleVersionIsLost(t *testing.T) {
 	a := acquireJSON(t, url, "--scope", "x")
 	// Someone on another machine renews with the credential: the file's
 	// version is stale, and a compare-and-swap on it must fail (stop writing).
-	here := os.Getenv("XDG_STATE_HOME")
-	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	here, elsewhere := stateDir(t), t.TempDir()
+	setCfg(t, func(c *config) { c.StateDir = elsewhere })
 	fl(t, "--nats", url, "lease", "renew", a.LeaseID, "--credential", a.Credential).want(t, ExitOK)
-	t.Setenv("XDG_STATE_HOME", here)
+	setCfg(t, func(c *config) { c.StateDir = here })
 	r := fl(t, "--nats", url, "lease", "renew", a.LeaseID).want(t, ExitLost)
 	mustContain(t, "stderr", r.stderr, "version", "stop writing")
 }
@@ -229,7 +229,8 @@ func TestReleaseWithoutCredentialFile(t *testing.T) {
 	isolate(t)
 	url := startBus(t)
 	a := acquireJSON(t, url, "--scope", "x")
-	t.Setenv("XDG_STATE_HOME", t.TempDir()) // another machine
+	elsewhere := t.TempDir()
+	setCfg(t, func(c *config) { c.StateDir = elsewhere }) // another machine
 	r := fl(t, "--nats", url, "lease", "release", a.LeaseID).want(t, ExitError)
 	mustContain(t, "stderr", r.stderr, "no credential file", "--credential")
 	r = fl(t, "--nats", url, "lease", "renew", a.LeaseID).want(t, ExitError)
@@ -343,7 +344,7 @@ func TestNoBus(t *testing.T) {
 		{"default", nil, "", closed, "fenceline: no bus at " + closed + ": start one with \"fenceline bus serve\" (or set --nats/FENCELINE_NATS)\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Setenv(EnvNATS, tc.env)
+			setCfg(t, func(c *config) { c.NATS = tc.env })
 			for _, cmd := range [][]string{
 				{"lease", "list"},
 				{"lease", "acquire", "--repo", testRepo, "--scope", "x"},

@@ -68,7 +68,7 @@ func TestPolicySetGetHistory(t *testing.T) {
 	// A holder's and a viewer's credentials cannot set a policy: the bus
 	// refuses them.
 	for _, role := range []leasebus.Role{leasebus.RoleHolder, leasebus.RoleViewer} {
-		t.Setenv(EnvCreds, filepath.Join(bustest.CredsDir(t), leasebus.CredsFile(role)))
+		setCfg(t, func(c *config) { c.Creds = filepath.Join(bustest.CredsDir(t), leasebus.CredsFile(role)) })
 		r := fl(t, "--nats", url, "policy", "set", "-f", good, "--default").want(t, ExitConflict)
 		mustContain(t, string(role)+"'s refusal", r.stderr, "not permitted")
 	}

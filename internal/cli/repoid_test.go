@@ -55,7 +55,7 @@ func TestRepoSpellingsConflict(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		var out, errOut syncBuffer
 		code := run(ctx, []string{"--nats", url, "sidecar", "--repo", s, "--scope", "in/sub", "--workspace", "exclusive",
-			"--git-upstream", "http://127.0.0.1:9/payments.git", "--state-dir", t.TempDir()}, &out, &errOut, url)
+			"--git-upstream", "http://127.0.0.1:9/payments.git", "--state-dir", t.TempDir()}, &out, &errOut, url, cfgOf(t))
 		cancel()
 		if code != ExitConflict || !strings.Contains(errOut.String(), held.LeaseID) || !strings.Contains(errOut.String(), "in "+want+":") {
 			t.Fatalf("sidecar --repo %s: exit %d, want %d naming %s in %s:\n%s\n%s", s, code, ExitConflict, held.LeaseID, want, out.String(), errOut.String())

@@ -235,7 +235,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 	if err != nil {
 		return err
 	}
-	state, err := privateState(rf.privateState, extra)
+	state, err := privateState(a.cfg.Home, rf.privateState, extra)
 	if err != nil {
 		return err
 	}

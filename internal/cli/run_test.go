@@ -202,10 +202,10 @@ func TestRunHidesBusCredentials(t *testing.T) {
 	co := newCheckout(t, "")
 	elsewhere := filepath.Join(bustest.CredsDir(t), leasebus.CredsFile(leasebus.RoleOperator))
 	// The default bus's credentials, as "bus serve" writes them.
-	if _, err := leasebus.EnsureCreds(defaultCredsDir()); err != nil {
+	if _, err := leasebus.EnsureCreds(defaultCredsDir(t)); err != nil {
 		t.Fatal(err)
 	}
-	inState := filepath.Join(defaultCredsDir(), leasebus.CredsFile(leasebus.RoleService))
+	inState := filepath.Join(defaultCredsDir(t), leasebus.CredsFile(leasebus.RoleService))
 	for _, p := range []string{elsewhere, inState} {
 		if data, err := os.ReadFile(p); err != nil || !strings.Contains(string(data), "NKEY SEED") {
 			t.Fatalf("%s: %v", p, err) // readable outside the guard
@@ -328,7 +328,7 @@ func startRunnerProcess(t *testing.T, args ...string) (cmd *exec.Cmd, logPath st
 	}
 	defer logf.Close() // the child has its own copy
 	cmd = exec.Command(self, args...)
-	cmd.Env = append(os.Environ(), runAsCLIEnv+"=1")
+	cmd.Env = append(cfgEnv(t), runAsCLIEnv+"=1")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -600,7 +600,7 @@ func TestRunUsage(t *testing.T) {
 		{[]string{"--checkout", co, "--scope", "../x", "--", "true"}, "../x"},
 		{[]string{"--checkout", co, "--workspace", "shared", "--", "true"}, "nothing claimed"},
 		{[]string{"--checkout", co, "--private-state", "/etc", "--", "true"}, "--private-state /etc: not beneath HOME"},
-		{[]string{"--checkout", co, "--private-state", filepath.Join(os.Getenv("HOME"), ".claude"), "--allow-write", os.Getenv("HOME"), "--", "true"}, "drop the --allow-write"},
+		{[]string{"--checkout", co, "--private-state", filepath.Join(cfgOf(t).Home, ".claude"), "--allow-write", cfgOf(t).Home, "--", "true"}, "drop the --allow-write"},
 	} {
 		r := flDefault(t, closedURL(t), append([]string{"run"}, tc.args...)...)
 		if r.code != ExitUsage || !strings.Contains(r.stderr, tc.want) {

@@ -209,8 +209,9 @@ func startRunCmd(t *testing.T, url string, args ...string) *aRun {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &aRun{cancel: cancel, done: make(chan int, 1), out: &syncBuffer{}, errOut: &syncBuffer{}}
+	cfg := cfgOf(t)
 	go func() {
-		r.done <- run(ctx, append([]string{"--nats", url}, args...), r.out, r.errOut, url)
+		r.done <- run(ctx, append([]string{"--nats", url}, args...), r.out, r.errOut, url, cfg)
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -85,10 +85,11 @@ func TestSidecarFencesAnUnmodifiedGit(t *testing.T) {
 	defer cancel()
 	var out, errOut syncBuffer
 	done := make(chan int, 1)
+	cfg, dir := cfgOf(t), t.TempDir()
 	go func() {
 		done <- run(ctx, []string{"--nats", url, "sidecar", "--repo", testRepo, "--scope", "services/billing",
 			"--workspace", "exclusive", "--agent", "agent-7", "--git-upstream", gs.URL + "/payments.git",
-			"--env-file", envFile, "--state-dir", t.TempDir()}, &out, &errOut, url)
+			"--env-file", envFile, "--state-dir", dir}, &out, &errOut, url, cfg)
 	}()
 	var env []string
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
@@ -216,8 +217,9 @@ func startSidecar(t *testing.T, url string, args ...string) *aSidecar {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &aSidecar{cancel: cancel, done: make(chan int, 1), out: &syncBuffer{}, errOut: &syncBuffer{}}
+	cfg := cfgOf(t)
 	go func() {
-		s.done <- run(ctx, append([]string{"--nats", url, "sidecar"}, args...), s.out, s.errOut, url)
+		s.done <- run(ctx, append([]string{"--nats", url, "sidecar"}, args...), s.out, s.errOut, url, cfg)
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -48,7 +48,7 @@ func TestFenceFlagsCheckedBeforeTheLease(t *testing.T) {
 	for _, command := range []string{"sidecar", "run"} {
 		for _, tc := range cases {
 			t.Run(command+"/"+tc.name, func(t *testing.T) {
-				t.Setenv("FENCELINE_GIT_UPSTREAM_HEADER", tc.env)
+				setCfg(t, func(c *config) { c.GitUpstreamHeader = tc.env })
 				var repo string
 				var args []string
 				if command == "sidecar" {
