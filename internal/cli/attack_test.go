@@ -22,6 +22,7 @@ import (
 // Hiding only the named file left the service's and the operator's seeds
 // beside it readable: a guarded agent could then act as the lease service.
 func TestRunHidesSiblingBusCredentials(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	dir := bustest.CredsDir(t)
@@ -50,6 +51,7 @@ func TestRunHidesSiblingBusCredentials(t *testing.T) {
 // process from ptrace-class access (environ, mem, fd, maps) to processes
 // outside its domain, and the agent inherits no descriptor but stdio.
 func TestRunAgentCannotReadParentSecrets(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	const secret = "fenceline-attack-upstream-secret-4242"
@@ -107,6 +109,7 @@ echo probed`
 // readable); so is the state dir, where pg install keeps the database's
 // secret. run takes no fence secret at all (--pg-secret-file is refused).
 func TestRunHidesFenceSecretFiles(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "")

@@ -86,6 +86,7 @@ func startServe(t *testing.T, args ...string) (*served, error) {
 }
 
 func TestBusServeEmbedded(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	store := filepath.Join(t.TempDir(), "bus")
 	// A bus on another store than the default: its credentials are where
@@ -124,6 +125,7 @@ func TestBusServeEmbedded(t *testing.T) {
 }
 
 func TestBusServeServiceOnly(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	// A bare NATS server (a "cluster" of one) with no lease service...
 	srv := bustest.StartServer(t, leasebus.ServerConfig{})
@@ -151,6 +153,7 @@ func TestBusServeServiceOnly(t *testing.T) {
 }
 
 func TestBusServePortInUse(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -166,6 +169,7 @@ func TestBusServePortInUse(t *testing.T) {
 }
 
 func TestBusServeReadOnlyStore(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	vol := testutil.Tmpfs(t, "4m")
 	testutil.Remount(t, vol, "ro")
@@ -186,6 +190,7 @@ func TestBusServeReadOnlyStore(t *testing.T) {
 // the least role it needs, and the audit names who revoked. A bus refuses
 // a client without its credentials, and each refusal says what to do.
 func TestBusCredentials(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url, out, _, stop := serveInProcess(t, "--listen", "127.0.0.1:0")
 	dir := defaultCredsDir(t)
@@ -296,6 +301,7 @@ func TestBusCredentials(t *testing.T) {
 // "bus creds" prints (docs/trust.md) runs the lease service and every
 // command, each as its role, and refuses a client without credentials.
 func TestBusCredsExternalServer(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	dir := filepath.Join(t.TempDir(), "creds")
 	r := fl(t, "bus", "creds", "--dir", dir).want(t, ExitOK)
@@ -338,6 +344,7 @@ func TestBusCredsExternalServer(t *testing.T) {
 // A credentials directory without the least role's file: the command
 // takes a role that may more, or says which files would do.
 func TestCredsDirFallsBackToAWiderRole(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	mine := t.TempDir()
@@ -360,6 +367,7 @@ func TestCredsDirFallsBackToAWiderRole(t *testing.T) {
 // Prometheus metrics; a bad address is a usage error before anything
 // starts.
 func TestBusServeMetrics(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	fl(t, "bus", "serve", "--metrics", "nohostport", "--store", t.TempDir()).want(t, ExitUsage)
 	store := filepath.Join(t.TempDir(), "bus")

@@ -38,6 +38,7 @@ func installHookJSON(t *testing.T, args ...string) hookInstalled {
 // sidecars, installs the hook and lets push options through; again, it
 // keeps the secret; it leaves someone else's hook alone.
 func TestHookInstall(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	bare, err := gitserver.NewBare(filepath.Join(t.TempDir(), "payments.git"))
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 )
 
 func TestAcquireText(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	r := fl(t, "--nats", url, "lease", "acquire", "--repo", testRepo, "--scope", "services/billing").want(t, ExitOK)
@@ -83,6 +84,7 @@ func checkCredFile(t *testing.T, path, id, url string) credFile {
 }
 
 func TestAcquireJSON(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	a := acquireJSON(t, url, "--scope", "services/billing", "--scope", "libs/tax", "--table", "public.users",
@@ -117,6 +119,7 @@ func TestAcquireJSON(t *testing.T) {
 }
 
 func TestAcquireWholeRepoAndExclusiveNone(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	a := acquireJSON(t, url, "--workspace", "exclusive", "--workspace-id", "wt-1")
@@ -133,6 +136,7 @@ func TestAcquireWholeRepoAndExclusiveNone(t *testing.T) {
 }
 
 func TestAcquireConflict(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	first := acquireJSON(t, url, "--scope", "services/billing", "--agent", "agent-a")
@@ -171,6 +175,7 @@ func TestAcquireConflict(t *testing.T) {
 }
 
 func TestRenewReleaseLifecycle(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	a := acquireJSON(t, url, "--scope", "services/billing")
@@ -212,6 +217,7 @@ func TestRenewReleaseLifecycle(t *testing.T) {
 }
 
 func TestRenewStaleVersionIsLost(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	a := acquireJSON(t, url, "--scope", "x")
@@ -226,6 +232,7 @@ func TestRenewStaleVersionIsLost(t *testing.T) {
 }
 
 func TestReleaseWithoutCredentialFile(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	a := acquireJSON(t, url, "--scope", "x")
@@ -242,6 +249,7 @@ func TestReleaseWithoutCredentialFile(t *testing.T) {
 }
 
 func TestRevoke(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	a := acquireJSON(t, url, "--scope", "services/billing")
@@ -269,6 +277,7 @@ func TestRevoke(t *testing.T) {
 }
 
 func TestList(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	r := fl(t, "--nats", url, "lease", "list", "--json").want(t, ExitOK)
@@ -309,6 +318,7 @@ func TestList(t *testing.T) {
 }
 
 func TestAudit(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	r := fl(t, "--nats", url, "lease", "audit", "--json").want(t, ExitOK)
@@ -330,6 +340,7 @@ func TestAudit(t *testing.T) {
 }
 
 func TestNoBus(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	closed := closedURL(t)
 	for _, tc := range []struct {
@@ -365,6 +376,7 @@ func TestNoBus(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := closedURL(t) // none of these may get as far as the bus
 	acq := []string{"--nats", url, "lease", "acquire", "--repo", testRepo}
@@ -407,6 +419,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	r := fl(t, "--help").want(t, ExitOK)
 	mustContain(t, "help", r.stdout, "Exit status", "bus", "lease", "demo", "--nats", "FENCELINE_NATS")
@@ -419,6 +432,7 @@ func TestHelp(t *testing.T) {
 }
 
 func TestExitCode(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		err  error
 		want int

@@ -38,6 +38,7 @@ func writeFile(t *testing.T, name, text string) string {
 }
 
 func TestPolicySchemaValidateAndTest(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	out := fl(t, "policy", "schema").want(t, ExitOK).stdout
 	mustContain(t, "schema", out, "namespace Fenceline", "action sql_opaque", `"whole_repo": Bool`)
@@ -62,6 +63,7 @@ func TestPolicySchemaValidateAndTest(t *testing.T) {
 }
 
 func TestPolicySetGetHistory(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	good := writeFile(t, "p.cedar", issuePolicy)

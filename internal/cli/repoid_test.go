@@ -14,6 +14,7 @@ import (
 // github.com/acme/payments, and a lease under one conflicts with a claim
 // under any other, through each command.
 func TestRepoSpellingsConflict(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "https://bot:s3cret@github.com/acme/payments.git")

@@ -76,6 +76,7 @@ func readEnvFile(path string) ([]string, error) {
 // TestSidecarFencesAnUnmodifiedGit: the agent's git, given only the
 // sidecar's environment, pushes through the git fence to its usual remote.
 func TestSidecarFencesAnUnmodifiedGit(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	gs, _ := seededGitServer(t)
@@ -266,6 +267,7 @@ func (s *aSidecar) wait(t *testing.T) int {
 // says how to give one; with --admin-token-file the API wants it, the
 // probes do not.
 func TestSidecarAdminToken(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	gs, _ := seededGitServer(t)
