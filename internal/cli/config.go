@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/leasebus"
 	"github.com/fenceline/fenceline/sidecar"
 )
@@ -23,6 +24,9 @@ type config struct {
 	StateDir string
 	// Home is $HOME, against which --private-state paths are read.
 	Home string
+	// User is $USER, the user of the default agent id
+	// (leasebus.DefaultAgentID).
+	User string
 	// NATS is $FENCELINE_NATS: the bus when --nats is not given.
 	NATS string
 	// Creds is $FENCELINE_CREDS: the bus credentials when --creds is not
@@ -38,6 +42,9 @@ type config struct {
 	GitUpstreamHeader string
 	// DemoPostgres is $FENCELINE_TEST_PG: a running Postgres for the demo.
 	DemoPostgres string
+	// PushOptions are the push options git gives "fenceline hook" as its
+	// pre-receive hook (GIT_PUSH_OPTION_*, gitproxy.PushOptionsFrom).
+	PushOptions []string
 }
 
 // configFromEnv reads config from the environment through getenv
@@ -47,12 +54,14 @@ func configFromEnv(getenv func(string) string) config {
 	return config{
 		StateDir:          stateDirFrom(getenv("XDG_STATE_HOME"), getenv("HOME")),
 		Home:              getenv("HOME"),
+		User:              getenv("USER"),
 		NATS:              trim(EnvNATS),
 		Creds:             trim(EnvCreds),
 		UIToken:           getenv(EnvUIToken),
 		AdminToken:        trim(sidecar.EnvAdminToken),
 		GitUpstreamHeader: getenv(envGitUpstreamHeader),
 		DemoPostgres:      getenv(envDemoPostgres),
+		PushOptions:       gitproxy.PushOptionsFrom(getenv),
 	}
 }
 

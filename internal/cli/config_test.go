@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -12,10 +13,12 @@ import (
 // TestConfigFromEnv: the environment is read in one place, into config.
 func TestConfigFromEnv(t *testing.T) {
 	t.Parallel()
-	env := map[string]string{"HOME": "/home/ada", EnvNATS: " nats://bus:4222 ", EnvCreds: "/creds\n", EnvUIToken: "ui", envGitUpstreamHeader: "Authorization: x"}
+	env := map[string]string{"HOME": "/home/ada", "USER": "ada", EnvNATS: " nats://bus:4222 ", EnvCreds: "/creds\n", EnvUIToken: "ui", envGitUpstreamHeader: "Authorization: x",
+		"GIT_PUSH_OPTION_COUNT": "2", "GIT_PUSH_OPTION_0": "fenceline-lease=lease_x", "GIT_PUSH_OPTION_1": "ci.skip"}
 	c := configFromEnv(func(k string) string { return env[k] })
-	want := config{StateDir: "/home/ada/.local/state/fenceline", Home: "/home/ada", NATS: "nats://bus:4222", Creds: "/creds", UIToken: "ui", GitUpstreamHeader: "Authorization: x"}
-	if c != want {
+	want := config{StateDir: "/home/ada/.local/state/fenceline", Home: "/home/ada", User: "ada", NATS: "nats://bus:4222", Creds: "/creds", UIToken: "ui", GitUpstreamHeader: "Authorization: x",
+		PushOptions: []string{"fenceline-lease=lease_x", "ci.skip"}}
+	if !reflect.DeepEqual(c, want) {
 		t.Errorf("configFromEnv = %+v, want %+v", c, want)
 	}
 	env["XDG_STATE_HOME"] = "/state"

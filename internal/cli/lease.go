@@ -110,7 +110,7 @@ bad --table, a --ttl out of range) are usage errors (exit 2).`,
 		},
 	}
 	f := c.Flags()
-	lf.register(f)
+	lf.register(f, a.cfg.User)
 	f.BoolVar(&asJSON, "json", false, "print the lease record with its credential as JSON")
 	c.MarkFlagsMutuallyExclusive("scope", "whole-repo")
 	return c
@@ -124,9 +124,13 @@ type leaseFlags struct {
 	paths, tables                []string
 	wholeRepo                    bool
 	ttl, wait                    time.Duration
+	user                         string // $USER, for the default --agent
 }
 
-func (lf *leaseFlags) register(f *pflag.FlagSet) {
+// register adds the lease flags to f; user ($USER) names the default
+// --agent.
+func (lf *leaseFlags) register(f *pflag.FlagSet, user string) {
+	lf.user = user
 	f.StringVar(&lf.repo, "repo", "", "repository: its identity (github.com/acme/payments), a remote URL (https://…, git@host:org/repo, ssh://…) or a local checkout, all named by its normalized identity (required)")
 	f.StringArrayVar(&lf.paths, "scope", nil, "repo-relative path to claim (repeatable)")
 	f.BoolVar(&lf.wholeRepo, "whole-repo", false, "claim every path of the repo (exclusive workspace)")
@@ -204,7 +208,7 @@ func (lf *leaseFlags) request() (leasebus.AcquireRequest, error) {
 		task = "cli"
 	}
 	if agent == "" {
-		agent = leasebus.DefaultAgentID()
+		agent = leasebus.DefaultAgentID(lf.user)
 	}
 	if attempt == "" {
 		attempt = leasebus.NewAttemptID()

@@ -274,7 +274,7 @@ released at once.`,
 		},
 	}
 	f := c.Flags()
-	sf.lf.register(f)
+	sf.lf.register(f, a.cfg.User)
 	sf.ff.register(c)
 	f.StringVar(&sf.attachID, "lease", "", "attach to this lease instead of acquiring one")
 	f.StringVar(&sf.cred, "credential", "", "owner credential of --lease (default: this machine's credential file)")
