@@ -28,6 +28,7 @@ import (
 // by path, with no ioctl and no write-open: while the lease holds it must
 // change only files of the lease, and none after the loss.
 func TestFileSetattrConfined(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	mine, secret := filepath.Join(w.leased, "mine.txt"), filepath.Join(w.outside, "secret.txt")
@@ -68,6 +69,7 @@ func TestFileSetattrConfined(t *testing.T) {
 // are not harmless: a pipe feeding a shell runs what is written into it.
 // Both stay refused; /dev/stdout on the agent's own pipe keeps working.
 func TestLostLeaseForeignPipesRefused(t *testing.T) {
+	t.Parallel()
 	w := newWorktree(t)
 	marker := filepath.Join(w.leased, "LOSE")
 
@@ -141,6 +143,7 @@ echo done`
 // its id (listed in /proc/sysvipc/shm) and write into that process's
 // memory. Only objects the attempt made are usable.
 func TestSysVIPCConfined(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	id, err := unix.SysvShmGet(unix.IPC_PRIVATE, 4096, unix.IPC_CREAT|0o600)
@@ -178,6 +181,7 @@ func TestSysVIPCConfined(t *testing.T) {
 // still allows in the lease). The kernel refuses a second listener in a
 // filter chain (EBUSY) while the supervisor's is open.
 func TestNestedListenerRefusedByKernel(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	mine, secret := filepath.Join(w.leased, "mine.txt"), filepath.Join(w.outside, "secret.txt")
@@ -201,6 +205,7 @@ func TestNestedListenerRefusedByKernel(t *testing.T) {
 // tokens) and plant keys for them. keyctl, add_key and request_key are
 // refused, as container runtimes' default profiles do.
 func TestKeyringsRefused(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	desc := "fenceline-test-secret-" + strconv.Itoa(os.Getpid())
@@ -237,6 +242,7 @@ func TestKeyringsRefused(t *testing.T) {
 // file there after the loss, with its own memory as content. The guarded
 // command gets a hard core limit of 0.
 func TestNoCoreDumpAfterLoss(t *testing.T) {
+	t.Parallel()
 	w := newWorktree(t)
 	marker := filepath.Join(w.other, "LOSE")
 	script := `: > "$MARKER" || exit 9
@@ -269,6 +275,7 @@ echo "crashed: $?"`
 // writable descriptor came after the loss. F_SETLEASE is refused (it also
 // let the agent stall anyone's write-opens of any file it owns).
 func TestOpenNotStretchedPastLoss(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	mine := filepath.Join(w.leased, "mine.txt")

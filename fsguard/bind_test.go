@@ -31,6 +31,7 @@ func freePort(t *testing.T) uint16 {
 // a fixed port is refused unless the policy allows it (a dev server's), and
 // a sidecar's port cannot be allowed.
 func TestAgentListensOnEphemeralAndAllowedPorts(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	admin, dev := freePort(t), freePort(t)
 	w := newWorktree(t)
@@ -68,6 +69,7 @@ func TestAgentListensOnEphemeralAndAllowedPorts(t *testing.T) {
 // by name, like a port; the agent may not take one. An autobind (a name
 // the kernel picks) is allowed.
 func TestAbstractUnixBindRefused(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	p := w.policy()
@@ -88,6 +90,7 @@ func TestAbstractUnixBindRefused(t *testing.T) {
 // reach the port but cannot listen on it, so no client of the sidecar
 // reaches the agent.
 func TestBindWithoutLandlockNet(t *testing.T) {
+	// Not in parallel: it lowers the package's abiLimit.
 	abiLimit = 3
 	t.Cleanup(func() { abiLimit = 0 })
 	helper := guardHelper(t)

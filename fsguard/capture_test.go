@@ -83,6 +83,7 @@ func (c *captureListener) got() []string {
 // chose comes before the agent's first byte, and the agent sees a
 // connected socket. The loopback's other ports stay refused and audited.
 func TestTCPConnectCaptured(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	capt := listenCapture(t)
 	forbidden := countingListener(t, "tcp", "127.0.0.1:0")
@@ -123,6 +124,7 @@ func TestTCPConnectCaptured(t *testing.T) {
 // the loopback listener is never reached, and every captured connection
 // names an address the agent wrote, never a mix handed elsewhere.
 func TestTCPConnectCaptureAddressRace(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	capt := listenCapture(t)
 	forbidden := countingListener(t, "tcp", "127.0.0.1:0")
@@ -161,6 +163,7 @@ func TestTCPConnectCaptureAddressRace(t *testing.T) {
 // the full length); on a socket that was not captured it is the kernel's
 // answer.
 func TestCapturedPeerName(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	capt := listenCapture(t)
 	allowed := countingListener(t, "tcp", "127.0.0.1:0")

@@ -19,6 +19,7 @@ import (
 // ../other) would grant its target, which the lease service never
 // compared with other claims. Start refuses it, naming the real path.
 func TestWritableThroughSymlinkRefused(t *testing.T) {
+	t.Parallel()
 	w := newWorktree(t)
 	evil := filepath.Join(w.leased, "evil")
 	if err := os.Symlink("../other", evil); err != nil {
@@ -47,6 +48,7 @@ func TestWritableThroughSymlinkRefused(t *testing.T) {
 // itself; a symlink swapped in after the supervisor resolved the policy
 // (another agent replacing the claimed directory) is refused.
 func TestWritableRuleChecksTheDescriptor(t *testing.T) {
+	t.Parallel()
 	if _, err := Available(); err != nil {
 		t.Fatalf("the guard's tests need Landlock: %v", err)
 	}

@@ -88,6 +88,7 @@ func metaResults(t *testing.T, out string) map[string]string {
 // supervisor performs them on a descriptor it judged), and none after the
 // loss. Every refusal is audited and leaves the file as it was.
 func TestMetadataConfined(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	secret, mine := filepath.Join(w.outside, "secret.txt"), filepath.Join(w.leased, "mine.txt")
@@ -167,6 +168,7 @@ func equalMeta(a, b metaState) bool {
 // a hard link (made while the lease held) in the temp dir, stay refused and
 // audited.
 func TestLostLeaseHarmlessWritesGoOn(t *testing.T) {
+	t.Parallel()
 	w := newWorktree(t)
 	mine := filepath.Join(w.leased, "mine.txt")
 	marker := filepath.Join(w.leased, "LOSE")
@@ -240,6 +242,7 @@ echo done`
 // write-open with openat2 works in the temp dir and on /dev/null and is
 // refused in the lease.
 func TestLostLeaseOpenat2(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	gate := &testGate{}

@@ -18,6 +18,7 @@ import (
 // calls directly, so nothing in user space can intercept them; the kernel
 // guard still confines it.
 func TestStaticBinaryConfined(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	p := w.policy()
@@ -38,6 +39,7 @@ func TestStaticBinaryConfined(t *testing.T) {
 
 // TestEscapeTricks tries the usual ways around a path check.
 func TestEscapeTricks(t *testing.T) {
+	t.Parallel()
 	w := newWorktree(t)
 	p := w.policy()
 	secret := filepath.Join(w.outside, "secret.txt")
@@ -88,6 +90,7 @@ func TestEscapeTricks(t *testing.T) {
 // TestHiddenPathUnreadable: the sidecar's credentials stay unreadable while
 // their neighbours and the rest of the system are readable.
 func TestHiddenPathUnreadable(t *testing.T) {
+	t.Parallel()
 	w := newWorktree(t)
 	creds := filepath.Join(w.outside, "creds")
 	if err := os.MkdirAll(creds, 0o700); err != nil {
@@ -124,6 +127,7 @@ func TestHiddenPathUnreadable(t *testing.T) {
 // TestTCPConnectLimited: the agent reaches the allowed port (the
 // sidecar's) but not another service on the same host.
 func TestTCPConnectLimited(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	allowed := listen(t)
 	denied := listen(t)
@@ -172,6 +176,7 @@ func port(l net.Listener) uint16 {
 // TestCannotSignalSupervisor: Landlock's signal scope keeps the agent from
 // killing the sidecar that guards it (same user, so kill(2) would allow it).
 func TestCannotSignalSupervisor(t *testing.T) {
+	t.Parallel()
 	w := newWorktree(t)
 	r := sh(t, w.policy(), w.root, fmt.Sprintf("kill -0 %d", os.Getpid()))
 	if r.code == 0 {
@@ -190,6 +195,7 @@ func TestCannotSignalSupervisor(t *testing.T) {
 // process group (or user-wide); reading another process's limits stays allowed. Each
 // refusal is audited.
 func TestCallsOnOtherProcessesConfined(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	audit := &memAuditor{}

@@ -29,6 +29,7 @@ const gitID = "git -c user.name=agent -c user.email=agent@example.com"
 // TestGitExclusiveWorkspace: an exclusive workspace writes its git dir and
 // commits; with a path claim its file writes still stay inside the claim.
 func TestGitExclusiveWorkspace(t *testing.T) {
+	t.Parallel()
 	w := newWorktree(t)
 	gitRepo(t, w)
 	p := w.policy()
@@ -47,6 +48,7 @@ func TestGitExclusiveWorkspace(t *testing.T) {
 }
 
 func TestPolicyValidate(t *testing.T) {
+	t.Parallel()
 	w := newWorktree(t)
 	for _, tc := range []struct {
 		name string
@@ -74,6 +76,7 @@ func TestPolicyValidate(t *testing.T) {
 }
 
 func TestDeniedGit(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		args []string
 		want string

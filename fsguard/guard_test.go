@@ -10,6 +10,7 @@ import (
 )
 
 func TestAvailable(t *testing.T) {
+	t.Parallel()
 	abi, err := Available()
 	if err != nil {
 		t.Fatalf("Available: %v (this suite needs a kernel with Landlock)", err)
@@ -20,6 +21,7 @@ func TestAvailable(t *testing.T) {
 }
 
 func TestShellWritesConfinedToLease(t *testing.T) {
+	t.Parallel()
 	w := newWorktree(t)
 	p := w.policy()
 	for _, tc := range []struct {

@@ -54,6 +54,7 @@ func findEvent(evs []lease.AuditEvent, f func(lease.AuditEvent) bool) (lease.Aud
 // class. Both are refused whatever the lease, and audited; nothing reaches
 // the terminal's input.
 func TestTerminalInjectionRefused(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	master, slave := openPty(t)
@@ -109,6 +110,7 @@ func inodeFlags(t *testing.T, path string) int32 {
 // lost. The test's temp dir must support inode flags (ext4 here); the
 // test fails loudly where it does not.
 func TestSetFlagsConfined(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	mine, theirs, secret := filepath.Join(w.leased, "mine.txt"), filepath.Join(w.other, "theirs.txt"), filepath.Join(w.outside, "secret.txt")
@@ -159,6 +161,7 @@ func TestSetFlagsConfined(t *testing.T) {
 // The supervisor judges and uses its own duplicate of the open file, so
 // the outside file never gets the flag.
 func TestSetFlagsDup2Race(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	mine, secret := filepath.Join(w.leased, "mine.txt"), filepath.Join(w.outside, "secret.txt")

@@ -92,6 +92,7 @@ func allDenied(l string) bool {
 // every write-class call fails with EACCES while reads go on, and each
 // denial is audited with its path.
 func TestLostGateStopsWrites(t *testing.T) {
+	t.Parallel()
 	w := newWorktree(t)
 	gate := &testGate{}
 	audit := &memAuditor{}
@@ -122,6 +123,7 @@ func TestLostGateStopsWrites(t *testing.T) {
 // revoked by an operator through Client.Revoke; denials land on the audit
 // stream through leasebus.Auditor.
 func TestHolderRevokedStopsWrites(t *testing.T) {
+	t.Parallel()
 	srv := bustest.StartServer(t, leasebus.ServerConfig{})
 	nc := bustest.Connect(t, srv.ClientURL())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

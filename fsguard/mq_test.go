@@ -126,6 +126,7 @@ func mqGone(t *testing.T, name string) {
 // effect. The agent's own queues work while the lease holds and are
 // removed when the attempt settles; after the loss nothing is created.
 func TestPosixMQConfined(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	refusedByName := "open-w=EACCES open-rw=EACCES open-r=EACCES creat-existing=EACCES slash=EACCES"
@@ -179,6 +180,7 @@ func TestPosixMQConfined(t *testing.T) {
 // number after the check sends nothing there. A send on a full queue of
 // the agent's still waits until its timeout.
 func TestPosixMQSendDup2Race(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	v := newVictimQueue(t)
@@ -207,6 +209,7 @@ func TestPosixMQSendDup2Race(t *testing.T) {
 // on and setting the flags of the read-only descriptor. The mount is made
 // in a mount namespace of the test's own thread, which starts the agent.
 func TestPosixMQThroughMount(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	for _, lost := range []bool{false, true} {
@@ -286,6 +289,7 @@ func runInMqueueMount(t *testing.T, w worktree, gate Gate, cmd *exec.Cmd) result
 // queue is made by the supervisor in slices; the lease lost meanwhile, it
 // is refused and nothing is sent.
 func TestPosixMQBlockedSendStopsAtLoss(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	name := mqTestName("agent")
@@ -322,6 +326,7 @@ func TestPosixMQBlockedSendStopsAtLoss(t *testing.T) {
 // TestSysVIPCRemovedAtSettle: System V objects the attempt made and left
 // are removed once it settled, as its POSIX queues are.
 func TestSysVIPCRemovedAtSettle(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	r := runGuardedAudit(t, w.policy(), &testGate{}, &memAuditor{}, exec.Command(helper, "atk-sysv-leave"))

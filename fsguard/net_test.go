@@ -106,6 +106,7 @@ func (c *counted) port() uint16 { return port(c.Listener) }
 // The guard refuses it (and TCP_FASTOPEN_CONNECT, which defers a connect
 // into the first send): the listener never sees the agent.
 func TestTCPFastOpenRefused(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	allowed := countingListener(t, "tcp", "127.0.0.1:0")
 	forbidden := countingListener(t, "tcp", "127.0.0.1:0")
@@ -138,6 +139,7 @@ func TestTCPFastOpenRefused(t *testing.T) {
 // another address is refused (the port rule is for the sidecar, hosts go
 // through the egress proxy).
 func TestTCPConnectAllowedLoopback(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	allowed := countingListener(t, "tcp", "127.0.0.1:0")
 	w := newWorktree(t)
@@ -164,6 +166,7 @@ func TestTCPConnectAllowedLoopback(t *testing.T) {
 // supervisor connects with its own copy, so the forbidden listener is never
 // reached.
 func TestTCPConnectAddressRace(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	allowed := countingListener(t, "tcp", "127.0.0.1:0")
 	forbidden := countingListener(t, "tcp", "127.0.0.1:0")
@@ -190,6 +193,7 @@ var onlyOKOrRefused = regexp.MustCompile(`^map\[(EACCES:\d+ )?ok:\d+\]$`)
 // another local server's socket, an abstract socket and a missing path are
 // not.
 func TestUnixConnectLimited(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	dir := t.TempDir()
 	allowedPath, forbiddenPath := filepath.Join(dir, "allowed.sock"), filepath.Join(dir, "pg.sock")
@@ -233,6 +237,7 @@ func TestUnixConnectLimited(t *testing.T) {
 // loop; the supervisor connects to the socket file it judged (through its
 // own O_PATH descriptor), never to what the name points to later.
 func TestUnixConnectSymlinkRace(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	dir := t.TempDir()
 	allowedPath, forbiddenPath := filepath.Join(dir, "allowed.sock"), filepath.Join(dir, "pg.sock")
@@ -282,6 +287,7 @@ func TestUnixConnectSymlinkRace(t *testing.T) {
 // and seqpacket and netlink route) is refused at socket(), so no datagram
 // can be addressed to a local or remote port; AllowAnyConnect allows UDP.
 func TestDatagramSocketsRefused(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
@@ -348,6 +354,7 @@ func TestDatagramSocketsRefused(t *testing.T) {
 // writes nothing). While the lease holds, Landlock
 // judges the socket file like any other.
 func TestBindAfterLoss(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	p := w.policy()
@@ -386,6 +393,7 @@ func TestBindAfterLoss(t *testing.T) {
 // /etc/hosts; glibc's netlink query is allowed) and connect to the
 // sidecar's port.
 func TestGuardedToolsReachLocalhost(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" {
 			http.NotFound(w, r)
@@ -416,6 +424,7 @@ func TestGuardedToolsReachLocalhost(t *testing.T) {
 // and over. A signal must not interrupt a connect the supervisor already
 // made (the kernel would restart it and the agent see EISCONN).
 func TestConnectUnderSignals(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	allowed := countingListener(t, "tcp", "127.0.0.1:0")
 	w := newWorktree(t)
@@ -432,6 +441,7 @@ func TestConnectUnderSignals(t *testing.T) {
 // canceling the attempt kills the agent, and the pending connect is shut
 // down, so Wait returns and no goroutine is left (TestMain checks).
 func TestBlockedConnectEndsWithAttempt(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	lfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 // connect of a held lease); writes refused after the loss are counted as
 // such.
 func TestRefusalsByCause(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	w := newWorktree(t)
 	secret := filepath.Join(w.outside, "secret.txt")

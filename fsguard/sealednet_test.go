@@ -142,6 +142,7 @@ func (c *dnsCapture) got() []string {
 // this machine, sent with sendto or on a connected socket, never arrives,
 // and port 53 of the sealed network cannot be taken from the relay.
 func TestSealedUDP(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	dns := listenDNSCapture(t)
 	leak, err := net.ListenPacket("udp", "127.0.0.1:0")
@@ -329,6 +330,8 @@ func buildSealedEnter(t *testing.T) string {
 // give it power over its own uid's files either (a mode 000 file stays
 // unreadable): the namespace maps no uid.
 func TestSealedUDPEscape(t *testing.T) {
+	// Not in parallel: it counts every sealed network helper of the test
+	// binary (sealedHelpers).
 	helper := guardHelper(t)
 	enter := buildSealedEnter(t)
 	dns := listenDNSCapture(t)
@@ -526,6 +529,7 @@ func openFDs(t *testing.T) int {
 // connects there (inside it), a TCP socket is refused; the machine's
 // listener is never reached.
 func TestSealedUDPDup2Race(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	dns := listenDNSCapture(t)
 	tcp := countingListener(t, "tcp", "127.0.0.1:0")
@@ -555,6 +559,7 @@ func TestSealedUDPDup2Race(t *testing.T) {
 // datagram to this machine's UDP port stays in the sealed network, a bind
 // to a port the kernel chooses is made there.
 func TestSealedUDPAfterLoss(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	dns := listenDNSCapture(t)
 	leak, err := net.ListenPacket("udp", "127.0.0.1:0")
@@ -592,6 +597,7 @@ func TestSealedUDPAfterLoss(t *testing.T) {
 // timeout (captureTimeout), and the supervisor's connections to the
 // proxy are closed.
 func TestSealedUDPSettlesWithQueriesPending(t *testing.T) {
+	t.Parallel()
 	helper := guardHelper(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 // background child, a double-forked orphan and a child in its own session.
 // Wait returns only after the grace ran out and every one of them is gone.
 func TestCancelSettlesWholeTree(t *testing.T) {
+	t.Parallel()
 	w := newWorktree(t)
 	p := w.policy()
 	p.KillGrace = 300 * time.Millisecond
@@ -74,6 +75,7 @@ wait`
 // TestWaitOutlastsOrphans: the command exits at once but leaves a
 // double-forked child behind; Wait returns only after that one is done.
 func TestWaitOutlastsOrphans(t *testing.T) {
+	t.Parallel()
 	w := newWorktree(t)
 	r := sh(t, w.policy(), w.root, `(sleep 0.3; echo finished > leased/orphan.txt) & exit 5`)
 	if r.code != 5 {

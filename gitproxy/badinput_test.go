@@ -32,6 +32,7 @@ func objectFiles(t *testing.T, bare string) []string {
 }
 
 func TestBadInputIsRefusedAndNothingForwarded(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	srv := e.proxy(l, func(c *Config) { c.MaxPushBytes = 1 << 20 })

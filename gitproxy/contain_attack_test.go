@@ -100,6 +100,7 @@ var atkPackTypes = map[string]int{"commit": 1, "tree": 2, "blob": 3, "tag": 4}
 // services/billing lease lands libs/tax. (No pre-receive hook here: the
 // proxy's own verdict is what is tested.)
 func TestRefDeltaAgainstForgedBlobTypeCannotHideACommit(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	checkout := e.clone(e.gs.srv.URL) // the agent's repository: the fence's ObjectDirs

@@ -71,6 +71,7 @@ func forgeRootTree(t *testing.T, dir, tip, commit, keep string) {
 // the pre-receive hook's own git commands run none of them while a fenced
 // push goes through.
 func TestHookRunsNoTrap(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.installHook(false)
 	tpl := t.TempDir()

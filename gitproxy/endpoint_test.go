@@ -16,6 +16,7 @@ func readRequest(method, target string) (*http.Request, error) {
 // (with and without ".git", whichever the fence was given); nothing that
 // only resolves to them is.
 func TestParseEndpoint(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		repo, method, target string
 		want                 string // e.path()+"?"+e.query(); "" refused

@@ -44,7 +44,8 @@ import (
 type HookConfig struct {
 	// GitDir is the repository (default: git rev-parse --absolute-git-dir).
 	GitDir string
-	// Options are the push options (default: read from GIT_PUSH_OPTION_*).
+	// Options are the push options git gave the hook (PushOptionsFrom
+	// reads them from its environment); none: the push carries none.
 	Options []string
 	// Repo is the repository's identity as the leases name it; a fence
 	// signed for another repository is refused. Empty: the signed
@@ -139,9 +140,6 @@ func PreReceive(ctx context.Context, cfg HookConfig, stdin io.Reader) error {
 		cfg.Git = "git"
 	}
 	g := gitRunner{path: cfg.Git}
-	if cfg.Options == nil {
-		cfg.Options = pushOptionsFromEnv()
-	}
 	var cmds []command
 	sc := bufio.NewScanner(stdin)
 	for sc.Scan() {
@@ -640,12 +638,15 @@ func writeFileSync(path string, data []byte) error {
 	return f.Close()
 }
 
-// pushOptionsFromEnv reads the push options git gives a hook.
-func pushOptionsFromEnv() []string {
-	n, _ := strconv.Atoi(os.Getenv("GIT_PUSH_OPTION_COUNT"))
+// PushOptionsFrom reads the push options git gives a hook in its
+// environment (GIT_PUSH_OPTION_COUNT, GIT_PUSH_OPTION_<i>) through getenv,
+// for HookConfig.Options: the hook command reads its environment, gitproxy
+// does not.
+func PushOptionsFrom(getenv func(string) string) []string {
+	n, _ := strconv.Atoi(getenv("GIT_PUSH_OPTION_COUNT"))
 	opts := make([]string, 0, n)
 	for i := range n {
-		opts = append(opts, os.Getenv(fmt.Sprintf("GIT_PUSH_OPTION_%d", i)))
+		opts = append(opts, getenv(fmt.Sprintf("GIT_PUSH_OPTION_%d", i)))
 	}
 	return opts
 }

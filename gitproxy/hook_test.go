@@ -3,6 +3,7 @@ package gitproxy
 import "testing"
 
 func TestFenceIndex(t *testing.T) {
+	t.Parallel()
 	x := newFenceIndex(map[string]fenceEntry{
 		"services/billing":     {Fence: 7, Lease: "b"},
 		"libs/tax/rates.go":    {Fence: 9, Lease: "t"},

@@ -139,6 +139,7 @@ func withOption(opts []string, key, value string) []string {
 // straight to the git server with made-up fence options landed and wrote
 // fence 999999 into fences.json, locking out every real lease after it.
 func TestHookRefusesForgedFence(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.installHook(false)
 	server := e.gs.url("payments.git")
@@ -182,6 +183,7 @@ func TestHookRefusesForgedFence(t *testing.T) {
 // TestFenceMessageIsUnambiguous: fields that would let one message pass
 // for another are refused, and the order of ref updates does not matter.
 func TestFenceMessageIsUnambiguous(t *testing.T) {
+	t.Parallel()
 	a := RefUpdate{strings.Repeat("a", 40), strings.Repeat("b", 40), "refs/heads/a"}
 	b := RefUpdate{strings.Repeat("c", 40), strings.Repeat("d", 40), "refs/heads/b"}
 	f := fenceFields{Repo: "r", Lease: "l", Owner: "o", Fence: "1"}

@@ -16,8 +16,8 @@ import (
 // SidecarKeyFile is where "fenceline hook install" leaves the sidecars'
 // copy of repo's hook secret on this machine, and where "fenceline run"
 // and "fenceline sidecar" look for it: inside fenceline's state dir
-// stateDir (the CLI passes leasebus.StateDir()), which the file guard
-// hides from agents.
+// stateDir (the CLI passes the one it read from the environment), which
+// the file guard hides from agents.
 func SidecarKeyFile(stateDir, repo string) string {
 	return filepath.Join(stateDir, "git-hook", url.PathEscape(repo)+".key")
 }

@@ -20,6 +20,7 @@ import (
 // TestSidecarKeyFile: the sidecars' copy lives in fenceline's state dir,
 // one file per repository, the identity escaped into one path element.
 func TestSidecarKeyFile(t *testing.T) {
+	t.Parallel()
 	state := t.TempDir()
 	if got, want := SidecarKeyFile(state, testRepo), filepath.Join(state, "git-hook", "github.com%2Facme%2Fpayments.key"); got != want {
 		t.Fatalf("SidecarKeyFile(state, %q) = %s, want %s", testRepo, got, want)
@@ -33,6 +34,7 @@ func TestSidecarKeyFile(t *testing.T) {
 // rewriting the same key only restores its mode, another key replaces it,
 // and no temporary file is left behind.
 func TestWriteSidecarKey(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "git-hook")
 	file := filepath.Join(dir, "repo.key")
 	key, err := GenerateHookKey()
@@ -75,6 +77,7 @@ func TestWriteSidecarKey(t *testing.T) {
 // TestFindSidecarKey: no repo or no file is no key and no error; a file
 // that is there is read; one that is not a key is an error naming it.
 func TestFindSidecarKey(t *testing.T) {
+	t.Parallel()
 	state := t.TempDir()
 	for _, repo := range []string{"", testRepo} {
 		if key, file, err := FindSidecarKey(state, repo); key != nil || file != "" || err != nil {
@@ -110,6 +113,7 @@ func TestFindSidecarKey(t *testing.T) {
 // someone else's hook is left alone and no copy is written; no file for
 // the copy is an error before anything is installed.
 func TestInstallHookForSidecars(t *testing.T) {
+	t.Parallel()
 	state := t.TempDir()
 	ctx := ctxT(t)
 	bare, err := gitserver.NewBare(filepath.Join(t.TempDir(), "payments.git"))
@@ -178,6 +182,7 @@ func TestInstallHookForSidecars(t *testing.T) {
 // denied git event with the lease, owner and fence the push claimed (a
 // fence that is not a number is 0) and the hook's message.
 func TestRecordRefusal(t *testing.T) {
+	t.Parallel()
 	bus := bustest.Start(t)
 	he := &HookError{Msg: "fence refused: not signed", Reason: HookUnsigned, Lease: "lease_forged", Fence: "999999", Owner: "task=t agent=mallory attempt=a"}
 	if err := RecordRefusal(ctxT(t), bus.Auditor, testRepo, he); err != nil {

@@ -15,6 +15,7 @@ func pushOut(t *testing.T, dir string, args ...string) (string, bool) {
 }
 
 func TestInScopePushLands(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	srv := e.proxy(l)
@@ -33,6 +34,7 @@ func TestInScopePushLands(t *testing.T) {
 }
 
 func TestRefusals(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name    string
 		claim   []string

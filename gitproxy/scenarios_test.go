@@ -37,6 +37,7 @@ func mustRefuse(t *testing.T, dir, want string, args ...string) string {
 }
 
 func TestAtomicAndMultiRefPushGoAsAWhole(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := e.clone(e.proxy(l).URL)
@@ -112,6 +113,7 @@ func testThinAndLarge(t *testing.T, local bool) {
 }
 
 func TestPushAfterReleaseRevokeAndWithoutLease(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	srv := e.proxy(l)
@@ -212,6 +214,7 @@ func buildFenceline(t *testing.T) string {
 }
 
 func TestPushOnlyToTheLeasedRepository(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	other := e.gs.newRepo(t, "infra.git")
 	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)

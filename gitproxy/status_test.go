@@ -27,6 +27,7 @@ func post(t *testing.T, base string, body []byte) (int, string) {
 // TestErrorsReachGitInReport: the fence's own errors after the request
 // head was read go back in report-status, like its refusals.
 func TestErrorsReachGitInReport(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	l := e.lease([]string{"services/billing"}, lease.WorkspaceExclusive)
 	dir := e.clone(e.gs.srv.URL)

@@ -18,6 +18,7 @@ import (
 // a random history — edits, adds, deletes, renames, a file turned into a
 // directory and back, merges — against git diff-tree's.
 func TestTouchedPathsMatchGit(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	mustGit(t, dir, "init", "--quiet", "--initial-branch=main")
 	rng := rand.New(rand.NewPCG(1, 2))

@@ -7,6 +7,7 @@ import (
 
 // TestParseUpstream: only an http(s) URL with a host is a git upstream.
 func TestParseUpstream(t *testing.T) {
+	t.Parallel()
 	for raw, ok := range map[string]bool{
 		"https://git.example.com/acme/payments.git": true,
 		"http://127.0.0.1:8080":                     true,
@@ -34,6 +35,7 @@ func TestParseUpstream(t *testing.T) {
 // value; errors never repeat the value nor the name (a line without the
 // colon after the name has the credential before its first colon).
 func TestParseHeader(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ line, name, value, err string }{
 		{line: "Authorization: Bearer s3cret", name: "Authorization", value: "Bearer s3cret"},
 		{line: " X-Token :  a:b ", name: "X-Token", value: "a:b"},

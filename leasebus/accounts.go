@@ -284,7 +284,7 @@ func AuthConfig(users []ServerUser) (string, error) {
 		byAccount[AccountOf(u.Role)] = append(byAccount[AccountOf(u.Role)], u)
 		if u.Role == RoleService {
 			if !nkeys.IsValidPublicUserKey(u.FleetNkey) {
-				return "", fmt.Errorf("bus user %q: the lease service needs its fleet key (from its credential file: bus creds --dir)", u.Name)
+				return "", fmt.Errorf("bus user %q: the lease service needs its fleet key (ServerUser.FleetNkey, from its credential file)", u.Name)
 			}
 			byAccount[FleetAccount] = append(byAccount[FleetAccount], ServerUser{Role: RoleServiceFleet, Name: u.Name + " (fleet)", Nkey: u.FleetNkey})
 		}

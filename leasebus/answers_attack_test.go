@@ -141,6 +141,7 @@ func stays(t *testing.T, h *Holder, want lease.Lease, d time.Duration) {
 
 // notOurs refuses every answer a renewal cannot get from the service.
 func TestNotOurs(t *testing.T) {
+	t.Parallel()
 	held := lease.Lease{LeaseID: "lease_a", Repo: repo, Scope: claim(t, "a"), WorkspaceID: "w", WorkspaceMode: lease.WorkspaceShared,
 		Owner: owner(1), Status: lease.StatusActive, Version: 4, Fence: 7, TTL: lease.Duration(time.Minute)}
 	sent := RenewRequest{LeaseID: held.LeaseID, Version: 4}
@@ -174,6 +175,7 @@ func TestNotOurs(t *testing.T) {
 // in starts no actor for them: each used to leave a goroutine and its
 // state behind for good.
 func TestListOfUnknownReposStartsNothing(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
@@ -206,6 +208,7 @@ func TestListOfUnknownReposStartsNothing(t *testing.T) {
 // credential: a captured renewal (a stream made over the request
 // subjects) renews nothing else and releases nothing.
 func TestRenewalCarriesNoCredential(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()

@@ -59,6 +59,7 @@ func injectViaConsumer(t *testing.T, url, subj string, data []byte) string {
 // its next reload, would take it as its own. The log must hold only what
 // the service wrote.
 func TestHolderCannotWriteLeaseLogThroughJetStream(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
@@ -206,6 +207,7 @@ func logLastSeq(t *testing.T, b *bus) uint64 {
 // only what a service wrote: the victim's lease stays, the repo is served
 // and fences keep rising.
 func TestHolderCannotWriteLeaseLogThroughReplies(t *testing.T) {
+	t.Parallel()
 	for _, how := range []string{"apianswer", "directget", "msgget", "pullnext", "servicereply"} {
 		t.Run(how, func(t *testing.T) {
 			b := startBus(t)
@@ -276,6 +278,7 @@ func TestHolderCannotWriteLeaseLogThroughReplies(t *testing.T) {
 // the service's. The service's chain ignores it: every grant after the
 // attack is in the audit once, and no reader sees the forged event.
 func TestHolderCannotForgeTheAuditChain(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
@@ -340,6 +343,7 @@ func TestHolderCannotForgeTheAuditChain(t *testing.T) {
 // sends them, with a reply to that identity's own inbox: no sweep runs in
 // the operator's name, and the audit says nobody swept.
 func TestHolderCannotAskThroughReplies(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
@@ -417,6 +421,7 @@ func TestHolderCannotAskThroughReplies(t *testing.T) {
 // onto a lease's change subject. Neither is a record of that lease: the
 // watcher sees only the real grant that follows.
 func TestWatcherIgnoresAnswersOnChangeSubjects(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
@@ -470,6 +475,7 @@ func TestWatcherIgnoresAnswersOnChangeSubjects(t *testing.T) {
 // announcement of a made-up repo would start an actor (a goroutine) for
 // it, without end. The service takes announcements only from instances.
 func TestHolderCannotStartActorsThroughReplies(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
@@ -525,6 +531,7 @@ func TestHolderCannotStartActorsThroughReplies(t *testing.T) {
 // its lines sessions heard (kept alive). The service takes no JetStream
 // delivery on the subjects between instances (fromInstance).
 func TestHolderCannotShareSessionsThroughJetStream(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	// The delivery happens: a subscriber of the test's own sees it.
 	delivered := make(chan struct{}, 1)

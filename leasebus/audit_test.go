@@ -114,6 +114,7 @@ func checkChain(t *testing.T, ctx context.Context, nc *nats.Conn, repo string) i
 // loaded A's record, writes it in its chain, and a restart writes nothing
 // twice.
 func TestAuditOfKilledInstance(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	const auditRepo = "github.com/acme/audit-killed"
@@ -149,6 +150,7 @@ func TestAuditOfKilledInstance(t *testing.T) {
 // paused after storing it): the writer tries again, and the event must not
 // be written twice, however late the retry.
 func TestAuditLostAckWritesOnce(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	const auditRepo = "github.com/acme/audit-lost-ack"
@@ -202,6 +204,7 @@ func TestAuditLostAckWritesOnce(t *testing.T) {
 // A snapshot never purges log records whose audit events are not yet in
 // the audit stream: the log is their only copy.
 func TestPurgeWaitsForTheAuditChain(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	const auditRepo = "github.com/acme/audit-purge"

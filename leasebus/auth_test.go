@@ -72,6 +72,7 @@ func (r refusals) wait(t *testing.T, what, subj string) {
 // Found 1: a client without credentials listed and revoked leases. Now it
 // cannot even connect, nor can one with a key the bus does not know.
 func TestUnauthenticatedClientCannotConnect(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	if nc, err := nats.Connect(b.srv.ClientURL(), nats.Timeout(2*time.Second)); err == nil {
 		nc.Close()
@@ -109,6 +110,7 @@ func TestUnauthenticatedClientCannotConnect(t *testing.T) {
 // write the lease log or the lease boundary's audit, cannot ask in
 // another identity's name and cannot overhear others' requests.
 func TestHolderCannotRevokeOrForge(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
@@ -184,6 +186,7 @@ func TestHolderCannotRevokeOrForge(t *testing.T) {
 
 // A viewer reads (list, get, the audit stream) but cannot acquire.
 func TestViewerCannotAcquire(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	vc := NewClient(connectAs(t, b.srv.ClientURL(), RoleViewer))
@@ -201,6 +204,7 @@ func TestViewerCannotAcquire(t *testing.T) {
 // Revoke, sweep and list land in the audit stream naming who asked: the
 // identity the bus authenticated, not anything the request says.
 func TestAuditNamesWhoAsked(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
@@ -251,6 +255,7 @@ func TestAuditNamesWhoAsked(t *testing.T) {
 // The credentials the embedded bus makes: one per role, 0600 in a 0700
 // directory, the same ones on the next start.
 func TestEnsureCredsModesAndReuse(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "creds")
 	first, err := EnsureCreds(dir)
 	if err != nil {
@@ -295,6 +300,7 @@ func TestEnsureCredsModesAndReuse(t *testing.T) {
 // publishes them (plain messages, no JetStream delivery), so the victim
 // keeps its lease.
 func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
@@ -367,6 +373,7 @@ func TestHolderCannotForgeChangedThroughJetStream(t *testing.T) {
 // service answers only requests published by their identity, never a
 // JetStream delivery, so the lease stays.
 func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
@@ -422,6 +429,7 @@ func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
 // refused) naming who was refused, and a client looping on a denied
 // subject does not flood it.
 func TestBusRefusalsAudited(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	stop := EmbeddedAuditRefusals(b.svc, b.srv, false, false)
 	defer stop()
@@ -477,6 +485,7 @@ func TestBusRefusalsAudited(t *testing.T) {
 // validIdentity accepts exactly what can stand as a subject token here:
 // 1 to 128 of [A-Za-z0-9_-].
 func TestValidIdentity(t *testing.T) {
+	t.Parallel()
 	re := regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
 	for _, id := range []string{"", "a", "UB4AQEQVIJGYF55KXEHHIPA6F6P5QU2SKROYNJRJL4OQYYZTQNFFERMG", "anonymous", "a.b", "a b", "a*", ">", "ä", "x-y_z",
 		strings.Repeat("a", 128), strings.Repeat("a", 129), "a\x00"} {

@@ -41,6 +41,7 @@ func flood(ctx context.Context, t *testing.T, aud *Auditor, n int, ev func(int) 
 // its rate, the rest is counted in one event a second; another identity's
 // events still land.
 func TestBoundaryEventsRateLimitedPerIdentity(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()

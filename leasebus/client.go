@@ -125,7 +125,7 @@ func (c *Client) request(ctx context.Context, op string, req any, wait time.Dura
 			}
 			return &r, nil
 		case errors.Is(err, nats.ErrNoResponders):
-			lastErr = fmt.Errorf("%w: no lease service answers on %s; start one with `fenceline bus serve` or point --nats/FENCELINE_NATS at a bus that runs it%w", lease.ErrUnavailable, subj, errNoService)
+			lastErr = fmt.Errorf("%w: no lease service answers on %s; start one with `fenceline bus serve` or connect to a bus that runs it%w", lease.ErrUnavailable, subj, errNoService)
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("%s: %w%w", op, ctx.Err(), errNoAnswer)
 		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
@@ -147,7 +147,7 @@ func (c *Client) forbidden(op, subj string) error {
 	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), `"`+subj+`"`) {
 		return nil
 	}
-	return fmt.Errorf("%s: %w: the bus refused identity %s permission to %s (%v); use credentials of a role that may (%s), e.g. --creds or %s", op, ErrForbidden, c.identity, op, err, rolesFor(op), "FENCELINE_CREDS")
+	return fmt.Errorf("%s: %w: the bus refused identity %s permission to %s (%v); use credentials of a role that may (%s)", op, ErrForbidden, c.identity, op, err, rolesFor(op))
 }
 
 func (c *Client) leaseOp(ctx context.Context, op string, req any) (*lease.Lease, error) {

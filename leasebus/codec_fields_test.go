@@ -68,6 +68,7 @@ func fillAll(t *testing.T, v reflect.Value, n *int) {
 // to the same value. Adding a field to Lease, AuditEvent or a request
 // without teaching encode.go and decode.go fails here.
 func TestCodecsKnowEveryField(t *testing.T) {
+	t.Parallel()
 	n := 0
 	var l lease.Lease
 	fillAll(t, reflect.ValueOf(&l).Elem(), &n)

@@ -114,6 +114,7 @@ func sameAsMarshal(t fataler, what string, got []byte, ok bool, v any) {
 }
 
 func TestEncodersMatchMarshal(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		l := drawLease(t)
 		got, ok := appendLease(&l, nil)
@@ -241,6 +242,7 @@ func codecSeeds() [][]byte {
 }
 
 func TestFastDecodersMatchUnmarshal(t *testing.T) {
+	t.Parallel()
 	for _, s := range codecSeeds() {
 		checkRequestDecode(t, s)
 		checkReplyDecode(t, s)
@@ -276,6 +278,7 @@ func FuzzFastDecoders(f *testing.F) {
 }
 
 func TestParsePubAck(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in      string
 		seq     uint64

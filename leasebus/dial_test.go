@@ -27,6 +27,7 @@ func copyCreds(t *testing.T, dir string, role Role) string {
 }
 
 func TestChooseCreds(t *testing.T) {
+	t.Parallel()
 	full := testCredsDir(t)
 	// A directory: the role's own file.
 	bc, err := ChooseCreds(full, "--creds", "", RoleViewer)
@@ -71,6 +72,7 @@ func TestChooseCreds(t *testing.T) {
 }
 
 func TestCredsToHide(t *testing.T) {
+	t.Parallel()
 	if got := CredsToHide(""); got != nil {
 		t.Errorf("no setting: %v", got)
 	}
@@ -94,6 +96,7 @@ func TestCredsToHide(t *testing.T) {
 // Dial connects with the chosen credentials, and says why it did not:
 // credentials refused or missing, or no bus at all.
 func TestDial(t *testing.T) {
+	t.Parallel()
 	srv, err := EmbeddedStartServer(serverConfig(t, ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()}))
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 // against encoding/json byte for byte, for deltas and snapshots with
 // awkward strings, so the cached encoding can never drift from the type.
 func TestRecordEncodeMatchesMarshal(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 11, 29, 10, 0, 0, 123456789, time.UTC)
 	c, err := scope.New([]string{"svc/<b>&\"q\"", "z"}, false, []string{"public.*"})
 	if err != nil {

@@ -26,9 +26,10 @@ import (
 // service's pod), never in the bus's store: every role that may read
 // JetStream, and every backup of its disks, would hold them.
 
-// DefaultFenceSecretDir is where `bus serve` reads the storages' secrets
-// and `bus fence-secret set` writes them by default: <state dir>/fence-secrets.
-func DefaultFenceSecretDir() string { return filepath.Join(StateDir(), "fence-secrets") }
+// FenceSecretDirIn is where `bus serve` reads the storages' secrets and
+// `bus fence-secret set` writes them by default, in fenceline's state
+// directory stateDir: <stateDir>/fence-secrets.
+func FenceSecretDirIn(stateDir string) string { return filepath.Join(stateDir, "fence-secrets") }
 
 // GrantKeys are a lease's grant keys (lease.GrantKeys).
 type GrantKeys = lease.GrantKeys

@@ -84,6 +84,7 @@ func TestHolderRenewsAndFences(t *testing.T) {
 }
 
 func TestHolderLostWithinASecondOfRevoke(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()
@@ -231,6 +232,7 @@ func (p *pausableProxy) url() string { return "nats://" + p.ln.Addr().String() }
 // A lease granted after a wait longer than its ttl minus margin: Hold
 // renews at once and keeps it, counting validity from that renewal.
 func TestHoldAfterLongWaitRenewsAtOnce(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()
@@ -312,6 +314,7 @@ func (w *fenceWatch) end() *time.Time {
 // once, but the service's answer to the re-check says the lease is active,
 // and the holder is Held again with the same fence.
 func TestHolderNoticeContradictedByServiceStaysHeld(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	changes := make(chan lease.HolderState, 8)
 	h, l := heldLeaseFor(t, b, connect(t, b.srv.ClientURL()), "forged", time.Minute,
@@ -356,6 +359,7 @@ func TestHolderNoticeContradictedByServiceStaysHeld(t *testing.T) {
 // The moment the holder's connection drops, Fence fails (Unknown), before
 // any renewal or timeout; reads are the boundaries' business.
 func TestHolderDisconnectFailsFenceAtOnce(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	proxy := startProxy(t, b.srv.Addr().String())
 	nc := connect(t, proxy.url())
@@ -400,6 +404,7 @@ func TestHolderDisconnectFailsFenceAtOnce(t *testing.T) {
 // Fence succeeds again: no write goes through on the strength of the old
 // connection.
 func TestHolderRechecksAfterReconnect(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	proxy := startProxy(t, b.srv.Addr().String())
 	nc := connect(t, proxy.url())
@@ -447,6 +452,7 @@ func TestHolderRechecksAfterReconnect(t *testing.T) {
 // lost) is found as soon as the holder is back: the re-check is refused,
 // the holder is Lost, and no fence succeeded in between.
 func TestHolderSeesRevokeMadeWhileDisconnected(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	proxy := startProxy(t, b.srv.Addr().String())
 	nc := connect(t, proxy.url())
@@ -486,6 +492,7 @@ func TestHolderSeesRevokeMadeWhileDisconnected(t *testing.T) {
 // is Lost within a second of the revoke returning, and no fence succeeds
 // after the revoke.
 func TestHolderRevokeRightAfterBusRestart(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	addr := b.srv.Addr().String()
 	nc := connect(t, b.srv.ClientURL())
@@ -519,6 +526,7 @@ func TestHolderRevokeRightAfterBusRestart(t *testing.T) {
 // A holder whose connection is closed under it fails its fences at once
 // (it can never re-check), and is Lost once its own validity ends.
 func TestHolderClosedConnectionFailsClosed(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	nc := connect(t, b.srv.ClientURL())
 	h, _ := heldLeaseFor(t, b, nc, "closed", 2*time.Second, HoldOptions{})
@@ -538,6 +546,7 @@ func TestHolderClosedConnectionFailsClosed(t *testing.T) {
 // announces itself to nobody; Hold asks the service once after it starts
 // watching, so the holder does not write on until its first renewal.
 func TestHolderSeesRevokeBeforeItsWatch(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()
@@ -571,6 +580,7 @@ func TestHolderSeesRevokeBeforeItsWatch(t *testing.T) {
 // the holder's node is paused stops its writes within the 1 s bound; once
 // the server answers again, the re-check finds the revoke.
 func TestHolderStopsWhenItsServerFallsSilent(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	proxy := startProxy(t, b.srv.Addr().String())
 	h, l := heldLeaseFor(t, b, connect(t, proxy.url()), "silent", time.Minute, HoldOptions{})
@@ -606,6 +616,7 @@ func TestHolderStopsWhenItsServerFallsSilent(t *testing.T) {
 // a lease granted but not held (options Hold refuses) is released, not
 // left to expire.
 func TestAcquireAndHold(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	const ttl = 2 * time.Second

@@ -247,7 +247,7 @@ func EnrollIdentity(credsDir, name string, role Role, seedPath string) (Identity
 		seedPath = filepath.Join(HoldersDir(credsDir), name+".nk")
 	}
 	if _, err := os.Lstat(seedPath); err == nil {
-		return Identity{}, "", fmt.Errorf("%w: %s exists; move it away or pass another --out", ErrIdentityExists, seedPath)
+		return Identity{}, "", fmt.Errorf("%w: %s exists; move it away or name another seed path", ErrIdentityExists, seedPath)
 	}
 	if err := AddIdentity(credsDir, id); err != nil {
 		return Identity{}, "", err

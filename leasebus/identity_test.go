@@ -94,6 +94,7 @@ func connectFile(t *testing.T, url, path string, opts ...nats.Option) *nats.Conn
 // owner, its fence and reason other-identity; the owner's identity goes
 // on renewing and an operator still revokes.
 func TestLeaseBoundToItsIdentity(t *testing.T) {
+	t.Parallel()
 	b := startIdentityBus(t, "runner-a", "runner-b")
 	ctx := ctxT(t)
 	a, thief := NewClient(b.holders["runner-a"]), NewClient(b.holders["runner-b"])
@@ -162,6 +163,7 @@ func TestLeaseBoundToItsIdentity(t *testing.T) {
 // TestCancelBoundToItsIdentity: withdrawing a queued acquire (or releasing
 // what it was granted) is the asking identity's alone too.
 func TestCancelBoundToItsIdentity(t *testing.T) {
+	t.Parallel()
 	b := startIdentityBus(t, "runner-a", "runner-b")
 	ctx := ctxT(t)
 	a, thief := NewClient(b.holders["runner-a"]), NewClient(b.holders["runner-b"])

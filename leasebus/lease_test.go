@@ -14,6 +14,7 @@ import (
 const repo = "github.com/acme/payments"
 
 func TestAcquireConflictNamesHolder(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	a, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services/billing"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
@@ -45,6 +46,7 @@ func TestAcquireConflictNamesHolder(t *testing.T) {
 }
 
 func TestOwnerBinding(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()
@@ -99,6 +101,7 @@ func TestOwnerBinding(t *testing.T) {
 }
 
 func TestRenewAfterExpiryRefusedAndSwept(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()
@@ -147,6 +150,7 @@ func TestRenewAfterExpiryRefusedAndSwept(t *testing.T) {
 }
 
 func TestWaitAcquireHandsOver(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()
@@ -188,6 +192,7 @@ func TestWaitAcquireHandsOver(t *testing.T) {
 }
 
 func TestWaitTimesOutWithConflict(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: scope.Claim{Kind: scope.KindWholeRepo, Paths: []string{}, Tables: []string{}}, Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
@@ -205,6 +210,7 @@ func TestWaitTimesOutWithConflict(t *testing.T) {
 }
 
 func TestWorkspaceOccupancy(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	none := scope.Claim{Kind: scope.KindNone, Paths: []string{}, Tables: []string{}}
@@ -238,6 +244,7 @@ func TestWorkspaceOccupancy(t *testing.T) {
 }
 
 func TestBadInputNamed(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	cases := []struct {
@@ -271,6 +278,7 @@ func TestBadInputNamed(t *testing.T) {
 // the conflicting lease is released through the other instance: the
 // instances meet on start and follow each other's appends.
 func TestWaiterWokenAcrossInstances(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	second, err := StartService(ctx, connect(t, b.srv.ClientURL()), ServiceConfig{})
@@ -319,6 +327,7 @@ func TestWaiterWokenAcrossInstances(t *testing.T) {
 }
 
 func TestParseOwnerRoundTrip(t *testing.T) {
+	t.Parallel()
 	for _, o := range []lease.Owner{
 		{TaskID: "job_4821", AgentID: "codex-worker-4", AttemptID: "att_1"},
 		{TaskID: "t", AgentID: "a", AttemptID: "x", HostID: "host-7"},

@@ -16,6 +16,7 @@ import (
 // a conflict, a bad request), its log appends, and reports active leases
 // and queued requests at scrape time, over HTTP in Prometheus's format.
 func TestServiceMetrics(t *testing.T) {
+	t.Parallel()
 	m := NewServiceMetrics()
 	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Metrics: m}}
 	b.start("127.0.0.1:0")

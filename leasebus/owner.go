@@ -6,10 +6,10 @@ import (
 )
 
 // DefaultAgentID is the agent id of an owner that names none, for a lease
-// taken on this machine: "user@hostname", the user being $USER, else the
-// OS account's name, else "cli"; without a hostname, the user alone.
-func DefaultAgentID() string {
-	name := os.Getenv("USER")
+// taken on this machine: "user@hostname", the user being name (the CLI
+// passes $USER), else the OS account's name, else "cli"; without a
+// hostname, the user alone.
+func DefaultAgentID(name string) string {
 	if name == "" {
 		if u, err := user.Current(); err == nil {
 			name = u.Username

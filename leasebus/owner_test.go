@@ -6,23 +6,22 @@ import (
 	"testing"
 )
 
-// TestDefaultAgentID: $USER@hostname; without $USER, the OS account's
-// name.
+// TestDefaultAgentID: user@hostname; without a user name, the OS
+// account's name.
 func TestDefaultAgentID(t *testing.T) {
+	t.Parallel()
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		t.Skipf("no hostname: %q, %v", host, err)
 	}
-	t.Setenv("USER", "ada")
-	if got, want := DefaultAgentID(), "ada@"+host; got != want {
-		t.Errorf("with USER=ada: %q, want %q", got, want)
+	if got, want := DefaultAgentID("ada"), "ada@"+host; got != want {
+		t.Errorf("as ada: %q, want %q", got, want)
 	}
 	u, err := user.Current()
 	if err != nil || u.Username == "" {
 		t.Skipf("no OS account name: %v", err)
 	}
-	t.Setenv("USER", "")
-	if got, want := DefaultAgentID(), u.Username+"@"+host; got != want {
-		t.Errorf("without USER: %q, want %q", got, want)
+	if got, want := DefaultAgentID(""), u.Username+"@"+host; got != want {
+		t.Errorf("without a user name: %q, want %q", got, want)
 	}
 }

@@ -110,9 +110,9 @@ type PolicyWrite struct {
 func (w *PolicyWrite) check() error {
 	switch {
 	case w.Default && w.Repo != "":
-		return fmt.Errorf("%w: a policy is the default or a repo's (--default or --repo), not both", lease.ErrInvalid)
+		return fmt.Errorf("%w: a policy is the default or a repo's (Default or Repo), not both", lease.ErrInvalid)
 	case !w.Default && strings.TrimSpace(w.Repo) == "":
-		return fmt.Errorf("%w: say whose policy this is: --repo R or --default", lease.ErrInvalid)
+		return fmt.Errorf("%w: say whose policy this is: Repo or Default", lease.ErrInvalid)
 	case w.Mode == "":
 		w.Mode = policy.ModeEnforce
 	}

@@ -45,6 +45,7 @@ func operatorID(t testing.TB) string {
 // viewer's request (op policy is not in their grants), and nothing they
 // can publish lands as a version readers take.
 func TestPolicySetIsOperatorOnly(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
@@ -87,6 +88,7 @@ func TestPolicySetIsOperatorOnly(t *testing.T) {
 // service (line and column), audited with the operator, version and
 // digest, and followed by a watcher within a second.
 func TestPolicyVersionsAuditAndWatch(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()
@@ -170,6 +172,7 @@ func TestPolicyVersionsAuditAndWatch(t *testing.T) {
 // Shadow and repo policies are their own subjects; a watcher for one repo
 // takes the default and that repo's, not another's.
 func TestPolicyWatchScopes(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -213,6 +216,7 @@ when { context.ttl_seconds > 3600 };
 // audited; a lease a new policy forbids is revoked, and its holder stops
 // writing, within a second.
 func TestPolicyRefusesClaims(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	url := b.srv.ClientURL()

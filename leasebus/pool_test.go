@@ -45,6 +45,7 @@ func conflictWorkspaces(t *testing.T, err error) []string {
 // has sharers (up to max-sharers) and spill into an empty one after that,
 // and a full pool is refused naming who holds each shard.
 func TestPoolPlacement(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()
@@ -97,6 +98,7 @@ func TestPoolPlacement(t *testing.T) {
 // queued for a full pool is not starved by later shared requests that
 // would fit, and is granted the shard that empties.
 func TestPoolWaiterServedFirst(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()
@@ -153,6 +155,7 @@ func TestPoolWaiterServedFirst(t *testing.T) {
 }
 
 func TestPoolRequestValidation(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	for _, tc := range []struct {
@@ -184,6 +187,7 @@ func TestPoolRequestValidation(t *testing.T) {
 // lies in shard-1): an exclusive lease on W and a lease inside it never
 // coexist; shared leases on W do not mind it.
 func TestNestedWorkspaces(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()

@@ -302,6 +302,7 @@ func fleetCannotStore(t *testing.T, url string, svc *Service, svcNC *nats.Conn, 
 }
 
 func TestFleetCannotStoreThroughReplies(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	fleetCannotStore(t, b.srv.ClientURL(), b.svc, b.nc, b.c)
 }

@@ -62,6 +62,7 @@ func (b *bus) restart(how string) {
 // it on the same address (its connection reconnects): its state and the
 // log agree, nothing acknowledged is lost, fences continue.
 func TestServiceSurvivesBusRestart(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	cred := NewCredential()
@@ -122,6 +123,7 @@ func logMessages(t testing.TB, ctx context.Context, js jetstream.JetStream, repo
 }
 
 func TestSnapshotRollupAndReload(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	const snapRepo = "github.com/acme/snapshot"
@@ -210,6 +212,7 @@ func TestSnapshotRollupAndReload(t *testing.T) {
 // A repo whose log cannot be folded (here: a record that is not JSON)
 // is taken out of service on its own; every other repo is served.
 func TestDamagedLogTakesOnlyItsRepoOut(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	const other = "github.com/acme/other"

@@ -1,11 +1,9 @@
 package leasebus
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strconv"
 )
@@ -18,12 +16,13 @@ const DefaultListen = "127.0.0.1:7422"
 const DefaultURL = "nats://" + DefaultListen
 
 // ServerConfig configures the embedded NATS server (embedded.StartServer).
-// The zero value is a single node on DefaultListen storing under
-// DefaultStoreDir.
+// With StoreDir set, the rest's zero values are a single node on
+// DefaultListen.
 type ServerConfig struct {
 	// Listen is host:port for clients; port 0 (or -1) picks a free port.
 	Listen string
-	// StoreDir holds JetStream's file store.
+	// StoreDir holds JetStream's file store (required; StoreDirIn names
+	// the default in fenceline's state dir).
 	StoreDir string
 	// Name of this server (default "fenceline").
 	Name string
@@ -45,42 +44,51 @@ type ServerConfig struct {
 	CredsDir string
 }
 
-// DefaultStoreDir is the embedded bus's state directory:
-// $XDG_STATE_HOME/fenceline/bus, else ~/.local/state/fenceline/bus.
-func DefaultStoreDir() string {
-	return filepath.Join(StateDir(), "bus")
+// StoreDirIn is the embedded bus's store directory in fenceline's state
+// directory stateDir: <stateDir>/bus. The caller names stateDir (the CLI
+// reads it from the environment once); nothing in leasebus reads the
+// environment.
+func StoreDirIn(stateDir string) string {
+	return filepath.Join(stateDir, "bus")
 }
 
-// StateDir is fenceline's per-user state directory.
-func StateDir() string {
-	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
-		return filepath.Join(d, "fenceline")
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		return filepath.Join(home, ".local", "state", "fenceline")
-	}
-	return filepath.Join(os.TempDir(), "fenceline-state")
+// FieldError is a configuration that cannot work, naming the field of the
+// config struct that is wrong (ServerConfig.ClusterName...), so a caller
+// can name its own spelling of that setting (the CLI its flag).
+type FieldError struct {
+	Field string // the config struct's field, e.g. "ClusterListen"
+	Err   error
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Err.Error() }
+func (e *FieldError) Unwrap() error { return e.Err }
+
+func fieldErrorf(field, format string, args ...any) error {
+	return &FieldError{Field: field, Err: fmt.Errorf(format, args...)}
 }
 
 // Validate reports a configuration that cannot work, naming the field.
 func (c *ServerConfig) Validate() error {
 	if c.Listen != "" {
 		if _, _, err := splitHostPort(c.Listen); err != nil {
-			return fmt.Errorf("listen %q: %w", c.Listen, err)
+			return &FieldError{Field: "Listen", Err: fmt.Errorf("%q: %w", c.Listen, err)}
 		}
 	}
 	clustered := c.ClusterName != "" || c.ClusterListen != "" || len(c.Routes) > 0
-	if clustered && (c.ClusterName == "" || c.ClusterListen == "") {
-		return errors.New("a cluster needs --cluster-name and --cluster-listen (and --routes to its peers)")
+	if clustered && c.ClusterName == "" {
+		return fieldErrorf("ClusterName", "a cluster needs a name, a listen address (ClusterListen) and routes to its peers (Routes)")
+	}
+	if clustered && c.ClusterListen == "" {
+		return fieldErrorf("ClusterListen", "a cluster needs a name (ClusterName), a listen address and routes to its peers (Routes)")
 	}
 	if c.ClusterListen != "" {
 		if _, _, err := splitHostPort(c.ClusterListen); err != nil {
-			return fmt.Errorf("cluster listen %q: %w", c.ClusterListen, err)
+			return &FieldError{Field: "ClusterListen", Err: fmt.Errorf("%q: %w", c.ClusterListen, err)}
 		}
 	}
 	for _, r := range c.Routes {
 		if u, err := url.Parse(r); err != nil || u.Scheme != "nats" || u.Host == "" {
-			return fmt.Errorf("route %q: want nats://host:port", r)
+			return fieldErrorf("Routes", "%q: want nats://host:port", r)
 		}
 	}
 	return nil

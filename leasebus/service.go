@@ -578,7 +578,7 @@ func (s *Service) handler(op string, serviceAccount bool) nats.MsgHandler {
 			var r RevokeRequest
 			err = decode(m.Data, &r)
 			if err == nil && strings.TrimSpace(r.Reason) == "" {
-				err = fmt.Errorf("%w: revoke needs a reason (--reason)", lease.ErrInvalid)
+				err = fmt.Errorf("%w: revoke needs a reason (Reason)", lease.ErrInvalid)
 			}
 			r.by = s.name(id)
 			c.req, leaseID, hint = &r, r.LeaseID, r.Repo
@@ -839,7 +839,7 @@ func (r *AcquireRequest) normalize() error {
 		return fmt.Errorf("%w: %s", lease.ErrInvalid, fmt.Sprintf(format, args...))
 	}
 	if strings.TrimSpace(r.Repo) == "" {
-		return bad("repo is empty: name the repository (--repo)")
+		return bad("repo is empty: name the repository (Repo)")
 	}
 	if r.Scope.Kind == "" {
 		r.Scope.Kind = scope.KindNone
@@ -881,7 +881,7 @@ func (r *AcquireRequest) normalize() error {
 		return bad("workspace mode %q: want shared or exclusive", r.WorkspaceMode)
 	}
 	if r.WorkspaceMode == lease.WorkspaceShared && r.Scope.Kind != scope.KindPaths {
-		return bad("a shared-workspace lease must claim paths (--scope); claim none only with --workspace exclusive")
+		return bad("a shared-workspace lease must claim paths (Scope); claim none only with an exclusive WorkspaceMode")
 	}
 	if r.Scope.Kind == scope.KindWholeRepo && r.WorkspaceMode != lease.WorkspaceExclusive {
 		return bad("a whole-repo lease needs an exclusive workspace")

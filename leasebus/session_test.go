@@ -19,6 +19,7 @@ func requests(m *ServiceMetrics, op, result string) int {
 // of 10,000 holders on 1,000 connections sends 5,000 a second, not
 // 50,000), and each holder still hears the service through it.
 func TestOneKeepalivePerSession(t *testing.T) {
+	t.Parallel()
 	m := NewServiceMetrics()
 	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Metrics: m}}
 	b.start("127.0.0.1:0")

@@ -326,7 +326,7 @@ func readOnly(dir string, err error) error {
 	if errors.As(err, &pe) {
 		err = pe.Err
 	}
-	return fmt.Errorf("%w: cannot write to %s (%v): remount it read-write or give the bus a writable --store", ErrStoreReadOnly, dir, err)
+	return fmt.Errorf("%w: cannot write to %s (%v): remount it read-write or give the bus a writable store directory", ErrStoreReadOnly, dir, err)
 }
 
 func storeFull(dir string) error {

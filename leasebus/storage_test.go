@@ -80,6 +80,7 @@ func acquirePath(t *testing.T, c *Client, path string) (*lease.Lease, error) {
 }
 
 func TestAuditStreamFitsSmallVolume(t *testing.T) {
+	t.Parallel()
 	dir := testutil.Tmpfs(t, "32m")
 	b := startStoreBus(t, filepath.Join(dir, "bus"))
 	js, err := JetStream(context.Background(), b.nc)
@@ -114,6 +115,7 @@ func TestAuditStreamFitsSmallVolume(t *testing.T) {
 }
 
 func TestReadOnlyStoreIsNamed(t *testing.T) {
+	t.Parallel()
 	dir := testutil.Tmpfs(t, "16m")
 	store := filepath.Join(dir, "bus")
 	b := startStoreBus(t, store)

@@ -43,6 +43,7 @@ func wantLeaseEvents(t *testing.T, nc *nats.Conn, repo string, l *lease.Lease, t
 // them: past its burst, one lease's events are counted, while the same
 // sender's events of another lease are still written one by one.
 func TestBoundaryEventsRateLimitedPerLease(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	aud, err := NewAuditor(connectAs(t, b.srv.ClientURL(), RoleHolder))
@@ -88,6 +89,7 @@ func TestBoundaryEventsRateLimitedPerLease(t *testing.T) {
 // accounts, no other can (replytrick_attack_test.go), so this stands in
 // for any fault that fills the store.)
 func TestLogAtItsLimitRefusesByName(t *testing.T) {
+	t.Parallel()
 	dir := testutil.Tmpfs(t, "32m")
 	b := &storeBus{bus: &bus{t: t, dir: filepath.Join(dir, "bus")}}
 	b.cfg.Metrics = NewServiceMetrics()
@@ -156,6 +158,7 @@ func TestLogAtItsLimitRefusesByName(t *testing.T) {
 // A store made before the budget (streams without a size) gets its
 // budget when the service starts on it, and keeps its leases.
 func TestStreamsWithoutASizeGetTheirBudget(t *testing.T) {
+	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
 	l, err := acquirePath(t, b.c, "a")

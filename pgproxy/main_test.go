@@ -111,10 +111,13 @@ func (f *fenceDB) need(tb testing.TB) {
 	}
 }
 
-// forEachTrigger runs test as a subtest against each kind of trigger.
+// forEachTrigger runs test as a subtest against each kind of trigger,
+// both at once: each kind has a database of its own (the test itself is
+// not parallel to others, which share that database).
 func forEachTrigger(t *testing.T, test func(t *testing.T, f *fenceDB)) {
 	for _, f := range []*fenceDB{plpgsql, cTrigger} {
 		t.Run(f.trigger, func(t *testing.T) {
+			t.Parallel()
 			f.need(t)
 			test(t, f)
 		})

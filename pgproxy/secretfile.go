@@ -15,8 +15,8 @@ import (
 
 // DefaultSecretFile is where "fenceline pg install" keeps the
 // fence-signing secret on this machine, and where the sidecars look for
-// it: inside fenceline's state dir stateDir (the CLI passes
-// leasebus.StateDir()), which the file guard hides from agents.
+// it: inside fenceline's state dir stateDir (the CLI passes the one it
+// read from the environment), which the file guard hides from agents.
 func DefaultSecretFile(stateDir string) string { return filepath.Join(stateDir, "pg-secret.key") }
 
 // ReadSecretFile reads a secret file written by WriteSecretFile (hex, one

@@ -36,10 +36,12 @@ type optionFiles struct {
 }
 
 // isolateOptions points fenceline's state dir of the environment at a
-// temp dir: the options never look there.
-func isolateOptions(t *testing.T) {
+// temp dir, and returns that state dir: the options never look there.
+func isolateOptions(t *testing.T) string {
 	t.Helper()
-	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	dir := t.TempDir()
+	t.Setenv("XDG_STATE_HOME", dir)
+	return filepath.Join(dir, "fenceline")
 }
 
 func newOptionFiles(t *testing.T) *optionFiles {
@@ -191,9 +193,9 @@ func TestFenceOptionsCheckErrors(t *testing.T) {
 // TestFenceOptionsUnusedIgnored: the listen addresses, TLS files and
 // secrets of a fence that is not asked for are not looked at.
 func TestFenceOptionsUnusedIgnored(t *testing.T) {
-	isolateOptions(t)
+	state := isolateOptions(t)
 	f := newOptionFiles(t)
-	write(t, pgproxy.DefaultSecretFile(leasebus.StateDir()), "junk\n")
+	write(t, pgproxy.DefaultSecretFile(state), "junk\n")
 	opts := FenceOptions{AllowHosts: []string{"api.example.test"}, GitListen: "nope", PGListen: "nope",
 		PGTLSCertFile: f.junk}
 	if err := opts.Check("github.com/acme/payments"); err != nil {

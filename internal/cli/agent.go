@@ -157,7 +157,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	if af.root != "" {
 		log.Warn("--root is deprecated: use --checkout (the same meaning as in run and shard)")
 	}
-	token, err := readToken(af.tokenFile)
+	token, err := readToken(af.tokenFile, a.cfg.AdminToken)
 	if err != nil {
 		return err
 	}
@@ -169,7 +169,7 @@ func (a *app) runAgentWrapper(ctx context.Context, af *agentFlags, argv []string
 	if err != nil {
 		return err
 	}
-	state, err := privateState(af.privateState, extra)
+	state, err := privateState(a.cfg.Home, af.privateState, extra)
 	if err != nil {
 		return err
 	}

@@ -27,8 +27,9 @@ func startAgent(t *testing.T, args ...string) *anAgent {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &anAgent{cancel: cancel, done: make(chan int, 1), out: &syncBuffer{}, errOut: &syncBuffer{}}
+	cfg := cfgOf(t)
 	go func() {
-		r.done <- run(ctx, append([]string{"agent", "--log-format", "text"}, args...), r.out, r.errOut, closedURL(t))
+		r.done <- run(ctx, append([]string{"agent", "--log-format", "text"}, args...), r.out, r.errOut, closedURL(t), cfg)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -82,6 +83,7 @@ done`
 // lease while reads go on; the denials reach the audit stream under the
 // sidecar's lease and its metrics, and the sidecar is no longer ready.
 func TestAgentWritesFollowTheSidecar(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	_, nc := busClient(t, url)
@@ -145,6 +147,7 @@ func TestAgentWritesFollowTheSidecar(t *testing.T) {
 // TestAgentFailsClosedWithoutSidecar: a wrapper that never reaches its
 // sidecar runs the command with every write refused and reads going on.
 func TestAgentFailsClosedWithoutSidecar(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	co := newCheckout(t, "")
 	nowhere := strings.Replace(closedURL(t), "nats://", "http://", 1)
@@ -163,6 +166,7 @@ func TestAgentFailsClosedWithoutSidecar(t *testing.T) {
 // names the checkout, with a warning on stderr (not on stdout, which is
 // CMD's); given beside a different --checkout it is a usage error.
 func TestAgentRootIsCheckout(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	co := newCheckout(t, "")
 	nowhere := strings.Replace(closedURL(t), "nats://", "http://", 1)

@@ -22,10 +22,11 @@ import (
 // Hiding only the named file left the service's and the operator's seeds
 // beside it readable: a guarded agent could then act as the lease service.
 func TestRunHidesSiblingBusCredentials(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	dir := bustest.CredsDir(t)
-	t.Setenv(EnvCreds, filepath.Join(dir, leasebus.CredsFile(leasebus.RoleHolder)))
+	setCfg(t, func(c *config) { c.Creds = filepath.Join(dir, leasebus.CredsFile(leasebus.RoleHolder)) })
 	co := newCheckout(t, "")
 	var script []string
 	for _, role := range leasebus.Roles {
@@ -50,10 +51,11 @@ func TestRunHidesSiblingBusCredentials(t *testing.T) {
 // process from ptrace-class access (environ, mem, fd, maps) to processes
 // outside its domain, and the agent inherits no descriptor but stdio.
 func TestRunAgentCannotReadParentSecrets(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	const secret = "fenceline-attack-upstream-secret-4242"
-	t.Setenv("FENCELINE_GIT_UPSTREAM_HEADER", "Authorization: Basic "+secret)
+	setCfg(t, func(c *config) { c.GitUpstreamHeader = "Authorization: Basic " + secret })
 	co := newCheckout(t, "")
 	// One process probes every other (a shell spawning cat, grep and dd
 	// per process took longer than the run's deadline on a busy machine):
@@ -107,11 +109,12 @@ echo probed`
 // readable); so is the state dir, where pg install keeps the database's
 // secret. run takes no fence secret at all (--pg-secret-file is refused).
 func TestRunHidesFenceSecretFiles(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "")
 	dir := t.TempDir()
-	secretFile := pgproxy.DefaultSecretFile(leasebus.StateDir())
+	secretFile := pgproxy.DefaultSecretFile(stateDir(t))
 	if err := pgproxy.WriteSecretFile(secretFile, bytes.Repeat([]byte{7}, 32)); err != nil {
 		t.Fatal(err)
 	}

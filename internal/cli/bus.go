@@ -45,7 +45,7 @@ machine the files its commands need (--creds DIR or ` + EnvCreds + `).
 See docs/trust.md.
 
 DIR defaults to --creds (or $` + EnvCreds + `) when it names a directory, else
-the embedded default bus's own (` + defaultCredsDir() + `).`,
+the embedded default bus's own (` + a.defaultCredsDir() + `).`,
 		Args:    cobra.NoArgs,
 		Example: `  fenceline bus creds --dir /etc/fenceline/creds > /etc/nats/fenceline-auth.conf`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -118,7 +118,7 @@ server it connects to belongs to one, else 1.`,
 	}
 	fl := c.Flags()
 	fl.StringVar(&f.listen, "listen", leasebus.DefaultListen, "host:port for NATS clients of the embedded server (port 0: any free port)")
-	fl.StringVar(&f.store, "store", "", "JetStream store directory of the embedded server (default "+leasebus.DefaultStoreDir()+")")
+	fl.StringVar(&f.store, "store", leasebus.StoreDirIn(a.stateDir), "JetStream store directory of the embedded server")
 	fl.StringVar(&f.name, "name", "", "server name, unique within a cluster (default \"fenceline\", or derived from --cluster-listen when clustered)")
 	fl.StringVar(&f.clusterName, "cluster-name", "", "join a NATS cluster of this name (with --cluster-listen and --routes)")
 	fl.StringVar(&f.clusterListen, "cluster-listen", "", "host:port for cluster routes")
@@ -127,7 +127,7 @@ server it connects to belongs to one, else 1.`,
 	fl.StringVar(&f.ui, "ui", "", "serve the run UI and its JSON API on this host:port (off loopback a token is required: $"+EnvUIToken+", or a random one printed in the URL)")
 	fl.StringVar(&f.metrics, "metrics", "", "serve the lease service's Prometheus metrics at http://host:port/metrics (grants, conflicts, queue depth, append latency, active leases) and Go profiles at http://host:port/debug/pprof/ (operators only: bind it where agents cannot reach)")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format on stderr: text or json")
-	fl.StringVar(&f.fenceSecrets, "fence-secrets", leasebus.DefaultFenceSecretDir(), "directory of the storages' secrets (fenceline bus fence-secret set), from which each lease's acquirer gets its grant keys; only the service may read it")
+	fl.StringVar(&f.fenceSecrets, "fence-secrets", leasebus.FenceSecretDirIn(a.stateDir), "directory of the storages' secrets (fenceline bus fence-secret set), from which each lease's acquirer gets its grant keys; only the service may read it")
 	fl.BoolVar(&f.debug, "debug", false, "also log the embedded NATS server's own messages")
 	return c
 }
@@ -150,7 +150,7 @@ func (a *app) serve(ctx context.Context, f *serveFlags) error {
 			return usagef("--metrics %q: want host:port (127.0.0.1:9480; port 0 picks a free one)", f.metrics)
 		}
 	}
-	cfg := busserve.ServiceConfig{Replicas: f.replicas, Metrics: f.metrics, UI: f.ui, UIToken: os.Getenv(EnvUIToken), Debug: f.debug, Logger: logger, FenceSecretDir: f.fenceSecrets}
+	cfg := busserve.ServiceConfig{Replicas: f.replicas, Metrics: f.metrics, UI: f.ui, UIToken: a.cfg.UIToken, Debug: f.debug, Logger: logger, FenceSecretDir: f.fenceSecrets}
 	if url, source := a.busURL(); source != "" {
 		if len(f.embeddedOnly) > 0 {
 			return usagef("%v only apply to the embedded server, but %s selects an existing bus (%s); drop one or the other", f.embeddedOnly, source, url)
@@ -217,13 +217,15 @@ func (a *app) serveError(err error) error {
 	var le *busserve.ListenError
 	switch {
 	case errors.As(err, &ce):
-		return &usageError{err: ce.Err}
+		return &usageError{err: flagError(ce.Err)}
+	case errors.Is(err, leasebus.ErrStoreReadOnly):
+		return fmt.Errorf("%w (--store)", err)
 	case errors.As(err, &le) && le.For == "metrics":
 		return fmt.Errorf("--metrics %s: %w", le.Addr, le.Err)
 	case errors.As(err, &le):
 		return fmt.Errorf("cannot listen on %s: %w (another \"fenceline bus serve\" running? pick another --listen)", le.Addr, le.Err)
 	}
-	return a.dialError(err)
+	return a.dialError(flagError(err))
 }
 
 // embeddedCredsDir is where the embedded server keeps its credentials:
@@ -270,7 +272,7 @@ func (a *app) identitiesDir(dir string) (string, error) {
 	p, source := a.credsSetting()
 	switch fi, err := os.Stat(p); {
 	case p == "":
-		return defaultCredsDir(), nil
+		return a.defaultCredsDir(), nil
 	case err == nil && !fi.IsDir():
 		return "", usagef("%s %s is a file; the bus's identities live in a credentials directory (--dir)", source, p)
 	}
@@ -349,7 +351,7 @@ Runs and sidecars on the embedded default bus need no enrolment: each gets an
 identity of its own automatically, for as long as it runs.
 
 DIR defaults to --creds (or $` + EnvCreds + `) when it names a directory, else the
-embedded default bus's own (` + defaultCredsDir() + `).`,
+embedded default bus's own (` + a.defaultCredsDir() + `).`,
 		Args: cobra.ExactArgs(1),
 		Example: `  fenceline bus enroll pod-agent-billing-17 --out /tmp/bus-identity.nk
   fenceline bus enroll runner-ci-4 --dir /etc/fenceline/creds --auth-config /etc/nats/fenceline-auth.conf`,

@@ -17,7 +17,7 @@ import (
 // streams get 3 replicas) and uses them as one bus.
 func TestBusServeCluster(t *testing.T) {
 	isolate(t)
-	t.Setenv(EnvCreds, t.TempDir()) // one credentials directory for every node
+	setCfg(t, func(c *config) { c.Creds = t.TempDir() }) // one credentials directory for every node
 	clusterAddrs := []string{testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)}
 	routes := "nats://" + strings.Join(clusterAddrs, ",nats://")
 	nodes := make([]*served, 3)

@@ -48,8 +48,9 @@ func startServe(t *testing.T, args ...string) (*served, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &served{out: &syncBuffer{}, errOut: &syncBuffer{}}
 	done := make(chan int, 1)
+	cfg := cfgOf(t)
 	go func() {
-		done <- run(ctx, append([]string{"bus", "serve"}, args...), s.out, s.errOut, leasebus.DefaultURL)
+		done <- run(ctx, append([]string{"bus", "serve"}, args...), s.out, s.errOut, leasebus.DefaultURL, cfg)
 	}()
 	var once sync.Once
 	code := -1
@@ -85,11 +86,12 @@ func startServe(t *testing.T, args ...string) (*served, error) {
 }
 
 func TestBusServeEmbedded(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	store := filepath.Join(t.TempDir(), "bus")
 	// A bus on another store than the default: its credentials are where
 	// --creds or $FENCELINE_CREDS says, for it and for every command.
-	t.Setenv(EnvCreds, filepath.Join(store, "creds"))
+	setCfg(t, func(c *config) { c.Creds = filepath.Join(store, "creds") })
 	url, out, errOut, stop := serveInProcess(t, "--listen", "127.0.0.1:0", "--store", store, "--log-format", "json", "--ui", "127.0.0.1:0")
 	mustContain(t, "bus serve stdout", out.String(), "fenceline bus listening on "+url, "store: "+store, "(replicas 1)")
 
@@ -123,6 +125,7 @@ func TestBusServeEmbedded(t *testing.T) {
 }
 
 func TestBusServeServiceOnly(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	// A bare NATS server (a "cluster" of one) with no lease service...
 	srv := bustest.StartServer(t, leasebus.ServerConfig{})
@@ -132,7 +135,7 @@ func TestBusServeServiceOnly(t *testing.T) {
 	mustContain(t, "stderr", r.stderr, "no lease service answers", "fenceline bus serve")
 
 	// ...then "bus serve --nats" adds one.
-	t.Setenv(EnvNATS, natsURL)
+	setCfg(t, func(c *config) { c.NATS = natsURL })
 	url, out, _, stop := serveInProcess(t)
 	if url != natsURL {
 		t.Errorf("service ready on %s, want %s", url, natsURL)
@@ -150,6 +153,7 @@ func TestBusServeServiceOnly(t *testing.T) {
 }
 
 func TestBusServePortInUse(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -165,6 +169,7 @@ func TestBusServePortInUse(t *testing.T) {
 }
 
 func TestBusServeReadOnlyStore(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	vol := testutil.Tmpfs(t, "4m")
 	testutil.Remount(t, vol, "ro")
@@ -185,9 +190,10 @@ func TestBusServeReadOnlyStore(t *testing.T) {
 // the least role it needs, and the audit names who revoked. A bus refuses
 // a client without its credentials, and each refusal says what to do.
 func TestBusCredentials(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url, out, _, stop := serveInProcess(t, "--listen", "127.0.0.1:0")
-	dir := defaultCredsDir()
+	dir := defaultCredsDir(t)
 	mustContain(t, "bus serve stdout", out.String(), "credentials: "+dir)
 	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Fatalf("credentials dir %s: %v %v", dir, fi, err)
@@ -246,12 +252,13 @@ func TestBusCredentials(t *testing.T) {
 	r = fl(t, "--nats", url, "--creds", filepath.Join(other, "nope"), "lease", "list").want(t, ExitError)
 	mustContain(t, "missing credentials stderr", r.stderr, "do not exist", "nope")
 	// None at all: another user's state dir.
-	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	here, elsewhere := stateDir(t), t.TempDir()
+	setCfg(t, func(c *config) { c.StateDir = elsewhere })
 	r = fl(t, "--nats", url, "lease", "list").want(t, ExitError)
 	mustContain(t, "no credentials stderr", r.stderr, "requires credentials", "none were found", "--creds", EnvCreds)
-	t.Setenv("XDG_STATE_HOME", filepath.Dir(filepath.Dir(filepath.Dir(dir))))
-	if defaultCredsDir() != dir {
-		t.Fatalf("state dir not restored: %s", defaultCredsDir())
+	setCfg(t, func(c *config) { c.StateDir = here })
+	if defaultCredsDir(t) != dir {
+		t.Fatalf("state dir not restored: %s", defaultCredsDir(t))
 	}
 	// What the bus itself refused is in the audit: the viewer's revoke and
 	// the client without credentials.
@@ -294,6 +301,7 @@ func TestBusCredentials(t *testing.T) {
 // "bus creds" prints (docs/trust.md) runs the lease service and every
 // command, each as its role, and refuses a client without credentials.
 func TestBusCredsExternalServer(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	dir := filepath.Join(t.TempDir(), "creds")
 	r := fl(t, "bus", "creds", "--dir", dir).want(t, ExitOK)
@@ -317,15 +325,15 @@ func TestBusCredsExternalServer(t *testing.T) {
 		t.Fatal("nats-server not ready")
 	}
 	natsURL := srv.ClientURL()
-	t.Setenv(EnvCreds, dir)
-	t.Setenv(EnvNATS, natsURL)
+	setCfg(t, func(c *config) { c.Creds = dir })
+	setCfg(t, func(c *config) { c.NATS = natsURL })
 	_, _, _, stop := serveInProcess(t)
 	a := acquireJSON(t, natsURL, "--scope", "x")
 	if ls := listJSON(t, natsURL); len(ls) != 1 {
 		t.Fatalf("list: %+v", ls)
 	}
 	fl(t, "lease", "revoke", a.LeaseID, "--reason", "external").want(t, ExitOK)
-	t.Setenv(EnvCreds, "")
+	setCfg(t, func(c *config) { c.Creds = "" })
 	r = fl(t, "lease", "list").want(t, ExitError)
 	mustContain(t, "stderr", r.stderr, "requires credentials")
 	if code := stop(); code != ExitOK {
@@ -336,6 +344,7 @@ func TestBusCredsExternalServer(t *testing.T) {
 // A credentials directory without the least role's file: the command
 // takes a role that may more, or says which files would do.
 func TestCredsDirFallsBackToAWiderRole(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	mine := t.TempDir()
@@ -346,10 +355,10 @@ func TestCredsDirFallsBackToAWiderRole(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mine, "operator.nk"), data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(EnvCreds, mine)
+	setCfg(t, func(c *config) { c.Creds = mine })
 	listJSON(t, url)                                                                             // viewer's command, as the operator
 	fl(t, "--nats", url, "lease", "acquire", "--repo", testRepo, "--scope", "x").want(t, ExitOK) // holder's
-	t.Setenv(EnvCreds, t.TempDir())
+	setCfg(t, func(c *config) { c.Creds = t.TempDir() })
 	r := fl(t, "--nats", url, "lease", "list").want(t, ExitError)
 	mustContain(t, "stderr", r.stderr, "holds none that may", "viewer.nk, operator.nk, service.nk")
 }
@@ -358,10 +367,11 @@ func TestCredsDirFallsBackToAWiderRole(t *testing.T) {
 // Prometheus metrics; a bad address is a usage error before anything
 // starts.
 func TestBusServeMetrics(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	fl(t, "bus", "serve", "--metrics", "nohostport", "--store", t.TempDir()).want(t, ExitUsage)
 	store := filepath.Join(t.TempDir(), "bus")
-	t.Setenv(EnvCreds, filepath.Join(store, "creds"))
+	setCfg(t, func(c *config) { c.Creds = filepath.Join(store, "creds") })
 	url, out, _, _ := serveInProcess(t, "--listen", "127.0.0.1:0", "--store", store, "--metrics", "127.0.0.1:0")
 	m := regexp.MustCompile(`metrics: (http://\S+/metrics)`).FindStringSubmatch(out.String())
 	if m == nil {

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -51,13 +50,15 @@ const EnvNATS = "FENCELINE_NATS"
 // "fenceline: <message>". Cancelling ctx interrupts the running command
 // (bus serve stops cleanly).
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return run(ctx, args, stdout, stderr, leasebus.DefaultURL)
+	return run(ctx, args, stdout, stderr, leasebus.DefaultURL, configFromEnv(os.Getenv))
 }
 
-// run is Main with the default bus URL as a parameter, so tests can exercise
-// the "no bus at the default address" path without touching the real one.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, defaultURL string) int {
-	a := &app{stdout: stdout, stderr: stderr, defaultURL: defaultURL, stateDir: leasebus.StateDir()}
+// run is Main with the default bus URL and the environment's settings as
+// parameters, so tests can exercise the "no bus at the default address"
+// path without touching the real one, and run side by side, each with a
+// state dir of its own.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, defaultURL string, cfg config) int {
+	a := &app{stdout: stdout, stderr: stderr, defaultURL: defaultURL, cfg: cfg, stateDir: cfg.StateDir}
 	root := a.rootCommand()
 	if args == nil {
 		args = []string{} // nil makes cobra read os.Args
@@ -77,7 +78,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, defaultUR
 	if errors.As(err, &re) {
 		err = re.err
 	}
-	msg := err.Error()
+	msg := err.Error() + settingHint(err)
 	if code == ExitUsage && cmd != nil {
 		msg += fmt.Sprintf("\n(run %q for usage)", cmd.CommandPath()+" --help")
 	}
@@ -91,8 +92,10 @@ type app struct {
 	defaultURL     string
 	natsFlag       string // --nats
 	credsFlag      string // --creds
-	// stateDir is fenceline's state dir ($XDG_STATE_HOME/fenceline),
-	// read from the environment once and handed to the packages.
+	// cfg is what Main read from the environment, once.
+	cfg config
+	// stateDir is fenceline's state dir (cfg.StateDir), handed to the
+	// packages through their config structs.
 	stateDir string
 }
 
@@ -108,7 +111,7 @@ The bus: --nats URL, else $` + EnvNATS + `, else the embedded default at
 ` + a.defaultURL + ` (start it with "fenceline bus serve").
 
 Bus credentials: --creds PATH, else $` + EnvCreds + `, else the embedded
-default bus's own (written to ` + defaultCredsDir() + ` on its first
+default bus's own (written to ` + a.defaultCredsDir() + ` on its first
 start). PATH is a credentials directory (each command takes the file of the
 least role it needs: viewer.nk, holder.nk, operator.nk, service.nk) or one
 .nk file used for every command. See docs/trust.md.
@@ -121,7 +124,7 @@ least role it needs: viewer.nk, holder.nk, operator.nk, service.nk) or one
 	}
 	root.CompletionOptions.HiddenDefaultCmd = true
 	root.PersistentFlags().StringVar(&a.natsFlag, "nats", "", "NATS URL of the lease bus (env "+EnvNATS+"; default the embedded bus at "+a.defaultURL+")")
-	root.PersistentFlags().StringVar(&a.credsFlag, "creds", "", "bus credentials: a credentials directory (one <role>.nk per role) or one .nk file (env "+EnvCreds+"; default the embedded bus's, in "+defaultCredsDir()+")")
+	root.PersistentFlags().StringVar(&a.credsFlag, "creds", "", "bus credentials: a credentials directory (one <role>.nk per role) or one .nk file (env "+EnvCreds+"; default the embedded bus's, in "+a.defaultCredsDir()+")")
 	root.AddCommand(a.busCommand(), a.leaseCommand(), a.sidecarCommand(), a.runCommand(), a.pgCommand(), a.hookCommand(), a.demoCommand())
 	root.AddCommand(a.shardCommand())
 	root.AddCommand(a.agentCommand())
@@ -213,8 +216,8 @@ func (a *app) busURL() (url, source string) {
 	if a.natsFlag != "" {
 		return a.natsFlag, "--nats"
 	}
-	if v := strings.TrimSpace(os.Getenv(EnvNATS)); v != "" {
-		return v, EnvNATS
+	if a.cfg.NATS != "" {
+		return a.cfg.NATS, EnvNATS
 	}
 	return a.defaultURL, ""
 }

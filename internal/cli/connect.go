@@ -3,8 +3,6 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"os"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -27,8 +25,8 @@ func (a *app) credsSetting() (path, source string) {
 	if a.credsFlag != "" {
 		return a.credsFlag, "--creds"
 	}
-	if v := strings.TrimSpace(os.Getenv(EnvCreds)); v != "" {
-		return v, EnvCreds
+	if a.cfg.Creds != "" {
+		return a.cfg.Creds, EnvCreds
 	}
 	return "", ""
 }
@@ -42,13 +40,13 @@ func (a *app) credsToHide() []string {
 }
 
 // defaultCredsDir is where the embedded default bus keeps its credentials.
-func defaultCredsDir() string { return leasebus.CredsDirOf(leasebus.DefaultStoreDir()) }
+func (a *app) defaultCredsDir() string { return leasebus.CredsDirOf(leasebus.StoreDirIn(a.stateDir)) }
 
 // credsFor picks the credentials of role from --creds or $FENCELINE_CREDS,
 // else the default bus's (see leasebus.ChooseCreds).
 func (a *app) credsFor(role leasebus.Role) (busCreds, error) {
 	p, source := a.credsSetting()
-	return leasebus.ChooseCreds(p, source, defaultCredsDir(), role)
+	return leasebus.ChooseCreds(p, source, a.defaultCredsDir(), role)
 }
 
 // connect dials the bus at url (named by source: "--nats", the env

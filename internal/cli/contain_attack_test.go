@@ -17,6 +17,7 @@ import (
 // core.fsmonitor would run, unconfined. At settle the run must leave no
 // git dir it did not have in the worktree, and say so.
 func TestExclusiveRunNestedRepoTrapUndone(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "")
@@ -44,6 +45,7 @@ func TestExclusiveRunNestedRepoTrapUndone(t *testing.T) {
 // original. The copy is restored in place (the user's refs and objects
 // are in it): the user's git runs none of the traps.
 func TestExclusiveRunCopiedGitDirRestored(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "")
@@ -80,6 +82,7 @@ func TestExclusiveRunCopiedGitDirRestored(t *testing.T) {
 // back, the attempt's value of such a branch kept under
 // refs/fenceline/undone/, and run says so.
 func TestExclusiveRunInALinkedWorktreeLeavesTheOthersAlone(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "")

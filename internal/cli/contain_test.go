@@ -46,6 +46,7 @@ func userGit(dir string, args ...string) (string, error) {
 // config and hooks the user had and says what it undid; the user's git
 // status runs none of it.
 func TestExclusiveRunRestoresTheCheckoutsGitDir(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "")

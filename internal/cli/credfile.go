@@ -21,10 +21,13 @@ func checkLeaseID(id string) error {
 	return nil
 }
 
+// credFiles is this user's credential store, in the state dir.
+func (a *app) credFiles() credfile.Store { return credfile.In(a.stateDir) }
+
 // writeCredFile stores f in this user's credential store.
-func writeCredFile(f *credFile) (string, error) { return credfile.Default().Write(f) }
+func (a *app) writeCredFile(f *credFile) (string, error) { return a.credFiles().Write(f) }
 
 // readCredFile reads the credential of lease id, or errNoCredFile.
-func readCredFile(id string) (*credFile, error) { return credfile.Default().Read(id) }
+func (a *app) readCredFile(id string) (*credFile, error) { return a.credFiles().Read(id) }
 
-func removeCredFile(id string) error { return credfile.Default().Remove(id) }
+func (a *app) removeCredFile(id string) error { return a.credFiles().Remove(id) }

@@ -48,11 +48,11 @@ With --ui, the run UI shows it all live.`,
 				Out:       a.stdout,
 				Fenceline: exe,
 				Command: func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-					return run(ctx, args, stdout, stderr, a.defaultURL)
+					return run(ctx, args, stdout, stderr, a.defaultURL, a.cfg)
 				},
 				Keep:        keep,
 				UI:          ui,
-				PostgresDSN: os.Getenv(envDemoPostgres),
+				PostgresDSN: a.cfg.DemoPostgres,
 			})
 		},
 	}

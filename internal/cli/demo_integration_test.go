@@ -24,8 +24,9 @@ func TestDemo(t *testing.T) {
 	defer cancel()
 	var out, errOut syncBuffer
 	done := make(chan int, 1)
+	cfg := cfgOf(t)
 	// An unreachable default bus proves the demo needs none.
-	go func() { done <- run(ctx, []string{"demo", "--ui", "127.0.0.1:0"}, &out, &errOut, closedURL(t)) }()
+	go func() { done <- run(ctx, []string{"demo", "--ui", "127.0.0.1:0"}, &out, &errOut, closedURL(t), cfg) }()
 	uiUp := regexp.MustCompile(`the run UI stays up at (\S+);`)
 	var uiURL string
 	checkFor(t, 3*time.Minute, 20*time.Millisecond, func() error {

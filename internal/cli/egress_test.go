@@ -101,6 +101,7 @@ func (w *egressWorld) upstreamMain(t *testing.T) string {
 // a git that drops the insteadOf routing: the proxy hands the git host to
 // the fence.
 func TestRunEgress(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	busURL := startBus(t)
 	w := newEgressWorld(t)
@@ -158,6 +159,7 @@ GIT_SSL_NO_VERIFY=1 git push -q https://127.0.0.1:` + w.gitPort + `/payments.git
 // TestRunEgressUsage: bad --allow-host and --egress-resolve are usage
 // errors, before any bus is dialled.
 func TestRunEgressUsage(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	co := newCheckout(t, "")
 	for _, args := range [][]string{

@@ -28,7 +28,7 @@ func (a *app) fenceSecretSetCommand() *cobra.Command {
 		Use:   "set --repo R [--git FILE] [--postgres FILE] [--dir DIR]",
 		Short: "Register repository R's git hook secret and/or Postgres fence secret with the lease service",
 		Long: `Copy a storage's secret into the lease service's fence-secret directory
-(bus serve --fence-secrets; default ` + leasebus.DefaultFenceSecretDir() + `),
+(bus serve --fence-secrets; default ` + leasebus.FenceSecretDirIn(a.stateDir) + `),
 mode 0600. From then on, each lease of R granted (or renewed) gets grant keys
 derived from it, handed to the lease's acquirer alone: its sidecar signs with
 them, and the storage, which holds the same secret, derives and verifies.
@@ -77,6 +77,6 @@ any fence); no runner, sidecar or agent needs them.`,
 	f.StringVar(&repo, "repo", "", "the repository's identity as the leases name it (required)")
 	f.StringVar(&gitFile, "git", "", "the repository's git hook secret file (from fenceline hook install)")
 	f.StringVar(&pgFile, "postgres", "", "the Postgres fence secret file (from fenceline pg install)")
-	f.StringVar(&dir, "dir", leasebus.DefaultFenceSecretDir(), "the lease service's fence-secret directory (bus serve --fence-secrets)")
+	f.StringVar(&dir, "dir", leasebus.FenceSecretDirIn(a.stateDir), "the lease service's fence-secret directory (bus serve --fence-secrets)")
 	return c
 }

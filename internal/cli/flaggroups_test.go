@@ -11,6 +11,7 @@ import (
 // TestRunHelpGroups: run's help lists every flag once, under its group, in
 // the groups' order; a group names only flags run has.
 func TestRunHelpGroups(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	out := fl(t, "run", "--help").want(t, ExitOK).stdout
 	want := []string{"Usage", "Examples", "Lease", "Workspace", "Fences", "Guard", "Policy", "Other flags", "Global flags"}

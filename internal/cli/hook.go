@@ -65,7 +65,7 @@ full either way.`,
 				return &exitError{code: ExitConflict, err: errReported}
 			}
 			defer bus.close()
-			err = gitproxy.PreReceive(cmd.Context(), gitproxy.HookConfig{Repo: repo, KeyFile: keyFile, AllowUnfenced: allowUnfenced, Policy: bus.policy, Leases: bus.leases}, os.Stdin)
+			err = gitproxy.PreReceive(cmd.Context(), gitproxy.HookConfig{Repo: repo, Options: a.cfg.PushOptions, KeyFile: keyFile, AllowUnfenced: allowUnfenced, Policy: bus.policy, Leases: bus.leases}, os.Stdin)
 			var he *gitproxy.HookError
 			if errors.As(err, &he) {
 				// git shows the hook's output to the pusher as "remote: …".

@@ -96,7 +96,7 @@ func TestRunSignsForTheHookAndHidesItsSecret(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	registered := leasebus.FenceSecretFile(leasebus.DefaultFenceSecretDir(), repo, "git")
+	registered := leasebus.FenceSecretFile(leasebus.FenceSecretDirIn(stateDir(t)), repo, "git")
 	script := `cat ` + in.BusSecretFile + ` 2>/dev/null || echo copy=hidden
 cat ` + registered + ` 2>/dev/null || echo registered=hidden
 echo '// v2' >> services/billing/invoice.go

@@ -11,7 +11,6 @@ import (
 	"github.com/fenceline/fenceline/gitproxy"
 	"github.com/fenceline/fenceline/internal/gitserver"
 	"github.com/fenceline/fenceline/internal/testutil"
-	"github.com/fenceline/fenceline/leasebus"
 )
 
 // hookInstalled is what "hook install --json" prints.
@@ -39,6 +38,7 @@ func installHookJSON(t *testing.T, args ...string) hookInstalled {
 // sidecars, installs the hook and lets push options through; again, it
 // keeps the secret; it leaves someone else's hook alone.
 func TestHookInstall(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	bare, err := gitserver.NewBare(filepath.Join(t.TempDir(), "payments.git"))
 	if err != nil {
@@ -53,7 +53,7 @@ func TestHookInstall(t *testing.T) {
 	if in.Repo != testRepo || !in.NewSecret {
 		t.Fatalf("install = %+v, want repo %s and a new secret", in, testRepo)
 	}
-	if in.HookSecretFile != filepath.Join(in.GitDir, "fenceline", "hook.key") || in.BusSecretFile != gitproxy.SidecarKeyFile(leasebus.StateDir(), testRepo) {
+	if in.HookSecretFile != filepath.Join(in.GitDir, "fenceline", "hook.key") || in.BusSecretFile != gitproxy.SidecarKeyFile(stateDir(t), testRepo) {
 		t.Fatalf("secret files %s, %s", in.HookSecretFile, in.BusSecretFile)
 	}
 	testutil.WantPerm(t, in.HookSecretFile, 0o600)

@@ -43,6 +43,7 @@ func grantedBy(t *testing.T, url string, leases ...string) map[string]string {
 // could hear every other's answers and act on its leases), and removed
 // when it ends.
 func TestRunsHaveTheirOwnIdentities(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url, _, _, _ := serveInProcess(t, "--listen", "127.0.0.1:0")
 	co := newCheckout(t, "")
@@ -65,6 +66,7 @@ func TestRunsHaveTheirOwnIdentities(t *testing.T) {
 // bus, with no flag, each hold their lease as an identity of its own,
 // enrolled while they run and gone when they stop.
 func TestSidecarsHaveTheirOwnIdentities(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url, _, _, _ := serveInProcess(t, "--listen", "127.0.0.1:0")
 	gs, _ := seededGitServer(t)

@@ -80,7 +80,7 @@ bad --table, a --ttl out of range) are usage errors (exit 2).`,
 				}
 				return fmt.Errorf("acquire %s in %s: %w", req.Scope, req.Repo, err)
 			}
-			path, err := writeCredFile(&credFile{LeaseID: l.LeaseID, Repo: l.Repo, Credential: cred, Version: l.Version, NATS: s.url})
+			path, err := a.writeCredFile(&credFile{LeaseID: l.LeaseID, Repo: l.Repo, Credential: cred, Version: l.Version, NATS: s.url})
 			if err != nil {
 				// Nobody could renew or release it: give it back now.
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
@@ -110,7 +110,7 @@ bad --table, a --ttl out of range) are usage errors (exit 2).`,
 		},
 	}
 	f := c.Flags()
-	lf.register(f)
+	lf.register(f, a.cfg.User)
 	f.BoolVar(&asJSON, "json", false, "print the lease record with its credential as JSON")
 	c.MarkFlagsMutuallyExclusive("scope", "whole-repo")
 	return c
@@ -124,9 +124,13 @@ type leaseFlags struct {
 	paths, tables                []string
 	wholeRepo                    bool
 	ttl, wait                    time.Duration
+	user                         string // $USER, for the default --agent
 }
 
-func (lf *leaseFlags) register(f *pflag.FlagSet) {
+// register adds the lease flags to f; user ($USER) names the default
+// --agent.
+func (lf *leaseFlags) register(f *pflag.FlagSet, user string) {
+	lf.user = user
 	f.StringVar(&lf.repo, "repo", "", "repository: its identity (github.com/acme/payments), a remote URL (https://…, git@host:org/repo, ssh://…) or a local checkout, all named by its normalized identity (required)")
 	f.StringArrayVar(&lf.paths, "scope", nil, "repo-relative path to claim (repeatable)")
 	f.BoolVar(&lf.wholeRepo, "whole-repo", false, "claim every path of the repo (exclusive workspace)")
@@ -204,7 +208,7 @@ func (lf *leaseFlags) request() (leasebus.AcquireRequest, error) {
 		task = "cli"
 	}
 	if agent == "" {
-		agent = leasebus.DefaultAgentID()
+		agent = leasebus.DefaultAgentID(lf.user)
 	}
 	if attempt == "" {
 		attempt = lease.NewAttemptID()
@@ -301,7 +305,7 @@ renewal then compares against the version it reads first. A refused renewal mean
 				}
 				if f != nil {
 					f.Version = l.Version
-					if _, err := writeCredFile(f); err != nil {
+					if _, err := a.writeCredFile(f); err != nil {
 						return fmt.Errorf("lease %s renewed to version %d, but: %w", id, l.Version, err)
 					}
 				}
@@ -339,7 +343,7 @@ ended is not an error. The credential file is removed afterwards.`,
 					return err
 				}
 				if f != nil {
-					if err := removeCredFile(id); err != nil {
+					if err := a.removeCredFile(id); err != nil {
 						return fmt.Errorf("lease %s released, but: %w", id, err)
 					}
 				}
@@ -372,7 +376,7 @@ func (a *app) asOwner(ctx context.Context, op, id string, cred leasebus.Credenti
 		return err
 	}
 	url, source := a.busURL()
-	f, ferr := readCredFile(id)
+	f, ferr := a.readCredFile(id)
 	switch {
 	case ferr == nil && (cred == "" || cred == f.Credential):
 		cred = f.Credential

@@ -17,6 +17,7 @@ import (
 )
 
 func TestAcquireText(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	r := fl(t, "--nats", url, "lease", "acquire", "--repo", testRepo, "--scope", "services/billing").want(t, ExitOK)
@@ -48,7 +49,7 @@ func TestAcquireText(t *testing.T) {
 	}
 
 	// The credential file: 0600 in a 0700 dir, naming the lease and bus.
-	path := filepath.Join(os.Getenv("XDG_STATE_HOME"), "fenceline", "leases", id+".json")
+	path := filepath.Join(stateDir(t), "leases", id+".json")
 	checkCredFile(t, path, id, url)
 }
 
@@ -83,6 +84,7 @@ func checkCredFile(t *testing.T, path, id, url string) credFile {
 }
 
 func TestAcquireJSON(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	a := acquireJSON(t, url, "--scope", "services/billing", "--scope", "libs/tax", "--table", "public.users",
@@ -117,6 +119,7 @@ func TestAcquireJSON(t *testing.T) {
 }
 
 func TestAcquireWholeRepoAndExclusiveNone(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	a := acquireJSON(t, url, "--workspace", "exclusive", "--workspace-id", "wt-1")
@@ -133,6 +136,7 @@ func TestAcquireWholeRepoAndExclusiveNone(t *testing.T) {
 }
 
 func TestAcquireConflict(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	first := acquireJSON(t, url, "--scope", "services/billing", "--agent", "agent-a")
@@ -171,6 +175,7 @@ func TestAcquireConflict(t *testing.T) {
 }
 
 func TestRenewReleaseLifecycle(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	a := acquireJSON(t, url, "--scope", "services/billing")
@@ -212,24 +217,27 @@ func TestRenewReleaseLifecycle(t *testing.T) {
 }
 
 func TestRenewStaleVersionIsLost(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	a := acquireJSON(t, url, "--scope", "x")
 	// Someone on another machine renews with the credential: the file's
 	// version is stale, and a compare-and-swap on it must fail (stop writing).
-	here := os.Getenv("XDG_STATE_HOME")
-	t.Setenv("XDG_STATE_HOME", t.TempDir())
+	here, elsewhere := stateDir(t), t.TempDir()
+	setCfg(t, func(c *config) { c.StateDir = elsewhere })
 	fl(t, "--nats", url, "lease", "renew", a.LeaseID, "--credential", a.Credential).want(t, ExitOK)
-	t.Setenv("XDG_STATE_HOME", here)
+	setCfg(t, func(c *config) { c.StateDir = here })
 	r := fl(t, "--nats", url, "lease", "renew", a.LeaseID).want(t, ExitLost)
 	mustContain(t, "stderr", r.stderr, "version", "stop writing")
 }
 
 func TestReleaseWithoutCredentialFile(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	a := acquireJSON(t, url, "--scope", "x")
-	t.Setenv("XDG_STATE_HOME", t.TempDir()) // another machine
+	elsewhere := t.TempDir()
+	setCfg(t, func(c *config) { c.StateDir = elsewhere }) // another machine
 	r := fl(t, "--nats", url, "lease", "release", a.LeaseID).want(t, ExitError)
 	mustContain(t, "stderr", r.stderr, "no credential file", "--credential")
 	r = fl(t, "--nats", url, "lease", "renew", a.LeaseID).want(t, ExitError)
@@ -241,6 +249,7 @@ func TestReleaseWithoutCredentialFile(t *testing.T) {
 }
 
 func TestRevoke(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	a := acquireJSON(t, url, "--scope", "services/billing")
@@ -268,6 +277,7 @@ func TestRevoke(t *testing.T) {
 }
 
 func TestList(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	r := fl(t, "--nats", url, "lease", "list", "--json").want(t, ExitOK)
@@ -308,6 +318,7 @@ func TestList(t *testing.T) {
 }
 
 func TestAudit(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	r := fl(t, "--nats", url, "lease", "audit", "--json").want(t, ExitOK)
@@ -329,6 +340,7 @@ func TestAudit(t *testing.T) {
 }
 
 func TestNoBus(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	closed := closedURL(t)
 	for _, tc := range []struct {
@@ -343,7 +355,7 @@ func TestNoBus(t *testing.T) {
 		{"default", nil, "", closed, "fenceline: no bus at " + closed + ": start one with \"fenceline bus serve\" (or set --nats/FENCELINE_NATS)\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Setenv(EnvNATS, tc.env)
+			setCfg(t, func(c *config) { c.NATS = tc.env })
 			for _, cmd := range [][]string{
 				{"lease", "list"},
 				{"lease", "acquire", "--repo", testRepo, "--scope", "x"},
@@ -364,6 +376,7 @@ func TestNoBus(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := closedURL(t) // none of these may get as far as the bus
 	acq := []string{"--nats", url, "lease", "acquire", "--repo", testRepo}
@@ -406,6 +419,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	r := fl(t, "--help").want(t, ExitOK)
 	mustContain(t, "help", r.stdout, "Exit status", "bus", "lease", "demo", "--nats", "FENCELINE_NATS")
@@ -418,6 +432,7 @@ func TestHelp(t *testing.T) {
 }
 
 func TestExitCode(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		err  error
 		want int

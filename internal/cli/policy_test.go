@@ -38,6 +38,7 @@ func writeFile(t *testing.T, name, text string) string {
 }
 
 func TestPolicySchemaValidateAndTest(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	out := fl(t, "policy", "schema").want(t, ExitOK).stdout
 	mustContain(t, "schema", out, "namespace Fenceline", "action sql_opaque", `"whole_repo": Bool`)
@@ -62,13 +63,14 @@ func TestPolicySchemaValidateAndTest(t *testing.T) {
 }
 
 func TestPolicySetGetHistory(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	good := writeFile(t, "p.cedar", issuePolicy)
 	// A holder's and a viewer's credentials cannot set a policy: the bus
 	// refuses them.
 	for _, role := range []leasebus.Role{leasebus.RoleHolder, leasebus.RoleViewer} {
-		t.Setenv(EnvCreds, filepath.Join(bustest.CredsDir(t), leasebus.CredsFile(role)))
+		setCfg(t, func(c *config) { c.Creds = filepath.Join(bustest.CredsDir(t), leasebus.CredsFile(role)) })
 		r := fl(t, "--nats", url, "policy", "set", "-f", good, "--default").want(t, ExitConflict)
 		mustContain(t, string(role)+"'s refusal", r.stderr, "not permitted")
 	}

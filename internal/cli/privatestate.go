@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"os"
 	"path/filepath"
 
 	"github.com/spf13/pflag"
@@ -15,11 +14,10 @@ func registerPrivateState(f *pflag.FlagSet, into *[]string) {
 	f.StringArrayVar(into, "private-state", nil, "a CLI's state in your HOME (e.g. ~/.claude, ~/.claude.json, ~/.codex) the agent gets a private, writable copy of in a HOME of its own, discarded at the end with every changed setting that runs a program named; yours stay read-only (repeatable)")
 }
 
-// privateState checks --private-state paths against HOME and against the
-// --allow-write paths (real), none of which may make a copied path's
-// original writable.
-func privateState(paths, allowWrite []string) (attempt.StateSpec, error) {
-	home := os.Getenv("HOME")
+// privateState checks --private-state paths against home ($HOME) and
+// against the --allow-write paths (real), none of which may make a copied
+// path's original writable.
+func privateState(home string, paths, allowWrite []string) (attempt.StateSpec, error) {
 	ps, err := attempt.StatePaths("--private-state", home, paths)
 	if err != nil || len(ps) == 0 {
 		return attempt.StateSpec{}, err

@@ -14,13 +14,13 @@ import (
 // TestPrivateStateFlag: --private-state names paths in HOME; an
 // --allow-write that would make the originals writable is a usage error.
 func TestPrivateStateFlag(t *testing.T) {
+	t.Parallel()
 	home := t.TempDir()
-	t.Setenv("HOME", home)
 	claude := filepath.Join(home, ".claude")
 	os.Mkdir(claude, 0o700)
 	cache := t.TempDir()
 
-	spec, err := privateState([]string{claude, filepath.Join(home, ".claude.json")}, []string{cache})
+	spec, err := privateState(home, []string{claude, filepath.Join(home, ".claude.json")}, []string{cache})
 	if err != nil || spec.Home != home || !slices.Equal(spec.Paths, []string{claude, filepath.Join(home, ".claude.json")}) {
 		t.Errorf("privateState = %+v, %v", spec, err)
 	}
@@ -33,7 +33,7 @@ func TestPrivateStateFlag(t *testing.T) {
 		{[]string{claude}, []string{home}, "drop the --allow-write"},
 		{[]string{claude}, []string{filepath.Join(claude, "projects")}, "drop the --allow-write"},
 	} {
-		_, err := privateState(tc.paths, tc.allowWrite)
+		_, err := privateState(home, tc.paths, tc.allowWrite)
 		var ue *usageError
 		if err == nil || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("privateState(%q, %q) = %v, want an error saying %q", tc.paths, tc.allowWrite, err, tc.says)

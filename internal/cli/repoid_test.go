@@ -14,6 +14,7 @@ import (
 // github.com/acme/payments, and a lease under one conflicts with a claim
 // under any other, through each command.
 func TestRepoSpellingsConflict(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "https://bot:s3cret@github.com/acme/payments.git")
@@ -55,7 +56,7 @@ func TestRepoSpellingsConflict(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		var out, errOut syncBuffer
 		code := run(ctx, []string{"--nats", url, "sidecar", "--repo", s, "--scope", "in/sub", "--workspace", "exclusive",
-			"--git-upstream", "http://127.0.0.1:9/payments.git", "--state-dir", t.TempDir()}, &out, &errOut, url)
+			"--git-upstream", "http://127.0.0.1:9/payments.git", "--state-dir", t.TempDir()}, &out, &errOut, url, cfgOf(t))
 		cancel()
 		if code != ExitConflict || !strings.Contains(errOut.String(), held.LeaseID) || !strings.Contains(errOut.String(), "in "+want+":") {
 			t.Fatalf("sidecar --repo %s: exit %d, want %d naming %s in %s:\n%s\n%s", s, code, ExitConflict, held.LeaseID, want, out.String(), errOut.String())

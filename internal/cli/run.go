@@ -137,7 +137,7 @@ Without Landlock (Linux < 5.13, or disabled) run refuses to start unless
 	}
 	f := c.Flags()
 	f.StringVar(&rf.checkout, "checkout", "", "local checkout the agent works in (default --repo, when it is one); the lease's repo is its normalized origin URL, else its absolute path")
-	rf.lf.register(f)
+	rf.lf.register(f, a.cfg.User)
 	f.Lookup("repo").Usage = repoWithCheckoutUsage
 	rf.ff.register(c)
 	f.StringVar(&rf.attachID, "lease", "", "attach to this lease instead of acquiring one (it is not released at the end)")
@@ -235,7 +235,7 @@ func (a *app) runAgent(ctx context.Context, rf *runFlags, argv []string) error {
 	if err != nil {
 		return err
 	}
-	state, err := privateState(rf.privateState, extra)
+	state, err := privateState(a.cfg.Home, rf.privateState, extra)
 	if err != nil {
 		return err
 	}

@@ -190,7 +190,7 @@ func TestRunInteractiveAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(self, "--nats", url, "run", "--checkout", co, "--", "sh", "-c", `read x; echo "got $x"; sleep 100`)
-	cmd.Env = append(os.Environ(), runAsCLIEnv+"=1")
+	cmd.Env = append(cfgEnv(t), runAsCLIEnv+"=1")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0} // the terminal's foreground group
 	if err := cmd.Start(); err != nil {

@@ -121,6 +121,7 @@ func exists(p string) error {
 // TestRunExitStatus: the agent's exit status is run's, a signal death is
 // 128+N, and the lease is taken before and released after.
 func TestRunExitStatus(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "")
@@ -147,6 +148,7 @@ func TestRunExitStatus(t *testing.T) {
 // in an exclusive workspace, the whole checkout without a claim — and the
 // repo is the checkout's normalized origin.
 func TestRunWritesFollowTheLease(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	probe := `for f in in/f out/f .git/probe new/deeper/f; do if (echo x > $f) 2>/dev/null; then echo "$f=ok"; else echo "$f=refused"; fi; done`
@@ -182,6 +184,7 @@ func TestRunWritesFollowTheLease(t *testing.T) {
 // TestRunHidesCredentials: the agent cannot read fenceline's state dir,
 // where lease credentials live.
 func TestRunHidesCredentials(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "")
@@ -197,15 +200,16 @@ func TestRunHidesCredentials(t *testing.T) {
 // --creds or $FENCELINE_CREDS names elsewhere: with them it could revoke
 // other agents' leases or forge change notices.
 func TestRunHidesBusCredentials(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t) // $FENCELINE_CREDS: the test buses' credentials, outside the state dir
 	co := newCheckout(t, "")
 	elsewhere := filepath.Join(bustest.CredsDir(t), leasebus.CredsFile(leasebus.RoleOperator))
 	// The default bus's credentials, as "bus serve" writes them.
-	if _, err := leasebus.EnsureCreds(defaultCredsDir()); err != nil {
+	if _, err := leasebus.EnsureCreds(defaultCredsDir(t)); err != nil {
 		t.Fatal(err)
 	}
-	inState := filepath.Join(defaultCredsDir(), leasebus.CredsFile(leasebus.RoleService))
+	inState := filepath.Join(defaultCredsDir(t), leasebus.CredsFile(leasebus.RoleService))
 	for _, p := range []string{elsewhere, inState} {
 		if data, err := os.ReadFile(p); err != nil || !strings.Contains(string(data), "NKEY SEED") {
 			t.Fatalf("%s: %v", p, err) // readable outside the guard
@@ -237,6 +241,7 @@ done`
 // on, the agent keeps running (--on-lost keep), run says so on stderr and
 // the denials are audited.
 func TestRunLostLeaseStopsWrites(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	_, nc := busClient(t, url)
@@ -291,6 +296,7 @@ func TestRunLostLeaseStopsWrites(t *testing.T) {
 // TestRunOnLostSignal: with --on-lost signal a lost lease also stops the
 // agent, and run exits 4.
 func TestRunOnLostSignal(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	client, _ := busClient(t, url)
@@ -328,7 +334,7 @@ func startRunnerProcess(t *testing.T, args ...string) (cmd *exec.Cmd, logPath st
 	}
 	defer logf.Close() // the child has its own copy
 	cmd = exec.Command(self, args...)
-	cmd.Env = append(os.Environ(), runAsCLIEnv+"=1")
+	cmd.Env = append(cfgEnv(t), runAsCLIEnv+"=1")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -418,6 +424,7 @@ func openPty(t *testing.T) (master, slave *os.File) {
 // lease, and still fail when the real git is called by its absolute path;
 // read-only git works.
 func TestRunGitShimRefusesRepoWideGit(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "")
@@ -460,6 +467,7 @@ git status --short >/dev/null; echo "status=$?"`
 // the git fence and it reaches its Postgres fence, while direct TCP
 // connects to the bus, the git server and the Postgres server are refused.
 func TestRunGitFenceAndConnects(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	busURL := startBus(t)
 	gs, bare := seededGitServer(t)
@@ -502,6 +510,7 @@ git -c user.name=agent -c user.email=agent@example.com commit -qam "through the 
 // TestRunConflict: a claim that overlaps an active lease is refused with
 // exit 3 naming that lease, and the command never runs.
 func TestRunConflict(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "git@github.com:acme/payments.git")
@@ -521,6 +530,7 @@ func TestRunConflict(t *testing.T) {
 // claim decides the writes), keeps it renewed, and leaves it to its owner;
 // a lease of another repo is refused.
 func TestRunAttach(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	client, _ := busClient(t, url)
@@ -546,6 +556,7 @@ func TestRunAttach(t *testing.T) {
 // checkout too (the CLI contract's "run --repo PATH"); with both, --repo
 // is the repository the checkout must be of, in any of its spellings.
 func TestRunRepoOrCheckout(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "git@github.com:acme/payments.git")
@@ -563,6 +574,7 @@ func TestRunRepoOrCheckout(t *testing.T) {
 // TestRunRepoCredentialNotShown: a --repo URL with a token in it is
 // refused without the token in the message (stderr lands in CI logs).
 func TestRunRepoCredentialNotShown(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	co := newCheckout(t, "")
 	const secretRepo = "https://bot:s3cret@github.com/acme/other.git"
@@ -580,6 +592,7 @@ func TestRunRepoCredentialNotShown(t *testing.T) {
 
 // TestRunUsage: a wrong command line is exit 2, before any bus is dialed.
 func TestRunUsage(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	co := newCheckout(t, "")
 	sub := filepath.Join(co, "in")
@@ -600,7 +613,7 @@ func TestRunUsage(t *testing.T) {
 		{[]string{"--checkout", co, "--scope", "../x", "--", "true"}, "../x"},
 		{[]string{"--checkout", co, "--workspace", "shared", "--", "true"}, "nothing claimed"},
 		{[]string{"--checkout", co, "--private-state", "/etc", "--", "true"}, "--private-state /etc: not beneath HOME"},
-		{[]string{"--checkout", co, "--private-state", filepath.Join(os.Getenv("HOME"), ".claude"), "--allow-write", os.Getenv("HOME"), "--", "true"}, "drop the --allow-write"},
+		{[]string{"--checkout", co, "--private-state", filepath.Join(cfgOf(t).Home, ".claude"), "--allow-write", cfgOf(t).Home, "--", "true"}, "drop the --allow-write"},
 	} {
 		r := flDefault(t, closedURL(t), append([]string{"run"}, tc.args...)...)
 		if r.code != ExitUsage || !strings.Contains(r.stderr, tc.want) {
@@ -616,6 +629,7 @@ func TestRunUsage(t *testing.T) {
 // before asking for a lease, and an attached lease with such a claim never
 // gets a guard granting the target.
 func TestRunClaimThroughSymlink(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	client, _ := busClient(t, url)

@@ -56,7 +56,7 @@ func (a *app) dialEphemeral(url, source, name string) (*session, error) {
 	if p, _ := a.credsSetting(); p != "" {
 		return nil, nil
 	}
-	bc, err := leasebus.ChooseCreds("", "", defaultCredsDir(), leasebus.RoleEnroller)
+	bc, err := leasebus.ChooseCreds("", "", a.defaultCredsDir(), leasebus.RoleEnroller)
 	if err != nil || bc.Path == "" {
 		return nil, err
 	}
@@ -146,7 +146,7 @@ func (a *app) attach(ctx context.Context, s *session, id string, cred leasebus.C
 		return nil, err
 	}
 	if cred == "" {
-		f, err := readCredFile(id)
+		f, err := a.readCredFile(id)
 		if err != nil {
 			return nil, fmt.Errorf("attach to %s: %w (pass the owner's credential with --credential)", id, err)
 		}

@@ -233,6 +233,7 @@ rmdir ` + m + `/$sh.x`
 	var wg sync.WaitGroup
 	results := make([]result, len(claims))
 	start := time.Now()
+	cfg := cfgOf(t)
 	for i, c := range claims {
 		args := []string{"--checkout", co, "--wait", "2m", "--allow-write", m, "--agent", fmt.Sprint("stress-", i)}
 		script := exclusive
@@ -245,7 +246,7 @@ rmdir ` + m + `/$sh.x`
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			var out, errOut syncBuffer
-			code := run(ctx, append([]string{"--nats", url, "run"}, append(args, "--", "sh", "-c", script)...), &out, &errOut, url)
+			code := run(ctx, append([]string{"--nats", url, "run"}, append(args, "--", "sh", "-c", script)...), &out, &errOut, url, cfg)
 			results[i] = result{code: code, stdout: out.String(), stderr: errOut.String()}
 		})
 	}

@@ -119,6 +119,7 @@ func awaitShardEvent(t *testing.T, url, repo string, match func(lease.AuditEvent
 // shard, and with every shard busy an exclusive run fails fast with exit 3
 // naming the pool size and who holds each shard.
 func TestShardPathLeasesShareAShard(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newPool(t, url, 2, 3)
@@ -209,8 +210,9 @@ func startRunCmd(t *testing.T, url string, args ...string) *aRun {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &aRun{cancel: cancel, done: make(chan int, 1), out: &syncBuffer{}, errOut: &syncBuffer{}}
+	cfg := cfgOf(t)
 	go func() {
-		r.done <- run(ctx, append([]string{"--nats", url}, args...), r.out, r.errOut, url)
+		r.done <- run(ctx, append([]string{"--nats", url}, args...), r.out, r.errOut, url, cfg)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -226,6 +228,7 @@ func startRunCmd(t *testing.T, url string, args ...string) *aRun {
 // TestShardUsage: wrong shard command lines are exit 2, and commit
 // capacity needs a pool and one of its shards.
 func TestShardUsage(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "")

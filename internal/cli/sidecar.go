@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -83,10 +82,11 @@ const envGitUpstreamHeader = sidecar.EnvGitUpstreamHeader
 type fenceEnv struct {
 	stateDir     string // fenceline's state dir
 	secretHeader string // $FENCELINE_GIT_UPSTREAM_HEADER
+	adminToken   string // $FENCELINE_ADMIN_TOKEN
 }
 
 func (a *app) fenceEnv() fenceEnv {
-	return fenceEnv{stateDir: a.stateDir, secretHeader: os.Getenv(envGitUpstreamHeader)}
+	return fenceEnv{stateDir: a.stateDir, secretHeader: a.cfg.GitUpstreamHeader, adminToken: a.cfg.AdminToken}
 }
 
 // options are the fence flags as sidecar.FenceOptions.
@@ -277,7 +277,7 @@ released at once.`,
 		},
 	}
 	f := c.Flags()
-	sf.lf.register(f)
+	sf.lf.register(f, a.cfg.User)
 	sf.ff.register(c)
 	f.StringVar(&sf.attachID, "lease", "", "attach to this lease instead of acquiring one")
 	f.StringVar(&sf.cred, "credential", "", "owner credential of --lease (default: this machine's credential file)")
@@ -321,7 +321,7 @@ func (sf *sidecarFlags) check(ctx context.Context, stderr io.Writer, env fenceEn
 	if err != nil {
 		return nil, "", err
 	}
-	token, err := readToken(sf.tokenFile)
+	token, err := readToken(sf.tokenFile, env.adminToken)
 	if err != nil {
 		return nil, "", err
 	}
@@ -491,11 +491,12 @@ func newLogger(w io.Writer, format string) (*slog.Logger, error) {
 }
 
 // readToken reads the admin bearer token from file
-// (sidecar.ReadAdminToken), else from $FENCELINE_ADMIN_TOKEN ("" when
-// unset). A file that cannot be read, or holds none, is a usage error.
-func readToken(file string) (string, error) {
+// (sidecar.ReadAdminToken), else it is fromEnv ($FENCELINE_ADMIN_TOKEN,
+// "" when unset). A file that cannot be read, or holds none, is a usage
+// error.
+func readToken(file, fromEnv string) (string, error) {
 	if file == "" {
-		return strings.TrimSpace(os.Getenv(sidecar.EnvAdminToken)), nil
+		return fromEnv, nil
 	}
 	tok, err := sidecar.ReadAdminToken(file)
 	switch {

@@ -76,6 +76,7 @@ func readEnvFile(path string) ([]string, error) {
 // TestSidecarFencesAnUnmodifiedGit: the agent's git, given only the
 // sidecar's environment, pushes through the git fence to its usual remote.
 func TestSidecarFencesAnUnmodifiedGit(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	gs, _ := seededGitServer(t)
@@ -85,10 +86,11 @@ func TestSidecarFencesAnUnmodifiedGit(t *testing.T) {
 	defer cancel()
 	var out, errOut syncBuffer
 	done := make(chan int, 1)
+	cfg, dir := cfgOf(t), t.TempDir()
 	go func() {
 		done <- run(ctx, []string{"--nats", url, "sidecar", "--repo", testRepo, "--scope", "services/billing",
 			"--workspace", "exclusive", "--agent", "agent-7", "--git-upstream", gs.URL + "/payments.git",
-			"--env-file", envFile, "--state-dir", t.TempDir()}, &out, &errOut, url)
+			"--env-file", envFile, "--state-dir", dir}, &out, &errOut, url, cfg)
 	}()
 	var env []string
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
@@ -216,8 +218,9 @@ func startSidecar(t *testing.T, url string, args ...string) *aSidecar {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &aSidecar{cancel: cancel, done: make(chan int, 1), out: &syncBuffer{}, errOut: &syncBuffer{}}
+	cfg := cfgOf(t)
 	go func() {
-		s.done <- run(ctx, append([]string{"--nats", url, "sidecar"}, args...), s.out, s.errOut, url)
+		s.done <- run(ctx, append([]string{"--nats", url, "sidecar"}, args...), s.out, s.errOut, url, cfg)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -264,6 +267,7 @@ func (s *aSidecar) wait(t *testing.T) int {
 // says how to give one; with --admin-token-file the API wants it, the
 // probes do not.
 func TestSidecarAdminToken(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	gs, _ := seededGitServer(t)

@@ -65,7 +65,7 @@ var uiURLRe = regexp.MustCompile(`run UI: (http://\S+)`)
 func TestRunUIInBrowser(t *testing.T) {
 	isolate(t)
 	store := filepath.Join(t.TempDir(), "bus")
-	t.Setenv(EnvCreds, filepath.Join(store, "creds")) // the bus makes them there; the commands below find them
+	setCfg(t, func(c *config) { c.Creds = filepath.Join(store, "creds") }) // the bus makes them there; the commands below find them
 	busURL, out, _, _ := serveInProcess(t, "--listen", "127.0.0.1:0", "--store", store, "--ui", "127.0.0.1:0")
 	var uiURL string
 	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {

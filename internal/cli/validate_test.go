@@ -24,6 +24,7 @@ import (
 // error (exit 2) naming the flag, found before the lease is asked for: the
 // repo's audit stream holds no grant (issue 20).
 func TestFenceFlagsCheckedBeforeTheLease(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	url := startBus(t)
 	_, nc := busClient(t, url)
@@ -48,7 +49,7 @@ func TestFenceFlagsCheckedBeforeTheLease(t *testing.T) {
 	for _, command := range []string{"sidecar", "run"} {
 		for _, tc := range cases {
 			t.Run(command+"/"+tc.name, func(t *testing.T) {
-				t.Setenv("FENCELINE_GIT_UPSTREAM_HEADER", tc.env)
+				setCfg(t, func(c *config) { c.GitUpstreamHeader = tc.env })
 				var repo string
 				var args []string
 				if command == "sidecar" {
@@ -104,6 +105,7 @@ func noGrantBefore(t *testing.T, url string, nc *nats.Conn, repo string) {
 // connected (or once its admin server listened) are usage errors before
 // the bus is dialed: the bus here is a closed port.
 func TestSidecarUsageBeforeTheBus(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	for _, tc := range []struct {
@@ -133,6 +135,7 @@ func TestSidecarUsageBeforeTheBus(t *testing.T) {
 // TestRunMissingCommandBeforeTheBus: a command that cannot be found is
 // reported before the bus is dialed and a lease taken for it.
 func TestRunMissingCommandBeforeTheBus(t *testing.T) {
+	t.Parallel()
 	isolate(t)
 	co := newCheckout(t, "")
 	r := flDefault(t, closedURL(t), "run", "--checkout", co, "--scope", "in", "--", "no-such-agent-command")
@@ -145,6 +148,7 @@ func TestRunMissingCommandBeforeTheBus(t *testing.T) {
 // OptionError may name maps to a flag that fenceline sidecar and
 // fenceline run both have.
 func TestFenceFlagNamesFields(t *testing.T) {
+	t.Parallel()
 	root := (&app{stdout: io.Discard, stderr: io.Discard, defaultURL: "nats://127.0.0.1:1"}).rootCommand()
 	opts := reflect.TypeOf(sidecar.FenceOptions{})
 	for field, flag := range fenceFlag {
@@ -167,6 +171,7 @@ func TestFenceFlagNamesFields(t *testing.T) {
 // the flag that filled its field, and stays a usage error; every field
 // mapped has its flag on fenceline agent or fenceline run.
 func TestAttemptErrorNamesTheFlag(t *testing.T) {
+	t.Parallel()
 	claim, err := scope.New([]string{"services"}, false, nil)
 	if err != nil {
 		t.Fatal(err)

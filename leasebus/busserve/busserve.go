@@ -62,7 +62,7 @@ type Node struct {
 }
 
 // StartNode starts the embedded server cfg describes: its store (default
-// leasebus.DefaultStoreDir) and credentials (default <store>/creds, made on
+// required; leasebus.StoreDirIn names the default) and credentials (default <store>/creds, made on
 // first start), and a keeper that restarts JetStream after a store fault
 // on a single node (a cluster node rejoins its peers by restarting). A
 // clustered node without a name is named after the host and its cluster
@@ -72,7 +72,7 @@ func StartNode(ctx context.Context, cfg leasebus.ServerConfig, log *slog.Logger)
 		log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.StoreDir == "" {
-		cfg.StoreDir = leasebus.DefaultStoreDir()
+		return nil, &ConfigError{Err: &leasebus.FieldError{Field: "StoreDir", Err: errors.New("empty: the bus needs a store directory (leasebus.StoreDirIn of fenceline's state dir for the default)")}}
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, &ConfigError{Err: err}

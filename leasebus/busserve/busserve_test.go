@@ -185,9 +185,14 @@ func TestStartErrors(t *testing.T) {
 		t.Errorf("client port taken: %v", err)
 	}
 	var ce *ConfigError
+	var fe *leasebus.FieldError
 	_, err = StartNode(t.Context(), leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), ClusterName: "fl"}, nil)
-	if !errors.As(err, &ce) || err.Error() != "a cluster needs --cluster-name and --cluster-listen (and --routes to its peers)" {
-		t.Errorf("cluster without listen: %v", err)
+	if !errors.As(err, &ce) || !errors.As(err, &fe) || fe.Field != "ClusterListen" || strings.Contains(err.Error(), "--") {
+		t.Errorf("cluster without listen: %v, want a ConfigError naming the field ClusterListen and no flag", err)
+	}
+	_, err = StartNode(t.Context(), leasebus.ServerConfig{Listen: "127.0.0.1:0"}, nil)
+	if !errors.As(err, &ce) || !errors.As(err, &fe) || fe.Field != "StoreDir" {
+		t.Errorf("no store: %v, want a ConfigError naming the field StoreDir", err)
 	}
 	users := []leasebus.ServerUser{{Nkey: "UA", Role: leasebus.RoleHolder}}
 	_, err = StartNode(t.Context(), leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), Users: users}, nil)

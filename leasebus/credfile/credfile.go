@@ -34,9 +34,9 @@ type Store struct {
 	Dir string
 }
 
-// Default is the store of this user: <state dir>/leases (see
-// leasebus.StateDir).
-func Default() Store { return Store{Dir: filepath.Join(leasebus.StateDir(), "leases")} }
+// In is the store in fenceline's state directory stateDir:
+// <stateDir>/leases.
+func In(stateDir string) Store { return Store{Dir: filepath.Join(stateDir, "leases")} }
 
 // Path is where the credential of lease id lives. id becomes part of a
 // file name: only a valid lease id (leasebus.ValidLeaseID) is read,

@@ -26,10 +26,13 @@ func StartServer(cfg leasebus.ServerConfig) (*server.Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("bus config: %w", err)
 	}
+	if cfg.StoreDir == "" {
+		return nil, fmt.Errorf("bus config: %w", &leasebus.FieldError{Field: "StoreDir", Err: errors.New("empty: the bus needs a store directory")})
+	}
 	withDefaults(&cfg)
 	if err := os.MkdirAll(cfg.StoreDir, 0o700); err != nil {
 		if errors.Is(err, syscall.EROFS) {
-			return nil, fmt.Errorf("%w: cannot create %s: remount it read-write or give the bus a writable --store", leasebus.ErrStoreReadOnly, cfg.StoreDir)
+			return nil, fmt.Errorf("%w: cannot create %s: remount it read-write or give the bus a writable store directory", leasebus.ErrStoreReadOnly, cfg.StoreDir)
 		}
 		return nil, fmt.Errorf("bus store %s: %w", cfg.StoreDir, err)
 	}
@@ -103,9 +106,6 @@ func (l *lastError) Fatalf(format string, v ...any) { l.set(format, v...) }
 func withDefaults(cfg *leasebus.ServerConfig) {
 	if cfg.Listen == "" {
 		cfg.Listen = leasebus.DefaultListen
-	}
-	if cfg.StoreDir == "" {
-		cfg.StoreDir = leasebus.DefaultStoreDir()
 	}
 	if cfg.Name == "" {
 		cfg.Name = "fenceline"
@@ -232,7 +232,7 @@ func moveToServiceAccount(storeDir string, clustered bool) error {
 		return nil // moved already; what is left in $G is not read
 	}
 	if clustered {
-		return fmt.Errorf("store %s holds the lease streams in NATS's global account, from a fenceline before the bus had accounts: a cluster cannot move them; start the cluster on a new --store (leases held then are taken again; keep the old store for its audit)", storeDir)
+		return &leasebus.FieldError{Field: "StoreDir", Err: fmt.Errorf("%s holds the lease streams in NATS's global account, from a fenceline before the bus had accounts: a cluster cannot move them; start the cluster on a new store (leases held then are taken again; keep the old store for its audit)", storeDir)}
 	}
 	if err := os.Rename(old, dst); err != nil {
 		return fmt.Errorf("move the lease streams of %s into the service account: %w", storeDir, err)

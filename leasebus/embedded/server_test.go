@@ -2,6 +2,7 @@ package embedded
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -109,8 +110,9 @@ func TestStoreBeforeAccountsMoves(t *testing.T) {
 	old.Shutdown()
 	old.WaitForShutdown()
 
-	if err := moveToServiceAccount(dir, true); err == nil || !strings.Contains(err.Error(), "new --store") {
-		t.Fatalf("a cluster node on an old store: %v, want a refusal naming what to do", err)
+	var fe *leasebus.FieldError
+	if err := moveToServiceAccount(dir, true); !errors.As(err, &fe) || fe.Field != "StoreDir" || !strings.Contains(err.Error(), "new store") {
+		t.Fatalf("a cluster node on an old store: %v, want a refusal naming the field StoreDir and what to do", err)
 	}
 	srv, err := StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: dir})
 	if err != nil {
