@@ -81,6 +81,9 @@ func (s *session) flushSegment() error {
 		s.stalled, s.stallReplay = false, s.stallReplay[:0]
 	}
 	li, err := s.judgeSegment(seg, buf, execs, read, fresh)
+	if err == nil {
+		err = s.beforeCode(execs, fresh && !s.stalled && s.txStatus != 'E')
+	}
 	if ce, ok := cancelled(err); ok {
 		return s.cancelSegment(ce, seg, buf)
 	}

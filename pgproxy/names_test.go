@@ -248,3 +248,61 @@ func answers(t *testing.T, fe *pgproto3.Frontend) string {
 		}
 	}
 }
+
+// Code the fence does not parse prepares statements too: a function a read
+// calls ran EXECUTE 'DEALLOCATE n; PREPARE n AS <write outside the lease>'
+// and the client's next Bind of n, judged as the in-lease write it had
+// Parsed, ran the outside write (prepared statements outlive the
+// transaction, read-only or rolled back). The fence compares the server's
+// prepared statements after such code: a name prepared again is judged as
+// an opaque write. In a checked read and in a read-only block.
+func TestNamesChangedByCode(t *testing.T) {
+	smuggleSetup(t)
+	if _, err := adminConn(t).Exec(ctxT(t), `
+CREATE OR REPLACE FUNCTION app.reprepare(n text) RETURNS int LANGUAGE plpgsql AS
+  $$BEGIN EXECUTE 'DEALLOCATE ' || n; EXECUTE 'PREPARE ' || n || ' AS INSERT INTO other.t VALUES (61)'; RETURN 1; END$$;
+CREATE OR REPLACE FUNCTION app.harmless() RETURNS int LANGUAGE plpgsql AS $$BEGIN RETURN 1; END$$;`); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_bycode", 0, "public.*", "app.*")})
+	ctx := ctxT(t)
+	for _, around := range []struct{ name, before, after string }{
+		{"checked read", "", ""},
+		{"read-only block", "BEGIN READ ONLY", "COMMIT"},
+	} {
+		t.Run(around.name, func(t *testing.T) {
+			c := connect(t, proxyDSN(p, "agent"))
+			if _, err := c.PgConn().Prepare(ctx, "bycode", insideWrite, nil); err != nil {
+				t.Fatal(err)
+			}
+			sql := "SELECT app.reprepare('bycode')"
+			if around.before != "" {
+				sql = around.before + "; " + sql + "; " + around.after
+			}
+			if err := simple(ctx, c, sql); err != nil {
+				t.Fatalf("%s: %v", sql, err)
+			}
+			err := c.PgConn().ExecPrepared(ctx, "bycode", nil, nil, nil).Read().Err
+			if pgCode(err) != "42501" || !strings.Contains(err.Error(), "prepared again") {
+				t.Errorf("Bind/Execute of a statement a function prepared again: %v, want the fence's refusal of an opaque write", err)
+			}
+			if n := otherRows(t); n != 0 {
+				t.Fatalf("%d rows in other.t: the statement the function prepared ran", n)
+			}
+		})
+	}
+	t.Run("code that prepares nothing changes nothing", func(t *testing.T) {
+		c := connect(t, proxyDSN(p, "agent"))
+		if _, err := c.PgConn().Prepare(ctx, "kept", insideWrite, nil); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := simple(ctx, c, "SELECT app.harmless()"); err != nil {
+				t.Fatal(err)
+			}
+			if res := c.PgConn().ExecPrepared(ctx, "kept", nil, nil, nil).Read(); res.Err != nil {
+				t.Fatalf("Bind/Execute of the client's statement after a harmless function: %v", res.Err)
+			}
+		}
+	})
+}

@@ -44,6 +44,8 @@ type session struct {
 	stmts       map[string]*Statement // prepared statements by name (Parse and PREPARE: one namespace, see names.go)
 	portals     map[string]*Statement // portals by name
 	changed     []nameChange          // changes to stmts and portals by the message being tracked (see setName)
+	prepSeen    map[string]string     // the server's prepare_time of tracked statements, as last seen (see verifyNames)
+	namesDoubt  bool                  // code the proxy does not parse may have prepared statements since (verifyNames)
 	searchPath  []string              // nil: unknown
 	seg         []segMsg              // pending extended-protocol messages
 	pendingSync bool                  // extended messages went out since the last Sync

@@ -195,6 +195,11 @@ func (s *session) beginUnit() error {
 		s.tainted.Store(false)
 		s.unwrapped = false
 	}
+	if s.namesDoubt && s.txStatus != 'E' {
+		if err := s.verifyNames(); err != nil {
+			return err
+		}
+	}
 	if s.resetMark && s.txStatus == 'I' {
 		if _, err := s.internalQuery("RESET fenceline.verified"); err != nil {
 			return err
