@@ -92,7 +92,10 @@
 //     messages see its earlier ones); a change whose message the server
 //     refused (a Parse, PREPARE or Bind of a name that exists) or skipped
 //     (after an error, up to Sync) is undone when the next unit begins,
-//     everything before it answered (TestNamesFollowTheServer).
+//     everything before it answered (TestNamesFollowTheServer). Code the
+//     proxy does not parse may prepare statements too: after a unit that may
+//     run it, the names' prepare_time is compared with the server's, and a
+//     name prepared again is an opaque write (TestNamesChangedByCode).
 //
 // The classifier's cache folds literals only where the exact text cannot
 // change the answer (plain decimal numbers with nothing glued to them;
