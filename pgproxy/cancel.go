@@ -87,6 +87,9 @@ func (s *session) undo(changes []nameChange) {
 		} else {
 			s.names(c.space)[c.name] = c.prev
 		}
+		if c.had {
+			s.prepSeen[c.name] = c.seen
+		}
 	}
 }
 

@@ -82,7 +82,7 @@ func (s *session) flushSegment() error {
 	}
 	li, err := s.judgeSegment(seg, buf, execs, read, fresh)
 	if err == nil {
-		err = s.beforeCode(execs, fresh && !s.stalled && s.txStatus != 'E')
+		s.noteCode(execs)
 	}
 	if ce, ok := cancelled(err); ok {
 		return s.cancelSegment(ce, seg, buf)

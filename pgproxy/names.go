@@ -25,6 +25,10 @@ type nameChange struct {
 	space nameSpace
 	name  string
 	prev  *Statement
+	// seen, had: the name's prepare_time as the proxy last saw it, which
+	// an undo restores (see verifyNames).
+	seen string
+	had  bool
 }
 
 func (s *session) names(space nameSpace) map[string]*Statement {
@@ -38,10 +42,12 @@ func (s *session) names(space nameSpace) map[string]*Statement {
 // change in s.changed for the message being tracked.
 func (s *session) setName(space nameSpace, name string, st *Statement) {
 	m := s.names(space)
-	s.changed = append(s.changed, nameChange{space: space, name: name, prev: m[name]})
+	c := nameChange{space: space, name: name, prev: m[name]}
 	if space == statementNames {
-		delete(s.prepSeen, name) // the client's own: its time is learnt again before code runs
+		c.seen, c.had = s.prepSeen[name]
+		delete(s.prepSeen, name) // the client's own: its time is learnt when the next unit begins
 	}
+	s.changed = append(s.changed, c)
 	if st == nil {
 		delete(m, name)
 	} else {
@@ -90,103 +96,96 @@ func (s *session) undoFailed() {
 // Code the proxy does not parse — a function a statement calls, a DO
 // block, a procedure — can PREPARE and DEALLOCATE too (EXECUTE 'DEALLOCATE
 // n; PREPARE n AS ...' in plpgsql), behind the proxy's back, and prepared
-// statements outlive the transaction that made them (a rollback keeps
-// them). So the proxy keeps, per prepared statement it tracks, the server's
-// prepare_time as last seen (prepSeen); before a unit that may run such
-// code it learns the times of the names it has none for, and after it it
-// doubts its names (namesDoubt) until the next unit begins and compares
-// them again: a name whose prepare_time changed, or that is gone, is one
-// the proxy no longer knows (an opaque write if bound; TestNamesChangedByCode).
+// statements outlive the transaction that made them (read-only or rolled
+// back). So the proxy keeps the server's prepare_time of each named
+// statement it tracks (prepSeen), learnt when a unit begins after the
+// client named a new one (once per name), and a unit that may run such
+// code makes it doubt its names (namesDoubt): when the next unit begins it
+// compares them with the server's, and a name whose prepare_time changed
+// (or that it had no time for) is one it no longer knows, judged as an
+// opaque write if bound; one gone is dropped (TestNamesChangedByCode).
+// Such code runs only in read-only transactions or in a checked read's
+// own (judgeCalls refuses it in a writable one), so a name it changed is
+// not run writable before the next unit begins. The unnamed statement is
+// out of it: PREPARE cannot make it, and Postgres does not list it.
 
-// mayRunCode reports whether any of stmts may run code the proxy does not
-// parse: a call it has not seen to be builtin, or an opaque statement.
-func (s *session) mayRunCode(stmts []*Statement) bool {
+// noteCode makes the proxy doubt its names when any of stmts may run code
+// it does not parse: a call it has not seen to be builtin, or an opaque
+// statement.
+func (s *session) noteCode(stmts []*Statement) {
 	for _, st := range stmts {
 		if st != nil && (st.Opaque || len(st.Calls) > 0 && !s.seenBuiltin(st)) {
-			return true
+			s.namesDoubt = true
+			return
 		}
 	}
-	return false
 }
 
 // preparedSQL lists the server's prepared statements with their
 // prepare_time, as text (the proxy only compares them).
 const preparedSQL = "SELECT name, prepare_time::pg_catalog.text FROM pg_catalog.pg_prepared_statements"
 
-// beforeCode is called before a unit that may run code the proxy does not
-// parse goes out (lookup: the proxy may send a query of its own now): it
-// learns the prepare_time of every tracked name it has none for, and
-// doubts its names once the unit has run.
-func (s *session) beforeCode(stmts []*Statement, lookup bool) error {
-	if !s.mayRunCode(stmts) {
-		return nil
-	}
-	s.namesDoubt = true
-	if !lookup {
-		return nil
-	}
-	for name := range s.stmts {
-		if _, ok := s.prepSeen[name]; !ok && !ownStatement(name) {
-			return s.learnPrepared(func(string, string) {})
-		}
-	}
-	return nil
-}
-
-// verifyNames, when the last unit may have run code the proxy does not
-// parse, compares the server's prepared statements with what it saw
-// before: a tracked name that is gone is dropped, one whose prepare_time
-// changed (or that it never saw) is judged as an opaque write from now on.
-// Called when a unit begins, everything before it answered, outside a
-// failed block.
+// verifyNames learns the server's prepared statements when a tracked name
+// has no prepare_time yet, or when the last units may have run code the
+// proxy does not parse; then a tracked name that is gone is dropped, and
+// one whose prepare_time changed (or that had none) is judged as an opaque
+// write from now on. Called when a unit begins, everything before it
+// answered, outside a failed block.
 func (s *session) verifyNames() error {
-	if !s.namesDoubt || len(s.stmts) == 0 {
-		s.namesDoubt = false
+	named, unseen := s.trackedNames()
+	if named == 0 {
+		s.namesDoubt = false // nothing to doubt: a name code makes is one the proxy does not know
 		return nil
 	}
-	before := s.prepSeen
-	s.prepSeen = nil
-	now := map[string]string{}
-	if err := s.learnPrepared(func(name, at string) { now[name] = at }); err != nil {
-		s.prepSeen = before
-		return err
+	if !s.namesDoubt && !unseen {
+		return nil
 	}
-	s.namesDoubt = false
-	for name := range s.stmts {
-		if ownStatement(name) {
-			continue
-		}
-		at, there := now[name]
-		switch {
-		case !there:
-			delete(s.stmts, name)
-		case before[name] != at:
-			s.stmts[name] = &Statement{Class: ClassWrite, Opaque: true, Tag: "PreparedByCode",
-				OpaqueWhy: "prepared statement " + name + " was prepared again by code the fence does not parse (a function, DO block or procedure)"}
-			s.p.log.Warn("prepared statement changed behind the fence; it is judged as an opaque write", "user", s.user, "name", name)
-		}
-	}
-	return nil
-}
-
-// learnPrepared reads the server's prepared statements into prepSeen and
-// hands each to seen.
-func (s *session) learnPrepared(seen func(name, at string)) error {
 	rows, err := s.internalQuery(preparedSQL)
 	if err != nil {
 		return err
 	}
-	s.prepSeen = make(map[string]string, len(rows))
+	now := make(map[string]string, len(rows))
 	for _, r := range rows {
 		if len(r) == 2 {
-			s.prepSeen[r[0]] = r[1]
-			seen(r[0], r[1])
+			now[r[0]] = r[1]
 		}
 	}
+	if s.namesDoubt {
+		for name := range s.stmts {
+			if !tracksTime(name) {
+				continue
+			}
+			at, there := now[name]
+			switch {
+			case !there:
+				delete(s.stmts, name)
+			case s.prepSeen[name] != at:
+				s.stmts[name] = &Statement{Class: ClassWrite, Opaque: true, Tag: "PreparedByCode",
+					OpaqueWhy: "prepared statement " + name + " was prepared again by code the fence does not parse (a function, DO block or procedure)"}
+				s.p.log.Warn("prepared statement changed behind the fence; it is judged as an opaque write", "user", s.user, "name", name)
+			}
+		}
+	}
+	s.prepSeen, s.namesDoubt = now, false
 	return nil
 }
 
-// ownStatement: name is one of the proxy's own prepared statements.
-func ownStatement(name string) bool {
-	return strings.HasPrefix(name, "fenceline_")
+// trackedNames counts the tracked statements whose prepare_time the proxy
+// keeps, and says whether one has none yet.
+func (s *session) trackedNames() (n int, unseen bool) {
+	for name := range s.stmts {
+		if tracksTime(name) {
+			n++
+			if _, ok := s.prepSeen[name]; !ok {
+				unseen = true
+			}
+		}
+	}
+	return n, unseen
+}
+
+// tracksTime: name is a client's named statement (not the unnamed one,
+// not the proxy's own), whose prepare_time the proxy keeps.
+func tracksTime(name string) bool {
+	return name != "" && !strings.HasPrefix(name, "fenceline_")
 }

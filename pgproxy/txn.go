@@ -195,7 +195,7 @@ func (s *session) beginUnit() error {
 		s.tainted.Store(false)
 		s.unwrapped = false
 	}
-	if s.namesDoubt && s.txStatus != 'E' {
+	if s.txStatus != 'E' {
 		if err := s.verifyNames(); err != nil {
 			return err
 		}
