@@ -93,9 +93,10 @@
 //     refused (a Parse, PREPARE or Bind of a name that exists) or skipped
 //     (after an error, up to Sync) is undone when the next unit begins,
 //     everything before it answered (TestNamesFollowTheServer). Code the
-//     proxy does not parse may prepare statements too: after a unit that may
-//     run it, the names' prepare_time is compared with the server's, and a
-//     name prepared again is an opaque write (TestNamesChangedByCode).
+//     proxy does not parse may prepare statements too: each name's
+//     prepare_time is learnt once, and after a unit that may run such code
+//     it is compared with the server's when the next unit begins; a name
+//     prepared again is an opaque write (TestNamesChangedByCode).
 //
 // The classifier's cache folds literals only where the exact text cannot
 // change the answer (plain decimal numbers with nothing glued to them;
