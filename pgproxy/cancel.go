@@ -48,8 +48,10 @@ func (s *session) cancelQuery(ce *canceledError, changes [][]nameChange) error {
 	if err := s.writeClientRaw(ce.raw); err != nil {
 		return err
 	}
+	var w msgBuilder
+	w.sync()
 	s.push(&expect{kind: expSync})
-	_, err := s.sw.Write(syncMessage)
+	_, err := s.sw.Write(w.b)
 	return err
 }
 
@@ -77,20 +79,3 @@ func (s *session) cancelSegment(ce *canceledError, seg []segMsg, buf []byte) err
 	s.pendingSync = seg[len(seg)-1].typ != 'S'
 	return s.skipToSync(seg, buf)
 }
-
-// undo undoes changes, newest first.
-func (s *session) undo(changes []nameChange) {
-	for i := len(changes) - 1; i >= 0; i-- {
-		c := changes[i]
-		if c.prev == nil {
-			delete(s.names(c.space), c.name)
-		} else {
-			s.names(c.space)[c.name] = c.prev
-		}
-		if c.had {
-			s.prepSeen[c.name] = c.seen
-		}
-	}
-}
-
-var syncMessage = []byte{'S', 0, 0, 0, 4}

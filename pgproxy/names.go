@@ -46,6 +46,7 @@ func (s *session) setName(space nameSpace, name string, st *Statement) {
 	if space == statementNames {
 		c.seen, c.had = s.prepSeen[name]
 		delete(s.prepSeen, name) // the client's own: its time is learnt when the next unit begins
+		s.namesUnseen = s.namesUnseen || st != nil && tracksTime(name)
 	}
 	s.changed = append(s.changed, c)
 	if st == nil {
@@ -93,6 +94,24 @@ func (s *session) undoFailed() {
 	s.undo(failed)
 }
 
+// undo undoes changes, newest first.
+func (s *session) undo(changes []nameChange) {
+	for i := len(changes) - 1; i >= 0; i-- {
+		c := changes[i]
+		if c.prev == nil {
+			delete(s.names(c.space), c.name)
+		} else {
+			s.names(c.space)[c.name] = c.prev
+		}
+		switch {
+		case c.had:
+			s.prepSeen[c.name] = c.seen
+		case c.space == statementNames && c.prev != nil && tracksTime(c.name):
+			s.namesUnseen = true
+		}
+	}
+}
+
 // Code the proxy does not parse — a function a statement calls, a DO
 // block, a procedure — can PREPARE and DEALLOCATE too (EXECUTE 'DEALLOCATE
 // n; PREPARE n AS ...' in plpgsql), behind the proxy's back, and prepared
@@ -132,7 +151,11 @@ const preparedSQL = "SELECT name, prepare_time::pg_catalog.text FROM pg_catalog.
 // write from now on. Called when a unit begins, everything before it
 // answered, outside a failed block.
 func (s *session) verifyNames() error {
+	if !s.namesDoubt && !s.namesUnseen {
+		return nil // every unit: nothing to learn, nothing to compare
+	}
 	named, unseen := s.trackedNames()
+	s.namesUnseen = unseen
 	if named == 0 {
 		s.namesDoubt = false // nothing to doubt: a name code makes is one the proxy does not know
 		return nil
@@ -166,7 +189,7 @@ func (s *session) verifyNames() error {
 			}
 		}
 	}
-	s.prepSeen, s.namesDoubt = now, false
+	s.prepSeen, s.namesDoubt, s.namesUnseen = now, false, false
 	return nil
 }
 

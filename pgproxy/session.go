@@ -46,6 +46,7 @@ type session struct {
 	changed     []nameChange          // changes to stmts and portals by the message being tracked (see setName)
 	prepSeen    map[string]string     // the server's prepare_time of tracked statements, as last seen (see verifyNames)
 	namesDoubt  bool                  // code the proxy does not parse may have prepared statements since (verifyNames)
+	namesUnseen bool                  // a tracked named statement may have no prepare_time in prepSeen yet
 	searchPath  []string              // nil: unknown
 	seg         []segMsg              // pending extended-protocol messages
 	pendingSync bool                  // extended messages went out since the last Sync
