@@ -37,7 +37,7 @@ type Client struct {
 // keeps a reply subscription on nc for each request it has in flight at
 // once (up to 4; more share nats.go's), until it is garbage collected.
 func NewClient(nc *nats.Conn) *Client {
-	c := &Client{nc: nc, identity: IdentityOf(nc), boxes: &mailboxes{nc: nc, max: 4}, Timeout: 5 * time.Second, Tries: 3}
+	c := &Client{nc: nc, identity: IdentityOf(nc), boxes: &mailboxes{nc: nc, max: 16}, Timeout: 5 * time.Second, Tries: 3}
 	runtime.AddCleanup(c, func(p *mailboxes) { p.close() }, c.boxes)
 	return c
 }

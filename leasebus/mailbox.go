@@ -17,8 +17,11 @@ import (
 // there to the requester; a mailbox's synchronous subscription hands it to
 // the requester directly: one goroutine hand-off less per request, on the
 // lease bus's hot path (client requests, log appends). At most max
-// mailboxes are kept; a request beyond that gets one of its own for its
-// duration.
+// mailboxes are kept; requests beyond that share one more subscription
+// (overflow), as nats.go's Request does. Subscriptions are made, never
+// made and dropped per request: every subscription change is propagated
+// to every server of a cluster, and each invalidates the server's subject
+// cache (at fleet size such churn took a quarter of the servers' CPU).
 type mailboxes struct {
 	nc  *nats.Conn
 	max int
@@ -27,6 +30,7 @@ type mailboxes struct {
 	free   []*mailbox // guarded by mu
 	made   int        // guarded by mu
 	closed bool       // guarded by mu
+	over   *overflow  // made on first need; guarded by mu
 }
 
 // mailbox is one reply subscription on <inbox>.*, where inbox ends in 128
@@ -37,12 +41,26 @@ type mailbox struct {
 	sub    *nats.Subscription
 	prefix string // <inbox>.
 	seq    uint64
-	own    bool // made for one request beyond max: dropped when put back
 }
 
-// get returns an idle mailbox, or a new one (kept for reuse while fewer
-// than max exist), or nil when the pool is closed or the subscription
-// fails.
+// overflow is the reply subscription shared by requests beyond the pool's
+// max: each waits on a channel of its own, keyed by its reply subject.
+type overflow struct {
+	sub    *nats.Subscription
+	prefix string // <inbox>.
+
+	mu      sync.Mutex
+	seq     uint64                    // guarded by mu
+	waiting map[string]chan *nats.Msg // reply subject -> its waiter; guarded by mu
+}
+
+// overflowDepth is how many messages on one reply subject an overflow
+// waiter may have pending (an answer it does not accept, see nonceHeader,
+// is followed by the one it does); more are dropped.
+const overflowDepth = 8
+
+// get returns an idle mailbox, or a new one while fewer than max exist;
+// nil when the pool is closed, full, or the subscription fails.
 func (p *mailboxes) get() *mailbox {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -54,16 +72,67 @@ func (p *mailboxes) get() *mailbox {
 		p.free = p.free[:n-1]
 		return mb
 	}
+	if p.made >= p.max {
+		return nil
+	}
 	inbox := inboxBase(p.nc) + "." + randomToken()
 	sub, err := p.nc.SubscribeSync(inbox + ".*")
 	if err != nil {
 		return nil
 	}
-	own := p.made >= p.max
-	if !own {
-		p.made++
+	p.made++
+	return &mailbox{sub: sub, prefix: inbox + "."}
+}
+
+// overflowBox returns the shared reply subscription, made on first use;
+// nil when the pool is closed or the subscription fails.
+func (p *mailboxes) overflowBox() *overflow {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
 	}
-	return &mailbox{sub: sub, prefix: inbox + ".", own: own}
+	if p.over != nil {
+		return p.over
+	}
+	o := &overflow{prefix: inboxBase(p.nc) + "." + randomToken() + ".", waiting: map[string]chan *nats.Msg{}}
+	sub, err := p.nc.Subscribe(o.prefix+"*", o.deliver)
+	if err != nil {
+		return nil
+	}
+	o.sub = sub
+	p.over = o
+	return o
+}
+
+// deliver hands a reply to the request waiting on its subject; a reply
+// nobody waits for (late, or made up) is dropped.
+func (o *overflow) deliver(m *nats.Msg) {
+	o.mu.Lock()
+	ch := o.waiting[m.Subject]
+	o.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case ch <- m:
+	default:
+	}
+}
+
+// wait registers a waiter on a new reply subject; done unregisters it.
+func (o *overflow) wait() (reply string, ch chan *nats.Msg, done func()) {
+	ch = make(chan *nats.Msg, overflowDepth)
+	o.mu.Lock()
+	o.seq++
+	reply = o.prefix + strconv.FormatUint(o.seq, 36)
+	o.waiting[reply] = ch
+	o.mu.Unlock()
+	return reply, ch, func() {
+		o.mu.Lock()
+		delete(o.waiting, reply)
+		o.mu.Unlock()
+	}
 }
 
 // inboxBase is the connection's inbox prefix (the identity's own, see
@@ -82,15 +151,10 @@ func randomToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// put returns a mailbox for reuse; a broken one, or one made beyond max,
-// is dropped.
+// put returns a mailbox for reuse; a broken one is dropped.
 func (p *mailboxes) put(mb *mailbox) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if mb.own {
-		_ = mb.sub.Unsubscribe()
-		return
-	}
 	if p.closed || !mb.sub.IsValid() {
 		p.made--
 		_ = mb.sub.Unsubscribe()
@@ -99,7 +163,9 @@ func (p *mailboxes) put(mb *mailbox) {
 	p.free = append(p.free, mb)
 }
 
-// close unsubscribes the idle mailboxes; busy ones are dropped when put back.
+// close unsubscribes the idle mailboxes and the overflow; busy mailboxes
+// are dropped when put back, and requests waiting on the overflow end with
+// their contexts.
 func (p *mailboxes) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -108,6 +174,9 @@ func (p *mailboxes) close() {
 		_ = mb.sub.Unsubscribe()
 	}
 	p.free = nil
+	if p.over != nil {
+		_ = p.over.sub.Unsubscribe()
+	}
 }
 
 // request publishes m and waits for its reply, like nats.go's
@@ -127,10 +196,7 @@ func (p *mailboxes) requestChecked(ctx context.Context, m *nats.Msg, check func(
 	}
 	mb := p.get()
 	if mb == nil {
-		if accept != nil {
-			return nil, nats.ErrConnectionClosed
-		}
-		return p.nc.RequestMsgWithContext(ctx, m)
+		return p.overflowRequest(ctx, m, check, accept)
 	}
 	mb.seq++
 	reply := mb.prefix + strconv.FormatUint(mb.seq, 36)
@@ -162,5 +228,39 @@ func (p *mailboxes) requestChecked(ctx context.Context, m *nats.Msg, check func(
 		}
 		p.put(mb)
 		return r, nil
+	}
+}
+
+// overflowRequest is requestChecked for a request beyond the pool's max,
+// on the shared overflow subscription.
+func (p *mailboxes) overflowRequest(ctx context.Context, m *nats.Msg, check func(context.Context) error, accept func(*nats.Msg) bool) (*nats.Msg, error) {
+	o := p.overflowBox()
+	if o == nil {
+		return nil, nats.ErrConnectionClosed
+	}
+	reply, ch, done := o.wait()
+	defer done()
+	m.Reply = reply
+	err := p.nc.PublishMsg(m)
+	m.Reply = ""
+	if err == nil && check != nil {
+		err = check(ctx)
+	}
+	if err != nil {
+		return nil, err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case r := <-ch:
+			if len(r.Data) == 0 && r.Header.Get("Status") == "503" {
+				return nil, nats.ErrNoResponders
+			}
+			if accept != nil && !accept(r) {
+				continue // not the answer to this request (see nonceHeader)
+			}
+			return r, nil
+		}
 	}
 }

@@ -1,0 +1,116 @@
+package leasebus
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// TestMailboxesBeyondMaxMakeNoSubscriptions: requests beyond the pool's
+// max share one overflow subscription, so a burst of requests changes no
+// subscription after the first (each change is propagated to every server
+// of a cluster and clears each server's subject cache), and every request
+// still gets the answer to itself.
+func TestMailboxesBeyondMaxMakeNoSubscriptions(t *testing.T) {
+	t.Parallel()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	responder, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(responder.Close)
+	// The responder answers once the whole burst is in (every request
+	// waiting at once), each first with a reply the request does not
+	// accept.
+	const burstSize = 32
+	var held []*nats.Msg
+	echo, err := responder.Subscribe("mailbox.echo", func(m *nats.Msg) {
+		if held = append(held, m); len(held) < burstSize {
+			return
+		}
+		for _, m := range held {
+			_ = m.Respond([]byte("not-" + string(m.Data)))
+			_ = m.Respond(m.Data)
+		}
+		held = nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = echo.Unsubscribe() })
+	if err := responder.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	p := &mailboxes{nc: nc, max: 2}
+	t.Cleanup(p.close)
+	burst := func() {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs := make(chan error, burstSize)
+		for i := range burstSize {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				want := fmt.Sprint(i)
+				m := nats.NewMsg("mailbox.echo")
+				m.Data = []byte(want)
+				r, err := p.requestChecked(ctx, m, nil, func(r *nats.Msg) bool { return string(r.Data)[:1] != "n" })
+				switch {
+				case err != nil:
+					errs <- fmt.Errorf("request %d: %w", i, err)
+				case string(r.Data) != want:
+					errs <- fmt.Errorf("request %d got the answer %q", i, r.Data)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	}
+	changes := func() uint64 {
+		t.Helper()
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		sz, err := srv.Subsz(&server.SubszOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sz.NumInserts + sz.NumRemoves
+	}
+	burst()
+	if subs := nc.NumSubscriptions(); subs > p.max+1 {
+		t.Fatalf("%d subscriptions after a burst of %d requests: want at most max (%d) plus one overflow", subs, burstSize, p.max)
+	}
+	before := changes()
+	burst()
+	if n := changes() - before; n != 0 {
+		t.Fatalf("a second burst of %d requests made or dropped %d subscriptions: requests beyond max must share one", burstSize, n)
+	}
+	p.mu.Lock()
+	waiting := len(p.over.waiting)
+	p.mu.Unlock()
+	if waiting != 0 {
+		t.Fatalf("%d overflow waiters left after every request returned", waiting)
+	}
+}
