@@ -545,6 +545,11 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 // holders also learn of loss at their next renewal).
 func (a *actor) notify(e *entry) {
 	a.svc.announce(changedPrefix+"."+a.key+"."+e.LeaseID, e.publicJSON())
+	if e.Session != "" {
+		// And to the session's holders, who hear it on one subscription
+		// for all their leases (sessionNotices).
+		a.svc.announce(sessionNotices(noticeInbox(e.Holder), e.Session), e.publicJSON())
+	}
 }
 
 // maybeSnapshot writes the whole state once the deltas since the last

@@ -166,7 +166,7 @@ func (c *Client) AcquireAndHold(ctx context.Context, req AcquireRequest, cred Cr
 	if err != nil {
 		return nil, err
 	}
-	h, err := c.Hold(ctx, l, cred, sent, opts)
+	h, err := c.hold(ctx, l, cred, sent, opts, req.Session == c.SessionID())
 	if err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -221,6 +221,13 @@ func (c *Client) AttachAndHold(ctx context.Context, leaseID string, cred Credent
 // not the holding. Close the holder when done (it releases the lease), or
 // Orphan it to leave the lease to expire.
 func (c *Client) Hold(ctx context.Context, granted *lease.Lease, cred Credential, sent time.Time, opts HoldOptions) (*Holder, error) {
+	return c.hold(ctx, granted, cred, sent, opts, false)
+}
+
+// hold is Hold; inSession says that granted is bound to the client's
+// session, whose one subscription then carries its change notices
+// (session.watch) instead of one of the lease's own.
+func (c *Client) hold(ctx context.Context, granted *lease.Lease, cred Credential, sent time.Time, opts HoldOptions, inSession bool) (*Holder, error) {
 	ttl := time.Duration(granted.TTL)
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -253,7 +260,13 @@ func (c *Client) Hold(ctx context.Context, granted *lease.Lease, cred Credential
 	// must not go unseen.
 	h.status = c.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CONNECTED, nats.CLOSED)
 	go h.watchConn()
-	unwatch, err := c.watch(ChangedSubject(granted.Repo, granted.LeaseID), h.observe)
+	var unwatch func() error
+	var err error
+	if inSession {
+		unwatch, err = c.session().watch(granted.LeaseID, h)
+	} else {
+		unwatch, err = c.watch(ChangedSubject(granted.Repo, granted.LeaseID), h.observe)
+	}
 	if err != nil {
 		c.nc.RemoveStatusListener(h.status)
 		<-h.statusDone

@@ -2,12 +2,16 @@ package leasebus
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/fenceline/fenceline/lease"
+	"github.com/nats-io/nats.go"
 )
 
 // A client's session is what one process holding leases keeps alive on
@@ -59,6 +63,84 @@ type session struct {
 	holders map[*Holder]struct{} // guarded by mu
 	cancel  context.CancelFunc   // stops the running loop; nil when none. Guarded by mu
 	done    chan struct{}        // closed when the running loop returns. Guarded by mu
+
+	// watchMu guards the session's change notices: one subscription for
+	// every lease bound to it (see sessionNotices), and who watches which.
+	watchMu  sync.Mutex
+	notices  *nats.Subscription              // made on the first watch; guarded by watchMu
+	watchers map[string]map[*Holder]struct{} // lease id -> its holders; guarded by watchMu
+}
+
+// sessionNotices is the subject the lease service sends the change notices
+// of leases bound to a session on, besides the lease's public change
+// subject: under the inbox of the identity that holds them, which only
+// that identity hears (inbox, the identity's inbox prefix, see
+// noticeInbox). One subscription covers every lease of a session: a
+// subscription per held lease, each propagated to every server of a
+// cluster and each clearing the servers' subject caches as it came and
+// went, took about a quarter of the servers' CPU at fleet size.
+func sessionNotices(inbox, session string) string { return inbox + "." + session + ".changed" }
+
+// noticeInbox is the inbox prefix of identity's connections (see
+// Creds.Options; nats.go's default for an anonymous one).
+func noticeInbox(identity string) string {
+	if identity == "" || identity == Anonymous {
+		return nats.InboxPrefix[:len(nats.InboxPrefix)-1]
+	}
+	return inboxPrefix(identity)
+}
+
+// watch has the service's notices about leaseID reach h (Holder.observe)
+// until the returned stop is called. The session's subscription is made
+// on the first watch and lives as long as the client.
+func (s *session) watch(leaseID string, h *Holder) (stop func() error, err error) {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	if s.notices == nil {
+		subj := sessionNotices(inboxBase(s.c.nc), s.id)
+		sub, err := s.c.nc.Subscribe(subj, s.notice)
+		if err != nil {
+			return nil, fmt.Errorf("watch %s: %w", subj, err)
+		}
+		if err := s.c.nc.Flush(); err != nil {
+			_ = sub.Unsubscribe()
+			return nil, fmt.Errorf("watch %s: %w", subj, err)
+		}
+		s.notices, s.watchers = sub, map[string]map[*Holder]struct{}{}
+	}
+	hs := s.watchers[leaseID]
+	if hs == nil {
+		hs = map[*Holder]struct{}{}
+		s.watchers[leaseID] = hs
+	}
+	hs[h] = struct{}{}
+	return func() error {
+		s.watchMu.Lock()
+		defer s.watchMu.Unlock()
+		delete(hs, h)
+		if cur := s.watchers[leaseID]; len(cur) == 0 {
+			delete(s.watchers, leaseID) // (a later watch's set is never empty)
+		}
+		return nil
+	}, nil
+}
+
+// notice hands a change notice to the holders of the lease it is about;
+// each checks that it is about its lease (Holder.observe).
+func (s *session) notice(m *nats.Msg) {
+	if !fromService(m) {
+		return
+	}
+	var l lease.Lease
+	if json.Unmarshal(m.Data, &l) != nil || l.LeaseID == "" {
+		return // not a notice: an answer someone had the server send here
+	}
+	s.watchMu.Lock()
+	hs := slices.Collect(maps.Keys(s.watchers[l.LeaseID]))
+	s.watchMu.Unlock()
+	for _, h := range hs {
+		h.observe(&l)
+	}
 }
 
 // session returns the client's session, made on first use.

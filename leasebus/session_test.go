@@ -1,11 +1,13 @@
 package leasebus
 
 import (
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/fenceline/fenceline/lease"
+	"github.com/nats-io/nats-server/v2/server"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -108,3 +110,130 @@ func checkAudited(t *testing.T, b *bus, repo, leaseID, typ, reason string) {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// TestSessionNoticesOneSubscription: the holders of one session hear the
+// service's change notices on one subscription under their identity's
+// inbox, none on their leases' own change subjects (a subscription per
+// held lease is propagated to every server of a cluster), and a notice
+// there reaches the holder of the lease it names alone: a revoke makes
+// that holder lost, and a notice the service contradicts leaves the
+// other held after its re-check.
+func TestSessionNoticesOneSubscription(t *testing.T) {
+	t.Parallel()
+	b := startBus(t)
+	ctx := ctxT(t)
+	c := NewClient(connect(t, b.srv.ClientURL())) // in the service account, where the test may forge a notice
+	changes := make([]chan lease.HolderState, 3)
+	hs := make([]*Holder, 3)
+	for i := range hs {
+		ch := make(chan lease.HolderState, 8)
+		changes[i] = ch
+		h, err := c.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, fmt.Sprintf("notice-%d", i)), Owner: owner(1), TTL: lease.Duration(time.Minute)},
+			NewCredential(), HoldOptions{OnChange: func(s lease.HolderState, _ error) { ch <- s }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(h.Orphan)
+		hs[i] = h
+	}
+	subs := func(subject string) int {
+		t.Helper()
+		sz, err := b.srv.Subsz(&server.SubszOptions{Subscriptions: true, Test: subject, Limit: 1024})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, s := range sz.Subs {
+			if s.Queue == "" && s.Cid == clientID(t, c) {
+				n++
+			}
+		}
+		return n
+	}
+	notices := sessionNotices(inboxBase(c.nc), c.SessionID())
+	if n := subs(notices); n != 1 {
+		t.Fatalf("%d subscriptions of the client hear %s: want one for the session", n, notices)
+	}
+	for _, h := range hs {
+		l := h.Lease()
+		if n := subs(ChangedSubject(l.Repo, l.LeaseID)); n != 0 {
+			t.Fatalf("%d subscriptions of the client on %s: a session's holder needs none of its own", n, ChangedSubject(l.Repo, l.LeaseID))
+		}
+	}
+
+	// A forged notice on the session's subject (here from the service's
+	// own connection, which may publish anywhere): holder 0 doubts, asks,
+	// and is held again; the others hear nothing.
+	forged := hs[0].Lease()
+	forged.Status, forged.Version, forged.Reason = lease.StatusRevoked, forged.Version+1000, "forged by a test"
+	data, err := json.Marshal(forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.nc.Publish(notices, data); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []lease.HolderState{lease.Unknown, lease.Held} {
+		select {
+		case s := <-changes[0]:
+			if s != want {
+				t.Fatalf("after a notice the service contradicts: OnChange got %s, want %s", s, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("OnChange(%s) not called after a notice on the session's subject", want)
+		}
+	}
+
+	// A revoke makes its holder lost, and only it.
+	if _, err := b.c.Revoke(ctx, hs[1].Lease().LeaseID, "test"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-hs[1].Lost():
+	case <-time.After(10 * time.Second):
+		st, err := hs[1].State()
+		t.Fatalf("holder of a revoked lease is %s: %v", st, err)
+	}
+	for _, i := range []int{0, 2} {
+		if st, err := hs[i].State(); st != lease.Held {
+			t.Errorf("holder %d is %s after another lease's notices: %v", i, st, err)
+		}
+	}
+
+	// In the fleet account, as a runner: the service's notice of a revoke
+	// arrives on the holder identity's session subject.
+	fleet := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder))
+	h, err := fleet.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "notice-fleet"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential(), HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Orphan)
+	heard, err := fleet.nc.SubscribeSync(sessionNotices(inboxBase(fleet.nc), fleet.SessionID()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fleet.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.c.Revoke(ctx, h.Lease().LeaseID, "test"); err != nil {
+		t.Fatal(err)
+	}
+	m, err := heard.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatalf("no notice of the revoke on the fleet holder's session subject: %v", err)
+	}
+	var got lease.Lease
+	if err := json.Unmarshal(m.Data, &got); err != nil || got.LeaseID != h.Lease().LeaseID || got.Status != lease.StatusRevoked {
+		t.Fatalf("notice %s (%v): want the revoked record of %s", m.Data, err, h.Lease().LeaseID)
+	}
+}
+
+// clientID is the server's id of c's connection.
+func clientID(t *testing.T, c *Client) uint64 {
+	t.Helper()
+	id, err := c.nc.GetClientID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
