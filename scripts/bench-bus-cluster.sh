@@ -10,7 +10,7 @@
 # AcquireAndHold) during the steady window.
 #
 #   scripts/bench-bus-cluster.sh [-l 1000,10000,50000] [-r 1000] [-d 120s]
-#       [-t 30s] [-c 50] [-p 10] [-i 8] [-m DURATION] [-R 250] [-f]
+#       [-t 30s] [-c 50] [-p 10] [-i 8] [-m DURATION] [-R 250] [-f] [-P DIR]
 #
 #   -l  levels: active leases, comma-separated (default 1000,10000,50000)
 #   -r  repos (default 1000)
@@ -25,6 +25,9 @@
 #   -R  acquires per second during the ramp (default 250)
 #   -f  go on to the next level even when this one did not hold (by default a
 #       level that lost leases or did not hold them all is the last)
+#   -P  profile: each node serves --metrics (and pprof) on a loopback port, and
+#       20 s into the steady window a 20 s CPU profile of each node is written
+#       to DIR/cpu-<level>-n<i>.pprof (go tool pprof -top DIR/cpu-...)
 #
 # Prints the driver's SAMPLE lines (held leases, each node's RSS and CPU
 # every 5 s) and one line per level:
@@ -52,7 +55,8 @@ idents=8
 rampmax=
 ramprate=250
 force=0
-while getopts "l:r:d:t:c:p:i:m:R:f" opt; do
+profdir=
+while getopts "l:r:d:t:c:p:i:m:R:fP:" opt; do
   case $opt in
     l) levels=$OPTARG ;;
     r) repos=$OPTARG ;;
@@ -64,6 +68,7 @@ while getopts "l:r:d:t:c:p:i:m:R:f" opt; do
     m) rampmax=$OPTARG ;;
     R) ramprate=$OPTARG ;;
     f) force=1 ;;
+    P) profdir=$(mkdir -p "$OPTARG" && cd "$OPTARG" && pwd) ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 done
@@ -126,16 +131,18 @@ results=$work/results.txt
 for n in ${levels//,/ }; do
   lvl=$work/level-$n
   mkdir -p "$lvl"
-  read -r -a ports <<<"$("$work/fleetbench" ports 6)"
+  read -r -a ports <<<"$("$work/fleetbench" ports 9)"
   urls=
   nodes=
   for i in 0 1 2; do
     routes=
     for j in 0 1 2; do [ "$j" = "$i" ] || routes=${routes:+$routes,}nats://127.0.0.1:${ports[$((3 + j))]}; done
     mkdir -p "$lvl/n$i/state"
+    metrics=()
+    [ -z "$profdir" ] || metrics=(--metrics "127.0.0.1:${ports[$((6 + i))]}")
     XDG_STATE_HOME=$lvl/n$i/state FENCELINE_CREDS=$creds "$bin" bus serve --name "n$i" --cluster-name fleet \
       --fence-secrets "$work/fence-secrets" --listen "127.0.0.1:${ports[$i]}" \
-      --cluster-listen "127.0.0.1:${ports[$((3 + i))]}" --routes "$routes" --store "$lvl/n$i/store" \
+      --cluster-listen "127.0.0.1:${ports[$((3 + i))]}" --routes "$routes" --store "$lvl/n$i/store" "${metrics[@]}" \
       >"$lvl/n$i.log" 2>&1 &
     pids+=($!)
     urls=${urls:+$urls,}nats://127.0.0.1:${ports[$i]}
@@ -168,6 +175,18 @@ for n in ${levels//,/ }; do
   driver=$!
   tail -f --pid="$driver" "$lvl/driver.log" &
   tailer=$!
+  if [ -n "$profdir" ]; then
+    # 20 s into the steady window (the driver prints "ramp: ..." when it
+    # begins), a 20 s CPU profile of each node, all three at once.
+    (
+      while kill -0 "$driver" 2>/dev/null && ! grep -q '^ramp: ' "$lvl/driver.log"; do sleep 1; done
+      sleep 20
+      for i in 0 1 2; do
+        curl -sf -m 40 -o "$profdir/cpu-$n-n$i.pprof" "http://127.0.0.1:${ports[$((6 + i))]}/debug/pprof/profile?seconds=20" &
+      done
+      wait
+    ) &
+  fi
   rc=0
   wait "$driver" || rc=$?
   driver=
