@@ -207,26 +207,29 @@ func (a *actor) ask(ctx context.Context, c *call) reply {
 // events reach the audit stream once, through whichever instance extends
 // the chain past it first.
 func (a *actor) reload(ctx context.Context) error {
-	if err := a.readLog(ctx); err != nil {
+	n, err := a.readLog(ctx)
+	if err != nil {
 		return err
 	}
-	a.svc.indexLeases(a.key, a.entries())
-	a.count()
+	if n > 0 { // nothing read, nothing to index (the usual refresh)
+		a.svc.indexLeases(a.key, a.entries())
+		a.count()
+	}
 	return nil
 }
 
 // readLog reads the log records this actor has not seen into its state and
 // hands each to the audit chain (see reload), without touching the
-// service's lease index.
-func (a *actor) readLog(ctx context.Context) error {
-	err := a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, func(seq uint64, evs []lease.AuditEvent) {
+// service's lease index; it returns how many it read.
+func (a *actor) readLog(ctx context.Context) (int, error) {
+	n, err := a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, func(seq uint64, evs []lease.AuditEvent) {
 		a.svc.audit.record(a.key, seq, evs)
 	})
 	if err != nil {
-		return err
+		return n, err
 	}
 	a.stale = false
-	return nil
+	return n, nil
 }
 
 // entries are the repo's leases, active and recently ended.

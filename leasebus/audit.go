@@ -546,7 +546,7 @@ func (s *Service) syncAll(ctx context.Context) {
 			// made, or only answers someone had the server send onto the
 			// log (see serviceWrote), which start no actor.
 			st := newRepoState("")
-			err := s.store.load(ctx, key, st, s.cfg.Now, func(seq uint64, _ []lease.AuditEvent) { s.audit.markSeen(seq) })
+			_, err := s.store.load(ctx, key, st, s.cfg.Now, func(seq uint64, _ []lease.AuditEvent) { s.audit.markSeen(seq) })
 			if err == nil && st.repo == "" {
 				continue
 			}

@@ -345,22 +345,47 @@ func (s *store) purgeBefore(ctx context.Context, key string, seq uint64) error {
 
 // load applies every record of the repo's log after st.seq to st, and hands
 // each record's sequence and audit events (none for most) to onRecord, in
-// log order.
-func (s *store) load(ctx context.Context, key string, st *repoState, now func() time.Time, onRecord func(seq uint64, evs []lease.AuditEvent)) error {
+// log order. It returns how many records it applied.
+//
+// A state already loaded is brought up to date from the subject's last
+// record first: the server finds it in its per-subject index, while a read
+// of the next record after st.seq walks every message stored since, of
+// every repo, to find the few of this one. That answers the usual cases —
+// nothing new (a refresh), or one record written on top of st.seq (another
+// instance's append) — with one read and no walk.
+func (s *store) load(ctx context.Context, key string, st *repoState, now func() time.Time, onRecord func(seq uint64, evs []lease.AuditEvent)) (int, error) {
 	stream, err := s.logStream(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	subj := logSubjectFor(key)
+	if st.seq > 0 {
+		m, err := stream.GetLastMsgForSubject(ctx, subj)
+		s.metrics.read("last")
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			return 0, nil
+		case err != nil:
+			return 0, fmt.Errorf("read lease log of %s: %w", st.repo, err)
+		case m.Sequence <= st.seq:
+			return 0, nil
+		}
+		if rec, ok := nextRecord(m, st); ok {
+			apply(st, rec, m.Sequence, now, onRecord)
+			return 1, nil
+		}
+	}
+	applied := 0
 	for next := st.seq + 1; ; {
 		m, err := stream.GetMsg(ctx, next, jetstream.WithGetMsgSubject(subj))
 		s.metrics.read("record")
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil
+			return applied, nil
 		}
 		if err != nil {
-			return fmt.Errorf("read lease log of %s at %d: %w", st.repo, next, err)
+			return applied, fmt.Errorf("read lease log of %s at %d: %w", st.repo, next, err)
 		}
+		next = m.Sequence + 1
 		if !serviceWrote(m.Header) {
 			// Not the service's: a server's answer (a publish ack, a
 			// direct get carrying someone's bytes) sent to a reply subject
@@ -370,28 +395,46 @@ func (s *store) load(ctx context.Context, key string, st *repoState, now func() 
 			if onRecord != nil {
 				onRecord(m.Sequence, nil)
 			}
-			next = m.Sequence + 1
 			continue
 		}
 		var rec logRecord
 		if err := json.Unmarshal(m.Data, &rec); err != nil {
-			return fmt.Errorf("%w: decode record %d of %s: %v", errDamaged, m.Sequence, st.repo, err)
+			return applied, fmt.Errorf("%w: decode record %d of %s: %v", errDamaged, m.Sequence, st.repo, err)
 		}
 		if st.repo == "" {
 			st.repo = rec.Repo
 		}
 		if rec.Repo != st.repo {
-			return fmt.Errorf("%w: subject %s holds repo %q, expected %q", errDamaged, subj, rec.Repo, st.repo)
+			return applied, fmt.Errorf("%w: subject %s holds repo %q, expected %q", errDamaged, subj, rec.Repo, st.repo)
 		}
 		if rec.Kind == recordDelta && rec.Prev != st.seq {
-			return fmt.Errorf("%w: %s has a gap: record %d follows %d, state is at %d; refusing to serve this repo", errDamaged, st.repo, m.Sequence, rec.Prev, st.seq)
+			return applied, fmt.Errorf("%w: %s has a gap: record %d follows %d, state is at %d; refusing to serve this repo", errDamaged, st.repo, m.Sequence, rec.Prev, st.seq)
 		}
-		st.observe(&rec, m.Sequence, now())
-		if onRecord != nil {
-			rec.fillEvents()
-			onRecord(m.Sequence, rec.Events)
-		}
-		next = m.Sequence + 1
+		apply(st, &rec, m.Sequence, now, onRecord)
+		applied++
+	}
+}
+
+// nextRecord decodes m, the repo's last log message, when it is the
+// service's record written right on top of st.seq (its compare-and-swap
+// expected st.seq, so nothing of the repo lies between).
+func nextRecord(m *jetstream.RawStreamMsg, st *repoState) (*logRecord, bool) {
+	if !serviceWrote(m.Header) {
+		return nil, false
+	}
+	var rec logRecord
+	if json.Unmarshal(m.Data, &rec) != nil || rec.Repo != st.repo || rec.Prev != st.seq {
+		return nil, false // the walk reads it again, and says what is wrong
+	}
+	return &rec, true
+}
+
+// apply folds one record of the repo's log, stored at seq, into st.
+func apply(st *repoState, rec *logRecord, seq uint64, now func() time.Time, onRecord func(seq uint64, evs []lease.AuditEvent)) {
+	st.observe(rec, seq, now())
+	if onRecord != nil {
+		rec.fillEvents()
+		onRecord(seq, rec.Events)
 	}
 }
 

@@ -36,8 +36,9 @@ import (
 //	                                         repo's actor
 //	fenceline_bus_log_reads_total{kind}      counter: reads of the lease log:
 //	                                         record (one record of one repo),
-//	                                         subjects (the list of every repo's
-//	                                         log)
+//	                                         last (a repo's last record: a
+//	                                         refresh), subjects (the list of
+//	                                         every repo's log)
 //	fenceline_bus_id_scans_total             counter: scans of every repo's
 //	                                         log for a lease id of the old form
 //	                                         (one that names no repo)
@@ -79,7 +80,7 @@ func NewServiceMetrics() *ServiceMetrics {
 	}
 	m.reads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fenceline_bus_log_reads_total",
-		Help: "Reads of the lease log: record (one record of one repo's log), subjects (the list of every repo's log).",
+		Help: "Reads of the lease log: record (one record of one repo's log), last (the last record of one repo's log: a refresh), subjects (the list of every repo's log).",
 	}, []string{"kind"})
 	m.scans = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "fenceline_bus_id_scans_total",

@@ -122,7 +122,7 @@ func (s *Service) loadedActor(ctx context.Context, key string) (*actor, error) {
 func (s *Service) load(ctx context.Context, key string) (*actor, error) {
 	a := s.newActor(key, "")
 	began := s.cfg.Now()
-	err := a.readLog(ctx)
+	_, err := a.readLog(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.loading, key)
