@@ -1,6 +1,7 @@
 package leasebus
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -105,6 +106,9 @@ type actor struct {
 	// the whole of the repo's log began: the view in memory is the log's
 	// as of then (see Service.cachedLease). Nil until the first.
 	confirmed atomic.Pointer[time.Time]
+	// term is the primary's term in which the view was confirmed (0: none
+	// or no election): within it, the view is the log's (vouches).
+	term atomic.Uint64
 	// refreshed is when a cached get last asked for a reload (refresh).
 	refreshed atomic.Pointer[time.Time]
 
@@ -150,6 +154,13 @@ func (a *actor) nudge() {
 	case a.calls <- &call{op: "sync", req: &syncRequest{}, at: a.svc.cfg.Now()}:
 	default: // the actor is swamped; its next lost append or refusal reloads anyway
 	}
+}
+
+// confirm notes that the actor's view was the whole log's at began, in
+// term (the primary's, see vouches; 0: none).
+func (a *actor) confirm(began time.Time, term uint64) {
+	a.confirmed.Store(&began)
+	a.term.Store(term)
 }
 
 // refresh asks for a reload (a nudge) unless one was asked within
@@ -403,13 +414,13 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 	for try := 0; ; try++ {
 		reloaded := a.stale
 		if a.stale {
-			began := a.svc.cfg.Now()
+			began, term := a.svc.cfg.Now(), a.svc.termNow()
 			if err := a.reload(ctx); err != nil {
 				a.svc.log.Warn("reload lease log", "repo", a.state.repo, "err", err)
 				a.failAll(batch, fmt.Errorf("%w: reading the lease log: %v", lease.ErrUnavailable, err))
 				return
 			}
-			a.confirmed.Store(&began)
+			a.confirm(began, term)
 		}
 		t := a.state.begin(a.svc.cfg.Now())
 		t.sweep()
@@ -431,16 +442,19 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 
 		seq, size := a.state.seq, 0
 		if t.dirty() {
-			if err := a.svc.storeFault(); err != nil {
+			if err := cmp.Or(a.svc.storeFault(), a.svc.mayAppend()); err != nil {
 				// Known not written: refuse at once rather than wait for
-				// an append the bus cannot take.
+				// an append the bus cannot take (or that is not this
+				// instance's to make).
 				a.svc.log.Warn("append lease log refused", "repo", a.state.repo, "err", err)
 				a.failAll(batch, err)
 				return
 			}
 			var err error
-			began := a.svc.cfg.Now()
-			seq, size, err = a.svc.store.append(ctx, a.key, a.state.seq, t.record())
+			began, term := a.svc.cfg.Now(), a.svc.termNow()
+			actx, cancel := a.svc.withinTerm(ctx)
+			seq, size, err = a.svc.store.append(actx, a.key, a.state.seq, t.record())
+			cancel()
 			if err != nil {
 				a.stale = true
 				if errors.Is(err, errCAS) && try < attempts {
@@ -454,7 +468,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 			a.svc.announceAppend(a.key, seq)
 			// The compare-and-swap on the repo's last record took: nothing
 			// was appended to it that this view lacks.
-			a.confirmed.Store(&began)
+			a.confirm(began, term)
 		}
 		t.commit(seq)
 		a.count()
@@ -561,11 +575,13 @@ func (a *actor) notify(e *entry) {
 func (a *actor) maybeSnapshot(deltaBytes int) {
 	a.sinceSnap++
 	a.bytesSinceSnap += deltaBytes
-	if a.sinceSnap < 64 || a.bytesSinceSnap < a.snapBytes || a.purgeAt != 0 {
+	if a.sinceSnap < 64 || a.bytesSinceSnap < a.snapBytes || a.purgeAt != 0 || a.svc.mayAppend() != nil {
 		return
 	}
 	prev := a.state.seq
-	seq, size, err := a.svc.store.append(a.svc.ctx, a.key, prev, a.state.snapshot())
+	ctx, cancel := a.svc.withinTerm(a.svc.ctx)
+	defer cancel()
+	seq, size, err := a.svc.store.append(ctx, a.key, prev, a.state.snapshot())
 	if err != nil {
 		if errors.Is(err, errCAS) {
 			a.stale = true

@@ -515,6 +515,9 @@ func (s *Service) catchUp(ctx context.Context) {
 			return
 		case <-time.After(auditCatchUpEvery):
 		}
+		if !s.Primary() {
+			continue // a standby reads no repo's log (primary.go)
+		}
 		if s.audit.unseen(prevLast) {
 			s.syncAll(ctx)
 		}

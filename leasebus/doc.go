@@ -25,6 +25,14 @@
 // confirmed on a fresh view (a refusal is not a write: no compare-and-swap
 // vouches for it).
 //
+// On a cluster the instances elect a primary (ServiceConfig.Primary,
+// primary.go), which alone serves the lease requests; the others forward
+// what they take to it. One writer then owns every repo's log: no
+// compare-and-swap is lost to another instance, nothing is re-read because
+// another wrote it, and the primary vouches for its views from memory
+// within its term, where instances that all serve must confirm each view
+// with a read of the log.
+//
 // Why a log rather than one KV key per lease: an overlap decision needs a
 // consistent view of a repo's active leases, so grants of a repo serialize
 // on one compare-and-swap whatever the layout. A per-lease key plus a

@@ -302,8 +302,8 @@ func (s *Service) every(d time.Duration, f func()) {
 // with a renewal or another instance's reclaim.
 func (s *Service) reapSilent() {
 	now := s.cfg.Now()
-	if !s.live.current(now) {
-		return
+	if !s.live.current(now) || !s.Primary() {
+		return // (a standby hears no keepalive: the primary reclaims)
 	}
 	keys := map[string]bool{}
 	s.mu.Lock()

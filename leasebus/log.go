@@ -181,6 +181,7 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, replicas int) er
 		shardBucket(shardPoolStream, "fenceline shard pools, one record per repo", replicas),
 		shardBucket(shardAttemptStream, "fenceline attempts, one record per attempt", replicas),
 		policyStreamConfig(replicas),
+		primaryStreamConfig(replicas),
 	})
 }
 

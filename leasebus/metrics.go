@@ -42,6 +42,12 @@ import (
 //	fenceline_bus_id_scans_total             counter: scans of every repo's
 //	                                         log for a lease id of the old form
 //	                                         (one that names no repo)
+//	fenceline_bus_forwarded_total{to}        counter: lease requests a standby
+//	                                         took: forwarded to the primary
+//	                                         (primary), or answered that none
+//	                                         is known (none)
+//	fenceline_bus_primary                    gauge: 1 while this instance is
+//	                                         the primary (or no election runs)
 //
 // plus the Go runtime and process collectors. Grants and conflicts are
 // requests_total{op="acquire"} with result ok and conflict.
@@ -53,6 +59,7 @@ type ServiceMetrics struct {
 	appendT  prometheus.Histogram
 	reads    *prometheus.CounterVec
 	scans    prometheus.Counter
+	forwards *prometheus.CounterVec
 }
 
 // NewServiceMetrics returns the metrics on a new private registry.
@@ -86,7 +93,11 @@ func NewServiceMetrics() *ServiceMetrics {
 		Name: "fenceline_bus_id_scans_total",
 		Help: "Scans of every repo's lease log for a lease id of the old form, which names no repo.",
 	})
-	m.reg.MustRegister(m.requests, m.latency, m.appends, m.appendT, m.reads, m.scans,
+	m.forwards = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fenceline_bus_forwarded_total",
+		Help: "Lease requests a standby took: forwarded to the primary (to=primary), or answered that no primary is known (to=none).",
+	}, []string{"to"})
+	m.reg.MustRegister(m.requests, m.latency, m.appends, m.appendT, m.reads, m.scans, m.forwards,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -124,7 +135,16 @@ func (m *ServiceMetrics) attach(s *Service) error {
 		}
 		return float64(n)
 	})
-	for _, c := range []prometheus.Collector{active, repos, queued} {
+	primary := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fenceline_bus_primary",
+		Help: "1 while this lease service instance is the primary, which serves the lease requests (always without an election); 0 as a standby.",
+	}, func() float64 {
+		if s.Primary() {
+			return 1
+		}
+		return 0
+	})
+	for _, c := range []prometheus.Collector{active, repos, queued, primary} {
 		if err := m.reg.Register(c); err != nil {
 			return err
 		}
@@ -149,6 +169,13 @@ func (m *ServiceMetrics) answered(op string, took time.Duration, err *wireError)
 func (m *ServiceMetrics) read(kind string) {
 	if m != nil {
 		m.reads.WithLabelValues(kind).Inc()
+	}
+}
+
+// forwarded counts a lease request a standby took, by where it went.
+func (m *ServiceMetrics) forwarded(to string) {
+	if m != nil {
+		m.forwards.WithLabelValues(to).Inc()
 	}
 }
 

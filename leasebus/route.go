@@ -121,7 +121,7 @@ func (s *Service) loadedActor(ctx context.Context, key string) (*actor, error) {
 // repo's leases, installs and starts it (see loadedActor).
 func (s *Service) load(ctx context.Context, key string) (*actor, error) {
 	a := s.newActor(key, "")
-	began := s.cfg.Now()
+	began, term := s.cfg.Now(), s.termNow()
 	_, err := a.readLog(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -154,7 +154,7 @@ func (s *Service) load(ctx context.Context, key string) (*actor, error) {
 	// Installed and indexed under one hold of mu: nothing can reach the
 	// actor before its leases are indexed, so no later batch's index
 	// entry is overwritten by this older view.
-	a.confirmed.Store(&began)
+	a.confirm(began, term)
 	s.actors[key] = a
 	for _, e := range a.entries() {
 		s.index[e.LeaseID] = indexOf(key, e)

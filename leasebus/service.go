@@ -1,6 +1,7 @@
 package leasebus
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -57,6 +58,14 @@ type ServiceConfig struct {
 	// before its leases are reclaimed (default DefaultSessionGrace; see
 	// liveness.go).
 	SessionGrace time.Duration
+	// Primary has the instances on the bus elect one that alone serves
+	// the lease requests (primary.go); `bus serve` sets it on a cluster.
+	// Without it every instance serves every repo, kept apart by
+	// compare-and-swap alone.
+	Primary bool
+	// PrimaryTerm is how long a primary's claim counts from when it was
+	// sent (default DefaultPrimaryTerm).
+	PrimaryTerm time.Duration
 }
 
 // Validate reports a configuration that cannot work.
@@ -128,6 +137,13 @@ type Service struct {
 	live *liveness
 	// shards writes the shard store's records (shards.go).
 	shards shardStore
+	// prim is this instance's part in the election of the primary
+	// (primary.go); nil when there is none (ServiceConfig.Primary off).
+	prim *primacy
+	// answerVia holds a subscription of each connection the service
+	// answers on, through which a forwarded request is answered; guarded
+	// by mu.
+	answerVia map[*nats.Conn]*nats.Subscription
 	// policies are the policies in force, followed from the bus
 	// (policy.go); acquires are judged by them (policyclaims.go).
 	policies policy.Store
@@ -179,7 +195,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		cfg.Logger.Warn("the lease service answers on its one connection: the bus has no fleet account, so a holder can have JetStream's answers stored in the lease streams (docs/trust.md)", "why", why)
 	}
 	s := &Service{nc: nc, fleet: fleet, ownFleet: ownFleet, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 64}, metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger,
-		actors: map[string]*actor{}, index: map[string]indexed{}, loading: map[string]*repoLoad{}}
+		actors: map[string]*actor{}, index: map[string]indexed{}, loading: map[string]*repoLoad{}, answerVia: map[*nats.Conn]*nats.Subscription{}}
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.attach(s); err != nil {
 			if ownFleet {
@@ -189,6 +205,9 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		}
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	if cfg.Primary {
+		s.prim = &primacy{term: cmp.Or(cfg.PrimaryTerm, DefaultPrimaryTerm)}
+	}
 	s.live = newLiveness(cfg.SessionGrace, cfg.Now())
 	s.audit = newAuditWriter(js, s.log, s.store.writer)
 	s.wg.Go(func() { s.audit.run(s.ctx) })
@@ -226,26 +245,24 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		return nil, fmt.Errorf("lease service: %w", err)
 	}
 	s.wg.Go(func() { s.followPolicies(s.ctx, pw) })
-	for _, op := range []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "audit", "keepalive", opShard, opShardAdmin, opPolicy} {
-		// <op>.<identity>: the bus lets each identity publish only under
-		// its own, so the last token says who asked (see Grant).
-		// Asked in the fleet account, and in the service account by
-		// the service's own identities (tools and tests that act as
-		// one).
-		for _, conn := range s.conns() {
-			sub, err := conn.QueueSubscribe(requestSubject(op, "*"), serviceQueue, s.handler(op, conn != s.fleet))
-			if err != nil {
-				s.Stop()
-				return nil, fmt.Errorf("subscribe %s: %w", requestSubject(op, "*"), err)
-			}
-			s.track(sub)
+	if s.prim != nil {
+		if err := s.takeForwarded(); err != nil {
+			s.Stop()
+			return nil, err
 		}
 	}
-	for _, conn := range s.conns() {
-		if err := conn.FlushTimeout(10 * time.Second); err != nil {
-			s.Stop()
-			return nil, fmt.Errorf("flush subscriptions: %w", err)
-		}
+	subs, err := s.subscribe(append(slices.Clone(leaseOps), otherOps...))
+	if err != nil {
+		s.Stop()
+		return nil, err
+	}
+	for _, sub := range subs {
+		s.track(sub)
+	}
+	if s.prim != nil {
+		s.wg.Go(func() { s.elect(s.ctx) })
+		s.log.Info("lease service started; electing the primary", "replicas", max(cfg.Replicas, 1), "term", s.prim.term)
+		return s, nil
 	}
 	// Serving already: each repo's log is read when a request first needs
 	// it, and by this background pass, which loads the rest a few at a
@@ -328,8 +345,15 @@ func (s *Service) Stop() {
 	for _, sub := range subs {
 		_ = sub.Unsubscribe()
 	}
+	var release func()
+	if s.prim != nil {
+		release = s.leaveTerm() // nothing is appended from here on
+	}
 	s.cancel()
 	s.wg.Wait()
+	if release != nil {
+		release() // a standby takes over at once
+	}
 	s.store.boxes.close()
 	if s.ownFleet {
 		s.fleet.Close()
@@ -483,7 +507,7 @@ func (s *Service) cachedLease(id string) (l lease.Lease, age time.Duration, ok b
 	if !found || a == nil {
 		return lease.Lease{}, 0, false
 	}
-	if !s.tailing.Load() {
+	if s.prim == nil && !s.tailing.Load() || s.prim != nil && s.vouches(a) {
 		return ix.lease, 0, true
 	}
 	conf := a.confirmed.Load()
@@ -518,6 +542,59 @@ func (s *Service) allActors() []*actor {
 	}
 	slices.SortFunc(out, func(a, b *actor) int { return strings.Compare(a.key, b.key) })
 	return out
+}
+
+// subscribe takes the requests of ops, on every connection the service
+// answers on, and waits until the server has them.
+func (s *Service) subscribe(ops []string) ([]*nats.Subscription, error) {
+	var subs []*nats.Subscription
+	fail := func(err error) ([]*nats.Subscription, error) {
+		for _, sub := range subs {
+			_ = sub.Unsubscribe()
+		}
+		return nil, err
+	}
+	for _, op := range ops {
+		// <op>.<identity>: the bus lets each identity publish only under
+		// its own, so the last token says who asked (see Grant).
+		// Asked in the fleet account, and in the service account by
+		// the service's own identities (tools and tests that act as
+		// one).
+		for _, conn := range s.conns() {
+			h := s.handler(op, conn != s.fleet)
+			if s.prim != nil && slices.Contains(leaseOps, op) {
+				h = s.primaryOnly(h, conn != s.fleet)
+			}
+			sub, err := conn.QueueSubscribe(requestSubject(op, "*"), serviceQueue, h)
+			if err != nil {
+				return fail(fmt.Errorf("subscribe %s: %w", requestSubject(op, "*"), err))
+			}
+			subs = append(subs, sub)
+			s.mu.Lock()
+			if s.answerVia[conn] == nil {
+				s.answerVia[conn] = sub
+			}
+			s.mu.Unlock()
+		}
+	}
+	for _, conn := range s.conns() {
+		if err := conn.FlushTimeout(10 * time.Second); err != nil {
+			return fail(fmt.Errorf("flush subscriptions: %w", err))
+		}
+	}
+	return subs, nil
+}
+
+// primaryOnly serves a lease request with h on the primary, and forwards
+// it from a standby (primary.go).
+func (s *Service) primaryOnly(h nats.MsgHandler, inServiceAccount bool) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		if s.Primary() {
+			h(m)
+			return
+		}
+		s.forward(m, inServiceAccount)
+	}
 }
 
 // handler decodes a request and hands it to the actor of its repo.
@@ -800,6 +877,9 @@ func (s *Service) followOthers() {
 func (s *Service) tail(m *nats.Msg) {
 	if !fromInstance(m) || m.Header.Get(writerHeader) == s.store.writer {
 		return // not another instance's (see fromInstance), or our own
+	}
+	if !s.Primary() {
+		return // a standby keeps no view (primary.go)
 	}
 	s.actor(strings.TrimPrefix(m.Subject, appendedPrefix+"."), "").nudge()
 }

@@ -72,6 +72,8 @@ type streamBudget struct {
 //     (see shardBucket).
 //   - policies keep every version (a version is never pushed out) and
 //     refuse a write past their size (policy.go).
+//   - the primary's claim is one small record (primary.go); it takes no
+//     share.
 var streamBudgets = map[string]streamBudget{
 	LogStream:          {share: 30, min: 2 << 20, max: 1 << 30, maxMsgSize: 8 << 20, discard: jetstream.DiscardNew},
 	AuditStream:        {share: 25, min: auditMinBytes, max: auditMaxBytes, maxMsgSize: 8 << 20, discard: jetstream.DiscardOld},
@@ -79,6 +81,7 @@ var streamBudgets = map[string]streamBudget{
 	shardPoolStream:    {share: 5, min: 1 << 20, max: 256 << 20, maxMsgSize: shardMaxValue, perSubject: 1, discard: jetstream.DiscardNew},
 	shardAttemptStream: {share: 9, min: 1 << 20, max: 1 << 30, maxMsgSize: shardMaxValue, perSubject: 1, discard: jetstream.DiscardOld},
 	PolicyStream:       {share: 1, min: 1 << 20, max: 256 << 20, maxMsgSize: policyMaxValue, discard: jetstream.DiscardNew},
+	PrimaryStream:      {share: 0, min: 64 << 10, max: 64 << 10, maxMsgSize: 1 << 10, perSubject: 1, discard: jetstream.DiscardOld},
 }
 
 const (

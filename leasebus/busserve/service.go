@@ -131,7 +131,10 @@ func StartService(ctx context.Context, cfg ServiceConfig) (_ *Service, err error
 			s.Replicas = 3
 		}
 	}
-	scfg := leasebus.ServiceConfig{Replicas: s.Replicas, Logger: log, Names: cfg.Names, FenceSecretDir: cfg.FenceSecretDir, SessionGrace: cfg.SessionGrace}
+	// On a cluster the nodes' instances elect one to serve the lease
+	// requests (leasebus/primary.go); a single server's is the only one.
+	scfg := leasebus.ServiceConfig{Replicas: s.Replicas, Logger: log, Names: cfg.Names, FenceSecretDir: cfg.FenceSecretDir, SessionGrace: cfg.SessionGrace,
+		Primary: s.Replicas > 1}
 	if cfg.Node != nil {
 		scfg.StoreProbe = embedded.StoreProbe(cfg.Node.Server, cfg.Node.Config.StoreDir)
 	}

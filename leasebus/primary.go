@@ -1,0 +1,521 @@
+package leasebus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fenceline/fenceline/lease"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The primary. Several lease service instances on one bus (a cluster runs
+// one per node) elect one of them to serve the lease requests, as Chubby's
+// replicas elect a master. The others, standbys, take no lease request,
+// read no repo's log and write none: they watch the primary's claim and
+// take over once it goes unrenewed. So one instance writes the lease log —
+// no two race each other's compare-and-swap, none re-reads a log another
+// wrote — and its views are the log's: it answers keepalives and cached
+// gets from memory, as an instance alone on a bus does, instead of reading
+// each repo's log to confirm the view it vouches from.
+//
+// The claim is the last record on primarySubject (PrimaryStream), written
+// with compare-and-swap on its sequence. The primary renews it every
+// quarter of its term; a claim counts for the term from when its writer
+// sent it, on the writer's clock, after which the primary neither appends
+// nor vouches for a view until a renewal is acknowledged, and stops
+// serving once it learns another took the claim. A standby takes over only
+// once it has seen the same record for the term plus primaryGap on its own
+// clock: the old primary's term ended at least primaryGap before (clocks
+// differ in rate, never by that much — the assumption lease TTLs make), so
+// whatever it sent had that long to land. A primary that stops releases
+// its claim, and a standby takes over at once; one that crashes is
+// replaced within the term plus primaryGap plus a poll.
+//
+// What the claim does not decide, compare-and-swap still does: every
+// append is one on its repo's log, so even two instances that both believe
+// they are primary could not grant over each other's leases.
+
+const (
+	// PrimaryStream holds the primary's claim on primarySubject.
+	PrimaryStream  = "FENCELINE_PRIMARY"
+	primarySubject = "fenceline.primary"
+	// DefaultPrimaryTerm is how long a claim counts from when it was sent.
+	DefaultPrimaryTerm = 4 * time.Second
+	// primaryGap is how much longer than the term a standby waits on a
+	// claim before it takes over.
+	primaryGap = time.Second
+)
+
+// claimRecord is one record of the claim.
+type claimRecord struct {
+	// Writer is the instance that wrote it (its writer stamp).
+	Writer string `json:"writer"`
+	// Released: the writer stopped serving; the claim is free.
+	Released bool `json:"released,omitempty"`
+}
+
+func primaryStreamConfig(replicas int) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:              PrimaryStream,
+		Description:       "fenceline lease service: the claim of the instance that serves the lease requests, written with compare-and-swap",
+		Subjects:          []string{primarySubject},
+		Storage:           jetstream.FileStorage,
+		Replicas:          replicas,
+		Retention:         jetstream.LimitsPolicy,
+		MaxMsgsPerSubject: 1,
+		DenyDelete:        true,
+		DenyPurge:         true,
+		// Read through the leader: a standby must see the last claim.
+		AllowDirect: false,
+	}
+}
+
+// primacy is where this instance stands in the election.
+type primacy struct {
+	term time.Duration
+
+	mu     sync.Mutex
+	number uint64    // how many terms this instance has begun; guarded by mu
+	until  time.Time // primary until then (service clock); zero: standby; guarded by mu
+	seq    uint64    // the claim's sequence while primary; guarded by mu
+	began  bool      // a term has begun once (the audit catch-up runs); guarded by mu
+
+	// What a standby last learned of the claim (guarded by mu): the
+	// writer of its last record, when that record was first seen, whether
+	// it was released, and the error of the last read (nil: read).
+	leader   string
+	leaderAt time.Time
+	free     bool
+	readErr  error
+	// seen is the sequence of the claim's record last read, seenAt when
+	// it was first read, readAt when the claim was last read; guarded by
+	// mu.
+	seen           uint64
+	seenAt, readAt time.Time
+}
+
+// mayReread reports whether the claim was read longer than rereadEvery
+// ago, and notes a read now if so.
+func (p *primacy) mayReread(now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if now.Sub(p.readAt) < rereadEvery {
+		return false
+	}
+	p.readAt = now
+	return true
+}
+
+// route says where a standby sends a lease request: to the primary it
+// knows (its claim renewed within the term), or nowhere, and why.
+func (p *primacy) route(now time.Time) (primary string, why error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.readErr != nil:
+		return "", fmt.Errorf("%w: no lease service instance is known to be the primary: the claim cannot be read (%v); an election follows once it can", lease.ErrUnavailable, p.readErr)
+	case p.free:
+		return "", fmt.Errorf("%w: no lease service instance is the primary: the claim is free and an instance takes it within a second; try again", lease.ErrUnavailable)
+	case p.leader == "":
+		return "", fmt.Errorf("%w: no lease service instance is known to be the primary yet (an election is under way); try again", lease.ErrUnavailable)
+	case now.Sub(p.leaderAt) >= p.term:
+		return "", fmt.Errorf("%w: no lease service instance is the primary: the claim of %s was not renewed for %s; a standby takes it over %s after its last renewal", lease.ErrUnavailable, p.leader, now.Sub(p.leaderAt).Round(time.Millisecond), p.term+primaryGap)
+	}
+	return p.leader, nil
+}
+
+// current is the number of this instance's term and whether it is in it
+// at now.
+func (p *primacy) current(now time.Time) (uint64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.number, !p.until.IsZero() && now.Before(p.until)
+}
+
+// serving reports whether this instance holds a term (it may have run out
+// and not yet been renewed).
+func (p *primacy) serving() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.until.IsZero()
+}
+
+// leaseOps are the requests only the primary serves: every one that reads
+// or writes a repo's leases, and the keepalives answered from them. A
+// standby takes them too (every instance is in the queue group) and
+// forwards them to the primary (forward), or answers why there is none.
+var leaseOps = []string{"acquire", "renew", "release", "revoke", "cancel", "get", "list", "sweep", "keepalive"}
+
+// otherOps are served by every instance: none reads the lease state.
+var otherOps = []string{"audit", opShard, opShardAdmin, opPolicy}
+
+// Headers of a forwarded request: the subject and reply it was asked on,
+// and the account (fleetAccount or serviceAccount) whose connection
+// answers it.
+const (
+	forwardSubjectHeader = "Fenceline-Forward-Subject"
+	forwardReplyHeader   = "Fenceline-Forward-Reply"
+	forwardAccountHeader = "Fenceline-Forward-Account"
+	fleetAccount         = "fleet"
+	serviceAccount       = "service"
+)
+
+// forwardSubject is where the instance writer takes the requests standbys
+// forward to it (on the service account's connection, which no client's
+// identity reaches).
+func forwardSubject(writer string) string { return apiPrefix + ".forward." + writer }
+
+// forward hands a lease request a standby took to the primary, which
+// answers the asker itself; with no primary known, the asker is told why.
+// The request is forwarded as it came (its headers, its nonce); the
+// primary checks it as if it had taken it.
+func (s *Service) forward(m *nats.Msg, inServiceAccount bool) {
+	to, why := s.prim.route(s.cfg.Now())
+	if why != nil && s.prim.mayReread(s.cfg.Now()) {
+		// No primary known: an election may just have ended. Read the
+		// claim once (at most every rereadEvery) before saying so.
+		ctx, cancel := context.WithTimeout(s.ctx, 250*time.Millisecond)
+		_, _, _, _ = s.observeClaim(ctx)
+		cancel()
+		to, why = s.prim.route(s.cfg.Now())
+	}
+	if why != nil {
+		s.cfg.Metrics.forwarded("none")
+		if m.Reply != "" && !jetStreamDelivery(m) {
+			respondErr(m, why)
+		}
+		return
+	}
+	s.cfg.Metrics.forwarded("primary")
+	f := nats.NewMsg(forwardSubject(to))
+	for k, v := range m.Header {
+		f.Header[k] = v
+	}
+	account := fleetAccount
+	if inServiceAccount {
+		account = serviceAccount
+	}
+	f.Header.Set(forwardSubjectHeader, m.Subject)
+	f.Header.Set(forwardReplyHeader, m.Reply)
+	f.Header.Set(forwardAccountHeader, account)
+	f.Header.Set(writerHeader, s.store.writer)
+	f.Data = m.Data
+	_ = s.nc.PublishMsg(f)
+}
+
+// takeForwarded serves the requests standbys forward to this instance: as
+// the primary, each as if it had taken it on its own subscription (the
+// handler checks the asker's identity and reply as always); no longer the
+// primary, it tells the asker to try again.
+func (s *Service) takeForwarded() error {
+	sub, err := s.nc.Subscribe(forwardSubject(s.store.writer), func(f *nats.Msg) {
+		if !fromInstance(f) {
+			return // not a standby's (see fromInstance)
+		}
+		subj := f.Header.Get(forwardSubjectHeader)
+		m := &nats.Msg{Subject: subj, Reply: f.Header.Get(forwardReplyHeader), Data: f.Data, Header: nats.Header{}}
+		for k, v := range f.Header {
+			switch k {
+			case forwardSubjectHeader, forwardReplyHeader, forwardAccountHeader, writerHeader:
+			default:
+				m.Header[k] = v
+			}
+		}
+		h, sub := s.forwardedHandler(subj, f.Header.Get(forwardAccountHeader) == serviceAccount)
+		if h == nil {
+			return
+		}
+		m.Sub = sub // answers go out on the connection the asker used
+		if !s.Primary() {
+			respondErr(m, fmt.Errorf("%w: the lease service instance this request was forwarded to is no longer the primary; try again", lease.ErrUnavailable))
+			return
+		}
+		h(m)
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", forwardSubject(s.store.writer), err)
+	}
+	s.track(sub)
+	return nil
+}
+
+// forwardedHandler is the handler of the lease request on subj (<op>.<identity>)
+// asked in the service account or the fleet's, and a subscription on
+// that account's connection to answer through; nil when subj is no lease
+// request.
+func (s *Service) forwardedHandler(subj string, inServiceAccount bool) (nats.MsgHandler, *nats.Subscription) {
+	rest, ok := strings.CutPrefix(subj, apiPrefix+".")
+	if !ok {
+		return nil, nil
+	}
+	op, _, ok := strings.Cut(rest, ".")
+	if !ok || !slices.Contains(leaseOps, op) {
+		return nil, nil
+	}
+	conn := s.fleet
+	if inServiceAccount {
+		conn = s.nc
+	}
+	s.mu.Lock()
+	sub := s.answerVia[conn]
+	s.mu.Unlock()
+	if sub == nil {
+		return nil, nil
+	}
+	return s.handler(op, conn != s.fleet), sub
+}
+
+// Primary reports whether this instance serves the lease requests: always
+// without an election (ServiceConfig.Primary off), else while it holds
+// the claim.
+func (s *Service) Primary() bool {
+	if s.prim == nil {
+		return true
+	}
+	_, ok := s.prim.current(s.cfg.Now())
+	return ok
+}
+
+// mayAppend refuses an append when this instance is not in a term of its
+// own (an election runs and it lost, or has not renewed its claim).
+func (s *Service) mayAppend() error {
+	if s.Primary() {
+		return nil
+	}
+	return fmt.Errorf("%w: this lease service instance is not the primary (another serves the lease requests, or its claim was not renewed in time)", lease.ErrUnavailable)
+}
+
+// withinTerm bounds ctx by the end of this primary's term: an append not
+// acknowledged by then is not waited for (its outcome is unknown, and the
+// batch is answered so), so no answer says a record was written that a
+// successor, which takes over only primaryGap after the term, may not see
+// when it loads the repo.
+func (s *Service) withinTerm(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.prim == nil {
+		return ctx, func() {}
+	}
+	s.prim.mu.Lock()
+	until := s.prim.until
+	s.prim.mu.Unlock()
+	if until.IsZero() {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, until.Sub(s.cfg.Now()))
+}
+
+// vouches reports whether this primary may answer from a's view as the
+// log's: it is in its term, and a read or wrote its log in this term.
+func (s *Service) vouches(a *actor) bool {
+	n, ok := s.prim.current(s.cfg.Now())
+	return ok && a.term.Load() == n
+}
+
+// termNow is the number of the term this instance is in (0: none).
+func (s *Service) termNow() uint64 {
+	if s.prim == nil {
+		return 0
+	}
+	n, ok := s.prim.current(s.cfg.Now())
+	if !ok {
+		return 0
+	}
+	return n
+}
+
+// elect runs the election until ctx ends: as a standby it watches the
+// claim and takes it once free or unrenewed; as the primary it renews it.
+func (s *Service) elect(ctx context.Context) {
+	p := s.prim
+	wait := time.Duration(0)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if p.serving() {
+			wait = p.term / 4
+			s.renewClaim(ctx)
+			continue
+		}
+		wait = p.term / 8
+		seq, free, age, err := s.observeClaim(ctx)
+		if err != nil || !free && age < p.term+primaryGap {
+			continue
+		}
+		sent := s.cfg.Now()
+		got, err := s.writeClaim(ctx, seq, false)
+		if err != nil {
+			if !errors.Is(err, errCAS) {
+				s.log.Warn("primary election: claim", "err", err)
+			}
+			continue // another took it: watch theirs
+		}
+		s.beginTerm(got, sent.Add(p.term))
+		wait = p.term / 4
+	}
+}
+
+// observeClaim reads the claim and notes what it says for routing: its
+// sequence, whether it is free, and how long this instance has seen that
+// same record (a renewed claim is a new record).
+func (s *Service) observeClaim(ctx context.Context) (seq uint64, free bool, age time.Duration, err error) {
+	p := s.prim
+	seq, rec, err := s.readClaim(ctx)
+	now := s.cfg.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.readAt = now
+	if err != nil {
+		p.readErr = err
+		s.log.Debug("primary election: read the claim", "err", err)
+		return 0, false, 0, err
+	}
+	if seq != p.seen || p.seenAt.IsZero() {
+		p.seen, p.seenAt = seq, now
+	}
+	free = seq == 0 || rec.Released
+	p.leader, p.leaderAt, p.free, p.readErr = rec.Writer, p.seenAt, free, nil
+	return seq, free, now.Sub(p.seenAt), nil
+}
+
+// rereadEvery bounds how often a standby that knows no primary reads the
+// claim for a request (forward): an election just ended, most likely.
+const rereadEvery = 50 * time.Millisecond
+
+// renewClaim renews the primary's claim; losing it ends the term.
+func (s *Service) renewClaim(ctx context.Context) {
+	p := s.prim
+	p.mu.Lock()
+	expect, until := p.seq, p.until
+	p.mu.Unlock()
+	sent := s.cfg.Now()
+	// No later than the term: past it a standby may have taken over.
+	rctx, cancel := context.WithTimeout(ctx, max(until.Sub(sent), time.Millisecond))
+	seq, err := s.writeClaim(rctx, expect, false)
+	cancel()
+	switch {
+	case err == nil:
+		p.mu.Lock()
+		if !p.until.IsZero() {
+			p.seq, p.until = seq, sent.Add(p.term)
+		}
+		p.mu.Unlock()
+	case errors.Is(err, errCAS):
+		s.endTerm("another lease service instance took the claim")
+	case !s.cfg.Now().Before(until):
+		s.endTerm("the claim was not renewed within its term: " + err.Error())
+	default:
+		s.log.Warn("primary: renew the claim; trying again", "err", err)
+	}
+}
+
+// readClaim reads the claim's last record and its sequence (0: none). A
+// record the service did not write (see serviceWrote) names no writer and
+// is not released: a standby takes over once it has gone unrenewed.
+func (s *Service) readClaim(ctx context.Context) (uint64, claimRecord, error) {
+	var rec claimRecord
+	ctx, cancel := context.WithTimeout(ctx, s.prim.term)
+	defer cancel()
+	stream, err := s.js.Stream(ctx, PrimaryStream)
+	if err != nil {
+		return 0, rec, fmt.Errorf("open stream %s: %w", PrimaryStream, err)
+	}
+	m, err := stream.GetLastMsgForSubject(ctx, primarySubject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, rec, nil
+	case err != nil:
+		return 0, rec, err
+	}
+	if !serviceWrote(m.Header) || json.Unmarshal(m.Data, &rec) != nil || !validIdentity(rec.Writer) {
+		rec = claimRecord{}
+	}
+	return m.Sequence, rec, nil
+}
+
+// writeClaim writes a claim record on top of the record at expect (0: the
+// first) and returns its sequence; errCAS when another was written first.
+func (s *Service) writeClaim(ctx context.Context, expect uint64, released bool) (uint64, error) {
+	data, err := json.Marshal(claimRecord{Writer: s.store.writer, Released: released})
+	if err != nil {
+		return 0, err
+	}
+	m := nats.NewMsg(primarySubject)
+	m.Data = data
+	m.Header.Set(writerHeader, s.store.writer)
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+	seq, err := s.store.publish(ctx, m)
+	if err != nil && isCASMismatch(err) {
+		return 0, errCAS
+	}
+	return seq, err
+}
+
+// beginTerm makes this instance the primary, until until unless renewed:
+// it serves the lease requests, has every repo it has an actor for read
+// its log again (a view is vouched for only once read or written in this
+// term), and loads the rest.
+func (s *Service) beginTerm(seq uint64, until time.Time) {
+	p := s.prim
+	p.mu.Lock()
+	p.number++
+	p.seq, p.until = seq, until
+	n, first := p.number, !p.began
+	p.began = true
+	p.leader, p.leaderAt, p.free, p.readErr = s.store.writer, s.cfg.Now(), false, nil
+	p.mu.Unlock()
+	s.log.Info("this lease service instance is the primary: it serves the lease requests", "term", n)
+	for _, a := range s.allActors() {
+		a.nudge()
+	}
+	s.goBackground(func() {
+		s.loadEvery(s.ctx)
+		if first {
+			s.catchUp(s.ctx)
+		}
+	})
+}
+
+// endTerm makes this instance a standby: it forwards the lease requests
+// from now on (appends and vouching stopped with its term already).
+func (s *Service) endTerm(why string) {
+	p := s.prim
+	p.mu.Lock()
+	was := !p.until.IsZero()
+	p.until = time.Time{}
+	p.leader = ""
+	p.mu.Unlock()
+	if was {
+		s.log.Warn("this lease service instance is no longer the primary", "why", why)
+	}
+}
+
+// leaveTerm ends the term (Stop): nothing is appended or vouched for from
+// here on. The release it returns frees the claim, so that a standby
+// takes over at once; Stop calls it once its work has ended.
+func (s *Service) leaveTerm() (release func()) {
+	p := s.prim
+	p.mu.Lock()
+	seq, held := p.seq, !p.until.IsZero()
+	p.mu.Unlock()
+	s.endTerm("stopping")
+	return func() {
+		if !held {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if _, err := s.writeClaim(ctx, seq, true); err != nil && !errors.Is(err, errCAS) {
+			s.log.Warn("primary: release the claim (a standby takes over once its term ends)", "err", err)
+		}
+	}
+}

@@ -1,0 +1,238 @@
+package leasebus
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/fenceline/fenceline/lease"
+)
+
+// testTerm is the primary's term in these tests: a standby takes over a
+// claim left unrenewed after testTerm + primaryGap.
+const testTerm = 600 * time.Millisecond
+
+// electing starts a bus whose two lease service instances elect a
+// primary, each on a connection of its own, and returns them with their
+// metrics.
+func electing(t *testing.T) (b *bus, svcs [2]*Service, conns [2]*nats.Conn, ms [2]*ServiceMetrics) {
+	t.Helper()
+	ms = [2]*ServiceMetrics{NewServiceMetrics(), NewServiceMetrics()}
+	b = &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Primary: true, PrimaryTerm: testTerm, Metrics: ms[0]}}
+	b.start("127.0.0.1:0")
+	t.Cleanup(b.stop)
+	conns[0] = b.nc
+	svcs[0] = b.svc
+	conns[1] = connect(t, b.srv.ClientURL())
+	svc, err := StartService(ctxT(t), conns[1], ServiceConfig{Primary: true, PrimaryTerm: testTerm, Metrics: ms[1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Stop)
+	svcs[1] = svc
+	return b, svcs, conns, ms
+}
+
+// primaryOf waits until exactly one of svcs is the primary and returns
+// its index.
+func primaryOf(t *testing.T, svcs []*Service, within time.Duration) int {
+	t.Helper()
+	which := -1
+	checkFor(t, within, 10*time.Millisecond, func() error {
+		which = -1
+		for i, s := range svcs {
+			if s != nil && s.Primary() {
+				if which >= 0 {
+					return fmt.Errorf("instances %d and %d are both primary", which, i)
+				}
+				which = i
+			}
+		}
+		if which < 0 {
+			return errors.New("no instance is primary")
+		}
+		return nil
+	})
+	return which
+}
+
+// TestPrimaryServesFromMemory: of two instances one is elected and serves
+// every lease request; the other takes none and reads no log. The
+// primary's views are the log's, so its answers to a session's keepalives
+// cost no read of the log, where instances that all serve must each
+// re-read a repo's log to vouch for a view (maxCachedAge).
+func TestPrimaryServesFromMemory(t *testing.T) {
+	t.Parallel()
+	b, svcs, _, ms := electing(t)
+	p := primaryOf(t, svcs[:], 10*time.Second)
+	ctx := ctxT(t)
+	var hs []*Holder
+	for i := range 4 {
+		h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: fmt.Sprintf("github.com/acme/primary-%d", i), Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)},
+			NewCredential(), HoldOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(h.Orphan)
+		hs = append(hs, h)
+	}
+	// Wait until the keepalives are answered from views of this term.
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		for _, h := range hs {
+			if _, age, ok := svcs[p].cachedLease(h.Lease().LeaseID); !ok || age != 0 {
+				return fmt.Errorf("%s: not vouched for from memory (age %s, %v)", h.Lease().LeaseID, age, ok)
+			}
+		}
+		return nil
+	})
+	before := logReads(t, ms[p])
+	kept := requests(ms[p], "keepalive", "ok")
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := requests(ms[p], "keepalive", "ok") - kept; n < 10 {
+			return fmt.Errorf("%d keepalives answered so far", n)
+		}
+		return nil
+	})
+	if n := logReads(t, ms[p]) - before; n != 0 {
+		t.Errorf("the primary read the log %d times to answer keepalives: want none", n)
+	}
+	for _, h := range hs {
+		if st, err := h.State(); st != lease.Held {
+			t.Errorf("holder %s is %s: %v", h.Lease().LeaseID, st, err)
+		}
+	}
+	if n := logReads(t, ms[1-p]); n != 0 {
+		t.Errorf("the standby read the log %d times: want none", n)
+	}
+	if n := requests(ms[1-p], "acquire", "ok") + requests(ms[1-p], "keepalive", "ok"); n != 0 {
+		t.Errorf("the standby answered %d lease requests: want none", n)
+	}
+	// The standby took its share of the requests (one queue group) and
+	// forwarded every one to the primary.
+	if n := int(promtest.ToFloat64(ms[1-p].forwards.WithLabelValues("primary"))); n == 0 {
+		t.Error("the standby forwarded no request: want its share of the keepalives")
+	}
+	if n := int(promtest.ToFloat64(ms[1-p].forwards.WithLabelValues("none"))); n != 0 {
+		t.Errorf("the standby answered %d requests that no primary was known", n)
+	}
+}
+
+// TestPrimaryStopHandsOver: a primary that stops releases its claim, and
+// the standby serves at once, its holders' leases kept.
+func TestPrimaryStopHandsOver(t *testing.T) {
+	t.Parallel()
+	b, svcs, conns, _ := electing(t)
+	p := primaryOf(t, svcs[:], 10*time.Second)
+	other := NewClient(conns[1-p])
+	ctx := ctxT(t)
+	h, err := other.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "handover"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential(), HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Orphan)
+	stopped := time.Now()
+	svcs[p].Stop()
+	if p == 0 {
+		b.svc = nil // stopped here
+	}
+	rest := []*Service{nil, nil}
+	rest[1-p] = svcs[1-p]
+	primaryOf(t, rest, 10*time.Second)
+	if took := time.Since(stopped); took >= testTerm {
+		t.Errorf("the standby took %s to take over a released claim: want it at once, well within the term (%s)", took, testTerm)
+	}
+	got, err := other.Get(ctx, h.Lease().LeaseID)
+	if err != nil || !got.Active() {
+		t.Fatalf("the new primary has %+v, %v: want the lease held", got, err)
+	}
+	// The holder's keepalives are answered by the new primary.
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if !h.heardAt.After(stopped) {
+			return fmt.Errorf("the holder last heard the service at %s, before the hand-over", h.heardAt)
+		}
+		return nil
+	})
+	select {
+	case <-h.Lost():
+		t.Fatal("the hand-over lost the holder its lease")
+	default:
+	}
+}
+
+// TestPrimaryCrashTakeover: a primary cut off from the bus (its
+// connection closed, as a killed process's is) neither appends nor vouches
+// once its term is out, and the standby takes over after the term and the
+// gap, with the leases the old one granted.
+func TestPrimaryCrashTakeover(t *testing.T) {
+	t.Parallel()
+	b, svcs, conns, _ := electing(t)
+	p := primaryOf(t, svcs[:], 10*time.Second)
+	ctx := ctxT(t)
+	c := NewClient(connect(t, b.srv.ClientURL()))
+	l, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "crash"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := time.Now()
+	conns[p].Close()
+	checkFor(t, 2*testTerm, 5*time.Millisecond, func() error {
+		if svcs[p].Primary() {
+			return errors.New("the cut-off primary still counts itself primary")
+		}
+		return nil
+	})
+	if err := svcs[p].mayAppend(); !errors.Is(err, lease.ErrUnavailable) {
+		t.Fatalf("the cut-off primary may append: %v", err)
+	}
+	rest := []*Service{nil, nil}
+	rest[1-p] = svcs[1-p]
+	primaryOf(t, rest, 10*time.Second)
+	if took := time.Since(cut); took < testTerm+primaryGap {
+		t.Fatalf("the standby took over %s after the primary was cut off: not before its term and the gap (%s)", took, testTerm+primaryGap)
+	}
+	got, err := c.Get(ctx, l.LeaseID)
+	if err != nil || !got.Active() || got.Fence != l.Fence {
+		t.Fatalf("the new primary has %+v, %v: want the lease the old one granted", got, err)
+	}
+}
+
+// TestPrimaryClaimTakenEndsTerm: a primary whose renewal finds the claim
+// rewritten by another (here a record the test writes in the name of
+// another instance) stops serving at once, and the standby takes over
+// once that record goes unrenewed.
+func TestPrimaryClaimTakenEndsTerm(t *testing.T) {
+	t.Parallel()
+	b, svcs, _, _ := electing(t)
+	p := primaryOf(t, svcs[:], 10*time.Second)
+	seq, _, err := svcs[1-p].readClaim(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(primarySubject)
+	m.Data = []byte(`{"writer":"an-instance-gone-since"}`)
+	m.Header.Set(writerHeader, "an-instance-gone-since")
+	m.Header.Set("Nats-Expected-Last-Subject-Sequence", fmt.Sprint(seq))
+	if _, err := (&store{boxes: &mailboxes{nc: b.nc, max: 1}}).publish(ctxT(t), m); err != nil {
+		t.Fatalf("write a claim over the primary's: %v", err)
+	}
+	taken := time.Now()
+	checkFor(t, testTerm, 5*time.Millisecond, func() error {
+		if svcs[p].Primary() {
+			return errors.New("still primary after its claim was taken")
+		}
+		return nil
+	})
+	which := primaryOf(t, svcs[:], 10*time.Second)
+	if took := time.Since(taken); took < testTerm+primaryGap {
+		t.Fatalf("instance %d took over %s after the claim was rewritten: not before the record's term and the gap", which, took)
+	}
+	if _, err := b.c.Acquire(ctxT(t), AcquireRequest{Repo: repo, Scope: claim(t, "after"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatalf("acquire once a primary is back: %v", err)
+	}
+}
