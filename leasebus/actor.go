@@ -24,6 +24,9 @@ type call struct {
 	req   any
 	reply chan reply // for in-process calls (list across repos); else an answer to msg
 	svc   *Service   // counts the answer in its metrics (nil: internal call)
+	// forwarded: a standby forwarded it (primary.go); msg.Sub is then a
+	// subscription to answer through, not the one it waited on.
+	forwarded bool
 }
 
 // answered counts the answer to c in the service's metrics, if any.
@@ -127,11 +130,10 @@ type actor struct {
 	retryAt time.Time // no timer-driven batch before this (after a failure)
 
 	sinceSnap, bytesSinceSnap, snapBytes int
-	// purgeAt is the sequence of a snapshot whose predecessors are still in
-	// the log, waiting until the audit chain covers them (up to
-	// purgeCovers); 0 when none.
-	purgeAt, purgeCovers uint64
-	purging              bool // a purge up to purgeAt is under way
+	// kept are the sequences of the repo's log records the stream still
+	// keeps as far as this actor knows, oldest first: at most logKeep (see
+	// keep and roomToAppend).
+	kept []uint64
 }
 
 // waiter is an acquire queued behind conflicting leases.
@@ -233,9 +235,19 @@ func (a *actor) reload(ctx context.Context) error {
 // hands each to the audit chain (see reload), without touching the
 // service's lease index; it returns how many it read.
 func (a *actor) readLog(ctx context.Context) (int, error) {
-	n, err := a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, func(seq uint64, evs []lease.AuditEvent) {
+	onRecord := func(seq uint64, evs []lease.AuditEvent) {
 		a.svc.audit.record(a.key, seq, evs)
-	})
+		a.keep(seq)
+	}
+	n, err := a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, onRecord)
+	if errors.Is(err, errBehind) {
+		// The stream dropped records of the repo this view never read
+		// (logKeep newer ones followed them): read it afresh, from the
+		// snapshot the stream keeps, as a start does.
+		a.svc.log.Info("lease log moved past this view; reading it afresh", "repo", a.state.repo)
+		a.state, a.kept = newRepoState(a.state.repo), nil
+		n, err = a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, onRecord)
+	}
 	if err != nil {
 		return n, err
 	}
@@ -312,7 +324,7 @@ func (a *actor) drain(batch []*call) []*call {
 // subscription. It saves the hand-off to the actor's goroutine for an
 // uncontended request; under load requests queue and batch as usual.
 func (a *actor) inline(c *call) bool {
-	if a.dead || c.msg == nil || c.msg.Sub == nil {
+	if a.dead || c.msg == nil || c.msg.Sub == nil || c.forwarded {
 		return false
 	}
 	// nats.go counts the message being handled as pending until the
@@ -326,7 +338,7 @@ func (a *actor) inline(c *call) bool {
 	// Calls queued before c go first (a cancel must follow its acquire).
 	a.process(a.svc.ctx, append(a.drain(nil), c))
 	// Re-arm the actor's timer only if it must run earlier than it is set
-	// for (a new lease's or waiter's deadline, a purge). The timer is
+	// for (a new lease's or waiter's deadline). The timer is
 	// reset here rather than by waking the actor's goroutine for it: one
 	// goroutine hand-off less on an uncontended acquire.
 	if a.wakeAt(a.svc.cfg.Now()).Before(a.armed) {
@@ -347,7 +359,7 @@ func (a *actor) resetTimer() {
 }
 
 // wakeAt is when the actor must next run without a request: the next lease
-// or waiter deadline, or a pending purge.
+// or waiter deadline.
 func (a *actor) wakeAt(now time.Time) time.Time {
 	next := a.state.nextDeadline()
 	for _, w := range a.waiters {
@@ -358,9 +370,6 @@ func (a *actor) wakeAt(now time.Time) time.Time {
 	wake := now.Add(time.Hour)
 	if !next.IsZero() {
 		wake = next.Add(time.Millisecond)
-	}
-	if a.purgeAt != 0 {
-		wake = minTime(wake, now.Add(4*auditDelay))
 	}
 	if wake.Before(a.retryAt) {
 		wake = a.retryAt // backing off after a failed batch
@@ -406,8 +415,11 @@ type outcome struct {
 // after an unknown outcome is safe too.
 func (a *actor) process(ctx context.Context, batch []*call) {
 	const attempts = 8
+	// A primary's view within its term is the log's (primary.go): reads
+	// need not reload, but a nudge (another writer's append seen) does.
+	vouched := a.svc.prim != nil && a.svc.vouches(a)
 	for _, c := range batch {
-		if c.fresh() {
+		if _, nudge := c.req.(*syncRequest); c.fresh() && (!vouched || nudge) {
 			a.stale = true
 		}
 	}
@@ -442,7 +454,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 
 		seq, size := a.state.seq, 0
 		if t.dirty() {
-			if err := cmp.Or(a.svc.storeFault(), a.svc.mayAppend()); err != nil {
+			if err := cmp.Or(a.svc.storeFault(), a.svc.mayAppend(), a.roomToAppend()); err != nil {
 				// Known not written: refuse at once rather than wait for
 				// an append the bus cannot take (or that is not this
 				// instance's to make).
@@ -553,9 +565,9 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 	}
 	if size > 0 {
 		a.svc.audit.record(a.key, seq, t.events)
+		a.keep(seq)
 		a.maybeSnapshot(size)
 	}
-	a.maybePurge()
 }
 
 // notify publishes a lease's committed record for watchers (best effort:
@@ -571,11 +583,14 @@ func (a *actor) notify(e *entry) {
 
 // maybeSnapshot writes the whole state once the deltas since the last
 // snapshot outweigh it, so loading stays proportional to the state, not to
-// its history. The records before it are purged later (maybePurge).
+// its history — and at least every logKeep/2 records, so the records the
+// stream keeps of the repo always hold a snapshot (the stream drops the
+// oldest past logKeep: see keep).
 func (a *actor) maybeSnapshot(deltaBytes int) {
 	a.sinceSnap++
 	a.bytesSinceSnap += deltaBytes
-	if a.sinceSnap < 64 || a.bytesSinceSnap < a.snapBytes || a.purgeAt != 0 || a.svc.mayAppend() != nil {
+	due := a.sinceSnap >= 64 && a.bytesSinceSnap >= a.snapBytes || a.sinceSnap >= logKeep/2
+	if !due || a.svc.mayAppend() != nil || a.roomToAppend() != nil {
 		return
 	}
 	prev := a.state.seq
@@ -591,33 +606,36 @@ func (a *actor) maybeSnapshot(deltaBytes int) {
 	}
 	a.state.seq = seq
 	a.svc.audit.record(a.key, seq, nil)
+	a.keep(seq)
 	a.svc.announceAppend(a.key, seq)
 	a.sinceSnap, a.bytesSinceSnap, a.snapBytes = 0, 0, size
-	a.purgeAt, a.purgeCovers = seq, prev
 }
 
-// maybePurge drops the records before the last snapshot once the audit
-// chain covers them: every event they carry is in the audit stream. The purge runs on a goroutine
-// of its own, off the request path: it only removes records the state no
-// longer needs, so batches go on meanwhile (no new snapshot starts until
-// it is done).
-func (a *actor) maybePurge() {
-	if a.purgeAt == 0 || a.purging || a.svc.audit.covered(a.key) < a.purgeCovers {
-		return
+// keep notes a record of the repo's log at seq (appended or read), which
+// the stream keeps until logKeep newer ones of the repo follow it.
+func (a *actor) keep(seq uint64) {
+	if n := len(a.kept); n > 0 && seq <= a.kept[n-1] {
+		return // seen already
 	}
-	seq, repo := a.purgeAt, a.state.repo
-	a.purging = a.svc.goBackground(func() {
-		err := a.svc.store.purgeBefore(a.svc.ctx, a.key, seq)
-		if err != nil {
-			a.svc.log.Warn("purge lease log", "repo", repo, "err", err)
-		}
-		a.busy.Lock()
-		defer a.busy.Unlock()
-		a.purging = false
-		if err == nil && a.purgeAt == seq {
-			a.purgeAt, a.purgeCovers = 0, 0
-		}
-	})
+	if len(a.kept) == logKeep {
+		a.kept = append(a.kept[:0], a.kept[1:]...)
+	}
+	a.kept = append(a.kept, seq)
+}
+
+// roomToAppend refuses an append that would have the stream drop a record
+// of the repo whose audit events are not yet in the audit stream: the log
+// is their only copy (exactly-once audit). It never does while the audit
+// keeps up; it does while the audit stream is out of reach and the repo
+// writes logKeep records meanwhile.
+func (a *actor) roomToAppend() error {
+	if len(a.kept) < logKeep {
+		return nil
+	}
+	if oldest, covered := a.kept[0], a.svc.audit.covered(a.key); oldest > covered {
+		return fmt.Errorf("%w: the audit stream is behind on %s: its lease log record %d is not yet audited (up to %d), and another append would have the log drop it", lease.ErrUnavailable, a.state.repo, oldest, covered)
+	}
+	return nil
 }
 
 // apply runs one call against the batch's transaction.

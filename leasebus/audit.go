@@ -200,8 +200,8 @@ func (w *auditWriter) forget(key string) {
 }
 
 // covered reports the log sequence up to which a repo's events are in the
-// audit stream as far as this instance knows (0: nothing known): a
-// snapshot must not purge records beyond it. Records without events need
+// audit stream as far as this instance knows (0: nothing known): the log
+// must not drop records beyond it (actor.roomToAppend). Records without events need
 // nothing written, so a repo that only renews is covered to its last
 // record.
 func (w *auditWriter) covered(key string) uint64 {
@@ -480,8 +480,8 @@ func (w *auditWriter) unseen(last uint64) bool {
 }
 
 // accountedTo accounts for every log sequence up to last (loadEvery read
-// every repo's log to beyond it; records purged before were covered by
-// the audit chain before they were purged).
+// every repo's log to beyond it; records the stream dropped before were
+// covered by the audit chain before they were dropped).
 func (w *auditWriter) accountedTo(last uint64) {
 	w.seenMu.Lock()
 	defer w.seenMu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -201,14 +202,16 @@ func TestAuditLostAckWritesOnce(t *testing.T) {
 	}
 }
 
-// A snapshot never purges log records whose audit events are not yet in
-// the audit stream: the log is their only copy.
-func TestPurgeWaitsForTheAuditChain(t *testing.T) {
+// The log stream keeps logKeep records of a repo and drops the oldest as
+// a new one comes; the service appends nothing that would drop a record
+// whose audit events are not yet in the audit stream (the log is their
+// only copy): with the audit out of reach, a repo's writes are refused
+// before its grant's record would go, and go on once the audit caught up.
+func TestLogKeepsUnauditedRecords(t *testing.T) {
 	t.Parallel()
 	b := startBus(t)
 	ctx := ctxT(t)
-	const auditRepo = "github.com/acme/audit-purge"
-	key := RepoKey(auditRepo)
+	const auditRepo = "github.com/acme/audit-keep"
 	b.svc.audit.killed.Store(true) // the audit stream is out of reach
 	cred := NewCredential()
 	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: auditRepo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
@@ -216,37 +219,51 @@ func TestPurgeWaitsForTheAuditChain(t *testing.T) {
 		t.Fatal(err)
 	}
 	granted := *l
-	for range 80 { // each sequential renewal is one commit: past a snapshot
-		if l, err = b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Give a purge every chance to run (the actor tries it on every batch).
-	a := b.svc.actor(key, auditRepo)
-	for range 5 {
-		if r := a.ask(ctx, &call{op: "sync", req: &syncRequest{}}); r.Error != nil {
-			t.Fatal(r.Error.err())
+	renewals := 0
+	for ; renewals < 2*logKeep; renewals++ { // each sequential renewal is one commit
+		next, err := b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version})
+		if err != nil {
+			if !errors.Is(err, lease.ErrUnavailable) || !strings.Contains(err.Error(), "audit stream is behind") {
+				t.Fatalf("renewal %d: %v, want the refusal that the audit is behind", renewals, err)
+			}
+			break
 		}
+		l = next
 	}
-	a.busy.Lock()
-	snap := a.purgeAt
-	a.busy.Unlock()
-	if n, first := logMessages(t, ctx, js, auditRepo); first.Kind != recordDelta || n < 80 {
-		t.Fatalf("log purged while the grant's audit event was unwritten: %d messages, the first a %s", n, first.Kind)
+	if renewals >= logKeep || renewals < logKeep-4 {
+		t.Fatalf("%d renewals went through with the audit out of reach: want the writes refused just before the log keeps %d records", renewals, logKeep)
 	}
-	if snap == 0 {
-		t.Fatal("no snapshot waiting for its purge after 81 commits")
+	if n, first := logMessages(t, ctx, js, auditRepo); first.Kind != recordDelta || first.Prev != 0 || n > logKeep {
+		t.Fatalf("the log dropped the grant's record while its audit event was unwritten: %d messages, the first a %s on %d", n, first.Kind, first.Prev)
 	}
 	b.svc.audit.killed.Store(false)
-	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		if n, first := logMessages(t, ctx, js, auditRepo); first.Kind != recordSnapshot {
-			return fmt.Errorf("not purged once the audit was written: %d messages, the first a %s", n, first.Kind)
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		next, err := b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version})
+		if err != nil {
+			return err
 		}
+		l = next
 		return nil
 	})
+	for range logKeep / 2 { // past the grant's record: the log drops it now
+		if l, err = b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, first := logMessages(t, ctx, js, auditRepo); n != logKeep || first.Prev == 0 {
+		t.Fatalf("%d messages, the first on %d: want the log at its %d, the grant's record gone", n, first.Prev, logKeep)
+	}
 	wantOnce(t, ctx, b.nc, auditRepo, &granted)
+	// A fresh read of what the log keeps (a restart) starts from a snapshot.
+	st := newRepoState("")
+	if _, err := b.svc.store.load(ctx, RepoKey(auditRepo), st, time.Now, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.leases[l.LeaseID]; got == nil || got.Version != l.Version {
+		t.Fatalf("a fresh read has %+v, want the lease at version %d", got, l.Version)
+	}
 }

@@ -110,9 +110,11 @@
 //     each sequence of the log stream is one record, so an instance that
 //     counts the records it has seen up to the stream's last sequence
 //     knows when one escaped it, and then reloads every repo).
-//   - Nothing purged too early. A snapshot's predecessors are purged only
-//     once its instance's chain covers them: a record never leaves the log
-//     before its events are in the audit stream.
+//   - Nothing dropped too early. The log stream keeps logKeep records of
+//     each repo and drops the oldest as a new one comes; an instance
+//     appends nothing that would drop a record its chain does not cover
+//     (actor.roomToAppend): a record never leaves the log before its
+//     events are in the audit stream.
 //   - Ordered. The chain follows the log, so a repo's lease events read in
 //     stream order replay its history.
 //

@@ -23,8 +23,8 @@ const (
 
 // logRecord is one message of a repo's lease log. A delta carries the full
 // records of the leases one batch changed and the batch's audit events; a
-// snapshot carries the whole state, after which the earlier messages of
-// the repo are purged (once the audit chain covers them).
+// snapshot carries the whole state, from which a load may start (the
+// stream keeps the repo's last logKeep records: see logKeep).
 type logRecord struct {
 	Kind   string             `json:"kind"`
 	Repo   string             `json:"repo"`
@@ -81,6 +81,24 @@ var errCAS = errors.New("lease log moved on")
 // undecodable record, a foreign repo, or a gap in the chain.
 var errDamaged = errors.New("lease log damaged")
 
+// errBehind: the records after a state's sequence are gone from the
+// stream (logKeep newer ones of the repo followed them): the state must
+// be read afresh.
+var errBehind = errors.New("lease log moved past this view")
+
+// logKeep is how many records of each repo the log stream keeps
+// (MaxMsgsPerSubject): a new record past it drops the repo's oldest, one
+// removal found through the stream's per-subject index. The lease service
+// writes a snapshot at least every logKeep/2 records, so what the stream
+// keeps of a repo always starts at or before a snapshot, and it appends
+// nothing that would drop a record whose audit events are not yet in the
+// audit stream (actor.roomToAppend). (Purging the records before each
+// snapshot instead made the server walk every message of every repo
+// stored since the repo's first record, in the stream's one apply
+// goroutine on every replica: at 10,000 leases, a third of each node's
+// CPU, with every append waiting behind it.)
+const logKeep = 256
+
 // store is the durable side of the lease bus: the log stream, written with
 // compare-and-swap on the repo subject's last sequence.
 type store struct {
@@ -95,7 +113,7 @@ type store struct {
 }
 
 // logStream returns the log stream's handle, looking it up once: each
-// lookup is a round trip to JetStream, and reads and purges need only the
+// lookup is a round trip to JetStream, and reads need only the
 // stream's name.
 func (s *store) logStream(ctx context.Context) (jetstream.Stream, error) {
 	s.mu.Lock()
@@ -150,7 +168,7 @@ func ensureStreams(ctx context.Context, js jetstream.JetStream, replicas int) er
 		Storage:           jetstream.FileStorage,
 		Replicas:          replicas,
 		Retention:         jetstream.LimitsPolicy,
-		MaxMsgsPerSubject: -1,
+		MaxMsgsPerSubject: logKeep,
 		DenyDelete:        true,
 		// Reads go through the stream leader: a load must see every
 		// acknowledged record, never a lagging follower's copy.
@@ -332,18 +350,6 @@ func isCASMismatch(err error) bool {
 	return strings.Contains(err.Error(), "wrong last sequence")
 }
 
-// purgeBefore drops the repo's log records older than seq (a snapshot).
-func (s *store) purgeBefore(ctx context.Context, key string, seq uint64) error {
-	stream, err := s.logStream(ctx)
-	if err != nil {
-		return err
-	}
-	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(logSubjectFor(key)), jetstream.WithPurgeSequence(seq)); err != nil {
-		return fmt.Errorf("purge lease log %s before %d: %w", key, seq, err)
-	}
-	return nil
-}
-
 // load applies every record of the repo's log after st.seq to st, and hands
 // each record's sequence and audit events (none for most) to onRecord, in
 // log order. It returns how many records it applied.
@@ -377,43 +383,103 @@ func (s *store) load(ctx context.Context, key string, st *repoState, now func() 
 		}
 	}
 	applied := 0
+	// A first read starts at the oldest record the stream keeps of the
+	// repo: its own first, or one after records the stream dropped (see
+	// logKeep). Records up to the first snapshot are held back: once one
+	// comes, the state starts from it, and those before it are handed on
+	// for their audit events only; if none comes, they are applied in
+	// order, as they chain from the repo's first record.
+	var held []loaded
+	fresh := st.seq == 0
+	flush := func() error {
+		for _, r := range held {
+			if err := s.fold(st, r, now, onRecord); err != nil {
+				return err
+			}
+			applied++
+		}
+		held = nil
+		return nil
+	}
 	for next := st.seq + 1; ; {
 		m, err := stream.GetMsg(ctx, next, jetstream.WithGetMsgSubject(subj))
 		s.metrics.read("record")
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return applied, nil
+			return applied, flush()
 		}
 		if err != nil {
 			return applied, fmt.Errorf("read lease log of %s at %d: %w", st.repo, next, err)
 		}
 		next = m.Sequence + 1
-		if !serviceWrote(m.Header) {
-			// Not the service's: a server's answer (a publish ack, a
-			// direct get carrying someone's bytes) sent to a reply subject
-			// a client named. It holds nothing of the repo's state; the
-			// service's next append goes on top of it.
-			st.seq = m.Sequence
-			if onRecord != nil {
-				onRecord(m.Sequence, nil)
+		r := loaded{seq: m.Sequence}
+		if serviceWrote(m.Header) {
+			r.rec = new(logRecord)
+			if err := json.Unmarshal(m.Data, r.rec); err != nil {
+				return applied, fmt.Errorf("%w: decode record %d of %s: %v", errDamaged, m.Sequence, st.repo, err)
 			}
-			continue
+			if st.repo == "" {
+				st.repo = r.rec.Repo
+			}
+			if r.rec.Repo != st.repo {
+				return applied, fmt.Errorf("%w: subject %s holds repo %q, expected %q", errDamaged, subj, r.rec.Repo, st.repo)
+			}
 		}
-		var rec logRecord
-		if err := json.Unmarshal(m.Data, &rec); err != nil {
-			return applied, fmt.Errorf("%w: decode record %d of %s: %v", errDamaged, m.Sequence, st.repo, err)
+		if fresh {
+			if r.rec == nil || r.rec.Kind != recordSnapshot {
+				held = append(held, r)
+				continue
+			}
+			fresh = false
+			for _, h := range held { // before the snapshot: audit only
+				if onRecord != nil && h.rec != nil {
+					h.rec.fillEvents()
+					onRecord(h.seq, h.rec.Events)
+				} else if onRecord != nil {
+					onRecord(h.seq, nil)
+				}
+			}
+			held = nil
 		}
-		if st.repo == "" {
-			st.repo = rec.Repo
+		if err := s.fold(st, r, now, onRecord); err != nil {
+			if errors.Is(err, errBehind) && applied > 0 {
+				err = fmt.Errorf("%w: %v", errDamaged, err) // a gap after what it read: not a dropped prefix
+			}
+			return applied, err
 		}
-		if rec.Repo != st.repo {
-			return applied, fmt.Errorf("%w: subject %s holds repo %q, expected %q", errDamaged, subj, rec.Repo, st.repo)
-		}
-		if rec.Kind == recordDelta && rec.Prev != st.seq {
-			return applied, fmt.Errorf("%w: %s has a gap: record %d follows %d, state is at %d; refusing to serve this repo", errDamaged, st.repo, m.Sequence, rec.Prev, st.seq)
-		}
-		apply(st, &rec, m.Sequence, now, onRecord)
 		applied++
 	}
+}
+
+// loaded is one message read from a repo's log: the service's record, or
+// (rec nil) a message someone else had stored there (see serviceWrote).
+type loaded struct {
+	seq uint64
+	rec *logRecord
+}
+
+// fold applies one message of the repo's log to st, checking that a delta
+// follows the state's sequence.
+func (s *store) fold(st *repoState, r loaded, now func() time.Time, onRecord func(seq uint64, evs []lease.AuditEvent)) error {
+	if r.rec == nil {
+		// Not the service's: a server's answer (a publish ack, a direct
+		// get carrying someone's bytes) sent to a reply subject a client
+		// named. It holds nothing of the repo's state; the service's next
+		// append goes on top of it.
+		st.seq = r.seq
+		if onRecord != nil {
+			onRecord(r.seq, nil)
+		}
+		return nil
+	}
+	if r.rec.Kind == recordDelta && r.rec.Prev != st.seq {
+		if r.rec.Prev > st.seq && st.seq > 0 {
+			// The records between are gone: the stream dropped them.
+			return fmt.Errorf("%w: %s: record %d follows %d, state is at %d", errBehind, st.repo, r.seq, r.rec.Prev, st.seq)
+		}
+		return fmt.Errorf("%w: %s has a gap: record %d follows %d, state is at %d; refusing to serve this repo", errDamaged, st.repo, r.seq, r.rec.Prev, st.seq)
+	}
+	apply(st, r.rec, r.seq, now, onRecord)
+	return nil
 }
 
 // nextRecord decodes m, the repo's last log message, when it is the

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -168,16 +167,16 @@ const (
 	serviceAccount       = "service"
 )
 
-// forwardSubject is where the instance writer takes the requests standbys
-// forward to it (on the service account's connection, which no client's
-// identity reaches).
-func forwardSubject(writer string) string { return apiPrefix + ".forward." + writer }
+// forwardSubject is where the instance writer takes the requests of op
+// that standbys forward to it (on the service account's connection, which
+// no client's identity reaches).
+func forwardSubject(writer, op string) string { return apiPrefix + ".forward." + writer + "." + op }
 
 // forward hands a lease request a standby took to the primary, which
 // answers the asker itself; with no primary known, the asker is told why.
 // The request is forwarded as it came (its headers, its nonce); the
 // primary checks it as if it had taken it.
-func (s *Service) forward(m *nats.Msg, inServiceAccount bool) {
+func (s *Service) forward(m *nats.Msg, op string, inServiceAccount bool) {
 	to, why := s.prim.route(s.cfg.Now())
 	if why != nil && s.prim.mayReread(s.cfg.Now()) {
 		// No primary known: an election may just have ended. Read the
@@ -195,7 +194,7 @@ func (s *Service) forward(m *nats.Msg, inServiceAccount bool) {
 		return
 	}
 	s.cfg.Metrics.forwarded("primary")
-	f := nats.NewMsg(forwardSubject(to))
+	f := nats.NewMsg(forwardSubject(to, op))
 	for k, v := range m.Header {
 		f.Header[k] = v
 	}
@@ -211,66 +210,55 @@ func (s *Service) forward(m *nats.Msg, inServiceAccount bool) {
 	_ = s.nc.PublishMsg(f)
 }
 
-// takeForwarded serves the requests standbys forward to this instance: as
-// the primary, each as if it had taken it on its own subscription (the
-// handler checks the asker's identity and reply as always); no longer the
-// primary, it tells the asker to try again.
+// takeForwarded serves the requests standbys forward to this instance, one
+// subscription per op as the instance's own (so requests of one op keep
+// their order, and ops run side by side): as the primary, each as if it
+// had taken it itself (the handler checks the asker's identity and reply
+// as always); no longer the primary, it tells the asker to try again.
 func (s *Service) takeForwarded() error {
-	sub, err := s.nc.Subscribe(forwardSubject(s.store.writer), func(f *nats.Msg) {
-		if !fromInstance(f) {
-			return // not a standby's (see fromInstance)
+	for _, op := range leaseOps {
+		handlers := map[string]nats.MsgHandler{
+			fleetAccount:   s.handlerOf(op, false, true),
+			serviceAccount: s.handlerOf(op, true, true),
 		}
-		subj := f.Header.Get(forwardSubjectHeader)
-		m := &nats.Msg{Subject: subj, Reply: f.Header.Get(forwardReplyHeader), Data: f.Data, Header: nats.Header{}}
-		for k, v := range f.Header {
-			switch k {
-			case forwardSubjectHeader, forwardReplyHeader, forwardAccountHeader, writerHeader:
-			default:
-				m.Header[k] = v
+		prefix := requestSubject(op, "")
+		sub, err := s.nc.Subscribe(forwardSubject(s.store.writer, op), func(f *nats.Msg) {
+			subj := f.Header.Get(forwardSubjectHeader)
+			account := f.Header.Get(forwardAccountHeader)
+			h := handlers[account]
+			if !fromInstance(f) || h == nil || !strings.HasPrefix(subj, prefix) {
+				return // not a standby's (see fromInstance), or not this op's
 			}
+			m := &nats.Msg{Subject: subj, Reply: f.Header.Get(forwardReplyHeader), Data: f.Data, Header: nats.Header{}}
+			for k, v := range f.Header {
+				switch k {
+				case forwardSubjectHeader, forwardReplyHeader, forwardAccountHeader, writerHeader:
+				default:
+					m.Header[k] = v
+				}
+			}
+			conn := s.fleet
+			if account == serviceAccount {
+				conn = s.nc
+			}
+			s.mu.Lock()
+			m.Sub = s.answerVia[conn] // answers go out on the connection the asker used
+			s.mu.Unlock()
+			if m.Sub == nil {
+				return
+			}
+			if !s.Primary() {
+				respondErr(m, fmt.Errorf("%w: the lease service instance this request was forwarded to is no longer the primary; try again", lease.ErrUnavailable))
+				return
+			}
+			h(m)
+		})
+		if err != nil {
+			return fmt.Errorf("subscribe %s: %w", forwardSubject(s.store.writer, op), err)
 		}
-		h, sub := s.forwardedHandler(subj, f.Header.Get(forwardAccountHeader) == serviceAccount)
-		if h == nil {
-			return
-		}
-		m.Sub = sub // answers go out on the connection the asker used
-		if !s.Primary() {
-			respondErr(m, fmt.Errorf("%w: the lease service instance this request was forwarded to is no longer the primary; try again", lease.ErrUnavailable))
-			return
-		}
-		h(m)
-	})
-	if err != nil {
-		return fmt.Errorf("subscribe %s: %w", forwardSubject(s.store.writer), err)
+		s.track(sub)
 	}
-	s.track(sub)
 	return nil
-}
-
-// forwardedHandler is the handler of the lease request on subj (<op>.<identity>)
-// asked in the service account or the fleet's, and a subscription on
-// that account's connection to answer through; nil when subj is no lease
-// request.
-func (s *Service) forwardedHandler(subj string, inServiceAccount bool) (nats.MsgHandler, *nats.Subscription) {
-	rest, ok := strings.CutPrefix(subj, apiPrefix+".")
-	if !ok {
-		return nil, nil
-	}
-	op, _, ok := strings.Cut(rest, ".")
-	if !ok || !slices.Contains(leaseOps, op) {
-		return nil, nil
-	}
-	conn := s.fleet
-	if inServiceAccount {
-		conn = s.nc
-	}
-	s.mu.Lock()
-	sub := s.answerVia[conn]
-	s.mu.Unlock()
-	if sub == nil {
-		return nil, nil
-	}
-	return s.handler(op, conn != s.fleet), sub
 }
 
 // Primary reports whether this instance serves the lease requests: always

@@ -563,7 +563,7 @@ func (s *Service) subscribe(ops []string) ([]*nats.Subscription, error) {
 		for _, conn := range s.conns() {
 			h := s.handler(op, conn != s.fleet)
 			if s.prim != nil && slices.Contains(leaseOps, op) {
-				h = s.primaryOnly(h, conn != s.fleet)
+				h = s.primaryOnly(h, op, conn != s.fleet)
 			}
 			sub, err := conn.QueueSubscribe(requestSubject(op, "*"), serviceQueue, h)
 			if err != nil {
@@ -587,23 +587,30 @@ func (s *Service) subscribe(ops []string) ([]*nats.Subscription, error) {
 
 // primaryOnly serves a lease request with h on the primary, and forwards
 // it from a standby (primary.go).
-func (s *Service) primaryOnly(h nats.MsgHandler, inServiceAccount bool) nats.MsgHandler {
+func (s *Service) primaryOnly(h nats.MsgHandler, op string, inServiceAccount bool) nats.MsgHandler {
 	return func(m *nats.Msg) {
 		if s.Primary() {
 			h(m)
 			return
 		}
-		s.forward(m, inServiceAccount)
+		s.forward(m, op, inServiceAccount)
 	}
 }
 
 // handler decodes a request and hands it to the actor of its repo.
 func (s *Service) handler(op string, serviceAccount bool) nats.MsgHandler {
+	return s.handlerOf(op, serviceAccount, false)
+}
+
+// handlerOf is handler; forwarded says that its requests come from a
+// standby (primary.go), on one subscription for every op, which must not
+// wait for any one request's append: they run on their repo's actor.
+func (s *Service) handlerOf(op string, serviceAccount, forwarded bool) nats.MsgHandler {
 	return func(m *nats.Msg) {
 		if serviceAccount && !s.asked.Load() {
 			s.asked.Store(true) // announce changes there too from now on
 		}
-		c := &call{op: op, msg: m, at: s.cfg.Now(), svc: s}
+		c := &call{op: op, msg: m, at: s.cfg.Now(), svc: s, forwarded: forwarded}
 		var repo, leaseID, hint string
 		var err error
 		if jetStreamDelivery(m) {

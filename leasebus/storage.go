@@ -58,10 +58,11 @@ type streamBudget struct {
 // add up to 90: a tenth of what the server can reserve stays free (the
 // file store needs room beyond its messages to compact).
 //
-//   - the lease log refuses an append past its size (DiscardNew: a
-//     record is never dropped); snapshots purge what they cover, so it
-//     holds about one snapshot and the deltas since, per repo. A record
-//     is at most the server's payload limit (8 MiB embedded).
+//   - the lease log refuses an append past its size (DiscardNew: no
+//     record is dropped for room); it keeps logKeep records per repo
+//     (the oldest dropped as a new one comes, once audited: log.go), at
+//     least one snapshot among them. A record is at most the server's
+//     payload limit (8 MiB embedded).
 //   - the lease audit keeps 30 days and drops its oldest past its size;
 //     only the service's own lease events are on it.
 //   - events (boundaries' refusals, the bus's reads and refusals) keep
@@ -75,7 +76,7 @@ type streamBudget struct {
 //   - the primary's claim is one small record (primary.go); it takes no
 //     share.
 var streamBudgets = map[string]streamBudget{
-	LogStream:          {share: 30, min: 2 << 20, max: 1 << 30, maxMsgSize: 8 << 20, discard: jetstream.DiscardNew},
+	LogStream:          {share: 30, min: 2 << 20, max: 1 << 30, maxMsgSize: 8 << 20, perSubject: logKeep, discard: jetstream.DiscardNew},
 	AuditStream:        {share: 25, min: auditMinBytes, max: auditMaxBytes, maxMsgSize: 8 << 20, discard: jetstream.DiscardOld},
 	EventsStream:       {share: 20, min: 1 << 20, max: 512 << 20, maxMsgSize: maxEventRequest, perSubject: eventsPerWriter, discard: jetstream.DiscardOld},
 	shardPoolStream:    {share: 5, min: 1 << 20, max: 256 << 20, maxMsgSize: shardMaxValue, perSubject: 1, discard: jetstream.DiscardNew},
@@ -110,7 +111,7 @@ func streamFull(stream string, err error) error {
 	}
 	b := streamBudgets[stream]
 	if stream == LogStream {
-		return fmt.Errorf("%w (%s, about %d%% of what the store could reserve, at most %d MiB): lease writes are refused until snapshots purge it; give the bus a larger store: %v",
+		return fmt.Errorf("%w (%s, about %d%% of what the store could reserve, at most %d MiB): lease writes that would grow it are refused (each repo keeps its last records, new ones replacing the oldest); give the bus a larger store: %v",
 			ErrLogFull, stream, b.share, b.max>>20, err)
 	}
 	return fmt.Errorf("%w: stream %s is at its size limit: %v", lease.ErrUnavailable, stream, err)
