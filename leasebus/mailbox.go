@@ -200,13 +200,7 @@ func (p *mailboxes) requestChecked(ctx context.Context, m *nats.Msg, check func(
 	}
 	mb.seq++
 	reply := mb.prefix + strconv.FormatUint(mb.seq, 36)
-	m.Reply = reply
-	err := p.nc.PublishMsg(m)
-	m.Reply = ""
-	if err == nil && check != nil {
-		err = check(ctx)
-	}
-	if err != nil {
+	if err := p.send(ctx, m, reply, check); err != nil {
 		p.put(mb)
 		return nil, err
 	}
@@ -219,16 +213,40 @@ func (p *mailboxes) requestChecked(ctx context.Context, m *nats.Msg, check func(
 		if r.Subject != reply && strings.HasPrefix(r.Subject, mb.prefix) {
 			continue // the reply to an earlier request that gave up
 		}
-		if len(r.Data) == 0 && r.Header.Get("Status") == "503" {
+		if done, err := takeReply(r, accept); done {
 			p.put(mb)
-			return nil, nats.ErrNoResponders
+			return answerOrErr(r, err)
 		}
-		if accept != nil && !accept(r) {
-			continue // not the answer to this request (see nonceHeader)
-		}
-		p.put(mb)
-		return r, nil
 	}
+}
+
+// send publishes m with reply as its reply subject, then runs check.
+func (p *mailboxes) send(ctx context.Context, m *nats.Msg, reply string, check func(context.Context) error) error {
+	m.Reply = reply
+	err := p.nc.PublishMsg(m)
+	m.Reply = ""
+	if err == nil && check != nil {
+		err = check(ctx)
+	}
+	return err
+}
+
+func answerOrErr(r *nats.Msg, err error) (*nats.Msg, error) {
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// takeReply reports whether r, on a request's reply subject, ends the
+// request: as its answer, or as the server's word that nobody listens
+// (ErrNoResponders). One accept refuses is not this request's answer (see
+// nonceHeader): the wait goes on.
+func takeReply(r *nats.Msg, accept func(*nats.Msg) bool) (bool, error) {
+	if len(r.Data) == 0 && r.Header.Get("Status") == "503" {
+		return true, nats.ErrNoResponders
+	}
+	return accept == nil || accept(r), nil
 }
 
 // overflowRequest is requestChecked for a request beyond the pool's max,
@@ -240,13 +258,7 @@ func (p *mailboxes) overflowRequest(ctx context.Context, m *nats.Msg, check func
 	}
 	reply, ch, done := o.wait()
 	defer done()
-	m.Reply = reply
-	err := p.nc.PublishMsg(m)
-	m.Reply = ""
-	if err == nil && check != nil {
-		err = check(ctx)
-	}
-	if err != nil {
+	if err := p.send(ctx, m, reply, check); err != nil {
 		return nil, err
 	}
 	for {
@@ -254,13 +266,9 @@ func (p *mailboxes) overflowRequest(ctx context.Context, m *nats.Msg, check func
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case r := <-ch:
-			if len(r.Data) == 0 && r.Header.Get("Status") == "503" {
-				return nil, nats.ErrNoResponders
+			if done, err := takeReply(r, accept); done {
+				return answerOrErr(r, err)
 			}
-			if accept != nil && !accept(r) {
-				continue // not the answer to this request (see nonceHeader)
-			}
-			return r, nil
 		}
 	}
 }

@@ -245,3 +245,44 @@ func TestDamagedLogTakesOnlyItsRepoOut(t *testing.T) {
 		t.Fatalf("healthy repo not served: %v", err)
 	}
 }
+
+// A view the log stream has moved past — logKeep records of its repo
+// written since it was read, so the records after it are gone — is read
+// afresh from the snapshot the stream keeps, not taken for a damaged log.
+func TestViewBehindTheLogIsReadAfresh(t *testing.T) {
+	t.Parallel()
+	b := startBus(t)
+	ctx := ctxT(t)
+	const behindRepo = "github.com/acme/behind"
+	key := RepoKey(behindRepo)
+	cred := NewCredential()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: behindRepo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := newRepoState("")
+	if _, err := b.svc.store.load(ctx, key, old, time.Now, nil); err != nil {
+		t.Fatal(err)
+	}
+	for range logKeep + 10 {
+		if l, err = b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.svc.store.load(ctx, key, old, time.Now, nil); !errors.Is(err, errBehind) || errors.Is(err, errDamaged) {
+		t.Fatalf("reading on from a view the log moved past: %v, want errBehind", err)
+	}
+	// The actor, handed that view, reads the log afresh.
+	a := b.svc.actor(key, behindRepo)
+	a.busy.Lock()
+	a.state, a.kept = old, nil
+	a.stale = true
+	a.busy.Unlock()
+	if r := a.ask(ctx, &call{op: "sync", req: &syncRequest{}}); r.Error != nil {
+		t.Fatalf("sync of a view behind the log: %v", r.Error.err())
+	}
+	got, err := b.c.Get(ctx, l.LeaseID)
+	if err != nil || got.Version != l.Version || !got.Active() {
+		t.Fatalf("after reading afresh: %+v %v, want version %d", got, err, l.Version)
+	}
+}
