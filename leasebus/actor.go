@@ -454,7 +454,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 
 		seq, size := a.state.seq, 0
 		if t.dirty() {
-			if err := cmp.Or(a.svc.storeFault(), a.svc.mayAppend(), a.roomToAppend()); err != nil {
+			if err := cmp.Or(a.svc.storeFault(), a.svc.mayAppend(), a.awaitRoom(ctx)); err != nil {
 				// Known not written: refuse at once rather than wait for
 				// an append the bus cannot take (or that is not this
 				// instance's to make).
@@ -621,6 +621,34 @@ func (a *actor) keep(seq uint64) {
 		a.kept = append(a.kept[:0], a.kept[1:]...)
 	}
 	a.kept = append(a.kept, seq)
+}
+
+// roomWait bounds how long a repo's batch waits for the audit to cover the
+// record its append would have the log drop (awaitRoom).
+const roomWait = 2 * time.Second
+
+// awaitRoom waits, up to roomWait, until an append would drop no record
+// whose audit events are not yet in the audit stream (roomToAppend): the
+// repo's writes slow down to what the audit takes, and stop, refused
+// with the reason, while it is out of reach.
+func (a *actor) awaitRoom(ctx context.Context) error {
+	timeout := time.NewTimer(roomWait)
+	defer timeout.Stop()
+	for {
+		progressed := a.svc.audit.progressed() // before the check: no advance missed
+		err := a.roomToAppend()
+		if err == nil {
+			return nil
+		}
+		a.svc.audit.poke()
+		select {
+		case <-progressed:
+		case <-timeout.C:
+			return err
+		case <-ctx.Done():
+			return err
+		}
+	}
 }
 
 // roomToAppend refuses an append that would have the stream drop a record

@@ -88,6 +88,9 @@ type auditWriter struct {
 	mu     sync.Mutex
 	chains map[string]*auditChain // by repo key; guarded by mu
 	wake   chan struct{}
+	// progress is closed when a chain's mark moves on (progressed);
+	// guarded by mu.
+	progress chan struct{}
 
 	// seen holds the lease log sequences (of every repo) handed to record
 	// above floor, every sequence up to which the catch-up has accounted
@@ -138,7 +141,30 @@ type auditBatch struct {
 }
 
 func newAuditWriter(js jetstream.JetStream, log *slog.Logger, writer string) *auditWriter {
-	return &auditWriter{js: js, log: log, writer: writer, chains: map[string]*auditChain{}, wake: make(chan struct{}, 1), seen: map[uint64]struct{}{}}
+	return &auditWriter{js: js, log: log, writer: writer, chains: map[string]*auditChain{}, wake: make(chan struct{}, 1), seen: map[uint64]struct{}{},
+		progress: make(chan struct{})}
+}
+
+// progressed is closed the next time a chain's mark moves on (covered
+// grows): what a repo waiting for room in its log waits on.
+func (w *auditWriter) progressed() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.progress
+}
+
+// advanced wakes whoever waits on progressed; w.mu is held.
+func (w *auditWriter) advanced() {
+	close(w.progress)
+	w.progress = make(chan struct{})
+}
+
+// poke has the writer flush soon (without waiting for a new event).
+func (w *auditWriter) poke() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
 }
 
 func (w *auditWriter) chain(key string) *auditChain {
@@ -294,6 +320,7 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 			w.mu.Lock()
 			c.ready, c.reread = true, false
 			c.mark, c.last = max(c.mark, mark), last
+			w.advanced()
 			w.mu.Unlock()
 		}
 
@@ -335,6 +362,7 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 		switch {
 		case err == nil:
 			c.mark, c.last = b.LogSeq, ack.Sequence
+			w.advanced()
 		case isCASMismatch(err):
 			c.reread = true // another writer extended the chain: read it, send the rest
 		default:
