@@ -393,8 +393,9 @@ func (s *Service) renewClaim(ctx context.Context) {
 	switch {
 	case err == nil:
 		p.mu.Lock()
+		p.seq = seq // the claim's last record is ours, term or not (leaveTerm releases it)
 		if !p.until.IsZero() {
-			p.seq, p.until = seq, sent.Add(p.term)
+			p.until = sent.Add(p.term)
 		}
 		p.mu.Unlock()
 	case errors.Is(err, errCAS):
@@ -476,30 +477,38 @@ func (s *Service) beginTerm(seq uint64, until time.Time) {
 // endTerm makes this instance a standby: it forwards the lease requests
 // from now on (appends and vouching stopped with its term already).
 func (s *Service) endTerm(why string) {
-	p := s.prim
-	p.mu.Lock()
-	was := !p.until.IsZero()
-	p.until = time.Time{}
-	p.leader = ""
-	p.mu.Unlock()
-	if was {
+	if _, was := s.stopTerm(); was {
 		s.log.Warn("this lease service instance is no longer the primary", "why", why)
 	}
+}
+
+// stopTerm ends this instance's term, if it holds one (and says so, with
+// the claim's sequence).
+func (s *Service) stopTerm() (seq uint64, was bool) {
+	p := s.prim
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	was = !p.until.IsZero()
+	p.until = time.Time{}
+	p.leader = ""
+	return p.seq, was
 }
 
 // leaveTerm ends the term (Stop): nothing is appended or vouched for from
 // here on. The release it returns frees the claim, so that a standby
 // takes over at once; Stop calls it once its work has ended.
 func (s *Service) leaveTerm() (release func()) {
-	p := s.prim
-	p.mu.Lock()
-	seq, held := p.seq, !p.until.IsZero()
-	p.mu.Unlock()
-	s.endTerm("stopping")
+	_, held := s.stopTerm() // a stop, not a fault: no warning
+	if held {
+		s.log.Info("the primary lease service instance is stopping; it releases its claim")
+	}
 	return func() {
 		if !held {
 			return
 		}
+		s.prim.mu.Lock()
+		seq := s.prim.seq // after any renewal in flight when the term stopped
+		s.prim.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		if _, err := s.writeClaim(ctx, seq, true); err != nil && !errors.Is(err, errCAS) {
