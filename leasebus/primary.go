@@ -88,12 +88,11 @@ type primacy struct {
 	began  bool      // a term has begun once (the audit catch-up runs); guarded by mu
 
 	// What a standby last learned of the claim (guarded by mu): the
-	// writer of its last record, when that record was first seen, whether
-	// it was released, and the error of the last read (nil: read).
-	leader   string
-	leaderAt time.Time
-	free     bool
-	readErr  error
+	// writer of its last record, whether it was released, and the error
+	// of the last read (nil: read).
+	leader  string
+	free    bool
+	readErr error
 	// seen is the sequence of the claim's record last read, seenAt when
 	// it was first read, readAt when the claim was last read; guarded by
 	// mu.
@@ -113,22 +112,25 @@ func (p *primacy) mayReread(now time.Time) bool {
 	return true
 }
 
-// route says where a standby sends a lease request: to the primary it
-// knows (its claim renewed within the term), or nowhere, and why.
-func (p *primacy) route(now time.Time) (primary string, why error) {
+// route says where a standby sends a lease request: to the primary whose
+// claim it last read, or nowhere, and why. Whether that claim is still
+// renewed decides when a standby takes over, not where it forwards: a
+// standby that cannot read the claim for a while (its node cut off, or
+// just back and catching up) still forwards to the primary it knows,
+// which most likely serves on; a primary that is gone answers nothing,
+// and the asker tries again, as it would while no instance serves.
+func (p *primacy) route() (primary string, why error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
-	case p.readErr != nil:
-		return "", fmt.Errorf("%w: no lease service instance is known to be the primary: the claim cannot be read (%v); an election follows once it can", lease.ErrUnavailable, p.readErr)
+	case p.leader != "" && !p.free:
+		return p.leader, nil
 	case p.free:
 		return "", fmt.Errorf("%w: no lease service instance is the primary: the claim is free and an instance takes it within a second; try again", lease.ErrUnavailable)
-	case p.leader == "":
-		return "", fmt.Errorf("%w: no lease service instance is known to be the primary yet (an election is under way); try again", lease.ErrUnavailable)
-	case now.Sub(p.leaderAt) >= p.term:
-		return "", fmt.Errorf("%w: no lease service instance is the primary: the claim of %s was not renewed for %s; a standby takes it over %s after its last renewal", lease.ErrUnavailable, p.leader, now.Sub(p.leaderAt).Round(time.Millisecond), p.term+primaryGap)
+	case p.readErr != nil:
+		return "", fmt.Errorf("%w: no lease service instance is known to be the primary: the claim cannot be read (%v); an election follows once it can", lease.ErrUnavailable, p.readErr)
 	}
-	return p.leader, nil
+	return "", fmt.Errorf("%w: no lease service instance is known to be the primary yet (an election is under way); try again", lease.ErrUnavailable)
 }
 
 // current is the number of this instance's term and whether it is in it
@@ -177,14 +179,14 @@ func forwardSubject(writer, op string) string { return apiPrefix + ".forward." +
 // The request is forwarded as it came (its headers, its nonce); the
 // primary checks it as if it had taken it.
 func (s *Service) forward(m *nats.Msg, op string, inServiceAccount bool) {
-	to, why := s.prim.route(s.cfg.Now())
+	to, why := s.prim.route()
 	if why != nil && s.prim.mayReread(s.cfg.Now()) {
 		// No primary known: an election may just have ended. Read the
 		// claim once (at most every rereadEvery) before saying so.
 		ctx, cancel := context.WithTimeout(s.ctx, 250*time.Millisecond)
 		_, _, _, _ = s.observeClaim(ctx)
 		cancel()
-		to, why = s.prim.route(s.cfg.Now())
+		to, why = s.prim.route()
 	}
 	if why != nil {
 		s.cfg.Metrics.forwarded("none")
@@ -371,7 +373,7 @@ func (s *Service) observeClaim(ctx context.Context) (seq uint64, free bool, age 
 		p.seen, p.seenAt = seq, now
 	}
 	free = seq == 0 || rec.Released
-	p.leader, p.leaderAt, p.free, p.readErr = rec.Writer, p.seenAt, free, nil
+	p.leader, p.free, p.readErr = rec.Writer, free, nil
 	return seq, free, now.Sub(p.seenAt), nil
 }
 
@@ -460,7 +462,7 @@ func (s *Service) beginTerm(seq uint64, until time.Time) {
 	p.seq, p.until = seq, until
 	n, first := p.number, !p.began
 	p.began = true
-	p.leader, p.leaderAt, p.free, p.readErr = s.store.writer, s.cfg.Now(), false, nil
+	p.leader, p.free, p.readErr = s.store.writer, false, nil
 	p.mu.Unlock()
 	s.log.Info("this lease service instance is the primary: it serves the lease requests", "term", n)
 	for _, a := range s.allActors() {

@@ -244,3 +244,37 @@ func TestPrimaryClaimTakenEndsTerm(t *testing.T) {
 		t.Fatalf("acquire once a primary is back: %v", err)
 	}
 }
+
+// TestStandbyForwardsWhileTheClaimIsUnreadable: a standby that cannot
+// read the claim for a while (its node cut off from the cluster, or just
+// back and catching up) still forwards to the primary it knows, which
+// most likely serves on: requests keep being answered. (The fault
+// harness's runs after a healed partition were refused four times in a
+// row when a standby answered "no primary" instead.)
+func TestStandbyForwardsWhileTheClaimIsUnreadable(t *testing.T) {
+	t.Parallel()
+	b, svcs, _, ms := electing(t)
+	p := primaryOf(t, svcs[:], 10*time.Second)
+	standby := svcs[1-p]
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		_, why := standby.prim.route()
+		return why
+	})
+	standby.prim.mu.Lock()
+	standby.prim.readErr = errors.New("nats: API error: code=503 err_code=10008 description=JetStream system temporarily unavailable")
+	standby.prim.readAt = time.Now().Add(time.Hour) // and no reread for a request
+	standby.prim.mu.Unlock()
+	if to, why := standby.prim.route(); why != nil || to != svcs[p].store.writer {
+		t.Fatalf("a standby that cannot read the claim routes to %q (%v): want the primary it knows", to, why)
+	}
+	before := int(promtest.ToFloat64(ms[1-p].forwards.WithLabelValues("primary")))
+	for i := range 8 {
+		if _, err := b.c.Acquire(ctxT(t), AcquireRequest{Repo: repo, Scope: claim(t, fmt.Sprintf("unreadable-%d", i)), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
+			t.Fatalf("acquire %d while the standby cannot read the claim: %v", i, err)
+		}
+	}
+	if n := int(promtest.ToFloat64(ms[1-p].forwards.WithLabelValues("none"))); n != 0 {
+		t.Errorf("the standby answered %d requests that no primary is known", n)
+	}
+	t.Logf("the standby forwarded %d of the requests", int(promtest.ToFloat64(ms[1-p].forwards.WithLabelValues("primary")))-before)
+}
