@@ -190,7 +190,7 @@ func (s *Service) forward(m *nats.Msg, op string, inServiceAccount bool) {
 	}
 	if why != nil {
 		s.cfg.Metrics.forwarded("none")
-		if m.Reply != "" && !jetStreamDelivery(m) {
+		if answerable(m) {
 			respondErr(m, why)
 		}
 		return
@@ -210,6 +210,19 @@ func (s *Service) forward(m *nats.Msg, op string, inServiceAccount bool) {
 	f.Header.Set(writerHeader, s.store.writer)
 	f.Data = m.Data
 	_ = s.nc.PublishMsg(f)
+}
+
+// answerable reports whether a request may be answered before the handler
+// has checked it: it is no JetStream delivery, and its reply is the inbox
+// of the identity its subject names (as the handler requires), so that no
+// one can have the service publish an answer onto a subject of their
+// choosing.
+func answerable(m *nats.Msg) bool {
+	if m.Reply == "" || jetStreamDelivery(m) {
+		return false
+	}
+	id, ok := IdentityOfSubject(m.Subject, m.Reply)
+	return ok || id == Anonymous
 }
 
 // takeForwarded serves the requests standbys forward to this instance, one
@@ -250,7 +263,9 @@ func (s *Service) takeForwarded() error {
 				return
 			}
 			if !s.Primary() {
-				respondErr(m, fmt.Errorf("%w: the lease service instance this request was forwarded to is no longer the primary; try again", lease.ErrUnavailable))
+				if answerable(m) {
+					respondErr(m, fmt.Errorf("%w: the lease service instance this request was forwarded to is no longer the primary; try again", lease.ErrUnavailable))
+				}
 				return
 			}
 			h(m)

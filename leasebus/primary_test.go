@@ -278,3 +278,31 @@ func TestStandbyForwardsWhileTheClaimIsUnreadable(t *testing.T) {
 	}
 	t.Logf("the standby forwarded %d of the requests", int(promtest.ToFloat64(ms[1-p].forwards.WithLabelValues("primary")))-before)
 }
+
+// TestStandbyAnswersOnlyTheAskersInbox: what a standby answers itself
+// (no primary known, or forwarded to one that no longer is) goes only to
+// the inbox of the identity the request subject names, as the handler's
+// answers do: no one can have the service publish onto a subject of
+// their choosing by naming it as the reply.
+func TestStandbyAnswersOnlyTheAskersInbox(t *testing.T) {
+	t.Parallel()
+	const id = "UABCDEF"
+	for _, c := range []struct {
+		subject, reply string
+		header         nats.Header
+		want           bool
+	}{
+		{requestSubject("get", id), inboxPrefix(id) + ".abc.1", nil, true},
+		{requestSubject("get", id), inboxPrefix("UOTHER") + ".abc.1", nil, false},
+		{requestSubject("get", id), ChangedSubject(repo, "lease_x"), nil, false},
+		{requestSubject("get", id), "", nil, false},
+		{requestSubject("get", id), "$JS.ACK.FENCELINE_LOG.c.1.2.3.4.5", nil, false},
+		{requestSubject("get", id), inboxPrefix(id) + ".abc.1", nats.Header{"Nats-Stream": []string{"KV_FENCELINE_POOLS"}}, false},
+		{requestSubject("get", Anonymous), "_INBOX.abc.1", nil, true},
+	} {
+		m := &nats.Msg{Subject: c.subject, Reply: c.reply, Header: c.header}
+		if got := answerable(m); got != c.want {
+			t.Errorf("answerable(%s, reply %q, %v) = %v, want %v", c.subject, c.reply, c.header, got, c.want)
+		}
+	}
+}
