@@ -133,7 +133,38 @@ type actor struct {
 	// kept are the sequences of the repo's log records the stream still
 	// keeps as far as this actor knows, oldest first: at most logKeep (see
 	// keep and roomToAppend).
-	kept []uint64
+	kept seqWindow
+}
+
+// seqWindow holds the last logKeep sequences noted, oldest first, in a
+// ring: noting one is O(1) on every append.
+type seqWindow struct {
+	seqs  [logKeep]uint64
+	first int // index of the oldest
+	n     int
+}
+
+// note adds seq unless it is not newer than the last noted; past logKeep
+// the oldest goes.
+func (w *seqWindow) note(seq uint64) {
+	if w.n > 0 && seq <= w.seqs[(w.first+w.n-1)%logKeep] {
+		return // seen already
+	}
+	if w.n == logKeep {
+		w.seqs[w.first] = seq
+		w.first = (w.first + 1) % logKeep
+		return
+	}
+	w.seqs[(w.first+w.n)%logKeep] = seq
+	w.n++
+}
+
+// full reports the oldest sequence noted, when logKeep are noted.
+func (w *seqWindow) full() (oldest uint64, ok bool) {
+	if w.n < logKeep {
+		return 0, false
+	}
+	return w.seqs[w.first], true
 }
 
 // waiter is an acquire queued behind conflicting leases.
@@ -245,7 +276,7 @@ func (a *actor) readLog(ctx context.Context) (int, error) {
 		// (logKeep newer ones followed them): read it afresh, from the
 		// snapshot the stream keeps, as a start does.
 		a.svc.log.Info("lease log moved past this view; reading it afresh", "repo", a.state.repo)
-		a.state, a.kept = newRepoState(a.state.repo), nil
+		a.state, a.kept = newRepoState(a.state.repo), seqWindow{}
 		n, err = a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, onRecord)
 	}
 	if err != nil {
@@ -613,15 +644,7 @@ func (a *actor) maybeSnapshot(deltaBytes int) {
 
 // keep notes a record of the repo's log at seq (appended or read), which
 // the stream keeps until logKeep newer ones of the repo follow it.
-func (a *actor) keep(seq uint64) {
-	if n := len(a.kept); n > 0 && seq <= a.kept[n-1] {
-		return // seen already
-	}
-	if len(a.kept) == logKeep {
-		a.kept = append(a.kept[:0], a.kept[1:]...)
-	}
-	a.kept = append(a.kept, seq)
-}
+func (a *actor) keep(seq uint64) { a.kept.note(seq) }
 
 // roomWait bounds how long a repo's batch waits for the audit to cover the
 // record its append would have the log drop (awaitRoom).
@@ -657,10 +680,11 @@ func (a *actor) awaitRoom(ctx context.Context) error {
 // keeps up; it does while the audit stream is out of reach and the repo
 // writes logKeep records meanwhile.
 func (a *actor) roomToAppend() error {
-	if len(a.kept) < logKeep {
+	oldest, full := a.kept.full()
+	if !full {
 		return nil
 	}
-	if oldest, covered := a.kept[0], a.svc.audit.covered(a.key); oldest > covered {
+	if covered := a.svc.audit.covered(a.key); oldest > covered {
 		return fmt.Errorf("%w: the audit stream is behind on %s: its lease log record %d is not yet audited (up to %d), and another append would have the log drop it", lease.ErrUnavailable, a.state.repo, oldest, covered)
 	}
 	return nil

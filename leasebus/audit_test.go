@@ -267,3 +267,22 @@ func TestLogKeepsUnauditedRecords(t *testing.T) {
 		t.Fatalf("a fresh read has %+v, want the lease at version %d", got, l.Version)
 	}
 }
+
+// TestSeqWindowKeepsTheLastLogKeep: the actor's window of kept record
+// sequences is the last logKeep noted, oldest first, against a slice.
+func TestSeqWindowKeepsTheLastLogKeep(t *testing.T) {
+	t.Parallel()
+	var w seqWindow
+	var model []uint64
+	for seq := uint64(1); seq <= 3*logKeep+7; seq++ {
+		w.note(seq)
+		w.note(seq) // a sequence seen again changes nothing
+		if model = append(model, seq); len(model) > logKeep {
+			model = model[1:]
+		}
+		oldest, full := w.full()
+		if full != (len(model) == logKeep) || full && oldest != model[0] {
+			t.Fatalf("after %d: full=%v oldest=%d, want full=%v oldest=%d", seq, full, oldest, len(model) == logKeep, model[0])
+		}
+	}
+}

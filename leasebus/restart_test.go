@@ -275,7 +275,7 @@ func TestViewBehindTheLogIsReadAfresh(t *testing.T) {
 	// The actor, handed that view, reads the log afresh.
 	a := b.svc.actor(key, behindRepo)
 	a.busy.Lock()
-	a.state, a.kept = old, nil
+	a.state, a.kept = old, seqWindow{}
 	a.stale = true
 	a.busy.Unlock()
 	if r := a.ask(ctx, &call{op: "sync", req: &syncRequest{}}); r.Error != nil {
