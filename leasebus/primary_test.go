@@ -3,6 +3,7 @@ package leasebus
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -304,5 +305,64 @@ func TestStandbyAnswersOnlyTheAskersInbox(t *testing.T) {
 		if got := answerable(m); got != c.want {
 			t.Errorf("answerable(%s, reply %q, %v) = %v, want %v", c.subject, c.reply, c.header, got, c.want)
 		}
+	}
+}
+
+// TestForgedForwardRefused: a forwarded request is what a standby hands
+// the primary, which then answers in the name of the identity the
+// original subject names. A holder cannot publish one (the forward
+// subjects are in the service account, and match no holder's
+// permissions), and the primary takes none without an instance's writer
+// stamp: an unstamped one is dropped, while a stamped one sent after it
+// on the same subject is answered (so the first was handled, not lost).
+func TestForgedForwardRefused(t *testing.T) {
+	t.Parallel()
+	b, svcs, _, _ := electing(t)
+	p := primaryOf(t, svcs[:], 10*time.Second)
+	refused := make(refusals, 4)
+	holder := connectAs(t, b.srv.ClientURL(), RoleHolder, refused.option())
+	id := IdentityOf(holder)
+	answers, err := holder.SubscribeSync(inboxPrefix(id) + ".forged.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	forward := func(nc *nats.Conn, nonce string, stamped bool) {
+		t.Helper()
+		m := nats.NewMsg(forwardSubject(svcs[p].store.writer, "get"))
+		m.Data = []byte(`{"leaseId":"lease_forged"}`)
+		m.Header.Set(nonceHeader, nonce)
+		m.Header.Set(forwardSubjectHeader, requestSubject("get", id))
+		m.Header.Set(forwardReplyHeader, inboxPrefix(id)+".forged."+nonce)
+		m.Header.Set(forwardAccountHeader, fleetAccount)
+		if stamped {
+			m.Header.Set(writerHeader, "a-standby")
+		}
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil && !errors.Is(err, nats.ErrPermissionViolation) {
+			t.Fatal(err)
+		}
+	}
+	forward(holder, "holder", true)
+	select {
+	case err := <-refused:
+		if !strings.Contains(err.Error(), "Publish") {
+			t.Fatalf("the holder's forward was refused for something else: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a holder published a forwarded request: want the bus to refuse it")
+	}
+	forward(b.nc, "unstamped", false) // from the service account, without the stamp
+	forward(b.nc, "stamped", true)
+	m, err := answers.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatalf("no answer to the stamped forward: %v", err)
+	}
+	if got := m.Header.Get(nonceHeader); got != "stamped" {
+		t.Fatalf("the first answer is to the %q forward: want only the stamped one answered", got)
 	}
 }
