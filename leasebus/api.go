@@ -167,6 +167,9 @@ type reapRequest struct{}
 type keepaliveRequest struct {
 	Session string      `json:"session"`
 	Leases  []keptLease `json:"leases"`
+	// Compact asks for the answer in short: Kept lists only the leases
+	// not simply vouched for, and KeptRest vouches for the others.
+	Compact bool `json:"compact,omitempty"`
 }
 
 // keptLease is one lease a keepalive asks after, as its holder last saw it.
@@ -190,6 +193,12 @@ type keptAnswer struct {
 	// Unknown: this instance could not vouch for the lease now (the
 	// holder counts nothing heard for it).
 	Unknown bool `json:"unknown,omitempty"`
+}
+
+// keptRest is the service's word on the leases a compact keepalive's
+// answer does not list (reply.KeptRest).
+type keptRest struct {
+	Age lease.Duration `json:"age"`
 }
 
 type listRequest struct {
@@ -219,8 +228,14 @@ type reply struct {
 	Error  *wireError     `json:"error,omitempty"`
 	// Age is how old the view a cached get answered from is (0: read now).
 	Age lease.Duration `json:"age,omitempty"`
-	// Kept answers a keepalive, one per lease it asked after.
+	// Kept answers a keepalive, one per lease it asked after (a compact
+	// one: only those KeptRest does not cover).
 	Kept []keptAnswer `json:"kept,omitempty"`
+	// KeptRest answers a compact keepalive for every lease it asked after
+	// that Kept does not list: active at the version asked, as of a view
+	// at most Age old. Most keepalives are answered by it alone: a
+	// fleet's sessions send thousands a second.
+	KeptRest *keptRest `json:"keptRest,omitempty"`
 	// Revision is a shard record's revision after a write (shards.go).
 	Revision uint64 `json:"revision,omitempty"`
 	// Policy is the version a policy write stored (policy.go).

@@ -79,6 +79,14 @@ func TestCodecsKnowEveryField(t *testing.T) {
 		t.Errorf("lease decoded as %+v (%v), want %+v", back.Lease, err, l)
 	}
 
+	var rest keptRest
+	fillAll(t, reflect.ValueOf(&rest).Elem(), &n)
+	data := keptRestReply(rest.Age)
+	sameAsMarshal(t, "keepalive answer", data, true, reply{KeptRest: &rest})
+	if err := unmarshalReply(data, &back); err != nil || !reflect.DeepEqual(back.KeptRest, &rest) {
+		t.Errorf("keepalive answer decoded as %+v (%v), want %+v", back.KeptRest, err, rest)
+	}
+
 	var e entry
 	fillAll(t, reflect.ValueOf(&e).Elem(), &n)
 	sameAsMarshal(t, "stored entry", e.storedJSON(), true, &e)
@@ -90,7 +98,7 @@ func TestCodecsKnowEveryField(t *testing.T) {
 
 	for _, req := range []interface {
 		encode() []byte
-	}{new(AcquireRequest), new(ReleaseRequest), new(RenewRequest)} {
+	}{new(AcquireRequest), new(ReleaseRequest), new(RenewRequest), new(keepaliveRequest)} {
 		fillAll(t, reflect.ValueOf(req).Elem(), &n)
 		data := req.encode()
 		sameAsMarshal(t, reflect.TypeOf(req).Elem().Name(), data, true, req)

@@ -149,6 +149,17 @@ func TestEncodersMatchMarshal(t *testing.T) {
 		ren := RenewRequest{LeaseID: awkward(t, "nId"), Repo: awkward(t, "nRepo"), Credential: Credential(awkward(t, "nCred")), Proof: awkward(t, "nProof"),
 			Version: rapid.Uint64().Draw(t, "nVersion"), RenewID: awkward(t, "nRenew")}
 		sameAsMarshal(t, "renew request", ren.encode(), true, &ren)
+		ka := keepaliveRequest{Session: awkward(t, "kSession"), Compact: rapid.Bool().Draw(t, "kCompact")}
+		if rapid.IntRange(0, 4).Draw(t, "kLeasesNil") > 0 {
+			ka.Leases = []keptLease{}
+			for range rapid.IntRange(0, 3).Draw(t, "kLeases") {
+				ka.Leases = append(ka.Leases, keptLease{LeaseID: awkward(t, "kId"), Repo: awkward(t, "kRepo"),
+					Fence: rapid.Uint64().Draw(t, "kFence"), Version: rapid.Uint64().Draw(t, "kVersion")})
+			}
+		}
+		sameAsMarshal(t, "keepalive request", ka.encode(), true, &ka)
+		age := drawDuration(t, "kAge")
+		sameAsMarshal(t, "keepalive answer", keptRestReply(age), true, reply{KeptRest: &keptRest{Age: age}})
 
 		// What the encoders write, the fast decoders read as encoding/json does.
 		if got, ok := appendLease(&l, nil); ok {
@@ -157,6 +168,8 @@ func TestEncodersMatchMarshal(t *testing.T) {
 		checkRequestDecode(t, acq.encode())
 		checkRequestDecode(t, rel.encode())
 		checkRequestDecode(t, ren.encode())
+		checkRequestDecode(t, ka.encode())
+		checkReplyDecode(t, keptRestReply(age))
 	})
 }
 
@@ -175,6 +188,7 @@ func checkRequestDecode(t tb, data []byte) {
 		func() any { return new(AcquireRequest) },
 		func() any { return new(ReleaseRequest) },
 		func() any { return new(RenewRequest) },
+		func() any { return new(keepaliveRequest) },
 	} {
 		got, want := mk(), mk()
 		gotErr, wantErr := unmarshalRequest(data, got), json.Unmarshal(data, want)
@@ -215,10 +229,20 @@ func codecSeeds() [][]byte {
 		Wait: lease.Duration(time.Second), MaxSharers: 2, RequestID: "req_1", CredentialHash: NewCredential().hash()}
 	rel := ReleaseRequest{LeaseID: "lease_0abc", Credential: "secret"}
 	ren := RenewRequest{LeaseID: "lease_0abc", Repo: "r", Credential: "secret", Version: 3, RenewID: "req_2"}
+	ka := keepaliveRequest{Session: "sess_0123456789abcdef0123456789abcdef", Compact: true,
+		Leases: []keptLease{{LeaseID: "lease_0abc", Repo: "github.com/a/b", Fence: 9, Version: 1}, {LeaseID: "lease_0abd", Repo: "r", Fence: 10, Version: 4}}}
 	return [][]byte{
 		append(append([]byte(`{"lease":`), pub...), '}'),
 		append(append([]byte(`{"lease":`), endedPub...), '}'),
-		acq.encode(), rel.encode(), ren.encode(),
+		acq.encode(), rel.encode(), ren.encode(), ka.encode(), keptRestReply(lease.Duration(120 * time.Millisecond)),
+		[]byte(`{"session":"s","leases":[],"compact":false}`),
+		[]byte(`{"session":"s","leases":null}`),
+		[]byte(`{"session":"s","leases":[{"leaseId":"a","leaseId":"b"}]}`),
+		[]byte(`{"session":"s","leases":[{"fence":-1}],"compact":tru}`),
+		[]byte(`{"session":"s","compact":truex}`),
+		[]byte(`{"keptRest":{"age":"1s"},"kept":[{"leaseId":"a","missing":true}]}`),
+		[]byte(`{"keptRest":{"age":"soon"}}`),
+		[]byte(`{"keptRest":null}`),
 		[]byte(`{"lease":null}`),
 		[]byte(`{"error":{"code":"lost","message":"gone"}}`),
 		[]byte(`{"lease":{"leaseId":"a","LeaseId":"b"}}`),
@@ -253,15 +277,21 @@ func TestFastDecodersMatchUnmarshal(t *testing.T) {
 	var acq AcquireRequest
 	var rel ReleaseRequest
 	var ren RenewRequest
+	var ka keepaliveRequest
 	for i, ok := range []bool{
 		fastDecode(seeds[0], func(d *fastDec, key []byte) (uint32, bool) { return 1, d.object(leaseFields(&l)) }),
 		fastDecode(seeds[1], func(d *fastDec, key []byte) (uint32, bool) { return 1, d.object(leaseFields(&l)) }),
 		fastDecode(seeds[2], acq.decodeField), fastDecode(seeds[3], rel.decodeField), fastDecode(seeds[4], ren.decodeField),
+		fastDecode(seeds[5], ka.decodeField), keptRestOK(fastKeptRest(seeds[6])),
 	} {
 		if !ok {
 			t.Errorf("the fast decoder gives up on %s", seeds[i])
 		}
 	}
+}
+
+func keptRestOK(r *keptRest, ok bool) bool {
+	return ok && r.Age == lease.Duration(120*time.Millisecond)
 }
 
 // FuzzFastDecoders checks the fast decoders against encoding/json on

@@ -40,6 +40,11 @@ func unmarshalRequest(data []byte, v any) error {
 		if !ok {
 			*r = RenewRequest{}
 		}
+	case *keepaliveRequest:
+		ok = fastDecode(data, r.decodeField)
+		if !ok {
+			*r = keepaliveRequest{}
+		}
 	}
 	if ok {
 		return nil
@@ -58,7 +63,23 @@ func unmarshalReply(data []byte, r *reply) error {
 			return nil
 		}
 	}
+	if bytes.HasPrefix(data, []byte(`{"keptRest":`)) {
+		if rest, ok := fastKeptRest(data); ok {
+			r.KeptRest = rest
+			return nil
+		}
+	}
 	return json.Unmarshal(data, r)
+}
+
+// fastKeptRest reads the answer to most keepalives (keptRestReply).
+func fastKeptRest(data []byte) (*keptRest, bool) {
+	rest := new(keptRest)
+	return rest, fastDecode(data, func(d *fastDec, key []byte) (uint32, bool) {
+		return 1, string(key) == "keptRest" && d.object(func(d *fastDec, key []byte) (uint32, bool) {
+			return 1, string(key) == "age" && d.duration(&rest.Age)
+		})
+	})
 }
 
 // fastDec reads one JSON value from b; ok is false once it gave up.
@@ -204,18 +225,22 @@ func (d *fastDec) duration(dst *lease.Duration) bool {
 
 // strings reads an array of strings; [] is an empty, non-nil slice, as
 // encoding/json makes it.
-func (d *fastDec) strings(dst *[]string) bool {
+func (d *fastDec) strings(dst *[]string) bool { return fastArray(d, dst, (*fastDec).str) }
+
+// fastArray reads an array whose elements elem reads; [] is an empty,
+// non-nil slice, as encoding/json makes it.
+func fastArray[T any](d *fastDec, dst *[]T, elem func(*fastDec, *T) bool) bool {
 	if !d.next('[') {
 		return false
 	}
-	out := []string{}
+	out := []T{}
 	if !d.next(']') {
 		for {
-			var s string
-			if !d.str(&s) {
+			var v T
+			if !elem(d, &v) {
 				return false
 			}
-			out = append(out, s)
+			out = append(out, v)
 			if d.next(',') {
 				continue
 			}
@@ -364,4 +389,52 @@ func (r *RenewRequest) decodeField(d *fastDec, key []byte) (uint32, bool) {
 		bit, ok = 1<<4, d.str(&r.RenewID)
 	}
 	return bit, ok
+}
+
+func (r *keepaliveRequest) decodeField(d *fastDec, key []byte) (uint32, bool) {
+	var bit uint32
+	var ok bool
+	switch string(key) {
+	case "session":
+		bit, ok = 1<<0, d.str(&r.Session)
+	case "leases":
+		bit, ok = 1<<1, d.keptLeases(&r.Leases)
+	case "compact":
+		bit, ok = 1<<2, d.boolean(&r.Compact)
+	}
+	return bit, ok
+}
+
+// keptLeases reads an array of keptLease objects.
+func (d *fastDec) keptLeases(dst *[]keptLease) bool {
+	return fastArray(d, dst, func(d *fastDec, k *keptLease) bool {
+		return d.object(func(d *fastDec, key []byte) (uint32, bool) {
+			switch string(key) {
+			case "leaseId":
+				return 1 << 0, d.str(&k.LeaseID)
+			case "repo":
+				return 1 << 1, d.str(&k.Repo)
+			case "fence":
+				return 1 << 2, d.uint(&k.Fence)
+			case "version":
+				return 1 << 3, d.uint(&k.Version)
+			}
+			return 0, false
+		})
+	})
+}
+
+// boolean reads true or false.
+func (d *fastDec) boolean(dst *bool) bool {
+	switch {
+	case bytes.HasPrefix(d.b[d.i:], []byte("true")):
+		d.i += 4
+		*dst = true
+	case bytes.HasPrefix(d.b[d.i:], []byte("false")):
+		d.i += 5
+		*dst = false
+	default:
+		return false
+	}
+	return true
 }

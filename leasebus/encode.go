@@ -331,3 +331,45 @@ func (r *RenewRequest) encode() []byte {
 	}
 	return append(b, '}')
 }
+
+// encode writes the request as json.Marshal would.
+func (r *keepaliveRequest) encode() []byte {
+	b := make([]byte, 0, 48+len(r.Leases)*128)
+	b = append(b, `{"session":`...)
+	b = appendString(b, r.Session)
+	b = append(b, `,"leases":`...)
+	if r.Leases == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i := range r.Leases {
+			k := &r.Leases[i]
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"leaseId":`...)
+			b = appendString(b, k.LeaseID)
+			b = append(b, `,"repo":`...)
+			b = appendString(b, k.Repo)
+			b = append(b, `,"fence":`...)
+			b = strconv.AppendUint(b, k.Fence, 10)
+			b = append(b, `,"version":`...)
+			b = strconv.AppendUint(b, k.Version, 10)
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+	}
+	if r.Compact {
+		b = append(b, `,"compact":true`...)
+	}
+	return append(b, '}')
+}
+
+// keptRestReply writes reply{KeptRest: &keptRest{Age: age}} as
+// json.Marshal would: the answer to most keepalives.
+func keptRestReply(age lease.Duration) []byte {
+	b := make([]byte, 0, 40)
+	b = append(b, `{"keptRest":{"age":`...)
+	b = appendDuration(b, age)
+	return append(b, "}}"...)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -29,7 +30,9 @@ type HoldOptions struct {
 	Margin time.Duration
 	// Now is the clock (default time.Now); its monotonic reading is used.
 	Now func() time.Time
-	// OnChange is called (from the holder's goroutine) on every state change.
+	// OnChange is called on every state change, in the order they
+	// happened, one call at a time, from a goroutine of the holder's (never
+	// while the holder is locked): it should return promptly.
 	OnChange func(lease.HolderState, error)
 	// OnRenew is called (from the holder's goroutine) after each renewal
 	// attempt, once its outcome is applied, with how long it took and its
@@ -63,25 +66,32 @@ type HoldOptions struct {
 //
 // The holder acts only on what the service vouches for. Anything that casts
 // doubt on the lease — a change notice saying it ended, the connection to
-// the bus dropping, reconnecting or closing — makes it Unknown at once (so
-// Fence fails closed) and starts a new "doubt epoch". Only the answer to a
-// renewal sent after the doubt arose settles it: a refusal makes the holder
-// Lost, a success makes it Held again. A notice alone never ends a lease (a
+// the bus dropping, reconnecting or closing, the service silent, a renewal
+// unanswered — makes it Unknown at once (so Fence fails closed) and starts
+// a new "doubt epoch". Only the service's word about the lease from after
+// the doubt arose settles it: the answer to a renewal sent since (a
+// refusal makes the holder Lost, a success makes it Held again), or, for a
+// doubt that says nothing against the lease itself (silence, a connection
+// change, an unanswered renewal), a keepalive answer vouching for it at the
+// held version from a view confirmed since (settle: one request settles
+// every holder of the session). A notice alone never ends a lease (a
 // forged or stale one costs a brief Unknown), and a revoke whose notice was
-// missed while the connection was down is found by the renewal the holder
-// sends as soon as it is back:
+// missed while the connection was down is found by the keepalive the
+// session sends as soon as it is back, whose answer carries the ended
+// record:
 //
-//	notice "revoked" / disconnect  -> Unknown (epoch++), renew now
-//	renew sent in this epoch: ok   -> Held (the service says active)
-//	renew refused                  -> Lost
-//	renew sent before the doubt    -> stays Unknown; renew again
+//	notice "revoked"                  -> Unknown (epoch++), renew now
+//	silence / disconnect / reconnect  -> Unknown (epoch++), keepalive now; renew after Silence if unsettled
+//	keepalive: active, confirmed since -> Held
+//	renew sent in this epoch: ok      -> Held (the service says active)
+//	renew refused                     -> Lost
+//	renew sent before the doubt       -> stays Unknown
 //
 // Fence also fails while the connection is not up, before the holder has
 // even seen the status event, and once the lease service has not answered
 // a heartbeat for longer than Silence (a paused service, or a server cut
 // off from the service's, delivers no notices, and a connection only drops
-// after missed pings, or never): that is a doubt like the others, settled
-// by a renewal.
+// after missed pings, or never).
 type Holder struct {
 	c      *Client
 	cred   Credential
@@ -101,16 +111,32 @@ type Holder struct {
 	// connection status changes); a renewal makes the holder Held only if
 	// no doubt arose since it was sent. Guarded by mu.
 	epoch uint64
+	// doubtAt is when the last doubt arose: a keepalive answer vouching
+	// for the lease as of a later moment settles it (settle). Guarded by mu.
+	doubtAt time.Time
+	// recheckAt, for a doubt the session's keepalive is to settle (silence,
+	// a connection change, a renewal unanswered), is when run renews to
+	// settle it should no keepalive have by then; zero when none is
+	// pending. Guarded by mu.
+	recheckAt time.Time
 	// renewCancel cancels the renewal in flight (nil when none): a
 	// connection change makes its answer late or moot. Guarded by mu.
 	renewCancel context.CancelFunc
 	lost        chan struct{}
 	// kick asks run for a renewal now (a doubt to settle).
 	kick chan struct{}
+	// failures counts the renewals unanswered in a row, which space the
+	// next tries (retryAfter). Owned by run.
+	failures int
 	// status receives the connection's status changes (nats.go's status
 	// API, so the caller's own handlers stay untouched).
 	status     chan nats.Status
 	statusDone chan struct{}
+
+	// changes are the state changes OnChange has yet to hear, oldest
+	// first; announcing says a goroutine delivers them. Guarded by mu.
+	changes    []stateChange
+	announcing bool
 
 	// heardAt is when the last request the service answered was sent: the
 	// service reached us then. Guarded by mu.
@@ -338,9 +364,9 @@ func (h *Holder) Fence() (uint64, error) {
 		if silent := h.opts.Now().Sub(h.heardAt); silent > h.opts.Silence {
 			// The server may be paused or cut off: a revoke's notice
 			// could not reach us. Stop, and re-check once it answers.
-			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): no answer from the lease service for %s; writes wait until the lease is re-checked",
+			h.softDoubtLocked(fmt.Errorf("%w: %s (fence %d): no answer from the lease service for %s; writes wait until the lease is re-checked",
 				lease.ErrLeaseUnknown, h.lease.LeaseID, h.lease.Fence, silent.Round(time.Millisecond)))
-			h.poke()
+			defer h.c.session().kick()
 		}
 	}
 	if h.state != lease.Held {
@@ -455,9 +481,7 @@ func (h *Holder) setLostLocked(err error) {
 	}
 	h.state, h.err = lease.Lost, err
 	close(h.lost)
-	if h.opts.OnChange != nil {
-		go h.opts.OnChange(lease.Lost, err) // never call out under mu
-	}
+	h.announceLocked(lease.Lost, err)
 }
 
 func (h *Holder) setState(st lease.HolderState, err error) {
@@ -475,9 +499,46 @@ func (h *Holder) setStateLocked(st lease.HolderState, err error) {
 		return
 	}
 	h.state, h.err = st, err
-	if h.opts.OnChange != nil {
-		go h.opts.OnChange(st, err)
+	h.announceLocked(st, err)
+}
+
+// announceLocked queues a state change for OnChange, whose calls are
+// made in order by one goroutine at a time (deliverChanges): a goroutine
+// per change would let a consumer that tracks the state see Held, then
+// the Unknown that came before it, and keep the wrong one.
+func (h *Holder) announceLocked(st lease.HolderState, err error) {
+	if h.opts.OnChange == nil {
+		return
 	}
+	h.changes = append(h.changes, stateChange{st, err})
+	if !h.announcing {
+		h.announcing = true
+		go h.deliverChanges()
+	}
+}
+
+// deliverChanges calls OnChange for each queued change, in order, and
+// returns once the queue is empty.
+func (h *Holder) deliverChanges() {
+	for {
+		h.mu.Lock()
+		if len(h.changes) == 0 {
+			h.announcing = false
+			h.changes = nil
+			h.mu.Unlock()
+			return
+		}
+		c := h.changes[0]
+		h.changes = h.changes[1:]
+		h.mu.Unlock()
+		h.opts.OnChange(c.state, c.err) // never call out under mu
+	}
+}
+
+// stateChange is one state change waiting for OnChange.
+type stateChange struct {
+	state lease.HolderState
+	err   error
 }
 
 // doubt makes the holder Unknown at once, starts a new doubt epoch (so no
@@ -494,7 +555,41 @@ func (h *Holder) doubt(why error, recheck bool) {
 
 func (h *Holder) doubtLocked(why error) {
 	h.epoch++
+	h.doubtAt = h.opts.Now()
+	h.recheckAt = time.Time{} // a renewal is asked for now
 	h.setStateLocked(lease.Unknown, why)
+}
+
+// softDoubtLocked is a doubt that says nothing against the lease itself —
+// the service was not heard for a while, the connection changed, a
+// renewal went unanswered — which the session's next keepalive settles
+// (settle), all of a session's holders with one request: renewing each
+// lease instead, a write apiece, turned a slow moment of a busy bus into
+// a storm of appends. Should no keepalive settle it within Silence, run
+// renews.
+func (h *Holder) softDoubtLocked(why error) {
+	h.epoch++
+	h.doubtAt = h.opts.Now()
+	h.recheckAt = h.doubtAt.Add(h.opts.Silence)
+	h.setStateLocked(lease.Unknown, why)
+}
+
+// settle makes the holder Held again after a doubt, on a keepalive's
+// answer that the service's view of the lease, confirmed at confirmed (on
+// the holder's clock, never later than it was), has it active at the
+// version the holder holds, held: a lease never becomes active again
+// once it ended, so it did not end before confirmed — and if that is
+// after the doubt arose, whatever raised the doubt did not end it. The
+// validity still counts from the last renewal.
+func (h *Holder) settle(held keptLease, confirmed time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state != lease.Unknown || !confirmed.After(h.doubtAt) || !h.opts.Now().Before(h.validUntil) ||
+		h.lease.LeaseID != held.LeaseID || h.lease.Version != held.Version || h.lease.Fence != held.Fence {
+		return
+	}
+	h.recheckAt = time.Time{}
+	h.setStateLocked(lease.Held, nil)
 }
 
 // poke asks run for a renewal now.
@@ -536,33 +631,34 @@ func (h *Holder) watchConn() {
 		}
 		switch st {
 		case nats.CONNECTED:
-			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): reconnected to the bus; re-checking the lease before the next write", lease.ErrLeaseUnknown, id, fence))
+			h.softDoubtLocked(fmt.Errorf("%w: %s (fence %d): reconnected to the bus; re-checking the lease before the next write", lease.ErrLeaseUnknown, id, fence))
 		case nats.CLOSED:
 			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): the connection to the bus is closed", lease.ErrLeaseUnknown, id, fence))
 		default:
-			h.doubtLocked(fmt.Errorf("%w: %s (fence %d): disconnected from the bus (%s); writes wait until it is back and the lease is re-checked", lease.ErrLeaseUnknown, id, fence, st))
+			h.softDoubtLocked(fmt.Errorf("%w: %s (fence %d): disconnected from the bus (%s); writes wait until it is back and the lease is re-checked", lease.ErrLeaseUnknown, id, fence, st))
 		}
 		h.mu.Unlock()
 		if st == nats.CONNECTED {
-			h.poke()
+			h.c.session().kick() // one keepalive settles all of the session's holders
 		}
 	}
 }
 
 func (h *Holder) run(ctx context.Context) {
 	defer close(h.done)
-	next := h.opts.Interval
-	timer := time.NewTimer(next)
+	var retry time.Duration // after an unanswered renewal: when to try again
+	timer := time.NewTimer(h.opts.Interval)
 	defer timer.Stop()
 	for {
-		// Renew once validity has shrunk by one interval: an interval after
-		// the last renewal was sent — at once for a lease whose acquire
-		// waited long in a queue.
-		h.mu.Lock()
-		ttl := time.Duration(h.lease.TTL)
-		due := h.validUntil.Sub(h.opts.Now()) - (ttl - h.opts.Margin - h.opts.Interval)
-		h.mu.Unlock()
-		timer.Reset(min(next, max(due, h.retryGap(next))))
+		wait := h.untilRenewal()
+		if retry > 0 {
+			wait = retry
+		}
+		if recheck, ok := h.recheckIn(); ok {
+			wait = min(wait, recheck)
+		}
+		timer.Reset(wait)
+		kicked := false
 		select {
 		case <-ctx.Done():
 			return
@@ -570,25 +666,78 @@ func (h *Holder) run(ctx context.Context) {
 			return
 		case <-timer.C:
 		case <-h.kick:
+			kicked = true
 		}
 		if _, err := h.Fence(); err != nil && errors.Is(err, lease.ErrLeaseLost) {
 			return
 		}
-		next = h.renew(ctx)
+		if !kicked && retry == 0 && h.untilRenewal() > 0 && !h.recheckDue() {
+			continue // woken for a recheck a keepalive made moot
+		}
+		if h.renew(ctx) {
+			retry, h.failures = 0, 0
+			continue
+		}
+		h.failures++
+		retry = h.retryAfter()
 	}
 }
 
-// retryGap spaces retries after a failed renewal (next is short then), so a
-// holder that cannot reach the bus does not resend back to back.
-func (h *Holder) retryGap(next time.Duration) time.Duration {
-	if next < h.opts.Interval {
-		return min(next, 50*time.Millisecond)
-	}
-	return 0
+// untilRenewal is how long until the lease is due for renewal: once its
+// validity has shrunk by one interval, an interval after the last
+// renewal was sent (at once for a lease whose acquire waited long in a
+// queue).
+func (h *Holder) untilRenewal() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ttl := time.Duration(h.lease.TTL)
+	return max(h.validUntil.Sub(h.opts.Now())-(ttl-h.opts.Margin-h.opts.Interval), 0)
 }
 
-// renew sends one renewal and returns when to try next.
-func (h *Holder) renew(ctx context.Context) time.Duration {
+// recheckIn is how long until a soft doubt is to be settled by a renewal
+// (ok false when none is pending).
+func (h *Holder) recheckIn() (time.Duration, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state != lease.Unknown || h.recheckAt.IsZero() {
+		return 0, false
+	}
+	return max(h.recheckAt.Sub(h.opts.Now()), 0), true
+}
+
+// recheckDue reports whether a soft doubt is still unsettled at its
+// recheck time, and takes it: run renews to settle it. Not while the
+// connection is down: its return raises the doubt again.
+func (h *Holder) recheckDue() bool {
+	connected := h.c.nc.IsConnected() // outside mu, as in Fence
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state != lease.Unknown || h.recheckAt.IsZero() || h.opts.Now().Before(h.recheckAt) {
+		return false
+	}
+	h.recheckAt = time.Time{}
+	return connected
+}
+
+// retryAfter spaces the tries after unanswered renewals: from a quarter
+// of a second (shorter for short intervals), doubling with each failure
+// in a row up to a quarter of the interval, with jitter, and never more
+// than a quarter of the validity left. A bus too slow to answer is not
+// sent more of the same at once by every holder that waited on it.
+func (h *Holder) retryAfter() time.Duration {
+	base := min(250*time.Millisecond, h.opts.Interval/8)
+	d := base << min(h.failures-1, 16)
+	d = min(d, max(base, h.opts.Interval/4))
+	d = d*4/5 + rand.N(d*2/5+1) // ±20 %
+	h.mu.Lock()
+	left := h.validUntil.Sub(h.opts.Now())
+	h.mu.Unlock()
+	return max(min(d, left/4), time.Millisecond)
+}
+
+// renew sends one renewal and reports whether it was answered (granted,
+// refused, or made moot by the holder stopping): false asks for a retry.
+func (h *Holder) renew(ctx context.Context) bool {
 	if h.renewID == "" {
 		h.renewID = NewRequestID()
 		h.renewSent = h.opts.Now()
@@ -637,30 +786,35 @@ func (h *Holder) renew(ctx context.Context) time.Duration {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		if h.state == lease.Lost {
-			return h.opts.Interval
+			return true
 		}
 		h.lease = *l
 		h.validUntil = sent.Add(time.Duration(l.TTL) - h.opts.Margin)
 		h.heardLocked(sent) // the service answered: alive since sent
 		if h.epoch != epoch {
 			// A doubt arose while this renewal was under way: its answer
-			// may predate a revoke. Ask again (run was poked).
-			return h.opts.Interval
+			// may predate a revoke. Left to what settles that doubt (run
+			// was poked, or a recheck is pending).
+			return true
 		}
+		h.recheckAt = time.Time{}
 		h.setStateLocked(lease.Held, nil)
-		return h.opts.Interval
+		return true
 	case ctx.Err() != nil:
-		return h.opts.Interval
+		return true
 	case lease.IsFenced(err):
 		h.setLost(fmt.Errorf("%w: renew refused: %w", lease.ErrLeaseLost, err))
-		return h.opts.Interval
+		return true
 	case errors.Is(err, context.Canceled):
-		// Cancelled by a connection change, which made the holder Unknown
-		// and pokes run once the connection is back.
-		return min(h.opts.Interval, 250*time.Millisecond)
+		// Cancelled by a connection change, which made the holder Unknown;
+		// its return has the session re-check.
+		return false
 	default:
-		h.setState(lease.Unknown, fmt.Errorf("%w: %s (fence %d): the lease service did not answer the renewal: %v", lease.ErrLeaseUnknown, req.LeaseID, h.Lease().Fence, err))
-		return min(h.opts.Interval, 250*time.Millisecond)
+		h.mu.Lock()
+		h.softDoubtLocked(fmt.Errorf("%w: %s (fence %d): the lease service did not answer the renewal: %v", lease.ErrLeaseUnknown, req.LeaseID, h.lease.Fence, err))
+		h.mu.Unlock()
+		h.c.session().kick()
+		return false
 	}
 }
 

@@ -80,6 +80,20 @@ func (l *liveness) heardIdentity(key string, t time.Time) {
 	}
 }
 
+// from makes every session's silence count from no earlier than now. A
+// new primary calls it: it heard none of the keepalives its predecessor
+// answered, and those sent while no instance was primary were answered by
+// none — forwarded to a primary that was gone. Counted from before, the
+// sessions of a whole fleet, alive and beating, looked silent past their
+// grace after a failover, and lost their leases.
+func (l *liveness) from(now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.After(l.since) {
+		l.since = now
+	}
+}
+
 // silent is how long the session has sent nothing this instance knows of.
 func (l *liveness) silent(key string, now time.Time) time.Duration {
 	l.mu.Lock()
@@ -166,22 +180,9 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 	now := s.cfg.Now()
 	s.live.heard(sessionKey(id, r.Session), now)
 	answers := make([]keptAnswer, len(r.Leases))
-	var ask []int
-	for i, k := range r.Leases {
-		answers[i].LeaseID = k.LeaseID
-		l, age, ok := s.cachedLease(k.LeaseID)
-		if !ok {
-			answers[i].Unknown = true
-			ask = append(ask, i)
-			continue
-		}
-		answers[i].Age = lease.Duration(age)
-		if l.Version != k.Version || l.Status != lease.StatusActive {
-			answers[i].Lease = &l
-		}
-	}
+	ask := s.keptFromViews(r.Leases, answers)
 	if len(ask) == 0 {
-		c.respond(reply{Kept: answers})
+		respondKept(c, answers, r.Compact)
 		return
 	}
 	s.goTracked(c, func() {
@@ -191,8 +192,69 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 			}
 			answers[i] = s.keptFromLog(r.Leases[i])
 		}
-		c.respond(reply{Kept: answers})
+		respondKept(c, answers, r.Compact)
 	})
+}
+
+// respondKept answers a keepalive with answers, one per lease it asked
+// after — or, to a compact one, with those that say more than "active at
+// the version asked" and one KeptRest for the others, as of the oldest
+// view among them.
+func respondKept(c *call, answers []keptAnswer, compact bool) {
+	if !compact {
+		c.respond(reply{Kept: answers})
+		return
+	}
+	var rest lease.Duration
+	var listed []keptAnswer
+	for _, a := range answers {
+		if a.Lease == nil && !a.Missing && !a.Unknown {
+			rest = max(rest, a.Age)
+			continue
+		}
+		listed = append(listed, a)
+	}
+	if len(listed) > 0 || c.reply != nil || c.msg == nil {
+		c.respond(reply{Kept: listed, KeptRest: &keptRest{Age: rest}})
+		return
+	}
+	c.answered(nil)
+	answer(c.msg, keptRestReply(rest))
+}
+
+// keptFromViews answers into answers, from this instance's views as
+// cachedLease would, each lease of ks it can vouch for now, and returns the
+// indexes of the others (marked Unknown): one hold of the service's lock
+// for them all, and a lease's record copied only when it is not what the
+// holder has. Thousands of keepalives a second come this way.
+func (s *Service) keptFromViews(ks []keptLease, answers []keptAnswer) (ask []int) {
+	v := s.viewing()
+	views := make([]*indexed, len(ks))
+	actors := make([]*actor, len(ks))
+	s.mu.Lock()
+	for i, k := range ks {
+		views[i], actors[i] = s.viewOfLocked(k.LeaseID)
+	}
+	s.mu.Unlock()
+	for i, k := range ks {
+		answers[i].LeaseID = k.LeaseID
+		var age time.Duration
+		ok := actors[i] != nil
+		if ok {
+			age, ok = s.viewAge(actors[i], v)
+		}
+		if !ok {
+			answers[i].Unknown = true
+			ask = append(ask, i)
+			continue
+		}
+		answers[i].Age = lease.Duration(age)
+		if ix := views[i]; ix.lease.Version != k.Version || ix.lease.Status != lease.StatusActive {
+			l := ix.lease
+			answers[i].Lease = &l
+		}
+	}
+	return ask
 }
 
 // maxKeptReads bounds the log reads one keepalive may cause: a request

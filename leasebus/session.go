@@ -63,6 +63,9 @@ type session struct {
 	holders map[*Holder]struct{} // guarded by mu
 	cancel  context.CancelFunc   // stops the running loop; nil when none. Guarded by mu
 	done    chan struct{}        // closed when the running loop returns. Guarded by mu
+	// again asks the running loop for a keepalive now: a holder doubts
+	// what the next one would settle (Holder.softDoubtLocked).
+	again chan struct{}
 
 	// watchMu guards the session's change notices: one subscription for
 	// every lease bound to it (see sessionNotices), and who watches which.
@@ -146,7 +149,7 @@ func (s *session) notice(m *nats.Msg) {
 // session returns the client's session, made on first use.
 func (c *Client) session() *session {
 	c.sessOnce.Do(func() {
-		c.sess = &session{c: c, id: sessionPrefix + randomToken(), holders: map[*Holder]struct{}{}}
+		c.sess = &session{c: c, id: sessionPrefix + randomToken(), holders: map[*Holder]struct{}{}, again: make(chan struct{}, 1)}
 	})
 	return c.sess
 }
@@ -261,6 +264,15 @@ const (
 	maxKeepaliveTries = 4
 )
 
+// kick asks the session's loop for a keepalive now; kicks while one is
+// pending or under way make one more, not one each.
+func (s *session) kick() {
+	select {
+	case s.again <- struct{}{}:
+	default:
+	}
+}
+
 // running reports whether the session's keepalive loop runs (it has
 // holders).
 func (s *session) running() bool {
@@ -335,6 +347,13 @@ func (s *session) run(ctx context.Context, done chan struct{}) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-s.again:
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
+			}
 		}
 		hs, every, silence := s.members()
 		if len(hs) == 0 {
@@ -352,49 +371,85 @@ func (s *session) run(ctx context.Context, done chan struct{}) {
 // keepalive is one keepalive for hs: each holder whose lease the service
 // vouched for counts it heard as of the view the answer came from.
 func (s *session) keepalive(ctx context.Context, hs []*Holder, silence time.Duration) {
-	req := keepaliveRequest{Session: s.id, Leases: make([]keptLease, 0, len(hs))}
-	byID := make(map[string]*Holder, len(hs))
-	held := make(map[string]lease.Lease, len(hs))
-	sent := make(map[string]time.Time, len(hs))
+	type asked struct {
+		h    *Holder
+		l    keptLease // the lease as h holds it
+		sent time.Time
+	}
+	req := keepaliveRequest{Session: s.id, Leases: make([]keptLease, 0, len(hs)), Compact: true}
+	asks := make([]asked, 0, len(hs))
+	// find is the index of the ask about lease id (-1: none): a scan for
+	// the few leases of most sessions, a map beyond.
+	var byID map[string]int
+	if len(hs) > 16 {
+		byID = make(map[string]int, len(hs))
+	}
+	find := func(id string) int {
+		if byID != nil {
+			if i, ok := byID[id]; ok {
+				return i
+			}
+			return -1
+		}
+		return slices.IndexFunc(asks, func(a asked) bool { return a.l.LeaseID == id })
+	}
 	for _, h := range hs {
-		l := h.Lease()
-		if !l.Active() {
-			continue
+		l, active := h.asKept()
+		if !active || find(l.LeaseID) >= 0 {
+			continue // (two holders of one lease: the first asks for both)
 		}
-		if _, dup := byID[l.LeaseID]; dup {
-			continue // two holders of one lease: the first asks for both
+		if byID != nil {
+			byID[l.LeaseID] = len(asks)
 		}
-		byID[l.LeaseID], held[l.LeaseID] = h, l
-		sent[l.LeaseID] = h.opts.Now()
-		req.Leases = append(req.Leases, keptLease{LeaseID: l.LeaseID, Repo: l.Repo, Fence: l.Fence, Version: l.Version})
+		asks = append(asks, asked{h, l, h.opts.Now()})
+		req.Leases = append(req.Leases, l)
 	}
 	if len(req.Leases) == 0 {
 		return
 	}
 	kctx, cancel := context.WithTimeout(ctx, silence)
 	defer cancel()
-	r, err := s.c.request(kctx, "keepalive", req, 0)
+	r, err := s.c.request(kctx, "keepalive", &req, 0)
 	if err == nil {
 		err = r.Error.err()
 	}
 	if err != nil {
 		return // nothing heard: each holder's silence runs on
 	}
+	// One answer per lease: a listed one, else KeptRest's.
+	answered := make([]bool, len(asks))
 	for _, k := range r.Kept {
-		h, ok := byID[k.LeaseID]
-		if !ok {
-			continue // not asked for: not the service's word on anything we hold
+		i := find(k.LeaseID)
+		if i < 0 || answered[i] {
+			continue // not asked for, or answered already: not the service's word on anything we hold
 		}
-		delete(byID, k.LeaseID) // one answer per lease
-		h.kept(held[k.LeaseID], k, sent[k.LeaseID])
+		answered[i] = true
+		asks[i].h.kept(asks[i].l, k, asks[i].sent)
 	}
+	if r.KeptRest == nil {
+		return
+	}
+	for i, a := range asks {
+		if !answered[i] {
+			a.h.kept(a.l, keptAnswer{LeaseID: a.l.LeaseID, Age: r.KeptRest.Age}, a.sent)
+		}
+	}
+}
+
+// asKept is the holder's lease as a keepalive asks after it, and whether
+// it is active.
+func (h *Holder) asKept() (keptLease, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	l := &h.lease
+	return keptLease{LeaseID: l.LeaseID, Repo: l.Repo, Fence: l.Fence, Version: l.Version}, l.Active()
 }
 
 // kept applies the service's word on the holder's lease held, from a
 // keepalive sent at sent. A view confirmed Age before the answer counts as
 // heard Age before the keepalive was sent: the service cannot have
 // confirmed it earlier than that on any clock.
-func (h *Holder) kept(held lease.Lease, k keptAnswer, sent time.Time) {
+func (h *Holder) kept(held keptLease, k keptAnswer, sent time.Time) {
 	h.sessionMu.Lock()
 	defer h.sessionMu.Unlock()
 	if h.left {
@@ -410,9 +465,14 @@ func (h *Holder) kept(held lease.Lease, k keptAnswer, sent time.Time) {
 	case k.Lease != nil && (k.Lease.LeaseID != held.LeaseID || k.Lease.Repo != held.Repo || k.Lease.Fence != held.Fence):
 		// Not the service's answer about this lease: nothing heard.
 	default:
-		h.heard(sent.Add(-max(time.Duration(k.Age), 0))) // never later than sent
+		confirmed := sent.Add(-max(time.Duration(k.Age), 0)) // never later than sent
+		h.heard(confirmed)
 		if k.Lease != nil {
 			h.observe(k.Lease)
+			return
 		}
+		// Active at the version asked after: settles a doubt older than
+		// the view.
+		h.settle(held, confirmed)
 	}
 }

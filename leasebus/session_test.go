@@ -2,8 +2,10 @@ package leasebus
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -227,8 +229,11 @@ func TestSessionNoticesOneSubscription(t *testing.T) {
 
 	// In the fleet account, as a runner: the service's notice of a revoke
 	// arrives on the holder identity's session subject.
+	// A renewal sends nothing there: a holder acts only on a lease's end,
+	// and a fleet's renewals would be most of what it is sent.
 	fleet := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder))
-	h, err := fleet.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "notice-fleet"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential(), HoldOptions{})
+	cred := NewCredential()
+	h, err := fleet.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "notice-fleet"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, cred, HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,6 +245,10 @@ func TestSessionNoticesOneSubscription(t *testing.T) {
 	if err := fleet.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	renewed, err := fleet.Renew(ctx, RenewRequest{LeaseID: h.Lease().LeaseID, Repo: repo, Credential: cred, Version: h.Lease().Version})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := b.c.Revoke(ctx, h.Lease().LeaseID, "test"); err != nil {
 		t.Fatal(err)
 	}
@@ -248,8 +257,9 @@ func TestSessionNoticesOneSubscription(t *testing.T) {
 		t.Fatalf("no notice of the revoke on the fleet holder's session subject: %v", err)
 	}
 	var got lease.Lease
-	if err := json.Unmarshal(m.Data, &got); err != nil || got.LeaseID != h.Lease().LeaseID || got.Status != lease.StatusRevoked {
-		t.Fatalf("notice %s (%v): want the revoked record of %s", m.Data, err, h.Lease().LeaseID)
+	if err := json.Unmarshal(m.Data, &got); err != nil || got.LeaseID != h.Lease().LeaseID || got.Status != lease.StatusRevoked || got.Version <= renewed.Version {
+		t.Fatalf("first notice on the session's subject %s (%v): want the revoked record of %s after version %d (a renewal's record is not announced there)",
+			m.Data, err, h.Lease().LeaseID, renewed.Version)
 	}
 }
 
@@ -261,4 +271,153 @@ func clientID(t *testing.T, c *Client) uint64 {
 		t.Fatal(err)
 	}
 	return id
+}
+
+// TestKeepaliveSettlesSilence: a holder that stopped vouching because the
+// service was silent is Held again on the session's next keepalive, with
+// no renewal: renewing every doubting lease, a write apiece, is what turned
+// a slow moment of a fleet's bus into a storm of appends.
+func TestKeepaliveSettlesSilence(t *testing.T) {
+	t.Parallel()
+	b := startBus(t)
+	ctx := ctxT(t)
+	c := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder))
+	var offset atomic.Int64 // the holder's clock runs ahead of the real one by this
+	clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	var renewals atomic.Int64
+	changes := make(chan lease.HolderState, 64)
+	h, err := c.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "settle"), Owner: owner(1), TTL: lease.Duration(10 * time.Minute)}, NewCredential(),
+		HoldOptions{Now: clock, Heartbeat: 5 * time.Second, Silence: 15 * time.Second,
+			OnRenew:  func(time.Duration, error) { renewals.Add(1) },
+			OnChange: func(s lease.HolderState, _ error) { changes <- s }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Orphan)
+	version := h.Lease().Version
+	// Past the silence on the holder's clock: the next write is refused.
+	// (Should the session's own beat have just been answered, go further.)
+	for tries := 0; ; tries++ {
+		offset.Add(int64(20 * time.Second))
+		if _, err := h.Fence(); errors.Is(err, lease.ErrLeaseUnknown) && strings.Contains(err.Error(), "no answer from the lease service") {
+			break
+		} else if tries == 5 {
+			t.Fatalf("Fence after %s of silence: %v, want the silence refusal", time.Duration(offset.Load()), err)
+		}
+	}
+	timeout := time.After(10 * time.Second)
+	for held := false; !held; {
+		select {
+		case s := <-changes:
+			held = s == lease.Held
+		case <-timeout:
+			st, err := h.State()
+			t.Fatalf("the session's keepalive did not settle the silence within 10 s: %s (%v)", st, err)
+		}
+	}
+	if _, err := h.Fence(); err != nil {
+		t.Fatalf("Fence once settled: %v", err)
+	}
+	if n, v := renewals.Load(), h.Lease().Version; n != 0 || v != version {
+		t.Fatalf("%d renewals (version %d, was %d): the keepalive alone was to settle the silence", n, v, version)
+	}
+}
+
+// TestSettleOnlyOnALaterView: a keepalive's answer settles a doubt only
+// if the view it vouches from was confirmed after the doubt arose, about
+// the very record the holder holds.
+func TestSettleOnlyOnALaterView(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	held := lease.Lease{LeaseID: "lease_test", Repo: repo, Status: lease.StatusActive, Version: 3, Fence: 7, TTL: lease.Duration(time.Minute)}
+	h := &Holder{opts: HoldOptions{Now: time.Now, Silence: time.Second}, lease: held, state: lease.Held, validUntil: now.Add(time.Hour), lost: make(chan struct{})}
+	state := func() lease.HolderState { // (State asks the connection too; this holder has none)
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.state
+	}
+	h.mu.Lock()
+	h.softDoubtLocked(errors.New("a doubt raised by the test"))
+	at := h.doubtAt
+	h.mu.Unlock()
+	other := held
+	other.Version++
+	k := func(l lease.Lease) keptLease {
+		return keptLease{LeaseID: l.LeaseID, Repo: l.Repo, Fence: l.Fence, Version: l.Version}
+	}
+	for _, c := range []struct {
+		name      string
+		l         lease.Lease
+		confirmed time.Time
+	}{
+		{"a view confirmed before the doubt", held, at.Add(-time.Millisecond)},
+		{"a view confirmed as the doubt arose", held, at},
+		{"another version of the lease", other, at.Add(time.Second)},
+	} {
+		h.settle(k(c.l), c.confirmed)
+		if st := state(); st != lease.Unknown {
+			t.Fatalf("%s settled the doubt: %s", c.name, st)
+		}
+	}
+	h.settle(k(held), at.Add(time.Millisecond))
+	if st := state(); st != lease.Held {
+		t.Fatalf("a later view of the held record did not settle the doubt: %s", st)
+	}
+}
+
+// TestCompactKeepaliveAnswer: the answer to a compact keepalive lists only
+// the leases it has more to say about (ended, another version, unknown to
+// the service) and vouches for the rest in one KeptRest; an old-style
+// keepalive still gets one answer per lease.
+func TestCompactKeepaliveAnswer(t *testing.T) {
+	t.Parallel()
+	b := startBus(t)
+	ctx := ctxT(t)
+	c := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder))
+	var ls []*lease.Lease
+	for i := range 3 {
+		l, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, fmt.Sprintf("compact-%d", i)), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	if _, err := b.c.Revoke(ctx, ls[0].LeaseID, "test"); err != nil {
+		t.Fatal(err)
+	}
+	missing := strings.Replace(ls[2].LeaseID, ls[2].LeaseID[len(ls[2].LeaseID)-4:], "0000", 1)
+	req := keepaliveRequest{Session: c.SessionID(), Compact: true, Leases: []keptLease{
+		{LeaseID: ls[0].LeaseID, Repo: repo, Fence: ls[0].Fence, Version: ls[0].Version}, // revoked since
+		{LeaseID: ls[1].LeaseID, Repo: repo, Fence: ls[1].Fence, Version: ls[1].Version}, // as held
+		{LeaseID: ls[2].LeaseID, Repo: repo, Fence: ls[2].Fence, Version: ls[2].Version}, // as held
+		{LeaseID: missing, Repo: repo, Fence: 1, Version: 1},                             // no such lease
+	}}
+	r, err := c.request(ctx, "keepalive", &req, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.KeptRest == nil {
+		t.Fatalf("compact answer %+v: no KeptRest", r)
+	}
+	listed := map[string]keptAnswer{}
+	for _, k := range r.Kept {
+		listed[k.LeaseID] = k
+	}
+	if k, ok := listed[ls[0].LeaseID]; !ok || k.Lease == nil || k.Lease.Status != lease.StatusRevoked {
+		t.Errorf("the revoked lease is not listed as revoked: %+v", k)
+	}
+	if k, ok := listed[missing]; !ok || !k.Missing && !k.Unknown {
+		t.Errorf("a lease the service does not have is not listed as missing or unknown: %+v", k)
+	}
+	if len(r.Kept) != 2 {
+		t.Errorf("compact answer lists %d leases (%+v), want the revoked one and the missing one only", len(r.Kept), r.Kept)
+	}
+	req.Compact = false
+	r, err = c.request(ctx, "keepalive", &req, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Kept) != 4 || r.KeptRest != nil {
+		t.Errorf("old-style answer %+v: want one answer per lease and no KeptRest", r)
+	}
 }

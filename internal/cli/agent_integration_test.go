@@ -157,9 +157,14 @@ func TestAgentOperatorShell(t *testing.T) {
 	}
 	var denials int
 	for _, l := range strings.Split(strings.TrimSpace(op.errOut.String()), "\n") {
-		if !strings.HasPrefix(l, "{") {
+		// The shell's own message shares the stream, and may be cut by
+		// a log line written between its two writes ("sh: 1: " then the
+		// line, then "cannot create ...").
+		i := strings.Index(l, "{")
+		if i < 0 {
 			continue
 		}
+		l = l[i:]
 		var m map[string]any
 		if err := json.Unmarshal([]byte(l), &m); err != nil {
 			t.Fatalf("log line %q: %v", l, err)

@@ -649,9 +649,17 @@ func TestKilledRunsIdentityCollected(t *testing.T) {
 	if err != nil || l.Status != lease.StatusReclaimed {
 		t.Fatalf("the killed run's lease: %+v %v, want reclaimed", l, err)
 	}
-	if _, err := nats.Connect(b.srv.ClientURL(), killed.Options()...); !errors.Is(err, nats.ErrAuthorization) {
-		t.Fatalf("a connection as the collected identity: %v, want %v", err, nats.ErrAuthorization)
-	}
+	// The server reads the identities again right after the file went.
+	testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		nc, err := nats.Connect(b.srv.ClientURL(), killed.Options()...)
+		if err == nil {
+			nc.Close()
+		}
+		if !errors.Is(err, nats.ErrAuthorization) {
+			return fmt.Errorf("a connection as the collected identity: %v, want %v", err, nats.ErrAuthorization)
+		}
+		return nil
+	})
 	// The live ones stay, connected.
 	for _, c := range []struct {
 		id *leasebus.EphemeralIdentity
