@@ -270,14 +270,20 @@ func (a *actor) readLog(ctx context.Context) (int, error) {
 		a.svc.audit.record(a.key, seq, evs)
 		a.keep(seq)
 	}
-	n, err := a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, onRecord)
+	audited := func() uint64 { // a first load starts at a snapshot and reads on back to it
+		if a.state.seq > 0 {
+			return 0
+		}
+		return a.svc.audit.auditedTo(ctx, a.key)
+	}
+	n, err := a.svc.store.load(ctx, a.key, a.state, audited(), a.svc.cfg.Now, onRecord)
 	if errors.Is(err, errBehind) {
 		// The stream dropped records of the repo this view never read
 		// (logKeep newer ones followed them): read it afresh, from the
 		// snapshot the stream keeps, as a start does.
 		a.svc.log.Info("lease log moved past this view; reading it afresh", "repo", a.state.repo)
 		a.state, a.kept = newRepoState(a.state.repo), seqWindow{}
-		n, err = a.svc.store.load(ctx, a.key, a.state, a.svc.cfg.Now, onRecord)
+		n, err = a.svc.store.load(ctx, a.key, a.state, audited(), a.svc.cfg.Now, onRecord)
 	}
 	if err != nil {
 		return n, err
@@ -405,7 +411,20 @@ func (a *actor) wakeAt(now time.Time) time.Time {
 	if wake.Before(a.retryAt) {
 		wake = a.retryAt // backing off after a failed batch
 	}
+	if p := a.svc.prim; p != nil && !a.svc.Primary() {
+		// Not in a term: a sweep could not append. beginTerm nudges every
+		// actor; a renewal that comes late ends no term, so check again
+		// now and then.
+		wake = maxTime(wake, now.Add(p.term/4))
+	}
 	return wake
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -488,8 +507,10 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 			if err := cmp.Or(a.svc.storeFault(), a.svc.mayAppend(), a.awaitRoom(ctx)); err != nil {
 				// Known not written: refuse at once rather than wait for
 				// an append the bus cannot take (or that is not this
-				// instance's to make).
-				a.svc.log.Warn("append lease log refused", "repo", a.state.repo, "err", err)
+				// instance's to make: said once, when the term ended).
+				if a.svc.mayAppend() == nil {
+					a.svc.log.Warn("append lease log refused", "repo", a.state.repo, "err", err)
+				}
 				a.failAll(batch, err)
 				return
 			}
@@ -605,9 +626,12 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 // holders also learn of loss at their next renewal).
 func (a *actor) notify(e *entry) {
 	a.svc.announce(changedPrefix+"."+a.key+"."+e.LeaseID, e.publicJSON())
-	if e.Session != "" {
+	if e.Session != "" && !e.Active() {
 		// And to the session's holders, who hear it on one subscription
-		// for all their leases (sessionNotices).
+		// for all their leases (sessionNotices) — only that it ended: a
+		// holder acts on nothing else (Holder.observe), and a renewal's
+		// notice, one for each lease every interval, is most of what a
+		// fleet's service would send them.
 		a.svc.announce(sessionNotices(noticeInbox(e.Holder), e.Session), e.publicJSON())
 	}
 }

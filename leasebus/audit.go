@@ -225,6 +225,25 @@ func (w *auditWriter) forget(key string) {
 	}
 }
 
+// auditedTo is the log sequence up to which the repo's events are in the
+// audit stream: the chain's mark, as this instance knows it or else read
+// from the stream (0 when it cannot be read: a load then reads every
+// record the log keeps of the repo).
+func (w *auditWriter) auditedTo(ctx context.Context, key string) uint64 {
+	w.mu.Lock()
+	if c := w.chains[key]; c != nil && c.ready && !c.reread {
+		defer w.mu.Unlock()
+		return c.mark
+	}
+	w.mu.Unlock()
+	mark, _, err := w.readMark(ctx, key, 0)
+	if err != nil {
+		w.log.Debug("read the audit chain's mark before loading a lease log", "repo_key", key, "err", err)
+		return 0
+	}
+	return mark
+}
+
 // covered reports the log sequence up to which a repo's events are in the
 // audit stream as far as this instance knows (0: nothing known): the log
 // must not drop records beyond it (actor.roomToAppend). Records without events need
@@ -577,7 +596,7 @@ func (s *Service) syncAll(ctx context.Context) {
 			// made, or only answers someone had the server send onto the
 			// log (see serviceWrote), which start no actor.
 			st := newRepoState("")
-			_, err := s.store.load(ctx, key, st, s.cfg.Now, func(seq uint64, _ []lease.AuditEvent) { s.audit.markSeen(seq) })
+			_, err := s.store.load(ctx, key, st, 0, s.cfg.Now, func(seq uint64, _ []lease.AuditEvent) { s.audit.markSeen(seq) })
 			if err == nil && st.repo == "" {
 				continue
 			}

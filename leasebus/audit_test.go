@@ -260,7 +260,7 @@ func TestLogKeepsUnauditedRecords(t *testing.T) {
 	wantOnce(t, ctx, b.nc, auditRepo, &granted)
 	// A fresh read of what the log keeps (a restart) starts from a snapshot.
 	st := newRepoState("")
-	if _, err := b.svc.store.load(ctx, RepoKey(auditRepo), st, time.Now, nil); err != nil {
+	if _, err := b.svc.store.load(ctx, RepoKey(auditRepo), st, 0, time.Now, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := st.leases[l.LeaseID]; got == nil || got.Version != l.Version {

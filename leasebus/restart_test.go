@@ -11,7 +11,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 type ackedLease struct {
@@ -98,6 +101,34 @@ func TestServiceSurvivesBusRestart(t *testing.T) {
 	}
 }
 
+// renewTimes renews l n times, one commit each, and returns it as the last
+// renewal left it.
+func renewTimes(t testing.TB, b *bus, l *lease.Lease, cred Credential, n int) *lease.Lease {
+	t.Helper()
+	ctx := ctxT(t)
+	for range n {
+		var err error
+		if l, err = b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return l
+}
+
+// logStreamOf is JetStream on nc and the lease log stream's handle.
+func logStreamOf(t testing.TB, ctx context.Context, nc *nats.Conn) (jetstream.JetStream, jetstream.Stream) {
+	t.Helper()
+	js, err := JetStream(context.Background(), nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, LogStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, stream
+}
+
 // logMessages counts the messages of one repo's lease log.
 func logMessages(t testing.TB, ctx context.Context, js jetstream.JetStream, repo string) (uint64, *logRecord) {
 	t.Helper()
@@ -140,11 +171,7 @@ func TestSnapshotRollupAndReload(t *testing.T) {
 	}
 	// Each sequential renewal is one commit: drive past what the log keeps
 	// of a repo (logKeep), so that the grants' records are gone from it.
-	for range logKeep + 20 {
-		if a, err = b.c.Renew(ctx, RenewRequest{LeaseID: a.LeaseID, Credential: credA, Version: a.Version}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a = renewTimes(t, b, a, credA, logKeep+20)
 	js, err := JetStream(context.Background(), b.nc)
 	if err != nil {
 		t.Fatal(err)
@@ -261,15 +288,11 @@ func TestViewBehindTheLogIsReadAfresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := newRepoState("")
-	if _, err := b.svc.store.load(ctx, key, old, time.Now, nil); err != nil {
+	if _, err := b.svc.store.load(ctx, key, old, 0, time.Now, nil); err != nil {
 		t.Fatal(err)
 	}
-	for range logKeep + 10 {
-		if l, err = b.c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := b.svc.store.load(ctx, key, old, time.Now, nil); !errors.Is(err, errBehind) || errors.Is(err, errDamaged) {
+	l = renewTimes(t, b, l, cred, logKeep+10)
+	if _, err := b.svc.store.load(ctx, key, old, 0, time.Now, nil); !errors.Is(err, errBehind) || errors.Is(err, errDamaged) {
 		t.Fatalf("reading on from a view the log moved past: %v, want errBehind", err)
 	}
 	// The actor, handed that view, reads the log afresh.
@@ -284,5 +307,138 @@ func TestViewBehindTheLogIsReadAfresh(t *testing.T) {
 	got, err := b.c.Get(ctx, l.LeaseID)
 	if err != nil || got.Version != l.Version || !got.Active() {
 		t.Fatalf("after reading afresh: %+v %v, want version %d", got, err, l.Version)
+	}
+}
+
+// A first load reads a repo's log back from its last record to the newest
+// snapshot, each record by its sequence, and no further than the audit
+// needs: the records before the snapshot that the audit stream does not
+// cover yet are handed on for their events, none is read twice, and the
+// state is the one the forward walk (every record the stream keeps) folds.
+// A message the service did not write on the chain sends the load back to
+// the forward walk, which passes over it.
+func TestFirstLoadReadsBackToTheSnapshot(t *testing.T) {
+	t.Parallel()
+	b := startBus(t)
+	ctx := ctxT(t)
+	const backRepo = "github.com/acme/back"
+	key := RepoKey(backRepo)
+	cred := NewCredential()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: backRepo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended, err := b.c.Acquire(ctx, AcquireRequest{Repo: backRepo, Scope: claim(t, "b"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.c.Revoke(ctx, ended.LeaseID, "test"); err != nil {
+		t.Fatal(err)
+	}
+	l = renewTimes(t, b, l, cred, logKeep+40)
+
+	// Every record the stream keeps of the repo, read forward: where the
+	// newest snapshot is.
+	js, stream := logStreamOf(t, ctx, b.nc)
+	var seqs []uint64
+	snap := -1
+	for next := uint64(1); ; {
+		m, err := stream.GetMsg(ctx, next, jetstream.WithGetMsgSubject(logSubjectFor(key)))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec logRecord
+		if err := json.Unmarshal(m.Data, &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Kind == recordSnapshot {
+			snap = len(seqs)
+		}
+		seqs = append(seqs, m.Sequence)
+		next = m.Sequence + 1
+	}
+	if len(seqs) != logKeep || snap < 0 || snap == len(seqs)-1 {
+		t.Fatalf("the log keeps %d records of the repo, the newest snapshot at %d: want %d with deltas after a snapshot", len(seqs), snap, logKeep)
+	}
+
+	walked := newRepoState("")
+	ws := &store{js: js}
+	wstream, err := ws.logStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws.walk(ctx, wstream, logSubjectFor(key), walked, time.Now, nil); err != nil {
+		t.Fatal(err)
+	}
+	same := func(got *repoState) error {
+		if got.repo != backRepo || got.seq != walked.seq || got.fence != walked.fence || len(got.leases) != len(walked.leases) || len(got.ended) != len(walked.ended) {
+			return fmt.Errorf("state %s at %d fence %d, %d active %d ended; the walk's: %s at %d fence %d, %d active %d ended",
+				got.repo, got.seq, got.fence, len(got.leases), len(got.ended), walked.repo, walked.seq, walked.fence, len(walked.leases), len(walked.ended))
+		}
+		for id, e := range walked.leases {
+			if g := got.leases[id]; g == nil || g.Version != e.Version || g.Fence != e.Fence {
+				return fmt.Errorf("lease %s: %+v, the walk's %+v", id, g, e)
+			}
+		}
+		if got.leases[l.LeaseID] == nil || got.leases[l.LeaseID].Version != l.Version || got.ended[ended.LeaseID] == nil {
+			return fmt.Errorf("the renewed lease or the revoked one is not as acknowledged")
+		}
+		return nil
+	}
+	for _, tc := range []struct {
+		name    string
+		audited uint64
+		// records read one by one besides the last, and handed on
+		reads, handed int
+	}{
+		{"everything audited", seqs[len(seqs)-1], len(seqs) - 1 - snap, len(seqs) - snap},
+		{"audited to before the snapshot", seqs[snap-3], len(seqs) - 1 - (snap - 2), len(seqs) - (snap - 2)},
+		// Back past the oldest record kept: one read finds nothing.
+		{"nothing known of the audit", 0, len(seqs), len(seqs)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewServiceMetrics()
+			ld := &store{js: js, metrics: m}
+			st := newRepoState("")
+			var handed []uint64
+			if _, err := ld.load(ctx, key, st, tc.audited, time.Now, func(seq uint64, _ []lease.AuditEvent) { handed = append(handed, seq) }); err != nil {
+				t.Fatal(err)
+			}
+			if err := same(st); err != nil {
+				t.Fatal(err)
+			}
+			if got := int(promtest.ToFloat64(m.reads.WithLabelValues("record"))); got != tc.reads {
+				t.Errorf("%d records read one by one, want %d", got, tc.reads)
+			}
+			if got := int(promtest.ToFloat64(m.reads.WithLabelValues("last"))); got != 1 {
+				t.Errorf("%d reads of the last record, want 1", got)
+			}
+			if !slices.Equal(handed, seqs[len(seqs)-tc.handed:]) {
+				t.Errorf("handed on %d records (%v…), want the last %d", len(handed), handed[:min(3, len(handed))], tc.handed)
+			}
+		})
+	}
+
+	// A message nobody wrote as the service, stored on the log's subject
+	// (a server's answer sent there): the chain back breaks at once, the
+	// forward walk passes over it.
+	ack, err := js.Publish(ctx, logSubjectFor(key), []byte(`{"not":"a record"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newRepoState("")
+	m := NewServiceMetrics()
+	if _, err := (&store{js: js, metrics: m}).load(ctx, key, st, 0, time.Now, nil); err != nil {
+		t.Fatal(err)
+	}
+	walked.seq = ack.Sequence // the state's sequence moves on to it; nothing else
+	if err := same(st); err != nil {
+		t.Fatalf("after a foreign message on the log: %v", err)
+	}
+	if got := int(promtest.ToFloat64(m.reads.WithLabelValues("record"))); got <= len(seqs) {
+		t.Fatalf("after a foreign message on the log, %d records read: want the forward walk's (more than %d)", got, len(seqs))
 	}
 }

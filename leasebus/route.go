@@ -172,7 +172,7 @@ func (s *Service) load(ctx context.Context, key string) (*actor, error) {
 
 // loadAhead bounds how many repos' logs the background pass (and a scan
 // for old-form ids) reads at once.
-const loadAhead = 4
+const loadAhead = 32
 
 // loadEvery loads every repo's log that this instance has not loaded yet,
 // loadAhead at a time, while the service already serves: leases nobody

@@ -111,7 +111,7 @@ type Service struct {
 
 	mu       sync.Mutex
 	actors   map[string]*actor     // by repo key; guarded by mu
-	index    map[string]indexed    // lease id -> its repo key and record; guarded by mu
+	index    map[string]*indexed   // lease id -> its repo key and record (never changed once made: replaced); guarded by mu
 	stopping bool                  // no new goroutines once set; guarded by mu
 	subs     []*nats.Subscription  // guarded by mu
 	tailing  atomic.Bool           // following other instances' appends (and announcing ours)
@@ -195,7 +195,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		cfg.Logger.Warn("the lease service answers on its one connection: the bus has no fleet account, so a holder can have JetStream's answers stored in the lease streams (docs/trust.md)", "why", why)
 	}
 	s := &Service{nc: nc, fleet: fleet, ownFleet: ownFleet, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 64}, metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger,
-		actors: map[string]*actor{}, index: map[string]indexed{}, loading: map[string]*repoLoad{}, answerVia: map[*nats.Conn]*nats.Subscription{}}
+		actors: map[string]*actor{}, index: map[string]*indexed{}, loading: map[string]*repoLoad{}, answerVia: map[*nats.Conn]*nats.Subscription{}}
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.attach(s); err != nil {
 			if ownFleet {
@@ -452,8 +452,8 @@ type indexed struct {
 }
 
 // indexOf is what the index keeps of e, a lease of repo key.
-func indexOf(key string, e *entry) indexed {
-	return indexed{key: key, lease: e.Lease, holder: e.Holder, session: e.Session}
+func indexOf(key string, e *entry) *indexed {
+	return &indexed{key: key, lease: e.Lease, holder: e.Holder, session: e.Session}
 }
 
 func (s *Service) actorForLease(id string) (*actor, bool) {
@@ -501,28 +501,66 @@ const (
 // a view the other may have changed since.
 func (s *Service) cachedLease(id string) (l lease.Lease, age time.Duration, ok bool) {
 	s.mu.Lock()
-	ix, found := s.index[id]
-	a := s.actors[ix.key]
+	ix, a := s.viewOfLocked(id)
 	s.mu.Unlock()
-	if !found || a == nil {
+	if a == nil {
 		return lease.Lease{}, 0, false
 	}
-	if s.prim == nil && !s.tailing.Load() || s.prim != nil && s.vouches(a) {
-		return ix.lease, 0, true
-	}
-	conf := a.confirmed.Load()
-	if conf == nil {
-		return lease.Lease{}, 0, false
-	}
-	now := s.cfg.Now()
-	age = max(now.Sub(*conf), 0)
-	if age > refreshAfter {
-		a.refresh(now)
-	}
-	if age > maxCachedAge {
+	age, ok = s.viewAge(a, s.viewing())
+	if !ok {
 		return lease.Lease{}, 0, false
 	}
 	return ix.lease, age, true
+}
+
+// viewOfLocked is this instance's record of lease id and the actor of its
+// repo (nil when it has none). Called with mu held; the record is never
+// changed once indexed, so it may be read after mu is released.
+func (s *Service) viewOfLocked(id string) (*indexed, *actor) {
+	ix, found := s.index[id]
+	if !found {
+		return nil, nil
+	}
+	a := s.actors[ix.key]
+	if a == nil {
+		return nil, nil
+	}
+	return ix, a
+}
+
+// vantage is what decides, now, whether this instance vouches for its
+// views (viewing): once per request, however many leases it asks after.
+type vantage struct {
+	now    time.Time
+	sole   bool   // alone on the bus: every record is its own
+	term   uint64 // the primary's term it is in
+	inTerm bool
+}
+
+func (s *Service) viewing() vantage {
+	v := vantage{now: s.cfg.Now(), sole: s.prim == nil && !s.tailing.Load()}
+	if s.prim != nil {
+		v.term, v.inTerm = s.prim.current(v.now)
+	}
+	return v
+}
+
+// viewAge is how old the view of a's repo is (0: vouched for, as the
+// log's own), and whether this instance may answer from it at all (see
+// cachedLease); it asks a to refresh a view getting old.
+func (s *Service) viewAge(a *actor, v vantage) (time.Duration, bool) {
+	if v.sole || s.prim != nil && v.inTerm && a.term.Load() == v.term {
+		return 0, true
+	}
+	conf := a.confirmed.Load()
+	if conf == nil {
+		return 0, false
+	}
+	age := max(v.now.Sub(*conf), 0)
+	if age > refreshAfter {
+		a.refresh(v.now)
+	}
+	return age, age <= maxCachedAge
 }
 
 func (s *Service) unindex(ids []string) {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -152,46 +153,91 @@ func bound(cfg jetstream.StreamConfig, reservable int64) jetstream.StreamConfig 
 	return cfg
 }
 
-// ensureBounded creates or updates the streams cfgs (in order) within
-// their budgets: a new stream, or one without a MaxBytes, gets its share
-// of what the server can reserve; an existing one keeps its size.
+// ensureBounded creates or updates the streams cfgs within their budgets:
+// a new stream, or one without a MaxBytes, gets its share of what the
+// server can reserve; an existing one keeps its size. The streams are
+// looked up, then made, side by side: on a cluster each new replicated
+// stream elects its leader (seconds), and one after another the elections
+// took a new three-node cluster about 30 s to start. The first error in
+// cfgs' order is returned.
 func ensureBounded(ctx context.Context, js jetstream.JetStream, cfgs []jetstream.StreamConfig) error {
-	var reservable int64 = -1
-	for _, cfg := range cfgs {
-		s, err := js.Stream(ctx, cfg.Name)
-		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("look up stream %s: %w", cfg.Name, err)
-		}
-		if err == nil && s.CachedInfo().Config.MaxBytes > 0 {
-			cfg = bound(cfg, 0)
-			cfg.MaxBytes = s.CachedInfo().Config.MaxBytes
-			if _, err := js.UpdateStream(ctx, cfg); err != nil {
-				return fmt.Errorf("update stream %s: %w", cfg.Name, err)
+	found := make([]jetstream.Stream, len(cfgs))
+	errs := make([]error, len(cfgs))
+	var wg sync.WaitGroup
+	for i, cfg := range cfgs {
+		wg.Go(func() {
+			s, err := js.Stream(ctx, cfg.Name)
+			switch {
+			case errors.Is(err, jetstream.ErrStreamNotFound):
+			case err != nil:
+				errs[i] = fmt.Errorf("look up stream %s: %w", cfg.Name, err)
+			default:
+				found[i] = s
 			}
-			continue
-		}
-		if reservable < 0 {
-			if reservable, err = measureReservable(ctx, js, cfg.Replicas); err != nil {
+		})
+	}
+	wg.Wait()
+	if err := firstError(errs); err != nil {
+		return err
+	}
+	var reservable int64 = -1
+	for i := range cfgs {
+		if found[i] == nil || found[i].CachedInfo().Config.MaxBytes == 0 {
+			var err error
+			if reservable, err = measureReservable(ctx, js, cfgs[i].Replicas); err != nil {
 				return err
 			}
+			break
 		}
-		cfg = bound(cfg, reservable)
-		if s != nil {
-			_, err = js.UpdateStream(ctx, cfg)
-		} else {
-			_, err = js.CreateStream(ctx, cfg)
-			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-				// Another service instance made it meanwhile: keep its size.
-				return ensureBounded(ctx, js, cfgs)
-			}
-		}
-		if noRoom(err) {
-			return fmt.Errorf("the bus's store cannot reserve %d MiB for stream %s (its least; %d MiB were reservable): give the store a larger volume (or JetStream a larger max_file): %w",
-				cfg.MaxBytes>>20, cfg.Name, reservable>>20, err)
-		}
+	}
+	for i, cfg := range cfgs {
+		wg.Go(func() { errs[i] = ensureBound(ctx, js, cfg, found[i], reservable) })
+	}
+	wg.Wait()
+	return firstError(errs)
+}
+
+// firstError is the first of errs that is not nil.
+func firstError(errs []error) error {
+	for _, err := range errs {
 		if err != nil {
-			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
+			return err
 		}
+	}
+	return nil
+}
+
+// ensureBound creates the stream cfg (s nil) or updates s to cfg, within
+// its budget (see ensureBounded).
+func ensureBound(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, s jetstream.Stream, reservable int64) error {
+	if s != nil && s.CachedInfo().Config.MaxBytes > 0 {
+		keep := bound(cfg, 0)
+		keep.MaxBytes = s.CachedInfo().Config.MaxBytes
+		if _, err := js.UpdateStream(ctx, keep); err != nil {
+			return fmt.Errorf("update stream %s: %w", cfg.Name, err)
+		}
+		return nil
+	}
+	bounded := bound(cfg, reservable)
+	var err error
+	if s != nil {
+		_, err = js.UpdateStream(ctx, bounded)
+	} else {
+		_, err = js.CreateStream(ctx, bounded)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			// Another service instance made it meanwhile: keep its size.
+			if s, err = js.Stream(ctx, cfg.Name); err != nil {
+				return fmt.Errorf("look up stream %s: %w", cfg.Name, err)
+			}
+			return ensureBound(ctx, js, cfg, s, reservable)
+		}
+	}
+	if noRoom(err) {
+		return fmt.Errorf("the bus's store cannot reserve %d MiB for stream %s (its least; %d MiB were reservable): give the store a larger volume (or JetStream a larger max_file): %w",
+			bounded.MaxBytes>>20, cfg.Name, reservable>>20, err)
+	}
+	if err != nil {
+		return fmt.Errorf("create stream %s: %w", cfg.Name, err)
 	}
 	return nil
 }

@@ -29,6 +29,11 @@ func TestStaggeredClusterStart(t *testing.T) {
 	}
 	logs := &logBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the nodes' and services' logs:\n%s", logs)
+		}
+	})
 	type started struct {
 		i   int
 		n   *Node
