@@ -36,21 +36,34 @@ import (
 type testCluster struct {
 	srvs []*server.Server
 	urls []string
+	// routes[i][j] relays node i's route to node j (bridged clusters
+	// only), so that a node can be cut off (isolate).
+	routes [][]*testutil.Bridge
 }
 
-func startCluster(t *testing.T) *testCluster {
+func startCluster(t *testing.T) *testCluster { return startClusterOf(t, false) }
+
+// startClusterOf starts three nodes; bridged, their routes go through
+// relays that isolate can cut.
+func startClusterOf(t *testing.T, bridged bool) *testCluster {
 	t.Helper()
 	ports := testutil.FreePorts(t, 6)
-	c := &testCluster{srvs: make([]*server.Server, 3)}
+	c := &testCluster{srvs: make([]*server.Server, 3), routes: make([][]*testutil.Bridge, 3)}
 	var routes []string
 	for i := range 3 {
 		c.urls = append(c.urls, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
 		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[3+i]))
 	}
 	for i := range 3 {
+		c.routes[i] = make([]*testutil.Bridge, 3)
 		var peers []string
 		for j, r := range routes {
-			if j != i {
+			switch {
+			case j == i:
+			case bridged:
+				c.routes[i][j] = testutil.NewBridge(t, fmt.Sprintf("127.0.0.1:%d", ports[3+j]))
+				peers = append(peers, "nats://"+c.routes[i][j].Addr())
+			default:
 				peers = append(peers, r)
 			}
 		}
@@ -65,6 +78,22 @@ func startCluster(t *testing.T) *testCluster {
 		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
 	}
 	return c
+}
+
+// isolate cuts node k off from the others (cut) or heals it: a partition,
+// not a shutdown, so its stream leaderships end by election, as when a
+// node dies, not by handing them over.
+func (c *testCluster) isolate(t *testing.T, k int, cut bool) {
+	t.Helper()
+	for i := range c.srvs {
+		if i != k {
+			if c.routes[i][k] == nil {
+				t.Fatal("isolate: the cluster's routes are not bridged")
+			}
+			c.routes[i][k].Partition(cut)
+			c.routes[k][i].Partition(cut)
+		}
+	}
 }
 
 func (c *testCluster) connect(t *testing.T) *nats.Conn {

@@ -38,6 +38,15 @@ import (
 // its claim, and a standby takes over at once; one that crashes is
 // replaced within the term plus primaryGap plus a poll.
 //
+// A primary's term also runs out when its renewals go unanswered for a
+// term: the claim's stream electing a new leader takes seconds, longer
+// than a term, when the node that led it dies. The primary then takes the
+// claim back at once if the last record is still its own (lapsed), while
+// a standby waits primaryGap after it can read the claim again
+// (sinceBack): a takeover would cost a load of every repo's log, which
+// at 10,000 leases took longer than the holders' TTL, where a lapsed
+// primary's views need one read per repo.
+//
 // What the claim does not decide, compare-and-swap still does: every
 // append is one on its repo's log, so even two instances that both believe
 // they are primary could not grant over each other's leases.
@@ -98,6 +107,8 @@ type primacy struct {
 	// mu.
 	seen           uint64
 	seenAt, readAt time.Time
+	// backAt is when the claim was read again after a read failed; guarded by mu.
+	backAt time.Time
 }
 
 // mayReread reports whether the claim was read longer than rereadEvery
@@ -353,7 +364,10 @@ func (s *Service) elect(ctx context.Context) {
 		}
 		wait = p.term / 8
 		seq, free, age, err := s.observeClaim(ctx)
-		if err != nil || !free && age < p.term+primaryGap {
+		if err != nil {
+			continue
+		}
+		if !free && !p.lapsed(seq) && (age < p.term+primaryGap || p.sinceBack(s.cfg.Now()) < primaryGap) {
 			continue
 		}
 		sent := s.cfg.Now()
@@ -361,12 +375,44 @@ func (s *Service) elect(ctx context.Context) {
 		if err != nil {
 			if !errors.Is(err, errCAS) {
 				s.log.Warn("primary election: claim", "err", err)
+			} else {
+				// Another took it: read whose at once, so that the requests
+				// this standby takes go to it, not answered "the claim is
+				// free" from the read before (for half a second after
+				// every start, when all instances race for the claim).
+				wait = 0
 			}
-			continue // another took it: watch theirs
+			continue
 		}
 		s.beginTerm(got, sent.Add(p.term))
 		wait = p.term / 4
 	}
+}
+
+// lapsed reports whether the claim's last record, at seq, is this
+// instance's own last renewal: its term ran out with no renewal
+// acknowledged (the claim's stream electing a leader, most likely) and
+// nobody has claimed since. It takes the claim back at once: there is no
+// other instance's term to wait out, and its views of the repos need a
+// re-read each, not the load a standby's takeover costs. A standby that
+// could not read the claim waits primaryGap after reading it again
+// (sinceBack), so the lapsed primary, which reads the claim as often,
+// comes first.
+func (p *primacy) lapsed(seq uint64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seq != 0 && seq == p.seq
+}
+
+// sinceBack is how long the claim has been readable again since a read of
+// it last failed (long: never failed).
+func (p *primacy) sinceBack(now time.Time) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.backAt.IsZero() {
+		return time.Duration(1<<63 - 1)
+	}
+	return now.Sub(p.backAt)
 }
 
 // observeClaim reads the claim and notes what it says for routing: its
@@ -386,6 +432,9 @@ func (s *Service) observeClaim(ctx context.Context) (seq uint64, free bool, age 
 	}
 	if seq != p.seen || p.seenAt.IsZero() {
 		p.seen, p.seenAt = seq, now
+	}
+	if p.readErr != nil {
+		p.backAt = now
 	}
 	free = seq == 0 || rec.Released
 	p.leader, p.free, p.readErr = rec.Writer, free, nil
@@ -479,6 +528,7 @@ func (s *Service) beginTerm(seq uint64, until time.Time) {
 	p.began = true
 	p.leader, p.free, p.readErr = s.store.writer, false, nil
 	p.mu.Unlock()
+	s.live.from(s.cfg.Now()) // every session gets its whole grace from the takeover
 	s.log.Info("this lease service instance is the primary: it serves the lease requests", "term", n)
 	for _, a := range s.allActors() {
 		a.nudge()

@@ -183,6 +183,14 @@ func TestPrimaryCrashTakeover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A standby that has run for an hour, and last heard a session (whose
+	// keepalives the primary answered since) long ago.
+	const session = "UHOLDER.sess_0123456789abcdef0123456789abcdef"
+	standby := svcs[1-p].live
+	standby.mu.Lock()
+	standby.since = time.Now().Add(-time.Hour)
+	standby.mu.Unlock()
+	standby.heard(session, time.Now().Add(-30*time.Minute))
 	conns[p].Close()
 	svcs[p].prim.mu.Lock()
 	termEnd := svcs[p].prim.until // its last renewal's: it renews no more
@@ -204,6 +212,11 @@ func TestPrimaryCrashTakeover(t *testing.T) {
 	primaryOf(t, rest, 10*time.Second)
 	if early := termEnd.Add(primaryGap).Sub(time.Now()); early > 0 {
 		t.Fatalf("the standby took over %s before the cut-off primary's term ended plus the gap (%s)", early, primaryGap)
+	}
+	// The new primary counts every session's silence from its takeover:
+	// the keepalives went to its predecessor.
+	if silent := standby.silent(session, time.Now()); silent > 10*time.Second {
+		t.Fatalf("the new primary counts a session silent for %s: it would reclaim the leases of every session its predecessor heard", silent.Round(time.Second))
 	}
 	got, err := c.Get(ctx, l.LeaseID)
 	if err != nil || !got.Active() || got.Fence != l.Fence {

@@ -1,0 +1,87 @@
+//go:build integration
+
+package leasebus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fenceline/fenceline/lease"
+)
+
+// TestClusterPrimaryTakesItsLapsedClaimBack: the node leading the claim's
+// stream is cut off from the others while neither instance runs on it. The primary cannot renew
+// its claim until the stream has elected another leader (seconds, longer
+// than a term), so its term runs out; once the claim can be written
+// again, the last record is still its own, and it takes the claim back at
+// once instead of leaving it to the standby, which would have had to load
+// every repo's log before serving (at 10,000 leases on this machine
+// longer than the holders' TTL). The standby never begins a term, and the
+// lease granted before is served on.
+func TestClusterPrimaryTakesItsLapsedClaimBack(t *testing.T) {
+	t.Parallel()
+	cl := startClusterOf(t, true)
+	ctx := ctxT(t)
+	// The streams first, to see where the claim's stream leads.
+	js, err := JetStream(context.Background(), cl.connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 60*time.Second, 100*time.Millisecond, func() error {
+		ectx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return ensureStreams(ectx, js, 3)
+	})
+	k := -1
+	checkFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if k = cl.streamLeader(PrimaryStream); k < 0 {
+			return errors.New("the claim's stream has no leader yet")
+		}
+		return nil
+	})
+	var svcs []*Service
+	for i := range cl.srvs {
+		if i == k {
+			continue
+		}
+		svc, _ := startClusterServiceWith(ctx, t, connect(t, cl.urls[i]), ServiceConfig{Primary: true, PrimaryTerm: testTerm})
+		svcs = append(svcs, svc)
+	}
+	p := primaryOf(t, svcs, 30*time.Second)
+	c := NewClient(connect(t, cl.urls[(k+1)%3]))
+	l, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "kept"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cl.isolate(t, k, true)
+	killed := time.Now()
+	checkFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+		if svcs[p].Primary() {
+			return errors.New("the primary's term has not run out yet")
+		}
+		return nil
+	})
+	lapsed := time.Since(killed)
+	checkFor(t, 60*time.Second, 10*time.Millisecond, func() error {
+		if !svcs[p].Primary() {
+			return fmt.Errorf("instance %d (the primary before) is not primary again yet", p)
+		}
+		return nil
+	})
+	t.Logf("the claim's stream leader was cut off; the primary's term ran out %s later and it took the claim back %s after the cut",
+		lapsed.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
+	if n := svcs[1-p].prim.number; n != 0 {
+		t.Fatalf("the standby began %d terms: the lapsed primary did not come first", n)
+	}
+	got, err := c.Get(ctx, l.LeaseID)
+	if err != nil || !got.Active() || got.Fence != l.Fence {
+		t.Fatalf("after the claim came back: %+v %v, want the lease granted before", got, err)
+	}
+	if _, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "after"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatalf("acquire after the claim came back: %v", err)
+	}
+}
