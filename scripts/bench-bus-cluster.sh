@@ -11,6 +11,7 @@
 #
 #   scripts/bench-bus-cluster.sh [-l 1000,10000,50000] [-r 1000] [-d 120s]
 #       [-t 30s] [-c 50] [-p 10] [-i 8] [-m DURATION] [-R 250] [-f] [-P DIR]
+#       [-K SECS] [-k NODE]
 #
 #   -l  levels: active leases, comma-separated (default 1000,10000,50000)
 #   -r  repos (default 1000)
@@ -27,7 +28,15 @@
 #       level that lost leases or did not hold them all is the last)
 #   -P  profile: each node serves --metrics (and pprof) on a loopback port, and
 #       20 s into the steady window a 20 s CPU profile of each node is written
-#       to DIR/cpu-<level>-n<i>.pprof (go tool pprof -top DIR/cpu-...)
+#       to DIR/cpu-<level>-n<i>.pprof (go tool pprof -top DIR/cpu-...), and one
+#       of the driver to DIR/cpu-<level>-driver.pprof; the nodes' logs are kept
+#       there too (DIR/node-<level>-n<i>.log)
+#   -K  restart: SECS into the steady window, kill -9 one node (-k: 0, 1 or 2,
+#       default 0, or the node of the primary lease service instance or of a
+#       standby: -k primary, -k standby; which one's was killed is printed) and start it again
+#       at once on its store; prints how long until it says its lease service
+#       is ready again (RESTART node=... role=... ready_s=...), while the
+#       driver goes on measuring (its RSS and CPU samples of that node stop)
 #
 # Prints the driver's SAMPLE lines (held leases, each node's RSS and CPU
 # every 5 s) and one line per level:
@@ -56,7 +65,9 @@ rampmax=
 ramprate=250
 force=0
 profdir=
-while getopts "l:r:d:t:c:p:i:m:R:fP:" opt; do
+restart=
+restartnode=0
+while getopts "l:r:d:t:c:p:i:m:R:fP:K:k:" opt; do
   case $opt in
     l) levels=$OPTARG ;;
     r) repos=$OPTARG ;;
@@ -69,10 +80,13 @@ while getopts "l:r:d:t:c:p:i:m:R:fP:" opt; do
     R) ramprate=$OPTARG ;;
     f) force=1 ;;
     P) profdir=$(mkdir -p "$OPTARG" && cd "$OPTARG" && pwd) ;;
+    K) restart=$OPTARG ;;
+    k) restartnode=$OPTARG ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 done
-case $levels$repos$churn$perconn$idents${ramprate%.*} in *[!0-9,]*) echo "-l, -r, -c, -p, -i and -R take numbers" >&2; exit 2 ;; esac
+case $levels$repos$churn$perconn$idents${ramprate%.*}$restart in *[!0-9,]*) echo "-l, -r, -c, -p, -i, -R and -K take numbers" >&2; exit 2 ;; esac
+case $restartnode in 0|1|2|primary|standby) ;; *) echo "-k takes 0, 1, 2, primary or standby" >&2; exit 2 ;; esac
 
 # seconds of a Go-style duration (90s, 2m, 1m30s): for the time bounds.
 secs() {
@@ -89,6 +103,18 @@ secs() {
   done
   echo "$total"
 }
+
+# start_node I starts node nI of the level in the background ($! is its pid),
+# appending to its log.
+start_node() {
+  local i=$1 metrics=()
+  [ -z "$profdir" ] || metrics=(--metrics "127.0.0.1:${ports[$((6 + i))]}")
+  XDG_STATE_HOME=$lvl/n$i/state FENCELINE_CREDS=$creds "$bin" bus serve --name "n$i" --cluster-name fleet \
+    --fence-secrets "$work/fence-secrets" --listen "127.0.0.1:${ports[$i]}" \
+    --cluster-listen "127.0.0.1:${ports[$((3 + i))]}" --routes "${noderoutes[$i]}" --store "$lvl/n$i/store" "${metrics[@]}" \
+    >>"$lvl/n$i.log" 2>&1 &
+}
+noderoutes=()
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
@@ -131,19 +157,15 @@ results=$work/results.txt
 for n in ${levels//,/ }; do
   lvl=$work/level-$n
   mkdir -p "$lvl"
-  read -r -a ports <<<"$("$work/fleetbench" ports 9)"
+  read -r -a ports <<<"$("$work/fleetbench" ports 10)"
   urls=
   nodes=
   for i in 0 1 2; do
     routes=
     for j in 0 1 2; do [ "$j" = "$i" ] || routes=${routes:+$routes,}nats://127.0.0.1:${ports[$((3 + j))]}; done
     mkdir -p "$lvl/n$i/state"
-    metrics=()
-    [ -z "$profdir" ] || metrics=(--metrics "127.0.0.1:${ports[$((6 + i))]}")
-    XDG_STATE_HOME=$lvl/n$i/state FENCELINE_CREDS=$creds "$bin" bus serve --name "n$i" --cluster-name fleet \
-      --fence-secrets "$work/fence-secrets" --listen "127.0.0.1:${ports[$i]}" \
-      --cluster-listen "127.0.0.1:${ports[$((3 + i))]}" --routes "$routes" --store "$lvl/n$i/store" "${metrics[@]}" \
-      >"$lvl/n$i.log" 2>&1 &
+    noderoutes[$i]=$routes
+    start_node "$i"
     pids+=($!)
     urls=${urls:+$urls,}nats://127.0.0.1:${ports[$i]}
     nodes=${nodes:+$nodes,}n$i=$!
@@ -169,9 +191,10 @@ for n in ${levels//,/ }; do
   echo "== level $n: cluster ready after $((SECONDS - t0)) s"
   if [ -n "$rampmax" ]; then ramp=$(secs "$rampmax"); else ramp=$(( 2 * n / ${ramprate%.*} + 60 )); fi
   bound=$(( ramp + $(secs "$dur") + 180 ))
+  : >"$lvl/driver.log" # before the tail below follows it
   timeout -k 15 "$bound" "$work/fleetbench" -urls "$urls" -creds "$creds" -identities "$ids" -nodes "$nodes" \
     -leases "$n" -repos "$repos" -ttl "$ttl" -churn "$churn" -d "$dur" -per-conn "$perconn" \
-    -ramp-max "${ramp}s" -ramp-rate "$ramprate" >"$lvl/driver.log" 2>&1 &
+    -ramp-max "${ramp}s" -ramp-rate "$ramprate" ${profdir:+-pprof "127.0.0.1:${ports[9]}"} >"$lvl/driver.log" 2>&1 &
   driver=$!
   tail -f --pid="$driver" "$lvl/driver.log" &
   tailer=$!
@@ -184,11 +207,58 @@ for n in ${levels//,/ }; do
       for i in 0 1 2; do
         curl -sf -m 40 -o "$profdir/cpu-$n-n$i.pprof" "http://127.0.0.1:${ports[$((6 + i))]}/debug/pprof/profile?seconds=20" &
       done
+      curl -sf -m 40 -o "$profdir/cpu-$n-driver.pprof" "http://127.0.0.1:${ports[9]}/debug/pprof/profile?seconds=20" &
       wait
     ) &
   fi
+  if [ -n "$restart" ]; then
+    # -K: kill -9 a node SECS into the steady window, start it again at
+    # once, and time it back to serving. Its new pid replaces the old one
+    # for stop_all.
+    (
+      while kill -0 "$driver" 2>/dev/null && ! grep -q '^ramp: ' "$lvl/driver.log"; do sleep 1; done
+      sleep "$restart"
+      is_primary() { grep -E 'is the primary: it serves|no longer the primary' "$lvl/n$1.log" | tail -1 | grep -q 'is the primary'; }
+      case $restartnode in
+        primary|standby)
+          k=
+          for i in 0 1 2; do
+            if is_primary "$i"; then p=primary; else p=standby; fi
+            if [ "$p" = "$restartnode" ] && [ -z "$k" ]; then k=$i; fi
+          done
+          k=${k:-0} ;;
+        *) k=$restartnode ;;
+      esac
+      role=standby
+      if is_primary "$k"; then role=primary; fi
+      readies=$(grep -c 'lease service ready' "$lvl/n$k.log" || true)
+      kill -KILL "${pids[$k]}" 2>/dev/null || true
+      t=$(date +%s.%N)
+      # (not this shell's child: wait until it is gone, and its ports free —
+      # a killed process is a zombie once its first thread is gone, while
+      # others may still be finishing a write to the store and holding its
+      # listening sockets)
+      while kill -0 "${pids[$k]}" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/${pids[$k]}/stat" 2>/dev/null)" != Z ]; do sleep 0.05; done
+      for _ in $(seq 600); do
+        [ -n "$(ss -Hltn "( sport = :${ports[$k]} or sport = :${ports[$((3 + k))]} )" 2>/dev/null)" ] || break
+        sleep 0.05
+      done
+      start_node "$k"
+      echo "$k $!" >"$lvl/restarted.pid"
+      echo "== restart: killed n$k ($role) with -9 and started it again"
+      ready=
+      while kill -0 "$driver" 2>/dev/null; do
+        if [ "$(grep -c 'lease service ready' "$lvl/n$k.log" || true)" -gt "$readies" ]; then ready=$(awk -v a="$t" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'); break; fi
+        sleep 0.1
+      done
+      echo "RESTART node=n$k role=$role ready_s=${ready:-not_while_measured}" | tee -a "$lvl/restart.txt"
+    ) &
+    restarter=$!
+  fi
   rc=0
   wait "$driver" || rc=$?
+  if [ -n "$restart" ]; then wait "$restarter" 2>/dev/null || true; fi
+  if [ -f "$lvl/restarted.pid" ]; then read -r k pid <"$lvl/restarted.pid"; pids[$k]=$pid; fi
   driver=
   wait "$tailer" 2>/dev/null || true
   line=$(grep '^RESULT ' "$lvl/driver.log" || true)
@@ -197,11 +267,13 @@ for n in ${levels//,/ }; do
     tail -5 "$lvl/driver.log"
   fi
   echo "$line" >>"$results"
+  [ ! -f "$lvl/restart.txt" ] || cat "$lvl/restart.txt" >>"$results"
   for i in 0 1 2; do
     echo "node n$i: $(grep -cE 'level=(ERROR|WARN)' "$lvl/n$i.log" || true) warnings and errors logged; most frequent:"
     grep -E 'level=(ERROR|WARN)' "$lvl/n$i.log" | grep -oE 'msg=("[^"]*"|[^ ]*)' | sort | uniq -c | sort -rn | head -4 || true
   done
   stop_all
+  if [ -n "$profdir" ]; then for i in 0 1 2; do cp "$lvl/n$i.log" "$profdir/node-$n-n$i.log"; done; fi
   rm -rf "$lvl"
   held=$(sed -n 's/.* held_end=\([0-9]*\).*/\1/p' <<<"$line")
   lost=$(sed -n 's/.* spurious_losses=\([0-9]*\).*/\1/p' <<<"$line")

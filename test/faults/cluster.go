@@ -50,6 +50,7 @@ type Node struct {
 	mu     sync.Mutex
 	cmd    *exec.Cmd     // guarded by mu
 	out    *bytes.Buffer // stdout and stderr of the current run; guarded by mu
+	before []string      // what its earlier runs printed; guarded by mu
 	done   chan struct{} // closed when the current run exited; guarded by mu
 	paused bool          // guarded by mu
 	runs   int           // guarded by mu
@@ -164,6 +165,9 @@ func (c *Cluster) start(p *Node) {
 	cmd := exec.Command(c.bin, p.args...)
 	cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+p.state, "FENCELINE_CREDS="+c.creds)
 	cmd.Env = append(cmd.Env, p.env...)
+	if p.out != nil {
+		p.before = append(p.before, p.out.String())
+	}
 	p.out = &bytes.Buffer{}
 	w := lockedWriter{mu: &p.mu, buf: &p.out}
 	cmd.Stdout, cmd.Stderr = w, w
@@ -251,12 +255,7 @@ func (c *Cluster) Isolate(p *Node, cut bool) {
 // answers "temporarily unavailable"), so a run that dials it is served.
 func (c *Cluster) WaitStreams(p *Node, timeout time.Duration) {
 	c.t.Helper()
-	nc := bustest.Connect(c.t, c.urls[slices.Index(c.Nodes, p)])
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		c.t.Fatal(err)
-	}
+	js := c.jetStream(c.urls[slices.Index(c.Nodes, p)])
 	testutil.CheckFor(c.t, timeout, 100*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -266,6 +265,58 @@ func (c *Cluster) WaitStreams(p *Node, timeout time.Duration) {
 		}
 		_, err = s.Info(ctx)
 		return err
+	})
+}
+
+// jetStream is JetStream through a connection to urls that the test
+// closes at its end.
+func (c *Cluster) jetStream(urls string) jetstream.JetStream {
+	c.t.Helper()
+	js, err := jetstream.New(bustest.Connect(c.t, urls))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return js
+}
+
+// WaitWhole waits until every stream on the cluster has a leader and
+// every one of its replicas is online and current, p among them: a node
+// back from a kill or a partition has caught up, so the cluster can take
+// its next fault (R3 outlives one node down at a time, not a second
+// while the first still catches up).
+func (c *Cluster) WaitWhole(p *Node, timeout time.Duration) {
+	c.t.Helper()
+	js := c.jetStream(c.URLsBut(p))
+	testutil.CheckFor(c.t, timeout, 100*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		streams := js.ListStreams(ctx)
+		n := 0
+		for info := range streams.Info() {
+			n++
+			cl := info.Cluster
+			if cl == nil || cl.Leader == "" {
+				return fmt.Errorf("stream %s has no leader", info.Config.Name)
+			}
+			// An R1 stream lives on one node, not necessarily p.
+			found := cl.Leader == p.Name || info.Config.Replicas < len(c.Nodes)
+			for _, r := range cl.Replicas {
+				if r.Offline || !r.Current {
+					return fmt.Errorf("stream %s: replica %s is not current (offline %v, lag %d)", info.Config.Name, r.Name, r.Offline, r.Lag)
+				}
+				found = found || r.Name == p.Name
+			}
+			if !found {
+				return fmt.Errorf("stream %s: %s is not among its replicas yet", info.Config.Name, p.Name)
+			}
+		}
+		if err := streams.Err(); err != nil {
+			return fmt.Errorf("list streams: %w", err)
+		}
+		if n == 0 {
+			return errors.New("no streams listed")
+		}
+		return nil
 	})
 }
 
@@ -302,8 +353,13 @@ func (c *Cluster) signal(p *Node, sig syscall.Signal) {
 }
 
 // killAll kills every process still running (continuing paused ones is
-// not needed: SIGKILL ends a stopped process too) and waits for them.
+// not needed: SIGKILL ends a stopped process too) and waits for them. A
+// failed test gets what every process printed, run by run: the nodes'
+// and services' own account of elections, takeovers and refusals.
 func (c *Cluster) killAll() {
+	if c.t.Failed() {
+		defer c.logOutputs()
+	}
 	for _, p := range append(append([]*Node{}, c.Nodes...), c.Services...) {
 		p.mu.Lock()
 		cmd, done := p.cmd, p.done
@@ -315,6 +371,26 @@ func (c *Cluster) killAll() {
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
+		}
+	}
+}
+
+// logOutputs logs the last lines each process printed in each run.
+func (c *Cluster) logOutputs() {
+	const tail = 80
+	for _, p := range append(append([]*Node{}, c.Nodes...), c.Services...) {
+		p.mu.Lock()
+		runs := append([]string{}, p.before...)
+		if p.out != nil {
+			runs = append(runs, p.out.String())
+		}
+		p.mu.Unlock()
+		for i, out := range runs {
+			lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+			if len(lines) > tail {
+				lines = append([]string{fmt.Sprintf("(%d lines before)", len(lines)-tail)}, lines[len(lines)-tail:]...)
+			}
+			c.t.Logf("%s, run %d of %d, printed:\n%s", p.Name, i+1, len(runs), strings.Join(lines, "\n"))
 		}
 	}
 }

@@ -378,6 +378,7 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 		settle(p)
 		crew.revokeAll("pause-log-leader", fmt.Sprintf("round %d, right after SIGCONT of %s (log leader)", round, p.Name), at)
 		progress(30, 45*time.Second)
+		cl.WaitWhole(p, 60*time.Second) // one fault at a time
 
 		crew.waitLanded(time.Time{})
 		p = leader(leasebus.AuditStream)
@@ -390,6 +391,7 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 		settle(p)
 		crew.revokeAll("pause-audit-leader", fmt.Sprintf("round %d, right after SIGCONT of %s (audit leader)", round, p.Name), at)
 		progress(30, 45*time.Second)
+		cl.WaitWhole(p, 60*time.Second)
 
 		crew.waitLanded(time.Time{})
 		t.Logf("round %d: SIGKILL service process %s", round, svc.Name)
@@ -410,6 +412,10 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 		settle(p)
 		crew.revokeAll("restart", fmt.Sprintf("round %d, right after %s and %s restarted", round, p.Name, svc.Name), at)
 		progress(20, 45*time.Second)
+		// The restarted node catches up before the next fault: pausing
+		// another while it still does leaves streams with one current
+		// replica of three, which no R3 cluster serves on.
+		cl.WaitWhole(p, 60*time.Second)
 
 		if pauseHolder {
 			crew.waitLanded(time.Time{})
@@ -430,6 +436,7 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 			t.Logf("round %d: SIGCONT %s after %s", round, p.Name, time.Since(paused).Round(time.Millisecond))
 			crew.regrant()
 			progress(20, 45*time.Second)
+			cl.WaitWhole(p, 60*time.Second)
 
 			// The same node cut off from the others instead of paused: its
 			// server goes on answering the run's pings, the revokes go
@@ -457,6 +464,7 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 			cl.WaitStreams(p, 60*time.Second)
 			crew.regrant()
 			progress(20, 45*time.Second)
+			cl.WaitWhole(p, 60*time.Second)
 		}
 	}
 	stop.Store(true)

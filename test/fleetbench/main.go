@@ -28,6 +28,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,6 +40,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/lease/scope"
 	"github.com/fenceline/fenceline/leasebus"
@@ -91,6 +94,7 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&c.inflight, "inflight", 200, "churn cycles in flight at most (past that a cycle is skipped and counted)")
 	fs.DurationVar(&c.sample, "sample", 5*time.Second, "how often to sample the nodes and the holders")
 	fs.StringVar(&nodes, "nodes", "", "the node processes to watch: name=pid,name=pid")
+	pprofAddr := fs.String("pprof", "", "serve the driver's own profiles (net/http/pprof) on this loopback address")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -104,6 +108,13 @@ func run(ctx context.Context, args []string) error {
 		c.rampMax = rampMaxFor(c.leases, c.rampRate)
 	}
 	c.identities = strings.Split(ids, ",")
+	if *pprofAddr != "" {
+		stop, err := servePprof(*pprofAddr)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	var err error
 	if c.nodes, err = parseNodes(nodes); err != nil {
 		return err
@@ -120,27 +131,45 @@ func rampMaxFor(n int, rate float64) time.Duration {
 	return 2*time.Duration(float64(n)/rate*float64(time.Second)) + time.Minute
 }
 
+// servePprof serves net/http/pprof's handlers on addr, a loopback
+// address, until stop is called.
+func servePprof(addr string) (stop func(), err error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || !net.ParseIP(host).IsLoopback() {
+		return nil, fmt.Errorf("-pprof %q: want a loopback host:port", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("-pprof: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	return func() {
+		_ = srv.Close()
+		<-done
+	}, nil
+}
+
+// printPorts prints n free loopback ports below the kernel's ephemeral
+// range (testutil.StablePorts): a node the bench kills is started again
+// on its ports.
 func printPorts(arg string) error {
 	var n int
 	if _, err := fmt.Sscan(arg, &n); err != nil || n <= 0 || n > 64 {
 		return fmt.Errorf("ports %q: want a count from 1 to 64", arg)
 	}
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	var ports []string
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, fmt.Sprint(ln.Addr().(*net.TCPAddr).Port))
+	ports, err := testutil.StablePorts(n)
+	if err != nil {
+		return err
 	}
-	fmt.Println(strings.Join(ports, " "))
+	fmt.Println(strings.Trim(fmt.Sprint(ports), "[]"))
 	return nil
 }
 
@@ -185,14 +214,16 @@ type load struct {
 	slots []*slot
 	conns []*nats.Conn
 
-	phase      atomic.Int32
-	rampAcq    Hist
-	steadyAcq  Hist
-	release    Hist
-	renew      [phaseDone]Hist
-	errs       Kinds
-	losses     Kinds // spurious losses, by the kind of the holder's error
-	unknowns   atomic.Int64
+	phase     atomic.Int32
+	rampAcq   Hist
+	steadyAcq Hist
+	release   Hist
+	renew     [phaseDone]Hist
+	errs      Kinds
+	losses    Kinds // spurious losses, by the kind of the holder's error
+	unknowns  atomic.Int64
+	// doubts counts the holders' Unknown events by why (doubtOf).
+	doubts     Kinds
 	churnSkips atomic.Int64
 	// disconnects counts the driver's connections dropped (a stale
 	// connection: the server's answers to PINGs came too late).
@@ -277,6 +308,7 @@ func level(ctx context.Context, cfg config) error {
 	add("client_msgs_per_s", "%.0f", float64(msgs1.InMsgs+msgs1.OutMsgs-msgs0.InMsgs-msgs0.OutMsgs)/steadyTook.Seconds())
 	add("client_kb_per_s", "%.0f", float64(msgs1.InBytes+msgs1.OutBytes-msgs0.InBytes-msgs0.OutBytes)/1024/steadyTook.Seconds())
 	add("unknown_events", "%d", l.unknowns.Load())
+	add("unknown_by_why", "%s", l.doubts.String())
 	add("disconnects", "%d", l.disconnects.Load())
 	add("errors_by_kind", "%s", l.errs.String())
 	add("losses_by_kind", "%s", l.losses.String())
@@ -385,13 +417,14 @@ func (l *load) acquire(ctx context.Context, s *slot, into *Hist) bool {
 				l.errs.AddErr("renew:"+kindOf(err), err)
 			}
 		},
-		OnChange: func(st lease.HolderState, _ error) {
+		OnChange: func(st lease.HolderState, err error) {
 			switch st {
 			case lease.Held:
 				state.Store(stateHeld)
 			case lease.Unknown:
 				state.Store(stateUnknown)
 				l.unknowns.Add(1)
+				l.doubts.Add(doubtOf(err))
 			default:
 				state.Store(stateLost)
 			}

@@ -199,6 +199,32 @@ func kindOf(err error) string {
 	return "other"
 }
 
+// doubtOf names why a holder fell Unknown, from its error: the service
+// silent past the holder's bound, its connection dropping or coming back,
+// a renewal unanswered, a notice that the lease ended, the service not
+// knowing the lease, or the check a new holder makes.
+func doubtOf(err error) string {
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	for _, k := range []struct{ phrase, kind string }{
+		{"no answer from the lease service", "silence"},
+		{"disconnected from the bus", "disconnect"},
+		{"reconnected to the bus", "reconnect"},
+		{"connection to the bus is closed", "closed"},
+		{"did not answer the renewal", "renew_unanswered"},
+		{"announced", "notice"},
+		{"does not know the lease", "missing"},
+		{"could not confirm", "confirm"},
+	} {
+		if strings.Contains(msg, k.phrase) {
+			return k.kind
+		}
+	}
+	return "other"
+}
+
 // Result is what one level measured: the fixed fields of its RESULT line,
 // then the extra ones in order.
 type Result struct {

@@ -109,3 +109,18 @@ func TestReadProcOfSelf(t *testing.T) {
 		t.Errorf("parseNodes of a bad list: %v", err)
 	}
 }
+
+func TestDoubtOf(t *testing.T) {
+	for msg, want := range map[string]string{
+		"lease state unknown: lease_x (fence 3): no answer from the lease service for 812ms; writes wait until the lease is re-checked": "silence",
+		"lease state unknown: lease_x (fence 3): disconnected from the bus (RECONNECTING); writes wait":                                 "disconnect",
+		"lease state unknown: lease_x (fence 3): reconnected to the bus; re-checking the lease before the next write":                   "reconnect",
+		"lease state unknown: lease_x (fence 3): the lease service did not answer the renewal: nats: timeout":                           "renew_unanswered",
+		"lease state unknown: lease_x (fence 3): announced revoked (version 9: test); writes stop until the lease service confirms":     "notice",
+		"something else": "other",
+	} {
+		if got := doubtOf(errors.New(msg)); got != want {
+			t.Errorf("doubtOf(%q) = %s, want %s", msg, got, want)
+		}
+	}
+}
