@@ -66,19 +66,26 @@ func main() {
 }
 
 // probe tries every few milliseconds, at most 3000 times, to write and
-// read, and prints one line per round.
+// read, and prints one line per round. It renames and removes a file of
+// its own (made again while it may write) and reads file, which it never
+// changes: a loss landing between a removal and the write that restores
+// it (or between two renames) must not leave the read failing for good.
 func probe(dir, file string) {
+	scratch := file + ".probe"
 	for i := range 3000 {
 		p := filepath.Join(dir, "p"+strconv.Itoa(i))
 		w := os.WriteFile(p, []byte("x"), 0o644)
 		m := os.Mkdir(p+".d", 0o755)
-		r := os.Rename(file, file+".moved")
-		if r == nil {
-			os.Rename(file+".moved", file)
+		if _, err := os.Stat(scratch); err != nil {
+			os.WriteFile(scratch, []byte("data"), 0o644)
 		}
-		u := os.Remove(file)
+		r := os.Rename(scratch, scratch+".moved")
+		if r == nil {
+			os.Rename(scratch+".moved", scratch)
+		}
+		u := os.Remove(scratch)
 		if u == nil {
-			os.WriteFile(file, []byte("data"), 0o644)
+			os.WriteFile(scratch, []byte("data"), 0o644)
 		}
 		_, rd := os.ReadFile(file)
 		fmt.Printf("round=%d write=%s mkdir=%s rename=%s unlink=%s read=%s\n", i, res(w), res(m), res(r), res(u), res(rd))
