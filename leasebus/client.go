@@ -181,6 +181,11 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credentia
 	if wait > 0 {
 		wait += replyGrace
 	}
+	// An acquire that waits rides out the bus's brief unavailability (an
+	// election, a node rejoining its cluster) as it would a conflict: the
+	// service's "try again" answers are retried, spaced out, until its
+	// wait ends, each try asking for what is left of it.
+	until := time.Now().Add(time.Duration(req.Wait))
 	tries := max(c.Tries, 1)
 	for try := 1; ; try++ {
 		r, err := c.request(ctx, "acquire", &req, wait)
@@ -197,14 +202,25 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credentia
 			return nil, err // nothing reached a service: nothing to retry or withdraw
 		}
 		unknown := errors.Is(err, errNoAnswer) || errors.Is(err, lease.ErrUnavailable)
-		if unknown && try < tries && ctx.Err() == nil && !errors.Is(err, errNoAnswer) {
-			// The service could not write its log: the same request id
-			// makes the retry return the first try's lease if it landed.
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Duration(try) * 100 * time.Millisecond):
+		if unknown && ctx.Err() == nil && !errors.Is(err, errNoAnswer) {
+			// The service answered that it cannot serve now: the same
+			// request id makes a retry return the first try's lease if it
+			// landed.
+			pause := min(time.Duration(try)*100*time.Millisecond, time.Second)
+			left := time.Until(until) - pause
+			if try < tries || left > 0 {
+				if try >= tries {
+					req.Wait, wait = lease.Duration(left), left+replyGrace
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(pause):
+				}
+				continue
 			}
-			continue
+			if req.Wait > 0 {
+				err = fmt.Errorf("%w (tried %d times within the wait)", err, try)
+			}
 		}
 		if unknown {
 			// We may have been queued, or even granted, before giving up:

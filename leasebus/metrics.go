@@ -95,7 +95,7 @@ func NewServiceMetrics() *ServiceMetrics {
 	})
 	m.forwards = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fenceline_bus_forwarded_total",
-		Help: "Lease requests a standby took: forwarded to the primary (to=primary), or answered that no primary is known (to=none).",
+		Help: "Lease requests a standby took: forwarded to the primary (to=primary), or answered that no primary is known (to=none) or that the one it forwarded to takes no requests (to=gone).",
 	}, []string{"to"})
 	m.reg.MustRegister(m.requests, m.latency, m.appends, m.appendT, m.reads, m.scans, m.forwards,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

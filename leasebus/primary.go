@@ -134,6 +134,12 @@ func (p *primacy) route() (primary string, why error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
+	case p.leader != "" && !p.free && p.readErr == nil && p.readAt.Sub(p.seenAt) > p.term:
+		// Read just now, the claim had gone unrenewed for longer than a
+		// term: its writer's term is over, and it serves nothing until it
+		// renews (lapsed) or another takes over.
+		return "", fmt.Errorf("%w: the primary's claim went unrenewed for %s: its term is over and another instance takes over within %s; try again",
+			lease.ErrUnavailable, p.readAt.Sub(p.seenAt).Round(time.Millisecond), primaryGap)
 	case p.leader != "" && !p.free:
 		return p.leader, nil
 	case p.free:
@@ -220,7 +226,91 @@ func (s *Service) forward(m *nats.Msg, op string, inServiceAccount bool) {
 	f.Header.Set(forwardAccountHeader, account)
 	f.Header.Set(writerHeader, s.store.writer)
 	f.Data = m.Data
+	if op != "keepalive" && answerable(m) {
+		// Should the primary take no forwarded requests any more (it
+		// stopped or crashed, or its node did, and its claim is not yet
+		// seen unrenewed), the server says so at once on this reply
+		// subject (no responders), and the asker is told to try again
+		// rather than waiting out its timeout. A keepalive is resent
+		// within its interval anyway.
+		f.Reply = s.gone.watch(m, to)
+	}
 	_ = s.nc.PublishMsg(f)
+}
+
+// goneWatch remembers, for a short while, the requests a standby forwarded,
+// each under a reply token of its own, so that should the server answer
+// one's forward with "no responders" (the primary's subscription is gone)
+// the asker is answered at once. Nothing answers a forward that reached
+// the primary, so entries expire: two generations, each at least
+// goneKeep long, swapped as they age.
+type goneWatch struct {
+	prefix string // the reply subjects' prefix, "<inbox>."
+
+	mu        sync.Mutex
+	cur, prev map[string]forwarded
+	since     time.Time // when cur began
+}
+
+// forwarded is a request a standby forwarded, and to which instance.
+type forwarded struct {
+	m  *nats.Msg
+	to string
+}
+
+// goneKeep is how long a forward is remembered at least: the server's
+// "no responders" comes back in a round trip.
+const goneKeep = 2 * time.Second
+
+// watch remembers m, forwarded to instance to, and returns the reply
+// subject for its forward.
+func (g *goneWatch) watch(m *nats.Msg, to string) string {
+	token := randomToken()
+	now := time.Now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cur == nil || now.Sub(g.since) > goneKeep {
+		g.prev, g.cur, g.since = g.cur, make(map[string]forwarded), now
+	}
+	g.cur[token] = forwarded{m, to}
+	return g.prefix + token
+}
+
+// take returns and forgets the request forwarded under reply subject subj.
+func (g *goneWatch) take(subj string) (forwarded, bool) {
+	token := strings.TrimPrefix(subj, g.prefix)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, gen := range []map[string]forwarded{g.cur, g.prev} {
+		if f, ok := gen[token]; ok {
+			delete(gen, token)
+			return f, true
+		}
+	}
+	return forwarded{}, false
+}
+
+// watchGone subscribes to the reply subjects of forwards (goneWatch): a
+// "no responders" status on one answers its asker that the primary it
+// went to takes no requests, which a retry then finds out again.
+func (s *Service) watchGone() error {
+	s.gone.prefix = s.nc.NewInbox() + "."
+	sub, err := s.nc.Subscribe(s.gone.prefix+"*", func(r *nats.Msg) {
+		if r.Header.Get("Status") != "503" || len(r.Data) != 0 {
+			return // only the server's "no responders" comes here
+		}
+		f, ok := s.gone.take(r.Subject)
+		if !ok {
+			return
+		}
+		s.cfg.Metrics.forwarded("gone")
+		respondErr(f.m, fmt.Errorf("%w: the primary lease service instance (%s) takes no forwarded requests: it stopped, or its node did; another takes over once its claim goes unrenewed; try again", lease.ErrUnavailable, f.to))
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe %s*: %w", s.gone.prefix, err)
+	}
+	s.track(sub)
+	return nil
 }
 
 // answerable reports whether a request may be answered before the handler
@@ -242,6 +332,9 @@ func answerable(m *nats.Msg) bool {
 // had taken it itself (the handler checks the asker's identity and reply
 // as always); no longer the primary, it tells the asker to try again.
 func (s *Service) takeForwarded() error {
+	if err := s.watchGone(); err != nil {
+		return err
+	}
 	for _, op := range leaseOps {
 		handlers := map[string]nats.MsgHandler{
 			fleetAccount:   s.handlerOf(op, false, true),

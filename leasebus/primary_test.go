@@ -259,6 +259,68 @@ func TestPrimaryClaimTakenEndsTerm(t *testing.T) {
 	}
 }
 
+// TestAcquireWaitRidesOutAnElection: while no instance is primary (here
+// the claim was taken by an instance gone since, so the standbys wait out
+// its term before one takes over), the service answers "try again" at
+// once — the standbys' forwards to the gone instance come back "no
+// responders" from the server, and once its claim is seen unrenewed for
+// a term they forward no more: an acquire that may not wait fails so at
+// once, one that may wait keeps trying within its wait and is granted
+// once a primary serves. (The
+// fault harness's runners, which wait 20 s for their lease, exited on the
+// first such answer after a healed partition.)
+func TestAcquireWaitRidesOutAnElection(t *testing.T) {
+	t.Parallel()
+	b, svcs, _, ms := electing(t)
+	p := primaryOf(t, svcs[:], 10*time.Second)
+	seq, _, err := svcs[1-p].readClaim(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(primarySubject)
+	m.Data = []byte(`{"writer":"an-instance-gone-since"}`)
+	m.Header.Set(writerHeader, "an-instance-gone-since")
+	m.Header.Set("Nats-Expected-Last-Subject-Sequence", fmt.Sprint(seq))
+	if _, err := (&store{boxes: &mailboxes{nc: b.nc, max: 1}}).publish(ctxT(t), m); err != nil {
+		t.Fatalf("write a claim over the primary's: %v", err)
+	}
+	checkFor(t, testTerm, 5*time.Millisecond, func() error {
+		if svcs[p].Primary() {
+			return errors.New("still primary after its claim was taken")
+		}
+		return nil
+	})
+	// What the instances answered themselves: no primary known, or the
+	// one forwarded to takes no requests (the server said no responders).
+	unanswered := func() int {
+		n := 0
+		for _, m := range ms {
+			n += int(promtest.ToFloat64(m.forwards.WithLabelValues("none")) + promtest.ToFloat64(m.forwards.WithLabelValues("gone")))
+		}
+		return n
+	}
+	before := unanswered()
+	req := AcquireRequest{Repo: repo, Scope: claim(t, "election"), Owner: owner(1), TTL: lease.Duration(time.Minute)}
+	if _, err := b.c.Acquire(ctxT(t), req, NewCredential()); !errors.Is(err, lease.ErrUnavailable) {
+		t.Fatalf("acquire without a wait while no instance is primary: %v, want ErrUnavailable at once", err)
+	}
+	if unanswered() == before {
+		t.Fatal(`no instance answered "no primary" to the acquire that failed`)
+	}
+	before = unanswered()
+	req.Wait = lease.Duration(10 * time.Second)
+	l, err := b.c.Acquire(ctxT(t), req, NewCredential())
+	if err != nil {
+		t.Fatalf("acquire waiting 10 s across the election: %v", err)
+	}
+	if unanswered() == before {
+		t.Fatal(`the waiting acquire was never answered "no primary": it did not ride out the election`)
+	}
+	if which := primaryOf(t, svcs[:], time.Second); !l.Active() {
+		t.Fatalf("instance %d granted %+v: want an active lease", which, l)
+	}
+}
+
 // TestStandbyForwardsWhileTheClaimIsUnreadable: a standby that cannot
 // read the claim for a while (its node cut off from the cluster, or just
 // back and catching up) still forwards to the primary it knows, which

@@ -140,6 +140,9 @@ type Service struct {
 	// prim is this instance's part in the election of the primary
 	// (primary.go); nil when there is none (ServiceConfig.Primary off).
 	prim *primacy
+	// gone tells askers at once when the primary a standby forwarded
+	// their request to takes none (primary.go).
+	gone goneWatch
 	// answerVia holds a subscription of each connection the service
 	// answers on, through which a forwarded request is answered; guarded
 	// by mu.
