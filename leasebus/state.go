@@ -15,6 +15,10 @@ import (
 // release stays idempotent and a late renew learns why it was refused.
 const maxEnded = 256
 
+// forgottenHint ends the refusal of a request about a lease the repo does
+// not know: its holder may have been cut off past the lease's end.
+var forgottenHint = fmt.Sprintf(" (no such lease, or one that ended before the last %d this repo remembers)", maxEnded)
+
 // Limits on what a lease may ask for.
 const (
 	MinTTL = time.Second
@@ -495,7 +499,7 @@ func (t *txn) otherIdentity(op string, e *entry, by string) error {
 func (t *txn) owned(op, id, by string, cred Credential) (*entry, error) {
 	e := t.lookup(id)
 	if e == nil {
-		return nil, fmt.Errorf("%s %s: %w in %s", op, id, lease.ErrNotFound, t.base.repo)
+		return nil, fmt.Errorf("%s %s: %w in %s%s", op, id, lease.ErrNotFound, t.base.repo, forgottenHint)
 	}
 	if err := t.otherIdentity(op, e, by); err != nil {
 		return nil, err
@@ -510,7 +514,7 @@ func (t *txn) owned(op, id, by string, cred Credential) (*entry, error) {
 func (t *txn) renew(r *RenewRequest) (*entry, error) {
 	e := t.lookup(r.LeaseID)
 	if e == nil {
-		return nil, fmt.Errorf("renew %s: %w in %s", r.LeaseID, lease.ErrNotFound, t.base.repo)
+		return nil, fmt.Errorf("renew %s: %w in %s%s", r.LeaseID, lease.ErrNotFound, t.base.repo, forgottenHint)
 	}
 	if err := t.otherIdentity("renew", e, r.by); err != nil {
 		return nil, err

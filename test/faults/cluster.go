@@ -375,9 +375,10 @@ func (c *Cluster) killAll() {
 	}
 }
 
-// logOutputs logs the last lines each process printed in each run.
+// logOutputs logs the first and last lines each process printed in each
+// run.
 func (c *Cluster) logOutputs() {
-	const tail = 80
+	const head, tail = 40, 80
 	for _, p := range append(append([]*Node{}, c.Nodes...), c.Services...) {
 		p.mu.Lock()
 		runs := append([]string{}, p.before...)
@@ -387,8 +388,8 @@ func (c *Cluster) logOutputs() {
 		p.mu.Unlock()
 		for i, out := range runs {
 			lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-			if len(lines) > tail {
-				lines = append([]string{fmt.Sprintf("(%d lines before)", len(lines)-tail)}, lines[len(lines)-tail:]...)
+			if len(lines) > head+tail {
+				lines = slices.Concat(lines[:head], []string{fmt.Sprintf("(%d lines between)", len(lines)-head-tail)}, lines[len(lines)-tail:])
 			}
 			c.t.Logf("%s, run %d of %d, printed:\n%s", p.Name, i+1, len(runs), strings.Join(lines, "\n"))
 		}

@@ -39,16 +39,32 @@ type ledger struct {
 	granted   map[string]*lease.Lease // by lease id
 	abandoned map[string]bool         // never renewed nor released: must be reclaimed
 	live      []string                // granted, not yet ended by its client: revoke candidates
-	notFound  []notFound              // revokes of acknowledged leases answered "not found"
+	notFound  []notFound              // requests about acknowledged leases answered "not found"
 	ops       map[string]int
 }
 
-// notFound is a revoke of an acknowledged lease that the service answered
-// with "lease not found", and when.
+// notFound is a request about an acknowledged lease (an operator's
+// revoke, or its holder's renewal or release) that the service answered
+// with "lease not found", and when it was sent. A repo remembers its last
+// maxEnded ended leases: one its holder could not reach the bus for
+// (its node paused past the lease's TTL) ends, and may be forgotten by
+// the time the holder asks again. Each is judged against the audit at the
+// end: the lease must have ended before the request was sent.
 type notFound struct {
+	op  string
 	id  string
 	at  time.Time
 	err error
+}
+
+// forgotten notes a request about an acknowledged lease answered "not
+// found" (see notFound).
+func (l *ledger) forgotten(t *testing.T, op, id string, sent time.Time, err error) {
+	l.mu.Lock()
+	l.notFound = append(l.notFound, notFound{op, id, sent, err})
+	l.mu.Unlock()
+	l.h.Incident(op + "-not-found")
+	t.Logf("incident: %s %s: %v", op, id, err)
 }
 
 func newLedger(h *History) *ledger {
@@ -234,22 +250,29 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 					continue // the sweeper must reclaim it
 				}
 				if rng.IntN(2) == 0 {
+					var sent time.Time
 					err := retryUnavailable(ctx, &unavailable, func() error {
+						sent = time.Now()
 						r, err := c.Renew(ctx, leasebus.RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version, RenewID: "renew-" + l.LeaseID})
 						if err == nil {
 							l = r
 						}
 						return err
 					})
-					if err == nil {
+					switch {
+					case err == nil:
 						led.count("renew")
-					} else if !errors.Is(err, lease.ErrLeaseLost) && !errors.Is(err, lease.ErrUnavailable) {
+					case errors.Is(err, lease.ErrNotFound):
+						led.forgotten(t, "renew", l.LeaseID, sent, err)
+					case !errors.Is(err, lease.ErrLeaseLost) && !errors.Is(err, lease.ErrUnavailable):
 						t.Errorf("renew %s: %v", l.LeaseID, err)
 						return
 					}
 				}
 				var r *lease.Lease
+				var sent time.Time
 				err = retryUnavailable(ctx, &unavailable, func() (err error) {
+					sent = time.Now()
 					r, err = c.Release(ctx, l.LeaseID, cred)
 					return err
 				})
@@ -264,9 +287,12 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 				case err == nil:
 					led.h.Ended(l.LeaseID, r.EndedAt) // revoked meanwhile
 				}
-				if err == nil {
+				switch {
+				case err == nil:
 					led.count("release")
-				} else if !errors.Is(err, lease.ErrUnavailable) {
+				case errors.Is(err, lease.ErrNotFound):
+					led.forgotten(t, "release", l.LeaseID, sent, err)
+				case !errors.Is(err, lease.ErrUnavailable):
 					t.Errorf("release %s: %v", l.LeaseID, err)
 					return
 				}
@@ -292,18 +318,15 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 				continue
 			}
 			var r *lease.Lease
+			var sent time.Time
 			err := retryUnavailable(ctx, &unavailable, func() (err error) {
+				sent = time.Now()
 				r, err = c.Revoke(ctx, id, "fault harness")
 				return err
 			})
 			switch {
 			case errors.Is(err, lease.ErrNotFound):
-				// Judged against the audit at the end: was it live?
-				led.mu.Lock()
-				led.notFound = append(led.notFound, notFound{id, time.Now(), err})
-				led.mu.Unlock()
-				led.h.Incident("revoke-not-found")
-				t.Logf("incident: revoke %s: %v", id, err)
+				led.forgotten(t, "revoke", id, sent, err) // judged against the audit at the end
 				continue
 			case err != nil:
 				if !errors.Is(err, lease.ErrUnavailable) {
@@ -504,9 +527,9 @@ func TestClusterAuditThroughFaults(t *testing.T) {
 	led.mu.Lock()
 	for _, nf := range led.notFound {
 		if msg, live := liveAt(h, nf.id, nf.at); live {
-			t.Errorf("the operator's revoke of %s was answered %q at %s, while %s", nf.id, nf.err, stamp(nf.at), msg)
+			t.Errorf("a %s of %s sent at %s was answered %q, while %s", nf.op, nf.id, stamp(nf.at), nf.err, msg)
 		} else {
-			t.Logf("revoke of %s answered %q at %s: %s", nf.id, nf.err, stamp(nf.at), msg)
+			t.Logf("a %s of %s sent at %s was answered %q: %s", nf.op, nf.id, stamp(nf.at), nf.err, msg)
 		}
 	}
 	t.Logf("%s of load under faults, %s in all: acknowledged %v; %d unavailable answers retried; revokes right after faults %v",

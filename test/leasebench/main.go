@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -36,6 +37,7 @@ func run() error {
 	dir := flag.String("dir", "", "parent directory for the JetStream store (default: OS temp dir)")
 	phases := flag.String("phases", "single,disjoint,contended,active", "phases to run, comma-separated")
 	probes := flag.Int("probes", 300, "acquire+release probes in the active phase")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole process (server, service and clients) over the phases to this file")
 	flag.Parse()
 
 	store, err := os.MkdirTemp(*dir, "leasebench-")
@@ -80,6 +82,17 @@ func run() error {
 		}
 		defer nc.Close()
 		cs[i] = leasebus.NewClient(nc)
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	fmt.Printf("go=%s GOMAXPROCS=%d NumCPU=%d syncAlways=true phase=%s\n", runtime.Version(), runtime.GOMAXPROCS(0), runtime.NumCPU(), *d)
 
