@@ -1,11 +1,17 @@
 package pgproxy
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fenceline/fenceline/internal/testutil"
 )
 
 // indirectSchema is the tables of the indirect-write attacks: lease A
@@ -314,6 +320,63 @@ func TestIndirectWritesInsideTheClaim(t *testing.T) {
 				t.Errorf("a plain table named as a foreign one: %v", err)
 			}
 		})
+	}
+}
+
+// TestConcurrentLookupsShared: sessions that need what the same relation
+// reaches at the same moment (its cached answer lapsed, and each writes
+// it) share one catalog lookup: the second waits for the first's and
+// takes its answer, rather than running the same recursive catalog query
+// inside its own client's transaction.
+func TestConcurrentLookupsShared(t *testing.T) {
+	setupIndirect(t)
+	lease := newStaticLease(t, "lease_A_flight", 0, "ia.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	plpgsql.reset(t, indirectRows)
+	var looked atomic.Int32
+	entered, release := make(chan struct{}, 4), make(chan struct{})
+	p.catalog.lookupHook = func(rels []string) {
+		if slices.Contains(rels, `"ia"."lp"`) {
+			looked.Add(1)
+			entered <- struct{}{}
+			<-release
+		}
+	}
+	a, b := plpgsql.via(t, p, "agent"), plpgsql.via(t, p, "agent")
+	errs := make(chan error, 2)
+	go func() {
+		_, err := a.Exec(ctx, "UPDATE ia.lp SET v = 'A'", pgx.QueryExecModeSimpleProtocol)
+		errs <- err
+	}()
+	select {
+	case <-entered:
+	case <-ctx.Done():
+		t.Fatal("the first session never looked ia.lp up")
+	}
+	go func() {
+		_, err := b.Exec(ctx, "UPDATE ia.lp SET v = 'B'", pgx.QueryExecModeSimpleProtocol)
+		errs <- err
+	}()
+	// The second waits for the first's lookup (or, wrongly, runs its own,
+	// which the hook holds too): wait until one or the other shows.
+	testutil.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if looked.Load() > 1 || p.catalog.waits.Load() > 0 {
+			return nil
+		}
+		return errors.New("the second session has not reached the lookup")
+	})
+	close(release)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("a write of ia.lp: %v", err)
+		}
+	}
+	if n := looked.Load(); n != 1 {
+		t.Errorf("ia.lp was looked up %d times by two sessions at once; want 1, shared", n)
+	}
+	if n := p.catalog.shared.Load(); n < 1 { // the relation's, and its calls' if any
+		t.Errorf("%d lookups were taken from another session's; want the relation's at least", n)
 	}
 }
 

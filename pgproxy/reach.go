@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pgq "github.com/pganalyze/pg_query_go/v6"
@@ -60,7 +61,98 @@ type catalog struct {
 	// foreign holds, by database, a *foreignSet: what a read may not
 	// name. Read without the lock on every read (see readsForeign).
 	foreign sync.Map
+	// relFlights and callFlights are the lookups under way, each shared
+	// with the sessions that need the same relation or call meanwhile
+	// (learnRels, learnCalls); gen counts the invalidations, so a lookup
+	// that began before one is not cached, nor shared, after it. Guarded
+	// by mu.
+	relFlights  map[relKey]*flight[*reach]
+	callFlights map[callKey]*flight[callInfo]
+	gen         uint64
+	// waits counts the flights of other sessions waited for, shared the
+	// answers taken from them.
+	waits, shared atomic.Int64
+	// lookupHook, set by tests before the proxy serves, runs before each
+	// lookup's query with what it looks up.
+	lookupHook func(names []string)
 }
+
+// flight is one session's lookup of a relation or a call, which other
+// sessions that need it at the same moment wait for instead of looking it
+// up too: when a cached answer's catalogTTL lapses, every session writing
+// that table needs it again at once, and each lookup is a recursive
+// catalog query run inside its client's transaction, which holds its row
+// locks meanwhile (under pgbench's tpcb-like load, a herd of about 25
+// such queries each second: docs/benchmarks.md).
+type flight[V any] struct {
+	gen  uint64 // the catalog's invalidations when it began
+	done chan struct{}
+	got  V    // set before done is closed
+	ok   bool // got is the answer (the lookup did not fail)
+}
+
+// board sorts names for a lookup: those this session looks up (mine), with
+// the flights it opened for them (own; none for a name shareable refuses),
+// and the flights of other sessions' lookups of the rest (theirs).
+func board[K comparable, V any](c *catalog, flights map[K]*flight[V], names []string, keyOf func(string) K, shareable func(string) bool) (mine []string, own, theirs map[string]*flight[V]) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range names {
+		if !shareable(n) {
+			mine = append(mine, n)
+			continue
+		}
+		k := keyOf(n)
+		if f := flights[k]; f != nil {
+			if theirs == nil {
+				theirs = map[string]*flight[V]{}
+			}
+			theirs[n] = f
+			continue
+		}
+		f := &flight[V]{gen: c.gen, done: make(chan struct{})}
+		flights[k] = f
+		if own == nil {
+			own = map[string]*flight[V]{}
+		}
+		own[n] = f
+		mine = append(mine, n)
+	}
+	return mine, own, theirs
+}
+
+// land ends the flights of own with the answers in got (none for a name
+// got lacks: its lookup failed). The caller holds c.mu.
+func land[K comparable, V any](flights map[K]*flight[V], own map[string]*flight[V], keyOf func(string) K, got map[string]V) {
+	for n, f := range own {
+		f.got, f.ok = got[n]
+		if k := keyOf(n); flights[k] == f {
+			delete(flights, k)
+		}
+		close(f.done)
+	}
+}
+
+// await waits (up to flightWait) for another session's lookup f and
+// returns its answer, unless it failed or DDL passed since it began.
+func await[V any](c *catalog, f *flight[V]) (got V, ok bool) {
+	c.waits.Add(1)
+	t := time.NewTimer(flightWait)
+	defer t.Stop()
+	select {
+	case <-f.done:
+		if f.ok && c.generation() == f.gen {
+			c.shared.Add(1)
+			return f.got, true
+		}
+	case <-t.C:
+	}
+	return got, false
+}
+
+// flightWait bounds how long a session waits for another's lookup before
+// it looks the relation up itself.
+const flightWait = 2 * time.Second
 
 // foreignSet is the names (pg_class.relname) of the relations whose read
 // runs a query on a server of its own: foreign tables (of any wrapper but
@@ -125,7 +217,7 @@ func (s *session) catalogQuery(q string) ([][]string, error) {
 }
 
 func newCatalog() *catalog {
-	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}, seenBuiltin: map[callKey]bool{}}
+	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}, seenBuiltin: map[callKey]bool{}, relFlights: map[relKey]*flight[*reach]{}, callFlights: map[callKey]*flight[callInfo]{}}
 }
 
 type relKey struct {
@@ -161,10 +253,18 @@ type reached struct {
 }
 
 // invalidate forgets everything: DDL passed.
+// generation is how often the cache was invalidated.
+func (c *catalog) generation() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
+}
+
 func (c *catalog) invalidate() {
 	c.mu.Lock()
 	clear(c.rels)
 	clear(c.calls)
+	c.gen++
 	c.mu.Unlock()
 	c.foreign.Clear()
 }
@@ -629,14 +729,59 @@ func (s *session) cachedCalls(st *Statement, lookup, private bool, now time.Time
 
 // learnRels looks up what the relations of lookup group i reach (see
 // cachedCatalog) and records it for the unit and, unless private, in the
-// cache. The error is the lookup's (see lookupFailed).
+// cache. Unless private, a relation another session is looking up at the
+// moment is not looked up again: this one waits for that lookup (up to
+// flightWait) and takes its answer, as it would have taken it from the
+// cache a moment later. The error is the lookup's (see lookupFailed).
 func (s *session) learnRels(rels []string, i int, private bool, now time.Time) error {
-	u, cat, db := &s.unit, s.p.catalog, s.database
+	cat := s.p.catalog
+	keyOf := func(r string) relKey {
+		return relKey{db: s.database, rel: r, truncCascade: i&2 != 0, only: i&1 != 0}
+	}
+	if private {
+		return s.lookupRels(rels, i, true, now, keyOf, nil)
+	}
+	shareable := func(r string) bool { return !strings.HasPrefix(r, `"pg_temp`) } // the session's own schema
+	mine, own, theirs := board(cat, cat.relFlights, rels, keyOf, shareable)
+	if len(mine) > 0 {
+		if err := s.lookupRels(mine, i, false, now, keyOf, own); err != nil {
+			return err
+		}
+	}
+	var late []string
+	for r, f := range theirs {
+		if rc, ok := await(cat, f); ok {
+			s.unit.rels[keyOf(r)] = rc
+			continue
+		}
+		late = append(late, r)
+	}
+	if len(late) == 0 {
+		return nil
+	}
+	return s.lookupRels(late, i, false, now, keyOf, nil)
+}
+
+// lookupRels runs learnRels's query for rels and records what it learned
+// for the unit and, unless private or the cache was invalidated since the
+// lookup began, in the cache; each flight of own gets its relation's
+// answer (none when the lookup failed), and ends.
+func (s *session) lookupRels(rels []string, i int, private bool, now time.Time, keyOf func(string) relKey, own map[string]*flight[*reach]) error {
+	u, cat := &s.unit, s.p.catalog
+	gen := cat.generation()
+	got := map[string]*reach{}
+	defer func() {
+		cat.mu.Lock()
+		land(cat.relFlights, own, keyOf, got)
+		cat.mu.Unlock()
+	}()
+	if cat.lookupHook != nil {
+		cat.lookupHook(rels)
+	}
 	rows, err := s.catalogQuery(reachSQL(rels, i&2 != 0, i&1 != 0))
 	if err != nil {
 		return err
 	}
-	got := map[string]*reach{}
 	for _, r := range rels {
 		got[r] = &reach{at: now}
 	}
@@ -653,9 +798,9 @@ func (s *session) learnRels(rels []string, i int, private bool, now time.Time) e
 	}
 	cat.mu.Lock()
 	for r, rc := range got {
-		k := relKey{db: db, rel: r, truncCascade: i&2 != 0, only: i&1 != 0}
+		k := keyOf(r)
 		u.rels[k] = rc
-		if !private && !strings.HasPrefix(r, `"pg_temp`) {
+		if !private && !strings.HasPrefix(r, `"pg_temp`) && cat.gen == gen {
 			cat.rels[k] = rc
 		}
 	}
@@ -685,10 +830,57 @@ func reachedOf(row []string) reached {
 
 // learnCalls looks up whether the calls are user-defined (and a
 // sequence's tables) and records it for the unit and, unless private, in
-// the cache. The error is the lookup's (see lookupFailed).
+// the cache; unless private, a call another session is looking up at the
+// moment is taken from that lookup, as learnRels does. The error is the
+// lookup's (see lookupFailed).
 func (s *session) learnCalls(needCalls []string, private bool, now time.Time) error {
+	cat := s.p.catalog
+	keyOf := func(c string) callKey { return callKey{db: s.database, call: c} }
+	if private {
+		return s.lookupCalls(needCalls, true, now, nil)
+	}
+	mine, own, theirs := board(cat, cat.callFlights, needCalls, keyOf, func(string) bool { return true })
+	if len(mine) > 0 {
+		if err := s.lookupCalls(mine, false, now, own); err != nil {
+			return err
+		}
+	}
+	var late []string
+	for c, f := range theirs {
+		if ci, ok := await(cat, f); ok {
+			k := keyOf(c)
+			s.unit.calls[k] = ci.user
+			if ci.owners != nil {
+				s.unit.owners[k] = ci.owners
+			}
+			continue
+		}
+		late = append(late, c)
+	}
+	if len(late) == 0 {
+		return nil
+	}
+	return s.lookupCalls(late, false, now, nil)
+}
+
+// lookupCalls runs learnCalls's query for calls and records what it
+// learned for the unit and, unless private or the cache was invalidated
+// since the lookup began, in the cache; each flight of own gets its
+// call's answer (none when the lookup failed), and ends.
+func (s *session) lookupCalls(calls []string, private bool, now time.Time, own map[string]*flight[callInfo]) error {
 	u, cat, db := &s.unit, s.p.catalog, s.database
-	rows, err := s.catalogQuery(callsSQL(needCalls))
+	keyOf := func(c string) callKey { return callKey{db: db, call: c} }
+	gen := cat.generation()
+	got := map[string]callInfo{}
+	defer func() {
+		cat.mu.Lock()
+		land(cat.callFlights, own, keyOf, got)
+		cat.mu.Unlock()
+	}()
+	if cat.lookupHook != nil {
+		cat.lookupHook(calls)
+	}
+	rows, err := s.catalogQuery(callsSQL(calls))
 	if err != nil {
 		return err
 	}
@@ -703,14 +895,16 @@ func (s *session) learnCalls(needCalls []string, private bool, now time.Time) er
 		}
 	}
 	cat.mu.Lock()
-	for _, c := range needCalls {
-		k := callKey{db: db, call: c}
-		u.calls[k] = user[c] || c == "q?"
-		if owners[c] != nil {
-			u.owners[k] = owners[c]
+	for _, c := range calls {
+		k := keyOf(c)
+		ci := callInfo{user: user[c] || c == "q?", owners: owners[c], at: now}
+		got[c] = ci
+		u.calls[k] = ci.user
+		if ci.owners != nil {
+			u.owners[k] = ci.owners
 		}
-		if !private {
-			cat.calls[k] = callInfo{user: user[c] || c == "q?", owners: owners[c], at: now}
+		if !private && cat.gen == gen { // no DDL passed since the lookup began
+			cat.calls[k] = ci
 			if !user[c] && c[0] != 'q' {
 				if len(cat.seenBuiltin) >= 1<<16 {
 					clear(cat.seenBuiltin)
