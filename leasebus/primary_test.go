@@ -224,15 +224,13 @@ func TestPrimaryCrashTakeover(t *testing.T) {
 	}
 }
 
-// TestPrimaryClaimTakenEndsTerm: a primary whose renewal finds the claim
-// rewritten by another (here a record the test writes in the name of
-// another instance) stops serving at once, and the standby takes over
+// takeClaimForAGoneInstance writes the primary's claim, as read by svc,
+// over with a record in the name of an instance that is gone: the
+// primary loses its claim, and nobody serves until a standby takes over
 // once that record goes unrenewed.
-func TestPrimaryClaimTakenEndsTerm(t *testing.T) {
-	t.Parallel()
-	b, svcs, _, _ := electing(t)
-	p := primaryOf(t, svcs[:], 10*time.Second)
-	seq, _, err := svcs[1-p].readClaim(ctxT(t))
+func takeClaimForAGoneInstance(t *testing.T, b *bus, svc *Service) {
+	t.Helper()
+	seq, _, err := svc.readClaim(ctxT(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,6 +241,17 @@ func TestPrimaryClaimTakenEndsTerm(t *testing.T) {
 	if _, err := (&store{boxes: &mailboxes{nc: b.nc, max: 1}}).publish(ctxT(t), m); err != nil {
 		t.Fatalf("write a claim over the primary's: %v", err)
 	}
+}
+
+// TestPrimaryClaimTakenEndsTerm: a primary whose renewal finds the claim
+// rewritten by another (here a record the test writes in the name of
+// another instance) stops serving at once, and the standby takes over
+// once that record goes unrenewed.
+func TestPrimaryClaimTakenEndsTerm(t *testing.T) {
+	t.Parallel()
+	b, svcs, _, _ := electing(t)
+	p := primaryOf(t, svcs[:], 10*time.Second)
+	takeClaimForAGoneInstance(t, b, svcs[1-p])
 	taken := time.Now()
 	checkFor(t, testTerm, 5*time.Millisecond, func() error {
 		if svcs[p].Primary() {
@@ -266,24 +275,14 @@ func TestPrimaryClaimTakenEndsTerm(t *testing.T) {
 // responders" from the server, and once its claim is seen unrenewed for
 // a term they forward no more: an acquire that may not wait fails so at
 // once, one that may wait keeps trying within its wait and is granted
-// once a primary serves. (The
-// fault harness's runners, which wait 20 s for their lease, exited on the
-// first such answer after a healed partition.)
+// once a primary serves. (The fault harness's runners, which wait 20 s
+// for their lease, exited on the first such answer after a healed
+// partition.)
 func TestAcquireWaitRidesOutAnElection(t *testing.T) {
 	t.Parallel()
 	b, svcs, _, ms := electing(t)
 	p := primaryOf(t, svcs[:], 10*time.Second)
-	seq, _, err := svcs[1-p].readClaim(ctxT(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := nats.NewMsg(primarySubject)
-	m.Data = []byte(`{"writer":"an-instance-gone-since"}`)
-	m.Header.Set(writerHeader, "an-instance-gone-since")
-	m.Header.Set("Nats-Expected-Last-Subject-Sequence", fmt.Sprint(seq))
-	if _, err := (&store{boxes: &mailboxes{nc: b.nc, max: 1}}).publish(ctxT(t), m); err != nil {
-		t.Fatalf("write a claim over the primary's: %v", err)
-	}
+	takeClaimForAGoneInstance(t, b, svcs[1-p])
 	checkFor(t, testTerm, 5*time.Millisecond, func() error {
 		if svcs[p].Primary() {
 			return errors.New("still primary after its claim was taken")
