@@ -308,8 +308,11 @@
 // Lookups are one query of the proxy's own per unit (two when it also
 // learns functions and views), only for what is not cached: the cache is
 // per proxy and database, kept for catalogTTL (1 s), forgotten whenever
-// DDL passes the proxy and again when that DDL's transaction ends; what a
-// transaction that ran DDL learns is its own and not cached. A read in a
+// DDL passes the proxy and again when that DDL's transaction ends (a
+// lookup that began before is not cached after); what a transaction that
+// ran DDL learns is its own and not cached. Sessions that need the same
+// answer at the same moment share one lookup: the others wait for it (up
+// to 2 s) and take its answer. A read in a
 // writable block whose calls and relations are all cached as harmless
 // still goes through byte for byte. A write after DDL that may change what
 // it reaches (a trigger, rule, policy, view, function, or a table that
