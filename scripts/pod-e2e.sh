@@ -103,6 +103,11 @@ echo "== base images ready at $((SECONDS - t0)) s"
 # The images, from deploy/Dockerfile as it is. This machine's module and
 # build caches are mounted into the build stage (podman build -v).
 mkdir -p "$(go env GOMODCACHE)" "$(go env GOCACHE)"
+# The build stage's `go mod download` fetches every module go.sum names,
+# not only those a build here needed: fetch them here first, through this
+# machine's proxy and certificates (the build container has neither), so
+# the stage finds them all in the mounted cache.
+go mod download
 vols=(-v "$(go env GOMODCACHE):/go/pkg/mod" -v "$(go env GOCACHE):/root/.cache/go-build")
 b0=$SECONDS
 $rt build -q "${build_args[@]}" "${vols[@]}" -f deploy/Dockerfile --target sidecar -t localhost/fenceline-sidecar:e2e . >/dev/null
