@@ -134,6 +134,10 @@ type actor struct {
 	// keeps as far as this actor knows, oldest first: at most logKeep (see
 	// keep and roomToAppend).
 	kept seqWindow
+	// warm: the view was folded from another instance's announcements
+	// while this one was a standby, and its audit events not yet handed
+	// to this instance's audit writer (warm.go). Nil otherwise.
+	warm *warmAudit
 }
 
 // seqWindow holds the last logKeep sequences noted, oldest first, in a
@@ -475,6 +479,20 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 	}
 	for try := 0; ; try++ {
 		reloaded := a.stale
+		if a.warm != nil {
+			if !a.svc.Primary() {
+				// A standby's warm view follows the primary's
+				// announcements; it reads no log and writes none
+				// (warm.go).
+				a.failAll(batch, fmt.Errorf("%w: this lease service instance is not the primary", lease.ErrUnavailable))
+				return
+			}
+			// The view becomes this primary's: its audit first, before
+			// any record of this instance's, then a read of the log's
+			// last record to confirm it.
+			a.handOver(ctx)
+			a.stale, reloaded = true, true
+		}
 		if a.stale {
 			began, term := a.svc.cfg.Now(), a.svc.termNow()
 			if err := a.reload(ctx); err != nil {
@@ -515,10 +533,12 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 				return
 			}
 			var err error
+			var data []byte
 			began, term := a.svc.cfg.Now(), a.svc.termNow()
 			actx, cancel := a.svc.withinTerm(ctx)
-			seq, size, err = a.svc.store.append(actx, a.key, a.state.seq, t.record())
+			seq, data, err = a.svc.store.append(actx, a.key, a.state.seq, t.record())
 			cancel()
+			size = len(data)
 			if err != nil {
 				a.stale = true
 				if errors.Is(err, errCAS) && try < attempts {
@@ -529,7 +549,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 				a.failAll(batch, fmt.Errorf("%w: writing the lease log: %w", lease.ErrUnavailable, err))
 				return
 			}
-			a.svc.announceAppend(a.key, seq)
+			a.svc.announceAppend(a.key, seq, data)
 			// The compare-and-swap on the repo's last record took: nothing
 			// was appended to it that this view lacks.
 			a.confirm(began, term)
@@ -651,7 +671,7 @@ func (a *actor) maybeSnapshot(deltaBytes int) {
 	prev := a.state.seq
 	ctx, cancel := a.svc.withinTerm(a.svc.ctx)
 	defer cancel()
-	seq, size, err := a.svc.store.append(ctx, a.key, prev, a.state.snapshot())
+	seq, data, err := a.svc.store.append(ctx, a.key, prev, a.state.snapshot())
 	if err != nil {
 		if errors.Is(err, errCAS) {
 			a.stale = true
@@ -662,8 +682,8 @@ func (a *actor) maybeSnapshot(deltaBytes int) {
 	a.state.seq = seq
 	a.svc.audit.record(a.key, seq, nil)
 	a.keep(seq)
-	a.svc.announceAppend(a.key, seq)
-	a.sinceSnap, a.bytesSinceSnap, a.snapBytes = 0, 0, size
+	a.svc.announceAppend(a.key, seq, data)
+	a.sinceSnap, a.bytesSinceSnap, a.snapBytes = 0, 0, len(data)
 }
 
 // keep notes a record of the repo's log at seq (appended or read), which

@@ -19,9 +19,9 @@ const (
 	// changedPrefix.<repoKey>.<leaseId> carries each committed lease record
 	// (core NATS, for watchers; holders re-check on renewal anyway).
 	changedPrefix = "fenceline.lease.v1.changed"
-	// appendedPrefix.<repoKey> carries the sequence of each lease log
-	// record once the stream has acknowledged it (core NATS, between
-	// service instances). Not the log subject itself: a core subscriber
+	// appendedPrefix.<repoKey> carries each lease log record, with its
+	// sequence (logSeqHeader), once the stream has acknowledged it (core
+	// NATS, between service instances). Not the log subject itself: a core subscriber
 	// there can see a record before the stream stores it, or one the
 	// compare-and-swap then rejects.
 	appendedPrefix = "fenceline.lease.v1.appended"

@@ -20,8 +20,9 @@
 // whatever its view was, and any number of service instances may run.
 // Instances announce themselves on fenceline.lease.v1.instances; once one
 // meets another, each announces its acknowledged appends to the others
-// (fenceline.lease.v1.appended.<repoKey>), so queued acquires see releases
-// made elsewhere. Reads reload before answering, and a refusal is
+// (fenceline.lease.v1.appended.<repoKey>, the record itself), so queued
+// acquires see releases made elsewhere, and a standby keeps a warm view of
+// every repo (warm.go). Reads reload before answering, and a refusal is
 // confirmed on a fresh view (a refusal is not a write: no compare-and-swap
 // vouches for it).
 //

@@ -253,12 +253,13 @@ func casOr(err error) error {
 }
 
 // append writes rec to the repo's log if the log's last sequence is still
-// expect, and returns the record's sequence and size.
-func (s *store) append(ctx context.Context, key string, expect uint64, rec *logRecord) (uint64, int, error) {
+// expect, and returns the record's sequence and its encoding (what
+// standbys are sent: see Service.announceAppend).
+func (s *store) append(ctx context.Context, key string, expect uint64, rec *logRecord) (uint64, []byte, error) {
 	rec.Prev = expect
 	data, err := rec.encode()
 	if err != nil {
-		return 0, 0, fmt.Errorf("encode lease log record: %w", err)
+		return 0, nil, fmt.Errorf("encode lease log record: %w", err)
 	}
 	msg := nats.NewMsg(logSubjectFor(key))
 	msg.Data = data
@@ -272,11 +273,11 @@ func (s *store) append(ctx context.Context, key string, expect uint64, rec *logR
 	}
 	if err != nil {
 		if isCASMismatch(err) {
-			return 0, 0, errCAS
+			return 0, nil, errCAS
 		}
-		return 0, 0, fmt.Errorf("append to lease log of %s: %w", rec.Repo, err)
+		return 0, nil, fmt.Errorf("append to lease log of %s: %w", rec.Repo, err)
 	}
-	return seq, len(data), nil
+	return seq, data, nil
 }
 
 // publish writes msg to its stream and returns the sequence it was stored

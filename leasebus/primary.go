@@ -19,7 +19,8 @@ import (
 // one per node) elect one of them to serve the lease requests, as Chubby's
 // replicas elect a master. The others, standbys, take no lease request,
 // read no repo's log and write none: they watch the primary's claim and
-// take over once it goes unrenewed. So one instance writes the lease log —
+// take over once it goes unrenewed, with views kept warm from the
+// primary's announcements of its appends (warm.go). So one instance writes the lease log —
 // no two race each other's compare-and-swap, none re-reads a log another
 // wrote — and its views are the log's: it answers keepalives and cached
 // gets from memory, as an instance alone on a bus does, instead of reading
@@ -43,9 +44,9 @@ import (
 // than a term, when the node that led it dies. The primary then takes the
 // claim back at once if the last record is still its own (lapsed), while
 // a standby waits primaryGap after it can read the claim again
-// (sinceBack): a takeover would cost a load of every repo's log, which
-// at 10,000 leases took longer than the holders' TTL, where a lapsed
-// primary's views need one read per repo.
+// (sinceBack): a takeover costs reads of every repo's log (one for a
+// warm view, a load back to a snapshot for any other), and holders
+// cannot renew meanwhile.
 //
 // What the claim does not decide, compare-and-swap still does: every
 // append is one on its repo's log, so even two instances that both believe

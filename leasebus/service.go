@@ -919,17 +919,22 @@ func (s *Service) followOthers() {
 	}
 }
 
-// tail nudges the actor of every repo that another writer appends to, so
-// this instance's view (and its queued waiters) follow within a round trip.
-// Announcements carry their writer's id; an instance ignores its own.
+// tail follows what another instance appends. A primary (or an instance
+// of a bus without an election) nudges the repo's actor, so its view and
+// its queued waiters follow within a round trip; a standby folds the
+// record the announcement carries into its warm view (warm.go), so a
+// takeover needs no load. Announcements carry their writer's id; an
+// instance ignores its own.
 func (s *Service) tail(m *nats.Msg) {
 	if !fromInstance(m) || m.Header.Get(writerHeader) == s.store.writer {
 		return // not another instance's (see fromInstance), or our own
 	}
+	key := strings.TrimPrefix(m.Subject, appendedPrefix+".")
 	if !s.Primary() {
-		return // a standby keeps no view (primary.go)
+		s.follow(key, m)
+		return
 	}
-	s.actor(strings.TrimPrefix(m.Subject, appendedPrefix+"."), "").nudge()
+	s.actor(key, "").nudge()
 }
 
 // fromInstance reports whether m, on a subject between lease service
@@ -941,16 +946,20 @@ func (s *Service) tail(m *nats.Msg) {
 func fromInstance(m *nats.Msg) bool { return serviceWrote(m.Header) && !jetStreamDelivery(m) }
 
 // announceAppend tells the other instances, once there are any, that the
-// repo's log has a record at seq. It is sent only after the stream
-// acknowledged the append, so a nudged instance that reloads finds it.
-// Best effort: a lost announcement delays a waiter, never a decision.
-func (s *Service) announceAppend(key string, seq uint64) {
+// repo's log has the record data at seq: standbys fold it into their warm
+// views (warm.go), another serving instance reloads. It is sent only
+// after the stream acknowledged the append, so what it carries is
+// durable, and a nudged instance that reloads finds it. Best effort: a
+// lost announcement delays a waiter or leaves a standby's view to be read
+// at its takeover, never changes a decision.
+func (s *Service) announceAppend(key string, seq uint64, data []byte) {
 	if !s.tailing.Load() {
 		return
 	}
 	m := nats.NewMsg(appendedPrefix + "." + key)
 	m.Header.Set(writerHeader, s.store.writer)
-	m.Data = strconv.AppendUint(nil, seq, 10)
+	m.Header.Set(logSeqHeader, strconv.FormatUint(seq, 10))
+	m.Data = data
 	_ = s.nc.PublishMsg(m)
 }
 

@@ -184,6 +184,23 @@ func (s *repoState) observe(rec *logRecord, seq uint64, now time.Time) {
 	s.seq = seq
 }
 
+// restart counts every active lease's TTL afresh from now, as a load
+// does: what a new primary does with a warm view at its takeover, during
+// which no holder could renew (etcd restarts its leases' TTLs at a leader
+// change too). A deadline only moves later: the service never ends a lease
+// before its holder, counting from when it sent its last renewal, stops.
+func (s *repoState) restart(now time.Time) {
+	s.earliest = time.Time{}
+	for _, e := range s.leases {
+		if d := now.Add(time.Duration(e.TTL)); d.After(e.deadline) {
+			e.deadline = d
+		}
+		if s.earliest.IsZero() || e.deadline.Before(s.earliest) {
+			s.earliest = e.deadline
+		}
+	}
+}
+
 func (s *repoState) observeEntry(e *entry, now time.Time) {
 	if e.deadline.IsZero() {
 		e.deadline = now.Add(time.Duration(e.TTL))

@@ -1,0 +1,192 @@
+package leasebus
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+
+	"github.com/fenceline/fenceline/lease"
+	"github.com/nats-io/nats.go"
+)
+
+// Warm standbys. A standby serves no lease request and reads no repo's
+// log, but it keeps a view of every repo all the same: the primary's
+// announcement of each append (Service.announceAppend) carries the record
+// itself, and the standby folds it into the repo's actor as a load would
+// have. A takeover then costs one read per repo — the log's last record,
+// to confirm the view is the log's — where a load of every repo read each
+// one back to its snapshot: at 10,000 leases over 1,000 repos, 16–22 s
+// through the log stream's leader, longer than the holders' TTL allowed,
+// and thousands of leases lost at each primary's crash.
+//
+// What a warm view may not know, it does not guess:
+//   - A repo the standby has no view of becomes warm at its next snapshot
+//     (or its first record); until then a takeover loads it as before.
+//   - A record missed (announcements are core NATS, at most once) leaves
+//     the view behind its log: the view stops folding (broken) until the
+//     next snapshot, which carries the whole state, and a takeover before
+//     that loads the repo afresh.
+//   - The audit. The log is where a grant's events are durable; the
+//     primary copies them to the audit stream, and a standby must not (it
+//     would race the primary's chain for nothing). So a warm view keeps
+//     the events of its last warmKeep records that carry any, and a new
+//     primary hands those the audit chain does not cover yet to its audit
+//     writer before it serves the repo (handOver). Where the view dropped
+//     events the chain does not cover — more than warmKeep behind, or
+//     records the view never saw — the repo is loaded afresh, which reads
+//     them from the log as any start does.
+//
+// Correctness never depends on a warm view: every append is still a
+// compare-and-swap on the repo's last record, and a view the log moved
+// past is read again, as any view is.
+
+// logSeqHeader carries the log sequence of the record an append
+// announcement carries.
+const logSeqHeader = "Fenceline-Log-Seq"
+
+// warmKeep bounds how many records' audit events a warm view keeps: the
+// primary writes a record's events within auditDelay of its append, so a
+// takeover finds at most a few records' events not yet written.
+const warmKeep = 32
+
+// warmAudit is what a warm view knows of its records' audit events.
+type warmAudit struct {
+	// recs are the records folded while warm that carry events, oldest
+	// first, at most warmKeep.
+	recs []auditRec
+	// lost: the events of records up to this sequence may be unknown here
+	// (before the view began, dropped past warmKeep, or missed).
+	lost uint64
+	// broken: a record was missed; the view folds nothing until a
+	// snapshot.
+	broken bool
+}
+
+// note keeps a folded record's events.
+func (w *warmAudit) note(seq uint64, evs []lease.AuditEvent) {
+	if len(evs) == 0 {
+		return
+	}
+	if len(w.recs) == warmKeep {
+		w.lost = max(w.lost, w.recs[0].seq)
+		w.recs = append(w.recs[:0], w.recs[1:]...)
+	}
+	w.recs = append(w.recs, auditRec{seq: seq, events: evs})
+}
+
+// follow folds a record another instance appended, announced on the
+// repo's appended subject, into this standby's view of the repo.
+func (s *Service) follow(key string, m *nats.Msg) {
+	seq, err := strconv.ParseUint(m.Header.Get(logSeqHeader), 10, 64)
+	if err != nil || seq == 0 || len(m.Data) == 0 {
+		return // no record: only a nudge
+	}
+	rec := new(logRecord)
+	if json.Unmarshal(m.Data, rec) != nil || rec.Prev >= seq || rec.Repo == "" || RepoKey(rec.Repo) != key {
+		return
+	}
+	if rec.Kind != recordSnapshot && rec.Kind != recordDelta {
+		return
+	}
+	a, ok := s.existing(key)
+	if !ok {
+		if rec.Kind == recordSnapshot || rec.Prev == 0 {
+			s.warmUp(key, seq, rec)
+		}
+		return // warm from its next snapshot
+	}
+	a.busy.Lock()
+	defer a.busy.Unlock()
+	if a.dead || s.Primary() {
+		return // a primary's actors read the log themselves
+	}
+	if a.foldWarm(seq, rec) {
+		s.indexLeases(key, rec.Leases)
+		if len(a.state.evicted) > 0 {
+			s.unindex(a.state.evicted)
+			a.state.evicted = nil
+		}
+	}
+}
+
+// warmUp starts a warm view of a repo this standby has none of, from its
+// snapshot (or first record) at seq.
+func (s *Service) warmUp(key string, seq uint64, rec *logRecord) {
+	a := s.newActor(key, rec.Repo)
+	a.stale = false
+	a.warm = &warmAudit{lost: rec.Prev}
+	a.foldWarm(seq, rec)
+	a.state.evicted = nil // nothing of it is indexed yet
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.actors[key]; ok || s.stopping || s.loading[key] != nil {
+		a.timer.Stop()
+		return
+	}
+	s.actors[key] = a
+	for _, e := range a.entries() {
+		s.index[e.LeaseID] = indexOf(key, e)
+	}
+	s.wg.Go(func() { a.run(s.ctx) })
+}
+
+// foldWarm folds the record at seq into the view, if it follows it (a
+// snapshot always does), and reports whether it did. Called under busy,
+// or before the actor is shared.
+func (a *actor) foldWarm(seq uint64, rec *logRecord) bool {
+	if a.warm == nil {
+		// A view this instance served as primary: every record up to
+		// here went to its audit writer.
+		a.warm = &warmAudit{}
+	}
+	w := a.warm
+	switch {
+	case seq <= a.state.seq:
+		return false // known already
+	case rec.Kind == recordDelta && (w.broken || rec.Prev != a.state.seq):
+		// A record missed: fold nothing until a snapshot.
+		w.broken = true
+		return false
+	}
+	if rec.Kind == recordSnapshot && rec.Prev != a.state.seq {
+		w.lost = max(w.lost, rec.Prev) // the records between went unseen
+	}
+	w.broken = false
+	apply(a.state, rec, seq, a.svc.cfg.Now, func(seq uint64, evs []lease.AuditEvent) {
+		w.note(seq, evs)
+		a.keep(seq)
+	})
+	a.stale = false
+	return true
+}
+
+// handOver makes a warm view this instance's, now that it is the primary:
+// it hands the audit writer the events the audit chain does not cover yet
+// (read from the audit stream: one request) and counts its leases' TTLs
+// from now, as a load would have; or, where the view may have missed some
+// events, drops the view so that the reload that follows reads the repo
+// afresh, as a start does. Called under busy, before that reload.
+func (a *actor) handOver(ctx context.Context) {
+	w := a.warm
+	a.warm = nil
+	if !w.broken {
+		mark := a.svc.audit.auditedTo(ctx, a.key) // 0 when unreadable
+		if mark >= w.lost {
+			for _, r := range w.recs {
+				if r.seq > mark {
+					a.svc.audit.record(a.key, r.seq, r.events)
+				}
+			}
+			a.svc.audit.record(a.key, a.state.seq, nil)
+			a.state.restart(a.svc.cfg.Now())
+			a.count()
+			return
+		}
+	}
+	why := "its audit events may not all be known here"
+	if w.broken {
+		why = "it missed a record"
+	}
+	a.svc.log.Info("reading a lease log afresh at the takeover: the warm view of it is not complete", "repo", a.state.repo, "why", why)
+	a.state, a.kept = newRepoState(a.state.repo), seqWindow{}
+}
