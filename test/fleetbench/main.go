@@ -437,9 +437,13 @@ func (l *load) acquire(ctx context.Context, s *slot, into *Hist) bool {
 		l.errs.Add("acquire:claim")
 		return false
 	}
-	req := leasebus.AcquireRequest{Repo: s.repo, Scope: cl, TTL: lease.Duration(l.cfg.ttl),
+	// It may wait, as a runner's `fenceline run --wait` does: the claim is
+	// the slot's own, so the wait only rides out a takeover's "try again"
+	// answers, which would otherwise leave the slot empty until the churn
+	// picks it again.
+	req := leasebus.AcquireRequest{Repo: s.repo, Scope: cl, TTL: lease.Duration(l.cfg.ttl), Wait: lease.Duration(acquireWait),
 		Owner: lease.Owner{TaskID: "fleetbench", AgentID: fmt.Sprintf("slot-%d", s.i)}}
-	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	actx, cancel := context.WithTimeout(ctx, acquireWait+10*time.Second)
 	defer cancel()
 	t0 := time.Now()
 	h, err := s.c.AcquireAndHold(actx, req, leasebus.NewCredential(), opts)
@@ -499,6 +503,9 @@ func (l *load) ramp(ctx context.Context, end time.Time) {
 		wg.Wait() // this pass's acquires, before looking for what failed
 	}
 }
+
+// acquireWait is how long an acquire may wait (AcquireRequest.Wait).
+const acquireWait = 20 * time.Second
 
 // steady runs churn until end: every 1/-churn seconds a random slot's
 // holder is released and a new lease acquired in its place (a slot
