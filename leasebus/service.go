@@ -133,6 +133,9 @@ type Service struct {
 	loading map[string]*repoLoad
 	// scans coalesces the scans for old-form lease ids (route.go).
 	scans idScans
+	// cold holds the repos a standby has no warm view of that it heard
+	// appended to (warm.go).
+	cold coldRepos
 	// live is what this instance knows of sessions' keepalives.
 	live *liveness
 	// shards writes the shard store's records (shards.go).
@@ -263,7 +266,9 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.track(sub)
 	}
 	if s.prim != nil {
+		s.cold.wake = make(chan struct{}, 1)
 		s.wg.Go(func() { s.elect(s.ctx) })
+		s.wg.Go(func() { s.warmCold(s.ctx) })
 		s.log.Info("lease service started; electing the primary", "replicas", max(cfg.Replicas, 1), "term", s.prim.term)
 		return s, nil
 	}

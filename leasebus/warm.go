@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
+	"sync"
 
 	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
@@ -20,12 +21,15 @@ import (
 // and thousands of leases lost at each primary's crash.
 //
 // What a warm view may not know, it does not guess:
-//   - A repo the standby has no view of becomes warm at its next snapshot
-//     (or its first record); until then a takeover loads it as before.
+//   - A repo the standby has no view of (it started after the repo's first
+//     record: a restarted node) becomes warm at its next snapshot, or
+//     once the standby, having heard it appended to, loads it in the
+//     background (warmCold), one repo at a time; a takeover before either
+//     loads it as before.
 //   - A record missed (announcements are core NATS, at most once) leaves
 //     the view behind its log: the view stops folding (broken) until the
-//     next snapshot, which carries the whole state, and a takeover before
-//     that loads the repo afresh.
+//     next snapshot, which carries the whole state, or a background load;
+//     a takeover before either reads the repo afresh.
 //   - The audit. The log is where a grant's events are durable; the
 //     primary copies them to the audit stream, and a standby must not (it
 //     would race the primary's chain for nothing). So a warm view keeps
@@ -92,20 +96,26 @@ func (s *Service) follow(key string, m *nats.Msg) {
 	if !ok {
 		if rec.Kind == recordSnapshot || rec.Prev == 0 {
 			s.warmUp(key, seq, rec)
+		} else {
+			s.cold.add(key) // loaded in the background (warmCold)
 		}
-		return // warm from its next snapshot
+		return
 	}
 	a.busy.Lock()
 	defer a.busy.Unlock()
 	if a.dead || s.Primary() {
 		return // a primary's actors read the log themselves
 	}
-	if a.foldWarm(seq, rec) {
-		s.indexLeases(key, rec.Leases)
-		if len(a.state.evicted) > 0 {
-			s.unindex(a.state.evicted)
-			a.state.evicted = nil
+	if !a.foldWarm(seq, rec) {
+		if a.warm != nil && a.warm.broken {
+			s.cold.add(key)
 		}
+		return
+	}
+	s.indexLeases(key, rec.Leases)
+	if len(a.state.evicted) > 0 {
+		s.unindex(a.state.evicted)
+		a.state.evicted = nil
 	}
 }
 
@@ -189,4 +199,128 @@ func (a *actor) handOver(ctx context.Context) {
 	}
 	a.svc.log.Info("reading a lease log afresh at the takeover: the warm view of it is not complete", "repo", a.state.repo, "why", why)
 	a.state, a.kept = newRepoState(a.state.repo), seqWindow{}
+}
+
+// coldRepos are the repos a standby heard appended to but has no view of
+// it can fold into: none (it started after the repo's last snapshot), or
+// one that missed a record. warmCold loads them.
+type coldRepos struct {
+	mu   sync.Mutex
+	keys map[string]struct{} // guarded by mu
+	wake chan struct{}       // made by StartService on a bus with an election
+}
+
+func (c *coldRepos) add(key string) {
+	c.mu.Lock()
+	if c.keys == nil {
+		c.keys = map[string]struct{}{}
+	}
+	_, had := c.keys[key]
+	c.keys[key] = struct{}{}
+	c.mu.Unlock()
+	if !had {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// take removes and returns one cold repo ("" when none).
+func (c *coldRepos) take() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for key := range c.keys {
+		delete(c.keys, key)
+		return key
+	}
+	return ""
+}
+
+// warmCold loads, one at a time, the views a standby heard it lacks, so
+// that a standby started after the primary (a restarted node) is warm
+// within a pass over the active repos, not only at each one's next
+// snapshot. A load here hands nothing to the audit writer: it keeps the
+// events of the records past the audit mark it read first, as a warm view
+// does (warmLoad). A primary loads what it lacks by itself: the set is
+// dropped.
+func (s *Service) warmCold(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.cold.wake:
+		}
+		for key := s.cold.take(); key != ""; key = s.cold.take() {
+			if ctx.Err() != nil {
+				return
+			}
+			if s.Primary() {
+				continue
+			}
+			if err := s.warmLoad(ctx, key); err != nil && ctx.Err() == nil {
+				s.log.Debug("warm a standby's view of a lease log; will try at its next record", "repo_key", key, "err", err)
+			}
+		}
+	}
+}
+
+// warmLoad reads the log of repo key into a warm view, if this standby
+// has none it can fold into. The audit mark is read first: the events of
+// the records up to it are in the audit stream, those after it the load
+// reads and the view keeps.
+func (s *Service) warmLoad(ctx context.Context, key string) error {
+	if a, ok := s.existing(key); ok {
+		a.busy.Lock()
+		cold := a.coldView()
+		a.busy.Unlock()
+		if !cold {
+			return nil
+		}
+	}
+	mark := s.audit.auditedTo(ctx, key)
+	st := newRepoState("")
+	w := &warmAudit{lost: mark}
+	var kept seqWindow
+	if _, err := s.store.load(ctx, key, st, mark, s.cfg.Now, func(seq uint64, evs []lease.AuditEvent) {
+		w.note(seq, evs)
+		kept.note(seq)
+	}); err != nil {
+		return err
+	}
+	if st.repo == "" {
+		return nil // nothing the service wrote
+	}
+	st.evicted = nil // nothing of it is indexed yet
+	s.mu.Lock()
+	a, ok := s.actors[key]
+	if !ok {
+		defer s.mu.Unlock()
+		if s.stopping || s.loading[key] != nil {
+			return nil
+		}
+		a = s.newActor(key, st.repo)
+		a.state, a.kept, a.warm, a.stale = st, kept, w, false
+		s.actors[key] = a
+		for _, e := range a.entries() {
+			s.index[e.LeaseID] = indexOf(key, e)
+		}
+		s.wg.Go(func() { a.run(s.ctx) })
+		return nil
+	}
+	s.mu.Unlock()
+	a.busy.Lock()
+	defer a.busy.Unlock()
+	if a.dead || !a.coldView() || a.state.seq >= st.seq || s.Primary() {
+		return nil // mended meanwhile (a snapshot), or no longer ours to mend
+	}
+	a.state, a.kept, a.warm, a.stale = st, kept, w, false
+	s.indexLeases(key, a.entries())
+	return nil
+}
+
+// coldView reports whether a standby's view of the repo cannot fold the
+// next record: it missed one. Called under busy.
+func (a *actor) coldView() bool {
+	return a.warm != nil && a.warm.broken
 }

@@ -1,6 +1,7 @@
 package leasebus
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -178,4 +179,85 @@ func TestWarmViewMissesARecord(t *testing.T) {
 	if len(a.warm.recs) != warmKeep || a.warm.lost != 22 || a.warm.recs[0].seq != 23 {
 		t.Fatalf("kept %d records' events from %d, lost up to %d: want %d from 23, lost up to 22", len(a.warm.recs), a.warm.recs[0].seq, a.warm.lost, warmKeep)
 	}
+}
+
+// TestLateStandbyWarmsUp: a standby started after the primary granted
+// leases (a node restarted) hears appends to repos it has no view of and
+// loads those views in the background, so a takeover then reads no log
+// back to a snapshot either; the events of a grant the old primary never
+// audited still reach the audit stream once.
+func TestLateStandbyWarmsUp(t *testing.T) {
+	t.Parallel()
+	ms := [2]*ServiceMetrics{NewServiceMetrics(), NewServiceMetrics()}
+	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Primary: true, PrimaryTerm: testTerm, Metrics: ms[0]}}
+	b.start("127.0.0.1:0")
+	t.Cleanup(b.stop)
+	primaryOf(t, []*Service{b.svc}, 10*time.Second)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	c := NewClient(connect(t, url))
+	const repos = 4
+	name := func(i int) string { return fmt.Sprintf("github.com/acme/late-%d", i) }
+	var granted [repos][]*lease.Lease
+	acquire := func(i, j int) {
+		t.Helper()
+		l, err := c.Acquire(ctx, AcquireRequest{Repo: name(i), Scope: claim(t, fmt.Sprint("p", j)), Owner: owner(j + 1), TTL: lease.Duration(time.Minute)}, NewCredential())
+		if err != nil {
+			t.Fatal(err)
+		}
+		granted[i] = append(granted[i], l)
+	}
+	for i := range repos {
+		acquire(i, 0)
+		acquire(i, 1)
+	}
+	late, err := StartService(ctx, connect(t, url), ServiceConfig{Primary: true, PrimaryTerm: testTerm, Metrics: ms[1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(late.Stop)
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if !late.tailing.Load() || !b.svc.tailing.Load() {
+			return errors.New("the instances have not met yet")
+		}
+		return nil
+	})
+	// Appends to every repo after the standby started; the last one's
+	// events the primary never writes.
+	for i := range repos {
+		acquire(i, 2)
+	}
+	b.svc.audit.killed.Store(true)
+	acquire(0, 3)
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		for i := range repos {
+			key := RepoKey(name(i))
+			if want, got := viewSeq(b.svc, key), viewSeq(late, key); got != want {
+				return fmt.Errorf("%s: the late standby's view is at %d, the primary's at %d", name(i), got, want)
+			}
+		}
+		return nil
+	})
+	before := int(promtest.ToFloat64(ms[1].reads.WithLabelValues("record")))
+	if before == 0 {
+		t.Fatal("the late standby read no log record: its views cannot have been loaded")
+	}
+	b.nc.Close()
+	primaryOf(t, []*Service{nil, late}, 10*time.Second)
+	for i := range repos {
+		for j, l := range granted[i] {
+			got, err := c.Get(ctx, l.LeaseID)
+			if err != nil || got.Fence != l.Fence || !got.Active() {
+				t.Fatalf("%s lease %d: the new primary has %+v, %v: want it as granted", name(i), j, got, err)
+			}
+		}
+	}
+	if n := int(promtest.ToFloat64(ms[1].reads.WithLabelValues("record"))) - before; n != 0 {
+		t.Errorf("the new primary read %d log records back at its takeover: want none (each view was warmed)", n)
+	}
+	nc := connect(t, url)
+	for i := range repos {
+		wantOnce(t, ctx, nc, name(i), granted[i]...)
+	}
+	checkChain(t, ctx, nc, name(0))
 }
