@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"strings"
 	"sync"
@@ -205,8 +206,11 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credentia
 		if unknown && ctx.Err() == nil && !errors.Is(err, errNoAnswer) {
 			// The service answered that it cannot serve now: the same
 			// request id makes a retry return the first try's lease if it
-			// landed.
+			// landed. The pause is jittered (half of it at random), so
+			// that the runners a takeover turned away do not come back
+			// all at once.
 			pause := min(time.Duration(try)*100*time.Millisecond, time.Second)
+			pause = pause/2 + rand.N(pause/2)
 			left := time.Until(until) - pause
 			if try < tries || left > 0 {
 				if try >= tries {
