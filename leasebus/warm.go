@@ -126,18 +126,25 @@ func (s *Service) warmUp(key string, seq uint64, rec *logRecord) {
 	a.stale = false
 	a.warm = &warmAudit{lost: rec.Prev}
 	a.foldWarm(seq, rec)
+	s.installWarm(a)
+}
+
+// installWarm installs a, a new warm view, unless the repo has an actor
+// (or a load under way) by now, and reports whether it did.
+func (s *Service) installWarm(a *actor) bool {
 	a.state.evicted = nil // nothing of it is indexed yet
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.actors[key]; ok || s.stopping || s.loading[key] != nil {
+	if _, ok := s.actors[a.key]; ok || s.stopping || s.loading[a.key] != nil {
 		a.timer.Stop()
-		return
+		return false
 	}
-	s.actors[key] = a
+	s.actors[a.key] = a
 	for _, e := range a.entries() {
-		s.index[e.LeaseID] = indexOf(key, e)
+		s.index[e.LeaseID] = indexOf(a.key, e)
 	}
 	s.wg.Go(func() { a.run(s.ctx) })
+	return true
 }
 
 // foldWarm folds the record at seq into the view, if it follows it (a
@@ -291,24 +298,15 @@ func (s *Service) warmLoad(ctx context.Context, key string) error {
 	if st.repo == "" {
 		return nil // nothing the service wrote
 	}
-	st.evicted = nil // nothing of it is indexed yet
-	s.mu.Lock()
-	a, ok := s.actors[key]
-	if !ok {
-		defer s.mu.Unlock()
-		if s.stopping || s.loading[key] != nil {
-			return nil
-		}
-		a = s.newActor(key, st.repo)
-		a.state, a.kept, a.warm, a.stale = st, kept, w, false
-		s.actors[key] = a
-		for _, e := range a.entries() {
-			s.index[e.LeaseID] = indexOf(key, e)
-		}
-		s.wg.Go(func() { a.run(s.ctx) })
+	fresh := s.newActor(key, st.repo)
+	fresh.state, fresh.kept, fresh.warm, fresh.stale = st, kept, w, false
+	if s.installWarm(fresh) {
 		return nil
 	}
-	s.mu.Unlock()
+	a, ok := s.existing(key)
+	if !ok {
+		return nil // stopping, or loaded meanwhile
+	}
 	a.busy.Lock()
 	defer a.busy.Unlock()
 	if a.dead || !a.coldView() || a.state.seq >= st.seq || s.Primary() {
