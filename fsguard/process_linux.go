@@ -34,6 +34,7 @@ type Process struct {
 	audit   Auditor
 	cmd     *exec.Cmd
 	pid     int
+	started uint64 // the command's start time (procInfo.start): 0 unknown
 	abi     int
 	guarded bool
 
@@ -232,6 +233,9 @@ func (pr *Process) spawn(log *slog.Logger, cmd *exec.Cmd, cfg childConfig, env [
 		return fmt.Errorf("start guarded %s: %w", cmd.Path, err)
 	}
 	pr.cmd, pr.pid = c, c.Process.Pid
+	if pi, ok := readStat(pr.pid); ok {
+		pr.started = pi.start // tells its number's later owners apart (groupReused)
+	}
 	registerDirect(pr.pid)
 	if err := pr.handshake(log, parentSock, setup, cmd.Path); err != nil {
 		c.Process.Kill()
@@ -323,8 +327,16 @@ func (pr *Process) refused(reason string) {
 	}
 }
 
-// Signal sends sig to the attempt's process group.
+// Signal sends sig to the attempt's process group, or, once its command's
+// number is another process's, to each of its processes (see
+// groupReused).
 func (pr *Process) Signal(sig syscall.Signal) error {
+	if pr.groupReused() {
+		for _, m := range live(pr.members()) {
+			unix.Kill(m.pid, sig)
+		}
+		return nil
+	}
 	if err := unix.Kill(-pr.pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("signal attempt %d: %w", pr.pid, err)
 	}
@@ -403,7 +415,9 @@ func (pr *Process) superviseTree(ctx context.Context) {
 		}
 		members := pr.members()
 		if pr.killed.Load() {
-			unix.Kill(-pr.pid, unix.SIGKILL)
+			if !pr.groupReused() {
+				unix.Kill(-pr.pid, unix.SIGKILL)
+			}
 			for _, m := range members {
 				unix.Kill(m.pid, unix.SIGKILL)
 			}

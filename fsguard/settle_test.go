@@ -82,6 +82,6 @@ func TestWaitOutlastsOrphans(t *testing.T) {
 		t.Fatalf("exit %d (%s), want 5", r.code, r.out)
 	}
 	if b, err := os.ReadFile(filepath.Join(w.leased, "orphan.txt")); err != nil || string(b) != "finished\n" {
-		t.Fatalf("orphan's file = %q, %v: Wait returned before the orphan finished", b, err)
+		t.Fatalf("orphan's file = %q, %v: Wait returned before the orphan finished, or its write failed (output: %q)", b, err, r.out)
 	}
 }

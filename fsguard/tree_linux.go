@@ -18,27 +18,51 @@ import (
 // attempt's processes got one from us — and by not being the command of an
 // attempt (those are reaped by their own exec.Cmd).
 
+//
+// Process ids are reused (pid_max is often 32,768, and a busy supervisor
+// starts thousands of processes): once an attempt's command has been
+// reaped, its number may be another attempt's command, and that one's
+// process group id too. The kernel frees a number only once no process
+// uses it as its id or its group's, so after the reap a live process
+// with the command's number and another start time means the attempt's
+// group is empty and the number is someone else's (Process.members,
+// Process.Signal).
+
 var (
 	directMu sync.Mutex
-	direct   = map[int]bool{} // commands of running attempts; guarded by directMu
+	// direct counts, by pid, the commands of running attempts that were
+	// started with that pid: an attempt that settles after its number
+	// was reused by another's command leaves the other's registered.
+	direct = map[int]int{} // guarded by directMu
 )
 
 func registerDirect(pid int) {
 	directMu.Lock()
-	direct[pid] = true
+	direct[pid]++
 	directMu.Unlock()
 }
 
 func unregisterDirect(pid int) {
 	directMu.Lock()
-	delete(direct, pid)
+	if direct[pid]--; direct[pid] <= 0 {
+		delete(direct, pid)
+	}
 	directMu.Unlock()
 }
 
 func isDirect(pid int) bool {
 	directMu.Lock()
 	defer directMu.Unlock()
-	return direct[pid]
+	return direct[pid] > 0
+}
+
+// groupReused reports whether the attempt's command is gone and its
+// number belongs to another process (one started at another time): the
+// attempt's process group is then empty, and the group of that number is
+// not the attempt's.
+func (pr *Process) groupReused() bool {
+	pi, alive := readStat(pr.pid)
+	return alive && pr.started != 0 && pi.start != pr.started
 }
 
 var ownFilters = sync.OnceValue(func() int { return seccompFilters(os.Getpid()) })
@@ -46,11 +70,13 @@ var ownFilters = sync.OnceValue(func() int { return seccompFilters(os.Getpid()) 
 type procInfo struct {
 	pid, ppid, pgid int
 	state           byte
+	start           uint64 // when it started, in clock ticks after boot
 }
 
 // members lists the attempt's processes (live and zombie).
 func (pr *Process) members() []procInfo {
 	self := os.Getpid()
+	reused := pr.groupReused()
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -70,9 +96,9 @@ func (pr *Process) members() []procInfo {
 		all[pid] = pi
 		children[pi.ppid] = append(children[pi.ppid], pid)
 		switch {
-		case pid == pr.pid:
+		case pid == pr.pid && !reused:
 			roots = append(roots, pid)
-		case pi.pgid == pr.pid || (pi.ppid == self && !isDirect(pid)):
+		case pi.pgid == pr.pid && !reused || (pi.ppid == self && !isDirect(pid)):
 			if seccompFilters(pid) > ownFilters() {
 				roots = append(roots, pid)
 			}
@@ -131,7 +157,11 @@ func readStat(pid int) (procInfo, bool) {
 	}
 	ppid, _ := strconv.Atoi(f[1])
 	pgid, _ := strconv.Atoi(f[2])
-	return procInfo{pid: pid, ppid: ppid, pgid: pgid, state: f[0][0]}, true
+	var start uint64
+	if len(f) > 19 {
+		start, _ = strconv.ParseUint(f[19], 10, 64) // starttime, field 22 of proc_pid_stat(5)
+	}
+	return procInfo{pid: pid, ppid: ppid, pgid: pgid, state: f[0][0], start: start}, true
 }
 
 func seccompFilters(pid int) int {
