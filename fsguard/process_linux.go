@@ -327,11 +327,11 @@ func (pr *Process) refused(reason string) {
 	}
 }
 
-// Signal sends sig to the attempt's process group, or, once its command's
-// number is another process's, to each of its processes (see
-// groupReused).
+// Signal sends sig to the attempt's process group while its command holds
+// the group's number, and to each of its processes once it no longer does
+// (see commandHolds).
 func (pr *Process) Signal(sig syscall.Signal) error {
-	if pr.groupReused() {
+	if !pr.commandHolds() {
 		for _, m := range live(pr.members()) {
 			unix.Kill(m.pid, sig)
 		}
@@ -415,7 +415,7 @@ func (pr *Process) superviseTree(ctx context.Context) {
 		}
 		members := pr.members()
 		if pr.killed.Load() {
-			if !pr.groupReused() {
+			if pr.commandHolds() {
 				unix.Kill(-pr.pid, unix.SIGKILL)
 			}
 			for _, m := range members {

@@ -65,6 +65,17 @@ func (pr *Process) groupReused() bool {
 	return alive && pr.started != 0 && pi.start != pr.started
 }
 
+// commandHolds reports whether the attempt's command still holds its
+// number (running, or a zombie not yet reaped): only then is a signal to
+// the process group of that number surely the attempt's. Once the command
+// is reaped the number is free, and a group signal sent after any check
+// could reach whoever takes it next; the attempt's processes are then
+// signalled one by one.
+func (pr *Process) commandHolds() bool {
+	pi, alive := readStat(pr.pid)
+	return alive && (pr.started == 0 || pi.start == pr.started)
+}
+
 var ownFilters = sync.OnceValue(func() int { return seccompFilters(os.Getpid()) })
 
 type procInfo struct {

@@ -45,7 +45,14 @@ func TestReusedNumberIsNotTheAttempts(t *testing.T) {
 		t.Fatalf("the attempt whose command this is has %d members, want it", len(own.members()))
 	}
 
+	if !own.commandHolds() {
+		t.Fatal("a running command does not hold its own number")
+	}
+
 	gone := &Process{pid: other.Process.Pid, started: pi.start - 1}
+	if gone.commandHolds() {
+		t.Fatal("a command gone since holds a number now another process's")
+	}
 	if !gone.groupReused() {
 		t.Fatal("a number now another process's (another start time) not seen as reused")
 	}
