@@ -100,7 +100,7 @@ func answer(m *nats.Msg, data []byte) {
 type actor struct {
 	svc     *Service
 	key     string
-	calls   chan *call
+	calls   callQueue
 	timer   *time.Timer // wakes run for the next deadline; reset under busy
 	dead    bool        // never runs (service stopping, or damaged log); set before it is shared
 	deadErr error       // why, when its log is damaged
@@ -187,10 +187,8 @@ func (a *actor) nudge() {
 	if a.dead {
 		return
 	}
-	select {
-	case a.calls <- &call{op: "sync", req: &syncRequest{}, at: a.svc.cfg.Now()}:
-	default: // the actor is swamped; its next lost append or refusal reloads anyway
-	}
+	// When the actor is swamped, its next lost append or refusal reloads anyway.
+	a.calls.push(&call{op: "sync", req: &syncRequest{}, at: a.svc.cfg.Now()})
 }
 
 // confirm notes that the actor's view was the whole log's at began, in
@@ -229,10 +227,8 @@ func (a *actor) enqueue(c *call) {
 		c.respond(reply{Error: toWire(why)})
 		return
 	}
-	select {
-	case a.calls <- c:
-	default:
-		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service overloaded for this repo; retry", lease.ErrUnavailable))})
+	if !a.calls.push(c) {
+		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service overloaded for this repo (%d requests queued); retry", lease.ErrUnavailable, maxQueued))})
 	}
 }
 
@@ -320,7 +316,7 @@ func (a *actor) count() {
 func (a *actor) run(ctx context.Context) {
 	timer := a.timer
 	defer timer.Stop()
-	batch := make([]*call, 0, a.svc.cfg.MaxBatch)
+	var batch []*call
 	for {
 		a.busy.Lock()
 		a.resetTimer()
@@ -333,8 +329,7 @@ func (a *actor) run(ctx context.Context) {
 			a.shutdown()
 			a.busy.Unlock()
 			return
-		case c := <-a.calls:
-			batch = append(batch, c)
+		case <-a.calls.ready:
 		case <-timer.C:
 			fired = true
 		}
@@ -349,15 +344,7 @@ func (a *actor) run(ctx context.Context) {
 
 // drain appends the queued calls to batch, up to MaxBatch.
 func (a *actor) drain(batch []*call) []*call {
-	for len(batch) < a.svc.cfg.MaxBatch {
-		select {
-		case c := <-a.calls:
-			batch = append(batch, c)
-		default:
-			return batch
-		}
-	}
-	return batch
+	return a.calls.take(batch, a.svc.cfg.MaxBatch)
 }
 
 // inline runs c's batch on the caller's goroutine when nothing else is
@@ -444,13 +431,8 @@ func (a *actor) shutdown() {
 		w.c.respond(reply{Error: err})
 	}
 	a.waiters = nil
-	for {
-		select {
-		case c := <-a.calls:
-			c.respond(reply{Error: err})
-		default:
-			return
-		}
+	for _, c := range a.calls.take(nil, maxQueued) {
+		c.respond(reply{Error: err})
 	}
 }
 
@@ -889,4 +871,58 @@ func (a *actor) cancel(t *txn, r *cancelRequest, queue []*waiter) error {
 	}
 	_, err := t.release(&ReleaseRequest{LeaseID: e.LeaseID, Credential: r.Credential, by: r.by})
 	return err
+}
+
+// maxQueued bounds the calls one repo's actor keeps waiting; more are
+// refused as an overload, to be retried.
+const maxQueued = 4096
+
+// callQueue holds the calls waiting for an actor's goroutine, oldest
+// first. It is a slice that grows with what waits, not a buffered channel,
+// which every repo would carry at full size whether anything waits or not
+// (a 4,096-call channel was 32 KB a repo: 3.2 GB at 100,000 repos;
+// BenchmarkMemoryPerRepo).
+type callQueue struct {
+	mu    sync.Mutex
+	calls []*call       // guarded by mu
+	ready chan struct{} // one slot: calls came since the goroutine last looked
+}
+
+// push queues c and wakes the actor's goroutine; false when maxQueued
+// calls wait already.
+func (q *callQueue) push(c *call) bool {
+	q.mu.Lock()
+	if len(q.calls) >= maxQueued {
+		q.mu.Unlock()
+		return false
+	}
+	q.calls = append(q.calls, c)
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default: // a wake-up is pending already
+	}
+	return true
+}
+
+// take moves up to max waiting calls, oldest first, onto batch.
+func (q *callQueue) take(batch []*call, max int) []*call {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := min(max, len(q.calls))
+	batch = append(batch, q.calls[:n]...)
+	left := copy(q.calls, q.calls[n:])
+	clear(q.calls[left:])
+	q.calls = q.calls[:left]
+	if left == 0 && cap(q.calls) > 64 {
+		q.calls = nil // a burst's room goes back
+	}
+	return batch
+}
+
+// len is how many calls wait.
+func (q *callQueue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.calls)
 }

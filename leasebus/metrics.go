@@ -131,7 +131,7 @@ func (m *ServiceMetrics) attach(s *Service) error {
 	}, func() float64 {
 		n := 0
 		for _, a := range s.allActors() {
-			n += len(a.calls)
+			n += a.calls.len()
 		}
 		return float64(n)
 	})

@@ -437,7 +437,7 @@ func (s *Service) goBackground(f func()) bool {
 
 func (s *Service) newActor(key, repo string) *actor {
 	return &actor{svc: s, key: key, state: newRepoState(repo), stale: true,
-		calls: make(chan *call, 4096), timer: time.NewTimer(time.Hour)}
+		calls: callQueue{ready: make(chan struct{}, 1)}, timer: time.NewTimer(time.Hour)}
 }
 
 // existing returns the actor of a repo key if there is one.
