@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fenceline/fenceline/lease"
@@ -110,6 +112,10 @@ type primacy struct {
 	seenAt, readAt time.Time
 	// backAt is when the claim was read again after a read failed; guarded by mu.
 	backAt time.Time
+	// apartAt is when the primary next checks where the streams it waits
+	// on are led (keepApart); guarded by mu. apartBusy: a check runs.
+	apartAt   time.Time
+	apartBusy atomic.Bool
 }
 
 // mayReread reports whether the claim was read longer than rereadEvery
@@ -454,6 +460,7 @@ func (s *Service) elect(ctx context.Context) {
 		if p.serving() {
 			wait = p.term / 4
 			s.renewClaim(ctx)
+			s.checkApart(ctx)
 			continue
 		}
 		wait = p.term / 8
@@ -621,6 +628,7 @@ func (s *Service) beginTerm(seq uint64, until time.Time) {
 	n, first := p.number, !p.began
 	p.began = true
 	p.leader, p.free, p.readErr = s.store.writer, false, nil
+	p.apartAt = s.cfg.Now().Add(apartAfter)
 	p.mu.Unlock()
 	s.live.from(s.cfg.Now()) // every session gets its whole grace from the takeover
 	s.log.Info("this lease service instance is the primary: it serves the lease requests", "term", n)
@@ -676,4 +684,103 @@ func (s *Service) leaveTerm() (release func()) {
 			s.log.Warn("primary: release the claim (a standby takes over once its term ends)", "err", err)
 		}
 	}
+}
+
+// Apart. A node that dies while it runs the primary and also leads the
+// lease log's stream (or the claim's) stacks two waits: the standbys' wait
+// for the term to run out, then the stream's raft election (4-9 s in
+// nats-server) before anything can be appended, and holders on a 30 s TTL
+// ran out meanwhile (2,551 leases lost of 10,000 in one such run,
+// docs/benchmarks.md). So the primary keeps those streams led from nodes
+// other than the one it reaches the bus through: now and then it reads
+// where each is led and, when it is its own server and another replica is
+// current, asks the stream to elect another leader (a leadership transfer
+// to a current replica). A node's death then costs either a takeover or
+// an election, never both.
+var apartStreams = []string{LogStream, PrimaryStream}
+
+const (
+	// apartAfter is how long a term runs before the first check: the
+	// takeover's pass first.
+	apartAfter = 5 * time.Second
+	// apartEvery is how often the primary checks again.
+	apartEvery = 30 * time.Second
+)
+
+// checkApart runs keepApart in the background when it is due and none
+// runs: the election's loop never waits for it.
+func (s *Service) checkApart(ctx context.Context) {
+	p := s.prim
+	now := s.cfg.Now()
+	p.mu.Lock()
+	due := !p.apartAt.IsZero() && !now.Before(p.apartAt)
+	if due {
+		p.apartAt = now.Add(apartEvery)
+	}
+	p.mu.Unlock()
+	if !due || !p.apartBusy.CompareAndSwap(false, true) {
+		return
+	}
+	if !s.goBackground(func() {
+		defer p.apartBusy.Store(false)
+		s.keepApart(ctx)
+	}) {
+		p.apartBusy.Store(false)
+	}
+}
+
+// keepApart asks each of apartStreams led by this instance's server to
+// elect a leader elsewhere, when one of its other replicas is current.
+func (s *Service) keepApart(ctx context.Context) {
+	here := s.nc.ConnectedServerName()
+	if here == "" {
+		return
+	}
+	for _, name := range apartStreams {
+		if !s.Primary() {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		moved, err := s.leadElsewhere(rctx, name, here)
+		cancel()
+		switch {
+		case err != nil:
+			s.log.Debug("primary: where a stream is led", "stream", name, "err", err)
+		case moved:
+			s.log.Info("primary: asked a stream led from this instance's node to elect a leader on another", "stream", name, "server", here)
+		}
+	}
+}
+
+// leadElsewhere asks stream name to step down when server here leads it
+// and another replica is current; moved says whether it asked and the
+// stream agreed.
+func (s *Service) leadElsewhere(ctx context.Context, name, here string) (moved bool, err error) {
+	st, err := s.js.Stream(ctx, name)
+	if err != nil {
+		return false, err
+	}
+	ci := st.CachedInfo().Cluster
+	if ci == nil || ci.Leader != here || !slices.ContainsFunc(ci.Replicas, func(r *jetstream.PeerInfo) bool { return r.Current && !r.Offline }) {
+		return false, nil
+	}
+	api, err := jsAPI(ctx, s.nc)
+	if err != nil {
+		return false, err
+	}
+	m, err := s.nc.RequestWithContext(ctx, api+".STREAM.LEADER.STEPDOWN."+name, nil)
+	if err != nil {
+		return false, err
+	}
+	var resp struct {
+		Success bool                `json:"success"`
+		Error   *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return false, fmt.Errorf("stream %s: step down: %w", name, err)
+	}
+	if resp.Error != nil {
+		return false, fmt.Errorf("stream %s: step down: %w", name, resp.Error)
+	}
+	return resp.Success, nil
 }

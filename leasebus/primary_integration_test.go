@@ -94,3 +94,65 @@ func TestClusterPrimaryTakesItsLapsedClaimBack(t *testing.T) {
 		t.Fatalf("acquire after the claim came back: %v", err)
 	}
 }
+
+// TestClusterPrimaryLeadsNoStreamItWaitsOn: the primary keeps the lease
+// log's stream and the claim's led from nodes other than its own, so that
+// its node's death costs a takeover or a stream's election, not one after
+// the other. The first instance starts on the node that leads the log
+// stream (and becomes the primary there); within its first check the log
+// stream, and the claim's if it led that too, are led elsewhere, and the
+// lease granted before is served on.
+func TestClusterPrimaryLeadsNoStreamItWaitsOn(t *testing.T) {
+	t.Parallel()
+	cl := startClusterOf(t, false)
+	ctx := ctxT(t)
+	js, err := JetStream(context.Background(), cl.connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 60*time.Second, 100*time.Millisecond, func() error {
+		ectx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return ensureStreams(ectx, js, 3)
+	})
+	k := -1
+	checkFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if k = cl.streamLeader(LogStream); k < 0 {
+			return errors.New("the log stream has no leader yet")
+		}
+		return nil
+	})
+	first, _ := startClusterServiceWith(ctx, t, connect(t, cl.urls[k]), ServiceConfig{Primary: true, PrimaryTerm: testTerm})
+	primaryOf(t, []*Service{first}, 30*time.Second)
+	c := NewClient(connect(t, cl.urls[(k+1)%3]))
+	l, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "kept"), Owner: owner(1), TTL: lease.Duration(time.Minute), Wait: lease.Duration(20 * time.Second)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range cl.srvs {
+		if i != k {
+			startClusterServiceWith(ctx, t, connect(t, cl.urls[i]), ServiceConfig{Primary: true, PrimaryTerm: testTerm})
+		}
+	}
+	checkFor(t, apartAfter+20*time.Second, 50*time.Millisecond, func() error {
+		if !first.Primary() {
+			t.Fatalf("instance on node %d is no longer the primary", k)
+		}
+		for _, st := range apartStreams {
+			if cl.streamLeader(st) == k {
+				return fmt.Errorf("stream %s is still led from the primary's node %d", st, k)
+			}
+		}
+		return nil
+	})
+	checkFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		got, err := c.Get(ctx, l.LeaseID)
+		if errors.Is(err, lease.ErrUnavailable) {
+			return err
+		}
+		if err != nil || !got.Active() || got.Fence != l.Fence {
+			t.Fatalf("after the streams moved: %+v %v, want the lease granted before", got, err)
+		}
+		return nil
+	})
+}
