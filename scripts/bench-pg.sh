@@ -31,6 +31,13 @@
 # adds to direct's (add_p50, add_p99, in ms).
 # FL_CPUPROFILE=FILE writes a CPU profile of the fenceline proxy over the
 # whole run (go tool pprof FILE).
+# PG_PERF=DIR (split placement) records Postgres's CPU, alone on CPU 0,
+# with perf during each run of each target: DIR/WORKLOAD.TARGET.N.data
+# (perf report -i FILE --no-children --sort symbol): what Postgres does
+# with its CPU behind each proxy, side by side; and counts CPU 0's context
+# switches (column pg_cs: per transaction).
+# WORKLOADS=PATTERN runs only the workloads whose name matches the shell
+# pattern (WORKLOADS='tpcb-like*').
 # FL_BASELINE=REV adds target fl-base: the same fence built from git
 # revision REV (git archive of it, with the C trigger built here), on a copy
 # of the tables of its own, in the same rounds: what the commits since REV
@@ -62,6 +69,11 @@ if [ -z "${PLACEMENT:-}" ]; then
 	[ "$(nproc)" -ge 2 ] || PLACEMENT=shared
 fi
 PGCPU=() CLCPU=()
+if [ -n "${PG_PERF:-}" ]; then
+	[ "$PLACEMENT" = split ] || { echo "PG_PERF needs PLACEMENT=split: it records CPU 0, where Postgres runs alone" >&2; exit 2; }
+	command -v perf >/dev/null || { echo "PG_PERF needs perf (apt-get install linux-perf)" >&2; exit 2; }
+	mkdir -p "$PG_PERF"
+fi
 case $PLACEMENT in
 shared) ;;
 split)
@@ -231,7 +243,18 @@ run() {
 	settle
 	local p0 g0 p1 g1 out
 	p0=$(pidticks "$pid"); g0=$(pgticks)
+	local perf=
+	if [ -n "${PG_PERF:-}" ]; then
+		local n=1
+		while [ -e "$PG_PERF/$key.$n.data" ]; do n=$((n + 1)); done
+		perf record -q -g -C 0 -o "$PG_PERF/$key.$n.data" -- sleep "$DUR" >/dev/null 2>&1 &
+		perf=$!
+		perf stat -x, -e context-switches -C 0 -o "$PG_PERF/$key.$n.stat" -- sleep "$DUR" >/dev/null 2>&1 &
+		perf="$perf $!"
+	fi
 	out=$(cd "$WORK" && "${CLCPU[@]}" "$PGBENCH" -h 127.0.0.1 -p "$port" -U postgres -c $CLIENTS -j "$(( CLIENTS < 2 ? 1 : 2 ))" -T "$DUR" -n -l "$@" "$db" 2>&1) || { echo "$out" >&2; return 1; }
+	# shellcheck disable=SC2086 # two pids
+	[ -z "$perf" ] || wait $perf
 	if [ "$pid" = "$BOUNCER_PID" ]; then
 		# PgBouncer keeps its server connections: drop them so their
 		# backends exit and their CPU is counted now.
@@ -244,7 +267,9 @@ run() {
 	tps=$(echo "$out" | awk '/^tps/ {print $3; exit}')
 	tx=$(echo "$out" | awk '/actually processed/ {split($NF, a, "/"); print a[1]}')
 	if [ -z "$tps" ] || [ -z "$tx" ]; then echo "pgbench printed no tps or transaction count:" >&2; echo "$out" >&2; return 1; fi
-	echo "$tps $tx $((p1 - p0)) $((g1 - g0))"
+	local cs=0
+	[ -z "$perf" ] || cs=$(awk -F, '$3 == "context-switches" {print $1}' "$PG_PERF/$key.$n.stat")
+	echo "$tps $tx $((p1 - p0)) $((g1 - g0)) ${cs:-0}"
 }
 
 TICK=$(getconf CLK_TCK)
@@ -290,9 +315,11 @@ SQL
 	exit 0
 fi
 echo "== $ROUNDS rounds of ${DUR}s per target and workload, interleaved"
-printf '\n%-22s %-12s %9s %10s %12s %8s %8s %9s %7s\n' workload target tps vs_direct vs_pgbouncer p50_ms p99_ms proxy_us pg_us
+printf '\n%-22s %-12s %9s %10s %12s %8s %8s %9s %7s%s\n' workload target tps vs_direct vs_pgbouncer p50_ms p99_ms proxy_us pg_us "${PG_PERF:+   pg_cs}"
 for wl in "select-only simple:-S -M simple" "select-only prepared:-S -M prepared" "tpcb-like simple:-M simple" "tpcb-like prepared:-M prepared"; do
 	name=${wl%%:*}; args=${wl#*:}; w=${name// /_}
+	# shellcheck disable=SC2254 # WORKLOADS is a pattern
+	case $name in ${WORKLOADS:-*}) ;; *) continue ;; esac
 	# target:port:pid; fl-unfenced is the same proxy on the unfenced copy
 	# of the tables: beside fenceline, what the storage-side fence costs.
 	targets="direct:$PGPORT_DIRECT:0 fenceline:$FLPORT:$FL_PID${FLB_PID:+ fl-base:$FLBPORT:$FLB_PID}"
@@ -314,11 +341,11 @@ for wl in "select-only simple:-S -M simple" "select-only prepared:-S -M prepared
 		tn=${t%%:*}
 		tps=$(awk '{print $1}' "$WORK/res.$w.$tn" | median)
 		read -r p50 p99 < <(sort -n "$WORK/lat.$w.$tn" | awk '{a[NR]=$1} END {printf "%.3f %.3f\n", a[int(NR*0.5)]/1000, a[int(NR*0.99)]/1000}')
-		read -r pus gus < <(awk -v tick="$TICK" '{tx+=$2; p+=$3; g+=$4} END {printf "%.1f %.1f\n", p*1e6/tick/tx, g*1e6/tick/tx}' "$WORK/res.$w.$tn")
+		read -r pus gus cs < <(awk -v tick="$TICK" '{tx+=$2; p+=$3; g+=$4; c+=$5} END {printf "%.1f %.1f %.1f\n", p*1e6/tick/tx, g*1e6/tick/tx, c/tx}' "$WORK/res.$w.$tn")
 		[ "$tn" = direct ] && pus=-
-		printf '%-22s %-12s %9.0f %10s %12s %8s %8s %9s %7s\n' "$first" "$tn" "$tps" \
+		printf '%-22s %-12s %9.0f %10s %12s %8s %8s %9s %7s%s\n' "$first" "$tn" "$tps" \
 			"$(awk -v a="$tps" -v b="$dt" 'BEGIN{printf "%.2f", a/b}')" "$(awk -v a="$tps" -v b="$bt" 'BEGIN{printf "%.2f", a/b}')" \
-			"$p50" "$p99" "$pus" "$gus"
+			"$p50" "$p99" "$pus" "$gus" "${PG_PERF:+$(printf ' %7s' "$cs")}"
 		first=
 	done
 done
