@@ -29,7 +29,8 @@
 #   -P  profile: each node serves --metrics (and pprof) on a loopback port, and
 #       20 s into the steady window a 20 s CPU profile of each node is written
 #       to DIR/cpu-<level>-n<i>.pprof (go tool pprof -top DIR/cpu-...), and one
-#       of the driver to DIR/cpu-<level>-driver.pprof; the nodes' logs are kept
+#       of the driver to DIR/cpu-<level>-driver.pprof, then a heap profile of each
+#       node to DIR/heap-<level>-n<i>.pprof; the nodes' logs are kept
 #       there too (DIR/node-<level>-n<i>.log)
 #   -K  restart: SECS into the steady window, kill -9 one node (-k: 0, 1 or 2,
 #       default 0, or the node of the primary lease service instance or of a
@@ -208,6 +209,11 @@ for n in ${levels//,/ }; do
         curl -sf -m 40 -o "$profdir/cpu-$n-n$i.pprof" "http://127.0.0.1:${ports[$((6 + i))]}/debug/pprof/profile?seconds=20" &
       done
       curl -sf -m 40 -o "$profdir/cpu-$n-driver.pprof" "http://127.0.0.1:${ports[9]}/debug/pprof/profile?seconds=20" &
+      wait
+      # and what each node's heap holds then (go tool pprof -sample_index=inuse_space -top)
+      for i in 0 1 2; do
+        curl -sf -m 40 -o "$profdir/heap-$n-n$i.pprof" "http://127.0.0.1:${ports[$((6 + i))]}/debug/pprof/heap" &
+      done
       wait
     ) &
   fi
