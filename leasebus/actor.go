@@ -905,10 +905,10 @@ func (q *callQueue) push(c *call) bool {
 	return true
 }
 
-// take moves up to max waiting calls, oldest first, onto batch.
+// take moves up to max waiting calls, oldest first, onto batch. Calls left
+// waiting keep the goroutine's wake-up pending, so they are run next.
 func (q *callQueue) take(batch []*call, max int) []*call {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	n := min(max, len(q.calls))
 	batch = append(batch, q.calls[:n]...)
 	left := copy(q.calls, q.calls[n:])
@@ -916,6 +916,13 @@ func (q *callQueue) take(batch []*call, max int) []*call {
 	q.calls = q.calls[:left]
 	if left == 0 && cap(q.calls) > 64 {
 		q.calls = nil // a burst's room goes back
+	}
+	q.mu.Unlock()
+	if left > 0 {
+		select {
+		case q.ready <- struct{}{}:
+		default:
+		}
 	}
 	return batch
 }

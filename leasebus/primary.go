@@ -628,7 +628,7 @@ func (s *Service) beginTerm(seq uint64, until time.Time) {
 	n, first := p.number, !p.began
 	p.began = true
 	p.leader, p.free, p.readErr = s.store.writer, false, nil
-	p.apartAt = s.cfg.Now().Add(apartAfter)
+	p.apartAt = time.Time{} // once the pass below is done
 	p.mu.Unlock()
 	s.live.from(s.cfg.Now()) // every session gets its whole grace from the takeover
 	s.log.Info("this lease service instance is the primary: it serves the lease requests", "term", n)
@@ -637,6 +637,11 @@ func (s *Service) beginTerm(seq uint64, until time.Time) {
 	}
 	s.goBackground(func() {
 		s.loadEvery(s.ctx)
+		p.mu.Lock()
+		if p.number == n {
+			p.apartAt = s.cfg.Now().Add(apartAfter)
+		}
+		p.mu.Unlock()
 		if first {
 			s.catchUp(s.ctx)
 		}
@@ -700,8 +705,8 @@ func (s *Service) leaveTerm() (release func()) {
 var apartStreams = []string{LogStream, PrimaryStream}
 
 const (
-	// apartAfter is how long a term runs before the first check: the
-	// takeover's pass first.
+	// apartAfter is how long after the takeover's pass (which a new
+	// leader's election would stall) the first check comes.
 	apartAfter = 5 * time.Second
 	// apartEvery is how often the primary checks again.
 	apartEvery = 30 * time.Second
