@@ -25,23 +25,7 @@ func TestClusterPrimaryTakesItsLapsedClaimBack(t *testing.T) {
 	t.Parallel()
 	cl := startClusterOf(t, true)
 	ctx := ctxT(t)
-	// The streams first, to see where the claim's stream leads.
-	js, err := JetStream(context.Background(), cl.connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkFor(t, 60*time.Second, 100*time.Millisecond, func() error {
-		ectx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		return ensureStreams(ectx, js, 3)
-	})
-	k := -1
-	checkFor(t, 30*time.Second, 50*time.Millisecond, func() error {
-		if k = cl.streamLeader(PrimaryStream); k < 0 {
-			return errors.New("the claim's stream has no leader yet")
-		}
-		return nil
-	})
+	k := ledStreams(ctx, t, cl, PrimaryStream)
 	var svcs []*Service
 	for i := range cl.srvs {
 		if i == k {
@@ -106,22 +90,7 @@ func TestClusterPrimaryLeadsNoStreamItWaitsOn(t *testing.T) {
 	t.Parallel()
 	cl := startClusterOf(t, false)
 	ctx := ctxT(t)
-	js, err := JetStream(context.Background(), cl.connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkFor(t, 60*time.Second, 100*time.Millisecond, func() error {
-		ectx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		return ensureStreams(ectx, js, 3)
-	})
-	k := -1
-	checkFor(t, 30*time.Second, 50*time.Millisecond, func() error {
-		if k = cl.streamLeader(LogStream); k < 0 {
-			return errors.New("the log stream has no leader yet")
-		}
-		return nil
-	})
+	k := ledStreams(ctx, t, cl, LogStream)
 	first, _ := startClusterServiceWith(ctx, t, connect(t, cl.urls[k]), ServiceConfig{Primary: true, PrimaryTerm: testTerm})
 	primaryOf(t, []*Service{first}, 30*time.Second)
 	c := NewClient(connect(t, cl.urls[(k+1)%3]))
@@ -155,4 +124,28 @@ func TestClusterPrimaryLeadsNoStreamItWaitsOn(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// ledStreams makes the bus's streams on cl (before any service starts, so
+// that a test sees where they lead) and returns the index of the node
+// leading stream, once it has a leader.
+func ledStreams(ctx context.Context, t *testing.T, cl *testCluster, stream string) int {
+	t.Helper()
+	js, err := JetStream(context.Background(), cl.connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 60*time.Second, 100*time.Millisecond, func() error {
+		ectx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return ensureStreams(ectx, js, 3)
+	})
+	k := -1
+	checkFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if k = cl.streamLeader(stream); k < 0 {
+			return fmt.Errorf("stream %s has no leader yet", stream)
+		}
+		return nil
+	})
+	return k
 }
