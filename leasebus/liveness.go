@@ -249,8 +249,8 @@ func (s *Service) keptFromViews(ks []keptLease, answers []keptAnswer) (ask []int
 			continue
 		}
 		answers[i].Age = lease.Duration(age)
-		if ix := views[i]; ix.lease.Version != k.Version || ix.lease.Status != lease.StatusActive {
-			l := ix.lease
+		if ix := views[i]; ix.e.Version != k.Version || ix.e.Status != lease.StatusActive {
+			l := ix.e.Lease
 			answers[i].Lease = &l
 		}
 	}
@@ -370,8 +370,8 @@ func (s *Service) reapSilent() {
 	keys := map[string]bool{}
 	s.mu.Lock()
 	for _, ix := range s.index {
-		if ix.session != "" && ix.lease.Status == lease.StatusActive && !keys[ix.key] {
-			keys[ix.key] = s.live.silent(sessionKey(ix.holder, ix.session), now) >= s.live.grace
+		if ix.e.Session != "" && ix.e.Status == lease.StatusActive && !keys[ix.key] {
+			keys[ix.key] = s.live.silent(sessionKey(ix.e.Holder, ix.e.Session), now) >= s.live.grace
 		}
 	}
 	s.mu.Unlock()
@@ -407,7 +407,7 @@ func (s *Service) IdentityIdle(identity string, atLeast time.Duration) (time.Dur
 	}
 	s.mu.Lock()
 	for _, ix := range s.index {
-		if ix.holder == identity && ix.lease.Status == lease.StatusActive {
+		if ix.e.Holder == identity && ix.e.Status == lease.StatusActive {
 			s.mu.Unlock()
 			return 0, false
 		}

@@ -245,12 +245,12 @@ func BenchmarkMemoryPerLease(b *testing.B) {
 	}
 }
 
-// warmUp takes a lease in each of n repos (github.com/warm/rI), as many at
-// once as acquireMany asks, so that what a service makes once (its reply
-// mailboxes, the client's) and, for those repos, what a repo costs are
-// not counted with what a measurement adds.
+// warmUp takes a lease in each of n repos (github.com/warm/rI; 16 at
+// least, as many at once as acquireMany asks), so that what a service
+// makes once (its reply mailboxes, the client's) and, for those repos,
+// what a repo costs are not counted with what a measurement adds.
 func warmUp(b *testing.B, bb *bus, n int) {
-	reqs := make([]AcquireRequest, n)
+	reqs := make([]AcquireRequest, max(n, 16))
 	for i := range reqs {
 		reqs[i] = AcquireRequest{Repo: fmt.Sprintf("github.com/warm/r%d", i), Scope: claim(b, "warm"), Owner: owner(i), TTL: lease.Duration(time.Hour)}
 	}

@@ -449,19 +449,21 @@ func (s *Service) existing(key string) (*actor, bool) {
 }
 
 // indexed is what the service keeps of a lease outside its repo's actor:
-// which actor has it, and a copy of its record as of the last batch that
-// changed it or reload that read it (for cached gets).
+// which actor has it, and its entry as of the last batch that changed it
+// or reload that read it (for cached gets, and the session reaper in
+// liveness.go). Shared, not copied: an entry's record, holder and session
+// never change once it is made (a change is a new entry, see
+// entry.clone); only its deadline and encodings, which the index's
+// readers do not read, are set afterwards under the actor's busy. A copy
+// of the record was 0.7 KB a lease (BenchmarkMemoryPerLease).
 type indexed struct {
-	key   string
-	lease lease.Lease
-	// holder and session bind the lease to a session (entry.Session), for
-	// the session reaper (liveness.go).
-	holder, session string
+	key string
+	e   *entry
 }
 
 // indexOf is what the index keeps of e, a lease of repo key.
 func indexOf(key string, e *entry) *indexed {
-	return &indexed{key: key, lease: e.Lease, holder: e.Holder, session: e.Session}
+	return &indexed{key: key, e: e}
 }
 
 func (s *Service) actorForLease(id string) (*actor, bool) {
@@ -518,7 +520,7 @@ func (s *Service) cachedLease(id string) (l lease.Lease, age time.Duration, ok b
 	if !ok {
 		return lease.Lease{}, 0, false
 	}
-	return ix.lease, age, true
+	return ix.e.Lease, age, true
 }
 
 // viewOfLocked is this instance's record of lease id and the actor of its
