@@ -84,8 +84,8 @@ func TestClusterPrimaryTakesItsLapsedClaimBack(t *testing.T) {
 // its node's death costs a takeover or a stream's election, not one after
 // the other. The first instance starts on the node that leads the log
 // stream (and becomes the primary there); within its first check the log
-// stream, and the claim's if it led that too, are led elsewhere, and the
-// lease granted before is served on.
+// stream, and the claim's if it led that too, are led from another node
+// than the primary's, and the lease granted before is served on.
 func TestClusterPrimaryLeadsNoStreamItWaitsOn(t *testing.T) {
 	t.Parallel()
 	cl := startClusterOf(t, false)
@@ -98,18 +98,28 @@ func TestClusterPrimaryLeadsNoStreamItWaitsOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	svcs := make([]*Service, len(cl.srvs))
+	svcs[k] = first
 	for i := range cl.srvs {
 		if i != k {
-			startClusterServiceWith(ctx, t, connect(t, cl.urls[i]), ServiceConfig{Primary: true, PrimaryTerm: testTerm})
+			svcs[i], _ = startClusterServiceWith(ctx, t, connect(t, cl.urls[i]), ServiceConfig{Primary: true, PrimaryTerm: testTerm})
 		}
 	}
-	checkFor(t, apartAfter+20*time.Second, 50*time.Millisecond, func() error {
-		if !first.Primary() {
-			t.Fatalf("instance on node %d is no longer the primary", k)
+	// Whichever instance is the primary by then (a loaded machine may
+	// move a 600 ms term), neither stream is led from its node.
+	checkFor(t, apartAfter+30*time.Second, 50*time.Millisecond, func() error {
+		p := -1
+		for i, s := range svcs {
+			if s.Primary() {
+				p = i
+			}
+		}
+		if p < 0 {
+			return errors.New("no primary")
 		}
 		for _, st := range apartStreams {
-			if cl.streamLeader(st) == k {
-				return fmt.Errorf("stream %s is still led from the primary's node %d", st, k)
+			if cl.streamLeader(st) == p {
+				return fmt.Errorf("stream %s is led from the primary's node %d", st, p)
 			}
 		}
 		return nil
