@@ -145,7 +145,14 @@ func owner(i int) lease.Owner {
 }
 
 func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	return ctxFor(t, 30*time.Second)
+}
+
+// ctxFor is a context that ends d from now or with the test: for a test
+// whose own waits add up to more than ctxT's 30 s (a cluster's start, a
+// fault, a stream's election).
+func ctxFor(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
 }

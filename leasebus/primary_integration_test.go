@@ -24,7 +24,7 @@ import (
 func TestClusterPrimaryTakesItsLapsedClaimBack(t *testing.T) {
 	t.Parallel()
 	cl := startClusterOf(t, true)
-	ctx := ctxT(t)
+	ctx := ctxFor(t, 3*time.Minute) // its waits add up to more than ctxT's 30 s on a loaded machine
 	k := ledStreams(ctx, t, cl, PrimaryStream)
 	var svcs []*Service
 	for i := range cl.srvs {
@@ -89,7 +89,7 @@ func TestClusterPrimaryTakesItsLapsedClaimBack(t *testing.T) {
 func TestClusterPrimaryLeadsNoStreamItWaitsOn(t *testing.T) {
 	t.Parallel()
 	cl := startClusterOf(t, false)
-	ctx := ctxT(t)
+	ctx := ctxFor(t, 3*time.Minute) // its waits add up to more than ctxT's 30 s on a loaded machine
 	k := ledStreams(ctx, t, cl, LogStream)
 	first, _ := startClusterServiceWith(ctx, t, connect(t, cl.urls[k]), ServiceConfig{Primary: true, PrimaryTerm: testTerm})
 	primaryOf(t, []*Service{first}, 30*time.Second)
