@@ -67,7 +67,8 @@ func run() error {
 		return err
 	}
 	defer svcConn.Close()
-	svc, err := leasebus.StartService(ctx, svcConn, leasebus.ServiceConfig{})
+	metrics := leasebus.NewServiceMetrics()
+	svc, err := leasebus.StartService(ctx, svcConn, leasebus.ServiceConfig{Metrics: metrics})
 	if err != nil {
 		return err
 	}
@@ -101,25 +102,31 @@ func run() error {
 		want[strings.TrimSpace(p)] = true
 	}
 	if want["single"] {
+		before := appendStats(metrics)
 		r, err := leaseload.Cycles(ctx, cs[:1], leaseload.Load{Phase: "single", Clients: 1, Duration: *d})
 		if err != nil {
 			return err
 		}
 		fmt.Println(r)
+		fmt.Println(appendStats(metrics).since(before, "single", r.Cycles))
 	}
 	if want["disjoint"] {
+		before := appendStats(metrics)
 		r, err := leaseload.Cycles(ctx, cs, leaseload.Load{Phase: "disjoint", Clients: *clients, Duration: *d})
 		if err != nil {
 			return err
 		}
 		fmt.Println(r)
+		fmt.Println(appendStats(metrics).since(before, "disjoint", r.Cycles))
 	}
 	if want["contended"] {
+		before := appendStats(metrics)
 		r, err := leaseload.Cycles(ctx, cs, leaseload.Load{Phase: "contended", Clients: *clients, Duration: *d, Contended: true})
 		if err != nil {
 			return err
 		}
 		fmt.Println(r)
+		fmt.Println(appendStats(metrics).since(before, "contended", r.Cycles))
 		if min := minInt(r.PerCli); min == 0 {
 			return fmt.Errorf("contended: a client made no progress (per-client cycles %v)", r.PerCli)
 		}
@@ -145,4 +152,48 @@ func minInt(xs []int) int {
 		m = min(m, x)
 	}
 	return m
+}
+
+// appends is what the service's metrics say of its lease-log appends so far.
+type appends struct {
+	ok, cas float64 // appends that took, and compare-and-swap conflicts
+	took    float64 // seconds the ok ones waited for the store's acknowledgement
+}
+
+func appendStats(m *leasebus.ServiceMetrics) appends {
+	var a appends
+	families, err := m.Registry().Gather()
+	if err != nil {
+		return a
+	}
+	for _, f := range families {
+		for _, mt := range f.GetMetric() {
+			switch f.GetName() {
+			case "fenceline_bus_appends_total":
+				for _, l := range mt.GetLabel() {
+					switch {
+					case l.GetName() == "result" && l.GetValue() == "ok":
+						a.ok += mt.GetCounter().GetValue()
+					case l.GetName() == "result" && l.GetValue() == "cas":
+						a.cas += mt.GetCounter().GetValue()
+					}
+				}
+			case "fenceline_bus_append_seconds":
+				a.took += mt.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return a
+}
+
+// since prints, for a phase of cycles acquire+release cycles, the appends
+// made since b: how many requests one append carried, and how long an
+// append waited for its fsync'd acknowledgement.
+func (a appends) since(b appends, phase string, cycles int) string {
+	n := a.ok - b.ok
+	if n == 0 {
+		return fmt.Sprintf("STATS phase=%s appends=0", phase)
+	}
+	return fmt.Sprintf("STATS phase=%s appends=%.0f cas_conflicts=%.0f requests_per_append=%.2f append_mean_ms=%.3f",
+		phase, n, a.cas-b.cas, 2*float64(cycles)/n, 1000*(a.took-b.took)/n)
 }
