@@ -5,7 +5,7 @@
 # fence's own queries (its catalog lookups: WITH RECURSIVE ...) among them.
 # docs/benchmarks.md counts the lookups a second with it.
 #
-#   scripts/trace-pg-fence.sh [SECONDS, default 4] [CLIENTS, default 8] [SCALE, default 1]
+#   [MODE=prepared] scripts/trace-pg-fence.sh [SECONDS, default 4] [CLIENTS, default 8] [SCALE, default 1]
 #
 # Needs what scripts/bench-pg.sh needs (Postgres server binaries and
 # headers, gcc, Go). Everything listens on 127.0.0.1 (free ports) and is
@@ -15,6 +15,7 @@ cd "$(dirname "$0")/.."
 DUR=${1:-4}
 CLIENTS=${2:-8}
 SCALE=${3:-1}
+MODE=${MODE:-simple} # or prepared, extended: pgbench -M
 BIN=$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | sort -V | tail -1)")
 WORK=$(mktemp -d /tmp/fenceline-trace-pg.XXXXXX)
 RUNAS=()
@@ -49,7 +50,7 @@ FLPID=$!
 for _ in $(seq 100); do "$BIN/pg_isready" -q -h 127.0.0.1 -p "$FL" && break; sleep 0.1; done
 "$BIN/psql" -X -q -h 127.0.0.1 -p "$P" -U postgres fenced -c "ALTER SYSTEM SET log_min_duration_statement = 0" -c "SELECT pg_reload_conf()" >/dev/null
 from=$(($(wc -l <"$WORK/pg.log") + 1))
-"$BIN/pgbench" -h 127.0.0.1 -p "$FL" -U postgres -c "$CLIENTS" -j 2 -T "$DUR" -n fenced | grep -E '^(tps|latency)'
+"$BIN/pgbench" -h 127.0.0.1 -p "$FL" -U postgres -c "$CLIENTS" -j 2 -T "$DUR" -M "$MODE" -n fenced | grep -E '^(tps|latency)'
 echo "== statements Postgres ran in ${DUR}s (by their first words): mean ms, count"
 tail -n +"$from" "$WORK/pg.log" | grep -E 'duration: [0-9.]+ ms +(execute|statement)' |
 	sed -E 's/.*duration: ([0-9.]+) ms +(execute [^:]*|statement): (.{0,40}).*/\1 \3/' |
