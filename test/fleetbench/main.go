@@ -228,8 +228,10 @@ type load struct {
 	// disconnects counts the driver's connections dropped (a stale
 	// connection: the server's answers to PINGs came too late).
 	disconnects atomic.Int64
-	churned     atomic.Int64
-	spurious    atomic.Int64
+	// disconnectWhy counts them by why (disconnectOf).
+	disconnectWhy Kinds
+	churned       atomic.Int64
+	spurious      atomic.Int64
 }
 
 func level(ctx context.Context, cfg config) error {
@@ -310,6 +312,7 @@ func level(ctx context.Context, cfg config) error {
 	add("unknown_events", "%d", l.unknowns.Load())
 	add("unknown_by_why", "%s", l.doubts.String())
 	add("disconnects", "%d", l.disconnects.Load())
+	add("disconnects_by_why", "%s", l.disconnectWhy.String())
 	add("errors_by_kind", "%s", l.errs.String())
 	add("losses_by_kind", "%s", l.losses.String())
 	add("cpu_pct_nodes", "%s", strings.Join(cpu, "/"))
@@ -330,6 +333,9 @@ func level(ctx context.Context, cfg config) error {
 	}
 	for _, e := range l.losses.Examples() {
 		fmt.Println("EXAMPLE loss", e)
+	}
+	for _, e := range l.disconnectWhy.Examples() {
+		fmt.Println("EXAMPLE disconnect", e)
 	}
 	fmt.Println(r.Line())
 	return nil
@@ -360,6 +366,9 @@ func (l *load) dial(ctx context.Context) error {
 				nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { l.errs.AddErr("conn_async:"+kindOf(err), err) }),
 				nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 					l.disconnects.Add(1)
+					if err != nil {
+						l.disconnectWhy.AddErr(disconnectOf(err), err)
+					}
 				}))
 			nc, err := leasebus.Dial(l.cfg.urls, "-urls", creds, opts...)
 			mu.Lock()
@@ -657,9 +666,9 @@ func (l *load) sampleLoop(ctx context.Context, start time.Time) {
 			now := time.Now() // the tick may be late; CPU is over the real interval
 			l.scanLosses()    // so the line's count is current during a long ramp pass
 			var b strings.Builder
-			fmt.Fprintf(&b, "SAMPLE t=%.0fs phase=%s held=%d unknown=%d spurious=%d errors=%d acquires=%d renewals=%d",
+			fmt.Fprintf(&b, "SAMPLE t=%.0fs phase=%s held=%d unknown=%d spurious=%d errors=%d disconnects=%d acquires=%d renewals=%d",
 				now.Sub(start).Seconds(), [...]string{"ramp", "steady", "done"}[l.phase.Load()], l.held(), l.unknownNow(),
-				l.spurious.Load(), l.errs.Total(), l.rampAcq.Count()+l.steadyAcq.Count(), l.renew[phaseRamp].Count()+l.renew[phaseSteady].Count())
+				l.spurious.Load(), l.errs.Total(), l.disconnects.Load(), l.rampAcq.Count()+l.steadyAcq.Count(), l.renew[phaseRamp].Count()+l.renew[phaseSteady].Count())
 			for _, n := range l.cfg.nodes {
 				n.sample(time.Now())
 				if n.gone {

@@ -7,8 +7,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/bits"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -195,6 +197,25 @@ func kindOf(err error) string {
 		return "conn"
 	case errors.Is(err, lease.ErrUnavailable):
 		return "unavailable"
+	}
+	return "other"
+}
+
+// disconnectOf names why one of the driver's connections dropped: stale
+// (its PINGs went unanswered: nats.go gave up on the server), eof (the
+// server closed it), timeout (a read or the reconnect's handshake timed
+// out), slow (the server found it a slow consumer), else other.
+func disconnectOf(err error) string {
+	msg := strings.ToLower(err.Error())
+	switch {
+	case errors.Is(err, nats.ErrStaleConnection):
+		return "stale"
+	case errors.Is(err, io.EOF):
+		return "eof"
+	case strings.Contains(msg, "slow consumer"):
+		return "slow"
+	case strings.Contains(msg, "i/o timeout"), errors.Is(err, os.ErrDeadlineExceeded):
+		return "timeout"
 	}
 	return "other"
 }

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/fenceline/fenceline/lease"
 )
@@ -121,6 +124,24 @@ func TestDoubtOf(t *testing.T) {
 	} {
 		if got := doubtOf(errors.New(msg)); got != want {
 			t.Errorf("doubtOf(%q) = %s, want %s", msg, got, want)
+		}
+	}
+}
+
+func TestDisconnectOf(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{nats.ErrStaleConnection, "stale"},
+		{fmt.Errorf("read: %w", io.EOF), "eof"},
+		{errors.New("nats: slow consumer, messages dropped"), "slow"},
+		{errors.New("read tcp 127.0.0.1:1->127.0.0.1:2: i/o timeout"), "timeout"},
+		{fmt.Errorf("read: %w", os.ErrDeadlineExceeded), "timeout"},
+		{errors.New("connection reset by peer"), "other"},
+	} {
+		if got := disconnectOf(c.err); got != c.want {
+			t.Errorf("disconnectOf(%v) = %s, want %s", c.err, got, c.want)
 		}
 	}
 }
