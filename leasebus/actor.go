@@ -760,7 +760,7 @@ func (a *actor) apply(t *txn, c *call, queue []*waiter) outcome {
 	case *syncRequest:
 		// nothing: the reload before the batch was the point
 	case *reapRequest:
-		t.reap(a.svc.silentSession)
+		t.reap(func(e *entry, now time.Time) (time.Duration, bool) { return a.svc.silentSession(e, now, r.grace) })
 	case *sweepRequest:
 		o.leases = []*lease.Lease{}
 		for _, id := range t.order {

@@ -1,6 +1,8 @@
 package leasebus
 
 import (
+	"time"
+
 	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/lease/scope"
@@ -158,8 +160,9 @@ type getRequest struct {
 type syncRequest struct{}
 
 // reapRequest makes an actor reclaim the leases of its repo whose
-// sessions have gone silent (an internal call of the session reaper).
-type reapRequest struct{}
+// sessions have been silent for grace (an internal call of the session
+// reaper, which picks the grace: see Service.reapSilent).
+type reapRequest struct{ grace time.Duration }
 
 // keepaliveRequest keeps a client's session alive and asks, in one
 // request, after every lease the session's holders hold: the heartbeat of

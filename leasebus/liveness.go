@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -94,6 +95,18 @@ func (l *liveness) from(now time.Time) {
 	}
 }
 
+// pause forgives every session d of silence: this instance did not run
+// for d (a pause of its process or machine), and heard nothing then that
+// it would have. Silence counts only while the instance listens.
+func (l *liveness) pause(d time.Duration, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.since = minTime(l.since.Add(d), now)
+	for k, t := range l.seen {
+		l.seen[k] = minTime(t.Add(d), now)
+	}
+}
+
 // silent is how long the session has sent nothing this instance knows of.
 func (l *liveness) silent(key string, now time.Time) time.Duration {
 	l.mu.Lock()
@@ -137,7 +150,8 @@ func (l *liveness) current(now time.Time) bool {
 }
 
 // digest takes the sessions heard since the last digest, and forgets
-// those silent for twice the grace (their leases are reclaimed by then).
+// those silent for longer than the longest grace (their leases are
+// reclaimed by then: see massGraces).
 func (l *liveness) digest(now time.Time) []byte {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -148,7 +162,7 @@ func (l *liveness) digest(now time.Time) []byte {
 	}
 	clear(l.fresh)
 	for k, t := range l.seen {
-		if now.Sub(t) > 2*l.grace {
+		if now.Sub(t) > (massGraces+1)*l.grace {
 			delete(l.seen, k)
 		}
 	}
@@ -362,27 +376,143 @@ func (s *Service) every(d time.Duration, f func()) {
 // been silent for the grace reclaim it (reapRequest): the actor decides on
 // the log's latest word, and its compare-and-swap append settles a race
 // with a renewal or another instance's reclaim.
+//
+// Silence is the sessions' only when this instance was listening, so the
+// reaper holds off where the silence may be its own:
+//   - after a stall of this instance (reapStalled): a process or a machine
+//     that did not run heard nothing, and silence counts again from when
+//     it runs, as after a takeover;
+//   - while its keepalive subscriptions are behind (keepalivesBehind): a
+//     keepalive waiting there was sent, not missed;
+//   - while many sessions fell silent at once (massSilent): a fleet's
+//     runners do not die together, but a bus hiccup — a reconnect storm, a
+//     partition of many runners from the bus — silences them together, and
+//     reclaiming then turns a brief outage into thousands of lost leases.
+//     Such sessions get massGraces times the grace; a session silent
+//     among others that beat is reclaimed after the grace as ever. The
+//     holders of silent sessions stopped writing after their Silence
+//     either way: the longer grace costs only how soon their scopes come
+//     back.
 func (s *Service) reapSilent() {
 	now := s.cfg.Now()
+	if s.reapStalled(now) {
+		s.cfg.Metrics.reclaimsHeld("stall")
+		return
+	}
 	if !s.live.current(now) || !s.Primary() {
 		return // (a standby hears no keepalive: the primary reclaims)
 	}
-	keys := map[string]bool{}
+	if n := s.keepalivesBehind(); n > 0 {
+		s.cfg.Metrics.reclaimsHeld("backlog")
+		s.log.Warn("not reclaiming silent sessions: keepalives wait to be read", "pending", n)
+		return
+	}
+	grace := s.live.grace
+	silent := map[string]time.Duration{} // session key -> its silence (its leases' least)
+	repos := map[string][]string{}       // repo key -> its sessions
 	s.mu.Lock()
 	for _, ix := range s.index {
-		if ix.e.Session != "" && ix.e.Status == lease.StatusActive && !keys[ix.key] {
-			keys[ix.key] = s.live.silent(sessionKey(ix.e.Holder, ix.e.Session), now) >= s.live.grace
+		if ix.e.Session == "" || ix.e.Holder == "" || ix.e.Status != lease.StatusActive {
+			continue
 		}
+		k := sessionKey(ix.e.Holder, ix.e.Session)
+		d := s.silence(ix.e, now)
+		if old, ok := silent[k]; !ok || d < old {
+			silent[k] = d
+		}
+		repos[ix.key] = append(repos[ix.key], k)
 	}
 	s.mu.Unlock()
-	for key, due := range keys {
-		if !due {
+	// Sessions falling silent: past half the grace. A storm silences
+	// them over a few seconds, not within one look.
+	falling := 0
+	for _, d := range silent {
+		if d >= grace/2 {
+			falling++
+		}
+	}
+	if massSilent(falling, len(silent)) {
+		if !s.massSilence {
+			s.log.Warn("many sessions fell silent at once: suspecting the bus, not the runners; reclaiming only those silent for the longer grace",
+				"silent", falling, "sessions", len(silent), "grace", grace, "longer_grace", massGraces*grace)
+		}
+		s.massSilence = true
+		s.cfg.Metrics.reclaimsHeld("mass")
+		grace *= massGraces
+	} else {
+		s.massSilence = false
+	}
+	for key, sessions := range repos {
+		if !slices.ContainsFunc(sessions, func(k string) bool { return silent[k] >= grace }) {
 			continue
 		}
 		if a, ok := s.existing(key); ok {
-			a.enqueue(&call{op: "reap", req: &reapRequest{}, at: now})
+			a.enqueue(&call{op: "reap", req: &reapRequest{grace: grace}, at: now})
 		}
 	}
+}
+
+// Silence shared by many sessions at once (massSilent): at least
+// massSilentMin sessions, and more than 1/massSilentShare of those with a
+// lease, silent for half the grace or more in one look. Theirs is
+// massGraces times the grace.
+// (A host's runners dying together are a few sessions of a fleet; a
+// reconnect storm at 10,000 leases silenced 20–66% of 1,000.)
+const (
+	massSilentMin   = 16
+	massSilentShare = 10
+	massGraces      = 3
+)
+
+// massSilent reports whether silent of sessions falling silent is many
+// at once.
+func massSilent(silent, sessions int) bool {
+	return silent >= massSilentMin && silent*massSilentShare > sessions
+}
+
+// reapStall is how long past reapEvery the reaper may run late before this
+// instance counts itself stalled.
+const reapStall = 2 * time.Second
+
+// reapStalled reports whether this instance did not run for a while before
+// this look (its process paused, or its machine: the reaper's tick came
+// late, measured on the machine's monotonic clock), and if so forgives
+// every session that much silence. It runs on the reaper's goroutine only.
+func (s *Service) reapStalled(now time.Time) bool {
+	mono := time.Now()
+	last := s.lastReap
+	s.lastReap = mono
+	if last.IsZero() {
+		return false
+	}
+	if late := mono.Sub(last) - reapEvery; late > reapStall {
+		s.live.pause(late, now)
+		s.log.Warn("the lease service did not run for a while (its process or machine paused): sessions' silence does not count that time", "late", late.Round(time.Millisecond))
+		return true
+	}
+	return false
+}
+
+// keepaliveBacklog is how many keepalives may wait in this instance's
+// subscriptions before it counts itself behind.
+const keepaliveBacklog = 1024
+
+// keepalivesBehind is how many keepalives wait in this instance's
+// subscriptions, when that is more than keepaliveBacklog (else 0).
+func (s *Service) keepalivesBehind() int {
+	s.mu.Lock()
+	subs := slices.Clone(s.keepaliveSubs)
+	s.mu.Unlock()
+	n := 0
+	for _, sub := range subs {
+		if msgs, _, err := sub.Pending(); err == nil {
+			n += msgs
+		}
+	}
+	if n <= keepaliveBacklog {
+		return 0
+	}
+	return n
 }
 
 // maxIdleKept bounds, in session graces, how long an instance remembers
@@ -420,13 +550,20 @@ func (s *Service) IdentityIdle(identity string, atLeast time.Duration) (time.Dur
 // session has been silent and whether it is past the grace — counted from
 // no earlier than this instance last saw the lease renewed or granted, so
 // a renewal also proves life.
-func (s *Service) silentSession(e *entry, now time.Time) (time.Duration, bool) {
+func (s *Service) silentSession(e *entry, now time.Time, grace time.Duration) (time.Duration, bool) {
 	if e.Session == "" || e.Holder == "" {
 		return 0, false
 	}
+	silent := s.silence(e, now)
+	return silent, silent >= grace
+}
+
+// silence is how long the session of e has been silent, as silentSession
+// counts it.
+func (s *Service) silence(e *entry, now time.Time) time.Duration {
 	silent := s.live.silent(sessionKey(e.Holder, e.Session), now)
 	if seen := now.Sub(e.deadline.Add(-time.Duration(e.TTL))); seen < silent {
 		silent = seen
 	}
-	return silent, silent >= s.live.grace
+	return silent
 }

@@ -60,6 +60,7 @@ type ServiceMetrics struct {
 	reads    *prometheus.CounterVec
 	scans    prometheus.Counter
 	forwards *prometheus.CounterVec
+	held     *prometheus.CounterVec
 }
 
 // NewServiceMetrics returns the metrics on a new private registry.
@@ -97,7 +98,11 @@ func NewServiceMetrics() *ServiceMetrics {
 		Name: "fenceline_bus_forwarded_total",
 		Help: "Lease requests a standby took: forwarded to the primary (to=primary), or answered that no primary is known (to=none) or that the one it forwarded to takes no requests (to=gone).",
 	}, []string{"to"})
-	m.reg.MustRegister(m.requests, m.latency, m.appends, m.appendT, m.reads, m.scans, m.forwards,
+	m.held = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fenceline_bus_reclaims_held_total",
+		Help: "Looks of the session reaper that held off reclaiming, by why: stall (this instance did not run for a while), backlog (keepalives wait to be read), mass (many sessions fell silent at once: they get the longer grace).",
+	}, []string{"why"})
+	m.reg.MustRegister(m.requests, m.latency, m.appends, m.appendT, m.reads, m.scans, m.forwards, m.held,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -176,6 +181,13 @@ func (m *ServiceMetrics) read(kind string) {
 func (m *ServiceMetrics) forwarded(to string) {
 	if m != nil {
 		m.forwards.WithLabelValues(to).Inc()
+	}
+}
+
+// reclaimsHeld counts one look of the session reaper that held off.
+func (m *ServiceMetrics) reclaimsHeld(why string) {
+	if m != nil {
+		m.held.WithLabelValues(why).Inc()
 	}
 }
 

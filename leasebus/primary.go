@@ -385,6 +385,11 @@ func (s *Service) takeForwarded() error {
 			return fmt.Errorf("subscribe %s: %w", forwardSubject(s.store.writer, op), err)
 		}
 		s.track(sub)
+		if op == "keepalive" {
+			s.mu.Lock()
+			s.keepaliveSubs = append(s.keepaliveSubs, sub)
+			s.mu.Unlock()
+		}
 	}
 	return nil
 }

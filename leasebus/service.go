@@ -138,6 +138,13 @@ type Service struct {
 	cold coldRepos
 	// live is what this instance knows of sessions' keepalives.
 	live *liveness
+	// lastReap (on the monotonic clock) and massSilence belong to the
+	// session reaper's goroutine (reapSilent).
+	lastReap    time.Time
+	massSilence bool
+	// keepaliveSubs take keepalives (asked here, or forwarded by a
+	// standby): the reaper waits while they are behind. Guarded by mu.
+	keepaliveSubs []*nats.Subscription
 	// shards writes the shard store's records (shards.go).
 	shards shardStore
 	// prim is this instance's part in the election of the primary
@@ -619,6 +626,9 @@ func (s *Service) subscribe(ops []string) ([]*nats.Subscription, error) {
 			}
 			subs = append(subs, sub)
 			s.mu.Lock()
+			if op == "keepalive" {
+				s.keepaliveSubs = append(s.keepaliveSubs, sub)
+			}
 			if s.answerVia[conn] == nil {
 				s.answerVia[conn] = sub
 			}

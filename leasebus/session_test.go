@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -419,5 +421,125 @@ func TestCompactKeepaliveAnswer(t *testing.T) {
 	}
 	if len(r.Kept) != 4 || r.KeptRest != nil {
 		t.Errorf("old-style answer %+v: want one answer per lease and no KeptRest", r)
+	}
+}
+
+// TestManySilentSessionsGetTheLongerGrace: one session falling silent
+// among many that beat is reclaimed after the grace, as ever; many falling
+// silent at once (a bus hiccup, a reconnect storm, not a fleet dying
+// together) are held off and reclaimed only after massGraces times the
+// grace — their holders stopped writing long before either way.
+func TestManySilentSessionsGetTheLongerGrace(t *testing.T) {
+	t.Parallel()
+	const grace = 2 * time.Second
+	m := NewServiceMetrics()
+	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Metrics: m, SessionGrace: grace}}
+	b.start("127.0.0.1:0")
+	t.Cleanup(b.stop)
+	ctx := ctxFor(t, 3*time.Minute)
+	held := func() int { return int(promtest.ToFloat64(m.held.WithLabelValues("mass"))) }
+	const n = massSilentMin + 4
+	hs := make([]*Holder, n)
+	for i := range hs {
+		c := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder)) // a session each
+		h, err := c.AcquireAndHold(ctx, AcquireRequest{Repo: fmt.Sprintf("github.com/acme/mass-%d", i%4), Scope: claim(t, fmt.Sprintf("svc/%d", i)), Owner: owner(i), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs[i] = h
+	}
+
+	lone := hs[0].Lease()
+	hs[0].Orphan()
+	if ended := waitEnded(t, b.c, lone.LeaseID, time.Minute); ended.Status != lease.StatusReclaimed {
+		t.Fatalf("the one silent session's lease ended %s (%s), want reclaimed", ended.Status, ended.Reason)
+	}
+	if h := held(); h != 0 {
+		t.Errorf("one silent session among %d that beat was taken for many (%d looks held off)", n-1, h)
+	}
+
+	var ids []string
+	for _, h := range hs[1:] {
+		ids = append(ids, h.Lease().LeaseID)
+	}
+	stopped := time.Now() // before the first falls silent: each is silent from a heartbeat before its Orphan on
+	var wg sync.WaitGroup
+	for _, h := range hs[1:] {
+		wg.Go(h.Orphan) // together, as a reconnect storm silences them
+	}
+	wg.Wait()
+	checkFor(t, time.Minute, 20*time.Millisecond, func() error {
+		if held() == 0 {
+			return errors.New("the reaper has not yet found the silent sessions due")
+		}
+		return nil
+	})
+	// Found due at the grace, and held off: none is reclaimed before the
+	// longer grace (checked only while the look is surely before it; a
+	// keepalive may have been heard up to a heartbeat before stopped).
+	for _, id := range ids {
+		l, err := b.c.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Since(stopped) < massGraces*grace-time.Second && !l.Active() {
+			t.Errorf("%s ended (%s %s) %s after %d sessions fell silent at once, before the longer grace", id, l.Status, l.Reason, time.Since(stopped).Round(time.Millisecond), len(ids))
+		}
+	}
+	for _, id := range ids {
+		ended := waitEnded(t, b.c, id, 2*time.Minute)
+		if ended.Status != lease.StatusReclaimed || !strings.Contains(ended.Reason, "keepalive") {
+			t.Errorf("%s ended %s (%s), want reclaimed for its silent session", id, ended.Status, ended.Reason)
+		}
+	}
+	if took := time.Since(stopped); took < massGraces*grace-DefaultHeartbeat {
+		t.Errorf("reclaimed %s after the sessions fell silent, before the longer grace %s", took, massGraces*grace)
+	}
+}
+
+func TestMassSilent(t *testing.T) {
+	for _, c := range []struct {
+		silent, sessions int
+		want             bool
+	}{
+		{0, 0, false},
+		{1, 1, false}, // a lone runner killed: its scope back after the grace
+		{massSilentMin - 1, massSilentMin - 1, false},
+		{massSilentMin, massSilentMin, true},
+		{massSilentMin, massSilentMin * massSilentShare, false}, // a tenth of a large fleet: a host's runners
+		{massSilentMin, massSilentMin*massSilentShare - 1, true},
+		{5000, 10000, true},
+	} {
+		if got := massSilent(c.silent, c.sessions); got != c.want {
+			t.Errorf("massSilent(%d of %d) = %v, want %v", c.silent, c.sessions, got, c.want)
+		}
+	}
+}
+
+// TestReapStalledForgivesThePause: an instance whose reaper ran late (its
+// process or machine paused) did not hear the keepalives sent meanwhile:
+// it reclaims nothing on that look, and the pause does not count as any
+// session's silence; a session never heard counts from the instance's
+// start, less the pause, too.
+func TestReapStalledForgivesThePause(t *testing.T) {
+	t0 := time.Now()
+	s := &Service{live: newLiveness(10*time.Second, t0), log: slog.New(slog.NewTextHandler(discard{}, nil))}
+	s.live.heard("id.sess", t0)
+	if s.reapStalled(t0.Add(time.Second)) {
+		t.Fatal("the first look counted as a stall")
+	}
+	if s.reapStalled(t0.Add(2 * time.Second)) {
+		t.Fatal("a look on time counted as a stall")
+	}
+	const paused = 5 * time.Second
+	s.lastReap = time.Now().Add(-(reapEvery + paused)) // the ticks stopped for a while
+	now := t0.Add(8 * time.Second)
+	if !s.reapStalled(now) {
+		t.Fatal("a look after a pause did not count as a stall")
+	}
+	for _, key := range []string{"id.sess", "id.never-heard"} {
+		if d := s.live.silent(key, now); d < 3*time.Second-100*time.Millisecond || d > 3*time.Second+100*time.Millisecond {
+			t.Errorf("silence of %s after a %s pause, 8 s after it was last heard: %s, want about 3 s", key, paused, d)
+		}
 	}
 }
