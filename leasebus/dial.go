@@ -215,11 +215,22 @@ func caughtByReload(err error) bool {
 // once. nats.go's defaults (2 s between tries to one server, 2 min between
 // pings) would stall writes for seconds after a bus restart and notice a
 // silent, half-open connection only after minutes.
+//
+// A connection is given up as stale once holderMaxPingsOut pings in a row
+// go unanswered: 8–10 s. A holder does not need the connection's pings to
+// stay safe (it stops writing after its Silence without the service's
+// word); the pings only find a connection that died without a word. Given
+// up sooner (2 pings, 4–6 s, until stop 49), a bus slowed for a few
+// seconds — a fleet at its machines' limit — had hundreds of connections
+// dropped and made again at once, each reconnect costing the servers more,
+// and their sessions silent past the grace: 285 and 6,524 leases reclaimed
+// in two runs at 10,000 leases (docs/benchmarks.md). A connection that is
+// only slow catches up instead, and its keepalives, late, still arrive.
 const (
 	holderReconnectWait   = 100 * time.Millisecond
 	holderReconnectJitter = 50 * time.Millisecond
 	holderPingInterval    = 2 * time.Second
-	holderMaxPingsOut     = 2
+	holderMaxPingsOut     = 4
 )
 
 // HolderConnOptions are the options of a long-lived holder's connection
