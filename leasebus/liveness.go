@@ -105,6 +105,9 @@ func (l *liveness) pause(d time.Duration, now time.Time) {
 	for k, t := range l.seen {
 		l.seen[k] = minTime(t.Add(d), now)
 	}
+	for id, t := range l.byIdentity {
+		l.byIdentity[id] = minTime(t.Add(d), now)
+	}
 }
 
 // silent is how long the session has sent nothing this instance knows of.
@@ -380,8 +383,8 @@ func (s *Service) every(d time.Duration, f func()) {
 // Silence is the sessions' only when this instance was listening, so the
 // reaper holds off where the silence may be its own:
 //   - after a stall of this instance (reapStalled): a process or a machine
-//     that did not run heard nothing, and silence counts again from when
-//     it runs, as after a takeover;
+//     that did not run heard nothing, and the time it did not run is no
+//     session's silence;
 //   - while its keepalive subscriptions are behind (keepalivesBehind): a
 //     keepalive waiting there was sent, not missed;
 //   - while many sessions fell silent at once (massSilent): a fleet's
