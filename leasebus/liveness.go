@@ -407,9 +407,16 @@ func (s *Service) reapSilent() {
 	}
 	if n := s.keepalivesBehind(); n > 0 {
 		s.cfg.Metrics.reclaimsHeld("backlog")
-		s.log.Warn("not reclaiming silent sessions: keepalives wait to be read", "pending", n)
+		if !s.behind {
+			s.log.Warn("not reclaiming silent sessions while keepalives wait to be read", "pending", n)
+		}
+		s.behind = true
 		return
 	}
+	if s.behind {
+		s.log.Info("keepalives read: reclaiming silent sessions again")
+	}
+	s.behind = false
 	grace := s.live.grace
 	silent := map[string]time.Duration{} // session key -> its silence (its leases' least)
 	repos := map[string][]string{}       // repo key -> its sessions

@@ -138,9 +138,10 @@ type Service struct {
 	cold coldRepos
 	// live is what this instance knows of sessions' keepalives.
 	live *liveness
-	// lastReap (on the monotonic clock) and massSilence belong to the
-	// session reaper's goroutine (reapSilent).
+	// lastReap (on the monotonic clock), behind and massSilence belong to
+	// the session reaper's goroutine (reapSilent).
 	lastReap    time.Time
+	behind      bool
 	massSilence bool
 	// keepaliveSubs take keepalives (asked here, or forwarded by a
 	// standby): the reaper waits while they are behind. Guarded by mu.

@@ -543,3 +543,58 @@ func TestReapStalledForgivesThePause(t *testing.T) {
 		}
 	}
 }
+
+// TestReclaimWaitsForUnreadKeepalives: while keepalives wait unread in the
+// instance's subscriptions (it is behind, and a session's keepalive may be
+// among them), the reaper reclaims nothing; once they are read, a silent
+// session's lease is reclaimed as ever.
+func TestReclaimWaitsForUnreadKeepalives(t *testing.T) {
+	t.Parallel()
+	const grace = 2 * time.Second
+	m := NewServiceMetrics()
+	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Metrics: m, SessionGrace: grace}}
+	b.start("127.0.0.1:0")
+	t.Cleanup(b.stop)
+	ctx := ctxFor(t, 2*time.Minute)
+	h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: "github.com/acme/backlog", Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := h.Lease()
+
+	// A subscription of the instance's keepalives that nobody reads: a
+	// backlog the size of a slow moment's.
+	nc := connectAs(t, b.srv.ClientURL(), RoleService)
+	unread, err := nc.SubscribeSync(apiPrefix + ".test-backlog")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.svc.mu.Lock()
+	b.svc.keepaliveSubs = append(b.svc.keepaliveSubs, unread)
+	b.svc.mu.Unlock()
+	for range keepaliveBacklog + 1 {
+		if err := nc.Publish(apiPrefix+".test-backlog", []byte("k")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	h.Orphan() // the session falls silent
+	heldOff := func() int { return int(promtest.ToFloat64(m.held.WithLabelValues("backlog"))) }
+	checkFor(t, time.Minute, 20*time.Millisecond, func() error {
+		if heldOff() < int(2*grace/reapEvery) { // past the grace, looked at and held off
+			return fmt.Errorf("%d looks held off so far", heldOff())
+		}
+		return nil
+	})
+	if l, err := b.c.Get(ctx, held.LeaseID); err != nil || !l.Active() {
+		t.Fatalf("reclaimed while keepalives waited unread: %v %v", l, err)
+	}
+	if err := unread.Unsubscribe(); err != nil { // read (gone): the instance is caught up
+		t.Fatal(err)
+	}
+	if ended := waitEnded(t, b.c, held.LeaseID, time.Minute); ended.Status != lease.StatusReclaimed {
+		t.Errorf("ended %s (%s) once caught up, want reclaimed", ended.Status, ended.Reason)
+	}
+}
