@@ -450,13 +450,18 @@ func TestManySilentSessionsGetTheLongerGrace(t *testing.T) {
 	}
 
 	lone := hs[0].Lease()
+	orphaned := time.Now()
 	hs[0].Orphan()
 	if ended := waitEnded(t, b.c, lone.LeaseID, time.Minute); ended.Status != lease.StatusReclaimed {
 		t.Fatalf("the one silent session's lease ended %s (%s), want reclaimed", ended.Status, ended.Reason)
 	}
-	if h := held(); h != 0 {
-		t.Errorf("one silent session among %d that beat was taken for many (%d looks held off)", n-1, h)
+	// Taken for many, it would have waited the longer grace. (A hiccup of
+	// the machine may make the others look silent for a moment too, and
+	// a load may delay the reclaim: only both together mean the bug.)
+	if took := time.Since(orphaned); took >= massGraces*grace && held() > 0 {
+		t.Errorf("one silent session among %d that beat was taken for many: reclaimed after %s, %d looks held off", n-1, took.Round(time.Millisecond), held())
 	}
+	heldBefore := held()
 
 	var ids []string
 	for _, h := range hs[1:] {
@@ -469,8 +474,8 @@ func TestManySilentSessionsGetTheLongerGrace(t *testing.T) {
 	}
 	wg.Wait()
 	checkFor(t, time.Minute, 20*time.Millisecond, func() error {
-		if held() == 0 {
-			return errors.New("the reaper has not yet found the silent sessions due")
+		if held() == heldBefore {
+			return errors.New("the reaper has not yet found the silent sessions many")
 		}
 		return nil
 	})
