@@ -220,7 +220,7 @@ func caughtByReload(err error) bool {
 // go unanswered: 8–10 s. A holder does not need the connection's pings to
 // stay safe (it stops writing after its Silence without the service's
 // word); the pings only find a connection that died without a word. Given
-// up sooner (2 pings, 4–6 s, until stop 49), a bus slowed for a few
+// up sooner (2 pings, 4–6 s, as it was), a bus slowed for a few
 // seconds — a fleet at its machines' limit — had hundreds of connections
 // dropped and made again at once, each reconnect costing the servers more,
 // and their sessions silent past the grace: 285 and 6,524 leases reclaimed
