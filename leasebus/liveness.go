@@ -418,21 +418,27 @@ func (s *Service) reapSilent() {
 	}
 	s.behind = false
 	grace := s.live.grace
-	silent := map[string]time.Duration{} // session key -> its silence (its leases' least)
-	repos := map[string][]string{}       // repo key -> its sessions
+	// The sessions of active leases and their repos, taken under the
+	// service's lock (which every keepalive takes too); their silence is
+	// reckoned after. (The actor then counts a lease's own renewal as life
+	// too, silentSession: its deadline is the actor's to read.)
+	type bound struct{ repo, session string }
+	var leases []bound
 	s.mu.Lock()
 	for _, ix := range s.index {
-		if ix.e.Session == "" || ix.e.Holder == "" || ix.e.Status != lease.StatusActive {
-			continue
+		if ix.e.Session != "" && ix.e.Holder != "" && ix.e.Status == lease.StatusActive {
+			leases = append(leases, bound{ix.key, sessionKey(ix.e.Holder, ix.e.Session)})
 		}
-		k := sessionKey(ix.e.Holder, ix.e.Session)
-		d := s.silence(ix.e, now)
-		if old, ok := silent[k]; !ok || d < old {
-			silent[k] = d
-		}
-		repos[ix.key] = append(repos[ix.key], k)
 	}
 	s.mu.Unlock()
+	silent := map[string]time.Duration{} // session key -> its silence
+	repos := map[string][]string{}       // repo key -> its sessions
+	for _, l := range leases {
+		if _, ok := silent[l.session]; !ok {
+			silent[l.session] = s.live.silent(l.session, now)
+		}
+		repos[l.repo] = append(repos[l.repo], l.session)
+	}
 	// Sessions falling silent: past half the grace. A storm silences
 	// them over a few seconds, not within one look.
 	falling := 0
@@ -564,16 +570,9 @@ func (s *Service) silentSession(e *entry, now time.Time, grace time.Duration) (t
 	if e.Session == "" || e.Holder == "" {
 		return 0, false
 	}
-	silent := s.silence(e, now)
-	return silent, silent >= grace
-}
-
-// silence is how long the session of e has been silent, as silentSession
-// counts it.
-func (s *Service) silence(e *entry, now time.Time) time.Duration {
 	silent := s.live.silent(sessionKey(e.Holder, e.Session), now)
 	if seen := now.Sub(e.deadline.Add(-time.Duration(e.TTL))); seen < silent {
 		silent = seen
 	}
-	return silent
+	return silent, silent >= grace
 }
