@@ -424,6 +424,21 @@ func TestCompactKeepaliveAnswer(t *testing.T) {
 	}
 }
 
+// busWithGrace starts a single-node bus whose sessions have grace, with
+// its service's metrics.
+func busWithGrace(t *testing.T, grace time.Duration) (*bus, *ServiceMetrics) {
+	m := NewServiceMetrics()
+	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Metrics: m, SessionGrace: grace}}
+	b.start("127.0.0.1:0")
+	t.Cleanup(b.stop)
+	return b, m
+}
+
+// reclaimsHeld is how many looks of the session reaper held off, for why.
+func reclaimsHeld(m *ServiceMetrics, why string) int {
+	return int(promtest.ToFloat64(m.held.WithLabelValues(why)))
+}
+
 // TestManySilentSessionsGetTheLongerGrace: one session falling silent
 // among many that beat is reclaimed after the grace, as ever; many falling
 // silent at once (a bus hiccup, a reconnect storm, not a fleet dying
@@ -432,12 +447,9 @@ func TestCompactKeepaliveAnswer(t *testing.T) {
 func TestManySilentSessionsGetTheLongerGrace(t *testing.T) {
 	t.Parallel()
 	const grace = 2 * time.Second
-	m := NewServiceMetrics()
-	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Metrics: m, SessionGrace: grace}}
-	b.start("127.0.0.1:0")
-	t.Cleanup(b.stop)
+	b, m := busWithGrace(t, grace)
 	ctx := ctxFor(t, 3*time.Minute)
-	held := func() int { return int(promtest.ToFloat64(m.held.WithLabelValues("mass"))) }
+	held := func() int { return reclaimsHeld(m, "mass") }
 	const n = massSilentMin + 4
 	hs := make([]*Holder, n)
 	for i := range hs {
@@ -556,10 +568,7 @@ func TestReapStalledForgivesThePause(t *testing.T) {
 func TestReclaimWaitsForUnreadKeepalives(t *testing.T) {
 	t.Parallel()
 	const grace = 2 * time.Second
-	m := NewServiceMetrics()
-	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Metrics: m, SessionGrace: grace}}
-	b.start("127.0.0.1:0")
-	t.Cleanup(b.stop)
+	b, m := busWithGrace(t, grace)
 	ctx := ctxFor(t, 2*time.Minute)
 	h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: "github.com/acme/backlog", Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
 	if err != nil {
@@ -586,7 +595,7 @@ func TestReclaimWaitsForUnreadKeepalives(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.Orphan() // the session falls silent
-	heldOff := func() int { return int(promtest.ToFloat64(m.held.WithLabelValues("backlog"))) }
+	heldOff := func() int { return reclaimsHeld(m, "backlog") }
 	checkFor(t, time.Minute, 20*time.Millisecond, func() error {
 		if heldOff() < int(2*grace/reapEvery) { // past the grace, looked at and held off
 			return fmt.Errorf("%d looks held off so far", heldOff())
