@@ -20,6 +20,7 @@ type identityBus struct {
 	svc      *nats.Conn // the lease service's connection
 	service  *Service
 	holders  map[string]*nats.Conn
+	cfg      ServiceConfig // the service's, less Names
 }
 
 // restartService stops the lease service and starts another instance on a
@@ -28,7 +29,9 @@ func (b *identityBus) restartService(t *testing.T) {
 	t.Helper()
 	b.service.Stop()
 	b.svc = connectFile(t, b.url, filepath.Join(b.dir, CredsFile(RoleService)))
-	svc, err := StartService(context.Background(), b.svc, ServiceConfig{Names: NamesIn(b.dir)})
+	cfg := b.cfg
+	cfg.Names = NamesIn(b.dir)
+	svc, err := StartService(context.Background(), b.svc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,6 +39,13 @@ func (b *identityBus) restartService(t *testing.T) {
 }
 
 func startIdentityBus(t *testing.T, names ...string) *identityBus {
+	t.Helper()
+	return startIdentityBusWith(t, ServiceConfig{}, names...)
+}
+
+// startIdentityBusWith is startIdentityBus whose service runs with cfg
+// (its Names are the directory's).
+func startIdentityBusWith(t *testing.T, cfg ServiceConfig, names ...string) *identityBus {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "creds")
 	if _, err := EnsureCreds(dir); err != nil {
@@ -54,9 +64,10 @@ func startIdentityBus(t *testing.T, names ...string) *identityBus {
 		srv.Shutdown()
 		srv.WaitForShutdown()
 	})
-	b := &identityBus{url: srv.ClientURL(), dir: dir, holders: map[string]*nats.Conn{}}
+	b := &identityBus{url: srv.ClientURL(), dir: dir, holders: map[string]*nats.Conn{}, cfg: cfg}
 	b.svc = connectFile(t, b.url, filepath.Join(dir, CredsFile(RoleService)))
-	svc, err := StartService(context.Background(), b.svc, ServiceConfig{Names: NamesIn(dir)})
+	cfg.Names = NamesIn(dir)
+	svc, err := StartService(context.Background(), b.svc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,6 +77,12 @@ func startIdentityBus(t *testing.T, names ...string) *identityBus {
 		b.holders[n] = connectFile(t, b.url, filepath.Join(HoldersDir(dir), n+".nk"))
 	}
 	return b
+}
+
+// connectHolder makes another connection of holder identity name.
+func (b *identityBus) connectHolder(t *testing.T, name string) *nats.Conn {
+	t.Helper()
+	return connectFile(t, b.url, filepath.Join(HoldersDir(b.dir), name+".nk"))
 }
 
 // connectFile connects with the credentials file path.

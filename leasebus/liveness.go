@@ -387,15 +387,22 @@ func (s *Service) every(d time.Duration, f func()) {
 //     session's silence;
 //   - while its keepalive subscriptions are behind (keepalivesBehind): a
 //     keepalive waiting there was sent, not missed;
-//   - while many sessions fell silent at once (massSilent): a fleet's
-//     runners do not die together, but a bus hiccup — a reconnect storm, a
-//     partition of many runners from the bus — silences them together, and
-//     reclaiming then turns a brief outage into thousands of lost leases.
-//     Such sessions get massGraces times the grace; a session silent
-//     among others that beat is reclaimed after the grace as ever. The
-//     holders of silent sessions stopped writing after their Silence
-//     either way: the longer grace costs only how soon their scopes come
-//     back.
+//   - while many sessions of several identities fell silent at once
+//     (massSilent): a fleet's runners do not die together, but a bus
+//     hiccup — a reconnect storm, a partition of many runners from the
+//     bus — silences them together, and reclaiming then turns a brief
+//     outage into thousands of lost leases.
+//
+// Behind or facing many silent, it reclaims only sessions silent for
+// massGraces times the grace; it does not stop reclaiming. Both are
+// states a runner can push the bus into (a flood of keepalives fills the
+// subscriptions; a runner's own sessions all fall silent at once), and a
+// reaper that stopped would let one runner keep another's dead scope held
+// for as long as it liked. One identity's sessions alone are never
+// "many": that is one runner, or one runner's host, going away. A session
+// silent among others that beat is reclaimed after the grace as ever. The
+// holders of silent sessions stopped writing after their Silence either
+// way: the longer grace costs only how soon their scopes come back.
 func (s *Service) reapSilent() {
 	now := s.cfg.Now()
 	if s.reapStalled(now) {
@@ -405,19 +412,19 @@ func (s *Service) reapSilent() {
 	if !s.live.current(now) || !s.Primary() {
 		return // (a standby hears no keepalive: the primary reclaims)
 	}
+	base := s.live.grace
+	grace := base
 	if n := s.keepalivesBehind(); n > 0 {
 		s.cfg.Metrics.reclaimsHeld("backlog")
 		if !s.behind {
-			s.log.Warn("not reclaiming silent sessions while keepalives wait to be read", "pending", n)
+			s.log.Warn("keepalives wait to be read: reclaiming only sessions silent for the longer grace until they are", "pending", n, "longer_grace", massGraces*base)
 		}
 		s.behind = true
-		return
+		grace = massGraces * base
+	} else if s.behind {
+		s.log.Info("keepalives read: reclaiming silent sessions after the grace again")
+		s.behind = false
 	}
-	if s.behind {
-		s.log.Info("keepalives read: reclaiming silent sessions again")
-	}
-	s.behind = false
-	grace := s.live.grace
 	// The sessions of active leases and their repos, taken under the
 	// service's lock (which every keepalive takes too); their silence is
 	// reckoned after. (The actor then counts a lease's own renewal as life
@@ -442,19 +449,22 @@ func (s *Service) reapSilent() {
 	// Sessions falling silent: past half the grace. A storm silences
 	// them over a few seconds, not within one look.
 	falling := 0
-	for _, d := range silent {
-		if d >= grace/2 {
+	identities := map[string]struct{}{}
+	for key, d := range silent {
+		if d >= base/2 {
 			falling++
+			id, _, _ := strings.Cut(key, ".")
+			identities[id] = struct{}{}
 		}
 	}
-	if massSilent(falling, len(silent)) {
+	if massSilent(falling, len(silent), len(identities)) {
 		if !s.massSilence {
 			s.log.Warn("many sessions fell silent at once: suspecting the bus, not the runners; reclaiming only those silent for the longer grace",
-				"silent", falling, "sessions", len(silent), "grace", grace, "longer_grace", massGraces*grace)
+				"silent", falling, "identities", len(identities), "sessions", len(silent), "grace", base, "longer_grace", massGraces*base)
 		}
 		s.massSilence = true
 		s.cfg.Metrics.reclaimsHeld("mass")
-		grace *= massGraces
+		grace = massGraces * base
 	} else {
 		s.massSilence = false
 	}
@@ -469,21 +479,23 @@ func (s *Service) reapSilent() {
 }
 
 // Silence shared by many sessions at once (massSilent): at least
-// massSilentMin sessions, and more than 1/massSilentShare of those with a
-// lease, silent for half the grace or more in one look. Theirs is
-// massGraces times the grace.
+// massSilentMin sessions, of at least massSilentIdentities identities, and
+// more than 1/massSilentShare of those with a lease, silent for half the
+// grace or more in one look. Theirs is massGraces times the grace.
 // (A host's runners dying together are a few sessions of a fleet; a
-// reconnect storm at 10,000 leases silenced 20–66% of 1,000.)
+// reconnect storm at 10,000 leases silenced 20–66% of 1,000. One
+// identity's sessions are one runner's: however many, never a storm.)
 const (
-	massSilentMin   = 16
-	massSilentShare = 10
-	massGraces      = 3
+	massSilentMin        = 16
+	massSilentIdentities = 3
+	massSilentShare      = 10
+	massGraces           = 3
 )
 
-// massSilent reports whether silent of sessions falling silent is many
-// at once.
-func massSilent(silent, sessions int) bool {
-	return silent >= massSilentMin && silent*massSilentShare > sessions
+// massSilent reports whether silent of sessions falling silent, of that
+// many identities, is many at once.
+func massSilent(silent, sessions, identities int) bool {
+	return identities >= massSilentIdentities && silent >= massSilentMin && silent*massSilentShare > sessions
 }
 
 // reapStall is how long past reapEvery the reaper may run late before this

@@ -1,6 +1,7 @@
 package leasebus
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -439,39 +440,54 @@ func reclaimsHeld(m *ServiceMetrics, why string) int {
 	return int(promtest.ToFloat64(m.held.WithLabelValues(why)))
 }
 
-// TestManySilentSessionsGetTheLongerGrace: one session falling silent
-// among many that beat is reclaimed after the grace, as ever; many falling
-// silent at once (a bus hiccup, a reconnect storm, not a fleet dying
-// together) are held off and reclaimed only after massGraces times the
-// grace — their holders stopped writing long before either way.
-func TestManySilentSessionsGetTheLongerGrace(t *testing.T) {
-	t.Parallel()
-	const grace = 2 * time.Second
-	b, m := busWithGrace(t, grace)
-	ctx := ctxFor(t, 3*time.Minute)
-	held := func() int { return reclaimsHeld(m, "mass") }
-	const n = massSilentMin + 4
+// massRunners are the identities of the runners in the reaper's tests:
+// enough that their sessions falling silent together can be many
+// (massSilentIdentities).
+var massRunners = []string{"runner-0", "runner-1", "runner-2", "runner-3"}
+
+// holdEach acquires and holds, for each of names in turn, one lease in a
+// session of its own (a client on a connection of its own), n in all.
+func holdEach(ctx context.Context, t *testing.T, b *identityBus, n int, names ...string) []*Holder {
+	t.Helper()
 	hs := make([]*Holder, n)
 	for i := range hs {
-		c := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder)) // a session each
-		h, err := c.AcquireAndHold(ctx, AcquireRequest{Repo: fmt.Sprintf("github.com/acme/mass-%d", i%4), Scope: claim(t, fmt.Sprintf("svc/%d", i)), Owner: owner(i), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
+		c := NewClient(b.connectHolder(t, names[i%len(names)]))
+		h, err := c.AcquireAndHold(ctx, AcquireRequest{Repo: fmt.Sprintf("github.com/acme/mass-%d", i%4), Scope: claim(t, fmt.Sprintf("svc/%s/%d", names[i%len(names)], i)), Owner: owner(i), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		hs[i] = h
 	}
+	return hs
+}
+
+// TestManySilentSessionsGetTheLongerGrace: one session falling silent
+// among many that beat is reclaimed after the grace, as ever; many of
+// several runners falling silent at once (a bus hiccup, a reconnect
+// storm, not a fleet dying together) are held off and reclaimed only
+// after massGraces times the grace — their holders stopped writing long
+// before either way.
+func TestManySilentSessionsGetTheLongerGrace(t *testing.T) {
+	t.Parallel()
+	const grace = 2 * time.Second
+	m := NewServiceMetrics()
+	b := startIdentityBusWith(t, ServiceConfig{Metrics: m, SessionGrace: grace}, massRunners...)
+	c := NewClient(b.holders[massRunners[0]])
+	ctx := ctxFor(t, 3*time.Minute)
+	held := func() int { return reclaimsHeld(m, "mass") }
+	hs := holdEach(ctx, t, b, massSilentMin+4, massRunners...)
 
 	lone := hs[0].Lease()
 	orphaned := time.Now()
 	hs[0].Orphan()
-	if ended := waitEnded(t, b.c, lone.LeaseID, time.Minute); ended.Status != lease.StatusReclaimed {
+	if ended := waitEnded(t, c, lone.LeaseID, time.Minute); ended.Status != lease.StatusReclaimed {
 		t.Fatalf("the one silent session's lease ended %s (%s), want reclaimed", ended.Status, ended.Reason)
 	}
 	// Taken for many, it would have waited the longer grace. (A hiccup of
 	// the machine may make the others look silent for a moment too, and
 	// a load may delay the reclaim: only both together mean the bug.)
 	if took := time.Since(orphaned); took >= massGraces*grace && held() > 0 {
-		t.Errorf("one silent session among %d that beat was taken for many: reclaimed after %s, %d looks held off", n-1, took.Round(time.Millisecond), held())
+		t.Errorf("one silent session among %d that beat was taken for many: reclaimed after %s, %d looks held off", len(hs)-1, took.Round(time.Millisecond), held())
 	}
 	heldBefore := held()
 
@@ -495,7 +511,7 @@ func TestManySilentSessionsGetTheLongerGrace(t *testing.T) {
 	// longer grace (checked only while the look is surely before it; a
 	// keepalive may have been heard up to a heartbeat before stopped).
 	for _, id := range ids {
-		l, err := b.c.Get(ctx, id)
+		l, err := c.Get(ctx, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -504,7 +520,7 @@ func TestManySilentSessionsGetTheLongerGrace(t *testing.T) {
 		}
 	}
 	for _, id := range ids {
-		ended := waitEnded(t, b.c, id, 2*time.Minute)
+		ended := waitEnded(t, c, id, 2*time.Minute)
 		if ended.Status != lease.StatusReclaimed || !strings.Contains(ended.Reason, "keepalive") {
 			t.Errorf("%s ended %s (%s), want reclaimed for its silent session", id, ended.Status, ended.Reason)
 		}
@@ -514,21 +530,65 @@ func TestManySilentSessionsGetTheLongerGrace(t *testing.T) {
 	}
 }
 
+// TestOneRunnerCannotHoldBackReclaims: the attack on the reaper's
+// hold-offs. A runner (one bus identity) holding many sessions lets them
+// all fall silent at the moment another runner dies, so that the reaper
+// would take the silence for a bus hiccup and give every session the
+// longer grace — the dead runner's scope held three times as long. One
+// identity's sessions are never many: the dead runner's scope is back
+// after the grace, and the attacker's own sessions are reclaimed then too.
+func TestOneRunnerCannotHoldBackReclaims(t *testing.T) {
+	t.Parallel()
+	const grace = 3 * time.Second
+	m := NewServiceMetrics()
+	b := startIdentityBusWith(t, ServiceConfig{Metrics: m, SessionGrace: grace}, "attacker", "victim")
+	ctx := ctxFor(t, 3*time.Minute)
+	c := NewClient(b.holders["victim"])
+	attacker := holdEach(ctx, t, b, massSilentMin+4, "attacker")
+	victim := holdEach(ctx, t, b, 1, "victim")[0]
+
+	dead := victim.Lease()
+	stopped := time.Now()
+	var wg sync.WaitGroup
+	for _, h := range append(attacker, victim) {
+		wg.Go(h.Orphan)
+	}
+	wg.Wait()
+	ended := waitEnded(t, c, dead.LeaseID, time.Minute)
+	took := time.Since(stopped)
+	if ended.Status != lease.StatusReclaimed {
+		t.Fatalf("the dead runner's lease ended %s (%s), want reclaimed", ended.Status, ended.Reason)
+	}
+	if n := reclaimsHeld(m, "mass"); n > 0 {
+		t.Errorf("one runner's %d sessions falling silent were taken for many: %d looks gave every session the longer grace; the dead runner's scope came back after %s", len(attacker), n, took.Round(time.Millisecond))
+	}
+	if took >= massGraces*grace-time.Second {
+		t.Errorf("the dead runner's scope came back %s after it died, with a grace of %s: held back by another runner's silence", took.Round(time.Millisecond), grace)
+	}
+	for _, h := range attacker {
+		if ended := waitEnded(t, c, h.Lease().LeaseID, time.Minute); ended.Status != lease.StatusReclaimed {
+			t.Errorf("the attacker's %s ended %s (%s), want reclaimed", h.Lease().LeaseID, ended.Status, ended.Reason)
+		}
+	}
+}
+
 func TestMassSilent(t *testing.T) {
 	for _, c := range []struct {
-		silent, sessions int
-		want             bool
+		silent, sessions, identities int
+		want                         bool
 	}{
-		{0, 0, false},
-		{1, 1, false}, // a lone runner killed: its scope back after the grace
-		{massSilentMin - 1, massSilentMin - 1, false},
-		{massSilentMin, massSilentMin, true},
-		{massSilentMin, massSilentMin * massSilentShare, false}, // a tenth of a large fleet: a host's runners
-		{massSilentMin, massSilentMin*massSilentShare - 1, true},
-		{5000, 10000, true},
+		{0, 0, 0, false},
+		{1, 1, 1, false}, // a lone runner killed: its scope back after the grace
+		{massSilentMin - 1, massSilentMin - 1, massSilentIdentities, false},
+		{massSilentMin, massSilentMin, massSilentIdentities, true},
+		{massSilentMin, massSilentMin, massSilentIdentities - 1, false}, // a runner or two, however many sessions
+		{5000, 5000, 1, false},
+		{massSilentMin, massSilentMin * massSilentShare, massSilentIdentities, false}, // a tenth of a large fleet: a host's runners
+		{massSilentMin, massSilentMin*massSilentShare - 1, massSilentIdentities, true},
+		{5000, 10000, 8, true},
 	} {
-		if got := massSilent(c.silent, c.sessions); got != c.want {
-			t.Errorf("massSilent(%d of %d) = %v, want %v", c.silent, c.sessions, got, c.want)
+		if got := massSilent(c.silent, c.sessions, c.identities); got != c.want {
+			t.Errorf("massSilent(%d of %d, %d identities) = %v, want %v", c.silent, c.sessions, c.identities, got, c.want)
 		}
 	}
 }
@@ -563,21 +623,27 @@ func TestReapStalledForgivesThePause(t *testing.T) {
 
 // TestReclaimWaitsForUnreadKeepalives: while keepalives wait unread in the
 // instance's subscriptions (it is behind, and a session's keepalive may be
-// among them), the reaper reclaims nothing; once they are read, a silent
-// session's lease is reclaimed as ever.
+// among them), the reaper reclaims only sessions silent for the longer
+// grace — and does reclaim them, however long the backlog stands: a runner
+// can flood the subscriptions, and must not hold a dead runner's scope by
+// it. Once they are read, a silent session goes after the grace again.
 func TestReclaimWaitsForUnreadKeepalives(t *testing.T) {
 	t.Parallel()
 	const grace = 2 * time.Second
 	b, m := busWithGrace(t, grace)
 	ctx := ctxFor(t, 2*time.Minute)
-	h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: "github.com/acme/backlog", Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
-	if err != nil {
-		t.Fatal(err)
+	hold := func(scope string) *Holder {
+		h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: "github.com/acme/backlog", Scope: claim(t, scope), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
 	}
+	h := hold("billing")
 	held := h.Lease()
 
 	// A subscription of the instance's keepalives that nobody reads: a
-	// backlog the size of a slow moment's.
+	// backlog the size of a slow moment's, or of a flood.
 	nc := connectAs(t, b.srv.ClientURL(), RoleService)
 	unread, err := nc.SubscribeSync(apiPrefix + ".test-backlog")
 	if err != nil {
@@ -594,6 +660,7 @@ func TestReclaimWaitsForUnreadKeepalives(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	stopped := time.Now()
 	h.Orphan() // the session falls silent
 	heldOff := func() int { return reclaimsHeld(m, "backlog") }
 	checkFor(t, time.Minute, 20*time.Millisecond, func() error {
@@ -602,13 +669,30 @@ func TestReclaimWaitsForUnreadKeepalives(t *testing.T) {
 		}
 		return nil
 	})
-	if l, err := b.c.Get(ctx, held.LeaseID); err != nil || !l.Active() {
-		t.Fatalf("reclaimed while keepalives waited unread: %v %v", l, err)
+	if l, err := b.c.Get(ctx, held.LeaseID); err != nil || !l.Active() && time.Since(stopped) < massGraces*grace-time.Second {
+		t.Fatalf("reclaimed %s after its session fell silent, while keepalives waited unread, before the longer grace: %v %v", time.Since(stopped).Round(time.Millisecond), l, err)
 	}
+	ended := waitEnded(t, b.c, held.LeaseID, time.Minute)
+	if ended.Status != lease.StatusReclaimed {
+		t.Errorf("ended %s (%s) while behind, want reclaimed after the longer grace", ended.Status, ended.Reason)
+	}
+	if took := time.Since(stopped); took < massGraces*grace-DefaultHeartbeat {
+		t.Errorf("reclaimed %s after its session fell silent, while behind: before the longer grace %s", took, massGraces*grace)
+	}
+	if msgs, _, err := unread.Pending(); err != nil || msgs <= keepaliveBacklog {
+		t.Fatalf("the backlog is gone (%d pending, %v): the reclaim above proves nothing", msgs, err)
+	}
+
 	if err := unread.Unsubscribe(); err != nil { // read (gone): the instance is caught up
 		t.Fatal(err)
 	}
-	if ended := waitEnded(t, b.c, held.LeaseID, time.Minute); ended.Status != lease.StatusReclaimed {
+	h = hold("ledger")
+	before := heldOff()
+	h.Orphan()
+	if ended := waitEnded(t, b.c, h.Lease().LeaseID, time.Minute); ended.Status != lease.StatusReclaimed {
 		t.Errorf("ended %s (%s) once caught up, want reclaimed", ended.Status, ended.Reason)
+	}
+	if n := heldOff() - before; n > 0 {
+		t.Errorf("%d looks still counted the instance behind after its backlog was read", n)
 	}
 }
