@@ -37,10 +37,61 @@ type mailboxes struct {
 // random bits: nobody who cannot hear it can name its subjects. Each
 // request gets the next subject under it, so a late reply to an abandoned
 // request is recognized and dropped.
+//
+// Its replies come on a channel of its own, mailboxDepth deep: a
+// synchronous subscription's is the connection's SubChanLen (65,536
+// messages, 512 KB of pointers, allocated whole), and a service's 64
+// mailboxes held 30 MB of them at 10,000 leases. A mailbox waits for one
+// reply at a time.
 type mailbox struct {
 	sub    *nats.Subscription
-	prefix string // <inbox>.
+	ch     chan *nats.Msg
+	closed chan struct{} // closed with the subscription (its connection closed, or unsubscribed)
+	prefix string        // <inbox>.
 	seq    uint64
+}
+
+// mailboxDepth is how many messages a mailbox holds unread: a reply, the
+// one its request does not accept before it (nonceHeader), and late
+// replies to a request that gave up, dropped by the next. A message beyond
+// it is dropped by the connection (a slow consumer), which no answer of
+// the bus's needs.
+const mailboxDepth = 8
+
+// newMailbox subscribes a mailbox under inbox on nc.
+func newMailbox(nc *nats.Conn, inbox string) (*mailbox, error) {
+	mb := &mailbox{ch: make(chan *nats.Msg, mailboxDepth), closed: make(chan struct{}), prefix: inbox + "."}
+	sub, err := nc.ChanSubscribe(inbox+".*", mb.ch)
+	if err != nil {
+		return nil, err
+	}
+	var once sync.Once
+	sub.SetClosedHandler(func(string) { once.Do(func() { close(mb.closed) }) })
+	if !sub.IsValid() { // closed before the handler was set
+		_ = sub.Unsubscribe()
+		return nil, nats.ErrConnectionClosed
+	}
+	mb.sub = sub
+	return mb, nil
+}
+
+// next waits for the mailbox's next message, as a synchronous
+// subscription's NextMsgWithContext would (nats.ErrConnectionClosed once
+// its connection closed).
+func (mb *mailbox) next(ctx context.Context) (*nats.Msg, error) {
+	select {
+	case m := <-mb.ch:
+		return m, nil
+	default:
+	}
+	select {
+	case m := <-mb.ch:
+		return m, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-mb.closed:
+		return nil, nats.ErrConnectionClosed
+	}
 }
 
 // overflow is the reply subscription shared by requests beyond the pool's
@@ -75,13 +126,12 @@ func (p *mailboxes) get() *mailbox {
 	if p.made >= p.max {
 		return nil
 	}
-	inbox := inboxBase(p.nc) + "." + randomToken()
-	sub, err := p.nc.SubscribeSync(inbox + ".*")
+	mb, err := newMailbox(p.nc, inboxBase(p.nc)+"."+randomToken())
 	if err != nil {
 		return nil
 	}
 	p.made++
-	return &mailbox{sub: sub, prefix: inbox + "."}
+	return mb
 }
 
 // overflowBox returns the shared reply subscription, made on first use;
@@ -205,7 +255,7 @@ func (p *mailboxes) requestChecked(ctx context.Context, m *nats.Msg, check func(
 		return nil, err
 	}
 	for {
-		r, err := mb.sub.NextMsgWithContext(ctx)
+		r, err := mb.next(ctx)
 		if err != nil {
 			p.put(mb) // a late reply is dropped by the next request
 			return nil, err

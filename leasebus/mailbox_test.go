@@ -2,7 +2,9 @@ package leasebus
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -112,5 +114,90 @@ func TestMailboxesBeyondMaxMakeNoSubscriptions(t *testing.T) {
 	p.mu.Unlock()
 	if waiting != 0 {
 		t.Fatalf("%d overflow waiters left after every request returned", waiting)
+	}
+}
+
+// startNATS starts a bare nats-server on loopback for the mailbox tests.
+func startNATS(t *testing.T) *server.Server {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	return srv
+}
+
+// TestMailboxesAreSmall: a mailbox waits for one reply at a time, so it
+// holds a few messages, not a synchronous subscription's 65,536 (512 KB
+// of pointers, allocated whole: 30 MB of a service's heap at 10,000
+// leases, and up to 8 MB a client).
+func TestMailboxesAreSmall(t *testing.T) {
+	srv := startNATS(t)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	const n = 16
+	p := &mailboxes{nc: nc, max: n}
+	t.Cleanup(p.close)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	boxes := make([]*mailbox, n)
+	for i := range boxes {
+		if boxes[i] = p.get(); boxes[i] == nil {
+			t.Fatalf("mailbox %d not made", i)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	for _, mb := range boxes {
+		p.put(mb)
+	}
+	per := (after.TotalAlloc - before.TotalAlloc) / n
+	if per > 16<<10 {
+		t.Errorf("a mailbox allocates %d bytes: want a few kilobytes at most", per)
+	}
+	t.Logf("a mailbox allocates %d bytes", per)
+}
+
+// TestMailboxRequestEndsWhenItsConnectionCloses: a request waiting for a
+// reply ends with nats.ErrConnectionClosed when its connection closes, as
+// nats.go's own requests do, not at its context's end.
+func TestMailboxRequestEndsWhenItsConnectionCloses(t *testing.T) {
+	srv := startNATS(t)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	heard := make(chan struct{}, 1)
+	if _, err := nc.Subscribe("mailbox.silent", func(*nats.Msg) { heard <- struct{}{} }); err != nil { // takes requests, answers none
+		t.Fatal(err)
+	}
+	p := &mailboxes{nc: nc, max: 1}
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.request(context.Background(), nats.NewMsg("mailbox.silent"))
+		done <- err
+	}()
+	select {
+	case <-heard:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request was not sent")
+	}
+	nc.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Fatalf("the request ended with %v, want %v", err, nats.ErrConnectionClosed)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request still waits 10 s after its connection closed")
 	}
 }
