@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
@@ -97,7 +98,7 @@ func (s *Service) follow(key string, m *nats.Msg) {
 		if rec.Kind == recordSnapshot || rec.Prev == 0 {
 			s.warmUp(key, seq, rec)
 		} else {
-			s.cold.add(key) // loaded in the background (warmCold)
+			s.cold.add(key, seq) // loaded in the background (warmCold)
 		}
 		return
 	}
@@ -108,7 +109,7 @@ func (s *Service) follow(key string, m *nats.Msg) {
 	}
 	if !a.foldWarm(seq, rec) {
 		if a.warm != nil && a.warm.broken {
-			s.cold.add(key)
+			s.cold.add(key, seq)
 		}
 		return
 	}
@@ -210,20 +211,23 @@ func (a *actor) handOver(ctx context.Context) {
 
 // coldRepos are the repos a standby heard appended to but has no view of
 // it can fold into: none (it started after the repo's last snapshot), or
-// one that missed a record. warmCold loads them.
+// one that missed a record — each with the last record heard of it.
+// warmCold loads them.
 type coldRepos struct {
 	mu   sync.Mutex
-	keys map[string]struct{} // guarded by mu
-	wake chan struct{}       // made by StartService on a bus with an election
+	keys map[string]uint64 // repo key -> the last record heard of it; guarded by mu
+	wake chan struct{}     // made by StartService on a bus with an election
 }
 
-func (c *coldRepos) add(key string) {
+// add notes that repo key was heard appended to, at seq, with no view to
+// fold the record into.
+func (c *coldRepos) add(key string, seq uint64) {
 	c.mu.Lock()
 	if c.keys == nil {
-		c.keys = map[string]struct{}{}
+		c.keys = map[string]uint64{}
 	}
-	_, had := c.keys[key]
-	c.keys[key] = struct{}{}
+	last, had := c.keys[key]
+	c.keys[key] = max(last, seq)
 	c.mu.Unlock()
 	if !had {
 		select {
@@ -233,15 +237,16 @@ func (c *coldRepos) add(key string) {
 	}
 }
 
-// take removes and returns one cold repo ("" when none).
-func (c *coldRepos) take() string {
+// take removes and returns one cold repo and the last record heard of it
+// ("" when none).
+func (c *coldRepos) take() (string, uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for key := range c.keys {
+	for key, seq := range c.keys {
 		delete(c.keys, key)
-		return key
+		return key, seq
 	}
-	return ""
+	return "", 0
 }
 
 // warmCold loads, one at a time, the views a standby heard it lacks, so
@@ -251,37 +256,68 @@ func (c *coldRepos) take() string {
 // events of the records past the audit mark it read first, as a warm view
 // does (warmLoad). A primary loads what it lacks by itself: the set is
 // dropped.
+//
+// A load that fails (a read timed out on a busy bus) is tried again
+// warmRetry later: an idle repo may hear no record for long, and its view
+// would stay cold until then.
 func (s *Service) warmCold(ctx context.Context) {
+	retry := time.NewTimer(warmRetry)
+	retry.Stop()
+	defer retry.Stop()
+	var failed []heardRecord
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.cold.wake:
+		case <-retry.C:
+			for _, f := range failed {
+				s.cold.add(f.key, f.seq)
+			}
+			failed = failed[:0]
 		}
-		for key := s.cold.take(); key != ""; key = s.cold.take() {
+		for key, seq := s.cold.take(); key != ""; key, seq = s.cold.take() {
 			if ctx.Err() != nil {
 				return
 			}
 			if s.Primary() {
 				continue
 			}
-			if err := s.warmLoad(ctx, key); err != nil && ctx.Err() == nil {
-				s.log.Debug("warm a standby's view of a lease log; will try at its next record", "repo_key", key, "err", err)
+			if err := s.warmLoad(ctx, key, seq); err != nil && ctx.Err() == nil {
+				s.log.Debug("warm a standby's view of a lease log; will try again", "repo_key", key, "in", warmRetry, "err", err)
+				failed = append(failed, heardRecord{key, seq})
 			}
+		}
+		if len(failed) > 0 {
+			retry.Reset(warmRetry)
 		}
 	}
 }
 
+// warmRetry is how long after a failed load warmCold tries it again.
+const warmRetry = time.Second
+
+// heardRecord is a repo's record a standby heard of.
+type heardRecord struct {
+	key string
+	seq uint64
+}
+
 // warmLoad reads the log of repo key into a warm view, if this standby
-// has none it can fold into. The audit mark is read first: the events of
-// the records up to it are in the audit stream, those after it the load
-// reads and the view keeps.
-func (s *Service) warmLoad(ctx context.Context, key string) error {
+// has none that holds the record heard (seq) and can fold the next. The
+// audit mark is read first: the events of the records up to it are in the
+// audit stream, those after it the load reads and the view keeps.
+//
+// A view can lack a record without having missed one it could fold: the
+// record was announced while this load was reading, before the view it
+// makes was installed (nothing to fold it into then). Hence the record
+// heard, not only a broken view, says whether to load.
+func (s *Service) warmLoad(ctx context.Context, key string, heard uint64) error {
 	if a, ok := s.existing(key); ok {
 		a.busy.Lock()
-		cold := a.coldView()
+		current := !a.coldView() && a.state.seq >= heard
 		a.busy.Unlock()
-		if !cold {
+		if current {
 			return nil
 		}
 	}
@@ -309,8 +345,8 @@ func (s *Service) warmLoad(ctx context.Context, key string) error {
 	}
 	a.busy.Lock()
 	defer a.busy.Unlock()
-	if a.dead || !a.coldView() || a.state.seq >= st.seq || s.Primary() {
-		return nil // mended meanwhile (a snapshot), or no longer ours to mend
+	if a.dead || a.state.seq >= st.seq || s.Primary() {
+		return nil // mended meanwhile (a snapshot, a record folded), or no longer ours to mend
 	}
 	a.state, a.kept, a.warm, a.stale = st, kept, w, false
 	s.indexLeases(key, a.entries())
