@@ -473,7 +473,7 @@ func (s *Service) elect(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		if !free && !p.lapsed(seq) && (age < p.term+primaryGap || p.sinceBack(s.cfg.Now()) < primaryGap) {
+		if !free && !p.lapsed(seq, s.store.writer) && (age < p.term+primaryGap || p.sinceBack(s.cfg.Now()) < primaryGap) {
 			continue
 		}
 		sent := s.cfg.Now()
@@ -496,18 +496,27 @@ func (s *Service) elect(ctx context.Context) {
 }
 
 // lapsed reports whether the claim's last record, at seq, is this
-// instance's own last renewal: its term ran out with no renewal
-// acknowledged (the claim's stream electing a leader, most likely) and
-// nobody has claimed since. It takes the claim back at once: there is no
-// other instance's term to wait out, and its views of the repos need a
-// re-read each, not the load a standby's takeover costs. A standby that
-// could not read the claim waits primaryGap after reading it again
-// (sinceBack), so the lapsed primary, which reads the claim as often,
-// comes first.
-func (p *primacy) lapsed(seq uint64) bool {
+// instance's own (writer): its term ran out with no renewal acknowledged
+// (the claim's stream electing a leader, most likely) and nobody has
+// claimed since. It takes the claim back at once: there is no other
+// instance's term to wait out, and its views of the repos need a re-read
+// each, not the load a standby's takeover costs. A standby that could not
+// read the claim waits primaryGap after reading it again (sinceBack), so
+// the lapsed primary, which reads the claim as often, comes first.
+//
+// Its own is its last acknowledged renewal, or a later record that names
+// it: a renewal the stream wrote but whose acknowledgement was lost to the
+// election (the renewal timed out) is as much its own. (Taken only by the
+// acknowledged sequence, such a lapse left the two instances waiting the
+// same primaryGap, and the standby took over as often as not.) Taking it
+// back is a compare-and-swap on that record like any claim.
+func (p *primacy) lapsed(seq uint64, writer string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.seq != 0 && seq == p.seq
+	if p.seq != 0 && seq == p.seq {
+		return true
+	}
+	return seq != 0 && seq == p.seen && !p.free && p.leader == writer
 }
 
 // sinceBack is how long the claim has been readable again since a read of

@@ -440,3 +440,34 @@ func TestForgedForwardRefused(t *testing.T) {
 		t.Fatalf("the first answer is to the %q forward: want only the stamped one answered", got)
 	}
 }
+
+// TestLapsedByItsOwnUnacknowledgedRenewal: a primary whose term ran out
+// takes the claim back at once when the claim's last record is its own —
+// its last acknowledged renewal, or a later one the stream wrote but whose
+// acknowledgement the stream's election lost. Another's record, or a
+// released claim, is not its own. (TestClusterPrimaryTakesItsLapsedClaimBack
+// failed 3 of 23 runs beside two busy loops when only the acknowledged renewal
+// counted: the standby took over.)
+func TestLapsedByItsOwnUnacknowledgedRenewal(t *testing.T) {
+	const me, other = "writer-me", "writer-other"
+	for _, c := range []struct {
+		name        string
+		acked, read uint64
+		leader      string
+		free        bool
+		want        bool
+	}{
+		{"its acknowledged renewal", 7, 7, me, false, true},
+		{"its renewal written, not acknowledged", 7, 8, me, false, true},
+		{"another's claim after its renewal", 7, 8, other, false, false},
+		{"released", 7, 8, me, true, false},
+		{"never primary, its claim written, not acknowledged", 0, 3, me, false, true},
+		{"never primary, another's claim", 0, 3, other, false, false},
+		{"no claim", 0, 0, "", true, false},
+	} {
+		p := &primacy{seq: c.acked, seen: c.read, leader: c.leader, free: c.free}
+		if got := p.lapsed(c.read, me); got != c.want {
+			t.Errorf("%s: lapsed = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
