@@ -98,12 +98,14 @@ func answer(m *nats.Msg, data []byte) {
 // goroutine, or run inline by the request's handler when the actor is idle.
 // Either way one batch runs at a time, under busy.
 type actor struct {
-	svc     *Service
-	key     string
-	calls   callQueue
-	timer   *time.Timer // wakes run for the next deadline; reset under busy
-	dead    bool        // never runs (service stopping, or damaged log); set before it is shared
-	deadErr error       // why, when its log is damaged
+	svc   *Service
+	key   string
+	calls callQueue
+	timer *time.Timer // wakes run for the next deadline; reset under busy
+	// reaping: a reap is queued and not yet run (reap queues at most one).
+	reaping atomic.Bool
+	dead    bool  // never runs (service stopping, or damaged log); set before it is shared
+	deadErr error // why, when its log is damaged
 
 	// confirmed is when (service clock) the last read or append that saw
 	// the whole of the repo's log began: the view in memory is the log's
@@ -232,6 +234,18 @@ func (a *actor) enqueue(c *call) {
 	}
 }
 
+// reap queues a reclaim of the leases whose sessions have been silent for
+// grace, unless one is queued already. It is queued however many calls
+// wait: a runner can fill a repo's queue with requests (maxQueued), and a
+// reap refused as the overflow is would leave a dead runner's scope held
+// for as long as it kept the queue full.
+func (a *actor) reap(grace time.Duration, at time.Time) {
+	if a.dead || !a.reaping.CompareAndSwap(false, true) {
+		return
+	}
+	a.calls.pushAlways(&call{op: "reap", req: &reapRequest{grace: grace}, at: at})
+}
+
 // ask runs an in-process call through the actor and waits for its reply.
 func (a *actor) ask(ctx context.Context, c *call) reply {
 	c.reply = make(chan reply, 1)
@@ -342,9 +356,17 @@ func (a *actor) run(ctx context.Context) {
 	}
 }
 
-// drain appends the queued calls to batch, up to MaxBatch.
+// drain appends the queued calls to batch, up to MaxBatch. A reap taken
+// off the queue lets the next be queued (run or failed with its batch).
 func (a *actor) drain(batch []*call) []*call {
-	return a.calls.take(batch, a.svc.cfg.MaxBatch)
+	n := len(batch)
+	batch = a.calls.take(batch, a.svc.cfg.MaxBatch)
+	for _, c := range batch[n:] {
+		if c.op == "reap" {
+			a.reaping.Store(false)
+		}
+	}
+	return batch
 }
 
 // inline runs c's batch on the caller's goroutine when nothing else is
@@ -431,7 +453,7 @@ func (a *actor) shutdown() {
 		w.c.respond(reply{Error: err})
 	}
 	a.waiters = nil
-	for _, c := range a.calls.take(nil, maxQueued) {
+	for _, c := range a.calls.take(nil, maxQueued+1) { // +1: a reap queued past the bound
 		c.respond(reply{Error: err})
 	}
 }
@@ -903,6 +925,18 @@ func (q *callQueue) push(c *call) bool {
 	default: // a wake-up is pending already
 	}
 	return true
+}
+
+// pushAlways queues c and wakes the actor's goroutine however many calls
+// wait: for the service's own calls, of which it queues at most one each.
+func (q *callQueue) pushAlways(c *call) {
+	q.mu.Lock()
+	q.calls = append(q.calls, c)
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
 }
 
 // take moves up to max waiting calls, oldest first, onto batch. Calls left

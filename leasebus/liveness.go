@@ -202,7 +202,16 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 		respondKept(c, answers, r.Compact)
 		return
 	}
+	select {
+	case s.keptReads <- struct{}{}:
+	default:
+		// As many keepalives read logs already as may: the rest stay
+		// Unknown this beat, as those past maxKeptReads do.
+		respondKept(c, answers, r.Compact)
+		return
+	}
 	s.goTracked(c, func() {
+		defer func() { <-s.keptReads }()
 		for n, i := range ask {
 			if n == maxKeptReads {
 				break // the rest stay Unknown: their views are being refreshed meanwhile
@@ -277,7 +286,13 @@ func (s *Service) keptFromViews(ks []keptLease, answers []keptAnswer) (ask []int
 // maxKeptReads bounds the log reads one keepalive may cause: a request
 // naming a thousand leases no view covers must not cost a thousand reads.
 // A lease left Unknown is answered from its refreshed view a beat later.
-const maxKeptReads = 16
+// maxKeptReaders bounds the keepalives reading logs at once, each on a
+// goroutine of its own: a runner sending keepalives that name made-up
+// leases as fast as it can must not start goroutines as fast.
+const (
+	maxKeptReads   = 16
+	maxKeptReaders = 64
+)
 
 // keptFromLog answers for one lease from a read of its repo's log: the
 // repo its id names (loading it if this instance has not yet), else one
@@ -393,8 +408,9 @@ func (s *Service) every(d time.Duration, f func()) {
 //     bus — silences them together, and reclaiming then turns a brief
 //     outage into thousands of lost leases.
 //
-// Behind or facing many silent, it reclaims only sessions silent for
-// massGraces times the grace; it does not stop reclaiming. Both are
+// Behind, missing another instance's digest (liveness.current) or facing
+// many silent, it reclaims only sessions silent for massGraces times the
+// grace; it does not stop reclaiming. Both are
 // states a runner can push the bus into (a flood of keepalives fills the
 // subscriptions; a runner's own sessions all fall silent at once), and a
 // reaper that stopped would let one runner keep another's dead scope held
@@ -409,11 +425,20 @@ func (s *Service) reapSilent() {
 		s.cfg.Metrics.reclaimsHeld("stall")
 		return
 	}
-	if !s.live.current(now) || !s.Primary() {
+	if !s.Primary() {
 		return // (a standby hears no keepalive: the primary reclaims)
 	}
 	base := s.live.grace
 	grace := base
+	if !s.live.current(now) {
+		// Another instance's digest is late: it may have heard keepalives
+		// this one has not. A late digest still arrives within the longer
+		// grace (an instance silent for the grace is counted gone), and an
+		// instance whose digests come late for good must not stop the
+		// reclaims.
+		s.cfg.Metrics.reclaimsHeld("peers")
+		grace = massGraces * base
+	}
 	if n := s.keepalivesBehind(); n > 0 {
 		s.cfg.Metrics.reclaimsHeld("backlog")
 		if !s.behind {
@@ -473,7 +498,7 @@ func (s *Service) reapSilent() {
 			continue
 		}
 		if a, ok := s.existing(key); ok {
-			a.enqueue(&call{op: "reap", req: &reapRequest{grace: grace}, at: now})
+			a.reap(grace, now)
 		}
 	}
 }

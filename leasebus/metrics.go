@@ -100,7 +100,7 @@ func NewServiceMetrics() *ServiceMetrics {
 	}, []string{"to"})
 	m.held = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fenceline_bus_reclaims_held_total",
-		Help: "Looks of the session reaper that held off reclaiming, by why: stall (this instance did not run for a while: nothing reclaimed), backlog (keepalives wait to be read) and mass (many sessions of several identities fell silent at once): only sessions silent for the longer grace reclaimed.",
+		Help: "Looks of the session reaper that held off reclaiming, by why: stall (this instance did not run for a while: nothing reclaimed), backlog (keepalives wait to be read), peers (another instance's digest of the sessions it heard is late) and mass (many sessions of several identities fell silent at once): only sessions silent for the longer grace reclaimed.",
 	}, []string{"why"})
 	m.reg.MustRegister(m.requests, m.latency, m.appends, m.appendT, m.reads, m.scans, m.forwards, m.held,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

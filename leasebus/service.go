@@ -138,6 +138,9 @@ type Service struct {
 	cold coldRepos
 	// live is what this instance knows of sessions' keepalives.
 	live *liveness
+	// keptReads holds a token for each keepalive reading logs now (at most
+	// maxKeptReaders: see Service.keepalive).
+	keptReads chan struct{}
 	// lastReap (on the monotonic clock), behind and massSilence belong to
 	// the session reaper's goroutine (reapSilent).
 	lastReap    time.Time
@@ -209,7 +212,8 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		cfg.Logger.Warn("the lease service answers on its one connection: the bus has no fleet account, so a holder can have JetStream's answers stored in the lease streams (docs/trust.md)", "why", why)
 	}
 	s := &Service{nc: nc, fleet: fleet, ownFleet: ownFleet, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 64}, metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger,
-		actors: map[string]*actor{}, index: map[string]*indexed{}, loading: map[string]*repoLoad{}, answerVia: map[*nats.Conn]*nats.Subscription{}}
+		actors: map[string]*actor{}, index: map[string]*indexed{}, loading: map[string]*repoLoad{}, answerVia: map[*nats.Conn]*nats.Subscription{},
+		keptReads: make(chan struct{}, maxKeptReaders)}
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.attach(s); err != nil {
 			if ownFleet {

@@ -696,3 +696,142 @@ func TestReclaimWaitsForUnreadKeepalives(t *testing.T) {
 		t.Errorf("%d looks still counted the instance behind after its backlog was read", n)
 	}
 }
+
+// TestReapQueuedPastAFullQueue: a runner can keep a repo's request queue
+// full (maxQueued calls); the reaper's reclaim is queued past the bound
+// all the same — one at a time — and the dead session's lease is
+// reclaimed once the actor gets to it.
+func TestReapQueuedPastAFullQueue(t *testing.T) {
+	t.Parallel()
+	const grace = 2 * time.Second
+	b, _ := busWithGrace(t, grace)
+	ctx := ctxFor(t, 2*time.Minute)
+	h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: "github.com/acme/full", Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := h.Lease()
+	a, ok := b.svc.existing(RepoKey(dead.Repo))
+	if !ok {
+		t.Fatal("no actor for the lease's repo")
+	}
+	a.busy.Lock() // the actor is busy: what comes waits in its queue
+	locked := true
+	defer func() {
+		if locked {
+			a.busy.Unlock()
+		}
+	}()
+	for a.calls.push(&call{op: "sync", req: &syncRequest{}, at: time.Now()}) {
+	}
+	if n := a.calls.len(); n != maxQueued {
+		t.Fatalf("%d calls queued, want the queue full (%d)", n, maxQueued)
+	}
+	h.Orphan()
+	checkFor(t, time.Minute, 20*time.Millisecond, func() error {
+		if !a.reaping.Load() {
+			return errors.New("no reap queued yet")
+		}
+		return nil
+	})
+	// Asked again while one waits: still the one reap queued.
+	a.reap(grace, time.Now())
+	if n := a.calls.len(); n != maxQueued+1 {
+		t.Fatalf("%d calls queued past the full queue's %d: want the one reap", n-maxQueued, maxQueued)
+	}
+	locked = false
+	a.busy.Unlock()
+	if ended := waitEnded(t, b.c, dead.LeaseID, time.Minute); ended.Status != lease.StatusReclaimed {
+		t.Errorf("ended %s (%s), want reclaimed", ended.Status, ended.Reason)
+	}
+}
+
+// TestKeepaliveLogReadsBounded: a keepalive naming leases no view covers
+// reads their logs on a goroutine of its own; while maxKeptReaders such
+// reads run, another keepalive is answered at once, the leases Unknown (its
+// holder asks again a beat later), and starts nothing.
+func TestKeepaliveLogReadsBounded(t *testing.T) {
+	t.Parallel()
+	b := startBus(t)
+	ctx := ctxT(t)
+	c := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder))
+	if _, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "bounded"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatal(err) // the repo has a log: a made-up lease in it is Missing
+	}
+	madeUp := newLeaseID(RepoKey(repo), time.Now())
+	ask := func() keptAnswer {
+		t.Helper()
+		r, err := c.request(ctx, "keepalive", &keepaliveRequest{Session: c.SessionID(), Leases: []keptLease{{LeaseID: madeUp, Repo: repo, Fence: 1, Version: 1}}}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Kept) != 1 {
+			t.Fatalf("keepalive answered %+v: want one answer", r)
+		}
+		return r.Kept[0]
+	}
+	for range maxKeptReaders { // as many reading as may
+		b.svc.keptReads <- struct{}{}
+	}
+	if k := ask(); !k.Unknown || k.Missing {
+		t.Errorf("with %d keepalives reading logs, a made-up lease was answered %+v: want Unknown, read nowhere", maxKeptReaders, k)
+	}
+	for range maxKeptReaders {
+		<-b.svc.keptReads
+	}
+	if k := ask(); !k.Missing {
+		t.Errorf("with no keepalive reading logs, a made-up lease was answered %+v: want Missing, from its repo's log", k)
+	}
+}
+
+// TestLatePeerDoesNotStopReclaims: an instance counts on every other's
+// digest of the sessions it heard, and one whose digests come late may have
+// heard a keepalive this one has not: the reaper then gives sessions the
+// longer grace. An instance whose digests come late for good (a peer
+// flapping, slowed by a flood on its connection) still lets a dead
+// session's lease be reclaimed, after the longer grace.
+func TestLatePeerDoesNotStopReclaims(t *testing.T) {
+	t.Parallel()
+	const grace = peerLate + time.Second // a peer is late after peerLate, gone after the grace
+	b, m := busWithGrace(t, grace)
+	ctx := ctxFor(t, 2*time.Minute)
+	h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: "github.com/acme/late-peer", Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := h.Lease()
+	late := func() { // a peer whose last digest came late, not so late it is gone
+		b.svc.live.mu.Lock()
+		b.svc.live.peers["late-peer"] = time.Now().Add(-peerLate - 500*time.Millisecond)
+		b.svc.live.mu.Unlock()
+	}
+	late()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				late()
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	stopped := time.Now()
+	h.Orphan()
+	ended := waitEnded(t, b.c, dead.LeaseID, time.Minute)
+	if ended.Status != lease.StatusReclaimed {
+		t.Fatalf("ended %s (%s), want reclaimed", ended.Status, ended.Reason)
+	}
+	if took := time.Since(stopped); took < massGraces*grace-DefaultHeartbeat {
+		t.Errorf("reclaimed %s after its session fell silent while a peer's digest was late: before the longer grace %s", took, massGraces*grace)
+	}
+	if reclaimsHeld(m, "peers") == 0 {
+		t.Error("no look counted the late peer")
+	}
+}
