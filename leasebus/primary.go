@@ -504,18 +504,17 @@ func (s *Service) elect(ctx context.Context) {
 // read the claim waits primaryGap after reading it again (sinceBack), so
 // the lapsed primary, which reads the claim as often, comes first.
 //
-// Its own is its last acknowledged renewal, or a later record that names
-// it: a renewal the stream wrote but whose acknowledgement was lost to the
-// election (the renewal timed out) is as much its own. (Taken only by the
+// Its own is the record it last read if that names it (its writer stamp
+// is made anew at each start): its last acknowledged renewal, or a renewal
+// the stream wrote but whose acknowledgement was lost to the election (the
+// renewal timed out), which is as much its own. Not the sequence alone: a
+// claim stream made anew numbers from 1 again. (Taken only by the
 // acknowledged sequence, such a lapse left the two instances waiting the
 // same primaryGap, and the standby took over as often as not.) Taking it
 // back is a compare-and-swap on that record like any claim.
 func (p *primacy) lapsed(seq uint64, writer string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.seq != 0 && seq == p.seq {
-		return true
-	}
 	return seq != 0 && seq == p.seen && !p.free && p.leader == writer
 }
 

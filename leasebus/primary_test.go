@@ -458,6 +458,7 @@ func TestLapsedByItsOwnUnacknowledgedRenewal(t *testing.T) {
 		want        bool
 	}{
 		{"its acknowledged renewal", 7, 7, me, false, true},
+		{"another's record at its renewal's sequence (the stream made anew)", 7, 7, other, false, false},
 		{"its renewal written, not acknowledged", 7, 8, me, false, true},
 		{"another's claim after its renewal", 7, 8, other, false, false},
 		{"released", 7, 8, me, true, false},
