@@ -258,49 +258,75 @@ func (c *coldRepos) take() (string, uint64) {
 // dropped.
 //
 // A load that fails (a read timed out on a busy bus) is tried again
-// warmRetry later: an idle repo may hear no record for long, and its view
-// would stay cold until then.
+// warmRetry later, backing off while it fails: an idle repo may hear no
+// record for long, and its view would stay cold until then.
 func (s *Service) warmCold(ctx context.Context) {
 	retry := time.NewTimer(warmRetry)
 	retry.Stop()
 	defer retry.Stop()
-	var failed []heardRecord
+	failed := map[string]coldFailure{} // repo key -> its failed loads
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.cold.wake:
 		case <-retry.C:
-			for _, f := range failed {
-				s.cold.add(f.key, f.seq)
+			now := time.Now()
+			for key, f := range failed {
+				if !f.next.After(now) {
+					s.cold.add(key, f.seq)
+				}
 			}
-			failed = failed[:0]
 		}
 		for key, seq := s.cold.take(); key != ""; key, seq = s.cold.take() {
 			if ctx.Err() != nil {
 				return
 			}
 			if s.Primary() {
+				delete(failed, key) // a primary loads what it lacks itself
 				continue
 			}
-			if err := s.warmLoad(ctx, key, seq); err != nil && ctx.Err() == nil {
-				s.log.Debug("warm a standby's view of a lease log; will try again", "repo_key", key, "in", warmRetry, "err", err)
-				failed = append(failed, heardRecord{key, seq})
+			err := s.warmLoad(ctx, key, seq)
+			switch {
+			case err == nil:
+				delete(failed, key)
+			case ctx.Err() == nil:
+				f := failed[key]
+				f.seq, f.tries = max(f.seq, seq), f.tries+1
+				wait := warmRetry << min(f.tries-1, warmBackoffs)
+				f.next = time.Now().Add(wait)
+				failed[key] = f
+				s.log.Debug("warm a standby's view of a lease log; will try again", "repo_key", key, "in", wait, "err", err)
 			}
 		}
-		if len(failed) > 0 {
-			retry.Reset(warmRetry)
+		// One timer, for the soonest retry due (reset, not only armed: the
+		// failures since may be due sooner than it was set for).
+		var soonest time.Time
+		for _, f := range failed {
+			if soonest.IsZero() || f.next.Before(soonest) {
+				soonest = f.next
+			}
+		}
+		if !soonest.IsZero() {
+			retry.Reset(max(time.Until(soonest), time.Millisecond))
 		}
 	}
 }
 
-// warmRetry is how long after a failed load warmCold tries it again.
-const warmRetry = time.Second
+// warmRetry is how long after a failed load warmCold tries it again; each
+// failure of the same repo in a row doubles it, warmBackoffs times at most
+// (32 s: a log that cannot be loaded, damaged, is not read every second).
+const (
+	warmRetry    = time.Second
+	warmBackoffs = 5
+)
 
-// heardRecord is a repo's record a standby heard of.
-type heardRecord struct {
-	key string
-	seq uint64
+// coldFailure is what warmCold keeps of a repo whose loads failed: the
+// last record heard of it, the failures in a row, and when to try next.
+type coldFailure struct {
+	seq   uint64
+	tries int
+	next  time.Time
 }
 
 // warmLoad reads the log of repo key into a warm view, if this standby
