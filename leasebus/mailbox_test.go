@@ -20,20 +20,8 @@ import (
 // still gets the answer to itself.
 func TestMailboxesBeyondMaxMakeNoSubscriptions(t *testing.T) {
 	t.Parallel()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	responder, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(responder.Close)
+	srv := startNATS(t)
+	responder := connectNATS(t, srv)
 	// The responder answers once the whole burst is in (every request
 	// waiting at once), each first with a reply the request does not
 	// accept.
@@ -56,11 +44,7 @@ func TestMailboxesBeyondMaxMakeNoSubscriptions(t *testing.T) {
 	if err := responder.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := connectNATS(t, srv)
 	p := &mailboxes{nc: nc, max: 2}
 	t.Cleanup(p.close)
 	burst := func() {
@@ -132,17 +116,24 @@ func startNATS(t *testing.T) *server.Server {
 	return srv
 }
 
+// connectNATS connects to srv, closed at the test's end.
+func connectNATS(t *testing.T, srv *server.Server) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
 // TestMailboxesAreSmall: a mailbox waits for one reply at a time, so it
 // holds a few messages, not a synchronous subscription's 65,536 (512 KB
 // of pointers, allocated whole: 30 MB of a service's heap at 10,000
 // leases, and up to 8 MB a client).
 func TestMailboxesAreSmall(t *testing.T) {
 	srv := startNATS(t)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := connectNATS(t, srv)
 	const n = 16
 	p := &mailboxes{nc: nc, max: n}
 	t.Cleanup(p.close)
@@ -171,11 +162,7 @@ func TestMailboxesAreSmall(t *testing.T) {
 // nats.go's own requests do, not at its context's end.
 func TestMailboxRequestEndsWhenItsConnectionCloses(t *testing.T) {
 	srv := startNATS(t)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := connectNATS(t, srv)
 	heard := make(chan struct{}, 1)
 	if _, err := nc.Subscribe("mailbox.silent", func(*nats.Msg) { heard <- struct{}{} }); err != nil { // takes requests, answers none
 		t.Fatal(err)

@@ -461,6 +461,17 @@ func holdEach(ctx context.Context, t *testing.T, b *identityBus, n int, names ..
 	return hs
 }
 
+// holdIn acquires and holds a lease on scope in repo, in c's session,
+// for 5 minutes: longer than any reaper test waits.
+func holdIn(ctx context.Context, t *testing.T, c *Client, repo, scope string) *Holder {
+	t.Helper()
+	h, err := c.AcquireAndHold(ctx, AcquireRequest{Repo: repo, Scope: claim(t, scope), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 // TestManySilentSessionsGetTheLongerGrace: one session falling silent
 // among many that beat is reclaimed after the grace, as ever; many of
 // several runners falling silent at once (a bus hiccup, a reconnect
@@ -632,13 +643,7 @@ func TestReclaimWaitsForUnreadKeepalives(t *testing.T) {
 	const grace = 2 * time.Second
 	b, m := busWithGrace(t, grace)
 	ctx := ctxFor(t, 2*time.Minute)
-	hold := func(scope string) *Holder {
-		h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: "github.com/acme/backlog", Scope: claim(t, scope), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return h
-	}
+	hold := func(scope string) *Holder { return holdIn(ctx, t, b.c, "github.com/acme/backlog", scope) }
 	h := hold("billing")
 	held := h.Lease()
 
@@ -706,10 +711,7 @@ func TestReapQueuedPastAFullQueue(t *testing.T) {
 	const grace = 2 * time.Second
 	b, _ := busWithGrace(t, grace)
 	ctx := ctxFor(t, 2*time.Minute)
-	h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: "github.com/acme/full", Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := holdIn(ctx, t, b.c, "github.com/acme/full", "billing")
 	dead := h.Lease()
 	a, ok := b.svc.existing(RepoKey(dead.Repo))
 	if !ok {
@@ -795,10 +797,7 @@ func TestLatePeerDoesNotStopReclaims(t *testing.T) {
 	const grace = peerLate + time.Second // a peer is late after peerLate, gone after the grace
 	b, m := busWithGrace(t, grace)
 	ctx := ctxFor(t, 2*time.Minute)
-	h, err := b.c.AcquireAndHold(ctx, AcquireRequest{Repo: "github.com/acme/late-peer", Scope: claim(t, "billing"), Owner: owner(1), TTL: lease.Duration(5 * time.Minute)}, NewCredential(), HoldOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := holdIn(ctx, t, b.c, "github.com/acme/late-peer", "billing")
 	dead := h.Lease()
 	late := func() { // a peer whose last digest came late, not so late it is gone
 		b.svc.live.mu.Lock()
