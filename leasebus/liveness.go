@@ -210,7 +210,7 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 		respondKept(c, answers, r.Compact)
 		return
 	}
-	s.goTracked(c, func() {
+	read := s.goTracked(c, func() {
 		defer func() { <-s.keptReads }()
 		for n, i := range ask {
 			if n == maxKeptReads {
@@ -220,6 +220,9 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 		}
 		respondKept(c, answers, r.Compact)
 	})
+	if !read {
+		<-s.keptReads // (stopping: answered so)
+	}
 }
 
 // respondKept answers a keepalive with answers, one per lease it asked
@@ -410,15 +413,16 @@ func (s *Service) every(d time.Duration, f func()) {
 //
 // Behind, missing another instance's digest (liveness.current) or facing
 // many silent, it reclaims only sessions silent for massGraces times the
-// grace; it does not stop reclaiming. Both are
-// states a runner can push the bus into (a flood of keepalives fills the
-// subscriptions; a runner's own sessions all fall silent at once), and a
-// reaper that stopped would let one runner keep another's dead scope held
-// for as long as it liked. One identity's sessions alone are never
-// "many": that is one runner, or one runner's host, going away. A session
-// silent among others that beat is reclaimed after the grace as ever. The
-// holders of silent sessions stopped writing after their Silence either
-// way: the longer grace costs only how soon their scopes come back.
+// grace; it does not stop reclaiming. A runner can push the bus into the
+// first and the last (a flood of keepalives fills the subscriptions; its
+// own sessions all fall silent at once), an instance slowed by a flood
+// into the second, and a reaper that stopped would let one runner keep
+// another's dead scope held for as long as it liked. One identity's
+// sessions alone are never "many": that is one runner, or one runner's
+// host, going away. A session silent among others that beat is reclaimed
+// after the grace as ever. The holders of silent sessions stopped writing
+// after their Silence either way: the longer grace costs only how soon
+// their scopes come back.
 func (s *Service) reapSilent() {
 	now := s.cfg.Now()
 	if s.reapStalled(now) {

@@ -424,15 +424,17 @@ func (s *Service) actor(key, repo string) *actor {
 }
 
 // goTracked runs f on a goroutine the service waits for in Stop; once the
-// service is stopping it answers c with ErrUnavailable instead.
-func (s *Service) goTracked(c *call, f func()) {
+// service is stopping it answers c with ErrUnavailable instead, and
+// reports false.
+func (s *Service) goTracked(c *call, f func()) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopping {
 		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service stopping", lease.ErrUnavailable))})
-		return
+		return false
 	}
 	s.wg.Go(f)
+	return true
 }
 
 // goBackground runs f on a goroutine the service waits for in Stop, and
