@@ -316,14 +316,24 @@ func (w *auditWriter) flush(ctx context.Context) bool {
 	return ok
 }
 
-// flushRepo extends a repo's chain until every event it knows of is in the
-// audit stream. A message lands only on top of the message it was built
-// after; when another instance extended the chain first (or an earlier try
-// whose answer was lost did), the chain is read again and only what it
-// does not cover yet is sent.
+// flushRepo extends a repo's chain until every event it knew of when
+// called is in the audit stream (those recorded meanwhile wait for the next
+// flush: a repo appended to as fast as its messages are written would
+// otherwise keep one flush to itself). A message lands only on top of the
+// message it was built after; when another instance extended the chain
+// first (or an earlier try whose answer was lost did), the chain is read
+// again and only what it does not cover yet is sent. Only such a loss
+// counts against the attempts: a backlog takes as many messages as it
+// needs.
 func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 	const attempts = 8
-	for try := 0; try < attempts; try++ {
+	w.mu.Lock()
+	target := uint64(0)
+	if c := w.chain(key); len(c.recs) > 0 {
+		target = c.recs[len(c.recs)-1].seq
+	}
+	w.mu.Unlock()
+	for lost := 0; lost < attempts; {
 		w.mu.Lock()
 		c := w.chain(key)
 		need := !c.ready || c.reread
@@ -350,7 +360,7 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 		}
 		c.recs = c.recs[n:]
 		c.tip = max(c.tip, c.mark)
-		if len(c.recs) == 0 {
+		if len(c.recs) == 0 || c.mark >= target {
 			w.mu.Unlock()
 			return nil
 		}
@@ -383,6 +393,7 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 			c.mark, c.last = b.LogSeq, ack.Sequence
 			w.advanced()
 		case isCASMismatch(err):
+			lost++
 			c.reread = true // another writer extended the chain: read it, send the rest
 		default:
 			c.reread = true // it may have landed: the chain will tell
@@ -391,7 +402,7 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 		}
 		w.mu.Unlock()
 	}
-	return fmt.Errorf("audit chain of %s: still moving after %d tries", key, attempts)
+	return fmt.Errorf("audit chain of %s: another writer extended it first %d times in a row", key, attempts)
 }
 
 // readMark reads a repo's audit chain from the audit stream's leader (not

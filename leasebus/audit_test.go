@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -284,5 +285,41 @@ func TestSeqWindowKeepsTheLastLogKeep(t *testing.T) {
 		if full != (len(model) == logKeep) || full && oldest != model[0] {
 			t.Fatalf("after %d: full=%v oldest=%d, want full=%v oldest=%d", seq, full, oldest, len(model) == logKeep, model[0])
 		}
+	}
+}
+
+// TestAuditBacklogTakesOneFlush: a backlog of more messages than a flush
+// has attempts (after an outage of the audit stream, or a repo appended to
+// as fast as its messages are written) is written by one flush: only
+// losing the chain to another writer counts against the attempts, not a
+// message written. (Counted alike, a flush of a busy repo gave up after 8
+// messages, said the chain was "still moving", and paused the writer.)
+func TestAuditBacklogTakesOneFlush(t *testing.T) {
+	t.Parallel()
+	b := startBus(t)
+	ctx := ctxT(t)
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newAuditWriter(js, slog.New(slog.DiscardHandler), "backlog-test")
+	key := RepoKey("github.com/acme/backlog")
+	const records = 20 // each a message of its own: maxAuditEvents events
+	for seq := uint64(1); seq <= records; seq++ {
+		evs := make([]lease.AuditEvent, maxAuditEvents)
+		for i := range evs {
+			evs[i] = lease.AuditEvent{Type: lease.EventGrant, Boundary: lease.BoundaryLease, Repo: "github.com/acme/backlog", LeaseID: fmt.Sprintf("lease_%d_%d", seq, i)}
+		}
+		w.record(key, seq, evs)
+	}
+	if err := w.flushRepo(ctx, key); err != nil {
+		t.Fatalf("one flush of a backlog of %d messages: %v", records, err)
+	}
+	mark, _, err := w.readMark(ctx, key, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mark != records {
+		t.Fatalf("the audit chain covers the log up to %d after the flush, want %d", mark, records)
 	}
 }
