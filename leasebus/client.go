@@ -29,16 +29,22 @@ type Client struct {
 	// Tries is how often an idempotent request is sent before giving up
 	// when the service does not answer.
 	Tries int
+	// Hedge is how long a try of a request whose copies the service
+	// answers alike (hedgedOps) waits for an answer before it sends a
+	// copy, then twice that before the next (mailbox.go, Resending); 0
+	// sends one per try.
+	Hedge time.Duration
 
 	sessOnce sync.Once
 	sess     *session // the client's session (session.go), made on first use
 }
 
-// NewClient returns a client on nc with a 5 s timeout and 3 tries. It
+// NewClient returns a client on nc with a 5 s timeout, 3 tries and a 1 s
+// hedge. It
 // keeps a reply subscription on nc for each request it has in flight at
 // once (up to 4; more share nats.go's), until it is garbage collected.
 func NewClient(nc *nats.Conn) *Client {
-	c := &Client{nc: nc, identity: IdentityOf(nc), boxes: &mailboxes{nc: nc, max: 16}, Timeout: 5 * time.Second, Tries: 3}
+	c := &Client{nc: nc, identity: IdentityOf(nc), boxes: &mailboxes{nc: nc, max: 16}, Timeout: 5 * time.Second, Tries: 3, Hedge: time.Second}
 	runtime.AddCleanup(c, func(p *mailboxes) { p.close() }, c.boxes)
 	return c
 }
@@ -98,6 +104,10 @@ func (c *Client) request(ctx context.Context, op string, req any, wait time.Dura
 	nonce := randomToken()
 	msg := &nats.Msg{Subject: subj, Data: data, Header: nats.Header{nonceHeader: []string{nonce}}}
 	accept := func(r *nats.Msg) bool { return r.Header.Get(nonceHeader) == nonce && !jetStreamReply(r) }
+	var hedge time.Duration
+	if wait == 0 && hedgedOps[op] {
+		hedge = c.Hedge
+	}
 	tries := max(c.Tries, 1)
 	var lastErr error
 	for try := 0; try < tries; try++ {
@@ -109,7 +119,7 @@ func (c *Client) request(ctx context.Context, op string, req any, wait time.Dura
 			}
 		}
 		tctx, cancel := context.WithTimeout(ctx, c.Timeout+wait)
-		m, err := c.boxes.requestChecked(tctx, msg, check, accept)
+		m, err := c.boxes.requestChecked(tctx, msg, check, accept, hedge)
 		cancel()
 		if err != nil && !errors.Is(err, ErrForbidden) {
 			if ferr := c.forbidden(op, subj); ferr != nil {
@@ -139,6 +149,18 @@ func (c *Client) request(ctx context.Context, op string, req any, wait time.Dura
 	}
 	return nil, lastErr
 }
+
+// hedgedOps are the requests a copy of which the service answers as it
+// does the first (see Client.Hedge), and whose copy taking effect after
+// another copy's answer leaves the asker no worse off: reads, and the
+// revoke and release of a named lease (one of an ended lease answers its
+// record; a late copy ends a lease its asker meant to end). Not a
+// renewal: a copy still queued when another was answered "try again"
+// renews the lease to a version its holder never learns, and the holder's
+// next renewal is refused as lost. Not an acquire (it may wait in the
+// queue), nor a write of the shard, policy or audit records, whose copies
+// would each be a write.
+var hedgedOps = map[string]bool{"get": true, "list": true, "release": true, "revoke": true}
 
 // forbidden returns an ErrForbidden error when the bus refused this
 // connection's publish on subj (nats.go reports the server's

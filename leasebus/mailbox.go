@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -77,8 +79,8 @@ func newMailbox(nc *nats.Conn, inbox string) (*mailbox, error) {
 
 // next waits for the mailbox's next message, as a synchronous
 // subscription's NextMsgWithContext would (nats.ErrConnectionClosed once
-// its connection closed).
-func (mb *mailbox) next(ctx context.Context) (*nats.Msg, error) {
+// its connection closed); errResend when resend fires first.
+func (mb *mailbox) next(ctx context.Context, resend <-chan time.Time) (*nats.Msg, error) {
 	select {
 	case m := <-mb.ch:
 		return m, nil
@@ -91,6 +93,8 @@ func (mb *mailbox) next(ctx context.Context) (*nats.Msg, error) {
 		return nil, ctx.Err()
 	case <-mb.closed:
 		return nil, nats.ErrConnectionClosed
+	case <-resend:
+		return nil, errResend
 	}
 }
 
@@ -233,20 +237,23 @@ func (p *mailboxes) close() {
 // RequestMsgWithContext (the same errors: ctx.Err(), ErrNoResponders,
 // connection errors).
 func (p *mailboxes) request(ctx context.Context, m *nats.Msg) (*nats.Msg, error) {
-	return p.requestChecked(ctx, m, nil, nil)
+	return p.requestChecked(ctx, m, nil, nil, 0)
 }
 
 // requestChecked is request; check, when set, runs right after the
 // publish (before waiting for the reply) and its error ends the request;
 // accept, when set, decides which message on the reply subject is the
-// reply (others are dropped, and the wait goes on).
-func (p *mailboxes) requestChecked(ctx context.Context, m *nats.Msg, check func(context.Context) error, accept func(*nats.Msg) bool) (*nats.Msg, error) {
+// reply (others are dropped, and the wait goes on). With hedge > 0 the
+// request is published again, on the same reply subject, when no reply
+// came within hedge, then within twice that, and so on (see resends):
+// only for a request whose copies the service answers alike.
+func (p *mailboxes) requestChecked(ctx context.Context, m *nats.Msg, check func(context.Context) error, accept func(*nats.Msg) bool, hedge time.Duration) (*nats.Msg, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	mb := p.get()
 	if mb == nil {
-		return p.overflowRequest(ctx, m, check, accept)
+		return p.overflowRequest(ctx, m, check, accept, hedge)
 	}
 	mb.seq++
 	reply := mb.prefix + strconv.FormatUint(mb.seq, 36)
@@ -254,8 +261,14 @@ func (p *mailboxes) requestChecked(ctx context.Context, m *nats.Msg, check func(
 		p.put(mb)
 		return nil, err
 	}
+	again := newResends(hedge)
+	defer again.stop()
 	for {
-		r, err := mb.next(ctx)
+		r, err := mb.next(ctx, again.c)
+		if errors.Is(err, errResend) {
+			p.resend(m, reply, again)
+			continue
+		}
 		if err != nil {
 			p.put(mb) // a late reply is dropped by the next request
 			return nil, err
@@ -268,6 +281,59 @@ func (p *mailboxes) requestChecked(ctx context.Context, m *nats.Msg, check func(
 			return answerOrErr(r, err)
 		}
 	}
+}
+
+// Resending. A request the server hands to an instance that cannot answer
+// is lost without a word: NATS gives a queue group's message to any one of
+// its members, a member whose node is paused (a stopped VM, a long GC
+// pause, SIGSTOP) keeps its interest until the node's routes time out
+// (tens of seconds), and a standby forwards to a primary that may be
+// such a member. A quarter of a 3-node cluster's requests went there
+// while a node was paused, and each waited out its whole timeout (5 s)
+// before trying again. A request whose copies the service answers alike
+// (a read, or a write with its own idempotency: a lease id, a renewal id)
+// is sent again when it is unanswered after the hedge, then after twice
+// that, and so on, on the same reply subject, and the first answer to
+// any copy is taken: a lost copy costs a hedge, not the timeout, and a
+// slow service gets a handful of copies, not a stream.
+
+// errResend is mailbox.next's word that the request is due to be resent.
+var errResend = errors.New("resend due")
+
+// resends times a request's copies: c fires when the next is due (never
+// when hedge is 0).
+type resends struct {
+	t     *time.Timer
+	c     <-chan time.Time
+	every time.Duration
+}
+
+func newResends(hedge time.Duration) *resends {
+	r := &resends{every: hedge}
+	if hedge > 0 {
+		r.t = time.NewTimer(hedge)
+		r.c = r.t.C
+	}
+	return r
+}
+
+// next schedules the copy after the one just sent: twice as late.
+func (r *resends) next() {
+	r.every *= 2
+	r.t.Reset(r.every)
+}
+
+func (r *resends) stop() {
+	if r.t != nil {
+		r.t.Stop()
+	}
+}
+
+// resend publishes m again with reply as its reply subject (a copy lost
+// to a closed connection is as good as a lost one: the wait tells).
+func (p *mailboxes) resend(m *nats.Msg, reply string, again *resends) {
+	_ = p.send(context.Background(), m, reply, nil)
+	again.next()
 }
 
 // send publishes m with reply as its reply subject, then runs check.
@@ -301,7 +367,7 @@ func takeReply(r *nats.Msg, accept func(*nats.Msg) bool) (bool, error) {
 
 // overflowRequest is requestChecked for a request beyond the pool's max,
 // on the shared overflow subscription.
-func (p *mailboxes) overflowRequest(ctx context.Context, m *nats.Msg, check func(context.Context) error, accept func(*nats.Msg) bool) (*nats.Msg, error) {
+func (p *mailboxes) overflowRequest(ctx context.Context, m *nats.Msg, check func(context.Context) error, accept func(*nats.Msg) bool, hedge time.Duration) (*nats.Msg, error) {
 	o := p.overflowBox()
 	if o == nil {
 		return nil, nats.ErrConnectionClosed
@@ -311,10 +377,14 @@ func (p *mailboxes) overflowRequest(ctx context.Context, m *nats.Msg, check func
 	if err := p.send(ctx, m, reply, check); err != nil {
 		return nil, err
 	}
+	again := newResends(hedge)
+	defer again.stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-again.c:
+			p.resend(m, reply, again)
 		case r := <-ch:
 			if done, err := takeReply(r, accept); done {
 				return answerOrErr(r, err)

@@ -58,7 +58,7 @@ func TestMailboxesBeyondMaxMakeNoSubscriptions(t *testing.T) {
 				want := fmt.Sprint(i)
 				m := nats.NewMsg("mailbox.echo")
 				m.Data = []byte(want)
-				r, err := p.requestChecked(ctx, m, nil, func(r *nats.Msg) bool { return string(r.Data)[:1] != "n" })
+				r, err := p.requestChecked(ctx, m, nil, func(r *nats.Msg) bool { return string(r.Data)[:1] != "n" }, 0)
 				switch {
 				case err != nil:
 					errs <- fmt.Errorf("request %d: %w", i, err)
