@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -169,7 +170,16 @@ func (c *Cluster) start(p *Node) {
 		p.before = append(p.before, p.out.String())
 	}
 	p.out = &bytes.Buffer{}
-	w := lockedWriter{mu: &p.mu, buf: &p.out}
+	w := io.Writer(lockedWriter{mu: &p.mu, buf: &p.out})
+	if d := os.Getenv("FENCELINE_FAULTS_LOGDIR"); d != "" {
+		// Everything each run of each process printed, whole, for a
+		// look after the test (a failure logs only heads and tails).
+		f, err := os.Create(filepath.Join(d, fmt.Sprintf("%s-%d.log", p.Name, len(p.before))))
+		if err != nil {
+			c.t.Fatalf("FENCELINE_FAULTS_LOGDIR: %v", err)
+		}
+		w = io.MultiWriter(w, f)
+	}
 	cmd.Stdout, cmd.Stderr = w, w
 	if err := cmd.Start(); err != nil {
 		c.t.Fatalf("start %s: %v", p.Name, err)
@@ -376,9 +386,11 @@ func (c *Cluster) killAll() {
 }
 
 // logOutputs logs the first and last lines each process printed in each
-// run.
+// run, then, last (what a truncated CI log keeps), the warnings and the
+// primary's changes of every process merged in time order.
 func (c *Cluster) logOutputs() {
-	const head, tail = 40, 80
+	const head, tail, merged = 40, 80, 30
+	var events []string
 	for _, p := range append(append([]*Node{}, c.Nodes...), c.Services...) {
 		p.mu.Lock()
 		runs := append([]string{}, p.before...)
@@ -387,6 +399,7 @@ func (c *Cluster) logOutputs() {
 		}
 		p.mu.Unlock()
 		for i, out := range runs {
+			events = append(events, timeline(p.Name, i+1, out)...)
 			lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 			if len(lines) > head+tail {
 				lines = slices.Concat(lines[:head], []string{fmt.Sprintf("(%d lines between)", len(lines)-head-tail)}, lines[len(lines)-tail:])
@@ -394,6 +407,29 @@ func (c *Cluster) logOutputs() {
 			c.t.Logf("%s, run %d of %d, printed:\n%s", p.Name, i+1, len(runs), strings.Join(lines, "\n"))
 		}
 	}
+	slices.Sort(events) // RFC 3339 times in UTC sort as text
+	if len(events) > merged {
+		events = events[len(events)-merged:]
+	}
+	c.t.Logf("the last %d warnings and primary changes of every process (name/run), in time order; FENCELINE_FAULTS_LOGDIR keeps every line:\n%s", len(events), strings.Join(events, "\n"))
+}
+
+// timeline picks the warnings, errors and the primary's changes out of
+// what run of process name printed, each as "<time> name/run <the rest>",
+// so that several processes' lines sort in time order.
+func timeline(name string, run int, out string) []string {
+	var events []string
+	for _, l := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(l, "time=") || !strings.Contains(l, " ") {
+			continue
+		}
+		if !strings.Contains(l, "level=WARN") && !strings.Contains(l, "level=ERROR") && !strings.Contains(l, "primary") {
+			continue
+		}
+		at, rest, _ := strings.Cut(strings.TrimPrefix(l, "time="), " ")
+		events = append(events, fmt.Sprintf("%s %s/%d %s", at, name, run, rest))
+	}
+	return events
 }
 
 // Node returns the node process named name (a server name), or nil.

@@ -138,8 +138,10 @@ func retryUnavailable(ctx context.Context, stats *atomic.Int64, op func() error)
 // 3 s at the earliest; then that node cut off from the others the same
 // way), FENCELINE_FAULTS_SEED fixes the load's randomness,
 // FENCELINE_FAULTS_BIN runs a fenceline binary built elsewhere (another
-// version) instead of building this one. scripts/faults-cluster.sh runs the
-// long form.
+// version) instead of building this one, FENCELINE_FAULTS_LOGDIR names a
+// directory that keeps everything each process printed (a failure logs
+// heads and tails, then every process's warnings merged in time order).
+// scripts/faults-cluster.sh runs the long form.
 func TestClusterAuditThroughFaults(t *testing.T) {
 	rounds := 1
 	if v := os.Getenv("FENCELINE_FAULTS_CLUSTER_ROUNDS"); v != "" {
