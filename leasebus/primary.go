@@ -551,6 +551,11 @@ func (s *Service) observeClaim(ctx context.Context) (seq uint64, free bool, age 
 		p.backAt = now
 	}
 	free = seq == 0 || rec.Released
+	if rec.Writer != p.leader && rec.Writer != "" && rec.Writer != s.store.writer && !free {
+		// Where this standby forwards the lease requests from now on:
+		// said once a change, so that a fault's log tells who served.
+		s.log.Info("standby: forwarding the lease requests to the primary", "primary", rec.Writer, "claim_seq", seq)
+	}
 	p.leader, p.free, p.readErr = rec.Writer, free, nil
 	return seq, free, now.Sub(p.seenAt), nil
 }
@@ -644,7 +649,7 @@ func (s *Service) beginTerm(seq uint64, until time.Time) {
 	p.apartAt = time.Time{} // once the pass below is done
 	p.mu.Unlock()
 	s.live.from(s.cfg.Now()) // every session gets its whole grace from the takeover
-	s.log.Info("this lease service instance is the primary: it serves the lease requests", "term", n)
+	s.log.Info("this lease service instance is the primary: it serves the lease requests", "term", n, "writer", s.store.writer)
 	for _, a := range s.allActors() {
 		a.nudge()
 	}
