@@ -416,9 +416,19 @@ func (c *Cluster) logOutputs() {
 
 // timeline picks the warnings, errors and the primary's changes out of
 // what run of process name printed, each as "<time> name/run <the rest>",
-// so that several processes' lines sort in time order.
+// so that several processes' lines sort in time order. A run of lines
+// with one message (a reload failing for each batch while JetStream has
+// no meta leader) is its first line and a count.
 func timeline(name string, run int, out string) []string {
 	var events []string
+	var last string // the msg of the last line kept
+	repeats := 0
+	flush := func() {
+		if repeats > 0 {
+			events[len(events)-1] += fmt.Sprintf(" (and %d more like it)", repeats)
+			repeats = 0
+		}
+	}
 	for _, l := range strings.Split(out, "\n") {
 		if !strings.HasPrefix(l, "time=") || !strings.Contains(l, " ") {
 			continue
@@ -427,8 +437,19 @@ func timeline(name string, run int, out string) []string {
 			continue
 		}
 		at, rest, _ := strings.Cut(strings.TrimPrefix(l, "time="), " ")
+		msg := rest
+		if i := strings.Index(rest, "msg="); i >= 0 {
+			msg, _, _ = strings.Cut(rest[i:], "\" ")
+		}
+		if msg == last {
+			repeats++
+			continue
+		}
+		flush()
+		last = msg
 		events = append(events, fmt.Sprintf("%s %s/%d %s", at, name, run, rest))
 	}
+	flush()
 	return events
 }
 
