@@ -40,9 +40,9 @@ type Client struct {
 }
 
 // NewClient returns a client on nc with a 5 s timeout, 3 tries and a 1 s
-// hedge. It
-// keeps a reply subscription on nc for each request it has in flight at
-// once (up to 4; more share nats.go's), until it is garbage collected.
+// hedge. It keeps a reply subscription on nc for each request it has in
+// flight at once (up to 16; more share one), until it is garbage
+// collected.
 func NewClient(nc *nats.Conn) *Client {
 	c := &Client{nc: nc, identity: IdentityOf(nc), boxes: &mailboxes{nc: nc, max: 16}, Timeout: 5 * time.Second, Tries: 3, Hedge: time.Second}
 	runtime.AddCleanup(c, func(p *mailboxes) { p.close() }, c.boxes)

@@ -288,14 +288,14 @@ func (p *mailboxes) requestChecked(ctx context.Context, m *nats.Msg, check func(
 // its members, a member whose node is paused (a stopped VM, a long GC
 // pause, SIGSTOP) keeps its interest until the node's routes time out
 // (tens of seconds), and a standby forwards to a primary that may be
-// such a member. A quarter of a 3-node cluster's requests went there
-// while a node was paused, and each waited out its whole timeout (5 s)
-// before trying again. A request whose copies the service answers alike
-// (a read, or a write with its own idempotency: a lease id, a renewal id)
-// is sent again when it is unanswered after the hedge, then after twice
-// that, and so on, on the same reply subject, and the first answer to
-// any copy is taken: a lost copy costs a hedge, not the timeout, and a
-// slow service gets a handful of copies, not a stream.
+// such a member. In the fault harness's cluster (four instances, one a
+// node's) a request sent as a node paused waited out its client's whole
+// timeout (5 s) before its second try was answered. A request whose
+// copies the service answers alike, and whose late copy harms nobody
+// (Client's hedgedOps), is sent again when it is unanswered after the
+// hedge, then after twice that, and so on, on the same reply subject, and
+// the first answer to any copy is taken: a lost copy costs a hedge, not
+// the timeout, and a slow service gets a handful of copies, not a stream.
 
 // errResend is mailbox.next's word that the request is due to be resent.
 var errResend = errors.New("resend due")
