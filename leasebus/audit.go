@@ -402,7 +402,7 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 		}
 		w.mu.Unlock()
 	}
-	return fmt.Errorf("audit chain of %s: another writer extended it first %d times in a row", key, attempts)
+	return fmt.Errorf("audit chain of %s: another writer extended it first %d times in one flush", key, attempts)
 }
 
 // readMark reads a repo's audit chain from the audit stream's leader (not
