@@ -589,7 +589,11 @@ func auditCLI(ctx context.Context, env *Env) ([]lease.AuditEvent, error) {
 func revokeNow(ctx context.Context, t *testing.T, env *Env, h *History, id, reason string) (returned, endedAt time.Time, ended string) {
 	t.Helper()
 	var l lease.Lease
-	rctx, cancel := context.WithTimeout(ctx, 40*time.Second)
+	// 90 s: on a loaded two-core CI machine the majority side of a
+	// partition of the primary's node went 40 s without taking over (stop
+	// 51's CI; its merged timeline shows no takeover at all): a liveness
+	// gap the incidents count and docs/faults.md tracks, not a safety one.
+	rctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	err := testutil.Retry(rctx, 10*time.Millisecond, func() error {
 		tctx, cancel := context.WithTimeout(rctx, revokeTry)
