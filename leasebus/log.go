@@ -341,6 +341,16 @@ func parsePubAck(data []byte) (uint64, error) {
 	return ack.Seq, nil
 }
 
+// inFlightMismatch reports whether err is the stream leader's refusal of
+// a compare-and-swap because another write of the same subject is still
+// in flight there (proposed, not yet applied: JetStream error code 10164,
+// "wrong last sequence" with no sequence). The subject's last sequence may
+// be the one expected: the refusal says nothing of who wrote last.
+func inFlightMismatch(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
 func isCASMismatch(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {

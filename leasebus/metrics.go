@@ -48,6 +48,12 @@ import (
 //	                                         is known (none)
 //	fenceline_bus_primary                    gauge: 1 while this instance is
 //	                                         the primary (or no election runs)
+//	fenceline_bus_claim_writes_total{result} counter: writes of the
+//	                                         primary's claim (takeovers,
+//	                                         renewals, releases): ok, lost
+//	                                         (another wrote first), busy
+//	                                         (another write of it in flight
+//	                                         at the stream's leader), error
 //
 // plus the Go runtime and process collectors. Grants and conflicts are
 // requests_total{op="acquire"} with result ok and conflict.
@@ -61,6 +67,7 @@ type ServiceMetrics struct {
 	scans    prometheus.Counter
 	forwards *prometheus.CounterVec
 	held     *prometheus.CounterVec
+	claims   *prometheus.CounterVec
 }
 
 // NewServiceMetrics returns the metrics on a new private registry.
@@ -102,7 +109,11 @@ func NewServiceMetrics() *ServiceMetrics {
 		Name: "fenceline_bus_reclaims_held_total",
 		Help: "Looks of the session reaper that held off reclaiming, by why: stall (this instance did not run for a while: nothing reclaimed), backlog (keepalives wait to be read), peers (another instance's digest of the sessions it heard is late) and mass (many sessions of several identities fell silent at once): only sessions silent for the longer grace reclaimed.",
 	}, []string{"why"})
-	m.reg.MustRegister(m.requests, m.latency, m.appends, m.appendT, m.reads, m.scans, m.forwards, m.held,
+	m.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fenceline_bus_claim_writes_total",
+		Help: "Writes of the primary's claim (takeovers, renewals, releases), by result: ok, lost (another instance wrote it first), busy (another write of it was in flight at the stream's leader), error.",
+	}, []string{"result"})
+	m.reg.MustRegister(m.requests, m.latency, m.appends, m.appendT, m.reads, m.scans, m.forwards, m.held, m.claims,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -181,6 +192,13 @@ func (m *ServiceMetrics) read(kind string) {
 func (m *ServiceMetrics) forwarded(to string) {
 	if m != nil {
 		m.forwards.WithLabelValues(to).Inc()
+	}
+}
+
+// claimWritten counts one write of the primary's claim by its result.
+func (m *ServiceMetrics) claimWritten(result string) {
+	if m != nil {
+		m.claims.WithLabelValues(result).Inc()
 	}
 }
 

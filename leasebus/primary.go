@@ -456,6 +456,7 @@ func (s *Service) termNow() uint64 {
 func (s *Service) elect(ctx context.Context) {
 	p := s.prim
 	wait := time.Duration(0)
+	lost, busy := 0, 0 // claims lost, and found busy, in a row
 	for {
 		select {
 		case <-ctx.Done():
@@ -478,20 +479,38 @@ func (s *Service) elect(ctx context.Context) {
 		}
 		sent := s.cfg.Now()
 		got, err := s.writeClaim(ctx, seq, false)
-		if err != nil {
-			if !errors.Is(err, errCAS) {
-				s.log.Warn("primary election: claim", "err", err)
-			} else {
-				// Another took it: read whose at once, so that the requests
-				// this standby takes go to it, not answered "the claim is
-				// free" from the read before (for half a second after
-				// every start, when all instances race for the claim).
+		switch {
+		case err == nil:
+			lost, busy = 0, 0
+			s.beginTerm(got, sent.Add(p.term))
+			wait = p.term / 4
+		case errors.Is(err, errCAS):
+			// Another took it: read whose at once, so that the requests
+			// this standby takes go to it, not answered "the claim is
+			// free" from the read before (for half a second after every
+			// start, when all instances race for the claim). Once, not
+			// in a loop: a claim lost again is read at the usual pace.
+			busy = 0
+			if lost++; lost == 1 {
 				wait = 0
 			}
-			continue
+		case errors.Is(err, errClaimBusy):
+			// Not lost: a write of the claim is still in flight at the
+			// stream's leader (this instance's own, most likely, sent
+			// before its node was cut off or the leader changed). It is
+			// tried again at the usual pace, never at once: a leader
+			// without a quorum answers so for as long as it lasts, and
+			// an instance that asked again at once spun (thousands of
+			// writes a second on two cores, starving the nodes that
+			// were to elect its successor).
+			lost = 0
+			if busy++; busy == 1 {
+				s.log.Warn("primary election: a write of the claim is still in flight at its stream's leader; trying again", "every", wait, "err", err)
+			}
+		default:
+			lost, busy = 0, 0
+			s.log.Warn("primary election: claim", "err", err)
 		}
-		s.beginTerm(got, sent.Add(p.term))
-		wait = p.term / 4
 	}
 }
 
@@ -586,6 +605,8 @@ func (s *Service) renewClaim(ctx context.Context) {
 	case errors.Is(err, errCAS):
 		s.endTerm("another lease service instance took the claim")
 	case !s.cfg.Now().Before(until):
+		// Busy (errClaimBusy) included: a renewal still in flight at
+		// the stream's leader is no renewal, and the term is over.
 		s.endTerm("the claim was not renewed within its term: " + err.Error())
 	default:
 		s.log.Warn("primary: renew the claim; trying again", "err", err)
@@ -616,8 +637,15 @@ func (s *Service) readClaim(ctx context.Context) (uint64, claimRecord, error) {
 	return m.Sequence, rec, nil
 }
 
+// errClaimBusy is a claim write the stream's leader refused because
+// another write of the claim is still in flight there (JetStream's
+// "wrong last sequence" without a sequence, error code 10164): nothing
+// says another instance took it.
+var errClaimBusy = errors.New("a write of the claim is still in flight at its stream's leader")
+
 // writeClaim writes a claim record on top of the record at expect (0: the
-// first) and returns its sequence; errCAS when another was written first.
+// first) and returns its sequence; errCAS when another was written first,
+// errClaimBusy when another write of it is in flight.
 func (s *Service) writeClaim(ctx context.Context, expect uint64, released bool) (uint64, error) {
 	data, err := json.Marshal(claimRecord{Writer: s.store.writer, Released: released})
 	if err != nil {
@@ -628,10 +656,19 @@ func (s *Service) writeClaim(ctx context.Context, expect uint64, released bool) 
 	m.Header.Set(writerHeader, s.store.writer)
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
 	seq, err := s.store.publish(ctx, m)
-	if err != nil && isCASMismatch(err) {
+	switch {
+	case err == nil:
+		s.cfg.Metrics.claimWritten("ok")
+		return seq, nil
+	case inFlightMismatch(err):
+		s.cfg.Metrics.claimWritten("busy")
+		return 0, fmt.Errorf("%w (%v)", errClaimBusy, err)
+	case isCASMismatch(err):
+		s.cfg.Metrics.claimWritten("lost")
 		return 0, errCAS
 	}
-	return seq, err
+	s.cfg.Metrics.claimWritten("error")
+	return 0, err
 }
 
 // beginTerm makes this instance the primary, until until unless renewed:
@@ -726,8 +763,11 @@ const (
 	// apartAfter is how long after the takeover's pass (which a new
 	// leader's election would stall) the first check comes.
 	apartAfter = 5 * time.Second
-	// apartEvery is how often the primary checks again.
-	apartEvery = 30 * time.Second
+	// apartEvery is how often the primary checks again: a stream's
+	// leadership comes back to its node after a fault as often as not
+	// (a node rejoining wins the next election), and a check is two
+	// stream infos.
+	apartEvery = 10 * time.Second
 )
 
 // checkApart runs keepApart in the background when it is due and none

@@ -7,8 +7,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/fenceline/fenceline/lease"
 )
@@ -183,4 +186,129 @@ func ledStreams(ctx context.Context, t *testing.T, cl *testCluster, stream strin
 		return nil
 	})
 	return k
+}
+
+// TestClusterPrimaryCutOffWithTheClaimsLeader: the primary's node, which
+// also leads the claim's stream, is cut off from the other two (stop 51's
+// CI: the majority side went 40 s without taking over). The cut-off
+// leader keeps the primary's last renewal in flight — it can never commit
+// — and refuses every later write of the claim as "wrong last sequence"
+// with no sequence. The cut-off instance, whose lapsed claim is still the
+// last record it can read, took that refusal for another instance's claim
+// and asked again at once: thousands of writes a second, on the same two
+// cores as the nodes that were to elect its successor. It must try again
+// at its election's pace instead, and the majority side must take over
+// and answer the operator's revoke.
+func TestClusterPrimaryCutOffWithTheClaimsLeader(t *testing.T) {
+	t.Parallel()
+	cl := startClusterOf(t, true)
+	ctx := ctxFor(t, 3*time.Minute) // its waits add up to more than ctxT's 30 s on a loaded machine
+	k := ledStreams(ctx, t, cl, PrimaryStream)
+	svcs := make([]*Service, len(cl.srvs))
+	metrics := make([]*ServiceMetrics, len(cl.srvs))
+	start := func(i int) {
+		metrics[i] = NewServiceMetrics()
+		svcs[i], _ = startClusterServiceWith(ctx, t, connect(t, cl.urls[i]), ServiceConfig{Primary: true, PrimaryTerm: testTerm, Metrics: metrics[i]})
+	}
+	start(k) // first, so that it is the primary on the node leading the claim
+	primaryOf(t, svcs[k:k+1], 30*time.Second)
+	for i := range svcs {
+		if i != k {
+			start(i)
+		}
+	}
+	p := primaryOf(t, svcs, 30*time.Second)
+	var majority []string
+	for i, u := range cl.urls {
+		if i != p {
+			majority = append(majority, u)
+		}
+	}
+	op := NewClient(connectAs(t, strings.Join(majority, ","), RoleOperator))
+	var l *lease.Lease
+	checkFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		var err error
+		l, err = NewClient(connect(t, strings.Join(majority, ","))).Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "cut"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
+		return err
+	})
+	// The claim's stream led from the primary's node, as the primary's
+	// own check (keepApart) would undo within seconds.
+	leadFrom(ctx, t, cl, PrimaryStream, p)
+	if q := primaryOf(t, svcs, 30*time.Second); q != p {
+		t.Fatalf("instance %d took over from %d before the cut", q, p)
+	}
+	before := claimWrites(t, metrics[p])
+
+	cl.isolate(t, p, true)
+	cut := time.Now()
+	checkFor(t, 90*time.Second, 100*time.Millisecond, func() error {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := op.Revoke(rctx, l.LeaseID, "its primary's node was cut off")
+		return err
+	})
+	took := time.Since(cut)
+	writes := claimWrites(t, metrics[p]) - before
+	q := primaryOf(t, svcs, 30*time.Second)
+	if q == p {
+		t.Fatalf("the cut-off instance %d is the primary", p)
+	}
+	// At its pace, a write every term/8 at most (more while it was the
+	// primary: one per quarter term); twice that and 20 more allowed.
+	bound := 2*int(took/(testTerm/8)) + 20
+	t.Logf("cut off the primary %d with the claim's leader; the revoke returned %s later, served by %d; the cut-off instance wrote its claim %d times (at most %d allowed)",
+		p, took.Round(time.Millisecond), q, writes, bound)
+	if writes > bound {
+		t.Fatalf("the cut-off instance wrote its claim %d times in %s (its pace allows %d): it spins on the refusals of its stream's cut-off leader",
+			writes, took.Round(time.Millisecond), bound)
+	}
+
+	cl.isolate(t, p, false)
+	checkFor(t, 60*time.Second, 100*time.Millisecond, func() error {
+		got, err := op.Get(ctx, l.LeaseID)
+		if err != nil {
+			return err
+		}
+		if got.Status != lease.StatusRevoked {
+			t.Fatalf("after the heal the lease is %s, want revoked", got.Status)
+		}
+		return nil
+	})
+	if r := primaryOf(t, svcs, 30*time.Second); r == p {
+		t.Fatalf("the instance cut off (%d) took the claim back after the heal: its lapsed claim was not the last", p)
+	}
+}
+
+// leadFrom has node k of cl lead stream name (a leadership transfer to
+// it, as preferred placement) and waits until it does.
+func leadFrom(ctx context.Context, t *testing.T, cl *testCluster, name string, k int) {
+	t.Helper()
+	nc := cl.connect(t)
+	api, err := jsAPI(ctx, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := fmt.Sprintf(`{"placement":{"preferred":%q}}`, cl.srvs[k].Name())
+	checkFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		if cl.streamLeader(name) == k {
+			return nil
+		}
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if _, err := nc.RequestWithContext(rctx, api+".STREAM.LEADER.STEPDOWN."+name, []byte(req)); err != nil {
+			return fmt.Errorf("step down %s towards node %d: %w", name, k, err)
+		}
+		return fmt.Errorf("stream %s is led from node %d, not %d", name, cl.streamLeader(name), k)
+	})
+}
+
+// claimWrites is how often the instance counted on m wrote its claim,
+// whatever the result.
+func claimWrites(t *testing.T, m *ServiceMetrics) int {
+	t.Helper()
+	n := 0.0
+	for _, r := range []string{"ok", "lost", "busy", "error"} {
+		n += promtest.ToFloat64(m.claims.WithLabelValues(r))
+	}
+	return int(n)
 }
