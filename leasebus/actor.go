@@ -500,7 +500,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 		if a.stale {
 			began, term := a.svc.cfg.Now(), a.svc.termNow()
 			if err := a.reload(ctx); err != nil {
-				a.svc.log.Warn("reload lease log", "repo", a.state.repo, "err", err)
+				a.svc.warns.warn(a.svc.log, a.svc.cfg.Now(), "reload lease log", "repo", a.state.repo, "err", err)
 				a.failAll(batch, fmt.Errorf("%w: reading the lease log: %v", lease.ErrUnavailable, err))
 				return
 			}
@@ -531,7 +531,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 				// an append the bus cannot take (or that is not this
 				// instance's to make: said once, when the term ended).
 				if a.svc.mayAppend() == nil {
-					a.svc.log.Warn("append lease log refused", "repo", a.state.repo, "err", err)
+					a.svc.warns.warn(a.svc.log, a.svc.cfg.Now(), "append lease log refused", "repo", a.state.repo, "err", err)
 				}
 				a.failAll(batch, err)
 				return
@@ -549,7 +549,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 					continue
 				}
 				err = a.svc.diagnoseSoon(ctx, err)
-				a.svc.log.Warn("append lease log", "repo", a.state.repo, "err", err)
+				a.svc.warns.warn(a.svc.log, a.svc.cfg.Now(), "append lease log", "repo", a.state.repo, "err", err)
 				a.failAll(batch, fmt.Errorf("%w: writing the lease log: %w", lease.ErrUnavailable, err))
 				return
 			}
@@ -680,7 +680,7 @@ func (a *actor) maybeSnapshot(deltaBytes int) {
 		if errors.Is(err, errCAS) {
 			a.stale = true
 		}
-		a.svc.log.Warn("snapshot lease log", "repo", a.state.repo, "err", err)
+		a.svc.warns.warn(a.svc.log, a.svc.cfg.Now(), "snapshot lease log", "repo", a.state.repo, "err", err)
 		return
 	}
 	a.state.seq = seq

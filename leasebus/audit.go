@@ -79,8 +79,9 @@ const auditCatchUpEvery = 2 * time.Second
 // "Audit" in the package documentation for why this is complete and
 // writes every event exactly once.
 type auditWriter struct {
-	js  jetstream.JetStream
-	log *slog.Logger
+	js    jetstream.JetStream
+	log   *slog.Logger
+	warns *warnings // a fault fails every repo's flush alike: repeats held back
 	// writer is the service instance's id, stamped on its chain messages
 	// (see serviceWrote).
 	writer string
@@ -141,7 +142,7 @@ type auditBatch struct {
 }
 
 func newAuditWriter(js jetstream.JetStream, log *slog.Logger, writer string) *auditWriter {
-	return &auditWriter{js: js, log: log, writer: writer, chains: map[string]*auditChain{}, wake: make(chan struct{}, 1), seen: map[uint64]struct{}{},
+	return &auditWriter{js: js, log: log, warns: newWarnings(warnEvery), writer: writer, chains: map[string]*auditChain{}, wake: make(chan struct{}, 1), seen: map[uint64]struct{}{},
 		progress: make(chan struct{})}
 }
 
@@ -309,7 +310,7 @@ func (w *auditWriter) flush(ctx context.Context) bool {
 	ok := true
 	for _, key := range keys {
 		if err := w.flushRepo(ctx, key); err != nil {
-			w.log.Warn("audit events not yet written; will retry", "repo_key", key, "err", err)
+			w.warns.warn(w.log, time.Now(), "audit events not yet written; will retry", "repo_key", key, "err", err)
 			ok = false
 		}
 	}
@@ -613,7 +614,7 @@ func (s *Service) syncAll(ctx context.Context) {
 			}
 		}
 		if r := s.actor(key, "").ask(ctx, &call{op: "sync", req: &syncRequest{}}); r.Error != nil && ctx.Err() == nil {
-			s.log.Warn("audit catch-up: reload lease log", "repo_key", key, "err", r.Error.err())
+			s.warns.warn(s.log, s.cfg.Now(), "audit catch-up: reload lease log", "repo_key", key, "err", r.Error.err())
 		}
 	}
 }

@@ -1,0 +1,37 @@
+package leasebus
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestWarningsHoldBackRepeats: a warning repeated within the period is
+// held back and counted, and the next one written says how many; another
+// message is written at once.
+func TestWarningsHoldBackRepeats(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	w := newWarnings(time.Second)
+	at := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	for i := range 40 {
+		w.warn(log, at.Add(time.Duration(i)*10*time.Millisecond), "reload lease log", "repo", "r")
+	}
+	w.warn(log, at.Add(500*time.Millisecond), "append lease log", "repo", "r")
+	w.warn(log, at.Add(1200*time.Millisecond), "reload lease log", "repo", "r")
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("wrote %d lines, want 3:\n%s", len(lines), buf.String())
+	}
+	if !strings.Contains(lines[0], `msg="reload lease log"`) || strings.Contains(lines[0], "held_back") {
+		t.Errorf("first line %q: want the warning, nothing held back yet", lines[0])
+	}
+	if !strings.Contains(lines[1], `msg="append lease log"`) {
+		t.Errorf("second line %q: want another message written at once", lines[1])
+	}
+	if !strings.Contains(lines[2], "held_back=39") {
+		t.Errorf("third line %q: want held_back=39", lines[2])
+	}
+}
