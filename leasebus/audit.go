@@ -334,6 +334,7 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 		target = c.recs[len(c.recs)-1].seq
 	}
 	w.mu.Unlock()
+	busy := 0 // of the losses, refusals while another write was in flight
 	for lost := 0; lost < attempts; {
 		w.mu.Lock()
 		c := w.chain(key)
@@ -394,14 +395,23 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 			c.mark, c.last = b.LogSeq, ack.Sequence
 			w.advanced()
 		case isCASMismatch(err):
+			// Another writer extended the chain (or, in flight at the
+			// stream's leader, a write of it may be about to): read it,
+			// send the rest.
 			lost++
-			c.reread = true // another writer extended the chain: read it, send the rest
+			if inFlightMismatch(err) {
+				busy++
+			}
+			c.reread = true
 		default:
 			c.reread = true // it may have landed: the chain will tell
 			w.mu.Unlock()
 			return fmt.Errorf("write %d audit events of log records %d to %d: %w", len(b.Events), b.From+1, b.LogSeq, err)
 		}
 		w.mu.Unlock()
+	}
+	if busy > 0 {
+		return fmt.Errorf("audit chain of %s: lost %d times in one flush, %d of them refused while another write of it was still in flight at the audit stream's leader (a leader without its quorum answers so)", key, attempts, busy)
 	}
 	return fmt.Errorf("audit chain of %s: another writer extended it first %d times in one flush", key, attempts)
 }
