@@ -481,6 +481,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 			a.stale = true
 		}
 	}
+	busyOnce := false // an append refused as busy was tried again
 	for try := 0; ; try++ {
 		reloaded := a.stale
 		if a.warm != nil {
@@ -546,6 +547,15 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 			if err != nil {
 				a.stale = true
 				if errors.Is(err, errCAS) && try < attempts {
+					continue
+				}
+				if errors.Is(err, errLogBusy) && !busyOnce {
+					// Read the log and try once more (the write in
+					// flight may be this instance's own, timed out,
+					// about to land); a second refusal fails the batch:
+					// a leader cut off from its followers refuses so at
+					// once for as long as the cut lasts.
+					busyOnce = true
 					continue
 				}
 				err = a.svc.diagnoseSoon(ctx, err)
@@ -677,7 +687,7 @@ func (a *actor) maybeSnapshot(deltaBytes int) {
 	defer cancel()
 	seq, data, err := a.svc.store.append(ctx, a.key, prev, a.state.snapshot())
 	if err != nil {
-		if errors.Is(err, errCAS) {
+		if errors.Is(err, errCAS) || errors.Is(err, errLogBusy) {
 			a.stale = true
 		}
 		a.svc.warns.warn(a.svc.log, a.svc.cfg.Now(), "snapshot lease log", "repo", a.state.repo, "err", err)

@@ -312,10 +312,17 @@ func (w *auditWriter) flush(ctx context.Context) bool {
 		if err := w.flushRepo(ctx, key); err != nil {
 			w.warns.warn(w.log, time.Now(), "audit events not yet written; will retry", "repo_key", key, "err", err)
 			ok = false
+			if errors.Is(err, errAuditBusy) {
+				break // the stream's leader refuses every chain alike
+			}
 		}
 	}
 	return ok
 }
+
+// errAuditBusy marks a flush the audit stream's leader refused twice
+// because another write of the chain was still in flight there.
+var errAuditBusy = errors.New("another write of the audit chain is still in flight at the audit stream's leader")
 
 // flushRepo extends a repo's chain until every event it knew of when
 // called is in the audit stream (those recorded meanwhile wait for the next
@@ -334,7 +341,7 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 		target = c.recs[len(c.recs)-1].seq
 	}
 	w.mu.Unlock()
-	busy := 0 // of the losses, refusals while another write was in flight
+	busy := 0 // refusals while another write was in flight at the leader
 	for lost := 0; lost < attempts; {
 		w.mu.Lock()
 		c := w.chain(key)
@@ -394,10 +401,19 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 		case err == nil:
 			c.mark, c.last = b.LogSeq, ack.Sequence
 			w.advanced()
+		case inFlightMismatch(err) && busy > 0:
+			// Refused again while another write of the chain is in
+			// flight at the stream's leader: a leader cut off from its
+			// followers answers so at once for as long as the cut
+			// lasts, and every repo's chain alike; asking again at once
+			// would spin. The flush ends here and is tried again later.
+			c.reread = true
+			w.mu.Unlock()
+			return fmt.Errorf("%w: write %d audit events of log records %d to %d: %w", errAuditBusy, len(b.Events), b.From+1, b.LogSeq, err)
 		case isCASMismatch(err):
 			// Another writer extended the chain (or, in flight at the
-			// stream's leader, a write of it may be about to): read it,
-			// send the rest.
+			// stream's leader, a write of it may be about to: read once
+			// more): read it, send the rest.
 			lost++
 			if inFlightMismatch(err) {
 				busy++
@@ -409,9 +425,6 @@ func (w *auditWriter) flushRepo(ctx context.Context, key string) error {
 			return fmt.Errorf("write %d audit events of log records %d to %d: %w", len(b.Events), b.From+1, b.LogSeq, err)
 		}
 		w.mu.Unlock()
-	}
-	if busy > 0 {
-		return fmt.Errorf("audit chain of %s: lost %d times in one flush, %d of them refused while another write of it was still in flight at the audit stream's leader (a leader without its quorum answers so)", key, attempts, busy)
 	}
 	return fmt.Errorf("audit chain of %s: another writer extended it first %d times in one flush", key, attempts)
 }

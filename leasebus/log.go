@@ -75,7 +75,8 @@ func (rec *logRecord) encode() ([]byte, error) {
 
 func appendJSON(b []byte, s string) []byte { return appendString(b, s) }
 
-// errCAS means another writer appended to the repo's log first.
+// errCAS means another writer appended to the repo's log first (see
+// also errLogBusy).
 var errCAS = errors.New("lease log moved on")
 
 // errDamaged marks a lease log that cannot be folded into a state: an
@@ -244,9 +245,20 @@ func shardBucket(stream, desc string, replicas int) jetstream.StreamConfig {
 	}
 }
 
-// casOr is errCAS when err is a compare-and-swap mismatch, else err.
+// errLogBusy means the log stream's leader refused an append because
+// another write of the repo's log is still in flight there (inFlightMismatch):
+// nothing says another writer appended first.
+var errLogBusy = errors.New("another write of the repo's lease log is still in flight at the log stream's leader")
+
+// casOr is errLogBusy or errCAS when err is a compare-and-swap refusal of
+// that kind, else err.
 func casOr(err error) error {
-	if err != nil && isCASMismatch(err) {
+	switch {
+	case err == nil:
+		return nil
+	case inFlightMismatch(err):
+		return errLogBusy
+	case isCASMismatch(err):
 		return errCAS
 	}
 	return err
@@ -272,8 +284,8 @@ func (s *store) append(ctx context.Context, key string, expect uint64, rec *logR
 		s.metrics.appended(time.Since(start), casOr(err))
 	}
 	if err != nil {
-		if isCASMismatch(err) {
-			return 0, nil, errCAS
+		if kind := casOr(err); kind == errCAS || kind == errLogBusy {
+			return 0, nil, kind
 		}
 		return 0, nil, fmt.Errorf("append to lease log of %s: %w", rec.Repo, err)
 	}

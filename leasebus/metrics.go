@@ -85,7 +85,7 @@ func NewServiceMetrics() *ServiceMetrics {
 		}, []string{"op"}),
 		appends: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fenceline_bus_appends_total",
-			Help: "Appends to a repo's lease log: ok, cas (another writer appended first), full (the log is at its size limit), error.",
+			Help: "Appends to a repo's lease log: ok, cas (another writer appended first), busy (another write of the repo's log was in flight at the stream's leader), full (the log is at its size limit), error.",
 		}, []string{"result"}),
 		appendT: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "fenceline_bus_append_seconds",
@@ -227,6 +227,8 @@ func (m *ServiceMetrics) appended(took time.Duration, err error) {
 		m.appendT.Observe(took.Seconds())
 	case err == errCAS:
 		m.appends.WithLabelValues("cas").Inc()
+	case err == errLogBusy:
+		m.appends.WithLabelValues("busy").Inc()
 	case errors.Is(err, ErrLogFull):
 		m.appends.WithLabelValues("full").Inc()
 	default:

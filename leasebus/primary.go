@@ -456,7 +456,9 @@ func (s *Service) termNow() uint64 {
 func (s *Service) elect(ctx context.Context) {
 	p := s.prim
 	wait := time.Duration(0)
-	lost, busy := 0, 0 // claims lost, and found busy, in a row
+	// Claim writes refused in a row (lost to another instance, or found
+	// busy), and since when they have been refused as busy.
+	refused, busySince, warned := 0, time.Time{}, false
 	for {
 		select {
 		case <-ctx.Done():
@@ -475,40 +477,46 @@ func (s *Service) elect(ctx context.Context) {
 			continue
 		}
 		if !free && !p.lapsed(seq, s.store.writer) && (age < p.term+primaryGap || p.sinceBack(s.cfg.Now()) < primaryGap) {
+			refused, busySince, warned = 0, time.Time{}, false // a round without a write ends the row
 			continue
 		}
 		sent := s.cfg.Now()
 		got, err := s.writeClaim(ctx, seq, false)
 		switch {
 		case err == nil:
-			lost, busy = 0, 0
+			refused, busySince, warned = 0, time.Time{}, false
 			s.beginTerm(got, sent.Add(p.term))
 			wait = p.term / 4
-		case errors.Is(err, errCAS):
-			// Another took it: read whose at once, so that the requests
-			// this standby takes go to it, not answered "the claim is
-			// free" from the read before (for half a second after every
-			// start, when all instances race for the claim). Once, not
-			// in a loop: a claim lost again is read at the usual pace.
-			busy = 0
-			if lost++; lost == 1 {
+		case errors.Is(err, errCAS), errors.Is(err, errClaimBusy):
+			// Another took it (or, busy, another write of it is in
+			// flight at the stream's leader: when instances race, the
+			// loser's usually comes while the winner's is): read whose
+			// at once, so that the requests this standby takes go to
+			// it, not answered "the claim is free" from the read before
+			// (for half a second after every start, when all instances
+			// race for the claim). Once in a row, never in a loop: a
+			// leader cut off from its followers keeps the last write
+			// it took in flight for as long as the cut lasts and
+			// refuses every later one at once, and an instance that
+			// asked again at once spun — thousands of writes a second
+			// on two cores, starving the nodes that were to elect its
+			// successor (TestClusterPrimaryCutOffWithTheClaimsLeader).
+			if refused++; refused == 1 {
 				wait = 0
 			}
-		case errors.Is(err, errClaimBusy):
-			// Not lost: a write of the claim is still in flight at the
-			// stream's leader (this instance's own, most likely, sent
-			// before its node was cut off or the leader changed). It is
-			// tried again at the usual pace, never at once: a leader
-			// without a quorum answers so for as long as it lasts, and
-			// an instance that asked again at once spun (thousands of
-			// writes a second on two cores, starving the nodes that
-			// were to elect its successor).
-			lost = 0
-			if busy++; busy == 1 {
-				s.log.Warn("primary election: a write of the claim is still in flight at its stream's leader; trying again", "every", wait, "err", err)
+			if !errors.Is(err, errClaimBusy) {
+				busySince = time.Time{}
+				break
+			}
+			if busySince.IsZero() {
+				busySince = sent
+			}
+			if !warned && sent.Sub(busySince) >= p.term {
+				warned = true
+				s.log.Warn("primary election: a write of the claim has been in flight at its stream's leader for a term (a leader cut off from its followers?); trying again", "every", p.term/8, "err", err)
 			}
 		default:
-			lost, busy = 0, 0
+			refused, busySince, warned = 0, time.Time{}, false
 			s.log.Warn("primary election: claim", "err", err)
 		}
 	}

@@ -2,6 +2,7 @@ package leasebus
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -10,7 +11,7 @@ import (
 
 // TestWarningsHoldBackRepeats: a warning repeated within the period is
 // held back and counted, and the next one written says how many; another
-// message is written at once.
+// message, or the same with another error, is written at once.
 func TestWarningsHoldBackRepeats(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
@@ -20,10 +21,12 @@ func TestWarningsHoldBackRepeats(t *testing.T) {
 		w.warn(log, at.Add(time.Duration(i)*10*time.Millisecond), "reload lease log", "repo", "r")
 	}
 	w.warn(log, at.Add(500*time.Millisecond), "append lease log", "repo", "r")
+	w.warn(log, at.Add(510*time.Millisecond), "reload lease log", "repo", "q", "err", errors.New("the lease log is full"))
+	w.warn(log, at.Add(520*time.Millisecond), "reload lease log", "repo", "q", "err", errors.New("the lease log is full"))
 	w.warn(log, at.Add(1200*time.Millisecond), "reload lease log", "repo", "r")
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 3 {
-		t.Fatalf("wrote %d lines, want 3:\n%s", len(lines), buf.String())
+	if len(lines) != 4 {
+		t.Fatalf("wrote %d lines, want 4:\n%s", len(lines), buf.String())
 	}
 	if !strings.Contains(lines[0], `msg="reload lease log"`) || strings.Contains(lines[0], "held_back") {
 		t.Errorf("first line %q: want the warning, nothing held back yet", lines[0])
@@ -31,7 +34,10 @@ func TestWarningsHoldBackRepeats(t *testing.T) {
 	if !strings.Contains(lines[1], `msg="append lease log"`) {
 		t.Errorf("second line %q: want another message written at once", lines[1])
 	}
-	if !strings.Contains(lines[2], "held_back=39") {
-		t.Errorf("third line %q: want held_back=39", lines[2])
+	if !strings.Contains(lines[2], "lease log is full") {
+		t.Errorf("third line %q: want another error of the same message written at once", lines[2])
+	}
+	if !strings.Contains(lines[3], "held_back=39") {
+		t.Errorf("fourth line %q: want held_back=39", lines[3])
 	}
 }
