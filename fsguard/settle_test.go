@@ -85,3 +85,48 @@ func TestWaitOutlastsOrphans(t *testing.T) {
 		t.Fatalf("orphan's file = %q, %v: Wait returned before the orphan finished, or its write failed (output: %q)", b, err, r.out)
 	}
 }
+
+// TestCancelSparesAnotherAttemptsOrphan: one process supervises two
+// attempts and adopts the orphans of both. Attempt A's command exits and
+// leaves an orphan in its process group that writes a file a little
+// later; attempt B is cancelled and killed meanwhile. B's kill must not
+// reach A's orphan (it did: every adopted orphan counted as each
+// attempt's, and a CI run's TestWaitOutlastsOrphans lost its orphan to
+// TestCancelSettlesWholeTree beside it), and A's Wait outlasts it.
+func TestCancelSparesAnotherAttemptsOrphan(t *testing.T) {
+	t.Parallel()
+	wa, wb := newWorktree(t), newWorktree(t)
+	a := exec.Command("/bin/sh", "-c", `(sleep 1; echo finished > leased/orphan.txt) & exit 0`)
+	a.Dir = wa.root
+	pa, err := Start(context.Background(), wa.policy(), &testGate{}, nil, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A's command is gone: its orphan is this process's now.
+	testutil.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if pi, alive := readStat(pa.Pid()); alive && pi.state != 'Z' {
+			return errors.New("attempt A's command has not exited yet")
+		}
+		return nil
+	})
+	pb := wb.policy()
+	pb.KillGrace = 50 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b := exec.Command("/bin/sh", "-c", `trap '' TERM; sleep 1000`)
+	b.Dir = wb.root
+	prb, err := Start(ctx, pb, &testGate{}, nil, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if _, err := prb.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pa.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(wa.leased, "orphan.txt")); err != nil || string(got) != "finished\n" {
+		t.Fatalf("attempt A's orphan's file = %q, %v: attempt B's cancel killed it, or A's Wait returned before it finished", got, err)
+	}
+}

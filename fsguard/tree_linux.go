@@ -109,7 +109,14 @@ func (pr *Process) members() []procInfo {
 		switch {
 		case pid == pr.pid && !reused:
 			roots = append(roots, pid)
-		case pi.pgid == pr.pid && !reused || (pi.ppid == self && !isDirect(pid)):
+		case pi.pgid == pr.pid && !reused || (pi.ppid == self && !isDirect(pid) && (pi.pgid == pr.pid || !isDirect(pi.pgid))):
+			// Its group is the attempt's, or this process adopted it (its
+			// parent died: an orphan) — unless its group is another
+			// attempt's: this process supervises every attempt it
+			// started and adopts all their orphans, and one attempt's
+			// cancel killed another's (TestCancelSparesAnotherAttemptsOrphan).
+			// An orphan that left its attempt's group (setsid) is still
+			// counted by every attempt this process supervises.
 			if seccompFilters(pid) > ownFilters() {
 				roots = append(roots, pid)
 			}
