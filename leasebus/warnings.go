@@ -1,6 +1,7 @@
 package leasebus
 
 import (
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -22,6 +23,9 @@ type warnings struct {
 	last map[string]time.Time // message -> when last written; guarded by mu
 	held map[string]int       // message -> held back since; guarded by mu
 }
+
+// maxWarnKinds bounds the kinds remembered.
+const maxWarnKinds = 1024
 
 // warnEvery is the period of the service's warnings.
 const warnEvery = time.Second
@@ -46,6 +50,10 @@ func (w *warnings) warn(log *slog.Logger, now time.Time, msg string, args ...any
 		w.mu.Unlock()
 		return
 	}
+	if len(w.last) >= maxWarnKinds {
+		clear(w.last) // kinds are few; this bounds them should they not be
+		clear(w.held)
+	}
 	held := w.held[kind]
 	w.last[kind] = now
 	delete(w.held, kind)
@@ -56,7 +64,8 @@ func (w *warnings) warn(log *slog.Logger, now time.Time, msg string, args ...any
 	log.Warn(msg, args...)
 }
 
-// kindOf is msg with the text of its "err" argument, digits dropped (a
+// kindOf is msg with the text of its "err" argument's innermost error
+// (errors.Unwrap), digits dropped (a
 // sequence, a count, a duration differ from one repeat to the next) and
 // cut at 80 bytes.
 func kindOf(msg string, args []any) string {
@@ -67,6 +76,11 @@ func kindOf(msg string, args []any) string {
 		e, ok := args[i+1].(error)
 		if !ok || e == nil {
 			break
+		}
+		// The innermost error: the wrapping names the repo, and a fault
+		// fails every repo alike (one kind, not one per repo).
+		for inner := errors.Unwrap(e); inner != nil; inner = errors.Unwrap(inner) {
+			e = inner
 		}
 		text := strings.Map(func(r rune) rune {
 			if unicode.IsDigit(r) {

@@ -3,6 +3,7 @@ package leasebus
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -23,6 +24,8 @@ func TestWarningsHoldBackRepeats(t *testing.T) {
 	w.warn(log, at.Add(500*time.Millisecond), "append lease log", "repo", "r")
 	w.warn(log, at.Add(510*time.Millisecond), "reload lease log", "repo", "q", "err", errors.New("the lease log is full"))
 	w.warn(log, at.Add(520*time.Millisecond), "reload lease log", "repo", "q", "err", errors.New("the lease log is full"))
+	// The same root error wrapped with another repo's name is the same kind.
+	w.warn(log, at.Add(530*time.Millisecond), "reload lease log", "repo", "p", "err", fmt.Errorf("read lease log of p: %w", errors.New("the lease log is full")))
 	w.warn(log, at.Add(1200*time.Millisecond), "reload lease log", "repo", "r")
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	if len(lines) != 4 {
