@@ -9,14 +9,11 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/fenceline/fenceline/fsguard"
 	"github.com/fenceline/fenceline/runui"
@@ -176,29 +173,42 @@ func Command(co, home *Checkout, argv, env []string, stdout, stderr io.Writer) (
 	return cmd, nil
 }
 
-// Process is an attempt's command started under the guard, holding this
-// process's terminal (when it had it) until it is waited for.
+// Process is an attempt's command started under the guard, with the
+// terminal relay that gives an interactive agent a terminal of its own
+// (see terminal.go) until it is waited for.
 type Process struct {
 	*fsguard.Process
-	restoreTTY func()
+	term *terminal
 }
 
 // Start starts cmd under the guard's policy p, the gate that says whether
-// the lease still holds and the auditor of its refusals, and hands it the
-// terminal (see fsguard.Start).
+// the lease still holds and the auditor of its refusals (see
+// fsguard.Start), on a terminal of its own when run's stdin is a terminal
+// in whose foreground run is.
 func Start(ctx context.Context, p fsguard.Policy, gate fsguard.Gate, audit fsguard.Auditor, cmd *exec.Cmd) (*Process, error) {
-	pr, err := fsguard.Start(ctx, p, gate, audit, cmd)
+	term, err := giveTerminal(cmd)
 	if err != nil {
 		return nil, err
 	}
-	return &Process{Process: pr, restoreTTY: foreground(pr.Pid())}, nil
+	pr, err := fsguard.Start(ctx, p, gate, audit, cmd)
+	if err != nil {
+		term.close()
+		return nil, err
+	}
+	if err := term.run(); err != nil {
+		pr.Kill()
+		pr.Wait()
+		term.close()
+		return nil, err
+	}
+	return &Process{Process: pr, term: term}, nil
 }
 
-// Wait waits until every process of the attempt is gone, takes the
-// terminal back, and returns the command's exit status (see ExitStatus).
+// Wait waits until every process of the attempt is gone, ends the
+// terminal relay, and returns the command's exit status (see ExitStatus).
 func (p *Process) Wait() (code int, err error) {
 	st, err := p.Process.Wait()
-	p.restoreTTY()
+	p.term.close()
 	return ExitStatus(st), err
 }
 
@@ -212,25 +222,4 @@ func ExitStatus(st *os.ProcessState) int {
 		return 128 + int(ws.Signal())
 	}
 	return st.ExitCode()
-}
-
-// foreground hands the terminal on stdin to the agent's process group when
-// this process has it, so an interactive agent can read it and gets the
-// terminal's Ctrl-C itself, and returns what takes it back.
-func foreground(pgid int) (restore func()) {
-	fd := int(os.Stdin.Fd())
-	own, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
-	if err != nil || own != unix.Getpgrp() {
-		return func() {}
-	}
-	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPGRP, pgid); err != nil {
-		return func() {}
-	}
-	unix.Kill(-pgid, unix.SIGCONT) // it may have stopped on reading the terminal first
-	return func() {
-		// A background process group changing the foreground gets SIGTTOU.
-		signal.Ignore(unix.SIGTTOU)
-		defer signal.Reset(unix.SIGTTOU)
-		unix.IoctlSetPointerInt(fd, unix.TIOCSPGRP, own)
-	}
 }

@@ -232,7 +232,7 @@
 // first in main, turns it into the guarded child:
 //
 //	supervisor (Start)                      guarded child (Init)
-//	    | socketpair(SEQPACKET), start /proc/self/exe (own process group)
+//	    | socketpair(SEQPACKET), start /proc/self/exe (own session)
 //	    | -- setup (rules, argv, env) ------> | LockOSThread, no_new_privs,
 //	    |                                     | landlock_restrict_self,
 //	    |                                     | seccomp(NEW_LISTENER)
@@ -250,6 +250,13 @@
 // double-fork or leave the process group are re-parented to it rather than
 // to init. An attempt's tree is the command's descendants plus those
 // adopted orphans (recognised by carrying the attempt's seccomp filter).
+// One supervisor may run several attempts and adopts the orphans of all of
+// them, so an orphan is the attempt's whose session it is in: each
+// attempt's command leads a session of its own, which no process of
+// another session can join a group of (TestAttemptCannotJoinAnotherAttemptsGroup),
+// and setsid is trapped so the supervisor records each new session as the
+// caller's attempt's before the call runs
+// (TestCancelSparesAnotherAttemptsSessionOrphan).
 // Canceling Start's context sends SIGTERM to the process group and, after
 // Policy.KillGrace, SIGKILL to every process of the tree until none is
 // left; adopted zombies are reaped. Wait returns — and Settled closes — only

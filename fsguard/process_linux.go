@@ -83,8 +83,10 @@ var abiLimit int
 // writes (and TCP connects), a seccomp supervisor refuses every write-class
 // call while gate is closed and records each refusal with audit. Canceling
 // ctx sends SIGTERM to the process group and, after p.KillGrace, SIGKILL to
-// every process of the attempt. cmd is only read (Path, Args, Env, Dir,
-// Stdin, Stdout, Stderr, ExtraFiles); it must not have been started.
+// every process of the attempt. The command leads a session of its own.
+// cmd is only read (Path, Args, Env, Dir, Stdin, Stdout, Stderr,
+// ExtraFiles, and of SysProcAttr only Setctty and Ctty: a terminal for
+// that session); it must not have been started.
 //
 // Without Landlock, Start fails with ErrNoLandlock unless p.AllowUnguarded.
 // The binary must call Init first thing in main (the child is re-executed).
@@ -217,15 +219,22 @@ func (pr *Process) spawn(log *slog.Logger, cmd *exec.Cmd, cfg childConfig, env [
 	defer unix.Close(parentSock)
 
 	c := &exec.Cmd{
-		Path:        "/proc/self/exe",
-		Args:        cfg.Args,
-		Env:         append(slices.Clone(env), fmt.Sprintf("%s=%d", childEnv, 3+len(cmd.ExtraFiles))),
-		Dir:         cmd.Dir,
-		Stdin:       cmd.Stdin,
-		Stdout:      cmd.Stdout,
-		Stderr:      cmd.Stderr,
-		ExtraFiles:  append(slices.Clone(cmd.ExtraFiles), childSock),
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+		Path:       "/proc/self/exe",
+		Args:       cfg.Args,
+		Env:        append(slices.Clone(env), fmt.Sprintf("%s=%d", childEnv, 3+len(cmd.ExtraFiles))),
+		Dir:        cmd.Dir,
+		Stdin:      cmd.Stdin,
+		Stdout:     cmd.Stdout,
+		Stderr:     cmd.Stderr,
+		ExtraFiles: append(slices.Clone(cmd.ExtraFiles), childSock),
+		// A session of its own: no process of another session can join
+		// its process groups, nor it theirs (see tree_linux.go).
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+	}
+	if a := cmd.SysProcAttr; a != nil && a.Setctty {
+		// A terminal of its own (the caller's pseudo-terminal, at the
+		// child's descriptor Ctty) as the new session's.
+		c.SysProcAttr.Setctty, c.SysProcAttr.Ctty = true, a.Ctty
 	}
 	err = c.Start()
 	childSock.Close()
@@ -449,6 +458,7 @@ func (pr *Process) superviseTree(ctx context.Context) {
 // attempt left; done is closed last.
 func (pr *Process) settle(log *slog.Logger) {
 	unregisterDirect(pr.pid)
+	pr.forgetSessions()
 	unix.Close(pr.stopW) // ends the notification loop if the filter outlived the tree
 	<-pr.notifDone
 	pr.netOps.Wait() // they answer on the listener and audit: both stay open until they end

@@ -5,6 +5,7 @@ package fsguard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -128,5 +129,152 @@ func TestCancelSparesAnotherAttemptsOrphan(t *testing.T) {
 	}
 	if got, err := os.ReadFile(filepath.Join(wa.leased, "orphan.txt")); err != nil || string(got) != "finished\n" {
 		t.Fatalf("attempt A's orphan's file = %q, %v: attempt B's cancel killed it, or A's Wait returned before it finished", got, err)
+	}
+}
+
+// TestCancelSparesAnotherAttemptsSessionOrphan: as
+// TestCancelSparesAnotherAttemptsOrphan, but attempt A's orphans left its
+// session first — one with setsid(1), one calling setsid on a thread
+// other than its first (the kernel names that thread to the supervisor).
+// Before, an orphan in a session of its own counted as every attempt's,
+// so B's cancel killed both. B's own orphan in a session of its own is
+// still B's: its cancel kills it.
+func TestCancelSparesAnotherAttemptsSessionOrphan(t *testing.T) {
+	t.Parallel()
+	helper := guardHelper(t)
+	wa, wb := newWorktree(t), newWorktree(t)
+	a := exec.Command("/bin/sh", "-c", `(setsid /bin/sh -c 'echo $$ > leased/sess; sleep 1; echo finished > leased/orphan.txt' &)
+(`+helper+` atk-threadsetsid leased/threadsess leased/thread.txt &)
+exit 0`)
+	a.Dir = wa.root
+	pa, err := Start(context.Background(), wa.policy(), &testGate{}, nil, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var orphans []int
+	testutil.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		orphans = orphans[:0]
+		for _, f := range []string{"sess", "threadsess"} {
+			b, err := os.ReadFile(filepath.Join(wa.leased, f))
+			fields := strings.Fields(string(b))
+			if err != nil || len(fields) == 0 {
+				return fmt.Errorf("attempt A's orphan has not written %s yet", f)
+			}
+			pid, _ := strconv.Atoi(fields[len(fields)-1])
+			orphans = append(orphans, pid)
+		}
+		if pi, alive := readStat(pa.Pid()); alive && pi.state != 'Z' {
+			return errors.New("attempt A's command has not exited yet")
+		}
+		return nil
+	})
+	for _, pid := range orphans {
+		if pi, ok := readStat(pid); !ok || pi.sid != pid {
+			t.Fatalf("attempt A's orphan %d is not in a session of its own: %+v", pid, pi)
+		}
+	}
+
+	pb := wb.policy()
+	pb.KillGrace = 50 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b := exec.Command("/bin/sh", "-c", `(setsid sleep 1000 & echo $! > leased/own) ; trap '' TERM; sleep 1000`)
+	b.Dir = wb.root
+	prb, err := Start(ctx, pb, &testGate{}, nil, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var own int
+	testutil.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		b, _ := os.ReadFile(filepath.Join(wb.leased, "own"))
+		if own, _ = strconv.Atoi(strings.TrimSpace(string(b))); own == 0 {
+			return errors.New("attempt B has not started its own orphan yet")
+		}
+		if pi, ok := readStat(own); !ok || pi.sid != own {
+			return fmt.Errorf("attempt B's orphan %d has not made its session yet", own)
+		}
+		return nil
+	})
+	cancel()
+	if _, err := prb.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Kill(own, 0); !errors.Is(err, unix.ESRCH) {
+		t.Errorf("attempt B's own orphan %d, in a session of its own, outlived B's cancel (kill 0: %v)", own, err)
+	}
+	if _, err := pa.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"orphan.txt", "thread.txt"} {
+		if got, err := os.ReadFile(filepath.Join(wa.leased, f)); err != nil || string(got) != "finished\n" {
+			t.Errorf("attempt A's orphan's %s = %q, %v: attempt B's cancel killed it, or A's Wait returned before it finished", f, got, err)
+		}
+	}
+}
+
+// TestAttemptCannotJoinAnotherAttemptsGroup: a process of attempt B
+// moves into attempt A's process group, then is orphaned, to be out of
+// reach of B's cancel (A's cancel would kill it, B's would not). Each
+// attempt leads a session of its own, and Linux refuses a move into a
+// group of another session: the process stays B's, and B's cancel kills
+// it while A runs on.
+func TestAttemptCannotJoinAnotherAttemptsGroup(t *testing.T) {
+	t.Parallel()
+	helper := guardHelper(t)
+	wa, wb := newWorktree(t), newWorktree(t)
+	ctxA, cancelA := context.WithCancel(context.Background())
+	defer cancelA()
+	a := exec.Command("/bin/sh", "-c", `sleep 1000`)
+	a.Dir = wa.root
+	pa, err := Start(ctxA, wa.policy(), &testGate{}, nil, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pa.Wait()
+	defer cancelA()
+
+	pb := wb.policy()
+	pb.KillGrace = 50 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b := exec.Command("/bin/sh", "-c", `(`+helper+` atk-joingroup `+strconv.Itoa(pa.Pid())+` leased/join &) ; trap '' TERM; sleep 1000`)
+	b.Dir = wb.root
+	prb, err := Start(ctx, pb, &testGate{}, nil, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var joiner int
+	var result string
+	testutil.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		out, _ := os.ReadFile(filepath.Join(wb.leased, "join"))
+		fields := strings.Fields(string(out))
+		if len(fields) < 2 {
+			return errors.New("attempt B's process has not tried to join A's group yet")
+		}
+		joiner, _ = strconv.Atoi(fields[len(fields)-1])
+		result = strings.Join(fields[:len(fields)-1], " ")
+		return nil
+	})
+	if result != "refused: operation not permitted" {
+		t.Errorf("attempt B's process moving into attempt A's group %d: %s, want refused (EPERM)", pa.Pid(), result)
+	}
+	cancel()
+	waited := make(chan struct{})
+	go func() {
+		prb.Wait()
+		close(waited)
+	}()
+	select {
+	case <-waited:
+	case <-time.After(30 * time.Second):
+		unix.Kill(joiner, unix.SIGKILL)
+		<-waited
+		t.Fatalf("attempt B did not settle within 30 s of its cancel: its process %d (%s) was out of its reach", joiner, result)
+	}
+	if err := unix.Kill(joiner, 0); !errors.Is(err, unix.ESRCH) {
+		t.Errorf("attempt B's process %d outlived B's cancel (kill 0: %v)", joiner, err)
+	}
+	if pi, alive := readStat(pa.Pid()); !alive || pi.state == 'Z' {
+		t.Errorf("attempt B's cancel ended attempt A's command %d", pa.Pid())
 	}
 }

@@ -66,6 +66,9 @@ var writeSyscallsCommon = map[uint32]sysSpec{
 	unix.SYS_REMOVEXATTRAT:     spec("removexattrat").at(0, 1),
 	unix.SYS_OPEN_BY_HANDLE_AT: spec("open_by_handle_at").f(0),
 	unix.SYS_FILE_SETATTR:      spec("file_setattr").at(0, 1),
+	// Not a write: trapped so the supervisor knows the sessions an
+	// attempt's processes make (handleSetsid).
+	unix.SYS_SETSID: spec("setsid").handledBy(handleSetsid),
 }
 
 // writeSyscalls are every call the filter may send to the supervisor, by

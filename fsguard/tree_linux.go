@@ -17,6 +17,15 @@ import (
 // recognised by carrying more seccomp filters than this process — only an
 // attempt's processes got one from us — and by not being the command of an
 // attempt (those are reaped by their own exec.Cmd).
+//
+// This process supervises every attempt it started and adopts all their
+// orphans, so an orphan is told apart by its session. Each attempt's
+// command leads a session of its own (Setsid): no process can join a
+// process group of another session, so a process of one attempt cannot
+// move into another attempt's group and out of reach of its own
+// attempt's cancel. A process that leaves its session (setsid) is seen
+// doing it: the filter traps setsid, and the supervisor records the new
+// session as the attempt's before the call runs (recordSession).
 
 //
 // Process ids are reused (pid_max is often 32,768, and a busy supervisor
@@ -34,7 +43,52 @@ var (
 	// started with that pid: an attempt that settles after its number
 	// was reused by another's command leaves the other's registered.
 	direct = map[int]int{} // guarded by directMu
+	// sessions maps the id of each session a process of an attempt made
+	// with setsid to that attempt. The kernel gives a process a number
+	// only once no session uses it, so a new session of a number is
+	// never an old one still in use: the latest record wins.
+	sessions = map[int]*Process{} // guarded by directMu
 )
+
+// recordSession records that process tgid of pr, about to call setsid,
+// leads a session of pr's. A setsid that then fails (tgid already leads
+// a group) leaves a record no session uses.
+func (pr *Process) recordSession(tgid int) {
+	directMu.Lock()
+	sessions[tgid] = pr
+	directMu.Unlock()
+}
+
+// handleSetsid records the session a process of the attempt is about to
+// lead, then lets setsid run: what the process starts from then on, and
+// leaves behind, stays the attempt's. The thread's process is read before
+// the notification is checked to be still pending, so it is the caller's.
+func handleSetsid(t *trap) {
+	if tgid, ok := taskTgid(t.pid()); ok && t.valid() {
+		t.pr.recordSession(tgid)
+	}
+	t.proceed()
+}
+
+// forgetSessions drops pr's session records once none of its processes
+// is left.
+func (pr *Process) forgetSessions() {
+	directMu.Lock()
+	defer directMu.Unlock()
+	for sid, owner := range sessions {
+		if owner == pr {
+			delete(sessions, sid)
+		}
+	}
+}
+
+// sessionOwner is the attempt a process of session sid belongs to: the
+// one whose command leads it, or that recorded it; nil if none did.
+func sessionOwner(sid int) *Process {
+	directMu.Lock()
+	defer directMu.Unlock()
+	return sessions[sid]
+}
 
 func registerDirect(pid int) {
 	directMu.Lock()
@@ -79,9 +133,9 @@ func (pr *Process) commandHolds() bool {
 var ownFilters = sync.OnceValue(func() int { return seccompFilters(os.Getpid()) })
 
 type procInfo struct {
-	pid, ppid, pgid int
-	state           byte
-	start           uint64 // when it started, in clock ticks after boot
+	pid, ppid, sid int
+	state          byte
+	start          uint64 // when it started, in clock ticks after boot
 }
 
 // members lists the attempt's processes (live and zombie).
@@ -109,14 +163,13 @@ func (pr *Process) members() []procInfo {
 		switch {
 		case pid == pr.pid && !reused:
 			roots = append(roots, pid)
-		case pi.pgid == pr.pid && !reused || (pi.ppid == self && !isDirect(pid) && (pi.pgid == pr.pid || !isDirect(pi.pgid))):
-			// Its group is the attempt's, or this process adopted it (its
-			// parent died: an orphan) — unless its group is another
-			// attempt's: this process supervises every attempt it
-			// started and adopts all their orphans, and one attempt's
-			// cancel killed another's (TestCancelSparesAnotherAttemptsOrphan).
-			// An orphan that left its attempt's group (setsid) is still
-			// counted by every attempt this process supervises.
+		case pi.sid == pr.pid && !reused || pi.ppid == self && !isDirect(pid) && pr.ownsSession(pi.sid, reused):
+			// In the session the attempt's command leads, or adopted by
+			// this process (its parent died: an orphan) from a session
+			// of the attempt's: another attempt's orphan is not this
+			// one's, so one attempt's cancel never kills it
+			// (TestCancelSparesAnotherAttemptsOrphan,
+			// TestCancelSparesAnotherAttemptsSessionOrphan).
 			if seccompFilters(pid) > ownFilters() {
 				roots = append(roots, pid)
 			}
@@ -135,6 +188,22 @@ func (pr *Process) members() []procInfo {
 		roots = append(roots, children[pid]...)
 	}
 	return out
+}
+
+// ownsSession reports whether an orphan of session sid, adopted by this
+// process, is the attempt's: sid is the attempt's command's (and that
+// number is not another's now), or recorded for the attempt. A session
+// no attempt made or recorded — every setsid of an attempt's process is
+// trapped and recorded, so none is expected — counts for every attempt:
+// a cancel then kills too much rather than leave a process behind.
+func (pr *Process) ownsSession(sid int, reused bool) bool {
+	if sid == pr.pid {
+		return !reused
+	}
+	if owner := sessionOwner(sid); owner != nil {
+		return owner == pr
+	}
+	return !isDirect(sid)
 }
 
 // reap collects the attempt's zombies this process adopted.
@@ -174,12 +243,12 @@ func readStat(pid int) (procInfo, bool) {
 		return procInfo{}, false
 	}
 	ppid, _ := strconv.Atoi(f[1])
-	pgid, _ := strconv.Atoi(f[2])
+	sid, _ := strconv.Atoi(f[3])
 	var start uint64
 	if len(f) > 19 {
 		start, _ = strconv.ParseUint(f[19], 10, 64) // starttime, field 22 of proc_pid_stat(5)
 	}
-	return procInfo{pid: pid, ppid: ppid, pgid: pgid, state: f[0][0], start: start}, true
+	return procInfo{pid: pid, ppid: ppid, sid: sid, state: f[0][0], start: start}, true
 }
 
 func seccompFilters(pid int) int {

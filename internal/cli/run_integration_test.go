@@ -177,19 +177,23 @@ func TestRunnerKilledLeaseReclaimed(t *testing.T) {
 	}
 }
 
-// TestRunInteractiveAgent: run started on a terminal hands it to the
-// agent: an interactive agent reads its input (instead of stopping on
-// SIGTTIN in a background process group) and gets the terminal's Ctrl-C.
+// TestRunInteractiveAgent: run started on a terminal gives the agent a
+// terminal of its own (the agent leads a session of its own, so it cannot
+// share the user's) and relays between the two: an interactive agent
+// reads its input, gets the terminal's Ctrl-C as SIGINT, and sees the
+// user's window size, before and after it changes.
 func TestRunInteractiveAgent(t *testing.T) {
 	isolate(t)
 	url := startBus(t)
 	co := newCheckout(t, "")
 	master, slave := openPty(t)
+	setWinsize(t, master, 33, 77)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(self, "--nats", url, "run", "--checkout", co, "--", "sh", "-c", `read x; echo "got $x"; sleep 100`)
+	cmd := exec.Command(self, "--nats", url, "run", "--checkout", co, "--", "sh", "-c",
+		`trap 'echo "size $(stty size)"' WINCH; echo "size $(stty size)"; read x; echo "got $x"; while :; do sleep 100 & wait $!; done`)
 	cmd.Env = append(cfgEnv(t), runAsCLIEnv+"=1")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0} // the terminal's foreground group
@@ -223,6 +227,16 @@ func TestRunInteractiveAgent(t *testing.T) {
 		}
 		return nil
 	})
+	mustContain(t, "the agent's terminal", out.String(), "size 33 77")
+	// The user's window changes: the agent's terminal follows, and the
+	// agent hears of it (SIGWINCH).
+	setWinsize(t, master, 41, 101)
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if !strings.Contains(out.String(), "size 41 101") {
+			return fmt.Errorf("the agent's terminal did not follow the window size:\n%s", out.String())
+		}
+		return nil
+	})
 	// Ctrl-C, again while the agent lives: one typed while its shell
 	// forks sleep can be lost, as in any terminal. Had it reached run
 	// rather than the agent, run would have sent SIGTERM (exit 143).
@@ -242,6 +256,21 @@ func TestRunInteractiveAgent(t *testing.T) {
 	}
 	<-copied
 	mustContain(t, "terminal", out.String(), "released (the agent exited 130")
+}
+
+// setWinsize sets the window size of the terminal whose master is f
+// (without Fd, which would take f off the poller its reader waits in).
+func setWinsize(t *testing.T, f *os.File, rows, cols uint16) {
+	t.Helper()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cerr := rc.Control(func(fd uintptr) {
+		err = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
+	}); err != nil || cerr != nil {
+		t.Fatalf("set the window size: %v %v", err, cerr)
+	}
 }
 
 // TestRunReadsGoOnAfterRevoke is finding 8 of issue 17 end to end: after

@@ -1,0 +1,248 @@
+package attempt
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// An interactive agent gets a terminal of its own. The guard starts every
+// attempt in a session of its own (so no process of one attempt can join
+// a process group of another, or of the user's shell), and a session
+// cannot share the user's terminal as its controlling terminal. So, as
+// sudo's use_pty does, run opens a pseudo-terminal, makes it the agent's
+// controlling terminal, and relays between it and the user's terminal,
+// which it puts in raw mode meanwhile: what the user types reaches the
+// agent's terminal as typed (Ctrl-C included, which the agent's terminal
+// turns into SIGINT for the agent), and the window size follows the
+// user's. The agent never holds the user's terminal: once it is gone,
+// nothing of it can read what is typed there next.
+
+// terminal is the relay between the user's terminal and the agent's.
+type terminal struct {
+	user     int           // the user's terminal (run's stdin)
+	saved    *unix.Termios // its mode before run changed it
+	master   *os.File
+	masterFD int      // master's descriptor, for ioctls (Fd would make it blocking)
+	slave    *os.File // the agent's end; closed here once it started
+	out      io.Writer
+	stopR    int // a byte on stopW ends the input relay
+	stopW    int
+	winch    chan os.Signal
+	wg       sync.WaitGroup
+	outDone  chan struct{}
+}
+
+// giveTerminal prepares cmd for the user's terminal on cmd.Stdin: when
+// this process's group has it in the foreground, cmd gets a
+// pseudo-terminal (start the relay with run once cmd started, end it with
+// close); when it is in the background, cmd's stdin is /dev/null (in a
+// session of its own the agent would otherwise read what the user types
+// to the shell). Otherwise, or when stdin is not a terminal, cmd is left
+// as it is and t is nil.
+func giveTerminal(cmd *exec.Cmd) (t *terminal, err error) {
+	in, ok := cmd.Stdin.(*os.File)
+	if !ok {
+		return nil, nil
+	}
+	fd := int(in.Fd())
+	saved, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+	if err != nil {
+		return nil, nil // not a terminal
+	}
+	fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
+	if err != nil || fg != unix.Getpgrp() {
+		null, err := os.Open(os.DevNull)
+		if err != nil {
+			return nil, fmt.Errorf("agent stdin: %w", err)
+		}
+		cmd.Stdin = null
+		return &terminal{user: -1, slave: null}, nil
+	}
+	size, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ)
+	if err != nil {
+		return nil, fmt.Errorf("the terminal's window size: %w", err)
+	}
+	m, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open a terminal for the agent: %w", err)
+	}
+	// Non-blocking, so the poller owns it and close can end a read.
+	if err := unix.SetNonblock(m, true); err != nil {
+		unix.Close(m)
+		return nil, fmt.Errorf("open a terminal for the agent: %w", err)
+	}
+	master := os.NewFile(uintptr(m), "/dev/ptmx")
+	if err := unix.IoctlSetPointerInt(m, unix.TIOCSPTLCK, 0); err != nil {
+		master.Close()
+		return nil, fmt.Errorf("unlock the agent's terminal: %w", err)
+	}
+	s, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(m), unix.TIOCGPTPEER, uintptr(unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC))
+	if errno != 0 {
+		master.Close()
+		return nil, fmt.Errorf("open the agent's terminal: %w", errno)
+	}
+	slave := os.NewFile(s, "agent-terminal")
+	if err := unix.IoctlSetTermios(int(s), unix.TCSETS, saved); err != nil {
+		master.Close()
+		slave.Close()
+		return nil, fmt.Errorf("set the agent's terminal mode: %w", err)
+	}
+	if err := unix.IoctlSetWinsize(int(s), unix.TIOCSWINSZ, size); err != nil {
+		master.Close()
+		slave.Close()
+		return nil, fmt.Errorf("set the agent's terminal size: %w", err)
+	}
+	t = &terminal{user: fd, saved: saved, master: master, masterFD: m, slave: slave, out: in, outDone: make(chan struct{})}
+	cmd.Stdin = slave
+	for _, w := range []*io.Writer{&cmd.Stdout, &cmd.Stderr} {
+		if f, ok := (*w).(*os.File); ok && sameTerminal(f, in) {
+			if t.out == io.Writer(in) {
+				t.out = f
+			}
+			*w = slave
+		}
+	}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, 0 // stdin, in the agent
+	return t, nil
+}
+
+// sameTerminal reports whether f is the terminal tty is.
+func sameTerminal(f, tty *os.File) bool {
+	var a, b unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &a) != nil || unix.Fstat(int(tty.Fd()), &b) != nil {
+		return false
+	}
+	return a.Mode&unix.S_IFMT == unix.S_IFCHR && a.Rdev == b.Rdev
+}
+
+// run starts the relay once the agent has started: the user's terminal
+// goes raw (output processing kept, so run's own lines still end where
+// they should), what is typed goes to the agent's terminal, what it shows
+// comes back, and window size changes follow. A nil t has nothing to run.
+func (t *terminal) run() error {
+	if t == nil {
+		return nil
+	}
+	t.slave.Close() // the agent holds it now: its last close ends the output
+	t.slave = nil
+	if t.user < 0 {
+		return nil
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return fmt.Errorf("terminal relay: %w", err)
+	}
+	t.stopR, t.stopW = p[0], p[1]
+	raw := *t.saved
+	raw.Iflag &^= unix.IGNBRK | unix.BRKINT | unix.PARMRK | unix.ISTRIP | unix.INLCR | unix.IGNCR | unix.ICRNL | unix.IXON
+	raw.Lflag &^= unix.ECHO | unix.ECHONL | unix.ICANON | unix.ISIG | unix.IEXTEN
+	raw.Cflag &^= unix.CSIZE | unix.PARENB
+	raw.Cflag |= unix.CS8
+	raw.Cc[unix.VMIN], raw.Cc[unix.VTIME] = 1, 0
+	if err := unix.IoctlSetTermios(t.user, unix.TCSETS, &raw); err != nil {
+		return fmt.Errorf("put the terminal in raw mode: %w", err)
+	}
+	t.winch = make(chan os.Signal, 1)
+	signal.Notify(t.winch, unix.SIGWINCH)
+	t.wg.Add(2)
+	go t.relayInput()
+	go t.followSize()
+	go func() {
+		defer close(t.outDone)
+		io.Copy(t.out, t.master) // ends with EIO once no process holds the agent's terminal
+	}()
+	return nil
+}
+
+// relayInput copies what the user types to the agent's terminal until
+// close asks it to stop or the user's terminal ends.
+func (t *terminal) relayInput() {
+	defer t.wg.Done()
+	fds := []unix.PollFd{{Fd: int32(t.user), Events: unix.POLLIN}, {Fd: int32(t.stopR), Events: unix.POLLIN}}
+	buf := make([]byte, 4096)
+	for {
+		if _, err := unix.Poll(fds, -1); err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+		if fds[0].Revents&unix.POLLIN == 0 {
+			if fds[0].Revents&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0 {
+				return
+			}
+			continue
+		}
+		n, err := unix.Read(t.user, buf)
+		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+			continue
+		}
+		if n <= 0 || err != nil {
+			return
+		}
+		if _, err := t.master.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+// followSize gives the agent's terminal the user's window size whenever
+// it changes.
+func (t *terminal) followSize() {
+	defer t.wg.Done()
+	for range t.winch {
+		if ws, err := unix.IoctlGetWinsize(t.user, unix.TIOCGWINSZ); err == nil {
+			unix.IoctlSetWinsize(t.masterFD, unix.TIOCSWINSZ, ws)
+		}
+	}
+}
+
+// outputDrain is how long close waits for the agent's last output once
+// every process of the attempt is gone.
+const outputDrain = 2 * time.Second
+
+// close ends the relay once the attempt has settled, shows what the
+// agent's terminal still held, and gives the user's terminal its mode
+// back. A nil t, or one whose relay never ran, closes what it opened.
+func (t *terminal) close() {
+	if t == nil {
+		return
+	}
+	if t.slave != nil { // the agent never started
+		t.slave.Close()
+	}
+	if t.user < 0 {
+		return
+	}
+	if t.winch != nil {
+		signal.Stop(t.winch)
+		close(t.winch)
+		unix.Write(t.stopW, []byte{0})
+		t.wg.Wait()
+		select {
+		case <-t.outDone:
+		case <-time.After(outputDrain):
+			t.master.Close() // a process outside the attempt holds the agent's terminal
+			<-t.outDone
+		}
+		unix.Close(t.stopR)
+		unix.Close(t.stopW)
+		unix.IoctlSetTermios(t.user, unix.TCSETS, t.saved)
+	}
+	t.master.Close()
+}
