@@ -28,44 +28,48 @@ import (
 
 // terminal is the relay between the user's terminal and the agent's.
 type terminal struct {
-	user     int           // the user's terminal (run's stdin)
-	saved    *unix.Termios // its mode before run changed it
-	master   *os.File
-	masterFD int      // master's descriptor, for ioctls (Fd would make it blocking)
-	slave    *os.File // the agent's end; closed here once it started
-	out      io.Writer
-	stopR    int // a byte on stopW ends the input relay
-	stopW    int
-	winch    chan os.Signal
-	wg       sync.WaitGroup
-	outDone  chan struct{}
+	user      int           // the user's terminal (run's stdin)
+	saved     *unix.Termios // its mode before run changed it
+	master    *os.File
+	masterFD  int      // master's descriptor, for ioctls (Fd would make it blocking)
+	slave     *os.File // the agent's end; closed here once it started
+	out       io.Writer
+	stopR     int // a byte on stopW ends the input relay
+	stopW     int
+	winch     chan os.Signal
+	wg        sync.WaitGroup
+	outDone   chan struct{}
+	closeOnce sync.Once
 }
 
-// giveTerminal prepares cmd for the user's terminal on cmd.Stdin: when
-// this process's group has it in the foreground, cmd gets a
-// pseudo-terminal (start the relay with run once cmd started, end it with
-// close); when it is in the background, cmd's stdin is /dev/null (in a
-// session of its own the agent would otherwise read what the user types
-// to the shell). Otherwise, or when stdin is not a terminal, cmd is left
-// as it is and t is nil.
+// giveTerminal prepares cmd so that the agent holds no terminal of the
+// user's. When this process's group has the terminal on cmd.Stdin in the
+// foreground, cmd gets a pseudo-terminal of its own in place of every
+// terminal among its stdin, stdout and stderr (start the relay with run
+// once cmd started, end it with close). Otherwise a terminal stdin
+// becomes /dev/null (in a session of its own the agent would read what
+// the user types to the shell), and a terminal stdout or stderr a pipe
+// whose output this process copies there. t is nil when there is nothing
+// to relay or close.
 func giveTerminal(cmd *exec.Cmd) (t *terminal, err error) {
-	in, ok := cmd.Stdin.(*os.File)
-	if !ok {
+	in, _ := cmd.Stdin.(*os.File)
+	if in == nil || !isTerminal(in) {
+		onlyWrites(cmd)
 		return nil, nil
 	}
 	fd := int(in.Fd())
-	saved, err := unix.IoctlGetTermios(fd, unix.TCGETS)
-	if err != nil {
-		return nil, nil // not a terminal
-	}
-	fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
-	if err != nil || fg != unix.Getpgrp() {
+	if fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err != nil || fg != unix.Getpgrp() {
 		null, err := os.Open(os.DevNull)
 		if err != nil {
 			return nil, fmt.Errorf("agent stdin: %w", err)
 		}
 		cmd.Stdin = null
+		onlyWrites(cmd)
 		return &terminal{user: -1, slave: null}, nil
+	}
+	saved, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+	if err != nil {
+		return nil, fmt.Errorf("the terminal's mode: %w", err)
 	}
 	size, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ)
 	if err != nil {
@@ -104,9 +108,9 @@ func giveTerminal(cmd *exec.Cmd) (t *terminal, err error) {
 	t = &terminal{user: fd, saved: saved, master: master, masterFD: m, slave: slave, out: in, outDone: make(chan struct{})}
 	cmd.Stdin = slave
 	for _, w := range []*io.Writer{&cmd.Stdout, &cmd.Stderr} {
-		if f, ok := (*w).(*os.File); ok && sameTerminal(f, in) {
+		if f, ok := (*w).(*os.File); ok && isTerminal(f) {
 			if t.out == io.Writer(in) {
-				t.out = f
+				t.out = f // the agent's terminal shows where its output went
 			}
 			*w = slave
 		}
@@ -118,13 +122,21 @@ func giveTerminal(cmd *exec.Cmd) (t *terminal, err error) {
 	return t, nil
 }
 
-// sameTerminal reports whether f is the terminal tty is.
-func sameTerminal(f, tty *os.File) bool {
-	var a, b unix.Stat_t
-	if unix.Fstat(int(f.Fd()), &a) != nil || unix.Fstat(int(tty.Fd()), &b) != nil {
-		return false
+// onlyWrites gives cmd a pipe in place of a terminal stdout or stderr:
+// exec.Cmd copies what comes through it to the terminal, which the agent
+// never holds (a descriptor of a terminal reads as well as it writes).
+func onlyWrites(cmd *exec.Cmd) {
+	for _, w := range []*io.Writer{&cmd.Stdout, &cmd.Stderr} {
+		if f, ok := (*w).(*os.File); ok && isTerminal(f) {
+			*w = struct{ io.Writer }{f}
+		}
 	}
-	return a.Mode&unix.S_IFMT == unix.S_IFCHR && a.Rdev == b.Rdev
+}
+
+// isTerminal reports whether f is a terminal.
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 // run starts the relay once the agent has started: the user's terminal
@@ -140,29 +152,28 @@ func (t *terminal) run() error {
 	if t.user < 0 {
 		return nil
 	}
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		return fmt.Errorf("terminal relay: %w", err)
-	}
-	t.stopR, t.stopW = p[0], p[1]
 	raw := *t.saved
 	raw.Iflag &^= unix.IGNBRK | unix.BRKINT | unix.PARMRK | unix.ISTRIP | unix.INLCR | unix.IGNCR | unix.ICRNL | unix.IXON
 	raw.Lflag &^= unix.ECHO | unix.ECHONL | unix.ICANON | unix.ISIG | unix.IEXTEN
 	raw.Cflag &^= unix.CSIZE | unix.PARENB
 	raw.Cflag |= unix.CS8
 	raw.Cc[unix.VMIN], raw.Cc[unix.VTIME] = 1, 0
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return fmt.Errorf("terminal relay: %w", err)
+	}
 	if err := unix.IoctlSetTermios(t.user, unix.TCSETS, &raw); err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
 		return fmt.Errorf("put the terminal in raw mode: %w", err)
 	}
+	t.stopR, t.stopW = p[0], p[1]
 	t.winch = make(chan os.Signal, 1)
 	signal.Notify(t.winch, unix.SIGWINCH)
 	t.wg.Add(2)
 	go t.relayInput()
 	go t.followSize()
-	go func() {
-		defer close(t.outDone)
-		io.Copy(t.out, t.master) // ends with EIO once no process holds the agent's terminal
-	}()
+	go t.relayOutput()
 	return nil
 }
 
@@ -195,7 +206,29 @@ func (t *terminal) relayInput() {
 		if n <= 0 || err != nil {
 			return
 		}
+		// Blocks while the agent's terminal takes no more input; close
+		// ends it by closing the master.
 		if _, err := t.master.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+// relayOutput shows what the agent's terminal prints until no process
+// holds it (EIO) or close closes it; a user's terminal that stops taking
+// it does not stop the agent (what it prints is then dropped).
+func (t *terminal) relayOutput() {
+	defer close(t.outDone)
+	buf := make([]byte, 32*1024)
+	out := t.out
+	for {
+		n, err := t.master.Read(buf)
+		if n > 0 && out != nil {
+			if _, werr := out.Write(buf[:n]); werr != nil {
+				out = nil
+			}
+		}
+		if err != nil {
 			return
 		}
 	}
@@ -218,11 +251,16 @@ const outputDrain = 2 * time.Second
 
 // close ends the relay once the attempt has settled, shows what the
 // agent's terminal still held, and gives the user's terminal its mode
-// back. A nil t, or one whose relay never ran, closes what it opened.
+// back; only the first call does anything. A nil t, or one whose relay
+// never ran, closes what it opened.
 func (t *terminal) close() {
 	if t == nil {
 		return
 	}
+	t.closeOnce.Do(t.closeNow)
+}
+
+func (t *terminal) closeNow() {
 	if t.slave != nil { // the agent never started
 		t.slave.Close()
 	}
@@ -233,16 +271,21 @@ func (t *terminal) close() {
 		signal.Stop(t.winch)
 		close(t.winch)
 		unix.Write(t.stopW, []byte{0})
-		t.wg.Wait()
 		select {
 		case <-t.outDone:
-		case <-time.After(outputDrain):
-			t.master.Close() // a process outside the attempt holds the agent's terminal
-			<-t.outDone
+		case <-time.After(outputDrain): // a process outside the attempt holds the agent's terminal
 		}
+		t.master.Close() // ends the output relay, and an input write the agent's terminal no longer takes
+		<-t.outDone
+		t.wg.Wait()
 		unix.Close(t.stopR)
 		unix.Close(t.stopW)
+		// Run may be in the background by now: changing the terminal's
+		// mode from there would stop it (SIGTTOU).
+		signal.Ignore(unix.SIGTTOU)
 		unix.IoctlSetTermios(t.user, unix.TCSETS, t.saved)
+		signal.Reset(unix.SIGTTOU)
+		return
 	}
 	t.master.Close()
 }

@@ -1,27 +1,35 @@
 package attempt
 
 import (
-	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fenceline/fenceline/internal/testutil"
 )
 
-// TestTerminalNotOursNotGiven: a terminal on stdin that this process is
-// not in the foreground of (here not even its controlling terminal: a
-// run started in the background, or by a daemon holding a terminal) is
-// not given to the agent. In a session of its own the agent would read
-// it freely, taking what the user types to the shell; it reads
-// /dev/null.
+// TestTerminalNotOursNotGiven: a terminal on stdin, stdout and stderr
+// that this process is not in the foreground of (here not even its
+// controlling terminal: a run started in the background, or by a daemon
+// holding a terminal) is not given to the agent in any of them. In a
+// session of its own the agent would read it freely — through its stdout
+// as well, a terminal reads as well as it writes — taking what the user
+// types to the shell. It reads /dev/null, and what it prints reaches the
+// terminal through a pipe.
 func TestTerminalNotOursNotGiven(t *testing.T) {
 	m, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetNonblock(m, true); err != nil { // on the poller: Close ends a Read
 		t.Fatal(err)
 	}
 	master := os.NewFile(uintptr(m), "ptmx")
@@ -38,22 +46,52 @@ func TestTerminalNotOursNotGiven(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tty.Close()
+	mode, err := unix.IoctlGetTermios(int(tty.Fd()), unix.TCGETS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mode.Lflag &^= unix.ECHO // what is typed is not shown: only what the agent prints is
+	if err := unix.IoctlSetTermios(int(tty.Fd()), unix.TCSETS, mode); err != nil {
+		t.Fatal(err)
+	}
 	// What the user typed, waiting on the terminal.
 	if _, err := master.Write([]byte("typed to the shell\n")); err != nil {
 		t.Fatal(err)
 	}
+	var (
+		mu    sync.Mutex
+		shown strings.Builder
+	)
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		buf := make([]byte, 4096)
+		for {
+			n, err := master.Read(buf)
+			mu.Lock()
+			shown.Write(buf[:n])
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var out bytes.Buffer
-	cmd := exec.CommandContext(ctx, "sh", "-c", `cat; echo done`)
-	cmd.Stdin, cmd.Stdout = tty, &out
+	cmd := exec.CommandContext(ctx, "sh", "-c", `cat; cat <&1; cat <&2; echo done`)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
 	term, err := giveTerminal(cmd)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if f, ok := cmd.Stdin.(*os.File); !ok || f.Name() != os.DevNull {
 		t.Fatalf("the agent's stdin is %v, want %s", cmd.Stdin, os.DevNull)
+	}
+	for _, w := range []io.Writer{cmd.Stdout, cmd.Stderr} {
+		if _, ok := w.(*os.File); ok {
+			t.Fatalf("the agent's stdout or stderr is a file (%v), want a pipe exec.Cmd makes", w)
+		}
 	}
 	if err := cmd.Start(); err != nil {
 		term.close()
@@ -64,10 +102,22 @@ func TestTerminalNotOursNotGiven(t *testing.T) {
 	}
 	err = cmd.Wait()
 	term.close()
-	if err != nil || out.String() != "done\n" {
-		t.Fatalf("agent: %v, output %q: it read the terminal (want only %q)", err, out.String(), "done\n")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if strings.Contains(out.String(), "typed") {
-		t.Fatal("the agent read what the user typed to the shell")
+	var got string
+	testutil.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		mu.Lock()
+		got = shown.String()
+		mu.Unlock()
+		if !strings.Contains(got, "done") {
+			return fmt.Errorf("what the agent printed has not reached the terminal: %q", got)
+		}
+		return nil
+	})
+	if strings.Contains(got, "typed") {
+		t.Fatalf("the agent read what the user typed to the shell: the terminal shows %q", got)
 	}
+	master.Close()
+	<-copied
 }

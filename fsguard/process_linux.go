@@ -245,11 +245,13 @@ func (pr *Process) spawn(log *slog.Logger, cmd *exec.Cmd, cfg childConfig, env [
 	if pi, ok := readStat(pr.pid); ok {
 		pr.started = pi.start // tells its number's later owners apart (groupReused)
 	}
-	registerDirect(pr.pid)
+	registerDirect(pr.pid, pr.started)
+	pr.recordSession(pr.pid, pr.started) // before the command runs
 	if err := pr.handshake(log, parentSock, setup, cmd.Path); err != nil {
 		c.Process.Kill()
 		c.Wait()
-		unregisterDirect(pr.pid)
+		unregisterDirect(pr.pid, pr.started)
+		pr.forgetSessions()
 		if pr.listener >= 0 {
 			unix.Close(pr.listener)
 		}
@@ -457,7 +459,7 @@ func (pr *Process) superviseTree(ctx context.Context) {
 // (drained for up to auditDrain), the private dirs and the IPC objects the
 // attempt left; done is closed last.
 func (pr *Process) settle(log *slog.Logger) {
-	unregisterDirect(pr.pid)
+	unregisterDirect(pr.pid, pr.started)
 	pr.forgetSessions()
 	unix.Close(pr.stopW) // ends the notification loop if the filter outlived the tree
 	<-pr.notifDone

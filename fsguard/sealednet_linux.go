@@ -75,11 +75,12 @@ type sealedNet struct {
 	once sync.Once
 	err  error // why the network could not be made (sticky)
 
-	mu   sync.Mutex    // one request at a time on sock, and pool
-	pool map[int][]int // unused sockets made in the namespace, by family
-	sock int           // the supervisor's end of the helper's socket
-	cmd  *exec.Cmd
-	ns   atomic.Uint64 // inode of the namespace: sockets made there are the agent's sealed ones
+	mu       sync.Mutex    // one request at a time on sock, and pool
+	pool     map[int][]int // unused sockets made in the namespace, by family
+	sock     int           // the supervisor's end of the helper's socket
+	cmd      *exec.Cmd
+	cmdStart uint64        // cmd's start time (see registerDirect)
+	ns       atomic.Uint64 // inode of the namespace: sockets made there are the agent's sealed ones
 
 	dns    []net.PacketConn
 	connMu sync.Mutex
@@ -232,8 +233,9 @@ func (s *sealedNet) startHelper() error {
 		unix.Close(fds[0])
 		return fmt.Errorf("cannot make a user and network namespace for the agent's UDP (%w); UDP stays refused", err)
 	}
-	registerDirect(cmd.Process.Pid)
-	s.sock, s.cmd = fds[0], cmd
+	pi, _ := readStat(cmd.Process.Pid) // alive: its exec.Cmd has not reaped it
+	registerDirect(cmd.Process.Pid, pi.start)
+	s.sock, s.cmd, s.cmdStart = fds[0], cmd, pi.start
 	return nil
 }
 
@@ -324,7 +326,7 @@ func (s *sealedNet) stopHelper() {
 	unix.Close(s.sock) // the helper exits on EOF
 	s.cmd.Process.Kill()
 	s.cmd.Wait()
-	unregisterDirect(s.cmd.Process.Pid)
+	unregisterDirect(s.cmd.Process.Pid, s.cmdStart)
 	s.cmd = nil
 }
 

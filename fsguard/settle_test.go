@@ -133,8 +133,8 @@ func TestCancelSparesAnotherAttemptsOrphan(t *testing.T) {
 }
 
 // TestCancelSparesAnotherAttemptsSessionOrphan: as
-// TestCancelSparesAnotherAttemptsOrphan, but attempt A's orphans left its
-// session first — one with setsid(1), one calling setsid on a thread
+// TestCancelSparesAnotherAttemptsOrphan, but attempt A's orphans, alive
+// until B has settled, left A's session first — one with setsid(1), one calling setsid on a thread
 // other than its first (the kernel names that thread to the supervisor).
 // Before, an orphan in a session of its own counted as every attempt's,
 // so B's cancel killed both. B's own orphan in a session of its own is
@@ -143,8 +143,9 @@ func TestCancelSparesAnotherAttemptsSessionOrphan(t *testing.T) {
 	t.Parallel()
 	helper := guardHelper(t)
 	wa, wb := newWorktree(t), newWorktree(t)
-	a := exec.Command("/bin/sh", "-c", `(setsid /bin/sh -c 'echo $$ > leased/sess; sleep 1; echo finished > leased/orphan.txt' &)
-(`+helper+` atk-threadsetsid leased/threadsess leased/thread.txt &)
+	// The orphans finish once B settled (leased/go), or after a minute.
+	a := exec.Command("/bin/sh", "-c", `(setsid /bin/sh -c 'echo $$ > leased/sess; i=0; while [ ! -e leased/go ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; echo finished > leased/orphan.txt' &)
+(`+helper+` atk-threadsetsid leased/threadsess leased/go leased/thread.txt &)
 exit 0`)
 	a.Dir = wa.root
 	pa, err := Start(context.Background(), wa.policy(), &testGate{}, nil, a)
@@ -201,6 +202,9 @@ exit 0`)
 	}
 	if err := unix.Kill(own, 0); !errors.Is(err, unix.ESRCH) {
 		t.Errorf("attempt B's own orphan %d, in a session of its own, outlived B's cancel (kill 0: %v)", own, err)
+	}
+	if err := os.WriteFile(filepath.Join(wa.leased, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := pa.Wait(); err != nil {
 		t.Fatal(err)

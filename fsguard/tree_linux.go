@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,23 +40,49 @@ import (
 
 var (
 	directMu sync.Mutex
-	// direct counts, by pid, the commands of running attempts that were
-	// started with that pid: an attempt that settles after its number
-	// was reused by another's command leaves the other's registered.
-	direct = map[int]int{} // guarded by directMu
-	// sessions maps the id of each session a process of an attempt made
-	// with setsid to that attempt. The kernel gives a process a number
-	// only once no session uses it, so a new session of a number is
-	// never an old one still in use: the latest record wins.
-	sessions = map[int]*Process{} // guarded by directMu
+	// direct counts the commands of running attempts (and the sealed
+	// network's helpers) by number and start time: their exec.Cmd reaps
+	// them. A process that later got the number of one reaped already is
+	// not one of them.
+	direct = map[procKey]int{} // guarded by directMu
+	// sessions maps the id of every session an attempt made — its
+	// command's, at start, and each one a process of it made with setsid —
+	// to the attempt and the leader's start time. The kernel gives a
+	// process a number only once no session uses it, and every session an
+	// attempt's process makes is recorded before it exists, so the latest
+	// record of a number is the session's that uses it now.
+	sessions = map[int]sessionRecord{} // guarded by directMu
+	// recorded counts the records made, so a scan prunes only those older
+	// than itself (the processes of a newer one may not be in it).
+	recorded uint64 // guarded by directMu
 )
 
-// recordSession records that process tgid of pr, about to call setsid,
-// leads a session of pr's. A setsid that then fails (tgid already leads
-// a group) leaves a record no session uses.
-func (pr *Process) recordSession(tgid int) {
+// procKey is a process told apart from later owners of its number.
+type procKey struct {
+	pid   int
+	start uint64
+}
+
+type sessionRecord struct {
+	pr    *Process
+	start uint64 // the leader's, to tell a record no session uses yet from one none uses any more
+	seq   uint64 // its place among the records made
+	// unseen is when a scan first found no process in the session, since
+	// the last that found one (zero: the last scan found one).
+	unseen time.Time
+}
+
+// sessionGone is how long a session must go unseen, across scans, before
+// its record is dropped: one scan can miss a session whose process forks
+// and exits while the scan reads /proc.
+const sessionGone = 2 * time.Second
+
+// recordSession records that process pid (started at start) of pr leads,
+// or is about to lead, a session of pr's.
+func (pr *Process) recordSession(pid int, start uint64) {
 	directMu.Lock()
-	sessions[tgid] = pr
+	recorded++
+	sessions[pid] = sessionRecord{pr: pr, start: start, seq: recorded}
 	directMu.Unlock()
 }
 
@@ -63,10 +90,19 @@ func (pr *Process) recordSession(tgid int) {
 // lead, then lets setsid run: what the process starts from then on, and
 // leaves behind, stays the attempt's. The thread's process is read before
 // the notification is checked to be still pending, so it is the caller's.
+// A call whose caller cannot be read is refused (EPERM, setsid's own
+// refusal): a session nobody recorded would be every attempt's.
 func handleSetsid(t *trap) {
-	if tgid, ok := taskTgid(t.pid()); ok && t.valid() {
-		t.pr.recordSession(tgid)
+	tgid, ok := taskTgid(t.pid())
+	var pi procInfo
+	if ok {
+		pi, ok = readStat(tgid)
 	}
+	if !ok || !t.valid() {
+		t.fail(unix.EPERM)
+		return
+	}
+	t.pr.recordSession(tgid, pi.start)
 	t.proceed()
 }
 
@@ -75,39 +111,77 @@ func handleSetsid(t *trap) {
 func (pr *Process) forgetSessions() {
 	directMu.Lock()
 	defer directMu.Unlock()
-	for sid, owner := range sessions {
-		if owner == pr {
+	for sid, r := range sessions {
+		if r.pr == pr {
 			delete(sessions, sid)
 		}
 	}
 }
 
-// sessionOwner is the attempt a process of session sid belongs to: the
-// one whose command leads it, or that recorded it; nil if none did.
+// pruneSessions drops the records of sessions that ended, given every
+// live process by number, as read by a scan that began at began (before
+// is the last record made before it): the leader's number is another
+// process's now, or no process of the session, its leader included (whose
+// record comes before its setsid), was found for sessionGone. An attempt
+// that makes sessions by the thousand keeps only those in use.
+func pruneSessions(all map[int]procInfo, before uint64, began time.Time) {
+	inUse := make(map[int]bool, len(all))
+	for _, pi := range all {
+		inUse[pi.sid] = true
+	}
+	directMu.Lock()
+	defer directMu.Unlock()
+	for sid, r := range sessions {
+		if r.seq > before {
+			continue // recorded during the scan: its processes may be missing from all
+		}
+		leader, alive := all[sid]
+		switch {
+		case alive && leader.start != r.start:
+			// The number is another process's: the session ended.
+			delete(sessions, sid)
+		case inUse[sid] || alive:
+			r.unseen = time.Time{}
+			sessions[sid] = r
+		case r.unseen.IsZero():
+			r.unseen = began
+			sessions[sid] = r
+		case began.Sub(r.unseen) >= sessionGone:
+			delete(sessions, sid)
+		}
+	}
+}
+
+// sessionOwner is the attempt whose session sid is (nil if no attempt
+// recorded it).
 func sessionOwner(sid int) *Process {
 	directMu.Lock()
 	defer directMu.Unlock()
-	return sessions[sid]
+	return sessions[sid].pr
 }
 
-func registerDirect(pid int) {
+// registerDirect records a command the caller's exec.Cmd reaps.
+func registerDirect(pid int, start uint64) {
 	directMu.Lock()
-	direct[pid]++
+	direct[procKey{pid, start}]++
 	directMu.Unlock()
 }
 
-func unregisterDirect(pid int) {
+func unregisterDirect(pid int, start uint64) {
+	k := procKey{pid, start}
 	directMu.Lock()
-	if direct[pid]--; direct[pid] <= 0 {
-		delete(direct, pid)
+	if direct[k]--; direct[k] <= 0 {
+		delete(direct, k)
 	}
 	directMu.Unlock()
 }
 
-func isDirect(pid int) bool {
+// isDirect reports whether pi is a registered command (not a process
+// that got its number since).
+func isDirect(pi procInfo) bool {
 	directMu.Lock()
 	defer directMu.Unlock()
-	return direct[pid] > 0
+	return direct[procKey{pi.pid, pi.start}] > 0
 }
 
 // groupReused reports whether the attempt's command is gone and its
@@ -140,7 +214,9 @@ type procInfo struct {
 
 // members lists the attempt's processes (live and zombie).
 func (pr *Process) members() []procInfo {
-	self := os.Getpid()
+	directMu.Lock()
+	before, began := recorded, time.Now()
+	directMu.Unlock()
 	reused := pr.groupReused()
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -160,19 +236,24 @@ func (pr *Process) members() []procInfo {
 		}
 		all[pid] = pi
 		children[pi.ppid] = append(children[pi.ppid], pid)
+	}
+	pruneSessions(all, before, began)
+	self := os.Getpid()
+	for pid, pi := range all {
 		switch {
 		case pid == pr.pid && !reused:
 			roots = append(roots, pid)
-		case pi.sid == pr.pid && !reused || pi.ppid == self && !isDirect(pid) && pr.ownsSession(pi.sid, reused):
-			// In the session the attempt's command leads, or adopted by
-			// this process (its parent died: an orphan) from a session
-			// of the attempt's: another attempt's orphan is not this
-			// one's, so one attempt's cancel never kills it
+		case pi.ppid == self && !isDirect(pi) && pr.ownsSession(pi.sid) && seccompFilters(pid) > ownFilters():
+			// Adopted by this process (its parent died: an orphan), from
+			// a session of the attempt's (its command's, or one a process
+			// of it made), and carrying a filter this process installed.
+			// Another attempt's orphan is not this one's, so one
+			// attempt's cancel never kills it
 			// (TestCancelSparesAnotherAttemptsOrphan,
-			// TestCancelSparesAnotherAttemptsSessionOrphan).
-			if seccompFilters(pid) > ownFilters() {
-				roots = append(roots, pid)
-			}
+			// TestCancelSparesAnotherAttemptsSessionOrphan,
+			// TestSessionRecordBeatsTheCommandsNumber). The rest of the
+			// attempt descends from these or from the command.
+			roots = append(roots, pid)
 		}
 	}
 	seen := map[int]bool{}
@@ -190,27 +271,20 @@ func (pr *Process) members() []procInfo {
 	return out
 }
 
-// ownsSession reports whether an orphan of session sid, adopted by this
-// process, is the attempt's: sid is the attempt's command's (and that
-// number is not another's now), or recorded for the attempt. A session
-// no attempt made or recorded — every setsid of an attempt's process is
-// trapped and recorded, so none is expected — counts for every attempt:
-// a cancel then kills too much rather than leave a process behind.
-func (pr *Process) ownsSession(sid int, reused bool) bool {
-	if sid == pr.pid {
-		return !reused
-	}
-	if owner := sessionOwner(sid); owner != nil {
-		return owner == pr
-	}
-	return !isDirect(sid)
+// ownsSession reports whether session sid is the attempt's. A session
+// no attempt recorded — every session an attempt's process makes is
+// recorded first, so none is expected — counts for every attempt: a
+// cancel then kills too much rather than leave a process behind.
+func (pr *Process) ownsSession(sid int) bool {
+	owner := sessionOwner(sid)
+	return owner == nil || owner == pr
 }
 
 // reap collects the attempt's zombies this process adopted.
 func (pr *Process) reap(members []procInfo) {
 	self := os.Getpid()
 	for _, m := range members {
-		if m.ppid == self && m.pid != pr.pid && m.state == 'Z' && !isDirect(m.pid) {
+		if m.ppid == self && m.state == 'Z' && !isDirect(m) {
 			var ws unix.WaitStatus
 			unix.Wait4(m.pid, &ws, unix.WNOHANG, nil)
 		}

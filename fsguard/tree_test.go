@@ -3,12 +3,21 @@
 package fsguard
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fenceline/fenceline/internal/testutil"
 )
 
 // TestReusedNumberIsNotTheAttempts: process ids are reused (pid_max is
@@ -41,8 +50,12 @@ func TestReusedNumberIsNotTheAttempts(t *testing.T) {
 	if own.groupReused() {
 		t.Fatal("the command's own number counted as reused")
 	}
-	if len(own.members()) != 1 {
-		t.Fatalf("the attempt whose command this is has %d members, want it", len(own.members()))
+	if ms := own.members(); len(ms) != 1 {
+		for _, m := range ms {
+			b, _ := os.ReadFile("/proc/" + strconv.Itoa(m.pid) + "/cmdline")
+			t.Logf("member %+v owner %p filters %d cmd %q", m, sessionOwner(m.sid), seccompFilters(m.pid), b)
+		}
+		t.Fatalf("the attempt whose command this is has %d members, want it", len(ms))
 	}
 
 	if !own.commandHolds() {
@@ -64,5 +77,139 @@ func TestReusedNumberIsNotTheAttempts(t *testing.T) {
 	}
 	if err := unix.Kill(other.Process.Pid, 0); errors.Is(err, unix.ESRCH) {
 		t.Fatal("an attempt whose command is gone killed the process that got its number")
+	}
+}
+
+// startAttempt starts script under the guard in a fresh worktree,
+// canceled and waited for at the test's end.
+func startAttempt(t *testing.T, script string) (*Process, worktree) {
+	t.Helper()
+	w := newWorktree(t)
+	p := w.policy()
+	p.KillGrace = 50 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.Dir = w.root
+	pr, err := Start(ctx, p, &testGate{}, nil, cmd)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		pr.Wait()
+	})
+	return pr, w
+}
+
+// waitFile waits for a process of the attempt to write file, and returns
+// what it wrote.
+func waitFile(t *testing.T, file string) string {
+	t.Helper()
+	var got string
+	testutil.CheckFor(t, 60*time.Second, 10*time.Millisecond, func() error {
+		b, err := os.ReadFile(file)
+		if got = strings.TrimSpace(string(b)); err != nil || got == "" {
+			return fmt.Errorf("nothing in %s yet (%v)", file, err)
+		}
+		return nil
+	})
+	return got
+}
+
+func isMember(ms []procInfo, pid int) bool {
+	for _, m := range ms {
+		if m.pid == pid {
+			return true
+		}
+	}
+	return false
+}
+
+// TestSessionRecordBeatsTheCommandsNumber: attempt A's command is gone
+// and its number S went to a process of attempt B, which made session S
+// (setsid), started a daemon in it and exited. The daemon is B's: A,
+// whose command had that number, neither claims nor kills it (it did:
+// a session of the command's number counted as the attempt's whenever
+// no process held the number).
+func TestSessionRecordBeatsTheCommandsNumber(t *testing.T) {
+	t.Parallel()
+	b, w := startAttempt(t, `setsid /bin/sh -c 'sleep 1000 & echo $! > leased/daemon'; sleep 1000`)
+	daemon, _ := strconv.Atoi(waitFile(t, filepath.Join(w.leased, "daemon")))
+	var sid int
+	testutil.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		pi, ok := readStat(daemon)
+		if !ok || pi.ppid != os.Getpid() {
+			return fmt.Errorf("the daemon %d is not an orphan of this process yet: %+v", daemon, pi)
+		}
+		if _, alive := readStat(pi.sid); alive {
+			return fmt.Errorf("the daemon's session leader %d has not exited yet", pi.sid)
+		}
+		sid = pi.sid
+		return nil
+	})
+	a := &Process{pid: sid, started: 1} // A, whose command had number sid
+	if ms := a.members(); isMember(ms, daemon) {
+		t.Fatalf("attempt A, whose reaped command had number %d, claims B's daemon %d in session %d: %+v", sid, daemon, sid, ms)
+	}
+	if !isMember(b.members(), daemon) {
+		t.Fatalf("attempt B does not claim its daemon %d in the session %d it made", daemon, sid)
+	}
+}
+
+// TestReusedCommandNumberIsAMember: a process of the attempt that got
+// the number of a command reaped already (its attempt still settling) is
+// a member like any other: it was left out as that command — which its
+// exec.Cmd reaps — and so outlived its attempt's cancel and kill, and
+// the attempt never settled. A command is told apart by its start time.
+func TestReusedCommandNumberIsAMember(t *testing.T) {
+	t.Parallel()
+	b, w := startAttempt(t, `(sleep 1000 & echo $! > leased/orphan); sleep 1000`)
+	orphan, _ := strconv.Atoi(waitFile(t, filepath.Join(w.leased, "orphan")))
+	var pi procInfo
+	testutil.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		var ok bool
+		if pi, ok = readStat(orphan); !ok || pi.ppid != os.Getpid() {
+			return fmt.Errorf("the orphan %d is not this process's yet: %+v", orphan, pi)
+		}
+		return nil
+	})
+	// A command, reaped since, that had the orphan's number.
+	registerDirect(orphan, pi.start-1)
+	defer unregisterDirect(orphan, pi.start-1)
+	if !isMember(b.members(), orphan) {
+		t.Fatalf("attempt B's orphan %d, which has the number of a command reaped already, is not B's", orphan)
+	}
+}
+
+// TestEndedSessionsForgotten: an attempt that makes sessions by the
+// hundred, each ending at once, keeps records only of those in use.
+func TestEndedSessionsForgotten(t *testing.T) {
+	t.Parallel()
+	pr, w := startAttempt(t, `i=0; while [ $i -lt 300 ]; do setsid true; i=$((i+1)); done; echo done > leased/done; sleep 1000`)
+	waitFile(t, filepath.Join(w.leased, "done"))
+	owned := func() int {
+		directMu.Lock()
+		defer directMu.Unlock()
+		n := 0
+		for _, r := range sessions {
+			if r.pr == pr {
+				n++
+			}
+		}
+		return n
+	}
+	if n := owned(); n < 2 {
+		t.Logf("%d session records once the sessions ended (a scan may have pruned them already)", n)
+	}
+	testutil.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+		pr.members() // a scan, as the supervisor makes each second
+		if n := owned(); n > 1 {
+			return fmt.Errorf("%d session records of the attempt, want only its command's", n)
+		}
+		return nil
+	})
+	if owned() != 1 {
+		t.Fatal("the record of the attempt's command's session, still in use, was dropped")
 	}
 }

@@ -187,13 +187,14 @@ func TestRunInteractiveAgent(t *testing.T) {
 	url := startBus(t)
 	co := newCheckout(t, "")
 	master, slave := openPty(t)
+	userTTY := slave.Name()
 	setWinsize(t, master, 33, 77)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(self, "--nats", url, "run", "--checkout", co, "--", "sh", "-c",
-		`trap 'echo "size $(stty size)"' WINCH; echo "size $(stty size)"; read x; echo "got $x"; while :; do sleep 100 & wait $!; done`)
+		`trap 'echo "size $(stty size)"' WINCH; echo "tty $(tty)."; echo "size $(stty size)"; read x; echo "got $x"; while :; do sleep 100 & wait $!; done`)
 	cmd.Env = append(cfgEnv(t), runAsCLIEnv+"=1")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0} // the terminal's foreground group
@@ -228,6 +229,10 @@ func TestRunInteractiveAgent(t *testing.T) {
 		return nil
 	})
 	mustContain(t, "the agent's terminal", out.String(), "size 33 77")
+	mustContain(t, "the agent's terminal", out.String(), "tty /dev/pts/")
+	if user := "tty " + userTTY + "."; strings.Contains(out.String(), user) {
+		t.Errorf("the agent holds the user's terminal (%s), not one of its own:\n%s", userTTY, out.String())
+	}
 	// The user's window changes: the agent's terminal follows, and the
 	// agent hears of it (SIGWINCH).
 	setWinsize(t, master, 41, 101)

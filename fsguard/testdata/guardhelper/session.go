@@ -57,13 +57,13 @@ func atkJoinGroup(args []string) int {
 	}
 }
 
-// atkThreadSetsid STARTED OUT: calls setsid on a thread other than the
-// process's first (the kernel names that thread, not the process, to the
-// supervisor), writes "SID PID" to STARTED, then after a second writes
-// "finished" to OUT.
+// atkThreadSetsid STARTED GO OUT: calls setsid on a thread other than
+// the process's first (the kernel names that thread, not the process, to
+// the supervisor), writes "SID PID" to STARTED, then once GO exists (or
+// after a minute) writes "finished" to OUT.
 func atkThreadSetsid(args []string) int {
-	if len(args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: atk-threadsetsid STARTED OUT")
+	if len(args) != 3 {
+		fmt.Fprintln(os.Stderr, "usage: atk-threadsetsid STARTED GO OUT")
 		return 2
 	}
 	type result struct {
@@ -96,8 +96,12 @@ func atkThreadSetsid(args []string) int {
 		}
 		break
 	}
-	time.Sleep(time.Second)
-	if err := os.WriteFile(args[1], []byte("finished\n"), 0o644); err != nil {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(args[1]); err == nil {
+			break
+		}
+	}
+	if err := os.WriteFile(args[2], []byte("finished\n"), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
