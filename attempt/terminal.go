@@ -1,12 +1,14 @@
 package attempt
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -36,10 +38,18 @@ type terminal struct {
 	out       io.Writer
 	stopR     int // a byte on stopW ends the input relay
 	stopW     int
+	in        int // the user's terminal, as relayInput reads it
 	winch     chan os.Signal
 	wg        sync.WaitGroup
 	outDone   chan struct{}
+	sizeDone  chan struct{}
 	closeOnce sync.Once
+	// onlyWrites' pipes in place of a terminal stdout or stderr: the
+	// agent's ends until run, the read ends, where they are copied, and
+	// the copies' end.
+	pipeWrites, pipeReads []*os.File
+	pipeDsts              []io.Writer
+	pipesDone             chan struct{}
 }
 
 // giveTerminal prepares cmd so that the agent holds no terminal of the
@@ -54,8 +64,14 @@ type terminal struct {
 func giveTerminal(cmd *exec.Cmd) (t *terminal, err error) {
 	in, _ := cmd.Stdin.(*os.File)
 	if in == nil || !isTerminal(in) {
-		onlyWrites(cmd)
-		return nil, nil
+		t = &terminal{user: -1}
+		if err := t.onlyWrites(cmd); err != nil {
+			return nil, err
+		}
+		if len(t.pipeReads) == 0 {
+			return nil, nil
+		}
+		return t, nil
 	}
 	fd := int(in.Fd())
 	if fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err != nil || fg != unix.Getpgrp() {
@@ -64,8 +80,12 @@ func giveTerminal(cmd *exec.Cmd) (t *terminal, err error) {
 			return nil, fmt.Errorf("agent stdin: %w", err)
 		}
 		cmd.Stdin = null
-		onlyWrites(cmd)
-		return &terminal{user: -1, slave: null}, nil
+		t = &terminal{user: -1, slave: null}
+		if err := t.onlyWrites(cmd); err != nil {
+			null.Close()
+			return nil, err
+		}
+		return t, nil
 	}
 	saved, err := unix.IoctlGetTermios(fd, unix.TCGETS)
 	if err != nil {
@@ -122,13 +142,50 @@ func giveTerminal(cmd *exec.Cmd) (t *terminal, err error) {
 	return t, nil
 }
 
-// onlyWrites gives cmd a pipe in place of a terminal stdout or stderr:
-// exec.Cmd copies what comes through it to the terminal, which the agent
-// never holds (a descriptor of a terminal reads as well as it writes).
-func onlyWrites(cmd *exec.Cmd) {
+// onlyWrites gives cmd a pipe in place of a terminal stdout or stderr
+// (a descriptor of a terminal reads as well as it writes): what comes
+// through it is copied to the terminal until every writer is gone, or
+// for outputDrain after the attempt settled (see close) — a holder
+// outside the attempt cannot keep run waiting.
+func (t *terminal) onlyWrites(cmd *exec.Cmd) error {
 	for _, w := range []*io.Writer{&cmd.Stdout, &cmd.Stderr} {
-		if f, ok := (*w).(*os.File); ok && isTerminal(f) {
-			*w = struct{ io.Writer }{f}
+		f, ok := (*w).(*os.File)
+		if !ok || !isTerminal(f) {
+			continue
+		}
+		r, pw, err := os.Pipe()
+		if err != nil {
+			t.closePipes()
+			return fmt.Errorf("agent output: %w", err)
+		}
+		t.pipeReads, t.pipeWrites = append(t.pipeReads, r), append(t.pipeWrites, pw)
+		t.pipeDsts = append(t.pipeDsts, f)
+		*w = pw
+	}
+	return nil
+}
+
+// closePipes closes what onlyWrites opened (the relay never ran).
+func (t *terminal) closePipes() {
+	for _, f := range append(t.pipeReads, t.pipeWrites...) {
+		f.Close()
+	}
+	t.pipeReads, t.pipeWrites = nil, nil
+}
+
+// copyOut copies r to dst until its writers are gone or close closes it;
+// a destination that stops taking it does not stop the agent.
+func copyOut(dst io.Writer, r io.Reader) {
+	buf := make([]byte, 32*1024)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 && dst != nil {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				dst = nil
+			}
+		}
+		if err != nil {
+			return
 		}
 	}
 }
@@ -147,8 +204,23 @@ func (t *terminal) run() error {
 	if t == nil {
 		return nil
 	}
-	t.slave.Close() // the agent holds it now: its last close ends the output
-	t.slave = nil
+	if t.slave != nil {
+		t.slave.Close() // the agent holds it now: its last close ends the output
+		t.slave = nil
+	}
+	for _, f := range t.pipeWrites {
+		f.Close() // the agent's now
+	}
+	t.pipeWrites = nil
+	t.pipesDone = make(chan struct{})
+	var copies sync.WaitGroup
+	for i, r := range t.pipeReads {
+		copies.Go(func() { copyOut(t.pipeDsts[i], r) })
+	}
+	go func() {
+		copies.Wait()
+		close(t.pipesDone)
+	}()
 	if t.user < 0 {
 		return nil
 	}
@@ -159,7 +231,8 @@ func (t *terminal) run() error {
 	raw.Cflag |= unix.CS8
 	raw.Cc[unix.VMIN], raw.Cc[unix.VTIME] = 1, 0
 	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+	var err error
+	if err = unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 		return fmt.Errorf("terminal relay: %w", err)
 	}
 	if err := unix.IoctlSetTermios(t.user, unix.TCSETS, &raw); err != nil {
@@ -168,9 +241,15 @@ func (t *terminal) run() error {
 		return fmt.Errorf("put the terminal in raw mode: %w", err)
 	}
 	t.stopR, t.stopW = p[0], p[1]
+	// A description of its own, non-blocking: a read never blocks when
+	// another reader of the terminal took what poll saw.
+	if t.in, err = unix.Open("/proc/self/fd/"+strconv.Itoa(t.user), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0); err != nil {
+		t.in = t.user
+	}
 	t.winch = make(chan os.Signal, 1)
 	signal.Notify(t.winch, unix.SIGWINCH)
-	t.wg.Add(2)
+	t.sizeDone = make(chan struct{})
+	t.wg.Add(1)
 	go t.relayInput()
 	go t.followSize()
 	go t.relayOutput()
@@ -181,7 +260,7 @@ func (t *terminal) run() error {
 // close asks it to stop or the user's terminal ends.
 func (t *terminal) relayInput() {
 	defer t.wg.Done()
-	fds := []unix.PollFd{{Fd: int32(t.user), Events: unix.POLLIN}, {Fd: int32(t.stopR), Events: unix.POLLIN}}
+	fds := []unix.PollFd{{Fd: int32(t.in), Events: unix.POLLIN}, {Fd: int32(t.stopR), Events: unix.POLLIN}}
 	buf := make([]byte, 4096)
 	for {
 		if _, err := unix.Poll(fds, -1); err != nil {
@@ -199,7 +278,7 @@ func (t *terminal) relayInput() {
 			}
 			continue
 		}
-		n, err := unix.Read(t.user, buf)
+		n, err := unix.Read(t.in, buf)
 		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
 			continue
 		}
@@ -237,7 +316,7 @@ func (t *terminal) relayOutput() {
 // followSize gives the agent's terminal the user's window size whenever
 // it changes.
 func (t *terminal) followSize() {
-	defer t.wg.Done()
+	defer close(t.sizeDone)
 	for range t.winch {
 		if ws, err := unix.IoctlGetWinsize(t.user, unix.TIOCGWINSZ); err == nil {
 			unix.IoctlSetWinsize(t.masterFD, unix.TIOCSWINSZ, ws)
@@ -264,20 +343,39 @@ func (t *terminal) closeNow() {
 	if t.slave != nil { // the agent never started
 		t.slave.Close()
 	}
+	// What a process outside the attempt still holds gets outputDrain.
+	drain, stop := context.WithTimeout(context.Background(), outputDrain)
+	defer stop()
+	if t.pipesDone == nil {
+		t.closePipes() // the relay never ran
+	} else {
+		select {
+		case <-t.pipesDone:
+		case <-drain.Done():
+		}
+		for _, r := range t.pipeReads {
+			r.Close() // ends a copy whose writer outlived the attempt
+		}
+		<-t.pipesDone
+	}
 	if t.user < 0 {
 		return
 	}
 	if t.winch != nil {
 		signal.Stop(t.winch)
 		close(t.winch)
+		<-t.sizeDone // before the master closes: it sets the master's size
 		unix.Write(t.stopW, []byte{0})
 		select {
 		case <-t.outDone:
-		case <-time.After(outputDrain): // a process outside the attempt holds the agent's terminal
+		case <-drain.Done():
 		}
 		t.master.Close() // ends the output relay, and an input write the agent's terminal no longer takes
 		<-t.outDone
 		t.wg.Wait()
+		if t.in != t.user {
+			unix.Close(t.in)
+		}
 		unix.Close(t.stopR)
 		unix.Close(t.stopW)
 		// Run may be in the background by now: changing the terminal's

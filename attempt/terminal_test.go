@@ -23,7 +23,7 @@ import (
 // session of its own the agent would read it freely — through its stdout
 // as well, a terminal reads as well as it writes — taking what the user
 // types to the shell. It reads /dev/null, and what it prints reaches the
-// terminal through a pipe.
+// terminal through a pipe run copies from.
 func TestTerminalNotOursNotGiven(t *testing.T) {
 	m, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -89,8 +89,8 @@ func TestTerminalNotOursNotGiven(t *testing.T) {
 		t.Fatalf("the agent's stdin is %v, want %s", cmd.Stdin, os.DevNull)
 	}
 	for _, w := range []io.Writer{cmd.Stdout, cmd.Stderr} {
-		if _, ok := w.(*os.File); ok {
-			t.Fatalf("the agent's stdout or stderr is a file (%v), want a pipe exec.Cmd makes", w)
+		if f, ok := w.(*os.File); !ok || isTerminal(f) {
+			t.Fatalf("the agent's stdout or stderr is %v, want a pipe run copies from", w)
 		}
 	}
 	if err := cmd.Start(); err != nil {
@@ -120,4 +120,66 @@ func TestTerminalNotOursNotGiven(t *testing.T) {
 	}
 	master.Close()
 	<-copied
+}
+
+// TestOutputHeldOutsideDoesNotHoldRun: a process outside the attempt
+// holding the agent's output pipe (an agent can hand its descriptors
+// over a Unix socket; ssh's ControlMaster takes them) does not keep run
+// waiting: the relay's close gives it outputDrain, then stops copying.
+func TestOutputHeldOutsideDoesNotHoldRun(t *testing.T) {
+	m, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	master := os.NewFile(uintptr(m), "ptmx")
+	defer master.Close()
+	if err := unix.IoctlSetPointerInt(m, unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetUint32(m, unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tty, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tty.Close()
+
+	cmd := exec.Command("sh", "-c", `echo hello`)
+	cmd.Stdout = tty
+	term, err := giveTerminal(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, ok := cmd.Stdout.(*os.File)
+	if !ok || isTerminal(pw) {
+		t.Fatalf("the agent's stdout is %v, want a pipe", cmd.Stdout)
+	}
+	held, err := unix.Dup(int(pw.Fd())) // the outside holder
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(held)
+	if err := cmd.Start(); err != nil {
+		term.close()
+		t.Fatal(err)
+	}
+	if err := term.run(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	start := time.Now()
+	go func() {
+		term.close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(outputDrain + 20*time.Second):
+		t.Fatalf("the relay's close waited %v for an output pipe held outside the attempt", time.Since(start))
+	}
 }

@@ -242,9 +242,13 @@ func (pr *Process) spawn(log *slog.Logger, cmd *exec.Cmd, cfg childConfig, env [
 		return fmt.Errorf("start guarded %s: %w", cmd.Path, err)
 	}
 	pr.cmd, pr.pid = c, c.Process.Pid
-	if pi, ok := readStat(pr.pid); ok {
-		pr.started = pi.start // tells its number's later owners apart (groupReused)
+	pi, err := statProc(pr.pid) // not reaped: the number is the child's
+	if err != nil {
+		c.Process.Kill()
+		c.Wait()
+		return fmt.Errorf("start guarded %s: read its start time: %w", cmd.Path, err)
 	}
+	pr.started = pi.start // tells its number's later owners apart
 	registerDirect(pr.pid, pr.started)
 	pr.recordSession(pr.pid, pr.started) // before the command runs
 	if err := pr.handshake(log, parentSock, setup, cmd.Path); err != nil {

@@ -233,7 +233,13 @@ func (s *sealedNet) startHelper() error {
 		unix.Close(fds[0])
 		return fmt.Errorf("cannot make a user and network namespace for the agent's UDP (%w); UDP stays refused", err)
 	}
-	pi, _ := readStat(cmd.Process.Pid) // alive: its exec.Cmd has not reaped it
+	pi, err := statProc(cmd.Process.Pid) // not reaped: the number is the helper's
+	if err != nil {
+		unix.Close(fds[0])
+		cmd.Process.Kill()
+		cmd.Wait()
+		return fmt.Errorf("sealed network helper: read its start time: %w", err)
+	}
 	registerDirect(cmd.Process.Pid, pi.start)
 	s.sock, s.cmd, s.cmdStart = fds[0], cmd, pi.start
 	return nil

@@ -4,6 +4,9 @@ package fsguard
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -67,9 +70,9 @@ type sessionRecord struct {
 	pr    *Process
 	start uint64 // the leader's, to tell a record no session uses yet from one none uses any more
 	seq   uint64 // its place among the records made
-	// unseen is when a scan first found no process in the session, since
-	// the last that found one (zero: the last scan found one).
-	unseen time.Time
+	// seen is when the latest scan that found a process of the session
+	// (or its leader) began, or when the record was made.
+	seen time.Time
 }
 
 // sessionGone is how long a session must go unseen, across scans, before
@@ -82,7 +85,7 @@ const sessionGone = 2 * time.Second
 func (pr *Process) recordSession(pid int, start uint64) {
 	directMu.Lock()
 	recorded++
-	sessions[pid] = sessionRecord{pr: pr, start: start, seq: recorded}
+	sessions[pid] = sessionRecord{pr: pr, start: start, seq: recorded, seen: time.Now()}
 	directMu.Unlock()
 }
 
@@ -120,11 +123,14 @@ func (pr *Process) forgetSessions() {
 
 // pruneSessions drops the records of sessions that ended, given every
 // live process by number, as read by a scan that began at began (before
-// is the last record made before it): the leader's number is another
-// process's now, or no process of the session, its leader included (whose
-// record comes before its setsid), was found for sessionGone. An attempt
+// is the last record made before it; complete, whether it read every
+// process that did not exit meanwhile): the leader's number is another
+// process's now, or no complete scan that began sessionGone or more after
+// the last one to find a process of the session (its leader included,
+// whose record comes before its setsid) found one. One scan can miss a
+// session whose process forks and exits while /proc is read. An attempt
 // that makes sessions by the thousand keeps only those in use.
-func pruneSessions(all map[int]procInfo, before uint64, began time.Time) {
+func pruneSessions(all map[int]procInfo, before uint64, began time.Time, complete bool) {
 	inUse := make(map[int]bool, len(all))
 	for _, pi := range all {
 		inUse[pi.sid] = true
@@ -141,12 +147,11 @@ func pruneSessions(all map[int]procInfo, before uint64, began time.Time) {
 			// The number is another process's: the session ended.
 			delete(sessions, sid)
 		case inUse[sid] || alive:
-			r.unseen = time.Time{}
-			sessions[sid] = r
-		case r.unseen.IsZero():
-			r.unseen = began
-			sessions[sid] = r
-		case began.Sub(r.unseen) >= sessionGone:
+			if began.After(r.seen) {
+				r.seen = began
+				sessions[sid] = r
+			}
+		case complete && began.Sub(r.seen) >= sessionGone:
 			delete(sessions, sid)
 		}
 	}
@@ -225,23 +230,29 @@ func (pr *Process) members() []procInfo {
 	all := map[int]procInfo{}
 	children := map[int][]int{}
 	var roots []int
+	complete := true
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		pi, ok := readStat(pid)
-		if !ok {
+		pi, err := statProc(pid)
+		if err != nil {
+			if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ESRCH) {
+				complete = false // not read, not gone: it may be in any session
+			}
 			continue
 		}
 		all[pid] = pi
 		children[pi.ppid] = append(children[pi.ppid], pid)
 	}
-	pruneSessions(all, before, began)
+	pruneSessions(all, before, began, complete)
 	self := os.Getpid()
 	for pid, pi := range all {
 		switch {
-		case pid == pr.pid && !reused:
+		case pid == pr.pid && (pi.start == pr.started || pr.started == 0 && !reused):
+			// The command, as this scan read it: its number may have
+			// gone to another process since groupReused looked.
 			roots = append(roots, pid)
 		case pi.ppid == self && !isDirect(pi) && pr.ownsSession(pi.sid) && seccompFilters(pid) > ownFilters():
 			// Adopted by this process (its parent died: an orphan), from
@@ -304,25 +315,29 @@ func live(ms []procInfo) []procInfo {
 }
 
 func readStat(pid int) (procInfo, bool) {
+	pi, err := statProc(pid)
+	return pi, err == nil
+}
+
+// statProc reads process pid's /proc/PID/stat (an error wrapping
+// fs.ErrNotExist or ESRCH: there is no such process now).
+func statProc(pid int) (procInfo, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return procInfo{}, false
+		return procInfo{}, err
 	}
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return procInfo{}, false
+		return procInfo{}, fmt.Errorf("/proc/%d/stat: no command name's end", pid)
 	}
 	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 4 {
-		return procInfo{}, false
+	if len(f) < 20 {
+		return procInfo{}, fmt.Errorf("/proc/%d/stat: %d fields after the command name, want 20 or more", pid, len(f))
 	}
 	ppid, _ := strconv.Atoi(f[1])
 	sid, _ := strconv.Atoi(f[3])
-	var start uint64
-	if len(f) > 19 {
-		start, _ = strconv.ParseUint(f[19], 10, 64) // starttime, field 22 of proc_pid_stat(5)
-	}
-	return procInfo{pid: pid, ppid: ppid, sid: sid, state: f[0][0], start: start}, true
+	start, _ := strconv.ParseUint(f[19], 10, 64) // starttime, field 22 of proc_pid_stat(5)
+	return procInfo{pid: pid, ppid: ppid, sid: sid, state: f[0][0], start: start}, nil
 }
 
 func seccompFilters(pid int) int {
