@@ -25,27 +25,7 @@ import (
 // types to the shell. It reads /dev/null, and what it prints reaches the
 // terminal through a pipe run copies from.
 func TestTerminalNotOursNotGiven(t *testing.T) {
-	m, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.SetNonblock(m, true); err != nil { // on the poller: Close ends a Read
-		t.Fatal(err)
-	}
-	master := os.NewFile(uintptr(m), "ptmx")
-	defer master.Close()
-	if err := unix.IoctlSetPointerInt(m, unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetUint32(m, unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tty, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tty.Close()
+	master, tty := openTestPty(t)
 	mode, err := unix.IoctlGetTermios(int(tty.Fd()), unix.TCGETS)
 	if err != nil {
 		t.Fatal(err)
@@ -127,24 +107,7 @@ func TestTerminalNotOursNotGiven(t *testing.T) {
 // over a Unix socket; ssh's ControlMaster takes them) does not keep run
 // waiting: the relay's close gives it outputDrain, then stops copying.
 func TestOutputHeldOutsideDoesNotHoldRun(t *testing.T) {
-	m, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	master := os.NewFile(uintptr(m), "ptmx")
-	defer master.Close()
-	if err := unix.IoctlSetPointerInt(m, unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetUint32(m, unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tty, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tty.Close()
+	_, tty := openTestPty(t)
 
 	cmd := exec.Command("sh", "-c", `echo hello`)
 	cmd.Stdout = tty
@@ -182,4 +145,30 @@ func TestOutputHeldOutsideDoesNotHoldRun(t *testing.T) {
 	case <-time.After(outputDrain + 20*time.Second):
 		t.Fatalf("the relay's close waited %v for an output pipe held outside the attempt", time.Since(start))
 	}
+}
+
+// openTestPty opens a terminal that is not this process's controlling
+// one: its master (on the poller, so Close ends a Read) and its slave,
+// both closed at the test's end.
+func openTestPty(t *testing.T) (master, tty *os.File) {
+	t.Helper()
+	m, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	master = os.NewFile(uintptr(m), "ptmx")
+	t.Cleanup(func() { master.Close() })
+	if err := unix.IoctlSetPointerInt(m, unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetUint32(m, unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tty, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tty.Close() })
+	return master, tty
 }
