@@ -34,7 +34,12 @@ type Process struct {
 	audit   Auditor
 	cmd     *exec.Cmd
 	pid     int
-	started uint64 // the command's start time (procInfo.start): 0 unknown
+	started uint64 // the command's start time (procInfo.start)
+	// groupMu orders signals to the command's process group with its
+	// reap: until reaped, the command holds its number (running, or a
+	// zombie), so the group of that number is surely the attempt's.
+	groupMu sync.Mutex
+	reaped  bool // guarded by groupMu
 	abi     int
 	guarded bool
 
@@ -344,18 +349,47 @@ func (pr *Process) refused(reason string) {
 
 // Signal sends sig to the attempt's process group while its command holds
 // the group's number, and to each of its processes once it no longer does
-// (see commandHolds).
+// (see signalGroup).
 func (pr *Process) Signal(sig syscall.Signal) error {
-	if !pr.commandHolds() {
+	sent, err := pr.signalGroup(sig)
+	if !sent {
 		for _, m := range live(pr.members()) {
-			unix.Kill(m.pid, sig)
+			signalProc(m, sig)
 		}
 		return nil
 	}
-	if err := unix.Kill(-pr.pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("signal attempt %d: %w", pr.pid, err)
 	}
 	return nil
+}
+
+// signalGroup sends sig to the command's process group unless the
+// command has been reaped, and reports whether it did. Once the command
+// is reaped its number is free, and a group signal could reach whoever
+// takes it next: the attempt's processes are then signalled one by one.
+func (pr *Process) signalGroup(sig syscall.Signal) (bool, error) {
+	pr.groupMu.Lock()
+	defer pr.groupMu.Unlock()
+	if pr.reaped {
+		return false, nil
+	}
+	return true, unix.Kill(-pr.pid, sig)
+}
+
+// signalProc sends sig to process m as a scan read it, through a pidfd
+// checked against m's start time once open: a number that went to
+// another process since the scan is not signalled.
+func signalProc(m procInfo, sig syscall.Signal) {
+	fd, err := unix.PidfdOpen(m.pid, 0)
+	if err != nil {
+		return // gone
+	}
+	defer unix.Close(fd)
+	if pi, err := statProc(m.pid); err != nil || pi.start != m.start {
+		return
+	}
+	unix.PidfdSendSignal(fd, sig, nil, 0)
 }
 
 // Kill sends SIGKILL to every process of the attempt, including those that
@@ -382,6 +416,17 @@ func (pr *Process) Wait() (*os.ProcessState, error) {
 // waitCommand waits for the command and records its exit state (an exit
 // status is not an error of supervision), then closes exited.
 func (pr *Process) waitCommand(exited chan<- struct{}) {
+	// The exit first, without reaping: while the command is a zombie, its
+	// number is still the attempt's (see signalGroup).
+	var info unix.Siginfo
+	for {
+		if err := unix.Waitid(unix.P_PID, pr.pid, &info, unix.WEXITED|unix.WNOWAIT, nil); !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	pr.groupMu.Lock()
+	pr.reaped = true
+	pr.groupMu.Unlock()
 	err := pr.cmd.Wait()
 	pr.state = pr.cmd.ProcessState
 	var ee *exec.ExitError
@@ -430,11 +475,9 @@ func (pr *Process) superviseTree(ctx context.Context) {
 		}
 		members := pr.members()
 		if pr.killed.Load() {
-			if pr.commandHolds() {
-				unix.Kill(-pr.pid, unix.SIGKILL)
-			}
+			pr.signalGroup(unix.SIGKILL)
 			for _, m := range members {
-				unix.Kill(m.pid, unix.SIGKILL)
+				signalProc(m, unix.SIGKILL)
 			}
 		}
 		pr.reap(members)

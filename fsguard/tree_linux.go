@@ -30,16 +30,14 @@ import (
 // attempt's cancel. A process that leaves its session (setsid) is seen
 // doing it: the filter traps setsid, and the supervisor records the new
 // session as the attempt's before the call runs (recordSession).
-
 //
 // Process ids are reused (pid_max is often 32,768, and a busy supervisor
 // starts thousands of processes): once an attempt's command has been
 // reaped, its number may be another attempt's command, and that one's
-// process group id too. The kernel frees a number only once no process
-// uses it as its id or its group's, so after the reap a live process
-// with the command's number and another start time means the attempt's
-// group is empty and the number is someone else's (Process.members,
-// Process.Signal).
+// session and process group too. So processes are told apart by number
+// and start time (a command, a session's leader, a process a scan read
+// and then signals through a pidfd), and the command's process group is
+// signalled only until the command is reaped (Process.signalGroup).
 
 var (
 	directMu sync.Mutex
@@ -189,26 +187,6 @@ func isDirect(pi procInfo) bool {
 	return direct[procKey{pi.pid, pi.start}] > 0
 }
 
-// groupReused reports whether the attempt's command is gone and its
-// number belongs to another process (one started at another time): the
-// attempt's process group is then empty, and the group of that number is
-// not the attempt's.
-func (pr *Process) groupReused() bool {
-	pi, alive := readStat(pr.pid)
-	return alive && pr.started != 0 && pi.start != pr.started
-}
-
-// commandHolds reports whether the attempt's command still holds its
-// number (running, or a zombie not yet reaped): only then is a signal to
-// the process group of that number surely the attempt's. Once the command
-// is reaped the number is free, and a group signal sent after any check
-// could reach whoever takes it next; the attempt's processes are then
-// signalled one by one.
-func (pr *Process) commandHolds() bool {
-	pi, alive := readStat(pr.pid)
-	return alive && (pr.started == 0 || pi.start == pr.started)
-}
-
 var ownFilters = sync.OnceValue(func() int { return seccompFilters(os.Getpid()) })
 
 type procInfo struct {
@@ -222,7 +200,6 @@ func (pr *Process) members() []procInfo {
 	directMu.Lock()
 	before, began := recorded, time.Now()
 	directMu.Unlock()
-	reused := pr.groupReused()
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -250,9 +227,9 @@ func (pr *Process) members() []procInfo {
 	self := os.Getpid()
 	for pid, pi := range all {
 		switch {
-		case pid == pr.pid && (pi.start == pr.started || pr.started == 0 && !reused):
-			// The command, as this scan read it: its number may have
-			// gone to another process since groupReused looked.
+		case pid == pr.pid && pi.start == pr.started:
+			// The command, by the start time this scan read: its number
+			// may be another process's once it was reaped.
 			roots = append(roots, pid)
 		case pi.ppid == self && !isDirect(pi) && pr.ownsSession(pi.sid) && seccompFilters(pid) > ownFilters():
 			// Adopted by this process (its parent died: an orphan), from

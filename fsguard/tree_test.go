@@ -47,9 +47,6 @@ func TestReusedNumberIsNotTheAttempts(t *testing.T) {
 	}
 
 	own := &Process{pid: other.Process.Pid, started: pi.start}
-	if own.groupReused() {
-		t.Fatal("the command's own number counted as reused")
-	}
 	if ms := own.members(); len(ms) != 1 {
 		for _, m := range ms {
 			b, _ := os.ReadFile("/proc/" + strconv.Itoa(m.pid) + "/cmdline")
@@ -58,17 +55,8 @@ func TestReusedNumberIsNotTheAttempts(t *testing.T) {
 		t.Fatalf("the attempt whose command this is has %d members, want it", len(ms))
 	}
 
-	if !own.commandHolds() {
-		t.Fatal("a running command does not hold its own number")
-	}
-
-	gone := &Process{pid: other.Process.Pid, started: pi.start - 1}
-	if gone.commandHolds() {
-		t.Fatal("a command gone since holds a number now another process's")
-	}
-	if !gone.groupReused() {
-		t.Fatal("a number now another process's (another start time) not seen as reused")
-	}
+	// Reaped: its number is free, and group signals go no more.
+	gone := &Process{pid: other.Process.Pid, started: pi.start - 1, reaped: true}
 	if ms := gone.members(); len(ms) != 0 {
 		t.Fatalf("an attempt whose command is gone claims %+v, another's", ms)
 	}
@@ -211,5 +199,45 @@ func TestEndedSessionsForgotten(t *testing.T) {
 	})
 	if owned() != 1 {
 		t.Fatal("the record of the attempt's command's session, still in use, was dropped")
+	}
+}
+
+// TestSignalProcChecksStartTime: a process a scan read may be gone and
+// its number another process's by the time it is signalled; signalProc
+// signals only the process the scan read (by start time, through a
+// pidfd), never the one that took its number. The stale SIGKILL, had it
+// gone out, would be how the process died: a fatal signal sets the exit
+// status when it is sent, before the SIGTERM that follows.
+func TestSignalProcChecksStartTime(t *testing.T) {
+	t.Parallel()
+	other := exec.Command("sleep", "30")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pi, ok := readStat(other.Process.Pid)
+	if !ok {
+		other.Process.Kill()
+		other.Wait()
+		t.Fatalf("no /proc/%d/stat", other.Process.Pid)
+	}
+	stale := pi
+	stale.start-- // what a scan read of the process that had the number before
+	signalProc(stale, unix.SIGKILL)
+	signalProc(pi, unix.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		other.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		other.Process.Kill()
+		<-done
+		t.Fatal("signalProc did not signal the process the scan read")
+	}
+	ws, _ := other.ProcessState.Sys().(syscall.WaitStatus)
+	if !ws.Signaled() || ws.Signal() != unix.SIGTERM {
+		t.Fatalf("the process ended %v, want killed by SIGTERM alone: the stale SIGKILL reached the process that took the number", other.ProcessState)
 	}
 }
