@@ -179,9 +179,19 @@ var replyTrickVectors = []replyTrickVector{
 		// attack's pull never reached the consumer) or with a timeout
 		// status (the attack's pull took it): either way the consumer has
 		// handled the attack's pull.
-		if _, err := attacker.Request(next, []byte(`{"batch":1,"expires":2000000000}`), 10*time.Second); err != nil {
-			t.Fatalf("witness pull: %v", err)
-		}
+		// On a loaded cluster the new consumer's leader may not be
+		// listening yet ("no responders"): then the attack's pull reached
+		// no one either, and the witness asks again until it does.
+		checkFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+			_, err := attacker.Request(next, []byte(`{"batch":1,"expires":2000000000}`), 10*time.Second)
+			if errors.Is(err, nats.ErrNoResponders) {
+				return fmt.Errorf("witness pull: %w", err)
+			}
+			if err != nil {
+				t.Fatalf("witness pull: %v", err)
+			}
+			return nil
+		})
 		// The barrier's pull is answered at once ("no messages").
 		return func(nc *nats.Conn, reply string) error {
 			return nc.PublishRequest(serviceSubject(next), reply, []byte(`{"batch":1,"no_wait":true}`))

@@ -3,6 +3,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -40,7 +41,21 @@ func TestBusServeCluster(t *testing.T) {
 	// primary, which serves every lease request, and the standbys forward
 	// what they take to it. Grants and conflicts are right whichever node
 	// a client asks.
-	a := acquireJSON(t, nodes[0].url, "--scope", "services/billing")
+	// The first acquire may come before the instances have elected a
+	// primary (on a loaded machine, later than the second an election
+	// takes): the bus then answers "try again", and so does this test.
+	var a acquired
+	checkFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		r := fl(t, "--nats", nodes[0].url, "lease", "acquire", "--repo", testRepo, "--json", "--scope", "services/billing")
+		if r.code != ExitOK && strings.Contains(r.stderr, "try again") {
+			return fmt.Errorf("first acquire: %s", r.stderr)
+		}
+		r.want(t, ExitOK)
+		if err := json.Unmarshal([]byte(r.stdout), &a); err != nil {
+			t.Fatalf("decode acquire --json: %v\n%s", err, r.stdout)
+		}
+		return nil
+	})
 	for _, n := range nodes[1:] {
 		r := fl(t, "--nats", n.url, "lease", "acquire", "--repo", testRepo, "--scope", "services/billing/api").want(t, ExitConflict)
 		mustContain(t, "stderr", r.stderr, a.LeaseID)
