@@ -298,19 +298,7 @@ func (t *terminal) relayInput() {
 // it does not stop the agent (what it prints is then dropped).
 func (t *terminal) relayOutput() {
 	defer close(t.outDone)
-	buf := make([]byte, 32*1024)
-	out := t.out
-	for {
-		n, err := t.master.Read(buf)
-		if n > 0 && out != nil {
-			if _, werr := out.Write(buf[:n]); werr != nil {
-				out = nil
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
+	copyOut(t.out, t.master)
 }
 
 // followSize gives the agent's terminal the user's window size whenever
