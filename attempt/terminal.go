@@ -27,6 +27,11 @@ import (
 // turns into SIGINT for the agent), and the window size follows the
 // user's. The agent never holds the user's terminal: once it is gone,
 // nothing of it can read what is typed there next.
+//
+// Stopped and continued (kill -TSTP of run, then the shell's "fg"), run
+// takes the terminal back in raw mode: the shell gave it its own mode back
+// when the job stopped, and without raw mode what is typed would be
+// echoed twice, and Ctrl-C would reach run rather than the agent.
 
 // terminal is the relay between the user's terminal and the agent's.
 type terminal struct {
@@ -40,9 +45,12 @@ type terminal struct {
 	stopW     int
 	in        int // the user's terminal, as relayInput reads it
 	winch     chan os.Signal
+	raw       *unix.Termios // the mode run gives the user's terminal
+	cont      chan os.Signal
 	wg        sync.WaitGroup
 	outDone   chan struct{}
 	sizeDone  chan struct{}
+	contDone  chan struct{}
 	closeOnce sync.Once
 	// onlyWrites' pipes in place of a terminal stdout or stderr: the
 	// agent's ends until run, the read ends, where they are copied, and
@@ -246,14 +254,39 @@ func (t *terminal) run() error {
 	if t.in, err = unix.Open("/proc/self/fd/"+strconv.Itoa(t.user), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0); err != nil {
 		t.in = t.user
 	}
+	t.raw = &raw
 	t.winch = make(chan os.Signal, 1)
 	signal.Notify(t.winch, unix.SIGWINCH)
 	t.sizeDone = make(chan struct{})
+	t.cont = make(chan os.Signal, 1)
+	signal.Notify(t.cont, unix.SIGCONT)
+	t.contDone = make(chan struct{})
 	t.wg.Add(1)
 	go t.relayInput()
 	go t.followSize()
+	go t.followContinue()
 	go t.relayOutput()
 	return nil
+}
+
+// followContinue takes the user's terminal raw again each time run is
+// continued in its foreground (SIGCONT after a stop: the shell, which
+// took the terminal back when the job stopped, gave it its own mode), and
+// gives the agent's terminal the window's size, which may have changed
+// meanwhile. Continued in the background ("bg"), run leaves the mode as
+// it is: it stops again once it reads the terminal from there (SIGTTIN),
+// and the "fg" after that continues it here.
+func (t *terminal) followContinue() {
+	defer close(t.contDone)
+	for range t.cont {
+		if fg, err := unix.IoctlGetInt(t.user, unix.TIOCGPGRP); err != nil || fg != unix.Getpgrp() {
+			continue
+		}
+		unix.IoctlSetTermios(t.user, unix.TCSETS, t.raw)
+		if ws, err := unix.IoctlGetWinsize(t.user, unix.TIOCGWINSZ); err == nil {
+			unix.IoctlSetWinsize(t.masterFD, unix.TIOCSWINSZ, ws)
+		}
+	}
 }
 
 // relayInput copies what the user types to the agent's terminal until
@@ -353,6 +386,9 @@ func (t *terminal) closeNow() {
 		signal.Stop(t.winch)
 		close(t.winch)
 		<-t.sizeDone // before the master closes: it sets the master's size
+		signal.Stop(t.cont)
+		close(t.cont)
+		<-t.contDone // before the mode is given back: it sets the raw one
 		unix.Write(t.stopW, []byte{0})
 		select {
 		case <-t.outDone:

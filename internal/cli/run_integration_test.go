@@ -263,6 +263,117 @@ func TestRunInteractiveAgent(t *testing.T) {
 	mustContain(t, "terminal", out.String(), "released (the agent exited 130")
 }
 
+// TestRunContinuedTakesTheTerminalBack: run stopped from outside (kill
+// -TSTP) and continued by its shell ("fg") takes the terminal raw again.
+// The shell gives the terminal its own mode back when the job stops;
+// before, run went on relaying in that mode after "fg", so what was typed
+// echoed twice and Ctrl-C interrupted run instead of reaching the agent.
+func TestRunContinuedTakesTheTerminalBack(t *testing.T) {
+	isolate(t)
+	url := startBus(t)
+	co := newCheckout(t, "")
+	master, slave := openPty(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A shell with job control; without line editing it reads its lines
+	// in the terminal's cooked mode (readline would switch ISIG off).
+	shell := exec.Command("bash", "--norc", "--noprofile", "--noediting", "-i")
+	shell.Env = append(cfgEnv(t), runAsCLIEnv+"=1", "PS1=$ ", "HISTFILE=/dev/null", "TERM=dumb")
+	shell.Stdin, shell.Stdout, shell.Stderr = slave, slave, slave
+	shell.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := shell.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	var out syncBuffer
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		io.Copy(&out, master)
+	}()
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		shell.Wait()
+	}()
+	t.Cleanup(func() {
+		syscall.Kill(-shell.Process.Pid, syscall.SIGKILL) // and run, should it still be in the shell's group
+		<-exited
+		master.Close()
+		<-copied
+	})
+	control := func(f func(fd int)) {
+		rc, err := master.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rc.Control(func(fd uintptr) { f(int(fd)) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// ISIG is on in the shell's cooked mode and off in run's raw one.
+	raw := func() bool {
+		var tio *unix.Termios
+		var err error
+		control(func(fd int) { tio, err = unix.IoctlGetTermios(fd, unix.TCGETS) })
+		if err != nil {
+			t.Fatalf("the terminal's mode: %v", err)
+		}
+		return tio.Lflag&unix.ISIG == 0
+	}
+	ticks := func() int { return strings.Count(out.String(), "tick\r") } // (the command line has "tick;")
+	cmdline := fmt.Sprintf("'%s' --nats '%s' run --checkout '%s' -- sh -c 'while :; do echo tick; sleep 0.1; done'\n", self, url, co)
+	if _, err := master.Write([]byte(cmdline)); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if ticks() < 3 || !raw() {
+			return fmt.Errorf("the agent has not ticked under run's raw mode yet:\n%s", out.String())
+		}
+		return nil
+	})
+	// Stop run's job (the terminal's foreground group: run; the agent
+	// leads a session of its own and goes on).
+	var job int
+	control(func(fd int) { job, err = unix.IoctlGetInt(fd, unix.TIOCGPGRP) })
+	if err != nil || job <= 0 || job == shell.Process.Pid {
+		t.Fatalf("the terminal's foreground group is %d (%v), want run's job", job, err)
+	}
+	if err := syscall.Kill(-job, syscall.SIGTSTP); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if !strings.Contains(out.String(), "Stopped") || raw() {
+			return fmt.Errorf("the shell does not say the job stopped, with its own mode back:\n%s", out.String())
+		}
+		return nil
+	})
+	if _, err := master.Write([]byte("fg\n")); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if !raw() {
+			return fmt.Errorf("run did not take the terminal raw again after fg:\n%s", out.String())
+		}
+		return nil
+	})
+	// Ctrl-C is the agent's again: it ends the agent (130), not run.
+	checkFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		if strings.Contains(out.String(), "released (the agent exited 130") {
+			return nil
+		}
+		if _, err := master.Write([]byte{3}); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Errorf("Ctrl-C did not end the agent:\n%s", out.String())
+	})
+	if strings.Contains(out.String(), "interrupt again") {
+		t.Errorf("Ctrl-C interrupted run, not the agent:\n%s", out.String())
+	}
+}
+
 // setWinsize sets the window size of the terminal whose master is f
 // (without Fd, which would take f off the poller its reader waits in).
 func setWinsize(t *testing.T, f *os.File, rows, cols uint16) {
