@@ -283,9 +283,7 @@ func (t *terminal) followContinue() {
 			continue
 		}
 		unix.IoctlSetTermios(t.user, unix.TCSETS, t.raw)
-		if ws, err := unix.IoctlGetWinsize(t.user, unix.TIOCGWINSZ); err == nil {
-			unix.IoctlSetWinsize(t.masterFD, unix.TIOCSWINSZ, ws)
-		}
+		t.copySize()
 	}
 }
 
@@ -339,9 +337,14 @@ func (t *terminal) relayOutput() {
 func (t *terminal) followSize() {
 	defer close(t.sizeDone)
 	for range t.winch {
-		if ws, err := unix.IoctlGetWinsize(t.user, unix.TIOCGWINSZ); err == nil {
-			unix.IoctlSetWinsize(t.masterFD, unix.TIOCSWINSZ, ws)
-		}
+		t.copySize()
+	}
+}
+
+// copySize gives the agent's terminal the user's window size.
+func (t *terminal) copySize() {
+	if ws, err := unix.IoctlGetWinsize(t.user, unix.TIOCGWINSZ); err == nil {
+		unix.IoctlSetWinsize(t.masterFD, unix.TIOCSWINSZ, ws)
 	}
 }
 
