@@ -196,29 +196,7 @@ func TestRunInteractiveAgent(t *testing.T) {
 	cmd := exec.Command(self, "--nats", url, "run", "--checkout", co, "--", "sh", "-c",
 		`trap 'echo "size $(stty size)"' WINCH; echo "tty $(tty) $(tty <&1) $(tty <&2)."; echo "size $(stty size)"; read x; echo "got $x"; while :; do sleep 100 & wait $!; done`)
 	cmd.Env = append(cfgEnv(t), runAsCLIEnv+"=1")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0} // the terminal's foreground group
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	slave.Close()
-	var out syncBuffer
-	copied := make(chan struct{})
-	go func() {
-		defer close(copied)
-		io.Copy(&out, master) // ends with EIO once no process has the terminal
-	}()
-	exited := make(chan struct{})
-	go func() {
-		defer close(exited)
-		cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
-		master.Close()
-		<-copied
-	})
+	out, exited, copied := startOnTerminal(t, cmd, master, slave)
 	if _, err := master.Write([]byte("hello\n")); err != nil {
 		t.Fatal(err)
 	}
@@ -281,29 +259,7 @@ func TestRunContinuedTakesTheTerminalBack(t *testing.T) {
 	// in the terminal's cooked mode (readline would switch ISIG off).
 	shell := exec.Command("bash", "--norc", "--noprofile", "--noediting", "-i")
 	shell.Env = append(cfgEnv(t), runAsCLIEnv+"=1", "PS1=$ ", "HISTFILE=/dev/null", "TERM=dumb")
-	shell.Stdin, shell.Stdout, shell.Stderr = slave, slave, slave
-	shell.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-	if err := shell.Start(); err != nil {
-		t.Fatal(err)
-	}
-	slave.Close()
-	var out syncBuffer
-	copied := make(chan struct{})
-	go func() {
-		defer close(copied)
-		io.Copy(&out, master)
-	}()
-	exited := make(chan struct{})
-	go func() {
-		defer close(exited)
-		shell.Wait()
-	}()
-	t.Cleanup(func() {
-		syscall.Kill(-shell.Process.Pid, syscall.SIGKILL) // and run, should it still be in the shell's group
-		<-exited
-		master.Close()
-		<-copied
-	})
+	out, _, _ := startOnTerminal(t, shell, master, slave)
 	control := func(f func(fd int)) {
 		rc, err := master.SyscallConn()
 		if err != nil {
@@ -372,6 +328,38 @@ func TestRunContinuedTakesTheTerminalBack(t *testing.T) {
 	if strings.Contains(out.String(), "interrupt again") {
 		t.Errorf("Ctrl-C interrupted run, not the agent:\n%s", out.String())
 	}
+}
+
+// startOnTerminal starts cmd leading a session of its own whose
+// controlling terminal is slave (so cmd's group is its foreground one) and
+// copies what the terminal shows into out. exited closes once cmd exited,
+// copied once nothing holds the terminal any more; cleanup kills cmd's
+// process group.
+func startOnTerminal(t *testing.T, cmd *exec.Cmd, master, slave *os.File) (out *syncBuffer, exited, copied <-chan struct{}) {
+	t.Helper()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	out = &syncBuffer{}
+	copyDone, waitDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(copyDone)
+		io.Copy(out, master) // ends with EIO once no process has the terminal
+	}()
+	go func() {
+		defer close(waitDone)
+		cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-waitDone
+		master.Close()
+		<-copyDone
+	})
+	return out, waitDone, copyDone
 }
 
 // setWinsize sets the window size of the terminal whose master is f
