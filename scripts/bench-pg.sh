@@ -13,6 +13,12 @@
 # pgproxy/internal/barerelay, io.Copy both ways and nothing else: what a
 # relay written in Go costs here before it parses a single message (through
 # net.Conn: fenceline's sessions use raw reads and writes, rawio_linux.go).
+# The go-loop row is the same relay as one event loop on one thread
+# (barerelay -mode loop: level-triggered epoll, one read per readiness,
+# raw calls), PgBouncer's shape written in Go; the go-coro row that loop
+# resuming each direction, written as code that blocks, as a coroutine
+# (-mode coro): what a fence built on such a loop, keeping its session
+# code, would start from.
 #
 # Needs: Postgres server binaries (/usr/lib/postgresql/*/bin), pgbench,
 # pgbouncer (Debian: apt-get install postgresql pgbouncer), Go; for the
@@ -90,12 +96,12 @@ if [ "$(id -u)" = 0 ]; then
 	RUNAS=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
 fi
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-PGPORT_DIRECT=$(freeport); FLPORT=$(freeport); FLPPORT=$(freeport); BOUNCEPORT=$(freeport); RELAYPORT=$(freeport); FLBPORT=$(freeport)
+PGPORT_DIRECT=$(freeport); FLPORT=$(freeport); FLPPORT=$(freeport); BOUNCEPORT=$(freeport); RELAYPORT=$(freeport); LOOPPORT=$(freeport); COROPORT=$(freeport); FLBPORT=$(freeport)
 PIDS=()
 cleanup() {
 	local rc=$?
 	if [ "$rc" != 0 ]; then
-		for f in fl.log flp.log flb.log relay.log pgbouncer.log pg.log; do
+		for f in fl.log flp.log flb.log relay.log loop.log coro.log pgbouncer.log pg.log; do
 			[ -s "$WORK/$f" ] && { echo "--- $f (last lines)"; tail -5 "$WORK/$f"; } >&2
 		done
 	fi
@@ -173,6 +179,12 @@ go build -o "$WORK/wakecost" ./pgproxy/internal/wakecost
 "${CLCPU[@]}" "$WORK/barerelay" -listen "127.0.0.1:$RELAYPORT" -upstream "$FL_UP" >"$WORK/relay.log" 2>&1 &
 RELAY_PID=$!
 PIDS+=($RELAY_PID)
+"${CLCPU[@]}" "$WORK/barerelay" -mode loop -listen "127.0.0.1:$LOOPPORT" -upstream "$FL_UP" >"$WORK/loop.log" 2>&1 &
+LOOP_PID=$!
+PIDS+=($LOOP_PID)
+"${CLCPU[@]}" "$WORK/barerelay" -mode coro -listen "127.0.0.1:$COROPORT" -upstream "$FL_UP" >"$WORK/coro.log" 2>&1 &
+CORO_PID=$!
+PIDS+=($CORO_PID)
 
 echo "== pgbouncer $(pgbouncer --version | head -1 | awk '{print $2}') (session mode) on 127.0.0.1:$BOUNCEPORT -> $BOUNCE_HOST"
 cat >"$WORK/pgbouncer.ini" <<INI
@@ -195,7 +207,7 @@ echo '"postgres" ""' >"$WORK/users.txt"
 [ "$(id -u)" = 0 ] && chown nobody:nogroup "$WORK/pgbouncer.ini" "$WORK/users.txt"
 "${CLCPU[@]}" "${RUNAS[@]}" pgbouncer "$WORK/pgbouncer.ini" >/dev/null 2>&1 &
 PIDS+=($!)
-for port in $FLPORT $FLPPORT $BOUNCEPORT $RELAYPORT ${FLB_PID:+$FLBPORT}; do
+for port in $FLPORT $FLPPORT $BOUNCEPORT $RELAYPORT $LOOPPORT $COROPORT ${FLB_PID:+$FLBPORT}; do
 	for _ in $(seq 100); do "$BIN/pg_isready" -q -h 127.0.0.1 -p "$port" && break; sleep 0.1; done
 done
 echo "== fenceline's tables carry the $(awk '/^trigger / {print $2}' "$WORK/fl.log") trigger$(sed -n 's/^not the C trigger: /; not C: /p' "$WORK/fl.log")"
@@ -326,7 +338,7 @@ for wl in "select-only simple:-S -M simple" "select-only prepared:-S -M prepared
 	if [ "${name%% *}" = tpcb-like ]; then
 		targets="$targets fl-plpgsql:$FLPPORT:$FLP_PID fl-unfenced:$FLPORT:$FL_PID"
 	fi
-	targets="$targets go-relay:$RELAYPORT:$RELAY_PID pgbouncer:$BOUNCEPORT:$BOUNCER_PID"
+	targets="$targets go-relay:$RELAYPORT:$RELAY_PID go-loop:$LOOPPORT:$LOOP_PID go-coro:$COROPORT:$CORO_PID pgbouncer:$BOUNCEPORT:$BOUNCER_PID"
 	for t in $targets; do rm -f "$WORK/lat.$w.${t%%:*}" "$WORK/res.$w.${t%%:*}"; done
 	for _ in $(seq "$ROUNDS"); do
 		for t in $targets; do

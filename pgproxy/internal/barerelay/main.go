@@ -16,7 +16,31 @@ import (
 func main() {
 	listen := flag.String("listen", "127.0.0.1:6434", "listen address")
 	upstream := flag.String("upstream", "127.0.0.1:5432", "Postgres host:port, or the path of its Unix socket")
+	mode := flag.String("mode", "goroutines", "goroutines: io.Copy, a goroutine per direction; loop: one epoll event loop on one thread (loop_linux.go); coro: that loop resuming each direction as a coroutine (coro_linux.go)")
 	flag.Parse()
+	var run func(lfd int, upstream string, stop int) error
+	switch *mode {
+	case "goroutines":
+	case "loop":
+		run = loopRelay
+	case "coro":
+		run = coroRelay
+	default:
+		fmt.Fprintf(os.Stderr, "barerelay: -mode %q: want goroutines, loop or coro\n", *mode)
+		os.Exit(2)
+	}
+	if run != nil {
+		lfd, err := listenTCP(*listen)
+		if err == nil {
+			fmt.Printf("listening %s (-mode %s)\n", *listen, *mode)
+			err = run(lfd, *upstream, -1)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "barerelay:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	network := "tcp"
 	if strings.HasPrefix(*upstream, "/") {
 		network = "unix"
