@@ -2,188 +2,104 @@ package main
 
 import (
 	"fmt"
-	"iter"
 	"net"
 	"os"
-	"runtime"
+	"time"
 
+	"github.com/fenceline/fenceline/pgproxy/internal/evloop"
 	"golang.org/x/sys/unix"
 )
 
-// wait is what a relay coroutine waits for: a descriptor to be readable
-// or writable.
-type wait struct {
-	fd     int
-	events uint32
-}
-
-// coroRelay is loopRelay's event loop with each direction written as
-// straight-line code that blocks: a coroutine (iter.Pull) that reads,
-// writes and, on EAGAIN, yields what it waits for; the loop resumes it
-// when epoll says so. The coroutine switch is the runtime's direct
-// hand-off (no scheduler, no poller): what it costs against the plain loop
-// is what keeping the fence's session code as it is, on such a loop,
-// would cost.
+// coroRelay is loopRelay's design with each direction written as
+// straight-line code that blocks, run as a task of an evloop.Loop: it
+// waits for its source to be readable, reads once, and writes to its peer,
+// waiting for room when the peer's buffer is full. What it costs against
+// the plain loop is what keeping the fence's session code as it is, on such
+// a loop, would cost.
 func coroRelay(lfd int, upstream string, stop int) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	ep, err := newLoop(lfd, stop)
+	l, err := evloop.New()
 	if err != nil {
 		return err
 	}
-	defer unix.Close(ep)
-	type direction struct {
-		next func() (wait, bool)
-		stop func()
-		w    wait
+	if stop >= 0 {
+		l.Go(func(t *evloop.Task) {
+			if t.WaitRead(stop, time.Time{}) == nil {
+				l.Close()
+			}
+		})
 	}
-	type conn struct {
-		peer    int
-		readers *direction // the direction reading this descriptor
-		writers *direction // the direction waiting to write it, if any
-	}
-	conns := map[int]*conn{}
-	events := make([]unix.EpollEvent, 128)
-	rearm := func(fd int) {
-		c := conns[fd]
-		var ev uint32
-		if c.readers != nil && c.readers.w.fd == fd && c.readers.w.events == unix.EPOLLIN {
-			ev |= unix.EPOLLIN
-		}
-		if c.writers != nil {
-			ev |= unix.EPOLLOUT
-		}
-		unix.EpollCtl(ep, unix.EPOLL_CTL_MOD, fd, &unix.EpollEvent{Events: ev, Fd: int32(fd)}) //nolint:errcheck // fds are ours
-	}
-	closeConn := func(fd int) {
-		c := conns[fd]
-		if c == nil {
-			return
-		}
-		for _, f := range []int{fd, c.peer} {
-			if cc := conns[f]; cc != nil {
-				delete(conns, f)
-				unix.EpollCtl(ep, unix.EPOLL_CTL_DEL, f, nil) //nolint:errcheck // closing anyway
-				unix.Close(f)
-				if cc.readers != nil {
-					cc.readers.stop()
+	l.Go(func(t *evloop.Task) {
+		for {
+			if err := t.WaitRead(lfd, time.Time{}); err != nil {
+				return
+			}
+			for {
+				cfd, _, err := unix.Accept4(lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+				if err != nil {
+					break // EAGAIN: accepted all
 				}
-			}
-		}
-	}
-	// step resumes d and files what it waits for next; false when the
-	// direction ended (its pair is closed).
-	step := func(d *direction) bool {
-		w, ok := d.next()
-		if !ok {
-			return false
-		}
-		d.w = w
-		if w.events == unix.EPOLLOUT {
-			conns[w.fd].writers = d
-		}
-		return true
-	}
-	for {
-		n, err := rawWait(ep, events)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("epoll_wait: %w", err)
-		}
-		for _, ev := range events[:n] {
-			fd := int(ev.Fd)
-			if fd == stop {
-				for fd := range conns {
-					closeConn(fd)
-				}
-				return nil
-			}
-			if fd == lfd {
-				for {
-					cfd, _, err := unix.Accept4(lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
-					if err != nil {
-						break
-					}
-					unix.SetsockoptInt(cfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) //nolint:errcheck // best effort
-					ufd, err := dialUpstream(upstream)
-					if err != nil {
-						fmt.Fprintln(os.Stderr, "barerelay:", err)
-						unix.Close(cfd)
-						continue
-					}
-					up := &direction{}
-					up.next, up.stop = iter.Pull(copyDirection(cfd, ufd))
-					down := &direction{}
-					down.next, down.stop = iter.Pull(copyDirection(ufd, cfd))
-					conns[cfd] = &conn{peer: ufd, readers: up}
-					conns[ufd] = &conn{peer: cfd, readers: down}
-					unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, cfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(cfd)}) //nolint:errcheck // new fd
-					unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, ufd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(ufd)}) //nolint:errcheck // new fd
-					if !step(up) || !step(down) {
-						closeConn(cfd)
-					}
-				}
-				continue
-			}
-			c := conns[fd]
-			if c == nil {
-				continue
-			}
-			if ev.Events&unix.EPOLLOUT != 0 && c.writers != nil {
-				d := c.writers
-				c.writers = nil
-				if !step(d) {
-					closeConn(fd)
+				unix.SetsockoptInt(cfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) //nolint:errcheck // best effort
+				ufd, err := dialUpstream(upstream)
+				if err != nil {
+					fmt.Fprintln(os.Stderr, "barerelay:", err)
+					unix.Close(cfd)
 					continue
 				}
-				rearm(fd)
-				rearm(c.peer)
-			}
-			if ev.Events&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR) != 0 && c.readers.w.fd == fd && c.readers.w.events == unix.EPOLLIN {
-				if !step(c.readers) {
-					closeConn(fd)
-					continue
-				}
-				if c.readers.w.events == unix.EPOLLOUT {
-					rearm(fd)
-					rearm(c.peer)
-				}
+				pair := &pair{l: l, fds: [2]int{cfd, ufd}}
+				l.Go(func(t *evloop.Task) { pair.copy(t, cfd, ufd) })
+				l.Go(func(t *evloop.Task) { pair.copy(t, ufd, cfd) })
 			}
 		}
+	})
+	return l.Run()
+}
+
+// pair is a relayed connection: the client's socket and the server's,
+// closed when either direction ends.
+type pair struct {
+	l      *evloop.Loop
+	fds    [2]int
+	closed bool
+}
+
+func (p *pair) close() {
+	if p.closed {
+		return
+	}
+	p.closed = true
+	for _, fd := range p.fds {
+		p.l.Forget(fd) // ends the other direction's wait
+		unix.Close(fd)
 	}
 }
 
-// copyDirection is one direction of a relay as blocking code: it reads
-// src and writes dst until either ends, yielding what it waits for.
-func copyDirection(src, dst int) iter.Seq[wait] {
-	return func(yield func(wait) bool) {
-		buf := make([]byte, 64<<10)
-		for {
-			if !yield(wait{src, unix.EPOLLIN}) {
-				return
-			}
-			n, err := rawRead(src, buf)
-			if err == unix.EAGAIN || err == unix.EINTR {
-				continue
-			}
-			if err != nil || n == 0 {
-				return
-			}
-			for p := buf[:n]; len(p) > 0; {
-				m, err := rawWrite(dst, p)
-				switch {
-				case err == unix.EAGAIN:
-					if !yield(wait{dst, unix.EPOLLOUT}) {
-						return
-					}
-				case err == unix.EINTR:
-				case err != nil:
+// copy is one direction of the relay as code that blocks.
+func (p *pair) copy(t *evloop.Task, src, dst int) {
+	defer p.close()
+	buf := make([]byte, 64<<10)
+	for {
+		if err := t.WaitRead(src, time.Time{}); err != nil {
+			return
+		}
+		n, err := rawRead(src, buf)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			continue
+		}
+		if err != nil || n == 0 {
+			return
+		}
+		for b := buf[:n]; len(b) > 0; {
+			m, err := rawWrite(dst, b)
+			switch {
+			case err == unix.EAGAIN:
+				if t.WaitWrite(dst, time.Time{}) != nil {
 					return
-				default:
-					p = p[m:]
 				}
+			case err == unix.EINTR:
+			case err != nil:
+				return
+			default:
+				b = b[m:]
 			}
 		}
 	}
