@@ -135,7 +135,7 @@ func (l *Loop) Go(f func(t *Task)) *Task {
 }
 
 // Forget ends every wait on fd with ErrClosed and stops watching it; call
-// it before closing fd.
+// it before closing fd, and wait on fd no more after it.
 func (l *Loop) Forget(fd int) {
 	s := l.fds[fd]
 	if s == nil {
@@ -160,6 +160,7 @@ func (l *Loop) Run() error {
 	defer close(l.done)
 	defer unix.Close(l.ep)
 	defer unix.Close(l.wake)
+	defer l.Close() // Post refuses from now on, however Run ends
 	events := make([]unix.EpollEvent, 256)
 	for {
 		l.runTasks()
