@@ -33,8 +33,10 @@
 # (LAT_CLIENTS), a simple select, a prepared select and a single-row
 # update (prepared; fenced through fenceline: the C trigger checks its
 # token), direct, through fenceline and through PgBouncer (and fl-base),
-# interleaved; prints each target's p50 and p99 per transaction and what it
-# adds to direct's (add_p50, add_p99, in ms).
+# interleaved, with the go-loop and go-coro relays beside them (their
+# update is not fenced: they reach the unfenced tables, as direct does);
+# prints each target's p50 and p99 per transaction and what it adds to
+# direct's (add_p50, add_p99, in ms).
 # FL_CPUPROFILE=FILE writes a CPU profile of the fenceline proxy over the
 # whole run (go tool pprof FILE).
 # PG_PERF=DIR (split placement) records Postgres's CPU, alone on CPU 0,
@@ -301,7 +303,7 @@ SQL
 	for CLIENTS in ${LAT_CLIENTS:-1 4 8}; do
 		for wl in "select simple:-S -M simple" "select prepared:-S -M prepared" "update-one prepared:-f $WORK/update-one.sql -s $SCALE -M prepared"; do
 			name=${wl%%:*}; args=${wl#*:}; w=c$CLIENTS.${name// /_}
-			targets="direct:$PGPORT_DIRECT:0 fenceline:$FLPORT:$FL_PID${FLB_PID:+ fl-base:$FLBPORT:$FLB_PID} pgbouncer:$BOUNCEPORT:$BOUNCER_PID"
+			targets="direct:$PGPORT_DIRECT:0 fenceline:$FLPORT:$FL_PID${FLB_PID:+ fl-base:$FLBPORT:$FLB_PID} go-loop:$LOOPPORT:$LOOP_PID go-coro:$COROPORT:$CORO_PID pgbouncer:$BOUNCEPORT:$BOUNCER_PID"
 			for t in $targets; do rm -f "$WORK/lat.$w.${t%%:*}" "$WORK/res.$w.${t%%:*}"; done
 			for _ in $(seq "$ROUNDS"); do
 				for t in $targets; do

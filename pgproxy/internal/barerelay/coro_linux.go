@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"net"
-	"os"
 	"time"
 
 	"github.com/fenceline/fenceline/pgproxy/internal/evloop"
@@ -34,16 +33,9 @@ func coroRelay(lfd int, upstream string, stop int) error {
 				return
 			}
 			for {
-				cfd, _, err := unix.Accept4(lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
-				if err != nil {
-					break // EAGAIN: accepted all
-				}
-				unix.SetsockoptInt(cfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) //nolint:errcheck // best effort
-				ufd, err := dialUpstream(upstream)
-				if err != nil {
-					fmt.Fprintln(os.Stderr, "barerelay:", err)
-					unix.Close(cfd)
-					continue
+				cfd, ufd, ok := acceptOne(lfd, upstream)
+				if !ok {
+					break
 				}
 				pair := &pair{l: l, fds: [2]int{cfd, ufd}}
 				l.Go(func(t *evloop.Task) { pair.copy(t, cfd, ufd) })

@@ -123,16 +123,9 @@ func loopRelay(lfd int, upstream string, stop int) error {
 			}
 			if fd == lfd {
 				for {
-					cfd, _, err := unix.Accept4(lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
-					if err != nil {
-						break // EAGAIN: accepted all
-					}
-					unix.SetsockoptInt(cfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) //nolint:errcheck // best effort
-					ufd, err := dialUpstream(upstream)
-					if err != nil {
-						fmt.Fprintln(os.Stderr, "barerelay:", err)
-						unix.Close(cfd)
-						continue
+					cfd, ufd, ok := acceptOne(lfd, upstream)
+					if !ok {
+						break
 					}
 					ends[cfd] = &end{fd: cfd, peer: ufd}
 					ends[ufd] = &end{fd: ufd, peer: cfd}
@@ -183,6 +176,26 @@ func loopRelay(lfd int, upstream string, stop int) error {
 				rearm(ends[e.peer])
 			}
 		}
+	}
+}
+
+// acceptOne accepts the next waiting client and connects it upstream; ok
+// is false when none waits. A client whose upstream cannot be reached is
+// reported and closed, and the next one taken.
+func acceptOne(lfd int, upstream string) (cfd, ufd int, ok bool) {
+	for {
+		cfd, _, err := unix.Accept4(lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		if err != nil {
+			return -1, -1, false // EAGAIN: accepted all
+		}
+		unix.SetsockoptInt(cfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) //nolint:errcheck // best effort
+		ufd, err := dialUpstream(upstream)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "barerelay:", err)
+			unix.Close(cfd)
+			continue
+		}
+		return cfd, ufd, true
 	}
 }
 
