@@ -33,6 +33,7 @@ type Loop struct {
 	timers  timerHeap
 	done    chan struct{}
 	turns   uint64 // epoll waits so far
+	current *Task  // the task running now
 }
 
 type fdState struct {
@@ -254,7 +255,10 @@ func (l *Loop) runTasks() {
 				f(t)
 			})
 		}
-		if _, ok := t.next(); !ok {
+		l.current = t
+		_, ok := t.next()
+		l.current = nil
+		if !ok {
 			delete(l.tasks, t)
 			t.stop()
 		}
@@ -394,6 +398,62 @@ func (t *Task) Unpark() {
 		return
 	}
 	t.unparked = true
+}
+
+// Current is the task running now: nil in a function given to Post, or
+// off the loop's thread. Code shared by several tasks (a writer two tasks
+// use) waits as the task that called it.
+func (l *Loop) Current() *Task { return l.current }
+
+// Mutex is a lock between the tasks of one loop, held across waits: a
+// task that finds it held parks until it is its turn, in the order they
+// came, and the loop goes on with other tasks meanwhile. (A sync.Mutex
+// held by a task that waits would block the loop's thread itself when
+// another task asks for it.) Lock and Unlock run in tasks of the loop.
+type Mutex struct {
+	held    *Task
+	waiters []*Task
+}
+
+// Lock takes m for the current task, waiting for its turn.
+func (m *Mutex) Lock(t *Task) {
+	if m.held == nil {
+		m.held = t
+		return
+	}
+	if m.held == t {
+		panic("evloop: Mutex locked twice by one task")
+	}
+	m.waiters = append(m.waiters, t)
+	for m.held != t {
+		t.parkUninterrupted()
+	}
+	t.unparked = false // Unlock's hand-over, if it came while t was not parked
+}
+
+// Unlock hands m to the task that waited longest, if any.
+func (m *Mutex) Unlock(t *Task) {
+	if m.held != t {
+		panic("evloop: Mutex unlocked by a task that does not hold it")
+	}
+	m.held = nil
+	if len(m.waiters) > 0 {
+		next := m.waiters[0]
+		m.waiters[0] = nil
+		m.waiters = m.waiters[1:]
+		m.held = next
+		next.Unpark()
+	}
+}
+
+// parkUninterrupted parks until Unpark, even while the loop closes: a
+// task waiting for a Mutex gets it once its holder lets go.
+func (t *Task) parkUninterrupted() {
+	if t.unparked {
+		t.unparked = false
+		return
+	}
+	t.suspend(waitPark, time.Time{}) //nolint:errcheck // woken by Unpark, or by Close: the caller checks its condition
 }
 
 // Loop is the loop t runs on.

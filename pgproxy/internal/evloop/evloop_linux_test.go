@@ -359,3 +359,73 @@ func readFull(f *os.File, p []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// TestCurrent: the loop knows which task runs, and none in a posted
+// function.
+func TestCurrent(t *testing.T) {
+	l := start(t)
+	got := make(chan bool, 1)
+	on(t, l, func() {
+		if l.Current() != nil {
+			t.Error("Current is a task in a posted function")
+		}
+		var tk *Task
+		tk = l.Go(func(x *Task) { got <- l.Current() == x && x == tk })
+	})
+	select {
+	case ok := <-got:
+		if !ok {
+			t.Fatal("Current is not the running task")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the task did not run")
+	}
+}
+
+// TestMutexAcrossWaits: a task holds a Mutex across a wait; three others
+// ask for it meanwhile and get it in the order they asked, while the loop
+// goes on running what else there is (a posted function completes while
+// they wait).
+func TestMutexAcrossWaits(t *testing.T) {
+	l := start(t)
+	var m Mutex
+	order := make(chan int, 4)
+	release := make(chan struct{})
+	var holder *Task
+	on(t, l, func() {
+		holder = l.Go(func(x *Task) {
+			m.Lock(x)
+			order <- 0
+			x.Park(time.Time{}) //nolint:errcheck // until the test lets go
+			m.Unlock(x)
+		})
+		for i := 1; i <= 3; i++ {
+			l.Go(func(x *Task) {
+				m.Lock(x)
+				order <- i
+				x.Park(time.Now().Add(time.Millisecond)) //nolint:errcheck // holds it across a wait too
+				m.Unlock(x)
+			})
+		}
+	})
+	go func() { <-release; l.Post(func() { holder.Unpark() }) }() //nolint:errcheck // the loop runs until cleanup
+	if first := <-order; first != 0 {
+		t.Fatalf("task %d took the lock first, want 0", first)
+	}
+	on(t, l, func() {
+		if m.held != holder || len(m.waiters) != 3 {
+			t.Errorf("held by %p with %d waiting, want the first task with 3", m.held, len(m.waiters))
+		}
+	}) // the loop runs while they wait
+	close(release)
+	for want := 1; want <= 3; want++ {
+		select {
+		case got := <-order:
+			if got != want {
+				t.Fatalf("task %d took the lock, want %d", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("task %d never took the lock", want)
+		}
+	}
+}
