@@ -8,7 +8,7 @@
 // It is the I/O design docs/benchmarks.md measured for the Postgres fence
 // (stop 55): a relay on such a loop costs what PgBouncer costs per
 // transaction, 0.91–1.03×, where a goroutine per direction costs 1.3–1.7×,
-// and its coroutines cost 3–4 % over a loop without them.
+// and its coroutines cost 3–5 % over a loop without them.
 //
 // The loop waits with a raw epoll_pwait: the runtime does not take its
 // processor away while it sleeps, and does not make it take one back when
