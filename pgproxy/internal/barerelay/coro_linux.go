@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/fenceline/fenceline/pgproxy/internal/evloop"
@@ -33,7 +34,12 @@ func coroRelay(lfd int, upstream string, stop int) error {
 				return
 			}
 			for {
-				cfd, ufd, ok := acceptOne(lfd, upstream)
+				cfd, ufd, ok, err := acceptOne(lfd, upstream)
+				if err != nil {
+					fmt.Fprintln(os.Stderr, "barerelay:", err)
+					l.Close()
+					return
+				}
 				if !ok {
 					break
 				}
@@ -84,6 +90,7 @@ func (p *pair) copy(t *evloop.Task, src, dst int) {
 			m, err := rawWrite(dst, b)
 			switch {
 			case err == unix.EAGAIN:
+				writeStalls.Add(1)
 				if t.WaitWrite(dst, time.Time{}) != nil {
 					return
 				}
@@ -106,16 +113,18 @@ func listenTCP(listen string) (int, error) {
 	if err != nil {
 		return -1, fmt.Errorf("socket: %w", err)
 	}
-	if err := unix.SetsockoptInt(lfd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
-		return -1, err
-	}
 	sa := &unix.SockaddrInet4{Port: addr.Port}
 	copy(sa.Addr[:], addr.IP.To4())
-	if err := unix.Bind(lfd, sa); err != nil {
-		return -1, fmt.Errorf("bind %s: %w", listen, err)
+	if err = unix.SetsockoptInt(lfd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		err = fmt.Errorf("SO_REUSEADDR: %w", err)
+	} else if err = unix.Bind(lfd, sa); err != nil {
+		err = fmt.Errorf("bind %s: %w", listen, err)
+	} else if err = unix.Listen(lfd, 128); err != nil {
+		err = fmt.Errorf("listen on %s: %w", listen, err)
 	}
-	if err := unix.Listen(lfd, 128); err != nil {
-		return -1, fmt.Errorf("listen: %w", err)
+	if err != nil {
+		unix.Close(lfd)
+		return -1, err
 	}
 	return lfd, nil
 }

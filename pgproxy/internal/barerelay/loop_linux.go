@@ -6,10 +6,15 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
+
+// writeStalls counts the writes that found the peer's buffer full (the
+// loops' EAGAIN paths), for the tests.
+var writeStalls atomic.Int64
 
 // The loop's reads, writes and waits are raw system calls: the runtime
 // neither hands the thread's processor on nor takes it back around them.
@@ -96,6 +101,7 @@ func loopRelay(lfd int, upstream string, stop int) error {
 			switch {
 			case err == unix.EINTR:
 			case err == unix.EAGAIN:
+				writeStalls.Add(1)
 				return false, nil
 			case err != nil:
 				return false, err
@@ -123,7 +129,10 @@ func loopRelay(lfd int, upstream string, stop int) error {
 			}
 			if fd == lfd {
 				for {
-					cfd, ufd, ok := acceptOne(lfd, upstream)
+					cfd, ufd, ok, err := acceptOne(lfd, upstream)
+					if err != nil {
+						return err
+					}
 					if !ok {
 						break
 					}
@@ -151,7 +160,13 @@ func loopRelay(lfd int, upstream string, stop int) error {
 					rearm(src)
 				}
 			}
-			if ev.Events&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR) == 0 || len(e.pending) > 0 {
+			if len(e.pending) > 0 {
+				if ev.Events&(unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+					closePair(e) // reported on every turn until closed
+				}
+				continue
+			}
+			if ev.Events&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR) == 0 {
 				continue
 			}
 			m, err := rawRead(fd, buf)
@@ -181,12 +196,20 @@ func loopRelay(lfd int, upstream string, stop int) error {
 
 // acceptOne accepts the next waiting client and connects it upstream; ok
 // is false when none waits. A client whose upstream cannot be reached is
-// reported and closed, and the next one taken.
-func acceptOne(lfd int, upstream string) (cfd, ufd int, ok bool) {
+// reported and closed, and the next one taken. Any other failure to accept
+// (out of descriptors) is returned: the listener would stay readable and
+// the loop spin on it.
+func acceptOne(lfd int, upstream string) (cfd, ufd int, ok bool, err error) {
 	for {
 		cfd, _, err := unix.Accept4(lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
-		if err != nil {
-			return -1, -1, false // EAGAIN: accepted all
+		switch err {
+		case nil:
+		case unix.EAGAIN:
+			return -1, -1, false, nil // accepted all
+		case unix.EINTR, unix.ECONNABORTED:
+			continue
+		default:
+			return -1, -1, false, fmt.Errorf("accept: %w", err)
 		}
 		unix.SetsockoptInt(cfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) //nolint:errcheck // best effort
 		ufd, err := dialUpstream(upstream)
@@ -195,7 +218,7 @@ func acceptOne(lfd int, upstream string) (cfd, ufd int, ok bool) {
 			unix.Close(cfd)
 			continue
 		}
-		return cfd, ufd, true
+		return cfd, ufd, true, nil
 	}
 }
 
@@ -218,6 +241,9 @@ func newLoop(lfd, stop int) (int, error) {
 	return ep, nil
 }
 
+// dialUpstream connects to upstream (a Unix socket's path, or host:port).
+// The connect blocks the loop while it runs: immediate on the same
+// machine, which is where the yardstick's Postgres is.
 func dialUpstream(upstream string) (int, error) {
 	if strings.HasPrefix(upstream, "/") {
 		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
@@ -228,7 +254,7 @@ func dialUpstream(upstream string) (int, error) {
 			unix.Close(fd)
 			return -1, fmt.Errorf("connect %s: %w", upstream, err)
 		}
-		return fd, unix.SetNonblock(fd, true)
+		return nonblocking(fd)
 	}
 	addr, err := net.ResolveTCPAddr("tcp", upstream)
 	if err != nil {
@@ -245,5 +271,14 @@ func dialUpstream(upstream string) (int, error) {
 		return -1, fmt.Errorf("connect %s: %w", upstream, err)
 	}
 	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) //nolint:errcheck // best effort
-	return fd, unix.SetNonblock(fd, true)
+	return nonblocking(fd)
+}
+
+// nonblocking makes a connected socket non-blocking, or closes it.
+func nonblocking(fd int) (int, error) {
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
 }

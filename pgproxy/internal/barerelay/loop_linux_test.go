@@ -12,10 +12,11 @@ import (
 )
 
 // TestLoopsRelay runs each event-loop relay between real TCP sockets and an
-// echo server: 8 MB each way through one connection, whose client reads
-// nothing back until a second connection has echoed meanwhile (so every
-// socket buffer fills and the loops take their EAGAIN paths); the server
-// sees the second client's close; the loop ends on its stop descriptor.
+// echo server: 32 MB each way through one connection, whose client reads
+// nothing back until a second connection has echoed meanwhile (so the
+// socket buffers fill and the loops take their EAGAIN paths: counted); the
+// server sees the second client's close; the loop ends on its stop
+// descriptor.
 func TestLoopsRelay(t *testing.T) {
 	for name, run := range map[string]func(int, string, int) error{"loop": loopRelay, "coro": coroRelay} {
 		t.Run(name, func(t *testing.T) {
@@ -73,7 +74,8 @@ func TestLoopsRelay(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer big.Close()
-			want := make([]byte, 8<<20)
+			stalls := writeStalls.Load()
+			want := make([]byte, 32<<20)
 			rand.Read(want)
 			wrote := make(chan error, 1)
 			go func() {
@@ -111,6 +113,9 @@ func TestLoopsRelay(t *testing.T) {
 			}
 			if !bytes.Equal(back, want) {
 				t.Fatal("the bytes relayed back differ from those sent")
+			}
+			if writeStalls.Load() == stalls {
+				t.Fatal("no write found a full buffer: the test did not reach the loops' EAGAIN paths")
 			}
 		})
 	}

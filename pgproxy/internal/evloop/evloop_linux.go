@@ -40,6 +40,10 @@ type fdState struct {
 	fd             int
 	reader, writer *Task
 	armed          uint32 // the events epoll watches for fd
+	// forgotten: Forget was called. A task woken for fd before that but
+	// not yet run then gets ErrClosed, not a readiness that may by now
+	// belong to another file with the same number.
+	forgotten bool
 }
 
 type waitKind uint8
@@ -49,6 +53,7 @@ const (
 	waitRead
 	waitWrite
 	waitPark
+	waitLock // for a Mutex: only its Unlock ends it (or Close)
 )
 
 // Task is one coroutine of the loop.
@@ -97,14 +102,16 @@ func (l *Loop) Post(f func()) error {
 		return ErrClosed
 	}
 	l.inbox = append(l.inbox, f)
-	first := len(l.inbox) == 1
-	l.mu.Unlock()
-	if first {
+	if len(l.inbox) == 1 {
 		l.signal()
 	}
+	l.mu.Unlock()
 	return nil
 }
 
+// signal wakes the loop. Called with mu held: Run's end closes the eventfd
+// only after its own Close took mu, so no write can land on the number
+// once it is closed (and perhaps reused).
 func (l *Loop) signal() {
 	one := uint64(1)
 	unix.Write(l.wake, (*[8]byte)(unsafe.Pointer(&one))[:]) //nolint:errcheck // EAGAIN: the counter is already set
@@ -115,10 +122,9 @@ func (l *Loop) signal() {
 // already posted still run. Safe from any goroutine, more than once.
 func (l *Loop) Close() {
 	l.mu.Lock()
-	was := l.closed
-	l.closed = true
-	l.mu.Unlock()
-	if !was {
+	defer l.mu.Unlock()
+	if !l.closed {
+		l.closed = true
 		l.signal()
 	}
 }
@@ -143,6 +149,7 @@ func (l *Loop) Forget(fd int) {
 		return
 	}
 	delete(l.fds, fd)
+	s.forgotten = true
 	if s.armed != 0 {
 		unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, fd, nil) //nolint:errcheck // being closed anyway
 	}
@@ -172,7 +179,9 @@ func (l *Loop) Run() error {
 		if len(l.runq) > 0 {
 			timeout = 0
 		} else if len(l.timers) > 0 {
-			d := time.Until(l.timers[0].deadline)
+			// Bounded: epoll reads an int of milliseconds, and a far
+			// deadline would overflow it (the loop just waits again).
+			d := min(time.Until(l.timers[0].deadline), time.Hour)
 			timeout = max(0, int((d+time.Millisecond-1)/time.Millisecond))
 		}
 		l.turns++
@@ -239,9 +248,13 @@ func (l *Loop) drainInbox() {
 	}
 }
 
-// runTasks resumes every ready task until none is ready.
+// runTasks resumes the tasks that are ready now. Those they make ready run
+// on the next turn, after the loop has looked at its descriptors, posted
+// functions and Close: two tasks that keep handing over to each other must
+// not keep the loop from the rest.
 func (l *Loop) runTasks() {
-	for i := 0; i < len(l.runq); i++ { // tasks readied meanwhile are appended
+	n := len(l.runq)
+	for i := range n {
 		t := l.runq[i]
 		l.runq[i] = nil
 		t.queued = false
@@ -263,7 +276,9 @@ func (l *Loop) runTasks() {
 			t.stop()
 		}
 	}
-	l.runq = l.runq[:0]
+	rest := copy(l.runq, l.runq[n:])
+	clear(l.runq[rest:])
+	l.runq = l.runq[:rest]
 }
 
 func (l *Loop) ready(t *Task) {
@@ -374,7 +389,13 @@ func (t *Task) waitFD(fd int, kind waitKind, deadline time.Time) error {
 		}
 	}
 	t.fd = s
-	return t.suspend(kind, deadline)
+	if err := t.suspend(kind, deadline); err != nil {
+		return err
+	}
+	if s.forgotten {
+		return ErrClosed
+	}
+	return nil
 }
 
 // Park waits until Unpark (nil), the deadline (os.ErrDeadlineExceeded) or
@@ -426,9 +447,10 @@ func (m *Mutex) Lock(t *Task) {
 	}
 	m.waiters = append(m.waiters, t)
 	for m.held != t {
-		t.parkUninterrupted()
+		// Ended by Unlock's hand-over; by Close too, and then it waits
+		// again, for its holder to let go.
+		t.suspend(waitLock, time.Time{}) //nolint:errcheck // the condition is checked
 	}
-	t.unparked = false // Unlock's hand-over, if it came while t was not parked
 }
 
 // Unlock hands m to the task that waited longest, if any.
@@ -442,18 +464,8 @@ func (m *Mutex) Unlock(t *Task) {
 		m.waiters[0] = nil
 		m.waiters = m.waiters[1:]
 		m.held = next
-		next.Unpark()
+		next.l.finish(next, nil)
 	}
-}
-
-// parkUninterrupted parks until Unpark, even while the loop closes: a
-// task waiting for a Mutex gets it once its holder lets go.
-func (t *Task) parkUninterrupted() {
-	if t.unparked {
-		t.unparked = false
-		return
-	}
-	t.suspend(waitPark, time.Time{}) //nolint:errcheck // woken by Unpark, or by Close: the caller checks its condition
 }
 
 // Loop is the loop t runs on.

@@ -9,6 +9,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// recv returns the next value from ch, failing the test when none comes
+// within 20 s (what: what did not happen).
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(20 * time.Second):
+		t.Fatal(what)
+		panic("unreachable")
+	}
+}
+
 // start runs a new loop on its own goroutine and stops it at the test's
 // end, failing the test if Run does not return.
 func start(t *testing.T) *Loop {
@@ -36,15 +49,11 @@ func start(t *testing.T) *Loop {
 // on runs f on the loop's thread and waits for it.
 func on(t *testing.T, l *Loop, f func()) {
 	t.Helper()
-	done := make(chan struct{})
-	if err := l.Post(func() { f(); close(done) }); err != nil {
+	done := make(chan struct{}, 1)
+	if err := l.Post(func() { f(); done <- struct{}{} }); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the loop did not run a posted function")
-	}
+	recv(t, done, "the loop did not run a posted function")
 }
 
 func socketpair(t *testing.T) (a, b int) {
@@ -115,13 +124,9 @@ func TestEcho(t *testing.T) {
 		}
 	}
 	unix.Shutdown(int(bf.Fd()), unix.SHUT_WR)
-	select {
-	case err := <-ended:
-		if err != nil {
-			t.Fatalf("the task ended with %v, want the end of the stream", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the task did not see the end of the stream")
+	err := recv(t, ended, "the task did not see the end of the stream")
+	if err != nil {
+		t.Fatalf("the task ended with %v, want the end of the stream", err)
 	}
 }
 
@@ -161,12 +166,13 @@ func TestDeadline(t *testing.T) {
 }
 
 // TestParkUnpark: two tasks hand a counter back and forth 10,000 times by
-// Park and Unpark, and an Unpark that comes before its Park is kept.
+// Park and Unpark, strictly in turn (each sees every value the other
+// made), and an Unpark that comes before its Park is kept (pong's first).
 func TestParkUnpark(t *testing.T) {
 	l := start(t)
 	const rounds = 10000
 	var ping, pong *Task
-	count := 0
+	count, seen := 0, 0
 	done := make(chan int, 1)
 	on(t, l, func() {
 		ping = l.Go(func(tk *Task) {
@@ -177,15 +183,19 @@ func TestParkUnpark(t *testing.T) {
 					done <- -1
 					return
 				}
+				if seen != count {
+					done <- -2 // Park returned before pong had its turn
+					return
+				}
 			}
-			pong.Unpark()
 			done <- count
 		})
 		pong = l.Go(func(tk *Task) {
-			for count < rounds {
+			for {
 				if err := tk.Park(time.Time{}); err != nil {
 					return
 				}
+				seen = count
 				ping.Unpark()
 			}
 		})
@@ -211,14 +221,15 @@ func TestPostUnparks(t *testing.T) {
 			woke <- x.Park(time.Time{})
 		})
 	})
-	on(t, l, func() { tk.Unpark() })
-	select {
-	case err := <-woke:
-		if err != nil {
-			t.Fatal(err)
+	on(t, l, func() {
+		if tk.kind != waitPark {
+			t.Error("the task is not parked before its Unpark")
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the parked task was not woken")
+		tk.Unpark()
+	})
+	err := recv(t, woke, "the parked task was not woken")
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -242,26 +253,114 @@ func TestCloseEndsWaits(t *testing.T) {
 	go func() { ran <- l.Run() }()
 	l.Close()
 	for range 3 {
-		select {
-		case err := <-errs:
-			if !errors.Is(err, ErrClosed) {
-				t.Fatalf("a wait ended with %v, want ErrClosed", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("a wait did not end on Close")
+		err := recv(t, errs, "a wait did not end on Close")
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("a wait ended with %v, want ErrClosed", err)
 		}
 	}
-	select {
-	case err := <-ran:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return")
+	if err := recv(t, ran, "Run did not return"); err != nil {
+		t.Fatal(err)
 	}
 	<-l.Done()
 	if err := l.Post(func() {}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Post after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestForgetAfterWake: a task woken for a descriptor, not yet run when
+// the descriptor is forgotten (and may be closed, and its number reused),
+// gets ErrClosed rather than a readiness that is not its file's.
+func TestForgetAfterWake(t *testing.T) {
+	l := start(t)
+	a, _ := socketpair(t)
+	var tk *Task
+	got := make(chan error, 1)
+	on(t, l, func() { tk = l.Go(func(x *Task) { got <- x.WaitRead(a, time.Time{}) }) })
+	on(t, l, func() {
+		if tk.kind != waitRead {
+			t.Error("the task is not waiting to read")
+		}
+		l.finish(tk, nil) // woken, as by a readiness in this turn
+		l.Forget(a)       // by a task that runs before it
+	})
+	err := recv(t, got, "the wait did not end")
+	if !errors.Is(err, ErrClosed) {
+		t.Fatalf("got %v, want ErrClosed", err)
+	}
+}
+
+// TestMutexKeepsUnpark: a Mutex's waits are its own. An Unpark given while
+// a task waits for the lock does not end that wait, and is kept for the
+// task's next Park.
+func TestMutexKeepsUnpark(t *testing.T) {
+	l := start(t)
+	var m Mutex
+	var holder, a *Task
+	res := make(chan string, 2)
+	on(t, l, func() {
+		holder = l.Go(func(x *Task) {
+			m.Lock(x)
+			x.Park(time.Time{}) //nolint:errcheck // until the test lets go
+			m.Unlock(x)
+		})
+		a = l.Go(func(x *Task) {
+			m.Lock(x)
+			if m.held != x {
+				res <- "Lock returned without the lock"
+				return
+			}
+			if err := x.Park(time.Now().Add(10 * time.Second)); err != nil {
+				res <- "an Unpark given while waiting for the lock was lost: " + err.Error()
+				return
+			}
+			m.Unlock(x)
+			res <- "ok"
+		})
+	})
+	on(t, l, func() {
+		if a.kind != waitLock {
+			t.Errorf("a is not waiting for the lock (kind %d)", a.kind)
+		}
+		a.Unpark()
+	})
+	on(t, l, func() {
+		if a.kind != waitLock {
+			t.Error("an Unpark ended a wait for the lock")
+		}
+		holder.Unpark()
+	})
+	r := recv(t, res, "the second task never got the lock")
+	if r != "ok" {
+		t.Fatal(r)
+	}
+}
+
+// TestHandOffDoesNotStarve: two tasks that hand over to each other without
+// end leave the loop its turns: a posted function runs, and Close ends
+// them.
+func TestHandOffDoesNotStarve(t *testing.T) {
+	l, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p1, p2 *Task
+	p1 = l.Go(func(x *Task) {
+		for x.Park(time.Time{}) == nil {
+			p2.Unpark()
+		}
+	})
+	p2 = l.Go(func(x *Task) {
+		p1.Unpark()
+		for x.Park(time.Time{}) == nil {
+			p1.Unpark()
+		}
+	})
+	ran := make(chan error, 1)
+	go func() { ran <- l.Run() }()
+	on(t, l, func() {})
+	l.Close()
+	if err := recv(t, ran, "Close did not end two tasks handing over"); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -272,13 +371,9 @@ func TestForget(t *testing.T) {
 	got := make(chan error, 1)
 	on(t, l, func() { l.Go(func(tk *Task) { got <- tk.WaitRead(a, time.Time{}) }) })
 	on(t, l, func() { l.Forget(a) })
-	select {
-	case err := <-got:
-		if !errors.Is(err, ErrClosed) {
-			t.Fatalf("got %v, want ErrClosed", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the wait did not end")
+	err := recv(t, got, "the wait did not end")
+	if !errors.Is(err, ErrClosed) {
+		t.Fatalf("got %v, want ErrClosed", err)
 	}
 }
 
@@ -329,13 +424,9 @@ func TestUnreadBytesDoNotSpin(t *testing.T) {
 		t.Fatalf("the loop turned %d times for 100 posted functions: it spins on the unread bytes", d)
 	}
 	on(t, l, func() { tk.Unpark() })
-	select {
-	case got := <-read:
-		if got != "firstsecond" {
-			t.Fatalf("the reader got %q, want %q", got, "firstsecond")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the reader was not woken for the bytes it had not read")
+	got := recv(t, read, "the reader was not woken for the bytes it had not read")
+	if got != "firstsecond" {
+		t.Fatalf("the reader got %q, want %q", got, "firstsecond")
 	}
 }
 
@@ -372,13 +463,9 @@ func TestCurrent(t *testing.T) {
 		var tk *Task
 		tk = l.Go(func(x *Task) { got <- l.Current() == x && x == tk })
 	})
-	select {
-	case ok := <-got:
-		if !ok {
-			t.Fatal("Current is not the running task")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the task did not run")
+	ok := recv(t, got, "the task did not run")
+	if !ok {
+		t.Fatal("Current is not the running task")
 	}
 }
 
@@ -404,6 +491,9 @@ func TestMutexAcrossWaits(t *testing.T) {
 				m.Lock(x)
 				order <- i
 				x.Park(time.Now().Add(time.Millisecond)) //nolint:errcheck // holds it across a wait too
+				if m.held != x {
+					order <- -i // another task took it meanwhile
+				}
 				m.Unlock(x)
 			})
 		}
