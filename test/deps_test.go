@@ -114,7 +114,7 @@ func TestBinaryLinksNoTestFixture(t *testing.T) {
 var layers = [][]string{
 	// leaves: no domain of their own
 	{"lease/scope", "internal/gitsafe", "internal/gitsafe/gittrap", "internal/gitserver", "internal/pgserver",
-		"pgproxy/internal/barerelay", "pgproxy/internal/wakecost", "deploy"},
+		"pgproxy/internal/evloop", "pgproxy/internal/wakecost", "deploy"},
 	// the lease domain
 	{"lease", "internal/repoid"},
 	// what every boundary asks: the security team's policy; shard records
@@ -134,7 +134,7 @@ var layers = [][]string{
 
 // outside the table: fixtures, test suites, benchmark and load programs.
 func outsideLayers(p string) bool {
-	return p == "test" || strings.HasPrefix(p, "test/") || p == "pgproxy/internal/benchproxy" ||
+	return p == "test" || strings.HasPrefix(p, "test/") || p == "pgproxy/internal/benchproxy" || p == "pgproxy/internal/barerelay" ||
 		p == "internal/bustest" || p == "internal/testutil" || p == "internal/testca" || p == "internal/pgtest"
 }
 
