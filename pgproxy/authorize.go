@@ -260,11 +260,13 @@ func (s *session) record(r *refusal, st *Statement, li leaseInfo, text string) (
 			Repo: li.repo, LeaseID: li.id, Owner: li.owner, Scope: li.claim, Fence: li.fence,
 			Reason: r.code, Message: fmt.Sprintf("postgres %s refused: %s; statement: %s", st.Tag, r.reason, truncate(text, 200)),
 		}
-		ctx, cancel := context.WithTimeout(s.p.ctx, s.p.cfg.AuditTimeout)
-		if err := s.p.cfg.Audit.Record(ctx, ev); err != nil {
-			s.p.log.Error("audit event for a refused write not recorded", "lease", li.id, "err", err)
-		}
-		cancel()
+		s.blocking(func() {
+			ctx, cancel := context.WithTimeout(s.p.ctx, s.p.cfg.AuditTimeout)
+			defer cancel()
+			if err := s.p.cfg.Audit.Record(ctx, ev); err != nil {
+				s.p.log.Error("audit event for a refused write not recorded", "lease", li.id, "err", err)
+			}
+		})
 	}
 	return msg, detail
 }

@@ -493,6 +493,22 @@
 // ends without Terminate) while a statement runs has that statement
 // cancelled first: Postgres alone would not notice until it finished.
 //
+// # I/O
+//
+// After startup a plain session (TCP or Unix socket) leaves Go's poller:
+// its sockets are duplicated and their net.Conns closed, and its two loops
+// (the client loop, which judges and forwards the client's messages, and
+// the relay, which forwards the server's) run as tasks of one event loop
+// the proxy's plain sessions share, one locked thread in epoll
+// (internal/evloop, loop_linux.go). A goroutine per direction costs
+// 1.3–1.7 times PgBouncer's CPU per transaction; a loop costs about what
+// PgBouncer does (docs/benchmarks.md). What would block that thread runs
+// on a goroutine while the task waits: recording an audit event, a cancel
+// request on a new connection, a wait for another session's catalog
+// lookup. The proxy raises GOMAXPROCS by one for the loop's thread unless
+// the GOMAXPROCS environment variable is set. TLS sessions, and every
+// session off Linux, run on two goroutines.
+//
 // # Trust
 //
 // The agent is taken to be hostile: it may read whatever its role may, open

@@ -29,11 +29,13 @@ func (s *session) policyRefusal(a policy.Action, table string) *refusal {
 			hint: "the policy is the security team's (fenceline policy get); no lease or flag widens it"}
 	}
 	if ev, ok := policy.Event(l, "postgres", r, d); ok && s.p.cfg.Audit != nil {
-		ctx, cancel := context.WithTimeout(s.p.ctx, s.p.cfg.AuditTimeout)
-		if err := s.p.cfg.Audit.Record(ctx, ev); err != nil {
-			s.p.log.Error("audit event of a shadow refusal not recorded", "lease", l.LeaseID, "err", err)
-		}
-		cancel()
+		s.blocking(func() {
+			ctx, cancel := context.WithTimeout(s.p.ctx, s.p.cfg.AuditTimeout)
+			defer cancel()
+			if err := s.p.cfg.Audit.Record(ctx, ev); err != nil {
+				s.p.log.Error("audit event of a shadow refusal not recorded", "lease", l.LeaseID, "err", err)
+			}
+		})
 	}
 	return nil
 }

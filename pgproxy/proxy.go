@@ -38,6 +38,11 @@ type Proxy struct {
 	tokErr   error
 
 	noBindWarned atomic.Bool // a server connection could not be bound (logged once)
+
+	// loop runs the plain sessions after startup (loop_linux.go); nil
+	// when they run on goroutines.
+	loop         *eventLoop
+	loopSessions atomic.Int64 // sessions moved to the loop so far
 }
 
 type backendKey struct{ pid, secret uint32 }
@@ -63,6 +68,7 @@ func Listen(ctx context.Context, cfg Config) (*Proxy, error) {
 		ctx: pctx, cancel: cancel,
 		sessions: map[*session]struct{}{}, keys: map[backendKey]bool{},
 	}
+	p.startLoop()
 	p.wg.Add(1)
 	go p.acceptLoop()
 	if cfg.Lease != nil {
@@ -93,6 +99,7 @@ func (p *Proxy) Addr() net.Addr { return p.ln.Addr() }
 func (p *Proxy) Close() error {
 	p.shutdown()
 	p.wg.Wait()
+	p.waitLoop()
 	return nil
 }
 
@@ -107,6 +114,7 @@ func (p *Proxy) shutdown() {
 	for s := range p.sessions {
 		ss = append(ss, s)
 	}
+	p.closeLoopIfIdle()
 	p.mu.Unlock()
 	p.cancel()
 	p.ln.Close()
@@ -143,6 +151,7 @@ func (p *Proxy) acceptLoop() {
 			if s.key != (backendKey{}) {
 				delete(p.keys, s.key)
 			}
+			p.closeLoopIfIdle()
 			p.mu.Unlock()
 		}()
 	}

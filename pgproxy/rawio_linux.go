@@ -22,6 +22,9 @@ import (
 // Write wait on the same poll descriptor.
 type rawIO struct {
 	rc syscall.RawConn
+	// fc, once the session moved to the proxy's loop (moveToLoop), is
+	// where every read and write goes: the socket has left Go's poller.
+	fc *fdConn
 }
 
 // newRawIO returns a rawIO for c when c is a socket, else c itself (TLS).
@@ -38,6 +41,9 @@ func newRawIO(c net.Conn) io.ReadWriter {
 }
 
 func (r *rawIO) Read(p []byte) (int, error) {
+	if r.fc != nil {
+		return r.fc.Read(p)
+	}
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -70,6 +76,9 @@ func (r *rawIO) Read(p []byte) (int, error) {
 }
 
 func (r *rawIO) Write(p []byte) (int, error) {
+	if r.fc != nil {
+		return r.fc.Write(p)
+	}
 	var (
 		n     int
 		errno syscall.Errno

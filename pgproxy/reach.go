@@ -135,17 +135,11 @@ func land[K comparable, V any](flights map[K]*flight[V], own map[string]*flight[
 
 // await waits (up to flightWait) for another session's lookup f and
 // returns its answer, unless it failed or DDL passed since it began.
-func await[V any](c *catalog, f *flight[V]) (got V, ok bool) {
+func await[V any](s *session, c *catalog, f *flight[V]) (got V, ok bool) {
 	c.waits.Add(1)
-	t := time.NewTimer(flightWait)
-	defer t.Stop()
-	select {
-	case <-f.done:
-		if f.ok && c.generation() == f.gen {
-			c.shared.Add(1)
-			return f.got, true
-		}
-	case <-t.C:
+	if s.waitChan(f.done, flightWait) && f.ok && c.generation() == f.gen {
+		c.shared.Add(1)
+		return f.got, true
 	}
 	return got, false
 }
@@ -750,7 +744,7 @@ func (s *session) learnRels(rels []string, i int, private bool, now time.Time) e
 	}
 	var late []string
 	for r, f := range theirs {
-		if rc, ok := await(cat, f); ok {
+		if rc, ok := await(s, cat, f); ok {
 			s.unit.rels[keyOf(r)] = rc
 			continue
 		}
@@ -776,7 +770,7 @@ func (s *session) lookupRels(rels []string, i int, private bool, now time.Time, 
 		cat.mu.Unlock()
 	}()
 	if cat.lookupHook != nil {
-		cat.lookupHook(rels)
+		s.blocking(func() { cat.lookupHook(rels) })
 	}
 	rows, err := s.catalogQuery(reachSQL(rels, i&2 != 0, i&1 != 0))
 	if err != nil {
@@ -847,7 +841,7 @@ func (s *session) learnCalls(needCalls []string, private bool, now time.Time) er
 	}
 	var late []string
 	for c, f := range theirs {
-		if ci, ok := await(cat, f); ok {
+		if ci, ok := await(s, cat, f); ok {
 			k := keyOf(c)
 			s.unit.calls[k] = ci.user
 			if ci.owners != nil {
@@ -878,7 +872,7 @@ func (s *session) lookupCalls(calls []string, private bool, now time.Time, own m
 		cat.mu.Unlock()
 	}()
 	if cat.lookupHook != nil {
-		cat.lookupHook(calls)
+		s.blocking(func() { cat.lookupHook(calls) })
 	}
 	rows, err := s.catalogQuery(callsSQL(calls))
 	if err != nil {

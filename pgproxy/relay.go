@@ -96,10 +96,7 @@ func (s *session) pop(ok bool) {
 		if e.internal != nil {
 			close(e.internal.done)
 		}
-		select {
-		case s.idle <- struct{}{}:
-		default:
-		}
+		s.wakeClient()
 	}
 }
 
@@ -137,14 +134,14 @@ func (s *session) relay() error {
 	defer func() {
 		// Wake a client loop waiting for answers that will never come.
 		s.doneOnce.Do(func() { close(s.done) })
-		s.client.Close()
+		s.closeClient()
 	}()
 	for {
 		t, raw, err := s.sr.next()
 		if err != nil {
-			s.cmu.Lock()
+			s.lockClient()
 			s.cw.Flush()
-			s.cmu.Unlock()
+			s.unlockClient()
 			if errors.Is(err, ErrProtocol) {
 				s.writeClientRaw(errorResponse('E', "FATAL", "08P01", "fenceline: the server sent a malformed message", err.Error(), ""))
 			}
@@ -154,9 +151,9 @@ func (s *session) relay() error {
 			return err
 		}
 		if s.sr.buffered() == 0 {
-			s.cmu.Lock()
+			s.lockClient()
 			err := s.cw.Flush()
-			s.cmu.Unlock()
+			s.unlockClient()
 			if err != nil {
 				return err
 			}
@@ -165,9 +162,9 @@ func (s *session) relay() error {
 }
 
 func (s *session) toClient(raw []byte) error {
-	s.cmu.Lock()
+	s.lockClient()
 	_, err := s.cw.Write(raw)
-	s.cmu.Unlock()
+	s.unlockClient()
 	return err
 }
 

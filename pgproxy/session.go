@@ -18,21 +18,31 @@ import (
 
 // session is one client connection and its backend.
 //
-// Two goroutines: the client loop (serve) reads the client, decides, and is
+// Two loops: the client loop (serve) reads the client, decides, and is
 // the only writer to the server; the relay reads the server and is the only
 // writer to the client once startup is over (under cmu, which the client
 // loop takes only to send a fatal error). They share the expectation queue
-// (under qmu), which says whose responses are coming next.
+// (under qmu), which says whose responses are coming next. They run as two
+// goroutines, or, for a plain session on Linux, as two tasks of the proxy's
+// event loop (loop_linux.go).
 type session struct {
 	p      *Proxy
 	client net.Conn
 	server net.Conn
 	tls    bool
+	// crw, srw: the client's and the server's raw reader-writers, under
+	// the readers and writers below.
+	crw, srw io.ReadWriter
+	// lp: the session's place on the proxy's event loop, set once after
+	// startup (under amu); nil while on goroutines.
+	lp      *sessionLoop
+	amu     sync.Mutex
+	aborted bool // abort was called; guarded by amu
 
 	cr  *msgReader    // client reader (client loop)
 	sw  *bufio.Writer // server writer (client loop)
 	sr  *msgReader    // server reader (relay)
-	cmu sync.Mutex    // guards cw
+	cmu sync.Mutex    // guards cw on goroutines (lockClient)
 	cw  *bufio.Writer // client writer
 
 	user, database string
@@ -172,9 +182,18 @@ func newSession(p *Proxy, c net.Conn) *session {
 	}
 }
 
-// abort tears the session down from outside (Proxy.Close).
+// abort tears the session down from outside (Proxy.Close), and at its
+// end.
 func (s *session) abort() {
 	s.doneOnce.Do(func() { close(s.done) })
+	s.amu.Lock()
+	s.aborted = true
+	lp := s.lp
+	s.amu.Unlock()
+	if lp != nil {
+		lp.abort()
+		return
+	}
 	s.client.Close()
 	if s.server != nil {
 		s.server.Close()
@@ -192,11 +211,32 @@ func (s *session) serve() {
 	}
 	s.status.Store(uint32(s.txStatus))
 	s.sim = txSim{}
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- s.relay() }()
-	err = s.clientLoop()
-	// Whatever ended the client loop, the backend must not stay in a
-	// transaction or in COPY: fail a COPY, then terminate the session.
+	var rerr error
+	if s.moveToLoop() {
+		err, rerr = s.serveOnLoop()
+	} else {
+		relayDone := make(chan error, 1)
+		go func() { relayDone <- s.relay() }()
+		err = s.clientLoop()
+		s.endBackend(err)
+		rerr = <-relayDone
+	}
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		s.p.log.Info("session ended", "client", s.client.RemoteAddr().String(), "user", s.user, "err", err)
+	} else if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, net.ErrClosed) {
+		s.p.log.Debug("relay ended", "err", rerr)
+	}
+}
+
+// relayGrace bounds how long the relay reads what the server still sends
+// once the client loop has ended the session.
+const relayGrace = 5 * time.Second
+
+// endBackend ends the server's side once the client loop ended with err:
+// whatever ended it, the backend must not stay in a transaction or in
+// COPY, so it fails a COPY, then terminates the session; the relay then
+// reads what the server still sends, for relayGrace at most.
+func (s *session) endBackend(err error) {
 	s.qmu.Lock()
 	busy := len(s.queue) > 0 // not outstanding: an Execute sent with Flush, no Sync, runs too
 	s.qmu.Unlock()
@@ -206,10 +246,13 @@ func (s *session) serve() {
 		// CancelRequest, sent on a new connection, can arrive after this
 		// session is gone): cancel it here. (Not when the proxy itself is
 		// closing: Terminate below ends the session.)
-		if cerr := s.p.cancelUpstream(s.key); cerr != nil {
-			s.p.log.Warn("running statement of a vanished client not cancelled", "pid", s.key.pid, "err", cerr)
-		}
+		s.blocking(func() {
+			if cerr := s.p.cancelUpstream(s.key); cerr != nil {
+				s.p.log.Warn("running statement of a vanished client not cancelled", "pid", s.key.pid, "err", cerr)
+			}
+		})
 	}
+	s.setServerDeadline(time.Now().Add(relayGrace))
 	if s.copyIn.Load() {
 		var w msgBuilder
 		at := w.begin('f')
@@ -219,23 +262,14 @@ func (s *session) serve() {
 	}
 	s.sw.Write([]byte{'X', 0, 0, 0, 4})
 	s.sw.Flush()
-	s.server.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if cw, ok := s.server.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite() //nolint:errcheck
-	}
+	s.closeServerWrite()
 	s.doneOnce.Do(func() { close(s.done) })
-	rerr := <-relayDone
-	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-		s.p.log.Info("session ended", "client", s.client.RemoteAddr().String(), "user", s.user, "err", err)
-	} else if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, net.ErrClosed) {
-		s.p.log.Debug("relay ended", "err", rerr)
-	}
 }
 
 // writeClientRaw writes one message to the client and flushes.
 func (s *session) writeClientRaw(b []byte) error {
-	s.cmu.Lock()
-	defer s.cmu.Unlock()
+	s.lockClient()
+	defer s.unlockClient()
 	if s.cw == nil {
 		_, err := s.client.Write(b)
 		return err
@@ -413,10 +447,8 @@ func (s *session) waitIdle() error {
 		if n == 0 {
 			return nil
 		}
-		select {
-		case <-s.idle:
-		case <-s.done:
-			return net.ErrClosed
+		if err := s.waitWake(); err != nil {
+			return err
 		}
 	}
 }
@@ -519,3 +551,46 @@ func (s *session) lease() leaseInfo {
 }
 
 func (li leaseInfo) live() bool { return li.err == nil && li.fence > 0 }
+
+// How a session on goroutines waits and ends (a session on the proxy's
+// event loop does the same on the loop: loop_linux.go).
+
+// goWakeClient tells the client loop the relay popped a ReadyForQuery.
+func (s *session) goWakeClient() {
+	select {
+	case s.idle <- struct{}{}:
+	default:
+	}
+}
+
+// goWaitWake waits for goWakeClient or the session's end.
+func (s *session) goWaitWake() error {
+	select {
+	case <-s.idle:
+		return nil
+	case <-s.done:
+		return net.ErrClosed
+	}
+}
+
+// goWaitChan waits for ch to close, up to timeout; false when it did not.
+func goWaitChan(ch <-chan struct{}, timeout time.Duration) bool {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-timer.C:
+		return false
+	}
+}
+
+func (s *session) goSetServerDeadline(d time.Time) {
+	s.server.SetReadDeadline(d) //nolint:errcheck // a closed socket fails the read anyway
+}
+
+func (s *session) goCloseServerWrite() {
+	if cw, ok := s.server.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite() //nolint:errcheck // the relay sees how the server ends
+	}
+}

@@ -26,6 +26,9 @@ const stallAfter = 20 * time.Millisecond
 // and Describe (pgx's tests do, on purpose) expects the timeout to fire
 // during the pause, as it would direct.
 func (s *session) awaitClient() (bool, error) {
+	if s.lp != nil {
+		return s.waitClientReadable(stallAfter)
+	}
 	if err := s.client.SetReadDeadline(time.Now().Add(stallAfter)); err != nil {
 		return false, err
 	}

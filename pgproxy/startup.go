@@ -157,6 +157,7 @@ func (s *session) dialUpstream(deadline time.Time) error {
 	s.server = up
 	s.server.SetDeadline(deadline)
 	srv, cli := newRawIO(s.server), newRawIO(s.client)
+	s.srw, s.crw = srv, cli
 	s.sr = newMsgReader(srv, s.p.cfg.MaxMessageSize)
 	s.sw = bufio.NewWriterSize(srv, 32<<10)
 	s.cr = newMsgReader(cli, s.p.cfg.MaxMessageSize)

@@ -1,0 +1,105 @@
+//go:build linux
+
+package pgproxy
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestPlainSessionsRunOnTheLoop: a plain session moves to the proxy's event
+// loop after startup and works there (a result larger than the sockets'
+// buffers, so the relay waits for room; a prepared statement; an error);
+// a TLS session stays on goroutines and works too.
+func TestPlainSessionsRunOnTheLoop(t *testing.T) {
+	ctx := ctxT(t)
+	p := startProxy(t, Config{})
+	c := connect(t, proxyDSN(p, "agent"))
+	var total int64
+	if err := c.QueryRow(ctx, "SELECT sum(length(x)) FROM (SELECT repeat('x', 1000) AS x FROM generate_series(1, 20000)) s").Scan(&total); err != nil || total != 20_000_000 {
+		t.Fatalf("a sum through the loop: %d %v", total, err)
+	}
+	rows, err := c.Query(ctx, "SELECT repeat('y', 1000) FROM generate_series(1, $1::int)", 20000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, bytes := 0, 0
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		n, bytes = n+1, bytes+len(s)
+	}
+	if err := rows.Err(); err != nil || n != 20000 || bytes != 20_000_000 {
+		t.Fatalf("20 MB of rows through the loop: %d rows, %d bytes, %v", n, bytes, err)
+	}
+	if _, err := c.Exec(ctx, "SELECT 1/0"); err == nil || !strings.Contains(err.Error(), "22012") {
+		t.Fatalf("division by zero through the loop: %v", err)
+	}
+	if got := p.loopSessions.Load(); got != 1 {
+		t.Fatalf("%d sessions moved to the loop; want the plain one", got)
+	}
+
+	cfg, _ := selfSigned(t)
+	tp := startProxy(t, Config{TLS: cfg})
+	tc := connect(t, fmt.Sprintf("postgres://agent@%s/%s?sslmode=require", tp.Addr(), plpgsql.db))
+	var one int
+	if err := tc.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
+		t.Fatalf("a select over TLS: %d %v", one, err)
+	}
+	if got := tp.loopSessions.Load(); got != 0 {
+		t.Fatalf("%d TLS sessions moved to the loop; want none (crypto/tls owns their sockets)", got)
+	}
+}
+
+// TestCloseEndsSessionsOnTheLoop: Close ends sessions whose statements are
+// running on the loop, and the loop itself, promptly.
+func TestCloseEndsSessionsOnTheLoop(t *testing.T) {
+	p, err := Listen(context.Background(), func() Config {
+		cfg := Config{Upstream: pg.Addr()}
+		granted(t, &cfg, plpgsql.secret)
+		return cfg
+	}())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sessions = 3
+	errc := make(chan error, sessions)
+	for range sessions {
+		c := connect(t, proxyDSN(p, "agent"))
+		go func() {
+			_, err := c.Exec(context.Background(), "SELECT pg_catalog.pg_sleep(30)")
+			errc <- err
+		}()
+	}
+	waitBackends(t, true, "pid <> pg_backend_pid() AND query LIKE '%pg_sleep(30)%' AND state = 'active' HAVING count(*) = $1", sessions)
+	closed := make(chan struct{})
+	go func() {
+		p.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return within 10 s with statements running on the loop")
+	}
+	select {
+	case <-p.loop.Done():
+	default:
+		t.Fatal("Close returned before the loop ended")
+	}
+	for range sessions {
+		select {
+		case err := <-errc:
+			if err == nil {
+				t.Error("a statement the proxy's Close cut off reported success")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a client never heard its session end")
+		}
+	}
+}
