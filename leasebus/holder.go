@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fenceline/fenceline/lease"
@@ -132,6 +133,15 @@ type Holder struct {
 	// API, so the caller's own handlers stay untouched).
 	status     chan nats.Status
 	statusDone chan struct{}
+	// connected is the connection's state as last seen, for FenceNoWait:
+	// read without a lock, because nats.go's IsConnected waits for the
+	// connection's lock, which a reconnect holds while it dials (up to its
+	// connect timeout), and the Postgres fence's event loop asks before
+	// every write (a wait there would hold every session). Set from each
+	// status change (watchConn) and by every answer of the service
+	// (heardLocked); it makes writes stop early on a drop, while the bound
+	// that holds whatever it says is Silence.
+	connected atomic.Bool
 
 	// changes are the state changes OnChange has yet to hear, oldest
 	// first; announcing says a goroutine delivers them. Guarded by mu.
@@ -285,6 +295,7 @@ func (c *Client) hold(ctx context.Context, granted *lease.Lease, cred Credential
 	// Listen to the connection before the watch: a drop between the two
 	// must not go unseen.
 	h.status = c.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CONNECTED, nats.CLOSED)
+	h.connected.Store(c.nc.IsConnected()) // after the listener: a change from here on is heard
 	go h.watchConn()
 	var unwatch func() error
 	var err error
@@ -341,6 +352,7 @@ func (h *Holder) heard(sent time.Time) {
 }
 
 func (h *Holder) heardLocked(sent time.Time) {
+	h.connected.Store(true) // an answer came through
 	if sent.After(h.heardAt) {
 		h.heardAt = sent
 	}
@@ -352,7 +364,20 @@ func (h *Holder) heardLocked(sent time.Time) {
 func (h *Holder) Fence() (uint64, error) {
 	// Asked first and outside mu (nats.go takes its own lock): a dropped
 	// connection fails the write even before its status event is handled.
-	connected := h.c.nc.IsConnected()
+	return h.fence(h.c.nc.IsConnected())
+}
+
+// FenceNoWait is Fence for a caller that must not wait (the Postgres
+// fence's event loop, whose thread every session shares): it takes the
+// connection's state as the holder last saw it (see connected) rather than
+// asking nats.go, whose lock a reconnect holds while it dials. A drop is
+// seen once its status change is handled, and the bound that holds
+// whatever the connection says is Silence, as for Fence.
+func (h *Holder) FenceNoWait() (uint64, error) {
+	return h.fence(h.connected.Load())
+}
+
+func (h *Holder) fence(connected bool) (uint64, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	// Unknown too: a holder that cannot reach the bus past its margin may
@@ -624,6 +649,11 @@ func (h *Holder) observe(l *lease.Lease) {
 func (h *Holder) watchConn() {
 	defer close(h.statusDone)
 	for st := range h.status {
+		// The change at once, then the state asked where a wait for
+		// nats.go's lock holds no one (the channel drops changes while it
+		// is full, so the last one seen may not be the last one made).
+		h.connected.Store(st == nats.CONNECTED)
+		h.connected.Store(h.c.nc.IsConnected())
 		h.mu.Lock()
 		id, fence := h.lease.LeaseID, h.lease.Fence
 		if h.renewCancel != nil {

@@ -25,6 +25,11 @@ import (
 // refused, reads included, when the session's settings (as Postgres last
 // reported them) or unknown settings (changed may be true: a statement
 // ran since they were reported) could make Postgres parse it otherwise.
+//
+// A session on the event loop parses a text longer than classifyInline on
+// a goroutine while its task waits: parsing costs about 5 µs a byte of
+// short statements, and a client's megabyte of SQL must not hold every
+// other session on the loop for seconds.
 func (s *session) classify(sql string, changed bool) *Classification {
 	var why string
 	if (changed || s.scsOff.Load()) && strings.IndexByte(sql, '\\') >= 0 {
@@ -44,6 +49,15 @@ func (s *session) classify(sql string, changed bool) *Classification {
 		}
 	}
 	if why == "" {
+		if len(sql) > classifyInline && s.lp != nil {
+			var c *Classification
+			s.blocking(func() {
+				s.p.parsingAside.Add(1)
+				defer s.p.parsingAside.Add(-1)
+				c = s.p.classifier.Classify(sql)
+			})
+			return c
+		}
 		return s.p.classifier.Classify(sql)
 	}
 	return &Classification{Class: ClassWrite, Stmts: []Statement{{Class: ClassWrite, Opaque: true, Unsure: why,
@@ -469,3 +483,6 @@ func (s *session) callsToJudge(cls *Classification) bool {
 	}
 	return false
 }
+
+// classifyInline: see classify.
+const classifyInline = 4 << 10

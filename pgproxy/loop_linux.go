@@ -52,10 +52,29 @@ type sessionLoop struct {
 	cmu            evloop.Mutex // cmu's part between the two tasks
 }
 
-// loopProcs raises GOMAXPROCS once per process for the loop's thread: the
-// loop waits in a raw epoll_pwait, and the processor it holds runs nothing
-// else meanwhile (see evloop).
-var loopProcs sync.Once
+// loopProcs gives each running loop a processor of its own: a loop waits
+// in a raw epoll_pwait, and the processor it holds runs nothing else
+// meanwhile (see evloop). GOMAXPROCS is the process's own plus one per
+// loop, and back to its own once no loop runs; an operator's GOMAXPROCS
+// variable stands as it is.
+var loopProcs struct {
+	mu    sync.Mutex
+	loops int
+	base  int
+}
+
+func addLoopProc(n int) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		return
+	}
+	loopProcs.mu.Lock()
+	defer loopProcs.mu.Unlock()
+	if loopProcs.loops == 0 {
+		loopProcs.base = runtime.GOMAXPROCS(0)
+	}
+	loopProcs.loops += n
+	runtime.GOMAXPROCS(loopProcs.base + loopProcs.loops)
+}
 
 // startLoop makes and runs the proxy's loop. Without one (epoll refused),
 // every session runs on goroutines.
@@ -65,15 +84,12 @@ func (p *Proxy) startLoop() {
 		p.log.Warn("no event loop for the sessions: they run on goroutines", "err", err)
 		return
 	}
-	loopProcs.Do(func() {
-		if os.Getenv("GOMAXPROCS") == "" { // the operator's word stands
-			runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + 1)
-		}
-	})
+	addLoopProc(1)
 	p.loop = l
 	go func() {
+		defer addLoopProc(-1)
 		if err := l.Run(); err != nil {
-			p.log.Error("the sessions' event loop failed; sessions on it end, new ones run on goroutines", "err", err)
+			p.log.Error("the sessions' event loop failed; the sessions on it ended, new ones run on goroutines", "err", err)
 		}
 	}()
 }
@@ -100,6 +116,11 @@ func (s *session) moveToLoop() bool {
 	l := s.p.loop
 	if l == nil || s.tls {
 		return false
+	}
+	select {
+	case <-l.Done(): // it failed
+		return false
+	default:
 	}
 	crw, ok1 := s.crw.(*rawIO)
 	srw, ok2 := s.srw.(*rawIO)
@@ -236,6 +257,23 @@ func (sl *sessionLoop) abort() {
 		sl.close(sl.client)
 		sl.close(sl.server)
 	})
+}
+
+// loopSlice is how long a session's task runs before it lets the loop's
+// other sessions go first (yieldIfLong).
+const loopSlice = time.Millisecond
+
+// yieldIfLong yields the loop when the running task has had it for
+// loopSlice: a client that sends thousands of messages at once, or a
+// server result of thousands of rows, is handled in slices, not in one go
+// while every other session waits.
+func (s *session) yieldIfLong() {
+	if s.lp == nil {
+		return
+	}
+	if t := s.lp.l.Current(); t != nil && t.Running() > loopSlice {
+		t.Yield() //nolint:errcheck // a closing loop ends the next wait too
+	}
 }
 
 // task is the loop task running now, nil off the loop (or for a session

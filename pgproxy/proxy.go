@@ -43,6 +43,7 @@ type Proxy struct {
 	// when they run on goroutines.
 	loop         *eventLoop
 	loopSessions atomic.Int64 // sessions moved to the loop so far
+	parsingAside atomic.Int64 // long texts being parsed off the loop now
 }
 
 type backendKey struct{ pid, secret uint32 }

@@ -137,6 +137,7 @@ func (s *session) relay() error {
 		s.closeClient()
 	}()
 	for {
+		s.yieldIfLong()
 		t, raw, err := s.sr.next()
 		if err != nil {
 			s.lockClient()

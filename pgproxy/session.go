@@ -311,6 +311,7 @@ func (s *session) flushServer() error { return s.sw.Flush() }
 // clientLoop reads client messages and forwards them, fenced.
 func (s *session) clientLoop() error {
 	for {
+		s.yieldIfLong()
 		if err := s.forwardIfStalled(); err != nil {
 			return err
 		}
@@ -538,7 +539,15 @@ func (s *session) lease() leaseInfo {
 	if src == nil {
 		return leaseInfo{err: errors.New("this proxy has no lease")}
 	}
-	f, err := src.Fence()
+	var (
+		f   uint64
+		err error
+	)
+	if nw, ok := src.(noWaitFencer); ok && s.lp != nil {
+		f, err = nw.FenceNoWait() // on the loop: see noWaitFencer
+	} else {
+		f, err = src.Fence()
+	}
 	l := src.Lease()
 	li := leaseInfo{id: l.LeaseID, repo: l.Repo, owner: l.Owner, claim: l.Scope, tables: l.Scope.Tables, known: true}
 	if err != nil {
@@ -593,4 +602,12 @@ func (s *session) goCloseServerWrite() {
 	if cw, ok := s.server.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite() //nolint:errcheck // the relay sees how the server ends
 	}
+}
+
+// noWaitFencer is a lease source whose fence can be read without waiting
+// (*leasebus.Holder's Fence asks nats.go whether the connection is up,
+// which waits while a reconnect dials). A session on the event loop reads
+// it so: a wait there would hold every session on the loop.
+type noWaitFencer interface {
+	FenceNoWait() (uint64, error)
 }

@@ -18,7 +18,11 @@
 // preempt the loop (about 10 ms).
 //
 // Every method but Post and Close runs on the loop's thread: in a task, or
-// in a function given to Post.
+// in a function given to Post. A task holds that thread until it waits:
+// one with much to do between waits Yields now and then (Running says how
+// long it has run). Should epoll itself fail, the loop closes as on Close
+// (every wait ends with ErrClosed, posted functions run) and Run returns
+// the failure once the tasks have ended.
 //
 // It is built for Linux (epoll) only.
 package evloop

@@ -32,8 +32,10 @@ type Loop struct {
 	runq    []*Task
 	timers  timerHeap
 	done    chan struct{}
-	turns   uint64 // epoll waits so far
-	current *Task  // the task running now
+	turns   uint64    // epoll waits so far
+	current *Task     // the task running now
+	resumed time.Time // when the loop resumed the task running now
+	err     error     // why epoll failed, once it has
 }
 
 type fdState struct {
@@ -54,6 +56,7 @@ const (
 	waitWrite
 	waitPark
 	waitLock // for a Mutex: only its Unlock ends it (or Close)
+	waitYield
 )
 
 // Task is one coroutine of the loop.
@@ -173,7 +176,7 @@ func (l *Loop) Run() error {
 	for {
 		l.runTasks()
 		if l.closing && len(l.tasks) == 0 {
-			return nil
+			return l.err
 		}
 		timeout := -1
 		if len(l.runq) > 0 {
@@ -184,10 +187,19 @@ func (l *Loop) Run() error {
 			d := min(time.Until(l.timers[0].deadline), time.Hour)
 			timeout = max(0, int((d+time.Millisecond-1)/time.Millisecond))
 		}
+		if l.err != nil {
+			// epoll failed: no descriptor is watched any more, and every
+			// wait ends with ErrClosed; the tasks run to their end.
+			if len(l.runq) == 0 {
+				time.Sleep(time.Millisecond) // a task waits for a Mutex its holder has not let go yet
+			}
+			continue
+		}
 		l.turns++
 		n, err := wait(l.ep, events, timeout)
 		if err != nil && err != unix.EINTR {
-			return fmt.Errorf("epoll_pwait: %w", err)
+			l.fail(fmt.Errorf("epoll_pwait: %w", err))
+			continue
 		}
 		for _, ev := range events[:n] {
 			fd := int(ev.Fd)
@@ -225,6 +237,14 @@ func (l *Loop) Run() error {
 			}
 		}
 	}
+}
+
+// fail closes the loop after epoll failed: posted functions run, every
+// wait ends with ErrClosed, and Run returns err once the tasks have ended.
+func (l *Loop) fail(err error) {
+	l.err = err
+	l.Close()
+	l.drainInbox()
 }
 
 func (l *Loop) drainInbox() {
@@ -269,6 +289,7 @@ func (l *Loop) runTasks() {
 			})
 		}
 		l.current = t
+		l.resumed = time.Now()
 		_, ok := t.next()
 		l.current = nil
 		if !ok {
@@ -420,6 +441,24 @@ func (t *Task) Unpark() {
 	}
 	t.unparked = true
 }
+
+// Yield lets the loop's other tasks, descriptors and posted functions go
+// first: t runs again on the loop's next turn. A task with much to do
+// between waits yields now and then, so the others wait for it a bounded
+// time. ErrClosed once the loop is closing.
+func (t *Task) Yield() error {
+	if t.l.closing {
+		return ErrClosed
+	}
+	t.l.ready(t) // after this pass: runTasks runs only the tasks ready at its start
+	err := t.suspend(waitYield, time.Time{})
+	t.kind = notWaiting
+	return err
+}
+
+// Running is how long t has run since the loop last resumed it (t must be
+// the running task).
+func (t *Task) Running() time.Duration { return time.Since(t.l.resumed) }
 
 // Current is the task running now: nil in a function given to Post, or
 // off the loop's thread. Code shared by several tasks (a writer two tasks

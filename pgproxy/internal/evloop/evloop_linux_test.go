@@ -2,7 +2,9 @@ package evloop
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -517,5 +519,106 @@ func TestMutexAcrossWaits(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("task %d never took the lock", want)
 		}
+	}
+}
+
+// TestYieldTakesTurns: two tasks that only compute and Yield take strict
+// turns, and Running starts again from zero at each resume.
+func TestYieldTakesTurns(t *testing.T) {
+	l := start(t)
+	const rounds = 1000
+	var order []byte
+	done := make(chan error, 2)
+	worker := func(name byte) func(*Task) {
+		return func(tk *Task) {
+			for range rounds {
+				order = append(order, name)
+				if r := tk.Running(); r < 0 || r > 5*time.Second {
+					done <- fmt.Errorf("Running says %s", r)
+					return
+				}
+				if err := tk.Yield(); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}
+	}
+	on(t, l, func() {
+		l.Go(worker('a'))
+		l.Go(worker('b'))
+	})
+	for range 2 {
+		if err := recv(t, done, "the yielding tasks did not finish"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i < len(order); i++ {
+		if order[i] == order[i-1] {
+			t.Fatalf("task %c ran twice in a row at step %d: a Yield did not let the other go first", order[i], i)
+		}
+	}
+	// Close during a Yield: it returns ErrClosed.
+	got := make(chan error, 1)
+	on(t, l, func() {
+		l.Go(func(tk *Task) {
+			for {
+				if err := tk.Yield(); err != nil {
+					got <- err
+					return
+				}
+			}
+		})
+	})
+	l.Close()
+	if err := recv(t, got, "a yielding task never heard Close"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Yield after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestEpollFailureEndsTasks: when epoll fails under the loop, the loop
+// does not vanish with its tasks suspended: every wait ends with
+// ErrClosed, posted functions run, and Run returns the failure once the
+// tasks have ended.
+func TestEpollFailureEndsTasks(t *testing.T) {
+	l, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan error, 1)
+	go func() { ran <- l.Run() }()
+	a, _ := socketpair(t)
+	waited, waiting := make(chan error, 1), make(chan struct{}, 1)
+	on(t, l, func() {
+		l.Go(func(tk *Task) {
+			waiting <- struct{}{}
+			waited <- tk.WaitRead(a, time.Time{})
+		})
+	})
+	recv(t, waiting, "the task did not start")
+	on(t, l, func() {}) // runs once the task is suspended in its wait
+	// Make the loop's epoll descriptor something epoll_pwait refuses (a
+	// pipe, on the same number: Run closes its own number at its end).
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[1])
+	if err := unix.Dup3(p[0], l.ep, unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(p[0])
+	if err := l.Post(func() {}); err != nil { // wake the wait in progress: the next one fails
+		t.Fatal(err)
+	}
+	if err := recv(t, waited, "a task waiting on a descriptor never heard the loop fail"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("the wait ended with %v, want ErrClosed", err)
+	}
+	if err := recv(t, ran, "Run did not return after epoll failed"); err == nil || !strings.Contains(err.Error(), "epoll_pwait") {
+		t.Fatalf("Run returned %v, want the epoll failure", err)
+	}
+	if err := l.Post(func() {}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Post after the failure: %v, want ErrClosed", err)
 	}
 }
