@@ -141,3 +141,30 @@ func TestLongTextDoesNotHoldTheLoop(t *testing.T) {
 		t.Fatalf("the long text: %v", err)
 	}
 }
+
+// TestClientThatStopsReadingHoldsOnlyItself: a client that asks for a large
+// result and stops reading fills the sockets' buffers until its relay
+// waits for room (holding the lock on that client's writer) and Postgres
+// waits to write (ClientWrite); the loop's other sessions go on.
+func TestClientThatStopsReadingHoldsOnlyItself(t *testing.T) {
+	ctx := ctxT(t)
+	p := startProxy(t, Config{})
+	stuck, other := connect(t, proxyDSN(p, "agent")), connect(t, proxyDSN(p, "agent"))
+	rows, err := stuck.Query(ctx, "SELECT repeat('x', 1000) FROM generate_series(1, 200000) AS stop_reading")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	// Not reading the rows: the server is left waiting to write.
+	waitBackends(t, true, "pid <> pg_backend_pid() AND query LIKE '%AS stop_reading%' AND wait_event = 'ClientWrite'")
+	for i := range 20 {
+		var n int
+		if err := other.QueryRow(ctx, "SELECT $1::int", i).Scan(&n); err != nil || n != i {
+			t.Fatalf("select %d beside a client that does not read: %d %v", i, n, err)
+		}
+	}
+	if got := p.loopSessions.Load(); got != 2 {
+		t.Fatalf("%d sessions on the loop; want both", got)
+	}
+	stuck.Close(context.Background()) // ends the stuck session (its rows are never read)
+}
