@@ -34,10 +34,12 @@ import (
 //
 // What may block a goroutine must not block the loop's thread: waits for
 // another session (a shared catalog lookup), for a goroutine (an audit
-// record, a cancel request on a new connection) or for the relay are task
-// waits (waitChan, blocking, Park), and the lock on the client's writer
-// is an evloop.Mutex. TLS sessions stay on goroutines (crypto/tls owns
-// their sockets), and so does every session off Linux.
+// record, a cancel request on a new connection, the parse of a text over
+// classifyInline) or for the relay are task waits (waitChan, blocking,
+// Park); the lock on the client's writer is an evloop.Mutex; the lease's
+// fence is read without waiting (noWaitFencer); and a task that has run
+// loopSlice yields (yieldIfLong). TLS sessions stay on goroutines
+// (crypto/tls owns their sockets), and so does every session off Linux.
 
 // eventLoop is the proxy's loop.
 type eventLoop = evloop.Loop
