@@ -268,9 +268,11 @@ const loopSlice = time.Millisecond
 // yieldIfLong yields the loop when the running task has had it for
 // loopSlice: a client that sends thousands of messages at once, or a
 // server result of thousands of rows, is handled in slices, not in one go
-// while every other session waits.
-func (s *session) yieldIfLong() {
-	if s.lp == nil {
+// while every other session waits. Only while r has messages read ahead
+// (the next read would not wait, and so not yield): the common turn, one
+// message per readiness, reads no clock.
+func (s *session) yieldIfLong(r *msgReader) {
+	if s.lp == nil || r.buffered() == 0 {
 		return
 	}
 	if t := s.lp.l.Current(); t != nil && t.Running() > loopSlice {

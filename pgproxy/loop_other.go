@@ -33,6 +33,6 @@ func (s *session) waitChan(ch <-chan struct{}, timeout time.Duration) bool {
 func (s *session) blocking(f func())             { f() }
 func (s *session) setServerDeadline(d time.Time) { s.goSetServerDeadline(d) }
 func (s *session) closeServerWrite()             { s.goCloseServerWrite() }
-func (s *session) yieldIfLong()                  {}
+func (s *session) yieldIfLong(*msgReader)        {}
 
 func (s *session) closeClient() { s.client.Close() }

@@ -137,7 +137,7 @@ func (s *session) relay() error {
 		s.closeClient()
 	}()
 	for {
-		s.yieldIfLong()
+		s.yieldIfLong(s.sr)
 		t, raw, err := s.sr.next()
 		if err != nil {
 			s.lockClient()

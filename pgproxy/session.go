@@ -311,7 +311,7 @@ func (s *session) flushServer() error { return s.sw.Flush() }
 // clientLoop reads client messages and forwards them, fenced.
 func (s *session) clientLoop() error {
 	for {
-		s.yieldIfLong()
+		s.yieldIfLong(s.cr)
 		if err := s.forwardIfStalled(); err != nil {
 			return err
 		}
