@@ -193,13 +193,17 @@ func (l *liveness) learn(peer string, data []byte, now time.Time) {
 // keepalive answers a session's keepalive from identity id: from this
 // instance's recent view of each lease (cachedLease) where it has one,
 // else from its repo's actor, which reads the log.
+//
+// Its answer carries this instance's beat anchor (beat.go), read before the
+// views, when this instance beats.
 func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 	now := s.cfg.Now()
 	s.live.heard(sessionKey(id, r.Session), now)
+	anchor := s.beatAnchor(s.viewing())
 	answers := make([]keptAnswer, len(r.Leases))
 	ask := s.keptFromViews(r.Leases, answers)
 	if len(ask) == 0 {
-		respondKept(c, answers, r.Compact)
+		respondKept(c, answers, r.Compact, anchor)
 		return
 	}
 	select {
@@ -207,7 +211,7 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 	default:
 		// As many keepalives read logs already as may: the rest stay
 		// Unknown this beat, as those past maxKeptReads do.
-		respondKept(c, answers, r.Compact)
+		respondKept(c, answers, r.Compact, anchor)
 		return
 	}
 	read := s.goTracked(c, func() {
@@ -218,7 +222,7 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 			}
 			answers[i] = s.keptFromLog(r.Leases[i])
 		}
-		respondKept(c, answers, r.Compact)
+		respondKept(c, answers, r.Compact, anchor)
 	})
 	if !read {
 		<-s.keptReads // (stopping: answered so)
@@ -228,10 +232,10 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 // respondKept answers a keepalive with answers, one per lease it asked
 // after — or, to a compact one, with those that say more than "active at
 // the version asked" and one KeptRest for the others, as of the oldest
-// view among them.
-func respondKept(c *call, answers []keptAnswer, compact bool) {
+// view among them. anchor, when not nil, is this instance's beat anchor.
+func respondKept(c *call, answers []keptAnswer, compact bool, anchor *beatAnchor) {
 	if !compact {
-		c.respond(reply{Kept: answers})
+		c.respond(reply{Kept: answers, Beat: anchor})
 		return
 	}
 	var rest lease.Duration
@@ -243,8 +247,8 @@ func respondKept(c *call, answers []keptAnswer, compact bool) {
 		}
 		listed = append(listed, a)
 	}
-	if len(listed) > 0 || c.reply != nil || c.msg == nil {
-		c.respond(reply{Kept: listed, KeptRest: &keptRest{Age: rest}})
+	if len(listed) > 0 || anchor != nil || c.reply != nil || c.msg == nil {
+		c.respond(reply{Kept: listed, KeptRest: &keptRest{Age: rest}, Beat: anchor})
 		return
 	}
 	c.answered(nil)
@@ -374,6 +378,7 @@ func (s *Service) shareLiveness() error {
 		_ = s.nc.PublishMsg(m)
 	})
 	s.every(reapEvery, s.reapSilent)
+	s.every(beatEvery, s.sendBeat)
 	return nil
 }
 

@@ -54,6 +54,11 @@ import (
 //	                                         (another wrote first), busy
 //	                                         (another write of it in flight
 //	                                         at the stream's leader), error
+//	fenceline_bus_beats_total{kind}          counter: beats this instance
+//	                                         sent (beat.go): quiet (no lease
+//	                                         changed), changes (naming some
+//	                                         buckets), all (naming every one)
+//	fenceline_bus_beat_buckets_total         counter: buckets the beats named
 //
 // plus the Go runtime and process collectors. Grants and conflicts are
 // requests_total{op="acquire"} with result ok and conflict.
@@ -68,6 +73,8 @@ type ServiceMetrics struct {
 	forwards *prometheus.CounterVec
 	held     *prometheus.CounterVec
 	claims   *prometheus.CounterVec
+	beats    *prometheus.CounterVec
+	buckets  prometheus.Counter
 }
 
 // NewServiceMetrics returns the metrics on a new private registry.
@@ -113,7 +120,15 @@ func NewServiceMetrics() *ServiceMetrics {
 		Name: "fenceline_bus_claim_writes_total",
 		Help: "Writes of the primary's claim (takeovers, renewals, releases), by result: ok, lost (another instance wrote it first), busy (another write of it was in flight at the stream's leader), error.",
 	}, []string{"result"})
-	m.reg.MustRegister(m.requests, m.latency, m.appends, m.appendT, m.reads, m.scans, m.forwards, m.held, m.claims,
+	m.beats = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fenceline_bus_beats_total",
+		Help: "Beats this lease service instance sent (vouching for every lease it serves at once), by kind: quiet (no lease changed since the last), changes (naming the buckets of those that did), all (so many changed that every session asks).",
+	}, []string{"kind"})
+	m.buckets = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fenceline_bus_beat_buckets_total",
+		Help: "Buckets of changed leases the beats named: each sends the sessions holding a lease in it to ask.",
+	})
+	m.reg.MustRegister(m.requests, m.latency, m.appends, m.appendT, m.reads, m.scans, m.forwards, m.held, m.claims, m.beats, m.buckets,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -193,6 +208,22 @@ func (m *ServiceMetrics) forwarded(to string) {
 	if m != nil {
 		m.forwards.WithLabelValues(to).Inc()
 	}
+}
+
+// beat counts one beat sent, naming buckets buckets (or all).
+func (m *ServiceMetrics) beat(buckets int, all bool) {
+	if m == nil {
+		return
+	}
+	kind := "quiet"
+	switch {
+	case all:
+		kind = "all"
+	case buckets > 0:
+		kind = "changes"
+	}
+	m.beats.WithLabelValues(kind).Inc()
+	m.buckets.Add(float64(buckets))
 }
 
 // claimWritten counts one write of the primary's claim by its result.

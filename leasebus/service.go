@@ -139,6 +139,8 @@ type Service struct {
 	cold coldRepos
 	// live is what this instance knows of sessions' keepalives.
 	live *liveness
+	// beats are the changes its next beat names (beat.go).
+	beats *beater
 	// keptReads holds a token for each keepalive reading logs now (at most
 	// maxKeptReaders: see Service.keepalive).
 	keptReads chan struct{}
@@ -228,6 +230,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.prim = &primacy{term: cmp.Or(cfg.PrimaryTerm, DefaultPrimaryTerm)}
 	}
 	s.live = newLiveness(cfg.SessionGrace, cfg.Now())
+	s.beats = newBeater(cfg.Now(), cfg.SessionGrace)
 	s.audit = newAuditWriter(js, s.log, s.store.writer)
 	s.wg.Go(func() { s.audit.run(s.ctx) })
 	s.refusals = make(chan busRefusal, 256)
@@ -494,10 +497,17 @@ func (s *Service) actorForLease(id string) (*actor, bool) {
 // indexLeases records es, the leases of repo key a batch changed or a
 // reload read. Only the repo's actor calls it, so its entries are not
 // changing meanwhile.
+//
+// A lease whose record changed is marked for the next beat once it is in
+// the index the keepalives answer from, and before the batch that changed
+// it answers anyone (beat.go).
 func (s *Service) indexLeases(key string, es []*entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range es {
+		if old, ok := s.index[e.LeaseID]; !ok || old.e.Version != e.Version || old.e.Status != e.Status || old.e.Fence != e.Fence {
+			s.beats.mark(e.LeaseID)
+		}
 		s.index[e.LeaseID] = indexOf(key, e)
 	}
 }

@@ -72,6 +72,25 @@ type session struct {
 	watchMu  sync.Mutex
 	notices  *nats.Subscription              // made on the first watch; guarded by watchMu
 	watchers map[string]map[*Holder]struct{} // lease id -> its holders; guarded by watchMu
+
+	// beatMu guards what the session follows of the service's beats
+	// (beat.go): the anchor its beats count from, and the last few beats.
+	beatMu sync.Mutex
+	beats  *nats.Subscription // made when the loop first runs; guarded by beatMu
+	anchor *anchored          // nil: beats vouch for nothing now; guarded by beatMu
+	recent []beat             // the last beatRecent beats heard; guarded by beatMu
+}
+
+// anchored is a keepalive's answer that beats vouch on from: the leases it
+// found unchanged, as asked, and its anchor.
+type anchored struct {
+	beatAnchor                  // its Seq moves on with each beat applied
+	now        func() time.Time // the holders' clock, which the times below are on
+	sent       time.Time        // when the keepalive was sent
+	at         time.Time        // when it was answered
+	vouched    time.Time        // as of when a beat last vouched on it
+	leases     map[string]keptLease
+	buckets    map[uint16]struct{}
 }
 
 // sessionNotices is the subject the lease service sends the change notices
@@ -337,17 +356,25 @@ func (s *session) members() (hs []*Holder, every, silence time.Duration) {
 	return hs, every, silence
 }
 
-// run sends a keepalive every heartbeat until ctx ends.
+// run sends a keepalive every heartbeat until ctx ends — unless the
+// service's beats vouch for every lease the session holds, when one at the
+// interval the service's anchor asks for (keepEvery: at most every
+// maxKeepaliveEvery) tells the service the session lives. A kick always
+// sends one.
 func (s *session) run(ctx context.Context, done chan struct{}) {
 	defer close(done)
+	s.followBeats()
 	t := time.NewTimer(0)
 	defer t.Stop()
+	var last time.Time // the last keepalive sent
 	for {
+		kicked := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-s.again:
+			kicked = true
 			if !t.Stop() {
 				select {
 				case <-t.C:
@@ -359,18 +386,29 @@ func (s *session) run(ctx context.Context, done chan struct{}) {
 		if len(hs) == 0 {
 			return
 		}
+		every = min(every, maxKeepaliveEvery)
+		if !kicked && s.beatsVouch(hs, every, time.Since(last)) {
+			t.Reset(every)
+			continue
+		}
+		last = time.Now()
+		whole := len(hs) <= maxKept
 		for len(hs) > 0 {
 			n := min(len(hs), maxKept)
-			s.keepalive(ctx, hs[:n], silence)
+			s.keepalive(ctx, hs[:n], silence, whole)
 			hs = hs[n:]
 		}
-		t.Reset(min(every, maxKeepaliveEvery))
+		t.Reset(every)
 	}
 }
 
 // keepalive is one keepalive for hs: each holder whose lease the service
 // vouched for counts it heard as of the view the answer came from.
-func (s *session) keepalive(ctx context.Context, hs []*Holder, silence time.Duration) {
+//
+// whole says hs are all the session's holders: then an answer with a beat
+// anchor, vouching for every lease as asked from a view read now, is what
+// the service's beats vouch on from (beat.go).
+func (s *session) keepalive(ctx context.Context, hs []*Holder, silence time.Duration, whole bool) {
 	type asked struct {
 		h    *Holder
 		l    keptLease // the lease as h holds it
@@ -427,13 +465,170 @@ func (s *session) keepalive(ctx context.Context, hs []*Holder, silence time.Dura
 		asks[i].h.kept(asks[i].l, k, asks[i].sent)
 	}
 	if r.KeptRest == nil {
+		s.anchorOn(nil)
 		return
 	}
+	var on *anchored
+	if whole && r.Beat != nil && r.KeptRest.Age == 0 && r.Beat.Epoch != "" {
+		now := asks[0].h.opts.Now
+		on = &anchored{beatAnchor: *r.Beat, now: now, sent: asks[0].sent, at: now(), leases: map[string]keptLease{}, buckets: map[uint16]struct{}{}}
+	}
 	for i, a := range asks {
-		if !answered[i] {
-			a.h.kept(a.l, keptAnswer{LeaseID: a.l.LeaseID, Age: r.KeptRest.Age}, a.sent)
+		if answered[i] {
+			continue
+		}
+		a.h.kept(a.l, keptAnswer{LeaseID: a.l.LeaseID, Age: r.KeptRest.Age}, a.sent)
+		if on != nil {
+			on.sent = minTime(on.sent, a.sent)
+			on.leases[a.l.LeaseID] = a.l
+			on.buckets[beatBucket(a.l.LeaseID)] = struct{}{}
 		}
 	}
+	s.anchorOn(on)
+}
+
+// followBeats subscribes the session to the service's beats, once.
+func (s *session) followBeats() {
+	s.beatMu.Lock()
+	defer s.beatMu.Unlock()
+	if s.beats != nil {
+		return
+	}
+	sub, err := s.c.nc.Subscribe(beatSubject, s.heardBeat)
+	if err != nil {
+		return // keepalives every heartbeat, as without beats
+	}
+	s.beats = sub
+}
+
+// anchorOn makes on the anchor beats vouch from (nil: none), caught up
+// with the beats heard since its own.
+func (s *session) anchorOn(on *anchored) {
+	var vouch *anchored
+	s.beatMu.Lock()
+	s.anchor = on
+	if on != nil {
+		for _, b := range s.recent {
+			if s.anchor == nil {
+				break
+			}
+			if b.Epoch == on.Epoch && b.Seq > on.Seq {
+				vouch = s.applyBeatLocked(&b, on.at)
+			}
+		}
+	}
+	again := on != nil && s.anchor == nil
+	s.beatMu.Unlock()
+	if again {
+		s.kick()
+	}
+	s.vouch(vouch)
+}
+
+// heardBeat follows one of the service's beats: it vouches for the
+// anchored leases, or sends a keepalive at once.
+func (s *session) heardBeat(m *nats.Msg) {
+	if !fromService(m) {
+		return
+	}
+	b, ok := decodeBeat(m.Data)
+	if !ok {
+		return
+	}
+	s.beatMu.Lock()
+	if len(s.recent) == beatRecent {
+		s.recent = append(s.recent[:0], s.recent[1:]...)
+	}
+	s.recent = append(s.recent, *b)
+	had := s.anchor != nil
+	var vouch *anchored
+	if had {
+		vouch = s.applyBeatLocked(b, s.anchor.now())
+	}
+	again := had && s.anchor == nil
+	s.beatMu.Unlock()
+	if again {
+		s.kick()
+	}
+	s.vouch(vouch)
+}
+
+// applyBeatLocked moves the anchor on by b, which arrived at now: it
+// returns the anchor (with vouched set to the time b vouches for) when b
+// vouches for its leases, else nil — and drops the anchor when b breaks
+// its chain. s.beatMu is held.
+func (s *session) applyBeatLocked(b *beat, now time.Time) *anchored {
+	on := s.anchor
+	switch {
+	case b.Epoch != on.Epoch:
+		// Another instance, or another term: its beats say nothing of
+		// what this one answered.
+		s.anchor = nil
+		return nil
+	case b.Seq <= on.Seq:
+		return nil // one applied already
+	case b.Seq != on.Seq+1 || b.All:
+		s.anchor = nil // a beat missed, or every lease named
+		return nil
+	}
+	for _, k := range b.Buckets {
+		if _, mine := on.buckets[k]; mine {
+			s.anchor = nil
+			return nil
+		}
+	}
+	ran := time.Duration(b.Clock - on.Clock)
+	if ran < 0 || now.Sub(on.at) > maxAnchorAge {
+		s.anchor = nil
+		return nil
+	}
+	on.Seq = b.Seq
+	// The service's clock ran ran from reading the views to cutting b, and
+	// it read them after the keepalive was sent.
+	on.vouched = on.sent.Add(ran - ran/beatDrift)
+	v := *on
+	return &v
+}
+
+// vouch has every holder whose lease on anchored as asked count it heard
+// as of on.vouched.
+func (s *session) vouch(on *anchored) {
+	if on == nil {
+		return
+	}
+	hs, _, _ := s.members()
+	for _, h := range hs {
+		l, active := h.asKept()
+		if a, ok := on.leases[l.LeaseID]; !active || !ok || a != l {
+			continue
+		}
+		h.kept(l, keptAnswer{LeaseID: l.LeaseID}, minTime(on.vouched, h.opts.Now()))
+	}
+}
+
+// beatsVouch reports whether the service's beats vouch for every active
+// lease of hs, the last within every and a beat's interval, and the
+// session's last keepalive, since ago, is not due again within every: the
+// session need not ask.
+func (s *session) beatsVouch(hs []*Holder, every, since time.Duration) bool {
+	ls := make([]keptLease, 0, len(hs))
+	for _, h := range hs {
+		if l, active := h.asKept(); active {
+			ls = append(ls, l)
+		}
+	}
+	s.beatMu.Lock()
+	defer s.beatMu.Unlock()
+	on := s.anchor
+	if on == nil || on.vouched.IsZero() || on.now().Sub(on.vouched) > every+beatEvery || since+every > min(time.Duration(on.Every), maxKeepaliveEvery) {
+		return false
+	}
+	for _, l := range ls {
+		if on.leases[l.LeaseID] != l {
+			return false
+		}
+	}
+	return true
 }
 
 // asKept is the holder's lease as a keepalive asks after it, and whether

@@ -44,10 +44,11 @@ func TestSessionReclaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Alive past the grace three times over (counted in keepalives the
-	// service answered, each a heartbeat apart).
+	// service answered, each at least keepEvery(grace) apart: beats vouch
+	// in between).
 	base := requests(m, "keepalive", "ok")
 	checkFor(t, 60*time.Second, 50*time.Millisecond, func() error {
-		if n := requests(m, "keepalive", "ok") - base; n < int(3*grace/DefaultHeartbeat) {
+		if n := requests(m, "keepalive", "ok") - base; n < int(3*grace/keepEvery(grace)) {
 			return fmt.Errorf("%d keepalives so far", n)
 		}
 		return nil
@@ -294,7 +295,7 @@ func TestSessionsOnACluster(t *testing.T) {
 	checkFor(t, 2*time.Minute, 50*time.Millisecond, func() error {
 		// However they spread (one instance may hear none: the others'
 		// digests tell it), each instance's grace passed twice over.
-		if total, least := keepalives(); total-base < int(4*grace/DefaultHeartbeat) {
+		if total, least := keepalives(); total-base < int(4*grace/keepEvery(grace)) {
 			return fmt.Errorf("%d keepalives so far, the fewest through one instance %d", total-base, least)
 		}
 		return nil

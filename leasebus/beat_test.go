@@ -1,0 +1,263 @@
+package leasebus
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fenceline/fenceline/lease"
+	"github.com/nats-io/nats.go"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// promtestCount is how many beats of kind the service counted.
+func promtestCount(m *ServiceMetrics, kind string) int {
+	return int(promtest.ToFloat64(m.beats.WithLabelValues(kind)))
+}
+
+// holdMany has one client of b hold n leases (TTL a minute: no renewal
+// during a test) over a few repos.
+func holdMany(t *testing.T, c *Client, name string, n int) []*Holder {
+	t.Helper()
+	hs := make([]*Holder, n)
+	for i := range hs {
+		h, err := c.AcquireAndHold(ctxT(t), AcquireRequest{Repo: fmt.Sprintf("github.com/acme/%s-%d", name, i%4), Scope: claim(t, fmt.Sprintf("svc/%d", i)), Owner: owner(i), TTL: lease.Duration(time.Minute)}, NewCredential(), HoldOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(h.Orphan)
+		hs[i] = h
+	}
+	return hs
+}
+
+// waitBeatsVouch waits until the service's beats vouch for every lease of
+// c's session.
+func waitBeatsVouch(t *testing.T, c *Client, hs []*Holder) {
+	t.Helper()
+	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if !c.session().beatsVouch(hs, DefaultHeartbeat, 0) {
+			return fmt.Errorf("the service's beats do not vouch for the session's %d leases yet", len(hs))
+		}
+		return nil
+	})
+}
+
+// TestBeatsVouchBetweenKeepalives: a client holding many leases sends a
+// keepalive every maxKeepaliveEvery, not every heartbeat, once the
+// service's beats vouch for its leases; its holders still hear the service
+// well within their silence all along, from the beats. (A fleet of 10,000
+// holders on 1,000 connections sent 5,000 keepalives a second; beats make
+// it 500, and five messages a second fanned out.)
+func TestBeatsVouchBetweenKeepalives(t *testing.T) {
+	t.Parallel()
+	m := NewServiceMetrics()
+	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Metrics: m}}
+	b.start("127.0.0.1:0")
+	t.Cleanup(b.stop)
+	const holders = 20
+	hs := holdMany(t, b.c, "beat", holders)
+	gets := requests(m, "get", "ok") // each holder's one confirming get
+	waitBeatsVouch(t, b.c, hs)
+
+	const window = 3 * time.Second
+	kept := requests(m, "keepalive", "ok")
+	samples, allFresh := 0, 0
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for end := time.Now().Add(window); time.Now().Before(end); <-tick.C {
+		samples++
+		fresh := 0
+		for _, h := range hs {
+			h.mu.Lock()
+			heard := time.Since(h.heardAt)
+			h.mu.Unlock()
+			if _, err := h.Fence(); err == nil && heard <= DefaultSilence/2 {
+				fresh++
+			}
+		}
+		if fresh == holders {
+			allFresh++
+		}
+	}
+	keepalives := requests(m, "keepalive", "ok") - kept
+	// Every heartbeat would be 15 in the window; one every
+	// maxKeepaliveEvery is 1 or 2 (plus any a doubt on a slow moment asked).
+	if perHeartbeat := int(window / DefaultHeartbeat); keepalives > int(window/maxKeepaliveEvery)+2 {
+		t.Errorf("%d keepalives in %s while beats vouched: %d would be one every heartbeat", keepalives, window, perHeartbeat)
+	}
+	if keepalives == 0 {
+		t.Errorf("no keepalive in %s: the service must still hear that the session lives", window)
+	}
+	// A holder's silence is 800 ms and the session asked every 2 s: the
+	// holders heard the service within half their silence all along
+	// because the beats vouched.
+	if allFresh < samples*9/10 {
+		t.Errorf("every holder could write, having heard the service within %s, at %d of %d samples over %s: the beats did not keep them heard", DefaultSilence/2, allFresh, samples, window)
+	}
+	if more := requests(m, "get", "ok") - gets; more > 0 {
+		t.Errorf("%d gets while %d holders held: heartbeats went per lease", more, holders)
+	}
+	if n := promtestCount(m, "quiet") + promtestCount(m, "changes"); n == 0 {
+		t.Error("the service counted no beat")
+	}
+}
+
+// TestBeatNamesAChangedLease: a beat names the bucket of every lease that
+// changed since the last, so beats never vouch for a lease past its end.
+// The attack is a revoke whose notice the holder never hears (here its
+// session's notice subscription is gone): the next beat names the lease,
+// the session asks, and the holder is Lost; in any case it cannot write
+// once its silence has run from the revoke. The session's other holder
+// stays held throughout.
+func TestBeatNamesAChangedLease(t *testing.T) {
+	t.Parallel()
+	b := startBus(t)
+	c := NewClient(connect(t, b.srv.ClientURL()))
+	hs := holdMany(t, c, "named", 2)
+	waitBeatsVouch(t, c, hs)
+	sess := c.session()
+	sess.watchMu.Lock()
+	if err := sess.notices.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	sess.watchMu.Unlock()
+	if err := c.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := b.c.Revoke(ctxT(t), hs[0].Lease().LeaseID, "test"); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	// However late the holder's own goroutines run, its last word from
+	// the service predates the revoke: no write once its silence has run.
+	// (The session's keepalive every maxKeepaliveEvery would tell it too,
+	// later: beats that vouched on would let it write until then.)
+	<-time.After(time.Until(revoked.Add(DefaultSilence + 10*time.Millisecond)))
+	if f, err := hs[0].Fence(); err == nil {
+		t.Fatalf("the holder of a lease revoked %s ago may still write with fence %d", time.Since(revoked), f)
+	}
+	select {
+	case <-hs[0].Lost():
+	case <-time.After(10 * time.Second):
+		st, err := hs[0].State()
+		t.Fatalf("the holder of a lease revoked, its notice unheard, is %s after 10 s: %v", st, err)
+	}
+	if st, err := hs[1].State(); st != lease.Held {
+		t.Errorf("the other holder of the session is %s: %v", st, err)
+	}
+}
+
+// TestBeatBreaksOnAGap: a session follows beats only as a chain from its
+// anchor. A beat that names one of its leases, skips a number, comes from
+// another epoch (instance or term) or names every lease drops the anchor
+// and sends a keepalive at once; a quiet next beat vouches, as of the
+// anchor's send time plus how far the service's clock ran, less its
+// allowed drift. Messages that are not beats, on the beat subject, are
+// nothing.
+func TestBeatBreaksOnAGap(t *testing.T) {
+	const lid = "ls_0123456789abcdef0123456789abcdef"
+	sent := time.Unix(1000, 0)
+	fresh := func() *session {
+		s := &session{again: make(chan struct{}, 1), holders: map[*Holder]struct{}{}}
+		s.anchor = &anchored{beatAnchor: beatAnchor{Epoch: "i1", Seq: 4, Clock: 10e9},
+			now: func() time.Time { return sent.Add(time.Second) }, sent: sent, at: sent.Add(time.Millisecond),
+			leases: map[string]keptLease{lid: {LeaseID: lid, Version: 3}}, buckets: map[uint16]struct{}{beatBucket(lid): {}}}
+		return s
+	}
+	send := func(s *session, b beat, reply string) {
+		data, err := json.Marshal(beatMsg{Beat: &b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.heardBeat(&nats.Msg{Subject: beatSubject, Reply: reply, Data: data})
+	}
+	kicked := func(s *session) bool {
+		select {
+		case <-s.again:
+			return true
+		default:
+			return false
+		}
+	}
+	other := beatBucket(lid) + 1
+	for _, tc := range []struct {
+		name string
+		b    beat
+	}{
+		{"own bucket", beat{Epoch: "i1", Seq: 5, Clock: 10.2e9, Buckets: []uint16{other, beatBucket(lid)}}},
+		{"gap", beat{Epoch: "i1", Seq: 6, Clock: 10.4e9}},
+		{"other epoch", beat{Epoch: "i1.7", Seq: 5, Clock: 10.2e9}},
+		{"all", beat{Epoch: "i1", Seq: 5, Clock: 10.2e9, All: true}},
+		{"clock back", beat{Epoch: "i1", Seq: 5, Clock: 9e9}},
+	} {
+		s := fresh()
+		send(s, tc.b, "")
+		if s.anchor != nil || !kicked(s) {
+			t.Errorf("%s: anchor kept (%v) or no keepalive asked (%v)", tc.name, s.anchor != nil, !kicked(s))
+		}
+	}
+
+	s := fresh()
+	send(s, beat{Epoch: "i1", Seq: 4, Clock: 10e9}, "") // the anchor's own: nothing
+	send(s, beat{Epoch: "i1", Seq: 5, Clock: 10.2e9, Buckets: []uint16{other}}, "")
+	if s.anchor == nil || kicked(s) {
+		t.Fatal("a next beat naming only others' buckets broke the anchor")
+	}
+	want := sent.Add(200*time.Millisecond - 200*time.Millisecond/beatDrift)
+	if !s.anchor.vouched.Equal(want) || s.anchor.Seq != 5 {
+		t.Errorf("vouched as of %s at beat %d, want %s at 5", s.anchor.vouched.Sub(sent), s.anchor.Seq, want.Sub(sent))
+	}
+	// Not beats: an answer aimed at the subject (it has a reply, or other
+	// fields), a beat with no number.
+	send(s, beat{Epoch: "i1", Seq: 7, Clock: 11e9}, "_INBOX.x")
+	for _, data := range []string{`{"beat":{"epoch":"i1","seq":7,"clock":1},"keptRest":{"age":0}}`, `{"beat":{"epoch":"i1","clock":1}}`, `{"error":{"code":"x"}}`} {
+		s.heardBeat(&nats.Msg{Subject: beatSubject, Data: []byte(data)})
+	}
+	if s.anchor == nil || s.anchor.Seq != 5 || kicked(s) {
+		t.Error("a message that is not a beat moved the anchor")
+	}
+	// An anchor older than maxAnchorAge is not followed.
+	s.anchor.now = func() time.Time { return sent.Add(maxAnchorAge + time.Second) }
+	send(s, beat{Epoch: "i1", Seq: 6, Clock: 10.4e9}, "")
+	if s.anchor != nil || !kicked(s) {
+		t.Error("an anchor past maxAnchorAge still followed")
+	}
+}
+
+// TestBeaterNumbersAnchorsBeforeChanges: an anchor read after a change was
+// marked names the beat the change was in, or a later one never names it
+// again; a deposed term's epoch never comes back.
+func TestBeaterNumbersAnchorsBeforeChanges(t *testing.T) {
+	now := time.Unix(0, 0)
+	b := newBeater(now, DefaultSessionGrace)
+	if _, ok := b.cut("e2", 2, now); !ok {
+		t.Fatal("no beat")
+	}
+	b.mark("ls_a")
+	a, ok := b.anchor("e2", 2, now)
+	if !ok || a.Seq != 1 {
+		t.Fatalf("anchor %+v, %v: want the last beat cut, 1", a, ok)
+	}
+	bt, _ := b.cut("e2", 2, now.Add(beatEvery))
+	if bt.Seq != 2 || len(bt.Buckets) != 1 || bt.Buckets[0] != beatBucket("ls_a") || bt.Clock != int64(beatEvery) {
+		t.Errorf("beat %+v: want number 2 naming ls_a's bucket at %d", bt, beatEvery)
+	}
+	if bt, _ := b.cut("e2", 2, now); len(bt.Buckets) != 0 {
+		t.Errorf("a change named twice: %+v", bt)
+	}
+	if _, ok := b.anchor("e1", 1, now); ok {
+		t.Error("an older term's epoch anchored again")
+	}
+	if bt, ok := b.cut("e3", 3, now); !ok || bt.Seq != 1 {
+		t.Errorf("a new term's first beat %+v, %v: want number 1", bt, ok)
+	}
+	for i := range 4 * maxBeatBuckets {
+		b.mark(fmt.Sprintf("ls_%d", i))
+	}
+	if bt, _ := b.cut("e3", 3, now); !bt.All || len(bt.Buckets) != 0 {
+		t.Errorf("past %d buckets the beat is %d buckets, all %v: want all", maxBeatBuckets, len(bt.Buckets), bt.All)
+	}
+}
