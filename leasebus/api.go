@@ -241,7 +241,7 @@ type reply struct {
 	KeptRest *keptRest `json:"keptRest,omitempty"`
 	// Beat is the answering instance's beat anchor: the beats that follow
 	// it vouch for the leases the keepalive found unchanged (beat.go).
-	Beat *beatAnchor `json:"beat,omitempty"`
+	Beat *beatAnchor `json:"anchor,omitempty"`
 	// Revision is a shard record's revision after a write (shards.go).
 	Revision uint64 `json:"revision,omitempty"`
 	// Policy is the version a policy write stored (policy.go).

@@ -3,12 +3,14 @@ package leasebus
 import (
 	"encoding/json"
 	"hash/fnv"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/fenceline/fenceline/lease"
+	"github.com/nats-io/nats.go"
 )
 
 // The service's beat: one message for every session, instead of a
@@ -47,14 +49,20 @@ import (
 // the keepalive, on its own clock, since the service answered later. For
 // a beat it has no send time of its own: it takes the anchor's (the
 // service read its clock after that) plus how far the service's clock ran
-// from the anchor to the beat, less beatDrift of it. Anchors older than
-// maxAnchorAge are not used, so the drift allowed stays below a
-// millisecond.
+// from the anchor to the beat, less a beatDrift-th of it. Anchors older
+// than maxAnchorAge are not used, so the drift allowed stays a few
+// milliseconds; a beat whose clock ran further from the anchor than the
+// holder's (a clock with no monotonic reading, stepped) is not used at
+// all.
 //
 // Who may beat. Beats are published on beatSubject, under the change
-// subjects only the service may publish on; the reply trick (accounts.go)
-// cannot aim an answer there that decodes as a beat (decodeBeat wants its
-// one field and nothing else).
+// subjects only the service may publish on, with the instance's
+// writerHeader. The server's own answers can be aimed there (the reply
+// trick, accounts.go), but none carries that header without JetStream's
+// own (a direct get of a stored message with no headers, no_hdr, would
+// carry an arbitrary payload with none), and none decodes as a beat
+// (decodeBeat wants its one field and nothing else; a keepalive's answer
+// names its anchor "anchor").
 
 const (
 	// beatSubject carries the service's beats (core NATS).
@@ -122,18 +130,63 @@ type beatMsg struct {
 	Beat *beat `json:"beat"`
 }
 
-// decodeBeat reads a beat, or reports that data is not one: an object
-// with the one field "beat", holding an epoch and a number.
+// isBeat reports whether m came from the service as a beat, by its
+// headers: its writer's, and none of JetStream's (serviceWrote).
+func isBeat(m *nats.Msg) bool { return fromService(m) && serviceWrote(m.Header) }
+
+// decodeBeat reads a beat as json.Marshal writes it, or reports that data
+// is not one: an object with the one field "beat", holding an epoch (an
+// instance's id and term: letters, digits and dots), a number and a clock,
+// and no field a beat does not have. Every session of the fleet reads five
+// a second: no reflection.
 func decodeBeat(data []byte) (*beat, bool) {
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(data, &fields) != nil || len(fields) != 1 || fields["beat"] == nil {
+	b := new(beat)
+	var has uint32
+	ok := fastDecode(data, func(d *fastDec, key []byte) (uint32, bool) {
+		return 1, string(key) == "beat" && d.object(func(d *fastDec, key []byte) (uint32, bool) {
+			switch string(key) {
+			case "epoch":
+				has |= 1
+				return 1, d.str(&b.Epoch) && validEpoch(b.Epoch)
+			case "seq":
+				has |= 2
+				return 2, d.uint(&b.Seq)
+			case "clock":
+				has |= 4
+				var c uint64
+				ok := d.uint(&c) && c <= math.MaxInt64
+				b.Clock = int64(c)
+				return 4, ok
+			case "buckets":
+				return 8, fastArray(d, &b.Buckets, func(d *fastDec, k *uint16) bool {
+					var v uint64
+					ok := d.uint(&v) && v <= math.MaxUint16
+					*k = uint16(v)
+					return ok
+				})
+			case "all":
+				return 16, d.boolean(&b.All)
+			}
+			return 0, false
+		})
+	})
+	if !ok || has != 7 || b.Seq == 0 {
 		return nil, false
 	}
-	var m beatMsg
-	if json.Unmarshal(data, &m) != nil || m.Beat == nil || m.Beat.Epoch == "" || m.Beat.Seq == 0 {
-		return nil, false
+	return b, true
+}
+
+// validEpoch reports whether e is an epoch as beatEpoch makes them.
+func validEpoch(e string) bool {
+	if e == "" || len(e) > 64 {
+		return false
 	}
-	return m.Beat, true
+	for _, c := range []byte(e) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && c != '.' {
+			return false
+		}
+	}
+	return true
 }
 
 // beater is the service's side: the buckets changed since the last beat,
@@ -261,6 +314,12 @@ func (s *Service) sendBeat() {
 	if err != nil {
 		return
 	}
-	s.announce(beatSubject, data)
+	m := nats.NewMsg(beatSubject)
+	m.Header.Set(writerHeader, s.store.writer)
+	m.Data = data
+	_ = s.fleet.PublishMsg(m)
+	if s.fleet != s.nc && s.asked.Load() {
+		_ = s.nc.PublishMsg(m)
+	}
 	s.cfg.Metrics.beat(len(bt.Buckets), bt.All)
 }

@@ -3,6 +3,7 @@ package leasebus
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -172,7 +173,10 @@ func TestBeatBreaksOnAGap(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.heardBeat(&nats.Msg{Subject: beatSubject, Reply: reply, Data: data})
+		m := nats.NewMsg(beatSubject)
+		m.Reply, m.Data = reply, data
+		m.Header.Set(writerHeader, "i1")
+		s.heardBeat(m)
 	}
 	kicked := func(s *session) bool {
 		select {
@@ -189,9 +193,8 @@ func TestBeatBreaksOnAGap(t *testing.T) {
 	}{
 		{"own bucket", beat{Epoch: "i1", Seq: 5, Clock: 10.2e9, Buckets: []uint16{other, beatBucket(lid)}}},
 		{"gap", beat{Epoch: "i1", Seq: 6, Clock: 10.4e9}},
-		{"other epoch", beat{Epoch: "i1.7", Seq: 5, Clock: 10.2e9}},
-		{"all", beat{Epoch: "i1", Seq: 5, Clock: 10.2e9, All: true}},
 		{"clock back", beat{Epoch: "i1", Seq: 5, Clock: 9e9}},
+		{"clock ahead of the holders'", beat{Epoch: "i1", Seq: 5, Clock: 12e9}},
 	} {
 		s := fresh()
 		send(s, tc.b, "")
@@ -199,8 +202,28 @@ func TestBeatBreaksOnAGap(t *testing.T) {
 			t.Errorf("%s: anchor kept (%v) or no keepalive asked (%v)", tc.name, s.anchor != nil, !kicked(s))
 		}
 	}
-
+	// Every lease named: the fleet's sessions ask within a beat's
+	// interval, not all at once.
 	s := fresh()
+	send(s, beat{Epoch: "i1", Seq: 5, Clock: 10.2e9, All: true}, "")
+	if s.anchor != nil {
+		t.Error("a beat naming every lease kept the anchor")
+	}
+	select {
+	case <-s.again:
+	case <-time.After(10 * time.Second):
+		t.Error("a beat naming every lease asked for no keepalive")
+	}
+	// Another epoch's beat (another instance, or a term) says nothing of
+	// this anchor: nothing vouched, nothing asked; the anchor's own chain
+	// goes on.
+	s = fresh()
+	send(s, beat{Epoch: "i1.7", Seq: 5, Clock: 10.2e9}, "")
+	if s.anchor == nil || !s.anchor.vouched.IsZero() || kicked(s) {
+		t.Error("another epoch's beat moved the anchor or asked")
+	}
+
+	s = fresh()
 	send(s, beat{Epoch: "i1", Seq: 4, Clock: 10e9}, "") // the anchor's own: nothing
 	send(s, beat{Epoch: "i1", Seq: 5, Clock: 10.2e9, Buckets: []uint16{other}}, "")
 	if s.anchor == nil || kicked(s) {
@@ -211,10 +234,23 @@ func TestBeatBreaksOnAGap(t *testing.T) {
 		t.Errorf("vouched as of %s at beat %d, want %s at 5", s.anchor.vouched.Sub(sent), s.anchor.Seq, want.Sub(sent))
 	}
 	// Not beats: an answer aimed at the subject (it has a reply, or other
-	// fields), a beat with no number.
-	send(s, beat{Epoch: "i1", Seq: 7, Clock: 11e9}, "_INBOX.x")
-	for _, data := range []string{`{"beat":{"epoch":"i1","seq":7,"clock":1},"keptRest":{"age":0}}`, `{"beat":{"epoch":"i1","clock":1}}`, `{"error":{"code":"x"}}`} {
-		s.heardBeat(&nats.Msg{Subject: beatSubject, Data: []byte(data)})
+	// fields, or no writer's header, or JetStream's), a beat with no
+	// number.
+	send(s, beat{Epoch: "i1", Seq: 6, Clock: 10.4e9}, "_INBOX.x")
+	next := `{"beat":{"epoch":"i1","seq":6,"clock":10400000000}}`
+	for _, m := range []*nats.Msg{
+		{Subject: beatSubject, Data: []byte(next)}, // no header: a direct get's payload with no_hdr
+		{Subject: beatSubject, Data: []byte(next), Header: nats.Header{writerHeader: {"i1"}, "Nats-Stream": {"KV_X"}}},
+		{Subject: beatSubject, Data: []byte(`{"beat":{"epoch":"i1","seq":6,"clock":1},"keptRest":{"age":0}}`), Header: nats.Header{writerHeader: {"i1"}}},
+		{Subject: beatSubject, Data: []byte(`{"beat":{"epoch":"i1","clock":1}}`), Header: nats.Header{writerHeader: {"i1"}}},
+		{Subject: beatSubject, Data: []byte(`{"error":{"code":"x"}}`), Header: nats.Header{writerHeader: {"i1"}}},
+	} {
+		s.heardBeat(m)
+	}
+	if data, err := json.Marshal(reply{Beat: &beatAnchor{Epoch: "i1", Seq: 6, Clock: 1}}); err != nil {
+		t.Fatal(err)
+	} else if _, ok := decodeBeat(data); ok {
+		t.Errorf("a keepalive's answer %s reads as a beat", data)
 	}
 	if s.anchor == nil || s.anchor.Seq != 5 || kicked(s) {
 		t.Error("a message that is not a beat moved the anchor")
@@ -260,4 +296,42 @@ func TestBeaterNumbersAnchorsBeforeChanges(t *testing.T) {
 	if bt, _ := b.cut("e3", 3, now); !bt.All || len(bt.Buckets) != 0 {
 		t.Errorf("past %d buckets the beat is %d buckets, all %v: want all", maxBeatBuckets, len(bt.Buckets), bt.All)
 	}
+}
+
+// FuzzDecodeBeat: the hand-written beat reader agrees with encoding/json
+// on every beat it accepts, and accepts every beat json.Marshal writes.
+func FuzzDecodeBeat(f *testing.F) {
+	for _, b := range []beat{
+		{Epoch: "i1", Seq: 1, Clock: 0},
+		{Epoch: "NUIDNUIDNUID.12", Seq: 1 << 40, Clock: 1 << 62, Buckets: []uint16{0, 7, 65535}},
+		{Epoch: "e", Seq: 3, Clock: 5, All: true},
+	} {
+		data, err := json.Marshal(beatMsg{Beat: &b})
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Add([]byte(`{"beat":{"epoch":"i1","seq":6,"clock":1},"keptRest":{"age":0}}`))
+	f.Add([]byte(`{"anchor":{"epoch":"i1","seq":6,"clock":1,"every":"2s"}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b, ok := decodeBeat(data)
+		if !ok {
+			return
+		}
+		var m beatMsg
+		if err := json.Unmarshal(data, &m); err != nil || m.Beat == nil {
+			t.Fatalf("decodeBeat read %s as %+v; encoding/json: %v", data, b, err)
+		}
+		if m.Beat.Epoch != b.Epoch || m.Beat.Seq != b.Seq || m.Beat.Clock != b.Clock || m.Beat.All != b.All || !slices.Equal(m.Beat.Buckets, b.Buckets) {
+			t.Fatalf("decodeBeat read %s as %+v; encoding/json as %+v", data, b, m.Beat)
+		}
+		again, err := json.Marshal(beatMsg{Beat: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b2, ok := decodeBeat(again); !ok || b2.Seq != b.Seq || !slices.Equal(b2.Buckets, b.Buckets) {
+			t.Fatalf("decodeBeat does not read back %s", again)
+		}
+	})
 }

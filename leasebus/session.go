@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -222,9 +223,10 @@ func (c *Client) KeepIdentity() (stop func()) {
 // budget on it would leave the session unheard long enough for its
 // run's identity to be collected while it is alive. A new try goes to an
 // instance picked again; an earlier one merely slow is still heard. (The
-// holders' session loop keeps one try per beat: it beats every 200 ms,
-// so a lost keepalive costs its holders a doubt, never their lease, and
-// re-sending there would multiply the load on a slow service.)
+// holders' session loop keeps one try per heartbeat: a lost keepalive
+// costs its holders a doubt, never their lease, and is sent again at the
+// next heartbeat even while beats vouch; re-sending there would multiply
+// the load on a slow service.)
 func (c *Client) keepalive(ctx context.Context, req keepaliveRequest) (*reply, error) {
 	every := c.Timeout
 	if d, ok := ctx.Deadline(); ok {
@@ -391,12 +393,18 @@ func (s *session) run(ctx context.Context, done chan struct{}) {
 			t.Reset(every)
 			continue
 		}
-		last = time.Now()
+		began, answered := time.Now(), true
 		whole := len(hs) <= maxKept
 		for len(hs) > 0 {
 			n := min(len(hs), maxKept)
-			s.keepalive(ctx, hs[:n], silence, whole)
+			answered = s.keepalive(ctx, hs[:n], silence, whole) && answered
 			hs = hs[n:]
+		}
+		if answered {
+			// One lost is sent again at the next heartbeat, beats or
+			// not: the service learns from keepalives alone that the
+			// session lives.
+			last = began
 		}
 		t.Reset(every)
 	}
@@ -407,8 +415,9 @@ func (s *session) run(ctx context.Context, done chan struct{}) {
 //
 // whole says hs are all the session's holders: then an answer with a beat
 // anchor, vouching for every lease as asked from a view read now, is what
-// the service's beats vouch on from (beat.go).
-func (s *session) keepalive(ctx context.Context, hs []*Holder, silence time.Duration, whole bool) {
+// the service's beats vouch on from (beat.go). It reports whether the
+// service answered.
+func (s *session) keepalive(ctx context.Context, hs []*Holder, silence time.Duration, whole bool) bool {
 	type asked struct {
 		h    *Holder
 		l    keptLease // the lease as h holds it
@@ -443,7 +452,7 @@ func (s *session) keepalive(ctx context.Context, hs []*Holder, silence time.Dura
 		req.Leases = append(req.Leases, l)
 	}
 	if len(req.Leases) == 0 {
-		return
+		return true
 	}
 	kctx, cancel := context.WithTimeout(ctx, silence)
 	defer cancel()
@@ -452,7 +461,7 @@ func (s *session) keepalive(ctx context.Context, hs []*Holder, silence time.Dura
 		err = r.Error.err()
 	}
 	if err != nil {
-		return // nothing heard: each holder's silence runs on
+		return false // nothing heard: each holder's silence runs on
 	}
 	// One answer per lease: a listed one, else KeptRest's.
 	answered := make([]bool, len(asks))
@@ -466,7 +475,7 @@ func (s *session) keepalive(ctx context.Context, hs []*Holder, silence time.Dura
 	}
 	if r.KeptRest == nil {
 		s.anchorOn(nil)
-		return
+		return true
 	}
 	var on *anchored
 	if whole && r.Beat != nil && r.KeptRest.Age == 0 && r.Beat.Epoch != "" {
@@ -485,6 +494,7 @@ func (s *session) keepalive(ctx context.Context, hs []*Holder, silence time.Dura
 		}
 	}
 	s.anchorOn(on)
+	return true
 }
 
 // followBeats subscribes the session to the service's beats, once.
@@ -528,7 +538,7 @@ func (s *session) anchorOn(on *anchored) {
 // heardBeat follows one of the service's beats: it vouches for the
 // anchored leases, or sends a keepalive at once.
 func (s *session) heardBeat(m *nats.Msg) {
-	if !fromService(m) {
+	if !isBeat(m) {
 		return
 	}
 	b, ok := decodeBeat(m.Data)
@@ -547,7 +557,14 @@ func (s *session) heardBeat(m *nats.Msg) {
 	}
 	again := had && s.anchor == nil
 	s.beatMu.Unlock()
-	if again {
+	switch {
+	case again && b.All:
+		// Every session of the fleet heard it at once: spread their
+		// keepalives over a beat's interval rather than send them
+		// together (their holders' silence runs from the last beat that
+		// vouched, well within it).
+		time.AfterFunc(rand.N(beatEvery), s.kick)
+	case again:
 		s.kick()
 	}
 	s.vouch(vouch)
@@ -562,8 +579,10 @@ func (s *session) applyBeatLocked(b *beat, now time.Time) *anchored {
 	switch {
 	case b.Epoch != on.Epoch:
 		// Another instance, or another term: its beats say nothing of
-		// what this one answered.
-		s.anchor = nil
+		// what this one answered, and nothing against it either (two
+		// instances that have not met yet may both beat a while). Once
+		// the anchor's own beats stop, it vouches for nothing and the
+		// session asks at its heartbeat.
 		return nil
 	case b.Seq <= on.Seq:
 		return nil // one applied already
@@ -578,7 +597,10 @@ func (s *session) applyBeatLocked(b *beat, now time.Time) *anchored {
 		}
 	}
 	ran := time.Duration(b.Clock - on.Clock)
-	if ran < 0 || now.Sub(on.at) > maxAnchorAge {
+	if held := now.Sub(on.sent); ran < 0 || ran > held+held/beatDrift || now.Sub(on.at) > maxAnchorAge {
+		// The service's clock ran back, or further than the holders'
+		// since the keepalive was sent (one of them was stepped), or
+		// the anchor is too old to bound the drift.
 		s.anchor = nil
 		return nil
 	}
