@@ -29,10 +29,13 @@ import (
 // that instance's beat number and clock when it read them), counts each
 // later beat that names none of its leases' buckets, and follows the
 // anchor's beat with no gap, as the service's word that those leases are
-// unchanged as of that beat. Anything else — a bucket of its own, a beat
-// missed, another epoch (instance or term), a beat that names everything —
-// sends a keepalive at once, which anchors again. Beats stopping leave the
-// holders' silence to run, as unanswered keepalives did. A session still
+// unchanged as of that beat. A beat naming a bucket of its own takes those
+// leases off the anchor (no later beat vouches for them; the session asks
+// at its next heartbeat, which anchors them again); a beat missed, or one
+// naming everything, drops the anchor and sends a keepalive at once;
+// another epoch's beats (instance or term) say nothing either way. Beats
+// stopping leave the holders' silence to run, as unanswered keepalives
+// did. A session still
 // sends a keepalive every maxKeepaliveEvery: the service learns from those
 // that its process lives (sessions.go), not from beats.
 //

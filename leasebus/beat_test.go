@@ -191,7 +191,6 @@ func TestBeatBreaksOnAGap(t *testing.T) {
 		name string
 		b    beat
 	}{
-		{"own bucket", beat{Epoch: "i1", Seq: 5, Clock: 10.2e9, Buckets: []uint16{other, beatBucket(lid)}}},
 		{"gap", beat{Epoch: "i1", Seq: 6, Clock: 10.4e9}},
 		{"clock back", beat{Epoch: "i1", Seq: 5, Clock: 9e9}},
 		{"clock ahead of the holders'", beat{Epoch: "i1", Seq: 5, Clock: 12e9}},
@@ -213,6 +212,28 @@ func TestBeatBreaksOnAGap(t *testing.T) {
 	case <-s.again:
 	case <-time.After(10 * time.Second):
 		t.Error("a beat naming every lease asked for no keepalive")
+	}
+	// A beat naming the bucket of an anchored lease takes it off the
+	// anchor: no later beat vouches for it (the session asks at its next
+	// heartbeat); the chain goes on for the others.
+	s = fresh()
+	const lid2 = "ls_fedcba9876543210fedcba9876543210"
+	s.anchor.leases[lid2] = keptLease{LeaseID: lid2, Version: 8}
+	s.anchor.buckets[beatBucket(lid2)] = struct{}{}
+	kept := s.anchor.leases
+	send(s, beat{Epoch: "i1", Seq: 5, Clock: 10.2e9, Buckets: []uint16{other, beatBucket(lid)}}, "")
+	if s.anchor == nil || kicked(s) {
+		t.Fatal("a beat naming one anchored lease dropped the whole anchor, or asked at once")
+	}
+	if _, ok := s.anchor.leases[lid]; ok || len(s.anchor.leases) != 1 || s.anchor.vouched.IsZero() {
+		t.Errorf("after a beat naming %s the anchor holds %v (vouched %v): want only %s, vouched", lid, s.anchor.leases, !s.anchor.vouched.IsZero(), lid2)
+	}
+	if len(kept) != 2 {
+		t.Error("the anchor's lease set was changed in place: a vouch under way reads it")
+	}
+	send(s, beat{Epoch: "i1", Seq: 6, Clock: 10.4e9}, "")
+	if _, ok := s.anchor.leases[lid]; ok {
+		t.Error("a later beat vouched again for a lease named before")
 	}
 	// Another epoch's beat (another instance, or a term) says nothing of
 	// this anchor: nothing vouched, nothing asked; the anchor's own chain

@@ -536,7 +536,8 @@ func (s *session) anchorOn(on *anchored) {
 }
 
 // heardBeat follows one of the service's beats: it vouches for the
-// anchored leases, or sends a keepalive at once.
+// anchored leases it does not name, or, when it breaks the anchor's chain,
+// sends a keepalive.
 func (s *session) heardBeat(m *nats.Msg) {
 	if !isBeat(m) {
 		return
@@ -573,7 +574,8 @@ func (s *session) heardBeat(m *nats.Msg) {
 // applyBeatLocked moves the anchor on by b, which arrived at now: it
 // returns the anchor (with vouched set to the time b vouches for) when b
 // vouches for its leases, else nil — and drops the anchor when b breaks
-// its chain. s.beatMu is held.
+// its chain, or takes off it the leases in the buckets b names. s.beatMu
+// is held.
 func (s *session) applyBeatLocked(b *beat, now time.Time) *anchored {
 	on := s.anchor
 	switch {
@@ -590,12 +592,6 @@ func (s *session) applyBeatLocked(b *beat, now time.Time) *anchored {
 		s.anchor = nil // a beat missed, or every lease named
 		return nil
 	}
-	for _, k := range b.Buckets {
-		if _, mine := on.buckets[k]; mine {
-			s.anchor = nil
-			return nil
-		}
-	}
 	ran := time.Duration(b.Clock - on.Clock)
 	if held := now.Sub(on.sent); ran < 0 || ran > held+held/beatDrift || now.Sub(on.at) > maxAnchorAge {
 		// The service's clock ran back, or further than the holders'
@@ -603,6 +599,25 @@ func (s *session) applyBeatLocked(b *beat, now time.Time) *anchored {
 		// the anchor is too old to bound the drift.
 		s.anchor = nil
 		return nil
+	}
+	// A lease whose bucket b names may have changed: b vouches for it no
+	// more, nor does any later beat; the rest go on. (Most often it is the
+	// session's own renewal. The lease is not on the anchor any more, so
+	// the session asks at its next heartbeat, spread over the fleet's
+	// sessions as their loops are, not all at once on this beat; the
+	// holder's silence runs from the last beat that vouched for it.)
+	for _, k := range b.Buckets {
+		if _, mine := on.buckets[k]; mine {
+			on.leases, on.buckets = maps.Clone(on.leases), maps.Clone(on.buckets) // copies handed out read the old ones
+			for _, k := range b.Buckets {
+				delete(on.buckets, k)
+			}
+			maps.DeleteFunc(on.leases, func(id string, _ keptLease) bool {
+				_, still := on.buckets[beatBucket(id)]
+				return !still
+			})
+			break
+		}
 	}
 	on.Seq = b.Seq
 	// The service's clock ran ran from reading the views to cutting b, and
