@@ -271,6 +271,10 @@ func (a *actor) reload(ctx context.Context) error {
 	}
 	if n > 0 { // nothing read, nothing to index (the usual refresh)
 		a.svc.indexLeases(a.key, a.entries())
+		if len(a.state.evicted) > 0 {
+			a.svc.unindex(a.state.evicted)
+			a.state.evicted = nil
+		}
 		a.count()
 	}
 	return nil
@@ -296,8 +300,13 @@ func (a *actor) readLog(ctx context.Context) (int, error) {
 		// (logKeep newer ones followed them): read it afresh, from the
 		// snapshot the stream keeps, as a start does.
 		a.svc.log.Info("lease log moved past this view; reading it afresh", "repo", a.state.repo)
+		old := a.state
 		a.state, a.kept = newRepoState(a.state.repo), seqWindow{}
 		n, err = a.svc.store.load(ctx, a.key, a.state, audited(), a.svc.cfg.Now, onRecord)
+		a.state.evicted = append(a.state.evicted, old.evicted...)
+		if err == nil { // (a view half read drops nothing: it is read again)
+			a.state.evicted = append(a.state.evicted, a.state.dropped(old)...)
+		}
 	}
 	if err != nil {
 		return n, err

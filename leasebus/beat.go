@@ -35,9 +35,9 @@ import (
 // naming everything, drops the anchor and sends a keepalive at once;
 // another epoch's beats (instance or term) say nothing either way. Beats
 // stopping leave the holders' silence to run, as unanswered keepalives
-// did. A session still
-// sends a keepalive every maxKeepaliveEvery: the service learns from those
-// that its process lives (sessions.go), not from beats.
+// did. A session still sends a keepalive every keepEvery(grace), at most
+// every maxKeepaliveEvery: the service learns from those that its process
+// lives (liveness.go), not from beats.
 //
 // Why a beat vouches. Its instance marks a lease's bucket after the
 // change is in its views and before it answers anyone about it

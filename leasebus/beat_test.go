@@ -152,12 +152,13 @@ func TestBeatNamesAChangedLease(t *testing.T) {
 }
 
 // TestBeatBreaksOnAGap: a session follows beats only as a chain from its
-// anchor. A beat that names one of its leases, skips a number, comes from
-// another epoch (instance or term) or names every lease drops the anchor
-// and sends a keepalive at once; a quiet next beat vouches, as of the
-// anchor's send time plus how far the service's clock ran, less its
-// allowed drift. Messages that are not beats, on the beat subject, are
-// nothing.
+// anchor. A beat that skips a number, names every lease, or whose clock
+// ran back or ahead of the holders' drops the anchor and sends a keepalive
+// (spread over a beat for one naming every lease); one that names a lease
+// takes that lease off the anchor; another epoch's (instance or term) is
+// nothing either way; a quiet next beat vouches, as of the anchor's send
+// time plus how far the service's clock ran, less its allowed drift.
+// Messages that are not beats, on the beat subject, are nothing.
 func TestBeatBreaksOnAGap(t *testing.T) {
 	const lid = "ls_0123456789abcdef0123456789abcdef"
 	sent := time.Unix(1000, 0)
@@ -355,4 +356,33 @@ func FuzzDecodeBeat(f *testing.F) {
 			t.Fatalf("decodeBeat does not read back %s", again)
 		}
 	})
+}
+
+// TestSnapshotDropsWhatItLeavesOut: a snapshot that replaces a view leaves
+// out the ended leases it no longer keeps, and the view may have held one
+// of them active (it missed its end). The service's lease index must drop
+// such a lease, and the next beat name it: an index entry left behind
+// would vouch, as active, for a lease long ended.
+func TestSnapshotDropsWhatItLeavesOut(t *testing.T) {
+	now := time.Unix(1000, 0)
+	mk := func(id string) *entry {
+		return &entry{Lease: lease.Lease{LeaseID: id, Repo: "r", Scope: claim(t, id), Status: lease.StatusActive, Version: 1, Fence: 1, TTL: lease.Duration(time.Minute)}}
+	}
+	s := newRepoState("r")
+	s.observe(&logRecord{Kind: recordDelta, Repo: "r", Leases: []*entry{mk("ls_a"), mk("ls_b")}}, 1, now)
+	s.observe(&logRecord{Kind: recordSnapshot, Repo: "r", Leases: []*entry{mk("ls_b")}}, 9, now)
+	if !slices.Equal(s.evicted, []string{"ls_a"}) {
+		t.Fatalf("evicted %v after a snapshot without ls_a: want [ls_a]", s.evicted)
+	}
+
+	svc := &Service{index: map[string]*indexed{}, beats: newBeater(now, DefaultSessionGrace)}
+	svc.indexLeases("r", []*entry{mk("ls_a")})
+	if _, ok := svc.beats.cut("e", 0, now); !ok {
+		t.Fatal("no beat")
+	}
+	svc.unindex(s.evicted)
+	bt, _ := svc.beats.cut("e", 0, now)
+	if _, ok := svc.index["ls_a"]; ok || !slices.Contains(bt.Buckets, beatBucket("ls_a")) {
+		t.Errorf("after unindexing ls_a the index has it: %v; the next beat names %v, want its bucket %d", ok, bt.Buckets, beatBucket("ls_a"))
+	}
 }

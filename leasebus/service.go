@@ -598,11 +598,16 @@ func (s *Service) viewAge(a *actor, v vantage) (time.Duration, bool) {
 	return age, age <= maxCachedAge
 }
 
+// unindex drops ids from the lease index; one that was there is marked
+// for the next beat (a keepalive about it no longer finds a view).
 func (s *Service) unindex(ids []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, id := range ids {
-		delete(s.index, id)
+		if _, ok := s.index[id]; ok {
+			s.beats.mark(id)
+			delete(s.index, id)
+		}
 	}
 }
 

@@ -593,7 +593,7 @@ func (s *session) applyBeatLocked(b *beat, now time.Time) *anchored {
 		return nil
 	}
 	ran := time.Duration(b.Clock - on.Clock)
-	if held := now.Sub(on.sent); ran < 0 || ran > held+held/beatDrift || now.Sub(on.at) > maxAnchorAge {
+	if held := now.Sub(on.sent); ran < 0 || ran > held+held/beatDrift || held > maxAnchorAge {
 		// The service's clock ran back, or further than the holders'
 		// since the keepalive was sent (one of them was stepped), or
 		// the anchor is too old to bound the drift.

@@ -163,15 +163,16 @@ func (s *repoState) put(e *entry) {
 // to this service get a fresh deadline from now.
 func (s *repoState) observe(rec *logRecord, seq uint64, now time.Time) {
 	if rec.Kind == recordSnapshot {
-		prev, evicted := s.leases, s.evicted
+		prev := *s
 		*s = *newRepoState(s.repo)
-		s.evicted = evicted // still to be dropped from the service's lease index
+		s.evicted = prev.evicted // still to be dropped from the service's lease index
 		for _, e := range rec.Leases {
-			if old, ok := prev[e.LeaseID]; ok && old.Version == e.Version {
+			if old, ok := prev.leases[e.LeaseID]; ok && old.Version == e.Version {
 				e.deadline = old.deadline
 			}
 			s.observeEntry(e, now)
 		}
+		s.evicted = append(s.evicted, s.dropped(&prev)...)
 	} else {
 		for _, e := range rec.Leases {
 			if old, ok := s.leases[e.LeaseID]; ok && old.Version == e.Version {
@@ -182,6 +183,24 @@ func (s *repoState) observe(rec *logRecord, seq uint64, now time.Time) {
 	}
 	s.fence = max(s.fence, rec.Fence)
 	s.seq = seq
+}
+
+// dropped lists the leases old had, active or recently ended, that s has
+// not: a snapshot that replaces a view leaves out the ended leases it no
+// longer keeps, some of which the view may still have held active (it
+// missed their end), and the service's lease index must not keep them.
+func (s *repoState) dropped(old *repoState) []string {
+	var out []string
+	for _, m := range []map[string]*entry{old.leases, old.ended} {
+		for id := range m {
+			if _, ok := s.leases[id]; !ok {
+				if _, ok := s.ended[id]; !ok {
+					out = append(out, id)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // restart counts every active lease's TTL afresh from now, as a load

@@ -374,8 +374,12 @@ func (s *Service) warmLoad(ctx context.Context, key string, heard uint64) error 
 	if a.dead || a.state.seq >= st.seq || s.Primary() {
 		return nil // mended meanwhile (a snapshot, a record folded), or no longer ours to mend
 	}
+	st.evicted = append(st.evicted, a.state.evicted...)
+	st.evicted = append(st.evicted, st.dropped(a.state)...)
 	a.state, a.kept, a.warm, a.stale = st, kept, w, false
 	s.indexLeases(key, a.entries())
+	s.unindex(a.state.evicted)
+	a.state.evicted = nil
 	return nil
 }
 
