@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fenceline/fenceline/lease"
@@ -62,8 +63,12 @@ type session struct {
 
 	mu      sync.Mutex
 	holders map[*Holder]struct{} // guarded by mu
-	cancel  context.CancelFunc   // stops the running loop; nil when none. Guarded by mu
-	done    chan struct{}        // closed when the running loop returns. Guarded by mu
+	// roster is the holders as a list, with their shortest heartbeat and
+	// silence: remade (never changed) under mu as one joins or leaves, so
+	// the loop's every wake and every beat read it without a lock or a copy.
+	roster atomic.Pointer[roster]
+	cancel context.CancelFunc // stops the running loop; nil when none. Guarded by mu
+	done   chan struct{}      // closed when the running loop returns. Guarded by mu
 	// again asks the running loop for a keepalive now: a holder doubts
 	// what the next one would settle (Holder.softDoubtLocked).
 	again chan struct{}
@@ -80,6 +85,12 @@ type session struct {
 	beats  *nats.Subscription // made when the loop first runs; guarded by beatMu
 	anchor *anchored          // nil: beats vouch for nothing now; guarded by beatMu
 	recent []beat             // the last beatRecent beats heard; guarded by beatMu
+}
+
+// roster is a session's holders at one moment (see session.members).
+type roster struct {
+	hs             []*Holder // read-only
+	every, silence time.Duration
 }
 
 // anchored is a keepalive's answer that beats vouch on from: the leases it
@@ -308,6 +319,7 @@ func (s *session) join(h *Holder) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.holders[h] = struct{}{}
+	s.remember()
 	if s.cancel != nil {
 		return
 	}
@@ -323,6 +335,7 @@ func (s *session) join(h *Holder) {
 func (s *session) leave(h *Holder) {
 	s.mu.Lock()
 	delete(s.holders, h)
+	s.remember()
 	var done chan struct{}
 	if len(s.holders) == 0 && s.cancel != nil {
 		s.cancel()
@@ -340,22 +353,28 @@ func (s *session) leave(h *Holder) {
 	h.sessionMu.Unlock()
 }
 
-// members returns the session's holders and the shortest heartbeat and
-// silence among them.
+// members returns the session's holders (a list the caller must not
+// change) and the shortest heartbeat and silence among them.
 func (s *session) members() (hs []*Holder, every, silence time.Duration) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	hs = make([]*Holder, 0, len(s.holders))
+	if m := s.roster.Load(); m != nil {
+		return m.hs, m.every, m.silence
+	}
+	return nil, 0, 0
+}
+
+// remember makes the holders' list members returns anew. s.mu is held.
+func (s *session) remember() {
+	m := &roster{hs: make([]*Holder, 0, len(s.holders))}
 	for h := range s.holders {
-		hs = append(hs, h)
-		if every == 0 || h.opts.Heartbeat < every {
-			every = h.opts.Heartbeat
+		m.hs = append(m.hs, h)
+		if m.every == 0 || h.opts.Heartbeat < m.every {
+			m.every = h.opts.Heartbeat
 		}
-		if silence == 0 || h.opts.Silence < silence {
-			silence = h.opts.Silence
+		if m.silence == 0 || h.opts.Silence < m.silence {
+			m.silence = h.opts.Silence
 		}
 	}
-	return hs, every, silence
+	s.roster.Store(m)
 }
 
 // run sends a keepalive every heartbeat until ctx ends — unless the
@@ -648,20 +667,19 @@ func (s *session) vouch(on *anchored) {
 // session's last keepalive, since ago, is not due again within every: the
 // session need not ask.
 func (s *session) beatsVouch(hs []*Holder, every, since time.Duration) bool {
-	ls := make([]keptLease, 0, len(hs))
-	for _, h := range hs {
-		if l, active := h.asKept(); active {
-			ls = append(ls, l)
-		}
-	}
 	s.beatMu.Lock()
-	defer s.beatMu.Unlock()
 	on := s.anchor
-	if on == nil || on.vouched.IsZero() || on.now().Sub(on.vouched) > every+beatEvery || since+every > min(time.Duration(on.Every), maxKeepaliveEvery) {
+	fresh := on != nil && !on.vouched.IsZero() && on.now().Sub(on.vouched) <= every+beatEvery && since+every <= min(time.Duration(on.Every), maxKeepaliveEvery)
+	var leases map[string]keptLease
+	if fresh {
+		leases = on.leases // never changed once anchored: a beat that takes leases off replaces it
+	}
+	s.beatMu.Unlock()
+	if !fresh {
 		return false
 	}
-	for _, l := range ls {
-		if on.leases[l.LeaseID] != l {
+	for _, h := range hs {
+		if l, active := h.asKept(); active && leases[l.LeaseID] != l {
 			return false
 		}
 	}
