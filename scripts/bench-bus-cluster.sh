@@ -31,7 +31,8 @@
 #       to DIR/cpu-<level>-n<i>.pprof (go tool pprof -top DIR/cpu-...), and one
 #       of the driver to DIR/cpu-<level>-driver.pprof, then a heap profile of each
 #       node to DIR/heap-<level>-n<i>.pprof; the nodes' logs are kept
-#       there too (DIR/node-<level>-n<i>.log)
+#       there too (DIR/node-<level>-n<i>.log), and their metrics as the
+#       driver ends (DIR/metrics-<level>-n<i>.txt)
 #   -K  restart: SECS into the steady window, kill -9 one node (-k: 0, 1 or 2,
 #       default 0, or the node of the primary lease service instance or of a
 #       standby: -k primary, -k standby; which one's was killed is printed) and start it again
@@ -263,6 +264,13 @@ for n in ${levels//,/ }; do
   fi
   rc=0
   wait "$driver" || rc=$?
+  if [ -n "$profdir" ]; then
+    # what each node's metrics say at the end (request and append latency
+    # histograms by operation, beats, forwarded calls)
+    for i in 0 1 2; do
+      curl -sf -m 10 -o "$profdir/metrics-$n-n$i.txt" "http://127.0.0.1:${ports[$((6 + i))]}/metrics" || true
+    done
+  fi
   if [ -n "$restart" ]; then wait "$restarter" 2>/dev/null || true; fi
   if [ -f "$lvl/restarted.pid" ]; then read -r k pid <"$lvl/restarted.pid"; pids[$k]=$pid; fi
   driver=
