@@ -2,6 +2,7 @@ package leasebus
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -33,6 +34,11 @@ type ServerConfig struct {
 	Routes        []string
 	// Debug turns on the server's own log on stderr.
 	Debug bool
+	// Log, when set (and Debug is not), gets the server's warnings and
+	// errors, and the notices that say it is falling behind (a slow
+	// consumer); its other notices at debug level. Nil: the server logs
+	// nothing (its last error still explains a failed start).
+	Log *slog.Logger
 	// Users are the identities the server admits, each with its role's
 	// permissions. Empty: the credentials in CredsDir, made on first start
 	// (EnsureCreds), and the identities enrolled there (ServerUsers), read

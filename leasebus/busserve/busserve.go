@@ -98,6 +98,9 @@ func StartNode(ctx context.Context, cfg leasebus.ServerConfig, log *slog.Logger)
 		// looked for in the working directory.
 		return nil, &ConfigError{Err: errors.New("bus users given without CredsDir, the directory of their credentials files")}
 	}
+	if cfg.Log == nil {
+		cfg.Log = log
+	}
 	srv, err := embedded.StartServer(cfg)
 	if err != nil {
 		return nil, err

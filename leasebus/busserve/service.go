@@ -119,6 +119,17 @@ func StartService(ctx context.Context, cfg ServiceConfig) (_ *Service, err error
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("reconnected to bus", "url", nc.ConnectedUrl())
 		}),
+		// A subscription that falls behind drops what the server sends it
+		// (a request never answered, a record never read): say so, once
+		// per episode, rather than leave it to the askers' timeouts.
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub == nil {
+				log.Warn("bus connection error", "err", err)
+				return
+			}
+			dropped, _ := sub.Dropped()
+			log.Warn("bus subscription error", "subject", sub.Subject, "err", err, "dropped", dropped)
+		}),
 	)...)
 	if err != nil {
 		return nil, err

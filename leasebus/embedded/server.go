@@ -1,8 +1,10 @@
 package embedded
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -54,11 +56,11 @@ func StartServer(cfg leasebus.ServerConfig) (*server.Server, error) {
 	}
 	auth.srv.Store(s)
 	auths.Store(s, auth)
-	var last lastError
+	last := &lastError{log: cfg.Log}
 	if cfg.Debug {
 		s.ConfigureLogger()
 	} else {
-		s.SetLoggerV2(&last, false, false, false) // kept quiet, but its last error says why a start failed
+		s.SetLoggerV2(last, false, false, false) // its last error says why a start failed
 	}
 	go s.Start()
 	if !s.ReadyForConnections(readyWait) {
@@ -79,9 +81,26 @@ const readyWait = 45 * time.Second
 
 // lastError is a NATS server logger that keeps only the last error or
 // warning it was given.
+// lastError is the embedded server's logger when it does not log on its
+// own: it keeps the last warning or error, and hands the server's lines
+// on to log, if any, as slog records: warnings and errors as such, a
+// notice that the server is falling behind as a warning, other notices
+// at debug level.
 type lastError struct {
+	log *slog.Logger // nil: nothing passed on
 	mu  sync.Mutex
 	msg string
+}
+
+// behind marks the server's notices that say it cannot keep up: an
+// operator must see them, not only its debug log.
+var behind = []string{"Slow Consumer", "Readloop processing time", "queue limit"}
+
+func (l *lastError) pass(level slog.Level, format string, v ...any) {
+	if l.log == nil || !l.log.Enabled(context.Background(), level) {
+		return
+	}
+	l.log.Log(context.Background(), level, fmt.Sprintf(format, v...), "component", "nats-server")
 }
 
 func (l *lastError) set(format string, v ...any) {
@@ -96,12 +115,29 @@ func (l *lastError) get() string {
 	return l.msg
 }
 
-func (l *lastError) Noticef(string, ...any)         {}
-func (l *lastError) Debugf(string, ...any)          {}
-func (l *lastError) Tracef(string, ...any)          {}
-func (l *lastError) Warnf(format string, v ...any)  { l.set(format, v...) }
-func (l *lastError) Errorf(format string, v ...any) { l.set(format, v...) }
-func (l *lastError) Fatalf(format string, v ...any) { l.set(format, v...) }
+func (l *lastError) Noticef(format string, v ...any) {
+	level := slog.LevelDebug
+	for _, b := range behind {
+		if strings.Contains(format, b) {
+			level = slog.LevelWarn
+		}
+	}
+	l.pass(level, format, v...)
+}
+func (l *lastError) Debugf(string, ...any) {}
+func (l *lastError) Tracef(string, ...any) {}
+func (l *lastError) Warnf(format string, v ...any) {
+	l.set(format, v...)
+	l.pass(slog.LevelWarn, format, v...)
+}
+func (l *lastError) Errorf(format string, v ...any) {
+	l.set(format, v...)
+	l.pass(slog.LevelError, format, v...)
+}
+func (l *lastError) Fatalf(format string, v ...any) {
+	l.set(format, v...)
+	l.pass(slog.LevelError, format, v...)
+}
 
 func withDefaults(cfg *leasebus.ServerConfig) {
 	if cfg.Listen == "" {

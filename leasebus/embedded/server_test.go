@@ -3,11 +3,13 @@ package embedded
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -139,5 +141,67 @@ func TestStoreBeforeAccountsMoves(t *testing.T) {
 	m, err := st.GetLastMsgForSubject(ctx, "fenceline.log.k")
 	if err != nil || string(m.Data) != "a record of before" {
 		t.Fatalf("the record of before: %v %v", m, err)
+	}
+}
+
+// syncBuffer is a log sink the server's goroutines may write while the
+// test reads it.
+type syncBuffer struct {
+	mu    sync.Mutex
+	b     strings.Builder
+	wrote chan struct{} // a write since the last receive
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case s.wrote <- struct{}{}:
+	default:
+	}
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// An operator sees what the embedded server warns of: its errors (here a
+// client without credentials) reach the node's log, and so does a notice
+// that it cannot keep up; its everyday notices stay at debug level.
+func TestServerLogReachesTheNodeLog(t *testing.T) {
+	out := syncBuffer{wrote: make(chan struct{}, 1)}
+	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	srv, err := StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if nc, err := nats.Connect(srv.ClientURL(), nats.NoReconnect()); err == nil {
+		nc.Close()
+		t.Fatal("a client without credentials connected")
+	}
+	timeout := time.After(10 * time.Second)
+	for !strings.Contains(out.String(), "level=ERROR") {
+		select {
+		case <-out.wrote:
+		case <-timeout:
+			t.Fatalf("the server's refusal of a client without credentials is not in the node's log:\n%s", out.String())
+		}
+	}
+	if got := out.String(); !strings.Contains(got, "component=nats-server") || strings.Contains(got, "Starting nats-server") {
+		t.Fatalf("want the server's error, marked as the server's, and none of its start notices at info level:\n%s", got)
+	}
+
+	l := &lastError{log: log}
+	l.Noticef("Slow Consumer Detected: WriteDeadline of %v exceeded with %d chunks of %d total bytes.", time.Second, 3, 100)
+	l.Noticef("Server is ready")
+	if got := out.String(); !strings.Contains(got, `level=WARN msg="Slow Consumer Detected`) || strings.Contains(got, "Server is ready") {
+		t.Fatalf("want a slow consumer as a warning and an everyday notice left out:\n%s", got)
+	}
+	if l.get() != "" {
+		t.Fatalf("a notice is not the server's last error: %q", l.get())
 	}
 }
