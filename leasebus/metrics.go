@@ -19,6 +19,9 @@ import (
 //	                                         error code: conflict, not_found,
 //	                                         lost, invalid, store_full, unavailable...)
 //	fenceline_bus_request_seconds{op}        histogram: receipt to answer
+//	fenceline_bus_requests_in_flight{op}     gauge: requests this instance
+//	                                         took (or a standby forwarded to
+//	                                         it) and has not answered yet
 //	fenceline_bus_appends_total{result}      counter: lease-log appends (ok,
 //	                                         cas: another writer was first,
 //	                                         full: the log is at its size
@@ -66,6 +69,7 @@ type ServiceMetrics struct {
 	reg      *prometheus.Registry
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+	inflight *prometheus.GaugeVec
 	appends  *prometheus.CounterVec
 	appendT  prometheus.Histogram
 	reads    *prometheus.CounterVec
@@ -89,6 +93,10 @@ func NewServiceMetrics() *ServiceMetrics {
 			Name:    "fenceline_bus_request_seconds",
 			Help:    "Time from a request's receipt to its answer, by operation.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16), // 0.1 ms .. 3.3 s
+		}, []string{"op"}),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fenceline_bus_requests_in_flight",
+			Help: "Lease requests taken (by this instance, or forwarded to it) and not answered yet, by operation. One that stays up on a quiet bus was never answered.",
 		}, []string{"op"}),
 		appends: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fenceline_bus_appends_total",
@@ -128,7 +136,7 @@ func NewServiceMetrics() *ServiceMetrics {
 		Name: "fenceline_bus_beat_buckets_total",
 		Help: "Buckets of changed leases the beats named: each sends the sessions holding a lease in it to ask.",
 	})
-	m.reg.MustRegister(m.requests, m.latency, m.appends, m.appendT, m.reads, m.scans, m.forwards, m.held, m.claims, m.beats, m.buckets,
+	m.reg.MustRegister(m.requests, m.latency, m.inflight, m.appends, m.appendT, m.reads, m.scans, m.forwards, m.held, m.claims, m.beats, m.buckets,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -194,6 +202,14 @@ func (m *ServiceMetrics) answered(op string, took time.Duration, err *wireError)
 	}
 	m.requests.WithLabelValues(op, result).Inc()
 	m.latency.WithLabelValues(op).Observe(took.Seconds())
+	m.inflight.WithLabelValues(op).Dec()
+}
+
+// took counts a request of op taken, until answered counts its answer.
+func (m *ServiceMetrics) took(op string) {
+	if m != nil && op != "" {
+		m.inflight.WithLabelValues(op).Inc()
+	}
 }
 
 // read counts one read of the lease log of a kind (see reads).

@@ -13,7 +13,8 @@ import (
 )
 
 // TestServiceMetrics: the lease service counts what it answers (a grant,
-// a conflict, a bad request), its log appends, and reports active leases
+// a conflict, a bad request), its log appends, the requests it has not
+// answered yet (an acquire waiting in the queue), and reports active leases
 // and queued requests at scrape time, over HTTP in Prometheus's format.
 func TestServiceMetrics(t *testing.T) {
 	t.Parallel()
@@ -23,10 +24,12 @@ func TestServiceMetrics(t *testing.T) {
 	t.Cleanup(b.stop)
 	ctx := ctxT(t)
 	const repo = "github.com/acme/metrics"
-	if _, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services/billing"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
+	cred := NewCredential()
+	held, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services/billing"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
+	if err != nil {
 		t.Fatal(err)
 	}
-	_, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
+	_, err = b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
 	if !errors.Is(err, lease.ErrConflict) {
 		t.Fatalf("overlapping acquire: %v, want a conflict", err)
 	}
@@ -36,28 +39,49 @@ func TestServiceMetrics(t *testing.T) {
 
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
-	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		resp, err := srv.Client().Get(srv.URL)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		for _, want := range []string{
-			`fenceline_bus_requests_total{op="acquire",result="ok"} 1`,
-			`fenceline_bus_requests_total{op="acquire",result="conflict"} 1`,
-			`fenceline_bus_appends_total{result="ok"}`,
-			"fenceline_bus_active_leases 1",
-			"fenceline_bus_queue_depth 0",
-			`fenceline_bus_requests_total{op="get",result="not_found"} 1`,
-			`fenceline_bus_request_seconds_count{op="acquire"} 2`,
-			"fenceline_bus_append_seconds_count",
-			"go_goroutines",
-		} {
-			if !strings.Contains(string(body), want) {
-				return fmt.Errorf("metrics lack %q:\n%s", want, body)
+	scrapeFor := func(wants ...string) {
+		t.Helper()
+		checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+			resp, err := srv.Client().Get(srv.URL)
+			if err != nil {
+				return err
 			}
-		}
-		return nil
-	})
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			for _, want := range wants {
+				if !strings.Contains(string(body), want) {
+					return fmt.Errorf("metrics lack %q:\n%s", want, body)
+				}
+			}
+			return nil
+		})
+	}
+	// An acquire that waits in the queue is in flight until answered.
+	waited := make(chan error, 1)
+	inner := claim(t, "services/billing/api")
+	go func() {
+		_, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: inner, Owner: owner(3), TTL: lease.Duration(time.Minute), Wait: lease.Duration(20 * time.Second)}, NewCredential())
+		waited <- err
+	}()
+	scrapeFor(`fenceline_bus_requests_in_flight{op="acquire"} 1`)
+	if _, err := b.c.Release(ctx, held.LeaseID, cred); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("the queued acquire: %v", err)
+	}
+	scrapeFor(
+		`fenceline_bus_requests_total{op="acquire",result="ok"} 2`,
+		`fenceline_bus_requests_total{op="acquire",result="conflict"} 1`,
+		`fenceline_bus_appends_total{result="ok"}`,
+		"fenceline_bus_active_leases 1",
+		"fenceline_bus_queue_depth 0",
+		`fenceline_bus_requests_total{op="get",result="not_found"} 1`,
+		`fenceline_bus_request_seconds_count{op="acquire"} 3`,
+		`fenceline_bus_requests_in_flight{op="acquire"} 0`,
+		`fenceline_bus_requests_in_flight{op="get"} 0`,
+		`fenceline_bus_requests_in_flight{op="release"} 0`,
+		"fenceline_bus_append_seconds_count",
+		"go_goroutines",
+	)
 }

@@ -703,6 +703,7 @@ func (s *Service) handlerOf(op string, serviceAccount, forwarded bool) nats.MsgH
 		}
 		id := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 		if !validIdentity(id) {
+			s.cfg.Metrics.took(op)
 			c.fail(fmt.Errorf("%w: request subject %q names no identity (want %s)", lease.ErrInvalid, m.Subject, requestSubject(op, "<identity>")))
 			return
 		}
@@ -714,6 +715,7 @@ func (s *Service) handlerOf(op string, serviceAccount, forwarded bool) nats.MsgH
 			s.refuse(ReasonBusForged, "", fmt.Sprintf("ignored a message on %s, the request subject of %s, whose reply %q is not that identity's inbox: an answer someone had the bus send there", m.Subject, s.name(id), m.Reply))
 			return
 		}
+		s.cfg.Metrics.took(op) // each path from here answers (call.answered)
 		switch op {
 		case "acquire":
 			var r AcquireRequest
