@@ -49,6 +49,10 @@ import (
 //	                                         took: forwarded to the primary
 //	                                         (primary), or answered that none
 //	                                         is known (none)
+//	fenceline_bus_forwards_received_total{result}
+//	                                         counter: forwarded requests that
+//	                                         reached this instance: taken,
+//	                                         not_primary, ignored
 //	fenceline_bus_primary                    gauge: 1 while this instance is
 //	                                         the primary (or no election runs)
 //	fenceline_bus_claim_writes_total{result} counter: writes of the
@@ -75,6 +79,7 @@ type ServiceMetrics struct {
 	reads    *prometheus.CounterVec
 	scans    prometheus.Counter
 	forwards *prometheus.CounterVec
+	fwdIn    *prometheus.CounterVec
 	held     *prometheus.CounterVec
 	claims   *prometheus.CounterVec
 	beats    *prometheus.CounterVec
@@ -120,6 +125,10 @@ func NewServiceMetrics() *ServiceMetrics {
 		Name: "fenceline_bus_forwarded_total",
 		Help: "Lease requests a standby took: forwarded to the primary (to=primary), or answered that no primary is known (to=none) or that the one it forwarded to takes no requests (to=gone).",
 	}, []string{"to"})
+	m.fwdIn = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fenceline_bus_forwards_received_total",
+		Help: "Requests standbys forwarded that reached this instance: taken (handled as the primary), not_primary (answered to try again), ignored (not a standby's, another op's, or an account with no answering connection).",
+	}, []string{"result"})
 	m.held = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fenceline_bus_reclaims_held_total",
 		Help: "Looks of the session reaper that held off reclaiming, by why: stall (this instance did not run for a while: nothing reclaimed), backlog (keepalives wait to be read), peers (another instance's digest of the sessions it heard is late) and mass (many sessions of several identities fell silent at once): only sessions silent for the longer grace reclaimed.",
@@ -136,7 +145,7 @@ func NewServiceMetrics() *ServiceMetrics {
 		Name: "fenceline_bus_beat_buckets_total",
 		Help: "Buckets of changed leases the beats named: each sends the sessions holding a lease in it to ask.",
 	})
-	m.reg.MustRegister(m.requests, m.latency, m.inflight, m.appends, m.appendT, m.reads, m.scans, m.forwards, m.held, m.claims, m.beats, m.buckets,
+	m.reg.MustRegister(m.requests, m.latency, m.inflight, m.appends, m.appendT, m.reads, m.scans, m.forwards, m.fwdIn, m.held, m.claims, m.beats, m.buckets,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -223,6 +232,13 @@ func (m *ServiceMetrics) read(kind string) {
 func (m *ServiceMetrics) forwarded(to string) {
 	if m != nil {
 		m.forwards.WithLabelValues(to).Inc()
+	}
+}
+
+// forwardIn counts a forwarded request that reached this instance.
+func (m *ServiceMetrics) forwardIn(result string) {
+	if m != nil {
+		m.fwdIn.WithLabelValues(result).Inc()
 	}
 }
 

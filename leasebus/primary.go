@@ -353,6 +353,7 @@ func (s *Service) takeForwarded() error {
 			account := f.Header.Get(forwardAccountHeader)
 			h := handlers[account]
 			if !fromInstance(f) || h == nil || !strings.HasPrefix(subj, prefix) {
+				s.cfg.Metrics.forwardIn("ignored")
 				return // not a standby's (see fromInstance), or not this op's
 			}
 			m := &nats.Msg{Subject: subj, Reply: f.Header.Get(forwardReplyHeader), Data: f.Data, Header: nats.Header{}}
@@ -371,14 +372,17 @@ func (s *Service) takeForwarded() error {
 			m.Sub = s.answerVia[conn] // answers go out on the connection the asker used
 			s.mu.Unlock()
 			if m.Sub == nil {
+				s.cfg.Metrics.forwardIn("ignored")
 				return
 			}
 			if !s.Primary() {
+				s.cfg.Metrics.forwardIn("not_primary")
 				if answerable(m) {
 					respondErr(m, fmt.Errorf("%w: the lease service instance this request was forwarded to is no longer the primary; try again", lease.ErrUnavailable))
 				}
 				return
 			}
+			s.cfg.Metrics.forwardIn("taken")
 			h(m)
 		})
 		if err != nil {

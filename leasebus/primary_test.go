@@ -125,6 +125,16 @@ func TestPrimaryServesFromMemory(t *testing.T) {
 	if n := int(promtest.ToFloat64(ms[1-p].forwards.WithLabelValues("none"))); n != 0 {
 		t.Errorf("the standby answered %d requests that no primary was known", n)
 	}
+	// Every one reached the primary, which took it (at some moment
+	// between two keepalives the counts agree).
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		sent := int(promtest.ToFloat64(ms[1-p].forwards.WithLabelValues("primary")))
+		took := int(promtest.ToFloat64(ms[p].fwdIn.WithLabelValues("taken")))
+		if took != sent {
+			return fmt.Errorf("the standby forwarded %d requests, the primary took %d", sent, took)
+		}
+		return nil
+	})
 }
 
 // TestPrimaryStopHandsOver: a primary that stops releases its claim, and
