@@ -79,8 +79,6 @@ func StartServer(cfg leasebus.ServerConfig) (*server.Server, error) {
 // seconds.
 const readyWait = 45 * time.Second
 
-// lastError is a NATS server logger that keeps only the last error or
-// warning it was given.
 // lastError is the embedded server's logger when it does not log on its
 // own: it keeps the last warning or error, and hands the server's lines
 // on to log, if any, as slog records: warnings and errors as such, a
@@ -120,6 +118,7 @@ func (l *lastError) Noticef(format string, v ...any) {
 	for _, b := range behind {
 		if strings.Contains(format, b) {
 			level = slog.LevelWarn
+			break
 		}
 	}
 	l.pass(level, format, v...)
