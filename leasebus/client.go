@@ -44,7 +44,7 @@ type Client struct {
 // flight at once (up to 16; more share one), until it is garbage
 // collected.
 func NewClient(nc *nats.Conn) *Client {
-	c := &Client{nc: nc, identity: IdentityOf(nc), boxes: &mailboxes{nc: nc, max: 16}, Timeout: 5 * time.Second, Tries: 3, Hedge: time.Second}
+	c := &Client{nc: nc, identity: IdentityOf(nc), boxes: newMailboxes(nc, 16), Timeout: 5 * time.Second, Tries: 3, Hedge: time.Second}
 	runtime.AddCleanup(c, func(p *mailboxes) { p.close() }, c.boxes)
 	return c
 }

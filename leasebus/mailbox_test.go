@@ -188,3 +188,44 @@ func TestMailboxRequestEndsWhenItsConnectionCloses(t *testing.T) {
 		t.Fatal("the request still waits 10 s after its connection closed")
 	}
 }
+
+// TestMailboxesSubscribeUpFront: a pool's mailboxes are subscribed when
+// the pool is made, and its requests make no subscription after: on a
+// cluster a new subscription's interest reaches the other servers in a
+// race with the first answers to it (see newMailboxes).
+func TestMailboxesSubscribeUpFront(t *testing.T) {
+	t.Parallel()
+	srv := startNATS(t)
+	responder := connectNATS(t, srv)
+	echo, err := responder.Subscribe("mailbox.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = echo.Unsubscribe() })
+	if err := responder.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc := connectNATS(t, srv)
+	const max = 4
+	p := newMailboxes(nc, max)
+	t.Cleanup(p.close)
+	if n := nc.NumSubscriptions(); n != max+1 {
+		t.Fatalf("%d subscriptions once the pool is made: want all %d mailboxes and the overflow", n, max)
+	}
+	var wg sync.WaitGroup
+	for i := range 2 * max {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			m := nats.NewMsg("mailbox.echo")
+			m.Data = []byte(fmt.Sprint(i))
+			if r, err := p.request(ctx, m); err != nil || string(r.Data) != fmt.Sprint(i) {
+				t.Errorf("request %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := nc.NumSubscriptions(); n != max+1 {
+		t.Fatalf("%d subscriptions after %d requests at once: want the %d made up front", n, 2*max, max+1)
+	}
+}

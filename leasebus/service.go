@@ -214,7 +214,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	if why != "" {
 		cfg.Logger.Warn("the lease service answers on its one connection: the bus has no fleet account, so a holder can have JetStream's answers stored in the lease streams (docs/trust.md)", "why", why)
 	}
-	s := &Service{nc: nc, fleet: fleet, ownFleet: ownFleet, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: &mailboxes{nc: nc, max: 64}, metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger, warns: newWarnings(warnEvery),
+	s := &Service{nc: nc, fleet: fleet, ownFleet: ownFleet, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: newMailboxes(nc, 64), metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger, warns: newWarnings(warnEvery),
 		actors: map[string]*actor{}, index: map[string]*indexed{}, loading: map[string]*repoLoad{}, answerVia: map[*nats.Conn]*nats.Subscription{},
 		keptReads: make(chan struct{}, maxKeptReaders)}
 	if cfg.Metrics != nil {
