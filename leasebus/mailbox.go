@@ -116,13 +116,12 @@ const overflowDepth = 8
 
 // newMailboxes makes the pool of at most max mailboxes on nc, with every
 // one of them, and the overflow, subscribed now rather than at its first
-// request. On a
-// cluster a new subscription's interest reaches the other servers
-// asynchronously, on a route connection of its account, while the request
-// sent on it goes its own way (through a standby, forwarded in another
-// account, or to a stream's leader): an answer published on another
-// server before that server heard of the interest is dropped there, and
-// its request waits out its whole timeout. Made at once, the mailboxes'
+// request. On a cluster a new subscription's interest reaches the other
+// servers asynchronously, on a route connection of its account, while the
+// request sent on it goes its own way (through a standby, forwarded in
+// another account, or to a stream's leader): an answer published on
+// another server before that server heard of the interest is dropped
+// there, and its request waits out its whole timeout. Made at once, the mailboxes'
 // interest travels while the client starts, not in a race with the first
 // answers. (A fleet's ramp made mailboxes as its connections' concurrency
 // grew, and lost 1–6 acquires' answers and some of the service's appends'
