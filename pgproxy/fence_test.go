@@ -281,6 +281,72 @@ func testStorageFenceSessionMark(t *testing.T, f *fenceDB) {
 	}
 }
 
+// TestTokenSwappedWithinTransaction: the C trigger remembers, for the rest
+// of a transaction, the token it found verified there. A token swapped in
+// after it (a forged one, and the session's genuine token of another lease
+// the slow path has not verified) is checked afresh, every time: the second
+// attempt of the same forged token in the transaction is refused as the
+// first was, and the genuine token still writes between them.
+func TestTokenSwappedWithinTransaction(t *testing.T) { forEachTrigger(t, testTokenSwapped) }
+
+func testTokenSwapped(t *testing.T, f *fenceDB) {
+	f.reset(t, "TRUNCATE public.race")
+	f.resetEpoch(t, "public.race")
+	ctx := ctxT(t)
+	c := f.agent(t)
+	good := mustToken(t, f.secret, c, "lease_swap", 1, "public.race")
+	forged := mustToken(t, []byte("not-the-secret-not-the-secret!!"), c, "lease_swap", 1, "public.race")
+	// The first write verifies good (the slow path); the swaps below come
+	// when the fast path has found it verified in this very transaction.
+	if err := writeWithToken(ctx, c, good, "INSERT INTO public.race VALUES (1, 'good')"); err != nil {
+		t.Fatalf("first write with the genuine token: %v", err)
+	}
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
+	exec := func(sql string, args ...any) error {
+		_, err := tx.Exec(ctx, sql, args...)
+		return err
+	}
+	if err := exec("SELECT set_config('fenceline.token', $1, true)", good); err != nil {
+		t.Fatal(err)
+	}
+	if err := exec("INSERT INTO public.race VALUES (2, 'good, fast path')"); err != nil {
+		t.Fatalf("genuine token in the transaction: %v", err)
+	}
+	for round := range 2 {
+		for i := range 2 { // twice in a row: the first attempt must not vouch for the second
+			if err := exec("SAVEPOINT swap"); err != nil {
+				t.Fatal(err)
+			}
+			if err := exec("SELECT set_config('fenceline.token', $1, true)", forged); err != nil {
+				t.Fatal(err)
+			}
+			err := exec(fmt.Sprintf("INSERT INTO public.race VALUES (%d, 'forged')", 10+2*round+i))
+			if pgCode(err) != "40001" || !strings.Contains(err.Error(), "forged") {
+				t.Fatalf("forged token swapped in after a verified one (round %d, attempt %d): want 40001 forged, got %v", round+1, i+1, err)
+			}
+			// The savepoint's rollback brings the genuine token back.
+			if err := exec("ROLLBACK TO SAVEPOINT swap"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := exec(fmt.Sprintf("INSERT INTO public.race VALUES (%d, 'good again')", 3+round)); err != nil {
+			t.Fatalf("genuine token after the forged one was refused (round %d): %v", round+1, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var rows string
+	if err := f.admin(t).QueryRow(ctx, "SELECT string_agg(writer, ',' ORDER BY id) FROM public.race").Scan(&rows); err != nil ||
+		rows != "good,good, fast path,good again,good again" {
+		t.Fatalf("public.race holds %q (%v): want only the genuine writes", rows, err)
+	}
+}
+
 func testEpochRaise(t *testing.T, f *fenceDB) {
 	for _, iso := range []string{"read committed", "repeatable read", "serializable"} {
 		t.Run(strings.ReplaceAll(iso, " ", "_"), func(t *testing.T) {
@@ -429,6 +495,64 @@ func checkWaitsAtGate(t *testing.T, admin *pgx.Conn, pid int, rel, mode string) 
 		}
 		return nil
 	})
+}
+
+// TestGateMadeAgainIsTheOneHeld: the C trigger keeps the sequences it
+// resolved by name. When the table's gate is dropped and made again under
+// the same name (by hand, or an install after it went missing), a session
+// that passed the old one waits at the new one while a raise holds it: the
+// drop's invalidation sends it back to the name. A session that kept the
+// dropped relation's number would lock a relation nobody raises under, and
+// write through a raise.
+func TestGateMadeAgainIsTheOneHeld(t *testing.T) { forEachTrigger(t, testGateMadeAgain) }
+
+func testGateMadeAgain(t *testing.T, f *fenceDB) {
+	f.reset(t, "TRUNCATE public.race")
+	f.resetEpoch(t, "public.race")
+	ctx := ctxT(t)
+	w, a := f.agent(t), f.admin(t)
+	tok := mustToken(t, f.secret, w, "lease_again", 1, "public.race")
+	for i := 1; i <= 2; i++ { // the first verifies the token, the second takes the fast path
+		if err := writeWithToken(ctx, w, tok, fmt.Sprintf("INSERT INTO public.race VALUES (%d, 'before')", i)); err != nil {
+			t.Fatalf("write %d through the first gate: %v", i, err)
+		}
+	}
+	gate := gateOf(t, a, "public.race")
+	var owner string
+	if err := a.QueryRow(ctx, "SELECT relowner::regrole::text FROM pg_class WHERE oid = $1::regclass", gate).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Exec(ctx, fmt.Sprintf(`DROP SEQUENCE %[1]s;
+CREATE SEQUENCE %[1]s AS bigint MINVALUE 1;
+SELECT setval('%[1]s', 1, true);
+GRANT SELECT ON SEQUENCE %[1]s TO PUBLIC;
+ALTER SEQUENCE %[1]s OWNER TO %[2]s;
+UPDATE fenceline.epoch SET gate = '%[1]s' WHERE relid = 'public.race'::regclass`, gate, owner)); err != nil {
+		t.Fatalf("make the gate again: %v", err)
+	}
+	// (As fenceTable makes a gate; other tests read it.) A raise's hold
+	// of the new gate, as fence_slow_gate takes it.
+	raise, err := a.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raise.Rollback(ctx) //nolint:errcheck // no-op after commit
+	if _, err := raise.Exec(ctx, "ALTER SEQUENCE "+gate+" OWNED BY NONE"); err != nil {
+		t.Fatal(err)
+	}
+	var wpid int
+	if err := w.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&wpid); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- writeWithToken(ctx, w, tok, "INSERT INTO public.race VALUES (3, 'after')") }()
+	checkWaitsAtGate(t, f.admin(t), wpid, "public.race", "RowExclusiveLock")
+	if err := raise.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("write once the raise's hold ended (the epoch unchanged): %v", err)
+	}
 }
 
 // gateOf names the gate sequence of fenced table rel.

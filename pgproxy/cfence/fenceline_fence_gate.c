@@ -28,9 +28,11 @@
  *
  * The plpgsql trigger pays for setting up its expressions in every
  * transaction (29-71 us of Postgres CPU per fenced statement under eight
- * pgbench clients, in the README's runs); this one costs 0-47 us per
- * statement there, and 5-14 us in BenchmarkStorageFence (each client on its
- * own rows). Postgres
+ * pgbench clients, in docs/benchmarks.md's runs); this one, which also
+ * resolves its sequences' names once per backend, passes the gate by locking
+ * it without reading it and asks currval once per transaction, costs about
+ * 6 us per statement in BenchmarkStorageFence (each client on its own rows;
+ * about 11 before those three). Postgres
  * loads it only from a superuser's CREATE FUNCTION, so managed services
  * that allow no C extensions keep the plpgsql trigger; "fenceline pg
  * install" uses this one whenever the server loads it. PostgreSQL 15 or
@@ -50,11 +52,16 @@
 #include "common/sha2.h"
 #include "executor/spi.h"
 #include "fmgr.h"
+#include "storage/lmgr.h"
+#include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
 #include "utils/guc.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/syscache.h"
 
 PG_MODULE_MAGIC;
 
@@ -97,6 +104,75 @@ last_value(Oid seq, int64 *value)
 		return false;
 	*value = DatumGetInt64(d);
 	return true;
+}
+
+/*
+ * The sequences a trigger names, resolved once: a name (an argument of the
+ * trigger's) is looked up with regclassin the first time and then found in
+ * relids, until a relation or a schema changes anywhere in the database (a
+ * relcache or pg_namespace invalidation, which a DROP, a RENAME or an ALTER of
+ * either sends, taken in when this backend next takes a new lock): that moves
+ * generation on, and every entry made before it is looked up again. Resolving
+ * a qualified name (parsing it, the schema's and the relation's catalog
+ * lookups) cost about as much as the rest of the check, and every fenced
+ * write did it twice.
+ */
+typedef struct RelidEntry
+{
+	char		name[2 * NAMEDATALEN + 8];	/* the key: a qualified name as given */
+	Oid			relid;
+	uint64		generation;
+} RelidEntry;
+
+static HTAB *relids;
+static uint64 generation = 1;
+
+static void
+relcache_changed(Datum arg, Oid relid)
+{
+	generation++;
+}
+
+static void
+syscache_changed(Datum arg, int cacheid, uint32 hashvalue)
+{
+	generation++;
+}
+
+/*
+ * relid_of returns the relation name names, as regclassin would (a missing
+ * one raises 42P01), from relids while nothing has changed since it was
+ * looked up.
+ */
+static Oid
+relid_of(const char *name)
+{
+	RelidEntry *e;
+	uint64		gen;
+	Oid			relid;
+	bool		found;
+
+	if (strlen(name) >= sizeof(e->name))
+		return DatumGetObjectId(DirectFunctionCall1(regclassin, CStringGetDatum(name)));
+	if (relids == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(e->name);
+		ctl.entrysize = sizeof(RelidEntry);
+		relids = hash_create("fenceline fence relids", 16, &ctl, HASH_ELEM | HASH_STRINGS);
+		CacheRegisterRelcacheCallback(relcache_changed, (Datum) 0);
+		CacheRegisterSyscacheCallback(NAMESPACEOID, syscache_changed, (Datum) 0);
+	}
+	e = (RelidEntry *) hash_search(relids, name, HASH_FIND, &found);
+	if (found && e->generation == generation)
+		return e->relid;
+	gen = generation;
+	relid = DatumGetObjectId(DirectFunctionCall1(regclassin, CStringGetDatum(name)));
+	e = (RelidEntry *) hash_search(relids, name, HASH_ENTER, &found);
+	e->relid = relid;
+	e->generation = gen;		/* a change during the lookup: look again next time */
+	return relid;
 }
 
 /*
@@ -182,6 +258,20 @@ is_ascii(const char *s)
 }
 
 /*
+ * The transaction in which hashed_tok was last found verified: the token and
+ * the session are what the check binds, so that transaction's later writes
+ * under the same token ask currval no more. Any other token clears it before
+ * token_mark replaces hashed_tok.
+ */
+static LocalTransactionId verified_lxid = InvalidLocalTransactionId;
+
+#if PG_VERSION_NUM >= 170000
+#define MY_LXID (MyProc->vxid.lxid)
+#else
+#define MY_LXID (MyProc->lxid)
+#endif
+
+/*
  * verified reports whether tok is the token the session's slow path
  * verified: its hash is the session's currval of fenceline.verified.
  */
@@ -197,12 +287,18 @@ verified(const char *tok)
 	/* Until fence_slow_gate sets the mark currval is undefined (RESET leaves ''). */
 	if (mark == NULL || mark[0] == '\0' || !is_ascii(tok))
 		return false;
+	if (verified_lxid == MY_LXID && hashed_tok != NULL && strcmp(hashed_tok, tok) == 0)
+		return true;
+	verified_lxid = InvalidLocalTransactionId;	/* token_mark may replace hashed_tok */
 	nsp = get_namespace_oid("fenceline", true);
 	seq = OidIsValid(nsp) ? get_relname_relid("verified", nsp) : InvalidOid;
 	if (!OidIsValid(seq))
 		return false;
 	have = DatumGetInt64(call1(currval_oid, ObjectIdGetDatum(seq), &isnull));
-	return !isnull && token_mark(tok) == have;
+	if (isnull || token_mark(tok) != have)
+		return false;
+	verified_lxid = MY_LXID;	/* token_mark left tok in hashed_tok */
+	return true;
 }
 
 /*
@@ -220,6 +316,7 @@ fast(char **args)
 	Oid			gate;
 	int64		fence;
 	int64		cur;
+	uint64		gen;
 
 	if (setting == NULL)
 		return false;
@@ -231,12 +328,21 @@ fast(char **args)
 	if (!token_fence(tok, &fence))
 		return false;
 	/* As plpgsql's "seq regclass := seqname": a missing one raises 42P01. */
-	seq = DatumGetObjectId(DirectFunctionCall1(regclassin, CStringGetDatum(args[0])));
+	seq = relid_of(args[0]);
 	if (!last_value(seq, &cur) || cur != fence)
 		return false;
-	/* Peek, pass the gate, read again: a raise holds the gate. */
-	gate = DatumGetObjectId(DirectFunctionCall1(regclassin, CStringGetDatum(args[3])));
-	if (!last_value(gate, &cur))
+
+	/*
+	 * Peek, pass the gate, read again: a raise holds the gate. Passing it
+	 * is holding it in ROW EXCLUSIVE mode to the end of the transaction,
+	 * as reading it (plpgsql's way) does, without reading its page. Taking
+	 * a new lock takes in the invalidations that came before it: if the
+	 * gate's name may no longer be this relation, the slow path decides.
+	 */
+	gen = generation;
+	gate = relid_of(args[3]);
+	LockRelationOid(gate, RowExclusiveLock);
+	if (generation != gen && relid_of(args[3]) != gate)
 		return false;
 	return last_value(seq, &cur) && cur == fence;
 }
