@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -167,4 +169,84 @@ func TestClientThatStopsReadingHoldsOnlyItself(t *testing.T) {
 		t.Fatalf("%d sessions on the loop; want both", got)
 	}
 	stuck.Close(context.Background()) // ends the stuck session (its rows are never read)
+}
+
+// TestStalledLogHoldsNoSession: the proxy's log writer stalls (a log
+// collector that stopped reading its pipe), and a session on the loop has
+// writes refused, which the proxy logs from the loop's thread; the refusals
+// still reach their client and the loop's other session goes on. Once the
+// writer goes on, every refusal's record is written (queued, not lost).
+// Written synchronously, the first record held the loop's thread in the
+// writer, and every session on the loop with it.
+func TestStalledLogHoldsNoSession(t *testing.T) {
+	ctx := ctxT(t)
+	w := &stallingWriter{}
+	lease := newStaticLease(t, "lease_stalled_log", 0, "public.accounts")
+	p := startProxy(t, Config{Lease: lease, Logger: slog.New(slog.NewTextHandler(w, nil))})
+	t.Cleanup(w.release) // before the proxy's Close
+	refused, other := connect(t, proxyDSN(p, "agent")), connect(t, proxyDSN(p, "agent"))
+	if got := p.loopSessions.Load(); got != 2 {
+		t.Fatalf("%d sessions on the loop; want both", got)
+	}
+	w.stall()
+	for i := range 3 {
+		_, err := refused.Exec(ctx, "INSERT INTO public.other VALUES ($1, 'outside the lease')", 100+i)
+		if err == nil || !strings.Contains(err.Error(), "write refused") {
+			t.Fatalf("write %d outside the lease while the log's writer is stalled: want it refused, got %v", i, err)
+		}
+	}
+	for i := range 20 {
+		var n int
+		if err := other.QueryRow(ctx, "SELECT $1::int", i).Scan(&n); err != nil || n != i {
+			t.Fatalf("select %d while the log's writer is stalled: %d %v", i, n, err)
+		}
+	}
+	w.release()
+	testutil.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if n := strings.Count(w.String(), "msg=\"write refused\""); n != 3 {
+			return fmt.Errorf("the log has %d of the 3 refusals:\n%s", n, w.String())
+		}
+		return nil
+	})
+}
+
+// stallingWriter keeps what is written to it; between stall and release
+// every write waits.
+type stallingWriter struct {
+	mu   sync.Mutex
+	buf  strings.Builder
+	hold chan struct{} // non-nil: stalled
+}
+
+func (w *stallingWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	hold := w.hold
+	w.mu.Unlock()
+	if hold != nil {
+		<-hold
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Write(b)
+}
+
+func (w *stallingWriter) stall() {
+	w.mu.Lock()
+	w.hold = make(chan struct{})
+	w.mu.Unlock()
+}
+
+func (w *stallingWriter) release() {
+	w.mu.Lock()
+	if w.hold != nil {
+		close(w.hold)
+		w.hold = nil
+	}
+	w.mu.Unlock()
+}
+
+func (w *stallingWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }

@@ -17,7 +17,8 @@ import (
 type Proxy struct {
 	cfg        Config
 	ln         net.Listener
-	log        *slog.Logger
+	log        *slog.Logger // cfg.Logger, written through logq
+	logq       *logQueue
 	classifier *Classifier
 	catalog    *catalog // what the proxy learned of tables and functions (reach.go)
 
@@ -64,8 +65,9 @@ func Listen(ctx context.Context, cfg Config) (*Proxy, error) {
 		return nil, fmt.Errorf("pgproxy: listen on %s: %w", cfg.Listen, err)
 	}
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	log, logq := queuedLogger(cfg.Logger)
 	p := &Proxy{
-		cfg: cfg, ln: ln, log: cfg.Logger, classifier: NewClassifier(0), catalog: newCatalog(),
+		cfg: cfg, ln: ln, log: log, logq: logq, classifier: NewClassifier(0), catalog: newCatalog(),
 		ctx: pctx, cancel: cancel,
 		sessions: map[*session]struct{}{}, keys: map[backendKey]bool{},
 	}
@@ -96,11 +98,12 @@ func (p *Proxy) Addr() net.Addr { return p.ln.Addr() }
 
 // Close stops accepting, ends every session (each backend gets Terminate and
 // rolls back whatever it had open) and waits for every goroutine the proxy
-// started.
+// started (its log's writer: at most a second more, see logQueue.close).
 func (p *Proxy) Close() error {
 	p.shutdown()
 	p.wg.Wait()
 	p.waitLoop()
+	p.logq.close(time.Second)
 	return nil
 }
 

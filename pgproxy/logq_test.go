@@ -1,0 +1,56 @@
+package pgproxy
+
+import (
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fenceline/fenceline/internal/testutil"
+)
+
+// TestLogQueueCountsWhatItDrops: with the writer stalled, logging never
+// waits; what does not fit in the queue is dropped, and once the writer goes
+// on the log says how many: every record is either written or counted.
+func TestLogQueueCountsWhatItDrops(t *testing.T) {
+	w := &stallingWriter{}
+	log, q := queuedLogger(slog.New(slog.NewTextHandler(w, nil)))
+	defer q.close(time.Second)
+	w.stall()
+	const n = logQueueSize + 10
+	start := time.Now()
+	for i := range n {
+		log.Info("r", "i", i)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("logging %d records with the writer stalled took %v", n, d)
+	}
+	w.release()
+	dropped := regexp.MustCompile(`dropped=(\d+)`)
+	testutil.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		out := w.String()
+		written, counted := strings.Count(out, "msg=r "), 0
+		for _, m := range dropped.FindAllStringSubmatch(out, -1) {
+			c, _ := strconv.Atoi(m[1])
+			counted += c
+		}
+		if counted == 0 || written+counted != n {
+			return fmt.Errorf("%d records written and %d counted dropped, want %d in all with some dropped", written, counted, n)
+		}
+		return nil
+	})
+	log.Info("last")
+	testutil.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if !strings.Contains(w.String(), "msg=last") {
+			return fmt.Errorf("a record logged after the queue emptied is not written")
+		}
+		return nil
+	})
+	// A logger that discards everything gets no queue.
+	if l, q := queuedLogger(slog.New(slog.DiscardHandler)); q != nil || l.Handler() != slog.DiscardHandler {
+		t.Fatal("a discarding logger got a queue")
+	}
+}
