@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fenceline/fenceline/fsguard"
+	"github.com/fenceline/fenceline/internal/lograte"
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/policy"
 	"github.com/fenceline/fenceline/shard"
@@ -232,7 +233,7 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	pol.BindPorts = spec.AllowBind
 	pol.KillGrace = spec.KillGrace
 	pol.AllowUnguarded = spec.AllowUnguarded
-	pol.Logger = slog.New(slog.NewTextHandler(spec.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	pol.Logger = slog.New(lograte.New(slog.NewTextHandler(spec.Stderr, &slog.HandlerOptions{Level: slog.LevelError}), lograte.Options{}))
 
 	cmd, err := Command(r.co, r.home, spec.Argv, env, spec.Stdout, spec.Stderr)
 	if err != nil {

@@ -114,7 +114,7 @@ func TestBinaryLinksNoTestFixture(t *testing.T) {
 var layers = [][]string{
 	// leaves: no domain of their own
 	{"lease/scope", "internal/gitsafe", "internal/gitsafe/gittrap", "internal/gitserver", "internal/pgserver",
-		"pgproxy/internal/evloop", "pgproxy/internal/wakecost", "deploy"},
+		"pgproxy/internal/evloop", "pgproxy/internal/wakecost", "internal/lograte", "deploy"},
 	// the lease domain
 	{"lease", "internal/repoid"},
 	// what every boundary asks: the security team's policy; shard records

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fenceline/fenceline/attempt"
+	"github.com/fenceline/fenceline/internal/lograte"
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
 )
@@ -348,7 +349,7 @@ func (a *app) prepareAttempt(rf *runFlags, s *session, held *heldLease, spec *at
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(spec.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(lograte.New(slog.NewTextHandler(spec.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}), lograte.Options{}))
 	cfg, err := rf.ff.config(held, s, audit, log)
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fenceline/fenceline/internal/lograte"
 	"github.com/fenceline/fenceline/internal/repoid"
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
@@ -478,16 +479,21 @@ func (a *app) printSidecarReady(sf *sidecarFlags, r *sidecar.Ready) {
 	}
 }
 
-// newLogger is the slog logger of --log-format on w.
+// newLogger is the slog logger of --log-format on w, at most
+// lograte.DefaultBurst records of a kind a second (a refusal the agent
+// repeats, a stranger's connections the bus refuses: internal/lograte).
 func newLogger(w io.Writer, format string) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
+	var h slog.Handler
 	switch format {
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		h = slog.NewJSONHandler(w, opts)
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		h = slog.NewTextHandler(w, opts)
+	default:
+		return nil, usagef("--log-format %q: want json or text", format)
 	}
-	return nil, usagef("--log-format %q: want json or text", format)
+	return slog.New(lograte.New(h, lograte.Options{})), nil
 }
 
 // readToken reads the admin bearer token from file

@@ -6,10 +6,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fenceline/fenceline/internal/lograte"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -204,4 +207,79 @@ func TestServerLogReachesTheNodeLog(t *testing.T) {
 	if l.get() != "" {
 		t.Fatalf("a notice is not the server's last error: %q", l.get())
 	}
+}
+
+// A stranger that connects again and again without credentials does not
+// flood the node's log: through internal/lograte (the CLI's logger) the
+// server's refusals, which differ from one connection to the next only in
+// numbers (port, connection id), are one kind; five go through in the
+// interval, and the next record says how many more there were.
+func TestRefusedConnectionsDoNotFloodTheLog(t *testing.T) {
+	out := syncBuffer{wrote: make(chan struct{}, 1)}
+	now := time.Unix(1_700_000_000, 0)
+	var clockMu sync.Mutex
+	clock := func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return now }
+	var errorsLogged atomic.Int64 // every ERROR record the server logged, before the limit
+	limited := lograte.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo}),
+		lograte.Options{Burst: 5, Interval: time.Minute, Now: clock})
+	log := slog.New(&countErrors{next: limited, n: &errorsLogged})
+	srv, err := StartServer(leasebus.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	const attempts = 40
+	for i := range attempts {
+		if nc, err := nats.Connect(srv.ClientURL(), nats.NoReconnect()); err == nil {
+			nc.Close()
+			t.Fatalf("connection %d without credentials was taken", i)
+		}
+	}
+	deadline := time.After(10 * time.Second)
+	for errorsLogged.Load() < attempts {
+		select {
+		case <-out.wrote:
+		case <-deadline:
+			t.Fatalf("the server logged %d errors for %d refused connections", errorsLogged.Load(), attempts)
+		case <-time.After(10 * time.Millisecond): // suppressed records write nothing
+		}
+	}
+	logged := errorsLogged.Load()
+	if n := strings.Count(out.String(), "level=ERROR"); n != 5 {
+		t.Fatalf("%d of the server's %d errors written in one interval, want 5:\n%s", n, logged, out.String())
+	}
+	clockMu.Lock()
+	now = now.Add(time.Minute)
+	clockMu.Unlock()
+	log.Info("marker")
+	m := regexp.MustCompile(`suppressed=(\d+)`).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no count of the suppressed errors:\n%s", out.String())
+	}
+	if n, _ := strconv.Atoi(m[1]); int64(n) != logged-5 {
+		t.Fatalf("the log counts %d suppressed of %d errors, want %d", n, logged, logged-5)
+	}
+}
+
+// countErrors counts the ERROR records it passes on.
+type countErrors struct {
+	next slog.Handler
+	n    *atomic.Int64
+}
+
+func (c *countErrors) Enabled(ctx context.Context, l slog.Level) bool { return c.next.Enabled(ctx, l) }
+
+func (c *countErrors) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level == slog.LevelError {
+		c.n.Add(1)
+	}
+	return c.next.Handle(ctx, r)
+}
+
+func (c *countErrors) WithAttrs(as []slog.Attr) slog.Handler {
+	return &countErrors{next: c.next.WithAttrs(as), n: c.n}
+}
+
+func (c *countErrors) WithGroup(name string) slog.Handler {
+	return &countErrors{next: c.next.WithGroup(name), n: c.n}
 }
