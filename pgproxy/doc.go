@@ -505,9 +505,12 @@
 // PgBouncer does (docs/benchmarks.md). What would block that thread runs
 // on a goroutine while the task waits: recording an audit event, a cancel
 // request on a new connection, a wait for another session's catalog
-// lookup, parsing a text over 4 KiB; a task that has run 1 ms lets the
-// others go first, and the lease's fence is read without waiting on the
-// bus connection's lock (leasebus.Holder.FenceNoWait). The proxy raises GOMAXPROCS by one for the loop's thread unless
+// lookup, parsing a text over 4 KiB; writing the proxy's log (a goroutine
+// writes it from a bounded queue, which drops and counts what does not fit
+// while the log's writer is stalled: logq.go); a task that has run 1 ms
+// lets the others go first, and the lease's fence is read without waiting
+// on the bus connection's lock (leasebus.Holder.FenceNoWait). The proxy
+// raises GOMAXPROCS by one for the loop's thread unless
 // the GOMAXPROCS environment variable is set. TLS sessions, and every
 // session off Linux, run on two goroutines.
 //

@@ -47,9 +47,9 @@
 # WORKLOADS=PATTERN runs only the workloads whose name matches the shell
 # pattern (WORKLOADS='tpcb-like*').
 # FL_BASELINE=REV adds target fl-base: the same fence built from git
-# revision REV (git archive of it, with the C trigger built here), on a copy
-# of the tables of its own, in the same rounds: what the commits since REV
-# changed, side by side.
+# revision REV (git archive of it, with REV's own C trigger built here), on
+# a copy of the tables of its own, in the same rounds: what the commits
+# since REV changed, side by side.
 #
 # pgbench always reaches its target over TCP (127.0.0.1). Both proxies reach
 # Postgres over its Unix socket, as a single-machine deployment would (and as
@@ -168,10 +168,20 @@ if [ -n "${FL_BASELINE:-}" ]; then
 	mkdir "$WORK/base"
 	git archive "$FL_BASELINE" | tar -x -C "$WORK/base"
 	(cd "$WORK/base" && go build -o "$WORK/benchproxy-base" ./pgproxy/internal/benchproxy)
-	echo "== fl-base: the fence as of $(git log -1 --format='%h %cd' --date=short "$FL_BASELINE") on 127.0.0.1:$FLBPORT -> $FL_UP"
+	# Its own C trigger too, at a path of its own (a backend keeps the
+	# libraries it loaded by path).
+	CLIBB=
+	if [ -n "$CLIB" ]; then
+		mkdir -m 0755 "$WORK/base-lib"
+		CLIBB=$WORK/base-lib/fenceline_fence_gate.so
+		# shellcheck disable=SC2046 # pg_config prints flags to split
+		gcc $("$BIN/pg_config" --cflags --cflags_sl --cppflags) -shared -I "$INC" -o "$CLIBB" "$WORK/base/pgproxy/cfence/fenceline_fence_gate.c"
+		chmod 0755 "$CLIBB"
+	fi
+	echo "== fl-base: the fence as of $(git log -1 --format='%h %cd' --date=short "$FL_BASELINE"), its trigger too, on 127.0.0.1:$FLBPORT -> $FL_UP"
 	"${CLCPU[@]}" "$WORK/benchproxy-base" -listen "127.0.0.1:$FLBPORT" -upstream "$FL_UP" -tables "$FENCED" \
 		-install "postgres://postgres@127.0.0.1:$PGPORT_DIRECT/fencedb?sslmode=disable" -trigger auto \
-		${CLIB:+-c-library "$CLIB"} >"$WORK/flb.log" 2>&1 &
+		${CLIBB:+-c-library "$CLIBB"} >"$WORK/flb.log" 2>&1 &
 	FLB_PID=$!
 	PIDS+=($FLB_PID)
 fi
