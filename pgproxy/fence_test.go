@@ -434,12 +434,31 @@ func testEpochRaise(t *testing.T, f *fenceDB) {
 func TestGateSurvivesRollbackToSavepoint(t *testing.T) { forEachTrigger(t, testGateSavepoint) }
 
 func testGateSavepoint(t *testing.T, f *fenceDB) {
+	// The write under the savepoint takes the slow path (its token not yet
+	// verified in the session: fence_slow_gate reads the gate) or the fast
+	// one (verified by a transaction before: the trigger passes the gate
+	// itself).
+	for _, verified := range []bool{false, true} {
+		t.Run(map[bool]string{false: "slow_path", true: "fast_path"}[verified], func(t *testing.T) {
+			testGateSavepointPath(t, f, verified)
+		})
+	}
+}
+
+func testGateSavepointPath(t *testing.T, f *fenceDB, verified bool) {
 	f.reset(t, "TRUNCATE public.race")
 	f.resetEpoch(t, "public.race")
 	ctx := ctxT(t)
 	w, n, a := f.agent(t), f.agent(t), f.admin(t)
 	oldTok := mustToken(t, f.secret, w, "lease_old", 30, "public.race")
 	newTok := mustToken(t, f.secret, n, "lease_new", 31, "public.race")
+	want := "after rollback to, new"
+	if verified {
+		if err := writeWithToken(ctx, w, oldTok, "INSERT INTO public.race VALUES (0, 'verifies')"); err != nil {
+			t.Fatal(err)
+		}
+		want = "verifies, " + want
+	}
 	wtx, err := w.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -473,7 +492,7 @@ func testGateSavepoint(t *testing.T, f *fenceDB) {
 		t.Fatalf("new lease's write after the old transaction ended: %v", err)
 	}
 	var rows string
-	if err := a.QueryRow(ctx, "SELECT string_agg(writer, ', ' ORDER BY id) FROM public.race").Scan(&rows); err != nil || rows != "after rollback to, new" {
+	if err := a.QueryRow(ctx, "SELECT string_agg(writer, ', ' ORDER BY id) FROM public.race").Scan(&rows); err != nil || rows != want {
 		t.Fatalf("public.race holds %q (%v), want the old write, then the new", rows, err)
 	}
 }

@@ -61,6 +61,7 @@
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/resowner.h"
 #include "utils/syscache.h"
 
 PG_MODULE_MAGIC;
@@ -317,6 +318,7 @@ fast(char **args)
 	int64		fence;
 	int64		cur;
 	uint64		gen;
+	ResourceOwner owner;
 
 	if (setting == NULL)
 		return false;
@@ -335,13 +337,18 @@ fast(char **args)
 	/*
 	 * Peek, pass the gate, read again: a raise holds the gate. Passing it
 	 * is holding it in ROW EXCLUSIVE mode to the end of the transaction,
-	 * as reading it (plpgsql's way) does, without reading its page. Taking
-	 * a new lock takes in the invalidations that came before it: if the
-	 * gate's name may no longer be this relation, the slow path decides.
+	 * as reading it (plpgsql's way) does, without reading its page: the
+	 * lock belongs to the top transaction, as sequence.c's does, so a
+	 * ROLLBACK TO a savepoint before this write keeps it. Taking a new lock
+	 * takes in the invalidations that came before it: if the gate's name
+	 * may no longer be this relation, the slow path decides.
 	 */
 	gen = generation;
 	gate = relid_of(args[3]);
-	LockRelationOid(gate, RowExclusiveLock);
+	owner = CurrentResourceOwner;
+	CurrentResourceOwner = TopTransactionResourceOwner;
+	LockRelationOid(gate, RowExclusiveLock);	/* an error aborts, which resets the owner */
+	CurrentResourceOwner = owner;
 	if (generation != gen && relid_of(args[3]) != gate)
 		return false;
 	return last_value(seq, &cur) && cur == fence;
