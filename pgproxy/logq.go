@@ -14,15 +14,22 @@ import (
 // there, synchronously, would hold every session of the loop for as long
 // as its writer waits (a pipe nobody reads, a log collector that stalls).
 // Records wait in a bounded queue instead; when it is full they are dropped
-// and counted, and the next record written says how many. The audit
-// stream, not this log, is the record of refusals: it is published off the
-// loop and never dropped.
+// and counted, and the log says how many (through the logger's own
+// handler, without any With's attributes). Once the queue is closed
+// records are written at once, by whoever logs them. The audit stream, not
+// this log, is the record of refusals: it is published off the loop and
+// never dropped.
 type logQueue struct {
 	ch      chan queuedRecord
+	root    slog.Handler // the logger's handler, for the counts of dropped records
 	dropped atomic.Int64
 	stop    chan struct{}
 	done    chan struct{}
-	closing sync.Once
+	// mu: Handle holds it shared while it queues, close exclusively
+	// while it marks the queue closed, so no record is queued after the
+	// writer's last look.
+	mu     sync.RWMutex
+	closed bool
 }
 
 type queuedRecord struct {
@@ -40,7 +47,7 @@ func queuedLogger(l *slog.Logger) (*slog.Logger, *logQueue) {
 	if l.Handler() == slog.DiscardHandler {
 		return l, nil
 	}
-	q := &logQueue{ch: make(chan queuedRecord, logQueueSize), stop: make(chan struct{}), done: make(chan struct{})}
+	q := &logQueue{ch: make(chan queuedRecord, logQueueSize), root: l.Handler(), stop: make(chan struct{}), done: make(chan struct{})}
 	go q.run()
 	return slog.New(&queuedHandler{q: q, h: l.Handler()}), q
 }
@@ -68,29 +75,34 @@ func (q *logQueue) run() {
 // since, when the queue is empty after it (the last records may be the
 // dropped ones).
 func (q *logQueue) write(it queuedRecord) {
-	q.reportDropped(it)
+	q.reportDropped(it.ctx)
 	_ = it.h.Handle(it.ctx, it.r) // a handler's error has nowhere to go
 	if len(q.ch) == 0 {
-		q.reportDropped(it)
+		q.reportDropped(it.ctx)
 	}
 }
 
-func (q *logQueue) reportDropped(it queuedRecord) {
-	if n := q.dropped.Swap(0); n > 0 {
+func (q *logQueue) reportDropped(ctx context.Context) {
+	if n := q.dropped.Swap(0); n > 0 && q.root.Enabled(ctx, slog.LevelWarn) {
 		r := slog.NewRecord(time.Now(), slog.LevelWarn, "log records dropped: the log's writer fell behind", 0)
 		r.AddAttrs(slog.Int64("dropped", n))
-		_ = it.h.Handle(it.ctx, r)
+		_ = q.root.Handle(ctx, r)
 	}
 }
 
 // close writes what is queued and stops the writer, waiting at most wait
 // for it: a writer that never returns (its pipe never read again) is left
-// to it. Records logged after close wait in the queue, or are dropped.
+// to it. Records logged after close are written at once.
 func (q *logQueue) close(wait time.Duration) {
 	if q == nil {
 		return
 	}
-	q.closing.Do(func() { close(q.stop) })
+	q.mu.Lock()
+	if !q.closed {
+		q.closed = true
+		close(q.stop)
+	}
+	q.mu.Unlock()
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
@@ -108,14 +120,32 @@ type queuedHandler struct {
 func (h *queuedHandler) Enabled(ctx context.Context, l slog.Level) bool { return h.h.Enabled(ctx, l) }
 
 // Handle queues r, or counts it dropped when the queue is full; it never
-// waits.
+// waits (but once the queue is closed, when it writes r itself). Values
+// that resolve themselves (slog.LogValuer) are resolved now, on the
+// caller's goroutine, not later on the writer's.
 func (h *queuedHandler) Handle(ctx context.Context, r slog.Record) error {
+	h.q.mu.RLock()
+	defer h.q.mu.RUnlock()
+	if h.q.closed {
+		return h.h.Handle(ctx, r)
+	}
 	select {
-	case h.q.ch <- queuedRecord{ctx: context.WithoutCancel(ctx), h: h.h, r: r.Clone()}:
+	case h.q.ch <- queuedRecord{ctx: context.WithoutCancel(ctx), h: h.h, r: resolved(r)}:
 	default:
 		h.q.dropped.Add(1)
 	}
 	return nil
+}
+
+// resolved is a copy of r whose attributes' values are resolved.
+func resolved(r slog.Record) slog.Record {
+	out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
+	r.Attrs(func(a slog.Attr) bool {
+		a.Value = a.Value.Resolve()
+		out.AddAttrs(a)
+		return true
+	})
+	return out
 }
 
 func (h *queuedHandler) WithAttrs(as []slog.Attr) slog.Handler {

@@ -19,6 +19,7 @@ func TestLogQueueCountsWhatItDrops(t *testing.T) {
 	w := &stallingWriter{}
 	log, q := queuedLogger(slog.New(slog.NewTextHandler(w, nil)))
 	defer q.close(time.Second)
+	log = log.With("fence", "postgres") // the counts come without it
 	w.stall()
 	const n = logQueueSize + 10
 	start := time.Now()
@@ -49,6 +50,16 @@ func TestLogQueueCountsWhatItDrops(t *testing.T) {
 		}
 		return nil
 	})
+	if !regexp.MustCompile(`level=WARN msg="log records dropped[^"]*" dropped=\d+\n`).MatchString(w.String()) {
+		t.Fatalf("the count of dropped records is not the queue's own line:\n%s", w.String())
+	}
+	// Once the queue is closed a record is written at once, not queued
+	// for a writer that is gone.
+	q.close(time.Second)
+	log.Info("after close")
+	if !strings.Contains(w.String(), "msg=\"after close\"") {
+		t.Fatal("a record logged after the queue closed was not written")
+	}
 	// A logger that discards everything gets no queue.
 	if l, q := queuedLogger(slog.New(slog.DiscardHandler)); q != nil || l.Handler() != slog.DiscardHandler {
 		t.Fatal("a discarding logger got a queue")

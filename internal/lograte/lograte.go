@@ -11,20 +11,36 @@
 // that says how many were suppressed, and like which. A count is said only
 // when another record comes.
 //
-// A record's kind is its level and its message with every run of digits
-// taken as one (the Postgres fence's "write refused"; a NATS server line's
-// addresses, connection ids and ports differ from one connection to the
-// next, its words do not). At most MaxKinds kinds are told apart; records
-// of further kinds share one count.
+// A record's kind is its level and where it was logged (the call site, from
+// the record's PC): text a caller puts into a message (a URL the egress
+// proxy refused) makes no new kind, so whoever chose the text can neither
+// escape the limit with ever new texts nor crowd out the records of other
+// call sites, which keep their own counts. A logger that passes on lines
+// of someone else's (the NATS server's, all from one call site) names each
+// line's kind with the attribute KindKey, which is dropped before the
+// record goes on. Records with neither (PC 0) are kinds by their message,
+// every run of digits taken as one. (A call site inlined into several
+// callers is a kind per copy: more kinds, all of them the code's.) At most
+// MaxKinds kinds are kept; records of further kinds share one count.
 package lograte
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
+
+// KindKey is the key of the attribute that names a record's kind in place
+// of its call site (a string; see the package comment).
+const KindKey = "lograte.kind"
+
+// maxText bounds the text of a kind's key and of its example: a message
+// can carry a megabyte of someone else's URL.
+const maxText = 200
 
 // Defaults of Options.
 const (
@@ -66,7 +82,8 @@ type kind struct {
 	passed     int
 	suppressed int
 	level      slog.Level
-	like       string // the last suppressed record's message
+	like       string       // the last suppressed record's message (at most maxText)
+	h          slog.Handler // the handler that record came through: its count goes there
 }
 
 // report is what a kind's interval suppressed, to be said.
@@ -74,6 +91,7 @@ type report struct {
 	n     int
 	level slog.Level
 	like  string
+	h     slog.Handler
 }
 
 // otherKinds is the key of the records of kinds beyond MaxKinds.
@@ -105,20 +123,52 @@ func (h *Handler) Enabled(ctx context.Context, l slog.Level) bool { return h.nex
 
 // Handle passes r on, or counts it suppressed; first it says how many
 // records were suppressed in the intervals that ended since the last
-// record (of any kind: a flood that stopped is told at the next record).
+// record (of any kind: a flood that stopped is told at the next record),
+// each count at its records' level, through the handler they came to.
 func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
-	pass, reports := h.st.admit(r.Level, r.Message)
+	key, r := kindKey(r)
+	pass, reports := h.st.admit(key, r.Level, r.Message, h.next)
+	var errs []error
 	for _, rp := range reports {
+		if !rp.h.Enabled(ctx, rp.level) {
+			continue
+		}
 		s := slog.NewRecord(r.Time, rp.level, "log records suppressed: too many of one kind", 0)
 		s.AddAttrs(slog.Int("suppressed", rp.n), slog.String("like", rp.like))
-		if err := h.next.Handle(ctx, s); err != nil {
-			return err
+		errs = append(errs, rp.h.Handle(ctx, s))
+	}
+	if pass {
+		errs = append(errs, h.next.Handle(ctx, r))
+	}
+	return errors.Join(errs...)
+}
+
+// kindKey is r's kind (see the package comment), and r without a KindKey
+// attribute.
+func kindKey(r slog.Record) (string, slog.Record) {
+	var named string
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == KindKey {
+			named = a.Value.String()
+			return false
 		}
+		return true
+	})
+	level := r.Level.String()
+	switch {
+	case named != "":
+		out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key != KindKey {
+				out.AddAttrs(a)
+			}
+			return true
+		})
+		return level + " kind " + clip(named), out
+	case r.PC != 0:
+		return level + " pc " + strconv.FormatUint(uint64(r.PC), 16), r
 	}
-	if !pass {
-		return nil
-	}
-	return h.next.Handle(ctx, r)
+	return level + " msg " + Normalize(r.Message), r
 }
 
 // WithAttrs returns a Handler sharing h's counts.
@@ -134,8 +184,7 @@ func (h *Handler) WithGroup(name string) slog.Handler {
 // admit counts one record of msg at level: pass says whether it goes
 // through, reports what the intervals that ended suppressed (to be said
 // first).
-func (l *limiter) admit(level slog.Level, msg string) (pass bool, reports []report) {
-	key := kindOf(level, msg)
+func (l *limiter) admit(key string, level slog.Level, msg string, h slog.Handler) (pass bool, reports []report) {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -155,7 +204,7 @@ func (l *limiter) admit(level slog.Level, msg string) (pass bool, reports []repo
 	}
 	if now.Sub(k.start) >= l.interval { // over since the last sweep
 		if k.suppressed > 0 {
-			reports = append(reports, report{n: k.suppressed, level: k.level, like: k.like})
+			reports = append(reports, report{n: k.suppressed, level: k.level, like: k.like, h: k.h})
 		}
 		*k = kind{start: now}
 	}
@@ -164,7 +213,7 @@ func (l *limiter) admit(level slog.Level, msg string) (pass bool, reports []repo
 		return true, reports
 	}
 	k.suppressed++
-	k.level, k.like = level, msg
+	k.level, k.like, k.h = level, clip(msg), h
 	return false, reports
 }
 
@@ -179,20 +228,19 @@ func (l *limiter) sweep(now time.Time) []report {
 			continue
 		}
 		if k.suppressed > 0 {
-			reports = append(reports, report{n: k.suppressed, level: k.level, like: k.like})
+			reports = append(reports, report{n: k.suppressed, level: k.level, like: k.like, h: k.h})
 		}
 		delete(l.kinds, key)
 	}
 	return reports
 }
 
-// kindOf is a record's kind: its level and its message, every run of
-// digits one '#'.
-func kindOf(level slog.Level, msg string) string {
+// Normalize is msg with every run of digits one '#', at most 200 bytes of
+// it: a kind for lines whose numbers (ports, connection ids) vary.
+func Normalize(msg string) string {
+	msg = clip(msg)
 	var b strings.Builder
-	b.Grow(len(msg) + 8)
-	b.WriteString(level.String())
-	b.WriteByte(' ')
+	b.Grow(len(msg))
 	digits := false
 	for i := 0; i < len(msg); i++ {
 		c := msg[i]
@@ -207,4 +255,12 @@ func kindOf(level slog.Level, msg string) string {
 		b.WriteByte(c)
 	}
 	return b.String()
+}
+
+// clip is at most maxText bytes of s.
+func clip(s string) string {
+	if len(s) > maxText {
+		return s[:maxText]
+	}
+	return s
 }

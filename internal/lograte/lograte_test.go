@@ -58,33 +58,52 @@ func TestFloodOfOneKind(t *testing.T) {
 	}
 }
 
-// TestKindsAreCountedApart: another kind, or another level, is not held
-// back by a flood of one; messages that differ only in their numbers (a
-// NATS server's addresses and connection ids) are one kind.
-func TestKindsAreCountedApart(t *testing.T) {
+// TestKindsAreCallSites: text in a message (a URL someone chose, a NATS
+// line's addresses) makes no new kind: a flood of ever new messages from
+// one call site is limited as one kind, and records of other call sites go
+// through beside it, an ERROR among them.
+func TestKindsAreCallSites(t *testing.T) {
 	log, buf, _ := newLogger(Options{Burst: 3, Interval: time.Second})
-	for i := range 100 {
-		log.Error(fmt.Sprintf("127.0.0.1:%d - cid:%d - authentication error", 40000+i, i))
+	for i := range 1000 {
+		log.Warn("egress refused " + strings.Repeat("x", i%300) + strconv.Itoa(i))
 	}
-	log.Warn("write refused")
+	log.Error("audit event for a refused write not recorded")
 	log.Info("127.0.0.1:1 - cid:1 - authentication error")
 	out := buf.String()
-	if got := strings.Count(out, "level=ERROR"); got != 3 {
-		t.Fatalf("%d of 100 authentication errors from different connections written, want 3:\n%s", got, out)
+	if got := strings.Count(out, "egress refused"); got != 3 {
+		t.Fatalf("%d of 1,000 records of one call site with ever new text written, want 3", got)
 	}
-	if !strings.Contains(out, `msg="write refused"`) || !strings.Contains(out, "level=INFO") {
-		t.Fatalf("other kinds held back by a flood of one:\n%s", out)
+	if !strings.Contains(out, `level=ERROR msg="audit event for a refused write not recorded"`) || !strings.Contains(out, "level=INFO") {
+		t.Fatalf("other call sites held back by a flood of one:\n%s", out)
 	}
 }
 
-// TestKindsAreBounded: a flood of ever new kinds (a client name the
-// stranger picks, in each line) is counted in one bucket beyond MaxKinds:
-// the limiter keeps no more than that, and the flood stays bounded.
+// TestKindKeyNamesTheKind: a logger passing on another's lines (all from
+// one call site) names their kinds; the attribute is not written.
+func TestKindKeyNamesTheKind(t *testing.T) {
+	log, buf, _ := newLogger(Options{Burst: 2, Interval: time.Second})
+	for i := range 10 {
+		log.Error(fmt.Sprintf("conn %d: authentication error", i), KindKey, "authentication error")
+		log.Error(fmt.Sprintf("conn %d: out of storage", i), KindKey, "out of storage")
+	}
+	out := buf.String()
+	if a, o := strings.Count(out, "authentication error"), strings.Count(out, "out of storage"); a != 2 || o != 2 {
+		t.Fatalf("%d and %d records of two named kinds written, want 2 of each:\n%s", a, o, out)
+	}
+	if strings.Contains(out, KindKey) {
+		t.Fatalf("the kind's attribute was written:\n%s", out)
+	}
+}
+
+// TestKindsAreBounded: ever new named kinds (a stranger's choice, were a
+// logger to name kinds by it) are counted in one bucket beyond MaxKinds:
+// the limiter keeps no more than that, and every record is written or
+// counted.
 func TestKindsAreBounded(t *testing.T) {
 	log, buf, c := newLogger(Options{Burst: 2, Interval: time.Second, MaxKinds: 10})
 	h := log.Handler().(*Handler)
 	for i := range 1000 {
-		log.Error("connection from client " + strings.Repeat("x", i%50) + strconv.Itoa(i) + " refused")
+		log.Error("connection refused", KindKey, "client "+strings.Repeat("x", i%50)+strconv.Itoa(i))
 	}
 	if n := len(h.st.kinds); n > 10 {
 		t.Fatalf("%d kinds kept, want at most 10", n)
@@ -93,23 +112,36 @@ func TestKindsAreBounded(t *testing.T) {
 		t.Fatalf("%d records of 1,000 new kinds written, want at most %d", got, 10*2)
 	}
 	c.t = c.t.Add(2 * time.Second)
-	log.Error("connection from client y refused")
+	log.Error("connection refused", KindKey, "client y")
 	out := buf.String()
-	if written, counted := strings.Count(out, `msg="connection from client`), suppressedIn(out); written+counted < 1000 {
+	if written, counted := strings.Count(out, `msg="connection refused"`), suppressedIn(out); written+counted < 1000 {
 		t.Fatalf("%d written and %d counted of 1,000 records", written, counted)
 	}
 }
 
 // TestAttrsShareTheCount: loggers made With attributes (the sidecar adds the
-// lease to its fences' loggers) count against the same kinds.
+// lease to its fences' loggers) count against the same kinds, and a count
+// is said through the logger its records came to, with its attributes.
 func TestAttrsShareTheCount(t *testing.T) {
-	log, buf, _ := newLogger(Options{Burst: 4, Interval: time.Second})
+	log, buf, c := newLogger(Options{Burst: 4, Interval: time.Second})
 	a, b := log.With("fence", "postgres"), log.WithGroup("git")
 	for range 10 {
-		a.Warn("write refused")
-		b.Warn("write refused")
+		refuseOnce(a)
 	}
+	refuseOnce(b)
 	if got := strings.Count(buf.String(), `write refused`); got != 4 {
 		t.Fatalf("%d records written through two derived loggers, want 4 in all", got)
 	}
+	c.t = c.t.Add(time.Second)
+	log.Info("next")
+	if !regexp.MustCompile(`level=WARN msg="log records suppressed[^\n]*" fence=postgres suppressed=6 like="write refused"`).MatchString(buf.String()) &&
+		!regexp.MustCompile(`level=WARN msg="log records suppressed[^\n]*" git\.suppressed=7`).MatchString(buf.String()) {
+		t.Fatalf("the count is not said through a logger its records came to:\n%s", buf)
+	}
 }
+
+// refuseOnce logs from one call site, whoever calls it (a PC is per inlined
+// copy: not inlined).
+//
+//go:noinline
+func refuseOnce(l *slog.Logger) { l.Warn("write refused") }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/fenceline/fenceline/internal/lograte"
 	"github.com/fenceline/fenceline/leasebus"
 )
 
@@ -98,7 +99,28 @@ func (l *lastError) pass(level slog.Level, format string, v ...any) {
 	if l.log == nil || !l.log.Enabled(context.Background(), level) {
 		return
 	}
-	l.log.Log(context.Background(), level, fmt.Sprintf(format, v...), "component", "nats-server")
+	l.log.Log(context.Background(), level, fmt.Sprintf(format, v...), "component", "nats-server", lograte.KindKey, natsKind(format))
+}
+
+// natsKind is the kind of a server line of format (see internal/lograte):
+// a client's lines start with its address, connection id, and its name and
+// user quoted, which the client picks; without the quoted parts and with
+// its numbers as one, every client's line of one kind is one kind.
+func natsKind(format string) string {
+	var b strings.Builder
+	for i := 0; i < len(format); i++ {
+		c := format[i]
+		if c != '"' {
+			b.WriteByte(c)
+			continue
+		}
+		for i++; i < len(format) && format[i] != '"'; i++ { // to the closing quote (%q escapes inner ones)
+			if format[i] == '\\' {
+				i++
+			}
+		}
+	}
+	return lograte.Normalize(b.String())
 }
 
 func (l *lastError) set(format string, v ...any) {

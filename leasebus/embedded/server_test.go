@@ -209,11 +209,13 @@ func TestServerLogReachesTheNodeLog(t *testing.T) {
 	}
 }
 
-// A stranger that connects again and again without credentials does not
-// flood the node's log: through internal/lograte (the CLI's logger) the
-// server's refusals, which differ from one connection to the next only in
-// numbers (port, connection id), are one kind; five go through in the
-// interval, and the next record says how many more there were.
+// A stranger that connects again and again with credentials the bus does
+// not take, under a new client name and user each time, does not flood the
+// node's log: through internal/lograte (the CLI's logger) the server's
+// refusals, which differ from one connection to the next in numbers (port,
+// connection id) and in what the stranger chose (name, user), are one kind;
+// five go through in the interval, and the next record says how many more
+// there were.
 func TestRefusedConnectionsDoNotFloodTheLog(t *testing.T) {
 	out := syncBuffer{wrote: make(chan struct{}, 1)}
 	now := time.Unix(1_700_000_000, 0)
@@ -230,7 +232,9 @@ func TestRefusedConnectionsDoNotFloodTheLog(t *testing.T) {
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
 	const attempts = 40
 	for i := range attempts {
-		if nc, err := nats.Connect(srv.ClientURL(), nats.NoReconnect()); err == nil {
+		// A name and a user of the stranger's choosing in each line.
+		who := strings.Repeat(string(rune('a'+i%26)), 1+i)
+		if nc, err := nats.Connect(srv.ClientURL(), nats.NoReconnect(), nats.Name("client-"+who), nats.UserInfo("user-"+who, "pw")); err == nil {
 			nc.Close()
 			t.Fatalf("connection %d without credentials was taken", i)
 		}
@@ -282,4 +286,17 @@ func (c *countErrors) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (c *countErrors) WithGroup(name string) slog.Handler {
 	return &countErrors{next: c.next.WithGroup(name), n: c.n}
+}
+
+// A client's lines carry its name and user quoted (the client picks them):
+// one kind whatever they are, and apart from the client's other kinds.
+func TestNATSKindIgnoresWhatTheClientPicks(t *testing.T) {
+	a := natsKind(`127.0.0.1:50312 - cid:7 - "v1.37.0:go:runner-1" - "FLEET/runner-1" - Slow Consumer Detected`)
+	b := natsKind(`10.0.0.9:61000 - cid:12345 - "v1.37.0:go:x \" - y" - "FLEET/` + strings.Repeat("z", 300) + `" - Slow Consumer Detected`)
+	if a != b {
+		t.Fatalf("two clients' slow-consumer lines are kinds %q and %q, want one", a, b)
+	}
+	if c := natsKind(`127.0.0.1:50312 - cid:7 - "v1.37.0:go:runner-1" - "FLEET/runner-1" - authentication error`); c == a {
+		t.Fatalf("a slow consumer and an authentication error are one kind %q", c)
+	}
 }
