@@ -25,11 +25,11 @@ type logQueue struct {
 	dropped atomic.Int64
 	stop    chan struct{}
 	done    chan struct{}
-	// mu: Handle holds it shared while it queues, close exclusively
-	// while it marks the queue closed, so no record is queued after the
-	// writer's last look.
+	// mu: Handle holds it shared while it queues (never while it
+	// writes), close exclusively while it marks the queue closed, so no
+	// record is queued after the writer's last look.
 	mu     sync.RWMutex
-	closed bool
+	closed atomic.Bool
 }
 
 type queuedRecord struct {
@@ -98,10 +98,12 @@ func (q *logQueue) close(wait time.Duration) {
 		return
 	}
 	q.mu.Lock()
-	if !q.closed {
-		q.closed = true
-		close(q.stop)
+	if q.closed.Load() {
+		q.mu.Unlock()
+		return
 	}
+	q.closed.Store(true)
+	close(q.stop)
 	q.mu.Unlock()
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -124,17 +126,20 @@ func (h *queuedHandler) Enabled(ctx context.Context, l slog.Level) bool { return
 // that resolve themselves (slog.LogValuer) are resolved now, on the
 // caller's goroutine, not later on the writer's.
 func (h *queuedHandler) Handle(ctx context.Context, r slog.Record) error {
-	h.q.mu.RLock()
-	defer h.q.mu.RUnlock()
-	if h.q.closed {
-		return h.h.Handle(ctx, r)
+	if !h.q.closed.Load() {
+		h.q.mu.RLock()
+		if !h.q.closed.Load() {
+			select {
+			case h.q.ch <- queuedRecord{ctx: context.WithoutCancel(ctx), h: h.h, r: resolved(r)}:
+			default:
+				h.q.dropped.Add(1)
+			}
+			h.q.mu.RUnlock()
+			return nil
+		}
+		h.q.mu.RUnlock()
 	}
-	select {
-	case h.q.ch <- queuedRecord{ctx: context.WithoutCancel(ctx), h: h.h, r: resolved(r)}:
-	default:
-		h.q.dropped.Add(1)
-	}
-	return nil
+	return h.h.Handle(ctx, r)
 }
 
 // resolved is a copy of r whose attributes' values are resolved.

@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,8 +62,74 @@ func TestLogQueueCountsWhatItDrops(t *testing.T) {
 	if !strings.Contains(w.String(), "msg=\"after close\"") {
 		t.Fatal("a record logged after the queue closed was not written")
 	}
+	// With the writer stalled after the close, a second close and a
+	// record logged meanwhile do not wait for it (the record's own write
+	// does, on its goroutine).
+	w.stall()
+	wrote := make(chan struct{})
+	go func() { log.Info("stalled after close"); close(wrote) }()
+	testutil.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if w.waiting.Load() == 0 {
+			return fmt.Errorf("the record logged after the close is not waiting for the writer yet")
+		}
+		return nil
+	})
+	closed := make(chan struct{})
+	go func() { q.close(time.Second); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		w.release()
+		t.Fatal("a second close waited for a stalled writer")
+	}
+	w.release()
+	<-wrote
 	// A logger that discards everything gets no queue.
 	if l, q := queuedLogger(slog.New(slog.DiscardHandler)); q != nil || l.Handler() != slog.DiscardHandler {
 		t.Fatal("a discarding logger got a queue")
 	}
+}
+
+// stallingWriter keeps what is written to it; between stall and release
+// every write waits.
+type stallingWriter struct {
+	mu      sync.Mutex
+	buf     strings.Builder
+	hold    chan struct{} // non-nil: stalled
+	waiting atomic.Int32  // writes waiting for release
+}
+
+func (w *stallingWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	hold := w.hold
+	w.mu.Unlock()
+	if hold != nil {
+		w.waiting.Add(1)
+		<-hold
+		w.waiting.Add(-1)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Write(b)
+}
+
+func (w *stallingWriter) stall() {
+	w.mu.Lock()
+	w.hold = make(chan struct{})
+	w.mu.Unlock()
+}
+
+func (w *stallingWriter) release() {
+	w.mu.Lock()
+	if w.hold != nil {
+		close(w.hold)
+		w.hold = nil
+	}
+	w.mu.Unlock()
+}
+
+func (w *stallingWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -208,45 +207,4 @@ func TestStalledLogHoldsNoSession(t *testing.T) {
 		}
 		return nil
 	})
-}
-
-// stallingWriter keeps what is written to it; between stall and release
-// every write waits.
-type stallingWriter struct {
-	mu   sync.Mutex
-	buf  strings.Builder
-	hold chan struct{} // non-nil: stalled
-}
-
-func (w *stallingWriter) Write(b []byte) (int, error) {
-	w.mu.Lock()
-	hold := w.hold
-	w.mu.Unlock()
-	if hold != nil {
-		<-hold
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(b)
-}
-
-func (w *stallingWriter) stall() {
-	w.mu.Lock()
-	w.hold = make(chan struct{})
-	w.mu.Unlock()
-}
-
-func (w *stallingWriter) release() {
-	w.mu.Lock()
-	if w.hold != nil {
-		close(w.hold)
-		w.hold = nil
-	}
-	w.mu.Unlock()
-}
-
-func (w *stallingWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
 }

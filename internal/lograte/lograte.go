@@ -20,8 +20,11 @@
 // line's kind with the attribute KindKey, which is dropped before the
 // record goes on. Records with neither (PC 0) are kinds by their message,
 // every run of digits taken as one. (A call site inlined into several
-// callers is a kind per copy: more kinds, all of them the code's.) At most
-// MaxKinds kinds are kept; records of further kinds share one count.
+// callers is a kind per copy: more kinds, all of them the code's.) Kinds
+// named by text are kept per call site, at most MaxKinds of one site at a
+// time; that site's further kinds share one count, its own: however much of
+// the text an outsider picks (a NATS server line can carry a client's
+// malformed JSON), it never takes the place of another call site's kinds.
 package lograte
 
 import (
@@ -46,14 +49,14 @@ const maxText = 200
 const (
 	DefaultBurst    = 20
 	DefaultInterval = time.Second
-	DefaultMaxKinds = 512
+	DefaultMaxKinds = 64
 )
 
 // Options says how much of each kind goes through.
 type Options struct {
 	Burst    int           // records of a kind let through per Interval (DefaultBurst when 0)
 	Interval time.Duration // DefaultInterval when 0
-	MaxKinds int           // kinds kept, the one of all further kinds among them (DefaultMaxKinds when 0)
+	MaxKinds int           // kinds named by text kept per call site (DefaultMaxKinds when 0)
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -73,7 +76,8 @@ type limiter struct {
 
 	mu    sync.Mutex
 	kinds map[string]*kind
-	swept time.Time // the last sweep: at most one an interval
+	named map[string]int // kinds named by text kept, by call site
+	swept time.Time      // the last sweep: at most one an interval
 }
 
 // kind is one kind's count in its current interval.
@@ -84,6 +88,7 @@ type kind struct {
 	level      slog.Level
 	like       string       // the last suppressed record's message (at most maxText)
 	h          slog.Handler // the handler that record came through: its count goes there
+	site       string       // a kind named by text: its call site's key (counted in named)
 }
 
 // report is what a kind's interval suppressed, to be said.
@@ -93,9 +98,6 @@ type report struct {
 	like  string
 	h     slog.Handler
 }
-
-// otherKinds is the key of the records of kinds beyond MaxKinds.
-const otherKinds = "\x00other"
 
 // New returns a Handler passing records on to next.
 func New(next slog.Handler, o Options) *Handler {
@@ -108,13 +110,12 @@ func New(next slog.Handler, o Options) *Handler {
 	if o.MaxKinds <= 0 {
 		o.MaxKinds = DefaultMaxKinds
 	}
-	o.MaxKinds = max(o.MaxKinds, 2)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
 	return &Handler{next: next, st: &limiter{
 		burst: o.Burst, interval: o.Interval, maxKinds: o.MaxKinds, now: o.Now,
-		kinds: map[string]*kind{},
+		kinds: map[string]*kind{}, named: map[string]int{},
 	}}
 }
 
@@ -126,8 +127,8 @@ func (h *Handler) Enabled(ctx context.Context, l slog.Level) bool { return h.nex
 // record (of any kind: a flood that stopped is told at the next record),
 // each count at its records' level, through the handler they came to.
 func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
-	key, r := kindKey(r)
-	pass, reports := h.st.admit(key, r.Level, r.Message, h.next)
+	key, site, r := kindKey(r)
+	pass, reports := h.st.admit(key, site, r.Level, r.Message, h.next)
 	var errs []error
 	for _, rp := range reports {
 		if !rp.h.Enabled(ctx, rp.level) {
@@ -143,9 +144,10 @@ func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
 	return errors.Join(errs...)
 }
 
-// kindKey is r's kind (see the package comment), and r without a KindKey
+// kindKey is r's kind and its call site's (see the package comment; the
+// same for a kind that is its call site), and r without a KindKey
 // attribute.
-func kindKey(r slog.Record) (string, slog.Record) {
+func kindKey(r slog.Record) (key, site string, _ slog.Record) {
 	var named string
 	r.Attrs(func(a slog.Attr) bool {
 		if a.Key == KindKey {
@@ -155,6 +157,7 @@ func kindKey(r slog.Record) (string, slog.Record) {
 		return true
 	})
 	level := r.Level.String()
+	site = level + " pc " + strconv.FormatUint(uint64(r.PC), 16)
 	switch {
 	case named != "":
 		out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
@@ -164,11 +167,11 @@ func kindKey(r slog.Record) (string, slog.Record) {
 			}
 			return true
 		})
-		return level + " kind " + clip(named), out
+		return site + " kind " + clip(named), site, out
 	case r.PC != 0:
-		return level + " pc " + strconv.FormatUint(uint64(r.PC), 16), r
+		return site, site, r
 	}
-	return level + " msg " + Normalize(r.Message), r
+	return site + " msg " + Normalize(r.Message), site, r
 }
 
 // WithAttrs returns a Handler sharing h's counts.
@@ -184,7 +187,7 @@ func (h *Handler) WithGroup(name string) slog.Handler {
 // admit counts one record of msg at level: pass says whether it goes
 // through, reports what the intervals that ended suppressed (to be said
 // first).
-func (l *limiter) admit(key string, level slog.Level, msg string, h slog.Handler) (pass bool, reports []report) {
+func (l *limiter) admit(key, site string, level slog.Level, msg string, h slog.Handler) (pass bool, reports []report) {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -193,12 +196,18 @@ func (l *limiter) admit(key string, level slog.Level, msg string, h slog.Handler
 	}
 	k, ok := l.kinds[key]
 	if !ok {
-		if len(l.kinds) >= l.maxKinds-1 { // one place kept for otherKinds
-			key = otherKinds
-			k = l.kinds[key]
+		counted := ""
+		if key != site { // named by text
+			if l.named[site] >= l.maxKinds {
+				key = site + " other"
+				k = l.kinds[key]
+			} else {
+				counted = site
+				l.named[site]++
+			}
 		}
 		if k == nil {
-			k = &kind{start: now}
+			k = &kind{start: now, site: counted}
 			l.kinds[key] = k
 		}
 	}
@@ -206,7 +215,7 @@ func (l *limiter) admit(key string, level slog.Level, msg string, h slog.Handler
 		if k.suppressed > 0 {
 			reports = append(reports, report{n: k.suppressed, level: k.level, like: k.like, h: k.h})
 		}
-		*k = kind{start: now}
+		*k = kind{start: now, site: k.site}
 	}
 	if k.passed < l.burst {
 		k.passed++
@@ -231,6 +240,11 @@ func (l *limiter) sweep(now time.Time) []report {
 			reports = append(reports, report{n: k.suppressed, level: k.level, like: k.like, h: k.h})
 		}
 		delete(l.kinds, key)
+		if k.site != "" {
+			if l.named[k.site]--; l.named[k.site] == 0 {
+				delete(l.named, k.site)
+			}
+		}
 	}
 	return reports
 }
