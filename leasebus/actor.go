@@ -304,7 +304,15 @@ func (a *actor) readLog(ctx context.Context) (int, error) {
 		a.state, a.kept = newRepoState(a.state.repo), seqWindow{}
 		n, err = a.svc.store.load(ctx, a.key, a.state, audited(), a.svc.cfg.Now, onRecord)
 		a.state.evicted = append(a.state.evicted, old.evicted...)
-		if err == nil { // (a view half read drops nothing: it is read again)
+		if err != nil {
+			// The old view is behind the log and the new one half read:
+			// neither may vouch for a lease (a cached get would answer
+			// from the old view's records, an ended lease's "active"
+			// among them), so none of the old view's stays indexed.
+			// The next read that completes indexes its own.
+			a.svc.unindex(append(a.state.evicted, old.ids()...))
+			a.state.evicted = nil
+		} else {
 			a.state.evicted = append(a.state.evicted, a.state.dropped(old)...)
 		}
 	}

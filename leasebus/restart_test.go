@@ -310,6 +310,63 @@ func TestViewBehindTheLogIsReadAfresh(t *testing.T) {
 	}
 }
 
+// A view the log moved past whose fresh read then fails vouches for none
+// of its leases: the lease index keeps nothing of the view it replaced
+// (here a lease the log has revoked since), so a heartbeat's cached get
+// finds no view and asks the log, rather than hear the old view's
+// "active".
+func TestViewBehindTheLogFailingToReadVouchesForNothing(t *testing.T) {
+	t.Parallel()
+	b := startBus(t)
+	ctx := ctxT(t)
+	const behindRepo = "github.com/acme/behind-failing"
+	key := RepoKey(behindRepo)
+	cred := NewCredential()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: behindRepo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked, err := b.c.Acquire(ctx, AcquireRequest{Repo: behindRepo, Scope: claim(t, "b"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := newRepoState("")
+	if _, err := b.svc.store.load(ctx, key, old, 0, time.Now, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.c.Revoke(ctx, revoked.LeaseID, "test"); err != nil {
+		t.Fatal(err)
+	}
+	renewTimes(t, b, l, cred, logKeep+10)
+	// A record the fresh read cannot fold, written as the service writes.
+	js, _ := logStreamOf(t, ctx, b.nc)
+	bad := nats.NewMsg(logSubjectFor(key))
+	bad.Header.Set(writerHeader, b.svc.store.writer)
+	bad.Data = []byte("not a record")
+	if _, err := js.PublishMsg(ctx, bad); err != nil {
+		t.Fatal(err)
+	}
+
+	// The actor holds the old view, indexed as a reload leaves it.
+	a := b.svc.actor(key, behindRepo)
+	a.busy.Lock()
+	a.state, a.kept = old, seqWindow{}
+	a.stale = true
+	b.svc.indexLeases(key, a.entries())
+	a.busy.Unlock()
+	if got, _, ok := b.svc.cachedLease(revoked.LeaseID); !ok || !got.Active() {
+		t.Fatalf("set-up: the old view should vouch for the lease as active: %+v %v", got, ok)
+	}
+	if r := a.ask(ctx, &call{op: "sync", req: &syncRequest{}}); r.Error == nil {
+		t.Fatal("sync over a damaged log succeeded")
+	}
+	for _, id := range []string{revoked.LeaseID, l.LeaseID} {
+		if got, _, ok := b.svc.cachedLease(id); ok {
+			t.Errorf("after the failed fresh read the index still vouches for %s: %+v (status %s)", id, got, got.Status)
+		}
+	}
+}
+
 // A first load reads a repo's log back from its last record to the newest
 // snapshot, each record by its sequence, and no further than the audit
 // needs: the records before the snapshot that the audit stream does not

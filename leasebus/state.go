@@ -185,6 +185,17 @@ func (s *repoState) observe(rec *logRecord, seq uint64, now time.Time) {
 	s.seq = seq
 }
 
+// ids are the ids of s's leases, active and recently ended.
+func (s *repoState) ids() []string {
+	out := make([]string, 0, len(s.leases)+len(s.ended))
+	for _, m := range []map[string]*entry{s.leases, s.ended} {
+		for id := range m {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // dropped lists the leases old had, active or recently ended, that s has
 // not: a snapshot that replaces a view leaves out the ended leases it no
 // longer keeps, some of which the view may still have held active (it
