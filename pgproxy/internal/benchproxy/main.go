@@ -39,7 +39,15 @@ func run() error {
 	wholeRepo := flag.Bool("whole-repo", false, "the lease claims the whole repository besides its tables")
 	allowOpaque := flag.Bool("allow-opaque", false, "allow writes whose tables cannot be named (DO, CALL, CREATE FUNCTION...), as --pg-allow-opaque")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (stopped on SIGINT/SIGTERM)")
+	memprofile := flag.String("memprofile", "", "write a heap profile (allocations sampled over the whole run) to this file at exit")
 	flag.Parse()
+	if *memprofile != "" {
+		defer func() {
+			if err := writeHeapProfile(*memprofile); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
+		}()
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
@@ -97,4 +105,18 @@ func run() error {
 	fmt.Println("listening", p.Addr())
 	<-ctx.Done()
 	return p.Close()
+}
+
+// writeHeapProfile writes the heap profile, whose alloc_* samples count
+// every allocation since the start (go tool pprof -sample_index=alloc_objects).
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	return nil
 }
