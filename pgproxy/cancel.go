@@ -33,6 +33,9 @@ func (e *canceledError) Error() string {
 // cancelled reports whether err is a cancel that landed on a query of the
 // proxy's own.
 func cancelled(err error) (*canceledError, bool) {
+	if err == nil {
+		return nil, false
+	}
 	var ce *canceledError
 	return ce, errors.As(err, &ce)
 }

@@ -307,20 +307,24 @@ func (s *session) segmentLease(execs []*Statement) leaseInfo {
 // messages with the fence's own among them, and what the relay is to
 // expect back for each (items).
 type segWriter struct {
-	s       *session
-	seg     []segMsg
-	li      leaseInfo
-	w       msgBuilder
-	items   []*expect
-	refused bool    // a statement was refused: the server skips to Sync
-	refusal *expect // the refusal's Execute, which fails
-	rwSeen  bool    // an Execute runs in a transaction made writable
+	s     *session
+	seg   []segMsg
+	li    leaseInfo
+	w     msgBuilder
+	items []*expect
+	// slab holds the segment's expectations (exp), allocated together.
+	slab    []expect
+	execBuf [8]*Statement // execsFrom's answer, when it fits
+	refused bool          // a statement was refused: the server skips to Sync
+	refusal *expect       // the refusal's Execute, which fails
+	rwSeen  bool          // an Execute runs in a transaction made writable
 }
 
 // forwardSegment writes the decided segment (seg, its messages in buf) to
 // the server under li, and queues what the relay is to expect.
 func (s *session) forwardSegment(seg []segMsg, buf []byte, li leaseInfo) error {
-	fw := &segWriter{s: s, seg: seg, li: li}
+	fw := &segWriter{s: s, seg: seg, li: li, items: s.itemsOut[:0]}
+	s.itemsOut = nil // fw's until pushed
 	fw.w.b = s.segOut[:0]
 	if s.sim.inBlock && len(seg) > 0 && seg[0].typ != 'S' && seg[0].typ != 'H' {
 		fw.pin(0)
@@ -335,11 +339,25 @@ func (s *session) forwardSegment(seg []segMsg, buf []byte, li leaseInfo) error {
 		s.keepForReplay(seg, buf)
 	}
 	s.push(fw.items...)
+	clear(fw.items) // the queue has them now
+	if cap(fw.items) <= maxKeptQueue {
+		s.itemsOut = fw.items[:0]
+	}
 	_, err := s.sw.Write(fw.w.b)
 	if cap(fw.w.b) <= 1<<20 {
 		s.segOut = fw.w.b[:0]
 	}
 	return err
+}
+
+// exp returns a new expectation of the segment, e, allocated with its
+// others: one allocation for a segment's few rather than one each.
+func (fw *segWriter) exp(e expect) *expect {
+	if len(fw.slab) == cap(fw.slab) {
+		fw.slab = make([]expect, 0, len(fw.seg)+4)
+	}
+	fw.slab = append(fw.slab, e)
+	return &fw.slab[len(fw.slab)-1]
 }
 
 // message forwards the segment's message i (raw): it decides the implicit
@@ -352,7 +370,7 @@ func (fw *segWriter) message(i int, raw []byte) {
 		fw.refusal.changes = append(fw.refusal.changes, m.changes...)
 		fw.w.b = append(fw.w.b, raw...)
 		if m.typ == 'S' {
-			fw.items = append(fw.items, &expect{kind: expSync})
+			fw.items = append(fw.items, fw.exp(expect{kind: expSync}))
 			s.sim = txSim{}
 		}
 		return
@@ -362,15 +380,15 @@ func (fw *segWriter) message(i int, raw []byte) {
 	}
 	switch m.typ {
 	case 'P', 'B', 'C':
-		fw.items = append(fw.items, &expect{kind: expSingle, swallow: m.replay, changes: m.changes})
+		fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: m.replay, changes: m.changes}))
 	case 'D':
 		if m.describe == 'S' {
-			fw.items = append(fw.items, &expect{kind: expDescribeS})
+			fw.items = append(fw.items, fw.exp(expect{kind: expDescribeS}))
 		} else {
-			fw.items = append(fw.items, &expect{kind: expDescribeP})
+			fw.items = append(fw.items, fw.exp(expect{kind: expDescribeP}))
 		}
 	case 'S':
-		fw.items = append(fw.items, &expect{kind: expSync})
+		fw.items = append(fw.items, fw.exp(expect{kind: expSync}))
 		// After Sync an implicit transaction is over; a block goes on.
 		if !s.sim.inBlock {
 			s.sim.decided, s.sim.groupRW, s.sim.spPinned = false, false, false
@@ -421,7 +439,7 @@ func (fw *segWriter) execute(st *Statement, raw []byte, changes []nameChange) bo
 		return true
 	}
 	s.passedDDL(st)
-	fw.items = append(fw.items, &expect{kind: expExecute, changes: changes})
+	fw.items = append(fw.items, fw.exp(expect{kind: expExecute, changes: changes}))
 	s.trackTx(st)
 	if st.WriteCheck && s.sim.groupRW {
 		// The check, in the same transaction, before the Sync that ends
@@ -446,9 +464,9 @@ func (fw *segWriter) refuse(r *refusal, st *Statement) {
 	fw.w.parse(refuseName, sql)
 	fw.w.bind("", refuseName)
 	fw.w.execute("")
-	fw.refusal = &expect{kind: expExecute}
-	fw.items = append(fw.items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true},
-		&expect{kind: expSingle, swallow: true}, fw.refusal)
+	fw.refusal = fw.exp(expect{kind: expExecute})
+	fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true}), fw.exp(expect{kind: expSingle, swallow: true}),
+		fw.exp(expect{kind: expSingle, swallow: true}), fw.refusal)
 	fw.refused = true
 }
 
@@ -461,9 +479,9 @@ func (fw *segWriter) writeCheck(st *Statement) {
 	fw.w.bind(checkName, checkName)
 	fw.w.execute(checkName)
 	fw.w.close('P', checkName)
-	fw.items = append(fw.items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true},
-		&expect{kind: expExecute, swallow: true, onError: func(f map[byte]string) { s.auditCheck(f, st, li, st.Tag) }},
-		&expect{kind: expSingle, swallow: true})
+	fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true}), fw.exp(expect{kind: expSingle, swallow: true}), fw.exp(expect{kind: expSingle, swallow: true}),
+		fw.exp(expect{kind: expExecute, swallow: true, onError: func(f map[byte]string) { s.auditCheck(f, st, li, st.Tag) }}),
+		fw.exp(expect{kind: expSingle, swallow: true}))
 }
 
 // prepareOwn prepares the proxy's statement name (sql) on this connection
@@ -472,7 +490,7 @@ func (fw *segWriter) prepareOwn(state *atomic.Int32, name, sql string) {
 	if state.Load() == stmtNone {
 		fw.w.close('S', name)
 		fw.w.parse(name, sql)
-		fw.items = append(fw.items, &expect{kind: expSingle, swallow: true}, &expect{kind: expSingle, swallow: true, stmtState: state})
+		fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true}), fw.exp(expect{kind: expSingle, swallow: true, stmtState: state}))
 		state.Store(stmtPending)
 	}
 }
@@ -483,7 +501,7 @@ func (fw *segWriter) runOwn(state *atomic.Int32, name, sql string, params ...str
 	fw.prepareOwn(state, name, sql)
 	fw.w.bind("", name, params...)
 	fw.w.execute("")
-	fw.items = append(fw.items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true})
+	fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true}), fw.exp(expect{kind: expExecute, swallow: true}))
 }
 
 // setToken sets the transaction's fence token with our prepared
@@ -506,9 +524,10 @@ func (fw *segWriter) injectRW() {
 	fw.setToken(tok)
 }
 
-// execsFrom returns the statements Executes run from message i on.
+// execsFrom returns the statements Executes run from message i on (in
+// fw's buffer when they fit: valid until the next call).
 func (fw *segWriter) execsFrom(i int) []*Statement {
-	var out []*Statement
+	out := fw.execBuf[:0]
 	for j := i; j < len(fw.seg); j++ {
 		if fw.seg[j].st != nil {
 			out = append(out, fw.seg[j].st)
@@ -536,7 +555,7 @@ func (fw *segWriter) pin(from int) {
 	fw.w.bind(spStmtName, spStmtName, s.pinnedPath())
 	fw.w.execute(spStmtName)
 	fw.w.close('P', spStmtName)
-	fw.items = append(fw.items, &expect{kind: expSingle, swallow: true}, &expect{kind: expExecute, swallow: true}, &expect{kind: expSingle, swallow: true})
+	fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true}), fw.exp(expect{kind: expExecute, swallow: true}), fw.exp(expect{kind: expSingle, swallow: true}))
 	s.sim.spPinned = true
 }
 

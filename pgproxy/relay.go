@@ -56,9 +56,20 @@ func (s *session) push(items ...*expect) {
 			s.outstanding++
 		}
 	}
+	empty := len(s.queue) == 0
+	if empty {
+		s.queue = s.qbuf[:0]
+	}
 	s.queue = append(s.queue, items...)
+	if empty {
+		s.qbuf = s.queue[:0]
+	}
 	s.qmu.Unlock()
 }
+
+// maxKeptQueue bounds the array an empty queue keeps for the next
+// requests: a pipeline of thousands does not pin its array for good.
+const maxKeptQueue = 256
 
 func (s *session) head() *expect {
 	s.qmu.Lock()
@@ -76,7 +87,10 @@ func (s *session) pop(ok bool) {
 	s.queue[0] = nil
 	s.queue = s.queue[1:]
 	if len(s.queue) == 0 {
-		s.queue = s.queue[:0:0]
+		s.queue = nil
+		if cap(s.qbuf) > maxKeptQueue {
+			s.qbuf = nil
+		}
 	}
 	if e.endsWithZ() {
 		s.outstanding--

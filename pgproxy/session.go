@@ -105,9 +105,16 @@ type session struct {
 	unit       unitCatalog
 	ddlPending bool
 
-	qmu         sync.Mutex
-	queue       []*expect // guarded by qmu
-	outstanding int       // ReadyForQuery-terminated items in queue; guarded by qmu
+	qmu   sync.Mutex
+	queue []*expect // guarded by qmu
+	// qbuf is the array the queue last started at the front of, reused
+	// once the queue is empty (pop advances queue through it); guarded
+	// by qmu.
+	qbuf []*expect
+	// itemsOut is forwardSegment's list of expectations, reused (the
+	// client loop's alone).
+	itemsOut    []*expect
+	outstanding int // ReadyForQuery-terminated items in queue; guarded by qmu
 	idle        chan struct{}
 
 	status atomic.Uint32 // txStatus as seen by the relay

@@ -35,8 +35,11 @@ func newMsgReader(r io.Reader, max int) *msgReader {
 // next reads one message and returns its type and its raw bytes (type,
 // length and body). The slice is valid until the next call.
 func (m *msgReader) next() (byte, []byte, error) {
-	var hdr [5]byte
-	if _, err := io.ReadFull(m.r, hdr[:]); err != nil {
+	if cap(m.buf) < 5 {
+		m.buf = make([]byte, 0, 8<<10)
+	}
+	hdr := m.buf[:5] // the last message's bytes are no longer valid
+	if _, err := io.ReadFull(m.r, hdr); err != nil {
 		return 0, nil, err
 	}
 	n := int(binary.BigEndian.Uint32(hdr[1:]))
@@ -48,10 +51,11 @@ func (m *msgReader) next() (byte, []byte, error) {
 	}
 	total := n + 1
 	if cap(m.buf) < total {
-		m.buf = make([]byte, total, max(total, 8<<10))
+		nb := make([]byte, total, max(total, 8<<10))
+		copy(nb, hdr)
+		m.buf = nb
 	}
 	b := m.buf[:total]
-	copy(b, hdr[:])
 	if _, err := io.ReadFull(m.r, b[5:]); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
@@ -62,7 +66,7 @@ func (m *msgReader) next() (byte, []byte, error) {
 		// Do not keep a huge buffer after one large message.
 		m.buf = nil
 	}
-	return hdr[0], b, nil
+	return b[0], b, nil
 }
 
 // peek waits for the next byte without consuming it (a read deadline

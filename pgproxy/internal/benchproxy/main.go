@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"syscall"
@@ -39,9 +40,10 @@ func run() error {
 	wholeRepo := flag.Bool("whole-repo", false, "the lease claims the whole repository besides its tables")
 	allowOpaque := flag.Bool("allow-opaque", false, "allow writes whose tables cannot be named (DO, CALL, CREATE FUNCTION...), as --pg-allow-opaque")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (stopped on SIGINT/SIGTERM)")
-	memprofile := flag.String("memprofile", "", "write a heap profile (allocations sampled over the whole run) to this file at exit")
+	memprofile := flag.String("memprofile", "", "write a heap profile of every allocation over the whole run to this file at exit (slows the proxy)")
 	flag.Parse()
 	if *memprofile != "" {
+		runtime.MemProfileRate = 1 // every allocation, to count them (slows the proxy)
 		defer func() {
 			if err := writeHeapProfile(*memprofile); err != nil {
 				fmt.Fprintln(os.Stderr, err)

@@ -26,8 +26,8 @@ type Loop struct {
 	inbox  []func()
 	closed bool
 
-	closing bool // the loop's copy of closed
-	fds     map[int]*fdState
+	closing bool       // the loop's copy of closed
+	fds     []*fdState // by descriptor (nil: not watched)
 	tasks   map[*Task]struct{}
 	runq    []*Task
 	timers  timerHeap
@@ -92,7 +92,7 @@ func New() (*Loop, error) {
 		unix.Close(wake)
 		return nil, fmt.Errorf("epoll_ctl: %w", err)
 	}
-	return &Loop{ep: ep, wake: wake, fds: map[int]*fdState{}, tasks: map[*Task]struct{}{}, done: make(chan struct{})}, nil
+	return &Loop{ep: ep, wake: wake, tasks: map[*Task]struct{}{}, done: make(chan struct{})}, nil
 }
 
 // Post runs f on the loop's thread, after what the loop is doing now; it
@@ -144,14 +144,22 @@ func (l *Loop) Go(f func(t *Task)) *Task {
 	return t
 }
 
+// fdState is what the loop keeps of fd, nil when it does not watch it.
+func (l *Loop) fdState(fd int) *fdState {
+	if fd < 0 || fd >= len(l.fds) {
+		return nil
+	}
+	return l.fds[fd]
+}
+
 // Forget ends every wait on fd with ErrClosed and stops watching it; call
 // it before closing fd, and wait on fd no more after it.
 func (l *Loop) Forget(fd int) {
-	s := l.fds[fd]
+	s := l.fdState(fd)
 	if s == nil {
 		return
 	}
-	delete(l.fds, fd)
+	l.fds[fd] = nil
 	s.forgotten = true
 	if s.armed != 0 {
 		unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, fd, nil) //nolint:errcheck // being closed anyway
@@ -207,7 +215,7 @@ func (l *Loop) Run() error {
 				l.drainInbox()
 				continue
 			}
-			s := l.fds[fd]
+			s := l.fdState(fd)
 			if s == nil {
 				continue
 			}
@@ -382,8 +390,14 @@ func (t *Task) waitFD(fd int, kind waitKind, deadline time.Time) error {
 	if l.closing {
 		return ErrClosed
 	}
-	s := l.fds[fd]
+	s := l.fdState(fd)
 	if s == nil {
+		if fd < 0 {
+			return fmt.Errorf("evloop: wait on descriptor %d", fd)
+		}
+		if fd >= len(l.fds) {
+			l.fds = append(l.fds, make([]*fdState, fd+1-len(l.fds))...)
+		}
 		s = &fdState{fd: fd}
 		l.fds[fd] = s
 	}
