@@ -233,7 +233,9 @@ func Run(ctx context.Context, spec Spec) (res Result, err error) {
 	pol.BindPorts = spec.AllowBind
 	pol.KillGrace = spec.KillGrace
 	pol.AllowUnguarded = spec.AllowUnguarded
-	pol.Logger = slog.New(lograte.New(slog.NewTextHandler(spec.Stderr, &slog.HandlerOptions{Level: slog.LevelError}), lograte.Options{}))
+	polLog := lograte.New(slog.NewTextHandler(spec.Stderr, &slog.HandlerOptions{Level: slog.LevelError}), lograte.Options{})
+	defer polLog.Close() // last: its counts said, and no timer writes to stderr after Run
+	pol.Logger = slog.New(polLog)
 
 	cmd, err := Command(r.co, r.home, spec.Argv, env, spec.Stdout, spec.Stderr)
 	if err != nil {

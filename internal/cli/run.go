@@ -349,7 +349,9 @@ func (a *app) prepareAttempt(rf *runFlags, s *session, held *heldLease, spec *at
 	if err != nil {
 		return err
 	}
-	log := slog.New(lograte.New(slog.NewTextHandler(spec.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}), lograte.Options{}))
+	fenceLog := lograte.New(slog.NewTextHandler(spec.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}), lograte.Options{})
+	defer fenceLog.Close() // last: its counts said, and no timer writes to stderr after the run
+	log := slog.New(fenceLog)
 	cfg, err := rf.ff.config(held, s, audit, log)
 	if err != nil {
 		return err

@@ -8,8 +8,11 @@
 // this log) is the record of every refusal. Handler lets the first Burst
 // records of a kind through in each Interval and counts the rest; the
 // first record written after the interval (of any kind) is preceded by one
-// that says how many were suppressed, and like which. A count is said only
-// when another record comes.
+// that says how many were suppressed, and like which; when no record comes,
+// a timer says it once the interval is over, so a flood that stopped is
+// told all the same. Close says what is still unsaid and arms no more
+// timers: a handler that writes to something the caller will close or
+// read (a run's stderr) is closed first.
 //
 // A record's kind is its level and where it was logged (the call site, from
 // the record's PC): text a caller puts into a message (a URL the egress
@@ -59,6 +62,10 @@ type Options struct {
 	MaxKinds int           // kinds named by text kept per call site (DefaultMaxKinds when 0)
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+	// After runs f once d has passed and returns what stops that
+	// (time.AfterFunc and its Timer's Stop when nil): how a count is said
+	// when no record comes.
+	After func(d time.Duration, f func()) (stop func() bool)
 }
 
 // Handler is a slog.Handler that passes records on to another at a bounded
@@ -73,11 +80,18 @@ type limiter struct {
 	interval time.Duration
 	maxKinds int
 	now      func() time.Time
+	after    func(time.Duration, func()) func() bool
 
-	mu    sync.Mutex
-	kinds map[string]*kind
-	named map[string]int // kinds named by text kept, by call site
-	swept time.Time      // the last sweep: at most one an interval
+	// wmu is held by a timer's flush while it writes, so Close outlasts
+	// a flush under way.
+	wmu sync.Mutex
+
+	mu     sync.Mutex
+	stop   func() bool // stops the flush scheduled (nil: none)
+	closed bool        // Close was called: no more flushes
+	kinds  map[string]*kind
+	named  map[string]int // kinds named by text kept, by call site
+	swept  time.Time      // the last sweep: at most one an interval
 }
 
 // kind is one kind's count in its current interval.
@@ -113,8 +127,11 @@ func New(next slog.Handler, o Options) *Handler {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.After == nil {
+		o.After = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
+	}
 	return &Handler{next: next, st: &limiter{
-		burst: o.Burst, interval: o.Interval, maxKinds: o.MaxKinds, now: o.Now,
+		burst: o.Burst, interval: o.Interval, maxKinds: o.MaxKinds, now: o.Now, after: o.After,
 		kinds: map[string]*kind{}, named: map[string]int{},
 	}}
 }
@@ -129,19 +146,88 @@ func (h *Handler) Enabled(ctx context.Context, l slog.Level) bool { return h.nex
 func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
 	key, site, r := kindKey(r)
 	pass, reports := h.st.admit(key, site, r.Level, r.Message, h.next)
+	errs := []error{say(ctx, r.Time, reports)}
+	if pass {
+		errs = append(errs, h.next.Handle(ctx, r))
+	}
+	return errors.Join(errs...)
+}
+
+// say writes each report, at its records' level through the handler they
+// came to.
+func say(ctx context.Context, at time.Time, reports []report) error {
 	var errs []error
 	for _, rp := range reports {
 		if !rp.h.Enabled(ctx, rp.level) {
 			continue
 		}
-		s := slog.NewRecord(r.Time, rp.level, "log records suppressed: too many of one kind", 0)
+		s := slog.NewRecord(at, rp.level, "log records suppressed: too many of one kind", 0)
 		s.AddAttrs(slog.Int("suppressed", rp.n), slog.String("like", rp.like))
 		errs = append(errs, rp.h.Handle(ctx, s))
 	}
-	if pass {
-		errs = append(errs, h.next.Handle(ctx, r))
-	}
 	return errors.Join(errs...)
+}
+
+// flush says what the intervals that ended suppressed, when no record came
+// to say it (see schedule); errors writing are the next handler's to report.
+func (l *limiter) flush() {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	now := l.now()
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.stop = nil
+	reports := l.sweep(now)
+	l.schedule(now)
+	l.mu.Unlock()
+	say(context.Background(), now, reports) //nolint:errcheck // no caller to tell
+}
+
+// schedule arms a flush for the end of the earliest interval still
+// counting suppressed records, unless one is armed or the handler is
+// closed. Called with mu held.
+func (l *limiter) schedule(now time.Time) {
+	if l.stop != nil || l.closed {
+		return
+	}
+	var due time.Time
+	for _, k := range l.kinds {
+		if end := k.start.Add(l.interval); k.suppressed > 0 && (due.IsZero() || end.Before(due)) {
+			due = end
+		}
+	}
+	if due.IsZero() {
+		return
+	}
+	l.stop = l.after(max(due.Sub(now), 0), l.flush)
+}
+
+// Close says every count not said yet, whatever its interval, and stops
+// the timer: nothing is written by a timer once it returns. Records after
+// it go on as before, their counts said by the next record only.
+func (h *Handler) Close() error {
+	l := h.st
+	now := l.now()
+	l.mu.Lock()
+	l.closed = true
+	if l.stop != nil {
+		l.stop()
+		l.stop = nil
+	}
+	var reports []report
+	for _, k := range l.kinds {
+		if k.suppressed > 0 {
+			reports = append(reports, report{n: k.suppressed, level: k.level, like: k.like, h: k.h})
+			k.suppressed = 0
+		}
+	}
+	l.mu.Unlock()
+	l.wmu.Lock() // a flush under way has written
+	l.wmu.Unlock()
+	return say(context.Background(), now, reports)
 }
 
 // kindKey is r's kind and its call site's (see the package comment; the
@@ -223,6 +309,7 @@ func (l *limiter) admit(key, site string, level slog.Level, msg string, h slog.H
 	}
 	k.suppressed++
 	k.level, k.like, k.h = level, clip(msg), h
+	l.schedule(now)
 	return false, reports
 }
 

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -150,3 +151,150 @@ func TestAttrsShareTheCount(t *testing.T) {
 //
 //go:noinline
 func refuseOnce(l *slog.Logger) { l.Warn("write refused") }
+
+// TestFloodThatStopsIsToldByTheTimer: a flood followed by silence is still
+// counted in the log: once its interval is over a timer says how many were
+// suppressed, once, and a record after that says nothing of them again.
+func TestFloodThatStopsIsToldByTheTimer(t *testing.T) {
+	var armed []time.Duration
+	var fire []func()
+	log, buf, c := newLogger(Options{Burst: 5, Interval: time.Second, After: func(d time.Duration, f func()) func() bool {
+		armed = append(armed, d)
+		fire = append(fire, f)
+		return func() bool { return true }
+	}})
+	c.t = c.t.Add(300 * time.Millisecond)
+	for i := range 1000 {
+		log.Warn("write refused", "n", i)
+		if i == 500 {
+			c.t = c.t.Add(200 * time.Millisecond)
+		}
+	}
+	if n := suppressedIn(buf.String()); n != 0 || len(fire) != 1 {
+		t.Fatalf("during the flood: %d said suppressed and %d timers armed, want 0 and 1", n, len(fire))
+	}
+	if armed[0] != time.Second {
+		t.Fatalf("timer armed for %s after the first suppressed record, want the rest of its interval, 1s", armed[0])
+	}
+	c.t = c.t.Add(800 * time.Millisecond) // the interval's end
+	fire[0]()
+	if n := suppressedIn(buf.String()); n != 995 {
+		t.Fatalf("after the interval, with no record since, the log says %d suppressed, want 995:\n%s", n, buf)
+	}
+	if len(fire) != 1 {
+		t.Fatalf("a timer armed again with nothing left to say (%d)", len(fire))
+	}
+	c.t = c.t.Add(time.Second)
+	log.Warn("write refused", "n", 1000)
+	if n := suppressedIn(buf.String()); n != 995 {
+		t.Fatalf("the count was said again: %d in all, want 995", n)
+	}
+}
+
+// TestTimerWaitsForLaterKinds: a kind that began suppressing after the
+// armed timer's interval is not over when it fires; the timer is armed
+// again for its end, and its count said then.
+func TestTimerWaitsForLaterKinds(t *testing.T) {
+	var fire []func()
+	var armed []time.Duration
+	var buf bytes.Buffer
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	log := slog.New(New(slog.NewTextHandler(&buf, nil), Options{Burst: 1, Interval: time.Second, Now: c.now, After: func(d time.Duration, f func()) func() bool {
+		armed = append(armed, d)
+		fire = append(fire, f)
+		return func() bool { return true }
+	}}))
+	for range 2 {
+		log.Warn("first kind")
+	}
+	c.t = c.t.Add(600 * time.Millisecond)
+	for range 3 {
+		log.Info("second kind")
+	}
+	c.t = c.t.Add(400 * time.Millisecond)
+	fire[0]()
+	if n := suppressedIn(buf.String()); n != 1 {
+		t.Fatalf("at the first interval's end %d said suppressed, want 1 (the first kind's):\n%s", n, buf.String())
+	}
+	if len(fire) != 2 || armed[1] != 600*time.Millisecond {
+		t.Fatalf("timers armed %v, want a second one for the rest of the second kind's interval (600ms)", armed)
+	}
+	c.t = c.t.Add(600 * time.Millisecond)
+	fire[1]()
+	if n := suppressedIn(buf.String()); n != 3 {
+		t.Fatalf("at the second kind's interval's end %d said suppressed in all, want 3 (1 + 2):\n%s", n, buf.String())
+	}
+}
+
+// TestTimerWithRealClock: the default timer says the count with no record
+// after the flood (run with -race: the timer's flush and Handle share the
+// counts).
+func TestTimerWithRealClock(t *testing.T) {
+	w := &countWriter{said: make(chan int, 1)}
+	log := slog.New(New(slog.NewTextHandler(w, nil), Options{Burst: 2, Interval: 20 * time.Millisecond}))
+	for i := range 100 {
+		log.Warn("refused", "n", i)
+	}
+	select {
+	case n := <-w.said:
+		if n != 98 {
+			t.Fatalf("the timer said %d suppressed, want 98", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no count of the 98 suppressed records 10 s after the flood")
+	}
+}
+
+// countWriter hands on the count of the first line that says one.
+type countWriter struct {
+	mu   sync.Mutex
+	said chan int
+	done bool
+}
+
+func (w *countWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if n := suppressedIn(string(p)); n > 0 && !w.done {
+		w.done = true
+		w.said <- n
+	}
+	return len(p), nil
+}
+
+// TestCloseSaysTheRestAndStopsTheTimer: Close says the counts of intervals
+// not over yet, stops the timer armed for them, and a flush that fires
+// after Close writes nothing: whoever reads the log after Close (a run's
+// stderr) sees every count and no late line.
+func TestCloseSaysTheRestAndStopsTheTimer(t *testing.T) {
+	var fire []func()
+	stopped := 0
+	var buf bytes.Buffer
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	h := New(slog.NewTextHandler(&buf, nil), Options{Burst: 2, Interval: time.Second, Now: c.now, After: func(d time.Duration, f func()) func() bool {
+		fire = append(fire, f)
+		return func() bool { stopped++; return true }
+	}})
+	log := slog.New(h)
+	for i := range 10 {
+		log.Error("refused", "n", i)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := suppressedIn(buf.String()); n != 8 || stopped != 1 {
+		t.Fatalf("Close said %d suppressed and stopped %d timers, want 8 and 1:\n%s", n, stopped, buf.String())
+	}
+	before := buf.Len()
+	c.t = c.t.Add(time.Second)
+	fire[0]() // fired as Close stopped it
+	if buf.Len() != before {
+		t.Fatalf("a flush after Close wrote: %q", buf.String()[before:])
+	}
+	for range 5 {
+		log.Error("refused")
+	}
+	if len(fire) != 1 {
+		t.Fatalf("a timer armed after Close")
+	}
+}
