@@ -333,7 +333,21 @@ func classifyNode(n *pgq.Node) Statement {
 	if why != "" && st.Forbidden == "" {
 		st.Class, st.Forbidden = ClassWrite, why
 	}
+	if name := st.ownName(); name != "" && st.Forbidden == "" {
+		st.Class, st.Forbidden = ClassWrite, "prepared statements and portals named "+ownPrefix+"... are the fence's own, which it runs unjudged: "+name
+	}
 	return st
+}
+
+// ownName is the name of the proxy's own (see ownPrefix) that st's SQL
+// names as a prepared statement or a portal, or "".
+func (st *Statement) ownName() string {
+	for _, n := range []string{st.Prepare, st.Execute, st.Deallocate, st.Declare, st.Portal} {
+		if strings.HasPrefix(n, ownPrefix) {
+			return n
+		}
+	}
+	return ""
 }
 
 func write(targets ...Target) Statement {

@@ -98,6 +98,19 @@
 //     it is compared with the server's when the next unit begins; a name
 //     prepared again is an opaque write (TestNamesChangedByCode).
 //
+//   - The proxy's own prepared statements and portals (fenceline_rw,
+//     fenceline_tok, fenceline_sp, ...) run unjudged, as its own text. No
+//     client message (Parse, Bind, Describe, Execute, Close) and no SQL
+//     (PREPARE, EXECUTE, DEALLOCATE, DECLARE, FETCH, MOVE, CLOSE) may name
+//     one: each is refused as fence tampering, audited. Before, a client
+//     that closed fenceline_tok and prepared its own text under the name,
+//     in the pipeline of a write, had that text run in its next writable
+//     transaction (TestOwnStatementNamesAreNotTheClients), and EXECUTE
+//     fenceline_rw made a read-only transaction writable
+//     (TestOwnNamesInSQLAreRefused). After a unit that may run code the
+//     proxy does not parse, which can DEALLOCATE and PREPARE them too, each
+//     is prepared again, its Close first, before its next use.
+//
 // The classifier's cache folds literals only where the exact text cannot
 // change the answer (plain decimal numbers with nothing glued to them;
 // strings of printable ASCII without backslashes; newlines between

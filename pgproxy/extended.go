@@ -6,6 +6,7 @@ package pgproxy
 import (
 	"fmt"
 	"maps"
+	"strings"
 	"sync/atomic"
 )
 
@@ -17,6 +18,7 @@ type segMsg struct {
 	off, n   int
 	st       *Statement // Execute: the statement it runs
 	describe byte       // Describe: 'S' or 'P'
+	reserved string     // a name of the proxy's own it names (ownName): refused
 	// changes: what it changed in the named statements and portals,
 	// for its expectation (undone if the server refuses or skips it).
 	changes []nameChange
@@ -103,6 +105,61 @@ func (s *session) resetSegment() {
 	}
 }
 
+// ownPrefix begins the name of every prepared statement and portal of the
+// proxy's own (session.go). It runs them unjudged, as its own text, so no
+// client may name one: a client that closed one and prepared its own text
+// under the name, in the pipeline of a write the proxy had just prepared
+// it for, would have that text run in the next transaction the proxy
+// makes writable (TestOwnStatementNamesAreNotTheClients). Code the proxy
+// does not parse could do the same with DEALLOCATE and PREPARE: see
+// verifyNames.
+const ownPrefix = "fenceline_"
+
+// ownNameIn returns the name of the proxy's own that a client message of
+// type typ (its body) names, as a statement or a portal, or "".
+func ownNameIn(typ byte, body []byte) string {
+	var names []string
+	switch typ {
+	case 'P', 'E':
+		if n, _, err := cstring(body); err == nil {
+			names = append(names, n)
+		}
+	case 'B':
+		if portal, stmt, _, err := twoCStrings(body); err == nil {
+			names = append(names, portal, stmt)
+		}
+	case 'C', 'D':
+		if len(body) >= 1 {
+			if n, _, err := cstring(body[1:]); err == nil {
+				names = append(names, n)
+			}
+		}
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, ownPrefix) {
+			return n
+		}
+	}
+	return ""
+}
+
+// protocolName names a client message type in a refusal.
+func protocolName(typ byte) string {
+	switch typ {
+	case 'P':
+		return "Parse"
+	case 'B':
+		return "Bind"
+	case 'E':
+		return "Execute"
+	case 'C':
+		return "Close"
+	case 'D':
+		return "Describe"
+	}
+	return string(typ)
+}
+
 // trackSegment is flushSegment's first pass: what each Execute runs (set
 // on its message, and returned in order), with statements and portals
 // tracked as the server will. read is the last Execute's statement as
@@ -113,6 +170,9 @@ func (s *session) trackSegment(seg []segMsg, buf []byte, changed bool) (_ []byte
 	for i := range seg {
 		m := &seg[i]
 		body := buf[m.off+5 : m.off+m.n]
+		if m.reserved = ownNameIn(m.typ, body); m.reserved != "" {
+			continue // refused in its place (forwardSegment): it changes nothing
+		}
 		switch m.typ {
 		case 'P':
 			buf, err = s.trackParse(m, body, buf, changed)
@@ -373,6 +433,13 @@ func (fw *segWriter) message(i int, raw []byte) {
 			fw.items = append(fw.items, fw.exp(expect{kind: expSync}))
 			s.sim = txSim{}
 		}
+		return
+	}
+	if m.reserved != "" {
+		fw.refuse(&refusal{code: ReasonFenceTamper,
+			reason: "prepared statements and portals named " + ownPrefix + "... are the fence's own, which it runs unjudged: " + m.reserved,
+			hint:   "name the prepared statement or portal otherwise"},
+			&Statement{Class: ClassWrite, Tag: protocolName(m.typ) + " " + m.reserved})
 		return
 	}
 	if m.typ != 'S' && m.typ != 'H' && !s.sim.inBlock && !s.sim.decided {

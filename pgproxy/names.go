@@ -122,7 +122,8 @@ func (s *session) undo(changes []nameChange) {
 // code makes it doubt its names (namesDoubt): when the next unit begins it
 // compares them with the server's, and a name whose prepare_time changed
 // (or that it had no time for) is one it no longer knows, judged as an
-// opaque write if bound; one gone is dropped (TestNamesChangedByCode).
+// opaque write if bound; one gone is dropped (TestNamesChangedByCode). The
+// proxy's own statements are prepared again before their next use.
 // Such code runs only in read-only transactions or in a checked read's
 // own (judgeCalls refuses it in a writable one), so a name it changed is
 // not run writable before the next unit begins. The unnamed statement is
@@ -151,6 +152,12 @@ const preparedSQL = "SELECT name, prepare_time::pg_catalog.text FROM pg_catalog.
 // write from now on. Called when a unit begins, everything before it
 // answered, outside a failed block.
 func (s *session) verifyNames() error {
+	if s.namesDoubt {
+		// The proxy's own statements, which it runs unjudged, may have
+		// been prepared again too: each is prepared again, its Close
+		// first, before its next use.
+		s.forgetOwnStatements("")
+	}
 	if !s.namesDoubt && !s.namesUnseen {
 		return nil // every unit: nothing to learn, nothing to compare
 	}

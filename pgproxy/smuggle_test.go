@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Issue 18, findings 8-12: writes smuggled past the classifier. Each test
@@ -313,5 +314,106 @@ func TestHiddenSearchPathChange(t *testing.T) {
 		if n := rows(); n != 0 {
 			t.Fatalf("%s after a hidden search_path change: %v; other.sp_t, outside the lease, has %d rows", w, err, n)
 		}
+	}
+}
+
+// The proxy's own prepared statements (fenceline_rw, fenceline_tok, ...)
+// run without being judged: they are its own text. A client that closes
+// one with the protocol's Close and prepares its own text under the name,
+// in the pipeline of a write the proxy prepares them for, would have that
+// text run, unjudged, in the next transaction the proxy makes writable.
+// Every message of the client that names a statement or portal with the
+// proxy's prefix is refused.
+func TestOwnStatementNamesAreNotTheClients(t *testing.T) {
+	smuggleSetup(t)
+	lease := newStaticLease(t, "lease_own_names", 0, "public.*", "app.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx := ctxT(t)
+	for _, name := range []string{tokStmtName, rwStmtName, spStmtName, roStmtName, checkName, refuseName, internalStmtName + "0"} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := adminConn(t).Exec(ctx, "TRUNCATE other.t"); err != nil {
+				t.Fatal(err)
+			}
+			c := connect(t, proxyDSN(p, "agent"))
+			write := func() error {
+				_, err := c.Exec(ctx, "INSERT INTO sp_t (id) VALUES ($1)", pgx.QueryExecModeExec, 1) // unqualified: the path is pinned
+				return err
+			}
+			// In one pipeline with a write: the proxy prepares its own
+			// statements first, then the client's messages replace one.
+			pl := c.PgConn().StartPipeline(ctx)
+			pl.SendDeallocate(name)
+			pl.SendPrepare(name, "SELECT other.f_writes(), $1::text", nil)
+			pl.SendQueryParams("INSERT INTO sp_t (id) VALUES ($1)", [][]byte{[]byte("1")}, nil, nil, nil)
+			var errs []error
+			if err := pl.Sync(); err != nil {
+				errs = append(errs, err)
+			}
+			for {
+				res, err := pl.GetResults()
+				if err != nil {
+					errs = append(errs, err)
+				}
+				if rr, ok := res.(*pgconn.ResultReader); ok {
+					if _, err := rr.Close(); err != nil {
+						errs = append(errs, err)
+					}
+				}
+				if _, ok := res.(*pgconn.PipelineSync); ok || res == nil && err == nil {
+					break
+				}
+			}
+			if err := pl.Close(); err != nil {
+				errs = append(errs, err)
+			}
+			if len(errs) == 0 || !strings.Contains(errs[0].Error(), "the fence's own") {
+				t.Errorf("the client closed and prepared %s: %v, want refused as naming the fence's own", name, errs)
+			}
+			for range 2 {
+				if err := write(); err != nil {
+					t.Fatalf("a write after the attempt: %v", err)
+				}
+			}
+			if n := otherRows(t); n != 0 {
+				t.Fatalf("the client's text under %s ran unjudged: %d rows written outside the claim", name, n)
+			}
+		})
+	}
+}
+
+// The SQL that names prepared statements and portals (PREPARE, EXECUTE,
+// DEALLOCATE, DECLARE, FETCH, MOVE, CLOSE) may not name the proxy's own
+// either: EXECUTE fenceline_rw would make the client's transaction
+// writable where the proxy made it read-only, and a function's writes in
+// it (a read's, judged by the read-only transaction alone) would land.
+func TestOwnNamesInSQLAreRefused(t *testing.T) {
+	smuggleSetup(t)
+	lease := newStaticLease(t, "lease_own_sql", 0, "public.*", "app.*")
+	p := startProxy(t, Config{Lease: lease, AllowOpaque: true})
+	ctx := ctxT(t)
+	c := connect(t, proxyDSN(p, "agent"))
+	if _, err := c.Exec(ctx, "INSERT INTO sp_t (id) VALUES ($1)", pgx.QueryExecModeExec, 1); err != nil {
+		t.Fatal(err) // the proxy prepares its own statements
+	}
+	for _, q := range []string{
+		"BEGIN; EXECUTE fenceline_rw; SELECT other.f_writes(); COMMIT",
+		"EXECUTE fenceline_tok('x')",
+		"PREPARE fenceline_x AS SELECT 1",
+		"DEALLOCATE fenceline_tok",
+		"BEGIN; DECLARE fenceline_sp CURSOR FOR SELECT 1; COMMIT",
+		"BEGIN; DECLARE c CURSOR FOR SELECT 1; FETCH fenceline_sp; COMMIT",
+		"CLOSE fenceline_check",
+	} {
+		err := simple(ctx, c, q)
+		if err == nil || !strings.Contains(err.Error(), "the fence's own") {
+			t.Errorf("%s: %v, want refused as naming the fence's own", q, err)
+		}
+		simple(ctx, c, "ROLLBACK") //nolint:errcheck // outside a block: a warning
+	}
+	if n := otherRows(t); n != 0 {
+		t.Fatalf("%d rows written outside the claim", n)
+	}
+	if _, err := c.Exec(ctx, "INSERT INTO sp_t (id) VALUES ($1)", pgx.QueryExecModeExec, 2); err != nil {
+		t.Fatalf("a write after the refusals: %v", err)
 	}
 }
