@@ -454,7 +454,15 @@ func classifyCopy(c *pgq.CopyStmt) Statement {
 func classifyDDL(n *pgq.Node) Statement {
 	switch x := n.Node.(type) {
 	case *pgq.Node_CreateTableAsStmt:
-		return write(target(x.CreateTableAsStmt.Into.GetRel()))
+		st := write(target(x.CreateTableAsStmt.Into.GetRel()))
+		if ex := x.CreateTableAsStmt.GetQuery().GetExecuteStmt(); ex != nil {
+			// It runs a prepared statement, which its text does not show.
+			st.Opaque, st.OpaqueWhy = true, "CREATE TABLE ... AS EXECUTE runs prepared statement "+ex.Name+", which its text does not show"
+			if strings.HasPrefix(ex.Name, ownPrefix) {
+				st.Forbidden = "prepared statements and portals named " + ownPrefix + "... are the fence's own, which it runs unjudged: " + ex.Name
+			}
+		}
+		return st
 	case *pgq.Node_VacuumStmt:
 		s := writeNamed(n)
 		if x.VacuumStmt.IsVacuumcmd {

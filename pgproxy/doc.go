@@ -138,6 +138,9 @@
 //	extended: Bind/Execute fenceline_rw, Bind/Execute fenceline_tok($token),
 //	          then the client's Parse/Bind/Execute ... Sync
 //
+// (and where the writes that follow name tables without a schema, the
+// token and the pinned search path in one statement, fenceline_toksp, in
+// place of fenceline_tok)
 // before anything in that transaction takes a snapshot. A client BEGIN under a
 // live lease makes the whole block writable with the token set (so a read
 // followed by a write in one block works); a block begun without a live lease

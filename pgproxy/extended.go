@@ -115,9 +115,41 @@ func (s *session) resetSegment() {
 // verifyNames.
 const ownPrefix = "fenceline_"
 
-// ownNameIn returns the name of the proxy's own that a client message of
-// type typ (its body) names, as a statement or a portal, or "".
-func ownNameIn(typ byte, body []byte) string {
+// maxNameLen is the longest name Postgres keeps whole (NAMEDATALEN - 1):
+// it cuts statement and portal names to it, so two longer names the proxy
+// tells apart would be one on the server.
+const maxNameLen = 63
+
+// badNameIn says why a client message of type typ (its body) may not name
+// the statement or portal it names, or "": a name of the proxy's own, one
+// over maxNameLen bytes, or one not ASCII in a client encoding whose
+// conversion to the server's may make two names one.
+func (s *session) badNameIn(typ byte, body []byte) string {
+	for _, n := range namesIn(typ, body) {
+		switch {
+		case strings.HasPrefix(n, ownPrefix):
+			return "prepared statements and portals named " + ownPrefix + "... are the fence's own, which it runs unjudged: " + n
+		case len(n) > maxNameLen:
+			return fmt.Sprintf("a prepared statement or portal name of %d bytes: Postgres keeps %d, so names the fence tells apart would be one on the server", len(n), maxNameLen)
+		case s.encUnsafe.Load() && !isASCII(n):
+			return "a prepared statement or portal name not in ASCII, in a client encoding whose conversion may make two names one on the server"
+		}
+	}
+	return ""
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
+// namesIn returns the statement and portal names a client message of type
+// typ (its body) names.
+func namesIn(typ byte, body []byte) []string {
 	var names []string
 	switch typ {
 	case 'P', 'E':
@@ -135,12 +167,7 @@ func ownNameIn(typ byte, body []byte) string {
 			}
 		}
 	}
-	for _, n := range names {
-		if strings.HasPrefix(n, ownPrefix) {
-			return n
-		}
-	}
-	return ""
+	return names
 }
 
 // protocolName names a client message type in a refusal.
@@ -170,7 +197,7 @@ func (s *session) trackSegment(seg []segMsg, buf []byte, changed bool) (_ []byte
 	for i := range seg {
 		m := &seg[i]
 		body := buf[m.off+5 : m.off+m.n]
-		if m.reserved = ownNameIn(m.typ, body); m.reserved != "" {
+		if m.reserved = s.badNameIn(m.typ, body); m.reserved != "" {
 			continue // refused in its place (forwardSegment): it changes nothing
 		}
 		switch m.typ {
@@ -436,10 +463,8 @@ func (fw *segWriter) message(i int, raw []byte) {
 		return
 	}
 	if m.reserved != "" {
-		fw.refuse(&refusal{code: ReasonFenceTamper,
-			reason: "prepared statements and portals named " + ownPrefix + "... are the fence's own, which it runs unjudged: " + m.reserved,
-			hint:   "name the prepared statement or portal otherwise"},
-			&Statement{Class: ClassWrite, Tag: protocolName(m.typ) + " " + m.reserved})
+		fw.refuse(&refusal{code: ReasonFenceTamper, reason: m.reserved, hint: "name the prepared statement or portal otherwise"},
+			&Statement{Class: ClassWrite, Tag: protocolName(m.typ)})
 		return
 	}
 	if m.typ != 'S' && m.typ != 'H' && !s.sim.inBlock && !s.sim.decided {
@@ -478,7 +503,7 @@ func (fw *segWriter) startTxn(i int) {
 	s.sim.decided = true
 	rest := fw.execsFrom(i)
 	if groupWrites(rest, s.clientRO) && fw.li.live() && !(len(rest) == 1 && rest[0].Tx == TxOutside) {
-		fw.injectRW()
+		fw.injectRW(i)
 		s.sim.groupRW = true
 	} else if s.txEnded {
 		fw.injectRO() // a new transaction after COMMIT/ROLLBACK in this unit
@@ -554,7 +579,11 @@ func (fw *segWriter) writeCheck(st *Statement) {
 // prepareOwn prepares the proxy's statement name (sql) on this connection
 // unless it is prepared already (state says).
 func (fw *segWriter) prepareOwn(state *atomic.Int32, name, sql string) {
-	if state.Load() == stmtNone {
+	// While the proxy doubts its names (code it does not parse may have
+	// run since it last learned them, verifyNames), even in this segment,
+	// before this message: that code can DEALLOCATE and PREPARE the
+	// proxy's own names too.
+	if state.Load() == stmtNone || fw.s.namesDoubt {
 		fw.w.close('S', name)
 		fw.w.parse(name, sql)
 		fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true}), fw.exp(expect{kind: expSingle, swallow: true, stmtState: state}))
@@ -582,12 +611,21 @@ func (fw *segWriter) injectRO() {
 	fw.runOwn(&fw.s.roStmt, roStmtName, roSQL)
 }
 
-// injectRW makes the transaction writable and sets its token.
-func (fw *segWriter) injectRW() {
-	tok := fw.s.token(fw.li) // "" without one: Postgres refuses fenced writes
+// injectRW makes the transaction writable and sets its token, before
+// message from; with the search path when the writes from there on need it
+// pinned (pin): one statement of the proxy's own instead of two, in every
+// autocommit write.
+func (fw *segWriter) injectRW(from int) {
+	s := fw.s
+	tok := s.token(fw.li) // "" without one: Postgres refuses fenced writes
 	// "SET transaction_read_only = off" must come before anything that
 	// takes a snapshot, including the Parse of a SELECT.
-	fw.runOwn(&fw.s.rwStmt, rwStmtName, rwSQL)
+	fw.runOwn(&s.rwStmt, rwStmtName, rwSQL)
+	if fw.pinNeeded(from) {
+		fw.runOwn(&s.tokSpStmt, tokSpStmtName, tokSpSQL, tok, s.pinnedPath())
+		s.sim.spPinned = true
+		return
+	}
 	fw.setToken(tok)
 }
 
@@ -608,14 +646,7 @@ func (fw *segWriter) execsFrom(i int) []*Statement {
 // messages from message from on, whose statements Postgres resolves with it.
 func (fw *segWriter) pin(from int) {
 	s := fw.s
-	if s.sim.spPinned || s.searchPath == nil {
-		return
-	}
-	need := false
-	for _, st := range fw.execsFrom(from) {
-		need = need || unqualified(st)
-	}
-	if !need {
+	if !fw.pinNeeded(from) {
 		return
 	}
 	fw.prepareOwn(&s.spStmt, spStmtName, spSQL)
@@ -624,6 +655,21 @@ func (fw *segWriter) pin(from int) {
 	fw.w.close('P', spStmtName)
 	fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true}), fw.exp(expect{kind: expExecute, swallow: true}), fw.exp(expect{kind: expSingle, swallow: true}))
 	s.sim.spPinned = true
+}
+
+// pinNeeded reports whether the statements from message from on need the
+// search path pinned (pin) and it is not yet.
+func (fw *segWriter) pinNeeded(from int) bool {
+	s := fw.s
+	if s.sim.spPinned || s.searchPath == nil {
+		return false
+	}
+	for _, st := range fw.execsFrom(from) {
+		if unqualified(st) {
+			return true
+		}
+	}
+	return false
 }
 
 // extStatement is what a Parse'd statement runs: one statement, or an opaque

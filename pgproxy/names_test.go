@@ -310,28 +310,33 @@ CREATE OR REPLACE FUNCTION app.harmless() RETURNS int LANGUAGE plpgsql AS $$BEGI
 	// prepares one again must not have its text run in the next
 	// transaction the proxy makes writable. Each is prepared again (its
 	// Close first) when the next unit begins after such code.
-	for _, own := range []string{tokStmtName, spStmtName} {
-		t.Run("the proxy's own "+own, func(t *testing.T) {
+	for _, own := range []struct{ name, params, write string }{
+		{rwStmtName, "", "INSERT INTO sp_t (id) VALUES ($1)"},
+		{tokSpStmtName, "(text, text)", "INSERT INTO sp_t (id) VALUES ($1)"}, // unqualified: the token and the path at once
+		{tokStmtName, "(text)", "INSERT INTO public.sp_t (id) VALUES ($1)"},
+	} {
+		t.Run("the proxy's own "+own.name, func(t *testing.T) {
 			if _, err := adminConn(t).Exec(ctx, `
-CREATE OR REPLACE FUNCTION app.reprepare_own(n text) RETURNS int LANGUAGE plpgsql AS
-  $$BEGIN EXECUTE 'DEALLOCATE ' || n; EXECUTE 'PREPARE ' || n || '(text) AS INSERT INTO other.t VALUES (62)'; RETURN 1; END$$;`); err != nil {
+CREATE OR REPLACE FUNCTION app.reprepare_own(n text, params text) RETURNS int LANGUAGE plpgsql AS
+  $$BEGIN EXECUTE 'DEALLOCATE ' || n; EXECUTE 'PREPARE ' || n || params || ' AS INSERT INTO other.t VALUES (62)'; RETURN 1; END$$;
+TRUNCATE other.t`); err != nil {
 				t.Fatal(err)
 			}
 			c := connect(t, proxyDSN(p, "agent"))
 			write := func() {
 				t.Helper()
-				if _, err := c.Exec(ctx, "INSERT INTO sp_t (id) VALUES ($1)", pgx.QueryExecModeExec, 1); err != nil {
+				if _, err := c.Exec(ctx, own.write, pgx.QueryExecModeExec, 1); err != nil {
 					t.Fatalf("a write: %v", err)
 				}
 			}
 			write() // the proxy prepares its own statements
-			if err := simple(ctx, c, "SELECT app.reprepare_own('"+own+"')"); err != nil {
+			if err := simple(ctx, c, "SELECT app.reprepare_own('"+own.name+"', '"+own.params+"')"); err != nil {
 				t.Fatal(err)
 			}
 			write()
 			write()
 			if n := otherRows(t); n != 0 {
-				t.Fatalf("%d rows in other.t: the text a function prepared as %s ran", n, own)
+				t.Fatalf("%d rows in other.t: the text a function prepared as %s ran", n, own.name)
 			}
 		})
 	}

@@ -1116,12 +1116,24 @@ func (s *session) judgeSequence(c Call) string {
 
 // unitWritable reports whether the statements of a unit run in a writable
 // transaction: one the proxy made so, or will (a write, or BEGIN, in a
-// new implicit transaction).
+// new implicit transaction). A unit may hold several transactions (a
+// COMMIT or ROLLBACK in it, then more statements): it is writable when any
+// of them is, so a call after a COMMIT is judged as in the writable
+// transaction the proxy makes for it, not as in the read-only one before.
 func (s *session) unitWritable(stmts []*Statement) bool {
 	if s.sim.blockRW || s.sim.groupRW {
 		return true
 	}
-	return !s.sim.inBlock && groupWrites(stmts, s.clientRO)
+	if !s.sim.inBlock && groupWrites(stmts, s.clientRO) {
+		return true
+	}
+	for i, st := range stmts {
+		// (the client's read-only default as it may be by then: off)
+		if st != nil && (st.Tx == TxEnd || st.Tx == TxChain) && groupWrites(stmts[i+1:], false) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkReach judges what writing t reaches beyond t itself: each relation

@@ -66,6 +66,7 @@ type session struct {
 	roStmt      atomic.Int32 // state of our prepared "SET transaction_read_only = on"
 	tokStmt     atomic.Int32 // state of our prepared set_config for the token
 	spStmt      atomic.Int32 // state of our prepared set_config for search_path
+	tokSpStmt   atomic.Int32 // state of our prepared set_config of both at once
 	// clientRO is the client's own default_transaction_read_only, the one
 	// it would have straight to Postgres (Postgres's is always on: the
 	// proxy's). When on, the proxy makes no transaction writable unless the
@@ -170,12 +171,16 @@ const (
 	roStmtName       = "fenceline_ro"
 	tokStmtName      = "fenceline_tok"
 	spStmtName       = "fenceline_sp"
+	tokSpStmtName    = "fenceline_toksp"
 	refuseName       = "fenceline_refuse"
 	checkName        = "fenceline_check"
 	rwSQL            = "SET transaction_read_only = off"
 	roSQL            = "SET transaction_read_only = on"
-	tokSQL           = "SELECT pg_catalog.set_config('fenceline.token', $1, true)"
-	spSQL            = "SELECT pg_catalog.set_config('search_path', $1, true)"
+	// The token's statement returns no column: the token is not sent
+	// back. Both FROM items run (a function scan is never left out).
+	tokSQL   = "SELECT FROM pg_catalog.set_config('fenceline.token', $1, true) t"
+	spSQL    = "SELECT pg_catalog.set_config('search_path', $1, true)"
+	tokSpSQL = "SELECT FROM pg_catalog.set_config('fenceline.token', $1, true) t, pg_catalog.set_config('search_path', $2, true) p"
 )
 
 func newSession(p *Proxy, c net.Conn) *session {

@@ -63,7 +63,7 @@ func (s *session) forgetOwnStatements(name string) {
 	for _, o := range []struct {
 		name  string
 		state *atomic.Int32
-	}{{rwStmtName, &s.rwStmt}, {roStmtName, &s.roStmt}, {tokStmtName, &s.tokStmt}, {spStmtName, &s.spStmt}} {
+	}{{rwStmtName, &s.rwStmt}, {roStmtName, &s.roStmt}, {tokStmtName, &s.tokStmt}, {spStmtName, &s.spStmt}, {tokSpStmtName, &s.tokSpStmt}} {
 		if name == "" || name == o.name {
 			o.state.Store(stmtNone)
 		}
