@@ -660,7 +660,8 @@
 // block: a Query that holds SET TRANSACTION ISOLATION LEVEL and a statement
 // the proxy must look up for fails ("must be called before any query");
 // send SET TRANSACTION on its own, or with BEGIN. Fast-path FunctionCall is
-// allowed only in a block made writable under a live lease. search_path resolution trusts the schemas that exist when
+// allowed only in a block made writable under a live lease, and, being a
+// call of any function by its oid, only with Config.AllowOpaque. search_path resolution trusts the schemas that exist when
 // the proxy looks; another session creating a shadowing schema later is caught
 // only on fenced tables. search_path is not reported by Postgres 15, and a
 // function the classifier cannot see into may change it: so a transaction

@@ -18,7 +18,8 @@ type segMsg struct {
 	off, n   int
 	st       *Statement // Execute: the statement it runs
 	describe byte       // Describe: 'S' or 'P'
-	reserved string     // a name of the proxy's own it names (ownName): refused
+	reserved string     // why its name may not be named (badNameIn): refused
+	bound    *Statement // Bind: what the statement it names held then (nil: none)
 	// changes: what it changed in the named statements and portals,
 	// for its expectation (undone if the server refuses or skips it).
 	changes []nameChange
@@ -60,7 +61,7 @@ func (s *session) flushSegment() error {
 		// The stalled prefix's implicit transaction started read-only; this
 		// segment needs one the proxy decides (a write, or transaction
 		// control): end that one first.
-		replay := append([]byte(nil), s.stallReplay...)
+		replay := s.replayable(keptStmts)
 		ok, err := s.endStalled()
 		if err != nil {
 			return err
@@ -204,7 +205,7 @@ func (s *session) trackSegment(seg []segMsg, buf []byte, changed bool) (_ []byte
 		case 'P':
 			buf, err = s.trackParse(m, body, buf, changed)
 		case 'B':
-			err = s.trackBind(body)
+			m.bound, err = s.trackBind(body)
 		case 'E':
 			if read, err = s.trackExecute(m, body); err == nil {
 				execs = append(execs, m.st)
@@ -253,13 +254,14 @@ func (s *session) trackParse(m *segMsg, body, buf []byte, changed bool) ([]byte,
 
 // trackBind binds a portal to its statement (an unknown statement is an
 // opaque write), judging the pids a signalling statement takes from this
-// Bind's parameters.
-func (s *session) trackBind(body []byte) error {
+// Bind's parameters; it returns what the statement's name held (nil: none).
+func (s *session) trackBind(body []byte) (*Statement, error) {
 	portal, stmt, bindRest, err := twoCStrings(body)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	st := s.stmts[stmt]
+	named := s.stmts[stmt]
+	st := named
 	if st == nil {
 		st = &Statement{Class: ClassWrite, Opaque: true, Tag: "UnknownStatement"}
 	}
@@ -274,7 +276,7 @@ func (s *session) trackBind(body []byte) error {
 		}
 	}
 	s.setName(portalNames, portal, st)
-	return nil
+	return named, nil
 }
 
 // trackExecute sets on m the statement its portal runs (an unknown portal

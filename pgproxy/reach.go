@@ -200,15 +200,25 @@ const plannerDefaultsSQL = `SELECT 1 FROM (SELECT pg_catalog.count(pg_catalog.se
     AND (pg_catalog.starts_with(s.category, 'Query Tuning') OR s.name IN ('force_parallel_mode', 'max_parallel_workers_per_gather'))) x WHERE x.n < 0`
 
 // catalogQuery runs q, a catalog lookup of the proxy's own, with the
-// planner's default settings (plannerDefaultsSQL) when it runs in a
-// transaction of its own. In the client's transaction block it runs with
-// the client's settings: a local setting would outlive the lookup there.
+// planner's default settings (plannerDefaultsSQL) and search_path
+// pg_catalog (pinPathSQL) when it runs in a transaction of its own. In the
+// client's transaction block it runs with the client's settings: a local
+// setting would outlive the lookup there.
 func (s *session) catalogQuery(q string) ([][]string, error) {
 	if s.txStatus != 'I' {
 		return s.internalQuery(q)
 	}
-	return s.internalQuery(plannerDefaultsSQL, q)
+	return s.internalQuery(plannerDefaultsSQL, pinPathSQL, q)
 }
+
+// pinPathSQL makes pg_catalog the only schema a lookup's operators resolve
+// in, for the rest of its transaction. Its oid and regclass comparisons
+// (p.oid >= 16384, d.classid = '...'::regclass) have no exact match in
+// pg_catalog, so an operator of that name and those exact types in a
+// schema of the session's path would be taken instead (CVE-2018-1058's
+// pattern): a lookup that then took a user function for a builtin let a
+// write calling it through (TestLookupIgnoresOperatorsInThePath).
+const pinPathSQL = "SELECT 1 FROM pg_catalog.set_config('search_path', 'pg_catalog', true) x WHERE x IS NULL"
 
 func newCatalog() *catalog {
 	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}, seenBuiltin: map[callKey]bool{}, relFlights: map[relKey]*flight[*reach]{}, callFlights: map[callKey]*flight[callInfo]{}}

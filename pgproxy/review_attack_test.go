@@ -4,9 +4,11 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // Attacks a reviewer ran against the fix of the fence's own statement names
@@ -199,5 +201,167 @@ func TestCreateTableAsExecute(t *testing.T) {
 	var n int
 	if err := adminConn(t).QueryRow(ctx, "SELECT count(*) FROM other.sp_t").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("other.sp_t has %d rows (%v)", n, err)
+	}
+}
+
+// A fast-path FunctionCall runs a function by its oid: code the fence does
+// not parse, an opaque write, refused in a writable block unless the
+// fence allows opaque writes (as a CALL or DO is).
+func TestFastPathCallIsOpaque(t *testing.T) {
+	smuggleSetup(t)
+	ctx := ctxT(t)
+	var oid uint32
+	if err := adminConn(t).QueryRow(ctx, "SELECT 'other.f_writes'::regproc::oid").Scan(&oid); err != nil {
+		t.Fatal(err)
+	}
+	for _, allow := range []bool{false, true} {
+		truncateOther(t)
+		p := startProxy(t, Config{Lease: newStaticLease(t, "lease_fastpath", 0, "public.*", "app.*"), AllowOpaque: allow})
+		c := connect(t, proxyDSN(p, "agent"))
+		if err := simple(ctx, c, "BEGIN"); err != nil {
+			t.Fatal(err)
+		}
+		er := fastPathCallNoArgs(t, c, oid)
+		if err := simple(ctx, c, "COMMIT"); err != nil && allow {
+			t.Fatal(err)
+		}
+		n := otherRows(t)
+		switch {
+		case !allow && (er == nil || er.Code != "42501" || n != 0):
+			t.Errorf("without --pg-allow-opaque: a fast-path call of other.f_writes in a writable block: %v, %d rows outside the claim; want refused, none", er, n)
+		case allow && (er != nil || n != 1):
+			t.Errorf("with --pg-allow-opaque: %v, %d rows; want it run, as a CALL would", er, n)
+		}
+	}
+}
+
+// fastPathCallNoArgs sends a FunctionCall of function oid with no
+// arguments on c and returns the error it got (nil: none).
+func fastPathCallNoArgs(t *testing.T, c *pgx.Conn, oid uint32) *pgproto3.ErrorResponse {
+	t.Helper()
+	fe := c.PgConn().Frontend()
+	fe.Send(&pgproto3.FunctionCall{Function: oid, ResultFormatCode: 1})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var got *pgproto3.ErrorResponse
+	for {
+		m, err := fe.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch m := m.(type) {
+		case *pgproto3.ErrorResponse:
+			cp := *m
+			got = &cp
+		case *pgproto3.ReadyForQuery:
+			return got
+		}
+	}
+}
+
+// The write check's own SQL runs with the search path a checked function
+// left: it pins pg_catalog before its first operator, so an operator of
+// the same name earlier in that path (app.>= here) cannot blind its look
+// for a cursor WITH HOLD, whose query would run at COMMIT, after the check.
+func TestWriteCheckPinsItsPathFirst(t *testing.T) {
+	smuggleSetup(t)
+	ctx := ctxT(t)
+	if _, err := adminConn(t).Exec(ctx, `
+CREATE OR REPLACE FUNCTION app.never_ge(timestamptz, timestamptz) RETURNS bool LANGUAGE sql IMMUTABLE AS 'SELECT false';
+DROP OPERATOR IF EXISTS app.>= (timestamptz, timestamptz);
+CREATE OPERATOR app.>= (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = app.never_ge);
+CREATE OR REPLACE FUNCTION app.hold_behind_path() RETURNS int LANGUAGE plpgsql AS $$BEGIN
+  PERFORM set_config('search_path', 'app, pg_catalog', true);
+  EXECUTE 'DECLARE held_behind_path CURSOR WITH HOLD FOR SELECT other.f_writes()';
+  RETURN 1; END$$;`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		adminConn(t).Exec(ctxT(t), `DROP OPERATOR IF EXISTS app.>= (timestamptz, timestamptz); DROP FUNCTION IF EXISTS app.never_ge(timestamptz, timestamptz)`) //nolint:errcheck
+	})
+	truncateOther(t)
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_check_path", 0, "public.*", "app.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	err := simple(ctx, c, "SELECT app.hold_behind_path()")
+	noRowsOutside(t, "a cursor WITH HOLD declared behind an operator in the path", err)
+	if pgCode(err) != "42501" || !strings.Contains(err.Error(), "WITH HOLD") {
+		t.Fatalf("%v, want the check's refusal of the cursor WITH HOLD", err)
+	}
+}
+
+// The fence's catalog lookups compare oids with numbers and regclasses; an
+// operator of that name and those exact types in a schema of the session's
+// path (public.>=(oid, int4) here) would be taken over pg_catalog's, which
+// needs a cast. A lookup outside a block runs with pg_catalog alone as its
+// path, and takes other.f_writes for the user function it is.
+func TestLookupIgnoresOperatorsInThePath(t *testing.T) {
+	smuggleSetup(t)
+	ctx := ctxT(t)
+	if _, err := adminConn(t).Exec(ctx, `CREATE OR REPLACE FUNCTION public.never_oid_ge(oid, int4) RETURNS bool LANGUAGE sql IMMUTABLE AS 'SELECT false';
+DROP OPERATOR IF EXISTS public.>= (oid, int4);
+CREATE OPERATOR public.>= (LEFTARG = oid, RIGHTARG = int4, FUNCTION = public.never_oid_ge);`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		adminConn(t).Exec(ctxT(t), `DROP OPERATOR IF EXISTS public.>= (oid, int4); DROP FUNCTION IF EXISTS public.never_oid_ge(oid, int4)`) //nolint:errcheck
+	})
+	truncateOther(t)
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_lookup_path", 0, "public.*", "app.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	err := simple(ctx, c, "INSERT INTO public.sp_t (id) SELECT other.f_writes()")
+	noRowsOutside(t, "a write calling a user function, an operator in the path", err)
+	if pgCode(err) != "42501" {
+		t.Fatalf("%v, want refused", err)
+	}
+}
+
+// A portal bound before a pause is bound again after the proxy ends the
+// paused prefix's transaction (a replay of its Bind). When the statement
+// the Bind names was parsed again meanwhile (the unnamed one, here, as an
+// INSERT outside the claim), the replay would bind the portal to that,
+// while the proxy judges the portal's Execute as what it was first bound
+// to (SELECT 1): the Bind is not replayed, and the Execute fails.
+//
+// The pauses are the fault under test (as in TestClientPausesMidUnit),
+// not waits for state.
+func TestReplayBindsWhatWasJudged(t *testing.T) {
+	smuggleSetup(t)
+	truncateOther(t)
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_replay", 0, "public.*", "app.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	fe := c.PgConn().Frontend()
+	send := func(msgs ...pgproto3.FrontendMessage) {
+		t.Helper()
+		for _, m := range msgs {
+			fe.Send(m)
+		}
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const pause = 300 * time.Millisecond
+	send(&pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Bind{DestinationPortal: "p"})
+	time.Sleep(pause) // the proxy forwards the prefix, stalled
+	send(&pgproto3.Parse{Query: "INSERT INTO other.t VALUES (67)"})
+	time.Sleep(pause) // and this one
+	send(&pgproto3.Parse{Name: "w", Query: "INSERT INTO public.sp_t (id) VALUES (1)"}, &pgproto3.Bind{PreparedStatement: "w"},
+		&pgproto3.Execute{}, &pgproto3.Execute{Portal: "p"}, &pgproto3.Sync{})
+	var errs []string
+	for done := false; !done; {
+		m, err := fe.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch m := m.(type) {
+		case *pgproto3.ErrorResponse:
+			errs = append(errs, m.Code+" "+m.Message)
+		case *pgproto3.ReadyForQuery:
+			done = true
+		}
+	}
+	noRowsOutside(t, "a portal bound again after a pause to a statement parsed since")
+	if len(errs) == 0 {
+		t.Fatal("the Execute of the portal not bound again succeeded")
 	}
 }

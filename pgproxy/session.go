@@ -94,7 +94,10 @@ type session struct {
 	// again if the proxy ends that transaction (which drops its portals).
 	stalled     bool
 	stallReplay []byte
-	forwarding  bool // forwardStalled is at work
+	// stallBound: what the statement each Bind in stallReplay names held
+	// when it was tracked, in their order (see replayable).
+	stallBound []*Statement
+	forwarding bool // forwardStalled is at work
 	// skipping: Postgres refused a stalled prefix, so it would ignore the
 	// client's messages up to its Sync; the proxy drops them and forwards
 	// the Sync alone.
