@@ -81,7 +81,8 @@ func (s *session) flushSegment() error {
 	}
 	s.pendingSync = seg[len(seg)-1].typ != 'S'
 	if !s.pendingSync {
-		s.stalled, s.stallReplay = false, s.stallReplay[:0]
+		s.stalled = false
+		s.clearReplay()
 	}
 	li, err := s.judgeSegment(seg, buf, execs, read, fresh)
 	if err == nil {

@@ -341,27 +341,73 @@ func TestReplayBindsWhatWasJudged(t *testing.T) {
 		}
 	}
 	const pause = 300 * time.Millisecond
+	receive := func() (errs []string) {
+		t.Helper()
+		for {
+			m, err := fe.Receive()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch m := m.(type) {
+			case *pgproto3.ErrorResponse:
+				errs = append(errs, m.Code+" "+m.Message)
+			case *pgproto3.ReadyForQuery:
+				return errs
+			}
+		}
+	}
+	// First a unit whose stalled prefix kept a Bind and which ended with
+	// the client's own Sync: nothing of it may be taken for the next
+	// replay's (the same texts classify to the same statements).
+	send(&pgproto3.Parse{Query: "SELECT 1"})
+	time.Sleep(pause)
+	send(&pgproto3.Parse{Query: "INSERT INTO other.t VALUES (67)"}, &pgproto3.Bind{DestinationPortal: "q"}, &pgproto3.Flush{})
+	time.Sleep(pause)
+	send(&pgproto3.Sync{})
+	receive()
 	send(&pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Bind{DestinationPortal: "p"})
 	time.Sleep(pause) // the proxy forwards the prefix, stalled
 	send(&pgproto3.Parse{Query: "INSERT INTO other.t VALUES (67)"})
 	time.Sleep(pause) // and this one
 	send(&pgproto3.Parse{Name: "w", Query: "INSERT INTO public.sp_t (id) VALUES (1)"}, &pgproto3.Bind{PreparedStatement: "w"},
 		&pgproto3.Execute{}, &pgproto3.Execute{Portal: "p"}, &pgproto3.Sync{})
-	var errs []string
-	for done := false; !done; {
+	errs := receive()
+	noRowsOutside(t, "a portal bound again after a pause to a statement parsed since")
+	if len(errs) == 0 {
+		t.Fatal("the Execute of the portal not bound again succeeded")
+	}
+}
+
+// The write check puts the session's path back when it passes: a Parse
+// after the checked Execute, before its Sync, resolves its names with it.
+func TestWriteCheckPutsThePathBack(t *testing.T) {
+	smuggleSetup(t)
+	ctx := ctxT(t)
+	if _, err := adminConn(t).Exec(ctx, `CREATE OR REPLACE FUNCTION app.writes_nothing() RETURNS int LANGUAGE plpgsql AS $$BEGIN RETURN 1; END$$;`); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_check_back", 0, "public.*", "app.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	fe := c.PgConn().Frontend()
+	for _, m := range []pgproto3.FrontendMessage{
+		&pgproto3.Parse{Query: "SELECT app.writes_nothing()"}, &pgproto3.Bind{}, &pgproto3.Execute{},
+		&pgproto3.Parse{Name: "after_check", Query: "SELECT count(*) FROM sp_t"}, &pgproto3.Sync{},
+	} {
+		fe.Send(m)
+	}
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for {
 		m, err := fe.Receive()
 		if err != nil {
 			t.Fatal(err)
 		}
-		switch m := m.(type) {
-		case *pgproto3.ErrorResponse:
-			errs = append(errs, m.Code+" "+m.Message)
-		case *pgproto3.ReadyForQuery:
-			done = true
+		if e, ok := m.(*pgproto3.ErrorResponse); ok {
+			t.Fatalf("a Parse of an unqualified name after a checked read: %s %s", e.Code, e.Message)
 		}
-	}
-	noRowsOutside(t, "a portal bound again after a pause to a statement parsed since")
-	if len(errs) == 0 {
-		t.Fatal("the Execute of the portal not bound again succeeded")
+		if _, ok := m.(*pgproto3.ReadyForQuery); ok {
+			break
+		}
 	}
 }

@@ -125,6 +125,14 @@ func (s *session) stallable() bool {
 	return true
 }
 
+// clearReplay forgets the Binds and Closes kept for a replay, and what
+// each Bind's statement name held: the two lists are one record, cleared
+// together (a stale entry of stallBound would be taken for a later Bind's).
+func (s *session) clearReplay() {
+	clear(s.stallBound) // (no statement kept alive by a spent replay)
+	s.stallReplay, s.stallBound = s.stallReplay[:0], s.stallBound[:0]
+}
+
 // replayable is stallReplay without the Binds whose statement name holds,
 // now (stmts: the server's names as of the replay, before the segment that
 // ends the prefix), another statement than when the Bind was tracked (or
@@ -141,6 +149,9 @@ func (s *session) replayable(stmts map[string]*Statement) []byte {
 		raw := s.stallReplay[off : off+n]
 		off += n
 		if raw[0] == 'B' {
+			if b >= len(s.stallBound) {
+				continue // (cannot be: one entry a kept Bind) not known, not replayed
+			}
 			bound := s.stallBound[b]
 			b++
 			if _, stmt, _, err := twoCStrings(raw[5:]); err != nil || bound == nil || stmts[stmt] != bound {
@@ -194,7 +205,7 @@ func (s *session) endStalled() (bool, error) {
 		return false, err
 	}
 	s.pendingSync, s.stalled = false, false
-	defer func() { s.stallReplay, s.stallBound = s.stallReplay[:0], s.stallBound[:0] }()
+	defer s.clearReplay()
 	if err := s.waitIdle(); err != nil {
 		return false, err
 	}

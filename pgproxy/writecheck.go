@@ -156,25 +156,28 @@ func (s *session) writeCheckSQL(st *Statement, li leaseInfo) string {
 	msgT, detail := refusalText(&refusal{reason: fmt.Sprintf("a function it calls wrote table @T@, outside the lease's table scope %v", li.tables)}, st, li)
 	msgO, _ := refusalText(&refusal{reason: "cannot tell which tables a function it calls wrote: @T@"}, st, li)
 	msgH, _ := refusalText(&refusal{reason: "cannot tell which tables a function it calls writes: it declared a cursor WITH HOLD (@T@), whose query runs when the transaction commits, after this check"}, st, li)
-	return "DO $fl_do$DECLARE t pg_catalog.text; unnamed pg_catalog.bool; BEGIN " +
+	return "DO $fl_do$DECLARE t pg_catalog.text; unnamed pg_catalog.bool; sp pg_catalog.text; BEGIN " +
 		"SET CONSTRAINTS ALL IMMEDIATE; " +
 		// Before any operator: the checked code (and the constraint
 		// triggers just run) may have left a path in which an operator of
 		// the same name comes before pg_catalog's
-		// (TestWriteCheckPinsItsPathFirst).
+		// (TestWriteCheckPinsItsPathFirst). The path is put back when the
+		// check passes: a Parse after the checked Execute, before its
+		// Sync, resolves its names with it.
+		"sp := pg_catalog.current_setting('search_path'); " +
 		"PERFORM pg_catalog.set_config('search_path', 'pg_catalog', true); " +
 		// A cursor WITH HOLD runs its query at COMMIT, after the check: one
 		// declared in this transaction (by a function) is refused.
 		"SELECT c.name INTO t FROM pg_catalog.pg_cursors c WHERE c.is_holdable AND c.creation_time >= pg_catalog.transaction_timestamp() LIMIT 1; " +
 		"IF t IS NOT NULL THEN RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = pg_catalog.replace(" + q(msgH) + ", '@T@', pg_catalog.quote_ident(t)), DETAIL = " + q(detail) +
 		", HINT = " + q("declare the cursor yourself (DECLARE ... WITH HOLD of a query the lease allows), not from a function a read calls") + "; END IF; " +
-		"IF pg_catalog.txid_current_if_assigned() IS NULL THEN RETURN; END IF; " + counts +
+		"IF pg_catalog.txid_current_if_assigned() IS NULL THEN PERFORM pg_catalog.set_config('search_path', sp, true); RETURN; END IF; " + counts +
 		"SELECT CASE WHEN s.schemaname = 'pg_catalog' THEN pg_catalog.format('it changed the catalogs (%s: DDL, TRUNCATE, large objects or temporary tables)', s.relname) " +
 		"ELSE pg_catalog.format('%I.%I', s.schemaname, s.relname) END, s.schemaname = 'pg_catalog' INTO t, unnamed " +
 		"FROM pg_catalog.pg_stat_xact_all_tables s WHERE s.n_tup_ins + s.n_tup_upd + s.n_tup_del > 0 " +
 		"AND NOT pg_catalog.starts_with(s.schemaname::pg_catalog.text, 'pg_toast') AND NOT pg_catalog.starts_with(s.schemaname::pg_catalog.text, 'pg_temp_') " +
 		"AND s.schemaname <> '" + Schema + "' AND NOT (" + inClaim + ")" + catalogs + " ORDER BY 2, 1 LIMIT 1; END IF; " +
-		"IF t IS NULL THEN RETURN; END IF; " +
+		"IF t IS NULL THEN PERFORM pg_catalog.set_config('search_path', sp, true); RETURN; END IF; " +
 		"IF unnamed THEN RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = pg_catalog.replace(" + q(msgO) + ", '@T@', t), DETAIL = " + q(detail) +
 		", HINT = " + q("writes whose tables cannot be named pass only when the fence runs with --pg-allow-opaque, under a live lease") + "; END IF; " +
 		"RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = pg_catalog.replace(" + q(msgT) + ", '@T@', t), DETAIL = " + q(detail) +
