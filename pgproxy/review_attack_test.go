@@ -2,6 +2,7 @@ package pgproxy
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -221,7 +222,7 @@ func TestFastPathCallIsOpaque(t *testing.T) {
 		if err := simple(ctx, c, "BEGIN"); err != nil {
 			t.Fatal(err)
 		}
-		er := fastPathCallNoArgs(t, c, oid)
+		er := fastPathCall(t, c, oid)
 		if err := simple(ctx, c, "COMMIT"); err != nil && allow {
 			t.Fatal(err)
 		}
@@ -235,31 +236,6 @@ func TestFastPathCallIsOpaque(t *testing.T) {
 	}
 }
 
-// fastPathCallNoArgs sends a FunctionCall of function oid with no
-// arguments on c and returns the error it got (nil: none).
-func fastPathCallNoArgs(t *testing.T, c *pgx.Conn, oid uint32) *pgproto3.ErrorResponse {
-	t.Helper()
-	fe := c.PgConn().Frontend()
-	fe.Send(&pgproto3.FunctionCall{Function: oid, ResultFormatCode: 1})
-	if err := fe.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	var got *pgproto3.ErrorResponse
-	for {
-		m, err := fe.Receive()
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch m := m.(type) {
-		case *pgproto3.ErrorResponse:
-			cp := *m
-			got = &cp
-		case *pgproto3.ReadyForQuery:
-			return got
-		}
-	}
-}
-
 // The write check's own SQL runs with the search path a checked function
 // left: it pins pg_catalog before its first operator, so an operator of
 // the same name earlier in that path (app.>= here) cannot blind its look
@@ -267,19 +243,14 @@ func fastPathCallNoArgs(t *testing.T, c *pgx.Conn, oid uint32) *pgproto3.ErrorRe
 func TestWriteCheckPinsItsPathFirst(t *testing.T) {
 	smuggleSetup(t)
 	ctx := ctxT(t)
+	falseOperator(t, "app", "timestamptz", "timestamptz")
 	if _, err := adminConn(t).Exec(ctx, `
-CREATE OR REPLACE FUNCTION app.never_ge(timestamptz, timestamptz) RETURNS bool LANGUAGE sql IMMUTABLE AS 'SELECT false';
-DROP OPERATOR IF EXISTS app.>= (timestamptz, timestamptz);
-CREATE OPERATOR app.>= (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = app.never_ge);
 CREATE OR REPLACE FUNCTION app.hold_behind_path() RETURNS int LANGUAGE plpgsql AS $$BEGIN
   PERFORM set_config('search_path', 'app, pg_catalog', true);
   EXECUTE 'DECLARE held_behind_path CURSOR WITH HOLD FOR SELECT other.f_writes()';
   RETURN 1; END$$;`); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		adminConn(t).Exec(ctxT(t), `DROP OPERATOR IF EXISTS app.>= (timestamptz, timestamptz); DROP FUNCTION IF EXISTS app.never_ge(timestamptz, timestamptz)`) //nolint:errcheck
-	})
 	truncateOther(t)
 	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_check_path", 0, "public.*", "app.*")})
 	c := connect(t, proxyDSN(p, "agent"))
@@ -298,14 +269,7 @@ CREATE OR REPLACE FUNCTION app.hold_behind_path() RETURNS int LANGUAGE plpgsql A
 func TestLookupIgnoresOperatorsInThePath(t *testing.T) {
 	smuggleSetup(t)
 	ctx := ctxT(t)
-	if _, err := adminConn(t).Exec(ctx, `CREATE OR REPLACE FUNCTION public.never_oid_ge(oid, int4) RETURNS bool LANGUAGE sql IMMUTABLE AS 'SELECT false';
-DROP OPERATOR IF EXISTS public.>= (oid, int4);
-CREATE OPERATOR public.>= (LEFTARG = oid, RIGHTARG = int4, FUNCTION = public.never_oid_ge);`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		adminConn(t).Exec(ctxT(t), `DROP OPERATOR IF EXISTS public.>= (oid, int4); DROP FUNCTION IF EXISTS public.never_oid_ge(oid, int4)`) //nolint:errcheck
-	})
+	falseOperator(t, "public", "oid", "int4")
 	truncateOther(t)
 	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_lookup_path", 0, "public.*", "app.*")})
 	c := connect(t, proxyDSN(p, "agent"))
@@ -410,4 +374,19 @@ func TestWriteCheckPutsThePathBack(t *testing.T) {
 			break
 		}
 	}
+}
+
+// falseOperator makes schema.>= (left, right) an operator that is always
+// false, for the rest of the test.
+func falseOperator(t *testing.T, schema, left, right string) {
+	t.Helper()
+	sig := fmt.Sprintf("%s.>= (%s, %s)", schema, left, right)
+	fn := fmt.Sprintf("%s.never_ge(%s, %s)", schema, left, right)
+	if _, err := adminConn(t).Exec(ctxT(t), "CREATE OR REPLACE FUNCTION "+fn+" RETURNS bool LANGUAGE sql IMMUTABLE AS 'SELECT false'; "+
+		"DROP OPERATOR IF EXISTS "+sig+"; CREATE OPERATOR "+schema+".>= (LEFTARG = "+left+", RIGHTARG = "+right+", FUNCTION = "+schema+".never_ge)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		adminConn(t).Exec(ctxT(t), "DROP OPERATOR IF EXISTS "+sig+"; DROP FUNCTION IF EXISTS "+fn) //nolint:errcheck
+	})
 }

@@ -345,12 +345,12 @@ func refusedFor(err error, l *bustest.Lease) bool {
 		strings.Contains(pe.Detail, l.Record.Owner.String())
 }
 
-// fastPathCall sends a FunctionCall of function oid with one binary
-// argument on c and returns the error it got (nil: none).
-func fastPathCall(t *testing.T, c *pgx.Conn, oid uint32, arg []byte) *pgproto3.ErrorResponse {
+// fastPathCall sends a FunctionCall of function oid with binary arguments
+// args on c and returns the error it got (nil: none).
+func fastPathCall(t *testing.T, c *pgx.Conn, oid uint32, args ...[]byte) *pgproto3.ErrorResponse {
 	t.Helper()
 	fe := c.PgConn().Frontend()
-	fe.Send(&pgproto3.FunctionCall{Function: oid, ArgFormatCodes: []uint16{1}, Arguments: [][]byte{arg}, ResultFormatCode: 1})
+	fe.Send(&pgproto3.FunctionCall{Function: oid, ArgFormatCodes: []uint16{1}, Arguments: args, ResultFormatCode: 1})
 	if err := fe.Flush(); err != nil {
 		t.Fatal(err)
 	}

@@ -341,31 +341,11 @@ func TestOwnStatementNamesAreNotTheClients(t *testing.T) {
 			}
 			// In one pipeline with a write: the proxy prepares its own
 			// statements first, then the client's messages replace one.
-			pl := c.PgConn().StartPipeline(ctx)
-			pl.SendDeallocate(name)
-			pl.SendPrepare(name, "SELECT other.f_writes(), $1::text", nil)
-			pl.SendQueryParams("INSERT INTO sp_t (id) VALUES ($1)", [][]byte{[]byte("1")}, nil, nil, nil)
-			var errs []error
-			if err := pl.Sync(); err != nil {
-				errs = append(errs, err)
-			}
-			for {
-				res, err := pl.GetResults()
-				if err != nil {
-					errs = append(errs, err)
-				}
-				if rr, ok := res.(*pgconn.ResultReader); ok {
-					if _, err := rr.Close(); err != nil {
-						errs = append(errs, err)
-					}
-				}
-				if _, ok := res.(*pgconn.PipelineSync); ok || res == nil && err == nil {
-					break
-				}
-			}
-			if err := pl.Close(); err != nil {
-				errs = append(errs, err)
-			}
+			errs := pipeline(t, c, func(pl *pgconn.Pipeline) {
+				pl.SendDeallocate(name)
+				pl.SendPrepare(name, "SELECT other.f_writes(), $1::text", nil)
+				pl.SendQueryParams("INSERT INTO sp_t (id) VALUES ($1)", [][]byte{[]byte("1")}, nil, nil, nil)
+			})
 			if len(errs) == 0 || !strings.Contains(errs[0].Error(), "the fence's own") {
 				t.Errorf("the client closed and prepared %s: %v, want refused as naming the fence's own", name, errs)
 			}
