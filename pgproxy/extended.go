@@ -4,9 +4,9 @@
 package pgproxy
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
-	"strings"
 	"sync/atomic"
 )
 
@@ -127,10 +127,11 @@ const maxNameLen = 63
 // over maxNameLen bytes, or one not ASCII in a client encoding whose
 // conversion to the server's may make two names one.
 func (s *session) badNameIn(typ byte, body []byte) string {
-	for _, n := range namesIn(typ, body) {
+	names, k := namesIn(typ, body)
+	for _, n := range names[:k] {
 		switch {
-		case strings.HasPrefix(n, ownPrefix):
-			return "prepared statements and portals named " + ownPrefix + "... are the fence's own, which it runs unjudged: " + n
+		case bytes.HasPrefix(n, ownPrefixBytes):
+			return "prepared statements and portals named " + ownPrefix + "... are the fence's own, which it runs unjudged: " + string(n)
 		case len(n) > maxNameLen:
 			return fmt.Sprintf("a prepared statement or portal name of %d bytes: Postgres keeps %d, so names the fence tells apart would be one on the server", len(n), maxNameLen)
 		case s.encUnsafe.Load() && !isASCII(n):
@@ -140,9 +141,11 @@ func (s *session) badNameIn(typ byte, body []byte) string {
 	return ""
 }
 
-func isASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= 0x80 {
+var ownPrefixBytes = []byte(ownPrefix)
+
+func isASCII(b []byte) bool {
+	for _, c := range b {
+		if c >= 0x80 {
 			return false
 		}
 	}
@@ -150,26 +153,36 @@ func isASCII(s string) bool {
 }
 
 // namesIn returns the statement and portal names a client message of type
-// typ (its body) names.
-func namesIn(typ byte, body []byte) []string {
-	var names []string
+// typ (its body) names: the first k of names, slices of body (no
+// allocation: every message of a segment is looked at).
+func namesIn(typ byte, body []byte) (names [2][]byte, k int) {
+	first := func(b []byte) ([]byte, []byte, bool) {
+		i := bytes.IndexByte(b, 0)
+		if i < 0 {
+			return nil, nil, false
+		}
+		return b[:i], b[i+1:], true
+	}
 	switch typ {
 	case 'P', 'E':
-		if n, _, err := cstring(body); err == nil {
-			names = append(names, n)
+		if n, _, ok := first(body); ok {
+			names[0], k = n, 1
 		}
 	case 'B':
-		if portal, stmt, _, err := twoCStrings(body); err == nil {
-			names = append(names, portal, stmt)
+		if portal, rest, ok := first(body); ok {
+			names[0], k = portal, 1
+			if stmt, _, ok := first(rest); ok {
+				names[1], k = stmt, 2
+			}
 		}
 	case 'C', 'D':
 		if len(body) >= 1 {
-			if n, _, err := cstring(body[1:]); err == nil {
-				names = append(names, n)
+			if n, _, ok := first(body[1:]); ok {
+				names[0], k = n, 1
 			}
 		}
 	}
-	return names
+	return names, k
 }
 
 // protocolName names a client message type in a refusal.
