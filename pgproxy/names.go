@@ -137,10 +137,12 @@ func (s *session) undo(changes []nameChange) {
 
 // noteCode makes the proxy doubt its names when any of stmts may run code
 // it does not parse: a call it has not seen to be builtin, or an opaque
-// statement.
+// statement. A PREPARE runs none of the calls it names (its statement's,
+// its parameters' types): Postgres parses and analyzes it, and plans and
+// runs it only when executed.
 func (s *session) noteCode(stmts []*Statement) {
 	for _, st := range stmts {
-		if st != nil && (st.Opaque || len(st.Calls) > 0 && !s.seenBuiltin(st)) {
+		if st != nil && st.Prepare == "" && (st.Opaque || len(st.Calls) > 0 && !s.seenBuiltin(st)) {
 			s.namesDoubt = true
 			return
 		}

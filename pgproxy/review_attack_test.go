@@ -390,3 +390,46 @@ func falseOperator(t *testing.T, schema, left, right string) {
 		adminConn(t).Exec(ctxT(t), "DROP OPERATOR IF EXISTS "+sig+"; DROP FUNCTION IF EXISTS "+fn) //nolint:errcheck
 	})
 }
+
+// EXECUTE's arguments are expressions the server evaluates before the
+// prepared statement runs, in its transaction: a function called there
+// runs in the writable transaction of a prepared write, and is judged as
+// the statement's own calls are. Arguments that call only builtins keep
+// working, and so does the prepared statement after them.
+func TestExecuteArgumentsAreJudged(t *testing.T) {
+	smuggleSetup(t)
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_execute_args", 0, "public.*", "app.*")})
+	ctx := ctxT(t)
+	c := connect(t, proxyDSN(p, "agent"))
+	if err := simple(ctx, c, "PREPARE w(int) AS INSERT INTO public.sp_t (id) VALUES ($1); PREPARE s(int) AS SELECT $1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"EXECUTE w(other.f_writes())",
+		"EXECUTE w((SELECT other.f_writes()))",
+		"PREPARE w2(int) AS INSERT INTO public.sp_t (id) VALUES ($1); EXECUTE w2(other.f_writes())",
+		"BEGIN; INSERT INTO public.sp_t (id) VALUES (1); EXECUTE s(other.f_writes()); COMMIT",
+		"BEGIN; INSERT INTO public.sp_t (id) VALUES (1); EXPLAIN EXECUTE s(other.f_writes()); COMMIT",
+		"BEGIN; INSERT INTO public.sp_t (id) VALUES (1); EXPLAIN ANALYZE EXECUTE s(other.f_writes()); COMMIT",
+	} {
+		truncateOther(t)
+		err := simple(ctx, c, q)
+		simple(ctx, c, "ROLLBACK; DEALLOCATE w2") //nolint:errcheck // w2 may not be there
+		if err == nil {
+			t.Errorf("%s: not refused", q)
+		}
+		noRowsOutside(t, q, err)
+	}
+	for _, q := range []string{
+		"EXECUTE w(41 + 1)",
+		"EXECUTE s(41 + 1)",
+		"PREPARE w3(int) AS INSERT INTO public.sp_t (id) VALUES ($1); EXECUTE w3(abs(-3) + 1)",
+		"EXECUTE w3(2)",
+		"EXECUTE w(length('abc'))",
+		"EXECUTE s(1)",
+	} {
+		if err := simple(ctx, c, q); err != nil {
+			t.Errorf("%s: %v", q, err)
+		}
+	}
+}

@@ -7,6 +7,7 @@ package pgproxy
 
 import (
 	"errors"
+	"slices"
 	"strconv"
 	"sync/atomic"
 )
@@ -235,6 +236,9 @@ func (s *session) resolveSQLPrepared(st *Statement) *Statement {
 		if in, ok := s.stmts[st.Execute]; ok && in != nil {
 			c := *in
 			c.Start, c.End, c.Tag = st.Start, st.End, "ExecuteStmt("+in.Tag+")"
+			// The EXECUTE's arguments are expressions Postgres evaluates
+			// before the statement runs: their calls are the EXECUTE's too.
+			c.Calls = mergeCalls(in.Calls, st.Calls)
 			return &c
 		}
 	case st.Declare != "":
@@ -340,3 +344,21 @@ func (s *session) unwrapOutside(st *Statement, li leaseInfo) error {
 // setLocalToken is the statement that hands tok (hex and punctuation only:
 // nothing to quote) to the storage-side fence for this transaction.
 func setLocalToken(tok string) string { return "SET LOCAL fenceline.token = '" + tok + "'" }
+
+// mergeCalls returns the calls of a and of b, each once (a fresh slice
+// when both have some).
+func mergeCalls(a, b []Call) []Call {
+	if len(b) == 0 {
+		return a
+	}
+	if len(a) == 0 {
+		return b
+	}
+	out := append(make([]Call, 0, len(a)+len(b)), a...)
+	for _, c := range b {
+		if !slices.ContainsFunc(a, func(x Call) bool { return x.Kind == c.Kind && x.Name == c.Name && x.Schema == c.Schema }) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
