@@ -407,6 +407,11 @@ func classifyNode1(n *pgq.Node) Statement {
 		return s
 	case *pgq.Node_PrepareStmt:
 		inner := classifyNode(x.PrepareStmt.Query)
+		// Its parameters' types run their input functions and domain
+		// checks when an EXECUTE or Bind gives values: calls of what runs.
+		for _, a := range x.PrepareStmt.Argtypes {
+			inner.Calls = mergeCalls(inner.Calls, calledNames(a))
+		}
 		return Statement{Class: ClassControl, Prepare: x.PrepareStmt.Name, Inner: &inner}
 	case *pgq.Node_ExecuteStmt:
 		return Statement{Class: ClassWrite, Opaque: true, Execute: x.ExecuteStmt.Name}
@@ -977,7 +982,7 @@ func callsWritingFunction(n *pgq.Node) (setConfig, largeObject bool) {
 // it reads (a view may call functions).
 type Call struct {
 	Name string // as Postgres looks it up (pg_proc.proname, pg_operator.oprname, pg_class.relname, pg_type.typname)
-	Kind byte   // 'f' function, 'o' operator, 'r' relation read, 't' type named, 'q' sequence advanced or set
+	Kind byte   // 'f' function, 'o' operator, 'r' relation read, 't' type named, 'y' type a Parse gives by oid (Name: the oid), 'q' sequence advanced or set
 	// Shown is the name as written (schema-qualified when it was), for
 	// refusals.
 	Shown string

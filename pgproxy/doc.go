@@ -88,7 +88,10 @@
 //     PREPARE and Parse share one namespace, cursors (DECLARE, CLOSE) and
 //     Bind's portals another, as on the server; EXECUTE, Bind, Execute,
 //     FETCH and MOVE are judged as what the name holds (EXECUTE with the
-//     calls of its arguments, which run in its transaction). The client loop
+//     calls of its arguments, which run in its transaction; a statement
+//     with its parameters' types, named in PREPARE or given by oid in a
+//     Parse, whose input functions and domain checks run when a value is
+//     bound). The client loop
 //     changes its copy as it forwards each message (a segment's later
 //     messages see its earlier ones); a change whose message the server
 //     refused (a Parse, PREPARE or Bind of a name that exists) or skipped

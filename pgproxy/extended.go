@@ -5,8 +5,11 @@ package pgproxy
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"maps"
+	"slices"
+	"strconv"
 	"sync/atomic"
 )
 
@@ -251,6 +254,13 @@ func (s *session) trackParse(m *segMsg, body, buf []byte, changed bool) ([]byte,
 		return buf, err
 	}
 	st := extStatement(s.classify(q, changed))
+	if calls, err := paramTypeCalls(paramTypes); err != nil {
+		return buf, err
+	} else if calls != nil {
+		cp := *st
+		cp.Calls = mergeCalls(st.Calls, calls)
+		st = &cp
+	}
 	if rep := s.replacement(st); rep != "" {
 		// Prepare the proxy's answer instead (see replacement).
 		var pw msgBuilder
@@ -700,4 +710,32 @@ func extStatement(cls *Classification) *Statement {
 		return &cls.Stmts[0]
 	}
 	return &Statement{Class: ClassWrite, Opaque: true, Tag: "MultipleStatements"}
+}
+
+// paramTypeCalls returns a call of kind 'y' for each parameter type a
+// Parse gives by oid that a user created: binding a value runs its input
+// function and, a domain's, its checks, which may call functions a user
+// defined, and the statement's text never names it. Builtin types (oids
+// below firstUserOID) run only builtins.
+func paramTypeCalls(b []byte) ([]Call, error) {
+	if len(b) < 2 {
+		return nil, fmt.Errorf("%w: short Parse", ErrProtocol)
+	}
+	n := int(binary.BigEndian.Uint16(b))
+	if len(b) < 2+4*n {
+		return nil, fmt.Errorf("%w: Parse with %d parameter types in %d bytes", ErrProtocol, n, len(b)-2)
+	}
+	var calls []Call
+	for i := range n {
+		oid := binary.BigEndian.Uint32(b[2+4*i:])
+		if oid < firstUserOID {
+			continue
+		}
+		name := strconv.FormatUint(uint64(oid), 10)
+		c := Call{Name: name, Kind: 'y', Shown: "parameter type " + name, Key: "y" + name}
+		if !slices.Contains(calls, c) {
+			calls = append(calls, c)
+		}
+	}
+	return calls, nil
 }

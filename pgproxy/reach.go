@@ -72,6 +72,8 @@ type catalog struct {
 	// waits counts the flights of other sessions waited for, shared the
 	// answers taken from them.
 	waits, shared atomic.Int64
+	// texts holds lookups' texts as qualified (qualified), guarded by mu.
+	texts map[string]string
 	// lookupHook, set by tests before the proxy serves, runs before each
 	// lookup's query with what it looks up.
 	lookupHook func(names []string)
@@ -199,16 +201,44 @@ const plannerDefaultsSQL = `SELECT 1 FROM (SELECT pg_catalog.count(pg_catalog.se
   FROM pg_catalog.pg_settings s WHERE s.context = 'user' AND s.setting IS DISTINCT FROM s.reset_val
     AND (pg_catalog.starts_with(s.category, 'Query Tuning') OR s.name IN ('force_parallel_mode', 'max_parallel_workers_per_gather'))) x WHERE x.n < 0`
 
-// catalogQuery runs q, a catalog lookup of the proxy's own, with the
-// planner's default settings (plannerDefaultsSQL) and search_path
-// pg_catalog (pinPathSQL) when it runs in a transaction of its own. In the
-// client's transaction block it runs with the client's settings: a local
-// setting would outlive the lookup there.
+// catalogQuery runs q, a catalog lookup of the proxy's own, with every
+// name it calls in pg_catalog (qualifyCatalogSQL), and with the planner's
+// default settings (plannerDefaultsSQL) and search_path pg_catalog
+// (pinPathSQL) when it runs in a transaction of its own. In the client's
+// transaction block it runs with the client's settings (a local setting
+// would outlive the lookup there): its text alone keeps the path's
+// operators out (TestLookupInABlockIgnoresOperatorsInThePath).
 func (s *session) catalogQuery(q string) ([][]string, error) {
+	q, err := s.p.catalog.qualified(q)
+	if err != nil {
+		return nil, &queryError{sql: q, err: err}
+	}
 	if s.txStatus != 'I' {
 		return s.internalQuery(q)
 	}
 	return s.internalQuery(plannerDefaultsSQL, pinPathSQL, q)
+}
+
+// qualified returns qualifyCatalogSQL(q), remembered: lookups repeat their
+// texts (the same names, the same relations).
+func (c *catalog) qualified(q string) (string, error) {
+	c.mu.Lock()
+	out, ok := c.texts[q]
+	c.mu.Unlock()
+	if ok {
+		return out, nil
+	}
+	out, err := qualifyCatalogSQL(q)
+	if err != nil {
+		return "", err
+	}
+	c.mu.Lock()
+	if len(c.texts) >= 256 {
+		clear(c.texts)
+	}
+	c.texts[q] = out
+	c.mu.Unlock()
+	return out, nil
 }
 
 // pinPathSQL makes pg_catalog the only schema a lookup's operators resolve
@@ -221,7 +251,7 @@ func (s *session) catalogQuery(q string) ([][]string, error) {
 const pinPathSQL = "SELECT 1 FROM pg_catalog.set_config('search_path', 'pg_catalog', true) x WHERE x IS NULL"
 
 func newCatalog() *catalog {
-	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}, seenBuiltin: map[callKey]bool{}, relFlights: map[relKey]*flight[*reach]{}, callFlights: map[callKey]*flight[callInfo]{}}
+	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}, seenBuiltin: map[callKey]bool{}, relFlights: map[relKey]*flight[*reach]{}, callFlights: map[callKey]*flight[callInfo]{}, texts: map[string]string{}}
 }
 
 type relKey struct {
@@ -550,6 +580,8 @@ SELECT DISTINCT 'r' || v.root, '', '' FROM v JOIN pg_catalog.pg_attribute a ON a
   WHERE a.atttypid IN (SELECT ut.oid FROM ut)
 UNION SELECT DISTINCT 't' || t.typname, '', '' FROM pg_catalog.pg_type t WHERE t.typname::pg_catalog.text = ANY (` + arr('t') + `)
   AND t.oid IN (SELECT ut.oid FROM ut)
+UNION SELECT 'y' || y.n, '', '' FROM pg_catalog.unnest(` + arr('y') + `) AS y(n)
+  WHERE y.n::pg_catalog.oid IN (SELECT ut.oid FROM ut) OR NOT EXISTS (SELECT FROM pg_catalog.pg_type t WHERE t.oid = y.n::pg_catalog.oid)
 UNION SELECT DISTINCT 'r' || v.root, '', '' FROM v JOIN pg_catalog.pg_depend d
   ON d.refclassid IN ('pg_catalog.pg_proc'::pg_catalog.regclass, 'pg_catalog.pg_operator'::pg_catalog.regclass) AND d.refobjid >= ` + user + `
   AND (d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid IN (SELECT rw.oid FROM pg_catalog.pg_rewrite rw WHERE rw.ev_class = v.oid)
@@ -1034,6 +1066,8 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 				why = "it reads " + c.Shown + ", a view (or a table with policies, or columns of types) that calls functions a user defined, which may write any table"
 			case c.Kind == 't':
 				why = "it names " + c.Shown + ", whose input, output, casts or domain checks call functions a user defined, which may write any table"
+			case c.Kind == 'y':
+				why = "its " + c.Shown + " (given by oid) has an input function or domain checks that call functions a user defined, which may write any table"
 			}
 			if connects != "" && !other {
 				why += ", through a connection of its own (the database has " + connects + "), past the read-only transaction"

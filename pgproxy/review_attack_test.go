@@ -280,6 +280,28 @@ func TestLookupIgnoresOperatorsInThePath(t *testing.T) {
 	}
 }
 
+// The same inside the client's transaction block, where the lookup runs
+// with the client's search path: its text names pg_catalog's operators.
+func TestLookupInABlockIgnoresOperatorsInThePath(t *testing.T) {
+	smuggleSetup(t)
+	ctx := ctxT(t)
+	falseOperator(t, "public", "oid", "int4")
+	truncateOther(t)
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_lookup_block", 0, "public.*", "app.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	for _, q := range []string{"BEGIN", "INSERT INTO public.sp_t (id) VALUES (1)"} {
+		if err := simple(ctx, c, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	err := simple(ctx, c, "INSERT INTO public.sp_t (id) SELECT other.f_writes()")
+	simple(ctx, c, "COMMIT") //nolint:errcheck // after a refusal: ROLLBACK
+	noRowsOutside(t, "in a block, a write calling a user function, an operator in the path", err)
+	if pgCode(err) != "42501" {
+		t.Fatalf("%v, want refused", err)
+	}
+}
+
 // A portal bound before a pause is bound again after the proxy ends the
 // paused prefix's transaction (a replay of its Bind). When the statement
 // the Bind names was parsed again meanwhile (the unnamed one, here, as an
@@ -431,5 +453,57 @@ func TestExecuteArgumentsAreJudged(t *testing.T) {
 		if err := simple(ctx, c, q); err != nil {
 			t.Errorf("%s: %v", q, err)
 		}
+	}
+}
+
+// A statement's parameter types run code when a value is bound: a domain's
+// CHECK calls its functions, in the statement's transaction. Named in a
+// PREPARE, or given by oid in a Parse (where the text never names them),
+// such a type is judged as a type the statement names.
+func TestParameterTypesAreJudged(t *testing.T) {
+	smuggleSetup(t)
+	admin := adminConn(t)
+	ctx := ctxT(t)
+	if _, err := admin.Exec(ctx, `DROP DOMAIN IF EXISTS app.d_writes, app.d_plain;
+CREATE DOMAIN app.d_writes AS int CHECK (VALUE > 0 AND other.f_writes() > 0);
+CREATE DOMAIN app.d_plain AS int CHECK (VALUE > 0)`); err != nil {
+		t.Fatal(err)
+	}
+	var writes, plain uint32
+	if err := admin.QueryRow(ctx, "SELECT 'app.d_writes'::regtype::oid, 'app.d_plain'::regtype::oid").Scan(&writes, &plain); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_param_types", 0, "public.*", "app.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	insert := "INSERT INTO public.sp_t (id) VALUES ($1)"
+	if err := simple(ctx, c, "PREPARE w(app.d_writes) AS "+insert+"; PREPARE s(app.d_writes) AS SELECT $1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"EXECUTE w(6)",
+		"BEGIN; INSERT INTO public.sp_t (id) VALUES (1); EXECUTE s(6); COMMIT",
+		"PREPARE w2(app.d_writes) AS " + insert + "; EXECUTE w2(5)",
+	} {
+		truncateOther(t)
+		err := simple(ctx, c, q)
+		simple(ctx, c, "ROLLBACK") //nolint:errcheck // outside a block: a warning
+		if err == nil {
+			t.Errorf("%s: not refused", q)
+		}
+		noRowsOutside(t, q, err)
+	}
+	truncateOther(t)
+	_, err := c.PgConn().ExecParams(ctx, insert, [][]byte{[]byte("7")}, []uint32{writes}, nil, nil).Close()
+	if err == nil {
+		t.Error("a Parse with the parameter type's oid: not refused")
+	}
+	noRowsOutside(t, "a Parse with the parameter type's oid", err)
+
+	// Types whose checks call only builtins bind as direct.
+	if _, err := c.PgConn().ExecParams(ctx, insert, [][]byte{[]byte("8")}, []uint32{plain}, nil, nil).Close(); err != nil {
+		t.Errorf("a Parse with a plain domain's oid: %v", err)
+	}
+	if err := simple(ctx, c, "PREPARE p(app.d_plain) AS "+insert+"; EXECUTE p(9)"); err != nil {
+		t.Errorf("PREPARE with a plain domain: %v", err)
 	}
 }
