@@ -18,6 +18,12 @@ func TestCatalogLookupsAreQualified(t *testing.T) {
 			lookups["reach"+map[bool]string{false: "", true: " cascade"}[tc]+map[bool]string{false: "", true: " only"}[only]] = reachSQL([]string{`"public"."t"`, `"a b"."C"`}, tc, only)
 		}
 	}
+	// Run before each lookup, as written.
+	for name, q := range map[string]string{"planner defaults": plannerDefaultsSQL, "pin path": pinPathSQL, "prepared": preparedSQL} {
+		if err := qualifiedOnly(q); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
 	for name, q := range lookups {
 		out, err := qualifyCatalogSQL(q)
 		if err != nil {

@@ -197,9 +197,18 @@ UNION ALL SELECT 'c', 'foreign server ' || sv.srvname FROM pg_catalog.pg_foreign
 // The proxy's catalog queries run in the client's session: a client that
 // switched enable_seqscan off (Postgres's own regression tests do) made
 // each take seconds instead of milliseconds.
+//
+// Its operators are pg_catalog's by name, as a lookup's (qualifyCatalogSQL,
+// checked by TestCatalogLookupsAreQualified): an operator of the same name
+// in a schema the client put before pg_catalog ran its code inside this
+// query, where the proxy does not look for code (it could prepare the
+// proxy's own statement names again: TestOwnQueriesRunNoOperatorOfThePath).
 const plannerDefaultsSQL = `SELECT 1 FROM (SELECT pg_catalog.count(pg_catalog.set_config(s.name, s.reset_val, true)) AS n
-  FROM pg_catalog.pg_settings s WHERE s.context = 'user' AND s.setting IS DISTINCT FROM s.reset_val
-    AND (pg_catalog.starts_with(s.category, 'Query Tuning') OR s.name IN ('force_parallel_mode', 'max_parallel_workers_per_gather'))) x WHERE x.n < 0`
+  FROM pg_catalog.pg_settings s WHERE s.context OPERATOR(pg_catalog.=) 'user'
+    AND (s.setting OPERATOR(pg_catalog.<>) s.reset_val OR (s.setting IS NULL) OPERATOR(pg_catalog.<>) (s.reset_val IS NULL))
+    AND (pg_catalog.starts_with(s.category, 'Query Tuning')
+      OR s.name OPERATOR(pg_catalog.=) ANY (ARRAY['force_parallel_mode', 'max_parallel_workers_per_gather']::pg_catalog.text[]))) x
+  WHERE x.n OPERATOR(pg_catalog.<) 0`
 
 // catalogQuery runs q, a catalog lookup of the proxy's own, with every
 // name it calls in pg_catalog (qualifyCatalogSQL), and with the planner's
@@ -216,7 +225,7 @@ func (s *session) catalogQuery(q string) ([][]string, error) {
 	if s.txStatus != 'I' {
 		return s.internalQuery(q)
 	}
-	return s.internalQuery(plannerDefaultsSQL, pinPathSQL, q)
+	return s.internalQuery(pinPathSQL, plannerDefaultsSQL, q)
 }
 
 // qualified returns qualifyCatalogSQL(q), remembered: lookups repeat their

@@ -302,6 +302,49 @@ func TestLookupInABlockIgnoresOperatorsInThePath(t *testing.T) {
 	}
 }
 
+// The proxy's own queries run in the client's session, with its path: an
+// operator of the same name and types as pg_catalog's, in a schema the
+// client put first, would run its code inside them, where the proxy does
+// not look for code (it could prepare the proxy's own statement names
+// again, as TestNamesChangedByCode's functions do). None runs: neither
+// before a lookup in a transaction of its own, nor in one inside a block.
+func TestOwnQueriesRunNoOperatorOfThePath(t *testing.T) {
+	smuggleSetup(t)
+	ctx := ctxT(t)
+	if _, err := adminConn(t).Exec(ctx, `CREATE TABLE IF NOT EXISTS public.sp_t2 (id int); GRANT ALL ON public.sp_t2 TO PUBLIC;
+CREATE TABLE IF NOT EXISTS public.sp_t3 (id int); GRANT ALL ON public.sp_t3 TO PUBLIC;
+CREATE OR REPLACE FUNCTION public.eq_marks(a text, b text) RETURNS bool LANGUAGE plpgsql AS $f$BEGIN
+  PERFORM pg_catalog.set_config('fl.marked', 'yes', false);
+  RETURN a OPERATOR(pg_catalog.=) b; END$f$;
+DROP OPERATOR IF EXISTS public.= (text, text);
+CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.eq_marks)`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		adminConn(t).Exec(ctxT(t), "DROP OPERATOR IF EXISTS public.= (text, text); DROP FUNCTION IF EXISTS public.eq_marks(text, text)") //nolint:errcheck
+	})
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_own_queries", 0, "public.*", "app.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	for _, q := range []string{
+		"SET search_path = public, pg_catalog",
+		"INSERT INTO public.sp_t2 (id) VALUES (1)", // a lookup of its own
+		"BEGIN",
+		"INSERT INTO public.sp_t3 (id) SELECT abs(-1)", // one inside the block
+		"COMMIT",
+	} {
+		if err := simple(ctx, c, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		var marked bool
+		if err := c.QueryRow(ctx, "SELECT pg_catalog.current_setting('fl.marked', true) IS NOT NULL", pgx.QueryExecModeSimpleProtocol).Scan(&marked); err != nil {
+			t.Fatal(err)
+		}
+		if marked {
+			t.Fatalf("after %s: the operator in the path ran in the proxy's own query", q)
+		}
+	}
+}
+
 // A portal bound before a pause is bound again after the proxy ends the
 // paused prefix's transaction (a replay of its Bind). When the statement
 // the Bind names was parsed again meanwhile (the unnamed one, here, as an
