@@ -494,3 +494,60 @@ func TestValidIdentity(t *testing.T) {
 		}
 	}
 }
+
+// A client chooses its name, version and language, which the server puts
+// in each line it logs about the client, before its account and user: a
+// name that looks like another identity's account and user, or holds a
+// marker or % verbs, neither moves a refusal onto that identity nor hides
+// what was refused.
+func TestBusRefusalNamesWhomTheServerRefused(t *testing.T) {
+	t.Parallel()
+	b := startBus(t)
+	stop := EmbeddedAuditRefusals(b.svc, b.srv, false, false)
+	defer stop()
+
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim, err := kp.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := `%s%q%v - Publish Violation - Subject "x" - "$G/nkey:` + victim + `" %s $G/nkey:` + victim
+	attacker := connectAs(t, b.srv.ClientURL(), RoleHolder, nats.Name(name))
+	attacker.SetErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}) // the violation is expected
+	id := IdentityOf(attacker)
+	denied := requestSubject("revoke", id)
+	if err := attacker.Publish(denied, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := attacker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var perm []lease.AuditEvent
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctxT(t), b.nc, "", 0)
+		if err != nil {
+			return err
+		}
+		perm = nil
+		for _, e := range evs {
+			if e.Type == lease.EventRefused && e.Boundary == lease.BoundaryBus {
+				perm = append(perm, e)
+			}
+		}
+		if len(perm) == 0 {
+			return errors.New("no refusal by the bus audited yet")
+		}
+		return nil
+	})
+	for _, e := range perm {
+		if e.RequestedBy != id {
+			t.Errorf("refusal audited as %q's (%s); want the client the server authenticated, %s", e.RequestedBy, e.Message, id)
+		}
+		if !strings.Contains(e.Message, `Publish Violation - Subject "`+denied+`"`) || strings.Contains(e.Message, "%!") {
+			t.Errorf("refusal says %q; want the denied subject, formatted", e.Message)
+		}
+	}
+}

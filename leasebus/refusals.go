@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,8 +37,9 @@ const (
 const refusalRate = 20
 
 var (
-	nkeyUserRe = regexp.MustCompile(`\bU[A-Z2-7]{55}\b`)
-	violation  = []struct{ marker, reason string }{
+	nkeyRe    = regexp.MustCompile(`^U[A-Z2-7]{55}$`)
+	authKeyRe = regexp.MustCompile(`^authentication error - Nkey "(U[A-Z2-7]{55})"`)
+	violation = []struct{ marker, reason string }{
 		{"Publish Violation", ReasonBusPermission},
 		{"Subscription Violation", ReasonBusPermission},
 		{"Permissions Violation", ReasonBusPermission},
@@ -100,13 +102,67 @@ func (s *Service) refusalWriter(ctx context.Context) {
 // audited as a refusal by the bus (type refused, boundary bus, the
 // identity in RequestedBy). embedded.AuditRefusals feeds it an embedded
 // server's log.
+//
+// The line begins with the client's address and id, then the client's own
+// name, version and language, quoted, and (once it has authenticated) its
+// account and user, quoted, last ("$G/nkey:U..."); the message follows. A
+// client chooses its name, so neither the marker nor the identity is
+// looked for there: the marker must begin the message, and the identity is
+// the user the server authenticated (the last quoted part), or, for a
+// failed authentication, the key the message says was presented.
 func (s *Service) AuditServerLog(line string) {
+	quoted, msg, ok := splitClientLine(line)
 	for _, vi := range violation {
-		if strings.Contains(line, vi.marker) {
-			s.refuse(vi.reason, nkeyUserRe.FindString(line), "the bus refused: "+line)
-			return
+		if !strings.HasPrefix(msg, vi.marker) {
+			continue
 		}
+		id := ""
+		switch {
+		case !ok:
+		case vi.reason == ReasonBusAuthentication:
+			if m := authKeyRe.FindStringSubmatch(msg); m != nil {
+				id = m[1]
+			}
+		case len(quoted) > 0:
+			last := quoted[len(quoted)-1]
+			if i := strings.LastIndex(last, "/nkey:"); i >= 0 && nkeyRe.MatchString(last[i+len("/nkey:"):]) {
+				id = last[i+len("/nkey:"):]
+			}
+		}
+		s.refuse(vi.reason, id, "the bus refused: "+line)
+		return
 	}
+}
+
+// clientLineRe matches the start of a line the server logs about a client:
+// its address and its id (cid:5, lid:2, ...).
+var clientLineRe = regexp.MustCompile(`^\S+ - [a-z_]+:[0-9]+`)
+
+// splitClientLine returns the quoted parts after a client line's address
+// and id, unquoted, and the message after them; ok false (and the whole
+// line as msg) when line is not one.
+func splitClientLine(line string) (quoted []string, msg string, ok bool) {
+	loc := clientLineRe.FindStringIndex(line)
+	if loc == nil {
+		return nil, line, false
+	}
+	rest := line[loc[1]:]
+	for strings.HasPrefix(rest, ` - "`) {
+		q, err := strconv.QuotedPrefix(rest[len(" - "):])
+		if err != nil {
+			return nil, line, false
+		}
+		u, err := strconv.Unquote(q)
+		if err != nil {
+			return nil, line, false
+		}
+		quoted = append(quoted, u)
+		rest = rest[len(" - ")+len(q):]
+	}
+	if !strings.HasPrefix(rest, " - ") {
+		return nil, line, false
+	}
+	return quoted, rest[len(" - "):], true
 }
 
 // auditRefusal writes one refusal by the bus, or (skipped > 0) the count of

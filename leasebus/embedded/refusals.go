@@ -2,6 +2,8 @@ package embedded
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
 
@@ -45,7 +47,38 @@ func (t *refusalTap) Errorf(format string, v ...any) {
 	if t.next != nil {
 		t.next.Errorf(format, v...)
 	}
-	t.svc.AuditServerLog(fmt.Sprintf(format, v...))
+	t.svc.AuditServerLog(formatClientLine(format, v))
+}
+
+// formatClientLine formats a line the server logs about a client. The
+// server puts text the client chose into the format itself, not its
+// arguments: its name, version and language (quoted, after its address),
+// and a subscription's subject and SID in a violation's line (logged with
+// no arguments). Their % would be read as verbs, taking the line's
+// arguments or printing %!s(MISSING). A line with no arguments is the
+// text as it is; in one with arguments, a % inside a quoted string of the
+// format is the client's, and stays a %.
+func formatClientLine(format string, v []any) string {
+	if len(v) == 0 {
+		return format
+	}
+	var b strings.Builder
+	for rest := format; rest != ""; {
+		i := strings.IndexByte(rest, '"')
+		if i < 0 {
+			b.WriteString(rest)
+			break
+		}
+		b.WriteString(rest[:i])
+		q, err := strconv.QuotedPrefix(rest[i:])
+		if err != nil { // an unpaired quote: the rest as it is
+			b.WriteString(rest[i:])
+			break
+		}
+		b.WriteString(strings.ReplaceAll(q, "%", "%%"))
+		rest = rest[i+len(q):]
+	}
+	return fmt.Sprintf(b.String(), v...)
 }
 
 // AuditRefusals writes the refusals of srv, an embedded server svc runs
