@@ -988,9 +988,15 @@ type Call struct {
 	Shown string
 	// Key is Kind and Name, the catalog cache's key (made once, here).
 	Key string
-	// Schema is a relation's schema as written ('r'; "" when unqualified).
+	// Schema is a relation's or type's schema as written ('r', 't'; ""
+	// when unqualified).
 	Schema string
 }
+
+// builtinType: c names a type in pg_catalog (int, text, pg_catalog.oid):
+// one initdb made, whose input, output and casts are builtins (a user
+// cannot create objects in pg_catalog).
+func (c Call) builtinType() bool { return c.Kind == 't' && c.Schema == "pg_catalog" }
 
 // calledNames returns the functions and operators n calls by name, and
 // the relations and types it names (a cast, a typed literal, a column
@@ -1025,8 +1031,41 @@ func calledNames(n *pgq.Node) []Call {
 				add(Call{Name: sequenceArg(v.Args), Kind: 'q', Shown: shown})
 			}
 		case *pgq.A_Expr:
-			name, shown := qualified(v.Name)
-			add(Call{Name: name, Kind: 'o', Shown: "operator " + shown})
+			switch v.Kind {
+			case pgq.A_Expr_Kind_AEXPR_BETWEEN, pgq.A_Expr_Kind_AEXPR_NOT_BETWEEN,
+				pgq.A_Expr_Kind_AEXPR_BETWEEN_SYM, pgq.A_Expr_Kind_AEXPR_NOT_BETWEEN_SYM:
+				// Postgres runs >= and <= (found by name), not an
+				// operator named BETWEEN.
+				add(Call{Name: ">=", Kind: 'o', Shown: "operator >= (of BETWEEN)"})
+				add(Call{Name: "<=", Kind: 'o', Shown: "operator <= (of BETWEEN)"})
+			default:
+				name, shown := qualified(v.Name)
+				add(Call{Name: name, Kind: 'o', Shown: "operator " + shown})
+			}
+		case *pgq.SubLink:
+			// x op ANY/ALL (SELECT ...), x IN (SELECT ...) (=), row
+			// comparisons: an operator found by name.
+			if v.SubLinkType == pgq.SubLinkType_ANY_SUBLINK || v.SubLinkType == pgq.SubLinkType_ALL_SUBLINK || v.SubLinkType == pgq.SubLinkType_ROWCOMPARE_SUBLINK {
+				if len(v.OperName) == 0 {
+					add(Call{Name: "=", Kind: 'o', Shown: "operator = (of IN)"})
+				} else {
+					name, shown := qualified(v.OperName)
+					add(Call{Name: name, Kind: 'o', Shown: "operator " + shown})
+				}
+			}
+		case *pgq.CaseExpr:
+			if v.Arg != nil { // CASE x WHEN y: x = y
+				add(Call{Name: "=", Kind: 'o', Shown: "operator = (of CASE x WHEN)"})
+			}
+		case *pgq.JoinExpr:
+			if len(v.UsingClause) > 0 || v.IsNatural { // the columns' =
+				add(Call{Name: "=", Kind: 'o', Shown: "operator = (of JOIN USING)"})
+			}
+		case *pgq.SortBy:
+			if len(v.UseOp) > 0 { // ORDER BY x USING op
+				name, shown := qualified(v.UseOp)
+				add(Call{Name: name, Kind: 'o', Shown: "operator " + shown})
+			}
 		case *pgq.RangeVar:
 			add(Call{Name: v.Relname, Kind: 'r', Shown: Target{Schema: v.Schemaname, Name: v.Relname}.String(), Schema: v.Schemaname})
 		case *pgq.TypeName:
@@ -1034,7 +1073,11 @@ func calledNames(n *pgq.Node) []Call {
 				break // (%TYPE names a column, in DDL)
 			}
 			name, shown := qualified(v.Names)
-			add(Call{Name: name, Kind: 't', Shown: "type " + shown})
+			schema := ""
+			if len(v.Names) == 2 {
+				schema = v.Names[0].GetString_().GetSval()
+			}
+			add(Call{Name: name, Kind: 't', Shown: "type " + shown, Schema: schema})
 		}
 	})
 	return cs

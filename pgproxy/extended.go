@@ -23,6 +23,12 @@ type segMsg struct {
 	describe byte       // Describe: 'S' or 'P'
 	reserved string     // why its name may not be named (badNameIn): refused
 	bound    *Statement // Bind: what the statement it names held then (nil: none)
+	parsed   *Statement // Parse: the statement it prepares
+	portal   string     // Bind, Execute: the portal it names
+	// analysis: for a Parse or Bind whose statement Postgres analyzes or
+	// plans with calls that may write (judgeAnalysis), the opaque write it
+	// is judged as; nil when none.
+	analysis *Statement
 	// changes: what it changed in the named statements and portals,
 	// for its expectation (undone if the server refuses or skips it).
 	changes []nameChange
@@ -89,7 +95,7 @@ func (s *session) flushSegment() error {
 	}
 	li, err := s.judgeSegment(seg, buf, execs, read, fresh)
 	if err == nil {
-		s.noteCode(execs)
+		s.noteCodeInSegment(seg)
 	}
 	if ce, ok := cancelled(err); ok {
 		return s.cancelSegment(ce, seg, buf)
@@ -222,7 +228,7 @@ func (s *session) trackSegment(seg []segMsg, buf []byte, changed bool) (_ []byte
 		case 'P':
 			buf, err = s.trackParse(m, body, buf, changed)
 		case 'B':
-			m.bound, err = s.trackBind(body)
+			m.bound, m.portal, err = s.trackBind(body)
 		case 'E':
 			if read, err = s.trackExecute(m, body); err == nil {
 				execs = append(execs, m.st)
@@ -273,16 +279,17 @@ func (s *session) trackParse(m *segMsg, body, buf []byte, changed bool) ([]byte,
 		buf = append(buf, pw.b...)
 	}
 	s.setName(statementNames, name, st)
+	m.parsed = st
 	return buf, nil
 }
 
 // trackBind binds a portal to its statement (an unknown statement is an
 // opaque write), judging the pids a signalling statement takes from this
 // Bind's parameters; it returns what the statement's name held (nil: none).
-func (s *session) trackBind(body []byte) (*Statement, error) {
+func (s *session) trackBind(body []byte) (*Statement, string, error) {
 	portal, stmt, bindRest, err := twoCStrings(body)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	named := s.stmts[stmt]
 	st := named
@@ -300,7 +307,7 @@ func (s *session) trackBind(body []byte) (*Statement, error) {
 		}
 	}
 	s.setName(portalNames, portal, st)
-	return named, nil
+	return named, portal, nil
 }
 
 // trackExecute sets on m the statement its portal runs (an unknown portal
@@ -317,6 +324,7 @@ func (s *session) trackExecute(m *segMsg, body []byte) (read *Statement, err err
 	}
 	st = s.resolveSQLPrepared(st)
 	m.st = s.sequenceWrite(st)
+	m.portal = portal
 	return st, nil
 }
 
@@ -347,7 +355,13 @@ func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, rea
 	}
 	check := s.segmentChecked(seg, buf, execs, read, fresh) // see checkedWrite
 	writable := s.unitWritable(execs)
-	if err := s.learnCatalog(execs, writable || check, fresh && !s.stalled && s.txStatus != 'E'); err != nil {
+	var analyzed []*Statement
+	if writable && !check {
+		// Read-only, what analysis runs cannot write; a checked
+		// write's check counts what anything in its transaction wrote.
+		analyzed = s.analyzedCalls(seg)
+	}
+	if err := s.learnCatalog(append(execs[:len(execs):len(execs)], analyzed...), writable || check, fresh && !s.stalled && s.txStatus != 'E'); err != nil {
 		return leaseInfo{}, err
 	}
 	if check {
@@ -370,6 +384,9 @@ func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, rea
 	for i := range execs {
 		execs[i] = s.judgeCalls(execs[i], writable)
 	}
+	if len(analyzed) > 0 {
+		s.judgeAnalysis(seg, analyzed)
+	}
 	li := s.segmentLease(execs)
 	if fresh && s.txStatus == 'I' && len(execs) == 1 && seg[len(seg)-1].typ == 'S' {
 		if err := s.unwrapOutside(execs[0], li); err != nil {
@@ -382,6 +399,90 @@ func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, rea
 		}
 	}
 	return li, nil
+}
+
+// analyzedCalls returns, for each Parse and Bind of seg whose statement
+// Postgres may run code for before any Execute (analysisCalls), a read
+// calling that code, in seg's order.
+func (s *session) analyzedCalls(seg []segMsg) []*Statement {
+	var out []*Statement
+	for i := range seg {
+		if calls, st := analysisCalls(&seg[i]); len(calls) > 0 && !(seg[i].typ == 'B' && executedAfter(seg, i)) {
+			out = append(out, &Statement{Class: ClassRead, Calls: calls, Tag: protocolName(seg[i].typ) + "(" + st.Tag + ")"})
+		}
+	}
+	return out
+}
+
+// analysisCalls returns the calls Postgres may run for m, a Parse or a
+// Bind, with its statement. Analyzing a Parse's statement runs the input
+// of the types its literals are cast to (a domain's check among them):
+// its types not in pg_catalog. Planning a Bind's folds immutable functions
+// and operators on constants, and its parameters' values pass their
+// types' input: all its calls.
+func analysisCalls(m *segMsg) ([]Call, *Statement) {
+	switch m.typ {
+	case 'P':
+		if m.parsed == nil {
+			return nil, nil
+		}
+		var types []Call
+		for _, c := range m.parsed.Calls {
+			if c.Kind == 't' && !c.builtinType() {
+				types = append(types, c)
+			}
+		}
+		return types, m.parsed
+	case 'B':
+		if m.bound == nil {
+			return nil, nil
+		}
+		return m.bound.Calls, m.bound
+	}
+	return nil, nil
+}
+
+// executedAfter: seg's message i, a Bind, binds a portal an Execute later
+// in seg runs, with no statement that ends or starts a transaction run
+// between. Then the Execute, judged with the same calls in the same
+// transaction, is refused when the Bind's planning could write, and its
+// refusal rolls that back: the Bind needs no judging of its own (a
+// prepared write's Bind, in every write, allocates nothing for it).
+func executedAfter(seg []segMsg, i int) bool {
+	for j := i + 1; j < len(seg); j++ {
+		m := &seg[j]
+		switch m.typ {
+		case 'B':
+			if m.portal == seg[i].portal {
+				return false // bound again first
+			}
+		case 'E':
+			if m.st == nil || m.st.Tx != TxNone {
+				return false
+			}
+			if m.portal == seg[i].portal {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// judgeAnalysis judges analyzed (analyzedCalls's reads) as reads calling
+// them in the unit's writable transaction (judgeCalls): one that may write
+// there is set on its message (analysis) as the opaque write it is,
+// authorized in its place (TestAnalysisInAWritableUnitIsJudged).
+func (s *session) judgeAnalysis(seg []segMsg, analyzed []*Statement) {
+	k := 0
+	for i := range seg {
+		if calls, _ := analysisCalls(&seg[i]); len(calls) == 0 || seg[i].typ == 'B' && executedAfter(seg, i) {
+			continue
+		}
+		if j := s.judgeCalls(analyzed[k], true); j != analyzed[k] && j.Class == ClassWrite {
+			seg[i].analysis = j
+		}
+		k++
+	}
 }
 
 // segmentChecked: the segment is a unit of its own whose one Execute (of
@@ -495,6 +596,17 @@ func (fw *segWriter) message(i int, raw []byte) {
 	}
 	if m.typ != 'S' && m.typ != 'H' && !s.sim.inBlock && !s.sim.decided {
 		fw.startTxn(i)
+	}
+	if m.analysis != nil {
+		r := s.authorizeInTxn(m.analysis, fw.li)
+		if r == nil {
+			r = s.authorizeWrite(m.analysis, fw.li, s.searchPath, "")
+		}
+		if r != nil {
+			fw.refuse(r, m.analysis)
+			fw.refusal.changes = m.changes
+			return
+		}
 	}
 	switch m.typ {
 	case 'P', 'B', 'C':

@@ -135,16 +135,86 @@ func (s *session) undo(changes []nameChange) {
 // unnamed statement is out of it: PREPARE cannot make it, and Postgres
 // does not list it.
 
-// noteCode makes the proxy doubt its names when any of stmts may run code
-// it does not parse: a call it has not seen to be builtin, or an opaque
-// statement. A PREPARE runs none of the calls it names (its statement's,
-// its parameters' types): Postgres parses and analyzes it, and plans and
-// runs it only when executed.
-func (s *session) noteCode(stmts []*Statement) {
-	for _, st := range stmts {
-		if st != nil && st.Prepare == "" && (st.Opaque || len(st.Calls) > 0 && !s.seenBuiltin(st)) {
-			s.namesDoubt = true
-			return
+// noteCode makes the proxy doubt its names when any of stmts (a Query's,
+// in order; changes[i] what statement i changed in the names) may run code
+// it does not parse (runsCode). A name the client set after the last such
+// statement (or by it: a PREPARE's own name is stored after its analysis
+// ran, and code that took the name meanwhile makes the PREPARE fail) is
+// fresh: its prepare_time is learnt, not compared (verifyNames).
+func (s *session) noteCode(stmts []*Statement, changes [][]nameChange) {
+	last := -1
+	for i, st := range stmts {
+		if s.runsCode(st) {
+			last = i
+		}
+	}
+	if last < 0 {
+		return
+	}
+	s.doubtNames()
+	for i := last; i < len(changes); i++ {
+		s.markFresh(changes[i])
+	}
+}
+
+// noteCodeInSegment is noteCode for an extended-protocol segment: Postgres
+// analyzes a Parse's statement (a typed literal's input runs, and with it
+// a domain's check) and plans a Bind's (planning folds immutable
+// functions), so those run code too (analysisCalls), not only an Execute.
+func (s *session) noteCodeInSegment(seg []segMsg) {
+	last := -1
+	for i := range seg {
+		m := &seg[i]
+		switch m.typ {
+		case 'P', 'B':
+			if calls, _ := analysisCalls(m); s.anyUnseen(calls) {
+				last = i
+			}
+		case 'E':
+			if s.runsCode(m.st) {
+				last = i
+			}
+		}
+	}
+	if last < 0 {
+		return
+	}
+	s.doubtNames()
+	for i := last; i < len(seg); i++ {
+		if seg[i].typ == 'P' {
+			s.markFresh(seg[i].changes)
+		}
+	}
+}
+
+// runsCode: Postgres may run code the proxy does not parse for st, run: a
+// call it has not seen to be builtin, or an opaque statement.
+func (s *session) runsCode(st *Statement) bool {
+	return st != nil && (st.Opaque || s.analysisRunsCode(st))
+}
+
+// analysisRunsCode: running st may run code the proxy does not parse (a
+// call, a type, it has not seen to be builtin). A PREPARE's calls are its
+// statement's and its parameters' types.
+func (s *session) analysisRunsCode(st *Statement) bool {
+	return st != nil && s.anyUnseen(st.Calls)
+}
+
+// doubtNames starts doubting the names: none the client set so far is
+// fresh any more.
+func (s *session) doubtNames() {
+	s.namesDoubt = true
+	clear(s.freshNames)
+}
+
+// markFresh marks the statement names changes set (to a statement) fresh.
+func (s *session) markFresh(changes []nameChange) {
+	for _, c := range changes {
+		if c.space == statementNames && s.stmts[c.name] != nil && tracksTime(c.name) {
+			if s.freshNames == nil {
+				s.freshNames = map[string]bool{}
+			}
+			s.freshNames[c.name] = true
 		}
 	}
 }
@@ -197,7 +267,7 @@ func (s *session) verifyNames() error {
 			switch {
 			case !there:
 				delete(s.stmts, name)
-			case s.prepSeen[name] != at:
+			case s.prepSeen[name] != at && !s.freshNames[name]:
 				s.stmts[name] = &Statement{Class: ClassWrite, Opaque: true, Tag: "PreparedByCode",
 					OpaqueWhy: "prepared statement " + name + " was prepared again by code the fence does not parse (a function, DO block or procedure)"}
 				s.p.log.Warn("prepared statement changed behind the fence; it is judged as an opaque write", "user", s.user, "name", name)
@@ -205,6 +275,7 @@ func (s *session) verifyNames() error {
 		}
 	}
 	s.prepSeen, s.namesDoubt, s.namesUnseen = now, false, false
+	clear(s.freshNames)
 	return nil
 }
 

@@ -47,7 +47,7 @@ func (s *session) handleQuery(raw []byte) error {
 			return s.parseOrRefuse(sql, r, st, li)
 		}
 	}
-	s.noteCode(stmts)
+	s.noteCode(stmts, changes)
 	if between && len(stmts) == 1 {
 		if err := s.unwrapOutside(stmts[0], li); err != nil {
 			return s.cancelOr(err, changes)
@@ -401,8 +401,8 @@ func (s *session) handleFunctionCall(raw []byte) error {
 		}
 	}
 	if r == nil {
-		s.noteCode([]*Statement{st}) // a function of any oid: code the proxy does not parse
-		s.rw.Store(true)             // in a block made writable, the lease live
+		s.noteCode([]*Statement{st}, nil) // a function of any oid: code the proxy does not parse
+		s.rw.Store(true)                  // in a block made writable, the lease live
 		s.push(&expect{kind: expFunc})
 		_, err := s.sw.Write(raw)
 		return err

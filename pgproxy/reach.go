@@ -587,6 +587,7 @@ func callsSQL(calls []string) string {
 ), ` + userTypesSQL() + `
 SELECT DISTINCT 'r' || v.root, '', '' FROM v JOIN pg_catalog.pg_attribute a ON a.attrelid = v.oid AND a.attnum > 0 AND NOT a.attisdropped
   WHERE a.atttypid IN (SELECT ut.oid FROM ut)
+UNION SELECT DISTINCT 'r' || v.root, '', '' FROM v JOIN pg_catalog.pg_class rc ON rc.oid = v.oid WHERE rc.reltype IN (SELECT ut.oid FROM ut)
 UNION SELECT DISTINCT 't' || t.typname, '', '' FROM pg_catalog.pg_type t WHERE t.typname::pg_catalog.text = ANY (` + arr('t') + `)
   AND t.oid IN (SELECT ut.oid FROM ut)
 UNION SELECT 'y' || y.n, '', '' FROM pg_catalog.unnest(` + arr('y') + `) AS y(n)

@@ -57,6 +57,7 @@ type session struct {
 	prepSeen    map[string]string     // the server's prepare_time of tracked statements, as last seen (see verifyNames)
 	namesDoubt  bool                  // code the proxy does not parse may have prepared statements since (verifyNames)
 	namesUnseen bool                  // a tracked named statement may have no prepare_time in prepSeen yet
+	freshNames  map[string]bool       // names the client set after the last code that may have run (noteCode)
 	searchPath  []string              // nil: unknown
 	seg         []segMsg              // pending extended-protocol messages
 	pendingSync bool                  // extended messages went out since the last Sync

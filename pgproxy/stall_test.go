@@ -78,9 +78,9 @@ func TestClientPausesMidUnit(t *testing.T) {
 		before: steps(&pgproto3.Parse{Query: "INSERT INTO public.stall (name) VALUES ('atomic-%s')"}, &pgproto3.Bind{}, &pgproto3.Execute{},
 			&pgproto3.Flush{}, &pgproto3.Parse{Name: "stall_x", Query: "select 1"}),
 		after: steps(&pgproto3.Parse{Query: "INSERT INTO public.stall (name) VALUES ('atomic-%s')"}, &pgproto3.Bind{}, &pgproto3.Execute{},
-			&pgproto3.Parse{Query: "SELECT 1/0"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}),
+			&pgproto3.Parse{Query: "SELECT 1 FROM public.stall_missing"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}),
 		want: "ParseComplete BindComplete CommandComplete(INSERT 0 1) ParseComplete ParseComplete BindComplete CommandComplete(INSERT 0 1) " +
-			"ParseComplete ErrorResponse(22012) ReadyForQuery(I)", // 1/0 fails when planned, at Bind
+			"ErrorResponse(42P01) ReadyForQuery(I)", // no such table: it fails when parsed
 		check: "SELECT count(*) = 0 FROM public.stall WHERE name = 'atomic-%s'", // the error rolled both back
 	}, {
 		name:   "a read after the pause runs",

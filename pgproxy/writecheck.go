@@ -54,11 +54,24 @@ func (s *session) mayCheckWrites(st *Statement, n int, between bool) bool {
 // seenBuiltin: every call of st (but sequences') was found builtin by a
 // lookup at some time (catalog.seenBuiltin).
 func (s *session) seenBuiltin(st *Statement) bool {
+	return !s.anyUnseen(st.Calls)
+}
+
+// anyUnseen: a call of calls (but sequences' and pg_catalog's types) has
+// not been found builtin by a lookup.
+func (s *session) anyUnseen(calls []Call) bool {
+	if len(calls) == 0 {
+		return false
+	}
+	return !s.allSeenBuiltin(calls)
+}
+
+func (s *session) allSeenBuiltin(calls []Call) bool {
 	cat := s.p.catalog
 	cat.mu.Lock()
 	defer cat.mu.Unlock()
-	for _, c := range st.Calls {
-		if c.Kind != 'q' && !cat.seenBuiltin[callKeyOf(s.database, c)] {
+	for _, c := range calls {
+		if c.Kind != 'q' && !c.builtinType() && !cat.seenBuiltin[callKeyOf(s.database, c)] {
 			return false
 		}
 	}

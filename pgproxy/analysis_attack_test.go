@@ -1,0 +1,192 @@
+package pgproxy
+
+import (
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// Attacks a reviewer ran against stop 61's fixes: Postgres runs code while
+// it only analyzes a statement (a composite literal's input runs its
+// fields' domain checks), in a PREPARE or a protocol Parse with no Execute.
+// Such code can prepare statement names again behind the proxy; a name is
+// trusted only when the client set it after the last code of its unit.
+
+// reprepDomain makes app.<typ>, a composite type whose one field's domain
+// CHECK prepares name again as rest (app.reprep).
+func reprepDomain(t *testing.T, typ, name, rest string) {
+	t.Helper()
+	if _, err := adminConn(t).Exec(ctxT(t), `CREATE OR REPLACE FUNCTION app.reprep(n text, rest text) RETURNS int LANGUAGE plpgsql AS
+  $$BEGIN EXECUTE 'DEALLOCATE ' || n; EXECUTE 'PREPARE ' || n || rest; RETURN 1; END$$;
+DROP TYPE IF EXISTS app.`+typ+`; DROP DOMAIN IF EXISTS app.`+typ+`_d;
+CREATE DOMAIN app.`+typ+`_d AS int CHECK (app.reprep(`+sqlText(name)+`, `+sqlText(rest)+`) = 1);
+CREATE TYPE app.`+typ+` AS (v app.`+typ+`_d)`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAnalysisThatPreparesAgainIsNoted(t *testing.T) {
+	smuggleSetup(t)
+	ctx := ctxT(t)
+	t.Run("the proxy's own name, by a PREPARE", func(t *testing.T) {
+		reprepDomain(t, "an_tok", "fence"+"line_tok", "(text) AS INSERT INTO other.t SELECT 65 WHERE $1 IS NOT NULL")
+		p := startProxy(t, Config{Lease: newStaticLease(t, "lease_an_tok", 0, "public.*", "app.*")})
+		c := connect(t, proxyDSN(p, "agent"))
+		if _, err := c.Exec(ctx, "INSERT INTO public.sp_t (id) VALUES ($1)", pgx.QueryExecModeExec, 1); err != nil {
+			t.Fatal(err) // the proxy prepares its own statements
+		}
+		truncateOther(t)
+		err := simple(ctx, c, "PREPARE innocent AS SELECT '(5)'::app.an_tok")
+		_, err2 := c.Exec(ctx, "INSERT INTO public.sp_t (id) VALUES ($1)", pgx.QueryExecModeExec, 2)
+		noRowsOutside(t, "fenceline_tok prepared again while a PREPARE was analyzed", err, err2)
+	})
+	for _, how := range []string{"PREPARE", "Parse"} {
+		t.Run("a client's name, by a "+how, func(t *testing.T) {
+			reprepDomain(t, "an_cl", "an_w", " AS INSERT INTO other.t VALUES (71)")
+			p := startProxy(t, Config{Lease: newStaticLease(t, "lease_an_cl", 0, "public.*", "app.*")})
+			c := connect(t, proxyDSN(p, "agent"))
+			for _, q := range []string{"PREPARE an_w AS SELECT 1", "SELECT 1"} { // its prepare_time learnt
+				if err := simple(ctx, c, q); err != nil {
+					t.Fatal(err)
+				}
+			}
+			truncateOther(t)
+			var errs []error
+			if how == "PREPARE" {
+				errs = append(errs, simple(ctx, c, "PREPARE innocent AS SELECT '(5)'::app.an_cl"))
+			} else {
+				errs = pipeline(t, c, func(pl *pgconn.Pipeline) { pl.SendPrepare("innocent", "SELECT '(5)'::app.an_cl", nil) })
+			}
+			q := "SELECT 2; BEGIN; INSERT INTO public.sp_t (id) VALUES (1); EXECUTE an_w; COMMIT"
+			errs = append(errs, simple(ctx, c, q))
+			simple(ctx, c, "ROLLBACK") //nolint:errcheck // after a refusal
+			noRowsOutside(t, "a client's name prepared again while a "+how+" was analyzed, then executed in a write's block", errs...)
+		})
+	}
+	// What the client prepares after the code of its unit, or with
+	// builtin types only, stays its own.
+	t.Run("names prepared with builtin types, or after the code", func(t *testing.T) {
+		p := startProxy(t, Config{Lease: newStaticLease(t, "lease_an_ok", 0, "public.*", "app.*")})
+		c := connect(t, proxyDSN(p, "agent"))
+		for _, q := range []string{
+			"PREPARE ok_w(int, text) AS INSERT INTO public.sp_t (id) VALUES ($1); PREPARE ok_s(varchar) AS SELECT $1",
+			"EXECUTE ok_w(1, 'a')",
+			"SELECT abs(-1) + 1; PREPARE ok_after(int) AS INSERT INTO public.sp_t (id) VALUES ($1 + 1)",
+			"EXECUTE ok_after(2)",
+			"EXECUTE ok_s('b')",
+		} {
+			if err := simple(ctx, c, q); err != nil {
+				t.Errorf("%s: %v", q, err)
+			}
+		}
+		if _, err := c.Exec(ctx, "INSERT INTO public.sp_t (id) SELECT $1::int + abs(-1)", 3); err != nil { // pgx's own cached statement
+			t.Errorf("a Parse calling builtins: %v", err)
+		}
+		if _, err := c.Exec(ctx, "INSERT INTO public.sp_t (id) SELECT $1::int + abs(-1)", 4); err != nil {
+			t.Errorf("the same statement again: %v", err)
+		}
+	})
+}
+
+// In a writable unit what a Parse's analysis or a Bind's planning runs
+// writes as an Execute's call would: judged as one.
+func TestAnalysisInAWritableUnitIsJudged(t *testing.T) {
+	smuggleSetup(t)
+	if _, err := adminConn(t).Exec(ctxT(t), `DROP TYPE IF EXISTS app.an_w; DROP DOMAIN IF EXISTS app.an_w_d;
+CREATE DOMAIN app.an_w_d AS int CHECK (VALUE > 0 AND other.f_writes() > 0);
+CREATE TYPE app.an_w AS (v app.an_w_d);
+CREATE OR REPLACE FUNCTION app.an_imm(x int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$BEGIN PERFORM other.f_writes(); RETURN x; END$$`); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_an_writable", 0, "public.*", "app.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	truncateOther(t)
+	errs := pipeline(t, c, func(pl *pgconn.Pipeline) {
+		pl.SendPrepare("an_p", "SELECT '(5)'::app.an_w", nil)
+		pl.SendQueryParams("INSERT INTO public.sp_t (id) VALUES (1)", nil, nil, nil, nil)
+	})
+	noRowsOutside(t, "a Parse whose analysis writes, in a write's unit", errs...)
+
+	truncateOther(t)
+	fe := c.PgConn().Frontend()
+	for _, m := range []pgproto3.FrontendMessage{
+		&pgproto3.Parse{Name: "an_b", Query: "SELECT app.an_imm(1)"}, &pgproto3.Bind{PreparedStatement: "an_b", DestinationPortal: "an_portal"},
+		&pgproto3.Parse{Query: "INSERT INTO public.sp_t (id) VALUES (1)"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{},
+	} {
+		fe.Send(m)
+	}
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var refused []string
+	for {
+		m, err := fe.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e, ok := m.(*pgproto3.ErrorResponse); ok {
+			refused = append(refused, e.Code+" "+e.Message)
+		}
+		if _, ok := m.(*pgproto3.ReadyForQuery); ok {
+			break
+		}
+	}
+	if n := otherRows(t); n != 0 || len(refused) == 0 {
+		t.Fatalf("a Bind whose planning folds a writing function, in a write's unit: %d rows outside, refusals %v", n, refused)
+	}
+}
+
+// Operators Postgres finds by name where the text does not spell them as
+// an expression's operator (BETWEEN's >= and <=, IN (SELECT ...)'s =, op
+// ANY (SELECT ...), CASE x WHEN, JOIN USING, NATURAL JOIN, ORDER BY
+// USING), and a cast of a table's row type: each runs a user function in
+// the write's transaction, and is judged as one.
+func TestOperatorsFoundByNameAreJudged(t *testing.T) {
+	smuggleSetup(t)
+	ctx := ctxT(t)
+	if _, err := adminConn(t).Exec(ctx, `
+CREATE OR REPLACE FUNCTION public.op_writes(a text, b int) RETURNS bool LANGUAGE sql AS $$ INSERT INTO other.t VALUES (98); SELECT true $$;
+DROP OPERATOR IF EXISTS public.>= (text, int4); DROP OPERATOR IF EXISTS public.<= (text, int4);
+DROP OPERATOR IF EXISTS public.= (text, int4); DROP OPERATOR IF EXISTS public.=== (text, int4); DROP OPERATOR IF EXISTS public.<<< (text, int4);
+CREATE OPERATOR public.>= (LEFTARG = text, RIGHTARG = int4, FUNCTION = public.op_writes);
+CREATE OPERATOR public.<= (LEFTARG = text, RIGHTARG = int4, FUNCTION = public.op_writes);
+CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = int4, FUNCTION = public.op_writes);
+CREATE OPERATOR public.=== (LEFTARG = text, RIGHTARG = int4, FUNCTION = public.op_writes);
+DROP TYPE IF EXISTS app.op_e CASCADE; CREATE TYPE app.op_e AS ENUM ('a', 'b');
+CREATE OR REPLACE FUNCTION app.op_eq(a app.op_e, b app.op_e) RETURNS bool LANGUAGE sql AS $$ INSERT INTO other.t VALUES (96); SELECT a::text OPERATOR(pg_catalog.=) b::text $$;
+CREATE OPERATOR app.= (LEFTARG = app.op_e, RIGHTARG = app.op_e, FUNCTION = app.op_eq);
+DROP TABLE IF EXISTS app.op_rt CASCADE; CREATE TABLE app.op_rt (x int); INSERT INTO app.op_rt VALUES (1); GRANT ALL ON app.op_rt TO PUBLIC;
+CREATE OR REPLACE FUNCTION app.op_rt_text(app.op_rt) RETURNS text LANGUAGE sql AS $$ INSERT INTO other.t VALUES (97); SELECT 'x' $$;
+CREATE CAST (app.op_rt AS text) WITH FUNCTION app.op_rt_text(app.op_rt) AS ASSIGNMENT`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		adminConn(t).Exec(ctxT(t), `DROP OPERATOR IF EXISTS public.>= (text, int4); DROP OPERATOR IF EXISTS public.<= (text, int4);
+DROP OPERATOR IF EXISTS public.= (text, int4); DROP OPERATOR IF EXISTS public.=== (text, int4);
+DROP FUNCTION IF EXISTS public.op_writes(text, int); DROP TABLE IF EXISTS app.op_rt CASCADE; DROP TYPE IF EXISTS app.op_e CASCADE`) //nolint:errcheck
+	})
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_op_names", 0, "public.*", "app.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	if err := simple(ctx, c, "SET search_path = public, app"); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"INSERT INTO public.sp_t (id) SELECT 1 WHERE 'a'::text BETWEEN 1 AND 2",
+		"INSERT INTO public.sp_t (id) SELECT 1 WHERE 'a'::text === ANY (SELECT 1)",
+		"INSERT INTO public.sp_t (id) SELECT 1 WHERE 'a'::text === ALL (SELECT 1)",
+		"INSERT INTO public.sp_t (id) SELECT 1 WHERE 'a'::text IN (SELECT 1)",
+		"INSERT INTO public.sp_t (id) SELECT CASE 'a'::text WHEN 1 THEN 1 ELSE 2 END",
+		"INSERT INTO public.sp_t (id) SELECT 1 FROM (SELECT 'a'::app.op_e AS k) x JOIN (SELECT 'a'::app.op_e AS k) y USING (k)",
+		"INSERT INTO public.sp_t (id) SELECT 1 FROM (SELECT 'a'::app.op_e AS k) x NATURAL JOIN (SELECT 'a'::app.op_e AS k) y",
+		"INSERT INTO public.sp_t (id) SELECT length(r::text) FROM app.op_rt r",
+	} {
+		truncateOther(t)
+		err := simple(ctx, c, q)
+		simple(ctx, c, "ROLLBACK") //nolint:errcheck // outside a block: a warning
+		if n := otherRows(t); err == nil || n != 0 {
+			t.Errorf("%s: %d rows written outside the claim (error: %v), want refused", q, n, err)
+		}
+	}
+}
