@@ -190,3 +190,42 @@ DROP FUNCTION IF EXISTS public.op_writes(text, int); DROP TABLE IF EXISTS app.op
 		}
 	}
 }
+
+// nextval and setval of a sequence named without its schema, which the
+// session's path resolves to one owned by a table outside the claim: the
+// lookup runs with the path pinned to pg_catalog, where the name resolved
+// to nothing, and the call passed. Every sequence of that name is judged.
+func TestUnqualifiedSequenceIsJudged(t *testing.T) {
+	smuggleSetup(t)
+	admin := adminConn(t)
+	ctx := ctxT(t)
+	if _, err := admin.Exec(ctx, `DROP SEQUENCE IF EXISTS other.uq_s; CREATE SEQUENCE other.uq_s OWNED BY other.t.id; GRANT ALL ON other.uq_s TO PUBLIC;
+DROP TABLE IF EXISTS public.uq_own; CREATE TABLE public.uq_own (id serial); GRANT ALL ON public.uq_own, public.uq_own_id_seq TO PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_uq_seq", 0, "public.*", "app.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	last := func() int64 {
+		var n int64
+		if err := admin.QueryRow(ctx, "SELECT last_value FROM other.uq_s").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := last()
+	if err := simple(ctx, c, "SET search_path = other, public"); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"SELECT nextval('uq_s')", "SELECT setval('uq_s', 1000)", `SELECT nextval('"uq_s"')`} {
+		if err := simple(ctx, c, q); err == nil {
+			t.Errorf("%s: not refused", q)
+		}
+	}
+	if got := last(); got != before {
+		t.Fatalf("other.uq_s moved from %d to %d: a sequence of a table outside the claim was written", before, got)
+	}
+	// The claimed table's own sequence, unqualified, as ORMs call it.
+	if err := simple(ctx, c, "SELECT nextval('uq_own_id_seq')"); err != nil {
+		t.Errorf("nextval of a claimed table's sequence: %v", err)
+	}
+}

@@ -10,8 +10,9 @@ import (
 // and type it names in pg_catalog.
 func TestCatalogLookupsAreQualified(t *testing.T) {
 	lookups := map[string]string{
-		"calls":   callsSQL([]string{"ffoo", "obar", "rbaz", "tqux", "y16390", "qseq", "q?"}),
-		"foreign": foreignSQL,
+		"calls":          callsSQL([]string{"ffoo", "obar", "rbaz", "tqux", "y16390", "qseq", "qs.seq", "q?"}, false),
+		"calls in block": callsSQL([]string{"ffoo", "qseq"}, true),
+		"foreign":        foreignSQL,
 	}
 	for _, tc := range []bool{false, true} {
 		for _, only := range []bool{false, true} {
@@ -19,7 +20,8 @@ func TestCatalogLookupsAreQualified(t *testing.T) {
 		}
 	}
 	// Run before each lookup, as written.
-	for name, q := range map[string]string{"planner defaults": plannerDefaultsSQL, "pin path": pinPathSQL, "prepared": preparedSQL} {
+	for name, q := range map[string]string{"planner defaults": plannerDefaultsSQL, "pin path": pinPathSQL, "prepared": preparedSQL,
+		"sequences by path": seqsByPathSQL([]string{"qseq", `q"Seq"`})} {
 		if err := qualifiedOnly(q); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}

@@ -217,7 +217,10 @@ const plannerDefaultsSQL = `SELECT 1 FROM (SELECT pg_catalog.count(pg_catalog.se
 // transaction block it runs with the client's settings (a local setting
 // would outlive the lookup there): its text alone keeps the path's
 // operators out (TestLookupInABlockIgnoresOperatorsInThePath).
-func (s *session) catalogQuery(q string) ([][]string, error) {
+//
+// pre, statements of the proxy's own naming no operator, run before the
+// path is pinned (in a transaction of its own only).
+func (s *session) catalogQuery(q string, pre ...string) ([][]string, error) {
 	q, err := s.p.catalog.qualified(q)
 	if err != nil {
 		return nil, &queryError{sql: q, err: err}
@@ -225,7 +228,7 @@ func (s *session) catalogQuery(q string) ([][]string, error) {
 	if s.txStatus != 'I' {
 		return s.internalQuery(q)
 	}
-	return s.internalQuery(pinPathSQL, plannerDefaultsSQL, q)
+	return s.internalQuery(append(pre, pinPathSQL, plannerDefaultsSQL, q)...)
 }
 
 // qualified returns qualifyCatalogSQL(q), remembered: lookups repeat their
@@ -564,13 +567,45 @@ FROM w JOIN pg_catalog.pg_class c ON c.oid = w.oid JOIN pg_catalog.pg_namespace 
 LEFT JOIN pg_catalog.pg_class s ON s.oid = w.src LEFT JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace`
 }
 
-// callsSQL returns, of the names in calls (a kind letter and a name), those
-// that may run user code: a function or operator created after initdb
+// seqsSetting holds, for a lookup in a transaction of its own, the oid of
+// the sequence each name without its schema means on the session's path
+// (seqsByPathSQL), as JSON; local to that transaction.
+const seqsSetting = "fenceline.lookup_seqs"
+
+// seqsByPathSQL notes in seqsSetting what the session's path makes of each
+// sequence name in calls ('q', without a schema); "" when there is none.
+// It runs before the lookup pins the path, and names no operator.
+func seqsByPathSQL(calls []string) string {
+	var names []string
+	for _, c := range calls {
+		if c[0] == 'q' && c != "q?" && !strings.Contains(c, ".") {
+			names = append(names, sqlText(c[1:]))
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return `SELECT 1 FROM pg_catalog.set_config('` + seqsSetting + `', (SELECT pg_catalog.json_object_agg(q.n, pg_catalog.to_regclass(q.n)::pg_catalog.oid)
+  FROM pg_catalog.unnest(ARRAY[` + strings.Join(names, ", ") + `]::pg_catalog.text[]) AS q(n))::pg_catalog.text, true) x WHERE x IS NULL`
+}
+
+// callsSQL returns, of the names in calls (a kind letter and a name), the
+// tables that own a sequence nextval or setval names ('q'), and those that
+// may run user code: a function or operator created after initdb
 // carries the name ('f', 'o'), or a relation of that name is a view whose
 // definition (or a view's it reads, and so on), or a relation whose row
 // security policies, call a function or operator created after initdb
 // ('r').
-func callsSQL(calls []string) string {
+func callsSQL(calls []string, inBlock bool) string {
+	// The sequence a name without its schema means is the session's
+	// path's: in the client's block the lookup runs with it; in a
+	// transaction of its own, with pg_catalog alone (pinPathSQL), after
+	// seqsByPathSQL noted what the path made of each name.
+	seq := `pg_catalog.to_regclass(q.n)::pg_catalog.oid`
+	if !inBlock {
+		seq = `CASE WHEN pg_catalog.array_length(pg_catalog.parse_ident(q.n), 1) > 1 THEN pg_catalog.to_regclass(q.n)::pg_catalog.oid
+    ELSE (pg_catalog.current_setting('` + seqsSetting + `')::pg_catalog.json ->> q.n)::pg_catalog.oid END`
+	}
 	lists := map[byte][]string{}
 	for _, c := range calls {
 		lists[c[0]] = append(lists[c[0]], sqlText(c[1:]))
@@ -584,7 +619,9 @@ func callsSQL(calls []string) string {
   UNION SELECT v.root, d.refobjid FROM v JOIN pg_catalog.pg_rewrite rw ON rw.ev_class = v.oid
     JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = rw.oid
       AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid <> v.oid
-), ` + userTypesSQL() + `
+), ` + userTypesSQL() + `, qs(n, oid) AS (
+  SELECT q.n, ` + seq + ` FROM pg_catalog.unnest(` + arr('q') + `) AS q(n) WHERE q.n <> '?'
+)
 SELECT DISTINCT 'r' || v.root, '', '' FROM v JOIN pg_catalog.pg_attribute a ON a.attrelid = v.oid AND a.attnum > 0 AND NOT a.attisdropped
   WHERE a.atttypid IN (SELECT ut.oid FROM ut)
 UNION SELECT DISTINCT 'r' || v.root, '', '' FROM v JOIN pg_catalog.pg_class rc ON rc.oid = v.oid WHERE rc.reltype IN (SELECT ut.oid FROM ut)
@@ -600,12 +637,12 @@ UNION SELECT DISTINCT 'f' || p.proname, '', '' FROM pg_catalog.pg_proc p WHERE p
   AND p.proname::pg_catalog.text = ANY (` + arr('f') + `)
 UNION SELECT DISTINCT 'o' || o.oprname, '', '' FROM pg_catalog.pg_operator o WHERE o.oid >= ` + user + `
   AND o.oprname::pg_catalog.text = ANY (` + arr('o') + `)
-UNION SELECT 'q' || q.n, tn.nspname, tc.relname FROM pg_catalog.unnest(` + arr('q') + `) AS q(n)
-  JOIN pg_catalog.pg_depend d ON q.n <> '?' AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = pg_catalog.to_regclass(q.n)::pg_catalog.oid
+UNION SELECT 'q' || qs.n, tn.nspname, tc.relname FROM qs
+  JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = qs.oid
     AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjsubid > 0 AND d.deptype IN ('a', 'i')
   JOIN pg_catalog.pg_class tc ON tc.oid = d.refobjid JOIN pg_catalog.pg_namespace tn ON tn.oid = tc.relnamespace
-UNION SELECT 'q' || q.n, tn.nspname, tc.relname FROM pg_catalog.unnest(` + arr('q') + `) AS q(n)
-  JOIN pg_catalog.pg_depend d ON q.n <> '?' AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = pg_catalog.to_regclass(q.n)::pg_catalog.oid
+UNION SELECT 'q' || qs.n, tn.nspname, tc.relname FROM qs
+  JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = qs.oid
     AND d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass
   JOIN pg_catalog.pg_attrdef ad ON ad.oid = d.objid
   JOIN pg_catalog.pg_class tc ON tc.oid = ad.adrelid JOIN pg_catalog.pg_namespace tn ON tn.oid = tc.relnamespace`
@@ -926,7 +963,12 @@ func (s *session) lookupCalls(calls []string, private bool, now time.Time, own m
 	if cat.lookupHook != nil {
 		s.blocking(func() { cat.lookupHook(calls) })
 	}
-	rows, err := s.catalogQuery(callsSQL(calls))
+	inBlock := s.txStatus != 'I'
+	var pre []string
+	if q := seqsByPathSQL(calls); q != "" && !inBlock {
+		pre = append(pre, q)
+	}
+	rows, err := s.catalogQuery(callsSQL(calls, inBlock), pre...)
 	if err != nil {
 		return err
 	}
