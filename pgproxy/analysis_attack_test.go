@@ -199,7 +199,8 @@ func TestUnqualifiedSequenceIsJudged(t *testing.T) {
 	smuggleSetup(t)
 	admin := adminConn(t)
 	ctx := ctxT(t)
-	if _, err := admin.Exec(ctx, `DROP SEQUENCE IF EXISTS other.uq_s; CREATE SEQUENCE other.uq_s OWNED BY other.t.id; GRANT ALL ON other.uq_s TO PUBLIC;
+	if _, err := admin.Exec(ctx, `DROP SEQUENCE IF EXISTS other.uq_s, other."uq.s"; CREATE SEQUENCE other.uq_s OWNED BY other.t.id; GRANT ALL ON other.uq_s TO PUBLIC;
+CREATE SEQUENCE other."uq.s" OWNED BY other.t.id; GRANT ALL ON other."uq.s" TO PUBLIC;
 DROP TABLE IF EXISTS public.uq_own; CREATE TABLE public.uq_own (id serial); GRANT ALL ON public.uq_own, public.uq_own_id_seq TO PUBLIC`); err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +208,7 @@ DROP TABLE IF EXISTS public.uq_own; CREATE TABLE public.uq_own (id serial); GRAN
 	c := connect(t, proxyDSN(p, "agent"))
 	last := func() int64 {
 		var n int64
-		if err := admin.QueryRow(ctx, "SELECT last_value FROM other.uq_s").Scan(&n); err != nil {
+		if err := admin.QueryRow(ctx, `SELECT (SELECT last_value FROM other.uq_s) + (SELECT last_value FROM other."uq.s")`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -216,16 +217,77 @@ DROP TABLE IF EXISTS public.uq_own; CREATE TABLE public.uq_own (id serial); GRAN
 	if err := simple(ctx, c, "SET search_path = other, public"); err != nil {
 		t.Fatal(err)
 	}
-	for _, q := range []string{"SELECT nextval('uq_s')", "SELECT setval('uq_s', 1000)", `SELECT nextval('"uq_s"')`} {
+	for _, q := range []string{"SELECT nextval('uq_s')", "SELECT setval('uq_s', 1000)", `SELECT nextval('"uq_s"')`,
+		`SELECT setval('"uq.s"', 700)`, `SELECT nextval('uq_own_id_seq'), setval('"uq.s"', 500)`} {
 		if err := simple(ctx, c, q); err == nil {
 			t.Errorf("%s: not refused", q)
 		}
 	}
 	if got := last(); got != before {
-		t.Fatalf("other.uq_s moved from %d to %d: a sequence of a table outside the claim was written", before, got)
+		t.Fatalf("other's sequences moved from %d to %d: a sequence of a table outside the claim was written", before, got)
 	}
 	// The claimed table's own sequence, unqualified, as ORMs call it.
 	if err := simple(ctx, c, "SELECT nextval('uq_own_id_seq')"); err != nil {
 		t.Errorf("nextval of a claimed table's sequence: %v", err)
 	}
+}
+
+// A PREPARE or Parse the server refuses (its name taken meanwhile by code
+// its analysis ran) leaves the name as code made it: not the client's.
+// And a literal coerced to a column's type at Parse runs that type's
+// input (a domain's check) with no type named in the text.
+func TestAnalysisOfRefusedOrColumnTypedStatements(t *testing.T) {
+	smuggleSetup(t)
+	ctx := ctxT(t)
+	reprepDomain(t, "an_fr", "an_x", " AS INSERT INTO other.t VALUES (81)")
+	if _, err := adminConn(t).Exec(ctx, `DROP TABLE IF EXISTS other.an_ct; CREATE TABLE other.an_ct (c app.an_fr); GRANT ALL ON other.an_ct TO PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	use := "SELECT 2; BEGIN; INSERT INTO public.sp_t (id) VALUES (1); EXECUTE an_x; COMMIT"
+	for _, tc := range []struct {
+		name string
+		run  func(c *pgx.Conn) []error
+	}{
+		{"a PREPARE refused", func(c *pgx.Conn) []error {
+			return []error{simple(ctx, c, "PREPARE an_x AS SELECT '(5)'::app.an_fr")}
+		}},
+		{"a Parse refused", func(c *pgx.Conn) []error {
+			return pipeline(t, c, func(pl *pgconn.Pipeline) { pl.SendPrepare("an_x", "SELECT '(5)'::app.an_fr", nil) })
+		}},
+		{"a Parse coercing to a column's type", func(c *pgx.Conn) []error {
+			return pipeline(t, c, func(pl *pgconn.Pipeline) {
+				pl.SendPrepare("an_other", "INSERT INTO other.an_ct (c) VALUES ('(5)')", nil)
+			})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := startProxy(t, Config{Lease: newStaticLease(t, "lease_an_refused", 0, "public.*", "app.*")})
+			c := connect(t, proxyDSN(p, "agent"))
+			for _, q := range []string{"PREPARE an_x AS SELECT 1", "SELECT 1"} { // its prepare_time learnt
+				if err := simple(ctx, c, q); err != nil {
+					t.Fatal(err)
+				}
+			}
+			truncateOther(t)
+			errs := append(tc.run(c), simple(ctx, c, use))
+			simple(ctx, c, "ROLLBACK") //nolint:errcheck // after a refusal
+			if n := otherRows(t); n != 0 {
+				t.Fatalf("%d rows written outside the claim (errors %v)", n, errs)
+			}
+		})
+	}
+	// In a write's unit, the same Parse writes through the domain's check.
+	if _, err := adminConn(t).Exec(ctx, `DROP TABLE IF EXISTS other.an_cw; DROP TYPE IF EXISTS app.an_cwt; DROP DOMAIN IF EXISTS app.an_cwd;
+CREATE DOMAIN app.an_cwd AS int CHECK (VALUE > 0 AND other.f_writes() > 0); CREATE TYPE app.an_cwt AS (v app.an_cwd);
+CREATE TABLE other.an_cw (c app.an_cwt); GRANT ALL ON other.an_cw TO PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_an_coerce", 0, "public.*", "app.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	truncateOther(t)
+	errs := pipeline(t, c, func(pl *pgconn.Pipeline) {
+		pl.SendPrepare("", "INSERT INTO other.an_cw (c) VALUES ('(5)')", nil)
+		pl.SendQueryParams("INSERT INTO public.sp_t (id) VALUES (1)", nil, nil, nil, nil)
+	})
+	noRowsOutside(t, "a Parse coercing a literal to a column's type, in a write's unit", errs...)
 }

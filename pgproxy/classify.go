@@ -108,6 +108,10 @@ type Statement struct {
 	// Session: it may change how later names resolve (search_path) or the
 	// session's settings; the proxy forgets what it knew.
 	Session bool
+	// Analyzed: the calls a Parse's analysis or a Bind's planning may run
+	// (analysisCalls), not a statement run: learnt in any unit, so that
+	// builtins are known for the names' doubt (noteCodeInSegment).
+	Analyzed bool
 	// Rollback: ROLLBACK or ABORT (with or without AND CHAIN).
 	Rollback bool
 	// PrepareTx: PREPARE TRANSACTION, which keeps the transaction's writes

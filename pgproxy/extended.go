@@ -25,6 +25,7 @@ type segMsg struct {
 	bound    *Statement // Bind: what the statement it names held then (nil: none)
 	parsed   *Statement // Parse: the statement it prepares
 	portal   string     // Bind, Execute: the portal it names
+	name     string     // Parse, Bind: the statement it names
 	// analysis: for a Parse or Bind whose statement Postgres analyzes or
 	// plans with calls that may write (judgeAnalysis), the opaque write it
 	// is judged as; nil when none.
@@ -228,7 +229,7 @@ func (s *session) trackSegment(seg []segMsg, buf []byte, changed bool) (_ []byte
 		case 'P':
 			buf, err = s.trackParse(m, body, buf, changed)
 		case 'B':
-			m.bound, m.portal, err = s.trackBind(body)
+			m.bound, m.portal, m.name, err = s.trackBind(body)
 		case 'E':
 			if read, err = s.trackExecute(m, body); err == nil {
 				execs = append(execs, m.st)
@@ -279,17 +280,17 @@ func (s *session) trackParse(m *segMsg, body, buf []byte, changed bool) ([]byte,
 		buf = append(buf, pw.b...)
 	}
 	s.setName(statementNames, name, st)
-	m.parsed = st
+	m.parsed, m.name = st, name
 	return buf, nil
 }
 
 // trackBind binds a portal to its statement (an unknown statement is an
 // opaque write), judging the pids a signalling statement takes from this
 // Bind's parameters; it returns what the statement's name held (nil: none).
-func (s *session) trackBind(body []byte) (*Statement, string, error) {
+func (s *session) trackBind(body []byte) (*Statement, string, string, error) {
 	portal, stmt, bindRest, err := twoCStrings(body)
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	named := s.stmts[stmt]
 	st := named
@@ -307,7 +308,7 @@ func (s *session) trackBind(body []byte) (*Statement, string, error) {
 		}
 	}
 	s.setName(portalNames, portal, st)
-	return named, portal, nil
+	return named, portal, stmt, nil
 }
 
 // trackExecute sets on m the statement its portal runs (an unknown portal
@@ -355,12 +356,12 @@ func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, rea
 	}
 	check := s.segmentChecked(seg, buf, execs, read, fresh) // see checkedWrite
 	writable := s.unitWritable(execs)
-	var analyzed []*Statement
-	if writable && !check {
-		// Read-only, what analysis runs cannot write; a checked
-		// write's check counts what anything in its transaction wrote.
-		analyzed = s.analyzedCalls(seg)
-	}
+	// In a writable unit each Parse's and Bind's calls are judged, unless
+	// an Execute later in its transaction runs the same statement (a
+	// checked write's check counts what anything in its transaction
+	// wrote); in any unit the calls not yet known builtin are learnt, for
+	// the names' doubt.
+	analyzed := s.analyzedCalls(seg, writable && !check)
 	if err := s.learnCatalog(append(execs[:len(execs):len(execs)], analyzed...), writable || check, fresh && !s.stalled && s.txStatus != 'E'); err != nil {
 		return leaseInfo{}, err
 	}
@@ -384,7 +385,7 @@ func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, rea
 	for i := range execs {
 		execs[i] = s.judgeCalls(execs[i], writable)
 	}
-	if len(analyzed) > 0 {
+	if writable && !check {
 		s.judgeAnalysis(seg, analyzed)
 	}
 	li := s.segmentLease(execs)
@@ -403,36 +404,49 @@ func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, rea
 
 // analyzedCalls returns, for each Parse and Bind of seg whose statement
 // Postgres may run code for before any Execute (analysisCalls), a read
-// calling that code, in seg's order.
-func (s *session) analyzedCalls(seg []segMsg) []*Statement {
+// calling that code (Analyzed), in seg's order: when judge, every one an
+// Execute later in its transaction does not judge (executedAfter); else
+// those with a call not yet known builtin.
+func (s *session) analyzedCalls(seg []segMsg, judge bool) []*Statement {
 	var out []*Statement
 	for i := range seg {
-		if calls, st := analysisCalls(&seg[i]); len(calls) > 0 && !(seg[i].typ == 'B' && executedAfter(seg, i)) {
-			out = append(out, &Statement{Class: ClassRead, Calls: calls, Tag: protocolName(seg[i].typ) + "(" + st.Tag + ")"})
+		m := &seg[i]
+		calls, st := analysisCalls(m)
+		if len(calls) == 0 {
+			continue
 		}
+		if judge && executedAfter(seg, i) || !judge && !s.anyUnseen(calls) {
+			continue
+		}
+		rd := &Statement{Class: ClassRead, Calls: calls, Analyzed: true, Tag: protocolName(m.typ) + "(" + st.Tag + ")"}
+		if judge {
+			m.analysis = rd // judged in judgeAnalysis
+		}
+		out = append(out, rd)
 	}
 	return out
 }
 
 // analysisCalls returns the calls Postgres may run for m, a Parse or a
 // Bind, with its statement. Analyzing a Parse's statement runs the input
-// of the types its literals are cast to (a domain's check among them):
-// its types not in pg_catalog. Planning a Bind's folds immutable functions
-// and operators on constants, and its parameters' values pass their
-// types' input: all its calls.
+// of the types its literals are cast or coerced to (a domain's check
+// among them): the relations it names (their columns' types) and its
+// types not in pg_catalog. Planning a Bind's folds immutable functions and
+// operators on constants, and its parameters' values pass their types'
+// input: all its calls.
 func analysisCalls(m *segMsg) ([]Call, *Statement) {
 	switch m.typ {
 	case 'P':
 		if m.parsed == nil {
 			return nil, nil
 		}
-		var types []Call
+		var calls []Call
 		for _, c := range m.parsed.Calls {
-			if c.Kind == 't' && !c.builtinType() {
-				types = append(types, c)
+			if c.Kind == 'r' || c.Kind == 't' && !c.builtinType() {
+				calls = append(calls, c)
 			}
 		}
-		return types, m.parsed
+		return calls, m.parsed
 	case 'B':
 		if m.bound == nil {
 			return nil, nil
@@ -442,25 +456,34 @@ func analysisCalls(m *segMsg) ([]Call, *Statement) {
 	return nil, nil
 }
 
-// executedAfter: seg's message i, a Bind, binds a portal an Execute later
-// in seg runs, with no statement that ends or starts a transaction run
-// between. Then the Execute, judged with the same calls in the same
-// transaction, is refused when the Bind's planning could write, and its
-// refusal rolls that back: the Bind needs no judging of its own (a
-// prepared write's Bind, in every write, allocates nothing for it).
+// executedAfter: seg's message i, a Parse or Bind, prepares or binds what
+// an Execute later in seg runs, with no statement that ends or starts a
+// transaction run between. Then the Execute, judged with the same calls in
+// the same transaction, is refused when the analysis could write, and its
+// refusal rolls that back: the message needs no judging of its own (a
+// write's Parse and Bind, in every write, allocate nothing for it).
 func executedAfter(seg []segMsg, i int) bool {
+	portal, name := seg[i].portal, seg[i].name
+	bound := seg[i].typ == 'B'
 	for j := i + 1; j < len(seg); j++ {
 		m := &seg[j]
 		switch m.typ {
+		case 'P':
+			if !bound && m.name == name {
+				return false // parsed again first
+			}
 		case 'B':
-			if m.portal == seg[i].portal {
+			switch {
+			case bound && m.portal == portal:
 				return false // bound again first
+			case !bound && m.name == name:
+				bound, portal = true, m.portal // the Parse's statement, bound: follow its portal
 			}
 		case 'E':
 			if m.st == nil || m.st.Tx != TxNone {
 				return false
 			}
-			if m.portal == seg[i].portal {
+			if bound && m.portal == portal {
 				return true
 			}
 		}
@@ -468,20 +491,21 @@ func executedAfter(seg []segMsg, i int) bool {
 	return false
 }
 
-// judgeAnalysis judges analyzed (analyzedCalls's reads) as reads calling
-// them in the unit's writable transaction (judgeCalls): one that may write
-// there is set on its message (analysis) as the opaque write it is,
-// authorized in its place (TestAnalysisInAWritableUnitIsJudged).
-func (s *session) judgeAnalysis(seg []segMsg, analyzed []*Statement) {
-	k := 0
+// judgeAnalysis judges the reads analyzedCalls set on seg's messages as
+// reads calling them in the unit's writable transaction (judgeCalls): one
+// that may write there stays on its message (analysis) as the opaque write
+// it is, authorized in its place (TestAnalysisInAWritableUnitIsJudged).
+func (s *session) judgeAnalysis(seg []segMsg, _ []*Statement) {
 	for i := range seg {
-		if calls, _ := analysisCalls(&seg[i]); len(calls) == 0 || seg[i].typ == 'B' && executedAfter(seg, i) {
+		rd := seg[i].analysis
+		if rd == nil {
 			continue
 		}
-		if j := s.judgeCalls(analyzed[k], true); j != analyzed[k] && j.Class == ClassWrite {
+		if j := s.judgeCalls(rd, true); j != rd && j.Class == ClassWrite {
 			seg[i].analysis = j
+		} else {
+			seg[i].analysis = nil
 		}
-		k++
 	}
 }
 

@@ -98,6 +98,10 @@ func (s *session) undoFailed() {
 func (s *session) undo(changes []nameChange) {
 	for i := len(changes) - 1; i >= 0; i-- {
 		c := changes[i]
+		// A PREPARE or Parse the server refused set nothing: its name is
+		// not the client's fresh one (code may have taken it first, which
+		// is why it failed).
+		delete(s.freshNames, c.name)
 		if c.prev == nil {
 			delete(s.names(c.space), c.name)
 		} else {

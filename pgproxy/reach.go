@@ -54,9 +54,11 @@ type catalog struct {
 	rels  map[relKey]*reach // guarded by mu
 	calls map[callKey]callInfo
 	// seenBuiltin holds the calls a lookup found no user code behind,
-	// kept across invalidate and TTL (guarded by mu): a read whose calls
-	// are all here is not made a checked write (see mayCheckWrites), so it
-	// needs no lookup. Stale is safe: such a read runs read-only.
+	// kept across TTL, cleared by DDL the proxy sees (invalidate; guarded
+	// by mu): a read whose calls are all here is not made a checked write
+	// (see mayCheckWrites), so it needs no lookup, and does not make the
+	// proxy doubt its names (noteCode). Stale after DDL through another
+	// fence, a read still runs read-only; a name's doubt is then missed.
 	seenBuiltin map[callKey]bool
 	// foreign holds, by database, a *foreignSet: what a read may not
 	// name. Read without the lock on every read (see readsForeign).
@@ -310,6 +312,9 @@ func (c *catalog) invalidate() {
 	c.mu.Lock()
 	clear(c.rels)
 	clear(c.calls)
+	// What was builtin may not be after DDL (a column of a user type
+	// added, an overload made): the names' doubt relies on it too.
+	clear(c.seenBuiltin)
 	c.gen++
 	c.mu.Unlock()
 	c.foreign.Clear()
@@ -573,12 +578,13 @@ LEFT JOIN pg_catalog.pg_class s ON s.oid = w.src LEFT JOIN pg_catalog.pg_namespa
 const seqsSetting = "fenceline.lookup_seqs"
 
 // seqsByPathSQL notes in seqsSetting what the session's path makes of each
-// sequence name in calls ('q', without a schema); "" when there is none.
-// It runs before the lookup pins the path, and names no operator.
+// sequence name in calls ('q'), qualified or not (Postgres reads the name:
+// '"a.b"' is one name); "" when there is none. It runs before the lookup
+// pins the path, and names no operator.
 func seqsByPathSQL(calls []string) string {
 	var names []string
 	for _, c := range calls {
-		if c[0] == 'q' && c != "q?" && !strings.Contains(c, ".") {
+		if c[0] == 'q' && c != "q?" {
 			names = append(names, sqlText(c[1:]))
 		}
 	}
@@ -603,8 +609,7 @@ func callsSQL(calls []string, inBlock bool) string {
 	// seqsByPathSQL noted what the path made of each name.
 	seq := `pg_catalog.to_regclass(q.n)::pg_catalog.oid`
 	if !inBlock {
-		seq = `CASE WHEN pg_catalog.array_length(pg_catalog.parse_ident(q.n), 1) > 1 THEN pg_catalog.to_regclass(q.n)::pg_catalog.oid
-    ELSE (pg_catalog.current_setting('` + seqsSetting + `')::pg_catalog.json ->> q.n)::pg_catalog.oid END`
+		seq = `(pg_catalog.current_setting('` + seqsSetting + `')::pg_catalog.json ->> q.n)::pg_catalog.oid`
 	}
 	lists := map[byte][]string{}
 	for _, c := range calls {
@@ -756,7 +761,7 @@ func (s *session) cachedCatalog(stmts []*Statement, writable, lookup, private bo
 		if st.Class == ClassWrite && !st.Opaque {
 			s.cachedRels(st, lookup, private, now, &needRels)
 		}
-		if !writable && s.connectsVia() == "" && st.Class != ClassWrite && !callsOtherConnection(st) {
+		if !writable && !st.Analyzed && s.connectsVia() == "" && st.Class != ClassWrite && !callsOtherConnection(st) {
 			continue
 		}
 		needCalls = s.cachedCalls(st, lookup, private, now, needCalls)
