@@ -386,7 +386,7 @@ func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, rea
 		execs[i] = s.judgeCalls(execs[i], writable)
 	}
 	if writable && !check {
-		s.judgeAnalysis(seg, analyzed)
+		s.judgeAnalysis(seg)
 	}
 	li := s.segmentLease(execs)
 	if fresh && s.txStatus == 'I' && len(execs) == 1 && seg[len(seg)-1].typ == 'S' {
@@ -411,6 +411,7 @@ func (s *session) analyzedCalls(seg []segMsg, judge bool) []*Statement {
 	var out []*Statement
 	for i := range seg {
 		m := &seg[i]
+		m.analysis = nil // a replayed message's is judged again
 		calls, st := analysisCalls(m)
 		if len(calls) == 0 {
 			continue
@@ -495,7 +496,7 @@ func executedAfter(seg []segMsg, i int) bool {
 // reads calling them in the unit's writable transaction (judgeCalls): one
 // that may write there stays on its message (analysis) as the opaque write
 // it is, authorized in its place (TestAnalysisInAWritableUnitIsJudged).
-func (s *session) judgeAnalysis(seg []segMsg, _ []*Statement) {
+func (s *session) judgeAnalysis(seg []segMsg) {
 	for i := range seg {
 		rd := seg[i].analysis
 		if rd == nil {
@@ -621,7 +622,7 @@ func (fw *segWriter) message(i int, raw []byte) {
 	if m.typ != 'S' && m.typ != 'H' && !s.sim.inBlock && !s.sim.decided {
 		fw.startTxn(i)
 	}
-	if m.analysis != nil {
+	if m.analysis != nil && m.analysis.Class == ClassWrite {
 		r := s.authorizeInTxn(m.analysis, fw.li)
 		if r == nil {
 			r = s.authorizeWrite(m.analysis, fw.li, s.searchPath, "")
