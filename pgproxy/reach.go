@@ -223,10 +223,11 @@ const plannerDefaultsSQL = `SELECT 1 FROM (SELECT pg_catalog.count(pg_catalog.se
 // pre, statements of the proxy's own naming no operator, run before the
 // path is pinned (in a transaction of its own only).
 func (s *session) catalogQuery(q string, pre ...string) ([][]string, error) {
-	q, err := s.p.catalog.qualified(q)
+	qq, err := s.p.catalog.qualified(q)
 	if err != nil {
 		return nil, &queryError{sql: q, err: err}
 	}
+	q = qq
 	if s.txStatus != 'I' {
 		return s.internalQuery(q)
 	}
@@ -573,8 +574,8 @@ LEFT JOIN pg_catalog.pg_class s ON s.oid = w.src LEFT JOIN pg_catalog.pg_namespa
 }
 
 // seqsSetting holds, for a lookup in a transaction of its own, the oid of
-// the sequence each name without its schema means on the session's path
-// (seqsByPathSQL), as JSON; local to that transaction.
+// the sequence each name nextval or setval takes means on the session's
+// path (seqsByPathSQL), as JSON; local to that transaction.
 const seqsSetting = "fenceline.lookup_seqs"
 
 // seqsByPathSQL notes in seqsSetting what the session's path makes of each
