@@ -100,7 +100,21 @@
 //     proxy does not parse may prepare statements too: each name's
 //     prepare_time is learnt once, and after a unit that may run such code
 //     it is compared with the server's when the next unit begins; a name
-//     prepared again is an opaque write (TestNamesChangedByCode).
+//     prepared again is an opaque write (TestNamesChangedByCode). Such
+//     code runs while Postgres analyzes a Parse or PREPARE (a literal's
+//     type input, a domain's check) or plans a Bind (folded immutable
+//     functions) too: those count, and in a writable unit their calls are
+//     judged in the message's place. A name the client set after the last
+//     such code of its unit, or by it, is learnt, not compared, unless the
+//     server refused it (TestAnalysisThatPreparesAgainIsNoted,
+//     TestAnalysisOfRefusedOrColumnTypedStatements).
+//
+//   - The proxy's catalog lookups run in the client's session: their text
+//     names pg_catalog's operators, functions and types (qualify.go), and
+//     outside a block they run with search_path pg_catalog, so nothing
+//     the client's path holds stands in for them or runs inside them
+//     (TestLookupInABlockIgnoresOperatorsInThePath,
+//     TestOwnQueriesRunNoOperatorOfThePath).
 //
 //   - The proxy's own prepared statements and portals (fenceline_rw,
 //     fenceline_tok, fenceline_sp, ...) run unjudged, as its own text. No
@@ -598,6 +612,11 @@
 // then refuses its fence.
 //
 // # Known limits
+//
+// Whether a call is builtin (catalog.seenBuiltin) is remembered across
+// units until DDL through this proxy; after DDL through another fence it can
+// be stale, and a statement name that code then prepares again, while
+// Postgres analyzes or runs a call thought builtin, is not doubted.
 //
 // Fences from one lease bus are unique, so the trigger compares fences only;
 // a database fenced for two lease buses compares fences of both. After a dump
