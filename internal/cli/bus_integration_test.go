@@ -19,7 +19,13 @@ import (
 func TestBusServeCluster(t *testing.T) {
 	isolate(t)
 	setCfg(t, func(c *config) { c.Creds = t.TempDir() }) // one credentials directory for every node
-	clusterAddrs := []string{testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)}
+	// Below the ephemeral range (StablePorts): a port from it, free when
+	// picked, was taken by an outgoing connection before its node listened
+	// (the route dials of the nodes already up), and the nodes never met.
+	var clusterAddrs []string
+	for _, port := range testutil.FreePorts(t, 3) {
+		clusterAddrs = append(clusterAddrs, fmt.Sprintf("127.0.0.1:%d", port))
+	}
 	routes := "nats://" + strings.Join(clusterAddrs, ",nats://")
 	nodes := make([]*served, 3)
 	errs := make([]error, 3)

@@ -23,9 +23,9 @@ import (
 // node grants leases, with fences rising across nodes.
 func TestStaggeredClusterStart(t *testing.T) {
 	creds := bustest.CredsDir(t)
-	addrs := make([]string, 6)
-	for i := range addrs {
-		addrs[i] = testutil.FreeAddr(t)
+	addrs := make([]string, 6) // below the ephemeral range: no dial takes one before its node listens
+	for i, port := range testutil.FreePorts(t, len(addrs)) {
+		addrs[i] = fmt.Sprintf("127.0.0.1:%d", port)
 	}
 	logs := &logBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))

@@ -363,9 +363,9 @@ func startIDCluster(t *testing.T, service *leasebus.ServiceConfig) ([]*idBus, st
 			t.Fatal(err)
 		}
 	}
-	addrs := make([]string, 6)
-	for i := range addrs {
-		addrs[i] = testutil.FreeAddr(t)
+	addrs := make([]string, 6) // below the ephemeral range: no dial takes one before its node listens
+	for i, port := range testutil.FreePorts(t, len(addrs)) {
+		addrs[i] = fmt.Sprintf("127.0.0.1:%d", port)
 	}
 	nodes := make([]*idBus, 3)
 	for i := range 3 {
