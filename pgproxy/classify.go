@@ -108,6 +108,9 @@ type Statement struct {
 	// Session: it may change how later names resolve (search_path) or the
 	// session's settings; the proxy forgets what it knew.
 	Session bool
+	// ParseCalls are the calls of Calls Postgres may run while it only
+	// analyzes the statement (parseCalls).
+	ParseCalls []Call
 	// Analyzed: the calls a Parse's analysis or a Bind's planning may run
 	// (analysisCalls), not a statement run: learnt in any unit, so that
 	// builtins are known for the names' doubt (noteCodeInSegment).
@@ -340,8 +343,39 @@ func classifyNode(n *pgq.Node) Statement {
 	if name := st.ownName(); name != "" && st.Forbidden == "" {
 		st.Class, st.Forbidden = ClassWrite, "prepared statements and portals named "+ownPrefix+"... are the fence's own, which it runs unjudged: "+name
 	}
+	st.ParseCalls = parseCalls(st.Calls)
 	return st
 }
+
+// parseCalls returns the calls of calls Postgres may run while it only
+// analyzes the statement (a Parse): the relations it names, whose columns'
+// types' input runs for a literal coerced to one, and the types not in
+// pg_catalog it names. Made once per text (the classification is cached),
+// so a Parse on the proxy's path allocates nothing for it.
+func parseCalls(calls []Call) []Call {
+	n := 0
+	for _, c := range calls {
+		if c.parseRuns() {
+			n++
+		}
+	}
+	switch n {
+	case 0:
+		return nil
+	case len(calls):
+		return calls
+	}
+	out := make([]Call, 0, n)
+	for _, c := range calls {
+		if c.parseRuns() {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// parseRuns: analyzing a statement with c may run code c names (parseCalls).
+func (c Call) parseRuns() bool { return c.Kind == 'r' || c.Kind == 't' && !c.builtinType() }
 
 // ownName is the name of the proxy's own (see ownPrefix) that st's SQL
 // names as a prepared statement or a portal, or "".

@@ -441,13 +441,7 @@ func analysisCalls(m *segMsg) ([]Call, *Statement) {
 		if m.parsed == nil {
 			return nil, nil
 		}
-		var calls []Call
-		for _, c := range m.parsed.Calls {
-			if c.Kind == 'r' || c.Kind == 't' && !c.builtinType() {
-				calls = append(calls, c)
-			}
-		}
-		return calls, m.parsed
+		return m.parsed.ParseCalls, m.parsed
 	case 'B':
 		if m.bound == nil {
 			return nil, nil
