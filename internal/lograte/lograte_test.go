@@ -16,10 +16,17 @@ type clock struct{ t time.Time }
 
 func (c *clock) now() time.Time { return c.t }
 
+// newLogger is a logger on a clock the test moves. Its interval's timer
+// never fires unless o.After is given: the real one, on a machine slow
+// enough, fired during the test and read the clock and the buffer the test
+// was writing (a data race under -race).
 func newLogger(o Options) (*slog.Logger, *bytes.Buffer, *clock) {
 	var buf bytes.Buffer
 	c := &clock{t: time.Unix(1_700_000_000, 0)}
 	o.Now = c.now
+	if o.After == nil {
+		o.After = func(time.Duration, func()) func() bool { return func() bool { return true } }
+	}
 	return slog.New(New(slog.NewTextHandler(&buf, nil), o)), &buf, c
 }
 
