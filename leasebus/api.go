@@ -246,6 +246,8 @@ type reply struct {
 	Revision uint64 `json:"revision,omitempty"`
 	// Policy is the version a policy write stored (policy.go).
 	Policy *policy.Document `json:"policy,omitempty"`
+	// Status is an instance's answer to a status request (status.go).
+	Status *Status `json:"status,omitempty"`
 }
 
 // ChangedSubject is where the lease service announces each committed

@@ -141,7 +141,7 @@ func grants(id string) map[Role]Grant {
 		jsRead(FleetJSAPI, PolicyStream), jsConsume(FleetJSAPI, PolicyStream),
 	)
 	viewer := Grant{
-		Publish: slices.Concat(ops(id, "get", "list"),
+		Publish: slices.Concat(ops(id, "get", "list", opStatus),
 			jsRead(FleetJSAPI, AuditStream), jsConsume(FleetJSAPI, AuditStream),
 			jsRead(FleetJSAPI, EventsStream), jsConsume(FleetJSAPI, EventsStream),
 			shardRead),

@@ -110,13 +110,14 @@ type Service struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu       sync.Mutex
-	actors   map[string]*actor     // by repo key; guarded by mu
-	index    map[string]*indexed   // lease id -> its repo key and record (never changed once made: replaced); guarded by mu
-	stopping bool                  // no new goroutines once set; guarded by mu
-	subs     []*nats.Subscription  // guarded by mu
-	tailing  atomic.Bool           // following other instances' appends (and announcing ours)
-	storeErr atomic.Pointer[error] // the store fault the probe last found (watchStore)
+	mu          sync.Mutex
+	actors      map[string]*actor     // by repo key; guarded by mu
+	index       map[string]*indexed   // lease id -> its repo key and record (never changed once made: replaced); guarded by mu
+	stopping    bool                  // no new goroutines once set; guarded by mu
+	subs        []*nats.Subscription  // guarded by mu
+	tailing     atomic.Bool           // following other instances' appends (and announcing ours)
+	storeErr    atomic.Pointer[error] // the store fault the probe last found (watchStore)
+	statusCache statusCache           // the streams' leaders a status answer reports (status.go)
 	// refusals queues refusals by the bus for refusalWriter; what does not
 	// fit is counted in refusalsDropped.
 	refusals        chan busRefusal
@@ -273,7 +274,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 			return nil, err
 		}
 	}
-	subs, err := s.subscribe(append(slices.Clone(leaseOps), otherOps...))
+	subs, err := s.subscribe(slices.Concat(leaseOps, otherOps, []string{opStatus}))
 	if err != nil {
 		s.Stop()
 		return nil, err
@@ -643,7 +644,13 @@ func (s *Service) subscribe(ops []string) ([]*nats.Subscription, error) {
 			if s.prim != nil && slices.Contains(leaseOps, op) {
 				h = s.primaryOnly(h, op, conn != s.fleet)
 			}
-			sub, err := conn.QueueSubscribe(requestSubject(op, "*"), serviceQueue, h)
+			var sub *nats.Subscription
+			var err error
+			if op == opStatus {
+				sub, err = conn.Subscribe(requestSubject(op, "*"), h) // every instance answers
+			} else {
+				sub, err = conn.QueueSubscribe(requestSubject(op, "*"), serviceQueue, h)
+			}
 			if err != nil {
 				return fail(fmt.Errorf("subscribe %s: %w", requestSubject(op, "*"), err))
 			}
@@ -782,6 +789,12 @@ func (s *Service) handlerOf(op string, serviceAccount, forwarded bool) nats.MsgH
 				})
 				return
 			}
+		case opStatus:
+			s.goTracked(c, func() {
+				st := s.status(s.ctx)
+				c.respond(reply{Status: &st})
+			})
+			return
 		case "audit":
 			if len(m.Data) > maxEventRequest {
 				c.fail(fmt.Errorf("%w: an audit event of %d bytes: at most %d (clip what the agent sent to an excerpt)", lease.ErrInvalid, len(m.Data), maxEventRequest))

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -26,7 +28,7 @@ func (a *app) busCommand() *cobra.Command {
 		Args:  groupArgs,
 		RunE:  showHelp,
 	}
-	c.AddCommand(a.serveCommand(), a.credsCommand(), a.enrollCommand(), a.revokeIdentityCommand(), a.identitiesCommand(), a.fenceSecretCommand())
+	c.AddCommand(a.serveCommand(), a.credsCommand(), a.enrollCommand(), a.revokeIdentityCommand(), a.identitiesCommand(), a.fenceSecretCommand(), a.statusCommand())
 	return c
 }
 
@@ -459,4 +461,94 @@ func (a *app) identitiesCommand() *cobra.Command {
 	c.Flags().StringVar(&dir, "dir", "", "the bus's credentials directory")
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
+}
+
+func (a *app) statusCommand() *cobra.Command {
+	var (
+		wait   time.Duration
+		asJSON bool
+	)
+	c := &cobra.Command{
+		Use:   "status [--wait 1s] [--json]",
+		Short: "Say which lease service instance serves, and what lease requests wait for",
+		Long: `Asks every lease service instance the connected server reaches what it knows
+of the election (which instance is the primary, how long its claim has gone
+unrenewed, when a standby takes over) and of the streams a lease request waits
+on (their leaders and which replicas they do not hear), and says from that what
+a lease request waits for now. An instance that does not answer within --wait
+is cut off from this server, paused or down.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if wait <= 0 {
+				return usagef("--wait must be positive (how long to collect the instances' answers), got %s", wait)
+			}
+			s, err := a.dial(leasebus.RoleViewer)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			sts, err := leasebus.NewClient(s.nc).Status(cmd.Context(), wait)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, sts)
+			}
+			printStatus(a.stdout, sts)
+			fmt.Fprintf(a.stdout, "now: %s\n", leasebus.Explain(sts))
+			return nil
+		},
+	}
+	c.Flags().DurationVar(&wait, "wait", time.Second, "how long to collect the instances' answers")
+	c.Flags().BoolVar(&asJSON, "json", false, "print each instance's answer as JSON")
+	return c
+}
+
+// printStatus prints one line per instance and, under each, the streams'
+// leaders as it read them.
+func printStatus(out io.Writer, sts []leasebus.Status) {
+	for _, st := range sts {
+		role := "alone"
+		switch {
+		case st.Elected && st.Serving:
+			role = "primary"
+		case st.Lapsed:
+			role = "primary, term lapsed"
+		case st.Elected:
+			role = "standby"
+		}
+		fmt.Fprintf(out, "instance %s on %s: %s", st.Instance, st.Server, role)
+		if st.Elected && !st.Serving {
+			switch {
+			case st.ClaimErr != "":
+				fmt.Fprintf(out, "; claim unreadable: %s", st.ClaimErr)
+			case st.ClaimFree:
+				fmt.Fprint(out, "; claim free")
+			case st.Primary != "":
+				fmt.Fprintf(out, "; primary %s, claim unrenewed for %s", st.Primary, time.Duration(st.Unrenewed).Round(time.Millisecond))
+			}
+		}
+		fmt.Fprintln(out)
+		for _, ss := range st.Streams {
+			switch {
+			case ss.Err != "":
+				fmt.Fprintf(out, "  %s: %s\n", ss.Name, ss.Err)
+			case ss.Leader == "":
+				fmt.Fprintf(out, "  %s: single server\n", ss.Name)
+			default:
+				fmt.Fprintf(out, "  %s: led by %s", ss.Name, ss.Leader)
+				for _, r := range ss.Replicas {
+					state := "current"
+					switch {
+					case r.Offline:
+						state = "offline"
+					case !r.Current:
+						state = fmt.Sprintf("behind by %d", r.Lag)
+					}
+					fmt.Fprintf(out, ", %s %s (heard %s ago)", r.Server, state, time.Duration(r.Active).Round(time.Millisecond))
+				}
+				fmt.Fprintln(out)
+			}
+		}
+	}
 }

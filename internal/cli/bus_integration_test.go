@@ -76,6 +76,31 @@ func TestBusServeCluster(t *testing.T) {
 		}
 		last = b.Fence
 	}
+	// Every node's instance answers a status request: one is the
+	// primary, and the lease log has a leader every replica follows.
+	checkFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		r := fl(t, "--nats", nodes[2].url, "bus", "status")
+		if r.code != ExitOK {
+			return fmt.Errorf("bus status: exit %d: %s", r.code, r.stderr)
+		}
+		n := 0
+		for _, line := range strings.Split(r.stdout, "\n") {
+			if strings.HasPrefix(line, "instance ") {
+				n++
+			}
+		}
+		if n != 3 {
+			return fmt.Errorf("bus status lists %d instances, want 3:\n%s", n, r.stdout)
+		}
+		if strings.Count(r.stdout, ": primary\n") != 1 || strings.Count(r.stdout, ": standby; primary ") != 2 {
+			return fmt.Errorf("bus status does not list one primary and two standbys:\n%s", r.stdout)
+		}
+		if !strings.Contains(r.stdout, "\nnow: instance ") || !strings.Contains(r.stdout, " is the primary and serves (on server n") ||
+			!strings.Contains(r.stdout, "the lease log (FENCELINE_LOG) is led by n") || strings.Contains(r.stdout, "which does not hear") {
+			return fmt.Errorf("bus status does not say a primary serves and a whole cluster holds the log:\n%s", r.stdout)
+		}
+		return nil
+	})
 	// Two nodes gone: the cluster has no quorum, so no revoke can be
 	// written. The operator's revoke says, within 2 s, what it waits for,
 	// and ends (refused or not) instead of hanging: the lease log cannot
@@ -94,7 +119,7 @@ func TestBusServeCluster(t *testing.T) {
 		t.Errorf("a revoke without a quorum succeeded after %s:\n%s", took, r.stderr)
 	case took <= revokePatience && !strings.Contains(r.stderr, "lease log") && !strings.Contains(r.stderr, "primary"):
 		t.Errorf("a revoke refused after %s does not say why:\n%s", took, r.stderr)
-	case took > revokePatience && !strings.Contains(r.stderr, "no answer to the revoke of "+a.LeaseID+" after 2s: "):
+	case took > revokePatience && (!strings.Contains(r.stderr, "no answer to the revoke of "+a.LeaseID+" after 2s: ") || !strings.Contains(r.stderr, "instance")):
 		t.Errorf("a revoke that took %s did not say what it waited for:\n%s", took, r.stderr)
 	}
 	if took > 30*time.Second {

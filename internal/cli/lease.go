@@ -639,18 +639,32 @@ func (a *app) revokeSaying(ctx context.Context, s *session, id, reason string) (
 	return r.l, r.err
 }
 
-// revokeDelay says why a revoke may be slow, from a quick get of the lease.
+// revokeDelay says why a revoke may be slow: what the lease service
+// instances this server reaches say of the election and the lease log
+// (leasebus.Explain), and whether the lease is still active.
 func revokeDelay(ctx context.Context, s *session, id string) string {
 	c := leasebus.NewClient(s.nc)
 	c.Timeout, c.Tries = time.Second, 1
-	l, err := c.Get(ctx, id)
+	var (
+		l   *lease.Lease
+		err error
+	)
+	got := make(chan struct{})
+	go func() {
+		defer close(got)
+		l, err = c.Get(ctx, id)
+	}()
+	sts, serr := c.Status(ctx, time.Second)
+	why := leasebus.Explain(sts)
+	if serr != nil && !leasebus.NoService(serr) {
+		why = fmt.Sprintf("the lease service's status is unknown (%v)", serr)
+	}
+	<-got
 	switch {
-	case leasebus.NoService(err):
-		return "no lease service answers at all (is its node down, or cut off from this one?)"
 	case err != nil:
-		return fmt.Sprintf("the lease service does not answer a get of the lease either (%v): its node may be cut off from the cluster or the lease log has no leader", err)
+		return why
 	case l.Active():
-		return "the lease service answers and still counts the lease active: the revoke is waiting for the lease log to take it (a cluster without a quorum, or electing the log's leader)"
+		return why + "; the lease is still active"
 	}
 	return fmt.Sprintf("the lease has meanwhile ended (%s): its answer is on its way", l.Status)
 }

@@ -609,6 +609,10 @@ func revokeNow(ctx context.Context, t *testing.T, env *Env, h *History, id, reas
 			}
 			return fmt.Errorf("%v: %s", err, strings.TrimSpace(stderr))
 		}
+		if said := strings.TrimSpace(stderr); said != "" {
+			// What it waited for, said after revokePatience (2 s).
+			t.Logf("lease revoke %s answered after %s, having said: %s", id, time.Since(start).Round(time.Millisecond), said)
+		}
 		return json.Unmarshal([]byte(out), &l)
 	})
 	returned = time.Now()
