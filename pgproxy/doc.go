@@ -104,7 +104,12 @@
 //     code runs while Postgres analyzes a Parse or PREPARE (a literal's
 //     type input, a domain's check) or plans a Bind (folded immutable
 //     functions) too: those count, and in a writable unit their calls are
-//     judged in the message's place. A name the client set after the last
+//     judged in the message's place. Where code may open a connection of
+//     its own (dblink, a foreign server), so in any unit: what it writes
+//     there no read-only transaction stops and no refused Execute after it
+//     rolls back (TestAnalysisThroughAConnectionOfItsOwn); with
+//     --pg-allow-opaque a Bind planned with no Execute, in a unit begun
+//     read-only, is refused all the same. A name the client set after the last
 //     such code of its unit, or by it, is learnt, not compared, unless the
 //     server refused it (TestAnalysisThatPreparesAgainIsNoted,
 //     TestAnalysisOfRefusedOrColumnTypedStatements).
@@ -616,7 +621,9 @@
 // Whether a call is builtin (catalog.seenBuiltin) is remembered across
 // units until DDL through this proxy; after DDL through another fence it can
 // be stale, and a statement name that code then prepares again, while
-// Postgres analyzes or runs a call thought builtin, is not doubted.
+// Postgres analyzes or runs a call thought builtin, is not doubted; nor,
+// where code may open a connection of its own, is a Parse's analysis or a
+// Bind's planning of such a call judged outside a writable unit.
 //
 // Fences from one lease bus are unique, so the trigger compares fences only;
 // a database fenced for two lease buses compares fences of both. After a dump

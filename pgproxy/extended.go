@@ -388,7 +388,10 @@ func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, rea
 	if writable && !check {
 		s.judgeAnalysis(seg)
 	}
-	li := s.segmentLease(execs)
+	if s.connectsVia() != "" {
+		s.judgeAnalysisPastTxn(seg, writable)
+	}
+	li := s.segmentLease(execs, seg)
 	if fresh && s.txStatus == 'I' && len(execs) == 1 && seg[len(seg)-1].typ == 'S' {
 		if err := s.unwrapOutside(execs[0], li); err != nil {
 			return leaseInfo{}, err
@@ -504,6 +507,33 @@ func (s *session) judgeAnalysis(seg []segMsg) {
 	}
 }
 
+// judgeAnalysisPastTxn judges, where code may open a connection of its
+// own (dblink, a foreign server: connectsVia), the calls every Parse's
+// analysis and Bind's planning in seg may run (analysisCalls), in any
+// unit: what such code writes over its own connection is neither stopped
+// by a read-only transaction nor rolled back with a refused Execute after
+// it, nor counted by a checked write's check (checkedWrite): so
+// judgeAnalysis's leaving a message to its Execute (executedAfter) or to
+// the check, and a read-only unit's leaving it unjudged, do not hold. One that may
+// write stays on its message as the opaque write it is, authorized in its
+// place (TestAnalysisThroughAConnectionOfItsOwn).
+func (s *session) judgeAnalysisPastTxn(seg []segMsg, writable bool) {
+	for i := range seg {
+		m := &seg[i]
+		if m.analysis != nil {
+			continue // refused already (judgeAnalysis)
+		}
+		calls, st := analysisCalls(m)
+		if !s.anyUnseen(calls) {
+			continue // no user code behind any (or none): learnt only if not, by analyzedCalls
+		}
+		rd := &Statement{Class: ClassRead, Calls: calls, Analyzed: true, Tag: protocolName(m.typ) + "(" + st.Tag + ")"}
+		if j := s.judgeCalls(rd, writable); j != rd && j.Class == ClassWrite {
+			m.analysis = j
+		}
+	}
+}
+
 // segmentChecked: the segment is a unit of its own whose one Execute (of
 // all its rows) runs a read the proxy may check for writes (see
 // mayCheckWrites and checkedWrite).
@@ -521,14 +551,18 @@ func (s *session) segmentChecked(seg []segMsg, buf []byte, execs []*Statement, r
 
 // segmentLease is the lease as the segment sees it, taken only when the
 // segment may need it: it writes or begins a block, or it may have to end
-// a writable transaction. Reads alone never need the lease.
-func (s *session) segmentLease(execs []*Statement) leaseInfo {
+// a writable transaction, or a Parse's or Bind's analysis may write
+// (judgeAnalysis). Reads alone never need the lease.
+func (s *session) segmentLease(execs []*Statement, seg []segMsg) leaseInfo {
 	needLease := s.sim.blockRW || s.sim.groupRW // may have to end a writable transaction
 	for _, st := range execs {
 		if st.Class == ClassWrite || st.Tx == TxBegin || st.Tx == TxChain {
 			needLease = true // reads alone never need the lease
 			break
 		}
+	}
+	for i := 0; i < len(seg) && !needLease; i++ {
+		needLease = seg[i].analysis != nil
 	}
 	if !needLease {
 		return leaseInfo{}
