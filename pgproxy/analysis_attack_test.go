@@ -110,29 +110,10 @@ CREATE OR REPLACE FUNCTION app.an_imm(x int) RETURNS int LANGUAGE plpgsql IMMUTA
 	noRowsOutside(t, "a Parse whose analysis writes, in a write's unit", errs...)
 
 	truncateOther(t)
-	fe := c.PgConn().Frontend()
-	for _, m := range []pgproto3.FrontendMessage{
+	refused := sendUntilReady(t, c.PgConn().Frontend(), []pgproto3.FrontendMessage{
 		&pgproto3.Parse{Name: "an_b", Query: "SELECT app.an_imm(1)"}, &pgproto3.Bind{PreparedStatement: "an_b", DestinationPortal: "an_portal"},
 		&pgproto3.Parse{Query: "INSERT INTO public.sp_t (id) VALUES (1)"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{},
-	} {
-		fe.Send(m)
-	}
-	if err := fe.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	var refused []string
-	for {
-		m, err := fe.Receive()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if e, ok := m.(*pgproto3.ErrorResponse); ok {
-			refused = append(refused, e.Code+" "+e.Message)
-		}
-		if _, ok := m.(*pgproto3.ReadyForQuery); ok {
-			break
-		}
-	}
+	})
 	if n := otherRows(t); n != 0 || len(refused) == 0 {
 		t.Fatalf("a Bind whose planning folds a writing function, in a write's unit: %d rows outside, refusals %v", n, refused)
 	}

@@ -98,28 +98,3 @@ CREATE TYPE inone.cd AS (v inone.dd)`); err != nil {
 		t.Errorf("a prepared read of A's table: %v", refused)
 	}
 }
-
-// sendUntilReady sends msgs and reads until ReadyForQuery, returning each
-// ErrorResponse as "code message".
-func sendUntilReady(t *testing.T, fe *pgproto3.Frontend, msgs []pgproto3.FrontendMessage) []string {
-	t.Helper()
-	for _, m := range msgs {
-		fe.Send(m)
-	}
-	if err := fe.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	var errs []string
-	for {
-		m, err := fe.Receive()
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch m := m.(type) {
-		case *pgproto3.ErrorResponse:
-			errs = append(errs, m.Code+" "+m.Message)
-		case *pgproto3.ReadyForQuery:
-			return errs
-		}
-	}
-}

@@ -370,20 +370,9 @@ func TestReplayBindsWhatWasJudged(t *testing.T) {
 		}
 	}
 	const pause = 300 * time.Millisecond
-	receive := func() (errs []string) {
+	receive := func() []string {
 		t.Helper()
-		for {
-			m, err := fe.Receive()
-			if err != nil {
-				t.Fatal(err)
-			}
-			switch m := m.(type) {
-			case *pgproto3.ErrorResponse:
-				errs = append(errs, m.Code+" "+m.Message)
-			case *pgproto3.ReadyForQuery:
-				return errs
-			}
-		}
+		return errorsUntilReady(t, fe)
 	}
 	// First a unit whose stalled prefix kept a Bind and which ended with
 	// the client's own Sync: nothing of it may be taken for the next
@@ -427,17 +416,8 @@ func TestWriteCheckPutsThePathBack(t *testing.T) {
 	if err := fe.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		m, err := fe.Receive()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if e, ok := m.(*pgproto3.ErrorResponse); ok {
-			t.Fatalf("a Parse of an unqualified name after a checked read: %s %s", e.Code, e.Message)
-		}
-		if _, ok := m.(*pgproto3.ReadyForQuery); ok {
-			break
-		}
+	if errs := errorsUntilReady(t, fe); len(errs) > 0 {
+		t.Fatalf("a Parse of an unqualified name after a checked read: %v", errs)
 	}
 }
 
@@ -548,5 +528,37 @@ CREATE DOMAIN app.d_plain AS int CHECK (VALUE > 0)`); err != nil {
 	}
 	if err := simple(ctx, c, "PREPARE p(app.d_plain) AS "+insert+"; EXECUTE p(9)"); err != nil {
 		t.Errorf("PREPARE with a plain domain: %v", err)
+	}
+}
+
+// sendUntilReady sends msgs and reads until ReadyForQuery, returning each
+// ErrorResponse as "code message".
+func sendUntilReady(t *testing.T, fe *pgproto3.Frontend, msgs []pgproto3.FrontendMessage) []string {
+	t.Helper()
+	for _, m := range msgs {
+		fe.Send(m)
+	}
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return errorsUntilReady(t, fe)
+}
+
+// errorsUntilReady reads until ReadyForQuery, returning each
+// ErrorResponse as "code message".
+func errorsUntilReady(t *testing.T, fe *pgproto3.Frontend) []string {
+	t.Helper()
+	var errs []string
+	for {
+		m, err := fe.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch m := m.(type) {
+		case *pgproto3.ErrorResponse:
+			errs = append(errs, m.Code+" "+m.Message)
+		case *pgproto3.ReadyForQuery:
+			return errs
+		}
 	}
 }
