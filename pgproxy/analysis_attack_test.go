@@ -1,6 +1,7 @@
 package pgproxy
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -271,4 +272,143 @@ CREATE TABLE other.an_cw (c app.an_cwt); GRANT ALL ON other.an_cw TO PUBLIC`); e
 		pl.SendQueryParams("INSERT INTO public.sp_t (id) VALUES (1)", nil, nil, nil, nil)
 	})
 	noRowsOutside(t, "a Parse coercing a literal to a column's type, in a write's unit", errs...)
+}
+
+// What a Parse's analysis or a Bind's planning runs beyond the relations
+// and types its text names (a reviewer's attacks on stop 62's first fix),
+// in a write's unit, where the write's transaction would commit what it
+// wrote: a literal coerced to a function's parameter type (a composite
+// whose field's domain CHECK writes), a column default folded when a
+// Bind of an INSERT is planned, and a text the proxy is unsure of, whose
+// Parse it cannot judge at all. Each is refused in its message's place.
+func TestAnalysisRunsWhatItCoercesAndFolds(t *testing.T) {
+	smuggleSetup(t)
+	if _, err := adminConn(t).Exec(ctxT(t), `DROP TABLE IF EXISTS public.an_dflt; DROP FUNCTION IF EXISTS app.an_takes(app.an_c);
+DROP TYPE IF EXISTS app.an_c; DROP DOMAIN IF EXISTS app.an_c_d;
+CREATE DOMAIN app.an_c_d AS int CHECK (VALUE > 0 AND other.f_writes() > 0);
+CREATE TYPE app.an_c AS (v app.an_c_d);
+CREATE FUNCTION app.an_takes(x app.an_c) RETURNS int LANGUAGE sql AS 'SELECT 1';
+CREATE OR REPLACE FUNCTION app.an_fold(x int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$BEGIN PERFORM other.f_writes(); RETURN x; END$$;
+CREATE TABLE public.an_dflt (id int, w int DEFAULT app.an_fold(1));
+GRANT ALL ON public.an_dflt TO PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_an_coerce", 0, "public.*", "app.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	for _, tc := range []struct {
+		name, text, want string
+		bind             bool // Bind it too (no Execute)
+		after            bool // after an Execute of the same segment (the proxy no longer knows the session's settings)
+	}{
+		{"a literal coerced to a function's parameter type", "SELECT app.an_takes('(5)')", "app.an_takes", false, false},
+		{"a column default folded when an INSERT is planned", "INSERT INTO public.an_dflt (id) VALUES (1)", "an_dflt", true, false},
+		{"a text the proxy is unsure of", "SELECT '(5)'::app.an_c -- \\", "Postgres may parse this text otherwise", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			truncateOther(t)
+			var msgs []pgproto3.FrontendMessage
+			if tc.after {
+				msgs = append(msgs, &pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Bind{}, &pgproto3.Execute{})
+			}
+			msgs = append(msgs, &pgproto3.Parse{Name: "an_x", Query: tc.text})
+			if tc.bind {
+				msgs = append(msgs, &pgproto3.Bind{PreparedStatement: "an_x"})
+			}
+			msgs = append(msgs, &pgproto3.Parse{Query: "INSERT INTO public.sp_t (id) VALUES (1)"}, &pgproto3.Bind{}, &pgproto3.Execute{},
+				&pgproto3.Close{ObjectType: 'S', Name: "an_x"}, &pgproto3.Sync{})
+			refused := sendUntilReady(t, c.PgConn().Frontend(), msgs)
+			noRowsOutside(t, tc.name, nil)
+			if len(refused) == 0 || !strings.Contains(refused[0], "fenceline: write refused for lease lease_an_coerce") || !strings.Contains(refused[0], tc.want) {
+				t.Fatalf("refusals %v: want the fence's, naming %q", refused, tc.want)
+			}
+		})
+	}
+}
+
+// The parser knows Postgres 17's grammar, where JSON_SCALAR(...),
+// JSON(...), JSON_SERIALIZE(...) and the other SQL/JSON constructors are
+// syntax; the test server (15) parses the same text as a call of a
+// function of that name on the search path. A user's function so named
+// writes outside the claim in a write's transaction unless it is judged
+// as the call it is there (a reviewer's attack).
+func TestJSONSyntaxIsACallOnOlderServers(t *testing.T) {
+	smuggleSetup(t)
+	if _, err := adminConn(t).Exec(ctxT(t), `CREATE OR REPLACE FUNCTION public.json_scalar(x text) RETURNS int LANGUAGE sql AS $$ INSERT INTO other.t VALUES (97); SELECT 1 $$;
+CREATE OR REPLACE FUNCTION public.json_serialize(x text) RETURNS int LANGUAGE sql AS $$ INSERT INTO other.t VALUES (96); SELECT 1 $$`); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_json_syntax", 0, "public.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	for _, q := range []string{"SELECT json_scalar('x')", "SELECT json_serialize('x')"} {
+		truncateOther(t)
+		err := simple(ctxT(t), c, "BEGIN; INSERT INTO public.sp_t (id) VALUES (1); "+q+"; COMMIT")
+		noRowsOutside(t, q+" in a write's transaction", err)
+		if pgCode(err) != "42501" || !strings.Contains(err.Error(), "lease_json_syntax") {
+			t.Errorf("%s in a write's transaction: %v, want the fence's refusal", q, err)
+		}
+		_ = simple(ctxT(t), c, "ROLLBACK")
+	}
+}
+
+// A partitioned table whose partition key calls a user function runs it
+// for every row written to route it (a reviewer's attack): the write is
+// refused as one whose tables cannot be named, as a write to a table whose
+// index expressions call user code is.
+func TestPartitionKeyCallingUserCodeIsJudged(t *testing.T) {
+	smuggleSetup(t)
+	if _, err := adminConn(t).Exec(ctxT(t), `DROP TABLE IF EXISTS app.pkw;
+CREATE OR REPLACE FUNCTION app.pk_key(x int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$BEGIN PERFORM other.f_writes(); RETURN x; END$$;
+CREATE TABLE app.pkw (id int) PARTITION BY RANGE (app.pk_key(id));
+CREATE TABLE app.pkw_all PARTITION OF app.pkw FOR VALUES FROM (MINVALUE) TO (MAXVALUE);
+GRANT ALL ON app.pkw, app.pkw_all TO PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_pk_key", 0, "public.*", "app.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	// Written through the parent, the key routes the row; written to the
+	// partition, its partition constraint (the key again) checks it.
+	for _, q := range []string{"INSERT INTO app.pkw VALUES (1)", "INSERT INTO app.pkw_all VALUES (1)"} {
+		truncateOther(t)
+		err := simple(ctxT(t), c, q)
+		noRowsOutside(t, q, err)
+		if pgCode(err) != "42501" || !strings.Contains(err.Error(), "partition key (or a partitioned ancestor's) calls user functions") {
+			t.Fatalf("%s: %v, want the fence's refusal naming the partition key", q, err)
+		}
+	}
+}
+
+// Postgres analyzes a prepared statement again when a Describe of it finds
+// its search path changed (or a relation or type it depends on): a domain
+// CHECK that writes, added since the statement was prepared, then runs in
+// the Describe, in a write's transaction (a reviewer's attack). The
+// Describe is judged as the Parse would be.
+func TestDescribeAnalyzesAgain(t *testing.T) {
+	smuggleSetup(t)
+	ctx := ctxT(t)
+	admin := adminConn(t)
+	if _, err := admin.Exec(ctx, `DROP TYPE IF EXISTS app.ds_c; DROP DOMAIN IF EXISTS app.ds_d;
+CREATE DOMAIN app.ds_d AS int; CREATE TYPE app.ds_c AS (v app.ds_d)`); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_describe", 0, "public.*", "app.*")})
+	c := connect(t, proxyDSN(p, "agent"))
+	fe := c.PgConn().Frontend()
+	if refused := sendUntilReady(t, fe, []pgproto3.FrontendMessage{&pgproto3.Parse{Name: "ds", Query: "SELECT '(5)'::app.ds_c"}, &pgproto3.Sync{}}); len(refused) > 0 {
+		t.Fatalf("prepare while the domain is harmless: %v", refused)
+	}
+	if _, err := admin.Exec(ctx, `ALTER DOMAIN app.ds_d ADD CHECK (VALUE > 0 AND other.f_writes() > 0)`); err != nil {
+		t.Fatal(err)
+	}
+	p.catalog.invalidate() // as once catalogTTL passed: the proxy learns the type anew
+	if err := simple(ctx, c, "SET search_path = app, public"); err != nil {
+		t.Fatal(err)
+	}
+	truncateOther(t)
+	refused := sendUntilReady(t, fe, []pgproto3.FrontendMessage{
+		&pgproto3.Parse{Query: "INSERT INTO public.sp_t (id) VALUES (1)"}, &pgproto3.Bind{}, &pgproto3.Execute{},
+		&pgproto3.Describe{ObjectType: 'S', Name: "ds"}, &pgproto3.Sync{}})
+	noRowsOutside(t, "a Describe that analyzes again, in a write's unit", nil)
+	if len(refused) == 0 || !strings.Contains(refused[0], "lease_describe") || !strings.Contains(refused[0], "app.ds_c") {
+		t.Fatalf("refusals %v: want the fence's, naming app.ds_c", refused)
+	}
 }

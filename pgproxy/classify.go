@@ -374,6 +374,38 @@ func parseCalls(calls []Call) []Call {
 	return out
 }
 
+// jsonSyntaxFunction is the function a server older than the parser's
+// grammar calls for n, one of its SQL/JSON syntax nodes (calledNames).
+func jsonSyntaxFunction(n any) string {
+	switch v := n.(type) {
+	case *pgq.JsonScalarExpr:
+		return "json_scalar"
+	case *pgq.JsonSerializeExpr:
+		return "json_serialize"
+	case *pgq.JsonParseExpr:
+		return "json"
+	case *pgq.JsonObjectConstructor:
+		return "json_object"
+	case *pgq.JsonArrayConstructor, *pgq.JsonArrayQueryConstructor:
+		return "json_array"
+	case *pgq.JsonObjectAgg:
+		return "json_objectagg"
+	case *pgq.JsonArrayAgg:
+		return "json_arrayagg"
+	case *pgq.JsonTable:
+		return "json_table"
+	case *pgq.JsonFuncExpr:
+		switch v.Op {
+		case pgq.JsonExprOp_JSON_EXISTS_OP:
+			return "json_exists"
+		case pgq.JsonExprOp_JSON_QUERY_OP:
+			return "json_query"
+		}
+		return "json_value"
+	}
+	return ""
+}
+
 // parseRuns: analyzing a statement with c may run code c names (parseCalls).
 func (c Call) parseRuns() bool { return c.Kind == 'r' || c.Kind == 't' && !c.builtinType() }
 
@@ -1091,6 +1123,14 @@ func calledNames(n *pgq.Node) []Call {
 					add(Call{Name: name, Kind: 'o', Shown: "operator " + shown})
 				}
 			}
+		case *pgq.JsonScalarExpr, *pgq.JsonSerializeExpr, *pgq.JsonParseExpr, *pgq.JsonObjectConstructor, *pgq.JsonArrayConstructor,
+			*pgq.JsonArrayQueryConstructor, *pgq.JsonObjectAgg, *pgq.JsonArrayAgg, *pgq.JsonFuncExpr, *pgq.JsonTable:
+			// The parser knows Postgres 17's grammar, where these are
+			// syntax; a server before 17 (16: before JSON(), JSON_SCALAR,
+			// ...) parses the same text as a call of a function of that
+			// name, found on the search path: a user's, if one is there.
+			name := jsonSyntaxFunction(v)
+			add(Call{Name: name, Kind: 'f', Shown: name + " (a function call on servers before Postgres 17)"})
 		case *pgq.CaseExpr:
 			if v.Arg != nil { // CASE x WHEN y: x = y
 				add(Call{Name: "=", Kind: 'o', Shown: "operator = (of CASE x WHEN)"})

@@ -104,7 +104,14 @@
 //     code runs while Postgres analyzes a Parse or PREPARE (a literal's
 //     type input, a domain's check) or plans a Bind (folded immutable
 //     functions) too: those count, and in a writable unit their calls are
-//     judged in the message's place. Where code may open a connection of
+//     judged in the message's place — a Parse's functions and operators
+//     among them, whose parameter types its literals are coerced to, and a
+//     Bind of a write as that write, for the defaults planning it folds
+//     (TestAnalysisRunsWhatItCoercesAndFolds), and a Describe of a
+//     prepared statement as its Parse, since Postgres analyzes it again
+//     when its path or dependencies changed (TestDescribeAnalyzesAgain);
+//     a Parse or Bind of a text the proxy is unsure of is refused in its
+//     place in any unit. Where code may open a connection of
 //     its own (dblink, a foreign server), so in any unit: what it writes
 //     there no read-only transaction stops and no refused Execute after it
 //     rolls back (TestAnalysisThroughAConnectionOfItsOwn); with
@@ -617,6 +624,14 @@
 // then refuses its fence.
 //
 // # Known limits
+//
+// The planner folds an immutable
+// function called on constants inside a relation's index expressions,
+// partition key or CHECK constraints (with constraint_exclusion) when it
+// plans a read of the relation: the relation's call ('r') does not show
+// them, so in a writable unit, or where code may open a connection of its
+// own, such a function made before the lease (the proxy refuses creating
+// one) runs unjudged.
 //
 // Whether a call is builtin (catalog.seenBuiltin) is remembered across
 // units until DDL through this proxy; after DDL through another fence it can

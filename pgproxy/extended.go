@@ -23,9 +23,9 @@ type segMsg struct {
 	describe byte       // Describe: 'S' or 'P'
 	reserved string     // why its name may not be named (badNameIn): refused
 	bound    *Statement // Bind: what the statement it names held then (nil: none)
-	parsed   *Statement // Parse: the statement it prepares
+	parsed   *Statement // Parse: the statement it prepares; Describe of a statement: the statement
 	portal   string     // Bind, Execute: the portal it names
-	name     string     // Parse, Bind: the statement it names
+	name     string     // Parse, Bind, Describe of a statement: the statement it names
 	// analysis: for a Parse or Bind whose statement Postgres analyzes or
 	// plans with calls that may write (judgeAnalysis), the opaque write it
 	// is judged as; nil when none.
@@ -240,8 +240,12 @@ func (s *session) trackSegment(seg []segMsg, buf []byte, changed bool) (_ []byte
 		case 'D':
 			if len(body) < 2 {
 				err = fmt.Errorf("%w: short Describe", ErrProtocol)
-			} else {
-				m.describe = body[0]
+			} else if m.describe = body[0]; m.describe == 'S' {
+				// Postgres analyzes a prepared statement again when it
+				// describes one whose path or dependencies changed: its
+				// analysis is judged as a Parse's (analysisCalls).
+				name, _, _ := cstring(body[1:])
+				m.parsed, m.name = s.stmts[name], name
 			}
 		}
 		if err != nil {
@@ -361,7 +365,9 @@ func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, rea
 	// checked write's check counts what anything in its transaction
 	// wrote); in any unit the calls not yet known builtin are learnt, for
 	// the names' doubt.
-	analyzed := s.analyzedCalls(seg, writable && !check)
+	fs, _ := s.foreignSetFor()
+	mayConnect := fs == nil || fs.connects != "" // not yet learnt: as if it may
+	analyzed := s.analyzedCalls(seg, writable && !check, mayConnect)
 	if err := s.learnCatalog(append(execs[:len(execs):len(execs)], analyzed...), writable || check, fresh && !s.stalled && s.txStatus != 'E'); err != nil {
 		return leaseInfo{}, err
 	}
@@ -408,41 +414,82 @@ func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, rea
 // analyzedCalls returns, for each Parse and Bind of seg whose statement
 // Postgres may run code for before any Execute (analysisCalls), a read
 // calling that code (Analyzed), in seg's order: when judge, every one an
-// Execute later in its transaction does not judge (executedAfter); else
-// those with a call not yet known builtin.
-func (s *session) analyzedCalls(seg []segMsg, judge bool) []*Statement {
+// Execute later in its transaction does not judge (executedAfter), set on
+// its message for judgeAnalysis; when wide (code may open a connection of
+// its own: judgeAnalysisPastTxn judges them all), every one; else those
+// with a call not yet known builtin, for the names' doubt. A Parse or
+// Bind of a text the proxy is unsure of, or, when judged, a Bind of a
+// write, is judged as that statement itself (analysisOf).
+func (s *session) analyzedCalls(seg []segMsg, judge, wide bool) []*Statement {
 	var out []*Statement
 	for i := range seg {
 		m := &seg[i]
 		m.analysis = nil // a replayed message's is judged again
-		calls, st := analysisCalls(m)
+		if st := m.statement(); st != nil && st.Unsure != "" {
+			m.analysis = st // refused in its place, whatever the unit (authorizeWrite)
+			continue
+		}
+		calls, st := analysisCalls(m, judge || wide)
 		if len(calls) == 0 {
 			continue
 		}
-		if judge && executedAfter(seg, i) || !judge && !s.anyUnseen(calls) {
+		switch {
+		case judge && executedAfter(seg, i):
+			if !wide {
+				continue
+			}
+		case judge:
+			m.analysis = s.analysisOf(m, calls, st) // judged in judgeAnalysis
+			out = append(out, m.analysis)
+			continue
+		case !wide && !s.anyUnseen(calls):
 			continue
 		}
-		rd := &Statement{Class: ClassRead, Calls: calls, Analyzed: true, Tag: protocolName(m.typ) + "(" + st.Tag + ")"}
-		if judge {
-			m.analysis = rd // judged in judgeAnalysis
-		}
-		out = append(out, rd)
+		out = append(out, &Statement{Class: ClassRead, Calls: calls, Analyzed: true, Tag: protocolName(m.typ) + "(" + st.Tag + ")"})
 	}
 	return out
+}
+
+// analysisOf is what m's analysis or planning runs, judged in m's place: a
+// read calling calls, or, for a Bind of a write, the write (planning it
+// folds what its target's defaults and generated columns compute, which
+// its relation's calls do not show).
+func (s *session) analysisOf(m *segMsg, calls []Call, st *Statement) *Statement {
+	if m.typ == 'B' && st.Class == ClassWrite {
+		return st
+	}
+	return &Statement{Class: ClassRead, Calls: calls, Analyzed: true, Tag: protocolName(m.typ) + "(" + st.Tag + ")"}
+}
+
+// statement is the statement m, a Parse or Bind, prepares or binds (nil:
+// none, or another message).
+func (m *segMsg) statement() *Statement {
+	switch m.typ {
+	case 'P', 'D':
+		return m.parsed
+	case 'B':
+		return m.bound
+	}
+	return nil
 }
 
 // analysisCalls returns the calls Postgres may run for m, a Parse or a
 // Bind, with its statement. Analyzing a Parse's statement runs the input
 // of the types its literals are cast or coerced to (a domain's check
 // among them): the relations it names (their columns' types) and its
-// types not in pg_catalog. Planning a Bind's folds immutable functions and
-// operators on constants, and its parameters' values pass their types'
-// input: all its calls.
-func analysisCalls(m *segMsg) ([]Call, *Statement) {
+// types not in pg_catalog (ParseCalls: what the names' doubt counts), and,
+// when judged, the functions and operators it calls too, whose parameter
+// types a literal is coerced to. Planning a Bind's folds immutable
+// functions and operators on constants, and its parameters' values pass
+// their types' input: all its calls.
+func analysisCalls(m *segMsg, judged bool) ([]Call, *Statement) {
 	switch m.typ {
-	case 'P':
-		if m.parsed == nil {
+	case 'P', 'D':
+		switch {
+		case m.parsed == nil:
 			return nil, nil
+		case judged:
+			return m.parsed.Calls, m.parsed
 		}
 		return m.parsed.ParseCalls, m.parsed
 	case 'B':
@@ -489,17 +536,17 @@ func executedAfter(seg []segMsg, i int) bool {
 	return false
 }
 
-// judgeAnalysis judges the reads analyzedCalls set on seg's messages as
-// reads calling them in the unit's writable transaction (judgeCalls): one
-// that may write there stays on its message (analysis) as the opaque write
-// it is, authorized in its place (TestAnalysisInAWritableUnitIsJudged).
+// judgeAnalysis judges what analyzedCalls set on seg's messages as run in
+// the unit's writable transaction (judgeCalls): one that may write there
+// stays on its message (analysis) as the write it is, authorized in its
+// place (TestAnalysisInAWritableUnitIsJudged).
 func (s *session) judgeAnalysis(seg []segMsg) {
 	for i := range seg {
 		rd := seg[i].analysis
-		if rd == nil {
+		if rd == nil || rd.Unsure != "" {
 			continue
 		}
-		if j := s.judgeCalls(rd, true); j != rd && j.Class == ClassWrite {
+		if j := s.judgeCalls(rd, true); j.Class == ClassWrite {
 			seg[i].analysis = j
 		} else {
 			seg[i].analysis = nil
@@ -508,27 +555,29 @@ func (s *session) judgeAnalysis(seg []segMsg) {
 }
 
 // judgeAnalysisPastTxn judges, where code may open a connection of its
-// own (dblink, a foreign server: connectsVia), the calls every Parse's
+// own (dblink, a foreign server: connectsVia), what every Parse's
 // analysis and Bind's planning in seg may run (analysisCalls), in any
 // unit: what such code writes over its own connection is neither stopped
 // by a read-only transaction nor rolled back with a refused Execute after
 // it, nor counted by a checked write's check (checkedWrite): so
 // judgeAnalysis's leaving a message to its Execute (executedAfter) or to
-// the check, and a read-only unit's leaving it unjudged, do not hold. One that may
-// write stays on its message as the opaque write it is, authorized in its
-// place (TestAnalysisThroughAConnectionOfItsOwn).
+// the check, and a read-only unit's leaving it unjudged, do not hold. No
+// call is taken for builtin on an earlier lookup's word (seenBuiltin):
+// analyzedCalls had each learnt for the unit. One that may write stays on
+// its message as the write it is, authorized in its place
+// (TestAnalysisThroughAConnectionOfItsOwn).
 func (s *session) judgeAnalysisPastTxn(seg []segMsg, writable bool) {
 	for i := range seg {
 		m := &seg[i]
 		if m.analysis != nil {
-			continue // refused already (judgeAnalysis)
+			continue // refused already (judgeAnalysis, or unsure)
 		}
-		calls, st := analysisCalls(m)
-		if !s.anyUnseen(calls) {
-			continue // no user code behind any (or none): learnt only if not, by analyzedCalls
+		calls, st := analysisCalls(m, true)
+		if len(calls) == 0 {
+			continue
 		}
-		rd := &Statement{Class: ClassRead, Calls: calls, Analyzed: true, Tag: protocolName(m.typ) + "(" + st.Tag + ")"}
-		if j := s.judgeCalls(rd, writable); j != rd && j.Class == ClassWrite {
+		rd := s.analysisOf(m, calls, st)
+		if j := s.judgeCalls(rd, writable); j.Class == ClassWrite {
 			m.analysis = j
 		}
 	}
@@ -654,6 +703,13 @@ func (fw *segWriter) message(i int, raw []byte) {
 		r := s.authorizeInTxn(m.analysis, fw.li)
 		if r == nil {
 			r = s.authorizeWrite(m.analysis, fw.li, s.searchPath, "")
+		}
+		if r != nil && r.code != ReasonUnnamedTable && m.typ == 'B' && m.bound != nil && m.bound.Class == ClassWrite && m.analysis.Unsure == "" {
+			// A write's Bind (analysisOf) is refused for what planning
+			// it runs, the user code its tables' defaults and generated
+			// columns call; the rest is its Execute's to refuse, as
+			// Postgres binds a portal it will not run.
+			r = nil
 		}
 		if r != nil {
 			fw.refuse(r, m.analysis)

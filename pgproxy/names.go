@@ -171,7 +171,7 @@ func (s *session) noteCodeInSegment(seg []segMsg) {
 		m := &seg[i]
 		switch m.typ {
 		case 'P', 'B':
-			if calls, _ := analysisCalls(m); s.anyUnseen(calls) {
+			if calls, _ := analysisCalls(m, false); s.anyUnseen(calls) {
 				last = i
 			}
 		case 'E':

@@ -545,6 +545,10 @@ SELECT w.root, n.nspname, c.relname, w.via, COALESCE(sn.nspname || '.' || s.reln
     CASE WHEN c.relkind IN ('i', 'I') AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
          WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = c.oid AND ` + userCode + `)
       THEN 'it is an index whose expressions or predicate call user functions or operators, which may write other tables' END,
+    CASE WHEN (c.relkind = 'p' OR c.relispartition) AND EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors(c.oid) pa
+         JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = pa.relid::pg_catalog.oid AND d.objsubid = 0
+         WHERE ` + userCode + `)
+      THEN 'its partition key (or a partitioned ancestor''s) calls user functions or operators, which every row written runs and which may write other tables' END,
     (SELECT 'its extended statistics (' || pg_catalog.string_agg(x.stxname::pg_catalog.text, ', ') || ') call user functions or operators in their expressions, which ANALYZE runs and which may write other tables'
        FROM pg_catalog.pg_statistic_ext x WHERE x.stxrelid = c.oid AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
          WHERE d.classid = 'pg_catalog.pg_statistic_ext'::pg_catalog.regclass AND d.objid = x.oid AND ` + userCode + `)
