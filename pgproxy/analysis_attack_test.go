@@ -1,6 +1,7 @@
 package pgproxy
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -290,12 +291,13 @@ CREATE TYPE app.an_c AS (v app.an_c_d);
 CREATE FUNCTION app.an_takes(x app.an_c) RETURNS int LANGUAGE sql AS 'SELECT 1';
 CREATE OR REPLACE FUNCTION app.an_fold(x int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$BEGIN PERFORM other.f_writes(); RETURN x; END$$;
 CREATE TABLE public.an_dflt (id int, w int DEFAULT app.an_fold(1));
-GRANT ALL ON public.an_dflt TO PUBLIC`); err != nil {
+DROP TABLE IF EXISTS other.an_dflt; CREATE TABLE other.an_dflt (id int, w int DEFAULT app.an_fold(1));
+GRANT ALL ON public.an_dflt, other.an_dflt TO PUBLIC`); err != nil {
 		t.Fatal(err)
 	}
 	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_an_coerce", 0, "public.*", "app.*")})
 	c := connect(t, proxyDSN(p, "agent"))
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		name, text, want string
 		bind             bool // Bind it too (no Execute)
 		after            bool // after an Execute of the same segment (the proxy no longer knows the session's settings)
@@ -303,19 +305,22 @@ GRANT ALL ON public.an_dflt TO PUBLIC`); err != nil {
 		{"a literal coerced to a function's parameter type", "SELECT app.an_takes('(5)')", "app.an_takes", false, false},
 		{"a column default folded when an INSERT is planned", "INSERT INTO public.an_dflt (id) VALUES (1)", "an_dflt", true, false},
 		{"a text the proxy is unsure of", "SELECT '(5)'::app.an_c -- \\", "Postgres may parse this text otherwise", false, true},
+		{"a column default folded when an INSERT outside the claim is planned", "INSERT INTO other.an_dflt (id) VALUES (1)", "table other.an_dflt: its defaults", true, false},
 	} {
+		// A statement name of its own: a refusal skips the Close.
+		name := "an_x_" + strconv.Itoa(i)
 		t.Run(tc.name, func(t *testing.T) {
 			truncateOther(t)
 			var msgs []pgproto3.FrontendMessage
 			if tc.after {
 				msgs = append(msgs, &pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Bind{}, &pgproto3.Execute{})
 			}
-			msgs = append(msgs, &pgproto3.Parse{Name: "an_x", Query: tc.text})
+			msgs = append(msgs, &pgproto3.Parse{Name: name, Query: tc.text})
 			if tc.bind {
-				msgs = append(msgs, &pgproto3.Bind{PreparedStatement: "an_x"})
+				msgs = append(msgs, &pgproto3.Bind{PreparedStatement: name})
 			}
 			msgs = append(msgs, &pgproto3.Parse{Query: "INSERT INTO public.sp_t (id) VALUES (1)"}, &pgproto3.Bind{}, &pgproto3.Execute{},
-				&pgproto3.Close{ObjectType: 'S', Name: "an_x"}, &pgproto3.Sync{})
+				&pgproto3.Close{ObjectType: 'S', Name: name}, &pgproto3.Sync{})
 			refused := sendUntilReady(t, c.PgConn().Frontend(), msgs)
 			noRowsOutside(t, tc.name, nil)
 			if len(refused) == 0 || !strings.Contains(refused[0], "fenceline: write refused for lease lease_an_coerce") || !strings.Contains(refused[0], tc.want) {
@@ -326,20 +331,21 @@ GRANT ALL ON public.an_dflt TO PUBLIC`); err != nil {
 }
 
 // The parser knows Postgres 17's grammar, where JSON_SCALAR(...),
-// JSON(...), JSON_SERIALIZE(...) and the other SQL/JSON constructors are
-// syntax; the test server (15) parses the same text as a call of a
-// function of that name on the search path. A user's function so named
-// writes outside the claim in a write's transaction unless it is judged
-// as the call it is there (a reviewer's attack).
-func TestJSONSyntaxIsACallOnOlderServers(t *testing.T) {
+// JSON(...), JSON_SERIALIZE(...), the other SQL/JSON constructors and
+// MERGE_ACTION() are syntax; the test server (15) parses the same text as
+// a call of a function of that name on the search path. A user's function
+// so named writes outside the claim in a write's transaction unless it is
+// judged as the call it is there (a reviewer's attacks).
+func TestNewerSyntaxIsACallOnOlderServers(t *testing.T) {
 	smuggleSetup(t)
 	if _, err := adminConn(t).Exec(ctxT(t), `CREATE OR REPLACE FUNCTION public.json_scalar(x text) RETURNS int LANGUAGE sql AS $$ INSERT INTO other.t VALUES (97); SELECT 1 $$;
-CREATE OR REPLACE FUNCTION public.json_serialize(x text) RETURNS int LANGUAGE sql AS $$ INSERT INTO other.t VALUES (96); SELECT 1 $$`); err != nil {
+CREATE OR REPLACE FUNCTION public.json_serialize(x text) RETURNS int LANGUAGE sql AS $$ INSERT INTO other.t VALUES (96); SELECT 1 $$;
+CREATE OR REPLACE FUNCTION public.merge_action() RETURNS int LANGUAGE sql AS $$ INSERT INTO other.t VALUES (95); SELECT 1 $$`); err != nil {
 		t.Fatal(err)
 	}
 	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_json_syntax", 0, "public.*")})
 	c := connect(t, proxyDSN(p, "agent"))
-	for _, q := range []string{"SELECT json_scalar('x')", "SELECT json_serialize('x')"} {
+	for _, q := range []string{"SELECT json_scalar('x')", "SELECT json_serialize('x')", "SELECT merge_action()"} {
 		truncateOther(t)
 		err := simple(ctxT(t), c, "BEGIN; INSERT INTO public.sp_t (id) VALUES (1); "+q+"; COMMIT")
 		noRowsOutside(t, q+" in a write's transaction", err)
@@ -363,11 +369,22 @@ CREATE TABLE app.pkw_all PARTITION OF app.pkw FOR VALUES FROM (MINVALUE) TO (MAX
 GRANT ALL ON app.pkw, app.pkw_all TO PUBLIC`); err != nil {
 		t.Fatal(err)
 	}
+	// The same with a key whose operator class compares with a user's
+	// function (CREATE OPERATOR CLASS takes a superuser: the admin's).
+	if _, err := adminConn(t).Exec(ctxT(t), `DROP TABLE IF EXISTS app.pko; DROP OPERATOR CLASS IF EXISTS app.pk_ops USING btree;
+CREATE OR REPLACE FUNCTION app.pk_cmp(a int, b int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$BEGIN PERFORM other.f_writes(); RETURN btint4cmp(a, b); END$$;
+CREATE OPERATOR CLASS app.pk_ops FOR TYPE int USING btree AS OPERATOR 1 <, OPERATOR 2 <=, OPERATOR 3 =, OPERATOR 4 >=, OPERATOR 5 >, FUNCTION 1 app.pk_cmp(int, int);
+CREATE TABLE app.pko (id int) PARTITION BY RANGE (id app.pk_ops);
+CREATE TABLE app.pko_lo PARTITION OF app.pko FOR VALUES FROM (MINVALUE) TO (10);
+CREATE TABLE app.pko_hi PARTITION OF app.pko FOR VALUES FROM (10) TO (MAXVALUE);
+GRANT ALL ON app.pko, app.pko_lo, app.pko_hi TO PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
 	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_pk_key", 0, "public.*", "app.*")})
 	c := connect(t, proxyDSN(p, "agent"))
 	// Written through the parent, the key routes the row; written to the
 	// partition, its partition constraint (the key again) checks it.
-	for _, q := range []string{"INSERT INTO app.pkw VALUES (1)", "INSERT INTO app.pkw_all VALUES (1)"} {
+	for _, q := range []string{"INSERT INTO app.pkw VALUES (1)", "INSERT INTO app.pkw_all VALUES (1)", "INSERT INTO app.pko VALUES (1)"} {
 		truncateOther(t)
 		err := simple(ctxT(t), c, q)
 		noRowsOutside(t, q, err)

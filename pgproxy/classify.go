@@ -1131,6 +1131,10 @@ func calledNames(n *pgq.Node) []Call {
 			// name, found on the search path: a user's, if one is there.
 			name := jsonSyntaxFunction(v)
 			add(Call{Name: name, Kind: 'f', Shown: name + " (a function call on servers before Postgres 17)"})
+		case *pgq.MergeSupportFunc:
+			// MERGE_ACTION() of Postgres 17's grammar: a call of a
+			// function so named on a server before it.
+			add(Call{Name: "merge_action", Kind: 'f', Shown: "merge_action (a function call on servers before Postgres 17)"})
 		case *pgq.CaseExpr:
 			if v.Arg != nil { // CASE x WHEN y: x = y
 				add(Call{Name: "=", Kind: 'o', Shown: "operator = (of CASE x WHEN)"})

@@ -625,13 +625,23 @@
 //
 // # Known limits
 //
+// Text the parser rejects is forwarded, so that Postgres answers its own
+// syntax error as direct. The parser knows Postgres 17's grammar, and a
+// server before 17 accepts some text it rejects (a keyword of 17 as an
+// alias): such a Parse's analysis, or a Bind's planning, runs unjudged,
+// and in a writable unit what it writes commits unless an Execute of it
+// follows (refused, it rolls the transaction back). A guard after such a
+// Parse that fails the transaction only when the server accepted it would
+// close this (not built).
+//
 // The planner folds an immutable
 // function called on constants inside a relation's index expressions,
-// partition key or CHECK constraints (with constraint_exclusion) when it
-// plans a read of the relation: the relation's call ('r') does not show
-// them, so in a writable unit, or where code may open a connection of its
-// own, such a function made before the lease (the proxy refuses creating
-// one) runs unjudged.
+// partition key or CHECK constraints (with constraint_exclusion), and
+// partition pruning compares with the key's operator class, when it plans
+// a read of the relation: the relation's call ('r') does not show them,
+// so in a writable unit, or where code may open a connection of its own,
+// such a function made before the lease (the proxy refuses creating one;
+// an operator class takes a superuser) runs unjudged.
 //
 // Whether a call is builtin (catalog.seenBuiltin) is remembered across
 // units until DDL through this proxy; after DDL through another fence it can

@@ -426,6 +426,8 @@ func (s *session) analyzedCalls(seg []segMsg, judge, wide bool) []*Statement {
 		m := &seg[i]
 		m.analysis = nil // a replayed message's is judged again
 		if st := m.statement(); st != nil && st.Unsure != "" {
+			// Text the parser may read otherwise than Postgres: nothing
+			// of what its analysis runs is known.
 			m.analysis = st // refused in its place, whatever the unit (authorizeWrite)
 			continue
 		}
@@ -443,6 +445,9 @@ func (s *session) analyzedCalls(seg []segMsg, judge, wide bool) []*Statement {
 			out = append(out, m.analysis)
 			continue
 		case !wide && !s.anyUnseen(calls):
+			continue
+		case wide:
+			out = append(out, s.analysisOf(m, calls, st)) // a write's Bind learns its reach
 			continue
 		}
 		out = append(out, &Statement{Class: ClassRead, Calls: calls, Analyzed: true, Tag: protocolName(m.typ) + "(" + st.Tag + ")"})
@@ -707,9 +712,10 @@ func (fw *segWriter) message(i int, raw []byte) {
 		if r != nil && r.code != ReasonUnnamedTable && m.typ == 'B' && m.bound != nil && m.bound.Class == ClassWrite && m.analysis.Unsure == "" {
 			// A write's Bind (analysisOf) is refused for what planning
 			// it runs, the user code its tables' defaults and generated
-			// columns call; the rest is its Execute's to refuse, as
-			// Postgres binds a portal it will not run.
-			r = nil
+			// columns call, wherever they are; the rest is its
+			// Execute's to refuse, as Postgres binds a portal it will
+			// not run.
+			r = s.reachRunsCode(m.analysis, s.searchPath)
 		}
 		if r != nil {
 			fw.refuse(r, m.analysis)

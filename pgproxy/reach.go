@@ -464,6 +464,15 @@ func sqlText(s string) string {
 // firstUserOID or more.
 var userCode = `d.refclassid IN ('pg_catalog.pg_proc'::pg_catalog.regclass, 'pg_catalog.pg_operator'::pg_catalog.regclass) AND d.refobjid >= ` + fmt.Sprint(firstUserOID)
 
+// userCodeOrOpclass is userCode, or d refers to an operator class whose
+// support functions or operators are a user's: an index or partition key
+// with it runs them to compare and route every row written.
+var userCodeOrOpclass = `(` + userCode + ` OR d.refclassid = 'pg_catalog.pg_opclass'::pg_catalog.regclass AND EXISTS (
+  SELECT 1 FROM pg_catalog.pg_opclass oc WHERE oc.oid = d.refobjid AND (
+    EXISTS (SELECT 1 FROM pg_catalog.pg_amproc ap WHERE ap.amprocfamily = oc.opcfamily AND ap.amproc >= ` + fmt.Sprint(firstUserOID) + `)
+    OR EXISTS (SELECT 1 FROM pg_catalog.pg_amop ao JOIN pg_catalog.pg_operator o ON o.oid = ao.amopopr
+      WHERE ao.amopfamily = oc.opcfamily AND (o.oid >= ` + fmt.Sprint(firstUserOID) + ` OR o.oprcode::pg_catalog.oid >= ` + fmt.Sprint(firstUserOID) + `)))))`
+
 // userTypesSQL is CTEs te (which user type is part of which) and, recursive,
 // ut(oid): the types created after
 // initdb that run a function or operator created after initdb when a
@@ -543,12 +552,12 @@ SELECT w.root, n.nspname, c.relname, w.via, COALESCE(sn.nspname || '.' || s.reln
   CASE WHEN w.via IN ('sequence owner', 'sequence user') THEN '' ELSE COALESCE(pg_catalog.concat_ws('; ',
     CASE WHEN c.relkind = 'f' THEN 'it is a foreign table, written on another server' END,
     CASE WHEN c.relkind IN ('i', 'I') AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
-         WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = c.oid AND ` + userCode + `)
+         WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = c.oid AND ` + userCodeOrOpclass + `)
       THEN 'it is an index whose expressions or predicate call user functions or operators, which may write other tables' END,
     CASE WHEN (c.relkind = 'p' OR c.relispartition) AND EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors(c.oid) pa
          JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = pa.relid::pg_catalog.oid AND d.objsubid = 0
-         WHERE ` + userCode + `)
-      THEN 'its partition key (or a partitioned ancestor''s) calls user functions or operators, which every row written runs and which may write other tables' END,
+         WHERE ` + userCodeOrOpclass + `)
+      THEN 'its partition key (or a partitioned ancestor''s) calls user functions or operators (or an operator class of a user''s), which every row written runs and which may write other tables' END,
     (SELECT 'its extended statistics (' || pg_catalog.string_agg(x.stxname::pg_catalog.text, ', ') || ') call user functions or operators in their expressions, which ANALYZE runs and which may write other tables'
        FROM pg_catalog.pg_statistic_ext x WHERE x.stxrelid = c.oid AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
          WHERE d.classid = 'pg_catalog.pg_statistic_ext'::pg_catalog.regclass AND d.objid = x.oid AND ` + userCode + `)
@@ -562,7 +571,7 @@ SELECT w.root, n.nspname, c.relname, w.via, COALESCE(sn.nspname || '.' || s.reln
        HAVING pg_catalog.count(*) > 0),
     (SELECT 'its indexes (' || pg_catalog.string_agg(i.indexrelid::pg_catalog.regclass::pg_catalog.text, ', ') || ') call user functions or operators in their expressions or predicates, which may write other tables'
        FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
-         WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = i.indexrelid AND ` + userCode + `)
+         WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = i.indexrelid AND ` + userCodeOrOpclass + `)
        HAVING pg_catalog.count(*) > 0),
     (SELECT 'the types of its columns (' || pg_catalog.string_agg(a.attname::pg_catalog.text || ' ' || pg_catalog.format_type(a.atttypid, NULL), ', ') || ') run user functions (input or output, a cast, a domain check or default), which may write other tables'
        FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid IN (SELECT ut.oid FROM ut)
@@ -1242,9 +1251,27 @@ func (s *session) unitWritable(stmts []*Statement) bool {
 	return false
 }
 
-// checkReach judges what writing t reaches beyond t itself: each relation
-// must be in the claim, and none may write what the proxy cannot follow.
-func (s *session) checkReach(st *Statement, t Target, li leaseInfo, searchPath []string) *refusal {
+// reachRunsCode: a write of st reaches a relation that runs user code
+// (its defaults, checks, triggers, partition key ...; see reachSQL) or
+// one the proxy could not learn, as checkReach refuses it; nil when
+// opaque writes are allowed. Planning the write runs some of that code
+// already (a default folded), so a write's Bind is refused for it even
+// where its Execute would be refused for something else first.
+func (s *session) reachRunsCode(st *Statement, searchPath []string) *refusal {
+	for _, t := range st.Targets {
+		if t.Temp || isTempSchema(t.Schema) {
+			continue
+		}
+		if r := s.reachOpaque(st, t, searchPath); r != nil {
+			return r
+		}
+	}
+	return nil
+}
+
+// reachOpaque is checkReach's first half: what writing t reaches is known,
+// and none of it runs what the proxy cannot follow.
+func (s *session) reachOpaque(st *Statement, t Target, searchPath []string) *refusal {
 	var buf [1]string
 	for _, r := range relCandidates(buf[:0], t, searchPath) {
 		rc, ok := s.unit.rels[relKey{db: s.database, rel: r, truncCascade: st.TruncCascade, only: t.Only}]
@@ -1252,20 +1279,38 @@ func (s *session) checkReach(st *Statement, t Target, li leaseInfo, searchPath [
 			return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("cannot learn which tables a write to %s reaches (partitions, foreign key actions, rules, triggers)", t),
 				hint: "send the write in its own query, outside a failed transaction"}
 		}
-		if s.unit.ddl && len(rc.rels) > 0 && !s.p.cfg.AllowOpaque {
+		if s.p.cfg.AllowOpaque {
+			continue
+		}
+		if s.unit.ddl && len(rc.rels) > 0 {
 			return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("DDL earlier in this query may change which tables a write to %s reaches", t),
 				hint: "send the write in a query of its own, after the DDL"}
 		}
 		for _, x := range rc.rels {
-			name := x.schema + "." + x.name
-			if x.opaque != "" && !s.p.cfg.AllowOpaque {
-				where := "table " + name
+			if x.opaque != "" {
+				where := "table " + x.schema + "." + x.name
 				if x.via != "" {
 					where += " (" + x.via + ")"
 				}
 				return &refusal{code: ReasonUnnamedTable, reason: fmt.Sprintf("cannot tell which tables a write to %s writes: %s: %s", t, where, x.opaque),
 					hint: "writes whose tables cannot be named pass only when the fence runs with --pg-allow-opaque, under a live lease"}
 			}
+		}
+	}
+	return nil
+}
+
+// checkReach judges what writing t reaches beyond t itself: each relation
+// must be in the claim, and none may write what the proxy cannot follow.
+func (s *session) checkReach(st *Statement, t Target, li leaseInfo, searchPath []string) *refusal {
+	if r := s.reachOpaque(st, t, searchPath); r != nil {
+		return r
+	}
+	var buf [1]string
+	for _, r := range relCandidates(buf[:0], t, searchPath) {
+		rc := s.unit.rels[relKey{db: s.database, rel: r, truncCascade: st.TruncCascade, only: t.Only}]
+		for _, x := range rc.rels {
+			name := x.schema + "." + x.name
 			if x.via == "" || isTempSchema(x.schema) {
 				continue // the target itself: checkTarget judged it
 			}
