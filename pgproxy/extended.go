@@ -436,21 +436,14 @@ func (s *session) analyzedCalls(seg []segMsg, judge, wide bool) []*Statement {
 			continue
 		}
 		switch {
-		case judge && executedAfter(seg, i):
-			if !wide {
-				continue
-			}
-		case judge:
+		case judge && !executedAfter(seg, i):
 			m.analysis = s.analysisOf(m, calls, st) // judged in judgeAnalysis
 			out = append(out, m.analysis)
-			continue
-		case !wide && !s.anyUnseen(calls):
-			continue
-		case wide:
-			out = append(out, s.analysisOf(m, calls, st)) // a write's Bind learns its reach
-			continue
+		case wide: // learnt for judgeAnalysisPastTxn (a write's Bind: its reach)
+			out = append(out, s.analysisOf(m, calls, st))
+		case !judge && s.anyUnseen(calls): // learnt for the names' doubt
+			out = append(out, &Statement{Class: ClassRead, Calls: calls, Analyzed: true, Tag: protocolName(m.typ) + "(" + st.Tag + ")"})
 		}
-		out = append(out, &Statement{Class: ClassRead, Calls: calls, Analyzed: true, Tag: protocolName(m.typ) + "(" + st.Tag + ")"})
 	}
 	return out
 }
