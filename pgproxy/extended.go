@@ -365,8 +365,11 @@ func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, rea
 	// checked write's check counts what anything in its transaction
 	// wrote); in any unit the calls not yet known builtin are learnt, for
 	// the names' doubt.
+	// (Where the set is not learnt yet, what judgeAnalysisPastTxn then
+	// finds unlearnt is refused: learning every call here instead would
+	// make every first unit of a session look its calls up.)
 	fs, _ := s.foreignSetFor()
-	mayConnect := fs == nil || fs.connects != "" // not yet learnt: as if it may
+	mayConnect := fs != nil && fs.connects != ""
 	analyzed := s.analyzedCalls(seg, writable && !check, mayConnect)
 	if err := s.learnCatalog(append(execs[:len(execs):len(execs)], analyzed...), writable || check, fresh && !s.stalled && s.txStatus != 'E'); err != nil {
 		return leaseInfo{}, err

@@ -29,7 +29,12 @@ func TestClientPausesMidUnit(t *testing.T) {
 	if _, err := adminConn(t).Exec(ctxT(t), "CREATE TABLE IF NOT EXISTS public.stall (name text); GRANT ALL ON public.stall TO PUBLIC"); err != nil {
 		t.Fatal(err)
 	}
-	const pause = 300 * time.Millisecond
+	// The client's pause. The cases with a 100 ms statement_timeout need
+	// the fence to have forwarded the paused prefix (stallAfter, 20 ms)
+	// at least 100 ms before the pause ends; at 300 ms a CI machine busy
+	// with the other packages' tests once forwarded it later, and
+	// Postgres saw no idle statement to time out.
+	const pause = time.Second
 	steps := func(msgs ...pgproto3.FrontendMessage) []pgproto3.FrontendMessage { return msgs }
 	for _, tc := range []struct {
 		name   string
