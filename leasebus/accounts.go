@@ -75,9 +75,15 @@ type jsExport struct {
 	stream  bool   // answered with more than one message (a pull)
 }
 
+// fleetClaimProbe is what the lease service's fleet connection asks to
+// show it reaches the primary's claim where it is committed: the claim
+// stream's info, which only that stream's leader answers (hearsFleet).
+const fleetClaimProbe = FleetJSAPI + ".STREAM.INFO." + PrimaryStream
+
 // fleetJSExports lists the JetStream API subjects the fleet account
 // imports: reading a stream's info and records, and its own ordered pull
-// consumers.
+// consumers; and the claim's stream's info, for the service's fleet
+// connection alone (fleetClaimProbe).
 func fleetJSExports() []jsExport {
 	var out []jsExport
 	for _, st := range fleetJSStreams {
@@ -85,7 +91,7 @@ func fleetJSExports() []jsExport {
 			out = append(out, jsExport{subject: s, stream: strings.Contains(s, ".MSG.NEXT.")})
 		}
 	}
-	return out
+	return append(out, jsExport{subject: "$JS.API" + strings.TrimPrefix(fleetClaimProbe, FleetJSAPI)})
 }
 
 // AccountOf is the account of role's identities.

@@ -186,9 +186,11 @@ func grants(id string) map[Role]Grant {
 	}
 	// The service's connection in the fleet account (FleetUser): it
 	// takes the fleet's requests, answers them in their askers' inboxes
-	// and announces changes there; it reaches no stream.
+	// and announces changes there; it reads no stream, and asks for the
+	// claim's stream's info only to learn it reaches its leader
+	// (hearsFleet).
 	fleetService := Grant{
-		Publish:   []string{"_INBOX.>", changed},
+		Publish:   []string{"_INBOX.>", changed, fleetClaimProbe},
 		Subscribe: []string{apiPrefix + ".*.*", identityPrefix + ".>", inbox},
 	}
 	return map[Role]Grant{RoleService: service, RoleServiceFleet: fleetService, RoleHolder: holder, RoleOperator: operator, RoleViewer: viewer, RoleEnroller: enroller}

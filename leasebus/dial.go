@@ -233,6 +233,18 @@ const (
 	holderMaxPingsOut     = 4
 )
 
+// ServiceConnOptions are the keepalive of the lease service's connections:
+// one whose server froze or went silent is given up, as a holder's is,
+// and made again to another server of the cluster, rather than after
+// nats.go's default of minutes; meanwhile the instance neither takes nor
+// renews the primary's claim (hearsFleet).
+func ServiceConnOptions() []nats.Option {
+	return []nats.Option{
+		nats.PingInterval(holderPingInterval),
+		nats.MaxPingsOutstanding(holderMaxPingsOut),
+	}
+}
+
 // HolderConnOptions are the options of a long-lived holder's connection
 // (a runner's, a sidecar's): it reconnects forever, soon after a drop.
 func HolderConnOptions() []nats.Option {

@@ -463,6 +463,7 @@ func (s *Service) elect(ctx context.Context) {
 	// Claim writes refused in a row (lost to another instance, or found
 	// busy), and since when they have been refused as busy.
 	refused, busySince, warned := 0, time.Time{}, false
+	unheard := false // the fleet connection last failed hearsFleet
 	for {
 		select {
 		case <-ctx.Done():
@@ -484,6 +485,14 @@ func (s *Service) elect(ctx context.Context) {
 			refused, busySince, warned = 0, time.Time{}, false // a round without a write ends the row
 			continue
 		}
+		if err := s.probeFleet(ctx, p.term/4); err != nil {
+			if !unheard {
+				unheard = true
+				s.log.Warn("primary election: the claim is free to take, but not by this instance while the fleet cannot reach it", "err", err)
+			}
+			continue
+		}
+		unheard = false
 		sent := s.cfg.Now()
 		got, err := s.writeClaim(ctx, seq, false)
 		switch {
@@ -604,7 +613,11 @@ func (s *Service) renewClaim(ctx context.Context) {
 	sent := s.cfg.Now()
 	// No later than the term: past it a standby may have taken over.
 	rctx, cancel := context.WithTimeout(ctx, max(until.Sub(sent), time.Millisecond))
-	seq, err := s.writeClaim(rctx, expect, false)
+	err := s.hearsFleet(rctx)
+	var seq uint64
+	if err == nil {
+		seq, err = s.writeClaim(rctx, expect, false)
+	}
 	cancel()
 	switch {
 	case err == nil:
@@ -623,6 +636,52 @@ func (s *Service) renewClaim(ctx context.Context) {
 	default:
 		s.log.Warn("primary: renew the claim; trying again", "err", err)
 	}
+}
+
+// hearsFleet checks that the fleet connection, which takes the fleet's
+// requests and carries their answers, reaches the claim's stream leader:
+// it asks for the claim's stream's info, which only that leader answers.
+// The claim is written through the other connection (nc), and the two may
+// have dialled different servers: without this, an instance whose fleet
+// connection's server froze (SIGSTOP) or was cut off from the claim's
+// quorum renewed its claim for as long as that lasted and answered nobody
+// — every request forwarded to it lost, no standby taking over (the fault
+// harness's pause of a node, CI at fdb89d2). So no instance renews or
+// takes the claim unless its fleet connection answered this first, and a
+// primary whose fleet connection is cut off lets its term run out.
+func (s *Service) hearsFleet(ctx context.Context) error {
+	if s.fleet == s.nc || s.fleetUnprobed.Load() {
+		return nil // one connection: the claim's write is the proof
+	}
+	m, err := s.fleet.RequestWithContext(ctx, fleetClaimProbe, nil)
+	if err != nil {
+		if le := s.fleet.LastError(); errors.Is(le, nats.ErrPermissionViolation) && strings.Contains(le.Error(), fleetClaimProbe) {
+			if s.fleetUnprobed.CompareAndSwap(false, true) {
+				s.log.Warn("the bus does not let the lease service's fleet connection ask for the claim's stream's info, so a primary whose fleet connection is cut off keeps its claim: print the bus's configuration again with `fenceline bus creds` and reload its servers", "err", le)
+			}
+			return nil
+		}
+		return fmt.Errorf("its fleet connection (to server %q) does not reach the leader of the claim's stream %s: %w", s.fleet.ConnectedServerName(), PrimaryStream, err)
+	}
+	var info struct {
+		Error *struct {
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &info); err != nil {
+		return fmt.Errorf("the claim's stream %s, asked through the fleet connection: %w", PrimaryStream, err)
+	}
+	if info.Error != nil {
+		return fmt.Errorf("the claim's stream %s, asked through the fleet connection: %s", PrimaryStream, info.Error.Description)
+	}
+	return nil
+}
+
+// probeFleet is hearsFleet within d.
+func (s *Service) probeFleet(ctx context.Context, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return s.hearsFleet(ctx)
 }
 
 // readClaim reads the claim's last record and its sequence (0: none). A

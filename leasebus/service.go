@@ -96,6 +96,9 @@ type Service struct {
 	fleet *nats.Conn // in the fleet account: requests, answers, change notices
 	// ownFleet: fleet was connected by StartService (closed by Stop).
 	ownFleet bool
+	// fleetUnprobed: the bus refuses the fleet connection the claim's
+	// stream's info (a configuration from before hearsFleet).
+	fleetUnprobed atomic.Bool
 	// asked: an identity of the service account (a tool or test acting
 	// as a client) has made a request, so changes are announced there too.
 	asked atomic.Bool
@@ -283,6 +286,9 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 		s.track(sub)
 	}
 	if s.prim != nil {
+		// Learns, before the first election, whether the bus lets the
+		// fleet connection probe the claim (hearsFleet).
+		_ = s.probeFleet(ctx, time.Second)
 		s.cold.wake = make(chan struct{}, 1)
 		s.wg.Go(func() { s.elect(s.ctx) })
 		s.wg.Go(func() { s.warmCold(s.ctx) })

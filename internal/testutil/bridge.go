@@ -16,10 +16,12 @@ type Bridge struct {
 	ln     net.Listener
 	target string
 
-	mu    sync.Mutex
-	cut   bool       // guarded by mu
-	conns []net.Conn // guarded by mu
-	wg    sync.WaitGroup
+	mu       sync.Mutex
+	cut      bool         // guarded by mu
+	cutConns map[int]bool // by the order accepted; guarded by mu
+	accepted int          // guarded by mu
+	conns    []net.Conn   // guarded by mu
+	wg       sync.WaitGroup
 }
 
 // NewBridge relays connections to target (host:port) from a new port on
@@ -52,21 +54,24 @@ func (b *Bridge) accept() {
 		}
 		b.mu.Lock()
 		b.conns = append(b.conns, in, out)
+		n := b.accepted
+		b.accepted++
 		b.mu.Unlock()
-		b.wg.Go(func() { b.pipe(out, in) })
-		b.wg.Go(func() { b.pipe(in, out) })
+		b.wg.Go(func() { b.pipe(n, out, in) })
+		b.wg.Go(func() { b.pipe(n, in, out) })
 	}
 }
 
-// pipe copies src to dst, dropping what it reads while the bridge is cut.
-func (b *Bridge) pipe(dst, src net.Conn) {
+// pipe copies src to dst, of the conn-th connection accepted, dropping
+// what it reads while the bridge or that connection is cut.
+func (b *Bridge) pipe(conn int, dst, src net.Conn) {
 	defer dst.Close()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
 			b.mu.Lock()
-			cut := b.cut
+			cut := b.cut || b.cutConns[conn]
 			b.mu.Unlock()
 			if !cut {
 				if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -95,6 +100,18 @@ func (b *Bridge) Partition(cut bool) {
 		}
 		b.conns = nil
 	}
+}
+
+// PartitionConn blackholes the n-th connection the bridge accepted (0 the
+// first) and no other: one of a client's connections goes silent while
+// its others carry on, as when it dialled a server that then froze.
+func (b *Bridge) PartitionConn(n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cutConns == nil {
+		b.cutConns = map[int]bool{}
+	}
+	b.cutConns[n] = true
 }
 
 // Close stops accepting, closes every connection and waits for the relay.

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -107,7 +108,7 @@ func StartService(ctx context.Context, cfg ServiceConfig) (_ *Service, err error
 		}
 	}()
 
-	nc, err := leasebus.Dial(url, source, svcCreds, append(inProcess,
+	nc, err := leasebus.Dial(url, source, svcCreds, slices.Concat(inProcess, leasebus.ServiceConnOptions(), []nats.Option{
 		nats.Name("fenceline-lease-service"),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(reconnectWait),
@@ -130,7 +131,7 @@ func StartService(ctx context.Context, cfg ServiceConfig) (_ *Service, err error
 			dropped, _ := sub.Dropped()
 			log.Warn("bus subscription error", "subject", sub.Subject, "err", err, "dropped", dropped)
 		}),
-	)...)
+	})...)
 	if err != nil {
 		return nil, err
 	}
