@@ -14,6 +14,7 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/lease"
 )
 
@@ -330,4 +331,75 @@ func claimWrites(t *testing.T, m *ServiceMetrics) int {
 		n += promtest.ToFloat64(m.claims.WithLabelValues(r))
 	}
 	return int(n)
+}
+
+// TestClusterPrimaryWhoseFleetIsCutOff: the primary's two connections on
+// two nodes — its claim's on one of the majority, its fleet's (the
+// requests, their answers) on a node then cut off from the others. That
+// node's server goes on answering the fleet connection's pings and the
+// claim is renewed through the other connection, so before hearsFleet
+// the primary served for as long as the cut lasted while answering
+// nobody: the standbys forwarded it every request and its answers went to
+// a server that could not pass them on. It must let its term run out, so
+// that an instance on the majority side takes over and answers.
+func TestClusterPrimaryWhoseFleetIsCutOff(t *testing.T) {
+	t.Parallel()
+	cl := startClusterOf(t, true)
+	ctx := ctxFor(t, 3*time.Minute)
+	// The claim's stream led from b; the primary's claim connection on a,
+	// its fleet connection on c, the node cut off.
+	b := ledStreams(ctx, t, cl, PrimaryStream)
+	a, c := (b+1)%3, (b+2)%3
+	host := func(i int) string { return strings.TrimPrefix(cl.urls[i], "nats://") }
+	br := testutil.NewBridge(t, host(a))
+	xnc := connect(t, "nats://"+br.Addr())
+	br.Retarget(host(c)) // the next connection through it: the fleet's
+	cfg := ServiceConfig{Primary: true, PrimaryTerm: testTerm}
+	x, _ := startClusterServiceWith(ctx, t, xnc, cfg)
+	primaryOf(t, []*Service{x}, 30*time.Second)
+	if got, want := x.FleetConn().ConnectedServerName(), cl.srvs[c].Name(); got != want {
+		t.Fatalf("the fleet connection is on %s, want %s", got, want)
+	}
+	if got, want := xnc.ConnectedServerName(), cl.srvs[a].Name(); got != want {
+		t.Fatalf("the claim connection is on %s, want %s", got, want)
+	}
+	y, _ := startClusterServiceWith(ctx, t, connect(t, cl.urls[b]), cfg)
+	majority := strings.Join([]string{cl.urls[a], cl.urls[b]}, ",")
+	hc := NewClient(connectAs(t, majority, RoleHolder))
+	var l *lease.Lease
+	checkFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		var err error
+		l, err = hc.Acquire(actx, AcquireRequest{Repo: repo, Scope: claim(t, "fleet"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
+		return err
+	})
+	if !x.Primary() {
+		t.Fatal("the instance whose fleet connection is on the node to be cut off is no longer the primary before the cut")
+	}
+	// The claim's stream led from the majority side (the leader may have
+	// moved since), so the claim connection can renew through the cut.
+	leadFrom(ctx, t, cl, PrimaryStream, b)
+
+	cl.isolate(t, c, true)
+	cut := time.Now()
+	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if x.Primary() {
+			return fmt.Errorf("the primary whose fleet connection is cut off still serves (its claim connection on %s)", xnc.ConnectedServerName())
+		}
+		if !y.Primary() {
+			return errors.New("the instance on the majority side has not taken over")
+		}
+		return nil
+	})
+	t.Logf("the majority side's instance serves %s after the fleet connection's node was cut off", time.Since(cut).Round(time.Millisecond))
+	op := NewClient(connectAs(t, majority, RoleOperator))
+	checkFor(t, 30*time.Second, 0, func() error {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		_, err := op.Revoke(rctx, l.LeaseID, "its primary's fleet connection was cut off")
+		return err
+	})
+	t.Logf("revoked %s after the cut", time.Since(cut).Round(time.Millisecond))
+	cl.isolate(t, c, false)
 }

@@ -14,7 +14,7 @@ import (
 // etcd's test bridge makes one.
 type Bridge struct {
 	ln     net.Listener
-	target string
+	target string // guarded by mu
 
 	mu       sync.Mutex
 	cut      bool         // guarded by mu
@@ -47,7 +47,10 @@ func (b *Bridge) accept() {
 		if err != nil {
 			return
 		}
-		out, err := net.Dial("tcp", b.target)
+		b.mu.Lock()
+		target := b.target
+		b.mu.Unlock()
+		out, err := net.Dial("tcp", target)
 		if err != nil {
 			in.Close()
 			continue
@@ -100,6 +103,15 @@ func (b *Bridge) Partition(cut bool) {
 		}
 		b.conns = nil
 	}
+}
+
+// Retarget relays the connections accepted from now on to target
+// (host:port) instead: a client that dials one address reaches one server
+// with its first connection and another with its next.
+func (b *Bridge) Retarget(target string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.target = target
 }
 
 // PartitionConn blackholes the n-th connection the bridge accepted (0 the
