@@ -77,7 +77,7 @@ type jsExport struct {
 
 // fleetClaimProbe is what the lease service's fleet connection asks to
 // show it reaches the primary's claim where it is committed: the claim
-// stream's info, which only that stream's leader answers (hearsFleet).
+// stream's info, naming its leader and its last record (hearsFleet).
 const fleetClaimProbe = FleetJSAPI + ".STREAM.INFO." + PrimaryStream
 
 // fleetJSExports lists the JetStream API subjects the fleet account

@@ -41,13 +41,14 @@ func TestPrimaryWhoseFleetGoesSilentStepsDown(t *testing.T) {
 	t.Cleanup(x.Stop)
 	b.svc.Stop() // hands the claim over to x
 	b.svc = nil
+	primaryOf(t, []*Service{x}, 10*time.Second)
 	y, err := StartService(ctxT(t), connect(t, b.srv.ClientURL()), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(y.Stop)
 	if p := primaryOf(t, []*Service{x, y}, 10*time.Second); p != 0 {
-		t.Fatal("the instance behind the bridge is not the primary after the other handed over")
+		t.Fatal("the instance behind the bridge is no longer the primary once the standby started")
 	}
 	ctx := ctxT(t)
 	c := NewClient(connectAs(t, b.srv.ClientURL(), RoleHolder))

@@ -112,6 +112,10 @@ type primacy struct {
 	seenAt, readAt time.Time
 	// backAt is when the claim was read again after a read failed; guarded by mu.
 	backAt time.Time
+	// steward is the claim's stream's leader as the claim connection
+	// last read it ("" unknown); guarded by mu. An instance takes the
+	// claim only once its fleet connection names the same (hearsFleet).
+	steward string
 	// apartAt is when the primary next checks where the streams it waits
 	// on are led (keepApart); guarded by mu. apartBusy: a check runs.
 	apartAt   time.Time
@@ -485,7 +489,10 @@ func (s *Service) elect(ctx context.Context) {
 			refused, busySince, warned = 0, time.Time{}, false // a round without a write ends the row
 			continue
 		}
-		if err := s.probeFleet(ctx, p.term/4); err != nil {
+		p.mu.Lock()
+		steward := p.steward
+		p.mu.Unlock()
+		if err := s.probeFleet(ctx, p.term/2, seq, &steward); err != nil {
 			if !unheard {
 				unheard = true
 				s.log.Warn("primary election: the claim is free to take, but not by this instance while the fleet cannot reach it", "err", err)
@@ -613,7 +620,7 @@ func (s *Service) renewClaim(ctx context.Context) {
 	sent := s.cfg.Now()
 	// No later than the term: past it a standby may have taken over.
 	rctx, cancel := context.WithTimeout(ctx, max(until.Sub(sent), time.Millisecond))
-	err := s.hearsFleet(rctx)
+	err := s.hearsFleet(rctx, expect, nil)
 	var seq uint64
 	if err == nil {
 		seq, err = s.writeClaim(rctx, expect, false)
@@ -639,49 +646,80 @@ func (s *Service) renewClaim(ctx context.Context) {
 }
 
 // hearsFleet checks that the fleet connection, which takes the fleet's
-// requests and carries their answers, reaches the claim's stream leader:
-// it asks for the claim's stream's info, which only that leader answers.
-// The claim is written through the other connection (nc), and the two may
-// have dialled different servers: without this, an instance whose fleet
-// connection's server froze (SIGSTOP) or was cut off from the claim's
-// quorum renewed its claim for as long as that lasted and answered nobody
-// — every request forwarded to it lost, no standby taking over (the fault
-// harness's pause of a node, CI at fdb89d2). So no instance renews or
-// takes the claim unless its fleet connection answered this first, and a
-// primary whose fleet connection is cut off lets its term run out.
-func (s *Service) hearsFleet(ctx context.Context) error {
+// requests and carries their answers, reaches the claim where it is
+// committed: it asks for the claim's stream's info, and the answer must
+// name a leader — to take the claim, the one its claim connection read
+// (leader), which must know one — and hold the claim up to atLeast, the
+// record the instance is about to write over. The claim is written
+// through the other connection (nc), and the two may have dialled
+// different servers: without this, an instance whose fleet connection's
+// server froze (SIGSTOP) or was cut off from the claim's quorum renewed
+// its claim for as long as that lasted and answered nobody — every
+// request forwarded to it lost, no standby taking over (the fault
+// harness's pause of a node, CI at fdb89d2). Not any
+// answer: a replica on a cut-off server answers the info request itself,
+// as a leader for up to 20 s after the cut and then as one that knows
+// none, with the records it had at the cut; renewed through the majority,
+// the claim soon runs ahead of them. So at most one renewal follows a cut,
+// a primary whose fleet connection is cut off lets its term run out, and
+// neither it (its claim lapsed) nor a standby like it takes the claim:
+// not even in the moment when the majority elects the claim's next
+// leader, and its claim connection, answered by a replica that knows
+// none, could not tell it from the cut-off one.
+func (s *Service) hearsFleet(ctx context.Context, atLeast uint64, leader *string) error {
 	if s.fleet == s.nc || s.fleetUnprobed.Load() {
 		return nil // one connection: the claim's write is the proof
+	}
+	if leader != nil && *leader == "" {
+		return fmt.Errorf("its claim connection (to server %q) read the claim's stream %s from a replica that knows no leader: no claim is taken before it knows one (its fleet connection's answer is checked against it)", s.nc.ConnectedServerName(), PrimaryStream)
 	}
 	m, err := s.fleet.RequestWithContext(ctx, fleetClaimProbe, nil)
 	if err != nil {
 		if le := s.fleet.LastError(); errors.Is(le, nats.ErrPermissionViolation) && strings.Contains(le.Error(), fleetClaimProbe) {
 			if s.fleetUnprobed.CompareAndSwap(false, true) {
-				s.log.Warn("the bus does not let the lease service's fleet connection ask for the claim's stream's info, so a primary whose fleet connection is cut off keeps its claim: print the bus's configuration again with `fenceline bus creds` and reload its servers", "err", le)
+				s.log.Warn("the bus does not let the lease service's fleet connection ask for the claim's stream's info, so a primary whose fleet connection is cut off keeps its claim: print the bus's configuration again with `fenceline bus creds`, reload its servers and restart the lease service", "err", le)
 			}
 			return nil
 		}
-		return fmt.Errorf("its fleet connection (to server %q) does not reach the leader of the claim's stream %s: %w", s.fleet.ConnectedServerName(), PrimaryStream, err)
+		return fmt.Errorf("its fleet connection (to server %q) does not reach the claim's stream %s: %w", s.fleet.ConnectedServerName(), PrimaryStream, err)
 	}
 	var info struct {
+		Config struct {
+			Name string `json:"name"`
+		} `json:"config"`
+		Cluster *struct {
+			Leader string `json:"leader"`
+		} `json:"cluster"`
+		State struct {
+			LastSeq uint64 `json:"last_seq"`
+		} `json:"state"`
 		Error *struct {
 			Description string `json:"description"`
 		} `json:"error"`
 	}
-	if err := json.Unmarshal(m.Data, &info); err != nil {
-		return fmt.Errorf("the claim's stream %s, asked through the fleet connection: %w", PrimaryStream, err)
-	}
-	if info.Error != nil {
-		return fmt.Errorf("the claim's stream %s, asked through the fleet connection: %s", PrimaryStream, info.Error.Description)
+	via := fmt.Sprintf("the claim's stream %s, asked through the fleet connection (to server %q)", PrimaryStream, s.fleet.ConnectedServerName())
+	switch err := json.Unmarshal(m.Data, &info); {
+	case err != nil:
+		return fmt.Errorf("%s: %w", via, err)
+	case info.Error != nil:
+		return fmt.Errorf("%s: %s", via, info.Error.Description)
+	case info.Config.Name != PrimaryStream:
+		return fmt.Errorf("%s: answered for the stream %q", via, info.Config.Name)
+	case info.Cluster == nil || info.Cluster.Leader == "":
+		return fmt.Errorf("%s: answered by a replica that knows no leader (its server cut off from the others?)", via)
+	case leader != nil && info.Cluster.Leader != *leader:
+		return fmt.Errorf("%s: led from %q there, from %q as the claim connection read it (a server cut off from the others, or a leader just elected)", via, info.Cluster.Leader, *leader)
+	case info.State.LastSeq < atLeast:
+		return fmt.Errorf("%s: holds the claim up to record %d, behind record %d (its server cut off from the claim's leader?)", via, info.State.LastSeq, atLeast)
 	}
 	return nil
 }
 
 // probeFleet is hearsFleet within d.
-func (s *Service) probeFleet(ctx context.Context, d time.Duration) error {
+func (s *Service) probeFleet(ctx context.Context, d time.Duration, atLeast uint64, leader *string) error {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	return s.hearsFleet(ctx)
+	return s.hearsFleet(ctx, atLeast, leader)
 }
 
 // readClaim reads the claim's last record and its sequence (0: none). A
@@ -694,6 +732,11 @@ func (s *Service) readClaim(ctx context.Context) (uint64, claimRecord, error) {
 	stream, err := s.js.Stream(ctx, PrimaryStream)
 	if err != nil {
 		return 0, rec, fmt.Errorf("open stream %s: %w", PrimaryStream, err)
+	}
+	if ci := stream.CachedInfo().Cluster; ci != nil {
+		s.prim.mu.Lock()
+		s.prim.steward = ci.Leader
+		s.prim.mu.Unlock()
 	}
 	m, err := stream.GetLastMsgForSubject(ctx, primarySubject)
 	switch {
@@ -862,58 +905,94 @@ func (s *Service) checkApart(ctx context.Context) {
 	}
 }
 
-// keepApart asks each of apartStreams led by this instance's server to
-// elect a leader elsewhere, when one of its other replicas is current.
+// keepApart asks each of apartStreams led by this instance's servers (its
+// claim connection's, and its fleet connection's) to elect a leader
+// elsewhere, when one of its other replicas is current.
 func (s *Service) keepApart(ctx context.Context) {
 	here := s.nc.ConnectedServerName()
 	if here == "" {
 		return
+	}
+	away := []string{here}
+	if f := s.fleet.ConnectedServerName(); f != "" && f != here {
+		away = append(away, f)
 	}
 	for _, name := range apartStreams {
 		if !s.Primary() {
 			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
-		moved, err := s.leadElsewhere(rctx, name, here)
+		moved, err := s.leadElsewhere(rctx, name, away)
 		cancel()
 		switch {
 		case err != nil:
 			s.log.Debug("primary: where a stream is led", "stream", name, "err", err)
-		case moved:
-			s.log.Info("primary: asked a stream led from this instance's node to elect a leader on another", "stream", name, "server", here)
+		case moved != "":
+			s.log.Info("primary: asked a stream led from this instance's node to elect a leader on another", "stream", name, "server", moved)
 		}
 	}
 }
 
-// leadElsewhere asks stream name to step down when server here leads it
-// and another replica is current; moved says whether it asked and the
-// stream agreed.
-func (s *Service) leadElsewhere(ctx context.Context, name, here string) (moved bool, err error) {
+// leadElsewhere asks stream name to step down when one of the servers
+// away leads it, for a current replica on none of them (on a server but
+// the first, the claim connection's, only so); moved names the server
+// that led it when it asked and the stream agreed.
+//
+// Away from the claim connection's server, so that the node's loss does
+// not cost both a takeover and the stream's election; away from the
+// fleet connection's, so that a cut-off leader there does not vouch for
+// the claim to the fleet connection (hearsFleet) while the majority
+// elects another.
+func (s *Service) leadElsewhere(ctx context.Context, name string, away []string) (moved string, err error) {
 	st, err := s.js.Stream(ctx, name)
 	if err != nil {
-		return false, err
+		return "", err
 	}
 	ci := st.CachedInfo().Cluster
-	if ci == nil || ci.Leader != here || !slices.ContainsFunc(ci.Replicas, func(r *jetstream.PeerInfo) bool { return r.Current && !r.Offline }) {
-		return false, nil
+	if ci == nil {
+		return "", nil
+	}
+	led := slices.Index(away, ci.Leader)
+	if led < 0 {
+		return "", nil
+	}
+	to := ""
+	for _, r := range ci.Replicas {
+		if !r.Current || r.Offline {
+			continue
+		}
+		if !slices.Contains(away, r.Name) {
+			to = r.Name
+			break
+		}
+		if led == 0 && to == "" {
+			to = r.Name // off the claim connection's server, onto the fleet's: better than staying
+		}
+	}
+	if to == "" {
+		return "", nil
 	}
 	api, err := jsAPI(ctx, s.nc)
 	if err != nil {
-		return false, err
+		return "", err
 	}
-	m, err := s.nc.RequestWithContext(ctx, api+".STREAM.LEADER.STEPDOWN."+name, nil)
+	req := fmt.Sprintf(`{"placement":{"preferred":%q}}`, to)
+	m, err := s.nc.RequestWithContext(ctx, api+".STREAM.LEADER.STEPDOWN."+name, []byte(req))
 	if err != nil {
-		return false, err
+		return "", err
 	}
 	var resp struct {
 		Success bool                `json:"success"`
 		Error   *jetstream.APIError `json:"error"`
 	}
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return false, fmt.Errorf("stream %s: step down: %w", name, err)
+		return "", fmt.Errorf("stream %s: step down: %w", name, err)
 	}
 	if resp.Error != nil {
-		return false, fmt.Errorf("stream %s: step down: %w", name, resp.Error)
+		return "", fmt.Errorf("stream %s: step down: %w", name, resp.Error)
 	}
-	return resp.Success, nil
+	if !resp.Success {
+		return "", nil
+	}
+	return ci.Leader, nil
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -341,9 +342,18 @@ func claimWrites(t *testing.T, m *ServiceMetrics) int {
 // the primary served for as long as the cut lasted while answering
 // nobody: the standbys forwarded it every request and its answers went to
 // a server that could not pass them on. It must let its term run out, so
-// that an instance on the majority side takes over and answers.
+// that an instance on the majority side takes over and answers, and must
+// not take its lapsed claim back: the cut-off node answers the fleet
+// connection's probe itself, as the claim's leader (when it led the
+// claim's stream at the cut, for up to 20 s) or as a replica that knows no
+// leader (4-9 s after the cut), with the claim as it was at the cut.
 func TestClusterPrimaryWhoseFleetIsCutOff(t *testing.T) {
 	t.Parallel()
+	t.Run("the claim led from the majority", func(t *testing.T) { primaryWhoseFleetIsCutOff(t, false) })
+	t.Run("the claim led from the cut-off node", func(t *testing.T) { primaryWhoseFleetIsCutOff(t, true) })
+}
+
+func primaryWhoseFleetIsCutOff(t *testing.T, cutLeads bool) {
 	cl := startClusterOf(t, true)
 	ctx := ctxFor(t, 3*time.Minute)
 	// The claim's stream led from b; the primary's claim connection on a,
@@ -355,7 +365,16 @@ func TestClusterPrimaryWhoseFleetIsCutOff(t *testing.T) {
 	xnc := connect(t, "nats://"+br.Addr())
 	br.Retarget(host(c)) // the next connection through it: the fleet's
 	cfg := ServiceConfig{Primary: true, PrimaryTerm: testTerm}
-	x, _ := startClusterServiceWith(ctx, t, xnc, cfg)
+	// x's log, said should the test fail: which check held its claim.
+	xcfg := cfg
+	var xlog testutil.SyncBuffer
+	xcfg.Logger = slog.New(slog.NewTextHandler(&xlog, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the instance whose fleet connection was cut off logged:\n%s", xlog.String())
+		}
+	})
+	x, _ := startClusterServiceWith(ctx, t, xnc, xcfg)
 	primaryOf(t, []*Service{x}, 30*time.Second)
 	if got, want := x.FleetConn().ConnectedServerName(), cl.srvs[c].Name(); got != want {
 		t.Fatalf("the fleet connection is on %s, want %s", got, want)
@@ -374,16 +393,25 @@ func TestClusterPrimaryWhoseFleetIsCutOff(t *testing.T) {
 		l, err = hc.Acquire(actx, AcquireRequest{Repo: repo, Scope: claim(t, "fleet"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
 		return err
 	})
-	if !x.Primary() {
-		t.Fatal("the instance whose fleet connection is on the node to be cut off is no longer the primary before the cut")
+	// Where the claim's stream is led at the cut (it may have moved since,
+	// and the primary keeps it off its fleet connection's node: moved
+	// there just before the cut).
+	led := b
+	if cutLeads {
+		led = c
 	}
-	// The claim's stream led from the majority side (the leader may have
-	// moved since), so the claim connection can renew through the cut.
-	leadFrom(ctx, t, cl, PrimaryStream, b)
+	checkFor(t, 60*time.Second, 0, func() error {
+		leadFrom(ctx, t, cl, PrimaryStream, led)
+		if q := primaryOf(t, []*Service{x, y}, 30*time.Second); q != 0 {
+			return fmt.Errorf("instance y took over while the claim's stream moved: try again")
+		}
+		return nil
+	})
 
 	cl.isolate(t, c, true)
 	cut := time.Now()
-	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+	xcfg.Logger.Info("the test cut off the fleet connection's node", "node", cl.srvs[c].Name())
+	checkFor(t, 30*time.Second, 10*time.Millisecond, func() error {
 		if x.Primary() {
 			return fmt.Errorf("the primary whose fleet connection is cut off still serves (its claim connection on %s)", xnc.ConnectedServerName())
 		}
@@ -401,5 +429,17 @@ func TestClusterPrimaryWhoseFleetIsCutOff(t *testing.T) {
 		return err
 	})
 	t.Logf("revoked %s after the cut", time.Since(cut).Round(time.Millisecond))
+	// Past the cut-off node's time as a leader and as a replica that knows
+	// none, x takes no claim back and y serves on.
+	hold := time.Now().Add(25*time.Second - time.Since(cut))
+	for time.Now().Before(hold) {
+		if x.Primary() {
+			t.Fatalf("the instance whose fleet connection is cut off is the primary again %s after the cut", time.Since(cut).Round(time.Millisecond))
+		}
+		time.Sleep(20 * time.Millisecond) // sampling a state that must not change, not waiting for one
+	}
+	if !y.Primary() {
+		t.Fatalf("the majority side's instance no longer serves %s after the cut", time.Since(cut).Round(time.Millisecond))
+	}
 	cl.isolate(t, c, false)
 }

@@ -288,7 +288,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	if s.prim != nil {
 		// Learns, before the first election, whether the bus lets the
 		// fleet connection probe the claim (hearsFleet).
-		_ = s.probeFleet(ctx, time.Second)
+		_ = s.probeFleet(ctx, time.Second, 0, nil)
 		s.cold.wake = make(chan struct{}, 1)
 		s.wg.Go(func() { s.elect(s.ctx) })
 		s.wg.Go(func() { s.warmCold(s.ctx) })
