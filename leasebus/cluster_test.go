@@ -67,10 +67,14 @@ func startClusterOf(t *testing.T, bridged bool) *testCluster {
 				peers = append(peers, r)
 			}
 		}
-		s, err := EmbeddedStartServer(serverConfig(t, ServerConfig{
+		cfg := ServerConfig{
 			Listen: fmt.Sprintf("127.0.0.1:%d", ports[i]), StoreDir: t.TempDir(), Name: fmt.Sprintf("fenceline-%d", i),
 			ClusterName: "fenceline-test", ClusterListen: fmt.Sprintf("127.0.0.1:%d", ports[3+i]), Routes: peers,
-		}))
+		}
+		if bridged {
+			cfg.ClusterAdvertise = testutil.DeadAddr
+		}
+		s, err := EmbeddedStartServer(serverConfig(t, cfg))
 		if err != nil {
 			t.Fatal(err)
 		}

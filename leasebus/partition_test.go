@@ -53,6 +53,7 @@ func startPartitionCluster(t *testing.T) *partitionCluster {
 		s, err := EmbeddedStartServer(serverConfig(t, ServerConfig{
 			Listen: fmt.Sprintf("127.0.0.1:%d", ports[i]), StoreDir: t.TempDir(), Name: fmt.Sprintf("fenceline-%d", i),
 			ClusterName: "fenceline-partition", ClusterListen: fmt.Sprintf("127.0.0.1:%d", ports[3+i]), Routes: peers,
+			ClusterAdvertise: testutil.DeadAddr,
 		}))
 		if err != nil {
 			t.Fatal(err)

@@ -32,6 +32,13 @@ type ServerConfig struct {
 	ClusterName   string
 	ClusterListen string
 	Routes        []string
+	// ClusterAdvertise is the host:port the other nodes are told to
+	// reach this one's routes at (default: ClusterListen's). Gossiped, it
+	// is where a node dials a peer it learnt of rather than was given in
+	// Routes: behind a NAT, the address the others see; in a test cluster
+	// whose routes go through relays that cut them (a partition), an
+	// address nothing listens on, so that no route goes around a relay.
+	ClusterAdvertise string
 	// Debug turns on the server's own log on stderr.
 	Debug bool
 	// Log, when set (and Debug is not), gets the server's warnings and
@@ -90,6 +97,14 @@ func (c *ServerConfig) Validate() error {
 	if c.ClusterListen != "" {
 		if _, _, err := splitHostPort(c.ClusterListen); err != nil {
 			return &FieldError{Field: "ClusterListen", Err: fmt.Errorf("%q: %w", c.ClusterListen, err)}
+		}
+	}
+	if c.ClusterAdvertise != "" {
+		if c.ClusterListen == "" {
+			return fieldErrorf("ClusterAdvertise", "only a cluster's node advertises its routes (ClusterListen)")
+		}
+		if _, _, err := splitHostPort(c.ClusterAdvertise); err != nil {
+			return &FieldError{Field: "ClusterAdvertise", Err: fmt.Errorf("%q: %w", c.ClusterAdvertise, err)}
 		}
 	}
 	for _, r := range c.Routes {

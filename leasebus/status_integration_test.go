@@ -64,3 +64,51 @@ func TestClusterStatusThroughAPartition(t *testing.T) {
 	}
 	cl.isolate(t, p, false)
 }
+
+// TestClusterDropsACutOffNodesRoutes: the other nodes give up a cut-off
+// node's routes within seconds (route pings every 2 s, three unanswered),
+// not the 20-30 s of the client ping interval: until then its lease
+// service instance stays in the queue group and the requests handed to it
+// vanish.
+func TestClusterDropsACutOffNodesRoutes(t *testing.T) {
+	t.Parallel()
+	cl := startClusterOf(t, true)
+	checkFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		for i, s := range cl.srvs {
+			if n := s.NumRemotes(); n != 2 {
+				return fmt.Errorf("node %d has %d remotes, want 2", i, n)
+			}
+		}
+		return nil
+	})
+	cl.isolate(t, 2, true)
+	cut := time.Now()
+	checkFor(t, 18*time.Second, 50*time.Millisecond, func() error {
+		for i, s := range cl.srvs[:2] {
+			if n := s.NumRemotes(); n != 1 {
+				return fmt.Errorf("node %d still has %d remotes %s after node 2 was cut off", i, n, time.Since(cut).Round(time.Millisecond))
+			}
+		}
+		return nil
+	})
+	t.Logf("nodes 0 and 1 dropped node 2's routes %s after the cut", time.Since(cut).Round(time.Millisecond))
+	// And the cut holds: no node dials a route around the bridges to the
+	// address it learnt of node 2 (ServerConfig.ClusterAdvertise: before,
+	// the routes came back straight to node 2's real address within
+	// seconds and healed the partition).
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
+		for i, s := range cl.srvs[:2] {
+			if n := s.NumRemotes(); n != 1 {
+				t.Fatalf("node %d has %d remotes %s after node 2 was cut off: a route went around the bridges", i, n, time.Since(cut).Round(time.Millisecond))
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // sampling a state that must not change, not waiting for one
+	}
+	cl.isolate(t, 2, false)
+	checkFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if n := cl.srvs[2].NumRemotes(); n != 2 {
+			return fmt.Errorf("node 2 has %d remotes after the heal, want 2", n)
+		}
+		return nil
+	})
+}

@@ -72,6 +72,7 @@ type serveFlags struct {
 	listen, store, name        string
 	fenceSecrets               string
 	clusterName, clusterListen string
+	clusterAdvertise           string
 	routes                     []string
 	replicas                   int
 	ui, logFormat, metrics     string
@@ -110,7 +111,7 @@ server it connects to belongs to one, else 1.`,
   fenceline bus serve --name n1 --listen :4222 --store /data/n1 --cluster-name fl --cluster-listen :6222 --routes nats://n2:6222,nats://n3:6222
   fenceline --nats nats://nats.internal:4222 bus serve --replicas 3`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			for _, name := range []string{"listen", "store", "name", "cluster-name", "cluster-listen", "routes"} {
+			for _, name := range []string{"listen", "store", "name", "cluster-name", "cluster-listen", "cluster-advertise", "routes"} {
 				if cmd.Flags().Changed(name) {
 					f.embeddedOnly = append(f.embeddedOnly, "--"+name)
 				}
@@ -124,6 +125,7 @@ server it connects to belongs to one, else 1.`,
 	fl.StringVar(&f.name, "name", "", "server name, unique within a cluster (default \"fenceline\", or derived from --cluster-listen when clustered)")
 	fl.StringVar(&f.clusterName, "cluster-name", "", "join a NATS cluster of this name (with --cluster-listen and --routes)")
 	fl.StringVar(&f.clusterListen, "cluster-listen", "", "host:port for cluster routes")
+	fl.StringVar(&f.clusterAdvertise, "cluster-advertise", "", "host:port the other nodes are told to reach this node's routes at, when not --cluster-listen's (behind a NAT)")
 	fl.StringSliceVar(&f.routes, "routes", nil, "cluster peers: nats://host:port,... (comma-separated or repeated)")
 	fl.IntVar(&f.replicas, "replicas", 0, "replicas of the lease log and audit streams (default 1; 3 on a cluster)")
 	fl.StringVar(&f.ui, "ui", "", "serve the run UI and its JSON API on this host:port (off loopback a token is required: $"+EnvUIToken+", or a random one printed in the URL)")
@@ -173,14 +175,15 @@ func (a *app) serveEmbedded(ctx context.Context, f *serveFlags, cfg busserve.Ser
 		return err
 	}
 	node, err := busserve.StartNode(ctx, leasebus.ServerConfig{
-		Listen:        f.listen,
-		StoreDir:      f.store,
-		Name:          f.name,
-		ClusterName:   f.clusterName,
-		ClusterListen: f.clusterListen,
-		Routes:        f.routes,
-		Debug:         f.debug,
-		CredsDir:      credsDir,
+		Listen:           f.listen,
+		StoreDir:         f.store,
+		Name:             f.name,
+		ClusterName:      f.clusterName,
+		ClusterListen:    f.clusterListen,
+		ClusterAdvertise: f.clusterAdvertise,
+		Routes:           f.routes,
+		Debug:            f.debug,
+		CredsDir:         credsDir,
 	}, cfg.Logger)
 	if err != nil {
 		return a.serveError(err)

@@ -24,6 +24,14 @@ type Bridge struct {
 	wg       sync.WaitGroup
 }
 
+// DeadAddr is a host:port where nothing listens (connections are refused
+// at once): what the nodes of a cluster whose routes go through bridges
+// advertise as their routes' address, so that a node that learns of a
+// peer from another dials nothing around the bridges, and a cut holds
+// (leasebus.ServerConfig.ClusterAdvertise). Before, a route that dropped
+// came back straight to the peer's real address and healed a partition.
+const DeadAddr = "127.0.0.1:1"
+
 // NewBridge relays connections to target (host:port) from a new port on
 // 127.0.0.1 until the test ends.
 func NewBridge(t testing.TB, target string) *Bridge {

@@ -117,6 +117,7 @@ func StartCluster(t testing.TB, bin string, n int) *Cluster {
 		p := &Node{Name: name, state: filepath.Join(dir, name, "state"), args: []string{
 			"bus", "serve", "--name", name, "--cluster-name", "faults", "--fence-secrets", c.FenceSecrets,
 			"--cluster-listen", fmt.Sprintf("127.0.0.1:%d", ports[n+i]),
+			"--cluster-advertise", testutil.DeadAddr,
 			"--routes", strings.Join(peers, ","),
 			"--listen", fmt.Sprintf("127.0.0.1:%d", ports[i]),
 			"--store", filepath.Join(dir, name, "store"),
