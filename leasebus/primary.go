@@ -905,21 +905,21 @@ func (s *Service) checkApart(ctx context.Context) {
 	}
 }
 
-// keepApart asks each of apartStreams led by this instance's servers (its
-// claim connection's, and its fleet connection's) to elect a leader
-// elsewhere, when one of its other replicas is current.
+// keepApart asks each of apartStreams led by this instance's server (its
+// claim connection's; the claim's stream also its fleet connection's) to
+// elect a leader elsewhere, when one of its other replicas is current.
 func (s *Service) keepApart(ctx context.Context) {
 	here := s.nc.ConnectedServerName()
 	if here == "" {
 		return
 	}
-	away := []string{here}
-	if f := s.fleet.ConnectedServerName(); f != "" && f != here {
-		away = append(away, f)
-	}
 	for _, name := range apartStreams {
 		if !s.Primary() {
 			return
+		}
+		away := []string{here}
+		if f := s.fleet.ConnectedServerName(); name == PrimaryStream && f != "" && f != here {
+			away = append(away, f)
 		}
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
 		moved, err := s.leadElsewhere(rctx, name, away)
@@ -932,6 +932,11 @@ func (s *Service) keepApart(ctx context.Context) {
 		}
 	}
 }
+
+// preferredActive bounds how long ago a stream's leader may have heard the
+// replica it hands the leadership to: nats-server's raft takes a preferred
+// peer only within three heartbeats (3 s), and picks another otherwise.
+const preferredActive = 2 * time.Second
 
 // leadElsewhere asks stream name to step down when one of the servers
 // away leads it, for a current replica on none of them (on a server but
@@ -958,7 +963,10 @@ func (s *Service) leadElsewhere(ctx context.Context, name string, away []string)
 	}
 	to := ""
 	for _, r := range ci.Replicas {
-		if !r.Current || r.Offline {
+		// Only a replica the leader heard within raft's live window
+		// (3 s), and caught up, is taken as the preferred one; another,
+		// the stream picks one itself, maybe the server it is moved off.
+		if !r.Current || r.Offline || r.Lag != 0 || r.Active >= preferredActive {
 			continue
 		}
 		if !slices.Contains(away, r.Name) {

@@ -1,6 +1,7 @@
 package leasebus
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -103,7 +104,11 @@ func (c *ServerConfig) Validate() error {
 		if c.ClusterListen == "" {
 			return fieldErrorf("ClusterAdvertise", "only a cluster's node advertises its routes (ClusterListen)")
 		}
-		if _, _, err := splitHostPort(c.ClusterAdvertise); err != nil {
+		host, port, err := splitHostPort(c.ClusterAdvertise)
+		if err == nil && (host == "" || port <= 0) {
+			err = errors.New("want the host and port the other nodes reach this one's routes at")
+		}
+		if err != nil {
 			return &FieldError{Field: "ClusterAdvertise", Err: fmt.Errorf("%q: %w", c.ClusterAdvertise, err)}
 		}
 	}

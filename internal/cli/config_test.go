@@ -42,6 +42,8 @@ func TestFlagError(t *testing.T) {
 		{leasebus.ServerConfig{ClusterListen: "127.0.0.1:6222"}, "--cluster-name: "},
 		{leasebus.ServerConfig{Listen: "nohostport"}, "--listen: \"nohostport\""},
 		{leasebus.ServerConfig{ClusterName: "fl", ClusterListen: "127.0.0.1:6222", Routes: []string{"http://x"}}, "--routes: \"http://x\": want nats://host:port"},
+		{leasebus.ServerConfig{ClusterName: "fl", ClusterListen: "127.0.0.1:6222", Routes: []string{"nats://n2:6222"}, ClusterAdvertise: ":6222"}, "--cluster-advertise: \":6222\": want the host and port"},
+		{leasebus.ServerConfig{ClusterAdvertise: "10.0.0.1:6222"}, "--cluster-advertise: only a cluster's node"},
 	} {
 		err := tc.cfg.Validate()
 		var fe *leasebus.FieldError
