@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strconv"
+	"time"
 )
 
 // DefaultListen is where the embedded bus listens and where every other
@@ -40,6 +41,15 @@ type ServerConfig struct {
 	// whose routes go through relays that cut them (a partition), an
 	// address nothing listens on, so that no route goes around a relay.
 	ClusterAdvertise string
+	// RoutePingInterval and RoutePingsOut are how a node finds a peer's
+	// routes dead: a PING every RoutePingInterval, the routes dropped
+	// after RoutePingsOut go unanswered (defaults DefaultRoutePingInterval
+	// and DefaultRoutePingsOut: 6-8 s). NATS pings a route even while it
+	// is busy and only a PONG resets the count, so on a slow network or
+	// under a backlog that holds a PONG up longer than their product,
+	// raise them; the cluster's raft heartbeats travel the same routes.
+	RoutePingInterval time.Duration
+	RoutePingsOut     int
 	// Debug turns on the server's own log on stderr.
 	Debug bool
 	// Log, when set (and Debug is not), gets the server's warnings and
@@ -112,6 +122,21 @@ func (c *ServerConfig) Validate() error {
 			return &FieldError{Field: "ClusterAdvertise", Err: fmt.Errorf("%q: %w", c.ClusterAdvertise, err)}
 		}
 	}
+	if c.RoutePingInterval != 0 || c.RoutePingsOut != 0 {
+		if c.ClusterListen == "" {
+			field := "RoutePingInterval"
+			if c.RoutePingInterval == 0 {
+				field = "RoutePingsOut"
+			}
+			return fieldErrorf(field, "only a cluster's node pings routes (ClusterListen)")
+		}
+		if c.RoutePingInterval != 0 && (c.RoutePingInterval < minRoutePingInterval || c.RoutePingInterval > maxRoutePingInterval) {
+			return fieldErrorf("RoutePingInterval", "%s: want %s to %s", c.RoutePingInterval, minRoutePingInterval, maxRoutePingInterval)
+		}
+		if c.RoutePingsOut < 0 || c.RoutePingsOut > maxRoutePingsOut {
+			return fieldErrorf("RoutePingsOut", "%d: want 1 to %d unanswered pings", c.RoutePingsOut, maxRoutePingsOut)
+		}
+	}
 	for _, r := range c.Routes {
 		if u, err := url.Parse(r); err != nil || u.Scheme != "nats" || u.Host == "" {
 			return fieldErrorf("Routes", "%q: want nats://host:port", r)
@@ -119,6 +144,16 @@ func (c *ServerConfig) Validate() error {
 	}
 	return nil
 }
+
+// The route keepalive's defaults and bounds (ServerConfig.RoutePingInterval
+// and RoutePingsOut).
+const (
+	DefaultRoutePingInterval = 2 * time.Second
+	DefaultRoutePingsOut     = 3
+	minRoutePingInterval     = 250 * time.Millisecond
+	maxRoutePingInterval     = 5 * time.Minute
+	maxRoutePingsOut         = 100
+)
 
 func splitHostPort(hp string) (string, int, error) {
 	host, p, err := net.SplitHostPort(hp)

@@ -73,6 +73,8 @@ type serveFlags struct {
 	fenceSecrets               string
 	clusterName, clusterListen string
 	clusterAdvertise           string
+	routePingInterval          time.Duration
+	routePingsOut              int
 	routes                     []string
 	replicas                   int
 	ui, logFormat, metrics     string
@@ -111,10 +113,25 @@ server it connects to belongs to one, else 1.`,
   fenceline bus serve --name n1 --listen :4222 --store /data/n1 --cluster-name fl --cluster-listen :6222 --routes nats://n2:6222,nats://n3:6222
   fenceline --nats nats://nats.internal:4222 bus serve --replicas 3`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			for _, name := range []string{"listen", "store", "name", "cluster-name", "cluster-listen", "cluster-advertise", "routes"} {
+			for _, name := range []string{"listen", "store", "name", "cluster-name", "cluster-listen", "cluster-advertise", "route-ping-interval", "route-pings-out", "routes"} {
 				if cmd.Flags().Changed(name) {
 					f.embeddedOnly = append(f.embeddedOnly, "--"+name)
 				}
+			}
+			// Unset, the route pings take the server's defaults, and a
+			// single node is not told about routes it does not have.
+			// Given as 0, they are refused as any value out of bounds.
+			switch {
+			case !cmd.Flags().Changed("route-ping-interval"):
+				f.routePingInterval = 0
+			case f.routePingInterval == 0:
+				f.routePingInterval = -1
+			}
+			switch {
+			case !cmd.Flags().Changed("route-pings-out"):
+				f.routePingsOut = 0
+			case f.routePingsOut == 0:
+				f.routePingsOut = -1
 			}
 			return a.serve(cmd.Context(), &f)
 		},
@@ -126,6 +143,8 @@ server it connects to belongs to one, else 1.`,
 	fl.StringVar(&f.clusterName, "cluster-name", "", "join a NATS cluster of this name (with --cluster-listen and --routes)")
 	fl.StringVar(&f.clusterListen, "cluster-listen", "", "host:port for cluster routes")
 	fl.StringVar(&f.clusterAdvertise, "cluster-advertise", "", "host:port the other nodes are told to reach this node's routes at, when not --cluster-listen's (behind a NAT)")
+	fl.DurationVar(&f.routePingInterval, "route-ping-interval", leasebus.DefaultRoutePingInterval, "how often this node pings each route to a peer (with --route-pings-out: how long until it drops a silent peer's routes; raise both on a slow or busy network)")
+	fl.IntVar(&f.routePingsOut, "route-pings-out", leasebus.DefaultRoutePingsOut, "unanswered route pings after which this node drops a peer's routes")
 	fl.StringSliceVar(&f.routes, "routes", nil, "cluster peers: nats://host:port,... (comma-separated or repeated)")
 	fl.IntVar(&f.replicas, "replicas", 0, "replicas of the lease log and audit streams (default 1; 3 on a cluster)")
 	fl.StringVar(&f.ui, "ui", "", "serve the run UI and its JSON API on this host:port (off loopback a token is required: $"+EnvUIToken+", or a random one printed in the URL)")
@@ -175,15 +194,17 @@ func (a *app) serveEmbedded(ctx context.Context, f *serveFlags, cfg busserve.Ser
 		return err
 	}
 	node, err := busserve.StartNode(ctx, leasebus.ServerConfig{
-		Listen:           f.listen,
-		StoreDir:         f.store,
-		Name:             f.name,
-		ClusterName:      f.clusterName,
-		ClusterListen:    f.clusterListen,
-		ClusterAdvertise: f.clusterAdvertise,
-		Routes:           f.routes,
-		Debug:            f.debug,
-		CredsDir:         credsDir,
+		Listen:            f.listen,
+		StoreDir:          f.store,
+		Name:              f.name,
+		ClusterName:       f.clusterName,
+		ClusterListen:     f.clusterListen,
+		ClusterAdvertise:  f.clusterAdvertise,
+		RoutePingInterval: f.routePingInterval,
+		RoutePingsOut:     f.routePingsOut,
+		Routes:            f.routes,
+		Debug:             f.debug,
+		CredsDir:          credsDir,
 	}, cfg.Logger)
 	if err != nil {
 		return a.serveError(err)

@@ -91,14 +91,16 @@ func settingHint(err error) string {
 // fieldFlags names the command line flag of each config field the packages
 // name in their errors (leasebus.FieldError).
 var fieldFlags = map[string]string{
-	"Listen":           "--listen",
-	"StoreDir":         "--store",
-	"Name":             "--name",
-	"ClusterName":      "--cluster-name",
-	"ClusterListen":    "--cluster-listen",
-	"ClusterAdvertise": "--cluster-advertise",
-	"Routes":           "--routes",
-	"Replicas":         "--replicas",
+	"Listen":            "--listen",
+	"StoreDir":          "--store",
+	"Name":              "--name",
+	"ClusterName":       "--cluster-name",
+	"ClusterListen":     "--cluster-listen",
+	"ClusterAdvertise":  "--cluster-advertise",
+	"RoutePingInterval": "--route-ping-interval",
+	"RoutePingsOut":     "--route-pings-out",
+	"Routes":            "--routes",
+	"Replicas":          "--replicas",
 }
 
 // flagError words a package's error about a config field in terms of the

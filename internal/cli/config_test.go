@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fenceline/fenceline/leasebus"
 )
@@ -44,6 +45,12 @@ func TestFlagError(t *testing.T) {
 		{leasebus.ServerConfig{ClusterName: "fl", ClusterListen: "127.0.0.1:6222", Routes: []string{"http://x"}}, "--routes: \"http://x\": want nats://host:port"},
 		{leasebus.ServerConfig{ClusterName: "fl", ClusterListen: "127.0.0.1:6222", Routes: []string{"nats://n2:6222"}, ClusterAdvertise: ":6222"}, "--cluster-advertise: \":6222\": want the host and port"},
 		{leasebus.ServerConfig{ClusterAdvertise: "10.0.0.1:6222"}, "--cluster-advertise: only a cluster's node"},
+		{leasebus.ServerConfig{RoutePingInterval: time.Second}, "--route-ping-interval: only a cluster's node pings routes"},
+		{leasebus.ServerConfig{RoutePingsOut: 4}, "--route-pings-out: only a cluster's node pings routes"},
+		{leasebus.ServerConfig{ClusterName: "fl", ClusterListen: "127.0.0.1:6222", RoutePingInterval: 10 * time.Millisecond}, "--route-ping-interval: 10ms: want 250ms to 5m0s"},
+		{leasebus.ServerConfig{ClusterName: "fl", ClusterListen: "127.0.0.1:6222", RoutePingInterval: -1}, "--route-ping-interval: -1ns: want 250ms to 5m0s"},
+		{leasebus.ServerConfig{ClusterName: "fl", ClusterListen: "127.0.0.1:6222", RoutePingsOut: -1}, "--route-pings-out: -1: want 1 to 100 unanswered pings"},
+		{leasebus.ServerConfig{ClusterName: "fl", ClusterListen: "127.0.0.1:6222", RoutePingsOut: 101}, "--route-pings-out: 101: want 1 to 100"},
 	} {
 		err := tc.cfg.Validate()
 		var fe *leasebus.FieldError

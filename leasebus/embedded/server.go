@@ -80,13 +80,6 @@ func StartServer(cfg leasebus.ServerConfig) (*server.Server, error) {
 // seconds.
 const readyWait = 45 * time.Second
 
-// How a node finds a peer's routes dead: a PING every routePingInterval,
-// given up after routeMaxPingsOut unanswered (see Start).
-const (
-	routePingInterval = 2 * time.Second
-	routeMaxPingsOut  = 3
-)
-
 // lastError is the embedded server's logger when it does not log on its
 // own: it keeps the last warning or error, and hands the server's lines
 // on to log, if any, as slog records: warnings and errors as such, a
@@ -174,6 +167,12 @@ func withDefaults(cfg *leasebus.ServerConfig) {
 	if cfg.Name == "" {
 		cfg.Name = "fenceline"
 	}
+	if cfg.RoutePingInterval == 0 {
+		cfg.RoutePingInterval = leasebus.DefaultRoutePingInterval
+	}
+	if cfg.RoutePingsOut == 0 {
+		cfg.RoutePingsOut = leasebus.DefaultRoutePingsOut
+	}
 }
 
 // ReloadUsers has srv, started by StartServer(cfg), read its users again
@@ -251,15 +250,16 @@ func serverOptions(cfg *leasebus.ServerConfig) (*server.Options, *identityAuth, 
 		opts.Cluster.Host = chost
 		opts.Cluster.Port = cport
 		// A node cut off or paused answers no route PING. The others drop
-		// its routes after routeMaxPingsOut unanswered ones, and with them
+		// its routes after RoutePingsOut unanswered ones, and with them
 		// its interest: its lease service instance leaves the queue group,
 		// and the requests NATS would have handed it (a member at random)
 		// or a standby forwarded to it (its primary) are answered "no
 		// responders" at once instead of vanishing. At the client
-		// interval (10 s, two out) that took 20-30 s; now 6-8 s, about
-		// as long as the cluster's own raft elections take to notice.
-		opts.Cluster.PingInterval = routePingInterval
-		opts.Cluster.MaxPingsOut = routeMaxPingsOut
+		// interval (10 s, two out) that took 20-30 s; by default now
+		// 6-8 s, about as long as the cluster's own raft elections take
+		// to notice.
+		opts.Cluster.PingInterval = cfg.RoutePingInterval
+		opts.Cluster.MaxPingsOut = cfg.RoutePingsOut
 		opts.Cluster.Advertise = cfg.ClusterAdvertise
 		for _, r := range cfg.Routes {
 			u, _ := url.Parse(r)

@@ -300,3 +300,40 @@ func TestNATSKindIgnoresWhatTheClientPicks(t *testing.T) {
 		t.Fatalf("a slow consumer and an authentication error are one kind %q", c)
 	}
 }
+
+// A node's route keepalive is what its config says (bus serve
+// --route-ping-interval and --route-pings-out), the defaults when it says
+// nothing; a single node has no routes to ping.
+func TestRoutePingSettings(t *testing.T) {
+	t.Parallel()
+	clustered := func(interval time.Duration, out int) leasebus.ServerConfig {
+		return leasebus.ServerConfig{
+			StoreDir: t.TempDir(), CredsDir: t.TempDir(),
+			ClusterName: "fl", ClusterListen: "127.0.0.1:6222", Routes: []string{"nats://127.0.0.1:6223"},
+			RoutePingInterval: interval, RoutePingsOut: out,
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		cfg      leasebus.ServerConfig
+		interval time.Duration
+		out      int
+	}{
+		{"defaults", clustered(0, 0), leasebus.DefaultRoutePingInterval, leasebus.DefaultRoutePingsOut},
+		{"set", clustered(750*time.Millisecond, 5), 750 * time.Millisecond, 5},
+		{"interval only", clustered(10*time.Second, 0), 10 * time.Second, leasebus.DefaultRoutePingsOut},
+		{"single node", leasebus.ServerConfig{StoreDir: t.TempDir(), CredsDir: t.TempDir()}, 0, 0},
+	} {
+		if err := tc.cfg.Validate(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		withDefaults(&tc.cfg)
+		opts, _, err := serverOptions(&tc.cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if opts.Cluster.PingInterval != tc.interval || opts.Cluster.MaxPingsOut != tc.out {
+			t.Errorf("%s: routes pinged every %s, dropped after %d out; want %s and %d", tc.name, opts.Cluster.PingInterval, opts.Cluster.MaxPingsOut, tc.interval, tc.out)
+		}
+	}
+}
