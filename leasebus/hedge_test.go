@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fenceline/fenceline/internal/natstest"
 	"github.com/fenceline/fenceline/lease"
 	"github.com/nats-io/nats.go"
 )
@@ -76,7 +77,7 @@ func TestAPausedQueueMemberCostsAHedge(t *testing.T) {
 // request's end.
 func TestHedgedRequestTakesTheFirstAnswer(t *testing.T) {
 	t.Parallel()
-	srv := startNATS(t)
+	srv := natstest.Start(t, "")
 	responder := connectNATS(t, srv)
 	// The responder drops the first copy of every request and answers
 	// each later one.

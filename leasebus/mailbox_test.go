@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/fenceline/fenceline/internal/natstest"
 )
 
 // TestMailboxesBeyondMaxMakeNoSubscriptions: requests beyond the pool's
@@ -20,7 +22,7 @@ import (
 // still gets the answer to itself.
 func TestMailboxesBeyondMaxMakeNoSubscriptions(t *testing.T) {
 	t.Parallel()
-	srv := startNATS(t)
+	srv := natstest.Start(t, "")
 	responder := connectNATS(t, srv)
 	// The responder answers once the whole burst is in (every request
 	// waiting at once), each first with a reply the request does not
@@ -101,21 +103,6 @@ func TestMailboxesBeyondMaxMakeNoSubscriptions(t *testing.T) {
 	}
 }
 
-// startNATS starts a bare nats-server on loopback for the mailbox tests.
-func startNATS(t *testing.T) *server.Server {
-	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	return srv
-}
-
 // connectNATS connects to srv, closed at the test's end.
 func connectNATS(t *testing.T, srv *server.Server) *nats.Conn {
 	t.Helper()
@@ -132,7 +119,7 @@ func connectNATS(t *testing.T, srv *server.Server) *nats.Conn {
 // of pointers, allocated whole: 30 MB of a service's heap at 10,000
 // leases, and up to 8 MB a client).
 func TestMailboxesAreSmall(t *testing.T) {
-	srv := startNATS(t)
+	srv := natstest.Start(t, "")
 	nc := connectNATS(t, srv)
 	const n = 16
 	p := &mailboxes{nc: nc, max: n}
@@ -161,7 +148,7 @@ func TestMailboxesAreSmall(t *testing.T) {
 // reply ends with nats.ErrConnectionClosed when its connection closes, as
 // nats.go's own requests do, not at its context's end.
 func TestMailboxRequestEndsWhenItsConnectionCloses(t *testing.T) {
-	srv := startNATS(t)
+	srv := natstest.Start(t, "")
 	nc := connectNATS(t, srv)
 	heard := make(chan struct{}, 1)
 	if _, err := nc.Subscribe("mailbox.silent", func(*nats.Msg) { heard <- struct{}{} }); err != nil { // takes requests, answers none
@@ -195,7 +182,7 @@ func TestMailboxRequestEndsWhenItsConnectionCloses(t *testing.T) {
 // race with the first answers to it (see newMailboxes).
 func TestMailboxesSubscribeUpFront(t *testing.T) {
 	t.Parallel()
-	srv := startNATS(t)
+	srv := natstest.Start(t, "")
 	responder := connectNATS(t, srv)
 	echo, err := responder.Subscribe("mailbox.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) })
 	if err != nil {

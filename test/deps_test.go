@@ -135,7 +135,7 @@ var layers = [][]string{
 // outside the table: fixtures, test suites, benchmark and load programs.
 func outsideLayers(p string) bool {
 	return p == "test" || strings.HasPrefix(p, "test/") || p == "pgproxy/internal/benchproxy" || p == "pgproxy/internal/barerelay" ||
-		p == "internal/bustest" || p == "internal/testutil" || p == "internal/testca" || p == "internal/pgtest"
+		p == "internal/bustest" || p == "internal/natstest" || p == "internal/testutil" || p == "internal/testca" || p == "internal/pgtest"
 }
 
 // busSide may link NATS: the bus itself and what wires it to the rest.

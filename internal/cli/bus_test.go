@@ -16,9 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
 	"github.com/fenceline/fenceline/internal/bustest"
+	"github.com/fenceline/fenceline/internal/natstest"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/leasebus"
@@ -305,25 +304,7 @@ func TestBusCredsExternalServer(t *testing.T) {
 	isolate(t)
 	dir := filepath.Join(t.TempDir(), "creds")
 	r := fl(t, "bus", "creds", "--dir", dir).want(t, ExitOK)
-	conf := filepath.Join(t.TempDir(), "nats.conf")
-	cfg := fmt.Sprintf("listen: 127.0.0.1:-1\njetstream { store_dir: %q }\n%s", t.TempDir(), r.stdout)
-	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(conf)
-	if err != nil {
-		t.Fatalf("nats-server rejects the printed config: %v\n%s", err, cfg)
-	}
-	opts.NoLog, opts.NoSigs = true, true
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
+	srv := natstest.Start(t, r.stdout)
 	natsURL := srv.ClientURL()
 	setCfg(t, func(c *config) { c.Creds = dir })
 	setCfg(t, func(c *config) { c.NATS = natsURL })

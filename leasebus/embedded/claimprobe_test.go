@@ -3,16 +3,13 @@ package embedded
 import (
 	"context"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/fenceline/fenceline/internal/natstest"
 	"github.com/fenceline/fenceline/internal/testutil"
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/lease/scope"
@@ -49,24 +46,7 @@ func TestClaimProbeRefusedByAnOlderConfig(t *testing.T) {
 	if cut := strings.Count(conf, "\n") + 1 - len(kept); cut != 3 {
 		t.Fatalf("the config names %s on %d lines, want 3 (the fleet connection's grant, the export, the import):\n%s", probe, cut, conf)
 	}
-	path := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(path, []byte("listen: 127.0.0.1:-1\njetstream { store_dir: "+strconv.Quote(t.TempDir())+" }\n"+strings.Join(kept, "\n")), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.NoLog, opts.NoSigs = true, true
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
+	srv := natstest.Start(t, strings.Join(kept, "\n"))
 	connect := func(role leasebus.Role) *nats.Conn {
 		o, err := leasebus.RoleOptions(dir, role)
 		if err != nil {
