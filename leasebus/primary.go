@@ -112,10 +112,6 @@ type primacy struct {
 	seenAt, readAt time.Time
 	// backAt is when the claim was read again after a read failed; guarded by mu.
 	backAt time.Time
-	// steward is the claim's stream's leader as the claim connection
-	// last read it ("" unknown); guarded by mu. An instance takes the
-	// claim only once its fleet connection names the same (hearsFleet).
-	steward string
 	// apartAt is when the primary next checks where the streams it waits
 	// on are led (keepApart); guarded by mu. apartBusy: a check runs.
 	apartAt   time.Time
@@ -212,7 +208,7 @@ func (s *Service) forward(m *nats.Msg, op string, inServiceAccount bool) {
 		// No primary known: an election may just have ended. Read the
 		// claim once (at most every rereadEvery) before saying so.
 		ctx, cancel := context.WithTimeout(s.ctx, 250*time.Millisecond)
-		_, _, _, _ = s.observeClaim(ctx)
+		_, _ = s.observeClaim(ctx)
 		cancel()
 		to, why = s.prim.route()
 	}
@@ -481,18 +477,18 @@ func (s *Service) elect(ctx context.Context) {
 			continue
 		}
 		wait = p.term / 8
-		seq, free, age, err := s.observeClaim(ctx)
+		seen, err := s.observeClaim(ctx)
 		if err != nil {
 			continue
 		}
-		if !free && !p.lapsed(seq, s.store.writer) && (age < p.term+primaryGap || p.sinceBack(s.cfg.Now()) < primaryGap) {
+		seq := seen.seq
+		if !seen.free && !p.lapsed(seq, s.store.writer) && (seen.age < p.term+primaryGap || p.sinceBack(s.cfg.Now()) < primaryGap) {
 			refused, busySince, warned = 0, time.Time{}, false // a round without a write ends the row
 			continue
 		}
-		p.mu.Lock()
-		steward := p.steward
-		p.mu.Unlock()
-		if err := s.probeFleet(ctx, p.term/2, seq, &steward); err != nil {
+		// The claim is taken only once the fleet connection names the
+		// leader the claim connection read it from (hearsFleet).
+		if err := s.probeFleet(ctx, p.term/2, seq, &seen.steward); err != nil {
 			if !unheard {
 				unheard = true
 				s.log.Warn("primary election: the claim is free to take, but not by this instance while the fleet cannot reach it", "err", err)
@@ -576,12 +572,20 @@ func (p *primacy) sinceBack(now time.Time) time.Duration {
 	return now.Sub(p.backAt)
 }
 
+// claimSeen is what observeClaim read of the claim.
+type claimSeen struct {
+	seq     uint64        // its record's sequence (0: none)
+	free    bool          // no record, or a released one
+	age     time.Duration // how long this instance has seen that same record
+	steward string        // the claim's stream's leader the read went to ("" unknown)
+}
+
 // observeClaim reads the claim and notes what it says for routing: its
 // sequence, whether it is free, and how long this instance has seen that
 // same record (a renewed claim is a new record).
-func (s *Service) observeClaim(ctx context.Context) (seq uint64, free bool, age time.Duration, err error) {
+func (s *Service) observeClaim(ctx context.Context) (claimSeen, error) {
 	p := s.prim
-	seq, rec, err := s.readClaim(ctx)
+	seq, rec, steward, err := s.readClaim(ctx)
 	now := s.cfg.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -589,7 +593,7 @@ func (s *Service) observeClaim(ctx context.Context) (seq uint64, free bool, age 
 	if err != nil {
 		p.readErr = err
 		s.log.Debug("primary election: read the claim", "err", err)
-		return 0, false, 0, err
+		return claimSeen{}, err
 	}
 	if seq != p.seen || p.seenAt.IsZero() {
 		p.seen, p.seenAt = seq, now
@@ -597,14 +601,14 @@ func (s *Service) observeClaim(ctx context.Context) (seq uint64, free bool, age 
 	if p.readErr != nil {
 		p.backAt = now
 	}
-	free = seq == 0 || rec.Released
+	free := seq == 0 || rec.Released
 	if rec.Writer != p.leader && rec.Writer != "" && rec.Writer != s.store.writer && !free {
 		// Where this standby forwards the lease requests from now on:
 		// said once a change, so that a fault's log tells who served.
 		s.log.Info("standby: forwarding the lease requests to the primary", "primary", rec.Writer, "claim_seq", seq)
 	}
 	p.leader, p.free, p.readErr = rec.Writer, free, nil
-	return seq, free, now.Sub(p.seenAt), nil
+	return claimSeen{seq: seq, free: free, age: now.Sub(p.seenAt), steward: steward}, nil
 }
 
 // rereadEvery bounds how often a standby that knows no primary reads the
@@ -722,33 +726,32 @@ func (s *Service) probeFleet(ctx context.Context, d time.Duration, atLeast uint6
 	return s.hearsFleet(ctx, atLeast, leader)
 }
 
-// readClaim reads the claim's last record and its sequence (0: none). A
-// record the service did not write (see serviceWrote) names no writer and
-// is not released: a standby takes over once it has gone unrenewed.
-func (s *Service) readClaim(ctx context.Context) (uint64, claimRecord, error) {
-	var rec claimRecord
+// readClaim reads the claim's last record and its sequence (0: none),
+// and the claim's stream's leader as the read found it (steward; "" when
+// unknown or not clustered). A record the service did not write (see
+// serviceWrote) names no writer and is not released: a standby takes
+// over once it has gone unrenewed.
+func (s *Service) readClaim(ctx context.Context) (seq uint64, rec claimRecord, steward string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.prim.term)
 	defer cancel()
 	stream, err := s.js.Stream(ctx, PrimaryStream)
 	if err != nil {
-		return 0, rec, fmt.Errorf("open stream %s: %w", PrimaryStream, err)
+		return 0, rec, "", fmt.Errorf("open stream %s: %w", PrimaryStream, err)
 	}
 	if ci := stream.CachedInfo().Cluster; ci != nil {
-		s.prim.mu.Lock()
-		s.prim.steward = ci.Leader
-		s.prim.mu.Unlock()
+		steward = ci.Leader
 	}
 	m, err := stream.GetLastMsgForSubject(ctx, primarySubject)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return 0, rec, nil
+		return 0, rec, steward, nil
 	case err != nil:
-		return 0, rec, err
+		return 0, rec, steward, err
 	}
 	if !serviceWrote(m.Header) || json.Unmarshal(m.Data, &rec) != nil || !validIdentity(rec.Writer) {
 		rec = claimRecord{}
 	}
-	return m.Sequence, rec, nil
+	return m.Sequence, rec, steward, nil
 }
 
 // errClaimBusy is a claim write the stream's leader refused because
