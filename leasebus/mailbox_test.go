@@ -104,7 +104,7 @@ func TestMailboxesBeyondMaxMakeNoSubscriptions(t *testing.T) {
 }
 
 // connectNATS connects to srv, closed at the test's end.
-func connectNATS(t *testing.T, srv *server.Server) *nats.Conn {
+func connectNATS(t *testing.T, srv *natstest.Server) *nats.Conn {
 	t.Helper()
 	nc, err := nats.Connect(srv.ClientURL())
 	if err != nil {

@@ -18,21 +18,20 @@ import (
 // readyWait bounds a test server's start.
 const readyWait = 10 * time.Second
 
+// Server is a nats-server Start started.
+type Server struct {
+	*server.Server
+	store string // its JetStream store_dir
+	path  string // its configuration file
+}
+
 // Start runs a nats-server configured by conf (accounts, users, anything
 // a nats.conf holds but where it listens and stores) and returns it once
 // it takes connections. The test fails if nats-server rejects conf.
-func Start(t testing.TB, conf string) *server.Server {
+func Start(t testing.TB, conf string) *Server {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "nats.conf")
-	full := fmt.Sprintf("listen: 127.0.0.1:-1\njetstream { store_dir: %q }\n%s", t.TempDir(), conf)
-	if err := os.WriteFile(path, []byte(full), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(path)
-	if err != nil {
-		t.Fatalf("nats-server rejects the config: %v\n%s", err, full)
-	}
-	opts.NoLog, opts.NoSigs = true, true
+	store, path := t.TempDir(), filepath.Join(t.TempDir(), "nats.conf")
+	opts := options(t, path, "127.0.0.1:-1", store, conf)
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatalf("nats-server: %v", err)
@@ -42,5 +41,32 @@ func Start(t testing.TB, conf string) *server.Server {
 	if !srv.ReadyForConnections(readyWait) {
 		t.Fatalf("nats-server not ready after %s", readyWait)
 	}
-	return srv
+	return &Server{Server: srv, store: store, path: path}
+}
+
+// options writes conf, listening on listen and storing in store, to the
+// file path, and parses it as nats-server does.
+func options(t testing.TB, path, listen, store, conf string) *server.Options {
+	t.Helper()
+	full := fmt.Sprintf("listen: %s\njetstream { store_dir: %q }\n%s", listen, store, conf)
+	if err := os.WriteFile(path, []byte(full), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatalf("nats-server rejects the config: %v\n%s", err, full)
+	}
+	opts.NoLog, opts.NoSigs = true, true
+	return opts
+}
+
+// Reload has srv take conf instead of the configuration it was started
+// with (where it listens and stores stay), as an operator's `nats-server
+// --signal reload` would: connections stay, and their accounts and
+// permissions become conf's.
+func (srv *Server) Reload(t testing.TB, conf string) {
+	t.Helper()
+	if err := srv.ReloadOptions(options(t, srv.path, srv.Addr().String(), srv.store, conf)); err != nil {
+		t.Fatalf("nats-server does not reload: %v", err)
+	}
 }
