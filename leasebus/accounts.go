@@ -75,15 +75,21 @@ type jsExport struct {
 	stream  bool   // answered with more than one message (a pull)
 }
 
-// fleetClaimProbe is what the lease service's fleet connection asks to
-// show it reaches the primary's claim where it is committed: the claim
-// stream's info, naming its leader and its last record (hearsFleet).
-const fleetClaimProbe = FleetJSAPI + ".STREAM.INFO." + PrimaryStream
+// reachPrefix is where a lease service instance's claim connection
+// answers its own fleet connection, to show the two reach each other
+// (hearsFleet): reachPrefix.<the instance's writer stamp>, a service the
+// service account exports to the fleet account under the same name, which
+// only the service's fleet identity may ask. Core NATS, not JetStream: a
+// flood of JetStream API requests, which any fleet identity may send,
+// cannot hold it up.
+const reachPrefix = "fenceline.reach"
+
+// reachSubject is where instance writer's claim connection answers.
+func reachSubject(writer string) string { return reachPrefix + "." + writer }
 
 // fleetJSExports lists the JetStream API subjects the fleet account
 // imports: reading a stream's info and records, and its own ordered pull
-// consumers; and the claim's stream's info, for the service's fleet
-// connection alone (fleetClaimProbe).
+// consumers.
 func fleetJSExports() []jsExport {
 	var out []jsExport
 	for _, st := range fleetJSStreams {
@@ -91,7 +97,7 @@ func fleetJSExports() []jsExport {
 			out = append(out, jsExport{subject: s, stream: strings.Contains(s, ".MSG.NEXT.")})
 		}
 	}
-	return append(out, jsExport{subject: "$JS.API" + strings.TrimPrefix(fleetClaimProbe, FleetJSAPI)})
+	return out
 }
 
 // AccountOf is the account of role's identities.
@@ -306,6 +312,7 @@ func AuthConfig(users []ServerUser) (string, error) {
 			fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", e.subject, FleetAccount)
 		}
 	}
+	fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", reachPrefix+".*", FleetAccount)
 	b.WriteString("    ]\n  }\n")
 	fmt.Fprintf(&b, "  %s {\n", FleetAccount)
 	writeUsers(&b, byAccount[FleetAccount])
@@ -313,6 +320,7 @@ func AuthConfig(users []ServerUser) (string, error) {
 	for _, e := range fleetJSExports() {
 		fmt.Fprintf(&b, "      { service: { account: %s, subject: %q }, to: %q }\n", ServiceAccount, e.subject, FleetJSAPI+strings.TrimPrefix(e.subject, "$JS.API"))
 	}
+	fmt.Fprintf(&b, "      { service: { account: %s, subject: %q } }\n", ServiceAccount, reachPrefix+".*")
 	b.WriteString("    ]\n  }\n}\n")
 	return b.String(), nil
 }

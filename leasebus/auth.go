@@ -181,16 +181,17 @@ func grants(id string) map[Role]Grant {
 			"$JS.ACK." + LogStream + ".>", "$JS.ACK." + AuditStream + ".>", "$JS.ACK." + EventsStream + ".>",
 			"$JS.FC.>",
 			jsProbe,
+			"_R_.>", // answers to its own fleet connection (reachPrefix), which the server sends on through the import
 		},
-		Subscribe: []string{apiPrefix + ".>", identityPrefix + ".>", inbox},
+		Subscribe: []string{apiPrefix + ".>", identityPrefix + ".>", inbox, reachPrefix + ".*"},
 	}
 	// The service's connection in the fleet account (FleetUser): it
 	// takes the fleet's requests, answers them in their askers' inboxes
-	// and announces changes there; it reads no stream, and asks for the
-	// claim's stream's info only to learn it reaches its leader
-	// (hearsFleet).
+	// and announces changes there; it reads no stream, and asks its
+	// instance's claim connection for an answer only to learn the two
+	// reach each other (hearsFleet).
 	fleetService := Grant{
-		Publish:   []string{"_INBOX.>", changed, fleetClaimProbe},
+		Publish:   []string{"_INBOX.>", changed, reachPrefix + ".*"},
 		Subscribe: []string{apiPrefix + ".*.*", identityPrefix + ".>", inbox},
 	}
 	return map[Role]Grant{RoleService: service, RoleServiceFleet: fleetService, RoleHolder: holder, RoleOperator: operator, RoleViewer: viewer, RoleEnroller: enroller}

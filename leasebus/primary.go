@@ -486,9 +486,7 @@ func (s *Service) elect(ctx context.Context) {
 			refused, busySince, warned = 0, time.Time{}, false // a round without a write ends the row
 			continue
 		}
-		// The claim is taken only once the fleet connection names the
-		// leader the claim connection read it from (hearsFleet).
-		if err := s.probeFleet(ctx, p.term/2, seq, &seen.steward); err != nil {
+		if err := s.probeFleet(ctx, p.term/2); err != nil {
 			if !unheard {
 				unheard = true
 				s.log.Warn("primary election: the claim is free to take, but not by this instance while the fleet cannot reach it", "err", err)
@@ -574,10 +572,9 @@ func (p *primacy) sinceBack(now time.Time) time.Duration {
 
 // claimSeen is what observeClaim read of the claim.
 type claimSeen struct {
-	seq     uint64        // its record's sequence (0: none)
-	free    bool          // no record, or a released one
-	age     time.Duration // how long this instance has seen that same record
-	steward string        // the claim's stream's leader the read went to ("" unknown)
+	seq  uint64        // its record's sequence (0: none)
+	free bool          // no record, or a released one
+	age  time.Duration // how long this instance has seen that same record
 }
 
 // observeClaim reads the claim and notes what it says for routing: its
@@ -585,7 +582,7 @@ type claimSeen struct {
 // same record (a renewed claim is a new record).
 func (s *Service) observeClaim(ctx context.Context) (claimSeen, error) {
 	p := s.prim
-	seq, rec, steward, err := s.readClaim(ctx)
+	seq, rec, err := s.readClaim(ctx)
 	now := s.cfg.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -608,7 +605,7 @@ func (s *Service) observeClaim(ctx context.Context) (claimSeen, error) {
 		s.log.Info("standby: forwarding the lease requests to the primary", "primary", rec.Writer, "claim_seq", seq)
 	}
 	p.leader, p.free, p.readErr = rec.Writer, free, nil
-	return claimSeen{seq: seq, free: free, age: now.Sub(p.seenAt), steward: steward}, nil
+	return claimSeen{seq: seq, free: free, age: now.Sub(p.seenAt)}, nil
 }
 
 // rereadEvery bounds how often a standby that knows no primary reads the
@@ -624,7 +621,7 @@ func (s *Service) renewClaim(ctx context.Context) {
 	sent := s.cfg.Now()
 	// No later than the term: past it a standby may have taken over.
 	rctx, cancel := context.WithTimeout(ctx, max(until.Sub(sent), time.Millisecond))
-	err := s.hearsFleet(rctx, expect, nil)
+	err := s.hearsFleet(rctx)
 	var seq uint64
 	if err == nil {
 		seq, err = s.writeClaim(rctx, expect, false)
@@ -650,108 +647,145 @@ func (s *Service) renewClaim(ctx context.Context) {
 }
 
 // hearsFleet checks that the fleet connection, which takes the fleet's
-// requests and carries their answers, reaches the claim where it is
-// committed: it asks for the claim's stream's info, and the answer must
-// name a leader — to take the claim, the one its claim connection read
-// (leader), which must know one — and hold the claim up to atLeast, the
-// record the instance is about to write over. The claim is written
-// through the other connection (nc), and the two may have dialled
-// different servers: without this, an instance whose fleet connection's
-// server froze (SIGSTOP) or was cut off from the claim's quorum renewed
-// its claim for as long as that lasted and answered nobody — every
-// request forwarded to it lost, no standby taking over (the fault
-// harness's pause of a node, CI at fdb89d2). Not any
-// answer: a replica on a cut-off server answers the info request itself,
-// as a leader for up to 20 s after the cut and then as one that knows
-// none, with the records it had at the cut; renewed through the majority,
-// the claim soon runs ahead of them. So at most one renewal follows a cut,
-// a primary whose fleet connection is cut off lets its term run out, and
-// neither it (its claim lapsed) nor a standby like it takes the claim:
-// not even in the moment when the majority elects the claim's next
-// leader, and its claim connection, answered by a replica that knows
-// none, could not tell it from the cut-off one.
-func (s *Service) hearsFleet(ctx context.Context, atLeast uint64, leader *string) error {
-	if s.fleet == s.nc || s.fleetUnprobed.Load() {
+// requests and carries their answers, reaches the claim connection, which
+// writes the claim: it asks the claim connection's own subscription
+// (reachSubject) and waits for its answer. The two connections may have
+// dialled different servers. Without this, an instance whose fleet
+// connection's server froze (SIGSTOP) or was cut off from the others
+// renewed its claim through the other for as long as that lasted and
+// answered nobody — every request forwarded to it lost, no standby taking
+// over (the fault harness's pause of a node, CI at fdb89d2). Asked before
+// each claim write, whose acknowledgement by the claim's quorum shows the
+// claim connection's server is on the quorum's side, so at most one
+// renewal follows a cut: the primary then lets its term run out, and
+// neither it nor a standby like it takes the claim.
+//
+// The answer travels core NATS between the two servers, so the check
+// asks only what it must: a JetStream API request (stop 63 asked for the
+// claim's stream's info) waits in the servers' one API queue, which every
+// fleet identity may flood — the queue drops everything past 10,000, and
+// info requests wait behind all others — and a runner could then have
+// every instance stop serving. It also needs no reasoning about which
+// replica answers: a cut-off replica answered for the claim itself, with
+// the records it had at the cut.
+func (s *Service) hearsFleet(ctx context.Context) error {
+	if s.fleet == s.nc {
 		return nil // one connection: the claim's write is the proof
 	}
-	if leader != nil && *leader == "" {
-		return fmt.Errorf("its claim connection (to server %q) read the claim's stream %s from a replica that knows no leader: no claim is taken before it knows one (its fleet connection's answer is checked against it)", s.nc.ConnectedServerName(), PrimaryStream)
-	}
-	m, err := s.fleet.RequestWithContext(ctx, fleetClaimProbe, nil)
-	if err != nil {
-		if le := s.fleet.LastError(); errors.Is(le, nats.ErrPermissionViolation) && strings.Contains(le.Error(), fleetClaimProbe) {
-			if s.fleetUnprobed.CompareAndSwap(false, true) {
-				s.log.Warn("the bus does not let the lease service's fleet connection ask for the claim's stream's info, so a primary whose fleet connection is cut off keeps its claim: print the bus's configuration again with `fenceline bus creds`, reload its servers and restart the lease service", "err", le)
-			}
+	if at := s.fleetUnprobedAt.Load(); at != 0 {
+		if s.cfg.Now().Sub(time.Unix(0, at)) < fleetReprobe {
 			return nil
 		}
-		return fmt.Errorf("its fleet connection (to server %q) does not reach the claim's stream %s: %w", s.fleet.ConnectedServerName(), PrimaryStream, err)
+		// Asked again, after the answer's subscription, which the same
+		// configuration refused too.
+		if err := s.answerReach(); err != nil {
+			s.reachRefused(err)
+			return nil
+		}
 	}
-	var info struct {
-		Config struct {
-			Name string `json:"name"`
-		} `json:"config"`
-		Cluster *struct {
-			Leader string `json:"leader"`
-		} `json:"cluster"`
-		State struct {
-			LastSeq uint64 `json:"last_seq"`
-		} `json:"state"`
-		Error *struct {
-			Description string `json:"description"`
-		} `json:"error"`
+	before := s.fleet.LastError()
+	m, err := s.fleet.RequestWithContext(ctx, reachSubject(s.store.writer), nil)
+	if err != nil {
+		if le := s.fleet.LastError(); le != before && refusesReach(le) {
+			s.reachRefused(le)
+			return nil
+		}
+		return fmt.Errorf("its fleet connection (to server %q) does not reach its claim connection (to server %q): %w", s.fleet.ConnectedServerName(), s.nc.ConnectedServerName(), err)
 	}
-	via := fmt.Sprintf("the claim's stream %s, asked through the fleet connection (to server %q)", PrimaryStream, s.fleet.ConnectedServerName())
-	switch err := json.Unmarshal(m.Data, &info); {
-	case err != nil:
-		return fmt.Errorf("%s: %w", via, err)
-	case info.Error != nil:
-		return fmt.Errorf("%s: %s", via, info.Error.Description)
-	case info.Config.Name != PrimaryStream:
-		return fmt.Errorf("%s: answered for the stream %q", via, info.Config.Name)
-	case info.Cluster == nil || info.Cluster.Leader == "":
-		return fmt.Errorf("%s: answered by a replica that knows no leader (its server cut off from the others?)", via)
-	case leader != nil && info.Cluster.Leader != *leader:
-		return fmt.Errorf("%s: led from %q there, from %q as the claim connection read it (a server cut off from the others, or a leader just elected)", via, info.Cluster.Leader, *leader)
-	case info.State.LastSeq < atLeast:
-		return fmt.Errorf("%s: holds the claim up to record %d, behind record %d (its server cut off from the claim's leader?)", via, info.State.LastSeq, atLeast)
+	if string(m.Data) != s.store.writer {
+		return fmt.Errorf("its fleet connection (to server %q) was answered %q on %s, not by its own claim connection", s.fleet.ConnectedServerName(), m.Data, reachSubject(s.store.writer))
+	}
+	if s.fleetUnprobedAt.Swap(0) != 0 {
+		s.log.Info("the bus lets the lease service's fleet connection reach its claim connection again: a primary whose fleet connection is cut off lets its term run out")
 	}
 	return nil
 }
 
-// probeFleet is hearsFleet within d.
-func (s *Service) probeFleet(ctx context.Context, d time.Duration, atLeast uint64, leader *string) error {
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	return s.hearsFleet(ctx, atLeast, leader)
+// refusesReach reports whether err is the bus refusing hearsFleet's
+// request or its answer's subscription: a permission violation on its
+// subject.
+func refusesReach(err error) bool {
+	return errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), reachPrefix+".")
 }
 
-// readClaim reads the claim's last record and its sequence (0: none),
-// and the claim's stream's leader as the read found it (steward; "" when
-// unknown or not clustered). A record the service did not write (see
-// serviceWrote) names no writer and is not released: a standby takes
-// over once it has gone unrenewed.
-func (s *Service) readClaim(ctx context.Context) (seq uint64, rec claimRecord, steward string, err error) {
+// reachRefused holds hearsFleet off for fleetReprobe, and says why the
+// first time.
+func (s *Service) reachRefused(err error) {
+	if s.fleetUnprobedAt.Swap(s.cfg.Now().UnixNano()) == 0 {
+		s.log.Warn("the bus does not let the lease service's fleet connection reach its claim connection, so a primary whose fleet connection is cut off keeps its claim: print the bus's configuration again with `fenceline bus creds` and reload its servers (this instance asks again every minute)", "err", err, "retry", fleetReprobe)
+	}
+}
+
+// fleetReprobe is how long an instance whose bus refused hearsFleet's
+// request (a configuration from before it) waits before asking again: a
+// reload of the servers' configuration brings the check back without a
+// restart.
+var fleetReprobe = time.Minute // a var: a sequential test shortens it
+
+// answerReach subscribes the claim connection to answer the fleet
+// connection's hearsFleet, with the instance's writer stamp, in place of
+// any subscription before (refused by an older configuration). It fails
+// if the bus refuses the subscription (refusesReach).
+func (s *Service) answerReach() error {
+	s.reachMu.Lock()
+	defer s.reachMu.Unlock()
+	if s.reach != nil {
+		_ = s.reach.Unsubscribe()
+		s.reach = nil
+	}
+	subject := reachSubject(s.store.writer)
+	before := s.nc.LastError()
+	sub, err := s.nc.Subscribe(subject, func(m *nats.Msg) {
+		_ = m.Respond([]byte(s.store.writer)) // unanswered, the asker's check fails: as it must when the answer cannot go
+	})
+	if err != nil {
+		return fmt.Errorf("lease service: answer its fleet connection on %s: %w", subject, err)
+	}
+	// Known to its server before the first question (the others hear of
+	// it later: until then a question is answered "no responders", and
+	// the claim waits a round), and refused, if it is, before the flush's
+	// answer.
+	err = s.nc.Flush()
+	if le := s.nc.LastError(); err == nil && le != before && refusesReach(le) {
+		err = le
+	}
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("lease service: answer its fleet connection on %s: %w", subject, err)
+	}
+	s.reach = sub
+	return nil
+}
+
+// probeFleet is hearsFleet within d.
+func (s *Service) probeFleet(ctx context.Context, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return s.hearsFleet(ctx)
+}
+
+// readClaim reads the claim's last record and its sequence (0: none). A
+// record the service did not write (see serviceWrote) names no writer and
+// is not released: a standby takes over once it has gone unrenewed.
+func (s *Service) readClaim(ctx context.Context) (uint64, claimRecord, error) {
+	var rec claimRecord
 	ctx, cancel := context.WithTimeout(ctx, s.prim.term)
 	defer cancel()
 	stream, err := s.js.Stream(ctx, PrimaryStream)
 	if err != nil {
-		return 0, rec, "", fmt.Errorf("open stream %s: %w", PrimaryStream, err)
-	}
-	if ci := stream.CachedInfo().Cluster; ci != nil {
-		steward = ci.Leader
+		return 0, rec, fmt.Errorf("open stream %s: %w", PrimaryStream, err)
 	}
 	m, err := stream.GetLastMsgForSubject(ctx, primarySubject)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return 0, rec, steward, nil
+		return 0, rec, nil
 	case err != nil:
-		return 0, rec, steward, err
+		return 0, rec, err
 	}
 	if !serviceWrote(m.Header) || json.Unmarshal(m.Data, &rec) != nil || !validIdentity(rec.Writer) {
 		rec = claimRecord{}
 	}
-	return m.Sequence, rec, steward, nil
+	return m.Sequence, rec, nil
 }
 
 // errClaimBusy is a claim write the stream's leader refused because
@@ -948,9 +982,9 @@ const preferredActive = 2 * time.Second
 //
 // Away from the claim connection's server, so that the node's loss does
 // not cost both a takeover and the stream's election; away from the
-// fleet connection's, so that a cut-off leader there does not vouch for
-// the claim to the fleet connection (hearsFleet) while the majority
-// elects another.
+// fleet connection's for the same reason: that node's loss ends the term
+// too (hearsFleet), and a standby takes the claim over sooner from a
+// stream that keeps its leader.
 func (s *Service) leadElsewhere(ctx context.Context, name string, away []string) (moved string, err error) {
 	st, err := s.js.Stream(ctx, name)
 	if err != nil {

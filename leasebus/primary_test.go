@@ -242,7 +242,7 @@ func TestPrimaryCrashTakeover(t *testing.T) {
 // once that record goes unrenewed.
 func takeClaimForAGoneInstance(t *testing.T, b *bus, svc *Service) {
 	t.Helper()
-	seq, _, _, err := svc.readClaim(ctxT(t))
+	seq, _, err := svc.readClaim(ctxT(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -96,9 +96,14 @@ type Service struct {
 	fleet *nats.Conn // in the fleet account: requests, answers, change notices
 	// ownFleet: fleet was connected by StartService (closed by Stop).
 	ownFleet bool
-	// fleetUnprobed: the bus refuses the fleet connection the claim's
-	// stream's info (a configuration from before hearsFleet).
-	fleetUnprobed atomic.Bool
+	// fleetUnprobedAt: when the bus last refused the fleet connection
+	// hearsFleet's request (a configuration from before it), unix ns; 0:
+	// it has not, or has let it through since.
+	fleetUnprobedAt atomic.Int64
+	// reach is the claim connection's answer to hearsFleet (answerReach),
+	// nil while the bus refuses it; guarded by reachMu.
+	reachMu sync.Mutex
+	reach   *nats.Subscription
 	// asked: an identity of the service account (a tool or test acting
 	// as a client) has made a request, so changes are announced there too.
 	asked atomic.Bool
@@ -276,6 +281,14 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 			s.Stop()
 			return nil, err
 		}
+		if s.fleet != s.nc {
+			if err := s.answerReach(); refusesReach(err) {
+				s.reachRefused(err)
+			} else if err != nil {
+				s.Stop()
+				return nil, err
+			}
+		}
 	}
 	subs, err := s.subscribe(slices.Concat(leaseOps, otherOps, []string{opStatus}))
 	if err != nil {
@@ -287,8 +300,8 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	}
 	if s.prim != nil {
 		// Learns, before the first election, whether the bus lets the
-		// fleet connection probe the claim (hearsFleet).
-		_ = s.probeFleet(ctx, time.Second, 0, nil)
+		// fleet connection reach the claim connection (hearsFleet).
+		_ = s.probeFleet(ctx, time.Second)
 		s.cold.wake = make(chan struct{}, 1)
 		s.wg.Go(func() { s.elect(s.ctx) })
 		s.wg.Go(func() { s.warmCold(s.ctx) })
@@ -382,6 +395,12 @@ func (s *Service) Stop() {
 	}
 	s.cancel()
 	s.wg.Wait()
+	s.reachMu.Lock()
+	if s.reach != nil {
+		_ = s.reach.Unsubscribe()
+		s.reach = nil
+	}
+	s.reachMu.Unlock()
 	if release != nil {
 		release() // a standby takes over at once
 	}
