@@ -79,9 +79,10 @@ type jsExport struct {
 // answers its own fleet connection, to show the two reach each other
 // (hearsFleet): reachPrefix.<the instance's writer stamp>, a service the
 // service account exports to the fleet account under the same name, which
-// only the service's fleet identity may ask. Core NATS, not JetStream: a
-// flood of JetStream API requests, which any fleet identity may send,
-// cannot hold it up.
+// only the service's fleet identity may publish (a JetStream push
+// delivery onto it, which any fleet identity may have made, gets no
+// answer: answerReach). Core NATS, not JetStream: a flood of JetStream
+// API requests, which any fleet identity may send, cannot hold it up.
 const reachPrefix = "fenceline.reach"
 
 // reachSubject is where instance writer's claim connection answers.

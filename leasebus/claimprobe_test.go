@@ -2,6 +2,7 @@ package leasebus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -17,16 +18,34 @@ import (
 
 // TestReachRefusedByAnOlderConfig: a nats-server configured by a `bus
 // creds` from before the lease service's fleet connection asked its claim
-// connection for an answer (hearsFleet) refuses it that request. The
-// service must not take it for a fleet connection cut off — no instance
-// would ever take or renew the claim, and nobody would be served — but
-// say to configure the bus again, and serve; once the servers are
+// connection for an answer (hearsFleet) refuses that question, and the
+// answer's subscription; one whose servers were reloaded one by one may
+// refuse the question alone (the fleet connection's server still on the
+// older configuration). The service must not take either for a fleet
+// connection cut off — no instance would ever take or renew the claim,
+// and nobody would be served — but tell the refusal at once, keep its
+// term, say to configure the bus again, and serve; once the servers are
 // reloaded with the new configuration, it checks again without a restart.
 //
 // Not parallel: it shortens fleetReprobe, which the parallel tests (run
 // after the sequential ones) read.
 func TestReachRefusedByAnOlderConfig(t *testing.T) {
-	defer func(d time.Duration) { fleetReprobe = d }(fleetReprobe)
+	// inFleet: the line is in the fleet account's block.
+	for _, tc := range []struct {
+		name string
+		cut  func(line string, inFleet bool) bool
+		want int // lines cut
+	}{
+		{"older configuration", func(line string, _ bool) bool { return strings.Contains(line, reachPrefix+".") }, 4},
+		{"the fleet's question alone", func(line string, inFleet bool) bool { return inFleet && strings.Contains(line, reachPrefix+".") }, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) { reachRefused(t, tc.cut, tc.want) })
+	}
+}
+
+func reachRefused(t *testing.T, cut func(line string, inFleet bool) bool, want int) {
+	reprobe := fleetReprobe
+	t.Cleanup(func() { fleetReprobe = reprobe }) // after the service's Stop, registered later
 	fleetReprobe = 200 * time.Millisecond
 	dir := t.TempDir()
 	if _, err := EnsureCreds(dir); err != nil {
@@ -40,16 +59,16 @@ func TestReachRefusedByAnOlderConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The lines that grant, export and import the check's subject, and no
-	// other.
 	var kept []string
+	inFleet := false
 	for _, line := range strings.Split(conf, "\n") {
-		if !strings.Contains(line, reachPrefix+".") {
+		inFleet = inFleet || strings.HasPrefix(line, "  "+FleetAccount+" {")
+		if !cut(line, inFleet) {
 			kept = append(kept, line)
 		}
 	}
-	if cut := strings.Count(conf, "\n") + 1 - len(kept); cut != 4 {
-		t.Fatalf("the config names %s on %d lines, want 4 (the claim connection's and the fleet connection's grants, the export, the import):\n%s", reachPrefix, cut, conf)
+	if n := strings.Count(conf, "\n") + 1 - len(kept); n != want {
+		t.Fatalf("cut %d lines naming %s, want %d:\n%s", n, reachPrefix, want, conf)
 	}
 	srv := natstest.Start(t, strings.Join(kept, "\n"))
 	connect := func(role Role) *nats.Conn {
@@ -83,12 +102,26 @@ func TestReachRefusedByAnOlderConfig(t *testing.T) {
 	if !svc.Primary() {
 		t.Fatal("the instance that served is not the primary")
 	}
+	number := func() uint64 {
+		svc.prim.mu.Lock()
+		defer svc.prim.mu.Unlock()
+		return svc.prim.number
+	}
+	began := number()
 	const again = "print the bus's configuration again with `fenceline bus creds`"
 	if !strings.Contains(log.String(), again) {
 		t.Fatalf("the service did not say %q:\n%s", again, log.String())
 	}
 	if svc.fleetUnprobedAt.Load() == 0 {
 		t.Fatal("the service does not hold the check off")
+	}
+	// Asked again (every 200 ms here) and refused again, the refusal
+	// costs no renewal: told at once, not when the term runs out.
+	for end := time.Now().Add(5 * testTerm); time.Now().Before(end); {
+		if !svc.Primary() || number() != began {
+			t.Fatalf("the primary let its term go while the bus refused its check:\n%s", log.String())
+		}
+		time.Sleep(20 * time.Millisecond) // sampling a state that must not change, not waiting for one
 	}
 
 	srv.Reload(t, conf)
@@ -99,10 +132,50 @@ func TestReachRefusedByAnOlderConfig(t *testing.T) {
 		}
 		return nil
 	})
-	if !svc.Primary() {
-		t.Fatalf("the primary lost its term once its check was back:\n%s", log.String())
+	if !svc.Primary() || number() != began {
+		t.Fatalf("the primary lost its term by the reload:\n%s", log.String())
 	}
 	if err := svc.hearsFleet(ctx); err != nil {
 		t.Fatalf("the fleet connection does not reach the claim connection on the reloaded bus: %v", err)
+	}
+}
+
+// TestReachAnswersNoJetStreamDelivery: a holder has JetStream push a
+// stream's records onto the subject where the claim connection answers
+// its fleet connection (the writer stamp in it is no secret: the status
+// request names the primary). Those deliveries get no answer: answering
+// published onto the consumer's acknowledgement subject, which kept the
+// attacker's consumer flowing and set the claim connection's last error
+// (that the check reads to tell a refusal) to a permission violation.
+func TestReachAnswersNoJetStreamDelivery(t *testing.T) {
+	t.Parallel()
+	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Primary: true, PrimaryTerm: testTerm}}
+	b.start("127.0.0.1:0")
+	t.Cleanup(b.stop)
+	primaryOf(t, []*Service{b.svc}, 10*time.Second)
+	nc := b.svc.nc
+	b.svc.reachMu.Lock()
+	sub := b.svc.reach
+	b.svc.reachMu.Unlock()
+	if sub == nil {
+		t.Fatal("the claim connection does not answer the fleet connection")
+	}
+	before, _ := sub.Delivered()
+	lastErr := nc.LastError()
+	injectViaConsumer(t, b.srv.ClientURL(), reachSubject(b.svc.store.writer), []byte("hello"))
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if n, _ := sub.Delivered(); n <= before {
+			return errors.New("the delivery has not reached the claim connection's subscription")
+		}
+		return nil
+	})
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if le := nc.LastError(); le != lastErr {
+		t.Fatalf("the claim connection answered a JetStream delivery: %v", le)
+	}
+	if err := b.svc.hearsFleet(ctxT(t)); err != nil {
+		t.Fatalf("the check fails after the delivery: %v", err)
 	}
 }

@@ -676,27 +676,71 @@ func (s *Service) hearsFleet(ctx context.Context) error {
 		if s.cfg.Now().Sub(time.Unix(0, at)) < fleetReprobe {
 			return nil
 		}
-		// Asked again, after the answer's subscription, which the same
-		// configuration refused too.
-		if err := s.answerReach(); err != nil {
-			s.reachRefused(err)
+		// Asked again, the answer's subscription made again (the same
+		// configuration refused it too). The check stays off until it is
+		// answered: asking again costs no renewal.
+		err := s.answerReach(ctx)
+		if err == nil {
+			err = s.askReach(ctx)
+		}
+		if err != nil {
+			s.fleetUnprobedAt.Store(s.cfg.Now().UnixNano())
+			s.log.Debug("lease service: its fleet connection's check is still off", "err", err, "retry", fleetReprobe)
 			return nil
+		}
+		s.fleetUnprobedAt.Store(0)
+		s.log.Info("the bus lets the lease service's fleet connection reach its claim connection again: a primary whose fleet connection is cut off lets its term run out")
+		return nil
+	}
+	err := s.askReach(ctx)
+	if errors.Is(err, nats.ErrNoResponders) {
+		// Nobody answers: the claim connection's subscription is gone
+		// (refused by the server it reconnected to) or not yet known
+		// where the fleet connection is. Made again, and asked again.
+		if err = s.answerReach(ctx); err == nil {
+			err = s.askReach(ctx)
 		}
 	}
-	before := s.fleet.LastError()
-	m, err := s.fleet.RequestWithContext(ctx, reachSubject(s.store.writer), nil)
+	if refusesReach(err) {
+		s.reachRefused(err)
+		return nil
+	}
 	if err != nil {
-		if le := s.fleet.LastError(); le != before && refusesReach(le) {
-			s.reachRefused(le)
-			return nil
-		}
 		return fmt.Errorf("its fleet connection (to server %q) does not reach its claim connection (to server %q): %w", s.fleet.ConnectedServerName(), s.nc.ConnectedServerName(), err)
 	}
-	if string(m.Data) != s.store.writer {
-		return fmt.Errorf("its fleet connection (to server %q) was answered %q on %s, not by its own claim connection", s.fleet.ConnectedServerName(), m.Data, reachSubject(s.store.writer))
+	return nil
+}
+
+// askReach asks the claim connection's subscription (answerReach)
+// through the fleet connection. A question the bus refuses is dropped
+// without an answer; the refusal comes back before the answer to a flush,
+// so it is told (refusesReach) at once rather than when ctx ends.
+func (s *Service) askReach(ctx context.Context) error {
+	subject := reachSubject(s.store.writer)
+	inbox := s.fleet.NewInbox()
+	sub, err := s.fleet.SubscribeSync(inbox)
+	if err != nil {
+		return err
 	}
-	if s.fleetUnprobedAt.Swap(0) != 0 {
-		s.log.Info("the bus lets the lease service's fleet connection reach its claim connection again: a primary whose fleet connection is cut off lets its term run out")
+	defer func() { _ = sub.Unsubscribe() }()
+	before := s.fleet.LastError()
+	if err := s.fleet.PublishRequest(subject, inbox, nil); err != nil {
+		return err
+	}
+	if err := s.fleet.FlushWithContext(ctx); err != nil {
+		return err
+	}
+	if le := s.fleet.LastError(); le != before && refusesReach(le) {
+		return le
+	}
+	m, err := sub.NextMsgWithContext(ctx)
+	switch {
+	case err != nil:
+		return err
+	case len(m.Data) == 0 && m.Header.Get("Status") == "503":
+		return nats.ErrNoResponders
+	case string(m.Data) != s.store.writer:
+		return fmt.Errorf("answered %q on %s, not by its own claim connection", m.Data, subject)
 	}
 	return nil
 }
@@ -724,9 +768,14 @@ var fleetReprobe = time.Minute // a var: a sequential test shortens it
 
 // answerReach subscribes the claim connection to answer the fleet
 // connection's hearsFleet, with the instance's writer stamp, in place of
-// any subscription before (refused by an older configuration). It fails
-// if the bus refuses the subscription (refusesReach).
-func (s *Service) answerReach() error {
+// any subscription before (refused by an older configuration, or lost).
+// It fails if the bus refuses the subscription (refusesReach).
+//
+// Only a question asked through the service import is answered (its
+// reply the server's "_R_." one): a fleet identity may have JetStream
+// push its stream's records onto any subject of the service account,
+// this one too, and those deliveries get no answer.
+func (s *Service) answerReach(ctx context.Context) error {
 	s.reachMu.Lock()
 	defer s.reachMu.Unlock()
 	if s.reach != nil {
@@ -736,16 +785,17 @@ func (s *Service) answerReach() error {
 	subject := reachSubject(s.store.writer)
 	before := s.nc.LastError()
 	sub, err := s.nc.Subscribe(subject, func(m *nats.Msg) {
-		_ = m.Respond([]byte(s.store.writer)) // unanswered, the asker's check fails: as it must when the answer cannot go
+		if strings.HasPrefix(m.Reply, "_R_.") {
+			_ = m.Respond([]byte(s.store.writer)) // unanswered, the asker's check fails: as it must when the answer cannot go
+		}
 	})
 	if err != nil {
 		return fmt.Errorf("lease service: answer its fleet connection on %s: %w", subject, err)
 	}
 	// Known to its server before the first question (the others hear of
-	// it later: until then a question is answered "no responders", and
-	// the claim waits a round), and refused, if it is, before the flush's
-	// answer.
-	err = s.nc.Flush()
+	// it later: until then a question is answered "no responders" and
+	// asked again), and refused, if it is, before the flush's answer.
+	err = s.nc.FlushWithContext(ctx)
 	if le := s.nc.LastError(); err == nil && le != before && refusesReach(le) {
 		err = le
 	}

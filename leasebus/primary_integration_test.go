@@ -343,10 +343,10 @@ func claimWrites(t *testing.T, m *ServiceMetrics) int {
 // nobody: the standbys forwarded it every request and its answers went to
 // a server that could not pass them on. It must let its term run out, so
 // that an instance on the majority side takes over and answers, and must
-// not take its lapsed claim back: the cut-off node answers the fleet
-// connection's probe itself, as the claim's leader (when it led the
-// claim's stream at the cut, for up to 20 s) or as a replica that knows no
-// leader (4-9 s after the cut), with the claim as it was at the cut.
+// not take its lapsed claim back — not even while the cut-off node still
+// takes itself for the claim's stream's leader (when it led it at the
+// cut, for up to 20 s), which fooled stop 63's check (the claim's
+// stream's info, which that node answered itself).
 func TestClusterPrimaryWhoseFleetIsCutOff(t *testing.T) {
 	t.Parallel()
 	t.Run("the claim led from the majority", func(t *testing.T) { primaryWhoseFleetIsCutOff(t, false) })

@@ -282,11 +282,14 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 			return nil, err
 		}
 		if s.fleet != s.nc {
-			if err := s.answerReach(); refusesReach(err) {
+			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := s.answerReach(actx)
+			cancel()
+			switch {
+			case refusesReach(err):
 				s.reachRefused(err)
-			} else if err != nil {
-				s.Stop()
-				return nil, err
+			case err != nil: // made again when the check finds nobody answering
+				s.log.Warn("lease service: its claim connection does not answer its fleet connection yet", "err", err)
 			}
 		}
 	}
