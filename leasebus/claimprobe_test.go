@@ -179,3 +179,34 @@ func TestReachAnswersNoJetStreamDelivery(t *testing.T) {
 		t.Fatalf("the check fails after the delivery: %v", err)
 	}
 }
+
+// TestReachSubscriptionLostIsMadeAgain: the claim connection's answer is
+// gone (a server it reconnected to refused it again, or it was dropped):
+// the fleet connection's question finds no responders, and the check
+// makes the subscription again and asks once more rather than fail every
+// claim write from then on.
+func TestReachSubscriptionLostIsMadeAgain(t *testing.T) {
+	t.Parallel()
+	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Primary: true, PrimaryTerm: testTerm}}
+	b.start("127.0.0.1:0")
+	t.Cleanup(b.stop)
+	primaryOf(t, []*Service{b.svc}, 10*time.Second)
+	b.svc.reachMu.Lock()
+	lost := b.svc.reach
+	b.svc.reachMu.Unlock()
+	if err := lost.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.svc.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.svc.askReach(ctxT(t)); !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("asked with the answer's subscription gone: %v, want no responders", err)
+	}
+	if err := b.svc.hearsFleet(ctxT(t)); err != nil {
+		t.Fatalf("the check fails once the answer's subscription is gone: %v", err)
+	}
+	if err := b.svc.askReach(ctxT(t)); err != nil {
+		t.Fatalf("the subscription was not made again: %v", err)
+	}
+}
