@@ -102,12 +102,7 @@ func reachRefused(t *testing.T, cut func(line string, inFleet bool) bool, want i
 	if !svc.Primary() {
 		t.Fatal("the instance that served is not the primary")
 	}
-	number := func() uint64 {
-		svc.prim.mu.Lock()
-		defer svc.prim.mu.Unlock()
-		return svc.prim.number
-	}
-	began := number()
+	began := termsBegun(svc)
 	const again = "print the bus's configuration again with `fenceline bus creds`"
 	if !strings.Contains(log.String(), again) {
 		t.Fatalf("the service did not say %q:\n%s", again, log.String())
@@ -118,7 +113,7 @@ func reachRefused(t *testing.T, cut func(line string, inFleet bool) bool, want i
 	// Asked again (every 200 ms here) and refused again, the refusal
 	// costs no renewal: told at once, not when the term runs out.
 	for end := time.Now().Add(5 * testTerm); time.Now().Before(end); {
-		if !svc.Primary() || number() != began {
+		if !svc.Primary() || termsBegun(svc) != began {
 			t.Fatalf("the primary let its term go while the bus refused its check:\n%s", log.String())
 		}
 		time.Sleep(20 * time.Millisecond) // sampling a state that must not change, not waiting for one
@@ -132,7 +127,7 @@ func reachRefused(t *testing.T, cut func(line string, inFleet bool) bool, want i
 		}
 		return nil
 	})
-	if !svc.Primary() || number() != began {
+	if !svc.Primary() || termsBegun(svc) != began {
 		t.Fatalf("the primary lost its term by the reload:\n%s", log.String())
 	}
 	if err := svc.hearsFleet(ctx); err != nil {
@@ -149,14 +144,9 @@ func reachRefused(t *testing.T, cut func(line string, inFleet bool) bool, want i
 // (that the check reads to tell a refusal) to a permission violation.
 func TestReachAnswersNoJetStreamDelivery(t *testing.T) {
 	t.Parallel()
-	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Primary: true, PrimaryTerm: testTerm}}
-	b.start("127.0.0.1:0")
-	t.Cleanup(b.stop)
-	primaryOf(t, []*Service{b.svc}, 10*time.Second)
+	b := electedAlone(t, testTerm)
 	nc := b.svc.nc
-	b.svc.reachMu.Lock()
-	sub := b.svc.reach
-	b.svc.reachMu.Unlock()
+	sub := reachSub(b.svc)
 	if sub == nil {
 		t.Fatal("the claim connection does not answer the fleet connection")
 	}
@@ -187,13 +177,8 @@ func TestReachAnswersNoJetStreamDelivery(t *testing.T) {
 // claim write from then on.
 func TestReachSubscriptionLostIsMadeAgain(t *testing.T) {
 	t.Parallel()
-	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Primary: true, PrimaryTerm: testTerm}}
-	b.start("127.0.0.1:0")
-	t.Cleanup(b.stop)
-	primaryOf(t, []*Service{b.svc}, 10*time.Second)
-	b.svc.reachMu.Lock()
-	lost := b.svc.reach
-	b.svc.reachMu.Unlock()
+	b := electedAlone(t, testTerm)
+	lost := reachSub(b.svc)
 	if err := lost.Unsubscribe(); err != nil {
 		t.Fatal(err)
 	}

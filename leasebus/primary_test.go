@@ -38,6 +38,31 @@ func electing(t *testing.T) (b *bus, svcs [2]*Service, conns [2]*nats.Conn, ms [
 	return b, svcs, conns, ms
 }
 
+// electedAlone starts a bus whose one lease service instance runs the
+// election with term, and returns it once that instance is the primary.
+func electedAlone(t *testing.T, term time.Duration) *bus {
+	t.Helper()
+	b := &bus{t: t, dir: t.TempDir(), cfg: ServiceConfig{Primary: true, PrimaryTerm: term}}
+	b.start("127.0.0.1:0")
+	t.Cleanup(b.stop)
+	primaryOf(t, []*Service{b.svc}, 10*time.Second)
+	return b
+}
+
+// termsBegun is how many terms s has begun.
+func termsBegun(s *Service) uint64 {
+	s.prim.mu.Lock()
+	defer s.prim.mu.Unlock()
+	return s.prim.number
+}
+
+// reachSub is s's claim connection's answer to hearsFleet (answerReach).
+func reachSub(s *Service) *nats.Subscription {
+	s.reachMu.Lock()
+	defer s.reachMu.Unlock()
+	return s.reach
+}
+
 // primaryOf waits until exactly one of svcs is the primary and returns
 // its index.
 func primaryOf(t *testing.T, svcs []*Service, within time.Duration) int {
