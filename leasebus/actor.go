@@ -794,9 +794,9 @@ func (a *actor) apply(t *txn, c *call, queue []*waiter) outcome {
 		}
 		t.active(func(e *entry) bool { add(e); return true })
 		if r.All {
-			for _, id := range t.base.endedFIFO {
-				if _, changed := t.changed[id]; !changed {
-					add(t.base.ended[id])
+			for _, x := range t.base.endedFIFO {
+				if _, changed := t.changed[x.id]; !changed {
+					add(t.base.ended[x.id])
 				}
 			}
 			for _, id := range t.order {

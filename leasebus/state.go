@@ -11,13 +11,25 @@ import (
 	"github.com/fenceline/fenceline/lease/scope"
 )
 
-// maxEnded bounds how many ended leases a repo remembers, so a repeated
-// release stays idempotent and a late renew learns why it was refused.
-const maxEnded = 256
+// A repo remembers an ended lease for endedKeep after this service saw it
+// end, and at most maxEnded of them, so that a repeated release (a hedged
+// copy, a retry) stays idempotent, a renewal due a third of a TTL after
+// the end learns why it was refused, and `lease get` shows a lease that
+// just ended. The audit stream keeps every end for good; what the repo
+// keeps is in every snapshot and in every instance's memory, so it must
+// not grow with a repo's history: by count alone (256 a repo until stop
+// 65) a fleet's churn filled it for over an hour, each node's heap
+// growing by about 2 KB an ended lease all the while (256,000 ended
+// leases over 1,000 repos), and every snapshot of a repo carried up to
+// 256 of them.
+const (
+	endedKeep = 5 * time.Minute
+	maxEnded  = 256
+)
 
 // forgottenHint ends the refusal of a request about a lease the repo does
 // not know: its holder may have been cut off past the lease's end.
-var forgottenHint = fmt.Sprintf(" (no such lease, or one that ended before the last %d this repo remembers)", maxEnded)
+var forgottenHint = fmt.Sprintf(" (no such lease, or one that ended over %s ago or before the last %d this repo remembers)", endedKeep, maxEnded)
 
 // Limits on what a lease may ask for.
 const (
@@ -111,7 +123,7 @@ type repoState struct {
 	index     *claimIndex       // the active leases, by what they claim
 	byRequest map[string]string // acquire request id -> active lease id
 	ended     map[string]*entry // recently ended leases by id
-	endedFIFO []string          // ended ids, oldest first
+	endedFIFO []endedAt         // ended ids, oldest first
 	seq       uint64            // log subject sequence this state reflects (0: none)
 	evicted   []string          // ended ids dropped since the owner last looked
 	// earliest is a lower bound on the deadlines of the active leases
@@ -121,13 +133,22 @@ type repoState struct {
 	earliest time.Time
 }
 
+// endedAt is an ended lease's id and when this service saw it end (its
+// own monotonic clock, as deadlines are).
+type endedAt struct {
+	id string
+	at time.Time
+}
+
 func newRepoState(repo string) *repoState {
 	return &repoState{repo: repo, leases: map[string]*entry{}, index: newClaimIndex(),
 		byRequest: map[string]string{}, ended: map[string]*entry{}}
 }
 
-// put installs e as the committed version of its lease.
-func (s *repoState) put(e *entry) {
+// put installs e, as seen at now, as the committed version of its lease,
+// and forgets the ended leases past endedKeep.
+func (s *repoState) put(e *entry, now time.Time) {
+	defer s.forget(now)
 	if old, ok := s.leases[e.LeaseID]; ok {
 		s.index.remove(old)
 		// Another lease may carry the same request id (a retry with another
@@ -149,12 +170,19 @@ func (s *repoState) put(e *entry) {
 	}
 	delete(s.leases, e.LeaseID)
 	if _, seen := s.ended[e.LeaseID]; !seen {
-		s.endedFIFO = append(s.endedFIFO, e.LeaseID)
+		s.endedFIFO = append(s.endedFIFO, endedAt{e.LeaseID, now})
 	}
 	s.ended[e.LeaseID] = e
-	for len(s.endedFIFO) > maxEnded {
-		s.evicted = append(s.evicted, s.endedFIFO[0])
-		delete(s.ended, s.endedFIFO[0])
+}
+
+// forget drops the ended leases seen ending more than endedKeep before
+// now, and the oldest past maxEnded.
+func (s *repoState) forget(now time.Time) {
+	for len(s.endedFIFO) > maxEnded || len(s.endedFIFO) > 0 && now.Sub(s.endedFIFO[0].at) > endedKeep {
+		id := s.endedFIFO[0].id
+		s.evicted = append(s.evicted, id)
+		delete(s.ended, id)
+		s.endedFIFO[0] = endedAt{}
 		s.endedFIFO = s.endedFIFO[1:]
 	}
 }
@@ -235,13 +263,13 @@ func (s *repoState) observeEntry(e *entry, now time.Time) {
 	if e.deadline.IsZero() {
 		e.deadline = now.Add(time.Duration(e.TTL))
 	}
-	s.put(e)
+	s.put(e, now)
 }
 
 func (s *repoState) snapshot() *logRecord {
 	rec := &logRecord{Kind: recordSnapshot, Repo: s.repo, Fence: s.fence}
-	for _, id := range s.endedFIFO {
-		rec.Leases = append(rec.Leases, s.ended[id])
+	for _, x := range s.endedFIFO {
+		rec.Leases = append(rec.Leases, s.ended[x.id])
 	}
 	for _, e := range s.leases {
 		rec.Leases = append(rec.Leases, e)
@@ -671,7 +699,7 @@ func (t *txn) reap(silent func(e *entry, now time.Time) (time.Duration, bool)) {
 // commit installs the batch into the base state after its record landed at seq.
 func (t *txn) commit(seq uint64) {
 	for _, id := range t.order {
-		t.base.put(t.changed[id])
+		t.base.put(t.changed[id], t.now)
 	}
 	t.base.fence = t.fence
 	t.base.seq = seq

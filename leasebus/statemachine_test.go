@@ -557,9 +557,9 @@ func dumpState(s *repoState) string {
 		e := s.leases[id]
 		fmt.Fprintf(&b, "active %s %+v deadline=%v\n", id, *e, e.deadline)
 	}
-	for _, id := range s.endedFIFO {
-		e := s.ended[id]
-		fmt.Fprintf(&b, "ended %s %+v\n", id, *e)
+	for _, x := range s.endedFIFO {
+		e := s.ended[x.id]
+		fmt.Fprintf(&b, "ended %s at %v %+v\n", x.id, x.at, *e)
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.byRequest)) {
 		fmt.Fprintf(&b, "req %s -> %s\n", k, s.byRequest[k])

@@ -45,8 +45,9 @@ type ledger struct {
 
 // notFound is a request about an acknowledged lease (an operator's
 // revoke, or its holder's renewal or release) that the service answered
-// with "lease not found", and when it was sent. A repo remembers its last
-// maxEnded ended leases: one its holder could not reach the bus for
+// with "lease not found", and when it was sent. A repo remembers an ended
+// lease for a while (endedKeep, and at most its last maxEnded): one its
+// holder could not reach the bus for
 // (its node paused past the lease's TTL) ends, and may be forgotten by
 // the time the holder asks again. Each is judged against the audit at the
 // end: the lease must have ended before the request was sent.
