@@ -425,13 +425,35 @@ func (a *actor) resetTimer() {
 	a.timer.Reset(max(wake.Sub(now), time.Millisecond))
 }
 
+// forgetEnded drops the repo's ended leases past endedKeep, from its state
+// and from the service's lease index, whether or not anything is written.
+// Called under busy.
+func (a *actor) forgetEnded(now time.Time) {
+	a.state.forget(now)
+	if len(a.state.evicted) > 0 {
+		a.svc.unindex(a.state.evicted)
+		a.state.evicted = nil
+	}
+}
+
+// endedSlack is how long after an ended lease is due to be forgotten the
+// actor of a repo that has nothing else to do wakes for it: one wake-up
+// forgets all that ended within endedSlack of each other.
+const endedSlack = endedKeep / 5
+
 // wakeAt is when the actor must next run without a request: the next lease
-// or waiter deadline.
+// or waiter deadline, or the time to forget ended leases (within
+// endedSlack).
 func (a *actor) wakeAt(now time.Time) time.Time {
 	next := a.state.nextDeadline()
 	for _, w := range a.waiters {
 		if next.IsZero() || w.deadline.Before(next) {
 			next = w.deadline
+		}
+	}
+	if len(a.state.endedFIFO) > 0 {
+		if f := a.state.endedFIFO[0].at.Add(endedKeep + endedSlack); next.IsZero() || f.Before(next) {
+			next = f
 		}
 	}
 	wake := now.Add(time.Hour)
@@ -493,6 +515,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 	// A primary's view within its term is the log's (primary.go): reads
 	// need not reload, but a nudge (another writer's append seen) does.
 	vouched := a.svc.prim != nil && a.svc.vouches(a)
+	a.forgetEnded(a.svc.cfg.Now()) // a quiet repo's too: wakeAt wakes it for them
 	for _, c := range batch {
 		if _, nudge := c.req.(*syncRequest); c.fresh() && (!vouched || nudge) {
 			a.stale = true

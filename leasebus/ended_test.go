@@ -1,8 +1,10 @@
 package leasebus
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -74,5 +76,76 @@ func TestEndedLeasesAreForgottenByAge(t *testing.T) {
 		if s.leases[id] == nil {
 			t.Fatalf("active lease %s went with the ended ones", id)
 		}
+	}
+}
+
+// endedService is a lease service without a bus, enough for an actor's
+// view, the lease index and a clock the test moves: a standby (an
+// election, no term).
+func endedService(now *time.Time) *Service {
+	clock := func() time.Time { return *now }
+	return &Service{cfg: ServiceConfig{Now: clock}, log: slog.New(slog.DiscardHandler),
+		index: map[string]*indexed{}, actors: map[string]*actor{},
+		beats: newBeater(*now, DefaultSessionGrace), prim: &primacy{term: time.Second}}
+}
+
+// TestQuietRepoForgetsItsEndedLeases: a repo that writes nothing more after
+// its last lease ended forgets that lease all the same, from its view and
+// from the lease index: its actor wakes for it within endedSlack of it
+// falling due, with nothing else to do (a standby's warm view here, whose
+// batches write nothing).
+func TestQuietRepoForgetsItsEndedLeases(t *testing.T) {
+	t.Parallel()
+	const repo = "github.com/acme/quiet"
+	t0 := time.Now()
+	now := t0
+	s := endedService(&now)
+	a := s.newActor(RepoKey(repo), repo)
+	a.warm = &warmAudit{}
+	x := &entry{Lease: lease.Lease{LeaseID: "x", Repo: repo, Status: lease.StatusReleased, Version: 2, TTL: lease.Duration(time.Minute)}}
+	a.state.put(x, t0)
+	s.indexLeases(a.key, []*entry{x})
+
+	wake := a.wakeAt(t0)
+	if due := t0.Add(endedKeep); wake.Before(due) || wake.After(due.Add(endedSlack+time.Millisecond)) {
+		t.Fatalf("a repo with one ended lease and nothing else wakes at %v after its end; want between %v and %v", wake.Sub(t0), endedKeep, endedKeep+endedSlack)
+	}
+	now = wake
+	a.process(context.Background(), nil) // what the timer's batch runs
+	if a.state.ended["x"] != nil || s.index["x"] != nil {
+		t.Fatalf("%v after its end the quiet repo still holds the ended lease (in its view %v, indexed %v)", wake.Sub(t0), a.state.ended["x"] != nil, s.index["x"] != nil)
+	}
+	if a.wakeAt(now).Before(now.Add(time.Hour - time.Millisecond)) {
+		t.Fatalf("nothing left to forget, yet the actor wakes at %v", a.wakeAt(now).Sub(now))
+	}
+}
+
+// TestBrokenViewHandedOverVouchesForNothing: a standby whose view missed a
+// record reads the log afresh when it takes over. Until then the old view
+// must not answer for any lease through the lease index (cached gets and
+// keepalives answer from it): it may hold as active a lease the primary
+// has since ended — and, past endedKeep, forgotten, so that the fresh read
+// would never correct it.
+func TestBrokenViewHandedOverVouchesForNothing(t *testing.T) {
+	t.Parallel()
+	const repo = "github.com/acme/broken"
+	now := time.Now()
+	s := endedService(&now)
+	a := s.newActor(RepoKey(repo), repo)
+	stale := &entry{Lease: lease.Lease{LeaseID: "x", Repo: repo, Status: lease.StatusActive, Version: 1, TTL: lease.Duration(time.Hour)}}
+	ended := &entry{Lease: lease.Lease{LeaseID: "y", Repo: repo, Status: lease.StatusReleased, Version: 2, TTL: lease.Duration(time.Hour)}}
+	a.state.put(stale, now)
+	a.state.put(ended, now)
+	s.indexLeases(a.key, []*entry{stale, ended})
+	a.warm = &warmAudit{broken: true}
+
+	a.handOver(context.Background())
+	for _, id := range []string{"x", "y"} {
+		if s.index[id] != nil {
+			t.Fatalf("lease %s is still indexed from the view handed over: a cached get or a keepalive would answer for it from there", id)
+		}
+	}
+	if len(a.state.leases)+len(a.state.ended) != 0 || a.warm != nil {
+		t.Fatal("the view was not dropped for a fresh read")
 	}
 }

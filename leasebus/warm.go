@@ -206,7 +206,13 @@ func (a *actor) handOver(ctx context.Context) {
 		why = "it missed a record"
 	}
 	a.svc.log.Info("reading a lease log afresh at the takeover: the warm view of it is not complete", "repo", a.state.repo, "why", why)
+	// Nothing of the view may vouch for a lease any more (a cached get,
+	// a keepalive's answer): it may hold as active a lease the log has
+	// since ended, and forgotten, so the read that follows would not
+	// correct it. The read indexes what it finds.
+	old := a.state
 	a.state, a.kept = newRepoState(a.state.repo), seqWindow{}
+	a.svc.unindex(append(old.evicted, old.ids()...))
 }
 
 // coldRepos are the repos a standby heard appended to but has no view of
