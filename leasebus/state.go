@@ -17,11 +17,10 @@ import (
 // the end learns why it was refused, and `lease get` shows a lease that
 // just ended. The audit stream keeps every end for good; what the repo
 // keeps is in every snapshot and in every instance's memory, so it must
-// not grow with a repo's history: by count alone (256 a repo until stop
-// 65) a fleet's churn filled it for over an hour, each node's heap
-// growing by about 2 KB an ended lease all the while (256,000 ended
-// leases over 1,000 repos), and every snapshot of a repo carried up to
-// 256 of them.
+// not grow with a repo's history: kept by count alone, a fleet's churn
+// filled the 256 of every repo for over an hour, each node's heap growing
+// by about 2 KB an ended lease all the while (256,000 ended leases over
+// 1,000 repos), and every snapshot of a repo carried up to 256 of them.
 const (
 	endedKeep = 5 * time.Minute
 	maxEnded  = 256
