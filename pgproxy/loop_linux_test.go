@@ -45,9 +45,7 @@ func TestPlainSessionsRunOnTheLoop(t *testing.T) {
 	if _, err := c.Exec(ctx, "SELECT 1/0"); err == nil || !strings.Contains(err.Error(), "22012") {
 		t.Fatalf("division by zero through the loop: %v", err)
 	}
-	if got := p.loopSessions.Load(); got != 1 {
-		t.Fatalf("%d sessions moved to the loop; want the plain one", got)
-	}
+	waitLoopSessions(t, p, 1) // the plain one
 
 	cfg, _ := selfSigned(t)
 	tp := startProxy(t, Config{TLS: cfg})
@@ -164,10 +162,21 @@ func TestClientThatStopsReadingHoldsOnlyItself(t *testing.T) {
 			t.Fatalf("select %d beside a client that does not read: %d %v", i, n, err)
 		}
 	}
-	if got := p.loopSessions.Load(); got != 2 {
-		t.Fatalf("%d sessions on the loop; want both", got)
-	}
+	waitLoopSessions(t, p, 2)
 	stuck.Close(context.Background()) // ends the stuck session (its rows are never read)
+}
+
+// waitLoopSessions waits until n sessions have moved to p's loop. A session
+// moves once its startup's answers are flushed, so its client may be ready
+// a moment before it is counted.
+func waitLoopSessions(t *testing.T, p *Proxy, n int64) {
+	t.Helper()
+	testutil.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if got := p.loopSessions.Load(); got != n {
+			return fmt.Errorf("%d sessions on the loop; want %d", got, n)
+		}
+		return nil
+	})
 }
 
 // TestStalledLogHoldsNoSession: the proxy's log writer stalls (a log
@@ -184,9 +193,7 @@ func TestStalledLogHoldsNoSession(t *testing.T) {
 	p := startProxy(t, Config{Lease: lease, Logger: slog.New(slog.NewTextHandler(w, nil))})
 	t.Cleanup(w.release) // before the proxy's Close
 	refused, other := connect(t, proxyDSN(p, "agent")), connect(t, proxyDSN(p, "agent"))
-	if got := p.loopSessions.Load(); got != 2 {
-		t.Fatalf("%d sessions on the loop; want both", got)
-	}
+	waitLoopSessions(t, p, 2)
 	w.stall()
 	for i := range 3 {
 		_, err := refused.Exec(ctx, "INSERT INTO public.other VALUES ($1, 'outside the lease')", 100+i)
