@@ -271,10 +271,7 @@ func (a *actor) reload(ctx context.Context) error {
 	}
 	if n > 0 { // nothing read, nothing to index (the usual refresh)
 		a.svc.indexLeases(a.key, a.entries())
-		if len(a.state.evicted) > 0 {
-			a.svc.unindex(a.state.evicted)
-			a.state.evicted = nil
-		}
+		a.svc.dropEvicted(a.state)
 		a.count()
 	}
 	return nil
@@ -425,15 +422,22 @@ func (a *actor) resetTimer() {
 	a.timer.Reset(max(wake.Sub(now), time.Millisecond))
 }
 
+// dropEvicted takes the ended leases st forgot since it was last asked out
+// of the service's lease index. Called by st's owner (under its actor's
+// busy).
+func (s *Service) dropEvicted(st *repoState) {
+	if len(st.evicted) > 0 {
+		s.unindex(st.evicted)
+		st.evicted = nil
+	}
+}
+
 // forgetEnded drops the repo's ended leases past endedKeep, from its state
 // and from the service's lease index, whether or not anything is written.
 // Called under busy.
 func (a *actor) forgetEnded(now time.Time) {
 	a.state.forget(now)
-	if len(a.state.evicted) > 0 {
-		a.svc.unindex(a.state.evicted)
-		a.state.evicted = nil
-	}
+	a.svc.dropEvicted(a.state)
 }
 
 // endedSlack is how long after an ended lease is due to be forgotten the
@@ -655,10 +659,7 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 		changed = append(changed, t.changed[id])
 	}
 	a.svc.indexLeases(a.key, changed)
-	if len(a.state.evicted) > 0 {
-		a.svc.unindex(a.state.evicted)
-		a.state.evicted = nil
-	}
+	a.svc.dropEvicted(a.state)
 	a.waiters = remaining
 	// Answer first: watchers and the audit stream are not on the path of
 	// the request (the record is durable; the events are in it).

@@ -114,10 +114,7 @@ func (s *Service) follow(key string, m *nats.Msg) {
 		return
 	}
 	s.indexLeases(key, rec.Leases)
-	if len(a.state.evicted) > 0 {
-		s.unindex(a.state.evicted)
-		a.state.evicted = nil
-	}
+	s.dropEvicted(a.state)
 }
 
 // warmUp starts a warm view of a repo this standby has none of, from its
@@ -384,8 +381,7 @@ func (s *Service) warmLoad(ctx context.Context, key string, heard uint64) error 
 	st.evicted = append(st.evicted, st.dropped(a.state)...)
 	a.state, a.kept, a.warm, a.stale = st, kept, w, false
 	s.indexLeases(key, a.entries())
-	s.unindex(a.state.evicted)
-	a.state.evicted = nil
+	s.dropEvicted(a.state)
 	return nil
 }
 
