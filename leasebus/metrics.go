@@ -67,8 +67,11 @@ import (
 //	                                         buckets), all (naming every one)
 //	fenceline_bus_beat_buckets_total         counter: buckets the beats named
 //
-// plus the Go runtime and process collectors. Grants and conflicts are
-// requests_total{op="acquire"} with result ok and conflict.
+// plus the Go runtime and process collectors, the runtime's with its
+// scheduler metrics: go_sched_latencies_seconds is how long goroutines
+// waited to run once runnable (a node short of CPU shows there before its
+// requests do). Grants and conflicts are requests_total{op="acquire"} with
+// result ok and conflict.
 type ServiceMetrics struct {
 	reg      *prometheus.Registry
 	requests *prometheus.CounterVec
@@ -146,7 +149,8 @@ func NewServiceMetrics() *ServiceMetrics {
 		Help: "Buckets of changed leases the beats named: each sends the sessions holding a lease in it to ask.",
 	})
 	m.reg.MustRegister(m.requests, m.latency, m.inflight, m.appends, m.appendT, m.reads, m.scans, m.forwards, m.fwdIn, m.held, m.claims, m.beats, m.buckets,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsScheduler)),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

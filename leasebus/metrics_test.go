@@ -83,5 +83,6 @@ func TestServiceMetrics(t *testing.T) {
 		`fenceline_bus_requests_in_flight{op="release"} 0`,
 		"fenceline_bus_append_seconds_count",
 		"go_goroutines",
+		"go_sched_latencies_seconds_bucket", // how long goroutines waited to run: a node short of CPU
 	)
 }
