@@ -218,10 +218,14 @@ type load struct {
 	rampAcq   Hist
 	steadyAcq Hist
 	release   Hist
-	renew     [phaseDone]Hist
-	errs      Kinds
-	losses    Kinds // spurious losses, by the kind of the holder's error
-	unknowns  atomic.Int64
+	// lag is how late the driver's own goroutines run during the steady
+	// window (lagLoop): a latency sample includes as much of it as the
+	// goroutine that times the answer waited to run.
+	lag      Hist
+	renew    [phaseDone]Hist
+	errs     Kinds
+	losses   Kinds // spurious losses, by the kind of the holder's error
+	unknowns atomic.Int64
 	// doubts counts the holders' Unknown events by why (doubtOf).
 	doubts     Kinds
 	churnSkips atomic.Int64
@@ -247,6 +251,7 @@ func level(ctx context.Context, cfg config) error {
 	var sampling sync.WaitGroup
 	start := time.Now()
 	sampling.Go(func() { l.sampleLoop(sctx, start) })
+	sampling.Go(func() { l.lagLoop(sctx) })
 
 	// Ramp: take every lease, at most -ramp-rate a second, until all are
 	// held or -ramp-max is over.
@@ -317,6 +322,9 @@ func level(ctx context.Context, cfg config) error {
 	add("losses_by_kind", "%s", l.losses.String())
 	add("cpu_pct_nodes", "%s", strings.Join(cpu, "/"))
 	add("cpu_pct_driver", "%.0f", cpuPct(self1-self0, steadyTook))
+	add("driver_lag_p50_ms", "%s", ms(l.lag.Quantile(.5)))
+	add("driver_lag_p99_ms", "%s", ms(l.lag.Quantile(.99)))
+	add("driver_lag_p999_ms", "%s", ms(l.lag.Quantile(.999)))
 	for _, n := range cfg.nodes {
 		add("rss_mb_"+n.name, "%.0f->%.0f", n.rssFirst, n.rssLast)
 	}
@@ -678,6 +686,28 @@ func (l *load) sampleLoop(ctx context.Context, start time.Time) {
 				fmt.Fprintf(&b, " %s_rss_mb=%.0f %s_cpu_pct=%.0f", n.name, n.rssLast, n.name, n.cpuPct)
 			}
 			fmt.Println(b.String())
+		}
+	}
+}
+
+// lagLoop measures, during the steady window, how late a goroutine of the
+// driver that is due to run does: a ticker every lagEvery, each tick's
+// lateness from when it fired to when this goroutine took it. On a loaded
+// machine the driver's answers wait to run as long, and its latency
+// figures include that wait; a tail of the same size there is the
+// driver's, not the bus's.
+func (l *load) lagLoop(ctx context.Context) {
+	const lagEvery = 10 * time.Millisecond
+	t := time.NewTicker(lagEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case fired := <-t.C:
+			if l.phase.Load() == phaseSteady {
+				l.lag.Add(time.Since(fired))
+			}
 		}
 	}
 }
