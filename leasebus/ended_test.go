@@ -2,6 +2,7 @@ package leasebus
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -147,5 +148,61 @@ func TestBrokenViewHandedOverVouchesForNothing(t *testing.T) {
 	}
 	if len(a.state.leases)+len(a.state.ended) != 0 || a.warm != nil {
 		t.Fatal("the view was not dropped for a fresh read")
+	}
+}
+
+// TestSnapshotKeepsTheOrderOfEnds: an instance that reads a repo from its
+// snapshot (a standby warming up, a restart, a view read afresh) forgets
+// its ended leases in the order the writer does, so both remember the
+// same ones. Leases ending in an order their ids do not sort in, read back
+// from a snapshot that listed them by id, made the reader forget the
+// lease that ended last at the next end past maxEnded, while the writer
+// forgot the one that ended first.
+func TestSnapshotKeepsTheOrderOfEnds(t *testing.T) {
+	t.Parallel()
+	const repo = "github.com/acme/ended-order"
+	ended := func(id string) *entry {
+		return &entry{Lease: lease.Lease{LeaseID: id, Repo: repo, Status: lease.StatusReleased, Version: 2, TTL: lease.Duration(time.Minute)}, Holder: "runner"}
+	}
+	now := time.Now()
+	writer := newRepoState(repo)
+	for i := range maxEnded {
+		writer.put(ended(fmt.Sprintf("lease_%03d", maxEnded-i)), now) // the highest id ends first
+	}
+	writer.put(&entry{Lease: lease.Lease{LeaseID: "lease_active", Repo: repo, Status: lease.StatusActive, Version: 1, TTL: lease.Duration(time.Minute)}, Holder: "runner"}, now)
+
+	// As written to the log and read back.
+	data, err := writer.snapshot().encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snap logRecord
+	if err := json.Unmarshal(data, &snap); err != nil {
+		t.Fatal(err)
+	}
+	reader := newRepoState(repo)
+	reader.observe(&snap, 1, now)
+	order := func(s *repoState) []string {
+		var ids []string
+		for _, x := range s.endedFIFO {
+			ids = append(ids, x.id)
+		}
+		return ids
+	}
+	if w, r := order(writer), order(reader); !slices.Equal(w, r) {
+		t.Fatalf("the reader's ended leases, oldest first, start %v; the writer's %v", r[:3], w[:3])
+	}
+	if reader.leases["lease_active"] == nil {
+		t.Fatal("the active lease was not read from the snapshot")
+	}
+
+	// One more end: each forgets its oldest, the same one.
+	writer.put(ended("lease_new"), now)
+	reader.put(ended("lease_new"), now)
+	if !slices.Equal(writer.evicted, reader.evicted) || len(writer.evicted) != 1 {
+		t.Fatalf("past %d ended leases the writer forgot %v and the reader %v; want the same one", maxEnded, writer.evicted, reader.evicted)
+	}
+	if want := fmt.Sprintf("lease_%03d", maxEnded); writer.evicted[0] != want {
+		t.Fatalf("the writer forgot %s; want %s, which ended first", writer.evicted[0], want)
 	}
 }

@@ -265,15 +265,21 @@ func (s *repoState) observeEntry(e *entry, now time.Time) {
 	s.put(e, now)
 }
 
+// snapshot is the repo's whole state as one record: its ended leases in
+// the order they ended, so that an instance that reads it forgets them in
+// the order this one does (by id, a standby that took over forgot a lease
+// that had just ended before ones long over), then its active leases by
+// id.
 func (s *repoState) snapshot() *logRecord {
 	rec := &logRecord{Kind: recordSnapshot, Repo: s.repo, Fence: s.fence}
 	for _, x := range s.endedFIFO {
 		rec.Leases = append(rec.Leases, s.ended[x.id])
 	}
+	ended := len(rec.Leases)
 	for _, e := range s.leases {
 		rec.Leases = append(rec.Leases, e)
 	}
-	slices.SortFunc(rec.Leases, func(a, b *entry) int { return strings.Compare(a.LeaseID, b.LeaseID) })
+	slices.SortFunc(rec.Leases[ended:], func(a, b *entry) int { return strings.Compare(a.LeaseID, b.LeaseID) })
 	return rec
 }
 

@@ -607,6 +607,13 @@ func compareStates(t *rapid.T, what string, writer, loaded *repoState) {
 			t.Fatalf("%s: ended lease %s missing or different", what, id)
 		}
 	}
+	for _, st := range []*repoState{writer, loaded} {
+		for id := range st.ended {
+			if st.leases[id] != nil {
+				t.Fatalf("%s: lease %s is both active and ended", what, id)
+			}
+		}
+	}
 }
 
 func (s *pureSim) batch() {
