@@ -68,10 +68,10 @@ import (
 //	fenceline_bus_beat_buckets_total         counter: buckets the beats named
 //
 // plus the Go runtime and process collectors, the runtime's with its
-// scheduler metrics: go_sched_latencies_seconds is how long goroutines
-// waited to run once runnable (a node short of CPU shows there before its
-// requests do). Grants and conflicts are requests_total{op="acquire"} with
-// result ok and conflict.
+// scheduler series (go_sched_*): go_sched_latencies_seconds is how long
+// goroutines waited to run once runnable (a node short of CPU shows there
+// before its requests do). Grants and conflicts are
+// requests_total{op="acquire"} with result ok and conflict.
 type ServiceMetrics struct {
 	reg      *prometheus.Registry
 	requests *prometheus.CounterVec
