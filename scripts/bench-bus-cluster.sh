@@ -45,10 +45,11 @@
 #   RESULT leases=… repos=… acquire_p50_ms=… acquire_p99_ms=… acquire_p999_ms=…
 #     renew_p50_ms=… renew_p99_ms=… renew_p999_ms=… errors=… spurious_losses=…
 #     rss_mb_max=… bytes_per_lease=… [held_end=… ramp_s=… errors_by_kind=…
-#     client_msgs_per_s=… cpu_pct_nodes=… rss_mb_nI=start->end …]
+#     client_msgs_per_s=… cpu_pct_nodes=… rss_mb_nI=start->end
+#     acquire_p99_ms_by_node=n0/n1/n2 renew_p99_ms_by_node=… …]
 # acquire and renew are measured in the steady window (ramp figures follow as
-# ramp_*); NaN means no sample. The nodes expose no monitoring port, so
-# messages per second are counted on the driver's connections (every
+# ramp_*; *_by_node splits them by the node the holder's connection is on);
+# NaN means no sample. The nodes expose no monitoring port, so messages per second are counted on the driver's connections (every
 # request, answer, heartbeat and notice of the holders).
 #
 # Everything listens on 127.0.0.1; every level is bounded in time (the

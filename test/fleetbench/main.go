@@ -193,6 +193,7 @@ type slot struct {
 	c    *leasebus.Client
 	repo string
 	i    int
+	node int // the index in -urls of the node its connection is on
 
 	gen atomic.Int64 // the slot's acquires so far: each takes a path of its own
 
@@ -221,11 +222,15 @@ type load struct {
 	// lag is how late the driver's own goroutines run during the steady
 	// window (lagLoop): a latency sample includes as much of it as the
 	// goroutine that times the answer waited to run.
-	lag      Hist
-	renew    [phaseDone]Hist
-	errs     Kinds
-	losses   Kinds // spurious losses, by the kind of the holder's error
-	unknowns atomic.Int64
+	lag   Hist
+	renew [phaseDone]Hist
+	// acqBy and renewBy split the steady window's acquires and renewals
+	// by the node the slot's connection is on (-urls order): whether the
+	// tail is the primary's or the way through a standby's forward.
+	acqBy, renewBy [maxNodes]Hist
+	errs           Kinds
+	losses         Kinds // spurious losses, by the kind of the holder's error
+	unknowns       atomic.Int64
 	// doubts counts the holders' Unknown events by why (doubtOf).
 	doubts     Kinds
 	churnSkips atomic.Int64
@@ -306,6 +311,13 @@ func level(ctx context.Context, cfg config) error {
 	add("ramp_acquire_p50_ms", "%s", ms(l.rampAcq.Quantile(.5)))
 	add("ramp_acquire_p99_ms", "%s", ms(l.rampAcq.Quantile(.99)))
 	add("ramp_renew_p99_ms", "%s", ms(l.renew[phaseRamp].Quantile(.99)))
+	var acqBy, renewBy []string
+	for i := range maxNodes {
+		acqBy = append(acqBy, ms(l.acqBy[i].Quantile(.99)))
+		renewBy = append(renewBy, ms(l.renewBy[i].Quantile(.99)))
+	}
+	add("acquire_p99_ms_by_node", "%s", strings.Join(acqBy, "/"))
+	add("renew_p99_ms_by_node", "%s", strings.Join(renewBy, "/"))
 	add("release_p50_ms", "%s", ms(l.release.Quantile(.5)))
 	add("release_p99_ms", "%s", ms(l.release.Quantile(.99)))
 	add("steady_s", "%.1f", steadyTook.Seconds())
@@ -396,9 +408,25 @@ func (l *load) dial(ctx context.Context) error {
 	}
 	l.slots = make([]*slot, l.cfg.leases)
 	for i := range l.slots {
-		l.slots[i] = &slot{c: clients[i/l.cfg.perConn], repo: fmt.Sprintf("github.com/fleet/repo-%04d", i%l.cfg.repos), i: i}
+		l.slots[i] = &slot{c: clients[i/l.cfg.perConn], repo: fmt.Sprintf("github.com/fleet/repo-%04d", i%l.cfg.repos), i: i,
+			node: l.nodeOf(l.conns[i/l.cfg.perConn])}
 	}
 	return nil
+}
+
+// maxNodes bounds the nodes latencies are split by.
+const maxNodes = 3
+
+// nodeOf is the index in -urls of the server nc is connected to (its
+// port), or the last when it is none of them.
+func (l *load) nodeOf(nc *nats.Conn) int {
+	at := nc.ConnectedUrl()
+	for i, u := range strings.Split(l.cfg.urls, ",") {
+		if _, port, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(u), "nats://"), ":"); ok && strings.HasSuffix(at, ":"+port) && i < maxNodes {
+			return i
+		}
+	}
+	return maxNodes - 1
 }
 
 func (l *load) closeConns() {
@@ -429,7 +457,11 @@ func (l *load) acquire(ctx context.Context, s *slot, into *Hist) bool {
 	state := &atomic.Int32{}
 	opts := leasebus.HoldOptions{
 		OnRenew: func(took time.Duration, err error) {
-			l.renew[min(l.phase.Load(), phaseSteady)].Add(took)
+			phase := min(l.phase.Load(), phaseSteady)
+			l.renew[phase].Add(took)
+			if phase == phaseSteady {
+				l.renewBy[s.node].Add(took)
+			}
 			if err != nil && !ours.Load() {
 				l.errs.AddErr("renew:"+kindOf(err), err)
 			}
@@ -468,7 +500,11 @@ func (l *load) acquire(ctx context.Context, s *slot, into *Hist) bool {
 		l.errs.AddErr("acquire:"+kindOf(err), err)
 		return false
 	}
-	into.Add(time.Since(t0))
+	took := time.Since(t0)
+	into.Add(took)
+	if into == &l.steadyAcq {
+		l.acqBy[s.node].Add(took)
+	}
 	s.mu.Lock()
 	s.h, s.ours, s.state = h, ours, state
 	s.mu.Unlock()
