@@ -298,7 +298,7 @@ func (a *actor) readLog(ctx context.Context) (int, error) {
 		// snapshot the stream keeps, as a start does.
 		a.svc.log.Info("lease log moved past this view; reading it afresh", "repo", a.state.repo)
 		old := a.state
-		a.state, a.kept = newRepoState(a.state.repo), seqWindow{}
+		a.state, a.kept = a.svc.emptyState(a.state.repo), seqWindow{}
 		n, err = a.svc.store.load(ctx, a.key, a.state, audited(), a.svc.cfg.Now, onRecord)
 		a.state.evicted = append(a.state.evicted, old.evicted...)
 		if err != nil {
@@ -518,7 +518,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 	const attempts = 8
 	// A primary's view within its term is the log's (primary.go): reads
 	// need not reload, but a nudge (another writer's append seen) does.
-	vouched := a.svc.prim != nil && a.svc.vouches(a)
+	vouched := a.svc.vouches(a)
 	a.forgetEnded(a.svc.cfg.Now()) // a quiet repo's too: wakeAt wakes it for them
 	for _, c := range batch {
 		if _, nudge := c.req.(*syncRequest); c.fresh() && (!vouched || nudge) {
@@ -570,7 +570,10 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 		}
 
 		seq, size := a.state.seq, 0
-		if t.dirty() {
+		// Renewals need no record where this primary vouches for the
+		// view: within its term no other instance writes the repo's log,
+		// and a successor counts every TTL afresh (renewSlack).
+		if t.dirty() || len(t.renewed) > 0 && !a.svc.vouches(a) {
 			if err := cmp.Or(a.svc.storeFault(), a.svc.mayAppend(), a.awaitRoom(ctx)); err != nil {
 				// Known not written: refuse at once rather than wait for
 				// an append the bus cannot take (or that is not this

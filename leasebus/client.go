@@ -179,6 +179,9 @@ func (c *Client) leaseOp(ctx context.Context, op string, req any) (*lease.Lease,
 		return nil, err
 	}
 	if err := r.Error.err(); err != nil {
+		if errors.Is(err, errRenewAgain) && r.Lease != nil {
+			return nil, &renewAgainError{err: err, current: r.Lease}
+		}
 		return nil, err
 	}
 	if r.Lease == nil {
@@ -187,6 +190,15 @@ func (c *Client) leaseOp(ctx context.Context, op string, req any) (*lease.Lease,
 	r.Lease.Grants = r.Grants
 	return r.Lease, nil
 }
+
+// renewAgainError is errRenewAgain with the lease at its current version.
+type renewAgainError struct {
+	err     error
+	current *lease.Lease
+}
+
+func (e *renewAgainError) Error() string { return e.err.Error() }
+func (e *renewAgainError) Unwrap() error { return e.err }
 
 // Acquire asks for a lease proven by cred. With req.Wait it queues behind
 // conflicting leases until they are gone or the wait ends; a conflict is a
@@ -260,17 +272,40 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credentia
 }
 
 // Renew extends a lease. It is a compare-and-swap on req.Version; a
-// refusal (ErrLeaseLost, ErrNotOwner) means stop writing.
+// refusal (ErrLeaseLost, ErrNotOwner) means stop writing. After the lease
+// service changed hands, a renewal of a version the last primary may have
+// answered is answered with the lease's current version, which Renew
+// renews instead (see renewSlack): the lease it returns is then more than
+// one version past req.Version.
 func (c *Client) Renew(ctx context.Context, req RenewRequest) (*lease.Lease, error) {
-	if req.Credential == "" {
-		return nil, fmt.Errorf("renew %s: %w: empty credential", req.LeaseID, lease.ErrInvalid)
+	l, _, err := c.renew(ctx, req)
+	return l, err
+}
+
+// renew is Renew, which also returns the request whose answer it returns.
+func (c *Client) renew(ctx context.Context, req RenewRequest) (*lease.Lease, RenewRequest, error) {
+	cred := req.Credential
+	if cred == "" {
+		return nil, req, fmt.Errorf("renew %s: %w: empty credential", req.LeaseID, lease.ErrInvalid)
 	}
+	req.Credential = ""
 	if req.RenewID == "" {
 		req.RenewID = NewRequestID()
 	}
-	req.Proof = renewProof(req.Credential.hash(), req.LeaseID, req.Version, req.RenewID)
-	req.Credential = ""
-	return c.leaseOp(ctx, "renew", &req)
+	for again := false; ; again = true {
+		req.Proof = renewProof(cred.hash(), req.LeaseID, req.Version, req.RenewID)
+		l, err := c.leaseOp(ctx, "renew", &req)
+		var cur *lease.Lease
+		if ra := (*renewAgainError)(nil); errors.As(err, &ra) {
+			cur = ra.current
+		}
+		// Once only, and only up: a service that keeps moving the version
+		// is not one to follow.
+		if cur == nil || again || cur.LeaseID != req.LeaseID || !cur.Active() || cur.Version <= req.Version {
+			return l, req, err
+		}
+		req.Version, req.RenewID = cur.Version, NewRequestID()
+	}
 }
 
 // Release ends a lease. Releasing an already ended lease is not an error.

@@ -32,7 +32,9 @@
 // compare-and-swap is lost to another instance, nothing is re-read because
 // another wrote it, and the primary vouches for its views from memory
 // within its term, where instances that all serve must confirm each view
-// with a read of the log.
+// with a read of the log. It answers renewals from memory too, appending
+// one in renewSlack of each lease's: a successor counts every TTL afresh,
+// and sets each lease past its record so that versions never go back.
 //
 // Why a log rather than one KV key per lease: an overlap decision needs a
 // consistent view of a repo's active leases, so grants of a repo serialize

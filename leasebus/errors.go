@@ -23,6 +23,7 @@ var codes = []struct {
 	{"policy", policy.ErrRefused}, // the security team's policy refuses it
 	{"conflict", lease.ErrConflict},
 	{"revision_mismatch", jetstream.ErrKeyRevisionMismatch}, // a shard record's compare-and-swap
+	{"renew_again", errRenewAgain},
 	{"lost", lease.ErrLeaseLost},
 	{"not_owner", lease.ErrNotOwner},
 	{"not_found", lease.ErrNotFound},
@@ -33,6 +34,13 @@ var codes = []struct {
 	{"jetstream_down", ErrJetStreamDown},
 	{"unavailable", lease.ErrUnavailable},
 }
+
+// errRenewAgain refuses a renewal of a lease whose version a new primary
+// set past its last record (renewSlack), at a version the old primary may
+// have answered: the reply carries the lease at its current version, which
+// the client renews instead, proving its credential over it (Client.Renew).
+// It ends nothing.
+var errRenewAgain = errors.New("renew again at the lease's current version")
 
 func toWire(err error) *wireError {
 	if err == nil {

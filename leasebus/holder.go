@@ -795,7 +795,9 @@ func (h *Holder) renew(ctx context.Context) bool {
 		h.mu.Unlock()
 	}()
 	start := time.Now()
-	l, err := h.c.Renew(rctx, req)
+	// req becomes the renewal answered: after a takeover, the lease's
+	// current version's (Client.renew).
+	l, req, err := h.c.renew(rctx, req)
 	if h.opts.OnRenew != nil && ctx.Err() == nil {
 		took := time.Since(start)
 		defer func() { h.opts.OnRenew(took, err) }() // once the outcome is applied

@@ -282,7 +282,7 @@ func (s *Service) keptFromViews(ks []keptLease, answers []keptAnswer) (ask []int
 			continue
 		}
 		answers[i].Age = lease.Duration(age)
-		if ix := views[i]; ix.e.Version != k.Version || ix.e.Status != lease.StatusActive {
+		if ix := views[i]; !ix.e.atVersion(k.Version) || ix.e.Status != lease.StatusActive {
 			l := ix.e.Lease
 			answers[i].Lease = &l
 		}

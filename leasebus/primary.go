@@ -438,7 +438,12 @@ func (s *Service) withinTerm(ctx context.Context) (context.Context, context.Canc
 
 // vouches reports whether this primary may answer from a's view as the
 // log's: it is in its term, and a read or wrote its log in this term.
+// Never without an election: instances that all serve confirm each view
+// with a read of the log.
 func (s *Service) vouches(a *actor) bool {
+	if s.prim == nil {
+		return false
+	}
 	n, ok := s.prim.current(s.cfg.Now())
 	return ok && a.term.Load() == n
 }

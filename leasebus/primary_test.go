@@ -509,3 +509,95 @@ func TestLapsedByItsOwnUnacknowledgedRenewal(t *testing.T) {
 		}
 	}
 }
+
+// appendsOK is how many lease-log appends m's service made.
+func appendsOK(m *ServiceMetrics) int {
+	return int(promtest.ToFloat64(m.appends.WithLabelValues("ok")))
+}
+
+// TestRenewalsFromMemoryOutliveATakeover: a primary answers renewals
+// without appending them (renewSlack), and a standby that takes over after
+// a crash, without those records, neither loses the lease nor answers a
+// version it answered before: the lease is set past its record, the
+// holder's next renewal is told the current version and renews that,
+// logged, and a holder renewing all along stays Held.
+func TestRenewalsFromMemoryOutliveATakeover(t *testing.T) {
+	t.Parallel()
+	b, svcs, conns, ms := electing(t)
+	p := primaryOf(t, svcs[:], 10*time.Second)
+	ctx := ctxT(t)
+	c := NewClient(connect(t, b.srv.ClientURL()))
+	cred := NewCredential()
+	l, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "slack"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A holder renewing every second or so, through the takeover.
+	h, err := NewClient(connect(t, b.srv.ClientURL())).AcquireAndHold(ctx,
+		AcquireRequest{Repo: repo, Scope: claim(t, "slack-held"), Owner: owner(2), TTL: lease.Duration(3 * time.Second)}, NewCredential(), HoldOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Orphan)
+
+	before := appendsOK(ms[p])
+	for range 5 {
+		if l, err = c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: l.Version}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := appendsOK(ms[p]) - before; n != 0 {
+		t.Fatalf("the primary appended %d records for 5 renewals of one lease: want none", n)
+	}
+	held := l.Version
+	if held != 6 {
+		t.Fatalf("after 5 renewals: v%d, want v6", held)
+	}
+	heldBefore := h.Lease().Version
+
+	conns[p].Close() // as a crash
+	rest := []*Service{nil, nil}
+	rest[1-p] = svcs[1-p]
+	primaryOf(t, rest, 10*time.Second)
+
+	got, err := c.Get(ctx, l.LeaseID)
+	if err != nil || !got.Active() || got.Version <= held {
+		t.Fatalf("the new primary has %+v, %v: want the lease active past v%d, the last version answered", got, err, held)
+	}
+	took := appendsOK(ms[1-p])
+	n, err := c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: held})
+	if err != nil || n.Version != got.Version+1 {
+		t.Fatalf("renewal at v%d after the takeover: %+v, %v; want the current v%d renewed", held, n, err, got.Version)
+	}
+	if appendsOK(ms[1-p]) == took {
+		t.Fatal("the first renewal after the takeover was not logged")
+	}
+	// Renewed again at once: from memory.
+	took = appendsOK(ms[1-p])
+	if n, err = c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: n.Version}); err != nil {
+		t.Fatal(err)
+	}
+	if d := appendsOK(ms[1-p]) - took; d != 0 {
+		t.Fatalf("the new primary appended %d records for a renewal: want none", d)
+	}
+
+	// The holder renewed through it all, at the new primary's versions.
+	hg, err := c.Get(ctx, h.Lease().LeaseID)
+	if err != nil || hg.Version <= heldBefore {
+		t.Fatalf("the held lease at the new primary: %+v, %v; want it past v%d", hg, err, heldBefore)
+	}
+	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if v := h.Lease().Version; v < hg.Version {
+			return fmt.Errorf("the holder is at v%d: not renewed since the takeover (the new primary has v%d)", v, hg.Version)
+		}
+		return nil
+	})
+	select {
+	case <-h.Lost():
+		t.Fatal("the takeover lost the holder its lease")
+	default:
+	}
+	if st, err := h.State(); st != lease.Held {
+		t.Fatalf("the holder is %s after the takeover: %v", st, err)
+	}
+}

@@ -482,8 +482,19 @@ func (s *Service) goBackground(f func()) bool {
 	return true
 }
 
+// emptyState is a view of repo with nothing read yet. A primary's views
+// set the active leases they read past their record (renewSlack): it
+// answers renewals from memory.
+func (s *Service) emptyState(repo string) *repoState {
+	st := newRepoState(repo)
+	if s.prim != nil {
+		st.slack = renewSlack
+	}
+	return st
+}
+
 func (s *Service) newActor(key, repo string) *actor {
-	return &actor{svc: s, key: key, state: newRepoState(repo), stale: true,
+	return &actor{svc: s, key: key, state: s.emptyState(repo), stale: true,
 		calls: callQueue{ready: make(chan struct{}, 1)}, timer: time.NewTimer(time.Hour)}
 }
 

@@ -127,7 +127,9 @@ type pureSim struct {
 const pureRepo = "github.com/acme/pure"
 
 func newPureSim(t *rapid.T) *pureSim {
-	return &pureSim{t: t, st: newRepoState(pureRepo), replica: newRepoState(pureRepo),
+	replica := newRepoState(pureRepo)
+	replica.slack = renewSlack // a standby's warm view, to become a primary's
+	return &pureSim{t: t, st: newRepoState(pureRepo), replica: replica,
 		a: &actor{}, m: &model{leases: map[string]*mLease{}}, now: time.Now(),
 		creds: []Credential{NewCredential(), NewCredential(), NewCredential()},
 		calls: map[*call]*AcquireRequest{}, stats: map[string]int{}}
@@ -592,10 +594,23 @@ func compareStates(t *rapid.T, what string, writer, loaded *repoState) {
 	}
 	for _, id := range w {
 		a, b := writer.leases[id], loaded.leases[id]
-		if a.Version != b.Version || a.Fence != b.Fence || a.Status != b.Status || a.SecretHash != b.SecretHash || a.Scope.String() != b.Scope.String() {
+		if a.Fence != b.Fence || a.Status != b.Status || a.SecretHash != b.SecretHash || a.Scope.String() != b.Scope.String() {
 			t.Fatalf("%s: lease %s differs: %+v vs %+v", what, id, b.Lease, a.Lease)
 		}
-		if b.deadline.Before(a.deadline) {
+		switch {
+		case b.jumped:
+			// A primary's view: set past the record it read, above every
+			// version the writer answered since without a record.
+			if b.logged < a.logged || b.logged > a.Version || b.Version != b.logged+loaded.slack || b.Version <= a.Version {
+				t.Fatalf("%s: lease %s at v%d (its record's v%d) in a primary's view, the writer at v%d (its record's v%d)", what, id, b.Version, b.logged, a.Version, a.logged)
+			}
+		case a.Version != b.Version:
+			t.Fatalf("%s: lease %s at v%d, the writer at v%d", what, id, b.Version, a.Version)
+		}
+		// Renewals the writer answered without a record are not the
+		// loader's to count from: a primary that takes over counts every
+		// TTL afresh (restart).
+		if b.logged == a.Version && b.deadline.Before(a.deadline) {
 			t.Fatalf("%s: loader's deadline %v for %s is before the writer's %v: it could reclaim a lease its holder still renews", what, b.deadline, id, a.deadline)
 		}
 	}
@@ -749,6 +764,9 @@ func (s *pureSim) batch() {
 		s.replica.observe(recordRoundTrip(t, rec), s.seq, s.now.Add(lag))
 		compareStates(t, "replica after delta", s.st, s.replica)
 	} else {
+		if len(tx.renewed) > 0 {
+			s.stats["renewals-unlogged"]++
+		}
 		tx.commit(s.seq)
 	}
 	s.a.waiters = remaining
@@ -764,6 +782,9 @@ func (s *pureSim) batch() {
 		}
 		if !s.now.Before(e.deadline) {
 			t.Fatalf("lease %s active past its deadline", e.LeaseID)
+		}
+		if e.Version-e.logged >= renewSlack {
+			t.Fatalf("lease %s at v%d, its record at v%d: more renewals answered without a record than renewSlack (%d)", e.LeaseID, e.Version, e.logged, renewSlack)
 		}
 	}
 	if got, want := leaseIDs(act), m.activeIDs(); !slices.Equal(got, want) {

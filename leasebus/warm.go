@@ -208,7 +208,7 @@ func (a *actor) handOver(ctx context.Context) {
 	// since ended, and forgotten, so the read that follows would not
 	// correct it. The read indexes what it finds.
 	old := a.state
-	a.state, a.kept = newRepoState(a.state.repo), seqWindow{}
+	a.state, a.kept = a.svc.emptyState(a.state.repo), seqWindow{}
 	a.svc.unindex(append(old.evicted, old.ids()...))
 }
 
@@ -351,7 +351,7 @@ func (s *Service) warmLoad(ctx context.Context, key string, heard uint64) error 
 		}
 	}
 	mark := s.audit.auditedTo(ctx, key)
-	st := newRepoState("")
+	st := s.emptyState("")
 	w := &warmAudit{lost: mark}
 	var kept seqWindow
 	if _, err := s.store.load(ctx, key, st, mark, s.cfg.Now, func(seq uint64, evs []lease.AuditEvent) {
