@@ -519,6 +519,12 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 	// A primary's view within its term is the log's (primary.go): reads
 	// need not reload, but a nudge (another writer's append seen) does.
 	vouched := a.svc.vouches(a)
+	// The view's first batch in a term of this primary's reads the log and
+	// sets its leases past their records (enterTerm), whatever the batch.
+	entering := false
+	if term := a.svc.termNow(); term != 0 && a.term.Load() != term {
+		a.stale, entering = true, true
+	}
 	a.forgetEnded(a.svc.cfg.Now()) // a quiet repo's too: wakeAt wakes it for them
 	for _, c := range batch {
 		if _, nudge := c.req.(*syncRequest); c.fresh() && (!vouched || nudge) {
@@ -548,6 +554,10 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 				a.svc.warns.warn(a.svc.log, a.svc.cfg.Now(), "reload lease log", "repo", a.state.repo, "err", err)
 				a.failAll(batch, fmt.Errorf("%w: reading the lease log: %v", lease.ErrUnavailable, err))
 				return
+			}
+			if entering {
+				a.svc.indexLeases(a.key, a.state.enterTerm(a.svc.cfg.Now()))
+				entering = false
 			}
 			a.confirm(began, term)
 		}

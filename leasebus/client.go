@@ -301,7 +301,8 @@ func (c *Client) renew(ctx context.Context, req RenewRequest) (*lease.Lease, Ren
 		}
 		// Once only, and only up: a service that keeps moving the version
 		// is not one to follow.
-		if cur == nil || again || cur.LeaseID != req.LeaseID || !cur.Active() || cur.Version <= req.Version {
+		// A holder is never more than renewSlack+1 versions behind one.
+		if cur == nil || again || cur.LeaseID != req.LeaseID || !cur.Active() || cur.Version <= req.Version || cur.Version > req.Version+renewSlack+1 {
 			return l, req, err
 		}
 		req.Version, req.RenewID = cur.Version, NewRequestID()

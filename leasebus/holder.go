@@ -166,6 +166,10 @@ type Holder struct {
 	// renewID is reused until a renewal gets an answer, so a retry of a
 	// renewal whose reply was lost is recognised, not refused. Owned by run.
 	renewID string
+	// renewAt is the version that renewal proves when the service had it
+	// prove the lease's current one instead (renew_again); 0: the held
+	// lease's. Owned by run.
+	renewAt uint64
 	// renewSent is when the first try with renewID was sent: the service
 	// may have processed that try (and started its TTL) then, so validity
 	// counts from it even when a retry brings the answer. Owned by run.
@@ -236,7 +240,7 @@ func (c *Client) AttachAndHold(ctx context.Context, leaseID string, cred Credent
 	}
 	sent := now()
 	req := RenewRequest{LeaseID: leaseID, Repo: cur.Repo, Credential: cred, Version: cur.Version}
-	l, err := c.Renew(ctx, req)
+	l, req, err := c.renew(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("attach to %s: %w", leaseID, err)
 	}
@@ -775,7 +779,11 @@ func (h *Holder) renew(ctx context.Context) bool {
 	sent := h.renewSent
 	h.mu.Lock()
 	held := h.lease
-	req := RenewRequest{LeaseID: held.LeaseID, Repo: held.Repo, Credential: h.cred, Version: held.Version, RenewID: h.renewID}
+	version := held.Version
+	if h.renewAt != 0 {
+		version = h.renewAt // the version the renewal retried was re-proved at (renew_again)
+	}
+	req := RenewRequest{LeaseID: held.LeaseID, Repo: held.Repo, Credential: h.cred, Version: version, RenewID: h.renewID}
 	remaining := h.validUntil.Sub(h.opts.Now())
 	// Wait for the answer no longer than the lease is valid: past that the
 	// holder is lost, and Lost must not wait for a hung request.
@@ -811,7 +819,11 @@ func (h *Holder) renew(ctx context.Context) bool {
 		}
 	}
 	if err == nil || lease.IsFenced(err) {
-		h.renewID = ""
+		h.renewID, h.renewAt = "", 0
+	} else {
+		// Retried as last sent: a renewal the service told to renew the
+		// current version may have landed there, unanswered.
+		h.renewID, h.renewAt = req.RenewID, req.Version
 	}
 	switch {
 	case err == nil:

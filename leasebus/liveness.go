@@ -325,11 +325,24 @@ func (s *Service) keptFromLog(k keptLease) keptAnswer {
 	case err != nil || r.Lease == nil:
 	default:
 		out.Unknown = false
-		if r.Lease.Version != k.Version || r.Lease.Status != lease.StatusActive {
+		if r.Lease.Status != lease.StatusActive || !s.heldAt(k.LeaseID, r.Lease.Version, k.Version) {
 			out.Lease = r.Lease
 		}
 	}
 	return out
+}
+
+// heldAt reports whether a holder at version held holds lease id, which
+// the service has at version current: the same version, or one of those
+// the lease was set past at a takeover (entry.atVersion).
+func (s *Service) heldAt(id string, current, held uint64) bool {
+	if current == held {
+		return true
+	}
+	s.mu.Lock()
+	ix := s.index[id]
+	s.mu.Unlock()
+	return ix != nil && ix.e.Version == current && ix.e.atVersion(held)
 }
 
 // maxKeptWait bounds a keepalive's read of one lease's log: its holder

@@ -510,9 +510,18 @@ func TestLapsedByItsOwnUnacknowledgedRenewal(t *testing.T) {
 	}
 }
 
-// appendsOK is how many lease-log appends m's service made.
-func appendsOK(m *ServiceMetrics) int {
-	return int(promtest.ToFloat64(m.appends.WithLabelValues("ok")))
+// lastLogSeq is the stream sequence of the last record of repo's lease log.
+func lastLogSeq(t *testing.T, s *Service, repo string) uint64 {
+	t.Helper()
+	stream, err := s.store.logStream(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := stream.GetLastMsgForSubject(ctxT(t), logSubjectFor(RepoKey(repo)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Sequence
 }
 
 // TestRenewalsFromMemoryOutliveATakeover: a primary answers renewals
@@ -523,7 +532,7 @@ func appendsOK(m *ServiceMetrics) int {
 // logged, and a holder renewing all along stays Held.
 func TestRenewalsFromMemoryOutliveATakeover(t *testing.T) {
 	t.Parallel()
-	b, svcs, conns, ms := electing(t)
+	b, svcs, conns, _ := electing(t)
 	p := primaryOf(t, svcs[:], 10*time.Second)
 	ctx := ctxT(t)
 	c := NewClient(connect(t, b.srv.ClientURL()))
@@ -532,22 +541,24 @@ func TestRenewalsFromMemoryOutliveATakeover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A holder renewing every second or so, through the takeover.
+	// A holder renewing every second or so, through the takeover (in a
+	// repo of its own: its renewals append nothing to this one's log).
+	heldRepo := repo + "-held"
 	h, err := NewClient(connect(t, b.srv.ClientURL())).AcquireAndHold(ctx,
-		AcquireRequest{Repo: repo, Scope: claim(t, "slack-held"), Owner: owner(2), TTL: lease.Duration(3 * time.Second)}, NewCredential(), HoldOptions{})
+		AcquireRequest{Repo: heldRepo, Scope: claim(t, "slack"), Owner: owner(2), TTL: lease.Duration(3 * time.Second)}, NewCredential(), HoldOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(h.Orphan)
 
-	before := appendsOK(ms[p])
+	before := lastLogSeq(t, svcs[p], repo)
 	for range 5 {
 		if l, err = c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: l.Version}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := appendsOK(ms[p]) - before; n != 0 {
-		t.Fatalf("the primary appended %d records for 5 renewals of one lease: want none", n)
+	if after := lastLogSeq(t, svcs[p], repo); after != before {
+		t.Fatalf("5 renewals of one lease moved its repo's log from record %d to %d: want nothing appended", before, after)
 	}
 	held := l.Version
 	if held != 6 {
@@ -564,21 +575,21 @@ func TestRenewalsFromMemoryOutliveATakeover(t *testing.T) {
 	if err != nil || !got.Active() || got.Version <= held {
 		t.Fatalf("the new primary has %+v, %v: want the lease active past v%d, the last version answered", got, err, held)
 	}
-	took := appendsOK(ms[1-p])
+	took := lastLogSeq(t, svcs[1-p], repo)
 	n, err := c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: held})
 	if err != nil || n.Version != got.Version+1 {
 		t.Fatalf("renewal at v%d after the takeover: %+v, %v; want the current v%d renewed", held, n, err, got.Version)
 	}
-	if appendsOK(ms[1-p]) == took {
+	if lastLogSeq(t, svcs[1-p], repo) == took {
 		t.Fatal("the first renewal after the takeover was not logged")
 	}
 	// Renewed again at once: from memory.
-	took = appendsOK(ms[1-p])
+	took = lastLogSeq(t, svcs[1-p], repo)
 	if n, err = c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: n.Version}); err != nil {
 		t.Fatal(err)
 	}
-	if d := appendsOK(ms[1-p]) - took; d != 0 {
-		t.Fatalf("the new primary appended %d records for a renewal: want none", d)
+	if now := lastLogSeq(t, svcs[1-p], repo); now != took {
+		t.Fatalf("the new primary appended records %d..%d for a renewal: want none", took+1, now)
 	}
 
 	// The holder renewed through it all, at the new primary's versions.
@@ -599,5 +610,40 @@ func TestRenewalsFromMemoryOutliveATakeover(t *testing.T) {
 	}
 	if st, err := h.State(); st != lease.Held {
 		t.Fatalf("the holder is %s after the takeover: %v", st, err)
+	}
+}
+
+// TestNoRenewalFromAnEarlierTermsView: an instance whose term ended
+// answers no renewal from the view it served: not as a standby (it cannot
+// append, and vouches for nothing), and not once it is the primary again,
+// when the view is read again and set past its records (enterTerm), so a
+// primary in between could not have shown a version it answers again.
+func TestNoRenewalFromAnEarlierTermsView(t *testing.T) {
+	t.Parallel()
+	b, svcs, _, _ := electing(t)
+	p := primaryOf(t, svcs[:], 10*time.Second)
+	ctx := ctxT(t)
+	c := NewClient(connect(t, b.srv.ClientURL()))
+	cred := NewCredential()
+	l, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "term"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, ok := svcs[p].existing(RepoKey(repo))
+	if !ok {
+		t.Fatal("the primary has no actor for the repo it granted in")
+	}
+	a.busy.Lock()
+	by := a.state.leases[l.LeaseID].Holder
+	a.busy.Unlock()
+	svcs[p].endTerm("the test ends it")
+	r := &RenewRequest{LeaseID: l.LeaseID, Repo: repo, Version: l.Version, RenewID: NewRequestID(), by: by}
+	r.Proof = renewProof(cred.hash(), r.LeaseID, r.Version, r.RenewID)
+	got := a.ask(ctx, &call{op: "renew", req: r})
+	switch err := got.Error.err(); {
+	case err == nil:
+		t.Fatalf("renewed from the view of an ended term: %+v", got.Lease)
+	case !errors.Is(err, lease.ErrUnavailable) && !errors.Is(err, errRenewAgain):
+		t.Fatalf("a renewal after the term ended: %v; want unavailable (no term) or renew again (a new one)", err)
 	}
 }

@@ -205,11 +205,80 @@ func TestTakeoverSetsVersionsPastTheLog(t *testing.T) {
 		t.Fatalf("a retry of the renewal the record holds: %v; want renew again", err)
 	}
 
-	// Its end, logged, outnumbers every version the holder was answered:
-	// a notice of it is not taken for a stale one (Holder.observe).
+	// Retried as last sent, after the answer to that renewal was lost:
+	// recognised, not refused (Holder.renew keeps the re-proved version
+	// and id for its retries).
 	tx = s.begin(later)
-	ended, err := tx.release(&ReleaseRequest{LeaseID: e.LeaseID, Credential: cred, by: "runner"})
-	if err != nil || ended.Version <= held {
-		t.Fatalf("release: %+v, %v; want a version above v%d", ended, err, held)
+	again, err := tx.renew(&RenewRequest{LeaseID: e.LeaseID, Version: got.Version, RenewID: n.RenewID, Proof: renewProof(cred.hash(), e.LeaseID, got.Version, n.RenewID), by: "runner"})
+	if err != nil || again.Version != n.Version {
+		t.Fatalf("a retry of the re-proved renewal: %+v, %v; want v%d back", again, err, n.Version)
+	}
+}
+
+// TestVersionsNeverGoBackAcrossTakeovers: a primary that took over shows a
+// lease past its record; a snapshot it writes keeps the record's version
+// (the ones past it were never answered), so a second takeover sets it no
+// further than the first, and a holder still at a version the first
+// primary answered renews; a primary that serves again a view it kept from
+// an earlier term sets it past its record too (enterTerm), never below what
+// the primary in between showed.
+func TestVersionsNeverGoBackAcrossTakeovers(t *testing.T) {
+	t.Parallel()
+	const repo = "github.com/acme/slack"
+	log := &slackLog{t: t}
+	a := newRepoState(repo)
+	a.slack = renewSlack
+	cred := NewCredential()
+	now := time.Now()
+	tx := a.begin(now)
+	cl, _ := scope.New([]string{"src/"}, false, nil)
+	e := tx.grant(&AcquireRequest{Repo: repo, Scope: cl, TTL: lease.Duration(time.Minute), RequestID: NewRequestID(),
+		CredentialHash: cred.hash(), by: "runner"}, claimRequest{scope: cl})
+	log.commit(tx)
+	for v := uint64(1); v <= 5; v++ {
+		tx := a.begin(now)
+		if _, err := tx.renew(renewal(e.LeaseID, cred, v)); err != nil {
+			t.Fatal(err)
+		}
+		log.commit(tx)
+	}
+	held := a.leases[e.LeaseID].Version // 6, unlogged
+
+	// B takes over and snapshots the repo without the holder renewing.
+	b := log.load(now)
+	shown := b.leases[e.LeaseID].Version
+	snap := b.snapshot()
+	for _, s := range snap.Leases {
+		if s.LeaseID == e.LeaseID && s.Version != 1 {
+			t.Fatalf("the snapshot writes the lease at v%d: want its record's v1, not the versions set past it", s.Version)
+		}
+	}
+	if b.leases[e.LeaseID].Version != shown {
+		t.Fatal("writing a snapshot changed the view")
+	}
+	log.records = append(log.records, snap)
+
+	// C takes over from the snapshot: no further than B.
+	c := log.load(now)
+	if v := c.leases[e.LeaseID].Version; v != shown {
+		t.Fatalf("after a second takeover: v%d, after the first v%d; want the same", v, shown)
+	}
+	tx = c.begin(now)
+	if _, err := tx.renew(renewal(e.LeaseID, cred, held)); !errors.Is(err, errRenewAgain) {
+		t.Fatalf("the holder at v%d after two takeovers: %v; want renew again", held, err)
+	}
+
+	// A serves again the view it kept: past what B showed, at least.
+	moved := a.enterTerm(now)
+	got := a.leases[e.LeaseID]
+	if len(moved) != 1 || moved[0] != got || got.Version < shown || !got.jumped {
+		t.Fatalf("A's view in a new term: v%d (set past its record: %v, %d moved); want at least v%d, what B showed", got.Version, got.jumped, len(moved), shown)
+	}
+	if again := a.enterTerm(now); len(again) != 0 {
+		t.Fatalf("a second enterTerm moved %d leases: want none", len(again))
+	}
+	tx = a.begin(now)
+	if _, err := tx.renew(renewal(e.LeaseID, cred, held)); !errors.Is(err, errRenewAgain) {
+		t.Fatalf("the holder at v%d, with A again: %v; want renew again", held, err)
 	}
 }

@@ -167,7 +167,15 @@ type repoState struct {
 // (versions never go back, and a record of the lease's end always
 // outnumbers what its holder holds), and the holder's next renewal is
 // answered errRenewAgain with the current version, which the client proves
-// afresh (Client.Renew) and which is logged.
+// afresh (Client.Renew) and which is logged. So does a primary serving again
+// a view it kept from an earlier term (enterTerm); a snapshot writes a lease
+// set past its record at the record's version.
+//
+// A renewal answered from memory needs the view vouched for in this term
+// (Service.vouches), nothing else: while the log cannot be written (the
+// store full, its leader out of reach), a primary still within its term
+// keeps its holders' leases alive for up to renewSlack renewals each,
+// which is as safe as any other renewal it answers.
 const renewSlack = 16
 
 // endedAt is an ended lease's id and when this service saw it end (its
@@ -323,10 +331,51 @@ func (s *repoState) snapshot() *logRecord {
 	}
 	ended := len(rec.Leases)
 	for _, e := range s.leases {
+		if e.jumped {
+			// As its record has it: the versions past it were never
+			// answered, and the next reader sets it past them again.
+			r := e.clone()
+			r.Version, r.jumped = e.logged, false
+			e = r
+		}
 		rec.Leases = append(rec.Leases, e)
 	}
 	slices.SortFunc(rec.Leases[ended:], func(a, b *entry) int { return strings.Compare(a.LeaseID, b.LeaseID) })
 	return rec
+}
+
+// enterTerm sets every active lease of a view this instance serves in a new
+// term renewSlack versions past its record, as observeEntry sets those it
+// reads, and returns the leases it changed: a view kept from an earlier
+// term may hold versions another primary went past meanwhile (a lease it
+// read and never renewed, shown at its record's version plus renewSlack),
+// with nothing logged, and versions must not go back.
+func (s *repoState) enterTerm(now time.Time) []*entry {
+	if s.slack == 0 {
+		return nil
+	}
+	var moved []*entry
+	for _, e := range s.leases {
+		if e.jumped {
+			continue
+		}
+		n := e.clone()
+		n.Version, n.jumped = e.logged+s.slack, true
+		moved = append(moved, n)
+	}
+	for _, n := range moved {
+		s.put(n, now)
+	}
+	return moved
+}
+
+// held is the lease id as the view holds it, active or recently ended, or
+// nil.
+func (s *repoState) held(id string) *entry {
+	if e, ok := s.leases[id]; ok {
+		return e
+	}
+	return s.ended[id]
 }
 
 // txn is a batch of changes on top of a committed repoState. Nothing in the
@@ -366,6 +415,7 @@ func (t *txn) lookup(id string) *entry {
 }
 
 func (t *txn) write(e *entry) {
+	e.jumped = false // changed: versions below it are past, whoever answered them
 	delete(t.renewed, e.LeaseID)
 	if _, ok := t.changed[e.LeaseID]; !ok {
 		t.order = append(t.order, e.LeaseID)
@@ -659,8 +709,8 @@ func (t *txn) renew(r *RenewRequest) (*entry, error) {
 		t.audit(lease.EventRenewRefused, e, string(e.Status), fmt.Sprintf("renew refused: %s is %s (%s)", e.LeaseID, e.Status, e.Reason))
 		return nil, fmt.Errorf("renew %s: %w: it is %s (%s)", e.LeaseID, lease.ErrLeaseLost, e.Status, e.Reason)
 	}
-	if r.RenewID != "" && r.RenewID == e.RenewID && r.Version+1 == e.Version {
-		return e, nil // a retry of the renewal that produced this version
+	if r.RenewID != "" && r.RenewID == e.RenewID && r.Version+1 == e.Version && !e.jumped {
+		return e, nil // a retry of the renewal that produced this version (set past it: renew again, below)
 	}
 	if r.Version != e.Version && e.atVersion(r.Version) {
 		// A version the last primary may have answered (or the log's

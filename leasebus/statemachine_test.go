@@ -34,17 +34,25 @@ import (
 )
 
 type mLease struct {
-	id         string
-	repo       string
-	scope      scope.Claim
-	ws         string
-	mode       lease.WorkspaceMode
-	fence      uint64
-	version    uint64
-	deadline   time.Time
-	credHash   string
-	requestID  string
-	renewID    string
+	id        string
+	repo      string
+	scope     scope.Claim
+	ws        string
+	mode      lease.WorkspaceMode
+	fence     uint64
+	version   uint64
+	deadline  time.Time
+	credHash  string
+	requestID string
+	renewID   string
+	// logged and jumped: a primary that took over set the lease past its
+	// record at logged (renewSlack); a holder renewing a version from
+	// logged-1 up is told to renew the current one.
+	logged uint64
+	jumped bool
+	// told is the deadline the holder was last answered (a grant's or a
+	// renewal's); deadline is the service's, later after a takeover.
+	told       time.Time
 	status     lease.Status
 	ttl        time.Duration
 	acquiredAt time.Time
@@ -253,6 +261,10 @@ func (s *pureSim) drawCall() *call {
 				if l.renewID != "" {
 					r.RenewID, r.Version = l.renewID, l.version-1 // retry of the last renewal
 				}
+			case 4:
+				if l.jumped { // a version the primary before the takeover may have answered
+					r.Version = l.logged - 1 + uint64(rapid.IntRange(0, int(l.version-l.logged)).Draw(t, "answered"))
+				}
 			}
 		}
 		r.Proof = renewProof(r.Credential.hash(), r.LeaseID, r.Version, r.RenewID) // as Client.Renew sends it
@@ -330,7 +342,7 @@ func (s *pureSim) grantInModel(m *model, r *AcquireRequest, e *entry, how string
 	}
 	m.lastFence = e.Fence
 	m.leases[e.LeaseID] = &mLease{id: e.LeaseID, repo: e.Repo, scope: r.Scope, ws: r.WorkspaceID, mode: r.WorkspaceMode,
-		fence: e.Fence, version: 1, deadline: s.now.Add(time.Duration(r.TTL)), credHash: r.CredentialHash,
+		fence: e.Fence, version: 1, deadline: s.now.Add(time.Duration(r.TTL)), told: s.now.Add(time.Duration(r.TTL)), credHash: r.CredentialHash,
 		requestID: r.RequestID, status: lease.StatusActive, ttl: time.Duration(r.TTL), acquiredAt: s.now}
 	s.ids = append(s.ids, e.LeaseID)
 	s.stats["grant"]++
@@ -418,13 +430,19 @@ func (s *pureSim) check(m, committed *model, o outcome, queue []*waiter) {
 			s.stats["forged"]++
 		case !l.active():
 			wantErr(t, "renew of an ended lease", o.err, lease.ErrLeaseLost)
-		case r.RenewID != "" && r.RenewID == l.renewID && r.Version+1 == l.version:
+		case r.RenewID != "" && r.RenewID == l.renewID && r.Version+1 == l.version && !l.jumped:
 			if o.err != nil || o.lease.Version != l.version {
 				t.Fatalf("retried renewal: want v%d back, got %+v %v", l.version, o.lease, o.err)
 			}
 			s.stats["renew-retry"]++
+		case l.jumped && r.Version < l.version && r.Version+1 >= l.logged:
+			wantErr(t, "renew at a version answered before the takeover", o.err, errRenewAgain)
+			if o.lease == nil || o.lease.Version != l.version {
+				t.Fatalf("renew again: want the current v%d with it, got %+v", l.version, o.lease)
+			}
+			s.stats["renew-again"]++
 		case r.Version != l.version:
-			wantErr(t, "renew with a stale or missing version", o.err, lease.ErrLeaseLost)
+			wantErr(t, fmt.Sprintf("renew with a stale or missing version (model %+v)", *l), o.err, lease.ErrLeaseLost)
 		case !s.now.Before(l.deadline):
 			wantErr(t, "renew after the deadline", o.err, lease.ErrLeaseLost)
 			endModel(l, lease.StatusExpired)
@@ -435,6 +453,10 @@ func (s *pureSim) check(m, committed *model, o outcome, queue []*waiter) {
 			l.version++
 			l.renewID = r.RenewID
 			l.deadline = s.now.Add(l.ttl)
+			l.told = l.deadline
+			if l.jumped {
+				l.jumped, l.logged = false, l.version // logged with its batch
+			}
 			if o.lease.Version != l.version || !o.lease.deadline.Equal(l.deadline) {
 				t.Fatalf("renew: got v%d deadline %v, want v%d %v", o.lease.Version, o.lease.deadline, l.version, l.deadline)
 			}
@@ -597,19 +619,25 @@ func compareStates(t *rapid.T, what string, writer, loaded *repoState) {
 		if a.Fence != b.Fence || a.Status != b.Status || a.SecretHash != b.SecretHash || a.Scope.String() != b.Scope.String() {
 			t.Fatalf("%s: lease %s differs: %+v vs %+v", what, id, b.Lease, a.Lease)
 		}
+		rec := a.Version // the version of the lease in the writer's last record, at most
+		if a.jumped {
+			rec = a.logged // what its snapshots write of it
+		}
 		switch {
+		case b.logged < a.logged || b.logged > rec:
+			t.Fatalf("%s: lease %s read at v%d; the writer's records have it at v%d..v%d", what, id, b.logged, a.logged, rec)
 		case b.jumped:
 			// A primary's view: set past the record it read, above every
 			// version the writer answered since without a record.
-			if b.logged < a.logged || b.logged > a.Version || b.Version != b.logged+loaded.slack || b.Version <= a.Version {
+			if b.Version != b.logged+loaded.slack || b.Version < a.Version || b.Version == a.Version && !a.jumped {
 				t.Fatalf("%s: lease %s at v%d (its record's v%d) in a primary's view, the writer at v%d (its record's v%d)", what, id, b.Version, b.logged, a.Version, a.logged)
 			}
-		case a.Version != b.Version:
-			t.Fatalf("%s: lease %s at v%d, the writer at v%d", what, id, b.Version, a.Version)
+		case b.Version != rec:
+			t.Fatalf("%s: lease %s at v%d, the writer's record at v%d", what, id, b.Version, rec)
 		}
 		// Renewals the writer answered without a record are not the
 		// loader's to count from: a primary that takes over counts every
-		// TTL afresh (restart).
+		// TTL afresh (restart, checked at the sim's takeovers).
 		if b.logged == a.Version && b.deadline.Before(a.deadline) {
 			t.Fatalf("%s: loader's deadline %v for %s is before the writer's %v: it could reclaim a lease its holder still renews", what, b.deadline, id, a.deadline)
 		}
@@ -631,9 +659,47 @@ func compareStates(t *rapid.T, what string, writer, loaded *repoState) {
 	}
 }
 
+// takeover makes the standby's warm view the primary's, as handOver and
+// the first batch of a term do: every TTL counted afresh from now, every
+// lease set past its record. Renewals the old primary answered without a
+// record are not in it; no lease may end before its holder stops counting,
+// and no version it shows may be below one answered before.
+func (s *pureSim) takeover() {
+	t := s.t
+	st := s.replica
+	st.restart(s.now)
+	st.enterTerm(s.now)
+	for id, l := range s.m.leases {
+		if !l.active() {
+			continue
+		}
+		e := st.leases[id]
+		if e == nil {
+			t.Fatalf("takeover: active lease %s missing from the standby's view", id)
+		}
+		if e.deadline.Before(l.told) {
+			t.Fatalf("takeover: lease %s's deadline %v is before %v, which its holder was told", id, e.deadline, l.told)
+		}
+		if e.Version < l.version || !e.jumped {
+			t.Fatalf("takeover: lease %s at v%d (set past its record: %v), answered at v%d before", id, e.Version, e.jumped, l.version)
+		}
+		l.version, l.logged, l.jumped, l.renewID, l.deadline = e.Version, e.logged, e.jumped, e.RenewID, e.deadline
+	}
+	s.st = st
+	s.a.waiters = nil // queued at the old primary: their clients ask again
+	s.replica = newRepoState(pureRepo)
+	s.replica.slack = renewSlack
+	s.replica.observe(recordRoundTrip(t, s.st.snapshot()), s.seq, s.now)
+	compareStates(t, "a new standby's view after a takeover", s.st, s.replica)
+	s.stats["takeover"]++
+}
+
 func (s *pureSim) batch() {
 	t := s.t
 	s.now = s.now.Add(time.Duration(rapid.IntRange(0, 1500).Draw(t, "advanceMs")) * time.Millisecond)
+	if rapid.IntRange(0, 11).Draw(t, "takeover") == 0 {
+		s.takeover()
+	}
 	n := rapid.IntRange(0, 4).Draw(t, "batchSize")
 	batch := make([]*call, n)
 	for i := range batch {
@@ -783,8 +849,8 @@ func (s *pureSim) batch() {
 		if !s.now.Before(e.deadline) {
 			t.Fatalf("lease %s active past its deadline", e.LeaseID)
 		}
-		if e.Version-e.logged >= renewSlack {
-			t.Fatalf("lease %s at v%d, its record at v%d: more renewals answered without a record than renewSlack (%d)", e.LeaseID, e.Version, e.logged, renewSlack)
+		if e.jumped && e.Version != e.logged+renewSlack || !e.jumped && e.Version-e.logged >= renewSlack {
+			t.Fatalf("lease %s at v%d (set past its record: %v), its record at v%d: renewSlack is %d", e.LeaseID, e.Version, e.jumped, e.logged, renewSlack)
 		}
 	}
 	if got, want := leaseIDs(act), m.activeIDs(); !slices.Equal(got, want) {

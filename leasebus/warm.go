@@ -113,7 +113,15 @@ func (s *Service) follow(key string, m *nats.Msg) {
 		}
 		return
 	}
-	s.indexLeases(key, rec.Leases)
+	// What the view holds of them: it keeps its own entry of a lease the
+	// record has at the version it read (observe), set past it.
+	held := make([]*entry, 0, len(rec.Leases))
+	for _, e := range rec.Leases {
+		if v := a.state.held(e.LeaseID); v != nil {
+			held = append(held, v)
+		}
+	}
+	s.indexLeases(key, held)
 	s.dropEvicted(a.state)
 }
 
