@@ -114,6 +114,9 @@ type actor struct {
 	// term is the primary's term in which the view was confirmed (0: none
 	// or no election): within it, the view is the log's (vouches).
 	term atomic.Uint64
+	// epoch is the primary's epoch (primacy.epoch) the view last entered
+	// (enterTerm); guarded by busy.
+	epoch uint64
 	// refreshed is when a cached get last asked for a reload (refresh).
 	refreshed atomic.Pointer[time.Time]
 
@@ -518,12 +521,22 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 	const attempts = 8
 	// A primary's view within its term is the log's (primary.go): reads
 	// need not reload, but a nudge (another writer's append seen) does.
-	vouched := a.svc.vouches(a)
-	// The view's first batch in a term of this primary's reads the log and
-	// sets its leases past their records (enterTerm), whatever the batch.
-	entering := false
-	if term := a.svc.termNow(); term != 0 && a.term.Load() != term {
-		a.stale, entering = true, true
+	//
+	// The batch runs in one term, read once: it confirms the view in that
+	// term and appends only while it lasts. The view's first batch in an
+	// epoch of this primary's reads the log and sets its leases past their
+	// records (enterTerm), whatever the batch.
+	term, epoch := a.svc.termAndEpoch()
+	vouched := term != 0 && a.term.Load() == term
+	entering := term != 0 && a.epoch != epoch
+	if entering {
+		a.stale = true
+	}
+	sameTerm := func() error {
+		if a.svc.prim != nil && a.svc.termNow() != term {
+			return fmt.Errorf("%w: the lease service's primary term changed while the batch ran; retry", lease.ErrUnavailable)
+		}
+		return nil
 	}
 	a.forgetEnded(a.svc.cfg.Now()) // a quiet repo's too: wakeAt wakes it for them
 	for _, c := range batch {
@@ -549,7 +562,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 			a.stale, reloaded = true, true
 		}
 		if a.stale {
-			began, term := a.svc.cfg.Now(), a.svc.termNow()
+			began := a.svc.cfg.Now()
 			if err := a.reload(ctx); err != nil {
 				a.svc.warns.warn(a.svc.log, a.svc.cfg.Now(), "reload lease log", "repo", a.state.repo, "err", err)
 				a.failAll(batch, fmt.Errorf("%w: reading the lease log: %v", lease.ErrUnavailable, err))
@@ -557,7 +570,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 			}
 			if entering {
 				a.svc.indexLeases(a.key, a.state.enterTerm(a.svc.cfg.Now()))
-				entering = false
+				a.epoch, entering = epoch, false
 			}
 			a.confirm(began, term)
 		}
@@ -584,7 +597,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 		// view: within its term no other instance writes the repo's log,
 		// and a successor counts every TTL afresh (renewSlack).
 		if t.dirty() || len(t.renewed) > 0 && !a.svc.vouches(a) {
-			if err := cmp.Or(a.svc.storeFault(), a.svc.mayAppend(), a.awaitRoom(ctx)); err != nil {
+			if err := cmp.Or(a.svc.storeFault(), a.svc.mayAppend(), sameTerm(), a.awaitRoom(ctx)); err != nil {
 				// Known not written: refuse at once rather than wait for
 				// an append the bus cannot take (or that is not this
 				// instance's to make: said once, when the term ended).
@@ -596,7 +609,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 			}
 			var err error
 			var data []byte
-			began, term := a.svc.cfg.Now(), a.svc.termNow()
+			began := a.svc.cfg.Now()
 			actx, cancel := a.svc.withinTerm(ctx)
 			seq, data, err = a.svc.store.append(actx, a.key, a.state.seq, t.record())
 			cancel()

@@ -94,10 +94,16 @@ type primacy struct {
 	term time.Duration
 
 	mu     sync.Mutex
-	number uint64    // how many terms this instance has begun; guarded by mu
-	until  time.Time // primary until then (service clock); zero: standby; guarded by mu
-	seq    uint64    // the claim's sequence while primary; guarded by mu
-	began  bool      // a term has begun once (the audit catch-up runs); guarded by mu
+	number uint64 // how many terms this instance has begun; guarded by mu
+	// epoch counts the terms this instance began over another instance's
+	// claim (or none): a term taken back over its own last record (a
+	// lapse) follows its previous term with no other primary between,
+	// and a view kept across them is still the only one that answered
+	// (enterTerm). Guarded by mu.
+	epoch uint64
+	until time.Time // primary until then (service clock); zero: standby; guarded by mu
+	seq   uint64    // the claim's sequence while primary; guarded by mu
+	began bool      // a term has begun once (the audit catch-up runs); guarded by mu
 
 	// What a standby last learned of the claim (guarded by mu): the
 	// writer of its last record, whether it was released, and the error
@@ -450,14 +456,23 @@ func (s *Service) vouches(a *actor) bool {
 
 // termNow is the number of the term this instance is in (0: none).
 func (s *Service) termNow() uint64 {
-	if s.prim == nil {
-		return 0
-	}
-	n, ok := s.prim.current(s.cfg.Now())
-	if !ok {
-		return 0
-	}
+	n, _ := s.termAndEpoch()
 	return n
+}
+
+// termAndEpoch is the number of the term this instance is in (0: none)
+// and its epoch (primacy.epoch), read together.
+func (s *Service) termAndEpoch() (term, epoch uint64) {
+	if s.prim == nil {
+		return 0, 0
+	}
+	p := s.prim
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.until.IsZero() || !s.cfg.Now().Before(p.until) {
+		return 0, 0
+	}
+	return p.number, p.epoch
 }
 
 // elect runs the election until ctx ends: as a standby it watches the
@@ -504,7 +519,7 @@ func (s *Service) elect(ctx context.Context) {
 		switch {
 		case err == nil:
 			refused, busySince, warned = 0, time.Time{}, false
-			s.beginTerm(got, sent.Add(p.term))
+			s.beginTerm(got, sent.Add(p.term), seen.own)
 			wait = p.term / 4
 		case errors.Is(err, errCAS), errors.Is(err, errClaimBusy):
 			// Another took it (or, busy, another write of it is in
@@ -579,6 +594,7 @@ func (p *primacy) sinceBack(now time.Time) time.Duration {
 type claimSeen struct {
 	seq  uint64        // its record's sequence (0: none)
 	free bool          // no record, or a released one
+	own  bool          // this instance wrote it
 	age  time.Duration // how long this instance has seen that same record
 }
 
@@ -610,7 +626,7 @@ func (s *Service) observeClaim(ctx context.Context) (claimSeen, error) {
 		s.log.Info("standby: forwarding the lease requests to the primary", "primary", rec.Writer, "claim_seq", seq)
 	}
 	p.leader, p.free, p.readErr = rec.Writer, free, nil
-	return claimSeen{seq: seq, free: free, age: now.Sub(p.seenAt)}, nil
+	return claimSeen{seq: seq, free: free, own: seq != 0 && rec.Writer == s.store.writer, age: now.Sub(p.seenAt)}, nil
 }
 
 // rereadEvery bounds how often a standby that knows no primary reads the
@@ -881,10 +897,13 @@ func (s *Service) writeClaim(ctx context.Context, expect uint64, released bool) 
 // it serves the lease requests, has every repo it has an actor for read
 // its log again (a view is vouched for only once read or written in this
 // term), and loads the rest.
-func (s *Service) beginTerm(seq uint64, until time.Time) {
+func (s *Service) beginTerm(seq uint64, until time.Time, overOwn bool) {
 	p := s.prim
 	p.mu.Lock()
 	p.number++
+	if !overOwn || p.epoch == 0 {
+		p.epoch++
+	}
 	p.seq, p.until = seq, until
 	n, first := p.number, !p.began
 	p.began = true

@@ -614,10 +614,10 @@ func TestRenewalsFromMemoryOutliveATakeover(t *testing.T) {
 }
 
 // TestNoRenewalFromAnEarlierTermsView: an instance whose term ended
-// answers no renewal from the view it served: not as a standby (it cannot
-// append, and vouches for nothing), and not once it is the primary again,
-// when the view is read again and set past its records (enterTerm), so a
-// primary in between could not have shown a version it answers again.
+// answers no renewal from the view it served: as a standby it cannot
+// append and vouches for nothing, and should it be the primary again by
+// the time the renewal runs, the view is read again first (enterTerm;
+// TestViewKeptAcrossAnotherTermIsSetPastItsRecords).
 func TestNoRenewalFromAnEarlierTermsView(t *testing.T) {
 	t.Parallel()
 	b, svcs, _, _ := electing(t)
@@ -645,5 +645,47 @@ func TestNoRenewalFromAnEarlierTermsView(t *testing.T) {
 		t.Fatalf("renewed from the view of an ended term: %+v", got.Lease)
 	case !errors.Is(err, lease.ErrUnavailable) && !errors.Is(err, errRenewAgain):
 		t.Fatalf("a renewal after the term ended: %v; want unavailable (no term) or renew again (a new one)", err)
+	}
+}
+
+// TestViewKeptAcrossAnotherTermIsSetPastItsRecords: a primary answers
+// renewals from memory, loses its term to another instance's claim, and
+// takes the claim back: the view it kept is read again and its leases set
+// past their records, so it never answers a version at or below what the
+// primary in between may have shown (its record's version plus
+// renewSlack), and the holder renews the current one.
+func TestViewKeptAcrossAnotherTermIsSetPastItsRecords(t *testing.T) {
+	t.Parallel()
+	b := electedAlone(t, testTerm)
+	ctx := ctxT(t)
+	c := NewClient(connect(t, b.srv.ClientURL()))
+	cred := NewCredential()
+	l, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "kept"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logged := l.Version
+	for range 5 {
+		if l, err = c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: l.Version}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := l.Version // answered from memory: the log has logged
+
+	began := termsBegun(b.svc)
+	takeClaimForAGoneInstance(t, b, b.svc)
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if termsBegun(b.svc) == began || !b.svc.Primary() {
+			return errors.New("the instance has not taken the claim back")
+		}
+		return nil
+	})
+	got, err := c.Get(ctx, l.LeaseID)
+	if err != nil || !got.Active() || got.Version < logged+renewSlack {
+		t.Fatalf("after another term: %+v, %v; want the lease active at v%d at least (its record's v%d plus renewSlack), above the v%d answered", got, err, logged+renewSlack, logged, held)
+	}
+	n, err := c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: held})
+	if err != nil || n.Version != got.Version+1 {
+		t.Fatalf("renewal at v%d: %+v, %v; want the current v%d renewed", held, n, err, got.Version)
 	}
 }

@@ -168,8 +168,9 @@ type repoState struct {
 // outnumbers what its holder holds), and the holder's next renewal is
 // answered errRenewAgain with the current version, which the client proves
 // afresh (Client.Renew) and which is logged. So does a primary serving again
-// a view it kept from an earlier term (enterTerm); a snapshot writes a lease
-// set past its record at the record's version.
+// a view it kept from before another instance's term (enterTerm, at the
+// view's first batch of a new epoch: primacy.epoch); a snapshot writes a
+// lease set past its record at the record's version.
 //
 // A renewal answered from memory needs the view vouched for in this term
 // (Service.vouches), nothing else: while the log cannot be written (the
@@ -345,11 +346,12 @@ func (s *repoState) snapshot() *logRecord {
 }
 
 // enterTerm sets every active lease of a view this instance serves in a new
-// term renewSlack versions past its record, as observeEntry sets those it
-// reads, and returns the leases it changed: a view kept from an earlier
-// term may hold versions another primary went past meanwhile (a lease it
-// read and never renewed, shown at its record's version plus renewSlack),
-// with nothing logged, and versions must not go back.
+// epoch (a term begun over another instance's claim: primacy.epoch)
+// renewSlack versions past its record, as observeEntry sets those it reads,
+// and returns the leases it changed: a view kept from an earlier term may
+// hold versions another primary went past meanwhile (a lease it read and
+// never renewed, shown at its record's version plus renewSlack), with
+// nothing logged, and versions must not go back.
 func (s *repoState) enterTerm(now time.Time) []*entry {
 	if s.slack == 0 {
 		return nil

@@ -23,7 +23,7 @@ func TestStateMachineProperties(t *testing.T) {
 	if testing.Short() {
 		return
 	}
-	for _, k := range []string{"grant", "conflict", "renew", "release", "swept", "parked", "served", "wait-expired", "acquire-retry", "renew-retry", "forged", "failed-append", "snapshot", "takeover", "renew-again", "renewals-unlogged"} {
+	for _, k := range []string{"grant", "conflict", "renew", "release", "swept", "parked", "served", "wait-expired", "acquire-retry", "renew-retry", "forged", "failed-append", "snapshot", "takeover", "retake", "renew-again", "renewals-unlogged"} {
 		if total[k] == 0 {
 			t.Errorf("no run exercised %q", k)
 		}

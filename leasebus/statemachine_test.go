@@ -119,15 +119,20 @@ type pureSim struct {
 	t       *rapid.T
 	st      *repoState
 	replica *repoState
-	a       *actor
-	m       *model
-	now     time.Time
-	seq     uint64
-	creds   []Credential
-	reqs    []*AcquireRequest // every acquire sent, for retries
-	ids     []string          // every lease granted, in grant order
-	calls   map[*call]*AcquireRequest
-	stats   map[string]int
+	// prev is the view of the primary the last takeover replaced, kept
+	// as a primary that lost its term keeps it; log holds every record
+	// appended (JSON), for it to read when it takes the claim back.
+	prev  *repoState
+	log   [][]byte
+	a     *actor
+	m     *model
+	now   time.Time
+	seq   uint64
+	creds []Credential
+	reqs  []*AcquireRequest // every acquire sent, for retries
+	ids   []string          // every lease granted, in grant order
+	calls map[*call]*AcquireRequest
+	stats map[string]int
 	// cancelHit is the waiter the call being checked withdrew, if any.
 	cancelHit *waiter
 }
@@ -135,9 +140,10 @@ type pureSim struct {
 const pureRepo = "github.com/acme/pure"
 
 func newPureSim(t *rapid.T) *pureSim {
-	replica := newRepoState(pureRepo)
+	st, replica := newRepoState(pureRepo), newRepoState(pureRepo)
+	st.slack = renewSlack      // a primary's view
 	replica.slack = renewSlack // a standby's warm view, to become a primary's
-	return &pureSim{t: t, st: newRepoState(pureRepo), replica: replica,
+	return &pureSim{t: t, st: st, replica: replica,
 		a: &actor{}, m: &model{leases: map[string]*mLease{}}, now: time.Now(),
 		creds: []Credential{NewCredential(), NewCredential(), NewCredential()},
 		calls: map[*call]*AcquireRequest{}, stats: map[string]int{}}
@@ -685,7 +691,7 @@ func (s *pureSim) takeover() {
 		}
 		l.version, l.logged, l.jumped, l.renewID, l.deadline = e.Version, e.logged, e.jumped, e.RenewID, e.deadline
 	}
-	s.st = st
+	s.prev, s.st = s.st, st
 	s.a.waiters = nil // queued at the old primary: their clients ask again
 	s.replica = newRepoState(pureRepo)
 	s.replica.slack = renewSlack
@@ -694,11 +700,59 @@ func (s *pureSim) takeover() {
 	s.stats["takeover"]++
 }
 
+// retake has the primary the last takeover replaced take the claim back
+// with the view it kept, as a primary whose term another's claim ended
+// does: its first batch reads the records it lacks and sets every lease
+// past its record (enterTerm), so no version it shows is below one the
+// primary in between showed, and no deadline falls before what a holder
+// was told.
+func (s *pureSim) retake() {
+	t := s.t
+	st := s.prev
+	for seq := st.seq + 1; seq <= s.seq; seq++ {
+		var rec logRecord
+		if err := json.Unmarshal(s.log[seq-1], &rec); err != nil {
+			t.Fatal(err)
+		}
+		st.observe(&rec, seq, s.now)
+	}
+	st.enterTerm(s.now)
+	for id, l := range s.m.leases {
+		if !l.active() {
+			continue
+		}
+		e, shown := st.leases[id], s.st.leases[id]
+		if e == nil || shown == nil {
+			t.Fatalf("retake: active lease %s missing from a view", id)
+		}
+		if e.deadline.Before(l.told) {
+			t.Fatalf("retake: lease %s's deadline %v is before %v, which its holder was told", id, e.deadline, l.told)
+		}
+		if e.Version < shown.Version || e.Version < l.version || !e.jumped {
+			t.Fatalf("retake: lease %s at v%d (set past its record: %v); the primary in between showed v%d", id, e.Version, e.jumped, shown.Version)
+		}
+		l.version, l.logged, l.jumped, l.renewID, l.deadline = e.Version, e.logged, e.jumped, e.RenewID, e.deadline
+	}
+	if got, want := slices.Sorted(maps.Keys(st.leases)), s.m.activeIDs(); !slices.Equal(got, want) {
+		t.Fatalf("retake: active %v, model %v", got, want)
+	}
+	s.prev, s.st = s.st, st
+	s.a.waiters = nil
+	s.replica = newRepoState(pureRepo)
+	s.replica.slack = renewSlack
+	s.replica.observe(recordRoundTrip(t, s.st.snapshot()), s.seq, s.now)
+	compareStates(t, "a new standby's view after a retake", s.st, s.replica)
+	s.stats["retake"]++
+}
+
 func (s *pureSim) batch() {
 	t := s.t
 	s.now = s.now.Add(time.Duration(rapid.IntRange(0, 1500).Draw(t, "advanceMs")) * time.Millisecond)
-	if rapid.IntRange(0, 11).Draw(t, "takeover") == 0 {
+	switch {
+	case rapid.IntRange(0, 11).Draw(t, "takeover") == 0:
 		s.takeover()
+	case s.prev != nil && rapid.IntRange(0, 7).Draw(t, "retake") == 0:
+		s.retake()
 	}
 	n := rapid.IntRange(0, 4).Draw(t, "batchSize")
 	batch := make([]*call, n)
@@ -825,6 +879,11 @@ func (s *pureSim) batch() {
 	if tx.dirty() {
 		s.seq++
 		rec := tx.record()
+		data, err := json.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.log = append(s.log, data)
 		tx.commit(s.seq)
 		lag := time.Duration(rapid.IntRange(0, 500).Draw(t, "replicaLagMs")) * time.Millisecond
 		s.replica.observe(recordRoundTrip(t, rec), s.seq, s.now.Add(lag))
