@@ -53,6 +53,22 @@ func (l *slackLog) load(now time.Time) *repoState {
 	return s
 }
 
+// grantLogged grants one lease in s, logged, to the holder of cred.
+func (l *slackLog) grantLogged(s *repoState, cred Credential, now time.Time) *entry {
+	l.t.Helper()
+	cl, err := scope.New([]string{"src/"}, false, nil)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	tx := s.begin(now)
+	e := tx.grant(&AcquireRequest{Repo: s.repo, Scope: cl, TTL: lease.Duration(time.Minute), RequestID: NewRequestID(),
+		CredentialHash: cred.hash(), by: "runner"}, claimRequest{scope: cl})
+	if !l.commit(tx) {
+		l.t.Fatal("a grant was not logged")
+	}
+	return e
+}
+
 func renewal(id string, cred Credential, version uint64) *RenewRequest {
 	r := &RenewRequest{LeaseID: id, Version: version, RenewID: NewRequestID(), by: "runner"}
 	r.Proof = renewProof(cred.hash(), id, version, r.RenewID)
@@ -69,16 +85,7 @@ func TestRenewalsWithinRenewSlackAreNotLogged(t *testing.T) {
 	w := newRepoState(repo)
 	cred := NewCredential()
 	now := time.Now()
-	tx := w.begin(now)
-	cl, err := scope.New([]string{"src/"}, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := tx.grant(&AcquireRequest{Repo: repo, Scope: cl, TTL: lease.Duration(time.Minute), RequestID: NewRequestID(),
-		CredentialHash: cred.hash(), by: "runner"}, claimRequest{scope: cl})
-	if !log.commit(tx) {
-		t.Fatal("a grant was not logged")
-	}
+	e := log.grantLogged(w, cred, now)
 	var loggedAt []uint64
 	for v := uint64(1); v <= 40; v++ {
 		now = now.Add(time.Second)
@@ -99,7 +106,7 @@ func TestRenewalsWithinRenewSlackAreNotLogged(t *testing.T) {
 	}
 
 	// Renewed, then released in the same batch: logged.
-	tx = w.begin(now)
+	tx := w.begin(now)
 	if _, err := tx.renew(renewal(e.LeaseID, cred, 41)); err != nil {
 		t.Fatal(err)
 	}
@@ -125,11 +132,7 @@ func TestTakeoverSetsVersionsPastTheLog(t *testing.T) {
 	w := newRepoState(repo)
 	cred := NewCredential()
 	now := time.Now()
-	tx := w.begin(now)
-	cl, _ := scope.New([]string{"src/"}, false, nil)
-	e := tx.grant(&AcquireRequest{Repo: repo, Scope: cl, TTL: lease.Duration(time.Minute), RequestID: NewRequestID(),
-		CredentialHash: cred.hash(), by: "runner"}, claimRequest{scope: cl})
-	log.commit(tx)
+	e := log.grantLogged(w, cred, now)
 	var captured *RenewRequest
 	for v := uint64(1); v <= 5; v++ { // v2..v6, none logged
 		r := renewal(e.LeaseID, cred, v)
@@ -157,7 +160,7 @@ func TestTakeoverSetsVersionsPastTheLog(t *testing.T) {
 	}
 
 	// The holder's renewal: renew the current version instead.
-	tx = s.begin(later)
+	tx := s.begin(later)
 	cur, err := tx.renew(renewal(e.LeaseID, cred, held))
 	if !errors.Is(err, errRenewAgain) || lease.IsFenced(err) || cur == nil || cur.Version != got.Version || tx.dirty() {
 		t.Fatalf("renewal at v%d after the takeover: %+v, %v; want renew again at v%d, nothing ended or logged", held, cur, err, got.Version)
@@ -230,11 +233,7 @@ func TestVersionsNeverGoBackAcrossTakeovers(t *testing.T) {
 	a.slack = renewSlack
 	cred := NewCredential()
 	now := time.Now()
-	tx := a.begin(now)
-	cl, _ := scope.New([]string{"src/"}, false, nil)
-	e := tx.grant(&AcquireRequest{Repo: repo, Scope: cl, TTL: lease.Duration(time.Minute), RequestID: NewRequestID(),
-		CredentialHash: cred.hash(), by: "runner"}, claimRequest{scope: cl})
-	log.commit(tx)
+	e := log.grantLogged(a, cred, now)
 	for v := uint64(1); v <= 5; v++ {
 		tx := a.begin(now)
 		if _, err := tx.renew(renewal(e.LeaseID, cred, v)); err != nil {
@@ -263,7 +262,7 @@ func TestVersionsNeverGoBackAcrossTakeovers(t *testing.T) {
 	if v := c.leases[e.LeaseID].Version; v != shown {
 		t.Fatalf("after a second takeover: v%d, after the first v%d; want the same", v, shown)
 	}
-	tx = c.begin(now)
+	tx := c.begin(now)
 	if _, err := tx.renew(renewal(e.LeaseID, cred, held)); !errors.Is(err, errRenewAgain) {
 		t.Fatalf("the holder at v%d after two takeovers: %v; want renew again", held, err)
 	}

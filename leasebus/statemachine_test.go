@@ -668,81 +668,63 @@ func compareStates(t *rapid.T, what string, writer, loaded *repoState) {
 // takeover makes the standby's warm view the primary's, as handOver and
 // the first batch of a term do: every TTL counted afresh from now, every
 // lease set past its record. Renewals the old primary answered without a
-// record are not in it; no lease may end before its holder stops counting,
-// and no version it shows may be below one answered before.
+// record are not in it.
 func (s *pureSim) takeover() {
-	t := s.t
 	st := s.replica
 	st.restart(s.now)
 	st.enterTerm(s.now)
-	for id, l := range s.m.leases {
-		if !l.active() {
-			continue
-		}
-		e := st.leases[id]
-		if e == nil {
-			t.Fatalf("takeover: active lease %s missing from the standby's view", id)
-		}
-		if e.deadline.Before(l.told) {
-			t.Fatalf("takeover: lease %s's deadline %v is before %v, which its holder was told", id, e.deadline, l.told)
-		}
-		if e.Version < l.version || !e.jumped {
-			t.Fatalf("takeover: lease %s at v%d (set past its record: %v), answered at v%d before", id, e.Version, e.jumped, l.version)
-		}
-		l.version, l.logged, l.jumped, l.renewID, l.deadline = e.Version, e.logged, e.jumped, e.RenewID, e.deadline
-	}
-	s.prev, s.st = s.st, st
-	s.a.waiters = nil // queued at the old primary: their clients ask again
-	s.replica = newRepoState(pureRepo)
-	s.replica.slack = renewSlack
-	s.replica.observe(recordRoundTrip(t, s.st.snapshot()), s.seq, s.now)
-	compareStates(t, "a new standby's view after a takeover", s.st, s.replica)
-	s.stats["takeover"]++
+	s.serveFrom(st, "takeover")
 }
 
 // retake has the primary the last takeover replaced take the claim back
 // with the view it kept, as a primary whose term another's claim ended
 // does: its first batch reads the records it lacks and sets every lease
-// past its record (enterTerm), so no version it shows is below one the
-// primary in between showed, and no deadline falls before what a holder
-// was told.
+// past its record (enterTerm).
 func (s *pureSim) retake() {
-	t := s.t
 	st := s.prev
 	for seq := st.seq + 1; seq <= s.seq; seq++ {
 		var rec logRecord
 		if err := json.Unmarshal(s.log[seq-1], &rec); err != nil {
-			t.Fatal(err)
+			s.t.Fatal(err)
 		}
 		st.observe(&rec, seq, s.now)
 	}
 	st.enterTerm(s.now)
+	s.serveFrom(st, "retake")
+}
+
+// serveFrom makes st the primary's view: no lease may end before its
+// holder stops counting, and no version it shows may be below one answered
+// or shown before. The model follows it, and a new standby starts warm
+// from its snapshot.
+func (s *pureSim) serveFrom(st *repoState, how string) {
+	t := s.t
 	for id, l := range s.m.leases {
 		if !l.active() {
 			continue
 		}
 		e, shown := st.leases[id], s.st.leases[id]
 		if e == nil || shown == nil {
-			t.Fatalf("retake: active lease %s missing from a view", id)
+			t.Fatalf("%s: active lease %s missing from a view", how, id)
 		}
 		if e.deadline.Before(l.told) {
-			t.Fatalf("retake: lease %s's deadline %v is before %v, which its holder was told", id, e.deadline, l.told)
+			t.Fatalf("%s: lease %s's deadline %v is before %v, which its holder was told", how, id, e.deadline, l.told)
 		}
 		if e.Version < shown.Version || e.Version < l.version || !e.jumped {
-			t.Fatalf("retake: lease %s at v%d (set past its record: %v); the primary in between showed v%d", id, e.Version, e.jumped, shown.Version)
+			t.Fatalf("%s: lease %s at v%d (set past its record: %v); answered at v%d, shown at v%d before", how, id, e.Version, e.jumped, l.version, shown.Version)
 		}
 		l.version, l.logged, l.jumped, l.renewID, l.deadline = e.Version, e.logged, e.jumped, e.RenewID, e.deadline
 	}
 	if got, want := slices.Sorted(maps.Keys(st.leases)), s.m.activeIDs(); !slices.Equal(got, want) {
-		t.Fatalf("retake: active %v, model %v", got, want)
+		t.Fatalf("%s: active %v, model %v", how, got, want)
 	}
 	s.prev, s.st = s.st, st
-	s.a.waiters = nil
+	s.a.waiters = nil // queued at the old primary: their clients ask again
 	s.replica = newRepoState(pureRepo)
 	s.replica.slack = renewSlack
 	s.replica.observe(recordRoundTrip(t, s.st.snapshot()), s.seq, s.now)
-	compareStates(t, "a new standby's view after a retake", s.st, s.replica)
-	s.stats["retake"]++
+	compareStates(t, "a new standby's view after a "+how, s.st, s.replica)
+	s.stats[how]++
 }
 
 func (s *pureSim) batch() {
