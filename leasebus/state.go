@@ -169,8 +169,8 @@ type repoState struct {
 // answered errRenewAgain with the current version, which the client proves
 // afresh (Client.Renew) and which is logged. So does a primary serving again
 // a view it kept from before another instance's term (enterTerm, at the
-// view's first batch of a new epoch: primacy.epoch); a snapshot writes a
-// lease set past its record at the record's version.
+// view's first batch of a new epoch: primacy.epoch); a snapshot writes
+// every lease at the version of its last record.
 //
 // A renewal answered from memory needs the view vouched for in this term
 // (Service.vouches), nothing else: while the log cannot be written (the
@@ -332,9 +332,13 @@ func (s *repoState) snapshot() *logRecord {
 	}
 	ended := len(rec.Leases)
 	for _, e := range s.leases {
-		if e.jumped {
-			// As its record has it: the versions past it were never
-			// answered, and the next reader sets it past them again.
+		if e.Version != e.logged {
+			// At the version of its last record: the renewals answered
+			// from memory since, or the versions a takeover set it past,
+			// stay out of the log, and whoever reads it sets the lease
+			// past them again (renewSlack). Written at its current
+			// version, the next takeover would count past that from a
+			// record this view does not know it logged.
 			r := e.clone()
 			r.Version, r.jumped = e.logged, false
 			e = r
