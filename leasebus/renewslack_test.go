@@ -281,3 +281,48 @@ func TestVersionsNeverGoBackAcrossTakeovers(t *testing.T) {
 		t.Fatalf("the holder at v%d, with A again: %v; want renew again", held, err)
 	}
 }
+
+// TestRenewAgainOnlyForItsHolder: the answer that tells a holder to renew
+// the current version carries that version; only the identity that
+// acquired the lease, proving its credential, gets it. Another identity,
+// even with the credential, and a renewal without a proof, are refused as
+// before a takeover, audited, and learn nothing of the lease.
+func TestRenewAgainOnlyForItsHolder(t *testing.T) {
+	t.Parallel()
+	const repo = "github.com/acme/slack"
+	log := &slackLog{t: t}
+	w := newRepoState(repo)
+	cred := NewCredential()
+	now := time.Now()
+	e := log.grantLogged(w, cred, now)
+	for v := uint64(1); v <= 3; v++ {
+		tx := w.begin(now)
+		if _, err := tx.renew(renewal(e.LeaseID, cred, v)); err != nil {
+			t.Fatal(err)
+		}
+		log.commit(tx)
+	}
+	held := w.leases[e.LeaseID].Version
+	s := log.load(now.Add(time.Second))
+	if !s.leases[e.LeaseID].jumped {
+		t.Fatal("the new primary's view did not set the lease past its record")
+	}
+
+	otherIdentity := renewal(e.LeaseID, cred, held)
+	otherIdentity.by = "another-runner"
+	noProof := renewal(e.LeaseID, NewCredential(), held)
+	for name, r := range map[string]*RenewRequest{"another identity with the credential": otherIdentity, "no proof": noProof} {
+		tx := s.begin(now.Add(time.Second))
+		got, err := tx.renew(r)
+		if !errors.Is(err, lease.ErrNotOwner) || errors.Is(err, errRenewAgain) || got != nil {
+			t.Fatalf("%s, at v%d after a takeover: %+v, %v; want not the owner, and no lease", name, held, got, err)
+		}
+		if len(tx.events) != 1 || tx.events[0].Type != lease.EventRefused || tx.events[0].LeaseID != e.LeaseID {
+			t.Fatalf("%s: audited %+v; want one refusal naming the lease", name, tx.events)
+		}
+	}
+	tx := s.begin(now.Add(time.Second))
+	if got, err := tx.renew(renewal(e.LeaseID, cred, held)); !errors.Is(err, errRenewAgain) || got == nil {
+		t.Fatalf("its holder: %+v, %v; want renew again with the current lease", got, err)
+	}
+}
