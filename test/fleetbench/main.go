@@ -257,6 +257,12 @@ func level(ctx context.Context, cfg config) error {
 	start := time.Now()
 	sampling.Go(func() { l.sampleLoop(sctx, start) })
 	sampling.Go(func() { l.lagLoop(sctx) })
+	var yardstick echo
+	sampling.Go(func() {
+		if err := yardstick.run(sctx, l); err != nil {
+			fmt.Fprintln(os.Stderr, "fleetbench:", err)
+		}
+	})
 
 	// Ramp: take every lease, at most -ramp-rate a second, until all are
 	// held or -ramp-max is over.
@@ -337,6 +343,7 @@ func level(ctx context.Context, cfg config) error {
 	add("driver_lag_p50_ms", "%s", ms(l.lag.Quantile(.5)))
 	add("driver_lag_p99_ms", "%s", ms(l.lag.Quantile(.99)))
 	add("driver_lag_p999_ms", "%s", ms(l.lag.Quantile(.999)))
+	yardstick.fields(add)
 	for _, n := range cfg.nodes {
 		add("rss_mb_"+n.name, "%.0f->%.0f", n.rssFirst, n.rssLast)
 	}
