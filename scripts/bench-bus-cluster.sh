@@ -30,7 +30,9 @@
 #       20 s into the steady window a 20 s CPU profile of each node is written
 #       to DIR/cpu-<level>-n<i>.pprof (go tool pprof -top DIR/cpu-...), and one
 #       of the driver to DIR/cpu-<level>-driver.pprof, then a heap profile of each
-#       node to DIR/heap-<level>-n<i>.pprof; the nodes' logs are kept
+#       node to DIR/heap-<level>-n<i>.pprof, and again halfway through the
+#       window and 30 s before it ends (DIR/heap-<level>-mid-n<i>.pprof and
+#       DIR/heap-<level>-late-n<i>.pprof; windows over 90 s); the nodes' logs are kept
 #       there too (DIR/node-<level>-n<i>.log), and their metrics as the
 #       driver ends (DIR/metrics-<level>-n<i>.txt)
 #   -K  restart: SECS into the steady window, kill -9 one node (-k: 0, 1 or 2,
@@ -46,10 +48,13 @@
 #     renew_p50_ms=… renew_p99_ms=… renew_p999_ms=… errors=… spurious_losses=…
 #     rss_mb_max=… bytes_per_lease=… [held_end=… ramp_s=… errors_by_kind=…
 #     client_msgs_per_s=… cpu_pct_nodes=… rss_mb_nI=start->end
-#     acquire_p99_ms_by_node=n0/n1/n2 renew_p99_ms_by_node=… …]
+#     acquire_p99_ms_by_node=n0/n1/n2 renew_p99_ms_by_node=…
+#     echo_p50_ms=… echo_p99_ms=… echo_p999_ms=… echo_p99_ms_by_node=… …]
 # acquire and renew are measured in the steady window (ramp figures follow as
 # ramp_*; *_by_node splits them by the node the holder's connection is on);
-# NaN means no sample. The nodes expose no monitoring port, so messages per second are counted on the driver's connections (every
+# echo_* is the yardstick beside them, in the same window: a raw NATS request
+# and reply through the same cluster from the same driver, no lease service on
+# the way (50 a second from each node to a responder on n0); NaN means no sample. The nodes expose no monitoring port, so messages per second are counted on the driver's connections (every
 # request, answer, heartbeat and notice of the holders).
 #
 # Everything listens on 127.0.0.1; every level is bounded in time (the
@@ -217,6 +222,26 @@ for n in ${levels//,/ }; do
         curl -sf -m 40 -o "$profdir/heap-$n-n$i.pprof" "http://127.0.0.1:${ports[$((6 + i))]}/debug/pprof/heap" &
       done
       wait
+    ) &
+    # and again halfway through the window and 30 s before it ends
+    # (heap-<level>-mid-n<i>.pprof, heap-<level>-late-n<i>.pprof): what grew
+    # in between (go tool pprof -base heap-...-mid-... heap-...-late-...)
+    (
+      while kill -0 "$driver" 2>/dev/null && ! grep -q '^ramp: ' "$lvl/driver.log"; do sleep 1; done
+      mid=$(( $(secs "$dur") / 2 ))
+      late=$(( $(secs "$dur") - 30 ))
+      if [ "$late" -gt 60 ]; then
+        sleep "$mid"
+        for i in 0 1 2; do
+          curl -sf -m 40 -o "$profdir/heap-$n-mid-n$i.pprof" "http://127.0.0.1:${ports[$((6 + i))]}/debug/pprof/heap" &
+        done
+        wait
+        sleep $(( late - mid ))
+        for i in 0 1 2; do
+          curl -sf -m 40 -o "$profdir/heap-$n-late-n$i.pprof" "http://127.0.0.1:${ports[$((6 + i))]}/debug/pprof/heap" &
+        done
+        wait
+      fi
     ) &
   fi
   if [ -n "$restart" ]; then
