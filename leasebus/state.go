@@ -26,6 +26,13 @@ const (
 	maxEnded  = 256
 )
 
+// EndedKept and MaxEndedKept say how long, and how many per repo, ended
+// leases stay listed (endedKeep, maxEnded): for what the CLI tells users.
+const (
+	EndedKept    = endedKeep
+	MaxEndedKept = maxEnded
+)
+
 // forgottenHint ends the refusal of a request about a lease the repo does
 // not know: its holder may have been cut off past the lease's end.
 var forgottenHint = fmt.Sprintf(" (no such lease, or one that ended over %s ago or before the last %d this repo remembers)", endedKeep, maxEnded)

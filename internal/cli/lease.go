@@ -470,7 +470,7 @@ func (a *app) listCommand() *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&repo, "repo", "", "only this repository")
-	c.Flags().BoolVar(&all, "all", false, "include leases ended within the last 5 minutes (the audit keeps every end: fenceline lease audit)")
+	c.Flags().BoolVar(&all, "all", false, fmt.Sprintf("include leases ended within the last %s, at most %d a repo (the audit keeps every end: fenceline lease audit)", leasebus.EndedKept, leasebus.MaxEndedKept))
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of lease records")
 	return c
 }
