@@ -498,8 +498,12 @@ func TestHolderSeesRevokeMadeWhileDisconnected(t *testing.T) {
 
 // The bus is stopped and restarted on the same port and store, and the
 // lease revoked the moment the service answers: the holder, reconnecting,
-// is Lost within a second of the revoke returning, and no fence succeeds
-// after the revoke.
+// is Lost within a second of the revoke returning. A fence succeeds after
+// the revoke only on the service's answer to a re-check the holder sent
+// after the restart: one the service ordered before the revoke, whose
+// answer can still arrive after the revoke's (they travel on different
+// connections; the storage fences refuse what it writes then). Never on
+// what the holder heard before the bus went down.
 func TestHolderRevokeRightAfterBusRestart(t *testing.T) {
 	t.Parallel()
 	b := startBus(t)
@@ -513,6 +517,7 @@ func TestHolderRevokeRightAfterBusRestart(t *testing.T) {
 		}
 		return nil
 	})
+	restarted := time.Now()
 	b.start(addr)
 	w := watchFences(h)
 	if _, err := b.c.Revoke(ctxT(t), l.LeaseID, "test: revoked right after a restart"); err != nil {
@@ -528,7 +533,10 @@ func TestHolderRevokeRightAfterBusRestart(t *testing.T) {
 	}
 	t.Logf("lost %s after the revoke returned", time.Since(revoked))
 	if at := w.end(); at != nil {
-		t.Fatalf("a fence succeeded %s after the revoke returned", at.Sub(revoked))
+		if heard := *w.heard.Load(); heard.Before(restarted) {
+			t.Fatalf("a fence succeeded %s after the revoke returned, on an answer to what the holder sent %s before the bus restarted", at.Sub(revoked), restarted.Sub(heard))
+		}
+		t.Logf("a fence succeeded %s after the revoke returned, on the answer to a re-check sent %s after the restart (ordered before the revoke)", at.Sub(revoked), w.heard.Load().Sub(restarted))
 	}
 }
 
