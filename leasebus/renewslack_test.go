@@ -285,8 +285,9 @@ func TestVersionsNeverGoBackAcrossTakeovers(t *testing.T) {
 // TestRenewAgainOnlyForItsHolder: the answer that tells a holder to renew
 // the current version carries that version; only the identity that
 // acquired the lease, proving its credential, gets it. Another identity,
-// even with the credential, and a renewal without a proof, are refused as
-// before a takeover, audited, and learn nothing of the lease.
+// even with the credential, and a renewal with another credential's proof
+// or none, are refused as before a takeover, audited, and given no lease
+// (the answer carries the lease txn.renew returns: with a refusal, none).
 func TestRenewAgainOnlyForItsHolder(t *testing.T) {
 	t.Parallel()
 	const repo = "github.com/acme/slack"
@@ -310,8 +311,10 @@ func TestRenewAgainOnlyForItsHolder(t *testing.T) {
 
 	otherIdentity := renewal(e.LeaseID, cred, held)
 	otherIdentity.by = "another-runner"
-	noProof := renewal(e.LeaseID, NewCredential(), held)
-	for name, r := range map[string]*RenewRequest{"another identity with the credential": otherIdentity, "no proof": noProof} {
+	wrongProof := renewal(e.LeaseID, NewCredential(), held)
+	noProof := renewal(e.LeaseID, cred, held)
+	noProof.Proof = ""
+	for name, r := range map[string]*RenewRequest{"another identity with the credential": otherIdentity, "another credential's proof": wrongProof, "no proof": noProof} {
 		tx := s.begin(now.Add(time.Second))
 		got, err := tx.renew(r)
 		if !errors.Is(err, lease.ErrNotOwner) || errors.Is(err, errRenewAgain) || got != nil {
