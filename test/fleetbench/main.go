@@ -18,6 +18,7 @@
 // with the cluster) and the process exits.
 //
 //	fleetbench ports N   prints N free TCP ports on 127.0.0.1
+//	fleetbench respond URL CREDS   the echo yardstick's responder (echo.go)
 package main
 
 import (
@@ -75,6 +76,9 @@ type config struct {
 func run(ctx context.Context, args []string) error {
 	if len(args) == 2 && args[0] == "ports" {
 		return printPorts(args[1])
+	}
+	if len(args) == 3 && args[0] == "respond" {
+		return respond(args[1], args[2])
 	}
 	fs := flag.NewFlagSet("fleetbench", flag.ContinueOnError)
 	var c config
