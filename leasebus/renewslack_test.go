@@ -69,6 +69,21 @@ func (l *slackLog) grantLogged(s *repoState, cred Credential, now time.Time) *en
 	return e
 }
 
+// renewUnlogged renews the lease id in s n times from version 1, each
+// committed as a primary that vouches for its view commits it, and
+// returns the version held after them.
+func (l *slackLog) renewUnlogged(s *repoState, id string, cred Credential, now time.Time, n uint64) uint64 {
+	l.t.Helper()
+	for v := uint64(1); v <= n; v++ {
+		tx := s.begin(now)
+		if _, err := tx.renew(renewal(id, cred, v)); err != nil {
+			l.t.Fatal(err)
+		}
+		l.commit(tx)
+	}
+	return s.leases[id].Version
+}
+
 func renewal(id string, cred Credential, version uint64) *RenewRequest {
 	r := &RenewRequest{LeaseID: id, Version: version, RenewID: NewRequestID(), by: "runner"}
 	r.Proof = renewProof(cred.hash(), id, version, r.RenewID)
@@ -234,14 +249,7 @@ func TestVersionsNeverGoBackAcrossTakeovers(t *testing.T) {
 	cred := NewCredential()
 	now := time.Now()
 	e := log.grantLogged(a, cred, now)
-	for v := uint64(1); v <= 5; v++ {
-		tx := a.begin(now)
-		if _, err := tx.renew(renewal(e.LeaseID, cred, v)); err != nil {
-			t.Fatal(err)
-		}
-		log.commit(tx)
-	}
-	held := a.leases[e.LeaseID].Version // 6, unlogged
+	held := log.renewUnlogged(a, e.LeaseID, cred, now, 5) // 6, unlogged
 
 	// B takes over and snapshots the repo without the holder renewing.
 	b := log.load(now)
@@ -296,14 +304,7 @@ func TestRenewAgainOnlyForItsHolder(t *testing.T) {
 	cred := NewCredential()
 	now := time.Now()
 	e := log.grantLogged(w, cred, now)
-	for v := uint64(1); v <= 3; v++ {
-		tx := w.begin(now)
-		if _, err := tx.renew(renewal(e.LeaseID, cred, v)); err != nil {
-			t.Fatal(err)
-		}
-		log.commit(tx)
-	}
-	held := w.leases[e.LeaseID].Version
+	held := log.renewUnlogged(w, e.LeaseID, cred, now, 3)
 	s := log.load(now.Add(time.Second))
 	if !s.leases[e.LeaseID].jumped {
 		t.Fatal("the new primary's view did not set the lease past its record")

@@ -130,8 +130,9 @@ func (e *echo) fields(add func(k, format string, a ...any)) {
 	add("echo_errors", "%d", e.errs.Total())
 }
 
-// dialService connects to one node as the lease service's role, which may
-// use the echo's subject.
+// dialService connects to the bus at urls (one node's, or a list) as the
+// lease service's role: it may use the echo's subject and read every
+// stream's info.
 func dialService(url, credsDir string) (*nats.Conn, error) {
 	creds := leasebus.BusCreds{Path: filepath.Join(credsDir, leasebus.CredsFile(leasebus.RoleService)), Source: "-creds", Role: leasebus.RoleService}
 	return leasebus.Dial(strings.TrimSpace(url), "-urls", creds)

@@ -764,8 +764,7 @@ func (l *load) lagLoop(ctx context.Context) {
 // the events and the key-value buckets, so a layout of several log streams
 // counts whole).
 func (l *load) streamBytes(ctx context.Context) (logBytes, auditBytes, logMsgs uint64, err error) {
-	creds := leasebus.BusCreds{Path: filepath.Join(l.cfg.credsDir, leasebus.CredsFile(leasebus.RoleService)), Source: "-creds", Role: leasebus.RoleService}
-	nc, err := leasebus.Dial(l.cfg.urls, "-urls", creds)
+	nc, err := dialService(l.cfg.urls, l.cfg.credsDir)
 	if err != nil {
 		return 0, 0, 0, err
 	}
