@@ -211,8 +211,11 @@ func TestHolderRetriesTheReprovedRenewal(t *testing.T) {
 		if back {
 			t.Fatal("after the re-proved renewal went unanswered, the holder renewed the version it held again")
 		}
-		if v := h.Lease().Version; v != cur+1 {
-			return fmt.Errorf("the holder is at v%d; want v%d", v, cur+1)
+		// Past the re-proved renewal: validity counts from the first
+		// try's send, so after a slow recovery the holder renews on at
+		// once and may not be seen at v cur+1 itself.
+		if v := h.Lease().Version; v <= cur {
+			return fmt.Errorf("the holder is at v%d; want past v%d", v, cur)
 		}
 		return nil
 	})
