@@ -19,6 +19,7 @@ import (
 // call is one request on its way through a repo actor.
 type call struct {
 	op    string
+	by    string // the asking identity ("": the service's own call)
 	msg   *nats.Msg
 	at    time.Time // when the service received it (monotonic)
 	req   any
@@ -233,8 +234,31 @@ func (a *actor) enqueue(c *call) {
 		return
 	}
 	if !a.calls.push(c) {
-		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service overloaded for this repo (%d requests queued); retry", lease.ErrUnavailable, maxQueued))})
+		// This identity's share of the repo's queue is full: refused,
+		// and said in the audit (at most refusalRate a second: a flood
+		// of them is counted, not written one by one).
+		what := fmt.Sprintf("%s has %d requests waiting for %s already", a.svc.name(c.by), maxQueued, a.repoOf(c))
+		a.svc.refuse(ReasonBusOverload, c.by, "refused a "+c.op+" request: "+what)
+		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service overloaded: %s (at most %d an identity); retry once they are answered", lease.ErrUnavailable, what, maxQueued))})
 	}
+}
+
+// repoOf names the repo c is about for a message: the repo its request
+// names where that is how c reached this actor (a lease id's repo hint is
+// the client's word), else the actor's log key. (Not a.state's, which
+// only busy's holder may read.)
+func (a *actor) repoOf(c *call) string {
+	var repo string
+	switch r := c.req.(type) { // the requests whose repo chose this actor
+	case *AcquireRequest:
+		repo = r.Repo
+	case *cancelRequest:
+		repo = r.Repo
+	}
+	if repo != "" {
+		return "repo " + repo
+	}
+	return "the repo of lease log " + a.key
 }
 
 // reap queues a reclaim of the leases whose sessions have been silent for
@@ -399,6 +423,11 @@ func (a *actor) inline(c *call) bool {
 	if n, _, err := c.msg.Sub.Pending(); err != nil || n > 1 {
 		return false
 	}
+	// Nor past calls of its identity still queued: a batch takes at most
+	// MaxBatch of the queue, and c must follow them (a cancel its acquire).
+	if a.calls.lenOf(c.by) > 0 {
+		return false
+	}
 	if !a.busy.TryLock() {
 		return false
 	}
@@ -499,7 +528,7 @@ func (a *actor) shutdown() {
 		w.c.respond(reply{Error: err})
 	}
 	a.waiters = nil
-	for _, c := range a.calls.take(nil, maxQueued+1) { // +1: a reap queued past the bound
+	for _, c := range a.calls.takeAll(nil) {
 		c.respond(reply{Error: err})
 	}
 }
@@ -511,6 +540,9 @@ type outcome struct {
 	leases []*lease.Lease
 	err    error
 	park   *waiter // queue it
+	// overload says why the call was refused as an overload: audited
+	// once the batch is committed (not at each of its retries).
+	overload string
 }
 
 // process runs one batch: sweep, apply each call, serve the queue, then
@@ -692,6 +724,9 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 	for _, o := range append(outs, served...) {
 		if o.park != nil {
 			continue
+		}
+		if o.overload != "" {
+			a.svc.refuse(ReasonBusOverload, o.c.by, o.overload)
 		}
 		var grants *GrantKeys
 		if o.err == nil && o.lease != nil && answersWithGrants(o.c.op) {
@@ -889,6 +924,16 @@ func (a *actor) acquire(t *txn, c *call, r *AcquireRequest, queue []*waiter) out
 		return o
 	}
 	if r.Wait > 0 {
+		if n := waitingOf(c.by, queue); n >= maxWaiting {
+			// Every batch looks at every waiter: a runner that kept
+			// thousands waiting would slow every batch of the repo, each
+			// other runner's requests included. Its own acquires wait,
+			// up to maxWaiting; the rest are turned away, to retry.
+			what := fmt.Sprintf("%s has %d acquires waiting in repo %s already (at most %d an identity)", a.svc.name(c.by), n, t.base.repo, maxWaiting)
+			o.overload = fmt.Sprintf("refused to queue the acquire of %s by %s: %s", r.Scope, r.Owner, what)
+			o.err = fmt.Errorf("%w: lease service overloaded: %s; retry once one is answered", lease.ErrUnavailable, what)
+			return o
+		}
 		o.park = &waiter{c: c, req: r, claim: claim, deadline: c.at.Add(time.Duration(r.Wait))}
 		return o
 	}
@@ -896,6 +941,22 @@ func (a *actor) acquire(t *txn, c *call, r *AcquireRequest, queue []*waiter) out
 	t.refusal(r.Owner, r.Scope, "conflict", fmt.Sprintf("refused acquire of %s by %s: %s", r.Scope, r.Owner, ce.Error()))
 	o.err = ce
 	return o
+}
+
+// maxWaiting bounds the acquires one identity has waiting (AcquireRequest.Wait)
+// at one repo: each batch looks at every waiter, once for each waiter it
+// places.
+const maxWaiting = 256
+
+// waitingOf counts the acquires of identity by waiting in queue.
+func waitingOf(by string, queue []*waiter) int {
+	n := 0
+	for _, w := range queue {
+		if w.c.by == by && !w.cancelled {
+			n++
+		}
+	}
+	return n
 }
 
 // serve grants queued acquires that fit now, oldest first, and times out
@@ -972,30 +1033,68 @@ func (a *actor) cancel(t *txn, r *cancelRequest, queue []*waiter) error {
 	return err
 }
 
-// maxQueued bounds the calls one repo's actor keeps waiting; more are
-// refused as an overload, to be retried.
+// maxQueued bounds the calls one identity keeps waiting at one repo's
+// actor; more are refused as an overload, to be retried. The bound is
+// each identity's, not the repo's: a runner that floods a repo fills its
+// own share and is refused, and another runner's requests still queue.
+// (Identities are enrolled by an operator: an agent cannot make more.)
 const maxQueued = 4096
 
-// callQueue holds the calls waiting for an actor's goroutine, oldest
-// first. It is a slice that grows with what waits, not a buffered channel,
-// which every repo would carry at full size whether anything waits or not
-// (a 4,096-call channel was 32 KB a repo: 3.2 GB at 100,000 repos;
-// BenchmarkMemoryPerRepo).
+// callQueue holds the calls waiting for an actor's goroutine: one queue
+// per asking identity (the service's own calls are identity ""), each
+// oldest first, taken in turns, one call of each identity with calls
+// waiting per turn. So a runner that keeps a repo busy cannot make
+// another runner wait behind its backlog: each request waits for at most
+// one call of every other identity with calls queued, and a flood only
+// lengthens its sender's own queue. Calls of one identity keep their
+// order (a cancel follows its acquire); calls of different identities
+// were concurrent, and any order is theirs.
+//
+// The queues are slices that grow with what waits, not buffered
+// channels, which every repo would carry at full size whether anything
+// waits or not (a 4,096-call channel was 32 KB a repo: 3.2 GB at 100,000
+// repos; BenchmarkMemoryPerRepo). An idle repo's queue holds nothing.
 type callQueue struct {
-	mu    sync.Mutex
-	calls []*call       // guarded by mu
+	mu sync.Mutex
+	// ids are the identities with calls waiting, in the order they take
+	// turns; next is the one whose turn is next. Guarded by mu.
+	ids   []idCalls
+	next  int
+	n     int           // calls waiting, over every identity; guarded by mu
 	ready chan struct{} // one slot: calls came since the goroutine last looked
 }
 
-// push queues c and wakes the actor's goroutine; false when maxQueued
-// calls wait already.
+// idCalls are the calls one identity has waiting, oldest first.
+type idCalls struct {
+	by    string
+	calls []*call
+}
+
+// push queues c and wakes the actor's goroutine; false when c's identity
+// has maxQueued calls waiting already.
 func (q *callQueue) push(c *call) bool {
+	return q.add(c, maxQueued)
+}
+
+// pushAlways queues c and wakes the actor's goroutine however many calls
+// wait: for the service's own calls, of which it queues at most one each.
+func (q *callQueue) pushAlways(c *call) {
+	q.add(c, -1)
+}
+
+// add queues c unless its identity has limit calls waiting (-1: no limit).
+func (q *callQueue) add(c *call, limit int) bool {
 	q.mu.Lock()
-	if len(q.calls) >= maxQueued {
+	switch i := q.find(c.by); {
+	case i < 0:
+		q.ids = append(q.ids, idCalls{by: c.by, calls: []*call{c}})
+	case limit >= 0 && len(q.ids[i].calls) >= limit:
 		q.mu.Unlock()
 		return false
+	default:
+		q.ids[i].calls = append(q.ids[i].calls, c)
 	}
-	q.calls = append(q.calls, c)
+	q.n++
 	q.mu.Unlock()
 	select {
 	case q.ready <- struct{}{}:
@@ -1004,29 +1103,42 @@ func (q *callQueue) push(c *call) bool {
 	return true
 }
 
-// pushAlways queues c and wakes the actor's goroutine however many calls
-// wait: for the service's own calls, of which it queues at most one each.
-func (q *callQueue) pushAlways(c *call) {
-	q.mu.Lock()
-	q.calls = append(q.calls, c)
-	q.mu.Unlock()
-	select {
-	case q.ready <- struct{}{}:
-	default:
+// find returns the index of by's queue in q.ids, or -1. Called under mu.
+// Linear: a repo has calls waiting from a few identities at a time.
+func (q *callQueue) find(by string) int {
+	for i := range q.ids {
+		if q.ids[i].by == by {
+			return i
+		}
 	}
+	return -1
 }
 
-// take moves up to max waiting calls, oldest first, onto batch. Calls left
-// waiting keep the goroutine's wake-up pending, so they are run next.
+// take moves up to max waiting calls onto batch, one of each identity in
+// turn, each identity's oldest first. Calls left waiting keep the
+// goroutine's wake-up pending, so they are run next.
 func (q *callQueue) take(batch []*call, max int) []*call {
 	q.mu.Lock()
-	n := min(max, len(q.calls))
-	batch = append(batch, q.calls[:n]...)
-	left := copy(q.calls, q.calls[n:])
-	clear(q.calls[left:])
-	q.calls = q.calls[:left]
-	if left == 0 && cap(q.calls) > 64 {
-		q.calls = nil // a burst's room goes back
+	for taken := 0; taken < max && q.n > 0; taken++ {
+		if q.next >= len(q.ids) {
+			q.next = 0
+		}
+		id := &q.ids[q.next]
+		batch = append(batch, id.calls[0])
+		id.calls[0] = nil
+		id.calls = id.calls[1:]
+		q.n--
+		if len(id.calls) > 0 {
+			q.next++
+			continue
+		}
+		// Its queue is empty: it leaves the turns (its array with it)
+		// and the identity after it takes the turn.
+		q.ids = slices.Delete(q.ids, q.next, q.next+1)
+	}
+	left := q.n
+	if left == 0 {
+		q.ids, q.next = nil, 0 // a burst's room goes back
 	}
 	q.mu.Unlock()
 	if left > 0 {
@@ -1038,9 +1150,27 @@ func (q *callQueue) take(batch []*call, max int) []*call {
 	return batch
 }
 
+// takeAll moves every waiting call onto batch.
+func (q *callQueue) takeAll(batch []*call) []*call {
+	q.mu.Lock()
+	n := q.n
+	q.mu.Unlock()
+	return q.take(batch, n)
+}
+
 // len is how many calls wait.
 func (q *callQueue) len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.calls)
+	return q.n
+}
+
+// lenOf is how many calls identity by has waiting.
+func (q *callQueue) lenOf(by string) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if i := q.find(by); i >= 0 {
+		return len(q.ids[i].calls)
+	}
+	return 0
 }

@@ -53,3 +53,69 @@ func TestCallQueueWakesForWhatIsLeft(t *testing.T) {
 		t.Fatalf("took %d, %d left; want all %d", len(got), q.len(), maxQueued)
 	}
 }
+
+// TestCallQueueTakesTurns: a repo's queue is shared by identities in
+// turns. A runner that floods a repo fills its own share (maxQueued) and
+// is refused past it, while another runner's calls still queue; each
+// batch takes one call of every identity waiting in turn, each
+// identity's oldest first, so the other runner's call is in the next
+// batch, not behind the flood. The service's own calls (identity "")
+// take turns too, and pushAlways queues them past any share.
+func TestCallQueueTakesTurns(t *testing.T) {
+	q := callQueue{ready: make(chan struct{}, 1)}
+	for i := range maxQueued {
+		if !q.push(&call{by: "flooder", op: strconv.Itoa(i)}) {
+			t.Fatalf("the flooder's call %d refused below its share", i)
+		}
+	}
+	if q.push(&call{by: "flooder"}) {
+		t.Fatalf("the flooder queued past its share (%d)", maxQueued)
+	}
+	for i := range 3 {
+		if !q.push(&call{by: "victim", op: strconv.Itoa(i)}) {
+			t.Fatalf("the victim's call %d refused while the flooder's share is full", i)
+		}
+	}
+	q.pushAlways(&call{op: "reap"})
+	if n, f, v := q.len(), q.lenOf("flooder"), q.lenOf("victim"); n != maxQueued+4 || f != maxQueued || v != 3 {
+		t.Fatalf("queued %d (flooder %d, victim %d), want %d (%d, 3)", n, f, v, maxQueued+4, maxQueued)
+	}
+
+	got := q.take(nil, 5)
+	want := []string{"flooder/0", "victim/0", "/reap", "flooder/1", "victim/1"}
+	for i, c := range got {
+		if k := c.by + "/" + c.op; i >= len(want) || k != want[i] {
+			t.Fatalf("batch %d is %s, want %v", i, k, want)
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("took %d calls, want %d", len(got), len(want))
+	}
+	// The victim's last call and the flooder's next, then the flooder
+	// alone, in its order.
+	got = q.take(nil, 3)
+	if k := got[0].by + "/" + got[0].op; k != "flooder/2" {
+		t.Fatalf("next batch starts with %s, want flooder/2 (its turn comes after victim/1)", k)
+	}
+	if k := got[1].by + "/" + got[1].op; k != "victim/2" {
+		t.Fatalf("next batch's second call is %s, want victim/2", k)
+	}
+	if k := got[2].by + "/" + got[2].op; k != "flooder/3" {
+		t.Fatalf("next batch's third call is %s, want flooder/3 (the victim has none left)", k)
+	}
+	next := 4
+	for q.len() > 0 {
+		for _, c := range q.take(nil, 100) {
+			if c.by != "flooder" || c.op != strconv.Itoa(next) {
+				t.Fatalf("took %s/%s, want flooder/%d (its own order)", c.by, c.op, next)
+			}
+			next++
+		}
+	}
+	if next != maxQueued {
+		t.Fatalf("the flooder's calls ran to %d, want %d", next, maxQueued)
+	}
+	if q.ids != nil || q.lenOf("flooder") != 0 {
+		t.Fatal("an empty queue keeps its identities' arrays")
+	}
+}

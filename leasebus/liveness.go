@@ -220,7 +220,7 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 			if n == maxKeptReads {
 				break // the rest stay Unknown: their views are being refreshed meanwhile
 			}
-			answers[i] = s.keptFromLog(r.Leases[i])
+			answers[i] = s.keptFromLog(id, r.Leases[i])
 		}
 		respondKept(c, answers, r.Compact, anchor)
 	})
@@ -305,7 +305,8 @@ const (
 // repo its id names (loading it if this instance has not yet), else one
 // this instance already has an actor for. A lease no log is found for is
 // Unknown, not Missing: an old-form id may be in a repo not loaded yet.
-func (s *Service) keptFromLog(k keptLease) keptAnswer {
+// by is the asking identity: the read queues at the repo in its turn.
+func (s *Service) keptFromLog(by string, k keptLease) keptAnswer {
 	out := keptAnswer{LeaseID: k.LeaseID, Unknown: true}
 	ctx, cancel := context.WithTimeout(s.ctx, maxKeptWait)
 	defer cancel()
@@ -318,7 +319,7 @@ func (s *Service) keptFromLog(k keptLease) keptAnswer {
 	if a == nil {
 		return out
 	}
-	r := a.ask(ctx, &call{op: "get", req: &getRequest{LeaseID: k.LeaseID, Repo: k.Repo}})
+	r := a.ask(ctx, &call{op: "get", by: by, req: &getRequest{LeaseID: k.LeaseID, Repo: k.Repo}})
 	switch err := r.Error.err(); {
 	case errors.Is(err, lease.ErrNotFound):
 		out.Unknown, out.Missing = false, true

@@ -29,6 +29,12 @@ const (
 	// did not send (a JetStream delivery, or an answer someone had the
 	// server or the service send there as a reply); ignored.
 	ReasonBusForged = "bus-forged"
+	// ReasonBusOverload: a request refused because its identity has its
+	// share of the service's room in use already (requests queued at a
+	// repo, acquires waiting there, requests in flight); the identity
+	// retries once some are answered, and other identities are not held
+	// up by it.
+	ReasonBusOverload = "bus-overload"
 )
 
 // refusalRate bounds how many of the bus's refusals per second become
@@ -59,7 +65,11 @@ func (s *Service) refuse(reason, id, what string) {
 	select {
 	case s.refusals <- busRefusal{reason: reason, id: id, what: what}:
 	default:
-		s.refusalsDropped.Add(1)
+		if reason == ReasonBusOverload {
+			s.overloadsDropped.Add(1)
+		} else {
+			s.refusalsDropped.Add(1)
+		}
 	}
 }
 
@@ -85,6 +95,9 @@ func (s *Service) refusalWriter(ctx context.Context) {
 		case <-tick.C:
 			if n := s.refusalsDropped.Swap(0); n > 0 {
 				skipped[ReasonBusPermission] += int(n) // the queue cannot tell; most are
+			}
+			if n := s.overloadsDropped.Swap(0); n > 0 {
+				skipped[ReasonBusOverload] += int(n)
 			}
 			for reason, n := range skipped {
 				s.auditRefusal(ctx, busRefusal{reason: reason}, n)
@@ -171,6 +184,10 @@ func (s *Service) auditRefusal(ctx context.Context, r busRefusal, skipped int) {
 	ev := lease.AuditEvent{Time: s.cfg.Now().UTC(), Type: lease.EventRefused, Boundary: lease.BoundaryBus, Reason: r.reason, Message: r.what}
 	if skipped > 0 {
 		ev.Message = fmt.Sprintf("the bus refused %d more (%s) in the last second, over the %d a second written one by one (the bus's log has each)", skipped, r.reason, refusalRate)
+		if r.reason == ReasonBusOverload {
+			// The service's own refusals: no server log line has them.
+			ev.Message = fmt.Sprintf("the bus refused %d more (%s) in the last second, over the %d a second written one by one", skipped, r.reason, refusalRate)
+		}
 	}
 	if r.id != "" {
 		ev.RequestedBy = s.name(r.id)

@@ -122,6 +122,7 @@ type Service struct {
 	actors      map[string]*actor     // by repo key; guarded by mu
 	index       map[string]*indexed   // lease id -> its repo key and record (never changed once made: replaced); guarded by mu
 	stopping    bool                  // no new goroutines once set; guarded by mu
+	inFlight    map[string]int        // goTracked's goroutines by identity; guarded by mu
 	subs        []*nats.Subscription  // guarded by mu
 	tailing     atomic.Bool           // following other instances' appends (and announcing ours)
 	storeErr    atomic.Pointer[error] // the store fault the probe last found (watchStore)
@@ -130,6 +131,9 @@ type Service struct {
 	// fit is counted in refusalsDropped.
 	refusals        chan busRefusal
 	refusalsDropped atomic.Int64
+	// overloadsDropped counts the overload refusals (ReasonBusOverload)
+	// that did not fit the refusals queue.
+	overloadsDropped atomic.Int64
 	// boundary bounds each identity's rate of boundary events.
 	boundary boundaryLimits
 	// secrets caches the storages' secrets of FenceSecretDir (grants.go).
@@ -459,15 +463,58 @@ func (s *Service) actor(key, repo string) *actor {
 // goTracked runs f on a goroutine the service waits for in Stop; once the
 // service is stopping it answers c with ErrUnavailable instead, and
 // reports false.
+//
+// A request's goroutines are counted by its identity: one with
+// maxInFlight of them running has the request refused as an overload
+// (audited), so a runner that floods the requests served this way (list,
+// sweep, status, a lease's first lookup) holds at most that many
+// goroutines, and the fan-outs among them queue at each repo as its own
+// calls, in turn with everyone else's (callQueue).
 func (s *Service) goTracked(c *call, f func()) bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.stopping {
+		s.mu.Unlock()
 		c.respond(reply{Error: toWire(fmt.Errorf("%w: lease service stopping", lease.ErrUnavailable))})
 		return false
 	}
-	s.wg.Go(f)
+	by := ""
+	if c.msg != nil {
+		by = c.by
+	}
+	if by != "" {
+		if n := s.inFlight[by]; n >= maxInFlight {
+			s.mu.Unlock()
+			what := fmt.Sprintf("%s has %d requests in flight already (at most %d an identity)", s.name(by), n, maxInFlight)
+			s.refuse(ReasonBusOverload, by, "refused a "+c.op+" request: "+what)
+			c.fail(fmt.Errorf("%w: lease service overloaded: %s; retry once they are answered", lease.ErrUnavailable, what))
+			return false
+		}
+		if s.inFlight == nil {
+			s.inFlight = map[string]int{}
+		}
+		s.inFlight[by]++
+	}
+	s.wg.Go(func() {
+		if by != "" {
+			defer s.doneInFlight(by)
+		}
+		f()
+	})
+	s.mu.Unlock()
 	return true
+}
+
+// maxInFlight bounds the goroutines one identity's requests hold in the
+// service at once (goTracked).
+const maxInFlight = 2048
+
+// doneInFlight counts one of by's requests in flight as done.
+func (s *Service) doneInFlight(by string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inFlight[by]--; s.inFlight[by] <= 0 {
+		delete(s.inFlight, by)
+	}
 }
 
 // goBackground runs f on a goroutine the service waits for in Stop, and
@@ -761,6 +808,7 @@ func (s *Service) handlerOf(op string, serviceAccount, forwarded bool) nats.MsgH
 			s.refuse(ReasonBusForged, "", fmt.Sprintf("ignored a message on %s, the request subject of %s, whose reply %q is not that identity's inbox: an answer someone had the bus send there", m.Subject, s.name(id), m.Reply))
 			return
 		}
+		c.by = id
 		s.cfg.Metrics.took(op) // each path from here answers (call.answered)
 		switch op {
 		case "acquire":
@@ -1241,7 +1289,7 @@ func (s *Service) fanOut(c *call, repo string, req any) reply {
 	}
 	out := reply{Leases: []*lease.Lease{}}
 	for _, a := range actors {
-		rep := a.ask(s.ctx, &call{op: c.op, req: req})
+		rep := a.ask(s.ctx, &call{op: c.op, by: c.by, req: req})
 		if rep.Error != nil {
 			return rep
 		}

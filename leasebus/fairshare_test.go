@@ -1,0 +1,334 @@
+package leasebus
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fenceline/fenceline/lease"
+)
+
+// floodRequests publishes n requests of op (data) on nc's identity, answered to
+// an inbox of nc's own that the subscription it returns reads.
+func floodRequests(t *testing.T, nc *nats.Conn, op string, data []byte, n int) *nats.Subscription {
+	t.Helper()
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
+	}
+	subj := requestSubject(op, IdentityOf(nc))
+	for range n {
+		if err := nc.PublishRequest(subj, inbox, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
+// nextOverload reads the next answer on sub and fails unless it refuses
+// the request as an overload whose message says want.
+func nextOverload(t *testing.T, sub *nats.Subscription, want string) {
+	t.Helper()
+	m, err := sub.NextMsg(time.Minute)
+	if err != nil {
+		t.Fatalf("no answer to the flood: %v", err)
+	}
+	var r reply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Error.err(); !errors.Is(err, lease.ErrUnavailable) || !strings.Contains(err.Error(), "overloaded") || !strings.Contains(err.Error(), want) {
+		t.Fatalf("an answer to the flood past its share: %+v (%v), want overloaded saying %q", r, err, want)
+	}
+}
+
+// floodGets publishes n gets of leaseID on nc's identity (floodRequests).
+func floodGets(t *testing.T, nc *nats.Conn, leaseID string, n int) *nats.Subscription {
+	t.Helper()
+	data, err := json.Marshal(getRequest{LeaseID: leaseID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return floodRequests(t, nc, "get", data, n)
+}
+
+// TestFloodingRunnerHoldsUpNoOther: one runner floods the repo another
+// runner works in, with requests the service must queue at the repo's
+// actor (gets of the other's lease, which any holder may read). The
+// flood fills the flooder's own share of the queue and no more: past it
+// the flooder is refused as overloaded, audited in its name, while the
+// other runner's renewal and acquire are still queued and answered (on
+// a queue shared first come first served, the flood filled the repo's
+// queue and turned away every runner's renewal until it drained).
+func TestFloodingRunnerHoldsUpNoOther(t *testing.T) {
+	t.Parallel()
+	const repo = "github.com/acme/shared"
+	b := startIdentityBus(t, "flooder", "victim")
+	ctx := ctxFor(t, 2*time.Minute)
+	victim := NewClient(b.holders["victim"])
+	cred := NewCredential()
+	l, err := victim.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services/billing"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, ok := b.service.existing(RepoKey(repo))
+	if !ok {
+		t.Fatal("no actor for the repo")
+	}
+	flooderID, victimID := IdentityOf(b.holders["flooder"]), IdentityOf(b.holders["victim"])
+
+	// The actor is busy (as under a slow append): what comes waits.
+	a.busy.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			a.busy.Unlock()
+		}
+	}()
+	const over = 50
+	answers := floodGets(t, b.holders["flooder"], l.LeaseID, maxQueued+over)
+	for range over {
+		nextOverload(t, answers, "flooder has 4096 requests waiting for the repo of lease log "+RepoKey(repo))
+	}
+	if n := a.calls.lenOf(flooderID); n != maxQueued {
+		t.Fatalf("the flooder has %d calls queued, want its share (%d)", n, maxQueued)
+	}
+
+	// The victim renews and acquires meanwhile: both queue.
+	var wg sync.WaitGroup
+	var renewErr, acquireErr error
+	wg.Go(func() {
+		_, renewErr = victim.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Repo: repo, Credential: cred, Version: l.Version})
+	})
+	wg.Go(func() {
+		_, acquireErr = victim.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services/search"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
+	})
+	checkFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if n := a.calls.lenOf(victimID); n != 2 {
+			return fmt.Errorf("the victim has %d calls queued beside the flood, want its renewal and its acquire", n)
+		}
+		return nil
+	})
+	locked = false
+	a.busy.Unlock()
+	wg.Wait()
+	if renewErr != nil || acquireErr != nil {
+		t.Fatalf("the victim's renewal (%v) or acquire (%v) failed during the flood", renewErr, acquireErr)
+	}
+	// The flood is answered too, in turn.
+	for got := 0; got < maxQueued; got++ {
+		if _, err := answers.NextMsg(time.Minute); err != nil {
+			t.Fatalf("%d of the flood's %d queued gets answered: %v", got, maxQueued, err)
+		}
+	}
+
+	// Each refusal is the flooder's, in the audit (counted past
+	// refusalRate a second), and none is the victim's.
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.svc, "", 0)
+		if err != nil {
+			return err
+		}
+		flooder := 0
+		for _, ev := range evs {
+			if ev.Type != lease.EventRefused || ev.Reason != ReasonBusOverload {
+				continue
+			}
+			if ev.RequestedBy == "" && strings.Contains(ev.Message, "more (bus-overload)") {
+				continue // past refusalRate a second: counted, in no one's name
+			}
+			if ev.RequestedBy != b.service.name(flooderID) {
+				t.Fatalf("an overload refusal in the name of %q, want only the flooder's: %+v", ev.RequestedBy, ev)
+			}
+			if !strings.Contains(ev.Message, "refused a get request") {
+				t.Fatalf("the overload refusal does not say what was refused: %q", ev.Message)
+			}
+			flooder++
+		}
+		if flooder == 0 {
+			return errors.New("no overload refusal audited yet")
+		}
+		return nil
+	})
+}
+
+// TestWaitingAcquiresBoundedPerIdentity: every batch of a repo looks at
+// every acquire waiting there, so a runner that kept thousands waiting
+// would slow each batch of the repo, the other runners' too. One
+// identity has at most maxWaiting acquires waiting at a repo; the next is
+// refused as overloaded (audited), and another identity's acquire still
+// waits and is granted when the lease it waits for is released.
+func TestWaitingAcquiresBoundedPerIdentity(t *testing.T) {
+	t.Parallel()
+	const repo = "github.com/acme/shared"
+	b := startIdentityBus(t, "flooder", "victim")
+	ctx := ctxFor(t, 2*time.Minute)
+	flooder, victim := NewClient(b.holders["flooder"]), NewClient(b.holders["victim"])
+	holdCred := NewCredential()
+	held, err := flooder.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, holdCred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait := lease.Duration(time.Minute)
+	acquireRaw := func(nc *nats.Conn, path string, inbox string) {
+		t.Helper()
+		req := AcquireRequest{Repo: repo, Scope: claim(t, path), Owner: owner(2), TTL: lease.Duration(time.Minute), Wait: wait, RequestID: NewRequestID()}
+		req.CredentialHash = NewCredential().hash()
+		if err := nc.PublishRequest(requestSubject("acquire", IdentityOf(nc)), inbox, req.encode()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fnc := b.holders["flooder"]
+	inbox := fnc.NewInbox()
+	answers, err := fnc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxWaiting + 1 {
+		acquireRaw(fnc, fmt.Sprintf("services/f%d", i), inbox)
+	}
+	m, err := answers.NextMsg(time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r reply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Error.err(); !errors.Is(err, lease.ErrUnavailable) || !strings.Contains(err.Error(), "acquires waiting") {
+		t.Fatalf("the acquire past the flooder's %d waiting: %+v (%v), want overloaded", maxWaiting, r, err)
+	}
+	if n := queued(b.service, repo); n != maxWaiting {
+		t.Fatalf("%d acquires wait, want the flooder's %d", n, maxWaiting)
+	}
+
+	// The victim's acquire waits all the same, and is granted (after the
+	// flooder's, which came first and overlap nothing of it) once the
+	// lease it waits behind is released.
+	got := make(chan error, 1)
+	go func() {
+		_, err := victim.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services/billing"), Owner: owner(3), TTL: lease.Duration(time.Minute), Wait: wait}, NewCredential())
+		got <- err
+	}()
+	checkFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if n := queued(b.service, repo); n != maxWaiting+1 {
+			return fmt.Errorf("%d acquires wait, want the flooder's %d and the victim's", n, maxWaiting)
+		}
+		return nil
+	})
+	if _, err := flooder.Release(ctx, held.LeaseID, holdCred); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("the victim's waiting acquire: %v", err)
+	}
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.svc, "", 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Type == lease.EventRefused && ev.Reason == ReasonBusOverload && ev.RequestedBy == b.service.name(IdentityOf(fnc)) &&
+				strings.Contains(ev.Message, "services/f") && strings.Contains(ev.Message, "acquires waiting") {
+				return nil
+			}
+		}
+		return errors.New("the refused acquire is not in the audit yet")
+	})
+}
+
+// TestRequestsInFlightBoundedPerIdentity: the requests the service serves
+// on goroutines of their own (a list, a sweep, a lease's first lookup)
+// are counted by identity: a runner with maxInFlight of them waiting (a
+// list of a repo whose actor is busy) has the next refused as an overload,
+// audited, and another runner's list is still taken and answered.
+func TestRequestsInFlightBoundedPerIdentity(t *testing.T) {
+	t.Parallel()
+	const repo = "github.com/acme/shared"
+	b := startIdentityBus(t, "flooder", "victim")
+	ctx := ctxFor(t, 2*time.Minute)
+	victim := NewClient(b.holders["victim"])
+	if _, err := victim.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "services/billing"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatal(err)
+	}
+	a, ok := b.service.existing(RepoKey(repo))
+	if !ok {
+		t.Fatal("no actor for the repo")
+	}
+	a.busy.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			a.busy.Unlock()
+		}
+	}()
+	data, err := json.Marshal(listRequest{Repo: repo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const over = 20
+	answers := floodRequests(t, b.holders["flooder"], "list", data, maxInFlight+over)
+	for range over {
+		nextOverload(t, answers, fmt.Sprintf("flooder has %d requests in flight already", maxInFlight))
+	}
+	listed := make(chan error, 1)
+	go func() {
+		ls, err := victim.List(ctx, repo, false)
+		if err == nil && len(ls) != 1 {
+			err = fmt.Errorf("listed %d leases, want the victim's one", len(ls))
+		}
+		listed <- err
+	}()
+	victimID := IdentityOf(b.holders["victim"])
+	checkFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if n := a.calls.lenOf(victimID); n != 1 {
+			return fmt.Errorf("the victim's list has %d calls queued at the repo, want 1", n)
+		}
+		return nil
+	})
+	locked = false
+	a.busy.Unlock()
+	if err := <-listed; err != nil {
+		t.Fatalf("the victim's list during the flood: %v", err)
+	}
+	for got := 0; got < maxInFlight; got++ {
+		if _, err := answers.NextMsg(time.Minute); err != nil {
+			t.Fatalf("%d of the flood's %d lists in flight answered: %v", got, maxInFlight, err)
+		}
+	}
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.svc, "", 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Type == lease.EventRefused && ev.Reason == ReasonBusOverload && ev.RequestedBy == "flooder" && strings.Contains(ev.Message, "refused a list request") {
+				return nil
+			}
+		}
+		return errors.New("the refused list is not in the audit yet")
+	})
+	// Every goroutine of the flood is counted out (each list's access
+	// event written first).
+	checkFor(t, time.Minute, 10*time.Millisecond, func() error {
+		b.service.mu.Lock()
+		defer b.service.mu.Unlock()
+		if len(b.service.inFlight) != 0 {
+			return fmt.Errorf("requests still counted in flight: %v", b.service.inFlight)
+		}
+		return nil
+	})
+}
