@@ -332,3 +332,78 @@ func TestRequestsInFlightBoundedPerIdentity(t *testing.T) {
 		return nil
 	})
 }
+
+// TestKeepaliveReadsSharedByIdentity: a keepalive naming leases no view
+// covers reads their logs, in one of maxKeptReaders places. A runner
+// whose keepalives name made-up leases in a repo kept busy holds at most
+// maxKeptReadersEach of them (each for as long as its reads wait), and
+// another runner's keepalive still reads: its made-up lease is Missing,
+// from the log, not Unknown for want of a place (when one runner could
+// take every place, the other's holders went Unknown beat after beat).
+func TestKeepaliveReadsSharedByIdentity(t *testing.T) {
+	t.Parallel()
+	const busy, other = "github.com/acme/shared", "github.com/acme/other"
+	b := startIdentityBus(t, "flooder", "victim")
+	ctx := ctxFor(t, 2*time.Minute)
+	victim := NewClient(b.holders["victim"])
+	for _, r := range []string{busy, other} { // both repos have a log
+		if _, err := victim.Acquire(ctx, AcquireRequest{Repo: r, Scope: claim(t, "services/billing"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, ok := b.service.existing(RepoKey(busy))
+	if !ok {
+		t.Fatal("no actor for the busy repo")
+	}
+	a.busy.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			a.busy.Unlock()
+		}
+	}()
+	madeUp := make([]keptLease, maxKeptReads)
+	for i := range madeUp {
+		madeUp[i] = keptLease{LeaseID: newLeaseID(RepoKey(busy), time.Now()), Repo: busy, Fence: 1, Version: 1}
+	}
+	data, err := json.Marshal(keepaliveRequest{Session: NewClient(b.holders["flooder"]).SessionID(), Leases: madeUp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	answers := floodRequests(t, b.holders["flooder"], "keepalive", data, maxKeptReaders)
+	// Every one of the flood's keepalives is answered (Unknown: no place)
+	// or holds a place, reading.
+	answered := 0
+	checkFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		for {
+			if _, err := answers.NextMsg(time.Millisecond); err != nil {
+				break
+			}
+			answered++
+		}
+		if reading := len(b.service.keptReads); answered+reading != maxKeptReaders {
+			return fmt.Errorf("of the flood's %d keepalives %d answered, %d reading", maxKeptReaders, answered, reading)
+		}
+		return nil
+	})
+	if reading := len(b.service.keptReads); reading != maxKeptReadersEach {
+		t.Fatalf("the flooder's keepalives read in %d places, want its share (%d)", reading, maxKeptReadersEach)
+	}
+	r, err := victim.request(ctx, "keepalive", &keepaliveRequest{Session: victim.SessionID(), Leases: []keptLease{{LeaseID: newLeaseID(RepoKey(other), time.Now()), Repo: other, Fence: 1, Version: 1}}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Kept) != 1 || !r.Kept[0].Missing {
+		t.Fatalf("the victim's keepalive beside the flood: %+v, want its made-up lease Missing, read from its log", r.Kept)
+	}
+	locked = false
+	a.busy.Unlock()
+	checkFor(t, time.Minute, 10*time.Millisecond, func() error {
+		b.service.keptMu.Lock()
+		defer b.service.keptMu.Unlock()
+		if n := len(b.service.keptReads); n != 0 || len(b.service.keptReaders) != 0 {
+			return fmt.Errorf("%d places still taken (%v)", n, b.service.keptReaders)
+		}
+		return nil
+	})
+}

@@ -206,16 +206,15 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 		respondKept(c, answers, r.Compact, anchor)
 		return
 	}
-	select {
-	case s.keptReads <- struct{}{}:
-	default:
-		// As many keepalives read logs already as may: the rest stay
-		// Unknown this beat, as those past maxKeptReads do.
+	if !s.takeKeptReader(id) {
+		// As many keepalives read logs already as may (or as this
+		// identity's may): the rest stay Unknown this beat, as those
+		// past maxKeptReads do.
 		respondKept(c, answers, r.Compact, anchor)
 		return
 	}
 	read := s.goTracked(c, func() {
-		defer func() { <-s.keptReads }()
+		defer s.doneKeptReader(id)
 		for n, i := range ask {
 			if n == maxKeptReads {
 				break // the rest stay Unknown: their views are being refreshed meanwhile
@@ -225,8 +224,38 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 		respondKept(c, answers, r.Compact, anchor)
 	})
 	if !read {
-		<-s.keptReads // (stopping: answered so)
+		s.doneKeptReader(id) // (stopping or overloaded: answered so)
 	}
+}
+
+// takeKeptReader takes one of the maxKeptReaders places for a keepalive
+// of identity id to read logs in, unless id has maxKeptReadersEach of them
+// already: a runner whose keepalives name leases no view covers (made-up
+// ones, in a repo kept busy) holds at most that many, and the others'
+// keepalives still read.
+func (s *Service) takeKeptReader(id string) bool {
+	s.keptMu.Lock()
+	defer s.keptMu.Unlock()
+	if s.keptReaders[id] >= maxKeptReadersEach {
+		return false
+	}
+	select {
+	case s.keptReads <- struct{}{}:
+	default:
+		return false
+	}
+	s.keptReaders[id]++
+	return true
+}
+
+// doneKeptReader gives back a place takeKeptReader took for id.
+func (s *Service) doneKeptReader(id string) {
+	s.keptMu.Lock()
+	defer s.keptMu.Unlock()
+	if s.keptReaders[id]--; s.keptReaders[id] <= 0 {
+		delete(s.keptReaders, id)
+	}
+	<-s.keptReads
 }
 
 // respondKept answers a keepalive with answers, one per lease it asked
@@ -296,9 +325,11 @@ func (s *Service) keptFromViews(ks []keptLease, answers []keptAnswer) (ask []int
 // maxKeptReaders bounds the keepalives reading logs at once, each on a
 // goroutine of its own: a runner sending keepalives that name made-up
 // leases as fast as it can must not start goroutines as fast.
+// maxKeptReadersEach bounds those of one identity.
 const (
-	maxKeptReads   = 16
-	maxKeptReaders = 64
+	maxKeptReads       = 16
+	maxKeptReaders     = 64
+	maxKeptReadersEach = 8
 )
 
 // keptFromLog answers for one lease from a read of its repo's log: the

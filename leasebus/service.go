@@ -157,6 +157,10 @@ type Service struct {
 	// keptReads holds a token for each keepalive reading logs now (at most
 	// maxKeptReaders: see Service.keepalive).
 	keptReads chan struct{}
+	// keptReaders counts the places in keptReads by identity; guarded by
+	// keptMu.
+	keptMu      sync.Mutex
+	keptReaders map[string]int
 	// lastReap (on the monotonic clock), behind and massSilence belong to
 	// the session reaper's goroutine (reapSilent).
 	lastReap    time.Time
@@ -229,7 +233,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	}
 	s := &Service{nc: nc, fleet: fleet, ownFleet: ownFleet, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: newMailboxes(nc, 64), metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger, warns: newWarnings(warnEvery),
 		actors: map[string]*actor{}, index: map[string]*indexed{}, loading: map[string]*repoLoad{}, answerVia: map[*nats.Conn]*nats.Subscription{},
-		keptReads: make(chan struct{}, maxKeptReaders)}
+		keptReads: make(chan struct{}, maxKeptReaders), keptReaders: map[string]int{}}
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.attach(s); err != nil {
 			if ownFleet {
