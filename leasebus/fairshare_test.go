@@ -407,3 +407,169 @@ func TestKeepaliveReadsSharedByIdentity(t *testing.T) {
 		return nil
 	})
 }
+
+// TestSessionsBoundedPerIdentity: a runner keeps one session a process;
+// one that makes up sessions by the thousand (each keepalive a new
+// session id) gets maxSessionsEach of them kept, and the rest refused as
+// an overload, audited, and not kept: an instance's memory and its
+// digest to the others do not grow with the flood. Another runner's new
+// session is still kept.
+func TestSessionsBoundedPerIdentity(t *testing.T) {
+	t.Parallel()
+	b := startIdentityBus(t, "flooder", "victim")
+	ctx := ctxFor(t, 2*time.Minute)
+	fnc := b.holders["flooder"]
+	inbox := fnc.NewInbox()
+	answers, err := fnc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := answers.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
+	}
+	const over = 30
+	subj := requestSubject("keepalive", IdentityOf(fnc))
+	for i := range maxSessionsEach + over {
+		data, err := json.Marshal(keepaliveRequest{Session: fmt.Sprintf("%s%032x", sessionPrefix, i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fnc.PublishRequest(subj, inbox, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kept, refused := 0, 0
+	for kept+refused < maxSessionsEach+over {
+		m, err := answers.NextMsg(time.Minute)
+		if err != nil {
+			t.Fatalf("%d kept and %d refused of the flood's %d keepalives: %v", kept, refused, maxSessionsEach+over, err)
+		}
+		var r reply
+		if err := json.Unmarshal(m.Data, &r); err != nil {
+			t.Fatal(err)
+		}
+		switch err := r.Error.err(); {
+		case err == nil:
+			kept++
+		case errors.Is(err, lease.ErrUnavailable) && strings.Contains(err.Error(), "sessions alive"):
+			refused++
+		default:
+			t.Fatalf("a keepalive of the flood: %v", err)
+		}
+	}
+	if kept != maxSessionsEach || refused != over {
+		t.Fatalf("%d of the flood's sessions kept and %d refused, want %d and %d", kept, refused, maxSessionsEach, over)
+	}
+	b.service.live.mu.Lock()
+	n := b.service.live.sessions[IdentityOf(fnc)]
+	b.service.live.mu.Unlock()
+	if n != maxSessionsEach {
+		t.Fatalf("the instance keeps %d of the flooder's sessions, want %d", n, maxSessionsEach)
+	}
+	// A kept session keeps alive as before; the victim's new one is kept.
+	if _, err := fnc.Request(subj, []byte(fmt.Sprintf(`{"session":"%s%032x"}`, sessionPrefix, 0)), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	victim := NewClient(b.holders["victim"])
+	if _, err := victim.request(ctx, "keepalive", &keepaliveRequest{Session: victim.SessionID()}, 0); err != nil {
+		t.Fatalf("the victim's keepalive beside the flood: %v", err)
+	}
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.svc, "", 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Type == lease.EventRefused && ev.Reason == ReasonBusOverload && ev.RequestedBy == "flooder" && strings.Contains(ev.Message, "keepalive of a new session") {
+				return nil
+			}
+		}
+		return errors.New("the refused session is not in the audit yet")
+	})
+}
+
+// TestDigestInParts: an instance's digest of the sessions it heard goes
+// to the others in parts of at most maxDigestPart bytes, each of whole
+// lines, so a fleet's (10,000 sessions are about 1 MB, a NATS server's
+// default limit for a message) is not refused by the server whole,
+// leaving the others counting this instance late and giving every silent
+// session three graces. Here 20,000 sessions reach a listener, every one
+// of them.
+func TestDigestInParts(t *testing.T) {
+	data := []byte("a.1\nbb.22\nccc.333\n")
+	for _, max := range []int{1, 4, 6, 9, 10, 18, 100} {
+		parts := digestParts(data, max)
+		var joined []byte
+		for _, p := range parts {
+			if len(p) > max {
+				t.Errorf("max %d: a part of %d bytes", max, len(p))
+			}
+			if max >= len("ccc.333\n") && (len(p) == 0 || p[len(p)-1] != '\n') { // every line fits
+				t.Errorf("max %d: part %q does not end a line", max, p)
+			}
+			joined = append(joined, p...)
+		}
+		if string(joined) != string(data) {
+			t.Errorf("max %d: parts join to %q, want %q", max, joined, data)
+		}
+	}
+	if parts := digestParts(nil, 10); len(parts) != 1 || len(parts[0]) != 0 {
+		t.Errorf("an empty digest is %d parts, want one empty part", len(parts))
+	}
+	if got := digestPartMax(1 << 20); got != maxDigestPart {
+		t.Errorf("a part on a server taking 1 MB: %d bytes, want %d", got, maxDigestPart)
+	}
+	if got := digestPartMax(64 << 10); got != 60<<10 {
+		t.Errorf("a part on a server taking 64 KB: %d bytes, want %d", got, 60<<10)
+	}
+
+	t.Run("published", func(t *testing.T) {
+		t.Parallel()
+		b := startBus(t)
+		want := map[string]bool{}
+		var mu sync.Mutex
+		largest := 0
+		sub, err := b.nc.Subscribe(sessionsSubject, func(m *nats.Msg) {
+			if m.Header.Get(writerHeader) != b.svc.store.writer {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			largest = max(largest, len(m.Data))
+			for line := range strings.Lines(string(m.Data)) {
+				delete(want, strings.TrimSuffix(line, "\n"))
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+		if err := b.nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		b.svc.tailing.Store(true) // as when it follows other instances: it publishes
+		now := b.svc.cfg.Now()
+		for i := range 20_000 {
+			k := sessionKey(fmt.Sprintf("U%055d", i/1000), fmt.Sprintf("%s%032x", sessionPrefix, i))
+			if !b.svc.live.heard(k, now) {
+				t.Fatalf("session %d not kept", i)
+			}
+			want[k] = true
+		}
+		mu.Unlock()
+		checkFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(want) > 0 {
+				return fmt.Errorf("%d of 20,000 sessions not in any digest part yet", len(want))
+			}
+			return nil
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		if largest > maxDigestPart {
+			t.Errorf("a digest part of %d bytes, over %d", largest, maxDigestPart)
+		}
+	})
+}

@@ -54,28 +54,52 @@ type liveness struct {
 	byIdentity map[string]time.Time
 	fresh      map[string]struct{}  // heard since the last digest; guarded by mu
 	peers      map[string]time.Time // other instance -> its last digest; guarded by mu
+	// sessions counts the keys in seen by identity; guarded by mu.
+	sessions map[string]int
 }
 
+// maxSessionsEach bounds the sessions of one identity an instance keeps
+// (heard through it within the last massGraces+1 graces): a runner
+// keeps one session a process. A runner making up sessions by the
+// thousand would grow every instance's memory and digest without bound.
+const maxSessionsEach = 1024
+
 func newLiveness(grace time.Duration, now time.Time) *liveness {
-	return &liveness{grace: grace, since: now, seen: map[string]time.Time{}, byIdentity: map[string]time.Time{}, fresh: map[string]struct{}{}, peers: map[string]time.Time{}}
+	return &liveness{grace: grace, since: now, seen: map[string]time.Time{}, byIdentity: map[string]time.Time{}, fresh: map[string]struct{}{}, peers: map[string]time.Time{}, sessions: map[string]int{}}
 }
 
 // sessionKey names a session: its id within the identity that keeps it
 // alive (no identity keeps another's session alive).
 func sessionKey(identity, session string) string { return identity + "." + session }
 
-func (l *liveness) heard(key string, now time.Time) {
+// heard notes a keepalive of session key; false, noting nothing, when the
+// session is new and its identity has maxSessionsEach sessions already.
+func (l *liveness) heard(key string, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if _, ok := l.seen[key]; !ok {
+		id := identityOfKey(key)
+		if l.sessions[id] >= maxSessionsEach {
+			return false
+		}
+		l.sessions[id]++
+	}
 	l.seen[key] = now
 	l.fresh[key] = struct{}{}
 	l.heardIdentity(key, now)
+	return true
+}
+
+// identityOfKey is the identity of session key.
+func identityOfKey(key string) string {
+	id, _, _ := strings.Cut(key, ".")
+	return id
 }
 
 // heardIdentity notes that the identity of session key was heard at t;
 // l.mu is held.
 func (l *liveness) heardIdentity(key string, t time.Time) {
-	id, _, _ := strings.Cut(key, ".")
+	id := identityOfKey(key)
 	if t.After(l.byIdentity[id]) {
 		l.byIdentity[id] = t
 	}
@@ -167,6 +191,10 @@ func (l *liveness) digest(now time.Time) []byte {
 	for k, t := range l.seen {
 		if now.Sub(t) > (massGraces+1)*l.grace {
 			delete(l.seen, k)
+			id := identityOfKey(k)
+			if l.sessions[id]--; l.sessions[id] <= 0 {
+				delete(l.sessions, id)
+			}
 		}
 	}
 	for id, t := range l.byIdentity {
@@ -184,6 +212,9 @@ func (l *liveness) learn(peer string, data []byte, now time.Time) {
 	l.peers[peer] = now
 	for line := range strings.Lines(string(data)) {
 		if k := strings.TrimSuffix(line, "\n"); k != "" && len(k) <= 128 {
+			if _, ok := l.seen[k]; !ok {
+				l.sessions[identityOfKey(k)]++ // another instance's word: counted, never refused
+			}
 			l.seen[k] = now
 			l.heardIdentity(k, now)
 		}
@@ -198,7 +229,12 @@ func (l *liveness) learn(peer string, data []byte, now time.Time) {
 // views, when this instance beats.
 func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 	now := s.cfg.Now()
-	s.live.heard(sessionKey(id, r.Session), now)
+	if !s.live.heard(sessionKey(id, r.Session), now) {
+		what := fmt.Sprintf("%s keeps %d sessions alive through this instance already (at most %d an identity)", s.name(id), maxSessionsEach, maxSessionsEach)
+		s.refuse(ReasonBusOverload, id, "refused a keepalive of a new session: "+what)
+		c.fail(fmt.Errorf("%w: lease service overloaded: %s; a process keeps one session", lease.ErrUnavailable, what))
+		return
+	}
 	anchor := s.beatAnchor(s.viewing())
 	answers := make([]keptAnswer, len(r.Leases))
 	ask := s.keptFromViews(r.Leases, answers)
@@ -417,14 +453,52 @@ func (s *Service) shareLiveness() error {
 		if !s.tailing.Load() {
 			return
 		}
-		m := nats.NewMsg(sessionsSubject)
-		m.Header.Set(writerHeader, s.store.writer)
-		m.Data = data
-		_ = s.nc.PublishMsg(m)
+		// In parts the server takes: 10,000 sessions are about 1 MB, a
+		// NATS server's default limit for one message, and a digest the
+		// server refused would leave the others counting this instance
+		// late, and giving every silent session three graces.
+		for _, part := range digestParts(data, digestPartMax(s.nc.MaxPayload())) {
+			m := nats.NewMsg(sessionsSubject)
+			m.Header.Set(writerHeader, s.store.writer)
+			m.Data = part
+			if err := s.nc.PublishMsg(m); err != nil {
+				s.warns.warn(s.log, s.cfg.Now(), "publish the sessions digest", "bytes", len(part), "err", err)
+				return
+			}
+		}
 	})
 	s.every(reapEvery, s.reapSilent)
 	s.every(beatEvery, s.sendBeat)
 	return nil
+}
+
+// maxDigestPart bounds one message of a digest.
+const maxDigestPart = 256 << 10
+
+// digestPartMax is the most a digest's message carries on a server that
+// takes messages of at most payload bytes: maxDigestPart, less where the
+// server takes less (room left for the headers).
+func digestPartMax(payload int64) int {
+	return int(max(min(payload-4096, maxDigestPart), 1024))
+}
+
+// digestParts splits a digest (session keys, one a line) into parts of at
+// most max bytes, each of whole lines; an empty digest is one empty part
+// (it still says this instance is there).
+func digestParts(data []byte, max int) [][]byte {
+	var parts [][]byte
+	for len(data) > max {
+		cut := bytes.LastIndexByte(data[:max], '\n') + 1
+		if cut == 0 {
+			cut = max // no line is that long (keys are at most 128 bytes)
+		}
+		parts = append(parts, data[:cut])
+		data = data[cut:]
+	}
+	if len(data) > 0 || len(parts) == 0 {
+		parts = append(parts, data)
+	}
+	return parts
 }
 
 // every runs f every d until the service stops.
