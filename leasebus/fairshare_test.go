@@ -573,3 +573,25 @@ func TestDigestInParts(t *testing.T) {
 		}
 	})
 }
+
+// TestOverloadRefusalsLeaveRoomForOthers: a flood's overload refusals are
+// queued for the audit at most refusalRate a second (the writer writes no
+// more than that one by one), the rest counted at once, so they do not
+// fill the queue the bus's other refusals (a forged request, a denied
+// publish) share: the next of those is still written as itself.
+func TestOverloadRefusalsLeaveRoomForOthers(t *testing.T) {
+	s := &Service{refusals: make(chan busRefusal, 256)} // no writer: nothing drains it
+	for range 5000 {
+		s.refuse(ReasonBusOverload, "flooder", "refused a get request")
+	}
+	if n := len(s.refusals); n != refusalRate {
+		t.Fatalf("%d overload refusals queued, want %d (the rest counted)", n, refusalRate)
+	}
+	if n := s.overloadsDropped.Load(); n != 5000-refusalRate {
+		t.Fatalf("%d overload refusals counted, want %d", n, 5000-refusalRate)
+	}
+	s.refuse(ReasonBusForged, "", "witness")
+	if s.refusalsDropped.Load() != 0 || len(s.refusals) != refusalRate+1 {
+		t.Fatalf("the forged request's refusal was not queued beside the flood's (queued %d, dropped %d)", len(s.refusals), s.refusalsDropped.Load())
+	}
+}

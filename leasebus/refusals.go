@@ -62,6 +62,12 @@ type busRefusal struct {
 // refuse queues a refusal by the bus for the audit (refusalWriter); when
 // the queue is full it is counted instead.
 func (s *Service) refuse(reason, id, what string) {
+	if reason == ReasonBusOverload && s.overloadsQueued.Add(1) > refusalRate {
+		// More than the writer writes one by one this second: counted
+		// here, so a flood's refusals leave the queue to the others'.
+		s.overloadsDropped.Add(1)
+		return
+	}
 	select {
 	case s.refusals <- busRefusal{reason: reason, id: id, what: what}:
 	default:
@@ -96,6 +102,7 @@ func (s *Service) refusalWriter(ctx context.Context) {
 			if n := s.refusalsDropped.Swap(0); n > 0 {
 				skipped[ReasonBusPermission] += int(n) // the queue cannot tell; most are
 			}
+			s.overloadsQueued.Store(0)
 			if n := s.overloadsDropped.Swap(0); n > 0 {
 				skipped[ReasonBusOverload] += int(n)
 			}

@@ -131,8 +131,10 @@ type Service struct {
 	// fit is counted in refusalsDropped.
 	refusals        chan busRefusal
 	refusalsDropped atomic.Int64
-	// overloadsDropped counts the overload refusals (ReasonBusOverload)
-	// that did not fit the refusals queue.
+	// overloadsQueued counts the overload refusals (ReasonBusOverload)
+	// queued this second, and overloadsDropped those counted instead:
+	// past refusalRate a second, or when the queue was full.
+	overloadsQueued  atomic.Int64
 	overloadsDropped atomic.Int64
 	// boundary bounds each identity's rate of boundary events.
 	boundary boundaryLimits
