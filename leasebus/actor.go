@@ -1056,10 +1056,12 @@ const maxQueued = 4096
 // repos; BenchmarkMemoryPerRepo). An idle repo's queue holds nothing.
 type callQueue struct {
 	mu sync.Mutex
-	// ids are the identities with calls waiting, in the order they take
-	// turns; next is the one whose turn is next. Guarded by mu.
-	ids   []idCalls
-	next  int
+	// byID holds the calls of each identity with calls waiting, and turns
+	// those identities in the order they take their turns, each once:
+	// O(1) a push and a take however many identities wait (a monorepo's
+	// thousands of runners). Both nil while nothing waits. Guarded by mu.
+	byID  map[string]*idCalls
+	turns []*idCalls
 	n     int           // calls waiting, over every identity; guarded by mu
 	ready chan struct{} // one slot: calls came since the goroutine last looked
 }
@@ -1085,15 +1087,20 @@ func (q *callQueue) pushAlways(c *call) {
 // add queues c unless its identity has limit calls waiting (-1: no limit).
 func (q *callQueue) add(c *call, limit int) bool {
 	q.mu.Lock()
-	switch i := q.find(c.by); {
-	case i < 0:
-		q.ids = append(q.ids, idCalls{by: c.by, calls: []*call{c}})
-	case limit >= 0 && len(q.ids[i].calls) >= limit:
+	id := q.byID[c.by]
+	switch {
+	case id == nil:
+		if q.byID == nil {
+			q.byID = map[string]*idCalls{}
+		}
+		id = &idCalls{by: c.by}
+		q.byID[c.by] = id
+		q.turns = append(q.turns, id) // its first turn after every identity waiting now
+	case limit >= 0 && len(id.calls) >= limit:
 		q.mu.Unlock()
 		return false
-	default:
-		q.ids[i].calls = append(q.ids[i].calls, c)
 	}
+	id.calls = append(id.calls, c)
 	q.n++
 	q.mu.Unlock()
 	select {
@@ -1103,42 +1110,28 @@ func (q *callQueue) add(c *call, limit int) bool {
 	return true
 }
 
-// find returns the index of by's queue in q.ids, or -1. Called under mu.
-// Linear: a repo has calls waiting from a few identities at a time.
-func (q *callQueue) find(by string) int {
-	for i := range q.ids {
-		if q.ids[i].by == by {
-			return i
-		}
-	}
-	return -1
-}
-
 // take moves up to max waiting calls onto batch, one of each identity in
 // turn, each identity's oldest first. Calls left waiting keep the
 // goroutine's wake-up pending, so they are run next.
 func (q *callQueue) take(batch []*call, max int) []*call {
 	q.mu.Lock()
 	for taken := 0; taken < max && q.n > 0; taken++ {
-		if q.next >= len(q.ids) {
-			q.next = 0
-		}
-		id := &q.ids[q.next]
+		id := q.turns[0]
+		q.turns[0] = nil
+		q.turns = q.turns[1:]
 		batch = append(batch, id.calls[0])
 		id.calls[0] = nil
 		id.calls = id.calls[1:]
 		q.n--
 		if len(id.calls) > 0 {
-			q.next++
-			continue
+			q.turns = append(q.turns, id) // its next turn after the others'
+		} else {
+			delete(q.byID, id.by) // its array with it
 		}
-		// Its queue is empty: it leaves the turns (its array with it)
-		// and the identity after it takes the turn.
-		q.ids = slices.Delete(q.ids, q.next, q.next+1)
 	}
 	left := q.n
 	if left == 0 {
-		q.ids, q.next = nil, 0 // a burst's room goes back
+		q.byID, q.turns = nil, nil // a burst's room goes back
 	}
 	q.mu.Unlock()
 	if left > 0 {
@@ -1169,8 +1162,8 @@ func (q *callQueue) len() int {
 func (q *callQueue) lenOf(by string) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if i := q.find(by); i >= 0 {
-		return len(q.ids[i].calls)
+	if id := q.byID[by]; id != nil {
+		return len(id.calls)
 	}
 	return 0
 }

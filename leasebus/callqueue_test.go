@@ -115,7 +115,32 @@ func TestCallQueueTakesTurns(t *testing.T) {
 	if next != maxQueued {
 		t.Fatalf("the flooder's calls ran to %d, want %d", next, maxQueued)
 	}
-	if q.ids != nil || q.lenOf("flooder") != 0 {
+	if q.byID != nil || q.turns != nil || q.lenOf("flooder") != 0 {
 		t.Fatal("an empty queue keeps its identities' arrays")
+	}
+}
+
+// TestCallQueueManyIdentities: thousands of runners with a call each at
+// one repo (a monorepo's fleet) are taken in the order they came, and a
+// push or take costs the same however many identities wait.
+func TestCallQueueManyIdentities(t *testing.T) {
+	q := callQueue{ready: make(chan struct{}, 1)}
+	const n = 20_000
+	for i := range n {
+		if !q.push(&call{by: "runner-" + strconv.Itoa(i), op: strconv.Itoa(i)}) {
+			t.Fatalf("runner %d's call refused", i)
+		}
+	}
+	next := 0
+	for q.len() > 0 {
+		for _, c := range q.take(nil, 256) {
+			if c.op != strconv.Itoa(next) {
+				t.Fatalf("took runner %s's call, want %d's (the order they came)", c.op, next)
+			}
+			next++
+		}
+	}
+	if next != n {
+		t.Fatalf("took %d calls, want %d", next, n)
 	}
 }
