@@ -121,8 +121,7 @@ func TestCallQueueTakesTurns(t *testing.T) {
 }
 
 // TestCallQueueManyIdentities: thousands of runners with a call each at
-// one repo (a monorepo's fleet) are taken in the order they came, and a
-// push or take costs the same however many identities wait.
+// one repo (a monorepo's fleet) are taken in the order they came.
 func TestCallQueueManyIdentities(t *testing.T) {
 	q := callQueue{ready: make(chan struct{}, 1)}
 	const n = 20_000

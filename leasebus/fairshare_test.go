@@ -389,13 +389,21 @@ func TestKeepaliveReadsSharedByIdentity(t *testing.T) {
 	if reading := len(b.service.keptReads); reading != maxKeptReadersEach {
 		t.Fatalf("the flooder's keepalives read in %d places, want its share (%d)", reading, maxKeptReadersEach)
 	}
-	r, err := victim.request(ctx, "keepalive", &keepaliveRequest{Session: victim.SessionID(), Leases: []keptLease{{LeaseID: newLeaseID(RepoKey(other), time.Now()), Repo: other, Fence: 1, Version: 1}}}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(r.Kept) != 1 || !r.Kept[0].Missing {
-		t.Fatalf("the victim's keepalive beside the flood: %+v, want its made-up lease Missing, read from its log", r.Kept)
-	}
+	// (The flooder's places stay taken meanwhile: each of its keepalives
+	// reads 16 leases of the busy repo, each read waiting maxKeptWait.
+	// The victim's read, of a repo not busy, is asked again should it
+	// time out on a loaded machine: Unknown is what no place gives too.)
+	victimLease := keptLease{LeaseID: newLeaseID(RepoKey(other), time.Now()), Repo: other, Fence: 1, Version: 1}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		r, err := victim.request(ctx, "keepalive", &keepaliveRequest{Session: victim.SessionID(), Leases: []keptLease{victimLease}}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Kept) != 1 || !r.Kept[0].Missing {
+			return fmt.Errorf("the victim's keepalive beside the flood: %+v, want its made-up lease Missing, read from its log", r.Kept)
+		}
+		return nil
+	})
 	locked = false
 	a.busy.Unlock()
 	checkFor(t, time.Minute, 10*time.Millisecond, func() error {
@@ -451,7 +459,7 @@ func TestSessionsBoundedPerIdentity(t *testing.T) {
 		switch err := r.Error.err(); {
 		case err == nil:
 			kept++
-		case errors.Is(err, lease.ErrUnavailable) && strings.Contains(err.Error(), "sessions alive"):
+		case errors.Is(err, lease.ErrUnavailable) && strings.Contains(err.Error(), fmt.Sprintf("has %d sessions alive", maxSessionsEach)):
 			refused++
 		default:
 			t.Fatalf("a keepalive of the flood: %v", err)
@@ -467,8 +475,22 @@ func TestSessionsBoundedPerIdentity(t *testing.T) {
 		t.Fatalf("the instance keeps %d of the flooder's sessions, want %d", n, maxSessionsEach)
 	}
 	// A kept session keeps alive as before; the victim's new one is kept.
-	if _, err := fnc.Request(subj, []byte(fmt.Sprintf(`{"session":"%s%032x"}`, sessionPrefix, 0)), 10*time.Second); err != nil {
+	m, err := fnc.Request(subj, []byte(fmt.Sprintf(`{"session":"%s%032x"}`, sessionPrefix, 0)), 10*time.Second)
+	if err != nil {
 		t.Fatal(err)
+	}
+	var again reply
+	if err := json.Unmarshal(m.Data, &again); err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Error.err(); err != nil {
+		t.Fatalf("a kept session's next keepalive: %v", err)
+	}
+	// An acquire bound to one more new session is refused before it is
+	// granted (its keepalives would be refused).
+	flooder := NewClient(fnc)
+	if _, err := flooder.Acquire(ctx, AcquireRequest{Repo: "github.com/acme/shared", Scope: claim(t, "x"), Owner: owner(1), TTL: lease.Duration(time.Minute), Session: fmt.Sprintf("%s%032x", sessionPrefix, maxSessionsEach+over)}, NewCredential()); !errors.Is(err, lease.ErrUnavailable) || !strings.Contains(err.Error(), "sessions alive") {
+		t.Fatalf("an acquire bound to a session past the flooder's bound: %v, want overloaded", err)
 	}
 	victim := NewClient(b.holders["victim"])
 	if _, err := victim.request(ctx, "keepalive", &keepaliveRequest{Session: victim.SessionID()}, 0); err != nil {

@@ -58,11 +58,15 @@ type liveness struct {
 	sessions map[string]int
 }
 
-// maxSessionsEach bounds the sessions of one identity an instance keeps
-// (heard through it within the last massGraces+1 graces): a runner
-// keeps one session a process. A runner making up sessions by the
+// maxSessionsEach bounds the sessions of one identity an instance keeps:
+// those it heard of, through its own keepalives or in another instance's
+// digest, within the last massGraces+1 graces (so in effect per identity
+// across the service, the silent of the last four graces counted). A
+// process keeps one session; an identity shared by many processes (a
+// host's by-hand holder.nk) starts new ones at most about a hundred a
+// second before it meets the bound. A runner making up sessions by the
 // thousand would grow every instance's memory and digest without bound.
-const maxSessionsEach = 1024
+const maxSessionsEach = 4096
 
 func newLiveness(grace time.Duration, now time.Time) *liveness {
 	return &liveness{grace: grace, since: now, seen: map[string]time.Time{}, byIdentity: map[string]time.Time{}, fresh: map[string]struct{}{}, peers: map[string]time.Time{}, sessions: map[string]int{}}
@@ -88,6 +92,20 @@ func (l *liveness) heard(key string, now time.Time) bool {
 	l.fresh[key] = struct{}{}
 	l.heardIdentity(key, now)
 	return true
+}
+
+// admits reports whether a keepalive of session key would be noted (see
+// heard), and how many sessions its identity has: an acquire bound to a
+// session past the bound is refused before it is granted, rather than
+// granted to a session whose keepalives are refused.
+func (l *liveness) admits(key string) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.sessions[identityOfKey(key)]
+	if _, ok := l.seen[key]; ok {
+		return true, n
+	}
+	return n < maxSessionsEach, n
 }
 
 // identityOfKey is the identity of session key.
@@ -230,9 +248,7 @@ func (l *liveness) learn(peer string, data []byte, now time.Time) {
 func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 	now := s.cfg.Now()
 	if !s.live.heard(sessionKey(id, r.Session), now) {
-		what := fmt.Sprintf("%s keeps %d sessions alive through this instance already (at most %d an identity)", s.name(id), maxSessionsEach, maxSessionsEach)
-		s.refuse(ReasonBusOverload, id, "refused a keepalive of a new session: "+what)
-		c.fail(fmt.Errorf("%w: lease service overloaded: %s; a process keeps one session", lease.ErrUnavailable, what))
+		s.refuseSession(c, id, "keepalive")
 		return
 	}
 	anchor := s.beatAnchor(s.viewing())
@@ -262,6 +278,15 @@ func (s *Service) keepalive(c *call, id string, r *keepaliveRequest) {
 	if !read {
 		s.doneKeptReader(id) // (stopping or overloaded: answered so)
 	}
+}
+
+// refuseSession refuses request op of identity id, for a new session past
+// maxSessionsEach: audited, and answered as an overload.
+func (s *Service) refuseSession(c *call, id, op string) {
+	_, n := s.live.admits(sessionKey(id, ""))
+	what := fmt.Sprintf("%s has %d sessions alive or silent for less than %d graces already (at most %d an identity)", s.name(id), n, massGraces+1, maxSessionsEach)
+	s.refuse(ReasonBusOverload, id, "refused a "+op+" of a new session: "+what)
+	c.fail(fmt.Errorf("%w: lease service overloaded: %s; a process keeps one session", lease.ErrUnavailable, what))
 }
 
 // takeKeptReader takes one of the maxKeptReaders places for a keepalive

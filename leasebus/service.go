@@ -826,6 +826,12 @@ func (s *Service) handlerOf(op string, serviceAccount, forwarded bool) nats.MsgH
 			if err == nil {
 				err = s.checkAcquirePolicy(id, &r)
 			}
+			if err == nil && r.Session != "" {
+				if ok, _ := s.live.admits(sessionKey(id, r.Session)); !ok {
+					s.refuseSession(c, id, "acquire") // its keepalives would be refused
+					return
+				}
+			}
 			r.by, r.byName = id, s.name(id)
 			c.req, repo = &r, r.Repo
 		case "renew":
