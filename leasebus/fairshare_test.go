@@ -1,6 +1,7 @@
 package leasebus
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,6 +56,35 @@ func nextOverload(t *testing.T, sub *nats.Subscription, want string) {
 	}
 }
 
+// holdBusy keeps a's batches from running, as a slow append does, until
+// the func it returns is called (or the test ends): what comes waits in
+// a's queue.
+func holdBusy(t *testing.T, a *actor) (release func()) {
+	a.busy.Lock()
+	var once sync.Once
+	release = func() { once.Do(a.busy.Unlock) }
+	t.Cleanup(release)
+	return release
+}
+
+// waitOverloadAudited waits for an overload refusal in the name of
+// identity name whose message says what.
+func waitOverloadAudited(ctx context.Context, t *testing.T, b *identityBus, name, what string) {
+	t.Helper()
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.svc, "", 0)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			if ev.Type == lease.EventRefused && ev.Reason == ReasonBusOverload && ev.RequestedBy == name && strings.Contains(ev.Message, what) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no overload refusal of %s saying %q in the audit yet", name, what)
+	})
+}
+
 // floodGets publishes n gets of leaseID on nc's identity (floodRequests).
 func floodGets(t *testing.T, nc *nats.Conn, leaseID string, n int) *nats.Subscription {
 	t.Helper()
@@ -91,13 +121,7 @@ func TestFloodingRunnerHoldsUpNoOther(t *testing.T) {
 	flooderID, victimID := IdentityOf(b.holders["flooder"]), IdentityOf(b.holders["victim"])
 
 	// The actor is busy (as under a slow append): what comes waits.
-	a.busy.Lock()
-	locked := true
-	defer func() {
-		if locked {
-			a.busy.Unlock()
-		}
-	}()
+	release := holdBusy(t, a)
 	const over = 50
 	answers := floodGets(t, b.holders["flooder"], l.LeaseID, maxQueued+over)
 	for range over {
@@ -122,8 +146,7 @@ func TestFloodingRunnerHoldsUpNoOther(t *testing.T) {
 		}
 		return nil
 	})
-	locked = false
-	a.busy.Unlock()
+	release()
 	wg.Wait()
 	if renewErr != nil || acquireErr != nil {
 		t.Fatalf("the victim's renewal (%v) or acquire (%v) failed during the flood", renewErr, acquireErr)
@@ -235,19 +258,7 @@ func TestWaitingAcquiresBoundedPerIdentity(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatalf("the victim's waiting acquire: %v", err)
 	}
-	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		evs, err := ReadAudit(ctx, b.svc, "", 0)
-		if err != nil {
-			return err
-		}
-		for _, ev := range evs {
-			if ev.Type == lease.EventRefused && ev.Reason == ReasonBusOverload && ev.RequestedBy == b.service.name(IdentityOf(fnc)) &&
-				strings.Contains(ev.Message, "services/f") && strings.Contains(ev.Message, "acquires waiting") {
-				return nil
-			}
-		}
-		return errors.New("the refused acquire is not in the audit yet")
-	})
+	waitOverloadAudited(ctx, t, b, "flooder", "acquires waiting in repo "+repo)
 }
 
 // TestRequestsInFlightBoundedPerIdentity: the requests the service serves
@@ -268,13 +279,7 @@ func TestRequestsInFlightBoundedPerIdentity(t *testing.T) {
 	if !ok {
 		t.Fatal("no actor for the repo")
 	}
-	a.busy.Lock()
-	locked := true
-	defer func() {
-		if locked {
-			a.busy.Unlock()
-		}
-	}()
+	release := holdBusy(t, a)
 	data, err := json.Marshal(listRequest{Repo: repo})
 	if err != nil {
 		t.Fatal(err)
@@ -299,8 +304,7 @@ func TestRequestsInFlightBoundedPerIdentity(t *testing.T) {
 		}
 		return nil
 	})
-	locked = false
-	a.busy.Unlock()
+	release()
 	if err := <-listed; err != nil {
 		t.Fatalf("the victim's list during the flood: %v", err)
 	}
@@ -309,18 +313,7 @@ func TestRequestsInFlightBoundedPerIdentity(t *testing.T) {
 			t.Fatalf("%d of the flood's %d lists in flight answered: %v", got, maxInFlight, err)
 		}
 	}
-	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		evs, err := ReadAudit(ctx, b.svc, "", 0)
-		if err != nil {
-			return err
-		}
-		for _, ev := range evs {
-			if ev.Type == lease.EventRefused && ev.Reason == ReasonBusOverload && ev.RequestedBy == "flooder" && strings.Contains(ev.Message, "refused a list request") {
-				return nil
-			}
-		}
-		return errors.New("the refused list is not in the audit yet")
-	})
+	waitOverloadAudited(ctx, t, b, "flooder", "refused a list request")
 	// Every goroutine of the flood is counted out (each list's access
 	// event written first).
 	checkFor(t, time.Minute, 10*time.Millisecond, func() error {
@@ -355,13 +348,7 @@ func TestKeepaliveReadsSharedByIdentity(t *testing.T) {
 	if !ok {
 		t.Fatal("no actor for the busy repo")
 	}
-	a.busy.Lock()
-	locked := true
-	defer func() {
-		if locked {
-			a.busy.Unlock()
-		}
-	}()
+	release := holdBusy(t, a)
 	madeUp := make([]keptLease, maxKeptReads)
 	for i := range madeUp {
 		madeUp[i] = keptLease{LeaseID: newLeaseID(RepoKey(busy), time.Now()), Repo: busy, Fence: 1, Version: 1}
@@ -404,8 +391,7 @@ func TestKeepaliveReadsSharedByIdentity(t *testing.T) {
 		}
 		return nil
 	})
-	locked = false
-	a.busy.Unlock()
+	release()
 	checkFor(t, time.Minute, 10*time.Millisecond, func() error {
 		b.service.keptMu.Lock()
 		defer b.service.keptMu.Unlock()
@@ -496,18 +482,7 @@ func TestSessionsBoundedPerIdentity(t *testing.T) {
 	if _, err := victim.request(ctx, "keepalive", &keepaliveRequest{Session: victim.SessionID()}, 0); err != nil {
 		t.Fatalf("the victim's keepalive beside the flood: %v", err)
 	}
-	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		evs, err := ReadAudit(ctx, b.svc, "", 0)
-		if err != nil {
-			return err
-		}
-		for _, ev := range evs {
-			if ev.Type == lease.EventRefused && ev.Reason == ReasonBusOverload && ev.RequestedBy == "flooder" && strings.Contains(ev.Message, "keepalive of a new session") {
-				return nil
-			}
-		}
-		return errors.New("the refused session is not in the audit yet")
-	})
+	waitOverloadAudited(ctx, t, b, "flooder", "refused a keepalive of a new session")
 }
 
 // TestDigestInParts: an instance's digest of the sessions it heard goes
