@@ -31,9 +31,9 @@ const (
 	ReasonBusForged = "bus-forged"
 	// ReasonBusOverload: a request refused because its identity has its
 	// share of the service's room in use already (requests queued at a
-	// repo, acquires waiting there, requests in flight); the identity
-	// retries once some are answered, and other identities are not held
-	// up by it.
+	// repo, acquires waiting there, requests in flight, sessions kept);
+	// the identity retries once some are answered, and other identities
+	// are not held up by it.
 	ReasonBusOverload = "bus-overload"
 )
 
