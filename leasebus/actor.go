@@ -28,6 +28,8 @@ type call struct {
 	// forwarded: a standby forwarded it (primary.go); msg.Sub is then a
 	// subscription to answer through, not the one it waited on.
 	forwarded bool
+	// alone: no other request waited behind it on its way in (intake).
+	alone bool
 }
 
 // answered counts the answer to c in the service's metrics, if any.
@@ -415,12 +417,7 @@ func (a *actor) drain(batch []*call) []*call {
 // subscription. It saves the hand-off to the actor's goroutine for an
 // uncontended request; under load requests queue and batch as usual.
 func (a *actor) inline(c *call) bool {
-	if a.dead || c.msg == nil || c.msg.Sub == nil || c.forwarded {
-		return false
-	}
-	// nats.go counts the message being handled as pending until the
-	// handler returns: more than one means others are waiting.
-	if n, _, err := c.msg.Sub.Pending(); err != nil || n > 1 {
+	if a.dead || c.msg == nil || c.msg.Sub == nil || c.forwarded || !c.alone {
 		return false
 	}
 	// Nor past calls of its identity still queued: a batch takes at most
@@ -1055,21 +1052,9 @@ const maxQueued = 4096
 // waits or not (a 4,096-call channel was 32 KB a repo: 3.2 GB at 100,000
 // repos; BenchmarkMemoryPerRepo). An idle repo's queue holds nothing.
 type callQueue struct {
-	mu sync.Mutex
-	// byID holds the calls of each identity with calls waiting, and turns
-	// those identities in the order they take their turns, each once:
-	// O(1) a push and a take however many identities wait (a monorepo's
-	// thousands of runners). Both nil while nothing waits. Guarded by mu.
-	byID  map[string]*idCalls
-	turns []*idCalls
-	n     int           // calls waiting, over every identity; guarded by mu
+	mu    sync.Mutex
+	q     turns[*call]  // guarded by mu
 	ready chan struct{} // one slot: calls came since the goroutine last looked
-}
-
-// idCalls are the calls one identity has waiting, oldest first.
-type idCalls struct {
-	by    string
-	calls []*call
 }
 
 // push queues c and wakes the actor's goroutine; false when c's identity
@@ -1087,21 +1072,11 @@ func (q *callQueue) pushAlways(c *call) {
 // add queues c unless its identity has limit calls waiting (-1: no limit).
 func (q *callQueue) add(c *call, limit int) bool {
 	q.mu.Lock()
-	id := q.byID[c.by]
-	switch {
-	case id == nil:
-		if q.byID == nil {
-			q.byID = map[string]*idCalls{}
-		}
-		id = &idCalls{by: c.by}
-		q.byID[c.by] = id
-		q.turns = append(q.turns, id) // its first turn after every identity waiting now
-	case limit >= 0 && len(id.calls) >= limit:
+	if limit >= 0 && q.q.lenOf(c.by) >= limit {
 		q.mu.Unlock()
 		return false
 	}
-	id.calls = append(id.calls, c)
-	q.n++
+	q.q.push(c.by, c, 0)
 	q.mu.Unlock()
 	select {
 	case q.ready <- struct{}{}:
@@ -1115,24 +1090,11 @@ func (q *callQueue) add(c *call, limit int) bool {
 // goroutine's wake-up pending, so they are run next.
 func (q *callQueue) take(batch []*call, max int) []*call {
 	q.mu.Lock()
-	for taken := 0; taken < max && q.n > 0; taken++ {
-		id := q.turns[0]
-		q.turns[0] = nil
-		q.turns = q.turns[1:]
-		batch = append(batch, id.calls[0])
-		id.calls[0] = nil
-		id.calls = id.calls[1:]
-		q.n--
-		if len(id.calls) > 0 {
-			q.turns = append(q.turns, id) // its next turn after the others'
-		} else {
-			delete(q.byID, id.by) // its array with it
-		}
+	for taken := 0; taken < max && q.q.len() > 0; taken++ {
+		c, _ := q.q.pop()
+		batch = append(batch, c)
 	}
-	left := q.n
-	if left == 0 {
-		q.byID, q.turns = nil, nil // a burst's room goes back
-	}
+	left := q.q.len()
 	q.mu.Unlock()
 	if left > 0 {
 		select {
@@ -1146,7 +1108,7 @@ func (q *callQueue) take(batch []*call, max int) []*call {
 // takeAll moves every waiting call onto batch.
 func (q *callQueue) takeAll(batch []*call) []*call {
 	q.mu.Lock()
-	n := q.n
+	n := q.q.len()
 	q.mu.Unlock()
 	return q.take(batch, n)
 }
@@ -1155,15 +1117,12 @@ func (q *callQueue) takeAll(batch []*call) []*call {
 func (q *callQueue) len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.n
+	return q.q.len()
 }
 
 // lenOf is how many calls identity by has waiting.
 func (q *callQueue) lenOf(by string) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if id := q.byID[by]; id != nil {
-		return len(id.calls)
-	}
-	return 0
+	return q.q.lenOf(by)
 }

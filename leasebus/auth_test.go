@@ -408,7 +408,7 @@ func TestHolderCannotRevokeThroughJetStream(t *testing.T) {
 	// delivery to reach the service — the ack subject as its reply — the
 	// service ignores it, whoever it seems to come from:
 	b.svc.handler("revoke", false)(&nats.Msg{Subject: requestSubject("revoke", IdentityOf(opNC)),
-		Reply: "$JS.ACK.KV_FENCELINE_ATTEMPTS.forge1.1.1.1.1700000000000000000.0", Data: data})
+		Reply: "$JS.ACK.KV_FENCELINE_ATTEMPTS.forge1.1.1.1.1700000000000000000.0", Data: data}, time.Now(), false)
 	// A revoke the operator does send, after: once it is done, the forged
 	// ones (delivered first) had their chance.
 	l2, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "other"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())

@@ -1,6 +1,7 @@
 package leasebus
 
 import (
+	"slices"
 	"strconv"
 	"testing"
 )
@@ -115,7 +116,7 @@ func TestCallQueueTakesTurns(t *testing.T) {
 	if next != maxQueued {
 		t.Fatalf("the flooder's calls ran to %d, want %d", next, maxQueued)
 	}
-	if q.byID != nil || q.turns != nil || q.lenOf("flooder") != 0 {
+	if q.q.byID != nil || q.q.order != nil || q.lenOf("flooder") != 0 {
 		t.Fatal("an empty queue keeps its identities' arrays")
 	}
 }
@@ -141,5 +142,40 @@ func TestCallQueueManyIdentities(t *testing.T) {
 	}
 	if next != n {
 		t.Fatalf("took %d calls, want %d", next, n)
+	}
+}
+
+// TestTurnsKeepSizes: an identity's waiting size is the sum of what it
+// has waiting, through pushes and pops in turns, and an identity whose
+// values are all taken holds nothing, its size with it (else a runner's
+// share of an intake would shrink for good with each burst).
+func TestTurnsKeepSizes(t *testing.T) {
+	var q turns[int]
+	q.push("a", 1, 100)
+	q.push("b", 2, 7)
+	q.push("a", 3, 50)
+	if n, size := q.lenOf("a"), q.sizeOf("a"); n != 2 || size != 150 {
+		t.Fatalf("a has %d waiting of %d bytes, want 2 of 150", n, size)
+	}
+	var got []int
+	for {
+		v, ok := q.pop()
+		if !ok {
+			break
+		}
+		got = append(got, v)
+		if v == 1 && q.sizeOf("a") != 50 {
+			t.Fatalf("a's size after its first was taken: %d, want 50", q.sizeOf("a"))
+		}
+	}
+	if want := []int{1, 2, 3}; !slices.Equal(got, want) {
+		t.Fatalf("taken %v, want %v (a, then b, then a again)", got, want)
+	}
+	if q.len() != 0 || q.sizeOf("a") != 0 || q.byID != nil || q.order != nil {
+		t.Fatalf("an empty queue keeps %d values, a's size %d, or its identities", q.len(), q.sizeOf("a"))
+	}
+	q.push("a", 4, 10) // an identity back after it emptied starts from nothing
+	if q.sizeOf("a") != 10 || q.lenOf("a") != 1 {
+		t.Fatalf("a back with one of 10 bytes: %d waiting of %d bytes", q.lenOf("a"), q.sizeOf("a"))
 	}
 }

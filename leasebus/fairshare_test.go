@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -590,5 +591,276 @@ func TestOverloadRefusalsLeaveRoomForOthers(t *testing.T) {
 	s.refuse(ReasonBusForged, "", "witness")
 	if s.refusalsDropped.Load() != 0 || len(s.refusals) != refusalRate+1 {
 		t.Fatalf("the forged request's refusal was not queued beside the flood's (queued %d, dropped %d)", len(s.refusals), s.refusalsDropped.Load())
+	}
+}
+
+// heavyInvalidAcquire is an acquire request that costs the service a
+// full decode of a claim of many paths (about 4.6 KB) and is then
+// refused as invalid (it names no repo): answered at once by whatever
+// reads it.
+func heavyInvalidAcquire(t *testing.T) []byte {
+	t.Helper()
+	paths := make([]string, 200)
+	for i := range paths {
+		paths[i] = fmt.Sprintf("services/flood-%04d/", i)
+	}
+	data, err := json.Marshal(AcquireRequest{Scope: claim(t, paths...), Owner: owner(9), TTL: lease.Duration(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// TestFloodedSubscriptionHoldsUpNoOther: every runner's requests of one
+// kind reach the service on one subscription. A runner that floods it
+// with requests costly to read (each a full decode) must not make
+// another runner's request of the same kind wait behind the whole flood:
+// requests are sorted by their asker as they are read off the
+// connection, which costs next to nothing, and served in turns. On a
+// subscription served first come first served, the other runner's
+// acquire was answered only after every one of the flood's requests.
+func TestFloodedSubscriptionHoldsUpNoOther(t *testing.T) {
+	t.Parallel()
+	b := startIdentityBus(t, "flooder", "victim")
+	ctx := ctxFor(t, 2*time.Minute)
+	flooder, victim := b.holders["flooder"], NewClient(b.holders["victim"])
+	// Warm the victim's repo up: its acquire below then costs one append.
+	first, err := victim.Acquire(ctx, AcquireRequest{Repo: "github.com/acme/victim", Scope: claim(t, "docs/"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const n = 3000
+	var answered atomic.Int64
+	inbox := flooder.NewInbox()
+	sub, err := flooder.Subscribe(inbox, func(*nats.Msg) { answered.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
+	}
+	data, subj := heavyInvalidAcquire(t), requestSubject("acquire", IdentityOf(flooder))
+	for range n {
+		if err := flooder.PublishRequest(subj, inbox, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := flooder.Flush(); err != nil { // the server has the whole flood
+		t.Fatal(err)
+	}
+	l, err := victim.Acquire(ctx, AcquireRequest{Repo: "github.com/acme/victim", Scope: claim(t, "services/billing/"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := answered.Load()
+	if l.Fence <= first.Fence && l.LeaseID == first.LeaseID {
+		t.Fatalf("the victim's second lease %+v is its first", l)
+	}
+	checkFor(t, time.Minute, 10*time.Millisecond, func() error {
+		if got := answered.Load(); got < n {
+			return fmt.Errorf("%d of the flood's %d requests answered", got, n)
+		}
+		return nil
+	})
+	if before > n/2 {
+		t.Fatalf("the victim's acquire was answered after %d of the flood's %d requests, want fewer than half: it waited behind the flood", before, n)
+	}
+	t.Logf("the victim's acquire was answered after %d of the flood's %d requests", before, n)
+}
+
+// holdIntakes keeps the service's intakes of op from serving, as a slow
+// request does, until the func it returns is called (or the test ends):
+// what comes waits in them.
+func holdIntakes(t *testing.T, s *Service, op string) (release func()) {
+	t.Helper()
+	s.mu.Lock()
+	var held []*intake
+	for _, in := range s.intakes {
+		if in.op == op {
+			held = append(held, in)
+		}
+	}
+	s.mu.Unlock()
+	if len(held) == 0 {
+		t.Fatalf("no intake of %s", op)
+	}
+	for _, in := range held {
+		in.mu.Lock()
+		if in.busy {
+			in.mu.Unlock()
+			t.Fatalf("the intake of %s is serving already", op)
+		}
+		in.busy = true
+		in.mu.Unlock()
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			for _, in := range held {
+				in.mu.Lock()
+				in.busy = false
+				in.mu.Unlock()
+				in.wake()
+			}
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// intakeWaiting is how many requests of op identity id has waiting in
+// the service's intakes.
+func intakeWaiting(s *Service, op, id string) int {
+	s.mu.Lock()
+	intakes := s.intakes
+	s.mu.Unlock()
+	n := 0
+	for _, in := range intakes {
+		if in.op == op {
+			n += in.waitingOf(id)
+		}
+	}
+	return n
+}
+
+// TestIntakeBoundedPerIdentity: while a subscription's requests wait to
+// be served, one identity keeps at most maxIntakeQueued of them, or
+// maxIntakeBytes, waiting; its next is refused at once as an overload,
+// audited in its name, without being read. Another identity's request
+// still waits, and is served in its turn: second, not after the flood.
+func TestIntakeBoundedPerIdentity(t *testing.T) {
+	t.Parallel()
+	b := startIdentityBus(t, "flooder", "bulky", "victim")
+	ctx := ctxFor(t, 2*time.Minute)
+	flooder, victim := b.holders["flooder"], NewClient(b.holders["victim"])
+	if _, err := victim.Acquire(ctx, AcquireRequest{Repo: "github.com/acme/victim", Scope: claim(t, "docs/"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatal(err)
+	}
+	flooderID, victimID := IdentityOf(flooder), IdentityOf(b.holders["victim"])
+
+	release := holdIntakes(t, b.service, "acquire")
+	const over = 50
+	answers := floodRequests(t, flooder, "acquire", []byte(`{}`), maxIntakeQueued+over)
+	for range over {
+		nextOverload(t, answers, fmt.Sprintf("flooder has %d acquire requests", maxIntakeQueued))
+	}
+	if n := intakeWaiting(b.service, "acquire", flooderID); n != maxIntakeQueued {
+		t.Fatalf("the flooder has %d requests waiting, want its share (%d)", n, maxIntakeQueued)
+	}
+	// Large requests fill an identity's share by their bytes first.
+	heavy := heavyInvalidAcquire(t)
+	fit := maxIntakeBytes / len(heavy)
+	bulky := floodRequests(t, b.holders["bulky"], "acquire", heavy, fit+over)
+	for range over {
+		nextOverload(t, bulky, fmt.Sprintf("bulky has %d acquire requests (%d bytes)", fit, fit*len(heavy)))
+	}
+
+	var l *lease.Lease
+	var acquireErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		l, acquireErr = victim.Acquire(ctx, AcquireRequest{Repo: "github.com/acme/victim", Scope: claim(t, "services/billing/"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
+	})
+	checkFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+		if n := intakeWaiting(b.service, "acquire", victimID); n != 1 {
+			return fmt.Errorf("the victim has %d acquires waiting", n)
+		}
+		return nil
+	})
+	release()
+	wg.Wait()
+	if acquireErr != nil {
+		t.Fatalf("the victim's acquire failed behind the flood: %v", acquireErr)
+	}
+	if got, _, err := answers.Pending(); err != nil || got > maxIntakeQueued/2 {
+		t.Fatalf("the victim's acquire was answered after %d of the flood's %d waiting requests (%v), want fewer than half: it was third in turn", got, maxIntakeQueued, err)
+	}
+	if l.Owner != owner(2) {
+		t.Fatalf("the victim's lease %+v is not the one it asked for", l)
+	}
+	// The floods are served too, in turn: each refused as invalid.
+	for got := range maxIntakeQueued + fit {
+		sub := answers
+		if got >= maxIntakeQueued {
+			sub = bulky
+		}
+		m, err := sub.NextMsg(time.Minute)
+		if err != nil {
+			t.Fatalf("%d of the floods' %d waiting requests answered: %v", got, maxIntakeQueued+fit, err)
+		}
+		var r reply
+		if err := json.Unmarshal(m.Data, &r); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Error.err(); !errors.Is(err, lease.ErrInvalid) {
+			t.Fatalf("a waiting flood request answered %v, want it refused as invalid (it names no repo)", err)
+		}
+	}
+	waitOverloadAudited(ctx, t, b, b.service.name(flooderID), fmt.Sprintf("flooder has %d acquire requests", maxIntakeQueued))
+}
+
+// TestWaitingKeepalivesHoldBackOnlyTheirIdentity: keepalives read and
+// not yet served wait in the intake by identity, and the reaper gives the
+// longer grace only to the sessions of an identity with keepalives
+// waiting (one of them may be the session's). A runner that floods the
+// keepalives holds back no other runner's reclaim: a dead runner's scope
+// comes back after the grace while the flood waits, and the flooder's
+// own session, whose keepalives wait behind its flood, is not reclaimed
+// for it. (Waiting in nats.go's subscription, unsorted, such a backlog
+// gave every silent session the longer grace.)
+func TestWaitingKeepalivesHoldBackOnlyTheirIdentity(t *testing.T) {
+	t.Parallel()
+	const grace = 2 * time.Second
+	m := NewServiceMetrics()
+	b := startIdentityBusWith(t, ServiceConfig{Metrics: m, SessionGrace: grace}, "flooder", "victim")
+	ctx := ctxFor(t, 2*time.Minute)
+	c := NewClient(b.holders["victim"])
+	hs := holdEach(ctx, t, b, 2, "flooder", "victim")
+	defer hs[0].Orphan()
+	flooding, dead := hs[0].Lease(), hs[1].Lease()
+	silence := func(l lease.Lease) time.Duration {
+		b.service.mu.Lock()
+		ix := b.service.index[l.LeaseID]
+		b.service.mu.Unlock()
+		return b.service.live.silent(sessionKey(ix.e.Holder, ix.e.Session), time.Now())
+	}
+
+	hs[1].Orphan() // the victim's runner dies
+	stopped := time.Now()
+	// Its last keepalive is served, not caught in the hold below.
+	checkFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if d := silence(dead); d < 300*time.Millisecond {
+			return fmt.Errorf("the dead session was heard %s ago", d)
+		}
+		return nil
+	})
+	release := holdIntakes(t, b.service, "keepalive")
+	answers := floodRequests(t, b.holders["flooder"], "keepalive", []byte(`{}`), 2*keepaliveBacklog)
+	checkFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+		if n := intakeWaiting(b.service, "keepalive", IdentityOf(b.holders["flooder"])); n < 2*keepaliveBacklog {
+			return fmt.Errorf("%d of the flood's keepalives wait in the intake, want all %d", n, 2*keepaliveBacklog)
+		}
+		return nil
+	})
+	ended := waitEnded(t, c, dead.LeaseID, time.Minute)
+	took := time.Since(stopped)
+	if ended.Status != lease.StatusReclaimed {
+		t.Fatalf("the dead runner's lease ended %s (%s), want reclaimed", ended.Status, ended.Reason)
+	}
+	if took >= massGraces*grace-time.Second {
+		t.Errorf("the dead runner's scope came back %s after it died, with a grace of %s: held back by another runner's waiting keepalives", took.Round(time.Millisecond), grace)
+	}
+	if n := reclaimsHeld(m, "backlog"); n > 0 {
+		t.Errorf("%d looks of the reaper counted the instance behind, for one runner's flood", n)
+	}
+	if l, err := c.Get(ctx, flooding.LeaseID); err != nil || !l.Active() {
+		t.Errorf("the flooder's lease, whose keepalives wait behind its flood, is %+v (%v) %s after its session was last served: want active, in the longer grace", l, err, silence(flooding).Round(time.Millisecond))
+	}
+	release()
+	for got := range 2 * keepaliveBacklog {
+		if _, err := answers.NextMsg(time.Minute); err != nil {
+			t.Fatalf("%d of the flood's %d keepalives answered: %v", got, 2*keepaliveBacklog, err)
+		}
 	}
 }

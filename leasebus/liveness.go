@@ -764,5 +764,12 @@ func (s *Service) silentSession(e *entry, now time.Time, grace time.Duration) (t
 	if seen := now.Sub(e.deadline.Add(-time.Duration(e.TTL))); seen < silent {
 		silent = seen
 	}
+	if silent >= grace && s.keepalivesWaiting(e.Holder) {
+		// Its identity's keepalives wait to be read here (its own flood,
+		// or its many sessions at once): this one's may be among them.
+		// The longer grace, for its sessions alone (not everyone's, as
+		// a backlog on the subscriptions themselves gives).
+		grace = max(grace, massGraces*s.live.grace)
+	}
 	return silent, silent >= grace
 }

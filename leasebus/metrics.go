@@ -37,6 +37,9 @@ import (
 //	                                         (their logs loaded)
 //	fenceline_bus_queue_depth                gauge: requests waiting for their
 //	                                         repo's actor
+//	fenceline_bus_intake_depth               gauge: requests read off the bus
+//	                                         and waiting for their asker's
+//	                                         turn to be served (intake.go)
 //	fenceline_bus_log_reads_total{kind}      counter: reads of the lease log:
 //	                                         record (one record of one repo),
 //	                                         last (a repo's last record: a
@@ -187,6 +190,19 @@ func (m *ServiceMetrics) attach(s *Service) error {
 		}
 		return float64(n)
 	})
+	intake := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fenceline_bus_intake_depth",
+		Help: "Requests read off the bus and waiting for their asker's turn to be served.",
+	}, func() float64 {
+		s.mu.Lock()
+		intakes := s.intakes
+		s.mu.Unlock()
+		n := 0
+		for _, in := range intakes {
+			n += in.waiting()
+		}
+		return float64(n)
+	})
 	primary := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "fenceline_bus_primary",
 		Help: "1 while this lease service instance is the primary, which serves the lease requests (always without an election); 0 as a standby.",
@@ -196,7 +212,7 @@ func (m *ServiceMetrics) attach(s *Service) error {
 		}
 		return 0
 	})
-	for _, c := range []prometheus.Collector{active, repos, queued, primary} {
+	for _, c := range []prometheus.Collector{active, repos, queued, intake, primary} {
 		if err := m.reg.Register(c); err != nil {
 			return err
 		}

@@ -76,6 +76,7 @@ func TestServiceMetrics(t *testing.T) {
 		`fenceline_bus_appends_total{result="ok"}`,
 		"fenceline_bus_active_leases 1",
 		"fenceline_bus_queue_depth 0",
+		"fenceline_bus_intake_depth 0",
 		`fenceline_bus_requests_total{op="get",result="not_found"} 1`,
 		`fenceline_bus_request_seconds_count{op="acquire"} 3`,
 		`fenceline_bus_requests_in_flight{op="acquire"} 0`,

@@ -349,25 +349,40 @@ func (s *Service) takeForwarded() error {
 		return err
 	}
 	for _, op := range leaseOps {
-		handlers := map[string]nats.MsgHandler{
+		handlers := map[string]serveFunc{
 			fleetAccount:   s.handlerOf(op, false, true),
 			serviceAccount: s.handlerOf(op, true, true),
 		}
 		prefix := requestSubject(op, "")
+		// Forwarded requests wait in turns by their askers too: the
+		// standby's forwarding does not make them one sender.
+		in, ok := s.newIntake(op, false, func(m *nats.Msg, at time.Time, _ bool) {
+			if !s.Primary() {
+				s.cfg.Metrics.forwardIn("not_primary")
+				if answerable(m) {
+					respondErr(m, fmt.Errorf("%w: the lease service instance this request was forwarded to is no longer the primary; try again", lease.ErrUnavailable))
+				}
+				return
+			}
+			s.cfg.Metrics.forwardIn("taken")
+			handlers[m.Header.Get(forwardAccountHeader)](m, at, false)
+		})
+		if !ok {
+			return fmt.Errorf("%w: lease service stopping", lease.ErrUnavailable)
+		}
 		sub, err := s.nc.Subscribe(forwardSubject(s.store.writer, op), func(f *nats.Msg) {
 			subj := f.Header.Get(forwardSubjectHeader)
 			account := f.Header.Get(forwardAccountHeader)
-			h := handlers[account]
-			if !fromInstance(f) || h == nil || !strings.HasPrefix(subj, prefix) {
+			if !fromInstance(f) || handlers[account] == nil || !strings.HasPrefix(subj, prefix) {
 				s.cfg.Metrics.forwardIn("ignored")
 				return // not a standby's (see fromInstance), or not this op's
 			}
 			m := &nats.Msg{Subject: subj, Reply: f.Header.Get(forwardReplyHeader), Data: f.Data, Header: nats.Header{}}
 			for k, v := range f.Header {
 				switch k {
-				case forwardSubjectHeader, forwardReplyHeader, forwardAccountHeader, writerHeader:
+				case forwardSubjectHeader, forwardReplyHeader, writerHeader:
 				default:
-					m.Header[k] = v
+					m.Header[k] = v // forwardAccountHeader too: the intake's serve reads it
 				}
 			}
 			conn := s.fleet
@@ -381,15 +396,7 @@ func (s *Service) takeForwarded() error {
 				s.cfg.Metrics.forwardIn("ignored")
 				return
 			}
-			if !s.Primary() {
-				s.cfg.Metrics.forwardIn("not_primary")
-				if answerable(m) {
-					respondErr(m, fmt.Errorf("%w: the lease service instance this request was forwarded to is no longer the primary; try again", lease.ErrUnavailable))
-				}
-				return
-			}
-			s.cfg.Metrics.forwardIn("taken")
-			h(m)
+			in.deliver(m, f.Sub)
 		})
 		if err != nil {
 			return fmt.Errorf("subscribe %s: %w", forwardSubject(s.store.writer, op), err)

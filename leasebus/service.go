@@ -171,6 +171,11 @@ type Service struct {
 	// keepaliveSubs take keepalives (asked here, or forwarded by a
 	// standby): the reaper waits while they are behind. Guarded by mu.
 	keepaliveSubs []*nats.Subscription
+	// intakes hold the requests read and not yet served, by identity
+	// (intake.go); an identity's sessions are not reclaimed while its
+	// keepalives wait there (silentSession). Guarded by mu; only
+	// appended to.
+	intakes []*intake
 	// shards writes the shard store's records (shards.go).
 	shards shardStore
 	// prim is this instance's part in the election of the primary
@@ -736,12 +741,17 @@ func (s *Service) subscribe(ops []string) ([]*nats.Subscription, error) {
 			if s.prim != nil && slices.Contains(leaseOps, op) {
 				h = s.primaryOnly(h, op, conn != s.fleet)
 			}
+			in, ok := s.newIntake(op, true, h)
+			if !ok {
+				return fail(fmt.Errorf("%w: lease service stopping", lease.ErrUnavailable))
+			}
+			take := func(m *nats.Msg) { in.deliver(m, m.Sub) }
 			var sub *nats.Subscription
 			var err error
 			if op == opStatus {
-				sub, err = conn.Subscribe(requestSubject(op, "*"), h) // every instance answers
+				sub, err = conn.Subscribe(requestSubject(op, "*"), take) // every instance answers
 			} else {
-				sub, err = conn.QueueSubscribe(requestSubject(op, "*"), serviceQueue, h)
+				sub, err = conn.QueueSubscribe(requestSubject(op, "*"), serviceQueue, take)
 			}
 			if err != nil {
 				return fail(fmt.Errorf("subscribe %s: %w", requestSubject(op, "*"), err))
@@ -767,10 +777,10 @@ func (s *Service) subscribe(ops []string) ([]*nats.Subscription, error) {
 
 // primaryOnly serves a lease request with h on the primary, and forwards
 // it from a standby (primary.go).
-func (s *Service) primaryOnly(h nats.MsgHandler, op string, inServiceAccount bool) nats.MsgHandler {
-	return func(m *nats.Msg) {
+func (s *Service) primaryOnly(h serveFunc, op string, inServiceAccount bool) serveFunc {
+	return func(m *nats.Msg, at time.Time, alone bool) {
 		if s.Primary() {
-			h(m)
+			h(m, at, alone)
 			return
 		}
 		s.forward(m, op, inServiceAccount)
@@ -778,19 +788,19 @@ func (s *Service) primaryOnly(h nats.MsgHandler, op string, inServiceAccount boo
 }
 
 // handler decodes a request and hands it to the actor of its repo.
-func (s *Service) handler(op string, serviceAccount bool) nats.MsgHandler {
+func (s *Service) handler(op string, serviceAccount bool) serveFunc {
 	return s.handlerOf(op, serviceAccount, false)
 }
 
 // handlerOf is handler; forwarded says that its requests come from a
 // standby (primary.go), on one subscription for every op, which must not
 // wait for any one request's append: they run on their repo's actor.
-func (s *Service) handlerOf(op string, serviceAccount, forwarded bool) nats.MsgHandler {
-	return func(m *nats.Msg) {
+func (s *Service) handlerOf(op string, serviceAccount, forwarded bool) serveFunc {
+	return func(m *nats.Msg, at time.Time, alone bool) {
 		if serviceAccount && !s.asked.Load() {
 			s.asked.Store(true) // announce changes there too from now on
 		}
-		c := &call{op: op, msg: m, at: s.cfg.Now(), svc: s, forwarded: forwarded}
+		c := &call{op: op, msg: m, at: at, svc: s, forwarded: forwarded, alone: alone}
 		var repo, leaseID, hint string
 		var err error
 		if jetStreamDelivery(m) {

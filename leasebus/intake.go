@@ -1,0 +1,257 @@
+package leasebus
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fenceline/fenceline/lease"
+)
+
+// An intake is the way in of one request subscription: every runner's
+// requests of one kind reach the service on one subscription, read off
+// its connection in the order they came, and nats.go hands them to one
+// goroutine first come first served. Served there, a runner that floods
+// the subscription with requests costly to read (a decode, a policy
+// check, an answer each) makes every other runner's requests of that
+// kind wait behind the whole flood, and past nats.go's pending limits
+// has them dropped with it.
+//
+// So the subscription's goroutine only sorts: it reads the asker off the
+// subject (O(1), no decode) and queues the message behind that asker's
+// own, and the intake's goroutine serves them in turns, one request of
+// each asker with requests waiting per turn, each asker's in the order
+// they came (turns). A request waits for at most one request of every
+// other asker, however deep their backlogs; a flood lengthens only its
+// sender's queue, which is bounded: past maxIntakeQueued requests or
+// maxIntakeBytes of them the sender's next is refused at once, as an
+// overload (audited), before anything reads it.
+//
+// With nothing waiting, the subscription's goroutine serves the request
+// itself, as before intakes: no hand-off for an uncontended request.
+type intake struct {
+	svc *Service
+	op  string
+	// inline says its requests may run their repo's batch on the serving
+	// goroutine when nothing waits behind them (actor.inline): false for
+	// requests forwarded by a standby.
+	inline bool
+	serve  serveFunc
+	ready  chan struct{} // one slot: requests came since the goroutine last looked
+
+	mu     sync.Mutex
+	q      turns[arrived] // guarded by mu
+	busy   bool           // a request is being served; guarded by mu
+	closed bool           // the service stopped; guarded by mu
+}
+
+// A serveFunc serves request m, received at at; alone says that no other
+// request waits behind it, so its repo's batch may run on the caller's
+// goroutine (actor.inline).
+type serveFunc func(m *nats.Msg, at time.Time, alone bool)
+
+// arrived is a request waiting in an intake, and when it came.
+type arrived struct {
+	m  *nats.Msg
+	at time.Time
+}
+
+// Bounds of one asker's requests waiting in one intake: past either the
+// next is refused as an overload. Far above what a runner sends at once
+// (a keepalive and a few renewals a session), and the service's memory
+// for one asker's backlog stays bounded.
+const (
+	maxIntakeQueued = 4096
+	maxIntakeBytes  = 16 << 20
+)
+
+// newIntake makes the intake of op's requests, served by serve, and
+// starts its goroutine; false when the service is stopping.
+func (s *Service) newIntake(op string, inline bool, serve serveFunc) (*intake, bool) {
+	in := &intake{svc: s, op: op, inline: inline, serve: serve, ready: make(chan struct{}, 1)}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		return nil, false
+	}
+	s.wg.Go(func() { in.run(s.ctx) })
+	s.intakes = append(s.intakes, in)
+	return in, true
+}
+
+// askerOf is the asker whose turn m waits for: the identity its subject
+// names when its reply is that identity's own inbox (a request it sent;
+// the bus lets each identity publish only under its own name), the
+// anonymous asker on a bus without identities, else "" — an answer
+// someone had the bus send onto a request subject, which the handler
+// refuses; such messages share one turn and count against no identity.
+func askerOf(m *nats.Msg) string {
+	id, ok := IdentityOfSubject(m.Subject, m.Reply)
+	if ok || id == Anonymous {
+		return id
+	}
+	return ""
+}
+
+// deliver takes m off via, the subscription it came on: served at once
+// when nothing waits, else queued in its asker's turn.
+func (in *intake) deliver(m *nats.Msg, via *nats.Subscription) {
+	by, at := askerOf(m), in.svc.cfg.Now()
+	in.mu.Lock()
+	if in.closed {
+		in.mu.Unlock()
+		in.stopped(m, by)
+		return
+	}
+	if !in.busy && in.q.len() == 0 && pendingAtMost(via, 1) {
+		// Nothing waits here, nor behind m on the subscription (nats.go
+		// counts the message being handled): served on this goroutine.
+		in.busy = true
+		in.mu.Unlock()
+		in.serve(m, at, in.inline)
+		in.mu.Lock()
+		in.busy = false
+		more := in.q.len() > 0
+		in.mu.Unlock()
+		if more {
+			in.wake()
+		}
+		return
+	}
+	n, size := in.q.lenOf(by), in.q.sizeOf(by)
+	if n >= maxIntakeQueued || size+len(m.Data) > maxIntakeBytes {
+		in.mu.Unlock()
+		in.shed(m, by, n, size)
+		return
+	}
+	in.q.push(by, arrived{m, at}, len(m.Data))
+	in.mu.Unlock()
+	in.wake()
+}
+
+func (in *intake) wake() {
+	select {
+	case in.ready <- struct{}{}:
+	default: // a wake-up is pending already
+	}
+}
+
+// run serves what waits, in turns, until ctx ends; then it answers what
+// is left that the service is stopping.
+func (in *intake) run(ctx context.Context) {
+	defer in.close()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-in.ready:
+		}
+		for ctx.Err() == nil {
+			in.mu.Lock()
+			if in.busy { // the subscription's goroutine serves; it wakes this one for what comes after
+				in.mu.Unlock()
+				break
+			}
+			r, ok := in.q.pop()
+			if !ok {
+				in.mu.Unlock()
+				break
+			}
+			in.busy = true
+			alone := in.inline && in.q.len() == 0
+			in.mu.Unlock()
+			in.serve(r.m, r.at, alone && pendingAtMost(r.m.Sub, 0))
+			in.mu.Lock()
+			in.busy = false
+			in.mu.Unlock()
+		}
+	}
+}
+
+// close answers every request still waiting that the service is
+// stopping, and those that come after too.
+func (in *intake) close() {
+	in.mu.Lock()
+	in.closed = true
+	var left []arrived
+	for {
+		r, ok := in.q.pop()
+		if !ok {
+			break
+		}
+		left = append(left, r)
+	}
+	in.mu.Unlock()
+	for _, r := range left {
+		in.stopped(r.m, askerOf(r.m))
+	}
+}
+
+// stopped answers m, asked by by, that the service is stopping.
+func (in *intake) stopped(m *nats.Msg, by string) {
+	if by != "" && answerable(m) {
+		respondErr(m, fmt.Errorf("%w: lease service stopping", lease.ErrUnavailable))
+	}
+}
+
+// shed refuses m, asked by by, who has n requests of size bytes waiting
+// here already: audited as an overload in by's name (counted past
+// refusalRate a second), and answered unless it is not by's request.
+func (in *intake) shed(m *nats.Msg, by string, n, size int) {
+	s := in.svc
+	who := "messages no identity sent"
+	if by != "" {
+		who = s.name(by)
+	}
+	what := fmt.Sprintf("%s has %d %s requests (%d bytes) waiting to be read already (at most %d requests and %d bytes an identity)",
+		who, n, in.op, size, maxIntakeQueued, maxIntakeBytes)
+	s.refuse(ReasonBusOverload, by, "refused a "+in.op+" request: "+what)
+	err := fmt.Errorf("%w: lease service overloaded: %s; retry once they are answered", lease.ErrUnavailable, what)
+	s.cfg.Metrics.took(in.op)
+	s.cfg.Metrics.answered(in.op, 0, toWire(err))
+	if by != "" && answerable(m) {
+		respondErr(m, err)
+	}
+}
+
+// waitingOf is how many requests by has waiting here.
+func (in *intake) waitingOf(by string) int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.q.lenOf(by)
+}
+
+// waiting is how many requests wait here.
+func (in *intake) waiting() int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.q.len()
+}
+
+// pendingAtMost reports whether at most n messages wait on sub in
+// nats.go (false when it cannot say).
+func pendingAtMost(sub *nats.Subscription, n int) bool {
+	if sub == nil {
+		return false
+	}
+	msgs, _, err := sub.Pending()
+	return err == nil && msgs <= n
+}
+
+// keepalivesWaiting reports whether keepalives of identity id wait in
+// this instance's intakes: its sessions' silence may be this instance's
+// backlog, not theirs (silentSession).
+func (s *Service) keepalivesWaiting(id string) bool {
+	s.mu.Lock()
+	intakes := s.intakes
+	s.mu.Unlock()
+	for _, in := range intakes {
+		if in.op == "keepalive" && in.waitingOf(id) > 0 {
+			return true
+		}
+	}
+	return false
+}
