@@ -21,7 +21,7 @@ type call struct {
 	op    string
 	by    string // the asking identity ("": the service's own call)
 	msg   *nats.Msg
-	at    time.Time // when the service received it (monotonic)
+	at    time.Time // when the service read it off the bus, before its intake (monotonic): an acquire's wait counts from then
 	req   any
 	reply chan reply // for in-process calls (list across repos); else an answer to msg
 	svc   *Service   // counts the answer in its metrics (nil: internal call)

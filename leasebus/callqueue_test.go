@@ -179,3 +179,28 @@ func TestTurnsKeepSizes(t *testing.T) {
 		t.Fatalf("a back with one of 10 bytes: %d waiting of %d bytes", q.lenOf("a"), q.sizeOf("a"))
 	}
 }
+
+// BenchmarkTurns: a push and a pop cost the same with a handful of
+// identities waiting as with a monorepo's fleet of them (O(1) each, not
+// a walk of the identities waiting).
+//
+//	go test -run '^$' -bench BenchmarkTurns ./leasebus/
+func BenchmarkTurns(b *testing.B) {
+	for _, ids := range []int{8, 20_000} {
+		b.Run(strconv.Itoa(ids)+"-identities", func(b *testing.B) {
+			names := make([]string, ids)
+			for i := range names {
+				names[i] = "runner-" + strconv.Itoa(i)
+			}
+			var q turns[int]
+			for i, name := range names { // every identity has one waiting
+				q.push(name, i, 1)
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				q.push(names[i%ids], i, 1)
+				q.pop()
+			}
+		})
+	}
+}

@@ -20,6 +20,12 @@ import (
 // an inbox of nc's own that the subscription it returns reads.
 func floodRequests(t *testing.T, nc *nats.Conn, op string, data []byte, n int) *nats.Subscription {
 	t.Helper()
+	return floodRequestsWith(t, nc, op, nil, data, n)
+}
+
+// floodRequestsWith is floodRequests with headers hdr on each request.
+func floodRequestsWith(t *testing.T, nc *nats.Conn, op string, hdr nats.Header, data []byte, n int) *nats.Subscription {
+	t.Helper()
 	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
@@ -30,7 +36,7 @@ func floodRequests(t *testing.T, nc *nats.Conn, op string, data []byte, n int) *
 	}
 	subj := requestSubject(op, IdentityOf(nc))
 	for range n {
-		if err := nc.PublishRequest(subj, inbox, data); err != nil {
+		if err := nc.PublishMsg(&nats.Msg{Subject: subj, Reply: inbox, Header: hdr, Data: data}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -686,13 +692,18 @@ func holdIntakes(t *testing.T, s *Service, op string) (release func()) {
 		t.Fatalf("no intake of %s", op)
 	}
 	for _, in := range held {
-		in.mu.Lock()
-		if in.busy {
-			in.mu.Unlock()
-			t.Fatalf("the intake of %s is serving already", op)
-		}
-		in.busy = true
-		in.mu.Unlock()
+		// Taken between two requests: one being served (the test's own
+		// last request, whose answer can come before its serving ends)
+		// finishes first.
+		checkFor(t, 30*time.Second, time.Millisecond, func() error {
+			in.mu.Lock()
+			defer in.mu.Unlock()
+			if in.busy {
+				return fmt.Errorf("the intake of %s is serving", op)
+			}
+			in.busy = true
+			return nil
+		})
 	}
 	var once sync.Once
 	release = func() {
@@ -712,16 +723,49 @@ func holdIntakes(t *testing.T, s *Service, op string) (release func()) {
 // intakeWaiting is how many requests of op identity id has waiting in
 // the service's intakes.
 func intakeWaiting(s *Service, op, id string) int {
+	n, _ := intakeHolds(s, op, id)
+	return n
+}
+
+// intakeHolds is how many requests of op identity id has waiting in the
+// service's intakes, and their size (every identity's with id "*").
+func intakeHolds(s *Service, op, id string) (n, size int) {
 	s.mu.Lock()
 	intakes := s.intakes
 	s.mu.Unlock()
-	n := 0
 	for _, in := range intakes {
-		if in.op == op {
-			n += in.waitingOf(id)
+		if in.op != op {
+			continue
 		}
+		in.mu.Lock()
+		if id == "*" {
+			n, size = n+in.q.len(), size+in.total
+		} else {
+			n, size = n+in.q.lenOf(id), size+in.q.sizeOf(id)
+		}
+		in.mu.Unlock()
 	}
-	return n
+	return n, size
+}
+
+// settledOverloads waits until every one of the n requests identity id
+// flooded op with either waits in the intake or was answered on answers
+// (refused past its share), and returns how many wait.
+func settledOverloads(t *testing.T, s *Service, op, id string, answers *nats.Subscription, n int) int {
+	t.Helper()
+	waiting := 0
+	checkFor(t, time.Minute, 5*time.Millisecond, func() error {
+		answered, _, err := answers.Pending()
+		if err != nil {
+			return err
+		}
+		waiting = intakeWaiting(s, op, id)
+		if waiting+answered != n {
+			return fmt.Errorf("%d of %d requests wait and %d are answered", waiting, n, answered)
+		}
+		return nil
+	})
+	return waiting
 }
 
 // TestIntakeBoundedPerIdentity: while a subscription's requests wait to
@@ -731,7 +775,7 @@ func intakeWaiting(s *Service, op, id string) int {
 // still waits, and is served in its turn: second, not after the flood.
 func TestIntakeBoundedPerIdentity(t *testing.T) {
 	t.Parallel()
-	b := startIdentityBus(t, "flooder", "bulky", "victim")
+	b := startIdentityBus(t, "flooder", "bulky", "padded", "victim")
 	ctx := ctxFor(t, 2*time.Minute)
 	flooder, victim := b.holders["flooder"], NewClient(b.holders["victim"])
 	if _, err := victim.Acquire(ctx, AcquireRequest{Repo: "github.com/acme/victim", Scope: claim(t, "docs/"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
@@ -748,12 +792,25 @@ func TestIntakeBoundedPerIdentity(t *testing.T) {
 	if n := intakeWaiting(b.service, "acquire", flooderID); n != maxIntakeQueued {
 		t.Fatalf("the flooder has %d requests waiting, want its share (%d)", n, maxIntakeQueued)
 	}
-	// Large requests fill an identity's share by their bytes first.
+	// Large requests fill an identity's share by their bytes first, as
+	// they came on the wire, headers too.
 	heavy := heavyInvalidAcquire(t)
-	fit := maxIntakeBytes / len(heavy)
-	bulky := floodRequests(t, b.holders["bulky"], "acquire", heavy, fit+over)
-	for range over {
-		nextOverload(t, bulky, fmt.Sprintf("bulky has %d acquire requests (%d bytes)", fit, fit*len(heavy)))
+	bulkyID := IdentityOf(b.holders["bulky"])
+	bulky := floodRequests(t, b.holders["bulky"], "acquire", heavy, maxIntakeBytes/len(heavy)+over)
+	fit := settledOverloads(t, b.service, "acquire", bulkyID, bulky, maxIntakeBytes/len(heavy)+over)
+	_, size := intakeHolds(b.service, "acquire", bulkyID)
+	if size > maxIntakeBytes || size+size/fit <= maxIntakeBytes {
+		t.Fatalf("bulky has %d requests of %d bytes waiting: want its share of %d bytes full", fit, size, maxIntakeBytes)
+	}
+	for range maxIntakeBytes/len(heavy) + over - fit {
+		nextOverload(t, bulky, fmt.Sprintf("bulky has %d acquire requests (%d bytes) waiting to be read already (at most %d requests and %d bytes an identity)", fit, size, maxIntakeQueued, maxIntakeBytes))
+	}
+	padded := floodRequestsWith(t, b.holders["padded"], "acquire", nats.Header{"Pad": []string{strings.Repeat("p", 1<<20)}}, []byte(`{}`), 20)
+	if n := settledOverloads(t, b.service, "acquire", IdentityOf(b.holders["padded"]), padded, 20); n != 15 {
+		t.Fatalf("padded has %d requests of 1 MB of headers each waiting, want 15 (its share of 16 MB)", n)
+	}
+	for range 5 {
+		nextOverload(t, padded, "padded has 15 acquire requests")
 	}
 
 	var l *lease.Lease
@@ -774,20 +831,23 @@ func TestIntakeBoundedPerIdentity(t *testing.T) {
 		t.Fatalf("the victim's acquire failed behind the flood: %v", acquireErr)
 	}
 	if got, _, err := answers.Pending(); err != nil || got > maxIntakeQueued/2 {
-		t.Fatalf("the victim's acquire was answered after %d of the flood's %d waiting requests (%v), want fewer than half: it was third in turn", got, maxIntakeQueued, err)
+		t.Fatalf("the victim's acquire was answered after %d of the flood's %d waiting requests (%v), want fewer than half: it was fourth in turn", got, maxIntakeQueued, err)
 	}
 	if l.Owner != owner(2) {
 		t.Fatalf("the victim's lease %+v is not the one it asked for", l)
 	}
 	// The floods are served too, in turn: each refused as invalid.
-	for got := range maxIntakeQueued + fit {
+	for got := range maxIntakeQueued + fit + 15 {
 		sub := answers
-		if got >= maxIntakeQueued {
+		switch {
+		case got >= maxIntakeQueued+fit:
+			sub = padded
+		case got >= maxIntakeQueued:
 			sub = bulky
 		}
 		m, err := sub.NextMsg(time.Minute)
 		if err != nil {
-			t.Fatalf("%d of the floods' %d waiting requests answered: %v", got, maxIntakeQueued+fit, err)
+			t.Fatalf("%d of the floods' %d waiting requests answered: %v", got, maxIntakeQueued+fit+15, err)
 		}
 		var r reply
 		if err := json.Unmarshal(m.Data, &r); err != nil {
@@ -854,6 +914,14 @@ func TestWaitingKeepalivesHoldBackOnlyTheirIdentity(t *testing.T) {
 	if n := reclaimsHeld(m, "backlog"); n > 0 {
 		t.Errorf("%d looks of the reaper counted the instance behind, for one runner's flood", n)
 	}
+	// The flooder's session, silent past the grace and a reaper's look
+	// or two, is not reclaimed: its keepalives wait.
+	checkFor(t, time.Minute, 20*time.Millisecond, func() error {
+		if d := silence(flooding); d < grace+2*reapEvery {
+			return fmt.Errorf("the flooder's session is silent for %s", d)
+		}
+		return nil
+	})
 	if l, err := c.Get(ctx, flooding.LeaseID); err != nil || !l.Active() {
 		t.Errorf("the flooder's lease, whose keepalives wait behind its flood, is %+v (%v) %s after its session was last served: want active, in the longer grace", l, err, silence(flooding).Round(time.Millisecond))
 	}
@@ -862,5 +930,82 @@ func TestWaitingKeepalivesHoldBackOnlyTheirIdentity(t *testing.T) {
 		if _, err := answers.NextMsg(time.Minute); err != nil {
 			t.Fatalf("%d of the flood's %d keepalives answered: %v", got, 2*keepaliveBacklog, err)
 		}
+	}
+}
+
+// TestIntakeBoundedInAll: many identities flooding one intake together
+// hold at most maxIntakeTotal bytes in it (nats.go's own bound for a
+// subscription), a request more of any of them is refused as an
+// overload; and another runner with nothing waiting is still taken, and
+// served: a crowd of flooders cannot lock it out.
+func TestIntakeBoundedInAll(t *testing.T) {
+	t.Parallel()
+	padders := []string{"pad-0", "pad-1", "pad-2", "pad-3", "pad-4"}
+	b := startIdentityBus(t, append([]string{"victim"}, padders...)...)
+	ctx := ctxFor(t, 2*time.Minute)
+	victim := NewClient(b.holders["victim"])
+	if _, err := victim.Acquire(ctx, AcquireRequest{Repo: "github.com/acme/victim", Scope: claim(t, "docs/"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatal(err)
+	}
+	release := holdIntakes(t, b.service, "acquire")
+	const each = 16 // 1 MB of headers each: one more than an identity's share
+	pad := nats.Header{"Pad": []string{strings.Repeat("p", 1<<20)}}
+	full := 0
+	var floods []*nats.Subscription
+	waiting := 0
+	for _, name := range padders {
+		answers := floodRequestsWith(t, b.holders[name], "acquire", pad, []byte(`{}`), each)
+		floods = append(floods, answers)
+		n := settledOverloads(t, b.service, "acquire", IdentityOf(b.holders[name]), answers, each)
+		waiting += n
+		for range each - n {
+			m, err := answers.NextMsg(time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r reply
+			if err := json.Unmarshal(m.Data, &r); err != nil {
+				t.Fatal(err)
+			}
+			err = r.Error.err()
+			if !errors.Is(err, lease.ErrUnavailable) || !strings.Contains(err.Error(), "overloaded") {
+				t.Fatalf("%s's request past the bound answered %v, want refused as an overload", name, err)
+			}
+			if strings.Contains(err.Error(), "every identity's waiting are") {
+				full++
+			}
+		}
+	}
+	_, total := intakeHolds(b.service, "acquire", "*")
+	if total > maxIntakeTotal || full == 0 {
+		t.Fatalf("%d requests of %d bytes wait in all, %d refused for the bound of all: want at most %d bytes, and refusals for it", waiting, total, full, maxIntakeTotal)
+	}
+
+	// The victim has nothing waiting: its acquire is taken past the bound.
+	var l *lease.Lease
+	var acquireErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		l, acquireErr = victim.Acquire(ctx, AcquireRequest{Repo: "github.com/acme/victim", Scope: claim(t, "services/billing/"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
+	})
+	checkFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+		if n := intakeWaiting(b.service, "acquire", IdentityOf(b.holders["victim"])); n != 1 {
+			return fmt.Errorf("the victim has %d acquires waiting", n)
+		}
+		return nil
+	})
+	release()
+	wg.Wait()
+	if acquireErr != nil || l.Owner != owner(2) {
+		t.Fatalf("the victim's acquire behind the floods: %+v, %v", l, acquireErr)
+	}
+	for i, answers := range floods {
+		checkFor(t, time.Minute, 10*time.Millisecond, func() error {
+			if n := intakeWaiting(b.service, "acquire", IdentityOf(b.holders[padders[i]])); n > 0 {
+				return fmt.Errorf("%s has %d requests still waiting", padders[i], n)
+			}
+			return nil
+		})
+		_ = answers.Unsubscribe()
 	}
 }

@@ -27,11 +27,16 @@ import (
 // they came (turns). A request waits for at most one request of every
 // other asker, however deep their backlogs; a flood lengthens only its
 // sender's queue, which is bounded: past maxIntakeQueued requests or
-// maxIntakeBytes of them the sender's next is refused at once, as an
-// overload (audited), before anything reads it.
+// maxIntakeBytes of them (their size on the wire, headers too) the
+// sender's next is refused at once, as an overload (audited), before
+// anything decodes it. Every asker's together are bounded too: past
+// maxIntakeTotal bytes only an asker with nothing waiting is taken, so
+// many flooders together still cannot lock another runner out.
 //
 // With nothing waiting, the subscription's goroutine serves the request
-// itself, as before intakes: no hand-off for an uncontended request.
+// itself, as before intakes: no hand-off for an uncontended request
+// (while it serves, what comes waits unsorted in nats.go: for one
+// request's time, an inline batch's append included).
 type intake struct {
 	svc *Service
 	op  string
@@ -44,6 +49,7 @@ type intake struct {
 
 	mu     sync.Mutex
 	q      turns[arrived] // guarded by mu
+	total  int            // the size of what waits in q, every asker's; guarded by mu
 	busy   bool           // a request is being served; guarded by mu
 	closed bool           // the service stopped; guarded by mu
 }
@@ -53,19 +59,25 @@ type intake struct {
 // goroutine (actor.inline).
 type serveFunc func(m *nats.Msg, at time.Time, alone bool)
 
-// arrived is a request waiting in an intake, and when it came.
+// arrived is a request waiting in an intake, when it came and its size
+// on the wire.
 type arrived struct {
-	m  *nats.Msg
-	at time.Time
+	m    *nats.Msg
+	at   time.Time
+	size int
 }
 
-// Bounds of one asker's requests waiting in one intake: past either the
-// next is refused as an overload. Far above what a runner sends at once
-// (a keepalive and a few renewals a session), and the service's memory
-// for one asker's backlog stays bounded.
+// Bounds of the requests waiting in one intake: one asker's (past either
+// its next is refused as an overload), far above what a runner sends at
+// once (a keepalive and a few renewals a session); and every asker's
+// together, nats.go's own default for a subscription's pending bytes
+// (past it an asker with requests waiting is refused, one with none
+// still taken). The anonymous asker of a bus without identities is
+// everyone: it has only the bound of all.
 const (
 	maxIntakeQueued = 4096
 	maxIntakeBytes  = 16 << 20
+	maxIntakeTotal  = 64 << 20
 )
 
 // newIntake makes the intake of op's requests, served by serve, and
@@ -96,9 +108,10 @@ func askerOf(m *nats.Msg) string {
 	return ""
 }
 
-// deliver takes m off via, the subscription it came on: served at once
-// when nothing waits, else queued in its asker's turn.
-func (in *intake) deliver(m *nats.Msg, via *nats.Subscription) {
+// deliver takes m, of size bytes on the wire, off via, the subscription
+// it came on: served at once when nothing waits, else queued in its
+// asker's turn.
+func (in *intake) deliver(m *nats.Msg, via *nats.Subscription, size int) {
 	by, at := askerOf(m), in.svc.cfg.Now()
 	in.mu.Lock()
 	if in.closed {
@@ -121,13 +134,21 @@ func (in *intake) deliver(m *nats.Msg, via *nats.Subscription) {
 		}
 		return
 	}
-	n, size := in.q.lenOf(by), in.q.sizeOf(by)
-	if n >= maxIntakeQueued || size+len(m.Data) > maxIntakeBytes {
+	n, waiting, total := in.q.lenOf(by), in.q.sizeOf(by), in.total
+	switch {
+	case by != Anonymous && (n >= maxIntakeQueued || waiting+size > maxIntakeBytes):
 		in.mu.Unlock()
-		in.shed(m, by, n, size)
+		in.shed(m, by, fmt.Sprintf("has %d %s requests (%d bytes) waiting to be read already (at most %d requests and %d bytes an identity)",
+			n, in.op, waiting, maxIntakeQueued, maxIntakeBytes))
+		return
+	case n > 0 && total+size > maxIntakeTotal:
+		in.mu.Unlock()
+		in.shed(m, by, fmt.Sprintf("has %d %s requests (%d bytes) waiting to be read already, and every identity's waiting are %d bytes (at most %d; past that only an identity with none waiting is taken)",
+			n, in.op, waiting, total, maxIntakeTotal))
 		return
 	}
-	in.q.push(by, arrived{m, at}, len(m.Data))
+	in.q.push(by, arrived{m, at, size}, size)
+	in.total += size
 	in.mu.Unlock()
 	in.wake()
 }
@@ -160,6 +181,7 @@ func (in *intake) run(ctx context.Context) {
 				in.mu.Unlock()
 				break
 			}
+			in.total -= r.size
 			in.busy = true
 			alone := in.inline && in.q.len() == 0
 			in.mu.Unlock()
@@ -184,6 +206,7 @@ func (in *intake) close() {
 		}
 		left = append(left, r)
 	}
+	in.total = 0
 	in.mu.Unlock()
 	for _, r := range left {
 		in.stopped(r.m, askerOf(r.m))
@@ -197,17 +220,16 @@ func (in *intake) stopped(m *nats.Msg, by string) {
 	}
 }
 
-// shed refuses m, asked by by, who has n requests of size bytes waiting
-// here already: audited as an overload in by's name (counted past
-// refusalRate a second), and answered unless it is not by's request.
-func (in *intake) shed(m *nats.Msg, by string, n, size int) {
+// shed refuses m, asked by by, for why (what by has waiting here):
+// audited as an overload in by's name (counted past refusalRate a
+// second), and answered unless it is not by's request.
+func (in *intake) shed(m *nats.Msg, by, why string) {
 	s := in.svc
 	who := "messages no identity sent"
 	if by != "" {
 		who = s.name(by)
 	}
-	what := fmt.Sprintf("%s has %d %s requests (%d bytes) waiting to be read already (at most %d requests and %d bytes an identity)",
-		who, n, in.op, size, maxIntakeQueued, maxIntakeBytes)
+	what := who + " " + why
 	s.refuse(ReasonBusOverload, by, "refused a "+in.op+" request: "+what)
 	err := fmt.Errorf("%w: lease service overloaded: %s; retry once they are answered", lease.ErrUnavailable, what)
 	s.cfg.Metrics.took(in.op)
