@@ -157,6 +157,9 @@ func TestTurnsKeepSizes(t *testing.T) {
 	if n, size := q.lenOf("a"), q.sizeOf("a"); n != 2 || size != 150 {
 		t.Fatalf("a has %d waiting of %d bytes, want 2 of 150", n, size)
 	}
+	if q.total() != 157 || q.identities() != 2 {
+		t.Fatalf("%d bytes of %d identities wait, want 157 of 2", q.total(), q.identities())
+	}
 	var got []int
 	for {
 		v, ok := q.pop()
@@ -171,7 +174,7 @@ func TestTurnsKeepSizes(t *testing.T) {
 	if want := []int{1, 2, 3}; !slices.Equal(got, want) {
 		t.Fatalf("taken %v, want %v (a, then b, then a again)", got, want)
 	}
-	if q.len() != 0 || q.sizeOf("a") != 0 || q.byID != nil || q.order != nil {
+	if q.len() != 0 || q.sizeOf("a") != 0 || q.total() != 0 || q.byID != nil || q.order != nil {
 		t.Fatalf("an empty queue keeps %d values, a's size %d, or its identities", q.len(), q.sizeOf("a"))
 	}
 	q.push("a", 4, 10) // an identity back after it emptied starts from nothing

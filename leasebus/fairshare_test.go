@@ -739,7 +739,7 @@ func intakeHolds(s *Service, op, id string) (n, size int) {
 		}
 		in.mu.Lock()
 		if id == "*" {
-			n, size = n+in.q.len(), size+in.total
+			n, size = n+in.q.len(), size+in.q.total()
 		} else {
 			n, size = n+in.q.lenOf(id), size+in.q.sizeOf(id)
 		}
@@ -805,12 +805,20 @@ func TestIntakeBoundedPerIdentity(t *testing.T) {
 	for range maxIntakeBytes/len(heavy) + over - fit {
 		nextOverload(t, bulky, fmt.Sprintf("bulky has %d acquire requests (%d bytes) waiting to be read already (at most %d requests and %d bytes an identity)", fit, size, maxIntakeQueued, maxIntakeBytes))
 	}
-	padded := floodRequestsWith(t, b.holders["padded"], "acquire", nats.Header{"Pad": []string{strings.Repeat("p", 1<<20)}}, []byte(`{}`), 20)
-	if n := settledOverloads(t, b.service, "acquire", IdentityOf(b.holders["padded"]), padded, 20); n != 15 {
-		t.Fatalf("padded has %d requests of 1 MB of headers each waiting, want 15 (its share of 16 MB)", n)
+	// Headers count, and are bounded on their own: nats.go holds them
+	// in maps larger than on the wire.
+	padded := floodRequestsWith(t, b.holders["padded"], "acquire", nats.Header{"Pad": []string{strings.Repeat("p", 3<<10)}}, heavy, 200)
+	if n := settledOverloads(t, b.service, "acquire", IdentityOf(b.holders["padded"]), padded, 200); n != 200 {
+		t.Fatalf("padded has %d of its 200 requests waiting", n)
 	}
-	for range 5 {
-		nextOverload(t, padded, "padded has 15 acquire requests")
+	if _, size := intakeHolds(b.service, "acquire", IdentityOf(b.holders["padded"])); size < 200*(len(heavy)+3<<10) {
+		t.Fatalf("padded's 200 requests of %d bytes and 3 KB of headers count %d bytes, want their headers counted", len(heavy), size)
+	}
+	overHeaders := floodRequestsWith(t, b.holders["padded"], "acquire", nats.Header{"Pad": []string{strings.Repeat("p", maxRequestHeaders)}}, []byte(`{}`), 1)
+	if m, err := overHeaders.NextMsg(time.Minute); err != nil {
+		t.Fatal(err)
+	} else if r := decodeReply(t, m); !errors.Is(r.Error.err(), lease.ErrInvalid) || !strings.Contains(r.Error.err().Error(), "request headers of") {
+		t.Fatalf("a request with %d bytes of headers answered %v, want refused as invalid for its headers", maxRequestHeaders, r.Error.err())
 	}
 
 	var l *lease.Lease
@@ -837,7 +845,7 @@ func TestIntakeBoundedPerIdentity(t *testing.T) {
 		t.Fatalf("the victim's lease %+v is not the one it asked for", l)
 	}
 	// The floods are served too, in turn: each refused as invalid.
-	for got := range maxIntakeQueued + fit + 15 {
+	for got := range maxIntakeQueued + fit + 200 {
 		sub := answers
 		switch {
 		case got >= maxIntakeQueued+fit:
@@ -847,7 +855,7 @@ func TestIntakeBoundedPerIdentity(t *testing.T) {
 		}
 		m, err := sub.NextMsg(time.Minute)
 		if err != nil {
-			t.Fatalf("%d of the floods' %d waiting requests answered: %v", got, maxIntakeQueued+fit+15, err)
+			t.Fatalf("%d of the floods' %d waiting requests answered: %v", got, maxIntakeQueued+fit+200, err)
 		}
 		var r reply
 		if err := json.Unmarshal(m.Data, &r); err != nil {
@@ -888,14 +896,16 @@ func TestWaitingKeepalivesHoldBackOnlyTheirIdentity(t *testing.T) {
 
 	hs[1].Orphan() // the victim's runner dies
 	stopped := time.Now()
-	// Its last keepalive is served, not caught in the hold below.
-	checkFor(t, 30*time.Second, 20*time.Millisecond, func() error {
-		if d := silence(dead); d < 300*time.Millisecond {
-			return fmt.Errorf("the dead session was heard %s ago", d)
-		}
-		return nil
-	})
+	// Its last keepalive is served, not caught in the hold below: a
+	// keepalive of another session sent after it on the same connection
+	// is answered (an identity's requests are served in the order they
+	// came).
+	probe := &keepaliveRequest{Session: sessionPrefix + strings.Repeat("0", 31) + "1"}
+	if _, err := NewClient(hs[1].c.nc).request(ctx, "keepalive", probe, 0); err != nil {
+		t.Fatal(err)
+	}
 	release := holdIntakes(t, b.service, "keepalive")
+	held := time.Now() // the flooder's keepalives wait from here on
 	answers := floodRequests(t, b.holders["flooder"], "keepalive", []byte(`{}`), 2*keepaliveBacklog)
 	checkFor(t, 30*time.Second, 5*time.Millisecond, func() error {
 		if n := intakeWaiting(b.service, "keepalive", IdentityOf(b.holders["flooder"])); n < 2*keepaliveBacklog {
@@ -922,7 +932,9 @@ func TestWaitingKeepalivesHoldBackOnlyTheirIdentity(t *testing.T) {
 		}
 		return nil
 	})
-	if l, err := c.Get(ctx, flooding.LeaseID); err != nil || !l.Active() {
+	// (A machine stalled past the longer grace may have reclaimed it
+	// since: then only after that.)
+	if l, err := c.Get(ctx, flooding.LeaseID); err != nil || !l.Active() && l.EndedAt.Sub(held) < massGraces*grace-time.Second {
 		t.Errorf("the flooder's lease, whose keepalives wait behind its flood, is %+v (%v) %s after its session was last served: want active, in the longer grace", l, err, silence(flooding).Round(time.Millisecond))
 	}
 	release()
@@ -934,10 +946,11 @@ func TestWaitingKeepalivesHoldBackOnlyTheirIdentity(t *testing.T) {
 }
 
 // TestIntakeBoundedInAll: many identities flooding one intake together
-// hold at most maxIntakeTotal bytes in it (nats.go's own bound for a
-// subscription), a request more of any of them is refused as an
-// overload; and another runner with nothing waiting is still taken, and
-// served: a crowd of flooders cannot lock it out.
+// fill maxIntakeTotal bytes; past that an identity is taken only within
+// its fair share of it (the total over the identities waiting), so one
+// more flooder is refused as an overload at its share, and another
+// runner with nothing waiting is still taken, and served: a crowd of
+// flooders cannot lock it out.
 func TestIntakeBoundedInAll(t *testing.T) {
 	t.Parallel()
 	padders := []string{"pad-0", "pad-1", "pad-2", "pad-3", "pad-4"}
@@ -948,37 +961,30 @@ func TestIntakeBoundedInAll(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := holdIntakes(t, b.service, "acquire")
-	const each = 16 // 1 MB of headers each: one more than an identity's share
-	pad := nats.Header{"Pad": []string{strings.Repeat("p", 1<<20)}}
-	full := 0
+	const each = 16 // of 1 MB each: one more than an identity's share
+	data := []byte(strings.Repeat("p", 1<<20))
+	fair := 0
 	var floods []*nats.Subscription
-	waiting := 0
-	for _, name := range padders {
-		answers := floodRequestsWith(t, b.holders[name], "acquire", pad, []byte(`{}`), each)
+	for i, name := range padders {
+		answers := floodRequests(t, b.holders[name], "acquire", data, each)
 		floods = append(floods, answers)
 		n := settledOverloads(t, b.service, "acquire", IdentityOf(b.holders[name]), answers, each)
-		waiting += n
 		for range each - n {
-			m, err := answers.NextMsg(time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var r reply
-			if err := json.Unmarshal(m.Data, &r); err != nil {
-				t.Fatal(err)
-			}
-			err = r.Error.err()
+			err := decodeReply(t, nextMsg(t, answers)).Error.err()
 			if !errors.Is(err, lease.ErrUnavailable) || !strings.Contains(err.Error(), "overloaded") {
 				t.Fatalf("%s's request past the bound answered %v, want refused as an overload", name, err)
 			}
-			if strings.Contains(err.Error(), "every identity's waiting are") {
-				full++
+			if strings.Contains(err.Error(), "at most a fair share") {
+				fair++
 			}
+		}
+		if _, total := intakeHolds(b.service, "acquire", "*"); i == len(padders)-1 && (total <= maxIntakeTotal || n >= each-1) {
+			t.Fatalf("%d of the last flooder's requests taken, %d bytes waiting in all: want the total past %d and the last flooder held to its fair share", n, total, maxIntakeTotal)
 		}
 	}
 	_, total := intakeHolds(b.service, "acquire", "*")
-	if total > maxIntakeTotal || full == 0 {
-		t.Fatalf("%d requests of %d bytes wait in all, %d refused for the bound of all: want at most %d bytes, and refusals for it", waiting, total, full, maxIntakeTotal)
+	if fair == 0 || total > 2*maxIntakeTotal {
+		t.Fatalf("%d bytes wait in all, %d requests refused at their fair share: want refusals, and at most twice %d", total, fair, maxIntakeTotal)
 	}
 
 	// The victim has nothing waiting: its acquire is taken past the bound.
@@ -999,13 +1005,34 @@ func TestIntakeBoundedInAll(t *testing.T) {
 	if acquireErr != nil || l.Owner != owner(2) {
 		t.Fatalf("the victim's acquire behind the floods: %+v, %v", l, acquireErr)
 	}
-	for i, answers := range floods {
-		checkFor(t, time.Minute, 10*time.Millisecond, func() error {
-			if n := intakeWaiting(b.service, "acquire", IdentityOf(b.holders[padders[i]])); n > 0 {
-				return fmt.Errorf("%s has %d requests still waiting", padders[i], n)
-			}
-			return nil
-		})
+	// Served, every flood's request leaves the intake's count with it.
+	checkFor(t, time.Minute, 10*time.Millisecond, func() error {
+		if n, size := intakeHolds(b.service, "acquire", "*"); n > 0 || size != 0 {
+			return fmt.Errorf("%d requests of %d bytes still wait", n, size)
+		}
+		return nil
+	})
+	for _, answers := range floods {
 		_ = answers.Unsubscribe()
 	}
+}
+
+// nextMsg is the next message on sub.
+func nextMsg(t *testing.T, sub *nats.Subscription) *nats.Msg {
+	t.Helper()
+	m, err := sub.NextMsg(time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// decodeReply is the service's answer in m.
+func decodeReply(t *testing.T, m *nats.Msg) reply {
+	t.Helper()
+	var r reply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		t.Fatalf("an answer %q: %v", m.Data, err)
+	}
+	return r
 }

@@ -29,9 +29,12 @@ import (
 // sender's queue, which is bounded: past maxIntakeQueued requests or
 // maxIntakeBytes of them (their size on the wire, headers too) the
 // sender's next is refused at once, as an overload (audited), before
-// anything decodes it. Every asker's together are bounded too: past
-// maxIntakeTotal bytes only an asker with nothing waiting is taken, so
-// many flooders together still cannot lock another runner out.
+// anything decodes its body. Every asker's together are bounded too:
+// past maxIntakeTotal bytes an asker is taken only within its fair share
+// of that (the total over the askers waiting) and up to twice the total,
+// or with a first small request (maxIntakeFirst), so many flooders
+// together still cannot lock another runner out. A request's headers (nats.go has decoded them into
+// a map by then) are bounded on their own, maxRequestHeaders.
 //
 // With nothing waiting, the subscription's goroutine serves the request
 // itself, as before intakes: no hand-off for an uncontended request
@@ -49,7 +52,6 @@ type intake struct {
 
 	mu     sync.Mutex
 	q      turns[arrived] // guarded by mu
-	total  int            // the size of what waits in q, every asker's; guarded by mu
 	busy   bool           // a request is being served; guarded by mu
 	closed bool           // the service stopped; guarded by mu
 }
@@ -59,26 +61,39 @@ type intake struct {
 // goroutine (actor.inline).
 type serveFunc func(m *nats.Msg, at time.Time, alone bool)
 
-// arrived is a request waiting in an intake, when it came and its size
-// on the wire.
+// arrived is a request waiting in an intake, and when it came.
 type arrived struct {
-	m    *nats.Msg
-	at   time.Time
-	size int
+	m  *nats.Msg
+	at time.Time
 }
 
 // Bounds of the requests waiting in one intake: one asker's (past either
 // its next is refused as an overload), far above what a runner sends at
 // once (a keepalive and a few renewals a session); and every asker's
-// together, nats.go's own default for a subscription's pending bytes
-// (past it an asker with requests waiting is refused, one with none
-// still taken). The anonymous asker of a bus without identities is
-// everyone: it has only the bound of all.
+// together, nats.go's own default for a subscription's pending bytes.
+// Past that an asker is still taken within its fair share of it (divided
+// by the askers waiting), up to twice maxIntakeTotal in all, and with a
+// first request of at most maxIntakeFirst bytes however full: an intake
+// holds at most twice maxIntakeTotal, and maxIntakeFirst an asker more.
+// The anonymous asker of a bus without identities is everyone: it has
+// only the bounds of all.
 const (
 	maxIntakeQueued = 4096
 	maxIntakeBytes  = 16 << 20
 	maxIntakeTotal  = 64 << 20
+	maxIntakeFirst  = 64 << 10
 )
+
+// maxRequestHeaders bounds the headers of a request, in bytes on the
+// wire: a client sends one (its nonce), a standby's forward a few more.
+// nats.go holds each header in a map of its own, larger than on the
+// wire, so they are bounded apart from the request's size.
+const maxRequestHeaders = 4 << 10
+
+// forwardHeaders is room for the headers a standby adds to a request it
+// forwards (primary.go): the asker's subject and reply, its account and
+// the standby's name.
+const forwardHeaders = 2 << 10
 
 // newIntake makes the intake of op's requests, served by serve, and
 // starts its goroutine; false when the service is stopping.
@@ -108,11 +123,20 @@ func askerOf(m *nats.Msg) string {
 	return ""
 }
 
-// deliver takes m, of size bytes on the wire, off via, the subscription
-// it came on: served at once when nothing waits, else queued in its
-// asker's turn.
-func (in *intake) deliver(m *nats.Msg, via *nats.Subscription, size int) {
+// deliver takes request m off via, the subscription it came on, as wire
+// (m, or the standby's message that forwarded it): served at once when
+// nothing waits, else queued in its asker's turn.
+func (in *intake) deliver(m *nats.Msg, via *nats.Subscription, wire *nats.Msg) {
 	by, at := askerOf(m), in.svc.cfg.Now()
+	size := wire.Size() // as received: O(1)
+	limit := maxRequestHeaders
+	if wire != m {
+		limit += forwardHeaders // a standby's own, around the asker's
+	}
+	if hdr := size - len(wire.Subject) - len(wire.Reply) - len(wire.Data); hdr > limit {
+		in.invalid(m, by, fmt.Errorf("%w: request headers of %d bytes: at most %d", lease.ErrInvalid, hdr, limit))
+		return
+	}
 	in.mu.Lock()
 	if in.closed {
 		in.mu.Unlock()
@@ -134,21 +158,24 @@ func (in *intake) deliver(m *nats.Msg, via *nats.Subscription, size int) {
 		}
 		return
 	}
-	n, waiting, total := in.q.lenOf(by), in.q.sizeOf(by), in.total
+	n, waiting, total := in.q.lenOf(by), in.q.sizeOf(by), in.q.total()
+	askers := in.q.identities()
+	if n == 0 {
+		askers++
+	}
 	switch {
 	case by != Anonymous && (n >= maxIntakeQueued || waiting+size > maxIntakeBytes):
 		in.mu.Unlock()
 		in.shed(m, by, fmt.Sprintf("has %d %s requests (%d bytes) waiting to be read already (at most %d requests and %d bytes an identity)",
 			n, in.op, waiting, maxIntakeQueued, maxIntakeBytes))
 		return
-	case n > 0 && total+size > maxIntakeTotal:
+	case (n > 0 || size > maxIntakeFirst) && (total+size > 2*maxIntakeTotal || total+size > maxIntakeTotal && waiting+size > maxIntakeTotal/askers):
 		in.mu.Unlock()
-		in.shed(m, by, fmt.Sprintf("has %d %s requests (%d bytes) waiting to be read already, and every identity's waiting are %d bytes (at most %d; past that only an identity with none waiting is taken)",
-			n, in.op, waiting, total, maxIntakeTotal))
+		in.shed(m, by, fmt.Sprintf("has %d %s requests (%d bytes) waiting to be read already, and every identity's waiting are %d bytes: past %d, at most a fair share of it an identity (%d bytes, of %d identities), and past %d none but a first small request",
+			n, in.op, waiting, total, maxIntakeTotal, maxIntakeTotal/askers, askers, 2*maxIntakeTotal))
 		return
 	}
-	in.q.push(by, arrived{m, at, size}, size)
-	in.total += size
+	in.q.push(by, arrived{m, at}, size)
 	in.mu.Unlock()
 	in.wake()
 }
@@ -181,7 +208,6 @@ func (in *intake) run(ctx context.Context) {
 				in.mu.Unlock()
 				break
 			}
-			in.total -= r.size
 			in.busy = true
 			alone := in.inline && in.q.len() == 0
 			in.mu.Unlock()
@@ -206,7 +232,6 @@ func (in *intake) close() {
 		}
 		left = append(left, r)
 	}
-	in.total = 0
 	in.mu.Unlock()
 	for _, r := range left {
 		in.stopped(r.m, askerOf(r.m))
@@ -217,6 +242,17 @@ func (in *intake) close() {
 func (in *intake) stopped(m *nats.Msg, by string) {
 	if by != "" && answerable(m) {
 		respondErr(m, fmt.Errorf("%w: lease service stopping", lease.ErrUnavailable))
+	}
+}
+
+// invalid answers m, asked by by, that it is refused for err, without
+// reading it.
+func (in *intake) invalid(m *nats.Msg, by string, err error) {
+	s := in.svc
+	s.cfg.Metrics.took(in.op)
+	s.cfg.Metrics.answered(in.op, 0, toWire(err))
+	if by != "" && answerable(m) {
+		respondErr(m, err)
 	}
 }
 

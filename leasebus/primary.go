@@ -396,7 +396,7 @@ func (s *Service) takeForwarded() error {
 				s.cfg.Metrics.forwardIn("ignored")
 				return
 			}
-			in.deliver(m, f.Sub, f.Size())
+			in.deliver(m, f.Sub, f)
 		})
 		if err != nil {
 			return fmt.Errorf("subscribe %s: %w", forwardSubject(s.store.writer, op), err)

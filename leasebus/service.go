@@ -745,7 +745,7 @@ func (s *Service) subscribe(ops []string) ([]*nats.Subscription, error) {
 			if !ok {
 				return fail(fmt.Errorf("%w: lease service stopping", lease.ErrUnavailable))
 			}
-			take := func(m *nats.Msg) { in.deliver(m, m.Sub, m.Size()) }
+			take := func(m *nats.Msg) { in.deliver(m, m.Sub, m) }
 			var sub *nats.Subscription
 			var err error
 			if op == opStatus {

@@ -16,6 +16,7 @@ type turns[T any] struct {
 	byID  map[string]*turn[T]
 	order []*turn[T]
 	n     int // values waiting, over every identity
+	size  int // their size, over every identity
 }
 
 // turn is what one identity has waiting, oldest first, and their size
@@ -48,6 +49,7 @@ func (q *turns[T]) push(by string, v T, size int) {
 	t.vals = append(t.vals, sized[T]{v, size})
 	t.size += size
 	q.n++
+	q.size += size
 }
 
 // pop takes the oldest value of the identity whose turn it is; false
@@ -61,6 +63,7 @@ func (q *turns[T]) pop() (v T, ok bool) {
 	q.order = q.order[1:]
 	v = t.vals[0].v
 	t.size -= t.vals[0].size
+	q.size -= t.vals[0].size
 	t.vals[0] = sized[T]{}
 	t.vals = t.vals[1:]
 	q.n--
@@ -77,6 +80,12 @@ func (q *turns[T]) pop() (v T, ok bool) {
 
 // len is how many values wait.
 func (q *turns[T]) len() int { return q.n }
+
+// total is the size of every value waiting.
+func (q *turns[T]) total() int { return q.size }
+
+// identities is how many identities have values waiting.
+func (q *turns[T]) identities() int { return len(q.order) }
 
 // lenOf is how many values identity by has waiting.
 func (q *turns[T]) lenOf(by string) int {
