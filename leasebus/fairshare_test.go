@@ -768,6 +768,29 @@ func settledOverloads(t *testing.T, s *Service, op, id string, answers *nats.Sub
 	return waiting
 }
 
+// acquireWhileHeld acquires services/billing/ in the victim's repo with
+// victim (the client of b's "victim") while the acquire intakes are held,
+// waits until the acquire waits in them, then calls release and returns
+// what the acquire got.
+func acquireWhileHeld(ctx context.Context, t *testing.T, b *identityBus, victim *Client, release func()) (*lease.Lease, error) {
+	t.Helper()
+	var l *lease.Lease
+	var err error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		l, err = victim.Acquire(ctx, AcquireRequest{Repo: "github.com/acme/victim", Scope: claim(t, "services/billing/"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
+	})
+	checkFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+		if n := intakeWaiting(b.service, "acquire", IdentityOf(b.holders["victim"])); n != 1 {
+			return fmt.Errorf("the victim has %d acquires waiting", n)
+		}
+		return nil
+	})
+	release()
+	wg.Wait()
+	return l, err
+}
+
 // TestIntakeBoundedPerIdentity: while a subscription's requests wait to
 // be served, one identity keeps at most maxIntakeQueued of them, or
 // maxIntakeBytes, waiting; its next is refused at once as an overload,
@@ -781,7 +804,7 @@ func TestIntakeBoundedPerIdentity(t *testing.T) {
 	if _, err := victim.Acquire(ctx, AcquireRequest{Repo: "github.com/acme/victim", Scope: claim(t, "docs/"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
 		t.Fatal(err)
 	}
-	flooderID, victimID := IdentityOf(flooder), IdentityOf(b.holders["victim"])
+	flooderID := IdentityOf(flooder)
 
 	release := holdIntakes(t, b.service, "acquire")
 	const over = 50
@@ -821,20 +844,7 @@ func TestIntakeBoundedPerIdentity(t *testing.T) {
 		t.Fatalf("a request with %d bytes of headers answered %v, want refused as invalid for its headers", maxRequestHeaders, r.Error.err())
 	}
 
-	var l *lease.Lease
-	var acquireErr error
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		l, acquireErr = victim.Acquire(ctx, AcquireRequest{Repo: "github.com/acme/victim", Scope: claim(t, "services/billing/"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
-	})
-	checkFor(t, 30*time.Second, 5*time.Millisecond, func() error {
-		if n := intakeWaiting(b.service, "acquire", victimID); n != 1 {
-			return fmt.Errorf("the victim has %d acquires waiting", n)
-		}
-		return nil
-	})
-	release()
-	wg.Wait()
+	l, acquireErr := acquireWhileHeld(ctx, t, b, victim, release)
 	if acquireErr != nil {
 		t.Fatalf("the victim's acquire failed behind the flood: %v", acquireErr)
 	}
@@ -988,20 +998,7 @@ func TestIntakeBoundedInAll(t *testing.T) {
 	}
 
 	// The victim has nothing waiting: its acquire is taken past the bound.
-	var l *lease.Lease
-	var acquireErr error
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		l, acquireErr = victim.Acquire(ctx, AcquireRequest{Repo: "github.com/acme/victim", Scope: claim(t, "services/billing/"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
-	})
-	checkFor(t, 30*time.Second, 5*time.Millisecond, func() error {
-		if n := intakeWaiting(b.service, "acquire", IdentityOf(b.holders["victim"])); n != 1 {
-			return fmt.Errorf("the victim has %d acquires waiting", n)
-		}
-		return nil
-	})
-	release()
-	wg.Wait()
+	l, acquireErr := acquireWhileHeld(ctx, t, b, victim, release)
 	if acquireErr != nil || l.Owner != owner(2) {
 		t.Fatalf("the victim's acquire behind the floods: %+v, %v", l, acquireErr)
 	}
