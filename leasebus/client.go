@@ -174,12 +174,9 @@ func (c *Client) forbidden(op, subj string) error {
 }
 
 func (c *Client) leaseOp(ctx context.Context, op string, req any) (*lease.Lease, error) {
-	r, err := c.request(ctx, op, req, 0)
+	r, err := c.answer(ctx, op, req)
 	if err != nil {
-		return nil, err
-	}
-	if err := r.Error.err(); err != nil {
-		if errors.Is(err, errRenewAgain) && r.Lease != nil {
+		if errors.Is(err, errRenewAgain) && r != nil && r.Lease != nil {
 			return nil, &renewAgainError{err: err, current: r.Lease}
 		}
 		return nil, err
@@ -189,6 +186,56 @@ func (c *Client) leaseOp(ctx context.Context, op string, req any) (*lease.Lease,
 	}
 	r.Lease.Grants = r.Grants
 	return r.Lease, nil
+}
+
+// answer sends req and returns the service's reply with the error it
+// carries (r is nil when no reply came). A request whose copies the
+// service answers alike (hedgedOps: a read, the release or revoke of a
+// named lease) rides out the service's "try again" answers (an election,
+// a standby that has not yet read the new primary's claim, a node
+// rejoining its cluster, its own intake full): it asks again, spaced out
+// and jittered, for up to c.Timeout from its first try, as an acquire
+// rides them out within its wait. Without that, a release in the second
+// a takeover takes failed, and its holder was left to guess whether its
+// lease was still held. Conditions only an operator ends (a full store,
+// a read-only one) are answered at once.
+func (c *Client) answer(ctx context.Context, op string, req any) (*reply, error) {
+	giveUp := time.Now().Add(c.Timeout)
+	for try := 1; ; try++ {
+		r, err := c.request(ctx, op, req, 0)
+		if err != nil {
+			return nil, err
+		}
+		if err = r.Error.err(); err == nil || !hedgedOps[op] || !passing(err) {
+			return r, err
+		}
+		pause := retryPause(try)
+		if time.Until(giveUp) < pause {
+			return r, fmt.Errorf("%w (asked %d times within %s)", err, try, c.Timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return r, err
+		case <-time.After(pause):
+		}
+	}
+}
+
+// passing reports whether err is the service saying it cannot serve now
+// for a while only: unavailable, but not for want of room, which an
+// operator must make.
+func passing(err error) bool {
+	return errors.Is(err, lease.ErrUnavailable) &&
+		!errors.Is(err, ErrStoreFull) && !errors.Is(err, ErrLogFull) && !errors.Is(err, ErrStoreReadOnly)
+}
+
+// retryPause is how long a request answered "try again" waits before its
+// next try (try counts from 1): growing by 100 ms a try up to a second,
+// half of it at random, so that the askers a takeover turned away do not
+// come back all at once.
+func retryPause(try int) time.Duration {
+	pause := min(time.Duration(try)*100*time.Millisecond, time.Second)
+	return pause/2 + rand.N(pause/2)
 }
 
 // renewAgainError is errRenewAgain with the lease at its current version.
@@ -240,11 +287,8 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest, cred Credentia
 		if unknown && ctx.Err() == nil && !errors.Is(err, errNoAnswer) {
 			// The service answered that it cannot serve now: the same
 			// request id makes a retry return the first try's lease if it
-			// landed. The pause is jittered (half of it at random), so
-			// that the runners a takeover turned away do not come back
-			// all at once.
-			pause := min(time.Duration(try)*100*time.Millisecond, time.Second)
-			pause = pause/2 + rand.N(pause/2)
+			// landed. The pause is jittered (retryPause).
+			pause := retryPause(try)
 			left := time.Until(until) - pause
 			if try < tries || left > 0 {
 				if try >= tries {
@@ -327,11 +371,8 @@ func (c *Client) Get(ctx context.Context, leaseID string) (*lease.Lease, error) 
 // List returns the active leases of repo (every repo when empty); with all,
 // recently ended ones too.
 func (c *Client) List(ctx context.Context, repo string, all bool) ([]*lease.Lease, error) {
-	r, err := c.request(ctx, "list", listRequest{Repo: repo, All: all}, 0)
+	r, err := c.answer(ctx, "list", listRequest{Repo: repo, All: all})
 	if err != nil {
-		return nil, err
-	}
-	if err := r.Error.err(); err != nil {
 		return nil, err
 	}
 	if r.Leases == nil {

@@ -357,6 +357,56 @@ func TestAcquireWaitRidesOutAnElection(t *testing.T) {
 	}
 }
 
+// TestReleaseRidesOutAnElection: a release, a read or a revoke asked
+// while no instance serves (the claim taken by an instance gone since, so
+// the standbys wait out its term before one takes over) is answered
+// "try again" by the instances, and the client asks again within its
+// timeout: the lease is released once a primary serves, not left to its
+// holder to guess about. (A CI run's release through a node of a cluster
+// that had just formed failed so, and the next acquire waited out a lease
+// nobody meant to hold.)
+func TestReleaseRidesOutAnElection(t *testing.T) {
+	t.Parallel()
+	b, svcs, conns, ms := electing(t)
+	p := primaryOf(t, svcs[:], 10*time.Second)
+	c := NewClient(conns[1-p])
+	c.Timeout = 30 * time.Second // the budget for riding it out: the test's bound, not its wait
+	cred := NewCredential()
+	ctx := ctxT(t)
+	l, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "ride"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	takeClaimForAGoneInstance(t, b, svcs[1-p])
+	checkFor(t, testTerm, 5*time.Millisecond, func() error {
+		if svcs[p].Primary() {
+			return errors.New("still primary after its claim was taken")
+		}
+		return nil
+	})
+	unanswered := func() int {
+		n := 0
+		for _, m := range ms {
+			n += int(promtest.ToFloat64(m.forwards.WithLabelValues("none")) + promtest.ToFloat64(m.forwards.WithLabelValues("gone")))
+		}
+		return n
+	}
+	before := unanswered()
+	got, err := c.Release(ctx, l.LeaseID, cred)
+	if err != nil {
+		t.Fatalf("release while no instance is primary: %v, want it released once one is", err)
+	}
+	if got.Active() {
+		t.Fatalf("the release answered %+v: want the lease ended", got)
+	}
+	if unanswered() == before {
+		t.Fatal(`the release was never answered "no primary": it did not ride out an election`)
+	}
+	if _, err := c.Get(ctx, l.LeaseID); err != nil {
+		t.Fatalf("get after the takeover: %v", err)
+	}
+}
+
 // TestStandbyForwardsWhileTheClaimIsUnreadable: a standby that cannot
 // read the claim for a while (its node cut off from the cluster, or just
 // back and catching up) still forwards to the primary it knows, which
