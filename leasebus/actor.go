@@ -136,6 +136,9 @@ type actor struct {
 
 	armed   time.Time // when the actor's timer fires
 	retryAt time.Time // no timer-driven batch before this (after a failure)
+	// more: the last batch's record was full before it served every
+	// waiter that may be due; the next batch runs at once. Guarded by busy.
+	more bool
 
 	sinceSnap, bytesSinceSnap, snapBytes int
 	// kept are the sequences of the repo's log records the stream still
@@ -489,6 +492,9 @@ func (a *actor) wakeAt(now time.Time) time.Time {
 			next = f
 		}
 	}
+	if a.more {
+		next = now // the last batch's record was full before it served every waiter
+	}
 	wake := now.Add(time.Hour)
 	if !next.IsZero() {
 		wake = next.Add(time.Millisecond)
@@ -604,10 +610,18 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 			a.confirm(began, term)
 		}
 		t := a.state.begin(a.svc.cfg.Now())
+		t.budget = a.svc.recordBudget
 		t.sweep()
 		outs := make([]outcome, len(batch))
 		queue := slices.Clone(a.waiters)
 		for i, c := range batch {
+			if i > 0 && t.full() {
+				// The record is full: the rest of the batch goes back to
+				// the head of its askers' turns, for the next batch.
+				a.calls.putBack(batch[i:])
+				batch, outs = batch[:i], outs[:i]
+				break
+			}
 			outs[i] = a.apply(t, c, queue)
 			if w := outs[i].park; w != nil {
 				queue = append(queue, w)
@@ -935,7 +949,7 @@ func (a *actor) acquire(t *txn, c *call, r *AcquireRequest, queue []*waiter) out
 		return o
 	}
 	ce := &lease.ConflictError{Repo: t.base.repo, Conflicts: conflicts}
-	t.refusal(r.Owner, r.Scope, "conflict", fmt.Sprintf("refused acquire of %s by %s: %s", r.Scope, r.Owner, ce.Error()))
+	t.refusal(r.byName, r.Owner, r.Scope, "conflict", fmt.Sprintf("refused acquire of %s by %s: %s", r.Scope, r.Owner, ce.Error()))
 	o.err = ce
 	return o
 }
@@ -960,8 +974,16 @@ func waitingOf(by string, queue []*waiter) int {
 // those past their deadline. A waiter is granted only if no earlier waiter
 // that is still queued overlaps it.
 func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*waiter) {
+	a.more = false
 	for _, w := range queue {
 		if w.cancelled {
+			continue
+		}
+		if t.full() {
+			// The record is full: the next batch, at once, serves the
+			// rest (wakeAt).
+			a.more = true
+			remaining = append(remaining, w)
 			continue
 		}
 		if e := t.granted(w.req); e != nil {
@@ -974,7 +996,7 @@ func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*w
 			served = append(served, outcome{c: w.c, lease: t.grant(w.req, placed)})
 		case !t.now.Before(w.deadline):
 			ce := &lease.ConflictError{Repo: t.base.repo, Conflicts: conflicts, Waited: true}
-			t.refusal(w.req.Owner, w.claim.scope, "wait-expired", fmt.Sprintf("refused acquire of %s by %s after waiting %s: %s", w.claim.scope, w.req.Owner, time.Duration(w.req.Wait), ce.Error()))
+			t.refusal(w.req.byName, w.req.Owner, w.claim.scope, "wait-expired", fmt.Sprintf("refused acquire of %s by %s after waiting %s: %s", w.claim.scope, w.req.Owner, time.Duration(w.req.Wait), ce.Error()))
 			served = append(served, outcome{c: w.c, err: ce})
 		default:
 			remaining = append(remaining, w)
@@ -1022,7 +1044,7 @@ func (a *actor) cancel(t *txn, r *cancelRequest, queue []*waiter) error {
 	}
 	// Granted before, or earlier in this batch: release it (release checks
 	// the credential and audits a forged one).
-	e := t.byRequest(r.RequestID)
+	e := t.byRequest(r.by, r.RequestID)
 	if e == nil {
 		return nil
 	}
@@ -1083,6 +1105,22 @@ func (q *callQueue) add(c *call, limit int) bool {
 	default: // a wake-up is pending already
 	}
 	return true
+}
+
+// putBack queues calls, taken off the queue for a batch that had no room
+// for them, again ahead of their identities' other calls (their order
+// kept: a cancel still follows its acquire), and wakes the actor's
+// goroutine.
+func (q *callQueue) putBack(calls []*call) {
+	q.mu.Lock()
+	for i := len(calls) - 1; i >= 0; i-- {
+		q.q.pushFront(calls[i].by, calls[i], 0)
+	}
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
 }
 
 // take moves up to max waiting calls onto batch, one of each identity in

@@ -416,6 +416,68 @@ func TestHolderCannotAskThroughReplies(t *testing.T) {
 	})
 }
 
+// The same answers aimed at the subjects of Anonymous, the identity of
+// every connection on a bus without credentials. On a bus with identities
+// no connection is Anonymous, and none may publish on its subjects, but
+// answers can be sent there as above, with no reply: the service took
+// them as Anonymous's requests (which need no inbox reply), unaudited,
+// in a turn of the intake exempt from the per-identity bounds. Now they
+// are refused and audited as any other answer sent onto a request subject.
+func TestNoOneAsksAsAnonymousOnABusWithIdentities(t *testing.T) {
+	t.Parallel()
+	b := startBus(t)
+	ctx := ctxT(t)
+	url := b.srv.ClientURL()
+	l, err := b.c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential())
+	if err != nil {
+		t.Fatal(err)
+	}
+	attacker := connectAs(t, url, RoleHolder)
+	// JetStream's answers: no reply, a body of JetStream's. (The service
+	// answers nobody but the asker's own inbox: TestHolderCannotAskThroughReplies.)
+	ops := []string{"sweep", "revoke", "get", "acquire", "keepalive"}
+	for _, op := range ops {
+		if err := attacker.PublishRequest(FleetJSAPI+".STREAM.INFO.KV_FENCELINE_ATTEMPTS", requestSubject(op, Anonymous), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := attacker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	want := len(ops)
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.nc, "", 0)
+		if err != nil {
+			return err
+		}
+		forged := 0
+		for _, ev := range evs {
+			if ev.Type == lease.EventRefused && ev.Reason == ReasonBusForged {
+				if ev.RequestedBy != "" || !strings.Contains(ev.Message, "no one asks as "+Anonymous) {
+					t.Fatalf("the forged request's audit event: %+v", ev)
+				}
+				forged++
+			}
+		}
+		if forged < want {
+			return fmt.Errorf("%d answers sent onto the anonymous subjects audited as forged, want %d", forged, want)
+		}
+		return nil
+	})
+	evs, err := ReadAudit(ctx, b.nc, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		if ev.RequestedBy == b.svc.name(Anonymous) || ev.RequestedBy == Anonymous {
+			t.Errorf("the service acted on an answer as Anonymous's request: %s (%s)", ev.Type, ev.Message)
+		}
+	}
+	if got, err := b.c.Get(ctx, l.LeaseID); err != nil || !got.Active() {
+		t.Fatalf("the lease after the answers: %+v, %v: want it held", got, err)
+	}
+}
+
 // The same answers aimed at the change subjects a watcher (the run UI)
 // hears: a JetStream API answer and the lease service's own answer to a get, sent
 // onto a lease's change subject. Neither is a record of that lease: the
@@ -577,5 +639,43 @@ func TestHolderCannotShareSessionsThroughJetStream(t *testing.T) {
 	b.svc.live.mu.Unlock()
 	if peer || seen {
 		t.Fatalf("a JetStream delivery on %s was taken as an instance's digest: peer %v, session heard %v", sessionsSubject, peer, seen)
+	}
+}
+
+// TestRequestIDsAreEachIdentitysOwn: an acquire's request id makes its
+// retry (after a lost reply, or a "try again") return the lease it was
+// granted. Another runner can learn that id (a conflict names the queued
+// request it waits behind) and, before, could take it over: a lease of
+// its own under the same id, released at once, made the service forget
+// the victim's, whose retry then conflicted with its own lease and held
+// its scope for nothing until the lease's TTL ran out.
+func TestRequestIDsAreEachIdentitysOwn(t *testing.T) {
+	t.Parallel()
+	b := startIdentityBus(t, "victim", "attacker")
+	ctx := ctxT(t)
+	victim, attacker := NewClient(b.holders["victim"]), NewClient(b.holders["attacker"])
+	req := AcquireRequest{Repo: repo, Scope: claim(t, "victim"), Owner: owner(1), TTL: lease.Duration(time.Minute), RequestID: NewRequestID()}
+	cred := NewCredential()
+	l, err := victim.Acquire(ctx, req, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acred := NewCredential()
+	al, err := attacker.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "elsewhere"), Owner: owner(2), TTL: lease.Duration(time.Minute), RequestID: req.RequestID}, acred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if al.LeaseID == l.LeaseID {
+		t.Fatalf("the attacker's acquire with the victim's request id was answered the victim's lease %s", l.LeaseID)
+	}
+	if _, err := attacker.Release(ctx, al.LeaseID, acred); err != nil {
+		t.Fatal(err)
+	}
+	again, err := victim.Acquire(ctx, req, cred)
+	if err != nil {
+		t.Fatalf("the victim's retry of its acquire: %v, want its lease %s", err, l.LeaseID)
+	}
+	if again.LeaseID != l.LeaseID {
+		t.Fatalf("the victim's retry was granted %s, want its lease %s again", again.LeaseID, l.LeaseID)
 	}
 }

@@ -120,9 +120,14 @@ type boundaryLimits struct {
 	dropped map[string]dropped         // by identity; guarded by mu
 }
 
-// leaseKey names a lease in the limits: a lease id is unique only within
-// its repo as far as a writer says.
-type leaseKey struct{ repo, lease string }
+// leaseKey names a lease in the limits of the identity that writes about
+// it: a lease id is unique only within its repo as far as a writer says,
+// and one identity's events about a lease (any lease id it likes) take
+// nothing from another's about the same lease. (Keyed by the lease
+// alone, a runner that wrote about another's lease at its rate silenced
+// the other's fences' refusals of that lease, and had them counted as
+// the other's flood.)
+type leaseKey struct{ id, repo, lease string }
 
 type dropped struct {
 	n    int
@@ -146,7 +151,7 @@ func (b *boundaryLimits) allow(id, repo, leaseID string) bool {
 	}
 	ok := l.Allow()
 	if ok && leaseID != "" {
-		k := leaseKey{repo, leaseID}
+		k := leaseKey{id, repo, leaseID}
 		ll := b.leases[k]
 		if ll == nil {
 			ll = rate.NewLimiter(leaseRate, leaseBurst)

@@ -149,6 +149,35 @@ func TestCallQueueManyIdentities(t *testing.T) {
 // has waiting, through pushes and pops in turns, and an identity whose
 // values are all taken holds nothing, its size with it (else a runner's
 // share of an intake would shrink for good with each burst).
+// TestTurnsPutBackGoesFirst: values taken for a batch that had no room
+// for them go back ahead of their identity's others, and an identity
+// with nothing else waiting takes the first turn again.
+func TestTurnsPutBackGoesFirst(t *testing.T) {
+	var q turns[string]
+	q.push("a", "a1", 1)
+	q.push("a", "a2", 1)
+	q.push("b", "b1", 1)
+	q.push("c", "c1", 1)
+	a1, _ := q.pop()
+	b1, _ := q.pop()
+	q.pushFront("b", b1, 1) // b had nothing else waiting: its turn first
+	q.pushFront("a", a1, 1) // a's turn, ahead of a2
+	var got []string
+	for {
+		v, ok := q.pop()
+		if !ok {
+			break
+		}
+		got = append(got, v)
+	}
+	if want := []string{"a1", "b1", "c1", "a2"}; !slices.Equal(got, want) {
+		t.Fatalf("taken %v, want %v", got, want)
+	}
+	if q.len() != 0 || q.total() != 0 {
+		t.Fatalf("%d values of %d bytes left", q.len(), q.total())
+	}
+}
+
 func TestTurnsKeepSizes(t *testing.T) {
 	var q turns[int]
 	q.push("a", 1, 100)

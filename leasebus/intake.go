@@ -112,22 +112,35 @@ func (s *Service) newIntake(op string, inline bool, serve serveFunc) (*intake, b
 // askerOf is the asker whose turn m waits for: the identity its subject
 // names when its reply is that identity's own inbox (a request it sent;
 // the bus lets each identity publish only under its own name), the
-// anonymous asker on a bus without identities, else "" — an answer
-// someone had the bus send onto a request subject, which the handler
-// refuses; such messages share one turn and count against no identity.
-func askerOf(m *nats.Msg) string {
-	id, ok := IdentityOfSubject(m.Subject, m.Reply)
-	if ok || id == Anonymous {
+// anonymous asker on a bus without identities (Service.open), else "" —
+// an answer someone had the bus send onto a request subject, which the
+// handler refuses; such messages share one turn and count against no
+// identity.
+func (s *Service) askerOf(m *nats.Msg) string {
+	if id, ok := s.sender(m); ok {
 		return id
 	}
 	return ""
+}
+
+// sender is the identity request m's subject names, and whether it sent
+// m: its reply is that identity's own inbox (IdentityOfSubject), or, on a
+// bus without identities (Service.open) and only there, it is Anonymous,
+// whose replies are any inbox. On a bus with identities no one asks as
+// Anonymous.
+func (s *Service) sender(m *nats.Msg) (string, bool) {
+	id, ok := IdentityOfSubject(m.Subject, m.Reply)
+	if id == Anonymous {
+		return id, s.open
+	}
+	return id, ok
 }
 
 // deliver takes request m off via, the subscription it came on, as wire
 // (m, or the standby's message that forwarded it): served at once when
 // nothing waits, else queued in its asker's turn.
 func (in *intake) deliver(m *nats.Msg, via *nats.Subscription, wire *nats.Msg) {
-	by, at := askerOf(m), in.svc.cfg.Now()
+	by, at := in.svc.askerOf(m), in.svc.cfg.Now()
 	size := wire.Size() // as received: O(1)
 	limit := maxRequestHeaders
 	if wire != m {
@@ -234,13 +247,13 @@ func (in *intake) close() {
 	}
 	in.mu.Unlock()
 	for _, r := range left {
-		in.stopped(r.m, askerOf(r.m))
+		in.stopped(r.m, in.svc.askerOf(r.m))
 	}
 }
 
 // stopped answers m, asked by by, that the service is stopping.
 func (in *intake) stopped(m *nats.Msg, by string) {
-	if by != "" && answerable(m) {
+	if by != "" && in.svc.answerable(m) {
 		respondErr(m, fmt.Errorf("%w: lease service stopping", lease.ErrUnavailable))
 	}
 }
@@ -251,7 +264,7 @@ func (in *intake) invalid(m *nats.Msg, by string, err error) {
 	s := in.svc
 	s.cfg.Metrics.took(in.op)
 	s.cfg.Metrics.answered(in.op, 0, toWire(err))
-	if by != "" && answerable(m) {
+	if by != "" && in.svc.answerable(m) {
 		respondErr(m, err)
 	}
 }
@@ -270,7 +283,7 @@ func (in *intake) shed(m *nats.Msg, by, why string) {
 	err := fmt.Errorf("%w: lease service overloaded: %s; retry once they are answered", lease.ErrUnavailable, what)
 	s.cfg.Metrics.took(in.op)
 	s.cfg.Metrics.answered(in.op, 0, toWire(err))
-	if by != "" && answerable(m) {
+	if by != "" && in.svc.answerable(m) {
 		respondErr(m, err)
 	}
 }

@@ -155,10 +155,15 @@ func (p *primacy) route() (primary string, why error) {
 			lease.ErrUnavailable, p.readAt.Sub(p.seenAt).Round(time.Millisecond), primaryGap)
 	case p.leader != "" && !p.free:
 		return p.leader, nil
+	case p.readErr != nil:
+		// Before "free": a claim last read free (at the start, before
+		// any instance had written it) and unreadable since is not known
+		// free. (A CI run's standby said "free" for seconds after the
+		// primary had been elected, its reads timing out while the
+		// cluster formed.)
+		return "", fmt.Errorf("%w: no lease service instance is known to be the primary: the claim cannot be read (%v); an election follows once it can", lease.ErrUnavailable, p.readErr)
 	case p.free:
 		return "", fmt.Errorf("%w: no lease service instance is the primary: the claim is free and an instance takes it within a second; try again", lease.ErrUnavailable)
-	case p.readErr != nil:
-		return "", fmt.Errorf("%w: no lease service instance is known to be the primary: the claim cannot be read (%v); an election follows once it can", lease.ErrUnavailable, p.readErr)
 	}
 	return "", fmt.Errorf("%w: no lease service instance is known to be the primary yet (an election is under way); try again", lease.ErrUnavailable)
 }
@@ -220,7 +225,7 @@ func (s *Service) forward(m *nats.Msg, op string, inServiceAccount bool) {
 	}
 	if why != nil {
 		s.cfg.Metrics.forwarded("none")
-		if answerable(m) {
+		if s.answerable(m) {
 			respondErr(m, why)
 		}
 		return
@@ -239,7 +244,7 @@ func (s *Service) forward(m *nats.Msg, op string, inServiceAccount bool) {
 	f.Header.Set(forwardAccountHeader, account)
 	f.Header.Set(writerHeader, s.store.writer)
 	f.Data = m.Data
-	if op != "keepalive" && answerable(m) {
+	if op != "keepalive" && s.answerable(m) {
 		// Should the primary take no forwarded requests any more (it
 		// stopped or crashed, or its node did, and its claim is not yet
 		// seen unrenewed), the server says so at once on this reply
@@ -331,12 +336,12 @@ func (s *Service) watchGone() error {
 // of the identity its subject names (as the handler requires), so that no
 // one can have the service publish an answer onto a subject of their
 // choosing.
-func answerable(m *nats.Msg) bool {
+func (s *Service) answerable(m *nats.Msg) bool {
 	if m.Reply == "" || jetStreamDelivery(m) {
 		return false
 	}
-	id, ok := IdentityOfSubject(m.Subject, m.Reply)
-	return ok || id == Anonymous
+	_, ok := s.sender(m)
+	return ok
 }
 
 // takeForwarded serves the requests standbys forward to this instance, one
@@ -359,7 +364,7 @@ func (s *Service) takeForwarded() error {
 		in, ok := s.newIntake(op, false, func(m *nats.Msg, at time.Time, _ bool) {
 			if !s.Primary() {
 				s.cfg.Metrics.forwardIn("not_primary")
-				if answerable(m) {
+				if s.answerable(m) {
 					respondErr(m, fmt.Errorf("%w: the lease service instance this request was forwarded to is no longer the primary; try again", lease.ErrUnavailable))
 				}
 				return

@@ -441,6 +441,25 @@ func TestStandbyForwardsWhileTheClaimIsUnreadable(t *testing.T) {
 	t.Logf("the standby forwarded %d of the requests", int(promtest.ToFloat64(ms[1-p].forwards.WithLabelValues("primary")))-before)
 }
 
+// TestClaimReadFreeThenUnreadableIsNotKnownFree: a standby that read the
+// claim free (at its start, before any instance wrote it) and could not
+// read it since says it cannot read the claim, not that it is free: an
+// instance may have taken it meanwhile. (A CI run's standby answered a
+// release "the claim is free" after the primary had granted a lease, its
+// reads of the claim timing out while the cluster formed.)
+func TestClaimReadFreeThenUnreadableIsNotKnownFree(t *testing.T) {
+	t.Parallel()
+	p := &primacy{term: testTerm, free: true}
+	if _, why := p.route(); why == nil || !strings.Contains(why.Error(), "the claim is free") {
+		t.Fatalf("a claim read free routes with %v: want it said free", why)
+	}
+	p.readErr = errors.New("context deadline exceeded")
+	_, why := p.route()
+	if !errors.Is(why, lease.ErrUnavailable) || strings.Contains(why.Error(), "free") || !strings.Contains(why.Error(), "cannot be read") {
+		t.Fatalf("a claim read free, then unreadable, routes with %v: want it said unreadable, not free", why)
+	}
+}
+
 // TestStandbyAnswersOnlyTheAskersInbox: what a standby answers itself
 // (no primary known, or forwarded to one that no longer is) goes only to
 // the inbox of the identity the request subject names, as the handler's
@@ -460,11 +479,23 @@ func TestStandbyAnswersOnlyTheAskersInbox(t *testing.T) {
 		{requestSubject("get", id), "", nil, false},
 		{requestSubject("get", id), "$JS.ACK.FENCELINE_LOG.c.1.2.3.4.5", nil, false},
 		{requestSubject("get", id), inboxPrefix(id) + ".abc.1", nats.Header{"Nats-Stream": []string{"KV_FENCELINE_POOLS"}}, false},
-		{requestSubject("get", Anonymous), "_INBOX.abc.1", nil, true},
 	} {
 		m := &nats.Msg{Subject: c.subject, Reply: c.reply, Header: c.header}
-		if got := answerable(m); got != c.want {
-			t.Errorf("answerable(%s, reply %q, %v) = %v, want %v", c.subject, c.reply, c.header, got, c.want)
+		for _, open := range []bool{false, true} {
+			if got := (&Service{open: open}).answerable(m); got != c.want {
+				t.Errorf("answerable(%s, reply %q, %v) on a bus open %v = %v, want %v", c.subject, c.reply, c.header, open, got, c.want)
+			}
+		}
+	}
+	// Anonymous asks only on a bus without identities; on one with them,
+	// a message on its subjects is an answer someone had the bus send.
+	for _, reply := range []string{"_INBOX.abc.1", inboxPrefix(Anonymous) + ".abc.1"} {
+		m := &nats.Msg{Subject: requestSubject("get", Anonymous), Reply: reply}
+		if !(&Service{open: true}).answerable(m) {
+			t.Errorf("an anonymous request (reply %q) on a bus without identities is not answerable", reply)
+		}
+		if (&Service{open: false}).answerable(m) {
+			t.Errorf("a message on an anonymous request subject (reply %q) is answerable on a bus with identities", reply)
 		}
 	}
 }

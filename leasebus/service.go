@@ -29,6 +29,12 @@ type ServiceConfig struct {
 	Replicas int
 	// MaxBatch bounds how many requests one log record commits (default 256).
 	MaxBatch int
+	// MaxRecordBytes bounds the estimated size of one log record: a batch
+	// that reaches it takes no more requests, and the next batch runs the
+	// rest (default half the largest message the bus's servers and the
+	// log stream take: 512 KB on a NATS server's default 1 MB, 4 MB on
+	// the embedded bus).
+	MaxRecordBytes int
 	// Logger receives operational logs (default: discard).
 	Logger *slog.Logger
 	// Now is the clock; its monotonic reading decides expiry (default time.Now).
@@ -73,6 +79,9 @@ func (c *ServiceConfig) Validate() error {
 	if c.Replicas < 0 || c.Replicas > 5 {
 		return fmt.Errorf("replicas %d: want 1, 3 or 5", c.Replicas)
 	}
+	if c.MaxRecordBytes < 0 {
+		return fmt.Errorf("max record bytes %d: must not be negative", c.MaxRecordBytes)
+	}
 	if c.MaxBatch < 0 {
 		return fmt.Errorf("max batch %d: must not be negative", c.MaxBatch)
 	}
@@ -96,6 +105,16 @@ type Service struct {
 	fleet *nats.Conn // in the fleet account: requests, answers, change notices
 	// ownFleet: fleet was connected by StartService (closed by Stop).
 	ownFleet bool
+	// open: the bus asks no credentials (its INFO says no auth is
+	// required), so every connection is Anonymous and may ask as such.
+	// On a bus with identities nobody is Anonymous: a message on an
+	// Anonymous request subject is an answer someone had the bus send
+	// there (the reply trick), refused as any other such.
+	open bool
+	// recordBudget bounds the estimated bytes of one log record (txn.full):
+	// half the largest message the log stream and the bus's servers take
+	// (1 MB by default on a NATS server, 8 MB on the embedded bus).
+	recordBudget int
 	// fleetUnprobedAt: when the bus last refused the fleet connection
 	// hearsFleet's request (a configuration from before it), unix ns; 0:
 	// it has not, or has let it through since.
@@ -238,7 +257,7 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	if why != "" {
 		cfg.Logger.Warn("the lease service answers on its one connection: the bus has no fleet account, so a holder can have JetStream's answers stored in the lease streams (docs/trust.md)", "why", why)
 	}
-	s := &Service{nc: nc, fleet: fleet, ownFleet: ownFleet, js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: newMailboxes(nc, 64), metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger, warns: newWarnings(warnEvery),
+	s := &Service{nc: nc, fleet: fleet, ownFleet: ownFleet, open: !fleet.AuthRequired(), recordBudget: cmp.Or(cfg.MaxRecordBytes, recordBudget(nc)), js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: newMailboxes(nc, 64), metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger, warns: newWarnings(warnEvery),
 		actors: map[string]*actor{}, index: map[string]*indexed{}, loading: map[string]*repoLoad{}, answerVia: map[*nats.Conn]*nats.Subscription{},
 		keptReads: make(chan struct{}, maxKeptReaders), keptReaders: map[string]int{}}
 	if cfg.Metrics != nil {
@@ -816,12 +835,16 @@ func (s *Service) handlerOf(op string, serviceAccount, forwarded bool) serveFunc
 			c.fail(fmt.Errorf("%w: request subject %q names no identity (want %s)", lease.ErrInvalid, m.Subject, requestSubject(op, "<identity>")))
 			return
 		}
-		if id != Anonymous && !strings.HasPrefix(m.Reply, inboxPrefix(id)+".") {
+		if _, sent := s.sender(m); !sent {
 			// Not a request its identity sent (it would await the answer in
 			// its own inbox): an answer someone had the server, or this
 			// service, send here by naming this subject as its reply. (Not
 			// in the name of id, who did not send it.)
-			s.refuse(ReasonBusForged, "", fmt.Sprintf("ignored a message on %s, the request subject of %s, whose reply %q is not that identity's inbox: an answer someone had the bus send there", m.Subject, s.name(id), m.Reply))
+			why := fmt.Sprintf("whose reply %q is not that identity's inbox", m.Reply)
+			if id == Anonymous {
+				why = "on a bus with identities, where no one asks as " + Anonymous
+			}
+			s.refuse(ReasonBusForged, "", fmt.Sprintf("ignored a message on %s, the request subject of %s, %s: an answer someone had the bus send there", m.Subject, s.name(id), why))
 			return
 		}
 		c.by = id
@@ -1151,8 +1174,36 @@ func (r *AcquireRequest) normalize() error {
 	if r.Scope.Tables == nil {
 		r.Scope.Tables = []string{}
 	}
+	// Every field of the request is in the lease's record and its audit events:
+	// bounded, so that no request makes its repo's next log record too
+	// large to append (which failed every request of its batch, of every
+	// runner; TestOversizedAcquireFailsNoOtherRequest).
+	if items, size := claimSize(r.Scope); items > MaxClaimItems || size > MaxClaimBytes {
+		return bad("scope of %d paths and tables (%d bytes): at most %d, of %d bytes in all; claim their parent directory (or schema.*) instead", items, size, MaxClaimItems, MaxClaimBytes)
+	}
 	if err := r.Scope.Validate(); err != nil {
 		return bad("scope: %v", err)
+	}
+	for _, f := range []struct {
+		name, v string
+		max     int
+	}{
+		{"repo", r.Repo, maxRepoName},
+		{"workspace", r.WorkspaceID, maxIDField},
+		{"owner task", r.Owner.TaskID, maxIDField},
+		{"owner agent", r.Owner.AgentID, maxIDField},
+		{"owner attempt", r.Owner.AttemptID, maxIDField},
+		{"owner host", r.Owner.HostID, maxIDField},
+		{"request id", r.RequestID, maxIDField},
+	} {
+		if len(f.v) > f.max {
+			return bad("%s of %d bytes (%q…): at most %d", f.name, len(f.v), clip(f.v, 40), f.max)
+		}
+	}
+	for _, w := range r.Workspaces {
+		if len(w) > maxIDField {
+			return bad("candidate workspace of %d bytes (%q…): at most %d", len(w), clip(w, 40), maxIDField)
+		}
 	}
 	if len(r.Workspaces) > 0 {
 		if r.WorkspaceID != "" {
@@ -1210,6 +1261,39 @@ func (r *AcquireRequest) normalize() error {
 
 // MaxCandidates bounds AcquireRequest.Workspaces (a shard pool's size).
 const MaxCandidates = 256
+
+const (
+	// MaxClaimItems and MaxClaimBytes bound a lease's claim: its paths
+	// and tables, and their bytes together. A claim larger than that is
+	// better made of the directories (or schemas) above its items.
+	MaxClaimItems = 1024
+	MaxClaimBytes = 32 << 10
+	// maxRepoName bounds a repo's name, maxIDField an owner's, a
+	// workspace's and a request's id.
+	maxRepoName = 1 << 10
+	maxIDField  = 256
+)
+
+// recordBudget is the budget of one log record (txn.full) on a bus whose
+// servers take messages of at most nc's maximum payload.
+func recordBudget(nc *nats.Conn) int {
+	most := int64(streamBudgets[LogStream].maxMsgSize)
+	if p := nc.MaxPayload(); p > 0 {
+		most = min(most, p)
+	}
+	return int(most / 2)
+}
+
+// claimSize is how many paths and tables c lists, and their bytes.
+func claimSize(c scope.Claim) (items, size int) {
+	for _, list := range [][]string{c.Paths, c.Tables} {
+		for _, it := range list {
+			size += len(it)
+		}
+		items += len(list)
+	}
+	return items, size
+}
 
 // DefaultTTL is the TTL of a lease that asks for none.
 const DefaultTTL = 300 * time.Second

@@ -142,7 +142,7 @@ type repoState struct {
 	fence     uint64            // last fence issued in this repo
 	leases    map[string]*entry // active leases by id
 	index     *claimIndex       // the active leases, by what they claim
-	byRequest map[string]string // acquire request id -> active lease id
+	byRequest map[string]string // requestKey(holder, acquire request id) -> active lease id
 	ended     map[string]*entry // recently ended leases by id
 	endedFIFO []endedAt         // ended ids, oldest first
 	seq       uint64            // log subject sequence this state reflects (0: none)
@@ -206,8 +206,8 @@ func (s *repoState) put(e *entry, now time.Time) {
 		s.index.remove(old)
 		// Another lease may carry the same request id (a retry with another
 		// credential is a new request): only forget the id if it is ours.
-		if old.RequestID != "" && s.byRequest[old.RequestID] == old.LeaseID {
-			delete(s.byRequest, old.RequestID)
+		if k := requestKey(old.Holder, old.RequestID); old.RequestID != "" && s.byRequest[k] == old.LeaseID {
+			delete(s.byRequest, k)
 		}
 	}
 	if e.Active() {
@@ -217,7 +217,7 @@ func (s *repoState) put(e *entry, now time.Time) {
 		}
 		s.leases[e.LeaseID] = e
 		if e.RequestID != "" {
-			s.byRequest[e.RequestID] = e.LeaseID
+			s.byRequest[requestKey(e.Holder, e.RequestID)] = e.LeaseID
 		}
 		return
 	}
@@ -405,6 +405,37 @@ type txn struct {
 	swept   bool      // sweep scanned the base: recompute earliest on commit
 	now     time.Time // monotonic: deadlines
 	wall    time.Time // wall clock: informational times only
+	// size estimates the bytes of the record the batch appends (its
+	// leases' and events' claims and texts, and each one's fields);
+	// budget bounds it (0: no bound). See full.
+	size, budget int
+}
+
+// Estimates of a lease's and an event's bytes in a log record beyond
+// their claims and texts (ids, owner, times, hashes; JSON's names and
+// quotes): generous, so that an estimate within the budget is a record
+// within it.
+const (
+	entryBytes = 1 << 10
+	eventBytes = 512
+)
+
+// full reports whether the batch's record has reached its budget: the
+// batch takes no more calls and grants no more waiters (they are run by
+// the next batch), so that no record is too large to append — which
+// failed every request of the batch, whoever sent it. A batch always
+// takes its first call.
+func (t *txn) full() bool { return t.budget > 0 && t.size >= t.budget }
+
+// claimBytes estimates c's bytes in a record.
+func claimBytes(c scope.Claim) int {
+	n := 0
+	for _, list := range [][]string{c.Paths, c.Tables} {
+		for _, it := range list {
+			n += len(it) + 3 // its quotes and comma
+		}
+	}
+	return n
 }
 
 func (s *repoState) begin(now time.Time) *txn {
@@ -432,6 +463,7 @@ func (t *txn) write(e *entry) {
 	delete(t.renewed, e.LeaseID)
 	if _, ok := t.changed[e.LeaseID]; !ok {
 		t.order = append(t.order, e.LeaseID)
+		t.size += entryBytes + claimBytes(e.Scope) + len(e.Reason)
 	}
 	t.changed[e.LeaseID] = e
 }
@@ -458,14 +490,28 @@ func (t *txn) audit(typ string, e *entry, reason, msg string) {
 	if e != nil {
 		ev.LeaseID, ev.Owner, ev.Scope, ev.Fence = e.LeaseID, e.Owner, e.Scope, e.Fence
 	}
-	t.events = append(t.events, ev)
+	t.addEvent(ev)
 }
 
-// refusal audits a refused request that names no lease: who asked for what.
-func (t *txn) refusal(o lease.Owner, c scope.Claim, reason, msg string) {
-	t.events = append(t.events, lease.AuditEvent{Time: t.wall, Type: lease.EventRefused, Boundary: lease.BoundaryLease,
-		Repo: t.base.repo, Owner: o, Scope: c, Reason: reason, Message: msg})
+// refusal audits a refused request that names no lease: who asked (by,
+// as the audit names them) for what. Its texts are clipped as a
+// boundary's event is (boundEvent): a refusal quotes claims and
+// conflicts the asker chose.
+func (t *txn) refusal(by string, o lease.Owner, c scope.Claim, reason, msg string) {
+	ev := lease.AuditEvent{Time: t.wall, Type: lease.EventRefused, Boundary: lease.BoundaryLease,
+		Repo: t.base.repo, Owner: o, Scope: c, Reason: reason, Message: msg, RequestedBy: by}
+	boundEvent(&ev)
+	t.addEvent(ev)
 }
+
+// addEvent adds ev to the batch's record.
+func (t *txn) addEvent(ev lease.AuditEvent) {
+	t.events = append(t.events, ev)
+	t.size += eventBytes + len(ev.Message) + claimBytes(ev.Scope)
+}
+
+// requestKey keys an acquire request id by the identity that sent it.
+func requestKey(holder, requestID string) string { return holder + " " + requestID }
 
 // end moves a lease out of active with the given status.
 func (t *txn) end(e *entry, st lease.Status, reason string) *entry {
@@ -654,21 +700,24 @@ func (t *txn) grant(r *AcquireRequest, claim claimRequest) *entry {
 // granted returns the lease already granted for this request id, if any:
 // acquire is idempotent, so a retry after a lost reply gets the same lease.
 func (t *txn) granted(r *AcquireRequest) *entry {
-	if e := t.byRequest(r.RequestID); e != nil && e.SecretHash == r.CredentialHash && e.Holder == r.by {
+	if e := t.byRequest(r.by, r.RequestID); e != nil && e.SecretHash == r.CredentialHash {
 		return e
 	}
 	return nil
 }
 
-// byRequest is the active lease an acquire request was granted, before
-// this batch or earlier in it, or nil.
-func (t *txn) byRequest(requestID string) *entry {
+// byRequest is the active lease identity holder's acquire request was
+// granted, before this batch or earlier in it, or nil. Request ids are
+// each identity's own: another identity's lease with the same id (which
+// a runner can learn: a conflict names the queued request it waits
+// behind) neither answers nor displaces it.
+func (t *txn) byRequest(holder, requestID string) *entry {
 	if requestID == "" {
 		return nil
 	}
-	id, ok := t.base.byRequest[requestID]
+	id, ok := t.base.byRequest[requestKey(holder, requestID)]
 	for _, lid := range t.order {
-		if t.changed[lid].RequestID == requestID {
+		if e := t.changed[lid]; e.RequestID == requestID && e.Holder == holder {
 			id, ok = lid, true
 		}
 	}
@@ -800,6 +849,9 @@ func (t *txn) sweep() []*entry {
 	slices.SortFunc(expired, func(a, b *entry) int { return strings.Compare(a.LeaseID, b.LeaseID) })
 	out := make([]*entry, 0, len(expired))
 	for _, e := range expired {
+		if t.full() && len(out) > 0 {
+			break // the next batch, at once, reclaims the rest (wakeAt: their deadlines passed)
+		}
 		late := t.now.Sub(e.deadline).Round(time.Second)
 		n := t.end(e, lease.StatusReclaimed, fmt.Sprintf("ttl %s lapsed without renewal", e.TTL))
 		t.audit(lease.EventReclaimed, n, "expired", fmt.Sprintf("reclaimed: %s owner=%s expired=%ds", n.LeaseID, n.Owner, int(late.Seconds())))
@@ -820,7 +872,10 @@ func (t *txn) reap(silent func(e *entry, now time.Time) (time.Duration, bool)) {
 		return true
 	})
 	slices.SortFunc(dead, func(a, b *entry) int { return strings.Compare(a.LeaseID, b.LeaseID) })
-	for _, e := range dead {
+	for i, e := range dead {
+		if t.full() && i > 0 {
+			break // the reaper's next look reclaims the rest
+		}
 		quiet, _ := silent(e, t.now)
 		quiet = quiet.Round(100 * time.Millisecond)
 		n := t.end(e, lease.StatusReclaimed, fmt.Sprintf("session %s sent no keepalive for %s", e.Session, quiet))

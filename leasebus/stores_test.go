@@ -59,6 +59,15 @@ func TestBoundaryEventsRateLimitedPerLease(t *testing.T) {
 	if err := aud.Record(ctx, lease.AuditEvent{Type: lease.EventDenied, Boundary: lease.BoundaryFile, Repo: repo, LeaseID: "lease_quiet", Message: "another lease's refusal"}); err != nil {
 		t.Fatalf("another lease's event from the same sender: %v", err)
 	}
+	// The loud lease's own holder's fences write on: the flood was
+	// another identity's, and took only its own share of that lease.
+	own, err := NewAuditor(connectAs(t, b.srv.ClientURL(), RoleOperator))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := own.Record(ctx, lease.AuditEvent{Type: lease.EventDenied, Boundary: lease.BoundaryFile, Repo: repo, LeaseID: "lease_loud", Message: "its own fence's refusal"}); err != nil {
+		t.Fatalf("another identity's event of the flooded lease: %v", err)
+	}
 	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		evs, err := ReadAudit(ctx, b.nc, repo, 0)
 		if err != nil {

@@ -1,5 +1,7 @@
 package leasebus
 
+import "slices"
+
 // turns holds values waiting for one goroutine, one FIFO per identity,
 // taken in turns: one value of each identity with values waiting per
 // turn, each identity's oldest first. A push and a pop are O(1) however
@@ -37,16 +39,47 @@ type sized[T any] struct {
 // with nothing waiting takes its first turn after every identity waiting
 // now.
 func (q *turns[T]) push(by string, v T, size int) {
-	t := q.byID[by]
-	if t == nil {
-		if q.byID == nil {
-			q.byID = map[string]*turn[T]{}
+	t := q.turnOf(by, false)
+	t.vals = append(t.vals, sized[T]{v, size})
+	q.added(t, size)
+}
+
+// pushFront queues v, of size bytes, ahead of by's other values, and
+// by's turn first (v was taken in its turn and goes back).
+func (q *turns[T]) pushFront(by string, v T, size int) {
+	t := q.turnOf(by, true)
+	t.vals = append([]sized[T]{{v, size}}, t.vals...)
+	q.added(t, size)
+}
+
+// turnOf is by's turn, made if by has nothing waiting: last in the order
+// of turns, or first when front (an existing turn is moved first: the
+// value going back had its turn already; rare, so its O(identities) is
+// no matter).
+func (q *turns[T]) turnOf(by string, front bool) *turn[T] {
+	if t := q.byID[by]; t != nil {
+		if front {
+			i := slices.Index(q.order, t)
+			copy(q.order[1:i+1], q.order[:i])
+			q.order[0] = t
 		}
-		t = &turn[T]{by: by}
-		q.byID[by] = t
+		return t
+	}
+	if q.byID == nil {
+		q.byID = map[string]*turn[T]{}
+	}
+	t := &turn[T]{by: by}
+	q.byID[by] = t
+	if front {
+		q.order = append([]*turn[T]{t}, q.order...)
+	} else {
 		q.order = append(q.order, t)
 	}
-	t.vals = append(t.vals, sized[T]{v, size})
+	return t
+}
+
+// added counts a value of size bytes just queued in t.
+func (q *turns[T]) added(t *turn[T], size int) {
 	t.size += size
 	q.n++
 	q.size += size
