@@ -335,6 +335,11 @@ func (s *Service) checkAttempt(ctx context.Context, kv jetstream.KeyValue, id st
 		if !s.allowCreate(id) {
 			return nil, fmt.Errorf("%w: %s creates attempt records faster than %d a second (bursts of %d)", lease.ErrUnavailable, s.name(id), shardCreateRate, shardCreateBurst)
 		}
+		if !admin {
+			if err := s.attemptNotOthers(ctx, id, &a); err != nil {
+				return nil, err
+			}
+		}
 		a.By = id
 	case admin || prev.By == id:
 		a.By = prev.By
@@ -349,6 +354,42 @@ func (s *Service) checkAttempt(ctx context.Context, kv jetstream.KeyValue, id st
 		a.By = prev.By
 	}
 	return json.Marshal(&a)
+}
+
+// attemptNotOthers refuses identity id's creation of attempt record a when
+// the first granted of the active leases whose owner names a's attempt is
+// another identity's: that attempt is the other's to record. A lease's
+// owner is public (every holder hears the grants) and self-declared, and
+// a runner records its attempt only after its lease is granted, with an
+// attempt id nobody knew before: without this another runner could
+// record it first and own the record, failing the other's run and
+// writing its status (an attacker's review found it); and a lease of its
+// own naming that attempt, taken after it saw the grant, is not the
+// first.
+func (s *Service) attemptNotOthers(ctx context.Context, id string, a *record.Attempt) error {
+	all, err := s.leasesOf(ctx, a.Repo, "")
+	if err != nil {
+		return err
+	}
+	var first *lease.Lease
+	for _, l := range all {
+		if l.Owner.AttemptID == a.AttemptID && (first == nil || l.AcquiredAt.Before(first.AcquiredAt) ||
+			l.AcquiredAt.Equal(first.AcquiredAt) && l.Fence < first.Fence) {
+			first = l
+		}
+	}
+	if first == nil {
+		return nil
+	}
+	own, err := s.leasesOf(ctx, a.Repo, id)
+	if err != nil {
+		return err
+	}
+	if slices.ContainsFunc(own, func(l *lease.Lease) bool { return l.LeaseID == first.LeaseID }) {
+		return nil
+	}
+	return refuseShard(ReasonNotItsAttempt, a.Repo, "attempt %s of %s: %s may not record it: it is the attempt of another identity's lease %s (owner %s, fence %d), granted first of those that name it",
+		a.AttemptID, a.Repo, s.name(id), first.LeaseID, first.Owner, first.Fence)
 }
 
 // recovers reports whether is is was marked unknown (its note aside) and

@@ -124,3 +124,63 @@ func TestShardRecordsOnlyTheServiceWrites(t *testing.T) {
 	}
 	_ = l
 }
+
+// TestAttemptIsItsLeasesToRecord: a runner records its attempt after its
+// lease is granted, and the grant, owner and attempt id included, is heard
+// by every holder. Another runner that recorded that attempt first owned
+// its record (failing the run, and writing its status); one that took a
+// lease of its own naming the same attempt after it heard the grant did
+// too. Both are refused by name and audited; the lease's holder records
+// its attempt.
+func TestAttemptIsItsLeasesToRecord(t *testing.T) {
+	t.Parallel()
+	b, attacker, co, _ := poolFixture(t, 3, 3, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	vnc := b.ConnectAs(t, leasebus.RoleOperator)
+	victim, err := Open(leasebus.NewShardRecords(vnc), Config{}) // not as an operator: as the runner it stands for
+	if err != nil {
+		t.Fatal(err)
+	}
+	aid := lease.NewAttemptID()
+	vcred := leasebus.NewCredential()
+	vl, err := leasebus.NewClient(vnc).Acquire(ctx, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-1", WorkspaceMode: lease.WorkspaceExclusive,
+		Owner: lease.Owner{TaskID: "t", AgentID: "victim", AttemptID: aid}, TTL: lease.Duration(time.Minute)}, vcred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grab := Attempt{AttemptID: aid, Repo: co, TaskID: "t", AgentID: "thief", Command: []string{"true"}, Shard: "shard-1", Mode: ModeExclusive, Leases: []string{vl.LeaseID}}
+	if _, err := attacker.Begin(ctx, grab); !errors.Is(err, lease.ErrNotOwner) {
+		t.Fatalf("another identity recording the victim's attempt first: %v, want %v", err, lease.ErrNotOwner)
+	}
+	// A lease of its own naming the victim's attempt, taken after the grant.
+	al := b.Acquire(t, leasebus.AcquireRequest{Repo: co, WorkspaceID: "shard-2", WorkspaceMode: lease.WorkspaceExclusive,
+		Owner: lease.Owner{TaskID: "t", AgentID: "thief", AttemptID: aid}, TTL: lease.Duration(time.Minute)}, leasebus.HoldOptions{})
+	grab.Shard, grab.Leases = "shard-2", []string{al.Lease().LeaseID}
+	if _, err := attacker.Begin(ctx, grab); !errors.Is(err, lease.ErrNotOwner) {
+		t.Fatalf("another identity recording the victim's attempt under a later lease of its own naming it: %v, want %v", err, lease.ErrNotOwner)
+	}
+	a, err := victim.Begin(ctx, Attempt{AttemptID: aid, Repo: co, TaskID: "t", AgentID: "victim", Command: []string{"true"}, Shard: "shard-1", Mode: ModeExclusive, Leases: []string{vl.LeaseID}})
+	if err != nil {
+		t.Fatalf("the lease's holder recording its attempt: %v", err)
+	}
+	if a.AgentID != "victim" {
+		t.Fatalf("the attempt's record: %+v", a)
+	}
+	testutil.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		evs, err := leasebus.ReadAudit(ctx, b.Conn, co, 0)
+		if err != nil {
+			return err
+		}
+		n := 0
+		for _, ev := range evs {
+			if ev.Type == lease.EventRefused && ev.Boundary == BoundaryShard && ev.Reason == leasebus.ReasonNotItsAttempt && ev.RequestedBy == "holder" {
+				n++
+			}
+		}
+		if n < 2 {
+			return fmt.Errorf("%d refused attempt records by the holder audited, want 2", n)
+		}
+		return nil
+	})
+}
