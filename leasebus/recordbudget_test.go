@@ -222,3 +222,57 @@ func TestRecordBudgetSplitsBatches(t *testing.T) {
 	}
 	t.Logf("%d records, the largest %d bytes (budget %d)", records, largest, budget)
 }
+
+// TestRefusalFloodCountedNotWritten: each refusal of a lease request is in
+// its repo's log record and the lease audit, which keeps its oldest records
+// only while its room lasts. A runner looping on refused requests (here
+// acquires of another's scope) had every one written, and could push the
+// fleet's grants and revocations out of the audit. Past its rate its
+// refusals are counted, one event a second in its name, and still
+// answered; the other runner's lease is untouched.
+func TestRefusalFloodCountedNotWritten(t *testing.T) {
+	t.Parallel()
+	b := startIdentityBus(t, "victim", "looper")
+	ctx := ctxT(t)
+	victim, looper := NewClient(b.holders["victim"]), NewClient(b.holders["looper"])
+	if _, err := victim.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatal(err)
+	}
+	const sent = 3 * leaseRefusalBurst
+	began := time.Now()
+	for i := range sent {
+		if _, err := looper.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential()); !errors.Is(err, lease.ErrConflict) {
+			t.Fatalf("acquire %d of a held scope: %v, want a conflict", i, err)
+		}
+	}
+	took := time.Since(began)
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		evs, err := ReadAudit(ctx, b.svc, repo, 0)
+		if err != nil {
+			return err
+		}
+		written, counted := 0, 0
+		for _, ev := range evs {
+			if ev.RequestedBy != "looper" {
+				continue
+			}
+			switch {
+			case ev.Type == lease.EventRefused && ev.Reason == "conflict":
+				written++
+			case ev.Reason == ReasonRateLimited:
+				var n int
+				if _, err := fmt.Sscanf(ev.Message[strings.Index(ev.Message, " had ")+1:], "had %d more lease requests", &n); err != nil {
+					return fmt.Errorf("counted refusals' event %q: %v", ev.Message, err)
+				}
+				counted += n
+			}
+		}
+		if most := leaseRefusalBurst + int(took.Seconds()*leaseRefusalRate) + 1; written > most {
+			t.Fatalf("%d refusals written one by one in %s, at most %d", written, took.Round(time.Millisecond), most)
+		}
+		if written+counted != sent {
+			return fmt.Errorf("%d refusals written and %d counted, want %d in all", written, counted, sent)
+		}
+		return nil
+	})
+}
