@@ -626,19 +626,23 @@ func (s *Service) reapSilent() {
 	}
 	// Sessions falling silent: past half the grace. A storm silences
 	// them over a few seconds, not within one look.
-	falling := 0
-	identities := map[string]struct{}{}
+	each := map[string]*silentCount{} // by identity
 	for key, d := range silent {
+		id, _, _ := strings.Cut(key, ".")
+		c := each[id]
+		if c == nil {
+			c = &silentCount{}
+			each[id] = c
+		}
+		c.sessions++
 		if d >= base/2 {
-			falling++
-			id, _, _ := strings.Cut(key, ".")
-			identities[id] = struct{}{}
+			c.falling++
 		}
 	}
-	if massSilent(falling, len(silent), len(identities)) {
+	if falling, identities, ok := massSilentBesides(each); ok {
 		if !s.massSilence {
 			s.log.Warn("many sessions fell silent at once: suspecting the bus, not the runners; reclaiming only those silent for the longer grace",
-				"silent", falling, "identities", len(identities), "sessions", len(silent), "grace", base, "longer_grace", massGraces*base)
+				"silent", falling, "identities", identities, "sessions", len(silent), "grace", base, "longer_grace", massGraces*base)
 		}
 		s.massSilence = true
 		s.cfg.Metrics.reclaimsHeld("mass")
@@ -659,7 +663,8 @@ func (s *Service) reapSilent() {
 // Silence shared by many sessions at once (massSilent): at least
 // massSilentMin sessions, of at least massSilentIdentities identities, and
 // more than 1/massSilentShare of those with a lease, silent for half the
-// grace or more in one look. Theirs is massGraces times the grace.
+// grace or more in one look, all of it without the identity with the most
+// of them (massSilentBesides). Theirs is massGraces times the grace.
 // (A host's runners dying together are a few sessions of a fleet; a
 // reconnect storm at 10,000 leases silenced 20–66% of 1,000. One
 // identity's sessions are one runner's: however many, never a storm.)
@@ -674,6 +679,39 @@ const (
 // many identities, is many at once.
 func massSilent(silent, sessions, identities int) bool {
 	return identities >= massSilentIdentities && silent >= massSilentMin && silent*massSilentShare > sessions
+}
+
+// silentCount is one identity's sessions with active leases, and how many
+// of them are falling silent.
+type silentCount struct{ sessions, falling int }
+
+// massSilentBesides reports whether the sessions falling silent are many
+// at once (massSilent) even without the identity with the most of them,
+// and how many there are, of how many identities, in all. One identity's
+// sessions are one runner's, and a runner chooses how many it keeps and
+// lets fall silent: without this, one that let a few dozen go silent
+// beside two runners that died made the silence "many", and every dead
+// runner's scope came back only after the longer grace (an attacker's
+// review found it). A storm's silence is many without any one of its
+// identities.
+func massSilentBesides(each map[string]*silentCount) (falling, identities int, many bool) {
+	var sessions int
+	var top *silentCount
+	for _, c := range each {
+		sessions += c.sessions
+		if c.falling == 0 {
+			continue
+		}
+		falling += c.falling
+		identities++
+		if top == nil || c.falling > top.falling {
+			top = c
+		}
+	}
+	if top == nil {
+		return 0, 0, false
+	}
+	return falling, identities, massSilent(falling-top.falling, sessions-top.sessions, identities-1)
 }
 
 // reapStall is how long past reapEvery the reaper may run late before this

@@ -486,7 +486,9 @@ func TestManySilentSessionsGetTheLongerGrace(t *testing.T) {
 	c := NewClient(b.holders[massRunners[0]])
 	ctx := ctxFor(t, 3*time.Minute)
 	held := func() int { return reclaimsHeld(m, "mass") }
-	hs := holdEach(ctx, t, b, massSilentMin+4, massRunners...)
+	// Many without any one runner's (massSilentBesides): 31 silent of
+	// four runners, 23 without the one with the most.
+	hs := holdEach(ctx, t, b, 2*massSilentMin, massRunners...)
 
 	lone := hs[0].Lease()
 	orphaned := time.Now()
@@ -545,31 +547,36 @@ func TestManySilentSessionsGetTheLongerGrace(t *testing.T) {
 // hold-offs. A runner (one bus identity) holding many sessions lets them
 // all fall silent at the moment another runner dies, so that the reaper
 // would take the silence for a bus hiccup and give every session the
-// longer grace — the dead runner's scope held three times as long. One
-// identity's sessions are never many: the dead runner's scope is back
-// after the grace, and the attacker's own sessions are reclaimed then too.
+// longer grace — the dead runners' scopes held three times as long. Here
+// two runners die, so that with the attacker's the silence is of three
+// identities, as a storm's may be. One identity's sessions are never
+// many, nor do they make others' many (massSilentBesides): the dead
+// runners' scopes are back after the grace, and the attacker's own
+// sessions are reclaimed then too.
 func TestOneRunnerCannotHoldBackReclaims(t *testing.T) {
 	t.Parallel()
 	const grace = 3 * time.Second
 	m := NewServiceMetrics()
-	b := startIdentityBusWith(t, ServiceConfig{Metrics: m, SessionGrace: grace}, "attacker", "victim")
+	b := startIdentityBusWith(t, ServiceConfig{Metrics: m, SessionGrace: grace}, "attacker", "victim", "victim2")
 	ctx := ctxFor(t, 3*time.Minute)
 	c := NewClient(b.holders["victim"])
 	attacker := holdEach(ctx, t, b, massSilentMin+4, "attacker")
-	victim := holdEach(ctx, t, b, 1, "victim")[0]
+	victims := holdEach(ctx, t, b, 2, "victim", "victim2")
 
-	dead := victim.Lease()
 	stopped := time.Now()
 	var wg sync.WaitGroup
-	for _, h := range append(attacker, victim) {
+	for _, h := range append(attacker, victims...) {
 		wg.Go(h.Orphan)
 	}
 	wg.Wait()
-	ended := waitEnded(t, c, dead.LeaseID, time.Minute)
-	took := time.Since(stopped)
-	if ended.Status != lease.StatusReclaimed {
-		t.Fatalf("the dead runner's lease ended %s (%s), want reclaimed", ended.Status, ended.Reason)
+	var ended *lease.Lease
+	for _, v := range victims {
+		ended = waitEnded(t, c, v.Lease().LeaseID, time.Minute)
+		if ended.Status != lease.StatusReclaimed {
+			t.Fatalf("a dead runner's lease ended %s (%s), want reclaimed", ended.Status, ended.Reason)
+		}
 	}
+	took := time.Since(stopped)
 	if n := reclaimsHeld(m, "mass"); n > 0 {
 		t.Errorf("one runner's %d sessions falling silent were taken for many: %d looks gave every session the longer grace; the dead runner's scope came back after %s", len(attacker), n, took.Round(time.Millisecond))
 	}
@@ -579,6 +586,31 @@ func TestOneRunnerCannotHoldBackReclaims(t *testing.T) {
 	for _, h := range attacker {
 		if ended := waitEnded(t, c, h.Lease().LeaseID, time.Minute); ended.Status != lease.StatusReclaimed {
 			t.Errorf("the attacker's %s ended %s (%s), want reclaimed", h.Lease().LeaseID, ended.Status, ended.Reason)
+		}
+	}
+}
+
+func TestMassSilentBesidesTheMost(t *testing.T) {
+	fleet := func(falling ...int) map[string]*silentCount {
+		each := map[string]*silentCount{}
+		for i, f := range falling {
+			each[fmt.Sprint("runner-", i)] = &silentCount{sessions: max(f, 10), falling: f}
+		}
+		return each
+	}
+	for _, c := range []struct {
+		name string
+		each map[string]*silentCount
+		want bool
+	}{
+		{"none", fleet(), false},
+		{"a storm over eight runners", fleet(10, 10, 10, 10, 10, 10, 10, 10), true},
+		{"one runner's forty beside two dead runners", fleet(40, 1, 1, 0, 0, 0), false},
+		{"one runner's thousand beside two dead runners", fleet(1000, 1, 1), false},
+		{"a storm over four runners, one with most", fleet(40, 6, 6, 6), true},
+	} {
+		if _, _, got := massSilentBesides(c.each); got != c.want {
+			t.Errorf("%s: many = %v, want %v", c.name, got, c.want)
 		}
 	}
 }
