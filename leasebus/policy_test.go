@@ -297,3 +297,58 @@ func TestPolicyRefusesClaims(t *testing.T) {
 		return nil
 	})
 }
+
+// TestPolicyBindsClaimsToIdentities: an owner's task and agent are the
+// asker's word — a runner could name the release task and get the
+// whole-repo claim a rule keeps for it. The bus identity that asks is the
+// bus's word (context.identity), so a security team binds a claim to the
+// runners allowed it: another runner naming the release task is refused,
+// at its acquire and, for a lease held before the policy, at the policy's
+// change; the release runner's claims stand.
+func TestPolicyBindsClaimsToIdentities(t *testing.T) {
+	t.Parallel()
+	b := startIdentityBus(t, "release-bot", "agent-runner")
+	ctx := ctxT(t)
+	oc := NewClient(connectFile(t, b.url, filepath.Join(b.dir, CredsFile(RoleOperator))))
+	bot, runner := NewClient(b.holders["release-bot"]), NewClient(b.holders["agent-runner"])
+	whole, err := scope.New(nil, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := owner(1)
+	rel.TaskID = "release"
+	before := map[*Client]*lease.Lease{}
+	for i, c := range []*Client{bot, runner} {
+		l, err := c.Acquire(ctx, AcquireRequest{Repo: fmt.Sprintf("github.com/acme/held-%d", i), Scope: whole, Owner: rel, TTL: lease.Duration(time.Minute)}, NewCredential())
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[c] = l
+	}
+	const bound = `@id("whole-repo-release-bot-only")
+forbid (principal, action == Fenceline::Action::"claim", resource)
+when { context.whole_repo } unless { context.identity == "release-bot" };
+`
+	if _, err := oc.SetPolicy(ctx, PolicyWrite{Default: true, Text: bound}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runner.Acquire(ctx, AcquireRequest{Repo: repo, Scope: whole, Owner: rel, TTL: lease.Duration(time.Minute)}, NewCredential()); !errors.Is(err, policy.ErrRefused) || !strings.Contains(err.Error(), "whole-repo-release-bot-only") {
+		t.Fatalf("another runner's whole-repo claim naming the release task: %v, want refused by the rule", err)
+	}
+	if _, err := bot.Acquire(ctx, AcquireRequest{Repo: repo, Scope: whole, Owner: rel, TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatalf("the release runner's whole-repo claim: %v", err)
+	}
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		got, err := runner.Get(ctx, before[runner].LeaseID)
+		if err != nil {
+			return err
+		}
+		if got.Status != lease.StatusRevoked || !strings.Contains(got.Reason, "whole-repo-release-bot-only") {
+			return fmt.Errorf("the other runner's lease held before the policy: %s (%s), want revoked by the rule", got.Status, got.Reason)
+		}
+		return nil
+	})
+	if got, err := bot.Get(ctx, before[bot].LeaseID); err != nil || !got.Active() {
+		t.Fatalf("the release runner's lease held before the policy: %+v, %v: want it kept", got, err)
+	}
+}

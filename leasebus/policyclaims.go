@@ -24,10 +24,12 @@ import (
 const policyRevoker = "policy"
 
 // claimRequests are the policy requests of an acquire's (or a lease's)
-// claim.
-func claimRequests(repo string, o lease.Owner, c scope.Claim, mode lease.WorkspaceMode, ttl time.Duration, leaseID string) []policy.Request {
+// claim, asked by the bus identity the audit calls identity (the
+// principal's agent and task are the owner's word; the identity is the
+// bus's, so a policy can bind a claim to the runners allowed it).
+func claimRequests(repo, identity string, o lease.Owner, c scope.Claim, mode lease.WorkspaceMode, ttl time.Duration, leaseID string) []policy.Request {
 	base := policy.Request{Agent: o.AgentID, Task: o.TaskID, Repo: repo, Context: policy.Context{
-		LeaseID: leaseID, WorkspaceMode: string(mode), TTLSeconds: int64(ttl / time.Second)}}
+		Identity: identity, LeaseID: leaseID, WorkspaceMode: string(mode), TTLSeconds: int64(ttl / time.Second)}}
 	return policy.ClaimRequests(base, c.Paths, c.Tables, c.Kind == scope.KindWholeRepo)
 }
 
@@ -53,7 +55,7 @@ func (s *Service) checkAcquirePolicy(id string, r *AcquireRequest) error {
 	if s.policies.Empty() {
 		return nil
 	}
-	refused, shadow := s.judgeClaim(claimRequests(r.Repo, r.Owner, r.Scope, r.WorkspaceMode, time.Duration(r.TTL), ""))
+	refused, shadow := s.judgeClaim(claimRequests(r.Repo, s.name(id), r.Owner, r.Scope, r.WorkspaceMode, time.Duration(r.TTL), ""))
 	for _, sr := range shadow {
 		s.auditPolicyClaim(id, r.Repo, r.Owner, r.Scope, EventShadowRefused, fmt.Sprintf("shadow-refused (nothing refused): acquire of %s by %s: %s would be refused by %s", r.Scope, r.Owner, sr.Request.Resource, sr.Verdict))
 	}
@@ -119,7 +121,7 @@ func (s *Service) revokeForbidden(ctx context.Context) {
 			continue
 		}
 		for _, l := range r.Leases {
-			refused, _ := s.judgeClaim(claimRequests(l.Repo, l.Owner, l.Scope, l.WorkspaceMode, time.Duration(l.TTL), l.LeaseID))
+			refused, _ := s.judgeClaim(claimRequests(l.Repo, s.name(s.holderOf(l.LeaseID)), l.Owner, l.Scope, l.WorkspaceMode, time.Duration(l.TTL), l.LeaseID))
 			if refused == nil {
 				continue
 			}
@@ -132,4 +134,15 @@ func (s *Service) revokeForbidden(ctx context.Context) {
 			s.log.Info("revoked a lease the policy forbids", "lease", l.LeaseID, "rule", refused.Verdict.Rule, "version", refused.Verdict.Version)
 		}
 	}
+}
+
+// holderOf is the bus identity that acquired active lease id ("" when
+// unknown).
+func (s *Service) holderOf(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ix := s.index[id]; ix != nil && ix.e != nil {
+		return ix.e.Holder
+	}
+	return ""
 }

@@ -27,6 +27,11 @@ func (r Resource) String() string {
 
 // Context is a request's context (see SchemaText's RequestContext).
 type Context struct {
+	// Identity is the bus identity that asks for a claim, as the bus names
+	// it: the lease service's word (from the request's subject), never the
+	// request's, unlike the agent and task an owner declares. Set for
+	// claims only ("" elsewhere).
+	Identity      string `json:"identity,omitempty"`
 	LeaseID       string `json:"lease_id,omitempty"`
 	WorkspaceMode string `json:"workspace_mode,omitempty"`
 	TTLSeconds    int64  `json:"ttl_seconds,omitempty"`
@@ -55,7 +60,7 @@ func (r Request) String() string {
 // decides) to b: each string preceded by its length, so that no two
 // requests share a key whatever bytes their fields hold.
 func (r Request) appendKey(b []byte) []byte {
-	for _, s := range [...]string{r.Agent, r.Task, r.Repo, string(r.Action), string(r.Resource.Kind), r.Resource.Name, r.Context.LeaseID, r.Context.WorkspaceMode} {
+	for _, s := range [...]string{r.Agent, r.Task, r.Repo, string(r.Action), string(r.Resource.Kind), r.Resource.Name, r.Context.LeaseID, r.Context.WorkspaceMode, r.Context.Identity} {
 		b = binary.AppendUvarint(b, uint64(len(s)))
 		b = append(b, s...)
 	}
@@ -224,7 +229,7 @@ func cedarRequest(r Request) (req cedar.Request, ents *entities) {
 	ents.principal = types.Entity{UID: principal, Attributes: pattrs}
 	ents.resource = types.Entity{UID: resource, Attributes: ents.resourceRecord(r.Resource)}
 	c := r.Context
-	ckey := appendStrings(buf[:0], r.Repo, c.LeaseID, c.WorkspaceMode)
+	ckey := appendStrings(buf[:0], r.Repo, c.LeaseID, c.WorkspaceMode, c.Identity)
 	ckey = binary.AppendVarint(ckey, c.TTLSeconds)
 	for _, f := range [...]bool{c.WholeRepo, c.Force, c.Delete, c.Create} {
 		if f {
@@ -236,6 +241,7 @@ func cedarRequest(r Request) (req cedar.Request, ents *entities) {
 	ctx := contexts.get(ckey, func() types.Record {
 		return types.NewRecord(types.RecordMap{
 			"repo":           types.String(r.Repo),
+			"identity":       types.String(c.Identity),
 			"lease_id":       types.String(c.LeaseID),
 			"workspace_mode": types.String(c.WorkspaceMode),
 			"ttl_seconds":    types.Long(c.TTLSeconds),

@@ -70,6 +70,7 @@ namespace Fenceline {
   // Every action has the same context; what does not apply is "", 0 or false.
   type RequestContext = {
     "repo": String,            // the repository (host/org/repo)
+    "identity": String,        // claim: the bus identity asking, as the bus names it ("" elsewhere)
     "lease_id": String,        // the lease asking ("" for a claim not yet granted)
     "workspace_mode": String,  // "exclusive" or "shared"
     "ttl_seconds": Long,       // the lease's TTL
