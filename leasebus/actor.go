@@ -616,8 +616,10 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 		outs := make([]outcome, len(batch))
 		queue := slices.Clone(a.waiters)
 		for i, c := range batch {
-			if i > 0 && t.full() {
-				// The record is full: the rest of the batch goes back to
+			if i > 0 && t.callsFull() {
+				// The calls' half of the record is full (the other half
+				// is the waiters', so that no runner's calls keep them
+				// from being served): the rest of the batch goes back to
 				// the head of its askers' turns, for the next batch.
 				a.calls.putBack(batch[i:])
 				batch, outs = batch[:i], outs[:i]
@@ -977,11 +979,12 @@ func waitingOf(by string, queue []*waiter) int {
 // that is still queued overlaps it.
 func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*waiter) {
 	a.more = false
+	progressed := false // a waiter was granted or refused: each batch serves one at least
 	for _, w := range queue {
 		if w.cancelled {
 			continue
 		}
-		if t.full() {
+		if t.full() && progressed {
 			// The record is full: the next batch, at once, serves the
 			// rest (wakeAt).
 			a.more = true
@@ -995,8 +998,10 @@ func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*w
 		placed, conflicts := t.place(w.claim, remaining)
 		switch {
 		case len(conflicts) == 0:
+			progressed = true
 			served = append(served, outcome{c: w.c, lease: t.grant(w.req, placed)})
 		case !t.now.Before(w.deadline):
+			progressed = true
 			ce := &lease.ConflictError{Repo: t.base.repo, Conflicts: conflicts, Waited: true}
 			t.refusal(w.req.by, w.req.byName, w.req.Owner, w.claim.scope, "wait-expired", fmt.Sprintf("refused acquire of %s by %s after waiting %s: %s", w.claim.scope, w.req.Owner, time.Duration(w.req.Wait), ce.Error()))
 			served = append(served, outcome{c: w.c, err: ce})
@@ -1114,9 +1119,17 @@ func (q *callQueue) add(c *call, limit int) bool {
 // kept: a cancel still follows its acquire), and wakes the actor's
 // goroutine.
 func (q *callQueue) putBack(calls []*call) {
+	var order []string // the identities, in the order their first call was taken
+	each := map[string][]*call{}
+	for _, c := range calls {
+		if _, ok := each[c.by]; !ok {
+			order = append(order, c.by)
+		}
+		each[c.by] = append(each[c.by], c)
+	}
 	q.mu.Lock()
-	for i := len(calls) - 1; i >= 0; i-- {
-		q.q.pushFront(calls[i].by, calls[i], 0)
+	for i := len(order) - 1; i >= 0; i-- {
+		q.q.pushFront(order[i], 0, each[order[i]]...)
 	}
 	q.mu.Unlock()
 	select {

@@ -145,13 +145,9 @@ func TestCallQueueManyIdentities(t *testing.T) {
 	}
 }
 
-// TestTurnsKeepSizes: an identity's waiting size is the sum of what it
-// has waiting, through pushes and pops in turns, and an identity whose
-// values are all taken holds nothing, its size with it (else a runner's
-// share of an intake would shrink for good with each burst).
 // TestTurnsPutBackGoesFirst: values taken for a batch that had no room
-// for them go back ahead of their identity's others, and an identity
-// with nothing else waiting takes the first turn again.
+// for them go back ahead of their identity's others, and their identity's
+// turn comes first again.
 func TestTurnsPutBackGoesFirst(t *testing.T) {
 	var q turns[string]
 	q.push("a", "a1", 1)
@@ -160,8 +156,8 @@ func TestTurnsPutBackGoesFirst(t *testing.T) {
 	q.push("c", "c1", 1)
 	a1, _ := q.pop()
 	b1, _ := q.pop()
-	q.pushFront("b", b1, 1) // b had nothing else waiting: its turn first
-	q.pushFront("a", a1, 1) // a's turn, ahead of a2
+	q.pushFront("b", 1, b1) // b had nothing else waiting: its turn first
+	q.pushFront("a", 1, a1) // a's turn, ahead of a2
 	var got []string
 	for {
 		v, ok := q.pop()
@@ -178,6 +174,10 @@ func TestTurnsPutBackGoesFirst(t *testing.T) {
 	}
 }
 
+// TestTurnsKeepSizes: an identity's waiting size is the sum of what it
+// has waiting, through pushes and pops in turns, and an identity whose
+// values are all taken holds nothing, its size with it (else a runner's
+// share of an intake would shrink for good with each burst).
 func TestTurnsKeepSizes(t *testing.T) {
 	var q turns[int]
 	q.push("a", 1, 100)

@@ -695,23 +695,27 @@ type silentCount struct{ sessions, falling int }
 // review found it). A storm's silence is many without any one of its
 // identities.
 func massSilentBesides(each map[string]*silentCount) (falling, identities int, many bool) {
-	var sessions int
-	var top *silentCount
+	var sessions, most int
 	for _, c := range each {
 		sessions += c.sessions
-		if c.falling == 0 {
-			continue
-		}
-		falling += c.falling
-		identities++
-		if top == nil || c.falling > top.falling {
-			top = c
+		if c.falling > 0 {
+			falling += c.falling
+			identities++
+			most = max(most, c.falling)
 		}
 	}
-	if top == nil {
+	if most == 0 {
 		return 0, 0, false
 	}
-	return falling, identities, massSilent(falling-top.falling, sessions-top.sessions, identities-1)
+	// Without each identity that has the most (ties: every one of them,
+	// so that the answer does not hang on which a map gives first).
+	many = true
+	for _, c := range each {
+		if c.falling == most {
+			many = many && massSilent(falling-c.falling, sessions-c.sessions, identities-1)
+		}
+	}
+	return falling, identities, many
 }
 
 // reapStall is how long past reapEvery the reaper may run late before this

@@ -17,7 +17,13 @@ import (
 // bigClaim is a claim of n paths under dir, each of about width bytes,
 // built as scope.New would (sorted, none under another).
 func bigClaim(dir string, n, width int) scope.Claim {
-	pad := strings.Repeat("x", max(width-len(dir)-8, 1))
+	return padClaim(dir, n, width, "x")
+}
+
+// padClaim is bigClaim with its paths padded with pad (a byte a record
+// may encode as six: '&').
+func padClaim(dir string, n, width int, pad string) scope.Claim {
+	pad = strings.Repeat(pad, max(width-len(dir)-8, 1))
 	c := scope.Claim{Kind: scope.KindPaths, Tables: []string{}}
 	for i := range n {
 		c.Paths = append(c.Paths, fmt.Sprintf("%s/%s%06d", dir, pad, i))
@@ -46,6 +52,13 @@ func TestOversizedAcquireFailsNoOtherRequest(t *testing.T) {
 	// Each field the record carries, past its bound.
 	huge := bigClaim("z", 60000, 75) // 4.5 MB: its refusal's record was over the log's 8 MB
 	huge.Paths = append([]string{"a"}, huge.Paths...)
+	// The largest claim taken, of bytes a record encodes as six each,
+	// overlapping the victim's: its refusals are clipped.
+	most := padClaim("z", 40, 140, "&")
+	most.Paths = append([]string{"a"}, most.Paths...)
+	if _, size := claimSize(most); size > MaxClaimBytes || size < MaxClaimBytes*3/4 {
+		t.Fatalf("the largest claim is %d bytes as recorded: want within %d", size, MaxClaimBytes)
+	}
 	long := strings.Repeat("t", maxIDField+1)
 	for what, req := range map[string]AcquireRequest{
 		"a claim of 4.5 MB":           {Scope: huge},
@@ -97,6 +110,10 @@ func TestOversizedAcquireFailsNoOtherRequest(t *testing.T) {
 			default:
 			}
 			_, _ = attacker.Acquire(ctx, AcquireRequest{Repo: repo, Scope: huge, Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential())
+			if _, err := attacker.Acquire(ctx, AcquireRequest{Repo: repo, Scope: most, Owner: owner(2), TTL: lease.Duration(time.Minute)}, NewCredential()); !errors.Is(err, lease.ErrConflict) {
+				t.Errorf("the largest claim overlapping the victim's: %v, want a conflict", err)
+				return
+			}
 		}
 	})
 	version := l.Version
@@ -121,7 +138,7 @@ func TestOversizedAcquireFailsNoOtherRequest(t *testing.T) {
 // been one, and no record is much past the budget.
 func TestRecordBudgetSplitsBatches(t *testing.T) {
 	t.Parallel()
-	const budget = 8 << 10
+	const budget = 16 << 10
 	names := []string{"holder", "r1", "r2", "r3"}
 	b := startIdentityBusWith(t, ServiceConfig{MaxRecordBytes: budget}, names...)
 	ctx := ctxFor(t, time.Minute)
@@ -146,15 +163,15 @@ func TestRecordBudgetSplitsBatches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 36 acquires of 2 KB claims wait behind the whole-repo lease: about
-	// four bytes of record for each of the budget's.
+	// 36 acquires of claims of '&'s (about 5 KB each as recorded, a sixth
+	// of that raw) wait behind the whole-repo lease.
 	var wg sync.WaitGroup
 	errs := make(chan error, 36)
 	for _, n := range names[1:] {
 		c := NewClient(b.holders[n])
 		for i := range 12 {
 			wg.Go(func() {
-				_, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: bigClaim(fmt.Sprintf("%s-%d", n, i), 28, 70),
+				_, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: padClaim(fmt.Sprintf("%s-%d", n, i), 20, 50, "&"),
 					Owner: owner(i), TTL: lease.Duration(time.Minute), Wait: lease.Duration(40 * time.Second)}, NewCredential())
 				if err != nil {
 					errs <- fmt.Errorf("%s's waiting acquire %d: %w", n, i, err)
@@ -182,7 +199,7 @@ func TestRecordBudgetSplitsBatches(t *testing.T) {
 		c := NewClient(b.holders[n])
 		for i := range 12 {
 			wg.Go(func() {
-				_, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: bigClaim(fmt.Sprintf("%s-now-%d", n, i), 28, 70),
+				_, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: padClaim(fmt.Sprintf("%s-now-%d", n, i), 20, 50, "&"),
 					Owner: owner(i), TTL: lease.Duration(time.Minute)}, NewCredential())
 				if err != nil {
 					errs <- fmt.Errorf("%s's acquire %d: %w", n, i, err)
@@ -213,12 +230,14 @@ func TestRecordBudgetSplitsBatches(t *testing.T) {
 			largest = max(largest, len(m.Data))
 		}
 	}
-	// A record holds what reached the budget and one request past it.
+	// A record holds what reached the budget and one request past it (a
+	// grant here is about 11 KB as recorded; counted raw, about 3 KB, and
+	// the waiters' records were five grants).
 	if largest > 2*budget {
 		t.Errorf("the largest of %d records is %d bytes: want at most about the budget (%d) and one request", records, largest, budget)
 	}
 	if records < 10 {
-		t.Errorf("74 grants of 2 KB claims took %d records within a budget of %d bytes: want them split", records, budget)
+		t.Errorf("74 grants of 5 KB claims took %d records within a budget of %d bytes: want them split", records, budget)
 	}
 	t.Logf("%d records, the largest %d bytes (budget %d)", records, largest, budget)
 }

@@ -876,6 +876,11 @@ func (s *Service) handlerOf(op string, serviceAccount, forwarded bool) serveFunc
 			if err == nil && r.Version == 0 {
 				err = fmt.Errorf("%w: renew needs the version the holder last saw (a renewal is a compare-and-swap on it)", lease.ErrInvalid)
 			}
+			if err == nil && len(r.RenewID) > maxIDField {
+				// It is in the lease's record from then on (a renewal
+				// retried answers from it).
+				err = fmt.Errorf("%w: renewal id of %d bytes: at most %d", lease.ErrInvalid, len(r.RenewID), maxIDField)
+			}
 			r.by = id
 			c.req, leaseID, hint = &r, r.LeaseID, r.Repo
 		case "release":
@@ -888,6 +893,9 @@ func (s *Service) handlerOf(op string, serviceAccount, forwarded bool) serveFunc
 			err = decode(m.Data, &r)
 			if err == nil && strings.TrimSpace(r.Reason) == "" {
 				err = fmt.Errorf("%w: revoke needs a reason (Reason)", lease.ErrInvalid)
+			}
+			if err == nil && len(r.Reason) > maxRevokeReason {
+				err = fmt.Errorf("%w: revoke reason of %d bytes: at most %d (it is in the lease's record)", lease.ErrInvalid, len(r.Reason), maxRevokeReason)
 			}
 			r.by = s.name(id)
 			c.req, leaseID, hint = &r, r.LeaseID, r.Repo
@@ -1182,7 +1190,7 @@ func (r *AcquireRequest) normalize() error {
 	// large to append (which failed every request of its batch, of every
 	// runner; TestOversizedAcquireFailsNoOtherRequest).
 	if items, size := claimSize(r.Scope); items > MaxClaimItems || size > MaxClaimBytes {
-		return bad("scope of %d paths and tables (%d bytes): at most %d, of %d bytes in all; claim their parent directory (or schema.*) instead", items, size, MaxClaimItems, MaxClaimBytes)
+		return bad("scope of %d paths and tables (%d bytes as recorded): at most %d, of %d bytes in all; claim their parent directory (or schema.*) instead", items, size, MaxClaimItems, MaxClaimBytes)
 	}
 	if err := r.Scope.Validate(); err != nil {
 		return bad("scope: %v", err)
@@ -1275,6 +1283,8 @@ const (
 	// workspace's and a request's id.
 	maxRepoName = 1 << 10
 	maxIDField  = 256
+	// maxRevokeReason bounds an operator's reason for a revoke.
+	maxRevokeReason = 1 << 10
 )
 
 // recordBudget is the budget of one log record (txn.full) on a bus whose
@@ -1287,11 +1297,12 @@ func recordBudget(nc *nats.Conn) int {
 	return int(most / 2)
 }
 
-// claimSize is how many paths and tables c lists, and their bytes.
+// claimSize is how many paths and tables c lists, and their bytes as a
+// record encodes them (jsonLen).
 func claimSize(c scope.Claim) (items, size int) {
 	for _, list := range [][]string{c.Paths, c.Tables} {
 		for _, it := range list {
-			size += len(it)
+			size += jsonLen(it)
 		}
 		items += len(list)
 	}

@@ -373,8 +373,7 @@ func (s *Service) attemptNotOthers(ctx context.Context, id string, a *record.Att
 	}
 	var first *lease.Lease
 	for _, l := range all {
-		if l.Owner.AttemptID == a.AttemptID && (first == nil || l.AcquiredAt.Before(first.AcquiredAt) ||
-			l.AcquiredAt.Equal(first.AcquiredAt) && l.Fence < first.Fence) {
+		if l.Owner.AttemptID == a.AttemptID && (first == nil || l.Fence < first.Fence) { // a repo's fences rise with every grant; clocks need not
 			first = l
 		}
 	}

@@ -439,18 +439,49 @@ const (
 )
 
 // full reports whether the batch's record has reached its budget: the
-// batch takes no more calls and grants no more waiters (they are run by
-// the next batch), so that no record is too large to append — which
-// failed every request of the batch, whoever sent it. A batch always
-// takes its first call.
+// batch serves no more waiters (the next batch, at once, does), so that
+// no record is too large to append — which failed every request of the
+// batch, whoever sent it. Its calls stop at half of it (callsFull). A
+// batch always takes its first call and serves its first waiter.
 func (t *txn) full() bool { return t.budget > 0 && t.size >= t.budget }
 
-// claimBytes estimates c's bytes in a record.
+// callsFull reports whether the batch's calls have taken their half of
+// the record's budget; the rest is the waiters' (serve).
+func (t *txn) callsFull() bool { return t.budget > 0 && t.size >= t.budget/2 }
+
+// claimBytes bounds c's bytes in a record.
 func claimBytes(c scope.Claim) int {
 	n := 0
 	for _, list := range [][]string{c.Paths, c.Tables} {
 		for _, it := range list {
-			n += len(it) + 3 // its quotes and comma
+			n += jsonLen(it) + 3 // its quotes and comma
+		}
+	}
+	return n
+}
+
+// entrySize bounds e's bytes in a record.
+func entrySize(e *entry) int {
+	n := entryBytes + claimBytes(e.Scope)
+	for _, f := range [...]string{e.Owner.TaskID, e.Owner.AgentID, e.Owner.AttemptID, e.Owner.HostID, e.WorkspaceID, e.Reason, e.RequestID, e.RenewID, e.Session, e.Repo} {
+		n += jsonLen(f)
+	}
+	return n
+}
+
+// jsonLen bounds the length of s inside a JSON string as the records'
+// encoder writes it: it escapes <, >, & and control bytes as \u00XX, "
+// and \ with a backslash, and an invalid byte or U+2028/U+2029 as a
+// six-byte escape; any byte past ASCII is counted as such. (Counted raw,
+// a claim of '&'s was a sixth of its record: an attacker's review.)
+func jsonLen(s string) int {
+	n := len(s)
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c >= 0x7f || c == '<' || c == '>' || c == '&':
+			n += 5
+		case c == '"' || c == '\\':
+			n++
 		}
 	}
 	return n
@@ -481,7 +512,7 @@ func (t *txn) write(e *entry) {
 	delete(t.renewed, e.LeaseID)
 	if _, ok := t.changed[e.LeaseID]; !ok {
 		t.order = append(t.order, e.LeaseID)
-		t.size += entryBytes + claimBytes(e.Scope) + len(e.Reason)
+		t.size += entrySize(e)
 	}
 	t.changed[e.LeaseID] = e
 }
@@ -528,7 +559,7 @@ func (t *txn) refusal(id, by string, o lease.Owner, c scope.Claim, reason, msg s
 // addEvent adds ev to the batch's record.
 func (t *txn) addEvent(ev lease.AuditEvent) {
 	t.events = append(t.events, ev)
-	t.size += eventBytes + len(ev.Message) + claimBytes(ev.Scope)
+	t.size += eventBytes + jsonLen(ev.Message) + jsonLen(ev.Reason) + claimBytes(ev.Scope)
 }
 
 // requestKey keys an acquire request id by the identity that sent it.

@@ -44,12 +44,17 @@ func (q *turns[T]) push(by string, v T, size int) {
 	q.added(t, size)
 }
 
-// pushFront queues v, of size bytes, ahead of by's other values, and
-// by's turn first (v was taken in its turn and goes back).
-func (q *turns[T]) pushFront(by string, v T, size int) {
+// pushFront queues vs, of size bytes each, ahead of by's other values,
+// in their order, and by's turn first (they were taken in its turns and
+// go back): one copy of by's queue however many go back.
+func (q *turns[T]) pushFront(by string, size int, vs ...T) {
 	t := q.turnOf(by, true)
-	t.vals = append([]sized[T]{{v, size}}, t.vals...)
-	q.added(t, size)
+	front := make([]sized[T], len(vs), len(vs)+len(t.vals))
+	for i, v := range vs {
+		front[i] = sized[T]{v, size}
+		q.added(t, size)
+	}
+	t.vals = append(front, t.vals...)
 }
 
 // turnOf is by's turn, made if by has nothing waiting: last in the order
