@@ -611,7 +611,6 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 		}
 		t := a.state.begin(a.svc.cfg.Now())
 		t.budget = a.svc.recordBudget
-		t.refuses = a.svc.leaseRefusals.allow
 		t.sweep()
 		outs := make([]outcome, len(batch))
 		queue := slices.Clone(a.waiters)
@@ -685,7 +684,6 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 			a.confirm(began, term)
 		}
 		t.commit(seq)
-		a.svc.leaseRefusals.count(t.unwritten, a.state.repo)
 		a.count()
 		a.finish(t, outs, served, remaining, seq, size)
 		return
@@ -953,7 +951,7 @@ func (a *actor) acquire(t *txn, c *call, r *AcquireRequest, queue []*waiter) out
 		return o
 	}
 	ce := &lease.ConflictError{Repo: t.base.repo, Conflicts: conflicts}
-	t.refusal(r.by, r.byName, r.Owner, r.Scope, "conflict", fmt.Sprintf("refused acquire of %s by %s: %s", r.Scope, r.Owner, ce.Error()))
+	t.refusal(r.byName, r.Owner, r.Scope, "conflict", fmt.Sprintf("refused acquire of %s by %s: %s", r.Scope, r.Owner, ce.Error()))
 	o.err = ce
 	return o
 }
@@ -1003,7 +1001,7 @@ func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*w
 		case !t.now.Before(w.deadline):
 			progressed = true
 			ce := &lease.ConflictError{Repo: t.base.repo, Conflicts: conflicts, Waited: true}
-			t.refusal(w.req.by, w.req.byName, w.req.Owner, w.claim.scope, "wait-expired", fmt.Sprintf("refused acquire of %s by %s after waiting %s: %s", w.claim.scope, w.req.Owner, time.Duration(w.req.Wait), ce.Error()))
+			t.refusal(w.req.byName, w.req.Owner, w.claim.scope, "wait-expired", fmt.Sprintf("refused acquire of %s by %s after waiting %s: %s", w.claim.scope, w.req.Owner, time.Duration(w.req.Wait), ce.Error()))
 			served = append(served, outcome{c: w.c, err: ce})
 		default:
 			remaining = append(remaining, w)

@@ -6,10 +6,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
-
-	"golang.org/x/time/rate"
 
 	"github.com/fenceline/fenceline/lease"
 )
@@ -113,7 +110,6 @@ func (s *Service) refusalWriter(ctx context.Context) {
 				s.auditRefusal(ctx, busRefusal{reason: reason}, n)
 			}
 			s.auditDropped(ctx)
-			s.auditRefusalsCounted(ctx)
 			clear(written)
 			clear(skipped)
 		}
@@ -205,87 +201,5 @@ func (s *Service) auditRefusal(ctx context.Context, r busRefusal, skipped int) {
 	}
 	if err := s.writeBusEvent(ctx, r.id, ev); err != nil {
 		s.log.Warn("audit event of a refusal by the bus not written", "refusal", r.what, "skipped", skipped, "err", err)
-	}
-}
-
-// leaseRefusalRate and leaseRefusalBurst bound the refusals of one
-// identity's lease requests (a conflict, an acquire's wait over, a lease
-// of another identity, a credential or proof that does not match) the
-// lease audit takes one by one: each is in the repo's log record, and
-// the lease audit keeps its oldest records only as long as its room
-// lasts. Past them they are counted, and each second's count is one
-// event in the identity's name (auditRefusalsCounted), so a runner
-// looping on refused requests cannot push the fleet's grants and
-// revocations out of the audit before their time.
-const (
-	leaseRefusalRate  = 10
-	leaseRefusalBurst = 100
-)
-
-// refusalLimits is each identity's rate of lease refusals written one by
-// one, and what was counted past it since the last look.
-type refusalLimits struct {
-	mu      sync.Mutex
-	limits  map[string]*rate.Limiter // by identity; guarded by mu
-	counted map[string]dropped       // by identity; guarded by mu
-}
-
-// allow reports whether a refusal of identity id's request may be written
-// now (the batch that decided it counts it otherwise: count).
-func (r *refusalLimits) allow(id string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.limits == nil {
-		r.limits, r.counted = map[string]*rate.Limiter{}, map[string]dropped{}
-	}
-	l := r.limits[id]
-	if l == nil {
-		l = rate.NewLimiter(leaseRefusalRate, leaseRefusalBurst)
-		r.limits[id] = l
-	}
-	return l.Allow()
-}
-
-// count adds a committed batch's refusals of repo that were not written,
-// by identity.
-func (r *refusalLimits) count(n map[string]int, repo string) {
-	if len(n) == 0 {
-		return
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.counted == nil {
-		r.limits, r.counted = map[string]*rate.Limiter{}, map[string]dropped{}
-	}
-	for id, k := range n {
-		r.counted[id] = dropped{n: r.counted[id].n + k, repo: repo}
-	}
-}
-
-// take returns and forgets what was counted since the last call, and
-// forgets the limits that are full again.
-func (r *refusalLimits) take() map[string]dropped {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := time.Now()
-	for id, l := range r.limits {
-		if l.TokensAt(now) >= leaseRefusalBurst {
-			delete(r.limits, id)
-		}
-	}
-	out := r.counted
-	r.counted = map[string]dropped{}
-	return out
-}
-
-// auditRefusalsCounted writes, for each identity whose lease refusals were
-// counted past its rate since the last call, one event saying how many.
-func (s *Service) auditRefusalsCounted(ctx context.Context) {
-	for id, d := range s.leaseRefusals.take() {
-		ev := lease.AuditEvent{Time: s.cfg.Now().UTC(), Type: lease.EventRefused, Boundary: lease.BoundaryBus, Repo: d.repo, Reason: ReasonRateLimited,
-			RequestedBy: s.name(id), Message: fmt.Sprintf("%s had %d more lease requests refused than the %d a second written one by one (in %s, the last): counted, not written one by one", s.name(id), d.n, leaseRefusalRate, d.repo)}
-		if err := s.writeBusEvent(ctx, id, ev); err != nil {
-			s.log.Warn("audit event of counted lease refusals not written", "identity", id, "counted", d.n, "err", err)
-		}
 	}
 }

@@ -157,9 +157,6 @@ type Service struct {
 	overloadsDropped atomic.Int64
 	// boundary bounds each identity's rate of boundary events.
 	boundary boundaryLimits
-	// leaseRefusals bounds the lease refusals written one by one in each
-	// identity's name (refusalLimits).
-	leaseRefusals refusalLimits
 	// secrets caches the storages' secrets of FenceSecretDir (grants.go).
 	secrets secretCache
 

@@ -409,24 +409,6 @@ type txn struct {
 	// leases' and events' claims and texts, and each one's fields);
 	// budget bounds it (0: no bound). See full.
 	size, budget int
-	// refuses reports whether a refusal of an identity's request is
-	// written one by one (nil: always); those it is not are counted in
-	// unwritten, by identity (see leaseRefusalRate).
-	refuses   func(id string) bool
-	unwritten map[string]int
-}
-
-// writes reports whether the batch writes a refusal of identity id's
-// request as an event of its own, and counts it when not.
-func (t *txn) writes(id string) bool {
-	if t.refuses == nil || t.refuses(id) {
-		return true
-	}
-	if t.unwritten == nil {
-		t.unwritten = map[string]int{}
-	}
-	t.unwritten[id]++
-	return false
 }
 
 // Estimates of a lease's and an event's bytes in a log record beyond
@@ -542,14 +524,11 @@ func (t *txn) audit(typ string, e *entry, reason, msg string) {
 	t.addEvent(ev)
 }
 
-// refusal audits a refused request that names no lease: who asked
-// (identity id, by as the audit names it) for what, within id's rate. Its texts are clipped as a
+// refusal audits a refused request that names no lease: who asked (by,
+// as the audit names them) for what. Its texts are clipped as a
 // boundary's event is (boundEvent): a refusal quotes claims and
 // conflicts the asker chose.
-func (t *txn) refusal(id, by string, o lease.Owner, c scope.Claim, reason, msg string) {
-	if !t.writes(id) {
-		return
-	}
+func (t *txn) refusal(by string, o lease.Owner, c scope.Claim, reason, msg string) {
 	ev := lease.AuditEvent{Time: t.wall, Type: lease.EventRefused, Boundary: lease.BoundaryLease,
 		Repo: t.base.repo, Owner: o, Scope: c, Reason: reason, Message: msg, RequestedBy: by}
 	boundEvent(&ev)
@@ -786,9 +765,7 @@ func (t *txn) otherIdentity(op string, e *entry, by string) error {
 	if e.Holder == "" || e.Holder == by {
 		return nil
 	}
-	if t.writes(by) {
-		t.audit(lease.EventRefused, e, "other-identity", fmt.Sprintf("refused %s of %s: asked by bus identity %s, acquired by %s (owner=%s fence=%d)", op, e.LeaseID, by, e.Holder, e.Owner, e.Fence))
-	}
+	t.audit(lease.EventRefused, e, "other-identity", fmt.Sprintf("refused %s of %s: asked by bus identity %s, acquired by %s (owner=%s fence=%d)", op, e.LeaseID, by, e.Holder, e.Owner, e.Fence))
 	return fmt.Errorf("%s %s: %w: the lease belongs to the bus identity that acquired it, and this is another (each runner has its own; an operator may revoke it)", op, e.LeaseID, lease.ErrNotOwner)
 }
 
@@ -803,9 +780,7 @@ func (t *txn) owned(op, id, by string, cred Credential) (*entry, error) {
 		return nil, err
 	}
 	if !cred.matches(e.SecretHash) {
-		if t.writes(by) {
-			t.audit(lease.EventRefused, e, "not-owner", fmt.Sprintf("refused %s of %s: credential does not match (owner=%s)", op, id, e.Owner))
-		}
+		t.audit(lease.EventRefused, e, "not-owner", fmt.Sprintf("refused %s of %s: credential does not match (owner=%s)", op, id, e.Owner))
 		return nil, fmt.Errorf("%s %s: %w (the lease id alone is not enough; use the credential its acquirer received)", op, id, lease.ErrNotOwner)
 	}
 	return e, nil
@@ -820,15 +795,11 @@ func (t *txn) renew(r *RenewRequest) (*entry, error) {
 		return nil, err
 	}
 	if !r.proves(e.SecretHash) {
-		if t.writes(r.by) {
-			t.audit(lease.EventRefused, e, "not-owner", fmt.Sprintf("refused renew of %s: its proof does not match (owner=%s)", r.LeaseID, e.Owner))
-		}
+		t.audit(lease.EventRefused, e, "not-owner", fmt.Sprintf("refused renew of %s: its proof does not match (owner=%s)", r.LeaseID, e.Owner))
 		return nil, fmt.Errorf("renew %s: %w (a renewal proves the credential its acquirer received, over this lease, version and renewal id)", r.LeaseID, lease.ErrNotOwner)
 	}
 	if !e.Active() {
-		if t.writes(r.by) {
-			t.audit(lease.EventRenewRefused, e, string(e.Status), fmt.Sprintf("renew refused: %s is %s (%s)", e.LeaseID, e.Status, e.Reason))
-		}
+		t.audit(lease.EventRenewRefused, e, string(e.Status), fmt.Sprintf("renew refused: %s is %s (%s)", e.LeaseID, e.Status, e.Reason))
 		return nil, fmt.Errorf("renew %s: %w: it is %s (%s)", e.LeaseID, lease.ErrLeaseLost, e.Status, e.Reason)
 	}
 	if r.RenewID != "" && r.RenewID == e.RenewID && r.Version+1 == e.Version && !e.jumped {
@@ -840,9 +811,7 @@ func (t *txn) renew(r *RenewRequest) (*entry, error) {
 		return e, fmt.Errorf("renew %s: %w: version %d, holder had %d (the lease service changed hands)", e.LeaseID, errRenewAgain, e.Version, r.Version)
 	}
 	if r.Version != e.Version {
-		if t.writes(r.by) {
-			t.audit(lease.EventRenewRefused, e, "version", fmt.Sprintf("renew refused: %s version %d, holder sent %d", e.LeaseID, e.Version, r.Version))
-		}
+		t.audit(lease.EventRenewRefused, e, "version", fmt.Sprintf("renew refused: %s version %d, holder sent %d", e.LeaseID, e.Version, r.Version))
 		return nil, fmt.Errorf("renew %s: %w: version is %d, holder had %d", e.LeaseID, lease.ErrLeaseLost, e.Version, r.Version)
 	}
 	if !t.now.Before(e.deadline) {
