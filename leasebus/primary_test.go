@@ -305,6 +305,29 @@ func TestPrimaryClaimTakenEndsTerm(t *testing.T) {
 	}
 }
 
+// deposePrimary has the claim of svcs[p], the primary, taken by an
+// instance gone since (takeClaimForAGoneInstance), waits until svcs[p]
+// serves no more, and returns how many requests the instances have
+// answered themselves so far: no primary known, or the one forwarded to
+// takes no requests (the server said no responders).
+func deposePrimary(t *testing.T, b *bus, svcs [2]*Service, p int, ms [2]*ServiceMetrics) (unanswered func() int) {
+	t.Helper()
+	takeClaimForAGoneInstance(t, b, svcs[1-p])
+	checkFor(t, testTerm, 5*time.Millisecond, func() error {
+		if svcs[p].Primary() {
+			return errors.New("still primary after its claim was taken")
+		}
+		return nil
+	})
+	return func() int {
+		n := 0
+		for _, m := range ms {
+			n += int(promtest.ToFloat64(m.forwards.WithLabelValues("none")) + promtest.ToFloat64(m.forwards.WithLabelValues("gone")))
+		}
+		return n
+	}
+}
+
 // TestAcquireWaitRidesOutAnElection: while no instance is primary (here
 // the claim was taken by an instance gone since, so the standbys wait out
 // its term before one takes over), the service answers "try again" at
@@ -319,22 +342,7 @@ func TestAcquireWaitRidesOutAnElection(t *testing.T) {
 	t.Parallel()
 	b, svcs, _, ms := electing(t)
 	p := primaryOf(t, svcs[:], 10*time.Second)
-	takeClaimForAGoneInstance(t, b, svcs[1-p])
-	checkFor(t, testTerm, 5*time.Millisecond, func() error {
-		if svcs[p].Primary() {
-			return errors.New("still primary after its claim was taken")
-		}
-		return nil
-	})
-	// What the instances answered themselves: no primary known, or the
-	// one forwarded to takes no requests (the server said no responders).
-	unanswered := func() int {
-		n := 0
-		for _, m := range ms {
-			n += int(promtest.ToFloat64(m.forwards.WithLabelValues("none")) + promtest.ToFloat64(m.forwards.WithLabelValues("gone")))
-		}
-		return n
-	}
+	unanswered := deposePrimary(t, b, svcs, p, ms)
 	before := unanswered()
 	req := AcquireRequest{Repo: repo, Scope: claim(t, "election"), Owner: owner(1), TTL: lease.Duration(time.Minute)}
 	if _, err := b.c.Acquire(ctxT(t), req, NewCredential()); !errors.Is(err, lease.ErrUnavailable) {
@@ -377,20 +385,7 @@ func TestReleaseRidesOutAnElection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	takeClaimForAGoneInstance(t, b, svcs[1-p])
-	checkFor(t, testTerm, 5*time.Millisecond, func() error {
-		if svcs[p].Primary() {
-			return errors.New("still primary after its claim was taken")
-		}
-		return nil
-	})
-	unanswered := func() int {
-		n := 0
-		for _, m := range ms {
-			n += int(promtest.ToFloat64(m.forwards.WithLabelValues("none")) + promtest.ToFloat64(m.forwards.WithLabelValues("gone")))
-		}
-		return n
-	}
+	unanswered := deposePrimary(t, b, svcs, p, ms)
 	before := unanswered()
 	got, err := c.Release(ctx, l.LeaseID, cred)
 	if err != nil {
