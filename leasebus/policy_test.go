@@ -332,12 +332,8 @@ when { context.whole_repo } unless { context.identity == "release-bot" };
 	if _, err := oc.SetPolicy(ctx, PolicyWrite{Default: true, Text: bound}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := runner.Acquire(ctx, AcquireRequest{Repo: repo, Scope: whole, Owner: rel, TTL: lease.Duration(time.Minute)}, NewCredential()); !errors.Is(err, policy.ErrRefused) || !strings.Contains(err.Error(), "whole-repo-release-bot-only") {
-		t.Fatalf("another runner's whole-repo claim naming the release task: %v, want refused by the rule", err)
-	}
-	if _, err := bot.Acquire(ctx, AcquireRequest{Repo: repo, Scope: whole, Owner: rel, TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
-		t.Fatalf("the release runner's whole-repo claim: %v", err)
-	}
+	// The policy is in force once the service has judged the leases held
+	// by it (it follows the policy stream, after SetPolicy returns).
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		got, err := runner.Get(ctx, before[runner].LeaseID)
 		if err != nil {
@@ -348,6 +344,12 @@ when { context.whole_repo } unless { context.identity == "release-bot" };
 		}
 		return nil
 	})
+	if _, err := runner.Acquire(ctx, AcquireRequest{Repo: repo, Scope: whole, Owner: rel, TTL: lease.Duration(time.Minute)}, NewCredential()); !errors.Is(err, policy.ErrRefused) || !strings.Contains(err.Error(), "whole-repo-release-bot-only") {
+		t.Fatalf("another runner's whole-repo claim naming the release task: %v, want refused by the rule", err)
+	}
+	if _, err := bot.Acquire(ctx, AcquireRequest{Repo: repo, Scope: whole, Owner: rel, TTL: lease.Duration(time.Minute)}, NewCredential()); err != nil {
+		t.Fatalf("the release runner's whole-repo claim: %v", err)
+	}
 	if got, err := bot.Get(ctx, before[bot].LeaseID); err != nil || !got.Active() {
 		t.Fatalf("the release runner's lease held before the policy: %+v, %v: want it kept", got, err)
 	}
