@@ -94,7 +94,12 @@ func answer(m *nats.Msg, data []byte) {
 	if n := m.Header.Get(nonceHeader); n != "" && len(n) <= maxNonce {
 		r.Header = nats.Header{nonceHeader: []string{n}}
 	}
-	_ = m.RespondMsg(r)
+	if err := m.RespondMsg(r); errors.Is(err, nats.ErrMaxPayload) {
+		// Larger than the bus takes (a list of every repo of a fleet):
+		// said so, rather than left for the asker to time out.
+		r.Data, _ = json.Marshal(reply{Error: toWire(fmt.Errorf("%w: the answer is %d KB, more than the largest message the bus takes; ask for less (the leases of one repo rather than of every repo)", lease.ErrInvalid, len(data)>>10))})
+		_ = m.RespondMsg(r)
+	}
 }
 
 // actor owns one repo's state. Requests reach it as calls: queued for its
@@ -933,6 +938,11 @@ func (a *actor) acquire(t *txn, c *call, r *AcquireRequest, queue []*waiter) out
 	// small claims must not starve a queued larger one.
 	placed, conflicts := t.place(claim, queue)
 	if len(conflicts) == 0 {
+		if err := t.roomFor(r, placed, a.heldAcross); err != nil {
+			o.overload = fmt.Sprintf("refused the acquire of %s by %s: %v", r.Scope, r.Owner, err)
+			o.err = err
+			return o
+		}
 		o.lease = t.grant(r, placed)
 		return o
 	}
@@ -954,6 +964,16 @@ func (a *actor) acquire(t *txn, c *call, r *AcquireRequest, queue []*waiter) out
 	t.refusal(r.byName, r.Owner, r.Scope, "conflict", fmt.Sprintf("refused acquire of %s by %s: %s", r.Scope, r.Owner, ce.Error()))
 	o.err = ce
 	return o
+}
+
+// heldAcross is what identity's active leases take across every repo
+// this instance knows, and the most they may (roomFor); 0, 0 for an
+// actor of no service (the state machine's tests).
+func (a *actor) heldAcross(identity string) (held, most int) {
+	if a.svc == nil {
+		return 0, 0
+	}
+	return a.svc.held(identity), a.svc.cfg.MaxHeldBytes
 }
 
 // maxWaiting bounds the acquires one identity has waiting (AcquireRequest.Wait)
@@ -997,6 +1017,10 @@ func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*w
 		switch {
 		case len(conflicts) == 0:
 			progressed = true
+			if err := t.roomFor(w.req, placed, a.heldAcross); err != nil {
+				served = append(served, outcome{c: w.c, err: err, overload: fmt.Sprintf("refused the acquire of %s by %s after waiting: %v", w.claim.scope, w.req.Owner, err)})
+				continue
+			}
 			served = append(served, outcome{c: w.c, lease: t.grant(w.req, placed)})
 		case !t.now.Before(w.deadline):
 			progressed = true

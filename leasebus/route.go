@@ -157,7 +157,7 @@ func (s *Service) load(ctx context.Context, key string) (*actor, error) {
 	a.confirm(began, term)
 	s.actors[key] = a
 	for _, e := range a.entries() {
-		s.index[e.LeaseID] = indexOf(key, e)
+		s.setIndexLocked(key, e)
 	}
 	a.count()
 	if s.stopping {

@@ -35,6 +35,13 @@ type ServiceConfig struct {
 	// log stream take: 512 KB on a NATS server's default 1 MB, 4 MB on
 	// the embedded bus).
 	MaxRecordBytes int
+	// MaxHeldBytes bounds what one identity's active leases take across
+	// every repo, as counted against a repo's room (entrySize: 1 KB a
+	// lease plus its claim and texts); a grant past it is refused, naming
+	// the identity (default DefaultMaxHeldBytes). Repo names are the
+	// asker's to choose, so without it one runner could grow every
+	// instance's memory by a repo's share at a time.
+	MaxHeldBytes int
 	// Logger receives operational logs (default: discard).
 	Logger *slog.Logger
 	// Now is the clock; its monotonic reading decides expiry (default time.Now).
@@ -74,6 +81,11 @@ type ServiceConfig struct {
 	PrimaryTerm time.Duration
 }
 
+// DefaultMaxHeldBytes is ServiceConfig.MaxHeldBytes's default: about
+// 28,000 leases of short claims an identity (a fleet's runners have one
+// each; a host whose processes share one holds them all).
+const DefaultMaxHeldBytes = 32 << 20
+
 // Validate reports a configuration that cannot work.
 func (c *ServiceConfig) Validate() error {
 	if c.Replicas < 0 || c.Replicas > 5 {
@@ -81,6 +93,9 @@ func (c *ServiceConfig) Validate() error {
 	}
 	if c.MaxRecordBytes < 0 {
 		return fmt.Errorf("max record bytes %d: must not be negative", c.MaxRecordBytes)
+	}
+	if c.MaxHeldBytes < 0 {
+		return fmt.Errorf("max held bytes %d: must not be negative", c.MaxHeldBytes)
 	}
 	if c.MaxBatch < 0 {
 		return fmt.Errorf("max batch %d: must not be negative", c.MaxBatch)
@@ -115,6 +130,9 @@ type Service struct {
 	// half the largest message the log stream and the bus's servers take
 	// (1 MB by default on a NATS server, 8 MB on the embedded bus).
 	recordBudget int
+	// repoRoom bounds what one repo's leases take (repoState.room): what
+	// one message of the bus carries.
+	repoRoom int
 	// fleetUnprobedAt: when the bus last refused the fleet connection
 	// hearsFleet's request (a configuration from before it), unix ns; 0:
 	// it has not, or has let it through since.
@@ -137,9 +155,13 @@ type Service struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu          sync.Mutex
-	actors      map[string]*actor     // by repo key; guarded by mu
-	index       map[string]*indexed   // lease id -> its repo key and record (never changed once made: replaced); guarded by mu
+	mu     sync.Mutex
+	actors map[string]*actor   // by repo key; guarded by mu
+	index  map[string]*indexed // lease id -> its repo key and record (never changed once made: replaced); guarded by mu
+	// heldBy is what the active leases in index take, by holder
+	// (entrySize), across every repo: an identity holds at most
+	// ServiceConfig.MaxHeldBytes (heldRoom). Kept with index; guarded by mu.
+	heldBy      map[string]int
 	stopping    bool                  // no new goroutines once set; guarded by mu
 	inFlight    map[string]int        // goTracked's goroutines by identity; guarded by mu
 	subs        []*nats.Subscription  // guarded by mu
@@ -235,6 +257,9 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	if cfg.SessionGrace == 0 {
 		cfg.SessionGrace = DefaultSessionGrace
 	}
+	if cfg.MaxHeldBytes == 0 {
+		cfg.MaxHeldBytes = DefaultMaxHeldBytes
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
@@ -257,8 +282,8 @@ func StartService(ctx context.Context, nc *nats.Conn, cfg ServiceConfig) (*Servi
 	if why != "" {
 		cfg.Logger.Warn("the lease service answers on its one connection: the bus has no fleet account, so a holder can have JetStream's answers stored in the lease streams (docs/trust.md)", "why", why)
 	}
-	s := &Service{nc: nc, fleet: fleet, ownFleet: ownFleet, open: !fleet.AuthRequired(), recordBudget: cmp.Or(cfg.MaxRecordBytes, recordBudget(nc)), js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: newMailboxes(nc, 64), metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger, warns: newWarnings(warnEvery),
-		actors: map[string]*actor{}, index: map[string]*indexed{}, loading: map[string]*repoLoad{}, answerVia: map[*nats.Conn]*nats.Subscription{},
+	s := &Service{nc: nc, fleet: fleet, ownFleet: ownFleet, open: !fleet.AuthRequired(), recordBudget: cmp.Or(cfg.MaxRecordBytes, recordBudget(nc)), repoRoom: repoRoomOf(nc), js: js, store: &store{js: js, replicas: cfg.Replicas, writer: nuid.Next(), boxes: newMailboxes(nc, 64), metrics: cfg.Metrics}, cfg: cfg, log: cfg.Logger, warns: newWarnings(warnEvery),
+		actors: map[string]*actor{}, index: map[string]*indexed{}, heldBy: map[string]int{}, loading: map[string]*repoLoad{}, answerVia: map[*nats.Conn]*nats.Subscription{},
 		keptReads: make(chan struct{}, maxKeptReaders), keptReaders: map[string]int{}}
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.attach(s); err != nil {
@@ -564,6 +589,7 @@ func (s *Service) goBackground(f func()) bool {
 // answers renewals from memory.
 func (s *Service) emptyState(repo string) *repoState {
 	st := newRepoState(repo)
+	st.room = s.repoRoom
 	if s.prim != nil {
 		st.slack = renewSlack
 	}
@@ -601,6 +627,40 @@ func indexOf(key string, e *entry) *indexed {
 	return &indexed{key: key, e: e}
 }
 
+// setIndexLocked indexes e, a lease of repo key, and tallies what its
+// holder holds (heldBy). Called with mu held.
+func (s *Service) setIndexLocked(key string, e *entry) {
+	if old, ok := s.index[e.LeaseID]; ok {
+		s.tallyLocked(old.e, -1)
+	}
+	s.index[e.LeaseID] = indexOf(key, e)
+	s.tallyLocked(e, 1)
+}
+
+// tallyLocked adds e's bytes to its holder's tally (sign 1) or takes them
+// away (-1), if e is active. Called with mu held.
+func (s *Service) tallyLocked(e *entry, sign int) {
+	if !e.Active() {
+		return
+	}
+	if s.heldBy == nil {
+		s.heldBy = map[string]int{}
+	}
+	if h := s.heldBy[e.Holder] + sign*entrySize(e); h > 0 {
+		s.heldBy[e.Holder] = h
+	} else {
+		delete(s.heldBy, e.Holder)
+	}
+}
+
+// held is what identity's active leases take across every repo this
+// instance knows (heldBy).
+func (s *Service) held(identity string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.heldBy[identity]
+}
+
 func (s *Service) actorForLease(id string) (*actor, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -625,7 +685,7 @@ func (s *Service) indexLeases(key string, es []*entry) {
 		if old, ok := s.index[e.LeaseID]; !ok || old.e.Version != e.Version || old.e.Status != e.Status || old.e.Fence != e.Fence {
 			s.beats.mark(e.LeaseID)
 		}
-		s.index[e.LeaseID] = indexOf(key, e)
+		s.setIndexLocked(key, e)
 	}
 }
 
@@ -721,8 +781,9 @@ func (s *Service) unindex(ids []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, id := range ids {
-		if _, ok := s.index[id]; ok {
+		if ix, ok := s.index[id]; ok {
 			s.beats.mark(id)
+			s.tallyLocked(ix.e, -1)
 			delete(s.index, id)
 		}
 	}
@@ -1286,12 +1347,20 @@ const (
 
 // recordBudget is the budget of one log record (txn.full) on a bus whose
 // servers take messages of at most nc's maximum payload.
-func recordBudget(nc *nats.Conn) int {
+func recordBudget(nc *nats.Conn) int { return largestMessage(nc) / 2 }
+
+// repoRoomOf is the room of one repo's leases (repoRoom) on a bus whose
+// servers take messages of at most nc's maximum payload.
+func repoRoomOf(nc *nats.Conn) int { return repoRoom(largestMessage(nc)) }
+
+// largestMessage is the largest message the log stream and nc's server
+// take.
+func largestMessage(nc *nats.Conn) int {
 	most := int64(streamBudgets[LogStream].maxMsgSize)
 	if p := nc.MaxPayload(); p > 0 {
 		most = min(most, p)
 	}
-	return int(most / 2)
+	return int(most)
 }
 
 // claimSize is how many paths and tables c lists, and their bytes as a

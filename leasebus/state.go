@@ -156,6 +156,58 @@ type repoState struct {
 	// the log is set (renewSlack in a primary's views, where renewals are
 	// answered from memory; 0 where every renewal is logged).
 	slack uint64
+	// room bounds what the repo's leases take (0: no bound; see
+	// repoRoom): bytes is what its active and remembered ended leases take
+	// (entrySize), active the active ones', heldBy theirs by holder.
+	room, bytes, active int
+	heldBy              map[string]int
+}
+
+// A repo's whole state, its active leases and the ended ones it
+// remembers, is one log record (its snapshot) and one answer (a list of
+// the repo, which the git fence asks before each push), and neither can
+// be larger than the largest message the bus takes: 1 MB on a NATS
+// server's defaults, 8 MB on the embedded one. A runner that held ever
+// more leases of large claims in one repo made its snapshot too large to
+// write and its list too large to answer, for every runner of the repo,
+// and once the stream had dropped the repo's last snapshot no instance
+// could load it again. So a repo's leases take at most its room, each
+// identity's active ones at most a share of it (roomShare), and the ended
+// leases it remembers are forgotten, oldest first, past it. A grant past
+// either is refused, naming which, as unavailable: a release makes room.
+const (
+	// roomMargin is what a snapshot's record and message carry beside
+	// its leases: its own fields (a repo name of up to 1 KB) and headers.
+	roomMargin = 16 << 10
+	// roomShare: an identity's active leases in a repo take at most
+	// 1/roomShare of its room, so that one runner (or three together)
+	// cannot take it all.
+	roomShare = 4
+)
+
+// repoRoom is the room of a repo whose state must fit in messages of at
+// most largest bytes (0: no bound).
+func repoRoom(largest int) int {
+	if largest <= 0 {
+		return 0
+	}
+	return max(largest-roomMargin, largest/2)
+}
+
+// count adds e's bytes to what the state's leases take (sign 1) or takes
+// them away (-1).
+func (s *repoState) count(e *entry, sign int) {
+	n := sign * entrySize(e)
+	s.bytes += n
+	if !e.Active() {
+		return
+	}
+	s.active += n
+	if h := s.heldBy[e.Holder] + n; h > 0 {
+		s.heldBy[e.Holder] = h
+	} else {
+		delete(s.heldBy, e.Holder)
+	}
 }
 
 // renewSlack bounds the renewals of one lease a primary answers from
@@ -195,7 +247,7 @@ type endedAt struct {
 
 func newRepoState(repo string) *repoState {
 	return &repoState{repo: repo, leases: map[string]*entry{}, index: newClaimIndex(),
-		byRequest: map[string]string{}, ended: map[string]*entry{}}
+		byRequest: map[string]string{}, ended: map[string]*entry{}, heldBy: map[string]int{}}
 }
 
 // put installs e, as seen at now, as the committed version of its lease,
@@ -204,6 +256,7 @@ func (s *repoState) put(e *entry, now time.Time) {
 	defer s.forget(now)
 	if old, ok := s.leases[e.LeaseID]; ok {
 		s.index.remove(old)
+		s.count(old, -1)
 		// Another lease may carry the same request id (a retry with another
 		// credential is a new request): only forget the id if it is ours.
 		if k := requestKey(old.Holder, old.RequestID); old.RequestID != "" && s.byRequest[k] == old.LeaseID {
@@ -216,24 +269,31 @@ func (s *repoState) put(e *entry, now time.Time) {
 			s.earliest = e.deadline
 		}
 		s.leases[e.LeaseID] = e
+		s.count(e, 1)
 		if e.RequestID != "" {
 			s.byRequest[requestKey(e.Holder, e.RequestID)] = e.LeaseID
 		}
 		return
 	}
 	delete(s.leases, e.LeaseID)
-	if _, seen := s.ended[e.LeaseID]; !seen {
+	if old, seen := s.ended[e.LeaseID]; !seen {
 		s.endedFIFO = append(s.endedFIFO, endedAt{e.LeaseID, now})
+	} else {
+		s.count(old, -1)
 	}
 	s.ended[e.LeaseID] = e
+	s.count(e, 1)
 }
 
 // forget drops the ended leases seen ending more than endedKeep before
-// now, and the oldest past maxEnded.
+// now, and the oldest past maxEnded or past the repo's room.
 func (s *repoState) forget(now time.Time) {
-	for len(s.endedFIFO) > maxEnded || len(s.endedFIFO) > 0 && now.Sub(s.endedFIFO[0].at) > endedKeep {
+	for len(s.endedFIFO) > maxEnded || len(s.endedFIFO) > 0 && (now.Sub(s.endedFIFO[0].at) > endedKeep || s.room > 0 && s.bytes > s.room) {
 		id := s.endedFIFO[0].id
 		s.evicted = append(s.evicted, id)
+		if e, ok := s.ended[id]; ok {
+			s.count(e, -1)
+		}
 		delete(s.ended, id)
 		s.endedFIFO[0] = endedAt{}
 		s.endedFIFO = s.endedFIFO[1:]
@@ -247,7 +307,7 @@ func (s *repoState) observe(rec *logRecord, seq uint64, now time.Time) {
 		prev := *s
 		*s = *newRepoState(s.repo)
 		s.evicted = prev.evicted // still to be dropped from the service's lease index
-		s.slack = prev.slack
+		s.slack, s.room = prev.slack, prev.room
 		for _, e := range rec.Leases {
 			if old, ok := prev.leases[e.LeaseID]; ok && old.logged == e.Version {
 				s.put(old, now) // the record this view has: kept, renewals answered since included
@@ -409,6 +469,10 @@ type txn struct {
 	// leases' and events' claims and texts, and each one's fields);
 	// budget bounds it (0: no bound). See full.
 	size, budget int
+	// added is what the batch's grants take of the repo's room, addedBy
+	// by holder (roomFor): its ends are not counted back, to be safe.
+	added   int
+	addedBy map[string]int
 }
 
 // Estimates of a lease's and an event's bytes in a log record beyond
@@ -723,9 +787,43 @@ func (t *txn) grant(r *AcquireRequest, claim claimRequest) *entry {
 		deadline:   t.now.Add(time.Duration(r.TTL)),
 	}
 	t.write(e)
+	if t.addedBy == nil {
+		t.addedBy = map[string]int{}
+	}
+	n := entrySize(e)
+	t.added += n
+	t.addedBy[e.Holder] += n
 	t.audit(lease.EventGrant, e, "", fmt.Sprintf("granted: %s %s owner=%s fence=%d ttl=%s", e.LeaseID, e.Scope, e.Owner, e.Fence, e.TTL))
 	t.events[len(t.events)-1].RequestedBy = r.byName
 	return e
+}
+
+// roomFor refuses to grant claim to r where the lease would take the
+// repo's leases past its room, or r's identity's past its share of it
+// (see repoRoom), or past the most heldAcross says its identity may hold
+// across every repo (with what its active leases take there, this
+// batch's grants aside; most 0: no bound), naming which and what to do.
+func (t *txn) roomFor(r *AcquireRequest, claim claimRequest, heldAcross func(identity string) (held, most int)) error {
+	across, most := heldAcross(r.by)
+	n := entrySize(&entry{Lease: lease.Lease{Repo: t.base.repo, Scope: claim.scope, WorkspaceID: claim.workspaceID, Owner: r.Owner},
+		RequestID: r.RequestID, Session: r.Session})
+	if most > 0 && across+t.addedBy[r.by]+n > most {
+		return fmt.Errorf("%w: %s holds leases taking %d KB across its repos, and this one (%d KB) would take it past the %d KB an identity may hold (the lease service's max held bytes); release some of them first",
+			lease.ErrUnavailable, r.byName, (across+t.addedBy[r.by])>>10, max(n>>10, 1), most>>10)
+	}
+	room := t.base.room
+	if room <= 0 {
+		return nil
+	}
+	if held := t.base.heldBy[r.by] + t.addedBy[r.by]; held+n > room/roomShare {
+		return fmt.Errorf("%w: %s holds leases taking %d KB in repo %s, and this one (%d KB) would take it past its share, %d KB: a quarter of what one repo's leases may take, since its whole state is one log record and one answer; release some of them first",
+			lease.ErrUnavailable, r.byName, held>>10, t.base.repo, max(n>>10, 1), room/roomShare>>10)
+	}
+	if used := t.base.active + t.added; used+n > room {
+		return fmt.Errorf("%w: the active leases of repo %s take %d KB of the %d KB its state may (one log record and one answer carry it whole); retry once some are released",
+			lease.ErrUnavailable, t.base.repo, used>>10, room>>10)
+	}
+	return nil
 }
 
 // granted returns the lease already granted for this request id, if any:

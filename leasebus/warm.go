@@ -147,7 +147,7 @@ func (s *Service) installWarm(a *actor) bool {
 	}
 	s.actors[a.key] = a
 	for _, e := range a.entries() {
-		s.index[e.LeaseID] = indexOf(a.key, e)
+		s.setIndexLocked(a.key, e)
 	}
 	s.wg.Go(func() { a.run(s.ctx) })
 	return true

@@ -77,6 +77,7 @@ type serveFlags struct {
 	routePingsOut              int
 	routes                     []string
 	replicas                   int
+	maxHeldMiB                 int
 	ui, logFormat, metrics     string
 	debug                      bool
 	embeddedOnly               []string // embedded-server flags given on the command line
@@ -147,6 +148,7 @@ server it connects to belongs to one, else 1.`,
 	fl.IntVar(&f.routePingsOut, "route-pings-out", leasebus.DefaultRoutePingsOut, "unanswered route pings after which this node drops a peer's routes")
 	fl.StringSliceVar(&f.routes, "routes", nil, "cluster peers: nats://host:port,... (comma-separated or repeated)")
 	fl.IntVar(&f.replicas, "replicas", 0, "replicas of the lease log and audit streams (default 1; 3 on a cluster)")
+	fl.IntVar(&f.maxHeldMiB, "max-held", leasebus.DefaultMaxHeldBytes>>20, "MiB one identity's active leases may take across every repo, counted as 1 KB a lease plus its claim (about 900 leases of short claims a MiB); past it its acquires are refused")
 	fl.StringVar(&f.ui, "ui", "", "serve the run UI and its JSON API on this host:port (off loopback a token is required: $"+EnvUIToken+", or a random one printed in the URL)")
 	fl.StringVar(&f.metrics, "metrics", "", "serve the lease service's Prometheus metrics at http://host:port/metrics (grants, conflicts, queue depth, append latency, active leases) and Go profiles at http://host:port/debug/pprof/ (operators only: bind it where agents cannot reach)")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format on stderr: text or json")
@@ -163,6 +165,9 @@ func (a *app) serve(ctx context.Context, f *serveFlags) error {
 	if f.replicas < 0 || f.replicas > 5 {
 		return usagef("--replicas %d: want 1, 3 or 5", f.replicas)
 	}
+	if f.maxHeldMiB < 1 || f.maxHeldMiB > 1<<20 {
+		return usagef("--max-held %d: want MiB from 1 to %d", f.maxHeldMiB, 1<<20)
+	}
 	if f.ui != "" {
 		if _, _, err := net.SplitHostPort(f.ui); err != nil {
 			return usagef("--ui %q: want host:port (127.0.0.1:7480; port 0 picks a free one)", f.ui)
@@ -173,7 +178,7 @@ func (a *app) serve(ctx context.Context, f *serveFlags) error {
 			return usagef("--metrics %q: want host:port (127.0.0.1:9480; port 0 picks a free one)", f.metrics)
 		}
 	}
-	cfg := busserve.ServiceConfig{Replicas: f.replicas, Metrics: f.metrics, UI: f.ui, UIToken: a.cfg.UIToken, Debug: f.debug, Logger: logger, FenceSecretDir: f.fenceSecrets}
+	cfg := busserve.ServiceConfig{Replicas: f.replicas, MaxHeldBytes: f.maxHeldMiB << 20, Metrics: f.metrics, UI: f.ui, UIToken: a.cfg.UIToken, Debug: f.debug, Logger: logger, FenceSecretDir: f.fenceSecrets}
 	if url, source := a.busURL(); source != "" {
 		if len(f.embeddedOnly) > 0 {
 			return usagef("%v only apply to the embedded server, but %s selects an existing bus (%s); drop one or the other", f.embeddedOnly, source, url)

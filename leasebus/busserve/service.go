@@ -61,6 +61,9 @@ type ServiceConfig struct {
 	// default); on a node, an ephemeral identity is collected after
 	// embedded.CollectAfter of it.
 	SessionGrace time.Duration
+	// MaxHeldBytes is leasebus.ServiceConfig.MaxHeldBytes (0: the
+	// default).
+	MaxHeldBytes int
 	// Debug keeps the embedded server's debug log on while its refusals
 	// are audited.
 	Debug  bool
@@ -146,7 +149,7 @@ func StartService(ctx context.Context, cfg ServiceConfig) (_ *Service, err error
 	// On a cluster the nodes' instances elect one to serve the lease
 	// requests (leasebus/primary.go); a single server's is the only one.
 	scfg := leasebus.ServiceConfig{Replicas: s.Replicas, Logger: log, Names: cfg.Names, FenceSecretDir: cfg.FenceSecretDir, SessionGrace: cfg.SessionGrace,
-		Primary: s.Replicas > 1}
+		MaxHeldBytes: cfg.MaxHeldBytes, Primary: s.Replicas > 1}
 	if cfg.Node != nil {
 		scfg.StoreProbe = embedded.StoreProbe(cfg.Node.Server, cfg.Node.Config.StoreDir)
 	}
