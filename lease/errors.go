@@ -55,6 +55,10 @@ type ConflictError struct {
 	Conflicts []Conflict `json:"conflicts"`
 	// Waited is true when the request waited for its deadline.
 	Waited bool `json:"waited,omitempty"`
+	// More counts the conflicts past those listed: an answer lists a
+	// bounded number, each with its claim clipped, so that no runner's
+	// leases make another's answer too large for the bus.
+	More int `json:"more,omitempty"`
 }
 
 func (e *ConflictError) Error() string {
@@ -76,6 +80,9 @@ func (e *ConflictError) Error() string {
 		}
 		fmt.Fprintf(&b, "%s held by %s (fence %d, expires %s): %s",
 			c.LeaseID, c.Owner, c.Fence, c.ExpiresAt.UTC().Format(time.RFC3339), c.Why)
+	}
+	if e.More > 0 {
+		fmt.Fprintf(&b, "; and %d more", e.More)
 	}
 	return b.String()
 }

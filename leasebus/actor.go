@@ -535,7 +535,7 @@ func (a *actor) shutdown() {
 	for _, w := range a.waiters {
 		w.c.respond(reply{Error: err})
 	}
-	a.waiters = nil
+	a.setWaiters(nil)
 	for _, c := range a.calls.takeAll(nil) {
 		c.respond(reply{Error: err})
 	}
@@ -548,6 +548,9 @@ type outcome struct {
 	leases []*lease.Lease
 	err    error
 	park   *waiter // queue it
+	// withdrawn is the waiter a cancel withdrew: answered once the batch
+	// is committed.
+	withdrawn *waiter
 	// overload says why the call was refused as an overload: audited
 	// once the batch is committed (not at each of its retries).
 	overload string
@@ -585,7 +588,15 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 		}
 	}
 	busyOnce := false // an append refused as busy was tried again
+	// The attempt under way: what it reserved across repos (reserveHeld,
+	// reserveWait) and the waiters it withdrew are undone when it is
+	// abandoned for another or the batch fails (abandon); a committed
+	// attempt's leases and waiters are counted by the time its
+	// reservations are returned.
+	var attempt *txn
+	defer func() { a.abandon(attempt) }()
 	for try := 0; ; try++ {
+		a.abandon(attempt)
 		reloaded := a.stale
 		if a.warm != nil {
 			if !a.svc.Primary() {
@@ -615,6 +626,7 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 			a.confirm(began, term)
 		}
 		t := a.state.begin(a.svc.cfg.Now())
+		attempt = t
 		t.budget = a.svc.recordBudget
 		t.sweep()
 		outs := make([]outcome, len(batch))
@@ -691,6 +703,8 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 		t.commit(seq)
 		a.count()
 		a.finish(t, outs, served, remaining, seq, size)
+		a.unreserve(t)
+		attempt = nil
 		return
 	}
 }
@@ -717,7 +731,7 @@ func (a *actor) failAll(batch []*call, err error) {
 	}
 	now := a.svc.cfg.Now()
 	a.retryAt = now.Add(250 * time.Millisecond)
-	kept := a.waiters[:0]
+	var kept []*waiter
 	for _, w := range a.waiters {
 		if !now.Before(w.deadline) && !w.cancelled {
 			w.c.respond(reply{Error: toWire(fmt.Errorf("%w: wait ended while the lease log could not be written: %v", lease.ErrUnavailable, err))})
@@ -725,7 +739,7 @@ func (a *actor) failAll(batch []*call, err error) {
 		}
 		kept = append(kept, w)
 	}
-	a.waiters = kept
+	a.setWaiters(kept)
 }
 
 // finish publishes what a committed batch changed and answers its calls.
@@ -736,12 +750,15 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 	}
 	a.svc.indexLeases(a.key, changed)
 	a.svc.dropEvicted(a.state)
-	a.waiters = remaining
+	a.setWaiters(remaining)
 	// Answer first: watchers and the audit stream are not on the path of
 	// the request (the record is durable; the events are in it).
 	for _, o := range append(outs, served...) {
 		if o.park != nil {
 			continue
+		}
+		if w := o.withdrawn; w != nil {
+			w.c.respond(reply{Error: toWire(fmt.Errorf("%w: acquire cancelled by its client", lease.ErrInvalid))})
 		}
 		if o.overload != "" {
 			a.svc.refuse(ReasonBusOverload, o.c.by, o.overload)
@@ -881,7 +898,7 @@ func (a *actor) apply(t *txn, c *call, queue []*waiter) outcome {
 	case *RevokeRequest:
 		o.lease, o.err = t.revoke(r)
 	case *cancelRequest:
-		o.err = a.cancel(t, r, queue)
+		o.withdrawn, o.err = a.cancel(t, r, queue)
 	case *getRequest:
 		if o.lease = t.lookup(r.LeaseID); o.lease == nil {
 			o.err = fmt.Errorf("%s: %w", r.LeaseID, lease.ErrNotFound)
@@ -938,7 +955,7 @@ func (a *actor) acquire(t *txn, c *call, r *AcquireRequest, queue []*waiter) out
 	// small claims must not starve a queued larger one.
 	placed, conflicts := t.place(claim, queue)
 	if len(conflicts) == 0 {
-		if err := t.roomFor(r, placed, a.heldAcross); err != nil {
+		if err := t.roomFor(r, placed, a.reserveHeld); err != nil {
 			o.overload = fmt.Sprintf("refused the acquire of %s by %s: %v", r.Scope, r.Owner, err)
 			o.err = err
 			return o
@@ -957,23 +974,80 @@ func (a *actor) acquire(t *txn, c *call, r *AcquireRequest, queue []*waiter) out
 			o.err = fmt.Errorf("%w: lease service overloaded: %s; retry once one is answered", lease.ErrUnavailable, what)
 			return o
 		}
+		if n, ok := a.reserveWait(t, c.by); !ok {
+			// A waiting acquire holds its request here, and repo names
+			// are the asker's: bounded across repos too.
+			what := fmt.Sprintf("%s has %d acquires waiting across repos already (at most %d an identity)", a.svc.name(c.by), n, maxWaitingAcross)
+			o.overload = fmt.Sprintf("refused to queue the acquire of %s by %s: %s", r.Scope, r.Owner, what)
+			o.err = fmt.Errorf("%w: lease service overloaded: %s; retry once one is answered", lease.ErrUnavailable, what)
+			return o
+		}
 		o.park = &waiter{c: c, req: r, claim: claim, deadline: c.at.Add(time.Duration(r.Wait))}
 		return o
 	}
-	ce := &lease.ConflictError{Repo: t.base.repo, Conflicts: conflicts}
+	ce := conflictError(t.base.repo, conflicts, false)
 	t.refusal(r.byName, r.Owner, r.Scope, "conflict", fmt.Sprintf("refused acquire of %s by %s: %s", r.Scope, r.Owner, ce.Error()))
 	o.err = ce
 	return o
 }
 
-// heldAcross is what identity's active leases take across every repo
-// this instance knows, and the most they may (roomFor); 0, 0 for an
-// actor of no service (the state machine's tests).
-func (a *actor) heldAcross(identity string) (held, most int) {
-	if a.svc == nil {
-		return 0, 0
+// reserveHeld reserves n bytes of identity's leases across repos for t
+// (Service.reserveHeld), returning what they take and the most they may;
+// ok for an actor of no service (the state machine's tests), the
+// service's own asks, or an anonymous asker (a bus without identities,
+// where every client is one).
+func (a *actor) reserveHeld(t *txn, identity string, n int) (held, most int, ok bool) {
+	if a.svc == nil || identity == Anonymous || identity == "" {
+		return 0, 0, true
 	}
-	return a.svc.held(identity), a.svc.cfg.MaxHeldBytes
+	most = a.svc.cfg.MaxHeldBytes
+	if held, ok = a.svc.reserveHeld(identity, n, most); ok {
+		addCount(&t.reservedBy, identity, n)
+	}
+	return held, most, ok
+}
+
+// reserveWait reserves a waiting place of identity's for t
+// (Service.reserveWait); see reserveHeld.
+func (a *actor) reserveWait(t *txn, identity string) (waiting int, ok bool) {
+	if a.svc == nil || identity == Anonymous || identity == "" {
+		return 0, true
+	}
+	if waiting, ok = a.svc.reserveWait(identity); ok {
+		addCount(&t.parkingBy, identity, 1)
+	}
+	return waiting, ok
+}
+
+// unreserve returns what t reserved (its batch committed, or abandoned).
+func (a *actor) unreserve(t *txn) {
+	if a.svc != nil && t != nil {
+		a.svc.unreserve(t.reservedBy, t.parkingBy)
+		t.reservedBy, t.parkingBy = nil, nil
+	}
+}
+
+// abandon undoes an attempt at a batch that was not committed (nil:
+// none): what it reserved, and the waiters its cancels withdrew, which
+// stay queued, unanswered.
+func (a *actor) abandon(t *txn) {
+	if t == nil {
+		return
+	}
+	a.unreserve(t)
+	for _, w := range t.withdrawn {
+		w.cancelled = false
+	}
+	t.withdrawn = nil
+}
+
+// setWaiters makes next the repo's waiting acquires, counted across
+// repos (Service.waitersChanged).
+func (a *actor) setWaiters(next []*waiter) {
+	if a.svc != nil {
+		a.svc.waitersChanged(a.waiters, next)
+	}
+	a.waiters = next
 }
 
 // maxWaiting bounds the acquires one identity has waiting (AcquireRequest.Wait)
@@ -1017,14 +1091,14 @@ func (a *actor) serve(t *txn, queue []*waiter) (served []outcome, remaining []*w
 		switch {
 		case len(conflicts) == 0:
 			progressed = true
-			if err := t.roomFor(w.req, placed, a.heldAcross); err != nil {
+			if err := t.roomFor(w.req, placed, a.reserveHeld); err != nil {
 				served = append(served, outcome{c: w.c, err: err, overload: fmt.Sprintf("refused the acquire of %s by %s after waiting: %v", w.claim.scope, w.req.Owner, err)})
 				continue
 			}
 			served = append(served, outcome{c: w.c, lease: t.grant(w.req, placed)})
 		case !t.now.Before(w.deadline):
 			progressed = true
-			ce := &lease.ConflictError{Repo: t.base.repo, Conflicts: conflicts, Waited: true}
+			ce := conflictError(t.base.repo, conflicts, true)
 			t.refusal(w.req.byName, w.req.Owner, w.claim.scope, "wait-expired", fmt.Sprintf("refused acquire of %s by %s after waiting %s: %s", w.claim.scope, w.req.Owner, time.Duration(w.req.Wait), ce.Error()))
 			served = append(served, outcome{c: w.c, err: ce})
 		default:
@@ -1063,22 +1137,26 @@ func queuedConflict(claim claimRequest, queue []*waiter) []lease.Conflict {
 
 // cancel withdraws a queued acquire; if it was already granted, the lease
 // is released (the caller gave up on it).
-func (a *actor) cancel(t *txn, r *cancelRequest, queue []*waiter) error {
+func (a *actor) cancel(t *txn, r *cancelRequest, queue []*waiter) (*waiter, error) {
 	for _, w := range queue { // queued before, or earlier in this batch
 		if w.req.RequestID == r.RequestID && r.Credential.matches(w.req.CredentialHash) && w.req.by == r.by && !w.cancelled {
-			w.cancelled = true // serve drops it
-			w.c.respond(reply{Error: toWire(fmt.Errorf("%w: acquire cancelled by its client", lease.ErrInvalid))})
-			return nil
+			// Withdrawn: serve drops it, and the batch answers it once
+			// committed (finish). An attempt abandoned for another puts
+			// it back (actor.abandon), as the next attempt may withdraw
+			// it again: answered here, a retried batch answered it twice.
+			w.cancelled = true
+			t.withdrawn = append(t.withdrawn, w)
+			return w, nil
 		}
 	}
 	// Granted before, or earlier in this batch: release it (release checks
 	// the credential and audits a forged one).
 	e := t.byRequest(r.by, r.RequestID)
 	if e == nil {
-		return nil
+		return nil, nil
 	}
 	_, err := t.release(&ReleaseRequest{LeaseID: e.LeaseID, Credential: r.Credential, by: r.by})
-	return err
+	return nil, err
 }
 
 // maxQueued bounds the calls one identity keeps waiting at one repo's

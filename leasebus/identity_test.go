@@ -47,6 +47,22 @@ func startIdentityBus(t *testing.T, names ...string) *identityBus {
 // (its Names are the directory's).
 func startIdentityBusWith(t *testing.T, cfg ServiceConfig, names ...string) *identityBus {
 	t.Helper()
+	dir := enrolledCreds(t, names...)
+	srv, err := EmbeddedStartServer(ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), CredsDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	return serveIdentityBus(t, srv.ClientURL(), dir, cfg, names...)
+}
+
+// enrolledCreds is a new credentials directory in which each of names is
+// an enrolled holder identity.
+func enrolledCreds(t *testing.T, names ...string) string {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "creds")
 	if _, err := EnsureCreds(dir); err != nil {
 		t.Fatal(err)
@@ -56,15 +72,15 @@ func startIdentityBusWith(t *testing.T, cfg ServiceConfig, names ...string) *ide
 			t.Fatal(err)
 		}
 	}
-	srv, err := EmbeddedStartServer(ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), CredsDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	b := &identityBus{url: srv.ClientURL(), dir: dir, holders: map[string]*nats.Conn{}, cfg: cfg}
+	return dir
+}
+
+// serveIdentityBus starts a lease service with cfg on the server at url,
+// whose users are those of the credentials directory dir, and connects
+// each of names (enrolled there).
+func serveIdentityBus(t *testing.T, url, dir string, cfg ServiceConfig, names ...string) *identityBus {
+	t.Helper()
+	b := &identityBus{url: url, dir: dir, holders: map[string]*nats.Conn{}, cfg: cfg}
 	b.svc = connectFile(t, b.url, filepath.Join(dir, CredsFile(RoleService)))
 	cfg.Names = NamesIn(dir)
 	svc, err := StartService(context.Background(), b.svc, cfg)

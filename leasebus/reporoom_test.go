@@ -1,19 +1,17 @@
 package leasebus
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 
 	"github.com/fenceline/fenceline/lease"
+	"github.com/fenceline/fenceline/lease/scope"
 )
 
 // startStockIdentityBus is startIdentityBus on a nats-server configured
@@ -22,15 +20,7 @@ import (
 // message of at most 1 MB, where the embedded server takes 8).
 func startStockIdentityBus(t *testing.T, cfg ServiceConfig, names ...string) *identityBus {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "creds")
-	if _, err := EnsureCreds(dir); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range names {
-		if _, _, err := EnrollIdentity(dir, n, RoleHolder, ""); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := enrolledCreds(t, names...)
 	users, err := ServerUsers(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -56,19 +46,7 @@ func startStockIdentityBus(t *testing.T, cfg ServiceConfig, names ...string) *id
 	if !srv.ReadyForConnections(10 * time.Second) {
 		t.Fatal("nats-server did not start")
 	}
-	b := &identityBus{url: srv.ClientURL(), dir: dir, holders: map[string]*nats.Conn{}, cfg: cfg}
-	b.svc = connectFile(t, b.url, filepath.Join(dir, CredsFile(RoleService)))
-	cfg.Names = NamesIn(dir)
-	svc, err := StartService(context.Background(), b.svc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.service.Stop() })
-	b.service = svc
-	for _, n := range names {
-		b.holders[n] = connectFile(t, b.url, filepath.Join(HoldersDir(dir), n+".nk"))
-	}
-	return b
+	return serveIdentityBus(t, srv.ClientURL(), dir, cfg, names...)
 }
 
 // TestOneRunnerCannotOutgrowItsRepo: a repo's whole state is one log
@@ -191,7 +169,7 @@ func TestRepoRoomForgetsEndedAndSharesTheRest(t *testing.T) {
 		r := &AcquireRequest{Repo: repo, Scope: padClaim(fmt.Sprintf("%s%02d", by, i), 100, 24, "y"), Owner: owner(i), TTL: lease.Duration(time.Minute)}
 		r.by, r.byName = by, "runner-"+by
 		cr := claimRequest{scope: r.Scope}
-		if err := tx.roomFor(r, cr, func(string) (int, int) { return 0, 0 }); err != nil {
+		if err := tx.roomFor(r, cr, func(*txn, string, int) (int, int, bool) { return 0, 0, true }); err != nil {
 			return err
 		}
 		tx.grant(r, cr)
@@ -300,5 +278,211 @@ func TestListTooLargeForTheBusSaysSo(t *testing.T) {
 	}
 	if ls, err := c.List(ctx, "repo-0", false); err != nil || len(ls) != 1 {
 		t.Fatalf("a list of one repo: %d leases, %v", len(ls), err)
+	}
+}
+
+// A renewal's id is in the lease's record from then on, and no renewal
+// checks the repo's room again: one of 256 '<' (six bytes each as the
+// record escapes them) grew a lease by 1.5 KB after its grant was
+// counted. Renewal ids are now what a client makes: short, and of
+// characters the record carries as they are.
+func TestRenewalIDCannotGrowALease(t *testing.T) {
+	t.Parallel()
+	b := startIdentityBus(t, "runner")
+	ctx := ctxT(t)
+	c := NewClient(b.holders["runner"])
+	cred := NewCredential()
+	l, err := c.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{strings.Repeat("<", 60), strings.Repeat("r", maxRenewID+1), "renew me"} {
+		if _, err := c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version, RenewID: id}); !errors.Is(err, lease.ErrInvalid) {
+			t.Fatalf("a renewal with id %q: %v, want invalid", id, err)
+		}
+	}
+	if _, err := c.Renew(ctx, RenewRequest{LeaseID: l.LeaseID, Credential: cred, Version: l.Version}); err != nil {
+		t.Fatalf("a renewal with the client's own id: %v", err)
+	}
+}
+
+// TestConflictAnswersFitTheBus: a refusal for conflicts quoted each
+// conflicting lease's whole claim and every pair that overlaps, so a
+// runner holding a couple of dozen leases of long claims (within its
+// share of the repo) made another runner's whole-repo acquire answer
+// larger than a NATS server's 1 MB: the victim was told its request was
+// invalid instead of that it conflicts. Answers now list a bounded number
+// of conflicts, each clipped, and say how many more.
+func TestConflictAnswersFitTheBus(t *testing.T) {
+	t.Parallel()
+	b := startStockIdentityBus(t, ServiceConfig{}, "victim", "attacker")
+	ctx := ctxT(t)
+	victim, attacker := NewClient(b.holders["victim"]), NewClient(b.holders["attacker"])
+	held := 0
+	for i := range 40 {
+		c := scope.Claim{Kind: scope.KindPaths, Tables: []string{}}
+		for j := range MaxClaimItems {
+			c.Paths = append(c.Paths, fmt.Sprintf("%c%04d", 'a'+i%26, j+i/26*MaxClaimItems))
+		}
+		if _, err := attacker.Acquire(ctx, AcquireRequest{Repo: repo, Scope: c, Owner: owner(i), TTL: lease.Duration(time.Hour)}, NewCredential()); err != nil {
+			break
+		}
+		held++
+	}
+	if held < 20 {
+		t.Fatalf("the attacker holds %d leases of %d paths: too few for the attack", held, MaxClaimItems)
+	}
+	_, err := victim.Acquire(ctx, AcquireRequest{Repo: repo, Scope: scope.Claim{Kind: scope.KindWholeRepo}, Owner: owner(100), TTL: lease.Duration(time.Minute)}, NewCredential())
+	var ce *lease.ConflictError
+	if !errors.As(err, &ce) {
+		t.Fatalf("a whole-repo acquire beside %d leases of long claims: %v, want a conflict", held, err)
+	}
+	listed := len(ce.Conflicts) + ce.More
+	if listed != held {
+		t.Fatalf("the conflict names %d leases (%d listed, %d more), want the attacker's %d", listed, len(ce.Conflicts), ce.More, held)
+	}
+	for _, c := range ce.Conflicts {
+		if n := len(c.Scope.Paths) + len(c.Scope.Tables); n > maxConflictItems || len(c.Why) > maxConflictWhy+64 {
+			t.Fatalf("a conflict quotes %d paths and %d bytes of why: want at most %d and about %d", n, len(c.Why), maxConflictItems, maxConflictWhy)
+		}
+	}
+}
+
+// Batches of many repos run at once, each checking an identity's
+// holdings across repos: checked against the lease index alone, each saw
+// the same total and all of them granted up to the bound. They reserve
+// what they grant, under one lock, until the index counts it; the same
+// for acquires queued to wait.
+func TestReservationsBoundConcurrentBatches(t *testing.T) {
+	s := &Service{}
+	if _, ok := s.reserveHeld("A", 600, 1000); !ok {
+		t.Fatal("a first batch's 600 of 1000 refused")
+	}
+	if _, ok := s.reserveHeld("A", 600, 1000); ok {
+		t.Fatal("a second batch at once took the identity to 1200 of 1000")
+	}
+	if _, ok := s.reserveHeld("B", 600, 1000); !ok {
+		t.Fatal("another identity's batch refused")
+	}
+	s.unreserve(map[string]int{"A": 600, "B": 600}, nil)
+	if len(s.reserved) != 0 {
+		t.Fatalf("reservations left after every batch returned its own: %v", s.reserved)
+	}
+	var ws []*waiter
+	for range maxWaitingAcross {
+		if _, ok := s.reserveWait("A"); !ok {
+			t.Fatalf("waiting acquire %d of %d refused", len(ws)+1, maxWaitingAcross)
+		}
+		ws = append(ws, &waiter{c: &call{by: "A"}})
+	}
+	if _, ok := s.reserveWait("A"); ok {
+		t.Fatalf("a waiting acquire past %d queued", maxWaitingAcross)
+	}
+	// The batches commit: their waiters are the actors' now.
+	s.waitersChanged(nil, ws)
+	s.unreserve(nil, map[string]int{"A": maxWaitingAcross})
+	if n, ok := s.reserveWait("A"); ok || n != maxWaitingAcross {
+		t.Fatalf("with %d waiting at the actors: %d counted, refused %v", maxWaitingAcross, n, !ok)
+	}
+	s.waitersChanged(ws, ws[1:]) // one answered
+	if _, ok := s.reserveWait("A"); !ok {
+		t.Fatal("a waiting acquire refused after one was answered")
+	}
+	s.unreserve(nil, map[string]int{"A": 1})
+	s.waitersChanged(ws[1:], nil)
+	if len(s.waitingBy) != 0 || len(s.parking) != 0 {
+		t.Fatalf("counts left with nothing waiting: %v %v", s.waitingBy, s.parking)
+	}
+}
+
+// settled waits until svc holds no reservation of a batch and counts
+// want waiting acquires: a batch returns what it reserved however it ends.
+func settled(t *testing.T, svc *Service, want int) {
+	t.Helper()
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		svc.mu.Lock()
+		defer svc.mu.Unlock()
+		waiting := 0
+		for _, n := range svc.waitingBy {
+			waiting += n
+		}
+		if len(svc.reserved) != 0 || len(svc.parking) != 0 || waiting != want {
+			return fmt.Errorf("reserved %v, parking %v, waiting %v (want %d)", svc.reserved, svc.parking, svc.waitingBy, want)
+		}
+		return nil
+	})
+}
+
+// What an identity holds and has waiting across repos is counted as its
+// leases and waiters come and go, whichever way a waiter ends.
+func TestHeldAndWaitingCountedThroughTheirEnds(t *testing.T) {
+	t.Parallel()
+	b := startIdentityBus(t, "a", "b")
+	ctx := ctxT(t)
+	ca, cb := NewClient(b.holders["a"]), NewClient(b.holders["b"])
+	cred := NewCredential()
+	l, err := ca.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "x"), Owner: owner(1), TTL: lease.Duration(time.Minute)}, cred)
+	if err != nil {
+		t.Fatal(err)
+	}
+	settled(t, b.service, 0)
+	b.service.mu.Lock()
+	h := b.service.heldBy[IdentityOf(b.holders["a"])]
+	b.service.mu.Unlock()
+	if h == 0 {
+		t.Fatal("a's lease is not counted as held")
+	}
+	// b waits behind it: once until its wait ends, once until a releases.
+	if _, err := cb.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "x"), Owner: owner(2), TTL: lease.Duration(time.Minute), Wait: lease.Duration(300 * time.Millisecond)}, NewCredential()); !errors.Is(err, lease.ErrConflict) {
+		t.Fatalf("b's acquire behind a's lease: %v, want a conflict after its wait", err)
+	}
+	settled(t, b.service, 0)
+	done := make(chan error, 1)
+	go func() {
+		_, err := cb.Acquire(ctx, AcquireRequest{Repo: repo, Scope: claim(t, "x"), Owner: owner(2), TTL: lease.Duration(time.Minute), Wait: lease.Duration(time.Minute)}, NewCredential())
+		done <- err
+	}()
+	settled(t, b.service, 1)
+	if _, err := ca.Release(ctx, l.LeaseID, cred); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("b's acquire once a released: %v", err)
+	}
+	settled(t, b.service, 0)
+	b.service.mu.Lock()
+	defer b.service.mu.Unlock()
+	if h := b.service.heldBy[IdentityOf(b.holders["a"])]; h != 0 {
+		t.Fatalf("a's released lease still counted: %d bytes", h)
+	}
+	if h := b.service.heldBy[IdentityOf(b.holders["b"])]; h == 0 {
+		t.Fatal("b's lease is not counted as held")
+	}
+}
+
+// An acquire that waits keeps its request in the service's memory, and
+// a request could be padded with fields nobody reads up to the bus's
+// largest message (8 MB embedded), 256 of them a repo: requests past what
+// a claim and its candidates take are refused as invalid, naming the
+// bound.
+func TestPaddedAcquireRefused(t *testing.T) {
+	t.Parallel()
+	b := startIdentityBus(t, "runner")
+	ctx := ctxT(t)
+	c := NewClient(b.holders["runner"])
+	req := AcquireRequest{Repo: repo, Scope: claim(t, "a"), Owner: owner(1), TTL: lease.Duration(time.Minute), CredentialHash: NewCredential().hash(), RequestID: NewRequestID()}
+	padded := struct {
+		AcquireRequest
+		Pad string `json:"pad"`
+	}{req, strings.Repeat("x", maxAcquireRequest)}
+	r, err := c.request(ctx, "acquire", padded, 0)
+	if err == nil {
+		err = r.Error.err()
+	}
+	if !errors.Is(err, lease.ErrInvalid) || !strings.Contains(err.Error(), "at most 128 KB") {
+		t.Fatalf("an acquire padded past %d KB: %v, want invalid naming the bound", maxAcquireRequest>>10, err)
+	}
+	if r, err := c.request(ctx, "acquire", req, 0); err != nil || r.Error != nil {
+		t.Fatalf("the same acquire unpadded: %v %v", err, r.Error)
 	}
 }

@@ -161,13 +161,18 @@ type Service struct {
 	// heldBy is what the active leases in index take, by holder
 	// (entrySize), across every repo: an identity holds at most
 	// ServiceConfig.MaxHeldBytes (heldRoom). Kept with index; guarded by mu.
-	heldBy      map[string]int
-	stopping    bool                  // no new goroutines once set; guarded by mu
-	inFlight    map[string]int        // goTracked's goroutines by identity; guarded by mu
-	subs        []*nats.Subscription  // guarded by mu
-	tailing     atomic.Bool           // following other instances' appends (and announcing ours)
-	storeErr    atomic.Pointer[error] // the store fault the probe last found (watchStore)
-	statusCache statusCache           // the streams' leaders a status answer reports (status.go)
+	heldBy map[string]int
+	// reserved is what batches in progress have granted by holder and not
+	// yet indexed (reserveHeld), and waitingBy the acquires each identity
+	// has waiting at every repo's actor (waitersChanged) with parking those
+	// batches in progress have queued (reserveWait). Guarded by mu.
+	reserved, waitingBy, parking map[string]int
+	stopping                     bool                  // no new goroutines once set; guarded by mu
+	inFlight                     map[string]int        // goTracked's goroutines by identity; guarded by mu
+	subs                         []*nats.Subscription  // guarded by mu
+	tailing                      atomic.Bool           // following other instances' appends (and announcing ours)
+	storeErr                     atomic.Pointer[error] // the store fault the probe last found (watchStore)
+	statusCache                  statusCache           // the streams' leaders a status answer reports (status.go)
 	// refusals queues refusals by the bus for refusalWriter; what does not
 	// fit is counted in refusalsDropped.
 	refusals        chan busRefusal
@@ -643,22 +648,95 @@ func (s *Service) tallyLocked(e *entry, sign int) {
 	if !e.Active() {
 		return
 	}
-	if s.heldBy == nil {
-		s.heldBy = map[string]int{}
+	addCount(&s.heldBy, e.Holder, sign*entrySize(e))
+}
+
+// reserveHeld reserves n bytes for a lease a batch grants identity,
+// unless its active leases across every repo this instance knows
+// (heldBy), with what other batches reserved, would then take more than
+// most; it returns what they take. Batches of many repos run at once:
+// checked against the index alone, each saw the same total.
+func (s *Service) reserveHeld(identity string, n, most int) (held int, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	held = s.heldBy[identity] + s.reserved[identity]
+	if held+n > most {
+		return held, false
 	}
-	if h := s.heldBy[e.Holder] + sign*entrySize(e); h > 0 {
-		s.heldBy[e.Holder] = h
-	} else {
-		delete(s.heldBy, e.Holder)
+	addCount(&s.reserved, identity, n)
+	return held, true
+}
+
+// maxWaitingAcross bounds the acquires one identity has waiting across
+// every repo (maxWaiting bounds them at one): a waiting acquire holds its
+// request in the service's memory, and repo names are the asker's to
+// choose.
+const maxWaitingAcross = 512
+
+// reserveWait reserves a place for an acquire a batch queues for
+// identity, unless it has maxWaitingAcross waiting (or queued by batches
+// in progress) already; it returns how many.
+func (s *Service) reserveWait(identity string) (waiting int, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	waiting = s.waitingBy[identity] + s.parking[identity]
+	if waiting >= maxWaitingAcross {
+		return waiting, false
+	}
+	addCount(&s.parking, identity, 1)
+	return waiting, true
+}
+
+// unreserve returns what a batch reserved (reserveHeld, reserveWait),
+// once it is committed (and indexed) or abandoned.
+func (s *Service) unreserve(held, parked map[string]int) {
+	if len(held) == 0 && len(parked) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, n := range held {
+		addCount(&s.reserved, id, -n)
+	}
+	for id, n := range parked {
+		addCount(&s.parking, id, -n)
 	}
 }
 
-// held is what identity's active leases take across every repo this
-// instance knows (heldBy).
-func (s *Service) held(identity string) int {
+// waitersChanged counts the acquires an actor has waiting: before were
+// its waiters, after are they now.
+func (s *Service) waitersChanged(before, after []*waiter) {
+	if len(before) == 0 && len(after) == 0 {
+		return
+	}
+	was := make(map[*waiter]bool, len(before))
+	for _, w := range before {
+		was[w] = true
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.heldBy[identity]
+	for _, w := range after {
+		if was[w] {
+			delete(was, w)
+			continue
+		}
+		addCount(&s.waitingBy, w.c.by, 1)
+	}
+	for w := range was {
+		addCount(&s.waitingBy, w.c.by, -1)
+	}
+}
+
+// addCount adds n to (*m)[key], dropping the key at zero.
+func addCount(m *map[string]int, key string, n int) {
+	if *m == nil {
+		*m = map[string]int{}
+	}
+	if v := (*m)[key] + n; v > 0 {
+		(*m)[key] = v
+	} else {
+		delete(*m, key)
+	}
 }
 
 func (s *Service) actorForLease(id string) (*actor, bool) {
@@ -913,7 +991,14 @@ func (s *Service) handlerOf(op string, serviceAccount, forwarded bool) serveFunc
 		switch op {
 		case "acquire":
 			var r AcquireRequest
-			err = decode(m.Data, &r)
+			if len(m.Data) > maxAcquireRequest {
+				// An acquire that waits keeps its request here (bounded
+				// by maxWaitingAcross): a claim and its candidates are
+				// bounded as decoded, and this bounds what came with them.
+				err = fmt.Errorf("%w: an acquire request of %d KB: at most %d KB (its claim is at most %d KB as recorded)", lease.ErrInvalid, len(m.Data)>>10, maxAcquireRequest>>10, MaxClaimBytes>>10)
+			} else {
+				err = decode(m.Data, &r)
+			}
 			if err == nil {
 				err = r.normalize()
 			}
@@ -934,10 +1019,12 @@ func (s *Service) handlerOf(op string, serviceAccount, forwarded bool) serveFunc
 			if err == nil && r.Version == 0 {
 				err = fmt.Errorf("%w: renew needs the version the holder last saw (a renewal is a compare-and-swap on it)", lease.ErrInvalid)
 			}
-			if err == nil && len(r.RenewID) > maxIDField {
+			if err == nil && !validRenewID(r.RenewID) {
 				// It is in the lease's record from then on (a renewal
-				// retried answers from it).
-				err = fmt.Errorf("%w: renewal id of %d bytes: at most %d", lease.ErrInvalid, len(r.RenewID), maxIDField)
+				// retried answers from it), so it is bounded as the
+				// grant counted it (roomFor): letters, digits, - and _,
+				// which the record carries as they are.
+				err = fmt.Errorf("%w: renewal id %q: want at most %d letters, digits, - or _ (a client's NewRequestID)", lease.ErrInvalid, clip(r.RenewID, 80), maxRenewID)
 			}
 			r.by = id
 			c.req, leaseID, hint = &r, r.LeaseID, r.Repo
@@ -1319,8 +1406,8 @@ func (r *AcquireRequest) normalize() error {
 	if r.MaxSharers < 0 {
 		return bad("max-sharers %d is negative", r.MaxSharers)
 	}
-	if len(r.CredentialHash) != 64 {
-		return bad("credential hash missing: the client must send the SHA-256 of its credential")
+	if len(r.CredentialHash) != 64 || strings.Trim(r.CredentialHash, "0123456789abcdef") != "" {
+		return bad("credential hash missing or malformed: the client must send the SHA-256 of its credential, in 64 lowercase hex digits")
 	}
 	if r.Session != "" && !validSession(r.Session) {
 		return bad("session %q: want %s followed by 32 hex digits (a client's session id)", clip(r.Session, 80), sessionPrefix)
@@ -1344,6 +1431,30 @@ const (
 	// maxRevokeReason bounds an operator's reason for a revoke.
 	maxRevokeReason = 1 << 10
 )
+
+// maxAcquireRequest bounds an acquire request as sent: a claim (32 KB as
+// recorded), up to MaxCandidates workspaces of up to maxIDField bytes,
+// and the owner's ids fit with room to spare.
+const maxAcquireRequest = 128 << 10
+
+// maxRenewID bounds a renewal's id (validRenewID).
+const maxRenewID = 64
+
+// validRenewID reports whether id may be a renewal's id: empty (none
+// given), or up to maxRenewID letters, digits, - and _.
+func validRenewID(id string) bool {
+	if len(id) > maxRenewID {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		switch c := id[i]; {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_':
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // recordBudget is the budget of one log record (txn.full) on a bus whose
 // servers take messages of at most nc's maximum payload.

@@ -473,6 +473,11 @@ type txn struct {
 	// by holder (roomFor): its ends are not counted back, to be safe.
 	added   int
 	addedBy map[string]int
+	// reservedBy and parkingBy are what the batch reserved across repos
+	// by identity (actor.reserveHeld, actor.reserveWait).
+	reservedBy, parkingBy map[string]int
+	// withdrawn are the waiters the batch's cancels withdrew (actor.cancel).
+	withdrawn []*waiter
 }
 
 // Estimates of a lease's and an event's bytes in a log record beyond
@@ -509,7 +514,7 @@ func claimBytes(c scope.Claim) int {
 // entrySize bounds e's bytes in a record.
 func entrySize(e *entry) int {
 	n := entryBytes + claimBytes(e.Scope)
-	for _, f := range [...]string{e.Owner.TaskID, e.Owner.AgentID, e.Owner.AttemptID, e.Owner.HostID, e.WorkspaceID, e.Reason, e.RequestID, e.RenewID, e.Session, e.Repo} {
+	for _, f := range [...]string{e.Owner.TaskID, e.Owner.AgentID, e.Owner.AttemptID, e.Owner.HostID, e.WorkspaceID, e.Reason, e.RequestID, e.RenewID, e.Session, e.Repo, e.Holder} {
 		n += jsonLen(f)
 	}
 	return n
@@ -694,6 +699,41 @@ func (t *txn) conflicts(req claimRequest) []lease.Conflict {
 	return out
 }
 
+// An answer's conflicts are bounded: at most maxConflicts of them, each
+// with at most maxConflictItems of its claim's paths and tables and
+// maxConflictWhy bytes of why. Each quoted the other lease's whole claim
+// (up to 32 KB) and every pair that overlaps: a runner holding a few
+// dozen leases of long claims made a whole-repo acquire's refusal larger
+// than the bus's largest message, for whoever asked.
+const (
+	maxConflicts     = 64
+	maxConflictItems = 32
+	maxConflictWhy   = 512
+)
+
+// conflictError is the refusal of a claim in repo for conflicts, bounded
+// (maxConflicts).
+func conflictError(repo string, conflicts []lease.Conflict, waited bool) *lease.ConflictError {
+	ce := &lease.ConflictError{Repo: repo, Waited: waited}
+	if n := len(conflicts); n > maxConflicts {
+		ce.More = n - maxConflicts
+		conflicts = conflicts[:maxConflicts]
+	}
+	for _, c := range conflicts {
+		items := len(c.Scope.Paths) + len(c.Scope.Tables)
+		if items > maxConflictItems {
+			c.Scope.Paths = c.Scope.Paths[:min(len(c.Scope.Paths), maxConflictItems)]
+			c.Scope.Tables = c.Scope.Tables[:min(len(c.Scope.Tables), maxConflictItems-len(c.Scope.Paths))]
+			c.Why = fmt.Sprintf("%s (its claim: the first %d of %d paths and tables)", c.Why, maxConflictItems, items)
+		}
+		if len(c.Why) > maxConflictWhy {
+			c.Why = clip(c.Why, maxConflictWhy)
+		}
+		ce.Conflicts = append(ce.Conflicts, c)
+	}
+	return ce
+}
+
 // place decides where req can be granted now, given the requests queued
 // before it: in its workspace, or — for a pool request — in the first
 // candidate that fits, shared leases trying candidates with sharers first.
@@ -800,22 +840,33 @@ func (t *txn) grant(r *AcquireRequest, claim claimRequest) *entry {
 
 // roomFor refuses to grant claim to r where the lease would take the
 // repo's leases past its room, or r's identity's past its share of it
-// (see repoRoom), or past the most heldAcross says its identity may hold
-// across every repo (with what its active leases take there, this
-// batch's grants aside; most 0: no bound), naming which and what to do.
-func (t *txn) roomFor(r *AcquireRequest, claim claimRequest, heldAcross func(identity string) (held, most int)) error {
-	across, most := heldAcross(r.by)
+// (see repoRoom), or past the most its identity may hold across every
+// repo, which reserve reserves for it (actor.reserveHeld), naming which
+// and what to do.
+func (t *txn) roomFor(r *AcquireRequest, claim claimRequest, reserve func(t *txn, identity string, n int) (held, most int, ok bool)) error {
+	// As its record will be: with its holder, and the longest renewal
+	// id a renewal may set (validRenewID), which no renewal checks again.
 	n := entrySize(&entry{Lease: lease.Lease{Repo: t.base.repo, Scope: claim.scope, WorkspaceID: claim.workspaceID, Owner: r.Owner},
-		RequestID: r.RequestID, Session: r.Session})
-	if most > 0 && across+t.addedBy[r.by]+n > most {
-		return fmt.Errorf("%w: %s holds leases taking %d KB across its repos, and this one (%d KB) would take it past the %d KB an identity may hold (the lease service's max held bytes); release some of them first",
-			lease.ErrUnavailable, r.byName, (across+t.addedBy[r.by])>>10, max(n>>10, 1), most>>10)
+		RequestID: r.RequestID, Session: r.Session, Holder: r.by}) + maxRenewID
+	if err := t.repoRoomFor(r, n); err != nil {
+		return err
 	}
+	if held, most, ok := reserve(t, r.by, n); !ok {
+		return fmt.Errorf("%w: %s holds leases taking %d KB across its repos, and this one (%d KB) would take it past the %d KB an identity may hold (the lease service's max held bytes); release some of them first",
+			lease.ErrUnavailable, r.byName, held>>10, max(n>>10, 1), most>>10)
+	}
+	return nil
+}
+
+// repoRoomFor refuses a lease of n bytes to r past the repo's room or
+// its identity's share of it (roomFor); an anonymous asker (every client
+// of a bus without identities) has no share of its own.
+func (t *txn) repoRoomFor(r *AcquireRequest, n int) error {
 	room := t.base.room
 	if room <= 0 {
 		return nil
 	}
-	if held := t.base.heldBy[r.by] + t.addedBy[r.by]; held+n > room/roomShare {
+	if held := t.base.heldBy[r.by] + t.addedBy[r.by]; r.by != Anonymous && held+n > room/roomShare {
 		return fmt.Errorf("%w: %s holds leases taking %d KB in repo %s, and this one (%d KB) would take it past its share, %d KB: a quarter of what one repo's leases may take, since its whole state is one log record and one answer; release some of them first",
 			lease.ErrUnavailable, r.byName, held>>10, t.base.repo, max(n>>10, 1), room/roomShare>>10)
 	}

@@ -780,8 +780,8 @@ func (s *pureSim) batch() {
 					t.Fatalf("one cancel withdrew two waiters")
 				}
 				s.cancelHit = w
-				if rep := <-w.c.reply; !errors.Is(rep.Error.err(), lease.ErrInvalid) {
-					t.Fatalf("withdrawn waiter answered %+v", rep)
+				if o.withdrawn != w {
+					t.Fatalf("cancel withdrew waiter %s and says it withdrew %v", w.req.RequestID, o.withdrawn)
 				}
 			}
 		}

@@ -236,7 +236,7 @@ func (r *conflictReport) Unwrap() error { return r.ce }
 
 func (r *conflictReport) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "cannot lease %s in %s: it conflicts with %d active lease(s)", r.claim, r.ce.Repo, len(r.ce.Conflicts))
+	fmt.Fprintf(&b, "cannot lease %s in %s: it conflicts with %d active lease(s)", r.claim, r.ce.Repo, len(r.ce.Conflicts)+r.ce.More)
 	if r.ce.Waited {
 		fmt.Fprintf(&b, ", still held after --wait %s", r.wait)
 	}
@@ -246,6 +246,9 @@ func (r *conflictReport) Error() string {
 		if c.Why != "" {
 			fmt.Fprintf(&b, "\n    %s", c.Why)
 		}
+	}
+	if r.ce.More > 0 {
+		fmt.Fprintf(&b, "\n  and %d more", r.ce.More)
 	}
 	b.WriteString("\nretry once it ends, queue for it with --wait DUR, or have an operator end it with \"fenceline lease revoke LEASE_ID --reason TEXT\"")
 	return b.String()
