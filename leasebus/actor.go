@@ -548,8 +548,8 @@ type outcome struct {
 	leases []*lease.Lease
 	err    error
 	park   *waiter // queue it
-	// withdrawn is the waiter a cancel withdrew: answered once the batch
-	// is committed.
+	// withdrawn is the waiter a cancel withdrew (answered when the batch
+	// ends: answerWithdrawn).
 	withdrawn *waiter
 	// overload says why the call was refused as an overload: audited
 	// once the batch is committed (not at each of its retries).
@@ -589,14 +589,26 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 	}
 	busyOnce := false // an append refused as busy was tried again
 	// The attempt under way: what it reserved across repos (reserveHeld,
-	// reserveWait) and the waiters it withdrew are undone when it is
-	// abandoned for another or the batch fails (abandon); a committed
-	// attempt's leases and waiters are counted by the time its
-	// reservations are returned.
+	// reserveWait) goes back when it ends, committed (finish, once its
+	// leases and waiters are counted) or not. The waiters its cancels
+	// withdrew stay withdrawn: a withdrawal writes nothing, so it stands
+	// whatever becomes of the batch's record, and each withdrawn acquire
+	// is answered once, when the batch ends (answerWithdrawn).
 	var attempt *txn
-	defer func() { a.abandon(attempt) }()
+	var withdrawn []*waiter
+	endAttempt := func() {
+		if attempt != nil {
+			a.unreserve(attempt)
+			withdrawn = append(withdrawn, attempt.withdrawn...)
+			attempt = nil
+		}
+	}
+	defer func() {
+		endAttempt()
+		a.answerWithdrawn(withdrawn)
+	}()
 	for try := 0; ; try++ {
-		a.abandon(attempt)
+		endAttempt()
 		reloaded := a.stale
 		if a.warm != nil {
 			if !a.svc.Primary() {
@@ -703,8 +715,6 @@ func (a *actor) process(ctx context.Context, batch []*call) {
 		t.commit(seq)
 		a.count()
 		a.finish(t, outs, served, remaining, seq, size)
-		a.unreserve(t)
-		attempt = nil
 		return
 	}
 }
@@ -751,14 +761,12 @@ func (a *actor) finish(t *txn, outs []outcome, served []outcome, remaining []*wa
 	a.svc.indexLeases(a.key, changed)
 	a.svc.dropEvicted(a.state)
 	a.setWaiters(remaining)
+	a.unreserve(t) // counted now: its leases are indexed, its waiters the actor's
 	// Answer first: watchers and the audit stream are not on the path of
 	// the request (the record is durable; the events are in it).
 	for _, o := range append(outs, served...) {
 		if o.park != nil {
 			continue
-		}
-		if w := o.withdrawn; w != nil {
-			w.c.respond(reply{Error: toWire(fmt.Errorf("%w: acquire cancelled by its client", lease.ErrInvalid))})
 		}
 		if o.overload != "" {
 			a.svc.refuse(ReasonBusOverload, o.c.by, o.overload)
@@ -1027,18 +1035,25 @@ func (a *actor) unreserve(t *txn) {
 	}
 }
 
-// abandon undoes an attempt at a batch that was not committed (nil:
-// none): what it reserved, and the waiters its cancels withdrew, which
-// stay queued, unanswered.
-func (a *actor) abandon(t *txn) {
-	if t == nil {
+// answerWithdrawn answers the acquires the cancels of a batch withdrew,
+// each once, and drops them from the queue (a failed batch kept them
+// there, failAll). Answered when the cancel ran, a batch that lost its
+// compare-and-swap and ran again withdrew an acquire queued in it anew
+// and answered it twice.
+func (a *actor) answerWithdrawn(ws []*waiter) {
+	if len(ws) == 0 {
 		return
 	}
-	a.unreserve(t)
-	for _, w := range t.withdrawn {
-		w.cancelled = false
+	answered := map[*call]bool{}
+	for _, w := range ws {
+		if !answered[w.c] {
+			answered[w.c] = true
+			w.c.respond(reply{Error: toWire(fmt.Errorf("%w: acquire cancelled by its client", lease.ErrInvalid))})
+		}
 	}
-	t.withdrawn = nil
+	if slices.ContainsFunc(a.waiters, func(w *waiter) bool { return w.cancelled }) {
+		a.setWaiters(slices.DeleteFunc(slices.Clone(a.waiters), func(w *waiter) bool { return w.cancelled }))
+	}
 }
 
 // setWaiters makes next the repo's waiting acquires, counted across
@@ -1140,10 +1155,8 @@ func queuedConflict(claim claimRequest, queue []*waiter) []lease.Conflict {
 func (a *actor) cancel(t *txn, r *cancelRequest, queue []*waiter) (*waiter, error) {
 	for _, w := range queue { // queued before, or earlier in this batch
 		if w.req.RequestID == r.RequestID && r.Credential.matches(w.req.CredentialHash) && w.req.by == r.by && !w.cancelled {
-			// Withdrawn: serve drops it, and the batch answers it once
-			// committed (finish). An attempt abandoned for another puts
-			// it back (actor.abandon), as the next attempt may withdraw
-			// it again: answered here, a retried batch answered it twice.
+			// Withdrawn: serve drops it, and the batch answers it when
+			// it ends (answerWithdrawn).
 			w.cancelled = true
 			t.withdrawn = append(t.withdrawn, w)
 			return w, nil

@@ -2,6 +2,7 @@ package leasebus
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -14,9 +15,8 @@ import (
 // withdrew at once, before its batch was written. When the append lost
 // its compare-and-swap and the batch ran again, an acquire queued in the
 // same batch was queued anew and withdrawn anew, and its asker answered
-// twice; a batch that failed had answered "cancelled" for a withdrawal
-// it never made. The withdrawn acquire is now answered once the batch is
-// committed, and an attempt abandoned puts its withdrawals back.
+// twice. Each withdrawn acquire is now answered once, when its batch
+// ends.
 func TestCancelInARetriedBatchAnswersOnce(t *testing.T) {
 	t.Parallel()
 	b := startBus(t)
@@ -61,16 +61,11 @@ func TestCancelInARetriedBatchAnswersOnce(t *testing.T) {
 	a.busy.Unlock()
 
 	for _, c := range []*call{cancelled, writes} {
-		select {
-		case r := <-c.reply:
-			if r.Error != nil {
-				t.Fatalf("%s: %v", c.op, r.Error.err())
-			}
-		case <-ctx.Done():
-			t.Fatalf("%s: no answer", c.op)
+		if r := answerOf(t, c); r.Error != nil {
+			t.Fatalf("%s: %v", c.op, r.Error.err())
 		}
 	}
-	r := <-withdrawn.reply
+	r := answerOf(t, withdrawn)
 	if !errors.Is(r.Error.err(), lease.ErrInvalid) {
 		t.Fatalf("the withdrawn acquire answered %+v, want cancelled", r)
 	}
@@ -80,5 +75,87 @@ func TestCancelInARetriedBatchAnswersOnce(t *testing.T) {
 	}
 	if n := len(withdrawn.reply); n != 0 {
 		t.Fatalf("the withdrawn acquire was answered %d more times", n)
+	}
+}
+
+// TestCancelInAFailedBatchStands: a withdrawal writes nothing, so it
+// stands when its batch's record cannot be written: the client cancels
+// once, and an acquire it gave up on must not stay queued, to be granted
+// to nobody once the conflict clears.
+func TestCancelInAFailedBatchStands(t *testing.T) {
+	t.Parallel()
+	b := startBus(t)
+	ctx := ctxT(t)
+	const failing = "github.com/acme/cancel-failing"
+	key := RepoKey(failing)
+	held := acquireVia(t, ctx, b.svc, failing, claim(t, "held"), owner(1))
+
+	cred := NewCredential()
+	waiting := &AcquireRequest{Repo: failing, Scope: claim(t, "held"), Owner: owner(2), TTL: lease.Duration(time.Minute),
+		Wait: lease.Duration(time.Minute), RequestID: NewRequestID(), CredentialHash: cred.hash()}
+	if err := waiting.normalize(); err != nil {
+		t.Fatal(err)
+	}
+	withdrawn := &call{op: "acquire", req: waiting, reply: make(chan reply, 4), at: time.Now()}
+	a := b.svc.actor(key, failing)
+	a.enqueue(withdrawn)
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		a.busy.Lock()
+		defer a.busy.Unlock()
+		if len(a.waiters) != 1 {
+			return fmt.Errorf("%d waiting", len(a.waiters))
+		}
+		return nil
+	})
+
+	// The store refuses every write (as a full one would) while the
+	// cancel's batch runs; a write beside the cancel makes it append.
+	fault := fmt.Errorf("%w: store full (test)", lease.ErrUnavailable)
+	b.svc.storeErr.Store(&fault)
+	cancelled := &call{op: "cancel", req: &cancelRequest{Repo: failing, RequestID: waiting.RequestID, Credential: cred}, reply: make(chan reply, 4), at: time.Now()}
+	writes := &call{op: "acquire", req: func() *AcquireRequest {
+		r := &AcquireRequest{Repo: failing, Scope: claim(t, "elsewhere"), Owner: owner(3), TTL: lease.Duration(time.Minute), RequestID: NewRequestID(), CredentialHash: NewCredential().hash()}
+		if err := r.normalize(); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}(), reply: make(chan reply, 4), at: time.Now()}
+	a.busy.Lock()
+	a.enqueue(cancelled)
+	a.enqueue(writes)
+	a.busy.Unlock()
+	if r := answerOf(t, writes); !errors.Is(r.Error.err(), lease.ErrUnavailable) {
+		t.Fatalf("a write while the store refuses writes: %+v, want unavailable", r)
+	}
+	answerOf(t, cancelled) // unavailable with its batch: the client does not ask again
+	r := answerOf(t, withdrawn)
+	if !errors.Is(r.Error.err(), lease.ErrInvalid) {
+		t.Fatalf("the withdrawn acquire answered %+v, want cancelled", r)
+	}
+
+	// The store takes writes again and the conflict clears: nothing that
+	// was withdrawn is granted.
+	b.svc.storeErr.Store(nil)
+	if rep := a.ask(ctx, &call{op: "revoke", req: &RevokeRequest{LeaseID: held.LeaseID, Reason: "the test clears the conflict"}}); rep.Error != nil {
+		t.Fatal(rep.Error.err())
+	}
+	a.busy.Lock()
+	n := len(a.waiters)
+	a.busy.Unlock()
+	if n != 0 || len(withdrawn.reply) != 0 {
+		t.Fatalf("after the release: %d waiting, %d more answers to the withdrawn acquire", n, len(withdrawn.reply))
+	}
+	settled(t, b.svc, 0)
+}
+
+// answerOf is c's answer, within 10 s.
+func answerOf(t *testing.T, c *call) reply {
+	t.Helper()
+	select {
+	case r := <-c.reply:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no answer within 10s", c.op)
+		return reply{}
 	}
 }

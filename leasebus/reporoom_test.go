@@ -213,21 +213,19 @@ func TestRepoRoomForgetsEndedAndSharesTheRest(t *testing.T) {
 
 // TestOneRunnerCannotHoldEveryRepo: repo names are the asker's to choose,
 // so a share of each repo's room bounds nothing across repos: a runner
-// could grow every instance's memory one made-up repo at a time. What one
-// identity holds across repos is bounded too (MaxHeldBytes); past it its
-// acquires are refused, naming it, another runner's are not, and a
-// release makes room again.
+// could grow every instance's memory one made-up repo at a time, by the
+// leases it holds and by those it released, which each repo remembers
+// for a while. What one identity's leases take across repos is bounded
+// (MaxHeldBytes), released ones included until their repos forget them;
+// past it its acquires are refused, naming it, and another runner's are
+// not.
 func TestOneRunnerCannotHoldEveryRepo(t *testing.T) {
 	t.Parallel()
 	const most = 256 << 10
 	b := startIdentityBusWith(t, ServiceConfig{MaxHeldBytes: most}, "victim", "attacker")
 	ctx := ctxT(t)
 	victim, attacker := NewClient(b.holders["victim"]), NewClient(b.holders["attacker"])
-	type held struct {
-		id   string
-		cred Credential
-	}
-	var mine []held
+	cycles := 0
 	var refused error
 	for i := range 2 * most / (30 << 10) {
 		cred := NewCredential()
@@ -236,22 +234,30 @@ func TestOneRunnerCannotHoldEveryRepo(t *testing.T) {
 			refused = err
 			break
 		}
-		mine = append(mine, held{l.LeaseID, cred})
+		if i%2 == 1 { // every other one released: it holds half, and the repo remembers the rest
+			if _, err := attacker.Release(ctx, l.LeaseID, cred); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cycles++
 	}
 	if refused == nil || !errors.Is(refused, lease.ErrUnavailable) || !strings.Contains(refused.Error(), "attacker") || !strings.Contains(refused.Error(), "across its repos") {
-		t.Fatalf("the attacker's acquire past what an identity may hold, after %d leases of 30 KB: %v, want unavailable naming it", len(mine), refused)
+		t.Fatalf("the attacker's acquire past what an identity may hold, after %d leases of 30 KB: %v, want unavailable naming it", cycles, refused)
 	}
-	if len(mine)*(30<<10) > most {
-		t.Fatalf("the attacker held %d leases of 30 KB across repos, past the %d KB an identity may", len(mine), most>>10)
+	if cycles*(30<<10) > most {
+		t.Fatalf("the attacker held or had released %d leases of 30 KB across repos, past the %d KB an identity may", cycles, most>>10)
 	}
 	if _, err := victim.Acquire(ctx, AcquireRequest{Repo: "made-up-0", Scope: padClaim("v", 900, 32, "v"), Owner: owner(999), TTL: lease.Duration(time.Hour)}, NewCredential()); err != nil {
 		t.Fatalf("the victim's acquire beside the attacker's leases: %v", err)
 	}
-	if _, err := attacker.Release(ctx, mine[0].id, mine[0].cred); err != nil {
-		t.Fatal(err)
+	// Once the repos forget what it released, it has room again.
+	for _, a := range b.service.allActors() {
+		a.busy.Lock()
+		a.forgetEnded(time.Now().Add(endedKeep + time.Second))
+		a.busy.Unlock()
 	}
 	if _, err := attacker.Acquire(ctx, AcquireRequest{Repo: "made-up-again", Scope: padClaim("a", 900, 32, "x"), Owner: owner(1000), TTL: lease.Duration(time.Hour)}, NewCredential()); err != nil {
-		t.Fatalf("the attacker's acquire after a release made room: %v", err)
+		t.Fatalf("the attacker's acquire once its repos forgot its released leases: %v", err)
 	}
 }
 
@@ -450,21 +456,34 @@ func TestHeldAndWaitingCountedThroughTheirEnds(t *testing.T) {
 		t.Fatalf("b's acquire once a released: %v", err)
 	}
 	settled(t, b.service, 0)
-	b.service.mu.Lock()
-	defer b.service.mu.Unlock()
-	if h := b.service.heldBy[IdentityOf(b.holders["a"])]; h != 0 {
-		t.Fatalf("a's released lease still counted: %d bytes", h)
+	held := func(name string) int {
+		b.service.mu.Lock()
+		defer b.service.mu.Unlock()
+		return b.service.heldBy[IdentityOf(b.holders[name])]
 	}
-	if h := b.service.heldBy[IdentityOf(b.holders["b"])]; h == 0 {
+	if held("a") == 0 {
+		t.Fatal("a's released lease is not counted while its repo remembers it")
+	}
+	if held("b") == 0 {
+		t.Fatal("b's lease is not counted as held")
+	}
+	a := b.service.actor(RepoKey(repo), repo)
+	a.busy.Lock()
+	a.forgetEnded(time.Now().Add(endedKeep + time.Second))
+	a.busy.Unlock()
+	if h := held("a"); h != 0 {
+		t.Fatalf("a's released lease still counted once its repo forgot it: %d bytes", h)
+	}
+	if held("b") == 0 {
 		t.Fatal("b's lease is not counted as held")
 	}
 }
 
-// An acquire that waits keeps its request in the service's memory, and
-// a request could be padded with fields nobody reads up to the bus's
-// largest message (8 MB embedded), 256 of them a repo: requests past what
-// a claim and its candidates take are refused as invalid, naming the
-// bound.
+// An acquire that waits, and any call queued at a repo, keeps its request
+// in the service's memory, and a request could be padded with fields
+// nobody reads up to the bus's largest message (8 MB embedded), thousands
+// of them a repo: requests past what their kind takes are refused as
+// invalid, naming the bound.
 func TestPaddedAcquireRefused(t *testing.T) {
 	t.Parallel()
 	b := startIdentityBus(t, "runner")
@@ -484,5 +503,17 @@ func TestPaddedAcquireRefused(t *testing.T) {
 	}
 	if r, err := c.request(ctx, "acquire", req, 0); err != nil || r.Error != nil {
 		t.Fatalf("the same acquire unpadded: %v %v", err, r.Error)
+	}
+	// So is a call that names a lease, which waits in its repo's queue.
+	release := struct {
+		ReleaseRequest
+		Pad string `json:"pad"`
+	}{ReleaseRequest{LeaseID: "lease_x", Repo: repo}, strings.Repeat("x", maxLeaseRequest)}
+	r, err = c.request(ctx, "release", release, 0)
+	if err == nil {
+		err = r.Error.err()
+	}
+	if !errors.Is(err, lease.ErrInvalid) || !strings.Contains(err.Error(), "at most 16 KB") {
+		t.Fatalf("a release padded past %d KB: %v, want invalid naming the bound", maxLeaseRequest>>10, err)
 	}
 }

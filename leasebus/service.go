@@ -35,12 +35,13 @@ type ServiceConfig struct {
 	// log stream take: 512 KB on a NATS server's default 1 MB, 4 MB on
 	// the embedded bus).
 	MaxRecordBytes int
-	// MaxHeldBytes bounds what one identity's active leases take across
-	// every repo, as counted against a repo's room (entrySize: 1 KB a
-	// lease plus its claim and texts); a grant past it is refused, naming
-	// the identity (default DefaultMaxHeldBytes). Repo names are the
-	// asker's to choose, so without it one runner could grow every
-	// instance's memory by a repo's share at a time.
+	// MaxHeldBytes bounds what one identity's leases take across every
+	// repo, as counted against a repo's room (entrySize: 1 KB a lease plus
+	// its claim and texts), those it released or lost included until
+	// their repos forget them (within EndedKept); a grant past it is
+	// refused, naming the identity (default DefaultMaxHeldBytes). Repo
+	// names are the asker's to choose, so without it one runner could grow
+	// every instance's memory by a repo's room at a time.
 	MaxHeldBytes int
 	// Logger receives operational logs (default: discard).
 	Logger *slog.Logger
@@ -158,9 +159,10 @@ type Service struct {
 	mu     sync.Mutex
 	actors map[string]*actor   // by repo key; guarded by mu
 	index  map[string]*indexed // lease id -> its repo key and record (never changed once made: replaced); guarded by mu
-	// heldBy is what the active leases in index take, by holder
-	// (entrySize), across every repo: an identity holds at most
-	// ServiceConfig.MaxHeldBytes (heldRoom). Kept with index; guarded by mu.
+	// heldBy is what the leases in index take, by holder (entrySize),
+	// across every repo, the ended ones its repos still remember included:
+	// an identity holds at most ServiceConfig.MaxHeldBytes (reserveHeld).
+	// Kept with index; guarded by mu.
 	heldBy map[string]int
 	// reserved is what batches in progress have granted by holder and not
 	// yet indexed (reserveHeld), and waitingBy the acquires each identity
@@ -643,18 +645,18 @@ func (s *Service) setIndexLocked(key string, e *entry) {
 }
 
 // tallyLocked adds e's bytes to its holder's tally (sign 1) or takes them
-// away (-1), if e is active. Called with mu held.
+// away (-1). An ended lease counts until its repo forgets it (endedKeep):
+// it takes the same memory, and a runner acquiring and releasing in one
+// made-up repo after another held nothing active while each repo kept
+// what it had released, up to its room. Called with mu held.
 func (s *Service) tallyLocked(e *entry, sign int) {
-	if !e.Active() {
-		return
-	}
 	addCount(&s.heldBy, e.Holder, sign*entrySize(e))
 }
 
 // reserveHeld reserves n bytes for a lease a batch grants identity,
-// unless its active leases across every repo this instance knows
-// (heldBy), with what other batches reserved, would then take more than
-// most; it returns what they take. Batches of many repos run at once:
+// unless its leases across every repo this instance knows (heldBy), with
+// what other batches reserved, would then take more than most; it
+// returns what they take. Batches of many repos run at once:
 // checked against the index alone, each saw the same total.
 func (s *Service) reserveHeld(identity string, n, most int) (held int, ok bool) {
 	s.mu.Lock()
@@ -704,26 +706,31 @@ func (s *Service) unreserve(held, parked map[string]int) {
 }
 
 // waitersChanged counts the acquires an actor has waiting: before were
-// its waiters, after are they now.
+// its waiters, after are they now. What changed is worked out before
+// taking mu, which every cached get takes too.
 func (s *Service) waitersChanged(before, after []*waiter) {
-	if len(before) == 0 && len(after) == 0 {
+	if slices.Equal(before, after) {
 		return
 	}
 	was := make(map[*waiter]bool, len(before))
 	for _, w := range before {
 		was[w] = true
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	delta := map[string]int{}
 	for _, w := range after {
 		if was[w] {
 			delete(was, w)
 			continue
 		}
-		addCount(&s.waitingBy, w.c.by, 1)
+		delta[w.c.by]++
 	}
 	for w := range was {
-		addCount(&s.waitingBy, w.c.by, -1)
+		delta[w.c.by]--
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for by, n := range delta {
+		addCount(&s.waitingBy, by, n)
 	}
 }
 
@@ -988,17 +995,17 @@ func (s *Service) handlerOf(op string, serviceAccount, forwarded bool) serveFunc
 		}
 		c.by = id
 		s.cfg.Metrics.took(op) // each path from here answers (call.answered)
+		if most := maxRequestOf(op); most > 0 && len(m.Data) > most {
+			// A call waiting at an actor keeps its request: what a
+			// request of its kind may hold, and no more, past its
+			// intake.
+			c.fail(fmt.Errorf("%w: %s request of %d KB: at most %d KB", lease.ErrInvalid, op, len(m.Data)>>10, most>>10))
+			return
+		}
 		switch op {
 		case "acquire":
 			var r AcquireRequest
-			if len(m.Data) > maxAcquireRequest {
-				// An acquire that waits keeps its request here (bounded
-				// by maxWaitingAcross): a claim and its candidates are
-				// bounded as decoded, and this bounds what came with them.
-				err = fmt.Errorf("%w: an acquire request of %d KB: at most %d KB (its claim is at most %d KB as recorded)", lease.ErrInvalid, len(m.Data)>>10, maxAcquireRequest>>10, MaxClaimBytes>>10)
-			} else {
-				err = decode(m.Data, &r)
-			}
+			err = decode(m.Data, &r)
 			if err == nil {
 				err = r.normalize()
 			}
@@ -1434,8 +1441,28 @@ const (
 
 // maxAcquireRequest bounds an acquire request as sent: a claim (32 KB as
 // recorded), up to MaxCandidates workspaces of up to maxIDField bytes,
-// and the owner's ids fit with room to spare.
-const maxAcquireRequest = 128 << 10
+// and the owner's ids fit with room to spare. maxLeaseRequest bounds a
+// renewal, release, revoke, cancel, get, list or sweep, which name a
+// lease or a repo and little else.
+const (
+	maxAcquireRequest = 128 << 10
+	maxLeaseRequest   = 16 << 10
+)
+
+// maxRequestOf is the most bytes a request of op may be as sent (0: its
+// own bound, or none): a call queued at an actor (4,096 an identity at
+// each repo) or an acquire waiting there keeps its request, which could
+// otherwise be padded with fields nobody reads up to the bus's largest
+// message.
+func maxRequestOf(op string) int {
+	switch op {
+	case "acquire":
+		return maxAcquireRequest
+	case "renew", "release", "revoke", "cancel", "get", "list", "sweep":
+		return maxLeaseRequest
+	}
+	return 0
+}
 
 // maxRenewID bounds a renewal's id (validRenewID).
 const maxRenewID = 64

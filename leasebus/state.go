@@ -852,8 +852,8 @@ func (t *txn) roomFor(r *AcquireRequest, claim claimRequest, reserve func(t *txn
 		return err
 	}
 	if held, most, ok := reserve(t, r.by, n); !ok {
-		return fmt.Errorf("%w: %s holds leases taking %d KB across its repos, and this one (%d KB) would take it past the %d KB an identity may hold (the lease service's max held bytes); release some of them first",
-			lease.ErrUnavailable, r.byName, held>>10, max(n>>10, 1), most>>10)
+		return fmt.Errorf("%w: the leases of %s take %d KB across its repos (those it released count until their repos forget them, within %s), and this one (%d KB) would take it past the %d KB an identity may hold (the lease service's max held bytes); release some, or wait",
+			lease.ErrUnavailable, r.byName, held>>10, endedKeep, max(n>>10, 1), most>>10)
 	}
 	return nil
 }

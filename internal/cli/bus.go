@@ -148,7 +148,7 @@ server it connects to belongs to one, else 1.`,
 	fl.IntVar(&f.routePingsOut, "route-pings-out", leasebus.DefaultRoutePingsOut, "unanswered route pings after which this node drops a peer's routes")
 	fl.StringSliceVar(&f.routes, "routes", nil, "cluster peers: nats://host:port,... (comma-separated or repeated)")
 	fl.IntVar(&f.replicas, "replicas", 0, "replicas of the lease log and audit streams (default 1; 3 on a cluster)")
-	fl.IntVar(&f.maxHeldMiB, "max-held", leasebus.DefaultMaxHeldBytes>>20, "MiB one identity's active leases may take across every repo, counted as 1 KB a lease plus its claim (about 900 leases of short claims a MiB); past it its acquires are refused")
+	fl.IntVar(&f.maxHeldMiB, "max-held", leasebus.DefaultMaxHeldBytes>>20, "MiB one identity's leases may take across every repo, counted as 1 KB a lease plus its claim (about 900 leases of short claims a MiB), those it released included until their repos forget them (about 5 minutes); past it its acquires are refused")
 	fl.StringVar(&f.ui, "ui", "", "serve the run UI and its JSON API on this host:port (off loopback a token is required: $"+EnvUIToken+", or a random one printed in the URL)")
 	fl.StringVar(&f.metrics, "metrics", "", "serve the lease service's Prometheus metrics at http://host:port/metrics (grants, conflicts, queue depth, append latency, active leases) and Go profiles at http://host:port/debug/pprof/ (operators only: bind it where agents cannot reach)")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format on stderr: text or json")
