@@ -83,8 +83,9 @@ type ServiceConfig struct {
 }
 
 // DefaultMaxHeldBytes is ServiceConfig.MaxHeldBytes's default: about
-// 28,000 leases of short claims an identity (a fleet's runners have one
-// each; a host whose processes share one holds them all).
+// 25,000 leases of short claims an identity, held or released within the
+// last five minutes (a fleet's runners have one each; a host whose
+// processes share one holds them all).
 const DefaultMaxHeldBytes = 32 << 20
 
 // Validate reports a configuration that cannot work.
