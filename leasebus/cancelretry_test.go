@@ -25,20 +25,10 @@ func TestCancelInARetriedBatchAnswersOnce(t *testing.T) {
 	key := RepoKey(retried)
 	acquireVia(t, ctx, b.svc, retried, claim(t, "held"), owner(1))
 
-	req := func(path string, wait time.Duration) *AcquireRequest {
-		r := &AcquireRequest{Repo: retried, Scope: claim(t, path), Owner: owner(2), TTL: lease.Duration(time.Minute),
-			Wait: lease.Duration(wait), RequestID: NewRequestID(), CredentialHash: NewCredential().hash()}
-		if err := r.normalize(); err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
 	cred := NewCredential()
-	waiting := req("held", time.Minute)
-	waiting.CredentialHash = cred.hash()
-	withdrawn := &call{op: "acquire", req: waiting, reply: make(chan reply, 4), at: time.Now()}
-	cancelled := &call{op: "cancel", req: &cancelRequest{Repo: retried, RequestID: waiting.RequestID, Credential: cred}, reply: make(chan reply, 4), at: time.Now()}
-	writes := &call{op: "acquire", req: req("elsewhere", 0), reply: make(chan reply, 4), at: time.Now()}
+	withdrawn := acquireCall(t, retried, "held", time.Minute, cred)
+	cancelled := cancelCall(retried, withdrawn, cred)
+	writes := acquireCall(t, retried, "elsewhere", 0, NewCredential())
 
 	a := b.svc.actor(key, retried)
 	// One batch: the acquire queues, the cancel withdraws it, the other
@@ -91,12 +81,7 @@ func TestCancelInAFailedBatchStands(t *testing.T) {
 	held := acquireVia(t, ctx, b.svc, failing, claim(t, "held"), owner(1))
 
 	cred := NewCredential()
-	waiting := &AcquireRequest{Repo: failing, Scope: claim(t, "held"), Owner: owner(2), TTL: lease.Duration(time.Minute),
-		Wait: lease.Duration(time.Minute), RequestID: NewRequestID(), CredentialHash: cred.hash()}
-	if err := waiting.normalize(); err != nil {
-		t.Fatal(err)
-	}
-	withdrawn := &call{op: "acquire", req: waiting, reply: make(chan reply, 4), at: time.Now()}
+	withdrawn := acquireCall(t, failing, "held", time.Minute, cred)
 	a := b.svc.actor(key, failing)
 	a.enqueue(withdrawn)
 	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
@@ -112,14 +97,8 @@ func TestCancelInAFailedBatchStands(t *testing.T) {
 	// cancel's batch runs; a write beside the cancel makes it append.
 	fault := fmt.Errorf("%w: store full (test)", lease.ErrUnavailable)
 	b.svc.storeErr.Store(&fault)
-	cancelled := &call{op: "cancel", req: &cancelRequest{Repo: failing, RequestID: waiting.RequestID, Credential: cred}, reply: make(chan reply, 4), at: time.Now()}
-	writes := &call{op: "acquire", req: func() *AcquireRequest {
-		r := &AcquireRequest{Repo: failing, Scope: claim(t, "elsewhere"), Owner: owner(3), TTL: lease.Duration(time.Minute), RequestID: NewRequestID(), CredentialHash: NewCredential().hash()}
-		if err := r.normalize(); err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}(), reply: make(chan reply, 4), at: time.Now()}
+	cancelled := cancelCall(failing, withdrawn, cred)
+	writes := acquireCall(t, failing, "elsewhere", 0, NewCredential())
 	a.busy.Lock()
 	a.enqueue(cancelled)
 	a.enqueue(writes)
@@ -158,4 +137,22 @@ func answerOf(t *testing.T, c *call) reply {
 		t.Fatalf("%s: no answer within 10s", c.op)
 		return reply{}
 	}
+}
+
+// acquireCall is an in-process call acquiring path in repo with cred,
+// waiting up to wait, whose answers (up to 4) stay in its reply channel.
+func acquireCall(t *testing.T, repo, path string, wait time.Duration, cred Credential) *call {
+	t.Helper()
+	r := &AcquireRequest{Repo: repo, Scope: claim(t, path), Owner: owner(2), TTL: lease.Duration(time.Minute),
+		Wait: lease.Duration(wait), RequestID: NewRequestID(), CredentialHash: cred.hash()}
+	if err := r.normalize(); err != nil {
+		t.Fatal(err)
+	}
+	return &call{op: "acquire", req: r, reply: make(chan reply, 4), at: time.Now()}
+}
+
+// cancelCall is an in-process call cancelling the acquire of c.
+func cancelCall(repo string, c *call, cred Credential) *call {
+	r := c.req.(*AcquireRequest)
+	return &call{op: "cancel", req: &cancelRequest{Repo: repo, RequestID: r.RequestID, Credential: cred}, reply: make(chan reply, 4), at: time.Now()}
 }
