@@ -74,6 +74,13 @@ func TestLoopsRelay(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer big.Close()
+			// A receive buffer of its own size: autotuned, it may grow to
+			// net.ipv4.tcp_rmem's maximum (32 MiB on some machines), which
+			// holds everything sent, and the relay's writes to it never
+			// find it full.
+			if err := big.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
+				t.Fatal(err)
+			}
 			stalls := writeStalls.Load()
 			want := make([]byte, 32<<20)
 			rand.Read(want)
