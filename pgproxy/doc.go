@@ -123,10 +123,15 @@
 //
 //   - The proxy's catalog lookups run in the client's session: their text
 //     names pg_catalog's operators, functions and types (qualify.go), and
-//     outside a block they run with search_path pg_catalog, so nothing
-//     the client's path holds stands in for them or runs inside them
+//     they run with search_path pg_catalog, so nothing the client's path
+//     holds stands in for them or runs inside them
 //     (TestLookupInABlockIgnoresOperatorsInThePath,
-//     TestOwnQueriesRunNoOperatorOfThePath).
+//     TestOwnQueriesRunNoOperatorOfThePath); with the planner's defaults
+//     and no JIT compilation, so neither the client's settings nor a
+//     large catalog make each take seconds (TestCatalogLookupPlannerDefaults,
+//     TestCatalogLookupsCompileNothing). In the client's block they run in
+//     a savepoint of the proxy's own, rolled back after them, which leaves
+//     every setting as the client had it.
 //
 //   - The proxy's own prepared statements and portals (fenceline_rw,
 //     fenceline_tok, fenceline_sp, ...) run unjudged, as its own text. No

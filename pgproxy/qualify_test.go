@@ -10,9 +10,8 @@ import (
 // and type it names in pg_catalog.
 func TestCatalogLookupsAreQualified(t *testing.T) {
 	lookups := map[string]string{
-		"calls":          callsSQL([]string{"ffoo", "obar", "rbaz", "tqux", "y16390", "qseq", "qs.seq", "q?"}, false),
-		"calls in block": callsSQL([]string{"ffoo", "qseq"}, true),
-		"foreign":        foreignSQL,
+		"calls":   callsSQL([]string{"ffoo", "obar", "rbaz", "tqux", "y16390", "qseq", "qs.seq", "q?"}),
+		"foreign": foreignSQL,
 	}
 	for _, tc := range []bool{false, true} {
 		for _, only := range []bool{false, true} {

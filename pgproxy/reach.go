@@ -193,46 +193,62 @@ UNION ALL SELECT 'c', 'foreign server ' || sv.srvname FROM pg_catalog.pg_foreign
   WHERE w.fdwname <> 'file_fdw' AND EXISTS (SELECT 1 FROM pg_catalog.pg_foreign_table ft WHERE ft.ftserver = sv.oid)`
 
 // plannerDefaultsSQL sets the planner's settings (Query Tuning: the
-// enable_* switches, costs, plan_cache_mode, jit, ...; and parallel
-// query, forced or per gather) back to the session's defaults for the rest
-// of the transaction, and returns no row. Only settings any user may set.
-// The proxy's catalog queries run in the client's session: a client that
-// switched enable_seqscan off (Postgres's own regression tests do) made
-// each take seconds instead of milliseconds.
+// enable_* switches, costs, plan_cache_mode, ...; and parallel query,
+// forced or per gather) back to the session's defaults for the rest of
+// the transaction, switches JIT compilation off, and returns no row. Only
+// settings any user may set. The proxy's catalog queries run in the
+// client's session: a client that switched enable_seqscan off (Postgres's
+// own regression tests do) made each take seconds instead of milliseconds.
+// And a lookup is one large query whose estimated cost passes
+// jit_above_cost's default once the database has a few hundred relations:
+// compiled for every run, it took 200–300 ms where it runs in 10–20
+// without (Postgres's regression database; docs/benchmarks.md).
 //
 // Its operators are pg_catalog's by name, as a lookup's (qualifyCatalogSQL,
 // checked by TestCatalogLookupsAreQualified): an operator of the same name
 // in a schema the client put before pg_catalog ran its code inside this
 // query, where the proxy does not look for code (it could prepare the
 // proxy's own statement names again: TestOwnQueriesRunNoOperatorOfThePath).
-const plannerDefaultsSQL = `SELECT 1 FROM (SELECT pg_catalog.count(pg_catalog.set_config(s.name, s.reset_val, true)) AS n
-  FROM pg_catalog.pg_settings s WHERE s.context OPERATOR(pg_catalog.=) 'user'
+const plannerDefaultsSQL = `SELECT 1 FROM (SELECT pg_catalog.count(pg_catalog.set_config(x.name, x.value, true)) AS n FROM (
+  SELECT s.name, s.reset_val FROM pg_catalog.pg_settings s WHERE s.context OPERATOR(pg_catalog.=) 'user'
+    AND s.name OPERATOR(pg_catalog.<>) 'jit'
     AND (s.setting OPERATOR(pg_catalog.<>) s.reset_val OR (s.setting IS NULL) OPERATOR(pg_catalog.<>) (s.reset_val IS NULL))
     AND (pg_catalog.starts_with(s.category, 'Query Tuning')
-      OR s.name OPERATOR(pg_catalog.=) ANY (ARRAY['force_parallel_mode', 'max_parallel_workers_per_gather']::pg_catalog.text[]))) x
-  WHERE x.n OPERATOR(pg_catalog.<) 0`
+      OR s.name OPERATOR(pg_catalog.=) ANY (ARRAY['force_parallel_mode', 'max_parallel_workers_per_gather']::pg_catalog.text[]))
+  UNION ALL SELECT 'jit', 'off') x(name, value)) y
+  WHERE y.n OPERATOR(pg_catalog.<) 0`
 
 // catalogQuery runs q, a catalog lookup of the proxy's own, with every
-// name it calls in pg_catalog (qualifyCatalogSQL), and with the planner's
-// default settings (plannerDefaultsSQL) and search_path pg_catalog
-// (pinPathSQL) when it runs in a transaction of its own. In the client's
-// transaction block it runs with the client's settings (a local setting
-// would outlive the lookup there): its text alone keeps the path's
-// operators out (TestLookupInABlockIgnoresOperatorsInThePath).
+// name it calls in pg_catalog (qualifyCatalogSQL), search_path pg_catalog
+// (pinPathSQL), and the planner's default settings without JIT
+// (plannerDefaultsSQL). Those are set for the transaction; in the client's
+// transaction block the lookup runs in a savepoint of the proxy's own,
+// rolled back after it (lookupSavepoint), which puts every setting back as
+// the client had it, its SET LOCAL ones too. (A failed lookup leaves the
+// client's block failed, as before: lookupFailed.)
 //
 // pre, statements of the proxy's own naming no operator, run before the
-// path is pinned (in a transaction of its own only).
+// path is pinned.
 func (s *session) catalogQuery(q string, pre ...string) ([][]string, error) {
 	qq, err := s.p.catalog.qualified(q)
 	if err != nil {
 		return nil, &queryError{sql: q, err: err}
 	}
-	q = qq
+	stmts := make([]string, 0, len(pre)+5)
 	if s.txStatus != 'I' {
-		return s.internalQuery(q)
+		stmts = append(stmts, "SAVEPOINT "+lookupSavepoint)
 	}
-	return s.internalQuery(append(pre, pinPathSQL, plannerDefaultsSQL, q)...)
+	stmts = append(append(stmts, pre...), pinPathSQL, plannerDefaultsSQL, qq)
+	if s.txStatus != 'I' {
+		stmts = append(stmts, "ROLLBACK TO SAVEPOINT "+lookupSavepoint, "RELEASE SAVEPOINT "+lookupSavepoint)
+	}
+	return s.internalQuery(stmts...)
 }
+
+// lookupSavepoint is the savepoint a lookup in the client's block runs in.
+// A client's savepoint of the same name is older, so each of the proxy's
+// statements names the proxy's own (the innermost of that name).
+const lookupSavepoint = "fenceline_lookup"
 
 // qualified returns qualifyCatalogSQL(q), remembered: lookups repeat their
 // texts (the same names, the same relations).
@@ -586,9 +602,10 @@ FROM w JOIN pg_catalog.pg_class c ON c.oid = w.oid JOIN pg_catalog.pg_namespace 
 LEFT JOIN pg_catalog.pg_class s ON s.oid = w.src LEFT JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace`
 }
 
-// seqsSetting holds, for a lookup in a transaction of its own, the oid of
-// the sequence each name nextval or setval takes means on the session's
-// path (seqsByPathSQL), as JSON; local to that transaction.
+// seqsSetting holds, for a lookup, the oid of the sequence each name
+// nextval or setval takes means on the session's path (seqsByPathSQL), as
+// JSON; local to the lookup's transaction (or its savepoint in the
+// client's block: catalogQuery).
 const seqsSetting = "fenceline.lookup_seqs"
 
 // seqsByPathSQL notes in seqsSetting what the session's path makes of each
@@ -616,15 +633,11 @@ func seqsByPathSQL(calls []string) string {
 // definition (or a view's it reads, and so on), or a relation whose row
 // security policies, call a function or operator created after initdb
 // ('r').
-func callsSQL(calls []string, inBlock bool) string {
+func callsSQL(calls []string) string {
 	// The sequence a name without its schema means is the session's
-	// path's: in the client's block the lookup runs with it; in a
-	// transaction of its own, with pg_catalog alone (pinPathSQL), after
+	// path's: the lookup runs with pg_catalog alone (pinPathSQL), after
 	// seqsByPathSQL noted what the path made of each name.
-	seq := `pg_catalog.to_regclass(q.n)::pg_catalog.oid`
-	if !inBlock {
-		seq = `(pg_catalog.current_setting('` + seqsSetting + `')::pg_catalog.json ->> q.n)::pg_catalog.oid`
-	}
+	seq := `(pg_catalog.current_setting('` + seqsSetting + `')::pg_catalog.json ->> q.n)::pg_catalog.oid`
 	lists := map[byte][]string{}
 	for _, c := range calls {
 		lists[c[0]] = append(lists[c[0]], sqlText(c[1:]))
@@ -982,12 +995,11 @@ func (s *session) lookupCalls(calls []string, private bool, now time.Time, own m
 	if cat.lookupHook != nil {
 		s.blocking(func() { cat.lookupHook(calls) })
 	}
-	inBlock := s.txStatus != 'I'
 	var pre []string
-	if q := seqsByPathSQL(calls); q != "" && !inBlock {
+	if q := seqsByPathSQL(calls); q != "" {
 		pre = append(pre, q)
 	}
-	rows, err := s.catalogQuery(callsSQL(calls, inBlock), pre...)
+	rows, err := s.catalogQuery(callsSQL(calls), pre...)
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,11 @@
 package pgproxy
 
 import (
+	"context"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -52,5 +56,132 @@ func TestCatalogLookupPlannerDefaults(t *testing.T) {
 		if err := c.QueryRow(ctx, "SHOW "+name).Scan(&got); err != nil || got != want {
 			t.Errorf("SHOW %s: %q, %v; want the client's %q", name, got, err, want)
 		}
+	}
+}
+
+// A catalog lookup is one large query. With JIT compilation on (Postgres's
+// default wherever LLVM is installed, as in Debian's packages) and its
+// estimated cost past jit_above_cost, which a few hundred relations are
+// enough for, every lookup was compiled: 200–300 ms each in Postgres's
+// regression database, 2.5 s with inlining. Lookups now run without JIT
+// and with the planner's defaults, in the client's block too, where they
+// leave the client's settings, path and savepoints as they were.
+//
+// The client here asks for JIT past a cost of 100, as a database of its
+// own sets it past 100,000 (through its startup parameters, so they are its
+// defaults, and again by SET LOCAL in its block), and switches the
+// planner's scans off. A lookup's estimated cost is thousands here; its
+// own statements', and those the proxy runs before a lookup to set it up,
+// are under 30. (A client that asks for every statement compiled has
+// those compiled too, in its own session.)
+func TestCatalogLookupsCompileNothing(t *testing.T) {
+	writeCheckFixture(t)
+	lease := newStaticLease(t, "lease_jit", 0, "app.*")
+	p := startProxy(t, Config{Lease: lease})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	admin := adminConn(t)
+	var jit bool
+	if err := admin.QueryRow(ctx, "SELECT pg_jit_available()").Scan(&jit); err != nil || !jit {
+		t.Fatalf("pg_jit_available(): %v, %v; this test needs Postgres's LLVM JIT (Debian's postgresql-N has it)", jit, err)
+	}
+	var tables []string
+	for _, name := range []string{"plain", "hostile", "direct"} {
+		for i := range 5 {
+			tables = append(tables, fmt.Sprintf("app.jit_%s%d", name, i))
+		}
+	}
+	drop := func() {
+		if _, err := admin.Exec(ctx, "DROP TABLE IF EXISTS "+strings.Join(tables, ", ")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drop()
+	t.Cleanup(drop)
+
+	const askJIT = "&jit=on&jit_above_cost=100&jit_inline_above_cost=100&jit_optimize_above_cost=100"
+	plain := connect(t, proxyDSN(p, "agent"))
+	hostile := connect(t, proxyDSN(p, "agent")+askJIT)
+	direct := connect(t, pg.DSN("agent", "", plpgsql.db)+askJIT)
+	const hostileBlock = "SET LOCAL jit = on; SET LOCAL jit_above_cost = 100; SET LOCAL jit_inline_above_cost = 100; SET LOCAL jit_optimize_above_cost = 100; " +
+		"SET LOCAL enable_seqscan = off; SET LOCAL enable_indexscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL search_path = app, public"
+	// Each CREATE TABLE makes the proxy forget what it learned (and in a
+	// block, look up again for every write after it): each INSERT is a
+	// lookup.
+	lookups := func(c *pgx.Conn, name string, inBlock bool) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for i := range 5 {
+			for _, q := range []string{fmt.Sprintf("CREATE TABLE app.jit_%s%d (i int)", name, i), fmt.Sprintf("INSERT INTO app.jit_%s%d VALUES (1)", name, i)} {
+				if _, err := c.Exec(ctx, q); err != nil {
+					t.Fatalf("%s (in a block: %v): %v", q, inBlock, err)
+				}
+			}
+		}
+		if !inBlock {
+			for i := range 5 {
+				if _, err := c.Exec(ctx, fmt.Sprintf("DROP TABLE app.jit_%s%d", name, i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return time.Since(start)
+	}
+	block := func(c *pgx.Conn, name string, settings string) time.Duration {
+		t.Helper()
+		for _, q := range []string{"BEGIN", settings, "SAVEPOINT fenceline_lookup", "SAVEPOINT sp"} {
+			if q == "" {
+				continue
+			}
+			if _, err := c.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		took := lookups(c, name, true)
+		if _, err := c.Exec(ctx, "SELECT nextval('app.wc35_id_seq')"); err != nil { // a lookup of a sequence's tables
+			t.Fatal(err)
+		}
+		return took
+	}
+
+	type run struct{ plain, hostile, direct time.Duration }
+	out := run{lookups(plain, "plain", false), lookups(hostile, "hostile", false), lookups(direct, "direct", false)}
+	in := run{block(plain, "plain", ""), block(hostile, "hostile", hostileBlock), block(direct, "direct", hostileBlock)}
+	for _, tc := range []struct {
+		where string
+		run
+	}{{"outside a block", out}, {"in a block", in}} {
+		t.Logf("%s, 5 writes after DDL: through the fence %v, asking for JIT %v; direct asking for JIT %v", tc.where, tc.plain, tc.hostile, tc.direct)
+		// Compiled, each lookup took seconds; uncompiled, milliseconds.
+		if limit := tc.direct + 3*tc.plain + 2*time.Second; tc.hostile > limit {
+			t.Errorf("%s, a client asking for JIT took %v through the fence, %v direct, a plain client %v through it (limit %v): the lookups were compiled", tc.where, tc.hostile, tc.direct, tc.plain, limit)
+		}
+	}
+
+	// The client's block after its lookups: its settings, its path and its
+	// savepoints, as it left them.
+	for name, want := range map[string]string{"jit_above_cost": "100", "enable_seqscan": "off", "enable_indexscan": "off", "search_path": "app, public"} {
+		var got string
+		if err := hostile.QueryRow(ctx, "SHOW "+name, pgx.QueryExecModeSimpleProtocol).Scan(&got); err != nil || got != want {
+			t.Errorf("in the block after lookups, SHOW %s: %q, %v; want the client's %q", name, got, err, want)
+		}
+	}
+	for _, sp := range []string{"sp", "fenceline_lookup"} {
+		if _, err := hostile.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp, pgx.QueryExecModeSimpleProtocol); err != nil {
+			t.Errorf("the client's savepoint %s after lookups: %v", sp, err)
+		}
+	}
+	var n int
+	if err := hostile.QueryRow(ctx, "SELECT count(*) FROM pg_catalog.pg_class WHERE relname LIKE 'jit_hostile%'", pgx.QueryExecModeSimpleProtocol).Scan(&n); err != nil || n != 0 {
+		t.Errorf("after ROLLBACK TO the client's savepoint: %d tables of the block left, %v; want 0", n, err)
+	}
+	for _, c := range []*pgx.Conn{plain, hostile, direct} {
+		if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var after string
+	if err := hostile.QueryRow(ctx, "SHOW enable_seqscan", pgx.QueryExecModeSimpleProtocol).Scan(&after); err != nil || after != "on" {
+		t.Errorf("after the block, SHOW enable_seqscan: %q, %v; want on (the client's SET LOCAL gone)", after, err)
 	}
 }
