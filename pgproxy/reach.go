@@ -645,9 +645,14 @@ func callsSQL(calls []string) string {
 	arr := func(k byte) string {
 		return "ARRAY[" + strings.Join(lists[k], ", ") + "]::pg_catalog.text[]"
 	}
+	// Names compared as names (as the parser has them: cut to 63 bytes),
+	// so that the catalogs' indexes on them serve the lookup.
+	names := func(k byte) string {
+		return "ARRAY[" + strings.Join(lists[k], ", ") + "]::pg_catalog.name[]"
+	}
 	user := fmt.Sprint(firstUserOID)
 	return `WITH RECURSIVE v(root, oid) AS (
-  SELECT c.relname::pg_catalog.text, c.oid FROM pg_catalog.pg_class c WHERE c.relname::pg_catalog.text = ANY (` + arr('r') + `)
+  SELECT c.relname::pg_catalog.text, c.oid FROM pg_catalog.pg_class c WHERE c.relname = ANY (` + names('r') + `)
   UNION SELECT v.root, d.refobjid FROM v JOIN pg_catalog.pg_rewrite rw ON rw.ev_class = v.oid
     JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = rw.oid
       AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid <> v.oid
@@ -657,7 +662,7 @@ func callsSQL(calls []string) string {
 SELECT DISTINCT 'r' || v.root, '', '' FROM v JOIN pg_catalog.pg_attribute a ON a.attrelid = v.oid AND a.attnum > 0 AND NOT a.attisdropped
   WHERE a.atttypid IN (SELECT ut.oid FROM ut)
 UNION SELECT DISTINCT 'r' || v.root, '', '' FROM v JOIN pg_catalog.pg_class rc ON rc.oid = v.oid WHERE rc.reltype IN (SELECT ut.oid FROM ut)
-UNION SELECT DISTINCT 't' || t.typname, '', '' FROM pg_catalog.pg_type t WHERE t.typname::pg_catalog.text = ANY (` + arr('t') + `)
+UNION SELECT DISTINCT 't' || t.typname, '', '' FROM pg_catalog.pg_type t WHERE t.typname = ANY (` + names('t') + `)
   AND t.oid IN (SELECT ut.oid FROM ut)
 UNION SELECT 'y' || y.n, '', '' FROM pg_catalog.unnest(` + arr('y') + `) AS y(n)
   WHERE y.n::pg_catalog.oid IN (SELECT ut.oid FROM ut) OR NOT EXISTS (SELECT FROM pg_catalog.pg_type t WHERE t.oid = y.n::pg_catalog.oid)
@@ -666,9 +671,9 @@ UNION SELECT DISTINCT 'r' || v.root, '', '' FROM v JOIN pg_catalog.pg_depend d
   AND (d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid IN (SELECT rw.oid FROM pg_catalog.pg_rewrite rw WHERE rw.ev_class = v.oid)
     OR d.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass AND d.objid IN (SELECT p.oid FROM pg_catalog.pg_policy p WHERE p.polrelid = v.oid))
 UNION SELECT DISTINCT 'f' || p.proname, '', '' FROM pg_catalog.pg_proc p WHERE p.oid >= ` + user + `
-  AND p.proname::pg_catalog.text = ANY (` + arr('f') + `)
+  AND p.proname = ANY (` + names('f') + `)
 UNION SELECT DISTINCT 'o' || o.oprname, '', '' FROM pg_catalog.pg_operator o WHERE o.oid >= ` + user + `
-  AND o.oprname::pg_catalog.text = ANY (` + arr('o') + `)
+  AND o.oprname = ANY (` + names('o') + `)
 UNION SELECT 'q' || qs.n, tn.nspname, tc.relname FROM qs
   JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid = qs.oid
     AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjsubid > 0 AND d.deptype IN ('a', 'i')
