@@ -117,6 +117,9 @@ type Statement struct {
 	Analyzed bool
 	// Rollback: ROLLBACK or ABORT (with or without AND CHAIN).
 	Rollback bool
+	// RollbackTo: ROLLBACK TO SAVEPOINT, which undoes the settings made
+	// since the savepoint, the proxy's pinned search_path among them.
+	RollbackTo bool
 	// PrepareTx: PREPARE TRANSACTION, which keeps the transaction's writes
 	// past its connection.
 	PrepareTx bool
@@ -789,6 +792,7 @@ func classifyTx(t *pgq.TransactionStmt) Statement {
 		s.Tx = TxOutside
 	default:
 		s.Tx = TxInBlock
+		s.RollbackTo = t.Kind == pgq.TransactionStmtKind_TRANS_STMT_ROLLBACK_TO
 	}
 	return s
 }

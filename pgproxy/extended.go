@@ -738,6 +738,12 @@ func (fw *segWriter) message(i int, raw []byte) {
 		if fw.execute(m.st, raw, m.changes) {
 			return
 		}
+		if m.st != nil && m.st.RollbackTo {
+			// Pinned again for the rest of the segment (see trackTx).
+			fw.w.b = append(fw.w.b, raw...)
+			fw.pin(i + 1)
+			return
+		}
 	}
 	fw.w.b = append(fw.w.b, raw...)
 }

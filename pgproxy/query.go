@@ -364,7 +364,7 @@ func fastPathOK(cls *Classification, sim txSim) bool {
 		if advancesSequence(st) {
 			return false // see sequenceWrite
 		}
-		if st.Tx != TxNone && st.Tx != TxInBlock || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.ClientRW || st.Prepare != "" || st.Deallocate != "" || st.Declare != "" || st.Portal != "" || st.ClosePortal || len(st.Signals) > 0 || len(st.SignalParams) > 0 ||
+		if st.Tx != TxNone && st.Tx != TxInBlock || st.RollbackTo || st.Session || st.ClientRO != 0 || st.ShowDefaultRO || st.ClientRW || st.Prepare != "" || st.Deallocate != "" || st.Declare != "" || st.Portal != "" || st.ClosePortal || len(st.Signals) > 0 || len(st.SignalParams) > 0 ||
 			st.Tag == "DeallocateStmt" || st.Tag == "DiscardStmt" {
 			return false
 		}

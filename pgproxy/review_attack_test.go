@@ -562,3 +562,70 @@ func errorsUntilReady(t *testing.T, fe *pgproto3.Frontend) []string {
 		}
 	}
 }
+
+// The proxy pins search_path (SET LOCAL) before a block's first write to an
+// unqualified name, because a function it cannot see into may have changed
+// the session's path. A ROLLBACK TO a savepoint made before the pin undid
+// it, and the proxy did not pin again: the next write resolved with the
+// changed path, to a table outside the claim. Both protocols, each with
+// the ROLLBACK TO and the write apart and together (one Query, one
+// pipeline).
+func TestPinSurvivesRollbackTo(t *testing.T) {
+	ctx := ctxT(t)
+	if _, err := adminConn(t).Exec(ctx, `
+DROP SCHEMA IF EXISTS pinrb_in, pinrb_out CASCADE;
+CREATE SCHEMA pinrb_in; CREATE SCHEMA pinrb_out;
+CREATE TABLE pinrb_in.t (v text); CREATE TABLE pinrb_out.t (v text);
+CREATE FUNCTION pinrb_in.sneak() RETURNS int LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_catalog.set_config('search_path', 'pinrb_out, pinrb_in', false); RETURN 1; END $$;
+GRANT USAGE ON SCHEMA pinrb_in, pinrb_out TO agent;
+GRANT ALL ON pinrb_in.t, pinrb_out.t TO agent;
+GRANT EXECUTE ON FUNCTION pinrb_in.sneak() TO agent`); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_pin_rollback_to", 0, "pinrb_in.*")})
+	for _, mode := range []string{"simple", "one query", "extended", "pipeline"} {
+		c := connect(t, proxyDSN(p, "agent"))
+		exec := func(q string) error {
+			if mode == "simple" || mode == "one query" {
+				return simple(ctx, c, q)
+			}
+			return c.PgConn().ExecParams(ctx, q, nil, nil, nil, nil).Read().Err // Parse, Bind, Execute
+		}
+		// The proxy learns the path as pinrb_in; then the function changes
+		// it behind the proxy (a read that calls it runs read-only, as
+		// any read may).
+		for _, q := range []string{"SET search_path = pinrb_in", "INSERT INTO t VALUES ('learn the path')", "SELECT pinrb_in.sneak()",
+			"BEGIN", "SAVEPOINT a", "INSERT INTO t VALUES ('pinned')"} {
+			if err := exec(q); err != nil {
+				t.Fatalf("%s: %s: %v", mode, q, err)
+			}
+		}
+		var errs []error
+		switch mode {
+		case "one query":
+			errs = append(errs, simple(ctx, c, "ROLLBACK TO SAVEPOINT a; INSERT INTO t VALUES ('after rollback to')"))
+		case "pipeline":
+			b := &pgx.Batch{}
+			b.Queue("ROLLBACK TO SAVEPOINT a")
+			b.Queue("INSERT INTO t VALUES ('after rollback to')")
+			errs = append(errs, c.SendBatch(ctx, b).Close())
+		default:
+			errs = append(errs, exec("ROLLBACK TO SAVEPOINT a"), exec("INSERT INTO t VALUES ('after rollback to')"))
+		}
+		errs = append(errs, exec("COMMIT"))
+		var out, in int
+		if err := adminConn(t).QueryRow(ctx, "SELECT (SELECT count(*) FROM pinrb_out.t), (SELECT count(*) FROM pinrb_in.t WHERE v = 'after rollback to')").Scan(&out, &in); err != nil {
+			t.Fatal(err)
+		}
+		if out != 0 {
+			t.Errorf("%s: %d rows written to pinrb_out.t, outside the claim, after ROLLBACK TO (errors: %v)", mode, out, errs)
+		}
+		if in != 1 || errors.Join(errs...) != nil {
+			t.Errorf("%s: the write after ROLLBACK TO: %d rows in pinrb_in.t, errors %v; want it written there", mode, in, errs)
+		}
+		if _, err := adminConn(t).Exec(ctx, "TRUNCATE pinrb_in.t, pinrb_out.t"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -93,6 +93,12 @@ func (s *session) trackTx(st *Statement) {
 	if st.Tx == TxEnd || st.Tx == TxChain {
 		s.txEnded = true
 	}
+	if st.RollbackTo {
+		// The pin (SET LOCAL search_path) may have come after the
+		// savepoint, and is gone then: the next write to an unqualified
+		// name pins it again (TestPinSurvivesRollbackTo).
+		s.sim.spPinned = false
+	}
 	s.sim.track(st.Tx)
 }
 
