@@ -224,8 +224,11 @@ const plannerDefaultsSQL = `SELECT 1 FROM (SELECT pg_catalog.count(pg_catalog.se
 // (plannerDefaultsSQL). Those are set for the transaction; in the client's
 // transaction block the lookup runs in a savepoint of the proxy's own,
 // rolled back after it (lookupSavepoint), which puts every setting back as
-// the client had it, its SET LOCAL ones too. (A failed lookup leaves the
-// client's block failed, as before: lookupFailed.)
+// the client had it, its SET LOCAL ones too. A lookup the server refuses
+// there (the client's lock_timeout, say) is rolled back too, so the
+// client's block is as it was and its write is refused with the fence's
+// reason (lookupFailed), not left failed with the proxy's savepoint on
+// top (TestFailedLookupInABlock).
 //
 // pre, statements of the proxy's own naming no operator, run before the
 // path is pinned.
@@ -234,15 +237,25 @@ func (s *session) catalogQuery(q string, pre ...string) ([][]string, error) {
 	if err != nil {
 		return nil, &queryError{sql: q, err: err}
 	}
-	stmts := make([]string, 0, len(pre)+5)
-	if s.txStatus != 'I' {
-		stmts = append(stmts, "SAVEPOINT "+lookupSavepoint)
+	stmts := append(append(make([]string, 0, len(pre)+5), pre...), pinPathSQL, plannerDefaultsSQL, qq)
+	if s.txStatus == 'I' {
+		return s.internalQuery(stmts...)
 	}
-	stmts = append(append(stmts, pre...), pinPathSQL, plannerDefaultsSQL, qq)
-	if s.txStatus != 'I' {
-		stmts = append(stmts, "ROLLBACK TO SAVEPOINT "+lookupSavepoint, "RELEASE SAVEPOINT "+lookupSavepoint)
+	// The savepoint on its own first: a failure after it is known to
+	// have the proxy's savepoint to roll back to, not a client's of the
+	// same name.
+	if _, err := s.internalQuery("SAVEPOINT " + lookupSavepoint); err != nil {
+		return nil, err
 	}
-	return s.internalQuery(stmts...)
+	undo := []string{"ROLLBACK TO SAVEPOINT " + lookupSavepoint, "RELEASE SAVEPOINT " + lookupSavepoint}
+	rows, err := s.internalQuery(append(stmts, undo...)...)
+	var qe *queryError
+	if errors.As(err, &qe) {
+		if _, uerr := s.internalQuery(undo...); uerr != nil {
+			return nil, errors.Join(err, uerr)
+		}
+	}
+	return rows, err
 }
 
 // lookupSavepoint is the savepoint a lookup in the client's block runs in.

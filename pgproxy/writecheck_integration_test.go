@@ -185,3 +185,52 @@ func TestCatalogLookupsCompileNothing(t *testing.T) {
 		t.Errorf("after the block, SHOW enable_seqscan: %q, %v; want on (the client's SET LOCAL gone)", after, err)
 	}
 }
+
+// A lookup the server refuses inside the client's block (here the client's
+// own lock_timeout, while another session holds a catalog lock) is rolled
+// back with the proxy's savepoint: the write is refused with the fence's
+// reason, as any refused write, and the client's savepoints are its own —
+// one named like the proxy's too, as direct. Before, the failed lookup
+// left the block failed with the proxy's savepoint on top: the refusal
+// came back as "current transaction is aborted", and the client's
+// ROLLBACK TO of that name went to the proxy's.
+func TestFailedLookupInABlock(t *testing.T) {
+	writeCheckFixture(t)
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_failed_lookup", 0, "app.*")})
+	ctx := ctxT(t)
+	admin := adminConn(t)
+	if _, err := admin.Exec(ctx, "DROP TABLE IF EXISTS app.failed_lookup"); err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t, proxyDSN(p, "agent"))
+	// DDL in the block: every write after it is looked up.
+	for _, q := range []string{"BEGIN", "SAVEPOINT fenceline_lookup", "SAVEPOINT mine", "SET LOCAL lock_timeout = '200ms'", "CREATE TABLE app.failed_lookup (i int)"} {
+		if err := simple(ctx, c, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	lock, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lock.Exec(ctx, "LOCK TABLE pg_catalog.pg_rewrite IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	werr := simple(ctx, c, "INSERT INTO app.failed_lookup VALUES (1)")
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pgCode(werr) != "42501" || !strings.Contains(werr.Error(), "lease_failed_lookup") {
+		t.Errorf("a write whose lookup failed in a block: %v; want the fence's refusal (42501) naming the lease", werr)
+	}
+	// The block failed as a refused statement fails it; the client's own
+	// savepoint of the proxy's name is the one its ROLLBACK TO finds (and
+	// that one is older than "mine", which it ends, as direct).
+	if err := simple(ctx, c, "ROLLBACK TO SAVEPOINT fenceline_lookup"); err != nil {
+		t.Fatalf("ROLLBACK TO the client's savepoint: %v", err)
+	}
+	if err := simple(ctx, c, "RELEASE SAVEPOINT mine"); pgCode(err) != "3B001" {
+		t.Errorf("RELEASE SAVEPOINT mine after ROLLBACK TO the client's older savepoint: %v; want 3B001 (no such savepoint), as direct", err)
+	}
+	simple(ctx, c, "ROLLBACK") //nolint:errcheck // ends the block whatever its state
+}
