@@ -760,20 +760,55 @@ func (s *session) learnCatalog(stmts []*Statement, writable, lookup bool) error 
 	if !lookup || len(needRels[0])+len(needRels[1])+len(needRels[2])+len(needRels[3])+len(needCalls) == 0 {
 		return nil
 	}
+	// What a lookup under an old snapshot learns is the unit's alone; the
+	// cache, learned under fresh ones, it may still take (above).
+	own := private
+	if !own {
+		old, err := s.snapshotOld()
+		if err != nil {
+			return s.lookupFailed(err)
+		}
+		own = old
+	}
 	for i, rels := range needRels {
 		if len(rels) == 0 {
 			continue
 		}
-		if err := s.learnRels(rels, i, private, now); err != nil {
+		if err := s.learnRels(rels, i, own, now); err != nil {
 			return s.lookupFailed(err)
 		}
 	}
 	if len(needCalls) > 0 {
-		if err := s.learnCalls(needCalls, private, now); err != nil {
+		if err := s.learnCalls(needCalls, own, now); err != nil {
 			return s.lookupFailed(err)
 		}
 	}
 	return nil
+}
+
+// snapshotOld reports whether the lookups of the client's block read the
+// catalogs under a snapshot older than the catalog its writes run with: a
+// REPEATABLE READ or SERIALIZABLE block reads every catalog row as of its
+// first statement, while Postgres runs each write with the catalog as it
+// is (a foreign key, trigger or rule another session committed since
+// acts). Such a lookup may miss what it should find; what it learns is
+// neither cached nor shared with other sessions' lookups
+// (TestOldSnapshotLookupsAreNotShared). Asked once per block.
+func (s *session) snapshotOld() (bool, error) {
+	if s.txStatus == 'I' {
+		return false, nil // the lookup's own transaction: a fresh snapshot
+	}
+	if s.sim.snapOld == 0 {
+		rows, err := s.internalQuery("SELECT pg_catalog.current_setting('transaction_isolation')")
+		if err != nil {
+			return false, err
+		}
+		s.sim.snapOld = 2
+		if len(rows) == 1 && len(rows[0]) == 1 && (rows[0][0] == "read committed" || rows[0][0] == "read uncommitted") {
+			s.sim.snapOld = 1 // (read uncommitted is read committed in Postgres)
+		}
+	}
+	return s.sim.snapOld == 2, nil
 }
 
 // reset forgets what the unit before learned.

@@ -22,6 +22,9 @@ type txSim struct {
 	// spPinned: the proxy set search_path for this transaction (SET
 	// LOCAL) to the path it checks unqualified names with.
 	spPinned bool
+	// snapOld: the block's isolation keeps the snapshot of its first
+	// statement (snapshotOld): 0 not asked yet, 1 no, 2 yes.
+	snapOld int8
 }
 
 // track follows a statement's effect on the transaction block (both
