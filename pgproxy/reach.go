@@ -363,10 +363,15 @@ func readsRelations(st *Statement) bool {
 
 // foreignSetFor is the foreignSet to judge with, and whether it is fresh
 // (learned within catalogTTL). In a transaction that ran DDL it is the
-// unit's own, never fresh: learned again for every unit.
+// unit's own, never fresh: learned again for every unit. In a block whose
+// snapshot is old (snapshotOld) it is the unit's own once the unit learned
+// one; until then the cache's, learned under fresh snapshots.
 func (s *session) foreignSetFor() (fs *foreignSet, fresh bool) {
 	if s.ddlPending {
 		return s.unit.foreign, false
+	}
+	if s.unit.foreign != nil && s.sim.snapOld == 2 {
+		return s.unit.foreign, true
 	}
 	v, ok := s.p.catalog.foreign.Load(s.database)
 	if !ok {
@@ -454,7 +459,13 @@ func (s *session) learnForeign(stmts []*Statement, lookup bool) error {
 		}
 	}
 	fs.connects = strings.Join(via, ", ")
+	old := false
 	if !s.ddlPending {
+		if old, err = s.snapshotOld(); err != nil {
+			return s.lookupFailed(err)
+		}
+	}
+	if !s.ddlPending && !old {
 		s.p.catalog.foreign.Store(s.database, fs)
 	} else {
 		s.unit.foreign = fs

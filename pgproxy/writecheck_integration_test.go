@@ -280,3 +280,30 @@ GRANT ALL ON app.rr_parent, public.rr_out TO agent`); err != nil {
 		t.Errorf("a READ COMMITTED session's DELETE cascading outside its claim, after a REPEATABLE READ block looked the table up: %v, %d of its rows left in public.rr_out; want it refused (42501), the row there", berr, n)
 	}
 }
+
+// The same for the database's foreign tables (foreignSet), which a read
+// that names one must be judged by: a REPEATABLE READ block's set, learned
+// under its snapshot, lacked a foreign table created since, and a READ
+// COMMITTED session's read of that table took it and ran unjudged.
+func TestOldSnapshotForeignSetIsNotShared(t *testing.T) {
+	setupIndirect(t)
+	ctx := ctxT(t)
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_old_snapshot_fdw", 0, "ia.*")})
+	a, b := connect(t, proxyDSN(p, "agent")), connect(t, proxyDSN(p, "agent"))
+	for _, q := range []string{"BEGIN ISOLATION LEVEL REPEATABLE READ", "SELECT 1"} {
+		if err := simple(ctx, a, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if _, err := adminConn(t).Exec(ctx, "CREATE FOREIGN TABLE ia.ft_late (v int) SERVER loopback OPTIONS (schema_name 'inone', table_name 't'); GRANT SELECT ON ia.ft_late TO agent"); err != nil {
+		t.Fatal(err)
+	}
+	if err := simple(ctx, a, "SELECT count(*) FROM ia.parent2"); err != nil { // learns the foreign tables under its snapshot
+		t.Fatal(err)
+	}
+	berr := simple(ctx, b, "SELECT v FROM ia.ft_late")
+	simple(ctx, a, "ROLLBACK") //nolint:errcheck // ends the block
+	if pgCode(berr) != "42501" {
+		t.Errorf("a READ COMMITTED read of a foreign table created after a REPEATABLE READ block learned the foreign tables: %v; want it judged as a foreign table's read and refused (42501)", berr)
+	}
+}
