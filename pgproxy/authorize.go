@@ -347,9 +347,11 @@ func refuseSQL(msg, detail, hint string) string {
 }
 
 // needSearchPath learns search_path when a write in stmts names a table
-// without a schema and the proxy does not know it.
-func (s *session) needSearchPath(stmts []*Statement) error {
-	if s.searchPath != nil {
+// without a schema and the proxy does not know it, and may ask now (lookup:
+// not in a failed block, where the query failed and ended the session, nor
+// in a pipeline without its Sync). Unlearnt, such a write is refused.
+func (s *session) needSearchPath(stmts []*Statement, lookup bool) error {
+	if s.searchPath != nil || !lookup {
 		return nil
 	}
 	need := false

@@ -355,7 +355,8 @@ func (s *session) trackClose(body []byte) error {
 // and, between transactions, prepares a statement that must run outside
 // one and binds the fence's session.
 func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, read *Statement, fresh bool) (leaseInfo, error) {
-	if err := s.needSearchPath(execs); err != nil {
+	lookup := fresh && !s.stalled && s.txStatus != 'E' // queries of the proxy's own disturb nothing
+	if err := s.needSearchPath(execs, lookup); err != nil {
 		return leaseInfo{}, err
 	}
 	check := s.segmentChecked(seg, buf, execs, read, fresh) // see checkedWrite
@@ -371,7 +372,7 @@ func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, rea
 	fs, _ := s.foreignSetFor()
 	mayConnect := fs != nil && fs.connects != ""
 	analyzed := s.analyzedCalls(seg, writable && !check, mayConnect)
-	if err := s.learnCatalog(append(execs[:len(execs):len(execs)], analyzed...), writable || check, fresh && !s.stalled && s.txStatus != 'E'); err != nil {
+	if err := s.learnCatalog(append(execs[:len(execs):len(execs)], analyzed...), writable || check, lookup); err != nil {
 		return leaseInfo{}, err
 	}
 	if check {
@@ -643,8 +644,8 @@ func (s *session) forwardSegment(seg []segMsg, buf []byte, li leaseInfo) error {
 	fw := &segWriter{s: s, seg: seg, li: li, items: s.itemsOut[:0]}
 	s.itemsOut = nil // fw's until pushed
 	fw.w.b = s.segOut[:0]
-	if s.sim.inBlock && len(seg) > 0 && seg[0].typ != 'S' && seg[0].typ != 'H' {
-		fw.pin(0)
+	if s.sim.inBlock && s.txStatus != 'E' && len(seg) > 0 && seg[0].typ != 'S' && seg[0].typ != 'H' {
+		fw.pin(0) // (in a failed block it would fail, and the client's ROLLBACK TO after it be skipped)
 	}
 	for i := range seg {
 		fw.message(i, buf[seg[i].off:seg[i].off+seg[i].n])
@@ -735,7 +736,7 @@ func (fw *segWriter) message(i int, raw []byte) {
 			s.sim.decided, s.sim.groupRW, s.sim.spPinned = false, false, false
 		}
 	case 'E':
-		if fw.execute(m.st, raw, m.changes) {
+		if fw.execute(i, m.st, raw, m.changes) {
 			return
 		}
 		if m.st != nil && m.st.RollbackTo {
@@ -770,7 +771,7 @@ func (fw *segWriter) startTxn(i int) {
 // transaction it runs in, and reports whether it wrote the message itself:
 // refused (the refusal in its place), followed by its write check, or
 // followed by a chained block's new token. Otherwise the caller forwards it.
-func (fw *segWriter) execute(st *Statement, raw []byte, changes []nameChange) bool {
+func (fw *segWriter) execute(i int, st *Statement, raw []byte, changes []nameChange) bool {
 	s, li := fw.s, fw.li
 	if st.Session {
 		s.sessionChanged(st)
@@ -798,6 +799,7 @@ func (fw *segWriter) execute(st *Statement, raw []byte, changes []nameChange) bo
 	if st.Tx == TxChain && s.sim.blockRW && li.live() {
 		fw.w.b = append(fw.w.b, raw...)
 		fw.setToken(s.token(li))
+		fw.pin(i + 1) // the chain ended the transaction the pin was set in (see trackTx)
 		return true
 	}
 	return false
@@ -919,8 +921,10 @@ func (fw *segWriter) pinNeeded(from int) bool {
 	if s.sim.spPinned || s.searchPath == nil {
 		return false
 	}
-	for _, st := range fw.execsFrom(from) {
-		if unqualified(st) {
+	for j := from; j < len(fw.seg); j++ {
+		// A Bind too: Postgres plans the portal there, its tables fixed
+		// by the path at that moment, whenever its Execute comes.
+		if m := &fw.seg[j]; unqualified(m.st) || m.typ == 'B' && unqualified(m.bound) {
 			return true
 		}
 	}

@@ -86,7 +86,7 @@ func (s *session) judgeQuery(cls *Classification, check, lookup bool) (stmts []*
 			changes[i] = c
 		}
 	}
-	if err := s.needSearchPath(stmts); err != nil {
+	if err := s.needSearchPath(stmts, lookup); err != nil {
 		return nil, changes, leaseInfo{}, err
 	}
 	writable := s.unitWritable(stmts)

@@ -566,10 +566,12 @@ func errorsUntilReady(t *testing.T, fe *pgproto3.Frontend) []string {
 // The proxy pins search_path (SET LOCAL) before a block's first write to an
 // unqualified name, because a function it cannot see into may have changed
 // the session's path. A ROLLBACK TO a savepoint made before the pin undid
-// it, and the proxy did not pin again: the next write resolved with the
-// changed path, to a table outside the claim. Both protocols, each with
-// the ROLLBACK TO and the write apart and together (one Query, one
-// pipeline).
+// it, as a COMMIT AND CHAIN ends the transaction it was set in, and the
+// proxy did not pin again: the next write resolved with the changed path,
+// to a table outside the claim. Both protocols, each with the undoing
+// statement and the write apart and together (one Query, one pipeline).
+// And a portal bound before the pin (Postgres plans it at Bind) ran with
+// the path it was planned with.
 func TestPinSurvivesRollbackTo(t *testing.T) {
 	ctx := ctxT(t)
 	if _, err := adminConn(t).Exec(ctx, `
@@ -584,48 +586,105 @@ GRANT EXECUTE ON FUNCTION pinrb_in.sneak() TO agent`); err != nil {
 		t.Fatal(err)
 	}
 	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_pin_rollback_to", 0, "pinrb_in.*")})
-	for _, mode := range []string{"simple", "one query", "extended", "pipeline"} {
-		c := connect(t, proxyDSN(p, "agent"))
-		exec := func(q string) error {
-			if mode == "simple" || mode == "one query" {
-				return simple(ctx, c, q)
-			}
-			return c.PgConn().ExecParams(ctx, q, nil, nil, nil, nil).Read().Err // Parse, Bind, Execute
-		}
-		// The proxy learns the path as pinrb_in; then the function changes
-		// it behind the proxy (a read that calls it runs read-only, as
-		// any read may).
-		for _, q := range []string{"SET search_path = pinrb_in", "INSERT INTO t VALUES ('learn the path')", "SELECT pinrb_in.sneak()",
-			"BEGIN", "SAVEPOINT a", "INSERT INTO t VALUES ('pinned')"} {
-			if err := exec(q); err != nil {
-				t.Fatalf("%s: %s: %v", mode, q, err)
-			}
-		}
-		var errs []error
-		switch mode {
-		case "one query":
-			errs = append(errs, simple(ctx, c, "ROLLBACK TO SAVEPOINT a; INSERT INTO t VALUES ('after rollback to')"))
-		case "pipeline":
-			b := &pgx.Batch{}
-			b.Queue("ROLLBACK TO SAVEPOINT a")
-			b.Queue("INSERT INTO t VALUES ('after rollback to')")
-			errs = append(errs, c.SendBatch(ctx, b).Close())
-		default:
-			errs = append(errs, exec("ROLLBACK TO SAVEPOINT a"), exec("INSERT INTO t VALUES ('after rollback to')"))
-		}
-		errs = append(errs, exec("COMMIT"))
+	check := func(what string, errs ...error) {
+		t.Helper()
 		var out, in int
-		if err := adminConn(t).QueryRow(ctx, "SELECT (SELECT count(*) FROM pinrb_out.t), (SELECT count(*) FROM pinrb_in.t WHERE v = 'after rollback to')").Scan(&out, &in); err != nil {
+		if err := adminConn(t).QueryRow(ctx, "SELECT (SELECT count(*) FROM pinrb_out.t), (SELECT count(*) FROM pinrb_in.t WHERE v = 'after')").Scan(&out, &in); err != nil {
 			t.Fatal(err)
 		}
 		if out != 0 {
-			t.Errorf("%s: %d rows written to pinrb_out.t, outside the claim, after ROLLBACK TO (errors: %v)", mode, out, errs)
+			t.Errorf("%s: %d rows written to pinrb_out.t, outside the claim (errors: %v)", what, out, errs)
 		}
 		if in != 1 || errors.Join(errs...) != nil {
-			t.Errorf("%s: the write after ROLLBACK TO: %d rows in pinrb_in.t, errors %v; want it written there", mode, in, errs)
+			t.Errorf("%s: the write after: %d rows in pinrb_in.t, errors %v; want it written there", what, in, errs)
 		}
 		if _, err := adminConn(t).Exec(ctx, "TRUNCATE pinrb_in.t, pinrb_out.t"); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// The proxy learns the path as pinrb_in; then the function changes it
+	// behind the proxy (a read that calls it runs read-only, as any read
+	// may); then a block's first write pins it.
+	setup := []string{"SET search_path = pinrb_in", "INSERT INTO t VALUES ('learn the path')", "SELECT pinrb_in.sneak()",
+		"BEGIN", "SAVEPOINT a", "INSERT INTO t VALUES ('pinned')"}
+	for _, undo := range []string{"ROLLBACK TO SAVEPOINT a", "COMMIT AND CHAIN"} {
+		for _, mode := range []string{"simple", "one query", "extended", "pipeline"} {
+			c := connect(t, proxyDSN(p, "agent"))
+			exec := func(q string) error {
+				if mode == "simple" || mode == "one query" {
+					return simple(ctx, c, q)
+				}
+				return c.PgConn().ExecParams(ctx, q, nil, nil, nil, nil).Read().Err // Parse, Bind, Execute
+			}
+			for _, q := range setup {
+				if err := exec(q); err != nil {
+					t.Fatalf("%s, %s: %s: %v", undo, mode, q, err)
+				}
+			}
+			var errs []error
+			switch mode {
+			case "one query":
+				errs = append(errs, simple(ctx, c, undo+"; INSERT INTO t VALUES ('after')"))
+			case "pipeline":
+				b := &pgx.Batch{}
+				b.Queue(undo)
+				b.Queue("INSERT INTO t VALUES ('after')")
+				errs = append(errs, c.SendBatch(ctx, b).Close())
+			default:
+				errs = append(errs, exec(undo), exec("INSERT INTO t VALUES ('after')"))
+			}
+			errs = append(errs, exec("COMMIT"))
+			check(undo+", "+mode, errs...)
+		}
+	}
+
+	// In a failed block, a pipeline that rolls back to a savepoint and then
+	// writes: the client's ROLLBACK TO runs (a pin before it failed too,
+	// and Postgres skipped it), and the write is refused, not written
+	// outside the claim: in a failed block the proxy cannot learn the path
+	// (its query to learn it failed there, and ended the session).
+	send := wireSession(t, p)
+	var tr []string
+	for _, step := range [][]pgproto3.FrontendMessage{
+		{&pgproto3.Query{String: "SET search_path = pinrb_in"}}, {&pgproto3.Query{String: "BEGIN"}}, {&pgproto3.Query{String: "SAVEPOINT a"}},
+		{&pgproto3.Query{String: "SELECT 1/0"}},
+		{&pgproto3.Parse{Query: "ROLLBACK TO SAVEPOINT a"}, &pgproto3.Bind{}, &pgproto3.Execute{},
+			&pgproto3.Parse{Query: "INSERT INTO t VALUES ('after')"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}},
+		{&pgproto3.Query{String: "ROLLBACK"}},
+	} {
+		tr = append(tr, send(step...))
+	}
+	var out int
+	if err := adminConn(t).QueryRow(ctx, "SELECT count(*) FROM pinrb_out.t").Scan(&out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(tr[4], "Complete(ROLLBACK)") || out != 0 || !strings.Contains(tr[5], "Complete(ROLLBACK)") {
+		t.Errorf("in a failed block, ROLLBACK TO and an unqualified write in one pipeline: %q, then %q, %d rows in pinrb_out.t; want the ROLLBACK TO run, nothing outside the claim, the session going on", tr[4], tr[5], out)
+	}
+
+	// A portal bound with nothing to execute yet, then executed.
+	send = wireSession(t, p)
+	tr = nil
+	for _, step := range [][]pgproto3.FrontendMessage{
+		{&pgproto3.Query{String: "SET search_path = pinrb_in"}}, {&pgproto3.Query{String: "INSERT INTO t VALUES ('learn the path')"}},
+		{&pgproto3.Query{String: "SELECT pinrb_in.sneak()"}}, {&pgproto3.Query{String: "BEGIN"}},
+		{&pgproto3.Parse{Name: "w", Query: "INSERT INTO t VALUES ('after')"}, &pgproto3.Bind{DestinationPortal: "pw", PreparedStatement: "w"}, &pgproto3.Sync{}},
+		{&pgproto3.Execute{Portal: "pw"}, &pgproto3.Sync{}},
+		{&pgproto3.Query{String: "COMMIT"}},
+	} {
+		tr = append(tr, send(step...))
+	}
+	check("a portal bound before its Execute", wireErrors(tr)...)
+}
+
+// wireErrors are the exchanges of wireSession's transcripts tr that hold an
+// error.
+func wireErrors(tr []string) []error {
+	var errs []error
+	for _, s := range tr {
+		if strings.Contains(s, "Error(") {
+			errs = append(errs, errors.New(s))
+		}
+	}
+	return errs
 }

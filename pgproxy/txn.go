@@ -96,11 +96,15 @@ func (s *session) trackTx(st *Statement) {
 	if st.Tx == TxEnd || st.Tx == TxChain {
 		s.txEnded = true
 	}
-	if st.RollbackTo {
+	if st.RollbackTo || st.Tx == TxChain {
 		// The pin (SET LOCAL search_path) may have come after the
-		// savepoint, and is gone then: the next write to an unqualified
-		// name pins it again (TestPinSurvivesRollbackTo).
+		// savepoint, and is gone then; a chain ends the transaction it
+		// was set in: the next write to an unqualified name pins it
+		// again (TestPinSurvivesRollbackTo).
 		s.sim.spPinned = false
+	}
+	if st.Tx == TxChain {
+		s.sim.snapOld = 0 // a new transaction, perhaps of another isolation
 	}
 	s.sim.track(st.Tx)
 }
