@@ -251,8 +251,8 @@ func (s *session) catalogQuery(q string, pre ...string) ([][]string, error) {
 	rows, err := s.internalQuery(append(stmts, undo...)...)
 	var qe *queryError
 	if errors.As(err, &qe) {
-		if _, uerr := s.internalQuery(undo...); uerr != nil {
-			return nil, errors.Join(err, uerr)
+		if _, uerr := s.internalQuery(undo...); uerr != nil && !errors.As(uerr, &qe) {
+			return nil, uerr // the client's cancel, or the session's end: the caller's to see
 		}
 	}
 	return rows, err
@@ -1285,7 +1285,9 @@ func (s *session) judgeSequence(c Call) string {
 	if c.Name == "?" {
 		return "it calls " + c.Shown + " on a sequence it does not name by a constant, which may belong to any table"
 	}
-	if _, known := s.unit.calls[k]; !known {
+	// A sequence's call the lookup has not learned (or that failed) is
+	// there as unknown (cachedCalls); a learned one is never user code.
+	if unknown, there := s.unit.calls[k]; !there || unknown {
 		return "it calls " + c.Shown + " on sequence " + c.Name + ", whose tables the proxy could not learn"
 	}
 	owners := s.unit.owners[k]

@@ -491,7 +491,13 @@ func (s *session) internalQuery(stmts ...string) ([][]string, error) {
 	single := func() { items = append(items, &expect{kind: expSingle, internal: res}) }
 	for i, q := range stmts {
 		name := internalStmtName + strconv.Itoa(i)
-		w.close('S', name) // not an error when there is none
+		// Not an error when there is none. A portal of that name is left
+		// when an internal query failed in the client's block (its
+		// Execute failed, so its Close was skipped): a Bind to it would
+		// fail.
+		w.close('P', name)
+		single()
+		w.close('S', name)
 		single()
 		w.parse(name, q)
 		single()

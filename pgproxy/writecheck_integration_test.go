@@ -307,3 +307,39 @@ func TestOldSnapshotForeignSetIsNotShared(t *testing.T) {
 		t.Errorf("a READ COMMITTED read of a foreign table created after a REPEATABLE READ block learned the foreign tables: %v; want it judged as a foreign table's read and refused (42501)", berr)
 	}
 }
+
+// A sequence call whose lookup failed was judged as one with no tables:
+// the lookup of every sequence a statement names fails when one of the
+// names is one Postgres refuses to read (too many dotted names), and a
+// setval of a sequence of a table outside the claim, beside it, passed.
+// Unknown is unknown: refused.
+func TestFailedSequenceLookupRefuses(t *testing.T) {
+	ctx := ctxT(t)
+	admin := adminConn(t)
+	if _, err := admin.Exec(ctx, `DROP TABLE IF EXISTS public.seq_victim; CREATE TABLE public.seq_victim (id serial, v text);
+GRANT ALL ON public.seq_victim, public.seq_victim_id_seq TO agent`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		admin.Exec(context.Background(), "DROP TABLE IF EXISTS public.seq_victim") //nolint:errcheck // best effort
+	})
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_failed_seq", 0, "app.*")})
+	const q = "SELECT setval('public.seq_victim_id_seq', 1000), CASE WHEN false THEN nextval('a.b.c.d'::text) END"
+	for _, inBlock := range []bool{false, true} {
+		c := connect(t, proxyDSN(p, "agent"))
+		if inBlock {
+			if err := simple(ctx, c, "BEGIN"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err := simple(ctx, c, q)
+		simple(ctx, c, "ROLLBACK") //nolint:errcheck // (a warning outside a block)
+		var last int64
+		if err := admin.QueryRow(ctx, "SELECT last_value FROM public.seq_victim_id_seq").Scan(&last); err != nil {
+			t.Fatal(err)
+		}
+		if last == 1000 || pgCode(err) != "42501" {
+			t.Errorf("in a block: %v; setval of a sequence outside the claim beside a name the lookup fails on: %v, last_value %d; want it refused (42501), the sequence untouched", inBlock, err, last)
+		}
+	}
+}
