@@ -727,7 +727,8 @@
 // function the classifier cannot see into may change it: so a transaction
 // with a write naming a table without a schema gets the path the proxy
 // checked the name with (SET LOCAL search_path, once per transaction,
-// before the write, and again after a ROLLBACK TO, which undoes it:
+// before the write or the Bind that plans it, and again after a ROLLBACK
+// TO or a COMMIT/ROLLBACK AND CHAIN, which undo it:
 // TestPinSurvivesRollbackTo; the client's SHOW search_path in that transaction shows
 // the schemas as quoted names). A function that changes the path inside
 // a writable block, after that, is the block's (above); a statement that
