@@ -202,7 +202,7 @@ UNION ALL SELECT 'c', 'foreign server ' || sv.srvname FROM pg_catalog.pg_foreign
 // And a lookup is one large query whose estimated cost passes
 // jit_above_cost's default once the database has a few hundred relations:
 // compiled for every run, it took 200–300 ms where it runs in 10–20
-// without (Postgres's regression database; docs/benchmarks.md).
+// without (Postgres's regression database; docs/tests.md).
 //
 // Its operators are pg_catalog's by name, as a lookup's (qualifyCatalogSQL,
 // checked by TestCatalogLookupsAreQualified): an operator of the same name
