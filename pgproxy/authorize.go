@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	pgq "github.com/pganalyze/pg_query_go/v6"
+
 	"github.com/fenceline/fenceline/lease"
 	"github.com/fenceline/fenceline/lease/scope"
 	"github.com/fenceline/fenceline/policy"
@@ -48,6 +50,9 @@ func (s *session) classify(sql string, changed bool) *Classification {
 			}
 		}
 	}
+	if why == "" && s.srvEncCuts.Load() {
+		why = cutElsewhere(sql)
+	}
 	if why == "" {
 		if len(sql) > classifyInline && s.lp != nil {
 			var c *Classification
@@ -62,6 +67,66 @@ func (s *session) classify(sql string, changed bool) *Classification {
 	}
 	return &Classification{Class: ClassWrite, Stmts: []Statement{{Class: ClassWrite, Opaque: true, Unsure: why,
 		Start: 0, End: len(sql), Tag: "UnsureParse"}}}
+}
+
+// maxNameLen is the longest name Postgres keeps whole (NAMEDATALEN - 1):
+// it cuts identifiers, statement and portal names to it.
+const maxNameLen = 63
+
+// cutElsewhere says why sql, for a server whose encoding is not UTF8, names
+// something the server may read as another name than the parser does, or
+// "". Postgres cuts an identifier longer than maxNameLen bytes in the
+// server's encoding, at a character's boundary (SQL_ASCII at any byte);
+// the parser cuts it in UTF8. 40 'é' are 80 bytes in UTF8, cut to 31, and
+// 40 in LATIN1, kept whole: the fence would judge one name while the
+// server wrote another (TestIdentifiersCutByTheServersEncoding). A
+// character takes at most 4 bytes in any server encoding and an ASCII one
+// takes 1, so an identifier is cut by neither when its ASCII characters
+// and 4 for each other come to maxNameLen or less. An unquoted one is
+// folded to lower case too, which in a single-byte encoding folds letters
+// not in ASCII by the database's locale (ÉCOLE is école in LATIN1 under a
+// French locale), where the parser folds only ASCII: such a name must be
+// quoted. Only texts with a byte >= 0x80 are scanned.
+func cutElsewhere(sql string) string {
+	ascii := true
+	for i := 0; i < len(sql) && ascii; i++ {
+		ascii = sql[i] < 0x80
+	}
+	if ascii {
+		return ""
+	}
+	res, err := pgq.Scan(sql)
+	if err != nil {
+		return "the text does not scan, and the server's encoding is not UTF8: " + err.Error()
+	}
+	for _, tok := range res.Tokens {
+		if tok.Token != pgq.Token_IDENT && tok.Token != pgq.Token_UIDENT || tok.Start < 0 || int(tok.End) > len(sql) || tok.Start > tok.End {
+			continue
+		}
+		name := sql[tok.Start:tok.End]
+		if mayBeCut(name) {
+			return fmt.Sprintf("the name %s, not in ASCII, is long enough that the server, whose encoding is not UTF8, may cut it at %d bytes elsewhere than fenceline does: use a name of at most %d bytes counting 4 for each character not in ASCII, or a database in UTF8", name, maxNameLen, maxNameLen)
+		}
+		if name[0] != '"' && tok.Token == pgq.Token_IDENT && !isASCII([]byte(name)) {
+			return "the name " + name + " is not quoted and not in ASCII: the server, whose encoding is not UTF8, may fold its case otherwise than fenceline does (a single-byte encoding folds by the database's locale); quote it, or use a database in UTF8"
+		}
+	}
+	return ""
+}
+
+// mayBeCut: name (an identifier, a statement or portal name) is not in
+// ASCII and may be longer than maxNameLen bytes in some server encoding
+// (see cutElsewhere).
+func mayBeCut(name string) bool {
+	n, ascii := 0, true
+	for _, r := range name {
+		if r < 0x80 {
+			n++
+		} else {
+			n, ascii = n+4, false
+		}
+	}
+	return !ascii && n > maxNameLen
 }
 
 // authorizeWrite decides a write statement (nil for reads): the lease and

@@ -80,6 +80,13 @@
 //     Parse or Query that follows an Execute with no ReadyForQuery
 //     between: Postgres reports changes only then).
 //
+//   - server_encoding, which changes which name an identifier is: a
+//     server in another encoding than UTF8 cuts long names at 63 bytes of
+//     its own and may fold unquoted non-ASCII letters by its locale. There
+//     an identifier, statement or portal name not in ASCII that is
+//     unquoted or may be over 63 bytes (cutElsewhere) is refused the same
+//     way.
+//
 //   - search_path, which Postgres 15 does not report: learned
 //     (current_schemas) when a write names a table without a schema, and
 //     pinned for that write's transaction (Known limits).

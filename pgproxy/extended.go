@@ -127,11 +127,6 @@ func (s *session) resetSegment() {
 // verifyNames.
 const ownPrefix = "fenceline_"
 
-// maxNameLen is the longest name Postgres keeps whole (NAMEDATALEN - 1):
-// it cuts statement and portal names to it, so two longer names the proxy
-// tells apart would be one on the server.
-const maxNameLen = 63
-
 // badNameIn says why a client message of type typ (its body) may not name
 // the statement or portal it names, or "": a name of the proxy's own, one
 // over maxNameLen bytes, or one not ASCII in a client encoding whose
@@ -146,6 +141,8 @@ func (s *session) badNameIn(typ byte, body []byte) string {
 			return fmt.Sprintf("a prepared statement or portal name of %d bytes: Postgres keeps %d, so names the fence tells apart would be one on the server", len(n), maxNameLen)
 		case s.encUnsafe.Load() && !isASCII(n):
 			return "a prepared statement or portal name not in ASCII, in a client encoding whose conversion may make two names one on the server"
+		case s.srvEncCuts.Load() && mayBeCut(string(n)):
+			return fmt.Sprintf("a prepared statement or portal name not in ASCII, long enough that the server, whose encoding is not UTF8, may cut it at %d bytes and make two names one", maxNameLen)
 		}
 	}
 	return ""

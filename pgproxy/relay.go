@@ -521,5 +521,7 @@ func (s *session) parserSetting(name string, value []byte) {
 		s.scsOff.Store(v != "on")
 	case "client_encoding":
 		s.encUnsafe.Store(v != "UTF8" && v != "SQL_ASCII")
+	case "server_encoding":
+		s.srvEncCuts.Store(v != "UTF8")
 	}
 }

@@ -137,6 +137,9 @@ type session struct {
 	// UTF8 or SQL_ASCII. See classify.
 	scsOff    atomic.Bool
 	encUnsafe atomic.Bool
+	// srvEncCuts: the server's encoding is not UTF8, so it may cut a long
+	// name elsewhere than the parser (see cutElsewhere).
+	srvEncCuts atomic.Bool
 	// resetMark: a DISCARD ran. DISCARD SEQUENCES forgets the currval the
 	// storage fence's fast path reads, not the setting that says it is
 	// there; RESET that before the next unit outside a transaction.
@@ -191,11 +194,13 @@ func newSession(p *Proxy, c net.Conn) *session {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	return &session{
+	s := &session{
 		p: p, client: c,
 		stmts: map[string]*Statement{}, portals: map[string]*Statement{},
 		idle: make(chan struct{}, 1), done: make(chan struct{}),
 	}
+	s.srvEncCuts.Store(true) // until the server reports UTF8
+	return s
 }
 
 // abort tears the session down from outside (Proxy.Close), and at its
