@@ -86,13 +86,17 @@ const maxNameLen = 63
 // folded to lower case too, which in a single-byte encoding folds letters
 // not in ASCII by the database's locale (ÉCOLE is école in LATIN1 under a
 // French locale), where the parser folds only ASCII: such a name must be
-// quoted. Only texts with a byte >= 0x80 are scanned.
+// quoted. A U& identifier's escapes may each be a character not in
+// ASCII: one of more than 15 characters between its quotes is refused.
+// Only texts with a byte >= 0x80 or an '&' are scanned.
 func cutElsewhere(sql string) string {
-	ascii := true
-	for i := 0; i < len(sql) && ascii; i++ {
-		ascii = sql[i] < 0x80
+	// A U& identifier spells its characters in ASCII escapes, so a text
+	// with an '&' is scanned too.
+	plain := true
+	for i := 0; i < len(sql) && plain; i++ {
+		plain = sql[i] < 0x80 && sql[i] != '&'
 	}
-	if ascii {
+	if plain {
 		return ""
 	}
 	res, err := pgq.Scan(sql)
@@ -104,6 +108,11 @@ func cutElsewhere(sql string) string {
 			continue
 		}
 		name := sql[tok.Start:tok.End]
+		if tok.Token == pgq.Token_UIDENT && 4*len(name) > maxNameLen+4*len(`U&""`) {
+			// Each character of its text may be an escape of one not in
+			// ASCII (4 bytes at most).
+			return fmt.Sprintf("the name %s, spelled in Unicode escapes, is long enough that the server, whose encoding is not UTF8, may cut it at %d bytes elsewhere than fenceline does: use a shorter name, or a database in UTF8", name, maxNameLen)
+		}
 		if mayBeCut(name) {
 			return fmt.Sprintf("the name %s, not in ASCII, is long enough that the server, whose encoding is not UTF8, may cut it at %d bytes elsewhere than fenceline does: use a name of at most %d bytes counting 4 for each character not in ASCII, or a database in UTF8", name, maxNameLen, maxNameLen)
 		}

@@ -64,6 +64,7 @@ GRANT ALL ON %[1]q.t, %[2]q.t, %[3]q.t, public.victim, public.%[4]s TO agent`, l
 		target    string // what must stay empty
 	}{
 		{"write a table of the long schema", fmt.Sprintf("INSERT INTO %q.t VALUES (1)", long), fmt.Sprintf("%q.t", long)},
+		{"write it by Unicode escapes", fmt.Sprintf(`INSERT INTO U&"%s".t VALUES (1)`, strings.Repeat(`\00E9`, 40)), fmt.Sprintf("%q.t", long)},
 		{"call a function of the long name in a writable block", fmt.Sprintf("BEGIN; INSERT INTO %q.t VALUES (0); SELECT public.%q(); COMMIT", short, long), "public.victim"},
 	} {
 		for _, mode := range []string{"simple", "extended"} {

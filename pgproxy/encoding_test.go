@@ -21,6 +21,10 @@ func TestCutElsewhere(t *testing.T) {
 		{`INSERT INTO "` + strings.Repeat("é", 16) + `".t VALUES (1)`, true},
 		{`INSERT INTO "` + strings.Repeat("é", 15) + `".t VALUES (1)`, false},
 		{"SELECT 'unterminated é", true},
+		{`INSERT INTO U&"` + strings.Repeat(`\00E9`, 16) + `".t VALUES (1)`, true}, // in ASCII, yet 16 characters that are not
+		{`INSERT INTO U&"` + strings.Repeat(`a`, 16) + `".t VALUES (1)`, true},
+		{`INSERT INTO U&"` + strings.Repeat(`a`, 15) + `".t VALUES (1)`, false},
+		{`SELECT 1 & 3`, false},
 	} {
 		if why := cutElsewhere(tc.sql); (why != "") != tc.refuse {
 			t.Errorf("cutElsewhere(%q) = %q; want a refusal: %v", tc.sql, why, tc.refuse)
