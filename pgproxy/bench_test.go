@@ -244,7 +244,7 @@ func BenchmarkBindSession(b *testing.B) {
 // once per catalogTTL; in between, a load and a map lookup).
 func BenchmarkForeignToJudge(b *testing.B) {
 	s := &session{p: &Proxy{catalog: newCatalog()}, database: "bench"}
-	s.p.catalog.foreign.Store("bench", &foreignSet{names: map[string]bool{}, at: time.Now().Add(time.Hour)})
+	s.slot().foreign.Store(&foreignSet{names: map[string]bool{}, at: time.Now().Add(time.Hour)})
 	cls := Classify("SELECT abalance FROM pgbench_accounts WHERE aid = $1")
 	st := &cls.Stmts[0]
 	b.ReportAllocs()

@@ -366,7 +366,7 @@ func (s *session) judgeSegment(seg []segMsg, buf []byte, execs []*Statement, rea
 	// (Where the set is not learnt yet, what judgeAnalysisPastTxn then
 	// finds unlearnt is refused: learning every call here instead would
 	// make every first unit of a session look its calls up.)
-	fs, _ := s.foreignSetFor()
+	fs, _ := s.foreignSet()
 	mayConnect := fs != nil && fs.connects != ""
 	analyzed := s.analyzedCalls(seg, writable && !check, mayConnect)
 	if err := s.learnCatalog(append(execs[:len(execs):len(execs)], analyzed...), writable || check, lookup); err != nil {

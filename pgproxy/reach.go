@@ -60,9 +60,14 @@ type catalog struct {
 	// proxy doubt its names (noteCode). Stale after DDL through another
 	// fence, a read still runs read-only; a name's doubt is then missed.
 	seenBuiltin map[callKey]bool
-	// foreign holds, by database, a *foreignSet: what a read may not
-	// name. Read without the lock on every read (see readsForeign).
-	foreign sync.Map
+	// dbs holds each database's slot (guarded by mu; a session keeps its
+	// own database's, see session.slot): its foreignSet, what a read may
+	// not name, read without the lock on every read (see readsForeign).
+	dbs map[string]*dbSlot
+	// builtinEpoch counts the times seenBuiltin was emptied (by DDL, or
+	// full): a session's note that its last calls were all in it
+	// (allSeenBuiltin) holds while it stays the same.
+	builtinEpoch atomic.Uint64
 	// relFlights and callFlights are the lookups under way, each shared
 	// with the sessions that need the same relation or call meanwhile
 	// (learnRels, learnCalls); gen counts the invalidations, so a lookup
@@ -295,7 +300,7 @@ func (c *catalog) qualified(q string) (string, error) {
 const pinPathSQL = "SELECT 1 FROM pg_catalog.set_config('search_path', 'pg_catalog', true) x WHERE x IS NULL"
 
 func newCatalog() *catalog {
-	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}, seenBuiltin: map[callKey]bool{}, relFlights: map[relKey]*flight[*reach]{}, callFlights: map[callKey]*flight[callInfo]{}, texts: map[string]string{}}
+	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}, seenBuiltin: map[callKey]bool{}, dbs: map[string]*dbSlot{}, relFlights: map[relKey]*flight[*reach]{}, callFlights: map[callKey]*flight[callInfo]{}, texts: map[string]string{}}
 }
 
 type relKey struct {
@@ -345,9 +350,38 @@ func (c *catalog) invalidate() {
 	// What was builtin may not be after DDL (a column of a user type
 	// added, an overload made): the names' doubt relies on it too.
 	clear(c.seenBuiltin)
+	c.builtinEpoch.Add(1)
 	c.gen++
+	for _, d := range c.dbs {
+		d.foreign.Store(nil)
+	}
 	c.mu.Unlock()
-	c.foreign.Clear()
+}
+
+// dbSlot is what the catalog holds for one database that sessions read
+// without its lock.
+type dbSlot struct {
+	foreign atomic.Pointer[foreignSet]
+}
+
+// slot is database db's dbSlot, made on first need.
+func (c *catalog) slot(db string) *dbSlot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d := c.dbs[db]
+	if d == nil {
+		d = &dbSlot{}
+		c.dbs[db] = d
+	}
+	return d
+}
+
+// slot is the session's database's dbSlot.
+func (s *session) slot() *dbSlot {
+	if s.dbSlot == nil {
+		s.dbSlot = s.p.catalog.slot(s.database)
+	}
+	return s.dbSlot
 }
 
 // readsRelations: st reads relations by name (a foreign one may be among
@@ -367,18 +401,26 @@ func readsRelations(st *Statement) bool {
 // snapshot is old (snapshotOld) it is the unit's own once the unit learned
 // one; until then the cache's, learned under fresh snapshots.
 func (s *session) foreignSetFor() (fs *foreignSet, fresh bool) {
+	fs, own := s.foreignSet()
+	switch {
+	case fs == nil:
+		return nil, false
+	case own:
+		return fs, !s.ddlPending
+	}
+	return fs, time.Since(fs.at) < catalogTTL
+}
+
+// foreignSet is foreignSetFor's set, without asking the clock, and whether
+// it is the unit's own.
+func (s *session) foreignSet() (fs *foreignSet, own bool) {
 	if s.ddlPending {
-		return s.unit.foreign, false
+		return s.unit.foreign, true
 	}
 	if s.unit.foreign != nil && s.sim.snapOld == 2 {
 		return s.unit.foreign, true
 	}
-	v, ok := s.p.catalog.foreign.Load(s.database)
-	if !ok {
-		return nil, false
-	}
-	fs = v.(*foreignSet)
-	return fs, time.Since(fs.at) < catalogTTL
+	return s.slot().foreign.Load(), false
 }
 
 // readsForeign: st names a relation of the foreignSet (nil: none known).
@@ -414,7 +456,7 @@ func (s *session) foreignToJudge(st *Statement) bool {
 // connectsVia is the database's route to a connection of its own (see
 // foreignSet), "" when it has none or the proxy does not know.
 func (s *session) connectsVia() string {
-	if fs, _ := s.foreignSetFor(); fs != nil {
+	if fs, _ := s.foreignSet(); fs != nil {
 		return fs.connects
 	}
 	return ""
@@ -466,7 +508,7 @@ func (s *session) learnForeign(stmts []*Statement, lookup bool) error {
 		}
 	}
 	if !s.ddlPending && !old {
-		s.p.catalog.foreign.Store(s.database, fs)
+		s.slot().foreign.Store(fs)
 	} else {
 		s.unit.foreign = fs
 	}
@@ -1091,6 +1133,7 @@ func (s *session) lookupCalls(calls []string, private bool, now time.Time, own m
 			if !user[c] && c[0] != 'q' {
 				if len(cat.seenBuiltin) >= 1<<16 {
 					clear(cat.seenBuiltin)
+					cat.builtinEpoch.Add(1)
 				}
 				cat.seenBuiltin[k] = true
 			}
@@ -1169,7 +1212,7 @@ func (s *session) judgeCalls(st *Statement, writable bool) *Statement {
 		return st
 	}
 	if readsRelations(st) {
-		fs, _ := s.foreignSetFor()
+		fs, _ := s.foreignSet()
 		if name := readsForeign(st, fs); name != "" {
 			cp := *st
 			cp.Class, cp.Opaque, cp.OpaqueWhy = ClassWrite, true, "it reads "+name+", a foreign table (or a view or parent of one), whose server runs the query over a connection of its own, past the proxy and writable"

@@ -140,6 +140,16 @@ type session struct {
 	// srvEncCuts: the server's encoding is not UTF8, so it may cut a long
 	// name elsewhere than the parser (see cutElsewhere).
 	srvEncCuts atomic.Bool
+	// dbSlot is the catalog's slot of the session's database (slot).
+	dbSlot *dbSlot
+	// seenCalls notes the last calls allSeenBuiltin found all seen
+	// builtin: the slice (a statement's, which no one changes) and the
+	// catalog's builtinEpoch then.
+	seenCalls struct {
+		first *Call
+		n     int
+		epoch uint64
+	}
 	// resetMark: a DISCARD ran. DISCARD SEQUENCES forgets the currval the
 	// storage fence's fast path reads, not the setting that says it is
 	// there; RESET that before the next unit outside a transaction.

@@ -67,7 +67,17 @@ func (s *session) anyUnseen(calls []Call) bool {
 }
 
 func (s *session) allSeenBuiltin(calls []Call) bool {
+	if len(calls) == 0 {
+		return true
+	}
 	cat := s.p.catalog
+	// The same calls as last time, none forgotten since: a prepared
+	// statement's executions ask this of one slice again and again.
+	m := &s.seenCalls
+	epoch := cat.builtinEpoch.Load()
+	if m.first == &calls[0] && m.n == len(calls) && m.epoch == epoch {
+		return true
+	}
 	cat.mu.Lock()
 	defer cat.mu.Unlock()
 	for _, c := range calls {
@@ -75,6 +85,9 @@ func (s *session) allSeenBuiltin(calls []Call) bool {
 			return false
 		}
 	}
+	// (epoch was read before the lock: a clear since then makes the note
+	// stale at once, never wrongly fresh.)
+	m.first, m.n, m.epoch = &calls[0], len(calls), epoch
 	return true
 }
 
@@ -111,7 +124,7 @@ func (s *session) checkedWrite(st *Statement) (*Statement, error) {
 		return st, nil
 	}
 	if readsRelations(st) {
-		if fs, _ := s.foreignSetFor(); readsForeign(st, fs) != "" {
+		if fs, _ := s.foreignSet(); readsForeign(st, fs) != "" {
 			return st, nil
 		}
 	}
