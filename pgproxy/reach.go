@@ -199,7 +199,8 @@ UNION ALL SELECT 'c', 'foreign server ' || sv.srvname FROM pg_catalog.pg_foreign
 
 // plannerDefaultsSQL sets the planner's settings (Query Tuning: the
 // enable_* switches, costs, plan_cache_mode, ...; and parallel query,
-// forced or per gather) back to the session's defaults for the rest of
+// forced (force_parallel_mode, Postgres 16's debug_parallel_query) or per
+// gather) back to the session's defaults for the rest of
 // the transaction, switches JIT compilation off, and returns no row. Only
 // settings any user may set. The proxy's catalog queries run in the
 // client's session: a client that switched enable_seqscan off (Postgres's
@@ -219,7 +220,7 @@ const plannerDefaultsSQL = `SELECT 1 FROM (SELECT pg_catalog.count(pg_catalog.se
     AND s.name OPERATOR(pg_catalog.<>) 'jit'
     AND (s.setting OPERATOR(pg_catalog.<>) s.reset_val OR (s.setting IS NULL) OPERATOR(pg_catalog.<>) (s.reset_val IS NULL))
     AND (pg_catalog.starts_with(s.category, 'Query Tuning')
-      OR s.name OPERATOR(pg_catalog.=) ANY (ARRAY['force_parallel_mode', 'max_parallel_workers_per_gather']::pg_catalog.text[]))
+      OR s.name OPERATOR(pg_catalog.=) ANY (ARRAY['force_parallel_mode', 'debug_parallel_query', 'max_parallel_workers_per_gather']::pg_catalog.text[]))
   UNION ALL SELECT 'jit', 'off') x(name, value)) y
   WHERE y.n OPERATOR(pg_catalog.<) 0`
 
