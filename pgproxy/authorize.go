@@ -6,6 +6,7 @@ package pgproxy
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"time"
@@ -67,6 +68,21 @@ func (s *session) classify(sql string, changed bool) *Classification {
 	}
 	return &Classification{Class: ClassWrite, Stmts: []Statement{{Class: ClassWrite, Opaque: true, Unsure: why,
 		Start: 0, End: len(sql), Tag: "UnsureParse"}}}
+}
+
+// notASCIIClaim: a claimed name is not in ASCII. Postgres sends the names
+// it returns (the search path, the tables a write reaches, a sequence's
+// owners) in the client's encoding; read as UTF8, a name's bytes in
+// another encoding can be another name not in ASCII, and so match such a
+// claim, but never an ASCII one (found by a review: under LATIN1, the
+// schema "Ã©" came back as the bytes of "é" and passed a claim of "é.*").
+func notASCIIClaim(tables []string) bool {
+	for _, t := range tables {
+		if !isASCII([]byte(t)) {
+			return true
+		}
+	}
+	return false
 }
 
 // maxNameLen is the longest name Postgres keeps whole (NAMEDATALEN - 1):
@@ -230,6 +246,10 @@ func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *r
 		}
 		return &refusal{code: lease.LeaseReason(li.err), reason: "lease not held: " + why,
 			hint: "reads still work; writes need a live lease: acquire a new lease and reconnect through its sidecar"}
+	}
+	if !s.clientUTF8.Load() && notASCIIClaim(li.tables) {
+		return &refusal{code: ReasonUnsureParse, reason: "the lease claims names not in ASCII and the client encoding is not UTF8: the names Postgres sends back (the search path, the tables a write reaches) come in the client's encoding, which fenceline cannot read against the claim",
+			hint: "connect with client_encoding UTF8"}
 	}
 	if st.Opaque || st.WriteCheck {
 		// (A checked write's tables are known only after it ran: a
@@ -444,16 +464,23 @@ func (s *session) needSearchPath(stmts []*Statement, lookup bool) error {
 	}
 	// The schemas unqualified names resolve in, as Postgres sees them now:
 	// search_path with $user expanded and schemas that do not exist left out.
-	rows, err := s.internalQuery("SELECT pg_catalog.unnest(pg_catalog.current_schemas(false))")
+	// Each in UTF8, as hex: Postgres sends names in the client's encoding.
+	rows, err := s.internalQuery("SELECT pg_catalog.encode(pg_catalog.convert_to(n, 'UTF8'), 'hex') FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) n")
 	if err != nil {
 		return err
 	}
-	s.searchPath = make([]string, 0, len(rows))
+	path := make([]string, 0, len(rows))
 	for _, r := range rows {
-		if len(r) == 1 {
-			s.searchPath = append(s.searchPath, r[0])
+		if len(r) != 1 {
+			continue
 		}
+		b, err := hex.DecodeString(r[0])
+		if err != nil {
+			return fmt.Errorf("%w: search path schema %q is not hex", ErrProtocol, r[0])
+		}
+		path = append(path, string(b))
 	}
+	s.searchPath = path
 	return nil
 }
 

@@ -85,7 +85,10 @@
 //     its own and may fold unquoted non-ASCII letters by its locale. There
 //     an identifier, statement or portal name not in ASCII that is
 //     unquoted or may be over 63 bytes (cutElsewhere) is refused the same
-//     way.
+//     way. Names Postgres returns come in the client's encoding: under a
+//     claim naming anything not in ASCII, a client not in UTF8 gets its
+//     writes refused (notASCIIClaim); SQL_ASCII counts as an unsafe client
+//     encoding in a database that is in neither UTF8 nor SQL_ASCII.
 //
 //   - search_path, which Postgres 15 does not report: learned
 //     (current_schemas) when a write names a table without a schema, and

@@ -128,3 +128,138 @@ func extendedEach(ctx context.Context, c *pgx.Conn, sql string) error {
 	}
 	return nil
 }
+
+// encodingDB makes database db in encoding enc with public.victim and
+// app.x, writable by agent, and a proxy whose lease claims claim; it
+// returns an admin's query runner, a row counter and a DSN through the
+// proxy in a client encoding.
+func encodingDB(t *testing.T, db, enc string, claim ...string) (admin func(string), rows func(table string) int, dsn func(clientEnc string) string) {
+	ctx := ctxT(t)
+	root := connect(t, pg.AdminDSN(""))
+	for _, q := range []string{"DROP DATABASE IF EXISTS " + db,
+		"CREATE DATABASE " + db + " ENCODING '" + enc + "' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"} {
+		if _, err := root.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		root.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)") //nolint:errcheck // best effort
+	})
+	ac := connect(t, withUTF8(pg.AdminDSN(db)))
+	admin = func(q string) {
+		t.Helper()
+		if err := simple(ctx, ac, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	admin(`CREATE SCHEMA app; CREATE TABLE app.x (v int); CREATE TABLE public.victim (v int);
+GRANT ALL ON SCHEMA app TO agent; GRANT ALL ON app.x, public.victim TO agent`)
+	rows = func(table string) int {
+		t.Helper()
+		var n int
+		if err := ac.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_"+db, 0, claim...)})
+	dsn = func(clientEnc string) string {
+		return fmt.Sprintf("postgres://agent@%s/%s?sslmode=disable&client_encoding=%s", p.Addr(), db, clientEnc)
+	}
+	return admin, rows, dsn
+}
+
+// Found by a review of the cut above, each wrote outside the claim before:
+//   - a client in SQL_ASCII sends its bytes unconverted, so a LATIN1
+//     database read "éf" as "Ã©f" while the fence's lookup, which names
+//     what it looks up in UTF8, asked for "éf", found no function and let
+//     the user function of the other name write public.victim;
+//   - Postgres sends the names it returns in the client's encoding: the
+//     schema "Ã©" came back to a LATIN1 client as the bytes of "é", which
+//     passed a claim of "é.*", and a search path learned in UTF8 was pinned
+//     after the client switched to LATIN1, where its bytes are "Ã©".
+func TestEncodingsNamesComeBackIn(t *testing.T) {
+	ctx := ctxT(t)
+	t.Run("SQL_ASCII client, LATIN1 database", func(t *testing.T) {
+		admin, rows, dsn := encodingDB(t, "fenceline_sqlascii", "LATIN1", "app.*")
+		admin(`CREATE FUNCTION public."Ã©f"() RETURNS int LANGUAGE sql AS 'INSERT INTO public.victim VALUES (1) RETURNING 1'`)
+		c := connect(t, dsn("SQL_ASCII"))
+		err := simple(ctx, c, `BEGIN; INSERT INTO app.x VALUES (0); SELECT public."éf"(); COMMIT`)
+		simple(ctx, c, "ROLLBACK") //nolint:errcheck // (a warning outside a block)
+		if n := rows("public.victim"); n != 0 || pgCode(err) != "42501" {
+			t.Errorf("%v; public.victim has %d rows: want it refused (42501), nothing written", err, n)
+		}
+	})
+	for _, variant := range []string{"LATIN1 from the start", "LATIN1 after the path was learned"} {
+		t.Run(variant, func(t *testing.T) {
+			db := "fenceline_back_" + strings.ReplaceAll(strings.Fields(variant)[2], "the", "late")
+			admin, rows, dsn := encodingDB(t, db, "UTF8", "é.*")
+			admin(`CREATE SCHEMA "é"; CREATE TABLE "é".t (v int); CREATE SCHEMA "Ã©"; CREATE TABLE "Ã©".t (v int);
+GRANT ALL ON SCHEMA "é", "Ã©" TO agent; GRANT ALL ON "é".t, "Ã©".t TO agent`)
+			var c *pgx.Conn
+			var qs []string
+			if variant == "LATIN1 from the start" {
+				c = connect(t, dsn("LATIN1"))
+				qs = []string{`SET search_path = U&"\00C3\00A9"`} // in ASCII: "Ã©"
+			} else {
+				c = connect(t, dsn("UTF8"))
+				qs = []string{`SET search_path = "é"`, `INSERT INTO t VALUES (0)`, `SET client_encoding = 'LATIN1'`}
+			}
+			for _, q := range qs {
+				if err := simple(ctx, c, q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			err := simple(ctx, c, `INSERT INTO t VALUES (1)`)
+			if n := rows(`"Ã©".t`); n != 0 || pgCode(err) != "42501" || !strings.Contains(err.Error(), "client encoding") {
+				t.Errorf(`INSERT INTO t: %v; "Ã©".t has %d rows: want it refused (42501) for the client's encoding, nothing written`, err, n)
+			}
+		})
+	}
+}
+
+// Without a database in its startup message a session reaches the
+// database named as its user; the catalog's cache is by database, and ""
+// was every such user's: a lookup in one role's database was taken for
+// another's, where the function it found missing writes public.victim.
+func TestSessionsWithoutADatabaseName(t *testing.T) {
+	ctx := ctxT(t)
+	root := connect(t, pg.AdminDSN(""))
+	for _, r := range []string{"fenceline_nodb_a", "fenceline_nodb_b"} {
+		for _, q := range []string{"DROP DATABASE IF EXISTS " + r,
+			"DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '" + r + "') THEN CREATE ROLE " + r + " LOGIN; END IF; END$$",
+			"CREATE DATABASE " + r} {
+			if _, err := root.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		t.Cleanup(func() {
+			root.Exec(context.Background(), "DROP DATABASE IF EXISTS "+r+" WITH (FORCE)") //nolint:errcheck // best effort
+		})
+		ac := connect(t, pg.AdminDSN(r))
+		setup := `CREATE SCHEMA app; CREATE TABLE app.x (v int); CREATE TABLE public.victim (v int);
+GRANT ALL ON SCHEMA app TO PUBLIC; GRANT ALL ON app.x, public.victim TO PUBLIC`
+		if r == "fenceline_nodb_b" {
+			setup += `; CREATE FUNCTION public.f() RETURNS int LANGUAGE sql AS 'INSERT INTO public.victim VALUES (1) RETURNING 1'`
+		}
+		if err := simple(ctx, ac, setup); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_nodb", 0, "app.*")})
+	const q = `BEGIN; INSERT INTO app.x VALUES (0); SELECT public.f(); COMMIT`
+	var err error
+	for _, r := range []string{"fenceline_nodb_a", "fenceline_nodb_b"} {
+		c := connect(t, fmt.Sprintf("postgres://%s@%s/?sslmode=disable", r, p.Addr()))
+		err = simple(ctx, c, q)    // a: no such function (learned as none); b: a user function
+		simple(ctx, c, "ROLLBACK") //nolint:errcheck // (a warning outside a block)
+	}
+	bc := connect(t, pg.AdminDSN("fenceline_nodb_b"))
+	var n int
+	if err := bc.QueryRow(ctx, "SELECT count(*) FROM public.victim").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 || pgCode(err) != "42501" {
+		t.Errorf("the second role's call of its own user function: %v; its public.victim has %d rows: want it refused (42501), nothing written", err, n)
+	}
+}

@@ -49,3 +49,20 @@ func TestMayBeCut(t *testing.T) {
 		}
 	}
 }
+
+// A Turkish locale in a single-byte encoding folds an unquoted İ to i, so
+// the guard takes FENCELİNE for fenceline (a review read the gate's
+// sequence as 'FENCELİNE.gate_<oid>' in a LATIN5 database under tr_TR).
+func TestGuardFoldsDottedI(t *testing.T) {
+	for _, s := range []string{"FENCELİNE.epoch", "fencelİne.gate_16384", `"fenceline".session`} {
+		if !namesFence(s) {
+			t.Errorf("namesFence(%q) = false: want the fence's schema", s)
+		}
+	}
+	if !pathHasFence("public, FENCELİNE") {
+		t.Error(`pathHasFence("public, FENCELİNE") = false`)
+	}
+	if namesFence(`"FENCELİNE".epoch`) {
+		t.Error(`namesFence("\"FENCELİNE\".epoch") = true: a quoted name is not folded`)
+	}
+}

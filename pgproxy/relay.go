@@ -519,9 +519,23 @@ func (s *session) parserSetting(name string, value []byte) {
 	switch name {
 	case "standard_conforming_strings":
 		s.scsOff.Store(v != "on")
+		return
 	case "client_encoding":
-		s.encUnsafe.Store(v != "UTF8" && v != "SQL_ASCII")
+		s.clientEnc = v
 	case "server_encoding":
-		s.srvEncCuts.Store(v != "UTF8")
+		s.serverEnc = v
+	default:
+		return
 	}
+	// SQL_ASCII as the client's encoding means no conversion: the text's
+	// bytes are the server's. In a UTF8 (or SQL_ASCII) database they are
+	// what the parser reads; in another, the server reads them in its
+	// own encoding, and the proxy's lookups, which name what they look up
+	// in UTF8, would name other bytes (found by a review: a function
+	// "Ã©f" in LATIN1, called as "éf" by a SQL_ASCII client, was looked up
+	// as "éf" and taken for no function).
+	c, sv := s.clientEnc, s.serverEnc
+	s.encUnsafe.Store(c != "UTF8" && !(c == "SQL_ASCII" && (sv == "UTF8" || sv == "SQL_ASCII")))
+	s.srvEncCuts.Store(sv != "UTF8")
+	s.clientUTF8.Store(c == "UTF8")
 }

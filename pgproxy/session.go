@@ -140,6 +140,12 @@ type session struct {
 	// srvEncCuts: the server's encoding is not UTF8, so it may cut a long
 	// name elsewhere than the parser (see cutElsewhere).
 	srvEncCuts atomic.Bool
+	// clientUTF8: the client's encoding is UTF8, the encoding names come
+	// back from Postgres in (see notASCIIClaim).
+	clientUTF8 atomic.Bool
+	// clientEnc and serverEnc are the encodings as Postgres last reported
+	// them; written only by the one reading the server (parserSetting).
+	clientEnc, serverEnc string
 	// dbSlot is the catalog's slot of the session's database (slot).
 	dbSlot *dbSlot
 	// seenCalls notes the last calls allSeenBuiltin found all seen
@@ -213,6 +219,7 @@ func newSession(p *Proxy, c net.Conn) *session {
 		idle: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	s.srvEncCuts.Store(true) // until the server reports UTF8
+	s.encUnsafe.Store(true)  // until the client's encoding is reported
 	return s
 }
 

@@ -128,6 +128,13 @@ func (s *session) startupParams(pkt []byte) (map[string]string, error) {
 	}
 	s.user = params["user"]
 	s.database = params["database"]
+	if s.database == "" {
+		// Postgres connects to the user's namesake then: the catalog's
+		// cache is by database, and "" would be every such user's
+		// (found by a review: one role's lookup was taken for
+		// another's database).
+		s.database = s.user
+	}
 	if s.user == "" {
 		return nil, s.fatalStartup(errors.New("no user in the startup message"))
 	}
