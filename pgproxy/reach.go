@@ -60,10 +60,12 @@ type catalog struct {
 	// proxy doubt its names (noteCode). Stale after DDL through another
 	// fence, a read still runs read-only; a name's doubt is then missed.
 	seenBuiltin map[callKey]bool
-	// dbs holds each database's slot (guarded by mu; a session keeps its
-	// own database's, see session.slot): its foreignSet, what a read may
-	// not name, read without the lock on every read (see readsForeign).
-	dbs map[string]*dbSlot
+	// dbs holds each database's *dbSlot (a session keeps its own
+	// database's, see session.slot): its foreignSet, what a read may not
+	// name, read without the lock on every read (see readsForeign). Never
+	// behind mu: a session may first ask for its slot with mu held
+	// (cachedCatalog's connectsVia; a review found it deadlocked there).
+	dbs sync.Map
 	// builtinEpoch counts the times seenBuiltin was emptied (by DDL, or
 	// full): a session's note that its last calls were all in it
 	// (allSeenBuiltin) holds while it stays the same.
@@ -301,7 +303,7 @@ func (c *catalog) qualified(q string) (string, error) {
 const pinPathSQL = "SELECT 1 FROM pg_catalog.set_config('search_path', 'pg_catalog', true) x WHERE x IS NULL"
 
 func newCatalog() *catalog {
-	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}, seenBuiltin: map[callKey]bool{}, dbs: map[string]*dbSlot{}, relFlights: map[relKey]*flight[*reach]{}, callFlights: map[callKey]*flight[callInfo]{}, texts: map[string]string{}}
+	return &catalog{rels: map[relKey]*reach{}, calls: map[callKey]callInfo{}, seenBuiltin: map[callKey]bool{}, relFlights: map[relKey]*flight[*reach]{}, callFlights: map[callKey]*flight[callInfo]{}, texts: map[string]string{}}
 }
 
 type relKey struct {
@@ -353,9 +355,10 @@ func (c *catalog) invalidate() {
 	clear(c.seenBuiltin)
 	c.builtinEpoch.Add(1)
 	c.gen++
-	for _, d := range c.dbs {
-		d.foreign.Store(nil)
-	}
+	c.dbs.Range(func(_, d any) bool {
+		d.(*dbSlot).foreign.Store(nil)
+		return true
+	})
 	c.mu.Unlock()
 }
 
@@ -365,16 +368,14 @@ type dbSlot struct {
 	foreign atomic.Pointer[foreignSet]
 }
 
-// slot is database db's dbSlot, made on first need.
+// slot is database db's dbSlot, made on first need; it takes no lock of
+// the catalog's.
 func (c *catalog) slot(db string) *dbSlot {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	d := c.dbs[db]
-	if d == nil {
-		d = &dbSlot{}
-		c.dbs[db] = d
+	if d, ok := c.dbs.Load(db); ok {
+		return d.(*dbSlot)
 	}
-	return d
+	d, _ := c.dbs.LoadOrStore(db, &dbSlot{})
+	return d.(*dbSlot)
 }
 
 // slot is the session's database's dbSlot.
