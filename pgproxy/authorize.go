@@ -529,6 +529,47 @@ func (s *session) pinnedPath() string {
 	return b.String()
 }
 
+// pinnedPathHex is pinnedPath's UTF8 text in hex, which the proxy's own
+// statements decode (spSQL, tokSpSQL): what reaches Postgres is the same
+// whatever the client's encoding.
+func (s *session) pinnedPathHex() string {
+	return hex.EncodeToString([]byte(s.pinnedPath()))
+}
+
+// pinnedPathSQL is pinnedPath as the list of a SET statement, every
+// schema not in ASCII spelled in Unicode escapes (U&"\+0000E9"), so the
+// text is ASCII and reads the same in any client encoding.
+func (s *session) pinnedPathSQL() string {
+	if len(s.searchPath) == 0 {
+		return "''"
+	}
+	var b strings.Builder
+	for i, sch := range s.searchPath {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if isASCII([]byte(sch)) {
+			b.WriteString(`"` + strings.ReplaceAll(sch, `"`, `""`) + `"`)
+			continue
+		}
+		b.WriteString(`U&"`)
+		for _, r := range sch {
+			switch {
+			case r == '"':
+				b.WriteString(`""`)
+			case r == '\\':
+				b.WriteString(`\\`)
+			case r < 0x80:
+				b.WriteRune(r)
+			default:
+				fmt.Fprintf(&b, `\+%06X`, r)
+			}
+		}
+		b.WriteString(`"`)
+	}
+	return b.String()
+}
+
 func spIfKnown(sp, cur []string) []string {
 	if sp == nil {
 		return nil

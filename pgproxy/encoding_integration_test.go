@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // A database whose encoding is not UTF8 cuts a long identifier at
@@ -261,5 +262,52 @@ GRANT ALL ON SCHEMA app TO PUBLIC; GRANT ALL ON app.x, public.victim TO PUBLIC`
 	}
 	if n != 0 || pgCode(err) != "42501" {
 		t.Errorf("the second role's call of its own user function: %v; its public.victim has %d rows: want it refused (42501), nothing written", err, n)
+	}
+}
+
+// A SET client_encoding in a pipeline changes how Postgres reads the Binds
+// after it, the pin of the search path among them: the path "é", learned
+// and checked in UTF8, was pinned as the bytes of "é" read in LATIN1, "Ã©",
+// and the write went there (found by a review). The pin now goes as hex
+// of its UTF8 text (extended protocol) or in Unicode escapes (simple), the
+// same in any encoding.
+func TestPinReadsAlikeInAnyEncoding(t *testing.T) {
+	ctx := ctxT(t)
+	admin := adminConn(t)
+	if _, err := admin.Exec(ctx, `DROP SCHEMA IF EXISTS "é", "Ã©" CASCADE;
+CREATE SCHEMA "é"; CREATE TABLE "é".t (v int); CREATE SCHEMA "Ã©"; CREATE TABLE "Ã©".t (v int);
+GRANT ALL ON SCHEMA "é", "Ã©" TO agent; GRANT ALL ON "é".t, "Ã©".t TO agent`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		admin.Exec(context.Background(), `DROP SCHEMA IF EXISTS "é", "Ã©" CASCADE`) //nolint:errcheck // best effort
+	})
+	p := startProxy(t, Config{Lease: newStaticLease(t, "lease_pin_enc", 0, "é.*")})
+	exec := func(q string) []pgproto3.FrontendMessage {
+		return []pgproto3.FrontendMessage{&pgproto3.Parse{Query: q}, &pgproto3.Bind{}, &pgproto3.Execute{}}
+	}
+	for _, mode := range []string{"extended", "simple"} {
+		send := wireSession(t, p)
+		var tr []string
+		for _, q := range []string{`SET search_path = "é"`, `INSERT INTO t VALUES (0)`} {
+			tr = append(tr, send(&pgproto3.Query{String: q}))
+		}
+		qs := []string{"BEGIN", "SET client_encoding TO 'LATIN1'", "SAVEPOINT s", "ROLLBACK TO s", "INSERT INTO t VALUES (1)", "COMMIT"}
+		if mode == "extended" {
+			var msgs []pgproto3.FrontendMessage
+			for _, q := range qs {
+				msgs = append(msgs, exec(q)...)
+			}
+			tr = append(tr, send(append(msgs, &pgproto3.Sync{})...))
+		} else {
+			tr = append(tr, send(&pgproto3.Query{String: strings.Join(qs, "; ")}))
+		}
+		var out int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM "Ã©".t`).Scan(&out); err != nil {
+			t.Fatal(err)
+		}
+		if out != 0 {
+			t.Errorf("%s: %v; \"Ã©\".t has %d rows: the pin after a switch to LATIN1 named another schema than the one checked", mode, tr, out)
+		}
 	}
 }

@@ -811,8 +811,8 @@ func (fw *segWriter) refuse(r *refusal, st *Statement) {
 	fw.w.bind("", refuseName)
 	fw.w.execute("")
 	fw.refusal = fw.exp(expect{kind: expExecute})
-	fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true}), fw.exp(expect{kind: expSingle, swallow: true}),
-		fw.exp(expect{kind: expSingle, swallow: true}), fw.refusal)
+	fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true, own: true}), fw.exp(expect{kind: expSingle, swallow: true, own: true}),
+		fw.exp(expect{kind: expSingle, swallow: true, own: true}), fw.refusal)
 	fw.refused = true
 }
 
@@ -825,9 +825,9 @@ func (fw *segWriter) writeCheck(st *Statement) {
 	fw.w.bind(checkName, checkName)
 	fw.w.execute(checkName)
 	fw.w.close('P', checkName)
-	fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true}), fw.exp(expect{kind: expSingle, swallow: true}), fw.exp(expect{kind: expSingle, swallow: true}),
-		fw.exp(expect{kind: expExecute, swallow: true, onError: func(f map[byte]string) { s.auditCheck(f, st, li, st.Tag) }}),
-		fw.exp(expect{kind: expSingle, swallow: true}))
+	fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true, own: true}), fw.exp(expect{kind: expSingle, swallow: true, own: true}), fw.exp(expect{kind: expSingle, swallow: true, own: true}),
+		fw.exp(expect{kind: expExecute, swallow: true, own: true, onError: func(f map[byte]string) { s.auditCheck(f, st, li, st.Tag) }}),
+		fw.exp(expect{kind: expSingle, swallow: true, own: true}))
 }
 
 // prepareOwn prepares the proxy's statement name (sql) on this connection
@@ -840,7 +840,7 @@ func (fw *segWriter) prepareOwn(state *atomic.Int32, name, sql string) {
 	if state.Load() == stmtNone || fw.s.namesDoubt {
 		fw.w.close('S', name)
 		fw.w.parse(name, sql)
-		fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true}), fw.exp(expect{kind: expSingle, swallow: true, stmtState: state}))
+		fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true, own: true}), fw.exp(expect{kind: expSingle, swallow: true, own: true, stmtState: state}))
 		state.Store(stmtPending)
 	}
 }
@@ -851,7 +851,7 @@ func (fw *segWriter) runOwn(state *atomic.Int32, name, sql string, params ...str
 	fw.prepareOwn(state, name, sql)
 	fw.w.bind("", name, params...)
 	fw.w.execute("")
-	fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true}), fw.exp(expect{kind: expExecute, swallow: true}))
+	fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true, own: true}), fw.exp(expect{kind: expExecute, swallow: true, own: true}))
 }
 
 // setToken sets the transaction's fence token with our prepared
@@ -876,7 +876,7 @@ func (fw *segWriter) injectRW(from int) {
 	// takes a snapshot, including the Parse of a SELECT.
 	fw.runOwn(&s.rwStmt, rwStmtName, rwSQL)
 	if fw.pinNeeded(from) {
-		fw.runOwn(&s.tokSpStmt, tokSpStmtName, tokSpSQL, tok, s.pinnedPath())
+		fw.runOwn(&s.tokSpStmt, tokSpStmtName, tokSpSQL, tok, s.pinnedPathHex())
 		s.sim.spPinned = true
 		return
 	}
@@ -904,10 +904,10 @@ func (fw *segWriter) pin(from int) {
 		return
 	}
 	fw.prepareOwn(&s.spStmt, spStmtName, spSQL)
-	fw.w.bind(spStmtName, spStmtName, s.pinnedPath())
+	fw.w.bind(spStmtName, spStmtName, s.pinnedPathHex())
 	fw.w.execute(spStmtName)
 	fw.w.close('P', spStmtName)
-	fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true}), fw.exp(expect{kind: expExecute, swallow: true}), fw.exp(expect{kind: expSingle, swallow: true}))
+	fw.items = append(fw.items, fw.exp(expect{kind: expSingle, swallow: true, own: true}), fw.exp(expect{kind: expExecute, swallow: true, own: true}), fw.exp(expect{kind: expSingle, swallow: true, own: true}))
 	s.sim.spPinned = true
 }
 

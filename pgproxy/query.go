@@ -277,7 +277,7 @@ func (q *queryRewriter) pinPath(st *Statement) {
 		// with, for the rest of its transaction (a writable block:
 		// what a function in it does is the block's, see Known limits).
 		q.copyTo(st.Start)
-		q.inject("SET LOCAL search_path = " + s.pinnedPath())
+		q.inject("SET LOCAL search_path = " + s.pinnedPathSQL())
 		s.sim.spPinned = true
 	}
 }

@@ -199,14 +199,18 @@ const (
 	checkName        = "fenceline_check"
 	rwSQL            = "SET transaction_read_only = off"
 	roSQL            = "SET transaction_read_only = on"
-	// The token's statements return a boolean, not the token. Each is a
-	// plan of one Result node: as function scans in FROM (materialized,
-	// joined) the token and the path cost a write about 10 µs more
-	// (docs/benchmarks.md, stop 74). set_config never returns NULL here,
-	// so neither arm of the OR decides it alone: both run.
+	// The token's statements return booleans, not the token. Each is a
+	// plan of one Result node, every column of its target list evaluated:
+	// as function scans in FROM (materialized, joined) the token and the
+	// path cost a write about 10 µs more (docs/benchmarks.md, stop 74).
+	// The search path goes as hex of its UTF8 text (pinnedPathHex):
+	// Postgres converts a Bind's text parameters from the client encoding
+	// in force when the Bind runs, which a SET client_encoding earlier in
+	// the pipeline may have changed (found by a review: the path "é" was
+	// pinned as "Ã©" after a switch to LATIN1).
 	tokSQL   = "SELECT pg_catalog.set_config('fenceline.token', $1, true) IS NULL"
-	spSQL    = "SELECT pg_catalog.set_config('search_path', $1, true)"
-	tokSpSQL = "SELECT pg_catalog.set_config('fenceline.token', $1, true) IS NULL OR pg_catalog.set_config('search_path', $2, true) IS NULL"
+	spSQL    = "SELECT pg_catalog.set_config('search_path', pg_catalog.convert_from(pg_catalog.decode($1, 'hex'), 'UTF8'), true) IS NULL"
+	tokSpSQL = "SELECT pg_catalog.set_config('fenceline.token', $1, true) IS NULL, pg_catalog.set_config('search_path', pg_catalog.convert_from(pg_catalog.decode($2, 'hex'), 'UTF8'), true) IS NULL"
 )
 
 func newSession(p *Proxy, c net.Conn) *session {
