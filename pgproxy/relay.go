@@ -27,8 +27,12 @@ const (
 // expect is one pending answer. The client loop pushes them in the order it
 // writes requests; the relay pops them as answers complete.
 type expect struct {
-	kind     expKind
-	swallow  bool            // the proxy's own request: the client never sees the answer
+	kind    expKind
+	swallow bool // the proxy's own request: the client never sees the answer
+	// own: the request is of the proxy's own text (its statements, a
+	// write's check, a refusal): an error of it reaches the client without
+	// what places it in that text (ownQueryFields).
+	own      bool
 	internal *internalResult // a query of the proxy's own between units
 	// stmtState, for the Parse of one of the proxy's prepared statements,
 	// becomes ready on ParseComplete and none when the Parse is skipped.
@@ -288,6 +292,18 @@ func (s *session) relayError(h *expect, raw []byte) error {
 	default:
 		if q := s.queryEnd(); q != nil && len(q.inserts) > 0 {
 			raw = mapErrorPosition(raw, q.inserts)
+		}
+		if h.own {
+			// A message of the proxy's own text (the token's Bind or
+			// Execute, a write's check) failed, a cancel or the client's
+			// statement_timeout on it, say: its position, query and
+			// context are of text the client never sent, and the context
+			// can show its parameters (log_parameter_max_length_on_error),
+			// the token among them (found by a review). (Not every
+			// swallowed answer is: the Parse of the client's text that
+			// fetches Postgres's syntax error, a statement put into the
+			// client's Query when Postgres fails to parse the whole text.)
+			raw = dropFields(raw, ownQueryFields)
 		}
 		raw = dropRefusalContext(raw)
 		if err := s.toClient(raw); err != nil {
