@@ -200,9 +200,10 @@ const (
 	rwSQL            = "SET transaction_read_only = off"
 	roSQL            = "SET transaction_read_only = on"
 	// The token's statements return booleans, not the token. Each is a
-	// plan of one Result node, every column of its target list evaluated:
-	// as function scans in FROM (materialized, joined) the token and the
-	// path cost a write about 10 µs more (docs/benchmarks.md, stop 74).
+	// plan of one Result node, every column of its target list evaluated,
+	// rather than function scans in FROM (materialized, joined): within a
+	// few µs of each other straight to Postgres (docs/benchmarks.md, stop
+	// 74).
 	// The search path goes as hex of its UTF8 text (pinnedPathHex):
 	// Postgres converts a Bind's text parameters from the client encoding
 	// in force when the Bind runs, which a SET client_encoding earlier in
