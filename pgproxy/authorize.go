@@ -247,7 +247,7 @@ func (s *session) authorize(st *Statement, li leaseInfo, searchPath []string) *r
 		return &refusal{code: lease.LeaseReason(li.err), reason: "lease not held: " + why,
 			hint: "reads still work; writes need a live lease: acquire a new lease and reconnect through its sidecar"}
 	}
-	if !s.clientUTF8.Load() && notASCIIClaim(li.tables) {
+	if !s.namesAlike.Load() && notASCIIClaim(li.tables) {
 		return &refusal{code: ReasonUnsureParse, reason: "the lease claims names not in ASCII and the client encoding is not UTF8: the names Postgres sends back (the search path, the tables a write reaches) come in the client's encoding, which fenceline cannot read against the claim",
 			hint: "connect with client_encoding UTF8"}
 	}

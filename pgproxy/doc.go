@@ -87,7 +87,8 @@
 //     unquoted or may be over 63 bytes (cutElsewhere) is refused the same
 //     way. Names Postgres returns come in the client's encoding: under a
 //     claim naming anything not in ASCII, a client not in UTF8 gets its
-//     writes refused (notASCIIClaim); SQL_ASCII counts as an unsafe client
+//     writes refused (notASCIIClaim) unless nothing is converted (SQL_ASCII
+//     on either side); SQL_ASCII counts as an unsafe client
 //     encoding in a database that is in neither UTF8 nor SQL_ASCII.
 //
 //   - search_path, which Postgres 15 does not report: learned

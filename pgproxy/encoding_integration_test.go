@@ -191,6 +191,22 @@ func TestEncodingsNamesComeBackIn(t *testing.T) {
 			t.Errorf("%v; public.victim has %d rows: want it refused (42501), nothing written", err, n)
 		}
 	})
+	t.Run("SQL_ASCII client, UTF8 database: as UTF8", func(t *testing.T) {
+		// Nothing is converted either way, so names come back as the
+		// parser reads them: psql in a C locale asks for SQL_ASCII, and
+		// its writes under a claim not in ASCII pass.
+		admin, rows, dsn := encodingDB(t, "fenceline_sqlascii_utf8", "UTF8", "é.*")
+		admin(`CREATE SCHEMA "é"; CREATE TABLE "é".t (v int); GRANT ALL ON SCHEMA "é" TO agent; GRANT ALL ON "é".t TO agent`)
+		c := connect(t, dsn("SQL_ASCII"))
+		for _, q := range []string{`INSERT INTO "é".t VALUES (1)`, `SET search_path = "é"`, `INSERT INTO t VALUES (2)`} {
+			if err := simple(ctx, c, q); err != nil {
+				t.Errorf("%s: %v; want it to pass", q, err)
+			}
+		}
+		if n := rows(`"é".t`); n != 2 {
+			t.Errorf(`"é".t has %d rows: want 2`, n)
+		}
+	})
 	for _, variant := range []string{"LATIN1 from the start", "LATIN1 after the path was learned"} {
 		t.Run(variant, func(t *testing.T) {
 			db := "fenceline_back_" + strings.ReplaceAll(strings.Fields(variant)[2], "the", "late")

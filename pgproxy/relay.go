@@ -551,7 +551,11 @@ func (s *session) parserSetting(name string, value []byte) {
 	// "Ã©f" in LATIN1, called as "éf" by a SQL_ASCII client, was looked up
 	// as "éf" and taken for no function).
 	c, sv := s.clientEnc, s.serverEnc
-	s.encUnsafe.Store(c != "UTF8" && !(c == "SQL_ASCII" && (sv == "UTF8" || sv == "SQL_ASCII")))
+	alike := c == "UTF8" || c == "SQL_ASCII" && (sv == "UTF8" || sv == "SQL_ASCII")
+	s.encUnsafe.Store(!alike)
 	s.srvEncCuts.Store(sv != "UTF8")
-	s.clientUTF8.Store(c == "UTF8")
+	// Names come back as the server holds them: converted to UTF8, or
+	// with no conversion at all (SQL_ASCII on either side), the bytes
+	// the parser reads (psql in a C locale asks for SQL_ASCII).
+	s.namesAlike.Store(alike || sv == "SQL_ASCII")
 }

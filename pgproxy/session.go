@@ -140,9 +140,10 @@ type session struct {
 	// srvEncCuts: the server's encoding is not UTF8, so it may cut a long
 	// name elsewhere than the parser (see cutElsewhere).
 	srvEncCuts atomic.Bool
-	// clientUTF8: the client's encoding is UTF8, the encoding names come
-	// back from Postgres in (see notASCIIClaim).
-	clientUTF8 atomic.Bool
+	// namesAlike: the names Postgres sends back come in the bytes the
+	// parser reads them as (the client's encoding is UTF8, or nothing is
+	// converted; see notASCIIClaim).
+	namesAlike atomic.Bool
 	// clientEnc and serverEnc are the encodings as Postgres last reported
 	// them; written only by the one reading the server (parserSetting).
 	clientEnc, serverEnc string
