@@ -515,19 +515,7 @@ func unqualified(st *Statement) bool {
 
 // pinnedPath is the search path the proxy checked unqualified names with,
 // as a search_path value: each schema quoted (” for none).
-func (s *session) pinnedPath() string {
-	if len(s.searchPath) == 0 {
-		return "''"
-	}
-	var b strings.Builder
-	for i, sch := range s.searchPath {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(`"` + strings.ReplaceAll(sch, `"`, `""`) + `"`)
-	}
-	return b.String()
-}
+func (s *session) pinnedPath() string { return s.pathList(false) }
 
 // pinnedPathHex is pinnedPath's UTF8 text in hex, which the proxy's own
 // statements decode (spSQL, tokSpSQL): what reaches Postgres is the same
@@ -539,7 +527,11 @@ func (s *session) pinnedPathHex() string {
 // pinnedPathSQL is pinnedPath as the list of a SET statement, every
 // schema not in ASCII spelled in Unicode escapes (U&"\+0000E9"), so the
 // text is ASCII and reads the same in any client encoding.
-func (s *session) pinnedPathSQL() string {
+func (s *session) pinnedPathSQL() string { return s.pathList(true) }
+
+// pathList writes the search path's schemas quoted, those not in ASCII in
+// Unicode escapes when escaped.
+func (s *session) pathList(escaped bool) string {
 	if len(s.searchPath) == 0 {
 		return "''"
 	}
@@ -548,7 +540,7 @@ func (s *session) pinnedPathSQL() string {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		if isASCII([]byte(sch)) {
+		if !escaped || isASCII([]byte(sch)) {
 			b.WriteString(`"` + strings.ReplaceAll(sch, `"`, `""`) + `"`)
 			continue
 		}

@@ -4,6 +4,7 @@ package pgproxy
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"testing"
@@ -325,5 +326,30 @@ GRANT ALL ON SCHEMA "é", "Ã©" TO agent; GRANT ALL ON "é".t, "Ã©".t TO agen
 		if out != 0 {
 			t.Errorf("%s: %v; \"Ã©\".t has %d rows: the pin after a switch to LATIN1 named another schema than the one checked", mode, tr, out)
 		}
+	}
+}
+
+// A Query's pin (pinnedPathSQL) names the same schemas in any client
+// encoding: Postgres, asked in LATIN1, holds the path the proxy checked.
+func TestPinnedPathSQLInLatin1(t *testing.T) {
+	ctx := ctxT(t)
+	want := []string{"é", `a"b`, `x\y`, "public"}
+	s := &session{searchPath: want}
+	c := connect(t, withUTF8(pg.AdminDSN(testDB)))
+	for _, q := range []string{"SET client_encoding = 'LATIN1'", "SET search_path = " + s.pinnedPathSQL()} {
+		if err := simple(ctx, c, q); err != nil { // (one Query each: Postgres converts a Query's text as it arrives)
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	var h string
+	if err := c.QueryRow(ctx, "SELECT encode(convert_to(current_setting('search_path'), 'UTF8'), 'hex')").Scan(&h); err != nil {
+		t.Fatal(err)
+	}
+	b, err := hex.DecodeString(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := parseSearchPath(string(b)); strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("SET search_path = %s in LATIN1 holds %q: want %q", s.pinnedPathSQL(), got, want)
 	}
 }
